@@ -1,0 +1,158 @@
+/* The ops table through which the worker core drives a backend (host or
+ * cuda). The core knows nothing else about a backend; only backend_cuda*.c
+ * include CUDA headers. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include "proto/compute.h"
+#include "proto/ids.h"
+#include "proto/message.h"
+#include "registry.h"
+
+struct rd_device;
+struct rd_lane;
+struct rd_op;
+
+enum rd_buffer_kind { RD_BUFFER_HOST_FD = 0, RD_BUFFER_CUDA_IPC, RD_BUFFER_CUDA_FD };
+
+/* A client's memory mapped into the worker. The backend allocates the
+ * struct (embedding this one first), registers `res` with the device's
+ * registry, and the core fills id/owner. */
+struct rd_buffer {
+	struct rd_resource res;
+	struct rd_device *device;
+	struct rp_id id;
+	pid_t owner;
+	enum rd_buffer_kind kind;
+	uint64_t size;
+	/* Address operands are offset from: host pointer (host backend) or
+	 * device pointer (cuda). NULL while the mapping is released. */
+	void *ptr;
+	struct rd_buffer *next_in_table;   /* core's use */
+};
+
+struct rd_import {
+	enum rd_buffer_kind kind;
+	uint64_t size;
+	uint64_t offset;
+	int fd;                      /* host_fd / cuda_fd: owned by the backend after a successful import */
+	unsigned char handle[64];    /* cuda_ipc */
+};
+
+struct rd_event {
+	struct rd_resource res;
+	struct rd_device *device;
+	struct rp_id id;
+	pid_t owner;
+	struct rd_event *next_in_table;
+};
+
+enum rd_op_kind { RD_OP_GEMM = 0, RD_OP_ATTENTION, RD_OP_ATTENTION_BACKWARD };
+
+/* Operand slots of each op, in the order of the descriptor's fields. */
+enum { RD_GEMM_A = 0, RD_GEMM_B, RD_GEMM_C, RD_GEMM_D, RD_GEMM_BIAS };
+enum { RD_ATT_Q = 0, RD_ATT_K, RD_ATT_V, RD_ATT_O, RD_ATT_STATS };
+enum { RD_ATB_Q = 0, RD_ATB_K, RD_ATB_V, RD_ATB_O, RD_ATB_DO, RD_ATB_STATS, RD_ATB_DQ, RD_ATB_DK, RD_ATB_DV };
+#define RD_OP_OPERANDS_MAX 9
+
+/* One compute call in flight. The core fills it and calls submit; the
+ * backend finishes it with rd_op_complete() from any thread. */
+struct rd_op {
+	enum rd_op_kind kind;
+	union {
+		struct rp_gemm gemm;
+		struct rp_attention attention;
+		struct rp_attention_backward attention_backward;
+	};
+	struct rd_buffer *buffers[RD_OP_OPERANDS_MAX];  /* resolved, bounds-checked; NULL for absent optional operands */
+	struct rd_event *wait_event, *signal_event;
+	struct rd_lane *lane;
+
+	/* Result, set by the backend before rd_op_complete(). */
+	struct rp_error err;       /* err.name == NULL: success */
+	uint64_t elapsed_us;
+
+	/* Core's use. */
+	void (*done)(struct rd_op *op);
+	void *userdata;
+	struct rd_op *next;
+	uint64_t submitted_ns;
+};
+
+/* Any thread: hands the finished op back to the worker's loop thread, which
+ * calls op->done there (see rd_device.post_completion). */
+static inline void rd_op_complete(struct rd_op *op);
+
+/* A lane: one connection's ordered queue of work (a CUDA stream on the cuda
+ * backend). Backends embed it and register `res`. */
+struct rd_lane {
+	struct rd_resource res;
+	struct rd_device *device;
+	unsigned index;
+};
+
+struct rd_backend_ops {
+	const char *name;
+	/* Once per worker process, before any other op. Registers the device-level
+	 * resources. 0 or -errno with err set. */
+	int (*open)(struct rd_device *dev, struct rp_error *err);
+	/* Process exit: release everything still held. */
+	void (*close)(struct rd_device *dev);
+
+	int (*import_buffer)(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err);
+	/* Unregisters (releasing the mapping) and frees. */
+	void (*close_buffer)(struct rd_buffer *buf);
+	/* NULL when the backend has no events: ImportEvent answers MethodNotImplemented. */
+	int (*import_event)(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err);
+	void (*close_event)(struct rd_event *ev);
+
+	struct rd_lane *(*lane_create)(struct rd_device *dev, unsigned index, struct rp_error *err);
+	/* Waits for the lane's queued work, unregisters, frees. */
+	void (*lane_destroy)(struct rd_lane *lane);
+	/* Queue the op on its lane. 0: rd_op_complete() will be called exactly
+	 * once. -errno with op->err set: refused, no completion follows. */
+	int (*submit)(struct rd_lane *lane, struct rd_op *op);
+
+	/* Lifecycle, called by the core with no op in flight (drained) and after
+	 * it walked the registry. release: CUDA usable, trim pools. reset: context
+	 * lost; make the device usable again and prove it with a canary. 0 when the
+	 * device is healthy afterwards. */
+	int (*release)(struct rd_device *dev, struct rp_error *err);
+	int (*reset)(struct rd_device *dev, struct rp_error *err);
+
+	/* Bytes the backend holds now, and right after open. */
+	void (*memory)(struct rd_device *dev, uint64_t *used, uint64_t *baseline);
+
+	/* "device_lost" / "hang" (the core handles "crash"). -ENOTSUP when the
+	 * backend cannot. */
+	int (*inject_fault)(struct rd_device *dev, const char *kind, struct rp_error *err);
+};
+
+extern const struct rd_backend_ops rd_backend_host;
+#if REGEN_HAVE_CUDA
+extern const struct rd_backend_ops rd_backend_cuda;
+#endif
+
+/* The device a worker owns. */
+struct rd_device {
+	int index;
+	const struct rd_backend_ops *backend;
+	void *backend_data;
+	struct rd_registry registry;
+	_Atomic uint64_t generation;
+	/* Set by a backend (any thread) when it finds the context lost; the core
+	 * then fails new work with DeviceLost and asks the supervisor for a reset. */
+	void (*on_fault)(struct rd_device *dev, const char *reason);
+	/* Set by whoever drives the device (the worker core, or a test): takes a
+	 * finished op from any thread. */
+	void (*post_completion)(struct rd_device *dev, struct rd_op *op);
+	void *core;
+};
+
+static inline void rd_op_complete(struct rd_op *op)
+{
+	struct rd_device *dev = op->lane->device;
+	dev->post_completion(dev, op);
+}

@@ -1,0 +1,26 @@
+/* Error names on the wire. Keep in step with proto/idl/io.regen.varlink. */
+#pragma once
+
+#define RP_ERR_STALE_GENERATION    "io.regen.StaleGeneration"
+#define RP_ERR_DEVICE_LOST         "io.regen.DeviceLost"
+#define RP_ERR_DRAINING            "io.regen.Draining"
+#define RP_ERR_NOT_PERMITTED       "io.regen.NotPermitted"
+#define RP_ERR_OUT_OF_MEMORY       "io.regen.OutOfMemory"
+#define RP_ERR_INVALID_OPERAND     "io.regen.InvalidOperand"
+#define RP_ERR_NO_SUCH_DEVICE      "io.regen.NoSuchDevice"
+#define RP_ERR_NO_SUCH_OBJECT      "io.regen.NoSuchObject"
+#define RP_ERR_IMPORT_FAILED       "io.regen.ImportFailed"
+#define RP_ERR_INVALID_MESSAGE     "io.regen.InvalidMessage"
+#define RP_ERR_MESSAGE_TOO_LARGE   "io.regen.MessageTooLarge"
+#define RP_ERR_LIMIT_EXCEEDED      "io.regen.LimitExceeded"
+#define RP_ERR_TIMEOUT             "io.regen.Timeout"
+#define RP_ERR_FAULT_INJECTION_DISABLED "io.regen.FaultInjectionDisabled"
+#define RP_ERR_WRONG_ENDPOINT      "io.regen.WrongEndpoint"
+#define RP_ERR_BACKEND             "io.regen.BackendError"
+
+#define RP_ERR_INTERFACE_NOT_FOUND "org.varlink.service.InterfaceNotFound"
+#define RP_ERR_METHOD_NOT_FOUND    "org.varlink.service.MethodNotFound"
+#define RP_ERR_METHOD_NOT_IMPLEMENTED "org.varlink.service.MethodNotImplemented"
+#define RP_ERR_INVALID_PARAMETER   "org.varlink.service.InvalidParameter"
+#define RP_ERR_PERMISSION_DENIED   "org.varlink.service.PermissionDenied"
+#define RP_ERR_EXPECTED_MORE       "org.varlink.service.ExpectedMore"

@@ -1,0 +1,44 @@
+/* Tensor operands: dtype, shape, strides and the bytes they touch. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+#include "ids.h"
+#include "message.h"
+
+#define RP_RANK_MAX 4
+/* No dimension may exceed this; keeps every extent computation in int64. */
+#define RP_DIM_MAX (INT64_C(1) << 31)
+
+enum rp_dtype { RP_DTYPE_F32 = 0, RP_DTYPE_F16, RP_DTYPE_BF16, RP_DTYPE_COUNT };
+
+const char *rp_dtype_name(enum rp_dtype dt);
+int rp_dtype_from_name(const char *name);       /* -1 when unknown */
+size_t rp_dtype_size(enum rp_dtype dt);
+
+struct rp_operand {
+	struct rp_id buffer;
+	uint64_t offset;           /* bytes into the buffer */
+	enum rp_dtype dtype;
+	int rank;
+	int64_t shape[RP_RANK_MAX];
+	int64_t strides[RP_RANK_MAX];   /* elements; contiguous row-major when omitted */
+};
+
+/* Parses the io.regen.Operand object under params[name]. Errors:
+ * InvalidParameter naming "<name>.<field>" for type/shape problems (rank 1..4,
+ * every dim >= 1 and <= RP_DIM_MAX, strides same rank and >= 0, unknown
+ * fields), InvalidOperand {operand: name, reason} for a bad buffer id syntax.
+ * Returns 1 (and leaves *op zeroed) when optional and absent. */
+int rp_operand_parse(const cJSON *params, const char *name, bool required, struct rp_operand *op, struct rp_error *err);
+
+/* Bytes [*begin, *end) the operand touches; -EOVERFLOW on overflow. */
+int rp_operand_extent(const struct rp_operand *op, uint64_t *begin, uint64_t *end);
+
+/* InvalidOperand {operand: name, reason} unless the extent fits in size. */
+int rp_operand_check_bounds(const struct rp_operand *op, const char *name, uint64_t buffer_size, struct rp_error *err);
+
+int64_t rp_operand_numel(const struct rp_operand *op);
+/* cJSON object for an operand (clients build calls with it). */
+cJSON *rp_operand_to_json(const struct rp_operand *op);
