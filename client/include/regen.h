@@ -61,6 +61,11 @@ REGEN_EXPORT void regen_client_destroy(regen_client *c);
 /* The last named error (NULL after a success). */
 REGEN_EXPORT const char *regen_client_error_name(const regen_client *c);
 REGEN_EXPORT const char *regen_client_error_message(const regen_client *c);
+/* The last named error's parameters as JSON text (e.g. StaleGeneration's
+ * {"device":0,"generation":4,"message":"..."}), NULL when there is none. */
+REGEN_EXPORT const char *regen_client_error_parameters(const regen_client *c);
+/* The main socket's path this client uses. */
+REGEN_EXPORT const char *regen_client_socket_path(const regen_client *c);
 /* Seconds a call may take before it fails with -ETIMEDOUT (default 60;
  * 0 = forever). */
 REGEN_EXPORT void regen_client_set_timeout(regen_client *c, double seconds);
@@ -89,6 +94,9 @@ struct regen_watch_event {
  * Uses its own connection, so it may run while this client is idle. */
 typedef int (*regen_watch_cb)(const struct regen_watch_event *ev, void *userdata);
 REGEN_EXPORT int regen_watch(regen_client *c, double timeout_s, regen_watch_cb cb, void *userdata);
+/* As regen_watch, and returns -ETIMEDOUT once total_s have passed in all
+ * (total_s <= 0 = no overall limit). */
+REGEN_EXPORT int regen_watch_full(regen_client *c, double timeout_s, double total_s, regen_watch_cb cb, void *userdata);
 
 /* Buffers. The fd is sent to the worker, which maps it; the caller keeps
  * its own fd and memory. */
@@ -99,6 +107,7 @@ REGEN_EXPORT int regen_buffer_import_cuda_ipc(regen_client *c, int device, const
 REGEN_EXPORT int regen_buffer_close(regen_buffer *buf);
 REGEN_EXPORT const char *regen_buffer_id(const regen_buffer *buf);
 REGEN_EXPORT uint64_t regen_buffer_generation(const regen_buffer *buf);
+REGEN_EXPORT int regen_buffer_device(const regen_buffer *buf);
 
 struct regen_tensor {
 	regen_buffer *buffer;

@@ -1,0 +1,212 @@
+/* libregen: GEMM and attention calls. */
+#include <errno.h>
+#include <string.h>
+#include "private.h"
+
+static const char *dtype_name(enum regen_dtype dt)
+{
+	switch (dt) {
+	case REGEN_F32:
+		return "f32";
+	case REGEN_F16:
+		return "f16";
+	case REGEN_BF16:
+		return "bf16";
+	}
+	return NULL;
+}
+
+/* Adds the io.regen.Operand for `t` under `name`, and checks that every
+ * operand of a call lives on one device (*device, -1 before the first). */
+static int add_operand(regen_client *c, cJSON *p, const char *name, const struct regen_tensor *t, int *device)
+{
+	cJSON *o, *shape, *strides = NULL;
+	bool any_stride = false;
+	const char *dt;
+	int i;
+
+	if (t->buffer == NULL) {
+		rc_set_local_error(c, "operand %s has no buffer", name);
+		return -EINVAL;
+	}
+	if (t->buffer->client != c) {
+		rc_set_local_error(c, "operand %s: buffer %s belongs to another client", name, t->buffer->id);
+		return -EINVAL;
+	}
+	if (*device >= 0 && t->buffer->device != *device) {
+		rc_set_local_error(c, "operand %s is on device %d, the others on %d", name, t->buffer->device, *device);
+		return -EINVAL;
+	}
+	*device = t->buffer->device;
+	dt = dtype_name(t->dtype);
+	if (dt == NULL || t->rank < 1 || t->rank > 4) {
+		rc_set_local_error(c, "operand %s: bad dtype or rank", name);
+		return -EINVAL;
+	}
+	o = cJSON_AddObjectToObject(p, name);
+	if (o == NULL || cJSON_AddStringToObject(o, "buffer", t->buffer->id) == NULL ||
+	    cJSON_AddNumberToObject(o, "offset", (double)t->offset) == NULL ||
+	    cJSON_AddStringToObject(o, "dtype", dt) == NULL) {
+		return -ENOMEM;
+	}
+	shape = cJSON_AddArrayToObject(o, "shape");
+	if (shape == NULL) {
+		return -ENOMEM;
+	}
+	for (i = 0; i < t->rank; i++) {
+		if (!cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[i]))) {
+			return -ENOMEM;
+		}
+		if (t->strides[i] != 0) {
+			any_stride = true;
+		}
+	}
+	if (any_stride) {
+		strides = cJSON_AddArrayToObject(o, "strides");
+		if (strides == NULL) {
+			return -ENOMEM;
+		}
+		for (i = 0; i < t->rank; i++) {
+			if (!cJSON_AddItemToArray(strides, cJSON_CreateNumber((double)t->strides[i]))) {
+				return -ENOMEM;
+			}
+		}
+	}
+	return 0;
+}
+
+static int run(regen_client *c, int device, const char *method, cJSON *p)
+{
+	return rc_call(c, device, method, p, NULL, 0, NULL);
+}
+
+REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
+{
+	static const char *const epilogues[] = { "none", "bias", "gelu", "gelu_bias" };
+	cJSON *p;
+	int device = -1, r;
+	double alpha;
+
+	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_BIAS) {
+		return -EINVAL;
+	}
+	p = cJSON_CreateObject();
+	if (p == NULL) {
+		return -ENOMEM;
+	}
+	r = add_operand(c, p, "a", &g->a, &device);
+	if (r == 0) {
+		r = add_operand(c, p, "b", &g->b, &device);
+	}
+	if (r == 0 && g->c != NULL) {
+		r = add_operand(c, p, "c", g->c, &device);
+	}
+	if (r == 0) {
+		r = add_operand(c, p, "d", &g->d, &device);
+	}
+	if (r == 0 && g->bias != NULL) {
+		r = add_operand(c, p, "bias", g->bias, &device);
+	}
+	if (r < 0) {
+		goto out;
+	}
+	alpha = g->alpha;
+	if (!g->alpha_set && alpha == 0) {
+		alpha = 1;
+	}
+	r = -ENOMEM;
+	if ((g->trans_a && cJSON_AddBoolToObject(p, "trans_a", 1) == NULL) ||
+	    (g->trans_b && cJSON_AddBoolToObject(p, "trans_b", 1) == NULL) ||
+	    cJSON_AddNumberToObject(p, "alpha", alpha) == NULL ||
+	    ((g->beta != 0 || g->c != NULL) && cJSON_AddNumberToObject(p, "beta", g->beta) == NULL) ||
+	    (g->epilogue != REGEN_EPILOGUE_NONE &&
+	     cJSON_AddStringToObject(p, "epilogue", epilogues[g->epilogue]) == NULL) ||
+	    (g->tf32 && cJSON_AddStringToObject(p, "compute", "tf32") == NULL)) {
+		goto out;
+	}
+	r = run(c, device, "io.regen.Compute.Gemm", p);
+out:
+	cJSON_Delete(p);
+	return r;
+}
+
+REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *a)
+{
+	cJSON *p;
+	int device = -1, r;
+
+	if (c == NULL || a == NULL) {
+		return -EINVAL;
+	}
+	p = cJSON_CreateObject();
+	if (p == NULL) {
+		return -ENOMEM;
+	}
+	r = add_operand(c, p, "q", &a->q, &device);
+	if (r == 0) {
+		r = add_operand(c, p, "k", &a->k, &device);
+	}
+	if (r == 0) {
+		r = add_operand(c, p, "v", &a->v, &device);
+	}
+	if (r == 0) {
+		r = add_operand(c, p, "o", &a->o, &device);
+	}
+	if (r == 0 && a->stats != NULL) {
+		r = add_operand(c, p, "stats", a->stats, &device);
+	}
+	if (r < 0) {
+		goto out;
+	}
+	r = -ENOMEM;
+	if ((a->scale != 0 && cJSON_AddNumberToObject(p, "scale", a->scale) == NULL) ||
+	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
+		goto out;
+	}
+	r = run(c, device, "io.regen.Compute.Attention", p);
+out:
+	cJSON_Delete(p);
+	return r;
+}
+
+static int attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
+{
+	const struct {
+		const char *name;
+		const struct regen_tensor *t;
+	} ops[] = {
+		{ "q", &a->q }, { "k", &a->k }, { "v", &a->v }, { "o", &a->o }, { "d_o", &a->d_o },
+		{ "stats", &a->stats }, { "d_q", &a->d_q }, { "d_k", &a->d_k }, { "d_v", &a->d_v },
+	};
+	cJSON *p;
+	int device = -1, r = 0;
+	size_t i;
+
+	p = cJSON_CreateObject();
+	if (p == NULL) {
+		return -ENOMEM;
+	}
+	for (i = 0; i < sizeof(ops) / sizeof(ops[0]) && r == 0; i++) {
+		r = add_operand(c, p, ops[i].name, ops[i].t, &device);
+	}
+	if (r < 0) {
+		goto out;
+	}
+	r = -ENOMEM;
+	if ((a->scale != 0 && cJSON_AddNumberToObject(p, "scale", a->scale) == NULL) ||
+	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
+		goto out;
+	}
+	r = run(c, device, "io.regen.Compute.AttentionBackward", p);
+out:
+	cJSON_Delete(p);
+	return r;
+}
+
+REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
+{
+	if (c == NULL || a == NULL) {
+		return -EINVAL;
+	}
+	return attention_backward(c, a);
+}
