@@ -1,0 +1,1212 @@
+/* The host backend's reference math, checked against double precision.
+ *
+ * Every run draws fresh random inputs (the seed is printed at start and in
+ * every failure; REGEN_TEST_SEED=<n> replays one). Inputs are rounded to
+ * their storage type first and the double reference computes from exactly
+ * those stored values, so what the tolerances measure is the f32
+ * accumulation and the output's rounding, nothing else.
+ *
+ * Outputs are poisoned with NaN before each call: afterwards every element
+ * inside the shape must hold a number and every padding element between
+ * rows must still hold the poison, i.e. was never written. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/host_math.h"
+
+static unsigned long long g_seed;
+
+/* ---- random numbers --------------------------------------------------- */
+
+struct rng {
+	uint64_t s;
+};
+
+static uint64_t rng_next(struct rng *r)
+{
+	/* splitmix64: tiny, and good enough for test data. */
+	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static void rng_init(struct rng *r, uint64_t salt)
+{
+	r->s = g_seed ^ (salt * 0x2545f4914f6cdd1dull);
+	rng_next(r);
+}
+
+/* Uniform in [lo, hi). */
+static double rng_uniform(struct rng *r, double lo, double hi)
+{
+	return lo + (hi - lo) * ((double)(rng_next(r) >> 11) * 0x1p-53);
+}
+
+static int64_t rng_int(struct rng *r, int64_t lo, int64_t hi)
+{
+	return lo + (int64_t)(rng_next(r) % (uint64_t)(hi - lo + 1));
+}
+
+/* ---- tensors with padding ----------------------------------------------- */
+
+static size_t dt_size(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_F32 ? 4 : 2;
+}
+
+static const char *dt_name(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_F32 ? "f32" : dt == RP_DTYPE_F16 ? "f16" : "bf16";
+}
+
+/* Expected relative error of a result stored in dt (f32 accumulation in
+ * every case; the half types add their rounding of the output). */
+static double dt_tol(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_F32 ? 1e-5 : dt == RP_DTYPE_F16 ? 2e-3 : 1e-2;
+}
+
+struct tens {
+	struct rp_operand op;
+	void *buf;
+	size_t len;             /* elements in buf */
+	unsigned char *inside;  /* per buf element: inside the shape */
+	int64_t numel;
+};
+
+/* A tensor of `shape` whose every dimension but the last is padded by
+ * `pad` elements (pad 0 = contiguous). The last stride is 1 unless
+ * `inner_stride` asks otherwise. */
+static void tens_init(struct tens *t, enum rp_dtype dt, int rank, const int64_t *shape, int64_t pad, int64_t inner_stride)
+{
+	int64_t span = 1, extent = 0;
+
+	memset(t, 0, sizeof(*t));
+	t->op.dtype = dt;
+	t->op.rank = rank;
+	t->op.buffer.kind = RP_ID_BUFFER;
+	t->numel = 1;
+	for (int d = rank - 1; d >= 0; d--) {
+		t->op.shape[d] = shape[d];
+		t->op.strides[d] = d == rank - 1 ? inner_stride : span + pad;
+		span = t->op.strides[d] * shape[d];
+		extent += (shape[d] - 1) * t->op.strides[d];
+		t->numel *= shape[d];
+	}
+	/* A trailing pad too, so a write one row past the end shows. */
+	t->len = (size_t)(extent + 1 + pad);
+	t->buf = malloc(t->len * dt_size(dt));
+	t->inside = calloc(t->len, 1);
+	ck_assert(t->buf && t->inside);
+	for (int64_t l = 0; l < t->numel; l++) {
+		int64_t rem = l, phys = 0;
+		for (int d = rank - 1; d >= 0; d--) {
+			phys += (rem % shape[d]) * t->op.strides[d];
+			rem /= shape[d];
+		}
+		t->inside[phys] = 1;
+	}
+}
+
+static void tens_finish(struct tens *t)
+{
+	free(t->buf);
+	free(t->inside);
+}
+
+/* Physical element index of the logical (row-major) index l. */
+static int64_t tens_phys(const struct tens *t, int64_t l)
+{
+	int64_t phys = 0;
+
+	for (int d = t->op.rank - 1; d >= 0; d--) {
+		phys += (l % t->op.shape[d]) * t->op.strides[d];
+		l /= t->op.shape[d];
+	}
+	return phys;
+}
+
+static double tens_get_phys(const struct tens *t, int64_t phys)
+{
+	switch (t->op.dtype) {
+	case RP_DTYPE_F16:
+		return rd_f16_to_f32(((const uint16_t *)t->buf)[phys]);
+	case RP_DTYPE_BF16:
+		return rd_bf16_to_f32(((const uint16_t *)t->buf)[phys]);
+	default:
+		return ((const float *)t->buf)[phys];
+	}
+}
+
+static double tens_get(const struct tens *t, int64_t l)
+{
+	return tens_get_phys(t, tens_phys(t, l));
+}
+
+static void tens_set(struct tens *t, int64_t l, double v)
+{
+	int64_t phys = tens_phys(t, l);
+
+	switch (t->op.dtype) {
+	case RP_DTYPE_F16:
+		((uint16_t *)t->buf)[phys] = rd_f32_to_f16((float)v);
+		break;
+	case RP_DTYPE_BF16:
+		((uint16_t *)t->buf)[phys] = rd_f32_to_bf16((float)v);
+		break;
+	default:
+		((float *)t->buf)[phys] = (float)v;
+		break;
+	}
+}
+
+/* The NaN every output element starts as; padding must keep exactly it. */
+static void tens_poison(struct tens *t)
+{
+	for (size_t e = 0; e < t->len; e++) {
+		if (t->op.dtype == RP_DTYPE_F32) {
+			((uint32_t *)t->buf)[e] = 0x7fc00bad;
+		} else if (t->op.dtype == RP_DTYPE_F16) {
+			((uint16_t *)t->buf)[e] = 0x7ebd;
+		} else {
+			((uint16_t *)t->buf)[e] = 0x7fbd;
+		}
+	}
+}
+
+static bool tens_is_poison(const struct tens *t, size_t e)
+{
+	if (t->op.dtype == RP_DTYPE_F32) {
+		return ((const uint32_t *)t->buf)[e] == 0x7fc00bad;
+	}
+	return ((const uint16_t *)t->buf)[e] == (t->op.dtype == RP_DTYPE_F16 ? 0x7ebd : 0x7fbd);
+}
+
+/* Poisoned padding, random values in [-1, 1) inside (stored rounded). */
+static void tens_random(struct tens *t, struct rng *r)
+{
+	tens_poison(t);
+	for (int64_t l = 0; l < t->numel; l++) {
+		tens_set(t, l, rng_uniform(r, -1.0, 1.0));
+	}
+}
+
+/* Every element inside the shape written (not NaN), all padding intact. */
+static void tens_check_written(const struct tens *t, const char *what)
+{
+	for (size_t e = 0; e < t->len; e++) {
+		if (t->inside[e]) {
+			ck_assert_msg(!isnan(tens_get_phys(t, (int64_t)e)),
+				      "%s: element at %zu was not written (seed %llu)", what, e, g_seed);
+		} else {
+			ck_assert_msg(tens_is_poison(t, e),
+				      "%s: padding element %zu was overwritten (seed %llu)", what, e, g_seed);
+		}
+	}
+}
+
+/* ||out - ref|| / ||ref|| over the logical elements. */
+static double tens_rel_err(const struct tens *t, const double *ref)
+{
+	double num = 0.0, den = 0.0;
+
+	for (int64_t l = 0; l < t->numel; l++) {
+		double d = tens_get(t, l) - ref[l];
+		num += d * d;
+		den += ref[l] * ref[l];
+	}
+	return sqrt(num) / sqrt(den);
+}
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+struct gemm_case {
+	int64_t m, n, k;
+	bool ta, tb;
+	enum rp_dtype in, out;
+	bool with_c, c_is_d, with_bias;
+	enum rp_epilogue epilogue;
+	double alpha, beta;
+	int64_t pad;            /* leading-dimension padding of every operand */
+	int64_t inner_stride;   /* 1, or more to exercise general strides */
+};
+
+static double gelu_ref(double x)
+{
+	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+/* Runs one case and returns the relative error; asserts on the way that
+ * every output element was written and no padding was. */
+static double run_gemm(const struct gemm_case *gc, struct rng *r)
+{
+	struct tens a, b, c, d, bias;
+	struct rp_gemm g = { 0 };
+	struct rd_gemm_ptrs p = { 0 };
+	int64_t ashape[2] = { gc->ta ? gc->k : gc->m, gc->ta ? gc->m : gc->k };
+	int64_t bshape[2] = { gc->tb ? gc->n : gc->k, gc->tb ? gc->k : gc->n };
+	int64_t dshape[2] = { gc->m, gc->n };
+	double *ref, *cval = NULL, err;
+
+	tens_init(&a, gc->in, 2, ashape, gc->pad, gc->inner_stride);
+	tens_init(&b, gc->in, 2, bshape, gc->pad + 1, gc->inner_stride);
+	tens_init(&d, gc->out, 2, dshape, gc->pad + 2, gc->inner_stride);
+	tens_init(&c, gc->out, 2, dshape, gc->pad + 3, gc->inner_stride);
+	tens_init(&bias, gc->out, 1, &dshape[1], 0, gc->inner_stride);
+	tens_random(&a, r);
+	tens_random(&b, r);
+	tens_random(&c, r);
+	tens_random(&bias, r);
+	tens_poison(&d);
+
+	ref = calloc((size_t)(gc->m * gc->n), sizeof(double));
+	cval = calloc((size_t)(gc->m * gc->n), sizeof(double));
+	ck_assert(ref && cval);
+
+	g.a = a.op;
+	g.b = b.op;
+	g.d = d.op;
+	g.trans_a = gc->ta;
+	g.trans_b = gc->tb;
+	g.alpha = gc->alpha;
+	g.beta = gc->beta;
+	g.epilogue = gc->epilogue;
+	g.m = gc->m;
+	g.n = gc->n;
+	g.k = gc->k;
+	p.a = a.buf;
+	p.b = b.buf;
+	p.d = d.buf;
+	if (gc->with_c) {
+		g.has_c = true;
+		if (gc->c_is_d) {
+			/* C lives in D's memory: fill D's elements with C's
+			 * values (padding stays poisoned). */
+			for (int64_t l = 0; l < d.numel; l++) {
+				tens_set(&d, l, tens_get(&c, l));
+			}
+			g.c = d.op;
+			p.c = d.buf;
+		} else {
+			g.c = c.op;
+			p.c = c.buf;
+		}
+		for (int64_t l = 0; l < c.numel; l++) {
+			cval[l] = tens_get(&c, l);
+		}
+	}
+	if (gc->with_bias) {
+		g.has_bias = true;
+		g.bias = bias.op;
+		p.bias = bias.buf;
+	}
+
+	for (int64_t i = 0; i < gc->m; i++) {
+		for (int64_t j = 0; j < gc->n; j++) {
+			double s = 0.0, v;
+			for (int64_t q = 0; q < gc->k; q++) {
+				double av = gc->ta ? tens_get(&a, q * gc->m + i) : tens_get(&a, i * gc->k + q);
+				double bv = gc->tb ? tens_get(&b, j * gc->k + q) : tens_get(&b, q * gc->n + j);
+				s += av * bv;
+			}
+			v = gc->alpha * s;
+			if (gc->with_c) {
+				v += gc->beta * cval[i * gc->n + j];
+			}
+			if (gc->epilogue == RP_EPILOGUE_BIAS || gc->epilogue == RP_EPILOGUE_GELU_BIAS) {
+				v += tens_get(&bias, j);
+			}
+			if (gc->epilogue == RP_EPILOGUE_GELU || gc->epilogue == RP_EPILOGUE_GELU_BIAS) {
+				v = gelu_ref(v);
+			}
+			ref[i * gc->n + j] = v;
+		}
+	}
+
+	ck_assert_int_eq(rd_host_gemm(&g, &p), 0);
+	tens_check_written(&d, "gemm d");
+	err = tens_rel_err(&d, ref);
+
+	free(ref);
+	free(cval);
+	tens_finish(&a);
+	tens_finish(&b);
+	tens_finish(&c);
+	tens_finish(&d);
+	tens_finish(&bias);
+	return err;
+}
+
+static void check_gemm(const struct gemm_case *gc, struct rng *r, double tol)
+{
+	double err = run_gemm(gc, r);
+
+	ck_assert_msg(err <= tol,
+		      "gemm m=%lld n=%lld k=%lld ta=%d tb=%d %s->%s c=%d c_is_d=%d bias=%d epilogue=%d "
+		      "alpha=%g beta=%g pad=%lld: relative error %.3g > %.3g (seed %llu)",
+		      (long long)gc->m, (long long)gc->n, (long long)gc->k, gc->ta, gc->tb,
+		      dt_name(gc->in), dt_name(gc->out), gc->with_c, gc->c_is_d, gc->with_bias, gc->epilogue,
+		      gc->alpha, gc->beta, (long long)gc->pad, err, tol, g_seed);
+}
+
+START_TEST(gemm_every_transpose_and_dtype)
+{
+	/* op(A) op(B) for all four transpose combinations and every
+	 * storage pairing the descriptor allows (a, b share one dtype; d
+	 * may be wider). Sizes cross the kernel's row and panel blocks. */
+	static const enum rp_dtype pairs[][2] = {
+		{ RP_DTYPE_F32, RP_DTYPE_F32 }, { RP_DTYPE_F16, RP_DTYPE_F16 }, { RP_DTYPE_BF16, RP_DTYPE_BF16 },
+		{ RP_DTYPE_F16, RP_DTYPE_F32 }, { RP_DTYPE_BF16, RP_DTYPE_F32 },
+	};
+	struct rng r;
+
+	rng_init(&r, 1);
+	for (size_t pi = 0; pi < sizeof(pairs) / sizeof(pairs[0]); pi++) {
+		for (int t = 0; t < 4; t++) {
+			struct gemm_case gc = {
+				.m = rng_int(&r, 1, 37), .n = rng_int(&r, 1, 300), .k = rng_int(&r, 1, 90),
+				.ta = t & 1, .tb = t >> 1, .in = pairs[pi][0], .out = pairs[pi][1],
+				.alpha = 1.0, .inner_stride = 1,
+			};
+			check_gemm(&gc, &r, dt_tol(gc.out));
+		}
+	}
+}
+END_TEST
+
+START_TEST(gemm_alpha_beta_with_c)
+{
+	/* D = alpha op(A) op(B) + beta C, C in its own buffer and, as the
+	 * protocol allows, C aliasing D exactly (read before written). */
+	struct rng r;
+
+	rng_init(&r, 2);
+	for (int alias = 0; alias < 2; alias++) {
+		for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+			struct gemm_case gc = {
+				.m = rng_int(&r, 2, 40), .n = rng_int(&r, 2, 200), .k = rng_int(&r, 2, 64),
+				.ta = rng_int(&r, 0, 1), .tb = rng_int(&r, 0, 1), .in = dt, .out = dt,
+				.with_c = true, .c_is_d = alias,
+				.alpha = rng_uniform(&r, -2.0, 2.0), .beta = rng_uniform(&r, 0.25, 1.5),
+				.pad = rng_int(&r, 0, 5), .inner_stride = 1,
+			};
+			check_gemm(&gc, &r, dt_tol(gc.out));
+		}
+	}
+}
+END_TEST
+
+START_TEST(gemm_beta_zero_ignores_c)
+{
+	/* beta = 0 means C is not read at all (as in BLAS): NaN in C must
+	 * not leak into D. */
+	float a[4] = { 1, 2, 3, 4 }, b[4] = { 1, 0, 0, 1 }, c[4], d[4];
+	struct rp_gemm g = {
+		.a = { .dtype = RP_DTYPE_F32, .rank = 2, .shape = { 2, 2 }, .strides = { 2, 1 } },
+		.has_c = true, .alpha = 1.0, .beta = 0.0, .m = 2, .n = 2, .k = 2,
+	};
+	struct rd_gemm_ptrs p = { .a = a, .b = b, .c = c, .d = d };
+
+	g.b = g.c = g.d = g.a;
+	for (int e = 0; e < 4; e++) {
+		c[e] = NAN;
+	}
+	ck_assert_int_eq(rd_host_gemm(&g, &p), 0);
+	for (int e = 0; e < 4; e++) {
+		ck_assert_float_eq(d[e], a[e]);
+	}
+}
+END_TEST
+
+START_TEST(gemm_bias_and_gelu_epilogues)
+{
+	/* Epilogues in cuBLASLt's order: + bias, then GELU (tanh form). */
+	static const enum rp_epilogue epis[] = {
+		RP_EPILOGUE_NONE, RP_EPILOGUE_BIAS, RP_EPILOGUE_GELU, RP_EPILOGUE_GELU_BIAS,
+	};
+	struct rng r;
+
+	rng_init(&r, 3);
+	for (size_t e = 0; e < 4; e++) {
+		for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+			struct gemm_case gc = {
+				.m = rng_int(&r, 1, 30), .n = rng_int(&r, 1, 150), .k = rng_int(&r, 1, 50),
+				.ta = rng_int(&r, 0, 1), .tb = rng_int(&r, 0, 1), .in = dt, .out = dt,
+				.with_c = true, .beta = 0.5, .alpha = 1.5,
+				.with_bias = epis[e] == RP_EPILOGUE_BIAS || epis[e] == RP_EPILOGUE_GELU_BIAS,
+				.epilogue = epis[e], .pad = 2, .inner_stride = 1,
+			};
+			check_gemm(&gc, &r, dt_tol(gc.out));
+		}
+	}
+}
+END_TEST
+
+START_TEST(gemm_strided_operands)
+{
+	/* Padded leading dimensions on every operand, and, though the
+	 * protocol requires a last stride of 1, general strides too: the
+	 * reference must not depend on the validator for correctness. */
+	struct rng r;
+
+	rng_init(&r, 4);
+	for (int inner = 1; inner <= 3; inner++) {
+		for (int t = 0; t < 4; t++) {
+			struct gemm_case gc = {
+				.m = rng_int(&r, 1, 25), .n = rng_int(&r, 1, 140), .k = rng_int(&r, 1, 40),
+				.ta = t & 1, .tb = t >> 1, .in = RP_DTYPE_BF16, .out = RP_DTYPE_F32,
+				.with_c = true, .alpha = 0.75, .beta = -1.25, .with_bias = true,
+				.epilogue = RP_EPILOGUE_BIAS, .pad = rng_int(&r, 1, 9), .inner_stride = inner,
+			};
+			check_gemm(&gc, &r, dt_tol(gc.out));
+		}
+	}
+}
+END_TEST
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+START_TEST(gemm_512_cubed_is_fast_and_right)
+{
+	/* Host calls serve real clients: 512^3 in f32 must be well under a
+	 * second even unoptimized-for-the-machine, and still right. */
+	const int64_t n = 512;
+	struct rng r;
+	struct tens a, b, d;
+	struct rp_gemm g = { .alpha = 1.0, .m = n, .n = n, .k = n };
+	struct rd_gemm_ptrs p;
+	int64_t shape[2] = { n, n };
+	double *ref, t0, dt;
+	float *bt;
+
+	rng_init(&r, 5);
+	tens_init(&a, RP_DTYPE_F32, 2, shape, 0, 1);
+	tens_init(&b, RP_DTYPE_F32, 2, shape, 0, 1);
+	tens_init(&d, RP_DTYPE_F32, 2, shape, 0, 1);
+	tens_random(&a, &r);
+	tens_random(&b, &r);
+	tens_poison(&d);
+	g.a = a.op;
+	g.b = b.op;
+	g.d = d.op;
+	p = (struct rd_gemm_ptrs){ .a = a.buf, .b = b.buf, .d = d.buf };
+
+	t0 = now_s();
+	ck_assert_int_eq(rd_host_gemm(&g, &p), 0);
+	dt = now_s() - t0;
+	printf("host GEMM 512x512x512 f32: %.1f ms\n", dt * 1e3);
+
+	/* Reference with B transposed into doubles-friendly order. */
+	ref = calloc((size_t)(n * n), sizeof(double));
+	bt = malloc((size_t)(n * n) * sizeof(float));
+	ck_assert(ref && bt);
+	for (int64_t q = 0; q < n; q++) {
+		for (int64_t j = 0; j < n; j++) {
+			bt[j * n + q] = ((float *)b.buf)[q * n + j];
+		}
+	}
+	for (int64_t i = 0; i < n; i++) {
+		const float *ar = (float *)a.buf + i * n;
+		for (int64_t j = 0; j < n; j++) {
+			const float *bc = bt + j * n;
+			double s = 0.0;
+			for (int64_t q = 0; q < n; q++) {
+				s += (double)ar[q] * bc[q];
+			}
+			ref[i * n + j] = s;
+		}
+	}
+	tens_check_written(&d, "gemm 512");
+	ck_assert_double_le(tens_rel_err(&d, ref), 1e-5);
+	ck_assert_msg(dt < 1.0, "512^3 host GEMM took %.3f s (seed %llu)", dt, g_seed);
+
+	free(ref);
+	free(bt);
+	tens_finish(&a);
+	tens_finish(&b);
+	tens_finish(&d);
+}
+END_TEST
+
+struct gemm_thread {
+	uint64_t salt;
+	double err;
+};
+
+static void *gemm_thread_main(void *arg)
+{
+	struct gemm_thread *t = arg;
+	struct rng r;
+
+	rng_init(&r, t->salt);
+	struct gemm_case gc = {
+		.m = 64, .n = 96 + (int64_t)t->salt, .k = 80, .ta = t->salt & 1, .tb = (t->salt >> 1) & 1,
+		.in = RP_DTYPE_F32, .out = RP_DTYPE_F32, .with_c = true, .alpha = 1.0, .beta = 1.0,
+		.pad = 1, .inner_stride = 1,
+	};
+	t->err = 0.0;
+	for (int rep = 0; rep < 4; rep++) {
+		double e = run_gemm(&gc, &r);
+		t->err = e > t->err ? e : t->err;
+	}
+	return NULL;
+}
+
+START_TEST(gemm_concurrent_threads)
+{
+	/* Eight lanes at once, as the integration tests' clients do: no
+	 * shared state may leak between calls. */
+	pthread_t th[8];
+	struct gemm_thread ts[8];
+
+	for (int t = 0; t < 8; t++) {
+		ts[t].salt = 100 + (uint64_t)t;
+		ck_assert_int_eq(pthread_create(&th[t], NULL, gemm_thread_main, &ts[t]), 0);
+	}
+	for (int t = 0; t < 8; t++) {
+		ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+		ck_assert_msg(ts[t].err <= 1e-5, "thread %d: relative error %.3g (seed %llu)", t, ts[t].err, g_seed);
+	}
+}
+END_TEST
+
+/* ---- attention -------------------------------------------------------------- */
+
+struct att_dims {
+	int64_t b, h, sq, skv, d, dv;
+	bool causal;
+	double scale;
+};
+
+struct att_tensors {
+	struct tens q, k, v, o, stats;
+};
+
+static void att_init(struct att_tensors *t, const struct att_dims *dm, enum rp_dtype dt, int64_t pad)
+{
+	int64_t qs[4] = { dm->b, dm->h, dm->sq, dm->d };
+	int64_t ks[4] = { dm->b, dm->h, dm->skv, dm->d };
+	int64_t vs[4] = { dm->b, dm->h, dm->skv, dm->dv };
+	int64_t os[4] = { dm->b, dm->h, dm->sq, dm->dv };
+	int64_t ss[3] = { dm->b, dm->h, dm->sq };
+
+	tens_init(&t->q, dt, 4, qs, pad, 1);
+	tens_init(&t->k, dt, 4, ks, pad + 1, 1);
+	tens_init(&t->v, dt, 4, vs, pad + 2, 1);
+	tens_init(&t->o, dt, 4, os, pad + 3, 1);
+	tens_init(&t->stats, RP_DTYPE_F32, 3, ss, pad, 1);
+}
+
+static void att_finish(struct att_tensors *t)
+{
+	tens_finish(&t->q);
+	tens_finish(&t->k);
+	tens_finish(&t->v);
+	tens_finish(&t->o);
+	tens_finish(&t->stats);
+}
+
+static bool masked(const struct att_dims *dm, int64_t i, int64_t j)
+{
+	return dm->causal && j > i;
+}
+
+/* Double-precision forward from whatever q, k, v hold: o [B,H,Sq,Dv] and
+ * lse [B,H,Sq] in logical order. */
+static void att_forward_ref(const struct att_dims *dm, const struct tens *q, const struct tens *k, const struct tens *v,
+			    double *o, double *lse)
+{
+	double *s = malloc((size_t)dm->skv * sizeof(double));
+
+	ck_assert(s);
+	for (int64_t bh = 0; bh < dm->b * dm->h; bh++) {
+		for (int64_t i = 0; i < dm->sq; i++) {
+			double mx = -INFINITY, sum = 0.0;
+			for (int64_t j = 0; j < dm->skv; j++) {
+				double acc = 0.0;
+				for (int64_t t = 0; t < dm->d; t++) {
+					acc += tens_get(q, (bh * dm->sq + i) * dm->d + t) *
+					       tens_get(k, (bh * dm->skv + j) * dm->d + t);
+				}
+				s[j] = dm->scale * acc;
+				if (!masked(dm, i, j) && s[j] > mx) {
+					mx = s[j];
+				}
+			}
+			for (int64_t j = 0; j < dm->skv; j++) {
+				s[j] = masked(dm, i, j) ? 0.0 : exp(s[j] - mx);
+				sum += s[j];
+			}
+			for (int64_t t = 0; t < dm->dv; t++) {
+				double acc = 0.0;
+				for (int64_t j = 0; j < dm->skv; j++) {
+					acc += s[j] * tens_get(v, (bh * dm->skv + j) * dm->dv + t);
+				}
+				o[(bh * dm->sq + i) * dm->dv + t] = acc / sum;
+			}
+			lse[bh * dm->sq + i] = mx + log(sum);
+		}
+	}
+	free(s);
+}
+
+static void att_run_forward(const struct att_dims *dm, struct att_tensors *t, bool with_stats)
+{
+	struct rp_attention a = {
+		.q = t->q.op, .k = t->k.op, .v = t->v.op, .o = t->o.op, .stats = t->stats.op,
+		.has_stats = with_stats, .scale = dm->scale, .causal = dm->causal,
+		.batch = dm->b, .heads = dm->h, .seq_q = dm->sq, .seq_kv = dm->skv,
+		.head_dim = dm->d, .head_dim_v = dm->dv,
+	};
+	struct rd_attention_ptrs p = {
+		.q = t->q.buf, .k = t->k.buf, .v = t->v.buf, .o = t->o.buf,
+		.stats = with_stats ? t->stats.buf : NULL,
+	};
+	size_t need = rd_host_attention_scratch_size(&a);
+	void *scratch = malloc(need);
+
+	ck_assert(scratch);
+	/* One float short is refused, not overrun. */
+	ck_assert_int_eq(rd_host_attention(&a, &p, scratch, need - sizeof(float)), -ENOSPC);
+	ck_assert_int_eq(rd_host_attention(&a, &p, scratch, need), 0);
+	free(scratch);
+}
+
+START_TEST(attention_forward_matches_reference)
+{
+	struct rng r;
+
+	rng_init(&r, 6);
+	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+		for (int causal = 0; causal < 2; causal++) {
+			for (int shape = 0; shape < 2; shape++) {
+				/* Sq < Skv and Sq > Skv (causal rows past Skv see
+				 * every key), Dv != D in both. */
+				struct att_dims dm = {
+					.b = rng_int(&r, 1, 2), .h = rng_int(&r, 1, 3),
+					.sq = shape ? rng_int(&r, 9, 17) : rng_int(&r, 1, 8),
+					.skv = shape ? rng_int(&r, 1, 8) : rng_int(&r, 9, 24),
+					.d = rng_int(&r, 8, 40), .causal = causal,
+				};
+				struct att_tensors t;
+				double *oref, *lref, err;
+
+				dm.dv = dm.d + rng_int(&r, 1, 9);
+				/* Larger logits than 1/sqrt(D) make the softmax
+				 * peaky, so the max subtraction matters. */
+				dm.scale = rng_uniform(&r, 0.5, 3.0) / sqrt((double)dm.d);
+				att_init(&t, &dm, dt, rng_int(&r, 0, 3));
+				tens_random(&t.q, &r);
+				tens_random(&t.k, &r);
+				tens_random(&t.v, &r);
+				tens_poison(&t.o);
+				tens_poison(&t.stats);
+				oref = malloc((size_t)t.o.numel * sizeof(double));
+				lref = malloc((size_t)t.stats.numel * sizeof(double));
+				ck_assert(oref && lref);
+
+				att_forward_ref(&dm, &t.q, &t.k, &t.v, oref, lref);
+				att_run_forward(&dm, &t, true);
+				tens_check_written(&t.o, "attention o");
+				tens_check_written(&t.stats, "attention stats");
+				err = tens_rel_err(&t.o, oref);
+				ck_assert_msg(err <= dt_tol(dt),
+					      "attention %s causal=%d B=%lld H=%lld Sq=%lld Skv=%lld D=%lld Dv=%lld: "
+					      "relative error %.3g (seed %llu)", dt_name(dt), causal, (long long)dm.b,
+					      (long long)dm.h, (long long)dm.sq, (long long)dm.skv, (long long)dm.d,
+					      (long long)dm.dv, err, g_seed);
+				/* Stats are f32 whatever o's dtype, computed from
+				 * the stored inputs: f32 accuracy. */
+				for (int64_t l = 0; l < t.stats.numel; l++) {
+					double got = tens_get(&t.stats, l);
+					ck_assert_msg(fabs(got - lref[l]) <= 1e-5 * (1.0 + fabs(lref[l])),
+						      "stats[%lld] = %.9g, reference %.9g (seed %llu)", (long long)l,
+						      got, lref[l], g_seed);
+				}
+				free(oref);
+				free(lref);
+				att_finish(&t);
+			}
+		}
+	}
+}
+END_TEST
+
+START_TEST(attention_forward_without_stats)
+{
+	/* stats is optional: NULL means none written, o still right. */
+	struct att_dims dm = { .b = 1, .h = 2, .sq = 5, .skv = 6, .d = 16, .dv = 8, .causal = true };
+	struct att_tensors t;
+	double oref[1 * 2 * 5 * 8], lref[10];
+	struct rng r;
+
+	rng_init(&r, 7);
+	dm.scale = 1.0 / sqrt(16.0);
+	att_init(&t, &dm, RP_DTYPE_F32, 1);
+	tens_random(&t.q, &r);
+	tens_random(&t.k, &r);
+	tens_random(&t.v, &r);
+	tens_poison(&t.o);
+	tens_poison(&t.stats);
+	att_forward_ref(&dm, &t.q, &t.k, &t.v, oref, lref);
+	att_run_forward(&dm, &t, false);
+	tens_check_written(&t.o, "attention o");
+	ck_assert_double_le(tens_rel_err(&t.o, oref), 1e-5);
+	for (size_t e = 0; e < t.stats.len; e++) {
+		ck_assert(tens_is_poison(&t.stats, e));
+	}
+	att_finish(&t);
+}
+END_TEST
+
+struct att_grads {
+	double *dq, *dk, *dv;
+};
+
+/* Double-precision gradients of L with dL/dO = dO: softmax recomputed
+ * exactly, D_i from the exact O. */
+static void att_backward_ref(const struct att_dims *dm, const struct tens *q, const struct tens *k, const struct tens *v,
+			     const struct tens *d_o, struct att_grads *g)
+{
+	int64_t nq = dm->b * dm->h * dm->sq, nk = dm->b * dm->h * dm->skv;
+	double *o = malloc((size_t)(nq * dm->dv) * sizeof(double));
+	double *lse = malloc((size_t)nq * sizeof(double));
+
+	ck_assert(o && lse);
+	att_forward_ref(dm, q, k, v, o, lse);
+	memset(g->dq, 0, (size_t)(nq * dm->d) * sizeof(double));
+	memset(g->dk, 0, (size_t)(nk * dm->d) * sizeof(double));
+	memset(g->dv, 0, (size_t)(nk * dm->dv) * sizeof(double));
+	for (int64_t bh = 0; bh < dm->b * dm->h; bh++) {
+		for (int64_t i = 0; i < dm->sq; i++) {
+			int64_t qi = bh * dm->sq + i;
+			double di = 0.0;
+			for (int64_t t = 0; t < dm->dv; t++) {
+				di += tens_get(d_o, qi * dm->dv + t) * o[qi * dm->dv + t];
+			}
+			for (int64_t j = 0; j < dm->skv; j++) {
+				int64_t kj = bh * dm->skv + j;
+				double s = 0.0, dp = 0.0, pij, ds;
+				if (masked(dm, i, j)) {
+					continue;
+				}
+				for (int64_t t = 0; t < dm->d; t++) {
+					s += tens_get(q, qi * dm->d + t) * tens_get(k, kj * dm->d + t);
+				}
+				pij = exp(dm->scale * s - lse[qi]);
+				for (int64_t t = 0; t < dm->dv; t++) {
+					dp += tens_get(d_o, qi * dm->dv + t) * tens_get(v, kj * dm->dv + t);
+					g->dv[kj * dm->dv + t] += pij * tens_get(d_o, qi * dm->dv + t);
+				}
+				ds = pij * (dp - di);
+				for (int64_t t = 0; t < dm->d; t++) {
+					g->dq[qi * dm->d + t] += dm->scale * ds * tens_get(k, kj * dm->d + t);
+					g->dk[kj * dm->d + t] += dm->scale * ds * tens_get(q, qi * dm->d + t);
+				}
+			}
+		}
+	}
+	free(o);
+	free(lse);
+}
+
+struct att_bwd_tensors {
+	struct att_tensors f;
+	struct tens d_o, d_q, d_k, d_v;
+};
+
+/* Forward on the host (as a client would: its o and stats feed the
+ * backward), then backward; outputs poisoned first. */
+static void att_run_backward(const struct att_dims *dm, struct att_bwd_tensors *t)
+{
+	struct rp_attention_backward a = {
+		.q = t->f.q.op, .k = t->f.k.op, .v = t->f.v.op, .o = t->f.o.op, .d_o = t->d_o.op,
+		.stats = t->f.stats.op, .d_q = t->d_q.op, .d_k = t->d_k.op, .d_v = t->d_v.op,
+		.scale = dm->scale, .causal = dm->causal, .batch = dm->b, .heads = dm->h,
+		.seq_q = dm->sq, .seq_kv = dm->skv, .head_dim = dm->d, .head_dim_v = dm->dv,
+	};
+	struct rd_attention_backward_ptrs p = {
+		.q = t->f.q.buf, .k = t->f.k.buf, .v = t->f.v.buf, .o = t->f.o.buf, .d_o = t->d_o.buf,
+		.stats = t->f.stats.buf, .d_q = t->d_q.buf, .d_k = t->d_k.buf, .d_v = t->d_v.buf,
+	};
+	size_t need = rd_host_attention_backward_scratch_size(&a);
+	void *scratch = malloc(need);
+
+	ck_assert(scratch);
+	tens_poison(&t->f.o);
+	tens_poison(&t->f.stats);
+	att_run_forward(dm, &t->f, true);
+	tens_poison(&t->d_q);
+	tens_poison(&t->d_k);
+	tens_poison(&t->d_v);
+	ck_assert_int_eq(rd_host_attention_backward(&a, &p, scratch, need - 1), -ENOSPC);
+	ck_assert_int_eq(rd_host_attention_backward(&a, &p, scratch, need), 0);
+	tens_check_written(&t->d_q, "d_q");
+	tens_check_written(&t->d_k, "d_k");
+	tens_check_written(&t->d_v, "d_v");
+	free(scratch);
+}
+
+static void att_bwd_init(struct att_bwd_tensors *t, const struct att_dims *dm, enum rp_dtype dt, int64_t pad)
+{
+	att_init(&t->f, dm, dt, pad);
+	tens_init(&t->d_o, dt, 4, t->f.o.op.shape, pad + 1, 1);
+	tens_init(&t->d_q, dt, 4, t->f.q.op.shape, pad + 2, 1);
+	tens_init(&t->d_k, dt, 4, t->f.k.op.shape, pad + 3, 1);
+	tens_init(&t->d_v, dt, 4, t->f.v.op.shape, pad + 4, 1);
+}
+
+static void att_bwd_finish(struct att_bwd_tensors *t)
+{
+	att_finish(&t->f);
+	tens_finish(&t->d_o);
+	tens_finish(&t->d_q);
+	tens_finish(&t->d_k);
+	tens_finish(&t->d_v);
+}
+
+START_TEST(attention_backward_matches_reference)
+{
+	struct rng r;
+
+	rng_init(&r, 8);
+	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+		for (int causal = 0; causal < 2; causal++) {
+			struct att_dims dm = {
+				.b = rng_int(&r, 1, 2), .h = rng_int(&r, 1, 2), .sq = rng_int(&r, 2, 12),
+				.skv = rng_int(&r, 2, 12), .d = rng_int(&r, 4, 24), .causal = causal,
+			};
+			struct att_bwd_tensors t;
+			struct att_grads g;
+			/* The backward reads o as stored, and its gradients
+			 * mix many rounded terms: twice the forward's bound. */
+			double tol = 2.0 * (dt == RP_DTYPE_F32 ? 5e-5 : dt_tol(dt));
+
+			dm.dv = rng_int(&r, 4, 24);
+			dm.scale = rng_uniform(&r, 0.5, 2.0) / sqrt((double)dm.d);
+			att_bwd_init(&t, &dm, dt, rng_int(&r, 0, 2));
+			tens_random(&t.f.q, &r);
+			tens_random(&t.f.k, &r);
+			tens_random(&t.f.v, &r);
+			tens_random(&t.d_o, &r);
+			g.dq = malloc((size_t)t.d_q.numel * sizeof(double));
+			g.dk = malloc((size_t)t.d_k.numel * sizeof(double));
+			g.dv = malloc((size_t)t.d_v.numel * sizeof(double));
+			ck_assert(g.dq && g.dk && g.dv);
+
+			att_backward_ref(&dm, &t.f.q, &t.f.k, &t.f.v, &t.d_o, &g);
+			att_run_backward(&dm, &t);
+			double edq = tens_rel_err(&t.d_q, g.dq);
+			double edk = tens_rel_err(&t.d_k, g.dk);
+			double edv = tens_rel_err(&t.d_v, g.dv);
+			ck_assert_msg(edq <= tol && edk <= tol && edv <= tol,
+				      "attention backward %s causal=%d Sq=%lld Skv=%lld D=%lld Dv=%lld: relative "
+				      "errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", dt_name(dt), causal,
+				      (long long)dm.sq, (long long)dm.skv, (long long)dm.d, (long long)dm.dv,
+				      edq, edk, edv, tol, g_seed);
+			free(g.dq);
+			free(g.dk);
+			free(g.dv);
+			att_bwd_finish(&t);
+		}
+	}
+}
+END_TEST
+
+/* L = sum(o * W) with o from the double-precision forward. */
+static double att_loss(const struct att_dims *dm, const struct tens *q, const struct tens *k, const struct tens *v,
+		       const struct tens *w)
+{
+	int64_t no = dm->b * dm->h * dm->sq * dm->dv;
+	double *o = malloc((size_t)no * sizeof(double));
+	double *lse = malloc((size_t)(dm->b * dm->h * dm->sq) * sizeof(double));
+	double l = 0.0;
+
+	ck_assert(o && lse);
+	att_forward_ref(dm, q, k, v, o, lse);
+	for (int64_t e = 0; e < no; e++) {
+		l += o[e] * tens_get(w, e);
+	}
+	free(o);
+	free(lse);
+	return l;
+}
+
+/* Central difference of L in every element of x, against the host's
+ * gradient `grad`. x is f32 and perturbed in place (then restored). */
+static void check_fd(const struct att_dims *dm, struct att_bwd_tensors *t, struct tens *x, const struct tens *grad,
+		     const char *name)
+{
+	const double h = 1e-3;
+
+	for (int64_t l = 0; l < x->numel; l++) {
+		double x0 = tens_get(x, l), lp, lm, fd, got;
+
+		double xp, xm;
+
+		/* x0 +- h round in f32: divide by the step actually taken. */
+		tens_set(x, l, x0 + h);
+		xp = tens_get(x, l);
+		lp = att_loss(dm, &t->f.q, &t->f.k, &t->f.v, &t->d_o);
+		tens_set(x, l, x0 - h);
+		xm = tens_get(x, l);
+		lm = att_loss(dm, &t->f.q, &t->f.k, &t->f.v, &t->d_o);
+		tens_set(x, l, x0);
+		fd = (lp - lm) / (xp - xm);
+		got = tens_get(grad, l);
+		ck_assert_msg(fabs(got - fd) <= 1e-4 + 1e-3 * fabs(fd),
+			      "d%s[%lld]: backward %.7g, finite difference %.7g (causal=%d, seed %llu)", name,
+			      (long long)l, got, fd, dm->causal, g_seed);
+	}
+}
+
+START_TEST(attention_backward_matches_finite_differences)
+{
+	/* Independent of any formula: the gradient of L = sum(o * W), with
+	 * dO = W, against central differences of L itself. */
+	struct rng r;
+
+	rng_init(&r, 9);
+	for (int causal = 0; causal < 2; causal++) {
+		struct att_dims dm = { .b = 1, .h = 2, .sq = 3, .skv = 4, .d = 3, .dv = 2, .causal = causal, .scale = 0.7 };
+		struct att_bwd_tensors t;
+
+		att_bwd_init(&t, &dm, RP_DTYPE_F32, 1);
+		tens_random(&t.f.q, &r);
+		tens_random(&t.f.k, &r);
+		tens_random(&t.f.v, &r);
+		tens_random(&t.d_o, &r);
+		att_run_backward(&dm, &t);
+		check_fd(&dm, &t, &t.f.q, &t.d_q, "q");
+		check_fd(&dm, &t, &t.f.k, &t.d_k, "k");
+		check_fd(&dm, &t, &t.f.v, &t.d_v, "v");
+		att_bwd_finish(&t);
+	}
+}
+END_TEST
+
+/* ---- conversions ------------------------------------------------------------ */
+
+static float f32_from_bits(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static uint32_t bits_from_f32(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+START_TEST(bf16_known_patterns)
+{
+	ck_assert_uint_eq(rd_f32_to_bf16(1.0f), 0x3f80);
+	ck_assert_uint_eq(rd_f32_to_bf16(-2.0f), 0xc000);
+	ck_assert_uint_eq(rd_f32_to_bf16(0.0f), 0x0000);
+	ck_assert_uint_eq(rd_f32_to_bf16(-0.0f), 0x8000);
+	ck_assert_uint_eq(rd_f32_to_bf16(3.140625f), 0x4049);
+	/* Ties go to the even neighbour, in both directions. */
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x3f808000)), 0x3f80);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x3f818000)), 0x3f82);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x3f808001)), 0x3f81);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x3f817fff)), 0x3f81);
+	/* Inf stays Inf; FLT_MAX rounds up to Inf (RNE). */
+	ck_assert_uint_eq(rd_f32_to_bf16(INFINITY), 0x7f80);
+	ck_assert_uint_eq(rd_f32_to_bf16(-INFINITY), 0xff80);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x7f7fffff)), 0x7f80);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x7f7f7fff)), 0x7f7f);
+	/* A NaN whose payload is only in the dropped bits must not become
+	 * Inf; the sign survives. */
+	uint16_t n1 = rd_f32_to_bf16(f32_from_bits(0x7f800001));
+	uint16_t n2 = rd_f32_to_bf16(f32_from_bits(0xffffffff));
+	ck_assert_uint_eq(n1 & 0x7f80, 0x7f80);
+	ck_assert_uint_ne(n1 & 0x007f, 0);
+	ck_assert_uint_eq(n2 & 0xff80, 0xff80);
+	ck_assert_uint_ne(n2 & 0x007f, 0);
+	ck_assert(isnan(rd_bf16_to_f32(rd_f32_to_bf16(NAN))));
+	/* Subnormals round like everything else. */
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x00010000)), 0x0001);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x00008000)), 0x0000);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x00018000)), 0x0002);
+	ck_assert_uint_eq(rd_f32_to_bf16(f32_from_bits(0x007fffff)), 0x0080);
+	/* Widening is exact. */
+	ck_assert_uint_eq(bits_from_f32(rd_bf16_to_f32(0x0001)), 0x00010000);
+	ck_assert_uint_eq(bits_from_f32(rd_bf16_to_f32(0xff80)), 0xff800000);
+	ck_assert_float_eq(rd_bf16_to_f32(0x3f80), 1.0f);
+}
+END_TEST
+
+START_TEST(f16_known_patterns)
+{
+	ck_assert_uint_eq(rd_f32_to_f16(1.0f), 0x3c00);
+	ck_assert_uint_eq(rd_f32_to_f16(-2.0f), 0xc000);
+	ck_assert_uint_eq(rd_f32_to_f16(-0.0f), 0x8000);
+	ck_assert_uint_eq(rd_f32_to_f16(65504.0f), 0x7bff);
+	ck_assert_uint_eq(rd_f32_to_f16(65519.996f), 0x7bff);
+	ck_assert_uint_eq(rd_f32_to_f16(65520.0f), 0x7c00);   /* tie: rounds to even = Inf */
+	ck_assert_uint_eq(rd_f32_to_f16(1e10f), 0x7c00);
+	ck_assert_uint_eq(rd_f32_to_f16(-INFINITY), 0xfc00);
+	/* Ties to even around 1.0: 1 + 2^-11 is half an ulp. */
+	ck_assert_uint_eq(rd_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+	ck_assert_uint_eq(rd_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
+	ck_assert_uint_eq(rd_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
+	/* Smallest normal, subnormals, and the ties below them. */
+	ck_assert_uint_eq(rd_f32_to_f16(0x1p-14f), 0x0400);
+	ck_assert_uint_eq(rd_f32_to_f16(0x1p-24f), 0x0001);
+	ck_assert_uint_eq(rd_f32_to_f16(0x1p-25f), 0x0000);
+	ck_assert_uint_eq(rd_f32_to_f16(-0x1p-25f), 0x8000);
+	ck_assert_uint_eq(rd_f32_to_f16(0x1.8p-25f), 0x0001);
+	ck_assert_uint_eq(rd_f32_to_f16(0x1.8p-24f), 0x0002);   /* 1.5 ulp: tie to 2 */
+	ck_assert_uint_eq(rd_f32_to_f16(0x1.4p-23f), 0x0002);   /* 2.5 ulp: tie to 2 */
+	ck_assert_uint_eq(rd_f32_to_f16(1023.5f * 0x1p-24f), 0x0400);   /* rounds up into normals */
+	ck_assert_uint_eq(rd_f32_to_f16(1e-30f), 0x0000);
+	/* NaN stays NaN even with a payload only in the dropped bits. */
+	uint16_t n = rd_f32_to_f16(f32_from_bits(0x7f800001));
+	ck_assert_uint_eq(n & 0x7c00, 0x7c00);
+	ck_assert_uint_ne(n & 0x03ff, 0);
+	ck_assert_uint_eq(rd_f32_to_f16(f32_from_bits(0xffc00000)) & 0x8000, 0x8000);
+	/* Widening. */
+	ck_assert_float_eq(rd_f16_to_f32(0x0001), 0x1p-24f);
+	ck_assert_float_eq(rd_f16_to_f32(0x03ff), 1023.0f * 0x1p-24f);
+	ck_assert_float_eq(rd_f16_to_f32(0x0400), 0x1p-14f);
+	ck_assert_float_eq(rd_f16_to_f32(0x7bff), 65504.0f);
+	ck_assert_float_eq(rd_f16_to_f32(0x3555), 0.333251953125f);
+	ck_assert_uint_eq(bits_from_f32(rd_f16_to_f32(0x8000)), 0x80000000);
+	ck_assert_uint_eq(bits_from_f32(rd_f16_to_f32(0xfc00)), 0xff800000);
+	ck_assert(isnan(rd_f16_to_f32(0x7e00)));
+	ck_assert(isnan(rd_f16_to_f32(0x7c01)));
+}
+END_TEST
+
+START_TEST(half_types_round_trip_every_value)
+{
+	/* Every 16-bit pattern widens exactly and narrows back to itself
+	 * (NaNs to some NaN). */
+	for (uint32_t h = 0; h <= 0xffff; h++) {
+		float f16 = rd_f16_to_f32((uint16_t)h), bf = rd_bf16_to_f32((uint16_t)h);
+		if (isnan(f16)) {
+			ck_assert(isnan(rd_f16_to_f32(rd_f32_to_f16(f16))));
+		} else {
+			ck_assert_uint_eq(rd_f32_to_f16(f16), h);
+		}
+		if (isnan(bf)) {
+			ck_assert(isnan(rd_bf16_to_f32(rd_f32_to_bf16(bf))));
+		} else {
+			ck_assert_uint_eq(rd_f32_to_bf16(bf), h);
+		}
+	}
+}
+END_TEST
+
+/* The nearest of the representable neighbours, ties to even, judged in
+ * double (exact for these differences). */
+static void check_nearest(float x, uint16_t got, float (*widen)(uint16_t), const char *what)
+{
+	double gx = widen(got);
+	uint16_t up = (uint16_t)(got + 1), down = (uint16_t)(got - 1);
+
+	/* Neighbours in magnitude, same sign; skip past the ends. */
+	for (int s = 0; s < 2; s++) {
+		uint16_t nb = s ? up : down;
+		double nx = widen(nb);
+		if (isnan(nx) || (nb & 0x7fff) == 0x7fff || ((nb ^ got) & 0x8000)) {
+			continue;
+		}
+		double dg = fabs((double)x - gx), dn = fabs((double)x - nx);
+		ck_assert_msg(dg < dn || (dg == dn && (got & 1) == 0),
+			      "%s(%a) = 0x%04x (%a) but 0x%04x (%a) is nearer or the even tie", what, (double)x, got, gx,
+			      nb, nx);
+	}
+}
+
+START_TEST(half_types_round_to_nearest_random)
+{
+	struct rng r;
+
+	rng_init(&r, 10);
+	for (int t = 0; t < 200000; t++) {
+		uint32_t u = (uint32_t)rng_next(&r);
+		float x;
+
+		/* f16 bits: keep exponents in f16's range most of the time. */
+		uint32_t e = 103 + (uint32_t)rng_int(&r, 0, 39);
+		x = f32_from_bits((u & 0x807fffffu) | (e << 23));
+		if (fabsf(x) < 65504.0f) {
+			check_nearest(x, rd_f32_to_f16(x), rd_f16_to_f32, "f16");
+		}
+		x = f32_from_bits(u);
+		if (isfinite(x) && fabsf(x) < 3.38e38f) {
+			check_nearest(x, rd_f32_to_bf16(x), rd_bf16_to_f32, "bf16");
+		}
+	}
+}
+END_TEST
+
+static Suite *host_math_suite(void)
+{
+	Suite *s = suite_create("host_math");
+	TCase *conv = tcase_create("conversions");
+	TCase *gemm = tcase_create("gemm");
+	TCase *att = tcase_create("attention");
+
+	tcase_add_test(conv, bf16_known_patterns);
+	tcase_add_test(conv, f16_known_patterns);
+	tcase_add_test(conv, half_types_round_trip_every_value);
+	tcase_add_test(conv, half_types_round_to_nearest_random);
+	suite_add_tcase(s, conv);
+
+	tcase_add_test(gemm, gemm_every_transpose_and_dtype);
+	tcase_add_test(gemm, gemm_alpha_beta_with_c);
+	tcase_add_test(gemm, gemm_beta_zero_ignores_c);
+	tcase_add_test(gemm, gemm_bias_and_gelu_epilogues);
+	tcase_add_test(gemm, gemm_strided_operands);
+	tcase_add_test(gemm, gemm_512_cubed_is_fast_and_right);
+	tcase_add_test(gemm, gemm_concurrent_threads);
+	suite_add_tcase(s, gemm);
+
+	tcase_add_test(att, attention_forward_matches_reference);
+	tcase_add_test(att, attention_forward_without_stats);
+	tcase_add_test(att, attention_backward_matches_reference);
+	tcase_add_test(att, attention_backward_matches_finite_differences);
+	suite_add_tcase(s, att);
+	return s;
+}
+
+int main(void)
+{
+	const char *env = getenv("REGEN_TEST_SEED");
+	SRunner *sr;
+	int failed;
+
+	g_seed = env ? strtoull(env, NULL, 0)
+		     : ((unsigned long long)time(NULL) << 20) ^ (unsigned long long)getpid();
+	printf("test_host_math: seed %llu (REGEN_TEST_SEED=%llu replays it)\n", g_seed, g_seed);
+	fflush(stdout);
+
+	sr = srunner_create(host_math_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
