@@ -12,6 +12,7 @@
 #define RP_FDS_MAX 16               /* per message */
 
 struct rp_fd_batch;
+struct rp_rx_item;
 
 /* Incremental receiver. Bytes may arrive split anywhere and several
  * messages may arrive in one read. */
@@ -24,6 +25,7 @@ struct rp_rx {
 	uint64_t discarded_bytes;
 	struct rp_fd_batch *batches; /* fds waiting for their message */
 	size_t nbatches;
+	struct rp_rx_item *head, *tail; /* complete messages not yet popped */
 };
 
 void rp_rx_init(struct rp_rx *rx);
@@ -31,13 +33,22 @@ void rp_rx_init(struct rp_rx *rx);
 void rp_rx_finish(struct rp_rx *rx);
 
 /* One recvmsg() on a non-blocking or blocking socket. Returns bytes read
- * (> 0), 0 on end of stream, or -errno (-EAGAIN when nothing is ready).
- * Received fds are attached to the first message that starts within the
- * bytes of this read, as the sender sent them with that message's first byte. */
+ * (> 0), 0 on end of stream, or -errno (-EAGAIN when nothing is ready;
+ * -ENOMEM leaves the receiver out of step with the stream: close it).
+ * Received fds are attached to the LAST message that starts within the
+ * bytes of this read: the sender sends them with that message's first byte
+ * in a sendmsg() of its own, and Linux ends a read right after the segment
+ * that carries fds, but may glue fd-less bytes before it (a whole earlier
+ * message, say) into the same read. fds that arrive where no message starts
+ * are closed. On MSG_CTRUNC (control data cut short, or fds refused by a
+ * security module) every fd of the read is closed and the message they were
+ * for is delivered with nfds 0 and fds_dropped > 0. */
 ssize_t rp_rx_read(struct rp_rx *rx, int sock);
 
 /* Append bytes as if read from the socket, with fds (may be NULL/0) that
- * arrived with them. For tests and fuzzing. Returns 0 or -ENOMEM. */
+ * arrived with them; the receiver owns the fds from here on, also on
+ * error. Same fd rule as rp_rx_read. For tests and fuzzing. Returns 0 or
+ * -ENOMEM. */
 int rp_rx_feed(struct rp_rx *rx, const void *data, size_t len, const int *fds, size_t nfds);
 
 enum rp_rx_result {
@@ -51,14 +62,20 @@ enum rp_rx_result {
 struct rp_msg {
 	char *text;     /* malloc'ed, caller frees with rp_msg_finish */
 	size_t len;     /* without the NUL */
-	int fds[RP_FDS_MAX];
+	int fds[RP_FDS_MAX];   /* the receiver hands them over; claim one by setting it to -1 */
 	size_t nfds;
+	/* fds that came with the message but were closed: those beyond
+	 * RP_FDS_MAX, or all of them on MSG_CTRUNC. A server should refuse a
+	 * message with fds_dropped > 0 rather than act on it with fds missing. */
+	size_t fds_dropped;
 };
 void rp_msg_finish(struct rp_msg *msg);   /* frees text, closes fds still >= 0 */
 
 /* Pops the next complete message. Returns enum rp_rx_result or -ENOMEM.
  * An oversized message is reported once when its terminating NUL arrives;
- * until then its bytes are dropped as they come, so memory stays bounded. */
+ * until then its bytes are dropped as they come, so memory stays bounded.
+ * *msg is always initialised (safe for rp_msg_finish); for RP_RX_TOO_LARGE
+ * text is NULL and len the size of the discarded message. */
 int rp_rx_next(struct rp_rx *rx, struct rp_msg *msg);
 
 /* Outgoing queue with partial-write handling. Each message's fds go with
@@ -72,7 +89,8 @@ struct rp_tx {
 void rp_tx_init(struct rp_tx *tx);
 void rp_tx_finish(struct rp_tx *tx);       /* drops queued messages, closes their fds */
 /* Queues `text` (len bytes, a NUL is appended on the wire) and dups fds.
- * Returns 0, -EINVAL for too many fds, -ENOMEM. */
+ * Returns 0, -EINVAL for too many fds or a NUL inside text, -ENOMEM, or the
+ * -errno of a failed dup (-EBADF, -EMFILE). */
 int rp_tx_push(struct rp_tx *tx, const char *text, size_t len, const int *fds, size_t nfds);
 /* Writes as much as the socket takes. Returns 0 when the queue is empty,
  * -EAGAIN when data remains, another -errno on a broken connection. */

@@ -1,2 +1,383 @@
-/* Placeholder: being written. */
-#include <stddef.h>
+/* Varlink messages: parsing calls and replies, building them, and the
+ * errors that go on the wire. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "message.h"
+
+void rp_error_clear(struct rp_error *err)
+{
+	if (err == NULL)
+		return;
+	cJSON_Delete(err->params);
+	err->name = NULL;
+	err->params = NULL;
+}
+
+void rp_error_move(struct rp_error *dst, struct rp_error *src)
+{
+	if (dst == src)
+		return;
+	rp_error_clear(dst);
+	*dst = *src;
+	src->name = NULL;
+	src->params = NULL;
+}
+
+int rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
+{
+	char *text = NULL;
+	va_list ap;
+	int n;
+
+	if (err == NULL)
+		return -EINVAL;
+	rp_error_clear(err);
+	err->name = name;
+	err->params = cJSON_CreateObject();
+
+	va_start(ap, fmt);
+	n = vasprintf(&text, fmt, ap);
+	va_end(ap);
+	/* Out of memory here still leaves a named error to send. */
+	if (n >= 0 && err->params != NULL)
+		cJSON_AddStringToObject(err->params, "message", text);
+	if (n >= 0)
+		free(text);
+	return -EINVAL;
+}
+
+/* Sets key to item, replacing an earlier value: a key appears once. */
+static void error_put(struct rp_error *err, const char *key, cJSON *item)
+{
+	if (item == NULL)
+		return;
+	if (err == NULL || err->name == NULL || key == NULL) {
+		cJSON_Delete(item);
+		return;
+	}
+	if (err->params == NULL)
+		err->params = cJSON_CreateObject();
+	if (err->params == NULL) {
+		cJSON_Delete(item);
+		return;
+	}
+	if (cJSON_GetObjectItemCaseSensitive(err->params, key) != NULL)
+		cJSON_ReplaceItemInObjectCaseSensitive(err->params, key, item);
+	else
+		cJSON_AddItemToObject(err->params, key, item);
+}
+
+void rp_error_add_int(struct rp_error *err, const char *key, long long value)
+{
+	error_put(err, key, cJSON_CreateNumber((double)value));
+}
+
+void rp_error_add_str(struct rp_error *err, const char *key, const char *value)
+{
+	error_put(err, key, cJSON_CreateString(value != NULL ? value : ""));
+}
+
+int rp_error_invalid_parameter(struct rp_error *err, const char *parameter)
+{
+	if (err == NULL)
+		return -EINVAL;
+	rp_error_clear(err);
+	err->name = RP_ERR_INVALID_PARAMETER;
+	err->params = cJSON_CreateObject();
+	if (err->params != NULL)
+		cJSON_AddStringToObject(err->params, "parameter", parameter != NULL ? parameter : "");
+	return -EINVAL;
+}
+
+static int invalid_message(struct rp_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* io.regen.InvalidMessage {reason, message}: the reason alone, and the
+ * same in a sentence that says what was refused. */
+static int invalid_message(struct rp_error *err, const char *fmt, ...)
+{
+	char *reason = NULL;
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vasprintf(&reason, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		reason = NULL;
+	rp_error_set(err, RP_ERR_INVALID_MESSAGE, "Invalid Varlink message: %s",
+		     reason != NULL ? reason : "out of memory");
+	rp_error_add_str(err, "reason", reason != NULL ? reason : "out of memory");
+	free(reason);
+	return -EINVAL;
+}
+
+/* Counts [ and { outside strings, so that no text nested deeper than the
+ * limit reaches cJSON's recursive parser. */
+static bool nesting_ok(const char *s, size_t n)
+{
+	bool in_string = false, escaped = false;
+	int depth = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+
+		if (in_string) {
+			if (escaped)
+				escaped = false;
+			else if (c == '\\')
+				escaped = true;
+			else if (c == '"')
+				in_string = false;
+		} else if (c == '"') {
+			in_string = true;
+		} else if (c == '[' || c == '{') {
+			if (++depth > RP_NESTING_MAX)
+				return false;
+		} else if ((c == ']' || c == '}') && depth > 0) {
+			depth--;
+		}
+	}
+	return true;
+}
+
+static bool is_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+enum {
+	KEY_METHOD = 1 << 0,
+	KEY_PARAMETERS = 1 << 1,
+	KEY_ONEWAY = 1 << 2,
+	KEY_MORE = 1 << 3,
+	KEY_UPGRADE = 1 << 4,
+	KEY_CONTINUES = 1 << 5,
+	KEY_ERROR = 1 << 6,
+};
+
+static const struct {
+	const char *name;
+	unsigned bit;
+} keys[] = {
+	{ "method", KEY_METHOD },
+	{ "parameters", KEY_PARAMETERS },
+	{ "oneway", KEY_ONEWAY },
+	{ "more", KEY_MORE },
+	{ "upgrade", KEY_UPGRADE },
+	{ "continues", KEY_CONTINUES },
+	{ "error", KEY_ERROR },
+};
+
+static int parse_bool(const cJSON *item, bool *out, struct rp_error *err)
+{
+	if (!cJSON_IsBool(item))
+		return invalid_message(err, "'%s' must be a boolean", item->string);
+	*out = cJSON_IsTrue(item);
+	return 0;
+}
+
+int rp_call_parse(const char *text, size_t len, struct rp_call *call, struct rp_error *err)
+{
+	const char *end = NULL;
+	unsigned seen = 0;
+	cJSON *root, *item;
+	int r;
+
+	memset(call, 0, sizeof(*call));
+	if (text == NULL || len == 0)
+		return invalid_message(err, "empty message");
+	if (memchr(text, '\0', len) != NULL)
+		return invalid_message(err, "contains a NUL byte");
+	if (!nesting_ok(text, len))
+		return invalid_message(err, "nested deeper than %d levels", RP_NESTING_MAX);
+
+	root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+	if (root == NULL) {
+		size_t at = end != NULL && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+		return invalid_message(err, "not valid JSON (error at byte %zu)", at);
+	}
+	while (end < text + len && is_space(*end))
+		end++;
+	if (end != text + len) {
+		r = invalid_message(err, "trailing data after the JSON value at byte %zu", (size_t)(end - text));
+		goto error;
+	}
+	if (!cJSON_IsObject(root)) {
+		r = invalid_message(err, "not a JSON object");
+		goto error;
+	}
+
+	cJSON_ArrayForEach(item, root) {
+		unsigned bit = 0;
+
+		r = 0;
+		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+			if (strcmp(item->string, keys[i].name) == 0) {
+				bit = keys[i].bit;
+				break;
+			}
+		}
+		if (bit == 0) {
+			r = invalid_message(err, "unknown key '%s'", item->string);
+			goto error;
+		}
+		if (seen & bit) {
+			r = invalid_message(err, "duplicate key '%s'", item->string);
+			goto error;
+		}
+		seen |= bit;
+
+		switch (bit) {
+		case KEY_METHOD:
+		case KEY_ERROR:
+			if (!cJSON_IsString(item) || item->valuestring[0] == '\0') {
+				r = invalid_message(err, "'%s' must be a non-empty string", item->string);
+				goto error;
+			}
+			if (bit == KEY_METHOD)
+				call->method = item->valuestring;
+			else
+				call->error = item->valuestring;
+			break;
+		case KEY_PARAMETERS:
+			if (!cJSON_IsObject(item)) {
+				r = invalid_message(err, "'parameters' must be an object");
+				goto error;
+			}
+			call->params = item;
+			break;
+		case KEY_ONEWAY:
+			r = parse_bool(item, &call->oneway, err);
+			break;
+		case KEY_MORE:
+			r = parse_bool(item, &call->more, err);
+			break;
+		case KEY_UPGRADE:
+			r = parse_bool(item, &call->upgrade, err);
+			break;
+		case KEY_CONTINUES:
+			r = parse_bool(item, &call->continues, err);
+			break;
+		}
+		if (r < 0)
+			goto error;
+	}
+
+	if (seen & KEY_METHOD) {
+		if (seen & (KEY_CONTINUES | KEY_ERROR)) {
+			r = invalid_message(err, "'%s' belongs in a reply, not in a call",
+					    (seen & KEY_ERROR) ? "error" : "continues");
+			goto error;
+		}
+		if (call->oneway && call->more) {
+			r = invalid_message(err, "'oneway' and 'more' cannot both be set");
+			goto error;
+		}
+	} else if (seen & (KEY_ONEWAY | KEY_MORE | KEY_UPGRADE)) {
+		r = invalid_message(err, "missing 'method'");
+		goto error;
+	}
+
+	if (call->params == NULL) {
+		call->params = cJSON_AddObjectToObject(root, "parameters");
+		if (call->params == NULL) {
+			r = -ENOMEM;
+			rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "out of memory parsing a message");
+			goto error;
+		}
+	}
+	call->root = root;
+	return 0;
+
+error:
+	cJSON_Delete(root);
+	memset(call, 0, sizeof(*call));
+	return r;
+}
+
+void rp_call_finish(struct rp_call *call)
+{
+	if (call == NULL)
+		return;
+	cJSON_Delete(call->root);
+	memset(call, 0, sizeof(*call));
+}
+
+/* Adds params without copying: a reference is printed like the object and
+ * not freed with root. */
+static bool add_params(cJSON *root, const cJSON *params)
+{
+	if (params == NULL)
+		return cJSON_AddObjectToObject(root, "parameters") != NULL;
+	return cJSON_AddItemReferenceToObject(root, "parameters", (cJSON *)params);
+}
+
+static char *print_and_delete(cJSON *root)
+{
+	char *text = cJSON_PrintUnformatted(root);
+
+	cJSON_Delete(root);
+	return text;
+}
+
+char *rp_build_call(const char *method, const cJSON *params, bool more, bool oneway)
+{
+	cJSON *root;
+
+	if (method == NULL)
+		return NULL;
+	root = cJSON_CreateObject();
+	if (root == NULL)
+		return NULL;
+	if (cJSON_AddStringToObject(root, "method", method) == NULL || !add_params(root, params))
+		goto error;
+	if (more && cJSON_AddTrueToObject(root, "more") == NULL)
+		goto error;
+	if (oneway && cJSON_AddTrueToObject(root, "oneway") == NULL)
+		goto error;
+	return print_and_delete(root);
+
+error:
+	cJSON_Delete(root);
+	return NULL;
+}
+
+char *rp_build_reply(const cJSON *params, bool continues)
+{
+	cJSON *root = cJSON_CreateObject();
+
+	if (root == NULL)
+		return NULL;
+	if (!add_params(root, params))
+		goto error;
+	if (continues && cJSON_AddTrueToObject(root, "continues") == NULL)
+		goto error;
+	return print_and_delete(root);
+
+error:
+	cJSON_Delete(root);
+	return NULL;
+}
+
+char *rp_build_error(const struct rp_error *err)
+{
+	cJSON *root;
+
+	if (err == NULL || err->name == NULL)
+		return NULL;
+	root = cJSON_CreateObject();
+	if (root == NULL)
+		return NULL;
+	if (cJSON_AddStringToObject(root, "error", err->name) == NULL || !add_params(root, err->params))
+		goto error;
+	return print_and_delete(root);
+
+error:
+	cJSON_Delete(root);
+	return NULL;
+}

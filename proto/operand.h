@@ -29,7 +29,9 @@ struct rp_operand {
 /* Parses the io.regen.Operand object under params[name]. Errors:
  * InvalidParameter naming "<name>.<field>" for type/shape problems (rank 1..4,
  * every dim >= 1 and <= RP_DIM_MAX, strides same rank and >= 0, unknown
- * fields), InvalidOperand {operand: name, reason} for a bad buffer id syntax.
+ * fields), InvalidOperand {operand: name, reason} for a bad buffer id syntax
+ * (or an event id), an offset not a multiple of the element size (reason
+ * starts "misaligned"), or a shape whose contiguous strides overflow.
  * Returns 1 (and leaves *op zeroed) when optional and absent. */
 int rp_operand_parse(const cJSON *params, const char *name, bool required, struct rp_operand *op, struct rp_error *err);
 
@@ -39,6 +41,8 @@ int rp_operand_extent(const struct rp_operand *op, uint64_t *begin, uint64_t *en
 /* InvalidOperand {operand: name, reason} unless the extent fits in size. */
 int rp_operand_check_bounds(const struct rp_operand *op, const char *name, uint64_t buffer_size, struct rp_error *err);
 
+/* Product of the shape; -1 on overflow or a malformed operand. */
 int64_t rp_operand_numel(const struct rp_operand *op);
-/* cJSON object for an operand (clients build calls with it). */
+/* cJSON object for an operand (clients build calls with it); strides are
+ * always written. NULL on ENOMEM or a malformed operand. */
 cJSON *rp_operand_to_json(const struct rp_operand *op);

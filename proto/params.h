@@ -25,7 +25,8 @@ struct rp_field {
 
 /* Checks `params` (an object) against a NULL-name-terminated field list:
  * every required field present, every present field of its type (JSON null
- * counts as absent for optional fields), and no field the list lacks. */
+ * counts as absent for optional fields), no field the list lacks, and no
+ * field given twice. */
 int rp_params_check(const cJSON *params, const struct rp_field *fields, struct rp_error *err);
 
 /* Getters: 0 and *out set; 1 when absent (optional) and *out = def;
@@ -34,7 +35,7 @@ int rp_params_uint(const cJSON *params, const char *name, uint64_t max, uint64_t
 int rp_params_double(const cJSON *params, const char *name, double def, double *out, struct rp_error *err);
 int rp_params_bool(const cJSON *params, const char *name, bool def, bool *out, struct rp_error *err);
 /* *out points into params (no copy); empty strings are refused; max_len
- * bounds strlen. */
+ * bounds strlen (0: no bound). */
 int rp_params_string(const cJSON *params, const char *name, size_t max_len, const char *def, const char **out, struct rp_error *err);
 /* Picks the index of the string in `choices` (NULL-terminated). */
 int rp_params_enum(const cJSON *params, const char *name, const char *const *choices, int def, int *out, struct rp_error *err);
