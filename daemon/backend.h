@@ -30,7 +30,11 @@ struct rd_buffer {
 	/* Address operands are offset from: host pointer (host backend) or
 	 * device pointer (cuda). NULL while the mapping is released. */
 	void *ptr;
-	struct rd_buffer *next_in_table;   /* core's use */
+	/* Core's use: the id table's chain, and the calls in flight that use
+	 * the buffer (a CloseBuffer defers the close until they finish). */
+	struct rd_buffer *next_in_table;
+	unsigned core_refs;
+	bool closing;
 };
 
 struct rd_import {
@@ -46,7 +50,9 @@ struct rd_event {
 	struct rd_device *device;
 	struct rp_id id;
 	pid_t owner;
-	struct rd_event *next_in_table;
+	struct rd_event *next_in_table;   /* core's use */
+	unsigned core_refs;
+	bool closing;
 };
 
 enum rd_op_kind { RD_OP_GEMM = 0, RD_OP_ATTENTION, RD_OP_ATTENTION_BACKWARD };

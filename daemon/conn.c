@@ -1,0 +1,450 @@
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "conn.h"
+#include "log.h"
+#include "proto/errors.h"
+
+/* More than this many bytes waiting to go out and we stop reading: a client
+ * that does not read its replies cannot make us buffer without bound. */
+#define TX_HIGH_WATER (8u << 20)
+#define DEFAULT_MAX_IN_FLIGHT 256
+#define READS_PER_WAKEUP 16
+
+struct rd_reply_item {
+	char *text;
+	struct rd_reply_item *next;
+};
+
+struct rd_pending_out {
+	rd_reply_cb cb;
+	void *userdata;
+	struct rd_pending_out *next;
+};
+
+static uint64_t next_conn_id = 1;
+
+static void conn_update_events(struct rd_conn *conn);
+static void conn_process(struct rd_conn *conn);
+
+static void conn_free(struct rd_conn *conn)
+{
+	rp_rx_finish(&conn->rx);
+	rp_tx_finish(&conn->tx);
+	free(conn);
+}
+
+static void conn_unref(struct rd_conn *conn)
+{
+	if (--conn->refs == 0)
+		conn_free(conn);
+}
+
+static void on_poll_closed(uv_handle_t *handle)
+{
+	struct rd_conn *conn = handle->data;
+
+	close(conn->fd);
+	conn->fd = -1;
+	conn_unref(conn);
+}
+
+static void free_call(struct rd_call *call)
+{
+	struct rd_reply_item *r = call->replies;
+
+	while (r) {
+		struct rd_reply_item *next = r->next;
+		free(r->text);
+		free(r);
+		r = next;
+	}
+	rp_call_finish(&call->msg);
+	rp_msg_finish(&call->raw);
+	free(call);
+}
+
+/* Moves the replies of the calls at the head of the queue, in order, to the
+ * socket's queue; frees calls that are finished and fully sent. */
+static void conn_flush_calls(struct rd_conn *conn)
+{
+	struct rd_call *call;
+
+	while ((call = conn->calls)) {
+		struct rd_reply_item *r;
+
+		while ((r = call->replies)) {
+			call->replies = r->next;
+			if (!conn->closed && rp_tx_push(&conn->tx, r->text, strlen(r->text), NULL, 0) < 0)
+				rd_warn("conn", -1, 0, conn->peer.pid, "dropping reply: out of memory");
+			free(r->text);
+			free(r);
+		}
+		call->replies_tail = NULL;
+		if (!call->finished)
+			break;
+		conn->calls = call->next;
+		if (!conn->calls)
+			conn->calls_tail = NULL;
+		free_call(call);
+		conn->in_flight--;
+		conn_unref(conn);
+	}
+	if (conn->closed)
+		return;
+	int r = rp_tx_flush(&conn->tx, conn->fd);
+	if (r < 0 && r != -EAGAIN) {
+		rd_debug("conn", -1, 0, conn->peer.pid, "write failed: %s", strerror(-r));
+		rd_conn_close(conn);
+		return;
+	}
+	conn_update_events(conn);
+}
+
+static void call_queue_text(struct rd_call *call, char *text, bool last)
+{
+	struct rd_conn *conn = call->conn;
+
+	if (call->finished) {
+		free(text);
+		return;
+	}
+	if (text) {
+		struct rd_reply_item *r = calloc(1, sizeof(*r));
+		if (!r) {
+			free(text);
+		} else {
+			r->text = text;
+			if (call->replies_tail)
+				call->replies_tail->next = r;
+			else
+				call->replies = r;
+			call->replies_tail = r;
+		}
+	}
+	if (last)
+		call->finished = true;
+	/* Flushing may free the call and, on a closed connection, drop the
+	 * last reference to it. */
+	conn->refs++;
+	conn_flush_calls(conn);
+	/* A finished call may have freed a slot that backpressure waited for. */
+	if (!conn->closed)
+		conn_process(conn);
+	conn_unref(conn);
+}
+
+void rd_call_reply(struct rd_call *call, cJSON *params, bool continues)
+{
+	char *text = NULL;
+
+	if (!call->msg.oneway) {
+		if (!call->msg.more)
+			continues = false;
+		text = rp_build_reply(params, continues);
+	}
+	cJSON_Delete(params);
+	call_queue_text(call, text, !continues);
+}
+
+void rd_call_fail(struct rd_call *call, struct rp_error *err)
+{
+	char *text = NULL;
+
+	if (!call->msg.oneway)
+		text = rp_build_error(err);
+	if (call->conn->peer.pid)
+		rd_debug("conn", -1, 0, call->conn->peer.pid, "%s -> %s",
+			 call->msg.method ? call->msg.method : "(unparsed)", err->name);
+	rp_error_clear(err);
+	call_queue_text(call, text, true);
+}
+
+void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...)
+{
+	struct rp_error err = { 0 };
+	char message[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(message, sizeof(message), fmt, ap);
+	va_end(ap);
+	rp_error_set(&err, name, "%s", message);
+	rd_call_fail(call, &err);
+}
+
+static struct rd_call *call_new(struct rd_conn *conn)
+{
+	struct rd_call *call = calloc(1, sizeof(*call));
+
+	if (!call)
+		return NULL;
+	call->conn = conn;
+	for (size_t i = 0; i < RP_FDS_MAX; i++)
+		call->raw.fds[i] = -1;
+	conn->refs++;
+	conn->in_flight++;
+	if (conn->calls_tail)
+		conn->calls_tail->next = call;
+	else
+		conn->calls = call;
+	conn->calls_tail = call;
+	return call;
+}
+
+static void handle_reply(struct rd_conn *conn, struct rp_call *msg)
+{
+	struct rd_pending_out *p = conn->out;
+
+	if (!p) {
+		rd_warn("conn", -1, 0, conn->peer.pid, "reply with no call outstanding; closing");
+		rd_conn_close(conn);
+		return;
+	}
+	/* "continues" replies keep the call outstanding. */
+	if (!msg->continues) {
+		conn->out = p->next;
+		if (!conn->out)
+			conn->out_tail = NULL;
+	}
+	p->cb(conn, msg, p->userdata);
+	if (!msg->continues)
+		free(p);
+}
+
+static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
+{
+	struct rp_error err = { 0 };
+	struct rp_call msg = { 0 };
+
+	if (rp_call_parse(raw->text, raw->len, &msg, &err) < 0) {
+		struct rd_call *call = call_new(conn);
+		rp_msg_finish(raw);
+		if (!call) {
+			rp_error_clear(&err);
+			rd_conn_close(conn);
+			return;
+		}
+		rd_call_fail(call, &err);
+		return;
+	}
+	if (!msg.method) {
+		rp_msg_finish(raw);
+		handle_reply(conn, &msg);
+		rp_call_finish(&msg);
+		return;
+	}
+	struct rd_call *call = call_new(conn);
+	if (!call) {
+		rp_call_finish(&msg);
+		rp_msg_finish(raw);
+		rd_conn_close(conn);
+		return;
+	}
+	call->msg = msg;
+	call->raw = *raw;
+	memset(raw, 0, sizeof(*raw));
+	conn->refs++;   /* the handler may close the connection under us */
+	conn->ops->on_call(conn, call);
+	conn_unref(conn);
+}
+
+/* Parses what is buffered, as far as backpressure allows. */
+static void conn_process(struct rd_conn *conn)
+{
+	static __thread int depth;
+
+	/* Replies finishing synchronously inside on_call re-enter here; the
+	 * outer loop picks up whatever they unblocked. */
+	if (depth)
+		return;
+	depth++;
+	conn->refs++;
+	while (!conn->closed && conn->in_flight < conn->max_in_flight && conn->tx.queued_bytes < TX_HIGH_WATER) {
+		struct rp_msg raw = { 0 };
+		int r = rp_rx_next(&conn->rx, &raw);
+		if (r == RP_RX_NONE)
+			break;
+		if (r < 0) {
+			rd_conn_close(conn);
+			break;
+		}
+		if (r == RP_RX_TOO_LARGE) {
+			struct rd_call *call = call_new(conn);
+			struct rp_error err = { 0 };
+			if (!call)
+				break;
+			rp_error_set(&err, RP_ERR_MESSAGE_TOO_LARGE, "message exceeds %u bytes and was discarded",
+				     RP_MESSAGE_MAX);
+			rp_error_add_int(&err, "limit", RP_MESSAGE_MAX);
+			rd_call_fail(call, &err);
+			continue;
+		}
+		handle_message(conn, &raw);
+	}
+	if (!conn->closed)
+		conn_update_events(conn);
+	depth--;
+	conn_unref(conn);
+}
+
+static void on_poll(uv_poll_t *handle, int status, int events)
+{
+	struct rd_conn *conn = handle->data;
+
+	if (conn->closed)
+		return;
+	if (status < 0) {
+		rd_conn_close(conn);
+		return;
+	}
+	conn->refs++;
+	if (events & UV_WRITABLE)
+		conn_flush_calls(conn);
+	if (!conn->closed && (events & UV_READABLE)) {
+		for (int i = 0; i < READS_PER_WAKEUP && !conn->closed; i++) {
+			ssize_t n = rp_rx_read(&conn->rx, conn->fd);
+			if (n == -EAGAIN || n == -EINTR)
+				break;
+			if (n <= 0) {
+				/* Process what arrived before the end of the stream: a
+				 * oneway call followed by a close is still a call. */
+				conn_process(conn);
+				rd_conn_close(conn);
+				break;
+			}
+			conn_process(conn);
+			if (conn->in_flight >= conn->max_in_flight)
+				break;
+		}
+	}
+	conn_unref(conn);
+}
+
+static void conn_update_events(struct rd_conn *conn)
+{
+	int events = 0;
+
+	if (conn->closed)
+		return;
+	conn->reading = conn->in_flight < conn->max_in_flight && conn->tx.queued_bytes < TX_HIGH_WATER;
+	conn->writing = !rp_tx_empty(&conn->tx);
+	if (conn->reading)
+		events |= UV_READABLE;
+	if (conn->writing)
+		events |= UV_WRITABLE;
+	uv_poll_start(&conn->poll, events | UV_DISCONNECT, on_poll);
+}
+
+int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *data, struct rd_conn **out)
+{
+	struct rd_conn *conn = calloc(1, sizeof(*conn));
+	socklen_t len = sizeof(conn->peer);
+	int r;
+
+	if (!conn) {
+		close(fd);
+		return -ENOMEM;
+	}
+	conn->fd = fd;
+	conn->loop = loop;
+	conn->ops = ops;
+	conn->data = data;
+	conn->refs = 1;
+	conn->max_in_flight = DEFAULT_MAX_IN_FLIGHT;
+	conn->id = next_conn_id++;
+	rp_rx_init(&conn->rx);
+	rp_tx_init(&conn->tx);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &conn->peer, &len) < 0)
+		memset(&conn->peer, 0, sizeof(conn->peer));
+	r = uv_poll_init(loop, &conn->poll, fd);
+	if (r < 0) {
+		close(fd);
+		conn_free(conn);
+		return r;
+	}
+	conn->poll.data = conn;
+	conn_update_events(conn);
+	*out = conn;
+	return 0;
+}
+
+void rd_conn_close(struct rd_conn *conn)
+{
+	struct rd_pending_out *p;
+
+	if (conn->closed)
+		return;
+	conn->closed = true;
+	uv_poll_stop(&conn->poll);
+	conn->refs++;
+	while ((p = conn->out)) {
+		conn->out = p->next;
+		p->cb(conn, NULL, p->userdata);
+		free(p);
+	}
+	conn->out_tail = NULL;
+	if (conn->ops->on_close)
+		conn->ops->on_close(conn);
+	/* Finished calls can go now; the rest go as they finish. */
+	conn_flush_calls(conn);
+	uv_close((uv_handle_t *)&conn->poll, on_poll_closed);
+	/* The open reference is dropped in on_poll_closed. */
+	conn_unref(conn);
+}
+
+int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool oneway, rd_reply_cb cb, void *userdata)
+{
+	char *text;
+	int r;
+
+	if (conn->closed) {
+		cJSON_Delete(params);
+		return -ENOTCONN;
+	}
+	text = rp_build_call(method, params, false, oneway);
+	cJSON_Delete(params);
+	if (!text)
+		return -ENOMEM;
+	if (!oneway) {
+		struct rd_pending_out *p = calloc(1, sizeof(*p));
+		if (!p) {
+			free(text);
+			return -ENOMEM;
+		}
+		p->cb = cb;
+		p->userdata = userdata;
+		if (conn->out_tail)
+			conn->out_tail->next = p;
+		else
+			conn->out = p;
+		conn->out_tail = p;
+	}
+	r = rp_tx_push(&conn->tx, text, strlen(text), NULL, 0);
+	free(text);
+	if (r < 0)
+		return r;
+	conn_flush_calls(conn);
+	return 0;
+}
+
+void rd_conn_refuse(struct rd_conn *conn, const char *resource, unsigned limit)
+{
+	struct rp_error err = { 0 };
+	char *text;
+
+	rp_error_set(&err, RP_ERR_LIMIT_EXCEEDED, "too many %s for this client (limit %u)", resource, limit);
+	rp_error_add_str(&err, "resource", resource);
+	rp_error_add_int(&err, "limit", limit);
+	text = rp_build_error(&err);
+	rp_error_clear(&err);
+	if (text) {
+		/* Best effort: a fresh socket's buffer takes one small message. */
+		rp_tx_push(&conn->tx, text, strlen(text), NULL, 0);
+		rp_tx_flush(&conn->tx, conn->fd);
+		free(text);
+	}
+	rd_conn_close(conn);
+}

@@ -1,0 +1,83 @@
+/* A Varlink connection on the libuv loop: framing and fds (proto/frame.h)
+ * over a uv_poll_t, since libuv's pipes cannot pass arbitrary fds. Calls are
+ * answered in the order they arrived, whenever each finishes; a connection
+ * that closes while calls are in flight stays allocated until they finish
+ * and their replies are dropped. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+#include "proto/frame.h"
+#include "proto/message.h"
+
+struct rd_conn;
+struct rd_reply_item;
+
+struct rd_call {
+	struct rd_conn *conn;
+	struct rp_call msg;         /* method, params, flags */
+	struct rp_msg raw;          /* text and the fds that came with it */
+	bool finished;              /* the last reply is queued */
+	struct rd_reply_item *replies, *replies_tail;
+	struct rd_call *next;
+	void *data;                 /* the handler's */
+};
+
+struct rd_conn_ops {
+	/* A call arrived; finish it with rd_call_reply() or rd_call_fail(), now
+	 * or later, oneway or not. */
+	void (*on_call)(struct rd_conn *conn, struct rd_call *call);
+	/* The peer went away or the connection broke. Calls in flight still
+	 * finish later. */
+	void (*on_close)(struct rd_conn *conn);
+};
+
+/* Called with the reply to a call this side made, or reply == NULL when the
+ * connection closed first. */
+typedef void (*rd_reply_cb)(struct rd_conn *conn, const struct rp_call *reply, void *userdata);
+
+struct rd_pending_out;
+
+struct rd_conn {
+	uv_poll_t poll;
+	int fd;
+	uv_loop_t *loop;
+	struct rp_rx rx;
+	struct rp_tx tx;
+	struct ucred peer;
+	bool admin;
+	bool closed;
+	bool reading, writing;
+	unsigned refs;
+	unsigned in_flight;         /* calls received and not finished */
+	unsigned max_in_flight;     /* reading pauses at this many (backpressure) */
+	struct rd_call *calls, *calls_tail;
+	struct rd_pending_out *out, *out_tail;
+	const struct rd_conn_ops *ops;
+	void *data;
+	struct rd_conn *next;       /* owner's list */
+	uint64_t id;
+};
+
+/* Takes ownership of fd (a connected stream socket). */
+int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *data, struct rd_conn **out);
+/* Stops reading and writing and closes the socket; on_close follows. */
+void rd_conn_close(struct rd_conn *conn);
+
+/* Queues a reply (params consumed; NULL = {}). continues = more replies
+ * follow (only for calls with "more"). For oneway calls nothing is sent. */
+void rd_call_reply(struct rd_call *call, cJSON *params, bool continues);
+/* Queues an error reply and finishes the call; err is cleared. */
+void rd_call_fail(struct rd_call *call, struct rp_error *err);
+/* Convenience: rp_error_set + rd_call_fail. */
+void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Makes a call on this connection (we are the client side, e.g. the
+ * supervisor on a worker's control channel). params consumed. */
+int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool oneway, rd_reply_cb cb, void *userdata);
+
+/* Answers the peer with io.regen.LimitExceeded {resource, limit} and closes:
+ * for connections refused at accept. */
+void rd_conn_refuse(struct rd_conn *conn, const char *resource, unsigned limit);

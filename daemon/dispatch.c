@@ -1,0 +1,143 @@
+#include <grp.h>
+#include <pwd.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dispatch.h"
+#include "proto/errors.h"
+#include "proto/idl.h"
+#include "proto/params.h"
+#include "regen-config.h"
+
+static bool serves_interface(const struct rd_endpoint *ep, const char *iface, size_t len)
+{
+	for (const char *const *i = ep->interfaces; *i; i++)
+		if (strlen(*i) == len && strncmp(*i, iface, len) == 0)
+			return true;
+	return false;
+}
+
+static void get_info(const struct rd_endpoint *ep, struct rd_call *call)
+{
+	static const struct rp_field fields[] = { { NULL } };
+	struct rp_error err = { 0 };
+	cJSON *reply, *ifaces;
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	reply = cJSON_CreateObject();
+	cJSON_AddStringToObject(reply, "vendor", "regen");
+	cJSON_AddStringToObject(reply, "product", "regend");
+	cJSON_AddStringToObject(reply, "version", REGEN_VERSION);
+	cJSON_AddStringToObject(reply, "url", "https://github.com/regen-project/regen");
+	ifaces = cJSON_AddArrayToObject(reply, "interfaces");
+	cJSON_AddItemToArray(ifaces, cJSON_CreateString("org.varlink.service"));
+	for (const char *const *i = ep->interfaces; *i; i++)
+		cJSON_AddItemToArray(ifaces, cJSON_CreateString(*i));
+	rd_call_reply(call, reply, false);
+}
+
+static void get_interface_description(const struct rd_endpoint *ep, struct rd_call *call)
+{
+	static const struct rp_field fields[] = { { "interface", RP_T_STRING, true }, { NULL } };
+	struct rp_error err = { 0 };
+	const char *name, *text;
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0 ||
+	    rp_params_string(call->msg.params, "interface", 256, NULL, &name, &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	text = rp_interface_description(name);
+	if (!text || (strcmp(name, "org.varlink.service") != 0 && strcmp(name, "io.regen") != 0 &&
+		      !serves_interface(ep, name, strlen(name)))) {
+		rp_error_set(&err, RP_ERR_INTERFACE_NOT_FOUND, "no interface %s here", name);
+		cJSON_DeleteItemFromObject(err.params, "message");
+		rp_error_add_str(&err, "interface", name);
+		rd_call_fail(call, &err);
+		return;
+	}
+	cJSON *reply = cJSON_CreateObject();
+	cJSON_AddStringToObject(reply, "description", text);
+	rd_call_reply(call, reply, false);
+}
+
+/* Varlink's own errors carry only the parameters the spec gives them. */
+static void fail_varlink(struct rd_call *call, const char *name, const char *key, const char *value)
+{
+	struct rp_error err = { 0 };
+
+	rp_error_set(&err, name, "%s", "");
+	cJSON_DeleteItemFromObject(err.params, "message");
+	if (key)
+		rp_error_add_str(&err, key, value);
+	rd_call_fail(call, &err);
+}
+
+void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call)
+{
+	const char *method = call->msg.method;
+	const char *dot = strrchr(method, '.');
+
+	if (strcmp(method, "org.varlink.service.GetInfo") == 0) {
+		get_info(ep, call);
+		return;
+	}
+	if (strcmp(method, "org.varlink.service.GetInterfaceDescription") == 0) {
+		get_interface_description(ep, call);
+		return;
+	}
+	for (const struct rd_method *m = ep->methods; m->name; m++) {
+		if (strcmp(m->name, method) != 0)
+			continue;
+		if (m->admin && !call->conn->admin) {
+			struct rp_error err = { 0 };
+			rp_error_set(&err, RP_ERR_NOT_PERMITTED,
+				     "%s is for root and the admin group; uid %u is neither", method,
+				     (unsigned)call->conn->peer.uid);
+			rp_error_add_str(&err, "method", method);
+			rd_call_fail(call, &err);
+			return;
+		}
+		if (m->needs_more && !call->msg.more) {
+			fail_varlink(call, RP_ERR_EXPECTED_MORE, NULL, NULL);
+			return;
+		}
+		m->fn(call);
+		return;
+	}
+	if (!dot || dot == method || !serves_interface(ep, method, (size_t)(dot - method))) {
+		char iface[256];
+		size_t len = dot ? (size_t)(dot - method) : strlen(method);
+		snprintf(iface, sizeof(iface), "%.*s", (int)len, method);
+		fail_varlink(call, RP_ERR_INTERFACE_NOT_FOUND, "interface", iface);
+		return;
+	}
+	fail_varlink(call, RP_ERR_METHOD_NOT_FOUND, "method", method);
+}
+
+bool rd_peer_is_admin(const struct ucred *peer, gid_t admin_gid, bool have_admin_gid)
+{
+	if (peer->uid == 0)
+		return true;
+	if (!have_admin_gid)
+		return false;
+	if (peer->gid == admin_gid)
+		return true;
+
+	/* Supplementary groups of the peer's user, as the kernel does not pass
+	 * them with SO_PEERCRED. */
+	struct passwd pw, *res = NULL;
+	char buf[4096];
+	if (getpwuid_r(peer->uid, &pw, buf, sizeof(buf), &res) != 0 || !res)
+		return false;
+	int n = 64;
+	gid_t groups[64];
+	if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &n) < 0)
+		n = 64;
+	for (int i = 0; i < n; i++)
+		if (groups[i] == admin_gid)
+			return true;
+	return false;
+}

@@ -1,0 +1,25 @@
+/* Method tables: one per endpoint (the main socket, a worker socket, the
+ * worker's control channel). Dispatch answers org.varlink.service itself and
+ * refuses, with their named errors, unknown interfaces and methods, admin
+ * methods from non-admins, and "more"-only methods called without it. */
+#pragma once
+
+#include <stdbool.h>
+#include "conn.h"
+
+struct rd_method {
+	const char *name;                 /* "io.regen.Device.Status" */
+	void (*fn)(struct rd_call *call);
+	bool admin;
+	bool needs_more;
+};
+
+struct rd_endpoint {
+	const struct rd_method *methods;  /* NULL-name terminated */
+	const char *const *interfaces;    /* served here, for GetInfo; NULL terminated */
+};
+
+void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call);
+
+/* Whether a peer is root or in the admin group (gid or supplementary). */
+bool rd_peer_is_admin(const struct ucred *peer, gid_t admin_gid, bool have_admin_gid);

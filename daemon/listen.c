@@ -1,0 +1,107 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include "listen.h"
+#include "log.h"
+
+static void on_listen_poll(uv_poll_t *handle, int status, int events)
+{
+	struct rd_listener *l = handle->data;
+
+	if (status < 0)
+		return;
+	/* Bounded per wakeup so a connection storm cannot starve the loop. */
+	for (int i = 0; i < 64; i++) {
+		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				rd_warn("listen", -1, 0, 0, "accept on %s: %s", l->path, strerror(errno));
+			return;
+		}
+		l->on_accept(fd, l->data);
+	}
+}
+
+int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, const char *path, unsigned mode, gid_t group,
+		     int inherited_fd, void (*on_accept)(int fd, void *data), void *data)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, r;
+
+	memset(l, 0, sizeof(*l));
+	l->on_accept = on_accept;
+	l->data = data;
+	snprintf(l->path, sizeof(l->path), "%s", path);
+	if (inherited_fd >= 0) {
+		fd = inherited_fd;
+		int flags = fcntl(fd, F_GETFL);
+		if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+			return -errno;
+		goto poll;
+	}
+	if (strlen(path) >= sizeof(addr.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(addr.sun_path, path);
+	if (lstat(path, &st) == 0) {
+		if (!S_ISSOCK(st.st_mode))
+			return -EEXIST;
+		/* A socket nobody answers on is a leftover of an earlier run. */
+		int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+			close(probe);
+			return -EADDRINUSE;
+		}
+		if (probe >= 0)
+			close(probe);
+		unlink(path);
+	}
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || chmod(path, mode) < 0 ||
+	    (group != (gid_t)-1 && chown(path, (uid_t)-1, group) < 0) || listen(fd, SOMAXCONN) < 0) {
+		r = -errno;
+		close(fd);
+		unlink(path);
+		return r;
+	}
+	l->owns_path = true;
+poll:
+	l->fd = fd;
+	r = uv_poll_init(loop, &l->poll, fd);
+	if (r < 0) {
+		if (l->owns_path)
+			unlink(path);
+		close(fd);
+		return r;
+	}
+	l->poll.data = l;
+	l->open = true;
+	uv_poll_start(&l->poll, UV_READABLE, on_listen_poll);
+	return 0;
+}
+
+static void on_listener_closed(uv_handle_t *handle)
+{
+	struct rd_listener *l = handle->data;
+
+	close(l->fd);
+	l->fd = -1;
+}
+
+void rd_listener_close(struct rd_listener *l)
+{
+	if (!l->open)
+		return;
+	l->open = false;
+	if (l->owns_path)
+		unlink(l->path);
+	uv_poll_stop(&l->poll);
+	uv_close((uv_handle_t *)&l->poll, on_listener_closed);
+}

@@ -1,0 +1,24 @@
+/* A listening Unix socket on the loop: bound here, or inherited from
+ * systemd's socket activation. */
+#pragma once
+
+#include <stdbool.h>
+#include <sys/types.h>
+#include <uv.h>
+
+struct rd_listener {
+	uv_poll_t poll;
+	int fd;
+	char path[108];
+	bool owns_path;      /* bound by us: unlinked on close */
+	bool open;
+	void (*on_accept)(int fd, void *data);
+	void *data;
+};
+
+/* inherited_fd >= 0: use it (already bound and listening). Otherwise bind
+ * path (a stale socket there is replaced; any other file is an error), set
+ * mode and, when group != (gid_t)-1, the group. */
+int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, const char *path, unsigned mode, gid_t group,
+		     int inherited_fd, void (*on_accept)(int fd, void *data), void *data);
+void rd_listener_close(struct rd_listener *l);

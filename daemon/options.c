@@ -1,0 +1,166 @@
+#include <errno.h>
+#include <getopt.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "log.h"
+#include "options.h"
+#include "regen-config.h"
+
+void rd_options_defaults(struct rd_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	snprintf(o->socket_path, sizeof(o->socket_path), "%s", REGEN_DEFAULT_SOCKET);
+	snprintf(o->backend, sizeof(o->backend), "auto");
+	o->devices = -1;
+	o->drain_deadline_ms = 10000;
+	o->socket_mode = 0660;
+	o->log_level = RD_LOG_INFO;
+	o->max_connections = 256;
+	o->max_buffers = 4096;
+	o->ctl_fd = -1;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: regend [OPTIONS]\n"
+		"Serve GEMM and attention on this node's GPUs over Varlink.\n\n"
+		"  --socket PATH             listen here (default %s)\n"
+		"  --backend host|cuda|auto  compute backend (default auto: cuda where a GPU is)\n"
+		"  --devices N               devices to serve (host backend: how many to simulate)\n"
+		"  --admin-group NAME        members may Release/Reset/Restart (root always may)\n"
+		"  --enable-fault-injection  allow io.regen.Device.InjectFault (tests only)\n"
+		"  --drain-deadline-ms MS    how long Restart waits for calls in flight (default 10000)\n"
+		"  --socket-mode OCTAL       mode of the sockets (default 0660)\n"
+		"  --help, --version\n\n"
+		"Logs go to stderr; REGEN_DEBUG=E|W|I|D|T[,topic:LEVEL...] sets the levels.\n",
+		REGEN_DEFAULT_SOCKET);
+}
+
+static int parse_uint(const char *text, unsigned long max, unsigned long *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(text, &end, 0);
+	if (errno || end == text || *end || v > max || text[0] == '-')
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+int rd_options_parse(struct rd_options *o, int argc, char **argv)
+{
+	enum { OPT_SOCKET = 256, OPT_BACKEND, OPT_DEVICES, OPT_ADMIN, OPT_FAULTS, OPT_DRAIN, OPT_MODE,
+	       OPT_WORKER, OPT_GENERATION, OPT_CTL_FD, OPT_HELP, OPT_VERSION };
+	static const struct option longopts[] = {
+		{ "socket", required_argument, NULL, OPT_SOCKET },
+		{ "backend", required_argument, NULL, OPT_BACKEND },
+		{ "devices", required_argument, NULL, OPT_DEVICES },
+		{ "admin-group", required_argument, NULL, OPT_ADMIN },
+		{ "enable-fault-injection", no_argument, NULL, OPT_FAULTS },
+		{ "drain-deadline-ms", required_argument, NULL, OPT_DRAIN },
+		{ "socket-mode", required_argument, NULL, OPT_MODE },
+		/* Internal: how the supervisor starts a device's worker. */
+		{ "worker", required_argument, NULL, OPT_WORKER },
+		{ "generation", required_argument, NULL, OPT_GENERATION },
+		{ "ctl-fd", required_argument, NULL, OPT_CTL_FD },
+		{ "help", no_argument, NULL, OPT_HELP },
+		{ "version", no_argument, NULL, OPT_VERSION },
+		{ NULL, 0, NULL, 0 },
+	};
+	unsigned long v;
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+		switch (c) {
+		case OPT_SOCKET:
+			if (strlen(optarg) + 8 >= sizeof(o->socket_path)) {
+				fprintf(stderr, "regend: --socket: path too long (max %zu bytes)\n", sizeof(o->socket_path) - 8);
+				return -EINVAL;
+			}
+			snprintf(o->socket_path, sizeof(o->socket_path), "%s", optarg);
+			break;
+		case OPT_BACKEND:
+			if (strcmp(optarg, "host") && strcmp(optarg, "cuda") && strcmp(optarg, "auto")) {
+				fprintf(stderr, "regend: --backend: expected host, cuda or auto, got '%s'\n", optarg);
+				return -EINVAL;
+			}
+			snprintf(o->backend, sizeof(o->backend), "%s", optarg);
+			break;
+		case OPT_DEVICES:
+			if (parse_uint(optarg, RD_DEVICES_MAX, &v) < 0 || v == 0) {
+				fprintf(stderr, "regend: --devices: expected 1..%d, got '%s'\n", RD_DEVICES_MAX, optarg);
+				return -EINVAL;
+			}
+			o->devices = (int)v;
+			break;
+		case OPT_ADMIN: {
+			struct group *g = getgrnam(optarg);
+			if (!g) {
+				fprintf(stderr, "regend: --admin-group: no group named '%s'\n", optarg);
+				return -EINVAL;
+			}
+			snprintf(o->admin_group, sizeof(o->admin_group), "%s", optarg);
+			o->admin_gid = g->gr_gid;
+			o->have_admin_gid = true;
+			break;
+		}
+		case OPT_FAULTS:
+			o->fault_injection = true;
+			break;
+		case OPT_DRAIN:
+			if (parse_uint(optarg, 3600000, &v) < 0) {
+				fprintf(stderr, "regend: --drain-deadline-ms: expected 0..3600000, got '%s'\n", optarg);
+				return -EINVAL;
+			}
+			o->drain_deadline_ms = (unsigned)v;
+			break;
+		case OPT_MODE:
+			if (parse_uint(optarg, 0777, &v) < 0) {
+				fprintf(stderr, "regend: --socket-mode: expected an octal mode like 0660, got '%s'\n", optarg);
+				return -EINVAL;
+			}
+			o->socket_mode = (unsigned)v;
+			break;
+		case OPT_WORKER:
+			if (parse_uint(optarg, RD_DEVICES_MAX - 1, &v) < 0)
+				return -EINVAL;
+			o->worker = true;
+			o->worker_device = (int)v;
+			break;
+		case OPT_GENERATION:
+			if (parse_uint(optarg, ~0ul, &v) < 0 || v == 0)
+				return -EINVAL;
+			o->worker_generation = v;
+			break;
+		case OPT_CTL_FD:
+			if (parse_uint(optarg, 1024, &v) < 0)
+				return -EINVAL;
+			o->ctl_fd = (int)v;
+			break;
+		case OPT_HELP:
+			usage(stdout);
+			return 1;
+		case OPT_VERSION:
+			printf("regend %s\n", REGEN_VERSION);
+			return 1;
+		default:
+			usage(stderr);
+			return -EINVAL;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "regend: unexpected argument '%s'\n", argv[optind]);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size)
+{
+	int n = snprintf(buf, size, "%s.dev%d", o->socket_path, device);
+	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
