@@ -55,7 +55,7 @@ struct sv_device {
 	char reason[128];
 	char backend[16];
 	char worker_socket[108];
-	uv_process_t proc;
+	uv_process_t *proc;       /* one per spawn: a closing handle is never reused */
 	bool proc_alive;
 	bool bumped_for_exit;     /* this exit's generation bump already happened */
 	int pid;
@@ -224,7 +224,7 @@ static void kill_worker(struct sv_device *d, const char *why)
 {
 	rd_warn("lifecycle", d->index, d->generation, 0, "killing worker %d: %s", d->pid, why);
 	if (d->proc_alive)
-		uv_process_kill(&d->proc, SIGKILL);
+		uv_process_kill(d->proc, SIGKILL);
 }
 
 /* The worker did not answer in time, or cannot recover in process: the one
@@ -435,13 +435,20 @@ static const struct rd_conn_ops ctl_ops = { ctl_on_call, ctl_on_close };
 
 /* ---- Worker processes ---- */
 
+static void free_process(uv_handle_t *h)
+{
+	free(h);
+}
+
 static void on_worker_exit(uv_process_t *proc, int64_t status, int signal)
 {
 	struct sv_device *d = proc->data;
 	char why[96];
 
 	d->proc_alive = false;
-	uv_close((uv_handle_t *)proc, NULL);
+	if (d->proc == proc)
+		d->proc = NULL;
+	uv_close((uv_handle_t *)proc, free_process);
 	if (d->ctl)
 		rd_conn_close(d->ctl);
 	if (sv.stopping)
@@ -518,18 +525,26 @@ static void spawn_worker(struct sv_device *d)
 		.stdio_count = 4,
 		.stdio = stdio,
 	};
-	d->proc.data = d;
-	r = uv_spawn(sv.loop, &d->proc, &po);
+	uv_process_t *proc = calloc(1, sizeof(*proc));
+	if (!proc) {
+		close(sv_pair[0]);
+		close(sv_pair[1]);
+		uv_timer_start(&d->timer, on_op_timeout, RESPAWN_BACKOFF_MAX_MS, 0);
+		return;
+	}
+	proc->data = d;
+	r = uv_spawn(sv.loop, proc, &po);
 	close(sv_pair[1]);
 	if (r < 0) {
 		rd_err("lifecycle", d->index, d->generation, 0, "cannot start worker: %s", uv_strerror(r));
 		close(sv_pair[0]);
-		uv_close((uv_handle_t *)&d->proc, NULL);
+		uv_close((uv_handle_t *)proc, free_process);
 		uv_timer_start(&d->timer, on_op_timeout, RESPAWN_BACKOFF_MAX_MS, 0);
 		return;
 	}
+	d->proc = proc;
 	d->proc_alive = true;
-	d->pid = d->proc.pid;
+	d->pid = proc->pid;
 	if (d->respawns || d->ready_since_ns)
 		d->respawns++;
 	d->ready_since_ns = uv_hrtime();
@@ -884,7 +899,7 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 		uv_close((uv_handle_t *)&d->timer, NULL);
 		/* The worker drains on SIGTERM and exits. */
 		if (d->proc_alive)
-			uv_process_kill(&d->proc, SIGTERM);
+			uv_process_kill(d->proc, SIGTERM);
 	}
 	uv_close((uv_handle_t *)&sv.sigterm, NULL);
 	uv_close((uv_handle_t *)&sv.sigint, NULL);
