@@ -1,0 +1,415 @@
+/* GEMM through cuBLASLt.
+ *
+ * regen's operands are row-major. A row-major [r, c] matrix with leading
+ * dimension ld is, read column-major, its transpose [c, r] with the same ld.
+ * So D = op(A) op(B) (row-major [M, N]) is computed as the column-major
+ * D^T = op(B)^T op(A)^T ([N, M]): cuBLASLt's "A" is our B and its "B" is our
+ * A, with the transpose flags swapped over. Bias ([N], per column of D) is
+ * then per row of D^T, which is exactly cuBLASLt's bias vector.
+ *
+ * A plan (matmul descriptor, four layouts, the chosen algorithm and its
+ * workspace size) is made once per (shape, dtypes, transposes, leading
+ * dimensions, epilogue, compute mode, pointer alignments, policy), kept in
+ * the registry and rebuilt lazily after a release or reset.
+ *
+ * Scratch: each call allocates its own workspace on its lane's stream from
+ * the device's pool and frees it there after the matmul (seed 001: concurrent
+ * GEMMs must never share partial sums). Only -Ddebug_shared_workspace=true
+ * makes every call use one cached buffer, to prove the regression test
+ * catches the bug. */
+#include "regen-config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend_cuda.h"
+#include "proto/errors.h"
+
+struct gemm_key {
+	int64_t m, n, k;
+	int64_t lda, ldb, ldc, ldd;
+	int32_t dtype_ab, dtype_cd;
+	int32_t trans_a, trans_b;
+	int32_t epilogue, compute;
+	int32_t align_a, align_b, align_c, align_d, align_bias;
+	int32_t policy;
+};
+
+struct cuda_gemm_plan {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	struct gemm_key key;
+	/* Held while the bias pointer is set and the matmul enqueued: lanes
+	 * share the descriptor. Execution itself is not serialised. */
+	pthread_mutex_t lock;
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t la, lb, lc, ld;
+	cublasLtMatmulAlgo_t algo;
+	size_t ws_size;
+	struct rd_cuda_plan_info info;
+	struct cuda_gemm_plan *next;
+};
+
+static cudaDataType_t cuda_type(int32_t dt)
+{
+	switch (dt) {
+	case RP_DTYPE_F16: return CUDA_R_16F;
+	case RP_DTYPE_BF16: return CUDA_R_16BF;
+	default: return CUDA_R_32F;
+	}
+}
+
+static int32_t alignment_of(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+	int32_t al = 256;
+	while (al > 1 && (a & (uintptr_t)(al - 1)))
+		al /= 2;
+	return al;
+}
+
+static void plan_destroy_descs(struct cuda_gemm_plan *p)
+{
+	/* Host-only objects: safe to destroy even when the context is lost. */
+	if (p->ld)
+		cublasLtMatrixLayoutDestroy(p->ld);
+	if (p->lc)
+		cublasLtMatrixLayoutDestroy(p->lc);
+	if (p->lb)
+		cublasLtMatrixLayoutDestroy(p->lb);
+	if (p->la)
+		cublasLtMatrixLayoutDestroy(p->la);
+	if (p->desc)
+		cublasLtMatmulDescDestroy(p->desc);
+	p->la = p->lb = p->lc = p->ld = NULL;
+	p->desc = NULL;
+}
+
+#define LT(call)                                                                                     \
+	do {                                                                                         \
+		cublasStatus_t s_ = (call);                                                          \
+		if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+			r = cuda_status_set(cublas_error_name(s_), "%s: %s", #call,                  \
+					    cublasLtGetStatusString(s_));                            \
+			goto fail;                                                                   \
+		}                                                                                    \
+	} while (0)
+
+static int plan_init(struct rd_resource *res)
+{
+	struct cuda_gemm_plan *p = (struct cuda_gemm_plan *)res;
+	struct cuda_dev *cd = p->cd;
+	const struct gemm_key *k = &p->key;
+	cublasLtMatmulPreference_t pref = NULL;
+	int r = 0;
+
+	if (rd_resource_ensure_valid(&cd->handle.res))
+		return -EIO;   /* the handle's init left its status */
+
+	cudaDataType_t tab = cuda_type(k->dtype_ab), tcd = cuda_type(k->dtype_cd);
+	cublasComputeType_t ct = k->compute == RP_COMPUTE_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+	LT(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F));
+	cublasOperation_t ta = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;   /* cuBLASLt's A is our B */
+	cublasOperation_t tb = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+	LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+	LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+	cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+	switch (k->epilogue) {
+	case RP_EPILOGUE_BIAS: epi = CUBLASLT_EPILOGUE_BIAS; break;
+	case RP_EPILOGUE_GELU: epi = CUBLASLT_EPILOGUE_GELU; break;
+	case RP_EPILOGUE_GELU_BIAS: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+	default: break;
+	}
+	LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+	if (k->epilogue == RP_EPILOGUE_BIAS || k->epilogue == RP_EPILOGUE_GELU_BIAS) {
+		int32_t bt = (int32_t)tcd;
+		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+		/* The heuristic reads the bias pointer's alignment, not its
+		 * memory: a stand-in with the real one's alignment. */
+		const void *stand_in = (const void *)(uintptr_t)k->align_bias;
+		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof(stand_in)));
+	}
+	/* Column-major views (see the top of this file). */
+	uint64_t a_rows = k->trans_b ? (uint64_t)k->k : (uint64_t)k->n;
+	uint64_t a_cols = k->trans_b ? (uint64_t)k->n : (uint64_t)k->k;
+	uint64_t b_rows = k->trans_a ? (uint64_t)k->m : (uint64_t)k->k;
+	uint64_t b_cols = k->trans_a ? (uint64_t)k->k : (uint64_t)k->m;
+	LT(cublasLtMatrixLayoutCreate(&p->la, tab, a_rows, a_cols, k->ldb));
+	LT(cublasLtMatrixLayoutCreate(&p->lb, tab, b_rows, b_cols, k->lda));
+	LT(cublasLtMatrixLayoutCreate(&p->lc, tcd, (uint64_t)k->n, (uint64_t)k->m, k->ldc));
+	LT(cublasLtMatrixLayoutCreate(&p->ld, tcd, (uint64_t)k->n, (uint64_t)k->m, k->ldd));
+
+	LT(cublasLtMatmulPreferenceCreate(&pref));
+	uint64_t max_ws = RD_CUDA_WORKSPACE_BYTES;
+	uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a;
+	uint32_t al_c = (uint32_t)k->align_c, al_d = (uint32_t)k->align_d;
+	LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof(max_ws)));
+	LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+	LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+	LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+	LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+
+	enum { WANT = 16 };
+	cublasLtMatmulHeuristicResult_t results[WANT];
+	int found = 0;
+	memset(results, 0, sizeof(results));
+	cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cd->handle.lt, p->desc, p->la, p->lb, p->lc, p->ld, pref,
+							   WANT, results, &found);
+	if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
+		r = cuda_status_set(RP_ERR_BACKEND,
+				    "cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s inputs, %s output, trans_a=%d "
+				    "trans_b=%d, ld %lld/%lld/%lld/%lld, alignment %d/%d/%d/%d): %s",
+				    (long long)k->m, (long long)k->n, (long long)k->k,
+				    rp_dtype_name((enum rp_dtype)k->dtype_ab), rp_dtype_name((enum rp_dtype)k->dtype_cd),
+				    k->trans_a, k->trans_b, (long long)k->lda, (long long)k->ldb, (long long)k->ldc,
+				    (long long)k->ldd, k->align_a, k->align_b, k->align_c, k->align_d,
+				    hs != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(hs) : "no result");
+		goto fail;
+	}
+	int chosen = 0;
+	size_t max_result_ws = 0;
+	for (int i = 0; i < found; i++) {
+		if (results[i].workspaceSize > max_result_ws)
+			max_result_ws = results[i].workspaceSize;
+	}
+	if (k->policy == RD_CUDA_ALGO_PREFER_WORKSPACE) {
+		for (int i = 0; i < found; i++) {
+			if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize > 0) {
+				chosen = i;
+				break;
+			}
+		}
+	}
+	p->algo = results[chosen].algo;
+	p->ws_size = results[chosen].workspaceSize;
+
+	memset(&p->info, 0, sizeof(p->info));
+	p->info.workspace_size = p->ws_size;
+	p->info.heuristic_results = found;
+	p->info.chosen_index = chosen;
+	p->info.max_result_workspace = max_result_ws;
+	int32_t id = 0;
+	uint32_t splitk = 0, scheme = 0, tile = 0, stages = 0;
+	cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), NULL);
+	cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), NULL);
+	cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), NULL);
+	cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), NULL);
+	cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), NULL);
+	p->info.algo_id = id;
+	p->info.splitk = (int)splitk;
+	p->info.reduction_scheme = (int)scheme;
+	p->info.tile = (int)tile;
+	p->info.stages = (int)stages;
+	cublasLtMatmulPreferenceDestroy(pref);
+	return 0;
+
+fail:
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	plan_destroy_descs(p);
+	return r ? r : -EIO;
+}
+
+static void plan_release(struct rd_resource *res)
+{
+	plan_destroy_descs((struct cuda_gemm_plan *)res);
+}
+
+static const struct rd_resource_ops plan_ops = {
+	.kind = "cublaslt_gemm_plan", .init = plan_init, .release = plan_release, .invalidate = plan_release,
+};
+
+void cuda_gemm_plans_init(struct cuda_dev *cd)
+{
+	pthread_mutex_init(&cd->plans_lock, NULL);
+	cd->plans = NULL;
+	cd->plan_count = 0;
+}
+
+void cuda_gemm_plans_finish(struct cuda_dev *cd)
+{
+	pthread_mutex_lock(&cd->plans_lock);
+	struct cuda_gemm_plan *p = cd->plans;
+	cd->plans = NULL;
+	cd->plan_count = 0;
+	pthread_mutex_unlock(&cd->plans_lock);
+	/* The list is newest first (pushed at its head): the reverse of
+	 * registration, the order teardown wants. */
+	while (p) {
+		struct cuda_gemm_plan *next = p->next;
+		rd_resource_unregister(&p->res);
+		pthread_mutex_destroy(&p->lock);
+		free(p);
+		p = next;
+	}
+	pthread_mutex_destroy(&cd->plans_lock);
+}
+
+struct gemm_ptrs {
+	const void *a, *b, *c, *bias;
+	void *d;
+};
+
+static void gemm_key_make(struct cuda_dev *cd, const struct rp_gemm *g, const struct gemm_ptrs *ptr, struct gemm_key *k)
+{
+	memset(k, 0, sizeof(*k));
+	k->m = g->m;
+	k->n = g->n;
+	k->k = g->k;
+	k->lda = g->a.strides[0];
+	k->ldb = g->b.strides[0];
+	k->ldd = g->d.strides[0];
+	k->ldc = g->has_c ? g->c.strides[0] : k->ldd;
+	k->dtype_ab = (int32_t)g->a.dtype;
+	k->dtype_cd = (int32_t)g->d.dtype;
+	k->trans_a = g->trans_a;
+	k->trans_b = g->trans_b;
+	k->epilogue = (int32_t)g->epilogue;
+	k->compute = (int32_t)g->compute;
+	k->align_a = alignment_of(ptr->a);
+	k->align_b = alignment_of(ptr->b);
+	k->align_c = alignment_of(ptr->c);
+	k->align_d = alignment_of(ptr->d);
+	k->align_bias = ptr->bias ? alignment_of(ptr->bias) : 256;
+	k->policy = (int32_t)cd->policy;
+}
+
+/* Finds or makes the plan (registered, maybe not yet valid). */
+static struct cuda_gemm_plan *plan_get(struct cuda_dev *cd, const struct gemm_key *k)
+{
+	pthread_mutex_lock(&cd->plans_lock);
+	struct cuda_gemm_plan *p;
+	for (p = cd->plans; p; p = p->next) {
+		if (memcmp(&p->key, k, sizeof(*k)) == 0)
+			break;
+	}
+	if (!p) {
+		p = calloc(1, sizeof(*p));
+		if (p) {
+			p->cd = cd;
+			p->key = *k;
+			pthread_mutex_init(&p->lock, NULL);
+			rd_resource_register(&cd->dev->registry, &p->res, &plan_ops);
+			p->next = cd->plans;
+			cd->plans = p;
+			cd->plan_count++;
+		}
+	}
+	pthread_mutex_unlock(&cd->plans_lock);
+	return p;
+}
+
+static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error *err)
+{
+	const struct rp_gemm *g = &op->gemm;
+	struct rd_buffer *ba = op->buffers[RD_GEMM_A], *bb = op->buffers[RD_GEMM_B];
+	struct rd_buffer *bc = op->buffers[RD_GEMM_C], *bd = op->buffers[RD_GEMM_D];
+	struct rd_buffer *bbias = op->buffers[RD_GEMM_BIAS];
+	if (!ba || !bb || !bd || (g->has_c && !bc) || (g->has_bias && !bbias))
+		return rp_error_set(err, RP_ERR_INVALID_OPERAND, "a GEMM operand has no buffer");
+	if (!ba->ptr || !bb->ptr || !bd->ptr || (g->has_c && !bc->ptr) || (g->has_bias && !bbias->ptr))
+		return rp_error_set(err, RP_ERR_BACKEND, "a GEMM operand's buffer is not mapped");
+	ptr->a = (const char *)ba->ptr + g->a.offset;
+	ptr->b = (const char *)bb->ptr + g->b.offset;
+	ptr->d = (char *)bd->ptr + g->d.offset;
+	ptr->c = g->has_c ? (const char *)bc->ptr + g->c.offset : ptr->d;
+	ptr->bias = g->has_bias ? (const char *)bbias->ptr + g->bias.offset : NULL;
+	return 0;
+}
+
+static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *op, struct gemm_ptrs *ptr,
+					    struct rp_error *err)
+{
+	if (gemm_resolve(op, ptr, err))
+		return NULL;
+	struct gemm_key key;
+	gemm_key_make(cd, &op->gemm, ptr, &key);
+	struct cuda_gemm_plan *p = plan_get(cd, &key);
+	if (!p) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a GEMM plan");
+		return NULL;
+	}
+	if (rd_resource_ensure_valid(&p->res)) {
+		cuda_status_to_error(err, "planning the GEMM");
+		return NULL;
+	}
+	return p;
+}
+
+int rd_cuda_gemm_plan_info(struct rd_device *dev, struct rd_op *op, struct rd_cuda_plan_info *info, struct rp_error *err)
+{
+	struct cuda_dev *cd = cuda_dev_of(dev);
+	if (cuda_bind(cd, err))
+		return -EIO;
+	for (int i = 0; i < RD_OP_OPERANDS_MAX; i++) {
+		if (op->buffers[i] && rd_resource_ensure_valid(&op->buffers[i]->res))
+			return cuda_status_to_error(err, "restoring a buffer mapping");
+	}
+	struct gemm_ptrs ptr;
+	struct cuda_gemm_plan *p = gemm_plan_for(cd, op, &ptr, err);
+	if (!p)
+		return -EIO;
+	*info = p->info;
+	return 0;
+}
+
+int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
+{
+	struct cuda_dev *cd = lane->cd;
+	const struct rp_gemm *g = &op->gemm;
+	struct gemm_ptrs ptr;
+	struct cuda_gemm_plan *p = gemm_plan_for(cd, op, &ptr, &op->err);
+	if (!p)
+		return -EIO;
+	if (rd_resource_ensure_valid(&cd->handle.res))
+		return cuda_status_to_error(&op->err, "cuBLASLt handle");
+
+	void *ws = NULL;
+	size_t ws_size = p->ws_size;
+	bool ws_owned = false;
+	cudaError_t e;
+#if REGEN_SHARED_WORKSPACE_DEBUG
+	/* DEBUG ONLY: the bug of seed 001, on purpose. */
+	if (rd_resource_ensure_valid(&cd->shared_ws.res))
+		return cuda_status_to_error(&op->err, "shared workspace");
+	ws = cd->shared_ws.ptr;
+	ws_size = RD_CUDA_WORKSPACE_BYTES;
+#else
+	if (ws_size > 0) {
+		if (rd_resource_ensure_valid(&cd->pool.res))
+			return cuda_status_to_error(&op->err, "scratch memory pool");
+		e = cudaMallocFromPoolAsync(&ws, ws_size, cd->pool.pool, lane->stream);
+		if (e != cudaSuccess)
+			return rp_error_set(&op->err, cuda_error_name(e), "workspace of %zu bytes: %s", ws_size,
+					    cudaGetErrorString(e));
+		ws_owned = true;
+	}
+#endif
+	lane->last_workspace = ws;
+
+	float alpha = (float)g->alpha;
+	float beta = g->has_c ? (float)g->beta : 0.0f;
+	cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+	pthread_mutex_lock(&p->lock);
+	if (ptr.bias)
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr.bias, sizeof(ptr.bias));
+	if (s == CUBLAS_STATUS_SUCCESS)
+		s = cublasLtMatmul(cd->handle.lt, p->desc, &alpha, ptr.b, p->la, ptr.a, p->lb, &beta, ptr.c, p->lc, ptr.d,
+				   p->ld, &p->algo, ws, ws_size, lane->stream);
+	pthread_mutex_unlock(&p->lock);
+
+	int r = 0;
+	if (s != CUBLAS_STATUS_SUCCESS) {
+		/* An execution failure may be the context's: the lane's
+		 * synchronisation that follows tells. */
+		r = rp_error_set(&op->err, cublas_error_name(s), "cublasLtMatmul (m=%lld n=%lld k=%lld): %s",
+				 (long long)g->m, (long long)g->n, (long long)g->k, cublasLtGetStatusString(s));
+	}
+	if (ws_owned) {
+		e = cudaFreeAsync(ws, lane->stream);
+		if (e != cudaSuccess && r == 0)
+			r = rp_error_set(&op->err, cuda_error_name(e), "freeing the workspace: %s", cudaGetErrorString(e));
+	}
+	return r;
+}

@@ -1,0 +1,69 @@
+/* Kernels regen launches itself: fills and comparisons for the GPU tests,
+ * the canary the backend runs after a reset, and the fault-injection
+ * kernels (illegal address, spin). Plain C API; every function enqueues on
+ * `stream` and returns the launch's cudaError_t (cudaGetLastError after the
+ * launch), so callers check each one. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types, numbered like enum rp_dtype (f32, f16, bf16). */
+enum rk_dtype { RK_F32 = 0, RK_F16 = 1, RK_BF16 = 2 };
+
+/* The value rk_fill_uniform() writes at index i before conversion to the
+ * element type: a hash of (seed, i) mapped to k / 2^23 - 1 for an integer k
+ * in [0, 2^24), so every value is exact in f32 and host and device agree
+ * bit for bit. Scaled by 2^scale_log2 (exact too). */
+#ifdef __CUDACC__
+#define RK_HOST_DEVICE __host__ __device__
+#else
+#define RK_HOST_DEVICE
+#endif
+
+static inline RK_HOST_DEVICE float rk_uniform_value(uint64_t seed, uint64_t i, int scale_log2)
+{
+	uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (i + 1);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	z ^= z >> 31;
+	int32_t k = (int32_t)(z >> 40);                   /* [0, 2^24) */
+	float v = (float)(k - (1 << 23)) * (1.0f / 8388608.0f); /* [-1, 1) exact */
+	while (scale_log2 > 0) { v *= 2.0f; scale_log2--; }
+	while (scale_log2 < 0) { v *= 0.5f; scale_log2++; }
+	return v;
+}
+
+/* p[i] = rk_uniform_value(seed, i, scale_log2) converted (round to nearest
+ * even) to `dtype`, for i in [0, n). Never zero-filled: a zero appears only
+ * where the hash gives exactly 2^23. */
+cudaError_t rk_fill_uniform(void *p, size_t n, enum rk_dtype dtype, uint64_t seed, int scale_log2, cudaStream_t stream);
+
+/* Poisons n elements of `dtype` with a quiet NaN. */
+cudaError_t rk_fill_nan(void *p, size_t n, enum rk_dtype dtype, cudaStream_t stream);
+
+/* Counts 32-bit words that differ bitwise between a and b (nbytes a
+ * multiple of 4) into *d_count (device memory, accumulated: zero it first). */
+cudaError_t rk_count_mismatch(const void *a, const void *b, size_t nbytes, unsigned long long *d_count, cudaStream_t stream);
+
+/* Writes through a wild pointer: the context gets a sticky
+ * cudaErrorIllegalAddress at the next synchronisation. */
+cudaError_t rk_illegal_address(cudaStream_t stream);
+
+/* Spins until *flag (host-mapped memory, device pointer) is non-zero or
+ * max_ns nanoseconds of the GPU's global timer passed. */
+cudaError_t rk_spin(const volatile int *flag, uint64_t max_ns, cudaStream_t stream);
+
+/* Runs a small kernel with a known answer on `stream`, copies it back and
+ * checks it; synchronises the stream. cudaSuccess when the answer was right,
+ * cudaErrorUnknown when it ran but was wrong, else the CUDA error. */
+cudaError_t rk_canary(cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
