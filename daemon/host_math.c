@@ -415,7 +415,7 @@ int rd_host_attention(const struct rp_attention *a, const struct rd_attention_pt
 					orow[t] /= sum;
 				}
 				store_f32(p->o, a->o.dtype, off4(&a->o, b, h, i), a->o.strides[3], orow, Dv);
-				if (p->stats) {
+				if (a->has_stats && p->stats) {
 					p->stats[b * a->stats.strides[0] + h * a->stats.strides[1] + i * a->stats.strides[2]] =
 						mx + logf(sum);
 				}

@@ -164,8 +164,8 @@ static int check_no_overlap(const struct rp_operand *out, const char *out_name, 
 	}
 	if (b0 < e1 && b1 < e0) {
 		return invalid_operand(err, out_name,
-				       "%s (bytes %" PRIu64 "..%" PRIu64 ") overlaps %s (bytes %" PRIu64 "..%" PRIu64
-				       ") in buffer %s; an output must not share memory with another operand",
+				       "%s (bytes [%" PRIu64 ", %" PRIu64 ")) overlaps %s (bytes [%" PRIu64 ", %" PRIu64
+				       ")) in buffer %s; an output must not share memory with another operand",
 				       out_name, b0, e0, other_name, b1, e1, rp_id_format(&out->buffer, id));
 	}
 	return 0;
@@ -316,10 +316,16 @@ static int gemm_check_shapes(struct rp_gemm *g, struct rp_error *err)
 	const int64_t opa[2] = { ma, ka }, opb[2] = { kb, nb }, mn[2] = { ma, nb };
 
 	if (ka != kb) {
+		/* The usual cause is a transpose flag: say so when flipping
+		 * one would make the shapes agree. */
+		const int64_t ka_flip = g->trans_a ? g->a.shape[1] : g->a.shape[0];
+		const int64_t kb_flip = g->trans_b ? g->b.shape[0] : g->b.shape[1];
+		bool flip_helps = ka_flip == kb || ka == kb_flip || ka_flip == kb_flip;
+
 		return invalid_operand(err, "b",
 				       "op(A) is %s but op(B) is %s: K must agree (%" PRId64 " vs %" PRId64 ")%s",
 				       shape_fmt(2, opa).s, shape_fmt(2, opb).s, ka, kb,
-				       g->trans_a || g->trans_b ? "" : "; is a transpose flag missing?");
+				       flip_helps ? "; check trans_a and trans_b" : "");
 	}
 	if (!shape_eq(&g->d, 2, mn)) {
 		return invalid_operand(err, "d", "d is %s but op(A) op(B) is %s", op_shape(&g->d).s,
@@ -384,8 +390,8 @@ static int gemm_check_overlap(const struct rp_gemm *g, struct rp_error *err)
 		}
 		if (b0 < e1 && b1 < e0) {
 			return invalid_operand(err, "c",
-					       "c (bytes %" PRIu64 "..%" PRIu64 ") overlaps d (bytes %" PRIu64 "..%" PRIu64
-					       ") without being the same tensor; c may alias d only exactly (same offset, dtype, shape and strides)",
+					       "c (bytes [%" PRIu64 ", %" PRIu64 ")) overlaps d (bytes [%" PRIu64 ", %" PRIu64
+					       ")) without being the same tensor; c may alias d only exactly (same offset, dtype, shape and strides)",
 					       b0, e0, b1, e1);
 		}
 	}

@@ -1,0 +1,529 @@
+/* io.regen.Compute parameters into descriptors: what is accepted, what is
+ * derived from it, and, for each way a call can be wrong, the exact error a
+ * client gets and the operand or parameter it names.
+ *
+ * Each table row starts from one valid call and changes a few top-level
+ * fields (a merge patch: a key set to null is removed), so a row reads as
+ * "this call, except ...". JSON is written with single quotes for
+ * readability; they become double quotes before parsing. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/compute.h"
+#include "proto/errors.h"
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+static cJSON *json(const char *text)
+{
+	char *s = strdup(text);
+	cJSON *j;
+
+	ck_assert_ptr_nonnull(s);
+	for (char *p = s; *p; p++) {
+		if (*p == '\'') {
+			*p = '"';
+		}
+	}
+	j = cJSON_Parse(s);
+	ck_assert_msg(j != NULL, "test JSON does not parse: %s", text);
+	free(s);
+	return j;
+}
+
+/* base with patch's top-level keys replaced, added, or (null) removed. */
+static cJSON *patched(const char *base, const char *patch)
+{
+	cJSON *b = json(base), *p, *item;
+
+	if (patch == NULL) {
+		return b;
+	}
+	p = json(patch);
+	cJSON_ArrayForEach(item, p) {
+		cJSON_DeleteItemFromObjectCaseSensitive(b, item->string);
+		if (!cJSON_IsNull(item)) {
+			cJSON_AddItemToObject(b, item->string, cJSON_Duplicate(item, true));
+		}
+	}
+	cJSON_Delete(p);
+	return b;
+}
+
+struct bad_case {
+	const char *what;
+	const char *patch;
+	const char *error;      /* expected error name */
+	const char *names;      /* the operand (InvalidOperand) or parameter (InvalidParameter) it names */
+	const char *reason_has; /* optional: words the reason must contain */
+};
+
+/* Runs parse on base+patch, which must fail as the row says. */
+static void expect_bad(const char *base, const struct bad_case *bc,
+		       int (*parse)(const cJSON *, void *, struct rp_error *), void *desc, size_t desc_size)
+{
+	cJSON *params = patched(base, bc->patch);
+	struct rp_error err = { 0 };
+	const char *key = strcmp(bc->error, RP_ERR_INVALID_OPERAND) == 0 ? "operand" : "parameter";
+	const cJSON *named, *reason;
+	int r = parse(params, desc, &err);
+
+	ck_assert_msg(r < 0, "%s: accepted, expected %s naming %s", bc->what, bc->error, bc->names);
+	ck_assert_ptr_nonnull(err.name);
+	ck_assert_msg(strcmp(err.name, bc->error) == 0, "%s: got %s, expected %s", bc->what, err.name, bc->error);
+	named = cJSON_GetObjectItemCaseSensitive(err.params, key);
+	ck_assert_msg(cJSON_IsString(named) && strcmp(named->valuestring, bc->names) == 0,
+		      "%s: %s names %s '%s', expected '%s'", bc->what, err.name, key,
+		      cJSON_IsString(named) ? named->valuestring : "(none)", bc->names);
+	if (strcmp(bc->error, RP_ERR_INVALID_OPERAND) == 0) {
+		/* Every InvalidOperand says why, in a sentence. */
+		reason = cJSON_GetObjectItemCaseSensitive(err.params, "reason");
+		ck_assert_msg(cJSON_IsString(reason) && strlen(reason->valuestring) > 10, "%s: no reason", bc->what);
+		if (bc->reason_has != NULL) {
+			ck_assert_msg(strstr(reason->valuestring, bc->reason_has) != NULL,
+				      "%s: reason '%s' lacks '%s'", bc->what, reason->valuestring, bc->reason_has);
+		}
+	}
+	/* A refused call leaves no half-filled descriptor behind. */
+	for (size_t i = 0; i < desc_size; i++) {
+		ck_assert_msg(((unsigned char *)desc)[i] == 0, "%s: descriptor not cleared", bc->what);
+	}
+	rp_error_clear(&err);
+	cJSON_Delete(params);
+}
+
+static int gemm_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_gemm_parse(p, d, e);
+}
+
+static int attention_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_attention_parse(p, d, e);
+}
+
+static int attention_backward_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_attention_backward_parse(p, d, e);
+}
+
+/* ---- Gemm -------------------------------------------------------------------------- */
+
+/* D[64, 48] = A[64, 40] B[40, 48], each in its own buffer. */
+static const char gemm_base[] =
+	"{'a': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [64, 40]},"
+	" 'b': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [40, 48]},"
+	" 'd': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]}}";
+
+struct gemm_ok {
+	const char *what;
+	const char *patch;
+	int64_t m, n, k;
+};
+
+static const struct gemm_ok gemm_ok_cases[] = {
+	{ "plain A B", NULL, 64, 48, 40 },
+	{ "A transposed", "{'a': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [40, 64]}, 'trans_a': true}", 64, 48, 40 },
+	{ "B transposed", "{'b': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [48, 40]}, 'trans_b': true}", 64, 48, 40 },
+	{ "both transposed",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [40, 64]}, 'trans_a': true,"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [48, 40]}, 'trans_b': true}", 64, 48, 40 },
+	{ "beta with its own c",
+	  "{'c': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [64, 48]}, 'beta': 0.5, 'alpha': -2}", 64, 48, 40 },
+	{ "c aliasing d exactly",
+	  "{'c': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]}, 'beta': 1}", 64, 48, 40 },
+	{ "bias epilogue", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}", 64, 48, 40 },
+	{ "gelu without bias", "{'epilogue': 'gelu'}", 64, 48, 40 },
+	{ "bf16 in, f32 out, gelu_bias",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [64, 40]},"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40, 48]},"
+	  " 'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'gelu_bias'}", 64, 48, 40 },
+	{ "padded leading dimensions",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [64, 40], 'strides': [64, 1]},"
+	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48], 'strides': [50, 1]}}", 64, 48, 40 },
+	{ "a and d side by side in one buffer",
+	  "{'a': {'buffer': 'b0.1.9', 'dtype': 'f32', 'shape': [64, 40]},"
+	  " 'd': {'buffer': 'b0.1.9', 'offset': 10240, 'dtype': 'f32', 'shape': [64, 48]}}", 64, 48, 40 },
+	{ "tf32 with f32 inputs", "{'compute': 'tf32'}", 64, 48, 40 },
+	{ "events", "{'wait_event': 'e0.1.5', 'signal_event': 'e0.1.6'}", 64, 48, 40 },
+	{ "null optional fields", "{'c': null, 'bias': null, 'beta': null, 'epilogue': null}", 64, 48, 40 },
+	{ "a single element", "{'a': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [1, 1]},"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [1, 1]},"
+	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [1, 1]}}", 1, 1, 1 },
+};
+
+START_TEST(gemm_accepts)
+{
+	const struct gemm_ok *gc = &gemm_ok_cases[_i];
+	cJSON *params = patched(gemm_base, gc->patch);
+	struct rp_error err = { 0 };
+	struct rp_gemm g;
+	int r = rp_gemm_parse(params, &g, &err);
+
+	ck_assert_msg(r == 0, "%s: refused with %s %s", gc->what, err.name ? err.name : "?",
+		      err.params ? cJSON_PrintUnformatted(err.params) : "");
+	ck_assert_ptr_null(err.name);
+	ck_assert_int_eq(g.m, gc->m);
+	ck_assert_int_eq(g.n, gc->n);
+	ck_assert_int_eq(g.k, gc->k);
+	cJSON_Delete(params);
+}
+END_TEST
+
+START_TEST(gemm_fills_the_descriptor)
+{
+	/* Everything the backend needs, as given or defaulted. */
+	cJSON *params = patched(gemm_base,
+				"{'a': {'buffer': 'b0.1.1', 'offset': 256, 'dtype': 'f32', 'shape': [40, 64], 'strides': [72, 1]},"
+				" 'trans_a': true, 'c': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]},"
+				" 'alpha': 0.5, 'beta': 2, 'bias': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [48]},"
+				" 'epilogue': 'gelu_bias', 'compute': 'tf32', 'signal_event': 'e1.7.3'}");
+	struct rp_error err = { 0 };
+	struct rp_gemm g;
+
+	ck_assert_int_eq(rp_gemm_parse(params, &g, &err), 0);
+	ck_assert_int_eq(g.a.offset, 256);
+	ck_assert_int_eq(g.a.strides[0], 72);
+	ck_assert_int_eq(g.d.strides[0], 48);   /* omitted strides: contiguous */
+	ck_assert(g.trans_a && !g.trans_b);
+	ck_assert(g.has_c && g.has_bias);
+	ck_assert_double_eq(g.alpha, 0.5);
+	ck_assert_double_eq(g.beta, 2.0);
+	ck_assert_int_eq(g.epilogue, RP_EPILOGUE_GELU_BIAS);
+	ck_assert_int_eq(g.compute, RP_COMPUTE_TF32);
+	ck_assert(!g.wait_event.present);
+	ck_assert(g.signal_event.present);
+	ck_assert_int_eq(g.signal_event.id.kind, RP_ID_EVENT);
+	ck_assert_int_eq(g.signal_event.id.device, 1);
+	ck_assert_int_eq(g.signal_event.id.generation, 7);
+	ck_assert_int_eq(g.signal_event.id.serial, 3);
+	cJSON_Delete(params);
+
+	/* Defaults: alpha 1, beta 0, no transposes, no epilogue, f32. */
+	params = patched(gemm_base, NULL);
+	ck_assert_int_eq(rp_gemm_parse(params, &g, &err), 0);
+	ck_assert_double_eq(g.alpha, 1.0);
+	ck_assert_double_eq(g.beta, 0.0);
+	ck_assert(!g.trans_a && !g.trans_b && !g.has_c && !g.has_bias);
+	ck_assert_int_eq(g.epilogue, RP_EPILOGUE_NONE);
+	ck_assert_int_eq(g.compute, RP_COMPUTE_F32);
+	cJSON_Delete(params);
+}
+END_TEST
+
+#define OPERAND RP_ERR_INVALID_OPERAND
+#define PARAM RP_ERR_INVALID_PARAMETER
+
+static const struct bad_case gemm_bad_cases[] = {
+	{ "unknown field", "{'workspace': 1}", PARAM, "workspace", NULL },
+	{ "d missing", "{'d': null}", PARAM, "d", NULL },
+	{ "operand not an object", "{'a': [64, 40]}", PARAM, "a", NULL },
+	{ "unknown operand field", "{'a': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [64, 40], 'layout': 'row'}}",
+	  PARAM, "a.layout", NULL },
+	{ "buffer id is not one", "{'a': {'buffer': 'buf1', 'dtype': 'f32', 'shape': [64, 40]}}", OPERAND, "a", NULL },
+	{ "mismatched K", "{'b': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [41, 48]}}", OPERAND, "b",
+	  "K must agree (40 vs 41)" },
+	{ "mismatched K after a transpose", "{'trans_b': true}", OPERAND, "b", "op(B) is [48, 40]" },
+	{ "wrong d shape", "{'d': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 32]}}", OPERAND, "d",
+	  "d is [64, 32] but op(A) op(B) is [64, 48]" },
+	{ "d transposed", "{'d': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [48, 64]}}", OPERAND, "d", NULL },
+	{ "wrong c shape", "{'c': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [64, 47]}, 'beta': 1}", OPERAND, "c",
+	  "c is [64, 47]" },
+	{ "a of rank 3", "{'a': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [2, 64, 40]}}", OPERAND, "a", "rank 3" },
+	{ "d of rank 1", "{'d': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [3072]}}", OPERAND, "d", "rank 1" },
+	{ "bias of rank 2", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [1, 48]}, 'epilogue': 'bias'}",
+	  OPERAND, "bias", NULL },
+	{ "bias of the wrong length", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [64]}, 'epilogue': 'bias'}",
+	  OPERAND, "bias", "[48]" },
+	{ "a and b dtypes differ", "{'b': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [40, 48]}}", OPERAND, "b",
+	  "b is f16 but a is f32" },
+	{ "c and d dtypes differ", "{'c': {'buffer': 'b0.1.4', 'dtype': 'bf16', 'shape': [64, 48]}, 'beta': 1}",
+	  OPERAND, "c", NULL },
+	{ "bias dtype differs from d", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f16', 'shape': [48]}, 'epilogue': 'bias'}",
+	  OPERAND, "bias", NULL },
+	{ "beta without c", "{'beta': 0.5}", OPERAND, "c", "beta is 0.5" },
+	{ "bias epilogue without bias", "{'epilogue': 'bias'}", OPERAND, "bias", NULL },
+	{ "gelu_bias epilogue without bias", "{'epilogue': 'gelu_bias'}", OPERAND, "bias", NULL },
+	{ "bias without a bias epilogue", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}}", OPERAND,
+	  "bias", NULL },
+	{ "unknown epilogue", "{'epilogue': 'relu'}", PARAM, "epilogue", NULL },
+	{ "tf32 with bf16 inputs",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [64, 40]},"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40, 48]}, 'compute': 'tf32'}", PARAM, "compute", NULL },
+	{ "unknown compute mode", "{'compute': 'fp8'}", PARAM, "compute", NULL },
+	{ "alpha a string", "{'alpha': '1.0'}", PARAM, "alpha", NULL },
+	{ "alpha infinite", "{'alpha': 1e999}", PARAM, "alpha", NULL },
+	{ "beta infinite", "{'beta': -1e999, 'c': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [64, 48]}}", PARAM,
+	  "beta", NULL },
+	{ "trans_a not a bool", "{'trans_a': 1}", PARAM, "trans_a", NULL },
+	{ "d overlapping a in one buffer",
+	  "{'a': {'buffer': 'b0.1.9', 'dtype': 'f32', 'shape': [64, 40]},"
+	  " 'd': {'buffer': 'b0.1.9', 'offset': 10236, 'dtype': 'f32', 'shape': [64, 48]}}", OPERAND, "d", "overlaps a" },
+	{ "d overlapping b", "{'d': {'buffer': 'b0.1.2', 'offset': 4, 'dtype': 'f32', 'shape': [64, 48]}}", OPERAND, "d",
+	  "overlaps b" },
+	{ "d overlapping bias",
+	  "{'bias': {'buffer': 'b0.1.3', 'offset': 64, 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}", OPERAND,
+	  "d", "overlaps bias" },
+	{ "c overlapping d but not the same tensor",
+	  "{'c': {'buffer': 'b0.1.3', 'offset': 4, 'dtype': 'f32', 'shape': [64, 48]}, 'beta': 1}", OPERAND, "c",
+	  "alias d only exactly" },
+	{ "c aliasing d with other strides",
+	  "{'c': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48], 'strides': [49, 1]}, 'beta': 1}", OPERAND, "c",
+	  NULL },
+	{ "last stride not 1", "{'a': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [64, 40], 'strides': [80, 2]}}",
+	  OPERAND, "a", "last stride is 2" },
+	{ "rows overlapping", "{'b': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [40, 48], 'strides': [47, 1]}}",
+	  OPERAND, "b", "row stride is 47" },
+	{ "wait_event a buffer id", "{'wait_event': 'b0.1.5'}", PARAM, "wait_event", NULL },
+	{ "wait_event malformed", "{'wait_event': 'e0.1'}", PARAM, "wait_event", NULL },
+	{ "signal_event of generation 0", "{'signal_event': 'e0.0.1'}", PARAM, "signal_event", NULL },
+	{ "signal_event with a leading zero", "{'signal_event': 'e0.01.1'}", PARAM, "signal_event", NULL },
+	{ "wait_event not a string", "{'wait_event': 5}", PARAM, "wait_event", NULL },
+	{ "wait_event empty", "{'wait_event': ''}", PARAM, "wait_event", NULL },
+};
+
+START_TEST(gemm_refuses)
+{
+	struct rp_gemm g;
+
+	expect_bad(gemm_base, &gemm_bad_cases[_i], gemm_parse_any, &g, sizeof(g));
+}
+END_TEST
+
+START_TEST(gemm_refuses_parameters_that_are_not_an_object)
+{
+	cJSON *params = json("[1, 2]");
+	struct rp_error err = { 0 };
+	struct rp_gemm g;
+
+	ck_assert_int_lt(rp_gemm_parse(params, &g, &err), 0);
+	ck_assert_str_eq(err.name, RP_ERR_INVALID_PARAMETER);
+	rp_error_clear(&err);
+	cJSON_Delete(params);
+}
+END_TEST
+
+/* ---- Attention ------------------------------------------------------------------------ */
+
+/* B=2, H=4, Sq=16, Skv=24, D=32, Dv=8, f16. */
+#define ATT_QKVO \
+	"'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [2, 4, 16, 32]}," \
+	" 'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 4, 24, 32]}," \
+	" 'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 4, 24, 8]}," \
+	" 'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 16, 8]}"
+
+static const char attention_base[] = "{" ATT_QKVO "}";
+
+START_TEST(attention_accepts_and_derives)
+{
+	cJSON *params = patched(attention_base, NULL);
+	struct rp_error err = { 0 };
+	struct rp_attention a;
+
+	ck_assert_int_eq(rp_attention_parse(params, &a, &err), 0);
+	ck_assert_int_eq(a.batch, 2);
+	ck_assert_int_eq(a.heads, 4);
+	ck_assert_int_eq(a.seq_q, 16);
+	ck_assert_int_eq(a.seq_kv, 24);
+	ck_assert_int_eq(a.head_dim, 32);
+	ck_assert_int_eq(a.head_dim_v, 8);
+	ck_assert(!a.causal && !a.has_stats);
+	/* scale defaults to 1/sqrt(D). */
+	ck_assert_double_eq_tol(a.scale, 1.0 / sqrt(32.0), 1e-15);
+	cJSON_Delete(params);
+
+	params = patched(attention_base,
+			 "{'stats': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [2, 4, 16]}, 'causal': true,"
+			 " 'scale': 0.25, 'wait_event': 'e0.1.9'}");
+	ck_assert_int_eq(rp_attention_parse(params, &a, &err), 0);
+	ck_assert(a.causal && a.has_stats && a.wait_event.present && !a.signal_event.present);
+	ck_assert_double_eq(a.scale, 0.25);
+	ck_assert_int_eq(a.stats.shape[2], 16);
+	cJSON_Delete(params);
+
+	/* Everything in one buffer, side by side, with padded rows. */
+	params = json("{'q': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [1, 2, 3, 4], 'strides': [64, 32, 8, 1]},"
+		      " 'k': {'buffer': 'b0.1.1', 'offset': 128, 'dtype': 'bf16', 'shape': [1, 2, 5, 4]},"
+		      " 'v': {'buffer': 'b0.1.1', 'offset': 256, 'dtype': 'bf16', 'shape': [1, 2, 5, 6]},"
+		      " 'o': {'buffer': 'b0.1.1', 'offset': 384, 'dtype': 'bf16', 'shape': [1, 2, 3, 6]},"
+		      " 'stats': {'buffer': 'b0.1.1', 'offset': 512, 'dtype': 'f32', 'shape': [1, 2, 3]}}");
+	ck_assert_int_eq(rp_attention_parse(params, &a, &err), 0);
+	ck_assert_int_eq(a.seq_kv, 5);
+	ck_assert_int_eq(a.head_dim_v, 6);
+	ck_assert_ptr_null(err.name);
+	cJSON_Delete(params);
+}
+END_TEST
+
+static const struct bad_case attention_bad_cases[] = {
+	{ "unknown field", "{'dropout': 0.1}", PARAM, "dropout", NULL },
+	{ "o missing", "{'o': null}", PARAM, "o", NULL },
+	{ "q of rank 3", "{'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [8, 16, 32]}}", OPERAND, "q", "rank 3" },
+	{ "k head_dim differs from q", "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 4, 24, 16]}}", OPERAND,
+	  "k", "[2, 4, 24, 32]" },
+	{ "k batch differs from q", "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [1, 4, 24, 32]}}", OPERAND, "k",
+	  NULL },
+	{ "v sequence differs from k", "{'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 4, 20, 8]}}", OPERAND,
+	  "v", "[2, 4, 24, 8]" },
+	{ "v heads differ", "{'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 2, 24, 8]}}", OPERAND, "v", NULL },
+	{ "o head_dim not v's", "{'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 16, 32]}}", OPERAND, "o",
+	  "[2, 4, 16, 8]" },
+	{ "o sequence not q's", "{'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 24, 8]}}", OPERAND, "o",
+	  NULL },
+	{ "k dtype differs", "{'k': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [2, 4, 24, 32]}}", OPERAND, "k",
+	  "k is bf16 but q is f16" },
+	{ "o dtype differs", "{'o': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [2, 4, 16, 8]}}", OPERAND, "o", NULL },
+	{ "stats not f32", "{'stats': {'buffer': 'b0.1.5', 'dtype': 'f16', 'shape': [2, 4, 16]}}", OPERAND, "stats",
+	  "must be f32" },
+	{ "stats of Skv rows", "{'stats': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [2, 4, 24]}}", OPERAND, "stats",
+	  "[2, 4, 16]" },
+	{ "stats of rank 4", "{'stats': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [2, 4, 16, 1]}}", OPERAND,
+	  "stats", NULL },
+	{ "scale zero", "{'scale': 0}", PARAM, "scale", NULL },
+	{ "scale negative", "{'scale': -0.125}", PARAM, "scale", NULL },
+	{ "scale infinite", "{'scale': 1e400}", PARAM, "scale", NULL },
+	{ "causal not a bool", "{'causal': 'yes'}", PARAM, "causal", NULL },
+	{ "v last stride not 1",
+	  "{'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 4, 24, 8], 'strides': [1536, 384, 16, 2]}}", OPERAND,
+	  "v", "last stride" },
+	{ "o overlapping q", "{'o': {'buffer': 'b0.1.1', 'offset': 2048, 'dtype': 'f16', 'shape': [2, 4, 16, 8]}}",
+	  OPERAND, "o", "overlaps q" },
+	{ "o overlapping v", "{'o': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 4, 16, 8]}}", OPERAND, "o",
+	  "overlaps v" },
+	{ "stats overlapping o", "{'stats': {'buffer': 'b0.1.4', 'offset': 8, 'dtype': 'f32', 'shape': [2, 4, 16]}}",
+	  OPERAND, "stats", "overlaps o" },
+	{ "bad signal_event", "{'signal_event': 'e0.1.x'}", PARAM, "signal_event", NULL },
+};
+
+START_TEST(attention_refuses)
+{
+	struct rp_attention a;
+
+	expect_bad(attention_base, &attention_bad_cases[_i], attention_parse_any, &a, sizeof(a));
+}
+END_TEST
+
+/* ---- AttentionBackward --------------------------------------------------------------- */
+
+static const char attention_backward_base[] =
+	"{" ATT_QKVO ","
+	" 'd_o': {'buffer': 'b0.1.6', 'dtype': 'f16', 'shape': [2, 4, 16, 8]},"
+	" 'stats': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [2, 4, 16]},"
+	" 'd_q': {'buffer': 'b0.1.7', 'dtype': 'f16', 'shape': [2, 4, 16, 32]},"
+	" 'd_k': {'buffer': 'b0.1.8', 'dtype': 'f16', 'shape': [2, 4, 24, 32]},"
+	" 'd_v': {'buffer': 'b0.1.9', 'dtype': 'f16', 'shape': [2, 4, 24, 8]}}";
+
+START_TEST(attention_backward_accepts_and_derives)
+{
+	cJSON *params = patched(attention_backward_base, "{'causal': true, 'scale': 0.5, 'signal_event': 'e0.1.2'}");
+	struct rp_error err = { 0 };
+	struct rp_attention_backward a;
+
+	ck_assert_int_eq(rp_attention_backward_parse(params, &a, &err), 0);
+	ck_assert_ptr_null(err.name);
+	ck_assert_int_eq(a.batch, 2);
+	ck_assert_int_eq(a.heads, 4);
+	ck_assert_int_eq(a.seq_q, 16);
+	ck_assert_int_eq(a.seq_kv, 24);
+	ck_assert_int_eq(a.head_dim, 32);
+	ck_assert_int_eq(a.head_dim_v, 8);
+	ck_assert(a.causal && a.signal_event.present);
+	ck_assert_double_eq(a.scale, 0.5);
+	cJSON_Delete(params);
+
+	params = patched(attention_backward_base, NULL);
+	ck_assert_int_eq(rp_attention_backward_parse(params, &a, &err), 0);
+	ck_assert_double_eq_tol(a.scale, 1.0 / sqrt(32.0), 1e-15);
+	cJSON_Delete(params);
+}
+END_TEST
+
+static const struct bad_case attention_backward_bad_cases[] = {
+	{ "stats missing", "{'stats': null}", PARAM, "stats", NULL },
+	{ "d_o missing", "{'d_o': null}", PARAM, "d_o", NULL },
+	{ "unknown field", "{'stats_dtype': 'f32'}", PARAM, "stats_dtype", NULL },
+	{ "k inconsistent with q", "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 4, 24, 64]}}", OPERAND, "k",
+	  NULL },
+	{ "d_q shaped like k", "{'d_q': {'buffer': 'b0.1.7', 'dtype': 'f16', 'shape': [2, 4, 24, 32]}}", OPERAND, "d_q",
+	  "shaped like q" },
+	{ "d_o shaped unlike o", "{'d_o': {'buffer': 'b0.1.6', 'dtype': 'f16', 'shape': [2, 4, 16, 32]}}", OPERAND,
+	  "d_o", NULL },
+	{ "d_v shaped unlike v", "{'d_v': {'buffer': 'b0.1.9', 'dtype': 'f16', 'shape': [2, 4, 24, 32]}}", OPERAND,
+	  "d_v", NULL },
+	{ "d_k dtype differs", "{'d_k': {'buffer': 'b0.1.8', 'dtype': 'f32', 'shape': [2, 4, 24, 32]}}", OPERAND, "d_k",
+	  NULL },
+	{ "stats not f32", "{'stats': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [2, 4, 16]}}", OPERAND, "stats",
+	  NULL },
+	{ "d_v over v", "{'d_v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 4, 24, 8]}}", OPERAND, "d_v",
+	  "overlaps v" },
+	{ "d_q overlapping d_k",
+	  "{'d_k': {'buffer': 'b0.1.7', 'offset': 4094, 'dtype': 'f16', 'shape': [2, 4, 24, 32]}}", OPERAND, "d_q",
+	  "overlaps d_k" },
+	{ "d_k overlapping stats", "{'stats': {'buffer': 'b0.1.8', 'dtype': 'f32', 'shape': [2, 4, 16]}}", OPERAND,
+	  "d_k", "overlaps stats" },
+	{ "d_q overlapping d_o", "{'d_o': {'buffer': 'b0.1.7', 'offset': 8190, 'dtype': 'f16', 'shape': [2, 4, 16, 8]}}",
+	  OPERAND, "d_q", "overlaps d_o" },
+	{ "scale negative", "{'scale': -1}", PARAM, "scale", NULL },
+};
+
+START_TEST(attention_backward_refuses)
+{
+	struct rp_attention_backward a;
+
+	expect_bad(attention_backward_base, &attention_backward_bad_cases[_i], attention_backward_parse_any, &a,
+		   sizeof(a));
+}
+END_TEST
+
+START_TEST(backward_outputs_side_by_side_are_fine)
+{
+	/* Outputs in one buffer are fine as long as their bytes differ:
+	 * d_q [2,4,16,32] f16 is 8192 bytes, d_k follows it. */
+	cJSON *params = patched(attention_backward_base,
+				"{'d_k': {'buffer': 'b0.1.7', 'offset': 8192, 'dtype': 'f16', 'shape': [2, 4, 24, 32]}}");
+	struct rp_error err = { 0 };
+	struct rp_attention_backward a;
+
+	ck_assert_int_eq(rp_attention_backward_parse(params, &a, &err), 0);
+	cJSON_Delete(params);
+}
+END_TEST
+
+#define N(x) ((int)(sizeof(x) / sizeof((x)[0])))
+
+static Suite *compute_parse_suite(void)
+{
+	Suite *s = suite_create("compute_parse");
+	TCase *gemm = tcase_create("gemm");
+	TCase *att = tcase_create("attention");
+	TCase *bwd = tcase_create("attention_backward");
+
+	tcase_add_loop_test(gemm, gemm_accepts, 0, N(gemm_ok_cases));
+	tcase_add_test(gemm, gemm_fills_the_descriptor);
+	tcase_add_loop_test(gemm, gemm_refuses, 0, N(gemm_bad_cases));
+	tcase_add_test(gemm, gemm_refuses_parameters_that_are_not_an_object);
+	suite_add_tcase(s, gemm);
+
+	tcase_add_test(att, attention_accepts_and_derives);
+	tcase_add_loop_test(att, attention_refuses, 0, N(attention_bad_cases));
+	suite_add_tcase(s, att);
+
+	tcase_add_test(bwd, attention_backward_accepts_and_derives);
+	tcase_add_loop_test(bwd, attention_backward_refuses, 0, N(attention_backward_bad_cases));
+	tcase_add_test(bwd, backward_outputs_side_by_side_are_fine);
+	suite_add_tcase(s, bwd);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(compute_parse_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
