@@ -1,0 +1,160 @@
+/* Eight client processes run GEMMs (f32, f16, bf16; transposes; alpha,
+ * beta with C; strided rows; epilogues) and attention forward + backward on
+ * memfd buffers they import, all at once, on both devices. Each checks every
+ * result against a double-precision reference computed here from fresh
+ * random inputs, with outputs poisoned (NaN) before each call. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "itest.h"
+
+#define NCLIENTS 8
+
+static struct it_daemon daemon_;
+
+static int run_gemm(regen_client *c, struct it_mem *m, const struct it_gemm_case *gc)
+{
+	char desc[256], why[512] = "";
+	int r;
+
+	it_gemm_describe(gc, desc, sizeof(desc));
+	r = it_gemm_run(c, m, 0, gc, why, sizeof(why));
+	if (r < 0) {
+		it_log("FAIL %s: %d %s %s", desc, r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
+		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		return 1;
+	}
+	if (r > 0) {
+		it_log("FAIL %s: %s", desc, why);
+		return 1;
+	}
+	return 0;
+}
+
+static int client_main(void *arg)
+{
+	static const enum regen_dtype dts[] = { REGEN_F32, REGEN_F16, REGEN_BF16 };
+	int idx = (int)(long)arg, device = idx % 2, failures = 0, i, t;
+	regen_client *c = it_connect(&daemon_);
+	struct it_gemm_case gc;
+	struct it_attn_case ac;
+	struct it_mem m;
+	char desc[256], why[512];
+	int r;
+
+	it_mem_create(c, device, 1 << 20, &m);
+	/* Every dtype with every transpose combination, with and without C. */
+	for (t = 0; t < 3; t++) {
+		for (i = 0; i < 8; i++) {
+			memset(&gc, 0, sizeof(gc));
+			gc.in = gc.out = dts[t];
+			gc.m = it_rand_int(1, 40);
+			gc.n = it_rand_int(1, 40);
+			gc.k = it_rand_int(1, 64);
+			gc.trans_a = i & 1;
+			gc.trans_b = (i >> 1) & 1;
+			gc.with_c = (i >> 2) & 1;
+			gc.alpha = gc.with_c ? it_rand_uniform(-2, 2) : 1.0;
+			gc.beta = gc.with_c ? it_rand_uniform(-1.5, 1.5) : 0;
+			gc.pad = (i + idx) % 3 == 0 ? it_rand_int(1, 4) : 0;
+			failures += run_gemm(c, &m, &gc);
+		}
+	}
+	/* Fixed shapes that catch swapped dimensions. */
+	memset(&gc, 0, sizeof(gc));
+	gc.in = gc.out = REGEN_F32;
+	gc.m = 1;
+	gc.n = 37;
+	gc.k = 5;
+	gc.alpha = 1;
+	failures += run_gemm(c, &m, &gc);
+	gc.m = 37;
+	gc.n = 1;
+	gc.trans_a = true;
+	failures += run_gemm(c, &m, &gc);
+	/* Low-precision inputs into an f32 output. */
+	gc.in = REGEN_BF16;
+	gc.m = 17;
+	gc.n = 23;
+	gc.k = 29;
+	gc.trans_a = false;
+	gc.trans_b = true;
+	failures += run_gemm(c, &m, &gc);
+	/* Epilogues. */
+	for (t = REGEN_EPILOGUE_BIAS; t <= REGEN_EPILOGUE_GELU_BIAS; t++) {
+		memset(&gc, 0, sizeof(gc));
+		gc.in = gc.out = dts[(t + idx) % 3];
+		gc.m = it_rand_int(2, 24);
+		gc.n = it_rand_int(2, 24);
+		gc.k = it_rand_int(2, 24);
+		gc.alpha = 1;
+		gc.epilogue = (enum regen_epilogue)t;
+		failures += run_gemm(c, &m, &gc);
+	}
+	/* Random cases. */
+	for (i = 0; i < 12; i++) {
+		it_gemm_random_case(&gc, 48);
+		failures += run_gemm(c, &m, &gc);
+	}
+	it_mem_free(&m);
+
+	/* Attention forward + backward, each dtype, causal or not, Sq != Skv. */
+	for (t = 0; t < 3; t++) {
+		for (i = 0; i < 2; i++) {
+			memset(&ac, 0, sizeof(ac));
+			ac.dt = dts[t];
+			ac.b = it_rand_int(1, 2);
+			ac.h = it_rand_int(1, 3);
+			ac.sq = it_rand_int(3, 16);
+			ac.skv = it_rand_int(ac.sq, 24);
+			ac.d = 8 * it_rand_int(1, 3);
+			ac.dv = 8 * it_rand_int(1, 2);
+			ac.causal = i == 1;
+			ac.scale = (idx + i) % 2 ? 0 : it_rand_uniform(0.1, 0.6);
+			it_attn_describe(&ac, desc, sizeof(desc));
+			why[0] = '\0';
+			r = it_attention_run(c, device, &ac, why, sizeof(why));
+			if (r < 0) {
+				it_log("FAIL %s: %d %s %s", desc, r,
+				       regen_client_error_name(c) ? regen_client_error_name(c) : "",
+				       regen_client_error_message(c) ? regen_client_error_message(c) : "");
+				failures++;
+			} else if (r > 0) {
+				it_log("FAIL %s: %s", desc, why);
+				failures++;
+			}
+		}
+	}
+	regen_client_destroy(c);
+	it_log("client %d (device %d): %d failures", idx, device, failures);
+	return failures == 0 ? 0 : 1;
+}
+
+int main(void)
+{
+	pid_t pids[NCLIENTS];
+	struct regen_status st;
+	regen_client *c;
+	int i, failed;
+
+	it_daemon_start(&daemon_, NULL, 280);
+	for (i = 0; i < NCLIENTS; i++) {
+		pids[i] = it_fork(client_main, (void *)(long)i, 240);
+	}
+	failed = it_wait_children(pids, NCLIENTS, 250);
+	CHECK(it_daemon_alive(&daemon_), "regend died");
+	c = it_connect(&daemon_);
+	it_status(c, &st);
+	for (i = 0; i < st.ndevices; i++) {
+		CHECK(strcmp(st.devices[i].state, "ready") == 0, "device %d is %s", i, st.devices[i].state);
+		CHECK(st.devices[i].respawns == 0, "device %d respawned %llu times", i,
+		      (unsigned long long)st.devices[i].respawns);
+	}
+	regen_client_destroy(c);
+	if (failed > 0) {
+		it_daemon_dump_log(&daemon_);
+	}
+	CHECK(failed == 0, "%d of %d clients failed", failed, NCLIENTS);
+	it_log("PASS");
+	return 0;
+}
