@@ -21,7 +21,8 @@ struct rd_gemm_ptrs {
 
 /* D = epilogue(alpha * op(A) op(B) + beta * C + bias); GELU is the tanh
  * approximation, as cuBLASLt's epilogue. Scratch is unused today; the
- * signature leaves room for blocked variants. Returns 0. */
+ * signature leaves room for blocked variants. 0, or -ENOMEM for its
+ * per-call panels, -EINVAL for an empty shape. */
 int rd_host_gemm(const struct rp_gemm *g, const struct rd_gemm_ptrs *p);
 
 struct rd_attention_ptrs {
