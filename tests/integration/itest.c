@@ -619,6 +619,13 @@ double it_dtype_eps(enum regen_dtype dt)
 	return dt == REGEN_F32 ? ldexp(1, -23) : dt == REGEN_F16 ? ldexp(1, -10) : ldexp(1, -7);
 }
 
+/* The spacing of the smallest (subnormal) values: the rounding error a
+ * result near zero may carry whatever its magnitude. */
+static double dtype_quantum(enum regen_dtype dt)
+{
+	return dt == REGEN_F32 ? ldexp(1, -149) : dt == REGEN_F16 ? ldexp(1, -24) : ldexp(1, -133);
+}
+
 static uint16_t f32_to_bf16(float f)
 {
 	uint32_t x;
@@ -938,7 +945,7 @@ int it_gemm_run(regen_client *c, struct it_mem *m, uint64_t base, const struct i
 				abssum *= 1.2;
 			}
 			got = it_load(gc->out, p + l.off_d, (size_t)i * (size_t)l.ldc + (size_t)j);
-			bound = 3e-5 * abssum + it_dtype_eps(gc->out) * fabs(ref) + 1e-30;
+			bound = 3e-5 * abssum + it_dtype_eps(gc->out) * fabs(ref) + dtype_quantum(gc->out);
 			if (!(fabs(got - ref) <= bound)) {
 				if (bad == 0) {
 					bad_i = i;
@@ -1008,7 +1015,7 @@ static int compare(const char *what, enum regen_dtype dt, const void *base, cons
 
 	for (i = 0; i < n; i++) {
 		got = it_load(dt, base, i);
-		if (!(fabs(got - ref[i]) <= tol * bound[i] + it_dtype_eps(dt) * fabs(ref[i]) + 1e-30)) {
+		if (!(fabs(got - ref[i]) <= tol * bound[i] + it_dtype_eps(dt) * fabs(ref[i]) + dtype_quantum(dt))) {
 			if (bad++ == 0) {
 				first = i;
 			}
