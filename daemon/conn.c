@@ -219,6 +219,24 @@ static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
 	struct rp_error err = { 0 };
 	struct rp_call msg = { 0 };
 
+	if (raw->fds_dropped) {
+		/* Acting on a call whose fds went missing could import the wrong
+		 * file: refuse it whole. */
+		struct rd_call *call = call_new(conn);
+		unsigned dropped = (unsigned)raw->fds_dropped;
+		rp_msg_finish(raw);
+		if (!call) {
+			rd_conn_close(conn);
+			return;
+		}
+		rp_error_set(&err, RP_ERR_LIMIT_EXCEEDED,
+			     "%u file descriptor(s) of this message were dropped (at most %d per message)", dropped,
+			     RP_FDS_MAX);
+		rp_error_add_str(&err, "resource", "fds");
+		rp_error_add_int(&err, "limit", RP_FDS_MAX);
+		rd_call_fail(call, &err);
+		return;
+	}
 	if (rp_call_parse(raw->text, raw->len, &msg, &err) < 0) {
 		struct rd_call *call = call_new(conn);
 		rp_msg_finish(raw);
@@ -377,6 +395,9 @@ void rd_conn_close(struct rd_conn *conn)
 
 	if (conn->closed)
 		return;
+	/* Best effort: what is already answered goes out before the close. */
+	if (!rp_tx_empty(&conn->tx))
+		rp_tx_flush(&conn->tx, conn->fd);
 	conn->closed = true;
 	uv_poll_stop(&conn->poll);
 	conn->refs++;

@@ -11,13 +11,12 @@ int main(int argc, char **argv)
 	struct rd_options opts;
 	int r;
 
-	rd_options_defaults(&opts);
-	r = rd_options_parse(&opts, argc, argv);
+	r = rd_options_load(&opts, argc, argv);
 	if (r != 0)
 		return r > 0 ? 0 : 2;
 	rd_log_init(opts.worker ? "regend-worker" : "regend", getenv("REGEN_DEBUG"));
 	rd_log_set_default_level(opts.log_level);
 	if (opts.worker)
 		return rd_worker_run(&opts);
-	return rd_supervisor_run(&opts, rd_notify_listen_fd());
+	return rd_supervisor_run(&opts, rd_notify_listen_fd(), argc, argv);
 }

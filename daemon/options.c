@@ -34,6 +34,9 @@ static void usage(FILE *f)
 		"  --enable-fault-injection  allow io.regen.Device.InjectFault (tests only)\n"
 		"  --drain-deadline-ms MS    how long Restart waits for calls in flight (default 10000)\n"
 		"  --socket-mode OCTAL       mode of the sockets (default 0660)\n"
+		"  --config PATH             configuration file (default /etc/regen/regend.conf)\n"
+		"  --max-connections N       per uid, on each socket (default 256)\n"
+		"  --max-buffers N           per client process and device (default 4096)\n"
 		"  --help, --version\n\n"
 		"Logs go to stderr; REGEN_DEBUG=E|W|I|D|T[,topic:LEVEL...] sets the levels.\n",
 		REGEN_DEFAULT_SOCKET);
@@ -53,7 +56,7 @@ static int parse_uint(const char *text, unsigned long max, unsigned long *out)
 int rd_options_parse(struct rd_options *o, int argc, char **argv)
 {
 	enum { OPT_SOCKET = 256, OPT_BACKEND, OPT_DEVICES, OPT_ADMIN, OPT_FAULTS, OPT_DRAIN, OPT_MODE,
-	       OPT_WORKER, OPT_GENERATION, OPT_CTL_FD, OPT_HELP, OPT_VERSION };
+	       OPT_WORKER, OPT_GENERATION, OPT_CTL_FD, OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_MAX_CONN, OPT_MAX_BUF };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "backend", required_argument, NULL, OPT_BACKEND },
@@ -62,6 +65,9 @@ int rd_options_parse(struct rd_options *o, int argc, char **argv)
 		{ "enable-fault-injection", no_argument, NULL, OPT_FAULTS },
 		{ "drain-deadline-ms", required_argument, NULL, OPT_DRAIN },
 		{ "socket-mode", required_argument, NULL, OPT_MODE },
+		{ "config", required_argument, NULL, OPT_CONFIG },
+		{ "max-connections", required_argument, NULL, OPT_MAX_CONN },
+		{ "max-buffers", required_argument, NULL, OPT_MAX_BUF },
 		/* Internal: how the supervisor starts a device's worker. */
 		{ "worker", required_argument, NULL, OPT_WORKER },
 		{ "generation", required_argument, NULL, OPT_GENERATION },
@@ -141,6 +147,20 @@ int rd_options_parse(struct rd_options *o, int argc, char **argv)
 				return -EINVAL;
 			o->ctl_fd = (int)v;
 			break;
+		case OPT_MAX_CONN:
+		case OPT_MAX_BUF:
+			if (parse_uint(optarg, 100000000, &v) < 0 || v == 0) {
+				fprintf(stderr, "regend: --%s: expected a positive number, got '%s'\n",
+					c == OPT_MAX_CONN ? "max-connections" : "max-buffers", optarg);
+				return -EINVAL;
+			}
+			if (c == OPT_MAX_CONN)
+				o->max_connections = (unsigned)v;
+			else
+				o->max_buffers = (unsigned)v;
+			break;
+		case OPT_CONFIG:
+			break;   /* read before the command line, by rd_options_load */
 		case OPT_HELP:
 			usage(stdout);
 			return 1;
@@ -157,6 +177,162 @@ int rd_options_parse(struct rd_options *o, int argc, char **argv)
 		return -EINVAL;
 	}
 	return 0;
+}
+
+static char *trim(char *s)
+{
+	char *end;
+
+	while (*s == ' ' || *s == '\t')
+		s++;
+	end = s + strlen(s);
+	while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
+		*--end = '\0';
+	return s;
+}
+
+static int parse_bool(const char *v, bool *out)
+{
+	if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
+		*out = true;
+	else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
+		*out = false;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+/* One key; the same checks as the command line, which it mirrors. */
+static int apply_key(struct rd_options *o, const char *key, const char *value)
+{
+	unsigned long v;
+	int level;
+
+	if (!strcmp(key, "socket")) {
+		if (strlen(value) + 8 >= sizeof(o->socket_path) || value[0] != '/')
+			return -EINVAL;
+		snprintf(o->socket_path, sizeof(o->socket_path), "%s", value);
+	} else if (!strcmp(key, "backend")) {
+		if (strcmp(value, "host") && strcmp(value, "cuda") && strcmp(value, "auto"))
+			return -EINVAL;
+		snprintf(o->backend, sizeof(o->backend), "%s", value);
+	} else if (!strcmp(key, "devices")) {
+		if (!strcmp(value, "auto") || !*value) {
+			o->devices = -1;
+			return 0;
+		}
+		if (parse_uint(value, RD_DEVICES_MAX, &v) < 0 || v == 0)
+			return -EINVAL;
+		o->devices = (int)v;
+	} else if (!strcmp(key, "admin_group")) {
+		if (!*value) {
+			o->admin_group[0] = '\0';
+			o->have_admin_gid = false;
+			return 0;
+		}
+		struct group *g = getgrnam(value);
+		if (!g)
+			return -ENOENT;
+		snprintf(o->admin_group, sizeof(o->admin_group), "%s", value);
+		o->admin_gid = g->gr_gid;
+		o->have_admin_gid = true;
+	} else if (!strcmp(key, "drain_deadline_ms")) {
+		if (parse_uint(value, 3600000, &v) < 0)
+			return -EINVAL;
+		o->drain_deadline_ms = (unsigned)v;
+	} else if (!strcmp(key, "fault_injection")) {
+		return parse_bool(value, &o->fault_injection);
+	} else if (!strcmp(key, "log_level")) {
+		level = rd_log_level_parse(value);
+		if (level < 0)
+			return -EINVAL;
+		o->log_level = level;
+	} else if (!strcmp(key, "socket_mode")) {
+		if (parse_uint(value, 0777, &v) < 0)
+			return -EINVAL;
+		o->socket_mode = (unsigned)v;
+	} else if (!strcmp(key, "max_connections")) {
+		if (parse_uint(value, 1000000, &v) < 0 || v == 0)
+			return -EINVAL;
+		o->max_connections = (unsigned)v;
+	} else if (!strcmp(key, "max_buffers")) {
+		if (parse_uint(value, 100000000, &v) < 0 || v == 0)
+			return -EINVAL;
+		o->max_buffers = (unsigned)v;
+	} else {
+		return -ENOKEY;
+	}
+	return 0;
+}
+
+int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_path)
+{
+	char line[512];
+	unsigned lineno = 0;
+	int errors = 0;
+	FILE *f = fopen(path, "re");
+
+	if (!f) {
+		if (errno == ENOENT && !explicit_path)
+			return 0;
+		fprintf(stderr, "regend: cannot read %s: %s\n", path, strerror(errno));
+		return -errno;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *s = trim(line), *eq, *key, *value;
+		int r;
+
+		lineno++;
+		if (!*s || *s == '#')
+			continue;
+		eq = strchr(s, '=');
+		if (!eq) {
+			fprintf(stderr, "regend: %s:%u: expected 'key = value'\n", path, lineno);
+			errors++;
+			continue;
+		}
+		*eq = '\0';
+		key = trim(s);
+		value = trim(eq + 1);
+		r = apply_key(o, key, value);
+		if (r == -ENOKEY)
+			fprintf(stderr, "regend: %s:%u: unknown key '%s'\n", path, lineno, key);
+		else if (r == -ENOENT)
+			fprintf(stderr, "regend: %s:%u: %s: no group named '%s'\n", path, lineno, key, value);
+		else if (r < 0)
+			fprintf(stderr, "regend: %s:%u: %s: invalid value '%s'\n", path, lineno, key, value);
+		errors += r < 0;
+	}
+	fclose(f);
+	snprintf(o->config_path, sizeof(o->config_path), "%s", path);
+	return errors ? -EINVAL : 0;
+}
+
+int rd_options_load(struct rd_options *o, int argc, char **argv)
+{
+	const char *path = "/etc/regen/regend.conf";
+	bool explicit_path = false;
+	int r;
+
+	rd_options_defaults(o);
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+			path = argv[i + 1];
+			explicit_path = true;
+		} else if (!strncmp(argv[i], "--config=", 9)) {
+			path = argv[i] + 9;
+			explicit_path = true;
+		} else if (!strcmp(argv[i], "--worker")) {
+			/* Workers get everything they need on their command line. */
+			path = NULL;
+		}
+	}
+	if (path) {
+		r = rd_options_read_file(o, path, explicit_path);
+		if (r < 0)
+			return -EINVAL;
+	}
+	return rd_options_parse(o, argc, argv);
 }
 
 int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size)

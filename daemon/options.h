@@ -21,6 +21,7 @@ struct rd_options {
 	int log_level;                 /* enum rd_log_level */
 	unsigned max_connections;      /* per peer uid, on each socket */
 	unsigned max_buffers;          /* per client process, per device */
+	char config_path[256];         /* "" = none */
 
 	/* Worker processes only. */
 	bool worker;
@@ -30,8 +31,13 @@ struct rd_options {
 };
 
 void rd_options_defaults(struct rd_options *o);
-/* argv parsing; returns 0, 1 for --help/--version (printed), or -EINVAL
- * after printing what was wrong. */
+/* Defaults, then the configuration file (--config PATH, else
+ * /etc/regen/regend.conf when it exists), then the command line. Returns 0,
+ * 1 for --help/--version (printed), or -EINVAL after printing what was wrong. */
+int rd_options_load(struct rd_options *o, int argc, char **argv);
+/* The command line alone over what *o holds. */
 int rd_options_parse(struct rd_options *o, int argc, char **argv);
+/* Reads `key = value` lines into *o. explicit: a missing file is an error. */
+int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_path);
 /* "<socket>.dev<N>": where device N's worker listens. */
 int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size);

@@ -76,7 +76,10 @@ struct sv_watcher {
 
 static struct {
 	uv_loop_t *loop;
+	struct rd_options opts_live;
 	const struct rd_options *opts;
+	int argc;
+	char **argv;
 	struct rd_listener listener;
 	struct rd_conn *conns;
 	struct sv_device devices[RD_DEVICES_MAX];
@@ -171,7 +174,9 @@ static void request_finish_one(struct sv_request *req, const char *failure)
 		snprintf(req->failure, sizeof(req->failure), "%s", failure);
 	if (--req->remaining)
 		return;
-	if (req->failure[0]) {
+	if (req->failure[0] && sv.stopping) {
+		rd_call_failf(req->call, RP_ERR_DRAINING, "%s", req->failure);
+	} else if (req->failure[0]) {
 		rd_call_failf(req->call, RP_ERR_TIMEOUT, "%s", req->failure);
 	} else {
 		cJSON *reply = status_json(-1);
@@ -482,9 +487,9 @@ static void on_worker_exit(uv_process_t *proc, int64_t status, int signal)
 
 static void spawn_worker(struct sv_device *d)
 {
-	char dev[16], gen[32], ctl[16], drain[16];
+	char dev[16], gen[32], ctl[16], drain[16], mode[16], maxconn[16], maxbuf[16];
 	int sv_pair[2];
-	char *args[24];
+	char *args[32];
 	int n = 0, r;
 
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv_pair) < 0) {
@@ -508,6 +513,19 @@ static void spawn_worker(struct sv_device *d)
 	args[n++] = d->backend;
 	args[n++] = "--drain-deadline-ms";
 	args[n++] = drain;
+	snprintf(mode, sizeof(mode), "0%o", sv.opts->socket_mode);
+	args[n++] = "--socket-mode";
+	args[n++] = mode;
+	snprintf(maxconn, sizeof(maxconn), "%u", sv.opts->max_connections);
+	args[n++] = "--max-connections";
+	args[n++] = maxconn;
+	snprintf(maxbuf, sizeof(maxbuf), "%u", sv.opts->max_buffers);
+	args[n++] = "--max-buffers";
+	args[n++] = maxbuf;
+	if (sv.opts->have_admin_gid) {
+		args[n++] = "--admin-group";
+		args[n++] = (char *)sv.opts->admin_group;
+	}
 	if (sv.opts->fault_injection)
 		args[n++] = "--enable-fault-injection";
 	args[n] = NULL;
@@ -889,6 +907,23 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 	rd_info("supervisor", -1, 0, 0, "signal %d: stopping", signum);
 	rd_notify_stopping();
 	rd_listener_close(&sv.listener);
+	/* Every call still waiting gets its answer before the connections go. */
+	for (int i = 0; i < sv.ndevices; i++) {
+		struct sv_device *d = &sv.devices[i];
+		struct sv_op *op;
+		while ((op = d->ops)) {
+			d->ops = op->next;
+			if (op->request)
+				request_finish_one(op->request, "regend is stopping");
+			free(op);
+		}
+	}
+	while (sv.watchers) {
+		struct sv_watcher *w = sv.watchers;
+		sv.watchers = w->next;
+		rd_call_failf(w->call, RP_ERR_DRAINING, "regend is stopping");
+		free(w);
+	}
 	for (struct rd_conn *c = sv.conns, *next; c; c = next) {
 		next = c->next;
 		rd_conn_close(c);
@@ -907,9 +942,34 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 	rd_notify_close();
 }
 
+/* Applies what can change while serving; the rest waits for a restart. */
 static void on_sighup(uv_signal_t *sig, int signum)
 {
-	rd_info("supervisor", -1, 0, 0, "SIGHUP: nothing to reload");
+	struct rd_options fresh;
+	struct rd_options *live = &sv.opts_live;
+
+	if (rd_options_load(&fresh, sv.argc, sv.argv) != 0) {
+		rd_warn("supervisor", -1, 0, 0, "SIGHUP: configuration has errors; keeping the running one");
+		return;
+	}
+	live->log_level = fresh.log_level;
+	rd_log_set_default_level(fresh.log_level);
+	live->drain_deadline_ms = fresh.drain_deadline_ms;
+	live->max_connections = fresh.max_connections;
+	live->admin_gid = fresh.admin_gid;
+	live->have_admin_gid = fresh.have_admin_gid;
+	snprintf(live->admin_group, sizeof(live->admin_group), "%s", fresh.admin_group);
+	/* Admin rights are decided per connection, at accept: re-decide. */
+	for (struct rd_conn *c = sv.conns; c; c = c->next)
+		c->admin = rd_peer_is_admin(&c->peer, live->admin_gid, live->have_admin_gid);
+	if (strcmp(fresh.socket_path, live->socket_path) || strcmp(fresh.backend, live->backend) ||
+	    fresh.devices != live->devices || fresh.socket_mode != live->socket_mode ||
+	    fresh.fault_injection != live->fault_injection || fresh.max_buffers != live->max_buffers)
+		rd_warn("supervisor", -1, 0, 0,
+			"SIGHUP: socket, backend, devices, socket_mode, fault_injection and max_buffers change only with a restart of regend");
+	rd_info("supervisor", -1, 0, 0, "SIGHUP: reloaded %s (log level %d, drain deadline %u ms, admin group '%s')",
+		fresh.config_path[0] ? fresh.config_path : "(no file)", live->log_level, live->drain_deadline_ms,
+		live->admin_group);
 }
 
 static int count_devices(const struct rd_options *opts, const char **backend)
@@ -937,14 +997,18 @@ static int count_devices(const struct rd_options *opts, const char **backend)
 	return n ? n : 1;
 }
 
-int rd_supervisor_run(const struct rd_options *opts, int listen_fd)
+int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, char **argv)
 {
 	const char *backend;
 	ssize_t len;
 	int r;
 
 	memset(&sv, 0, sizeof(sv));
-	sv.opts = opts;
+	sv.opts_live = *opts;
+	sv.opts = &sv.opts_live;
+	opts = sv.opts;
+	sv.argc = argc;
+	sv.argv = argv;
 	sv.loop = uv_default_loop();
 	sv.epoch = 1;
 	len = readlink("/proc/self/exe", sv.exe, sizeof(sv.exe) - 1);

@@ -7,5 +7,6 @@
 #include "options.h"
 
 /* Runs until SIGTERM/SIGINT. listen_fd >= 0: an already listening socket
- * (socket activation). Returns the process exit code. */
-int rd_supervisor_run(const struct rd_options *opts, int listen_fd);
+ * (socket activation). argv is kept to re-read the configuration on SIGHUP
+ * with the same command-line overrides. Returns the process exit code. */
+int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, char **argv);
