@@ -10,7 +10,7 @@
 /* More than this many bytes waiting to go out and we stop reading: a client
  * that does not read its replies cannot make us buffer without bound. */
 #define TX_HIGH_WATER (8u << 20)
-#define DEFAULT_MAX_IN_FLIGHT 256
+#define DEFAULT_MAX_IN_FLIGHT 1024
 #define READS_PER_WAKEUP 16
 
 struct rd_reply_item {
@@ -254,6 +254,7 @@ static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
 		rp_call_finish(&msg);
 		return;
 	}
+	bool over_limit = conn->in_flight >= conn->max_in_flight;
 	struct rd_call *call = call_new(conn);
 	if (!call) {
 		rp_call_finish(&msg);
@@ -264,6 +265,15 @@ static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
 	call->msg = msg;
 	call->raw = *raw;
 	memset(raw, 0, sizeof(*raw));
+	if (over_limit) {
+		rp_error_set(&err, RP_ERR_LIMIT_EXCEEDED,
+			     "%u calls are already in flight on this connection; wait for their replies",
+			     conn->max_in_flight);
+		rp_error_add_str(&err, "resource", "calls in flight");
+		rp_error_add_int(&err, "limit", conn->max_in_flight);
+		rd_call_fail(call, &err);
+		return;
+	}
 	conn->refs++;   /* the handler may close the connection under us */
 	conn->ops->on_call(conn, call);
 	conn_unref(conn);
@@ -280,7 +290,7 @@ static void conn_process(struct rd_conn *conn)
 		return;
 	depth++;
 	conn->refs++;
-	while (!conn->closed && conn->in_flight < conn->max_in_flight && conn->tx.queued_bytes < TX_HIGH_WATER) {
+	while (!conn->closed && conn->tx.queued_bytes < TX_HIGH_WATER) {
 		struct rp_msg raw = { 0 };
 		int r = rp_rx_next(&conn->rx, &raw);
 		if (r == RP_RX_NONE)
@@ -334,7 +344,7 @@ static void on_poll(uv_poll_t *handle, int status, int events)
 				break;
 			}
 			conn_process(conn);
-			if (conn->in_flight >= conn->max_in_flight)
+			if (conn->tx.queued_bytes >= TX_HIGH_WATER)
 				break;
 		}
 	}
@@ -347,7 +357,10 @@ static void conn_update_events(struct rd_conn *conn)
 
 	if (conn->closed)
 		return;
-	conn->reading = conn->in_flight < conn->max_in_flight && conn->tx.queued_bytes < TX_HIGH_WATER;
+	/* A peer that does not read its replies stops being read: backpressure
+	 * keeps our buffers bounded. Too many calls in flight is refused by name
+	 * instead, so a pipelining client learns its limit. */
+	conn->reading = conn->tx.queued_bytes < TX_HIGH_WATER;
 	conn->writing = !rp_tx_empty(&conn->tx);
 	if (conn->reading)
 		events |= UV_READABLE;

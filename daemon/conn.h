@@ -52,7 +52,7 @@ struct rd_conn {
 	bool reading, writing;
 	unsigned refs;
 	unsigned in_flight;         /* calls received and not finished */
-	unsigned max_in_flight;     /* reading pauses at this many (backpressure) */
+	unsigned max_in_flight;     /* more calls than this in flight: io.regen.LimitExceeded */
 	struct rd_call *calls, *calls_tail;
 	struct rd_pending_out *out, *out_tail;
 	const struct rd_conn_ops *ops;
