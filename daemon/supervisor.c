@@ -65,7 +65,8 @@ struct sv_device {
 	unsigned crash_streak;
 	uint64_t ready_since_ns;
 	struct sv_op *ops;
-	uv_timer_t timer;         /* the current op's deadline, or respawn backoff */
+	uv_timer_t timer;         /* the current op's deadline */
+	uv_timer_t respawn_timer; /* backoff before a respawn */
 	bool faulted;
 };
 
@@ -254,11 +255,17 @@ static void on_op_timeout(uv_timer_t *t)
 {
 	struct sv_device *d = t->data;
 
-	if (d->state == RD_STATE_RESPAWNING && !d->proc_alive && (!d->ops || d->ops->stage != 3)) {
+	/* A worker already gone is being respawned; the op ends with Ready. */
+	if (d->proc_alive)
+		op_escalate(d, "worker did not answer before the deadline");
+}
+
+static void on_respawn_timer(uv_timer_t *t)
+{
+	struct sv_device *d = t->data;
+
+	if (!d->proc_alive && !sv.stopping)
 		spawn_worker(d);
-		return;
-	}
-	op_escalate(d, "worker did not answer before the deadline");
 }
 
 static void on_lifecycle_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
@@ -480,7 +487,7 @@ static void on_worker_exit(uv_process_t *proc, int64_t status, int signal)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	uv_timer_stop(&d->timer);
 	if (backoff)
-		uv_timer_start(&d->timer, on_op_timeout, backoff, 0);
+		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
 	else
 		spawn_worker(d);
 }
@@ -547,7 +554,7 @@ static void spawn_worker(struct sv_device *d)
 	if (!proc) {
 		close(sv_pair[0]);
 		close(sv_pair[1]);
-		uv_timer_start(&d->timer, on_op_timeout, RESPAWN_BACKOFF_MAX_MS, 0);
+		uv_timer_start(&d->respawn_timer, on_respawn_timer, RESPAWN_BACKOFF_MAX_MS, 0);
 		return;
 	}
 	proc->data = d;
@@ -557,7 +564,7 @@ static void spawn_worker(struct sv_device *d)
 		rd_err("lifecycle", d->index, d->generation, 0, "cannot start worker: %s", uv_strerror(r));
 		close(sv_pair[0]);
 		uv_close((uv_handle_t *)proc, free_process);
-		uv_timer_start(&d->timer, on_op_timeout, RESPAWN_BACKOFF_MAX_MS, 0);
+		uv_timer_start(&d->respawn_timer, on_respawn_timer, RESPAWN_BACKOFF_MAX_MS, 0);
 		return;
 	}
 	d->proc = proc;
@@ -932,6 +939,8 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 		struct sv_device *d = &sv.devices[i];
 		uv_timer_stop(&d->timer);
 		uv_close((uv_handle_t *)&d->timer, NULL);
+		uv_timer_stop(&d->respawn_timer);
+		uv_close((uv_handle_t *)&d->respawn_timer, NULL);
 		/* The worker drains on SIGTERM and exits. */
 		if (d->proc_alive)
 			uv_process_kill(d->proc, SIGTERM);
@@ -1044,6 +1053,8 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		rd_worker_socket_path(opts, i, d->worker_socket, sizeof(d->worker_socket));
 		uv_timer_init(sv.loop, &d->timer);
 		d->timer.data = d;
+		uv_timer_init(sv.loop, &d->respawn_timer);
+		d->respawn_timer.data = d;
 		spawn_worker(d);
 	}
 	uv_signal_init(sv.loop, &sv.sigterm);
