@@ -248,10 +248,24 @@ static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
 		rd_call_fail(call, &err);
 		return;
 	}
-	if (!msg.method) {
+	if (!msg.method && conn->out) {
 		rp_msg_finish(raw);
 		handle_reply(conn, &msg);
 		rp_call_finish(&msg);
+		return;
+	}
+	if (!msg.method) {
+		/* We made no call this could answer: it is a call without a method. */
+		struct rd_call *call = call_new(conn);
+		rp_call_finish(&msg);
+		rp_msg_finish(raw);
+		if (!call) {
+			rd_conn_close(conn);
+			return;
+		}
+		rp_error_set(&err, RP_ERR_INVALID_MESSAGE, "a call needs a 'method' string");
+		rp_error_add_str(&err, "reason", "a call needs a 'method' string");
+		rd_call_fail(call, &err);
 		return;
 	}
 	bool over_limit = conn->in_flight >= conn->max_in_flight;
