@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,45 @@ int cuda_bind(struct cuda_dev *cd, struct rp_error *err)
 		rp_error_set(err, cuda_error_name(e), "cudaSetDevice(%d): %s", cd->dev->index, cudaGetErrorString(e));
 		return -EIO;
 	}
+	return 0;
+}
+
+struct cuda_driver_api cuda_drv;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static char driver_error[160];
+
+static void driver_load_once(void)
+{
+	static const struct {
+		const char *name;
+		size_t offset;
+	} fns[] = {
+#define FN(x) { "cu" #x, offsetof(struct cuda_driver_api, x) }
+		FN(GetErrorString), FN(GetErrorName), FN(MemGetAddressRange), FN(MemImportFromShareableHandle),
+		FN(MemGetAllocationPropertiesFromHandle), FN(MemGetAllocationGranularity), FN(MemAddressReserve),
+		FN(MemAddressFree), FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemRelease),
+#undef FN
+	};
+	for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+		void *p = NULL;
+		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+		/* 12000: the ABI of CUDA 12.0 (cuMemGetAddressRange is its _v2). */
+		cudaError_t e = cudaGetDriverEntryPointByVersion(fns[i].name, &p, 12000, cudaEnableDefault, &q);
+		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {
+			snprintf(driver_error, sizeof(driver_error), "driver entry point %s: %s", fns[i].name,
+				 e != cudaSuccess ? cudaGetErrorString(e) : "not found");
+			memset(&cuda_drv, 0, sizeof(cuda_drv));
+			return;
+		}
+		memcpy((char *)&cuda_drv + fns[i].offset, &p, sizeof(p));
+	}
+}
+
+int cuda_driver_load(struct rp_error *err)
+{
+	pthread_once(&driver_once, driver_load_once);
+	if (!cuda_drv.MemRelease)
+		return rp_error_set(err, RP_ERR_BACKEND, "%s", driver_error);
 	return 0;
 }
 
@@ -327,7 +367,7 @@ static int lane_fail_cuda(struct cuda_lane *l, struct rd_op *op, const char *wha
 	snprintf(reason, sizeof(reason), "%s on lane %u: %s (%s)", what, l->base.index, cudaGetErrorString(e),
 		 cudaGetErrorName(e));
 	rp_error_set(&op->err, cuda_error_name(e), "%s", reason);
-	if (cuda_error_is_sticky(e))
+	if (cuda_error_is_sticky(e) && atomic_load(&l->cd->resets) == l->op_resets)
 		cuda_mark_lost(l->cd, reason);
 	return -EIO;
 }
@@ -374,6 +414,7 @@ static void lane_run(struct cuda_lane *l, struct rd_op *op)
 	int r = 0;
 	bool enqueued = false;
 
+	l->op_resets = atomic_load(&cd->resets);
 	if (atomic_load(&cd->lost)) {
 		rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", cd->dev->index);
 		goto out;
@@ -600,6 +641,8 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 			     cudaGetErrorString(e));
 		goto fail;
 	}
+	if (cuda_driver_load(err) < 0)
+		goto fail;
 	cuda_gemm_plans_init(cd);
 	cuda_ipc_init(cd);
 	rd_resource_register(&dev->registry, &cd->pool.res, &pool_ops);
@@ -683,6 +726,7 @@ static int cuda_release(struct rd_device *dev, struct rp_error *err)
 static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
+	atomic_fetch_add(&cd->resets, 1);
 	/* The registry was invalidated: nothing of ours holds a handle into the
 	 * old context. A spinning "hang" kernel was told to stop then. */
 	cudaSetDevice(dev->index);

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "regen-config.h"
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <cublasLt.h>
@@ -121,6 +122,9 @@ struct cuda_dev {
 	uint64_t baseline;
 	/* Set once a sticky error was seen, until reset. */
 	_Atomic bool lost;
+	/* Bumped when a reset starts: an op that began before it and fails
+	 * afterwards does not mark the new context lost. */
+	_Atomic uint64_t resets;
 };
 
 struct cuda_lane {
@@ -129,6 +133,7 @@ struct cuda_lane {
 	cudaStream_t stream;
 	cudaEvent_t done;
 	uint64_t fault_seen;
+	uint64_t op_resets;                /* cd->resets when the current op started */
 	void *last_workspace;
 
 	pthread_t thread;
@@ -183,6 +188,28 @@ int cuda_status_to_error(struct rp_error *err, const char *what);
 const char *cuda_error_name(cudaError_t e);
 bool cuda_error_is_sticky(cudaError_t e);
 const char *cublas_error_name(cublasStatus_t s);
+
+/* The few driver-API entry points imports need, fetched through the
+ * runtime (cudaGetDriverEntryPointByVersion) so that nothing links
+ * libcuda.so.1 directly: regend and the tests then start, and fall back or
+ * skip, on a machine without the driver. */
+struct cuda_driver_api {
+	__typeof__(cuGetErrorString) *GetErrorString;
+	__typeof__(cuGetErrorName) *GetErrorName;
+	__typeof__(cuMemGetAddressRange) *MemGetAddressRange;
+	__typeof__(cuMemImportFromShareableHandle) *MemImportFromShareableHandle;
+	__typeof__(cuMemGetAllocationPropertiesFromHandle) *MemGetAllocationPropertiesFromHandle;
+	__typeof__(cuMemGetAllocationGranularity) *MemGetAllocationGranularity;
+	__typeof__(cuMemAddressReserve) *MemAddressReserve;
+	__typeof__(cuMemAddressFree) *MemAddressFree;
+	__typeof__(cuMemMap) *MemMap;
+	__typeof__(cuMemUnmap) *MemUnmap;
+	__typeof__(cuMemSetAccess) *MemSetAccess;
+	__typeof__(cuMemRelease) *MemRelease;
+};
+extern struct cuda_driver_api cuda_drv;
+/* Fills cuda_drv once; 0 or -errno with err set. */
+int cuda_driver_load(struct rp_error *err);
 
 /* Makes dev->index current on the calling thread. */
 int cuda_bind(struct cuda_dev *cd, struct rp_error *err);

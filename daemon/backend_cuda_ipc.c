@@ -26,7 +26,7 @@
 static const char *cu_error_string(CUresult r)
 {
 	const char *s = NULL;
-	if (cuGetErrorString(r, &s) != CUDA_SUCCESS || !s)
+	if (cuda_drv.GetErrorString(r, &s) != CUDA_SUCCESS || !s)
 		return "unknown CUDA driver error";
 	return s;
 }
@@ -34,7 +34,7 @@ static const char *cu_error_string(CUresult r)
 static int status_cu(const char *what, CUresult r)
 {
 	const char *name = NULL;
-	cuGetErrorName(r, &name);
+	cuda_drv.GetErrorName(r, &name);
 	return cuda_status_set(RP_ERR_IMPORT_FAILED, "%s: %s (%s)", what, cu_error_string(r), name ? name : "?");
 }
 
@@ -53,7 +53,7 @@ static int mapping_init_ipc(struct cuda_mapping *m)
 	}
 	CUdeviceptr base = 0;
 	size_t size = 0;
-	CUresult r = cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)p);
+	CUresult r = cuda_drv.MemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)p);
 	if (r != CUDA_SUCCESS) {
 		cudaIpcCloseMemHandle(p);
 		return status_cu("cuMemGetAddressRange on the imported allocation", r);
@@ -68,37 +68,37 @@ static int mapping_init_fd(struct cuda_mapping *m)
 {
 	int idx = m->cd->dev->index;
 	CUmemGenericAllocationHandle alloc = 0;
-	CUresult r = cuMemImportFromShareableHandle(&alloc, (void *)(uintptr_t)m->fd,
+	CUresult r = cuda_drv.MemImportFromShareableHandle(&alloc, (void *)(uintptr_t)m->fd,
 						    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 	if (r != CUDA_SUCCESS)
 		return status_cu("cuMemImportFromShareableHandle (is the fd a CUDA VMM export?)", r);
 	CUmemAllocationProp prop;
 	memset(&prop, 0, sizeof(prop));
-	r = cuMemGetAllocationPropertiesFromHandle(&prop, alloc);
+	r = cuda_drv.MemGetAllocationPropertiesFromHandle(&prop, alloc);
 	size_t gran = 0;
 	if (r == CUDA_SUCCESS)
-		r = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+		r = cuda_drv.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (r != CUDA_SUCCESS || gran == 0) {
-		cuMemRelease(alloc);
+		cuda_drv.MemRelease(alloc);
 		return status_cu("cuMemGetAllocationPropertiesFromHandle/granularity", r);
 	}
 	if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != idx) {
-		cuMemRelease(alloc);
+		cuda_drv.MemRelease(alloc);
 		return cuda_status_set(RP_ERR_IMPORT_FAILED, "the fd's allocation lives on device %d, this worker serves %d",
 				       prop.location.id, idx);
 	}
 	size_t size = (size_t)((m->want + gran - 1) / gran * gran);
 	CUdeviceptr base = 0;
-	r = cuMemAddressReserve(&base, size, gran, 0, 0);
+	r = cuda_drv.MemAddressReserve(&base, size, gran, 0, 0);
 	if (r != CUDA_SUCCESS) {
-		cuMemRelease(alloc);
+		cuda_drv.MemRelease(alloc);
 		return status_cu("cuMemAddressReserve", r);
 	}
 	/* Fails when offset + size lies past the allocation. */
-	r = cuMemMap(base, size, 0, alloc, 0);
+	r = cuda_drv.MemMap(base, size, 0, alloc, 0);
 	if (r != CUDA_SUCCESS) {
-		cuMemAddressFree(base, size);
-		cuMemRelease(alloc);
+		cuda_drv.MemAddressFree(base, size);
+		cuda_drv.MemRelease(alloc);
 		char what[128];
 		snprintf(what, sizeof(what), "cuMemMap of %zu bytes (offset + size past the allocation?)", size);
 		return status_cu(what, r);
@@ -108,11 +108,11 @@ static int mapping_init_fd(struct cuda_mapping *m)
 	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	access.location.id = idx;
 	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	r = cuMemSetAccess(base, size, &access, 1);
+	r = cuda_drv.MemSetAccess(base, size, &access, 1);
 	if (r != CUDA_SUCCESS) {
-		cuMemUnmap(base, size);
-		cuMemAddressFree(base, size);
-		cuMemRelease(alloc);
+		cuda_drv.MemUnmap(base, size);
+		cuda_drv.MemAddressFree(base, size);
+		cuda_drv.MemRelease(alloc);
 		return status_cu("cuMemSetAccess", r);
 	}
 	m->alloc = alloc;
@@ -135,9 +135,9 @@ static void mapping_release(struct rd_resource *res)
 	struct cuda_mapping *m = (struct cuda_mapping *)res;
 	cudaSetDevice(m->cd->dev->index);
 	if (m->kind == RD_BUFFER_CUDA_FD) {
-		cuMemUnmap(m->base, m->size);
-		cuMemAddressFree(m->base, m->size);
-		cuMemRelease(m->alloc);
+		cuda_drv.MemUnmap(m->base, m->size);
+		cuda_drv.MemAddressFree(m->base, m->size);
+		cuda_drv.MemRelease(m->alloc);
 		m->alloc = 0;
 	} else {
 		cudaIpcCloseMemHandle((void *)(uintptr_t)m->base);

@@ -1,0 +1,31 @@
+#!/bin/bash
+# Runs every GPU test program of a build directory and prints a summary.
+# Usage: tests/gpu/run-all.sh [BUILD_DIR] [LOG_DIR]
+# Exit status: 0 when none failed (skips allowed), 1 otherwise.
+build=${1:-build}
+logs=${2:-}
+dir=$build/tests/gpu
+[[ -d $dir ]] || { echo "no $dir (was the build configured with CUDA?)" >&2; exit 1; }
+[[ -n $logs ]] && mkdir -p "$logs"
+pass=0 fail=0 skip=0 failed=()
+for t in test_cuda_gemm test_workspace_race test_cuda_ipc test_cuda_lifecycle; do
+  exe=$dir/$t
+  if [[ ! -x $exe ]]; then
+    echo "== $t: missing"; fail=$((fail + 1)); failed+=("$t"); continue
+  fi
+  echo "== $t"
+  start=$(date +%s.%N)
+  if [[ -n $logs ]]; then
+    timeout -k 10 600 "$exe" 2>&1 | tee "$logs/$t.log"; rc=${PIPESTATUS[0]}
+  else
+    timeout -k 10 600 "$exe" 2>&1; rc=$?
+  fi
+  secs=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+  case $rc in
+    0) pass=$((pass + 1)); echo "== $t: PASS (${secs}s)";;
+    77) skip=$((skip + 1)); echo "== $t: SKIP";;
+    *) fail=$((fail + 1)); failed+=("$t"); echo "== $t: FAIL (exit $rc, ${secs}s)";;
+  esac
+done
+echo "$build: $pass passed, $fail failed, $skip skipped${failed:+ (failed: ${failed[*]})}"
+[[ $fail -eq 0 ]]
