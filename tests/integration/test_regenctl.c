@@ -184,7 +184,10 @@ static void install_ctl(void)
 	snprintf(libdir, sizeof(libdir), "%s", daemon_.regenctl);
 	*strrchr(libdir, '/') = '\0';
 	snprintf(ctl, sizeof(ctl), "%s/bin/regenctl", daemon_.dir);
-	snprintf(cmd, sizeof(cmd), "mkdir -p '%s/bin' && cp '%s' '%s/bin/' && cp -P '%s'/libregen.so* '%s/bin/' && chmod -R a+rX '%s/bin'",
+	snprintf(cmd, sizeof(cmd),
+		 "mkdir -p '%s/bin' && cp '%s' '%s/bin/' && "
+		 "find '%s' -maxdepth 1 -name 'libregen.so*' ! -type d -exec cp -P {} '%s/bin/' ';' && "
+		 "chmod -R a+rX '%s/bin'",
 		 daemon_.dir, daemon_.regenctl, daemon_.dir, libdir, daemon_.dir, daemon_.dir);
 	CHECK(system(cmd) == 0, "%s", cmd);
 }
