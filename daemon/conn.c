@@ -296,13 +296,11 @@ static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
 /* Parses what is buffered, as far as backpressure allows. */
 static void conn_process(struct rd_conn *conn)
 {
-	static __thread int depth;
-
 	/* Replies finishing synchronously inside on_call re-enter here; the
 	 * outer loop picks up whatever they unblocked. */
-	if (depth)
+	if (conn->processing)
 		return;
-	depth++;
+	conn->processing = true;
 	conn->refs++;
 	while (!conn->closed && conn->tx.queued_bytes < TX_HIGH_WATER) {
 		struct rp_msg raw = { 0 };
@@ -328,7 +326,7 @@ static void conn_process(struct rd_conn *conn)
 	}
 	if (!conn->closed)
 		conn_update_events(conn);
-	depth--;
+	conn->processing = false;
 	conn_unref(conn);
 }
 
@@ -343,8 +341,12 @@ static void on_poll(uv_poll_t *handle, int status, int events)
 		return;
 	}
 	conn->refs++;
-	if (events & UV_WRITABLE)
+	if (events & UV_WRITABLE) {
 		conn_flush_calls(conn);
+		/* Replies drained below the high-water mark: messages already
+		 * buffered may go on without waiting for more bytes to arrive. */
+		conn_process(conn);
+	}
 	if (!conn->closed && (events & UV_READABLE)) {
 		for (int i = 0; i < READS_PER_WAKEUP && !conn->closed; i++) {
 			ssize_t n = rp_rx_read(&conn->rx, conn->fd);

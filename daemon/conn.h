@@ -50,6 +50,7 @@ struct rd_conn {
 	bool admin;
 	bool closed;
 	bool reading, writing;
+	bool processing;            /* inside conn_process: no re-entry */
 	unsigned refs;
 	unsigned in_flight;         /* calls received and not finished */
 	unsigned max_in_flight;     /* more calls than this in flight: io.regen.LimitExceeded */
