@@ -59,7 +59,6 @@ bool cuda_error_is_sticky(cudaError_t e)
 	case cudaErrorECCUncorrectable:
 	case cudaErrorNvlinkUncorrectable:
 	case cudaErrorContextIsDestroyed:
-	case cudaErrorDevicesUnavailable:
 	case cudaErrorExternalDevice:
 	case cudaErrorTensorMemoryLeak:
 		return true;
@@ -265,8 +264,14 @@ static int fault_init(struct rd_resource *res)
 	e_ = cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("cudaStreamCreateWithFlags");
+	e_ = cudaStreamCreateWithFlags(&f->lost_stream, cudaStreamNonBlocking);
+	if (e_ != cudaSuccess) {
+		cudaStreamDestroy(f->stream);
+		return STATUS_CUDA("cudaStreamCreateWithFlags");
+	}
 	e_ = cudaEventCreateWithFlags(&f->event, cudaEventDisableTiming);
 	if (e_ != cudaSuccess) {
+		cudaStreamDestroy(f->lost_stream);
 		cudaStreamDestroy(f->stream);
 		return STATUS_CUDA("cudaEventCreateWithFlags");
 	}
@@ -279,6 +284,7 @@ static int fault_init(struct rd_resource *res)
 	}
 	if (e_ != cudaSuccess) {
 		cudaEventDestroy(f->event);
+		cudaStreamDestroy(f->lost_stream);
 		cudaStreamDestroy(f->stream);
 		return STATUS_CUDA("cudaHostAlloc(fault flag)");
 	}
@@ -292,7 +298,9 @@ static void fault_release(struct rd_resource *res)
 	/* End a "hang" before waiting for the stream. */
 	*(volatile int *)f->flag_host = 1;
 	cudaStreamSynchronize(f->stream);
+	cudaStreamSynchronize(f->lost_stream);
 	cudaEventDestroy(f->event);
+	cudaStreamDestroy(f->lost_stream);
 	cudaStreamDestroy(f->stream);
 	cudaFreeHost(f->flag_host);
 	f->flag_host = f->flag_dev = NULL;
@@ -306,7 +314,7 @@ static void fault_invalidate(struct rd_resource *res)
 	if (f->flag_host)
 		*(volatile int *)f->flag_host = 1;
 	f->flag_host = f->flag_dev = NULL;
-	f->stream = NULL;
+	f->stream = f->lost_stream = NULL;
 	f->event = NULL;
 }
 
@@ -729,15 +737,33 @@ static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 	atomic_fetch_add(&cd->resets, 1);
 	/* The registry was invalidated: nothing of ours holds a handle into the
 	 * old context. A spinning "hang" kernel was told to stop then. */
+	uint64_t t0 = now_ns();
 	cudaSetDevice(dev->index);
-	cudaDeviceSynchronize();           /* error expected when lost; ends a hang otherwise */
-	cudaError_t e = cudaDeviceReset();
-	if (e == cudaSuccess)
+	cudaError_t sync = cudaDeviceSynchronize();   /* the sticky error when lost; ends a hang otherwise */
+	cudaError_t rst = cudaDeviceReset();
+	cudaError_t e = cudaSuccess;
+	int attempts;
+	/* The first call on the new primary context can find the device busy
+	 * while the old one is torn down: retry for up to a second. */
+	for (attempts = 1; attempts <= 40; attempts++) {
 		e = cudaSetDevice(dev->index);
-	if (e == cudaSuccess)
-		e = cudaFree(NULL);
+		if (e == cudaSuccess)
+			e = cudaFree(NULL);
+		if (e == cudaSuccess)
+			break;
+		cudaGetLastError();
+		struct timespec ts = { 0, 25 * 1000 * 1000 };
+		nanosleep(&ts, NULL);
+		if (attempts % 10 == 0)
+			rst = cudaDeviceReset();
+	}
+	double ms = (double)(now_ns() - t0) / 1e6;
 	if (e != cudaSuccess)
-		return rp_error_set(err, cuda_error_name(e), "resetting device %d: %s", dev->index, cudaGetErrorString(e));
+		return rp_error_set(err, RP_ERR_DEVICE_LOST,
+				    "resetting device %d: synchronize gave %s, cudaDeviceReset %s, then the new context: %s "
+				    "(%s) after %d attempts in %.0f ms",
+				    dev->index, cudaGetErrorName(sync), cudaGetErrorName(rst), cudaGetErrorString(e),
+				    cudaGetErrorName(e), attempts - 1, ms);
 	cudaGetLastError();
 #if REGEN_HAVE_KERNELS
 	cudaStream_t s;
@@ -752,6 +778,9 @@ static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 	if (e != cudaSuccess)
 		return rp_error_set(err, RP_ERR_DEVICE_LOST, "canary after reset of device %d: %s", dev->index,
 				    e == cudaErrorUnknown ? "wrong result" : cudaGetErrorString(e));
+	if (attempts > 1)
+		fprintf(stderr, "regend: cuda: device %d: new context after %d attempts (%.0f ms)\n", dev->index, attempts,
+			ms);
 	pthread_mutex_lock(&cd->fault_lock);
 	cd->fault_seq = 0;
 	pthread_mutex_unlock(&cd->fault_lock);
@@ -778,18 +807,22 @@ static int cuda_inject_fault(struct rd_device *dev, const char *kind, struct rp_
 	if (rd_resource_ensure_valid(&cd->fault.res))
 		return cuda_status_to_error(err, "fault injection state");
 	cudaError_t e;
+	cudaStream_t s = cd->fault.stream;
 	if (lost) {
-		e = rk_illegal_address(cd->fault.stream);
+		/* Its own stream: not queued behind a "hang", so a call blocked
+		 * by one is in flight when the context faults. */
+		s = cd->fault.lost_stream;
+		e = rk_illegal_address(s);
 	} else {
-		const char *s = getenv("REGEN_HANG_SECONDS");
-		double seconds = s ? strtod(s, NULL) : 600.0;
+		const char *env = getenv("REGEN_HANG_SECONDS");
+		double seconds = env ? strtod(env, NULL) : 600.0;
 		if (!(seconds > 0))
 			seconds = 600.0;
 		*(volatile int *)cd->fault.flag_host = 0;
 		e = rk_spin(cd->fault.flag_dev, (uint64_t)(seconds * 1e9), cd->fault.stream);
 	}
 	if (e == cudaSuccess)
-		e = cudaEventRecord(cd->fault.event, cd->fault.stream);
+		e = cudaEventRecord(cd->fault.event, s);
 	if (e != cudaSuccess)
 		return rp_error_set(err, cuda_error_name(e), "injecting %s: %s", kind, cudaGetErrorString(e));
 	/* Every lane's next op waits for the fault kernel, so its

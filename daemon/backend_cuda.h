@@ -89,7 +89,8 @@ struct cuda_shared_ws {
 struct cuda_fault {
 	struct rd_resource res;
 	struct cuda_dev *cd;
-	cudaStream_t stream;
+	cudaStream_t stream;        /* hang */
+	cudaStream_t lost_stream;   /* device_lost */
 	cudaEvent_t event;
 	int *flag_host;
 	int *flag_dev;
