@@ -173,29 +173,14 @@ void it_status(regen_client *c, struct regen_status *st)
 	CHECK_OK(c, regen_status(c, st));
 }
 
-void it_daemon_start(struct it_daemon *d, const struct it_daemon_opts *opts, unsigned limit_s)
+/* Starts regend on d's paths and waits until every device is ready. */
+static void spawn(struct it_daemon *d, const struct it_daemon_opts *opts, int trunc)
 {
-	char root[400];
 	const char *argv[16];
 	struct regen_status *st;
 	regen_client *c = NULL;
 	double deadline;
 	int argc = 0, fd, i, ready;
-
-	memset(d, 0, sizeof(*d));
-	build_root(root, sizeof(root));
-	snprintf(d->regend, sizeof(d->regend), "%s/daemon/regend", root);
-	snprintf(d->regenctl, sizeof(d->regenctl), "%s/client/regenctl", root);
-	if (access(d->regend, X_OK) != 0) {
-		it_log("SKIP: %s has not been built", d->regend);
-		exit(77);
-	}
-	snprintf(d->dir, sizeof(d->dir), "/tmp/regen-it-XXXXXX");
-	CHECK(mkdtemp(d->dir) != NULL, "mkdtemp: %s", strerror(errno));
-	/* Lets a test that drops to `nobody` reach the socket. */
-	chmod(d->dir, 0755);
-	snprintf(d->sock, sizeof(d->sock), "%s/regend.sock", d->dir);
-	snprintf(d->log, sizeof(d->log), "%s/regend.log", d->dir);
 
 	argv[argc++] = d->regend;
 	argv[argc++] = "--socket";
@@ -213,18 +198,12 @@ void it_daemon_start(struct it_daemon *d, const struct it_daemon_opts *opts, uns
 	}
 	argv[argc] = NULL;
 
-	g_owner = getpid();
-	g_daemon = d;
-	signal(SIGALRM, on_alarm);
-	signal(SIGPIPE, SIG_IGN);
-	alarm(limit_s);
-	atexit(at_exit_stop);
 
 	d->pid = fork();
 	CHECK(d->pid >= 0, "fork: %s", strerror(errno));
 	if (d->pid == 0) {
 		setpgid(0, 0);
-		fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		fd = open(d->log, O_WRONLY | O_CREAT | O_CLOEXEC | trunc, 0644);
 		if (fd >= 0) {
 			dup2(fd, 1);
 			dup2(fd, 2);
@@ -273,6 +252,49 @@ void it_daemon_start(struct it_daemon *d, const struct it_daemon_opts *opts, uns
 	it_log("regend ready: %d devices, epoch %llu", st->ndevices, (unsigned long long)st->epoch);
 	regen_client_destroy(c);
 	free(st);
+}
+
+void it_daemon_start(struct it_daemon *d, const struct it_daemon_opts *opts, unsigned limit_s)
+{
+	char root[400];
+
+	memset(d, 0, sizeof(*d));
+	build_root(root, sizeof(root));
+	snprintf(d->regend, sizeof(d->regend), "%s/daemon/regend", root);
+	snprintf(d->regenctl, sizeof(d->regenctl), "%s/client/regenctl", root);
+	if (access(d->regend, X_OK) != 0) {
+		it_log("SKIP: %s has not been built", d->regend);
+		exit(77);
+	}
+	snprintf(d->dir, sizeof(d->dir), "/tmp/regen-it-XXXXXX");
+	CHECK(mkdtemp(d->dir) != NULL, "mkdtemp: %s", strerror(errno));
+	/* Lets a test that drops to `nobody` reach the socket. */
+	chmod(d->dir, 0755);
+	snprintf(d->sock, sizeof(d->sock), "%s/regend.sock", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/regend.log", d->dir);
+
+	g_owner = getpid();
+	g_daemon = d;
+	signal(SIGALRM, on_alarm);
+	signal(SIGPIPE, SIG_IGN);
+	alarm(limit_s);
+	atexit(at_exit_stop);
+	spawn(d, opts, O_TRUNC);
+}
+
+void it_daemon_restart(struct it_daemon *d, const struct it_daemon_opts *opts)
+{
+	double deadline = it_now() + 10;
+	int status;
+
+	kill(d->pid, SIGTERM);
+	while (waitpid(d->pid, &status, WNOHANG) == 0) {
+		CHECK(it_now() < deadline, "regend did not stop on SIGTERM within 10 s");
+		usleep(10000);
+	}
+	kill(-d->pid, SIGKILL);
+	it_log("regend stopped; starting it again on %s", d->sock);
+	spawn(d, opts, O_APPEND);
 }
 
 void it_daemon_stop(struct it_daemon *d)

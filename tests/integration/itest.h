@@ -53,6 +53,9 @@ struct it_daemon_opts {
  * overall alarm of `limit_s`). */
 void it_daemon_start(struct it_daemon *d, const struct it_daemon_opts *opts, unsigned limit_s);
 void it_daemon_stop(struct it_daemon *d);
+/* Stops regend (SIGTERM; fails after 10 s) and starts it again on the same
+ * socket, waiting until it is ready. */
+void it_daemon_restart(struct it_daemon *d, const struct it_daemon_opts *opts);
 /* True while the daemon process is alive. */
 bool it_daemon_alive(struct it_daemon *d);
 void it_daemon_dump_log(const struct it_daemon *d);
