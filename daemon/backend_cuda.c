@@ -744,8 +744,14 @@ static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 	cudaError_t e = cudaSuccess;
 	int attempts;
 	/* The first call on the new primary context can find the device busy
-	 * while the old one is torn down: retry for up to a second. */
-	for (attempts = 1; attempts <= 40; attempts++) {
+	 * while the old one is torn down: retry a little (REGEN_RESET_RETRY_MS,
+	 * default 250 ms). On driver 580 after an illegal address it stays
+	 * busy for this process: then only a new worker process helps. */
+	const char *env = getenv("REGEN_RESET_RETRY_MS");
+	int max_attempts = (env ? atoi(env) : 250) / 25;
+	if (max_attempts < 1)
+		max_attempts = 1;
+	for (attempts = 1; attempts <= max_attempts; attempts++) {
 		e = cudaSetDevice(dev->index);
 		if (e == cudaSuccess)
 			e = cudaFree(NULL);

@@ -16,6 +16,8 @@
 
 #include <math.h>
 #include <string.h>
+#include <execinfo.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "proto/errors.h"
@@ -224,6 +226,17 @@ static void diagnose_fresh_context(void)
 	}
 }
 
+static void *fresh_thread(void *arg)
+{
+	(void)arg;
+	cudaError_t e = cudaSetDevice(0);
+	if (e == cudaSuccess)
+		e = cudaFree(NULL);
+	printf("  diagnostic: a thread that never used the old context: cudaSetDevice + cudaFree(0): %s\n",
+	       cudaGetErrorString(e));
+	return NULL;
+}
+
 static int scenario_lost_next(void)
 {
 	struct env v;
@@ -256,6 +269,18 @@ static int scenario_lost_next(void)
 		CHECK(v.t.faults == 1, "no further on_fault (%u)", v.t.faults);
 		env_close(&v);
 	} else {
+		/* Is it the lane threads (which had the old context current)? */
+		v.t.dev.backend->lane_destroy(v.l0);
+		v.t.dev.backend->lane_destroy(v.l1);
+		struct rp_error e2 = { 0 };
+		rd_registry_invalidate(&v.t.dev.registry);
+		r = v.t.dev.backend->reset(&v.t.dev, &e2);
+		printf("  diagnostic: reset again with every lane thread gone: %s%s%s\n", r ? "UNHEALTHY" : "healthy",
+		       r ? ": " : "", r ? gt_err_message(&e2) : "");
+		rp_error_clear(&e2);
+		pthread_t th;
+		pthread_create(&th, NULL, fresh_thread, NULL);
+		pthread_join(th, NULL);
 		diagnose_fresh_context();
 	}
 	return failures ? 1 : 0;
@@ -336,6 +361,15 @@ static int scenario_hang(void)
 	return failures ? 1 : 0;
 }
 
+static void on_crash(int sig)
+{
+	void *frames[64];
+	int n = backtrace(frames, 64);
+	dprintf(1, "  CRASH: signal %d\n", sig);
+	backtrace_symbols_fd(frames, n, 1);
+	_exit(128 + sig);
+}
+
 int main(void)
 {
 	static const struct {
@@ -354,6 +388,10 @@ int main(void)
 		fflush(stdout);
 		pid_t pid = fork();
 		if (pid == 0) {
+			setvbuf(stdout, NULL, _IOLBF, 0);
+			signal(SIGSEGV, on_crash);
+			signal(SIGABRT, on_crash);
+			signal(SIGBUS, on_crash);
 			if (gt_have_gpu())
 				_exit(GT_SKIP);
 			int r = scenarios[i].fn();
@@ -363,7 +401,8 @@ int main(void)
 		int st = 0;
 		waitpid(pid, &st, 0);
 		int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		printf("scenario %s: %s\n", scenarios[i].name, code == 0 ? "PASS" : code == GT_SKIP ? "SKIP" : "FAIL");
+		printf("scenario %s: %s (exit %d)\n", scenarios[i].name, code == 0 ? "PASS" : code == GT_SKIP ? "SKIP" : "FAIL",
+		       code);
 		if (code == GT_SKIP)
 			skipped++;
 		else if (code)
