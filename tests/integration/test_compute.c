@@ -42,7 +42,7 @@ static int client_main(void *arg)
 	char desc[256], why[512];
 	int r;
 
-	it_mem_create(c, device, 1 << 20, &m);
+	it_mem_create(c, device, 1 << 21, &m);
 	/* Every dtype with every transpose combination, with and without C. */
 	for (t = 0; t < 3; t++) {
 		for (i = 0; i < 8; i++) {
@@ -89,6 +89,20 @@ static int client_main(void *arg)
 		gc.k = it_rand_int(2, 24);
 		gc.alpha = 1;
 		gc.epilogue = (enum regen_epilogue)t;
+		failures += run_gemm(c, &m, &gc);
+	}
+	/* Larger ones, so the clients' calls overlap in the workers. */
+	for (i = 0; i < 3; i++) {
+		memset(&gc, 0, sizeof(gc));
+		gc.in = gc.out = dts[(i + idx) % 3];
+		gc.m = it_rand_int(64, 160);
+		gc.n = it_rand_int(64, 160);
+		gc.k = it_rand_int(64, 200);
+		gc.trans_a = (i + idx) & 1;
+		gc.trans_b = ((i + idx) >> 1) & 1;
+		gc.with_c = true;
+		gc.alpha = it_rand_uniform(-2, 2);
+		gc.beta = it_rand_uniform(-1.5, 1.5);
 		failures += run_gemm(c, &m, &gc);
 	}
 	/* Random cases. */
