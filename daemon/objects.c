@@ -1,14 +1,23 @@
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
 #include <string.h>
 #include "objects.h"
 #include "proto/errors.h"
 
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev)
 {
+	uint64_t base = 0;
+
 	memset(t, 0, sizeof(*t));
 	t->device = dev;
-	t->next_serial = 1;
+	/* Generations start again at 1 when regend itself restarts: serials
+	 * start at a random point so that an id a client kept from an earlier
+	 * regend does not name a new buffer by accident. */
+	if (getrandom(&base, sizeof(base), 0) != sizeof(base))
+		base = (uint64_t)time(NULL) << 20;
+	t->next_serial = 1 + (base & ((UINT64_C(1) << 40) - 1));
 }
 
 struct rd_client *rd_objects_client_get(struct rd_objects *t, pid_t pid)

@@ -89,6 +89,7 @@ static struct {
 	struct sv_watcher *watchers;
 	char exe[PATH_MAX];
 	uv_signal_t sigterm, sigint, sighup;
+	uv_timer_t stop_timer;
 	bool stopping;
 	uv_timer_t watchdog;
 } sv;
@@ -906,6 +907,14 @@ static void on_accept(int fd, void *data)
 
 /* ---- Start and stop ---- */
 
+static void on_stop_deadline(uv_timer_t *t)
+{
+	for (int i = 0; i < sv.ndevices; i++)
+		if (sv.devices[i].proc_alive)
+			kill_worker(&sv.devices[i], "still running after the drain deadline at shutdown");
+	uv_close((uv_handle_t *)t, NULL);
+}
+
 static void on_stop_signal(uv_signal_t *sig, int signum)
 {
 	if (sv.stopping)
@@ -949,6 +958,11 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 	uv_close((uv_handle_t *)&sv.sigint, NULL);
 	uv_close((uv_handle_t *)&sv.sighup, NULL);
 	rd_notify_close();
+	/* A worker hung in a kernel never finishes its drain: it gets the
+	 * drain deadline and a grace period, then SIGKILL. */
+	uv_timer_init(sv.loop, &sv.stop_timer);
+	uv_timer_start(&sv.stop_timer, on_stop_deadline, (uint64_t)sv.opts->drain_deadline_ms + DRAIN_GRACE_MS, 0);
+	uv_unref((uv_handle_t *)&sv.stop_timer);
 }
 
 /* Applies what can change while serving; the rest waits for a restart. */

@@ -223,6 +223,15 @@ static void method_import_buffer(struct rd_call *call)
 		rp_error_invalid_parameter(&err, "size");
 		goto fail;
 	}
+	/* Each kind takes its own field; the other one is a mistake, not noise. */
+	if (kind == RD_BUFFER_CUDA_IPC && has_fd == 0) {
+		rp_error_invalid_parameter(&err, "fd");
+		goto fail;
+	}
+	if (kind != RD_BUFFER_CUDA_IPC && handle) {
+		rp_error_invalid_parameter(&err, "handle");
+		goto fail;
+	}
 	req.kind = (enum rd_buffer_kind)kind;
 	if (refuse_if_not_ready(&err) < 0)
 		goto fail;
@@ -563,6 +572,18 @@ static void method_generation(struct rd_call *call)
 	rd_call_reply(call, reply, false);
 }
 
+/* Lifecycle verbs belong on the main socket: say where. */
+static void method_main_endpoint(struct rd_call *call)
+{
+	struct rp_error err = { 0 };
+
+	rp_error_set(&err, RP_ERR_WRONG_ENDPOINT, "%s is served on regend's main socket %s, not on a worker socket",
+		     call->msg.method, wk.opts->socket_path);
+	rp_error_add_str(&err, "method", call->msg.method);
+	rp_error_add_str(&err, "socket", wk.opts->socket_path);
+	rd_call_fail(call, &err);
+}
+
 static const struct rd_method data_methods[] = {
 	{ "io.regen.Memory.ImportBuffer", method_import_buffer },
 	{ "io.regen.Memory.CloseBuffer", method_close_buffer },
@@ -572,6 +593,12 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Compute.Attention", method_attention },
 	{ "io.regen.Compute.AttentionBackward", method_attention_backward },
 	{ "io.regen.Device.Generation", method_generation },
+	{ "io.regen.Device.Status", method_main_endpoint },
+	{ "io.regen.Device.Watch", method_main_endpoint },
+	{ "io.regen.Device.Release", method_main_endpoint },
+	{ "io.regen.Device.Reset", method_main_endpoint },
+	{ "io.regen.Device.Restart", method_main_endpoint },
+	{ "io.regen.Device.InjectFault", method_main_endpoint },
 	{ NULL },
 };
 static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", "io.regen.Device", NULL };
