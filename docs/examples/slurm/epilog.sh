@@ -1,0 +1,42 @@
+#!/bin/sh
+# Slurm epilog: after a job, drain what its ranks left behind (killed ranks'
+# calls in flight, imported buffers), release every CUDA resource and return
+# the device memory, so the next job starts from a clean generation.
+# Install as /etc/slurm/epilog.d/50-regen.sh (root, 0755). A non-zero exit
+# drains the node.
+#
+# regenctl exit codes: 0 ok, 1 error, 2 usage, 3 timeout, 4 not permitted,
+# 5 regend unreachable.
+REGENCTL=${REGENCTL:-/usr/bin/regenctl}
+TIMEOUT=${REGEN_RESTART_TIMEOUT:-60}
+NODE=$(hostname -s)
+REASON="slurm epilog job ${SLURM_JOB_ID:-?}"
+
+log() { logger -t regen-epilog -- "$*"; echo "regen-epilog: $*" >&2; }
+
+drain() {
+	scontrol update nodename="$NODE" state=drain reason="regen: $1" 2>/dev/null || true
+	log "$1"
+	exit 1
+}
+
+"$REGENCTL" restart --all --reason "$REASON" --wait --timeout "$TIMEOUT"
+rc=$?
+case $rc in
+0)
+	exit 0 ;;
+5)
+	# regend is down: the next job's prolog starts it again (socket
+	# activation) or drains the node; nothing to release now.
+	log "regend unreachable after job ${SLURM_JOB_ID:-?}; leaving it to the next prolog"
+	exit 0 ;;
+3)
+	# A device that does not come back after its job is a node problem.
+	drain "devices not ready in a new generation within ${TIMEOUT}s after job ${SLURM_JOB_ID:-?}" ;;
+4)
+	drain "regenctl restart not permitted: the epilog must run as root or in admin_group" ;;
+2)
+	drain "epilog script bug: regenctl usage error" ;;
+*)
+	drain "regenctl restart failed (exit $rc) after job ${SLURM_JOB_ID:-?}; see journalctl -u regend" ;;
+esac

@@ -1,0 +1,52 @@
+#!/bin/sh
+# Slurm prolog: give the job a fresh generation of every GPU regend serves.
+# Install as /etc/slurm/prolog.d/50-regen.sh (root, 0755). Runs as root on
+# each node of the allocation before the job starts. A non-zero exit makes
+# Slurm drain the node and requeue the job, so fail only when this node
+# cannot serve a clean generation.
+#
+# regenctl exit codes: 0 ok, 1 error, 2 usage, 3 timeout, 4 not permitted,
+# 5 regend unreachable.
+REGENCTL=${REGENCTL:-/usr/bin/regenctl}
+TIMEOUT=${REGEN_RESTART_TIMEOUT:-60}
+NODE=$(hostname -s)
+REASON="slurm prolog job ${SLURM_JOB_ID:-?} user ${SLURM_JOB_USER:-?}"
+
+log() { logger -t regen-prolog -- "$*"; echo "regen-prolog: $*" >&2; }
+
+drain() {
+	# Slurm drains the node itself on a failed prolog; the reason says why.
+	scontrol update nodename="$NODE" state=drain reason="regen: $1" 2>/dev/null || true
+	log "$1"
+	exit 1
+}
+
+restart() {
+	"$REGENCTL" restart --all --reason "$REASON" --wait --timeout "$TIMEOUT"
+}
+
+restart
+rc=$?
+case $rc in
+0)
+	exit 0 ;;
+5)
+	# Nobody answers on the socket: restart the service, wait for it to be
+	# ready (Type=notify: systemctl returns when it is), try once more.
+	log "regend unreachable; restarting regend.service"
+	systemctl restart regend.service || drain "regend.service does not start"
+	restart
+	rc=$?
+	[ $rc -eq 0 ] && exit 0
+	drain "restart after a service restart failed (regenctl exit $rc)" ;;
+3)
+	drain "devices not ready in a new generation within ${TIMEOUT}s" ;;
+4)
+	# A configuration error, not the node's fault: fail loudly, but the
+	# node is drained all the same because the job cannot get clean GPUs.
+	drain "regenctl restart not permitted: the prolog must run as root or in admin_group" ;;
+2)
+	drain "prolog script bug: regenctl usage error" ;;
+*)
+	drain "regenctl restart failed (exit $rc); see journalctl -u regend" ;;
+esac

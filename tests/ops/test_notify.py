@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""regend's sd_notify protocol, as systemd's Type=notify service sees it.
+
+A datagram socket stands in for systemd's NOTIFY_SOCKET. regend must send
+READY=1 once every device is ready (so the main socket answers Status with
+every device ready by then), STATUS= lines, WATCHDOG=1 about every
+WATCHDOG_USEC/2 when WATCHDOG_PID is its own pid, and STOPPING=1 on SIGTERM,
+then exit 0. Every notification must come from the supervisor itself: with
+NotifyAccess=main systemd ignores the workers, so they must not rely on it.
+
+Usage: test_notify.py REGEND [--no-systemd]
+
+WATCHDOG_PID must be regend's pid, known only after the fork: a shell sets
+it to its own pid ($$) and execs regend, which keeps that pid.
+"""
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from regen_ops import (Regend, TempDir, all_ready, check, fail, log, regend_path, skip, try_status,
+                       write_config, TIME_SCALE)
+
+WATCHDOG_USEC = 400000      # regend should ping every 200 ms
+DEVICES = 2
+
+
+class Listener:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        # Ask the kernel for the sender's credentials with each datagram.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.messages = []     # (time, pid, {key: value})
+
+    def poll(self, timeout):
+        """Receives everything that arrives within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        got = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return got
+            self.sock.settimeout(left)
+            try:
+                data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
+            except (socket.timeout, BlockingIOError):
+                return got
+            pid = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid = struct.unpack("iII", payload[:12])[0]
+            fields = {}
+            for line in data.decode(errors="replace").split("\n"):
+                if "=" in line:
+                    k, v = line.split("=", 1)
+                    fields[k] = v
+            entry = (time.monotonic(), pid, fields)
+            self.messages.append(entry)
+            got.append(entry)
+
+    def wait_key(self, key, value, timeout, since=0.0):
+        deadline = time.monotonic() + timeout * TIME_SCALE
+        while True:
+            for t, pid, f in self.messages:
+                if t >= since and f.get(key) == value:
+                    return t, pid, f
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.poll(min(left, 0.05))
+
+
+def main():
+    regend = regend_path()
+    if "--no-systemd" in sys.argv[2:]:
+        skip("regend was built without libsystemd: no sd_notify")
+    ok = False
+    with TempDir("rg-ntf-") as d:
+        notify_path = os.path.join(d, "notify")
+        listener = Listener(notify_path)
+        cfg = write_config(d)
+        sock = os.path.join(d, "regend.sock")
+        argv = ["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$0" "$@"',
+                regend, "--backend", "host", "--devices", str(DEVICES), "--socket", sock, "--config", cfg]
+        daemon = Regend(argv, env={"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": str(WATCHDOG_USEC)})
+        try:
+            ready = listener.wait_key("READY", "1", 20)
+            check(ready is not None, "no READY=1 within 20 s")
+            t_ready, pid, _ = ready
+            check(pid == daemon.pid, "READY=1 came from pid %s, not regend %d" % (pid, daemon.pid))
+            # READY=1 promises the socket answers with every device ready.
+            status = try_status(sock)
+            check(all_ready(status, DEVICES), "after READY=1, Status is %r" % status)
+            log("READY=1 from %d; Status: every device ready" % pid)
+
+            status_lines = [f["STATUS"] for _, _, f in listener.messages if "STATUS" in f]
+            check(status_lines, "no STATUS= before or with READY=1")
+            log("STATUS lines: %r" % status_lines)
+
+            # Watchdog: several pings in 1.5 s at WATCHDOG_USEC/2 = 200 ms.
+            start = time.monotonic()
+            listener.poll(1.5 * TIME_SCALE)
+            pings = [t for t, p, f in listener.messages if f.get("WATCHDOG") == "1" and t >= start]
+            log("%d WATCHDOG=1 in %.1f s" % (len(pings), time.monotonic() - start))
+            check(len(pings) >= 3, "only %d WATCHDOG=1 in 1.5 s with WATCHDOG_USEC=%d" %
+                  (len(pings), WATCHDOG_USEC))
+            gaps = [b - a for a, b in zip(pings, pings[1:])]
+            check(max(gaps) < WATCHDOG_USEC / 1e6 * TIME_SCALE,
+                  "WATCHDOG=1 gaps %r: longer than WATCHDOG_USEC" % gaps)
+
+            before_term = time.monotonic()
+            daemon.signal(signal.SIGTERM)
+            stopping = listener.wait_key("STOPPING", "1", 10, since=before_term)
+            check(stopping is not None, "no STOPPING=1 after SIGTERM")
+            rc = daemon.wait(30)
+            check(rc == 0, "regend exit status %r after SIGTERM (want 0)" % rc)
+            listener.poll(0.05)
+
+            senders = {p for _, p, _ in listener.messages}
+            check(senders == {daemon.pid}, "notifications from %r; only regend (%d) may send them" %
+                  (senders, daemon.pid))
+            after_stop = [f for t, _, f in listener.messages if t > stopping[0] and f.get("READY") == "1"]
+            check(not after_stop, "READY=1 after STOPPING=1")
+            ok = True
+        finally:
+            daemon.finish(dump=not ok)
+    log("ok")
+
+
+if __name__ == "__main__":
+    main()
