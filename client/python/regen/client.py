@@ -1,0 +1,526 @@
+"""The regend client: lifecycle calls on the main socket, imports and compute
+on each device's worker socket.
+
+A Client holds one connection to the main socket and one per device worker,
+opened on first use.  When a connection breaks, the call in flight raises
+:class:`regen.ConnectionReset` (it may or may not have run) and the next call
+connects again, reading Status afresh for the worker's socket.  A connection
+found closed by the peer while idle (a worker that was respawned between two
+calls) is replaced before the next call is sent, so that call runs normally.  A Client is
+for one thread: give each thread its own.
+"""
+
+import os
+import time
+
+from . import errors
+from .varlink import Connection
+
+__all__ = ["Client", "Operand", "Buffer", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
+
+DEFAULT_SOCKET = "/run/regen/regend.sock"
+DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
+_EPILOGUES = ("none", "bias", "gelu", "gelu_bias")
+# Worker states in which its socket may be gone for a moment.
+_TRANSIENT = ("faulted", "resetting", "respawning")
+
+
+class Buffer:
+    """An imported buffer.  ``str(buf)`` is its wire id (``b<dev>.<gen>.<n>``).
+    ``keepalive`` is what must stay alive while regend maps the memory (the
+    torch tensor of import_tensor); closing the buffer drops it."""
+
+    __slots__ = ("id", "device", "generation", "size", "kind", "keepalive", "closed")
+
+    def __init__(self, id, device, generation, size, kind, keepalive=None):
+        self.id = id
+        self.device = device
+        self.generation = generation
+        self.size = size
+        self.kind = kind
+        self.keepalive = keepalive
+        self.closed = False
+
+    def __str__(self):
+        return self.id
+
+    def __repr__(self):
+        state = " closed" if self.closed else ""
+        return f"<regen.Buffer {self.id} {self.kind} {self.size} bytes dev={self.device} gen={self.generation}{state}>"
+
+
+def _buffer_id(buf):
+    return buf.id if isinstance(buf, Buffer) else str(buf)
+
+
+def _id_device(ident):
+    """The device an id names: "b0.3.17" -> 0.  None if it is not an id."""
+    try:
+        return int(ident[1:ident.index(".")])
+    except (ValueError, IndexError):
+        return None
+
+
+class Operand:
+    """A tensor inside an imported buffer: ``buffer`` (a Buffer or an id),
+    ``offset`` in bytes, ``dtype`` ("f32", "f16", "bf16"), ``shape`` and
+    ``strides`` in elements (None = row-major contiguous)."""
+
+    __slots__ = ("buffer", "offset", "dtype", "shape", "strides")
+
+    def __init__(self, buffer, offset=0, dtype="f32", shape=(), strides=None):
+        if dtype not in DTYPE_SIZE:
+            raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_SIZE)}")
+        self.buffer = buffer
+        self.offset = int(offset)
+        self.dtype = dtype
+        self.shape = [int(x) for x in shape]
+        self.strides = None if strides is None else [int(x) for x in strides]
+
+    @property
+    def device(self):
+        if isinstance(self.buffer, Buffer):
+            return self.buffer.device
+        return _id_device(str(self.buffer))
+
+    def to_wire(self):
+        w = {"buffer": _buffer_id(self.buffer), "dtype": self.dtype, "shape": self.shape}
+        if self.offset:
+            w["offset"] = self.offset
+        if self.strides is not None:
+            w["strides"] = self.strides
+        return w
+
+    def transposed(self):
+        """The same memory seen as its transpose (2-D only); strides swap."""
+        if len(self.shape) != 2:
+            raise ValueError("transposed() needs a 2-D operand")
+        st = self.strides or [self.shape[1], 1]
+        return Operand(self.buffer, self.offset, self.dtype, self.shape[::-1], st[::-1])
+
+    def __repr__(self):
+        return (f"Operand({_buffer_id(self.buffer)!r}, offset={self.offset}, dtype={self.dtype!r}, "
+                f"shape={self.shape}, strides={self.strides})")
+
+
+class Watch:
+    """Generation changes as they happen, on a connection of its own.  The
+    first event is the current state of each device (reason "subscribed");
+    iterate, or call ``next(timeout)``.  Close it (or use ``with``) when done."""
+
+    def __init__(self, socket_path, timeout=None):
+        self._conn = Connection(socket_path, timeout=timeout)
+        self._conn.send("io.regen.Device.Watch", more=True)
+        self._done = False
+
+    def next(self, timeout=None):
+        """The next event (a dict: epoch, device, generation, state, reason).
+        Raises TimeoutError after ``timeout`` seconds (the watch stays open),
+        StopIteration when regend ends the stream, ConnectionReset if it broke."""
+        if self._done:
+            raise StopIteration
+        self._conn.settimeout(timeout)
+        params, continues = self._conn.receive()
+        if not continues:
+            self._done = True
+        return params
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        return self.next()
+
+    def close(self):
+        self._done = True
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Client:
+    """Talks to one regend.  ``socket_path`` defaults to $REGEN_SOCKET, then
+    /run/regen/regend.sock.  ``timeout`` (seconds, None = wait forever)
+    bounds each call; a call that times out closes its connection.
+
+    ``auto_reimport``: when a call that names torch tensors fails with
+    StaleGeneration, import those tensors again and retry once (off by
+    default: a rank usually wants to know its ids went stale)."""
+
+    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0):
+        self.socket_path = socket_path or os.environ.get("REGEN_SOCKET") or DEFAULT_SOCKET
+        self.timeout = timeout
+        self.auto_reimport = auto_reimport
+        self.reconnect_wait = reconnect_wait
+        self._main = None
+        self._workers = {}        # device -> Connection
+        self._worker_paths = {}   # device -> worker socket path
+        self._generations = {}    # device -> last generation seen
+        self._buffers = {}        # id -> Buffer
+        self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
+        self._events = {}         # id -> (device, generation)
+
+    # -- connections -------------------------------------------------------
+
+    def close(self):
+        """Close every connection.  Imported buffers stay valid in regend
+        until this process exits, closes them or their generation ends."""
+        if self._main is not None:
+            self._main.close()
+            self._main = None
+        for conn in self._workers.values():
+            conn.close()
+        self._workers.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _main_call(self, method, params=None):
+        if self._main is None or not self._main.alive():
+            if self._main is not None:
+                self._main.close()
+            self._main = Connection(self.socket_path, timeout=self.timeout)
+        try:
+            reply = self._main.call(method, params)
+        except errors.ConnectionReset:
+            self._main = None
+            raise
+        self._note_devices(reply)
+        return reply
+
+    def _note_devices(self, reply):
+        for d in reply.get("devices", ()) or ():
+            idx = d.get("index")
+            if idx is None:
+                continue
+            if d.get("worker_socket"):
+                self._worker_paths[idx] = d["worker_socket"]
+            if "generation" in d:
+                self._note_generation(idx, d["generation"])
+
+    def _note_generation(self, device, generation):
+        """Forget cached imports of ``device`` made before ``generation``:
+        regend no longer knows them."""
+        old = self._generations.get(device)
+        self._generations[device] = generation
+        if old is not None and generation <= old:
+            return
+        for key, buf in list(self._tensor_buffers.items()):
+            if buf.device == device and buf.generation < generation:
+                del self._tensor_buffers[key]
+
+    def _worker(self, device):
+        conn = self._workers.get(device)
+        if conn is not None and conn.alive():
+            return conn
+        if conn is not None:
+            conn.close()
+        self._workers.pop(device, None)
+        # (Re)connecting: read the worker's socket afresh, and wait out a
+        # respawn in progress rather than fail the call on a missing socket.
+        deadline = time.monotonic() + self.reconnect_wait
+        while True:
+            status = self._main_call("io.regen.Device.Status")
+            info = next((d for d in status.get("devices", ()) if d.get("index") == device), None)
+            if info is None:
+                raise errors.NoSuchDevice(parameters={
+                    "device": device,
+                    "message": f"regend at {self.socket_path} serves no device {device} "
+                               f"(devices: {[d.get('index') for d in status.get('devices', ())]})"})
+            try:
+                conn = Connection(info["worker_socket"], timeout=self.timeout)
+                break
+            except errors.Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+        self._workers[device] = conn
+        return conn
+
+    def _worker_call(self, device, method, params, fds=()):
+        conn = self._worker(device)
+        try:
+            return conn.call(method, params, fds)
+        except errors.ConnectionReset:
+            self._workers.pop(device, None)
+            raise
+        except (errors.StaleGeneration, errors.DeviceLost, errors.Draining) as e:
+            gen = e.parameters.get("generation")
+            dev = e.parameters.get("device", device)
+            if isinstance(gen, int) and isinstance(dev, int):
+                self._note_generation(dev, gen)
+            raise
+
+    def call(self, method, parameters=None, device=None, fds=()):
+        """A raw Varlink call: on the main socket, or on ``device``'s worker
+        socket.  Returns the reply's parameters; errors raise as usual."""
+        if device is None:
+            if fds:
+                raise ValueError("the main socket takes no file descriptors")
+            return self._main_call(method, parameters)
+        return self._worker_call(device, method, parameters, fds)
+
+    # -- io.regen.Device (main socket) -------------------------------------
+
+    def status(self):
+        """{"epoch", "devices": [DeviceInfo...]} (see io.regen.Device)."""
+        return self._main_call("io.regen.Device.Status")
+
+    def generation(self):
+        """{"epoch", "devices"}: cheap enough to poll."""
+        return self._main_call("io.regen.Device.Generation")
+
+    def device_info(self, device):
+        for d in self.status()["devices"]:
+            if d["index"] == device:
+                return d
+        raise errors.NoSuchDevice(parameters={"device": device, "message": f"no device {device}"})
+
+    def info(self):
+        """org.varlink.service.GetInfo."""
+        return self._main_call("org.varlink.service.GetInfo")
+
+    def watch(self, timeout=None):
+        """A :class:`Watch` on its own connection, subscribed when this returns."""
+        return Watch(self.socket_path, timeout=timeout)
+
+    def _lifecycle(self, method, device, reason, extra=None):
+        params = {}
+        if device is not None:
+            params["device"] = int(device)
+        if reason is not None:
+            params["reason"] = str(reason)
+        if extra:
+            params.update(extra)
+        return self._main_call(method, params)
+
+    def release(self, device=None, reason=None, deadline_ms=None):
+        """Drain and release (CUDA usable).  Bumps the generation.  The
+        protocol has no deadline for Release: ``deadline_ms`` must be None."""
+        if deadline_ms is not None:
+            raise TypeError("io.regen.Device.Release takes no deadline; use restart(deadline_ms=...)")
+        return self._lifecycle("io.regen.Device.Release", device, reason)
+
+    def reset(self, device=None, reason=None, deadline_ms=None):
+        """Throw the context away and rebuild.  ``deadline_ms`` must be None."""
+        if deadline_ms is not None:
+            raise TypeError("io.regen.Device.Reset takes no deadline; use restart(deadline_ms=...)")
+        return self._lifecycle("io.regen.Device.Reset", device, reason)
+
+    def restart(self, device=None, reason=None, deadline_ms=None):
+        """Drain (up to ``deadline_ms``), release or reset, new generation.
+        Returns once the device serves again: {"epoch", "devices", "elapsed_us"}."""
+        extra = {"deadline_ms": int(deadline_ms)} if deadline_ms is not None else None
+        return self._lifecycle("io.regen.Device.Restart", device, reason, extra)
+
+    def inject_fault(self, device, kind):
+        """kind: "crash", "device_lost" or "hang" (regend --enable-fault-injection)."""
+        return self._main_call("io.regen.Device.InjectFault", {"device": int(device), "kind": kind})
+
+    # -- io.regen.Memory (worker socket) -----------------------------------
+
+    def _import(self, device, params, fds=(), keepalive=None):
+        reply = self._worker_call(device, "io.regen.Memory.ImportBuffer", params, fds)
+        buf = Buffer(reply["buffer"], device, reply["generation"], reply["size"], params["kind"], keepalive)
+        self._note_generation(device, buf.generation)
+        self._buffers[buf.id] = buf
+        return buf
+
+    def import_memfd(self, device, fd, size, offset=0):
+        """Map ``size`` bytes at ``offset`` of a memfd (any mappable fd) the
+        caller owns (host backend).  The fd is passed with SCM_RIGHTS; the
+        caller may close its copy afterwards."""
+        params = {"device": int(device), "kind": "host_fd", "size": int(size), "fd": 0}
+        if offset:
+            params["offset"] = int(offset)
+        return self._import(device, params, fds=[fd])
+
+    def import_cuda_ipc(self, device, handle_bytes, offset, size, keepalive=None):
+        """Map [offset, offset+size) of the allocation a cudaIpcMemHandle_t
+        names.  ``handle_bytes``: the 64-byte handle, torch's versioned
+        shareable handle (a version byte, b"c", then the 64 bytes), or 128
+        hex digits."""
+        handle = normalize_ipc_handle(handle_bytes)
+        params = {"device": int(device), "kind": "cuda_ipc", "size": int(size),
+                  "offset": int(offset), "handle": handle}
+        return self._import(device, params, keepalive=keepalive)
+
+    def import_tensor(self, tensor, device=None):
+        """Share a torch CUDA tensor's storage with regend by CUDA IPC.  The
+        Buffer covers the whole storage and keeps ``tensor`` alive until it
+        is closed.  A storage already imported in the current generation is
+        not imported twice.  ``device``: regend's index for the tensor's GPU
+        (default: the tensor's CUDA index; they differ only when
+        CUDA_VISIBLE_DEVICES differs between this process and regend)."""
+        if not getattr(tensor, "is_cuda", False):
+            raise TypeError("import_tensor needs a CUDA tensor; for host memory use import_memfd")
+        storage = tensor.untyped_storage()
+        dev = tensor.device.index if device is None else int(device)
+        key = (dev, storage.data_ptr())
+        buf = self._tensor_buffers.get(key)
+        if buf is not None and not buf.closed and buf.generation >= self._generations.get(dev, 0):
+            return buf
+        shared = storage._share_cuda_()
+        handle, size_bytes, offset_bytes = shared[1], shared[2], shared[3]
+        buf = self.import_cuda_ipc(dev, handle, offset_bytes, size_bytes, keepalive=tensor)
+        self._tensor_buffers[key] = buf
+        return buf
+
+    def close_buffer(self, buffer):
+        """Unmap a buffer in regend and drop what kept its memory alive."""
+        bid = _buffer_id(buffer)
+        buf = self._buffers.pop(bid, None)
+        device = buf.device if buf else _id_device(bid)
+        if buf is not None:
+            buf.closed = True
+            buf.keepalive = None
+            for key, b in list(self._tensor_buffers.items()):
+                if b is buf:
+                    del self._tensor_buffers[key]
+        return self._worker_call(device, "io.regen.Memory.CloseBuffer", {"buffer": bid})
+
+    def import_event(self, device, handle_bytes):
+        """Import a cudaIpcEventHandle_t (64 bytes or 128 hex digits); returns its id."""
+        handle = handle_bytes if isinstance(handle_bytes, str) else bytes(handle_bytes).hex()
+        reply = self._worker_call(device, "io.regen.Memory.ImportEvent", {"device": int(device), "handle": handle})
+        return reply["event"]
+
+    def close_event(self, event):
+        return self._worker_call(_id_device(event), "io.regen.Memory.CloseEvent", {"event": event})
+
+    # -- io.regen.Compute (worker socket) ----------------------------------
+
+    def _operand(self, x, name, tensors):
+        if x is None:
+            return None
+        if isinstance(x, Operand):
+            return x
+        if _is_torch_tensor(x):
+            tensors.append(x)
+            return _tensor_operand(self, x, name)
+        raise TypeError(f"operand {name} must be a regen.Operand or a torch tensor, not {type(x).__name__}")
+
+    def _compute(self, method, named, scalars, wait_event, signal_event, retry=True):
+        tensors = []
+        ops = {n: self._operand(x, n, tensors) for n, x in named.items()}
+        ops = {n: o for n, o in ops.items() if o is not None}
+        devices = {o.device for o in ops.values()} - {None}
+        if len(devices) != 1:
+            raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
+        device = devices.pop()
+        params = {n: o.to_wire() for n, o in ops.items()}
+        params.update(scalars)
+        if wait_event is not None:
+            params["wait_event"] = wait_event
+        if signal_event is not None:
+            params["signal_event"] = signal_event
+        if tensors:
+            _sync_torch(tensors)
+        try:
+            reply = self._worker_call(device, method, params)
+        except errors.StaleGeneration:
+            if not (self.auto_reimport and tensors and retry):
+                raise
+            return self._compute(method, named, scalars, wait_event, signal_event, retry=False)
+        return reply.get("elapsed_us")
+
+    def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
+             epilogue=None, tf32=False, wait_event=None, signal_event=None):
+        """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
+        "bias", "gelu", "gelu_bias").  Operands are Operands or torch tensors
+        (a tensor's buffer is imported on first use).  A transposed torch view
+        for ``a`` or ``b`` is passed as its row-major storage with the
+        transpose flag flipped.  Returns regend's elapsed_us; the reply means
+        D is written."""
+        trans = {"a": bool(trans_a), "b": bool(trans_b)}
+        named = {}
+        for n, x in (("a", a), ("b", b)):
+            if _is_torch_tensor(x) and x.dim() == 2 and x.stride(-1) != 1 and x.stride(-2) == 1:
+                x = x.t()
+                trans[n] = not trans[n]
+            named[n] = x
+        named.update({"c": c, "d": d, "bias": bias})
+        scalars = {"trans_a": trans["a"], "trans_b": trans["b"], "alpha": float(alpha), "beta": float(beta)}
+        if epilogue is not None:
+            if epilogue not in _EPILOGUES:
+                raise ValueError(f"epilogue {epilogue!r} is not one of {_EPILOGUES}")
+            scalars["epilogue"] = epilogue
+        if tf32:
+            scalars["compute"] = "tf32"
+        return self._compute("io.regen.Compute.Gemm", named, scalars, wait_event, signal_event)
+
+    def attention(self, q, k, v, o, stats=None, scale=None, causal=False, wait_event=None, signal_event=None):
+        """o = softmax(scale * q k^T [causal mask]) v; q, o [B, H, Sq, D],
+        k [B, H, Skv, D], v [B, H, Skv, Dv]; ``stats`` f32 [B, H, Sq] gets
+        each row's log-sum-exp for the backward pass."""
+        scalars = {"causal": bool(causal)}
+        if scale is not None:
+            scalars["scale"] = float(scale)
+        return self._compute("io.regen.Compute.Attention",
+                             {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event, signal_event)
+
+    def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
+                           wait_event=None, signal_event=None):
+        """Gradients of attention: writes d_q, d_k, d_v from the forward's
+        q, k, v, o, stats and the incoming d_o."""
+        scalars = {"causal": bool(causal)}
+        if scale is not None:
+            scalars["scale"] = float(scale)
+        named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
+        return self._compute("io.regen.Compute.AttentionBackward", named, scalars, wait_event, signal_event)
+
+
+def normalize_ipc_handle(handle):
+    """128 hex digits of a cudaIpcMemHandle_t from what torch or CUDA gives."""
+    if isinstance(handle, str):
+        h = handle.strip().lower()
+        if len(h) != 128:
+            raise ValueError(f"a cudaIpcMemHandle_t in hex has 128 digits, got {len(h)}")
+        bytes.fromhex(h)
+        return h
+    raw = bytes(handle)
+    if len(raw) == 64:
+        return raw.hex()
+    # torch >= 2.2: a version byte, b"c" (cudaMalloc block), then the handle.
+    if len(raw) == 66 and raw[1:2] == b"c":
+        return raw[2:].hex()
+    if len(raw) >= 2 and raw[1:2] == b"e":
+        raise ValueError("this tensor lives in an expandable segment (PYTORCH_CUDA_ALLOC_CONF="
+                         "expandable_segments:True), which CUDA IPC cannot share; allocate it "
+                         "with expandable_segments:False")
+    raise ValueError(f"unrecognised CUDA IPC handle of {len(raw)} bytes")
+
+
+# -- torch, imported lazily so the client needs only the stdlib ---------------
+
+def _is_torch_tensor(x):
+    mod = type(x).__module__
+    return mod.startswith("torch") and hasattr(x, "untyped_storage")
+
+
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+
+
+def _tensor_operand(client, t, name):
+    dtype = _TORCH_DTYPES.get(str(t.dtype))
+    if dtype is None:
+        raise TypeError(f"operand {name}: regend takes f32, f16 and bf16 tensors, not {t.dtype}")
+    buf = client.import_tensor(t)
+    return Operand(buf, t.storage_offset() * t.element_size(), dtype, list(t.shape), list(t.stride()))
+
+
+def _sync_torch(tensors):
+    """regend runs on its own streams in another process: the work this
+    process queued on its current streams must be done before it reads."""
+    import torch
+    for dev in {t.device for t in tensors}:
+        torch.cuda.current_stream(dev).synchronize()

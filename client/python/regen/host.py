@@ -1,0 +1,104 @@
+"""Host-backend tensors: a memfd holding one tensor, with its values
+readable and writable from Python (stdlib only), for tests, demos and
+benchmarks against ``regend --backend host``."""
+
+import array
+import os
+import random
+import struct
+
+from .client import DTYPE_SIZE, Operand
+
+__all__ = ["HostTensor", "pack", "unpack", "random_values"]
+
+
+def _bf16_bits(u32):
+    # Round to nearest even, as every bf16 converter does; NaN stays NaN.
+    if (u32 & 0x7F800000) == 0x7F800000 and (u32 & 0x007FFFFF):
+        return (u32 >> 16) | 0x40
+    return ((u32 + 0x7FFF + ((u32 >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def pack(dtype, values):
+    """Bytes of ``values`` (floats) as ``dtype`` ("f32", "f16", "bf16")."""
+    if dtype == "f32":
+        return array.array("f", values).tobytes()
+    if dtype == "f16":
+        return struct.pack(f"<{len(values)}e", *values)
+    if dtype == "bf16":
+        words = array.array("I", array.array("f", values).tobytes())
+        return array.array("H", [_bf16_bits(w) for w in words]).tobytes()
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def unpack(dtype, data):
+    """Floats from bytes of ``dtype``."""
+    if dtype == "f32":
+        return array.array("f", data).tolist()
+    if dtype == "f16":
+        return list(struct.unpack(f"<{len(data) // 2}e", data))
+    if dtype == "bf16":
+        halves = array.array("H", data)
+        return array.array("f", array.array("I", [h << 16 for h in halves]).tobytes()).tolist()
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def random_values(n, rng=None, lo=-1.0, hi=1.0):
+    rng = rng or random.Random()
+    return [rng.uniform(lo, hi) for _ in range(n)]
+
+
+class HostTensor:
+    """A contiguous row-major tensor in its own memfd.
+
+    ``t.write(values)`` / ``t.read()`` move flat lists of floats;
+    ``t.import_into(client, device)`` shares it with regend, after which
+    ``t.op`` is its Operand."""
+
+    def __init__(self, shape, dtype="f32", name="regen-tensor"):
+        if dtype not in DTYPE_SIZE:
+            raise ValueError(f"unknown dtype {dtype!r}")
+        self.shape = [int(s) for s in shape]
+        self.dtype = dtype
+        self.numel = 1
+        for s in self.shape:
+            self.numel *= s
+        self.nbytes = self.numel * DTYPE_SIZE[dtype]
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, max(self.nbytes, 1))
+        self.buffer = None
+
+    @classmethod
+    def random(cls, shape, dtype="f32", rng=None, name="regen-tensor"):
+        t = cls(shape, dtype, name)
+        t.write(random_values(t.numel, rng))
+        return t
+
+    def write(self, values):
+        if len(values) != self.numel:
+            raise ValueError(f"{len(values)} values for a tensor of {self.numel}")
+        os.pwrite(self.fd, pack(self.dtype, values), 0)
+
+    def read(self):
+        return unpack(self.dtype, os.pread(self.fd, self.nbytes, 0))
+
+    def import_into(self, client, device=0):
+        self.buffer = client.import_memfd(device, self.fd, self.nbytes)
+        return self.buffer
+
+    @property
+    def op(self):
+        if self.buffer is None:
+            raise RuntimeError("import the tensor first (import_into)")
+        return Operand(self.buffer, 0, self.dtype, self.shape)
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,99 @@
+"""Float64 references in pure Python (small shapes only) and error norms,
+for checking regend's results without numpy or torch."""
+
+import math
+
+__all__ = ["gemm", "attention", "attention_backward", "gelu_tanh", "rel_error", "max_error"]
+
+
+def gelu_tanh(x):
+    """The tanh approximation of GELU, as cuBLASLt's epilogue computes it."""
+    return 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def gemm(a, b, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, c=None, bias=None,
+         epilogue=None):
+    """D = alpha op(A) op(B) + beta C (+ bias, GELU), all flat row-major lists.
+    A is stored [m, k] ([k, m] when trans_a), B [k, n] ([n, k] when trans_b)."""
+    out = [0.0] * (m * n)
+    gelu = epilogue in ("gelu", "gelu_bias")
+    add_bias = bias is not None and epilogue in ("bias", "gelu_bias")
+    for i in range(m):
+        arow = [a[p * m + i] if trans_a else a[i * k + p] for p in range(k)]
+        for j in range(n):
+            if trans_b:
+                s = math.fsum(arow[p] * b[j * k + p] for p in range(k))
+            else:
+                s = math.fsum(arow[p] * b[p * n + j] for p in range(k))
+            v = alpha * s
+            if c is not None and beta != 0.0:
+                v += beta * c[i * n + j]
+            if add_bias:
+                v += bias[j]
+            out[i * n + j] = gelu_tanh(v) if gelu else v
+    return out
+
+
+def _rows(x, bh, s, d):
+    return [[x[(g * s + i) * d:(g * s + i + 1) * d] for i in range(s)] for g in range(bh)]
+
+
+def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False):
+    """(o, lse): o [b, h, sq, dv] flat, lse [b, h, sq] (natural log of the
+    sum of exp of the scaled scores)."""
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * h, skv, d), _rows(v, b * h, skv, dv)
+    o, lse = [], []
+    for g in range(b * h):
+        for i in range(sq):
+            last = min(i, skv - 1) if causal else skv - 1
+            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[g][j])) for j in range(last + 1)]
+            mx = max(scores)
+            e = [math.exp(s - mx) for s in scores]
+            z = math.fsum(e)
+            lse.append(mx + math.log(z))
+            for t in range(dv):
+                o.append(math.fsum(e[j] * V[g][j][t] for j in range(last + 1)) / z)
+    return o, lse
+
+
+def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=False):
+    """(d_q, d_k, d_v) of attention, flat, by the textbook formulas."""
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * h, skv, d), _rows(v, b * h, skv, dv)
+    dO = _rows(d_o, b * h, sq, dv)
+    dq = [0.0] * (b * h * sq * d)
+    dk = [0.0] * (b * h * skv * d)
+    dvv = [0.0] * (b * h * skv * dv)
+    for g in range(b * h):
+        for i in range(sq):
+            last = min(i, skv - 1) if causal else skv - 1
+            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[g][j])) for j in range(last + 1)]
+            mx = max(scores)
+            e = [math.exp(s - mx) for s in scores]
+            z = math.fsum(e)
+            p = [x / z for x in e]
+            dp = [math.fsum(dO[g][i][t] * V[g][j][t] for t in range(dv)) for j in range(last + 1)]
+            row = math.fsum(pj * dpj for pj, dpj in zip(p, dp))
+            ds = [pj * (dpj - row) for pj, dpj in zip(p, dp)]
+            for j in range(last + 1):
+                for t in range(dv):
+                    dvv[(g * skv + j) * dv + t] += p[j] * dO[g][i][t]
+                for t in range(d):
+                    dq[(g * sq + i) * d + t] += scale * ds[j] * K[g][j][t]
+                    dk[(g * skv + j) * d + t] += scale * ds[j] * Q[g][i][t]
+    return dq, dk, dvv
+
+
+def rel_error(out, ref):
+    """||out - ref||_2 / ||ref||_2."""
+    num = math.sqrt(math.fsum((float(x) - y) ** 2 for x, y in zip(out, ref)))
+    den = math.sqrt(math.fsum(y * y for y in ref))
+    return num / den if den else num
+
+
+def max_error(out, ref):
+    """max |out - ref| / max |ref|: the worst element against the scale of the result."""
+    worst = max((abs(float(x) - y) for x, y in zip(out, ref)), default=0.0)
+    scale = max((abs(y) for y in ref), default=0.0)
+    return worst / scale if scale else worst

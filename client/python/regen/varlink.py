@@ -1,0 +1,162 @@
+"""A blocking Varlink connection over a Unix socket, with fd passing.
+
+Each message is one JSON object followed by a NUL byte.  File descriptors
+ride as SCM_RIGHTS on the first byte of the message that names them, so a
+message with fds goes out with one sendmsg() for its head.
+"""
+
+import array
+import errno
+import json
+import select
+import socket
+
+from . import errors
+
+__all__ = ["Connection", "MAX_MESSAGE"]
+
+# regend refuses messages over 1 MiB; replies are far smaller.
+MAX_MESSAGE = 1 << 20
+_BROKEN = (errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED, errno.ENOTCONN, errno.EBADF)
+
+
+class Connection:
+    """One Varlink connection.  Not thread-safe; calls are answered in order."""
+
+    def __init__(self, path, timeout=None):
+        self.path = path
+        self._buf = bytearray()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.connect(path)
+        except OSError as e:
+            self._sock.close()
+            self._sock = None
+            raise errors.Unavailable(parameters={
+                "message": f"cannot connect to {path}: {e.strerror or e} "
+                           "(is regend running, and is this the right socket?)",
+                "socket": path}) from e
+
+    @property
+    def closed(self):
+        return self._sock is None
+
+    def fileno(self):
+        return self._sock.fileno() if self._sock else -1
+
+    def close(self):
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._buf.clear()
+
+    def alive(self):
+        """False if the peer has closed the connection (or it broke) while
+        no call was in flight: checked before reusing it, so a call is never
+        sent down a connection already known dead."""
+        if self._sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            if not readable:
+                return True
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def settimeout(self, timeout):
+        if self._sock is not None:
+            self._sock.settimeout(timeout)
+
+    def _broken(self, what, exc=None):
+        self.close()
+        detail = f": {exc.strerror or exc}" if isinstance(exc, OSError) else ""
+        return errors.ConnectionReset(parameters={
+            "message": f"connection to {self.path} broke while {what}{detail}; "
+                       "the call may or may not have run",
+            "socket": self.path})
+
+    def send(self, method, parameters=None, fds=(), more=False, oneway=False):
+        """Send one call without waiting for its reply."""
+        if self._sock is None:
+            raise self._broken("sending (already closed)")
+        msg = {"method": method}
+        if parameters:
+            msg["parameters"] = parameters
+        if more:
+            msg["more"] = True
+        if oneway:
+            msg["oneway"] = True
+        data = json.dumps(msg, separators=(",", ":"), allow_nan=False).encode() + b"\0"
+        try:
+            if fds:
+                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+                sent = self._sock.sendmsg([data], anc)
+                if sent < len(data):
+                    self._sock.sendall(data[sent:])
+            else:
+                self._sock.sendall(data)
+        except socket.timeout:
+            raise
+        except OSError as e:
+            raise self._broken(f"sending {method}", e) from e
+
+    def receive(self):
+        """The next reply: (parameters, continues).  Raises the mapped
+        error for an error reply, ConnectionReset on EOF or a broken socket,
+        TimeoutError if the socket's timeout passes (the connection stays
+        usable then)."""
+        while True:
+            end = self._buf.find(b"\0")
+            if end >= 0:
+                raw = bytes(self._buf[:end])
+                del self._buf[:end + 1]
+                return self._decode(raw)
+            if len(self._buf) > MAX_MESSAGE:
+                self.close()
+                raise errors.ProtocolError(parameters={
+                    "message": f"reply from {self.path} exceeds {MAX_MESSAGE} bytes"})
+            if self._sock is None:
+                raise self._broken("waiting for a reply (already closed)")
+            try:
+                chunk = self._sock.recv(65536)
+            except socket.timeout:
+                raise
+            except OSError as e:
+                raise self._broken("waiting for a reply", e) from e
+            if not chunk:
+                raise self._broken("waiting for a reply (the peer closed it)")
+            self._buf += chunk
+
+    def _decode(self, raw):
+        try:
+            reply = json.loads(raw)
+        except ValueError as e:
+            self.close()
+            raise errors.ProtocolError(parameters={
+                "message": f"reply from {self.path} is not JSON: {e}"}) from e
+        if not isinstance(reply, dict):
+            self.close()
+            raise errors.ProtocolError(parameters={"message": f"reply from {self.path} is not an object"})
+        if "error" in reply:
+            raise errors.error_from_reply(reply["error"], reply.get("parameters") or {})
+        return reply.get("parameters") or {}, bool(reply.get("continues"))
+
+    def call(self, method, parameters=None, fds=()):
+        """Send a call and return its reply's parameters.  A timeout closes
+        the connection: a late reply must not answer the next call."""
+        try:
+            self.send(method, parameters, fds)
+            params, _ = self.receive()
+        except socket.timeout as e:
+            self.close()
+            raise errors.ConnectionReset(parameters={
+                "message": f"no reply to {method} from {self.path} within the timeout; "
+                           "connection closed, the call may or may not have run",
+                "socket": self.path}) from e
+        return params

@@ -1,0 +1,482 @@
+"""The Python client against a real regend (host backend): numerics against
+float64, every error class a client meets, Watch, and reconnects after the
+worker dies."""
+
+import os
+import random
+import sys
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import regen  # noqa: E402
+from regen import reference  # noqa: E402
+from regen.host import HostTensor  # noqa: E402
+from regend_fixture import Regend, find_regend  # noqa: E402
+
+# Relative error ||out - ref|| / ||ref|| allowed for each output type, the
+# reference being float64 on the inputs as stored (already rounded).
+TOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
+
+daemon = None
+
+
+def setUpModule():
+    global daemon
+    if not find_regend():
+        raise unittest.SkipTest("no regend (pass --regend or set REGEN_BUILD_ROOT)")
+    daemon = Regend(devices=2)
+
+
+def tearDownModule():
+    if daemon is not None:
+        daemon.stop()
+
+
+class DaemonTest(unittest.TestCase):
+    device = 0
+
+    def setUp(self):
+        self.c = regen.Client(daemon.socket, timeout=60)
+        self.rng = random.Random(self.id())
+        self.tensors = []
+
+    def tearDown(self):
+        self.c.close()
+        for t in self.tensors:
+            t.close()
+
+    def tensor(self, shape, dtype="f32", fill=True, device=None):
+        t = HostTensor.random(shape, dtype, self.rng) if fill else HostTensor(shape, dtype)
+        t.import_into(self.c, self.device if device is None else device)
+        self.tensors.append(t)
+        return t
+
+    def assertClose(self, out, ref, dtype, what=""):
+        err = reference.rel_error(out, ref)
+        self.assertLessEqual(err, TOL[dtype], f"{what}: rel error {err:.3e} > {TOL[dtype]:.0e}")
+
+    def generation_of(self, device):
+        return next(d for d in self.c.generation()["devices"] if d["index"] == device)["generation"]
+
+
+class Gemm(DaemonTest):
+    def run_gemm(self, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, with_c=False,
+                 epilogue=None, in_dtype="f32", out_dtype="f32", tf32=False):
+        a = self.tensor([k, m] if trans_a else [m, k], in_dtype)
+        b = self.tensor([n, k] if trans_b else [k, n], in_dtype)
+        d = self.tensor([m, n], out_dtype, fill=False)
+        c = self.tensor([m, n], out_dtype) if with_c else None
+        bias = self.tensor([n], out_dtype) if epilogue in ("bias", "gelu_bias") else None
+        us = self.c.gemm(a.op, b.op, d.op, c=c.op if c else None, bias=bias.op if bias else None,
+                         trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, epilogue=epilogue, tf32=tf32)
+        self.assertIsInstance(us, int)
+        ref = reference.gemm(a.read(), b.read(), m, n, k, trans_a, trans_b, alpha, beta,
+                             c.read() if c else None, bias.read() if bias else None, epilogue)
+        self.assertClose(d.read(), ref, "f32" if tf32 is False and out_dtype == "f32" else out_dtype,
+                         f"gemm {m}x{n}x{k}")
+
+    def test_f32(self):
+        self.run_gemm(64, 48, 32)
+
+    def test_transposes(self):
+        for ta in (False, True):
+            for tb in (False, True):
+                with self.subTest(trans_a=ta, trans_b=tb):
+                    self.run_gemm(24, 20, 16, trans_a=ta, trans_b=tb)
+
+    def test_alpha_beta_c(self):
+        self.run_gemm(24, 20, 16, alpha=0.5, beta=-2.0, with_c=True)
+
+    def test_epilogues(self):
+        for ep in ("bias", "gelu", "gelu_bias"):
+            with self.subTest(epilogue=ep):
+                self.run_gemm(24, 20, 16, epilogue=ep, alpha=1.5, beta=0.5, with_c=True)
+
+    def test_half_inputs(self):
+        for dt in ("bf16", "f16"):
+            with self.subTest(inputs=dt, out="f32"):
+                self.run_gemm(32, 24, 16, in_dtype=dt, out_dtype="f32")
+            with self.subTest(inputs=dt, out=dt):
+                self.run_gemm(32, 24, 16, in_dtype=dt, out_dtype=dt)
+
+    def test_tf32_accepted(self):
+        a, b, d = self.tensor([16, 8]), self.tensor([8, 12]), self.tensor([16, 12], fill=False)
+        self.c.gemm(a.op, b.op, d.op, tf32=True)
+        ref = reference.gemm(a.read(), b.read(), 16, 12, 8)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-3)
+
+    def test_padded_rows_at_an_offset(self):
+        # A [m, k] with rows padded to k+8 elements, starting 256 bytes into its buffer.
+        m, n, k, ld, off = 20, 12, 16, 24, 256
+        big = self.tensor([off // 4 + m * ld])
+        vals = big.read()
+        a_vals = [vals[off // 4 + i * ld + p] for i in range(m) for p in range(k)]
+        b, d = self.tensor([k, n]), self.tensor([m, n], fill=False)
+        a_op = regen.Operand(big.buffer, off, "f32", [m, k], [ld, 1])
+        self.c.gemm(a_op, b.op, d.op)
+        self.assertClose(d.read(), reference.gemm(a_vals, b.read(), m, n, k), "f32", "padded A")
+
+    def test_second_device(self):
+        a, b = self.tensor([8, 8], device=1), self.tensor([8, 8], device=1)
+        d = self.tensor([8, 8], fill=False, device=1)
+        self.assertEqual(a.buffer.device, 1)
+        self.assertTrue(a.buffer.id.startswith("b1."))
+        self.c.gemm(a.op, b.op, d.op)
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 8, 8, 8), "f32")
+
+    def test_concurrent_clients(self):
+        """Two threads, a Client each, interleaving GEMMs on one device."""
+        failures = []
+
+        def work(seed):
+            rng = random.Random(seed)
+            with regen.Client(daemon.socket, timeout=60) as c:
+                ts = [HostTensor.random(s, rng=rng) for s in ([16, 12], [12, 8])] + [HostTensor([16, 8])]
+                for t in ts:
+                    t.import_into(c, 0)
+                ref = reference.gemm(ts[0].read(), ts[1].read(), 16, 8, 12)
+                for _ in range(25):
+                    c.gemm(ts[0].op, ts[1].op, ts[2].op)
+                    if reference.rel_error(ts[2].read(), ref) > 1e-5:
+                        failures.append(seed)
+                for t in ts:
+                    t.close()
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(failures, [])
+
+
+class Attention(DaemonTest):
+    def run_attention(self, b, h, sq, skv, d, dv, causal=False, scale=None):
+        q, k, v = self.tensor([b, h, sq, d]), self.tensor([b, h, skv, d]), self.tensor([b, h, skv, dv])
+        o, stats = self.tensor([b, h, sq, dv], fill=False), self.tensor([b, h, sq], fill=False)
+        self.c.attention(q.op, k.op, v.op, o.op, stats=stats.op, causal=causal, scale=scale)
+        ref_o, ref_lse = reference.attention(q.read(), k.read(), v.read(), b, h, sq, skv, d, dv, scale, causal)
+        self.assertClose(o.read(), ref_o, "f32", "attention o")
+        self.assertClose(stats.read(), ref_lse, "f32", "attention stats")
+        return q, k, v, o, stats
+
+    def test_forward(self):
+        self.run_attention(1, 2, 16, 16, 8, 8)
+
+    def test_forward_causal_rectangular(self):
+        self.run_attention(2, 1, 8, 12, 8, 4, causal=True, scale=0.3)
+
+    def test_forward_without_stats(self):
+        q, k, v = self.tensor([1, 1, 4, 8]), self.tensor([1, 1, 4, 8]), self.tensor([1, 1, 4, 8])
+        o = self.tensor([1, 1, 4, 8], fill=False)
+        self.c.attention(q.op, k.op, v.op, o.op)
+        ref, _ = reference.attention(q.read(), k.read(), v.read(), 1, 1, 4, 4, 8, 8)
+        self.assertClose(o.read(), ref, "f32")
+
+    def test_backward(self):
+        for causal in (False, True):
+            with self.subTest(causal=causal):
+                b, h, s, d = 1, 2, 8, 8
+                q, k, v, o, stats = self.run_attention(b, h, s, s, d, d, causal=causal)
+                d_o = self.tensor([b, h, s, d])
+                dq, dk, dv = (self.tensor([b, h, s, d], fill=False) for _ in range(3))
+                self.c.attention_backward(q.op, k.op, v.op, o.op, d_o.op, stats.op, dq.op, dk.op, dv.op,
+                                          causal=causal)
+                ref = reference.attention_backward(q.read(), k.read(), v.read(), d_o.read(), b, h, s, s, d, d,
+                                                   causal=causal)
+                for name, out, r in zip(("d_q", "d_k", "d_v"), (dq, dk, dv), ref):
+                    err = reference.rel_error(out.read(), r)
+                    self.assertLessEqual(err, 1e-4, f"{name}: rel error {err:.3e}")
+
+
+class Errors(DaemonTest):
+    def test_invalid_operand_shapes(self):
+        a, b, d = self.tensor([8, 4]), self.tensor([5, 8]), self.tensor([8, 8], fill=False)
+        with self.assertRaises(regen.InvalidOperand) as cm:
+            self.c.gemm(a.op, b.op, d.op)
+        self.assertEqual(cm.exception.name, "io.regen.InvalidOperand")
+        self.assertEqual(cm.exception.operand, "b")
+        self.assertIn("K must agree", cm.exception.reason)
+
+    def test_invalid_operand_past_the_buffer(self):
+        a, b, d = self.tensor([8, 8]), self.tensor([8, 8]), self.tensor([8, 8], fill=False)
+        with self.assertRaises(regen.InvalidOperand) as cm:
+            self.c.gemm(regen.Operand(a.buffer, 64, "f32", [8, 8]), b.op, d.op)
+        self.assertEqual(cm.exception.operand, "a")
+
+    def test_stale_after_release(self):
+        dev = 1
+        a, b = self.tensor([4, 4], device=dev), self.tensor([4, 4], device=dev)
+        d = self.tensor([4, 4], fill=False, device=dev)
+        self.c.gemm(a.op, b.op, d.op)
+        gen = self.generation_of(dev)
+        reply = self.c.release(dev, reason="python test")
+        new = next(x for x in reply["devices"] if x["index"] == dev)["generation"]
+        self.assertGreater(new, gen)
+        with self.assertRaises(regen.StaleGeneration) as cm:
+            self.c.gemm(a.op, b.op, d.op)
+        self.assertEqual((cm.exception.device, cm.exception.generation), (dev, new))
+        with self.assertRaises(regen.StaleGeneration):
+            self.c.close_buffer(a.buffer)
+        for t in (a, b, d):
+            t.import_into(self.c, dev)
+        self.assertEqual(a.buffer.generation, new)
+        self.c.gemm(a.op, b.op, d.op)
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 4, 4, 4), "f32")
+
+    def test_wrong_endpoint(self):
+        a = self.tensor([4, 4])
+        worker = self.c.device_info(0)["worker_socket"]
+        op = regen.Operand(a.buffer, 0, "f32", [4, 4]).to_wire()
+        with self.assertRaises(regen.WrongEndpoint) as cm:
+            self.c.call("io.regen.Compute.Gemm", {"a": op, "b": op, "d": op})
+        self.assertEqual(cm.exception.socket, worker)
+        self.assertEqual(cm.exception.method, "io.regen.Compute.Gemm")
+        # The other way round: lifecycle calls are not served on a worker socket.
+        with self.assertRaises((regen.WrongEndpoint, regen.MethodNotFound)):
+            self.c.call("io.regen.Device.Restart", {}, device=0)
+
+    def test_no_such_object(self):
+        gen = self.generation_of(0)
+        with self.assertRaises(regen.NoSuchObject) as cm:
+            self.c.close_buffer(f"b0.{gen}.999999")
+        self.assertEqual(cm.exception.id, f"b0.{gen}.999999")
+        a = self.tensor([2, 2])
+        self.c.close_buffer(a.buffer)
+        with self.assertRaises(regen.NoSuchObject):
+            self.c.close_buffer(a.buffer.id)
+
+    def test_no_such_device(self):
+        with self.assertRaises(regen.NoSuchDevice):
+            self.tensor([2, 2], device=9)
+        with self.assertRaises(regen.NoSuchDevice):
+            self.c.restart(9)
+
+    def test_import_failed(self):
+        t = HostTensor([4])
+        self.tensors.append(t)
+        with self.assertRaises(regen.ImportFailed) as cm:
+            self.c.import_memfd(0, t.fd, 4096)
+        self.assertEqual(cm.exception.kind, "host_fd")
+
+    def test_invalid_parameter_and_method_not_found(self):
+        with self.assertRaises(regen.InvalidParameter) as cm:
+            self.c.inject_fault(0, "bogus")
+        self.assertEqual(cm.exception.parameter, "kind")
+        with self.assertRaises(regen.MethodNotFound):
+            self.c.call("io.regen.Device.NoSuchMethod")
+
+    def test_release_takes_no_deadline(self):
+        with self.assertRaises(TypeError):
+            self.c.release(0, deadline_ms=5)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to call as another user")
+    def test_not_permitted(self):
+        with Regend(devices=1, extra=["--socket-mode", "0666"]) as other:
+            os.chmod(other.dir, 0o755)
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                code = b"?"
+                try:
+                    os.close(r)
+                    os.setgid(65534)
+                    os.setgroups([])
+                    os.setuid(65534)
+                    c = regen.Client(other.socket, timeout=10)
+                    c.status()  # anyone may look
+                    try:
+                        c.restart(0, reason="not allowed")
+                        code = b"ran"
+                    except regen.NotPermitted as e:
+                        code = b"ok" if e.method == "io.regen.Device.Restart" else b"badparam"
+                    except regen.Error as e:
+                        code = type(e).__name__.encode()
+                finally:
+                    os.write(w, code)
+                    os._exit(0)
+            os.close(w)
+            got = os.read(r, 64)
+            os.close(r)
+            os.waitpid(pid, 0)
+            self.assertEqual(got, b"ok")
+
+
+class Lifecycle(DaemonTest):
+    def test_watch_sees_restart(self):
+        dev = 1
+        with self.c.watch() as w:
+            first = w.next(timeout=10)
+            self.assertEqual(first["reason"], "subscribed")
+            gen = self.generation_of(dev)
+            reply = self.c.restart(dev, reason="watch test", deadline_ms=2000)
+            self.assertIn("elapsed_us", reply)
+            deadline = time.monotonic() + 10
+            while True:
+                ev = w.next(timeout=max(0.01, deadline - time.monotonic()))
+                if ev["device"] == dev and ev["generation"] > gen:
+                    break
+            self.assertEqual(ev["generation"], gen + 1)
+            self.assertEqual(ev["state"], "ready")
+            self.assertIn("watch test", ev["reason"])
+            self.assertGreater(ev["epoch"], first["epoch"])
+        self.assertEqual(self.generation_of(dev), gen + 1)
+
+    def test_watch_timeout_keeps_watching(self):
+        with self.c.watch() as w:
+            w.next(timeout=10)
+            # Drain the other devices' "subscribed" events, then time out.
+            with self.assertRaises(TimeoutError):
+                while True:
+                    w.next(timeout=0.2)
+            self.c.reset(0, reason="after a timeout")
+            ev = w.next(timeout=10)
+            self.assertEqual(ev["device"], 0)
+
+    def test_reconnect_after_worker_crash(self):
+        a, b, d = self.tensor([8, 8]), self.tensor([8, 8]), self.tensor([8, 8], fill=False)
+        self.c.gemm(a.op, b.op, d.op)
+        before = self.c.device_info(0)
+        self.c.inject_fault(0, "crash")
+        # Wait for the supervisor to respawn the worker.
+        deadline = time.monotonic() + 20
+        while True:
+            info = self.c.device_info(0)
+            if info["worker_pid"] != before["worker_pid"] and info["state"] == "ready":
+                break
+            self.assertLess(time.monotonic(), deadline, f"no respawn: {info}")
+            time.sleep(0.02)
+        self.assertEqual(info["respawns"], before["respawns"] + 1)
+        self.assertGreater(info["generation"], before["generation"])
+        # The idle connection to the dead worker is noticed before the next
+        # call goes out: it reconnects to the new worker, which knows the
+        # ids are from an older generation ...
+        with self.assertRaises(regen.StaleGeneration) as cm:
+            self.c.gemm(a.op, b.op, d.op)
+        self.assertEqual(cm.exception.generation, info["generation"])
+        # ... and after importing again, work goes on.
+        for t in (a, b, d):
+            t.import_into(self.c, 0)
+        self.c.gemm(a.op, b.op, d.op)
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 8, 8, 8), "f32")
+
+    def test_call_in_flight_when_worker_crashes(self):
+        """A call hangs in the worker; the worker crashes: that call raises
+        ConnectionReset, the next one reconnects."""
+        dev = 1
+        a, b = self.tensor([8, 8], device=dev), self.tensor([8, 8], device=dev)
+        d = self.tensor([8, 8], fill=False, device=dev)
+        gen = self.generation_of(dev)
+        self.c.inject_fault(dev, "hang")
+        outcome = {}
+
+        def in_flight():
+            with regen.Client(daemon.socket, timeout=60) as c2:
+                try:
+                    c2.gemm(a.op, b.op, d.op)
+                    outcome["first"] = "returned"
+                except regen.Error as e:
+                    outcome["first"] = e
+                try:
+                    c2.gemm(a.op, b.op, d.op)
+                    outcome["second"] = "returned"
+                except regen.Error as e:
+                    outcome["second"] = e
+
+        t = threading.Thread(target=in_flight)
+        t.start()
+        time.sleep(0.3)
+        self.c.inject_fault(dev, "crash")
+        t.join(60)
+        self.assertIsInstance(outcome.get("first"), regen.ConnectionReset, repr(outcome))
+        self.assertIsInstance(outcome.get("second"), regen.StaleGeneration, repr(outcome))
+        self.assertGreater(outcome["second"].generation, gen)
+        for x in (a, b, d):
+            x.import_into(self.c, dev)
+        self.c.gemm(a.op, b.op, d.op)
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 8, 8, 8), "f32")
+
+    def test_device_lost(self):
+        a, b, d = self.tensor([8, 8]), self.tensor([8, 8]), self.tensor([8, 8], fill=False)
+        gen = self.generation_of(0)
+        self.c.inject_fault(0, "device_lost")
+        # Calls fail with DeviceLost while the worker resets, then with
+        # StaleGeneration once it serves the next generation.
+        deadline = time.monotonic() + 20
+        seen = []
+        while True:
+            try:
+                self.c.gemm(a.op, b.op, d.op)
+                self.fail(f"GEMM on generation-{gen} ids succeeded after device_lost")
+            except (regen.DeviceLost, regen.Draining) as e:
+                seen.append(type(e).__name__)
+                self.assertEqual(e.name, "io.regen." + type(e).__name__)
+                time.sleep(0.01)
+            except regen.StaleGeneration as e:
+                self.assertGreater(e.generation, gen)
+                break
+            self.assertLess(time.monotonic(), deadline)
+        for t in (a, b, d):
+            t.import_into(self.c, 0)
+        self.c.gemm(a.op, b.op, d.op)
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 8, 8, 8), "f32")
+        self.assertIn("device_lost", self.c.device_info(0)["reason"])
+
+    def test_draining_during_a_stuck_restart(self):
+        """A call hangs; a restart drains past its deadline; meanwhile new
+        work is refused with Draining; then the device serves again."""
+        dev = 1
+        a, b = self.tensor([4, 4], device=dev), self.tensor([4, 4], device=dev)
+        d = self.tensor([4, 4], fill=False, device=dev)
+        self.c.inject_fault(dev, "hang")
+        results = {}
+
+        def stuck():
+            with regen.Client(daemon.socket, timeout=60) as c2:
+                try:
+                    c2.gemm(a.op, b.op, d.op)
+                    results["stuck"] = "ok"
+                except regen.Error as e:
+                    results["stuck"] = type(e).__name__
+
+        def restart():
+            with regen.Client(daemon.socket, timeout=60) as c3:
+                try:
+                    results["restart"] = c3.restart(dev, reason="stuck", deadline_ms=300)
+                except regen.Error as e:
+                    results["restart"] = e
+
+        t1 = threading.Thread(target=stuck)
+        t1.start()
+        time.sleep(0.2)
+        t2 = threading.Thread(target=restart)
+        t2.start()
+        time.sleep(0.1)  # let the drain begin
+        refused = None
+        deadline = time.monotonic() + 5
+        while t2.is_alive() and time.monotonic() < deadline and refused is None:
+            try:
+                self.c.gemm(a.op, b.op, d.op)
+            except regen.Error as e:
+                refused = e
+            time.sleep(0.01)
+        t2.join(60)
+        t1.join(60)
+        self.assertIsInstance(results.get("restart"), dict, f"restart: {results.get('restart')!r}")
+        self.assertIsNotNone(refused, "no call was refused while the restart drained")
+        self.assertIsInstance(refused, regen.Draining, repr(refused))
+        self.assertEqual(refused.device, dev)
+        self.assertIn("stuck", results)
+        # Whatever happened to the worker, the device serves again.
+        for t in (a, b, d):
+            t.import_into(self.c, dev)
+        self.c.gemm(a.op, b.op, d.op)
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 4, 4, 4), "f32")
+
+
+if __name__ == "__main__":
+    unittest.main()
