@@ -333,8 +333,8 @@ static int lane_init(struct rd_resource *res)
 	e_ = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("cudaStreamCreateWithFlags");
-	/* Blocking sync: the lane thread sleeps in the wait instead of spinning. */
-	e_ = cudaEventCreateWithFlags(&l->done, cudaEventBlockingSync | cudaEventDisableTiming);
+	/* Polled by lane_wait(), never synchronised on. */
+	e_ = cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming);
 	if (e_ != cudaSuccess) {
 		cudaStreamDestroy(l->stream);
 		l->stream = NULL;
@@ -415,6 +415,29 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
 	return 0;
 }
 
+/* Waits for the lane's completion event. Not cudaEventSynchronize: a
+ * thread blocked there is not woken when the context takes a sticky error
+ * while an unrelated kernel keeps running (seen on H200, driver 580: a call
+ * queued behind a spinning kernel stayed blocked after an illegal address
+ * elsewhere). cudaEventQuery reports the sticky error at once, so poll with
+ * a backoff from 20 us to 500 us, and give up early when another lane has
+ * marked the device lost (cudaErrorNotReady is returned then). */
+static cudaError_t lane_wait(struct cuda_lane *l)
+{
+	long delay_ns = 20000;
+	for (;;) {
+		cudaError_t e = cudaEventQuery(l->done);
+		if (e != cudaErrorNotReady)
+			return e;
+		if (atomic_load(&l->cd->lost))
+			return cudaErrorNotReady;
+		struct timespec ts = { 0, delay_ns };
+		nanosleep(&ts, NULL);
+		if (delay_ns < 500000)
+			delay_ns *= 2;
+	}
+}
+
 static void lane_run(struct cuda_lane *l, struct rd_op *op)
 {
 	struct cuda_dev *cd = l->cd;
@@ -460,9 +483,16 @@ static void lane_run(struct cuda_lane *l, struct rd_op *op)
 		 * here, and a sticky error of the context shows up here. */
 		cudaError_t e = cudaEventRecord(l->done, l->stream);
 		if (e == cudaSuccess)
-			e = cudaEventSynchronize(l->done);
-		if (e != cudaSuccess && (r == 0 || cuda_error_is_sticky(e)))
+			e = lane_wait(l);
+		if (e == cudaErrorNotReady) {
+			/* Another lane found the context lost while this call was
+			 * in flight behind a kernel that may never finish. */
+			rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
+				     "device %d lost its context while this call was in flight on lane %u",
+				     cd->dev->index, l->base.index);
+		} else if (e != cudaSuccess && (r == 0 || cuda_error_is_sticky(e))) {
 			lane_fail_cuda(l, op, "completing the call", e);
+		}
 	}
 out:
 	op->elapsed_us = (now_ns() - t0) / 1000;

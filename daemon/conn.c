@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,4 +498,47 @@ void rd_conn_refuse(struct rd_conn *conn, const char *resource, unsigned limit)
 		free(text);
 	}
 	rd_conn_close(conn);
+}
+
+void rd_conn_fail_unfinished(struct rd_conn *conn, const struct rp_error *err, int timeout_ms)
+{
+	if (conn->closed)
+		return;
+	for (struct rd_call *call = conn->calls; call; call = call->next) {
+		if (call->finished)
+			continue;
+		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
+		if (!call->msg.oneway) {
+			char *text = rp_build_error(&copy);
+			struct rd_reply_item *r = text ? calloc(1, sizeof(*r)) : NULL;
+			if (r) {
+				r->text = text;
+				if (call->replies_tail)
+					call->replies_tail->next = r;
+				else
+					call->replies = r;
+				call->replies_tail = r;
+			} else {
+				free(text);
+			}
+		}
+		rp_error_clear(&copy);
+		call->finished = true;
+	}
+	/* Move the replies to the socket queue in order, then push them out. */
+	for (struct rd_call *call = conn->calls; call; call = call->next) {
+		struct rd_reply_item *r;
+		while ((r = call->replies)) {
+			call->replies = r->next;
+			rp_tx_push(&conn->tx, r->text, strlen(r->text), NULL, 0);
+			free(r->text);
+			free(r);
+		}
+		call->replies_tail = NULL;
+	}
+	uint64_t deadline = uv_hrtime() + (uint64_t)timeout_ms * 1000000u;
+	while (rp_tx_flush(&conn->tx, conn->fd) == -EAGAIN && uv_hrtime() < deadline) {
+		struct pollfd p = { .fd = conn->fd, .events = POLLOUT };
+		poll(&p, 1, 10);
+	}
 }

@@ -82,3 +82,9 @@ int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool o
 /* Answers the peer with io.regen.LimitExceeded {resource, limit} and closes:
  * for connections refused at accept. */
 void rd_conn_refuse(struct rd_conn *conn, const char *resource, unsigned limit);
+
+/* Last words before the process exits with calls still running: every
+ * unfinished call gets a copy of err, and the replies are written out
+ * (waiting at most timeout_ms for the peer to take them). The calls' owners
+ * must not touch them afterwards. */
+void rd_conn_fail_unfinished(struct rd_conn *conn, const struct rp_error *err, int timeout_ms);

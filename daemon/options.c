@@ -31,6 +31,7 @@ static void usage(FILE *f)
 		"  --backend host|cuda|auto  compute backend (default auto: cuda where a GPU is)\n"
 		"  --devices N               devices to serve (host backend: how many to simulate)\n"
 		"  --admin-group NAME        members may Release/Reset/Restart (root always may)\n"
+		"  --socket-group NAME       group of the sockets: its members may connect\n"
 		"  --enable-fault-injection  allow io.regen.Device.InjectFault (tests only)\n"
 		"  --drain-deadline-ms MS    how long Restart waits for calls in flight (default 10000)\n"
 		"  --socket-mode OCTAL       mode of the sockets (default 0660)\n"
@@ -53,10 +54,12 @@ static int parse_uint(const char *text, unsigned long max, unsigned long *out)
 	return 0;
 }
 
+static int apply_key(struct rd_options *o, const char *key, const char *value);
+
 int rd_options_parse(struct rd_options *o, int argc, char **argv)
 {
 	enum { OPT_SOCKET = 256, OPT_BACKEND, OPT_DEVICES, OPT_ADMIN, OPT_FAULTS, OPT_DRAIN, OPT_MODE,
-	       OPT_WORKER, OPT_GENERATION, OPT_CTL_FD, OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_MAX_CONN, OPT_MAX_BUF };
+	       OPT_WORKER, OPT_GENERATION, OPT_CTL_FD, OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_MAX_CONN, OPT_MAX_BUF, OPT_SOCKET_GROUP };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "backend", required_argument, NULL, OPT_BACKEND },
@@ -67,6 +70,7 @@ int rd_options_parse(struct rd_options *o, int argc, char **argv)
 		{ "socket-mode", required_argument, NULL, OPT_MODE },
 		{ "config", required_argument, NULL, OPT_CONFIG },
 		{ "max-connections", required_argument, NULL, OPT_MAX_CONN },
+		{ "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
 		{ "max-buffers", required_argument, NULL, OPT_MAX_BUF },
 		/* Internal: how the supervisor starts a device's worker. */
 		{ "worker", required_argument, NULL, OPT_WORKER },
@@ -103,17 +107,14 @@ int rd_options_parse(struct rd_options *o, int argc, char **argv)
 			}
 			o->devices = (int)v;
 			break;
-		case OPT_ADMIN: {
-			struct group *g = getgrnam(optarg);
-			if (!g) {
-				fprintf(stderr, "regend: --admin-group: no group named '%s'\n", optarg);
+		case OPT_ADMIN:
+		case OPT_SOCKET_GROUP:
+			if (apply_key(o, c == OPT_ADMIN ? "admin_group" : "socket_group", optarg) < 0) {
+				fprintf(stderr, "regend: --%s: no group named '%s'\n",
+					c == OPT_ADMIN ? "admin-group" : "socket-group", optarg);
 				return -EINVAL;
 			}
-			snprintf(o->admin_group, sizeof(o->admin_group), "%s", optarg);
-			o->admin_gid = g->gr_gid;
-			o->have_admin_gid = true;
 			break;
-		}
 		case OPT_FAULTS:
 			o->fault_injection = true;
 			break;
@@ -224,18 +225,20 @@ static int apply_key(struct rd_options *o, const char *key, const char *value)
 		if (parse_uint(value, RD_DEVICES_MAX, &v) < 0 || v == 0)
 			return -EINVAL;
 		o->devices = (int)v;
-	} else if (!strcmp(key, "admin_group")) {
+	} else if (!strcmp(key, "admin_group") || !strcmp(key, "socket_group")) {
+		bool admin = !strcmp(key, "admin_group");
+		char *name = admin ? o->admin_group : o->socket_group;
 		if (!*value) {
-			o->admin_group[0] = '\0';
-			o->have_admin_gid = false;
+			name[0] = '\0';
+			*(admin ? &o->have_admin_gid : &o->have_socket_gid) = false;
 			return 0;
 		}
 		struct group *g = getgrnam(value);
 		if (!g)
 			return -ENOENT;
-		snprintf(o->admin_group, sizeof(o->admin_group), "%s", value);
-		o->admin_gid = g->gr_gid;
-		o->have_admin_gid = true;
+		snprintf(name, sizeof(o->admin_group), "%s", value);
+		*(admin ? &o->admin_gid : &o->socket_gid) = g->gr_gid;
+		*(admin ? &o->have_admin_gid : &o->have_socket_gid) = true;
 	} else if (!strcmp(key, "drain_deadline_ms")) {
 		if (parse_uint(value, 3600000, &v) < 0)
 			return -EINVAL;

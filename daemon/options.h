@@ -12,7 +12,10 @@ struct rd_options {
 	char socket_path[108];
 	char backend[16];              /* "host", "cuda", "auto" */
 	int devices;                   /* < 0: as many as the backend finds (host: 1) */
-	char admin_group[64];
+	char socket_group[64];         /* group of the sockets: who may connect */
+	bool have_socket_gid;
+	gid_t socket_gid;
+	char admin_group[64];          /* who may Release/Reset/Restart/InjectFault */
 	bool have_admin_gid;
 	gid_t admin_gid;
 	bool fault_injection;

@@ -46,6 +46,8 @@ struct sv_request {
 	unsigned remaining;
 	uint64_t start_ns;
 	char failure[256];
+	int failed_device;
+	uint64_t failed_generation;
 };
 
 struct sv_device {
@@ -95,6 +97,7 @@ static struct {
 } sv;
 
 static void op_start(struct sv_device *d);
+static void op_await_respawn(struct sv_device *d);
 static void spawn_worker(struct sv_device *d);
 
 /* ---- Status and Watch ---- */
@@ -170,16 +173,25 @@ static void set_state(struct sv_device *d, enum rd_state state)
 
 /* ---- Requests and ops ---- */
 
-static void request_finish_one(struct sv_request *req, const char *failure)
+static void request_finish_one(struct sv_request *req, const struct sv_device *d, const char *failure)
 {
-	if (failure && !req->failure[0])
+	if (failure && !req->failure[0]) {
 		snprintf(req->failure, sizeof(req->failure), "%s", failure);
+		req->failed_device = d->index;
+		req->failed_generation = d->generation;
+	}
 	if (--req->remaining)
 		return;
-	if (req->failure[0] && sv.stopping) {
-		rd_call_failf(req->call, RP_ERR_DRAINING, "%s", req->failure);
-	} else if (req->failure[0]) {
-		rd_call_failf(req->call, RP_ERR_TIMEOUT, "%s", req->failure);
+	if (req->failure[0]) {
+		struct rp_error err = { 0 };
+		rp_error_set(&err, sv.stopping ? RP_ERR_DRAINING : RP_ERR_TIMEOUT, "device %d: %s", req->failed_device,
+			     req->failure);
+		rp_error_add_int(&err, "device", req->failed_device);
+		if (sv.stopping)
+			rp_error_add_int(&err, "generation", (long long)req->failed_generation);
+		else
+			rp_error_add_int(&err, "elapsed_ms", (long long)((uv_hrtime() - req->start_ns) / 1000000));
+		rd_call_fail(req->call, &err);
 	} else {
 		cJSON *reply = status_json(-1);
 		if (req->verb == SV_RESTART)
@@ -200,7 +212,7 @@ static void op_finish(struct sv_device *d, const char *failure)
 	rd_info("lifecycle", d->index, d->generation, 0, "%s done%s%s", verb_names[op->verb],
 		failure ? ": " : "", failure ? failure : "");
 	if (op->request)
-		request_finish_one(op->request, failure);
+		request_finish_one(op->request, d, failure);
 	free(op);
 	if (d->ops && d->state == RD_STATE_READY)
 		op_start(d);
@@ -213,7 +225,7 @@ static void op_enqueue(struct sv_device *d, enum sv_verb verb, const char *reaso
 
 	if (!op) {
 		if (req)
-			request_finish_one(req, "out of memory");
+			request_finish_one(req, d, "out of memory");
 		return;
 	}
 	op->verb = verb;
@@ -239,16 +251,12 @@ static void kill_worker(struct sv_device *d, const char *why)
  * the respawned worker reports Ready. */
 static void op_escalate(struct sv_device *d, const char *why)
 {
-	struct sv_op *op = d->ops;
-
-	if (op)
-		op->stage = 3;
 	if (!d->bumped_for_exit) {
 		bump_generation(d, why);
 		d->bumped_for_exit = true;
 	}
 	set_state(d, RD_STATE_RESPAWNING);
-	uv_timer_stop(&d->timer);
+	op_await_respawn(d);
 	kill_worker(d, why);
 }
 
@@ -256,9 +264,24 @@ static void on_op_timeout(uv_timer_t *t)
 {
 	struct sv_device *d = t->data;
 
-	/* A worker already gone is being respawned; the op ends with Ready. */
+	if (d->ops && d->ops->stage == 3) {
+		char why[96];
+		snprintf(why, sizeof(why), "the worker did not come back within %d s", LIFECYCLE_TIMEOUT_MS / 1000);
+		op_finish(d, why);
+		return;
+	}
 	if (d->proc_alive)
 		op_escalate(d, "worker did not answer before the deadline");
+}
+
+/* The op now ends when the respawned worker reports Ready, or fails when it
+ * does not within the lifecycle timeout. */
+static void op_await_respawn(struct sv_device *d)
+{
+	if (!d->ops || d->ops->stage == 0)
+		return;
+	d->ops->stage = 3;
+	uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
 }
 
 static void on_respawn_timer(uv_timer_t *t)
@@ -278,7 +301,7 @@ static void on_lifecycle_reply(struct rd_conn *conn, const struct rp_call *reply
 		return;
 	if (!reply) {
 		/* The worker died mid-release; its exit handler respawns it. */
-		op->stage = 3;
+		op_await_respawn(d);
 		return;
 	}
 	if (reply->error) {
@@ -324,7 +347,7 @@ static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, vo
 		return;
 	uv_timer_stop(&d->timer);
 	if (!reply) {
-		op->stage = 3;
+		op_await_respawn(d);
 		return;
 	}
 	bool drained = !reply->error && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply->params, "drained"));
@@ -475,8 +498,6 @@ static void on_worker_exit(uv_process_t *proc, int64_t status, int signal)
 		bump_generation(d, why);
 	d->bumped_for_exit = true;
 	set_state(d, RD_STATE_RESPAWNING);
-	if (d->ops && d->ops->stage > 0)
-		d->ops->stage = 3;
 	/* A worker that keeps dying right after start is not respawned in a
 	 * tight loop. */
 	if (uv_hrtime() - d->ready_since_ns < 2000000000ull)
@@ -486,7 +507,7 @@ static void on_worker_exit(uv_process_t *proc, int64_t status, int signal)
 	unsigned backoff = d->crash_streak ? 100u << (d->crash_streak < 6 ? d->crash_streak : 6) : 0;
 	if (backoff > RESPAWN_BACKOFF_MAX_MS)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
-	uv_timer_stop(&d->timer);
+	op_await_respawn(d);
 	if (backoff)
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
 	else
@@ -497,7 +518,7 @@ static void spawn_worker(struct sv_device *d)
 {
 	char dev[16], gen[32], ctl[16], drain[16], mode[16], maxconn[16], maxbuf[16];
 	int sv_pair[2];
-	char *args[32];
+	char *args[36];
 	int n = 0, r;
 
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv_pair) < 0) {
@@ -533,6 +554,10 @@ static void spawn_worker(struct sv_device *d)
 	if (sv.opts->have_admin_gid) {
 		args[n++] = "--admin-group";
 		args[n++] = (char *)sv.opts->admin_group;
+	}
+	if (sv.opts->have_socket_gid) {
+		args[n++] = "--socket-group";
+		args[n++] = (char *)sv.opts->socket_group;
 	}
 	if (sv.opts->fault_injection)
 		args[n++] = "--enable-fault-injection";
@@ -690,13 +715,15 @@ static void method_generation(struct rd_call *call)
 static void method_watch(struct rd_call *call)
 {
 	static const struct rp_field fields[] = { { NULL } };
+	struct rp_error err = { 0 };
 	struct sv_watcher *w;
 
 	if (!check_fields(call, fields))
 		return;
 	w = calloc(1, sizeof(*w));
 	if (!w) {
-		rd_call_failf(call, RP_ERR_OUT_OF_MEMORY, "no memory for a watcher");
+		rd_call_fail(call, (rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for a watcher"),
+				    rp_error_add_int(&err, "device", -1), &err));
 		return;
 	}
 	w->call = call;
@@ -737,14 +764,19 @@ static void lifecycle_method(struct rd_call *call, enum sv_verb verb)
 		return;
 	}
 	if (sv.stopping) {
-		rd_call_failf(call, RP_ERR_DRAINING, "regend is shutting down");
+		rp_error_set(&err, RP_ERR_DRAINING, "regend is shutting down");
+		rp_error_add_int(&err, "device", device);
+		rp_error_add_int(&err, "generation", device >= 0 ? (long long)sv.devices[device].generation : 0);
+		rd_call_fail(call, &err);
 		return;
 	}
 	snprintf(reason_buf, sizeof(reason_buf), "%s by pid %d%s%s", verb_names[verb], (int)call->conn->peer.pid,
 		 reason ? ": " : "", reason ? reason : "");
 	req = calloc(1, sizeof(*req));
 	if (!req) {
-		rd_call_failf(call, RP_ERR_OUT_OF_MEMORY, "no memory for the request");
+		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for the request");
+		rp_error_add_int(&err, "device", device);
+		rd_call_fail(call, &err);
 		return;
 	}
 	req->call = call;
@@ -814,8 +846,11 @@ static void method_inject_fault(struct rd_call *call)
 	cJSON *params = cJSON_CreateObject();
 	cJSON_AddStringToObject(params, "kind", kinds[kind]);
 	rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: %s", kinds[kind]);
-	if (rd_conn_call(d->ctl, "io.regen.Worker.InjectFault", params, false, on_inject_reply, call) < 0)
-		rd_call_failf(call, RP_ERR_BACKEND, "control channel to the worker is gone");
+	if (rd_conn_call(d->ctl, "io.regen.Worker.InjectFault", params, false, on_inject_reply, call) < 0) {
+		rp_error_set(&err, RP_ERR_BACKEND, "the control channel to device %d's worker is gone", device);
+		rp_error_add_int(&err, "device", device);
+		rd_call_fail(call, &err);
+	}
 }
 
 /* Memory and Compute belong on the worker's socket: say where. */
@@ -930,14 +965,18 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 		while ((op = d->ops)) {
 			d->ops = op->next;
 			if (op->request)
-				request_finish_one(op->request, "regend is stopping");
+				request_finish_one(op->request, d, "regend is stopping");
 			free(op);
 		}
 	}
 	while (sv.watchers) {
 		struct sv_watcher *w = sv.watchers;
+		struct rp_error err = { 0 };
 		sv.watchers = w->next;
-		rd_call_failf(w->call, RP_ERR_DRAINING, "regend is stopping");
+		rp_error_set(&err, RP_ERR_DRAINING, "regend is stopping");
+		rp_error_add_int(&err, "device", -1);
+		rp_error_add_int(&err, "generation", 0);
+		rd_call_fail(w->call, &err);
 		free(w);
 	}
 	for (struct rd_conn *c = sv.conns, *next; c; c = next) {
@@ -1049,7 +1088,7 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		return 1;
 	}
 #endif
-	r = rd_listener_open(&sv.listener, sv.loop, opts->socket_path, opts->socket_mode, opts->admin_group[0] ? opts->admin_gid : (gid_t)-1,
+	r = rd_listener_open(&sv.listener, sv.loop, opts->socket_path, opts->socket_mode, opts->have_socket_gid ? opts->socket_gid : (gid_t)-1,
 			     listen_fd, on_accept, NULL);
 	if (r < 0) {
 		rd_err("supervisor", -1, 0, 0, "cannot listen on %s: %s", opts->socket_path, strerror(-r));

@@ -20,6 +20,7 @@ enum wk_state { WK_READY = 0, WK_DRAINING, WK_LOST, WK_STOPPING };
 
 /* One connection to the worker socket: one lane. */
 struct wk_session {
+	struct wk_session *next;
 	struct rd_conn *conn;
 	struct rd_client *client;
 	struct rd_lane *lane;
@@ -37,6 +38,7 @@ static struct {
 	enum wk_state state;
 	unsigned in_flight;
 	unsigned sessions;
+	struct wk_session *session_list;
 	unsigned next_lane;
 	struct rd_call *drain_call;
 	uv_timer_t drain_timer;
@@ -127,6 +129,12 @@ static void session_maybe_free(struct wk_session *s)
 		wk.dev.backend->lane_destroy(s->lane);
 	if (s->client)
 		rd_objects_client_put(&wk.objects, s->client);
+	for (struct wk_session **p = &wk.session_list; *p; p = &(*p)->next) {
+		if (*p == s) {
+			*p = s->next;
+			break;
+		}
+	}
 	free(s);
 	wk.sessions--;
 }
@@ -635,6 +643,8 @@ static void on_accept(int fd, void *data)
 	}
 	s->conn = conn;
 	wk.sessions++;
+	s->next = wk.session_list;
+	wk.session_list = s;
 	s->client = rd_objects_client_get(&wk.objects, conn->peer.pid);
 	if (!s->client) {
 		s->closed = true;
@@ -864,7 +874,17 @@ static void maybe_stop(void)
 
 static void on_stop_deadline(uv_timer_t *t)
 {
-	rd_warn("worker", wk.dev.index, GEN(), 0, "stopping with %u call(s) still in flight", wk.in_flight);
+	struct rp_error err = { 0 };
+
+	rd_warn("worker", wk.dev.index, GEN(), 0, "stopping with %u call(s) still in flight: failing them", wk.in_flight);
+	rp_error_set(&err, RP_ERR_DRAINING,
+		     "regend is stopping and the call did not finish within the drain deadline; it may or may not have run");
+	rp_error_add_int(&err, "device", wk.dev.index);
+	rp_error_add_int(&err, "generation", (long long)GEN());
+	for (struct wk_session *s = wk.session_list; s; s = s->next)
+		rd_conn_fail_unfinished(s->conn, &err, 200);
+	rp_error_clear(&err);
+	/* The calls still run on backend threads: leave without unwinding. */
 	_exit(0);
 }
 
@@ -929,7 +949,7 @@ int rd_worker_run(const struct rd_options *opts)
 	}
 	rd_worker_socket_path(opts, wk.dev.index, wk.socket_path, sizeof(wk.socket_path));
 	r = rd_listener_open(&wk.listener, wk.loop, wk.socket_path, opts->socket_mode,
-			     opts->have_admin_gid ? opts->admin_gid : (gid_t)-1, -1, on_accept, NULL);
+			     opts->have_socket_gid ? opts->socket_gid : (gid_t)-1, -1, on_accept, NULL);
 	if (r < 0) {
 		rd_err("worker", wk.dev.index, GEN(), 0, "cannot listen on %s: %s", wk.socket_path, strerror(-r));
 		return 1;

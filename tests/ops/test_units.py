@@ -105,7 +105,7 @@ def config_checks(regend, sysd, tmp):
             else:
                 lines.append(line)
     expected = {"socket", "backend", "devices", "admin_group", "drain_deadline_ms", "fault_injection",
-                "log_level", "socket_mode", "max_connections", "max_buffers"}
+                "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers"}
     check(set(keys) == expected, "regend.conf documents keys %r, want %r" % (sorted(keys), sorted(expected)))
     full = os.path.join(tmp, "regend-all-keys.conf")
     with open(full, "w") as f:
