@@ -389,6 +389,8 @@ int main(void)
 		{ "device_lost_inflight", scenario_lost_inflight },
 		{ "hang", scenario_hang },
 	};
+	/* Before any output: children end with _exit(), which flushes nothing. */
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	setenv("REGEN_HANG_SECONDS", "30", 1);
 	int failed = 0, skipped = 0;
 	double ended = gt_now();
@@ -400,7 +402,6 @@ int main(void)
 		fflush(stdout);
 		pid_t pid = fork();
 		if (pid == 0) {
-			setvbuf(stdout, NULL, _IOLBF, 0);
 			signal(SIGSEGV, on_crash);
 			signal(SIGABRT, on_crash);
 			signal(SIGBUS, on_crash);
