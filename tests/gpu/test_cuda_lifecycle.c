@@ -144,8 +144,16 @@ static bool env_reset(struct env *v, const char *what)
 	double inv_ms = (gt_now() - t0) * 1e3;
 	int r = v->t.dev.backend->reset(&v->t.dev, &err);
 	double ms = (gt_now() - t0) * 1e3;
-	CHECK(r == 0, "%s: invalidate (%u resources, %.2f ms) + reset + canary: %s in %.1f ms%s%s", what, n, inv_ms,
-	      r == 0 ? "healthy" : "UNHEALTHY", ms, r ? ": " : "", r ? gt_err_message(&err) : "");
+	/* After a sticky error the design allows either outcome: healthy in
+	 * process, or unhealthy (named DeviceLost) so that the supervisor
+	 * respawns the worker; the next scenario's fresh process then proves
+	 * the device healthy. REGEN_REQUIRE_INPROCESS_RESET=1 demands the first. */
+	const char *strict = getenv("REGEN_REQUIRE_INPROCESS_RESET");
+	bool accept_unhealthy = v->t.faults > 0 && !(strict && *strict == '1') && err.name &&
+				strcmp(err.name, RP_ERR_DEVICE_LOST) == 0;
+	CHECK(r == 0 || accept_unhealthy, "%s: invalidate (%u resources, %.2f ms) + reset + canary: %s in %.1f ms%s%s", what,
+	      n, inv_ms, r == 0 ? "healthy" : accept_unhealthy ? "unhealthy, reported for a respawn" : "UNHEALTHY", ms,
+	      r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
 	return r == 0;
 }
@@ -322,6 +330,18 @@ static int scenario_lost_inflight(void)
 	return failures ? 1 : 0;
 }
 
+/* What the supervisor's respawn gives: a new process right after one whose
+ * context faulted. */
+static int scenario_fresh_process(void)
+{
+	struct env v;
+	env_open(&v);
+	gemm_right(&v.t, v.l0, &v.p32, "fresh process after the faults");
+	gemm_right(&v.t, v.l1, &v.p16, "fresh process after the faults, other lane");
+	env_close(&v);
+	return failures ? 1 : 0;
+}
+
 static int scenario_hang(void)
 {
 	struct env v;
@@ -387,6 +407,7 @@ int main(void)
 		{ "release", scenario_release },
 		{ "device_lost_next", scenario_lost_next },
 		{ "device_lost_inflight", scenario_lost_inflight },
+		{ "fresh_process", scenario_fresh_process },
 		{ "hang", scenario_hang },
 	};
 	/* Before any output: children end with _exit(), which flushes nothing. */
