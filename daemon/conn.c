@@ -104,6 +104,26 @@ static void conn_flush_calls(struct rd_conn *conn)
 	conn_update_events(conn);
 }
 
+/* Takes text (may be NULL: nothing to send). */
+static void call_append_reply(struct rd_call *call, char *text)
+{
+	struct rd_reply_item *r;
+
+	if (!text)
+		return;
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		free(text);
+		return;
+	}
+	r->text = text;
+	if (call->replies_tail)
+		call->replies_tail->next = r;
+	else
+		call->replies = r;
+	call->replies_tail = r;
+}
+
 static void call_queue_text(struct rd_call *call, char *text, bool last)
 {
 	struct rd_conn *conn = call->conn;
@@ -112,19 +132,7 @@ static void call_queue_text(struct rd_call *call, char *text, bool last)
 		free(text);
 		return;
 	}
-	if (text) {
-		struct rd_reply_item *r = calloc(1, sizeof(*r));
-		if (!r) {
-			free(text);
-		} else {
-			r->text = text;
-			if (call->replies_tail)
-				call->replies_tail->next = r;
-			else
-				call->replies = r;
-			call->replies_tail = r;
-		}
-	}
+	call_append_reply(call, text);
 	if (last)
 		call->finished = true;
 	/* Flushing may free the call and, on a closed connection, drop the
@@ -508,20 +516,8 @@ void rd_conn_fail_unfinished(struct rd_conn *conn, const struct rp_error *err, i
 		if (call->finished)
 			continue;
 		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
-		if (!call->msg.oneway) {
-			char *text = rp_build_error(&copy);
-			struct rd_reply_item *r = text ? calloc(1, sizeof(*r)) : NULL;
-			if (r) {
-				r->text = text;
-				if (call->replies_tail)
-					call->replies_tail->next = r;
-				else
-					call->replies = r;
-				call->replies_tail = r;
-			} else {
-				free(text);
-			}
-		}
+		if (!call->msg.oneway)
+			call_append_reply(call, rp_build_error(&copy));
 		rp_error_clear(&copy);
 		call->finished = true;
 	}
