@@ -216,7 +216,7 @@ def main():
         pass
     watch.close()
     expect("watch saw the new generation", seen is not None,
-           f"subscribed at gen {first.get('generation')}; event: dev {seen['device']} gen {seen['generation']} "
+           f"{first['reason']}, then: dev {seen['device']} gen {seen['generation']} "
            f"{seen['state']} ({seen['reason']})" if seen else "no event within 10 s")
     now = client.generation()
     gen_now = next(d for d in now["devices"] if d["index"] == args.device)["generation"]

@@ -30,7 +30,7 @@ class Buffer:
     ``keepalive`` is what must stay alive while regend maps the memory (the
     torch tensor of import_tensor); closing the buffer drops it."""
 
-    __slots__ = ("id", "device", "generation", "size", "kind", "keepalive", "closed")
+    __slots__ = ("id", "device", "generation", "size", "kind", "keepalive", "closed", "_on_drop")
 
     def __init__(self, id, device, generation, size, kind, keepalive=None):
         self.id = id
@@ -40,6 +40,14 @@ class Buffer:
         self.kind = kind
         self.keepalive = keepalive
         self.closed = False
+        self._on_drop = None
+
+    def _drop(self):
+        """regend maps this memory no more: let it go."""
+        self.keepalive = None
+        on_drop, self._on_drop = self._on_drop, None
+        if on_drop is not None:
+            on_drop()
 
     def __str__(self):
         return self.id
@@ -217,6 +225,12 @@ class Client:
         for key, buf in list(self._tensor_buffers.items()):
             if buf.device == device and buf.generation < generation:
                 del self._tensor_buffers[key]
+        # A new generation unmapped every older import of the device: what
+        # kept their memory alive can go (the ids still raise StaleGeneration).
+        for bid, buf in list(self._buffers.items()):
+            if buf.device == device and buf.generation < generation:
+                del self._buffers[bid]
+                buf._drop()
 
     def _worker(self, device):
         conn = self._workers.get(device)
@@ -371,22 +385,56 @@ class Client:
             return buf
         shared = storage._share_cuda_()
         handle, size_bytes, offset_bytes = shared[1], shared[2], shared[3]
-        buf = self.import_cuda_ipc(dev, handle, offset_bytes, size_bytes, keepalive=tensor)
+        ref_counter = (shared[4], shared[5])
+        try:
+            buf = self.import_cuda_ipc(dev, handle, offset_bytes, size_bytes, keepalive=tensor)
+        except BaseException:
+            _release_ipc_counter(*ref_counter)
+            raise
+        # _share_cuda_ set a reference counter that a torch consumer would
+        # decrement when done; without that the storage, once freed, would
+        # never return to torch's allocator.  regend is the consumer here, so
+        # the client decrements it when regend unmaps the buffer.
+        buf._on_drop = lambda: _release_ipc_counter(*ref_counter)
         self._tensor_buffers[key] = buf
         return buf
 
     def close_buffer(self, buffer):
-        """Unmap a buffer in regend and drop what kept its memory alive."""
+        """Unmap a buffer in regend, then drop what kept its memory alive.
+        After a ConnectionReset the buffer is kept: the worker may still map it."""
         bid = _buffer_id(buffer)
-        buf = self._buffers.pop(bid, None)
+        buf = self._buffers.get(bid)
         device = buf.device if buf else _id_device(bid)
-        if buf is not None:
-            buf.closed = True
-            buf.keepalive = None
-            for key, b in list(self._tensor_buffers.items()):
-                if b is buf:
-                    del self._tensor_buffers[key]
-        return self._worker_call(device, "io.regen.Memory.CloseBuffer", {"buffer": bid})
+        try:
+            reply = self._worker_call(device, "io.regen.Memory.CloseBuffer", {"buffer": bid})
+        except (errors.StaleGeneration, errors.NoSuchObject):
+            self._forget(buf)  # regend maps it no more either way
+            raise
+        self._forget(buf)
+        return reply
+
+    def close_tensor(self, tensor, device=None):
+        """Close the buffer import_tensor (or a GEMM on the tensor) made for
+        this tensor's storage, if any; returns whether there was one."""
+        dev = tensor.device.index if device is None else int(device)
+        buf = self._tensor_buffers.get((dev, tensor.untyped_storage().data_ptr()))
+        if buf is None:
+            return False
+        try:
+            self.close_buffer(buf)
+        except (errors.StaleGeneration, errors.NoSuchObject):
+            pass
+        return True
+
+    def _forget(self, buf):
+        if buf is None:
+            return
+        buf.closed = True
+        self._buffers.pop(buf.id, None)
+        for key, b in list(self._tensor_buffers.items()):
+            if b is buf:
+                del self._tensor_buffers[key]
+        buf._drop()
 
     def import_event(self, device, handle_bytes):
         """Import a cudaIpcEventHandle_t (64 bytes or 128 hex digits); returns its id."""
@@ -437,7 +485,8 @@ class Client:
              epilogue=None, tf32=False, wait_event=None, signal_event=None):
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias").  Operands are Operands or torch tensors
-        (a tensor's buffer is imported on first use).  A transposed torch view
+        (a tensor's storage is imported on first use and kept alive until
+        close_tensor/close_buffer or the next generation).  A transposed torch view
         for ``a`` or ``b`` is passed as its row-major storage with the
         transpose flag flipped.  Returns regend's elapsed_us; the reply means
         D is written."""
@@ -516,6 +565,21 @@ def _tensor_operand(client, t, name):
         raise TypeError(f"operand {name}: regend takes f32, f16 and bf16 tensors, not {t.dtype}")
     buf = client.import_tensor(t)
     return Operand(buf, t.storage_offset() * t.element_size(), dtype, list(t.shape), list(t.stride()))
+
+
+def _release_ipc_counter(handle, offset):
+    """Decrement torch's CUDA IPC reference counter for one _share_cuda_()
+    (what a torch consumer does when it frees a received storage).  Best
+    effort, like torch's own."""
+    import torch
+    try:
+        release = getattr(torch.UntypedStorage, "_release_ipc_counter_cuda", None)
+        if release is not None:
+            release(handle, offset)
+        else:
+            torch.cuda.UntypedStorage._release_ipc_counter(handle, offset)
+    except Exception:
+        pass
 
 
 def _sync_torch(tensors):

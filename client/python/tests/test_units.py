@@ -152,3 +152,154 @@ class References(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _FakeStorage:
+    def __init__(self, ptr, nbytes):
+        self.ptr, self.nbytes = ptr, nbytes
+        self.shares = 0
+
+    def data_ptr(self):
+        return self.ptr
+
+    def _share_cuda_(self):
+        self.shares += 1
+        # device, versioned handle, size, offset in the block, ref counter, its offset, event, sync
+        return (0, b"\x02c" + bytes([self.ptr % 256]) * 64, self.nbytes, 512, b"/torch_rc", self.shares,
+                b"", False)
+
+
+class _FakeDevice:
+    def __init__(self, index):
+        self.index = index
+
+
+class _FakeTensor:
+    """Just enough of a torch CUDA tensor for the client's mapping."""
+
+    def __init__(self, storage, shape, strides, dtype="torch.float32", offset=0, elem=4):
+        self._storage, self.shape, self._strides = storage, tuple(shape), tuple(strides)
+        self.dtype, self._offset, self._elem = dtype, offset, elem
+        self.is_cuda = True
+        self.device = _FakeDevice(0)
+
+    def untyped_storage(self):
+        return self._storage
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def dim(self):
+        return len(self.shape)
+
+    def t(self):
+        return _FakeTensor(self._storage, self.shape[::-1], self._strides[::-1], self.dtype, self._offset, self._elem)
+
+    def storage_offset(self):
+        return self._offset
+
+    def element_size(self):
+        return self._elem
+
+
+_FakeTensor.__module__ = "torch.fake"
+
+
+class TensorMapping(unittest.TestCase):
+    """import_tensor and tensor operands, with the sockets replaced by a log."""
+
+    def setUp(self):
+        from regen import client as client_mod
+        self.mod = client_mod
+        self.saved = (client_mod._sync_torch, client_mod._release_ipc_counter)
+        self.released = []
+        client_mod._sync_torch = lambda tensors: None
+        client_mod._release_ipc_counter = lambda h, o: self.released.append((h, o))
+        self.c = regen.Client("/nonexistent.sock")
+        self.calls = []
+        self.serial = 0
+        self.gen = 1
+
+        def worker_call(device, method, params, fds=()):
+            self.calls.append((method, params))
+            if method == "io.regen.Memory.ImportBuffer":
+                self.serial += 1
+                return {"buffer": f"b{device}.{self.gen}.{self.serial}", "generation": self.gen,
+                        "size": params["size"]}
+            if method == "io.regen.Memory.CloseBuffer":
+                return {}
+            return {"elapsed_us": 5}
+
+        self.c._worker_call = worker_call
+
+    def tearDown(self):
+        self.mod._sync_torch, self.mod._release_ipc_counter = self.saved
+
+    def test_import_tensor_once_per_storage(self):
+        st = _FakeStorage(0x1000, 4096)
+        x = _FakeTensor(st, [16, 16], [16, 1])
+        buf = self.c.import_tensor(x)
+        self.assertIs(self.c.import_tensor(_FakeTensor(st, [4, 4], [4, 1], offset=8)), buf)
+        self.assertEqual(st.shares, 1)
+        method, params = self.calls[0]
+        self.assertEqual(params, {"device": 0, "kind": "cuda_ipc", "size": 4096, "offset": 512,
+                                  "handle": "00" * 64})
+        self.assertIs(buf.keepalive, x)
+
+    def test_gemm_operands_from_tensors(self):
+        st_a, st_b, st_d = _FakeStorage(0x1000, 4096), _FakeStorage(0x2000, 4096), _FakeStorage(0x3000, 4096)
+        a = _FakeTensor(st_a, [8, 4], [4, 1], offset=16)      # view 16 elements in
+        b_store = _FakeTensor(st_b, [6, 4], [4, 1])           # B^T stored row-major
+        d = _FakeTensor(st_d, [8, 6], [6, 1])
+        self.c.gemm(a, b_store.t(), d)                        # a @ (b_store^T)
+        method, params = self.calls[-1]
+        self.assertEqual(method, "io.regen.Compute.Gemm")
+        self.assertEqual(params["a"]["offset"], 64)
+        self.assertEqual(params["a"]["strides"], [4, 1])
+        self.assertEqual(params["b"]["shape"], [6, 4])
+        self.assertEqual(params["b"]["strides"], [4, 1])
+        self.assertTrue(params["trans_b"])
+        self.assertFalse(params["trans_a"])
+        self.assertEqual(params["d"]["dtype"], "f32")
+
+    def test_generation_change_drops_and_releases(self):
+        st = _FakeStorage(0x1000, 4096)
+        x = _FakeTensor(st, [16, 16], [16, 1])
+        buf = self.c.import_tensor(x)
+        self.c._note_generation(0, 2)
+        self.assertIsNone(buf.keepalive)
+        self.assertEqual(self.released, [(b"/torch_rc", 1)])
+        self.gen = 2
+        again = self.c.import_tensor(x)
+        self.assertIsNot(again, buf)
+        self.assertEqual(again.generation, 2)
+        self.c.close_buffer(again)
+        self.assertEqual(self.released, [(b"/torch_rc", 1), (b"/torch_rc", 2)])
+        self.assertIsNone(again.keepalive)
+
+    def test_unsupported_dtype(self):
+        x = _FakeTensor(_FakeStorage(0x1000, 64), [4, 4], [4, 1], dtype="torch.float64", elem=8)
+        with self.assertRaises(TypeError):
+            self.c.gemm(x, x, x)
+
+    def test_auto_reimport_retries_once(self):
+        self.c.auto_reimport = True
+        st = _FakeStorage(0x1000, 4096)
+        x = _FakeTensor(st, [8, 8], [8, 1])
+        st2, st3 = _FakeStorage(0x2000, 4096), _FakeStorage(0x3000, 4096)
+        y, z = _FakeTensor(st2, [8, 8], [8, 1]), _FakeTensor(st3, [8, 8], [8, 1])
+        self.c.gemm(x, y, z)
+        inner = self.c._worker_call
+        failed = []
+
+        def stale_once(device, method, params, fds=()):
+            if method == "io.regen.Compute.Gemm" and not failed:
+                failed.append(1)
+                self.gen = 2
+                self.c._note_generation(0, 2)
+                raise regen.errors.error_from_reply("io.regen.StaleGeneration", {"device": 0, "generation": 2})
+            return inner(device, method, params, fds)
+
+        self.c._worker_call = stale_once
+        self.assertEqual(self.c.gemm(x, y, z), 5)
+        self.assertEqual(self.calls[-1][1]["a"]["buffer"].split(".")[1], "2")

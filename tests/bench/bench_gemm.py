@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""GEMM through regend (CUDA backend) against torch.matmul in the same
+process, on the same bf16 tensors.
+
+    python3 tests/bench/bench_gemm.py [path/to/regend] [--socket PATH] [--iters 20]
+                                      [--warmup 5] [--json out.json]
+
+Shapes are M×N×K: A is M×K, B is K×N, D = A @ B is M×N, all bf16 (f32
+accumulation), row-major.
+
+Timing, median of --iters timed iterations after --warmup untimed ones:
+  regend wall     perf_counter around Client.gemm: the reply means the GEMM
+                  finished, so this is submit -> completion as a rank sees it
+                  (includes the Varlink round trip and the client's sync of
+                  its own idle stream);
+  regend server   regend's own elapsed_us from the reply;
+  torch events    cuda events around torch.matmul(out=...) + event sync;
+  torch wall      perf_counter around torch.matmul + torch.cuda.synchronize()
+                  (the same semantics as "regend wall").
+Ratios are regend/torch in TFLOP/s (1.0 = as fast as torch; higher = faster).
+Also: the added latency of a small GEMM (regend wall vs torch launch+sync),
+and round trips of io.regen.Device.Generation / GetInfo on the main socket
+vs GetInfo on the worker socket (the supervisor hop data-plane calls avoid).
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import Connection, Daemon, markdown_table, regen, summary, time_calls, write_json  # noqa: E402
+
+SHAPES = [
+    ("8192^3", 8192, 8192, 8192),
+    ("4096^3", 4096, 4096, 4096),
+    ("8192x4096x128", 8192, 4096, 128),
+    ("128x4096x16384", 128, 4096, 16384),
+    ("256^3", 256, 256, 256),
+]
+SMALL = (64, 64, 64)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="regend vs torch.matmul GEMM benchmark (needs a GPU)")
+    ap.add_argument("regend", nargs="?", help="regend to start (default $REGEND, $REGEN_BUILD_ROOT/daemon/regend, build/daemon/regend)")
+    ap.add_argument("--socket", help="use this running regend instead of starting one")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--small-iters", type=int, default=500)
+    ap.add_argument("--rtt-iters", type=int, default=2000)
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" in conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf.replace("expandable_segments:True", "expandable_segments:False")
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: torch is not importable")
+        return 77
+    if not torch.cuda.is_available():
+        print("SKIP: torch sees no CUDA device")
+        return 77
+
+    dev = f"cuda:{args.device}"
+    torch.cuda.set_device(args.device)
+    daemon = Daemon(args.socket, args.regend, "cuda")
+    out = {"device": torch.cuda.get_device_name(args.device), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "iters": args.iters, "warmup": args.warmup, "dtype": "bf16",
+           "shape_convention": "MxNxK: A MxK, B KxN, D MxN", "gemm": [], "small": {}, "rtt": {}}
+    try:
+        c = regen.Client(daemon.socket, timeout=300)
+        info = c.device_info(args.device)
+        out["regend_backend"] = info["backend"]
+        g = torch.Generator(device=dev).manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+        def torch_events(a, b, d2, n):
+            ts = []
+            for _ in range(n):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                torch.matmul(a, b, out=d2)
+                e.record()
+                e.synchronize()
+                ts.append(s.elapsed_time(e) * 1e-3)
+            return ts
+
+        def torch_wall(a, b, d2):
+            torch.matmul(a, b, out=d2)
+            torch.cuda.synchronize()
+
+        rows = []
+        for label, m, n, k in SHAPES:
+            a = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            b = torch.randn(k, n, device=dev, generator=g).to(torch.bfloat16)
+            d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            d2 = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+            for t in (a, b, d):
+                c.import_tensor(t)
+            server = []
+            regend_call = lambda: server.append(c.gemm(a, b, d))  # noqa: E731
+            rw = time_calls(regend_call, args.iters, args.warmup)
+            srv = [x * 1e-6 for x in server[args.warmup:]]
+            tw = time_calls(lambda: torch_wall(a, b, d2), args.iters, args.warmup)
+            te = torch_events(a, b, d2, args.iters)
+            # Same answer as torch (both bf16 out of f32 accumulation).
+            torch.cuda.synchronize()
+            diff = ((d.double() - d2.double()).norm() / d2.double().norm()).item()
+            flops = 2.0 * m * n * k
+            s_rw, s_srv, s_te, s_tw = summary(rw), summary(srv), summary(te), summary(tw)
+            tf = {name: flops / (s["median_us"] * 1e-6) / 1e12
+                  for name, s in (("regend_wall", s_rw), ("regend_server", s_srv), ("torch_events", s_te),
+                                  ("torch_wall", s_tw))}
+            entry = {"shape": label, "m": m, "n": n, "k": k, "regend_wall": s_rw, "regend_server": s_srv,
+                     "torch_events": s_te, "torch_wall": s_tw, "tflops": tf,
+                     "ratio_wall_vs_torch_wall": tf["regend_wall"] / tf["torch_wall"],
+                     "ratio_wall_vs_torch_events": tf["regend_wall"] / tf["torch_events"],
+                     "ratio_server_vs_torch_events": tf["regend_server"] / tf["torch_events"],
+                     "rel_diff_vs_torch": diff}
+            out["gemm"].append(entry)
+            rows.append([label, f"{tf['regend_wall']:.1f}", f"{tf['regend_server']:.1f}", f"{tf['torch_events']:.1f}",
+                         f"{tf['torch_wall']:.1f}", f"{entry['ratio_wall_vs_torch_wall']:.3f}",
+                         f"{entry['ratio_wall_vs_torch_events']:.3f}", f"{entry['ratio_server_vs_torch_events']:.3f}",
+                         f"{s_rw['median_us']:.0f} / {s_tw['median_us']:.0f}", f"{diff:.1e}"])
+            for t in (a, b, d):
+                c.close_tensor(t)
+            del a, b, d, d2
+            torch.cuda.empty_cache()
+
+        # Small GEMM: what going through regend adds to submit -> completion.
+        m, n, k = SMALL
+        a = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+        b = torch.randn(k, n, device=dev, generator=g).to(torch.bfloat16)
+        d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        d2 = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        rw = summary(time_calls(lambda: c.gemm(a, b, d), args.small_iters, 50))
+        tw = summary(time_calls(lambda: torch_wall(a, b, d2), args.small_iters, 50))
+        out["small"] = {"shape": f"{m}x{n}x{k}", "regend_wall": rw, "torch_launch_sync": tw,
+                        "added_p50_us": rw["p50_us"] - tw["p50_us"], "added_p99_us": rw["p99_us"] - tw["p99_us"]}
+
+        # Round trips: main socket (supervisor) vs worker socket.
+        worker = info["worker_socket"]
+        for name, path, method in (("Generation (main)", daemon.socket, "io.regen.Device.Generation"),
+                                   ("GetInfo (main)", daemon.socket, "org.varlink.service.GetInfo"),
+                                   ("GetInfo (worker)", worker, "org.varlink.service.GetInfo")):
+            conn = Connection(path)
+            out["rtt"][name] = summary(time_calls(lambda: conn.call(method), args.rtt_iters, 100))
+            conn.close()
+        c.close()
+    finally:
+        daemon.close()
+
+    print(f"{out['device']}, torch {out['torch']} (CUDA {out['cuda']}), regend backend {out.get('regend_backend')}; "
+          f"bf16, M×N×K (A M×K, B K×N); median of {args.iters} after {args.warmup} warm-up\n")
+    print(markdown_table(["shape", "regend wall TFLOP/s", "regend server TFLOP/s", "torch events TFLOP/s",
+                          "torch wall TFLOP/s", "ratio wall/wall", "ratio wall/events", "ratio server/events",
+                          "median us regend/torch (wall)", "rel diff vs torch"], rows))
+    sm = out["small"]
+    print(f"\nsmall GEMM {sm['shape']} bf16, {args.small_iters} calls: submit -> completion\n")
+    print(markdown_table(["path", "p50 us", "p99 us", "min us"], [
+        ["regend (Client.gemm, wall)", f"{sm['regend_wall']['p50_us']:.1f}", f"{sm['regend_wall']['p99_us']:.1f}",
+         f"{sm['regend_wall']['min_us']:.1f}"],
+        ["torch in-process launch + synchronize", f"{sm['torch_launch_sync']['p50_us']:.1f}",
+         f"{sm['torch_launch_sync']['p99_us']:.1f}", f"{sm['torch_launch_sync']['min_us']:.1f}"],
+        ["added by regend", f"{sm['added_p50_us']:.1f}", f"{sm['added_p99_us']:.1f}", ""]]))
+    print(f"\nround trips, {args.rtt_iters} calls each on a raw Varlink connection\n")
+    print(markdown_table(["call", "p50 us", "p99 us", "min us"],
+                         [[k, f"{v['p50_us']:.1f}", f"{v['p99_us']:.1f}", f"{v['min_us']:.1f}"]
+                          for k, v in out["rtt"].items()]))
+    write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

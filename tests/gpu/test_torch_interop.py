@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""PyTorch and regend on one GPU: a torch process shares its CUDA tensors with
+regend by CUDA IPC (regen.Client.import_tensor), runs GEMMs there and checks
+them against torch float64 on the same fresh random inputs; then faults the
+device (device_lost, restart, worker crash) and checks that the torch
+process's own tensors and CUDA context come through untouched and that work
+carries on after re-importing.
+
+    python3 tests/gpu/test_torch_interop.py [path/to/regend]
+
+regend defaults to $REGEND, then $REGEN_BUILD_ROOT/daemon/regend, then
+build/daemon/regend.  Exit 0 = pass, 1 = fail, 77 = skipped (no torch or no
+CUDA).  Prints one line per check and "N passed, N failed" last.
+"""
+
+import math
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
+
+# CUDA IPC cannot share memory from expandable segments.
+_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+if "expandable_segments:True" in _conf:
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = _conf.replace("expandable_segments:True", "expandable_segments:False")
+
+try:
+    import torch
+except ImportError:
+    print("SKIP: torch is not importable")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print("SKIP: torch sees no CUDA device")
+    sys.exit(77)
+
+import regen  # noqa: E402
+from regend_fixture import Regend  # noqa: E402
+
+DEV = 0
+# ||out - ref|| / ||ref|| allowed, ref = float64 on the inputs as stored.
+TOL = {"f32": 1e-5, "tf32": 1e-3, "bf16": 1e-2, "f16": 1e-2}
+TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+results = []
+
+
+def record(name, ok, detail=""):
+    results.append((name, ok))
+    print(f"{'PASS' if ok else 'FAIL'}  {name:<52} {detail}", flush=True)
+    return ok
+
+
+def find_regend():
+    if len(sys.argv) > 1:
+        return os.path.abspath(sys.argv[1])
+    if os.environ.get("REGEND"):
+        return os.environ["REGEND"]
+    root = os.environ.get("REGEN_BUILD_ROOT") or os.environ.get("REGEN_TEST_BUILD_ROOT") or os.path.join(REPO, "build")
+    return os.path.join(root, "daemon", "regend")
+
+
+def fresh_generator():
+    seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+    return torch.Generator(device=f"cuda:{DEV}").manual_seed(seed)
+
+
+def randn(shape, dtype, g):
+    return torch.randn(shape, device=f"cuda:{DEV}", generator=g, dtype=torch.float32).to(dtype)
+
+
+def rel_err(out, ref):
+    out = out.double()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gemm_case(c, m, n, k, dtype="f32", out_dtype=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
+              with_c=False, epilogue=None, tf32=False, views=False, layout=None):
+    """One GEMM through regend on fresh torch tensors, against float64.
+    views: pass transposes as torch views (a.t()) rather than flags.
+    layout: "offset" (a is a row slice of a bigger tensor) or "padded"
+    (a's rows are K + 64 apart)."""
+    out_dtype = out_dtype or dtype
+    td, to = TORCH_DTYPE[dtype], TORCH_DTYPE[out_dtype]
+    g = fresh_generator()
+    a_store = randn([k, m] if trans_a else [m, k], td, g)
+    if layout == "offset":
+        big = randn([m + 37, k], td, g)
+        a_store = big[37:]
+    elif layout == "padded":
+        big = randn([m, k + 64], td, g)
+        a_store = big[:, :k]
+    b_store = randn([n, k] if trans_b else [k, n], td, g)
+    d = torch.full((m, n), float("nan"), device=f"cuda:{DEV}", dtype=to)
+    c_t = randn([m, n], to, g) if with_c else None
+    bias = randn([n], to, g) if epilogue in ("bias", "gelu_bias") else None
+
+    a_op = a_store.t() if trans_a else a_store     # op(A) as a [m, k] view
+    b_op = b_store.t() if trans_b else b_store     # op(B) as a [k, n] view
+    if views:
+        us = c.gemm(a_op, b_op, d, c=c_t, bias=bias, alpha=alpha, beta=beta, epilogue=epilogue, tf32=tf32)
+    else:
+        us = c.gemm(a_store, b_store, d, c=c_t, bias=bias, trans_a=trans_a, trans_b=trans_b, alpha=alpha,
+                    beta=beta, epilogue=epilogue, tf32=tf32)
+    ref = alpha * (a_op.double() @ b_op.double())
+    if with_c:
+        ref = ref + beta * c_t.double()
+    if bias is not None:
+        ref = ref + bias.double()
+    if epilogue in ("gelu", "gelu_bias"):
+        ref = gelu_tanh(ref)
+    torch.cuda.synchronize()
+    err = rel_err(d, ref)
+    tol = TOL["tf32"] if tf32 else max(TOL[dtype], TOL[out_dtype])
+    flags = ("T" if trans_a else "N") + ("T" if trans_b else "N")
+    extras = []
+    if out_dtype != dtype:
+        extras.append(f"->{out_dtype}")
+    if tf32:
+        extras.append("tf32")
+    if with_c:
+        extras.append(f"a={alpha} b={beta} +C")
+    if epilogue:
+        extras.append(epilogue)
+    if views:
+        extras.append("views")
+    if layout:
+        extras.append(layout)
+    name = f"gemm {dtype} {m}x{n}x{k} {flags} {' '.join(extras)}".strip()
+    ok = math.isfinite(err) and err <= tol
+    record(name, ok, f"rel {err:.2e} (tol {tol:.0e})  regend {us} us")
+
+
+def run_gemms(c):
+    cases = [
+        dict(m=512, n=384, k=1024),
+        dict(m=127, n=65, k=33),
+        dict(m=256, n=192, k=320, trans_a=True),
+        dict(m=256, n=192, k=320, trans_b=True),
+        dict(m=256, n=192, k=320, trans_a=True, trans_b=True),
+        dict(m=256, n=192, k=320, trans_a=True, trans_b=True, views=True),
+        dict(m=512, n=384, k=1024, tf32=True),
+        dict(m=256, n=192, k=320, alpha=0.5, beta=-1.5, with_c=True),
+        dict(m=256, n=192, k=320, epilogue="bias"),
+        dict(m=256, n=192, k=320, epilogue="gelu"),
+        dict(m=256, n=192, k=320, epilogue="gelu_bias", alpha=2.0, beta=0.5, with_c=True),
+        dict(m=200, n=128, k=256, layout="offset"),
+        dict(m=200, n=128, k=256, layout="padded"),
+    ]
+    for dt in ("bf16", "f16"):
+        cases += [
+            dict(m=1024, n=768, k=2048, dtype=dt),
+            dict(m=127, n=72, k=40, dtype=dt),
+            dict(m=256, n=192, k=320, dtype=dt, trans_a=True),
+            dict(m=256, n=192, k=320, dtype=dt, trans_b=True),
+            dict(m=256, n=192, k=320, dtype=dt, trans_a=True, trans_b=True, views=True),
+            dict(m=512, n=384, k=1024, dtype=dt, out_dtype="f32"),
+            dict(m=256, n=192, k=320, dtype=dt, alpha=0.5, beta=-1.5, with_c=True),
+            dict(m=256, n=192, k=320, dtype=dt, epilogue="bias"),
+            dict(m=256, n=192, k=320, dtype=dt, epilogue="gelu_bias"),
+        ]
+    for case in cases:
+        try:
+            gemm_case(c, **case)
+        except Exception as e:
+            record(f"gemm {case}", False, f"{type(e).__name__}: {e}")
+
+
+# -- lifecycle ------------------------------------------------------------------
+
+def snapshot(tensors):
+    torch.cuda.synchronize()
+    return {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
+
+
+def intact(tensors, snap):
+    torch.cuda.synchronize()
+    bad = [k for k, v in tensors.items() if not torch.equal(v.cpu(), snap[k])]
+    return not bad, bad
+
+
+def torch_healthy():
+    """The torch process's own context still works: a matmul of its own."""
+    g = fresh_generator()
+    x = torch.randn(1024, 1024, device=f"cuda:{DEV}", generator=g)
+    y = x @ x
+    torch.cuda.synchronize()
+    return rel_err(y, x.double() @ x.double())
+
+
+def wait_new_generation(c, gen0, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        info = next(d for d in c.generation()["devices"] if d["index"] == DEV)
+        if info["generation"] > gen0 and info["state"] == "ready":
+            return info
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"device {DEV} still at {info} after {timeout} s")
+        time.sleep(0.02)
+
+
+def lifecycle_case(c, kind):
+    g = fresh_generator()
+    a = randn([512, 256], torch.bfloat16, g)
+    b = randn([256, 384], torch.bfloat16, g)
+    d = torch.zeros(512, 384, device=f"cuda:{DEV}", dtype=torch.bfloat16)
+    weights = randn([1024, 1024], torch.float32, g)   # never shared
+    optimizer_state = randn([4096], torch.float32, g)  # never shared
+    ref = a.double() @ b.double()
+
+    bufs = [c.import_tensor(t) for t in (a, b, d)]
+    c.gemm(a, b, d)
+    err = rel_err(d, ref)
+    if not record(f"{kind}: gemm before", err <= TOL["bf16"], f"rel {err:.2e}"):
+        return
+    mine = {"a": a, "b": b, "d": d, "weights": weights, "optimizer_state": optimizer_state}
+    snap = snapshot(mine)
+    gen0 = bufs[0].generation
+
+    t0 = time.monotonic()
+    if kind == "device_lost":
+        c.inject_fault(DEV, "device_lost")
+    elif kind == "crash":
+        c.inject_fault(DEV, "crash")
+    elif kind == "restart":
+        c.restart(DEV, reason="torch interop test")
+    info = wait_new_generation(c, gen0)
+    ms = (time.monotonic() - t0) * 1e3
+    record(f"{kind}: new generation", info["generation"] > gen0,
+           f"gen {gen0} -> {info['generation']} in {ms:.0f} ms ({info['reason']}), respawns {info['respawns']}")
+
+    ok, bad = intact(mine, snap)
+    record(f"{kind}: torch's own tensors intact", ok, "bitwise equal" if ok else f"changed: {bad}")
+    err = torch_healthy()
+    record(f"{kind}: torch's own context healthy", err <= 1e-3, f"own matmul rel {err:.2e}")
+
+    old = regen.Operand(bufs[0], 0, "bf16", [512, 256])
+    try:
+        c.gemm(old, regen.Operand(bufs[1], 0, "bf16", [256, 384]), regen.Operand(bufs[2], 0, "bf16", [512, 384]))
+        record(f"{kind}: old ids refused", False, "GEMM on old buffers succeeded")
+    except regen.StaleGeneration as e:
+        record(f"{kind}: old ids refused", e.generation == info["generation"],
+               f"StaleGeneration (generation {e.generation})")
+    except regen.Error as e:
+        record(f"{kind}: old ids refused", False, f"expected StaleGeneration, got {type(e).__name__}: {e}")
+
+    d.zero_()
+    new = c.import_tensor(a)
+    c.gemm(a, b, d)  # b and d are imported again on the way
+    err = rel_err(d, ref)
+    record(f"{kind}: re-import and gemm", new.generation == info["generation"] and err <= TOL["bf16"],
+           f"{new.id}, rel {err:.2e}")
+    ok, bad = intact({"weights": weights, "optimizer_state": optimizer_state},
+                     {"weights": snap["weights"], "optimizer_state": snap["optimizer_state"]})
+    record(f"{kind}: unshared tensors still intact", ok, "" if ok else f"changed: {bad}")
+
+
+def main():
+    regend = find_regend()
+    if not os.access(regend, os.X_OK):
+        print(f"FAIL: no regend at {regend} (pass its path as the first argument)")
+        return 1
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(DEV)}; regend {regend}")
+    daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120)
+    try:
+        c = regen.Client(daemon.socket, timeout=120)
+        st = c.status()
+        info = st["devices"][DEV]
+        print(f"regend: backend {info['backend']}, worker {info['worker_pid']}, generation {info['generation']}")
+        if info["backend"] != "cuda":
+            record("regend runs the cuda backend", False, f"backend is {info['backend']}")
+        run_gemms(c)
+        for kind in ("device_lost", "restart", "crash"):
+            try:
+                lifecycle_case(c, kind)
+            except Exception as e:
+                record(f"{kind}: lifecycle", False, f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+        torch.cuda.synchronize()
+        c.close()
+    finally:
+        failed = sum(1 for _, ok in results if not ok)
+        if failed:
+            print("--- regend log (tail) ---")
+            print(daemon.log_tail(60))
+        daemon.stop()
+    passed = sum(1 for _, ok in results if ok)
+    failed = len(results) - passed
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
