@@ -422,11 +422,11 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
  * elsewhere). cudaEventQuery reports the sticky error at once, so poll with
  * a backoff from 20 us to 500 us, and give up early when another lane has
  * marked the device lost (cudaErrorNotReady is returned then). */
-static cudaError_t lane_wait(struct cuda_lane *l)
+static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 {
 	long delay_ns = 20000;
 	for (;;) {
-		cudaError_t e = cudaEventQuery(l->done);
+		cudaError_t e = cudaEventQuery(done);
 		if (e != cudaErrorNotReady)
 			return e;
 		if (atomic_load(&l->cd->lost))
@@ -481,9 +481,12 @@ static void lane_run(struct cuda_lane *l, struct rd_op *op)
 	if (enqueued && l->stream) {
 		/* The one synchronisation point: whatever was enqueued finishes
 		 * here, and a sticky error of the context shows up here. */
-		cudaError_t e = cudaEventRecord(l->done, l->stream);
+		/* A copy: an invalidate (reset while a hang holds this call)
+		 * forgets l->done underneath the wait. */
+		cudaEvent_t done = l->done;
+		cudaError_t e = cudaEventRecord(done, l->stream);
 		if (e == cudaSuccess)
-			e = lane_wait(l);
+			e = lane_wait(l, done);
 		if (e == cudaErrorNotReady) {
 			/* Another lane found the context lost while this call was
 			 * in flight behind a kernel that may never finish. */
