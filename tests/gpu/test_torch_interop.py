@@ -196,13 +196,24 @@ def torch_healthy():
     return rel_err(y, x.double() @ x.double())
 
 
-def wait_new_generation(c, gen0, timeout=60.0):
-    deadline = time.monotonic() + timeout
+def wait_new_generation(c, gen0, probe=None, timeout=60.0):
+    """Poll Generation until the device serves a generation after gen0.  If
+    nothing changed after a second, call ``probe`` once: a backend may only
+    notice a lost context on the next call."""
+    start = time.monotonic()
+    probed = False
     while True:
         info = next(d for d in c.generation()["devices"] if d["index"] == DEV)
         if info["generation"] > gen0 and info["state"] == "ready":
             return info
-        if time.monotonic() > deadline:
+        elapsed = time.monotonic() - start
+        if probe is not None and not probed and elapsed > 1.0 and info["generation"] == gen0:
+            probed = True
+            try:
+                probe()
+            except regen.Error as e:
+                print(f"      probe call: {type(e).__name__}")
+        if elapsed > timeout:
             raise TimeoutError(f"device {DEV} still at {info} after {timeout} s")
         time.sleep(0.02)
 
@@ -232,7 +243,10 @@ def lifecycle_case(c, kind):
         c.inject_fault(DEV, "crash")
     elif kind == "restart":
         c.restart(DEV, reason="torch interop test")
-    info = wait_new_generation(c, gen0)
+    probe = lambda: c.gemm(regen.Operand(bufs[0], 0, "bf16", [512, 256]),  # noqa: E731
+                           regen.Operand(bufs[1], 0, "bf16", [256, 384]),
+                           regen.Operand(bufs[2], 0, "bf16", [512, 384]))
+    info = wait_new_generation(c, gen0, probe)
     ms = (time.monotonic() - t0) * 1e3
     record(f"{kind}: new generation", info["generation"] > gen0,
            f"gen {gen0} -> {info['generation']} in {ms:.0f} ms ({info['reason']}), respawns {info['respawns']}")
