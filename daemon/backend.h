@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include "regen-config.h"
 #include "proto/compute.h"
 #include "proto/ids.h"
 #include "proto/message.h"
@@ -15,7 +16,8 @@ struct rd_device;
 struct rd_lane;
 struct rd_op;
 
-enum rd_buffer_kind { RD_BUFFER_HOST_FD = 0, RD_BUFFER_CUDA_IPC, RD_BUFFER_CUDA_FD };
+/* RD_BUFFER_LOCAL: memory the worker process allocated itself (tests). */
+enum rd_buffer_kind { RD_BUFFER_HOST_FD = 0, RD_BUFFER_CUDA_IPC, RD_BUFFER_CUDA_FD, RD_BUFFER_LOCAL };
 
 /* A client's memory mapped into the worker. The backend allocates the
  * struct (embedding this one first), registers `res` with the device's

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include "backend_cuda.h"
 #include "proto/errors.h"
@@ -419,18 +420,25 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
  * thread blocked there is not woken when the context takes a sticky error
  * while an unrelated kernel keeps running (seen on H200, driver 580: a call
  * queued behind a spinning kernel stayed blocked after an illegal address
- * elsewhere). cudaEventQuery reports the sticky error at once, so poll with
- * a backoff from 20 us to 500 us, and give up early when another lane has
- * marked the device lost (cudaErrorNotReady is returned then). */
+ * elsewhere). cudaEventQuery reports the sticky error at once. Small calls
+ * finish within microseconds, so the first SPIN_NS are a busy poll (a sleep
+ * would cost more than the GEMM); after that, sleeps backing off from 20 us
+ * to 500 us keep a long call from burning a core. Gives up early when
+ * another lane has marked the device lost (cudaErrorNotReady then). */
+#define LANE_SPIN_NS 200000
 static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 {
+	uint64_t spin_until = now_ns() + LANE_SPIN_NS;
 	long delay_ns = 20000;
+
 	for (;;) {
 		cudaError_t e = cudaEventQuery(done);
 		if (e != cudaErrorNotReady)
 			return e;
 		if (atomic_load(&l->cd->lost))
 			return cudaErrorNotReady;
+		if (now_ns() < spin_until)
+			continue;
 		struct timespec ts = { 0, delay_ns };
 		nanosleep(&ts, NULL);
 		if (delay_ns < 500000)
@@ -546,6 +554,8 @@ static void *lane_main(void *arg)
 {
 	struct cuda_lane_impl *li = arg;
 	struct cuda_lane *l = &li->lane;
+	/* lane_wait's short sleeps mean what they say (default slack is 50 us). */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	pthread_mutex_lock(&l->lock);
 	for (;;) {
 		while (!li->q.count && !l->stopping)

@@ -334,7 +334,7 @@ int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_b
 int rd_cuda_buffer_wrap_local(struct rd_device *dev, void *devptr, uint64_t size, struct rd_buffer **out)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
-	struct cuda_buffer *b = buffer_new(cd, RD_BUFFER_CUDA_IPC, size);
+	struct cuda_buffer *b = buffer_new(cd, RD_BUFFER_LOCAL, size);
 	if (!b)
 		return -ENOMEM;
 	b->local = devptr;

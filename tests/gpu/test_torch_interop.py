@@ -176,6 +176,59 @@ def run_gemms(c):
 
 # -- lifecycle ------------------------------------------------------------------
 
+def attention_reference(q, k, v, scale, causal):
+    """float64 attention, its log-sum-exp, and a function giving the input
+    gradients for an incoming d_o (autograd in float64)."""
+    q64, k64, v64 = (t.double().detach().requires_grad_(True) for t in (q, k, v))
+    s = (q64 @ k64.transpose(-1, -2)) * scale
+    if causal:
+        sq, skv = s.shape[-2], s.shape[-1]
+        mask = torch.ones(sq, skv, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    o = torch.softmax(s, dim=-1) @ v64
+
+    def grads(d_o):
+        return torch.autograd.grad(o, (q64, k64, v64), d_o.double(), retain_graph=True)
+    return o.detach(), lse.detach(), grads
+
+
+def attention_case(c, b, h, sq, skv, d, dv, dtype, causal):
+    td = TORCH_DTYPE[dtype]
+    g = fresh_generator()
+    q, k, v = randn([b, h, sq, d], td, g), randn([b, h, skv, d], td, g), randn([b, h, skv, dv], td, g)
+    o = torch.full([b, h, sq, dv], float("nan"), device=q.device, dtype=td)
+    stats = torch.full([b, h, sq], float("nan"), device=q.device, dtype=torch.float32)
+    scale = 1.0 / math.sqrt(d)
+    ref_o, ref_lse, grads = attention_reference(q, k, v, scale, causal)
+    name = f"attention {dtype} B{b} H{h} Sq{sq} Skv{skv} D{d} Dv{dv}{' causal' if causal else ''}"
+    c.attention(q, k, v, o, stats=stats, causal=causal)
+    torch.cuda.synchronize()
+    tol = 2e-5 if dtype == "f32" else TOL[dtype]
+    e_o, e_l = rel_err(o, ref_o), rel_err(stats, ref_lse)
+    ok = bool(torch.isfinite(o).all()) and e_o < tol and e_l < tol
+    record(name, ok, f"o {e_o:.2e}  lse {e_l:.2e}  (tol {tol:g})")
+    d_o = randn([b, h, sq, dv], td, g)
+    dq, dk, dvv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    c.attention_backward(q, k, v, o, d_o, stats, dq, dk, dvv, causal=causal)
+    torch.cuda.synchronize()
+    ref_dq, ref_dk, ref_dv = grads(d_o)
+    errs = [rel_err(x, r) for x, r in ((dq, ref_dq), (dk, ref_dk), (dvv, ref_dv))]
+    # The backward pass starts from o as stored (rounded to dtype): allow a
+    # little more than the forward.
+    btol = 5e-5 if dtype == "f32" else 2 * TOL[dtype]
+    ok = all(torch.isfinite(t).all() for t in (dq, dk, dvv)) and max(errs) < btol
+    record(name + " backward", ok, f"dq {errs[0]:.2e} dk {errs[1]:.2e} dv {errs[2]:.2e} (tol {btol:g})")
+
+
+def run_attention(c):
+    for dtype in ("f32", "bf16", "f16"):
+        for causal in (False, True):
+            attention_case(c, 2, 3, 128, 128, 64, 64, dtype, causal)
+    attention_case(c, 1, 2, 77, 200, 128, 96, "bf16", True)
+    attention_case(c, 1, 1, 300, 64, 32, 48, "f32", True)
+
+
 def snapshot(tensors):
     torch.cuda.synchronize()
     return {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
@@ -292,6 +345,11 @@ def main():
         if info["backend"] != "cuda":
             record("regend runs the cuda backend", False, f"backend is {info['backend']}")
         run_gemms(c)
+        try:
+            run_attention(c)
+        except Exception as e:
+            record("attention", False, f"{type(e).__name__}: {e}")
+            traceback.print_exc()
         for kind in ("device_lost", "restart", "crash"):
             try:
                 lifecycle_case(c, kind)
