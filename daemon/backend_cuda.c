@@ -791,7 +791,9 @@ static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 	 * default 250 ms). On driver 580 after an illegal address it stays
 	 * busy for this process: then only a new worker process helps. */
 	const char *env = getenv("REGEN_RESET_RETRY_MS");
-	int max_attempts = (env ? atoi(env) : 250) / 25;
+	/* After a sticky error one try tells: waiting longer has never helped,
+	 * and the respawn the failure leads to is what costs the rank time. */
+	int max_attempts = (env ? atoi(env) : cuda_error_is_sticky(sync) ? 25 : 250) / 25;
 	if (max_attempts < 1)
 		max_attempts = 1;
 	for (attempts = 1; attempts <= max_attempts; attempts++) {
