@@ -1,3 +1,4 @@
+#include "regen-config.h"
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>

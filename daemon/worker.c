@@ -1,3 +1,4 @@
+#include "regen-config.h"
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
