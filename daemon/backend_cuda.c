@@ -469,12 +469,7 @@ static void lane_run(struct cuda_lane *l, struct rd_op *op)
 			break;
 		case RD_OP_ATTENTION:
 		case RD_OP_ATTENTION_BACKWARD:
-			if (cuda_attention_enqueue) {
-				r = cuda_attention_enqueue(l, op);
-			} else {
-				r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED,
-						 "attention is not built into this CUDA backend");
-			}
+			r = cuda_attention_enqueue(l, op);
 			break;
 		default:
 			r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "unknown op kind %d", (int)op->kind);

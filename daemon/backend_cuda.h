@@ -230,6 +230,6 @@ int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], str
 void cuda_close_event(struct rd_event *ev);
 uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);
 
-/* Attention lives in backend_cuda_attention.c when that file is built; the
- * weak reference makes its absence an io.regen MethodNotImplemented. */
-int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op) __attribute__((weak));
+/* backend_cuda_attention.c: enqueues op's attention (forward or backward)
+ * on the lane's stream. 0 or -errno with op->err set. */
+int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op);

@@ -100,6 +100,7 @@ def main():
 
         # 1. Release: memory back to the post-start baseline, next call rebuilds.
         before = info(c)
+        old_a = c.import_tensor(rank.a)
         c.release(0, reason="test: release")
         after = info(c)
         print(f"memory: baseline {after['memory_baseline']} B, used before release {before['memory_used']} B, "
@@ -108,8 +109,10 @@ def main():
         check(abs(after["memory_used"] - base) <= 0.01 * max(base, 1) + (2 << 20),
               "release returns device memory to within 1% of the baseline")
         check(after["generation"] == before["generation"] + 1, "release bumps the generation")
+        n = rank.a.shape[0]
         try:
-            rank.gemm(c)
+            # The id itself, not the tensor: the client would re-import a tensor.
+            c.gemm(regen.Operand(old_a.id, 0, "f32", [n, n]), rank.b, rank.d)
             check(False, "an old id after release is refused")
         except regen.StaleGeneration as e:
             check(e.parameters.get("generation") == after["generation"], "old id -> StaleGeneration with the new generation")
