@@ -325,6 +325,15 @@ static const struct rd_resource_ops fault_ops = {
 
 /* ---- Lanes -------------------------------------------------------------- */
 
+static void lane_destroy_events(struct cuda_lane *l)
+{
+	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++) {
+		if (l->done[i])
+			cudaEventDestroy(l->done[i]);
+		l->done[i] = NULL;
+	}
+}
+
 static int lane_init(struct rd_resource *res)
 {
 	struct cuda_lane *l = (struct cuda_lane *)res;
@@ -334,12 +343,16 @@ static int lane_init(struct rd_resource *res)
 	e_ = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("cudaStreamCreateWithFlags");
-	/* Polled by lane_wait(), never synchronised on. */
-	e_ = cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming);
-	if (e_ != cudaSuccess) {
-		cudaStreamDestroy(l->stream);
-		l->stream = NULL;
-		return STATUS_CUDA("cudaEventCreateWithFlags");
+	/* One per call in flight on the lane; polled by lane_wait(), never
+	 * synchronised on. */
+	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++) {
+		e_ = cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming);
+		if (e_ != cudaSuccess) {
+			lane_destroy_events(l);
+			cudaStreamDestroy(l->stream);
+			l->stream = NULL;
+			return STATUS_CUDA("cudaEventCreateWithFlags");
+		}
 	}
 	pthread_mutex_lock(&l->cd->fault_lock);
 	l->fault_seen = l->cd->fault_seq;
@@ -352,17 +365,17 @@ static void lane_release(struct rd_resource *res)
 	struct cuda_lane *l = (struct cuda_lane *)res;
 	cudaSetDevice(l->cd->dev->index);
 	cudaStreamSynchronize(l->stream);
-	cudaEventDestroy(l->done);
+	lane_destroy_events(l);
 	cudaStreamDestroy(l->stream);
 	l->stream = NULL;
-	l->done = NULL;
 }
 
 static void lane_invalidate(struct rd_resource *res)
 {
 	struct cuda_lane *l = (struct cuda_lane *)res;
 	l->stream = NULL;
-	l->done = NULL;
+	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++)
+		l->done[i] = NULL;
 }
 
 static const struct rd_resource_ops lane_ops = {
@@ -370,15 +383,21 @@ static const struct rd_resource_ops lane_ops = {
 };
 
 /* Sets op->err from a CUDA failure; a sticky one marks the device lost. */
-static int lane_fail_cuda(struct cuda_lane *l, struct rd_op *op, const char *what, cudaError_t e)
+static int lane_fail_cuda_at(struct cuda_lane *l, uint64_t op_resets, struct rd_op *op, const char *what, cudaError_t e)
 {
 	char reason[256];
 	snprintf(reason, sizeof(reason), "%s on lane %u: %s (%s)", what, l->base.index, cudaGetErrorString(e),
 		 cudaGetErrorName(e));
 	rp_error_set(&op->err, cuda_error_name(e), "%s", reason);
-	if (cuda_error_is_sticky(e) && atomic_load(&l->cd->resets) == l->op_resets)
+	if (cuda_error_is_sticky(e) && atomic_load(&l->cd->resets) == op_resets)
 		cuda_mark_lost(l->cd, reason);
 	return -EIO;
+}
+
+/* From the launching thread, for the op it is launching. */
+static int lane_fail_cuda(struct cuda_lane *l, struct rd_op *op, const char *what, cudaError_t e)
+{
+	return lane_fail_cuda_at(l, l->op_resets, op, what, e);
 }
 
 static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
@@ -446,23 +465,37 @@ static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 	}
 }
 
-static void lane_run(struct cuda_lane *l, struct rd_op *op)
+/* A launched call waiting for its completion event. */
+struct lane_pending {
+	struct rd_op *op;
+	cudaEvent_t done;          /* a copy: an invalidate forgets the lane's */
+	uint64_t t0, resets;
+	int r;
+	bool enqueued;
+};
+
+/* Enqueues op's work on the lane's stream and records its completion
+ * event; does not wait. */
+static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p)
 {
 	struct cuda_dev *cd = l->cd;
-	uint64_t t0 = now_ns();
 	int r = 0;
-	bool enqueued = false;
 
-	l->op_resets = atomic_load(&cd->resets);
+	p->op = op;
+	p->t0 = now_ns();
+	p->enqueued = false;
+	p->done = NULL;
+	l->op_resets = p->resets = atomic_load(&cd->resets);
 	if (atomic_load(&cd->lost)) {
-		rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", cd->dev->index);
-		goto out;
+		p->r = rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
+				    cd->dev->index);
+		return;
 	}
 	r = cuda_bind(cd, &op->err);
 	if (r == 0)
 		r = lane_prepare(l, op);
 	if (r == 0) {
-		enqueued = true;
+		p->enqueued = true;
 		switch (op->kind) {
 		case RD_OP_GEMM:
 			r = cuda_gemm_enqueue(l, op);
@@ -481,27 +514,41 @@ static void lane_run(struct cuda_lane *l, struct rd_op *op)
 				r = lane_fail_cuda(l, op, "cudaEventRecord(signal_event)", e);
 		}
 	}
-	if (enqueued && l->stream) {
-		/* The one synchronisation point: whatever was enqueued finishes
-		 * here, and a sticky error of the context shows up here. */
-		/* A copy: an invalidate (reset while a hang holds this call)
-		 * forgets l->done underneath the wait. */
-		cudaEvent_t done = l->done;
-		cudaError_t e = cudaEventRecord(done, l->stream);
-		if (e == cudaSuccess)
-			e = lane_wait(l, done);
+	p->r = r;
+	if (p->enqueued && l->stream) {
+		p->done = l->done[l->next_done];
+		l->next_done = (l->next_done + 1) % RD_CUDA_LANE_DEPTH;
+		cudaError_t e = cudaEventRecord(p->done, l->stream);
+		if (e != cudaSuccess) {
+			p->done = NULL;
+			if (p->r == 0 || cuda_error_is_sticky(e))
+				p->r = lane_fail_cuda(l, op, "recording the call's completion", e);
+		}
+	}
+}
+
+/* The one synchronisation point of a call: whatever it enqueued finishes
+ * here, and a sticky error of the context shows up here. */
+static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
+{
+	struct cuda_dev *cd = l->cd;
+	struct rd_op *op = p->op;
+
+	if (p->done) {
+		cudaError_t e = lane_wait(l, p->done);
 		if (e == cudaErrorNotReady) {
 			/* Another lane found the context lost while this call was
 			 * in flight behind a kernel that may never finish. */
+			rp_error_clear(&op->err);
 			rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
 				     "device %d lost its context while this call was in flight on lane %u",
 				     cd->dev->index, l->base.index);
-		} else if (e != cudaSuccess && (r == 0 || cuda_error_is_sticky(e))) {
-			lane_fail_cuda(l, op, "completing the call", e);
+		} else if (e != cudaSuccess && (p->r == 0 || cuda_error_is_sticky(e))) {
+			rp_error_clear(&op->err);
+			lane_fail_cuda_at(l, p->resets, op, "completing the call", e);
 		}
 	}
-out:
-	op->elapsed_us = (now_ns() - t0) / 1000;
+	op->elapsed_us = (now_ns() - p->t0) / 1000;
 	rd_op_complete(op);
 }
 
@@ -514,6 +561,12 @@ struct lane_queue {
 struct cuda_lane_impl {
 	struct cuda_lane lane;
 	struct lane_queue q;
+	struct lane_pending pending[RD_CUDA_LANE_DEPTH];
+	unsigned pending_head, npending;
+	bool launcher_done;
+	pthread_t completer;
+	int wake_seq;          /* set by submit: ends the launcher's spin */
+	int done_seq;          /* set by a launch: ends the completer's spin */
 };
 
 static int queue_push(struct lane_queue *q, struct rd_op *op)
@@ -545,7 +598,86 @@ static struct rd_op *queue_pop(struct lane_queue *q)
 	return op;
 }
 
+/* Waits, with l->lock held, until ready(li) or stopping. A call arriving
+ * while the lane is busy should not pay a futex wake-up (tens of
+ * microseconds, more than a small GEMM): spin unlocked for a short while
+ * first, then sleep on the condition variable. */
+#define LANE_IDLE_SPIN_NS 50000
+static void lane_idle_wait(struct cuda_lane_impl *li, bool (*ready)(struct cuda_lane_impl *li))
+{
+	struct cuda_lane *l = &li->lane;
+
+	if (ready(li) || l->stopping)
+		return;
+	pthread_mutex_unlock(&l->lock);
+	uint64_t until = now_ns() + LANE_IDLE_SPIN_NS;
+	while (now_ns() < until && !__atomic_load_n(&li->wake_seq, __ATOMIC_ACQUIRE))
+		__builtin_ia32_pause();
+	pthread_mutex_lock(&l->lock);
+	while (!ready(li) && !l->stopping)
+		pthread_cond_wait(&l->cond, &l->lock);
+}
+
+/* The completer's wait: it must not return on `stopping` alone (the
+ * launcher may still be draining), only once completer_ready(). */
+static void lane_idle_wait_completer(struct cuda_lane_impl *li)
+{
+	struct cuda_lane *l = &li->lane;
+
+	pthread_mutex_unlock(&l->lock);
+	uint64_t until = now_ns() + LANE_IDLE_SPIN_NS;
+	while (now_ns() < until && !__atomic_load_n(&li->done_seq, __ATOMIC_ACQUIRE))
+		__builtin_ia32_pause();
+	pthread_mutex_lock(&l->lock);
+	while (!li->npending && !li->launcher_done)
+		pthread_cond_wait(&l->cond, &l->lock);
+}
+
+static bool launcher_ready(struct cuda_lane_impl *li)
+{
+	return li->q.count && li->npending < RD_CUDA_LANE_DEPTH;
+}
+
+static bool completer_ready(struct cuda_lane_impl *li)
+{
+	return li->npending || li->launcher_done;
+}
+
+/* The launching thread: takes ops in order and enqueues them without
+ * waiting, so a client that pipelines its calls keeps the GPU busy; at most
+ * RD_CUDA_LANE_DEPTH calls are launched and not yet completed. */
 static void *lane_main(void *arg)
+{
+	struct cuda_lane_impl *li = arg;
+	struct cuda_lane *l = &li->lane;
+	pthread_mutex_lock(&l->lock);
+	for (;;) {
+		__atomic_store_n(&li->wake_seq, 0, __ATOMIC_RELEASE);
+		lane_idle_wait(li, launcher_ready);
+		if (!li->q.count && l->stopping)
+			break;
+		if (li->npending == RD_CUDA_LANE_DEPTH) {
+			pthread_cond_wait(&l->cond, &l->lock);
+			continue;
+		}
+		struct rd_op *op = queue_pop(&li->q);
+		pthread_mutex_unlock(&l->lock);
+		struct lane_pending p;
+		lane_launch(l, op, &p);
+		pthread_mutex_lock(&l->lock);
+		li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
+		li->npending++;
+		__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&l->cond);
+	}
+	li->launcher_done = true;
+	pthread_cond_broadcast(&l->cond);
+	pthread_mutex_unlock(&l->lock);
+	return NULL;
+}
+
+/* The completing thread: waits for launched calls in order. */
+static void *lane_completer_main(void *arg)
 {
 	struct cuda_lane_impl *li = arg;
 	struct cuda_lane *l = &li->lane;
@@ -553,16 +685,18 @@ static void *lane_main(void *arg)
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	pthread_mutex_lock(&l->lock);
 	for (;;) {
-		while (!li->q.count && !l->stopping)
-			pthread_cond_wait(&l->cond, &l->lock);
-		struct rd_op *op = queue_pop(&li->q);
-		if (!op)
+		while (!completer_ready(li)) {
+			__atomic_store_n(&li->done_seq, 0, __ATOMIC_RELEASE);
+			lane_idle_wait_completer(li);
+		}
+		if (!li->npending)
 			break;
-		l->busy = true;
+		struct lane_pending p = li->pending[li->pending_head];
 		pthread_mutex_unlock(&l->lock);
-		lane_run(l, op);
+		lane_complete(l, &p);
 		pthread_mutex_lock(&l->lock);
-		l->busy = false;
+		li->pending_head = (li->pending_head + 1) % RD_CUDA_LANE_DEPTH;
+		li->npending--;
 		pthread_cond_broadcast(&l->cond);
 	}
 	pthread_mutex_unlock(&l->lock);
@@ -595,6 +729,16 @@ static struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, s
 		rp_error_set(err, RP_ERR_BACKEND, "pthread_create: %s", strerror(r));
 		goto fail;
 	}
+	r = pthread_create(&li->completer, NULL, lane_completer_main, li);
+	if (r) {
+		pthread_mutex_lock(&l->lock);
+		l->stopping = true;
+		pthread_cond_broadcast(&l->cond);
+		pthread_mutex_unlock(&l->lock);
+		pthread_join(l->thread, NULL);
+		rp_error_set(err, RP_ERR_BACKEND, "pthread_create: %s", strerror(r));
+		goto fail;
+	}
 	return &l->base;
 fail:
 	rd_resource_unregister(&l->base.res);
@@ -615,6 +759,7 @@ static void cuda_lane_destroy(struct rd_lane *lane)
 	pthread_cond_broadcast(&l->cond);
 	pthread_mutex_unlock(&l->lock);
 	pthread_join(l->thread, NULL);
+	pthread_join(li->completer, NULL);
 	rd_resource_unregister(&l->base.res);
 	pthread_cond_destroy(&l->cond);
 	pthread_mutex_destroy(&l->lock);
@@ -632,8 +777,10 @@ static int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	op->lane = lane;
 	pthread_mutex_lock(&l->lock);
 	int r = l->stopping ? -ESHUTDOWN : queue_push(&li->q, op);
-	if (r == 0)
-		pthread_cond_signal(&l->cond);
+	if (r == 0) {
+		__atomic_store_n(&li->wake_seq, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&l->cond);
+	}
 	pthread_mutex_unlock(&l->lock);
 	if (r)
 		return rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,

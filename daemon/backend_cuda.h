@@ -128,19 +128,23 @@ struct cuda_dev {
 	_Atomic uint64_t resets;
 };
 
+/* Calls a lane may have launched and not yet seen complete. */
+#define RD_CUDA_LANE_DEPTH 8
+
 struct cuda_lane {
 	struct rd_lane base;
 	struct cuda_dev *cd;
 	cudaStream_t stream;
-	cudaEvent_t done;
+	cudaEvent_t done[RD_CUDA_LANE_DEPTH];
+	unsigned next_done;
 	uint64_t fault_seen;
-	uint64_t op_resets;                /* cd->resets when the current op started */
+	uint64_t op_resets;                /* cd->resets when the op being launched started */
 	void *last_workspace;
 
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	bool stopping, busy;
+	bool stopping;
 };
 
 struct cuda_mapping {
