@@ -42,12 +42,12 @@ void rd_notify_stopping(void)
 #endif
 }
 
+#if REGEN_HAVE_SYSTEMD
 static void on_watchdog(uv_timer_t *t)
 {
-#if REGEN_HAVE_SYSTEMD
 	sd_notify(0, "WATCHDOG=1");
-#endif
 }
+#endif
 
 void rd_notify_watchdog_start(uv_loop_t *loop)
 {

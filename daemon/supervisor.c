@@ -435,11 +435,11 @@ static void ctl_faulted(struct rd_call *call)
 	struct sv_device *d = device_of_ctl(call->conn);
 	const char *reason = NULL;
 	struct rp_error err = { 0 };
-	char why[160];
+	char why[128];
 
 	rp_params_string(call->msg.params, "reason", 120, "device fault", &reason, &err);
 	rp_error_clear(&err);
-	snprintf(why, sizeof(why), "fault: %s", reason ? reason : "device fault");
+	snprintf(why, sizeof(why), "fault: %.110s", reason ? reason : "device fault");
 	rd_warn("lifecycle", d->index, d->generation, 0, "worker reports %s", why);
 	rd_call_reply(call, NULL, false);
 	d->faulted = true;

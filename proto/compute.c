@@ -171,6 +171,47 @@ static int check_no_overlap(const struct rp_operand *out, const char *out_name, 
 	return 0;
 }
 
+/* An output whose elements share addresses (a zero or too small stride)
+ * would be written by many threads at once. Conservative: with the
+ * dimensions of size > 1 ordered by stride, each stride must step over the
+ * whole extent of the ones inside it. */
+static int check_no_self_overlap(const struct rp_operand *out, const char *name, struct rp_error *err)
+{
+	int64_t stride[RP_RANK_MAX], size[RP_RANK_MAX];
+	int n = 0;
+
+	for (int i = 0; i < out->rank; i++) {
+		if (out->shape[i] > 1) {
+			stride[n] = out->strides[i];
+			size[n] = out->shape[i];
+			n++;
+		}
+	}
+	for (int i = 1; i < n; i++) {
+		for (int j = i; j > 0 && stride[j] < stride[j - 1]; j--) {
+			int64_t t = stride[j];
+			stride[j] = stride[j - 1];
+			stride[j - 1] = t;
+			t = size[j];
+			size[j] = size[j - 1];
+			size[j - 1] = t;
+		}
+	}
+	int64_t reach = 1;
+	for (int i = 0; i < n; i++) {
+		if (stride[i] < reach) {
+			return invalid_operand(err, name,
+					       "its strides make elements share memory (stride %" PRId64 " where at least %" PRId64
+					       " is needed); an output needs every element at its own address",
+					       stride[i], reach);
+		}
+		if (__builtin_mul_overflow(stride[i], size[i], &reach)) {
+			return 0;   /* larger than any buffer: bounds will refuse it */
+		}
+	}
+	return 0;
+}
+
 /* wait_event / signal_event: an event id ("e0.1.7") or absent. */
 static int parse_event(const cJSON *params, const char *name, struct rp_event_ref *ev, struct rp_error *err)
 {
@@ -560,7 +601,9 @@ int rp_attention_parse(const cJSON *params, struct rp_attention *a, struct rp_er
 	}
 
 	/* o and stats are written; nothing read may share their bytes. */
-	if ((r = check_no_overlap(&a->o, "o", &a->q, "q", err)) < 0 ||
+	if ((r = check_no_self_overlap(&a->o, "o", err)) < 0 ||
+	    (a->has_stats && (r = check_no_self_overlap(&a->stats, "stats", err)) < 0) ||
+	    (r = check_no_overlap(&a->o, "o", &a->q, "q", err)) < 0 ||
 	    (r = check_no_overlap(&a->o, "o", &a->k, "k", err)) < 0 ||
 	    (r = check_no_overlap(&a->o, "o", &a->v, "v", err)) < 0) {
 		goto fail;
@@ -666,6 +709,9 @@ int rp_attention_backward_parse(const cJSON *params, struct rp_attention_backwar
 		{ &a->q, "q" }, { &a->k, "k" }, { &a->v, "v" }, { &a->o, "o" }, { &a->d_o, "d_o" }, { &a->stats, "stats" },
 	};
 	for (size_t i = 0; i < sizeof(outs) / sizeof(outs[0]); i++) {
+		if ((r = check_no_self_overlap(outs[i].op, outs[i].name, err)) < 0) {
+			goto fail;
+		}
 		for (size_t j = 0; j < sizeof(ins) / sizeof(ins[0]); j++) {
 			if ((r = check_no_overlap(outs[i].op, outs[i].name, ins[j].op, ins[j].name, err)) < 0) {
 				goto fail;

@@ -130,6 +130,7 @@ static int hung_call_main(void *arg)
 	      (r == -EREMOTE && (is_name(c, "io.regen.DeviceLost") || is_name(c, "io.regen.Timeout") ||
 				 is_name(c, "io.regen.Draining") || is_name(c, "io.regen.StaleGeneration"))),
 	      "the hung call ended with %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
+	it_mem_free(&m);
 	regen_client_destroy(c);
 	return 0;
 }

@@ -359,6 +359,11 @@ END_TEST
 
 static const struct bad_case attention_bad_cases[] = {
 	{ "unknown field", "{'dropout': 0.1}", PARAM, "dropout", NULL },
+	{ "o broadcast over heads and rows (elements share memory)",
+	  "{'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 16, 8], 'strides': [0, 0, 0, 1]}}", OPERAND, "o",
+	  "share memory" },
+	{ "stats of both batches on one address", "{'stats': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [2, 4, 16], 'strides': [0, 16, 1]}}",
+	  OPERAND, "stats", "share memory" },
 	{ "o missing", "{'o': null}", PARAM, "o", NULL },
 	{ "q of rank 3", "{'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [8, 16, 32]}}", OPERAND, "q", "rank 3" },
 	{ "k head_dim differs from q", "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 4, 24, 16]}}", OPERAND,
@@ -442,6 +447,9 @@ END_TEST
 
 static const struct bad_case attention_backward_bad_cases[] = {
 	{ "stats missing", "{'stats': null}", PARAM, "stats", NULL },
+	{ "d_v rows overlapping each other",
+	  "{'d_v': {'buffer': 'b0.1.9', 'dtype': 'f16', 'shape': [2, 4, 24, 8], 'strides': [768, 192, 4, 1]}}", OPERAND,
+	  "d_v", "share memory" },
 	{ "d_o missing", "{'d_o': null}", PARAM, "d_o", NULL },
 	{ "unknown field", "{'stats_dtype': 'f32'}", PARAM, "stats_dtype", NULL },
 	{ "k inconsistent with q", "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 4, 24, 64]}}", OPERAND, "k",
