@@ -1,0 +1,641 @@
+/* bench_latency: what a GEMM through regend costs over the same GEMM run
+ * in-process with cuBLASLt.
+ *
+ *   bench_latency REGEND_PATH [--iters N]
+ *
+ * Starts its own regend (CUDA backend, one device) on a socket in a fresh
+ * temporary directory, imports three cudaMalloc'ed matrices through CUDA IPC
+ * and times regen_gemm (submit -> reply; the reply means the GEMM finished)
+ * of a 64x64x64 bf16 GEMM against cublasLtMatmul + cudaStreamSynchronize of
+ * the same GEMM in this process, after checking once that both agree. Then a
+ * 4096^3 bf16 throughput line both ways. Prints a markdown table.
+ *
+ * Exit codes: 0 done, 1 failure, 2 usage, 77 skipped (no CUDA device). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "regen.h"
+
+#define SKIP 77
+#define WARMUP 200
+#define BIG 4096
+#define BIG_WARMUP 3
+#define BIG_ITERS 20
+#define WORKSPACE_BYTES (32u << 20)
+
+#define CUDA_OK(call)                                                                                  \
+	do {                                                                                           \
+		cudaError_t e_ = (call);                                                               \
+		if (e_ != cudaSuccess) {                                                               \
+			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+			exit(1);                                                                       \
+		}                                                                                      \
+	} while (0)
+
+#define LT_OK(call)                                                                                    \
+	do {                                                                                           \
+		cublasStatus_t s_ = (call);                                                            \
+		if (s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+			fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, (int)s_); \
+			exit(1);                                                                       \
+		}                                                                                      \
+	} while (0)
+
+/* ---- the regend child: started here, always stopped and cleaned up ---- */
+
+static char tmp_dir[64];
+static char sock_path[128];
+static char log_path[128];
+static pid_t regend_pid = -1;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void dump_log(void)
+{
+	char line[512];
+	FILE *f;
+
+	if (log_path[0] == '\0' || (f = fopen(log_path, "r")) == NULL) {
+		return;
+	}
+	fprintf(stderr, "---- regend log (%s) ----\n", log_path);
+	while (fgets(line, sizeof(line), f) != NULL) {
+		fputs(line, stderr);
+	}
+	fprintf(stderr, "---- end of regend log ----\n");
+	fclose(f);
+}
+
+static void stop_regend(void)
+{
+	double deadline;
+	int status;
+
+	if (regend_pid <= 0) {
+		return;
+	}
+	kill(regend_pid, SIGTERM);
+	deadline = now_s() + 10.0;
+	for (;;) {
+		pid_t r = waitpid(regend_pid, &status, WNOHANG);
+		if (r == regend_pid || (r < 0 && errno != EINTR)) {
+			break;
+		}
+		if (now_s() > deadline) {
+			fprintf(stderr, "bench_latency: regend (pid %d) still running 10 s after SIGTERM; SIGKILL\n",
+				(int)regend_pid);
+			kill(regend_pid, SIGKILL);
+			waitpid(regend_pid, &status, 0);
+			break;
+		}
+		usleep(10000);
+	}
+	regend_pid = -1;
+}
+
+static void remove_tmp_dir(void)
+{
+	DIR *d;
+	struct dirent *e;
+	char path[512];
+
+	if (tmp_dir[0] == '\0' || (d = opendir(tmp_dir)) == NULL) {
+		return;
+	}
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) {
+			continue;
+		}
+		snprintf(path, sizeof(path), "%s/%s", tmp_dir, e->d_name);
+		unlink(path);
+	}
+	closedir(d);
+	rmdir(tmp_dir);
+	tmp_dir[0] = '\0';
+}
+
+static void cleanup(void)
+{
+	stop_regend();
+	remove_tmp_dir();
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "bench_latency: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);   /* atexit: cleanup */
+}
+
+static void die_regen(regen_client *c, const char *what, int r) __attribute__((noreturn));
+static void die_regen(regen_client *c, const char *what, int r)
+{
+	const char *name = c ? regen_client_error_name(c) : NULL;
+	const char *msg = c ? regen_client_error_message(c) : NULL;
+
+	dump_log();
+	die("%s: %s%s%s%s%s", what, strerror(-r), name ? " " : "", name ? name : "", msg ? ": " : "", msg ? msg : "");
+}
+
+static void start_regend(const char *regend)
+{
+	pid_t pid;
+
+	snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/regen-lat-XXXXXX");
+	if (mkdtemp(tmp_dir) == NULL) {
+		tmp_dir[0] = '\0';
+		die("mkdtemp: %s", strerror(errno));
+	}
+	snprintf(sock_path, sizeof(sock_path), "%s/regend.sock", tmp_dir);
+	snprintf(log_path, sizeof(log_path), "%s/regend.log", tmp_dir);
+
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		die("fork: %s", strerror(errno));
+	}
+	if (pid == 0) {
+		int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (fd < 0 || nul < 0) {
+			_exit(127);
+		}
+		dup2(nul, STDIN_FILENO);
+		dup2(fd, STDOUT_FILENO);
+		dup2(fd, STDERR_FILENO);
+		execl(regend, regend, "--socket", sock_path, "--backend", "cuda", "--devices", "1", (char *)NULL);
+		fprintf(stderr, "exec %s: %s\n", regend, strerror(errno));
+		_exit(127);
+	}
+	regend_pid = pid;
+}
+
+/* Connects (retrying up to 60 s) and waits until device 0 is ready. */
+static regen_client *wait_ready(void)
+{
+	double deadline = now_s() + 60.0;
+	regen_client *c = NULL;
+	struct regen_status st;
+	char last[160] = "not connected";
+	int r, status;
+
+	for (;;) {
+		if (waitpid(regend_pid, &status, WNOHANG) == regend_pid) {
+			regend_pid = -1;
+			dump_log();
+			die("regend exited before it was ready (%s %d)", WIFEXITED(status) ? "exit" : "signal",
+			    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+		}
+		if (c == NULL) {
+			r = regen_client_connect(sock_path, &c);
+			if (r < 0) {
+				c = NULL;
+				snprintf(last, sizeof(last), "connect: %s", strerror(-r));
+			}
+		}
+		if (c != NULL) {
+			memset(&st, 0, sizeof(st));
+			r = regen_status(c, &st);
+			if (r < 0) {
+				snprintf(last, sizeof(last), "status: %s", strerror(-r));
+				regen_client_destroy(c);
+				c = NULL;
+			} else if (st.ndevices >= 1 && strcmp(st.devices[0].state, "ready") == 0) {
+				return c;
+			} else {
+				snprintf(last, sizeof(last), "%d devices, device 0 %s", st.ndevices,
+					 st.ndevices >= 1 ? st.devices[0].state : "absent");
+			}
+		}
+		if (now_s() > deadline) {
+			dump_log();
+			die("regend not ready after 60 s (%s)", last);
+		}
+		usleep(50000);
+	}
+}
+
+/* ---- matrices ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double rand_uniform(void)   /* [-1, 1) */
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static uint16_t float_to_bf16(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	u += 0x7fffu + ((u >> 16) & 1u);   /* round to nearest even (no NaN inputs here) */
+	return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_float(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+struct mat {
+	int64_t rows, cols;
+	size_t bytes;
+	void *ptr;
+	regen_buffer *buf;
+};
+
+/* c NULL: not imported into regend. */
+static void mat_alloc(regen_client *c, struct mat *m, int64_t rows, int64_t cols, bool fill)
+{
+	cudaIpcMemHandle_t h;
+	int r;
+
+	m->rows = rows;
+	m->cols = cols;
+	m->bytes = (size_t)rows * (size_t)cols * sizeof(uint16_t);
+	CUDA_OK(cudaMalloc(&m->ptr, m->bytes));
+	if (fill) {
+		size_t n = (size_t)rows * (size_t)cols, i;
+		uint16_t *host = malloc(m->bytes);
+
+		if (host == NULL) {
+			die("malloc %zu", m->bytes);
+		}
+		for (i = 0; i < n; i++) {
+			host[i] = float_to_bf16((float)rand_uniform());
+		}
+		CUDA_OK(cudaMemcpy(m->ptr, host, m->bytes, cudaMemcpyHostToDevice));
+		free(host);
+	} else {
+		CUDA_OK(cudaMemset(m->ptr, 0, m->bytes));
+	}
+	if (c == NULL) {
+		return;
+	}
+	CUDA_OK(cudaIpcGetMemHandle(&h, m->ptr));
+	r = regen_buffer_import_cuda_ipc(c, 0, &h, 0, m->bytes, &m->buf);
+	if (r < 0) {
+		die_regen(c, "regen_buffer_import_cuda_ipc", r);
+	}
+}
+
+static void mat_free(struct mat *m)
+{
+	if (m->buf != NULL) {
+		regen_buffer_close(m->buf);
+		m->buf = NULL;
+	}
+	if (m->ptr != NULL) {
+		CUDA_OK(cudaFree(m->ptr));
+		m->ptr = NULL;
+	}
+}
+
+static float *mat_download(const struct mat *m)
+{
+	size_t n = (size_t)m->rows * (size_t)m->cols, i;
+	uint16_t *raw = malloc(m->bytes);
+	float *out = malloc(n * sizeof(float));
+
+	if (raw == NULL || out == NULL) {
+		die("malloc");
+	}
+	CUDA_OK(cudaMemcpy(raw, m->ptr, m->bytes, cudaMemcpyDeviceToHost));
+	for (i = 0; i < n; i++) {
+		out[i] = bf16_to_float(raw[i]);
+	}
+	free(raw);
+	return out;
+}
+
+static void tensor2(struct regen_tensor *t, const struct mat *m)
+{
+	memset(t, 0, sizeof(*t));
+	t->buffer = m->buf;
+	t->offset = 0;
+	t->dtype = REGEN_BF16;
+	t->rank = 2;
+	t->shape[0] = m->rows;
+	t->shape[1] = m->cols;
+}
+
+/* ---- the two paths ---- */
+
+struct gemm {
+	int64_t m, n, k;
+	struct mat a, b, d_regen, d_local;
+	struct regen_gemm_args args;
+	/* cuBLASLt, in this process */
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t la, lb, ld;
+	cublasLtMatmulAlgo_t algo;
+};
+
+struct lt {
+	cublasLtHandle_t handle;
+	cudaStream_t stream;
+	void *workspace;
+};
+
+static void gemm_setup(regen_client *c, struct lt *lt, struct gemm *g, int64_t m, int64_t n, int64_t k)
+{
+	cublasLtMatmulPreference_t pref;
+	cublasLtMatmulHeuristicResult_t heur;
+	cublasOperation_t op = CUBLAS_OP_N;
+	size_t ws = WORKSPACE_BYTES;
+	int found = 0;
+
+	memset(g, 0, sizeof(*g));
+	g->m = m;
+	g->n = n;
+	g->k = k;
+	mat_alloc(c, &g->a, m, k, true);
+	mat_alloc(c, &g->b, k, n, true);
+	mat_alloc(c, &g->d_regen, m, n, false);
+	mat_alloc(NULL, &g->d_local, m, n, false);
+
+	/* regend: D[M,N] = A[M,K] @ B[K,N], row-major, alpha 1, beta 0. */
+	tensor2(&g->args.a, &g->a);
+	tensor2(&g->args.b, &g->b);
+	tensor2(&g->args.d, &g->d_regen);
+	g->args.alpha = 1.0;
+	g->args.alpha_set = true;
+	g->args.beta = 0.0;
+	g->args.epilogue = REGEN_EPILOGUE_NONE;
+
+	/* cuBLASLt is column-major: the row-major D[M,N] is the column-major
+	 * D^T [N,M] (ld N), and D^T = B^T A^T with B^T [N,K] (ld N) and
+	 * A^T [K,M] (ld K) as B and A are stored. */
+	LT_OK(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+	LT_OK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof(op)));
+	LT_OK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op, sizeof(op)));
+	LT_OK(cublasLtMatrixLayoutCreate(&g->la, CUDA_R_16BF, (uint64_t)n, (uint64_t)k, n));   /* B^T */
+	LT_OK(cublasLtMatrixLayoutCreate(&g->lb, CUDA_R_16BF, (uint64_t)k, (uint64_t)m, k));   /* A^T */
+	LT_OK(cublasLtMatrixLayoutCreate(&g->ld, CUDA_R_16BF, (uint64_t)n, (uint64_t)m, n));   /* D^T */
+	LT_OK(cublasLtMatmulPreferenceCreate(&pref));
+	LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+	LT_OK(cublasLtMatmulAlgoGetHeuristic(lt->handle, g->desc, g->la, g->lb, g->ld, g->ld, pref, 1, &heur, &found));
+	if (found < 1) {
+		die("cublasLtMatmulAlgoGetHeuristic: no algorithm for %lldx%lldx%lld bf16", (long long)m, (long long)n,
+		    (long long)k);
+	}
+	g->algo = heur.algo;
+	LT_OK(cublasLtMatmulPreferenceDestroy(pref));
+}
+
+static void gemm_teardown(struct gemm *g)
+{
+	cublasLtMatrixLayoutDestroy(g->la);
+	cublasLtMatrixLayoutDestroy(g->lb);
+	cublasLtMatrixLayoutDestroy(g->ld);
+	cublasLtMatmulDescDestroy(g->desc);
+	mat_free(&g->a);
+	mat_free(&g->b);
+	mat_free(&g->d_regen);
+	mat_free(&g->d_local);
+}
+
+static void run_regen(regen_client *c, struct gemm *g)
+{
+	int r = regen_gemm(c, &g->args);
+
+	if (r < 0) {
+		die_regen(c, "regen_gemm", r);
+	}
+}
+
+static void run_local(struct lt *lt, struct gemm *g)
+{
+	const float alpha = 1.0f, beta = 0.0f;
+
+	LT_OK(cublasLtMatmul(lt->handle, g->desc, &alpha, g->b.ptr, g->la, g->a.ptr, g->lb, &beta, g->d_local.ptr,
+			     g->ld, g->d_local.ptr, g->ld, &g->algo, lt->workspace, WORKSPACE_BYTES, lt->stream));
+	CUDA_OK(cudaStreamSynchronize(lt->stream));
+}
+
+/* Max |regend - local| <= 1e-2 * max |value|. */
+static void check_agree(struct gemm *g)
+{
+	float *x = mat_download(&g->d_regen), *y = mat_download(&g->d_local);
+	size_t n = (size_t)g->m * (size_t)g->n, i;
+	double maxabs = 0, maxdiff = 0;
+
+	for (i = 0; i < n; i++) {
+		double d = fabs((double)x[i] - (double)y[i]);
+
+		if (!isfinite(x[i]) || !isfinite(y[i])) {
+			die("%lldx%lldx%lld: non-finite result at %zu (regend %g, in-process %g)", (long long)g->m,
+			    (long long)g->n, (long long)g->k, i, x[i], y[i]);
+		}
+		maxabs = fmax(maxabs, fmax(fabs(x[i]), fabs(y[i])));
+		maxdiff = fmax(maxdiff, d);
+	}
+	free(x);
+	free(y);
+	if (maxabs == 0 || maxdiff > 1e-2 * maxabs) {
+		die("%lldx%lldx%lld: regend and in-process results differ: max |diff| %g, max |value| %g",
+		    (long long)g->m, (long long)g->n, (long long)g->k, maxdiff, maxabs);
+	}
+	fprintf(stderr, "bench_latency: %lldx%lldx%lld results agree (max |diff| %.3g, max |value| %.3g)\n",
+		(long long)g->m, (long long)g->n, (long long)g->k, maxdiff, maxabs);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+struct stats {
+	double p50, p99, min;   /* µs */
+};
+
+static struct stats summarize(double *us, int n)
+{
+	struct stats s;
+	int i99 = (int)ceil(0.99 * n) - 1;
+
+	qsort(us, (size_t)n, sizeof(double), cmp_double);
+	s.min = us[0];
+	s.p50 = us[(n - 1) / 2];
+	s.p99 = us[i99 < 0 ? 0 : i99];
+	return s;
+}
+
+int main(int argc, char **argv)
+{
+	const char *regend = NULL;
+	long iters = 2000;
+	int i, ndev = 0;
+	cudaError_t ce;
+	regen_client *c;
+	struct lt lt;
+	struct gemm small, big;
+	struct stats s_regen, s_local;
+	double *us, t0, t_regen, t_local, flop;
+
+	for (i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+			char *end;
+			iters = strtol(argv[++i], &end, 10);
+			if (*end != '\0' || iters < 1 || iters > 100000000) {
+				fprintf(stderr, "bench_latency: bad --iters %s\n", argv[i]);
+				return 2;
+			}
+		} else if (argv[i][0] != '-' && regend == NULL) {
+			regend = argv[i];
+		} else {
+			regend = NULL;
+			break;
+		}
+	}
+	if (regend == NULL) {
+		fprintf(stderr, "usage: bench_latency REGEND_PATH [--iters N]   (default N 2000)\n");
+		return 2;
+	}
+	if (access(regend, X_OK) != 0) {
+		fprintf(stderr, "bench_latency: %s: %s\n", regend, strerror(errno));
+		return 2;
+	}
+
+	ce = cudaGetDeviceCount(&ndev);
+	if (ce != cudaSuccess || ndev == 0) {
+		printf("SKIP: no CUDA device (%s, %d devices)\n", ce != cudaSuccess ? cudaGetErrorString(ce) : "ok",
+		       ndev);
+		return SKIP;
+	}
+	CUDA_OK(cudaSetDevice(0));
+	CUDA_OK(cudaFree(NULL));   /* context now, not inside the first timing */
+
+	atexit(cleanup);
+	signal(SIGPIPE, SIG_IGN);
+	start_regend(regend);
+	c = wait_ready();
+	regen_client_set_timeout(c, 120);
+	fprintf(stderr, "bench_latency: regend pid %d ready on %s\n", (int)regend_pid, sock_path);
+
+	LT_OK(cublasLtCreate(&lt.handle));
+	CUDA_OK(cudaStreamCreateWithFlags(&lt.stream, cudaStreamNonBlocking));
+	CUDA_OK(cudaMalloc(&lt.workspace, WORKSPACE_BYTES));
+
+	us = malloc(sizeof(double) * (size_t)iters);
+	if (us == NULL) {
+		die("malloc");
+	}
+
+	/* ---- latency: 64x64x64 ---- */
+	gemm_setup(c, &lt, &small, 64, 64, 64);
+	run_regen(c, &small);
+	run_local(&lt, &small);
+	check_agree(&small);
+
+	for (i = 0; i < WARMUP; i++) {
+		run_regen(c, &small);
+	}
+	for (i = 0; i < iters; i++) {
+		t0 = now_s();
+		run_regen(c, &small);
+		us[i] = (now_s() - t0) * 1e6;
+	}
+	s_regen = summarize(us, (int)iters);
+
+	for (i = 0; i < WARMUP; i++) {
+		run_local(&lt, &small);
+	}
+	for (i = 0; i < iters; i++) {
+		t0 = now_s();
+		run_local(&lt, &small);
+		us[i] = (now_s() - t0) * 1e6;
+	}
+	s_local = summarize(us, (int)iters);
+	gemm_teardown(&small);
+
+	/* ---- throughput: 4096^3 ---- */
+	gemm_setup(c, &lt, &big, BIG, BIG, BIG);
+	run_regen(c, &big);
+	run_local(&lt, &big);
+	check_agree(&big);
+	for (i = 0; i < BIG_WARMUP; i++) {
+		run_regen(c, &big);
+	}
+	t0 = now_s();
+	for (i = 0; i < BIG_ITERS; i++) {
+		run_regen(c, &big);
+	}
+	t_regen = (now_s() - t0) / BIG_ITERS;
+	for (i = 0; i < BIG_WARMUP; i++) {
+		run_local(&lt, &big);
+	}
+	t_local = 0;
+	for (i = 0; i < BIG_ITERS; i++) {
+		t0 = now_s();
+		run_local(&lt, &big);
+		t_local += now_s() - t0;
+	}
+	t_local /= BIG_ITERS;
+	gemm_teardown(&big);
+
+	flop = 2.0 * BIG * BIG * BIG;
+	printf("64x64x64 bf16 GEMM, %ld iterations after %d warm-up, submit -> completion:\n\n", iters, WARMUP);
+	printf("| path | p50 µs | p99 µs | min µs |\n");
+	printf("| --- | ---: | ---: | ---: |\n");
+	printf("| regend (regen_gemm over Varlink, CUDA IPC buffers) | %.1f | %.1f | %.1f |\n", s_regen.p50,
+	       s_regen.p99, s_regen.min);
+	printf("| in-process (cublasLtMatmul + cudaStreamSynchronize) | %.1f | %.1f | %.1f |\n", s_local.p50,
+	       s_local.p99, s_local.min);
+	printf("\nadded by regend: p50 %.1f µs, p99 %.1f µs\n", s_regen.p50 - s_local.p50, s_regen.p99 - s_local.p99);
+	printf("\n4096^3 bf16 (%d iterations after %d warm-up): regend %.1f TFLOP/s (serial calls), "
+	       "in-process %.1f TFLOP/s (launch+sync each)\n",
+	       BIG_ITERS, BIG_WARMUP, flop / t_regen * 1e-12, flop / t_local * 1e-12);
+	fflush(stdout);
+
+	free(us);
+	regen_client_destroy(c);
+	CUDA_OK(cudaFree(lt.workspace));
+	CUDA_OK(cudaStreamDestroy(lt.stream));
+	cublasLtDestroy(lt.handle);
+	cleanup();
+	return 0;
+}
