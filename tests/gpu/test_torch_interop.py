@@ -221,6 +221,45 @@ def attention_case(c, b, h, sq, skv, d, dv, dtype, causal):
     record(name + " backward", ok, f"dq {errs[0]:.2e} dk {errs[1]:.2e} dv {errs[2]:.2e} (tol {btol:g})")
 
 
+def event_chain_case(c):
+    """The rank produces A on its own stream and records an interprocess
+    event; regend's GEMM waits on it and records the rank's second event;
+    the rank's stream waits on that before reading D. No host
+    synchronisation between producer and GEMM: if regend did not wait, it
+    would read A's NaN poison."""
+    g = fresh_generator()
+    n = 1024
+    a_real = randn([n, n], torch.float32, g)
+    b = randn([n, n], torch.float32, g)
+    a = torch.full([n, n], float("nan"), device=b.device)
+    d = torch.full([n, n], float("nan"), device=b.device)
+    ref = a_real.double() @ b.double()
+    ev_in = torch.cuda.Event(interprocess=True)
+    ev_out = torch.cuda.Event(interprocess=True)
+    ev_in.record()
+    ev_out.record()
+    torch.cuda.synchronize()
+    bufs = {name: c.import_tensor(t) for name, t in (("a", a), ("b", b), ("d", d))}
+    e_in = c.import_event(DEV, ev_in.ipc_handle())
+    e_out = c.import_event(DEV, ev_out.ipc_handle())
+    ops = {name: regen.Operand(buf.id, 0, "f32", [n, n]) for name, buf in bufs.items()}
+    torch.cuda._sleep(100_000_000)          # ~50 ms of GPU time before A exists
+    a.copy_(a_real)
+    ev_in.record()
+    t0 = time.monotonic()
+    c.gemm(ops["a"], ops["b"], ops["d"], wait_event=e_in, signal_event=e_out)
+    torch.cuda.current_stream().wait_event(ev_out)
+    out = d.clone()                          # ordered after regend's GEMM on the rank's stream
+    torch.cuda.synchronize()
+    err = rel_err(out, ref)
+    record("wait/signal events chain a rank's stream and regend's GEMM", bool(torch.isfinite(out).all()) and err < 1e-5,
+           f"rel {err:.2e}, call {1000 * (time.monotonic() - t0):.1f} ms")
+    c.close_event(e_in)
+    c.close_event(e_out)
+    for t in (a, b, d):
+        c.close_tensor(t)
+
+
 def run_attention(c):
     for dtype in ("f32", "bf16", "f16"):
         for causal in (False, True):
@@ -345,6 +384,11 @@ def main():
         if info["backend"] != "cuda":
             record("regend runs the cuda backend", False, f"backend is {info['backend']}")
         run_gemms(c)
+        try:
+            event_chain_case(c)
+        except Exception as e:
+            record("wait/signal events", False, f"{type(e).__name__}: {e}")
+            traceback.print_exc()
         try:
             run_attention(c)
         except Exception as e:
