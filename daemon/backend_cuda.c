@@ -435,33 +435,61 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
 	return 0;
 }
 
-/* Waits for the lane's completion event. Not cudaEventSynchronize: a
- * thread blocked there is not woken when the context takes a sticky error
- * while an unrelated kernel keeps running (seen on H200, driver 580: a call
- * queued behind a spinning kernel stayed blocked after an illegal address
- * elsewhere). cudaEventQuery reports the sticky error at once. Small calls
- * finish within microseconds, so the first SPIN_NS are a busy poll (a sleep
- * would cost more than the GEMM); after that, sleeps backing off from 20 us
- * to 500 us keep a long call from burning a core. Gives up early when
- * another lane has marked the device lost (cudaErrorNotReady then). */
+/* Runs on CUDA's callback thread once the stream reaches it: wakes the
+ * completers. It must not call CUDA. */
+static void CUDART_CB host_done_cb(void *arg)
+{
+	struct cuda_dev *cd = arg;
+
+	pthread_mutex_lock(&cd->done_lock);
+	cd->done_seq++;
+	pthread_cond_broadcast(&cd->done_cond);
+	pthread_mutex_unlock(&cd->done_lock);
+}
+
+/* Waits for a call's completion event. Not cudaEventSynchronize: a thread
+ * blocked there is not woken when the context takes a sticky error while an
+ * unrelated kernel keeps running (seen on H200, driver 580: a call queued
+ * behind a spinning kernel stayed blocked after an illegal address
+ * elsewhere); cudaEventQuery reports a sticky error at once. Small calls
+ * finish within microseconds, so the first LANE_SPIN_NS are a busy poll.
+ * After that the completer sleeps until the host function enqueued behind
+ * the call wakes it (exact, unlike a polling period), and at least every
+ * LANE_POLL_MS looks again, since after a fault no host function runs.
+ * Gives up early when another lane marked the device lost
+ * (cudaErrorNotReady then). */
 #define LANE_SPIN_NS 200000
+#define LANE_POLL_MS 2
 static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 {
+	struct cuda_dev *cd = l->cd;
 	uint64_t spin_until = now_ns() + LANE_SPIN_NS;
-	long delay_ns = 20000;
 
 	for (;;) {
+		pthread_mutex_lock(&cd->done_lock);
+		uint64_t seq = cd->done_seq;
+		pthread_mutex_unlock(&cd->done_lock);
 		cudaError_t e = cudaEventQuery(done);
 		if (e != cudaErrorNotReady)
 			return e;
-		if (atomic_load(&l->cd->lost))
+		if (atomic_load(&cd->lost))
 			return cudaErrorNotReady;
-		if (now_ns() < spin_until)
+		if (now_ns() < spin_until) {
+			__builtin_ia32_pause();
 			continue;
-		struct timespec ts = { 0, delay_ns };
-		nanosleep(&ts, NULL);
-		if (delay_ns < 500000)
-			delay_ns *= 2;
+		}
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += LANE_POLL_MS * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_mutex_lock(&cd->done_lock);
+		while (cd->done_seq == seq)
+			if (pthread_cond_timedwait(&cd->done_cond, &cd->done_lock, &until) != 0)
+				break;
+		pthread_mutex_unlock(&cd->done_lock);
 	}
 }
 
@@ -519,6 +547,8 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		p->done = l->done[l->next_done];
 		l->next_done = (l->next_done + 1) % RD_CUDA_LANE_DEPTH;
 		cudaError_t e = cudaEventRecord(p->done, l->stream);
+		if (e == cudaSuccess)
+			e = cudaLaunchHostFunc(l->stream, host_done_cb, cd);
 		if (e != cudaSuccess) {
 			p->done = NULL;
 			if (p->r == 0 || cuda_error_is_sticky(e))
@@ -602,7 +632,7 @@ static struct rd_op *queue_pop(struct lane_queue *q)
  * while the lane is busy should not pay a futex wake-up (tens of
  * microseconds, more than a small GEMM): spin unlocked for a short while
  * first, then sleep on the condition variable. */
-#define LANE_IDLE_SPIN_NS 50000
+#define LANE_IDLE_SPIN_NS 200000
 static void lane_idle_wait(struct cuda_lane_impl *li, bool (*ready)(struct cuda_lane_impl *li))
 {
 	struct cuda_lane *l = &li->lane;

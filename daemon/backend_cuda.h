@@ -117,6 +117,12 @@ struct cuda_dev {
 
 	/* Bumped when a fault kernel was enqueued; lanes whose seen value is
 	 * older make their next op wait on fault.event first. */
+	/* Bumped (and broadcast) by a host function each lane enqueues after a
+	 * call: completers sleep on it instead of polling at a coarse period. */
+	pthread_mutex_t done_lock;
+	pthread_cond_t done_cond;
+	uint64_t done_seq;
+
 	pthread_mutex_t fault_lock;
 	uint64_t fault_seq;
 
