@@ -343,14 +343,21 @@ static int lane_init(struct rd_resource *res)
 	e_ = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("cudaStreamCreateWithFlags");
+	e_ = cudaStreamCreateWithFlags(&l->notify, cudaStreamNonBlocking);
+	if (e_ != cudaSuccess) {
+		cudaStreamDestroy(l->stream);
+		l->stream = NULL;
+		return STATUS_CUDA("cudaStreamCreateWithFlags");
+	}
 	/* One per call in flight on the lane; polled by lane_wait(), never
 	 * synchronised on. */
 	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++) {
 		e_ = cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming);
 		if (e_ != cudaSuccess) {
 			lane_destroy_events(l);
+			cudaStreamDestroy(l->notify);
 			cudaStreamDestroy(l->stream);
-			l->stream = NULL;
+			l->stream = l->notify = NULL;
 			return STATUS_CUDA("cudaEventCreateWithFlags");
 		}
 	}
@@ -365,15 +372,17 @@ static void lane_release(struct rd_resource *res)
 	struct cuda_lane *l = (struct cuda_lane *)res;
 	cudaSetDevice(l->cd->dev->index);
 	cudaStreamSynchronize(l->stream);
+	cudaStreamSynchronize(l->notify);
 	lane_destroy_events(l);
+	cudaStreamDestroy(l->notify);
 	cudaStreamDestroy(l->stream);
-	l->stream = NULL;
+	l->stream = l->notify = NULL;
 }
 
 static void lane_invalidate(struct rd_resource *res)
 {
 	struct cuda_lane *l = (struct cuda_lane *)res;
-	l->stream = NULL;
+	l->stream = l->notify = NULL;
 	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++)
 		l->done[i] = NULL;
 }
@@ -435,8 +444,9 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
 	return 0;
 }
 
-/* Runs on CUDA's callback thread once the stream reaches it: wakes the
- * completers. It must not call CUDA. */
+/* Runs on CUDA's callback thread once a lane's notify stream reaches it
+ * (after the call's completion event): wakes the completers. It must not
+ * call CUDA. */
 static void CUDART_CB host_done_cb(void *arg)
 {
 	struct cuda_dev *cd = arg;
@@ -548,7 +558,9 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		l->next_done = (l->next_done + 1) % RD_CUDA_LANE_DEPTH;
 		cudaError_t e = cudaEventRecord(p->done, l->stream);
 		if (e == cudaSuccess)
-			e = cudaLaunchHostFunc(l->stream, host_done_cb, cd);
+			e = cudaStreamWaitEvent(l->notify, p->done, 0);
+		if (e == cudaSuccess)
+			e = cudaLaunchHostFunc(l->notify, host_done_cb, cd);
 		if (e != cudaSuccess) {
 			p->done = NULL;
 			if (p->r == 0 || cuda_error_is_sticky(e))

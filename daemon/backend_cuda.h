@@ -141,6 +141,10 @@ struct cuda_lane {
 	struct rd_lane base;
 	struct cuda_dev *cd;
 	cudaStream_t stream;
+	/* Waits for each call's completion event and then runs the host
+	 * function that wakes the completer: on a stream of its own, since a
+	 * host function in `stream` would stall the next call's kernels. */
+	cudaStream_t notify;
 	cudaEvent_t done[RD_CUDA_LANE_DEPTH];
 	unsigned next_done;
 	uint64_t fault_seen;
