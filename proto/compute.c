@@ -19,22 +19,6 @@
 #include "errors.h"
 #include "params.h"
 
-static int invalid_operand(struct rp_error *err, const char *name, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int invalid_operand(struct rp_error *err, const char *name, const char *fmt, ...)
-{
-	char reason[320];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(reason, sizeof(reason), fmt, ap);
-	va_end(ap);
-	rp_error_set(err, RP_ERR_INVALID_OPERAND, "Operand '%s' is invalid: %s", name, reason);
-	rp_error_add_str(err, "operand", name);
-	rp_error_add_str(err, "reason", reason);
-	return -EINVAL;
-}
 
 /* "[64, 32]": shapes in reasons read like the client's own code. */
 struct shape_text {
@@ -98,7 +82,7 @@ static bool same_tensor(const struct rp_operand *x, const struct rp_operand *y)
 static int check_rank(const struct rp_operand *op, const char *name, int rank, const char *what, struct rp_error *err)
 {
 	if (op->rank != rank) {
-		return invalid_operand(err, name, "%s has rank %d (shape %s) but must be rank %d, %s", name, op->rank,
+		return rp_error_invalid_operand(err, name, "%s has rank %d (shape %s) but must be rank %d, %s", name, op->rank,
 				       op_shape(op).s, rank, what);
 	}
 	return 0;
@@ -111,11 +95,11 @@ static int check_strides(const struct rp_operand *op, const char *name, bool lea
 	int last = op->rank - 1;
 
 	if (op->strides[last] != 1) {
-		return invalid_operand(err, name, "%s's last stride is %" PRId64 " but must be 1 (elements of a row adjacent)",
+		return rp_error_invalid_operand(err, name, "%s's last stride is %" PRId64 " but must be 1 (elements of a row adjacent)",
 				       name, op->strides[last]);
 	}
 	if (leading_dim && op->rank == 2 && op->strides[0] < op->shape[1]) {
-		return invalid_operand(err, name,
+		return rp_error_invalid_operand(err, name,
 				       "%s's row stride is %" PRId64 " but must be at least its row length %" PRId64
 				       " (rows may be padded, not overlap)",
 				       name, op->strides[0], op->shape[1]);
@@ -127,7 +111,7 @@ static int check_dtype(const struct rp_operand *op, const char *name, const stru
 		       const char *ref_name, struct rp_error *err)
 {
 	if (op->dtype != ref->dtype) {
-		return invalid_operand(err, name, "%s is %s but %s is %s: they must share a dtype", name,
+		return rp_error_invalid_operand(err, name, "%s is %s but %s is %s: they must share a dtype", name,
 				       rp_dtype_name(op->dtype), ref_name, rp_dtype_name(ref->dtype));
 	}
 	return 0;
@@ -138,10 +122,10 @@ static int extent(const struct rp_operand *op, const char *name, uint64_t *begin
 	int r = rp_operand_extent(op, begin, end);
 
 	if (r == -EOVERFLOW) {
-		return invalid_operand(err, name, "its extent overflows 64 bits (shape, strides or offset too large)");
+		return rp_error_invalid_operand(err, name, "its extent overflows 64 bits (shape, strides or offset too large)");
 	}
 	if (r < 0) {
-		return invalid_operand(err, name, "malformed shape or strides");
+		return rp_error_invalid_operand(err, name, "malformed shape or strides");
 	}
 	return 0;
 }
@@ -163,7 +147,7 @@ static int check_no_overlap(const struct rp_operand *out, const char *out_name, 
 		return -EINVAL;
 	}
 	if (b0 < e1 && b1 < e0) {
-		return invalid_operand(err, out_name,
+		return rp_error_invalid_operand(err, out_name,
 				       "%s (bytes [%" PRIu64 ", %" PRIu64 ")) overlaps %s (bytes [%" PRIu64 ", %" PRIu64
 				       ")) in buffer %s; an output must not share memory with another operand",
 				       out_name, b0, e0, other_name, b1, e1, rp_id_format(&out->buffer, id));
@@ -200,7 +184,7 @@ static int check_no_self_overlap(const struct rp_operand *out, const char *name,
 	int64_t reach = 1;
 	for (int i = 0; i < n; i++) {
 		if (stride[i] < reach) {
-			return invalid_operand(err, name,
+			return rp_error_invalid_operand(err, name,
 					       "its strides make elements share memory (stride %" PRId64 " where at least %" PRId64
 					       " is needed); an output needs every element at its own address",
 					       stride[i], reach);
@@ -363,21 +347,21 @@ static int gemm_check_shapes(struct rp_gemm *g, struct rp_error *err)
 		const int64_t kb_flip = g->trans_b ? g->b.shape[0] : g->b.shape[1];
 		bool flip_helps = ka_flip == kb || ka == kb_flip || ka_flip == kb_flip;
 
-		return invalid_operand(err, "b",
+		return rp_error_invalid_operand(err, "b",
 				       "op(A) is %s but op(B) is %s: K must agree (%" PRId64 " vs %" PRId64 ")%s",
 				       shape_fmt(2, opa).s, shape_fmt(2, opb).s, ka, kb,
 				       flip_helps ? "; check trans_a and trans_b" : "");
 	}
 	if (!shape_eq(&g->d, 2, mn)) {
-		return invalid_operand(err, "d", "d is %s but op(A) op(B) is %s", op_shape(&g->d).s,
+		return rp_error_invalid_operand(err, "d", "d is %s but op(A) op(B) is %s", op_shape(&g->d).s,
 				       shape_fmt(2, mn).s);
 	}
 	if (g->has_c && !shape_eq(&g->c, 2, mn)) {
-		return invalid_operand(err, "c", "c is %s but op(A) op(B) is %s", op_shape(&g->c).s,
+		return rp_error_invalid_operand(err, "c", "c is %s but op(A) op(B) is %s", op_shape(&g->c).s,
 				       shape_fmt(2, mn).s);
 	}
 	if (g->has_bias && g->bias.shape[0] != nb) {
-		return invalid_operand(err, "bias", "bias is %s but op(A) op(B) has %" PRId64 " columns; bias must be [%" PRId64 "]",
+		return rp_error_invalid_operand(err, "bias", "bias is %s but op(A) op(B) has %" PRId64 " columns; bias must be [%" PRId64 "]",
 				       op_shape(&g->bias).s, nb, nb);
 	}
 	g->m = ma;
@@ -389,15 +373,15 @@ static int gemm_check_shapes(struct rp_gemm *g, struct rp_error *err)
 static int gemm_check_options(const struct rp_gemm *g, struct rp_error *err)
 {
 	if (g->beta != 0.0 && !g->has_c) {
-		return invalid_operand(err, "c", "beta is %g, which scales c, but no c was given; pass c or leave beta 0",
+		return rp_error_invalid_operand(err, "c", "beta is %g, which scales c, but no c was given; pass c or leave beta 0",
 				       g->beta);
 	}
 	if (epilogue_adds_bias(g->epilogue) && !g->has_bias) {
-		return invalid_operand(err, "bias", "epilogue %s adds a bias but no bias was given",
+		return rp_error_invalid_operand(err, "bias", "epilogue %s adds a bias but no bias was given",
 				       epilogue_names[g->epilogue]);
 	}
 	if (!epilogue_adds_bias(g->epilogue) && g->has_bias) {
-		return invalid_operand(err, "bias",
+		return rp_error_invalid_operand(err, "bias",
 				       "a bias was given but epilogue %s does not add one; use bias or gelu_bias",
 				       epilogue_names[g->epilogue]);
 	}
@@ -430,7 +414,7 @@ static int gemm_check_overlap(const struct rp_gemm *g, struct rp_error *err)
 			return -EINVAL;
 		}
 		if (b0 < e1 && b1 < e0) {
-			return invalid_operand(err, "c",
+			return rp_error_invalid_operand(err, "c",
 					       "c (bytes [%" PRIu64 ", %" PRIu64 ")) overlaps d (bytes [%" PRIu64 ", %" PRIu64
 					       ")) without being the same tensor; c may alias d only exactly (same offset, dtype, shape and strides)",
 					       b0, e0, b1, e1);
@@ -493,11 +477,11 @@ static int check_stats(const struct rp_operand *stats, const struct att_core *c,
 		return r;
 	}
 	if (stats->dtype != RP_DTYPE_F32) {
-		return invalid_operand(err, "stats", "stats is %s but must be f32 (log-sum-exp is kept in f32)",
+		return rp_error_invalid_operand(err, "stats", "stats is %s but must be f32 (log-sum-exp is kept in f32)",
 				       rp_dtype_name(stats->dtype));
 	}
 	if (!shape_eq(stats, 3, want)) {
-		return invalid_operand(err, "stats", "stats is %s but must be [B, H, Sq] = %s", op_shape(stats).s,
+		return rp_error_invalid_operand(err, "stats", "stats is %s but must be [B, H, Sq] = %s", op_shape(stats).s,
 				       shape_fmt(3, want).s);
 	}
 	return 0;
@@ -526,15 +510,15 @@ static int check_att_core(struct att_core *c, struct rp_error *err)
 	const int64_t owant[4] = { c->batch, c->heads, c->seq_q, c->head_dim_v };
 
 	if (!shape_eq(c->k, 4, kwant)) {
-		return invalid_operand(err, "k", "k is %s but q is %s: k must be [B, H, Skv, D] = %s",
+		return rp_error_invalid_operand(err, "k", "k is %s but q is %s: k must be [B, H, Skv, D] = %s",
 				       op_shape(c->k).s, op_shape(c->q).s, shape_fmt(4, kwant).s);
 	}
 	if (!shape_eq(c->v, 4, vwant)) {
-		return invalid_operand(err, "v", "v is %s but must be [B, H, Skv, Dv] = %s (B, H from q, Skv from k)",
+		return rp_error_invalid_operand(err, "v", "v is %s but must be [B, H, Skv, Dv] = %s (B, H from q, Skv from k)",
 				       op_shape(c->v).s, shape_fmt(4, vwant).s);
 	}
 	if (!shape_eq(c->o, 4, owant)) {
-		return invalid_operand(err, "o", "o is %s but must be [B, H, Sq, Dv] = %s (B, H, Sq from q, Dv from v)",
+		return rp_error_invalid_operand(err, "o", "o is %s but must be [B, H, Sq, Dv] = %s (B, H, Sq from q, Dv from v)",
 				       op_shape(c->o).s, shape_fmt(4, owant).s);
 	}
 	if (c->stats != NULL && (r = check_stats(c->stats, c, err)) < 0) {
@@ -656,7 +640,7 @@ static int check_like(const struct rp_operand *op, const char *name, const struc
 		return r;
 	}
 	if (!shape_eq(op, like->rank, like->shape)) {
-		return invalid_operand(err, name, "%s is %s but must be shaped like %s, %s", name, op_shape(op).s,
+		return rp_error_invalid_operand(err, name, "%s is %s but must be shaped like %s, %s", name, op_shape(op).s,
 				       like_name, op_shape(like).s);
 	}
 	return 0;

@@ -60,12 +60,9 @@ static int bad_field(struct rp_error *err, const char *name, const char *field)
 	return rp_error_invalid_parameter(err, full);
 }
 
-static int invalid_operand(struct rp_error *err, const char *name, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int invalid_operand(struct rp_error *err, const char *name, const char *fmt, ...)
+int rp_error_invalid_operand(struct rp_error *err, const char *name, const char *fmt, ...)
 {
-	char reason[256];
+	char reason[320];
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -142,7 +139,7 @@ int rp_operand_parse(const cJSON *params, const char *name, bool required, struc
 	buffer = item->valuestring;
 	if (rp_id_parse(buffer, &op->buffer) < 0 || op->buffer.kind != RP_ID_BUFFER) {
 		memset(op, 0, sizeof(*op));
-		return invalid_operand(err, name, "'%.80s' is not a buffer id (like b0.1.3)", buffer);
+		return rp_error_invalid_operand(err, name, "'%.80s' is not a buffer id (like b0.1.3)", buffer);
 	}
 
 	if (rp_params_uint(obj, "offset", WIRE_INT_MAX, 0, &offset, err) < 0)
@@ -177,7 +174,7 @@ int rp_operand_parse(const cJSON *params, const char *name, bool required, struc
 		for (int i = op->rank - 2; i >= 0; i--) {
 			if (__builtin_mul_overflow(op->strides[i + 1], op->shape[i + 1], &op->strides[i])) {
 				memset(op, 0, sizeof(*op));
-				return invalid_operand(err, name, "too large: its elements cannot be addressed in 64 bits");
+				return rp_error_invalid_operand(err, name, "too large: its elements cannot be addressed in 64 bits");
 			}
 		}
 	}
@@ -185,7 +182,7 @@ int rp_operand_parse(const cJSON *params, const char *name, bool required, struc
 	elem = rp_dtype_size(op->dtype);
 	if (op->offset % elem != 0) {
 		char id[RP_ID_MAX];
-		int r = invalid_operand(err, name,
+		int r = rp_error_invalid_operand(err, name,
 					"misaligned: offset %" PRIu64 " into buffer %s is not a multiple of %zu, the size of %s",
 					op->offset, rp_id_format(&op->buffer, id), elem, rp_dtype_name(op->dtype));
 		memset(op, 0, sizeof(*op));
@@ -234,11 +231,11 @@ int rp_operand_check_bounds(const struct rp_operand *op, const char *name, uint6
 
 	r = rp_operand_extent(op, &begin, &end);
 	if (r == -EOVERFLOW)
-		return invalid_operand(err, name, "its extent overflows 64 bits (shape, strides or offset too large)");
+		return rp_error_invalid_operand(err, name, "its extent overflows 64 bits (shape, strides or offset too large)");
 	if (r < 0)
-		return invalid_operand(err, name, "malformed shape or strides");
+		return rp_error_invalid_operand(err, name, "malformed shape or strides");
 	if (end > buffer_size)
-		return invalid_operand(err, name, "extends to byte %" PRIu64 " past the end of buffer %s (%" PRIu64 " bytes)",
+		return rp_error_invalid_operand(err, name, "extends to byte %" PRIu64 " past the end of buffer %s (%" PRIu64 " bytes)",
 				       end, rp_id_format(&op->buffer, id), buffer_size);
 	return 0;
 }

@@ -42,6 +42,10 @@ int rp_operand_extent(const struct rp_operand *op, uint64_t *begin, uint64_t *en
 int rp_operand_check_bounds(const struct rp_operand *op, const char *name, uint64_t buffer_size, struct rp_error *err);
 
 /* Product of the shape; -1 on overflow or a malformed operand. */
+/* io.regen.InvalidOperand {operand: name, reason, message}. Returns -EINVAL. */
+int rp_error_invalid_operand(struct rp_error *err, const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 int64_t rp_operand_numel(const struct rp_operand *op);
 /* cJSON object for an operand (clients build calls with it); strides are
  * always written. NULL on ENOMEM or a malformed operand. */
