@@ -305,21 +305,36 @@ static int parse_id_param(const cJSON *params, const char *name, struct rp_id *i
 	return 0;
 }
 
-static void method_close_buffer(struct rd_call *call)
+/* CloseBuffer and CloseEvent: the id must name an object of the caller's
+ * process in the current generation. */
+static void close_object(struct rd_call *call, bool event)
 {
-	static const struct rp_field fields[] = { { "buffer", RP_T_STRING, true }, { NULL } };
+	static const struct rp_field buffer_fields[] = { { "buffer", RP_T_STRING, true }, { NULL } };
+	static const struct rp_field event_fields[] = { { "event", RP_T_STRING, true }, { NULL } };
+	const char *param = event ? "event" : "buffer";
 	struct wk_session *s = call->conn->data;
 	struct rp_error err = { 0 };
-	struct rd_buffer *buf;
+	struct rd_buffer *buf = NULL;
+	struct rd_event *ev = NULL;
 	struct rp_id id;
 
-	if (rp_params_check(call->msg.params, fields, &err) < 0 || parse_id_param(call->msg.params, "buffer", &id, &err) < 0 ||
-	    rd_objects_find_buffer(&wk.objects, &id, s->client->pid, "buffer", &buf, &err) < 0) {
+	if (rp_params_check(call->msg.params, event ? event_fields : buffer_fields, &err) < 0 ||
+	    parse_id_param(call->msg.params, param, &id, &err) < 0 ||
+	    (event ? rd_objects_find_event(&wk.objects, &id, s->client->pid, param, &ev, &err)
+		   : rd_objects_find_buffer(&wk.objects, &id, s->client->pid, param, &buf, &err)) < 0) {
 		rd_call_fail(call, &err);
 		return;
 	}
-	rd_objects_close_buffer(&wk.objects, buf);
+	if (event)
+		rd_objects_close_event(&wk.objects, ev);
+	else
+		rd_objects_close_buffer(&wk.objects, buf);
 	rd_call_reply(call, NULL, false);
+}
+
+static void method_close_buffer(struct rd_call *call)
+{
+	close_object(call, false);
 }
 
 static void method_import_event(struct rd_call *call)
@@ -364,19 +379,7 @@ fail:
 
 static void method_close_event(struct rd_call *call)
 {
-	static const struct rp_field fields[] = { { "event", RP_T_STRING, true }, { NULL } };
-	struct wk_session *s = call->conn->data;
-	struct rp_error err = { 0 };
-	struct rd_event *ev;
-	struct rp_id id;
-
-	if (rp_params_check(call->msg.params, fields, &err) < 0 || parse_id_param(call->msg.params, "event", &id, &err) < 0 ||
-	    rd_objects_find_event(&wk.objects, &id, s->client->pid, "event", &ev, &err) < 0) {
-		rd_call_fail(call, &err);
-		return;
-	}
-	rd_objects_close_event(&wk.objects, ev);
-	rd_call_reply(call, NULL, false);
+	close_object(call, true);
 }
 
 /* ---- io.regen.Compute ---- */
