@@ -174,6 +174,13 @@ static void set_state(struct sv_device *d, enum rd_state state)
 
 /* ---- Requests and ops ---- */
 
+/* The worker is up and no lifecycle op runs: a faulted device waits only
+ * for its reset. */
+static bool worker_can_start_op(const struct sv_device *d)
+{
+	return d->state == RD_STATE_READY || d->state == RD_STATE_FAULTED;
+}
+
 static void request_finish_one(struct sv_request *req, const struct sv_device *d, const char *failure)
 {
 	if (failure && !req->failure[0]) {
@@ -215,7 +222,7 @@ static void op_finish(struct sv_device *d, const char *failure)
 	if (op->request)
 		request_finish_one(op->request, d, failure);
 	free(op);
-	if (d->ops && d->state == RD_STATE_READY)
+	if (d->ops && worker_can_start_op(d))
 		op_start(d);
 }
 
@@ -236,7 +243,7 @@ static void op_enqueue(struct sv_device *d, enum sv_verb verb, const char *reaso
 	for (tail = &d->ops; *tail; tail = &(*tail)->next)
 		;
 	*tail = op;
-	if (d->ops == op && d->state == RD_STATE_READY)
+	if (d->ops == op && worker_can_start_op(d))
 		op_start(d);
 }
 
@@ -372,11 +379,7 @@ static void op_start(struct sv_device *d)
 	op->start_generation = d->generation;
 	rd_info("lifecycle", d->index, d->generation, 0, "%s: %s", verb_names[op->verb], op->reason);
 	op->stage = 1;
-	set_state(d, op->verb == SV_RESET || d->faulted ? RD_STATE_FAULTED : RD_STATE_DRAINING);
-	if (op->verb == SV_RESET || d->faulted)
-		set_state(d, RD_STATE_RESETTING);
-	else
-		set_state(d, RD_STATE_DRAINING);
+	set_state(d, op->verb == SV_RESET || d->faulted ? RD_STATE_RESETTING : RD_STATE_DRAINING);
 	params = cJSON_CreateObject();
 	cJSON_AddNumberToObject(params, "deadline_ms", op->deadline_ms);
 	uv_timer_start(&d->timer, on_op_timeout, (uint64_t)op->deadline_ms + DRAIN_GRACE_MS, 0);
@@ -443,8 +446,11 @@ static void ctl_faulted(struct rd_call *call)
 	rd_warn("lifecycle", d->index, d->generation, 0, "worker reports %s", why);
 	rd_call_reply(call, NULL, false);
 	d->faulted = true;
-	if (!d->ops)
+	if (!d->ops) {
+		/* Reported until the reset below starts. */
+		set_state(d, RD_STATE_FAULTED);
 		op_enqueue(d, SV_RESET, why, 2000, NULL);
+	}
 }
 
 static const struct rd_method ctl_methods[] = {
