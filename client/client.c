@@ -424,6 +424,36 @@ static int status_call(regen_client *c, const char *method, const cJSON *params,
 	return r;
 }
 
+REGEN_EXPORT int regen_hello(regen_client *c, struct regen_info *out)
+{
+	cJSON *reply = NULL, *ifaces, *it;
+	bool serves = false;
+	int r;
+
+	if (c == NULL || out == NULL) {
+		return -EINVAL;
+	}
+	r = rc_call(c, -1, "org.varlink.service.GetInfo", NULL, NULL, 0, &reply);
+	if (r < 0) {
+		return r;
+	}
+	rc_json_str(reply, "vendor", out->vendor, sizeof(out->vendor));
+	rc_json_str(reply, "product", out->product, sizeof(out->product));
+	rc_json_str(reply, "version", out->version, sizeof(out->version));
+	ifaces = cJSON_GetObjectItemCaseSensitive(reply, "interfaces");
+	cJSON_ArrayForEach(it, ifaces) {
+		if (cJSON_IsString(it) && strcmp(it->valuestring, "io.regen.Device") == 0) {
+			serves = true;
+		}
+	}
+	cJSON_Delete(reply);
+	if (!serves) {
+		rc_set_local_error(c, "%s answers Varlink but does not serve io.regen.Device", c->socket_path);
+		return -EPROTONOSUPPORT;
+	}
+	return 0;
+}
+
 REGEN_EXPORT int regen_status(regen_client *c, struct regen_status *out)
 {
 	return status_call(c, "io.regen.Device.Status", NULL, out);

@@ -613,7 +613,9 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Device.InjectFault", method_main_endpoint },
 	{ NULL },
 };
-static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", "io.regen.Device", NULL };
+/* io.regen.Device is the main socket's: the worker answers only Generation of it
+ * (and points the rest there), so it does not claim the interface. */
+static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", NULL };
 static const struct rd_endpoint data_endpoint = { data_methods, data_interfaces };
 
 static void data_on_call(struct rd_conn *conn, struct rd_call *call)

@@ -70,6 +70,17 @@ REGEN_EXPORT const char *regen_client_socket_path(const regen_client *c);
  * 0 = forever). */
 REGEN_EXPORT void regen_client_set_timeout(regen_client *c, double seconds);
 
+struct regen_info {
+	char vendor[64];
+	char product[64];
+	char version[32];
+};
+
+/* The handshake: org.varlink.service.GetInfo on the main socket. Says who
+ * answers, and fails with -EPROTONOSUPPORT when the peer does not serve
+ * io.regen.Device (a socket of something else). */
+REGEN_EXPORT int regen_hello(regen_client *c, struct regen_info *out);
+
 REGEN_EXPORT int regen_status(regen_client *c, struct regen_status *out);
 REGEN_EXPORT int regen_generation(regen_client *c, struct regen_status *out);
 

@@ -3,9 +3,11 @@
  * memfd buffers they import, all at once, on both devices. Each checks every
  * result against a double-precision reference computed here from fresh
  * random inputs, with outputs poisoned (NaN) before each call. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "regen-config.h"
 #include "itest.h"
 
 #define NCLIENTS 8
@@ -29,6 +31,14 @@ static int run_gemm(regen_client *c, struct it_mem *m, const struct it_gemm_case
 		return 1;
 	}
 	return 0;
+}
+
+static const char *st_worker_socket(regen_client *c)
+{
+	static struct regen_status st;
+
+	it_status(c, &st);
+	return st.devices[0].worker_socket;
 }
 
 static int client_main(void *arg)
@@ -158,6 +168,18 @@ int main(void)
 	failed = it_wait_children(pids, NCLIENTS, 250);
 	CHECK(it_daemon_alive(&daemon_), "regend died");
 	c = it_connect(&daemon_);
+	{
+		/* The handshake says who answers: this build's regend. */
+		struct regen_info info;
+		CHECK_OK(c, regen_hello(c, &info));
+		CHECK(strcmp(info.product, "regend") == 0 && strcmp(info.version, REGEN_VERSION) == 0,
+		      "hello: %s %s %s", info.vendor, info.product, info.version);
+		/* A worker socket speaks Varlink but is no regend main socket. */
+		regen_client *w = NULL;
+		CHECK(regen_client_connect(st_worker_socket(c), &w) == 0, "connect to the worker socket");
+		CHECK(regen_hello(w, &info) == -EPROTONOSUPPORT, "hello on a worker socket is refused");
+		regen_client_destroy(w);
+	}
 	it_status(c, &st);
 	for (i = 0; i < st.ndevices; i++) {
 		CHECK(strcmp(st.devices[i].state, "ready") == 0, "device %d is %s", i, st.devices[i].state);
