@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "conn.h"
-#include "log.h"
+#include "daemon/conn.h"
+#include "daemon/log.h"
 #include "proto/errors.h"
 
 /* More than this many bytes waiting to go out and we stop reading: a client

@@ -2,7 +2,7 @@
 #include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
-#include "dispatch.h"
+#include "daemon/dispatch.h"
 #include "proto/errors.h"
 #include "proto/idl.h"
 #include "proto/params.h"

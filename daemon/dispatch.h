@@ -5,7 +5,7 @@
 #pragma once
 
 #include <stdbool.h>
-#include "conn.h"
+#include "daemon/conn.h"
 
 struct rd_method {
 	const char *name;                 /* "io.regen.Device.Status" */

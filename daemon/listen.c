@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-#include "listen.h"
-#include "log.h"
+#include "daemon/listen.h"
+#include "daemon/log.h"
 
 static void on_listen_poll(uv_poll_t *handle, int status, int events)
 {

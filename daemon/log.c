@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "log.h"
+#include "daemon/log.h"
 
 #define TOPICS_MAX 16
 

@@ -1,10 +1,10 @@
 /* regend: the supervisor, or (with the internal --worker) one device's worker. */
 #include <stdlib.h>
-#include "log.h"
-#include "notify.h"
-#include "options.h"
-#include "supervisor.h"
-#include "worker.h"
+#include "daemon/log.h"
+#include "daemon/notify.h"
+#include "daemon/options.h"
+#include "daemon/supervisor/supervisor.h"
+#include "daemon/worker/worker.h"
 
 int main(int argc, char **argv)
 {

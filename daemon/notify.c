@@ -2,7 +2,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
-#include "notify.h"
+#include "daemon/notify.h"
 #include "regen-config.h"
 #if REGEN_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>

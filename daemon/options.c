@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "log.h"
-#include "options.h"
+#include "daemon/log.h"
+#include "daemon/options.h"
 #include "regen-config.h"
 
 void rd_options_defaults(struct rd_options *o)

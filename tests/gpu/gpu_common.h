@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <cuda_runtime_api.h>
 #include "regen-config.h"
-#include "daemon/backend.h"
-#include "daemon/backend_cuda.h"
+#include "daemon/backend/backend.h"
+#include "daemon/backend/cuda/cuda.h"
 #include "kernels/kernels.h"
 
 #define GT_SKIP 77

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/host_math.h"
+#include "daemon/backend/host/math.h"
 
 static unsigned long long g_seed;
 

@@ -4,7 +4,7 @@
 #include <check.h>
 #include <pthread.h>
 #include <string.h>
-#include "daemon/registry.h"
+#include "daemon/worker/registry.h"
 
 struct probe {
 	struct rd_resource res;

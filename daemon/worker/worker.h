@@ -3,6 +3,6 @@
  * supervisor's lifecycle verbs on the control channel (fd --ctl-fd). */
 #pragma once
 
-#include "options.h"
+#include "daemon/options.h"
 
 int rd_worker_run(const struct rd_options *opts);

@@ -9,15 +9,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <uv.h>
-#include "conn.h"
-#include "dispatch.h"
-#include "listen.h"
-#include "log.h"
-#include "notify.h"
+#include "daemon/conn.h"
+#include "daemon/dispatch.h"
+#include "daemon/listen.h"
+#include "daemon/log.h"
+#include "daemon/notify.h"
 #include "proto/errors.h"
 #include "proto/params.h"
-#include "state.h"
-#include "supervisor.h"
+#include "daemon/state.h"
+#include "daemon/supervisor/supervisor.h"
 
 /* How long a worker may take to answer Release/Reset, and to come up. */
 #define LIFECYCLE_TIMEOUT_MS 30000

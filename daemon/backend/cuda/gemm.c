@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "backend_cuda.h"
+#include "daemon/backend/cuda/cuda.h"
 #include "proto/errors.h"
 
 struct gemm_key {

@@ -4,7 +4,7 @@
  * through release/reset/restart, and respawns when it dies. */
 #pragma once
 
-#include "options.h"
+#include "daemon/options.h"
 
 /* Runs until SIGTERM/SIGINT. listen_fd >= 0: an already listening socket
  * (socket activation). argv is kept to re-read the configuration on SIGHUP

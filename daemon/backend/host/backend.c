@@ -1,5 +1,5 @@
 /* The host backend: buffers are client memfds mapped into the worker, compute
- * is the reference math in host_math.c on one thread per lane. It is the
+ * is the reference math in math.c on one thread per lane. It is the
  * default without a GPU, so that the whole control plane, lifecycle and
  * bad-input behaviour run and are tested anywhere; it proves nothing about
  * a GPU. Its "context" can be lost by fault injection, so reset runs for real. */
@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include "backend.h"
-#include "host_math.h"
+#include "daemon/backend/backend.h"
+#include "daemon/backend/host/math.h"
 #include "proto/errors.h"
 
 struct host_device {

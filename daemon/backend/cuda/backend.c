@@ -1,6 +1,6 @@
 /* The CUDA backend: device-level resources, lanes (a stream and a thread
  * each), submission and completion, lifecycle hooks and fault injection.
- * GEMM plans live in backend_cuda_gemm.c, imports in backend_cuda_ipc.c. */
+ * GEMM plans live in gemm.c, imports in ipc.c. */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
-#include "backend_cuda.h"
+#include "daemon/backend/cuda/cuda.h"
 #include "proto/errors.h"
 #if REGEN_HAVE_KERNELS
 #include "kernels/kernels.h"

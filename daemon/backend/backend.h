@@ -1,5 +1,5 @@
 /* The ops table through which the worker core drives a backend (host or
- * cuda). The core knows nothing else about a backend; only backend_cuda*.c
+ * cuda). The core knows nothing else about a backend; only daemon/backend/cuda/
  * include CUDA headers. */
 #pragma once
 
@@ -10,7 +10,7 @@
 #include "proto/compute.h"
 #include "proto/ids.h"
 #include "proto/message.h"
-#include "registry.h"
+#include "daemon/worker/registry.h"
 
 struct rd_device;
 struct rd_lane;

@@ -7,15 +7,15 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 #include <uv.h>
-#include "backend.h"
-#include "conn.h"
-#include "dispatch.h"
-#include "listen.h"
-#include "log.h"
-#include "objects.h"
+#include "daemon/backend/backend.h"
+#include "daemon/conn.h"
+#include "daemon/dispatch.h"
+#include "daemon/listen.h"
+#include "daemon/log.h"
+#include "daemon/worker/objects.h"
 #include "proto/errors.h"
 #include "proto/params.h"
-#include "worker.h"
+#include "daemon/worker/worker.h"
 
 enum wk_state { WK_READY = 0, WK_DRAINING, WK_LOST, WK_STOPPING };
 

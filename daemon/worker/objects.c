@@ -3,7 +3,7 @@
 #include <sys/random.h>
 #include <time.h>
 #include <string.h>
-#include "objects.h"
+#include "daemon/worker/objects.h"
 #include "proto/errors.h"
 
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev)

@@ -4,7 +4,7 @@
  * mappings, events) is a registry resource of dev->registry.
  *
  * The first part of this header is what tests and tools may call; the
- * second is shared by backend_cuda*.c only. */
+ * second is shared by the files of daemon/backend/cuda/ only. */
 #pragma once
 
 #include <pthread.h>
@@ -15,7 +15,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <cublasLt.h>
-#include "backend.h"
+#include "daemon/backend/backend.h"
 
 /* ---- For tests and tools ------------------------------------------------ */
 
@@ -55,7 +55,7 @@ unsigned rd_cuda_mapping_count(struct rd_device *dev);
 /* The scratch size the heuristic is asked with. */
 #define RD_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
 
-/* ---- Internal to backend_cuda*.c ----------------------------------------- */
+/* ---- Internal to daemon/backend/cuda/ ----------------------------------------- */
 
 struct cuda_dev;
 
@@ -229,14 +229,14 @@ int cuda_driver_load(struct rp_error *err);
 /* Makes dev->index current on the calling thread. */
 int cuda_bind(struct cuda_dev *cd, struct rp_error *err);
 
-/* backend_cuda_gemm.c */
+/* gemm.c */
 void cuda_gemm_plans_init(struct cuda_dev *cd);
 void cuda_gemm_plans_finish(struct cuda_dev *cd);
 /* Enqueues op's GEMM on the lane's stream (scratch included). 0 or -errno
  * with op->err set; nothing to wait for beyond the stream. */
 int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op);
 
-/* backend_cuda_ipc.c */
+/* ipc.c */
 void cuda_ipc_init(struct cuda_dev *cd);
 int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err);
 void cuda_close_buffer(struct rd_buffer *buf);
@@ -244,6 +244,6 @@ int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], str
 void cuda_close_event(struct rd_event *ev);
 uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);
 
-/* backend_cuda_attention.c: enqueues op's attention (forward or backward)
+/* attention.c: enqueues op's attention (forward or backward)
  * on the lane's stream. 0 or -errno with op->err set. */
 int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op);

@@ -5,7 +5,7 @@
 
 #include <stdbool.h>
 #include <sys/types.h>
-#include "backend.h"
+#include "daemon/backend/backend.h"
 #include "proto/message.h"
 
 #define RD_OBJECT_BUCKETS 1024

@@ -1,6 +1,6 @@
 /* The resource registry: see registry.h for the contract. */
 #include <stdlib.h>
-#include "registry.h"
+#include "daemon/worker/registry.h"
 
 void rd_registry_init(struct rd_registry *reg, int device)
 {

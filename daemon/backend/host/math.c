@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host_math.h"
+#include "daemon/backend/host/math.h"
 
 /* ---- storage conversions ------------------------------------------------ */
 
