@@ -57,24 +57,13 @@ struct rd_event {
 	bool closing;
 };
 
-enum rd_op_kind { RD_OP_GEMM = 0, RD_OP_ATTENTION, RD_OP_ATTENTION_BACKWARD };
-
-/* Operand slots of each op, in the order of the descriptor's fields. */
-enum { RD_GEMM_A = 0, RD_GEMM_B, RD_GEMM_C, RD_GEMM_D, RD_GEMM_BIAS };
-enum { RD_ATT_Q = 0, RD_ATT_K, RD_ATT_V, RD_ATT_O, RD_ATT_STATS };
-enum { RD_ATB_Q = 0, RD_ATB_K, RD_ATB_V, RD_ATB_O, RD_ATB_DO, RD_ATB_STATS, RD_ATB_DQ, RD_ATB_DK, RD_ATB_DV };
-#define RD_OP_OPERANDS_MAX 9
-
 /* One compute call in flight. The core fills it and calls submit; the
  * backend finishes it with rd_op_complete() from any thread. */
 struct rd_op {
-	enum rd_op_kind kind;
-	union {
-		struct rp_gemm gemm;
-		struct rp_attention attention;
-		struct rp_attention_backward attention_backward;
-	};
-	struct rd_buffer *buffers[RD_OP_OPERANDS_MAX];  /* resolved, bounds-checked; NULL for absent optional operands */
+	/* What to run: compute.spec->id picks the kernel; operands and
+	 * buffers[] are indexed by the op's slots (proto/compute.h). */
+	struct rp_compute compute;
+	struct rd_buffer *buffers[RP_OP_OPERANDS_MAX];  /* resolved, bounds-checked; NULL for absent optional operands */
 	struct rd_event *wait_event, *signal_event;
 	struct rd_lane *lane;
 

@@ -13,9 +13,10 @@
 #include "daemon/listen.h"
 #include "daemon/log.h"
 #include "daemon/worker/objects.h"
+#include "daemon/worker/worker.h"
+#include "proto/compute.h"
 #include "proto/errors.h"
 #include "proto/params.h"
-#include "daemon/worker/worker.h"
 
 enum wk_state { WK_READY = 0, WK_DRAINING, WK_LOST, WK_STOPPING };
 
@@ -386,7 +387,7 @@ static void method_close_event(struct rd_call *call)
 
 static void op_release_refs(struct rd_op *op)
 {
-	for (int i = 0; i < RD_OP_OPERANDS_MAX; i++)
+	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++)
 		if (op->buffers[i])
 			rd_objects_buffer_unref(&wk.objects, op->buffers[i]);
 	if (op->wait_event)
@@ -416,38 +417,45 @@ static void on_op_done(struct rd_op *op)
 	maybe_stop();
 }
 
-static int resolve_operand(struct rd_op *op, int slot, const struct rp_operand *operand, bool present,
-			   const char *name, pid_t pid, struct rp_error *err)
+/* Every operand the table names, resolved for the caller and checked
+ * against its buffer before any work starts; each one the call holds keeps
+ * its buffer from closing until the call finishes. */
+static int resolve_operands(struct rd_op *op, pid_t pid, struct rp_error *err)
 {
-	struct rd_buffer *buf;
+	const struct rp_compute *c = &op->compute;
 	int r;
 
-	if (!present)
-		return 0;
-	r = rd_objects_find_buffer(&wk.objects, &operand->buffer, pid, name, &buf, err);
-	if (r < 0)
-		return r;
-	r = rp_operand_check_bounds(operand, name, buf->size, err);
-	if (r < 0)
-		return r;
-	rd_objects_buffer_ref(buf);
-	op->buffers[slot] = buf;
+	for (unsigned i = 0; i < c->spec->noperands; i++) {
+		const char *name = c->spec->operands[i].name;
+		struct rd_buffer *buf;
+
+		if (!c->present[i])
+			continue;
+		r = rd_objects_find_buffer(&wk.objects, &c->operands[i].buffer, pid, name, &buf, err);
+		if (r < 0)
+			return r;
+		r = rp_operand_check_bounds(&c->operands[i], name, buf->size, err);
+		if (r < 0)
+			return r;
+		rd_objects_buffer_ref(buf);
+		op->buffers[i] = buf;
+	}
 	return 0;
 }
 
-static int resolve_events(struct rd_op *op, const struct rp_event_ref *wait, const struct rp_event_ref *signal,
-			  pid_t pid, struct rp_error *err)
+static int resolve_events(struct rd_op *op, pid_t pid, struct rp_error *err)
 {
+	const struct rp_compute *c = &op->compute;
 	int r;
 
-	if (wait->present) {
-		r = rd_objects_find_event(&wk.objects, &wait->id, pid, "wait_event", &op->wait_event, err);
+	if (c->wait_event.present) {
+		r = rd_objects_find_event(&wk.objects, &c->wait_event.id, pid, "wait_event", &op->wait_event, err);
 		if (r < 0)
 			return r;
 		rd_objects_event_ref(op->wait_event);
 	}
-	if (signal->present) {
-		r = rd_objects_find_event(&wk.objects, &signal->id, pid, "signal_event", &op->signal_event, err);
+	if (c->signal_event.present) {
+		r = rd_objects_find_event(&wk.objects, &c->signal_event.id, pid, "signal_event", &op->signal_event, err);
 		if (r < 0)
 			return r;
 		rd_objects_event_ref(op->signal_event);
@@ -455,51 +463,10 @@ static int resolve_events(struct rd_op *op, const struct rp_event_ref *wait, con
 	return 0;
 }
 
-static int resolve_gemm(struct rd_op *op, pid_t pid, struct rp_error *err)
+/* Every io.regen.Compute method: the op table says what the call takes. */
+static void compute_method(struct rd_call *call)
 {
-	struct rp_gemm *g = &op->gemm;
-
-	if (resolve_operand(op, RD_GEMM_A, &g->a, true, "a", pid, err) < 0 ||
-	    resolve_operand(op, RD_GEMM_B, &g->b, true, "b", pid, err) < 0 ||
-	    resolve_operand(op, RD_GEMM_C, &g->c, g->has_c, "c", pid, err) < 0 ||
-	    resolve_operand(op, RD_GEMM_D, &g->d, true, "d", pid, err) < 0 ||
-	    resolve_operand(op, RD_GEMM_BIAS, &g->bias, g->has_bias, "bias", pid, err) < 0)
-		return -EINVAL;
-	return resolve_events(op, &g->wait_event, &g->signal_event, pid, err);
-}
-
-static int resolve_attention(struct rd_op *op, pid_t pid, struct rp_error *err)
-{
-	struct rp_attention *a = &op->attention;
-
-	if (resolve_operand(op, RD_ATT_Q, &a->q, true, "q", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATT_K, &a->k, true, "k", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATT_V, &a->v, true, "v", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATT_O, &a->o, true, "o", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATT_STATS, &a->stats, a->has_stats, "stats", pid, err) < 0)
-		return -EINVAL;
-	return resolve_events(op, &a->wait_event, &a->signal_event, pid, err);
-}
-
-static int resolve_attention_backward(struct rd_op *op, pid_t pid, struct rp_error *err)
-{
-	struct rp_attention_backward *a = &op->attention_backward;
-
-	if (resolve_operand(op, RD_ATB_Q, &a->q, true, "q", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_K, &a->k, true, "k", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_V, &a->v, true, "v", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_O, &a->o, true, "o", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_DO, &a->d_o, true, "d_o", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_STATS, &a->stats, true, "stats", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_DQ, &a->d_q, true, "d_q", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_DK, &a->d_k, true, "d_k", pid, err) < 0 ||
-	    resolve_operand(op, RD_ATB_DV, &a->d_v, true, "d_v", pid, err) < 0)
-		return -EINVAL;
-	return resolve_events(op, &a->wait_event, &a->signal_event, pid, err);
-}
-
-static void compute_method(struct rd_call *call, enum rd_op_kind kind)
-{
+	const struct rp_op_spec *spec = rp_op_find(call->msg.method);
 	struct wk_session *s = call->conn->data;
 	struct rp_error err = { 0 };
 	struct rd_op *op = calloc(1, sizeof(*op));
@@ -510,30 +477,13 @@ static void compute_method(struct rd_call *call, enum rd_op_kind kind)
 		rd_call_failf(call, RP_ERR_OUT_OF_MEMORY, "no host memory for the call");
 		return;
 	}
-	op->kind = kind;
-	switch (kind) {
-	case RD_OP_GEMM:
-		r = rp_gemm_parse(call->msg.params, &op->gemm, &err);
-		if (r == 0)
-			r = refuse_if_not_ready(&err);
-		if (r == 0)
-			r = resolve_gemm(op, pid, &err);
-		break;
-	case RD_OP_ATTENTION:
-		r = rp_attention_parse(call->msg.params, &op->attention, &err);
-		if (r == 0)
-			r = refuse_if_not_ready(&err);
-		if (r == 0)
-			r = resolve_attention(op, pid, &err);
-		break;
-	default:
-		r = rp_attention_backward_parse(call->msg.params, &op->attention_backward, &err);
-		if (r == 0)
-			r = refuse_if_not_ready(&err);
-		if (r == 0)
-			r = resolve_attention_backward(op, pid, &err);
-		break;
-	}
+	r = rp_compute_parse(spec, call->msg.params, &op->compute, &err);
+	if (r == 0)
+		r = refuse_if_not_ready(&err);
+	if (r == 0)
+		r = resolve_operands(op, pid, &err);
+	if (r == 0)
+		r = resolve_events(op, pid, &err);
 	if (r == 0) {
 		op->lane = session_lane(s, &err);
 		if (!op->lane)
@@ -563,10 +513,6 @@ fail:
 	free(op);
 	rd_call_fail(call, &err);
 }
-
-static void method_gemm(struct rd_call *call) { compute_method(call, RD_OP_GEMM); }
-static void method_attention(struct rd_call *call) { compute_method(call, RD_OP_ATTENTION); }
-static void method_attention_backward(struct rd_call *call) { compute_method(call, RD_OP_ATTENTION_BACKWARD); }
 
 static void method_generation(struct rd_call *call)
 {
@@ -601,9 +547,6 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Memory.CloseBuffer", method_close_buffer },
 	{ "io.regen.Memory.ImportEvent", method_import_event },
 	{ "io.regen.Memory.CloseEvent", method_close_event },
-	{ "io.regen.Compute.Gemm", method_gemm },
-	{ "io.regen.Compute.Attention", method_attention },
-	{ "io.regen.Compute.AttentionBackward", method_attention_backward },
 	{ "io.regen.Device.Generation", method_generation },
 	{ "io.regen.Device.Status", method_main_endpoint },
 	{ "io.regen.Device.Watch", method_main_endpoint },
@@ -616,7 +559,12 @@ static const struct rd_method data_methods[] = {
 /* io.regen.Device is the main socket's: the worker answers only Generation of it
  * (and points the rest there), so it does not claim the interface. */
 static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", NULL };
-static const struct rd_endpoint data_endpoint = { data_methods, data_interfaces };
+static void (*find_compute(const char *method))(struct rd_call *call)
+{
+	return rp_op_find(method) ? compute_method : NULL;
+}
+
+static const struct rd_endpoint data_endpoint = { data_methods, data_interfaces, find_compute };
 
 static void data_on_call(struct rd_conn *conn, struct rd_call *call)
 {
