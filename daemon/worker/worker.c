@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <uv.h>
 #include "daemon/backend/backend.h"
+#include "daemon/backend/load.h"
 #include "daemon/conn.h"
 #include "daemon/dispatch.h"
 #include "daemon/listen.h"
@@ -928,11 +929,8 @@ int rd_worker_run(const struct rd_options *opts)
 	rd_registry_init(&wk.dev.registry, wk.dev.index);
 	wk.dev.on_fault = on_fault;
 	wk.dev.post_completion = post_completion;
-	wk.dev.backend = &rd_backend_host;
-#if REGEN_HAVE_CUDA
-	if (strcmp(opts->backend, "cuda") == 0)
-		wk.dev.backend = &rd_backend_cuda;
-#endif
+	if (rd_backend_load(&wk.dev, opts->backend) < 0)
+		return 1;
 	rd_objects_init(&wk.objects, &wk.dev);
 
 	uv_async_init(wk.loop, &wk.wakeup, on_wakeup);

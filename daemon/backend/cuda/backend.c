@@ -1,7 +1,8 @@
-/* The CUDA backend on top: the ops table the worker drives and the
- * lifecycle hooks (open, close, release, reset, memory, fault injection).
- * Lanes live in lane.c, GEMM in gemm.c, attention in attention.c, imports
- * in ipc.c, the device-level resources in device.c. */
+/* The CUDA backend on top: the ops table the worker drives, the module's
+ * entry point, and the lifecycle hooks (open, close, release, reset,
+ * memory, fault injection). Lanes live in lane.c, GEMM in gemm.c,
+ * attention in attention.c, imports in ipc.c, the device-level resources
+ * in device.c. */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -241,7 +242,7 @@ static int cuda_inject_fault(struct rd_device *dev, const char *kind, struct rp_
 #endif
 }
 
-const struct rd_backend_ops rd_backend_cuda = {
+static const struct rd_backend_ops rd_backend_cuda = {
 	.name = "cuda",
 	.open = cuda_open,
 	.close = cuda_close,
@@ -257,3 +258,8 @@ const struct rd_backend_ops rd_backend_cuda = {
 	.memory = cuda_memory,
 	.inject_fault = cuda_inject_fault,
 };
+
+const struct rd_backend_ops *rd_backend_cuda_entry(const char *version)
+{
+	return version && strcmp(version, REGEN_VERSION) == 0 ? &rd_backend_cuda : NULL;
+}

@@ -200,8 +200,8 @@ const char *cublas_error_name(cublasStatus_t s);
 
 /* The few driver-API entry points imports need, fetched through the
  * runtime (cudaGetDriverEntryPointByVersion) so that nothing links
- * libcuda.so.1 directly: regend and the tests then start, and fall back or
- * skip, on a machine without the driver. */
+ * libcuda.so.1 directly: the module and the GPU tests then load on a
+ * machine without the driver, and fail (or skip) with a clear error. */
 struct cuda_driver_api {
 	__typeof__(cuGetErrorString) *GetErrorString;
 	__typeof__(cuGetErrorName) *GetErrorName;

@@ -1,12 +1,16 @@
-/* The CUDA backend's public face (its ops table is rd_backend_cuda in
- * backend.h): what the GPU tests may call on a device it opened. Everything
- * else is internal to daemon/backend/cuda/ (common.h). No CUDA header here: a test
+/* The CUDA backend's public face: the one entry point of its module, and
+ * what the GPU tests may call on a device it opened. Everything else is
+ * internal to daemon/backend/cuda/ (common.h). No CUDA header here: a test
  * includes the CUDA API it uses itself. */
 #pragma once
 
 #include <stddef.h>
 #include <stdint.h>
 #include "daemon/backend/backend.h"
+
+/* The module's one exported symbol, an rd_backend_entry_fn (backend.h).
+ * The GPU tests, linked with the backend's static library, call it too. */
+__attribute__((visibility("default"))) const struct rd_backend_ops *rd_backend_cuda_entry(const char *version);
 
 /* Wraps device memory this process allocated (cudaMalloc) as a buffer,
  * registered like any import; close it with the ops table's close_buffer,
