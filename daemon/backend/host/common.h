@@ -12,7 +12,6 @@ struct host_device {
 	atomic_bool hang;
 	atomic_uint_fast64_t mapped_bytes;
 	atomic_uint_fast64_t scratch_bytes;
-	uint64_t baseline;
 };
 
 static inline struct host_device *hd(struct rd_device *dev)

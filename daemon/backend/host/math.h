@@ -20,9 +20,9 @@ struct rd_gemm_ptrs {
 };
 
 /* D = epilogue(alpha * op(A) op(B) + beta * C + bias); GELU is the tanh
- * approximation, as cuBLASLt's epilogue. Scratch is unused today; the
- * signature leaves room for blocked variants. 0, or -ENOMEM for its
- * per-call panels, -EINVAL for an empty shape. */
+ * approximation, as cuBLASLt's epilogue. It takes no scratch: its packed
+ * panels are malloc'ed per call. 0, or -ENOMEM for those panels, -EINVAL
+ * for an empty shape. */
 int rd_host_gemm(const struct rp_gemm *g, const struct rd_gemm_ptrs *p);
 
 struct rd_attention_ptrs {
@@ -31,8 +31,8 @@ struct rd_attention_ptrs {
 	float *stats;        /* may be NULL */
 };
 
-/* Scratch for one call, in bytes, so the caller can take it from its lane's
- * arena (registry resource) rather than malloc per call. */
+/* Scratch for one call, in bytes, so the caller can pass its lane's buffer
+ * (grown to the largest call's need) rather than malloc per call. */
 size_t rd_host_attention_scratch_size(const struct rp_attention *a);
 int rd_host_attention(const struct rp_attention *a, const struct rd_attention_ptrs *p, void *scratch, size_t scratch_size);
 
