@@ -132,9 +132,12 @@ struct rd_backend_ops {
 };
 
 extern const struct rd_backend_ops rd_backend_host;
-#if REGEN_HAVE_CUDA
-extern const struct rd_backend_ops rd_backend_cuda;
-#endif
+
+/* A backend built as a module (the CUDA one: only a CUDA worker maps its
+ * libraries) exports one function of this type, rd_backend_<name>_entry,
+ * which daemon/backend/load.c looks up. It returns the ops table, or NULL
+ * when `version` (the loader's REGEN_VERSION) is not the module's. */
+typedef const struct rd_backend_ops *rd_backend_entry_fn(const char *version);
 
 /* The device a worker owns. */
 struct rd_device {
