@@ -523,52 +523,26 @@ static void on_worker_exit(uv_process_t *proc, int64_t status, int signal)
 
 static void spawn_worker(struct sv_device *d)
 {
-	char dev[16], gen[32], ctl[16], drain[16], mode[16], maxconn[16], maxbuf[16];
+	struct rd_options wopts = *sv.opts;
+	struct rd_argv args;
 	int sv_pair[2];
-	char *args[36];
-	int n = 0, r;
+	int r;
 
+	/* The worker's command line: every option the table hands on, with the
+	 * backend resolved and the worker's own options. fd 3 is the control
+	 * channel (stdio[3] below). */
+	snprintf(wopts.backend, sizeof(wopts.backend), "%s", d->backend);
+	wopts.worker_device = d->index;
+	wopts.worker_generation = d->generation;
+	wopts.ctl_fd = 3;
+	if (rd_options_worker_argv(&wopts, sv.exe, &args) < 0) {
+		rd_err("lifecycle", d->index, d->generation, 0, "the worker's command line does not fit");
+		return;
+	}
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv_pair) < 0) {
 		rd_err("lifecycle", d->index, d->generation, 0, "socketpair: %s", strerror(errno));
 		return;
 	}
-	snprintf(dev, sizeof(dev), "%d", d->index);
-	snprintf(gen, sizeof(gen), "%llu", (unsigned long long)d->generation);
-	snprintf(ctl, sizeof(ctl), "%d", 3);
-	snprintf(drain, sizeof(drain), "%u", sv.opts->drain_deadline_ms);
-	args[n++] = sv.exe;
-	args[n++] = "--worker";
-	args[n++] = dev;
-	args[n++] = "--generation";
-	args[n++] = gen;
-	args[n++] = "--ctl-fd";
-	args[n++] = ctl;
-	args[n++] = "--socket";
-	args[n++] = (char *)sv.opts->socket_path;
-	args[n++] = "--backend";
-	args[n++] = d->backend;
-	args[n++] = "--drain-deadline-ms";
-	args[n++] = drain;
-	snprintf(mode, sizeof(mode), "0%o", sv.opts->socket_mode);
-	args[n++] = "--socket-mode";
-	args[n++] = mode;
-	snprintf(maxconn, sizeof(maxconn), "%u", sv.opts->max_connections);
-	args[n++] = "--max-connections";
-	args[n++] = maxconn;
-	snprintf(maxbuf, sizeof(maxbuf), "%u", sv.opts->max_buffers);
-	args[n++] = "--max-buffers";
-	args[n++] = maxbuf;
-	if (sv.opts->have_admin_gid) {
-		args[n++] = "--admin-group";
-		args[n++] = (char *)sv.opts->admin_group;
-	}
-	if (sv.opts->have_socket_gid) {
-		args[n++] = "--socket-group";
-		args[n++] = (char *)sv.opts->socket_group;
-	}
-	if (sv.opts->fault_injection)
-		args[n++] = "--enable-fault-injection";
-	args[n] = NULL;
 
 	uv_stdio_container_t stdio[4] = {
 		{ .flags = UV_IGNORE },
@@ -579,7 +553,7 @@ static void spawn_worker(struct sv_device *d)
 	uv_process_options_t po = {
 		.exit_cb = on_worker_exit,
 		.file = sv.exe,
-		.args = args,
+		.args = args.argv,
 		.stdio_count = 4,
 		.stdio = stdio,
 	};
@@ -1016,26 +990,19 @@ static void on_sighup(uv_signal_t *sig, int signum)
 {
 	struct rd_options fresh;
 	struct rd_options *live = &sv.opts_live;
+	char restart_only[256];
 
 	if (rd_options_load(&fresh, sv.argc, sv.argv) != 0) {
 		rd_warn("supervisor", -1, 0, 0, "SIGHUP: configuration has errors; keeping the running one");
 		return;
 	}
-	live->log_level = fresh.log_level;
-	rd_log_set_default_level(fresh.log_level);
-	live->drain_deadline_ms = fresh.drain_deadline_ms;
-	live->max_connections = fresh.max_connections;
-	live->admin_gid = fresh.admin_gid;
-	live->have_admin_gid = fresh.have_admin_gid;
-	snprintf(live->admin_group, sizeof(live->admin_group), "%s", fresh.admin_group);
+	rd_options_reload(live, &fresh, restart_only, sizeof(restart_only));
+	rd_log_set_default_level(live->log_level);
 	/* Admin rights are decided per connection, at accept: re-decide. */
 	for (struct rd_conn *c = sv.conns; c; c = c->next)
 		c->admin = rd_peer_is_admin(&c->peer, live->admin_gid, live->have_admin_gid);
-	if (strcmp(fresh.socket_path, live->socket_path) || strcmp(fresh.backend, live->backend) ||
-	    fresh.devices != live->devices || fresh.socket_mode != live->socket_mode ||
-	    fresh.fault_injection != live->fault_injection || fresh.max_buffers != live->max_buffers)
-		rd_warn("supervisor", -1, 0, 0,
-			"SIGHUP: socket, backend, devices, socket_mode, fault_injection and max_buffers change only with a restart of regend");
+	if (restart_only[0])
+		rd_warn("supervisor", -1, 0, 0, "SIGHUP: %s change only with a restart of regend", restart_only);
 	rd_info("supervisor", -1, 0, 0, "SIGHUP: reloaded %s (log level %d, drain deadline %u ms, admin group '%s')",
 		fresh.config_path[0] ? fresh.config_path : "(no file)", live->log_level, live->drain_deadline_ms,
 		live->admin_group);
