@@ -54,6 +54,8 @@ const struct rd_option rd_option_table[] = {
 	  .min = 0, .max = RD_DEVICES_MAX - 1, .help = "be device N's worker" },
 	{ "generation", NULL, "G", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER,
 	  FIELD(worker_generation), .min = 1, .max = UINT64_MAX, .help = "the generation to serve" },
+	{ "epoch", NULL, "E", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(worker_epoch),
+	  .min = 1, .max = UINT64_MAX, .help = "the node's epoch now" },
 	{ "ctl-fd", NULL, "FD", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(ctl_fd), .min = 0,
 	  .max = 1024, .help = "the control channel to the supervisor" },
 	{ NULL },
@@ -288,9 +290,12 @@ void rd_options_defaults(struct rd_options *o)
 	EACH_OPTION(opt)
 		if (opt->def && opt->type != RD_OPT_CONFIG)
 			rd_option_set(o, opt, opt->def, NULL, 0);
-	/* The internal options have no default a user could write: -1 says
-	 * "not a worker" and "no control channel". */
+	/* The internal options have no default a user writes: -1 says "not a
+	 * worker" and "no control channel"; a generation and the epoch start
+	 * at 1. */
 	o->worker_device = -1;
+	o->worker_generation = 1;
+	o->worker_epoch = 1;
 	o->ctl_fd = -1;
 }
 

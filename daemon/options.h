@@ -36,6 +36,7 @@ struct rd_options {
 	/* Worker processes only: what the supervisor tells the worker it starts. */
 	int worker_device;             /* < 0: this process is the supervisor */
 	uint64_t worker_generation;
+	uint64_t worker_epoch;         /* the node's epoch when the worker starts */
 	int ctl_fd;
 };
 

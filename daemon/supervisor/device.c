@@ -207,9 +207,11 @@ static void send_lifecycle(struct rd_sv_device *d, bool reset)
 
 	d->ops->step = OP_APPLYING;
 	set_state(d, reset ? RD_STATE_RESETTING : RD_STATE_RELEASED);
-	/* The generation the worker serves next: ours goes up to it when the
-	 * worker says it does. */
+	/* The generation the worker serves next, and the epoch then: ours go
+	 * up to them when the worker says it does (another device's change in
+	 * between reaches the worker as an Epoch call). */
 	cJSON_AddNumberToObject(params, "generation", (double)(d->generation + 1));
+	cJSON_AddNumberToObject(params, "epoch", (double)(*d->env->epoch + 1));
 	uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
 	if (rd_sv_device_call(d, reset ? "io.regen.Worker.Reset" : "io.regen.Worker.Release", params, on_lifecycle_reply,
 			      d) < 0)
@@ -348,6 +350,7 @@ static void spawn(struct rd_sv_device *d)
 	snprintf(wopts.backend, sizeof(wopts.backend), "%s", d->backend);
 	wopts.worker_device = d->index;
 	wopts.worker_generation = d->generation;
+	wopts.worker_epoch = *d->env->epoch;
 	if (rd_sv_worker_spawn(&d->worker, d->env->exe, &wopts) < 0) {
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, RESPAWN_BACKOFF_MAX_MS, 0);
 		return;
@@ -403,6 +406,15 @@ void rd_sv_device_kill(struct rd_sv_device *d, const char *why)
 {
 	if (rd_sv_worker_running(&d->worker))
 		kill_worker(d, why);
+}
+
+void rd_sv_device_tell_epoch(struct rd_sv_device *d)
+{
+	cJSON *params = cJSON_CreateObject();
+
+	cJSON_AddNumberToObject(params, "epoch", (double)*d->env->epoch);
+	/* A worker without a channel starts with the epoch on its command line. */
+	rd_sv_worker_call(&d->worker, "io.regen.Worker.Epoch", params, true, NULL, NULL);
 }
 
 bool rd_sv_device_serving(const struct rd_sv_device *d)

@@ -50,6 +50,7 @@ struct rd_sv_device_env {
 	uv_loop_t *loop;
 	const char *exe;                        /* regend itself, run again as a worker */
 	const struct rd_options *opts;          /* the live settings */
+	const uint64_t *epoch;                  /* the node's, which every worker answers in Generation */
 	const bool *stopping;                   /* regend is stopping: nothing is respawned */
 	const struct rd_sv_device_events *events;
 	void *data;
@@ -91,6 +92,8 @@ void rd_sv_device_kill(struct rd_sv_device *d, const char *why);
 void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const char *reason, unsigned deadline_ms,
 			  void *request);
 
+/* Tells the worker the node's epoch (it changed). */
+void rd_sv_device_tell_epoch(struct rd_sv_device *d);
 /* Ready, with a control channel to its worker. */
 bool rd_sv_device_serving(const struct rd_sv_device *d);
 /* A call to the worker (params consumed); -ENOTCONN while there is none. */

@@ -28,6 +28,8 @@ static void on_generation_bumped(struct rd_sv_device *d, void *data)
 	struct rd_supervisor *sv = data;
 
 	rd_sv_watch_bump(&sv->watch, d);
+	for (int i = 0; i < sv->ndevices; i++)
+		rd_sv_device_tell_epoch(&sv->devices[i]);
 }
 
 static void on_respawned(struct rd_sv_device *d, void *data)
@@ -195,6 +197,7 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		.loop = sv->loop,
 		.exe = sv->exe,
 		.opts = &sv->opts,
+		.epoch = &sv->watch.epoch,
 		.stopping = &sv->stopping,
 		.events = &device_events,
 		.data = sv,

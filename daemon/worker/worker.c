@@ -52,6 +52,7 @@ static struct {
 	char fault_reason[128];
 	bool fault_pending, fault_reported;
 	char socket_path[108];
+	uint64_t epoch;          /* the node's, as the supervisor last said: answered in Generation */
 } wk;
 
 #define GEN() ((uint64_t)atomic_load(&wk.dev.generation))
@@ -574,8 +575,9 @@ static void method_generation(struct rd_call *call)
 	cJSON *devices = cJSON_AddArrayToObject(reply, "devices");
 	cJSON *d = cJSON_CreateObject();
 
-	/* The worker knows only its own device; the epoch is the supervisor's. */
-	cJSON_AddNumberToObject(reply, "epoch", 0);
+	/* The worker knows only its own device, and the node's epoch as the
+	 * supervisor last told it. */
+	cJSON_AddNumberToObject(reply, "epoch", (double)wk.epoch);
 	cJSON_AddNumberToObject(d, "index", wk.dev.index);
 	cJSON_AddNumberToObject(d, "generation", (double)GEN());
 	cJSON_AddStringToObject(d, "state", wk.state == WK_READY ? "ready" : wk.state == WK_LOST ? "faulted" : "draining");
@@ -728,6 +730,23 @@ static void ctl_drain(struct rd_call *call)
 	uv_timer_start(&wk.drain_timer, on_drain_deadline, deadline, 0);
 }
 
+/* The supervisor's epoch only goes up: a late word never takes it back. */
+static void take_epoch(const cJSON *params)
+{
+	struct rp_error err = { 0 };
+	uint64_t epoch;
+
+	if (rp_params_uint(params, "epoch", UINT64_MAX, 0, &epoch, &err) == 0 && epoch > wk.epoch)
+		wk.epoch = epoch;
+	rp_error_clear(&err);
+}
+
+static void ctl_epoch(struct rd_call *call)
+{
+	take_epoch(call->msg.params);
+	rd_call_reply(call, NULL, false);
+}
+
 static int lifecycle_generation(struct rd_call *call, uint64_t *gen)
 {
 	struct rp_error err = { 0 };
@@ -742,6 +761,7 @@ static int lifecycle_generation(struct rd_call *call, uint64_t *gen)
 		rd_call_failf(call, RP_ERR_DRAINING, "%u call(s) still in flight: drain first", wk.in_flight);
 		return -EBUSY;
 	}
+	take_epoch(call->msg.params);
 	return 0;
 }
 
@@ -842,6 +862,7 @@ static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.Reset", ctl_reset },
 	{ "io.regen.Worker.Stats", ctl_stats },
 	{ "io.regen.Worker.InjectFault", ctl_inject_fault },
+	{ "io.regen.Worker.Epoch", ctl_epoch },
 	{ NULL },
 };
 static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };
@@ -925,6 +946,7 @@ int rd_worker_run(const struct rd_options *opts)
 
 	wk.dev.index = opts->worker_device;
 	atomic_init(&wk.dev.generation, opts->worker_generation ? opts->worker_generation : 1);
+	wk.epoch = opts->worker_epoch;
 	rd_registry_init(&wk.dev.registry, wk.dev.index);
 	wk.dev.on_fault = on_fault;
 	wk.dev.post_completion = post_completion;
