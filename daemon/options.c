@@ -71,14 +71,6 @@ const struct rd_option *rd_option_by_key(const char *key)
 	return NULL;
 }
 
-const struct rd_option *rd_option_by_flag(const char *flag)
-{
-	EACH_OPTION(opt)
-		if (opt->flag && strcmp(opt->flag, flag) == 0)
-			return opt;
-	return NULL;
-}
-
 /* Digits only (no sign, no blanks, no 0x): "010" is ten milliseconds, not
  * eight, and a mode is octal whether or not it starts with 0. */
 static int parse_number(const char *text, int base, unsigned long long max, unsigned long long *out)

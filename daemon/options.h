@@ -80,9 +80,8 @@ struct rd_option {
 /* The table, ended by an entry with neither flag nor key. */
 extern const struct rd_option rd_option_table[];
 
-/* By file key or by flag; NULL if none. */
+/* By configuration-file key; NULL if none. */
 const struct rd_option *rd_option_by_key(const char *key);
-const struct rd_option *rd_option_by_flag(const char *flag);
 /* Checks value against the option's rule and stores it. On a bad value
  * nothing changes, returns -EINVAL (-ENOENT: no such group) and `why` (may
  * be NULL) says what was expected: the same words whichever way it came in. */
