@@ -115,11 +115,15 @@ static void op_finish(struct rd_sv_device *d, const char *failure)
 void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const char *reason, unsigned deadline_ms,
 			  void *request)
 {
-	struct rd_sv_op *op = calloc(1, sizeof(*op)), **tail;
+	struct rd_sv_op *op, **tail;
 
+	/* After rd_sv_device_stop nothing runs: its timers are closed (a
+	 * worker may still report a fault while it drains). */
+	op = *d->env->stopping ? NULL : calloc(1, sizeof(*op));
 	if (!op) {
 		if (request)
-			events(d)->request_finished(d, request, "out of memory", d->env->data);
+			events(d)->request_finished(d, request, *d->env->stopping ? "regend is stopping" : "out of memory",
+						    d->env->data);
 		return;
 	}
 	op->verb = verb;
