@@ -405,7 +405,8 @@ static int deep_nesting(struct it_raw *raw, const char *where)
 
 int main(void)
 {
-	struct regen_status before, after;
+	const struct regen_device_info *dev0, *was, *now;
+	regen_status *before, *after;
 	struct it_raw main_raw, worker_raw;
 	struct it_mem own, big, spare;
 	regen_client *c;
@@ -422,7 +423,8 @@ int main(void)
 	atomic_store(&stop_flag[0], 0);
 	atomic_store(&stop_flag[1], 0);
 	c = it_connect(&daemon_);
-	it_status(c, &before);
+	before = it_status(c);
+	dev0 = it_device(before, 0);
 
 	CHECK(pipe(pipefd) == 0 && pipe(holdfd) == 0, "pipe");
 	other_fds[0] = pipefd[0];
@@ -443,8 +445,8 @@ int main(void)
 	big_id = regen_buffer_id(big.buf);
 	it_mem_alloc(4096, &spare);
 	CHECK(it_raw_connect(&main_raw, daemon_.sock) == 0, "connect main");
-	CHECK(it_raw_connect(&worker_raw, before.devices[0].worker_socket) == 0, "connect %s",
-	      before.devices[0].worker_socket);
+	CHECK(it_raw_connect(&worker_raw, dev0->worker_socket) == 0, "connect %s",
+	      dev0->worker_socket);
 
 	/* The checker is at work before the first bad message. */
 	while (atomic_load(&stop_flag[1]) < 5) {
@@ -454,9 +456,9 @@ int main(void)
 		const struct bad_case *bc = &cases[i];
 		struct it_raw *raw = bc->target == MAIN ? &main_raw : &worker_raw;
 		char *value = bc->value ? expand(bc->value, regen_buffer_id(own.buf), other_id,
-						 (unsigned long long)before.devices[0].generation) : NULL;
+						 (unsigned long long)dev0->generation) : NULL;
 
-		text = expand(bc->text, regen_buffer_id(own.buf), other_id, (unsigned long long)before.devices[0].generation);
+		text = expand(bc->text, regen_buffer_id(own.buf), other_id, (unsigned long long)dev0->generation);
 		CHECK(it_raw_send_str(raw, text, bc->fds == ONE_FD ? &spare.fd : NULL, bc->fds == ONE_FD ? 1 : 0) == 0,
 		      "send %s", bc->what);
 		reply = it_raw_recv(raw, 10);
@@ -474,7 +476,7 @@ int main(void)
 			it_log("BAD %s: the connection stopped serving after it", bc->what);
 			failures++;
 			it_raw_close(raw);
-			CHECK(it_raw_connect(raw, bc->target == MAIN ? daemon_.sock : before.devices[0].worker_socket) == 0,
+			CHECK(it_raw_connect(raw, bc->target == MAIN ? daemon_.sock : dev0->worker_socket) == 0,
 			      "reconnect");
 		}
 		free(text);
@@ -489,7 +491,7 @@ int main(void)
 	for (k = 0; k < 2; k++) {
 		struct it_raw tmp;
 
-		CHECK(it_raw_connect(&tmp, k == 0 ? daemon_.sock : before.devices[0].worker_socket) == 0, "connect");
+		CHECK(it_raw_connect(&tmp, k == 0 ? daemon_.sock : dev0->worker_socket) == 0, "connect");
 		CHECK(it_raw_send(&tmp, "{\"method\":\"io.regen", 19, NULL, 0) == 0, "send");
 		it_raw_close(&tmp);
 	}
@@ -508,16 +510,20 @@ int main(void)
 	/* The daemon kept serving, nothing crashed, nothing changed generation. */
 	CHECK(it_daemon_alive(&daemon_), "regend died");
 	CHECK(still_serves(&main_raw) && still_serves(&worker_raw), "raw connections stopped serving");
-	it_status(c, &after);
-	for (k = 0; k < after.ndevices; k++) {
-		CHECK(after.devices[k].worker_pid == before.devices[k].worker_pid && after.devices[k].respawns == 0,
-		      "device %d's worker changed: pid %lld -> %lld, respawns %llu", k,
-		      (long long)before.devices[k].worker_pid, (long long)after.devices[k].worker_pid,
-		      (unsigned long long)after.devices[k].respawns);
-		CHECK(after.devices[k].generation == before.devices[k].generation, "device %d's generation moved %llu -> %llu",
-		      k, (unsigned long long)before.devices[k].generation, (unsigned long long)after.devices[k].generation);
-		CHECK(strcmp(after.devices[k].state, "ready") == 0, "device %d is %s", k, after.devices[k].state);
+	after = it_status(c);
+	CHECK(regen_status_device_count(after) == regen_status_device_count(before), "devices came or went");
+	for (k = 0; k < regen_status_device_count(after); k++) {
+		was = it_device(before, k);
+		now = it_device(after, k);
+		CHECK(now->worker_pid == was->worker_pid && now->respawns == 0,
+		      "device %d's worker changed: pid %lld -> %lld, respawns %llu", k, (long long)was->worker_pid,
+		      (long long)now->worker_pid, (unsigned long long)now->respawns);
+		CHECK(now->generation == was->generation, "device %d's generation moved %llu -> %llu", k,
+		      (unsigned long long)was->generation, (unsigned long long)now->generation);
+		CHECK(strcmp(now->state, "ready") == 0, "device %d is %s", k, now->state);
 	}
+	regen_status_free(before);
+	regen_status_free(after);
 	it_raw_close(&main_raw);
 	it_raw_close(&worker_raw);
 	it_mem_free(&own);

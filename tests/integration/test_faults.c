@@ -18,16 +18,21 @@ struct dev_snapshot {
 	int64_t pid;
 };
 
+static void take(const struct regen_device_info *d, struct dev_snapshot *s)
+{
+	s->generation = d->generation;
+	s->respawns = d->respawns;
+	s->pid = d->worker_pid;
+}
+
 static void snapshot(regen_client *c, int device, struct dev_snapshot *s)
 {
-	struct regen_status st;
+	regen_status *st;
 
 	/* Never -ECONNRESET: the main connection must survive a worker. */
-	CHECK_OK(c, regen_status(c, &st));
-	CHECK(device < st.ndevices, "no device %d", device);
-	s->generation = st.devices[device].generation;
-	s->respawns = st.devices[device].respawns;
-	s->pid = st.devices[device].worker_pid;
+	st = it_status(c);
+	take(it_device(st, device), s);
+	regen_status_free(st);
 }
 
 /* Polls Status on the same client (every call must succeed) until the
@@ -36,23 +41,24 @@ static void wait_back(regen_client *c, int device, const struct dev_snapshot *be
 		      const char *what)
 {
 	double deadline = it_now() + 30;
-	struct regen_status st;
+	const struct regen_device_info *d;
+	regen_status *st;
 
 	for (;;) {
-		CHECK_OK(c, regen_status(c, &st));
-		if (st.devices[device].generation > before->generation && strcmp(st.devices[device].state, "ready") == 0) {
+		st = it_status(c);
+		d = it_device(st, device);
+		if (d->generation > before->generation && strcmp(d->state, "ready") == 0) {
 			break;
 		}
 		CHECK(it_now() < deadline, "%s: device %d not back after 30 s: generation %llu state %s", what, device,
-		      (unsigned long long)st.devices[device].generation, st.devices[device].state);
+		      (unsigned long long)d->generation, d->state);
+		regen_status_free(st);
 		usleep(20000);
 	}
-	now->generation = st.devices[device].generation;
-	now->respawns = st.devices[device].respawns;
-	now->pid = st.devices[device].worker_pid;
+	take(d, now);
 	it_log("%s: device %d back in generation %llu, worker pid %lld, respawns %llu, reason '%s'", what, device,
-	       (unsigned long long)now->generation, (long long)now->pid, (unsigned long long)now->respawns,
-	       st.devices[device].reason);
+	       (unsigned long long)now->generation, (long long)now->pid, (unsigned long long)now->respawns, d->reason);
+	regen_status_free(st);
 }
 
 static void gemm_ok(regen_client *c, struct it_mem *m, const char *what)

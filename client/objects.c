@@ -1,0 +1,264 @@
+/* libregen: buffers and events imported into a device's worker
+ * (io.regen.Memory). Both are objects with an id of one generation; they
+ * share one list, one import path and one close path. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "private.h"
+#include "proto/memory.h"
+
+static bool device_ok(int device)
+{
+	return device >= 0 && device < REGEN_DEVICES_MAX;
+}
+
+/* Fills in obj and links it into the client's list. */
+static void object_add(regen_client *c, struct rc_object *obj, int device, const struct rp_id *rid)
+{
+	obj->client = c;
+	obj->device = device;
+	obj->rid = *rid;
+	rp_id_format(rid, obj->id);
+	rc_note_generation(c, device, rid->generation);
+	obj->next = c->objects;
+	if (c->objects != NULL) {
+		c->objects->prev = obj;
+	}
+	c->objects = obj;
+}
+
+static void object_unlink(struct rc_object *obj)
+{
+	if (obj->client == NULL) {
+		return;
+	}
+	if (obj->prev != NULL) {
+		obj->prev->next = obj->next;
+	} else {
+		obj->client->objects = obj->next;
+	}
+	if (obj->next != NULL) {
+		obj->next->prev = obj->prev;
+	}
+}
+
+/* Closes the object in its worker and unlinks it (the caller frees it). An
+ * object of a generation that is gone was closed with its generation. */
+static int object_close(struct rc_object *obj, const char *method)
+{
+	regen_client *c = obj->client;
+	const char *name;
+	cJSON *p = NULL;
+	int r = 0;
+
+	if (c == NULL || c->known_generation[obj->device] > obj->rid.generation) {
+		goto out;
+	}
+	p = rp_close_object_encode((enum rp_id_kind)obj->rid.kind, &obj->rid);
+	if (p == NULL) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = rc_call(c, obj->device, method, p, NULL, 0, NULL);
+	if (r == -EREMOTE) {
+		name = regen_client_error_name(c);
+		if (name != NULL && (strcmp(name, REGEN_ERROR_STALE_GENERATION) == 0 ||
+				     strcmp(name, REGEN_ERROR_DEVICE_LOST) == 0)) {
+			r = 0;
+		}
+	}
+out:
+	cJSON_Delete(p);
+	object_unlink(obj);
+	return r;
+}
+
+/* Sends an import (params consumed) and decodes the id it answers with,
+ * and for a buffer (size != NULL) the size the worker mapped. */
+static int import_call(regen_client *c, int device, const char *method, cJSON *params, const int *fds, size_t nfds,
+		       struct rp_id *rid, uint64_t *size)
+{
+	struct rp_import_buffer_reply buffer;
+	struct rp_import_event_reply event;
+	struct rp_error err = { 0 };
+	cJSON *reply = NULL;
+	int r;
+
+	if (params == NULL) {
+		return -ENOMEM;
+	}
+	r = rc_call(c, device, method, params, fds, nfds, &reply);
+	cJSON_Delete(params);
+	if (r < 0) {
+		return r;
+	}
+	if (size != NULL) {
+		r = rp_import_buffer_reply_decode(reply, &buffer, &err);
+		*rid = buffer.buffer;
+		*size = buffer.size;
+	} else {
+		r = rp_import_event_reply_decode(reply, &event, &err);
+		*rid = event.event;
+	}
+	cJSON_Delete(reply);
+	return r < 0 ? rc_malformed_reply(c, method, &err) : 0;
+}
+
+/* Imports the buffer req describes. Should the allocation fail after
+ * the import, the worker maps the memory until the connection or the
+ * generation ends. */
+static int import_buffer(regen_client *c, const struct rp_import_buffer *req, const int *fds, size_t nfds,
+			 regen_buffer **out)
+{
+	struct regen_buffer *b;
+	struct rp_id rid;
+	uint64_t size;
+	int r;
+
+	r = import_call(c, (int)req->device, RP_MEMORY_IMPORT_BUFFER, rp_import_buffer_encode(req), fds, nfds, &rid,
+			&size);
+	if (r < 0) {
+		return r;
+	}
+	b = calloc(1, sizeof(*b));
+	if (b == NULL) {
+		return -ENOMEM;
+	}
+	b->size = size;
+	object_add(c, &b->obj, (int)req->device, &rid);
+	*out = b;
+	return 0;
+}
+
+/* host_fd and cuda_fd: the fd travels with the call, as fd 0. */
+static int import_fd(regen_client *c, int device, enum rp_buffer_kind kind, int fd, uint64_t offset,
+		     uint64_t size, regen_buffer **out)
+{
+	struct rp_import_buffer req = {
+		.device = (uint32_t)device, .kind = kind, .size = size, .offset = offset, .has_fd = true, .fd = 0,
+	};
+
+	if (out != NULL) {
+		*out = NULL;
+	}
+	if (c == NULL || out == NULL || fd < 0 || !device_ok(device)) {
+		return -EINVAL;
+	}
+	return import_buffer(c, &req, &fd, 1, out);
+}
+
+REGEN_EXPORT int regen_buffer_import_fd(regen_client *c, int device, int fd, uint64_t size, regen_buffer **out)
+{
+	return import_fd(c, device, RP_BUFFER_HOST_FD, fd, 0, size, out);
+}
+
+REGEN_EXPORT int regen_buffer_import_cuda_fd(regen_client *c, int device, int fd, uint64_t offset, uint64_t size,
+					     regen_buffer **out)
+{
+	return import_fd(c, device, RP_BUFFER_CUDA_FD, fd, offset, size, out);
+}
+
+REGEN_EXPORT int regen_buffer_import_cuda_ipc(regen_client *c, int device, const void *handle, uint64_t offset,
+					      uint64_t size, regen_buffer **out)
+{
+	struct rp_import_buffer req = {
+		.device = (uint32_t)device, .kind = RP_BUFFER_CUDA_IPC, .size = size, .offset = offset,
+		.has_handle = true,
+	};
+
+	if (out != NULL) {
+		*out = NULL;
+	}
+	if (c == NULL || out == NULL || handle == NULL || !device_ok(device)) {
+		return -EINVAL;
+	}
+	memcpy(req.handle, handle, RP_HANDLE_SIZE);
+	return import_buffer(c, &req, NULL, 0, out);
+}
+
+REGEN_EXPORT int regen_buffer_close(regen_buffer *b)
+{
+	int r;
+
+	if (b == NULL) {
+		return 0;
+	}
+	r = object_close(&b->obj, RP_MEMORY_CLOSE_BUFFER);
+	free(b);
+	return r;
+}
+
+REGEN_EXPORT const char *regen_buffer_id(const regen_buffer *b)
+{
+	return b != NULL ? b->obj.id : NULL;
+}
+
+REGEN_EXPORT uint64_t regen_buffer_generation(const regen_buffer *b)
+{
+	return b != NULL ? b->obj.rid.generation : 0;
+}
+
+REGEN_EXPORT int regen_buffer_device(const regen_buffer *b)
+{
+	return b != NULL ? b->obj.device : -1;
+}
+
+REGEN_EXPORT uint64_t regen_buffer_size(const regen_buffer *b)
+{
+	return b != NULL ? b->size : 0;
+}
+
+REGEN_EXPORT int regen_event_import_cuda_ipc(regen_client *c, int device, const void *handle, regen_event **out)
+{
+	struct rp_import_event req = { .device = (uint32_t)device };
+	struct regen_event *ev;
+	struct rp_id rid;
+	int r;
+
+	if (out != NULL) {
+		*out = NULL;
+	}
+	if (c == NULL || out == NULL || handle == NULL || !device_ok(device)) {
+		return -EINVAL;
+	}
+	memcpy(req.handle, handle, RP_HANDLE_SIZE);
+	r = import_call(c, device, RP_MEMORY_IMPORT_EVENT, rp_import_event_encode(&req), NULL, 0, &rid, NULL);
+	if (r < 0) {
+		return r;
+	}
+	ev = calloc(1, sizeof(*ev));
+	if (ev == NULL) {
+		return -ENOMEM;
+	}
+	object_add(c, &ev->obj, device, &rid);
+	*out = ev;
+	return 0;
+}
+
+REGEN_EXPORT int regen_event_close(regen_event *ev)
+{
+	int r;
+
+	if (ev == NULL) {
+		return 0;
+	}
+	r = object_close(&ev->obj, RP_MEMORY_CLOSE_EVENT);
+	free(ev);
+	return r;
+}
+
+REGEN_EXPORT const char *regen_event_id(const regen_event *ev)
+{
+	return ev != NULL ? ev->obj.id : NULL;
+}
+
+REGEN_EXPORT uint64_t regen_event_generation(const regen_event *ev)
+{
+	return ev != NULL ? ev->obj.rid.generation : 0;
+}
+
+REGEN_EXPORT int regen_event_device(const regen_event *ev)
+{
+	return ev != NULL ? ev->obj.device : -1;
+}
