@@ -99,10 +99,10 @@ static void old_buffer_refused(regen_client *c, struct it_mem *m, const char *wh
 		}
 		CHECK(r == -EREMOTE, "%s: %d (%s) %s", what, r, strerror(-r),
 		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
-		if (is_name(c, "io.regen.StaleGeneration")) {
+		if (is_name(c, REGEN_ERROR_STALE_GENERATION)) {
 			return;
 		}
-		CHECK(is_name(c, "io.regen.DeviceLost"), "%s: got %s: %s", what, regen_client_error_name(c),
+		CHECK(is_name(c, REGEN_ERROR_DEVICE_LOST), "%s: got %s: %s", what, regen_client_error_name(c),
 		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
 	}
 	CHECK(false, "%s: no StaleGeneration after 3 calls", what);
@@ -133,8 +133,8 @@ static int hung_call_main(void *arg)
 	CHECK(r != -ETIMEDOUT, "the hung call was never ended (40 s)");
 	CHECK(r != 1, "the hung call returned a wrong result: %s", why);
 	CHECK(r == 0 || r == -ECONNRESET ||
-	      (r == -EREMOTE && (is_name(c, "io.regen.DeviceLost") || is_name(c, "io.regen.Timeout") ||
-				 is_name(c, "io.regen.Draining") || is_name(c, "io.regen.StaleGeneration"))),
+	      (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_TIMEOUT) ||
+				 is_name(c, REGEN_ERROR_DRAINING) || is_name(c, REGEN_ERROR_STALE_GENERATION))),
 	      "the hung call ended with %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	it_mem_free(&m);
 	regen_client_destroy(c);
@@ -206,7 +206,7 @@ int main(void)
 		       regen_client_error_name(c) ? regen_client_error_name(c) : "");
 		CHECK(r != 1, "a call on a lost context returned wrong data as success: %s", why);
 		CHECK(r == -ECONNRESET ||
-		      (r == -EREMOTE && (is_name(c, "io.regen.DeviceLost") || is_name(c, "io.regen.StaleGeneration"))),
+		      (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_STALE_GENERATION))),
 		      "after device_lost: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
 		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
 	}
@@ -223,7 +223,7 @@ int main(void)
 	r = regen_restart(c, 1, "test_faults: end the hang", 300, NULL);
 	it_log("Restart after hang: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
 	       regen_client_error_message(c) ? regen_client_error_message(c) : "");
-	CHECK(r == 0 || (r == -EREMOTE && is_name(c, "io.regen.Timeout")), "Restart of a hung device: %d", r);
+	CHECK(r == 0 || (r == -EREMOTE && is_name(c, REGEN_ERROR_TIMEOUT)), "Restart of a hung device: %d", r);
 	CHECK(it_wait_children(&hung, 1, 50) == 0, "the hung client failed");
 	wait_back(c, 1, &s1, &n1, "hang + restart");
 	CHECK_OK(c, it_mem_import(c, 1, &m1));

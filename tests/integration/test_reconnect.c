@@ -70,7 +70,7 @@ int main(void)
 	/* The next call reconnects (waiting for the respawned worker) and is
 	 * told its buffer is stale. */
 	r = it_gemm_run(c, &m, 0, &gc, why, sizeof(why));
-	CHECK(r == -EREMOTE && strcmp(regen_client_error_name(c), "io.regen.StaleGeneration") == 0,
+	CHECK(r == -EREMOTE && strcmp(regen_client_error_name(c), REGEN_ERROR_STALE_GENERATION) == 0,
 	      "next call: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	CHECK_OK(c, it_mem_import(c, 0, &m));
 	CHECK(regen_buffer_generation(m.buf) > gen, "re-imported in generation %llu",
@@ -89,8 +89,8 @@ int main(void)
 	r = it_gemm_run(c, &m, 0, &gc, why, sizeof(why));
 	it_log("old buffer on the new regend: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	CHECK(r == -ECONNRESET ||
-	      (r == -EREMOTE && (strcmp(regen_client_error_name(c), "io.regen.StaleGeneration") == 0 ||
-				 strcmp(regen_client_error_name(c), "io.regen.NoSuchObject") == 0)),
+	      (r == -EREMOTE && (strcmp(regen_client_error_name(c), REGEN_ERROR_STALE_GENERATION) == 0 ||
+				 strcmp(regen_client_error_name(c), REGEN_ERROR_NO_SUCH_OBJECT) == 0)),
 	      "a buffer of the previous regend: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	CHECK_OK(c, it_mem_import(c, 0, &m));
 	gemm_ok(c, &m, "gemm on the new regend");

@@ -269,7 +269,7 @@ int main(void)
 	/* A named error: 1, with the name on stderr. */
 	rc = ctl_run(&out, &err, "release", "--device", "7");
 	expect_exit(1, "release of a device not served", rc, out, err);
-	CHECK(strstr(err, "io.regen.NoSuchDevice") != NULL, "stderr: %s", err);
+	CHECK(strstr(err, REGEN_ERROR_NO_SUCH_DEVICE) != NULL, "stderr: %s", err);
 	free(out);
 	free(err);
 
@@ -333,7 +333,7 @@ int main(void)
 			rc = ctl_run_as((int)nobody->pw_uid, (int)nobody->pw_gid, &out, &err, "restart", "--device", "0",
 					"--wait", NULL);
 			expect_exit(4, "restart as nobody", rc, out, err);
-			CHECK(strstr(err, "io.regen.NotPermitted") != NULL, "stderr: %s", err);
+			CHECK(strstr(err, REGEN_ERROR_NOT_PERMITTED) != NULL, "stderr: %s", err);
 			rc = ctl_run_as((int)nobody->pw_uid, (int)nobody->pw_gid, NULL, NULL, "inject-fault", "crash", NULL);
 			expect_exit(4, "inject-fault as nobody", rc, NULL, NULL);
 		}

@@ -82,11 +82,11 @@ static int traffic_main(void *arg)
 		name = regen_client_error_name(c);
 		if (r == -ECONNRESET) {
 			s.reset++;
-		} else if (r == -EREMOTE && strcmp(name, "io.regen.Draining") == 0) {
+		} else if (r == -EREMOTE && strcmp(name, REGEN_ERROR_DRAINING) == 0) {
 			s.draining++;
-		} else if (r == -EREMOTE && strcmp(name, "io.regen.StaleGeneration") == 0) {
+		} else if (r == -EREMOTE && strcmp(name, REGEN_ERROR_STALE_GENERATION) == 0) {
 			s.stale++;
-		} else if (r == -EREMOTE && strcmp(name, "io.regen.DeviceLost") == 0) {
+		} else if (r == -EREMOTE && strcmp(name, REGEN_ERROR_DEVICE_LOST) == 0) {
 			s.lost++;
 		} else {
 			it_log("FAIL traffic %d: call failed with %d (%s) %s: %s", idx, r, strerror(-r), name ? name : "",

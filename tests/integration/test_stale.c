@@ -38,7 +38,7 @@ static void gemm_ok(regen_client *c, struct it_mem *m, const char *what)
 static void expect_stale(regen_client *c, int r, int device, uint64_t generation, const char *what)
 {
 	CHECK(r == -EREMOTE, "%s: expected io.regen.StaleGeneration, got %d (%s)", what, r, strerror(-r));
-	CHECK(strcmp(regen_client_error_name(c), "io.regen.StaleGeneration") == 0, "%s: got %s: %s", what,
+	CHECK(strcmp(regen_client_error_name(c), REGEN_ERROR_STALE_GENERATION) == 0, "%s: got %s: %s", what,
 	      regen_client_error_name(c), regen_client_error_message(c) ? regen_client_error_message(c) : "");
 	CHECK(param_int(c, "device") == device, "%s: error names device %lld, want %d (%s)", what,
 	      (long long)param_int(c, "device"), device, regen_client_error_parameters(c));
