@@ -263,6 +263,32 @@ class Errors(DaemonTest):
             self.c.import_memfd(0, t.fd, 4096)
         self.assertEqual(cm.exception.kind, "host_fd")
 
+    def test_cuda_kinds_and_events_on_the_host_backend(self):
+        """The host backend maps no CUDA memory and imports no CUDA events:
+        each refusal is the named error a rank can act on."""
+        t = self.tensor([64])
+        with self.assertRaises(regen.ImportFailed) as cm:
+            self.c.import_cuda_fd(0, t.fd, 256)
+        self.assertEqual(cm.exception.kind, "cuda_fd")
+        with self.assertRaises(regen.ImportFailed) as cm:
+            self.c.import_cuda_ipc(0, bytes(64), 0, 256)
+        self.assertEqual(cm.exception.kind, "cuda_ipc")
+        with self.assertRaises(regen.MethodNotImplemented) as cm:
+            self.c.import_event(0, bytes(64))
+        self.assertEqual(cm.exception.method, "io.regen.Memory.ImportEvent")
+
+    def test_events_nobody_imported(self):
+        gen = self.generation_of(0)
+        ghost = f"e0.{gen}.999999"
+        with self.assertRaises(regen.NoSuchObject) as cm:
+            self.c.close_event(ghost)
+        self.assertEqual(cm.exception.id, ghost)
+        a, b, d = self.tensor([4, 4]), self.tensor([4, 4]), self.tensor([4, 4], fill=False)
+        for key in ("wait_event", "signal_event"):
+            with self.subTest(event=key), self.assertRaises(regen.NoSuchObject) as cm:
+                self.c.gemm(a.op, b.op, d.op, **{key: ghost})
+            self.assertEqual(cm.exception.id, ghost)
+
     def test_invalid_parameter_and_method_not_found(self):
         with self.assertRaises(regen.InvalidParameter) as cm:
             self.c.inject_fault(0, "bogus")
