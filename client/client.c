@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include "regen-config.h"
 #include "private.h"
 #include "proto/device.h"
@@ -243,16 +242,13 @@ static int ensure_worker(regen_client *c, int device, int64_t deadline)
 		}
 		if (path[0] != '\0') {
 			r = rc_conn_open(w, path, deadline, false);
-			if (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN) {
+			if (!rc_conn_retryable(r)) {
 				return r;
 			}
 		}
-		if (deadline != RC_FOREVER && rc_now_ms() + delay_ms >= deadline) {
-			return -ETIMEDOUT;
-		}
-		usleep((useconds_t)delay_ms * 1000);
-		if (delay_ms < 200) {
-			delay_ms *= 2;
+		r = rc_backoff(deadline, &delay_ms, 200);
+		if (r < 0) {
+			return r;
 		}
 	}
 }

@@ -43,8 +43,9 @@ static void object_unlink(struct rc_object *obj)
 	}
 }
 
-/* Closes the object in its worker and unlinks it (the caller frees it). An
- * object of a generation that is gone was closed with its generation. */
+/* Closes the object in its worker, unlinks and frees it (obj is the first
+ * member of its buffer or event). An object of a generation that is gone
+ * was closed with its generation. */
 static int object_close(struct rc_object *obj, const char *method)
 {
 	regen_client *c = obj->client;
@@ -71,18 +72,23 @@ static int object_close(struct rc_object *obj, const char *method)
 out:
 	cJSON_Delete(p);
 	object_unlink(obj);
+	free(obj);
 	return r;
 }
 
-/* Sends an import (params consumed) and decodes the id it answers with,
- * and for a buffer (size != NULL) the size the worker mapped. */
-static int import_call(regen_client *c, int device, const char *method, cJSON *params, const int *fds, size_t nfds,
-		       struct rp_id *rid, uint64_t *size)
+/* Sends an import (params consumed) and makes the object of `objsize`
+ * bytes (a buffer or an event) for the id it answers with; for a buffer
+ * (size != NULL) also the size the worker mapped. Should the allocation
+ * fail after the import, the worker maps the memory until the connection
+ * or the generation ends. */
+static int import_object(regen_client *c, int device, const char *method, cJSON *params, const int *fds,
+			 size_t nfds, size_t objsize, struct rc_object **out, uint64_t *size)
 {
 	struct rp_import_buffer_reply buffer;
 	struct rp_import_event_reply event;
 	struct rp_error err = { 0 };
 	cJSON *reply = NULL;
+	struct rp_id rid;
 	int r;
 
 	if (params == NULL) {
@@ -95,39 +101,39 @@ static int import_call(regen_client *c, int device, const char *method, cJSON *p
 	}
 	if (size != NULL) {
 		r = rp_import_buffer_reply_decode(reply, &buffer, &err);
-		*rid = buffer.buffer;
+		rid = buffer.buffer;
 		*size = buffer.size;
 	} else {
 		r = rp_import_event_reply_decode(reply, &event, &err);
-		*rid = event.event;
+		rid = event.event;
 	}
 	cJSON_Delete(reply);
-	return r < 0 ? rc_malformed_reply(c, method, &err) : 0;
+	if (r < 0) {
+		return rc_malformed_reply(c, method, &err);
+	}
+	*out = calloc(1, objsize);
+	if (*out == NULL) {
+		return -ENOMEM;
+	}
+	object_add(c, *out, device, &rid);
+	return 0;
 }
 
-/* Imports the buffer req describes. Should the allocation fail after
- * the import, the worker maps the memory until the connection or the
- * generation ends. */
+/* Imports the buffer req describes. */
 static int import_buffer(regen_client *c, const struct rp_import_buffer *req, const int *fds, size_t nfds,
 			 regen_buffer **out)
 {
-	struct regen_buffer *b;
-	struct rp_id rid;
+	struct rc_object *obj;
 	uint64_t size;
 	int r;
 
-	r = import_call(c, (int)req->device, RP_MEMORY_IMPORT_BUFFER, rp_import_buffer_encode(req), fds, nfds, &rid,
-			&size);
+	r = import_object(c, (int)req->device, RP_MEMORY_IMPORT_BUFFER, rp_import_buffer_encode(req), fds, nfds,
+			  sizeof(struct regen_buffer), &obj, &size);
 	if (r < 0) {
 		return r;
 	}
-	b = calloc(1, sizeof(*b));
-	if (b == NULL) {
-		return -ENOMEM;
-	}
-	b->size = size;
-	object_add(c, &b->obj, (int)req->device, &rid);
-	*out = b;
+	*out = (struct regen_buffer *)obj;
+	(*out)->size = size;
 	return 0;
 }
 
@@ -179,14 +185,7 @@ REGEN_EXPORT int regen_buffer_import_cuda_ipc(regen_client *c, int device, const
 
 REGEN_EXPORT int regen_buffer_close(regen_buffer *b)
 {
-	int r;
-
-	if (b == NULL) {
-		return 0;
-	}
-	r = object_close(&b->obj, RP_MEMORY_CLOSE_BUFFER);
-	free(b);
-	return r;
+	return b != NULL ? object_close(&b->obj, RP_MEMORY_CLOSE_BUFFER) : 0;
 }
 
 REGEN_EXPORT const char *regen_buffer_id(const regen_buffer *b)
@@ -212,8 +211,7 @@ REGEN_EXPORT uint64_t regen_buffer_size(const regen_buffer *b)
 REGEN_EXPORT int regen_event_import_cuda_ipc(regen_client *c, int device, const void *handle, regen_event **out)
 {
 	struct rp_import_event req = { .device = (uint32_t)device };
-	struct regen_event *ev;
-	struct rp_id rid;
+	struct rc_object *obj;
 	int r;
 
 	if (out != NULL) {
@@ -223,29 +221,17 @@ REGEN_EXPORT int regen_event_import_cuda_ipc(regen_client *c, int device, const 
 		return -EINVAL;
 	}
 	memcpy(req.handle, handle, RP_HANDLE_SIZE);
-	r = import_call(c, device, RP_MEMORY_IMPORT_EVENT, rp_import_event_encode(&req), NULL, 0, &rid, NULL);
-	if (r < 0) {
-		return r;
+	r = import_object(c, device, RP_MEMORY_IMPORT_EVENT, rp_import_event_encode(&req), NULL, 0,
+			  sizeof(struct regen_event), &obj, NULL);
+	if (r == 0) {
+		*out = (struct regen_event *)obj;
 	}
-	ev = calloc(1, sizeof(*ev));
-	if (ev == NULL) {
-		return -ENOMEM;
-	}
-	object_add(c, &ev->obj, device, &rid);
-	*out = ev;
-	return 0;
+	return r;
 }
 
 REGEN_EXPORT int regen_event_close(regen_event *ev)
 {
-	int r;
-
-	if (ev == NULL) {
-		return 0;
-	}
-	r = object_close(&ev->obj, RP_MEMORY_CLOSE_EVENT);
-	free(ev);
-	return r;
+	return ev != NULL ? object_close(&ev->obj, RP_MEMORY_CLOSE_EVENT) : 0;
 }
 
 REGEN_EXPORT const char *regen_event_id(const regen_event *ev)

@@ -49,6 +49,8 @@ struct opts {
 	const char *kind;
 };
 
+enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART };
+
 struct command {
 	const char *name;
 	int (*run)(regen_client *c, const struct command *cmd, const struct opts *o);
@@ -56,8 +58,7 @@ struct command {
 	const char *help;
 	unsigned options;        /* OPT_* it takes */
 	bool admin;              /* root or the daemon's admin group */
-	/* Lifecycle commands: the libregen call. */
-	int (*lifecycle)(regen_client *c, const struct opts *o, regen_status **out);
+	enum verb verb;          /* lifecycle commands */
 };
 
 static int cmd_status(regen_client *c, const struct command *cmd, const struct opts *o);
@@ -66,37 +67,22 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
 
-static int do_release(regen_client *c, const struct opts *o, regen_status **out)
-{
-	return regen_release(c, o->device, o->reason, out);
-}
-
-static int do_reset(regen_client *c, const struct opts *o, regen_status **out)
-{
-	return regen_reset(c, o->device, o->reason, out);
-}
-
-static int do_restart(regen_client *c, const struct opts *o, regen_status **out)
-{
-	return regen_restart(c, o->device, o->reason, (int)o->deadline_ms, out);
-}
-
 #define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_REASON | OPT_WAIT)
 
 static const struct command commands[] = {
-	{ "status", cmd_status, "", "every device: generation, state, backend, worker", 0, false, NULL },
-	{ "generation", cmd_generation, "", "the node epoch and each device's generation", 0, false, NULL },
+	{ "status", cmd_status, "", "every device: generation, state, backend, worker", 0, false, VERB_NONE },
+	{ "generation", cmd_generation, "", "the node epoch and each device's generation", 0, false, VERB_NONE },
 	{ "release", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]",
-	  "drain and release: CUDA resources destroyed, memory returned", LIFECYCLE_OPTS, true, do_release },
+	  "drain and release: CUDA resources destroyed, memory returned", LIFECYCLE_OPTS, true, VERB_RELEASE },
 	{ "reset", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]", "throw the context away and rebuild",
-	  LIFECYCLE_OPTS, true, do_reset },
+	  LIFECYCLE_OPTS, true, VERB_RESET },
 	{ "restart", cmd_lifecycle, "[TARGET] [--reason TEXT] [--deadline-ms MS] [--wait]",
 	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
-	  do_restart },
+	  VERB_RESTART },
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per generation change", OPT_COUNT,
-	  false, NULL },
+	  false, VERB_NONE },
 	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
-	  "KIND: crash, device_lost, hang (needs --enable-fault-injection)", OPT_DEVICE | OPT_KIND, true, NULL },
+	  "KIND: crash, device_lost, hang (needs --enable-fault-injection)", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
@@ -231,10 +217,9 @@ static int fail(regen_client *c, const char *what, int r)
 	return exit_code(r, name);
 }
 
-static void print_json(const cJSON *o)
+/* Prints and frees one line of JSON (NULL: out of memory, nothing). */
+static void print_line(char *text)
 {
-	char *text = cJSON_PrintUnformatted(o);
-
 	if (text != NULL) {
 		puts(text);
 		free(text);
@@ -242,16 +227,15 @@ static void print_json(const cJSON *o)
 	fflush(stdout);
 }
 
+static void print_json(const cJSON *o)
+{
+	print_line(cJSON_PrintUnformatted(o));
+}
+
 /* The reply as regend sent it, on one line. */
 static void print_status_json(const regen_status *st)
 {
-	char *text = regen_status_to_json(st);
-
-	if (text != NULL) {
-		puts(text);
-		free(text);
-	}
-	fflush(stdout);
+	print_line(regen_status_to_json(st));
 }
 
 static int cmd_status(regen_client *c, const struct command *cmd, const struct opts *o)
@@ -508,7 +492,17 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 			goto out;
 		}
 	}
-	r = cmd->lifecycle(c, o, &reply);
+	switch (cmd->verb) {
+	case VERB_RELEASE:
+		r = regen_release(c, o->device, o->reason, &reply);
+		break;
+	case VERB_RESET:
+		r = regen_reset(c, o->device, o->reason, &reply);
+		break;
+	default:
+		r = regen_restart(c, o->device, o->reason, (int)o->deadline_ms, &reply);
+		break;
+	}
 	if (r < 0) {
 		rc = fail(c, cmd->name, r);
 		goto out;

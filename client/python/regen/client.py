@@ -433,19 +433,24 @@ class Client:
         self._tensor_buffers[key] = buf
         return buf
 
+    def _close(self, method, key, ident, obj, forget):
+        """Close a buffer or event (obj: ours, or None for a bare id) in its
+        worker and forget it, unless the connection broke with the call in
+        flight: then the worker may still hold it."""
+        device = obj.device if obj is not None else _id_device(ident)
+        try:
+            reply = self._worker_call(device, method, {key: ident})
+        except (errors.StaleGeneration, errors.NoSuchObject):
+            forget(obj)  # regend holds it no more either way
+            raise
+        forget(obj)
+        return reply
+
     def close_buffer(self, buffer):
         """Unmap a buffer in regend, then drop what kept its memory alive.
         After a ConnectionReset the buffer is kept: the worker may still map it."""
         bid = _buffer_id(buffer)
-        buf = self._buffers.get(bid)
-        device = buf.device if buf else _id_device(bid)
-        try:
-            reply = self._worker_call(device, "io.regen.Memory.CloseBuffer", {"buffer": bid})
-        except (errors.StaleGeneration, errors.NoSuchObject):
-            self._forget(buf)  # regend maps it no more either way
-            raise
-        self._forget(buf)
-        return reply
+        return self._close("io.regen.Memory.CloseBuffer", "buffer", bid, self._buffers.get(bid), self._forget)
 
     def close_tensor(self, tensor, device=None):
         """Close the buffer import_tensor (or a GEMM on the tensor) made for
@@ -484,15 +489,7 @@ class Client:
     def close_event(self, event):
         """Forget an event in regend (an Event or its id)."""
         eid = _event_id(event)
-        ev = self._events.get(eid)
-        device = ev.device if ev else _id_device(eid)
-        try:
-            reply = self._worker_call(device, "io.regen.Memory.CloseEvent", {"event": eid})
-        except (errors.StaleGeneration, errors.NoSuchObject):
-            self._forget_event(ev)  # regend knows it no more either way
-            raise
-        self._forget_event(ev)
-        return reply
+        return self._close("io.regen.Memory.CloseEvent", "event", eid, self._events.get(eid), self._forget_event)
 
     def _forget_event(self, ev):
         if ev is not None:

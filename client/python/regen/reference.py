@@ -38,6 +38,15 @@ def _rows(x, bh, s, d):
     return [[x[(g * s + i) * d:(g * s + i + 1) * d] for i in range(s)] for g in range(bh)]
 
 
+def _exp_scores(q_row, keys, scale, last):
+    """(e, sum of e, max score): e[j] = exp(score_j - max) for the scaled
+    scores of q_row against keys 0..last."""
+    scores = [scale * math.fsum(x * y for x, y in zip(q_row, keys[j])) for j in range(last + 1)]
+    mx = max(scores)
+    e = [math.exp(s - mx) for s in scores]
+    return e, math.fsum(e), mx
+
+
 def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False):
     """(o, lse): o [b, h, sq, dv] flat, lse [b, h, sq] (natural log of the
     sum of exp of the scaled scores)."""
@@ -47,10 +56,7 @@ def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False):
     for g in range(b * h):
         for i in range(sq):
             last = min(i, skv - 1) if causal else skv - 1
-            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[g][j])) for j in range(last + 1)]
-            mx = max(scores)
-            e = [math.exp(s - mx) for s in scores]
-            z = math.fsum(e)
+            e, z, mx = _exp_scores(Q[g][i], K[g], scale, last)
             lse.append(mx + math.log(z))
             for t in range(dv):
                 o.append(math.fsum(e[j] * V[g][j][t] for j in range(last + 1)) / z)
@@ -68,10 +74,7 @@ def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=Fa
     for g in range(b * h):
         for i in range(sq):
             last = min(i, skv - 1) if causal else skv - 1
-            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[g][j])) for j in range(last + 1)]
-            mx = max(scores)
-            e = [math.exp(s - mx) for s in scores]
-            z = math.fsum(e)
+            e, z, _ = _exp_scores(Q[g][i], K[g], scale, last)
             p = [x / z for x in e]
             dp = [math.fsum(dO[g][i][t] * V[g][j][t] for t in range(dv)) for j in range(last + 1)]
             row = math.fsum(pj * dpj for pj, dpj in zip(p, dp))
