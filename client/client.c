@@ -10,7 +10,8 @@
 
 #define DEFAULT_TIMEOUT_S 60.0
 
-void rc_json_str(const cJSON *obj, const char *key, char *dst, size_t size)
+/* A string field of a reply into dst, "" when absent. */
+static void json_str(const cJSON *obj, const char *key, char *dst, size_t size)
 {
 	const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
 
@@ -69,7 +70,7 @@ void rc_set_remote_error(regen_client *c, const char *name, const cJSON *params)
 	if (params == NULL) {
 		return;
 	}
-	rc_json_str(params, "message", c->err_message, sizeof(c->err_message));
+	json_str(params, "message", c->err_message, sizeof(c->err_message));
 	c->err_params = cJSON_PrintUnformatted(params);
 	/* These carry the device's current generation: ids older than it are
 	 * gone, and closing them needs no call. */
@@ -373,9 +374,9 @@ REGEN_EXPORT int regen_hello(regen_client *c, struct regen_info *out)
 	if (r < 0) {
 		return r;
 	}
-	rc_json_str(reply, "vendor", out->vendor, sizeof(out->vendor));
-	rc_json_str(reply, "product", out->product, sizeof(out->product));
-	rc_json_str(reply, "version", out->version, sizeof(out->version));
+	json_str(reply, "vendor", out->vendor, sizeof(out->vendor));
+	json_str(reply, "product", out->product, sizeof(out->product));
+	json_str(reply, "version", out->version, sizeof(out->version));
 	ifaces = cJSON_GetObjectItemCaseSensitive(reply, "interfaces");
 	cJSON_ArrayForEach(it, ifaces) {
 		if (cJSON_IsString(it) && strcmp(it->valuestring, "io.regen.Device") == 0) {

@@ -26,7 +26,7 @@ static int check_object(regen_client *c, const char *what, const char *name, con
 		return -EINVAL;
 	}
 	if (*device >= 0 && obj->device != *device) {
-		rc_set_local_error(c, "%s %s is on device %d, the operands on %d", what, name, obj->device, *device);
+		rc_set_local_error(c, "%s %s is on device %d, the call on device %d", what, name, obj->device, *device);
 		return -EINVAL;
 	}
 	*device = obj->device;
@@ -111,11 +111,6 @@ static int add_operand(regen_client *c, cJSON *p, const char *name, const struct
 	return 0;
 }
 
-static int run(regen_client *c, int device, const char *method, cJSON *p)
-{
-	return rc_call(c, device, method, p, NULL, 0, NULL);
-}
-
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
 {
 	static const char *const epilogues[] = { "none", "bias", "gelu", "gelu_bias" };
@@ -163,7 +158,7 @@ REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
 	    (g->tf32 && cJSON_AddStringToObject(p, "compute", "tf32") == NULL)) {
 		goto out;
 	}
-	r = run(c, device, "io.regen.Compute.Gemm", p);
+	r = rc_call(c, device, "io.regen.Compute.Gemm", p, NULL, 0, NULL);
 out:
 	cJSON_Delete(p);
 	return r;
@@ -205,12 +200,13 @@ REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_a
 	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
 		goto out;
 	}
-	r = run(c, device, "io.regen.Compute.Attention", p);
+	r = rc_call(c, device, "io.regen.Compute.Attention", p, NULL, 0, NULL);
 out:
 	cJSON_Delete(p);
 	return r;
 }
 
+/* The operand table takes a's members' addresses: only once a is known. */
 static int attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
 {
 	const struct {
@@ -242,7 +238,7 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
 		goto out;
 	}
-	r = run(c, device, "io.regen.Compute.AttentionBackward", p);
+	r = rc_call(c, device, "io.regen.Compute.AttentionBackward", p, NULL, 0, NULL);
 out:
 	cJSON_Delete(p);
 	return r;

@@ -155,7 +155,6 @@ int rc_conn_open(struct rc_conn *c, const char *path, int64_t deadline, bool ret
 		}
 	}
 	c->fd = fd;
-	c->serial++;
 	return 0;
 }
 

@@ -19,7 +19,6 @@ struct rc_conn {
 	int fd;                       /* -1 when closed */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct rp_rx rx;
-	unsigned serial;              /* bumped on every successful open */
 };
 
 /* Sleeps *delay_ms before a retry, then doubles it (up to about max_ms).

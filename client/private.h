@@ -67,6 +67,3 @@ void rc_note_generation(regen_client *c, int64_t device, uint64_t generation);
 /* Makes a regen_status of a Status-shaped reply (which it takes over,
  * also on failure). */
 int rc_status_from_reply(regen_client *c, const char *method, cJSON *reply, regen_status **out);
-
-/* A string field of a reply, "" when absent. */
-void rc_json_str(const cJSON *obj, const char *key, char *dst, size_t size);
