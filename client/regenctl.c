@@ -82,7 +82,7 @@ static const struct command commands[] = {
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per generation change", OPT_COUNT,
 	  false, VERB_NONE },
 	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
-	  "KIND: crash, device_lost, hang (needs --enable-fault-injection)", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
+	  "KIND: crash, device_lost or hang; needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
@@ -362,6 +362,16 @@ static void waiter_apply(struct waiter *wt, const struct regen_watch_event *ev)
 	}
 }
 
+/* Seconds to wait for the next event before `deadline`. Never 0, which
+ * libregen takes as "forever": past the deadline, events already received
+ * are still read, and only then the wait times out. */
+static double wait_left(double deadline)
+{
+	double left = deadline - now_s();
+
+	return left > 0.001 ? left : 0.001;
+}
+
 /* Subscribes; returns once regend has taken the subscription (its first
  * event is in), so that no change after this point goes unseen. */
 static int waiter_subscribe(regen_client *c, struct waiter *wt, double deadline)
@@ -374,7 +384,7 @@ static int waiter_subscribe(regen_client *c, struct waiter *wt, double deadline)
 	memset(wt->now, 0, sizeof(wt->now));
 	r = regen_watcher_open(c, &wt->w);
 	if (r == 0) {
-		r = regen_watcher_next(wt->w, deadline - now_s(), &ev);
+		r = regen_watcher_next(wt->w, wait_left(deadline), &ev);
 	}
 	if (r == 0) {
 		waiter_apply(wt, ev);
@@ -446,12 +456,10 @@ static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o,
 		return EXIT_ERROR;
 	}
 	while (!waiter_done(wt, o)) {
-		if (now_s() >= deadline) {
-			r = -ETIMEDOUT;
-		} else if (wt->w == NULL) {
-			r = waiter_subscribe(c, wt, deadline);
+		if (wt->w == NULL) {
+			r = now_s() < deadline ? waiter_subscribe(c, wt, deadline) : -ETIMEDOUT;
 		} else {
-			r = regen_watcher_next(wt->w, deadline - now_s(), &ev);
+			r = regen_watcher_next(wt->w, wait_left(deadline), &ev);
 			if (r == 0) {
 				waiter_apply(wt, ev);
 			}
