@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <uv.h>
+#include "daemon/peer.h"
 #include "proto/frame.h"
 #include "proto/message.h"
 
@@ -32,6 +33,9 @@ struct rd_conn_ops {
 	/* The peer went away or the connection broke. Calls in flight still
 	 * finish later. */
 	void (*on_close)(struct rd_conn *conn);
+	/* Optional: completes every error this connection's calls fail with,
+	 * before it is sent (what the endpoint knows and the raiser did not). */
+	void (*complete_error)(struct rd_conn *conn, struct rp_error *err);
 };
 
 /* Called with the reply to a call this side made, or reply == NULL when the
@@ -46,14 +50,17 @@ struct rd_conn {
 	uv_loop_t *loop;
 	struct rp_rx rx;
 	struct rp_tx tx;
-	struct ucred peer;
+	struct rd_peer peer;           /* as the kernel said at connect time */
 	bool admin;
 	bool closed;
 	bool reading, writing;
 	bool processing;            /* inside conn_process: no re-entry */
 	unsigned refs;
-	unsigned in_flight;         /* calls received and not finished */
-	unsigned max_in_flight;     /* more calls than this in flight: io.regen.LimitExceeded */
+	unsigned in_flight;         /* calls received and not yet freed: running, or answered behind one running */
+	unsigned unfinished;        /* calls received and not answered */
+	unsigned max_in_flight;     /* more unanswered calls than this: io.regen.LimitExceeded */
+	uv_timer_t partial_timer;   /* a message begun and not ended: its deadline */
+	uint64_t partial_offset;    /* where in the stream that message began */
 	struct rd_call *calls, *calls_tail;
 	struct rd_pending_out *out, *out_tail;
 	const struct rd_conn_ops *ops;

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include "daemon/conn.h"
+#include "daemon/peer.h"
 
 struct rd_method {
 	const char *name;                 /* "io.regen.Device.Status" */
@@ -17,9 +18,11 @@ struct rd_method {
 struct rd_endpoint {
 	const struct rd_method *methods;  /* NULL-name terminated */
 	const char *const *interfaces;    /* served here, for GetInfo; NULL terminated */
+	/* Methods that another table names (the compute ops of
+	 * proto/compute.h): the handler for one that is not in `methods`,
+	 * or NULL. Such methods need no admin and no "more". */
+	void (*(*find)(const char *method))(struct rd_call *call);
 };
 
 void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call);
 
-/* Whether a peer is root or in the admin group (gid or supplementary). */
-bool rd_peer_is_admin(const struct ucred *peer, gid_t admin_gid, bool have_admin_gid);
