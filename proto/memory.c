@@ -61,9 +61,8 @@ static int decode_device(const cJSON *params, int64_t served, uint32_t *out, str
 	if (r < 0)
 		return r;
 	if (served >= 0 && device != (uint64_t)served) {
-		rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "this socket serves device %lld, not %llu", (long long)served,
-			     (unsigned long long)device);
-		rp_error_add_int(err, "device", (long long)device);
+		rp_err_no_such_device(err, (long long)device, "this socket serves device %lld, not %llu",
+				      (long long)served, (unsigned long long)device);
 		return -EINVAL;
 	}
 	*out = (uint32_t)device;
@@ -119,16 +118,14 @@ int rp_import_buffer_check_source(const struct rp_import_buffer *req, const int 
 	if (req->kind == RP_BUFFER_CUDA_IPC) {
 		if (req->handle_valid)
 			return 0;
-		rp_error_set(err, RP_ERR_IMPORT_FAILED,
-			     "cuda_ipc needs 'handle': the 64-byte cudaIpcMemHandle_t as 128 hex digits");
+		rp_err_import_failed(err, kind, "cuda_ipc needs 'handle': the 64-byte cudaIpcMemHandle_t as 128 hex digits");
 	} else {
 		if (req->has_fd && req->fd < nfds && fds[req->fd] >= 0)
 			return 0;
-		rp_error_set(err, RP_ERR_IMPORT_FAILED,
-			     "%s needs 'fd': the index of a file descriptor passed with this message (%zu passed)", kind,
-			     nfds);
+		rp_err_import_failed(err, kind,
+				     "%s needs 'fd': the index of a file descriptor passed with this message (%zu passed)",
+				     kind, nfds);
 	}
-	rp_error_add_str(err, "kind", kind);
 	return -EINVAL;
 }
 
