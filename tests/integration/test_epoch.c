@@ -44,29 +44,31 @@ static uint64_t worker_epoch(regen_client *c, int device, uint64_t *generation)
  * `changed` (or -1) must already, the others within 5 s. */
 static uint64_t expect_same_epoch(regen_client *c, int changed, const char *when)
 {
-	struct regen_status st;
-	uint64_t epoch, generation;
+	regen_status *st;
+	uint64_t epoch, generation, main_epoch;
 
-	CHECK_OK(c, regen_generation(c, &st));
-	CHECK(st.ndevices == 2, "%s: %d devices", when, st.ndevices);
-	for (int i = 0; i < st.ndevices; i++) {
+	CHECK_OK(c, regen_generation_get(c, &st));
+	main_epoch = regen_status_epoch(st);
+	CHECK(regen_status_device_count(st) == 2, "%s: %d devices", when, regen_status_device_count(st));
+	for (int i = 0; i < regen_status_device_count(st); i++) {
 		double deadline = it_now() + (i == changed ? 0 : 5);
-		while ((epoch = worker_epoch(c, i, &generation)) != st.epoch && it_now() < deadline) {
+		while ((epoch = worker_epoch(c, i, &generation)) != main_epoch && it_now() < deadline) {
 			usleep(10000);
 		}
-		CHECK(epoch == st.epoch, "%s: device %d's worker says epoch %llu, the main socket %llu", when, i,
-		      (unsigned long long)epoch, (unsigned long long)st.epoch);
-		CHECK(generation == st.devices[i].generation,
+		CHECK(epoch == main_epoch, "%s: device %d's worker says epoch %llu, the main socket %llu", when, i,
+		      (unsigned long long)epoch, (unsigned long long)main_epoch);
+		CHECK(generation == regen_status_device(st, i)->generation,
 		      "%s: device %d's worker says generation %llu, the main socket %llu", when, i,
-		      (unsigned long long)generation, (unsigned long long)st.devices[i].generation);
+		      (unsigned long long)generation, (unsigned long long)regen_status_device(st, i)->generation);
 	}
-	it_log("%s: epoch %llu on the main socket and both worker sockets", when, (unsigned long long)st.epoch);
-	return st.epoch;
+	regen_status_free(st);
+	it_log("%s: epoch %llu on the main socket and both worker sockets", when, (unsigned long long)main_epoch);
+	return main_epoch;
 }
 
 int main(void)
 {
-	struct regen_status st;
+	regen_status *st;
 	regen_client *c;
 	uint64_t e0, e1, e2, e3, g1;
 
@@ -76,21 +78,22 @@ int main(void)
 	e0 = expect_same_epoch(c, 0, "at start");
 	CHECK(e0 == 1, "the epoch starts at %llu, not 1", (unsigned long long)e0);
 
-	CHECK_OK(c, regen_restart(c, 0, "test_epoch", 2000, &st));
+	CHECK_OK(c, regen_restart(c, 0, "test_epoch", 2000, NULL));
 	e1 = expect_same_epoch(c, 0, "after a restart of device 0");
 	CHECK(e1 == e0 + 1, "a restart of one device moved the epoch %llu -> %llu", (unsigned long long)e0,
 	      (unsigned long long)e1);
 
-	CHECK_OK(c, regen_restart(c, -1, "test_epoch all", 2000, &st));
+	CHECK_OK(c, regen_restart(c, -1, "test_epoch all", 2000, NULL));
 	e2 = expect_same_epoch(c, -1, "after a restart of every device");
 	CHECK(e2 == e1 + 2, "a restart of both devices moved the epoch %llu -> %llu", (unsigned long long)e1,
 	      (unsigned long long)e2);
 
 	/* A respawned worker starts with the epoch on its command line. */
-	CHECK_OK(c, regen_generation(c, &st));
-	g1 = st.devices[1].generation;
+	CHECK_OK(c, regen_generation_get(c, &st));
+	g1 = regen_status_find_device(st, 1)->generation;
+	regen_status_free(st);
 	CHECK_OK(c, regen_inject_fault(c, 1, "crash"));
-	it_wait_generation(c, 1, g1, 30, &st);
+	it_wait_generation(c, 1, g1, 30);
 	e3 = expect_same_epoch(c, 1, "after device 1's worker crashed and was respawned");
 	CHECK(e3 > e2, "the crash left the epoch at %llu", (unsigned long long)e3);
 
