@@ -236,12 +236,19 @@ struct regen_gemm_args {
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 
+/* Where a causal mask's diagonal starts: top_left (query i sees keys 0..i,
+ * torch's is_causal) or bottom_right (query i sees keys 0..i + Skv - Sq). */
+enum regen_causal_alignment { REGEN_CAUSAL_TOP_LEFT = 0, REGEN_CAUSAL_BOTTOM_RIGHT };
+
+/* q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv],
+ * H a multiple of Hkv (grouped-query attention). */
 struct regen_attention_args {
 	struct regen_tensor q, k, v, o;
 	const struct regen_tensor *stats;  /* NULL: not wanted */
 	double scale;                      /* 0: 1/sqrt(D) */
 	bool causal;
 	const regen_event *wait_event, *signal_event;
+	enum regen_causal_alignment causal_alignment;
 };
 REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *args);
 
@@ -250,6 +257,7 @@ struct regen_attention_backward_args {
 	double scale;
 	bool causal;
 	const regen_event *wait_event, *signal_event;
+	enum regen_causal_alignment causal_alignment;
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
 
