@@ -565,7 +565,7 @@ int it_run(char *const argv[], char **out, char **err, double timeout_s, int as_
 void it_mem_alloc(size_t size, struct it_mem *m)
 {
 	memset(m, 0, sizeof(*m));
-	m->fd = memfd_create("regen-it", MFD_CLOEXEC);
+	m->fd = memfd_create("regen-it", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	CHECK(m->fd >= 0, "memfd_create: %s", strerror(errno));
 	CHECK(ftruncate(m->fd, (off_t)size) == 0, "ftruncate: %s", strerror(errno));
 	m->ptr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);

@@ -5,6 +5,7 @@ Standard library only, so the tests run wherever regend builds. Every wait
 has a deadline: a test fails, it never hangs.
 """
 import array
+import fcntl
 import json
 import mmap
 import os
@@ -241,9 +242,11 @@ def pid_alive(pid):
 
 
 def host_buffer(size):
-    """A memfd of `size` bytes and a writable map of it."""
-    fd = os.memfd_create("regen-ops", os.MFD_CLOEXEC)
+    """A memfd of `size` bytes, sealed against shrinking as regend requires,
+    and a writable map of it."""
+    fd = os.memfd_create("regen-ops", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     mm = mmap.mmap(fd, size)
     return fd, mm
 

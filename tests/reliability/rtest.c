@@ -474,12 +474,22 @@ void rt_call_ok(struct rt_conn *c, struct rt_reply *r, const char *method, const
 
 /* ---- Buffers ---- */
 
-int rt_memfd(size_t size)
+int rt_memfd_unsealed(size_t size)
 {
-	int fd = memfd_create("regen-rt", MFD_CLOEXEC);
+	int fd = memfd_create("regen-rt", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
 	RT_CHECK(fd >= 0, "memfd_create: %s", strerror(errno));
 	RT_CHECK(ftruncate(fd, (off_t)size) == 0, "ftruncate: %s", strerror(errno));
+	return fd;
+}
+
+int rt_memfd(size_t size)
+{
+	int fd = memfd_create("regen-rt", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	RT_CHECK(fd >= 0, "memfd_create: %s", strerror(errno));
+	RT_CHECK(ftruncate(fd, (off_t)size) == 0, "ftruncate: %s", strerror(errno));
+	RT_CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0, "F_SEAL_SHRINK: %s", strerror(errno));
 	return fd;
 }
 

@@ -76,8 +76,11 @@ void rt_call(struct rt_conn *c, struct rt_reply *r, double timeout_s, const int 
 void rt_call_ok(struct rt_conn *c, struct rt_reply *r, const char *method, const char *params_fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
-/* A memfd of `size` bytes (zeroed). */
+/* A memfd of `size` bytes (zeroed), sealed against shrinking as regend
+ * requires. */
 int rt_memfd(size_t size);
+/* The same without the seal: regend must refuse it. */
+int rt_memfd_unsealed(size_t size);
 /* ImportBuffer host_fd of the whole memfd on `device`, on a worker-socket
  * connection: 0 with the id in id_out (64 bytes), or -1 with the error in
  * *r. *r is always filled; the caller finishes it. */

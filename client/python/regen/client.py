@@ -10,6 +10,7 @@ calls) is replaced before the next call is sent, so that call runs normally.  A 
 for one thread: give each thread its own.
 """
 
+import fcntl
 import os
 import time
 
@@ -381,9 +382,15 @@ class Client:
         return self._import(device, params, fds=[fd])
 
     def import_memfd(self, device, fd, size, offset=0):
-        """Map ``size`` bytes at ``offset`` of a memfd (any mappable fd) the
-        caller owns (host backend).  The fd is passed with SCM_RIGHTS; the
-        caller may close its copy afterwards."""
+        """Map ``size`` bytes at ``offset`` of a memfd the caller owns (host
+        backend), made with os.MFD_ALLOW_SEALING: it is sealed against
+        shrinking here (F_SEAL_SHRINK), which regend requires so that the
+        memory cannot vanish under a call.  The fd is passed with
+        SCM_RIGHTS; the caller may close its copy afterwards."""
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        except OSError:
+            pass  # regend refuses it with ImportFailed, which says why
         return self._import_fd(device, "host_fd", fd, size, offset)
 
     def import_cuda_fd(self, device, fd, size, offset=0):
