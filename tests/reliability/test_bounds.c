@@ -15,6 +15,11 @@
  *   two processes use under a fifth of a core and log a handful of lines
  *   (the accept loop pauses instead of spinning and logging each try); once
  *   the client closes half of them, a fresh client is served at once.
+ * - Per-call scratch: with --max-scratch-mib 256, Attention over K/V of
+ *   stride 0 in a 4 KiB buffer with Skv = 2^28 (2 GiB of host staging) is
+ *   refused with LimitExceeded {resource: "scratch"} and the worker does
+ *   not grow; one with Skv = 2^23 (64 MiB) runs, and its scratch is not
+ *   kept by the lane afterwards.
  * - A half-sent message: a client sends the start of a call and stops.
  *   With REGEN_MESSAGE_TIMEOUT_MS=600, regend closes the connection within
  *   a few seconds of the first byte, although the client keeps sending a
@@ -227,6 +232,51 @@ static void out_of_fds(const char *path, pid_t pid, const char *who)
 	prlimit(pid, RLIMIT_NOFILE, &lim, NULL);
 }
 
+static void attention_with_skv(struct rt_conn *c, struct rt_reply *r, const char *kv, const char *q, const char *o,
+			       long skv)
+{
+	rt_call(c, r, 60, NULL, 0, "io.regen.Compute.Attention",
+		"{\"q\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,1,1]},"
+		"\"k\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,%ld,1],\"strides\":[0,0,0,1]},"
+		"\"v\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,%ld,1],\"strides\":[0,0,0,1]},"
+		"\"o\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,1,1]}}",
+		q, kv, skv, kv, skv, o);
+}
+
+static void scratch_cap(void)
+{
+	struct rt_conn c;
+	struct rt_reply r;
+	char kv[64], q[64], o[64];
+	pid_t wp = worker_pid(1);
+	long before, after;
+
+	RT_CHECK(rt_connect(&c, rt_worker_socket(&daemon_, 1)) == 0, "connect");
+	RT_CHECK(rt_import(&c, 1, rt_memfd(4096), 4096, kv, &r) == 0, "import");
+	rt_reply_finish(&r);
+	RT_CHECK(rt_import(&c, 1, rt_memfd(4096), 4096, q, &r) == 0, "import");
+	rt_reply_finish(&r);
+	RT_CHECK(rt_import(&c, 1, rt_memfd(4096), 4096, o, &r) == 0, "import");
+	rt_reply_finish(&r);
+	before = rss_kb(wp);
+	attention_with_skv(&c, &r, kv, q, o, 1L << 28);
+	RT_CHECK(r.error && strcmp(r.error, "io.regen.LimitExceeded") == 0, "Skv 2^28: got %s, expected LimitExceeded",
+		 r.error ? r.error : "success");
+	RT_CHECK(strcmp(rt_reply_str(&r, "resource"), "scratch") == 0 && rt_reply_int(&r, "limit") == 256L << 20,
+		 "LimitExceeded names %s, limit %lld", rt_reply_str(&r, "resource"), (long long)rt_reply_int(&r, "limit"));
+	rt_reply_finish(&r);
+	after = rss_kb(wp);
+	RT_CHECK(after - before < 16 * 1024, "the refused call grew the worker by %ld kB", after - before);
+	attention_with_skv(&c, &r, kv, q, o, 1L << 23);
+	RT_CHECK(!r.error, "Skv 2^23 within the cap: %s", r.error);
+	rt_reply_finish(&r);
+	after = rss_kb(wp);
+	rt_log("scratch cap: Skv 2^28 refused by name; Skv 2^23 (64 MiB of staging) ran; worker RSS %ld -> %ld kB after",
+	       before, after);
+	RT_CHECK(after - before < 32 * 1024, "the lane kept %ld kB after a large call", after - before);
+	rt_close(&c);
+}
+
 static void half_sent(void)
 {
 	static const char start[] = "{\"method\":\"io.regen.Device.Sta";
@@ -253,11 +303,14 @@ static void half_sent(void)
 
 int main(void)
 {
+	static const char *const extra[] = { "--max-scratch-mib", "256", NULL };
+
 	setenv("REGEN_MESSAGE_TIMEOUT_MS", "600", 1);
-	rt_daemon_start(&daemon_, NULL, 240);
+	rt_daemon_start(&daemon_, extra, 240);
 	behind_a_watch();
 	behind_a_long_gemm();
 	half_sent();
+	scratch_cap();
 	out_of_fds(daemon_.sock, daemon_.pid, "the supervisor");
 	out_of_fds(rt_worker_socket(&daemon_, 1), worker_pid(1), "a worker");
 	return 0;

@@ -30,6 +30,9 @@ static uint64_t now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* Scratch a lane keeps between calls; beyond it, a call's goes with it. */
+#define SCRATCH_KEEP ((size_t)64 << 20)
+
 struct guarded_call {
 	const struct rp_compute *c;
 	void **ptr;
@@ -57,6 +60,12 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	for (unsigned i = 0; i < c->spec->noperands; i++)
 		if (op->buffers[i])
 			ptr[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
+	if (dev->max_scratch && need > dev->max_scratch) {
+		rp_err_limit_exceeded(&op->err, "scratch", (long long)dev->max_scratch,
+				      "the call needs %zu bytes of scratch, more than the %llu one call may take "
+				      "(max_scratch_mib)", need, (unsigned long long)dev->max_scratch);
+		return;
+	}
 	if (need > lane->scratch_size) {
 		void *s = realloc(lane->scratch, need);
 		if (!s) {
@@ -69,6 +78,13 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	}
 	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size };
 	r = rd_host_guarded(run_guarded, &g, &fault);
+	/* One large call must not leave its scratch to the lane for good. */
+	if (lane->scratch_size > SCRATCH_KEEP) {
+		atomic_fetch_sub(&hd(dev)->scratch_bytes, lane->scratch_size);
+		free(lane->scratch);
+		lane->scratch = NULL;
+		lane->scratch_size = 0;
+	}
 	if (r == -EFAULT) {
 		/* Name the operand whose memory went away under us. */
 		for (unsigned i = 0; i < c->spec->noperands; i++) {
