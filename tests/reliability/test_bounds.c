@@ -15,6 +15,11 @@
  *   two processes use under a fifth of a core and log a handful of lines
  *   (the accept loop pauses instead of spinning and logging each try); once
  *   the client closes half of them, a fresh client is served at once.
+ * - Watch calls piled up: 32 connections each pipeline 1,024 Watch calls,
+ *   then 10 Restarts of both devices. One Watch per connection is served;
+ *   the rest are refused (LimitExceeded {resource: "watches"}, a reply
+ *   held behind the first Watch's), so the supervisor grows by less than
+ *   16 MiB and the Restarts take less than 2 s in all.
  * - Per-call scratch: with --max-scratch-mib 256, Attention over K/V of
  *   stride 0 in a 4 KiB buffer with Skv = 2^28 (2 GiB of host staging) is
  *   refused with LimitExceeded {resource: "scratch"} and the worker does
@@ -232,6 +237,37 @@ static void out_of_fds(const char *path, pid_t pid, const char *who)
 	prlimit(pid, RLIMIT_NOFILE, &lim, NULL);
 }
 
+static void piled_up_watches(void)
+{
+	static const char watch[] = "{\"method\":\"io.regen.Device.Watch\",\"more\":true}";
+	struct rt_conn conns[32], admin;
+	struct rt_reply r;
+	long before, after;
+	double t0;
+
+	before = rss_kb(daemon_.pid);
+	for (int i = 0; i < 32; i++) {
+		RT_CHECK(rt_connect(&conns[i], daemon_.sock) == 0, "connect");
+		write_until_stalled(conns[i].fd, watch, sizeof(watch), 1024, 0.5);
+	}
+	RT_CHECK(rt_connect(&admin, daemon_.sock) == 0, "connect");
+	t0 = rt_now();
+	for (int i = 0; i < 10; i++) {
+		rt_call(&admin, &r, 30, NULL, 0, "io.regen.Device.Restart", "{\"reason\":\"piled-up watches\"}");
+		RT_CHECK(!r.error, "restart: %s", r.error);
+		rt_reply_finish(&r);
+	}
+	double took = rt_now() - t0;
+	after = rss_kb(daemon_.pid);
+	rt_log("32 connections x 1024 Watch calls, then 10 restarts in %.2f s; supervisor RSS %ld -> %ld kB", took,
+	       before, after);
+	RT_CHECK(after - before < 16 * 1024, "the supervisor grew by %ld kB", after - before);
+	RT_CHECK(took < 2.0, "10 restarts took %.1f s", took);
+	for (int i = 0; i < 32; i++)
+		rt_close(&conns[i]);
+	rt_close(&admin);
+}
+
 static void attention_with_skv(struct rt_conn *c, struct rt_reply *r, const char *kv, const char *q, const char *o,
 			       long skv)
 {
@@ -310,6 +346,7 @@ int main(void)
 	behind_a_watch();
 	behind_a_long_gemm();
 	half_sent();
+	piled_up_watches();
 	scratch_cap();
 	out_of_fds(daemon_.sock, daemon_.pid, "the supervisor");
 	out_of_fds(rt_worker_socket(&daemon_, 1), worker_pid(1), "a worker");
