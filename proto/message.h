@@ -7,6 +7,8 @@
 #include <cjson/cJSON.h>
 
 #define RP_NESTING_MAX 32
+#define RP_STRINGIFY_(x) #x
+#define RP_STRINGIFY(x) RP_STRINGIFY_(x)
 
 /* A named error with parameters, as it goes on the wire. `params` is owned
  * by the error (cJSON object). */

@@ -85,7 +85,7 @@ void rd_memory_import_buffer(struct rd_call *call)
 		goto fail;
 	if (s->client->count[RD_OBJECT_BUFFER] >= w->opts->max_buffers) {
 		rp_err_limit_exceeded(&err, "buffers", w->opts->max_buffers, "process %d already has %u buffers on device %d",
-				      (int)s->client->pid, s->client->count[RD_OBJECT_BUFFER], w->dev.index);
+				      (int)s->client->peer.pid, s->client->count[RD_OBJECT_BUFFER], w->dev.index);
 		goto fail;
 	}
 	if (req.kind == RD_BUFFER_CUDA_IPC) {
@@ -114,7 +114,7 @@ void rd_memory_import_buffer(struct rd_call *call)
 	buf->device = &w->dev;
 	buf->kind = req.kind;
 	rd_objects_add(&w->objects, &buf->obj, RD_OBJECT_BUFFER, s->client);
-	rd_debug("memory", w->dev.index, rd_worker_generation(w), s->client->pid, "imported %s %s, %llu bytes",
+	rd_debug("memory", w->dev.index, rd_worker_generation(w), s->client->peer.pid, "imported %s %s, %llu bytes",
 		 kinds[kind], rp_id_format(&buf->obj.id, id), (unsigned long long)buf->size);
 	cJSON *reply = cJSON_CreateObject();
 	cJSON_AddStringToObject(reply, "buffer", rp_id_format(&buf->obj.id, id));
@@ -153,7 +153,7 @@ static void close_object(struct rd_call *call, enum rd_object_kind kind)
 
 	if (rp_params_check(call->msg.params, kind == RD_OBJECT_EVENT ? event_fields : buffer_fields, &err) < 0 ||
 	    parse_id_param(call->msg.params, param, &id, &err) < 0 ||
-	    rd_objects_find(&w->objects, &id, kind, s->client->pid, param, &o, &err) < 0) {
+	    rd_objects_find(&w->objects, &id, kind, s->client, param, &o, &err) < 0) {
 		rd_call_fail(call, &err);
 		return;
 	}

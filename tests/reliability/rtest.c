@@ -1,5 +1,6 @@
 /* Reliability test helpers; see rtest.h. */
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
@@ -176,6 +177,37 @@ const char *rt_worker_socket(const struct rt_daemon *d, int device)
 	return b;
 }
 
+static pid_t ns_regend = -1;
+
+static void forward_sigterm(int sig)
+{
+	if (ns_regend > 0)
+		kill(ns_regend, SIGTERM);
+}
+
+/* "--pid-namespace": regend runs as pid 1 of a pid namespace of its own, so
+ * that every client outside it is pid 0 to it (what a daemon in a container
+ * sees of the host's processes). This process stays as its parent and
+ * passes SIGTERM on; with regend the namespace's other processes go. */
+static void exec_in_pid_namespace(const char *regend, const char **argv)
+{
+	int status;
+
+	if (unshare(CLONE_NEWPID) < 0) {
+		fprintf(stderr, "unshare(CLONE_NEWPID): %s\n", strerror(errno));
+		_exit(77);
+	}
+	ns_regend = fork();
+	if (ns_regend == 0) {
+		execv(regend, (char *const *)argv);
+		_exit(127);
+	}
+	signal(SIGTERM, forward_sigterm);
+	while (waitpid(ns_regend, &status, 0) < 0 && errno == EINTR)
+		;
+	_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
 void rt_daemon_start(struct rt_daemon *d, const char *const *extra, unsigned limit_s)
 {
 	char root[400], regend[512];
@@ -210,8 +242,13 @@ void rt_daemon_start(struct rt_daemon *d, const char *const *extra, unsigned lim
 	argv[n++] = "--devices";
 	argv[n++] = "2";
 	argv[n++] = "--enable-fault-injection";
-	for (int i = 0; extra && extra[i] && n < 46; i++)
-		argv[n++] = extra[i];
+	bool pid_namespace = false;
+	for (int i = 0; extra && extra[i] && n < 46; i++) {
+		if (strcmp(extra[i], "--pid-namespace") == 0)
+			pid_namespace = true;
+		else
+			argv[n++] = extra[i];
+	}
 	argv[n] = NULL;
 
 	d->pid = fork();
@@ -224,6 +261,8 @@ void rt_daemon_start(struct rt_daemon *d, const char *const *extra, unsigned lim
 			dup2(fd, 1);
 			dup2(fd, 2);
 		}
+		if (pid_namespace)
+			exec_in_pid_namespace(regend, argv);
 		execv(regend, (char *const *)argv);
 		_exit(127);
 	}

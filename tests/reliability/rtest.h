@@ -33,7 +33,9 @@ struct rt_daemon {
 
 /* Starts <build>/daemon/regend --socket <tmp>/s --backend host --devices 2
  * --enable-fault-injection plus `extra` (NULL-terminated, may be NULL) and
- * waits until every device is ready. Stopped at exit; the whole test has an
+ * waits until every device is ready. "--pid-namespace" in extra is not
+ * passed on: it runs regend in a pid namespace of its own, where every
+ * client is pid 0. Stopped at exit; the whole test has an
  * alarm of limit_s seconds. */
 void rt_daemon_start(struct rt_daemon *d, const char *const *extra, unsigned limit_s);
 void rt_daemon_stop(struct rt_daemon *d);

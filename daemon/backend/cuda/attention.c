@@ -3,7 +3,7 @@
  * row terms take per-call scratch from the device pool on the call's
  * stream, like GEMM workspaces: nothing is shared between lanes. */
 #include <errno.h>
-#include "daemon/backend/cuda/cuda.h"
+#include "daemon/backend/cuda/common.h"
 #include "kernels/attention.h"
 #include "proto/errors.h"
 
