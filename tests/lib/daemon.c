@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,7 @@ bool tl_daemon_alive(struct tl_daemon *d)
 	if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
 		tl_log("regend (pid %d) exited: %s %d", (int)d->pid, WIFEXITED(status) ? "status" : "signal",
 		       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+		d->exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 		kill(-d->pid, SIGKILL);
 		d->pid = -1;
 		g_daemon_pid = -1;
@@ -141,11 +143,46 @@ void tl_daemon_wait_ready(struct tl_daemon *d, double timeout_s)
 	double deadline = tl_now() + tl_timeout(timeout_s);
 
 	while (!every_device_ready(d)) {
+		if (!tl_daemon_alive(d) && d->exit_status == TL_SKIP) {
+			tl_daemon_dump_log(d, LOG_TAIL_LINES);
+			tl_skip("regend cannot run here as asked (its log above says why)");
+		}
 		ASSERT(tl_daemon_alive(d), "regend died before every device was ready");
 		ASSERT(tl_now() < deadline, "regend's %d devices not all ready after %.0f s", d->ndevices,
 		       tl_timeout(timeout_s));
 		usleep(20000);
 	}
+}
+
+static pid_t ns_regend = -1;
+
+static void forward_sigterm(int sig)
+{
+	if (ns_regend > 0) {
+		kill(ns_regend, SIGTERM);
+	}
+}
+
+/* Runs regend as pid 1 of a new pid namespace. This process stays as its
+ * parent and passes SIGTERM on; with regend the namespace's other
+ * processes go. */
+__attribute__((noreturn)) static void exec_in_pid_namespace(const char *regend, const char **argv)
+{
+	int status = 0;
+
+	if (unshare(CLONE_NEWPID) < 0) {
+		fprintf(stderr, "unshare(CLONE_NEWPID): %s\n", strerror(errno));
+		_exit(TL_SKIP);
+	}
+	ns_regend = fork();
+	if (ns_regend == 0) {
+		execv(regend, (char *const *)argv);
+		_exit(127);
+	}
+	signal(SIGTERM, forward_sigterm);
+	while (waitpid(ns_regend, &status, 0) < 0 && errno == EINTR) {
+	}
+	_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
 static void spawn(struct tl_daemon *d, int log_flags)
@@ -199,7 +236,12 @@ static void spawn(struct tl_daemon *d, int log_flags)
 		unsetenv("LISTEN_PID");
 		unsetenv("WATCHDOG_USEC");
 		unsetenv("WATCHDOG_PID");
-		setenv("REGEN_DEBUG", getenv("REGEN_DEBUG") ? getenv("REGEN_DEBUG") : "I", 1);
+		if (getenv("REGEN_DEBUG") == NULL) {
+			setenv("REGEN_DEBUG", o->debug != NULL ? o->debug : "I", 1);
+		}
+		if (o->pid_namespace) {
+			exec_in_pid_namespace(d->regend, argv);
+		}
 		execv(d->regend, (char *const *)argv);
 		_exit(127);
 	}

@@ -16,10 +16,17 @@ struct tl_daemon_opts {
 	const char *admin_group;      /* --admin-group, or NULL */
 	const char *const *extra;     /* more arguments, NULL-terminated (must outlive the daemon), or NULL */
 	const char *config;           /* the configuration file's text, or NULL for an empty one */
+	/* REGEN_DEBUG for regend unless the environment sets it; NULL: "I". */
+	const char *debug;
+	/* regend runs as pid 1 of a pid namespace of its own, so that every
+	 * client is pid 0 to it (what a daemon in a container sees of the
+	 * host's processes); the test exits 77 where it may not unshare. */
+	bool pid_namespace;
 };
 
 struct tl_daemon {
 	pid_t pid;                    /* -1 once stopped */
+	int exit_status;              /* once it exited: its status (128 + signal) */
 	int ndevices;
 	char dir[64];
 	char sock[128];               /* main socket; device N's worker listens on sock.devN */
