@@ -55,7 +55,8 @@ bool tl_is_main_process(void);
 const char *tl_build_root(void);
 
 /* Forks fn(arg) in a child that exits with fn's value; the child has its
- * own alarm of limit_s seconds (scaled) and its own random seed. The
+ * own alarm of limit_s seconds (scaled; 0: none, the parent's wait bounds
+ * it) and its own random seed. The
  * children still running when the main process fails or times out are
  * killed. */
 pid_t tl_fork(int (*fn)(void *), void *arg, unsigned limit_s);

@@ -6,12 +6,19 @@
 #include "tests/lib/asserts.h"
 #include "tests/lib/memfd.h"
 
+int tl_memfd_open(size_t size)
+{
+	int fd = memfd_create("regen-test", MFD_CLOEXEC);
+
+	ASSERT(fd >= 0, "memfd_create: %s", strerror(errno));
+	ASSERT(ftruncate(fd, (off_t)size) == 0, "ftruncate %zu: %s", size, strerror(errno));
+	return fd;
+}
+
 void tl_memfd_create(struct tl_memfd *m, size_t size)
 {
 	memset(m, 0, sizeof(*m));
-	m->fd = memfd_create("regen-test", MFD_CLOEXEC);
-	ASSERT(m->fd >= 0, "memfd_create: %s", strerror(errno));
-	ASSERT(ftruncate(m->fd, (off_t)size) == 0, "ftruncate %zu: %s", size, strerror(errno));
+	m->fd = tl_memfd_open(size);
 	m->ptr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
 	ASSERT(m->ptr != MAP_FAILED, "mmap %zu: %s", size, strerror(errno));
 	m->size = size;
