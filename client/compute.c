@@ -16,35 +16,71 @@ static const char *dtype_name(enum regen_dtype dt)
 	return NULL;
 }
 
-/* Adds the io.regen.Operand for `t` under `name`, and checks that every
- * operand of a call lives on one device (*device, -1 before the first). */
+/* Every buffer and event a call names belongs to this client and lives on
+ * one device (*device, -1 before the first). */
+static int check_object(regen_client *c, const char *what, const char *name, const struct rc_object *obj,
+			int *device)
+{
+	if (obj->client != c) {
+		rc_set_local_error(c, "%s %s: %s belongs to another client", what, name, obj->id);
+		return -EINVAL;
+	}
+	if (*device >= 0 && obj->device != *device) {
+		rc_set_local_error(c, "%s %s is on device %d, the call on device %d", what, name, obj->device, *device);
+		return -EINVAL;
+	}
+	*device = obj->device;
+	return 0;
+}
+
+/* Adds wait_event and signal_event (each may be NULL), on the operands'
+ * device. */
+static int add_events(regen_client *c, cJSON *p, const regen_event *wait, const regen_event *signal, int *device)
+{
+	const struct {
+		const char *name;
+		const regen_event *ev;
+	} events[] = { { "wait_event", wait }, { "signal_event", signal } };
+	int r;
+
+	for (size_t i = 0; i < 2; i++) {
+		if (events[i].ev == NULL) {
+			continue;
+		}
+		r = check_object(c, "event", events[i].name, &events[i].ev->obj, device);
+		if (r < 0) {
+			return r;
+		}
+		if (cJSON_AddStringToObject(p, events[i].name, events[i].ev->obj.id) == NULL) {
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/* Adds the io.regen.Operand for `t` under `name`. */
 static int add_operand(regen_client *c, cJSON *p, const char *name, const struct regen_tensor *t, int *device)
 {
 	cJSON *o, *shape, *strides = NULL;
 	bool any_stride = false;
 	const char *dt;
-	int i;
+	int i, r;
 
 	if (t->buffer == NULL) {
 		rc_set_local_error(c, "operand %s has no buffer", name);
 		return -EINVAL;
 	}
-	if (t->buffer->client != c) {
-		rc_set_local_error(c, "operand %s: buffer %s belongs to another client", name, t->buffer->id);
-		return -EINVAL;
+	r = check_object(c, "operand", name, &t->buffer->obj, device);
+	if (r < 0) {
+		return r;
 	}
-	if (*device >= 0 && t->buffer->device != *device) {
-		rc_set_local_error(c, "operand %s is on device %d, the others on %d", name, t->buffer->device, *device);
-		return -EINVAL;
-	}
-	*device = t->buffer->device;
 	dt = dtype_name(t->dtype);
 	if (dt == NULL || t->rank < 1 || t->rank > 4) {
 		rc_set_local_error(c, "operand %s: bad dtype or rank", name);
 		return -EINVAL;
 	}
 	o = cJSON_AddObjectToObject(p, name);
-	if (o == NULL || cJSON_AddStringToObject(o, "buffer", t->buffer->id) == NULL ||
+	if (o == NULL || cJSON_AddStringToObject(o, "buffer", t->buffer->obj.id) == NULL ||
 	    cJSON_AddNumberToObject(o, "offset", (double)t->offset) == NULL ||
 	    cJSON_AddStringToObject(o, "dtype", dt) == NULL) {
 		return -ENOMEM;
@@ -75,11 +111,6 @@ static int add_operand(regen_client *c, cJSON *p, const char *name, const struct
 	return 0;
 }
 
-static int run(regen_client *c, int device, const char *method, cJSON *p)
-{
-	return rc_call(c, device, method, p, NULL, 0, NULL);
-}
-
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
 {
 	static const char *const epilogues[] = { "none", "bias", "gelu", "gelu_bias" };
@@ -107,6 +138,9 @@ REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
 	if (r == 0 && g->bias != NULL) {
 		r = add_operand(c, p, "bias", g->bias, &device);
 	}
+	if (r == 0) {
+		r = add_events(c, p, g->wait_event, g->signal_event, &device);
+	}
 	if (r < 0) {
 		goto out;
 	}
@@ -124,7 +158,7 @@ REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
 	    (g->tf32 && cJSON_AddStringToObject(p, "compute", "tf32") == NULL)) {
 		goto out;
 	}
-	r = run(c, device, "io.regen.Compute.Gemm", p);
+	r = rc_call(c, device, "io.regen.Compute.Gemm", p, NULL, 0, NULL);
 out:
 	cJSON_Delete(p);
 	return r;
@@ -155,6 +189,9 @@ REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_a
 	if (r == 0 && a->stats != NULL) {
 		r = add_operand(c, p, "stats", a->stats, &device);
 	}
+	if (r == 0) {
+		r = add_events(c, p, a->wait_event, a->signal_event, &device);
+	}
 	if (r < 0) {
 		goto out;
 	}
@@ -163,12 +200,13 @@ REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_a
 	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
 		goto out;
 	}
-	r = run(c, device, "io.regen.Compute.Attention", p);
+	r = rc_call(c, device, "io.regen.Compute.Attention", p, NULL, 0, NULL);
 out:
 	cJSON_Delete(p);
 	return r;
 }
 
+/* The operand table takes a's members' addresses: only once a is known. */
 static int attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
 {
 	const struct {
@@ -189,6 +227,9 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 	for (i = 0; i < sizeof(ops) / sizeof(ops[0]) && r == 0; i++) {
 		r = add_operand(c, p, ops[i].name, ops[i].t, &device);
 	}
+	if (r == 0) {
+		r = add_events(c, p, a->wait_event, a->signal_event, &device);
+	}
 	if (r < 0) {
 		goto out;
 	}
@@ -197,7 +238,7 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
 		goto out;
 	}
-	r = run(c, device, "io.regen.Compute.AttentionBackward", p);
+	r = rc_call(c, device, "io.regen.Compute.AttentionBackward", p, NULL, 0, NULL);
 out:
 	cJSON_Delete(p);
 	return r;
