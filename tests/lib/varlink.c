@@ -74,22 +74,6 @@ static int wait_fd(struct tl_conn *c, short events, double deadline)
 	}
 }
 
-int tl_send_text(struct tl_conn *c, const char *text, const int *fds, size_t nfds)
-{
-	double deadline = tl_now() + tl_timeout(30);
-	struct rp_tx tx;
-	int r;
-
-	rp_tx_init(&tx);
-	r = rp_tx_push(&tx, text, strlen(text), fds, nfds);
-	ASSERT(r == 0, "rp_tx_push: %s", strerror(-r));
-	while ((r = rp_tx_flush(&tx, c->fd)) == -EAGAIN) {
-		ASSERT(wait_fd(c, POLLOUT, deadline), "the peer took nothing for %.0f s", tl_timeout(30));
-	}
-	rp_tx_finish(&tx);
-	return r;
-}
-
 int tl_send_bytes(struct tl_conn *c, const void *data, size_t len, const int *fds, size_t nfds)
 {
 	const char *p = data;
@@ -131,6 +115,11 @@ int tl_send_bytes(struct tl_conn *c, const void *data, size_t len, const int *fd
 		sent += (size_t)n;
 	}
 	return 0;
+}
+
+int tl_send_text(struct tl_conn *c, const char *text, const int *fds, size_t nfds)
+{
+	return tl_send_bytes(c, text, strlen(text) + 1, fds, nfds);
 }
 
 int tl_send(struct tl_conn *c, const char *method, const int *fds, size_t nfds, const char *params_fmt, ...)
@@ -323,8 +312,8 @@ void tl_device_status(struct tl_conn *main_conn, int device, struct tl_device *o
 
 int tl_import_memfd(struct tl_conn *c, int device, int fd, size_t size, char *id_out, struct tl_reply *r)
 {
-	tl_call(c, r, 30, &fd, 1, "io.regen.Memory.ImportBuffer", "{\"device\":%d,\"kind\":\"host_fd\",\"size\":%zu,\"fd\":0}",
-		device, size);
+	tl_call(c, r, 30, &fd, 1, "io.regen.Memory.ImportBuffer",
+		"{\"device\":%d,\"kind\":\"host_fd\",\"size\":%zu,\"fd\":0}", device, size);
 	if (r->error != NULL) {
 		return -1;
 	}

@@ -30,7 +30,7 @@ void tl_conn_close(struct tl_conn *c);
  * (NULL: {}). 0, or the -errno of a peer that closed (-EPIPE...). */
 int tl_send(struct tl_conn *c, const char *method, const int *fds, size_t nfds, const char *params_fmt, ...)
 	__attribute__((format(printf, 5, 6)));
-/* Sends text and its NUL, fds with the first byte. 0 or -errno. */
+/* Sends text and its NUL in one write, fds with it. 0 or -errno. */
 int tl_send_text(struct tl_conn *c, const char *text, const int *fds, size_t nfds);
 /* Sends exactly len bytes (a NUL only if they hold one): for malformed and
  * oversized messages; fds go with the first write. 0 or -errno. */

@@ -106,8 +106,8 @@ static void behind_a_watch(void)
 	after = rss_kb(daemon_.pid);
 	tl_log("behind a Watch: %ld of 300000 calls taken before regend stopped reading (%.1f s); supervisor RSS %ld -> %ld kB",
 	       sent, tl_now() - t0, before, after);
-	ASSERT(sent < 300000, "regend read all 300000 calls queued behind a Watch: nothing bounds them");
-	ASSERT(after - before < 16 * 1024, "supervisor grew by %ld kB holding replies behind a Watch", after - before);
+	ASSERT_LT(sent, 300000, "regend read all 300000 calls queued behind a Watch: nothing bounds them");
+	ASSERT_LT(after - before, 16 * 1024, "supervisor grew by %ld kB holding replies behind a Watch", after - before);
 	/* Others are served meanwhile. */
 	ASSERT_OK(tl_conn_open(&other, daemon_.sock), "connect");
 	tl_call_ok(&other, &r, "io.regen.Device.Status", NULL);
@@ -152,11 +152,12 @@ static void behind_a_long_gemm(void)
 	after = rss_kb(wp);
 	tl_log("behind a long GEMM: %ld of 200000 calls taken before the worker stopped reading; worker RSS %ld -> %ld kB",
 	       sent, before, after);
-	ASSERT(sent < 200000, "the worker read all 200000 calls queued behind a long GEMM");
+	ASSERT_LT(sent, 200000, "the worker read all 200000 calls queued behind a long GEMM");
 	/* The GEMM itself maps and touches its two big buffers. */
 	long buffers_kb = 2L * big * big * 4 / 1024;
-	ASSERT(after - before - buffers_kb < 32 * 1024, "worker grew by %ld kB (beyond its %ld kB of buffers) holding calls "
-		 "behind a long GEMM", after - before - buffers_kb, buffers_kb);
+	ASSERT_LT(after - before - buffers_kb, 32 * 1024,
+		  "worker grew by %ld kB (beyond its %ld kB of buffers) holding calls behind a long GEMM",
+		  after - before - buffers_kb, buffers_kb);
 	ASSERT_OK(tl_conn_open(&other, tl_daemon_worker_socket(&daemon_, 0)), "connect");
 	tl_call_ok(&other, &r, "io.regen.Device.Generation", NULL);
 	tl_reply_finish(&r);
@@ -195,7 +196,7 @@ static void out_of_fds(const char *path, pid_t pid, const char *who)
 	struct tl_reply r;
 	int n = 0;
 
-	ASSERT(prlimit(pid, RLIMIT_NOFILE, &lim, NULL) == 0, "prlimit: %s", strerror(errno));
+	ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &lim, NULL), 0, "prlimit: %s", strerror(errno));
 	/* Connect until connections stop being answered: the process has no
 	 * fd left to accept them with. */
 	for (; n < 200; n++) {
@@ -207,15 +208,15 @@ static void out_of_fds(const char *path, pid_t pid, const char *who)
 		}
 		tl_reply_finish(&r);
 	}
-	ASSERT(n < 200, "%s accepted 200 connections with 64 fds", who);
+	ASSERT_LT(n, 200, "%s accepted 200 connections with 64 fds", who);
 	long ticks0 = cpu_ticks(pid), log0 = log_size();
 	usleep(2000000);
 	long ticks = cpu_ticks(pid) - ticks0, logged = log_size() - log0;
 	double share = (double)ticks / sysconf(_SC_CLK_TCK) / 2.0;
 	tl_log("%s out of fds after %d connections: %.0f%% of a core and %ld bytes of log in the next 2 s", who, n,
 	       share * 100, logged);
-	ASSERT(share < 0.2, "%s used %.0f%% of a core while out of fds", who, share * 100);
-	ASSERT(logged < 4096, "%s wrote %ld bytes of log in 2 s while out of fds", who, logged);
+	ASSERT_DOUBLE_LT(share, 0.2, "%s used %.0f%% of a core while out of fds", who, share * 100);
+	ASSERT_LT(logged, 4096, "%s wrote %ld bytes of log in 2 s while out of fds", who, logged);
 	for (int i = 0; i < n; i += 2)
 		tl_conn_close(&conns[i]);
 	double t0 = tl_now();
@@ -223,7 +224,7 @@ static void out_of_fds(const char *path, pid_t pid, const char *who)
 	tl_call_ok(&fresh, &r, "io.regen.Device.Generation", NULL);
 	tl_reply_finish(&r);
 	tl_log("%s: a fresh client served %.0f ms after fds were free again", who, (tl_now() - t0) * 1e3);
-	ASSERT(tl_now() - t0 < 1.5, "the fresh client waited %.1f s", tl_now() - t0);
+	ASSERT_DOUBLE_LT(tl_now() - t0, 1.5, "the fresh client waited %.1f s", tl_now() - t0);
 	tl_conn_close(&fresh);
 	for (int i = 1; i < n; i += 2)
 		tl_conn_close(&conns[i]);
@@ -251,7 +252,7 @@ static void half_sent(void)
 	}
 	ASSERT(closed, "a half-sent message kept its connection open for 10 s");
 	tl_log("half-sent message: connection closed %.1f s after its first byte", tl_now() - t0);
-	ASSERT(tl_now() - t0 < 5, "closed only after %.1f s", tl_now() - t0);
+	ASSERT_DOUBLE_LT(tl_now() - t0, 5, "closed only after %.1f s", tl_now() - t0);
 	tl_conn_close(&c);
 }
 

@@ -78,7 +78,7 @@ static void wait_memory(struct tl_conn *main_conn, int64_t want, double timeout_
 		tl_device_status(main_conn, DEVICE, &d);
 		if (d.memory_used == want)
 			return;
-		ASSERT(tl_now() < deadline, "%s: memory_used %lld, not back to %lld after %.0f s", what,
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "%s: memory_used %lld, not back to %lld after %.0f s", what,
 			 (long long)d.memory_used, (long long)want, timeout_s);
 		usleep(20000);
 	}
@@ -99,9 +99,9 @@ static void kill_batch(struct victim *v, int n)
 	double deadline = tl_now() + 30;
 	while (got < (size_t)n) {
 		ssize_t k = read(p[0], buf, (size_t)n - got);
-		ASSERT(k > 0, "a victim died before sending its calls");
+		ASSERT_GT(k, 0, "a victim died before sending its calls");
 		got += (size_t)k;
-		ASSERT(tl_now() < deadline, "victims too slow");
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "victims too slow");
 	}
 	close(p[0]);
 	for (int i = 0; i < n; i++)
@@ -147,7 +147,7 @@ int main(void)
 	ASSERT_OK(tl_conn_open(&main_conn, daemon_.sock), "connect");
 	tl_device_status(&main_conn, DEVICE, &before);
 	pid_t worker = (pid_t)before.worker_pid;
-	ASSERT(worker > 0, "no worker pid in Status");
+	ASSERT_GT(worker, 0, "no worker pid in Status");
 
 	/* ---- One death with a lot in flight ---- */
 	{
@@ -168,7 +168,7 @@ int main(void)
 		kill(pid, SIGKILL);
 		ASSERT_EQ(tl_wait(pid, 10), 128 + SIGKILL, "victim survived SIGKILL");
 		size_t mat = 256 * 256 * 4;
-		ASSERT(during.memory_used >= before.memory_used + (int64_t)(7 * mat),
+		ASSERT_GE(during.memory_used, before.memory_used + (int64_t)(7 * mat),
 			 "the victim's buffers were not counted: memory_used %lld -> %lld", (long long)before.memory_used,
 			 (long long)during.memory_used);
 		wait_memory(&main_conn, before.memory_used, 30, "after one SIGKILL mid-GEMM");
@@ -176,9 +176,9 @@ int main(void)
 		print_proc("before the client", &p0, before.memory_used);
 		print_proc("client mid-GEMM", &p1, during.memory_used);
 		print_proc("after its SIGKILL", &p_after, before.memory_used);
-		ASSERT(p_after.threads == p0.threads, "the dead client's lane thread is still there (%ld -> %ld)", p0.threads,
+		ASSERT_EQ(p_after.threads, p0.threads, "the dead client's lane thread is still there (%ld -> %ld)", p0.threads,
 			 p_after.threads);
-		ASSERT(p_after.fds <= p0.fds, "the dead client's fds are still open in the worker (%ld -> %ld)", p0.fds,
+		ASSERT_LE(p_after.fds, p0.fds, "the dead client's fds are still open in the worker (%ld -> %ld)", p0.fds,
 			 p_after.fds);
 	}
 
@@ -205,16 +205,16 @@ int main(void)
 		tl_log("%d clients SIGKILLed mid-GEMM in %.1f s (%.1f ms each)", deaths, took, took * 1000 / deaths);
 		tl_log("deltas: fds %+ld  VmRSS %+ld kB  maps %+ld  threads %+ld", p1.fds - p0.fds, p1.rss_kb - p0.rss_kb,
 		       p1.maps - p0.maps, p1.threads - p0.threads);
-		ASSERT(p1.fds <= p0.fds + FD_SLACK, "fds leak: %ld -> %ld after %d deaths", p0.fds, p1.fds, deaths);
-		ASSERT(p1.threads <= p0.threads, "threads leak: %ld -> %ld", p0.threads, p1.threads);
-		ASSERT(p1.maps <= p0.maps + MAPS_SLACK, "mappings leak: %ld -> %ld (slack %ld)", p0.maps, p1.maps,
+		ASSERT_LE(p1.fds, p0.fds + FD_SLACK, "fds leak: %ld -> %ld after %d deaths", p0.fds, p1.fds, deaths);
+		ASSERT_LE(p1.threads, p0.threads, "threads leak: %ld -> %ld", p0.threads, p1.threads);
+		ASSERT_LE(p1.maps, p0.maps + MAPS_SLACK, "mappings leak: %ld -> %ld (slack %ld)", p0.maps, p1.maps,
 			 (long)MAPS_SLACK);
 		/* ASan keeps freed memory in quarantine (256 MB by default): RSS
 		 * says nothing about leaks there, LeakSanitizer does. */
 		if (p1.asan)
 			tl_log("the worker runs under AddressSanitizer: RSS not checked");
 		else
-			ASSERT(p1.rss_kb <= p0.rss_kb + RSS_SLACK_KB, "RSS grows: %ld -> %ld kB", p0.rss_kb, p1.rss_kb);
+			ASSERT_LE(p1.rss_kb, p0.rss_kb + RSS_SLACK_KB, "RSS grows: %ld -> %ld kB", p0.rss_kb, p1.rss_kb);
 	}
 	tl_device_status(&main_conn, DEVICE, &after);
 	ASSERT(after.worker_pid == before.worker_pid && after.respawns == before.respawns &&

@@ -81,13 +81,13 @@ static int guesser(void *arg)
 			tl_call(&c, &r, 30, NULL, 0, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", id);
 			ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "B's CloseBuffer %s -> %s", id,
 				 r.error ? r.error : "success");
-			ASSERT(tl_reply_str(&r, "id") && strcmp(tl_reply_str(&r, "id"), id) == 0, "NoSuchObject names another id");
+			ASSERT_STR_EQ(tl_reply_str(&r, "id"), id, "NoSuchObject names another id");
 			char *msg = masked_message(&r, id);
 			/* The same words whether A owns the id or nobody does. */
 			if (other_msg[a_owns][0] == '\0')
 				snprintf(other_msg[a_owns], sizeof(other_msg[0]), "%s", msg);
 			if (other_msg[!a_owns][0] != '\0')
-				ASSERT(strcmp(msg, other_msg[!a_owns]) == 0,
+				ASSERT_STR_EQ(msg, other_msg[!a_owns],
 					 "the error tells A's ids from unused ones:\n  %s\n  %s", msg, other_msg[!a_owns]);
 			free(msg);
 			tl_reply_finish(&r);
@@ -136,7 +136,8 @@ int main(void)
 		ASSERT_OK(tl_conn_open(&c[dev], tl_daemon_worker_socket(&daemon_, dev)), "connect");
 		for (int i = 0; i < A_BUFFERS; i++) {
 			fds[dev][i] = tl_memfd_open(n * 3);
-			ASSERT_EQ(tl_import_memfd(&c[dev], dev, fds[dev][i], n * 3, ids[dev][i], &r), 0, "A's import: %s", r.error);
+			ASSERT_EQ(tl_import_memfd(&c[dev], dev, fds[dev][i], n * 3, ids[dev][i], &r), 0, "A's import: %s",
+				  r.error);
 			tl_reply_finish(&r);
 			all_ids[k++] = ids[dev][i];
 		}

@@ -44,8 +44,7 @@ static void expect_limit(struct tl_reply *r, const char *resource, int64_t limit
 	ASSERT(tl_reply_str(r, "resource") && strcmp(tl_reply_str(r, "resource"), resource) == 0,
 		 "%s: LimitExceeded names resource %s, expected %s", what,
 		 tl_reply_str(r, "resource") ? tl_reply_str(r, "resource") : "(none)", resource);
-	ASSERT(tl_reply_int(r, "limit") == limit, "%s: limit %lld, expected %lld", what, (long long)tl_reply_int(r, "limit"),
-		 (long long)limit);
+	ASSERT_EQ(tl_reply_int(r, "limit"), limit, "%s: LimitExceeded's limit", what);
 }
 
 /* Connects and proves the connection is served. */
@@ -115,7 +114,7 @@ static void connections(const char *path, bool worker)
 		expect_limit(&r, "connections", MAX_CONN, "reconnect");
 		tl_reply_finish(&r);
 		tl_conn_close(&n);
-		ASSERT(tl_now() < deadline, "closing a connection did not free a slot on %s within 5 s", path);
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "closing a connection did not free a slot on %s within 5 s", path);
 		usleep(50000);
 	}
 	for (int i = 0; i < MAX_CONN; i++)
@@ -160,9 +159,9 @@ static void buffers(void)
 		fds[i] = tl_memfd_open(4096);
 		int e = tl_import_memfd(&c, 0, fds[i], 4096, ids[i], &r);
 		if (i < MAX_BUF) {
-			ASSERT(e == 0, "import %d of %d failed: %s", i + 1, MAX_BUF, r.error);
+			ASSERT_EQ(e, 0, "import %d of %d failed: %s", i + 1, MAX_BUF, r.error);
 		} else {
-			ASSERT(e < 0, "import %d accepted with --max-buffers %d", i + 1, MAX_BUF);
+			ASSERT_LT(e, 0, "import %d accepted with --max-buffers %d", i + 1, MAX_BUF);
 			expect_limit(&r, "buffers", MAX_BUF, "import over the limit");
 		}
 		tl_reply_finish(&r);
@@ -234,9 +233,9 @@ static void calls_in_flight(void)
 	for (int i = 0; i < PIPELINE; i++) {
 		int e = tl_recv(&c, &r, 60);
 
-		ASSERT(e == 0, "reply %d of %d: %s (%d ok, %d refused so far)", i + 1, PIPELINE, strerror(-e), ok, refused);
+		ASSERT_EQ(e, 0, "reply %d of %d: %s (%d ok, %d refused so far)", i + 1, PIPELINE, strerror(-e), ok, refused);
 		if (!r.error) {
-			ASSERT(refused == 0, "call %d succeeded after a refusal: replies out of order?", i + 1);
+			ASSERT_EQ(refused, 0, "call %d succeeded after a refusal: replies out of order?", i + 1);
 			ok++;
 		} else {
 			expect_limit(&r, "calls in flight", MAX_IN_FLIGHT, "pipelined call");

@@ -176,7 +176,7 @@ static void recycled_pid(bool nobody)
 		if (x != v)
 			ASSERT_EQ(tl_wait(x, 30), 0, "attacker (pid %d, not the victim's %d) failed", (int)x, (int)v);
 	}
-	ASSERT(x == v, "could not get the victim's pid %d again", (int)v);
+	ASSERT_EQ(x, v, "could not get the victim's pid %d again", (int)v);
 	ASSERT_EQ(tl_wait(x, 30), 0, "attacker with the victim's pid %d%s failed", (int)v, nobody ? " as nobody" : "");
 	/* The victim's child still owns the buffer, unchanged. */
 	ASSERT(write(pipe_to_child[1], "g", 1) == 1, "poke keeper");

@@ -32,8 +32,8 @@ static void check_socket(const char *path, unsigned mode, gid_t gid)
 
 	ASSERT(stat(path, &st) == 0, "stat %s: %s", path, strerror(errno));
 	ASSERT(S_ISSOCK(st.st_mode), "%s is not a socket", path);
-	ASSERT((st.st_mode & 07777) == mode, "%s has mode %04o, expected %04o", path, st.st_mode & 07777, mode);
-	ASSERT(st.st_gid == gid, "%s has group %u, expected %u", path, (unsigned)st.st_gid, (unsigned)gid);
+	ASSERT_EQ((st.st_mode & 07777), mode, "%s has mode %04o, expected %04o", path, st.st_mode & 07777, mode);
+	ASSERT_UINT_EQ(st.st_gid, gid, "%s has group %u, expected %u", path, (unsigned)st.st_gid, (unsigned)gid);
 	tl_log("%s: mode %04o group %u as configured", path, st.st_mode & 07777, (unsigned)st.st_gid);
 }
 
@@ -46,7 +46,7 @@ static int nobody_cannot_connect(void *arg)
 		const char *path = i < 0 ? daemon_.sock : tl_daemon_worker_socket(&daemon_, i);
 		int r = tl_conn_open(&c, path);
 
-		ASSERT(r == -EACCES, "nobody connected to %s (mode 0660, other group): %s", path, r == 0 ? "yes" : strerror(-r));
+		ASSERT_EQ(r, -EACCES, "nobody connected to %s (mode 0660, other group)", path);
 		tl_log("nobody -> %s: %s, as it should", path, strerror(-r));
 	}
 	return 0;
@@ -88,10 +88,9 @@ static int nobody_is_refused(void *arg)
 	tl_call_ok(&c, &r, "org.varlink.service.GetInfo", NULL);
 	tl_reply_finish(&r);
 	tl_device_status(&c, 0, &after);
-	ASSERT(after.generation == before.generation && after.worker_pid == before.worker_pid &&
-		 strcmp(after.state, "ready") == 0, "a refused call changed device 0 (generation %lld -> %lld, worker %lld -> %lld)",
-		 (long long)before.generation, (long long)after.generation, (long long)before.worker_pid,
-		 (long long)after.worker_pid);
+	ASSERT_EQ(after.generation, before.generation, "a refused call changed device 0's generation");
+	ASSERT_EQ(after.worker_pid, before.worker_pid, "a refused call changed device 0's worker");
+	ASSERT_STR_EQ(after.state, "ready", "a refused call changed device 0's state");
 	tl_conn_close(&c);
 
 	/* The data plane is not an admin's: nobody imports on a worker. */
@@ -116,7 +115,7 @@ static int group_member_may(void *arg)
 	tl_call_ok(&c, &r, "io.regen.Device.Release", "{\"device\":1,\"reason\":\"admin group member\"}");
 	tl_reply_finish(&r);
 	tl_device_status(&c, 1, &after);
-	ASSERT(after.generation == before.generation + 1, "Release by the admin group: generation %lld -> %lld",
+	ASSERT_EQ(after.generation, before.generation + 1, "Release by the admin group: generation %lld -> %lld",
 		 (long long)before.generation, (long long)after.generation);
 	tl_log("uid nobody, gid %u (admin group): Release device 1 -> generation %lld", (unsigned)admin_gid,
 	       (long long)after.generation);
