@@ -62,20 +62,6 @@ static void wait_back(regen_client *c, int device, const struct dev_snapshot *be
 	regen_status_free(st);
 }
 
-static void gemm_ok(regen_client *c, struct tl_buffer *m, const char *what)
-{
-	struct tl_gemm_case gc;
-	char why[512] = "";
-	int r;
-
-	tl_gemm_random_case(&gc, 24);
-	r = tl_gemm_run(c, m, 0, &gc, why, sizeof(why));
-	if (r < 0) {
-		tl_fail_regen(__FILE__, __LINE__, what, c, r, "");
-	}
-	ASSERT_EQ(r, 0, "%s: wrong result: %s", what, why);
-}
-
 static bool is_name(regen_client *c, const char *name)
 {
 	return regen_client_error_name(c) != NULL && strcmp(regen_client_error_name(c), name) == 0;
@@ -161,8 +147,8 @@ int main(void)
 
 	tl_buffer_create(c, 0, 1 << 18, &m0);
 	tl_buffer_create(c, 1, 1 << 18, &m1);
-	gemm_ok(c, &m0, "device 0 before faults");
-	gemm_ok(c, &m1, "device 1 before faults");
+	ASSERT_GEMM_OK(c, &m0, "device 0 before faults");
+	ASSERT_GEMM_OK(c, &m1, "device 1 before faults");
 	snapshot(c, 0, &s0);
 	snapshot(c, 1, &s1);
 
@@ -176,10 +162,10 @@ int main(void)
 	               (unsigned long long)n0.respawns);
 	old_buffer_refused(c, &m0, "after crash");
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m0));
-	gemm_ok(c, &m0, "device 0 after crash and re-import");
+	ASSERT_GEMM_OK(c, &m0, "device 0 after crash and re-import");
 	snapshot(c, 1, &other);
 	ASSERT(other.generation == s1.generation && other.pid == s1.pid, "device 1 disturbed by device 0's crash");
-	gemm_ok(c, &m1, "device 1 after device 0's crash");
+	ASSERT_GEMM_OK(c, &m1, "device 1 after device 0's crash");
 
 	/* 2. SIGKILL the worker. */
 	s0 = n0;
@@ -191,7 +177,7 @@ int main(void)
 	               (unsigned long long)n0.respawns);
 	old_buffer_refused(c, &m0, "after SIGKILL");
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m0));
-	gemm_ok(c, &m0, "device 0 after SIGKILL and re-import");
+	ASSERT_GEMM_OK(c, &m0, "device 0 after SIGKILL and re-import");
 
 	/* 3. device_lost on device 1: the context is gone, the next call
 	 * fails (or the worker resets first); the generation moves. */
@@ -213,7 +199,7 @@ int main(void)
 	}
 	wait_back(c, 1, &s1, &n1, "device_lost");
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 1, &m1));
-	gemm_ok(c, &m1, "device 1 after device_lost and re-import");
+	ASSERT_GEMM_OK(c, &m1, "device 1 after device_lost and re-import");
 
 	/* 4. A hung call, ended by a Restart with a short drain deadline. */
 	snapshot(c, 1, &s1);
@@ -228,7 +214,7 @@ int main(void)
 	ASSERT_EQ(tl_wait_children(&hung, 1, 50), 0, "the hung client failed");
 	wait_back(c, 1, &s1, &n1, "hang + restart");
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 1, &m1));
-	gemm_ok(c, &m1, "device 1 after the hang");
+	ASSERT_GEMM_OK(c, &m1, "device 1 after the hang");
 
 	/* The raw connection opened at the start still answers. */
 	ASSERT_EQ(tl_send_text(&raw, "{\"method\":\"io.regen.Device.Generation\"}", NULL, 0), 0, "raw send");

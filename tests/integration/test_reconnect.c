@@ -13,20 +13,6 @@
 
 static struct tl_daemon daemon_;
 
-static void gemm_ok(regen_client *c, struct tl_buffer *m, const char *what)
-{
-	struct tl_gemm_case gc;
-	char why[512] = "";
-	int r;
-
-	tl_gemm_random_case(&gc, 24);
-	r = tl_gemm_run(c, m, 0, &gc, why, sizeof(why));
-	if (r < 0) {
-		tl_fail_regen(__FILE__, __LINE__, what, c, r, "");
-	}
-	ASSERT_EQ(r, 0, "%s: wrong result: %s", what, why);
-}
-
 static int killer_main(void *arg)
 {
 	pid_t pid = (pid_t)(long)arg;
@@ -53,7 +39,7 @@ int main(void)
 	c = tl_client_connect(&daemon_);
 	regen_client_set_timeout(c, 20);
 	tl_buffer_create(c, 0, 1 << 18, &m);
-	gemm_ok(c, &m, "first gemm");
+	ASSERT_GEMM_OK(c, &m, "first gemm");
 	st = tl_status(c);
 	gen = tl_status_device(st, 0)->generation;
 
@@ -75,7 +61,7 @@ int main(void)
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m));
 	ASSERT_UINT_GT(regen_buffer_generation(m.buf), gen, "re-imported in generation %llu",
 	               (unsigned long long)regen_buffer_generation(m.buf));
-	gemm_ok(c, &m, "gemm after the worker's respawn");
+	ASSERT_GEMM_OK(c, &m, "gemm after the worker's respawn");
 
 	/* 2. regend itself restarts: the client's connections all break. */
 	tl_daemon_restart(&daemon_);
@@ -93,7 +79,7 @@ int main(void)
 				 strcmp(regen_client_error_name(c), REGEN_ERROR_NO_SUCH_OBJECT) == 0)),
 	       "a buffer of the previous regend: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m));
-	gemm_ok(c, &m, "gemm on the new regend");
+	ASSERT_GEMM_OK(c, &m, "gemm on the new regend");
 
 	tl_buffer_free(&m);
 	regen_client_destroy(c);

@@ -21,20 +21,6 @@ static int64_t param_int(regen_client *c, const char *key)
 	return v;
 }
 
-static void gemm_ok(regen_client *c, struct tl_buffer *m, const char *what)
-{
-	struct tl_gemm_case gc;
-	char why[512] = "";
-	int r;
-
-	tl_gemm_random_case(&gc, 24);
-	r = tl_gemm_run(c, m, 0, &gc, why, sizeof(why));
-	if (r < 0) {
-		tl_fail_regen(__FILE__, __LINE__, what, c, r, "");
-	}
-	ASSERT_EQ(r, 0, "%s: wrong result: %s", what, why);
-}
-
 static void expect_stale(regen_client *c, int r, int device, uint64_t generation, const char *what)
 {
 	ASSERT_EQ(r, -EREMOTE, "%s: expected io.regen.StaleGeneration, got %d (%s)", what, r, strerror(-r));
@@ -72,8 +58,8 @@ int main(void)
 	               (unsigned long long)regen_buffer_generation(m0.buf), (unsigned long long)was0);
 	ASSERT_UINT_EQ(regen_buffer_size(m0.buf), 1 << 18, "the buffer's size");
 	tl_log("imported %s and %s", regen_buffer_id(m0.buf), regen_buffer_id(m1.buf));
-	gemm_ok(c, &m0, "gemm on device 0 before release");
-	gemm_ok(c, &m1, "gemm on device 1 before release");
+	ASSERT_GEMM_OK(c, &m0, "gemm on device 0 before release");
+	ASSERT_GEMM_OK(c, &m1, "gemm on device 1 before release");
 
 	/* Release device 0 only. */
 	ASSERT_REGEN_OK(c, regen_release(c, 0, "test_stale", &after));
@@ -101,13 +87,13 @@ int main(void)
 	expect_stale(c, r, 0, g0, "CloseBuffer of a buffer of the old generation");
 
 	/* Device 1 was not released: its buffer still works. */
-	gemm_ok(c, &m1, "gemm on device 1 after device 0's release");
+	ASSERT_GEMM_OK(c, &m1, "gemm on device 1 after device 0's release");
 
 	/* Re-import and work again. */
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m0));
 	ASSERT_UINT_EQ(regen_buffer_generation(m0.buf), g0, "re-imported buffer in generation %llu, want %llu",
 	               (unsigned long long)regen_buffer_generation(m0.buf), (unsigned long long)g0);
-	gemm_ok(c, &m0, "gemm after re-import");
+	ASSERT_GEMM_OK(c, &m0, "gemm after re-import");
 
 	/* Reset bumps too; so does a release of every device. */
 	ASSERT_REGEN_OK(c, regen_reset(c, 0, "test_stale reset", NULL));
@@ -124,8 +110,8 @@ int main(void)
 	regen_status_free(before);
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m0));
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 1, &m1));
-	gemm_ok(c, &m0, "device 0 after re-import");
-	gemm_ok(c, &m1, "device 1 after re-import");
+	ASSERT_GEMM_OK(c, &m0, "device 0 after re-import");
+	ASSERT_GEMM_OK(c, &m1, "device 1 after re-import");
 
 	tl_buffer_free(&m0);
 	tl_buffer_free(&m1);

@@ -178,6 +178,22 @@ void tl_gemm_random_case(struct tl_gemm_case *gc, int max_dim)
 	gc->pad = tl_rand_int(0, 2) == 0 ? tl_rand_int(1, 5) : 0;
 }
 
+void tl_gemm_ok_at(const char *file, int line, regen_client *c, struct tl_buffer *b, const char *what)
+{
+	struct tl_gemm_case gc;
+	char why[512] = "";
+	int r;
+
+	tl_gemm_random_case(&gc, 24);
+	r = tl_gemm_run(c, b, 0, &gc, why, sizeof(why));
+	if (r < 0) {
+		tl_fail_regen(file, line, what, c, r, "");
+	}
+	if (r > 0) {
+		tl_fail(file, line, what, "wrong result: %s", why);
+	}
+}
+
 void tl_gemm_describe(const struct tl_gemm_case *gc, char *buf, size_t size)
 {
 	static const char *const ep[] = { "none", "bias", "gelu", "gelu_bias" };

@@ -77,6 +77,10 @@ size_t tl_gemm_bytes(const struct tl_gemm_case *gc);
 int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struct tl_gemm_case *gc, char *why,
 		size_t why_size);
 void tl_gemm_random_case(struct tl_gemm_case *gc, int max_dim);
+/* A random GEMM of dimensions up to 24 at the start of b must run and be
+ * right; `what` names it in the failure. */
+#define ASSERT_GEMM_OK(c, b, what) tl_gemm_ok_at(__FILE__, __LINE__, (c), (b), (what))
+void tl_gemm_ok_at(const char *file, int line, regen_client *c, struct tl_buffer *b, const char *what);
 void tl_gemm_describe(const struct tl_gemm_case *gc, char *buf, size_t size);
 
 /* Attention forward, then backward, on buffers of its own. */

@@ -122,17 +122,26 @@ int tl_send_text(struct tl_conn *c, const char *text, const int *fds, size_t nfd
 	return tl_send_bytes(c, text, strlen(text) + 1, fds, nfds);
 }
 
+/* The parameters' text (malloc'ed), NULL for none. */
+__attribute__((format(printf, 1, 0))) static char *vformat(const char *fmt, va_list ap)
+{
+	char *text = NULL;
+
+	if (fmt != NULL) {
+		ASSERT(vasprintf(&text, fmt, ap) >= 0, "vasprintf");
+	}
+	return text;
+}
+
 int tl_send(struct tl_conn *c, const char *method, const int *fds, size_t nfds, const char *params_fmt, ...)
 {
-	char *params = NULL, *text = NULL;
+	char *params, *text = NULL;
 	va_list ap;
 	int r;
 
-	if (params_fmt != NULL) {
-		va_start(ap, params_fmt);
-		ASSERT(vasprintf(&params, params_fmt, ap) >= 0, "vasprintf");
-		va_end(ap);
-	}
+	va_start(ap, params_fmt);
+	params = vformat(params_fmt, ap);
+	va_end(ap);
 	ASSERT(asprintf(&text, "{\"method\":\"%s\",\"parameters\":%s}", method, params ? params : "{}") >= 0,
 	       "asprintf");
 	r = tl_send_text(c, text, fds, nfds);
@@ -255,28 +264,24 @@ static void vcall(struct tl_conn *c, struct tl_reply *r, double timeout_s, const
 void tl_call(struct tl_conn *c, struct tl_reply *r, double timeout_s, const int *fds, size_t nfds, const char *method,
 	     const char *params_fmt, ...)
 {
-	char *params = NULL;
+	char *params;
 	va_list ap;
 
-	if (params_fmt != NULL) {
-		va_start(ap, params_fmt);
-		ASSERT(vasprintf(&params, params_fmt, ap) >= 0, "vasprintf");
-		va_end(ap);
-	}
+	va_start(ap, params_fmt);
+	params = vformat(params_fmt, ap);
+	va_end(ap);
 	vcall(c, r, timeout_s, fds, nfds, method, params);
 	free(params);
 }
 
 void tl_call_ok(struct tl_conn *c, struct tl_reply *r, const char *method, const char *params_fmt, ...)
 {
-	char *params = NULL;
+	char *params;
 	va_list ap;
 
-	if (params_fmt != NULL) {
-		va_start(ap, params_fmt);
-		ASSERT(vasprintf(&params, params_fmt, ap) >= 0, "vasprintf");
-		va_end(ap);
-	}
+	va_start(ap, params_fmt);
+	params = vformat(params_fmt, ap);
+	va_end(ap);
 	vcall(c, r, 60, NULL, 0, method, params);
 	ASSERT_REPLY_OK(r, "%s with parameters %s", method, params ? params : "{}");
 	free(params);

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "conn_pair.h"
+#include "unit.h"
 
 #define HELD_MAX 32
 
@@ -294,8 +295,6 @@ int main(void)
 {
 	Suite *s = suite_create("conn");
 	TCase *tc = tcase_create("socketpair");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, a_call_is_answered);
@@ -309,9 +308,5 @@ int main(void)
 	tcase_add_test(tc, a_bad_message_is_answered_and_the_connection_goes_on);
 	tcase_add_test(tc, an_outgoing_call_gets_its_reply_or_null_on_close);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return unit_run(s);
 }

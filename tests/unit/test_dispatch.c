@@ -10,6 +10,7 @@
 #include "conn_pair.h"
 #include "daemon/dispatch.h"
 #include "regen-config.h"
+#include "unit.h"
 
 static struct conn_pair pair;
 static int handled;
@@ -284,8 +285,6 @@ int main(void)
 {
 	Suite *s = suite_create("dispatch");
 	TCase *tc = tcase_create("endpoint");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, a_method_of_the_table_reaches_its_handler);
@@ -298,9 +297,5 @@ int main(void)
 	tcase_add_test(tc, the_find_hook_serves_methods_of_another_table);
 	tcase_add_test(tc, a_table_method_wins_over_the_find_hook);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return unit_run(s);
 }

@@ -24,6 +24,7 @@
 #include "tests/lib/dtype.h"
 #include "tests/lib/rand.h"
 #include "tests/lib/reference.h"
+#include "unit.h"
 
 /* ---- tensors with padding ----------------------------------------------- */
 
@@ -1071,14 +1072,7 @@ static Suite *host_math_suite(void)
 
 int main(void)
 {
-	SRunner *sr;
-	int failed;
-
 	tl_rand_init();
 	fflush(stderr);
-	sr = srunner_create(host_math_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return unit_run(host_math_suite());
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include "daemon/worker/objects.h"
 #include "proto/errors.h"
+#include "unit.h"
 
 #define NBUF 8
 
@@ -359,8 +360,6 @@ int main(void)
 {
 	Suite *s = suite_create("objects");
 	TCase *tc = tcase_create("table");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_add_test(tc, ids_carry_kind_device_generation_and_a_fresh_serial);
@@ -374,9 +373,5 @@ int main(void)
 	tcase_add_test(tc, the_last_connection_of_a_process_closes_its_objects);
 	tcase_add_test(tc, a_backend_without_events_closes_its_buffers);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return unit_run(s);
 }
