@@ -93,10 +93,12 @@ bool tl_is_main_process(void)
 	return g_main_pid != 0 && getpid() == g_main_pid;
 }
 
+/* Only what is still our child: a pid the test reaped itself may belong to
+ * another process by now. Async-signal-safe. */
 static void kill_children(void)
 {
 	for (int i = 0; i < g_nchildren; i++) {
-		if (g_children[i] > 0) {
+		if (g_children[i] > 0 && waitpid(g_children[i], NULL, WNOHANG) == 0) {
 			kill(g_children[i], SIGKILL);
 		}
 	}
@@ -197,6 +199,12 @@ const char *tl_build_root(void)
 
 static void remember_child(pid_t pid)
 {
+	for (int i = 0; i < g_nchildren; i++) {
+		if (g_children[i] <= 0) {
+			g_children[i] = pid;
+			return;
+		}
+	}
 	if (g_nchildren < MAX_CHILDREN) {
 		g_children[g_nchildren++] = pid;
 	}
