@@ -24,14 +24,16 @@
 #define RP_DEVICE_RESTART     "io.regen.Device.Restart"
 #define RP_DEVICE_INJECT_FAULT "io.regen.Device.InjectFault"
 
-/* io.regen.Device.State, in the IDL's order. */
+/* io.regen.Device.State, in the IDL's order: the one device-state enum of
+ * regend (the supervisor holds each device's; docs/lifecycle.md draws the
+ * transitions) and of libregen. */
 enum rp_state {
-	RP_STATE_READY = 0,
-	RP_STATE_DRAINING,
-	RP_STATE_RELEASED,
-	RP_STATE_FAULTED,
-	RP_STATE_RESETTING,
-	RP_STATE_RESPAWNING,
+	RP_STATE_READY = 0,     /* serving */
+	RP_STATE_DRAINING,      /* a Release/Restart refuses new work and waits for the calls in flight */
+	RP_STATE_RELEASED,      /* the worker destroys its resources properly (CUDA usable) */
+	RP_STATE_FAULTED,       /* the worker reported a lost context; a reset follows */
+	RP_STATE_RESETTING,     /* the context is thrown away and rebuilt in process */
+	RP_STATE_RESPAWNING,    /* the worker process is being replaced, or starts for the first time */
 	RP_STATE_COUNT,
 };
 

@@ -181,7 +181,9 @@ REGEN_EXPORT int regen_watch_full(regen_client *c, double timeout_s, double tota
 /* Buffers: memory the caller owns, mapped by the device's worker. A passed
  * fd is sent to the worker, which maps it; the caller keeps its own fd and
  * memory. */
-/* host_fd: a memfd (or any mappable fd) of at least `size` bytes. */
+/* host_fd: a memfd of at least `size` bytes, made with MFD_ALLOW_SEALING:
+ * libregen seals it against shrinking (F_SEAL_SHRINK), which regend
+ * requires, so that its memory cannot vanish under a call. */
 REGEN_EXPORT int regen_buffer_import_fd(regen_client *c, int device, int fd, uint64_t size, regen_buffer **out);
 /* cuda_ipc: handle is the 64-byte cudaIpcMemHandle_t; the buffer covers
  * [offset, offset + size) of its allocation. */
@@ -236,12 +238,19 @@ struct regen_gemm_args {
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 
+/* Where a causal mask's diagonal starts: top_left (query i sees keys 0..i,
+ * torch's is_causal) or bottom_right (query i sees keys 0..i + Skv - Sq). */
+enum regen_causal_alignment { REGEN_CAUSAL_TOP_LEFT = 0, REGEN_CAUSAL_BOTTOM_RIGHT };
+
+/* q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv],
+ * H a multiple of Hkv (grouped-query attention). */
 struct regen_attention_args {
 	struct regen_tensor q, k, v, o;
 	const struct regen_tensor *stats;  /* NULL: not wanted */
 	double scale;                      /* 0: 1/sqrt(D) */
 	bool causal;
 	const regen_event *wait_event, *signal_event;
+	enum regen_causal_alignment causal_alignment;
 };
 REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *args);
 
@@ -250,6 +259,7 @@ struct regen_attention_backward_args {
 	double scale;
 	bool causal;
 	const regen_event *wait_event, *signal_event;
+	enum regen_causal_alignment causal_alignment;
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
 

@@ -146,6 +146,10 @@ struct rd_device {
 	void *backend_data;
 	struct rd_registry registry;
 	_Atomic uint64_t generation;
+	/* The most scratch one call may take, bytes (--max-scratch-mib): a
+	 * call that needs more fails with io.regen.LimitExceeded {resource:
+	 * "scratch"} before it takes any. */
+	uint64_t max_scratch;
 	/* Set by a backend (any thread) when it finds the context lost; the core
 	 * then fails new work with DeviceLost and asks the supervisor for a reset. */
 	void (*on_fault)(struct rd_device *dev, const char *reason);

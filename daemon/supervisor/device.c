@@ -47,11 +47,11 @@ static const struct rd_sv_device_events *events(const struct rd_sv_device *d)
 	return d->env->events;
 }
 
-static void set_state(struct rd_sv_device *d, enum rd_state state)
+static void set_state(struct rd_sv_device *d, enum rp_state state)
 {
 	if (d->state == state)
 		return;
-	rd_debug("lifecycle", d->index, d->generation, 0, "%s -> %s", rd_state_name(d->state), rd_state_name(state));
+	rd_debug("lifecycle", d->index, d->generation, 0, "%s -> %s", rp_state_name(d->state), rp_state_name(state));
 	d->state = state;
 	events(d)->state_changed(d, d->env->data);
 }
@@ -70,9 +70,9 @@ static void bump_generation(struct rd_sv_device *d, const char *reason)
  * worker that is lost now costs no second bump. */
 static void bump_for_lost_worker(struct rd_sv_device *d, const char *why)
 {
-	if (d->state != RD_STATE_RESPAWNING)
+	if (d->state != RP_STATE_RESPAWNING)
 		bump_generation(d, why);
-	set_state(d, RD_STATE_RESPAWNING);
+	set_state(d, RP_STATE_RESPAWNING);
 }
 
 static void take_memory(struct rd_sv_device *d, const cJSON *params)
@@ -92,7 +92,7 @@ static void take_memory(struct rd_sv_device *d, const cJSON *params)
  * for its reset. */
 static bool can_start_op(const struct rd_sv_device *d)
 {
-	return d->state == RD_STATE_READY || d->state == RD_STATE_FAULTED;
+	return d->state == RP_STATE_READY || d->state == RP_STATE_FAULTED;
 }
 
 static void op_finish(struct rd_sv_device *d, const char *failure)
@@ -200,7 +200,7 @@ static void on_lifecycle_reply(struct rd_conn *conn, const struct rp_call *reply
 		return;
 	}
 	take_memory(d, reply->params);
-	set_state(d, RD_STATE_READY);
+	set_state(d, RP_STATE_READY);
 	bump_generation(d, op->reason);
 	op_finish(d, NULL);
 }
@@ -210,7 +210,7 @@ static void send_lifecycle(struct rd_sv_device *d, bool reset)
 	cJSON *params = cJSON_CreateObject();
 
 	d->ops->step = OP_APPLYING;
-	set_state(d, reset ? RD_STATE_RESETTING : RD_STATE_RELEASED);
+	set_state(d, reset ? RP_STATE_RESETTING : RP_STATE_RELEASED);
 	/* The generation the worker serves next, and the epoch then: ours go
 	 * up to them when the worker says it does (another device's change in
 	 * between reaches the worker as an Epoch call). */
@@ -228,7 +228,7 @@ static void send_lifecycle(struct rd_sv_device *d, bool reset)
 static bool op_resets(const struct rd_sv_device *d, const struct rd_sv_op *op)
 {
 	return op->verb == RD_SV_RESET ||
-	       (op->verb == RD_SV_RESTART && (d->state == RD_STATE_FAULTED || d->state == RD_STATE_RESETTING));
+	       (op->verb == RD_SV_RESTART && (d->state == RP_STATE_FAULTED || d->state == RP_STATE_RESETTING));
 }
 
 static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
@@ -261,7 +261,7 @@ static void op_start(struct rd_sv_device *d)
 		return;
 	rd_info("lifecycle", d->index, d->generation, 0, "%s: %s", rd_sv_verb_name(op->verb), op->reason);
 	op->step = OP_DRAINING;
-	set_state(d, op->verb == RD_SV_RESET || d->state == RD_STATE_FAULTED ? RD_STATE_RESETTING : RD_STATE_DRAINING);
+	set_state(d, op->verb == RD_SV_RESET || d->state == RP_STATE_FAULTED ? RP_STATE_RESETTING : RP_STATE_DRAINING);
 	params = cJSON_CreateObject();
 	cJSON_AddNumberToObject(params, "deadline_ms", op->deadline_ms);
 	uv_timer_start(&d->timer, on_op_timeout, (uint64_t)op->deadline_ms + DRAIN_GRACE_MS, 0);
@@ -281,7 +281,7 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 	d->memory_baseline = ready->memory_baseline;
 	d->up_since_ns = uv_hrtime();
 	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
-	set_state(d, RD_STATE_READY);
+	set_state(d, RP_STATE_READY);
 	if (d->ops && d->ops->step == OP_AWAITING_WORKER) {
 		/* The lost worker already gave the device its new generation. */
 		events(d)->respawned(d, d->env->data);
@@ -303,11 +303,11 @@ static void on_worker_faulted(void *data, const char *reason)
 	rd_warn("lifecycle", d->index, d->generation, 0, "worker reports %s", why);
 	if (!d->ops) {
 		/* Shown until the reset below starts. */
-		set_state(d, RD_STATE_FAULTED);
+		set_state(d, RP_STATE_FAULTED);
 		rd_sv_device_enqueue(d, RD_SV_RESET, why, FAULT_DRAIN_DEADLINE_MS, NULL);
-	} else if (d->state == RD_STATE_DRAINING) {
+	} else if (d->state == RP_STATE_DRAINING) {
 		/* A Restart draining now resets instead of releasing (op_resets). */
-		set_state(d, RD_STATE_FAULTED);
+		set_state(d, RP_STATE_FAULTED);
 	}
 }
 
@@ -372,7 +372,7 @@ void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *en
 	d->env = env;
 	d->index = index;
 	d->generation = 1;
-	d->state = RD_STATE_RESPAWNING;
+	d->state = RP_STATE_RESPAWNING;
 	snprintf(d->backend, sizeof(d->backend), "%s", backend);
 	snprintf(d->reason, sizeof(d->reason), "started");
 	rd_worker_socket_path(env->opts, index, d->worker_socket, sizeof(d->worker_socket));
@@ -423,7 +423,7 @@ void rd_sv_device_tell_epoch(struct rd_sv_device *d)
 
 bool rd_sv_device_serving(const struct rd_sv_device *d)
 {
-	return d->state == RD_STATE_READY && d->worker.ctl;
+	return d->state == RP_STATE_READY && d->worker.ctl;
 }
 
 int rd_sv_device_call(struct rd_sv_device *d, const char *method, cJSON *params, rd_reply_cb cb, void *userdata)
@@ -464,19 +464,18 @@ int rd_sv_device_refresh_memory(struct rd_sv_device *d, void (*done)(void *data)
 	return ret;
 }
 
-cJSON *rd_sv_device_json(const struct rd_sv_device *d)
+void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 {
-	cJSON *o = cJSON_CreateObject();
-
-	cJSON_AddNumberToObject(o, "index", d->index);
-	cJSON_AddNumberToObject(o, "generation", (double)d->generation);
-	cJSON_AddStringToObject(o, "state", rd_state_name(d->state));
-	cJSON_AddStringToObject(o, "backend", d->backend);
-	cJSON_AddStringToObject(o, "worker_socket", d->worker_socket);
-	cJSON_AddNumberToObject(o, "worker_pid", d->worker.pid);
-	cJSON_AddNumberToObject(o, "respawns", (double)d->respawns);
-	cJSON_AddNumberToObject(o, "memory_used", (double)d->memory_used);
-	cJSON_AddNumberToObject(o, "memory_baseline", (double)d->memory_baseline);
-	cJSON_AddStringToObject(o, "reason", d->reason);
-	return o;
+	*out = (struct rp_device_info){
+		.index = (uint32_t)d->index,
+		.generation = d->generation,
+		.state = d->state,
+		.backend = d->backend,
+		.worker_socket = d->worker_socket,
+		.worker_pid = d->worker.pid,
+		.respawns = d->respawns,
+		.memory_used = d->memory_used,
+		.memory_baseline = d->memory_baseline,
+		.reason = d->reason,
+	};
 }

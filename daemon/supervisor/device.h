@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <uv.h>
 #include "daemon/options.h"
-#include "daemon/state.h"
+#include "proto/device.h"
 #include "daemon/supervisor/worker_process.h"
 
 enum rd_sv_verb { RD_SV_RELEASE, RD_SV_RESET, RD_SV_RESTART };
@@ -62,7 +62,7 @@ struct rd_sv_device {
 	const struct rd_sv_device_env *env;
 	int index;
 	uint64_t generation;           /* starts at 1, up by one per release, reset and respawn */
-	enum rd_state state;
+	enum rp_state state;
 	char reason[128];              /* why the generation last changed */
 	char backend[16];
 	char worker_socket[108];
@@ -102,4 +102,5 @@ int rd_sv_device_call(struct rd_sv_device *d, const char *method, cJSON *params,
  * or without them. -EAGAIN (not serving), -ENOMEM: done never comes. */
 int rd_sv_device_refresh_memory(struct rd_sv_device *d, void (*done)(void *data), void *data);
 /* io.regen.Device.DeviceInfo. */
-cJSON *rd_sv_device_json(const struct rd_sv_device *d);
+/* The device as io.regen.Device.DeviceInfo says it (strings point into d). */
+void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out);

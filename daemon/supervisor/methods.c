@@ -14,16 +14,22 @@ static struct rd_supervisor *supervisor_of(const struct rd_call *call)
 	return call->conn->data;
 }
 
-static cJSON *status_json(const struct rd_supervisor *sv)
+/* Status, Generation and the lifecycle verbs' replies; Restart's also say
+ * how long it took. */
+static cJSON *status_json(const struct rd_supervisor *sv, bool restart, uint64_t elapsed_ns)
 {
-	cJSON *o = cJSON_CreateObject();
-	cJSON *arr;
+	struct rp_device_info devices[RD_DEVICES_MAX];
+	struct rp_status st = {
+		.epoch = sv->watch.epoch,
+		.devices = devices,
+		.ndevices = (size_t)sv->ndevices,
+		.has_elapsed_us = restart,
+		.elapsed_us = elapsed_ns / 1000,
+	};
 
-	cJSON_AddNumberToObject(o, "epoch", (double)sv->watch.epoch);
-	arr = cJSON_AddArrayToObject(o, "devices");
 	for (int i = 0; i < sv->ndevices; i++)
-		cJSON_AddItemToArray(arr, rd_sv_device_json(&sv->devices[i]));
-	return o;
+		rd_sv_device_info(&sv->devices[i], &devices[i]);
+	return rp_status_encode(&st);
 }
 
 /* "device": absent = every device (-1), else one this regend serves. */
@@ -80,7 +86,7 @@ static void status_gathered(void *data)
 
 	if (--g->remaining)
 		return;
-	rd_call_reply(g->call, status_json(supervisor_of(g->call)), false);
+	rd_call_reply(g->call, status_json(supervisor_of(g->call), false, 0), false);
 	free(g);
 }
 
@@ -93,7 +99,7 @@ static void method_status(struct rd_call *call)
 		return;
 	g = calloc(1, sizeof(*g));
 	if (!g) {
-		rd_call_reply(call, status_json(sv), false);
+		rd_call_reply(call, status_json(sv, false, 0), false);
 		return;
 	}
 	g->call = call;
@@ -107,7 +113,7 @@ static void method_status(struct rd_call *call)
 static void method_generation(struct rd_call *call)
 {
 	if (check_fields(call, no_fields))
-		rd_call_reply(call, status_json(supervisor_of(call)), false);
+		rd_call_reply(call, status_json(supervisor_of(call), false, 0), false);
 }
 
 static void method_watch(struct rd_call *call)
@@ -161,10 +167,7 @@ void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *f
 			rp_error_add_int(&err, "elapsed_ms", (long long)((uv_hrtime() - req->start_ns) / 1000000));
 		rd_call_fail(req->call, &err);
 	} else {
-		cJSON *reply = status_json(sv);
-		if (req->verb == RD_SV_RESTART)
-			cJSON_AddNumberToObject(reply, "elapsed_us", (double)((uv_hrtime() - req->start_ns) / 1000));
-		rd_call_reply(req->call, reply, false);
+		rd_call_reply(req->call, status_json(sv, req->verb == RD_SV_RESTART, uv_hrtime() - req->start_ns), false);
 	}
 	free(req);
 }
@@ -276,7 +279,7 @@ static void method_inject_fault(struct rd_call *call)
 	d = &sv->devices[device];
 	if (!rd_sv_device_serving(d)) {
 		rp_error_set(&err, RP_ERR_DRAINING, "device %d is %s; try again when it is ready", device,
-			     rd_state_name(d->state));
+			     rp_state_name(d->state));
 		rp_error_add_int(&err, "device", device);
 		rp_error_add_int(&err, "generation", (long long)d->generation);
 		rd_call_fail(call, &err);

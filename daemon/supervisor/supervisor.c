@@ -19,7 +19,7 @@ static void on_state_changed(struct rd_sv_device *d, void *data)
 {
 	struct rd_supervisor *sv = data;
 
-	rd_notify_statusf("%d device(s); device %d %s, generation %llu", sv->ndevices, d->index, rd_state_name(d->state),
+	rd_notify_statusf("%d device(s); device %d %s, generation %llu", sv->ndevices, d->index, rp_state_name(d->state),
 			  (unsigned long long)d->generation);
 }
 
@@ -45,7 +45,7 @@ static void on_worker_ready(struct rd_sv_device *d, void *data)
 	struct rd_supervisor *sv = data;
 
 	for (int i = 0; i < sv->ndevices; i++)
-		if (sv->devices[i].state != RD_STATE_READY)
+		if (sv->devices[i].state != RP_STATE_READY)
 			return;
 	rd_notify_ready();
 }

@@ -16,14 +16,15 @@ void rd_sv_watch_init(struct rd_sv_watch *w)
 
 static cJSON *event_json(const struct rd_sv_watch *w, const struct rd_sv_device *d, const char *reason)
 {
-	cJSON *o = cJSON_CreateObject();
+	struct rp_watch_event ev = {
+		.epoch = w->epoch,
+		.device = (uint32_t)d->index,
+		.generation = d->generation,
+		.state = d->state,
+		.reason = reason,
+	};
 
-	cJSON_AddNumberToObject(o, "epoch", (double)w->epoch);
-	cJSON_AddNumberToObject(o, "device", d->index);
-	cJSON_AddNumberToObject(o, "generation", (double)d->generation);
-	cJSON_AddStringToObject(o, "state", rd_state_name(d->state));
-	cJSON_AddStringToObject(o, "reason", reason);
-	return o;
+	return rp_watch_event_encode(&ev);
 }
 
 int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const struct rd_sv_device *devices, int n)

@@ -1,17 +1,26 @@
 /* Host memory; see memfd.h. */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include "tests/lib/asserts.h"
 #include "tests/lib/memfd.h"
 
-int tl_memfd_open(size_t size)
+int tl_memfd_open_unsealed(size_t size)
 {
-	int fd = memfd_create("regen-test", MFD_CLOEXEC);
+	int fd = memfd_create("regen-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
 	ASSERT(fd >= 0, "memfd_create: %s", strerror(errno));
 	ASSERT(ftruncate(fd, (off_t)size) == 0, "ftruncate %zu: %s", size, strerror(errno));
+	return fd;
+}
+
+int tl_memfd_open(size_t size)
+{
+	int fd = tl_memfd_open_unsealed(size);
+
+	ASSERT(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0, "F_SEAL_SHRINK: %s", strerror(errno));
 	return fd;
 }
 

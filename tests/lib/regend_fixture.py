@@ -16,6 +16,7 @@ Every timeout is multiplied by $REGEN_TEST_TIMEOUT_MULTIPLIER (default 1),
 the variable the C tests read too.
 """
 import array
+import fcntl
 import json
 import mmap
 import os
@@ -220,9 +221,11 @@ def pid_alive(pid):
 
 
 def host_buffer(size):
-    """A memfd of `size` bytes and a writable map of it."""
-    fd = os.memfd_create("regen-test", os.MFD_CLOEXEC)
+    """A memfd of `size` bytes, sealed against shrinking as regend requires,
+    and a writable map of it."""
+    fd = os.memfd_create("regen-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     mm = mmap.mmap(fd, size)
     return fd, mm
 

@@ -15,6 +15,11 @@
  *   two processes use under a fifth of a core and log a handful of lines
  *   (the accept loop pauses instead of spinning and logging each try); once
  *   the client closes half of them, a fresh client is served at once.
+ * - Per-call scratch: with --max-scratch-mib 256, Attention over K/V of
+ *   stride 0 in a 4 KiB buffer with Skv = 2^28 (2 GiB of host staging) is
+ *   refused with LimitExceeded {resource: "scratch"} and the worker does
+ *   not grow; one with Skv = 2^23 (64 MiB) runs, and its scratch is not
+ *   kept by the lane afterwards.
  * - A half-sent message: a client sends the start of a call and stops.
  *   With REGEN_MESSAGE_TIMEOUT_MS=600, regend closes the connection within
  *   a few seconds of the first byte, although the client keeps sending a
@@ -155,9 +160,8 @@ static void behind_a_long_gemm(void)
 	ASSERT_LT(sent, 200000, "the worker read all 200000 calls queued behind a long GEMM");
 	/* The GEMM itself maps and touches its two big buffers. */
 	long buffers_kb = 2L * big * big * 4 / 1024;
-	ASSERT_LT(after - before - buffers_kb, 32 * 1024,
-		  "worker grew by %ld kB (beyond its %ld kB of buffers) holding calls behind a long GEMM",
-		  after - before - buffers_kb, buffers_kb);
+	ASSERT_LT(after - before - buffers_kb, 32 * 1024, "worker grew by %ld kB (beyond its %ld kB of buffers) holding calls "
+	          "behind a long GEMM", after - before - buffers_kb, buffers_kb);
 	ASSERT_OK(tl_conn_open(&other, tl_daemon_worker_socket(&daemon_, 0)), "connect");
 	tl_call_ok(&other, &r, "io.regen.Device.Generation", NULL);
 	tl_reply_finish(&r);
@@ -232,6 +236,51 @@ static void out_of_fds(const char *path, pid_t pid, const char *who)
 	prlimit(pid, RLIMIT_NOFILE, &lim, NULL);
 }
 
+static void attention_with_skv(struct tl_conn *c, struct tl_reply *r, const char *kv, const char *q, const char *o,
+			       long skv)
+{
+	tl_call(c, r, 60, NULL, 0, "io.regen.Compute.Attention",
+		"{\"q\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,1,1]},"
+		"\"k\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,%ld,1],\"strides\":[0,0,0,1]},"
+		"\"v\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,%ld,1],\"strides\":[0,0,0,1]},"
+		"\"o\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[1,1,1,1]}}",
+		q, kv, skv, kv, skv, o);
+}
+
+static void scratch_cap(void)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char kv[64], q[64], o[64];
+	pid_t wp = worker_pid(1);
+	long before, after;
+
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 1)), "connect");
+	ASSERT_EQ(tl_import_memfd(&c, 1, tl_memfd_open(4096), 4096, kv, &r), 0, "import");
+	tl_reply_finish(&r);
+	ASSERT_EQ(tl_import_memfd(&c, 1, tl_memfd_open(4096), 4096, q, &r), 0, "import");
+	tl_reply_finish(&r);
+	ASSERT_EQ(tl_import_memfd(&c, 1, tl_memfd_open(4096), 4096, o, &r), 0, "import");
+	tl_reply_finish(&r);
+	before = rss_kb(wp);
+	attention_with_skv(&c, &r, kv, q, o, 1L << 28);
+	ASSERT_REPLY_ERROR(&r, "io.regen.LimitExceeded", "Skv 2^28: got %s, expected LimitExceeded",
+	                   r.error ? r.error : "success");
+	ASSERT(strcmp(tl_reply_str(&r, "resource"), "scratch") == 0 && tl_reply_int(&r, "limit") == 256L << 20,
+	       "LimitExceeded names %s, limit %lld", tl_reply_str(&r, "resource"), (long long)tl_reply_int(&r, "limit"));
+	tl_reply_finish(&r);
+	after = rss_kb(wp);
+	ASSERT_LT(after - before, 16 * 1024, "the refused call grew the worker by %ld kB", after - before);
+	attention_with_skv(&c, &r, kv, q, o, 1L << 23);
+	ASSERT(!r.error, "Skv 2^23 within the cap: %s", r.error);
+	tl_reply_finish(&r);
+	after = rss_kb(wp);
+	tl_log("scratch cap: Skv 2^28 refused by name; Skv 2^23 (64 MiB of staging) ran; worker RSS %ld -> %ld kB after",
+	       before, after);
+	ASSERT_LT(after - before, 32 * 1024, "the lane kept %ld kB after a large call", after - before);
+	tl_conn_close(&c);
+}
+
 static void half_sent(void)
 {
 	static const char start[] = "{\"method\":\"io.regen.Device.Sta";
@@ -258,13 +307,16 @@ static void half_sent(void)
 
 int main(void)
 {
+	static const char *const extra[] = { "--max-scratch-mib", "256", NULL };
+
 	tl_init(240);
 	setenv("REGEN_MESSAGE_TIMEOUT_MS", "600", 1);
 	/* The daemon's own log level: what it writes out of fds is measured. */
-	tl_daemon_start(&daemon_, &(struct tl_daemon_opts){ .debug = "W" });
+	tl_daemon_start(&daemon_, &(struct tl_daemon_opts){ .extra = extra, .debug = "W" });
 	behind_a_watch();
 	behind_a_long_gemm();
 	half_sent();
+	scratch_cap();
 	out_of_fds(daemon_.sock, daemon_.pid, "the supervisor");
 	out_of_fds(tl_daemon_worker_socket(&daemon_, 1), worker_pid(1), "a worker");
 	return 0;

@@ -79,7 +79,7 @@ static void wait_memory(struct tl_conn *main_conn, int64_t want, double timeout_
 		if (d.memory_used == want)
 			return;
 		ASSERT_DOUBLE_LT(tl_now(), deadline, "%s: memory_used %lld, not back to %lld after %.0f s", what,
-			 (long long)d.memory_used, (long long)want, timeout_s);
+		                 (long long)d.memory_used, (long long)want, timeout_s);
 		usleep(20000);
 	}
 }
@@ -109,7 +109,7 @@ static void kill_batch(struct victim *v, int n)
 	for (int i = 0; i < n; i++) {
 		int st;
 		ASSERT(waitpid(pids[i], &st, 0) == pids[i] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
-			 "victim %d did not die by SIGKILL", (int)pids[i]);
+		       "victim %d did not die by SIGKILL", (int)pids[i]);
 	}
 }
 
@@ -169,17 +169,17 @@ int main(void)
 		ASSERT_EQ(tl_wait(pid, 10), 128 + SIGKILL, "victim survived SIGKILL");
 		size_t mat = 256 * 256 * 4;
 		ASSERT_GE(during.memory_used, before.memory_used + (int64_t)(7 * mat),
-			 "the victim's buffers were not counted: memory_used %lld -> %lld", (long long)before.memory_used,
-			 (long long)during.memory_used);
+		          "the victim's buffers were not counted: memory_used %lld -> %lld", (long long)before.memory_used,
+		          (long long)during.memory_used);
 		wait_memory(&main_conn, before.memory_used, 30, "after one SIGKILL mid-GEMM");
 		settle(worker, &p0, &p_after, 10);
 		print_proc("before the client", &p0, before.memory_used);
 		print_proc("client mid-GEMM", &p1, during.memory_used);
 		print_proc("after its SIGKILL", &p_after, before.memory_used);
 		ASSERT_EQ(p_after.threads, p0.threads, "the dead client's lane thread is still there (%ld -> %ld)", p0.threads,
-			 p_after.threads);
+		          p_after.threads);
 		ASSERT_LE(p_after.fds, p0.fds, "the dead client's fds are still open in the worker (%ld -> %ld)", p0.fds,
-			 p_after.fds);
+		          p_after.fds);
 	}
 
 	/* ---- Many deaths ---- */
@@ -208,7 +208,7 @@ int main(void)
 		ASSERT_LE(p1.fds, p0.fds + FD_SLACK, "fds leak: %ld -> %ld after %d deaths", p0.fds, p1.fds, deaths);
 		ASSERT_LE(p1.threads, p0.threads, "threads leak: %ld -> %ld", p0.threads, p1.threads);
 		ASSERT_LE(p1.maps, p0.maps + MAPS_SLACK, "mappings leak: %ld -> %ld (slack %ld)", p0.maps, p1.maps,
-			 (long)MAPS_SLACK);
+		          (long)MAPS_SLACK);
 		/* ASan keeps freed memory in quarantine (256 MB by default): RSS
 		 * says nothing about leaks there, LeakSanitizer does. */
 		if (p1.asan)
@@ -218,9 +218,9 @@ int main(void)
 	}
 	tl_device_status(&main_conn, DEVICE, &after);
 	ASSERT(after.worker_pid == before.worker_pid && after.respawns == before.respawns &&
-		 after.generation == before.generation && strcmp(after.state, "ready") == 0,
-		 "the device changed: worker %lld -> %lld, generation %lld -> %lld, state %s", (long long)before.worker_pid,
-		 (long long)after.worker_pid, (long long)before.generation, (long long)after.generation, after.state);
+	       after.generation == before.generation && strcmp(after.state, "ready") == 0,
+	       "the device changed: worker %lld -> %lld, generation %lld -> %lld, state %s", (long long)before.worker_pid,
+	       (long long)after.worker_pid, (long long)before.generation, (long long)after.generation, after.state);
 	tl_conn_close(&main_conn);
 	tl_log("PASS");
 	return 0;

@@ -80,7 +80,7 @@ static int guesser(void *arg)
 
 			tl_call(&c, &r, 30, NULL, 0, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", id);
 			ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "B's CloseBuffer %s -> %s", id,
-				 r.error ? r.error : "success");
+			                   r.error ? r.error : "success");
 			ASSERT_STR_EQ(tl_reply_str(&r, "id"), id, "NoSuchObject names another id");
 			char *msg = masked_message(&r, id);
 			/* The same words whether A owns the id or nobody does. */
@@ -88,7 +88,7 @@ static int guesser(void *arg)
 				snprintf(other_msg[a_owns], sizeof(other_msg[0]), "%s", msg);
 			if (other_msg[!a_owns][0] != '\0')
 				ASSERT_STR_EQ(msg, other_msg[!a_owns],
-					 "the error tells A's ids from unused ones:\n  %s\n  %s", msg, other_msg[!a_owns]);
+				              "the error tells A's ids from unused ones:\n  %s\n  %s", msg, other_msg[!a_owns]);
 			free(msg);
 			tl_reply_finish(&r);
 
@@ -98,7 +98,7 @@ static int guesser(void *arg)
 				"\"d\":{\"buffer\":\"%s\",\"offset\":%zu,\"dtype\":\"f32\",\"shape\":[4,4]}}",
 				id, own, own, n);
 			ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "B's Gemm with a = %s -> %s", id,
-				 r.error ? r.error : "success");
+			                   r.error ? r.error : "success");
 			tl_reply_finish(&r);
 			tl_call(&c, &r, 30, NULL, 0, "io.regen.Compute.Gemm",
 				"{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]},"
@@ -106,7 +106,7 @@ static int guesser(void *arg)
 				"\"d\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]}}",
 				own, own, id);
 			ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "B's Gemm with d = %s -> %s", id,
-				 r.error ? r.error : "success");
+			                   r.error ? r.error : "success");
 			tl_reply_finish(&r);
 			tried++;
 			total++;

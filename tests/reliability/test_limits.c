@@ -40,10 +40,10 @@ static struct tl_daemon daemon_;
 static void expect_limit(struct tl_reply *r, const char *resource, int64_t limit, const char *what)
 {
 	ASSERT_REPLY_ERROR(r, "io.regen.LimitExceeded", "%s: got %s, expected LimitExceeded", what,
-		 r->error ? r->error : "success");
+	                   r->error ? r->error : "success");
 	ASSERT(tl_reply_str(r, "resource") && strcmp(tl_reply_str(r, "resource"), resource) == 0,
-		 "%s: LimitExceeded names resource %s, expected %s", what,
-		 tl_reply_str(r, "resource") ? tl_reply_str(r, "resource") : "(none)", resource);
+	       "%s: LimitExceeded names resource %s, expected %s", what,
+	       tl_reply_str(r, "resource") ? tl_reply_str(r, "resource") : "(none)", resource);
 	ASSERT_EQ(tl_reply_int(r, "limit"), limit, "%s: LimitExceeded's limit", what);
 }
 
@@ -249,8 +249,8 @@ static void calls_in_flight(void)
 	tl_log("calls in flight: %d pipelined in %.3f s: %d answered, %d LimitExceeded from call %d on (%.2f s in all)",
 	       PIPELINE, sent, ok, refused, first_refused + 1, tl_now() - t0);
 	ASSERT(ok == MAX_IN_FLIGHT && refused == PIPELINE - MAX_IN_FLIGHT,
-		 "expected %d answered and %d refused (the big GEMM finished before the pipeline arrived?)", MAX_IN_FLIGHT,
-		 PIPELINE - MAX_IN_FLIGHT);
+	       "expected %d answered and %d refused (the big GEMM finished before the pipeline arrived?)", MAX_IN_FLIGHT,
+	       PIPELINE - MAX_IN_FLIGHT);
 	/* The connection is usable again once its calls are answered. */
 	tl_call_ok(&c, &r, "io.regen.Compute.Gemm",
 		   "{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]},"

@@ -63,7 +63,7 @@ static void gemm(struct tl_conn *c, struct tl_reply *r, const char *a, const cha
 static void expect_no_such_object(struct tl_reply *r, const char *what)
 {
 	ASSERT_REPLY_ERROR(r, "io.regen.NoSuchObject", "%s: got %s, expected NoSuchObject", what,
-		 r->error ? r->error : "success");
+	                   r->error ? r->error : "success");
 	tl_reply_finish(r);
 }
 

@@ -75,9 +75,9 @@ static int nobody_is_refused(void *arg)
 	for (size_t i = 0; i < sizeof(admin_calls) / sizeof(admin_calls[0]); i++) {
 		tl_call(&c, &r, 30, NULL, 0, admin_calls[i].method, "%s", admin_calls[i].params);
 		ASSERT_REPLY_ERROR(&r, "io.regen.NotPermitted", "nobody's %s got %s",
-			 admin_calls[i].method, r.error ? r.error : "success");
+		                   admin_calls[i].method, r.error ? r.error : "success");
 		ASSERT(tl_reply_str(&r, "method") && strcmp(tl_reply_str(&r, "method"), admin_calls[i].method) == 0,
-			 "NotPermitted names method %s", tl_reply_str(&r, "method") ? tl_reply_str(&r, "method") : "(none)");
+		       "NotPermitted names method %s", tl_reply_str(&r, "method") ? tl_reply_str(&r, "method") : "(none)");
 		ASSERT_NOT_NULL(tl_reply_str(&r, "message"), "NotPermitted without a message");
 		tl_log("nobody (gid %u) %s %s -> %s", (unsigned)getgid(), admin_calls[i].method, admin_calls[i].params, r.error);
 		tl_reply_finish(&r);
@@ -116,7 +116,7 @@ static int group_member_may(void *arg)
 	tl_reply_finish(&r);
 	tl_device_status(&c, 1, &after);
 	ASSERT_EQ(after.generation, before.generation + 1, "Release by the admin group: generation %lld -> %lld",
-		 (long long)before.generation, (long long)after.generation);
+	          (long long)before.generation, (long long)after.generation);
 	tl_log("uid nobody, gid %u (admin group): Release device 1 -> generation %lld", (unsigned)admin_gid,
 	       (long long)after.generation);
 	tl_conn_close(&c);
