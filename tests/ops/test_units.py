@@ -20,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from regen_ops import SKIP, check, fail, log, regend_path, skip
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from regend_fixture import check, fail, log, regend_path, skip
 
 
 def read_unit(path):
