@@ -9,8 +9,13 @@
  *   Status, Generation and GetInfo and import on a worker.
  * - With the sockets open to everyone (0666), plain nobody is refused the
  *   same way, and a user whose group is A may Release.
+ * - Admin rights come from the caller's own credentials (SO_PEERGROUPS),
+ *   not from /etc/group: nobody with A only among its supplementary groups
+ *   (which /etc/group does not list) may Release; the same process that
+ *   dropped them may not.
  * Needs root (to become nobody); exits 77 otherwise. */
 #include <errno.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +128,49 @@ static int group_member_may(void *arg)
 	return 0;
 }
 
+/* nobody whose primary group is nobody's and whose supplementary groups
+ * are `groups` (none: dropped). */
+static void become_nobody_with_groups(const gid_t *groups, size_t n)
+{
+	ASSERT(setgroups(n, groups) == 0, "setgroups: %s", strerror(errno));
+	ASSERT(setgid(65534) == 0 && setuid(65534) == 0, "become nobody: %s", strerror(errno));
+}
+
+static int supplementary_member_may(void *arg)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	struct tl_device before, after;
+
+	become_nobody_with_groups(&admin_gid, 1);
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "connect");
+	tl_device_status(&c, 0, &before);
+	tl_call_ok(&c, &r, "io.regen.Device.Release", "{\"device\":0,\"reason\":\"supplementary admin group\"}");
+	tl_reply_finish(&r);
+	tl_device_status(&c, 0, &after);
+	ASSERT_EQ(after.generation, before.generation + 1, "Release by a supplementary member: generation %lld -> %lld",
+	          (long long)before.generation, (long long)after.generation);
+	tl_log("nobody with admin gid %u as a supplementary group (not in /etc/group): Release -> generation %lld",
+	       (unsigned)admin_gid, (long long)after.generation);
+	tl_conn_close(&c);
+	return 0;
+}
+
+static int dropped_groups_may_not(void *arg)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+
+	become_nobody_with_groups(NULL, 0);
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "connect");
+	tl_call(&c, &r, 30, NULL, 0, "io.regen.Device.Release", "{\"device\":0}");
+	ASSERT_REPLY_ERROR(&r, "io.regen.NotPermitted", "nobody with no groups got %s", r.error ? r.error : "success");
+	tl_reply_finish(&r);
+	tl_log("nobody with its groups dropped: Release -> NotPermitted");
+	tl_conn_close(&c);
+	return 0;
+}
+
 int main(void)
 {
 	const char *group, *sgroup;
@@ -152,6 +200,8 @@ int main(void)
 		check_socket(tl_daemon_worker_socket(&daemon_, i), 0666, getgid());
 	ASSERT_EQ(tl_wait(tl_fork(nobody_is_refused, NULL, 0), 60), 0, "nobody_is_refused failed");
 	ASSERT_EQ(tl_wait(tl_fork(group_member_may, NULL, 0), 60), 0, "group_member_may failed");
+	ASSERT_EQ(tl_wait(tl_fork(supplementary_member_may, NULL, 0), 60), 0, "supplementary_member_may failed");
+	ASSERT_EQ(tl_wait(tl_fork(dropped_groups_may_not, NULL, 0), 60), 0, "dropped_groups_may_not failed");
 	tl_daemon_stop(&daemon_);
 	tl_log("PASS");
 	return 0;
