@@ -53,11 +53,14 @@ struct rd_conn {
 	bool admin;
 	bool closed;
 	bool reading, writing;
+	bool write_blocked;         /* the last write left bytes the socket would not take */
 	bool processing;            /* inside conn_process: no re-entry */
 	unsigned refs;
 	unsigned in_flight;         /* calls received and not yet freed: running, or answered behind one running */
 	unsigned unfinished;        /* calls received and not answered */
 	unsigned max_in_flight;     /* more unanswered calls than this: io.regen.LimitExceeded */
+	int events;                 /* what the poll waits for now */
+	uv_prepare_t flush;         /* writes the replies of a loop iteration at its end */
 	uv_timer_t partial_timer;   /* a message begun and not ended: its deadline */
 	uint64_t partial_offset;    /* where in the stream that message began */
 	struct rd_call *calls, *calls_tail;
