@@ -11,7 +11,7 @@
 #include "proto/compute.h"
 #include "proto/errors.h"
 
-static void op_release_refs(struct rd_worker *w, struct rd_op *op)
+void rd_compute_release(struct rd_worker *w, struct rd_op *op)
 {
 	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++)
 		if (op->buffers[i])
@@ -28,7 +28,7 @@ static void on_op_done(struct rd_op *op)
 	struct rd_call *call = op->userdata;
 	struct rd_session *s = rd_session_of(call);
 
-	op_release_refs(s->worker, op);
+	rd_compute_release(s->worker, op);
 	if (op->err.name) {
 		rd_call_fail(call, &op->err);
 	} else {
@@ -85,6 +85,46 @@ static int resolve_event(struct rd_worker *w, const struct rp_event_ref *ref, co
 	return 0;
 }
 
+int rd_compute_submit(struct rd_session *s, struct rd_op *op, struct rp_error *err)
+{
+	struct rd_worker *w = s->worker;
+	int r;
+
+	r = rd_worker_refuse_if_not_ready(w, err);
+	if (r == 0)
+		r = resolve_operands(w, op, s->client, err);
+	if (r == 0)
+		r = resolve_event(w, &op->compute.wait_event, "wait_event", s->client, &op->wait_event, err);
+	if (r == 0)
+		r = resolve_event(w, &op->compute.signal_event, "signal_event", s->client, &op->signal_event, err);
+	if (r == 0) {
+		op->lane = rd_session_lane(s, err);
+		if (!op->lane)
+			r = -ENOMEM;
+	}
+	if (r < 0)
+		goto fail;
+	op->submitted_ns = uv_hrtime();
+	rd_session_call_started(s);
+	r = w->dev.backend->submit(op->lane, op);
+	if (r < 0) {
+		/* Refused: no completion follows. The session stays, as the
+		 * call is still being answered by the caller. */
+		s->in_flight--;
+		w->in_flight--;
+		rp_error_move(err, &op->err);
+		if (!err->name)
+			rp_err_backend_error(err, w->dev.index, "submit failed: %s", strerror(-r));
+		goto fail;
+	}
+	return 0;
+fail:
+	rd_compute_release(w, op);
+	memset(op->buffers, 0, sizeof(op->buffers));
+	op->wait_event = op->signal_event = NULL;
+	return r;
+}
+
 void rd_compute_call(struct rd_call *call)
 {
 	const struct rp_op_spec *spec = rp_op_find(call->msg.method);
@@ -92,7 +132,7 @@ void rd_compute_call(struct rd_call *call)
 	struct rd_worker *w = s->worker;
 	struct rp_error err = { 0 };
 	struct rd_op *op = calloc(1, sizeof(*op));
-		int r;
+	int r;
 
 	if (!op) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the call");
@@ -100,39 +140,13 @@ void rd_compute_call(struct rd_call *call)
 		return;
 	}
 	r = rp_compute_parse(spec, call->msg.params, &op->compute, &err);
-	if (r == 0)
-		r = rd_worker_refuse_if_not_ready(w, &err);
-	if (r == 0)
-		r = resolve_operands(w, op, s->client, &err);
-	if (r == 0)
-		r = resolve_event(w, &op->compute.wait_event, "wait_event", s->client, &op->wait_event, &err);
-	if (r == 0)
-		r = resolve_event(w, &op->compute.signal_event, "signal_event", s->client, &op->signal_event, &err);
 	if (r == 0) {
-		op->lane = rd_session_lane(s, &err);
-		if (!op->lane)
-			r = -ENOMEM;
+		op->done = on_op_done;
+		op->userdata = call;
+		r = rd_compute_submit(s, op, &err);
 	}
-	if (r < 0)
-		goto fail;
-	op->done = on_op_done;
-	op->userdata = call;
-	op->submitted_ns = uv_hrtime();
-	rd_session_call_started(s);
-	r = w->dev.backend->submit(op->lane, op);
 	if (r < 0) {
-		/* Refused: no completion follows. The session stays, as the
-		 * call is still being answered here. */
-		s->in_flight--;
-		w->in_flight--;
-		rp_error_move(&err, &op->err);
-		if (!err.name)
-			rp_err_backend_error(&err, w->dev.index, "submit failed: %s", strerror(-r));
-		goto fail;
+		free(op);
+		rd_call_fail(call, &err);
 	}
-	return;
-fail:
-	op_release_refs(w, op);
-	free(op);
-	rd_call_fail(call, &err);
 }
