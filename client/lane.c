@@ -25,6 +25,9 @@
 /* The most a waiting client spins before it sleeps on the doorbell;
  * REGEN_RING_SPIN_US overrides it. */
 #define SPIN_MAX_NS 50000
+/* A ring's lane idle longer than this is checked for a worker gone before
+ * its next call. */
+#define IDLE_PROBE_NS 1000000
 
 struct rc_ring {
 	void *base;
@@ -356,6 +359,7 @@ static int ring_reap(regen_client *c, struct rc_lane *lane, int device, int64_t 
 	if (ret > 0)
 		lane_note_error(lane, name, params);
 	lane->last_elapsed_us = cqe.elapsed_us;
+	lane->idle_since_ns = now_ns();
 	cJSON_Delete(params);
 	return 0;
 }
@@ -503,8 +507,11 @@ int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, u
 	}
 	lane = &c->lanes[device];
 	/* A lane with calls outstanding keeps its connection: checking it
-	 * would read their replies as a close. */
-	if (lane->completed == lane->submitted) {
+	 * would read their replies as a close. A ring's lane busy a moment ago
+	 * is not checked either (a worker gone shows in the wait); an idle one
+	 * is, so that a worker respawned in between is found before the call. */
+	if (lane->completed == lane->submitted &&
+	    (lane->ring == NULL || now_ns() - lane->idle_since_ns > IDLE_PROBE_NS)) {
 		r = rc_ensure_worker(c, device, deadline);
 		if (r < 0)
 			return r;

@@ -20,6 +20,7 @@ struct rc_lane {
 	struct rc_ring *ring;             /* NULL: Varlink */
 	uint64_t submitted, completed;
 	uint64_t last_elapsed_us;
+	uint64_t idle_since_ns;           /* when the last answer was read */
 	char err_name[128];               /* the first error since the last wait */
 	cJSON *err_params;
 };

@@ -15,6 +15,7 @@ import os
 import time
 
 from . import errors, ops
+from . import ring as ringmod
 from .varlink import Connection
 
 __all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
@@ -22,6 +23,9 @@ __all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "D
 DEFAULT_SOCKET = "/run/regen/regend.sock"
 DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 _EPILOGUES = ("none", "bias", "gelu", "gelu_bias")
+# A ring's lane idle longer than this is checked for a worker gone before
+# its next call.
+_IDLE_PROBE_S = 0.001
 
 
 class Buffer:
@@ -175,6 +179,27 @@ class Watch:
         self.close()
 
 
+class _Lane:
+    """A device's lane on its worker connection: compute calls over its ring
+    or as Varlink calls, counted by tickets; answers are read in order."""
+
+    __slots__ = ("conn", "ring", "submitted", "completed", "error", "elapsed_us", "idle_since")
+
+    def __init__(self, conn, ring):
+        self.conn = conn
+        self.ring = ring
+        self.submitted = 0
+        self.completed = 0
+        self.error = None
+        self.elapsed_us = None
+        self.idle_since = time.monotonic()
+
+    def close(self):
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+
+
 class Client:
     """Talks to one regend.  ``socket_path`` defaults to $REGEN_SOCKET, then
     /run/regen/regend.sock.  ``timeout`` (seconds, None = wait forever)
@@ -184,8 +209,15 @@ class Client:
     StaleGeneration, import those tensors again and retry once (off by
     default: a rank usually wants to know its ids went stale)."""
 
-    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0):
+    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0, transport=None):
         self.socket_path = socket_path or os.environ.get("REGEN_SOCKET") or DEFAULT_SOCKET
+        # How compute calls reach a worker: "ring" (io.regen.Lane, shared
+        # memory), "varlink", or "auto" (the ring where the worker offers
+        # it); $REGEN_TRANSPORT by default.
+        self.transport = transport or os.environ.get("REGEN_TRANSPORT") or "auto"
+        if self.transport not in ("auto", "ring", "varlink"):
+            raise ValueError(f"transport {self.transport!r} is not 'auto', 'ring' or 'varlink'")
+        self._lanes = {}          # device -> _Lane
         self.timeout = timeout
         self.auto_reimport = auto_reimport
         self.reconnect_wait = reconnect_wait
@@ -208,6 +240,9 @@ class Client:
         for conn in self._workers.values():
             conn.close()
         self._workers.clear()
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes.clear()
 
     def __enter__(self):
         return self
@@ -260,11 +295,15 @@ class Client:
 
     def _worker(self, device):
         conn = self._workers.get(device)
+        lane = self._lanes.get(device)
+        if lane is not None and lane.completed < lane.submitted and lane.conn is conn:
+            return conn   # answers are outstanding on it: alive() would read them
         if conn is not None and conn.alive():
             return conn
         if conn is not None:
             conn.close()
         self._workers.pop(device, None)
+        self._drop_lane(device)
         # (Re)connecting: read the worker's socket afresh, and wait out a
         # respawn in progress rather than fail the call on a missing socket.
         deadline = time.monotonic() + self.reconnect_wait
@@ -287,18 +326,172 @@ class Client:
         return conn
 
     def _worker_call(self, device, method, params, fds=()):
+        self._settle(device)
         conn = self._worker(device)
         try:
             return conn.call(method, params, fds)
         except errors.ConnectionReset:
             self._workers.pop(device, None)
+            self._drop_lane(device)
             raise
         except (errors.StaleGeneration, errors.DeviceLost, errors.Draining) as e:
+            self._note_error(device, e)
+            raise
+
+    def _note_error(self, device, e):
+        if isinstance(e, (errors.StaleGeneration, errors.DeviceLost, errors.Draining)):
             gen = e.parameters.get("generation")
             dev = e.parameters.get("device", device)
             if isinstance(gen, int) and isinstance(dev, int):
                 self._note_generation(dev, gen)
-            raise
+
+    # -- lanes: compute calls over the ring or Varlink -----------------------
+
+    def _drop_lane(self, device):
+        lane = self._lanes.pop(device, None)
+        if lane is not None:
+            lane.close()
+
+    def _lane(self, device):
+        """The device's lane, its transport picked on the connection's first
+        compute call."""
+        lane = self._lanes.get(device)
+        # A ring's lane busy a moment ago is not probed again (a worker gone
+        # shows in the wait, as the connection ends); an idle one is, so
+        # that a worker respawned in between is found before the call.
+        if lane is not None and (lane.completed < lane.submitted or
+                                 (lane.conn is self._workers.get(device) and not lane.conn.closed and
+                                  ((lane.ring is not None and time.monotonic() - lane.idle_since < _IDLE_PROBE_S)
+                                   or lane.conn.alive()))):
+            return lane
+        conn = self._worker(device)
+        lane = self._lanes.get(device)
+        if lane is not None and lane.conn is conn:
+            return lane
+        ring = None
+        if self.transport != "varlink":
+            offered = False
+            if ringmod.supported():
+                try:
+                    info = conn.call("org.varlink.service.GetInfo")
+                    offered = "io.regen.Lane" in info.get("interfaces", ())
+                except errors.Error:
+                    offered = False
+            if offered:
+                ring = ringmod.Ring(conn)
+            elif self.transport == "ring":
+                raise errors.ProtocolError(parameters={
+                    "message": f"the worker of device {device} offers no ring (io.regen.Lane), or this machine "
+                               "cannot use one, and the transport is forced to ring"})
+        lane = _Lane(conn, ring)
+        self._lanes[device] = lane
+        return lane
+
+    def lane_transport(self, device):
+        """"ring" or "varlink": what ``device``'s lane uses now (None before
+        its first compute call)."""
+        lane = self._lanes.get(device)
+        if lane is None:
+            return None
+        return "ring" if lane.ring is not None else "varlink"
+
+    def _lane_broken(self, device, lane, what):
+        self._workers.pop(device, None)
+        lane.conn.close()
+        self._drop_lane(device)
+        return errors.ConnectionReset(parameters={
+            "message": f"connection to device {device}'s worker broke {what}; calls in flight may or may not "
+                       "have run"})
+
+    def _reap(self, device, lane):
+        """Reads the oldest outstanding answer, keeping the first error."""
+        try:
+            if lane.ring is not None:
+                tag, elapsed, err = lane.ring.reap(self.timeout)
+                lane.completed += 1
+                if tag != lane.completed:
+                    raise errors.ProtocolError(parameters={
+                        "message": f"record {tag} completed where {lane.completed} was next"})
+                e = ringmod.error_of(err) if err is not None else None
+            else:
+                try:
+                    params, _ = lane.conn.receive()
+                    e, elapsed = None, params.get("elapsed_us")
+                except errors.ConnectionReset:
+                    raise
+                except errors.Error as x:
+                    e, elapsed = x, None
+                lane.completed += 1
+        except (ConnectionResetError, errors.ConnectionReset, OSError) as x:
+            raise self._lane_broken(device, lane, "while waiting for completions") from x
+        except TimeoutError as x:
+            raise self._lane_broken(device, lane, "past the timeout") from x
+        if e is not None:
+            self._note_error(device, e)
+            if lane.error is None:
+                lane.error = e
+        else:
+            lane.elapsed_us = elapsed
+        lane.idle_since = time.monotonic()
+
+    def _settle(self, device):
+        """Varlink answers outstanding on the lane come before another call
+        on its connection (their error waits for the next wait())."""
+        lane = self._lanes.get(device)
+        while lane is not None and lane.ring is None and lane.completed < lane.submitted:
+            self._reap(device, lane)
+
+    def wait(self, device, ticket=None):
+        """Waits for the calls queued on ``device``'s lane (with
+        ``wait=False``) up to ``ticket`` (default: all); raises the first
+        error among them.  Returns the elapsed_us of the last one answered."""
+        lane = self._lanes.get(device)
+        if lane is None:
+            return None
+        ticket = lane.submitted if ticket is None else ticket
+        while lane.completed < ticket:
+            self._reap(device, lane)
+        e, lane.error = lane.error, None
+        if e is not None:
+            raise e
+        return lane.elapsed_us
+
+    def _submit(self, device, op_name, op, given, scalars, wait_event, signal_event):
+        lane = self._lane(device)
+        if lane.ring is None:
+            params = {n: o.to_wire() for n, o in given.items()}
+            params.update(scalars)
+            if wait_event is not None:
+                params["wait_event"] = _event_id(wait_event)
+            if signal_event is not None:
+                params["signal_event"] = _event_id(signal_event)
+            try:
+                lane.conn.send(op.method, params)
+            except errors.ConnectionReset:
+                self._workers.pop(device, None)
+                self._drop_lane(device)
+                raise
+            lane.submitted += 1
+            return lane
+        ring = lane.ring
+        outstanding = lambda: self.wait(device)  # noqa: E731
+        records = []
+        for spec in op.operands:
+            o = given.get(spec.name)
+            records.append(None if o is None else
+                           ringmod.operand_record(o, ring.index(_buffer_id(o.buffer), outstanding)))
+        wait_i = ring.index(_event_id(wait_event), outstanding) if wait_event is not None else ringmod.NONE
+        signal_i = ring.index(_event_id(signal_event), outstanding) if signal_event is not None else ringmod.NONE
+        flags, epilogue, compute, alignment, alpha, beta, scale = ringmod.scalars_record(op_name, scalars)
+        while ring.full():
+            self._reap(device, lane)
+        try:
+            ring.submit(lane.submitted + 1, ringmod.OP_IDS[op_name], flags, epilogue, compute, alignment, wait_i,
+                        signal_i, alpha, beta, scale, records)
+        except OSError as x:   # the worker's end of the doorbell is gone with it
+            raise self._lane_broken(device, lane, "as a call was queued") from x
+        lane.submitted += 1
+        return lane
 
     def call(self, method, parameters=None, device=None, fds=()):
         """A raw Varlink call: on the main socket, or on ``device``'s worker
@@ -475,6 +668,9 @@ class Client:
     def _forget(self, buf):
         if buf is None:
             return
+        lane = self._lanes.get(buf.device)
+        if lane is not None and lane.ring is not None:
+            lane.ring.forget(buf.id)
         buf.closed = True
         self._buffers.pop(buf.id, None)
         for key, b in list(self._tensor_buffers.items()):
@@ -515,7 +711,7 @@ class Client:
             return _tensor_operand(self, x, name)
         raise TypeError(f"operand {name} must be a regen.Operand or a torch tensor, not {type(x).__name__}")
 
-    def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True):
+    def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True, wait=True):
         op = ops.OPS[op_name]
         method = op.method
         tensors = []
@@ -531,31 +727,38 @@ class Client:
         if len(devices) != 1:
             raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
         device = devices.pop()
-        params = {n: o.to_wire() for n, o in given.items()}
-        params.update(scalars)
-        if wait_event is not None:
-            params["wait_event"] = _event_id(wait_event)
-        if signal_event is not None:
-            params["signal_event"] = _event_id(signal_event)
         if tensors:
             _sync_torch(tensors)
         try:
-            reply = self._worker_call(device, method, params)
+            lane = self._lanes.get(device)
+            if wait and (self.transport == "varlink" or (lane is not None and lane.ring is None)):
+                # A blocking call on a Varlink lane is one call and its reply.
+                params = {n: o.to_wire() for n, o in given.items()}
+                params.update(scalars)
+                if wait_event is not None:
+                    params["wait_event"] = _event_id(wait_event)
+                if signal_event is not None:
+                    params["signal_event"] = _event_id(signal_event)
+                return self._worker_call(device, method, params).get("elapsed_us")
+            lane = self._submit(device, op_name, op, given, scalars, wait_event, signal_event)
+            if not wait:
+                return lane.submitted
+            return self.wait(device, lane.submitted)
         except errors.StaleGeneration:
             if not (self.auto_reimport and tensors and retry):
                 raise
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
-        return reply.get("elapsed_us")
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-             epilogue=None, tf32=False, wait_event=None, signal_event=None):
+             epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True):
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias").  Operands are Operands or torch tensors
         (a tensor's storage is imported on first use and kept alive until
         close_tensor/close_buffer or the next generation).  A transposed torch view
         for ``a`` or ``b`` is passed as its row-major storage with the
         transpose flag flipped.  Returns regend's elapsed_us; the reply means
-        D is written."""
+        D is written.  With ``wait=False`` the call is queued on the
+        device's lane and its ticket returned: ``wait(device, ticket)``."""
         trans = {"a": bool(trans_a), "b": bool(trans_b)}
         named = {}
         for n, x in (("a", a), ("b", b)):
@@ -571,26 +774,26 @@ class Client:
             scalars["epilogue"] = epilogue
         if tf32:
             scalars["compute"] = "tf32"
-        return self._compute("gemm", named, scalars, wait_event, signal_event)
+        return self._compute("gemm", named, scalars, wait_event, signal_event, wait=wait)
 
     def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
-                  wait_event=None, signal_event=None):
+                  wait_event=None, signal_event=None, wait=True):
         """o = softmax(scale * q k^T [causal mask]) v; q [B, H, Sq, D],
         k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv] with H a
         multiple of Hkv (grouped-query attention); ``causal_alignment``
         "top_left" (default) or "bottom_right"; ``stats`` f32 [B, H, Sq]
         gets each row's log-sum-exp for the backward pass."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
-        return self._compute("attention",
-                             {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event, signal_event)
+        return self._compute("attention", {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event,
+                             signal_event, wait=wait)
 
     def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
-                           causal_alignment=None, wait_event=None, signal_event=None):
+                           causal_alignment=None, wait_event=None, signal_event=None, wait=True):
         """Gradients of attention: writes d_q, d_k, d_v from the forward's
         q, k, v, o, stats and the incoming d_o."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
         named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
-        return self._compute("attention_backward", named, scalars, wait_event, signal_event)
+        return self._compute("attention_backward", named, scalars, wait_event, signal_event, wait=wait)
 
 
 _HEXDIGITS = frozenset("0123456789abcdef")
