@@ -84,7 +84,7 @@ static void ring_free(struct rc_ring *r)
 
 void rc_lane_reset(struct rc_lane *lane)
 {
-	ring_free(lane->ring);
+	ring_free(lane->open_ring);
 	cJSON_Delete(lane->err_params);
 	memset(lane, 0, sizeof(*lane));
 }
@@ -191,7 +191,14 @@ static int lane_setup(regen_client *c, int device, int64_t deadline)
 
 	if (lane->decided)
 		return 0;
+	lane->ring = NULL;
 	if (c->transport == REGEN_TRANSPORT_VARLINK) {
+		lane->decided = true;
+		return 0;
+	}
+	/* The connection keeps the ring it opened. */
+	if (lane->open_ring != NULL) {
+		lane->ring = lane->open_ring;
 		lane->decided = true;
 		return 0;
 	}
@@ -207,9 +214,10 @@ static int lane_setup(regen_client *c, int device, int64_t deadline)
 		lane->decided = true;
 		return 0;
 	}
-	r = ring_open(c, conn, deadline, &lane->ring);
+	r = ring_open(c, conn, deadline, &lane->open_ring);
 	if (r < 0)
 		return r;
+	lane->ring = lane->open_ring;
 	lane->decided = true;
 	return 0;
 }
@@ -258,7 +266,7 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 
 void rc_lane_forget(regen_client *c, int device, const struct rp_id *rid)
 {
-	struct rc_ring *r = c->lanes[device].ring;
+	struct rc_ring *r = c->lanes[device].open_ring;
 
 	if (r == NULL)
 		return;
@@ -290,10 +298,12 @@ static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 
 	if (budget > r->spin_max_ns)
 		budget = r->latency_ns <= r->spin_max_ns ? r->spin_max_ns : 0;
-	for (;;) {
+	for (unsigned spins = 0;; spins++) {
 		if (rp_ring_load(&r->hdr->cq_tail) != r->cq_head)
 			break;
-		if (now_ns() - t0 < budget) {
+		/* The clock is looked at now and then: it costs more than a look
+		 * at the ring. */
+		if ((spins & 63) != 0 || now_ns() - t0 < budget) {
 			__builtin_ia32_pause();
 			continue;
 		}
@@ -510,11 +520,12 @@ int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, u
 	 * would read their replies as a close. A ring's lane busy a moment ago
 	 * is not checked either (a worker gone shows in the wait); an idle one
 	 * is, so that a worker respawned in between is found before the call. */
-	if (lane->completed == lane->submitted &&
-	    (lane->ring == NULL || now_ns() - lane->idle_since_ns > IDLE_PROBE_NS)) {
-		r = rc_ensure_worker(c, device, deadline);
-		if (r < 0)
-			return r;
+	if (lane->completed == lane->submitted) {
+		if (lane->ring == NULL || !lane->decided || now_ns() - lane->idle_since_ns > IDLE_PROBE_NS) {
+			r = rc_ensure_worker(c, device, deadline);
+			if (r < 0)
+				return r;
+		}
 		r = lane_setup(c, device, deadline);
 		if (r < 0)
 			return r;
@@ -534,9 +545,10 @@ REGEN_EXPORT int regen_client_set_transport(regen_client *c, enum regen_transpor
 	/* Lanes pick again on their next call; those with calls outstanding
 	 * keep theirs until then. */
 	for (int i = 0; i < REGEN_DEVICES_MAX; i++) {
-		if (c->lanes[i].completed == c->lanes[i].submitted) {
-			rc_lane_reset(&c->lanes[i]);
-		}
+		struct rc_lane *lane = &c->lanes[i];
+
+		if (lane->completed == lane->submitted)
+			lane->decided = false;
 	}
 	return 0;
 }

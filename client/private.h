@@ -17,7 +17,8 @@ struct rc_ring;
  * answers read. */
 struct rc_lane {
 	bool decided;                     /* the transport is picked for this connection */
-	struct rc_ring *ring;             /* NULL: Varlink */
+	struct rc_ring *ring;             /* the one in use; NULL: Varlink */
+	struct rc_ring *open_ring;        /* the connection's, used or not */
 	uint64_t submitted, completed;
 	uint64_t last_elapsed_us;
 	uint64_t idle_since_ns;           /* when the last answer was read */

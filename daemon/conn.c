@@ -575,6 +575,16 @@ void rd_conn_close(struct rd_conn *conn)
 	conn_unref(conn);
 }
 
+void rd_conn_flush(struct rd_conn *conn)
+{
+	if (conn->closed)
+		return;
+	uv_prepare_stop(&conn->flush);
+	conn->refs++;
+	conn_write(conn);
+	conn_unref(conn);
+}
+
 int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool oneway, rd_reply_cb cb, void *userdata)
 {
 	char *text;

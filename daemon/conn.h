@@ -83,6 +83,10 @@ void rd_call_fail(struct rd_call *call, struct rp_error *err);
 /* Convenience: rp_error_set + rd_call_fail. */
 void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Writes what is answered now rather than at the end of the loop
+ * iteration (replies are batched there): for a loop about to stop. */
+void rd_conn_flush(struct rd_conn *conn);
+
 /* Makes a call on this connection (we are the client side, e.g. the
  * supervisor on a worker's control channel). params consumed. */
 int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool oneway, rd_reply_cb cb, void *userdata);

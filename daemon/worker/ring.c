@@ -58,6 +58,8 @@ struct rd_ring {
 	pthread_mutex_t lock;        /* slot states, cq_tail, completion slots */
 	uint8_t *state;              /* enum slot_state per slot */
 	uint64_t *tags;              /* the record's tag per slot, for completions written without the record */
+	struct ring_op *ops;         /* one per slot: a record in flight needs no allocation */
+	uint8_t *held;               /* per slot, loop thread: its op is out (until its done ran) */
 	int doorbell;
 	uv_poll_t poll;
 	uv_idle_t spin;
@@ -70,7 +72,7 @@ struct rd_ring {
 };
 
 /* A record on its way: the op the backend finishes and where its
- * completion goes. */
+ * completion goes (the ring's, in the slot of its record). */
 struct ring_op {
 	struct rd_op op;             /* first: the backend hands it back */
 	struct rd_ring *ring;
@@ -164,7 +166,7 @@ static void ring_op_done(struct rd_op *op)
 	}
 	rd_compute_release(s->worker, op);
 	rp_error_clear(&op->err);
-	free(ro);
+	r->held[ro->seq & (r->entries - 1)] = 0;
 	/* A full ring has room again. */
 	ring_take(r);
 	rd_session_call_finished(s);
@@ -173,18 +175,14 @@ static void ring_op_done(struct rd_op *op)
 static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_record *rec)
 {
 	struct rp_error err = { 0 };
-	struct ring_op *ro = calloc(1, sizeof(*ro));
+	/* ring_take saw the slot's op free: its done ran. */
+	struct ring_op *ro = &r->ops[seq & (r->entries - 1)];
 
-	if (!ro) {
-		rp_err_out_of_memory(&err, r->worker->dev.index, "no host memory for the call");
-		ring_fail(r, seq, rec->tag, &err);
-		return;
-	}
+	memset(ro, 0, sizeof(*ro));
 	ro->ring = r;
 	ro->seq = seq;
 	ro->tag = rec->tag;
 	if (rp_ring_decode(rec, r->ids, r->nids, &ro->op.compute, &err) < 0) {
-		free(ro);
 		ring_fail(r, seq, rec->tag, &err);
 		return;
 	}
@@ -192,9 +190,10 @@ static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_re
 	ro->op.completed = ring_op_completed;
 	ro->op.userdata = ro;
 	if (rd_compute_submit(r->session, &ro->op, &err) < 0) {
-		free(ro);
 		ring_fail(r, seq, rec->tag, &err);
+		return;
 	}
+	r->held[seq & (r->entries - 1)] = 1;
 }
 
 /* The client wrote nonsense into the ring's counters: the lane's
@@ -217,8 +216,8 @@ static void ring_take(struct rd_ring *r)
 		uint32_t tail, seq, avail;
 		struct rp_ring_record rec;
 
-		if (r->sq_head - published >= r->entries)
-			return;   /* every slot has a record in flight */
+		if (r->sq_head - published >= r->entries || r->held[r->sq_head & (r->entries - 1)])
+			return;   /* the next slot's record is still in flight */
 		tail = rp_ring_load(&r->hdr->sq_tail);
 		avail = tail - r->sq_head;
 		if (avail == 0)
@@ -324,6 +323,8 @@ static void ring_free(struct rd_ring *r)
 	pthread_mutex_destroy(&r->lock);
 	free(r->state);
 	free(r->tags);
+	free(r->ops);
+	free(r->held);
 	free(r->ids);
 	free(r);
 }
@@ -473,8 +474,10 @@ void rd_ring_open(struct rd_call *call)
 	r->spin_max_ns = spin_max_ns();
 	r->state = calloc(entries, 1);
 	r->tags = calloc(entries, sizeof(*r->tags));
+	r->ops = calloc(entries, sizeof(*r->ops));
+	r->held = calloc(entries, 1);
 	r->ids = calloc(nids, sizeof(*r->ids));
-	if (!r->state || !r->tags || !r->ids) {
+	if (!r->state || !r->tags || !r->ops || !r->held || !r->ids) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for a ring");
 		goto fail;
 	}

@@ -118,6 +118,10 @@ static void maybe_stop(struct rd_worker *w)
 {
 	if (w->state != RD_WORKER_STOPPING || w->in_flight)
 		return;
+	/* The last replies wait for the end of this loop iteration, which a
+	 * stopped loop does not reach: out with them now. */
+	for (struct rd_session *s = w->sessions; s; s = s->next)
+		rd_conn_flush(s->conn);
 	uv_stop(w->loop);
 }
 
