@@ -924,6 +924,7 @@ static void cuda_close(struct rd_device *dev)
 	if (!atomic_load(&cd->lost))
 		cudaDeviceSynchronize();
 	/* Plans were registered after these: they go first. */
+	cuda_attention_finish(cd);
 	cuda_gemm_plans_finish(cd);
 	rd_resource_unregister(&cd->fault.res);
 #if REGEN_SHARED_WORKSPACE_DEBUG

@@ -55,6 +55,9 @@ unsigned rd_cuda_mapping_count(struct rd_device *dev);
 /* The scratch size the heuristic is asked with. */
 #define RD_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
 
+/* cuDNN attention plans cached now (attention.c). */
+unsigned rd_cuda_attention_plan_count(struct rd_device *dev);
+
 /* ---- Internal to daemon/backend/cuda/ ----------------------------------------- */
 
 struct cuda_dev;
@@ -98,6 +101,7 @@ struct cuda_fault {
 
 struct cuda_gemm_plan;
 struct cuda_mapping;
+struct cuda_attention;
 
 struct cuda_dev {
 	struct rd_device *dev;
@@ -114,6 +118,9 @@ struct cuda_dev {
 	pthread_mutex_t maps_lock;
 	struct cuda_mapping *maps;
 	unsigned map_count;
+
+	/* attention.c: the cuDNN handle and plans, made on first use. */
+	_Atomic(struct cuda_attention *) attention;
 
 	/* Bumped when a fault kernel was enqueued; lanes whose seen value is
 	 * older make their next op wait on fault.event first. */
@@ -244,6 +251,8 @@ int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], str
 void cuda_close_event(struct rd_event *ev);
 uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);
 
-/* attention.c: enqueues op's attention (forward or backward)
- * on the lane's stream. 0 or -errno with op->err set. */
+/* attention.c: enqueues op's attention (forward or backward) on the lane's
+ * stream through cuDNN. 0 or -errno with op->err set. */
 int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op);
+/* Unregisters and frees the attention state (close: device synchronized). */
+void cuda_attention_finish(struct cuda_dev *cd);
