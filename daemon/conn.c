@@ -162,6 +162,8 @@ void rd_call_fail(struct rd_call *call, struct rp_error *err)
 {
 	char *text = NULL;
 
+	if (call->conn->ops->complete_error)
+		call->conn->ops->complete_error(call->conn, err);
 	if (!call->msg.oneway)
 		text = rp_build_error(err);
 	if (call->conn->peer.pid)

@@ -32,6 +32,9 @@ struct rd_conn_ops {
 	/* The peer went away or the connection broke. Calls in flight still
 	 * finish later. */
 	void (*on_close)(struct rd_conn *conn);
+	/* Optional: completes every error this connection's calls fail with,
+	 * before it is sent (what the endpoint knows and the raiser did not). */
+	void (*complete_error)(struct rd_conn *conn, struct rp_error *err);
 };
 
 /* Called with the reply to a call this side made, or reply == NULL when the

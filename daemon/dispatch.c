@@ -107,6 +107,11 @@ void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call)
 		m->fn(call);
 		return;
 	}
+	void (*fn)(struct rd_call *) = ep->find ? ep->find(method) : NULL;
+	if (fn) {
+		fn(call);
+		return;
+	}
 	if (!dot || dot == method || !serves_interface(ep, method, (size_t)(dot - method))) {
 		char iface[256];
 		size_t len = dot ? (size_t)(dot - method) : strlen(method);

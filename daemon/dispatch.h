@@ -17,6 +17,10 @@ struct rd_method {
 struct rd_endpoint {
 	const struct rd_method *methods;  /* NULL-name terminated */
 	const char *const *interfaces;    /* served here, for GetInfo; NULL terminated */
+	/* Methods that another table names (the compute ops of
+	 * proto/compute.h): the handler for one that is not in `methods`,
+	 * or NULL. Such methods need no admin and no "more". */
+	void (*(*find)(const char *method))(struct rd_call *call);
 };
 
 void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call);

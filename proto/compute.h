@@ -1,6 +1,18 @@
-/* io.regen.Compute calls as descriptors: parsed from parameters and checked
- * for consistency among their operands (not yet against buffers: the worker
- * does that once it has resolved the buffer ids). */
+/* io.regen.Compute: one table per operation.
+ *
+ * Each operation (Gemm, Attention, AttentionBackward) is one struct
+ * rp_op_spec: its method, its operands (name, role, rank, dtypes, which
+ * operand's dtype or shape it shares), its scalar parameters, and one
+ * function for what a table cannot say (the shape relations among
+ * operands, options that depend on each other). The parser, the worker's
+ * operand resolution, both backends' dispatch and the clients walk the same
+ * table: a new operation is one table entry plus its kernels.
+ *
+ * Parsing checks everything a client can get wrong without looking at a
+ * buffer (the worker checks the bounds once it has resolved the ids), and
+ * reports each mistake by name: InvalidParameter {parameter} for a field of
+ * the wrong type or value, InvalidOperand {operand, reason} for a tensor
+ * whose rank, dtype, shape, strides or placement disagrees with the others. */
 #pragma once
 
 #include <stdbool.h>
@@ -8,60 +20,112 @@
 #include "ids.h"
 #include "message.h"
 #include "operand.h"
+#include "params.h"
+
+enum rp_op_id { RP_OP_GEMM = 0, RP_OP_ATTENTION, RP_OP_ATTENTION_BACKWARD, RP_OP_COUNT };
+
+/* Operand slots, in each table's order. */
+enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_OPERANDS };
+enum { RP_ATT_Q = 0, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS, RP_ATT_OPERANDS };
+enum {
+	RP_ATB_Q = 0, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_DO, RP_ATB_STATS, RP_ATB_DQ, RP_ATB_DK, RP_ATB_DV,
+	RP_ATB_OPERANDS
+};
+#define RP_OP_OPERANDS_MAX 9
+
+#define RP_DTYPE_BIT(dt) (1u << (dt))
+#define RP_DTYPES_ANY (RP_DTYPE_BIT(RP_DTYPE_F32) | RP_DTYPE_BIT(RP_DTYPE_F16) | RP_DTYPE_BIT(RP_DTYPE_BF16))
+#define RP_NO_SLOT (-1)
+
+enum rp_operand_role { RP_ROLE_IN = 0, RP_ROLE_OUT };
+
+struct rp_operand_spec {
+	const char *name;            /* the parameter: "q" */
+	enum rp_operand_role role;   /* outputs may share no byte with another operand */
+	bool required;
+	int rank;
+	const char *dims;            /* "[B, H, Sq, D]": in reasons and docs */
+	unsigned dtypes;             /* RP_DTYPE_BIT mask */
+	int dtype_like;              /* slot whose dtype this one shares, or RP_NO_SLOT */
+	int shape_like;              /* slot whose shape this one has (a gradient), or RP_NO_SLOT */
+	bool padded_rows;            /* a matrix whose rows may be padded: row stride >= row length */
+	int may_alias;               /* an output: the one input it may alias exactly, or RP_NO_SLOT */
+};
+
+struct rp_compute;
+
+struct rp_op_spec {
+	enum rp_op_id id;
+	const char *method;          /* "io.regen.Compute.Gemm" */
+	const char *name;            /* "gemm": logs and the Python client */
+	unsigned noperands;
+	const struct rp_operand_spec *operands;
+	const struct rp_field *scalars;   /* NULL-name terminated */
+	/* Reads the scalars and checks what the table cannot say; fills the
+	 * op's part of c (derived dimensions included). Runs after every
+	 * operand passed its own checks. 0 or -EINVAL with err set. */
+	int (*check)(const cJSON *params, struct rp_compute *c, struct rp_error *err);
+	/* Writes the op's scalars into a call's parameters (clients). */
+	void (*encode)(const struct rp_compute *c, cJSON *params);
+};
 
 enum rp_epilogue { RP_EPILOGUE_NONE = 0, RP_EPILOGUE_BIAS, RP_EPILOGUE_GELU, RP_EPILOGUE_GELU_BIAS };
 enum rp_compute_mode { RP_COMPUTE_F32 = 0, RP_COMPUTE_TF32 };
+enum rp_causal_alignment { RP_CAUSAL_TOP_LEFT = 0, RP_CAUSAL_BOTTOM_RIGHT };
 
 struct rp_event_ref {
 	bool present;
 	struct rp_id id;
 };
 
+/* Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias). */
 struct rp_gemm {
-	struct rp_operand a, b, c, d, bias;
-	bool has_c, has_bias;
 	bool trans_a, trans_b;
 	double alpha, beta;          /* defaults 1 and 0 */
 	enum rp_epilogue epilogue;
 	enum rp_compute_mode compute;
 	int64_t m, n, k;             /* derived */
-	struct rp_event_ref wait_event, signal_event;
 };
 
-/* Rules (each violation an InvalidOperand {operand, reason} or
- * InvalidParameter naming the field):
- * - a, b, c, d rank 2; bias rank 1 [N].
- * - op(A) [M,K], op(B) [K,N] agree on K; d is [M,N]; c, when present, [M,N].
- * - a and b share a dtype; c and d share a dtype; bias has d's dtype;
- *   tf32 only with f32 inputs.
- * - beta != 0 needs c; epilogue bias/gelu_bias needs bias and vice versa.
- * - strides: the last dimension's stride is 1 (row-major leading dimension
- *   layout the libraries support), the first >= the last dim's size.
- * - d must not overlap a, b or bias in the same buffer (c may alias d exactly). */
-int rp_gemm_parse(const cJSON *params, struct rp_gemm *g, struct rp_error *err);
-
+/* Attention and AttentionBackward. */
 struct rp_attention {
-	struct rp_operand q, k, v, o, stats;
-	bool has_stats;
 	double scale;                /* default 1/sqrt(D) */
 	bool causal;
-	int64_t batch, heads, seq_q, seq_kv, head_dim, head_dim_v;   /* derived */
-	struct rp_event_ref wait_event, signal_event;
+	enum rp_causal_alignment alignment;
+	int64_t batch, heads, heads_kv, seq_q, seq_kv, head_dim, head_dim_v;   /* derived */
 };
 
-/* Rules: q, k, v, o rank 4, [B,H,Sq,D], [B,H,Skv,D], [B,H,Skv,Dv], [B,H,Sq,Dv];
- * all one dtype; stats f32 rank 3 [B,H,Sq]; last stride 1; o must not overlap
- * q, k or v. scale finite and > 0. */
-int rp_attention_parse(const cJSON *params, struct rp_attention *a, struct rp_error *err);
-
-struct rp_attention_backward {
-	struct rp_operand q, k, v, o, d_o, stats, d_q, d_k, d_v;
-	double scale;
-	bool causal;
-	int64_t batch, heads, seq_q, seq_kv, head_dim, head_dim_v;
+/* One parsed call. operands[] and present[] are indexed by the op's slots. */
+struct rp_compute {
+	const struct rp_op_spec *spec;
+	struct rp_operand operands[RP_OP_OPERANDS_MAX];
+	bool present[RP_OP_OPERANDS_MAX];
 	struct rp_event_ref wait_event, signal_event;
+	union {
+		struct rp_gemm gemm;
+		struct rp_attention attention;
+	};
 };
 
-/* Rules as Attention; d_o like o, d_q like q, d_k like k, d_v like v, stats
- * required; outputs must not overlap inputs or each other. */
-int rp_attention_backward_parse(const cJSON *params, struct rp_attention_backward *a, struct rp_error *err);
+extern const struct rp_op_spec rp_op_gemm, rp_op_attention, rp_op_attention_backward;
+
+/* The table of every operation, indexed by enum rp_op_id. */
+const struct rp_op_spec *rp_op_get(enum rp_op_id id);
+/* By method name ("io.regen.Compute.Gemm"); NULL when none. */
+const struct rp_op_spec *rp_op_find(const char *method);
+/* The slot of an operand by name, or RP_NO_SLOT. */
+int rp_op_slot(const struct rp_op_spec *spec, const char *name);
+
+/* Parses and checks one call's parameters. On failure *c is zeroed (a
+ * half-filled descriptor must not look usable). */
+int rp_compute_parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_compute *c, struct rp_error *err);
+
+/* The call's parameters as a client sends them: operands by the table,
+ * then the scalars the op's encoder writes. NULL on ENOMEM. */
+cJSON *rp_compute_to_json(const struct rp_compute *c);
+
+/* The operand at slot, or NULL when the optional operand is absent. */
+static inline const struct rp_operand *rp_compute_operand(const struct rp_compute *c, int slot)
+{
+	return c->present[slot] ? &c->operands[slot] : NULL;
+}

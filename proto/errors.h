@@ -1,5 +1,9 @@
-/* Error names on the wire. Keep in step with proto/idl/io.regen.varlink. */
+/* Error names on the wire. Keep in step with proto/idl/io.regen.varlink
+ * (tests/unit/test_idl.c holds them to it); the constructors, which take
+ * each error's own parameters, are generated from it (errors_gen.h). */
 #pragma once
+
+#include "errors_gen.h"
 
 #define RP_ERR_STALE_GENERATION    "io.regen.StaleGeneration"
 #define RP_ERR_DEVICE_LOST         "io.regen.DeviceLost"

@@ -28,26 +28,31 @@ void rp_error_move(struct rp_error *dst, struct rp_error *src)
 	src->params = NULL;
 }
 
-int rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
+void rp_error_setv(struct rp_error *err, const char *name, const char *fmt, va_list ap)
 {
 	char *text = NULL;
-	va_list ap;
 	int n;
 
 	if (err == NULL)
-		return -EINVAL;
+		return;
 	rp_error_clear(err);
 	err->name = name;
 	err->params = cJSON_CreateObject();
-
-	va_start(ap, fmt);
 	n = vasprintf(&text, fmt, ap);
-	va_end(ap);
 	/* Out of memory here still leaves a named error to send. */
 	if (n >= 0 && err->params != NULL)
 		cJSON_AddStringToObject(err->params, "message", text);
 	if (n >= 0)
 		free(text);
+}
+
+int rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	rp_error_setv(err, name, fmt, ap);
+	va_end(ap);
 	return -EINVAL;
 }
 

@@ -1,6 +1,7 @@
 /* Varlink messages: calls, replies and errors, parsed and built with cJSON. */
 #pragma once
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <cjson/cJSON.h>
@@ -19,6 +20,9 @@ struct rp_error {
  * Returns -EINVAL for convenience in error paths. */
 int rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* As rp_error_set, with the message's arguments as a va_list. */
+void rp_error_setv(struct rp_error *err, const char *name, const char *fmt, va_list ap)
+	__attribute__((format(printf, 3, 0)));
 /* Adds a parameter to an error already set. */
 void rp_error_add_int(struct rp_error *err, const char *key, long long value);
 void rp_error_add_str(struct rp_error *err, const char *key, const char *value);

@@ -19,24 +19,29 @@ struct rd_op;
 /* RD_BUFFER_LOCAL: memory the worker process allocated itself (tests). */
 enum rd_buffer_kind { RD_BUFFER_HOST_FD = 0, RD_BUFFER_CUDA_IPC, RD_BUFFER_CUDA_FD, RD_BUFFER_LOCAL };
 
+/* What the core keeps of an id it handed out (a buffer or an event, told
+ * apart by id.kind): its owner, its place in the id table, and the calls
+ * in flight that use it (a close waits for them). Backends leave it alone. */
+struct rd_object {
+	struct rp_id id;
+	pid_t owner;
+	struct rd_object *next_in_table;
+	unsigned core_refs;
+	bool closing;
+};
+
 /* A client's memory mapped into the worker. The backend allocates the
  * struct (embedding this one first), registers `res` with the device's
- * registry, and the core fills id/owner. */
+ * registry; the core fills obj. */
 struct rd_buffer {
 	struct rd_resource res;
 	struct rd_device *device;
-	struct rp_id id;
-	pid_t owner;
+	struct rd_object obj;
 	enum rd_buffer_kind kind;
 	uint64_t size;
 	/* Address operands are offset from: host pointer (host backend) or
 	 * device pointer (cuda). NULL while the mapping is released. */
 	void *ptr;
-	/* Core's use: the id table's chain, and the calls in flight that use
-	 * the buffer (a CloseBuffer defers the close until they finish). */
-	struct rd_buffer *next_in_table;
-	unsigned core_refs;
-	bool closing;
 };
 
 struct rd_import {
@@ -47,34 +52,20 @@ struct rd_import {
 	unsigned char handle[64];    /* cuda_ipc */
 };
 
+/* A client's event (cudaIpcEventHandle_t) opened in the worker. */
 struct rd_event {
 	struct rd_resource res;
 	struct rd_device *device;
-	struct rp_id id;
-	pid_t owner;
-	struct rd_event *next_in_table;   /* core's use */
-	unsigned core_refs;
-	bool closing;
+	struct rd_object obj;
 };
-
-enum rd_op_kind { RD_OP_GEMM = 0, RD_OP_ATTENTION, RD_OP_ATTENTION_BACKWARD };
-
-/* Operand slots of each op, in the order of the descriptor's fields. */
-enum { RD_GEMM_A = 0, RD_GEMM_B, RD_GEMM_C, RD_GEMM_D, RD_GEMM_BIAS };
-enum { RD_ATT_Q = 0, RD_ATT_K, RD_ATT_V, RD_ATT_O, RD_ATT_STATS };
-enum { RD_ATB_Q = 0, RD_ATB_K, RD_ATB_V, RD_ATB_O, RD_ATB_DO, RD_ATB_STATS, RD_ATB_DQ, RD_ATB_DK, RD_ATB_DV };
-#define RD_OP_OPERANDS_MAX 9
 
 /* One compute call in flight. The core fills it and calls submit; the
  * backend finishes it with rd_op_complete() from any thread. */
 struct rd_op {
-	enum rd_op_kind kind;
-	union {
-		struct rp_gemm gemm;
-		struct rp_attention attention;
-		struct rp_attention_backward attention_backward;
-	};
-	struct rd_buffer *buffers[RD_OP_OPERANDS_MAX];  /* resolved, bounds-checked; NULL for absent optional operands */
+	/* What to run: compute.spec->id picks the kernel; operands and
+	 * buffers[] are indexed by the op's slots (proto/compute.h). */
+	struct rp_compute compute;
+	struct rd_buffer *buffers[RP_OP_OPERANDS_MAX];  /* resolved, bounds-checked; NULL for absent optional operands */
 	struct rd_event *wait_event, *signal_event;
 	struct rd_lane *lane;
 

@@ -1,10 +1,29 @@
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 #include <time.h>
-#include <string.h>
 #include "daemon/worker/objects.h"
 #include "proto/errors.h"
+
+static const char id_kinds[2] = { [RD_OBJECT_BUFFER] = RP_ID_BUFFER, [RD_OBJECT_EVENT] = RP_ID_EVENT };
+static const char *const kind_names[2] = { [RD_OBJECT_BUFFER] = "buffer", [RD_OBJECT_EVENT] = "event" };
+
+static enum rd_object_kind kind_of(const struct rd_object *o)
+{
+	return o->id.kind == RP_ID_EVENT ? RD_OBJECT_EVENT : RD_OBJECT_BUFFER;
+}
+
+struct rd_buffer *rd_object_buffer(struct rd_object *o)
+{
+	return (struct rd_buffer *)((char *)o - offsetof(struct rd_buffer, obj));
+}
+
+struct rd_event *rd_object_event(struct rd_object *o)
+{
+	return (struct rd_event *)((char *)o - offsetof(struct rd_event, obj));
+}
 
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev)
 {
@@ -20,13 +39,18 @@ void rd_objects_init(struct rd_objects *t, struct rd_device *dev)
 	t->next_serial = 1 + (base & ((UINT64_C(1) << 40) - 1));
 }
 
+static struct rd_client *client_of(struct rd_objects *t, pid_t pid)
+{
+	for (struct rd_client *c = t->clients; c; c = c->next)
+		if (c->pid == pid)
+			return c;
+	return NULL;
+}
+
 struct rd_client *rd_objects_client_get(struct rd_objects *t, pid_t pid)
 {
-	struct rd_client *c;
+	struct rd_client *c = client_of(t, pid);
 
-	for (c = t->clients; c; c = c->next)
-		if (c->pid == pid)
-			break;
 	if (!c) {
 		c = calloc(1, sizeof(*c));
 		if (!c)
@@ -39,29 +63,17 @@ struct rd_client *rd_objects_client_get(struct rd_objects *t, pid_t pid)
 	return c;
 }
 
-static void close_owned_by(struct rd_objects *t, pid_t pid)
-{
-	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
-		struct rd_buffer *buf = t->buffers[b], *next;
-		for (; buf; buf = next) {
-			next = buf->next_in_table;
-			if (buf->owner == pid)
-				rd_objects_close_buffer(t, buf);
-		}
-		struct rd_event *ev = t->events[b], *enext;
-		for (; ev; ev = enext) {
-			enext = ev->next_in_table;
-			if (ev->owner == pid)
-				rd_objects_close_event(t, ev);
-		}
-	}
-}
-
 void rd_objects_client_put(struct rd_objects *t, struct rd_client *c)
 {
 	if (--c->connections)
 		return;
-	close_owned_by(t, c->pid);
+	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
+		for (struct rd_object *o = t->table[b], *next; o; o = next) {
+			next = o->next_in_table;
+			if (o->owner == c->pid)
+				rd_objects_close(t, o);
+		}
+	}
 	for (struct rd_client **p = &t->clients; *p; p = &(*p)->next) {
 		if (*p == c) {
 			*p = c->next;
@@ -71,194 +83,114 @@ void rd_objects_client_put(struct rd_objects *t, struct rd_client *c)
 	free(c);
 }
 
-static struct rd_client *client_of(struct rd_objects *t, pid_t pid)
-{
-	for (struct rd_client *c = t->clients; c; c = c->next)
-		if (c->pid == pid)
-			return c;
-	return NULL;
-}
-
 static unsigned bucket(uint64_t serial)
 {
 	return (unsigned)(serial % RD_OBJECT_BUCKETS);
 }
 
-static void stamp(struct rd_objects *t, struct rp_id *id, char kind)
-{
-	id->kind = kind;
-	id->device = (uint32_t)t->device->index;
-	id->generation = atomic_load(&t->device->generation);
-	id->serial = t->next_serial++;
-}
-
-void rd_objects_add_buffer(struct rd_objects *t, struct rd_buffer *buf, struct rd_client *owner)
+void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner)
 {
 	unsigned b;
 
-	stamp(t, &buf->id, RP_ID_BUFFER);
-	buf->owner = owner->pid;
-	buf->core_refs = 1;   /* the table's */
-	buf->closing = false;
-	b = bucket(buf->id.serial);
-	buf->next_in_table = t->buffers[b];
-	t->buffers[b] = buf;
-	t->nbuffers++;
-	owner->buffers++;
+	o->id.kind = id_kinds[kind];
+	o->id.device = (uint32_t)t->device->index;
+	o->id.generation = atomic_load(&t->device->generation);
+	o->id.serial = t->next_serial++;
+	o->owner = owner->pid;
+	o->core_refs = 1;   /* the table's */
+	o->closing = false;
+	b = bucket(o->id.serial);
+	o->next_in_table = t->table[b];
+	t->table[b] = o;
+	t->count[kind]++;
+	owner->count[kind]++;
 }
 
-void rd_objects_add_event(struct rd_objects *t, struct rd_event *ev, struct rd_client *owner)
-{
-	unsigned b;
-
-	stamp(t, &ev->id, RP_ID_EVENT);
-	ev->owner = owner->pid;
-	ev->core_refs = 1;
-	ev->closing = false;
-	b = bucket(ev->id.serial);
-	ev->next_in_table = t->events[b];
-	t->events[b] = ev;
-	t->nevents++;
-	owner->events++;
-}
-
-static int check_id(struct rd_objects *t, const struct rp_id *id, char kind, const char *what, struct rp_error *err)
+static int check_id(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind, const char *what,
+		    struct rp_error *err)
 {
 	char text[RP_ID_MAX];
 	uint64_t generation = atomic_load(&t->device->generation);
 
-	if (id->kind != kind) {
-		rp_error_set(err, RP_ERR_NO_SUCH_OBJECT, "%s: %s is not %s id", what, rp_id_format(id, text),
-			     kind == RP_ID_BUFFER ? "a buffer" : "an event");
-		rp_error_add_str(err, "id", text);
+	rp_id_format(id, text);
+	if (id->kind != id_kinds[kind]) {
+		rp_err_no_such_object(err, text, "%s: %s is not %s id", what, text,
+				      kind == RD_OBJECT_BUFFER ? "a buffer" : "an event");
 		return -EINVAL;
 	}
 	if (id->device != (uint32_t)t->device->index) {
-		rp_error_set(err, RP_ERR_NO_SUCH_OBJECT, "%s: %s belongs to device %u; this is device %d's worker", what,
-			     rp_id_format(id, text), id->device, t->device->index);
-		rp_error_add_str(err, "id", text);
+		rp_err_no_such_object(err, text, "%s: %s belongs to device %u; this is device %d's worker", what, text,
+				      id->device, t->device->index);
 		return -ENOENT;
 	}
 	if (id->generation != generation) {
-		rp_error_set(err, RP_ERR_STALE_GENERATION,
-			     "%s: %s was made in generation %llu; device %d is in generation %llu: import again", what,
-			     rp_id_format(id, text), (unsigned long long)id->generation, t->device->index,
-			     (unsigned long long)generation);
-		rp_error_add_int(err, "device", t->device->index);
-		rp_error_add_int(err, "generation", (long long)generation);
+		rp_err_stale_generation(err, t->device->index, (long long)generation,
+					"%s: %s was made in generation %llu; device %d is in generation %llu: import again",
+					what, text, (unsigned long long)id->generation, t->device->index,
+					(unsigned long long)generation);
 		return -ESTALE;
 	}
 	return 0;
 }
 
-static int not_found(const struct rp_id *id, const char *what, struct rp_error *err)
+int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind, pid_t pid,
+		    const char *what, struct rd_object **out, struct rp_error *err)
 {
 	char text[RP_ID_MAX];
+	int r = check_id(t, id, kind, what, err);
 
-	rp_error_set(err, RP_ERR_NO_SUCH_OBJECT, "%s: no %s %s is open for this process", what,
-		     id->kind == RP_ID_BUFFER ? "buffer" : "event", rp_id_format(id, text));
-	rp_error_add_str(err, "id", text);
+	if (r < 0)
+		return r;
+	for (struct rd_object *o = t->table[bucket(id->serial)]; o; o = o->next_in_table) {
+		if (o->id.serial == id->serial && o->id.kind == id->kind && o->owner == pid && !o->closing) {
+			*out = o;
+			return 0;
+		}
+	}
+	rp_id_format(id, text);
+	rp_err_no_such_object(err, text, "%s: no %s %s is open for this process", what, kind_names[kind], text);
 	return -ENOENT;
 }
 
-int rd_objects_find_buffer(struct rd_objects *t, const struct rp_id *id, pid_t pid, const char *what,
-			   struct rd_buffer **out, struct rp_error *err)
+void rd_objects_ref(struct rd_object *o)
 {
-	int r = check_id(t, id, RP_ID_BUFFER, what, err);
-
-	if (r < 0)
-		return r;
-	for (struct rd_buffer *b = t->buffers[bucket(id->serial)]; b; b = b->next_in_table) {
-		if (b->id.serial == id->serial && b->owner == pid && !b->closing) {
-			*out = b;
-			return 0;
-		}
-	}
-	return not_found(id, what, err);
+	o->core_refs++;
 }
 
-int rd_objects_find_event(struct rd_objects *t, const struct rp_id *id, pid_t pid, const char *what,
-			  struct rd_event **out, struct rp_error *err)
+void rd_objects_unref(struct rd_objects *t, struct rd_object *o)
 {
-	int r = check_id(t, id, RP_ID_EVENT, what, err);
+	const struct rd_backend_ops *backend = t->device->backend;
 
-	if (r < 0)
-		return r;
-	for (struct rd_event *e = t->events[bucket(id->serial)]; e; e = e->next_in_table) {
-		if (e->id.serial == id->serial && e->owner == pid && !e->closing) {
-			*out = e;
-			return 0;
-		}
-	}
-	return not_found(id, what, err);
+	if (--o->core_refs)
+		return;
+	if (kind_of(o) == RD_OBJECT_BUFFER)
+		backend->close_buffer(rd_object_buffer(o));
+	else if (backend->close_event)
+		backend->close_event(rd_object_event(o));
 }
 
-void rd_objects_buffer_ref(struct rd_buffer *buf)
+void rd_objects_close(struct rd_objects *t, struct rd_object *o)
 {
-	buf->core_refs++;
-}
-
-void rd_objects_buffer_unref(struct rd_objects *t, struct rd_buffer *buf)
-{
-	if (--buf->core_refs == 0)
-		t->device->backend->close_buffer(buf);
-}
-
-void rd_objects_event_ref(struct rd_event *ev)
-{
-	ev->core_refs++;
-}
-
-void rd_objects_event_unref(struct rd_objects *t, struct rd_event *ev)
-{
-	if (--ev->core_refs == 0 && t->device->backend->close_event)
-		t->device->backend->close_event(ev);
-}
-
-void rd_objects_close_buffer(struct rd_objects *t, struct rd_buffer *buf)
-{
-	struct rd_buffer **p = &t->buffers[bucket(buf->id.serial)];
+	enum rd_object_kind kind = kind_of(o);
 	struct rd_client *owner;
 
-	for (; *p; p = &(*p)->next_in_table) {
-		if (*p == buf) {
-			*p = buf->next_in_table;
+	for (struct rd_object **p = &t->table[bucket(o->id.serial)]; *p; p = &(*p)->next_in_table) {
+		if (*p == o) {
+			*p = o->next_in_table;
 			break;
 		}
 	}
-	buf->closing = true;
-	t->nbuffers--;
-	owner = client_of(t, buf->owner);
+	o->closing = true;
+	t->count[kind]--;
+	owner = client_of(t, o->owner);
 	if (owner)
-		owner->buffers--;
-	rd_objects_buffer_unref(t, buf);
-}
-
-void rd_objects_close_event(struct rd_objects *t, struct rd_event *ev)
-{
-	struct rd_event **p = &t->events[bucket(ev->id.serial)];
-	struct rd_client *owner;
-
-	for (; *p; p = &(*p)->next_in_table) {
-		if (*p == ev) {
-			*p = ev->next_in_table;
-			break;
-		}
-	}
-	ev->closing = true;
-	t->nevents--;
-	owner = client_of(t, ev->owner);
-	if (owner)
-		owner->events--;
-	rd_objects_event_unref(t, ev);
+		owner->count[kind]--;
+	rd_objects_unref(t, o);
 }
 
 void rd_objects_close_all(struct rd_objects *t)
 {
-	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
-		while (t->buffers[b])
-			rd_objects_close_buffer(t, t->buffers[b]);
-		while (t->events[b])
-			rd_objects_close_event(t, t->events[b]);
-	}
+	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++)
+		while (t->table[b])
+			rd_objects_close(t, t->table[b]);
 }

@@ -1,6 +1,7 @@
-/* The worker's tables of imported buffers and events, by id, with their
- * owners. An id names an object only for the process that imported it, and
- * only in the generation it was made in. */
+/* The worker's table of the ids it handed out (buffers and events, one
+ * table and one code path for both), with their owners. An id names an
+ * object only for the process that imported it, and only in the generation
+ * it was made in. */
 #pragma once
 
 #include <stdbool.h>
@@ -14,49 +15,57 @@ struct rd_client;
 
 struct rd_objects {
 	struct rd_device *device;
-	struct rd_buffer *buffers[RD_OBJECT_BUCKETS];
-	struct rd_event *events[RD_OBJECT_BUCKETS];
+	struct rd_object *table[RD_OBJECT_BUCKETS];
 	uint64_t next_serial;
-	unsigned nbuffers, nevents;
+	unsigned count[2];             /* by rd_object_kind */
 	struct rd_client *clients;
 };
+
+enum rd_object_kind { RD_OBJECT_BUFFER = 0, RD_OBJECT_EVENT };
 
 /* A process with at least one connection to this worker. */
 struct rd_client {
 	pid_t pid;
 	unsigned connections;
-	unsigned buffers, events;
+	unsigned count[2];             /* objects it holds, by rd_object_kind */
 	struct rd_client *next;
 };
 
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev);
 
 struct rd_client *rd_objects_client_get(struct rd_objects *t, pid_t pid);
-/* Drops one connection; with the last one, the client's buffers and events
- * are closed (as they finish their calls). */
+/* Drops one connection; with the last one, the client's objects are closed
+ * (each as its calls finish). */
 void rd_objects_client_put(struct rd_objects *t, struct rd_client *c);
 
-/* Gives the object its id (current generation) and owner and adds it. */
-void rd_objects_add_buffer(struct rd_objects *t, struct rd_buffer *buf, struct rd_client *owner);
-void rd_objects_add_event(struct rd_objects *t, struct rd_event *ev, struct rd_client *owner);
+/* The object header of a buffer or an event. */
+static inline struct rd_object *rd_buffer_object(struct rd_buffer *b)
+{
+	return &b->obj;
+}
+static inline struct rd_object *rd_event_object(struct rd_event *e)
+{
+	return &e->obj;
+}
+struct rd_buffer *rd_object_buffer(struct rd_object *o);
+struct rd_event *rd_object_event(struct rd_object *o);
 
-/* Resolves an id for `pid`. Errors (err set, -errno returned):
+/* Gives the object its id (current generation) and owner and adds it. */
+void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner);
+
+/* Resolves an id of `kind` for `pid`. Errors (err set, -errno returned):
  * io.regen.StaleGeneration when the id is from another generation,
  * io.regen.NoSuchObject when it names nothing this pid owns (whether it
- * exists for another process is not revealed), InvalidParameter when the
- * text is no id of the right kind. what: the parameter name, for errors. */
-int rd_objects_find_buffer(struct rd_objects *t, const struct rp_id *id, pid_t pid, const char *what,
-			   struct rd_buffer **out, struct rp_error *err);
-int rd_objects_find_event(struct rd_objects *t, const struct rp_id *id, pid_t pid, const char *what,
-			  struct rd_event **out, struct rp_error *err);
+ * exists for another process is not revealed) or is of the other kind.
+ * what: the parameter name, for errors. */
+int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind, pid_t pid,
+		    const char *what, struct rd_object **out, struct rp_error *err);
 
+/* A call in flight holds the object: its close waits for the call. */
+void rd_objects_ref(struct rd_object *o);
+void rd_objects_unref(struct rd_objects *t, struct rd_object *o);
 /* Removes from the table; the backend close happens when no call uses it. */
-void rd_objects_close_buffer(struct rd_objects *t, struct rd_buffer *buf);
-void rd_objects_close_event(struct rd_objects *t, struct rd_event *ev);
-void rd_objects_buffer_ref(struct rd_buffer *buf);
-void rd_objects_buffer_unref(struct rd_objects *t, struct rd_buffer *buf);
-void rd_objects_event_ref(struct rd_event *ev);
-void rd_objects_event_unref(struct rd_objects *t, struct rd_event *ev);
+void rd_objects_close(struct rd_objects *t, struct rd_object *o);
 
 /* Closes every object (a generation change: all ids go stale at once). */
 void rd_objects_close_all(struct rd_objects *t);

@@ -1,8 +1,83 @@
 /* A worker process: owns one device (its backend context and resource
  * registry), serves Memory and Compute on its own socket, and obeys the
- * supervisor's lifecycle verbs on the control channel (fd --ctl-fd). */
+ * supervisor's lifecycle verbs on the control channel (fd --ctl-fd).
+ *
+ * The worker's parts share one struct rd_worker, passed explicitly:
+ * worker.c (the process: start, loop, completions, faults, stop),
+ * session.c (a connection to the worker socket: one lane), memory.c
+ * (io.regen.Memory), compute.c (io.regen.Compute), control.c (the
+ * supervisor's verbs), objects.c (the ids handed out). */
 #pragma once
 
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+#include "daemon/backend/backend.h"
+#include "daemon/conn.h"
+#include "daemon/listen.h"
 #include "daemon/options.h"
+#include "daemon/worker/objects.h"
+
+/* Whether the worker takes new work. */
+enum rd_worker_state {
+	RD_WORKER_READY = 0,
+	RD_WORKER_DRAINING,     /* a lifecycle verb waits for the calls in flight */
+	RD_WORKER_LOST,         /* the context faulted: new work fails until a reset */
+	RD_WORKER_STOPPING,     /* SIGTERM or the supervisor gone */
+};
+
+struct rd_session;
+
+struct rd_worker {
+	uv_loop_t *loop;
+	const struct rd_options *opts;
+	struct rd_device dev;
+	struct rd_objects objects;
+	struct rd_listener listener;
+	char socket_path[108];
+	struct rd_conn *ctl;            /* to the supervisor */
+	enum rd_worker_state state;
+	uint64_t epoch;                 /* the node's, as the supervisor last said */
+
+	unsigned in_flight;             /* compute calls submitted and not finished */
+	struct rd_session *sessions;
+	unsigned nsessions;
+	unsigned next_lane;
+
+	struct rd_call *drain_call;     /* the supervisor's Drain, while it waits */
+	uv_timer_t drain_timer;
+	uv_timer_t stop_timer;
+	uv_signal_t sigterm;
+
+	/* Completions and faults posted from backend threads. */
+	uv_async_t wakeup;
+	pthread_mutex_t lock;
+	struct rd_op *done_head, *done_tail;
+	char fault_reason[128];
+	bool fault_pending, fault_reported;
+};
 
 int rd_worker_run(const struct rd_options *opts);
+
+/* worker.c */
+uint64_t rd_worker_generation(const struct rd_worker *w);
+/* 0, or -EAGAIN with Draining or DeviceLost in err when no new work is
+ * taken now. */
+int rd_worker_refuse_if_not_ready(struct rd_worker *w, struct rp_error *err);
+/* A call finished: a drain or a stop waiting for it may go on. */
+void rd_worker_call_finished(struct rd_worker *w);
+/* Stops serving: no new connections, calls in flight get the drain
+ * deadline, then the process leaves. */
+void rd_worker_begin_stop(struct rd_worker *w, const char *why);
+
+/* session.c: accepts a connection on the worker socket. */
+void rd_session_accept(int fd, void *worker);
+
+/* control.c: the control channel from the supervisor (takes ctl_fd). */
+int rd_control_open(struct rd_worker *w, int ctl_fd);
+/* Tells the supervisor the worker serves, and how much memory it holds. */
+void rd_control_ready(struct rd_worker *w);
+void rd_control_report_fault(struct rd_worker *w, const char *reason);
+/* A drain in progress ends when the last call in flight finished. */
+void rd_control_maybe_finish_drain(struct rd_worker *w);

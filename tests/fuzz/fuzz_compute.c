@@ -8,6 +8,7 @@
  * overlap inputs in the same buffer, a finite positive scale. */
 #include <errno.h>
 #include <math.h>
+#include <string.h>
 
 #include "fuzz_common.h"
 #include "proto/compute.h"
@@ -68,107 +69,136 @@ static bool shape_is(const struct rp_operand *op, int rank, const int64_t *dims)
 	return true;
 }
 
+/* A call the parser accepted is encoded again as a client would send it,
+ * and must parse to the same descriptor: the table drives both ways. */
+static void check_round_trip(const struct rp_compute *c)
+{
+	struct rp_error err = { 0 };
+	struct rp_compute again;
+	cJSON *params = rp_compute_to_json(c);
+
+	FZ_CHECK(params != NULL, "rp_compute_to_json failed");
+	FZ_CHECK(rp_compute_parse(c->spec, params, &again, &err) == 0, "re-encoded call refused: %s",
+		 err.name ? err.name : "?");
+	FZ_CHECK(memcmp(again.operands, c->operands, sizeof(c->operands)) == 0 &&
+		 memcmp(again.present, c->present, sizeof(c->present)) == 0, "operands differ after a round trip");
+	cJSON_Delete(params);
+}
+
+static bool parse_or_named_error(const struct rp_op_spec *spec, const cJSON *params, struct rp_compute *c)
+{
+	struct rp_error err = { 0 };
+	int r = rp_compute_parse(spec, params, c, &err);
+
+	if (r < 0) {
+		check_named(r, &err, spec->method);
+		rp_error_clear(&err);
+		return false;
+	}
+	check_round_trip(c);
+	return true;
+}
+
+#define OP(slot) (&c.operands[slot])
+
 #if defined(FUZZ_GEMM)
 static void run(const cJSON *params)
 {
-	struct rp_error err = { 0 };
-	struct rp_gemm g;
-	int r = rp_gemm_parse(params, &g, &err);
+	struct rp_compute c;
 
-	if (r < 0) {
-		check_named(r, &err, "rp_gemm_parse");
-		rp_error_clear(&err);
+	if (!parse_or_named_error(&rp_op_gemm, params, &c))
 		return;
-	}
+	const struct rp_gemm g = c.gemm;
+	const bool has_c = c.present[RP_GEMM_C], has_bias = c.present[RP_GEMM_BIAS];
 	FZ_CHECK(g.m >= 1 && g.n >= 1 && g.k >= 1, "m n k %lld %lld %lld", (long long)g.m, (long long)g.n, (long long)g.k);
 	int64_t a_dims[2] = { g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k };
 	int64_t b_dims[2] = { g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n };
 	int64_t d_dims[2] = { g.m, g.n };
-	FZ_CHECK(shape_is(&g.a, 2, a_dims) && shape_is(&g.b, 2, b_dims) && shape_is(&g.d, 2, d_dims), "shapes disagree");
-	FZ_CHECK(!g.has_c || shape_is(&g.c, 2, d_dims), "c's shape disagrees");
-	FZ_CHECK(!g.has_bias || shape_is(&g.bias, 1, &g.n), "bias's shape disagrees");
-	FZ_CHECK(g.a.dtype == g.b.dtype && (!g.has_c || g.c.dtype == g.d.dtype) && (!g.has_bias || g.bias.dtype == g.d.dtype),
-		 "dtypes disagree");
-	FZ_CHECK(g.compute != RP_COMPUTE_TF32 || g.a.dtype == RP_DTYPE_F32, "tf32 with non-f32 inputs");
+	FZ_CHECK(shape_is(OP(RP_GEMM_A), 2, a_dims) && shape_is(OP(RP_GEMM_B), 2, b_dims) &&
+		 shape_is(OP(RP_GEMM_D), 2, d_dims), "shapes disagree");
+	FZ_CHECK(!has_c || shape_is(OP(RP_GEMM_C), 2, d_dims), "c's shape disagrees");
+	FZ_CHECK(!has_bias || shape_is(OP(RP_GEMM_BIAS), 1, &g.n), "bias's shape disagrees");
+	FZ_CHECK(OP(RP_GEMM_A)->dtype == OP(RP_GEMM_B)->dtype &&
+		 (!has_c || OP(RP_GEMM_C)->dtype == OP(RP_GEMM_D)->dtype) &&
+		 (!has_bias || OP(RP_GEMM_BIAS)->dtype == OP(RP_GEMM_D)->dtype), "dtypes disagree");
+	FZ_CHECK(g.compute != RP_COMPUTE_TF32 || OP(RP_GEMM_A)->dtype == RP_DTYPE_F32, "tf32 with non-f32 inputs");
 	FZ_CHECK(isfinite(g.alpha) && isfinite(g.beta), "non-finite alpha or beta");
-	FZ_CHECK(g.beta == 0 || g.has_c, "beta without c");
-	FZ_CHECK((g.epilogue == RP_EPILOGUE_BIAS || g.epilogue == RP_EPILOGUE_GELU_BIAS) == g.has_bias,
+	FZ_CHECK(g.beta == 0 || has_c, "beta without c");
+	FZ_CHECK((g.epilogue == RP_EPILOGUE_BIAS || g.epilogue == RP_EPILOGUE_GELU_BIAS) == has_bias,
 		 "bias and epilogue disagree");
-	no_overlap(&g.d, "d", &g.a, "a");
-	no_overlap(&g.d, "d", &g.b, "b");
-	if (g.has_bias)
-		no_overlap(&g.d, "d", &g.bias, "bias");
-	if (g.has_c) {
+	no_overlap(OP(RP_GEMM_D), "d", OP(RP_GEMM_A), "a");
+	no_overlap(OP(RP_GEMM_D), "d", OP(RP_GEMM_B), "b");
+	if (has_bias)
+		no_overlap(OP(RP_GEMM_D), "d", OP(RP_GEMM_BIAS), "bias");
+	if (has_c) {
 		uint64_t b, e;
-		extent_of(&g.c, "c", &b, &e, same_buffer(&g.c, &g.d));
+		extent_of(OP(RP_GEMM_C), "c", &b, &e, same_buffer(OP(RP_GEMM_C), OP(RP_GEMM_D)));
 	}
 	for (int i = 0; i < 2; i++) {
-		const struct rp_operand *x = i == 0 ? &g.a : i == 1 ? &g.b : &g.d;
+		const struct rp_operand *x = i == 0 ? OP(RP_GEMM_A) : OP(RP_GEMM_B);
 		FZ_CHECK(x->strides[0] >= x->shape[1], "row stride below the row length");
 	}
-	FZ_CHECK(!g.wait_event.present || g.wait_event.id.kind == RP_ID_EVENT, "wait_event not an event id");
-	FZ_CHECK(!g.signal_event.present || g.signal_event.id.kind == RP_ID_EVENT, "signal_event not an event id");
+	FZ_CHECK(!c.wait_event.present || c.wait_event.id.kind == RP_ID_EVENT, "wait_event not an event id");
+	FZ_CHECK(!c.signal_event.present || c.signal_event.id.kind == RP_ID_EVENT, "signal_event not an event id");
 }
 #elif defined(FUZZ_ATTENTION)
 static void run(const cJSON *params)
 {
-	struct rp_error err = { 0 };
-	struct rp_attention a;
-	int r = rp_attention_parse(params, &a, &err);
+	struct rp_compute c;
 
-	if (r < 0) {
-		check_named(r, &err, "rp_attention_parse");
-		rp_error_clear(&err);
+	if (!parse_or_named_error(&rp_op_attention, params, &c))
 		return;
-	}
+	const struct rp_attention a = c.attention;
 	int64_t q[4] = { a.batch, a.heads, a.seq_q, a.head_dim };
-	int64_t k[4] = { a.batch, a.heads, a.seq_kv, a.head_dim };
-	int64_t v[4] = { a.batch, a.heads, a.seq_kv, a.head_dim_v };
+	int64_t k[4] = { a.batch, a.heads_kv, a.seq_kv, a.head_dim };
+	int64_t v[4] = { a.batch, a.heads_kv, a.seq_kv, a.head_dim_v };
 	int64_t o[4] = { a.batch, a.heads, a.seq_q, a.head_dim_v };
-	FZ_CHECK(shape_is(&a.q, 4, q) && shape_is(&a.k, 4, k) && shape_is(&a.v, 4, v) && shape_is(&a.o, 4, o),
-		 "shapes disagree");
-	FZ_CHECK(a.q.dtype == a.k.dtype && a.k.dtype == a.v.dtype && a.v.dtype == a.o.dtype, "dtypes disagree");
+	FZ_CHECK(shape_is(OP(RP_ATT_Q), 4, q) && shape_is(OP(RP_ATT_K), 4, k) && shape_is(OP(RP_ATT_V), 4, v) &&
+		 shape_is(OP(RP_ATT_O), 4, o), "shapes disagree");
+	FZ_CHECK(a.heads_kv >= 1 && a.heads % a.heads_kv == 0, "Hkv %lld does not divide H %lld", (long long)a.heads_kv,
+		 (long long)a.heads);
+	FZ_CHECK(!a.causal || a.alignment == RP_CAUSAL_TOP_LEFT || a.seq_q <= a.seq_kv, "bottom-right rows without keys");
+	FZ_CHECK(OP(RP_ATT_Q)->dtype == OP(RP_ATT_K)->dtype && OP(RP_ATT_K)->dtype == OP(RP_ATT_V)->dtype &&
+		 OP(RP_ATT_V)->dtype == OP(RP_ATT_O)->dtype, "dtypes disagree");
 	FZ_CHECK(isfinite(a.scale) && a.scale > 0, "scale %g", a.scale);
-	if (a.has_stats) {
-		FZ_CHECK(shape_is(&a.stats, 3, q) && a.stats.dtype == RP_DTYPE_F32, "stats disagree");
-		no_overlap(&a.stats, "stats", &a.q, "q");
-		no_overlap(&a.stats, "stats", &a.k, "k");
-		no_overlap(&a.stats, "stats", &a.v, "v");
+	if (c.present[RP_ATT_STATS]) {
+		FZ_CHECK(shape_is(OP(RP_ATT_STATS), 3, q) && OP(RP_ATT_STATS)->dtype == RP_DTYPE_F32, "stats disagree");
+		no_overlap(OP(RP_ATT_STATS), "stats", OP(RP_ATT_Q), "q");
+		no_overlap(OP(RP_ATT_STATS), "stats", OP(RP_ATT_K), "k");
+		no_overlap(OP(RP_ATT_STATS), "stats", OP(RP_ATT_V), "v");
+		no_overlap(OP(RP_ATT_STATS), "stats", OP(RP_ATT_O), "o");
 	}
-	no_overlap(&a.o, "o", &a.q, "q");
-	no_overlap(&a.o, "o", &a.k, "k");
-	no_overlap(&a.o, "o", &a.v, "v");
+	no_overlap(OP(RP_ATT_O), "o", OP(RP_ATT_Q), "q");
+	no_overlap(OP(RP_ATT_O), "o", OP(RP_ATT_K), "k");
+	no_overlap(OP(RP_ATT_O), "o", OP(RP_ATT_V), "v");
 }
 #elif defined(FUZZ_ATTENTION_BACKWARD)
 static void run(const cJSON *params)
 {
-	struct rp_error err = { 0 };
-	struct rp_attention_backward a;
-	int r = rp_attention_backward_parse(params, &a, &err);
+	struct rp_compute c;
 
-	if (r < 0) {
-		check_named(r, &err, "rp_attention_backward_parse");
-		rp_error_clear(&err);
+	if (!parse_or_named_error(&rp_op_attention_backward, params, &c))
 		return;
-	}
+	const struct rp_attention a = c.attention;
 	int64_t q[4] = { a.batch, a.heads, a.seq_q, a.head_dim };
-	int64_t k[4] = { a.batch, a.heads, a.seq_kv, a.head_dim };
-	int64_t v[4] = { a.batch, a.heads, a.seq_kv, a.head_dim_v };
+	int64_t k[4] = { a.batch, a.heads_kv, a.seq_kv, a.head_dim };
+	int64_t v[4] = { a.batch, a.heads_kv, a.seq_kv, a.head_dim_v };
 	int64_t o[4] = { a.batch, a.heads, a.seq_q, a.head_dim_v };
-	FZ_CHECK(shape_is(&a.q, 4, q) && shape_is(&a.k, 4, k) && shape_is(&a.v, 4, v) && shape_is(&a.o, 4, o) &&
-		 shape_is(&a.d_o, 4, o) && shape_is(&a.d_q, 4, q) && shape_is(&a.d_k, 4, k) && shape_is(&a.d_v, 4, v) &&
-		 shape_is(&a.stats, 3, q), "shapes disagree");
-	FZ_CHECK(a.stats.dtype == RP_DTYPE_F32, "stats not f32");
+	FZ_CHECK(shape_is(OP(RP_ATB_Q), 4, q) && shape_is(OP(RP_ATB_K), 4, k) && shape_is(OP(RP_ATB_V), 4, v) &&
+		 shape_is(OP(RP_ATB_O), 4, o) && shape_is(OP(RP_ATB_DO), 4, o) && shape_is(OP(RP_ATB_DQ), 4, q) &&
+		 shape_is(OP(RP_ATB_DK), 4, k) && shape_is(OP(RP_ATB_DV), 4, v) && shape_is(OP(RP_ATB_STATS), 3, q),
+		 "shapes disagree");
+	FZ_CHECK(a.heads_kv >= 1 && a.heads % a.heads_kv == 0, "Hkv does not divide H");
+	FZ_CHECK(OP(RP_ATB_STATS)->dtype == RP_DTYPE_F32, "stats not f32");
 	FZ_CHECK(isfinite(a.scale) && a.scale > 0, "scale %g", a.scale);
-	const struct rp_operand *ins[] = { &a.q, &a.k, &a.v, &a.o, &a.d_o, &a.stats };
-	const char *in_names[] = { "q", "k", "v", "o", "d_o", "stats" };
-	const struct rp_operand *outs[] = { &a.d_q, &a.d_k, &a.d_v };
-	const char *out_names[] = { "d_q", "d_k", "d_v" };
+	static const int ins[] = { RP_ATB_Q, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_DO, RP_ATB_STATS };
+	static const int outs[] = { RP_ATB_DQ, RP_ATB_DK, RP_ATB_DV };
 	for (int i = 0; i < 3; i++) {
+		const char *on = rp_op_attention_backward.operands[outs[i]].name;
 		for (int j = 0; j < 6; j++)
-			no_overlap(outs[i], out_names[i], ins[j], in_names[j]);
+			no_overlap(OP(outs[i]), on, OP(ins[j]), rp_op_attention_backward.operands[ins[j]].name);
 		for (int j = 0; j < i; j++)
-			no_overlap(outs[i], out_names[i], outs[j], out_names[j]);
+			no_overlap(OP(outs[i]), on, OP(outs[j]), rp_op_attention_backward.operands[outs[j]].name);
 	}
 }
 #else

@@ -220,23 +220,18 @@ void gt_gemm(struct rd_op *op, struct gt_mat *a, struct gt_mat *b, struct gt_mat
 	     enum rp_compute_mode compute)
 {
 	memset(op, 0, sizeof(*op));
-	op->kind = RD_OP_GEMM;
-	struct rp_gemm *g = &op->gemm;
-	gt_operand(&g->a, a);
-	gt_operand(&g->b, b);
-	gt_operand(&g->d, d);
-	op->buffers[RD_GEMM_A] = a->buf;
-	op->buffers[RD_GEMM_B] = b->buf;
-	op->buffers[RD_GEMM_D] = d->buf;
-	if (c) {
-		gt_operand(&g->c, c);
-		g->has_c = true;
-		op->buffers[RD_GEMM_C] = c->buf;
-	}
-	if (bias) {
-		gt_operand(&g->bias, bias);
-		g->has_bias = true;
-		op->buffers[RD_GEMM_BIAS] = bias->buf;
+	struct rp_compute *cp = &op->compute;
+	struct rp_gemm *g = &cp->gemm;
+	struct gt_mat *mats[RP_GEMM_OPERANDS] = {
+		[RP_GEMM_A] = a, [RP_GEMM_B] = b, [RP_GEMM_C] = c, [RP_GEMM_D] = d, [RP_GEMM_BIAS] = bias,
+	};
+	cp->spec = &rp_op_gemm;
+	for (int i = 0; i < RP_GEMM_OPERANDS; i++) {
+		if (!mats[i])
+			continue;
+		gt_operand(&cp->operands[i], mats[i]);
+		cp->present[i] = true;
+		op->buffers[i] = mats[i]->buf;
 	}
 	g->trans_a = trans_a;
 	g->trans_b = trans_b;
@@ -262,7 +257,7 @@ static double gelu_erf(double x)
 void gt_gemm_reference(const struct rd_op *op, struct gt_mat *a, struct gt_mat *b, struct gt_mat *c,
 		       struct gt_mat *bias, double *ref, bool use_erf)
 {
-	const struct rp_gemm *g = &op->gemm;
+	const struct rp_gemm *g = &op->compute.gemm;
 	double *ha = gt_mat_download(a), *hb = gt_mat_download(b);
 	double *hc = c ? gt_mat_download(c) : NULL;
 	double *hbias = bias ? gt_mat_download(bias) : NULL;

@@ -96,17 +96,17 @@ static void expect_bad(const char *base, const struct bad_case *bc,
 
 static int gemm_parse_any(const cJSON *p, void *d, struct rp_error *e)
 {
-	return rp_gemm_parse(p, d, e);
+	return rp_compute_parse(&rp_op_gemm, p, d, e);
 }
 
 static int attention_parse_any(const cJSON *p, void *d, struct rp_error *e)
 {
-	return rp_attention_parse(p, d, e);
+	return rp_compute_parse(&rp_op_attention, p, d, e);
 }
 
 static int attention_backward_parse_any(const cJSON *p, void *d, struct rp_error *e)
 {
-	return rp_attention_backward_parse(p, d, e);
+	return rp_compute_parse(&rp_op_attention_backward, p, d, e);
 }
 
 /* ---- Gemm -------------------------------------------------------------------------- */
@@ -159,8 +159,9 @@ START_TEST(gemm_accepts)
 	const struct gemm_ok *gc = &gemm_ok_cases[_i];
 	cJSON *params = patched(gemm_base, gc->patch);
 	struct rp_error err = { 0 };
-	struct rp_gemm g;
-	int r = rp_gemm_parse(params, &g, &err);
+	struct rp_compute c;
+	int r = rp_compute_parse(&rp_op_gemm, params, &c, &err);
+	const struct rp_gemm g = c.gemm;
 
 	ck_assert_msg(r == 0, "%s: refused with %s %s", gc->what, err.name ? err.name : "?",
 		      err.params ? cJSON_PrintUnformatted(err.params) : "");
@@ -181,34 +182,36 @@ START_TEST(gemm_fills_the_descriptor)
 				" 'alpha': 0.5, 'beta': 2, 'bias': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [48]},"
 				" 'epilogue': 'gelu_bias', 'compute': 'tf32', 'signal_event': 'e1.7.3'}");
 	struct rp_error err = { 0 };
-	struct rp_gemm g;
+	struct rp_compute c;
+	const struct rp_gemm *g = &c.gemm;
 
-	ck_assert_int_eq(rp_gemm_parse(params, &g, &err), 0);
-	ck_assert_int_eq(g.a.offset, 256);
-	ck_assert_int_eq(g.a.strides[0], 72);
-	ck_assert_int_eq(g.d.strides[0], 48);   /* omitted strides: contiguous */
-	ck_assert(g.trans_a && !g.trans_b);
-	ck_assert(g.has_c && g.has_bias);
-	ck_assert_double_eq(g.alpha, 0.5);
-	ck_assert_double_eq(g.beta, 2.0);
-	ck_assert_int_eq(g.epilogue, RP_EPILOGUE_GELU_BIAS);
-	ck_assert_int_eq(g.compute, RP_COMPUTE_TF32);
-	ck_assert(!g.wait_event.present);
-	ck_assert(g.signal_event.present);
-	ck_assert_int_eq(g.signal_event.id.kind, RP_ID_EVENT);
-	ck_assert_int_eq(g.signal_event.id.device, 1);
-	ck_assert_int_eq(g.signal_event.id.generation, 7);
-	ck_assert_int_eq(g.signal_event.id.serial, 3);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_gemm, params, &c, &err), 0);
+	ck_assert_ptr_eq(c.spec, &rp_op_gemm);
+	ck_assert_int_eq(c.operands[RP_GEMM_A].offset, 256);
+	ck_assert_int_eq(c.operands[RP_GEMM_A].strides[0], 72);
+	ck_assert_int_eq(c.operands[RP_GEMM_D].strides[0], 48);   /* omitted strides: contiguous */
+	ck_assert(g->trans_a && !g->trans_b);
+	ck_assert(c.present[RP_GEMM_C] && c.present[RP_GEMM_BIAS]);
+	ck_assert_double_eq(g->alpha, 0.5);
+	ck_assert_double_eq(g->beta, 2.0);
+	ck_assert_int_eq(g->epilogue, RP_EPILOGUE_GELU_BIAS);
+	ck_assert_int_eq(g->compute, RP_COMPUTE_TF32);
+	ck_assert(!c.wait_event.present);
+	ck_assert(c.signal_event.present);
+	ck_assert_int_eq(c.signal_event.id.kind, RP_ID_EVENT);
+	ck_assert_int_eq(c.signal_event.id.device, 1);
+	ck_assert_int_eq(c.signal_event.id.generation, 7);
+	ck_assert_int_eq(c.signal_event.id.serial, 3);
 	cJSON_Delete(params);
 
 	/* Defaults: alpha 1, beta 0, no transposes, no epilogue, f32. */
 	params = patched(gemm_base, NULL);
-	ck_assert_int_eq(rp_gemm_parse(params, &g, &err), 0);
-	ck_assert_double_eq(g.alpha, 1.0);
-	ck_assert_double_eq(g.beta, 0.0);
-	ck_assert(!g.trans_a && !g.trans_b && !g.has_c && !g.has_bias);
-	ck_assert_int_eq(g.epilogue, RP_EPILOGUE_NONE);
-	ck_assert_int_eq(g.compute, RP_COMPUTE_F32);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_gemm, params, &c, &err), 0);
+	ck_assert_double_eq(g->alpha, 1.0);
+	ck_assert_double_eq(g->beta, 0.0);
+	ck_assert(!g->trans_a && !g->trans_b && !c.present[RP_GEMM_C] && !c.present[RP_GEMM_BIAS]);
+	ck_assert_int_eq(g->epilogue, RP_EPILOGUE_NONE);
+	ck_assert_int_eq(g->compute, RP_COMPUTE_F32);
 	cJSON_Delete(params);
 }
 END_TEST
@@ -286,9 +289,9 @@ static const struct bad_case gemm_bad_cases[] = {
 
 START_TEST(gemm_refuses)
 {
-	struct rp_gemm g;
+	struct rp_compute c;
 
-	expect_bad(gemm_base, &gemm_bad_cases[_i], gemm_parse_any, &g, sizeof(g));
+	expect_bad(gemm_base, &gemm_bad_cases[_i], gemm_parse_any, &c, sizeof(c));
 }
 END_TEST
 
@@ -296,9 +299,9 @@ START_TEST(gemm_refuses_parameters_that_are_not_an_object)
 {
 	cJSON *params = json("[1, 2]");
 	struct rp_error err = { 0 };
-	struct rp_gemm g;
+	struct rp_compute c;
 
-	ck_assert_int_lt(rp_gemm_parse(params, &g, &err), 0);
+	ck_assert_int_lt(rp_compute_parse(&rp_op_gemm, params, &c, &err), 0);
 	ck_assert_str_eq(err.name, RP_ERR_INVALID_PARAMETER);
 	rp_error_clear(&err);
 	cJSON_Delete(params);
@@ -320,27 +323,45 @@ START_TEST(attention_accepts_and_derives)
 {
 	cJSON *params = patched(attention_base, NULL);
 	struct rp_error err = { 0 };
-	struct rp_attention a;
+	struct rp_compute c;
+	const struct rp_attention *a = &c.attention;
 
-	ck_assert_int_eq(rp_attention_parse(params, &a, &err), 0);
-	ck_assert_int_eq(a.batch, 2);
-	ck_assert_int_eq(a.heads, 4);
-	ck_assert_int_eq(a.seq_q, 16);
-	ck_assert_int_eq(a.seq_kv, 24);
-	ck_assert_int_eq(a.head_dim, 32);
-	ck_assert_int_eq(a.head_dim_v, 8);
-	ck_assert(!a.causal && !a.has_stats);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert_int_eq(a->batch, 2);
+	ck_assert_int_eq(a->heads, 4);
+	ck_assert_int_eq(a->heads_kv, 4);
+	ck_assert_int_eq(a->seq_q, 16);
+	ck_assert_int_eq(a->seq_kv, 24);
+	ck_assert_int_eq(a->head_dim, 32);
+	ck_assert_int_eq(a->head_dim_v, 8);
+	ck_assert(!a->causal && !c.present[RP_ATT_STATS]);
+	ck_assert_int_eq(a->alignment, RP_CAUSAL_TOP_LEFT);
 	/* scale defaults to 1/sqrt(D). */
-	ck_assert_double_eq_tol(a.scale, 1.0 / sqrt(32.0), 1e-15);
+	ck_assert_double_eq_tol(a->scale, 1.0 / sqrt(32.0), 1e-15);
 	cJSON_Delete(params);
 
 	params = patched(attention_base,
 			 "{'stats': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [2, 4, 16]}, 'causal': true,"
-			 " 'scale': 0.25, 'wait_event': 'e0.1.9'}");
-	ck_assert_int_eq(rp_attention_parse(params, &a, &err), 0);
-	ck_assert(a.causal && a.has_stats && a.wait_event.present && !a.signal_event.present);
-	ck_assert_double_eq(a.scale, 0.25);
-	ck_assert_int_eq(a.stats.shape[2], 16);
+			 " 'scale': 0.25, 'wait_event': 'e0.1.9', 'causal_alignment': 'bottom_right'}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert(a->causal && c.present[RP_ATT_STATS] && c.wait_event.present && !c.signal_event.present);
+	ck_assert_int_eq(a->alignment, RP_CAUSAL_BOTTOM_RIGHT);
+	ck_assert_double_eq(a->scale, 0.25);
+	ck_assert_int_eq(c.operands[RP_ATT_STATS].shape[2], 16);
+	cJSON_Delete(params);
+
+	/* Grouped-query: 4 query heads over 2 key/value heads, and
+	 * multi-query: over 1. */
+	params = patched(attention_base, "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 2, 24, 32]},"
+					 " 'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 2, 24, 8]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert_int_eq(a->heads, 4);
+	ck_assert_int_eq(a->heads_kv, 2);
+	cJSON_Delete(params);
+	params = patched(attention_base, "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 1, 24, 32]},"
+					 " 'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 1, 24, 8]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert_int_eq(a->heads_kv, 1);
 	cJSON_Delete(params);
 
 	/* Everything in one buffer, side by side, with padded rows. */
@@ -349,9 +370,9 @@ START_TEST(attention_accepts_and_derives)
 		      " 'v': {'buffer': 'b0.1.1', 'offset': 256, 'dtype': 'bf16', 'shape': [1, 2, 5, 6]},"
 		      " 'o': {'buffer': 'b0.1.1', 'offset': 384, 'dtype': 'bf16', 'shape': [1, 2, 3, 6]},"
 		      " 'stats': {'buffer': 'b0.1.1', 'offset': 512, 'dtype': 'f32', 'shape': [1, 2, 3]}}");
-	ck_assert_int_eq(rp_attention_parse(params, &a, &err), 0);
-	ck_assert_int_eq(a.seq_kv, 5);
-	ck_assert_int_eq(a.head_dim_v, 6);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert_int_eq(a->seq_kv, 5);
+	ck_assert_int_eq(a->head_dim_v, 6);
 	ck_assert_ptr_null(err.name);
 	cJSON_Delete(params);
 }
@@ -400,13 +421,24 @@ static const struct bad_case attention_bad_cases[] = {
 	{ "stats overlapping o", "{'stats': {'buffer': 'b0.1.4', 'offset': 8, 'dtype': 'f32', 'shape': [2, 4, 16]}}",
 	  OPERAND, "stats", "overlaps o" },
 	{ "bad signal_event", "{'signal_event': 'e0.1.x'}", PARAM, "signal_event", NULL },
+	{ "k heads not dividing q's",
+	  "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 3, 24, 32]},"
+	  " 'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 3, 24, 8]}}", OPERAND, "k", "does not divide" },
+	{ "v heads not k's under GQA",
+	  "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 2, 24, 32]}}", OPERAND, "v", "[2, 2, 24, 8]" },
+	{ "unknown causal alignment", "{'causal': true, 'causal_alignment': 'center'}", PARAM, "causal_alignment",
+	  NULL },
+	{ "bottom-right with more queries than keys",
+	  "{'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [2, 4, 30, 32]},"
+	  " 'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 30, 8]},"
+	  " 'causal': true, 'causal_alignment': 'bottom_right'}", OPERAND, "q", "no key" },
 };
 
 START_TEST(attention_refuses)
 {
-	struct rp_attention a;
+	struct rp_compute c;
 
-	expect_bad(attention_base, &attention_bad_cases[_i], attention_parse_any, &a, sizeof(a));
+	expect_bad(attention_base, &attention_bad_cases[_i], attention_parse_any, &c, sizeof(c));
 }
 END_TEST
 
@@ -424,23 +456,24 @@ START_TEST(attention_backward_accepts_and_derives)
 {
 	cJSON *params = patched(attention_backward_base, "{'causal': true, 'scale': 0.5, 'signal_event': 'e0.1.2'}");
 	struct rp_error err = { 0 };
-	struct rp_attention_backward a;
+	struct rp_compute c;
+	const struct rp_attention *a = &c.attention;
 
-	ck_assert_int_eq(rp_attention_backward_parse(params, &a, &err), 0);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention_backward, params, &c, &err), 0);
 	ck_assert_ptr_null(err.name);
-	ck_assert_int_eq(a.batch, 2);
-	ck_assert_int_eq(a.heads, 4);
-	ck_assert_int_eq(a.seq_q, 16);
-	ck_assert_int_eq(a.seq_kv, 24);
-	ck_assert_int_eq(a.head_dim, 32);
-	ck_assert_int_eq(a.head_dim_v, 8);
-	ck_assert(a.causal && a.signal_event.present);
-	ck_assert_double_eq(a.scale, 0.5);
+	ck_assert_int_eq(a->batch, 2);
+	ck_assert_int_eq(a->heads, 4);
+	ck_assert_int_eq(a->seq_q, 16);
+	ck_assert_int_eq(a->seq_kv, 24);
+	ck_assert_int_eq(a->head_dim, 32);
+	ck_assert_int_eq(a->head_dim_v, 8);
+	ck_assert(a->causal && c.signal_event.present);
+	ck_assert_double_eq(a->scale, 0.5);
 	cJSON_Delete(params);
 
 	params = patched(attention_backward_base, NULL);
-	ck_assert_int_eq(rp_attention_backward_parse(params, &a, &err), 0);
-	ck_assert_double_eq_tol(a.scale, 1.0 / sqrt(32.0), 1e-15);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention_backward, params, &c, &err), 0);
+	ck_assert_double_eq_tol(a->scale, 1.0 / sqrt(32.0), 1e-15);
 	cJSON_Delete(params);
 }
 END_TEST
@@ -466,9 +499,13 @@ static const struct bad_case attention_backward_bad_cases[] = {
 	  NULL },
 	{ "d_v over v", "{'d_v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 4, 24, 8]}}", OPERAND, "d_v",
 	  "overlaps v" },
-	{ "d_q overlapping d_k",
-	  "{'d_k': {'buffer': 'b0.1.7', 'offset': 4094, 'dtype': 'f16', 'shape': [2, 4, 24, 32]}}", OPERAND, "d_q",
-	  "overlaps d_k" },
+	{ "d_k overlapping d_q",
+	  "{'d_k': {'buffer': 'b0.1.7', 'offset': 4094, 'dtype': 'f16', 'shape': [2, 4, 24, 32]}}", OPERAND, "d_k",
+	  "overlaps d_q" },
+	{ "d_k shaped like k of another group",
+	  "{'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 2, 24, 32]},"
+	  " 'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 2, 24, 8]},"
+	  " 'd_v': {'buffer': 'b0.1.9', 'dtype': 'f16', 'shape': [2, 2, 24, 8]}}", OPERAND, "d_k", "shaped like k" },
 	{ "d_k overlapping stats", "{'stats': {'buffer': 'b0.1.8', 'dtype': 'f32', 'shape': [2, 4, 16]}}", OPERAND,
 	  "d_k", "overlaps stats" },
 	{ "d_q overlapping d_o", "{'d_o': {'buffer': 'b0.1.7', 'offset': 8190, 'dtype': 'f16', 'shape': [2, 4, 16, 8]}}",
@@ -478,10 +515,10 @@ static const struct bad_case attention_backward_bad_cases[] = {
 
 START_TEST(attention_backward_refuses)
 {
-	struct rp_attention_backward a;
+	struct rp_compute c;
 
-	expect_bad(attention_backward_base, &attention_backward_bad_cases[_i], attention_backward_parse_any, &a,
-		   sizeof(a));
+	expect_bad(attention_backward_base, &attention_backward_bad_cases[_i], attention_backward_parse_any, &c,
+		   sizeof(c));
 }
 END_TEST
 
@@ -492,9 +529,9 @@ START_TEST(backward_outputs_side_by_side_are_fine)
 	cJSON *params = patched(attention_backward_base,
 				"{'d_k': {'buffer': 'b0.1.7', 'offset': 8192, 'dtype': 'f16', 'shape': [2, 4, 24, 32]}}");
 	struct rp_error err = { 0 };
-	struct rp_attention_backward a;
+	struct rp_compute c;
 
-	ck_assert_int_eq(rp_attention_backward_parse(params, &a, &err), 0);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention_backward, params, &c, &err), 0);
 	cJSON_Delete(params);
 }
 END_TEST

@@ -241,6 +241,14 @@ struct gemm_case {
 	int64_t inner_stride;   /* 1, or more to exercise general strides */
 };
 
+/* Puts tensor t in slot of a call, with its base pointer. */
+static void gemm_operand(struct rp_compute *call, void **p, int slot, const struct tens *t)
+{
+	call->operands[slot] = t->op;
+	call->present[slot] = true;
+	p[slot] = t->buf;
+}
+
 static double gelu_ref(double x)
 {
 	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -251,8 +259,9 @@ static double gelu_ref(double x)
 static double run_gemm(const struct gemm_case *gc, struct rng *r)
 {
 	struct tens a, b, c, d, bias;
-	struct rp_gemm g = { 0 };
-	struct rd_gemm_ptrs p = { 0 };
+	struct rp_compute call = { .spec = &rp_op_gemm };
+	struct rp_gemm *g = &call.gemm;
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
 	int64_t ashape[2] = { gc->ta ? gc->k : gc->m, gc->ta ? gc->m : gc->k };
 	int64_t bshape[2] = { gc->tb ? gc->n : gc->k, gc->tb ? gc->k : gc->n };
 	int64_t dshape[2] = { gc->m, gc->n };
@@ -273,42 +282,34 @@ static double run_gemm(const struct gemm_case *gc, struct rng *r)
 	cval = calloc((size_t)(gc->m * gc->n), sizeof(double));
 	ck_assert(ref && cval);
 
-	g.a = a.op;
-	g.b = b.op;
-	g.d = d.op;
-	g.trans_a = gc->ta;
-	g.trans_b = gc->tb;
-	g.alpha = gc->alpha;
-	g.beta = gc->beta;
-	g.epilogue = gc->epilogue;
-	g.m = gc->m;
-	g.n = gc->n;
-	g.k = gc->k;
-	p.a = a.buf;
-	p.b = b.buf;
-	p.d = d.buf;
+	gemm_operand(&call, p, RP_GEMM_A, &a);
+	gemm_operand(&call, p, RP_GEMM_B, &b);
+	gemm_operand(&call, p, RP_GEMM_D, &d);
+	g->trans_a = gc->ta;
+	g->trans_b = gc->tb;
+	g->alpha = gc->alpha;
+	g->beta = gc->beta;
+	g->epilogue = gc->epilogue;
+	g->m = gc->m;
+	g->n = gc->n;
+	g->k = gc->k;
 	if (gc->with_c) {
-		g.has_c = true;
 		if (gc->c_is_d) {
 			/* C lives in D's memory: fill D's elements with C's
 			 * values (padding stays poisoned). */
 			for (int64_t l = 0; l < d.numel; l++) {
 				tens_set(&d, l, tens_get(&c, l));
 			}
-			g.c = d.op;
-			p.c = d.buf;
+			gemm_operand(&call, p, RP_GEMM_C, &d);
 		} else {
-			g.c = c.op;
-			p.c = c.buf;
+			gemm_operand(&call, p, RP_GEMM_C, &c);
 		}
 		for (int64_t l = 0; l < c.numel; l++) {
 			cval[l] = tens_get(&c, l);
 		}
 	}
 	if (gc->with_bias) {
-		g.has_bias = true;
-		g.bias = bias.op;
-		p.bias = bias.buf;
+		gemm_operand(&call, p, RP_GEMM_BIAS, &bias);
 	}
 
 	for (int64_t i = 0; i < gc->m; i++) {
@@ -333,7 +334,7 @@ static double run_gemm(const struct gemm_case *gc, struct rng *r)
 		}
 	}
 
-	ck_assert_int_eq(rd_host_gemm(&g, &p), 0);
+	ck_assert_int_eq(rd_host_run(&call, p, NULL, 0), 0);
 	tens_check_written(&d, "gemm d");
 	err = tens_rel_err(&d, ref);
 
@@ -411,17 +412,19 @@ START_TEST(gemm_beta_zero_ignores_c)
 	/* beta = 0 means C is not read at all (as in BLAS): NaN in C must
 	 * not leak into D. */
 	float a[4] = { 1, 2, 3, 4 }, b[4] = { 1, 0, 0, 1 }, c[4], d[4];
-	struct rp_gemm g = {
-		.a = { .dtype = RP_DTYPE_F32, .rank = 2, .shape = { 2, 2 }, .strides = { 2, 1 } },
-		.has_c = true, .alpha = 1.0, .beta = 0.0, .m = 2, .n = 2, .k = 2,
+	const struct rp_operand m2 = { .dtype = RP_DTYPE_F32, .rank = 2, .shape = { 2, 2 }, .strides = { 2, 1 } };
+	struct rp_compute call = {
+		.spec = &rp_op_gemm,
+		.operands = { [RP_GEMM_A] = m2, [RP_GEMM_B] = m2, [RP_GEMM_C] = m2, [RP_GEMM_D] = m2 },
+		.present = { [RP_GEMM_A] = true, [RP_GEMM_B] = true, [RP_GEMM_C] = true, [RP_GEMM_D] = true },
+		.gemm = { .alpha = 1.0, .beta = 0.0, .m = 2, .n = 2, .k = 2 },
 	};
-	struct rd_gemm_ptrs p = { .a = a, .b = b, .c = c, .d = d };
+	void *p[RP_OP_OPERANDS_MAX] = { [RP_GEMM_A] = a, [RP_GEMM_B] = b, [RP_GEMM_C] = c, [RP_GEMM_D] = d };
 
-	g.b = g.c = g.d = g.a;
 	for (int e = 0; e < 4; e++) {
 		c[e] = NAN;
 	}
-	ck_assert_int_eq(rd_host_gemm(&g, &p), 0);
+	ck_assert_int_eq(rd_host_run(&call, p, NULL, 0), 0);
 	for (int e = 0; e < 4; e++) {
 		ck_assert_float_eq(d[e], a[e]);
 	}
@@ -489,8 +492,8 @@ START_TEST(gemm_512_cubed_is_fast_and_right)
 	const int64_t n = 512;
 	struct rng r;
 	struct tens a, b, d;
-	struct rp_gemm g = { .alpha = 1.0, .m = n, .n = n, .k = n };
-	struct rd_gemm_ptrs p;
+	struct rp_compute call = { .spec = &rp_op_gemm, .gemm = { .alpha = 1.0, .m = n, .n = n, .k = n } };
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
 	int64_t shape[2] = { n, n };
 	double *ref, t0, dt;
 	float *bt;
@@ -502,13 +505,12 @@ START_TEST(gemm_512_cubed_is_fast_and_right)
 	tens_random(&a, &r);
 	tens_random(&b, &r);
 	tens_poison(&d);
-	g.a = a.op;
-	g.b = b.op;
-	g.d = d.op;
-	p = (struct rd_gemm_ptrs){ .a = a.buf, .b = b.buf, .d = d.buf };
+	gemm_operand(&call, p, RP_GEMM_A, &a);
+	gemm_operand(&call, p, RP_GEMM_B, &b);
+	gemm_operand(&call, p, RP_GEMM_D, &d);
 
 	t0 = now_s();
-	ck_assert_int_eq(rd_host_gemm(&g, &p), 0);
+	ck_assert_int_eq(rd_host_run(&call, p, NULL, 0), 0);
 	dt = now_s() - t0;
 	printf("host GEMM 512x512x512 f32: %.1f ms\n", dt * 1e3);
 
@@ -592,7 +594,22 @@ struct att_dims {
 	int64_t b, h, sq, skv, d, dv;
 	bool causal;
 	double scale;
+	int64_t hkv;            /* key/value heads; 0: as many as h */
+	bool bottom_right;      /* causal diagonal aligned bottom-right */
 };
+
+static int64_t kv_heads(const struct att_dims *dm)
+{
+	return dm->hkv ? dm->hkv : dm->h;
+}
+
+/* Row of k and v (in [B, Hkv, Skv] order) that query head bh's key j is. */
+static int64_t kv_row(const struct att_dims *dm, int64_t bh, int64_t j)
+{
+	int64_t b = bh / dm->h, h = bh % dm->h;
+
+	return (b * kv_heads(dm) + h / (dm->h / kv_heads(dm))) * dm->skv + j;
+}
 
 struct att_tensors {
 	struct tens q, k, v, o, stats;
@@ -601,8 +618,8 @@ struct att_tensors {
 static void att_init(struct att_tensors *t, const struct att_dims *dm, enum rp_dtype dt, int64_t pad)
 {
 	int64_t qs[4] = { dm->b, dm->h, dm->sq, dm->d };
-	int64_t ks[4] = { dm->b, dm->h, dm->skv, dm->d };
-	int64_t vs[4] = { dm->b, dm->h, dm->skv, dm->dv };
+	int64_t ks[4] = { dm->b, kv_heads(dm), dm->skv, dm->d };
+	int64_t vs[4] = { dm->b, kv_heads(dm), dm->skv, dm->dv };
 	int64_t os[4] = { dm->b, dm->h, dm->sq, dm->dv };
 	int64_t ss[3] = { dm->b, dm->h, dm->sq };
 
@@ -624,7 +641,7 @@ static void att_finish(struct att_tensors *t)
 
 static bool masked(const struct att_dims *dm, int64_t i, int64_t j)
 {
-	return dm->causal && j > i;
+	return dm->causal && j > i + (dm->bottom_right ? dm->skv - dm->sq : 0);
 }
 
 /* Double-precision forward from whatever q, k, v hold: o [B,H,Sq,Dv] and
@@ -642,7 +659,7 @@ static void att_forward_ref(const struct att_dims *dm, const struct tens *q, con
 				double acc = 0.0;
 				for (int64_t t = 0; t < dm->d; t++) {
 					acc += tens_get(q, (bh * dm->sq + i) * dm->d + t) *
-					       tens_get(k, (bh * dm->skv + j) * dm->d + t);
+					       tens_get(k, kv_row(dm, bh, j) * dm->d + t);
 				}
 				s[j] = dm->scale * acc;
 				if (!masked(dm, i, j) && s[j] > mx) {
@@ -656,7 +673,7 @@ static void att_forward_ref(const struct att_dims *dm, const struct tens *q, con
 			for (int64_t t = 0; t < dm->dv; t++) {
 				double acc = 0.0;
 				for (int64_t j = 0; j < dm->skv; j++) {
-					acc += s[j] * tens_get(v, (bh * dm->skv + j) * dm->dv + t);
+					acc += s[j] * tens_get(v, kv_row(dm, bh, j) * dm->dv + t);
 				}
 				o[(bh * dm->sq + i) * dm->dv + t] = acc / sum;
 			}
@@ -666,25 +683,42 @@ static void att_forward_ref(const struct att_dims *dm, const struct tens *q, con
 	free(s);
 }
 
-static void att_run_forward(const struct att_dims *dm, struct att_tensors *t, bool with_stats)
+static struct rp_attention att_args(const struct att_dims *dm)
 {
-	struct rp_attention a = {
-		.q = t->q.op, .k = t->k.op, .v = t->v.op, .o = t->o.op, .stats = t->stats.op,
-		.has_stats = with_stats, .scale = dm->scale, .causal = dm->causal,
-		.batch = dm->b, .heads = dm->h, .seq_q = dm->sq, .seq_kv = dm->skv,
+	return (struct rp_attention){
+		.scale = dm->scale, .causal = dm->causal,
+		.alignment = dm->bottom_right ? RP_CAUSAL_BOTTOM_RIGHT : RP_CAUSAL_TOP_LEFT,
+		.batch = dm->b, .heads = dm->h, .heads_kv = kv_heads(dm), .seq_q = dm->sq, .seq_kv = dm->skv,
 		.head_dim = dm->d, .head_dim_v = dm->dv,
 	};
-	struct rd_attention_ptrs p = {
-		.q = t->q.buf, .k = t->k.buf, .v = t->v.buf, .o = t->o.buf,
-		.stats = with_stats ? t->stats.buf : NULL,
-	};
-	size_t need = rd_host_attention_scratch_size(&a);
+}
+
+static void att_slot(struct rp_compute *call, void **p, int slot, const struct tens *t)
+{
+	call->operands[slot] = t->op;
+	call->present[slot] = true;
+	p[slot] = t->buf;
+}
+
+static void att_run_forward(const struct att_dims *dm, struct att_tensors *t, bool with_stats)
+{
+	struct rp_compute call = { .spec = &rp_op_attention, .attention = att_args(dm) };
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
+
+	att_slot(&call, p, RP_ATT_Q, &t->q);
+	att_slot(&call, p, RP_ATT_K, &t->k);
+	att_slot(&call, p, RP_ATT_V, &t->v);
+	att_slot(&call, p, RP_ATT_O, &t->o);
+	if (with_stats) {
+		att_slot(&call, p, RP_ATT_STATS, &t->stats);
+	}
+	size_t need = rd_host_scratch_size(&call);
 	void *scratch = malloc(need);
 
 	ck_assert(scratch);
 	/* One float short is refused, not overrun. */
-	ck_assert_int_eq(rd_host_attention(&a, &p, scratch, need - sizeof(float)), -ENOSPC);
-	ck_assert_int_eq(rd_host_attention(&a, &p, scratch, need), 0);
+	ck_assert_int_eq(rd_host_run(&call, p, scratch, need - sizeof(float)), -ENOSPC);
+	ck_assert_int_eq(rd_host_run(&call, p, scratch, need), 0);
 	free(scratch);
 }
 
@@ -694,16 +728,23 @@ START_TEST(attention_forward_matches_reference)
 
 	rng_init(&r, 6);
 	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
-		for (int causal = 0; causal < 2; causal++) {
+		for (int causal = 0; causal < 3; causal++) {
 			for (int shape = 0; shape < 2; shape++) {
 				/* Sq < Skv and Sq > Skv (causal rows past Skv see
-				 * every key), Dv != D in both. */
+				 * every key), Dv != D in both; causal 2 is aligned
+				 * bottom-right, which needs Sq <= Skv; the odd
+				 * shapes group their query heads over fewer
+				 * key/value heads. */
+				if (causal == 2 && shape == 1) {
+					continue;
+				}
 				struct att_dims dm = {
-					.b = rng_int(&r, 1, 2), .h = rng_int(&r, 1, 3),
+					.b = rng_int(&r, 1, 2), .hkv = rng_int(&r, 1, 2),
 					.sq = shape ? rng_int(&r, 9, 17) : rng_int(&r, 1, 8),
 					.skv = shape ? rng_int(&r, 1, 8) : rng_int(&r, 9, 24),
-					.d = rng_int(&r, 8, 40), .causal = causal,
+					.d = rng_int(&r, 8, 40), .causal = causal > 0, .bottom_right = causal == 2,
 				};
+				dm.h = dm.hkv * (dt % 2 ? rng_int(&r, 2, 3) : 1);
 				struct att_tensors t;
 				double *oref, *lref, err;
 
@@ -727,9 +768,10 @@ START_TEST(attention_forward_matches_reference)
 				tens_check_written(&t.stats, "attention stats");
 				err = tens_rel_err(&t.o, oref);
 				ck_assert_msg(err <= dt_tol(dt),
-					      "attention %s causal=%d B=%lld H=%lld Sq=%lld Skv=%lld D=%lld Dv=%lld: "
-					      "relative error %.3g (seed %llu)", dt_name(dt), causal, (long long)dm.b,
-					      (long long)dm.h, (long long)dm.sq, (long long)dm.skv, (long long)dm.d,
+					      "attention %s causal=%d B=%lld H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld "
+					      "Dv=%lld: relative error %.3g (seed %llu)", dt_name(dt), causal, (long long)dm.b,
+					      (long long)dm.h, (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv,
+					      (long long)dm.d,
 					      (long long)dm.dv, err, g_seed);
 				/* Stats are f32 whatever o's dtype, computed from
 				 * the stored inputs: f32 accuracy. */
@@ -784,7 +826,7 @@ struct att_grads {
 static void att_backward_ref(const struct att_dims *dm, const struct tens *q, const struct tens *k, const struct tens *v,
 			     const struct tens *d_o, struct att_grads *g)
 {
-	int64_t nq = dm->b * dm->h * dm->sq, nk = dm->b * dm->h * dm->skv;
+	int64_t nq = dm->b * dm->h * dm->sq, nk = dm->b * kv_heads(dm) * dm->skv;
 	double *o = malloc((size_t)(nq * dm->dv) * sizeof(double));
 	double *lse = malloc((size_t)nq * sizeof(double));
 
@@ -801,7 +843,7 @@ static void att_backward_ref(const struct att_dims *dm, const struct tens *q, co
 				di += tens_get(d_o, qi * dm->dv + t) * o[qi * dm->dv + t];
 			}
 			for (int64_t j = 0; j < dm->skv; j++) {
-				int64_t kj = bh * dm->skv + j;
+				int64_t kj = kv_row(dm, bh, j);
 				double s = 0.0, dp = 0.0, pij, ds;
 				if (masked(dm, i, j)) {
 					continue;
@@ -835,17 +877,19 @@ struct att_bwd_tensors {
  * backward), then backward; outputs poisoned first. */
 static void att_run_backward(const struct att_dims *dm, struct att_bwd_tensors *t)
 {
-	struct rp_attention_backward a = {
-		.q = t->f.q.op, .k = t->f.k.op, .v = t->f.v.op, .o = t->f.o.op, .d_o = t->d_o.op,
-		.stats = t->f.stats.op, .d_q = t->d_q.op, .d_k = t->d_k.op, .d_v = t->d_v.op,
-		.scale = dm->scale, .causal = dm->causal, .batch = dm->b, .heads = dm->h,
-		.seq_q = dm->sq, .seq_kv = dm->skv, .head_dim = dm->d, .head_dim_v = dm->dv,
-	};
-	struct rd_attention_backward_ptrs p = {
-		.q = t->f.q.buf, .k = t->f.k.buf, .v = t->f.v.buf, .o = t->f.o.buf, .d_o = t->d_o.buf,
-		.stats = t->f.stats.buf, .d_q = t->d_q.buf, .d_k = t->d_k.buf, .d_v = t->d_v.buf,
-	};
-	size_t need = rd_host_attention_backward_scratch_size(&a);
+	struct rp_compute call = { .spec = &rp_op_attention_backward, .attention = att_args(dm) };
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
+
+	att_slot(&call, p, RP_ATB_Q, &t->f.q);
+	att_slot(&call, p, RP_ATB_K, &t->f.k);
+	att_slot(&call, p, RP_ATB_V, &t->f.v);
+	att_slot(&call, p, RP_ATB_O, &t->f.o);
+	att_slot(&call, p, RP_ATB_DO, &t->d_o);
+	att_slot(&call, p, RP_ATB_STATS, &t->f.stats);
+	att_slot(&call, p, RP_ATB_DQ, &t->d_q);
+	att_slot(&call, p, RP_ATB_DK, &t->d_k);
+	att_slot(&call, p, RP_ATB_DV, &t->d_v);
+	size_t need = rd_host_scratch_size(&call);
 	void *scratch = malloc(need);
 
 	ck_assert(scratch);
@@ -855,8 +899,8 @@ static void att_run_backward(const struct att_dims *dm, struct att_bwd_tensors *
 	tens_poison(&t->d_q);
 	tens_poison(&t->d_k);
 	tens_poison(&t->d_v);
-	ck_assert_int_eq(rd_host_attention_backward(&a, &p, scratch, need - 1), -ENOSPC);
-	ck_assert_int_eq(rd_host_attention_backward(&a, &p, scratch, need), 0);
+	ck_assert_int_eq(rd_host_run(&call, p, scratch, need - 1), -ENOSPC);
+	ck_assert_int_eq(rd_host_run(&call, p, scratch, need), 0);
 	tens_check_written(&t->d_q, "d_q");
 	tens_check_written(&t->d_k, "d_k");
 	tens_check_written(&t->d_v, "d_v");
@@ -887,11 +931,18 @@ START_TEST(attention_backward_matches_reference)
 
 	rng_init(&r, 8);
 	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
-		for (int causal = 0; causal < 2; causal++) {
+		for (int causal = 0; causal < 3; causal++) {
+			/* causal 2: aligned bottom-right (Sq <= Skv); f16 and
+			 * f32 runs group two or three query heads per k/v head. */
 			struct att_dims dm = {
-				.b = rng_int(&r, 1, 2), .h = rng_int(&r, 1, 2), .sq = rng_int(&r, 2, 12),
-				.skv = rng_int(&r, 2, 12), .d = rng_int(&r, 4, 24), .causal = causal,
+				.b = rng_int(&r, 1, 2), .hkv = rng_int(&r, 1, 2), .sq = rng_int(&r, 2, 12),
+				.skv = rng_int(&r, 2, 12), .d = rng_int(&r, 4, 24), .causal = causal > 0,
+				.bottom_right = causal == 2,
 			};
+			dm.h = dm.hkv * (dt != RP_DTYPE_BF16 ? rng_int(&r, 2, 3) : 1);
+			if (dm.bottom_right && dm.sq > dm.skv) {
+				dm.skv = dm.sq + rng_int(&r, 0, 4);
+			}
 			struct att_bwd_tensors t;
 			struct att_grads g;
 			/* The backward reads o as stored, and its gradients
@@ -916,9 +967,9 @@ START_TEST(attention_backward_matches_reference)
 			double edk = tens_rel_err(&t.d_k, g.dk);
 			double edv = tens_rel_err(&t.d_v, g.dv);
 			ck_assert_msg(edq <= tol && edk <= tol && edv <= tol,
-				      "attention backward %s causal=%d Sq=%lld Skv=%lld D=%lld Dv=%lld: relative "
-				      "errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", dt_name(dt), causal,
-				      (long long)dm.sq, (long long)dm.skv, (long long)dm.d, (long long)dm.dv,
+				      "attention backward %s causal=%d H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld Dv=%lld: "
+				      "relative errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", dt_name(dt), causal,
+				      (long long)dm.h, (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv, (long long)dm.d, (long long)dm.dv,
 				      edq, edk, edv, tol, g_seed);
 			free(g.dq);
 			free(g.dk);
@@ -983,8 +1034,11 @@ START_TEST(attention_backward_matches_finite_differences)
 	struct rng r;
 
 	rng_init(&r, 9);
-	for (int causal = 0; causal < 2; causal++) {
-		struct att_dims dm = { .b = 1, .h = 2, .sq = 3, .skv = 4, .d = 3, .dv = 2, .causal = causal, .scale = 0.7 };
+	for (int causal = 0; causal < 3; causal++) {
+		/* Two query heads share one k/v head; causal 2 is aligned
+		 * bottom-right. */
+		struct att_dims dm = { .b = 1, .h = 2, .hkv = causal == 1 ? 2 : 1, .sq = 3, .skv = 4, .d = 3, .dv = 2,
+				       .causal = causal > 0, .bottom_right = causal == 2, .scale = 0.7 };
 		struct att_bwd_tensors t;
 
 		att_bwd_init(&t, &dm, RP_DTYPE_F32, 1);

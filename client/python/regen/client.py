@@ -507,25 +507,35 @@ class Client:
             scalars["compute"] = "tf32"
         return self._compute("io.regen.Compute.Gemm", named, scalars, wait_event, signal_event)
 
-    def attention(self, q, k, v, o, stats=None, scale=None, causal=False, wait_event=None, signal_event=None):
-        """o = softmax(scale * q k^T [causal mask]) v; q, o [B, H, Sq, D],
-        k [B, H, Skv, D], v [B, H, Skv, Dv]; ``stats`` f32 [B, H, Sq] gets
-        each row's log-sum-exp for the backward pass."""
-        scalars = {"causal": bool(causal)}
-        if scale is not None:
-            scalars["scale"] = float(scale)
+    def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
+                  wait_event=None, signal_event=None):
+        """o = softmax(scale * q k^T [causal mask]) v; q [B, H, Sq, D],
+        k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv] with H a
+        multiple of Hkv (grouped-query attention); ``causal_alignment``
+        "top_left" (default) or "bottom_right"; ``stats`` f32 [B, H, Sq]
+        gets each row's log-sum-exp for the backward pass."""
+        scalars = _attention_scalars(scale, causal, causal_alignment)
         return self._compute("io.regen.Compute.Attention",
                              {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event, signal_event)
 
     def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
-                           wait_event=None, signal_event=None):
+                           causal_alignment=None, wait_event=None, signal_event=None):
         """Gradients of attention: writes d_q, d_k, d_v from the forward's
         q, k, v, o, stats and the incoming d_o."""
-        scalars = {"causal": bool(causal)}
-        if scale is not None:
-            scalars["scale"] = float(scale)
+        scalars = _attention_scalars(scale, causal, causal_alignment)
         named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
         return self._compute("io.regen.Compute.AttentionBackward", named, scalars, wait_event, signal_event)
+
+
+def _attention_scalars(scale, causal, causal_alignment):
+    scalars = {"causal": bool(causal)}
+    if scale is not None:
+        scalars["scale"] = float(scale)
+    if causal_alignment is not None:
+        if causal_alignment not in ("top_left", "bottom_right"):
+            raise ValueError(f"causal_alignment {causal_alignment!r} is not 'top_left' or 'bottom_right'")
+        scalars["causal_alignment"] = causal_alignment
+    return scalars
 
 
 def normalize_ipc_handle(handle):

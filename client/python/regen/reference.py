@@ -38,50 +38,71 @@ def _rows(x, bh, s, d):
     return [[x[(g * s + i) * d:(g * s + i + 1) * d] for i in range(s)] for g in range(bh)]
 
 
-def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False):
+def _last_key(i, sq, skv, causal, alignment):
+    """The last key query row i sees."""
+    if not causal:
+        return skv - 1
+    diagonal = i + (skv - sq if alignment == "bottom_right" else 0)
+    return min(diagonal, skv - 1)
+
+
+def _kv(g, h, hkv):
+    """The k/v row group (batch * Hkv + kv head) of query group g (batch * H + head)."""
+    b, head = divmod(g, h)
+    return b * hkv + head // (h // hkv)
+
+
+def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False, hkv=None, alignment="top_left"):
     """(o, lse): o [b, h, sq, dv] flat, lse [b, h, sq] (natural log of the
-    sum of exp of the scaled scores)."""
+    sum of exp of the scaled scores). k and v are [b, hkv, skv, *]: query
+    head j reads k/v head j // (h // hkv)."""
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * h, skv, d), _rows(v, b * h, skv, dv)
+    hkv = h if hkv is None else hkv
+    Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * hkv, skv, d), _rows(v, b * hkv, skv, dv)
     o, lse = [], []
     for g in range(b * h):
+        kg = _kv(g, h, hkv)
         for i in range(sq):
-            last = min(i, skv - 1) if causal else skv - 1
-            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[g][j])) for j in range(last + 1)]
+            last = _last_key(i, sq, skv, causal, alignment)
+            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[kg][j])) for j in range(last + 1)]
             mx = max(scores)
             e = [math.exp(s - mx) for s in scores]
             z = math.fsum(e)
             lse.append(mx + math.log(z))
             for t in range(dv):
-                o.append(math.fsum(e[j] * V[g][j][t] for j in range(last + 1)) / z)
+                o.append(math.fsum(e[j] * V[kg][j][t] for j in range(last + 1)) / z)
     return o, lse
 
 
-def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=False):
-    """(d_q, d_k, d_v) of attention, flat, by the textbook formulas."""
+def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=False, hkv=None,
+                       alignment="top_left"):
+    """(d_q, d_k, d_v) of attention, flat, by the textbook formulas; d_k and
+    d_v of a shared k/v head sum over its query heads."""
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * h, skv, d), _rows(v, b * h, skv, dv)
+    hkv = h if hkv is None else hkv
+    Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * hkv, skv, d), _rows(v, b * hkv, skv, dv)
     dO = _rows(d_o, b * h, sq, dv)
     dq = [0.0] * (b * h * sq * d)
-    dk = [0.0] * (b * h * skv * d)
-    dvv = [0.0] * (b * h * skv * dv)
+    dk = [0.0] * (b * hkv * skv * d)
+    dvv = [0.0] * (b * hkv * skv * dv)
     for g in range(b * h):
+        kg = _kv(g, h, hkv)
         for i in range(sq):
-            last = min(i, skv - 1) if causal else skv - 1
-            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[g][j])) for j in range(last + 1)]
+            last = _last_key(i, sq, skv, causal, alignment)
+            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[kg][j])) for j in range(last + 1)]
             mx = max(scores)
             e = [math.exp(s - mx) for s in scores]
             z = math.fsum(e)
             p = [x / z for x in e]
-            dp = [math.fsum(dO[g][i][t] * V[g][j][t] for t in range(dv)) for j in range(last + 1)]
+            dp = [math.fsum(dO[g][i][t] * V[kg][j][t] for t in range(dv)) for j in range(last + 1)]
             row = math.fsum(pj * dpj for pj, dpj in zip(p, dp))
             ds = [pj * (dpj - row) for pj, dpj in zip(p, dp)]
             for j in range(last + 1):
                 for t in range(dv):
-                    dvv[(g * skv + j) * dv + t] += p[j] * dO[g][i][t]
+                    dvv[(kg * skv + j) * dv + t] += p[j] * dO[g][i][t]
                 for t in range(d):
-                    dq[(g * sq + i) * d + t] += scale * ds[j] * K[g][j][t]
-                    dk[(g * skv + j) * d + t] += scale * ds[j] * Q[g][i][t]
+                    dq[(g * sq + i) * d + t] += scale * ds[j] * K[kg][j][t]
+                    dk[(kg * skv + j) * d + t] += scale * ds[j] * Q[g][i][t]
     return dq, dk, dvv
 
 

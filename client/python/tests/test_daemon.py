@@ -193,6 +193,38 @@ class Attention(DaemonTest):
                     self.assertLessEqual(err, 1e-4, f"{name}: rel error {err:.3e}")
 
 
+    def test_grouped_query_and_bottom_right(self):
+        # 4 query heads over 2 k/v heads (and over 1: multi-query), with
+        # the causal diagonal at the bottom right of a rectangular mask.
+        for hkv, alignment in ((2, "bottom_right"), (1, "top_left"), (1, "bottom_right")):
+            with self.subTest(hkv=hkv, alignment=alignment):
+                b, h, sq, skv, d = 2, 4, 5, 9, 8
+                q, k, v = self.tensor([b, h, sq, d]), self.tensor([b, hkv, skv, d]), self.tensor([b, hkv, skv, d])
+                o, stats = self.tensor([b, h, sq, d], fill=False), self.tensor([b, h, sq], fill=False)
+                self.c.attention(q.op, k.op, v.op, o.op, stats=stats.op, causal=True, causal_alignment=alignment)
+                ref_o, ref_lse = reference.attention(q.read(), k.read(), v.read(), b, h, sq, skv, d, d, None, True,
+                                                     hkv=hkv, alignment=alignment)
+                self.assertClose(o.read(), ref_o, "f32", "o")
+                self.assertClose(stats.read(), ref_lse, "f32", "stats")
+                d_o = self.tensor([b, h, sq, d])
+                dq = self.tensor([b, h, sq, d], fill=False)
+                dk, dv = self.tensor([b, hkv, skv, d], fill=False), self.tensor([b, hkv, skv, d], fill=False)
+                self.c.attention_backward(q.op, k.op, v.op, o.op, d_o.op, stats.op, dq.op, dk.op, dv.op,
+                                          causal=True, causal_alignment=alignment)
+                ref = reference.attention_backward(q.read(), k.read(), v.read(), d_o.read(), b, h, sq, skv, d, d,
+                                                   causal=True, hkv=hkv, alignment=alignment)
+                for name, out, r in zip(("d_q", "d_k", "d_v"), (dq, dk, dv), ref):
+                    err = reference.rel_error(out.read(), r)
+                    self.assertLessEqual(err, 1e-4, f"{name}: rel error {err:.3e}")
+
+    def test_bottom_right_with_more_queries_than_keys_is_refused(self):
+        q, k, v = self.tensor([1, 1, 6, 8]), self.tensor([1, 1, 4, 8]), self.tensor([1, 1, 4, 8])
+        o = self.tensor([1, 1, 6, 8], fill=False)
+        with self.assertRaises(regen.InvalidOperand) as cm:
+            self.c.attention(q.op, k.op, v.op, o.op, causal=True, causal_alignment="bottom_right")
+        self.assertEqual(cm.exception.parameters["operand"], "q")
+
+
 class Errors(DaemonTest):
     def test_invalid_operand_shapes(self):
         a, b, d = self.tensor([8, 4]), self.tensor([5, 8]), self.tensor([8, 8], fill=False)

@@ -404,14 +404,6 @@ struct sdpa_call {
 	const char *name;   /* "attention" or "attention backward", for messages */
 };
 
-/* The protocol's K/V heads and causal alignment. TODO(lead's proto change):
- * read rp_attention.heads_kv and .alignment once proto/compute.h has them;
- * until then every call is plain multi-head attention, top-left causal. */
-static int64_t heads_kv_of(int64_t heads)
-{
-	return heads;
-}
-
 static const char *const operand_names[CUDA_SDPA_OPERANDS] = {
 	[CUDA_SDPA_Q] = "q", [CUDA_SDPA_K] = "k", [CUDA_SDPA_V] = "v", [CUDA_SDPA_O] = "o", [CUDA_SDPA_STATS] = "stats",
 	[CUDA_SDPA_DO] = "d_o", [CUDA_SDPA_DQ] = "d_q", [CUDA_SDPA_DK] = "d_k", [CUDA_SDPA_DV] = "d_v",
@@ -449,87 +441,62 @@ static int take_operand(struct sdpa_call *c, int uid, const struct rp_operand *o
 	return 0;
 }
 
-static int describe_dims(struct sdpa_call *c, enum rp_dtype dtype, int64_t b, int64_t h, int64_t sq, int64_t skv,
-			 int64_t d, int64_t dv, bool causal, struct rp_error *err)
+static int describe(struct rd_op *op, struct sdpa_call *c)
 {
+	const struct rp_compute *pc = &op->compute;
+	const struct rp_attention *a = &pc->attention;
 	struct cuda_sdpa_key *k = &c->key;
+	const bool backward = pc->spec->id == RP_OP_ATTENTION_BACKWARD;
+	/* Operand slots by cuDNN tensor, per direction (-1: not an operand). */
+	static const int fwd_slot[CUDA_SDPA_OPERANDS] = {
+		-1, RP_ATT_Q, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS, -1, -1, -1, -1,
+	};
+	static const int bwd_slot[CUDA_SDPA_OPERANDS] = {
+		-1, RP_ATB_Q, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_STATS, RP_ATB_DO, RP_ATB_DQ, RP_ATB_DK, RP_ATB_DV,
+	};
+	const int *slot = backward ? bwd_slot : fwd_slot;
+	enum rp_dtype dtype = pc->operands[slot[CUDA_SDPA_Q]].dtype;
+	int r;
 
+	cuda_sdpa_key_init(k);
+	memset(c->ptr, 0, sizeof(c->ptr));
+	c->name = backward ? "attention backward" : "attention";
+	c->scale = (float)a->scale;
 	if (dtype != RP_DTYPE_BF16 && dtype != RP_DTYPE_F16)
-		return rp_error_invalid_operand(err, "q",
+		return rp_error_invalid_operand(&op->err, "q",
 						"q is %s: attention on the CUDA backend (cuDNN's fused attention) takes "
 						"bf16 or f16 operands; f32 attention runs on the host backend only",
 						rp_dtype_name(dtype));
+	k->backward = backward;
 	k->dtype = dtype == RP_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
-	k->b = b;
-	k->h = h;
-	k->h_kv = heads_kv_of(h);
-	k->s_q = sq;
-	k->s_kv = skv;
-	k->d = d;
-	k->d_v = dv;
-	k->mask = causal ? CUDA_SDPA_CAUSAL_TOP_LEFT : CUDA_SDPA_NO_MASK;
-	if (k->mask == CUDA_SDPA_CAUSAL_BOTTOM_RIGHT && sq > skv)
-		return rp_error_invalid_operand(err, "q",
-						"bottom-right causal attention with Sq %lld > Skv %lld leaves query rows "
-						"with no key; cuDNN does not take it (pass the last Skv queries)",
-						(long long)sq, (long long)skv);
-	if (sq > INT32_MAX || skv > INT32_MAX)
-		return rp_error_invalid_operand(err, "q", "sequence lengths over 2^31 - 1 are not supported");
-	return 0;
-}
-
-static int describe_forward(struct rd_op *op, struct sdpa_call *c)
-{
-	const struct rp_attention *a = &op->attention;
-	struct rd_buffer **b = op->buffers;
-	int r;
-
-	cuda_sdpa_key_init(&c->key);
-	memset(c->ptr, 0, sizeof(c->ptr));
-	c->name = "attention";
-	c->scale = (float)a->scale;
-	if ((r = describe_dims(c, a->q.dtype, a->batch, a->heads, a->seq_q, a->seq_kv, a->head_dim, a->head_dim_v,
-			       a->causal, &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_Q, &a->q, b[RD_ATT_Q], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_K, &a->k, b[RD_ATT_K], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_V, &a->v, b[RD_ATT_V], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_O, &a->o, b[RD_ATT_O], &op->err)) < 0)
-		return r;
-	c->key.stats = a->has_stats;
-	if (a->has_stats && (r = take_operand(c, CUDA_SDPA_STATS, &a->stats, b[RD_ATT_STATS], &op->err)) < 0)
-		return r;
-	return 0;
-}
-
-static int describe_backward(struct rd_op *op, struct sdpa_call *c)
-{
-	const struct rp_attention_backward *a = &op->attention_backward;
-	struct rd_buffer **b = op->buffers;
-	int r;
-
-	cuda_sdpa_key_init(&c->key);
-	memset(c->ptr, 0, sizeof(c->ptr));
-	c->name = "attention backward";
-	c->scale = (float)a->scale;
-	if ((r = describe_dims(c, a->q.dtype, a->batch, a->heads, a->seq_q, a->seq_kv, a->head_dim, a->head_dim_v,
-			       a->causal, &op->err)) < 0)
-		return r;
-	if (a->seq_q == 1 && a->seq_kv == 1)
+	k->b = a->batch;
+	k->h = a->heads;
+	k->h_kv = a->heads_kv;
+	k->s_q = a->seq_q;
+	k->s_kv = a->seq_kv;
+	k->d = a->head_dim;
+	k->d_v = a->head_dim_v;
+	k->mask = !a->causal ? CUDA_SDPA_NO_MASK
+		  : a->alignment == RP_CAUSAL_BOTTOM_RIGHT ? CUDA_SDPA_CAUSAL_BOTTOM_RIGHT : CUDA_SDPA_CAUSAL_TOP_LEFT;
+	if (k->mask == CUDA_SDPA_CAUSAL_BOTTOM_RIGHT && k->s_q > k->s_kv)
 		return rp_error_invalid_operand(&op->err, "q",
-						"cuDNN's attention backward does not take Sq = Skv = 1 (a single score "
-						"has zero gradient through the softmax)");
-	c->key.backward = 1;
-	c->key.stats = 1;
-	if ((r = take_operand(c, CUDA_SDPA_Q, &a->q, b[RD_ATB_Q], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_K, &a->k, b[RD_ATB_K], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_V, &a->v, b[RD_ATB_V], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_O, &a->o, b[RD_ATB_O], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_DO, &a->d_o, b[RD_ATB_DO], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_STATS, &a->stats, b[RD_ATB_STATS], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_DQ, &a->d_q, b[RD_ATB_DQ], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_DK, &a->d_k, b[RD_ATB_DK], &op->err)) < 0 ||
-	    (r = take_operand(c, CUDA_SDPA_DV, &a->d_v, b[RD_ATB_DV], &op->err)) < 0)
-		return r;
+						"bottom-right causal attention with Sq %lld > Skv %lld leaves query rows "
+						"with no key to attend to; cuDNN does not take it (pass the last Skv "
+						"queries)",
+						(long long)k->s_q, (long long)k->s_kv);
+	if (k->s_q > INT32_MAX || k->s_kv > INT32_MAX)
+		return rp_error_invalid_operand(&op->err, "q", "sequence lengths over 2^31 - 1 are not supported");
+	if (backward && k->s_q == 1 && k->s_kv == 1)
+		return rp_error_invalid_operand(&op->err, "q",
+						"cuDNN's attention backward does not take Sq = Skv = 1 (one score per "
+						"row has no gradient through the softmax)");
+	for (int uid = CUDA_SDPA_Q; uid <= CUDA_SDPA_DV; uid++) {
+		if (slot[uid] < 0 || !pc->present[slot[uid]])
+			continue;
+		if ((r = take_operand(c, uid, &pc->operands[slot[uid]], op->buffers[slot[uid]], &op->err)) < 0)
+			return r;
+	}
+	k->stats = c->ptr[CUDA_SDPA_STATS] != NULL;
 	return 0;
 }
 
@@ -561,7 +528,7 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	char desc[160];
 	int r;
 
-	r = op->kind == RD_OP_ATTENTION ? describe_forward(op, &c) : describe_backward(op, &c);
+	r = describe(op, &c);
 	if (r < 0)
 		return r;
 	struct cuda_attention *at = attention_of(cd);

@@ -414,7 +414,7 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
 	struct cuda_dev *cd = l->cd;
 	if (rd_resource_ensure_valid(&l->base.res))
 		return cuda_status_to_error(&op->err, "lane stream");
-	for (int i = 0; i < RD_OP_OPERANDS_MAX; i++) {
+	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++) {
 		if (op->buffers[i] && rd_resource_ensure_valid(&op->buffers[i]->res))
 			return cuda_status_to_error(&op->err, "restoring a buffer mapping");
 	}
@@ -534,16 +534,17 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		r = lane_prepare(l, op);
 	if (r == 0) {
 		p->enqueued = true;
-		switch (op->kind) {
-		case RD_OP_GEMM:
+		switch (op->compute.spec->id) {
+		case RP_OP_GEMM:
 			r = cuda_gemm_enqueue(l, op);
 			break;
-		case RD_OP_ATTENTION:
-		case RD_OP_ATTENTION_BACKWARD:
+		case RP_OP_ATTENTION:
+		case RP_OP_ATTENTION_BACKWARD:
 			r = cuda_attention_enqueue(l, op);
 			break;
 		default:
-			r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "unknown op kind %d", (int)op->kind);
+			r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s",
+					 op->compute.spec->method);
 		}
 		if (r == 0 && op->signal_event) {
 			struct cuda_event *ev = (struct cuda_event *)op->signal_event;

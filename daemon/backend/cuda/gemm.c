@@ -251,18 +251,21 @@ struct gemm_ptrs {
 	void *d;
 };
 
-static void gemm_key_make(struct cuda_dev *cd, const struct rp_gemm *g, const struct gemm_ptrs *ptr, struct gemm_key *k)
+static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const struct gemm_ptrs *ptr,
+			  struct gemm_key *k)
 {
+	const struct rp_gemm *g = &c->gemm;
+
 	memset(k, 0, sizeof(*k));
 	k->m = g->m;
 	k->n = g->n;
 	k->k = g->k;
-	k->lda = g->a.strides[0];
-	k->ldb = g->b.strides[0];
-	k->ldd = g->d.strides[0];
-	k->ldc = g->has_c ? g->c.strides[0] : k->ldd;
-	k->dtype_ab = (int32_t)g->a.dtype;
-	k->dtype_cd = (int32_t)g->d.dtype;
+	k->lda = c->operands[RP_GEMM_A].strides[0];
+	k->ldb = c->operands[RP_GEMM_B].strides[0];
+	k->ldd = c->operands[RP_GEMM_D].strides[0];
+	k->ldc = c->present[RP_GEMM_C] ? c->operands[RP_GEMM_C].strides[0] : k->ldd;
+	k->dtype_ab = (int32_t)c->operands[RP_GEMM_A].dtype;
+	k->dtype_cd = (int32_t)c->operands[RP_GEMM_D].dtype;
 	k->trans_a = g->trans_a;
 	k->trans_b = g->trans_b;
 	k->epilogue = (int32_t)g->epilogue;
@@ -302,19 +305,25 @@ static struct cuda_gemm_plan *plan_get(struct cuda_dev *cd, const struct gemm_ke
 
 static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error *err)
 {
-	const struct rp_gemm *g = &op->gemm;
-	struct rd_buffer *ba = op->buffers[RD_GEMM_A], *bb = op->buffers[RD_GEMM_B];
-	struct rd_buffer *bc = op->buffers[RD_GEMM_C], *bd = op->buffers[RD_GEMM_D];
-	struct rd_buffer *bbias = op->buffers[RD_GEMM_BIAS];
-	if (!ba || !bb || !bd || (g->has_c && !bc) || (g->has_bias && !bbias))
-		return rp_error_set(err, RP_ERR_INVALID_OPERAND, "a GEMM operand has no buffer");
-	if (!ba->ptr || !bb->ptr || !bd->ptr || (g->has_c && !bc->ptr) || (g->has_bias && !bbias->ptr))
-		return rp_error_set(err, RP_ERR_BACKEND, "a GEMM operand's buffer is not mapped");
-	ptr->a = (const char *)ba->ptr + g->a.offset;
-	ptr->b = (const char *)bb->ptr + g->b.offset;
-	ptr->d = (char *)bd->ptr + g->d.offset;
-	ptr->c = g->has_c ? (const char *)bc->ptr + g->c.offset : ptr->d;
-	ptr->bias = g->has_bias ? (const char *)bbias->ptr + g->bias.offset : NULL;
+	const struct rp_compute *c = &op->compute;
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
+
+	for (int i = 0; i < RP_GEMM_OPERANDS; i++) {
+		if (!c->present[i])
+			continue;
+		if (!op->buffers[i])
+			return rp_error_set(err, RP_ERR_INVALID_OPERAND, "GEMM operand %s has no buffer",
+					    c->spec->operands[i].name);
+		if (!op->buffers[i]->ptr)
+			return rp_error_set(err, RP_ERR_BACKEND, "GEMM operand %s's buffer is not mapped",
+					    c->spec->operands[i].name);
+		p[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
+	}
+	ptr->a = p[RP_GEMM_A];
+	ptr->b = p[RP_GEMM_B];
+	ptr->d = p[RP_GEMM_D];
+	ptr->c = c->present[RP_GEMM_C] ? p[RP_GEMM_C] : ptr->d;
+	ptr->bias = p[RP_GEMM_BIAS];
 	return 0;
 }
 
@@ -324,7 +333,7 @@ static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *o
 	if (gemm_resolve(op, ptr, err))
 		return NULL;
 	struct gemm_key key;
-	gemm_key_make(cd, &op->gemm, ptr, &key);
+	gemm_key_make(cd, &op->compute, ptr, &key);
 	struct cuda_gemm_plan *p = plan_get(cd, &key);
 	if (!p) {
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a GEMM plan");
@@ -342,7 +351,7 @@ int rd_cuda_gemm_plan_info(struct rd_device *dev, struct rd_op *op, struct rd_cu
 	struct cuda_dev *cd = cuda_dev_of(dev);
 	if (cuda_bind(cd, err))
 		return -EIO;
-	for (int i = 0; i < RD_OP_OPERANDS_MAX; i++) {
+	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++) {
 		if (op->buffers[i] && rd_resource_ensure_valid(&op->buffers[i]->res))
 			return cuda_status_to_error(err, "restoring a buffer mapping");
 	}
@@ -357,7 +366,7 @@ int rd_cuda_gemm_plan_info(struct rd_device *dev, struct rd_op *op, struct rd_cu
 int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 {
 	struct cuda_dev *cd = lane->cd;
-	const struct rp_gemm *g = &op->gemm;
+	const struct rp_gemm *g = &op->compute.gemm;
 	struct gemm_ptrs ptr;
 	struct cuda_gemm_plan *p = gemm_plan_for(cd, op, &ptr, &op->err);
 	if (!p)
@@ -389,7 +398,7 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	lane->last_workspace = ws;
 
 	float alpha = (float)g->alpha;
-	float beta = g->has_c ? (float)g->beta : 0.0f;
+	float beta = op->compute.present[RP_GEMM_C] ? (float)g->beta : 0.0f;
 	cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
 	pthread_mutex_lock(&p->lock);
 	if (ptr.bias)

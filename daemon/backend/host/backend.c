@@ -170,26 +170,13 @@ static void host_close_buffer(struct rd_buffer *buf)
 
 static int run_op(struct host_lane *lane, struct rd_op *op)
 {
-	struct rd_buffer **b = op->buffers;
-	size_t need = 0;
+	const struct rp_compute *c = &op->compute;
+	void *ptr[RP_OP_OPERANDS_MAX] = { 0 };
+	size_t need = rd_host_scratch_size(c);
 
-#define PTR(slot, operand) (b[slot] ? (char *)b[slot]->ptr + (operand).offset : NULL)
-	switch (op->kind) {
-	case RD_OP_GEMM: {
-		struct rd_gemm_ptrs p = {
-			.a = PTR(RD_GEMM_A, op->gemm.a), .b = PTR(RD_GEMM_B, op->gemm.b),
-			.c = PTR(RD_GEMM_C, op->gemm.c), .bias = PTR(RD_GEMM_BIAS, op->gemm.bias),
-			.d = PTR(RD_GEMM_D, op->gemm.d),
-		};
-		return rd_host_gemm(&op->gemm, &p);
-	}
-	case RD_OP_ATTENTION:
-		need = rd_host_attention_scratch_size(&op->attention);
-		break;
-	case RD_OP_ATTENTION_BACKWARD:
-		need = rd_host_attention_backward_scratch_size(&op->attention_backward);
-		break;
-	}
+	for (unsigned i = 0; i < c->spec->noperands; i++)
+		if (op->buffers[i])
+			ptr[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
 	if (need > lane->scratch_size) {
 		void *s = realloc(lane->scratch, need);
 		if (!s)
@@ -198,23 +185,7 @@ static int run_op(struct host_lane *lane, struct rd_op *op)
 		lane->scratch = s;
 		lane->scratch_size = need;
 	}
-	if (op->kind == RD_OP_ATTENTION) {
-		struct rd_attention_ptrs p = {
-			.q = PTR(RD_ATT_Q, op->attention.q), .k = PTR(RD_ATT_K, op->attention.k),
-			.v = PTR(RD_ATT_V, op->attention.v), .o = PTR(RD_ATT_O, op->attention.o),
-			.stats = (float *)PTR(RD_ATT_STATS, op->attention.stats),
-		};
-		return rd_host_attention(&op->attention, &p, lane->scratch, lane->scratch_size);
-	}
-	struct rp_attention_backward *a = &op->attention_backward;
-	struct rd_attention_backward_ptrs p = {
-		.q = PTR(RD_ATB_Q, a->q), .k = PTR(RD_ATB_K, a->k), .v = PTR(RD_ATB_V, a->v),
-		.o = PTR(RD_ATB_O, a->o), .d_o = PTR(RD_ATB_DO, a->d_o),
-		.stats = (const float *)PTR(RD_ATB_STATS, a->stats),
-		.d_q = PTR(RD_ATB_DQ, a->d_q), .d_k = PTR(RD_ATB_DK, a->d_k), .d_v = PTR(RD_ATB_DV, a->d_v),
-	};
-	return rd_host_attention_backward(a, &p, lane->scratch, lane->scratch_size);
-#undef PTR
+	return rd_host_run(c, ptr, lane->scratch, lane->scratch_size);
 }
 
 static void *lane_thread(void *arg)
@@ -374,17 +345,16 @@ static int host_release(struct rd_device *dev, struct rp_error *err)
 static int canary(void)
 {
 	float a[4] = { 1, 2, 3, 4 }, b[4] = { 5, 6, 7, 8 }, d[4] = { 0 };
-	struct rp_gemm g = { 0 };
-	struct rd_gemm_ptrs p = { .a = a, .b = b, .d = d };
+	const struct rp_operand m2 = { .dtype = RP_DTYPE_F32, .rank = 2, .shape = { 2, 2 }, .strides = { 2, 1 } };
+	struct rp_compute c = {
+		.spec = &rp_op_gemm,
+		.operands = { [RP_GEMM_A] = m2, [RP_GEMM_B] = m2, [RP_GEMM_D] = m2 },
+		.present = { [RP_GEMM_A] = true, [RP_GEMM_B] = true, [RP_GEMM_D] = true },
+		.gemm = { .alpha = 1, .m = 2, .n = 2, .k = 2 },
+	};
+	void *ptr[RP_OP_OPERANDS_MAX] = { [RP_GEMM_A] = a, [RP_GEMM_B] = b, [RP_GEMM_D] = d };
 
-	g.m = g.n = g.k = 2;
-	g.alpha = 1;
-	g.a.dtype = g.b.dtype = g.d.dtype = RP_DTYPE_F32;
-	g.a.rank = g.b.rank = g.d.rank = 2;
-	g.a.shape[0] = g.a.shape[1] = g.b.shape[0] = g.b.shape[1] = g.d.shape[0] = g.d.shape[1] = 2;
-	g.a.strides[0] = g.b.strides[0] = g.d.strides[0] = 2;
-	g.a.strides[1] = g.b.strides[1] = g.d.strides[1] = 1;
-	if (rd_host_gemm(&g, &p) < 0)
+	if (rd_host_run(&c, ptr, NULL, 0) < 0)
 		return -EIO;
 	return d[0] == 19 && d[1] == 22 && d[2] == 43 && d[3] == 50 ? 0 : -EIO;
 }

@@ -200,16 +200,22 @@ static float gelu_tanh(float x)
 	return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-int rd_host_gemm(const struct rp_gemm *g, const struct rd_gemm_ptrs *p)
+static int gemm(const struct rp_compute *c, void *const *ptr)
 {
+	const struct rp_gemm *g = &c->gemm;
+	const struct rp_operand *A = &c->operands[RP_GEMM_A], *B = &c->operands[RP_GEMM_B];
+	const struct rp_operand *C = &c->operands[RP_GEMM_C], *D = &c->operands[RP_GEMM_D];
+	const struct rp_operand *bias_op = &c->operands[RP_GEMM_BIAS];
+	const void *pa = ptr[RP_GEMM_A], *pb = ptr[RP_GEMM_B], *pc = ptr[RP_GEMM_C], *pbias = ptr[RP_GEMM_BIAS];
+	void *pd = ptr[RP_GEMM_D];
 	const int64_t M = g->m, N = g->n, K = g->k;
 	/* op(A)[i][q] = A[i*as_i + q*as_q]; op(B)[q][j] = B[q*bs_q + j*bs_j]. */
-	const int64_t as_i = g->trans_a ? g->a.strides[1] : g->a.strides[0];
-	const int64_t as_q = g->trans_a ? g->a.strides[0] : g->a.strides[1];
-	const int64_t bs_q = g->trans_b ? g->b.strides[1] : g->b.strides[0];
-	const int64_t bs_j = g->trans_b ? g->b.strides[0] : g->b.strides[1];
-	const bool read_c = g->has_c && g->beta != 0.0;
-	const bool add_bias = g->has_bias &&
+	const int64_t as_i = g->trans_a ? A->strides[1] : A->strides[0];
+	const int64_t as_q = g->trans_a ? A->strides[0] : A->strides[1];
+	const int64_t bs_q = g->trans_b ? B->strides[1] : B->strides[0];
+	const int64_t bs_j = g->trans_b ? B->strides[0] : B->strides[1];
+	const bool read_c = c->present[RP_GEMM_C] && pc && g->beta != 0.0;
+	const bool add_bias = c->present[RP_GEMM_BIAS] && pbias &&
 		(g->epilogue == RP_EPILOGUE_BIAS || g->epilogue == RP_EPILOGUE_GELU_BIAS);
 	const bool gelu = g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS;
 	const float alpha = (float)g->alpha, beta = (float)g->beta;
@@ -236,17 +242,17 @@ int rd_host_gemm(const struct rp_gemm *g, const struct rd_gemm_ptrs *p)
 		/* Pack op(B)[:, j0:j0+nb] as K contiguous rows of nb floats,
 		 * converted once for every row of A that uses them. */
 		for (int64_t q = 0; q < K; q++) {
-			load_f32(panel + q * nb, p->b, g->b.dtype, q * bs_q + j0 * bs_j, bs_j, nb);
+			load_f32(panel + q * nb, pb, B->dtype, q * bs_q + j0 * bs_j, bs_j, nb);
 		}
 		if (add_bias) {
-			load_f32(bias, p->bias, g->bias.dtype, j0 * g->bias.strides[0], g->bias.strides[0], nb);
+			load_f32(bias, pbias, bias_op->dtype, j0 * bias_op->strides[0], bias_op->strides[0], nb);
 		}
 
 		for (int64_t i0 = 0; i0 < M; i0 += GEMM_MR) {
 			const int64_t mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
 
 			for (int64_t rr = 0; rr < mr; rr++) {
-				load_f32(arows + rr * K, p->a, g->a.dtype, (i0 + rr) * as_i, as_q, K);
+				load_f32(arows + rr * K, pa, A->dtype, (i0 + rr) * as_i, as_q, K);
 			}
 			memset(acc, 0, (size_t)GEMM_MR * (size_t)nb * sizeof(float));
 
@@ -271,8 +277,8 @@ int rd_host_gemm(const struct rp_gemm *g, const struct rd_gemm_ptrs *p)
 				 * written: with c aliasing d every C element is
 				 * consumed before its D overwrites it. */
 				if (read_c) {
-					load_f32(crow, p->c, g->c.dtype, i * g->c.strides[0] + j0 * g->c.strides[1],
-						 g->c.strides[1], nb);
+					load_f32(crow, pc, C->dtype, i * C->strides[0] + j0 * C->strides[1],
+						 C->strides[1], nb);
 				}
 				for (int64_t j = 0; j < nb; j++) {
 					float v = alpha * out[j];
@@ -287,7 +293,7 @@ int rd_host_gemm(const struct rp_gemm *g, const struct rd_gemm_ptrs *p)
 					}
 					out[j] = v;
 				}
-				store_f32(p->d, g->d.dtype, i * g->d.strides[0] + j0 * g->d.strides[1], g->d.strides[1], out, nb);
+				store_f32(pd, D->dtype, i * D->strides[0] + j0 * D->strides[1], D->strides[1], out, nb);
 			}
 		}
 	}
@@ -358,10 +364,25 @@ static bool scratch_ok(const void *scratch, size_t have, size_t need, int *r)
 	return true;
 }
 
-/* Forward scratch: K and V of one (b, h) as f32, then one q row, one row
- * of scores and one output row. */
-size_t rd_host_attention_scratch_size(const struct rp_attention *a)
+/* The keys query row i sees: all of them, or up to its causal diagonal
+ * (top-left: key i; bottom-right: key i + Skv - Sq). The parser refuses a
+ * bottom-right mask that would leave a row no key. */
+static int64_t visible_keys(const struct rp_attention *a, int64_t i)
 {
+	int64_t n;
+
+	if (!a->causal) {
+		return a->seq_kv;
+	}
+	n = (a->alignment == RP_CAUSAL_BOTTOM_RIGHT ? i + a->seq_kv - a->seq_q : i) + 1;
+	return n < 0 ? 0 : n > a->seq_kv ? a->seq_kv : n;
+}
+
+/* Forward scratch: K and V of one (b, kv head) as f32, then one q row, one
+ * row of scores and one output row. */
+static size_t attention_scratch_size(const struct rp_compute *c)
+{
+	const struct rp_attention *a = &c->attention;
 	size_t skv = (size_t)a->seq_kv, d = (size_t)a->head_dim, dv = (size_t)a->head_dim_v;
 	size_t n = mul_sat(skv, add_sat(d, dv));
 
@@ -369,14 +390,19 @@ size_t rd_host_attention_scratch_size(const struct rp_attention *a)
 	return floats_to_bytes(n);
 }
 
-int rd_host_attention(const struct rp_attention *a, const struct rd_attention_ptrs *p, void *scratch, size_t scratch_size)
+static int attention(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
 {
-	const int64_t B = a->batch, H = a->heads, Sq = a->seq_q, Skv = a->seq_kv;
+	const struct rp_attention *a = &c->attention;
+	const struct rp_operand *Q = &c->operands[RP_ATT_Q], *K = &c->operands[RP_ATT_K];
+	const struct rp_operand *V = &c->operands[RP_ATT_V], *O = &c->operands[RP_ATT_O];
+	const struct rp_operand *S = &c->operands[RP_ATT_STATS];
+	float *stats = c->present[RP_ATT_STATS] ? ptr[RP_ATT_STATS] : NULL;
+	const int64_t B = a->batch, Hkv = a->heads_kv, group = a->heads / a->heads_kv, Sq = a->seq_q, Skv = a->seq_kv;
 	const int64_t D = a->head_dim, Dv = a->head_dim_v;
 	const float scale = (float)a->scale;
 	int r = 0;
 
-	if (!scratch_ok(scratch, scratch_size, rd_host_attention_scratch_size(a), &r)) {
+	if (!scratch_ok(scratch, scratch_size, attention_scratch_size(c), &r)) {
 		return r;
 	}
 	float *kf = scratch;
@@ -386,38 +412,38 @@ int rd_host_attention(const struct rp_attention *a, const struct rd_attention_pt
 	float *orow = s + Skv;
 
 	for (int64_t b = 0; b < B; b++) {
-		for (int64_t h = 0; h < H; h++) {
+		for (int64_t hk = 0; hk < Hkv; hk++) {
+			/* K and V once for every query head of the group. */
 			for (int64_t j = 0; j < Skv; j++) {
-				load_f32(kf + j * D, p->k, a->k.dtype, off4(&a->k, b, h, j), a->k.strides[3], D);
-				load_f32(vf + j * Dv, p->v, a->v.dtype, off4(&a->v, b, h, j), a->v.strides[3], Dv);
+				load_f32(kf + j * D, ptr[RP_ATT_K], K->dtype, off4(K, b, hk, j), K->strides[3], D);
+				load_f32(vf + j * Dv, ptr[RP_ATT_V], V->dtype, off4(V, b, hk, j), V->strides[3], Dv);
 			}
-			for (int64_t i = 0; i < Sq; i++) {
-				/* Causal is top-left aligned: query i sees keys
-				 * 0..i, so every row sees at least key 0. */
-				const int64_t nj = a->causal ? (i + 1 < Skv ? i + 1 : Skv) : Skv;
-				float mx = -INFINITY, sum = 0.0f;
+			for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+				for (int64_t i = 0; i < Sq; i++) {
+					const int64_t nj = visible_keys(a, i);
+					float mx = -INFINITY, sum = 0.0f;
 
-				load_f32(qrow, p->q, a->q.dtype, off4(&a->q, b, h, i), a->q.strides[3], D);
-				for (int64_t j = 0; j < nj; j++) {
-					s[j] = scale * dot(qrow, kf + j * D, D);
-					mx = s[j] > mx ? s[j] : mx;
-				}
-				memset(orow, 0, (size_t)Dv * sizeof(float));
-				for (int64_t j = 0; j < nj; j++) {
-					const float pj = expf(s[j] - mx);
-					const float *restrict vj = vf + j * Dv;
-					sum += pj;
-					for (int64_t t = 0; t < Dv; t++) {
-						orow[t] += pj * vj[t];
+					load_f32(qrow, ptr[RP_ATT_Q], Q->dtype, off4(Q, b, h, i), Q->strides[3], D);
+					for (int64_t j = 0; j < nj; j++) {
+						s[j] = scale * dot(qrow, kf + j * D, D);
+						mx = s[j] > mx ? s[j] : mx;
 					}
-				}
-				for (int64_t t = 0; t < Dv; t++) {
-					orow[t] /= sum;
-				}
-				store_f32(p->o, a->o.dtype, off4(&a->o, b, h, i), a->o.strides[3], orow, Dv);
-				if (a->has_stats && p->stats) {
-					p->stats[b * a->stats.strides[0] + h * a->stats.strides[1] + i * a->stats.strides[2]] =
-						mx + logf(sum);
+					memset(orow, 0, (size_t)Dv * sizeof(float));
+					for (int64_t j = 0; j < nj; j++) {
+						const float pj = expf(s[j] - mx);
+						const float *restrict vj = vf + j * Dv;
+						sum += pj;
+						for (int64_t t = 0; t < Dv; t++) {
+							orow[t] += pj * vj[t];
+						}
+					}
+					for (int64_t t = 0; t < Dv; t++) {
+						orow[t] /= sum;
+					}
+					store_f32(ptr[RP_ATT_O], O->dtype, off4(O, b, h, i), O->strides[3], orow, Dv);
+					if (stats) {
+						stats[b * S->strides[0] + h * S->strides[1] + i * S->strides[2]] = mx + logf(sum);
+					}
 				}
 			}
 		}
@@ -425,10 +451,11 @@ int rd_host_attention(const struct rp_attention *a, const struct rd_attention_pt
 	return 0;
 }
 
-/* Backward scratch: K, V, dK, dV of one (b, h) as f32, then the rows q, dQ,
- * o and dO of one query. */
-size_t rd_host_attention_backward_scratch_size(const struct rp_attention_backward *a)
+/* Backward scratch: K, V, dK, dV of one (b, kv head) as f32, then the rows
+ * q, dQ, o and dO of one query. */
+static size_t attention_backward_scratch_size(const struct rp_compute *c)
 {
+	const struct rp_attention *a = &c->attention;
 	size_t skv = (size_t)a->seq_kv, d = (size_t)a->head_dim, dv = (size_t)a->head_dim_v;
 	size_t n = mul_sat(mul_sat(skv, add_sat(d, dv)), 2);
 
@@ -436,15 +463,21 @@ size_t rd_host_attention_backward_scratch_size(const struct rp_attention_backwar
 	return floats_to_bytes(n);
 }
 
-int rd_host_attention_backward(const struct rp_attention_backward *a, const struct rd_attention_backward_ptrs *p,
-			       void *scratch, size_t scratch_size)
+static int attention_backward(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
 {
-	const int64_t B = a->batch, H = a->heads, Sq = a->seq_q, Skv = a->seq_kv;
+	const struct rp_attention *a = &c->attention;
+	const struct rp_operand *Q = &c->operands[RP_ATB_Q], *K = &c->operands[RP_ATB_K];
+	const struct rp_operand *V = &c->operands[RP_ATB_V], *O = &c->operands[RP_ATB_O];
+	const struct rp_operand *DO = &c->operands[RP_ATB_DO], *S = &c->operands[RP_ATB_STATS];
+	const struct rp_operand *DQ = &c->operands[RP_ATB_DQ], *DK = &c->operands[RP_ATB_DK];
+	const struct rp_operand *DV = &c->operands[RP_ATB_DV];
+	const float *stats = ptr[RP_ATB_STATS];
+	const int64_t B = a->batch, Hkv = a->heads_kv, group = a->heads / a->heads_kv, Sq = a->seq_q, Skv = a->seq_kv;
 	const int64_t D = a->head_dim, Dv = a->head_dim_v;
 	const float scale = (float)a->scale;
 	int r = 0;
 
-	if (!scratch_ok(scratch, scratch_size, rd_host_attention_backward_scratch_size(a), &r)) {
+	if (!scratch_ok(scratch, scratch_size, attention_backward_scratch_size(c), &r)) {
 		return r;
 	}
 	float *kf = scratch;
@@ -457,53 +490,87 @@ int rd_host_attention_backward(const struct rp_attention_backward *a, const stru
 	float *dorow = orow + Dv;
 
 	for (int64_t b = 0; b < B; b++) {
-		for (int64_t h = 0; h < H; h++) {
+		for (int64_t hk = 0; hk < Hkv; hk++) {
 			for (int64_t j = 0; j < Skv; j++) {
-				load_f32(kf + j * D, p->k, a->k.dtype, off4(&a->k, b, h, j), a->k.strides[3], D);
-				load_f32(vf + j * Dv, p->v, a->v.dtype, off4(&a->v, b, h, j), a->v.strides[3], Dv);
+				load_f32(kf + j * D, ptr[RP_ATB_K], K->dtype, off4(K, b, hk, j), K->strides[3], D);
+				load_f32(vf + j * Dv, ptr[RP_ATB_V], V->dtype, off4(V, b, hk, j), V->strides[3], Dv);
 			}
+			/* dK and dV of a shared head sum over every query head of
+			 * its group. */
 			memset(dk, 0, (size_t)(Skv * D) * sizeof(float));
 			memset(dv, 0, (size_t)(Skv * Dv) * sizeof(float));
 
-			for (int64_t i = 0; i < Sq; i++) {
-				const int64_t nj = a->causal ? (i + 1 < Skv ? i + 1 : Skv) : Skv;
-				const float lse = p->stats[b * a->stats.strides[0] + h * a->stats.strides[1] +
-							   i * a->stats.strides[2]];
+			for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+				for (int64_t i = 0; i < Sq; i++) {
+					const int64_t nj = visible_keys(a, i);
+					const float lse = stats[b * S->strides[0] + h * S->strides[1] + i * S->strides[2]];
 
-				load_f32(qrow, p->q, a->q.dtype, off4(&a->q, b, h, i), a->q.strides[3], D);
-				load_f32(orow, p->o, a->o.dtype, off4(&a->o, b, h, i), a->o.strides[3], Dv);
-				load_f32(dorow, p->d_o, a->d_o.dtype, off4(&a->d_o, b, h, i), a->d_o.strides[3], Dv);
-				memset(dq, 0, (size_t)D * sizeof(float));
+					load_f32(qrow, ptr[RP_ATB_Q], Q->dtype, off4(Q, b, h, i), Q->strides[3], D);
+					load_f32(orow, ptr[RP_ATB_O], O->dtype, off4(O, b, h, i), O->strides[3], Dv);
+					load_f32(dorow, ptr[RP_ATB_DO], DO->dtype, off4(DO, b, h, i), DO->strides[3], Dv);
+					memset(dq, 0, (size_t)D * sizeof(float));
 
-				/* D_i = dO_i . O_i equals sum_j p_ij dP_ij, the
-				 * softmax Jacobian's diagonal correction, without
-				 * a second pass over the keys. */
-				const float di = dot(dorow, orow, Dv);
+					/* D_i = dO_i . O_i equals sum_j p_ij dP_ij, the
+					 * softmax Jacobian's diagonal correction, without
+					 * a second pass over the keys. */
+					const float di = dot(dorow, orow, Dv);
 
-				for (int64_t j = 0; j < nj; j++) {
-					const float *restrict kj = kf + j * D;
-					const float *restrict vj = vf + j * Dv;
-					float *restrict dkj = dk + j * D;
-					float *restrict dvj = dv + j * Dv;
-					const float pij = expf(scale * dot(qrow, kj, D) - lse);
-					const float dp = dot(dorow, vj, Dv);
-					const float ds = scale * pij * (dp - di);
+					for (int64_t j = 0; j < nj; j++) {
+						const float *restrict kj = kf + j * D;
+						const float *restrict vj = vf + j * Dv;
+						float *restrict dkj = dk + j * D;
+						float *restrict dvj = dv + j * Dv;
+						const float pij = expf(scale * dot(qrow, kj, D) - lse);
+						const float dp = dot(dorow, vj, Dv);
+						const float ds = scale * pij * (dp - di);
 
-					for (int64_t t = 0; t < Dv; t++) {
-						dvj[t] += pij * dorow[t];
+						for (int64_t t = 0; t < Dv; t++) {
+							dvj[t] += pij * dorow[t];
+						}
+						for (int64_t t = 0; t < D; t++) {
+							dq[t] += ds * kj[t];
+							dkj[t] += ds * qrow[t];
+						}
 					}
-					for (int64_t t = 0; t < D; t++) {
-						dq[t] += ds * kj[t];
-						dkj[t] += ds * qrow[t];
-					}
+					store_f32(ptr[RP_ATB_DQ], DQ->dtype, off4(DQ, b, h, i), DQ->strides[3], dq, D);
 				}
-				store_f32(p->d_q, a->d_q.dtype, off4(&a->d_q, b, h, i), a->d_q.strides[3], dq, D);
 			}
 			for (int64_t j = 0; j < Skv; j++) {
-				store_f32(p->d_k, a->d_k.dtype, off4(&a->d_k, b, h, j), a->d_k.strides[3], dk + j * D, D);
-				store_f32(p->d_v, a->d_v.dtype, off4(&a->d_v, b, h, j), a->d_v.strides[3], dv + j * Dv, Dv);
+				store_f32(ptr[RP_ATB_DK], DK->dtype, off4(DK, b, hk, j), DK->strides[3], dk + j * D, D);
+				store_f32(ptr[RP_ATB_DV], DV->dtype, off4(DV, b, hk, j), DV->strides[3], dv + j * Dv, Dv);
 			}
 		}
 	}
 	return 0;
+}
+
+/* ---- one entry per operation ------------------------------------------------ */
+
+static size_t no_scratch(const struct rp_compute *c)
+{
+	return 0;
+}
+
+static int gemm_entry(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
+{
+	return gemm(c, ptr);
+}
+
+static const struct {
+	size_t (*scratch_size)(const struct rp_compute *c);
+	int (*run)(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size);
+} kernels[RP_OP_COUNT] = {
+	[RP_OP_GEMM] = { no_scratch, gemm_entry },
+	[RP_OP_ATTENTION] = { attention_scratch_size, attention },
+	[RP_OP_ATTENTION_BACKWARD] = { attention_backward_scratch_size, attention_backward },
+};
+
+size_t rd_host_scratch_size(const struct rp_compute *c)
+{
+	return kernels[c->spec->id].scratch_size(c);
+}
+
+int rd_host_run(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
+{
+	return kernels[c->spec->id].run(c, ptr, scratch, scratch_size);
 }

@@ -13,34 +13,15 @@ float rd_bf16_to_f32(uint16_t h);
 uint16_t rd_f32_to_f16(float f);
 float rd_f16_to_f32(uint16_t h);
 
-/* Base pointers already include each operand's byte offset. */
-struct rd_gemm_ptrs {
-	const void *a, *b, *c, *bias;
-	void *d;
-};
+/* Runs one validated call (proto/compute.h). ptr[slot] is each operand's
+ * base, already at its byte offset (NULL for an absent optional operand).
+ * GEMM: D = epilogue(alpha op(A) op(B) + beta C + bias), GELU the tanh
+ * approximation as cuBLASLt's epilogue. Attention: grouped-query heads and
+ * both causal alignments, the stats as log-sum-exp.
+ * 0, -ENOSPC when the scratch is smaller than rd_host_scratch_size()
+ * says, -ENOMEM for a GEMM's per-call panels, -EINVAL for an empty shape. */
+int rd_host_run(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size);
 
-/* D = epilogue(alpha * op(A) op(B) + beta * C + bias); GELU is the tanh
- * approximation, as cuBLASLt's epilogue. Scratch is unused today; the
- * signature leaves room for blocked variants. 0, or -ENOMEM for its
- * per-call panels, -EINVAL for an empty shape. */
-int rd_host_gemm(const struct rp_gemm *g, const struct rd_gemm_ptrs *p);
-
-struct rd_attention_ptrs {
-	const void *q, *k, *v;
-	void *o;
-	float *stats;        /* may be NULL */
-};
-
-/* Scratch for one call, in bytes, so the caller can take it from its lane's
- * arena (registry resource) rather than malloc per call. */
-size_t rd_host_attention_scratch_size(const struct rp_attention *a);
-int rd_host_attention(const struct rp_attention *a, const struct rd_attention_ptrs *p, void *scratch, size_t scratch_size);
-
-struct rd_attention_backward_ptrs {
-	const void *q, *k, *v, *o, *d_o;
-	const float *stats;
-	void *d_q, *d_k, *d_v;
-};
-
-size_t rd_host_attention_backward_scratch_size(const struct rp_attention_backward *a);
-int rd_host_attention_backward(const struct rp_attention_backward *a, const struct rd_attention_backward_ptrs *p, void *scratch, size_t scratch_size);
+/* Scratch one call needs, in bytes, so the caller can take it from its
+ * lane's arena rather than malloc per call. */
+size_t rd_host_scratch_size(const struct rp_compute *c);

@@ -1,0 +1,138 @@
+/* io.regen.Compute on a worker socket: every operation of the op table
+ * (proto/compute.h) through one path. The call is parsed and checked, each
+ * operand resolved for the caller and checked against its buffer, before
+ * anything reaches the backend; the objects it names stay open until it
+ * finished. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+#include "daemon/worker/session.h"
+#include "proto/compute.h"
+#include "proto/errors.h"
+
+static void op_release_refs(struct rd_worker *w, struct rd_op *op)
+{
+	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++)
+		if (op->buffers[i])
+			rd_objects_unref(&w->objects, &op->buffers[i]->obj);
+	if (op->wait_event)
+		rd_objects_unref(&w->objects, &op->wait_event->obj);
+	if (op->signal_event)
+		rd_objects_unref(&w->objects, &op->signal_event->obj);
+}
+
+/* On the loop thread, once the backend finished the op. */
+static void on_op_done(struct rd_op *op)
+{
+	struct rd_call *call = op->userdata;
+	struct rd_session *s = rd_session_of(call);
+
+	op_release_refs(s->worker, op);
+	if (op->err.name) {
+		rd_call_fail(call, &op->err);
+	} else {
+		cJSON *reply = cJSON_CreateObject();
+		cJSON_AddNumberToObject(reply, "elapsed_us", (double)op->elapsed_us);
+		rd_call_reply(call, reply, false);
+	}
+	free(op);
+	rd_session_call_finished(s);
+}
+
+/* Every operand the table names, resolved for the caller and checked
+ * against its buffer before any work starts; each one the call holds keeps
+ * its buffer from closing until the call finishes. */
+static int resolve_operands(struct rd_worker *w, struct rd_op *op, pid_t pid, struct rp_error *err)
+{
+	const struct rp_compute *c = &op->compute;
+	struct rd_object *o;
+	int r;
+
+	for (unsigned i = 0; i < c->spec->noperands; i++) {
+		const char *name = c->spec->operands[i].name;
+		struct rd_buffer *buf;
+
+		if (!c->present[i])
+			continue;
+		r = rd_objects_find(&w->objects, &c->operands[i].buffer, RD_OBJECT_BUFFER, pid, name, &o, err);
+		if (r < 0)
+			return r;
+		buf = rd_object_buffer(o);
+		r = rp_operand_check_bounds(&c->operands[i], name, buf->size, err);
+		if (r < 0)
+			return r;
+		rd_objects_ref(o);
+		op->buffers[i] = buf;
+	}
+	return 0;
+}
+
+static int resolve_event(struct rd_worker *w, const struct rp_event_ref *ref, const char *name, pid_t pid,
+			 struct rd_event **out, struct rp_error *err)
+{
+	struct rd_object *o;
+	int r;
+
+	if (!ref->present)
+		return 0;
+	r = rd_objects_find(&w->objects, &ref->id, RD_OBJECT_EVENT, pid, name, &o, err);
+	if (r < 0)
+		return r;
+	rd_objects_ref(o);
+	*out = rd_object_event(o);
+	return 0;
+}
+
+void rd_compute_call(struct rd_call *call)
+{
+	const struct rp_op_spec *spec = rp_op_find(call->msg.method);
+	struct rd_session *s = rd_session_of(call);
+	struct rd_worker *w = s->worker;
+	struct rp_error err = { 0 };
+	struct rd_op *op = calloc(1, sizeof(*op));
+	pid_t pid = s->client->pid;
+	int r;
+
+	if (!op) {
+		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the call");
+		rd_call_fail(call, &err);
+		return;
+	}
+	r = rp_compute_parse(spec, call->msg.params, &op->compute, &err);
+	if (r == 0)
+		r = rd_worker_refuse_if_not_ready(w, &err);
+	if (r == 0)
+		r = resolve_operands(w, op, pid, &err);
+	if (r == 0)
+		r = resolve_event(w, &op->compute.wait_event, "wait_event", pid, &op->wait_event, &err);
+	if (r == 0)
+		r = resolve_event(w, &op->compute.signal_event, "signal_event", pid, &op->signal_event, &err);
+	if (r == 0) {
+		op->lane = rd_session_lane(s, &err);
+		if (!op->lane)
+			r = -ENOMEM;
+	}
+	if (r < 0)
+		goto fail;
+	op->done = on_op_done;
+	op->userdata = call;
+	op->submitted_ns = uv_hrtime();
+	rd_session_call_started(s);
+	r = w->dev.backend->submit(op->lane, op);
+	if (r < 0) {
+		/* Refused: no completion follows. The session stays, as the
+		 * call is still being answered here. */
+		s->in_flight--;
+		w->in_flight--;
+		rp_error_move(&err, &op->err);
+		if (!err.name)
+			rp_err_backend_error(&err, w->dev.index, "submit failed: %s", strerror(-r));
+		goto fail;
+	}
+	return;
+fail:
+	op_release_refs(w, op);
+	free(op);
+	rd_call_fail(call, &err);
+}

@@ -1,0 +1,272 @@
+/* The control channel: the supervisor's verbs to this worker (io.regen.Worker:
+ * Drain, Release, Reset, Stats, InjectFault) and what the worker reports
+ * upward (Ready, Faulted). Lifecycle verbs run with no call in flight and
+ * move the device to the generation the supervisor names; every verb that
+ * carries the node's epoch updates the one the worker reports. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "daemon/dispatch.h"
+#include "daemon/log.h"
+#include "daemon/worker/worker.h"
+#include "proto/errors.h"
+#include "proto/params.h"
+
+static struct rd_worker *worker_of(const struct rd_call *call)
+{
+	return call->conn->data;
+}
+
+static cJSON *memory_json(struct rd_worker *w)
+{
+	uint64_t used = 0, base = 0;
+	cJSON *o = cJSON_CreateObject();
+
+	w->dev.backend->memory(&w->dev, &used, &base);
+	cJSON_AddNumberToObject(o, "memory_used", (double)used);
+	cJSON_AddNumberToObject(o, "memory_baseline", (double)base);
+	return o;
+}
+
+static void reply_lifecycle(struct rd_call *call, bool healthy)
+{
+	cJSON *reply = memory_json(worker_of(call));
+
+	cJSON_AddBoolToObject(reply, "healthy", healthy);
+	rd_call_reply(call, reply, false);
+}
+
+/* The supervisor sends the node's epoch with its verbs, when it has one. */
+static void take_epoch(struct rd_worker *w, const cJSON *params)
+{
+	uint64_t epoch;
+	struct rp_error err = { 0 };
+
+	if (rp_params_uint(params, "epoch", UINT64_MAX, 0, &epoch, &err) == 0 && epoch)
+		w->epoch = epoch;
+	rp_error_clear(&err);
+}
+
+static void drain_reply(struct rd_worker *w, bool drained)
+{
+	cJSON *reply = cJSON_CreateObject();
+
+	cJSON_AddBoolToObject(reply, "drained", drained);
+	cJSON_AddNumberToObject(reply, "in_flight", w->in_flight);
+	uv_timer_stop(&w->drain_timer);
+	rd_call_reply(w->drain_call, reply, false);
+	w->drain_call = NULL;
+}
+
+void rd_control_maybe_finish_drain(struct rd_worker *w)
+{
+	if (w->drain_call && w->in_flight == 0)
+		drain_reply(w, true);
+}
+
+static void on_drain_deadline(uv_timer_t *t)
+{
+	struct rd_worker *w = t->data;
+
+	if (w->drain_call) {
+		rd_warn("lifecycle", w->dev.index, rd_worker_generation(w), 0,
+			"drain deadline passed with %u call(s) in flight", w->in_flight);
+		drain_reply(w, false);
+	}
+}
+
+static void ctl_drain(struct rd_call *call)
+{
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+	uint64_t deadline;
+
+	if (rp_params_uint(call->msg.params, "deadline_ms", 3600000, w->opts->drain_deadline_ms, &deadline, &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	take_epoch(w, call->msg.params);
+	if (w->drain_call) {
+		rd_call_failf(call, RP_ERR_DRAINING, "a drain is already in progress");
+		return;
+	}
+	if (w->state == RD_WORKER_READY)
+		w->state = RD_WORKER_DRAINING;
+	rd_info("lifecycle", w->dev.index, rd_worker_generation(w), 0, "draining %u call(s), deadline %llu ms",
+		w->in_flight, (unsigned long long)deadline);
+	w->drain_call = call;
+	if (w->in_flight == 0) {
+		drain_reply(w, true);
+		return;
+	}
+	uv_timer_start(&w->drain_timer, on_drain_deadline, deadline, 0);
+}
+
+/* The generation a lifecycle verb moves to; it must be newer, and nothing
+ * may be in flight. */
+static int lifecycle_generation(struct rd_call *call, uint64_t *gen)
+{
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+
+	if (rp_params_uint(call->msg.params, "generation", UINT64_MAX, 0, gen, &err) < 0 ||
+	    *gen <= rd_worker_generation(w)) {
+		rp_error_clear(&err);
+		rd_call_failf(call, RP_ERR_BACKEND, "a lifecycle verb needs a generation above %llu",
+			      (unsigned long long)rd_worker_generation(w));
+		return -EINVAL;
+	}
+	if (w->in_flight) {
+		rd_call_failf(call, RP_ERR_DRAINING, "%u call(s) still in flight: drain first", w->in_flight);
+		return -EBUSY;
+	}
+	take_epoch(w, call->msg.params);
+	return 0;
+}
+
+static void ctl_release(struct rd_call *call)
+{
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+	uint64_t gen, t0;
+	unsigned n;
+	int r;
+
+	if (lifecycle_generation(call, &gen) < 0)
+		return;
+	t0 = uv_hrtime();
+	/* Every id goes stale with the generation, so every mapping goes now. */
+	rd_objects_close_all(&w->objects);
+	n = rd_registry_release(&w->dev.registry);
+	r = w->dev.backend->release(&w->dev, &err);
+	atomic_store(&w->dev.generation, gen);
+	w->state = RD_WORKER_READY;
+	rd_info("lifecycle", w->dev.index, gen, 0, "released %u resource(s) in %.1f ms%s%s", n,
+		(double)(uv_hrtime() - t0) / 1e6, r < 0 ? "; backend: " : "",
+		r < 0 && err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : "");
+	rp_error_clear(&err);
+	reply_lifecycle(call, r == 0);
+}
+
+static void ctl_reset(struct rd_call *call)
+{
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+	uint64_t gen, t0;
+	unsigned n;
+	int r;
+
+	if (lifecycle_generation(call, &gen) < 0)
+		return;
+	t0 = uv_hrtime();
+	/* The context may be dead: forget every native handle without calling
+	 * into it, then drop the ids (their resources are already invalid). */
+	n = rd_registry_invalidate(&w->dev.registry);
+	rd_objects_close_all(&w->objects);
+	r = w->dev.backend->reset(&w->dev, &err);
+	atomic_store(&w->dev.generation, gen);
+	pthread_mutex_lock(&w->lock);
+	w->fault_reported = false;
+	w->fault_pending = false;
+	pthread_mutex_unlock(&w->lock);
+	w->state = r == 0 ? RD_WORKER_READY : RD_WORKER_LOST;
+	rd_info("lifecycle", w->dev.index, gen, 0, "reset: invalidated %u resource(s) in %.1f ms; %s", n,
+		(double)(uv_hrtime() - t0) / 1e6, r == 0 ? "canary passed" : "canary FAILED");
+	rp_error_clear(&err);
+	reply_lifecycle(call, r == 0);
+}
+
+static void ctl_stats(struct rd_call *call)
+{
+	struct rd_worker *w = worker_of(call);
+	cJSON *reply = memory_json(w);
+
+	take_epoch(w, call->msg.params);
+	cJSON_AddNumberToObject(reply, "in_flight", w->in_flight);
+	cJSON_AddNumberToObject(reply, "buffers", w->objects.count[RD_OBJECT_BUFFER]);
+	cJSON_AddNumberToObject(reply, "connections", w->nsessions);
+	rd_call_reply(call, reply, false);
+}
+
+static void ctl_inject_fault(struct rd_call *call)
+{
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+	const char *kind = NULL;
+
+	if (!w->opts->fault_injection) {
+		rd_call_failf(call, RP_ERR_FAULT_INJECTION_DISABLED, "fault injection is disabled");
+		return;
+	}
+	if (rp_params_string(call->msg.params, "kind", 32, NULL, &kind, &err) < 0 || !kind) {
+		rp_error_clear(&err);
+		rd_call_fail(call, (rp_error_invalid_parameter(&err, "kind"), &err));
+		return;
+	}
+	if (strcmp(kind, "crash") == 0) {
+		rd_warn("lifecycle", w->dev.index, rd_worker_generation(w), 0, "injected crash");
+		abort();
+	}
+	if (!w->dev.backend->inject_fault || w->dev.backend->inject_fault(&w->dev, kind, &err) < 0) {
+		if (!err.name)
+			rp_error_set(&err, RP_ERR_BACKEND, "the %s backend cannot inject '%s'", w->dev.backend->name, kind);
+		rd_call_fail(call, &err);
+		return;
+	}
+	rd_call_reply(call, NULL, false);
+}
+
+static const struct rd_method ctl_methods[] = {
+	{ "io.regen.Worker.Drain", ctl_drain },
+	{ "io.regen.Worker.Release", ctl_release },
+	{ "io.regen.Worker.Reset", ctl_reset },
+	{ "io.regen.Worker.Stats", ctl_stats },
+	{ "io.regen.Worker.InjectFault", ctl_inject_fault },
+	{ NULL },
+};
+static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };
+static const struct rd_endpoint ctl_endpoint = { ctl_methods, ctl_interfaces, NULL };
+
+static void ctl_on_call(struct rd_conn *conn, struct rd_call *call)
+{
+	rd_dispatch(&ctl_endpoint, call);
+}
+
+static void ctl_on_close(struct rd_conn *conn)
+{
+	struct rd_worker *w = conn->data;
+
+	w->ctl = NULL;
+	/* Without a supervisor nobody would restart or reset us: go. */
+	rd_worker_begin_stop(w, "the supervisor is gone");
+}
+
+static const struct rd_conn_ops ctl_ops = { .on_call = ctl_on_call, .on_close = ctl_on_close };
+
+int rd_control_open(struct rd_worker *w, int ctl_fd)
+{
+	w->drain_timer.data = w;
+	if (ctl_fd < 0)
+		return -EBADF;
+	return rd_conn_new(w->loop, ctl_fd, &ctl_ops, w, &w->ctl);
+}
+
+void rd_control_ready(struct rd_worker *w)
+{
+	cJSON *p = memory_json(w);
+
+	cJSON_AddNumberToObject(p, "pid", getpid());
+	cJSON_AddStringToObject(p, "worker_socket", w->socket_path);
+	cJSON_AddStringToObject(p, "backend", w->dev.backend->name);
+	rd_conn_call(w->ctl, "io.regen.Worker.Ready", p, true, NULL, NULL);
+}
+
+void rd_control_report_fault(struct rd_worker *w, const char *reason)
+{
+	if (w->ctl) {
+		cJSON *p = cJSON_CreateObject();
+		cJSON_AddStringToObject(p, "reason", reason);
+		rd_conn_call(w->ctl, "io.regen.Worker.Faulted", p, true, NULL, NULL);
+	}
+}

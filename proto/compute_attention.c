@@ -1,0 +1,190 @@
+/* io.regen.Compute.Attention and AttentionBackward: scaled dot-product
+ * attention and its gradients.
+ *
+ * q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv],
+ * stats f32 [B, H, Sq]; H a multiple of Hkv (grouped-query attention: query
+ * head h reads key/value head h / (H / Hkv); Hkv = 1 is multi-query). The
+ * table says what each operand is on its own and that gradients have their
+ * primal's shape; attention_check derives B, H, Hkv, Sq, Skv, D, Dv from q,
+ * k and v and checks the others against them. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+
+#include "compute.h"
+#include "compute_check.h"
+#include "errors.h"
+
+#define ATT_DTYPES RP_DTYPES_ANY
+#define STATS_DTYPES RP_DTYPE_BIT(RP_DTYPE_F32)
+#define ROW "[batch, heads, sequence, head_dim]"
+#define STATS_ROW "[batch, heads, seq_q] of f32 (log-sum-exp is kept in f32)"
+
+static const struct rp_operand_spec attention_operands[RP_ATT_OPERANDS] = {
+	[RP_ATT_Q] = { "q", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATT_K] = { "k", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_ATT_Q, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATT_V] = { "v", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_ATT_Q, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATT_O] = { "o", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATT_Q, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATT_STATS] = { "stats", RP_ROLE_OUT, false, 3, STATS_ROW, STATS_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false,
+			   RP_NO_SLOT },
+};
+
+static const struct rp_operand_spec attention_backward_operands[RP_ATB_OPERANDS] = {
+	[RP_ATB_Q] = { "q", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATB_K] = { "k", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATB_V] = { "v", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATB_O] = { "o", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_ATB_DO] = { "d_o", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_ATB_O, false, RP_NO_SLOT },
+	[RP_ATB_STATS] = { "stats", RP_ROLE_IN, true, 3, STATS_ROW, STATS_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false,
+			   RP_NO_SLOT },
+	/* Each gradient is written while every input is still read (and dK,
+	 * dV accumulate across query rows and, with grouped-query attention,
+	 * across the query heads of a group). */
+	[RP_ATB_DQ] = { "d_q", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_ATB_Q, false, RP_NO_SLOT },
+	[RP_ATB_DK] = { "d_k", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_ATB_K, false, RP_NO_SLOT },
+	[RP_ATB_DV] = { "d_v", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_ATB_V, false, RP_NO_SLOT },
+};
+
+static const struct rp_field attention_scalars[] = {
+	{ "scale", RP_T_FLOAT, false },
+	{ "causal", RP_T_BOOL, false },
+	{ "causal_alignment", RP_T_STRING, false },
+	{ NULL, 0, false },
+};
+
+/* In enum rp_causal_alignment order. */
+static const char *const alignment_names[] = { "top_left", "bottom_right", NULL };
+
+/* The slots forward and backward share. */
+struct att_slots {
+	int q, k, v, o, stats;
+};
+
+static const struct att_slots forward_slots = { RP_ATT_Q, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS };
+static const struct att_slots backward_slots = { RP_ATB_Q, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_STATS };
+
+static int check_shapes(struct rp_compute *c, const struct att_slots *s, struct rp_error *err)
+{
+	struct rp_attention *a = &c->attention;
+	const struct rp_operand *q = &c->operands[s->q], *k = &c->operands[s->k], *v = &c->operands[s->v];
+	const struct rp_operand *o = &c->operands[s->o], *stats = rp_compute_operand(c, s->stats);
+
+	a->batch = q->shape[0];
+	a->heads = q->shape[1];
+	a->seq_q = q->shape[2];
+	a->head_dim = q->shape[3];
+	a->heads_kv = k->shape[1];
+	a->seq_kv = k->shape[2];
+	a->head_dim_v = v->shape[3];
+
+	const int64_t kwant[4] = { a->batch, a->heads_kv, a->seq_kv, a->head_dim };
+	const int64_t vwant[4] = { a->batch, a->heads_kv, a->seq_kv, a->head_dim_v };
+	const int64_t owant[4] = { a->batch, a->heads, a->seq_q, a->head_dim_v };
+	const int64_t statswant[3] = { a->batch, a->heads, a->seq_q };
+
+	if (!rp_operand_shape_is(k, 4, kwant)) {
+		return rp_error_invalid_operand(err, "k", "k is %s but q is %s: k must be [B, Hkv, Skv, D] = %s",
+						rp_operand_shape_text(k).s, rp_operand_shape_text(q).s,
+						rp_shape_fmt(4, kwant).s);
+	}
+	if (a->heads % a->heads_kv != 0) {
+		return rp_error_invalid_operand(err, "k",
+						"k has %" PRId64 " heads, which does not divide q's %" PRId64
+						"; grouped-query attention needs H a multiple of Hkv",
+						a->heads_kv, a->heads);
+	}
+	if (!rp_operand_shape_is(v, 4, vwant)) {
+		return rp_error_invalid_operand(err, "v",
+						"v is %s but must be [B, Hkv, Skv, Dv] = %s (B from q, Hkv and Skv from k)",
+						rp_operand_shape_text(v).s, rp_shape_fmt(4, vwant).s);
+	}
+	if (!rp_operand_shape_is(o, 4, owant)) {
+		return rp_error_invalid_operand(err, "o",
+						"o is %s but must be [B, H, Sq, Dv] = %s (B, H, Sq from q, Dv from v)",
+						rp_operand_shape_text(o).s, rp_shape_fmt(4, owant).s);
+	}
+	if (stats && !rp_operand_shape_is(stats, 3, statswant)) {
+		return rp_error_invalid_operand(err, "stats", "stats is %s but must be [B, H, Sq] = %s",
+						rp_operand_shape_text(stats).s, rp_shape_fmt(3, statswant).s);
+	}
+	return 0;
+}
+
+/* scale defaults to 1/sqrt(D), so it is read once D is known. */
+static int parse_scalars(const cJSON *params, struct rp_attention *a, struct rp_error *err)
+{
+	int r, alignment;
+
+	if ((r = rp_params_bool(params, "causal", false, &a->causal, err)) < 0 ||
+	    (r = rp_params_enum(params, "causal_alignment", alignment_names, RP_CAUSAL_TOP_LEFT, &alignment, err)) < 0 ||
+	    (r = rp_params_double(params, "scale", 1.0 / sqrt((double)a->head_dim), &a->scale, err)) < 0) {
+		return r;
+	}
+	a->alignment = (enum rp_causal_alignment)alignment;
+	if (!isfinite(a->scale) || !(a->scale > 0.0)) {
+		return rp_error_invalid_parameter(err, "scale");
+	}
+	/* Aligned to the bottom right, query i sees keys up to
+	 * i + Skv - Sq: with more queries than keys, the first rows would see
+	 * no key at all, and their softmax is undefined. */
+	if (a->causal && a->alignment == RP_CAUSAL_BOTTOM_RIGHT && a->seq_q > a->seq_kv) {
+		return rp_error_invalid_operand(err, "q",
+						"causal attention aligned bottom_right with Sq %" PRId64 " > Skv %" PRId64
+						" leaves the first %" PRId64 " query rows no key to attend to; use top_left or "
+						"Sq <= Skv",
+						a->seq_q, a->seq_kv, a->seq_q - a->seq_kv);
+	}
+	return 0;
+}
+
+static int attention_check(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+{
+	int r = check_shapes(c, &forward_slots, err);
+
+	return r < 0 ? r : parse_scalars(params, &c->attention, err);
+}
+
+static int attention_backward_check(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+{
+	int r = check_shapes(c, &backward_slots, err);
+
+	return r < 0 ? r : parse_scalars(params, &c->attention, err);
+}
+
+static void attention_encode(const struct rp_compute *c, cJSON *params)
+{
+	const struct rp_attention *a = &c->attention;
+
+	/* 0 leaves the default, 1/sqrt(D), to the parser. */
+	if (a->scale > 0.0) {
+		cJSON_AddNumberToObject(params, "scale", a->scale);
+	}
+	if (a->causal) {
+		cJSON_AddTrueToObject(params, "causal");
+	}
+	if (a->alignment != RP_CAUSAL_TOP_LEFT) {
+		cJSON_AddStringToObject(params, "causal_alignment", alignment_names[a->alignment]);
+	}
+}
+
+const struct rp_op_spec rp_op_attention = {
+	.id = RP_OP_ATTENTION,
+	.method = "io.regen.Compute.Attention",
+	.name = "attention",
+	.noperands = RP_ATT_OPERANDS,
+	.operands = attention_operands,
+	.scalars = attention_scalars,
+	.check = attention_check,
+	.encode = attention_encode,
+};
+
+const struct rp_op_spec rp_op_attention_backward = {
+	.id = RP_OP_ATTENTION_BACKWARD,
+	.method = "io.regen.Compute.AttentionBackward",
+	.name = "attention_backward",
+	.noperands = RP_ATB_OPERANDS,
+	.operands = attention_backward_operands,
+	.scalars = attention_scalars,
+	.check = attention_backward_check,
+	.encode = attention_encode,
+};

@@ -1,0 +1,181 @@
+/* io.regen.Compute.Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias).
+ *
+ * The table says what each operand is on its own; gemm_check says what
+ * only the call as a whole can: K agrees, D and C are [M, N], bias is [N],
+ * beta needs C, a bias epilogue needs a bias and a bias needs one, tf32
+ * only multiplies f32. Inputs share a dtype, outputs share one; D may be
+ * wider than A and B (bf16 in, f32 out), as cuBLASLt allows. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+
+#include "compute.h"
+#include "compute_check.h"
+#include "errors.h"
+
+static const struct rp_operand_spec gemm_operands[RP_GEMM_OPERANDS] = {
+	[RP_GEMM_A] = { "a", RP_ROLE_IN, true, 2, "a matrix", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true, RP_NO_SLOT },
+	[RP_GEMM_B] = { "b", RP_ROLE_IN, true, 2, "a matrix", RP_DTYPES_ANY, RP_GEMM_A, RP_NO_SLOT, true, RP_NO_SLOT },
+	[RP_GEMM_C] = { "c", RP_ROLE_IN, false, 2, "a matrix", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, true, RP_NO_SLOT },
+	[RP_GEMM_D] = { "d", RP_ROLE_OUT, true, 2, "a matrix", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true, RP_GEMM_C },
+	[RP_GEMM_BIAS] = { "bias", RP_ROLE_IN, false, 1, "a vector of N", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, false,
+			   RP_NO_SLOT },
+};
+
+static const struct rp_field gemm_scalars[] = {
+	{ "trans_a", RP_T_BOOL, false },
+	{ "trans_b", RP_T_BOOL, false },
+	{ "alpha", RP_T_FLOAT, false },
+	{ "beta", RP_T_FLOAT, false },
+	{ "epilogue", RP_T_STRING, false },
+	{ "compute", RP_T_STRING, false },
+	{ NULL, 0, false },
+};
+
+/* In enum rp_epilogue / rp_compute_mode order. */
+static const char *const epilogue_names[] = { "none", "bias", "gelu", "gelu_bias", NULL };
+static const char *const compute_names[] = { "f32", "tf32", NULL };
+
+static bool epilogue_adds_bias(enum rp_epilogue e)
+{
+	return e == RP_EPILOGUE_BIAS || e == RP_EPILOGUE_GELU_BIAS;
+}
+
+static int parse_scalars(const cJSON *params, struct rp_gemm *g, struct rp_error *err)
+{
+	int r, e, c;
+
+	if ((r = rp_params_bool(params, "trans_a", false, &g->trans_a, err)) < 0 ||
+	    (r = rp_params_bool(params, "trans_b", false, &g->trans_b, err)) < 0 ||
+	    (r = rp_params_double(params, "alpha", 1.0, &g->alpha, err)) < 0 ||
+	    (r = rp_params_double(params, "beta", 0.0, &g->beta, err)) < 0 ||
+	    (r = rp_params_enum(params, "epilogue", epilogue_names, RP_EPILOGUE_NONE, &e, err)) < 0 ||
+	    (r = rp_params_enum(params, "compute", compute_names, RP_COMPUTE_F32, &c, err)) < 0) {
+		return r;
+	}
+	g->epilogue = (enum rp_epilogue)e;
+	g->compute = (enum rp_compute_mode)c;
+	/* The getters refuse what JSON cannot say; cJSON still turns 1e999
+	 * into infinity, which must not reach a kernel. */
+	if (!isfinite(g->alpha)) {
+		return rp_error_invalid_parameter(err, "alpha");
+	}
+	if (!isfinite(g->beta)) {
+		return rp_error_invalid_parameter(err, "beta");
+	}
+	return 0;
+}
+
+static int check_shapes(struct rp_compute *c, struct rp_error *err)
+{
+	struct rp_gemm *g = &c->gemm;
+	const struct rp_operand *a = &c->operands[RP_GEMM_A], *b = &c->operands[RP_GEMM_B];
+	const struct rp_operand *d = &c->operands[RP_GEMM_D];
+	const struct rp_operand *cm = rp_compute_operand(c, RP_GEMM_C), *bias = rp_compute_operand(c, RP_GEMM_BIAS);
+	const int64_t ma = g->trans_a ? a->shape[1] : a->shape[0];
+	const int64_t ka = g->trans_a ? a->shape[0] : a->shape[1];
+	const int64_t kb = g->trans_b ? b->shape[1] : b->shape[0];
+	const int64_t nb = g->trans_b ? b->shape[0] : b->shape[1];
+	const int64_t opa[2] = { ma, ka }, opb[2] = { kb, nb }, mn[2] = { ma, nb };
+
+	if (ka != kb) {
+		/* The usual cause is a transpose flag: say so when flipping
+		 * one would make the shapes agree. */
+		const int64_t ka_flip = g->trans_a ? a->shape[1] : a->shape[0];
+		const int64_t kb_flip = g->trans_b ? b->shape[0] : b->shape[1];
+		bool flip_helps = ka_flip == kb || ka == kb_flip || ka_flip == kb_flip;
+
+		return rp_error_invalid_operand(err, "b",
+						"op(A) is %s but op(B) is %s: K must agree (%" PRId64 " vs %" PRId64 ")%s",
+						rp_shape_fmt(2, opa).s, rp_shape_fmt(2, opb).s, ka, kb,
+						flip_helps ? "; check trans_a and trans_b" : "");
+	}
+	if (!rp_operand_shape_is(d, 2, mn)) {
+		return rp_error_invalid_operand(err, "d", "d is %s but op(A) op(B) is %s", rp_operand_shape_text(d).s,
+						rp_shape_fmt(2, mn).s);
+	}
+	if (cm && !rp_operand_shape_is(cm, 2, mn)) {
+		return rp_error_invalid_operand(err, "c", "c is %s but op(A) op(B) is %s", rp_operand_shape_text(cm).s,
+						rp_shape_fmt(2, mn).s);
+	}
+	if (bias && bias->shape[0] != nb) {
+		return rp_error_invalid_operand(err, "bias",
+						"bias is %s but op(A) op(B) has %" PRId64 " columns; bias must be [%" PRId64 "]",
+						rp_operand_shape_text(bias).s, nb, nb);
+	}
+	g->m = ma;
+	g->n = nb;
+	g->k = ka;
+	return 0;
+}
+
+static int check_options(const struct rp_compute *c, struct rp_error *err)
+{
+	const struct rp_gemm *g = &c->gemm;
+	bool has_c = c->present[RP_GEMM_C], has_bias = c->present[RP_GEMM_BIAS];
+
+	if (g->beta != 0.0 && !has_c) {
+		return rp_error_invalid_operand(err, "c",
+						"beta is %g, which scales c, but no c was given; pass c or leave beta 0", g->beta);
+	}
+	if (epilogue_adds_bias(g->epilogue) && !has_bias) {
+		return rp_error_invalid_operand(err, "bias", "epilogue %s adds a bias but no bias was given",
+						epilogue_names[g->epilogue]);
+	}
+	if (!epilogue_adds_bias(g->epilogue) && has_bias) {
+		return rp_error_invalid_operand(err, "bias",
+						"a bias was given but epilogue %s does not add one; use bias or gelu_bias",
+						epilogue_names[g->epilogue]);
+	}
+	/* TF32 is a way of multiplying f32 inputs; it means nothing for
+	 * inputs that are already 16-bit. */
+	if (g->compute == RP_COMPUTE_TF32 && c->operands[RP_GEMM_A].dtype != RP_DTYPE_F32) {
+		return rp_error_invalid_parameter(err, "compute");
+	}
+	return 0;
+}
+
+static int gemm_check(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+{
+	int r;
+
+	if ((r = parse_scalars(params, &c->gemm, err)) < 0 || (r = check_shapes(c, err)) < 0) {
+		return r;
+	}
+	return check_options(c, err);
+}
+
+static void gemm_encode(const struct rp_compute *c, cJSON *params)
+{
+	const struct rp_gemm *g = &c->gemm;
+
+	if (g->trans_a) {
+		cJSON_AddTrueToObject(params, "trans_a");
+	}
+	if (g->trans_b) {
+		cJSON_AddTrueToObject(params, "trans_b");
+	}
+	if (g->alpha != 1.0) {
+		cJSON_AddNumberToObject(params, "alpha", g->alpha);
+	}
+	if (g->beta != 0.0) {
+		cJSON_AddNumberToObject(params, "beta", g->beta);
+	}
+	if (g->epilogue != RP_EPILOGUE_NONE) {
+		cJSON_AddStringToObject(params, "epilogue", epilogue_names[g->epilogue]);
+	}
+	if (g->compute != RP_COMPUTE_F32) {
+		cJSON_AddStringToObject(params, "compute", compute_names[g->compute]);
+	}
+}
+
+const struct rp_op_spec rp_op_gemm = {
+	.id = RP_OP_GEMM,
+	.method = "io.regen.Compute.Gemm",
+	.name = "gemm",
+	.noperands = RP_GEMM_OPERANDS,
+	.operands = gemm_operands,
+	.scalars = gemm_scalars,
+	.check = gemm_check,
+	.encode = gemm_encode,
+};
