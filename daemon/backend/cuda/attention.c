@@ -478,12 +478,7 @@ static int describe(struct rd_op *op, struct sdpa_call *c)
 	k->d_v = a->head_dim_v;
 	k->mask = !a->causal ? CUDA_SDPA_NO_MASK
 		  : a->alignment == RP_CAUSAL_BOTTOM_RIGHT ? CUDA_SDPA_CAUSAL_BOTTOM_RIGHT : CUDA_SDPA_CAUSAL_TOP_LEFT;
-	if (k->mask == CUDA_SDPA_CAUSAL_BOTTOM_RIGHT && k->s_q > k->s_kv)
-		return rp_error_invalid_operand(&op->err, "q",
-						"bottom-right causal attention with Sq %lld > Skv %lld leaves query rows "
-						"with no key to attend to; cuDNN does not take it (pass the last Skv "
-						"queries)",
-						(long long)k->s_q, (long long)k->s_kv);
+	/* Bottom-right with Sq > Skv never gets here: the parser refuses it. */
 	if (k->s_q > INT32_MAX || k->s_kv > INT32_MAX)
 		return rp_error_invalid_operand(&op->err, "q", "sequence lengths over 2^31 - 1 are not supported");
 	if (backward && k->s_q == 1 && k->s_kv == 1)
