@@ -33,6 +33,7 @@
 #define ATTENTION_SCRATCH_MAX ((size_t)4 << 30)
 /* Execution plans kept per device. */
 #define ATTENTION_PLANS_MAX 64
+/* Both can be changed per device (rd_cuda_set_attention_limits). */
 
 struct attention_handle {
 	struct rd_resource res;
@@ -73,6 +74,8 @@ struct cuda_attention {
 	unsigned count;
 	/* Evicted while their last uses may still run. */
 	struct attention_plan *retired;
+	unsigned plans_max;
+	_Atomic size_t scratch_max;
 };
 
 /* ---- The handle --------------------------------------------------------------- */
@@ -231,7 +234,7 @@ static struct attention_plan *evict_locked(struct cuda_attention *at)
 			pp = &p->next;
 		}
 	}
-	for (struct attention_plan *p = at->tail; p && at->count > ATTENTION_PLANS_MAX;) {
+	for (struct attention_plan *p = at->tail; p && at->count > at->plans_max;) {
 		struct attention_plan *prev = p->prev;
 		if (p->refs == 0) {
 			unlink_plan(at, p);
@@ -362,6 +365,8 @@ static struct cuda_attention *attention_of(struct cuda_dev *cd)
 		if (at) {
 			at->cd = cd;
 			at->handle.cd = cd;
+			at->plans_max = ATTENTION_PLANS_MAX;
+			atomic_init(&at->scratch_max, ATTENTION_SCRATCH_MAX);
 			pthread_mutex_init(&at->exec_lock, NULL);
 			pthread_mutex_init(&at->lock, NULL);
 			rd_resource_register(&cd->dev->registry, &at->handle.res, &handle_ops);
@@ -548,13 +553,13 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		goto out;
 	}
 
-	size_t bytes = p->plan.workspace;
-	if (bytes > ATTENTION_SCRATCH_MAX) {
+	size_t bytes = p->plan.workspace, cap = atomic_load(&at->scratch_max);
+	if (bytes > cap) {
 		rp_error_set(&op->err, RP_ERR_LIMIT_EXCEEDED,
 			     "%s (%s) needs %zu bytes of scratch, over the per-call limit of %zu bytes", c.name,
-			     problem(&c.key, desc, sizeof(desc)), bytes, ATTENTION_SCRATCH_MAX);
+			     problem(&c.key, desc, sizeof(desc)), bytes, cap);
 		rp_error_add_str(&op->err, "resource", "attention scratch bytes");
-		rp_error_add_int(&op->err, "limit", (long long)ATTENTION_SCRATCH_MAX);
+		rp_error_add_int(&op->err, "limit", (long long)cap);
 		r = -E2BIG;
 		goto out;
 	}
@@ -612,4 +617,15 @@ unsigned rd_cuda_attention_plan_count(struct rd_device *dev)
 	unsigned n = at->count;
 	pthread_mutex_unlock(&at->lock);
 	return n;
+}
+
+void rd_cuda_set_attention_limits(struct rd_device *dev, unsigned plans_max, size_t scratch_max)
+{
+	struct cuda_attention *at = attention_of(cuda_dev_of(dev));
+	if (!at)
+		return;
+	pthread_mutex_lock(&at->lock);
+	at->plans_max = plans_max ? plans_max : ATTENTION_PLANS_MAX;
+	pthread_mutex_unlock(&at->lock);
+	atomic_store(&at->scratch_max, scratch_max ? scratch_max : ATTENTION_SCRATCH_MAX);
 }

@@ -57,6 +57,10 @@ unsigned rd_cuda_mapping_count(struct rd_device *dev);
 
 /* cuDNN attention plans cached now (attention.c). */
 unsigned rd_cuda_attention_plan_count(struct rd_device *dev);
+/* Attention plans kept per device (default 64, least recently used
+ * evicted past it) and scratch bytes one attention call may take (default
+ * 4 GiB, LimitExceeded past it); 0 restores a default. */
+void rd_cuda_set_attention_limits(struct rd_device *dev, unsigned plans_max, size_t scratch_max);
 
 /* ---- Internal to daemon/backend/cuda/ ----------------------------------------- */
 
