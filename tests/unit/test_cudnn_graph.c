@@ -165,8 +165,9 @@ static const char *unavailable(void)
 	    cudnnBackendFinalize(devprop) != CUDNN_STATUS_SUCCESS)
 		return "cuDNN refuses the H200's device properties";
 	const struct problem probe = { 0, CUDA_SDPA_NO_MASK, 1, CUDNN_DATA_BFLOAT16, 1, 1, 1, 64, 64, 64, 64, BHSD };
-	if (build(&probe, why, sizeof(why)) == -ENOTSUP && strstr(why, "libcuda"))
-		return "cuDNN found no libcuda.so.1 (not even the toolkit's stub) to compile against";
+	if (build(&probe, why, sizeof(why)) == -ENOTSUP &&
+	    (strcasestr(why, "libcuda") || strcasestr(why, "nvrtc") || strcasestr(why, "dll")))
+		return "cuDNN's runtime compilation lacks libcuda.so.1 (not even the toolkit's stub) or NVRTC";
 	return NULL;
 }
 
