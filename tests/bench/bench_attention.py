@@ -9,11 +9,15 @@ same bf16 tensors.
 
 Shapes: q [B, H, S, D], k and v [B, Hkv, S, D], BHSD, Sq = Skv = S.
 
-Timing: pipelined, as a rank that chains on events sees throughput:
-  regend  --iters calls sent back to back on one worker connection (one
-          lane), then all their replies read; seconds per call = total /
-          iters, after --warmup untimed calls (which also build the plan);
-  torch   --iters launches on the current stream, then one synchronize;
+Timing: pipelined, as a rank that chains on events sees throughput, in
+batches of at least --iters calls and at least --min-time seconds of work
+(so that filling and draining the pipeline, one round trip, is a small part
+of a short kernel's batch), after --warmup untimed calls (which also build
+regend's plan):
+  regend  the batch's calls on one worker connection (one lane), at most
+          --window in flight: send that many, then one more per reply;
+          seconds per call = first send to last reply / calls;
+  torch   the batch's launches on the current stream, then one synchronize;
           the backward is torch.autograd.grad of one forward's output
           (retain_graph), the backward kernels alone.
 FLOPs: forward 4 B H Sq Skv D (halved when causal), backward 2.5 times
@@ -22,9 +26,11 @@ best torch backend's for the same pass (1.0 = as fast).
 """
 
 import argparse
+import math
 import os
 import sys
 import time
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import Connection, Daemon, markdown_table, regen, write_json  # noqa: E402
@@ -46,6 +52,8 @@ def main():
     ap.add_argument("--socket", help="use this running regend instead of starting one")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--min-time", type=float, default=0.2, help="seconds of work a timed batch lasts at least")
+    ap.add_argument("--window", type=int, default=64, help="regend calls in flight at most")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--shapes", help="comma-separated prefixes of shape names to run (default: all)")
     ap.add_argument("--json", help="write the results here")
@@ -64,6 +72,9 @@ def main():
         print("SKIP: torch sees no CUDA device")
         return 77
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    # A backend refusing a shape (grouped-query heads, say) warns before it
+    # raises; the refusal is recorded below.
+    warnings.filterwarnings("ignore", category=UserWarning)
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
 
@@ -76,7 +87,8 @@ def main():
     torch.cuda.set_device(args.device)
     daemon = Daemon(args.socket, args.regend, "cuda")
     out = {"device": torch.cuda.get_device_name(args.device), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cudnn": torch.backends.cudnn.version(), "iters": args.iters, "warmup": args.warmup, "dtype": "bf16",
+           "cudnn": torch.backends.cudnn.version(), "iters": args.iters, "warmup": args.warmup,
+           "min_time_s": args.min_time, "window": args.window, "dtype": "bf16",
            "layout": "BHSD", "attention": []}
     rows = []
     try:
@@ -88,27 +100,45 @@ def main():
         def randn(shape):
             return torch.randn(shape, device=dev, generator=g, dtype=torch.float32).to(torch.bfloat16)
 
+        def batch(seconds_per_call):
+            return max(args.iters, math.ceil(args.min_time / seconds_per_call))
+
+        def torch_batch(fn, n):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t0) / n
+
         def pipelined_torch(fn):
             for _ in range(args.warmup):
                 fn()
-            torch.cuda.synchronize()
+            est = torch_batch(fn, args.iters)
+            n = batch(est)
+            return (torch_batch(fn, n) if n > args.iters else est), n
+
+        def regend_batch(conn, method, params, n):
+            window = min(args.window, n)
             t0 = time.perf_counter()
-            for _ in range(args.iters):
-                fn()
-            torch.cuda.synchronize()
-            return (time.perf_counter() - t0) / args.iters
+            for _ in range(window):
+                conn.send(method, params)
+            sent = window
+            for _ in range(n):
+                conn.receive()
+                if sent < n:
+                    conn.send(method, params)
+                    sent += 1
+            return (time.perf_counter() - t0) / n
 
         def pipelined_regend(method, params):
             conn = Connection(info["worker_socket"])
             try:
                 for _ in range(args.warmup):
                     conn.call(method, params)
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
-                    conn.send(method, params)
-                for _ in range(args.iters):
-                    conn.receive()
-                return (time.perf_counter() - t0) / args.iters
+                est = regend_batch(conn, method, params, args.iters)
+                n = batch(est)
+                return (regend_batch(conn, method, params, n) if n > args.iters else est), n
             finally:
                 conn.close()
 
@@ -134,10 +164,14 @@ def main():
             flops_f = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
             flops_b = 2.5 * flops_f
             entry = {"shape": label, "b": b, "h": h, "h_kv": hkv, "s": s, "d": d, "causal": causal,
-                     "flops_forward": flops_f, "flops_backward": flops_b, "seconds": {}, "tflops": {}, "errors": {}}
+                     "flops_forward": flops_f, "flops_backward": flops_b, "seconds": {}, "tflops": {}, "errors": {},
+                     "calls": {}}
             try:
-                entry["seconds"]["regend_forward"] = pipelined_regend("io.regen.Compute.Attention", fwd)
-                entry["seconds"]["regend_backward"] = pipelined_regend("io.regen.Compute.AttentionBackward", bwd)
+                for pas, method, params in (("forward", "io.regen.Compute.Attention", fwd),
+                                            ("backward", "io.regen.Compute.AttentionBackward", bwd)):
+                    sec, n = pipelined_regend(method, params)
+                    entry["seconds"][f"regend_{pas}"] = sec
+                    entry["calls"][f"regend_{pas}"] = n
             except regen.Error as e:
                 entry["errors"]["regend"] = f"{type(e).__name__}: {e}"
             # The same answer as torch (cuDNN through torch).
@@ -156,10 +190,11 @@ def main():
                             if bname == "cudnn":
                                 entry["rel_diff_vs_torch_cudnn"] = ((o.double() - ref.double()).norm()
                                                                     / ref.double().norm()).item()
-                            entry["seconds"][f"{bname}_forward"] = pipelined_torch(
-                                lambda: sdpa(q, kk, vv, is_causal=causal, enable_gqa=gqa_native))
-                            entry["seconds"][f"{bname}_backward"] = pipelined_torch(
+                            sec, n = pipelined_torch(lambda: sdpa(q, kk, vv, is_causal=causal, enable_gqa=gqa_native))
+                            entry["seconds"][f"{bname}_forward"], entry["calls"][f"{bname}_forward"] = sec, n
+                            sec, n = pipelined_torch(
                                 lambda: torch.autograd.grad(ref, (qr, kr, vr), d_o, retain_graph=True))
+                            entry["seconds"][f"{bname}_backward"], entry["calls"][f"{bname}_backward"] = sec, n
                             del ref, qr, kr, vr
                         entry.setdefault("torch_gqa", {})[bname] = "native" if gqa_native or hkv == h else "expanded"
                         entry["errors"].pop(bname, None)
@@ -181,6 +216,7 @@ def main():
                 ratio = entry[f"ratio_{pas}"]
                 cells.append(f"{ratio:.3f}" if ratio else "n/a")
                 cells.append(f"{entry['seconds'].get(f'regend_{pas}', 0) * 1e3:.2f}")
+                cells.append(str(entry["calls"].get(f"regend_{pas}", "")))
                 rows.append(cells)
             out["attention"].append(entry)
             for t in (q, k, v, o, stats, d_o, dq, dk, dv):
@@ -192,12 +228,17 @@ def main():
         daemon.close()
 
     print(f"{out['device']}, torch {out['torch']} (CUDA {out['cuda']}, cuDNN {out['cudnn']}), regend backend "
-          f"{out.get('regend_backend')}; bf16 BHSD, pipelined: {args.iters} calls after {args.warmup} warm-up\n")
+          f"{out.get('regend_backend')}; bf16 BHSD; pipelined batches of >= {args.iters} calls and >= "
+          f"{args.min_time} s after {args.warmup} warm-up, regend <= {args.window} in flight\n")
     print(markdown_table(["shape", "pass", "regend TFLOP/s", "torch flash", "torch cudnn", "torch efficient",
-                          "regend / best torch", "regend ms/call"], rows))
+                          "regend / best torch", "regend ms/call", "calls"], rows))
     for e in out["attention"]:
         for who, msg in e["errors"].items():
             print(f"  {e['shape']}: {who}: {msg}")
+        expanded = [b for b, how in e.get("torch_gqa", {}).items() if how == "expanded"]
+        if expanded:
+            print(f"  {e['shape']}: torch {', '.join(expanded)} with k and v expanded to H heads "
+                  f"(no native grouped-query heads for this input)")
         if "rel_diff_vs_torch_cudnn" in e:
             print(f"  {e['shape']}: o vs torch cudnn rel diff {e['rel_diff_vs_torch_cudnn']:.1e}")
     write_json(args.json, out)

@@ -316,8 +316,15 @@ def run_attention(c):
     attention_refused(c, "f32 attention on the CUDA backend", "bf16 or f16",
                       lambda: c.attention(x32[0], x32[1], x32[2], x32[3]))
     odd = [randn([1, 2, 64, 36], torch.bfloat16, g) for _ in range(4)]
-    attention_refused(c, "head dim 36 (cuDNN's reason)", "multiple of 8",
+    attention_refused(c, "head dim 36 (not a multiple of 8)", "multiple",
                       lambda: c.attention(odd[0], odd[1], odd[2], odd[3]))
+    # cuDNN's backward takes head dimensions up to 256: refused with its
+    # own reason when the plan is built, nothing run.
+    wide = [randn([1, 2, 64, 264], torch.bfloat16, g) for _ in range(8)]
+    lse = randn([1, 2, 64], torch.float32, g)
+    attention_refused(c, "backward head dim 264 (cuDNN's reason)", "256",
+                      lambda: c.attention_backward(wide[0], wide[1], wide[2], wide[3], wide[4], lse, wide[5], wide[6],
+                                                   wide[7]))
     big = randn([1 * 2 * 64 * 64 + 4], torch.bfloat16, g)
     shifted = big[4:].view(1, 2, 64, 64)    # 8 bytes past the storage's start
     ok = [randn([1, 2, 64, 64], torch.bfloat16, g) for _ in range(3)]
