@@ -12,7 +12,34 @@
  * that does not read its replies cannot make us buffer without bound. */
 #define TX_HIGH_WATER (8u << 20)
 #define DEFAULT_MAX_IN_FLIGHT 1024
+/* Calls answered (refusals too) but held behind an unanswered one, since
+ * replies go out in order: past this many, the connection is not read until
+ * the head finishes. Without it a client that opens a Watch and then
+ * pipelines calls makes us hold every reply for ever. */
+#define HELD_MAX 256
+
+static bool may_read(const struct rd_conn *conn)
+{
+	return conn->tx.queued_bytes < TX_HIGH_WATER && conn->in_flight - conn->unfinished < HELD_MAX &&
+	       conn->in_flight < conn->max_in_flight + HELD_MAX;
+}
 #define READS_PER_WAKEUP 16
+/* A message begun and not ended within this long closes the connection: a
+ * peer cannot hold a buffer by sending a byte now and then.
+ * REGEN_MESSAGE_TIMEOUT_MS, read once, overrides it (tests). */
+#define PARTIAL_TIMEOUT_MS 30000
+
+static unsigned partial_timeout_ms(void)
+{
+	static unsigned ms;
+
+	if (!ms) {
+		const char *env = getenv("REGEN_MESSAGE_TIMEOUT_MS");
+		long v = env ? strtol(env, NULL, 10) : 0;
+		ms = v > 0 && v < 3600000 ? (unsigned)v : PARTIAL_TIMEOUT_MS;
+	}
+	return ms;
+}
 
 struct rd_reply_item {
 	char *text;
@@ -50,6 +77,11 @@ static void on_poll_closed(uv_handle_t *handle)
 	close(conn->fd);
 	conn->fd = -1;
 	conn_unref(conn);
+}
+
+static void on_timer_closed(uv_handle_t *handle)
+{
+	conn_unref(handle->data);
 }
 
 static void free_call(struct rd_call *call)
@@ -133,8 +165,14 @@ static void call_queue_text(struct rd_call *call, char *text, bool last)
 		return;
 	}
 	call_append_reply(call, text);
-	if (last)
+	if (last) {
 		call->finished = true;
+		conn->unfinished--;
+		/* Only its reply is needed now: a call held behind a slow one
+		 * keeps a few bytes, not its message and fds. */
+		rp_call_finish(&call->msg);
+		rp_msg_finish(&call->raw);
+	}
 	/* Flushing may free the call and, on a closed connection, drop the
 	 * last reference to it. */
 	conn->refs++;
@@ -197,6 +235,7 @@ static struct rd_call *call_new(struct rd_conn *conn)
 		call->raw.fds[i] = -1;
 	conn->refs++;
 	conn->in_flight++;
+	conn->unfinished++;
 	if (conn->calls_tail)
 		conn->calls_tail->next = call;
 	else
@@ -279,7 +318,7 @@ static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
 		rd_call_fail(call, &err);
 		return;
 	}
-	bool over_limit = conn->in_flight >= conn->max_in_flight;
+	bool over_limit = conn->unfinished >= conn->max_in_flight;
 	struct rd_call *call = call_new(conn);
 	if (!call) {
 		rp_call_finish(&msg);
@@ -292,7 +331,7 @@ static void handle_message(struct rd_conn *conn, struct rp_msg *raw)
 	memset(raw, 0, sizeof(*raw));
 	if (over_limit) {
 		rp_error_set(&err, RP_ERR_LIMIT_EXCEEDED,
-			     "%u calls are already in flight on this connection; wait for their replies",
+			     "%u calls are already unanswered on this connection; wait for their replies",
 			     conn->max_in_flight);
 		rp_error_add_str(&err, "resource", "calls in flight");
 		rp_error_add_int(&err, "limit", conn->max_in_flight);
@@ -313,7 +352,7 @@ static void conn_process(struct rd_conn *conn)
 		return;
 	conn->processing = true;
 	conn->refs++;
-	while (!conn->closed && conn->tx.queued_bytes < TX_HIGH_WATER) {
+	while (!conn->closed && may_read(conn)) {
 		struct rp_msg raw = { 0 };
 		int r = rp_rx_next(&conn->rx, &raw);
 		if (r == RP_RX_NONE)
@@ -371,11 +410,34 @@ static void on_poll(uv_poll_t *handle, int status, int events)
 				break;
 			}
 			conn_process(conn);
-			if (conn->tx.queued_bytes >= TX_HIGH_WATER)
+			if (!conn->closed && !conn->reading)
 				break;
 		}
 	}
 	conn_unref(conn);
+}
+
+static void on_partial_timeout(uv_timer_t *t)
+{
+	struct rd_conn *conn = t->data;
+
+	rd_warn("conn", -1, 0, conn->peer.pid, "closing: a message begun %u ms ago has not ended",
+		partial_timeout_ms());
+	rd_conn_close(conn);
+}
+
+/* The deadline runs from the first byte of a message, not from the last
+ * byte that came. */
+static void update_partial_timer(struct rd_conn *conn)
+{
+	if (!rp_rx_partial(&conn->rx)) {
+		uv_timer_stop(&conn->partial_timer);
+		return;
+	}
+	if (uv_is_active((uv_handle_t *)&conn->partial_timer) && conn->partial_offset == conn->rx.buf_offset)
+		return;
+	conn->partial_offset = conn->rx.buf_offset;
+	uv_timer_start(&conn->partial_timer, on_partial_timeout, partial_timeout_ms(), 0);
 }
 
 static void conn_update_events(struct rd_conn *conn)
@@ -384,10 +446,11 @@ static void conn_update_events(struct rd_conn *conn)
 
 	if (conn->closed)
 		return;
+	update_partial_timer(conn);
 	/* A peer that does not read its replies stops being read: backpressure
 	 * keeps our buffers bounded. Too many calls in flight is refused by name
 	 * instead, so a pipelining client learns its limit. */
-	conn->reading = conn->tx.queued_bytes < TX_HIGH_WATER;
+	conn->reading = may_read(conn);
 	conn->writing = !rp_tx_empty(&conn->tx);
 	if (conn->reading)
 		events |= UV_READABLE;
@@ -399,7 +462,6 @@ static void conn_update_events(struct rd_conn *conn)
 int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *data, struct rd_conn **out)
 {
 	struct rd_conn *conn = calloc(1, sizeof(*conn));
-	socklen_t len = sizeof(conn->peer);
 	int r;
 
 	if (!conn) {
@@ -415,8 +477,7 @@ int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *da
 	conn->id = next_conn_id++;
 	rp_rx_init(&conn->rx);
 	rp_tx_init(&conn->tx);
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &conn->peer, &len) < 0)
-		memset(&conn->peer, 0, sizeof(conn->peer));
+	rd_peer_read(fd, &conn->peer);
 	r = uv_poll_init(loop, &conn->poll, fd);
 	if (r < 0) {
 		close(fd);
@@ -424,6 +485,9 @@ int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *da
 		return r;
 	}
 	conn->poll.data = conn;
+	uv_timer_init(loop, &conn->partial_timer);
+	conn->partial_timer.data = conn;
+	conn->refs++;   /* the timer's, dropped when it is closed */
 	conn_update_events(conn);
 	*out = conn;
 	return 0;
@@ -451,6 +515,8 @@ void rd_conn_close(struct rd_conn *conn)
 		conn->ops->on_close(conn);
 	/* Finished calls can go now; the rest go as they finish. */
 	conn_flush_calls(conn);
+	uv_timer_stop(&conn->partial_timer);
+	uv_close((uv_handle_t *)&conn->partial_timer, on_timer_closed);
 	uv_close((uv_handle_t *)&conn->poll, on_poll_closed);
 	/* The open reference is dropped in on_poll_closed. */
 	conn_unref(conn);

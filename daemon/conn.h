@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <uv.h>
+#include "daemon/peer.h"
 #include "proto/frame.h"
 #include "proto/message.h"
 
@@ -49,14 +50,17 @@ struct rd_conn {
 	uv_loop_t *loop;
 	struct rp_rx rx;
 	struct rp_tx tx;
-	struct ucred peer;
+	struct rd_peer peer;           /* as the kernel said at connect time */
 	bool admin;
 	bool closed;
 	bool reading, writing;
 	bool processing;            /* inside conn_process: no re-entry */
 	unsigned refs;
-	unsigned in_flight;         /* calls received and not finished */
-	unsigned max_in_flight;     /* more calls than this in flight: io.regen.LimitExceeded */
+	unsigned in_flight;         /* calls received and not yet freed: running, or answered behind one running */
+	unsigned unfinished;        /* calls received and not answered */
+	unsigned max_in_flight;     /* more unanswered calls than this: io.regen.LimitExceeded */
+	uv_timer_t partial_timer;   /* a message begun and not ended: its deadline */
+	uint64_t partial_offset;    /* where in the stream that message began */
 	struct rd_call *calls, *calls_tail;
 	struct rd_pending_out *out, *out_tail;
 	const struct rd_conn_ops *ops;

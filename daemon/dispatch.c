@@ -1,5 +1,3 @@
-#include <grp.h>
-#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/dispatch.h"
@@ -120,29 +118,4 @@ void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call)
 		return;
 	}
 	fail_varlink(call, RP_ERR_METHOD_NOT_FOUND, "method", method);
-}
-
-bool rd_peer_is_admin(const struct ucred *peer, gid_t admin_gid, bool have_admin_gid)
-{
-	if (peer->uid == 0)
-		return true;
-	if (!have_admin_gid)
-		return false;
-	if (peer->gid == admin_gid)
-		return true;
-
-	/* Supplementary groups of the peer's user, as the kernel does not pass
-	 * them with SO_PEERCRED. */
-	struct passwd pw, *res = NULL;
-	char buf[4096];
-	if (getpwuid_r(peer->uid, &pw, buf, sizeof(buf), &res) != 0 || !res)
-		return false;
-	int n = 64;
-	gid_t groups[64];
-	if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &n) < 0)
-		n = 64;
-	for (int i = 0; i < n; i++)
-		if (groups[i] == admin_gid)
-			return true;
-	return false;
 }

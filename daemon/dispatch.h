@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include "daemon/conn.h"
+#include "daemon/peer.h"
 
 struct rd_method {
 	const char *name;                 /* "io.regen.Device.Status" */
@@ -25,5 +26,3 @@ struct rd_endpoint {
 
 void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call);
 
-/* Whether a peer is root or in the admin group (gid or supplementary). */
-bool rd_peer_is_admin(const struct ucred *peer, gid_t admin_gid, bool have_admin_gid);

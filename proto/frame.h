@@ -51,6 +51,12 @@ ssize_t rp_rx_read(struct rp_rx *rx, int sock);
  * -ENOMEM. */
 int rp_rx_feed(struct rp_rx *rx, const void *data, size_t len, const int *fds, size_t nfds);
 
+/* Part of a message has arrived and not its end. */
+static inline bool rp_rx_partial(const struct rp_rx *rx)
+{
+	return rx->len > 0 || rx->discarding || rx->batches != NULL;
+}
+
 enum rp_rx_result {
 	RP_RX_NONE = 0,       /* no complete message buffered */
 	RP_RX_MESSAGE = 1,    /* *msg set */

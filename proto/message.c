@@ -121,33 +121,106 @@ static int invalid_message(struct rp_error *err, const char *fmt, ...)
 	return -EINVAL;
 }
 
-/* Counts [ and { outside strings, so that no text nested deeper than the
- * limit reaches cJSON's recursive parser. */
-static bool nesting_ok(const char *s, size_t n)
+/* Length of the UTF-8 sequence at s (at most n bytes), or 0 when it is not
+ * one: no overlong forms, no encoded surrogates, nothing past U+10FFFF. */
+static size_t utf8_sequence(const unsigned char *s, size_t n)
 {
-	bool in_string = false, escaped = false;
+	unsigned c = s[0];
+	size_t len;
+	unsigned cp;
+
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf) {
+		len = 2;
+		cp = c & 0x1f;
+	} else if (c >= 0xe0 && c <= 0xef) {
+		len = 3;
+		cp = c & 0x0f;
+	} else if (c >= 0xf0 && c <= 0xf4) {
+		len = 4;
+		cp = c & 0x07;
+	} else {
+		return 0;
+	}
+	if (n < len)
+		return 0;
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = (cp << 6) | (s[i] & 0x3f);
+	}
+	if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+		return 0;
+	return len;
+}
+
+static int hex4(const char *s)
+{
+	int v = 0;
+
+	for (int i = 0; i < 4; i++) {
+		char c = s[i];
+		int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+		if (d < 0)
+			return -1;
+		v = v * 16 + d;
+	}
+	return v;
+}
+
+/* What cJSON is never shown: text that is not UTF-8 (it would come back raw
+ * in an error, and no peer could decode the reply), strings holding
+ * \u0000 (cJSON would end the C string there: "Generation\u0000junk" would
+ * read as "Generation"), unpaired surrogate escapes, and nesting deeper
+ * than the limit (cJSON's parser recurses). NULL when the text is fine,
+ * else why not. */
+const char *rp_text_refusal(const char *text, size_t n)
+{
+	const unsigned char *s = (const unsigned char *)text;
+	bool in_string = false;
 	int depth = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		char c = s[i];
+		size_t len = utf8_sequence(s + i, n - i);
 
+		if (len == 0)
+			return "not valid UTF-8";
+		if (len > 1) {
+			i += len - 1;
+			continue;
+		}
 		if (in_string) {
-			if (escaped)
-				escaped = false;
-			else if (c == '\\')
-				escaped = true;
-			else if (c == '"')
+			if (s[i] == '"') {
 				in_string = false;
-		} else if (c == '"') {
+			} else if (s[i] == '\\' && i + 1 < n) {
+				i++;
+				if (s[i] != 'u')
+					continue;
+				int u = i + 4 < n ? hex4(text + i + 1) : -1;
+				if (u == 0)
+					return "a string holds \\u0000";
+				if (u >= 0xdc00 && u <= 0xdfff)
+					return "a string holds an unpaired surrogate escape";
+				if (u >= 0xd800 && u <= 0xdbff) {
+					int lo = i + 10 < n && s[i + 5] == '\\' && s[i + 6] == 'u' ? hex4(text + i + 7) : -1;
+					if (lo < 0xdc00 || lo > 0xdfff)
+						return "a string holds an unpaired surrogate escape";
+					i += 6;
+				}
+				if (u >= 0)
+					i += 4;
+			}
+		} else if (s[i] == '"') {
 			in_string = true;
-		} else if (c == '[' || c == '{') {
+		} else if (s[i] == '[' || s[i] == '{') {
 			if (++depth > RP_NESTING_MAX)
-				return false;
-		} else if ((c == ']' || c == '}') && depth > 0) {
+				return "nested deeper than " RP_STRINGIFY(RP_NESTING_MAX) " levels";
+		} else if ((s[i] == ']' || s[i] == '}') && depth > 0) {
 			depth--;
 		}
 	}
-	return true;
+	return NULL;
 }
 
 static bool is_space(char c)
@@ -188,7 +261,7 @@ static int parse_bool(const cJSON *item, bool *out, struct rp_error *err)
 
 int rp_call_parse(const char *text, size_t len, struct rp_call *call, struct rp_error *err)
 {
-	const char *end = NULL;
+	const char *end = NULL, *refusal;
 	unsigned seen = 0;
 	cJSON *root, *item;
 	int r;
@@ -198,8 +271,9 @@ int rp_call_parse(const char *text, size_t len, struct rp_call *call, struct rp_
 		return invalid_message(err, "empty message");
 	if (memchr(text, '\0', len) != NULL)
 		return invalid_message(err, "contains a NUL byte");
-	if (!nesting_ok(text, len))
-		return invalid_message(err, "nested deeper than %d levels", RP_NESTING_MAX);
+	refusal = rp_text_refusal(text, len);
+	if (refusal != NULL)
+		return invalid_message(err, "%s", refusal);
 
 	root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
 	if (root == NULL) {
@@ -250,6 +324,10 @@ int rp_call_parse(const char *text, size_t len, struct rp_call *call, struct rp_
 				call->error = item->valuestring;
 			break;
 		case KEY_PARAMETERS:
+			/* null is how some implementations (Debian's Go varlink)
+			 * say "no parameters". */
+			if (cJSON_IsNull(item))
+				break;
 			if (!cJSON_IsObject(item)) {
 				r = invalid_message(err, "'parameters' must be an object");
 				goto error;
@@ -289,6 +367,7 @@ int rp_call_parse(const char *text, size_t len, struct rp_call *call, struct rp_
 	}
 
 	if (call->params == NULL) {
+		cJSON_DeleteItemFromObjectCaseSensitive(root, "parameters");
 		call->params = cJSON_AddObjectToObject(root, "parameters");
 		if (call->params == NULL) {
 			r = -ENOMEM;

@@ -7,6 +7,8 @@
 #include <cjson/cJSON.h>
 
 #define RP_NESTING_MAX 32
+#define RP_STRINGIFY_(x) #x
+#define RP_STRINGIFY(x) RP_STRINGIFY_(x)
 
 /* A named error with parameters, as it goes on the wire. `params` is owned
  * by the error (cJSON object). */
@@ -41,6 +43,11 @@ struct rp_call {
 	const char *error;      /* replies: error name or NULL */
 	bool continues;         /* replies */
 };
+
+/* Why rp_call_parse refuses text before it parses it: not UTF-8, a
+ * string holding \u0000 or an unpaired surrogate escape, nesting past
+ * RP_NESTING_MAX. NULL when the text passes. */
+const char *rp_text_refusal(const char *text, size_t len);
 
 /* Parses one message's text. Rejects, with io.regen.InvalidMessage and a
  * reason: invalid JSON, not an object, nesting over RP_NESTING_MAX (checked

@@ -22,9 +22,11 @@ enum rd_buffer_kind { RD_BUFFER_HOST_FD = 0, RD_BUFFER_CUDA_IPC, RD_BUFFER_CUDA_
 /* What the core keeps of an id it handed out (a buffer or an event, told
  * apart by id.kind): its owner, its place in the id table, and the calls
  * in flight that use it (a close waits for them). Backends leave it alone. */
+struct rd_client;
+
 struct rd_object {
 	struct rp_id id;
-	pid_t owner;
+	struct rd_client *owner;        /* the process that imported it; NULL once closed */
 	struct rd_object *next_in_table;
 	unsigned core_refs;
 	bool closing;
@@ -130,9 +132,12 @@ struct rd_backend_ops {
 };
 
 extern const struct rd_backend_ops rd_backend_host;
-#if REGEN_HAVE_CUDA
-extern const struct rd_backend_ops rd_backend_cuda;
-#endif
+
+/* A backend built as a module (the CUDA one: only a CUDA worker maps its
+ * libraries) exports one function of this type, rd_backend_<name>_entry,
+ * which daemon/backend/load.c looks up. It returns the ops table, or NULL
+ * when `version` (the loader's REGEN_VERSION) is not the module's. */
+typedef const struct rd_backend_ops *rd_backend_entry_fn(const char *version);
 
 /* The device a worker owns. */
 struct rd_device {
@@ -141,6 +146,10 @@ struct rd_device {
 	void *backend_data;
 	struct rd_registry registry;
 	_Atomic uint64_t generation;
+	/* The most scratch one call may take, bytes (--max-scratch-mib): a
+	 * call that needs more fails with io.regen.LimitExceeded {resource:
+	 * "scratch"} before it takes any. */
+	uint64_t max_scratch;
 	/* Set by a backend (any thread) when it finds the context lost; the core
 	 * then fails new work with DeviceLost and asks the supervisor for a reset. */
 	void (*on_fault)(struct rd_device *dev, const char *reason);

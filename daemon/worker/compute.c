@@ -43,7 +43,8 @@ static void on_op_done(struct rd_op *op)
 /* Every operand the table names, resolved for the caller and checked
  * against its buffer before any work starts; each one the call holds keeps
  * its buffer from closing until the call finishes. */
-static int resolve_operands(struct rd_worker *w, struct rd_op *op, pid_t pid, struct rp_error *err)
+static int resolve_operands(struct rd_worker *w, struct rd_op *op, const struct rd_client *who,
+			    struct rp_error *err)
 {
 	const struct rp_compute *c = &op->compute;
 	struct rd_object *o;
@@ -55,7 +56,7 @@ static int resolve_operands(struct rd_worker *w, struct rd_op *op, pid_t pid, st
 
 		if (!c->present[i])
 			continue;
-		r = rd_objects_find(&w->objects, &c->operands[i].buffer, RD_OBJECT_BUFFER, pid, name, &o, err);
+		r = rd_objects_find(&w->objects, &c->operands[i].buffer, RD_OBJECT_BUFFER, who, name, &o, err);
 		if (r < 0)
 			return r;
 		buf = rd_object_buffer(o);
@@ -68,15 +69,15 @@ static int resolve_operands(struct rd_worker *w, struct rd_op *op, pid_t pid, st
 	return 0;
 }
 
-static int resolve_event(struct rd_worker *w, const struct rp_event_ref *ref, const char *name, pid_t pid,
-			 struct rd_event **out, struct rp_error *err)
+static int resolve_event(struct rd_worker *w, const struct rp_event_ref *ref, const char *name,
+			 const struct rd_client *who, struct rd_event **out, struct rp_error *err)
 {
 	struct rd_object *o;
 	int r;
 
 	if (!ref->present)
 		return 0;
-	r = rd_objects_find(&w->objects, &ref->id, RD_OBJECT_EVENT, pid, name, &o, err);
+	r = rd_objects_find(&w->objects, &ref->id, RD_OBJECT_EVENT, who, name, &o, err);
 	if (r < 0)
 		return r;
 	rd_objects_ref(o);
@@ -91,8 +92,7 @@ void rd_compute_call(struct rd_call *call)
 	struct rd_worker *w = s->worker;
 	struct rp_error err = { 0 };
 	struct rd_op *op = calloc(1, sizeof(*op));
-	pid_t pid = s->client->pid;
-	int r;
+		int r;
 
 	if (!op) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the call");
@@ -103,11 +103,11 @@ void rd_compute_call(struct rd_call *call)
 	if (r == 0)
 		r = rd_worker_refuse_if_not_ready(w, &err);
 	if (r == 0)
-		r = resolve_operands(w, op, pid, &err);
+		r = resolve_operands(w, op, s->client, &err);
 	if (r == 0)
-		r = resolve_event(w, &op->compute.wait_event, "wait_event", pid, &op->wait_event, &err);
+		r = resolve_event(w, &op->compute.wait_event, "wait_event", s->client, &op->wait_event, &err);
 	if (r == 0)
-		r = resolve_event(w, &op->compute.signal_event, "signal_event", pid, &op->signal_event, &err);
+		r = resolve_event(w, &op->compute.signal_event, "signal_event", s->client, &op->signal_event, &err);
 	if (r == 0) {
 		op->lane = rd_session_lane(s, &err);
 		if (!op->lane)

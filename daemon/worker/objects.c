@@ -39,28 +39,33 @@ void rd_objects_init(struct rd_objects *t, struct rd_device *dev)
 	t->next_serial = 1 + (base & ((UINT64_C(1) << 40) - 1));
 }
 
-static struct rd_client *client_of(struct rd_objects *t, pid_t pid)
+struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_peer *peer)
 {
-	for (struct rd_client *c = t->clients; c; c = c->next)
-		if (c->pid == pid)
-			return c;
-	return NULL;
-}
+	struct rd_client *c;
 
-struct rd_client *rd_objects_client_get(struct rd_objects *t, pid_t pid)
-{
-	struct rd_client *c = client_of(t, pid);
-
+	for (c = t->clients; c; c = c->next)
+		if (rd_peer_same_process(&c->peer, peer))
+			break;
 	if (!c) {
 		c = calloc(1, sizeof(*c));
 		if (!c)
 			return NULL;
-		c->pid = pid;
+		c->peer = *peer;
 		c->next = t->clients;
 		t->clients = c;
 	}
 	c->connections++;
 	return c;
+}
+
+unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct rd_client *c = t->clients; c; c = c->next)
+		if (c->peer.uid == uid)
+			n += c->connections;
+	return n;
 }
 
 void rd_objects_client_put(struct rd_objects *t, struct rd_client *c)
@@ -70,7 +75,7 @@ void rd_objects_client_put(struct rd_objects *t, struct rd_client *c)
 	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
 		for (struct rd_object *o = t->table[b], *next; o; o = next) {
 			next = o->next_in_table;
-			if (o->owner == c->pid)
+			if (o->owner == c)
 				rd_objects_close(t, o);
 		}
 	}
@@ -96,7 +101,7 @@ void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_ki
 	o->id.device = (uint32_t)t->device->index;
 	o->id.generation = atomic_load(&t->device->generation);
 	o->id.serial = t->next_serial++;
-	o->owner = owner->pid;
+	o->owner = owner;
 	o->core_refs = 1;   /* the table's */
 	o->closing = false;
 	b = bucket(o->id.serial);
@@ -133,8 +138,8 @@ static int check_id(struct rd_objects *t, const struct rp_id *id, enum rd_object
 	return 0;
 }
 
-int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind, pid_t pid,
-		    const char *what, struct rd_object **out, struct rp_error *err)
+int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind,
+		    const struct rd_client *who, const char *what, struct rd_object **out, struct rp_error *err)
 {
 	char text[RP_ID_MAX];
 	int r = check_id(t, id, kind, what, err);
@@ -142,7 +147,7 @@ int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object
 	if (r < 0)
 		return r;
 	for (struct rd_object *o = t->table[bucket(id->serial)]; o; o = o->next_in_table) {
-		if (o->id.serial == id->serial && o->id.kind == id->kind && o->owner == pid && !o->closing) {
+		if (o->id.serial == id->serial && o->id.kind == id->kind && o->owner == who && !o->closing) {
 			*out = o;
 			return 0;
 		}
@@ -172,7 +177,6 @@ void rd_objects_unref(struct rd_objects *t, struct rd_object *o)
 void rd_objects_close(struct rd_objects *t, struct rd_object *o)
 {
 	enum rd_object_kind kind = kind_of(o);
-	struct rd_client *owner;
 
 	for (struct rd_object **p = &t->table[bucket(o->id.serial)]; *p; p = &(*p)->next_in_table) {
 		if (*p == o) {
@@ -182,9 +186,9 @@ void rd_objects_close(struct rd_objects *t, struct rd_object *o)
 	}
 	o->closing = true;
 	t->count[kind]--;
-	owner = client_of(t, o->owner);
-	if (owner)
-		owner->count[kind]--;
+	if (o->owner)
+		o->owner->count[kind]--;
+	o->owner = NULL;
 	rd_objects_unref(t, o);
 }
 

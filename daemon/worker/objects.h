@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 #include "daemon/backend/backend.h"
+#include "daemon/peer.h"
 #include "proto/message.h"
 
 #define RD_OBJECT_BUCKETS 1024
@@ -23,9 +24,10 @@ struct rd_objects {
 
 enum rd_object_kind { RD_OBJECT_BUFFER = 0, RD_OBJECT_EVENT };
 
-/* A process with at least one connection to this worker. */
+/* A process with at least one connection to this worker: what ids are
+ * bound to (daemon/peer.h says what makes two peers one process). */
 struct rd_client {
-	pid_t pid;
+	struct rd_peer peer;
 	unsigned connections;
 	unsigned count[2];             /* objects it holds, by rd_object_kind */
 	struct rd_client *next;
@@ -33,7 +35,9 @@ struct rd_client {
 
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev);
 
-struct rd_client *rd_objects_client_get(struct rd_objects *t, pid_t pid);
+struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_peer *peer);
+/* Connections of every process of this uid. */
+unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid);
 /* Drops one connection; with the last one, the client's objects are closed
  * (each as its calls finish). */
 void rd_objects_client_put(struct rd_objects *t, struct rd_client *c);
@@ -53,13 +57,13 @@ struct rd_event *rd_object_event(struct rd_object *o);
 /* Gives the object its id (current generation) and owner and adds it. */
 void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner);
 
-/* Resolves an id of `kind` for `pid`. Errors (err set, -errno returned):
- * io.regen.StaleGeneration when the id is from another generation,
- * io.regen.NoSuchObject when it names nothing this pid owns (whether it
- * exists for another process is not revealed) or is of the other kind.
- * what: the parameter name, for errors. */
-int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind, pid_t pid,
-		    const char *what, struct rd_object **out, struct rp_error *err);
+/* Resolves an id of `kind` for process `who`. Errors (err set, -errno
+ * returned): io.regen.StaleGeneration when the id is from another
+ * generation, io.regen.NoSuchObject when it names nothing `who` imported
+ * (whether it exists for another process is not revealed) or is of the
+ * other kind. what: the parameter name, for errors. */
+int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind,
+		    const struct rd_client *who, const char *what, struct rd_object **out, struct rp_error *err);
 
 /* A call in flight holds the object: its close waits for the call. */
 void rd_objects_ref(struct rd_object *o);

@@ -172,13 +172,17 @@ void rd_session_accept(int fd, void *worker)
 	w->nsessions++;
 	s->next = w->sessions;
 	w->sessions = s;
-	s->client = rd_objects_client_get(&w->objects, conn->peer.pid);
+	s->client = rd_objects_client_get(&w->objects, &conn->peer);
 	if (!s->client) {
 		s->closed = true;
 		rd_conn_close(conn);
 		return;
 	}
-	if (s->client->connections > w->opts->max_connections) {
+	/* Counted per uid, as on the main socket: many processes of one user
+	 * are one user's connections. */
+	if (rd_objects_connections_of_uid(&w->objects, conn->peer.uid) > w->opts->max_connections) {
+		rd_warn("conn", w->dev.index, rd_worker_generation(w), conn->peer.pid,
+			"refusing connection: uid %u has %u open", (unsigned)conn->peer.uid, w->opts->max_connections);
 		rd_conn_refuse(conn, "connections", w->opts->max_connections);
 		return;
 	}

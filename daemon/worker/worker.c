@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 #include <uv.h>
+#include "daemon/backend/load.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
 #include "daemon/worker/worker.h"
@@ -164,15 +165,6 @@ static void walk_close(uv_handle_t *h, void *arg)
 
 /* ---- Start ---- */
 
-static const struct rd_backend_ops *pick_backend(const struct rd_options *opts)
-{
-#if REGEN_HAVE_CUDA
-	if (strcmp(opts->backend, "cuda") == 0)
-		return &rd_backend_cuda;
-#endif
-	return &rd_backend_host;
-}
-
 int rd_worker_run(const struct rd_options *opts)
 {
 	static struct rd_worker worker;
@@ -182,6 +174,7 @@ int rd_worker_run(const struct rd_options *opts)
 
 	memset(w, 0, sizeof(*w));
 	w->opts = opts;
+	w->epoch = opts->worker_epoch;
 	w->loop = uv_default_loop();
 	signal(SIGPIPE, SIG_IGN);
 	prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -193,7 +186,9 @@ int rd_worker_run(const struct rd_options *opts)
 	w->dev.on_fault = on_fault;
 	w->dev.post_completion = post_completion;
 	w->dev.core = w;
-	w->dev.backend = pick_backend(opts);
+	w->dev.max_scratch = opts->max_scratch_mib << 20;
+	if (rd_backend_load(&w->dev, opts->backend) < 0)
+		return 1;
 	rd_objects_init(&w->objects, &w->dev);
 
 	uv_async_init(w->loop, &w->wakeup, on_wakeup);

@@ -43,7 +43,7 @@ void gt_open(struct gt *t)
 	pthread_cond_init(&t->cond, NULL);
 	t->dev.index = 0;
 	atomic_init(&t->dev.generation, 1);
-	t->dev.backend = &rd_backend_cuda;
+	t->dev.backend = rd_backend_cuda_entry(REGEN_VERSION);
 	t->dev.post_completion = gt_post_completion;
 	t->dev.on_fault = gt_on_fault;
 	rd_registry_init(&t->dev.registry, 0);

@@ -37,7 +37,7 @@ struct gt {
 
 /* 0 when a CUDA device is usable, else prints why and returns GT_SKIP. */
 int gt_have_gpu(void);
-/* Registry, callbacks, rd_backend_cuda.open on device 0. Exits 1 on failure. */
+/* Registry, callbacks, the CUDA backend's open on device 0. Exits 1 on failure. */
 void gt_open(struct gt *t);
 void gt_close(struct gt *t);
 /* Waits until t->completed >= target; -1 after timeout_s. */

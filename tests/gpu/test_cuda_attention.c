@@ -351,15 +351,17 @@ int main(void)
 	rp_error_clear(&op.err);
 	att_free(&t, &odd);
 
-	/* The scratch cap: the backward needs its f32 accumulators. */
-	rd_cuda_set_attention_limits(&t.dev, 0, 1024);
+	/* The scratch cap (--max-scratch-mib): the backward needs its f32
+	 * accumulators. */
+	uint64_t max_scratch = t.dev.max_scratch;
+	t.dev.max_scratch = 1024;
 	backward_op(&op, &a);
 	bool refused = gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_LIMIT_EXCEEDED) == 0;
 	cJSON *res = op.err.params ? cJSON_GetObjectItem(op.err.params, "resource") : NULL;
-	CHECK(refused && cJSON_IsString(res) && strcmp(res->valuestring, "attention scratch bytes") == 0,
+	CHECK(refused && cJSON_IsString(res) && strcmp(res->valuestring, "scratch") == 0,
 	      "backward over a 1 KiB scratch cap: %s: %s", gt_err_name(&op), gt_err_message(&op.err));
 	rp_error_clear(&op.err);
-	rd_cuda_set_attention_limits(&t.dev, 0, 0);
+	t.dev.max_scratch = max_scratch;
 
 	/* Release: plans and handle torn down, rebuilt by the next call. */
 	unsigned n = rd_registry_release(&t.dev.registry);
@@ -391,7 +393,7 @@ int main(void)
 	att_free(&t, &a);
 
 	/* The cache's bound: with room for 2, three new problems leave 2. */
-	rd_cuda_set_attention_limits(&t.dev, 2, 0);
+	rd_cuda_set_attention_plan_limit(&t.dev, 2);
 	for (int64_t s = 64; s <= 192; s += 64) {
 		const struct problem p = { RP_DTYPE_F16, 1, 2, 2, s, s, 64, false };
 		struct att x;
@@ -406,7 +408,7 @@ int main(void)
 	c = census(&t);
 	CHECK(rd_cuda_attention_plan_count(&t.dev) == 2 && c.plans == 2,
 	      "with room for 2 plans: %u cached, %u registered", rd_cuda_attention_plan_count(&t.dev), c.plans);
-	rd_cuda_set_attention_limits(&t.dev, 0, 0);
+	rd_cuda_set_attention_plan_limit(&t.dev, 0);
 
 	t.dev.backend->lane_destroy(lane);
 	gt_close(&t);

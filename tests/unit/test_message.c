@@ -73,6 +73,32 @@ START_TEST(absent_parameters_become_an_empty_object)
 }
 END_TEST
 
+START_TEST(null_parameters_are_no_parameters)
+{
+	/* What Debian's Go varlink sends for a call without parameters. */
+	struct rp_call call;
+
+	parse_ok("{\"method\":\"org.varlink.service.GetInfo\",\"parameters\":null}", &call);
+	ck_assert(cJSON_IsObject(call.params));
+	ck_assert_ptr_null(call.params->child);
+	rp_call_finish(&call);
+}
+END_TEST
+
+START_TEST(utf8_and_escapes_that_are_fine)
+{
+	/* Multi-byte UTF-8, escaped and paired surrogates, an escaped
+	 * backslash before a u. */
+	struct rp_call call;
+
+	parse_ok("{\"method\":\"a.B\",\"parameters\":{\"r\":\"gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80 "
+		 "\\u00e9 \\ud83d\\ude00 \\\\u0000\"}}", &call);
+	ck_assert_str_eq(cJSON_GetObjectItem(call.params, "r")->valuestring,
+			 "gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80 \xc3\xa9 \xf0\x9f\x98\x80 \\u0000");
+	rp_call_finish(&call);
+}
+END_TEST
+
 START_TEST(replies_and_errors)
 {
 	struct rp_call call;
@@ -113,7 +139,22 @@ static const struct {
 	{ "{\"method\":42}", "'method' must be a non-empty string" },
 	{ "{\"method\":\"\"}", "'method' must be a non-empty string" },
 	{ "{\"method\":\"a.B\",\"parameters\":[]}", "'parameters' must be an object" },
-	{ "{\"method\":\"a.B\",\"parameters\":null}", "'parameters' must be an object" },
+	{ "{\"method\":\"a.B\",\"parameters\":7}", "'parameters' must be an object" },
+	/* Bytes that are not UTF-8 never reach cJSON, so no reply can echo
+	 * them raw: a lone continuation byte, an overlong '/', a surrogate
+	 * encoded directly, a truncated sequence, a code point past U+10FFFF. */
+	{ "{\"method\":\"a.\x80" "B\"}", "not valid UTF-8" },
+	{ "{\"method\":\"a.\xc0\xaf" "B\"}", "not valid UTF-8" },
+	{ "{\"method\":\"a.\xed\xa0\x80" "B\"}", "not valid UTF-8" },
+	{ "{\"me\xe2\x82thod\":\"a.B\"}", "not valid UTF-8" },
+	{ "{\"method\":\"a.\xf4\x90\x80\x80\"}", "not valid UTF-8" },
+	{ "{\"method\":\"a.B\",\"\xff\":1}", "not valid UTF-8" },
+	/* cJSON would end the string at the NUL: the method would read as
+	 * io.regen.Device.Generation and the junk vanish. */
+	{ "{\"method\":\"io.regen.Device.Generation\\u0000junk\"}", "a string holds \\u0000" },
+	{ "{\"method\":\"a.B\",\"parameters\":{\"buffer\":\"b0.1.1\\u0000x\"}}", "a string holds \\u0000" },
+	{ "{\"method\":\"a.B\",\"parameters\":{\"x\":\"\\udc00\"}}", "a string holds an unpaired surrogate escape" },
+	{ "{\"method\":\"a.B\",\"parameters\":{\"x\":\"\\ud800z\"}}", "a string holds an unpaired surrogate escape" },
 	{ "{\"method\":\"a.B\",\"more\":1}", "'more' must be a boolean" },
 	{ "{\"method\":\"a.B\",\"oneway\":\"yes\"}", "'oneway' must be a boolean" },
 	{ "{\"method\":\"a.B\",\"upgrade\":null}", "'upgrade' must be a boolean" },
@@ -295,6 +336,8 @@ static Suite *message_suite(void)
 
 	tcase_add_test(tc, call_with_everything);
 	tcase_add_test(tc, absent_parameters_become_an_empty_object);
+	tcase_add_test(tc, null_parameters_are_no_parameters);
+	tcase_add_test(tc, utf8_and_escapes_that_are_fine);
 	tcase_add_test(tc, replies_and_errors);
 	tcase_add_loop_test(tc, refused_with_a_reason, 0, sizeof(refused) / sizeof(refused[0]));
 	tcase_add_test(tc, embedded_nul_is_refused);

@@ -10,19 +10,18 @@ calls) is replaced before the next call is sent, so that call runs normally.  A 
 for one thread: give each thread its own.
 """
 
+import fcntl
 import os
 import time
 
-from . import errors
+from . import errors, ops
 from .varlink import Connection
 
-__all__ = ["Client", "Operand", "Buffer", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
+__all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
 
 DEFAULT_SOCKET = "/run/regen/regend.sock"
 DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 _EPILOGUES = ("none", "bias", "gelu", "gelu_bias")
-# Worker states in which its socket may be gone for a moment.
-_TRANSIENT = ("faulted", "resetting", "respawning")
 
 
 class Buffer:
@@ -57,8 +56,32 @@ class Buffer:
         return f"<regen.Buffer {self.id} {self.kind} {self.size} bytes dev={self.device} gen={self.generation}{state}>"
 
 
+class Event:
+    """An imported CUDA IPC event, for the ``wait_event`` and ``signal_event``
+    of compute calls.  ``str(ev)`` is its wire id (``e<dev>.<gen>.<n>``)."""
+
+    __slots__ = ("id", "device", "generation", "closed")
+
+    def __init__(self, id, device, generation):
+        self.id = id
+        self.device = device
+        self.generation = generation
+        self.closed = False
+
+    def __str__(self):
+        return self.id
+
+    def __repr__(self):
+        state = " closed" if self.closed else ""
+        return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{state}>"
+
+
 def _buffer_id(buf):
     return buf.id if isinstance(buf, Buffer) else str(buf)
+
+
+def _event_id(ev):
+    return ev.id if isinstance(ev, Event) else str(ev)
 
 
 def _id_device(ident):
@@ -172,7 +195,7 @@ class Client:
         self._generations = {}    # device -> last generation seen
         self._buffers = {}        # id -> Buffer
         self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
-        self._events = {}         # id -> (device, generation)
+        self._events = {}         # id -> Event
 
     # -- connections -------------------------------------------------------
 
@@ -231,6 +254,9 @@ class Client:
             if buf.device == device and buf.generation < generation:
                 del self._buffers[bid]
                 buf._drop()
+        for eid, ev in list(self._events.items()):
+            if ev.device == device and ev.generation < generation:
+                del self._events[eid]
 
     def _worker(self, device):
         conn = self._workers.get(device)
@@ -349,14 +375,29 @@ class Client:
         self._buffers[buf.id] = buf
         return buf
 
-    def import_memfd(self, device, fd, size, offset=0):
-        """Map ``size`` bytes at ``offset`` of a memfd (any mappable fd) the
-        caller owns (host backend).  The fd is passed with SCM_RIGHTS; the
-        caller may close its copy afterwards."""
-        params = {"device": int(device), "kind": "host_fd", "size": int(size), "fd": 0}
+    def _import_fd(self, device, kind, fd, size, offset):
+        params = {"device": int(device), "kind": kind, "size": int(size), "fd": 0}
         if offset:
             params["offset"] = int(offset)
         return self._import(device, params, fds=[fd])
+
+    def import_memfd(self, device, fd, size, offset=0):
+        """Map ``size`` bytes at ``offset`` of a memfd the caller owns (host
+        backend), made with os.MFD_ALLOW_SEALING: it is sealed against
+        shrinking here (F_SEAL_SHRINK), which regend requires so that the
+        memory cannot vanish under a call.  The fd is passed with
+        SCM_RIGHTS; the caller may close its copy afterwards."""
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        except OSError:
+            pass  # regend refuses it with ImportFailed, which says why
+        return self._import_fd(device, "host_fd", fd, size, offset)
+
+    def import_cuda_fd(self, device, fd, size, offset=0):
+        """Map [offset, offset+size) of a CUDA VMM allocation exported as a
+        POSIX file descriptor (cuMemExportToShareableHandle).  The fd is
+        passed with SCM_RIGHTS; the caller may close its copy afterwards."""
+        return self._import_fd(device, "cuda_fd", fd, size, offset)
 
     def import_cuda_ipc(self, device, handle_bytes, offset, size, keepalive=None):
         """Map [offset, offset+size) of the allocation a cudaIpcMemHandle_t
@@ -399,19 +440,24 @@ class Client:
         self._tensor_buffers[key] = buf
         return buf
 
+    def _close(self, method, key, ident, obj, forget):
+        """Close a buffer or event (obj: ours, or None for a bare id) in its
+        worker and forget it, unless the connection broke with the call in
+        flight: then the worker may still hold it."""
+        device = obj.device if obj is not None else _id_device(ident)
+        try:
+            reply = self._worker_call(device, method, {key: ident})
+        except (errors.StaleGeneration, errors.NoSuchObject):
+            forget(obj)  # regend holds it no more either way
+            raise
+        forget(obj)
+        return reply
+
     def close_buffer(self, buffer):
         """Unmap a buffer in regend, then drop what kept its memory alive.
         After a ConnectionReset the buffer is kept: the worker may still map it."""
         bid = _buffer_id(buffer)
-        buf = self._buffers.get(bid)
-        device = buf.device if buf else _id_device(bid)
-        try:
-            reply = self._worker_call(device, "io.regen.Memory.CloseBuffer", {"buffer": bid})
-        except (errors.StaleGeneration, errors.NoSuchObject):
-            self._forget(buf)  # regend maps it no more either way
-            raise
-        self._forget(buf)
-        return reply
+        return self._close("io.regen.Memory.CloseBuffer", "buffer", bid, self._buffers.get(bid), self._forget)
 
     def close_tensor(self, tensor, device=None):
         """Close the buffer import_tensor (or a GEMM on the tensor) made for
@@ -437,13 +483,25 @@ class Client:
         buf._drop()
 
     def import_event(self, device, handle_bytes):
-        """Import a cudaIpcEventHandle_t (64 bytes or 128 hex digits); returns its id."""
-        handle = handle_bytes if isinstance(handle_bytes, str) else bytes(handle_bytes).hex()
+        """Import a cudaIpcEventHandle_t (64 bytes, or 128 hex digits) of an
+        event created with interprocess=True; returns an :class:`Event` for
+        the ``wait_event``/``signal_event`` of compute calls."""
+        handle = _handle_hex(handle_bytes, "cudaIpcEventHandle_t")
         reply = self._worker_call(device, "io.regen.Memory.ImportEvent", {"device": int(device), "handle": handle})
-        return reply["event"]
+        ev = Event(reply["event"], int(device), reply["generation"])
+        self._note_generation(ev.device, ev.generation)
+        self._events[ev.id] = ev
+        return ev
 
     def close_event(self, event):
-        return self._worker_call(_id_device(event), "io.regen.Memory.CloseEvent", {"event": event})
+        """Forget an event in regend (an Event or its id)."""
+        eid = _event_id(event)
+        return self._close("io.regen.Memory.CloseEvent", "event", eid, self._events.get(eid), self._forget_event)
+
+    def _forget_event(self, ev):
+        if ev is not None:
+            ev.closed = True
+            self._events.pop(ev.id, None)
 
     # -- io.regen.Compute (worker socket) ----------------------------------
 
@@ -457,20 +515,28 @@ class Client:
             return _tensor_operand(self, x, name)
         raise TypeError(f"operand {name} must be a regen.Operand or a torch tensor, not {type(x).__name__}")
 
-    def _compute(self, method, named, scalars, wait_event, signal_event, retry=True):
+    def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True):
+        op = ops.OPS[op_name]
+        method = op.method
         tensors = []
-        ops = {n: self._operand(x, n, tensors) for n, x in named.items()}
-        ops = {n: o for n, o in ops.items() if o is not None}
-        devices = {o.device for o in ops.values()} - {None}
+        unknown = set(named) - {o.name for o in op.operands}
+        if unknown:
+            raise ValueError(f"{method} has no operand {sorted(unknown)}")
+        missing = [o.name for o in op.operands if o.required and named.get(o.name) is None]
+        if missing:
+            raise ValueError(f"{method} needs operand(s) {missing}")
+        given = {n: self._operand(x, n, tensors) for n, x in named.items()}
+        given = {n: o for n, o in given.items() if o is not None}
+        devices = {o.device for o in given.values()} - {None}
         if len(devices) != 1:
             raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
         device = devices.pop()
-        params = {n: o.to_wire() for n, o in ops.items()}
+        params = {n: o.to_wire() for n, o in given.items()}
         params.update(scalars)
         if wait_event is not None:
-            params["wait_event"] = wait_event
+            params["wait_event"] = _event_id(wait_event)
         if signal_event is not None:
-            params["signal_event"] = signal_event
+            params["signal_event"] = _event_id(signal_event)
         if tensors:
             _sync_torch(tensors)
         try:
@@ -478,7 +544,7 @@ class Client:
         except errors.StaleGeneration:
             if not (self.auto_reimport and tensors and retry):
                 raise
-            return self._compute(method, named, scalars, wait_event, signal_event, retry=False)
+            return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
         return reply.get("elapsed_us")
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
@@ -505,7 +571,7 @@ class Client:
             scalars["epilogue"] = epilogue
         if tf32:
             scalars["compute"] = "tf32"
-        return self._compute("io.regen.Compute.Gemm", named, scalars, wait_event, signal_event)
+        return self._compute("gemm", named, scalars, wait_event, signal_event)
 
     def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
                   wait_event=None, signal_event=None):
@@ -515,7 +581,7 @@ class Client:
         "top_left" (default) or "bottom_right"; ``stats`` f32 [B, H, Sq]
         gets each row's log-sum-exp for the backward pass."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
-        return self._compute("io.regen.Compute.Attention",
+        return self._compute("attention",
                              {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event, signal_event)
 
     def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
@@ -524,7 +590,24 @@ class Client:
         q, k, v, o, stats and the incoming d_o."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
         named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
-        return self._compute("io.regen.Compute.AttentionBackward", named, scalars, wait_event, signal_event)
+        return self._compute("attention_backward", named, scalars, wait_event, signal_event)
+
+
+_HEXDIGITS = frozenset("0123456789abcdef")
+
+
+def _handle_hex(handle, what):
+    """The 128 lowercase hex digits of a 64-byte CUDA IPC handle given as
+    its bytes or in hex (either case)."""
+    if isinstance(handle, str):
+        h = handle.strip().lower()
+        if len(h) != 128 or not _HEXDIGITS.issuperset(h):
+            raise ValueError(f"a {what} in hex is 128 hex digits, got {len(h)} characters: {handle[:20]!r}...")
+        return h
+    raw = bytes(handle)
+    if len(raw) != 64:
+        raise ValueError(f"a {what} is 64 bytes, got {len(raw)}")
+    return raw.hex()
 
 
 def _attention_scalars(scale, causal, causal_alignment):
@@ -541,11 +624,7 @@ def _attention_scalars(scale, causal, causal_alignment):
 def normalize_ipc_handle(handle):
     """128 hex digits of a cudaIpcMemHandle_t from what torch or CUDA gives."""
     if isinstance(handle, str):
-        h = handle.strip().lower()
-        if len(h) != 128:
-            raise ValueError(f"a cudaIpcMemHandle_t in hex has 128 digits, got {len(h)}")
-        bytes.fromhex(h)
-        return h
+        return _handle_hex(handle, "cudaIpcMemHandle_t")
     raw = bytes(handle)
     if len(raw) == 64:
         return raw.hex()

@@ -16,7 +16,8 @@
  *
  * Scratch: each call takes its workspace (cuDNN's, plus the backward's f32
  * accumulators) from the device's pool on its lane's stream and frees it
- * there after the attention, as GEMM does, under ATTENTION_SCRATCH_MAX. */
+ * there after the attention, as GEMM does, at most dev->max_scratch bytes
+ * (--max-scratch-mib). */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -24,16 +25,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/backend/cuda/cuda.h"
+#include "daemon/backend/cuda/common.h"
 #include "daemon/backend/cuda/cudnn_graph.h"
 #include "proto/errors.h"
 
-/* Bytes of scratch one attention call may take (cuDNN's workspace and the
- * backward's f32 dQ accumulator and row sums); over it: LimitExceeded. */
-#define ATTENTION_SCRATCH_MAX ((size_t)4 << 30)
-/* Execution plans kept per device. */
+/* Execution plans kept per device (rd_cuda_set_attention_plan_limit
+ * changes it). */
 #define ATTENTION_PLANS_MAX 64
-/* Both can be changed per device (rd_cuda_set_attention_limits). */
 
 struct attention_handle {
 	struct rd_resource res;
@@ -75,7 +73,6 @@ struct cuda_attention {
 	/* Evicted while their last uses may still run. */
 	struct attention_plan *retired;
 	unsigned plans_max;
-	_Atomic size_t scratch_max;
 };
 
 /* ---- The handle --------------------------------------------------------------- */
@@ -366,7 +363,6 @@ static struct cuda_attention *attention_of(struct cuda_dev *cd)
 			at->cd = cd;
 			at->handle.cd = cd;
 			at->plans_max = ATTENTION_PLANS_MAX;
-			atomic_init(&at->scratch_max, ATTENTION_SCRATCH_MAX);
 			pthread_mutex_init(&at->exec_lock, NULL);
 			pthread_mutex_init(&at->lock, NULL);
 			rd_resource_register(&cd->dev->registry, &at->handle.res, &handle_ops);
@@ -537,29 +533,31 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		return rp_error_set(&op->err, RP_ERR_OUT_OF_MEMORY, "no memory for an attention plan");
 
 	if (rd_resource_ensure_valid(&p->res)) {
-		struct cuda_status *st = cuda_last_status();
-		if (st->name && strcmp(st->name, RP_ERR_INVALID_OPERAND) == 0) {
+		r = cuda_status_to_error(&op->err, "planning the attention");
+		if (p->refused) {
+			/* Set once under the plan's lock and never changed: its
+			 * ensure_valid ordered it before this read. */
+			rp_error_clear(&op->err);
 			r = rp_error_invalid_operand(&op->err, "q", "cuDNN's fused attention does not take %s (%s): %s",
-						     c.name, problem(&c.key, desc, sizeof(desc)), st->message);
-			st->name = NULL;
-		} else if (st->name && strcmp(st->name, RP_ERR_BACKEND) == 0) {
-			char why[256];
-			snprintf(why, sizeof(why), "%s", st->message);
-			st->name = NULL;
-			r = fail_cudnn(lane, op, "planning the attention", why);
+						     c.name, problem(&c.key, desc, sizeof(desc)), p->why);
 		} else {
-			r = cuda_status_to_error(&op->err, "planning the attention");
+			cudaError_t e = cudaStreamQuery(lane->stream);
+			if (cuda_error_is_sticky(e)) {
+				rp_error_clear(&op->err);
+				r = rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
+						 "planning the attention: the context is lost: %s", cudaGetErrorString(e));
+			}
 		}
 		goto out;
 	}
 
-	size_t bytes = p->plan.workspace, cap = atomic_load(&at->scratch_max);
-	if (bytes > cap) {
-		rp_error_set(&op->err, RP_ERR_LIMIT_EXCEEDED,
-			     "%s (%s) needs %zu bytes of scratch, over the per-call limit of %zu bytes", c.name,
-			     problem(&c.key, desc, sizeof(desc)), bytes, cap);
-		rp_error_add_str(&op->err, "resource", "attention scratch bytes");
-		rp_error_add_int(&op->err, "limit", (long long)cap);
+	size_t bytes = p->plan.workspace;
+	uint64_t cap = cd->dev->max_scratch;
+	if (cap && bytes > cap) {
+		rp_err_limit_exceeded(&op->err, "scratch", (long long)cap,
+				      "%s (%s) needs %zu bytes of scratch, more than the %llu one call may take "
+				      "(max_scratch_mib)",
+				      c.name, problem(&c.key, desc, sizeof(desc)), bytes, (unsigned long long)cap);
 		r = -E2BIG;
 		goto out;
 	}
@@ -619,7 +617,7 @@ unsigned rd_cuda_attention_plan_count(struct rd_device *dev)
 	return n;
 }
 
-void rd_cuda_set_attention_limits(struct rd_device *dev, unsigned plans_max, size_t scratch_max)
+void rd_cuda_set_attention_plan_limit(struct rd_device *dev, unsigned plans_max)
 {
 	struct cuda_attention *at = attention_of(cuda_dev_of(dev));
 	if (!at)
@@ -627,5 +625,4 @@ void rd_cuda_set_attention_limits(struct rd_device *dev, unsigned plans_max, siz
 	pthread_mutex_lock(&at->lock);
 	at->plans_max = plans_max ? plans_max : ATTENTION_PLANS_MAX;
 	pthread_mutex_unlock(&at->lock);
-	atomic_store(&at->scratch_max, scratch_max ? scratch_max : ATTENTION_SCRATCH_MAX);
 }

@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/backend/cuda/cuda.h"
+#include "daemon/backend/cuda/common.h"
 #include "proto/errors.h"
 
 struct gemm_key {
@@ -224,7 +224,6 @@ void cuda_gemm_plans_init(struct cuda_dev *cd)
 {
 	pthread_mutex_init(&cd->plans_lock, NULL);
 	cd->plans = NULL;
-	cd->plan_count = 0;
 }
 
 void cuda_gemm_plans_finish(struct cuda_dev *cd)
@@ -232,7 +231,6 @@ void cuda_gemm_plans_finish(struct cuda_dev *cd)
 	pthread_mutex_lock(&cd->plans_lock);
 	struct cuda_gemm_plan *p = cd->plans;
 	cd->plans = NULL;
-	cd->plan_count = 0;
 	pthread_mutex_unlock(&cd->plans_lock);
 	/* The list is newest first (pushed at its head): the reverse of
 	 * registration, the order teardown wants. */
@@ -296,7 +294,6 @@ static struct cuda_gemm_plan *plan_get(struct cuda_dev *cd, const struct gemm_ke
 			rd_resource_register(&cd->dev->registry, &p->res, &plan_ops);
 			p->next = cd->plans;
 			cd->plans = p;
-			cd->plan_count++;
 		}
 	}
 	pthread_mutex_unlock(&cd->plans_lock);
@@ -344,6 +341,11 @@ static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *o
 		return NULL;
 	}
 	return p;
+}
+
+void rd_cuda_set_algo_policy(struct rd_device *dev, enum rd_cuda_algo_policy policy)
+{
+	cuda_dev_of(dev)->policy = policy;
 }
 
 int rd_cuda_gemm_plan_info(struct rd_device *dev, struct rd_op *op, struct rd_cuda_plan_info *info, struct rp_error *err)

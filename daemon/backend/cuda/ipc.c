@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "daemon/backend/cuda/cuda.h"
+#include "daemon/backend/cuda/common.h"
 #include "proto/errors.h"
 
 static const char *cu_error_string(CUresult r)

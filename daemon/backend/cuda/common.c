@@ -1,0 +1,129 @@
+/* What every file of the CUDA backend uses: error mapping, the thread-local
+ * status init callbacks leave, binding a thread to the device, the driver
+ * entry points, and marking the device lost. */
+#include "regen-config.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include "daemon/backend/cuda/common.h"
+#include "proto/errors.h"
+
+static __thread struct cuda_status last_status;
+
+int cuda_status_set(const char *name, const char *fmt, ...)
+{
+	va_list ap;
+	last_status.name = name;
+	va_start(ap, fmt);
+	vsnprintf(last_status.message, sizeof(last_status.message), fmt, ap);
+	va_end(ap);
+	return strcmp(name, RP_ERR_OUT_OF_MEMORY) == 0 ? -ENOMEM : -EIO;
+}
+
+int cuda_status_to_error(struct rp_error *err, const char *what)
+{
+	if (!last_status.name)
+		return rp_error_set(err, RP_ERR_BACKEND, "%s failed", what);
+	rp_error_set(err, last_status.name, "%s: %s", what, last_status.message);
+	last_status.name = NULL;
+	return -EIO;
+}
+
+bool cuda_error_is_sticky(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorLaunchTimeout:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorAssert:
+	case cudaErrorECCUncorrectable:
+	case cudaErrorNvlinkUncorrectable:
+	case cudaErrorContextIsDestroyed:
+	case cudaErrorExternalDevice:
+	case cudaErrorTensorMemoryLeak:
+		return true;
+	default:
+		return false;
+	}
+}
+
+const char *cuda_error_name(cudaError_t e)
+{
+	if (cuda_error_is_sticky(e))
+		return RP_ERR_DEVICE_LOST;
+	if (e == cudaErrorMemoryAllocation)
+		return RP_ERR_OUT_OF_MEMORY;
+	return RP_ERR_BACKEND;
+}
+
+const char *cublas_error_name(cublasStatus_t s)
+{
+	if (s == CUBLAS_STATUS_ALLOC_FAILED)
+		return RP_ERR_OUT_OF_MEMORY;
+	return RP_ERR_BACKEND;
+}
+
+int cuda_bind(struct cuda_dev *cd, struct rp_error *err)
+{
+	cudaError_t e = cudaSetDevice(cd->dev->index);
+	if (e != cudaSuccess) {
+		rp_error_set(err, cuda_error_name(e), "cudaSetDevice(%d): %s", cd->dev->index, cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+struct cuda_driver_api cuda_drv;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static char driver_error[160];
+
+static void driver_load_once(void)
+{
+	static const struct {
+		const char *name;
+		size_t offset;
+	} fns[] = {
+#define FN(x) { "cu" #x, offsetof(struct cuda_driver_api, x) }
+		FN(GetErrorString), FN(GetErrorName), FN(MemGetAddressRange), FN(MemImportFromShareableHandle),
+		FN(MemGetAllocationPropertiesFromHandle), FN(MemGetAllocationGranularity), FN(MemAddressReserve),
+		FN(MemAddressFree), FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemRelease),
+#undef FN
+	};
+	for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+		void *p = NULL;
+		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+		/* 12000: the ABI of CUDA 12.0 (cuMemGetAddressRange is its _v2). */
+		cudaError_t e = cudaGetDriverEntryPointByVersion(fns[i].name, &p, 12000, cudaEnableDefault, &q);
+		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p) {
+			snprintf(driver_error, sizeof(driver_error), "driver entry point %s: %s", fns[i].name,
+				 e != cudaSuccess ? cudaGetErrorString(e) : "not found");
+			memset(&cuda_drv, 0, sizeof(cuda_drv));
+			return;
+		}
+		memcpy((char *)&cuda_drv + fns[i].offset, &p, sizeof(p));
+	}
+}
+
+int cuda_driver_load(struct rp_error *err)
+{
+	pthread_once(&driver_once, driver_load_once);
+	if (!cuda_drv.MemRelease)
+		return rp_error_set(err, RP_ERR_BACKEND, "%s", driver_error);
+	return 0;
+}
+
+/* Marks the device lost and tells whoever drives it, once per loss. */
+void cuda_mark_lost(struct cuda_dev *cd, const char *reason)
+{
+	bool was = atomic_exchange(&cd->lost, true);
+	if (!was && cd->dev->on_fault)
+		cd->dev->on_fault(cd->dev, reason);
+}

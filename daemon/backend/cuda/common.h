@@ -1,0 +1,268 @@
+/* What the files of daemon/backend/cuda/ share: the device and lane structs,
+ * the error mapping and the thread-local status of init callbacks, binding,
+ * the driver entry points, and each file's functions that another calls.
+ *
+ * One worker process owns device dev->index through its primary context.
+ * Every native object (lane streams, the cuBLASLt handle, GEMM plans, the
+ * scratch pool, imported mappings, events) is a registry resource of
+ * dev->registry.
+ *
+ * Who calls whom, downwards only: backend.c (the ops table, the lifecycle
+ * hooks) calls the others; lane.c reaches the per-operation enqueue
+ * functions (gemm.c, attention.c) through cuda_dev.enqueue only; every file
+ * calls common.c. */
+#pragma once
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+#include "regen-config.h"
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cublasLt.h>
+#include "daemon/backend/backend.h"
+#include "daemon/backend/cuda/cuda.h"
+
+/* The scratch size the heuristic is asked with. */
+#define RD_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+
+struct cuda_dev;
+struct cuda_lane;
+
+/* A resource with a CUDA state: what init last failed with. */
+struct cuda_status {
+	const char *name;     /* RP_ERR_* */
+	char message[256];
+};
+
+struct cuda_pool {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	cudaMemPool_t pool;
+};
+
+struct cuda_handle {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	cublasLtHandle_t lt;
+};
+
+/* One buffer every GEMM shares: -Ddebug_shared_workspace=true only. */
+struct cuda_shared_ws {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	void *ptr;
+};
+
+/* Fault injection: a stream for the kernels, an event lanes wait on, and
+ * the host-mapped flag that ends a "hang". */
+struct cuda_fault {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	cudaStream_t stream;        /* hang */
+	cudaStream_t lost_stream;   /* device_lost */
+	cudaEvent_t event;
+	int *flag_host;
+	int *flag_dev;
+};
+
+/* Enqueues one operation's work on the lane's stream. 0 or -errno with
+ * op->err set; nothing to wait for beyond the stream. */
+typedef int cuda_enqueue_fn(struct cuda_lane *lane, struct rd_op *op);
+
+/* The enqueue table is indexed by the op table's id (proto/compute.h):
+ * here and in cuda_enqueue_of() only, and filled by backend.c. */
+#define CUDA_OP_KINDS RP_OP_COUNT
+
+struct cuda_gemm_plan;
+struct cuda_mapping;
+struct cuda_attention;
+
+struct cuda_dev {
+	struct rd_device *dev;
+	struct cuda_pool pool;
+	struct cuda_handle handle;
+	struct cuda_shared_ws shared_ws;
+	struct cuda_fault fault;
+	enum rd_cuda_algo_policy policy;
+	/* Set at open: what each operation's enqueue function is. */
+	cuda_enqueue_fn *const *enqueue;
+
+	pthread_mutex_t plans_lock;
+	struct cuda_gemm_plan *plans;
+
+	pthread_mutex_t maps_lock;
+	struct cuda_mapping *maps;
+	unsigned map_count;
+
+	/* attention.c: the cuDNN handle and plans, made on first use. */
+	_Atomic(struct cuda_attention *) attention;
+
+	/* Bumped (and broadcast) by a host function each lane enqueues after a
+	 * call: completers sleep on it instead of polling at a coarse period. */
+	pthread_mutex_t done_lock;
+	pthread_cond_t done_cond;
+	uint64_t done_seq;
+
+	/* Bumped when a fault kernel was enqueued; lanes whose seen value is
+	 * older make their next op wait on fault.event first. */
+	pthread_mutex_t fault_lock;
+	uint64_t fault_seq;
+
+	uint64_t baseline;
+	/* Set once a sticky error was seen, until reset. */
+	_Atomic bool lost;
+	/* Bumped when a reset starts: an op that began before it and fails
+	 * afterwards does not mark the new context lost. */
+	_Atomic uint64_t resets;
+};
+
+/* Calls a lane may have launched and not yet seen complete. */
+#define RD_CUDA_LANE_DEPTH 8
+
+/* A lane's stream state; its threads and queue are lane.c's own. */
+struct cuda_lane {
+	struct rd_lane base;
+	struct cuda_dev *cd;
+	cudaStream_t stream;
+	/* Waits for each call's completion event and then runs the host
+	 * function that wakes the completer: on a stream of its own, since a
+	 * host function in `stream` would stall the next call's kernels. */
+	cudaStream_t notify;
+	cudaEvent_t done[RD_CUDA_LANE_DEPTH];
+	unsigned next_done;
+	uint64_t fault_seen;
+	uint64_t op_resets;                /* cd->resets when the op being launched started */
+	void *last_workspace;
+};
+
+struct cuda_mapping {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	enum rd_buffer_kind kind;
+	unsigned char handle[64];          /* cuda_ipc */
+	int fd;                            /* cuda_fd, owned */
+	uint64_t want;                     /* cuda_fd: bytes to map (offset + size) */
+	CUdeviceptr base;
+	size_t size;                       /* bytes mapped (ipc: the allocation's) */
+	CUmemGenericAllocationHandle alloc;
+	unsigned refs;                     /* buffers on it, under cd->maps_lock */
+	struct cuda_mapping *next;
+};
+
+struct cuda_buffer {
+	struct rd_buffer base;
+	struct cuda_dev *cd;
+	struct cuda_mapping *map;          /* NULL for wrapped local memory */
+	uint64_t offset;
+	void *local;
+};
+
+struct cuda_event {
+	struct rd_event base;
+	struct cuda_dev *cd;
+	cudaIpcEventHandle_t handle;
+	cudaEvent_t ev;
+};
+
+static inline struct cuda_dev *cuda_dev_of(struct rd_device *dev)
+{
+	return dev->backend_data;
+}
+
+/* The enqueue function for op's kind, NULL for a kind the backend lacks. */
+static inline cuda_enqueue_fn *cuda_enqueue_of(const struct cuda_dev *cd, const struct rd_op *op)
+{
+	unsigned id = (unsigned)op->compute.spec->id;
+
+	return id < CUDA_OP_KINDS ? cd->enqueue[id] : NULL;
+}
+
+static inline uint64_t cuda_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- common.c -------------------------------------------------------- */
+
+/* Thread-local record of the last failure an init callback saw, since
+ * rd_resource_ensure_valid() can only return -errno. */
+int cuda_status_set(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* err from the last status, prefixed with what was being done. */
+int cuda_status_to_error(struct rp_error *err, const char *what);
+/* The status of a failed runtime call, from a local `e_` of the caller. */
+#define STATUS_CUDA(call) cuda_status_set(cuda_error_name(e_), "%s: %s", call, cudaGetErrorString(e_))
+
+/* Error name for a CUDA runtime error: DeviceLost for sticky errors,
+ * OutOfMemory, else BackendError. */
+const char *cuda_error_name(cudaError_t e);
+bool cuda_error_is_sticky(cudaError_t e);
+const char *cublas_error_name(cublasStatus_t s);
+
+/* The few driver-API entry points imports need, fetched through the
+ * runtime (cudaGetDriverEntryPointByVersion) so that nothing links
+ * libcuda.so.1 directly: the module and the GPU tests then load on a
+ * machine without the driver, and fail (or skip) with a clear error. */
+struct cuda_driver_api {
+	__typeof__(cuGetErrorString) *GetErrorString;
+	__typeof__(cuGetErrorName) *GetErrorName;
+	__typeof__(cuMemGetAddressRange) *MemGetAddressRange;
+	__typeof__(cuMemImportFromShareableHandle) *MemImportFromShareableHandle;
+	__typeof__(cuMemGetAllocationPropertiesFromHandle) *MemGetAllocationPropertiesFromHandle;
+	__typeof__(cuMemGetAllocationGranularity) *MemGetAllocationGranularity;
+	__typeof__(cuMemAddressReserve) *MemAddressReserve;
+	__typeof__(cuMemAddressFree) *MemAddressFree;
+	__typeof__(cuMemMap) *MemMap;
+	__typeof__(cuMemUnmap) *MemUnmap;
+	__typeof__(cuMemSetAccess) *MemSetAccess;
+	__typeof__(cuMemRelease) *MemRelease;
+};
+extern struct cuda_driver_api cuda_drv;
+/* Fills cuda_drv once; 0 or -errno with err set. */
+int cuda_driver_load(struct rp_error *err);
+
+/* Makes dev->index current on the calling thread. */
+int cuda_bind(struct cuda_dev *cd, struct rp_error *err);
+
+/* Marks the device lost and tells whoever drives it, once per loss. */
+void cuda_mark_lost(struct cuda_dev *cd, const char *reason);
+
+/* ---- device.c: the device-level resources ------------------------------- */
+
+/* Registers the scratch pool, the cuBLASLt handle, the debug shared
+ * workspace and the fault-injection state, in that order (release walks
+ * the registry backwards). */
+void cuda_device_resources_register(struct cuda_dev *cd);
+void cuda_device_resources_unregister(struct cuda_dev *cd);
+
+/* ---- lane.c ------------------------------------------------------------ */
+
+struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err);
+void cuda_lane_destroy(struct rd_lane *lane);
+int cuda_submit(struct rd_lane *lane, struct rd_op *op);
+
+/* ---- gemm.c ------------------------------------------------------------ */
+
+void cuda_gemm_plans_init(struct cuda_dev *cd);
+void cuda_gemm_plans_finish(struct cuda_dev *cd);
+int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op);
+
+/* ---- ipc.c ------------------------------------------------------------- */
+
+void cuda_ipc_init(struct cuda_dev *cd);
+int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err);
+void cuda_close_buffer(struct rd_buffer *buf);
+int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err);
+void cuda_close_event(struct rd_event *ev);
+uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);
+
+/* ---- attention.c: forward and backward, through cuDNN ---------------------- */
+
+int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op);
+/* Unregisters and frees the attention state (close: device synchronized). */
+void cuda_attention_finish(struct cuda_dev *cd);

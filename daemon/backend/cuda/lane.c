@@ -1,0 +1,522 @@
+/* Lanes: one connection's ordered work on a CUDA stream of its own. A
+ * launcher thread takes the lane's ops in order and enqueues them without
+ * waiting (at most RD_CUDA_LANE_DEPTH in flight); a completer thread waits
+ * for each call's completion event, in order, and hands the op back. An
+ * injected fault kernel is waited for before a lane's next op, so that op's
+ * synchronisation is the one that finds it. The work itself comes from the
+ * enqueue functions the device's table names (cuda_dev.enqueue). */
+#include "regen-config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include "daemon/backend/cuda/common.h"
+#include "proto/errors.h"
+
+static void lane_destroy_events(struct cuda_lane *l)
+{
+	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++) {
+		if (l->done[i])
+			cudaEventDestroy(l->done[i]);
+		l->done[i] = NULL;
+	}
+}
+
+static int lane_init(struct rd_resource *res)
+{
+	struct cuda_lane *l = (struct cuda_lane *)res;
+	cudaError_t e_ = cudaSetDevice(l->cd->dev->index);
+	if (e_ != cudaSuccess)
+		return STATUS_CUDA("cudaSetDevice");
+	e_ = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
+	if (e_ != cudaSuccess)
+		return STATUS_CUDA("cudaStreamCreateWithFlags");
+	e_ = cudaStreamCreateWithFlags(&l->notify, cudaStreamNonBlocking);
+	if (e_ != cudaSuccess) {
+		cudaStreamDestroy(l->stream);
+		l->stream = NULL;
+		return STATUS_CUDA("cudaStreamCreateWithFlags");
+	}
+	/* One per call in flight on the lane; polled by lane_wait(), never
+	 * synchronised on. */
+	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++) {
+		e_ = cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming);
+		if (e_ != cudaSuccess) {
+			lane_destroy_events(l);
+			cudaStreamDestroy(l->notify);
+			cudaStreamDestroy(l->stream);
+			l->stream = l->notify = NULL;
+			return STATUS_CUDA("cudaEventCreateWithFlags");
+		}
+	}
+	pthread_mutex_lock(&l->cd->fault_lock);
+	l->fault_seen = l->cd->fault_seq;
+	pthread_mutex_unlock(&l->cd->fault_lock);
+	return 0;
+}
+
+static void lane_release(struct rd_resource *res)
+{
+	struct cuda_lane *l = (struct cuda_lane *)res;
+	cudaSetDevice(l->cd->dev->index);
+	cudaStreamSynchronize(l->stream);
+	cudaStreamSynchronize(l->notify);
+	lane_destroy_events(l);
+	cudaStreamDestroy(l->notify);
+	cudaStreamDestroy(l->stream);
+	l->stream = l->notify = NULL;
+}
+
+static void lane_invalidate(struct rd_resource *res)
+{
+	struct cuda_lane *l = (struct cuda_lane *)res;
+	l->stream = l->notify = NULL;
+	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++)
+		l->done[i] = NULL;
+}
+
+static const struct rd_resource_ops lane_ops = {
+	.kind = "lane", .init = lane_init, .release = lane_release, .invalidate = lane_invalidate,
+};
+
+/* Sets op->err from a CUDA failure; a sticky one marks the device lost. */
+static int lane_fail_cuda_at(struct cuda_lane *l, uint64_t op_resets, struct rd_op *op, const char *what, cudaError_t e)
+{
+	char reason[256];
+	snprintf(reason, sizeof(reason), "%s on lane %u: %s (%s)", what, l->base.index, cudaGetErrorString(e),
+		 cudaGetErrorName(e));
+	rp_error_set(&op->err, cuda_error_name(e), "%s", reason);
+	if (cuda_error_is_sticky(e) && atomic_load(&l->cd->resets) == op_resets)
+		cuda_mark_lost(l->cd, reason);
+	return -EIO;
+}
+
+/* From the launching thread, for the op it is launching. */
+static int lane_fail_cuda(struct cuda_lane *l, struct rd_op *op, const char *what, cudaError_t e)
+{
+	return lane_fail_cuda_at(l, l->op_resets, op, what, e);
+}
+
+static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
+{
+	struct cuda_dev *cd = l->cd;
+	if (rd_resource_ensure_valid(&l->base.res))
+		return cuda_status_to_error(&op->err, "lane stream");
+	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++) {
+		if (op->buffers[i] && rd_resource_ensure_valid(&op->buffers[i]->res))
+			return cuda_status_to_error(&op->err, "restoring a buffer mapping");
+	}
+	if (op->wait_event && rd_resource_ensure_valid(&op->wait_event->res))
+		return cuda_status_to_error(&op->err, "restoring wait_event");
+	if (op->signal_event && rd_resource_ensure_valid(&op->signal_event->res))
+		return cuda_status_to_error(&op->err, "restoring signal_event");
+
+	/* A fault kernel enqueued since this lane's last op goes first. */
+	pthread_mutex_lock(&cd->fault_lock);
+	uint64_t seq = cd->fault_seq;
+	pthread_mutex_unlock(&cd->fault_lock);
+	if (seq != l->fault_seen) {
+		l->fault_seen = seq;
+		if (rd_resource_ensure_valid(&cd->fault.res))
+			return cuda_status_to_error(&op->err, "fault injection state");
+		cudaError_t e = cudaStreamWaitEvent(l->stream, cd->fault.event, 0);
+		if (e != cudaSuccess)
+			return lane_fail_cuda(l, op, "cudaStreamWaitEvent(injected fault)", e);
+	}
+	if (op->wait_event) {
+		struct cuda_event *ev = (struct cuda_event *)op->wait_event;
+		cudaError_t e = cudaStreamWaitEvent(l->stream, ev->ev, 0);
+		if (e != cudaSuccess)
+			return lane_fail_cuda(l, op, "cudaStreamWaitEvent(wait_event)", e);
+	}
+	return 0;
+}
+
+/* Runs on CUDA's callback thread once a lane's notify stream reaches it
+ * (after the call's completion event): wakes the completers. It must not
+ * call CUDA. */
+static void CUDART_CB host_done_cb(void *arg)
+{
+	struct cuda_dev *cd = arg;
+
+	pthread_mutex_lock(&cd->done_lock);
+	cd->done_seq++;
+	pthread_cond_broadcast(&cd->done_cond);
+	pthread_mutex_unlock(&cd->done_lock);
+}
+
+/* Waits for a call's completion event. Not cudaEventSynchronize: a thread
+ * blocked there is not woken when the context takes a sticky error while an
+ * unrelated kernel keeps running (seen on H200, driver 580: a call queued
+ * behind a spinning kernel stayed blocked after an illegal address
+ * elsewhere); cudaEventQuery reports a sticky error at once. Small calls
+ * finish within microseconds, so the first LANE_SPIN_NS are a busy poll.
+ * After that the completer sleeps until the host function enqueued behind
+ * the call wakes it (exact, unlike a polling period), and at least every
+ * LANE_POLL_MS looks again, since after a fault no host function runs.
+ * Gives up early when another lane marked the device lost
+ * (cudaErrorNotReady then). */
+#define LANE_SPIN_NS 200000
+#define LANE_POLL_MS 2
+static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
+{
+	struct cuda_dev *cd = l->cd;
+	uint64_t spin_until = cuda_now_ns() + LANE_SPIN_NS;
+
+	for (;;) {
+		pthread_mutex_lock(&cd->done_lock);
+		uint64_t seq = cd->done_seq;
+		pthread_mutex_unlock(&cd->done_lock);
+		cudaError_t e = cudaEventQuery(done);
+		if (e != cudaErrorNotReady)
+			return e;
+		if (atomic_load(&cd->lost))
+			return cudaErrorNotReady;
+		if (cuda_now_ns() < spin_until) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += LANE_POLL_MS * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_mutex_lock(&cd->done_lock);
+		while (cd->done_seq == seq)
+			if (pthread_cond_timedwait(&cd->done_cond, &cd->done_lock, &until) != 0)
+				break;
+		pthread_mutex_unlock(&cd->done_lock);
+	}
+}
+
+/* A launched call waiting for its completion event. */
+struct lane_pending {
+	struct rd_op *op;
+	cudaEvent_t done;          /* a copy: an invalidate forgets the lane's */
+	uint64_t t0, resets;
+	int r;
+	bool enqueued;
+};
+
+/* Enqueues op's work on the lane's stream and records its completion
+ * event; does not wait. */
+static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p)
+{
+	struct cuda_dev *cd = l->cd;
+	int r = 0;
+
+	p->op = op;
+	p->t0 = cuda_now_ns();
+	p->enqueued = false;
+	p->done = NULL;
+	l->op_resets = p->resets = atomic_load(&cd->resets);
+	if (atomic_load(&cd->lost)) {
+		p->r = rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
+				    cd->dev->index);
+		return;
+	}
+	r = cuda_bind(cd, &op->err);
+	if (r == 0)
+		r = lane_prepare(l, op);
+	if (r == 0) {
+		p->enqueued = true;
+		cuda_enqueue_fn *enqueue = cuda_enqueue_of(cd, op);
+		if (enqueue)
+			r = enqueue(l, op);
+		else
+			r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s",
+					 op->compute.spec->method);
+		if (r == 0 && op->signal_event) {
+			struct cuda_event *ev = (struct cuda_event *)op->signal_event;
+			cudaError_t e = cudaEventRecord(ev->ev, l->stream);
+			if (e != cudaSuccess)
+				r = lane_fail_cuda(l, op, "cudaEventRecord(signal_event)", e);
+		}
+	}
+	p->r = r;
+	if (p->enqueued && l->stream) {
+		p->done = l->done[l->next_done];
+		l->next_done = (l->next_done + 1) % RD_CUDA_LANE_DEPTH;
+		cudaError_t e = cudaEventRecord(p->done, l->stream);
+		if (e == cudaSuccess)
+			e = cudaStreamWaitEvent(l->notify, p->done, 0);
+		if (e == cudaSuccess)
+			e = cudaLaunchHostFunc(l->notify, host_done_cb, cd);
+		if (e != cudaSuccess) {
+			p->done = NULL;
+			if (p->r == 0 || cuda_error_is_sticky(e))
+				p->r = lane_fail_cuda(l, op, "recording the call's completion", e);
+		}
+	}
+}
+
+/* The one synchronisation point of a call: whatever it enqueued finishes
+ * here, and a sticky error of the context shows up here. */
+static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
+{
+	struct cuda_dev *cd = l->cd;
+	struct rd_op *op = p->op;
+
+	if (p->done) {
+		cudaError_t e = lane_wait(l, p->done);
+		if (e == cudaErrorNotReady) {
+			/* Another lane found the context lost while this call was
+			 * in flight behind a kernel that may never finish. */
+			rp_error_clear(&op->err);
+			rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
+				     "device %d lost its context while this call was in flight on lane %u",
+				     cd->dev->index, l->base.index);
+		} else if (e != cudaSuccess && (p->r == 0 || cuda_error_is_sticky(e))) {
+			rp_error_clear(&op->err);
+			lane_fail_cuda_at(l, p->resets, op, "completing the call", e);
+		}
+	}
+	op->elapsed_us = (cuda_now_ns() - p->t0) / 1000;
+	rd_op_complete(op);
+}
+
+/* The queue is a ring of op pointers: rd_op.next belongs to the core. */
+struct lane_queue {
+	struct rd_op **ops;
+	size_t cap, head, count;
+};
+
+struct cuda_lane_impl {
+	struct cuda_lane lane;
+	pthread_t thread;      /* the launcher */
+	pthread_t completer;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool stopping;
+	struct lane_queue q;
+	struct lane_pending pending[RD_CUDA_LANE_DEPTH];
+	unsigned pending_head, npending;
+	bool launcher_done;
+	int wake_seq;          /* set by submit: ends the launcher's spin */
+	int done_seq;          /* set by a launch: ends the completer's spin */
+};
+
+static int queue_push(struct lane_queue *q, struct rd_op *op)
+{
+	if (q->count == q->cap) {
+		size_t ncap = q->cap ? q->cap * 2 : 16;
+		struct rd_op **n = malloc(ncap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		for (size_t i = 0; i < q->count; i++)
+			n[i] = q->ops[(q->head + i) % q->cap];
+		free(q->ops);
+		q->ops = n;
+		q->cap = ncap;
+		q->head = 0;
+	}
+	q->ops[(q->head + q->count) % q->cap] = op;
+	q->count++;
+	return 0;
+}
+
+static struct rd_op *queue_pop(struct lane_queue *q)
+{
+	if (!q->count)
+		return NULL;
+	struct rd_op *op = q->ops[q->head];
+	q->head = (q->head + 1) % q->cap;
+	q->count--;
+	return op;
+}
+
+/* Waits, with li->lock held, until ready(li) or stopping. A call arriving
+ * while the lane is busy should not pay a futex wake-up (tens of
+ * microseconds, more than a small GEMM): spin unlocked for a short while
+ * first, then sleep on the condition variable. */
+#define LANE_IDLE_SPIN_NS 200000
+static void lane_idle_wait(struct cuda_lane_impl *li, bool (*ready)(struct cuda_lane_impl *li))
+{
+	if (ready(li) || li->stopping)
+		return;
+	pthread_mutex_unlock(&li->lock);
+	uint64_t until = cuda_now_ns() + LANE_IDLE_SPIN_NS;
+	while (cuda_now_ns() < until && !__atomic_load_n(&li->wake_seq, __ATOMIC_ACQUIRE))
+		__builtin_ia32_pause();
+	pthread_mutex_lock(&li->lock);
+	while (!ready(li) && !li->stopping)
+		pthread_cond_wait(&li->cond, &li->lock);
+}
+
+/* The completer's wait: it must not return on `stopping` alone (the
+ * launcher may still be draining), only once completer_ready(). */
+static void lane_idle_wait_completer(struct cuda_lane_impl *li)
+{
+	pthread_mutex_unlock(&li->lock);
+	uint64_t until = cuda_now_ns() + LANE_IDLE_SPIN_NS;
+	while (cuda_now_ns() < until && !__atomic_load_n(&li->done_seq, __ATOMIC_ACQUIRE))
+		__builtin_ia32_pause();
+	pthread_mutex_lock(&li->lock);
+	while (!li->npending && !li->launcher_done)
+		pthread_cond_wait(&li->cond, &li->lock);
+}
+
+static bool launcher_ready(struct cuda_lane_impl *li)
+{
+	return li->q.count && li->npending < RD_CUDA_LANE_DEPTH;
+}
+
+static bool completer_ready(struct cuda_lane_impl *li)
+{
+	return li->npending || li->launcher_done;
+}
+
+/* The launching thread: takes ops in order and enqueues them without
+ * waiting, so a client that pipelines its calls keeps the GPU busy; at most
+ * RD_CUDA_LANE_DEPTH calls are launched and not yet completed. */
+static void *lane_main(void *arg)
+{
+	struct cuda_lane_impl *li = arg;
+	struct cuda_lane *l = &li->lane;
+	pthread_mutex_lock(&li->lock);
+	for (;;) {
+		__atomic_store_n(&li->wake_seq, 0, __ATOMIC_RELEASE);
+		lane_idle_wait(li, launcher_ready);
+		if (!li->q.count && li->stopping)
+			break;
+		if (li->npending == RD_CUDA_LANE_DEPTH) {
+			pthread_cond_wait(&li->cond, &li->lock);
+			continue;
+		}
+		struct rd_op *op = queue_pop(&li->q);
+		pthread_mutex_unlock(&li->lock);
+		struct lane_pending p;
+		lane_launch(l, op, &p);
+		pthread_mutex_lock(&li->lock);
+		li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
+		li->npending++;
+		__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&li->cond);
+	}
+	li->launcher_done = true;
+	pthread_cond_broadcast(&li->cond);
+	pthread_mutex_unlock(&li->lock);
+	return NULL;
+}
+
+/* The completing thread: waits for launched calls in order. */
+static void *lane_completer_main(void *arg)
+{
+	struct cuda_lane_impl *li = arg;
+	struct cuda_lane *l = &li->lane;
+	/* lane_wait's short sleeps mean what they say (default slack is 50 us). */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+	pthread_mutex_lock(&li->lock);
+	for (;;) {
+		while (!completer_ready(li)) {
+			__atomic_store_n(&li->done_seq, 0, __ATOMIC_RELEASE);
+			lane_idle_wait_completer(li);
+		}
+		if (!li->npending)
+			break;
+		struct lane_pending p = li->pending[li->pending_head];
+		pthread_mutex_unlock(&li->lock);
+		lane_complete(l, &p);
+		pthread_mutex_lock(&li->lock);
+		li->pending_head = (li->pending_head + 1) % RD_CUDA_LANE_DEPTH;
+		li->npending--;
+		pthread_cond_broadcast(&li->cond);
+	}
+	pthread_mutex_unlock(&li->lock);
+	return NULL;
+}
+
+struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err)
+{
+	struct cuda_dev *cd = cuda_dev_of(dev);
+	if (cuda_bind(cd, err))
+		return NULL;
+	struct cuda_lane_impl *li = calloc(1, sizeof(*li));
+	if (!li) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a lane");
+		return NULL;
+	}
+	struct cuda_lane *l = &li->lane;
+	l->base.device = dev;
+	l->base.index = index;
+	l->cd = cd;
+	pthread_mutex_init(&li->lock, NULL);
+	pthread_cond_init(&li->cond, NULL);
+	rd_resource_register(&dev->registry, &l->base.res, &lane_ops);
+	if (rd_resource_ensure_valid(&l->base.res)) {
+		cuda_status_to_error(err, "creating the lane's stream");
+		goto fail;
+	}
+	int r = pthread_create(&li->thread, NULL, lane_main, li);
+	if (r) {
+		rp_error_set(err, RP_ERR_BACKEND, "pthread_create: %s", strerror(r));
+		goto fail;
+	}
+	r = pthread_create(&li->completer, NULL, lane_completer_main, li);
+	if (r) {
+		pthread_mutex_lock(&li->lock);
+		li->stopping = true;
+		pthread_cond_broadcast(&li->cond);
+		pthread_mutex_unlock(&li->lock);
+		pthread_join(li->thread, NULL);
+		rp_error_set(err, RP_ERR_BACKEND, "pthread_create: %s", strerror(r));
+		goto fail;
+	}
+	return &l->base;
+fail:
+	rd_resource_unregister(&l->base.res);
+	pthread_cond_destroy(&li->cond);
+	pthread_mutex_destroy(&li->lock);
+	free(li);
+	return NULL;
+}
+
+void cuda_lane_destroy(struct rd_lane *lane)
+{
+	if (!lane)
+		return;
+	struct cuda_lane_impl *li = (struct cuda_lane_impl *)lane;
+	struct cuda_lane *l = &li->lane;
+	pthread_mutex_lock(&li->lock);
+	li->stopping = true;
+	pthread_cond_broadcast(&li->cond);
+	pthread_mutex_unlock(&li->lock);
+	pthread_join(li->thread, NULL);
+	pthread_join(li->completer, NULL);
+	rd_resource_unregister(&l->base.res);
+	pthread_cond_destroy(&li->cond);
+	pthread_mutex_destroy(&li->lock);
+	free(li->q.ops);
+	free(li);
+}
+
+int cuda_submit(struct rd_lane *lane, struct rd_op *op)
+{
+	struct cuda_lane_impl *li = (struct cuda_lane_impl *)lane;
+	struct cuda_lane *l = &li->lane;
+	if (atomic_load(&l->cd->lost))
+		return rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
+				    l->cd->dev->index);
+	op->lane = lane;
+	pthread_mutex_lock(&li->lock);
+	int r = li->stopping ? -ESHUTDOWN : queue_push(&li->q, op);
+	if (r == 0) {
+		__atomic_store_n(&li->wake_seq, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&li->cond);
+	}
+	pthread_mutex_unlock(&li->lock);
+	if (r)
+		return rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
+				    "lane %u cannot take work", lane->index);
+	return 0;
+}
+
+void *rd_cuda_lane_last_workspace(struct rd_lane *lane)
+{
+	return ((struct cuda_lane *)lane)->last_workspace;
+}

@@ -1,0 +1,222 @@
+/* Host lanes: one thread each, running its ops in order with the reference
+ * math of math.c. A lane's scratch grows to its largest call's need. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "daemon/backend/host/common.h"
+#include "daemon/backend/host/guard.h"
+#include "daemon/backend/host/math.h"
+#include "proto/errors.h"
+
+struct host_lane {
+	struct rd_lane base;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct rd_op *head, *tail;
+	bool stop;
+	void *scratch;                 /* grows to the largest call's need */
+	size_t scratch_size;
+};
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Scratch a lane keeps between calls; beyond it, a call's goes with it. */
+#define SCRATCH_KEEP ((size_t)64 << 20)
+
+struct guarded_call {
+	const struct rp_compute *c;
+	void **ptr;
+	void *scratch;
+	size_t scratch_size;
+};
+
+static int run_guarded(void *arg)
+{
+	struct guarded_call *g = arg;
+
+	return rd_host_run(g->c, g->ptr, g->scratch, g->scratch_size);
+}
+
+/* Runs the op's math over the client's memory; on failure sets op->err. */
+static void run_op(struct host_lane *lane, struct rd_op *op)
+{
+	struct rd_device *dev = lane->base.device;
+	const struct rp_compute *c = &op->compute;
+	void *ptr[RP_OP_OPERANDS_MAX] = { 0 };
+	size_t need = rd_host_scratch_size(c);
+	uintptr_t fault = 0;
+	int r;
+
+	for (unsigned i = 0; i < c->spec->noperands; i++)
+		if (op->buffers[i])
+			ptr[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
+	if (dev->max_scratch && need > dev->max_scratch) {
+		rp_err_limit_exceeded(&op->err, "scratch", (long long)dev->max_scratch,
+				      "the call needs %zu bytes of scratch, more than the %llu one call may take "
+				      "(max_scratch_mib)", need, (unsigned long long)dev->max_scratch);
+		return;
+	}
+	if (need > lane->scratch_size) {
+		void *s = realloc(lane->scratch, need);
+		if (!s) {
+			rp_err_out_of_memory(&op->err, dev->index, "no host memory for %zu bytes of scratch", need);
+			return;
+		}
+		atomic_fetch_add(&hd(dev)->scratch_bytes, need - lane->scratch_size);
+		lane->scratch = s;
+		lane->scratch_size = need;
+	}
+	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size };
+	r = rd_host_guarded(run_guarded, &g, &fault);
+	/* One large call must not leave its scratch to the lane for good. */
+	if (lane->scratch_size > SCRATCH_KEEP) {
+		atomic_fetch_sub(&hd(dev)->scratch_bytes, lane->scratch_size);
+		free(lane->scratch);
+		lane->scratch = NULL;
+		lane->scratch_size = 0;
+	}
+	if (r == -EFAULT) {
+		/* Name the operand whose memory went away under us. */
+		for (unsigned i = 0; i < c->spec->noperands; i++) {
+			struct rd_buffer *b = op->buffers[i];
+			if (b && fault >= (uintptr_t)b->ptr && fault < (uintptr_t)b->ptr + b->size) {
+				rp_err_invalid_operand(&op->err, c->spec->operands[i].name, "its memory is gone",
+						       "%s's buffer is no longer backed by its file (it was truncated); "
+						       "the call did not complete", c->spec->operands[i].name);
+				return;
+			}
+		}
+		rp_err_backend_error(&op->err, dev->index, "host compute touched memory that is gone (address %#lx)",
+				     (unsigned long)fault);
+	} else if (r < 0) {
+		if (r == -ENOMEM)
+			rp_err_out_of_memory(&op->err, dev->index, "host compute ran out of memory");
+		else
+			rp_err_backend_error(&op->err, dev->index, "host compute failed: %s", strerror(-r));
+	}
+}
+
+static void *lane_thread(void *arg)
+{
+	struct host_lane *lane = arg;
+	struct rd_device *dev = lane->base.device;
+
+	for (;;) {
+		struct rd_op *op;
+
+		pthread_mutex_lock(&lane->lock);
+		while (!lane->head && !lane->stop)
+			pthread_cond_wait(&lane->cond, &lane->lock);
+		op = lane->head;
+		if (!op) {
+			pthread_mutex_unlock(&lane->lock);
+			break;
+		}
+		lane->head = op->next;
+		if (!lane->head)
+			lane->tail = NULL;
+		pthread_mutex_unlock(&lane->lock);
+
+		/* A hung kernel: nothing but the process's death ends it. */
+		while (atomic_load(&hd(dev)->hang))
+			sleep(1);
+		uint64_t t0 = now_us();
+		if (atomic_load(&hd(dev)->lost)) {
+			rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context before the call ran",
+				     dev->index);
+			rp_error_add_int(&op->err, "device", dev->index);
+			rp_error_add_int(&op->err, "generation", (long long)atomic_load(&dev->generation));
+		} else {
+			run_op(lane, op);
+		}
+		op->elapsed_us = now_us() - t0;
+		rd_op_complete(op);
+	}
+	return NULL;
+}
+
+static int lane_init(struct rd_resource *res)
+{
+	struct host_lane *lane = (struct host_lane *)res;
+
+	lane->stop = false;
+	return -pthread_create(&lane->thread, NULL, lane_thread, lane);
+}
+
+/* Called with no op queued (the core drains first). */
+static void lane_release(struct rd_resource *res)
+{
+	struct host_lane *lane = (struct host_lane *)res;
+
+	pthread_mutex_lock(&lane->lock);
+	lane->stop = true;
+	pthread_cond_signal(&lane->cond);
+	pthread_mutex_unlock(&lane->lock);
+	pthread_join(lane->thread, NULL);
+	if (lane->scratch_size)
+		atomic_fetch_sub(&hd(lane->base.device)->scratch_bytes, lane->scratch_size);
+	free(lane->scratch);
+	lane->scratch = NULL;
+	lane->scratch_size = 0;
+}
+
+static const struct rd_resource_ops lane_ops = {
+	.kind = "host_lane", .init = lane_init, .release = lane_release, .invalidate = lane_release,
+};
+
+struct rd_lane *host_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err)
+{
+	struct host_lane *lane = calloc(1, sizeof(*lane));
+
+	if (!lane) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a lane");
+		return NULL;
+	}
+	lane->base.device = dev;
+	lane->base.index = index;
+	pthread_mutex_init(&lane->lock, NULL);
+	pthread_cond_init(&lane->cond, NULL);
+	rd_resource_register(&dev->registry, &lane->base.res, &lane_ops);
+	return &lane->base;
+}
+
+void host_lane_destroy(struct rd_lane *base)
+{
+	struct host_lane *lane = (struct host_lane *)base;
+
+	rd_resource_unregister(&base->res);
+	pthread_mutex_destroy(&lane->lock);
+	pthread_cond_destroy(&lane->cond);
+	free(lane);
+}
+
+int host_submit(struct rd_lane *base, struct rd_op *op)
+{
+	struct host_lane *lane = (struct host_lane *)base;
+	int r = rd_resource_ensure_valid(&base->res);
+
+	if (r < 0) {
+		rp_error_set(&op->err, RP_ERR_BACKEND, "cannot start the lane: %s", strerror(-r));
+		return r;
+	}
+	op->next = NULL;
+	pthread_mutex_lock(&lane->lock);
+	if (lane->tail)
+		lane->tail->next = op;
+	else
+		lane->head = op;
+	lane->tail = op;
+	pthread_cond_signal(&lane->cond);
+	pthread_mutex_unlock(&lane->lock);
+	return 0;
+}

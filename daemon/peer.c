@@ -1,0 +1,130 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+#include "daemon/peer.h"
+
+/* Linux 6.5; Debian 12's headers predate it. */
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59
+#endif
+
+/* pidfs (Linux 6.9): a pidfd's inode number names its process uniquely for
+ * the life of the system, unlike a pid or its start time in clock ticks
+ * (two processes started within one tick share it). */
+#define PIDFS_MAGIC 0x50494446
+
+static _Atomic uint64_t next_token = 1;
+
+static uint64_t pidfs_inode(int pidfd)
+{
+	struct statfs fs;
+	struct stat st;
+
+	if (fstatfs(pidfd, &fs) < 0 || fs.f_type != PIDFS_MAGIC || fstat(pidfd, &st) < 0)
+		return 0;
+	return (uint64_t)st.st_ino;
+}
+
+/* Field 22 of /proc/PID/stat; 0 when the process is not there. The command
+ * (field 2) may hold spaces and parentheses: read after its last ')'. */
+static uint64_t start_time_of(pid_t pid)
+{
+	char path[32], buf[1024];
+	unsigned long long start = 0;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	/* After ") " come fields 3 (state) .. 22 (starttime). */
+	p++;
+	for (int field = 3; field < 22 && p; field++)
+		p = strchr(p + 1, ' ');
+	if (!p || sscanf(p + 1, "%llu", &start) != 1)
+		return 0;
+	return start;
+}
+
+/* Signal 0 checks only that the process is there: EPERM (another uid, and
+ * regend holds no CAP_KILL) says it is. */
+static bool alive(int pidfd)
+{
+	return syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0 || errno == EPERM;
+}
+
+void rd_peer_read(int fd, struct rd_peer *peer)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	int pidfd = -1;
+
+	memset(peer, 0, sizeof(*peer));
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+		peer->pid = cred.pid;
+		peer->uid = cred.uid;
+		peer->gid = cred.gid;
+	} else {
+		peer->uid = (uid_t)-1;
+		peer->gid = (gid_t)-1;
+	}
+	len = sizeof(peer->groups);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, peer->groups, &len) == 0)
+		peer->ngroups = len / sizeof(gid_t);
+
+	if (peer->pid > 0) {
+		len = sizeof(pidfd);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0)
+			pidfd = -1;
+		peer->start_time = start_time_of(peer->pid);
+		peer->pidfs_inode = pidfd >= 0 ? pidfs_inode(pidfd) : 0;
+		/* Read while the pidfd held the process: its own start time.
+		 * Gone already: the pid may name a successor by now. */
+		if (pidfd >= 0 && !alive(pidfd))
+			peer->start_time = 0;
+		if (pidfd >= 0)
+			close(pidfd);
+	}
+	if (peer->pid <= 0 || peer->start_time == 0)
+		peer->token = atomic_fetch_add(&next_token, 1);
+}
+
+bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b)
+{
+	return a->uid == b->uid && a->gid == b->gid && a->pid == b->pid && a->start_time == b->start_time &&
+	       a->pidfs_inode == b->pidfs_inode && a->token == b->token;
+}
+
+bool rd_peer_is_admin(const struct rd_peer *peer, gid_t admin_gid, bool have_admin_gid)
+{
+	if (peer->uid == 0)
+		return true;
+	if (!have_admin_gid)
+		return false;
+	if (peer->gid == admin_gid)
+		return true;
+	for (unsigned i = 0; i < peer->ngroups; i++)
+		if (peer->groups[i] == admin_gid)
+			return true;
+	return false;
+}

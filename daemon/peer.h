@@ -1,0 +1,42 @@
+/* Who is at the other end of a connection, as the kernel told us when it
+ * connected: what ids are bound to and what rights are decided on. Nothing
+ * in it comes from the peer's own words.
+ *
+ * A process is named by its uid, gid, pid and what tells a recycled pid
+ * apart: on kernels with pidfs (6.9+) the inode of the peer's pidfd
+ * (SO_PEERPIDFD), unique for the life of the system; elsewhere the pid's
+ * start time in clock ticks, read while a pidfd holds the process where
+ * the kernel has SO_PEERPIDFD (6.5+), so it is not a successor's. (Two
+ * processes of one uid that share a pid and start within the same tick
+ * look alike there; another uid never does.) A peer whose pid we cannot
+ * see (0: another pid namespace) or whose process is already gone is a
+ * process of its own, bound to this one connection. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define RD_PEER_GROUPS_MAX 64
+
+struct rd_peer {
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	uint64_t start_time;            /* clock ticks after boot */
+	uint64_t pidfs_inode;           /* the pidfd's inode on pidfs, else 0 */
+	uint64_t token;                 /* nonzero: bound to one connection (pid unseen or gone) */
+	unsigned ngroups;               /* supplementary groups, SO_PEERGROUPS */
+	gid_t groups[RD_PEER_GROUPS_MAX];
+};
+
+/* Reads the identity of a connected Unix socket's peer. Never fails: what
+ * cannot be read makes the identity narrower (bound to the connection). */
+void rd_peer_read(int fd, struct rd_peer *peer);
+
+/* The same process: ids one imported, the other may name. */
+bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b);
+
+/* Root, or the admin group as the peer's primary or supplementary group
+ * at connect time (a process that dropped the group is not an admin). */
+bool rd_peer_is_admin(const struct rd_peer *peer, gid_t admin_gid, bool have_admin_gid);
