@@ -50,7 +50,8 @@ SHAPES = [
 
 def main():
     ap = argparse.ArgumentParser(description="regend (cuDNN) vs torch SDPA attention benchmark (needs a GPU)")
-    ap.add_argument("regend", nargs="?", help="regend to start (default $REGEND, $REGEN_BUILD_ROOT/daemon/regend, build/daemon/regend)")
+    ap.add_argument("regend", nargs="?",
+                    help="regend to start (default $REGEND, $REGEN_BUILD_ROOT/daemon/regend, build/daemon/regend)")
     ap.add_argument("--socket", help="use this running regend instead of starting one")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -203,7 +204,8 @@ def main():
                                 keep(entry, f"{bname}_backward", *pipelined_torch(
                                     lambda: torch.autograd.grad(ref, (qr, kr, vr), d_o, retain_graph=True)))
                                 del ref, qr, kr, vr
-                            entry.setdefault("torch_gqa", {})[bname] = "native" if gqa_native or hkv == h else "expanded"
+                            how = "native" if gqa_native or hkv == h else "expanded"
+                            entry.setdefault("torch_gqa", {})[bname] = how
                             entry["errors"].pop(bname, None)
                             break
                         except Exception as e:   # a backend that does not take the shape

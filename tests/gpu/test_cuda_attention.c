@@ -304,8 +304,9 @@ int main(void)
 	printf("  first forward (handle and plan built): %.0f ms\n", (gt_now() - t1) * 1e3);
 	check_forward(&a, "forward bf16 B2 H4/2 S128 D64 causal", 1e-2);
 	struct plan_census c = census(&t);
-	CHECK(c.plans == 1 && c.valid == 1 && c.inits == 1 && c.handles == 1, "after one forward: %u plans (%u valid, %llu inits), %u handles",
-	      c.plans, c.valid, (unsigned long long)c.inits, c.handles);
+	CHECK(c.plans == 1 && c.valid == 1 && c.inits == 1 && c.handles == 1,
+	      "after one forward: %u plans (%u valid, %llu inits), %u handles", c.plans, c.valid,
+	      (unsigned long long)c.inits, c.handles);
 	gt_mat_poison(&a.o.m);
 	forward_op(&op, &a);
 	t1 = gt_now();

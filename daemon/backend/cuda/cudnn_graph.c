@@ -222,8 +222,8 @@ static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDesc
 }
 
 /* y = reduce(x) over the dimensions where y has extent 1. */
-static void reduction(struct graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
-		      const char *what)
+static void reduction(struct graph *g, cudnnReduceTensorOp_t how, cudnnBackendDescriptor_t x,
+		      cudnnBackendDescriptor_t y, const char *what)
 {
 	cudnnDataType_t comp = CUDNN_DATA_FLOAT;
 	bool deterministic = false;
