@@ -48,7 +48,10 @@ def main():
         for pattern, what in (("**/sbin/regend", "regend"), ("**/bin/regenctl", "regenctl"),
                               ("**/libregen.so.0*", "libregen"), ("**/include/regen.h", "regen.h"),
                               ("**/pkgconfig/regen.pc", "regen.pc"), ("**/systemd/system/regend.service", "unit"),
-                              ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table")):
+                              ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table")) + (
+                                  (("**/man8/regend.8", "regend(8)"), ("**/man5/regend.conf.5", "regend.conf(5)"),
+                                   ("**/man1/regenctl.1", "regenctl(1)"))
+                                  if os.path.isdir(os.path.join(build, "docs", "man")) else ()):
             one(os.path.join(dest, pattern), what)
         if os.path.exists(os.path.join(build, "daemon", "backend", "cuda", "backend-cuda.so")):
             one(os.path.join(dest, "**/regen/backend-cuda.so"), "CUDA backend module")
