@@ -180,8 +180,12 @@ static void shorten_strings(cJSON *params, size_t keep)
 	cJSON_ArrayForEach(item, params) {
 		if (cJSON_IsString(item) && strlen(item->valuestring) > keep) {
 			char cut[512];
+			size_t at = keep;
 
-			snprintf(cut, sizeof(cut), "%.*s...", (int)keep, item->valuestring);
+			/* Never inside a character: the text must stay UTF-8. */
+			while (at > 0 && ((unsigned char)item->valuestring[at] & 0xc0) == 0x80)
+				at--;
+			snprintf(cut, sizeof(cut), "%.*s...", (int)at, item->valuestring);
 			cJSON_SetValuestring(item, cut);
 		}
 	}
