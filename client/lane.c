@@ -25,6 +25,7 @@
 /* The most a waiting client spins before it sleeps on the doorbell;
  * REGEN_RING_SPIN_US overrides it. */
 #define SPIN_MAX_NS 50000
+#define SPIN_MAX_FEW_CPUS_NS 10000
 /* A ring's lane idle longer than this is checked for a worker gone before
  * its next call. */
 #define IDLE_PROBE_NS 1000000
@@ -38,7 +39,7 @@ struct rc_ring {
 	int doorbell;
 	uint32_t nids, next_victim;
 	struct rp_id *bound;          /* what each index of the worker's id table holds */
-	uint64_t spin_max_ns, latency_ns;
+	uint64_t spin_max_ns, spin_ns;
 };
 
 static uint64_t now_ns(void)
@@ -54,7 +55,10 @@ static uint64_t spin_max_ns(void)
 	const char *env = getenv("REGEN_RING_SPIN_US");
 	long v = env ? strtol(env, NULL, 10) : -1;
 
-	return v >= 0 && v <= 10000000 ? (uint64_t)v * 1000u : SPIN_MAX_NS;
+	if (v >= 0 && v <= 10000000)
+		return (uint64_t)v * 1000u;
+	/* With few CPUs a spinning client takes the one the worker needs. */
+	return sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? SPIN_MAX_NS : SPIN_MAX_FEW_CPUS_NS;
 }
 
 enum regen_transport rc_transport_from_env(void)
@@ -135,6 +139,7 @@ static int ring_open(regen_client *c, struct rc_conn *conn, int64_t deadline, st
 	r->nids = RING_IDS;
 	r->size = rp_ring_size(r->entries);
 	r->spin_max_ns = spin_max_ns();
+	r->spin_ns = r->spin_max_ns / 2;
 	r->bound = calloc(r->nids, sizeof(*r->bound));
 	memfd = memfd_create("regen-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (r->bound == NULL || memfd < 0 || ftruncate(memfd, (off_t)r->size) < 0 ||
@@ -289,15 +294,15 @@ static int lane_broken(regen_client *c, int device, int r)
 	return r == -ETIMEDOUT ? r : -ECONNRESET;
 }
 
-/* Waits until completion cq_head is published: spins for about as long as
- * completions have been taking (up to the limit), then sleeps on the
- * doorbell and the connection (which tells of a worker gone). */
+/* Waits until completion cq_head is published: spins a while, then sleeps
+ * on the doorbell and the connection (which tells of a worker gone). How
+ * long it spins adapts: a spin that saw the completion doubles the next
+ * one, a spin that ran out halves it. */
 static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 {
-	uint64_t t0 = now_ns(), budget = 2 * r->latency_ns;
+	uint64_t t0 = now_ns(), budget = r->spin_ns;
+	bool slept = false;
 
-	if (budget > r->spin_max_ns)
-		budget = r->latency_ns <= r->spin_max_ns ? r->spin_max_ns : 0;
 	for (unsigned spins = 0;; spins++) {
 		if (rp_ring_load(&r->hdr->cq_tail) != r->cq_head)
 			break;
@@ -311,6 +316,7 @@ static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 		rp_ring_fence();
 		if (rp_ring_load(&r->hdr->cq_tail) != r->cq_head)
 			break;
+		slept = true;
 		struct pollfd p[2] = { { .fd = r->doorbell, .events = POLLIN }, { .fd = sock, .events = POLLIN } };
 		int timeout = -1;
 		if (deadline != RC_FOREVER) {
@@ -332,8 +338,10 @@ static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 		if (n > 0 && p[1].revents)
 			return rp_ring_load(&r->hdr->cq_tail) != r->cq_head ? 0 : -ECONNRESET;
 	}
-	uint64_t took = now_ns() - t0;
-	r->latency_ns = (r->latency_ns * 7 + took) / 8;
+	if (slept)
+		r->spin_ns /= 2;
+	else
+		r->spin_ns = r->spin_ns * 2 + 1000 < r->spin_max_ns ? r->spin_ns * 2 + 1000 : r->spin_max_ns;
 	return 0;
 }
 

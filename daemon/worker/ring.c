@@ -15,9 +15,11 @@
  *
  * Doorbells: the client's end of a datagram socket pair wakes the loop
  * (uv_poll); after a wake-up the loop keeps looking at the ring from an
- * idle handle for as long as records have been coming at about that pace
- * (twice the recent gap between them, at most REGEN_RING_SPIN_US), then
- * says it sleeps. */
+ * idle handle a while before it says it sleeps. How long adapts: a spin
+ * that found the next record doubles it, one that ran out halves it (at
+ * most REGEN_RING_SPIN_US; by default 50 µs where there are four CPUs or
+ * more, and 10 µs below, where a spinning loop takes the CPU the client
+ * needs to write the record it waits for). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -34,10 +36,12 @@
 #include "proto/params.h"
 #include "proto/ring.h"
 
-/* How long the loop keeps looking after the last record at most, and how
- * much of that it spends inside one idle callback before it lets the loop
- * poll its other handles. REGEN_RING_SPIN_US overrides the first. */
+/* How long the loop keeps looking after the last record at most (with
+ * four CPUs or more, and fewer), and how much of that it spends inside one
+ * idle callback before it lets the loop poll its other handles.
+ * REGEN_RING_SPIN_US overrides the first. */
 #define SPIN_MAX_NS 50000
+#define SPIN_MAX_FEW_CPUS_NS 10000
 #define SPIN_SLICE_NS 5000
 /* Doorbell bytes read per wake-up at most (one is enough to wake). */
 #define DOORBELL_DRAIN 64
@@ -66,7 +70,8 @@ struct rd_ring {
 	unsigned handles;            /* open uv handles */
 	bool stopped;                /* no more records taken */
 	bool destroyed;              /* the session is gone: free once the handles closed */
-	uint64_t last_record_ns, gap_ns, spin_max_ns;
+	uint64_t last_record_ns, spin_ns, spin_max_ns;
+	bool spun;                   /* the loop is spinning since a record or a wake-up */
 	struct rp_id *ids;
 	uint32_t nids;
 };
@@ -88,7 +93,8 @@ static uint64_t spin_max_ns(void)
 	if (ns == UINT64_MAX) {
 		const char *env = getenv("REGEN_RING_SPIN_US");
 		long v = env ? strtol(env, NULL, 10) : -1;
-		ns = v >= 0 && v <= 10000000 ? (uint64_t)v * 1000u : SPIN_MAX_NS;
+		ns = v >= 0 && v <= 10000000 ? (uint64_t)v * 1000u
+		     : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? SPIN_MAX_NS : SPIN_MAX_FEW_CPUS_NS;
 	}
 	return ns;
 }
@@ -235,20 +241,20 @@ static void ring_take(struct rd_ring *r)
 		r->tags[seq & (r->entries - 1)] = rec.tag;
 		pthread_mutex_unlock(&r->lock);
 		uint64_t now = uv_hrtime();
-		if (r->last_record_ns)
-			r->gap_ns = (r->gap_ns * 7 + (now - r->last_record_ns)) / 8;
+		/* Found while spinning: spinning pays, spin longer next time. */
+		if (r->spun) {
+			r->spin_ns = r->spin_ns * 2 + 1000;
+			if (r->spin_ns > r->spin_max_ns)
+				r->spin_ns = r->spin_max_ns;
+		}
 		r->last_record_ns = now;
 		ring_submit(r, seq, &rec);
 	}
 }
 
-/* How long to keep looking after the last record: records that came close
- * together will likely go on doing so. */
 static uint64_t spin_budget(const struct rd_ring *r)
 {
-	uint64_t b = 2 * r->gap_ns;
-
-	return b < r->spin_max_ns ? b : r->spin_max_ns;
+	return r->spin_ns;
 }
 
 static void ring_sleep(struct rd_ring *r);
@@ -272,6 +278,8 @@ static void on_spin(uv_idle_t *h)
 		if (r->sq_head != before)
 			return;   /* let the loop poll the rest, then look again */
 		if (now - r->last_record_ns >= spin_budget(r)) {
+			/* Ran out: spinning did not pay this time. */
+			r->spin_ns /= 2;
 			ring_sleep(r);
 			return;
 		}
@@ -284,13 +292,17 @@ static void on_spin(uv_idle_t *h)
 static void ring_sleep(struct rd_ring *r)
 {
 	uv_idle_stop(&r->spin);
+	r->spun = false;
 	__atomic_store_n(&r->hdr->sq_sleeping, 1, __ATOMIC_SEQ_CST);
 	rp_ring_fence();
 	if (rp_ring_load(&r->hdr->sq_tail) != r->sq_head) {
 		__atomic_store_n(&r->hdr->sq_sleeping, 0, __ATOMIC_SEQ_CST);
 		ring_take(r);
-		if (!r->stopped)
+		if (!r->stopped) {
+			r->last_record_ns = uv_hrtime();
+			r->spun = true;
 			uv_idle_start(&r->spin, on_spin);
+		}
 	}
 }
 
@@ -308,10 +320,9 @@ static void on_doorbell(uv_poll_t *h, int status, int events)
 	ring_take(r);
 	if (r->stopped)
 		return;
-	if (spin_budget(r) > 0)
-		uv_idle_start(&r->spin, on_spin);
-	else
-		ring_sleep(r);
+	r->last_record_ns = uv_hrtime();
+	r->spun = true;
+	uv_idle_start(&r->spin, on_spin);
 }
 
 static void ring_free(struct rd_ring *r)
@@ -472,6 +483,7 @@ void rd_ring_open(struct rd_call *call)
 	r->entries = (uint32_t)entries;
 	r->nids = (uint32_t)nids;
 	r->spin_max_ns = spin_max_ns();
+	r->spin_ns = r->spin_max_ns / 2;
 	r->state = calloc(entries, 1);
 	r->tags = calloc(entries, sizeof(*r->tags));
 	r->ops = calloc(entries, sizeof(*r->ops));

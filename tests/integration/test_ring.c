@@ -408,7 +408,7 @@ static void bad_records_get_named_errors(void)
 
 	/* Imported by this process on another connection: ids belong to the
 	 * process, and the raw connection is this process's too. */
-	tl_buffer_create(c, 0, 4096, &b);
+	tl_buffer_create(c, 0, 1 << 16, &b);
 	raw_setup(&r, 8);
 	raw_open(&r);
 	tl_call(&r.conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":0,\"ids\":[\"%s\"]}",
@@ -443,7 +443,7 @@ static void bad_records_get_named_errors(void)
 	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "an unknown op");
 
 	small_gemm(&rec, ++tag);
-	rec.operands[RP_GEMM_D].offset = 4096 - 8;
+	rec.operands[RP_GEMM_D].offset = (1 << 16) - 8;
 	raw_submit(&r, &rec);
 	expect_completion(&r, tag, "io.regen.InvalidOperand", "D past the buffer's end");
 

@@ -55,6 +55,8 @@ _COMPUTE = {"f32": 0, "tf32": 1}
 _ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
 
 SPIN_MAX_S = 50e-6
+# With fewer than four CPUs a spinning client takes the one the worker needs.
+SPIN_MAX_FEW_CPUS_S = 10e-6
 
 
 def supported():
@@ -67,11 +69,12 @@ def ring_size(entries):
 
 
 def _spin_max():
+    default = SPIN_MAX_S if (os.cpu_count() or 1) >= 4 else SPIN_MAX_FEW_CPUS_S
     try:
         v = int(os.environ.get("REGEN_RING_SPIN_US", ""))
-        return v * 1e-6 if 0 <= v <= 10_000_000 else SPIN_MAX_S
+        return v * 1e-6 if 0 <= v <= 10_000_000 else default
     except ValueError:
-        return SPIN_MAX_S
+        return default
 
 
 class Ring:
@@ -87,8 +90,8 @@ class Ring:
         self.bound = {}          # id text -> index
         self.by_index = [None] * ids
         self.next_victim = 0
-        self.latency = 0.0
         self.spin_max = _spin_max()
+        self.spin = self.spin_max / 2
         self._fence = threading.Lock()
         size = ring_size(entries)
         fd = os.memfd_create("regen-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -185,13 +188,15 @@ class Ring:
                 pass   # a full socket already holds a wake-up
 
     def _wait_one(self, timeout):
-        """Until completion cq_head is published: spin about as long as
-        completions have been taking, then sleep on the doorbell and the
-        connection (whose end means the worker went)."""
+        """Until completion cq_head is published: spin a while, then sleep
+        on the doorbell and the connection (whose end means the worker
+        went).  A spin that saw the completion doubles the next one's
+        length, one that ran out halves it."""
         mem = self.mem
         head = self.cq_head
         t0 = time.perf_counter()
-        budget = min(2 * self.latency, self.spin_max) if self.latency <= self.spin_max else 0.0
+        budget = self.spin
+        slept = False
         while _U32.unpack_from(mem, _CQ_TAIL)[0] == head:
             now = time.perf_counter()
             if now - t0 < budget:
@@ -200,6 +205,7 @@ class Ring:
             self._fence_now()
             if _U32.unpack_from(mem, _CQ_TAIL)[0] != head:
                 break
+            slept = True
             left = None if timeout is None else timeout - (now - t0)
             if left is not None and left <= 0:
                 raise TimeoutError("no completion within the timeout")
@@ -212,7 +218,7 @@ class Ring:
                     pass
             if self.conn.fileno() in readable and _U32.unpack_from(mem, _CQ_TAIL)[0] == head:
                 raise ConnectionResetError("the worker connection ended with records in flight")
-        self.latency = (self.latency * 7 + (time.perf_counter() - t0)) / 8
+        self.spin = self.spin / 2 if slept else min(self.spin * 2 + 1e-6, self.spin_max)
 
     def reap(self, timeout=None):
         """The oldest outstanding completion: (tag, elapsed_us, error or None)."""
