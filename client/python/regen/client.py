@@ -183,11 +183,14 @@ class _Lane:
     """A device's lane on its worker connection: compute calls over its ring
     or as Varlink calls, counted by tickets; answers are read in order."""
 
-    __slots__ = ("conn", "ring", "submitted", "completed", "error", "elapsed_us", "idle_since")
+    __slots__ = ("conn", "ring", "open_ring", "decided", "submitted", "completed", "error", "elapsed_us",
+                 "idle_since")
 
-    def __init__(self, conn, ring):
+    def __init__(self, conn):
         self.conn = conn
-        self.ring = ring
+        self.ring = None          # the one in use; None: Varlink
+        self.open_ring = None     # the connection's, used or not
+        self.decided = False
         self.submitted = 0
         self.completed = 0
         self.error = None
@@ -195,9 +198,9 @@ class _Lane:
         self.idle_since = time.monotonic()
 
     def close(self):
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
+        if self.open_ring is not None:
+            self.open_ring.close()
+        self.ring = self.open_ring = None
 
 
 class Client:
@@ -369,38 +372,55 @@ class Client:
         # shows in the wait, as the connection ends); an idle one is, so
         # that a worker respawned in between is found before the call.
         if lane is not None and (lane.completed < lane.submitted or
-                                 (lane.conn is self._workers.get(device) and not lane.conn.closed and
+                                 (lane.decided and lane.conn is self._workers.get(device) and not lane.conn.closed and
                                   ((lane.ring is not None and time.monotonic() - lane.idle_since < _IDLE_PROBE_S)
                                    or lane.conn.alive()))):
             return lane
         conn = self._worker(device)
         lane = self._lanes.get(device)
-        if lane is not None and lane.conn is conn:
-            return lane
-        ring = None
+        if lane is None or lane.conn is not conn:
+            lane = _Lane(conn)
+            self._lanes[device] = lane
+        if not lane.decided:
+            self._pick_transport(device, lane)
+        return lane
+
+    def _pick_transport(self, device, lane):
+        lane.ring = None
         if self.transport != "varlink":
-            offered = False
-            if ringmod.supported():
+            if lane.open_ring is None and ringmod.supported():
                 try:
-                    info = conn.call("org.varlink.service.GetInfo")
-                    offered = "io.regen.Lane" in info.get("interfaces", ())
+                    offered = "io.regen.Lane" in lane.conn.call("org.varlink.service.GetInfo").get("interfaces", ())
+                except errors.ConnectionReset:
+                    raise
                 except errors.Error:
                     offered = False
-            if offered:
-                ring = ringmod.Ring(conn)
+                if offered:
+                    lane.open_ring = ringmod.Ring(lane.conn)
+            if lane.open_ring is not None:
+                lane.ring = lane.open_ring
             elif self.transport == "ring":
                 raise errors.ProtocolError(parameters={
                     "message": f"the worker of device {device} offers no ring (io.regen.Lane), or this machine "
                                "cannot use one, and the transport is forced to ring"})
-        lane = _Lane(conn, ring)
-        self._lanes[device] = lane
-        return lane
+        lane.decided = True
+
+    def set_transport(self, transport):
+        """"auto", "ring" or "varlink" from the next call on (a lane with
+        calls outstanding switches after them).  A connection keeps the ring
+        it opened for when it is wanted again."""
+        if transport not in ("auto", "ring", "varlink"):
+            raise ValueError(f"transport {transport!r} is not 'auto', 'ring' or 'varlink'")
+        self.transport = transport
+        for lane in self._lanes.values():
+            if lane.completed == lane.submitted:
+                lane.decided = False
 
     def lane_transport(self, device):
         """"ring" or "varlink": what ``device``'s lane uses now (None before
         its first compute call)."""
         lane = self._lanes.get(device)
-        if lane is None:
+        if lane is None or not lane.decided:
             return None
         return "ring" if lane.ring is not None else "varlink"
 
@@ -678,8 +698,8 @@ class Client:
         if buf is None:
             return
         lane = self._lanes.get(buf.device)
-        if lane is not None and lane.ring is not None:
-            lane.ring.forget(buf.id)
+        if lane is not None and lane.open_ring is not None:
+            lane.open_ring.forget(buf.id)
         buf.closed = True
         self._buffers.pop(buf.id, None)
         for key, b in list(self._tensor_buffers.items()):
@@ -740,7 +760,8 @@ class Client:
             _sync_torch(tensors)
         try:
             lane = self._lanes.get(device)
-            if wait and (self.transport == "varlink" or (lane is not None and lane.ring is None)):
+            if wait and (self.transport == "varlink" or
+                         (lane is not None and lane.decided and lane.ring is None and lane.completed == lane.submitted)):
                 # A blocking call on a Varlink lane is one call and its reply.
                 params = {n: o.to_wire() for n, o in given.items()}
                 params.update(scalars)

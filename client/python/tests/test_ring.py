@@ -132,6 +132,19 @@ class RingTest(unittest.TestCase):
         with self.assertRaises(regen.InvalidOperand):
             c.wait(0)
 
+    def test_switching_transports_keeps_the_connection(self):
+        c = self.client("auto")
+        a, b, d = self.tensor(c, [3, 3]), self.tensor(c, [3, 3]), self.tensor(c, [3, 3], fill=False)
+        for t in ("ring", "varlink", "ring", "auto"):
+            c.set_transport(t)
+            c.gemm(a.op, b.op, d.op, wait=False)
+            c.wait(0)
+            self.assertEqual(c.lane_transport(0), "varlink" if t == "varlink" else "ring", t)
+        ref = reference.gemm(a.read(), b.read(), 3, 3, 3)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+        with self.assertRaises(ValueError):
+            c.set_transport("pigeon")
+
     def test_restart_makes_records_stale(self):
         c = self.client("ring")
         a, b, d = self.tensor(c, [2, 2]), self.tensor(c, [2, 2]), self.tensor(c, [2, 2], fill=False)
