@@ -26,6 +26,7 @@ _EPILOGUES = ("none", "bias", "gelu", "gelu_bias")
 # A ring's lane idle longer than this is checked for a worker gone before
 # its next call.
 _IDLE_PROBE_S = 0.001
+_OP_NAMES = {name: frozenset(o.name for o in op.operands) for name, op in ops.OPS.items()}
 
 
 class Buffer:
@@ -504,11 +505,19 @@ class Client:
             return lane
         ring = lane.ring
         outstanding = lambda: self.wait(device)  # noqa: E731
+        bound = ring.bound
         records = []
         for spec in op.operands:
             o = given.get(spec.name)
-            records.append(None if o is None else
-                           ringmod.operand_record(o, ring.index(_buffer_id(o.buffer), outstanding)))
+            if o is None:
+                records.append(None)
+                continue
+            b = o.buffer
+            ident = b.id if type(b) is Buffer else str(b)
+            i = bound.get(ident)
+            if i is None:
+                i = ring.index(ident, outstanding)
+            records.append(ringmod.operand_record(o, i))
         wait_i = ring.index(_event_id(wait_event), outstanding) if wait_event is not None else ringmod.NONE
         signal_i = ring.index(_event_id(signal_event), outstanding) if signal_event is not None else ringmod.NONE
         flags, epilogue, compute, alignment, alpha, beta, scale = ringmod.scalars_record(op_name, scalars)
@@ -744,15 +753,23 @@ class Client:
         op = ops.OPS[op_name]
         method = op.method
         tensors = []
-        unknown = set(named) - {o.name for o in op.operands}
-        if unknown:
-            raise ValueError(f"{method} has no operand {sorted(unknown)}")
-        missing = [o.name for o in op.operands if o.required and named.get(o.name) is None]
-        if missing:
-            raise ValueError(f"{method} needs operand(s) {missing}")
-        given = {n: self._operand(x, n, tensors) for n, x in named.items()}
-        given = {n: o for n, o in given.items() if o is not None}
-        devices = {o.device for o in given.values()} - {None}
+        names = _OP_NAMES[op_name]
+        given = {}
+        devices = set()
+        for n, x in named.items():
+            if n not in names:
+                raise ValueError(f"{method} has no operand {sorted(set(named) - names)}")
+            if x is None:
+                continue
+            o = x if type(x) is Operand else self._operand(x, n, tensors)
+            given[n] = o
+            b = o.buffer
+            devices.add(b.device if type(b) is Buffer else _id_device(str(b)))
+        for spec in op.operands:
+            if spec.required and spec.name not in given:
+                missing = [s.name for s in op.operands if s.required and s.name not in given]
+                raise ValueError(f"{method} needs operand(s) {missing}")
+        devices.discard(None)
         if len(devices) != 1:
             raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
         device = devices.pop()

@@ -15,7 +15,6 @@ does not use the ring (``supported()``).
 """
 
 import fcntl
-import math
 import mmap
 import os
 import platform
@@ -45,6 +44,8 @@ _RECORD = struct.Struct("<QHHBBBBIIIIdddQ")
 # index, dtype, rank, reserved, offset, shape[4], strides[4]
 _OPERAND = struct.Struct("<IBBHQ4q4q")
 _ABSENT = _OPERAND.pack(NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+# The absent slots after an op's last: by how many the op has.
+_ABSENTS = [_ABSENT * (9 - n) for n in range(10)]
 # tag, status, error_len, elapsed_us, error_name
 _COMPLETION = struct.Struct("<QIIQ64s")
 
@@ -169,15 +170,10 @@ class Ring:
             if o is None:
                 mem[off:off + 80] = _ABSENT
             else:
-                index, dtype, offset, shape, strides = o
-                rank = len(shape)
-                sh = list(shape) + [0] * (4 - rank)
-                st = list(strides) + [0] * (4 - rank)
-                _OPERAND.pack_into(mem, off, index, dtype, rank, 0, offset, *sh, *st)
+                _OPERAND.pack_into(mem, off, *o)
             off += 80
-        for _ in range(len(operands), 9):
-            mem[off:off + 80] = _ABSENT
-            off += 80
+        if len(operands) < 9:
+            mem[off:base + 784] = _ABSENTS[len(operands)]
         self.sq_tail = (self.sq_tail + 1) & 0xFFFFFFFF
         _U32.pack_into(mem, _SQ_TAIL, self.sq_tail)
         self._fence_now()
@@ -235,19 +231,26 @@ class Ring:
 
 
 def operand_record(op, index):
-    """(index, dtype, offset, shape, strides) of a regen.Operand."""
+    """The fields of a regen.Operand's slot, for _OPERAND.pack_into."""
     shape = op.shape
-    if op.strides is not None:
-        strides = op.strides
-    else:
-        strides, step = [0] * len(shape), 1
-        for i in range(len(shape) - 1, -1, -1):
-            strides[i] = step
-            step *= shape[i] if shape[i] > 0 else 1
+    rank = len(shape)
     dtype = _DTYPES.get(op.dtype)
-    if dtype is None or not 1 <= len(shape) <= 4:
+    if dtype is None or not 1 <= rank <= 4:
         raise ValueError(f"operand {op!r}: bad dtype or rank")
-    return index, dtype, op.offset, shape, strides
+    strides = op.strides
+    if strides is None:
+        if rank == 2:
+            strides = (shape[1], 1)
+        else:
+            strides, step = [0] * rank, 1
+            for i in range(rank - 1, -1, -1):
+                strides[i] = step
+                step *= shape[i] if shape[i] > 0 else 1
+    pad = _PAD[rank]
+    return (index, dtype, rank, 0, op.offset, *shape, *pad, *strides, *pad)
+
+
+_PAD = [(0,) * (4 - r) for r in range(5)]
 
 
 def scalars_record(op_name, scalars):
@@ -256,7 +259,7 @@ def scalars_record(op_name, scalars):
     if op_name == "gemm":
         flags = (TRANS_A if scalars.get("trans_a") else 0) | (TRANS_B if scalars.get("trans_b") else 0)
         alpha, beta = float(scalars.get("alpha", 1.0)), float(scalars.get("beta", 0.0))
-        if not (math.isfinite(alpha) and math.isfinite(beta)):
+        if alpha - alpha != 0.0 or beta - beta != 0.0:   # inf or NaN
             # What json.dumps(allow_nan=False) says on the Varlink path.
             raise ValueError("Out of range float values are not JSON compliant")
         return (flags, _EPILOGUES[scalars.get("epilogue", "none")], _COMPUTE[scalars.get("compute", "f32")], 0,
