@@ -312,7 +312,7 @@ static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 			__builtin_ia32_pause();
 			continue;
 		}
-		__atomic_store_n(&r->hdr->cq_waiting, 1, __ATOMIC_SEQ_CST);
+		rp_ring_flag_set(&r->hdr->cq_waiting, 1);
 		rp_ring_fence();
 		if (rp_ring_load(&r->hdr->cq_tail) != r->cq_head)
 			break;
@@ -487,7 +487,7 @@ static int ring_submit(regen_client *c, struct rc_lane *lane, int device, const 
 	r->sq_tail++;
 	rp_ring_store(&r->hdr->sq_tail, r->sq_tail);
 	rp_ring_fence();
-	if (__atomic_load_n(&r->hdr->sq_sleeping, __ATOMIC_SEQ_CST)) {
+	if (rp_ring_flag(&r->hdr->sq_sleeping)) {
 		char b = 0;
 		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 	}

@@ -23,6 +23,7 @@
  * pair when the other side sleeps. Both sides spin a while before they do. */
 #pragma once
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,19 +44,23 @@
 #define RP_RING_ERROR_MAX 936           /* the error's Varlink text, NUL included */
 
 /* Each counter on a cache line of its own: the side that writes it is the
- * only one that moves the line. */
+ * only one that moves the line. The counters and flags are atomic: the
+ * other process reads them while they are written, and a counter read in
+ * pieces (255 becoming 256 a byte at a time reads as 0 or 511) would look
+ * like a ring gone wrong. Every client must load and store each as one
+ * aligned 4-byte access (the Python client: a memoryview cast to 'I'). */
 struct rp_ring_header {
 	uint32_t magic, version, entries, reserved0;
 	uint8_t pad0[48];
-	uint32_t sq_tail;                /* client: records written */
+	_Atomic uint32_t sq_tail;        /* client: records written */
 	uint8_t pad1[60];
-	uint32_t sq_head;                /* worker: records taken */
-	uint32_t sq_sleeping;            /* worker: 1 = ring the doorbell after publishing */
+	_Atomic uint32_t sq_head;        /* worker: records taken */
+	_Atomic uint32_t sq_sleeping;            /* worker: 1 = ring the doorbell after publishing */
 	uint8_t pad2[56];
-	uint32_t cq_tail;                /* worker: completions written */
+	_Atomic uint32_t cq_tail;        /* worker: completions written */
 	uint8_t pad3[60];
-	uint32_t cq_head;                /* client: completions read */
-	uint32_t cq_waiting;             /* client: 1 = ring the doorbell after publishing */
+	_Atomic uint32_t cq_head;        /* client: completions read */
+	_Atomic uint32_t cq_waiting;     /* client: 1 = ring the doorbell after publishing */
 	uint8_t pad4[56];
 };
 
@@ -109,6 +114,8 @@ struct rp_ring_completion {
 };
 
 _Static_assert(sizeof(struct rp_ring_header) == 320, "header layout");
+_Static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
+	       "the counters are shared with another process: plain 4-byte words, lock-free");
 _Static_assert(sizeof(struct rp_ring_operand) == 80, "operand layout");
 _Static_assert(sizeof(struct rp_ring_record) == RP_RING_RECORD_SIZE, "record layout");
 _Static_assert(sizeof(struct rp_ring_completion) == RP_RING_COMPLETION_SIZE, "completion layout");
@@ -132,20 +139,36 @@ static inline struct rp_ring_completion *rp_ring_completion_at(void *base, uint3
 					     (size_t)(n & (entries - 1)) * RP_RING_COMPLETION_SIZE);
 }
 
-/* Shared counters: loads acquire, stores release. */
-static inline uint32_t rp_ring_load(const uint32_t *p)
+/* Shared counters: a load acquires (what the other side wrote before it
+ * published is seen after), a store releases (what this side wrote before
+ * is seen by whoever loads it). */
+static inline uint32_t rp_ring_load(const _Atomic uint32_t *p)
 {
-	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+	return atomic_load_explicit(p, memory_order_acquire);
 }
-static inline void rp_ring_store(uint32_t *p, uint32_t v)
+static inline void rp_ring_store(_Atomic uint32_t *p, uint32_t v)
 {
-	__atomic_store_n(p, v, __ATOMIC_RELEASE);
+	atomic_store_explicit(p, v, memory_order_release);
+}
+/* The sleeping and waiting flags take part in the doorbell handshake,
+ * which needs a total order: sequentially consistent. */
+static inline uint32_t rp_ring_flag(const _Atomic uint32_t *p)
+{
+	return atomic_load_explicit(p, memory_order_seq_cst);
+}
+static inline void rp_ring_flag_set(_Atomic uint32_t *p, uint32_t v)
+{
+	atomic_store_explicit(p, v, memory_order_seq_cst);
+}
+static inline uint32_t rp_ring_flag_take(_Atomic uint32_t *p)
+{
+	return atomic_exchange_explicit(p, 0, memory_order_seq_cst);
 }
 /* Orders a publication before the look at the other side's sleeping flag
  * (and a sleeping flag before the last look at the ring). */
 static inline void rp_ring_fence(void)
 {
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	atomic_thread_fence(memory_order_seq_cst);
 }
 
 /* Fills c from a record the caller copied out of shared memory, its

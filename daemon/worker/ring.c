@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -58,7 +59,7 @@ struct rd_ring {
 	struct rp_ring_header *hdr;
 	uint32_t entries;            /* the worker's copy: the header's is the client's to change */
 	uint32_t sq_head;            /* records taken (loop thread) */
-	uint32_t cq_tail;            /* completions published (under lock) */
+	_Atomic uint32_t cq_tail;    /* completions published (written under lock, read by the loop) */
 	pthread_mutex_t lock;        /* slot states, cq_tail, completion slots */
 	uint8_t *state;              /* enum slot_state per slot */
 	uint64_t *tags;              /* the record's tag per slot, for completions written without the record */
@@ -104,7 +105,7 @@ static void ring_wake_client(struct rd_ring *r)
 	char b = 0;
 
 	/* Never blocks: a full socket already holds a wake-up. */
-	if (__atomic_exchange_n(&r->hdr->cq_waiting, 0, __ATOMIC_SEQ_CST))
+	if (rp_ring_flag_take(&r->hdr->cq_waiting))
 		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
@@ -123,14 +124,14 @@ static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 	}
 	rp_ring_complete(rp_ring_completion_at(r->base, r->entries, seq), tag, err, elapsed_us);
 	r->state[seq & mask] = SLOT_DONE;
-	uint32_t tail = r->cq_tail;
+	uint32_t tail = atomic_load_explicit(&r->cq_tail, memory_order_relaxed);
 	while (r->state[tail & mask] == SLOT_DONE) {
 		r->state[tail & mask] = SLOT_FREE;
 		tail++;
 		advanced = true;
 	}
 	if (advanced) {
-		__atomic_store_n(&r->cq_tail, tail, __ATOMIC_RELEASE);
+		atomic_store_explicit(&r->cq_tail, tail, memory_order_release);
 		rp_ring_store(&r->hdr->cq_tail, tail);
 	}
 	pthread_mutex_unlock(&r->lock);
@@ -218,7 +219,7 @@ static void ring_break(struct rd_ring *r, const char *why)
 static void ring_take(struct rd_ring *r)
 {
 	while (!r->stopped) {
-		uint32_t published = __atomic_load_n(&r->cq_tail, __ATOMIC_ACQUIRE);
+		uint32_t published = atomic_load_explicit(&r->cq_tail, memory_order_acquire);
 		uint32_t tail, seq, avail;
 		struct rp_ring_record rec;
 
@@ -293,10 +294,10 @@ static void ring_sleep(struct rd_ring *r)
 {
 	uv_idle_stop(&r->spin);
 	r->spun = false;
-	__atomic_store_n(&r->hdr->sq_sleeping, 1, __ATOMIC_SEQ_CST);
+	rp_ring_flag_set(&r->hdr->sq_sleeping, 1);
 	rp_ring_fence();
 	if (rp_ring_load(&r->hdr->sq_tail) != r->sq_head) {
-		__atomic_store_n(&r->hdr->sq_sleeping, 0, __ATOMIC_SEQ_CST);
+		rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
 		ring_take(r);
 		if (!r->stopped) {
 			r->last_record_ns = uv_hrtime();
@@ -316,7 +317,7 @@ static void on_doorbell(uv_poll_t *h, int status, int events)
 	/* Each byte is one ring of the bell; what counts is that one came. */
 	while (recv(r->doorbell, buf, sizeof(buf), MSG_DONTWAIT) > 0)
 		;
-	__atomic_store_n(&r->hdr->sq_sleeping, 0, __ATOMIC_SEQ_CST);
+	rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
 	ring_take(r);
 	if (r->stopped)
 		return;
@@ -372,7 +373,7 @@ void rd_ring_fail_unfinished(struct rd_ring *r, const struct rp_error *err)
 {
 	if (!r)
 		return;
-	for (uint32_t seq = r->cq_tail; seq != r->sq_head; seq++) {
+	for (uint32_t seq = atomic_load_explicit(&r->cq_tail, memory_order_acquire); seq != r->sq_head; seq++) {
 		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
 		ring_publish(r, seq, r->tags[seq & (r->entries - 1)], &copy, 0);
 		rp_error_clear(&copy);
@@ -499,7 +500,7 @@ void rd_ring_open(struct rd_call *call)
 	/* The counters start where the worker says; the client starts at 0. */
 	rp_ring_store(&r->hdr->sq_head, 0);
 	rp_ring_store(&r->hdr->cq_tail, 0);
-	__atomic_store_n(&r->hdr->sq_sleeping, 1, __ATOMIC_SEQ_CST);
+	rp_ring_flag_set(&r->hdr->sq_sleeping, 1);
 	r->doorbell = call->raw.fds[bell_fd];
 	call->raw.fds[bell_fd] = -1;
 	uv_poll_init_socket(w->loop, &r->poll, r->doorbell);

@@ -6,12 +6,17 @@ doorbells go over a datagram socket pair.  Records name buffers and events by
 their index in the lane's id table, which the worker keeps and this side
 fills with io.regen.Lane.Bind as calls name ids it does not hold yet.
 
-Counters are read and written with plain 4-byte accesses of the mapping,
-which x86-64 keeps in program order (loads after loads, stores after
-stores); the one ordering it does not keep, a store before a later load, is
-forced by taking a lock (a locked instruction) between publishing and
-looking at the other side's sleeping flag.  On other machines the client
-does not use the ring (``supported()``).
+Counters are read and written through ``counters()``, a memoryview of the
+mapping cast to native unsigned ints: each item access is one aligned 4-byte
+load or store.  ``struct.pack_into`` is not: it zero-fills its bytes before
+it writes the value, so the worker, reading the submission counter in
+between, saw it at 0, far behind what it had taken, and closed the lane as
+a hostile client's ("the submission counter is ahead of the ring").
+x86-64 keeps those accesses in program order (loads after loads, stores
+after stores); the one ordering it does not keep, a store before a later
+load, is forced by taking a lock (a locked instruction) between publishing
+and looking at the other side's sleeping flag.  On other machines the
+client does not use the ring (``supported()``).
 """
 
 import fcntl
@@ -34,10 +39,11 @@ COMPLETION_SIZE = 1024
 NONE = 0xFFFFFFFF
 TRANS_A, TRANS_B, CAUSAL = 0x1, 0x2, 0x4
 
-# Offsets in the header (struct rp_ring_header).
+# Offsets in the header (struct rp_ring_header), and the same as indexes of
+# counters().
 _SQ_TAIL, _SQ_HEAD, _SQ_SLEEPING, _CQ_TAIL, _CQ_HEAD, _CQ_WAITING = 64, 128, 132, 192, 256, 260
-
-_U32 = struct.Struct("<I")
+SQ_TAIL, SQ_HEAD, SQ_SLEEPING, CQ_TAIL, CQ_HEAD, CQ_WAITING = (o // 4 for o in (
+    _SQ_TAIL, _SQ_HEAD, _SQ_SLEEPING, _CQ_TAIL, _CQ_HEAD, _CQ_WAITING))
 # tag, op, flags, epilogue, compute, alignment, reserved0, wait, signal,
 # deadline_ms, reserved1, alpha, beta, scale, reserved2
 _RECORD = struct.Struct("<QHHBBBBIIIIdddQ")
@@ -67,6 +73,15 @@ def supported():
 
 def ring_size(entries):
     return HEADER_SIZE + entries * (RECORD_SIZE + COMPLETION_SIZE)
+
+
+def counters(mem):
+    """The ring's header as 4-byte words (index: offset / 4), for the
+    counters and flags the other side reads while this one writes them: an
+    item is loaded or stored in one access (a memoryview's item is copied
+    as one native unsigned int), never in pieces.  Release it before the
+    mapping is closed."""
+    return memoryview(mem)[:HEADER_SIZE].cast("I")
 
 
 def _spin_max():
@@ -101,12 +116,14 @@ class Ring:
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self.mem = mmap.mmap(fd, size)
             struct.pack_into("<III", self.mem, 0, MAGIC, VERSION, entries)
+            self.ctr = counters(self.mem)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
                 conn.call("io.regen.Lane.Open", {"entries": entries, "ids": ids, "ring": 0, "doorbell": 1},
                           fds=[fd, theirs.fileno()])
             except BaseException:
                 mine.close()
+                self.ctr.release()
                 self.mem.close()
                 raise
             finally:
@@ -120,6 +137,7 @@ class Ring:
         if self.bell is not None:
             self.bell.close()
             self.bell = None
+            self.ctr.release()
             self.mem.close()
 
     def _fence_now(self):
@@ -175,9 +193,9 @@ class Ring:
         if len(operands) < 9:
             mem[off:base + 784] = _ABSENTS[len(operands)]
         self.sq_tail = (self.sq_tail + 1) & 0xFFFFFFFF
-        _U32.pack_into(mem, _SQ_TAIL, self.sq_tail)
+        self.ctr[SQ_TAIL] = self.sq_tail
         self._fence_now()
-        if _U32.unpack_from(mem, _SQ_SLEEPING)[0]:
+        if self.ctr[SQ_SLEEPING]:
             try:
                 self.bell.send(b"\0")
             except BlockingIOError:
@@ -188,18 +206,18 @@ class Ring:
         on the doorbell and the connection (whose end means the worker
         went).  A spin that saw the completion doubles the next one's
         length, one that ran out halves it."""
-        mem = self.mem
+        ctr = self.ctr
         head = self.cq_head
         t0 = time.perf_counter()
         budget = self.spin
         slept = False
-        while _U32.unpack_from(mem, _CQ_TAIL)[0] == head:
+        while ctr[CQ_TAIL] == head:
             now = time.perf_counter()
             if now - t0 < budget:
                 continue
-            _U32.pack_into(mem, _CQ_WAITING, 1)
+            ctr[CQ_WAITING] = 1
             self._fence_now()
-            if _U32.unpack_from(mem, _CQ_TAIL)[0] != head:
+            if ctr[CQ_TAIL] != head:
                 break
             slept = True
             left = None if timeout is None else timeout - (now - t0)
@@ -212,7 +230,7 @@ class Ring:
                         pass
                 except BlockingIOError:
                     pass
-            if self.conn.fileno() in readable and _U32.unpack_from(mem, _CQ_TAIL)[0] == head:
+            if self.conn.fileno() in readable and ctr[CQ_TAIL] == head:
                 raise ConnectionResetError("the worker connection ended with records in flight")
         self.spin = self.spin / 2 if slept else min(self.spin * 2 + 1e-6, self.spin_max)
 
@@ -226,7 +244,7 @@ class Ring:
             text = bytes(self.mem[off + 88:off + 88 + min(error_len, 935)])
             err = text
         self.cq_head = (self.cq_head + 1) & 0xFFFFFFFF
-        _U32.pack_into(self.mem, _CQ_HEAD, self.cq_head)
+        self.ctr[CQ_HEAD] = self.cq_head
         return tag, elapsed_us, err
 
 
