@@ -1,212 +1,156 @@
-/* libregen: GEMM and attention calls. */
+/* libregen: the compute calls. Each fills the operation's descriptor of
+ * proto/compute.h by the op table's slots, and the table's encoder writes
+ * the call: the same table the daemon parses it with. */
 #include <errno.h>
 #include <string.h>
 #include "private.h"
+#include "proto/compute.h"
 
-static const char *dtype_name(enum regen_dtype dt)
+_Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
+		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS,
+	       "libregen's dtypes and epilogues are the protocol's");
+
+/* Every buffer and event a call names belongs to this client and lives on
+ * one device (*device, -1 before the first). */
+static int check_object(regen_client *c, const char *what, const char *name, const struct rc_object *obj,
+			int *device)
 {
-	switch (dt) {
-	case REGEN_F32:
-		return "f32";
-	case REGEN_F16:
-		return "f16";
-	case REGEN_BF16:
-		return "bf16";
+	if (obj->client != c) {
+		rc_set_local_error(c, "%s %s: %s belongs to another client", what, name, obj->id);
+		return -EINVAL;
 	}
-	return NULL;
+	if (*device >= 0 && obj->device != *device) {
+		rc_set_local_error(c, "%s %s is on device %d, the call on device %d", what, name, obj->device, *device);
+		return -EINVAL;
+	}
+	*device = obj->device;
+	return 0;
 }
 
-/* Adds the io.regen.Operand for `t` under `name`, and checks that every
- * operand of a call lives on one device (*device, -1 before the first). */
-static int add_operand(regen_client *c, cJSON *p, const char *name, const struct regen_tensor *t, int *device)
+/* A tensor into the operand at `slot`; strides all zero mean contiguous. */
+static int put_operand(regen_client *c, struct rp_compute *call, int slot, const struct regen_tensor *t, int *device)
 {
-	cJSON *o, *shape, *strides = NULL;
+	const char *name = call->spec->operands[slot].name;
+	struct rp_operand *op = &call->operands[slot];
 	bool any_stride = false;
-	const char *dt;
-	int i;
 
+	if (t == NULL)
+		return 0;
 	if (t->buffer == NULL) {
 		rc_set_local_error(c, "operand %s has no buffer", name);
 		return -EINVAL;
 	}
-	if (t->buffer->client != c) {
-		rc_set_local_error(c, "operand %s: buffer %s belongs to another client", name, t->buffer->id);
+	if (check_object(c, "operand", name, &t->buffer->obj, device) < 0)
 		return -EINVAL;
-	}
-	if (*device >= 0 && t->buffer->device != *device) {
-		rc_set_local_error(c, "operand %s is on device %d, the others on %d", name, t->buffer->device, *device);
-		return -EINVAL;
-	}
-	*device = t->buffer->device;
-	dt = dtype_name(t->dtype);
-	if (dt == NULL || t->rank < 1 || t->rank > 4) {
+	if ((unsigned)t->dtype > REGEN_BF16 || t->rank < 1 || t->rank > RP_RANK_MAX) {
 		rc_set_local_error(c, "operand %s: bad dtype or rank", name);
 		return -EINVAL;
 	}
-	o = cJSON_AddObjectToObject(p, name);
-	if (o == NULL || cJSON_AddStringToObject(o, "buffer", t->buffer->id) == NULL ||
-	    cJSON_AddNumberToObject(o, "offset", (double)t->offset) == NULL ||
-	    cJSON_AddStringToObject(o, "dtype", dt) == NULL) {
-		return -ENOMEM;
+	op->buffer = t->buffer->obj.rid;
+	op->offset = t->offset;
+	op->dtype = (enum rp_dtype)t->dtype;
+	op->rank = t->rank;
+	for (int i = 0; i < t->rank; i++) {
+		op->shape[i] = t->shape[i];
+		any_stride |= t->strides[i] != 0;
 	}
-	shape = cJSON_AddArrayToObject(o, "shape");
-	if (shape == NULL) {
-		return -ENOMEM;
+	int64_t step = 1;
+	for (int i = t->rank - 1; i >= 0; i--) {
+		op->strides[i] = any_stride ? t->strides[i] : step;
+		step *= t->shape[i] > 0 ? t->shape[i] : 1;
 	}
-	for (i = 0; i < t->rank; i++) {
-		if (!cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[i]))) {
-			return -ENOMEM;
-		}
-		if (t->strides[i] != 0) {
-			any_stride = true;
-		}
-	}
-	if (any_stride) {
-		strides = cJSON_AddArrayToObject(o, "strides");
-		if (strides == NULL) {
-			return -ENOMEM;
-		}
-		for (i = 0; i < t->rank; i++) {
-			if (!cJSON_AddItemToArray(strides, cJSON_CreateNumber((double)t->strides[i]))) {
-				return -ENOMEM;
-			}
-		}
-	}
+	call->present[slot] = true;
 	return 0;
 }
 
-static int run(regen_client *c, int device, const char *method, cJSON *p)
+static int put_event(regen_client *c, struct rp_event_ref *ref, const char *name, const regen_event *ev, int *device)
 {
-	return rc_call(c, device, method, p, NULL, 0, NULL);
+	if (ev == NULL)
+		return 0;
+	if (check_object(c, "event", name, &ev->obj, device) < 0)
+		return -EINVAL;
+	ref->present = true;
+	ref->id = ev->obj.rid;
+	return 0;
+}
+
+/* Checks the objects, encodes the call by its table and sends it. */
+static int send_call(regen_client *c, struct rp_compute *call, const struct regen_tensor *const *tensors,
+		     const regen_event *wait, const regen_event *signal)
+{
+	int device = -1, r = 0;
+	cJSON *params;
+
+	for (unsigned i = 0; i < call->spec->noperands && r == 0; i++)
+		r = put_operand(c, call, (int)i, tensors[i], &device);
+	if (r == 0)
+		r = put_event(c, &call->wait_event, "wait_event", wait, &device);
+	if (r == 0)
+		r = put_event(c, &call->signal_event, "signal_event", signal, &device);
+	if (r < 0)
+		return r;
+	params = rp_compute_to_json(call);
+	if (params == NULL)
+		return -ENOMEM;
+	r = rc_call(c, device, call->spec->method, params, NULL, 0, NULL);
+	cJSON_Delete(params);
+	return r;
 }
 
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
 {
-	static const char *const epilogues[] = { "none", "bias", "gelu", "gelu_bias" };
-	cJSON *p;
-	int device = -1, r;
-	double alpha;
+	struct rp_compute call = { .spec = &rp_op_gemm };
+	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
+		[RP_GEMM_A] = g ? &g->a : NULL, [RP_GEMM_B] = g ? &g->b : NULL, [RP_GEMM_C] = g ? g->c : NULL,
+		[RP_GEMM_D] = g ? &g->d : NULL, [RP_GEMM_BIAS] = g ? g->bias : NULL,
+	};
 
-	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_BIAS) {
+	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_BIAS)
 		return -EINVAL;
-	}
-	p = cJSON_CreateObject();
-	if (p == NULL) {
-		return -ENOMEM;
-	}
-	r = add_operand(c, p, "a", &g->a, &device);
-	if (r == 0) {
-		r = add_operand(c, p, "b", &g->b, &device);
-	}
-	if (r == 0 && g->c != NULL) {
-		r = add_operand(c, p, "c", g->c, &device);
-	}
-	if (r == 0) {
-		r = add_operand(c, p, "d", &g->d, &device);
-	}
-	if (r == 0 && g->bias != NULL) {
-		r = add_operand(c, p, "bias", g->bias, &device);
-	}
-	if (r < 0) {
-		goto out;
-	}
-	alpha = g->alpha;
-	if (!g->alpha_set && alpha == 0) {
-		alpha = 1;
-	}
-	r = -ENOMEM;
-	if ((g->trans_a && cJSON_AddBoolToObject(p, "trans_a", 1) == NULL) ||
-	    (g->trans_b && cJSON_AddBoolToObject(p, "trans_b", 1) == NULL) ||
-	    cJSON_AddNumberToObject(p, "alpha", alpha) == NULL ||
-	    ((g->beta != 0 || g->c != NULL) && cJSON_AddNumberToObject(p, "beta", g->beta) == NULL) ||
-	    (g->epilogue != REGEN_EPILOGUE_NONE &&
-	     cJSON_AddStringToObject(p, "epilogue", epilogues[g->epilogue]) == NULL) ||
-	    (g->tf32 && cJSON_AddStringToObject(p, "compute", "tf32") == NULL)) {
-		goto out;
-	}
-	r = run(c, device, "io.regen.Compute.Gemm", p);
-out:
-	cJSON_Delete(p);
-	return r;
+	call.gemm = (struct rp_gemm){
+		.trans_a = g->trans_a,
+		.trans_b = g->trans_b,
+		.alpha = !g->alpha_set && g->alpha == 0 ? 1.0 : g->alpha,
+		.beta = g->beta,
+		.epilogue = (enum rp_epilogue)g->epilogue,
+		.compute = g->tf32 ? RP_COMPUTE_TF32 : RP_COMPUTE_F32,
+	};
+	return send_call(c, &call, tensors, g->wait_event, g->signal_event);
+}
+
+static struct rp_attention attention_scalars(double scale, bool causal, enum regen_causal_alignment alignment)
+{
+	return (struct rp_attention){
+		.scale = scale,
+		.causal = causal,
+		.alignment = alignment == REGEN_CAUSAL_BOTTOM_RIGHT ? RP_CAUSAL_BOTTOM_RIGHT : RP_CAUSAL_TOP_LEFT,
+	};
 }
 
 REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *a)
 {
-	cJSON *p;
-	int device = -1, r;
+	struct rp_compute call = { .spec = &rp_op_attention };
 
-	if (c == NULL || a == NULL) {
+	if (c == NULL || a == NULL)
 		return -EINVAL;
-	}
-	p = cJSON_CreateObject();
-	if (p == NULL) {
-		return -ENOMEM;
-	}
-	r = add_operand(c, p, "q", &a->q, &device);
-	if (r == 0) {
-		r = add_operand(c, p, "k", &a->k, &device);
-	}
-	if (r == 0) {
-		r = add_operand(c, p, "v", &a->v, &device);
-	}
-	if (r == 0) {
-		r = add_operand(c, p, "o", &a->o, &device);
-	}
-	if (r == 0 && a->stats != NULL) {
-		r = add_operand(c, p, "stats", a->stats, &device);
-	}
-	if (r < 0) {
-		goto out;
-	}
-	r = -ENOMEM;
-	if ((a->scale != 0 && cJSON_AddNumberToObject(p, "scale", a->scale) == NULL) ||
-	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
-		goto out;
-	}
-	r = run(c, device, "io.regen.Compute.Attention", p);
-out:
-	cJSON_Delete(p);
-	return r;
-}
-
-static int attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
-{
-	const struct {
-		const char *name;
-		const struct regen_tensor *t;
-	} ops[] = {
-		{ "q", &a->q }, { "k", &a->k }, { "v", &a->v }, { "o", &a->o }, { "d_o", &a->d_o },
-		{ "stats", &a->stats }, { "d_q", &a->d_q }, { "d_k", &a->d_k }, { "d_v", &a->d_v },
+	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
+		[RP_ATT_Q] = &a->q, [RP_ATT_K] = &a->k, [RP_ATT_V] = &a->v, [RP_ATT_O] = &a->o, [RP_ATT_STATS] = a->stats,
 	};
-	cJSON *p;
-	int device = -1, r = 0;
-	size_t i;
-
-	p = cJSON_CreateObject();
-	if (p == NULL) {
-		return -ENOMEM;
-	}
-	for (i = 0; i < sizeof(ops) / sizeof(ops[0]) && r == 0; i++) {
-		r = add_operand(c, p, ops[i].name, ops[i].t, &device);
-	}
-	if (r < 0) {
-		goto out;
-	}
-	r = -ENOMEM;
-	if ((a->scale != 0 && cJSON_AddNumberToObject(p, "scale", a->scale) == NULL) ||
-	    cJSON_AddBoolToObject(p, "causal", a->causal) == NULL) {
-		goto out;
-	}
-	r = run(c, device, "io.regen.Compute.AttentionBackward", p);
-out:
-	cJSON_Delete(p);
-	return r;
+	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
+	return send_call(c, &call, tensors, a->wait_event, a->signal_event);
 }
 
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
 {
-	if (c == NULL || a == NULL) {
+	struct rp_compute call = { .spec = &rp_op_attention_backward };
+
+	if (c == NULL || a == NULL)
 		return -EINVAL;
-	}
-	return attention_backward(c, a);
+	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
+		[RP_ATB_Q] = &a->q, [RP_ATB_K] = &a->k, [RP_ATB_V] = &a->v, [RP_ATB_O] = &a->o,
+		[RP_ATB_DO] = &a->d_o, [RP_ATB_STATS] = &a->stats, [RP_ATB_DQ] = &a->d_q, [RP_ATB_DK] = &a->d_k,
+		[RP_ATB_DV] = &a->d_v,
+	};
+	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
+	return send_call(c, &call, tensors, a->wait_event, a->signal_event);
 }

@@ -60,6 +60,18 @@ static int wait_fd(int fd, short events, int64_t deadline)
 	}
 }
 
+int rc_backoff(int64_t deadline, int *delay_ms, int max_ms)
+{
+	if (deadline != RC_FOREVER && rc_now_ms() + *delay_ms >= deadline) {
+		return -ETIMEDOUT;
+	}
+	usleep((useconds_t)*delay_ms * 1000);
+	if (*delay_ms < max_ms) {
+		*delay_ms *= 2;
+	}
+	return 0;
+}
+
 void rc_conn_init(struct rc_conn *c)
 {
 	memset(c, 0, sizeof(*c));
@@ -134,19 +146,15 @@ int rc_conn_open(struct rc_conn *c, const char *path, int64_t deadline, bool ret
 		if (r == 0) {
 			break;
 		}
-		if (!retry || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN)) {
+		if (!retry || !rc_conn_retryable(r)) {
 			return r;
 		}
-		if (deadline != RC_FOREVER && rc_now_ms() + delay_ms >= deadline) {
-			return -ETIMEDOUT;
-		}
-		usleep((useconds_t)delay_ms * 1000);
-		if (delay_ms < 100) {
-			delay_ms *= 2;
+		r = rc_backoff(deadline, &delay_ms, 100);
+		if (r < 0) {
+			return r;
 		}
 	}
 	c->fd = fd;
-	c->serial++;
 	return 0;
 }
 

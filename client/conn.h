@@ -2,6 +2,7 @@
  * send a call (with fds), receive replies. Private to libregen. */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,14 +19,23 @@ struct rc_conn {
 	int fd;                       /* -1 when closed */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	struct rp_rx rx;
-	unsigned serial;              /* bumped on every successful open */
 };
+
+/* Sleeps *delay_ms before a retry, then doubles it (up to about max_ms).
+ * -ETIMEDOUT, without sleeping, when the retry would come past the deadline. */
+int rc_backoff(int64_t deadline, int *delay_ms, int max_ms);
 
 void rc_conn_init(struct rc_conn *c);
 /* Connects to `path`. With `retry`, ENOENT and ECONNREFUSED (a daemon or
  * worker on its way back) are retried until the deadline. Returns 0 or
  * -errno (-ETIMEDOUT when retrying ran out of time). */
 int rc_conn_open(struct rc_conn *c, const char *path, int64_t deadline, bool retry);
+/* The errors of a socket that is not there yet, or not yet listening: a
+ * daemon or worker on its way back. */
+static inline bool rc_conn_retryable(int r)
+{
+	return r == -ENOENT || r == -ECONNREFUSED || r == -EAGAIN;
+}
 void rc_conn_close(struct rc_conn *c);
 static inline bool rc_conn_is_open(const struct rc_conn *c) { return c->fd >= 0; }
 /* True when an idle connection was closed by the peer (checked without

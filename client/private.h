@@ -7,6 +7,9 @@
 #include "include/regen.h"
 #include "conn.h"
 #include "proto/ids.h"
+#include "proto/message.h"
+
+struct rc_object;
 
 struct regen_client {
 	char socket_path[sizeof(((struct rc_conn *)0)->path)];
@@ -17,18 +20,28 @@ struct regen_client {
 	char err_name[128];
 	char err_message[512];
 	char *err_params;                 /* JSON text, malloc'ed */
-	/* The newest generation seen per device (Status, Generation, errors). */
+	/* The newest generation seen per device (Status, Watch, imports, errors). */
 	uint64_t known_generation[REGEN_DEVICES_MAX];
-	struct regen_buffer *buffers;     /* open buffers, so destroy can detach them */
+	struct rc_object *objects;        /* open buffers and events, so destroy can detach them */
+};
+
+/* What buffers and events share: an id in one device's worker, made in one
+ * generation, open until closed. */
+struct rc_object {
+	regen_client *client;             /* NULL once the client is gone */
+	struct rc_object *prev, *next;
+	int device;
+	struct rp_id rid;
+	char id[RP_ID_MAX];
 };
 
 struct regen_buffer {
-	regen_client *client;             /* NULL once the client is gone */
-	struct regen_buffer *prev, *next;
-	int device;
-	char id[RP_ID_MAX];
-	uint64_t generation;
+	struct rc_object obj;
 	uint64_t size;
+};
+
+struct regen_event {
+	struct rc_object obj;
 };
 
 /* Calls `method` on the main socket (device < 0) or the device's worker
@@ -37,14 +50,20 @@ struct regen_buffer {
  * reply's parameters, a cJSON object the caller deletes. */
 int rc_call(regen_client *c, int device, const char *method, const cJSON *params,
 	    const int *fds, size_t nfds, cJSON **reply);
+/* The same on a connection the caller holds, with a deadline. */
+int rc_exchange(regen_client *c, struct rc_conn *conn, const char *method, const cJSON *params,
+		const int *fds, size_t nfds, int64_t deadline, cJSON **reply);
 void rc_clear_error(regen_client *c);
-/* Records a failure made on this side under a name, for -EREMOTE-less
- * diagnostics (message only). */
+/* Records a failure made on this side: message only, no name. */
 void rc_set_local_error(regen_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Records a named error regend sent. */
+void rc_set_remote_error(regen_client *c, const char *name, const cJSON *params);
+/* A reply the codec refused: -EPROTO, with the field it named. */
+int rc_malformed_reply(regen_client *c, const char *method, struct rp_error *err);
+/* Remembers that `device` has reached `generation`: ids of older
+ * generations are gone with it. */
+void rc_note_generation(regen_client *c, int64_t device, uint64_t generation);
 
-/* DeviceInfo lists (Status, Generation, Release, Reset, Restart replies). */
-int rc_parse_status(regen_client *c, const cJSON *params, struct regen_status *out);
-
-/* Small cJSON readers that tolerate absent fields. */
-int64_t rc_json_int(const cJSON *obj, const char *key, int64_t def);
-void rc_json_str(const cJSON *obj, const char *key, char *dst, size_t size);
+/* Makes a regen_status of a Status-shaped reply (which it takes over,
+ * also on failure). */
+int rc_status_from_reply(regen_client *c, const char *method, cJSON *reply, regen_status **out);

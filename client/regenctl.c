@@ -22,41 +22,111 @@ enum {
 	EXIT_UNREACHABLE = 5,
 };
 
+#define DEFAULT_TIMEOUT_S 60.0
+
+/* The options a command may take (struct command's `options`). --socket,
+ * --json and --timeout go with every command. */
+enum {
+	OPT_DEVICE = 1 << 0,
+	OPT_ALL = 1 << 1,
+	OPT_REASON = 1 << 2,
+	OPT_WAIT = 1 << 3,
+	OPT_DEADLINE = 1 << 4,
+	OPT_COUNT = 1 << 5,
+	OPT_KIND = 1 << 6,
+};
+
 struct opts {
 	const char *socket;
 	bool json;
+	unsigned given;          /* OPT_* on the command line */
 	int device;              /* -1: all */
-	bool device_set, all;
 	const char *reason;
-	bool wait;
-	double timeout;          /* seconds; 0 = default */
+	double timeout;          /* seconds */
 	bool timeout_set;
 	long deadline_ms;
-	bool deadline_set;
 	long count;
-	bool count_set;
 	const char *kind;
-	const char *verb;
 };
+
+enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART };
+
+struct command {
+	const char *name;
+	int (*run)(regen_client *c, const struct command *cmd, const struct opts *o);
+	const char *args;        /* what follows the name in the usage text */
+	const char *help;
+	unsigned options;        /* OPT_* it takes */
+	bool admin;              /* root or the daemon's admin group */
+	enum verb verb;          /* lifecycle commands */
+};
+
+static int cmd_status(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_generation(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
+
+#define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_REASON | OPT_WAIT)
+
+static const struct command commands[] = {
+	{ "status", cmd_status, "", "every device: generation, state, backend, worker", 0, false, VERB_NONE },
+	{ "generation", cmd_generation, "", "the node epoch and each device's generation", 0, false, VERB_NONE },
+	{ "release", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]",
+	  "drain and release: CUDA resources destroyed, memory returned", LIFECYCLE_OPTS, true, VERB_RELEASE },
+	{ "reset", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]", "throw the context away and rebuild",
+	  LIFECYCLE_OPTS, true, VERB_RESET },
+	{ "restart", cmd_lifecycle, "[TARGET] [--reason TEXT] [--deadline-ms MS] [--wait]",
+	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
+	  VERB_RESTART },
+	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per generation change", OPT_COUNT,
+	  false, VERB_NONE },
+	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
+	  "KIND: crash, device_lost or hang; needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
+};
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const char *const fault_kinds[] = { "crash", "device_lost", "hang", NULL };
+
+/* The command-line spelling of each OPT_* bit, for usage errors. */
+static const char *option_name(unsigned bit)
+{
+	switch (bit) {
+	case OPT_DEVICE:
+		return "--device";
+	case OPT_ALL:
+		return "--all";
+	case OPT_REASON:
+		return "--reason";
+	case OPT_WAIT:
+		return "--wait";
+	case OPT_DEADLINE:
+		return "--deadline-ms";
+	case OPT_COUNT:
+		return "--count";
+	case OPT_KIND:
+		return "--kind";
+	}
+	return "?";
+}
 
 static void usage(FILE *f)
 {
+	char head[96];
+	size_t i;
+
+	fprintf(f, "Usage: regenctl [--socket PATH] [--json] COMMAND [OPTIONS] [--timeout S]\n\nCommands:\n");
+	for (i = 0; i < NCOMMANDS; i++) {
+		const struct command *cmd = &commands[i];
+
+		snprintf(head, sizeof(head), "%s%s%s", cmd->name, cmd->args[0] ? " " : "", cmd->args);
+		if (strlen(head) <= 24) {
+			fprintf(f, "  %-26s%s%s\n", head, cmd->help, cmd->admin ? " (admin)" : "");
+		} else {
+			fprintf(f, "  %s\n%28s%s%s\n", head, "", cmd->help, cmd->admin ? " (admin)" : "");
+		}
+	}
 	fprintf(f,
-		"Usage: regenctl [--socket PATH] [--json] COMMAND [OPTIONS]\n"
-		"\n"
-		"Commands:\n"
-		"  status                    every device: generation, state, backend, worker\n"
-		"  generation                the node epoch and each device's generation\n"
-		"  release [TARGET] [--reason TEXT] [--wait] [--timeout S]\n"
-		"                            drain and release: CUDA resources destroyed, memory returned\n"
-		"  reset   [TARGET] [--reason TEXT] [--wait] [--timeout S]\n"
-		"                            throw the context away and rebuild\n"
-		"  restart [TARGET] [--reason TEXT] [--deadline-ms MS] [--wait] [--timeout S]\n"
-		"                            drain (until the deadline), release or reset, new generation\n"
-		"  watch [--count N] [--timeout S]\n"
-		"                            print the current state, then one line per generation change\n"
-		"  inject-fault [--device N] KIND\n"
-		"                            KIND: crash, device_lost, hang (needs --enable-fault-injection)\n"
 		"\n"
 		"TARGET: --device N, or --all (the default).\n"
 		"\n"
@@ -69,12 +139,14 @@ static void usage(FILE *f)
 		"  --count N       watch: exit after N generation changes\n"
 		"  -h, --help      this text\n"
 		"\n"
+		"Admin commands need root or membership in regend's --admin-group.\n"
+		"\n"
 		"Exit status:\n"
 		"  0  success\n"
 		"  1  error: regend answered with an error, or another failure\n"
 		"  2  usage error\n"
-		"  3  timeout: --timeout passed (or regend's io.regen.Timeout)\n"
-		"  4  not permitted: io.regen.NotPermitted (admin commands need root or the admin\n"
+		"  3  timeout: --timeout passed (or regend's " REGEN_ERROR_TIMEOUT ")\n"
+		"  4  not permitted: " REGEN_ERROR_NOT_PERMITTED " (admin commands need root or the admin\n"
 		"     group), or no permission to open the socket\n"
 		"  5  regend unreachable: no socket, connection refused, or the connection broke\n",
 		REGEN_DEFAULT_SOCKET);
@@ -104,11 +176,10 @@ static double now_s(void)
 static int exit_code(int r, const char *name)
 {
 	if (r == -EREMOTE && name != NULL) {
-		if (strcmp(name, "io.regen.NotPermitted") == 0 ||
-		    strcmp(name, "org.varlink.service.PermissionDenied") == 0) {
+		if (strcmp(name, REGEN_ERROR_NOT_PERMITTED) == 0 || strcmp(name, REGEN_ERROR_PERMISSION_DENIED) == 0) {
 			return EXIT_NOT_PERMITTED;
 		}
-		if (strcmp(name, "io.regen.Timeout") == 0) {
+		if (strcmp(name, REGEN_ERROR_TIMEOUT) == 0) {
 			return EXIT_TIMEOUT;
 		}
 		return EXIT_ERROR;
@@ -138,56 +209,17 @@ static int fail(regen_client *c, const char *what, int r)
 
 	if (r == -EREMOTE && name != NULL) {
 		fprintf(stderr, "regenctl: %s: %s%s%s\n", what, name, msg ? ": " : "", msg ? msg : "");
+	} else if (msg != NULL) {
+		fprintf(stderr, "regenctl: %s: %s (%s)\n", what, strerror(-r), msg);
 	} else {
-		fprintf(stderr, "regenctl: %s: %s%s%s\n", what, strerror(-r), msg ? " (" : "", msg ? msg : "");
-		if (msg) {
-			fputs(")\n", stderr);
-		}
+		fprintf(stderr, "regenctl: %s: %s\n", what, strerror(-r));
 	}
 	return exit_code(r, name);
 }
 
-static int64_t jint(const cJSON *o, const char *key)
+/* Prints and frees one line of JSON (NULL: out of memory, nothing). */
+static void print_line(char *text)
 {
-	const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-
-	return cJSON_IsNumber(it) ? (int64_t)it->valuedouble : 0;
-}
-
-static const char *jstr(const cJSON *o, const char *key)
-{
-	const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-
-	return cJSON_IsString(it) ? it->valuestring : "";
-}
-
-/* Calls a main-socket method and returns its reply parsed. */
-static int call_json(regen_client *c, const char *method, const cJSON *params, cJSON **out)
-{
-	char *ptext = NULL, *reply = NULL;
-	int r;
-
-	*out = NULL;
-	if (params != NULL) {
-		ptext = cJSON_PrintUnformatted(params);
-		if (ptext == NULL) {
-			return -ENOMEM;
-		}
-	}
-	r = regen_call(c, -1, method, ptext, NULL, 0, &reply);
-	free(ptext);
-	if (r < 0) {
-		return r;
-	}
-	*out = cJSON_Parse(reply);
-	free(reply);
-	return *out != NULL ? 0 : -EPROTO;
-}
-
-static void print_json(const cJSON *o)
-{
-	char *text = cJSON_PrintUnformatted(o);
-
 	if (text != NULL) {
 		puts(text);
 		free(text);
@@ -195,46 +227,48 @@ static void print_json(const cJSON *o)
 	fflush(stdout);
 }
 
-static int cmd_status(regen_client *c, const struct opts *o)
+static void print_json(const cJSON *o)
+{
+	print_line(cJSON_PrintUnformatted(o));
+}
+
+/* The reply as regend sent it, on one line. */
+static void print_status_json(const regen_status *st)
+{
+	print_line(regen_status_to_json(st));
+}
+
+static int cmd_status(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	enum { NCOL = 9 };
 	static const char *const head[NCOL] = {
 		"DEVICE", "GEN", "STATE", "BACKEND", "PID", "RESPAWNS", "MEM_USED", "MEM_BASE", "WORKER_SOCKET",
 	};
-	struct regen_status *st;
+	regen_status *st = NULL;
 	char (*cells)[NCOL][128];
 	int width[NCOL];
-	int i, j, r;
-	cJSON *reply;
+	int i, j, n, r;
 
+	r = regen_status_get(c, &st);
+	if (r < 0) {
+		return fail(c, cmd->name, r);
+	}
 	if (o->json) {
-		r = call_json(c, "io.regen.Device.Status", NULL, &reply);
-		if (r < 0) {
-			return fail(c, "status", r);
-		}
-		print_json(reply);
-		cJSON_Delete(reply);
+		print_status_json(st);
+		regen_status_free(st);
 		return EXIT_OK;
 	}
-	st = calloc(1, sizeof(*st));
-	if (st == NULL) {
-		return EXIT_ERROR;
-	}
-	r = regen_status(c, st);
-	if (r < 0) {
-		free(st);
-		return fail(c, "status", r);
-	}
-	cells = calloc((size_t)st->ndevices + 1, sizeof(*cells));
+	n = regen_status_device_count(st);
+	cells = calloc((size_t)n + 1, sizeof(*cells));
 	if (cells == NULL) {
-		free(st);
+		regen_status_free(st);
 		return EXIT_ERROR;
 	}
 	for (j = 0; j < NCOL; j++) {
 		snprintf(cells[0][j], sizeof(cells[0][j]), "%s", head[j]);
 	}
-	for (i = 0; i < st->ndevices; i++) {
-		const struct regen_device_info *d = &st->devices[i];
+	for (i = 0; i < n; i++) {
+		const struct regen_device_info *d = regen_status_device(st, i);
 		char (*row)[128] = cells[i + 1];
 
 		snprintf(row[0], 128, "%d", d->index);
@@ -249,7 +283,7 @@ static int cmd_status(regen_client *c, const struct opts *o)
 	}
 	for (j = 0; j < NCOL; j++) {
 		width[j] = 0;
-		for (i = 0; i <= st->ndevices; i++) {
+		for (i = 0; i <= n; i++) {
 			int len = (int)strlen(cells[i][j]);
 
 			if (len > width[j]) {
@@ -257,7 +291,7 @@ static int cmd_status(regen_client *c, const struct opts *o)
 			}
 		}
 	}
-	for (i = 0; i <= st->ndevices; i++) {
+	for (i = 0; i <= n; i++) {
 		for (j = 0; j < NCOL; j++) {
 			if (j == NCOL - 1) {
 				printf("%s\n", cells[i][j]);
@@ -267,182 +301,244 @@ static int cmd_status(regen_client *c, const struct opts *o)
 		}
 	}
 	free(cells);
-	free(st);
+	regen_status_free(st);
 	return EXIT_OK;
 }
 
-static int cmd_generation(regen_client *c, const struct opts *o)
+static int cmd_generation(regen_client *c, const struct command *cmd, const struct opts *o)
 {
-	const cJSON *d;
-	cJSON *reply;
-	int r;
+	regen_status *st = NULL;
+	int i, r;
 
-	r = call_json(c, "io.regen.Device.Generation", NULL, &reply);
+	r = regen_generation_get(c, &st);
 	if (r < 0) {
-		return fail(c, "generation", r);
+		return fail(c, cmd->name, r);
 	}
 	if (o->json) {
-		print_json(reply);
+		print_status_json(st);
 	} else {
-		printf("EPOCH %lld\n", (long long)jint(reply, "epoch"));
+		printf("EPOCH %llu\n", (unsigned long long)regen_status_epoch(st));
 		printf("%-6s  %-10s  %s\n", "DEVICE", "GEN", "STATE");
-		cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(reply, "devices")) {
-			printf("%-6lld  %-10lld  %s\n", (long long)jint(d, "index"),
-			       (long long)jint(d, "generation"), jstr(d, "state"));
+		for (i = 0; i < regen_status_device_count(st); i++) {
+			const struct regen_device_info *d = regen_status_device(st, i);
+
+			printf("%-6d  %-10llu  %s\n", d->index, (unsigned long long)d->generation, d->state);
 		}
 	}
-	cJSON_Delete(reply);
+	regen_status_free(st);
 	return EXIT_OK;
 }
 
-static bool targeted(const struct opts *o, int64_t index)
+static bool targeted(const struct opts *o, int index)
 {
 	return o->device < 0 || index == o->device;
 }
 
-/* Polls Generation until every targeted device is ready in a generation
- * newer than in `before`. */
-static int wait_ready(regen_client *c, const struct opts *o, const cJSON *before, double start, double deadline)
+/* --wait: a Watch subscribed before the command is sent, and the targeted
+ * devices' generations from just after it; the command's changes then
+ * arrive as events. The stream from the subscription on is complete and in
+ * order, so the last event of each device is its state now. */
+struct waiter {
+	regen_watcher *w;
+	regen_status *before;
+	uint64_t epoch;
+	struct {
+		bool seen;
+		bool ready;
+		uint64_t generation;
+	} now[REGEN_DEVICES_MAX];
+};
+
+static void waiter_apply(struct waiter *wt, const struct regen_watch_event *ev)
 {
-	const cJSON *d, *b;
-	cJSON *now = NULL, *out = NULL, *arr;
-	bool done;
-	int r, found;
-
-	for (;;) {
-		r = call_json(c, "io.regen.Device.Generation", NULL, &now);
-		/* The connection may break while regend restarts a worker:
-		 * the next call reconnects. */
-		if (r < 0 && r != -ECONNRESET) {
-			return fail(c, "wait", r);
-		}
-		if (r == 0) {
-			done = true;
-			found = 0;
-			cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(now, "devices")) {
-				int64_t idx = jint(d, "index"), gen_before = 0;
-
-				if (!targeted(o, idx)) {
-					continue;
-				}
-				found++;
-				cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(before, "devices")) {
-					if (jint(b, "index") == idx) {
-						gen_before = jint(b, "generation");
-					}
-				}
-				if (strcmp(jstr(d, "state"), "ready") != 0 || jint(d, "generation") <= gen_before) {
-					done = false;
-				}
-			}
-			if (found == 0) {
-				fprintf(stderr, "regenctl: wait: regend serves no device %d\n", o->device);
-				cJSON_Delete(now);
-				return EXIT_ERROR;
-			}
-			if (done) {
-				break;
-			}
-			cJSON_Delete(now);
-			now = NULL;
-		}
-		if (now_s() >= deadline) {
-			fprintf(stderr, "regenctl: wait: the device(s) were not ready in a new generation after %.1f s\n",
-				now_s() - start);
-			return EXIT_TIMEOUT;
-		}
-		usleep(20000);
+	if (ev->device < 0 || ev->device >= REGEN_DEVICES_MAX) {
+		return;
 	}
+	wt->now[ev->device].seen = true;
+	wt->now[ev->device].ready = strcmp(ev->state, "ready") == 0;
+	wt->now[ev->device].generation = ev->generation;
+	if (ev->epoch > wt->epoch) {
+		wt->epoch = ev->epoch;
+	}
+}
+
+/* Seconds to wait for the next event before `deadline`. Never 0, which
+ * libregen takes as "forever": past the deadline, events already received
+ * are still read, and only then the wait times out. */
+static double wait_left(double deadline)
+{
+	double left = deadline - now_s();
+
+	return left > 0.001 ? left : 0.001;
+}
+
+/* Subscribes; returns once regend has taken the subscription (its first
+ * event is in), so that no change after this point goes unseen. */
+static int waiter_subscribe(regen_client *c, struct waiter *wt, double deadline)
+{
+	const struct regen_watch_event *ev;
+	int r;
+
+	regen_watcher_close(wt->w);
+	wt->w = NULL;
+	memset(wt->now, 0, sizeof(wt->now));
+	r = regen_watcher_open(c, &wt->w);
+	if (r == 0) {
+		r = regen_watcher_next(wt->w, wait_left(deadline), &ev);
+	}
+	if (r == 0) {
+		waiter_apply(wt, ev);
+	}
+	return r;
+}
+
+/* True when every targeted device is ready in a generation newer than it
+ * had before the command. */
+static bool waiter_done(const struct waiter *wt, const struct opts *o)
+{
+	for (int i = 0; i < regen_status_device_count(wt->before); i++) {
+		const struct regen_device_info *d = regen_status_device(wt->before, i);
+
+		if (!targeted(o, d->index) || d->index < 0 || d->index >= REGEN_DEVICES_MAX) {
+			continue;
+		}
+		if (!wt->now[d->index].seen || !wt->now[d->index].ready ||
+		    wt->now[d->index].generation <= d->generation) {
+			return false;
+		}
+	}
+	return true;
+}
+
+static void waiter_report(const struct waiter *wt, const struct opts *o, double start)
+{
+	cJSON *out, *arr, *e;
+	int i;
+
 	if (o->json) {
 		out = cJSON_CreateObject();
 		arr = cJSON_AddArrayToObject(out, "devices");
-		cJSON_AddNumberToObject(out, "epoch", (double)jint(now, "epoch"));
-		cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(now, "devices")) {
-			cJSON *e;
-
-			if (!targeted(o, jint(d, "index"))) {
-				continue;
+		cJSON_AddNumberToObject(out, "epoch", (double)wt->epoch);
+		for (i = 0; i < REGEN_DEVICES_MAX; i++) {
+			if (wt->now[i].seen && targeted(o, i) && regen_status_find_device(wt->before, i) != NULL) {
+				e = cJSON_CreateObject();
+				cJSON_AddNumberToObject(e, "index", i);
+				cJSON_AddNumberToObject(e, "generation", (double)wt->now[i].generation);
+				cJSON_AddStringToObject(e, "state", "ready");
+				cJSON_AddItemToArray(arr, e);
 			}
-			e = cJSON_CreateObject();
-			cJSON_AddNumberToObject(e, "index", (double)jint(d, "index"));
-			cJSON_AddNumberToObject(e, "generation", (double)jint(d, "generation"));
-			cJSON_AddStringToObject(e, "state", jstr(d, "state"));
-			cJSON_AddItemToArray(arr, e);
 		}
 		cJSON_AddNumberToObject(out, "elapsed_ms", floor((now_s() - start) * 1000.0));
 		cJSON_AddBoolToObject(out, "ready", 1);
 		print_json(out);
 		cJSON_Delete(out);
-	} else {
-		cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(now, "devices")) {
-			if (targeted(o, jint(d, "index"))) {
-				printf("device %lld: ready in generation %lld\n", (long long)jint(d, "index"),
-				       (long long)jint(d, "generation"));
+		return;
+	}
+	for (i = 0; i < REGEN_DEVICES_MAX; i++) {
+		if (wt->now[i].seen && targeted(o, i) && regen_status_find_device(wt->before, i) != NULL) {
+			printf("device %d: ready in generation %llu\n", i, (unsigned long long)wt->now[i].generation);
+		}
+	}
+	printf("elapsed %.3f s\n", now_s() - start);
+	fflush(stdout);
+}
+
+/* Reads events until the targeted devices are ready in a new generation.
+ * A broken Watch connection (regend restarting) is subscribed again: its
+ * first events say where every device stands. */
+static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o, double start, double deadline)
+{
+	const struct regen_watch_event *ev;
+	int r;
+
+	if (regen_status_find_device(wt->before, o->device) == NULL && o->device >= 0) {
+		fprintf(stderr, "regenctl: wait: regend serves no device %d\n", o->device);
+		return EXIT_ERROR;
+	}
+	while (!waiter_done(wt, o)) {
+		if (wt->w == NULL) {
+			r = now_s() < deadline ? waiter_subscribe(c, wt, deadline) : -ETIMEDOUT;
+		} else {
+			r = regen_watcher_next(wt->w, wait_left(deadline), &ev);
+			if (r == 0) {
+				waiter_apply(wt, ev);
 			}
 		}
-		printf("elapsed %.3f s\n", now_s() - start);
-		fflush(stdout);
+		if (r == -ETIMEDOUT) {
+			fprintf(stderr, "regenctl: wait: the device(s) were not ready in a new generation after %.1f s\n",
+				now_s() - start);
+			return EXIT_TIMEOUT;
+		}
+		if (r == -ECONNRESET || r == -ENODATA || r == -ECONNREFUSED || r == -ENOENT) {
+			regen_watcher_close(wt->w);
+			wt->w = NULL;
+			usleep(20000);
+		} else if (r < 0) {
+			return fail(c, "wait", r);
+		}
 	}
-	cJSON_Delete(now);
+	waiter_report(wt, o, start);
 	return EXIT_OK;
 }
 
-static int cmd_lifecycle(regen_client *c, const struct opts *o, const char *method)
+static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struct opts *o)
 {
-	double timeout = o->timeout_set ? o->timeout : 60.0;
+	double timeout = o->timeout_set ? o->timeout : DEFAULT_TIMEOUT_S;
 	double start = now_s(), deadline = start + timeout;
-	cJSON *params = NULL, *before = NULL, *reply = NULL;
-	const cJSON *d;
-	int r, rc = EXIT_ERROR;
+	struct waiter wt = { 0 };
+	regen_status *reply = NULL;
+	int i, r, rc;
 
-	params = cJSON_CreateObject();
-	if (params == NULL) {
-		goto out;
-	}
-	if (o->device >= 0) {
-		cJSON_AddNumberToObject(params, "device", o->device);
-	}
-	if (o->reason != NULL) {
-		cJSON_AddStringToObject(params, "reason", o->reason);
-	}
-	if (o->deadline_set) {
-		cJSON_AddNumberToObject(params, "deadline_ms", (double)o->deadline_ms);
-	}
 	regen_client_set_timeout(c, timeout);
-	if (o->wait) {
-		r = call_json(c, "io.regen.Device.Generation", NULL, &before);
+	if (o->given & OPT_WAIT) {
+		r = waiter_subscribe(c, &wt, deadline);
+		if (r == 0) {
+			r = regen_generation_get(c, &wt.before);
+		}
 		if (r < 0) {
-			rc = fail(c, "generation", r);
+			rc = fail(c, "wait", r);
 			goto out;
 		}
 	}
-	r = call_json(c, method, params, &reply);
+	switch (cmd->verb) {
+	case VERB_RELEASE:
+		r = regen_release(c, o->device, o->reason, &reply);
+		break;
+	case VERB_RESET:
+		r = regen_reset(c, o->device, o->reason, &reply);
+		break;
+	default:
+		r = regen_restart(c, o->device, o->reason, (int)o->deadline_ms, &reply);
+		break;
+	}
 	if (r < 0) {
-		rc = fail(c, o->verb, r);
+		rc = fail(c, cmd->name, r);
 		goto out;
 	}
 	if (o->json) {
-		print_json(reply);
+		print_status_json(reply);
 	} else {
-		cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(reply, "devices")) {
-			if (targeted(o, jint(d, "index"))) {
-				printf("device %lld: generation %lld, %s\n", (long long)jint(d, "index"),
-				       (long long)jint(d, "generation"), jstr(d, "state"));
+		for (i = 0; i < regen_status_device_count(reply); i++) {
+			const struct regen_device_info *d = regen_status_device(reply, i);
+
+			if (targeted(o, d->index)) {
+				printf("device %d: generation %llu, %s\n", d->index, (unsigned long long)d->generation,
+				       d->state);
 			}
 		}
-		if (cJSON_GetObjectItemCaseSensitive(reply, "elapsed_us") != NULL) {
-			printf("%s took %.3f ms\n", o->verb, (double)jint(reply, "elapsed_us") / 1000.0);
+		if (regen_status_elapsed_us(reply) > 0) {
+			printf("%s took %.3f ms\n", cmd->name, (double)regen_status_elapsed_us(reply) / 1000.0);
 		}
 		fflush(stdout);
 	}
 	rc = EXIT_OK;
-	if (o->wait) {
-		rc = wait_ready(c, o, before, start, deadline);
+	if (o->given & OPT_WAIT) {
+		rc = waiter_wait(c, &wt, o, start, deadline);
 	}
 out:
-	cJSON_Delete(params);
-	cJSON_Delete(before);
-	cJSON_Delete(reply);
+	regen_watcher_close(wt.w);
+	regen_status_free(wt.before);
+	regen_status_free(reply);
 	return rc;
 }
 
@@ -476,42 +572,40 @@ static int on_event(const struct regen_watch_event *ev, void *userdata)
 	if (strcmp(ev->reason, "subscribed") != 0) {
 		ws->changes++;
 	}
-	return ws->o->count_set && ws->changes >= ws->o->count;
+	return (ws->o->given & OPT_COUNT) && ws->changes >= ws->o->count;
 }
 
-static int cmd_watch(regen_client *c, const struct opts *o)
+static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	struct watch_state ws = { .o = o };
 	int r;
 
-	if (o->count_set && o->count == 0) {
+	if ((o->given & OPT_COUNT) && o->count == 0) {
 		return EXIT_OK;
 	}
 	r = regen_watch_full(c, 0, o->timeout_set ? o->timeout : 0, on_event, &ws);
-	if (r == -ETIMEDOUT && !o->count_set) {
+	if (r == -ETIMEDOUT && !(o->given & OPT_COUNT)) {
 		return EXIT_OK;
 	}
 	if (r < 0) {
-		return fail(c, "watch", r);
+		return fail(c, cmd->name, r);
 	}
 	return EXIT_OK;
 }
 
-static int cmd_inject_fault(regen_client *c, const struct opts *o)
+static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o)
 {
+	int device = o->device < 0 ? 0 : o->device;
 	int r;
 
-	if (o->timeout_set) {
-		regen_client_set_timeout(c, o->timeout);
-	}
-	r = regen_inject_fault(c, o->device < 0 ? 0 : o->device, o->kind);
+	r = regen_inject_fault(c, device, o->kind);
 	if (r < 0) {
-		return fail(c, "inject-fault", r);
+		return fail(c, cmd->name, r);
 	}
 	if (o->json) {
-		printf("{\"device\":%d,\"kind\":\"%s\"}\n", o->device < 0 ? 0 : o->device, o->kind);
+		printf("{\"device\":%d,\"kind\":\"%s\"}\n", device, o->kind);
 	} else {
-		printf("device %d: injected %s\n", o->device < 0 ? 0 : o->device, o->kind);
+		printf("device %d: injected %s\n", device, o->kind);
 	}
 	return EXIT_OK;
 }
@@ -530,18 +624,100 @@ static bool parse_long(const char *s, long min, long *out)
 	return true;
 }
 
+static const struct command *find_command(const char *name)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		if (strcmp(commands[i].name, name) == 0) {
+			return &commands[i];
+		}
+	}
+	return NULL;
+}
+
+static bool known_fault(const char *kind)
+{
+	for (int i = 0; fault_kinds[i] != NULL; i++) {
+		if (strcmp(fault_kinds[i], kind) == 0) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* The option values that getopt does not check. */
+static int parse_option(int opt, const char *arg, struct opts *o)
+{
+	long v;
+
+	switch (opt) {
+	case OPT_DEVICE:
+		if (!parse_long(arg, 0, &v) || v >= REGEN_DEVICES_MAX) {
+			return usage_error("--device: not a device index: '%s'", arg);
+		}
+		o->device = (int)v;
+		break;
+	case OPT_REASON:
+		o->reason = arg;
+		break;
+	case OPT_DEADLINE:
+		if (!parse_long(arg, 1, &o->deadline_ms) || o->deadline_ms > INT32_MAX) {
+			return usage_error("--deadline-ms: not a positive number: '%s'", arg);
+		}
+		break;
+	case OPT_COUNT:
+		if (!parse_long(arg, 0, &o->count)) {
+			return usage_error("--count: not a count: '%s'", arg);
+		}
+		break;
+	case OPT_KIND:
+		o->kind = arg;
+		break;
+	}
+	o->given |= (unsigned)opt;
+	return EXIT_OK;
+}
+
+/* Checks the command line against the command's entry. */
+static int check_command(const struct command *cmd, struct opts *o, const char *const *positional, int npos)
+{
+	unsigned extra = o->given & ~cmd->options;
+
+	/* inject-fault's KIND may come as its argument. */
+	if ((cmd->options & OPT_KIND) && npos == 1 && o->kind == NULL) {
+		o->kind = positional[0];
+		npos = 0;
+	}
+	if (npos > 0) {
+		return usage_error("unexpected argument '%s'", positional[0]);
+	}
+	if (extra != 0) {
+		return usage_error("%s takes no %s", cmd->name, option_name(extra & -extra));
+	}
+	if ((o->given & OPT_DEVICE) && (o->given & OPT_ALL)) {
+		return usage_error("%s: --device and --all exclude each other", cmd->name);
+	}
+	if (cmd->options & OPT_KIND) {
+		if (o->kind == NULL) {
+			return usage_error("%s: which fault? crash, device_lost or hang", cmd->name);
+		}
+		if (!known_fault(o->kind)) {
+			return usage_error("%s: unknown kind '%s' (crash, device_lost, hang)", cmd->name, o->kind);
+		}
+	}
+	return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
-	enum { OPT_SOCKET = 256, OPT_JSON, OPT_DEVICE, OPT_ALL, OPT_REASON, OPT_WAIT, OPT_TIMEOUT,
-	       OPT_DEADLINE, OPT_COUNT, OPT_KIND };
+	enum { LONG_SOCKET = 256, LONG_JSON, LONG_TIMEOUT };
 	static const struct option longopts[] = {
-		{ "socket", required_argument, NULL, OPT_SOCKET },
-		{ "json", no_argument, NULL, OPT_JSON },
+		{ "socket", required_argument, NULL, LONG_SOCKET },
+		{ "json", no_argument, NULL, LONG_JSON },
+		{ "timeout", required_argument, NULL, LONG_TIMEOUT },
 		{ "device", required_argument, NULL, OPT_DEVICE },
 		{ "all", no_argument, NULL, OPT_ALL },
 		{ "reason", required_argument, NULL, OPT_REASON },
 		{ "wait", no_argument, NULL, OPT_WAIT },
-		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
 		{ "deadline-ms", required_argument, NULL, OPT_DEADLINE },
 		{ "count", required_argument, NULL, OPT_COUNT },
 		{ "kind", required_argument, NULL, OPT_KIND },
@@ -549,39 +725,22 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .device = -1 };
+	const struct command *cmd;
 	const char *positional[4];
 	int npos = 0, opt, r, rc;
 	regen_client *c = NULL;
-	bool lifecycle, is_restart;
-	long v;
 	char *end;
 
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
 		switch (opt) {
-		case OPT_SOCKET:
+		case LONG_SOCKET:
 			o.socket = optarg;
 			break;
-		case OPT_JSON:
+		case LONG_JSON:
 			o.json = true;
 			break;
-		case OPT_DEVICE:
-			if (!parse_long(optarg, 0, &v) || v >= REGEN_DEVICES_MAX) {
-				return usage_error("--device: not a device index: '%s'", optarg);
-			}
-			o.device = (int)v;
-			o.device_set = true;
-			break;
-		case OPT_ALL:
-			o.all = true;
-			break;
-		case OPT_REASON:
-			o.reason = optarg;
-			break;
-		case OPT_WAIT:
-			o.wait = true;
-			break;
-		case OPT_TIMEOUT:
+		case LONG_TIMEOUT:
 			errno = 0;
 			o.timeout = strtod(optarg, &end);
 			if (errno != 0 || end == optarg || *end != '\0' || !(o.timeout > 0) || !isfinite(o.timeout)) {
@@ -589,28 +748,18 @@ int main(int argc, char **argv)
 			}
 			o.timeout_set = true;
 			break;
-		case OPT_DEADLINE:
-			if (!parse_long(optarg, 1, &o.deadline_ms) || o.deadline_ms > INT32_MAX) {
-				return usage_error("--deadline-ms: not a positive number: '%s'", optarg);
-			}
-			o.deadline_set = true;
-			break;
-		case OPT_COUNT:
-			if (!parse_long(optarg, 0, &o.count)) {
-				return usage_error("--count: not a count: '%s'", optarg);
-			}
-			o.count_set = true;
-			break;
-		case OPT_KIND:
-			o.kind = optarg;
-			break;
 		case 'h':
 			usage(stdout);
 			return EXIT_OK;
 		case ':':
 			return usage_error("option '%s' needs an argument", argv[optind - 1]);
-		default:
+		case '?':
 			return usage_error("unknown option '%s'", argv[optind - 1]);
+		default:
+			rc = parse_option(opt, optarg, &o);
+			if (rc != EXIT_OK) {
+				return rc;
+			}
 		}
 	}
 	while (optind < argc) {
@@ -623,49 +772,13 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return EXIT_USAGE;
 	}
-	o.verb = positional[0];
-	lifecycle = strcmp(o.verb, "release") == 0 || strcmp(o.verb, "reset") == 0 ||
-		    strcmp(o.verb, "restart") == 0;
-	is_restart = strcmp(o.verb, "restart") == 0;
-	if (strcmp(o.verb, "inject-fault") == 0) {
-		if (npos == 2 && o.kind == NULL) {
-			o.kind = positional[1];
-			npos = 1;
-		}
-		if (o.kind == NULL) {
-			return usage_error("%s: which fault? crash, device_lost or hang", o.verb);
-		}
-		if (strcmp(o.kind, "crash") != 0 && strcmp(o.kind, "device_lost") != 0 &&
-		    strcmp(o.kind, "hang") != 0) {
-			return usage_error("inject-fault: unknown kind '%s' (crash, device_lost, hang)", o.kind);
-		}
-	} else if (!lifecycle && strcmp(o.verb, "status") != 0 && strcmp(o.verb, "generation") != 0 &&
-		   strcmp(o.verb, "watch") != 0) {
-		return usage_error("unknown command '%s'", o.verb);
+	cmd = find_command(positional[0]);
+	if (cmd == NULL) {
+		return usage_error("unknown command '%s'", positional[0]);
 	}
-	if (npos > 1) {
-		return usage_error("unexpected argument '%s'", positional[1]);
-	}
-	if (o.device_set && o.all) {
-		return usage_error("%s: --device and --all exclude each other", o.verb);
-	}
-	if ((o.device_set || o.all) && !lifecycle && strcmp(o.verb, "inject-fault") != 0) {
-		return usage_error("%s takes no --device/--all", o.verb);
-	}
-	if (o.all && !lifecycle) {
-		return usage_error("%s takes no --all", o.verb);
-	}
-	if ((o.reason != NULL || o.wait) && !lifecycle) {
-		return usage_error("%s takes no --reason/--wait", o.verb);
-	}
-	if (o.deadline_set && !is_restart) {
-		return usage_error("--deadline-ms is for restart, not %s", o.verb);
-	}
-	if (o.count_set && strcmp(o.verb, "watch") != 0) {
-		return usage_error("--count is for watch, not %s", o.verb);
-	}
-	if (o.kind != NULL && strcmp(o.verb, "inject-fault") != 0) {
-		return usage_error("--kind is for inject-fault, not %s", o.verb);
+	rc = check_command(cmd, &o, positional + 1, npos - 1);
+	if (rc != EXIT_OK) {
+		return rc;
 	}
 
 	r = regen_client_connect(o.socket, &c);
@@ -681,22 +794,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "regenctl: cannot reach regend at %s: %s\n", path, strerror(-r));
 		return exit_code(r, NULL);
 	}
-	if (o.timeout_set && strcmp(o.verb, "watch") != 0) {
+	/* watch's --timeout bounds the whole watch, not each call. */
+	if (o.timeout_set && cmd->run != cmd_watch) {
 		regen_client_set_timeout(c, o.timeout);
 	}
-	if (strcmp(o.verb, "status") == 0) {
-		rc = cmd_status(c, &o);
-	} else if (strcmp(o.verb, "generation") == 0) {
-		rc = cmd_generation(c, &o);
-	} else if (lifecycle) {
-		rc = cmd_lifecycle(c, &o, strcmp(o.verb, "release") == 0 ? "io.regen.Device.Release" :
-					  strcmp(o.verb, "reset") == 0 ? "io.regen.Device.Reset" :
-					  "io.regen.Device.Restart");
-	} else if (strcmp(o.verb, "watch") == 0) {
-		rc = cmd_watch(c, &o);
-	} else {
-		rc = cmd_inject_fault(c, &o);
-	}
+	rc = cmd->run(c, cmd, &o);
 	regen_client_destroy(c);
 	return rc;
 }

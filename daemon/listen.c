@@ -9,6 +9,27 @@
 #include "daemon/listen.h"
 #include "daemon/log.h"
 
+/* How long accepting pauses when the process is out of fds: a pending
+ * connection keeps the socket readable, so retrying at once would spin. */
+#define PAUSE_MS 250
+
+static void on_listen_poll(uv_poll_t *handle, int status, int events);
+
+static void on_pause_end(uv_timer_t *t)
+{
+	struct rd_listener *l = t->data;
+
+	if (!l->open)
+		return;
+	l->paused = false;
+	uv_poll_start(&l->poll, UV_READABLE, on_listen_poll);
+}
+
+static bool out_of_resources(int e)
+{
+	return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+}
+
 static void on_listen_poll(uv_poll_t *handle, int status, int events)
 {
 	struct rd_listener *l = handle->data;
@@ -19,9 +40,24 @@ static void on_listen_poll(uv_poll_t *handle, int status, int events)
 	for (int i = 0; i < 64; i++) {
 		int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+			if (out_of_resources(errno)) {
+				if (!l->refused_while_paused)
+					rd_warn("listen", -1, 0, 0,
+						"accept on %s: %s; pausing %d ms at a time until an fd is free (connected "
+						"clients are served)", l->path, strerror(errno), PAUSE_MS);
+				l->paused = true;
+				l->refused_while_paused++;
+				uv_poll_stop(&l->poll);
+				uv_timer_start(&l->pause, on_pause_end, PAUSE_MS, 0);
+			} else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
 				rd_warn("listen", -1, 0, 0, "accept on %s: %s", l->path, strerror(errno));
+			}
 			return;
+		}
+		if (l->refused_while_paused) {
+			rd_info("listen", -1, 0, 0, "accepting on %s again (%llu tries found no fd)", l->path,
+				(unsigned long long)l->refused_while_paused);
+			l->refused_while_paused = 0;
 		}
 		l->on_accept(fd, l->data);
 	}
@@ -82,6 +118,8 @@ poll:
 		return r;
 	}
 	l->poll.data = l;
+	uv_timer_init(loop, &l->pause);
+	l->pause.data = l;
 	l->open = true;
 	uv_poll_start(&l->poll, UV_READABLE, on_listen_poll);
 	return 0;
@@ -103,5 +141,7 @@ void rd_listener_close(struct rd_listener *l)
 	if (l->owns_path)
 		unlink(l->path);
 	uv_poll_stop(&l->poll);
+	uv_timer_stop(&l->pause);
+	uv_close((uv_handle_t *)&l->pause, NULL);
 	uv_close((uv_handle_t *)&l->poll, on_listener_closed);
 }

@@ -14,6 +14,11 @@ struct rd_listener {
 	bool open;
 	void (*on_accept)(int fd, void *data);
 	void *data;
+	/* Out of fds (EMFILE, ENFILE, ENOBUFS, ENOMEM): accepting pauses until
+	 * the timer, and the log says so once per pause, not once per try. */
+	uv_timer_t pause;
+	bool paused;
+	uint64_t refused_while_paused;
 };
 
 /* inherited_fd >= 0: use it (already bound and listening). Otherwise bind

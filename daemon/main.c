@@ -14,9 +14,9 @@ int main(int argc, char **argv)
 	r = rd_options_load(&opts, argc, argv);
 	if (r != 0)
 		return r > 0 ? 0 : 2;
-	rd_log_init(opts.worker ? "regend-worker" : "regend", getenv("REGEN_DEBUG"));
+	rd_log_init(opts.worker_device >= 0 ? "regend-worker" : "regend", getenv("REGEN_DEBUG"));
 	rd_log_set_default_level(opts.log_level);
-	if (opts.worker)
+	if (opts.worker_device >= 0)
 		return rd_worker_run(&opts);
 	return rd_supervisor_run(&opts, rd_notify_listen_fd(), argc, argv);
 }

@@ -8,169 +8,350 @@
 #include "daemon/options.h"
 #include "regen-config.h"
 
-void rd_options_defaults(struct rd_options *o)
+#define FIELD(name) .offset = offsetof(struct rd_options, name), .size = sizeof(((struct rd_options *)0)->name)
+#define GROUP_FIELDS(name, gid, have) \
+	FIELD(name), .gid_offset = offsetof(struct rd_options, gid), .have_offset = offsetof(struct rd_options, have)
+#define USER (RD_OPT_CLI | RD_OPT_FILE)
+
+static const char *const backends[] = { "host", "cuda", "auto", NULL };
+static const char *const log_levels[] = { "error", "warn", "info", "debug", "trace", NULL };
+
+/* Every option, once. A worker reads no configuration file: what it needs
+ * comes on its command line (RD_OPT_WORKER), built from this table. */
+const struct rd_option rd_option_table[] = {
+	{ "socket", "socket", "PATH", RD_OPT_PATH, USER | RD_OPT_WORKER, FIELD(socket_path),
+	  .def = REGEN_DEFAULT_SOCKET, .help = "main socket; device N's worker listens on PATH.devN" },
+	{ "backend", "backend", "host|cuda|auto", RD_OPT_CHOICE, USER | RD_OPT_WORKER, FIELD(backend), .choices = backends,
+	  .def = "auto", .help = "compute backend; auto: cuda where a GPU is" },
+	{ "devices", "devices", "N", RD_OPT_DEVICES, USER, FIELD(devices), .def = "auto",
+	  .help = "devices to serve (host: how many to simulate)" },
+	{ "admin-group", "admin_group", "NAME", RD_OPT_GROUP, USER | RD_OPT_WORKER | RD_OPT_RELOAD,
+	  GROUP_FIELDS(admin_group, admin_gid, have_admin_gid), .def = "",
+	  .help = "members may Release/Reset/Restart (root always may)" },
+	{ "socket-group", "socket_group", "NAME", RD_OPT_GROUP, USER | RD_OPT_WORKER,
+	  GROUP_FIELDS(socket_group, socket_gid, have_socket_gid), .def = "",
+	  .help = "group of the sockets: its members may connect" },
+	{ "enable-fault-injection", "fault_injection", NULL, RD_OPT_BOOL, USER | RD_OPT_WORKER, FIELD(fault_injection),
+	  .def = "false", .help = "allow io.regen.Device.InjectFault (tests only)" },
+	{ "drain-deadline-ms", "drain_deadline_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER | RD_OPT_RELOAD,
+	  FIELD(drain_deadline_ms), .min = 0, .max = 3600000, .def = "10000",
+	  .help = "how long Restart and SIGTERM wait for calls in flight" },
+	{ "socket-mode", "socket_mode", "OCTAL", RD_OPT_MODE, USER | RD_OPT_WORKER, FIELD(socket_mode), .def = "0660",
+	  .help = "mode of the sockets regend creates" },
+	{ NULL, "log_level", "LEVEL", RD_OPT_LOG_LEVEL, RD_OPT_FILE | RD_OPT_RELOAD, FIELD(log_level),
+	  .def = "info", .help = "error, warn, info, debug or trace (REGEN_DEBUG wins)" },
+	{ "max-connections", "max_connections", "N", RD_OPT_UINT, USER | RD_OPT_WORKER | RD_OPT_RELOAD,
+	  FIELD(max_connections), .min = 1, .max = 1000000, .def = "256",
+	  .help = "connections per uid, on each socket" },
+	{ "max-buffers", "max_buffers", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_buffers), .min = 1,
+	  .max = 100000000, .def = "4096", .help = "imported buffers per client process and device" },
+	{ "config", NULL, "PATH", RD_OPT_CONFIG, RD_OPT_CLI, FIELD(config_path), .def = RD_CONFIG_DEFAULT,
+	  .help = "configuration file" },
+	{ "help", NULL, NULL, RD_OPT_HELP, RD_OPT_CLI, .help = "print this help and exit" },
+	{ "version", NULL, NULL, RD_OPT_VERSION, RD_OPT_CLI, .help = "print the version and exit" },
+	/* How the supervisor starts device N's worker. */
+	{ "worker", NULL, "N", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(worker_device),
+	  .min = 0, .max = RD_DEVICES_MAX - 1, .help = "be device N's worker" },
+	{ "generation", NULL, "G", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER,
+	  FIELD(worker_generation), .min = 1, .max = UINT64_MAX, .help = "the generation to serve" },
+	{ "epoch", NULL, "E", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(worker_epoch),
+	  .min = 1, .max = UINT64_MAX, .help = "the node's epoch now" },
+	{ "ctl-fd", NULL, "FD", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(ctl_fd), .min = 0,
+	  .max = 1024, .help = "the control channel to the supervisor" },
+	{ NULL },
+};
+
+#define EACH_OPTION(opt) for (const struct rd_option *opt = rd_option_table; opt->flag || opt->key; opt++)
+
+const struct rd_option *rd_option_by_key(const char *key)
 {
-	memset(o, 0, sizeof(*o));
-	snprintf(o->socket_path, sizeof(o->socket_path), "%s", REGEN_DEFAULT_SOCKET);
-	snprintf(o->backend, sizeof(o->backend), "auto");
-	o->devices = -1;
-	o->drain_deadline_ms = 10000;
-	o->socket_mode = 0660;
-	o->log_level = RD_LOG_INFO;
-	o->max_connections = 256;
-	o->max_buffers = 4096;
-	o->ctl_fd = -1;
+	EACH_OPTION(opt)
+		if (opt->key && strcmp(opt->key, key) == 0)
+			return opt;
+	return NULL;
 }
 
-static void usage(FILE *f)
+/* Digits only (no sign, no blanks, no 0x): "010" is ten milliseconds, not
+ * eight, and a mode is octal whether or not it starts with 0. */
+static int parse_number(const char *text, int base, unsigned long long max, unsigned long long *out)
 {
-	fprintf(f,
-		"Usage: regend [OPTIONS]\n"
-		"Serve GEMM and attention on this node's GPUs over Varlink.\n\n"
-		"  --socket PATH             listen here (default %s)\n"
-		"  --backend host|cuda|auto  compute backend (default auto: cuda where a GPU is)\n"
-		"  --devices N               devices to serve (host backend: how many to simulate)\n"
-		"  --admin-group NAME        members may Release/Reset/Restart (root always may)\n"
-		"  --socket-group NAME       group of the sockets: its members may connect\n"
-		"  --enable-fault-injection  allow io.regen.Device.InjectFault (tests only)\n"
-		"  --drain-deadline-ms MS    how long Restart waits for calls in flight (default 10000)\n"
-		"  --socket-mode OCTAL       mode of the sockets (default 0660)\n"
-		"  --config PATH             configuration file (default /etc/regen/regend.conf)\n"
-		"  --max-connections N       per uid, on each socket (default 256)\n"
-		"  --max-buffers N           per client process and device (default 4096)\n"
-		"  --help, --version\n\n"
-		"Logs go to stderr; REGEN_DEBUG=E|W|I|D|T[,topic:LEVEL...] sets the levels.\n",
-		REGEN_DEFAULT_SOCKET);
-}
-
-static int parse_uint(const char *text, unsigned long max, unsigned long *out)
-{
+	unsigned long long v;
 	char *end;
+
+	if (!*text || strspn(text, base == 8 ? "01234567" : "0123456789") != strlen(text))
+		return -EINVAL;
 	errno = 0;
-	unsigned long v = strtoul(text, &end, 0);
-	if (errno || end == text || *end || v > max || text[0] == '-')
+	v = strtoull(text, &end, base);
+	if (errno || *end || v > max)
 		return -EINVAL;
 	*out = v;
 	return 0;
 }
 
-static int apply_key(struct rd_options *o, const char *key, const char *value);
+static void *field(struct rd_options *o, size_t offset)
+{
+	return (char *)o + offset;
+}
+
+static const void *cfield(const struct rd_options *o, size_t offset)
+{
+	return (const char *)o + offset;
+}
+
+/* Integer fields are int, unsigned or uint64_t: stored and read by size. */
+static void store_uint(struct rd_options *o, const struct rd_option *opt, unsigned long long v)
+{
+	if (opt->size == sizeof(uint64_t)) {
+		uint64_t u = v;
+		memcpy(field(o, opt->offset), &u, sizeof(u));
+	} else {
+		unsigned u = (unsigned)v;
+		memcpy(field(o, opt->offset), &u, sizeof(u));
+	}
+}
+
+static long long load_int(const struct rd_options *o, const struct rd_option *opt)
+{
+	if (opt->size == sizeof(uint64_t)) {
+		uint64_t u;
+		memcpy(&u, cfield(o, opt->offset), sizeof(u));
+		return (long long)u;
+	}
+	int i;
+	memcpy(&i, cfield(o, opt->offset), sizeof(i));
+	return i;
+}
+
+static void choices_text(const char *const *choices, char *buf, size_t size)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; choices[i] && n < size; i++)
+		n += snprintf(buf + n, size - n, "%s%s", i == 0 ? "" : choices[i + 1] ? ", " : " or ", choices[i]);
+}
+
+static int find_choice(const char *const *choices, const char *value)
+{
+	for (int i = 0; choices[i]; i++)
+		if (strcmp(choices[i], value) == 0)
+			return i;
+	return -1;
+}
+
+#define WHY(...) (why ? snprintf(why, why_size, __VA_ARGS__) : 0)
+
+int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char *value, char *why, size_t why_size)
+{
+	unsigned long long v;
+	char text[96];
+
+	switch (opt->type) {
+	case RD_OPT_PATH:
+		if (value[0] != '/' || strlen(value) + 8 >= opt->size) {
+			WHY("expected an absolute path of at most %zu bytes, got '%.100s'", opt->size - 9, value);
+			return -EINVAL;
+		}
+		snprintf(field(o, opt->offset), opt->size, "%s", value);
+		return 0;
+	case RD_OPT_CONFIG:
+		snprintf(field(o, opt->offset), opt->size, "%s", value);
+		return 0;
+	case RD_OPT_CHOICE:
+		if (find_choice(opt->choices, value) < 0) {
+			choices_text(opt->choices, text, sizeof(text));
+			WHY("expected %s, got '%.100s'", text, value);
+			return -EINVAL;
+		}
+		snprintf(field(o, opt->offset), opt->size, "%s", value);
+		return 0;
+	case RD_OPT_UINT:
+		if (parse_number(value, 10, opt->max, &v) < 0 || v < opt->min) {
+			WHY("expected %llu..%llu, got '%.100s'", opt->min, opt->max, value);
+			return -EINVAL;
+		}
+		store_uint(o, opt, v);
+		return 0;
+	case RD_OPT_DEVICES:
+		if (!*value || strcmp(value, "auto") == 0) {
+			v = (unsigned long long)-1;
+		} else if (parse_number(value, 10, RD_DEVICES_MAX, &v) < 0 || v == 0) {
+			WHY("expected 1..%d or auto, got '%.100s'", RD_DEVICES_MAX, value);
+			return -EINVAL;
+		}
+		store_uint(o, opt, v);
+		return 0;
+	case RD_OPT_MODE:
+		if (parse_number(value, 8, 0777, &v) < 0) {
+			WHY("expected an octal mode 0..0777 like 0660, got '%.100s'", value);
+			return -EINVAL;
+		}
+		store_uint(o, opt, v);
+		return 0;
+	case RD_OPT_BOOL: {
+		static const char *const yes[] = { "true", "yes", "1", NULL }, *const no[] = { "false", "no", "0", NULL };
+		bool b = find_choice(yes, value) >= 0;
+		if (!b && find_choice(no, value) < 0) {
+			WHY("expected true or false, got '%.100s'", value);
+			return -EINVAL;
+		}
+		*(bool *)field(o, opt->offset) = b;
+		return 0;
+	}
+	case RD_OPT_GROUP: {
+		struct group *g = NULL;
+		if (*value && !(g = getgrnam(value))) {
+			WHY("no group named '%.100s'", value);
+			return -ENOENT;
+		}
+		if (strlen(value) >= opt->size) {
+			WHY("expected a group name of at most %zu bytes, got '%.100s'", opt->size - 1, value);
+			return -EINVAL;
+		}
+		snprintf(field(o, opt->offset), opt->size, "%s", value);
+		*(bool *)field(o, opt->have_offset) = g != NULL;
+		*(gid_t *)field(o, opt->gid_offset) = g ? g->gr_gid : 0;
+		return 0;
+	}
+	case RD_OPT_LOG_LEVEL: {
+		int level = rd_log_level_parse(value);
+		if (level < 0) {
+			choices_text(log_levels, text, sizeof(text));
+			WHY("expected %s, got '%.100s'", text, value);
+			return -EINVAL;
+		}
+		store_uint(o, opt, (unsigned)level);
+		return 0;
+	}
+	case RD_OPT_HELP:
+	case RD_OPT_VERSION:
+		break;
+	}
+	WHY("takes no value");
+	return -EINVAL;
+}
+
+int rd_option_format(const struct rd_options *o, const struct rd_option *opt, char *buf, size_t size)
+{
+	long long v;
+
+	buf[0] = '\0';
+	switch (opt->type) {
+	case RD_OPT_PATH:
+	case RD_OPT_CONFIG:
+	case RD_OPT_CHOICE:
+		snprintf(buf, size, "%s", (const char *)cfield(o, opt->offset));
+		return 0;
+	case RD_OPT_UINT:
+		v = load_int(o, opt);
+		if (opt->size == sizeof(uint64_t))
+			snprintf(buf, size, "%llu", (unsigned long long)v);
+		else
+			snprintf(buf, size, "%lld", v);
+		return 0;
+	case RD_OPT_DEVICES:
+		v = load_int(o, opt);
+		if (v < 0)
+			snprintf(buf, size, "auto");
+		else
+			snprintf(buf, size, "%lld", v);
+		return 0;
+	case RD_OPT_MODE:
+		snprintf(buf, size, "0%o", (unsigned)load_int(o, opt));
+		return 0;
+	case RD_OPT_BOOL:
+		snprintf(buf, size, "%s", *(const bool *)cfield(o, opt->offset) ? "true" : "false");
+		return *(const bool *)cfield(o, opt->offset) ? 0 : 1;
+	case RD_OPT_GROUP:
+		snprintf(buf, size, "%s", (const char *)cfield(o, opt->offset));
+		return *(const bool *)cfield(o, opt->have_offset) ? 0 : 1;
+	case RD_OPT_LOG_LEVEL:
+		v = load_int(o, opt);
+		snprintf(buf, size, "%s", v >= 0 && v < 5 ? log_levels[v] : "info");
+		return 0;
+	case RD_OPT_HELP:
+	case RD_OPT_VERSION:
+		break;
+	}
+	return 1;
+}
+
+void rd_options_defaults(struct rd_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	EACH_OPTION(opt)
+		if (opt->def && opt->type != RD_OPT_CONFIG)
+			rd_option_set(o, opt, opt->def, NULL, 0);
+	/* The internal options have no default a user writes: -1 says "not a
+	 * worker" and "no control channel"; a generation and the epoch start
+	 * at 1. */
+	o->worker_device = -1;
+	o->worker_generation = 1;
+	o->worker_epoch = 1;
+	o->ctl_fd = -1;
+}
+
+void rd_options_usage(FILE *f)
+{
+	char left[64], def[160];
+
+	fprintf(f, "Usage: regend [OPTIONS]\nServe GEMM and attention on this node's GPUs over Varlink.\n\n");
+	EACH_OPTION(opt) {
+		if (!opt->flag || (opt->where & RD_OPT_INTERNAL))
+			continue;
+		snprintf(left, sizeof(left), "--%s%s%s", opt->flag, opt->arg ? " " : "", opt->arg ? opt->arg : "");
+		def[0] = '\0';
+		if (opt->def && *opt->def && opt->type != RD_OPT_BOOL)
+			snprintf(def, sizeof(def), " (default %s)", opt->def);
+		fprintf(f, "  %-26s %s%s\n", left, opt->help, def);
+	}
+	fprintf(f, "\nEach option is also a key of the configuration file (--drain-deadline-ms: drain_deadline_ms;\n"
+		   "--enable-fault-injection: fault_injection = true). Keys of the file alone:\n");
+	EACH_OPTION(opt) {
+		if (opt->flag)
+			continue;
+		snprintf(left, sizeof(left), "%s = %s", opt->key, opt->arg);
+		fprintf(f, "  %-26s %s (default %s)\n", left, opt->help, opt->def);
+	}
+	fprintf(f, "\nLogs go to stderr; REGEN_DEBUG=E|W|I|D|T[,topic:LEVEL...] sets the levels.\n");
+}
 
 int rd_options_parse(struct rd_options *o, int argc, char **argv)
 {
-	enum { OPT_SOCKET = 256, OPT_BACKEND, OPT_DEVICES, OPT_ADMIN, OPT_FAULTS, OPT_DRAIN, OPT_MODE,
-	       OPT_WORKER, OPT_GENERATION, OPT_CTL_FD, OPT_HELP, OPT_VERSION, OPT_CONFIG, OPT_MAX_CONN, OPT_MAX_BUF, OPT_SOCKET_GROUP };
-	static const struct option longopts[] = {
-		{ "socket", required_argument, NULL, OPT_SOCKET },
-		{ "backend", required_argument, NULL, OPT_BACKEND },
-		{ "devices", required_argument, NULL, OPT_DEVICES },
-		{ "admin-group", required_argument, NULL, OPT_ADMIN },
-		{ "enable-fault-injection", no_argument, NULL, OPT_FAULTS },
-		{ "drain-deadline-ms", required_argument, NULL, OPT_DRAIN },
-		{ "socket-mode", required_argument, NULL, OPT_MODE },
-		{ "config", required_argument, NULL, OPT_CONFIG },
-		{ "max-connections", required_argument, NULL, OPT_MAX_CONN },
-		{ "socket-group", required_argument, NULL, OPT_SOCKET_GROUP },
-		{ "max-buffers", required_argument, NULL, OPT_MAX_BUF },
-		/* Internal: how the supervisor starts a device's worker. */
-		{ "worker", required_argument, NULL, OPT_WORKER },
-		{ "generation", required_argument, NULL, OPT_GENERATION },
-		{ "ctl-fd", required_argument, NULL, OPT_CTL_FD },
-		{ "help", no_argument, NULL, OPT_HELP },
-		{ "version", no_argument, NULL, OPT_VERSION },
-		{ NULL, 0, NULL, 0 },
-	};
-	unsigned long v;
-	int c;
+	struct option longopts[64];
+	char why[256];
+	int n = 0, c;
 
+	EACH_OPTION(opt) {
+		if (!opt->flag)
+			continue;
+		if (n == (int)(sizeof(longopts) / sizeof(longopts[0])) - 1)
+			return -ENOSPC;
+		longopts[n++] = (struct option){ opt->flag, opt->arg ? required_argument : no_argument, NULL,
+						 256 + (int)(opt - rd_option_table) };
+	}
+	longopts[n] = (struct option){ NULL, 0, NULL, 0 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-		switch (c) {
-		case OPT_SOCKET:
-			if (strlen(optarg) + 8 >= sizeof(o->socket_path)) {
-				fprintf(stderr, "regend: --socket: path too long (max %zu bytes)\n", sizeof(o->socket_path) - 8);
-				return -EINVAL;
-			}
-			snprintf(o->socket_path, sizeof(o->socket_path), "%s", optarg);
-			break;
-		case OPT_BACKEND:
-			if (strcmp(optarg, "host") && strcmp(optarg, "cuda") && strcmp(optarg, "auto")) {
-				fprintf(stderr, "regend: --backend: expected host, cuda or auto, got '%s'\n", optarg);
-				return -EINVAL;
-			}
-			snprintf(o->backend, sizeof(o->backend), "%s", optarg);
-			break;
-		case OPT_DEVICES:
-			if (parse_uint(optarg, RD_DEVICES_MAX, &v) < 0 || v == 0) {
-				fprintf(stderr, "regend: --devices: expected 1..%d, got '%s'\n", RD_DEVICES_MAX, optarg);
-				return -EINVAL;
-			}
-			o->devices = (int)v;
-			break;
-		case OPT_ADMIN:
-		case OPT_SOCKET_GROUP:
-			if (apply_key(o, c == OPT_ADMIN ? "admin_group" : "socket_group", optarg) < 0) {
-				fprintf(stderr, "regend: --%s: no group named '%s'\n",
-					c == OPT_ADMIN ? "admin-group" : "socket-group", optarg);
-				return -EINVAL;
-			}
-			break;
-		case OPT_FAULTS:
-			o->fault_injection = true;
-			break;
-		case OPT_DRAIN:
-			if (parse_uint(optarg, 3600000, &v) < 0) {
-				fprintf(stderr, "regend: --drain-deadline-ms: expected 0..3600000, got '%s'\n", optarg);
-				return -EINVAL;
-			}
-			o->drain_deadline_ms = (unsigned)v;
-			break;
-		case OPT_MODE:
-			if (parse_uint(optarg, 0777, &v) < 0) {
-				fprintf(stderr, "regend: --socket-mode: expected an octal mode like 0660, got '%s'\n", optarg);
-				return -EINVAL;
-			}
-			o->socket_mode = (unsigned)v;
-			break;
-		case OPT_WORKER:
-			if (parse_uint(optarg, RD_DEVICES_MAX - 1, &v) < 0)
-				return -EINVAL;
-			o->worker = true;
-			o->worker_device = (int)v;
-			break;
-		case OPT_GENERATION:
-			if (parse_uint(optarg, ~0ul, &v) < 0 || v == 0)
-				return -EINVAL;
-			o->worker_generation = v;
-			break;
-		case OPT_CTL_FD:
-			if (parse_uint(optarg, 1024, &v) < 0)
-				return -EINVAL;
-			o->ctl_fd = (int)v;
-			break;
-		case OPT_MAX_CONN:
-		case OPT_MAX_BUF:
-			if (parse_uint(optarg, 100000000, &v) < 0 || v == 0) {
-				fprintf(stderr, "regend: --%s: expected a positive number, got '%s'\n",
-					c == OPT_MAX_CONN ? "max-connections" : "max-buffers", optarg);
-				return -EINVAL;
-			}
-			if (c == OPT_MAX_CONN)
-				o->max_connections = (unsigned)v;
-			else
-				o->max_buffers = (unsigned)v;
-			break;
-		case OPT_CONFIG:
-			break;   /* read before the command line, by rd_options_load */
-		case OPT_HELP:
-			usage(stdout);
+		if (c < 256) {
+			rd_options_usage(stderr);
+			return -EINVAL;
+		}
+		const struct rd_option *opt = &rd_option_table[c - 256];
+		switch (opt->type) {
+		case RD_OPT_HELP:
+			rd_options_usage(stdout);
 			return 1;
-		case OPT_VERSION:
+		case RD_OPT_VERSION:
 			printf("regend %s\n", REGEN_VERSION);
 			return 1;
+		case RD_OPT_CONFIG:
+			break;   /* read before the command line, by rd_options_load */
 		default:
-			usage(stderr);
-			return -EINVAL;
+			if (rd_option_set(o, opt, opt->arg ? optarg : "true", why, sizeof(why)) < 0) {
+				fprintf(stderr, "regend: --%s: %s\n", opt->flag, why);
+				return -EINVAL;
+			}
 		}
 	}
 	if (optind < argc) {
@@ -192,85 +373,9 @@ static char *trim(char *s)
 	return s;
 }
 
-static int parse_bool(const char *v, bool *out)
-{
-	if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1"))
-		*out = true;
-	else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0"))
-		*out = false;
-	else
-		return -EINVAL;
-	return 0;
-}
-
-/* One key; the same checks as the command line, which it mirrors. */
-static int apply_key(struct rd_options *o, const char *key, const char *value)
-{
-	unsigned long v;
-	int level;
-
-	if (!strcmp(key, "socket")) {
-		if (strlen(value) + 8 >= sizeof(o->socket_path) || value[0] != '/')
-			return -EINVAL;
-		snprintf(o->socket_path, sizeof(o->socket_path), "%s", value);
-	} else if (!strcmp(key, "backend")) {
-		if (strcmp(value, "host") && strcmp(value, "cuda") && strcmp(value, "auto"))
-			return -EINVAL;
-		snprintf(o->backend, sizeof(o->backend), "%s", value);
-	} else if (!strcmp(key, "devices")) {
-		if (!strcmp(value, "auto") || !*value) {
-			o->devices = -1;
-			return 0;
-		}
-		if (parse_uint(value, RD_DEVICES_MAX, &v) < 0 || v == 0)
-			return -EINVAL;
-		o->devices = (int)v;
-	} else if (!strcmp(key, "admin_group") || !strcmp(key, "socket_group")) {
-		bool admin = !strcmp(key, "admin_group");
-		char *name = admin ? o->admin_group : o->socket_group;
-		if (!*value) {
-			name[0] = '\0';
-			*(admin ? &o->have_admin_gid : &o->have_socket_gid) = false;
-			return 0;
-		}
-		struct group *g = getgrnam(value);
-		if (!g)
-			return -ENOENT;
-		snprintf(name, sizeof(o->admin_group), "%s", value);
-		*(admin ? &o->admin_gid : &o->socket_gid) = g->gr_gid;
-		*(admin ? &o->have_admin_gid : &o->have_socket_gid) = true;
-	} else if (!strcmp(key, "drain_deadline_ms")) {
-		if (parse_uint(value, 3600000, &v) < 0)
-			return -EINVAL;
-		o->drain_deadline_ms = (unsigned)v;
-	} else if (!strcmp(key, "fault_injection")) {
-		return parse_bool(value, &o->fault_injection);
-	} else if (!strcmp(key, "log_level")) {
-		level = rd_log_level_parse(value);
-		if (level < 0)
-			return -EINVAL;
-		o->log_level = level;
-	} else if (!strcmp(key, "socket_mode")) {
-		if (parse_uint(value, 0777, &v) < 0)
-			return -EINVAL;
-		o->socket_mode = (unsigned)v;
-	} else if (!strcmp(key, "max_connections")) {
-		if (parse_uint(value, 1000000, &v) < 0 || v == 0)
-			return -EINVAL;
-		o->max_connections = (unsigned)v;
-	} else if (!strcmp(key, "max_buffers")) {
-		if (parse_uint(value, 100000000, &v) < 0 || v == 0)
-			return -EINVAL;
-		o->max_buffers = (unsigned)v;
-	} else {
-		return -ENOKEY;
-	}
-	return 0;
-}
-
 int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_path)
 {
-	char line[512];
+	char line[512], why[256];
 	unsigned lineno = 0;
 	int errors = 0;
 	FILE *f = fopen(path, "re");
@@ -283,7 +388,7 @@ int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_p
 	}
 	while (fgets(line, sizeof(line), f)) {
 		char *s = trim(line), *eq, *key, *value;
-		int r;
+		const struct rd_option *opt;
 
 		lineno++;
 		if (!*s || *s == '#')
@@ -297,14 +402,14 @@ int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_p
 		*eq = '\0';
 		key = trim(s);
 		value = trim(eq + 1);
-		r = apply_key(o, key, value);
-		if (r == -ENOKEY)
+		opt = rd_option_by_key(key);
+		if (!opt || !(opt->where & RD_OPT_FILE)) {
 			fprintf(stderr, "regend: %s:%u: unknown key '%s'\n", path, lineno, key);
-		else if (r == -ENOENT)
-			fprintf(stderr, "regend: %s:%u: %s: no group named '%s'\n", path, lineno, key, value);
-		else if (r < 0)
-			fprintf(stderr, "regend: %s:%u: %s: invalid value '%s'\n", path, lineno, key, value);
-		errors += r < 0;
+			errors++;
+		} else if (rd_option_set(o, opt, value, why, sizeof(why)) < 0) {
+			fprintf(stderr, "regend: %s:%u: %s: %s\n", path, lineno, key, why);
+			errors++;
+		}
 	}
 	fclose(f);
 	snprintf(o->config_path, sizeof(o->config_path), "%s", path);
@@ -313,7 +418,7 @@ int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_p
 
 int rd_options_load(struct rd_options *o, int argc, char **argv)
 {
-	const char *path = "/etc/regen/regend.conf";
+	const char *path = RD_CONFIG_DEFAULT;
 	bool explicit_path = false;
 	int r;
 
@@ -336,6 +441,63 @@ int rd_options_load(struct rd_options *o, int argc, char **argv)
 			return -EINVAL;
 	}
 	return rd_options_parse(o, argc, argv);
+}
+
+int rd_options_worker_argv(const struct rd_options *o, const char *exe, struct rd_argv *out)
+{
+	size_t used = 0;
+	int n = 0;
+
+	out->argv[n++] = (char *)exe;
+	EACH_OPTION(opt) {
+		char value[256];
+		int len;
+
+		if (!(opt->where & RD_OPT_WORKER) || rd_option_format(o, opt, value, sizeof(value)) != 0)
+			continue;
+		len = snprintf(out->text + used, sizeof(out->text) - used, "--%s%c%s", opt->flag, '\0', value);
+		if (n + 3 > RD_ARGV_MAX || len < 0 || (size_t)len + 1 >= sizeof(out->text) - used)
+			return -ENOSPC;
+		out->argv[n++] = out->text + used;
+		used += strlen(opt->flag) + 3;
+		if (opt->arg) {
+			out->argv[n++] = out->text + used;
+			used += strlen(value) + 1;
+		}
+	}
+	out->argv[n] = NULL;
+	return 0;
+}
+
+/* Groups carry their gid and whether there is one beside the name. */
+static void copy_value(struct rd_options *dst, const struct rd_options *src, const struct rd_option *opt)
+{
+	memcpy(field(dst, opt->offset), cfield(src, opt->offset), opt->size);
+	if (opt->type == RD_OPT_GROUP) {
+		memcpy(field(dst, opt->gid_offset), cfield(src, opt->gid_offset), sizeof(gid_t));
+		memcpy(field(dst, opt->have_offset), cfield(src, opt->have_offset), sizeof(bool));
+	}
+}
+
+void rd_options_reload(struct rd_options *live, const struct rd_options *fresh, char *restart_only, size_t size)
+{
+	size_t n = 0;
+
+	restart_only[0] = '\0';
+	EACH_OPTION(opt) {
+		char a[256], b[256];
+
+		if (!opt->key || (opt->where & RD_OPT_INTERNAL))
+			continue;
+		if (opt->where & RD_OPT_RELOAD) {
+			copy_value(live, fresh, opt);
+			continue;
+		}
+		rd_option_format(live, opt, a, sizeof(a));
+		rd_option_format(fresh, opt, b, sizeof(b));
+		if (strcmp(a, b) && n < size)
+			n += snprintf(restart_only + n, size - n, "%s%s", n ? ", " : "", opt->key);
+	}
 }
 
 int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size)

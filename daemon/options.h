@@ -1,12 +1,19 @@
 /* regend's settings: defaults, then the configuration file, then the
- * command line. */
+ * command line. One table (options.c) writes each option once: its flag and
+ * its key, its type and range, where it may be given, whether SIGHUP applies
+ * it, its default and its help. The command line, the file, --help, the
+ * worker's command line and the SIGHUP reload all read that table, so a
+ * value is checked by the same rule whichever way it comes in. */
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define RD_DEVICES_MAX 64
+#define RD_CONFIG_DEFAULT "/etc/regen/regend.conf"
 
 struct rd_options {
 	char socket_path[108];
@@ -24,23 +31,90 @@ struct rd_options {
 	int log_level;                 /* enum rd_log_level */
 	unsigned max_connections;      /* per peer uid, on each socket */
 	unsigned max_buffers;          /* per client process, per device */
-	char config_path[256];         /* "" = none */
+	char config_path[256];         /* the file read; "" = none */
 
-	/* Worker processes only. */
-	bool worker;
-	int worker_device;
+	/* Worker processes only: what the supervisor tells the worker it starts. */
+	int worker_device;             /* < 0: this process is the supervisor */
 	uint64_t worker_generation;
+	uint64_t worker_epoch;         /* the node's epoch when the worker starts */
 	int ctl_fd;
 };
 
+/* Where an option may be given, and what becomes of it. */
+enum rd_option_where {
+	RD_OPT_CLI = 1 << 0,       /* --flag on the command line */
+	RD_OPT_FILE = 1 << 1,      /* key = value in the configuration file */
+	RD_OPT_WORKER = 1 << 2,    /* the supervisor hands it on to every worker */
+	RD_OPT_INTERNAL = 1 << 3,  /* only the supervisor gives it, to a worker: not in --help */
+	RD_OPT_RELOAD = 1 << 4,    /* SIGHUP applies it while serving; the others wait for a restart */
+};
+
+enum rd_option_type {
+	RD_OPT_PATH,       /* an absolute path that leaves room for ".devNN" */
+	RD_OPT_CHOICE,     /* one of `choices` */
+	RD_OPT_UINT,       /* decimal, min..max, into an int, unsigned or uint64_t */
+	RD_OPT_DEVICES,    /* 1..RD_DEVICES_MAX, or "auto" (or empty) for every device found */
+	RD_OPT_MODE,       /* octal file mode, 0..0777 */
+	RD_OPT_BOOL,       /* file: true/false/yes/no/1/0; command line: a flag without value */
+	RD_OPT_GROUP,      /* a group name, looked up now; empty = none */
+	RD_OPT_LOG_LEVEL,  /* error, warn, info, debug, trace (or E W I D T) */
+	RD_OPT_CONFIG,     /* --config: read before the rest of the command line */
+	RD_OPT_HELP,
+	RD_OPT_VERSION,
+};
+
+struct rd_option {
+	const char *flag;          /* command line, without "--"; NULL: not there */
+	const char *key;           /* configuration file; NULL: not there */
+	const char *arg;           /* the value's name in --help; NULL: a flag without value */
+	enum rd_option_type type;
+	unsigned where;            /* enum rd_option_where */
+	size_t offset, size;       /* the field in struct rd_options */
+	size_t gid_offset, have_offset;  /* RD_OPT_GROUP: where the gid and whether there is one go */
+	unsigned long long min, max;     /* RD_OPT_UINT */
+	const char *const *choices;      /* RD_OPT_CHOICE: NULL terminated */
+	const char *def;           /* the default, as text; NULL: none (zero) */
+	const char *help;
+};
+
+/* The table, ended by an entry with neither flag nor key. */
+extern const struct rd_option rd_option_table[];
+
+/* By configuration-file key; NULL if none. */
+const struct rd_option *rd_option_by_key(const char *key);
+/* Checks value against the option's rule and stores it. On a bad value
+ * nothing changes, returns -EINVAL (-ENOENT: no such group) and `why` (may
+ * be NULL) says what was expected: the same words whichever way it came in. */
+int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char *value, char *why, size_t why_size);
+/* The value as text that rd_option_set takes back. Returns 1 (and "") for an
+ * option that is not set (no group, a false flag): nothing to hand on. */
+int rd_option_format(const struct rd_options *o, const struct rd_option *opt, char *buf, size_t size);
+
 void rd_options_defaults(struct rd_options *o);
 /* Defaults, then the configuration file (--config PATH, else
- * /etc/regen/regend.conf when it exists), then the command line. Returns 0,
+ * RD_CONFIG_DEFAULT when it exists), then the command line. Returns 0,
  * 1 for --help/--version (printed), or -EINVAL after printing what was wrong. */
 int rd_options_load(struct rd_options *o, int argc, char **argv);
 /* The command line alone over what *o holds. */
 int rd_options_parse(struct rd_options *o, int argc, char **argv);
 /* Reads `key = value` lines into *o. explicit: a missing file is an error. */
 int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_path);
+/* --help, from the table. */
+void rd_options_usage(FILE *f);
+
+/* A worker's command line: every option handed on to workers, with its value. */
+#define RD_ARGV_MAX 48
+struct rd_argv {
+	char *argv[RD_ARGV_MAX];
+	char text[2048];
+};
+/* argv[0] = exe, then --flag value for each RD_OPT_WORKER option that is set
+ * in *o, NULL terminated. -ENOSPC if it does not fit. */
+int rd_options_worker_argv(const struct rd_options *o, const char *exe, struct rd_argv *out);
+
+/* SIGHUP: copies every RD_OPT_RELOAD option from fresh into live, and names
+ * in `restart_only` ("socket, backend", or "") the others whose value differs. */
+void rd_options_reload(struct rd_options *live, const struct rd_options *fresh, char *restart_only, size_t size);
+
 /* "<socket>.dev<N>": where device N's worker listens. */
 int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size);

@@ -175,7 +175,7 @@ static int hex4(const char *s)
  * read as "Generation"), unpaired surrogate escapes, and nesting deeper
  * than the limit (cJSON's parser recurses). NULL when the text is fine,
  * else why not. */
-static const char *text_refusal(const char *text, size_t n)
+const char *rp_text_refusal(const char *text, size_t n)
 {
 	const unsigned char *s = (const unsigned char *)text;
 	bool in_string = false;
@@ -271,7 +271,7 @@ int rp_call_parse(const char *text, size_t len, struct rp_call *call, struct rp_
 		return invalid_message(err, "empty message");
 	if (memchr(text, '\0', len) != NULL)
 		return invalid_message(err, "contains a NUL byte");
-	refusal = text_refusal(text, len);
+	refusal = rp_text_refusal(text, len);
 	if (refusal != NULL)
 		return invalid_message(err, "%s", refusal);
 

@@ -44,6 +44,11 @@ struct rp_call {
 	bool continues;         /* replies */
 };
 
+/* Why rp_call_parse refuses text before it parses it: not UTF-8, a
+ * string holding \u0000 or an unpaired surrogate escape, nesting past
+ * RP_NESTING_MAX. NULL when the text passes. */
+const char *rp_text_refusal(const char *text, size_t len);
+
 /* Parses one message's text. Rejects, with io.regen.InvalidMessage and a
  * reason: invalid JSON, not an object, nesting over RP_NESTING_MAX (checked
  * before cJSON sees the text), `method` not a string, `parameters` not an

@@ -1,16 +1,23 @@
 /* libregen: the client library of regend.
  *
  * A regen_client holds one connection to regend's main socket (control:
- * Status, Watch, Release/Reset/Restart) and, on first use of a device, one to
- * that device's worker socket (data: buffers, GEMM, attention), found through
- * Status. Calls block until their reply. A client is not thread-safe: use one
- * per thread (each is its own lane, so threads run concurrently).
+ * Status, Release/Reset/Restart) and, on first use of a device, one to that
+ * device's worker socket (data: buffers, events, GEMM, attention), found
+ * through Status. Calls block until their reply. A client is not
+ * thread-safe: use one per thread (each is its own lane, so threads run
+ * concurrently).
  *
  * Errors: functions return 0 or a negative errno. -EREMOTE means regend
  * answered with a named Varlink error: regen_client_error_name() gives the
- * name (e.g. "io.regen.StaleGeneration") and regen_client_error_message()
+ * name (one of the REGEN_ERROR_* below) and regen_client_error_message()
  * its message. -ECONNRESET means the connection broke with the call in
- * flight; the next call reconnects. */
+ * flight; the next call reconnects. -EPROTO means a reply did not follow
+ * the protocol (the message says how).
+ *
+ * Structures that libregen hands out and may grow (struct
+ * regen_device_info, struct regen_watch_event) begin with their size, so
+ * a program built against a newer header can tell which fields the library
+ * it runs with filled in: REGEN_HAS_FIELD(info, field). */
 #pragma once
 
 #include <stdbool.h>
@@ -27,36 +34,51 @@ extern "C" {
 #define REGEN_EXPORT
 #endif
 
+/* The errors regend sends (proto/idl/io.regen.varlink, and Varlink's own
+ * org.varlink.service errors), as regen_client_error_name() returns them. */
+#define REGEN_ERROR_STALE_GENERATION         "io.regen.StaleGeneration"
+#define REGEN_ERROR_DEVICE_LOST              "io.regen.DeviceLost"
+#define REGEN_ERROR_DRAINING                 "io.regen.Draining"
+#define REGEN_ERROR_NOT_PERMITTED            "io.regen.NotPermitted"
+#define REGEN_ERROR_OUT_OF_MEMORY            "io.regen.OutOfMemory"
+#define REGEN_ERROR_INVALID_OPERAND          "io.regen.InvalidOperand"
+#define REGEN_ERROR_NO_SUCH_DEVICE           "io.regen.NoSuchDevice"
+#define REGEN_ERROR_NO_SUCH_OBJECT           "io.regen.NoSuchObject"
+#define REGEN_ERROR_IMPORT_FAILED            "io.regen.ImportFailed"
+#define REGEN_ERROR_INVALID_MESSAGE          "io.regen.InvalidMessage"
+#define REGEN_ERROR_MESSAGE_TOO_LARGE        "io.regen.MessageTooLarge"
+#define REGEN_ERROR_LIMIT_EXCEEDED           "io.regen.LimitExceeded"
+#define REGEN_ERROR_TIMEOUT                  "io.regen.Timeout"
+#define REGEN_ERROR_FAULT_INJECTION_DISABLED "io.regen.FaultInjectionDisabled"
+#define REGEN_ERROR_WRONG_ENDPOINT           "io.regen.WrongEndpoint"
+#define REGEN_ERROR_BACKEND_ERROR            "io.regen.BackendError"
+#define REGEN_ERROR_INTERFACE_NOT_FOUND      "org.varlink.service.InterfaceNotFound"
+#define REGEN_ERROR_METHOD_NOT_FOUND         "org.varlink.service.MethodNotFound"
+#define REGEN_ERROR_METHOD_NOT_IMPLEMENTED   "org.varlink.service.MethodNotImplemented"
+#define REGEN_ERROR_INVALID_PARAMETER        "org.varlink.service.InvalidParameter"
+#define REGEN_ERROR_PERMISSION_DENIED        "org.varlink.service.PermissionDenied"
+#define REGEN_ERROR_EXPECTED_MORE            "org.varlink.service.ExpectedMore"
+
+/* True when the structure *s (which begins with its size) has `field`. */
+#define REGEN_HAS_FIELD(s, field) \
+	(offsetof(__typeof__(*(s)), field) + sizeof((s)->field) <= (s)->size)
+
 typedef struct regen_client regen_client;
 typedef struct regen_buffer regen_buffer;
+typedef struct regen_event regen_event;
+typedef struct regen_status regen_status;
+typedef struct regen_watcher regen_watcher;
 
+/* Devices libregen reaches: indexes 0 .. REGEN_DEVICES_MAX - 1. */
 #define REGEN_DEVICES_MAX 64
 
 enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16 };
 
-struct regen_device_info {
-	int index;
-	uint64_t generation;
-	char state[16];          /* "ready", "draining", ... */
-	char backend[16];
-	char worker_socket[108];
-	int64_t worker_pid;
-	uint64_t respawns;
-	uint64_t memory_used, memory_baseline;
-	char reason[128];
-};
-
-struct regen_status {
-	uint64_t epoch;
-	int ndevices;
-	struct regen_device_info devices[REGEN_DEVICES_MAX];
-	uint64_t elapsed_us;     /* Restart only */
-};
-
 /* socket_path NULL: $REGEN_SOCKET, else the built-in default. */
 REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **out);
-/* Closes the connections; buffers still open are closed by regend when it
- * sees the connection go. Accepts NULL. */
+/* Closes the connections; buffers and events still open are closed by
+ * regend when it sees the connection go, and only freed by their close
+ * here. Close every watcher first. Accepts NULL. */
 REGEN_EXPORT void regen_client_destroy(regen_client *c);
 /* The last named error (NULL after a success). */
 REGEN_EXPORT const char *regen_client_error_name(const regen_client *c);
@@ -81,44 +103,111 @@ struct regen_info {
  * io.regen.Device (a socket of something else). */
 REGEN_EXPORT int regen_hello(regen_client *c, struct regen_info *out);
 
-REGEN_EXPORT int regen_status(regen_client *c, struct regen_status *out);
-REGEN_EXPORT int regen_generation(regen_client *c, struct regen_status *out);
+/* One device as Status (and Generation, Release, Reset, Restart) reports
+ * it. The strings live as long as the regen_status they came from. */
+struct regen_device_info {
+	size_t size;               /* sizeof the struct as this library fills it */
+	int index;
+	uint64_t generation;
+	const char *state;         /* "ready", "draining", ... (io.regen.Device.State) */
+	const char *backend;       /* "cuda", "host"; "" until the worker is up */
+	const char *worker_socket; /* where Memory and Compute calls for the device go */
+	int64_t worker_pid;
+	uint64_t respawns;         /* times the worker process was replaced */
+	uint64_t memory_used, memory_baseline;   /* bytes: now, and right after the worker started */
+	const char *reason;        /* of the last generation change */
+};
+
+/* The node and its devices: io.regen.Device.Status (fresh memory numbers)
+ * or Generation (cheap). *out is freed with regen_status_free. */
+REGEN_EXPORT int regen_status_get(regen_client *c, regen_status **out);
+REGEN_EXPORT int regen_generation_get(regen_client *c, regen_status **out);
+REGEN_EXPORT uint64_t regen_status_epoch(const regen_status *st);
+REGEN_EXPORT int regen_status_device_count(const regen_status *st);
+/* The i-th device of the reply (0 .. count - 1), NULL out of range. */
+REGEN_EXPORT const struct regen_device_info *regen_status_device(const regen_status *st, int i);
+/* The device with this index, NULL when the reply has none. */
+REGEN_EXPORT const struct regen_device_info *regen_status_find_device(const regen_status *st, int index);
+/* Restart's duration; 0 for the other replies. */
+REGEN_EXPORT uint64_t regen_status_elapsed_us(const regen_status *st);
+/* The reply as regend sent it, as JSON text (malloc'ed, free()); NULL on
+ * ENOMEM. */
+REGEN_EXPORT char *regen_status_to_json(const regen_status *st);
+/* Accepts NULL. */
+REGEN_EXPORT void regen_status_free(regen_status *st);
 
 /* Lifecycle (admin). device < 0 = all devices. reason may be NULL.
- * deadline_ms <= 0 = the daemon's default. `out` may be NULL. */
-REGEN_EXPORT int regen_release(regen_client *c, int device, const char *reason, struct regen_status *out);
-REGEN_EXPORT int regen_reset(regen_client *c, int device, const char *reason, struct regen_status *out);
-REGEN_EXPORT int regen_restart(regen_client *c, int device, const char *reason, int deadline_ms, struct regen_status *out);
+ * deadline_ms <= 0 = the daemon's default. `out` may be NULL; else it
+ * receives the reply (regen_status_free). */
+REGEN_EXPORT int regen_release(regen_client *c, int device, const char *reason, regen_status **out);
+REGEN_EXPORT int regen_reset(regen_client *c, int device, const char *reason, regen_status **out);
+REGEN_EXPORT int regen_restart(regen_client *c, int device, const char *reason, int deadline_ms, regen_status **out);
 /* kind: "crash", "device_lost", "hang". */
 REGEN_EXPORT int regen_inject_fault(regen_client *c, int device, const char *kind);
 
+/* One io.regen.Device.Watch reply: a device's generation and state after a
+ * change, or as it stands when subscribing (reason "subscribed"). */
 struct regen_watch_event {
+	size_t size;               /* sizeof the struct as this library fills it */
 	uint64_t epoch;
 	int device;
 	uint64_t generation;
-	char state[16];
-	char reason[128];
+	const char *state;
+	const char *reason;
 };
+
+/* A Watch subscription on a connection of its own, so that it may stay
+ * open while the client makes other calls. The client must outlive it (its
+ * errors are the client's). regen_watcher_next waits up to timeout_s
+ * (<= 0: forever) for the next event: 0 with *ev set (valid until the next
+ * call), -ETIMEDOUT (the subscription stays), -ECONNRESET when the
+ * connection ended, -ENODATA after the daemon ended the stream. The first
+ * events are the current state of every device. */
+REGEN_EXPORT int regen_watcher_open(regen_client *c, regen_watcher **out);
+REGEN_EXPORT int regen_watcher_next(regen_watcher *w, double timeout_s, const struct regen_watch_event **ev);
+/* Accepts NULL. */
+REGEN_EXPORT void regen_watcher_close(regen_watcher *w);
+
 /* Subscribes and calls cb for the current state, then once per change,
  * until cb returns non-zero (then returns 0), the timeout passes between
  * two events (-ETIMEDOUT; timeout_s <= 0 = forever) or the connection ends.
- * Uses its own connection, so it may run while this client is idle. */
+ * Uses its own connection, so cb may make calls on this client. */
 typedef int (*regen_watch_cb)(const struct regen_watch_event *ev, void *userdata);
 REGEN_EXPORT int regen_watch(regen_client *c, double timeout_s, regen_watch_cb cb, void *userdata);
 /* As regen_watch, and returns -ETIMEDOUT once total_s have passed in all
  * (total_s <= 0 = no overall limit). */
 REGEN_EXPORT int regen_watch_full(regen_client *c, double timeout_s, double total_s, regen_watch_cb cb, void *userdata);
 
-/* Buffers. The fd is sent to the worker, which maps it; the caller keeps
- * its own fd and memory. */
+/* Buffers: memory the caller owns, mapped by the device's worker. A passed
+ * fd is sent to the worker, which maps it; the caller keeps its own fd and
+ * memory. */
+/* host_fd: a memfd (or any mappable fd) of at least `size` bytes. */
 REGEN_EXPORT int regen_buffer_import_fd(regen_client *c, int device, int fd, uint64_t size, regen_buffer **out);
-/* handle: the 64-byte cudaIpcMemHandle_t. */
-REGEN_EXPORT int regen_buffer_import_cuda_ipc(regen_client *c, int device, const void *handle, uint64_t offset, uint64_t size, regen_buffer **out);
-/* Closes it in the worker (unless its generation is gone) and frees it. */
+/* cuda_ipc: handle is the 64-byte cudaIpcMemHandle_t; the buffer covers
+ * [offset, offset + size) of its allocation. */
+REGEN_EXPORT int regen_buffer_import_cuda_ipc(regen_client *c, int device, const void *handle, uint64_t offset,
+					      uint64_t size, regen_buffer **out);
+/* cuda_fd: a CUDA VMM allocation exported as a POSIX file descriptor
+ * (cuMemExportToShareableHandle); the buffer covers [offset, offset + size). */
+REGEN_EXPORT int regen_buffer_import_cuda_fd(regen_client *c, int device, int fd, uint64_t offset, uint64_t size,
+					     regen_buffer **out);
+/* Closes it in the worker (unless its generation is gone) and frees it.
+ * Accepts NULL. */
 REGEN_EXPORT int regen_buffer_close(regen_buffer *buf);
 REGEN_EXPORT const char *regen_buffer_id(const regen_buffer *buf);
 REGEN_EXPORT uint64_t regen_buffer_generation(const regen_buffer *buf);
 REGEN_EXPORT int regen_buffer_device(const regen_buffer *buf);
+/* The size the worker mapped. */
+REGEN_EXPORT uint64_t regen_buffer_size(const regen_buffer *buf);
+
+/* Events: a cudaIpcEventHandle_t (64 bytes) of an event created with
+ * cudaEventInterprocess | cudaEventDisableTiming, for the wait_event and
+ * signal_event of compute calls. Closing works as for buffers. */
+REGEN_EXPORT int regen_event_import_cuda_ipc(regen_client *c, int device, const void *handle, regen_event **out);
+REGEN_EXPORT int regen_event_close(regen_event *ev);
+REGEN_EXPORT const char *regen_event_id(const regen_event *ev);
+REGEN_EXPORT uint64_t regen_event_generation(const regen_event *ev);
+REGEN_EXPORT int regen_event_device(const regen_event *ev);
 
 struct regen_tensor {
 	regen_buffer *buffer;
@@ -131,6 +220,9 @@ struct regen_tensor {
 
 enum regen_epilogue { REGEN_EPILOGUE_NONE = 0, REGEN_EPILOGUE_BIAS, REGEN_EPILOGUE_GELU, REGEN_EPILOGUE_GELU_BIAS };
 
+/* Every compute call may name, on the operands' device: wait_event, which
+ * the work waits for before it starts, and signal_event, which it records
+ * when done; the call then returns once the work is enqueued. NULL: none. */
 struct regen_gemm_args {
 	struct regen_tensor a, b, d;
 	const struct regen_tensor *c;      /* NULL: none */
@@ -140,14 +232,23 @@ struct regen_gemm_args {
 	bool alpha_set;
 	enum regen_epilogue epilogue;
 	bool tf32;
+	const regen_event *wait_event, *signal_event;
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 
+/* Where a causal mask's diagonal starts: top_left (query i sees keys 0..i,
+ * torch's is_causal) or bottom_right (query i sees keys 0..i + Skv - Sq). */
+enum regen_causal_alignment { REGEN_CAUSAL_TOP_LEFT = 0, REGEN_CAUSAL_BOTTOM_RIGHT };
+
+/* q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv],
+ * H a multiple of Hkv (grouped-query attention). */
 struct regen_attention_args {
 	struct regen_tensor q, k, v, o;
 	const struct regen_tensor *stats;  /* NULL: not wanted */
 	double scale;                      /* 0: 1/sqrt(D) */
 	bool causal;
+	const regen_event *wait_event, *signal_event;
+	enum regen_causal_alignment causal_alignment;
 };
 REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *args);
 
@@ -155,6 +256,8 @@ struct regen_attention_backward_args {
 	struct regen_tensor q, k, v, o, d_o, stats, d_q, d_k, d_v;
 	double scale;
 	bool causal;
+	const regen_event *wait_event, *signal_event;
+	enum regen_causal_alignment causal_alignment;
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
 

@@ -1,10 +1,36 @@
 /* The supervisor: the process systemd starts. It never touches CUDA. It owns
- * the main socket, sessions and their permissions, the node epoch, Watch
- * subscribers, and one worker process per device, which it starts, drives
- * through release/reset/restart, and respawns when it dies. */
+ * the main socket and its sessions (session.c), the io.regen.Device methods
+ * served there (methods.c), the node epoch and the Watch subscribers
+ * (watch.c), and one device per GPU (device.c), each with its worker
+ * process (worker_process.c). This file starts and stops them, handles the
+ * signals, and hears what the devices report. */
 #pragma once
 
+#include <limits.h>
+#include <stdbool.h>
+#include <uv.h>
+#include "daemon/conn.h"
+#include "daemon/listen.h"
 #include "daemon/options.h"
+#include "daemon/supervisor/device.h"
+#include "daemon/supervisor/watch.h"
+
+struct rd_supervisor {
+	uv_loop_t *loop;
+	struct rd_options opts;             /* live: SIGHUP changes the reloadable ones */
+	int argc;                           /* the command line, read again on SIGHUP */
+	char **argv;
+	char exe[PATH_MAX];
+	struct rd_listener listener;
+	struct rd_conn *sessions;           /* the main socket's connections */
+	struct rd_sv_device devices[RD_DEVICES_MAX];
+	int ndevices;
+	struct rd_sv_device_env device_env;
+	struct rd_sv_watch watch;           /* the epoch and the Watch subscribers */
+	uv_signal_t sigterm, sigint, sighup;
+	uv_timer_t stop_timer;
+	bool stopping;
+};
 
 /* Runs until SIGTERM/SIGINT. listen_fd >= 0: an already listening socket
  * (socket activation). argv is kept to re-read the configuration on SIGHUP

@@ -40,15 +40,22 @@ static void reply_lifecycle(struct rd_call *call, bool healthy)
 	rd_call_reply(call, reply, false);
 }
 
-/* The supervisor sends the node's epoch with its verbs, when it has one. */
+/* The supervisor sends the node's epoch with its verbs and whenever another
+ * device changes it. It only goes up: a late word never takes it back. */
 static void take_epoch(struct rd_worker *w, const cJSON *params)
 {
 	uint64_t epoch;
 	struct rp_error err = { 0 };
 
-	if (rp_params_uint(params, "epoch", UINT64_MAX, 0, &epoch, &err) == 0 && epoch)
+	if (rp_params_uint(params, "epoch", UINT64_MAX, 0, &epoch, &err) == 0 && epoch > w->epoch)
 		w->epoch = epoch;
 	rp_error_clear(&err);
+}
+
+static void ctl_epoch(struct rd_call *call)
+{
+	take_epoch(worker_of(call), call->msg.params);
+	rd_call_reply(call, NULL, false);
 }
 
 static void drain_reply(struct rd_worker *w, bool drained)
@@ -235,6 +242,7 @@ static void ctl_inject_fault(struct rd_call *call)
 
 static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.Drain", ctl_drain },
+	{ "io.regen.Worker.Epoch", ctl_epoch },
 	{ "io.regen.Worker.Release", ctl_release },
 	{ "io.regen.Worker.Reset", ctl_reset },
 	{ "io.regen.Worker.Stats", ctl_stats },

@@ -187,6 +187,7 @@ int rd_worker_run(const struct rd_options *opts)
 
 	memset(w, 0, sizeof(*w));
 	w->opts = opts;
+	w->epoch = opts->worker_epoch;
 	w->loop = uv_default_loop();
 	signal(SIGPIPE, SIG_IGN);
 	prctl(PR_SET_PDEATHSIG, SIGTERM);

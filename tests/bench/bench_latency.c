@@ -208,9 +208,11 @@ static void start_regend(const char *regend)
 static regen_client *wait_ready(void)
 {
 	double deadline = now_s() + 60.0;
+	const struct regen_device_info *dev0;
 	regen_client *c = NULL;
-	struct regen_status st;
+	regen_status *st;
 	char last[160] = "not connected";
+	bool ready;
 	int r, status;
 
 	for (;;) {
@@ -228,17 +230,20 @@ static regen_client *wait_ready(void)
 			}
 		}
 		if (c != NULL) {
-			memset(&st, 0, sizeof(st));
-			r = regen_status(c, &st);
+			r = regen_status_get(c, &st);
 			if (r < 0) {
 				snprintf(last, sizeof(last), "status: %s", strerror(-r));
 				regen_client_destroy(c);
 				c = NULL;
-			} else if (st.ndevices >= 1 && strcmp(st.devices[0].state, "ready") == 0) {
-				return c;
 			} else {
-				snprintf(last, sizeof(last), "%d devices, device 0 %s", st.ndevices,
-					 st.ndevices >= 1 ? st.devices[0].state : "absent");
+				dev0 = regen_status_find_device(st, 0);
+				ready = dev0 != NULL && strcmp(dev0->state, "ready") == 0;
+				snprintf(last, sizeof(last), "%d devices, device 0 %s", regen_status_device_count(st),
+					 dev0 != NULL ? dev0->state : "absent");
+				regen_status_free(st);
+				if (ready) {
+					return c;
+				}
 			}
 		}
 		if (now_s() > deadline) {

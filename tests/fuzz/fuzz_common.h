@@ -45,33 +45,12 @@ static inline void fz_check_error(int r, struct rp_error *err, const char *where
 	free(text);
 }
 
-/* Parses fuzz bytes as JSON (no NUL inside, bounded nesting like the
- * daemon's message parser). NULL when it is not JSON. */
+/* Parses fuzz bytes as JSON, if the daemon's message parser would let
+ * them through to cJSON at all (no NUL, UTF-8, no \u0000, bounded
+ * nesting). NULL otherwise. */
 static inline cJSON *fz_json(const uint8_t *data, size_t size)
 {
-	int depth = 0;
-	int in_string = 0, escaped = 0;
-
-	if (size == 0 || memchr(data, '\0', size) != NULL)
+	if (size == 0 || memchr(data, '\0', size) != NULL || rp_text_refusal((const char *)data, size) != NULL)
 		return NULL;
-	for (size_t i = 0; i < size; i++) {
-		char c = (char)data[i];
-
-		if (in_string) {
-			if (escaped)
-				escaped = 0;
-			else if (c == '\\')
-				escaped = 1;
-			else if (c == '"')
-				in_string = 0;
-		} else if (c == '"') {
-			in_string = 1;
-		} else if (c == '[' || c == '{') {
-			if (++depth > RP_NESTING_MAX)
-				return NULL;
-		} else if ((c == ']' || c == '}') && depth > 0) {
-			depth--;
-		}
-	}
 	return cJSON_ParseWithLength((const char *)data, size);
 }

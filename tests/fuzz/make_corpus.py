@@ -180,3 +180,30 @@ write('frame', 'too-large', bytes([3]) + chunk(b'{"method":"x","parameters":{"s"
 write('frame', 'nul-only', bytes([0]) + chunk(b'\0\0\0') + b'\x03' + chunk(b'partial'))
 write('frame', 'interleaved', bytes([1]) + chunk(msgs[0][:5]) + b'\x03' + chunk(msgs[0][5:] + msgs[1], 2) +
       b'\x03' + chunk(b'{"method":"x"} junk\0'))
+
+# Memory and Device codecs: the first byte picks the decoder (fuzz_codecs.c).
+H = 'ab' * 64
+device_info = {'index': 0, 'generation': 3, 'state': 'ready', 'backend': 'host',
+               'worker_socket': '/run/regen/regend.sock.dev0', 'worker_pid': 41234, 'respawns': 1,
+               'memory_used': 0, 'memory_baseline': 0, 'reason': 'restart by pid 5120: rank 3 failed'}
+codecs = [
+    (0, {'device': 0, 'kind': 'host_fd', 'size': 4096, 'fd': 0}),
+    (0, {'device': 0, 'kind': 'cuda_ipc', 'size': 4096, 'offset': 512, 'handle': H}),
+    (0, {'device': 0, 'kind': 'cuda_fd', 'size': 281474976710656, 'offset': 0, 'fd': 15}),
+    (0, {'device': 0, 'kind': 'cuda_ipc', 'size': 1, 'handle': 'zz', 'fd': None}),
+    (0, {'device': 1, 'kind': 'tape', 'size': 0}),
+    (1, {'device': 0, 'handle': H.upper()}),
+    (1, {'device': 0, 'handle': '0g' * 64}),
+    (2, {'buffer': 'b0.1.1'}),
+    (2, {'buffer': 'e4294967295.18446744073709551615.0'}),
+    (3, {'event': 'e0.01.1'}),
+    (4, {'buffer': 'b0.3.17', 'generation': 3, 'size': 4096, 'later': [1]}),
+    (4, {'event': 'e1.2.9', 'generation': 2}),
+    (5, {'epoch': 7, 'devices': [device_info, dict(device_info, index=1, state='respawning', worker_pid=-1)]}),
+    (5, {'epoch': 7, 'devices': [], 'elapsed_us': 12345}),
+    (5, {'epoch': 7, 'devices': [dict(device_info, state='sleeping')]}),
+    (6, {'epoch': 9, 'device': 1, 'generation': 4, 'state': 'ready', 'reason': 'subscribed'}),
+    (6, {'epoch': 9, 'device': 4294967296, 'generation': 4, 'state': 'ready', 'reason': ''}),
+]
+for i, (t, p) in enumerate(codecs):
+    write('codecs', '%02d.bin' % i, bytes([t]) + dump(p))

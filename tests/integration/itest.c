@@ -168,19 +168,31 @@ regen_client *it_connect(const struct it_daemon *d)
 	return c;
 }
 
-void it_status(regen_client *c, struct regen_status *st)
+regen_status *it_status(regen_client *c)
 {
-	CHECK_OK(c, regen_status(c, st));
+	regen_status *st = NULL;
+
+	CHECK_OK(c, regen_status_get(c, &st));
+	return st;
+}
+
+const struct regen_device_info *it_device(const regen_status *st, int index)
+{
+	const struct regen_device_info *d = regen_status_find_device(st, index);
+
+	CHECK(d != NULL, "Status lists no device %d", index);
+	CHECK(d->size >= sizeof(*d), "device info of %zu bytes, want %zu", d->size, sizeof(*d));
+	return d;
 }
 
 /* Starts regend on d's paths and waits until every device is ready. */
 static void spawn(struct it_daemon *d, const struct it_daemon_opts *opts, int trunc)
 {
 	const char *argv[16];
-	struct regen_status *st;
+	regen_status *st = NULL;
 	regen_client *c = NULL;
 	double deadline;
-	int argc = 0, fd, i, ready;
+	int argc = 0, fd, i, n, ready;
 
 	argv[argc++] = d->regend;
 	argv[argc++] = "--socket";
@@ -219,8 +231,6 @@ static void spawn(struct it_daemon *d, const struct it_daemon_opts *opts, int tr
 	setpgid(d->pid, d->pid);
 	it_log("started regend pid %d on %s (log %s)", (int)d->pid, d->sock, d->log);
 
-	st = calloc(1, sizeof(*st));
-	CHECK(st != NULL, "calloc");
 	deadline = it_now() + 30;
 	for (;;) {
 		if (!it_daemon_alive(d)) {
@@ -232,14 +242,17 @@ static void spawn(struct it_daemon *d, const struct it_daemon_opts *opts, int tr
 		}
 		if (c != NULL) {
 			regen_client_set_timeout(c, 5);
-			if (regen_status(c, st) == 0 && st->ndevices > 0) {
+			if (regen_status_get(c, &st) == 0) {
+				n = regen_status_device_count(st);
 				ready = 0;
-				for (i = 0; i < st->ndevices; i++) {
-					ready += strcmp(st->devices[i].state, "ready") == 0;
+				for (i = 0; i < n; i++) {
+					ready += strcmp(regen_status_device(st, i)->state, "ready") == 0;
 				}
-				if (ready == st->ndevices) {
+				if (n > 0 && ready == n) {
 					break;
 				}
+				regen_status_free(st);
+				st = NULL;
 			}
 		}
 		if (it_now() > deadline) {
@@ -248,10 +261,10 @@ static void spawn(struct it_daemon *d, const struct it_daemon_opts *opts, int tr
 		}
 		usleep(50000);
 	}
-	d->ndevices = st->ndevices;
-	it_log("regend ready: %d devices, epoch %llu", st->ndevices, (unsigned long long)st->epoch);
+	d->ndevices = n;
+	it_log("regend ready: %d devices, epoch %llu", n, (unsigned long long)regen_status_epoch(st));
 	regen_client_destroy(c);
-	free(st);
+	regen_status_free(st);
 }
 
 void it_daemon_start(struct it_daemon *d, const struct it_daemon_opts *opts, unsigned limit_s)
@@ -330,20 +343,24 @@ void it_daemon_stop(struct it_daemon *d)
 	}
 }
 
-uint64_t it_wait_generation(regen_client *c, int device, uint64_t after, double timeout_s, struct regen_status *st)
+uint64_t it_wait_generation(regen_client *c, int device, uint64_t after, double timeout_s)
 {
 	double deadline = it_now() + timeout_s;
-	int r, i;
+	const struct regen_device_info *d;
+	regen_status *st = NULL;
+	uint64_t generation;
+	int r;
 
 	for (;;) {
-		r = regen_status(c, st);
+		r = regen_status_get(c, &st);
 		if (r == 0) {
-			for (i = 0; i < st->ndevices; i++) {
-				if (st->devices[i].index == device && st->devices[i].generation > after &&
-				    strcmp(st->devices[i].state, "ready") == 0) {
-					return st->devices[i].generation;
-				}
+			d = regen_status_find_device(st, device);
+			if (d != NULL && d->generation > after && strcmp(d->state, "ready") == 0) {
+				generation = d->generation;
+				regen_status_free(st);
+				return generation;
 			}
+			regen_status_free(st);
 		} else if (r != -ECONNRESET) {
 			CHECK_OK(c, r);
 		}

@@ -60,11 +60,13 @@ void it_daemon_restart(struct it_daemon *d, const struct it_daemon_opts *opts);
 bool it_daemon_alive(struct it_daemon *d);
 void it_daemon_dump_log(const struct it_daemon *d);
 regen_client *it_connect(const struct it_daemon *d);
-/* Status, or dies. */
-void it_status(regen_client *c, struct regen_status *st);
+/* Status, or dies (regen_status_free). */
+regen_status *it_status(regen_client *c);
+/* The device with this index in st, or dies. */
+const struct regen_device_info *it_device(const regen_status *st, int index);
 /* Polls Status until `device` is ready in a generation > `after`; returns
  * the new generation (dies after timeout_s). */
-uint64_t it_wait_generation(regen_client *c, int device, uint64_t after, double timeout_s, struct regen_status *st);
+uint64_t it_wait_generation(regen_client *c, int device, uint64_t after, double timeout_s);
 
 /* Forked helpers: fn's return value is the child's exit status. A child
  * never stops the daemon. */

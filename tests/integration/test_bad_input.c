@@ -39,131 +39,131 @@ struct bad_case {
 
 static const struct bad_case cases[] = {
 	/* Framing and message shape. */
-	{ "malformed JSON", MAIN, "{\"method\":\"io.regen.Device.Status\",", "io.regen.InvalidMessage" },
-	{ "not an object", MAIN, "[1,2,3]", "io.regen.InvalidMessage" },
-	{ "no method", MAIN, "{\"parameters\":{}}", "io.regen.InvalidMessage" },
-	{ "method not a string", MAIN, "{\"method\":42}", "io.regen.InvalidMessage" },
+	{ "malformed JSON", MAIN, "{\"method\":\"io.regen.Device.Status\",", REGEN_ERROR_INVALID_MESSAGE },
+	{ "not an object", MAIN, "[1,2,3]", REGEN_ERROR_INVALID_MESSAGE },
+	{ "no method", MAIN, "{\"parameters\":{}}", REGEN_ERROR_INVALID_MESSAGE },
+	{ "method not a string", MAIN, "{\"method\":42}", REGEN_ERROR_INVALID_MESSAGE },
 	{ "parameters not an object", MAIN, "{\"method\":\"io.regen.Device.Status\",\"parameters\":[1]}",
-	  "io.regen.InvalidMessage" },
-	{ "unknown top-level key", MAIN, "{\"method\":\"io.regen.Device.Status\",\"bogus\":1}", "io.regen.InvalidMessage" },
+	  REGEN_ERROR_INVALID_MESSAGE },
+	{ "unknown top-level key", MAIN, "{\"method\":\"io.regen.Device.Status\",\"bogus\":1}", REGEN_ERROR_INVALID_MESSAGE },
 	{ "flag of the wrong type", MAIN, "{\"method\":\"io.regen.Device.Status\",\"more\":\"yes\"}",
-	  "io.regen.InvalidMessage" },
-	{ "empty message", MAIN, "", "io.regen.InvalidMessage" },
+	  REGEN_ERROR_INVALID_MESSAGE },
+	{ "empty message", MAIN, "", REGEN_ERROR_INVALID_MESSAGE },
 	/* Methods and parameters on the main socket. */
-	{ "unknown method", MAIN, "{\"method\":\"io.regen.Device.Frobnicate\"}", "org.varlink.service.MethodNotFound",
+	{ "unknown method", MAIN, "{\"method\":\"io.regen.Device.Frobnicate\"}", REGEN_ERROR_METHOD_NOT_FOUND,
 	  "method", "io.regen.Device.Frobnicate" },
 	{ "unknown interface", MAIN, "{\"method\":\"com.example.Nope.Call\"}",
-	  "org.varlink.service.InterfaceNotFound|org.varlink.service.MethodNotFound" },
+	  REGEN_ERROR_INTERFACE_NOT_FOUND "|" REGEN_ERROR_METHOD_NOT_FOUND },
 	{ "unknown parameter", MAIN, "{\"method\":\"io.regen.Device.Status\",\"parameters\":{\"bogus\":1}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "bogus" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "bogus" },
 	{ "device of the wrong type", MAIN, "{\"method\":\"io.regen.Device.Release\",\"parameters\":{\"device\":\"zero\"}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "device" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "device" },
 	{ "negative device", MAIN, "{\"method\":\"io.regen.Device.Release\",\"parameters\":{\"device\":-1}}",
-	  "org.varlink.service.InvalidParameter|io.regen.NoSuchDevice" },
+	  REGEN_ERROR_INVALID_PARAMETER "|" REGEN_ERROR_NO_SUCH_DEVICE },
 	{ "device not served", MAIN, "{\"method\":\"io.regen.Device.Release\",\"parameters\":{\"device\":7}}",
-	  "io.regen.NoSuchDevice", "device", "7" },
+	  REGEN_ERROR_NO_SUCH_DEVICE, "device", "7" },
 	{ "deadline_ms on Release", MAIN,
 	  "{\"method\":\"io.regen.Device.Release\",\"parameters\":{\"device\":0,\"deadline_ms\":5}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "deadline_ms" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "deadline_ms" },
 	{ "negative deadline", MAIN,
 	  "{\"method\":\"io.regen.Device.Restart\",\"parameters\":{\"device\":0,\"deadline_ms\":-5}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "deadline_ms" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "deadline_ms" },
 	{ "InjectFault without kind", MAIN, "{\"method\":\"io.regen.Device.InjectFault\",\"parameters\":{\"device\":0}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "kind" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "kind" },
 	{ "InjectFault unknown kind", MAIN,
 	  "{\"method\":\"io.regen.Device.InjectFault\",\"parameters\":{\"device\":0,\"kind\":\"meteor\"}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "kind" },
-	{ "Watch without more", MAIN, "{\"method\":\"io.regen.Device.Watch\"}", "org.varlink.service.ExpectedMore" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "kind" },
+	{ "Watch without more", MAIN, "{\"method\":\"io.regen.Device.Watch\"}", REGEN_ERROR_EXPECTED_MORE },
 	{ "data-plane method on the main socket", MAIN,
-	  "{\"method\":\"io.regen.Compute.Gemm\",\"parameters\":{}}", "io.regen.WrongEndpoint", "method",
+	  "{\"method\":\"io.regen.Compute.Gemm\",\"parameters\":{}}", REGEN_ERROR_WRONG_ENDPOINT, "method",
 	  "io.regen.Compute.Gemm" },
 	{ "interface description of an unknown interface", MAIN,
 	  "{\"method\":\"org.varlink.service.GetInterfaceDescription\",\"parameters\":{\"interface\":\"com.nope\"}}",
-	  "org.varlink.service.InterfaceNotFound", "interface", "com.nope" },
+	  REGEN_ERROR_INTERFACE_NOT_FOUND, "interface", "com.nope" },
 
 	/* The worker socket. */
-	{ "malformed JSON (worker)", WORKER, "{\"method\":", "io.regen.InvalidMessage" },
+	{ "malformed JSON (worker)", WORKER, "{\"method\":", REGEN_ERROR_INVALID_MESSAGE },
 	{ "unknown method (worker)", WORKER, "{\"method\":\"io.regen.Compute.Frobnicate\"}",
-	  "org.varlink.service.MethodNotFound" },
+	  REGEN_ERROR_METHOD_NOT_FOUND },
 	{ "control method on a worker socket", WORKER, "{\"method\":\"io.regen.Device.Release\"}",
-	  "io.regen.WrongEndpoint|org.varlink.service.InterfaceNotFound|org.varlink.service.MethodNotFound" },
-	{ "operand of the wrong type", WORKER, GEMM("\"a\":5," GOOD_B "," GOOD_D), "org.varlink.service.InvalidParameter",
+	  REGEN_ERROR_WRONG_ENDPOINT "|" REGEN_ERROR_INTERFACE_NOT_FOUND "|" REGEN_ERROR_METHOD_NOT_FOUND },
+	{ "operand of the wrong type", WORKER, GEMM("\"a\":5," GOOD_B "," GOOD_D), REGEN_ERROR_INVALID_PARAMETER,
 	  "parameter", "a" },
-	{ "missing operand d", WORKER, GEMM(GOOD_A "," GOOD_B), "org.varlink.service.InvalidParameter", "parameter", "d" },
-	{ "negative shape", WORKER, GEMM(OP("a", 0, "[-4,4]") "," GOOD_B "," GOOD_D), "org.varlink.service.InvalidParameter",
+	{ "missing operand d", WORKER, GEMM(GOOD_A "," GOOD_B), REGEN_ERROR_INVALID_PARAMETER, "parameter", "d" },
+	{ "negative shape", WORKER, GEMM(OP("a", 0, "[-4,4]") "," GOOD_B "," GOOD_D), REGEN_ERROR_INVALID_PARAMETER,
 	  "parameter", "a.shape" },
-	{ "zero shape", WORKER, GEMM(OP("a", 0, "[0,4]") "," GOOD_B "," GOOD_D), "org.varlink.service.InvalidParameter",
+	{ "zero shape", WORKER, GEMM(OP("a", 0, "[0,4]") "," GOOD_B "," GOOD_D), REGEN_ERROR_INVALID_PARAMETER,
 	  "parameter", "a.shape" },
 	{ "huge shape", WORKER, GEMM(OP("a", 0, "[1099511627776,4]") "," GOOD_B "," GOOD_D),
-	  "org.varlink.service.InvalidParameter", "parameter", "a.shape" },
-	{ "rank 5", WORKER, GEMM(OP("a", 0, "[1,1,1,4,4]") "," GOOD_B "," GOOD_D), "org.varlink.service.InvalidParameter",
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "a.shape" },
+	{ "rank 5", WORKER, GEMM(OP("a", 0, "[1,1,1,4,4]") "," GOOD_B "," GOOD_D), REGEN_ERROR_INVALID_PARAMETER,
 	  "parameter", "a.shape" },
 	{ "shape far past the buffer", WORKER,
 	  GEMM(OP("a", 0, "[65536,65536]") ","
 	       "\"b\":{\"buffer\":\"$BIG\",\"dtype\":\"f32\",\"shape\":[65536,4]},"
 	       "\"d\":{\"buffer\":\"$BIG\",\"offset\":2097152,\"dtype\":\"f32\",\"shape\":[65536,4]}"),
-	  "io.regen.InvalidOperand", "operand", "a" },
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "a" },
 	{ "offset at the buffer's end", WORKER, GEMM(OP("a", 4096, "[4,4]") "," GOOD_B "," GOOD_D),
-	  "io.regen.InvalidOperand", "operand", "a" },
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "a" },
 	{ "extent one element past the end", WORKER, GEMM(OP("a", 4036, "[4,4]") "," GOOD_B "," GOOD_D),
-	  "io.regen.InvalidOperand", "operand", "a" },
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "a" },
 	{ "negative offset", WORKER, GEMM(OP("a", -64, "[4,4]") "," GOOD_B "," GOOD_D),
-	  "org.varlink.service.InvalidParameter", "parameter", "a.offset" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "a.offset" },
 	{ "unknown dtype", WORKER,
 	  GEMM("\"a\":{\"buffer\":\"$ID\",\"dtype\":\"f8\",\"shape\":[4,4]}," GOOD_B "," GOOD_D),
-	  "org.varlink.service.InvalidParameter", "parameter", "a.dtype" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "a.dtype" },
 	{ "unknown operand field", WORKER,
 	  GEMM("\"a\":{\"buffer\":\"$ID\",\"dtype\":\"f32\",\"shape\":[4,4],\"colour\":1}," GOOD_B "," GOOD_D),
-	  "org.varlink.service.InvalidParameter", "parameter", "a." },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "a." },
 	{ "unknown Gemm parameter", WORKER, GEMM(GOOD_A "," GOOD_B "," GOOD_D ",\"gamma\":2"),
-	  "org.varlink.service.InvalidParameter", "parameter", "gamma" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "gamma" },
 	{ "alpha of the wrong type", WORKER, GEMM(GOOD_A "," GOOD_B "," GOOD_D ",\"alpha\":\"two\""),
-	  "org.varlink.service.InvalidParameter", "parameter", "alpha" },
-	{ "inner dimensions differ", WORKER, GEMM(OP("a", 0, "[4,3]") "," GOOD_B "," GOOD_D), "io.regen.InvalidOperand" },
-	{ "d overlaps a", WORKER, GEMM(GOOD_A "," GOOD_B "," OP("d", 32, "[4,4]")), "io.regen.InvalidOperand",
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "alpha" },
+	{ "inner dimensions differ", WORKER, GEMM(OP("a", 0, "[4,3]") "," GOOD_B "," GOOD_D), REGEN_ERROR_INVALID_OPERAND },
+	{ "d overlaps a", WORKER, GEMM(GOOD_A "," GOOD_B "," OP("d", 32, "[4,4]")), REGEN_ERROR_INVALID_OPERAND,
 	  "operand", "d" },
 	{ "beta without c", WORKER, GEMM(GOOD_A "," GOOD_B "," GOOD_D ",\"beta\":0.5"),
-	  "io.regen.InvalidOperand|org.varlink.service.InvalidParameter" },
+	  REGEN_ERROR_INVALID_OPERAND "|" REGEN_ERROR_INVALID_PARAMETER },
 	{ "last stride not 1", WORKER,
 	  GEMM("\"a\":{\"buffer\":\"$ID\",\"dtype\":\"f32\",\"shape\":[4,4],\"strides\":[1,4]}," GOOD_B "," GOOD_D),
-	  "io.regen.InvalidOperand|org.varlink.service.InvalidParameter" },
+	  REGEN_ERROR_INVALID_OPERAND "|" REGEN_ERROR_INVALID_PARAMETER },
 	{ "malformed buffer id", WORKER,
 	  GEMM("\"a\":{\"buffer\":\"b0.x\",\"dtype\":\"f32\",\"shape\":[4,4]}," GOOD_B "," GOOD_D),
-	  "io.regen.InvalidOperand", "operand", "a" },
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "a" },
 	{ "another process's buffer", WORKER,
 	  GEMM("\"a\":{\"buffer\":\"$OTHER\",\"dtype\":\"f32\",\"shape\":[4,4]}," GOOD_B "," GOOD_D),
-	  "io.regen.NoSuchObject", "id", "$OTHER" },
+	  REGEN_ERROR_NO_SUCH_OBJECT, "id", "$OTHER" },
 	{ "buffer never made", WORKER,
 	  GEMM("\"a\":{\"buffer\":\"b0.$GEN.999999\",\"dtype\":\"f32\",\"shape\":[4,4]}," GOOD_B "," GOOD_D),
-	  "io.regen.NoSuchObject", "id", "b0.$GEN.999999" },
+	  REGEN_ERROR_NO_SUCH_OBJECT, "id", "b0.$GEN.999999" },
 	{ "attention stats in f16", WORKER,
 	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
 	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
 	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("stats", 256, "f16", "[1,1,4]") "}}",
-	  "io.regen.InvalidOperand|org.varlink.service.InvalidParameter" },
+	  REGEN_ERROR_INVALID_OPERAND "|" REGEN_ERROR_INVALID_PARAMETER },
 	{ "CloseBuffer without buffer", WORKER, "{\"method\":\"io.regen.Memory.CloseBuffer\",\"parameters\":{}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "buffer" },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "buffer" },
 	{ "import: referenced fd missing", WORKER,
 	  "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":0,\"kind\":\"host_fd\",\"size\":4096,\"fd\":0}}",
-	  "org.varlink.service.InvalidParameter|io.regen.ImportFailed" },
+	  REGEN_ERROR_INVALID_PARAMETER "|" REGEN_ERROR_IMPORT_FAILED },
 	{ "import: fd index past those passed", WORKER,
 	  "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":0,\"kind\":\"host_fd\",\"size\":4096,\"fd\":3}}",
-	  "org.varlink.service.InvalidParameter|io.regen.ImportFailed", NULL, NULL, ONE_FD },
+	  REGEN_ERROR_INVALID_PARAMETER "|" REGEN_ERROR_IMPORT_FAILED, NULL, NULL, ONE_FD },
 	{ "import: size past the memfd's end", WORKER,
 	  "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":0,\"kind\":\"host_fd\",\"size\":1048576,\"fd\":0}}",
-	  "io.regen.ImportFailed", NULL, NULL, ONE_FD },
+	  REGEN_ERROR_IMPORT_FAILED, NULL, NULL, ONE_FD },
 	{ "import: size 0", WORKER,
 	  "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":0,\"kind\":\"host_fd\",\"size\":0,\"fd\":0}}",
-	  "org.varlink.service.InvalidParameter|io.regen.ImportFailed", NULL, NULL, ONE_FD },
+	  REGEN_ERROR_INVALID_PARAMETER "|" REGEN_ERROR_IMPORT_FAILED, NULL, NULL, ONE_FD },
 	{ "import: unknown kind", WORKER,
 	  "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":0,\"kind\":\"tape\",\"size\":4096,\"fd\":0}}",
-	  "org.varlink.service.InvalidParameter", "parameter", "kind", ONE_FD },
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "kind", ONE_FD },
 	{ "import: another device's worker", WORKER,
 	  "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":1,\"kind\":\"host_fd\",\"size\":4096,\"fd\":0}}",
-	  "io.regen.NoSuchDevice|io.regen.WrongEndpoint|org.varlink.service.InvalidParameter", NULL, NULL, ONE_FD },
+	  REGEN_ERROR_NO_SUCH_DEVICE "|" REGEN_ERROR_WRONG_ENDPOINT "|" REGEN_ERROR_INVALID_PARAMETER, NULL, NULL, ONE_FD },
 	{ "import: cuda_ipc handle that is not hex", WORKER,
 	  "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":0,\"kind\":\"cuda_ipc\",\"size\":4096,\"handle\":\"zz\"}}",
-	  "org.varlink.service.InvalidParameter|io.regen.ImportFailed" },
+	  REGEN_ERROR_INVALID_PARAMETER "|" REGEN_ERROR_IMPORT_FAILED },
 };
 
 /* Replaces $ID, $OTHER and $GEN. */
@@ -356,7 +356,7 @@ static int oversized(struct it_raw *raw, const char *where)
 	CHECK(it_raw_send(raw, msg, strlen(msg) + 1, NULL, 0) == 0, "send oversized");
 	free(msg);
 	reply = it_raw_recv(raw, 20);
-	complaint = judge(reply, "io.regen.MessageTooLarge", "limit", "1048576");
+	complaint = judge(reply, REGEN_ERROR_MESSAGE_TOO_LARGE, "limit", "1048576");
 	if (complaint) {
 		it_log("BAD oversized message (%s): %s", where, complaint);
 		failures++;
@@ -387,7 +387,7 @@ static int deep_nesting(struct it_raw *raw, const char *where)
 	n += snprintf(msg + n, sizeof(msg) - (size_t)n, "}}");
 	CHECK(it_raw_send_str(raw, msg, NULL, 0) == 0, "send");
 	reply = it_raw_recv(raw, 10);
-	complaint = judge(reply, "io.regen.InvalidMessage", NULL, NULL);
+	complaint = judge(reply, REGEN_ERROR_INVALID_MESSAGE, NULL, NULL);
 	if (complaint) {
 		it_log("BAD nesting 40 (%s): %s", where, complaint);
 		failures++;
@@ -405,7 +405,8 @@ static int deep_nesting(struct it_raw *raw, const char *where)
 
 int main(void)
 {
-	struct regen_status before, after;
+	const struct regen_device_info *dev0, *was, *now;
+	regen_status *before, *after;
 	struct it_raw main_raw, worker_raw;
 	struct it_mem own, big, spare;
 	regen_client *c;
@@ -422,7 +423,8 @@ int main(void)
 	atomic_store(&stop_flag[0], 0);
 	atomic_store(&stop_flag[1], 0);
 	c = it_connect(&daemon_);
-	it_status(c, &before);
+	before = it_status(c);
+	dev0 = it_device(before, 0);
 
 	CHECK(pipe(pipefd) == 0 && pipe(holdfd) == 0, "pipe");
 	other_fds[0] = pipefd[0];
@@ -443,8 +445,8 @@ int main(void)
 	big_id = regen_buffer_id(big.buf);
 	it_mem_alloc(4096, &spare);
 	CHECK(it_raw_connect(&main_raw, daemon_.sock) == 0, "connect main");
-	CHECK(it_raw_connect(&worker_raw, before.devices[0].worker_socket) == 0, "connect %s",
-	      before.devices[0].worker_socket);
+	CHECK(it_raw_connect(&worker_raw, dev0->worker_socket) == 0, "connect %s",
+	      dev0->worker_socket);
 
 	/* The checker is at work before the first bad message. */
 	while (atomic_load(&stop_flag[1]) < 5) {
@@ -454,9 +456,9 @@ int main(void)
 		const struct bad_case *bc = &cases[i];
 		struct it_raw *raw = bc->target == MAIN ? &main_raw : &worker_raw;
 		char *value = bc->value ? expand(bc->value, regen_buffer_id(own.buf), other_id,
-						 (unsigned long long)before.devices[0].generation) : NULL;
+						 (unsigned long long)dev0->generation) : NULL;
 
-		text = expand(bc->text, regen_buffer_id(own.buf), other_id, (unsigned long long)before.devices[0].generation);
+		text = expand(bc->text, regen_buffer_id(own.buf), other_id, (unsigned long long)dev0->generation);
 		CHECK(it_raw_send_str(raw, text, bc->fds == ONE_FD ? &spare.fd : NULL, bc->fds == ONE_FD ? 1 : 0) == 0,
 		      "send %s", bc->what);
 		reply = it_raw_recv(raw, 10);
@@ -474,7 +476,7 @@ int main(void)
 			it_log("BAD %s: the connection stopped serving after it", bc->what);
 			failures++;
 			it_raw_close(raw);
-			CHECK(it_raw_connect(raw, bc->target == MAIN ? daemon_.sock : before.devices[0].worker_socket) == 0,
+			CHECK(it_raw_connect(raw, bc->target == MAIN ? daemon_.sock : dev0->worker_socket) == 0,
 			      "reconnect");
 		}
 		free(text);
@@ -489,7 +491,7 @@ int main(void)
 	for (k = 0; k < 2; k++) {
 		struct it_raw tmp;
 
-		CHECK(it_raw_connect(&tmp, k == 0 ? daemon_.sock : before.devices[0].worker_socket) == 0, "connect");
+		CHECK(it_raw_connect(&tmp, k == 0 ? daemon_.sock : dev0->worker_socket) == 0, "connect");
 		CHECK(it_raw_send(&tmp, "{\"method\":\"io.regen", 19, NULL, 0) == 0, "send");
 		it_raw_close(&tmp);
 	}
@@ -508,16 +510,20 @@ int main(void)
 	/* The daemon kept serving, nothing crashed, nothing changed generation. */
 	CHECK(it_daemon_alive(&daemon_), "regend died");
 	CHECK(still_serves(&main_raw) && still_serves(&worker_raw), "raw connections stopped serving");
-	it_status(c, &after);
-	for (k = 0; k < after.ndevices; k++) {
-		CHECK(after.devices[k].worker_pid == before.devices[k].worker_pid && after.devices[k].respawns == 0,
-		      "device %d's worker changed: pid %lld -> %lld, respawns %llu", k,
-		      (long long)before.devices[k].worker_pid, (long long)after.devices[k].worker_pid,
-		      (unsigned long long)after.devices[k].respawns);
-		CHECK(after.devices[k].generation == before.devices[k].generation, "device %d's generation moved %llu -> %llu",
-		      k, (unsigned long long)before.devices[k].generation, (unsigned long long)after.devices[k].generation);
-		CHECK(strcmp(after.devices[k].state, "ready") == 0, "device %d is %s", k, after.devices[k].state);
+	after = it_status(c);
+	CHECK(regen_status_device_count(after) == regen_status_device_count(before), "devices came or went");
+	for (k = 0; k < regen_status_device_count(after); k++) {
+		was = it_device(before, k);
+		now = it_device(after, k);
+		CHECK(now->worker_pid == was->worker_pid && now->respawns == 0,
+		      "device %d's worker changed: pid %lld -> %lld, respawns %llu", k, (long long)was->worker_pid,
+		      (long long)now->worker_pid, (unsigned long long)now->respawns);
+		CHECK(now->generation == was->generation, "device %d's generation moved %llu -> %llu", k,
+		      (unsigned long long)was->generation, (unsigned long long)now->generation);
+		CHECK(strcmp(now->state, "ready") == 0, "device %d is %s", k, now->state);
 	}
+	regen_status_free(before);
+	regen_status_free(after);
 	it_raw_close(&main_raw);
 	it_raw_close(&worker_raw);
 	it_mem_free(&own);

@@ -33,12 +33,15 @@ static int run_gemm(regen_client *c, struct it_mem *m, const struct it_gemm_case
 	return 0;
 }
 
+/* Device 0's worker socket (static storage). */
 static const char *st_worker_socket(regen_client *c)
 {
-	static struct regen_status st;
+	static char path[256];
+	regen_status *st = it_status(c);
 
-	it_status(c, &st);
-	return st.devices[0].worker_socket;
+	snprintf(path, sizeof(path), "%s", it_device(st, 0)->worker_socket);
+	regen_status_free(st);
+	return path;
 }
 
 static int client_main(void *arg)
@@ -157,7 +160,8 @@ static int client_main(void *arg)
 int main(void)
 {
 	pid_t pids[NCLIENTS];
-	struct regen_status st;
+	const struct regen_device_info *d;
+	regen_status *st;
 	regen_client *c;
 	int i, failed;
 
@@ -180,12 +184,13 @@ int main(void)
 		CHECK(regen_hello(w, &info) == -EPROTONOSUPPORT, "hello on a worker socket is refused");
 		regen_client_destroy(w);
 	}
-	it_status(c, &st);
-	for (i = 0; i < st.ndevices; i++) {
-		CHECK(strcmp(st.devices[i].state, "ready") == 0, "device %d is %s", i, st.devices[i].state);
-		CHECK(st.devices[i].respawns == 0, "device %d respawned %llu times", i,
-		      (unsigned long long)st.devices[i].respawns);
+	st = it_status(c);
+	for (i = 0; i < regen_status_device_count(st); i++) {
+		d = regen_status_device(st, i);
+		CHECK(strcmp(d->state, "ready") == 0, "device %d is %s", d->index, d->state);
+		CHECK(d->respawns == 0, "device %d respawned %llu times", d->index, (unsigned long long)d->respawns);
 	}
+	regen_status_free(st);
 	regen_client_destroy(c);
 	if (failed > 0) {
 		it_daemon_dump_log(&daemon_);

@@ -18,16 +18,21 @@ struct dev_snapshot {
 	int64_t pid;
 };
 
+static void take(const struct regen_device_info *d, struct dev_snapshot *s)
+{
+	s->generation = d->generation;
+	s->respawns = d->respawns;
+	s->pid = d->worker_pid;
+}
+
 static void snapshot(regen_client *c, int device, struct dev_snapshot *s)
 {
-	struct regen_status st;
+	regen_status *st;
 
 	/* Never -ECONNRESET: the main connection must survive a worker. */
-	CHECK_OK(c, regen_status(c, &st));
-	CHECK(device < st.ndevices, "no device %d", device);
-	s->generation = st.devices[device].generation;
-	s->respawns = st.devices[device].respawns;
-	s->pid = st.devices[device].worker_pid;
+	st = it_status(c);
+	take(it_device(st, device), s);
+	regen_status_free(st);
 }
 
 /* Polls Status on the same client (every call must succeed) until the
@@ -36,23 +41,24 @@ static void wait_back(regen_client *c, int device, const struct dev_snapshot *be
 		      const char *what)
 {
 	double deadline = it_now() + 30;
-	struct regen_status st;
+	const struct regen_device_info *d;
+	regen_status *st;
 
 	for (;;) {
-		CHECK_OK(c, regen_status(c, &st));
-		if (st.devices[device].generation > before->generation && strcmp(st.devices[device].state, "ready") == 0) {
+		st = it_status(c);
+		d = it_device(st, device);
+		if (d->generation > before->generation && strcmp(d->state, "ready") == 0) {
 			break;
 		}
 		CHECK(it_now() < deadline, "%s: device %d not back after 30 s: generation %llu state %s", what, device,
-		      (unsigned long long)st.devices[device].generation, st.devices[device].state);
+		      (unsigned long long)d->generation, d->state);
+		regen_status_free(st);
 		usleep(20000);
 	}
-	now->generation = st.devices[device].generation;
-	now->respawns = st.devices[device].respawns;
-	now->pid = st.devices[device].worker_pid;
+	take(d, now);
 	it_log("%s: device %d back in generation %llu, worker pid %lld, respawns %llu, reason '%s'", what, device,
-	       (unsigned long long)now->generation, (long long)now->pid, (unsigned long long)now->respawns,
-	       st.devices[device].reason);
+	       (unsigned long long)now->generation, (long long)now->pid, (unsigned long long)now->respawns, d->reason);
+	regen_status_free(st);
 }
 
 static void gemm_ok(regen_client *c, struct it_mem *m, const char *what)
@@ -93,10 +99,10 @@ static void old_buffer_refused(regen_client *c, struct it_mem *m, const char *wh
 		}
 		CHECK(r == -EREMOTE, "%s: %d (%s) %s", what, r, strerror(-r),
 		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
-		if (is_name(c, "io.regen.StaleGeneration")) {
+		if (is_name(c, REGEN_ERROR_STALE_GENERATION)) {
 			return;
 		}
-		CHECK(is_name(c, "io.regen.DeviceLost"), "%s: got %s: %s", what, regen_client_error_name(c),
+		CHECK(is_name(c, REGEN_ERROR_DEVICE_LOST), "%s: got %s: %s", what, regen_client_error_name(c),
 		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
 	}
 	CHECK(false, "%s: no StaleGeneration after 3 calls", what);
@@ -127,8 +133,8 @@ static int hung_call_main(void *arg)
 	CHECK(r != -ETIMEDOUT, "the hung call was never ended (40 s)");
 	CHECK(r != 1, "the hung call returned a wrong result: %s", why);
 	CHECK(r == 0 || r == -ECONNRESET ||
-	      (r == -EREMOTE && (is_name(c, "io.regen.DeviceLost") || is_name(c, "io.regen.Timeout") ||
-				 is_name(c, "io.regen.Draining") || is_name(c, "io.regen.StaleGeneration"))),
+	      (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_TIMEOUT) ||
+				 is_name(c, REGEN_ERROR_DRAINING) || is_name(c, REGEN_ERROR_STALE_GENERATION))),
 	      "the hung call ended with %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	it_mem_free(&m);
 	regen_client_destroy(c);
@@ -200,7 +206,7 @@ int main(void)
 		       regen_client_error_name(c) ? regen_client_error_name(c) : "");
 		CHECK(r != 1, "a call on a lost context returned wrong data as success: %s", why);
 		CHECK(r == -ECONNRESET ||
-		      (r == -EREMOTE && (is_name(c, "io.regen.DeviceLost") || is_name(c, "io.regen.StaleGeneration"))),
+		      (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_STALE_GENERATION))),
 		      "after device_lost: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
 		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
 	}
@@ -217,7 +223,7 @@ int main(void)
 	r = regen_restart(c, 1, "test_faults: end the hang", 300, NULL);
 	it_log("Restart after hang: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
 	       regen_client_error_message(c) ? regen_client_error_message(c) : "");
-	CHECK(r == 0 || (r == -EREMOTE && is_name(c, "io.regen.Timeout")), "Restart of a hung device: %d", r);
+	CHECK(r == 0 || (r == -EREMOTE && is_name(c, REGEN_ERROR_TIMEOUT)), "Restart of a hung device: %d", r);
 	CHECK(it_wait_children(&hung, 1, 50) == 0, "the hung client failed");
 	wait_back(c, 1, &s1, &n1, "hang + restart");
 	CHECK_OK(c, it_mem_import(c, 1, &m1));

@@ -38,7 +38,7 @@ static int killer_main(void *arg)
 
 int main(void)
 {
-	struct regen_status st;
+	regen_status *st = NULL;
 	struct it_gemm_case gc;
 	struct it_mem m;
 	regen_client *c;
@@ -54,12 +54,13 @@ int main(void)
 	regen_client_set_timeout(c, 20);
 	it_mem_create(c, 0, 1 << 18, &m);
 	gemm_ok(c, &m, "first gemm");
-	it_status(c, &st);
-	gen = st.devices[0].generation;
+	st = it_status(c);
+	gen = it_device(st, 0)->generation;
 
 	/* 1. The worker dies under a call in flight. */
 	CHECK_OK(c, regen_inject_fault(c, 0, "hang"));
-	killer = it_fork(killer_main, (void *)(long)st.devices[0].worker_pid, 20);
+	killer = it_fork(killer_main, (void *)(long)it_device(st, 0)->worker_pid, 20);
+	regen_status_free(st);
 	it_gemm_random_case(&gc, 8);
 	t0 = it_now();
 	r = it_gemm_run(c, &m, 0, &gc, why, sizeof(why));
@@ -69,7 +70,7 @@ int main(void)
 	/* The next call reconnects (waiting for the respawned worker) and is
 	 * told its buffer is stale. */
 	r = it_gemm_run(c, &m, 0, &gc, why, sizeof(why));
-	CHECK(r == -EREMOTE && strcmp(regen_client_error_name(c), "io.regen.StaleGeneration") == 0,
+	CHECK(r == -EREMOTE && strcmp(regen_client_error_name(c), REGEN_ERROR_STALE_GENERATION) == 0,
 	      "next call: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	CHECK_OK(c, it_mem_import(c, 0, &m));
 	CHECK(regen_buffer_generation(m.buf) > gen, "re-imported in generation %llu",
@@ -78,17 +79,18 @@ int main(void)
 
 	/* 2. regend itself restarts: the client's connections all break. */
 	it_daemon_restart(&daemon_, NULL);
-	r = regen_status(c, &st);
+	r = regen_status_get(c, &st);
 	if (r == -ECONNRESET) {
 		it_log("first Status after regend's restart: -ECONNRESET; retrying");
-		r = regen_status(c, &st);
+		r = regen_status_get(c, &st);
 	}
 	CHECK_OK(c, r);
+	regen_status_free(st);
 	r = it_gemm_run(c, &m, 0, &gc, why, sizeof(why));
 	it_log("old buffer on the new regend: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	CHECK(r == -ECONNRESET ||
-	      (r == -EREMOTE && (strcmp(regen_client_error_name(c), "io.regen.StaleGeneration") == 0 ||
-				 strcmp(regen_client_error_name(c), "io.regen.NoSuchObject") == 0)),
+	      (r == -EREMOTE && (strcmp(regen_client_error_name(c), REGEN_ERROR_STALE_GENERATION) == 0 ||
+				 strcmp(regen_client_error_name(c), REGEN_ERROR_NO_SUCH_OBJECT) == 0)),
 	      "a buffer of the previous regend: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	CHECK_OK(c, it_mem_import(c, 0, &m));
 	gemm_ok(c, &m, "gemm on the new regend");

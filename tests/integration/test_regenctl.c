@@ -58,7 +58,7 @@ static void expect_exit(int want, const char *what, int rc, const char *out, con
 	it_log("ok  %s: exit %d", what, rc);
 }
 
-static void check_table(const struct regen_status *st)
+static void check_table(const regen_status *st)
 {
 	static const char *const cols[] = { "DEVICE", "GEN", "STATE", "BACKEND", "PID", "RESPAWNS", "MEM_USED",
 					    "MEM_BASE", "WORKER_SOCKET" };
@@ -71,7 +71,8 @@ static void check_table(const struct regen_status *st)
 	for (line = strtok_r(out, "\n", &save); line && nlines < 8; line = strtok_r(NULL, "\n", &save)) {
 		lines[nlines++] = line;
 	}
-	CHECK(nlines == 1 + st->ndevices, "%d lines for %d devices", nlines, st->ndevices);
+	CHECK(nlines == 1 + regen_status_device_count(st), "%d lines for %d devices", nlines,
+	      regen_status_device_count(st));
 	/* Header: the columns in order; their start offsets. */
 	for (j = 0; j < 9; j++) {
 		char *p = strstr(lines[0], cols[j]);
@@ -81,7 +82,7 @@ static void check_table(const struct regen_status *st)
 		CHECK(j == 0 || pos[j] > pos[j - 1], "header column %s out of order", cols[j]);
 	}
 	for (i = 1; i < nlines; i++) {
-		const struct regen_device_info *d = &st->devices[i - 1];
+		const struct regen_device_info *d = regen_status_device(st, i - 1);
 		char want[9][128];
 
 		snprintf(want[0], 128, "%d", d->index);
@@ -107,7 +108,7 @@ static void check_table(const struct regen_status *st)
 	free(err);
 }
 
-static void check_json_status(const struct regen_status *st)
+static void check_json_status(const regen_status *st)
 {
 	char *out = NULL, *err = NULL;
 	const cJSON *devs, *d;
@@ -120,11 +121,11 @@ static void check_json_status(const struct regen_status *st)
 	CHECK(j != NULL, "status --json is not JSON: %s", out);
 	CHECK(cJSON_IsNumber(cJSON_GetObjectItem(j, "epoch")), "no epoch: %s", out);
 	devs = cJSON_GetObjectItem(j, "devices");
-	CHECK(cJSON_GetArraySize(devs) == st->ndevices, "devices: %s", out);
+	CHECK(cJSON_GetArraySize(devs) == regen_status_device_count(st), "devices: %s", out);
 	cJSON_ArrayForEach(d, devs) {
-		CHECK(cJSON_GetObjectItem(d, "index")->valuedouble == st->devices[i].index, "index");
-		CHECK(strcmp(cJSON_GetObjectItem(d, "worker_socket")->valuestring, st->devices[i].worker_socket) == 0,
-		      "worker_socket");
+		CHECK(cJSON_GetObjectItem(d, "index")->valuedouble == regen_status_device(st, i)->index, "index");
+		CHECK(strcmp(cJSON_GetObjectItem(d, "worker_socket")->valuestring,
+			     regen_status_device(st, i)->worker_socket) == 0, "worker_socket");
 		CHECK(strcmp(cJSON_GetObjectItem(d, "state")->valuestring, "ready") == 0, "state");
 		i++;
 	}
@@ -195,7 +196,8 @@ static void install_ctl(void)
 int main(void)
 {
 	struct it_daemon_opts opts = { 0 };
-	struct regen_status st, st2;
+	regen_status *st, *st2;
+	uint64_t gen0, gen1;
 	struct passwd *nobody = getpwnam("nobody");
 	const char *group = NULL;
 	char *out = NULL, *err = NULL, missing[300];
@@ -210,11 +212,13 @@ int main(void)
 	it_daemon_start(&daemon_, &opts, 230);
 	install_ctl();
 	c = it_connect(&daemon_);
-	it_status(c, &st);
+	st = it_status(c);
+	gen0 = it_device(st, 0)->generation;
+	gen1 = it_device(st, 1)->generation;
 
 	/* Reading. */
-	check_table(&st);
-	check_json_status(&st);
+	check_table(st);
+	check_json_status(st);
 	rc = ctl_run(&out, &err, "generation");
 	expect_exit(0, "generation", rc, out, err);
 	CHECK(strstr(out, "EPOCH") && strstr(out, "DEVICE"), "generation output: %s", out);
@@ -225,7 +229,8 @@ int main(void)
 	{
 		cJSON *j = cJSON_Parse(out);
 
-		CHECK(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "devices")) == st.ndevices, "generation json: %s", out);
+		CHECK(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "devices")) == regen_status_device_count(st),
+		      "generation json: %s", out);
 		cJSON_Delete(j);
 	}
 	free(out);
@@ -250,8 +255,9 @@ int main(void)
 	expect_exit(2, "inject-fault without kind", ctl_run(NULL, NULL, "inject-fault"), NULL, NULL);
 	expect_exit(2, "inject-fault unknown kind", ctl_run(NULL, NULL, "inject-fault", "meteor"), NULL, NULL);
 	expect_exit(2, "extra argument", ctl_run(NULL, NULL, "status", "now"), NULL, NULL);
-	it_status(c, &st2);
-	CHECK(st2.epoch == st.epoch, "a usage error changed the epoch");
+	st2 = it_status(c);
+	CHECK(regen_status_epoch(st2) == regen_status_epoch(st), "a usage error changed the epoch");
+	regen_status_free(st2);
 
 	/* Unreachable: 5. */
 	snprintf(missing, sizeof(missing), "%s/nope.sock", daemon_.dir);
@@ -263,7 +269,7 @@ int main(void)
 	/* A named error: 1, with the name on stderr. */
 	rc = ctl_run(&out, &err, "release", "--device", "7");
 	expect_exit(1, "release of a device not served", rc, out, err);
-	CHECK(strstr(err, "io.regen.NoSuchDevice") != NULL, "stderr: %s", err);
+	CHECK(strstr(err, REGEN_ERROR_NO_SUCH_DEVICE) != NULL, "stderr: %s", err);
 	free(out);
 	free(err);
 
@@ -277,9 +283,11 @@ int main(void)
 	free(out);
 	free(err);
 	CHECK(it_wait_children(&watcher, 1, 40) == 0, "watch failed");
-	it_status(c, &st2);
-	CHECK(st2.devices[1].generation > st.devices[1].generation && st2.devices[0].generation == st.devices[0].generation,
+	st2 = it_status(c);
+	CHECK(it_device(st2, 1)->generation > gen1 && it_device(st2, 0)->generation == gen0,
 	      "generations after release of device 1");
+	gen1 = it_device(st2, 1)->generation;
+	regen_status_free(st2);
 
 	rc = ctl_run(&out, &err, "--json", "release", "--all", "--wait");
 	expect_exit(0, "--json release --all --wait", rc, out, err);
@@ -309,7 +317,7 @@ int main(void)
 	expect_exit(0, "inject-fault crash", rc, out, err);
 	free(out);
 	free(err);
-	it_wait_generation(c, 1, st2.devices[1].generation + 1, 30, &st2);
+	it_wait_generation(c, 1, gen1 + 1, 30);
 
 	/* Not permitted: 4, as `nobody` when regend has an admin group
 	 * nobody is not in. */
@@ -325,7 +333,7 @@ int main(void)
 			rc = ctl_run_as((int)nobody->pw_uid, (int)nobody->pw_gid, &out, &err, "restart", "--device", "0",
 					"--wait", NULL);
 			expect_exit(4, "restart as nobody", rc, out, err);
-			CHECK(strstr(err, "io.regen.NotPermitted") != NULL, "stderr: %s", err);
+			CHECK(strstr(err, REGEN_ERROR_NOT_PERMITTED) != NULL, "stderr: %s", err);
 			rc = ctl_run_as((int)nobody->pw_uid, (int)nobody->pw_gid, NULL, NULL, "inject-fault", "crash", NULL);
 			expect_exit(4, "inject-fault as nobody", rc, NULL, NULL);
 		}
@@ -345,6 +353,7 @@ int main(void)
 	free(err);
 	(void)hung;
 
+	regen_status_free(st);
 	regen_client_destroy(c);
 	CHECK(it_daemon_alive(&daemon_), "regend died");
 	it_log("PASS");

@@ -82,11 +82,11 @@ static int traffic_main(void *arg)
 		name = regen_client_error_name(c);
 		if (r == -ECONNRESET) {
 			s.reset++;
-		} else if (r == -EREMOTE && strcmp(name, "io.regen.Draining") == 0) {
+		} else if (r == -EREMOTE && strcmp(name, REGEN_ERROR_DRAINING) == 0) {
 			s.draining++;
-		} else if (r == -EREMOTE && strcmp(name, "io.regen.StaleGeneration") == 0) {
+		} else if (r == -EREMOTE && strcmp(name, REGEN_ERROR_STALE_GENERATION) == 0) {
 			s.stale++;
-		} else if (r == -EREMOTE && strcmp(name, "io.regen.DeviceLost") == 0) {
+		} else if (r == -EREMOTE && strcmp(name, REGEN_ERROR_DEVICE_LOST) == 0) {
 			s.lost++;
 		} else {
 			it_log("FAIL traffic %d: call failed with %d (%s) %s: %s", idx, r, strerror(-r), name ? name : "",
@@ -146,7 +146,8 @@ static int watcher_main(void *arg)
 int main(void)
 {
 	pid_t traffic[NTRAFFIC], watcher;
-	struct regen_status st;
+	const struct regen_device_info *d;
+	regen_status *st;
 	regen_client *c;
 	char *out = NULL, *err = NULL, reason[128], cmd_timeout[] = "60";
 	int pipefd[2], i, rc, failed;
@@ -159,9 +160,10 @@ int main(void)
 	memset(sh, 0, sizeof(*sh));
 	snprintf(sh->token, sizeof(sh->token), "it-restart-%d", (int)getpid());
 	c = it_connect(&daemon_);
-	it_status(c, &st);
-	sh->gen_before[0] = st.devices[0].generation;
-	sh->gen_before[1] = st.devices[1].generation;
+	st = it_status(c);
+	sh->gen_before[0] = it_device(st, 0)->generation;
+	sh->gen_before[1] = it_device(st, 1)->generation;
+	regen_status_free(st);
 
 	CHECK(pipe(pipefd) == 0, "pipe");
 	watcher = it_fork(watcher_main, (void *)(long)pipefd[1], 120);
@@ -190,10 +192,11 @@ int main(void)
 		free(out);
 		free(err);
 	}
-	it_status(c, &st);
-	CHECK(st.devices[0].generation > sh->gen_before[0] && st.devices[1].generation > sh->gen_before[1],
-	      "generations %llu %llu after restart", (unsigned long long)st.devices[0].generation,
-	      (unsigned long long)st.devices[1].generation);
+	st = it_status(c);
+	CHECK(it_device(st, 0)->generation > sh->gen_before[0] && it_device(st, 1)->generation > sh->gen_before[1],
+	      "generations %llu %llu after restart", (unsigned long long)it_device(st, 0)->generation,
+	      (unsigned long long)it_device(st, 1)->generation);
+	regen_status_free(st);
 
 	/* A second restart, of device 0 alone, with a short drain deadline
 	 * and JSON output. */
@@ -227,10 +230,12 @@ int main(void)
 	failed = it_wait_children(traffic, NTRAFFIC, 100);
 	failed += it_wait_children(&watcher, 1, 60);
 	CHECK(it_daemon_alive(&daemon_), "regend died");
-	it_status(c, &st);
-	for (i = 0; i < st.ndevices; i++) {
-		CHECK(strcmp(st.devices[i].state, "ready") == 0, "device %d %s", i, st.devices[i].state);
+	st = it_status(c);
+	for (i = 0; i < regen_status_device_count(st); i++) {
+		d = regen_status_device(st, i);
+		CHECK(strcmp(d->state, "ready") == 0, "device %d %s", d->index, d->state);
 	}
+	regen_status_free(st);
 	regen_client_destroy(c);
 	if (failed) {
 		it_daemon_dump_log(&daemon_);

@@ -10,6 +10,11 @@
  * - The same on a worker socket behind a long GEMM: 200,000 small Gemm
  *   calls pipelined; the worker's memory grows by less than 32 MiB beyond
  *   the two buffers the GEMM touches.
+ * - Out of fds: regend's supervisor and a worker get RLIMIT_NOFILE 64 and a
+ *   client opens connections until they go unanswered. For 2 s after, the
+ *   two processes use under a fifth of a core and log a handful of lines
+ *   (the accept loop pauses instead of spinning and logging each try); once
+ *   the client closes half of them, a fresh client is served at once.
  * - A half-sent message: a client sends the start of a call and stops.
  *   With REGEN_MESSAGE_TIMEOUT_MS=600, regend closes the connection within
  *   a few seconds of the first byte, although the client keeps sending a
@@ -20,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "rtest.h"
@@ -153,6 +160,73 @@ static void behind_a_long_gemm(void)
 	rt_close(&c);
 }
 
+/* utime + stime of a process, in clock ticks. */
+static long cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024];
+	unsigned long ut = 0, st = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	RT_CHECK(f != NULL, "open %s", path);
+	RT_CHECK(fgets(buf, sizeof(buf), f) != NULL, "read %s", path);
+	fclose(f);
+	char *p = strrchr(buf, ')');
+	RT_CHECK(p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2, "parse stat");
+	return (long)(ut + st);
+}
+
+static long log_size(void)
+{
+	struct stat st;
+
+	return stat(daemon_.log, &st) == 0 ? (long)st.st_size : 0;
+}
+
+static void out_of_fds(const char *path, pid_t pid, const char *who)
+{
+	struct rlimit lim = { 64, 64 };
+	struct rt_conn conns[200], fresh;
+	struct rt_reply r;
+	int n = 0;
+
+	RT_CHECK(prlimit(pid, RLIMIT_NOFILE, &lim, NULL) == 0, "prlimit: %s", strerror(errno));
+	/* Connect until connections stop being answered: the process has no
+	 * fd left to accept them with. */
+	for (; n < 200; n++) {
+		RT_CHECK(rt_connect(&conns[n], path) == 0, "connect %d", n);
+		RT_CHECK(rt_send(&conns[n], "io.regen.Device.Generation", NULL, 0, NULL) == 0, "send");
+		if (rt_recv(&conns[n], &r, 0.5) != 0) {
+			n++;
+			break;
+		}
+		rt_reply_finish(&r);
+	}
+	RT_CHECK(n < 200, "%s accepted 200 connections with 64 fds", who);
+	long ticks0 = cpu_ticks(pid), log0 = log_size();
+	usleep(2000000);
+	long ticks = cpu_ticks(pid) - ticks0, logged = log_size() - log0;
+	double share = (double)ticks / sysconf(_SC_CLK_TCK) / 2.0;
+	rt_log("%s out of fds after %d connections: %.0f%% of a core and %ld bytes of log in the next 2 s", who, n,
+	       share * 100, logged);
+	RT_CHECK(share < 0.2, "%s used %.0f%% of a core while out of fds", who, share * 100);
+	RT_CHECK(logged < 4096, "%s wrote %ld bytes of log in 2 s while out of fds", who, logged);
+	for (int i = 0; i < n; i += 2)
+		rt_close(&conns[i]);
+	double t0 = rt_now();
+	RT_CHECK(rt_connect(&fresh, path) == 0, "connect fresh");
+	rt_call_ok(&fresh, &r, "io.regen.Device.Generation", NULL);
+	rt_reply_finish(&r);
+	rt_log("%s: a fresh client served %.0f ms after fds were free again", who, (rt_now() - t0) * 1e3);
+	RT_CHECK(rt_now() - t0 < 1.5, "the fresh client waited %.1f s", rt_now() - t0);
+	rt_close(&fresh);
+	for (int i = 1; i < n; i += 2)
+		rt_close(&conns[i]);
+	lim.rlim_cur = lim.rlim_max = 4096;
+	prlimit(pid, RLIMIT_NOFILE, &lim, NULL);
+}
+
 static void half_sent(void)
 {
 	static const char start[] = "{\"method\":\"io.regen.Device.Sta";
@@ -184,5 +258,7 @@ int main(void)
 	behind_a_watch();
 	behind_a_long_gemm();
 	half_sent();
+	out_of_fds(daemon_.sock, daemon_.pid, "the supervisor");
+	out_of_fds(rt_worker_socket(&daemon_, 1), worker_pid(1), "a worker");
 	return 0;
 }

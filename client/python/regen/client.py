@@ -16,13 +16,11 @@ import time
 from . import errors
 from .varlink import Connection
 
-__all__ = ["Client", "Operand", "Buffer", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
+__all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
 
 DEFAULT_SOCKET = "/run/regen/regend.sock"
 DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 _EPILOGUES = ("none", "bias", "gelu", "gelu_bias")
-# Worker states in which its socket may be gone for a moment.
-_TRANSIENT = ("faulted", "resetting", "respawning")
 
 
 class Buffer:
@@ -57,8 +55,32 @@ class Buffer:
         return f"<regen.Buffer {self.id} {self.kind} {self.size} bytes dev={self.device} gen={self.generation}{state}>"
 
 
+class Event:
+    """An imported CUDA IPC event, for the ``wait_event`` and ``signal_event``
+    of compute calls.  ``str(ev)`` is its wire id (``e<dev>.<gen>.<n>``)."""
+
+    __slots__ = ("id", "device", "generation", "closed")
+
+    def __init__(self, id, device, generation):
+        self.id = id
+        self.device = device
+        self.generation = generation
+        self.closed = False
+
+    def __str__(self):
+        return self.id
+
+    def __repr__(self):
+        state = " closed" if self.closed else ""
+        return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{state}>"
+
+
 def _buffer_id(buf):
     return buf.id if isinstance(buf, Buffer) else str(buf)
+
+
+def _event_id(ev):
+    return ev.id if isinstance(ev, Event) else str(ev)
 
 
 def _id_device(ident):
@@ -172,7 +194,7 @@ class Client:
         self._generations = {}    # device -> last generation seen
         self._buffers = {}        # id -> Buffer
         self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
-        self._events = {}         # id -> (device, generation)
+        self._events = {}         # id -> Event
 
     # -- connections -------------------------------------------------------
 
@@ -231,6 +253,9 @@ class Client:
             if buf.device == device and buf.generation < generation:
                 del self._buffers[bid]
                 buf._drop()
+        for eid, ev in list(self._events.items()):
+            if ev.device == device and ev.generation < generation:
+                del self._events[eid]
 
     def _worker(self, device):
         conn = self._workers.get(device)
@@ -349,14 +374,23 @@ class Client:
         self._buffers[buf.id] = buf
         return buf
 
+    def _import_fd(self, device, kind, fd, size, offset):
+        params = {"device": int(device), "kind": kind, "size": int(size), "fd": 0}
+        if offset:
+            params["offset"] = int(offset)
+        return self._import(device, params, fds=[fd])
+
     def import_memfd(self, device, fd, size, offset=0):
         """Map ``size`` bytes at ``offset`` of a memfd (any mappable fd) the
         caller owns (host backend).  The fd is passed with SCM_RIGHTS; the
         caller may close its copy afterwards."""
-        params = {"device": int(device), "kind": "host_fd", "size": int(size), "fd": 0}
-        if offset:
-            params["offset"] = int(offset)
-        return self._import(device, params, fds=[fd])
+        return self._import_fd(device, "host_fd", fd, size, offset)
+
+    def import_cuda_fd(self, device, fd, size, offset=0):
+        """Map [offset, offset+size) of a CUDA VMM allocation exported as a
+        POSIX file descriptor (cuMemExportToShareableHandle).  The fd is
+        passed with SCM_RIGHTS; the caller may close its copy afterwards."""
+        return self._import_fd(device, "cuda_fd", fd, size, offset)
 
     def import_cuda_ipc(self, device, handle_bytes, offset, size, keepalive=None):
         """Map [offset, offset+size) of the allocation a cudaIpcMemHandle_t
@@ -399,19 +433,24 @@ class Client:
         self._tensor_buffers[key] = buf
         return buf
 
+    def _close(self, method, key, ident, obj, forget):
+        """Close a buffer or event (obj: ours, or None for a bare id) in its
+        worker and forget it, unless the connection broke with the call in
+        flight: then the worker may still hold it."""
+        device = obj.device if obj is not None else _id_device(ident)
+        try:
+            reply = self._worker_call(device, method, {key: ident})
+        except (errors.StaleGeneration, errors.NoSuchObject):
+            forget(obj)  # regend holds it no more either way
+            raise
+        forget(obj)
+        return reply
+
     def close_buffer(self, buffer):
         """Unmap a buffer in regend, then drop what kept its memory alive.
         After a ConnectionReset the buffer is kept: the worker may still map it."""
         bid = _buffer_id(buffer)
-        buf = self._buffers.get(bid)
-        device = buf.device if buf else _id_device(bid)
-        try:
-            reply = self._worker_call(device, "io.regen.Memory.CloseBuffer", {"buffer": bid})
-        except (errors.StaleGeneration, errors.NoSuchObject):
-            self._forget(buf)  # regend maps it no more either way
-            raise
-        self._forget(buf)
-        return reply
+        return self._close("io.regen.Memory.CloseBuffer", "buffer", bid, self._buffers.get(bid), self._forget)
 
     def close_tensor(self, tensor, device=None):
         """Close the buffer import_tensor (or a GEMM on the tensor) made for
@@ -437,13 +476,25 @@ class Client:
         buf._drop()
 
     def import_event(self, device, handle_bytes):
-        """Import a cudaIpcEventHandle_t (64 bytes or 128 hex digits); returns its id."""
-        handle = handle_bytes if isinstance(handle_bytes, str) else bytes(handle_bytes).hex()
+        """Import a cudaIpcEventHandle_t (64 bytes, or 128 hex digits) of an
+        event created with interprocess=True; returns an :class:`Event` for
+        the ``wait_event``/``signal_event`` of compute calls."""
+        handle = _handle_hex(handle_bytes, "cudaIpcEventHandle_t")
         reply = self._worker_call(device, "io.regen.Memory.ImportEvent", {"device": int(device), "handle": handle})
-        return reply["event"]
+        ev = Event(reply["event"], int(device), reply["generation"])
+        self._note_generation(ev.device, ev.generation)
+        self._events[ev.id] = ev
+        return ev
 
     def close_event(self, event):
-        return self._worker_call(_id_device(event), "io.regen.Memory.CloseEvent", {"event": event})
+        """Forget an event in regend (an Event or its id)."""
+        eid = _event_id(event)
+        return self._close("io.regen.Memory.CloseEvent", "event", eid, self._events.get(eid), self._forget_event)
+
+    def _forget_event(self, ev):
+        if ev is not None:
+            ev.closed = True
+            self._events.pop(ev.id, None)
 
     # -- io.regen.Compute (worker socket) ----------------------------------
 
@@ -468,9 +519,9 @@ class Client:
         params = {n: o.to_wire() for n, o in ops.items()}
         params.update(scalars)
         if wait_event is not None:
-            params["wait_event"] = wait_event
+            params["wait_event"] = _event_id(wait_event)
         if signal_event is not None:
-            params["signal_event"] = signal_event
+            params["signal_event"] = _event_id(signal_event)
         if tensors:
             _sync_torch(tensors)
         try:
@@ -527,6 +578,23 @@ class Client:
         return self._compute("io.regen.Compute.AttentionBackward", named, scalars, wait_event, signal_event)
 
 
+_HEXDIGITS = frozenset("0123456789abcdef")
+
+
+def _handle_hex(handle, what):
+    """The 128 lowercase hex digits of a 64-byte CUDA IPC handle given as
+    its bytes or in hex (either case)."""
+    if isinstance(handle, str):
+        h = handle.strip().lower()
+        if len(h) != 128 or not _HEXDIGITS.issuperset(h):
+            raise ValueError(f"a {what} in hex is 128 hex digits, got {len(h)} characters: {handle[:20]!r}...")
+        return h
+    raw = bytes(handle)
+    if len(raw) != 64:
+        raise ValueError(f"a {what} is 64 bytes, got {len(raw)}")
+    return raw.hex()
+
+
 def _attention_scalars(scale, causal, causal_alignment):
     scalars = {"causal": bool(causal)}
     if scale is not None:
@@ -541,11 +609,7 @@ def _attention_scalars(scale, causal, causal_alignment):
 def normalize_ipc_handle(handle):
     """128 hex digits of a cudaIpcMemHandle_t from what torch or CUDA gives."""
     if isinstance(handle, str):
-        h = handle.strip().lower()
-        if len(h) != 128:
-            raise ValueError(f"a cudaIpcMemHandle_t in hex has 128 digits, got {len(h)}")
-        bytes.fromhex(h)
-        return h
+        return _handle_hex(handle, "cudaIpcMemHandle_t")
     raw = bytes(handle)
     if len(raw) == 64:
         return raw.hex()

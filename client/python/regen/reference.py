@@ -38,6 +38,15 @@ def _rows(x, bh, s, d):
     return [[x[(g * s + i) * d:(g * s + i + 1) * d] for i in range(s)] for g in range(bh)]
 
 
+def _exp_scores(q_row, keys, scale, last):
+    """(e, sum of e, max score): e[j] = exp(score_j - max) for the scaled
+    scores of q_row against keys 0..last."""
+    scores = [scale * math.fsum(x * y for x, y in zip(q_row, keys[j])) for j in range(last + 1)]
+    mx = max(scores)
+    e = [math.exp(s - mx) for s in scores]
+    return e, math.fsum(e), mx
+
+
 def _last_key(i, sq, skv, causal, alignment):
     """The last key query row i sees."""
     if not causal:
@@ -64,10 +73,7 @@ def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False, hkv=None,
         kg = _kv(g, h, hkv)
         for i in range(sq):
             last = _last_key(i, sq, skv, causal, alignment)
-            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[kg][j])) for j in range(last + 1)]
-            mx = max(scores)
-            e = [math.exp(s - mx) for s in scores]
-            z = math.fsum(e)
+            e, z, mx = _exp_scores(Q[g][i], K[kg], scale, last)
             lse.append(mx + math.log(z))
             for t in range(dv):
                 o.append(math.fsum(e[j] * V[kg][j][t] for j in range(last + 1)) / z)
@@ -89,10 +95,7 @@ def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=Fa
         kg = _kv(g, h, hkv)
         for i in range(sq):
             last = _last_key(i, sq, skv, causal, alignment)
-            scores = [scale * math.fsum(x * y for x, y in zip(Q[g][i], K[kg][j])) for j in range(last + 1)]
-            mx = max(scores)
-            e = [math.exp(s - mx) for s in scores]
-            z = math.fsum(e)
+            e, z, _ = _exp_scores(Q[g][i], K[kg], scale, last)
             p = [x / z for x in e]
             dp = [math.fsum(dO[g][i][t] * V[kg][j][t] for t in range(dv)) for j in range(last + 1)]
             row = math.fsum(pj * dpj for pj, dpj in zip(p, dp))

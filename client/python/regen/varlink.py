@@ -6,7 +6,6 @@ message with fds goes out with one sendmsg() for its head.
 """
 
 import array
-import errno
 import json
 import select
 import socket
@@ -17,7 +16,6 @@ __all__ = ["Connection", "MAX_MESSAGE"]
 
 # regend refuses messages over 1 MiB; replies are far smaller.
 MAX_MESSAGE = 1 << 20
-_BROKEN = (errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED, errno.ENOTCONN, errno.EBADF)
 
 
 class Connection:

@@ -24,6 +24,14 @@ TOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
 daemon = None
 
 
+def outcome_of(call, *args, **kwargs):
+    """What call(...) gave: its result, or the regen.Error it raised."""
+    try:
+        return call(*args, **kwargs)
+    except regen.Error as e:
+        return e
+
+
 def setUpModule():
     global daemon
     if not find_regend():
@@ -58,6 +66,19 @@ class DaemonTest(unittest.TestCase):
     def assertClose(self, out, ref, dtype, what=""):
         err = reference.rel_error(out, ref)
         self.assertLessEqual(err, TOL[dtype], f"{what}: rel error {err:.3e} > {TOL[dtype]:.0e}")
+
+    def square(self, n, device=None):
+        """a, b (random) and d (to be written), each [n, n] f32."""
+        return (self.tensor([n, n], device=device), self.tensor([n, n], device=device),
+                self.tensor([n, n], fill=False, device=device))
+
+    def assertServesAgain(self, a, b, d, device):
+        """a, b, d imported again (their ids went stale) and d = a @ b right."""
+        for t in (a, b, d):
+            t.import_into(self.c, device)
+        self.c.gemm(a.op, b.op, d.op)
+        n = a.shape[0]
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), n, n, n), "f32")
 
     def generation_of(self, device):
         return next(d for d in self.c.generation()["devices"] if d["index"] == device)["generation"]
@@ -235,15 +256,14 @@ class Errors(DaemonTest):
         self.assertIn("K must agree", cm.exception.reason)
 
     def test_invalid_operand_past_the_buffer(self):
-        a, b, d = self.tensor([8, 8]), self.tensor([8, 8]), self.tensor([8, 8], fill=False)
+        a, b, d = self.square(8)
         with self.assertRaises(regen.InvalidOperand) as cm:
             self.c.gemm(regen.Operand(a.buffer, 64, "f32", [8, 8]), b.op, d.op)
         self.assertEqual(cm.exception.operand, "a")
 
     def test_stale_after_release(self):
         dev = 1
-        a, b = self.tensor([4, 4], device=dev), self.tensor([4, 4], device=dev)
-        d = self.tensor([4, 4], fill=False, device=dev)
+        a, b, d = self.square(4, dev)
         self.c.gemm(a.op, b.op, d.op)
         gen = self.generation_of(dev)
         reply = self.c.release(dev, reason="python test")
@@ -294,6 +314,32 @@ class Errors(DaemonTest):
         with self.assertRaises(regen.ImportFailed) as cm:
             self.c.import_memfd(0, t.fd, 4096)
         self.assertEqual(cm.exception.kind, "host_fd")
+
+    def test_cuda_kinds_and_events_on_the_host_backend(self):
+        """The host backend maps no CUDA memory and imports no CUDA events:
+        each refusal is the named error a rank can act on."""
+        t = self.tensor([64])
+        with self.assertRaises(regen.ImportFailed) as cm:
+            self.c.import_cuda_fd(0, t.fd, 256)
+        self.assertEqual(cm.exception.kind, "cuda_fd")
+        with self.assertRaises(regen.ImportFailed) as cm:
+            self.c.import_cuda_ipc(0, bytes(64), 0, 256)
+        self.assertEqual(cm.exception.kind, "cuda_ipc")
+        with self.assertRaises(regen.MethodNotImplemented) as cm:
+            self.c.import_event(0, bytes(64))
+        self.assertEqual(cm.exception.method, "io.regen.Memory.ImportEvent")
+
+    def test_events_nobody_imported(self):
+        gen = self.generation_of(0)
+        ghost = f"e0.{gen}.999999"
+        with self.assertRaises(regen.NoSuchObject) as cm:
+            self.c.close_event(ghost)
+        self.assertEqual(cm.exception.id, ghost)
+        a, b, d = self.square(4)
+        for key in ("wait_event", "signal_event"):
+            with self.subTest(event=key), self.assertRaises(regen.NoSuchObject) as cm:
+                self.c.gemm(a.op, b.op, d.op, **{key: ghost})
+            self.assertEqual(cm.exception.id, ghost)
 
     def test_invalid_parameter_and_method_not_found(self):
         with self.assertRaises(regen.InvalidParameter) as cm:
@@ -370,7 +416,7 @@ class Lifecycle(DaemonTest):
             self.assertEqual(ev["device"], 0)
 
     def test_reconnect_after_worker_crash(self):
-        a, b, d = self.tensor([8, 8]), self.tensor([8, 8]), self.tensor([8, 8], fill=False)
+        a, b, d = self.square(8)
         self.c.gemm(a.op, b.op, d.op)
         before = self.c.device_info(0)
         self.c.inject_fault(0, "crash")
@@ -391,33 +437,21 @@ class Lifecycle(DaemonTest):
             self.c.gemm(a.op, b.op, d.op)
         self.assertEqual(cm.exception.generation, info["generation"])
         # ... and after importing again, work goes on.
-        for t in (a, b, d):
-            t.import_into(self.c, 0)
-        self.c.gemm(a.op, b.op, d.op)
-        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 8, 8, 8), "f32")
+        self.assertServesAgain(a, b, d, 0)
 
     def test_call_in_flight_when_worker_crashes(self):
         """A call hangs in the worker; the worker crashes: that call raises
         ConnectionReset, the next one reconnects."""
         dev = 1
-        a, b = self.tensor([8, 8], device=dev), self.tensor([8, 8], device=dev)
-        d = self.tensor([8, 8], fill=False, device=dev)
+        a, b, d = self.square(8, dev)
         gen = self.generation_of(dev)
         self.c.inject_fault(dev, "hang")
         outcome = {}
 
         def in_flight():
             with regen.Client(daemon.socket, timeout=60) as c2:
-                try:
-                    c2.gemm(a.op, b.op, d.op)
-                    outcome["first"] = "returned"
-                except regen.Error as e:
-                    outcome["first"] = e
-                try:
-                    c2.gemm(a.op, b.op, d.op)
-                    outcome["second"] = "returned"
-                except regen.Error as e:
-                    outcome["second"] = e
+                outcome["first"] = outcome_of(c2.gemm, a.op, b.op, d.op)
+                outcome["second"] = outcome_of(c2.gemm, a.op, b.op, d.op)
 
         t = threading.Thread(target=in_flight)
         t.start()
@@ -427,13 +461,10 @@ class Lifecycle(DaemonTest):
         self.assertIsInstance(outcome.get("first"), regen.ConnectionReset, repr(outcome))
         self.assertIsInstance(outcome.get("second"), regen.StaleGeneration, repr(outcome))
         self.assertGreater(outcome["second"].generation, gen)
-        for x in (a, b, d):
-            x.import_into(self.c, dev)
-        self.c.gemm(a.op, b.op, d.op)
-        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 8, 8, 8), "f32")
+        self.assertServesAgain(a, b, d, dev)
 
     def test_device_lost(self):
-        a, b, d = self.tensor([8, 8]), self.tensor([8, 8]), self.tensor([8, 8], fill=False)
+        a, b, d = self.square(8)
         gen = self.generation_of(0)
         self.c.inject_fault(0, "device_lost")
         # Calls fail with DeviceLost while the worker resets, then with
@@ -452,35 +483,24 @@ class Lifecycle(DaemonTest):
                 self.assertGreater(e.generation, gen)
                 break
             self.assertLess(time.monotonic(), deadline)
-        for t in (a, b, d):
-            t.import_into(self.c, 0)
-        self.c.gemm(a.op, b.op, d.op)
-        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 8, 8, 8), "f32")
+        self.assertServesAgain(a, b, d, 0)
         self.assertIn("device_lost", self.c.device_info(0)["reason"])
 
     def test_draining_during_a_stuck_restart(self):
         """A call hangs; a restart drains past its deadline; meanwhile new
         work is refused with Draining; then the device serves again."""
         dev = 1
-        a, b = self.tensor([4, 4], device=dev), self.tensor([4, 4], device=dev)
-        d = self.tensor([4, 4], fill=False, device=dev)
+        a, b, d = self.square(4, dev)
         self.c.inject_fault(dev, "hang")
         results = {}
 
         def stuck():
             with regen.Client(daemon.socket, timeout=60) as c2:
-                try:
-                    c2.gemm(a.op, b.op, d.op)
-                    results["stuck"] = "ok"
-                except regen.Error as e:
-                    results["stuck"] = type(e).__name__
+                results["stuck"] = outcome_of(c2.gemm, a.op, b.op, d.op)
 
         def restart():
             with regen.Client(daemon.socket, timeout=60) as c3:
-                try:
-                    results["restart"] = c3.restart(dev, reason="stuck", deadline_ms=300)
-                except regen.Error as e:
-                    results["restart"] = e
+                results["restart"] = outcome_of(c3.restart, dev, reason="stuck", deadline_ms=300)
 
         t1 = threading.Thread(target=stuck)
         t1.start()
@@ -504,10 +524,7 @@ class Lifecycle(DaemonTest):
         self.assertEqual(refused.device, dev)
         self.assertIn("stuck", results)
         # Whatever happened to the worker, the device serves again.
-        for t in (a, b, d):
-            t.import_into(self.c, dev)
-        self.c.gemm(a.op, b.op, d.op)
-        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 4, 4, 4), "f32")
+        self.assertServesAgain(a, b, d, dev)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,18 @@ class ErrorClasses(unittest.TestCase):
         self.assertEqual(e.name, "io.regen.InvalidOperand")
         self.assertEqual(e.parameters["name"], "evil")
 
+    def test_names_agree_with_libregen(self):
+        """The wire names are libregen's REGEN_ERROR_* (client/include/regen.h),
+        both ways: the C and the Python client know the same errors."""
+        with open(os.path.join(HERE, "..", "..", "include", "regen.h")) as f:
+            defines = dict(re.findall(r'^#define (REGEN_ERROR_\w+)\s+"([^"]+)"', f.read(), re.M))
+        self.assertGreater(len(defines), 15)
+        for macro, name in defines.items():
+            with self.subTest(error=name):
+                self.assertIn(name, errors._by_name, f"{macro} has no class")
+                self.assertEqual(errors._by_name[name].name, name)
+        self.assertEqual(set(errors._by_name), set(defines.values()))
+
     def test_connection_errors_are_connection_errors(self):
         self.assertTrue(issubclass(regen.ConnectionReset, ConnectionError))
         self.assertTrue(issubclass(regen.Unavailable, ConnectionError))
@@ -149,9 +161,6 @@ class References(unittest.TestCase):
         self.assertEqual(o, [3.0, 4.0])
         self.assertAlmostEqual(lse[0], math.log(4))
 
-
-if __name__ == "__main__":
-    unittest.main()
 
 
 class _FakeStorage:
@@ -303,3 +312,84 @@ class TensorMapping(unittest.TestCase):
         self.c._worker_call = stale_once
         self.assertEqual(self.c.gemm(x, y, z), 5)
         self.assertEqual(self.calls[-1][1]["a"]["buffer"].split(".")[1], "2")
+
+
+class EventsAndFds(unittest.TestCase):
+    """ImportEvent/CloseEvent, cuda_fd and wait/signal events on the wire,
+    with the sockets replaced by a log."""
+
+    def setUp(self):
+        self.c = regen.Client("/nonexistent.sock")
+        self.calls = []
+        self.serial = 0
+
+        def worker_call(device, method, params, fds=()):
+            self.calls.append((device, method, params, list(fds)))
+            self.serial += 1
+            if method == "io.regen.Memory.ImportEvent":
+                return {"event": f"e{device}.1.{self.serial}", "generation": 1}
+            if method == "io.regen.Memory.ImportBuffer":
+                return {"buffer": f"b{device}.1.{self.serial}", "generation": 1, "size": params["size"]}
+            if method.startswith("io.regen.Memory.Close"):
+                return {}
+            return {"elapsed_us": 3}
+
+        self.c._worker_call = worker_call
+
+    def test_import_event_and_close(self):
+        raw = bytes(range(64))
+        ev = self.c.import_event(1, raw)
+        self.assertIsInstance(ev, regen.Event)
+        self.assertEqual((ev.id, ev.device, ev.generation, str(ev)), ("e1.1.1", 1, 1, "e1.1.1"))
+        self.assertEqual(self.calls[-1][1:3], ("io.regen.Memory.ImportEvent", {"device": 1, "handle": raw.hex()}))
+        # Hex in either case is taken as the same handle.
+        self.c.import_event(1, raw.hex().upper())
+        self.assertEqual(self.calls[-1][2]["handle"], raw.hex())
+        self.c.close_event(ev)
+        self.assertEqual(self.calls[-1][:3], (1, "io.regen.Memory.CloseEvent", {"event": "e1.1.1"}))
+        self.assertTrue(ev.closed)
+        # An id string works as well, and names its device.
+        self.c.close_event("e0.1.9")
+        self.assertEqual(self.calls[-1][:3], (0, "io.regen.Memory.CloseEvent", {"event": "e0.1.9"}))
+
+    def test_bad_event_handles_are_refused_here(self):
+        for bad in (bytes(63), bytes(65), "zz" * 64, "ab" * 63, "0x" + "ab" * 63):
+            with self.subTest(handle=bad), self.assertRaisesRegex(ValueError, "cudaIpcEventHandle_t"):
+                self.c.import_event(0, bad)
+        self.assertEqual(self.calls, [])
+
+    def test_generation_change_forgets_events(self):
+        ev = self.c.import_event(0, bytes(64))
+        self.c._note_generation(0, 2)
+        self.assertNotIn(ev.id, self.c._events)
+
+    def test_cuda_fd(self):
+        fd = os.memfd_create("regen-test")
+        try:
+            buf = self.c.import_cuda_fd(0, fd, 8192, offset=4096)
+        finally:
+            os.close(fd)
+        device, method, params, fds = self.calls[-1]
+        self.assertEqual(method, "io.regen.Memory.ImportBuffer")
+        self.assertEqual(params, {"device": 0, "kind": "cuda_fd", "size": 8192, "fd": 0, "offset": 4096})
+        self.assertEqual(fds, [fd])
+        self.assertEqual((buf.kind, buf.size), ("cuda_fd", 8192))
+
+    def test_compute_calls_carry_events(self):
+        wait, signal = self.c.import_event(0, bytes(64)), self.c.import_event(0, bytes([1]) * 64)
+        op = regen.Operand("b0.1.7", 0, "f32", [4, 4])
+        q = regen.Operand("b0.1.7", 0, "f32", [1, 1, 4, 4])
+        self.c.gemm(op, op, op, wait_event=wait, signal_event=signal)
+        self.assertEqual((self.calls[-1][2]["wait_event"], self.calls[-1][2]["signal_event"]), (wait.id, signal.id))
+        self.c.attention(q, q, q, q, signal_event=signal.id)
+        self.assertNotIn("wait_event", self.calls[-1][2])
+        self.assertEqual(self.calls[-1][2]["signal_event"], signal.id)
+        self.c.attention_backward(q, q, q, q, q, regen.Operand("b0.1.7", 0, "f32", [1, 1, 4]), q, q, q,
+                                  wait_event=wait)
+        self.assertEqual(self.calls[-1][1], "io.regen.Compute.AttentionBackward")
+        self.assertEqual(self.calls[-1][2]["wait_event"], wait.id)
+        self.assertNotIn("signal_event", self.calls[-1][2])
+
+
+if __name__ == "__main__":
+    unittest.main()

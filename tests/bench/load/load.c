@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/include/regen.h"
 #include "proto/frame.h"
 #include "proto/message.h"
 
@@ -198,11 +199,11 @@ static enum outcome classify(const char *error, struct client *cl)
 {
 	if (!error)
 		return O_OK;
-	if (strcmp(error, "io.regen.Draining") == 0)
+	if (strcmp(error, REGEN_ERROR_DRAINING) == 0)
 		return O_DRAINING;
-	if (strcmp(error, "io.regen.StaleGeneration") == 0)
+	if (strcmp(error, REGEN_ERROR_STALE_GENERATION) == 0)
 		return O_STALE;
-	if (strcmp(error, "io.regen.DeviceLost") == 0)
+	if (strcmp(error, REGEN_ERROR_DEVICE_LOST) == 0)
 		return O_LOST;
 	if (!cl->res->other[0])
 		snprintf(cl->res->other, sizeof(cl->res->other), "%s", error);

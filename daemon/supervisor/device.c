@@ -1,0 +1,481 @@
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/log.h"
+#include "daemon/supervisor/device.h"
+
+/* How long a worker may take to answer Release/Reset, and to come back. */
+#define LIFECYCLE_TIMEOUT_MS 30000
+/* What a worker gets beyond the drain deadline to say how its drain went. */
+#define DRAIN_GRACE_MS 2000
+/* The drain deadline of the Reset that a reported fault queues. */
+#define FAULT_DRAIN_DEADLINE_MS 2000
+/* A worker that dies sooner than this after it came up counts toward the
+ * crash streak: the next one starts after 200 ms, 400 ms, ... up to the max. */
+#define CRASH_WINDOW_NS 2000000000ull
+#define RESPAWN_BACKOFF_MAX_MS 5000
+
+/* Where a lifecycle operation stands. */
+enum op_step {
+	OP_QUEUED,            /* waits for the one before it, or for the worker to serve */
+	OP_DRAINING,          /* Worker.Drain sent: the calls in flight finish, until the deadline */
+	OP_APPLYING,          /* Worker.Release or Worker.Reset sent */
+	OP_AWAITING_WORKER,   /* the worker was lost or killed: ends when the next one reports Ready */
+};
+
+struct rd_sv_op {
+	enum rd_sv_verb verb;
+	enum op_step step;
+	char reason[128];
+	unsigned deadline_ms;
+	void *request;        /* the client's, handed back through request_finished; NULL for a fault's Reset */
+	struct rd_sv_op *next;
+};
+
+static void op_start(struct rd_sv_device *d);
+static void spawn(struct rd_sv_device *d);
+
+const char *rd_sv_verb_name(enum rd_sv_verb verb)
+{
+	static const char *const names[] = { "release", "reset", "restart" };
+	return names[verb];
+}
+
+static const struct rd_sv_device_events *events(const struct rd_sv_device *d)
+{
+	return d->env->events;
+}
+
+static void set_state(struct rd_sv_device *d, enum rp_state state)
+{
+	if (d->state == state)
+		return;
+	rd_debug("lifecycle", d->index, d->generation, 0, "%s -> %s", rp_state_name(d->state), rp_state_name(state));
+	d->state = state;
+	events(d)->state_changed(d, d->env->data);
+}
+
+/* The one place a generation changes. */
+static void bump_generation(struct rd_sv_device *d, const char *reason)
+{
+	d->generation++;
+	snprintf(d->reason, sizeof(d->reason), "%s", reason);
+	rd_info("lifecycle", d->index, d->generation, 0, "generation %llu: %s", (unsigned long long)d->generation, reason);
+	events(d)->generation_bumped(d, d->env->data);
+}
+
+/* A device being respawned had its generation bumped when its worker was
+ * lost (or it still starts its first worker, which never served): the
+ * worker that is lost now costs no second bump. */
+static void bump_for_lost_worker(struct rd_sv_device *d, const char *why)
+{
+	if (d->state != RP_STATE_RESPAWNING)
+		bump_generation(d, why);
+	set_state(d, RP_STATE_RESPAWNING);
+}
+
+static void take_memory(struct rd_sv_device *d, const cJSON *params)
+{
+	cJSON *used = cJSON_GetObjectItemCaseSensitive(params, "memory_used");
+	cJSON *base = cJSON_GetObjectItemCaseSensitive(params, "memory_baseline");
+
+	if (cJSON_IsNumber(used))
+		d->memory_used = (uint64_t)used->valuedouble;
+	if (cJSON_IsNumber(base))
+		d->memory_baseline = (uint64_t)base->valuedouble;
+}
+
+/* ---- Lifecycle operations ---- */
+
+/* The worker serves and no operation runs: a faulted device waits only
+ * for its reset. */
+static bool can_start_op(const struct rd_sv_device *d)
+{
+	return d->state == RP_STATE_READY || d->state == RP_STATE_FAULTED;
+}
+
+static void op_finish(struct rd_sv_device *d, const char *failure)
+{
+	struct rd_sv_op *op = d->ops;
+
+	if (!op)
+		return;
+	uv_timer_stop(&d->timer);
+	d->ops = op->next;
+	rd_info("lifecycle", d->index, d->generation, 0, "%s done%s%s", rd_sv_verb_name(op->verb),
+		failure ? ": " : "", failure ? failure : "");
+	if (op->request)
+		events(d)->request_finished(d, op->request, failure, d->env->data);
+	free(op);
+	if (d->ops && can_start_op(d))
+		op_start(d);
+}
+
+void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const char *reason, unsigned deadline_ms,
+			  void *request)
+{
+	struct rd_sv_op *op, **tail;
+
+	/* After rd_sv_device_stop nothing runs: its timers are closed (a
+	 * worker may still report a fault while it drains). */
+	op = *d->env->stopping ? NULL : calloc(1, sizeof(*op));
+	if (!op) {
+		if (request)
+			events(d)->request_finished(d, request, *d->env->stopping ? "regend is stopping" : "out of memory",
+						    d->env->data);
+		return;
+	}
+	op->verb = verb;
+	op->step = OP_QUEUED;
+	op->deadline_ms = deadline_ms;
+	op->request = request;
+	snprintf(op->reason, sizeof(op->reason), "%s", reason);
+	for (tail = &d->ops; *tail; tail = &(*tail)->next)
+		;
+	*tail = op;
+	if (d->ops == op && can_start_op(d))
+		op_start(d);
+}
+
+static void kill_worker(struct rd_sv_device *d, const char *why)
+{
+	rd_warn("lifecycle", d->index, d->generation, 0, "killing worker %d: %s", d->worker.pid, why);
+	rd_sv_worker_kill(&d->worker, SIGKILL);
+}
+
+static void on_op_timeout(uv_timer_t *t);
+
+/* The operation now ends when the next worker reports Ready, or fails when
+ * none does within the lifecycle timeout. */
+static void op_await_worker(struct rd_sv_device *d)
+{
+	if (!d->ops || d->ops->step == OP_QUEUED)
+		return;
+	d->ops->step = OP_AWAITING_WORKER;
+	uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
+}
+
+/* The worker did not answer in time, or cannot recover in process: the one
+ * cleanup that never leaks vendor state is its exit. */
+static void op_escalate(struct rd_sv_device *d, const char *why)
+{
+	bump_for_lost_worker(d, why);
+	op_await_worker(d);
+	kill_worker(d, why);
+}
+
+static void on_op_timeout(uv_timer_t *t)
+{
+	struct rd_sv_device *d = t->data;
+
+	if (d->ops && d->ops->step == OP_AWAITING_WORKER) {
+		char why[96];
+		snprintf(why, sizeof(why), "the worker did not come back within %d s", LIFECYCLE_TIMEOUT_MS / 1000);
+		op_finish(d, why);
+		return;
+	}
+	if (rd_sv_worker_running(&d->worker))
+		op_escalate(d, "worker did not answer before the deadline");
+}
+
+static void on_lifecycle_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct rd_sv_device *d = userdata;
+	struct rd_sv_op *op = d->ops;
+
+	if (!op || op->step != OP_APPLYING)
+		return;
+	if (!reply) {
+		/* The worker died mid-release; its exit respawns it. */
+		op_await_worker(d);
+		return;
+	}
+	if (reply->error) {
+		op_escalate(d, reply->error);
+		return;
+	}
+	if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply->params, "healthy"))) {
+		op_escalate(d, "worker reset failed its canary");
+		return;
+	}
+	take_memory(d, reply->params);
+	set_state(d, RP_STATE_READY);
+	bump_generation(d, op->reason);
+	op_finish(d, NULL);
+}
+
+static void send_lifecycle(struct rd_sv_device *d, bool reset)
+{
+	cJSON *params = cJSON_CreateObject();
+
+	d->ops->step = OP_APPLYING;
+	set_state(d, reset ? RP_STATE_RESETTING : RP_STATE_RELEASED);
+	/* The generation the worker serves next, and the epoch then: ours go
+	 * up to them when the worker says it does (another device's change in
+	 * between reaches the worker as an Epoch call). */
+	cJSON_AddNumberToObject(params, "generation", (double)(d->generation + 1));
+	cJSON_AddNumberToObject(params, "epoch", (double)(*d->env->epoch + 1));
+	uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
+	if (rd_sv_device_call(d, reset ? "io.regen.Worker.Reset" : "io.regen.Worker.Release", params, on_lifecycle_reply,
+			      d) < 0)
+		op_escalate(d, "control channel to the worker is gone");
+}
+
+/* A Reset resets; so does a Restart of a device whose worker reported a
+ * fault, before the operation started (it drains as RESETTING) or while it
+ * drained (FAULTED). A Release releases. */
+static bool op_resets(const struct rd_sv_device *d, const struct rd_sv_op *op)
+{
+	return op->verb == RD_SV_RESET ||
+	       (op->verb == RD_SV_RESTART && (d->state == RP_STATE_FAULTED || d->state == RP_STATE_RESETTING));
+}
+
+static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct rd_sv_device *d = userdata;
+	struct rd_sv_op *op = d->ops;
+
+	if (!op || op->step != OP_DRAINING)
+		return;
+	uv_timer_stop(&d->timer);
+	if (!reply) {
+		op_await_worker(d);
+		return;
+	}
+	if (reply->error || !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply->params, "drained"))) {
+		/* Calls still in flight past the deadline: the worker may be hung
+		 * in a kernel or a vendor library. */
+		op_escalate(d, "drain deadline passed with calls in flight");
+		return;
+	}
+	send_lifecycle(d, op_resets(d, op));
+}
+
+static void op_start(struct rd_sv_device *d)
+{
+	struct rd_sv_op *op = d->ops;
+	cJSON *params;
+
+	if (!op || op->step != OP_QUEUED)
+		return;
+	rd_info("lifecycle", d->index, d->generation, 0, "%s: %s", rd_sv_verb_name(op->verb), op->reason);
+	op->step = OP_DRAINING;
+	set_state(d, op->verb == RD_SV_RESET || d->state == RP_STATE_FAULTED ? RP_STATE_RESETTING : RP_STATE_DRAINING);
+	params = cJSON_CreateObject();
+	cJSON_AddNumberToObject(params, "deadline_ms", op->deadline_ms);
+	uv_timer_start(&d->timer, on_op_timeout, (uint64_t)op->deadline_ms + DRAIN_GRACE_MS, 0);
+	if (rd_sv_device_call(d, "io.regen.Worker.Drain", params, on_drain_reply, d) < 0)
+		op_escalate(d, "control channel to the worker is gone");
+}
+
+/* ---- The worker process ---- */
+
+static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
+{
+	struct rd_sv_device *d = data;
+
+	snprintf(d->backend, sizeof(d->backend), "%s", ready->backend);
+	snprintf(d->worker_socket, sizeof(d->worker_socket), "%s", ready->worker_socket);
+	d->memory_used = ready->memory_used;
+	d->memory_baseline = ready->memory_baseline;
+	d->up_since_ns = uv_hrtime();
+	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
+	set_state(d, RP_STATE_READY);
+	if (d->ops && d->ops->step == OP_AWAITING_WORKER) {
+		/* The lost worker already gave the device its new generation. */
+		events(d)->respawned(d, d->env->data);
+		op_finish(d, NULL);
+	} else if (d->ops) {
+		op_start(d);
+	} else if (d->respawns) {
+		events(d)->respawned(d, d->env->data);
+	}
+	events(d)->worker_ready(d, d->env->data);
+}
+
+static void on_worker_faulted(void *data, const char *reason)
+{
+	struct rd_sv_device *d = data;
+	char why[128];
+
+	snprintf(why, sizeof(why), "fault: %.110s", reason);
+	rd_warn("lifecycle", d->index, d->generation, 0, "worker reports %s", why);
+	if (!d->ops) {
+		/* Shown until the reset below starts. */
+		set_state(d, RP_STATE_FAULTED);
+		rd_sv_device_enqueue(d, RD_SV_RESET, why, FAULT_DRAIN_DEADLINE_MS, NULL);
+	} else if (d->state == RP_STATE_DRAINING) {
+		/* A Restart draining now resets instead of releasing (op_resets). */
+		set_state(d, RP_STATE_FAULTED);
+	}
+}
+
+static void on_respawn_timer(uv_timer_t *t)
+{
+	struct rd_sv_device *d = t->data;
+
+	if (!rd_sv_worker_running(&d->worker) && !*d->env->stopping)
+		spawn(d);
+}
+
+static void on_worker_exited(void *data, const char *why)
+{
+	struct rd_sv_device *d = data;
+	unsigned backoff;
+
+	if (*d->env->stopping)
+		return;
+	rd_warn("lifecycle", d->index, d->generation, 0, "%s", why);
+	bump_for_lost_worker(d, why);
+	/* A worker that keeps dying right after start is not respawned in a
+	 * tight loop. */
+	if (uv_hrtime() - d->up_since_ns < CRASH_WINDOW_NS)
+		d->crash_streak++;
+	else
+		d->crash_streak = 0;
+	backoff = d->crash_streak ? 100u << (d->crash_streak < 6 ? d->crash_streak : 6) : 0;
+	if (backoff > RESPAWN_BACKOFF_MAX_MS)
+		backoff = RESPAWN_BACKOFF_MAX_MS;
+	op_await_worker(d);
+	if (backoff)
+		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
+	else
+		spawn(d);
+}
+
+static const struct rd_sv_worker_events worker_events = { on_worker_ready, on_worker_faulted, on_worker_exited };
+
+static void spawn(struct rd_sv_device *d)
+{
+	struct rd_options wopts = *d->env->opts;
+
+	/* The worker runs the backend "auto" resolved to, in our generation. */
+	snprintf(wopts.backend, sizeof(wopts.backend), "%s", d->backend);
+	wopts.worker_device = d->index;
+	wopts.worker_generation = d->generation;
+	wopts.worker_epoch = *d->env->epoch;
+	if (rd_sv_worker_spawn(&d->worker, d->env->exe, &wopts) < 0) {
+		uv_timer_start(&d->respawn_timer, on_respawn_timer, RESPAWN_BACKOFF_MAX_MS, 0);
+		return;
+	}
+	if (d->up_since_ns)
+		d->respawns++;
+	d->up_since_ns = uv_hrtime();
+}
+
+/* ---- Start, stop, and what the supervisor asks ---- */
+
+void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *env, int index, const char *backend)
+{
+	memset(d, 0, sizeof(*d));
+	d->env = env;
+	d->index = index;
+	d->generation = 1;
+	d->state = RP_STATE_RESPAWNING;
+	snprintf(d->backend, sizeof(d->backend), "%s", backend);
+	snprintf(d->reason, sizeof(d->reason), "started");
+	rd_worker_socket_path(env->opts, index, d->worker_socket, sizeof(d->worker_socket));
+	rd_sv_worker_init(&d->worker, env->loop, index, &worker_events, d);
+	uv_timer_init(env->loop, &d->timer);
+	d->timer.data = d;
+	uv_timer_init(env->loop, &d->respawn_timer);
+	d->respawn_timer.data = d;
+}
+
+void rd_sv_device_start(struct rd_sv_device *d)
+{
+	spawn(d);
+}
+
+void rd_sv_device_stop(struct rd_sv_device *d, const char *why)
+{
+	struct rd_sv_op *op;
+
+	while ((op = d->ops)) {
+		d->ops = op->next;
+		if (op->request)
+			events(d)->request_finished(d, op->request, why, d->env->data);
+		free(op);
+	}
+	uv_timer_stop(&d->timer);
+	uv_close((uv_handle_t *)&d->timer, NULL);
+	uv_timer_stop(&d->respawn_timer);
+	uv_close((uv_handle_t *)&d->respawn_timer, NULL);
+	/* The worker drains on SIGTERM and exits. */
+	rd_sv_worker_kill(&d->worker, SIGTERM);
+}
+
+void rd_sv_device_kill(struct rd_sv_device *d, const char *why)
+{
+	if (rd_sv_worker_running(&d->worker))
+		kill_worker(d, why);
+}
+
+void rd_sv_device_tell_epoch(struct rd_sv_device *d)
+{
+	cJSON *params = cJSON_CreateObject();
+
+	cJSON_AddNumberToObject(params, "epoch", (double)*d->env->epoch);
+	/* A worker without a channel starts with the epoch on its command line. */
+	rd_sv_worker_call(&d->worker, "io.regen.Worker.Epoch", params, true, NULL, NULL);
+}
+
+bool rd_sv_device_serving(const struct rd_sv_device *d)
+{
+	return d->state == RP_STATE_READY && d->worker.ctl;
+}
+
+int rd_sv_device_call(struct rd_sv_device *d, const char *method, cJSON *params, rd_reply_cb cb, void *userdata)
+{
+	return rd_sv_worker_call(&d->worker, method, params, false, cb, userdata);
+}
+
+struct memory_refresh {
+	struct rd_sv_device *d;
+	void (*done)(void *data);
+	void *data;
+};
+
+static void on_stats_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct memory_refresh *r = userdata;
+
+	if (reply && !reply->error)
+		take_memory(r->d, reply->params);
+	r->done(r->data);
+	free(r);
+}
+
+int rd_sv_device_refresh_memory(struct rd_sv_device *d, void (*done)(void *data), void *data)
+{
+	struct memory_refresh *r;
+	int ret;
+
+	if (!rd_sv_device_serving(d))
+		return -EAGAIN;
+	r = malloc(sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	*r = (struct memory_refresh){ d, done, data };
+	ret = rd_sv_device_call(d, "io.regen.Worker.Stats", NULL, on_stats_reply, r);
+	if (ret < 0)
+		free(r);
+	return ret;
+}
+
+void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
+{
+	*out = (struct rp_device_info){
+		.index = (uint32_t)d->index,
+		.generation = d->generation,
+		.state = d->state,
+		.backend = d->backend,
+		.worker_socket = d->worker_socket,
+		.worker_pid = d->worker.pid,
+		.respawns = d->respawns,
+		.memory_used = d->memory_used,
+		.memory_baseline = d->memory_baseline,
+		.reason = d->reason,
+	};
+}

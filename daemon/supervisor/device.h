@@ -1,0 +1,106 @@
+/* One device, as the supervisor holds it: its state and generation, its
+ * queue of lifecycle operations, and its worker process, respawned (with a
+ * growing pause when it keeps dying) whenever it is lost.
+ *
+ * A lifecycle operation (Release, Reset, Restart; a reported fault queues a
+ * Reset of its own) runs alone on its device: Drain with the deadline, then
+ * Release (CUDA usable) or Reset (context lost) in the worker, and the
+ * generation goes up by one when the worker serves again. A worker that
+ * does not answer in time, fails its canary or leaves calls stuck past the
+ * drain deadline is killed and respawned instead: process exit is the one
+ * cleanup that never leaks vendor state. docs/lifecycle.md tells it for
+ * people.
+ *
+ * The device reports upward through rd_sv_device_events and reads what all
+ * devices share through rd_sv_device_env; it never reaches into the
+ * supervisor. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+#include "daemon/options.h"
+#include "proto/device.h"
+#include "daemon/supervisor/worker_process.h"
+
+enum rd_sv_verb { RD_SV_RELEASE, RD_SV_RESET, RD_SV_RESTART };
+
+const char *rd_sv_verb_name(enum rd_sv_verb verb);
+
+struct rd_sv_device;
+
+struct rd_sv_device_events {
+	/* Every change of d->state. */
+	void (*state_changed)(struct rd_sv_device *d, void *data);
+	/* d->generation went up by one, for d->reason: the node's epoch goes
+	 * up with it, and watchers hear of it. */
+	void (*generation_bumped)(struct rd_sv_device *d, void *data);
+	/* A respawned worker serves: watchers hear that d is ready again (its
+	 * generation went up when the previous worker was lost). */
+	void (*respawned)(struct rd_sv_device *d, void *data);
+	/* A worker reported Ready (after d's operations moved on). */
+	void (*worker_ready)(struct rd_sv_device *d, void *data);
+	/* d's part of a request given to rd_sv_device_enqueue ended; failure
+	 * is NULL on success. */
+	void (*request_finished)(struct rd_sv_device *d, void *request, const char *failure, void *data);
+};
+
+/* What every device reads and the supervisor owns. */
+struct rd_sv_device_env {
+	uv_loop_t *loop;
+	const char *exe;                        /* regend itself, run again as a worker */
+	const struct rd_options *opts;          /* the live settings */
+	const uint64_t *epoch;                  /* the node's, which every worker answers in Generation */
+	const bool *stopping;                   /* regend is stopping: nothing is respawned */
+	const struct rd_sv_device_events *events;
+	void *data;
+};
+
+struct rd_sv_op;
+
+struct rd_sv_device {
+	const struct rd_sv_device_env *env;
+	int index;
+	uint64_t generation;           /* starts at 1, up by one per release, reset and respawn */
+	enum rp_state state;
+	char reason[128];              /* why the generation last changed */
+	char backend[16];
+	char worker_socket[108];
+	struct rd_sv_worker worker;
+	uint64_t respawns;
+	uint64_t memory_used, memory_baseline;
+	unsigned crash_streak;         /* workers in a row that died soon after they came up */
+	uint64_t up_since_ns;          /* when the worker last started or reported Ready; 0 before the first */
+	struct rd_sv_op *ops;          /* the first runs, the rest wait */
+	uv_timer_t timer;              /* the running operation's deadline */
+	uv_timer_t respawn_timer;      /* the pause before a respawn */
+};
+
+/* Device `index`, in generation 1, respawning until its first worker is
+ * ready. */
+void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *env, int index, const char *backend);
+/* Starts its first worker. */
+void rd_sv_device_start(struct rd_sv_device *d);
+/* regend stops: every queued request finishes with `why`, the timers close
+ * and the worker gets SIGTERM (it drains and exits). */
+void rd_sv_device_stop(struct rd_sv_device *d, const char *why);
+/* SIGKILL to a worker that is still running, saying why in the log. */
+void rd_sv_device_kill(struct rd_sv_device *d, const char *why);
+
+/* Queues a lifecycle operation; request (NULL: none) comes back through
+ * request_finished. */
+void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const char *reason, unsigned deadline_ms,
+			  void *request);
+
+/* Tells the worker the node's epoch (it changed). */
+void rd_sv_device_tell_epoch(struct rd_sv_device *d);
+/* Ready, with a control channel to its worker. */
+bool rd_sv_device_serving(const struct rd_sv_device *d);
+/* A call to the worker (params consumed); -ENOTCONN while there is none. */
+int rd_sv_device_call(struct rd_sv_device *d, const char *method, cJSON *params, rd_reply_cb cb, void *userdata);
+/* Asks a serving worker for fresh memory numbers; done(data) follows, with
+ * or without them. -EAGAIN (not serving), -ENOMEM: done never comes. */
+int rd_sv_device_refresh_memory(struct rd_sv_device *d, void (*done)(void *data), void *data);
+/* io.regen.Device.DeviceInfo. */
+/* The device as io.regen.Device.DeviceInfo says it (strings point into d). */
+void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out);

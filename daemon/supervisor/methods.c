@@ -1,0 +1,332 @@
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/log.h"
+#include "daemon/supervisor/methods.h"
+#include "proto/errors.h"
+#include "proto/params.h"
+
+/* The longest deadline_ms a Restart may ask for, as for drain_deadline_ms. */
+#define DEADLINE_MAX_MS 3600000
+
+static struct rd_supervisor *supervisor_of(const struct rd_call *call)
+{
+	return call->conn->data;
+}
+
+/* Status, Generation and the lifecycle verbs' replies; Restart's also say
+ * how long it took. */
+static cJSON *status_json(const struct rd_supervisor *sv, bool restart, uint64_t elapsed_ns)
+{
+	struct rp_device_info devices[RD_DEVICES_MAX];
+	struct rp_status st = {
+		.epoch = sv->watch.epoch,
+		.devices = devices,
+		.ndevices = (size_t)sv->ndevices,
+		.has_elapsed_us = restart,
+		.elapsed_us = elapsed_ns / 1000,
+	};
+
+	for (int i = 0; i < sv->ndevices; i++)
+		rd_sv_device_info(&sv->devices[i], &devices[i]);
+	return rp_status_encode(&st);
+}
+
+/* "device": absent = every device (-1), else one this regend serves. */
+static int parse_device_param(struct rd_call *call, int *device)
+{
+	const struct rd_supervisor *sv = supervisor_of(call);
+	struct rp_error err = { 0 };
+	uint64_t v;
+	int r = rp_params_uint(call->msg.params, "device", RD_DEVICES_MAX * 4, UINT64_MAX, &v, &err);
+
+	if (r < 0) {
+		rd_call_fail(call, &err);
+		return -EINVAL;
+	}
+	if (r == 1) {
+		*device = -1;
+		return 0;
+	}
+	if (v >= (uint64_t)sv->ndevices) {
+		rp_error_set(&err, RP_ERR_NO_SUCH_DEVICE, "device %llu is not served; this regend has %d device(s)",
+			     (unsigned long long)v, sv->ndevices);
+		rp_error_add_int(&err, "device", (long long)v);
+		rd_call_fail(call, &err);
+		return -EINVAL;
+	}
+	*device = (int)v;
+	return 0;
+}
+
+static bool check_fields(struct rd_call *call, const struct rp_field *fields)
+{
+	struct rp_error err = { 0 };
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0) {
+		rd_call_fail(call, &err);
+		return false;
+	}
+	return true;
+}
+
+static const struct rp_field no_fields[] = { { NULL } };
+
+/* ---- Status and Generation ---- */
+
+/* A Status waits for fresh memory numbers from every worker that serves. */
+struct status_gather {
+	struct rd_call *call;
+	unsigned remaining;
+};
+
+static void status_gathered(void *data)
+{
+	struct status_gather *g = data;
+
+	if (--g->remaining)
+		return;
+	rd_call_reply(g->call, status_json(supervisor_of(g->call), false, 0), false);
+	free(g);
+}
+
+static void method_status(struct rd_call *call)
+{
+	struct rd_supervisor *sv = supervisor_of(call);
+	struct status_gather *g;
+
+	if (!check_fields(call, no_fields))
+		return;
+	g = calloc(1, sizeof(*g));
+	if (!g) {
+		rd_call_reply(call, status_json(sv, false, 0), false);
+		return;
+	}
+	g->call = call;
+	g->remaining = 1;
+	for (int i = 0; i < sv->ndevices; i++)
+		if (rd_sv_device_refresh_memory(&sv->devices[i], status_gathered, g) == 0)
+			g->remaining++;
+	status_gathered(g);
+}
+
+static void method_generation(struct rd_call *call)
+{
+	if (check_fields(call, no_fields))
+		rd_call_reply(call, status_json(supervisor_of(call), false, 0), false);
+}
+
+static void method_watch(struct rd_call *call)
+{
+	struct rd_supervisor *sv = supervisor_of(call);
+	struct rp_error err = { 0 };
+
+	if (!check_fields(call, no_fields))
+		return;
+	if (rd_sv_watch_subscribe(&sv->watch, call, sv->devices, sv->ndevices) < 0) {
+		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for a watcher");
+		rp_error_add_int(&err, "device", -1);
+		rd_call_fail(call, &err);
+	}
+}
+
+/* ---- Release, Reset, Restart ---- */
+
+/* A client's Release/Reset/Restart over one or every device: answered when
+ * the last device's part ends, with the first failure if any. */
+struct request {
+	struct rd_call *call;
+	enum rd_sv_verb verb;
+	unsigned remaining;
+	uint64_t start_ns;
+	char failure[256];
+	int failed_device;
+	uint64_t failed_generation;
+};
+
+void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *failure, void *data)
+{
+	struct rd_supervisor *sv = data;
+	struct request *req = request;
+
+	if (failure && !req->failure[0]) {
+		snprintf(req->failure, sizeof(req->failure), "%s", failure);
+		req->failed_device = d->index;
+		req->failed_generation = d->generation;
+	}
+	if (--req->remaining)
+		return;
+	if (req->failure[0]) {
+		struct rp_error err = { 0 };
+		rp_error_set(&err, sv->stopping ? RP_ERR_DRAINING : RP_ERR_TIMEOUT, "device %d: %s", req->failed_device,
+			     req->failure);
+		rp_error_add_int(&err, "device", req->failed_device);
+		if (sv->stopping)
+			rp_error_add_int(&err, "generation", (long long)req->failed_generation);
+		else
+			rp_error_add_int(&err, "elapsed_ms", (long long)((uv_hrtime() - req->start_ns) / 1000000));
+		rd_call_fail(req->call, &err);
+	} else {
+		rd_call_reply(req->call, status_json(sv, req->verb == RD_SV_RESTART, uv_hrtime() - req->start_ns), false);
+	}
+	free(req);
+}
+
+static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
+{
+	static const struct rp_field fields[] = {
+		{ "device", RP_T_INT, false },
+		{ "reason", RP_T_STRING, false },
+		{ "deadline_ms", RP_T_INT, false },
+		{ NULL },
+	};
+	static const struct rp_field fields_no_deadline[] = {
+		{ "device", RP_T_INT, false },
+		{ "reason", RP_T_STRING, false },
+		{ NULL },
+	};
+	struct rd_supervisor *sv = supervisor_of(call);
+	struct rp_error err = { 0 };
+	struct request *req;
+	const char *reason = NULL;
+	uint64_t deadline;
+	char reason_buf[128];
+	int device;
+
+	if (!check_fields(call, verb == RD_SV_RESTART ? fields : fields_no_deadline) ||
+	    parse_device_param(call, &device) < 0)
+		return;
+	if (rp_params_string(call->msg.params, "reason", 120, NULL, &reason, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "deadline_ms", DEADLINE_MAX_MS, sv->opts.drain_deadline_ms, &deadline,
+			   &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	if (sv->stopping) {
+		rp_error_set(&err, RP_ERR_DRAINING, "regend is shutting down");
+		rp_error_add_int(&err, "device", device);
+		rp_error_add_int(&err, "generation", device >= 0 ? (long long)sv->devices[device].generation : 0);
+		rd_call_fail(call, &err);
+		return;
+	}
+	snprintf(reason_buf, sizeof(reason_buf), "%s by pid %d%s%s", rd_sv_verb_name(verb), (int)call->conn->peer.pid,
+		 reason ? ": " : "", reason ? reason : "");
+	req = calloc(1, sizeof(*req));
+	if (!req) {
+		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for the request");
+		rp_error_add_int(&err, "device", device);
+		rd_call_fail(call, &err);
+		return;
+	}
+	req->call = call;
+	req->verb = verb;
+	req->start_ns = uv_hrtime();
+	req->remaining = device < 0 ? (unsigned)sv->ndevices : 1;
+	rd_info("lifecycle", device, 0, call->conn->peer.pid, "%s requested", reason_buf);
+	for (int i = 0; i < sv->ndevices; i++)
+		if (device < 0 || device == i)
+			rd_sv_device_enqueue(&sv->devices[i], verb, reason_buf, (unsigned)deadline, req);
+}
+
+static void method_release(struct rd_call *call) { lifecycle_method(call, RD_SV_RELEASE); }
+static void method_reset(struct rd_call *call) { lifecycle_method(call, RD_SV_RESET); }
+static void method_restart(struct rd_call *call) { lifecycle_method(call, RD_SV_RESTART); }
+
+/* ---- InjectFault ---- */
+
+static void on_inject_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct rd_call *call = userdata;
+
+	/* A crash takes the control channel down before any reply: that is
+	 * the fault having been injected. */
+	if (!reply || !reply->error) {
+		rd_call_reply(call, NULL, false);
+		return;
+	}
+	struct rp_error err = { 0 };
+	rp_error_set(&err, RP_ERR_BACKEND, "the worker refused the fault");
+	cJSON_Delete(err.params);
+	err.params = cJSON_Duplicate(reply->params, true);
+	err.name = strcmp(reply->error, RP_ERR_METHOD_NOT_IMPLEMENTED) == 0 ? RP_ERR_METHOD_NOT_IMPLEMENTED : RP_ERR_BACKEND;
+	rd_call_fail(call, &err);
+}
+
+static void method_inject_fault(struct rd_call *call)
+{
+	static const struct rp_field fields[] = {
+		{ "device", RP_T_INT, true },
+		{ "kind", RP_T_STRING, true },
+		{ NULL },
+	};
+	static const char *const kinds[] = { "crash", "device_lost", "hang", NULL };
+	struct rd_supervisor *sv = supervisor_of(call);
+	struct rp_error err = { 0 };
+	struct rd_sv_device *d;
+	int device, kind;
+
+	if (!check_fields(call, fields) || parse_device_param(call, &device) < 0)
+		return;
+	if (rp_params_enum(call->msg.params, "kind", kinds, -1, &kind, &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	if (!sv->opts.fault_injection) {
+		rd_call_failf(call, RP_ERR_FAULT_INJECTION_DISABLED,
+			      "regend was started without --enable-fault-injection");
+		return;
+	}
+	d = &sv->devices[device];
+	if (!rd_sv_device_serving(d)) {
+		rp_error_set(&err, RP_ERR_DRAINING, "device %d is %s; try again when it is ready", device,
+			     rp_state_name(d->state));
+		rp_error_add_int(&err, "device", device);
+		rp_error_add_int(&err, "generation", (long long)d->generation);
+		rd_call_fail(call, &err);
+		return;
+	}
+	cJSON *params = cJSON_CreateObject();
+	cJSON_AddStringToObject(params, "kind", kinds[kind]);
+	rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: %s", kinds[kind]);
+	if (rd_sv_device_call(d, "io.regen.Worker.InjectFault", params, on_inject_reply, call) < 0) {
+		rp_error_set(&err, RP_ERR_BACKEND, "the control channel to device %d's worker is gone", device);
+		rp_error_add_int(&err, "device", device);
+		rd_call_fail(call, &err);
+	}
+}
+
+/* Memory and Compute belong on the worker's socket: say where. */
+static void method_wrong_endpoint(struct rd_call *call)
+{
+	const struct rd_supervisor *sv = supervisor_of(call);
+	struct rp_error err = { 0 };
+	cJSON *dev = cJSON_GetObjectItemCaseSensitive(call->msg.params, "device");
+	int index = cJSON_IsNumber(dev) && dev->valuedouble >= 0 && dev->valuedouble < sv->ndevices ? (int)dev->valuedouble : 0;
+	const char *socket = sv->devices[index].worker_socket;
+
+	rp_error_set(&err, RP_ERR_WRONG_ENDPOINT, "%s is served on the device's worker socket %s, not here",
+		     call->msg.method, socket);
+	rp_error_add_str(&err, "method", call->msg.method);
+	rp_error_add_str(&err, "socket", socket);
+	rd_call_fail(call, &err);
+}
+
+static const struct rd_method main_methods[] = {
+	{ "io.regen.Device.Status", method_status },
+	{ "io.regen.Device.Generation", method_generation },
+	{ "io.regen.Device.Watch", method_watch, false, true },
+	{ "io.regen.Device.Release", method_release, true },
+	{ "io.regen.Device.Reset", method_reset, true },
+	{ "io.regen.Device.Restart", method_restart, true },
+	{ "io.regen.Device.InjectFault", method_inject_fault, true },
+	{ "io.regen.Memory.ImportBuffer", method_wrong_endpoint },
+	{ "io.regen.Memory.CloseBuffer", method_wrong_endpoint },
+	{ "io.regen.Memory.ImportEvent", method_wrong_endpoint },
+	{ "io.regen.Memory.CloseEvent", method_wrong_endpoint },
+	{ "io.regen.Compute.Gemm", method_wrong_endpoint },
+	{ "io.regen.Compute.Attention", method_wrong_endpoint },
+	{ "io.regen.Compute.AttentionBackward", method_wrong_endpoint },
+	{ NULL },
+};
+static const char *const main_interfaces[] = { "io.regen", "io.regen.Device", NULL };
+const struct rd_endpoint rd_sv_main_endpoint = { main_methods, main_interfaces };

@@ -1,0 +1,68 @@
+#include "daemon/dispatch.h"
+#include "daemon/log.h"
+#include "daemon/supervisor/methods.h"
+#include "daemon/supervisor/session.h"
+
+static void on_call(struct rd_conn *conn, struct rd_call *call)
+{
+	rd_trace("conn", -1, 0, conn->peer.pid, "call %s", call->msg.method);
+	rd_dispatch(&rd_sv_main_endpoint, call);
+}
+
+static void on_close(struct rd_conn *conn)
+{
+	struct rd_supervisor *sv = conn->data;
+
+	rd_sv_watch_drop(&sv->watch, conn);
+	for (struct rd_conn **c = &sv->sessions; *c; c = &(*c)->next) {
+		if (*c == conn) {
+			*c = conn->next;
+			break;
+		}
+	}
+	rd_debug("conn", -1, 0, conn->peer.pid, "client gone");
+}
+
+static const struct rd_conn_ops session_ops = { on_call, on_close };
+
+static bool is_admin(const struct rd_supervisor *sv, const struct rd_conn *conn)
+{
+	return rd_peer_is_admin(&conn->peer, sv->opts.admin_gid, sv->opts.have_admin_gid);
+}
+
+void rd_sv_session_accept(int fd, void *data)
+{
+	struct rd_supervisor *sv = data;
+	struct rd_conn *conn;
+	unsigned same_uid = 0;
+
+	if (rd_conn_new(sv->loop, fd, &session_ops, sv, &conn) < 0)
+		return;
+	for (struct rd_conn *c = sv->sessions; c; c = c->next)
+		same_uid += c->peer.uid == conn->peer.uid;
+	conn->admin = is_admin(sv, conn);
+	conn->next = sv->sessions;
+	sv->sessions = conn;
+	if (same_uid >= sv->opts.max_connections) {
+		rd_warn("conn", -1, 0, conn->peer.pid, "refusing connection: uid %u has %u open", (unsigned)conn->peer.uid,
+			same_uid);
+		rd_conn_refuse(conn, "connections", sv->opts.max_connections);
+		return;
+	}
+	rd_debug("conn", -1, 0, conn->peer.pid, "client connected (uid %u%s)", (unsigned)conn->peer.uid,
+		 conn->admin ? ", admin" : "");
+}
+
+void rd_sv_sessions_readmit(struct rd_supervisor *sv)
+{
+	for (struct rd_conn *c = sv->sessions; c; c = c->next)
+		c->admin = is_admin(sv, c);
+}
+
+void rd_sv_sessions_close(struct rd_supervisor *sv)
+{
+	for (struct rd_conn *c = sv->sessions, *next; c; c = next) {
+		next = c->next;
+		rd_conn_close(c);
+	}
+}

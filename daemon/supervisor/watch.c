@@ -1,0 +1,85 @@
+#include <errno.h>
+#include <stdlib.h>
+#include "daemon/supervisor/watch.h"
+#include "proto/errors.h"
+
+struct rd_sv_watcher {
+	struct rd_call *call;
+	struct rd_sv_watcher *next;
+};
+
+void rd_sv_watch_init(struct rd_sv_watch *w)
+{
+	w->epoch = 1;
+	w->watchers = NULL;
+}
+
+static cJSON *event_json(const struct rd_sv_watch *w, const struct rd_sv_device *d, const char *reason)
+{
+	struct rp_watch_event ev = {
+		.epoch = w->epoch,
+		.device = (uint32_t)d->index,
+		.generation = d->generation,
+		.state = d->state,
+		.reason = reason,
+	};
+
+	return rp_watch_event_encode(&ev);
+}
+
+int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const struct rd_sv_device *devices, int n)
+{
+	struct rd_sv_watcher *watcher = calloc(1, sizeof(*watcher));
+
+	if (!watcher)
+		return -ENOMEM;
+	watcher->call = call;
+	watcher->next = w->watchers;
+	w->watchers = watcher;
+	for (int i = 0; i < n; i++)
+		rd_call_reply(call, event_json(w, &devices[i], "subscribed"), true);
+	return 0;
+}
+
+void rd_sv_watch_announce(struct rd_sv_watch *w, const struct rd_sv_device *d)
+{
+	for (struct rd_sv_watcher *watcher = w->watchers; watcher; watcher = watcher->next)
+		rd_call_reply(watcher->call, event_json(w, d, d->reason), true);
+}
+
+void rd_sv_watch_bump(struct rd_sv_watch *w, const struct rd_sv_device *d)
+{
+	w->epoch++;
+	rd_sv_watch_announce(w, d);
+}
+
+void rd_sv_watch_drop(struct rd_sv_watch *w, struct rd_conn *conn)
+{
+	struct rd_sv_watcher **p = &w->watchers;
+
+	while (*p) {
+		if ((*p)->call->conn == conn) {
+			struct rd_sv_watcher *gone = *p;
+			*p = gone->next;
+			rd_call_reply(gone->call, NULL, false);
+			free(gone);
+		} else {
+			p = &(*p)->next;
+		}
+	}
+}
+
+void rd_sv_watch_end(struct rd_sv_watch *w)
+{
+	while (w->watchers) {
+		struct rd_sv_watcher *gone = w->watchers;
+		struct rp_error err = { 0 };
+
+		w->watchers = gone->next;
+		rp_error_set(&err, RP_ERR_DRAINING, "regend is stopping");
+		rp_error_add_int(&err, "device", -1);
+		rp_error_add_int(&err, "generation", 0);
+		rd_call_fail(gone->call, &err);
+		free(gone);
+	}
+}

@@ -1,0 +1,187 @@
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "daemon/dispatch.h"
+#include "daemon/log.h"
+#include "daemon/supervisor/worker_process.h"
+#include "proto/params.h"
+
+/* The worker's end of the control channel: stdio[3] below. */
+#define WORKER_CTL_FD 3
+
+void rd_sv_worker_init(struct rd_sv_worker *w, uv_loop_t *loop, int device, const struct rd_sv_worker_events *events,
+		       void *data)
+{
+	memset(w, 0, sizeof(*w));
+	w->loop = loop;
+	w->device = device;
+	w->events = events;
+	w->data = data;
+}
+
+/* ---- What the worker calls: io.regen.Worker.Ready and Faulted ---- */
+
+static void ctl_ready(struct rd_call *call)
+{
+	struct rd_sv_worker *w = call->conn->data;
+	cJSON *p = call->msg.params;
+	struct rd_sv_worker_ready ready = { 0 };
+	struct rp_error err = { 0 };
+
+	/* The worker is ours: what it leaves out stays empty or zero. */
+	rp_params_string(p, "backend", 15, "", &ready.backend, &err);
+	rp_params_string(p, "worker_socket", 107, "", &ready.worker_socket, &err);
+	rp_params_uint(p, "memory_used", UINT64_MAX, 0, &ready.memory_used, &err);
+	rp_params_uint(p, "memory_baseline", UINT64_MAX, 0, &ready.memory_baseline, &err);
+	rp_error_clear(&err);
+	if (!ready.backend)
+		ready.backend = "";
+	if (!ready.worker_socket)
+		ready.worker_socket = "";
+	/* The strings live in the call: the owner copies them before it ends. */
+	w->events->ready(w->data, &ready);
+	rd_call_reply(call, NULL, false);
+}
+
+static void ctl_faulted(struct rd_call *call)
+{
+	struct rd_sv_worker *w = call->conn->data;
+	const char *reason = NULL;
+	struct rp_error err = { 0 };
+
+	rp_params_string(call->msg.params, "reason", 120, "device fault", &reason, &err);
+	rp_error_clear(&err);
+	w->events->faulted(w->data, reason ? reason : "device fault");
+	rd_call_reply(call, NULL, false);
+}
+
+static const struct rd_method ctl_methods[] = {
+	{ "io.regen.Worker.Ready", ctl_ready },
+	{ "io.regen.Worker.Faulted", ctl_faulted },
+	{ NULL },
+};
+static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };
+static const struct rd_endpoint ctl_endpoint = { ctl_methods, ctl_interfaces };
+
+static void ctl_on_call(struct rd_conn *conn, struct rd_call *call)
+{
+	rd_dispatch(&ctl_endpoint, call);
+}
+
+static void ctl_on_close(struct rd_conn *conn)
+{
+	struct rd_sv_worker *w = conn->data;
+
+	if (w->ctl == conn)
+		w->ctl = NULL;
+}
+
+static const struct rd_conn_ops ctl_ops = { ctl_on_call, ctl_on_close };
+
+/* ---- The process ---- */
+
+static void free_process(uv_handle_t *h)
+{
+	free(h);
+}
+
+static void on_process_exit(uv_process_t *proc, int64_t status, int signal)
+{
+	struct rd_sv_worker *w = proc->data;
+	char why[96];
+
+	if (w->proc == proc)
+		w->proc = NULL;
+	uv_close((uv_handle_t *)proc, free_process);
+	if (w->ctl)
+		rd_conn_close(w->ctl);
+	if (signal)
+		snprintf(why, sizeof(why), "worker exited (signal %d)", signal);
+	else
+		snprintf(why, sizeof(why), "worker exited (status %lld)", (long long)status);
+	w->events->exited(w->data, why);
+}
+
+int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts)
+{
+	struct rd_options o = *wopts;
+	struct rd_argv args;
+	uv_process_t *proc;
+	int pair[2], r;
+
+	o.ctl_fd = WORKER_CTL_FD;
+	r = rd_options_worker_argv(&o, exe, &args);
+	if (r < 0) {
+		rd_err("lifecycle", w->device, 0, 0, "the worker's command line does not fit");
+		return r;
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, pair) < 0) {
+		r = -errno;
+		rd_err("lifecycle", w->device, 0, 0, "socketpair: %s", strerror(-r));
+		return r;
+	}
+	uv_stdio_container_t stdio[WORKER_CTL_FD + 1] = {
+		{ .flags = UV_IGNORE },
+		{ .flags = UV_INHERIT_FD, .data.fd = STDOUT_FILENO },
+		{ .flags = UV_INHERIT_FD, .data.fd = STDERR_FILENO },
+		{ .flags = UV_INHERIT_FD, .data.fd = pair[1] },
+	};
+	uv_process_options_t po = {
+		.exit_cb = on_process_exit,
+		.file = exe,
+		.args = args.argv,
+		.stdio_count = WORKER_CTL_FD + 1,
+		.stdio = stdio,
+	};
+	proc = calloc(1, sizeof(*proc));
+	if (!proc) {
+		close(pair[0]);
+		close(pair[1]);
+		return -ENOMEM;
+	}
+	proc->data = w;
+	r = uv_spawn(w->loop, proc, &po);
+	close(pair[1]);
+	if (r < 0) {
+		rd_err("lifecycle", w->device, 0, 0, "cannot start worker: %s", uv_strerror(r));
+		close(pair[0]);
+		uv_close((uv_handle_t *)proc, free_process);
+		return r;
+	}
+	w->proc = proc;
+	w->pid = proc->pid;
+	if (rd_conn_new(w->loop, pair[0], &ctl_ops, w, &w->ctl) < 0) {
+		/* A worker nobody can talk to is no worker: its exit brings the next. */
+		w->ctl = NULL;
+		rd_warn("lifecycle", w->device, 0, 0, "killing worker %d: cannot watch its control channel", w->pid);
+		uv_process_kill(proc, SIGKILL);
+		return 0;
+	}
+	w->ctl->admin = true;
+	rd_debug("lifecycle", w->device, 0, 0, "started worker %d", w->pid);
+	return 0;
+}
+
+bool rd_sv_worker_running(const struct rd_sv_worker *w)
+{
+	return w->proc != NULL;
+}
+
+void rd_sv_worker_kill(struct rd_sv_worker *w, int signum)
+{
+	if (w->proc)
+		uv_process_kill(w->proc, signum);
+}
+
+int rd_sv_worker_call(struct rd_sv_worker *w, const char *method, cJSON *params, bool oneway, rd_reply_cb cb,
+		      void *userdata)
+{
+	if (!w->ctl) {
+		cJSON_Delete(params);
+		return -ENOTCONN;
+	}
+	return rd_conn_call(w->ctl, method, params, oneway, cb, userdata);
+}

@@ -1,0 +1,53 @@
+/* A device's worker process, as the supervisor runs it: started with a
+ * command line built from the option table, its control channel (a
+ * socketpair on the worker's fd 3 that speaks io.regen.Worker, see
+ * proto/idl/io.regen.Worker.varlink), signalled, and reaped. What the worker
+ * says on that channel, and its exit, go to its owner (the device) through
+ * rd_sv_worker_events; this file decides nothing about the device. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+#include "daemon/conn.h"
+#include "daemon/options.h"
+
+/* What a worker's Ready carries. */
+struct rd_sv_worker_ready {
+	const char *backend;
+	const char *worker_socket;
+	uint64_t memory_used, memory_baseline;
+};
+
+struct rd_sv_worker_events {
+	/* The worker listens on its socket and its backend is open. */
+	void (*ready)(void *data, const struct rd_sv_worker_ready *ready);
+	/* The worker found its context lost (reason: what it saw). */
+	void (*faulted)(void *data, const char *reason);
+	/* The process is gone; why: "worker exited (signal 9)". Its control
+	 * channel is closed by then, and every call on it got reply NULL. */
+	void (*exited)(void *data, const char *why);
+};
+
+struct rd_sv_worker {
+	uv_loop_t *loop;
+	int device;                 /* for the log */
+	uv_process_t *proc;         /* the running process, NULL once it exited; one per spawn, as a closing
+				     * handle is never reused */
+	int pid;                    /* the last process's, for Status */
+	struct rd_conn *ctl;        /* NULL while there is no channel */
+	const struct rd_sv_worker_events *events;
+	void *data;
+};
+
+void rd_sv_worker_init(struct rd_sv_worker *w, uv_loop_t *loop, int device, const struct rd_sv_worker_events *events,
+		       void *data);
+/* Starts exe as a worker with wopts (worker_device, worker_generation and
+ * the rest; ctl_fd is set here). Returns 0, or -errno when no process runs. */
+int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts);
+bool rd_sv_worker_running(const struct rd_sv_worker *w);
+/* Sends signum to the running process, if any; exited follows. */
+void rd_sv_worker_kill(struct rd_sv_worker *w, int signum);
+/* A call on the control channel (params consumed); -ENOTCONN without one. */
+int rd_sv_worker_call(struct rd_sv_worker *w, const char *method, cJSON *params, bool oneway, rd_reply_cb cb,
+		      void *userdata);

@@ -1,0 +1,231 @@
+/* io.regen.Device's replies: the device list and Watch's events. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "params.h"
+
+static const char *const state_names[] = { "ready", "draining", "released", "faulted", "resetting", "respawning" };
+
+const char *rp_state_name(enum rp_state state)
+{
+	return (unsigned)state < RP_STATE_COUNT ? state_names[state] : NULL;
+}
+
+int rp_state_from_name(const char *name)
+{
+	for (int i = 0; name != NULL && i < RP_STATE_COUNT; i++) {
+		if (strcmp(state_names[i], name) == 0)
+			return i;
+	}
+	return -1;
+}
+
+/* A field inside the reply: its decoder names it "<prefix><key>", e.g.
+ * "devices[1].state" (prefix "devices[1].") or "epoch" (prefix ""). */
+static int refuse(struct rp_error *err, const char *prefix, const char *key)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "%s%s", prefix, key);
+	return rp_error_invalid_parameter(err, name);
+}
+
+static int get_uint(const cJSON *obj, const char *prefix, const char *key, uint64_t max, uint64_t *out,
+		    struct rp_error *err)
+{
+	if (rp_params_uint(obj, key, max, 0, out, err) != 0)
+		return refuse(err, prefix, key);
+	return 0;
+}
+
+/* A signed integer a double holds exactly. */
+static int get_int(const cJSON *obj, const char *prefix, const char *key, int64_t *out, struct rp_error *err)
+{
+	const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+	double d;
+
+	if (!cJSON_IsNumber(item))
+		return refuse(err, prefix, key);
+	d = item->valuedouble;
+	if (!isfinite(d) || d != trunc(d) || fabs(d) > 9007199254740992.0)
+		return refuse(err, prefix, key);
+	*out = (int64_t)d;
+	return 0;
+}
+
+/* A string, which may be empty (a worker not yet up has no socket). */
+static int get_string(const cJSON *obj, const char *prefix, const char *key, const char **out, struct rp_error *err)
+{
+	const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+
+	if (!cJSON_IsString(item) || item->valuestring == NULL)
+		return refuse(err, prefix, key);
+	*out = item->valuestring;
+	return 0;
+}
+
+static int get_state(const cJSON *obj, const char *prefix, enum rp_state *out, struct rp_error *err)
+{
+	const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, "state");
+	int state = cJSON_IsString(item) ? rp_state_from_name(item->valuestring) : -1;
+
+	if (state < 0)
+		return refuse(err, prefix, "state");
+	*out = (enum rp_state)state;
+	return 0;
+}
+
+static const char *or_empty(const char *s)
+{
+	return s != NULL ? s : "";
+}
+
+static cJSON *device_info_encode(const struct rp_device_info *d)
+{
+	const char *state = rp_state_name(d->state);
+	cJSON *o = cJSON_CreateObject();
+
+	if (o == NULL || state == NULL || cJSON_AddNumberToObject(o, "index", d->index) == NULL ||
+	    cJSON_AddNumberToObject(o, "generation", (double)d->generation) == NULL ||
+	    cJSON_AddStringToObject(o, "state", state) == NULL ||
+	    cJSON_AddStringToObject(o, "backend", or_empty(d->backend)) == NULL ||
+	    cJSON_AddStringToObject(o, "worker_socket", or_empty(d->worker_socket)) == NULL ||
+	    cJSON_AddNumberToObject(o, "worker_pid", (double)d->worker_pid) == NULL ||
+	    cJSON_AddNumberToObject(o, "respawns", (double)d->respawns) == NULL ||
+	    cJSON_AddNumberToObject(o, "memory_used", (double)d->memory_used) == NULL ||
+	    cJSON_AddNumberToObject(o, "memory_baseline", (double)d->memory_baseline) == NULL ||
+	    cJSON_AddStringToObject(o, "reason", or_empty(d->reason)) == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+static int device_info_decode(const cJSON *o, size_t i, struct rp_device_info *d, struct rp_error *err)
+{
+	char prefix[32];
+	uint64_t index;
+
+	snprintf(prefix, sizeof(prefix), "devices[%zu].", i);
+	if (!cJSON_IsObject(o)) {
+		snprintf(prefix, sizeof(prefix), "devices[%zu]", i);
+		return rp_error_invalid_parameter(err, prefix);
+	}
+	if (get_uint(o, prefix, "index", UINT32_MAX, &index, err) < 0 ||
+	    get_uint(o, prefix, "generation", UINT64_MAX, &d->generation, err) < 0 ||
+	    get_state(o, prefix, &d->state, err) < 0 || get_string(o, prefix, "backend", &d->backend, err) < 0 ||
+	    get_string(o, prefix, "worker_socket", &d->worker_socket, err) < 0 ||
+	    get_int(o, prefix, "worker_pid", &d->worker_pid, err) < 0 ||
+	    get_uint(o, prefix, "respawns", UINT64_MAX, &d->respawns, err) < 0 ||
+	    get_uint(o, prefix, "memory_used", UINT64_MAX, &d->memory_used, err) < 0 ||
+	    get_uint(o, prefix, "memory_baseline", UINT64_MAX, &d->memory_baseline, err) < 0 ||
+	    get_string(o, prefix, "reason", &d->reason, err) < 0)
+		return -EINVAL;
+	d->index = (uint32_t)index;
+	return 0;
+}
+
+cJSON *rp_status_encode(const struct rp_status *status)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON *devices, *d;
+
+	if (o == NULL || cJSON_AddNumberToObject(o, "epoch", (double)status->epoch) == NULL)
+		goto fail;
+	devices = cJSON_AddArrayToObject(o, "devices");
+	if (devices == NULL)
+		goto fail;
+	for (size_t i = 0; i < status->ndevices; i++) {
+		d = device_info_encode(&status->devices[i]);
+		if (d == NULL || !cJSON_AddItemToArray(devices, d)) {
+			cJSON_Delete(d);
+			goto fail;
+		}
+	}
+	if (status->has_elapsed_us && cJSON_AddNumberToObject(o, "elapsed_us", (double)status->elapsed_us) == NULL)
+		goto fail;
+	return o;
+fail:
+	cJSON_Delete(o);
+	return NULL;
+}
+
+int rp_status_decode(const cJSON *params, struct rp_status *out, struct rp_error *err)
+{
+	const cJSON *devices, *d;
+	size_t i = 0;
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	if (!cJSON_IsObject(params))
+		return rp_error_invalid_parameter(err, "parameters");
+	if (get_uint(params, "", "epoch", UINT64_MAX, &out->epoch, err) < 0)
+		return -EINVAL;
+	devices = cJSON_GetObjectItemCaseSensitive(params, "devices");
+	if (!cJSON_IsArray(devices))
+		return rp_error_invalid_parameter(err, "devices");
+	out->ndevices = (size_t)cJSON_GetArraySize(devices);
+	out->devices = calloc(out->ndevices > 0 ? out->ndevices : 1, sizeof(*out->devices));
+	if (out->devices == NULL) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	cJSON_ArrayForEach(d, devices) {
+		r = device_info_decode(d, i, &out->devices[i], err);
+		if (r < 0)
+			goto fail;
+		i++;
+	}
+	r = rp_params_uint(params, "elapsed_us", UINT64_MAX, 0, &out->elapsed_us, err);
+	if (r < 0)
+		goto fail;
+	out->has_elapsed_us = r == 0;
+	return 0;
+fail:
+	rp_status_finish(out);
+	return r;
+}
+
+void rp_status_finish(struct rp_status *status)
+{
+	if (status == NULL)
+		return;
+	free(status->devices);
+	memset(status, 0, sizeof(*status));
+}
+
+cJSON *rp_watch_event_encode(const struct rp_watch_event *event)
+{
+	const char *state = rp_state_name(event->state);
+	cJSON *o = cJSON_CreateObject();
+
+	if (o == NULL || state == NULL || cJSON_AddNumberToObject(o, "epoch", (double)event->epoch) == NULL ||
+	    cJSON_AddNumberToObject(o, "device", event->device) == NULL ||
+	    cJSON_AddNumberToObject(o, "generation", (double)event->generation) == NULL ||
+	    cJSON_AddStringToObject(o, "state", state) == NULL ||
+	    cJSON_AddStringToObject(o, "reason", or_empty(event->reason)) == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+int rp_watch_event_decode(const cJSON *params, struct rp_watch_event *out, struct rp_error *err)
+{
+	uint64_t device;
+
+	memset(out, 0, sizeof(*out));
+	if (!cJSON_IsObject(params))
+		return rp_error_invalid_parameter(err, "parameters");
+	if (get_uint(params, "", "epoch", UINT64_MAX, &out->epoch, err) < 0 ||
+	    get_uint(params, "", "device", UINT32_MAX, &device, err) < 0 ||
+	    get_uint(params, "", "generation", UINT64_MAX, &out->generation, err) < 0 ||
+	    get_state(params, "", &out->state, err) < 0 || get_string(params, "", "reason", &out->reason, err) < 0)
+		return -EINVAL;
+	out->device = (uint32_t)device;
+	return 0;
+}

@@ -1,0 +1,86 @@
+/* io.regen.Device's replies as structs: the device list that Status,
+ * Generation, Release, Reset and Restart answer with, and Watch's events,
+ * each encoded and decoded in one place.
+ *
+ * Encoders return a new cJSON object, NULL on ENOMEM. Decoders check every
+ * field the IDL declares: present, of its type (integers exact, states one
+ * of io.regen.Device.State), else org.varlink.service.InvalidParameter
+ * {parameter} naming it ("devices[1].state"). Fields they do not know are
+ * ignored: a newer daemon may add some. Decoded strings point into the
+ * cJSON they came from. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cjson/cJSON.h>
+#include "message.h"
+
+#define RP_DEVICE_STATUS      "io.regen.Device.Status"
+#define RP_DEVICE_GENERATION  "io.regen.Device.Generation"
+#define RP_DEVICE_WATCH       "io.regen.Device.Watch"
+#define RP_DEVICE_RELEASE     "io.regen.Device.Release"
+#define RP_DEVICE_RESET       "io.regen.Device.Reset"
+#define RP_DEVICE_RESTART     "io.regen.Device.Restart"
+#define RP_DEVICE_INJECT_FAULT "io.regen.Device.InjectFault"
+
+/* io.regen.Device.State, in the IDL's order: the one device-state enum of
+ * regend (the supervisor holds each device's; docs/lifecycle.md draws the
+ * transitions) and of libregen. */
+enum rp_state {
+	RP_STATE_READY = 0,     /* serving */
+	RP_STATE_DRAINING,      /* a Release/Restart refuses new work and waits for the calls in flight */
+	RP_STATE_RELEASED,      /* the worker destroys its resources properly (CUDA usable) */
+	RP_STATE_FAULTED,       /* the worker reported a lost context; a reset follows */
+	RP_STATE_RESETTING,     /* the context is thrown away and rebuilt in process */
+	RP_STATE_RESPAWNING,    /* the worker process is being replaced, or starts for the first time */
+	RP_STATE_COUNT,
+};
+
+/* "ready", "draining", ...; NULL out of range. */
+const char *rp_state_name(enum rp_state state);
+/* The state of that name, -1 when there is none. */
+int rp_state_from_name(const char *name);
+
+/* io.regen.Device.DeviceInfo. For the encoder a NULL string is "". */
+struct rp_device_info {
+	uint32_t index;
+	uint64_t generation;
+	enum rp_state state;
+	const char *backend;
+	const char *worker_socket;
+	int64_t worker_pid;
+	uint64_t respawns;
+	uint64_t memory_used, memory_baseline;
+	const char *reason;
+};
+
+/* The reply of Status, Generation, Release, Reset and Restart: the node
+ * epoch and the devices, and for Restart the time it took. */
+struct rp_status {
+	uint64_t epoch;
+	struct rp_device_info *devices;
+	size_t ndevices;
+	bool has_elapsed_us;
+	uint64_t elapsed_us;
+};
+
+cJSON *rp_status_encode(const struct rp_status *status);
+/* On success out->devices is malloc'ed (rp_status_finish frees it); on
+ * failure *out is left empty. */
+int rp_status_decode(const cJSON *params, struct rp_status *out, struct rp_error *err);
+/* Frees what rp_status_decode allocated. Accepts NULL. */
+void rp_status_finish(struct rp_status *status);
+
+/* One reply of Watch: a device's generation and state after a change (or,
+ * first, with reason "subscribed", as it stands). */
+struct rp_watch_event {
+	uint64_t epoch;
+	uint32_t device;
+	uint64_t generation;
+	enum rp_state state;
+	const char *reason;
+};
+
+cJSON *rp_watch_event_encode(const struct rp_watch_event *event);
+int rp_watch_event_decode(const cJSON *params, struct rp_watch_event *out, struct rp_error *err);

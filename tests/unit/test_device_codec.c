@@ -1,0 +1,271 @@
+/* io.regen.Device's codecs (proto/device.h): the device list of Status,
+ * Generation and the lifecycle replies, and Watch's events. What the daemon
+ * encodes a client decodes to the same struct; a reply that lacks a field
+ * the IDL declares, or has one of the wrong type, is refused naming it; a
+ * field the client does not know is ignored. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/device.h"
+#include "proto/errors.h"
+
+static cJSON *json(const char *text)
+{
+	cJSON *j = cJSON_Parse(text);
+
+	ck_assert_msg(j != NULL, "test JSON does not parse: %s", text);
+	return j;
+}
+
+static void assert_invalid_parameter(struct rp_error *err, const char *name)
+{
+	const cJSON *p;
+
+	ck_assert_ptr_nonnull(err->name);
+	ck_assert_str_eq(err->name, RP_ERR_INVALID_PARAMETER);
+	p = cJSON_GetObjectItemCaseSensitive(err->params, "parameter");
+	ck_assert(cJSON_IsString(p));
+	ck_assert_str_eq(p->valuestring, name);
+	rp_error_clear(err);
+}
+
+START_TEST(state_names)
+{
+	/* The IDL's order: io.regen.Device.State. */
+	static const char *const idl[] = { "ready", "draining", "released", "faulted", "resetting", "respawning" };
+
+	ck_assert_int_eq(RP_STATE_COUNT, 6);
+	for (int i = 0; i < RP_STATE_COUNT; i++) {
+		ck_assert_str_eq(rp_state_name((enum rp_state)i), idl[i]);
+		ck_assert_int_eq(rp_state_from_name(idl[i]), i);
+	}
+	ck_assert_ptr_null(rp_state_name(RP_STATE_COUNT));
+	ck_assert_int_eq(rp_state_from_name("Ready"), -1);
+	ck_assert_int_eq(rp_state_from_name(""), -1);
+	ck_assert_int_eq(rp_state_from_name(NULL), -1);
+}
+END_TEST
+
+static const struct rp_device_info sample_devices[] = {
+	{ 0, 3, RP_STATE_READY, "host", "/run/regen/regend.sock.dev0", 4242, 1, 1 << 20, 4096, "restart by pid 9: x" },
+	{ 1, 1, RP_STATE_RESPAWNING, NULL, NULL, -1, 0, 0, 0, NULL },
+};
+
+static void assert_device_eq(const struct rp_device_info *got, const struct rp_device_info *want)
+{
+	ck_assert_uint_eq(got->index, want->index);
+	ck_assert_uint_eq(got->generation, want->generation);
+	ck_assert_int_eq(got->state, want->state);
+	ck_assert_str_eq(got->backend, want->backend ? want->backend : "");
+	ck_assert_str_eq(got->worker_socket, want->worker_socket ? want->worker_socket : "");
+	ck_assert_int_eq(got->worker_pid, want->worker_pid);
+	ck_assert_uint_eq(got->respawns, want->respawns);
+	ck_assert_uint_eq(got->memory_used, want->memory_used);
+	ck_assert_uint_eq(got->memory_baseline, want->memory_baseline);
+	ck_assert_str_eq(got->reason, want->reason ? want->reason : "");
+}
+
+START_TEST(status_round_trip)
+{
+	struct rp_status in = { .epoch = 7, .devices = (struct rp_device_info *)sample_devices, .ndevices = 2 }, out;
+	struct rp_error err = { 0 };
+	cJSON *p;
+
+	p = rp_status_encode(&in);
+	ck_assert_ptr_nonnull(p);
+	ck_assert_ptr_null(cJSON_GetObjectItem(p, "elapsed_us"));
+	ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), 1), "state")->valuestring,
+			 "respawning");
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), 0);
+	ck_assert_ptr_null(err.name);
+	ck_assert_uint_eq(out.epoch, 7);
+	ck_assert_uint_eq(out.ndevices, 2);
+	ck_assert(!out.has_elapsed_us);
+	assert_device_eq(&out.devices[0], &sample_devices[0]);
+	assert_device_eq(&out.devices[1], &sample_devices[1]);
+	rp_status_finish(&out);
+	ck_assert_ptr_null(out.devices);
+	cJSON_Delete(p);
+
+	/* Restart's reply: the time it took; and no devices at all. */
+	in.ndevices = 0;
+	in.has_elapsed_us = true;
+	in.elapsed_us = 123456;
+	p = rp_status_encode(&in);
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), 0);
+	ck_assert_uint_eq(out.ndevices, 0);
+	ck_assert(out.has_elapsed_us);
+	ck_assert_uint_eq(out.elapsed_us, 123456);
+	rp_status_finish(&out);
+	rp_status_finish(NULL);
+	cJSON_Delete(p);
+}
+END_TEST
+
+START_TEST(status_ignores_unknown_fields)
+{
+	struct rp_status out;
+	struct rp_error err = { 0 };
+	cJSON *p = json("{\"epoch\":1,\"later\":[1],\"devices\":[{\"index\":0,\"generation\":1,\"state\":\"ready\","
+			"\"backend\":\"host\",\"worker_socket\":\"s\",\"worker_pid\":5,\"respawns\":0,"
+			"\"memory_used\":0,\"memory_baseline\":0,\"reason\":\"\",\"temperature\":40}]}");
+
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), 0);
+	ck_assert_uint_eq(out.ndevices, 1);
+	ck_assert_str_eq(out.devices[0].worker_socket, "s");
+	rp_status_finish(&out);
+	cJSON_Delete(p);
+}
+END_TEST
+
+/* Each case: one field of a good two-device reply replaced (value NULL:
+ * removed), and the parameter the refusal must name. */
+static const struct {
+	int device;              /* -1: the top level */
+	const char *key, *value, *parameter;
+} status_refusals[] = {
+	{ -1, "epoch", NULL, "epoch" },
+	{ -1, "epoch", "-1", "epoch" },
+	{ -1, "epoch", "1.5", "epoch" },
+	{ -1, "devices", NULL, "devices" },
+	{ -1, "devices", "{}", "devices" },
+	{ -1, "elapsed_us", "\"7\"", "elapsed_us" },
+	{ 0, "index", NULL, "devices[0].index" },
+	{ 1, "index", "4294967296", "devices[1].index" },
+	{ 1, "generation", "true", "devices[1].generation" },
+	{ 0, "state", "\"sleeping\"", "devices[0].state" },
+	{ 1, "state", NULL, "devices[1].state" },
+	{ 1, "backend", "3", "devices[1].backend" },
+	{ 0, "worker_socket", NULL, "devices[0].worker_socket" },
+	{ 0, "worker_pid", "\"5\"", "devices[0].worker_pid" },
+	{ 0, "worker_pid", "1e300", "devices[0].worker_pid" },
+	{ 1, "respawns", "-2", "devices[1].respawns" },
+	{ 1, "memory_used", NULL, "devices[1].memory_used" },
+	{ 0, "memory_baseline", "null", "devices[0].memory_baseline" },
+	{ 1, "reason", "[]", "devices[1].reason" },
+};
+
+START_TEST(status_refused)
+{
+	struct rp_status in = { .epoch = 7, .devices = (struct rp_device_info *)sample_devices, .ndevices = 2 }, out;
+	struct rp_error err = { 0 };
+	cJSON *p = rp_status_encode(&in), *where;
+
+	where = status_refusals[_i].device < 0
+			? p
+			: cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), status_refusals[_i].device);
+	cJSON_DeleteItemFromObjectCaseSensitive(where, status_refusals[_i].key);
+	if (status_refusals[_i].value != NULL)
+		cJSON_AddItemToObject(where, status_refusals[_i].key, json(status_refusals[_i].value));
+	ck_assert_msg(rp_status_decode(p, &out, &err) == -EINVAL, "%s = %s accepted", status_refusals[_i].key,
+		      status_refusals[_i].value ? status_refusals[_i].value : "(absent)");
+	ck_assert_ptr_null(out.devices);
+	assert_invalid_parameter(&err, status_refusals[_i].parameter);
+	cJSON_Delete(p);
+}
+END_TEST
+
+START_TEST(status_refuses_non_objects)
+{
+	struct rp_status out;
+	struct rp_error err = { 0 };
+	cJSON *p = json("[1]");
+
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), -EINVAL);
+	assert_invalid_parameter(&err, "parameters");
+	cJSON_Delete(p);
+	p = json("{\"epoch\":1,\"devices\":[7]}");
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), -EINVAL);
+	assert_invalid_parameter(&err, "devices[0]");
+	cJSON_Delete(p);
+}
+END_TEST
+
+START_TEST(watch_event_round_trip)
+{
+	struct rp_watch_event in = { 9, 1, 4, RP_STATE_READY, "subscribed" }, out;
+	struct rp_error err = { 0 };
+	cJSON *p = rp_watch_event_encode(&in);
+
+	ck_assert_ptr_nonnull(p);
+	ck_assert_int_eq(cJSON_GetArraySize(p), 5);
+	cJSON_AddStringToObject(p, "later", "x");
+	ck_assert_int_eq(rp_watch_event_decode(p, &out, &err), 0);
+	ck_assert_uint_eq(out.epoch, 9);
+	ck_assert_uint_eq(out.device, 1);
+	ck_assert_uint_eq(out.generation, 4);
+	ck_assert_int_eq(out.state, RP_STATE_READY);
+	ck_assert_str_eq(out.reason, "subscribed");
+	cJSON_Delete(p);
+	/* A state out of range is not encoded. */
+	in.state = RP_STATE_COUNT;
+	ck_assert_ptr_null(rp_watch_event_encode(&in));
+}
+END_TEST
+
+START_TEST(watch_event_refused)
+{
+	static const char *const keys[] = { "epoch", "device", "generation", "state", "reason" };
+	static const char *const bad[] = { "-1", "\"x\"", "0.5", "\"bored\"", "null" };
+	struct rp_watch_event in = { 9, 1, 4, RP_STATE_DRAINING, "restart" }, out;
+	struct rp_error err = { 0 };
+
+	for (int i = 0; i < 5; i++) {
+		for (int absent = 0; absent < 2; absent++) {
+			cJSON *p = rp_watch_event_encode(&in);
+
+			cJSON_DeleteItemFromObjectCaseSensitive(p, keys[i]);
+			if (!absent)
+				cJSON_AddItemToObject(p, keys[i], json(bad[i]));
+			ck_assert_msg(rp_watch_event_decode(p, &out, &err) == -EINVAL, "%s %s accepted", keys[i],
+				      absent ? "absent" : bad[i]);
+			assert_invalid_parameter(&err, keys[i]);
+			cJSON_Delete(p);
+		}
+	}
+	{
+		cJSON *p = json("{\"epoch\":1,\"device\":4294967296,\"generation\":1,\"state\":\"ready\",\"reason\":\"\"}");
+
+		ck_assert_int_eq(rp_watch_event_decode(p, &out, &err), -EINVAL);
+		assert_invalid_parameter(&err, "device");
+		cJSON_Delete(p);
+		p = json("\"event\"");
+		ck_assert_int_eq(rp_watch_event_decode(p, &out, &err), -EINVAL);
+		assert_invalid_parameter(&err, "parameters");
+		cJSON_Delete(p);
+	}
+}
+END_TEST
+
+static Suite *device_suite(void)
+{
+	Suite *s = suite_create("device");
+	TCase *tc = tcase_create("status");
+
+	tcase_add_test(tc, state_names);
+	tcase_add_test(tc, status_round_trip);
+	tcase_add_test(tc, status_ignores_unknown_fields);
+	tcase_add_loop_test(tc, status_refused, 0, sizeof(status_refusals) / sizeof(status_refusals[0]));
+	tcase_add_test(tc, status_refuses_non_objects);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("watch");
+	tcase_add_test(tc, watch_event_round_trip);
+	tcase_add_test(tc, watch_event_refused);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(device_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
