@@ -126,7 +126,7 @@ void rd_compute_call(struct rd_call *call)
 	cc->call = call;
 	cc->session = s;
 	cc->deadline_ns = op->submitted_ns +
-			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : RD_CALL_DEADLINE_DEFAULT_MS) *
+			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : w->opts->call_deadline_ms) *
 				  1000000u;
 	rd_session_call_started(s);
 	rd_health_call_started(w, cc);

@@ -20,6 +20,7 @@
 #include "daemon/backend/health.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
+#include "proto/device.h"
 #include "proto/errors.h"
 
 static uint64_t earliest_deadline(const struct rd_worker *w)
@@ -90,14 +91,14 @@ void rd_health_start(struct rd_worker *w)
 
 	if (w->health_started || !w->dev.backend->health_start)
 		return;
-	if (w->dev.backend->health_start(&w->dev, RD_HEALTH_PERIOD_MS, &err) < 0) {
+	if (w->dev.backend->health_start(&w->dev, w->opts->health_period_ms, &err) < 0) {
 		const char *m = err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : NULL;
 		rd_warn("health", w->dev.index, rd_worker_generation(w), 0, "no health watch: %s", m ? m : "?");
 		rp_error_clear(&err);
 		return;
 	}
 	w->health_started = true;
-	rd_debug("health", w->dev.index, rd_worker_generation(w), 0, "health watch every %u ms", RD_HEALTH_PERIOD_MS);
+	rd_debug("health", w->dev.index, rd_worker_generation(w), 0, "health watch every %u ms", w->opts->health_period_ms);
 }
 
 void rd_health_stop(struct rd_worker *w)
@@ -142,34 +143,27 @@ void rd_health_call_finished(struct rd_worker *w, struct rd_compute_call *cc)
 		uv_timer_stop(&w->deadline_timer);
 }
 
-static void add_tristate(cJSON *o, const char *name, int v)
-{
-	if (v >= 0)
-		cJSON_AddBoolToObject(o, name, v != 0);
-}
-
 cJSON *rd_health_json(struct rd_worker *w)
 {
 	struct rd_health h;
-	cJSON *o = cJSON_CreateObject();
 
 	if (w->dev.backend->health)
 		w->dev.backend->health(&w->dev, &h);
 	else
 		rd_health_unknown(&h);
-	cJSON_AddStringToObject(o, "source", h.source);
-	cJSON_AddStringToObject(o, "detail", h.detail);
-	cJSON_AddStringToObject(o, "uuid", h.uuid);
-	cJSON_AddStringToObject(o, "pci_bus_id", h.pci_bus_id);
-	cJSON_AddNumberToObject(o, "last_xid", h.last_xid);
-	cJSON_AddNumberToObject(o, "last_xid_unix_ms", (double)h.last_xid_unix_ms);
-	cJSON_AddStringToObject(o, "last_xid_text", h.last_xid_text);
-	if (h.ecc_dbe_volatile >= 0)
-		cJSON_AddNumberToObject(o, "ecc_dbe_volatile", (double)h.ecc_dbe_volatile);
-	if (h.ecc_dbe_aggregate >= 0)
-		cJSON_AddNumberToObject(o, "ecc_dbe_aggregate", (double)h.ecc_dbe_aggregate);
-	add_tristate(o, "retired_pages_pending", h.retired_pages_pending);
-	add_tristate(o, "remap_pending", h.remap_pending);
-	add_tristate(o, "remap_failed", h.remap_failed);
-	return o;
+	struct rp_device_health out = {
+		.source = h.source,
+		.detail = h.detail,
+		.uuid = h.uuid,
+		.pci_bus_id = h.pci_bus_id,
+		.last_xid = h.last_xid,
+		.last_xid_unix_ms = h.last_xid_unix_ms,
+		.last_xid_text = h.last_xid_text,
+		.ecc_dbe_volatile = h.ecc_dbe_volatile,
+		.ecc_dbe_aggregate = h.ecc_dbe_aggregate,
+		.retired_pages_pending = h.retired_pages_pending,
+		.remap_pending = h.remap_pending,
+		.remap_failed = h.remap_failed,
+	};
+	return rp_device_health_encode(&out);
 }

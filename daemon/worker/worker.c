@@ -222,8 +222,10 @@ int rd_worker_run(const struct rd_options *opts)
 		cJSON *m = err.params ? cJSON_GetObjectItem(err.params, "message") : NULL;
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "cannot open the %s backend: %s",
 		       w->dev.backend->name, cJSON_IsString(m) ? m->valuestring : strerror(-r));
+		bool unusable = err.name && (strcmp(err.name, RP_ERR_DEVICE_LOST) == 0 ||
+					     strcmp(err.name, RP_ERR_NO_SUCH_DEVICE) == 0);
 		rp_error_clear(&err);
-		return 1;
+		return unusable ? RD_WORKER_EXIT_DEVICE_FAILED : 1;
 	}
 	rd_worker_socket_path(opts, w->dev.index, w->socket_path, sizeof(w->socket_path));
 	r = rd_listener_open(&w->listener, w->loop, w->socket_path, opts->socket_mode,

@@ -31,11 +31,10 @@ enum rd_worker_state {
 
 struct rd_session;
 
-/* How often the backend's health watch looks at the context, and the
- * deadline of a compute call that names none (until the option table
- * carries them). */
-#define RD_HEALTH_PERIOD_MS 5
-#define RD_CALL_DEADLINE_DEFAULT_MS 60000
+/* The worker's exit status when it could not open its device because the
+ * device is unusable (gone, needing a GPU reset, not there): the supervisor
+ * treats it as a failed GPU, not as a crash to respawn at once. */
+#define RD_WORKER_EXIT_DEVICE_FAILED 3
 
 /* A compute call the worker runs: the op the backend finishes, and what
  * the core keeps beside it. */
