@@ -188,7 +188,7 @@ const struct regen_device_info *it_device(const regen_status *st, int index)
 /* Starts regend on d's paths and waits until every device is ready. */
 static void spawn(struct it_daemon *d, const struct it_daemon_opts *opts, int trunc)
 {
-	const char *argv[16];
+	const char *argv[32];
 	regen_status *st = NULL;
 	regen_client *c = NULL;
 	double deadline;
@@ -207,6 +207,9 @@ static void spawn(struct it_daemon *d, const struct it_daemon_opts *opts, int tr
 	if (opts != NULL && opts->admin_group != NULL) {
 		argv[argc++] = "--admin-group";
 		argv[argc++] = opts->admin_group;
+	}
+	for (i = 0; opts != NULL && opts->extra_args != NULL && opts->extra_args[i] != NULL && argc < 31; i++) {
+		argv[argc++] = opts->extra_args[i];
 	}
 	argv[argc] = NULL;
 

@@ -45,6 +45,7 @@ struct it_daemon {
 struct it_daemon_opts {
 	const char *admin_group;    /* NULL: none */
 	bool no_fault_injection;
+	const char *const *extra_args;   /* more regend arguments, NULL-terminated; NULL: none */
 };
 
 /* Starts <build>/daemon/regend in a fresh temp dir and waits until every
