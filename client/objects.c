@@ -2,6 +2,7 @@
  * (io.regen.Memory). Both are objects with an id of one generation; they
  * share one list, one import path and one close path. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,11 @@ static int import_fd(regen_client *c, int device, enum rp_buffer_kind kind, int 
 
 REGEN_EXPORT int regen_buffer_import_fd(regen_client *c, int device, int fd, uint64_t size, regen_buffer **out)
 {
+	/* regend maps only memory that cannot shrink under a call: seal it for
+	 * the caller. A file that cannot take the seal is refused by regend with
+	 * io.regen.ImportFailed saying so. */
+	if (fd >= 0)
+		(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
 	return import_fd(c, device, RP_BUFFER_HOST_FD, fd, 0, size, out);
 }
 

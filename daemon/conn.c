@@ -17,6 +17,12 @@
  * the head finishes. Without it a client that opens a Watch and then
  * pipelines calls makes us hold every reply for ever. */
 #define HELD_MAX 256
+
+static bool may_read(const struct rd_conn *conn)
+{
+	return conn->tx.queued_bytes < TX_HIGH_WATER && conn->in_flight - conn->unfinished < HELD_MAX &&
+	       conn->in_flight < conn->max_in_flight + HELD_MAX;
+}
 #define READS_PER_WAKEUP 16
 /* A message begun and not ended within this long closes the connection: a
  * peer cannot hold a buffer by sending a byte now and then.
@@ -346,8 +352,7 @@ static void conn_process(struct rd_conn *conn)
 		return;
 	conn->processing = true;
 	conn->refs++;
-	while (!conn->closed && conn->tx.queued_bytes < TX_HIGH_WATER &&
-	       conn->in_flight < conn->max_in_flight + HELD_MAX) {
+	while (!conn->closed && may_read(conn)) {
 		struct rp_msg raw = { 0 };
 		int r = rp_rx_next(&conn->rx, &raw);
 		if (r == RP_RX_NONE)
@@ -445,7 +450,7 @@ static void conn_update_events(struct rd_conn *conn)
 	/* A peer that does not read its replies stops being read: backpressure
 	 * keeps our buffers bounded. Too many calls in flight is refused by name
 	 * instead, so a pipelining client learns its limit. */
-	conn->reading = conn->tx.queued_bytes < TX_HIGH_WATER && conn->in_flight < conn->max_in_flight + HELD_MAX;
+	conn->reading = may_read(conn);
 	conn->writing = !rp_tx_empty(&conn->tx);
 	if (conn->reading)
 		events |= UV_READABLE;

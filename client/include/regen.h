@@ -193,7 +193,9 @@ REGEN_EXPORT int regen_watch_full(regen_client *c, double timeout_s, double tota
 /* Buffers: memory the caller owns, mapped by the device's worker. A passed
  * fd is sent to the worker, which maps it; the caller keeps its own fd and
  * memory. */
-/* host_fd: a memfd (or any mappable fd) of at least `size` bytes. */
+/* host_fd: a memfd of at least `size` bytes, made with MFD_ALLOW_SEALING:
+ * libregen seals it against shrinking (F_SEAL_SHRINK), which regend
+ * requires, so that its memory cannot vanish under a call. */
 REGEN_EXPORT int regen_buffer_import_fd(regen_client *c, int device, int fd, uint64_t size, regen_buffer **out);
 /* cuda_ipc: handle is the 64-byte cudaIpcMemHandle_t; the buffer covers
  * [offset, offset + size) of its allocation. */

@@ -190,6 +190,10 @@ struct rd_device {
 	void *backend_data;
 	struct rd_registry registry;
 	_Atomic uint64_t generation;
+	/* The most scratch one call may take, bytes (--max-scratch-mib): a
+	 * call that needs more fails with io.regen.LimitExceeded {resource:
+	 * "scratch"} before it takes any. */
+	uint64_t max_scratch;
 	/* Set by whoever drives the device; a backend calls it (any thread) when
 	 * it finds the context lost or the GPU failed: the core then fails new
 	 * work with DeviceLost and reports the fault to the supervisor. */

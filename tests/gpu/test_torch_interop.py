@@ -20,26 +20,14 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
-sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from regend_fixture import Regend, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
 
-# CUDA IPC cannot share memory from expandable segments.
-_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-if "expandable_segments:True" in _conf:
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = _conf.replace("expandable_segments:True", "expandable_segments:False")
-
-try:
-    import torch
-except ImportError:
-    print("SKIP: torch is not importable")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: torch sees no CUDA device")
-    sys.exit(77)
+# Skips (77) without torch or a CUDA device; keeps memory shareable by CUDA IPC.
+torch = require_torch()
 
 import regen  # noqa: E402
-from regend_fixture import Regend  # noqa: E402
 
 DEV = 0
 # ||out - ref|| / ||ref|| allowed, ref = float64 on the inputs as stored.
@@ -55,15 +43,6 @@ def record(name, ok, detail=""):
     return ok
 
 
-def find_regend():
-    if len(sys.argv) > 1:
-        return os.path.abspath(sys.argv[1])
-    if os.environ.get("REGEND"):
-        return os.environ["REGEND"]
-    root = os.environ.get("REGEN_BUILD_ROOT") or os.environ.get("REGEN_TEST_BUILD_ROOT") or os.path.join(REPO, "build")
-    return os.path.join(root, "daemon", "regend")
-
-
 def fresh_generator():
     seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
     return torch.Generator(device=f"cuda:{DEV}").manual_seed(seed)
@@ -71,11 +50,6 @@ def fresh_generator():
 
 def randn(shape, dtype, g):
     return torch.randn(shape, device=f"cuda:{DEV}", generator=g, dtype=torch.float32).to(dtype)
-
-
-def rel_err(out, ref):
-    out = out.double()
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def gelu_tanh(x):
@@ -370,8 +344,8 @@ def lifecycle_case(c, kind):
 
 
 def main():
-    regend = find_regend()
-    if not os.access(regend, os.X_OK):
+    regend = find_regend(sys.argv[1] if len(sys.argv) > 1 else None)
+    if not regend or not os.access(regend, os.X_OK):
         print(f"FAIL: no regend at {regend} (pass its path as the first argument)")
         return 1
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(DEV)}; regend {regend}")

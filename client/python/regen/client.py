@@ -10,10 +10,11 @@ calls) is replaced before the next call is sent, so that call runs normally.  A 
 for one thread: give each thread its own.
 """
 
+import fcntl
 import os
 import time
 
-from . import errors
+from . import errors, ops
 from .varlink import Connection
 
 __all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
@@ -381,9 +382,15 @@ class Client:
         return self._import(device, params, fds=[fd])
 
     def import_memfd(self, device, fd, size, offset=0):
-        """Map ``size`` bytes at ``offset`` of a memfd (any mappable fd) the
-        caller owns (host backend).  The fd is passed with SCM_RIGHTS; the
-        caller may close its copy afterwards."""
+        """Map ``size`` bytes at ``offset`` of a memfd the caller owns (host
+        backend), made with os.MFD_ALLOW_SEALING: it is sealed against
+        shrinking here (F_SEAL_SHRINK), which regend requires so that the
+        memory cannot vanish under a call.  The fd is passed with
+        SCM_RIGHTS; the caller may close its copy afterwards."""
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        except OSError:
+            pass  # regend refuses it with ImportFailed, which says why
         return self._import_fd(device, "host_fd", fd, size, offset)
 
     def import_cuda_fd(self, device, fd, size, offset=0):
@@ -508,15 +515,23 @@ class Client:
             return _tensor_operand(self, x, name)
         raise TypeError(f"operand {name} must be a regen.Operand or a torch tensor, not {type(x).__name__}")
 
-    def _compute(self, method, named, scalars, wait_event, signal_event, retry=True):
+    def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True):
+        op = ops.OPS[op_name]
+        method = op.method
         tensors = []
-        ops = {n: self._operand(x, n, tensors) for n, x in named.items()}
-        ops = {n: o for n, o in ops.items() if o is not None}
-        devices = {o.device for o in ops.values()} - {None}
+        unknown = set(named) - {o.name for o in op.operands}
+        if unknown:
+            raise ValueError(f"{method} has no operand {sorted(unknown)}")
+        missing = [o.name for o in op.operands if o.required and named.get(o.name) is None]
+        if missing:
+            raise ValueError(f"{method} needs operand(s) {missing}")
+        given = {n: self._operand(x, n, tensors) for n, x in named.items()}
+        given = {n: o for n, o in given.items() if o is not None}
+        devices = {o.device for o in given.values()} - {None}
         if len(devices) != 1:
             raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
         device = devices.pop()
-        params = {n: o.to_wire() for n, o in ops.items()}
+        params = {n: o.to_wire() for n, o in given.items()}
         params.update(scalars)
         if wait_event is not None:
             params["wait_event"] = _event_id(wait_event)
@@ -529,7 +544,7 @@ class Client:
         except errors.StaleGeneration:
             if not (self.auto_reimport and tensors and retry):
                 raise
-            return self._compute(method, named, scalars, wait_event, signal_event, retry=False)
+            return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
         return reply.get("elapsed_us")
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
@@ -556,7 +571,7 @@ class Client:
             scalars["epilogue"] = epilogue
         if tf32:
             scalars["compute"] = "tf32"
-        return self._compute("io.regen.Compute.Gemm", named, scalars, wait_event, signal_event)
+        return self._compute("gemm", named, scalars, wait_event, signal_event)
 
     def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
                   wait_event=None, signal_event=None):
@@ -566,7 +581,7 @@ class Client:
         "top_left" (default) or "bottom_right"; ``stats`` f32 [B, H, Sq]
         gets each row's log-sum-exp for the backward pass."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
-        return self._compute("io.regen.Compute.Attention",
+        return self._compute("attention",
                              {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event, signal_event)
 
     def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
@@ -575,7 +590,7 @@ class Client:
         q, k, v, o, stats and the incoming d_o."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
         named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
-        return self._compute("io.regen.Compute.AttentionBackward", named, scalars, wait_event, signal_event)
+        return self._compute("attention_backward", named, scalars, wait_event, signal_event)
 
 
 _HEXDIGITS = frozenset("0123456789abcdef")

@@ -64,7 +64,7 @@ class HostTensor:
         for s in self.shape:
             self.numel *= s
         self.nbytes = self.numel * DTYPE_SIZE[dtype]
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, max(self.nbytes, 1))
         self.buffer = None
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/backend/host/common.h"
+#include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
 #include "proto/errors.h"
 
@@ -40,8 +41,12 @@ static void host_memory(struct rd_device *dev, uint64_t *used, uint64_t *baselin
 
 static int host_open(struct rd_device *dev, struct rp_error *err)
 {
-	struct host_device *h = calloc(1, sizeof(*h));
+	struct host_device *h;
+	int r = rd_host_guard_install();
 
+	if (r < 0)
+		return rp_error_set(err, RP_ERR_BACKEND, "cannot install the SIGBUS guard: %s", strerror(-r));
+	h = calloc(1, sizeof(*h));
 	if (!h) {
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the device");
 		return -ENOMEM;

@@ -2,6 +2,7 @@
  * buffer owns its fd, so a release unmaps it for good; its id is stale
  * afterwards. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,9 +76,17 @@ int host_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_b
 		return -ENOTSUP;
 	}
 	if (fstat(req->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		rp_error_set(err, RP_ERR_IMPORT_FAILED, "the fd passed is not a memfd or regular file");
-		rp_error_add_str(err, "kind", "host_fd");
+		rp_err_import_failed(err, "host_fd", "the fd passed is not a memfd");
 		return -EINVAL;
+	}
+	/* A file that can shrink could take the memory from under a call. */
+	int seals = fcntl(req->fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+		rp_err_import_failed(err, "host_fd",
+				     "the fd can be shrunk, which would take its memory from under a call: pass a memfd "
+				     "made with MFD_ALLOW_SEALING and sealed with fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) "
+				     "(libregen and the Python client seal for you)");
+		return -EPERM;
 	}
 	if (__builtin_add_overflow(req->offset, req->size, &end) || end > (uint64_t)st.st_size) {
 		rp_error_set(err, RP_ERR_IMPORT_FAILED, "offset %llu + size %llu is past the end of the file (%lld bytes)",

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "daemon/backend/host/common.h"
+#include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
 #include "proto/errors.h"
 
@@ -29,24 +30,80 @@ static uint64_t now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static int run_op(struct host_lane *lane, struct rd_op *op)
+/* Scratch a lane keeps between calls; beyond it, a call's goes with it. */
+#define SCRATCH_KEEP ((size_t)64 << 20)
+
+struct guarded_call {
+	const struct rp_compute *c;
+	void **ptr;
+	void *scratch;
+	size_t scratch_size;
+};
+
+static int run_guarded(void *arg)
 {
+	struct guarded_call *g = arg;
+
+	return rd_host_run(g->c, g->ptr, g->scratch, g->scratch_size);
+}
+
+/* Runs the op's math over the client's memory; on failure sets op->err. */
+static void run_op(struct host_lane *lane, struct rd_op *op)
+{
+	struct rd_device *dev = lane->base.device;
 	const struct rp_compute *c = &op->compute;
 	void *ptr[RP_OP_OPERANDS_MAX] = { 0 };
 	size_t need = rd_host_scratch_size(c);
+	uintptr_t fault = 0;
+	int r;
 
 	for (unsigned i = 0; i < c->spec->noperands; i++)
 		if (op->buffers[i])
 			ptr[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
+	if (dev->max_scratch && need > dev->max_scratch) {
+		rp_err_limit_exceeded(&op->err, "scratch", (long long)dev->max_scratch,
+				      "the call needs %zu bytes of scratch, more than the %llu one call may take "
+				      "(max_scratch_mib)", need, (unsigned long long)dev->max_scratch);
+		return;
+	}
 	if (need > lane->scratch_size) {
 		void *s = realloc(lane->scratch, need);
-		if (!s)
-			return -ENOMEM;
-		atomic_fetch_add(&hd(lane->base.device)->scratch_bytes, need - lane->scratch_size);
+		if (!s) {
+			rp_err_out_of_memory(&op->err, dev->index, "no host memory for %zu bytes of scratch", need);
+			return;
+		}
+		atomic_fetch_add(&hd(dev)->scratch_bytes, need - lane->scratch_size);
 		lane->scratch = s;
 		lane->scratch_size = need;
 	}
-	return rd_host_run(c, ptr, lane->scratch, lane->scratch_size);
+	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size };
+	r = rd_host_guarded(run_guarded, &g, &fault);
+	/* One large call must not leave its scratch to the lane for good. */
+	if (lane->scratch_size > SCRATCH_KEEP) {
+		atomic_fetch_sub(&hd(dev)->scratch_bytes, lane->scratch_size);
+		free(lane->scratch);
+		lane->scratch = NULL;
+		lane->scratch_size = 0;
+	}
+	if (r == -EFAULT) {
+		/* Name the operand whose memory went away under us. */
+		for (unsigned i = 0; i < c->spec->noperands; i++) {
+			struct rd_buffer *b = op->buffers[i];
+			if (b && fault >= (uintptr_t)b->ptr && fault < (uintptr_t)b->ptr + b->size) {
+				rp_err_invalid_operand(&op->err, c->spec->operands[i].name, "its memory is gone",
+						       "%s's buffer is no longer backed by its file (it was truncated); "
+						       "the call did not complete", c->spec->operands[i].name);
+				return;
+			}
+		}
+		rp_err_backend_error(&op->err, dev->index, "host compute touched memory that is gone (address %#lx)",
+				     (unsigned long)fault);
+	} else if (r < 0) {
+		if (r == -ENOMEM)
+			rp_err_out_of_memory(&op->err, dev->index, "host compute ran out of memory");
+		else
+			rp_err_backend_error(&op->err, dev->index, "host compute failed: %s", strerror(-r));
+	}
 }
 
 static void *lane_thread(void *arg)
@@ -81,12 +138,7 @@ static void *lane_thread(void *arg)
 			rp_error_add_int(&op->err, "device", dev->index);
 			rp_error_add_int(&op->err, "generation", (long long)atomic_load(&dev->generation));
 		} else {
-			int r = run_op(lane, op);
-			if (r < 0) {
-				rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_BACKEND,
-					     "host compute failed: %s", strerror(-r));
-				rp_error_add_int(&op->err, "device", dev->index);
-			}
+			run_op(lane, op);
 		}
 		op->elapsed_us = now_us() - t0;
 		rd_op_complete(op);

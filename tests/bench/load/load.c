@@ -20,6 +20,7 @@
  * the run (exit 1). Prints a table: per kind, calls, ok, each failure,
  * p50/p99 latency and calls/s. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <poll.h>
@@ -280,9 +281,10 @@ static int client_main(struct client *cl)
 	reconnect(cl, &cl->main, opt.socket);
 	reconnect(cl, &cl->data, cl->worker_socket);
 	cl->res->reconnects = 0;
-	cl->memfd = memfd_create("load", MFD_CLOEXEC);
-	cl->tmpfd = memfd_create("load-tmp", MFD_CLOEXEC);
-	if (cl->memfd < 0 || cl->tmpfd < 0 || ftruncate(cl->memfd, 3 * mat) < 0 || ftruncate(cl->tmpfd, 4096) < 0)
+	cl->memfd = memfd_create("load", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	cl->tmpfd = memfd_create("load-tmp", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (cl->memfd < 0 || cl->tmpfd < 0 || ftruncate(cl->memfd, 3 * mat) < 0 || ftruncate(cl->tmpfd, 4096) < 0 ||
+	    fcntl(cl->memfd, F_ADD_SEALS, F_SEAL_SHRINK) < 0 || fcntl(cl->tmpfd, F_ADD_SEALS, F_SEAL_SHRINK) < 0)
 		return 1;
 	cl->buf[0] = cl->tmp[0] = '\0';
 

@@ -1,0 +1,51 @@
+"""The compute operations, as proto/compute.h's op tables define them:
+each operation's method, its operands (in slot order) and its scalars.
+The client builds its calls from this table; tests/test_ops.py holds it to
+the C tables (tests/unit/op_table_json), so the two cannot drift."""
+
+__all__ = ["OPS", "Op", "OperandSpec"]
+
+from collections import namedtuple
+
+OperandSpec = namedtuple("OperandSpec", "name output required rank dtypes")
+Op = namedtuple("Op", "name method operands scalars")
+
+OPS = {
+    "gemm": Op(
+        "gemm", "io.regen.Compute.Gemm",
+        (
+            OperandSpec("a", False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("b", False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("c", False, False, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("d", True, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("bias", False, False, 1, ('f32', 'f16', 'bf16')),
+        ),
+        (("trans_a", "bool"), ("trans_b", "bool"), ("alpha", "float"), ("beta", "float"), ("epilogue", "string"), ("compute", "string"),),
+    ),
+    "attention": Op(
+        "attention", "io.regen.Compute.Attention",
+        (
+            OperandSpec("q", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("k", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("v", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("o", True, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("stats", True, False, 3, ('f32',)),
+        ),
+        (("scale", "float"), ("causal", "bool"), ("causal_alignment", "string"),),
+    ),
+    "attention_backward": Op(
+        "attention_backward", "io.regen.Compute.AttentionBackward",
+        (
+            OperandSpec("q", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("k", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("v", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("o", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("d_o", False, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("stats", False, True, 3, ('f32',)),
+            OperandSpec("d_q", True, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("d_k", True, True, 4, ('f32', 'f16', 'bf16')),
+            OperandSpec("d_v", True, True, 4, ('f32', 'f16', 'bf16')),
+        ),
+        (("scale", "float"), ("causal", "bool"), ("causal_alignment", "string"),),
+    ),
+}
