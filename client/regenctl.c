@@ -79,7 +79,7 @@ static const struct command commands[] = {
 	{ "restart", cmd_lifecycle, "[TARGET] [--reason TEXT] [--deadline-ms MS] [--wait]",
 	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
 	  VERB_RESTART },
-	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per generation change", OPT_COUNT,
+	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
 	  false, VERB_NONE },
 	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
 	  "KIND: crash, device_lost or hang; needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
@@ -136,7 +136,7 @@ static void usage(FILE *f)
 		"  --wait          after the command, wait until every targeted device is ready\n"
 		"                  in a newer generation; print the generation(s) and the time taken\n"
 		"  --timeout S     give up after S seconds (default 60; watch: no limit)\n"
-		"  --count N       watch: exit after N generation changes\n"
+		"  --count N       watch: exit after N transitions\n"
 		"  -h, --help      this text\n"
 		"\n"
 		"Admin commands need root or membership in regend's --admin-group.\n"
