@@ -324,8 +324,11 @@ static void method_inject_fault(struct rd_call *call)
 	cJSON_AddStringToObject(params, "kind", kinds[kind]);
 	if (has_xid == 0)
 		cJSON_AddNumberToObject(params, "xid", (double)xid);
-	rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: %s %llu", kinds[kind],
-		(unsigned long long)xid);
+	if (has_xid == 0)
+		rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: XID %llu",
+			(unsigned long long)xid);
+	else
+		rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: %s", kinds[kind]);
 	if (rd_sv_device_call(d, "io.regen.Worker.InjectFault", params, on_inject_reply, call) < 0) {
 		rp_error_set(&err, RP_ERR_BACKEND, "the control channel to device %d's worker is gone", device);
 		rp_error_add_int(&err, "device", device);
