@@ -52,8 +52,6 @@ struct rd_pending_out {
 	struct rd_pending_out *next;
 };
 
-static uint64_t next_conn_id = 1;
-
 static void conn_update_events(struct rd_conn *conn);
 static void conn_process(struct rd_conn *conn);
 
@@ -474,7 +472,6 @@ int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *da
 	conn->data = data;
 	conn->refs = 1;
 	conn->max_in_flight = DEFAULT_MAX_IN_FLIGHT;
-	conn->id = next_conn_id++;
 	rp_rx_init(&conn->rx);
 	rp_tx_init(&conn->tx);
 	rd_peer_read(fd, &conn->peer);

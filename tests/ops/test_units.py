@@ -78,7 +78,7 @@ def static_checks(sysd, default_socket):
         tmpfiles = [l.split() for l in f if l.strip() and not l.startswith("#")]
     check(["d", os.path.dirname(default_socket), "0755", "root", "regen", "-"] in tmpfiles,
           "tmpfiles.d does not make %s: %r" % (os.path.dirname(default_socket), tmpfiles))
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd", "sysusers.d", "regen.conf")
+    src = os.path.join(sysd, "regen-sysusers.conf")
     with open(src) as f:
         sysusers = [l.split() for l in f if l.strip() and not l.startswith("#")]
     check(["g", "regen", "-"] in sysusers, "sysusers.d does not create group regen: %r" % sysusers)

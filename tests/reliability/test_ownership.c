@@ -112,6 +112,8 @@ static int victim(void *arg)
 	(void)!write(pipe_from_child[1], victim_id, sizeof(victim_id));
 	if (fork() == 0)
 		child_keeps_connection(&c);
+	/* The child holds the connection now; this copy goes with the victim. */
+	tl_conn_close(&c);
 	return 0;
 }
 
@@ -212,6 +214,7 @@ static int two_clients_unseen(void *arg)
 		tl_reply_finish(&r);
 		gemm(&b, &r, victim_id, idb);
 		expect_no_such_object(&r, "pid-0 client naming another pid-0 client's buffer");
+		tl_conn_close(&b);
 		_exit(0);
 	}
 	ASSERT_EQ(tl_wait(other, 30), 0, "the other pid-0 client failed");
@@ -219,6 +222,7 @@ static int two_clients_unseen(void *arg)
 	gemm(&a, &r, ida, outa);
 	ASSERT(!r.error, "the owner's own Gemm failed: %s", r.error);
 	tl_reply_finish(&r);
+	tl_conn_close(&a);
 	return 0;
 }
 

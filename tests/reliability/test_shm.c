@@ -79,5 +79,8 @@ int main(void)
 	ASSERT_EQ(after.generation, before.generation, "the generation changed");
 	tl_log("unsealed memfd refused by name; a sealed one cannot shrink; worker %lld served throughout (generation %lld)",
 	       (long long)after.worker_pid, (long long)after.generation);
+	tl_conn_close(&other);
+	tl_conn_close(&c);
+	tl_conn_close(&m);
 	return 0;
 }
