@@ -216,8 +216,9 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	p->done = NULL;
 	l->op_resets = p->resets = atomic_load(&cd->resets);
 	if (atomic_load(&cd->lost)) {
-		p->r = rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
-				    cd->dev->index);
+		rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
+			     cd->dev->index);
+		p->r = -EIO;
 		return;
 	}
 	r = cuda_bind(cd, &op->err);
@@ -230,11 +231,13 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	if (r == 0) {
 		p->enqueued = true;
 		cuda_enqueue_fn *enqueue = cuda_enqueue_of(cd, op);
-		if (enqueue)
+		if (enqueue) {
 			r = enqueue(l, op);
-		else
-			r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s",
-					 op->compute.spec->method);
+		} else {
+			rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s",
+				     op->compute.spec->method);
+			r = -EOPNOTSUPP;
+		}
 		/* A plan, a library handle, the call's scratch allocation or
 		 * its launch: whatever failed, the context may be why. */
 		if (r != 0)
@@ -523,9 +526,11 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 {
 	struct cuda_lane_impl *li = (struct cuda_lane_impl *)lane;
 	struct cuda_lane *l = &li->lane;
-	if (atomic_load(&l->cd->lost))
-		return rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
-				    l->cd->dev->index);
+	if (atomic_load(&l->cd->lost)) {
+		rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
+			     l->cd->dev->index);
+		return -EIO;
+	}
 	op->lane = lane;
 	pthread_mutex_lock(&li->lock);
 	int r = li->stopping ? -ESHUTDOWN : queue_push(&li->q, op);
@@ -534,9 +539,11 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 		pthread_cond_broadcast(&li->cond);
 	}
 	pthread_mutex_unlock(&li->lock);
-	if (r)
-		return rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
-				    "lane %u cannot take work", lane->index);
+	if (r) {
+		rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
+			     "lane %u cannot take work", lane->index);
+		return r;
+	}
 	return 0;
 }
 
