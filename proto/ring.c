@@ -92,6 +92,10 @@ static int decode(const struct rp_ring_record *rec, const struct rp_id *ids, uin
 	if ((r = decode_event(rec->wait_event, "wait_event", ids, nids, &c->wait_event, err)) < 0 ||
 	    (r = decode_event(rec->signal_event, "signal_event", ids, nids, &c->signal_event, err)) < 0)
 		return r;
+	/* 0 is the worker's default, as an absent deadline_ms in a call. */
+	if (rec->deadline_ms > RP_DEADLINE_MS_MAX)
+		return rp_error_invalid_parameter(err, "deadline_ms");
+	c->deadline_ms = rec->deadline_ms;
 	/* The scalars of the other operations must be 0, as a call may not
 	 * carry another operation's parameters. */
 	switch (spec->id) {
@@ -142,6 +146,7 @@ void rp_ring_encode(const struct rp_compute *c, const uint32_t index_of[RP_OP_OP
 	rec->op = (uint16_t)c->spec->id;
 	rec->wait_event = wait;
 	rec->signal_event = signal;
+	rec->deadline_ms = c->deadline_ms;
 	for (unsigned i = 0; i < RP_OP_OPERANDS_MAX; i++) {
 		struct rp_ring_operand *ro = &rec->operands[i];
 		const struct rp_operand *op = &c->operands[i];

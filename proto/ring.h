@@ -92,7 +92,7 @@ struct rp_ring_record {
 	uint8_t alignment;               /* attention: enum rp_causal_alignment */
 	uint8_t reserved0;
 	uint32_t wait_event, signal_event;   /* indexes, or RP_RING_NONE */
-	uint32_t deadline_ms;            /* 0: the worker's default */
+	uint32_t deadline_ms;            /* 0: the worker's default; at most RP_DEADLINE_MS_MAX */
 	uint32_t reserved1;
 	double alpha, beta;              /* Gemm (no defaults: 1 and 0 are written) */
 	double scale;                    /* attention: 0 = 1/sqrt(D) */

@@ -2,7 +2,7 @@
  * (proto/compute.h) through one path. The call is parsed and checked, each
  * operand resolved for the caller and checked against its buffer, before
  * anything reaches the backend; the objects it names stay open until it
- * finished. */
+ * finished. Each call has a deadline (health.c watches it). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,29 +20,36 @@ void rd_compute_release(struct rd_worker *w, struct rd_op *op)
 		rd_objects_unref(&w->objects, &op->wait_event->obj);
 	if (op->signal_event)
 		rd_objects_unref(&w->objects, &op->signal_event->obj);
+	memset(op->buffers, 0, sizeof(op->buffers));
+	op->wait_event = op->signal_event = NULL;
 }
 
-/* On the loop thread, once the backend finished the op. */
+void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
+{
+	rd_compute_release(w, &cc->op);
+	rd_health_call_finished(w, cc);
+}
+
+/* On the loop thread, once the backend finished the op. A call answered
+ * early (past its deadline) has nobody left to tell. */
 static void on_op_done(struct rd_op *op)
 {
-	struct rd_call *call = op->userdata;
-	struct rd_session *s = rd_session_of(call);
+	struct rd_compute_call *cc = op->userdata;
+	struct rd_session *s = cc->session;
 
-	rd_compute_release(s->worker, op);
-	if (op->err.name) {
-		rd_call_fail(call, &op->err);
+	rd_compute_finished(s->worker, cc);
+	if (!cc->call) {
+		rp_error_clear(&op->err);
+	} else if (op->err.name) {
+		rd_call_fail(cc->call, &op->err);
 	} else {
 		cJSON *reply = cJSON_CreateObject();
 		cJSON_AddNumberToObject(reply, "elapsed_us", (double)op->elapsed_us);
-		rd_call_reply(call, reply, false);
+		rd_call_reply(cc->call, reply, false);
 	}
-	free(op);
+	free(cc);
 	rd_session_call_finished(s);
 }
-
-/* Every operand the table names, resolved for the caller and checked
- * against its buffer before any work starts; each one the call holds keeps
- * its buffer from closing until the call finishes. */
 static int resolve_operands(struct rd_worker *w, struct rd_op *op, const struct rd_client *who,
 			    struct rp_error *err)
 {
@@ -85,9 +92,10 @@ static int resolve_event(struct rd_worker *w, const struct rp_event_ref *ref, co
 	return 0;
 }
 
-int rd_compute_submit(struct rd_session *s, struct rd_op *op, struct rp_error *err)
+int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct rp_error *err)
 {
 	struct rd_worker *w = s->worker;
+	struct rd_op *op = &cc->op;
 	int r;
 
 	r = rd_worker_refuse_if_not_ready(w, err);
@@ -105,11 +113,18 @@ int rd_compute_submit(struct rd_session *s, struct rd_op *op, struct rp_error *e
 	if (r < 0)
 		goto fail;
 	op->submitted_ns = uv_hrtime();
+	cc->session = s;
+	cc->answered = false;
+	cc->deadline_ns = op->submitted_ns +
+			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : w->opts->call_deadline_ms) *
+				  1000000u;
 	rd_session_call_started(s);
+	rd_health_call_started(w, cc);
 	r = w->dev.backend->submit(op->lane, op);
 	if (r < 0) {
 		/* Refused: no completion follows. The session stays, as the
 		 * call is still being answered by the caller. */
+		rd_health_call_finished(w, cc);
 		s->in_flight--;
 		w->in_flight--;
 		rp_error_move(err, &op->err);
@@ -120,8 +135,6 @@ int rd_compute_submit(struct rd_session *s, struct rd_op *op, struct rp_error *e
 	return 0;
 fail:
 	rd_compute_release(w, op);
-	memset(op->buffers, 0, sizeof(op->buffers));
-	op->wait_event = op->signal_event = NULL;
 	return r;
 }
 
@@ -131,10 +144,11 @@ void rd_compute_call(struct rd_call *call)
 	struct rd_session *s = rd_session_of(call);
 	struct rd_worker *w = s->worker;
 	struct rp_error err = { 0 };
-	struct rd_op *op = calloc(1, sizeof(*op));
+	struct rd_compute_call *cc = calloc(1, sizeof(*cc));
+	struct rd_op *op = cc ? &cc->op : NULL;
 	int r;
 
-	if (!op) {
+	if (!cc) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the call");
 		rd_call_fail(call, &err);
 		return;
@@ -142,11 +156,12 @@ void rd_compute_call(struct rd_call *call)
 	r = rp_compute_parse(spec, call->msg.params, &op->compute, &err);
 	if (r == 0) {
 		op->done = on_op_done;
-		op->userdata = call;
-		r = rd_compute_submit(s, op, &err);
+		op->userdata = cc;
+		cc->call = call;
+		r = rd_compute_submit(s, cc, &err);
 	}
 	if (r < 0) {
-		free(op);
+		free(cc);
 		rd_call_fail(call, &err);
 	}
 }

@@ -44,8 +44,14 @@
 #define SPIN_MAX_NS 50000
 #define SPIN_MAX_FEW_CPUS_NS 10000
 #define SPIN_SLICE_NS 5000
-/* Doorbell bytes read per wake-up at most (one is enough to wake). */
+/* Doorbell datagrams read per wake-up at most (one is enough to wake; a
+ * client that rings without pause must not hold the loop in recv). */
 #define DOORBELL_DRAIN 64
+/* Records taken in one turn of the loop at most: a client that refills its
+ * ring as fast as it is emptied (refusals are answered at once) must not
+ * keep the loop from its other connections. The rest waits for the spin
+ * handle's next turn. */
+#define TAKE_PER_TURN 128
 /* Ids bound in one call at most. */
 #define BIND_MAX 1024
 
@@ -77,10 +83,10 @@ struct rd_ring {
 	uint32_t nids;
 };
 
-/* A record on its way: the op the backend finishes and where its
- * completion goes (the ring's, in the slot of its record). */
+/* A record on its way: the call the backend finishes (with its deadline)
+ * and where its completion goes (the ring's, in the slot of its record). */
 struct ring_op {
-	struct rd_op op;             /* first: the backend hands it back */
+	struct rd_compute_call cc;   /* first: the backend hands its op back */
 	struct rd_ring *ring;
 	uint32_t seq;
 	uint64_t tag;
@@ -171,12 +177,23 @@ static void ring_op_done(struct rd_op *op)
 		rd_session_complete_error(s, &op->err);
 		ring_publish(r, ro->seq, ro->tag, &op->err, op->elapsed_us);
 	}
-	rd_compute_release(s->worker, op);
+	rd_compute_finished(s->worker, &ro->cc);
 	rp_error_clear(&op->err);
 	r->held[ro->seq & (r->entries - 1)] = 0;
 	/* A full ring has room again. */
 	ring_take(r);
 	rd_session_call_finished(s);
+}
+
+/* The loop thread: the record passed its deadline (health.c). Its
+ * completion goes out now; what the backend says later is not published,
+ * and the slot is not taken again before the op's done ran. */
+static void ring_answer_early(struct rd_compute_call *cc, struct rp_error *err)
+{
+	struct ring_op *ro = (struct ring_op *)cc;
+
+	rd_session_complete_error(ro->ring->session, err);
+	ring_publish(ro->ring, ro->seq, ro->tag, err, 0);
 }
 
 static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_record *rec)
@@ -189,14 +206,15 @@ static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_re
 	ro->ring = r;
 	ro->seq = seq;
 	ro->tag = rec->tag;
-	if (rp_ring_decode(rec, r->ids, r->nids, &ro->op.compute, &err) < 0) {
+	if (rp_ring_decode(rec, r->ids, r->nids, &ro->cc.op.compute, &err) < 0) {
 		ring_fail(r, seq, rec->tag, &err);
 		return;
 	}
-	ro->op.done = ring_op_done;
-	ro->op.completed = ring_op_completed;
-	ro->op.userdata = ro;
-	if (rd_compute_submit(r->session, &ro->op, &err) < 0) {
+	ro->cc.op.done = ring_op_done;
+	ro->cc.op.completed = ring_op_completed;
+	ro->cc.op.userdata = ro;
+	ro->cc.answer_early = ring_answer_early;
+	if (rd_compute_submit(r->session, &ro->cc, &err) < 0) {
 		ring_fail(r, seq, rec->tag, &err);
 		return;
 	}
@@ -216,9 +234,11 @@ static void ring_break(struct rd_ring *r, const char *why)
 
 /* Takes every record the client published, as far as completion slots
  * allow. */
+static void on_spin(uv_idle_t *h);
+
 static void ring_take(struct rd_ring *r)
 {
-	while (!r->stopped) {
+	for (unsigned taken = 0; !r->stopped; taken++) {
 		uint32_t published = atomic_load_explicit(&r->cq_tail, memory_order_acquire);
 		uint32_t tail, seq, avail;
 		struct rp_ring_record rec;
@@ -229,6 +249,16 @@ static void ring_take(struct rd_ring *r)
 		avail = tail - r->sq_head;
 		if (avail == 0)
 			return;
+		if (taken == TAKE_PER_TURN) {
+			/* More next turn: the spin handle comes back for them. */
+			rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
+			if (!uv_is_active((uv_handle_t *)&r->spin)) {
+				r->last_record_ns = uv_hrtime();
+				r->spun = true;
+				uv_idle_start(&r->spin, on_spin);
+			}
+			return;
+		}
 		if (avail > r->entries) {
 			ring_break(r, "the submission counter is ahead of the ring");
 			return;
@@ -314,8 +344,9 @@ static void on_doorbell(uv_poll_t *h, int status, int events)
 
 	if (r->stopped)
 		return;
-	/* Each byte is one ring of the bell; what counts is that one came. */
-	while (recv(r->doorbell, buf, sizeof(buf), MSG_DONTWAIT) > 0)
+	/* Each datagram is one ring of the bell; what counts is that one came.
+	 * The poll is level-triggered: what is left wakes the next turn. */
+	for (int i = 0; i < DOORBELL_DRAIN && recv(r->doorbell, buf, sizeof(buf), MSG_DONTWAIT) > 0; i++)
 		;
 	rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
 	ring_take(r);
@@ -470,6 +501,14 @@ void rd_ring_open(struct rd_call *call)
 	}
 	if (s->ring) {
 		rp_err_limit_exceeded(&err, "rings", 1, "this connection already has its ring: one per lane");
+		goto fail;
+	}
+	/* A record in flight is an unfinished call: the ring may not hold more
+	 * than the connection may. */
+	if (entries > s->conn->max_in_flight) {
+		rp_err_limit_exceeded(&err, "calls in flight", s->conn->max_in_flight,
+				      "a ring of %u entries holds more calls in flight than a connection may",
+				      (unsigned)entries);
 		goto fail;
 	}
 	r = calloc(1, sizeof(*r));

@@ -2,7 +2,7 @@
  * entry point, and the lifecycle hooks (open, close, release, reset,
  * memory, fault injection). Lanes live in lane.c, GEMM in gemm.c,
  * attention in attention.c, imports in ipc.c, the device-level resources
- * in device.c. */
+ * in device.c, the health watch in health.c. */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -41,14 +41,20 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 {
 	int count = 0;
 	cudaError_t e = cudaGetDeviceCount(&count);
-	if (e != cudaSuccess)
-		return rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
-	if (dev->index < 0 || dev->index >= count)
-		return rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "CUDA device %d does not exist (%d visible)", dev->index,
-				    count);
+	if (e != cudaSuccess) {
+		rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+		return -ENODEV;
+	}
+	if (dev->index < 0 || dev->index >= count) {
+		rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "CUDA device %d does not exist (%d visible)", dev->index,
+			     count);
+		return -ENODEV;
+	}
 	struct cuda_dev *cd = calloc(1, sizeof(*cd));
-	if (!cd)
-		return rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the CUDA backend");
+	if (!cd) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the CUDA backend");
+		return -ENOMEM;
+	}
 	cd->dev = dev;
 	dev->backend_data = cd;
 	cd->enqueue = enqueue_table;
@@ -64,6 +70,10 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 	}
 	if (cuda_driver_load(err) < 0)
 		goto fail;
+	if (cuda_health_open(cd) < 0) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the health watch");
+		goto fail;
+	}
 	cuda_gemm_plans_init(cd);
 	cuda_ipc_init(cd);
 	cuda_device_resources_register(cd);
@@ -81,6 +91,7 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 fail_registered:
 	cuda_device_resources_unregister(cd);
 	cuda_gemm_plans_finish(cd);
+	cuda_health_close(cd);
 fail:
 	dev->backend_data = NULL;
 	pthread_mutex_destroy(&cd->fault_lock);
@@ -93,6 +104,7 @@ static void cuda_close(struct rd_device *dev)
 	struct cuda_dev *cd = cuda_dev_of(dev);
 	if (!cd)
 		return;
+	cuda_health_close(cd);
 	cudaSetDevice(dev->index);
 	if (!atomic_load(&cd->lost))
 		cudaDeviceSynchronize();
@@ -114,7 +126,8 @@ static int cuda_release(struct rd_device *dev, struct rp_error *err)
 	if (e != cudaSuccess) {
 		if (cuda_error_is_sticky(e))
 			cuda_mark_lost(cd, "release found the context lost");
-		return rp_error_set(err, cuda_error_name(e), "cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+		rp_error_set(err, cuda_error_name(e), "cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+		return -EIO;
 	}
 	/* Our scratch pool was destroyed by its release; trim the default pool
 	 * too in case a library allocated from it. */
@@ -127,10 +140,8 @@ static int cuda_release(struct rd_device *dev, struct rp_error *err)
 	return 0;
 }
 
-static int cuda_reset(struct rd_device *dev, struct rp_error *err)
+static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_error *err)
 {
-	struct cuda_dev *cd = cuda_dev_of(dev);
-	atomic_fetch_add(&cd->resets, 1);
 	/* The registry was invalidated: nothing of ours holds a handle into the
 	 * old context. A spinning "hang" kernel was told to stop then. */
 	uint64_t t0 = cuda_now_ns();
@@ -162,12 +173,14 @@ static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 			rst = cudaDeviceReset();
 	}
 	double ms = (double)(cuda_now_ns() - t0) / 1e6;
-	if (e != cudaSuccess)
-		return rp_error_set(err, RP_ERR_DEVICE_LOST,
-				    "resetting device %d: synchronize gave %s, cudaDeviceReset %s, then the new context: %s "
-				    "(%s) after %d attempts in %.0f ms",
-				    dev->index, cudaGetErrorName(sync), cudaGetErrorName(rst), cudaGetErrorString(e),
-				    cudaGetErrorName(e), attempts - 1, ms);
+	if (e != cudaSuccess) {
+		rp_error_set(err, RP_ERR_DEVICE_LOST,
+			     "resetting device %d: synchronize gave %s, cudaDeviceReset %s, then the new context: %s "
+			     "(%s) after %d attempts in %.0f ms",
+			     dev->index, cudaGetErrorName(sync), cudaGetErrorName(rst), cudaGetErrorString(e),
+			     cudaGetErrorName(e), attempts - 1, ms);
+		return -EIO;
+	}
 	cudaGetLastError();
 #if REGEN_HAVE_KERNELS
 	cudaStream_t s;
@@ -179,17 +192,32 @@ static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 #else
 	e = cudaDeviceSynchronize();
 #endif
-	if (e != cudaSuccess)
-		return rp_error_set(err, RP_ERR_DEVICE_LOST, "canary after reset of device %d: %s", dev->index,
-				    e == cudaErrorUnknown ? "wrong result" : cudaGetErrorString(e));
+	if (e != cudaSuccess) {
+		rp_error_set(err, RP_ERR_DEVICE_LOST, "canary after reset of device %d: %s", dev->index,
+			     e == cudaErrorUnknown ? "wrong result" : cudaGetErrorString(e));
+		return -EIO;
+	}
 	if (attempts > 1)
 		fprintf(stderr, "regend: cuda: device %d: new context after %d attempts (%.0f ms)\n", dev->index, attempts,
 			ms);
 	pthread_mutex_lock(&cd->fault_lock);
 	cd->fault_seq = 0;
 	pthread_mutex_unlock(&cd->fault_lock);
+	atomic_store(&cd->failed, false);
 	atomic_store(&cd->lost, false);
 	return 0;
+}
+
+static int cuda_reset(struct rd_device *dev, struct rp_error *err)
+{
+	struct cuda_dev *cd = cuda_dev_of(dev);
+	atomic_fetch_add(&cd->resets, 1);
+	/* The context check makes no CUDA call while the primary context is
+	 * thrown away and made again. */
+	cuda_health_pause(cd);
+	int r = reset_context(dev, cd, err);
+	cuda_health_resume(cd);
+	return r;
 }
 
 static void cuda_memory(struct rd_device *dev, uint64_t *used, uint64_t *baseline)
@@ -204,8 +232,10 @@ static int cuda_inject_fault(struct rd_device *dev, const char *kind, struct rp_
 #if REGEN_HAVE_KERNELS
 	struct cuda_dev *cd = cuda_dev_of(dev);
 	bool lost = strcmp(kind, "device_lost") == 0;
-	if (!lost && strcmp(kind, "hang") != 0)
-		return rp_error_set(err, RP_ERR_INVALID_PARAMETER, "fault kind \"%s\" is not one the CUDA backend injects", kind);
+	if (!lost && strcmp(kind, "hang") != 0) {
+		rp_error_set(err, RP_ERR_INVALID_PARAMETER, "fault kind \"%s\" is not one the CUDA backend injects", kind);
+		return -EINVAL;
+	}
 	if (cuda_bind(cd, err))
 		return -EIO;
 	if (rd_resource_ensure_valid(&cd->fault.res))
@@ -227,8 +257,10 @@ static int cuda_inject_fault(struct rd_device *dev, const char *kind, struct rp_
 	}
 	if (e == cudaSuccess)
 		e = cudaEventRecord(cd->fault.event, s);
-	if (e != cudaSuccess)
-		return rp_error_set(err, cuda_error_name(e), "injecting %s: %s", kind, cudaGetErrorString(e));
+	if (e != cudaSuccess) {
+		rp_error_set(err, cuda_error_name(e), "injecting %s: %s", kind, cudaGetErrorString(e));
+		return -EIO;
+	}
 	/* Every lane's next op waits for the fault kernel, so its
 	 * synchronisation is the one that finds it. */
 	pthread_mutex_lock(&cd->fault_lock);
@@ -258,6 +290,9 @@ static const struct rd_backend_ops rd_backend_cuda = {
 	.reset = cuda_reset,
 	.memory = cuda_memory,
 	.inject_fault = cuda_inject_fault,
+	.health_start = cuda_health_start,
+	.health_stop = cuda_health_stop,
+	.health = cuda_health_info,
 };
 
 const struct rd_backend_ops *rd_backend_cuda_entry(const char *version)
