@@ -148,6 +148,14 @@ cudaError_t cuda_context_check(void)
 	return cuda_error_is_sticky(e) ? e : cudaSuccess;
 }
 
+int cuda_refuse_if_lost(struct cuda_dev *cd, struct rp_error *err)
+{
+	if (!atomic_load(&cd->lost))
+		return 0;
+	rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", cd->dev->index);
+	return -EIO;
+}
+
 int cuda_check_failure(struct cuda_dev *cd, struct rp_error *err, uint64_t resets)
 {
 	const char *msg;

@@ -297,10 +297,8 @@ int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_b
 		rp_error_set(err, RP_ERR_IMPORT_FAILED, "cuda_fd import without a file descriptor");
 		return -EINVAL;
 	}
-	if (atomic_load(&cd->lost)) {
-		rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	if (cuda_refuse_if_lost(cd, err))
 		return -EIO;
-	}
 	uint64_t resets = atomic_load(&cd->resets);
 	if (cuda_bind(cd, err))
 		return cuda_check_failure(cd, err, resets);
@@ -405,10 +403,8 @@ static const struct rd_resource_ops event_ops = {
 int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
-	if (atomic_load(&cd->lost)) {
-		rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	if (cuda_refuse_if_lost(cd, err))
 		return -EIO;
-	}
 	uint64_t resets = atomic_load(&cd->resets);
 	if (cuda_bind(cd, err))
 		return cuda_check_failure(cd, err, resets);

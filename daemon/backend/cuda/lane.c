@@ -217,12 +217,9 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	p->enqueued = false;
 	p->done = NULL;
 	l->op_resets = p->resets = atomic_load(&cd->resets);
-	if (atomic_load(&cd->lost)) {
-		rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
-			     cd->dev->index);
-		p->r = -EIO;
+	p->r = cuda_refuse_if_lost(cd, &op->err);
+	if (p->r)
 		return;
-	}
 	r = cuda_bind(cd, &op->err);
 	if (r == 0)
 		r = lane_prepare(l, op);
@@ -464,10 +461,8 @@ struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct r
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
 	uint64_t resets = atomic_load(&cd->resets);
-	if (atomic_load(&cd->lost)) {
-		rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	if (cuda_refuse_if_lost(cd, err))
 		return NULL;
-	}
 	if (cuda_bind(cd, err)) {
 		cuda_check_failure(cd, err, resets);
 		return NULL;
@@ -578,11 +573,8 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 {
 	struct cuda_lane_impl *li = (struct cuda_lane_impl *)lane;
 	struct cuda_lane *l = &li->lane;
-	if (atomic_load(&l->cd->lost)) {
-		rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
-			     l->cd->dev->index);
+	if (cuda_refuse_if_lost(l->cd, &op->err))
 		return -EIO;
-	}
 	op->lane = lane;
 	if (launch_inline(li, op))
 		return 0;
