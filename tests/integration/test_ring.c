@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,10 +235,10 @@ static int ring_memfd(uint32_t entries, bool seal)
 	return fd;
 }
 
-static void raw_setup(struct raw_ring *r, uint32_t entries)
+static void raw_setup_on(struct raw_ring *r, int device, uint32_t entries)
 {
 	memset(r, 0, sizeof(*r));
-	ASSERT_EQ(tl_conn_open(&r->conn, tl_daemon_worker_socket(&daemon_, 0)), 0, "connect");
+	ASSERT_EQ(tl_conn_open(&r->conn, tl_daemon_worker_socket(&daemon_, device)), 0, "connect");
 	r->entries = entries;
 	r->memfd = ring_memfd(entries, true);
 	r->base = mmap(NULL, rp_ring_size(entries), PROT_READ | PROT_WRITE, MAP_SHARED, r->memfd, 0);
@@ -246,6 +247,11 @@ static void raw_setup(struct raw_ring *r, uint32_t entries)
 	rp_ring_header(r->base)->version = RP_RING_VERSION;
 	rp_ring_header(r->base)->entries = entries;
 	ASSERT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, r->bell), 0, "socketpair");
+}
+
+static void raw_setup(struct raw_ring *r, uint32_t entries)
+{
+	raw_setup_on(r, 0, entries);
 }
 
 static void raw_open(struct raw_ring *r)
@@ -278,10 +284,10 @@ static uint32_t raw_submit(struct raw_ring *r, const struct rp_ring_record *rec)
 	return r->sq_tail - 1;
 }
 
-/* The next completion (fails the test after 10 s). */
-static void raw_complete(struct raw_ring *r, struct rp_ring_completion *out)
+/* The next completion (fails the test after `seconds`). */
+static void raw_complete_within(struct raw_ring *r, double seconds, struct rp_ring_completion *out)
 {
-	double until = tl_now() + tl_timeout(10);
+	double until = tl_now() + seconds;
 
 	while (rp_ring_load(&rp_ring_header(r->base)->cq_tail) == r->cq_head) {
 		ASSERT(tl_now() < until, "no completion for record %u", r->cq_head);
@@ -289,6 +295,20 @@ static void raw_complete(struct raw_ring *r, struct rp_ring_completion *out)
 	}
 	memcpy(out, rp_ring_completion_at(r->base, r->entries, r->cq_head), sizeof(*out));
 	rp_ring_store(&rp_ring_header(r->base)->cq_head, ++r->cq_head);
+}
+
+static void raw_complete(struct raw_ring *r, struct rp_ring_completion *out)
+{
+	raw_complete_within(r, tl_timeout(10), out);
+}
+
+static void raw_bind(struct raw_ring *r, uint32_t index, const char *id)
+{
+	struct tl_reply rep;
+
+	tl_call(&r->conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":%u,\"ids\":[\"%s\"]}", index, id);
+	ASSERT_REPLY_OK(&rep);
+	tl_reply_finish(&rep);
 }
 
 static void expect_open_refused(int memfd, int bell, const char *params, const char *error, const char *what)
@@ -482,6 +502,16 @@ static void bad_records_get_named_errors(void)
 	raw_submit(&r, &rec);
 	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "beta NaN");
 
+	small_gemm(&rec, ++tag);
+	rec.deadline_ms = RP_DEADLINE_MS_MAX + 1;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "a deadline past a day");
+
+	small_gemm(&rec, ++tag);
+	rec.deadline_ms = 5000;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, NULL, "a deadline of 5 s");
+
 	/* Rewritten while the worker may be reading: whatever it copied is
 	 * checked; the ring stays usable. */
 	small_gemm(&rec, ++tag);
@@ -507,6 +537,115 @@ static void bad_records_get_named_errors(void)
 	regen_client_destroy(c);
 }
 
+/* Publishes as far as the completions allow, reading none of them, and
+ * rings whenever the worker says it sleeps, with a burst of doorbells now
+ * and then: until killed. */
+static int flood(void *arg)
+{
+	struct raw_ring *r = arg;
+	struct rp_ring_header *h = rp_ring_header(r->base);
+	uint32_t tail = r->sq_tail;
+
+	for (unsigned turn = 0;; turn++) {
+		uint32_t room = r->entries - (tail - rp_ring_load(&h->cq_tail));
+		if (room) {
+			tail += room;
+			rp_ring_store(&h->sq_tail, tail);
+		}
+		rp_ring_fence();
+		if (rp_ring_flag(&h->sq_sleeping) || turn % 1024 == 0)
+			for (int i = 0; i < 256; i++)
+				(void)send(r->bell[0], "", 1, MSG_DONTWAIT);
+	}
+	return 0;
+}
+
+/* A client that refills its ring with bad records as fast as the worker
+ * refuses them, and rings the doorbell without pause, does not keep the
+ * worker's loop from another connection: a Varlink call on it is answered
+ * meanwhile, promptly. */
+static void a_flooding_ring_does_not_starve_others(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct raw_ring r;
+	struct rp_ring_record rec;
+	struct tl_conn other;
+	struct tl_reply rep;
+	double slowest = 0;
+	pid_t pid;
+
+	tl_buffer_create(c, 0, 1 << 16, &b);
+	raw_setup(&r, 1024);
+	raw_open(&r);
+	raw_bind(&r, 0, regen_buffer_id(b.buf));
+	small_gemm(&rec, 1);
+	rec.op = 77;   /* refused at once: the ring empties as fast as it fills */
+	for (uint32_t i = 0; i < r.entries; i++)
+		memcpy(rp_ring_record_at(r.base, r.entries, i), &rec, sizeof(rec));
+	pid = tl_fork(flood, &r, 60);
+	ASSERT_EQ(tl_conn_open(&other, tl_daemon_worker_socket(&daemon_, 0)), 0, "connect");
+	usleep(100000);
+	for (int i = 0; i < 20; i++) {
+		double t0 = tl_now();
+		tl_call(&other, &rep, 10, NULL, 0, "io.regen.Device.Generation", "{}");
+		ASSERT_REPLY_OK(&rep);
+		ASSERT(tl_now() - t0 < 2.0, "a call beside a flooding ring took %.2f s", tl_now() - t0);
+		if (tl_now() - t0 > slowest)
+			slowest = tl_now() - t0;
+		tl_reply_finish(&rep);
+	}
+	kill(pid, SIGKILL);
+	ASSERT_EQ(tl_wait(pid, 10), 128 + SIGKILL, "the flooding child");
+	tl_log("measured: %u records refused beside 20 calls, the slowest call %.1f ms",
+	       rp_ring_load(&rp_ring_header(r.base)->cq_tail), slowest * 1e3);
+	ASSERT_UINT_GT(rp_ring_load(&rp_ring_header(r.base)->cq_tail), 4 * r.entries,
+		       "the flood was served meanwhile");
+	tl_conn_close(&other);
+	raw_close(&r);
+	ASSERT_GEMM_OK(c, &b, "the worker serves on");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
+/* A record behind a hung device is answered with io.regen.Timeout in its
+ * completion once its deadline_ms passed, as a Varlink call is; the device
+ * then goes through its respawn. Last: device 1 is hung. */
+static void a_hung_record_times_out(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct raw_ring r;
+	struct rp_ring_record rec;
+	struct rp_ring_completion cqe;
+	char name[64];
+	cJSON *params = NULL;
+	double t0;
+
+	tl_buffer_create(c, 1, 1 << 16, &b);
+	raw_setup_on(&r, 1, 8);
+	raw_open(&r);
+	raw_bind(&r, 0, regen_buffer_id(b.buf));
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
+	small_gemm(&rec, 42);
+	rec.deadline_ms = 300;
+	t0 = tl_now();
+	raw_submit(&r, &rec);
+	raw_complete_within(&r, 10, &cqe);
+	tl_log("measured: hung record (deadline_ms 300) completed after %.0f ms: %s", (tl_now() - t0) * 1e3, cqe.error);
+	ASSERT_UINT_EQ(cqe.tag, 42, "the hung record's tag");
+	ASSERT_EQ(rp_ring_completion_error(&cqe, name, &params), 1, "the hung record failed");
+	ASSERT_STR_EQ(name, "io.regen.Timeout", "%s", cqe.error);
+	ASSERT(cJSON_GetNumberValue(cJSON_GetObjectItem(params, "elapsed_ms")) >= 300, "Timeout after %s", cqe.error);
+	ASSERT(cJSON_GetNumberValue(cJSON_GetObjectItem(params, "device")) == 1, "Timeout names device 1: %s",
+	       cqe.error);
+	ASSERT(tl_now() - t0 < 2, "the Timeout came %.2f s after the record", tl_now() - t0);
+	cJSON_Delete(params);
+	raw_close(&r);
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
 int main(void)
 {
 	tl_init(240);
@@ -516,6 +655,8 @@ int main(void)
 	restart_fails_records_with_stale_generation();
 	bad_setups_are_refused_by_name();
 	bad_records_get_named_errors();
+	a_flooding_ring_does_not_starve_others();
+	a_hung_record_times_out();
 	tl_daemon_stop(&daemon_);
 	tl_log("ok");
 	return 0;
