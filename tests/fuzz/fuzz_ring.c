@@ -79,6 +79,7 @@ static void check_varlink_agrees(const struct rp_compute *c)
 	FZ_CHECK(back.wait_event.present == c->wait_event.present &&
 			 back.signal_event.present == c->signal_event.present,
 		 "events differ");
+	FZ_CHECK(back.deadline_ms == c->deadline_ms, "deadline_ms differs");
 	if (c->spec->id == RP_OP_GEMM) {
 		FZ_CHECK(memcmp(&back.gemm, &c->gemm, sizeof(back.gemm)) == 0, "GEMM scalars differ");
 	} else {

@@ -105,8 +105,10 @@ START_TEST(a_record_decodes_into_its_descriptor)
 	struct rp_error err = { 0 };
 
 	gemm_call(&c);
+	c.deadline_ms = 250;
 	encode(&c, &rec);
 	ck_assert_uint_eq(rec.tag, 42);
+	ck_assert_uint_eq(rec.deadline_ms, 250);
 	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
 	ck_assert_ptr_null(err.name);
 	ck_assert_ptr_eq(back.spec, &rp_op_gemm);
@@ -121,6 +123,14 @@ START_TEST(a_record_decodes_into_its_descriptor)
 	ck_assert_int_eq(back.gemm.n, 6);
 	ck_assert_int_eq(back.gemm.k, 8);
 	ck_assert(back.wait_event.present && back.wait_event.id.serial == 7);
+	ck_assert_uint_eq(back.deadline_ms, 250);
+	/* 0: the worker's default, as an absent deadline_ms in a call. */
+	rec.deadline_ms = 0;
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert_uint_eq(back.deadline_ms, 0);
+	rec.deadline_ms = RP_DEADLINE_MS_MAX;
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert_uint_eq(back.deadline_ms, RP_DEADLINE_MS_MAX);
 }
 END_TEST
 
@@ -177,6 +187,7 @@ static void inf_alpha(struct rp_ring_record *r) { r->alpha = INFINITY; }
 static void missing_d(struct rp_ring_record *r) { r->operands[RP_GEMM_D].index = RP_RING_NONE; }
 static void k_disagrees(struct rp_ring_record *r) { r->flags &= (uint16_t)~RP_RING_TRANS_A; }
 static void reserved_operand(struct rp_ring_record *r) { r->operands[RP_GEMM_A].reserved = 1; }
+static void deadline_past_a_day(struct rp_ring_record *r) { r->deadline_ms = RP_DEADLINE_MS_MAX + 1; }
 
 static const struct bad bads[] = {
 	{ "an unknown op", RP_ERR_INVALID_PARAMETER, "op", op_unknown },
@@ -198,6 +209,7 @@ static const struct bad bads[] = {
 	{ "no d", RP_ERR_INVALID_PARAMETER, "d", missing_d },
 	{ "K disagreeing", RP_ERR_INVALID_OPERAND, "b", k_disagrees },
 	{ "a reserved operand field", RP_ERR_INVALID_PARAMETER, "reserved", reserved_operand },
+	{ "a deadline past a day", RP_ERR_INVALID_PARAMETER, "deadline_ms", deadline_past_a_day },
 };
 
 START_TEST(bad_records_are_refused_by_name)
