@@ -116,7 +116,13 @@ void rd_health_stop(struct rd_worker *w)
 
 void rd_health_call_started(struct rd_worker *w, struct rd_compute_call *cc)
 {
-	uint64_t due_before = earliest_deadline(w);
+	/* The timer is aimed at the earliest deadline (rounded up to a
+	 * millisecond) whenever a call runs: a call due no sooner leaves it,
+	 * with no walk of the calls in flight (a lane's ring may hold a
+	 * thousand). */
+	bool armed = uv_is_active((uv_handle_t *)&w->deadline_timer);
+	uint64_t due_before = armed ? uv_now(w->loop) * 1000000u + uv_timer_get_due_in(&w->deadline_timer) * 1000000u
+				    : earliest_deadline(w);
 
 	cc->prev = w->running_tail;
 	cc->next = NULL;
