@@ -83,12 +83,12 @@ class RingCounters(unittest.TestCase):
         mem = mmap.mmap(-1, ring.HEADER_SIZE)
         ctr = ring.counters(mem)
         ctr[ring.SQ_TAIL] = old
-        seconds = 0.5
+        stop = 4   # a word of the header's padding (offset 16): the reader says when it is done
         pid = os.fork()
         if pid == 0:
             try:
-                until = time.monotonic() + seconds
-                while time.monotonic() < until:
+                until = time.monotonic() + 30
+                while not ctr[stop] and time.monotonic() < until:
                     for _ in range(500):
                         ctr[ring.SQ_TAIL] = new
                         ctr[ring.SQ_TAIL] = old
@@ -96,8 +96,9 @@ class RingCounters(unittest.TestCase):
                 os._exit(0)
         seen, torn, reads = set(), {}, 0
         try:
-            until = time.monotonic() + seconds
-            while time.monotonic() < until:
+            # At least half a second, and until the writer was seen at work.
+            start = time.monotonic()
+            while time.monotonic() - start < 0.5 or (len(seen) < 2 and time.monotonic() - start < 10):
                 for _ in range(500):
                     v = ctr[ring.SQ_TAIL]
                     if v == old or v == new:
@@ -106,6 +107,7 @@ class RingCounters(unittest.TestCase):
                         torn[v] = torn.get(v, 0) + 1
                 reads += 500
         finally:
+            ctr[stop] = 1
             os.waitpid(pid, 0)
         self.assertEqual(torn, {}, f"{reads} reads")
         self.assertEqual(seen, {old, new})
