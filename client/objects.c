@@ -57,6 +57,7 @@ static int object_close(struct rc_object *obj, const char *method)
 	if (c == NULL || c->known_generation[obj->device] > obj->rid.generation) {
 		goto out;
 	}
+	rc_lane_forget(c, obj->device, &obj->rid);
 	p = rp_close_object_encode((enum rp_id_kind)obj->rid.kind, &obj->rid);
 	if (p == NULL) {
 		r = -ENOMEM;

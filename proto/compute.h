@@ -61,10 +61,15 @@ struct rp_op_spec {
 	unsigned noperands;
 	const struct rp_operand_spec *operands;
 	const struct rp_field *scalars;   /* NULL-name terminated */
-	/* Reads the scalars and checks what the table cannot say; fills the
-	 * op's part of c (derived dimensions included). Runs after every
-	 * operand passed its own checks. 0 or -EINVAL with err set. */
-	int (*check)(const cJSON *params, struct rp_compute *c, struct rp_error *err);
+	/* Reads the scalars of a call's parameters into the op's part of c
+	 * (their types and names only). 0 or -EINVAL with err set. */
+	int (*read_scalars)(const cJSON *params, struct rp_compute *c, struct rp_error *err);
+	/* Checks what the table cannot say, whichever way c was filled (a
+	 * Varlink call, a ring record): the scalars' values, the shapes among
+	 * operands, options that depend on each other; fills the derived
+	 * dimensions. Runs after every operand passed its own checks. 0 or
+	 * -EINVAL with err set. */
+	int (*check)(struct rp_compute *c, struct rp_error *err);
 	/* Writes the op's scalars into a call's parameters (clients). */
 	void (*encode)(const struct rp_compute *c, cJSON *params);
 };
@@ -131,6 +136,13 @@ int rp_op_slot(const struct rp_op_spec *spec, const char *name);
 /* Parses and checks one call's parameters. On failure *c is zeroed (a
  * half-filled descriptor must not look usable). */
 int rp_compute_parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_compute *c, struct rp_error *err);
+
+/* The checks of rp_compute_parse for a descriptor filled another way (a
+ * ring record, proto/ring.h): each operand's fields (rp_operand_validate),
+ * then everything the table says, in the same order and with the same
+ * errors. c->spec, operands, present[], events and the op's scalars must be
+ * set; derived dimensions are filled. On failure *c is zeroed. */
+int rp_compute_check(struct rp_compute *c, struct rp_error *err);
 
 /* The call's parameters as a client sends them: operands by the table,
  * then the scalars the op's encoder writes. NULL on ENOMEM. */

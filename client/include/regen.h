@@ -275,6 +275,31 @@ struct regen_attention_backward_args {
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
 
+/* Queued calls: each returns once the call is on its way, with a ticket
+ * that names it on its device's lane; regen_wait(c, device, ticket) then
+ * waits until it and every call queued before it on that lane are
+ * answered, and returns 0, or the first error among them (named as a
+ * blocking call's would be). The blocking calls above are a submit and a
+ * wait. */
+REGEN_EXPORT int regen_gemm_submit(regen_client *c, const struct regen_gemm_args *args, uint64_t *ticket);
+REGEN_EXPORT int regen_attention_submit(regen_client *c, const struct regen_attention_args *args, uint64_t *ticket);
+REGEN_EXPORT int regen_attention_backward_submit(regen_client *c, const struct regen_attention_backward_args *args,
+						 uint64_t *ticket);
+REGEN_EXPORT int regen_wait(regen_client *c, int device, uint64_t ticket);
+/* The elapsed_us regend gave the device's last answered call. */
+REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int device);
+
+/* How compute calls reach a worker: over the lane's shared-memory ring
+ * (io.regen.Lane) where the worker offers it, else as Varlink calls
+ * (auto, the default); or forced to one (ring fails with -EPROTONOSUPPORT
+ * where no ring is offered). The environment variable REGEN_TRANSPORT
+ * (auto, varlink, ring) sets the default for new clients. */
+enum regen_transport { REGEN_TRANSPORT_AUTO = 0, REGEN_TRANSPORT_VARLINK, REGEN_TRANSPORT_RING };
+REGEN_EXPORT int regen_client_set_transport(regen_client *c, enum regen_transport t);
+/* What the device's lane uses now: RING or VARLINK, AUTO before its first
+ * compute call. */
+REGEN_EXPORT enum regen_transport regen_client_transport(const regen_client *c, int device);
+
 /* Any method, parameters as JSON text (NULL = {}). device >= 0 sends it to
  * that device's worker socket, < 0 to the main socket. On success *reply
  * (malloc'ed JSON of the reply's parameters, free()) is set. fds (may be

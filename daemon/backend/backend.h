@@ -77,6 +77,10 @@ struct rd_op {
 
 	/* Core's use. */
 	void (*done)(struct rd_op *op);
+	/* Optional: called on the completing thread as the op is handed back,
+	 * before the loop thread's done (a ring publishes its completion from
+	 * there: one thread hand-off less). */
+	void (*completed)(struct rd_op *op);
 	void *userdata;
 	struct rd_op *next;
 	uint64_t submitted_ns;

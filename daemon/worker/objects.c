@@ -117,6 +117,9 @@ static int check_id(struct rd_objects *t, const struct rp_id *id, enum rd_object
 	char text[RP_ID_MAX];
 	uint64_t generation = atomic_load(&t->device->generation);
 
+	/* Formatted only for an error: every record of a ring comes here. */
+	if (id->kind == id_kinds[kind] && id->device == (uint32_t)t->device->index && id->generation == generation)
+		return 0;
 	rp_id_format(id, text);
 	if (id->kind != id_kinds[kind]) {
 		rp_err_no_such_object(err, text, "%s: %s is not %s id", what, text,

@@ -33,6 +33,8 @@ static void post_completion(struct rd_device *dev, struct rd_op *op)
 {
 	struct rd_worker *w = worker_of_device(dev);
 
+	if (op->completed)
+		op->completed(op);
 	pthread_mutex_lock(&w->lock);
 	op->next = NULL;
 	if (w->done_tail)
@@ -129,6 +131,10 @@ static void maybe_stop(struct rd_worker *w)
 {
 	if (w->state != RD_WORKER_STOPPING || w->in_flight)
 		return;
+	/* The last replies wait for the end of this loop iteration, which a
+	 * stopped loop does not reach: out with them now. */
+	for (struct rd_session *s = w->sessions; s; s = s->next)
+		rd_conn_flush(s->conn);
 	uv_stop(w->loop);
 }
 
@@ -147,8 +153,10 @@ static void on_stop_deadline(uv_timer_t *t)
 		w->in_flight);
 	rp_err_draining(&err, w->dev.index, (long long)rd_worker_generation(w),
 			"regend is stopping and the call did not finish within the drain deadline; it may or may not have run");
-	for (struct rd_session *s = w->sessions; s; s = s->next)
+	for (struct rd_session *s = w->sessions; s; s = s->next) {
+		rd_ring_fail_unfinished(s->ring, &err);
 		rd_conn_fail_unfinished(s->conn, &err, 200);
+	}
 	rp_error_clear(&err);
 	/* The calls still run on backend threads: leave without unwinding. */
 	_exit(0);

@@ -36,11 +36,15 @@ struct rd_session;
  * treats it as a failed GPU, not as a crash to respawn at once. */
 #define RD_WORKER_EXIT_DEVICE_FAILED 3
 
-/* A compute call the worker runs: the op the backend finishes, and what
- * the core keeps beside it. */
+/* A compute call the worker runs, a Varlink call or a ring record: the op
+ * the backend finishes, and what the core keeps beside it. */
 struct rd_compute_call {
 	struct rd_op op;                 /* first: the backend hands it back */
-	struct rd_call *call;            /* NULL once answered early (its deadline passed) */
+	struct rd_call *call;            /* a Varlink call's; NULL for a record, and once answered early */
+	/* A ring record's answer when its deadline passed (its completion):
+	 * loop thread, err the callee's to clear. */
+	void (*answer_early)(struct rd_compute_call *cc, struct rp_error *err);
+	bool answered;                   /* answered early (its deadline passed): nobody waits for it */
 	struct rd_session *session;
 	uint64_t deadline_ns;            /* uv_hrtime() by which it must finish; 0: none */
 	struct rd_compute_call *prev, *next;   /* the worker's calls in flight */
