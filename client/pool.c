@@ -7,10 +7,10 @@
  * regen_pool_lookup imports the chunk once per generation (cuda_fd or
  * host_fd) on the pool's own connection and answers with the buffer id and
  * the pointer's offset in it, so a tensor in the pool costs no import at
- * all. A chunk whose last allocation is freed is closed in regend and given
- * back to the driver at once: torch's caching allocator, which sits on top
- * through a MemPool, already caches, and frees only what it means to give
- * back.
+ * all. A CUDA chunk whose last allocation is freed is closed in regend and
+ * given back to the driver at once: torch's caching allocator, which sits
+ * on top through a MemPool, already caches, and frees only what it means to
+ * give back (one empty host chunk is kept: see keep_empty).
  *
  * regen_pool_alloc and regen_pool_free have the signatures of torch's
  * CUDAPluggableAllocator, so a torch.cuda.MemPool can allocate through them.
@@ -535,6 +535,26 @@ static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size)
 	return ch->base + off;
 }
 
+/* Whether an empty chunk stays. A CUDA chunk goes at once: torch's caching
+ * allocator on top frees only what it means to give back. The host pool
+ * has no cache above it (a CPU operation allocates and frees its buffers
+ * each time): one empty host chunk stays, so that a loop of operations does
+ * not make, import and close a chunk each time. */
+static bool keep_empty(const struct chunk *ch)
+{
+	const struct chunk *other;
+
+	if (ch->kind != CHUNK_HOST || ch->size != chunk_bytes()) {
+		return false;
+	}
+	for (other = pool.chunks; other != NULL; other = other->next) {
+		if (other != ch && other->kind == CHUNK_HOST && other->used == 0) {
+			return false;
+		}
+	}
+	return true;
+}
+
 static void pool_free(const void *ptr)
 {
 	struct chunk **link = NULL;
@@ -555,7 +575,7 @@ static void pool_free(const void *ptr)
 	}
 	pool.stats.frees++;
 	pool.stats.used_bytes -= before - ch->used;
-	if (ch->used == 0) {
+	if (ch->used == 0 && !keep_empty(ch)) {
 		*link = ch->next;
 		chunk_destroy(ch);
 	}
@@ -609,40 +629,46 @@ REGEN_EXPORT void regen_pool_free_host(void *ptr)
 
 REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_bytes_)
 {
-	int r = 0;
+	struct chunk *ch;
 
+	pthread_mutex_lock(&pool.lock);
 	if (chunk_bytes_ != 0 && (chunk_bytes_ < 2 * MIB || chunk_bytes_ % MIB != 0)) {
+		set_error("chunk size %llu is not a multiple of 1 MiB of at least 2 MiB", (unsigned long long)chunk_bytes_);
+		pthread_mutex_unlock(&pool.lock);
 		return -EINVAL;
 	}
 	if (socket_path != NULL && strlen(socket_path) >= sizeof(pool.socket_path)) {
+		set_error("socket path too long: %s", socket_path);
+		pthread_mutex_unlock(&pool.lock);
 		return -ENAMETOOLONG;
 	}
-	pthread_mutex_lock(&pool.lock);
 	if (chunk_bytes_ != 0) {
 		pool.chunk_bytes = chunk_bytes_;
 	}
 	if (socket_path != NULL && strcmp(socket_path, pool.socket_path) != 0) {
-		/* Another regend: what the pool imported into the old one is not
-		 * there. */
-		if (pool.client != NULL && pool.stats.imports > 0) {
-			r = -EBUSY;
-		} else {
-			snprintf(pool.socket_path, sizeof(pool.socket_path), "%s", socket_path);
-			regen_client_destroy(pool.client);
-			pool.client = NULL;
+		/* Another regend: the imports into the old one are closed there,
+		 * and the next lookups import into the new one. */
+		for (ch = pool.chunks; ch != NULL; ch = ch->next) {
+			chunk_unimport(ch);
 		}
+		regen_client_destroy(pool.client);
+		pool.client = NULL;
+		snprintf(pool.socket_path, sizeof(pool.socket_path), "%s", socket_path);
 	}
 	pthread_mutex_unlock(&pool.lock);
-	return r;
+	return 0;
 }
 
 REGEN_EXPORT int regen_pool_map_device(int local_device, int regend_device)
 {
+	pthread_mutex_lock(&pool.lock);
 	if (local_device < 0 || local_device >= REGEN_DEVICES_MAX || regend_device < -1 ||
 	    regend_device >= REGEN_DEVICES_MAX) {
+		set_error("no device mapping %d -> %d (devices are 0 .. %d)", local_device, regend_device,
+			  REGEN_DEVICES_MAX - 1);
+		pthread_mutex_unlock(&pool.lock);
 		return -EINVAL;
 	}
-	pthread_mutex_lock(&pool.lock);
 	pool.device_map[local_device] = regend_device < 0 ? 0 : regend_device + 1;
 	pthread_mutex_unlock(&pool.lock);
 	return 0;

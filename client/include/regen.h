@@ -284,8 +284,8 @@ REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stre
 /* Host memory (memfd chunks) for regend's host backend. */
 REGEN_EXPORT void *regen_pool_alloc_host(size_t size);
 REGEN_EXPORT void regen_pool_free_host(void *ptr);
-/* socket_path NULL: unchanged ($REGEN_SOCKET, else the default);
- * -EBUSY when chunks are imported into another regend already.
+/* socket_path NULL: unchanged ($REGEN_SOCKET, else the default); another
+ * path closes the imports into the old regend first.
  * chunk_bytes 0: unchanged; else a multiple of 1 MiB, at least 2 MiB. */
 REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_bytes);
 /* regend's index of this process's CUDA device `local_device` (they differ

@@ -150,6 +150,12 @@ class Pool:
             # regend refused: its own error class, so callers handle it as
             # they handle it from any call (StaleGeneration, DeviceLost...).
             raise errors.error_from_reply(name.decode(), {"message": text})
+        if code in (errno.ECONNRESET, errno.EPIPE):
+            # The pool's own connection broke with the import in flight: a
+            # worker that died; the caller treats it as any broken call.
+            raise errors.ConnectionReset(parameters={"message": text, "errno": code})
+        if code in (errno.ECONNREFUSED, errno.ETIMEDOUT, errno.ENOENT, errno.EAGAIN):
+            raise errors.Unavailable(parameters={"message": text, "errno": code})
         e = PoolError(parameters={"message": text, "errno": code})
         e.errno = code
         raise e

@@ -347,11 +347,6 @@ class Runtime:
         a fault is always safe)."""
         with self.lock:
             self._tick += 1
-            self.counters["calls"] += 1
-            if self._batch_depth == 0 or self._batch_calls == 0:
-                self.counters["handoffs"] += 1
-            if self._batch_depth:
-                self._batch_calls += 1
             attempts = 0
             deadline = None
             while True:
@@ -364,6 +359,11 @@ class Runtime:
                         deadline = time.monotonic() + self.recovery_timeout
                     self._recover(e, tensors, attempts, deadline)
                     self.counters["retries"] += 1
+            self.counters["calls"] += 1
+            if self._batch_depth == 0 or self._batch_calls == 0:
+                self.counters["handoffs"] += 1
+            if self._batch_depth:
+                self._batch_calls += 1
             if self._tick % SWEEP_OPS == 0:
                 self.sweep()
 
