@@ -1,12 +1,15 @@
 /* The control channel: the supervisor's verbs to this worker (io.regen.Worker:
  * Drain, Release, Reset, Stats, InjectFault) and what the worker reports
- * upward (Ready, Faulted). Lifecycle verbs run with no call in flight and
+ * upward (Ready, Faulted). Stats is also the supervisor's heartbeat: it
+ * carries the device's health, so Status answers from what the last one
+ * said. Lifecycle verbs run with no call in flight and
  * move the device to the generation the supervisor names; every verb that
  * carries the node's epoch updates the one the worker reports. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "daemon/backend/health.h"
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
 #include "daemon/worker/worker.h"
@@ -193,6 +196,7 @@ static void ctl_stats(struct rd_call *call)
 	cJSON_AddNumberToObject(reply, "in_flight", w->in_flight);
 	cJSON_AddNumberToObject(reply, "buffers", w->objects.count[RD_OBJECT_BUFFER]);
 	cJSON_AddNumberToObject(reply, "connections", w->nsessions);
+	cJSON_AddItemToObject(reply, "health", rd_health_json(w));
 	rd_call_reply(call, reply, false);
 }
 
@@ -201,6 +205,8 @@ static void ctl_inject_fault(struct rd_call *call)
 	struct rd_worker *w = worker_of(call);
 	struct rp_error err = { 0 };
 	const char *kind = NULL;
+	uint64_t xid = 0;
+	char xid_kind[32];
 
 	if (!w->opts->fault_injection) {
 		rd_call_failf(call, RP_ERR_FAULT_INJECTION_DISABLED, "fault injection is disabled");
@@ -210,6 +216,16 @@ static void ctl_inject_fault(struct rd_call *call)
 		rp_error_clear(&err);
 		rd_call_fail(call, (rp_error_invalid_parameter(&err, "kind"), &err));
 		return;
+	}
+	if (strcmp(kind, "xid") == 0) {
+		/* The backend takes a simulated XID as "xid:N". */
+		if (rp_params_uint(call->msg.params, "xid", 65535, 0, &xid, &err) != 0 || xid == 0) {
+			rp_error_clear(&err);
+			rd_call_fail(call, (rp_error_invalid_parameter(&err, "xid"), &err));
+			return;
+		}
+		snprintf(xid_kind, sizeof(xid_kind), "xid:%u", (unsigned)xid);
+		kind = xid_kind;
 	}
 	if (strcmp(kind, "crash") == 0) {
 		rd_warn("lifecycle", w->dev.index, rd_worker_generation(w), 0, "injected crash");
@@ -267,14 +283,17 @@ void rd_control_ready(struct rd_worker *w)
 	cJSON_AddNumberToObject(p, "pid", getpid());
 	cJSON_AddStringToObject(p, "worker_socket", w->socket_path);
 	cJSON_AddStringToObject(p, "backend", w->dev.backend->name);
+	cJSON_AddItemToObject(p, "health", rd_health_json(w));
 	rd_conn_call(w->ctl, "io.regen.Worker.Ready", p, true, NULL, NULL);
 }
 
-void rd_control_report_fault(struct rd_worker *w, const char *reason)
+void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason)
 {
 	if (w->ctl) {
 		cJSON *p = cJSON_CreateObject();
 		cJSON_AddStringToObject(p, "reason", reason);
+		cJSON_AddStringToObject(p, "kind", rd_fault_kind_name(kind));
+		cJSON_AddItemToObject(p, "health", rd_health_json(w));
 		rd_conn_call(w->ctl, "io.regen.Worker.Faulted", p, true, NULL, NULL);
 	}
 }
