@@ -256,25 +256,49 @@ class Lifecycle(unittest.TestCase):
             own.client.close()
 
     def test_recovery_gives_up_with_recovery_failed(self):
-        """A worker that stops answering (SIGSTOP) and is not replaced:
-        each try times out, and after the recovery timeout the operation
-        raises RecoveryFailed."""
-        own = rt.Runtime(socket=daemon.socket, timeout=0.5, recovery_timeout=2.0)
+        """A worker that stops answering (SIGSTOP) and, with a heartbeat
+        longer than the test, is not replaced: each try times out, and after
+        the recovery timeout the operation raises RecoveryFailed.  (With the
+        default heartbeat regend respawns it and the operation goes on:
+        test_stopped_worker_is_replaced.)"""
+        d = Regend(devices=1, extra=["--heartbeat-ms", "600000"])
+        own = rt.Runtime(socket=d.socket, timeout=0.5, recovery_timeout=2.0)
         saved = rt._runtime
         rt._runtime = own
-        pid = self.admin.device_info(0)["worker_pid"]
+        pid = None
         try:
             self.check_served()
+            with regen.Client(d.socket) as c:
+                pid = c.device_info(0)["worker_pid"]
             os.kill(pid, signal.SIGSTOP)
             start = time.monotonic()
             with self.assertRaises(rt.RecoveryFailed):
                 rt.matmul(self.a, self.b)
             self.assertLess(time.monotonic() - start, 10)
         finally:
-            os.kill(pid, signal.SIGCONT)
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)
             rt._runtime = saved
             own.client.close()
+            d.stop()
+        # The pool imports into the first regend again.
+        rt.runtime().pool.configure(daemon.socket)
         self.check_served()
+
+    def test_stopped_worker_is_replaced(self):
+        pid = self.admin.device_info(0)["worker_pid"]
+        self.check_served()
+        before = rt.stats()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            self.check_served()
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.assertGreaterEqual(rt.stats()["recoveries"] - before["recoveries"], 1)
+        self.assertNotEqual(self.admin.device_info(0)["worker_pid"], pid)
 
 
 class Training(unittest.TestCase):
