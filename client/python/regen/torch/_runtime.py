@@ -326,8 +326,11 @@ class Runtime:
         if pair is None:
             pair = self._events[key] = _EventPair(local)
         if pair.ids is None or pair.generation < self._generation.get(device, 0):
-            before = self.client.import_event(device, bytes(pair.before.ipc_handle()))
-            after = self.client.import_event(device, bytes(pair.after.ipc_handle()))
+            # An event is made on the device current when it is first used.
+            with torch.cuda.device(local):
+                handles = bytes(pair.before.ipc_handle()), bytes(pair.after.ipc_handle())
+            before = self.client.import_event(device, handles[0])
+            after = self.client.import_event(device, handles[1])
             pair.ids = (before, after)
             pair.generation = before.generation
             self._note_generation(device, before.generation)
