@@ -691,8 +691,11 @@ static int chunk_import(struct chunk *ch, int device)
 	if (pool.client == NULL) {
 		r = regen_client_connect(pool.socket_path[0] != '\0' ? pool.socket_path : NULL, &pool.client);
 		if (r < 0) {
-			set_error("connecting to regend: %s", strerror(-r));
-			return r;
+			set_error("connecting to regend at %s: %s",
+				  pool.socket_path[0] != '\0' ? pool.socket_path : "the default socket", strerror(-r));
+			/* Not -ENOENT, which a lookup returns for memory not in the
+			 * pool: regend is not there (yet). */
+			return r == -ENOENT ? -ECONNREFUSED : r;
 		}
 		/* The pool calls regend from inside torch's allocator (a free that
 		 * closes a chunk): never for long. */
@@ -711,7 +714,7 @@ static int chunk_import(struct chunk *ch, int device)
 			set_error("importing pool chunk %llu: %s", (unsigned long long)ch->serial, strerror(-r));
 		}
 		ch->import = NULL;
-		return r;
+		return r == -ENOENT ? -ECONNREFUSED : r;
 	}
 	ch->import_device = device;
 	pool.stats.imports++;

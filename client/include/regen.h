@@ -317,7 +317,9 @@ struct regen_pool_ref {
 /* The buffer and offset of `ptr`, importing its chunk first when it is not
  * imported in the current generation. host_device: regend's device for host
  * memory (CUDA memory goes to its own device). -ENOENT: not pool memory;
- * -EREMOTE: regend refused the import (regen_pool_error_name says how). */
+ * -EREMOTE: regend refused the import (regen_pool_error_name says how);
+ * -ECONNREFUSED, -ECONNRESET, -ETIMEDOUT: regend (or the device's worker)
+ * cannot be reached now. */
 REGEN_EXPORT int regen_pool_lookup(const void *ptr, int host_device, struct regen_pool_ref *out);
 /* regend's `device` reached `generation`: imports of older generations are
  * gone, and the next lookup imports again. */
