@@ -55,7 +55,7 @@ def configure(socket=None, ordering=None, timeout=None, recovery_timeout=None, h
                        host_device=host_device, device_map=device_map, retry=retry)
         old, _runtime = _runtime, Runtime(**_config)
     if old is not None:
-        old.client.close()
+        old.close()
     return _runtime
 
 

@@ -256,7 +256,11 @@ class Runtime:
             if storage.data_ptr() - base != offset:
                 raise errors.ImportFailed(parameters={"message": "torch's IPC handle does not name the block "
                                                       "cuMemGetAddressRange reports (expandable segments?)"})
-            buf = self.client.import_cuda_ipc(device, handle, 0, size)
+            try:
+                buf = self.client.import_cuda_ipc(device, handle, 0, size)
+            except ValueError as e:
+                # An expandable segment: CUDA IPC cannot share it; regen.torch.pool() can.
+                raise NotSupported(parameters={"message": f"{e}; or allocate it under regen.torch.pool()"}) from e
         except BaseException:
             _release_counter(counter)
             raise
@@ -472,6 +476,16 @@ class Runtime:
                             return ev["generation"]
             except (errors.Unavailable, errors.ConnectionReset, StopIteration, OSError):
                 time.sleep(0.05)
+
+    def close(self):
+        """Close every block import (regend unmaps, then the pins go) and
+        the connections.  Pool chunks stay: they belong to the process."""
+        with self.lock:
+            for key, blk in list(self._blocks.items()):
+                del self._blocks[key]
+                self._close_block(blk)
+            self._events.clear()
+            self.client.close()
 
     # -- statistics --------------------------------------------------------------
 
