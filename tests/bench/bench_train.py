@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Issue 13's benchmark: tokens/s of client/python/examples/train_gpt.py
 through regend (regen.torch) against the same model in process, for each
-ordering ("wait", "events", "sync"), and the hand-offs per step (a regend
+ordering ("wait", "events", "sync", "auto"), and the hand-offs per step (a regend
 call, or a run of regend calls with no rank work between them: about two
 context switches each, rank -> worker -> rank, when the rank has GPU work
 around it, as in a training step).  Targets (docs/performance.md): >= 0.8
 of in-process isolated, >= 0.95 under MPS.  regen.torch.mps_mode() says
 which this run is.
 
-    python3 tests/bench/bench_train.py [REGEND] [--full] [--steps N] [--orderings wait,events,sync]
+    python3 tests/bench/bench_train.py [REGEND] [--full] [--steps N] [--orderings wait,events,sync,auto]
         [--socket PATH] [--json OUT] [--device cpu]
 
 With --socket it uses a running regend (e.g. one started as an MPS client);
@@ -60,7 +60,7 @@ def main():
                                                                        "--device")]
     steps = opt("--steps", 30, int)
     full = "--full" in sys.argv
-    orderings = opt("--orderings", "wait,events,sync").split(",")
+    orderings = opt("--orderings", "wait,events,sync,auto").split(",")
     socket = opt("--socket", None)
     daemon = None
     regend = find_regend(positional[0] if positional else None)

@@ -13,7 +13,7 @@ failed".
              cudaMalloc block, never one per tensor
   flat       10,000 steps allocating fresh activations (pool and not):
              live imports bounded, rank memory and regend's memory flat
-  ordering   each of "wait", "events", "sync": regend reads what the rank's
+  ordering   each of "wait", "events", "sync", "auto": regend reads what the rank's
              current stream wrote just before (behind a 50 ms spin), and the
              rank's stream sees what regend wrote
   compile    torch.compile(fullgraph=True, backend="aot_eager") traces the
@@ -205,7 +205,7 @@ class _null:
 
 
 def ordering(rt, d):
-    for mode in ("wait", "events", "sync"):
+    for mode in ("wait", "events", "sync", "auto"):
         rt.configure(socket=d.socket, ordering=mode)
         s = torch.cuda.Stream(DEV)
         with torch.cuda.stream(s):

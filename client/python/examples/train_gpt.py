@@ -224,7 +224,7 @@ def main(argv=None):
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--socket", default=None, help="regend's socket (default $REGEN_SOCKET, then /run/regen/regend.sock)")
-    p.add_argument("--ordering", choices=("wait", "events", "sync"), default=None)
+    p.add_argument("--ordering", choices=("wait", "events", "sync", "auto"), default=None)
     p.add_argument("--restart-at", type=int, default=-1, help="step before which `regenctl restart --wait` runs")
     p.add_argument("--fault-at", type=int, default=-1, help="step before which a device_lost is injected")
     p.add_argument("--no-pool", action="store_true", help="leave memory to torch's allocator (block imports)")

@@ -174,6 +174,32 @@ class Ops(unittest.TestCase):
         self.assertEqual(rt.stats()["calls"], calls)
 
 
+class AutoOrdering(unittest.TestCase):
+    def test_probes_both_then_keeps_the_faster(self):
+        from regen.torch._runtime import _AutoOrdering
+        auto, kind, seen = _AutoOrdering(), ("gemm", 20), []
+        for _ in range(300):
+            mode = auto.choose(kind)
+            seen.append(mode)
+            auto.note(kind, mode, 0.001 if mode == "sync" else 0.002)
+        self.assertEqual(set(seen[:8]), {"wait", "sync"})
+        steady = seen[8:]
+        self.assertGreater(steady.count("sync"), 0.95 * len(steady))
+        self.assertIn("wait", steady, "the slower one is tried again now and then")
+        self.assertEqual(set(auto.table()["gemm/2^20"]), {"wait", "sync"})
+
+    def test_cpu_tensors_need_no_ordering(self):
+        own = rt.Runtime(socket=daemon.socket, ordering="auto")
+        saved, rt._runtime = rt._runtime, own
+        try:
+            a, b = torch.randn(8, 8), torch.randn(8, 8)
+            self.assertLess(maxdiff(rt.matmul(a, b), a @ b), 1e-4)
+            self.assertEqual(own.stats()["auto_us"], {})
+        finally:
+            rt._runtime = saved
+            own.close()
+
+
 class Routing(unittest.TestCase):
     def test_enable_routes_and_falls_back(self):
         torch.manual_seed(3)

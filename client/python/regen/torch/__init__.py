@@ -42,8 +42,8 @@ def configure(socket=None, ordering=None, timeout=None, recovery_timeout=None, h
               retry=True):
     """Set up the process's runtime (before the first operation, or again
     to replace it).  ``socket``: regend's main socket ($REGEN_SOCKET, else
-    /run/regen/regend.sock).  ``ordering``: "wait" (default), "events" or
-    "sync" ($REGEN_TORCH_ORDERING; docs/torch.md).  ``recovery_timeout``:
+    /run/regen/regend.sock).  ``ordering``: "wait" (default), "events",
+    "sync" or "auto" ($REGEN_TORCH_ORDERING; docs/torch.md).  ``recovery_timeout``:
     seconds to wait for a device to serve again after a fault (default 120).
     ``host_device``: regend's device for CPU tensors (host backend).
     ``device_map``: {torch CUDA index: regend index}, overriding the match

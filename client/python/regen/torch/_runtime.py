@@ -28,7 +28,10 @@ Ordering with torch's current stream (CUDA), per configure(ordering=...):
            Faster; but a regend worker that dies with the work queued may
            leave the rank's stream waiting on an event that never fires.
   "sync"   the host synchronises the current stream first, and waits for
-           regend's answer: the simplest, and the slowest.
+           regend's answer: the simplest.
+  "auto"   "wait" or "sync", chosen per kind of call (operation and size)
+           by the wall time each took lately: both first, then the faster,
+           the other tried again now and then.
 docs/torch.md gives the measurements behind the default.
 """
 
@@ -46,7 +49,7 @@ from ..pool import Pool
 
 __all__ = ["Runtime", "WorkLost", "RecoveryFailed", "NotSupported", "ORDERINGS"]
 
-ORDERINGS = ("wait", "events", "sync")
+ORDERINGS = ("wait", "events", "sync", "auto")
 DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # A block import whose pin died is closed after this many operations
 # without use.
@@ -115,6 +118,38 @@ class _EventPair:
         self.generation = 0
 
 
+class _AutoOrdering:
+    """Chooses "wait" or "sync" per kind of call from the time each took:
+    the first calls of a kind alternate, then the faster (by a moving
+    average) is used and the other tried again every REPROBE calls."""
+
+    MODES = ("wait", "sync")
+    PROBES = 4
+    REPROBE = 128
+
+    def __init__(self):
+        self.kinds = {}   # kind -> {"n": calls, "avg": {mode: seconds}}
+
+    def choose(self, kind):
+        k = self.kinds.setdefault(kind, {"n": 0, "avg": {}})
+        n = k["n"]
+        k["n"] += 1
+        if n < 2 * self.PROBES or n % self.REPROBE == 0:
+            tried = [m for m in self.MODES if m not in k["avg"]]
+            return tried[0] if tried else self.MODES[n % 2]
+        if n % self.REPROBE == 1:
+            return max(k["avg"], key=k["avg"].get)
+        return min(k["avg"], key=k["avg"].get)
+
+    def note(self, kind, mode, seconds):
+        avg = self.kinds[kind]["avg"]
+        avg[mode] = seconds if mode not in avg else 0.8 * avg[mode] + 0.2 * seconds
+
+    def table(self):
+        return {f"{op}/2^{size}": {m: round(v * 1e6, 1) for m, v in k["avg"].items()}
+                for (op, size), k in self.kinds.items()}
+
+
 class Runtime:
     """What regen.torch's operations run through.  One per process
     (regen.torch.runtime()); thread-safe: calls are serialised."""
@@ -143,6 +178,7 @@ class Runtime:
         self._generation = {}      # regend device -> newest generation seen
         self._pending = {}         # regend device -> (after event, generation): ordering "events"
         self._tick = 0
+        self._auto = _AutoOrdering()
         self._batch_depth = 0
         self._batch_calls = 0
         self.counters = {"calls": 0, "handoffs": 0, "retries": 0, "recoveries": 0, "block_imports": 0,
@@ -390,20 +426,30 @@ class Runtime:
         kw = dict(scalars)
         stream = None
         pair = None
+        ordering = self.ordering
+        kind = None
         if tdev.type == "cuda":
+            if ordering == "auto":
+                numel = max(t.numel() for t in present.values())
+                kind = (op, numel.bit_length())
+                ordering = self._auto.choose(kind)
             stream = torch.cuda.current_stream(tdev)
-            if self.ordering == "sync":
+        start = time.perf_counter()
+        if stream is not None:
+            if ordering == "sync":
                 stream.synchronize()
             else:
                 pair = self._events_for(device, stream, tdev.index)
                 pair.before.record(stream)
                 kw["wait_event"] = pair.ids[0]
-                if self.ordering == "events":
+                if ordering == "events":
                     kw["signal_event"] = pair.ids[1]
         fn = {"gemm": self.client.gemm, "attention": self.client.attention,
               "attention_backward": self.client.attention_backward}[op]
         fn(**named, **kw)
-        if pair is not None and self.ordering == "events":
+        if kind is not None:
+            self._auto.note(kind, ordering, time.perf_counter() - start)
+        if pair is not None and ordering == "events":
             stream.wait_event(pair.after)
             self._pending[device] = (pair.after, pair.generation)
         # Outputs regend wrote into copies (CPU tensors from outside the
@@ -494,6 +540,8 @@ class Runtime:
             out = dict(self.counters)
             out["block_imports_live"] = len(self._blocks)
             out["ordering"] = self.ordering
+            if self.ordering == "auto":
+                out["auto_us"] = self._auto.table()
             if self.pool is not None:
                 out["pool"] = self.pool.stats()
             return out
