@@ -526,6 +526,8 @@ static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size)
 		}
 		off = chunk_carve(ch, want);
 		if (off < 0) {
+			pool.chunks = ch->next;   /* chunk_create put it first */
+			chunk_destroy(ch);
 			set_error("out of host memory");
 			return NULL;
 		}
