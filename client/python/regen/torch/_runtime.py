@@ -218,9 +218,13 @@ class Runtime:
     # -- generations -----------------------------------------------------------
 
     def _note_generation(self, device, generation):
-        old = self._generation.get(device, 0)
-        if generation <= old:
-            return
+        """``device`` is at ``generation``: forget what older ones held,
+        wherever it is (also when this generation was seen before: an import
+        made by libregen's pool or in the middle of an operation may still
+        name an older one)."""
+        # The newest generation known, never an older one: the client keeps
+        # the last it was told and would take a stale one back.
+        generation = max(generation, self._generation.get(device, 0))
         self._generation[device] = generation
         self.client._note_generation(device, generation)
         if self.pool is not None:
