@@ -135,7 +135,13 @@ static int lifecycle_generation(struct rd_call *call, uint64_t *gen)
 	return 0;
 }
 
-static void ctl_release(struct rd_call *call)
+/* Release (the context is usable: destroy every resource properly) or
+ * reset (it may be dead: forget every native handle without calling into
+ * it), then the new generation. Every id goes stale with the generation, so
+ * every object goes too: before the registry on release (their mappings are
+ * destroyed properly), after it on reset (their resources are invalid
+ * already). */
+static void lifecycle(struct rd_call *call, bool reset)
 {
 	struct rd_worker *w = worker_of(call);
 	struct rp_error err = { 0 };
@@ -146,45 +152,39 @@ static void ctl_release(struct rd_call *call)
 	if (lifecycle_generation(call, &gen) < 0)
 		return;
 	t0 = uv_hrtime();
-	/* Every id goes stale with the generation, so every mapping goes now. */
-	rd_objects_close_all(&w->objects);
-	n = rd_registry_release(&w->dev.registry);
-	r = w->dev.backend->release(&w->dev, &err);
+	if (reset) {
+		n = rd_registry_invalidate(&w->dev.registry);
+		rd_objects_close_all(&w->objects);
+		r = w->dev.backend->reset(&w->dev, &err);
+	} else {
+		rd_objects_close_all(&w->objects);
+		n = rd_registry_release(&w->dev.registry);
+		r = w->dev.backend->release(&w->dev, &err);
+	}
 	atomic_store(&w->dev.generation, gen);
-	w->state = RD_WORKER_READY;
-	rd_info("lifecycle", w->dev.index, gen, 0, "released %u resource(s) in %.1f ms%s%s", n,
-		(double)(uv_hrtime() - t0) / 1e6, r < 0 ? "; backend: " : "",
-		r < 0 && err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : "");
+	if (reset) {
+		pthread_mutex_lock(&w->lock);
+		w->fault_reported = false;
+		w->fault_pending = false;
+		pthread_mutex_unlock(&w->lock);
+	}
+	w->state = r == 0 || !reset ? RD_WORKER_READY : RD_WORKER_LOST;
+	const char *outcome = r == 0 ? (reset ? "canary passed" : "done") : (reset ? "canary FAILED: " : "backend: ");
+	const char *why = r < 0 && err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : NULL;
+	rd_info("lifecycle", w->dev.index, gen, 0, "%s %u resource(s) in %.1f ms; %s%s",
+		reset ? "reset: invalidated" : "released", n, (double)(uv_hrtime() - t0) / 1e6, outcome, why ? why : "");
 	rp_error_clear(&err);
 	reply_lifecycle(call, r == 0);
 }
 
+static void ctl_release(struct rd_call *call)
+{
+	lifecycle(call, false);
+}
+
 static void ctl_reset(struct rd_call *call)
 {
-	struct rd_worker *w = worker_of(call);
-	struct rp_error err = { 0 };
-	uint64_t gen, t0;
-	unsigned n;
-	int r;
-
-	if (lifecycle_generation(call, &gen) < 0)
-		return;
-	t0 = uv_hrtime();
-	/* The context may be dead: forget every native handle without calling
-	 * into it, then drop the ids (their resources are already invalid). */
-	n = rd_registry_invalidate(&w->dev.registry);
-	rd_objects_close_all(&w->objects);
-	r = w->dev.backend->reset(&w->dev, &err);
-	atomic_store(&w->dev.generation, gen);
-	pthread_mutex_lock(&w->lock);
-	w->fault_reported = false;
-	w->fault_pending = false;
-	pthread_mutex_unlock(&w->lock);
-	w->state = r == 0 ? RD_WORKER_READY : RD_WORKER_LOST;
-	rd_info("lifecycle", w->dev.index, gen, 0, "reset: invalidated %u resource(s) in %.1f ms; %s", n,
-		(double)(uv_hrtime() - t0) / 1e6, r == 0 ? "canary passed" : "canary FAILED");
-	rp_error_clear(&err);
-	reply_lifecycle(call, r == 0);
+	lifecycle(call, true);
 }
 
 static void ctl_stats(struct rd_call *call)
