@@ -44,6 +44,9 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 /* Every allocation is aligned so: more than cudaMalloc's 256 bytes, so that
  * vectorised kernels on any dtype see what they expect. */
 #define ALIGN 512
+/* The largest request taken: no GPU or host has 256 TiB, and below it the
+ * rounding to ALIGN, the page or the VMM granularity cannot wrap around. */
+#define REQUEST_MAX (UINT64_C(1) << 48)
 
 enum chunk_kind { CHUNK_CUDA, CHUNK_HOST };
 
@@ -500,11 +503,16 @@ static struct chunk *chunk_of(const void *ptr, struct chunk ***link)
 
 static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size)
 {
-	uint64_t want = round_up(size > 0 ? size : 1, ALIGN);
-	uint64_t big = chunk_bytes();
+	uint64_t want, big = chunk_bytes();
 	struct chunk *ch;
 	int64_t off = -1;
 
+	if (size > REQUEST_MAX) {
+		set_error("a request of %llu bytes is larger than any device (at most %llu)", (unsigned long long)size,
+			  (unsigned long long)REQUEST_MAX);
+		return NULL;
+	}
+	want = round_up(size > 0 ? size : 1, ALIGN);
 	/* A request over half a chunk gets a chunk of its own: carving it out of
 	 * a shared one would strand the rest. */
 	if (want <= big / 2) {
@@ -557,7 +565,10 @@ static bool keep_empty(const struct chunk *ch)
 	return true;
 }
 
-static void pool_free(const void *ptr)
+/* Frees what the pool gave as `kind`; anything else (a pointer it never
+ * gave, one inside an allocation, one freed already, host memory given to
+ * the CUDA free or the other way) is left alone. */
+static void pool_free(const void *ptr, enum chunk_kind kind)
 {
 	struct chunk **link = NULL;
 	struct chunk *ch;
@@ -567,7 +578,7 @@ static void pool_free(const void *ptr)
 		return;
 	}
 	ch = chunk_of(ptr, &link);
-	if (ch == NULL) {
+	if (ch == NULL || ch->kind != kind) {
 		return;
 	}
 	offset = (uint64_t)((const char *)ptr - ch->base);
@@ -608,7 +619,7 @@ REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stre
 	(void)device;
 	(void)stream;
 	pthread_mutex_lock(&pool.lock);
-	pool_free(ptr);
+	pool_free(ptr, CHUNK_CUDA);
 	pthread_mutex_unlock(&pool.lock);
 }
 
@@ -625,7 +636,7 @@ REGEN_EXPORT void *regen_pool_alloc_host(size_t size)
 REGEN_EXPORT void regen_pool_free_host(void *ptr)
 {
 	pthread_mutex_lock(&pool.lock);
-	pool_free(ptr);
+	pool_free(ptr, CHUNK_HOST);
 	pthread_mutex_unlock(&pool.lock);
 }
 

@@ -290,7 +290,10 @@ REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_at
  * CUDAPluggableAllocator: torch.cuda.MemPool(CUDAPluggableAllocator(
  * "libregen.so.0", "regen_pool_alloc", "regen_pool_free").allocator()).
  * Chunks are $REGEN_POOL_CHUNK_MB MiB (default 256); a request over half a
- * chunk gets a chunk of its own. */
+ * chunk gets a chunk of its own. A request over 256 TiB, or one the driver
+ * or the kernel refuses, returns NULL (regen_pool_error says why). A free of
+ * anything the pool did not hand out by that function (another pointer, one
+ * inside an allocation, a second free) is ignored. */
 REGEN_EXPORT void *regen_pool_alloc(size_t size, int device, void *stream);
 REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stream);
 /* Host memory (memfd chunks) for regend's host backend. */

@@ -107,6 +107,44 @@ START_TEST(test_hostile_arguments)
 }
 END_TEST
 
+START_TEST(test_hostile_sizes_and_frees_change_nothing)
+{
+	struct regen_pool_stats before, after;
+	char *a, *b;
+
+	ck_assert_int_eq(regen_pool_configure(NULL, 4 * MIB), 0);
+	a = regen_pool_alloc_host(4096);
+	ck_assert_ptr_nonnull(a);
+	before = stats();
+	/* Sizes that would wrap around when rounded, or that no machine has:
+	 * refused with a message, no chunk made. */
+	ck_assert_ptr_null(regen_pool_alloc_host(SIZE_MAX));
+	ck_assert_ptr_nonnull(strstr(regen_pool_error(), "larger than any device"));
+	ck_assert_ptr_null(regen_pool_alloc_host(SIZE_MAX - 100));
+	ck_assert_ptr_null(regen_pool_alloc_host((size_t)1 << 60));
+	ck_assert_ptr_null(regen_pool_alloc(SIZE_MAX, 0, NULL));
+	/* A pointer inside an allocation, host memory given to the CUDA free,
+	 * and a second free of the same allocation: each left alone. */
+	regen_pool_free_host(a + 512);
+	regen_pool_free(a, 4096, 0, NULL);
+	after = stats();
+	ck_assert_uint_eq(after.chunks, before.chunks);
+	ck_assert_uint_eq(after.chunk_bytes, before.chunk_bytes);
+	ck_assert_uint_eq(after.used_bytes, before.used_bytes);
+	ck_assert_uint_eq(after.allocs, before.allocs);
+	ck_assert_uint_eq(after.frees, before.frees);
+	regen_pool_free_host(a);
+	ck_assert_uint_eq(stats().frees, before.frees + 1);
+	ck_assert_uint_eq(stats().used_bytes, before.used_bytes - 4096);
+	regen_pool_free_host(a);
+	ck_assert_uint_eq(stats().frees, before.frees + 1);
+	/* The memory is the pool's again: the next allocation reuses it. */
+	b = regen_pool_alloc_host(4096);
+	ck_assert_ptr_eq(b, a);
+	regen_pool_free_host(b);
+}
+END_TEST
+
 START_TEST(test_stats_fill_what_the_caller_knows)
 {
 	struct {
@@ -165,6 +203,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_host_allocations_are_carved_aligned_and_coalesced);
 	tcase_add_test(tc, test_big_request_gets_its_own_chunk_and_gives_it_back);
 	tcase_add_test(tc, test_hostile_arguments);
+	tcase_add_test(tc, test_hostile_sizes_and_frees_change_nothing);
 	tcase_add_test(tc, test_stats_fill_what_the_caller_knows);
 	tcase_add_test(tc, test_no_regend_is_not_foreign_memory);
 	tcase_add_test(tc, test_cuda_side_says_why_without_a_gpu);
