@@ -9,8 +9,9 @@ chunk (client/pool.c; include/regen.h says the contract).
 
 Standard library only.  libregen is found at $REGEN_LIBREGEN, then in the
 build tree ($REGEN_BUILD_ROOT or $REGEN_TEST_BUILD_ROOT: client/libregen.so),
-then where the dynamic linker finds libregen.so.0.  ``Pool.path`` is the file
-torch's CUDAPluggableAllocator must load.
+then where the dynamic linker finds libregen.so.0; REGEN_LIBREGEN=none
+loads none (the pool is then unavailable: Pool.get() is None).
+``Pool.path`` is the file torch's CUDAPluggableAllocator must load.
 """
 
 import ctypes
@@ -66,6 +67,8 @@ class PoolRef:
 def find_libregen():
     """The path of libregen.so to load, or None."""
     given = os.environ.get("REGEN_LIBREGEN")
+    if given == "none":
+        return None
     if given:
         return given
     for root in (os.environ.get("REGEN_BUILD_ROOT"), os.environ.get("REGEN_TEST_BUILD_ROOT")):

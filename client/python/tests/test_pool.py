@@ -32,7 +32,7 @@ def setUpModule():
         raise unittest.SkipTest("no regend (pass --regend or set REGEN_BUILD_ROOT)")
     pool = Pool.get()
     if pool is None:
-        raise unittest.SkipTest("libregen not found (set REGEN_BUILD_ROOT or REGEN_LIBREGEN)")
+        raise unittest.SkipTest("libregen not found, or REGEN_LIBREGEN=none (a sanitized build)")
     daemon = Regend(devices=1)
     pool.configure(daemon.socket, 4 * MIB)
 

@@ -41,7 +41,7 @@ def setUpModule():
     rt = rtmod
     from regen.pool import Pool
     if Pool.get() is None:
-        raise unittest.SkipTest("libregen not found (set REGEN_BUILD_ROOT or REGEN_LIBREGEN)")
+        raise unittest.SkipTest("libregen not found, or REGEN_LIBREGEN=none (a sanitized build)")
     daemon = Regend(devices=1)
     rt.configure(socket=daemon.socket, recovery_timeout=30)
 
