@@ -300,6 +300,79 @@ REGEN_EXPORT int regen_client_set_transport(regen_client *c, enum regen_transpor
  * compute call. */
 REGEN_EXPORT enum regen_transport regen_client_transport(const regen_client *c, int device);
 
+/* The pool: memory that regend maps once per chunk (client/pool.c).
+ *
+ * Chunks are CUDA VMM allocations exported as POSIX fds (or, for the host
+ * backend, memfds); allocations are carved out of them. regen_pool_lookup
+ * imports a pointer's chunk into regend once per generation, on the pool's
+ * own connection, and names the buffer and the offset: memory from the pool
+ * needs no import of its own. A chunk whose last allocation is freed is
+ * closed in regend and given back. The pool is one per process and
+ * thread-safe. libregen loads the CUDA driver at run time (it does not link
+ * it); without one the CUDA calls fail and say why (regen_pool_error).
+ *
+ * regen_pool_alloc and regen_pool_free have the signatures of torch's
+ * CUDAPluggableAllocator: torch.cuda.MemPool(CUDAPluggableAllocator(
+ * "libregen.so.0", "regen_pool_alloc", "regen_pool_free").allocator()).
+ * Chunks are $REGEN_POOL_CHUNK_MB MiB (default 256); a request over half a
+ * chunk gets a chunk of its own. A request over 256 TiB, or one the driver
+ * or the kernel refuses, returns NULL (regen_pool_error says why). A free of
+ * anything the pool did not hand out by that function (another pointer, one
+ * inside an allocation, a second free) is ignored. */
+REGEN_EXPORT void *regen_pool_alloc(size_t size, int device, void *stream);
+REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stream);
+/* Host memory (memfd chunks) for regend's host backend. */
+REGEN_EXPORT void *regen_pool_alloc_host(size_t size);
+REGEN_EXPORT void regen_pool_free_host(void *ptr);
+/* socket_path NULL: unchanged ($REGEN_SOCKET, else the default); another
+ * path closes the imports into the old regend first.
+ * chunk_bytes 0: unchanged; else a multiple of 1 MiB, at least 2 MiB. */
+REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_bytes);
+/* regend's index of this process's CUDA device `local_device` (they differ
+ * when CUDA_VISIBLE_DEVICES differs); -1: the same index (the default). */
+REGEN_EXPORT int regen_pool_map_device(int local_device, int regend_device);
+
+struct regen_pool_ref {
+	size_t size;               /* set by the caller: sizeof(struct regen_pool_ref) */
+	char buffer[64];           /* the chunk's buffer id in regend */
+	int device;                /* regend's index */
+	uint64_t generation;       /* of the import */
+	uint64_t offset;           /* of the pointer in the buffer, bytes */
+	uint64_t extent;           /* bytes from the pointer to the end of the chunk */
+	uint64_t chunk;            /* the chunk's serial in this process */
+	uint64_t chunk_size;
+};
+/* The buffer and offset of `ptr`, importing its chunk first when it is not
+ * imported in the current generation. host_device: regend's device for host
+ * memory (CUDA memory goes to its own device). -ENOENT: not pool memory;
+ * -EREMOTE: regend refused the import (regen_pool_error_name says how);
+ * -ECONNREFUSED, -ECONNRESET, -ETIMEDOUT: regend (or the device's worker)
+ * cannot be reached now. */
+REGEN_EXPORT int regen_pool_lookup(const void *ptr, int host_device, struct regen_pool_ref *out);
+/* regend's `device` reached `generation`: imports of older generations are
+ * gone, and the next lookup imports again. */
+REGEN_EXPORT void regen_pool_note_generation(int device, uint64_t generation);
+
+struct regen_pool_stats {
+	size_t size;               /* set by the caller: sizeof(struct regen_pool_stats) */
+	uint64_t chunks, chunk_bytes;   /* held now */
+	uint64_t used_bytes;       /* handed out now */
+	uint64_t imports;          /* chunks imported into regend now */
+	uint64_t allocs, frees, import_calls;   /* since the start */
+};
+REGEN_EXPORT int regen_pool_stats_get(struct regen_pool_stats *out);
+/* The last failure's message ("" if none) and regend's error name (NULL if
+ * the failure was not regend's). Not thread-safe: for diagnostics. */
+REGEN_EXPORT const char *regen_pool_error(void);
+REGEN_EXPORT const char *regen_pool_error_name(void);
+/* 0 when the CUDA driver is there with the VMM calls the pool needs, else
+ * -ENODEV or -ENOTSUP (regen_pool_error says why). */
+REGEN_EXPORT int regen_pool_cuda_available(void);
+/* The CUDA allocation that holds `ptr` (cuMemGetAddressRange): its base
+ * and size. For importing a cudaMalloc block once, whatever part of it a
+ * tensor uses. */
+REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint64_t *size);
+
 /* Any method, parameters as JSON text (NULL = {}). device >= 0 sends it to
  * that device's worker socket, < 0 to the main socket. On success *reply
  * (malloc'ed JSON of the reply's parameters, free()) is set. fds (may be
