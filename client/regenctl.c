@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include "regen-config.h"
 #include "regen.h"
+#include "client/ctl/targets.h"
 
 enum {
 	EXIT_OK = 0,
@@ -34,13 +35,16 @@ enum {
 	OPT_DEADLINE = 1 << 4,
 	OPT_COUNT = 1 << 5,
 	OPT_KIND = 1 << 6,
+	OPT_JOB = 1 << 7,
 };
 
 struct opts {
 	const char *socket;
 	bool json;
 	unsigned given;          /* OPT_* on the command line */
-	int device;              /* -1: all */
+	int device;              /* inject-fault's; -1: not given */
+	const char *device_list; /* --device as given */
+	struct ctl_targets targets;   /* lifecycle commands: resolved after connecting */
 	const char *reason;
 	double timeout;          /* seconds */
 	bool timeout_set;
@@ -67,16 +71,16 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
 
-#define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_REASON | OPT_WAIT)
+#define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_WAIT)
 
 static const struct command commands[] = {
 	{ "status", cmd_status, "", "every device: generation, state, backend, worker", 0, false, VERB_NONE },
 	{ "generation", cmd_generation, "", "the node epoch and each device's generation", 0, false, VERB_NONE },
-	{ "release", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]",
+	{ "release", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]",
 	  "drain and release: CUDA resources destroyed, memory returned", LIFECYCLE_OPTS, true, VERB_RELEASE },
-	{ "reset", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]", "throw the context away and rebuild",
+	{ "reset", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]", "throw the context away and rebuild",
 	  LIFECYCLE_OPTS, true, VERB_RESET },
-	{ "restart", cmd_lifecycle, "[TARGET] [--reason TEXT] [--deadline-ms MS] [--wait]",
+	{ "restart", cmd_lifecycle, "TARGET [--reason TEXT] [--deadline-ms MS] [--wait]",
 	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
 	  VERB_RESTART },
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
@@ -106,6 +110,8 @@ static const char *option_name(unsigned bit)
 		return "--count";
 	case OPT_KIND:
 		return "--kind";
+	case OPT_JOB:
+		return "--job";
 	}
 	return "?";
 }
@@ -128,7 +134,13 @@ static void usage(FILE *f)
 	}
 	fprintf(f,
 		"\n"
-		"TARGET: --device N, or --all (the default).\n"
+		"TARGET (one of them; there is no default):\n"
+		"  --device LIST   devices by index (0,1 or 0-3), GPU UUID (GPU-..., HOST-N on the\n"
+		"                  host backend) or PCI bus id (0000:65:00.0), as status shows them\n"
+		"  --job           the job's own GPUs: SLURM_STEP_GPUS, SLURM_JOB_GPUS,\n"
+		"                  NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set;\n"
+		"                  a job without GPUs has nothing to do (exit 0)\n"
+		"  --all           every device of the node, other jobs' too\n"
 		"\n"
 		"Options:\n"
 		"  --socket PATH   regend's socket (default $REGEN_SOCKET, else %s)\n"
@@ -378,7 +390,7 @@ static int cmd_generation(regen_client *c, const struct command *cmd, const stru
 
 static bool targeted(const struct opts *o, int index)
 {
-	return o->device < 0 || index == o->device;
+	return ctl_targeted(&o->targets, index);
 }
 
 /* --wait: a Watch subscribed before the command is sent, and the targeted
@@ -498,9 +510,11 @@ static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o,
 	const struct regen_watch_event *ev;
 	int r;
 
-	if (regen_status_find_device(wt->before, o->device) == NULL && o->device >= 0) {
-		fprintf(stderr, "regenctl: wait: regend serves no device %d\n", o->device);
-		return EXIT_ERROR;
+	for (int i = 0; i < REGEN_DEVICES_MAX && !o->targets.all; i++) {
+		if (o->targets.want[i] && regen_status_find_device(wt->before, i) == NULL) {
+			fprintf(stderr, "regenctl: wait: regend serves no device %d\n", i);
+			return EXIT_ERROR;
+		}
 	}
 	while (!waiter_done(wt, o)) {
 		if (wt->w == NULL) {
@@ -528,14 +542,78 @@ static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o,
 	return EXIT_OK;
 }
 
+static const char *verb_method(enum verb verb)
+{
+	switch (verb) {
+	case VERB_RELEASE:
+		return "io.regen.Device.Release";
+	case VERB_RESET:
+		return "io.regen.Device.Reset";
+	default:
+		return "io.regen.Device.Restart";
+	}
+}
+
+/* The call's parameters: one device as "device" (what every regend
+ * understands), several as "devices", none for --all. */
+static char *lifecycle_params(const struct command *cmd, const struct opts *o)
+{
+	cJSON *p = cJSON_CreateObject(), *list = NULL;
+	char *text;
+
+	if (!o->targets.all && o->targets.count == 1) {
+		for (int i = 0; i < REGEN_DEVICES_MAX; i++)
+			if (o->targets.want[i])
+				cJSON_AddNumberToObject(p, "device", i);
+	} else if (!o->targets.all) {
+		list = cJSON_AddArrayToObject(p, "devices");
+		for (int i = 0; i < REGEN_DEVICES_MAX; i++)
+			if (o->targets.want[i])
+				cJSON_AddItemToArray(list, cJSON_CreateNumber(i));
+	}
+	if (o->reason)
+		cJSON_AddStringToObject(p, "reason", o->reason);
+	if (cmd->verb == VERB_RESTART && (o->given & OPT_DEADLINE))
+		cJSON_AddNumberToObject(p, "deadline_ms", (double)o->deadline_ms);
+	text = cJSON_PrintUnformatted(p);
+	cJSON_Delete(p);
+	return text;
+}
+
+/* The reply, one line per targeted device. */
+static void print_lifecycle_reply(const struct command *cmd, const struct opts *o, const char *text)
+{
+	cJSON *reply = cJSON_Parse(text), *d;
+	const cJSON *elapsed = cJSON_GetObjectItemCaseSensitive(reply, "elapsed_us");
+
+	cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(reply, "devices")) {
+		const cJSON *index = cJSON_GetObjectItemCaseSensitive(d, "index");
+		const cJSON *gen = cJSON_GetObjectItemCaseSensitive(d, "generation");
+		const char *state = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(d, "state"));
+
+		if (cJSON_IsNumber(index) && targeted(o, (int)index->valuedouble))
+			printf("device %d: generation %.0f, %s\n", (int)index->valuedouble,
+			       cJSON_IsNumber(gen) ? gen->valuedouble : 0, state ? state : "?");
+	}
+	if (cJSON_IsNumber(elapsed) && elapsed->valuedouble > 0)
+		printf("%s took %.3f ms\n", cmd->name, elapsed->valuedouble / 1000.0);
+	fflush(stdout);
+	cJSON_Delete(reply);
+}
+
 static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	double timeout = o->timeout_set ? o->timeout : DEFAULT_TIMEOUT_S;
 	double start = now_s(), deadline = start + timeout;
 	struct waiter wt = { 0 };
-	regen_status *reply = NULL;
-	int i, r, rc;
+	char *params = NULL, *reply = NULL;
+	int r, rc;
 
+	if (!o->targets.all && o->targets.count == 0) {
+		/* --job in a job without GPUs: nothing of the node is its own. */
+		fprintf(stderr, "regenctl: %s: the job has no GPU (%s): nothing to do\n", cmd->name, o->targets.from);
+		return EXIT_OK;
+	}
 	regen_client_set_timeout(c, timeout);
 	if (o->given & OPT_WAIT) {
 		r = waiter_subscribe(c, &wt, deadline);
@@ -547,36 +625,17 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 			goto out;
 		}
 	}
-	switch (cmd->verb) {
-	case VERB_RELEASE:
-		r = regen_release(c, o->device, o->reason, &reply);
-		break;
-	case VERB_RESET:
-		r = regen_reset(c, o->device, o->reason, &reply);
-		break;
-	default:
-		r = regen_restart(c, o->device, o->reason, (int)o->deadline_ms, &reply);
-		break;
-	}
+	params = lifecycle_params(cmd, o);
+	r = params ? regen_call(c, -1, verb_method(cmd->verb), params, NULL, 0, &reply) : -ENOMEM;
 	if (r < 0) {
 		rc = fail(c, cmd->name, r);
 		goto out;
 	}
 	if (o->json) {
-		print_status_json(reply);
-	} else {
-		for (i = 0; i < regen_status_device_count(reply); i++) {
-			const struct regen_device_info *d = regen_status_device(reply, i);
-
-			if (targeted(o, d->index)) {
-				printf("device %d: generation %llu, %s\n", d->index, (unsigned long long)d->generation,
-				       d->state);
-			}
-		}
-		if (regen_status_elapsed_us(reply) > 0) {
-			printf("%s took %.3f ms\n", cmd->name, (double)regen_status_elapsed_us(reply) / 1000.0);
-		}
+		puts(reply);
 		fflush(stdout);
+	} else {
+		print_lifecycle_reply(cmd, o, reply);
 	}
 	rc = EXIT_OK;
 	if (o->given & OPT_WAIT) {
@@ -585,7 +644,8 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 out:
 	regen_watcher_close(wt.w);
 	regen_status_free(wt.before);
-	regen_status_free(reply);
+	free(params);
+	free(reply);
 	return rc;
 }
 
@@ -671,6 +731,34 @@ static bool parse_long(const char *s, long min, long *out)
 	return true;
 }
 
+/* --device LIST, --job or --all, as device indices. */
+static int resolve_targets(regen_client *c, const struct command *cmd, struct opts *o)
+{
+	char msg[256] = "";
+	int r = 0;
+
+	if (o->given & OPT_ALL) {
+		o->targets.all = true;
+		return EXIT_OK;
+	}
+	if (o->given & OPT_JOB) {
+		r = ctl_targets_from_job(c, &o->targets, msg, sizeof(msg));
+	} else {
+		r = ctl_targets_from_list(c, o->device_list, &o->targets, msg, sizeof(msg));
+	}
+	if (r == -EINVAL || r == -ENODEV) {
+		fprintf(stderr, "regenctl: %s: %s%s%s\n", cmd->name, msg, o->targets.from[0] ? " in " : "", o->targets.from);
+		return r == -EINVAL ? EXIT_USAGE : EXIT_ERROR;
+	}
+	if (r < 0) {
+		return fail(c, cmd->name, r);
+	}
+	if ((o->given & OPT_JOB) && (o->targets.all || o->targets.count) && !o->json) {
+		fprintf(stderr, "regenctl: %s: the job's GPUs from %s\n", cmd->name, o->targets.from);
+	}
+	return EXIT_OK;
+}
+
 static const struct command *find_command(const char *name)
 {
 	for (size_t i = 0; i < NCOMMANDS; i++) {
@@ -698,10 +786,12 @@ static int parse_option(int opt, const char *arg, struct opts *o)
 
 	switch (opt) {
 	case OPT_DEVICE:
-		if (!parse_long(arg, 0, &v) || v >= REGEN_DEVICES_MAX) {
-			return usage_error("--device: not a device index: '%s'", arg);
+		/* A list for the lifecycle commands (checked with the command),
+		 * one index for the others. */
+		o->device_list = arg;
+		if (parse_long(arg, 0, &v) && v < REGEN_DEVICES_MAX) {
+			o->device = (int)v;
 		}
-		o->device = (int)v;
 		break;
 	case OPT_REASON:
 		o->reason = arg;
@@ -740,8 +830,21 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 	if (extra != 0) {
 		return usage_error("%s takes no %s", cmd->name, option_name(extra & -extra));
 	}
-	if ((o->given & OPT_DEVICE) && (o->given & OPT_ALL)) {
-		return usage_error("%s: --device and --all exclude each other", cmd->name);
+	if (__builtin_popcount(o->given & (OPT_DEVICE | OPT_ALL | OPT_JOB)) > 1) {
+		return usage_error("%s: --device, --job and --all exclude each other", cmd->name);
+	}
+	if (cmd->verb != VERB_NONE) {
+		char msg[256];
+
+		if (!(o->given & (OPT_DEVICE | OPT_ALL | OPT_JOB))) {
+			return usage_error("%s: which devices? --device LIST, --job, or --all for every device of the node",
+					   cmd->name);
+		}
+		if ((o->given & OPT_DEVICE) && ctl_targets_check(o->device_list, msg, sizeof(msg)) < 0) {
+			return usage_error("%s", msg);
+		}
+	} else if ((o->given & OPT_DEVICE) && o->device < 0) {
+		return usage_error("--device: not a device index: '%s'", o->device_list);
 	}
 	if (cmd->options & OPT_KIND) {
 		if (o->kind == NULL) {
@@ -768,6 +871,7 @@ int main(int argc, char **argv)
 		{ "deadline-ms", required_argument, NULL, OPT_DEADLINE },
 		{ "count", required_argument, NULL, OPT_COUNT },
 		{ "kind", required_argument, NULL, OPT_KIND },
+		{ "job", no_argument, NULL, OPT_JOB },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -844,6 +948,13 @@ int main(int argc, char **argv)
 	/* watch's --timeout bounds the whole watch, not each call. */
 	if (o.timeout_set && cmd->run != cmd_watch) {
 		regen_client_set_timeout(c, o.timeout);
+	}
+	if (cmd->verb != VERB_NONE) {
+		rc = resolve_targets(c, cmd, &o);
+		if (rc != EXIT_OK) {
+			regen_client_destroy(c);
+			return rc;
+		}
 	}
 	rc = cmd->run(c, cmd, &o);
 	regen_client_destroy(c);

@@ -199,16 +199,67 @@ void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *f
 	free(req);
 }
 
+/* Which devices a lifecycle call names: "device" (one) or "devices" (a
+ * list, each once), not both; neither = every device. Fills want[] and
+ * returns how many; < 0 after failing the call. */
+static int parse_targets(struct rd_call *call, bool want[RD_DEVICES_MAX])
+{
+	const struct rd_supervisor *sv = supervisor_of(call);
+	const cJSON *list = cJSON_GetObjectItemCaseSensitive(call->msg.params, "devices");
+	struct rp_error err = { 0 };
+	const cJSON *e;
+	int device, n = 0;
+
+	memset(want, 0, sizeof(bool) * RD_DEVICES_MAX);
+	if (!cJSON_IsArray(list)) {
+		if (parse_device_param(call, &device) < 0)
+			return -EINVAL;
+		for (int i = 0; i < sv->ndevices; i++)
+			if (device < 0 || device == i)
+				want[i] = true, n++;
+		return n;
+	}
+	if (cJSON_GetObjectItemCaseSensitive(call->msg.params, "device") || cJSON_GetArraySize(list) == 0) {
+		/* Both, or an empty list: a caller's mistake, never "all". */
+		rd_call_fail(call, (rp_error_invalid_parameter(&err, "devices"), &err));
+		return -EINVAL;
+	}
+	cJSON_ArrayForEach(e, list) {
+		double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+
+		if (!cJSON_IsNumber(e) || v < 0 || v != (double)(long long)v || v > RD_DEVICES_MAX * 4) {
+			rd_call_fail(call, (rp_error_invalid_parameter(&err, "devices"), &err));
+			return -EINVAL;
+		}
+		if (v >= sv->ndevices) {
+			rp_error_set(&err, RP_ERR_NO_SUCH_DEVICE, "device %lld is not served; this regend has %d device(s)",
+				     (long long)v, sv->ndevices);
+			rp_error_add_int(&err, "device", (long long)v);
+			rd_call_fail(call, &err);
+			return -EINVAL;
+		}
+		if (want[(int)v]) {
+			rd_call_fail(call, (rp_error_invalid_parameter(&err, "devices"), &err));
+			return -EINVAL;
+		}
+		want[(int)v] = true;
+		n++;
+	}
+	return n;
+}
+
 static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 {
 	static const struct rp_field fields[] = {
 		{ "device", RP_T_INT, false },
+		{ "devices", RP_T_ARRAY, false },
 		{ "reason", RP_T_STRING, false },
 		{ "deadline_ms", RP_T_INT, false },
 		{ NULL },
 	};
 	static const struct rp_field fields_no_deadline[] = {
 		{ "device", RP_T_INT, false },
+		{ "devices", RP_T_ARRAY, false },
 		{ "reason", RP_T_STRING, false },
 		{ NULL },
 	};
@@ -218,21 +269,25 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 	const char *reason = NULL;
 	uint64_t deadline;
 	char reason_buf[128];
-	int device;
+	bool want[RD_DEVICES_MAX];
+	int n, first = -1;
 
 	if (!check_fields(call, verb == RD_SV_RESTART ? fields : fields_no_deadline) ||
-	    parse_device_param(call, &device) < 0)
+	    (n = parse_targets(call, want)) < 0)
 		return;
+	for (int i = sv->ndevices - 1; i >= 0; i--)
+		if (want[i])
+			first = i;
 	if (rp_params_string(call->msg.params, "reason", 120, NULL, &reason, &err) < 0 ||
 	    rp_params_uint(call->msg.params, "deadline_ms", DEADLINE_MAX_MS, sv->opts.drain_deadline_ms, &deadline,
 			   &err) < 0) {
 		rd_call_fail(call, &err);
 		return;
 	}
-	if (sv->stopping) {
-		rp_error_set(&err, RP_ERR_DRAINING, "regend is shutting down");
-		rp_error_add_int(&err, "device", device);
-		rp_error_add_int(&err, "generation", device >= 0 ? (long long)sv->devices[device].generation : 0);
+	if (sv->stopping || n == 0) {
+		rp_error_set(&err, RP_ERR_DRAINING, "%s", n ? "regend is shutting down" : "regend serves no device");
+		rp_error_add_int(&err, "device", first);
+		rp_error_add_int(&err, "generation", first >= 0 ? (long long)sv->devices[first].generation : 0);
 		rd_call_fail(call, &err);
 		return;
 	}
@@ -241,17 +296,17 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 	req = calloc(1, sizeof(*req));
 	if (!req) {
 		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for the request");
-		rp_error_add_int(&err, "device", device);
+		rp_error_add_int(&err, "device", first);
 		rd_call_fail(call, &err);
 		return;
 	}
 	req->call = call;
 	req->verb = verb;
 	req->start_ns = uv_hrtime();
-	req->remaining = device < 0 ? (unsigned)sv->ndevices : 1;
-	rd_info("lifecycle", device, 0, call->conn->peer.pid, "%s requested", reason_buf);
+	req->remaining = (unsigned)n;
+	rd_info("lifecycle", n == 1 ? first : -1, 0, call->conn->peer.pid, "%s requested (%d device(s))", reason_buf, n);
 	for (int i = 0; i < sv->ndevices; i++)
-		if (device < 0 || device == i)
+		if (want[i])
 			rd_sv_device_enqueue(&sv->devices[i], verb, reason_buf, (unsigned)deadline, req);
 }
 
