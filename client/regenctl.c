@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -12,6 +14,8 @@
 #include <cjson/cJSON.h>
 #include "regen-config.h"
 #include "regen.h"
+#include "client/ctl/call.h"
+#include "client/ctl/metrics.h"
 #include "client/ctl/targets.h"
 
 enum {
@@ -21,6 +25,10 @@ enum {
 	EXIT_TIMEOUT = 3,
 	EXIT_NOT_PERMITTED = 4,
 	EXIT_UNREACHABLE = 5,
+	/* health's verdicts, worst first when devices differ. */
+	EXIT_DEGRADED = 6,
+	EXIT_FAULTED = 7,
+	EXIT_FAILED = 8,
 };
 
 #define DEFAULT_TIMEOUT_S 60.0
@@ -36,6 +44,7 @@ enum {
 	OPT_COUNT = 1 << 5,
 	OPT_KIND = 1 << 6,
 	OPT_JOB = 1 << 7,
+	OPT_MORE = 1 << 8,
 };
 
 struct opts {
@@ -51,6 +60,8 @@ struct opts {
 	long deadline_ms;
 	long count;
 	const char *kind;
+	const char *command;     /* its name, for messages */
+	const char *method, *params;   /* call's */
 };
 
 enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART };
@@ -70,6 +81,8 @@ static int cmd_generation(regen_client *c, const struct command *cmd, const stru
 static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_health(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_metrics(regen_client *c, const struct command *cmd, const struct opts *o);
 
 #define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_WAIT)
 
@@ -83,6 +96,12 @@ static const struct command commands[] = {
 	{ "restart", cmd_lifecycle, "TARGET [--reason TEXT] [--deadline-ms MS] [--wait]",
 	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
 	  VERB_RESTART },
+	{ "health", cmd_health, "", "exit 0 when every device is ready, else 6 degraded, 7 faulted, 8 failed", 0, false,
+	  VERB_NONE },
+	{ "metrics", cmd_metrics, "", "Prometheus text format (node_exporter's textfile collector)", 0, false,
+	  VERB_NONE },
+	{ "call", NULL, "METHOD [JSON] [--more]", "one raw Varlink call on regend's socket; prints each reply", OPT_MORE,
+	  false, VERB_NONE },
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
 	  false, VERB_NONE },
 	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
@@ -112,6 +131,8 @@ static const char *option_name(unsigned bit)
 		return "--kind";
 	case OPT_JOB:
 		return "--job";
+	case OPT_MORE:
+		return "--more";
 	}
 	return "?";
 }
@@ -149,6 +170,8 @@ static void usage(FILE *f)
 		"                  in a newer generation; print the generation(s) and the time taken\n"
 		"  --timeout S     give up after S seconds (default 60; watch: no limit)\n"
 		"  --count N       watch: exit after N transitions\n"
+		"  --more          call: ask for more replies and print each until the last\n"
+		"  --version       regenctl's version\n"
 		"  -h, --help      this text\n"
 		"\n"
 		"Admin commands need root or membership in regend's --admin-group.\n"
@@ -160,7 +183,13 @@ static void usage(FILE *f)
 		"  3  timeout: --timeout passed (or regend's " REGEN_ERROR_TIMEOUT ")\n"
 		"  4  not permitted: " REGEN_ERROR_NOT_PERMITTED " (admin commands need root or the admin\n"
 		"     group), or no permission to open the socket\n"
-		"  5  regend unreachable: no socket, connection refused, or the connection broke\n",
+		"  5  regend unreachable: no socket, connection refused, or the connection broke\n"
+		"  health only (the worst device wins):\n"
+		"  6  degraded: a device is draining, released, resetting, respawning or detached,\n"
+		"     or its GPU waits for a reset (retired pages or remapped rows pending)\n"
+		"  7  faulted: a device faulted or its worker is unresponsive\n"
+		"  8  failed: a device failed (needs a GPU reset or fell off the bus), or a row\n"
+		"     remapping failed\n",
 		REGEN_DEFAULT_SOCKET);
 }
 
@@ -397,6 +426,10 @@ static bool targeted(const struct opts *o, int index)
  * devices' generations from just after it; the command's changes then
  * arrive as events. The stream from the subscription on is complete and in
  * order, so the last event of each device is its state now. */
+/* How a targeted device came back, from the states it went through: the
+ * worst one counts (a release whose worker was then killed was a respawn). */
+enum how { HOW_NONE = 0, HOW_RELEASED, HOW_RESET, HOW_RESPAWNED };
+
 struct waiter {
 	regen_watcher *w;
 	regen_status *before;
@@ -406,12 +439,92 @@ struct waiter {
 		bool ready;
 		uint64_t generation;
 	} now[REGEN_DEVICES_MAX];
+	/* Outlive a new subscription. */
+	enum how how[REGEN_DEVICES_MAX];
+	char why[REGEN_DEVICES_MAX][160];   /* the respawn's reason */
+	const struct opts *o;               /* NULL until the command was sent: no progress before */
+	bool progress;                      /* stderr is a terminal: one line per step */
+	long in_flight[REGEN_DEVICES_MAX];  /* calls in flight as the command went out */
 };
+
+/* Each device's calls in flight as the command is sent (Status asks the
+ * workers afresh): what its drain waits for. -1 where regend does not say. */
+static void note_in_flight(regen_client *c, struct waiter *wt)
+{
+	char *reply = NULL;
+	cJSON *j, *d;
+
+	for (int i = 0; i < REGEN_DEVICES_MAX; i++) {
+		wt->in_flight[i] = -1;
+	}
+	if (regen_call(c, -1, "io.regen.Device.Status", NULL, NULL, 0, &reply) < 0) {
+		return;
+	}
+	j = cJSON_Parse(reply);
+	cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(j, "devices")) {
+		const cJSON *index = cJSON_GetObjectItemCaseSensitive(d, "index");
+		const cJSON *in_flight = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(d, "counters"),
+									  "in_flight");
+
+		if (cJSON_IsNumber(index) && index->valuedouble >= 0 && index->valuedouble < REGEN_DEVICES_MAX &&
+		    cJSON_IsNumber(in_flight)) {
+			wt->in_flight[(int)index->valuedouble] = (long)in_flight->valuedouble;
+		}
+	}
+	cJSON_Delete(j);
+	free(reply);
+}
+
+static void waiter_progress(struct waiter *wt, const struct regen_watch_event *ev)
+{
+	const char *s = ev->state;
+	long n;
+
+	if (strcmp(ev->reason, "subscribed") == 0) {
+		return;
+	}
+	if (strcmp(s, "draining") == 0) {
+		n = wt->in_flight[ev->device];
+		if (n >= 0) {
+			fprintf(stderr, "device %d: draining %ld call(s) in flight\n", ev->device, n);
+		} else {
+			fprintf(stderr, "device %d: draining\n", ev->device);
+		}
+	} else if (strcmp(s, "released") == 0) {
+		fprintf(stderr, "device %d: releasing in place (every resource destroyed, memory returned)\n", ev->device);
+	} else if (strcmp(s, "resetting") == 0) {
+		fprintf(stderr, "device %d: resetting (context thrown away and rebuilt)\n", ev->device);
+	} else if (strcmp(s, "respawning") == 0 || strcmp(s, "unresponsive") == 0) {
+		fprintf(stderr, "device %d: worker killed, respawning: %s\n", ev->device, ev->reason);
+	} else if (strcmp(s, "ready") == 0) {
+		fprintf(stderr, "device %d: ready in generation %llu\n", ev->device, (unsigned long long)ev->generation);
+	} else {
+		fprintf(stderr, "device %d: %s: %s\n", ev->device, s, ev->reason);
+	}
+}
 
 static void waiter_apply(struct waiter *wt, const struct regen_watch_event *ev)
 {
+	enum how how = HOW_NONE;
+
 	if (ev->device < 0 || ev->device >= REGEN_DEVICES_MAX) {
 		return;
+	}
+	if (wt->o != NULL && targeted(wt->o, ev->device) && strcmp(ev->reason, "subscribed") != 0) {
+		if (strcmp(ev->state, "released") == 0) {
+			how = HOW_RELEASED;
+		} else if (strcmp(ev->state, "resetting") == 0) {
+			how = HOW_RESET;
+		} else if (strcmp(ev->state, "respawning") == 0 || strcmp(ev->state, "unresponsive") == 0) {
+			how = HOW_RESPAWNED;
+			snprintf(wt->why[ev->device], sizeof(wt->why[ev->device]), "%s", ev->reason);
+		}
+		if (how > wt->how[ev->device]) {
+			wt->how[ev->device] = how;
+		}
+		if (wt->progress) {
+			waiter_progress(wt, ev);
+		}
 	}
 	wt->now[ev->device].seen = true;
 	wt->now[ev->device].ready = strcmp(ev->state, "ready") == 0;
@@ -484,6 +597,8 @@ static void waiter_report(const struct waiter *wt, const struct opts *o, double 
 				cJSON_AddNumberToObject(e, "index", i);
 				cJSON_AddNumberToObject(e, "generation", (double)wt->now[i].generation);
 				cJSON_AddStringToObject(e, "state", "ready");
+				cJSON_AddStringToObject(e, "how", (const char *const[]){ "", "released", "reset",
+										       "respawned" }[wt->how[i]]);
 				cJSON_AddItemToArray(arr, e);
 			}
 		}
@@ -495,7 +610,20 @@ static void waiter_report(const struct waiter *wt, const struct opts *o, double 
 	}
 	for (i = 0; i < REGEN_DEVICES_MAX; i++) {
 		if (wt->now[i].seen && targeted(o, i) && regen_status_find_device(wt->before, i) != NULL) {
-			printf("device %d: ready in generation %llu\n", i, (unsigned long long)wt->now[i].generation);
+			printf("device %d: ready in generation %llu", i, (unsigned long long)wt->now[i].generation);
+			switch (wt->how[i]) {
+			case HOW_RELEASED:
+				printf(" (released in place)\n");
+				break;
+			case HOW_RESET:
+				printf(" (reset in place)\n");
+				break;
+			case HOW_RESPAWNED:
+				printf(" (worker killed and respawned: %s)\n", wt->why[i]);
+				break;
+			default:
+				printf("\n");
+			}
 		}
 	}
 	printf("elapsed %.3f s\n", now_s() - start);
@@ -526,8 +654,9 @@ static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o,
 			}
 		}
 		if (r == -ETIMEDOUT) {
-			fprintf(stderr, "regenctl: wait: the device(s) were not ready in a new generation after %.1f s\n",
-				now_s() - start);
+			fprintf(stderr, "regenctl: wait: gave up after %.1f s: not every device is ready in a new generation "
+				"yet; the %s goes on inside regend ('regenctl watch' follows it)\n", now_s() - start,
+				o->command);
 			return EXIT_TIMEOUT;
 		}
 		if (r == -ECONNRESET || r == -ENODATA || r == -ECONNREFUSED || r == -ENOENT) {
@@ -601,12 +730,70 @@ static void print_lifecycle_reply(const struct command *cmd, const struct opts *
 	cJSON_Delete(reply);
 }
 
+/* The lifecycle call, on a thread of its own while --wait follows the
+ * device's steps on the Watch connection: Release, Reset and Restart
+ * answer only when the devices serve again. */
+struct pending_call {
+	regen_client *c;
+	const char *method, *params;
+	char *reply;
+	int r;
+	atomic_bool done;
+};
+
+static void *call_thread(void *data)
+{
+	struct pending_call *pc = data;
+
+	pc->r = regen_call(pc->c, -1, pc->method, pc->params, NULL, 0, &pc->reply);
+	atomic_store(&pc->done, true);
+	return NULL;
+}
+
+/* Sends the call on a connection of its own (*caller, which says what went
+ * wrong; the watcher's reads touch c's error state) and, while it runs,
+ * reads the Watch (progress lines). */
+static int call_while_watching(regen_client *c, const struct opts *o, double timeout, struct waiter *wt,
+			       const char *method, const char *params, char **reply, regen_client **caller)
+{
+	struct pending_call pc = { .method = method, .params = params };
+	const struct regen_watch_event *ev;
+	pthread_t th;
+	int r;
+
+	*caller = c;
+	r = regen_client_connect(o->socket, &pc.c);
+	if (r < 0) {
+		return r;
+	}
+	regen_client_set_timeout(pc.c, timeout);
+	*caller = pc.c;
+	atomic_init(&pc.done, false);
+	if (pthread_create(&th, NULL, call_thread, &pc) != 0) {
+		return regen_call(pc.c, -1, method, params, NULL, 0, reply);
+	}
+	while (!atomic_load(&pc.done) && wt->w != NULL) {
+		r = regen_watcher_next(wt->w, 0.05, &ev);
+		if (r == 0) {
+			waiter_apply(wt, ev);
+		} else if (r != -ETIMEDOUT) {
+			/* waiter_wait subscribes again. */
+			regen_watcher_close(wt->w);
+			wt->w = NULL;
+		}
+	}
+	pthread_join(th, NULL);
+	*reply = pc.reply;
+	return pc.r;
+}
+
 static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	double timeout = o->timeout_set ? o->timeout : DEFAULT_TIMEOUT_S;
 	double start = now_s(), deadline = start + timeout;
 	struct waiter wt = { 0 };
 	char *params = NULL, *reply = NULL;
+	regen_client *caller = c;
 	int r, rc;
 
 	if (!o->targets.all && o->targets.count == 0) {
@@ -626,9 +813,26 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 		}
 	}
 	params = lifecycle_params(cmd, o);
-	r = params ? regen_call(c, -1, verb_method(cmd->verb), params, NULL, 0, &reply) : -ENOMEM;
+	wt.o = o;
+	wt.progress = !o->json && isatty(STDERR_FILENO);
+	if (wt.progress) {
+		note_in_flight(c, &wt);
+	}
+	if (!params) {
+		r = -ENOMEM;
+	} else if (o->given & OPT_WAIT) {
+		r = call_while_watching(c, o, timeout, &wt, verb_method(cmd->verb), params, &reply, &caller);
+	} else {
+		r = regen_call(c, -1, verb_method(cmd->verb), params, NULL, 0, &reply);
+	}
+	if (r == -ETIMEDOUT) {
+		fprintf(stderr, "regenctl: %s: no answer within %.1f s; the %s goes on inside regend ('regenctl watch' "
+			"follows it)\n", cmd->name, timeout, cmd->name);
+		rc = EXIT_TIMEOUT;
+		goto out;
+	}
 	if (r < 0) {
-		rc = fail(c, cmd->name, r);
+		rc = fail(caller, cmd->name, r);
 		goto out;
 	}
 	if (o->json) {
@@ -642,6 +846,9 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 		rc = waiter_wait(c, &wt, o, start, deadline);
 	}
 out:
+	if (caller != c) {
+		regen_client_destroy(caller);
+	}
 	regen_watcher_close(wt.w);
 	regen_status_free(wt.before);
 	free(params);
@@ -715,6 +922,165 @@ static int cmd_inject_fault(regen_client *c, const struct command *cmd, const st
 		printf("device %d: injected %s\n", device, o->kind);
 	}
 	return EXIT_OK;
+}
+
+/* What a device's state and health say about the node, as health's exit
+ * status: 0 ready, else the verdict. */
+static int device_verdict(const struct regen_device_info *d)
+{
+	const char *s = d->state;
+
+	if (strcmp(s, "failed") == 0 || (REGEN_HAS_FIELD(d, remap_failed) && d->has_health && d->remap_failed == 1)) {
+		return EXIT_FAILED;
+	}
+	if (strcmp(s, "faulted") == 0 || strcmp(s, "unresponsive") == 0) {
+		return EXIT_FAULTED;
+	}
+	if (strcmp(s, "ready") != 0 || (REGEN_HAS_FIELD(d, remap_failed) && d->has_health &&
+					 (d->retired_pages_pending == 1 || d->remap_pending == 1))) {
+		return EXIT_DEGRADED;
+	}
+	return EXIT_OK;
+}
+
+static const char *verdict_name(int v)
+{
+	switch (v) {
+	case EXIT_OK:
+		return "ok";
+	case EXIT_DEGRADED:
+		return "degraded";
+	case EXIT_FAULTED:
+		return "faulted";
+	case EXIT_FAILED:
+		return "failed";
+	}
+	return "unreachable";
+}
+
+/* For a Slurm HealthCheckProgram or a Kubernetes exec probe: the exit
+ * status alone says it, no jq needed; a line per device says why. */
+static int cmd_health(regen_client *c, const struct command *cmd, const struct opts *o)
+{
+	regen_status *st = NULL;
+	cJSON *out, *arr, *e;
+	int i, v, worst = EXIT_OK, r;
+
+	r = regen_generation_get(c, &st);
+	if (r < 0) {
+		int rc = fail(c, cmd->name, r);
+
+		if (o->json) {
+			printf("{\"health\":\"unreachable\"}\n");
+		}
+		return rc;
+	}
+	out = cJSON_CreateObject();
+	arr = cJSON_CreateArray();
+	for (i = 0; i < regen_status_device_count(st); i++) {
+		const struct regen_device_info *d = regen_status_device(st, i);
+
+		v = device_verdict(d);
+		/* EXIT_* of the verdicts grow with how bad they are. */
+		if (v > worst) {
+			worst = v;
+		}
+		if (o->json) {
+			e = cJSON_CreateObject();
+			cJSON_AddNumberToObject(e, "index", d->index);
+			cJSON_AddStringToObject(e, "state", d->state);
+			cJSON_AddStringToObject(e, "health", verdict_name(v));
+			cJSON_AddStringToObject(e, "reason", d->reason);
+			cJSON_AddItemToArray(arr, e);
+		} else {
+			printf("device %d: %s (%s, generation %llu%s%s)\n", d->index, verdict_name(v), d->state,
+			       (unsigned long long)d->generation, v != EXIT_OK && d->reason[0] ? ": " : "",
+			       v != EXIT_OK ? d->reason : "");
+		}
+	}
+	if (o->json) {
+		cJSON_AddStringToObject(out, "health", verdict_name(worst));
+		cJSON_AddItemToObject(out, "devices", arr);
+		print_json(out);
+	} else {
+		cJSON_Delete(arr);
+		printf("%s\n", verdict_name(worst));
+	}
+	cJSON_Delete(out);
+	regen_status_free(st);
+	return worst;
+}
+
+/* regend did not answer: the scrape (or the textfile written from it)
+ * still parses, and says so. */
+static void print_regen_down(void)
+{
+	printf("# HELP regen_up 1: regend answered io.regen.Device.Status.\n# TYPE regen_up gauge\nregen_up 0\n");
+	fflush(stdout);
+}
+
+static int cmd_metrics(regen_client *c, const struct command *cmd, const struct opts *o)
+{
+	char *reply = NULL;
+	cJSON *status;
+	int r;
+
+	(void)o;
+	r = regen_call(c, -1, "io.regen.Device.Status", NULL, NULL, 0, &reply);
+	if (r < 0) {
+		print_regen_down();
+		return fail(c, cmd->name, r);
+	}
+	status = cJSON_Parse(reply);
+	free(reply);
+	if (!cJSON_IsObject(status)) {
+		cJSON_Delete(status);
+		fprintf(stderr, "regenctl: metrics: regend's reply is not a JSON object\n");
+		return EXIT_ERROR;
+	}
+	ctl_metrics_write(stdout, status);
+	fflush(stdout);
+	cJSON_Delete(status);
+	return EXIT_OK;
+}
+
+/* The socket regenctl talks to: --socket, else $REGEN_SOCKET, else the
+ * default (as libregen picks it). */
+static const char *socket_path(const struct opts *o)
+{
+	const char *path = o->socket;
+
+	if (path == NULL || path[0] == '\0') {
+		path = getenv("REGEN_SOCKET");
+	}
+	if (path == NULL || path[0] == '\0') {
+		path = REGEN_DEFAULT_SOCKET;
+	}
+	return path;
+}
+
+static int cmd_call(const struct opts *o)
+{
+	char name[128];
+	int r;
+
+	r = ctl_call(socket_path(o), o->method, o->params, (o->given & OPT_MORE) != 0,
+		     o->timeout_set ? o->timeout : ((o->given & OPT_MORE) ? 0 : DEFAULT_TIMEOUT_S), name, sizeof(name));
+	if (r == -ETIMEDOUT) {
+		fprintf(stderr, "regenctl: call: %s: no reply within %.1f s\n", o->method,
+			o->timeout_set ? o->timeout : DEFAULT_TIMEOUT_S);
+	} else if (r == -ECONNRESET) {
+		fprintf(stderr, "regenctl: call: %s: regend closed the connection before it answered\n", o->method);
+	} else if (r < 0 && r != -EREMOTE) {
+		fprintf(stderr, "regenctl: call: cannot reach regend at %s: %s\n", socket_path(o), strerror(-r));
+	}
+	if (r == -EREMOTE) {
+		if (strcmp(name, REGEN_ERROR_NOT_PERMITTED) == 0 || strcmp(name, REGEN_ERROR_PERMISSION_DENIED) == 0) {
+			return EXIT_NOT_PERMITTED;
+		}
+		return strcmp(name, REGEN_ERROR_TIMEOUT) == 0 ? EXIT_TIMEOUT : EXIT_ERROR;
+	}
+	return r < 0 ? exit_code(r, NULL) : EXIT_OK;
 }
 
 static bool parse_long(const char *s, long min, long *out)
@@ -819,6 +1185,27 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 {
 	unsigned extra = o->given & ~cmd->options;
 
+	/* call's METHOD and JSON. */
+	if (cmd->run == NULL) {
+		if (npos < 1 || npos > 2) {
+			return usage_error("call: METHOD [JSON], e.g. call io.regen.Device.Status '{}'");
+		}
+		if (strchr(positional[0], '.') == NULL) {
+			return usage_error("call: '%s' is no method name (interface.Method)", positional[0]);
+		}
+		if (npos == 2) {
+			cJSON *p = cJSON_Parse(positional[1]);
+			bool object = cJSON_IsObject(p);
+
+			cJSON_Delete(p);
+			if (!object) {
+				return usage_error("call: the parameters are no JSON object: '%s'", positional[1]);
+			}
+		}
+		o->method = positional[0];
+		o->params = npos == 2 ? positional[1] : NULL;
+		npos = 0;
+	}
 	/* inject-fault's KIND may come as its argument. */
 	if ((cmd->options & OPT_KIND) && npos == 1 && o->kind == NULL) {
 		o->kind = positional[0];
@@ -859,7 +1246,7 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 
 int main(int argc, char **argv)
 {
-	enum { LONG_SOCKET = 256, LONG_JSON, LONG_TIMEOUT };
+	enum { LONG_SOCKET = 1 << 16, LONG_JSON, LONG_TIMEOUT, LONG_VERSION };	/* above every OPT_* */
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, LONG_SOCKET },
 		{ "json", no_argument, NULL, LONG_JSON },
@@ -872,6 +1259,8 @@ int main(int argc, char **argv)
 		{ "count", required_argument, NULL, OPT_COUNT },
 		{ "kind", required_argument, NULL, OPT_KIND },
 		{ "job", no_argument, NULL, OPT_JOB },
+		{ "more", no_argument, NULL, OPT_MORE },
+		{ "version", no_argument, NULL, LONG_VERSION },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -902,6 +1291,9 @@ int main(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return EXIT_OK;
+		case LONG_VERSION:
+			printf("regenctl %s\n", REGEN_VERSION);
+			return EXIT_OK;
 		case ':':
 			return usage_error("option '%s' needs an argument", argv[optind - 1]);
 		case '?':
@@ -927,9 +1319,13 @@ int main(int argc, char **argv)
 	if (cmd == NULL) {
 		return usage_error("unknown command '%s'", positional[0]);
 	}
+	o.command = cmd->name;
 	rc = check_command(cmd, &o, positional + 1, npos - 1);
 	if (rc != EXIT_OK) {
 		return rc;
+	}
+	if (cmd->run == NULL) {
+		return cmd_call(&o);
 	}
 
 	r = regen_client_connect(o.socket, &c);
@@ -943,6 +1339,11 @@ int main(int argc, char **argv)
 			path = REGEN_DEFAULT_SOCKET;
 		}
 		fprintf(stderr, "regenctl: cannot reach regend at %s: %s\n", path, strerror(-r));
+		if (cmd->run == cmd_metrics) {
+			print_regen_down();
+		} else if (cmd->run == cmd_health && o.json) {
+			printf("{\"health\":\"unreachable\"}\n");
+		}
 		return exit_code(r, NULL);
 	}
 	/* watch's --timeout bounds the whole watch, not each call. */

@@ -83,15 +83,38 @@ static void bump_for_lost_worker(struct rd_sv_device *d, const char *why)
 	transition(d, RP_STATE_RESPAWNING, d->state != RP_STATE_RESPAWNING, why);
 }
 
+/* A count the worker reported, or what we had when it sent none. */
+static uint64_t count_of(const cJSON *params, const char *name, uint64_t had)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, name);
+
+	return cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint64_t)v->valuedouble : had;
+}
+
 static void take_memory(struct rd_sv_device *d, const cJSON *params)
 {
-	cJSON *used = cJSON_GetObjectItemCaseSensitive(params, "memory_used");
-	cJSON *base = cJSON_GetObjectItemCaseSensitive(params, "memory_baseline");
+	struct rp_device_counters *w = &d->worker_counts;
 
-	if (cJSON_IsNumber(used))
-		d->memory_used = (uint64_t)used->valuedouble;
-	if (cJSON_IsNumber(base))
-		d->memory_baseline = (uint64_t)base->valuedouble;
+	d->memory_used = count_of(params, "memory_used", d->memory_used);
+	d->memory_baseline = count_of(params, "memory_baseline", d->memory_baseline);
+	w->in_flight = count_of(params, "in_flight", w->in_flight);
+	w->buffers = count_of(params, "buffers", w->buffers);
+	w->events = count_of(params, "events", w->events);
+	w->connections = count_of(params, "connections", w->connections);
+	/* A worker's own counts only go up. */
+	w->calls = count_of(params, "calls", w->calls);
+	w->call_errors = count_of(params, "call_errors", w->call_errors);
+	w->call_us = count_of(params, "call_us", w->call_us);
+}
+
+/* The worker is gone: what it counted stays in the device's totals, what
+ * it held went with it. */
+static void fold_worker_counts(struct rd_sv_device *d)
+{
+	d->counters.calls += d->worker_counts.calls;
+	d->counters.call_errors += d->worker_counts.call_errors;
+	d->counters.call_us += d->worker_counts.call_us;
+	memset(&d->worker_counts, 0, sizeof(d->worker_counts));
 }
 
 /* A worker's io.regen.Device.Health (NULL: it sent none). */
@@ -144,6 +167,10 @@ static void op_finish(struct rd_sv_device *d, const char *failure)
 	d->ops = op->next;
 	rd_info("lifecycle", d->index, d->generation, 0, "%s done%s%s", rd_sv_verb_name(op->verb),
 		failure ? ": " : "", failure ? failure : "");
+	if (!failure) {
+		uint64_t *count[] = { &d->counters.releases, &d->counters.resets, &d->counters.restarts };
+		(*count[op->verb])++;
+	}
 	if (op->request)
 		events(d)->request_finished(d, op->request, failure, d->env->data);
 	free(op);
@@ -290,6 +317,14 @@ static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, vo
 	send_lifecycle(d, op_resets(d, op));
 }
 
+/* The counts as the drain begins: Status (and regenctl --wait) can say how
+ * many calls the drain waits for. */
+static void on_drain_stats(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	if (reply && !reply->error)
+		take_memory(userdata, reply->params);
+}
+
 static void op_start(struct rd_sv_device *d)
 {
 	struct rd_sv_op *op = d->ops;
@@ -302,6 +337,8 @@ static void op_start(struct rd_sv_device *d)
 	/* A faulted device's own Reset keeps the fault as its reason. */
 	transition(d, op->verb == RD_SV_RESET || d->state == RP_STATE_FAULTED ? RP_STATE_RESETTING : RP_STATE_DRAINING,
 		   false, op->request || d->state != RP_STATE_FAULTED ? op->reason : NULL);
+	/* Answered before the Drain: the channel answers in order. */
+	rd_sv_device_call(d, "io.regen.Worker.Stats", NULL, on_drain_stats, d);
 	params = cJSON_CreateObject();
 	cJSON_AddNumberToObject(params, "deadline_ms", op->deadline_ms);
 	uv_timer_start(&d->timer, on_op_timeout, (uint64_t)op->deadline_ms + DRAIN_GRACE_MS, 0);
@@ -468,6 +505,7 @@ static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *rea
 	take_health(d, health);
 	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNRESPONSIVE)
 		return;    /* the worker is on its way out */
+	d->counters.faults++;
 	if (kind == RD_SV_FAULT_FAILED) {
 		fail(d, reason);
 		return;
@@ -500,6 +538,7 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 
 	uv_timer_stop(&d->heartbeat_timer);
 	d->ping_outstanding = false;
+	fold_worker_counts(d);
 	if (*d->env->stopping)
 		return;
 	rd_warn("lifecycle", d->index, d->generation, 0, "%s", why);
@@ -676,6 +715,20 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 		.memory_baseline = d->memory_baseline,
 		.reason = d->reason,
 		.has_health = d->health.known,
+		.has_counters = true,
+		.counters = {
+			.releases = d->counters.releases,
+			.resets = d->counters.resets,
+			.restarts = d->counters.restarts,
+			.faults = d->counters.faults,
+			.calls = d->counters.calls + d->worker_counts.calls,
+			.call_errors = d->counters.call_errors + d->worker_counts.call_errors,
+			.call_us = d->counters.call_us + d->worker_counts.call_us,
+			.in_flight = d->worker_counts.in_flight,
+			.buffers = d->worker_counts.buffers,
+			.events = d->worker_counts.events,
+			.connections = d->worker_counts.connections,
+		},
 		.health = {
 			.source = d->health.source,
 			.detail = d->health.detail,

@@ -95,6 +95,11 @@ struct rd_sv_device {
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
 	struct rd_sv_health health;
+	/* io.regen.Device.Counters: the lifecycle counts are the supervisor's;
+	 * the call counts are the workers' that are gone (folded in as each
+	 * goes) plus the current one's as its last Stats said. */
+	struct rp_device_counters counters;
+	struct rp_device_counters worker_counts;
 };
 
 /* Device `index`, in generation 1, respawning until its first worker is

@@ -31,6 +31,9 @@ static void on_op_done(struct rd_op *op)
 
 	op_release_refs(s->worker, op);
 	rd_health_call_finished(s->worker, cc);
+	s->worker->calls_done++;
+	s->worker->calls_failed += !cc->call || op->err.name;
+	s->worker->calls_us += op->elapsed_us;
 	if (!cc->call) {
 		rp_error_clear(&op->err);
 	} else if (op->err.name) {
