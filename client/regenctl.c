@@ -64,7 +64,7 @@ struct opts {
 	const char *method, *params;   /* call's */
 };
 
-enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART };
+enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART, VERB_DETACH, VERB_ATTACH };
 
 struct command {
 	const char *name;
@@ -96,6 +96,11 @@ static const struct command commands[] = {
 	{ "restart", cmd_lifecycle, "TARGET [--reason TEXT] [--deadline-ms MS] [--wait]",
 	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
 	  VERB_RESTART },
+	{ "detach", cmd_lifecycle, "TARGET [--reason TEXT] [--deadline-ms MS]",
+	  "drain, worker exits, no handle on the GPU, no respawn (for nvidia-smi -r, driver upgrades)",
+	  OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_DEADLINE, true, VERB_DETACH },
+	{ "attach", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]", "bring detached devices back, new generation",
+	  LIFECYCLE_OPTS, true, VERB_ATTACH },
 	{ "health", cmd_health, "", "exit 0 when every device is ready, else 6 degraded, 7 faulted, 8 failed", 0, false,
 	  VERB_NONE },
 	{ "metrics", cmd_metrics, "", "Prometheus text format (node_exporter's textfile collector)", 0, false,
@@ -494,6 +499,8 @@ static void waiter_progress(struct waiter *wt, const struct regen_watch_event *e
 		fprintf(stderr, "device %d: releasing in place (every resource destroyed, memory returned)\n", ev->device);
 	} else if (strcmp(s, "resetting") == 0) {
 		fprintf(stderr, "device %d: resetting (context thrown away and rebuilt)\n", ev->device);
+	} else if (strcmp(s, "respawning") == 0 && strcmp(wt->o->command, "attach") == 0) {
+		fprintf(stderr, "device %d: attaching: a new worker starts\n", ev->device);
 	} else if (strcmp(s, "respawning") == 0 || strcmp(s, "unresponsive") == 0) {
 		fprintf(stderr, "device %d: worker killed, respawning: %s\n", ev->device, ev->reason);
 	} else if (strcmp(s, "ready") == 0) {
@@ -574,8 +581,10 @@ static bool waiter_done(const struct waiter *wt, const struct opts *o)
 		if (!targeted(o, d->index) || d->index < 0 || d->index >= REGEN_DEVICES_MAX) {
 			continue;
 		}
+		/* Attach leaves a device that was not detached as it was. */
 		if (!wt->now[d->index].seen || !wt->now[d->index].ready ||
-		    wt->now[d->index].generation <= d->generation) {
+		    (wt->now[d->index].generation <= d->generation &&
+		     !(strcmp(o->command, "attach") == 0 && strcmp(d->state, "detached") != 0))) {
 			return false;
 		}
 	}
@@ -619,7 +628,11 @@ static void waiter_report(const struct waiter *wt, const struct opts *o, double 
 				printf(" (reset in place)\n");
 				break;
 			case HOW_RESPAWNED:
-				printf(" (worker killed and respawned: %s)\n", wt->why[i]);
+				if (strcmp(o->command, "attach") == 0) {
+					printf(" (attached: a new worker)\n");
+				} else {
+					printf(" (worker killed and respawned: %s)\n", wt->why[i]);
+				}
 				break;
 			default:
 				printf("\n");
@@ -678,6 +691,10 @@ static const char *verb_method(enum verb verb)
 		return "io.regen.Device.Release";
 	case VERB_RESET:
 		return "io.regen.Device.Reset";
+	case VERB_DETACH:
+		return "io.regen.Device.Detach";
+	case VERB_ATTACH:
+		return "io.regen.Device.Attach";
 	default:
 		return "io.regen.Device.Restart";
 	}
@@ -702,7 +719,7 @@ static char *lifecycle_params(const struct command *cmd, const struct opts *o)
 	}
 	if (o->reason)
 		cJSON_AddStringToObject(p, "reason", o->reason);
-	if (cmd->verb == VERB_RESTART && (o->given & OPT_DEADLINE))
+	if ((cmd->verb == VERB_RESTART || cmd->verb == VERB_DETACH) && (o->given & OPT_DEADLINE))
 		cJSON_AddNumberToObject(p, "deadline_ms", (double)o->deadline_ms);
 	text = cJSON_PrintUnformatted(p);
 	cJSON_Delete(p);

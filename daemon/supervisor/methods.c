@@ -169,6 +169,7 @@ struct request {
 	char failure[256];
 	int failed_device;
 	uint64_t failed_generation;
+	bool failed_detached;
 };
 
 void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *failure, void *data)
@@ -180,10 +181,16 @@ void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *f
 		snprintf(req->failure, sizeof(req->failure), "%s", failure);
 		req->failed_device = d->index;
 		req->failed_generation = d->generation;
+		req->failed_detached = d->state == RP_STATE_DETACHED;
 	}
 	if (--req->remaining)
 		return;
-	if (req->failure[0]) {
+	if (req->failure[0] && req->failed_detached && !sv->stopping) {
+		struct rp_error err = { 0 };
+		rp_err_detached(&err, req->failed_device, (long long)req->failed_generation, "device %d: %s",
+				req->failed_device, req->failure);
+		rd_call_fail(req->call, &err);
+	} else if (req->failure[0]) {
 		struct rp_error err = { 0 };
 		rp_error_set(&err, sv->stopping ? RP_ERR_DRAINING : RP_ERR_TIMEOUT, "device %d: %s", req->failed_device,
 			     req->failure);
@@ -272,7 +279,7 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 	bool want[RD_DEVICES_MAX];
 	int n, first = -1;
 
-	if (!check_fields(call, verb == RD_SV_RESTART ? fields : fields_no_deadline) ||
+	if (!check_fields(call, verb == RD_SV_RESTART || verb == RD_SV_DETACH ? fields : fields_no_deadline) ||
 	    (n = parse_targets(call, want)) < 0)
 		return;
 	for (int i = sv->ndevices - 1; i >= 0; i--)
@@ -313,6 +320,8 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 static void method_release(struct rd_call *call) { lifecycle_method(call, RD_SV_RELEASE); }
 static void method_reset(struct rd_call *call) { lifecycle_method(call, RD_SV_RESET); }
 static void method_restart(struct rd_call *call) { lifecycle_method(call, RD_SV_RESTART); }
+static void method_detach(struct rd_call *call) { lifecycle_method(call, RD_SV_DETACH); }
+static void method_attach(struct rd_call *call) { lifecycle_method(call, RD_SV_ATTACH); }
 
 /* ---- InjectFault ---- */
 
@@ -367,6 +376,11 @@ static void method_inject_fault(struct rd_call *call)
 		return;
 	}
 	d = &sv->devices[device];
+	if (d->state == RP_STATE_DETACHED) {
+		rp_err_detached(&err, device, (long long)d->generation, "device %d is detached", device);
+		rd_call_fail(call, &err);
+		return;
+	}
 	if (!rd_sv_device_serving(d)) {
 		rp_error_set(&err, RP_ERR_DRAINING, "device %d is %s; try again when it is ready", device,
 			     rp_state_name(d->state));
@@ -414,6 +428,8 @@ static const struct rd_method main_methods[] = {
 	{ "io.regen.Device.Release", method_release, true },
 	{ "io.regen.Device.Reset", method_reset, true },
 	{ "io.regen.Device.Restart", method_restart, true },
+	{ "io.regen.Device.Detach", method_detach, true },
+	{ "io.regen.Device.Attach", method_attach, true },
 	{ "io.regen.Device.InjectFault", method_inject_fault, true },
 	{ "io.regen.Memory.ImportBuffer", method_wrong_endpoint },
 	{ "io.regen.Memory.CloseBuffer", method_wrong_endpoint },
