@@ -298,8 +298,10 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 		rd_call_fail(call, &err);
 		return;
 	}
-	snprintf(reason_buf, sizeof(reason_buf), "%s by pid %d%s%s", rd_sv_verb_name(verb), (int)call->conn->peer.pid,
-		 reason ? ": " : "", reason ? reason : "");
+	/* The job comes from the caller's cgroup, never from its words. */
+	snprintf(reason_buf, sizeof(reason_buf), "%s by pid %d%s%s%s%s%s", rd_sv_verb_name(verb),
+		 (int)call->conn->peer.pid, call->conn->peer.job[0] ? " (" : "", call->conn->peer.job,
+		 call->conn->peer.job[0] ? ")" : "", reason ? ": " : "", reason ? reason : "");
 	req = calloc(1, sizeof(*req));
 	if (!req) {
 		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for the request");
