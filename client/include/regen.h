@@ -51,6 +51,7 @@ extern "C" {
 #define REGEN_ERROR_TIMEOUT                  "io.regen.Timeout"
 #define REGEN_ERROR_FAULT_INJECTION_DISABLED "io.regen.FaultInjectionDisabled"
 #define REGEN_ERROR_WRONG_ENDPOINT           "io.regen.WrongEndpoint"
+#define REGEN_ERROR_DETACHED                 "io.regen.Detached"
 #define REGEN_ERROR_BACKEND_ERROR            "io.regen.BackendError"
 #define REGEN_ERROR_INTERFACE_NOT_FOUND      "org.varlink.service.InterfaceNotFound"
 #define REGEN_ERROR_METHOD_NOT_FOUND         "org.varlink.service.MethodNotFound"

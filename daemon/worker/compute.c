@@ -28,6 +28,10 @@ void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
 {
 	rd_compute_release(w, &cc->op);
 	rd_health_call_finished(w, cc);
+	/* Counted here, where Varlink calls and ring records both end. */
+	w->calls_done++;
+	w->calls_failed += cc->answered || cc->op.err.name;
+	w->calls_us += cc->op.elapsed_us;
 }
 
 /* On the loop thread, once the backend finished the op. A call answered

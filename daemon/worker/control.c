@@ -195,7 +195,11 @@ static void ctl_stats(struct rd_call *call)
 	take_epoch(w, call->msg.params);
 	cJSON_AddNumberToObject(reply, "in_flight", w->in_flight);
 	cJSON_AddNumberToObject(reply, "buffers", w->objects.count[RD_OBJECT_BUFFER]);
+	cJSON_AddNumberToObject(reply, "events", w->objects.count[RD_OBJECT_EVENT]);
 	cJSON_AddNumberToObject(reply, "connections", w->nsessions);
+	cJSON_AddNumberToObject(reply, "calls", (double)w->calls_done);
+	cJSON_AddNumberToObject(reply, "call_errors", (double)w->calls_failed);
+	cJSON_AddNumberToObject(reply, "call_us", (double)w->calls_us);
 	cJSON_AddItemToObject(reply, "health", rd_health_json(w));
 	rd_call_reply(call, reply, false);
 }

@@ -63,6 +63,10 @@ struct rd_worker {
 
 	unsigned in_flight;             /* compute calls submitted and not finished */
 	unsigned abandoned;             /* of those, answered early: past their deadline */
+	/* Compute calls this worker finished, those that failed (or were
+	 * answered early), and their time in the backend: io.regen.Worker.Stats
+	 * reports them, the supervisor sums them over workers for metrics. */
+	uint64_t calls_done, calls_failed, calls_us;
 	struct rd_compute_call *running;   /* the calls in flight, oldest first */
 	struct rd_compute_call *running_tail;
 	uv_timer_t deadline_timer;      /* looks for calls past their deadline while any runs */

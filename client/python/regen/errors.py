@@ -12,7 +12,7 @@ __all__ = [
     "StaleGeneration", "DeviceLost", "Draining", "NotPermitted", "OutOfMemory",
     "InvalidOperand", "NoSuchDevice", "NoSuchObject", "ImportFailed",
     "InvalidMessage", "MessageTooLarge", "LimitExceeded", "Timeout",
-    "FaultInjectionDisabled", "WrongEndpoint", "BackendError",
+    "FaultInjectionDisabled", "WrongEndpoint", "Detached", "BackendError",
     "InterfaceNotFound", "MethodNotFound", "MethodNotImplemented",
     "InvalidParameter", "PermissionDenied", "ExpectedMore",
     "error_from_reply",
@@ -149,6 +149,12 @@ class FaultInjectionDisabled(Error):
 class WrongEndpoint(Error):
     """A method was sent to the wrong socket (data-plane calls go to the
     worker socket, lifecycle calls to the main one)."""
+
+
+@_wire("io.regen.Detached")
+class Detached(Error):
+    """The device is detached (regenctl detach): no worker serves it until
+    an admin attaches it again."""
 
 
 @_wire("io.regen.BackendError")
