@@ -155,10 +155,10 @@ COLLECTIVE(rp_comm_broadcast, "Broadcast", "broadcast", in_place_operands, broad
 static const struct rp_field no_fields[] = { { NULL, 0, false } };
 
 const struct rp_op_spec rp_comm_init_op = {
-	.id = RP_OP_COMM, .method = RP_COMM_INIT, .name = "comm_init", .scalars = no_fields,
+	.id = RP_OP_COMM, .method = RP_COMM_METHOD_INIT, .name = "comm_init", .scalars = no_fields,
 };
 const struct rp_op_spec rp_comm_destroy_op = {
-	.id = RP_OP_COMM, .method = RP_COMM_DESTROY, .name = "comm_destroy", .scalars = no_fields,
+	.id = RP_OP_COMM, .method = RP_COMM_METHOD_DESTROY, .name = "comm_destroy", .scalars = no_fields,
 };
 
 static const struct rp_op_spec *const collectives[] = {

@@ -17,11 +17,11 @@
 #include "ids.h"
 #include "message.h"
 
-#define RP_COMM_GET_UNIQUE_ID "io.regen.Comm.GetUniqueId"
-#define RP_COMM_INIT          "io.regen.Comm.Init"
-#define RP_COMM_ATTACH        "io.regen.Comm.Attach"
-#define RP_COMM_ABORT         "io.regen.Comm.Abort"
-#define RP_COMM_DESTROY       "io.regen.Comm.Destroy"
+#define RP_COMM_METHOD_GET_UNIQUE_ID "io.regen.Comm.GetUniqueId"
+#define RP_COMM_METHOD_INIT   "io.regen.Comm.Init"
+#define RP_COMM_METHOD_ATTACH "io.regen.Comm.Attach"
+#define RP_COMM_METHOD_ABORT  "io.regen.Comm.Abort"
+#define RP_COMM_METHOD_DESTROY "io.regen.Comm.Destroy"
 
 #define RP_COMM_ID_HEX_LEN (2 * RP_COMM_ID_SIZE)
 /* The most ranks a communicator may have. */

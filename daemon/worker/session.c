@@ -6,6 +6,7 @@
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
+#include "proto/comm.h"
 #include "proto/compute.h"
 #include "proto/errors.h"
 
@@ -97,6 +98,11 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Memory.CloseBuffer", rd_memory_close_buffer },
 	{ "io.regen.Memory.ImportEvent", rd_memory_import_event },
 	{ "io.regen.Memory.CloseEvent", rd_memory_close_event },
+	{ "io.regen.Comm.GetUniqueId", rd_comm_get_unique_id },
+	{ "io.regen.Comm.Init", rd_comm_init },
+	{ "io.regen.Comm.Attach", rd_comm_attach },
+	{ "io.regen.Comm.Abort", rd_comm_abort },
+	{ "io.regen.Comm.Destroy", rd_comm_destroy },
 	{ "io.regen.Device.Generation", method_generation },
 	{ "io.regen.Device.Status", method_main_endpoint },
 	{ "io.regen.Device.Watch", method_main_endpoint },
@@ -108,11 +114,11 @@ static const struct rd_method data_methods[] = {
 };
 /* io.regen.Device is the main socket's: the worker answers only Generation of it
  * (and points the rest there), so it does not claim the interface. */
-static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", NULL };
+static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", "io.regen.Comm", NULL };
 
 static void (*find_compute(const char *method))(struct rd_call *call)
 {
-	return rp_op_find(method) ? rd_compute_call : NULL;
+	return rp_op_find(method) || rp_comm_op_find(method) ? rd_compute_call : NULL;
 }
 
 static const struct rd_endpoint data_endpoint = { data_methods, data_interfaces, find_compute };

@@ -34,5 +34,30 @@ void rd_memory_close_buffer(struct rd_call *call);
 void rd_memory_import_event(struct rd_call *call);
 void rd_memory_close_event(struct rd_call *call);
 /* Every io.regen.Compute method (the op table of proto/compute.h says
- * which). */
+ * which), and io.regen.Comm's collectives (proto/comm.h's tables). */
 void rd_compute_call(struct rd_call *call);
+/* Submits cc->op (its compute, comm and buffers filled, each holding a
+ * reference) on the session's lane, answering `call` when it finishes;
+ * deadline_ms 0: the worker's default. 0, or -errno with err set, cc freed
+ * and every reference it held dropped. */
+int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct rd_call *call, uint32_t deadline_ms,
+		      struct rp_error *err);
+/* io.regen.Comm: comm.c. */
+void rd_comm_get_unique_id(struct rd_call *call);
+void rd_comm_init(struct rd_call *call);
+void rd_comm_attach(struct rd_call *call);
+void rd_comm_abort(struct rd_call *call);
+void rd_comm_destroy(struct rd_call *call);
+/* A collective, its communicator resolved for the caller, checked against
+ * it and held by op. */
+int rd_comm_resolve(struct rd_worker *w, struct rd_op *op, const struct rd_client *who, struct rp_error *err);
+/* A call on a communicator passed its deadline: it is answered with
+ * CommTimeout and the communicator aborted (the device is not at fault). */
+void rd_comm_deadline(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now);
+/* A process's last connection closed: whether its communicator `o` stays,
+ * detached, for Attach (keyed and healthy); one that does not is aborted
+ * before it closes. */
+bool rd_comm_keep_detached(struct rd_object *o, void *worker);
+/* A drain: communicators with calls in flight are aborted, so a peer that
+ * never calls cannot hold the lifecycle change. */
+void rd_comm_abort_busy(struct rd_worker *w, const char *why);

@@ -53,9 +53,15 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	struct rd_device *dev = lane->base.device;
 	const struct rp_compute *c = &op->compute;
 	void *ptr[RP_OP_OPERANDS_MAX] = { 0 };
-	size_t need = rd_host_scratch_size(c);
+	size_t need;
 	uintptr_t fault = 0;
 	int r;
+
+	if (c->spec->id == RP_OP_COMM) {
+		host_comm_run(op);
+		return;
+	}
+	need = rd_host_scratch_size(c);
 
 	for (unsigned i = 0; i < c->spec->noperands; i++)
 		if (op->buffers[i])
