@@ -292,6 +292,10 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 			cuda_check_failure(cd, &op->err, p->resets);
 		}
 	}
+#if REGEN_HAVE_NCCL
+	if (op->comm)
+		cuda_comm_completed(op);
+#endif
 	op->elapsed_us = (cuda_now_ns() - p->t0) / 1000;
 	rd_op_complete(op);
 }
