@@ -181,6 +181,7 @@ void rd_comm_init(struct rd_call *call)
 	comm->key_uid = s->client->peer.uid;
 	rd_objects_add(&w->objects, &comm->obj, RD_OBJECT_COMM, s->client);
 	rd_objects_ref(&comm->obj);
+	comm->in_flight++;
 	cc->op.comm = comm;
 	cc->op.compute.spec = &rp_comm_init_op;
 	cc->op.compute.comm.kind = RP_COMM_INIT;
@@ -262,6 +263,7 @@ int rd_comm_resolve(struct rd_worker *w, struct rd_op *op, const struct rd_clien
 	if ((r = comm_healthy(w, comm, err)) < 0 || (r = rp_comm_check_ranks(&op->compute, comm->nranks, err)) < 0)
 		return r;
 	rd_objects_ref(&comm->obj);
+	comm->in_flight++;
 	op->comm = comm;
 	return 0;
 }
@@ -341,6 +343,7 @@ void rd_comm_destroy(struct rd_call *call)
 		goto fail;
 	}
 	rd_objects_ref(&comm->obj);
+	comm->in_flight++;
 	cc->op.comm = comm;
 	cc->op.compute.spec = &rp_comm_destroy_op;
 	cc->op.compute.comm.kind = RP_COMM_DESTROY;

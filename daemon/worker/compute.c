@@ -120,11 +120,8 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 	cc->call = call;
 	cc->session = s;
 	cc->deadline_ns = op->submitted_ns + (uint64_t)(deadline_ms ? deadline_ms : w->opts->call_deadline_ms) * 1000000u;
-	if (op->comm) {
-		op->comm->in_flight++;
-		if (rp_comm_is_collective(&op->compute))
-			op->comm->collectives++;
-	}
+	if (op->comm && rp_comm_is_collective(&op->compute))
+		op->comm->collectives++;
 	rd_session_call_started(s);
 	rd_health_call_started(w, cc);
 	r = w->dev.backend->submit(op->lane, op);

@@ -49,7 +49,8 @@ void rd_comm_attach(struct rd_call *call);
 void rd_comm_abort(struct rd_call *call);
 void rd_comm_destroy(struct rd_call *call);
 /* A collective, its communicator resolved for the caller, checked against
- * it and held by op. */
+ * it and held by op (a reference, and one call in flight on it, which
+ * compute.c's release of the op's references gives back). */
 int rd_comm_resolve(struct rd_worker *w, struct rd_op *op, const struct rd_client *who, struct rp_error *err);
 /* A call on a communicator passed its deadline: it is answered with
  * CommTimeout and the communicator aborted (the device is not at fault). */
