@@ -37,7 +37,7 @@ struct regen_client {
 	char *err_params;                 /* JSON text, malloc'ed */
 	/* The newest generation seen per device (Status, Watch, imports, errors). */
 	uint64_t known_generation[REGEN_DEVICES_MAX];
-	struct rc_object *objects;        /* open buffers and events, so destroy can detach them */
+	struct rc_object *objects;        /* open buffers, events and communicators, so destroy can detach them */
 	enum regen_transport transport;   /* REGEN_TRANSPORT, regen_client_set_transport */
 	struct rc_lane lanes[REGEN_DEVICES_MAX];
 };
@@ -60,6 +60,16 @@ struct regen_buffer {
 struct regen_event {
 	struct rc_object obj;
 };
+
+struct regen_comm {
+	struct rc_object obj;
+	uint32_t rank, nranks;
+	uint64_t collectives;
+};
+
+/* objects.c: fills in obj and links it into the client's list; unlinks it. */
+void rc_object_add(regen_client *c, struct rc_object *obj, int device, const struct rp_id *rid);
+void rc_object_unlink(struct rc_object *obj);
 
 /* Calls `method` on the main socket (device < 0) or the device's worker
  * socket, connecting (or reconnecting) first when needed. `params` (may be

@@ -53,6 +53,9 @@ extern "C" {
 #define REGEN_ERROR_WRONG_ENDPOINT           "io.regen.WrongEndpoint"
 #define REGEN_ERROR_DETACHED                 "io.regen.Detached"
 #define REGEN_ERROR_BACKEND_ERROR            "io.regen.BackendError"
+#define REGEN_ERROR_COMM_FAILED              "io.regen.CommFailed"
+#define REGEN_ERROR_COMM_TIMEOUT             "io.regen.CommTimeout"
+#define REGEN_ERROR_COMM_IN_FLIGHT           "io.regen.CommInFlight"
 #define REGEN_ERROR_INTERFACE_NOT_FOUND      "org.varlink.service.InterfaceNotFound"
 #define REGEN_ERROR_METHOD_NOT_FOUND         "org.varlink.service.MethodNotFound"
 #define REGEN_ERROR_METHOD_NOT_IMPLEMENTED   "org.varlink.service.MethodNotImplemented"
@@ -373,6 +376,59 @@ REGEN_EXPORT int regen_pool_cuda_available(void);
  * and size. For importing a cudaMalloc block once, whatever part of it a
  * tensor uses. */
 REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint64_t *size);
+
+/* Communicators (io.regen.Comm): NCCL on the CUDA backend; on the host
+ * backend the ranks are connections to one worker (tests the control
+ * plane, not the GPU path). */
+typedef struct regen_comm regen_comm;
+
+#define REGEN_COMM_UNIQUE_ID_BYTES 128
+
+enum regen_reduce_op { REGEN_REDUCE_SUM = 0, REGEN_REDUCE_MAX, REGEN_REDUCE_AVG };
+
+/* A new unique id for rank 0 to hand to the other ranks. */
+REGEN_EXPORT int regen_comm_unique_id(regen_client *c, int device, unsigned char id[REGEN_COMM_UNIQUE_ID_BYTES]);
+
+struct regen_comm_init_args {
+	int device;
+	const unsigned char *unique_id;    /* REGEN_COMM_UNIQUE_ID_BYTES */
+	uint32_t rank, nranks;
+	const char *key;                   /* NULL: not re-attachable */
+	uint32_t deadline_ms;              /* 0: regend's default */
+};
+/* Joins; returns once every rank joined (REGEN_ERROR_COMM_TIMEOUT past the
+ * deadline). */
+REGEN_EXPORT int regen_comm_init(regen_client *c, const struct regen_comm_init_args *args, regen_comm **out);
+/* Takes back the detached communicator `key` names (its process gone). */
+REGEN_EXPORT int regen_comm_attach(regen_client *c, int device, const char *key, regen_comm **out);
+
+/* send and recv: rank-1 contiguous tensors (strides ignored) of one dtype
+ * on the communicator's device. */
+struct regen_collective_args {
+	regen_comm *comm;
+	struct regen_tensor send, recv;
+	enum regen_reduce_op op;           /* AllReduce, ReduceScatter */
+	uint32_t root;                     /* Broadcast */
+	uint32_t deadline_ms;              /* 0: regend's default */
+	const regen_event *wait_event, *signal_event;
+};
+REGEN_EXPORT int regen_comm_all_reduce(regen_client *c, const struct regen_collective_args *args);
+REGEN_EXPORT int regen_comm_all_gather(regen_client *c, const struct regen_collective_args *args);
+REGEN_EXPORT int regen_comm_reduce_scatter(regen_client *c, const struct regen_collective_args *args);
+REGEN_EXPORT int regen_comm_broadcast(regen_client *c, const struct regen_collective_args *args);
+/* Stops it now: calls in flight and later ones fail with CommFailed. */
+REGEN_EXPORT int regen_comm_abort(regen_comm *comm);
+/* Ends it in the worker (finalize + destroy, or with `abort` an abort even
+ * with calls in flight; unless its generation is gone) and frees the
+ * handle, also when the call failed. Accepts NULL. */
+REGEN_EXPORT int regen_comm_destroy(regen_comm *comm, bool abort, uint32_t deadline_ms);
+REGEN_EXPORT const char *regen_comm_id(const regen_comm *comm);
+REGEN_EXPORT uint64_t regen_comm_generation(const regen_comm *comm);
+REGEN_EXPORT int regen_comm_device(const regen_comm *comm);
+REGEN_EXPORT uint32_t regen_comm_rank(const regen_comm *comm);
+REGEN_EXPORT uint32_t regen_comm_nranks(const regen_comm *comm);
+/* Collectives it ran, as Attach reported (0 after Init). */
+REGEN_EXPORT uint64_t regen_comm_collectives(const regen_comm *comm);
 
 /* Any method, parameters as JSON text (NULL = {}). device >= 0 sends it to
  * that device's worker socket, < 0 to the main socket. On success *reply

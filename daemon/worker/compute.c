@@ -1,5 +1,6 @@
 /* io.regen.Compute on a worker socket: every operation of the op table
- * (proto/compute.h) through one path. The call is parsed and checked, each
+ * (proto/compute.h), and io.regen.Comm's collectives (proto/comm.h),
+ * through one path. The call is parsed and checked, each
  * operand resolved for the caller and checked against its buffer, before
  * anything reaches the backend; the objects it names stay open until it
  * finished. Each call has a deadline (health.c watches it). */
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <uv.h>
 #include "daemon/worker/session.h"
+#include "proto/comm.h"
 #include "proto/compute.h"
 #include "proto/errors.h"
 
@@ -20,17 +22,27 @@ void rd_compute_release(struct rd_worker *w, struct rd_op *op)
 		rd_objects_unref(&w->objects, &op->wait_event->obj);
 	if (op->signal_event)
 		rd_objects_unref(&w->objects, &op->signal_event->obj);
+	if (op->comm) {
+		op->comm->in_flight--;
+		rd_objects_unref(&w->objects, &op->comm->obj);
+	}
 	memset(op->buffers, 0, sizeof(op->buffers));
 	op->wait_event = op->signal_event = NULL;
+	op->comm = NULL;
 }
 
 void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
 {
+	bool failed = cc->answered || cc->op.err.name;
+
+	/* Before the references go: finish settles the communicator op holds. */
+	if (cc->finish)
+		cc->finish(cc);
 	rd_compute_release(w, &cc->op);
 	rd_health_call_finished(w, cc);
 	/* Counted here, where Varlink calls and ring records both end. */
 	w->calls_done++;
-	w->calls_failed += cc->answered || cc->op.err.name;
+	w->calls_failed += failed;
 	w->calls_us += cc->op.elapsed_us;
 }
 
@@ -42,7 +54,9 @@ static void on_op_done(struct rd_op *op)
 	struct rd_session *s = cc->session;
 
 	rd_compute_finished(s->worker, cc);
-	if (!cc->call) {
+	if (cc->finish) {
+		/* Answered by finish. */
+	} else if (!cc->call) {
 		rp_error_clear(&op->err);
 	} else if (op->err.name) {
 		rd_call_fail(cc->call, &op->err);
@@ -109,6 +123,9 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 		r = resolve_event(w, &op->compute.wait_event, "wait_event", s->client, &op->wait_event, err);
 	if (r == 0)
 		r = resolve_event(w, &op->compute.signal_event, "signal_event", s->client, &op->signal_event, err);
+	/* A collective names its communicator; Init and Destroy hold theirs. */
+	if (r == 0 && op->compute.spec->id == RP_OP_COMM && !op->comm)
+		r = rd_comm_resolve(w, op, s->client, err);
 	if (r == 0) {
 		op->lane = rd_session_lane(s, err);
 		if (!op->lane)
@@ -122,6 +139,8 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 	cc->deadline_ns = op->submitted_ns +
 			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : w->opts->call_deadline_ms) *
 				  1000000u;
+	if (op->comm && rp_comm_is_collective(&op->compute))
+		op->comm->collectives++;
 	rd_session_call_started(s);
 	rd_health_call_started(w, cc);
 	r = w->dev.backend->submit(op->lane, op);
@@ -131,6 +150,8 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 		rd_health_call_finished(w, cc);
 		s->in_flight--;
 		w->in_flight--;
+		if (op->comm && rp_comm_is_collective(&op->compute))
+			op->comm->collectives--;
 		rp_error_move(err, &op->err);
 		if (!err->name)
 			rp_err_backend_error(err, w->dev.index, "submit failed: %s", strerror(-r));
@@ -139,6 +160,20 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 	return 0;
 fail:
 	rd_compute_release(w, op);
+	return r;
+}
+
+int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, struct rd_call *call,
+			   struct rp_error *err)
+{
+	int r;
+
+	cc->op.done = on_op_done;
+	cc->op.userdata = cc;
+	cc->call = call;
+	r = rd_compute_submit(s, cc, err);
+	if (r < 0)
+		free(cc);
 	return r;
 }
 
@@ -152,20 +187,18 @@ void rd_compute_call(struct rd_call *call)
 	struct rd_op *op = cc ? &cc->op : NULL;
 	int r;
 
+	if (!spec)
+		spec = rp_comm_op_find(call->msg.method);
 	if (!cc) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the call");
 		rd_call_fail(call, &err);
 		return;
 	}
 	r = rp_compute_parse(spec, call->msg.params, &op->compute, &err);
-	if (r == 0) {
-		op->done = on_op_done;
-		op->userdata = cc;
-		cc->call = call;
-		r = rd_compute_submit(s, cc, &err);
-	}
-	if (r < 0) {
+	if (r == 0)
+		r = rd_compute_submit_call(s, cc, call, &err);
+	else
 		free(cc);
+	if (r < 0)
 		rd_call_fail(call, &err);
-	}
 }

@@ -12,6 +12,7 @@
 #include "daemon/backend/health.h"
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
+#include "daemon/worker/session.h"
 #include "daemon/worker/worker.h"
 #include "proto/errors.h"
 #include "proto/params.h"
@@ -106,6 +107,9 @@ static void ctl_drain(struct rd_call *call)
 	rd_info("lifecycle", w->dev.index, rd_worker_generation(w), 0, "draining %u call(s), deadline %llu ms",
 		w->in_flight, (unsigned long long)deadline);
 	w->drain_call = call;
+	/* A communicator's call may wait for a peer that never comes; every
+	 * communicator ends with the lifecycle change anyway. */
+	rd_comm_abort_busy(w, "the device is draining for a lifecycle change");
 	if (w->in_flight == 0) {
 		drain_reply(w, true);
 		return;

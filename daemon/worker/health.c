@@ -12,6 +12,10 @@
  *   The call stays in flight inside the worker, holding its buffers, until
  *   the backend lets it go or the process ends: no kernel is known to stop
  *   short of the process's exit, so a hang ends in a respawn.
+ * - A call on a communicator (io.regen.Comm) past its deadline is answered
+ *   with io.regen.CommTimeout and aborts the communicator, not the device
+ *   (comm.c): it waits for peers, and a peer that never calls is the usual
+ *   cause.
  * - What the backend knows of the device's health (UUID, PCI bus id, the
  *   last XID, ECC counts, pending retirement and remapping) goes to the
  *   supervisor with Ready and every Stats, for Status. */
@@ -43,6 +47,12 @@ static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 	struct rp_error err = { 0 };
 	char reason[160];
 
+	/* A communicator's call waits for its peers: one that never calls is
+	 * the usual cause, not the device. */
+	if (cc->op.comm) {
+		rd_comm_deadline(w, cc, now);
+		return;
+	}
 	rd_warn("health", w->dev.index, rd_worker_generation(w), pid,
 		"%s on lane %u passed its deadline of %llu ms (%llu ms in flight): the device is hung", spec->method,
 		lane, (unsigned long long)limit_ms, (unsigned long long)elapsed_ms);

@@ -6,6 +6,7 @@
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
+#include "proto/comm.h"
 #include "proto/compute.h"
 #include "proto/errors.h"
 
@@ -100,6 +101,11 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Memory.CloseEvent", rd_memory_close_event },
 	{ "io.regen.Lane.Open", rd_ring_open },
 	{ "io.regen.Lane.Bind", rd_ring_bind },
+	{ "io.regen.Comm.GetUniqueId", rd_comm_get_unique_id },
+	{ "io.regen.Comm.Init", rd_comm_init },
+	{ "io.regen.Comm.Attach", rd_comm_attach },
+	{ "io.regen.Comm.Abort", rd_comm_abort },
+	{ "io.regen.Comm.Destroy", rd_comm_destroy },
 	{ "io.regen.Device.Generation", method_generation },
 	{ "io.regen.Device.Status", method_main_endpoint },
 	{ "io.regen.Device.Watch", method_main_endpoint },
@@ -112,11 +118,11 @@ static const struct rd_method data_methods[] = {
 /* io.regen.Device is the main socket's: the worker answers only Generation of it
  * (and points the rest there), so it does not claim the interface. */
 static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", "io.regen.Lane",
-					       NULL };
+					       "io.regen.Comm", NULL };
 
 static void (*find_compute(const char *method))(struct rd_call *call)
 {
-	return rp_op_find(method) ? rd_compute_call : NULL;
+	return rp_op_find(method) || rp_comm_op_find(method) ? rd_compute_call : NULL;
 }
 
 static const struct rd_endpoint data_endpoint = { data_methods, data_interfaces, find_compute };

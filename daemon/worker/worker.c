@@ -169,6 +169,7 @@ void rd_worker_begin_stop(struct rd_worker *w, const char *why)
 	rd_info("worker", w->dev.index, rd_worker_generation(w), 0, "stopping: %s", why);
 	w->state = RD_WORKER_STOPPING;
 	rd_listener_close(&w->listener);
+	rd_comm_abort_busy(w, "regend is stopping");
 	uv_timer_start(&w->stop_timer, on_stop_deadline, w->opts->drain_deadline_ms + 1000, 0);
 	maybe_stop(w);
 }
@@ -211,6 +212,8 @@ int rd_worker_run(const struct rd_options *opts)
 	if (rd_backend_load(&w->dev, opts->backend) < 0)
 		return 1;
 	rd_objects_init(&w->objects, &w->dev);
+	w->objects.keep = rd_comm_keep_detached;
+	w->objects.keep_data = w;
 	rd_health_init(w);
 
 	uv_async_init(w->loop, &w->wakeup, on_wakeup);

@@ -47,6 +47,10 @@ struct rd_compute_call {
 	bool answered;                   /* answered early (its deadline passed): nobody waits for it */
 	struct rd_session *session;
 	uint64_t deadline_ns;            /* uv_hrtime() by which it must finish; 0: none */
+	/* Set for io.regen.Comm's Init and Destroy: answers the call (call may
+	 * be NULL: answered early) and settles the communicator, instead of
+	 * the {elapsed_us} reply. */
+	void (*finish)(struct rd_compute_call *cc);
 	struct rd_compute_call *prev, *next;   /* the worker's calls in flight */
 };
 

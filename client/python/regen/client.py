@@ -18,7 +18,7 @@ from . import errors, ops
 from . import ring as ringmod
 from .varlink import Connection
 
-__all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
+__all__ = ["Client", "Operand", "Buffer", "Event", "Comm", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
 
 DEFAULT_SOCKET = "/run/regen/regend.sock"
 DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
@@ -79,6 +79,35 @@ class Event:
     def __repr__(self):
         state = " closed" if self.closed else ""
         return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{state}>"
+
+
+class Comm:
+    """A communicator (io.regen.Comm) on one device: rank ``rank`` of
+    ``nranks``.  ``str(comm)`` is its wire id (``c<dev>.<gen>.<n>``).
+    ``collectives`` is what Attach reported (None after Init)."""
+
+    __slots__ = ("id", "device", "generation", "rank", "nranks", "key", "collectives", "closed")
+
+    def __init__(self, id, device, generation, rank, nranks, key=None, collectives=None):
+        self.id = id
+        self.device = device
+        self.generation = generation
+        self.rank = rank
+        self.nranks = nranks
+        self.key = key
+        self.collectives = collectives
+        self.closed = False
+
+    def __str__(self):
+        return self.id
+
+    def __repr__(self):
+        state = " closed" if self.closed else ""
+        return f"<regen.Comm {self.id} rank {self.rank}/{self.nranks} dev={self.device} gen={self.generation}{state}>"
+
+
+def _comm_id(comm):
+    return comm.id if isinstance(comm, Comm) else str(comm)
 
 
 def _buffer_id(buf):
@@ -842,8 +871,100 @@ class Client:
         named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
         return self._compute("attention_backward", named, scalars, wait_event, signal_event, wait=wait)
 
+    # -- io.regen.Comm (worker socket) -------------------------------------
+
+    def comm_unique_id(self, device=0):
+        """A new unique id (256 hex digits) for rank 0 to hand to the others."""
+        return self._worker_call(device, "io.regen.Comm.GetUniqueId", {})["unique_id"]
+
+    def _comm_reply(self, device, reply, key=None):
+        comm = Comm(reply["comm"], device, reply["generation"], reply["rank"], reply["nranks"], key,
+                    reply.get("collectives"))
+        self._note_generation(device, comm.generation)
+        return comm
+
+    def comm_init(self, unique_id, rank, nranks, device=0, key=None, deadline_ms=None):
+        """Joins rank ``rank`` of ``nranks``; returns once every rank joined
+        (CommTimeout after ``deadline_ms``).  ``key`` lets a later process of
+        this user take the communicator back (comm_attach)."""
+        params = {"unique_id": unique_id, "rank": int(rank), "nranks": int(nranks)}
+        if key is not None:
+            params["key"] = key
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        return self._comm_reply(device, self._worker_call(device, "io.regen.Comm.Init", params), key)
+
+    def comm_attach(self, key, device=0):
+        """Takes back the detached communicator ``key`` names (its process
+        gone); ``comm.collectives`` says how many it ran."""
+        return self._comm_reply(device, self._worker_call(device, "io.regen.Comm.Attach", {"key": key}), key)
+
+    def _collective(self, kind, comm, send, recv, scalars, wait_event, signal_event, deadline_ms):
+        method = "io.regen.Comm." + _COMM_METHODS[kind]
+        tensors = []
+        send = self._operand(send, "send", tensors)
+        recv = self._operand(recv, "recv", tensors)
+        if send is None or recv is None:
+            raise ValueError(f"{method} needs send and recv")
+        device = comm.device if isinstance(comm, Comm) else _id_device(str(comm))
+        if device is None:
+            raise ValueError(f"{method}: {comm!r} is not a communicator id")
+        params = {"comm": _comm_id(comm), "send": send.to_wire(), "recv": recv.to_wire()}
+        params.update(scalars)
+        if wait_event is not None:
+            params["wait_event"] = _event_id(wait_event)
+        if signal_event is not None:
+            params["signal_event"] = _event_id(signal_event)
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        if tensors:
+            _sync_torch(tensors)
+        return self._worker_call(device, method, params).get("elapsed_us")
+
+    def comm_all_reduce(self, comm, send, recv, op="sum", wait_event=None, signal_event=None, deadline_ms=None):
+        """recv = send reduced over the ranks (op: sum, max, avg); recv may be send."""
+        scalars = {} if op == "sum" else {"op": op}
+        return self._collective("all_reduce", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
+
+    def comm_all_gather(self, comm, send, recv, wait_event=None, signal_event=None, deadline_ms=None):
+        """recv [nranks * n] = every rank's send [n], in rank order."""
+        return self._collective("all_gather", comm, send, recv, {}, wait_event, signal_event, deadline_ms)
+
+    def comm_reduce_scatter(self, comm, send, recv, op="sum", wait_event=None, signal_event=None,
+                            deadline_ms=None):
+        """recv [n] = this rank's block of send [nranks * n], reduced."""
+        scalars = {} if op == "sum" else {"op": op}
+        return self._collective("reduce_scatter", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
+
+    def comm_broadcast(self, comm, send, recv, root, wait_event=None, signal_event=None, deadline_ms=None):
+        """recv = root's send on every rank."""
+        return self._collective("broadcast", comm, send, recv, {"root": int(root)}, wait_event, signal_event,
+                                deadline_ms)
+
+    def comm_abort(self, comm):
+        """Stops the communicator now: its calls in flight and later ones fail
+        with CommFailed (reason "aborted").  The id stays until comm_destroy."""
+        device = comm.device if isinstance(comm, Comm) else _id_device(str(comm))
+        self._worker_call(device, "io.regen.Comm.Abort", {"comm": _comm_id(comm)})
+
+    def comm_destroy(self, comm, abort=False, deadline_ms=None):
+        """Finalizes and destroys (a healthy one; its peers finalize too) or
+        frees it; CommInFlight with calls in flight unless ``abort``."""
+        device = comm.device if isinstance(comm, Comm) else _id_device(str(comm))
+        params = {"comm": _comm_id(comm)}
+        if abort:
+            params["abort"] = True
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        self._worker_call(device, "io.regen.Comm.Destroy", params)
+        if isinstance(comm, Comm):
+            comm.closed = True
+
 
 _HEXDIGITS = frozenset("0123456789abcdef")
+
+_COMM_METHODS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+                 "broadcast": "Broadcast"}
 
 
 def _handle_hex(handle, what):

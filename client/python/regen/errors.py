@@ -13,6 +13,7 @@ __all__ = [
     "InvalidOperand", "NoSuchDevice", "NoSuchObject", "ImportFailed",
     "InvalidMessage", "MessageTooLarge", "LimitExceeded", "Timeout",
     "FaultInjectionDisabled", "WrongEndpoint", "Detached", "BackendError",
+    "CommFailed", "CommTimeout", "CommInFlight",
     "InterfaceNotFound", "MethodNotFound", "MethodNotImplemented",
     "InvalidParameter", "PermissionDenied", "ExpectedMore",
     "error_from_reply",
@@ -155,6 +156,22 @@ class WrongEndpoint(Error):
 class Detached(Error):
     """The device is detached (regenctl detach): no worker serves it until
     an admin attaches it again."""
+
+
+@_wire("io.regen.CommFailed")
+class CommFailed(Error):
+    """The communicator failed (NCCL's reason in ``parameters["reason"]``,
+    "aborted" when it was aborted): Destroy it and Init a new one."""
+
+
+@_wire("io.regen.CommTimeout")
+class CommTimeout(Error):
+    """Init or a collective passed its deadline; the communicator was aborted."""
+
+
+@_wire("io.regen.CommInFlight")
+class CommInFlight(Error):
+    """Destroy was refused: calls are in flight (pass abort=True)."""
 
 
 @_wire("io.regen.BackendError")

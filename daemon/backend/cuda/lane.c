@@ -294,6 +294,10 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 			cuda_check_failure(cd, &op->err, p->resets);
 		}
 	}
+#if REGEN_HAVE_NCCL
+	if (op->comm)
+		cuda_comm_completed(op);
+#endif
 	op->elapsed_us = (cuda_now_ns() - p->t0) / 1000;
 	rd_op_complete(op);
 }
@@ -549,7 +553,9 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 {
 	struct lane_pending p;
 
-	if (!inline_launch())
+	/* A communicator's Init and Destroy wait for NCCL (and its peers): on
+	 * the lane's thread, never the worker's loop. */
+	if (!inline_launch() || op->comm)
 		return false;
 	pthread_mutex_lock(&li->lock);
 	if (li->stopping || li->launching || li->q.count || li->npending == RD_CUDA_LANE_DEPTH) {

@@ -56,9 +56,15 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	struct rd_device *dev = lane->base.device;
 	const struct rp_compute *c = &op->compute;
 	void *ptr[RP_OP_OPERANDS_MAX] = { 0 };
-	size_t need = rd_host_scratch_size(c);
+	size_t need;
 	uintptr_t fault = 0;
 	int r;
+
+	if (c->spec->id == RP_OP_COMM) {
+		host_comm_run(op);
+		return;
+	}
+	need = rd_host_scratch_size(c);
 
 	for (unsigned i = 0; i < c->spec->noperands; i++)
 		if (op->buffers[i])
@@ -229,13 +235,15 @@ static double call_cost(const struct rp_compute *c)
  * hand-offs (to the lane and back) would cost more than the call. */
 #define INLINE_COST_MAX 32768.0
 
-/* Runs op now if the lane is idle and it is small; false if it must queue. */
+/* Runs op now if the lane is idle and it is small; false if it must queue.
+ * Never a communicator's op: it waits for its peers, whose calls this very
+ * loop has yet to read. */
 static bool run_inline(struct host_lane *lane, struct rd_op *op)
 {
 	struct rd_device *dev = lane->base.device;
 	uint64_t t0;
 
-	if (call_cost(&op->compute) > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
+	if (op->compute.spec->id == RP_OP_COMM || call_cost(&op->compute) > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
 		return false;
 	pthread_mutex_lock(&lane->lock);
 	if (lane->head || lane->busy) {
