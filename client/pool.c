@@ -87,6 +87,13 @@ struct driver {
 	__typeof__(cuMemGetAllocationGranularity) *MemGetAllocationGranularity;
 	__typeof__(cuMemExportToShareableHandle) *MemExportToShareableHandle;
 	__typeof__(cuMemGetAddressRange) *MemGetAddressRange;
+	__typeof__(cuCtxGetCurrent) *CtxGetCurrent;
+	__typeof__(cuCtxPushCurrent) *CtxPushCurrent;
+	__typeof__(cuCtxPopCurrent) *CtxPopCurrent;
+	__typeof__(cuDeviceGetCount) *DeviceGetCount;
+	__typeof__(cuDeviceGet) *DeviceGet;
+	__typeof__(cuDevicePrimaryCtxRetain) *DevicePrimaryCtxRetain;
+	__typeof__(cuDevicePrimaryCtxRelease) *DevicePrimaryCtxRelease;
 };
 #endif
 
@@ -161,7 +168,9 @@ static void driver_load_once(void)
 #define FN(x) { "cu" #x, offsetof(struct driver, x) }
 		FN(Init), FN(GetErrorString), FN(MemCreate), FN(MemRelease), FN(MemAddressReserve), FN(MemAddressFree),
 		FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemGetAllocationGranularity),
-		FN(MemExportToShareableHandle), FN(MemGetAddressRange),
+		FN(MemExportToShareableHandle), FN(MemGetAddressRange), FN(CtxGetCurrent), FN(CtxPushCurrent),
+		FN(CtxPopCurrent), FN(DeviceGetCount), FN(DeviceGet), FN(DevicePrimaryCtxRetain),
+		FN(DevicePrimaryCtxRelease),
 #undef FN
 	};
 	get_proc_v2_fn get_v2;
@@ -843,6 +852,37 @@ REGEN_EXPORT int regen_pool_cuda_available(void)
 #endif
 }
 
+#ifdef REGEN_POOL_CUDA
+/* cuMemGetAddressRange needs a current context, and a thread that never
+ * used CUDA itself (a rank's helper thread, say) has none: seen on the H200
+ * as "invalid device context". An allocation's range is the same from any
+ * context of the process, so a device's primary context answers for it,
+ * made current for the one query. */
+static CUresult address_range(CUdeviceptr *b, size_t *s, CUdeviceptr p)
+{
+	CUresult cr = pool.drv.MemGetAddressRange(b, s, p);
+	CUcontext current = NULL;
+	int n = 0;
+
+	if (cr != CUDA_ERROR_INVALID_CONTEXT || pool.drv.CtxGetCurrent(&current) != CUDA_SUCCESS || current != NULL ||
+	    pool.drv.DeviceGetCount(&n) != CUDA_SUCCESS)
+		return cr;
+	for (int i = 0; i < n && cr != CUDA_SUCCESS; i++) {
+		CUdevice dev;
+		CUcontext ctx;
+
+		if (pool.drv.DeviceGet(&dev, i) != CUDA_SUCCESS || pool.drv.DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+			continue;
+		if (pool.drv.CtxPushCurrent(ctx) == CUDA_SUCCESS) {
+			cr = pool.drv.MemGetAddressRange(b, s, p);
+			pool.drv.CtxPopCurrent(&ctx);
+		}
+		pool.drv.DevicePrimaryCtxRelease(dev);
+	}
+	return cr;
+}
+#endif
+
 REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint64_t *size)
 {
 #ifdef REGEN_POOL_CUDA
@@ -857,7 +897,7 @@ REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint6
 	pthread_mutex_lock(&pool.lock);
 	if (!driver_load()) {
 		r = -ENODEV;
-	} else if ((cr = pool.drv.MemGetAddressRange(&b, &s, (CUdeviceptr)(uintptr_t)ptr)) != CUDA_SUCCESS) {
+	} else if ((cr = address_range(&b, &s, (CUdeviceptr)(uintptr_t)ptr)) != CUDA_SUCCESS) {
 		set_error("cuMemGetAddressRange(%p): %s", ptr, cu_error(cr));
 		r = -ENOENT;
 	} else {
