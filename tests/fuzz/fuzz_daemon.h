@@ -70,9 +70,11 @@ extern void (*fz_backend_on_close)(struct rd_object *o);
 void fz_device_init(struct rd_device *dev);
 /* Completes every op submitted so far, oldest first; returns how many. */
 unsigned fz_backend_complete_all(void);
-/* The stub refuses a submit (BackendError) when the op's first operand's
- * offset, in elements, is 7 modulo 13, and fails the completed op when it
- * is 11: both error paths of a compute call, reachable from the bytes. */
+/* While set (the default, and again at each fz_inproc_start), the stub
+ * refuses a submit (BackendError) when the op's first operand's offset, in
+ * elements, is 7 modulo 13, and fails the completed op when it is 11: both
+ * error paths of a compute call, reachable from the bytes. */
+extern bool fz_backend_outcomes;
 
 /* ---- Replies as the IDL promises them (fuzz_daemon.c) ---- */
 
@@ -138,3 +140,44 @@ void fz_worker_exit(struct fz_worker *fw, int signal);
 /* Forgets every worker stand-in (between inputs); their calls are freed
  * unanswered. */
 void fz_workers_reset(void);
+
+/* ---- regend's endpoints in process (fuzz_inproc.c) ---- */
+
+enum fz_endpoint { FZ_NONE = 0, FZ_WORKER, FZ_MAIN };
+
+/* The loop and the memfd the clients send: once, before counting fds. */
+void fz_inproc_init(void);
+/* Sets up a worker on the stub backend, or the supervisor's main socket
+ * with two devices and healthy workers played by fuzz_worker_process.c. */
+void fz_inproc_start(enum fz_endpoint which);
+/* A client connection, accepted by the endpoint's own accept function (on
+ * the main socket made admin). Returns the client's end, non-blocking. */
+int fz_inproc_connect(void);
+/* One turn: the loop without waiting, then the stub backend's completions
+ * (worker) or the healthy workers' answers (main). Whether anything but
+ * the loop moved. */
+bool fz_inproc_pump(void);
+/* After the client closed its end: waits for the connection to go, tears
+ * everything down and checks that nothing is left. */
+void fz_inproc_stop(void);
+/* The worker set up by fz_inproc_start(FZ_WORKER). */
+struct rd_worker *fz_inproc_worker(void);
+/* Open file descriptors of this process. */
+unsigned fz_count_fds(void);
+
+/* The client's end of a connection. */
+struct fz_client {
+	int fd;
+	char *buf;                      /* bytes of a reply not yet ended */
+	size_t len, cap;
+	bool eof;
+};
+
+#define FZ_SEND_FDS_MAX 24
+/* One sendmsg of buf with nfds fds (dups of one memfd) on its first byte.
+ * Bytes sent; 0 when the socket is full. */
+size_t fz_client_send(int fd, const char *buf, size_t len, unsigned nfds);
+/* Reads what has arrived; on_reply gets each whole reply (text without its
+ * NUL). Bytes read. */
+size_t fz_client_read(struct fz_client *c, void (*on_reply)(const char *text, size_t len, void *data), void *data);
+void fz_client_finish(struct fz_client *c);
