@@ -193,8 +193,23 @@ static int ensure_main(regen_client *c, int64_t deadline)
 	return rc_conn_open(&c->main, c->socket_path, deadline, true);
 }
 
-/* The device's worker socket, as Status names it: "" while the worker is
- * being respawned. */
+/* Where the worker socket `reported` (Status's path, in regend's view of
+ * the filesystem) is from here: beside the main socket this client uses,
+ * which is where regend puts it (PATH.devN). A container that mounts
+ * /run/regen elsewhere reaches it at its own path. "" stays "". */
+static void worker_path_here(const regen_client *c, const char *reported, char *path, size_t size)
+{
+	const char *base = strrchr(reported, '/'), *dir_end = strrchr(c->socket_path, '/');
+
+	if (!reported[0] || !base || !dir_end) {
+		snprintf(path, size, "%s", reported);
+		return;
+	}
+	snprintf(path, size, "%.*s%s", (int)(dir_end - c->socket_path), c->socket_path, base);
+}
+
+/* The device's worker socket, as Status names it, from here: "" while the
+ * worker is being respawned. */
 static int worker_path(regen_client *c, int device, int64_t deadline, char *path, size_t size)
 {
 	const struct regen_device_info *info;
@@ -217,7 +232,7 @@ static int worker_path(regen_client *c, int device, int64_t deadline, char *path
 		rc_set_local_error(c, "regend serves no device %d", device);
 		r = -ENODEV;
 	} else {
-		snprintf(path, size, "%s", info->worker_socket);
+		worker_path_here(c, info->worker_socket, path, size);
 	}
 	regen_status_free(st);
 	return r;

@@ -17,6 +17,12 @@
  * the head finishes. Without it a client that opens a Watch and then
  * pipelines calls makes us hold every reply for ever. */
 #define HELD_MAX 256
+
+static bool may_read(const struct rd_conn *conn)
+{
+	return conn->tx.queued_bytes < TX_HIGH_WATER && conn->in_flight - conn->unfinished < HELD_MAX &&
+	       conn->in_flight < conn->max_in_flight + HELD_MAX;
+}
 #define READS_PER_WAKEUP 16
 /* A message begun and not ended within this long closes the connection: a
  * peer cannot hold a buffer by sending a byte now and then.
@@ -45,8 +51,6 @@ struct rd_pending_out {
 	void *userdata;
 	struct rd_pending_out *next;
 };
-
-static uint64_t next_conn_id = 1;
 
 static void conn_update_events(struct rd_conn *conn);
 static void conn_process(struct rd_conn *conn);
@@ -346,8 +350,7 @@ static void conn_process(struct rd_conn *conn)
 		return;
 	conn->processing = true;
 	conn->refs++;
-	while (!conn->closed && conn->tx.queued_bytes < TX_HIGH_WATER &&
-	       conn->in_flight < conn->max_in_flight + HELD_MAX) {
+	while (!conn->closed && may_read(conn)) {
 		struct rp_msg raw = { 0 };
 		int r = rp_rx_next(&conn->rx, &raw);
 		if (r == RP_RX_NONE)
@@ -445,7 +448,7 @@ static void conn_update_events(struct rd_conn *conn)
 	/* A peer that does not read its replies stops being read: backpressure
 	 * keeps our buffers bounded. Too many calls in flight is refused by name
 	 * instead, so a pipelining client learns its limit. */
-	conn->reading = conn->tx.queued_bytes < TX_HIGH_WATER && conn->in_flight < conn->max_in_flight + HELD_MAX;
+	conn->reading = may_read(conn);
 	conn->writing = !rp_tx_empty(&conn->tx);
 	if (conn->reading)
 		events |= UV_READABLE;
@@ -469,7 +472,6 @@ int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *da
 	conn->data = data;
 	conn->refs = 1;
 	conn->max_in_flight = DEFAULT_MAX_IN_FLIGHT;
-	conn->id = next_conn_id++;
 	rp_rx_init(&conn->rx);
 	rp_tx_init(&conn->tx);
 	rd_peer_read(fd, &conn->peer);

@@ -23,7 +23,6 @@ struct rd_call {
 	bool finished;              /* the last reply is queued */
 	struct rd_reply_item *replies, *replies_tail;
 	struct rd_call *next;
-	void *data;                 /* the handler's */
 };
 
 struct rd_conn_ops {
@@ -66,7 +65,6 @@ struct rd_conn {
 	const struct rd_conn_ops *ops;
 	void *data;
 	struct rd_conn *next;       /* owner's list */
-	uint64_t id;
 };
 
 /* Takes ownership of fd (a connected stream socket). */

@@ -1,8 +1,10 @@
 #include <ctype.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "daemon/log.h"
 
@@ -14,7 +16,21 @@ static struct {
 	int env_default;          /* REGEN_DEBUG set a default: config may not override */
 	struct { char name[24]; int level; } topics[TOPICS_MAX];
 	int ntopics;
+	bool journal;             /* stderr is the journal: lines carry their priority */
 } log_state = { .role = "regend", .default_level = RD_LOG_WARN };
+
+/* systemd sets JOURNAL_STREAM=DEV:INO when stderr is a stream to journald;
+ * the variable alone may be inherited from elsewhere, so the fd must match. */
+static bool stderr_is_journal(void)
+{
+	const char *env = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (!env || sscanf(env, "%llu:%llu", &dev, &ino) != 2 || fstat(STDERR_FILENO, &st) < 0)
+		return false;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
 
 int rd_log_level_parse(const char *text)
 {
@@ -38,6 +54,7 @@ void rd_log_init(const char *role, const char *spec)
 	char buf[256], *save = NULL;
 
 	log_state.role = role;
+	log_state.journal = stderr_is_journal();
 	if (!spec || !*spec)
 		return;
 	snprintf(buf, sizeof(buf), "%s", spec);
@@ -109,8 +126,12 @@ void rd_log_write(enum rd_log_level level, const char *topic, int device, uint64
 	va_list ap;
 
 	/* One write per line, so lines of the supervisor and its workers, which
-	 * share stderr, never interleave mid-line. */
-	n = snprintf(line, sizeof(line), "%s[%d] %c %s", log_state.role, (int)getpid(), "EWIDT"[level], topic);
+	 * share stderr, never interleave mid-line. To the journal, each line
+	 * starts with its syslog priority (sd-daemon(3)), so that
+	 * `journalctl -p warning` finds regend's warnings. */
+	static const char *const priorities[] = { "<3>", "<4>", "<6>", "<7>", "<7>" };
+	n = snprintf(line, sizeof(line), "%s%s[%d] %c %s", log_state.journal ? priorities[level] : "", log_state.role,
+		     (int)getpid(), "EWIDT"[level], topic);
 	if (device >= 0 && n < (int)sizeof(line))
 		n += snprintf(line + n, sizeof(line) - n, " dev=%d", device);
 	if (generation && n < (int)sizeof(line))

@@ -4,10 +4,11 @@ against float64, then a restart and what it means for a client's ids.
 
     python3 client/python/demo.py [--socket PATH] [--device N]
 
-Host backend: memfds shared with SCM_RIGHTS, references in pure Python.
-CUDA backend (when Status says "cuda" and torch imports): torch CUDA tensors
-shared by CUDA IPC, references in torch float64.  Exit 0 only if every check
-passed.
+Host backend: memfds shared with SCM_RIGHTS, f32, references in pure
+Python.  CUDA backend (when Status says "cuda" and torch imports): torch
+CUDA tensors shared by CUDA IPC, the attention in bf16 (cuDNN's fused
+attention takes bf16 and f16), references in torch float64.  Exit 0 only if
+every check passed.
 """
 
 import argparse

@@ -123,11 +123,8 @@ static void method_watch(struct rd_call *call)
 
 	if (!check_fields(call, no_fields))
 		return;
-	if (rd_sv_watch_subscribe(&sv->watch, call, sv->devices, sv->ndevices) < 0) {
-		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for a watcher");
-		rp_error_add_int(&err, "device", -1);
+	if (rd_sv_watch_subscribe(&sv->watch, call, sv->devices, sv->ndevices, &err) < 0)
 		rd_call_fail(call, &err);
-	}
 }
 
 /* ---- Release, Reset, Restart ---- */

@@ -27,12 +27,30 @@ static cJSON *event_json(const struct rd_sv_watch *w, const struct rd_sv_device 
 	return rp_watch_event_encode(&ev);
 }
 
-int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const struct rd_sv_device *devices, int n)
+int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const struct rd_sv_device *devices, int n,
+			  struct rp_error *err)
 {
-	struct rd_sv_watcher *watcher = calloc(1, sizeof(*watcher));
+	struct rd_sv_watcher *watcher;
+	unsigned same_conn = 0, same_uid = 0;
 
-	if (!watcher)
+	for (struct rd_sv_watcher *o = w->watchers; o; o = o->next) {
+		same_conn += o->call->conn == call->conn;
+		same_uid += o->call->conn->peer.uid == call->conn->peer.uid;
+	}
+	if (same_conn >= RD_WATCHES_PER_CONNECTION || same_uid >= RD_WATCHES_PER_UID) {
+		bool conn = same_conn >= RD_WATCHES_PER_CONNECTION;
+		unsigned limit = conn ? RD_WATCHES_PER_CONNECTION : RD_WATCHES_PER_UID;
+
+		rp_err_limit_exceeded(err, "watches", limit, "%u Watch calls are open on this %s already; one serves "
+				      "every device", limit, conn ? "connection" : "uid");
+		return -EUSERS;
+	}
+	watcher = calloc(1, sizeof(*watcher));
+	if (!watcher) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a watcher");
+		rp_error_add_int(err, "device", -1);
 		return -ENOMEM;
+	}
 	watcher->call = call;
 	watcher->next = w->watchers;
 	w->watchers = watcher;

@@ -16,9 +16,19 @@ struct rd_sv_watch {
 };
 
 void rd_sv_watch_init(struct rd_sv_watch *w);
+/* Watches one connection, and one uid, may hold: each is served every
+ * event, so without a bound a client could make every change cost the
+ * supervisor as much as it likes. One per connection: replies go out in
+ * order, so a second Watch behind the first (which never ends) could only
+ * pile up events nobody will read. */
+#define RD_WATCHES_PER_CONNECTION 1
+#define RD_WATCHES_PER_UID 64
+
 /* A Watch call: one reply per device as it is now (reason "subscribed"),
- * then every change until its connection closes. -ENOMEM: not subscribed. */
-int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const struct rd_sv_device *devices, int n);
+ * then every change until its connection closes. -ENOMEM: not subscribed;
+ * -EUSERS: over a bound above (err set to LimitExceeded). */
+int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const struct rd_sv_device *devices, int n,
+			  struct rp_error *err);
 /* d's generation went up: the epoch goes with it, and every watcher hears. */
 void rd_sv_watch_bump(struct rd_sv_watch *w, const struct rd_sv_device *d);
 /* Every watcher hears of d as it is now. */

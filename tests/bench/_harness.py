@@ -10,20 +10,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
-sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
+sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 
 import regen  # noqa: E402
 from regen.varlink import Connection  # noqa: E402
-from regend_fixture import Regend  # noqa: E402
-
-
-def find_regend(arg):
-    if arg:
-        return os.path.abspath(arg)
-    if os.environ.get("REGEND"):
-        return os.environ["REGEND"]
-    root = os.environ.get("REGEN_BUILD_ROOT") or os.path.join(REPO, "build")
-    return os.path.join(root, "daemon", "regend")
+from regend_fixture import Regend, find_regend, require_torch  # noqa: E402,F401
 
 
 def percentile(xs, p):

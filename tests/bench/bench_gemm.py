@@ -29,7 +29,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import Connection, Daemon, markdown_table, regen, summary, time_calls, write_json  # noqa: E402
+from _harness import (Connection, Daemon, markdown_table, regen, require_torch, summary, time_calls,  # noqa: E402
+                      write_json)
 
 SHAPES = [
     ("8192^3", 8192, 8192, 8192),
@@ -53,17 +54,8 @@ def main():
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "expandable_segments:True" in conf:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf.replace("expandable_segments:True", "expandable_segments:False")
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: torch is not importable")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP: torch sees no CUDA device")
-        return 77
+    # Skips (77) without torch or a CUDA device; keeps memory shareable by CUDA IPC.
+    torch = require_torch()
 
     dev = f"cuda:{args.device}"
     torch.cuda.set_device(args.device)

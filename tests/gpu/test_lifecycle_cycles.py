@@ -2,26 +2,21 @@
 """GPU lifecycle: release returns device memory, reset recovers from a real
 illegal-address fault, and 100 release + 100 reset cycles leak nothing.
 
-Usage: test_lifecycle_cycles.py REGEND [CYCLES]. Exit 0 pass, 1 fail, 77 no
-GPU/torch. Prints the numbers the issue asks for: memory before/after
+Usage: test_lifecycle_cycles.py [REGEND [CYCLES]] (regend as
+tests/lib/regend_fixture.py finds it when not given). Exit 0 pass, 1 fail,
+77 no GPU/torch. Prints the numbers the issue asks for: memory before/after
 release, time from fault to the first served call, worker RSS and device
 memory across the cycles."""
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client", "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from regend_fixture import Regend, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    print("SKIP: torch is not importable")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: no CUDA device")
-    sys.exit(77)
+torch = require_torch()
 
 import regen  # noqa: E402
 
@@ -50,10 +45,6 @@ def info(c):
     return c.status()["devices"][0]
 
 
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
-
 class Rank:
     """What a training rank holds: its own tensors, which survive everything."""
 
@@ -76,23 +67,11 @@ class Rank:
 
 
 def main():
-    regend = sys.argv[1]
+    regend = find_regend(sys.argv[1] if len(sys.argv) > 1 else None)
     cycles = int(sys.argv[2]) if len(sys.argv) > 2 else 100
-    tmp = tempfile.mkdtemp(prefix="regen-gpu-life-")
-    sock = os.path.join(tmp, "regend.sock")
-    log = open(os.path.join(tmp, "regend.log"), "w")
-    proc = subprocess.Popen([regend, "--socket", sock, "--backend", "cuda", "--devices", "1",
-                             "--enable-fault-injection", "--drain-deadline-ms", "5000"], stderr=log)
+    daemon = Regend(regend, devices=1, backend="cuda", extra=["--drain-deadline-ms", "5000"], ready_timeout=60)
     try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
-        c = regen.Client(sock, timeout=120)
-        for _ in range(200):
-            if info(c)["state"] == "ready":
-                break
-            time.sleep(0.05)
+        c = regen.Client(daemon.socket, timeout=120)
         rank = Rank()
         rank.reimport(c)
         err = rank.gemm(c)
@@ -172,19 +151,14 @@ def main():
             check(last[3] <= first[3] + 2, f"{kind}: worker fds flat ({first[3]} -> {last[3]})")
             check(abs(last[4] - first[4]) <= 0.01 * max(first[4], 1) + (2 << 20),
                   f"{kind}: device memory flat ({first[4]} -> {last[4]} B)")
-        with open(os.path.join(os.environ.get("OUT", tmp), "lifecycle_cycles.tsv"), "w") as f:
+        with open(os.path.join(os.environ.get("OUT", daemon.dir), "lifecycle_cycles.tsv"), "w") as f:
             f.write("kind\tcycle\trss_kib\tfds\tmemory_used\tmemory_baseline\trespawns\n")
             for s in samples:
                 f.write("\t".join(map(str, s)) + "\n")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
         if failures:
-            print(open(os.path.join(tmp, "regend.log")).read()[-6000:])
+            print(daemon.log_text()[-6000:])
+        daemon.stop()
     print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
     return 1 if failures else 0
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch and regend on one GPU: a torch process shares its CUDA tensors with
 regend by CUDA IPC (regen.Client.import_tensor), runs GEMMs there and checks
-them against torch float64 on the same fresh random inputs; then faults the
+them against torch float64 on the same fresh random inputs, and attention
+(cuDNN's, bf16 and f16: grouped-query heads, both causal alignments, several
+head dimensions and layouts, forward and backward) against torch's SDPA in
+f32; checks what the CUDA backend refuses; then faults the
 device (device_lost, restart, worker crash) and checks that the torch
 process's own tensors and CUDA context come through untouched and that work
 carries on after re-importing.
@@ -20,26 +23,14 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
-sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from regend_fixture import Regend, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
 
-# CUDA IPC cannot share memory from expandable segments.
-_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-if "expandable_segments:True" in _conf:
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = _conf.replace("expandable_segments:True", "expandable_segments:False")
-
-try:
-    import torch
-except ImportError:
-    print("SKIP: torch is not importable")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIP: torch sees no CUDA device")
-    sys.exit(77)
+# Skips (77) without torch or a CUDA device; keeps memory shareable by CUDA IPC.
+torch = require_torch()
 
 import regen  # noqa: E402
-from regend_fixture import Regend  # noqa: E402
 
 DEV = 0
 # ||out - ref|| / ||ref|| allowed, ref = float64 on the inputs as stored.
@@ -55,15 +46,6 @@ def record(name, ok, detail=""):
     return ok
 
 
-def find_regend():
-    if len(sys.argv) > 1:
-        return os.path.abspath(sys.argv[1])
-    if os.environ.get("REGEND"):
-        return os.environ["REGEND"]
-    root = os.environ.get("REGEN_BUILD_ROOT") or os.environ.get("REGEN_TEST_BUILD_ROOT") or os.path.join(REPO, "build")
-    return os.path.join(root, "daemon", "regend")
-
-
 def fresh_generator():
     seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
     return torch.Generator(device=f"cuda:{DEV}").manual_seed(seed)
@@ -71,11 +53,6 @@ def fresh_generator():
 
 def randn(shape, dtype, g):
     return torch.randn(shape, device=f"cuda:{DEV}", generator=g, dtype=torch.float32).to(dtype)
-
-
-def rel_err(out, ref):
-    out = out.double()
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def gelu_tanh(x):
@@ -174,51 +151,161 @@ def run_gemms(c):
             record(f"gemm {case}", False, f"{type(e).__name__}: {e}")
 
 
-# -- lifecycle ------------------------------------------------------------------
+# -- attention ------------------------------------------------------------------
+# Against torch's SDPA in f32 on the same (upcast) inputs: ||out - ref|| /
+# ||ref|| for o and the stats, then for d_q, d_k, d_v, which start from o as
+# stored (rounded to the dtype): a little more room there.
+ATT_TOL = {"bf16": 1e-2, "f16": 3e-3}
+ATT_BWD_TOL = {"bf16": 2e-2, "f16": 6e-3}
 
-def attention_reference(q, k, v, scale, causal):
-    """float64 attention, its log-sum-exp, and a function giving the input
-    gradients for an incoming d_o (autograd in float64)."""
-    q64, k64, v64 = (t.double().detach().requires_grad_(True) for t in (q, k, v))
-    s = (q64 @ k64.transpose(-1, -2)) * scale
-    if causal:
-        sq, skv = s.shape[-2], s.shape[-1]
-        mask = torch.ones(sq, skv, dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(mask, float("-inf"))
+
+def causal_keep(sq, skv, alignment, device):
+    """True where query row i may attend to key j."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(skv, device=device)[None, :]
+    return j <= i + (skv - sq if alignment == "bottom_right" else 0)
+
+
+def attention_reference(q, k, v, scale, causal, alignment):
+    """torch's SDPA (math backend) in f32 with grouped-query heads and either
+    causal alignment; the rows' log-sum-exp; and a function giving the input
+    gradients for an incoming d_o (autograd, f32)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q32, k32, v32 = (t.float().detach().requires_grad_(True) for t in (q, k, v))
+    keep = causal_keep(q.shape[2], k.shape[2], alignment, q.device) if causal else None
+    with sdpa_kernel(SDPBackend.MATH):
+        o = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, attn_mask=keep, scale=scale,
+                                                             enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    s = (q32.detach() @ k32.detach().repeat_interleave(group, dim=1).transpose(-1, -2)) * scale
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    o = torch.softmax(s, dim=-1) @ v64
 
     def grads(d_o):
-        return torch.autograd.grad(o, (q64, k64, v64), d_o.double(), retain_graph=True)
-    return o.detach(), lse.detach(), grads
+        return torch.autograd.grad(o, (q32, k32, v32), d_o.float(), retain_graph=True)
+    return o.detach(), lse, grads
 
 
-def attention_case(c, b, h, sq, skv, d, dv, dtype, causal):
+def att_tensor(shape, layout, td, g, fill=None):
+    """A [B, H, S, D] tensor laid out as `layout`: "bhsd" (contiguous),
+    "bshd" (a transposed view of [B, S, H, D]: what a model's projections
+    give) or "padded" (rows 16 elements apart more than D)."""
+    b, h, s, d = shape
+    if layout == "bshd":
+        store = [b, s, h, d]
+    elif layout == "padded":
+        store = [b, h, s, d + 16]
+    else:
+        store = shape
+    t = randn(store, td, g) if fill is None else torch.full(store, fill, device=f"cuda:{DEV}", dtype=td)
+    if layout == "bshd":
+        t = t.transpose(1, 2)
+    elif layout == "padded":
+        t = t[..., :d]
+    return t
+
+
+def attention_case(c, b, h, sq, skv, d, dv, dtype, causal=False, alignment="top_left", hkv=None, layout="bhsd",
+                   with_stats=True):
+    hkv = hkv or h
     td = TORCH_DTYPE[dtype]
     g = fresh_generator()
-    q, k, v = randn([b, h, sq, d], td, g), randn([b, h, skv, d], td, g), randn([b, h, skv, dv], td, g)
-    o = torch.full([b, h, sq, dv], float("nan"), device=q.device, dtype=td)
+    q = att_tensor([b, h, sq, d], layout, td, g)
+    k = att_tensor([b, hkv, skv, d], layout, td, g)
+    v = att_tensor([b, hkv, skv, dv], layout, td, g)
+    o = att_tensor([b, h, sq, dv], layout, td, g, fill=float("nan"))
     stats = torch.full([b, h, sq], float("nan"), device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(d)
-    ref_o, ref_lse, grads = attention_reference(q, k, v, scale, causal)
-    name = f"attention {dtype} B{b} H{h} Sq{sq} Skv{skv} D{d} Dv{dv}{' causal' if causal else ''}"
-    c.attention(q, k, v, o, stats=stats, causal=causal)
+    ref_o, ref_lse, grads = attention_reference(q, k, v, scale, causal, alignment)
+    mask = f" causal {alignment}" if causal else ""
+    name = f"attention {dtype} B{b} H{h}/{hkv} Sq{sq} Skv{skv} D{d}/{dv}{mask} {layout}"
+    alignment_arg = alignment if causal else None
+    us = c.attention(q, k, v, o, stats=stats if with_stats else None, causal=causal, causal_alignment=alignment_arg)
     torch.cuda.synchronize()
-    tol = 2e-5 if dtype == "f32" else TOL[dtype]
-    e_o, e_l = rel_err(o, ref_o), rel_err(stats, ref_lse)
+    tol = ATT_TOL[dtype]
+    e_o = rel_err(o, ref_o)
+    e_l = rel_err(stats, ref_lse) if with_stats else 0.0
     ok = bool(torch.isfinite(o).all()) and e_o < tol and e_l < tol
-    record(name, ok, f"o {e_o:.2e}  lse {e_l:.2e}  (tol {tol:g})")
-    d_o = randn([b, h, sq, dv], td, g)
-    dq, dk, dvv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    c.attention_backward(q, k, v, o, d_o, stats, dq, dk, dvv, causal=causal)
+    record(name, ok, f"o {e_o:.1e}  lse {e_l:.1e}  (tol {tol:g})  {us} us" if with_stats
+           else f"o {e_o:.1e} (tol {tol:g}, no stats)  {us} us")
+    if not with_stats:
+        return
+    d_o = att_tensor([b, h, sq, dv], layout, td, g)
+    dq, dk, dvv = (att_tensor(list(t.shape), layout, td, g, fill=float("nan")) for t in (q, k, v))
+    us = c.attention_backward(q, k, v, o, d_o, stats, dq, dk, dvv, causal=causal, causal_alignment=alignment_arg)
     torch.cuda.synchronize()
     ref_dq, ref_dk, ref_dv = grads(d_o)
     errs = [rel_err(x, r) for x, r in ((dq, ref_dq), (dk, ref_dk), (dvv, ref_dv))]
-    # The backward pass starts from o as stored (rounded to dtype): allow a
-    # little more than the forward.
-    btol = 5e-5 if dtype == "f32" else 2 * TOL[dtype]
-    ok = all(torch.isfinite(t).all() for t in (dq, dk, dvv)) and max(errs) < btol
-    record(name + " backward", ok, f"dq {errs[0]:.2e} dk {errs[1]:.2e} dv {errs[2]:.2e} (tol {btol:g})")
+    btol = ATT_BWD_TOL[dtype]
+    ok = all(bool(torch.isfinite(t).all()) for t in (dq, dk, dvv)) and max(errs) < btol
+    record(name + " backward", ok, f"dq {errs[0]:.1e} dk {errs[1]:.1e} dv {errs[2]:.1e} (tol {btol:g})  {us} us")
+
+
+def attention_refused(c, label, want, call):
+    """call() must fail with InvalidOperand whose message contains `want`."""
+    try:
+        call()
+        record(f"refused: {label}", False, "the call succeeded")
+    except regen.InvalidOperand as e:
+        record(f"refused: {label}", want in str(e), f"InvalidOperand: {str(e)[:150]}")
+    except regen.Error as e:
+        record(f"refused: {label}", False, f"expected InvalidOperand, got {type(e).__name__}: {e}")
+
+
+def run_attention(c):
+    cases = []
+    for dtype in ("bf16", "f16"):
+        for causal in (False, True):
+            cases.append(dict(b=2, h=4, sq=128, skv=128, d=64, dv=64, dtype=dtype, causal=causal))
+    cases += [
+        # grouped-query and multi-query heads, both alignments, Sq != Skv
+        dict(b=2, h=8, hkv=2, sq=256, skv=256, d=128, dv=128, dtype="bf16", causal=True, layout="bshd"),
+        dict(b=1, h=4, hkv=1, sq=200, skv=333, d=64, dv=64, dtype="f16", layout="bshd"),
+        dict(b=2, h=8, hkv=2, sq=77, skv=200, d=128, dv=128, dtype="bf16", causal=True, alignment="bottom_right"),
+        dict(b=1, h=4, sq=300, skv=128, d=64, dv=64, dtype="f16", causal=True),
+        dict(b=1, h=4, hkv=2, sq=64, skv=192, d=64, dv=64, dtype="f16", causal=True, alignment="bottom_right",
+             layout="bshd"),
+        # head dimensions
+        dict(b=1, h=4, sq=128, skv=128, d=32, dv=32, dtype="bf16", causal=True),
+        dict(b=1, h=4, sq=160, skv=160, d=96, dv=96, dtype="bf16", layout="padded"),
+        dict(b=1, h=2, sq=128, skv=256, d=192, dv=192, dtype="bf16", causal=True, alignment="bottom_right"),
+        dict(b=1, h=2, sq=128, skv=128, d=256, dv=256, dtype="f16", causal=True, layout="bshd"),
+        dict(b=1, h=4, sq=128, skv=128, d=128, dv=64, dtype="bf16"),
+        # forward only, no stats (inference)
+        dict(b=1, h=4, sq=128, skv=128, d=64, dv=64, dtype="bf16", causal=True, with_stats=False),
+    ]
+    for case in cases:
+        try:
+            attention_case(c, **case)
+        except Exception as e:
+            record(f"attention {case}", False, f"{type(e).__name__}: {e}")
+            traceback.print_exc()
+
+    # What the CUDA backend refuses, by name, leaving the lane usable.
+    g = fresh_generator()
+    x32 = [randn([1, 2, 64, 64], torch.float32, g) for _ in range(4)]
+    attention_refused(c, "f32 attention on the CUDA backend", "bf16 or f16",
+                      lambda: c.attention(x32[0], x32[1], x32[2], x32[3]))
+    odd = [randn([1, 2, 64, 36], torch.bfloat16, g) for _ in range(4)]
+    attention_refused(c, "head dim 36 (not a multiple of 8)", "multiple",
+                      lambda: c.attention(odd[0], odd[1], odd[2], odd[3]))
+    # cuDNN's backward takes head dimensions up to 256: refused with its
+    # own reason when the plan is built, nothing run.
+    wide = [randn([1, 2, 64, 264], torch.bfloat16, g) for _ in range(8)]
+    lse = randn([1, 2, 64], torch.float32, g)
+    attention_refused(c, "backward head dim 264 (cuDNN's reason)", "256",
+                      lambda: c.attention_backward(wide[0], wide[1], wide[2], wide[3], wide[4], lse, wide[5], wide[6],
+                                                   wide[7]))
+    big = randn([1 * 2 * 64 * 64 + 4], torch.bfloat16, g)
+    shifted = big[4:].view(1, 2, 64, 64)    # 8 bytes past the storage's start
+    ok = [randn([1, 2, 64, 64], torch.bfloat16, g) for _ in range(3)]
+    attention_refused(c, "q not 16-byte aligned", "16-byte aligned",
+                      lambda: c.attention(shifted, ok[0], ok[1], ok[2]))
+    try:
+        attention_case(c, 1, 2, 64, 64, 64, 64, "bf16", causal=True)
+    except Exception as e:
+        record("attention after refusals", False, f"{type(e).__name__}: {e}")
 
 
 def event_chain_case(c):
@@ -260,13 +347,7 @@ def event_chain_case(c):
         c.close_tensor(t)
 
 
-def run_attention(c):
-    for dtype in ("f32", "bf16", "f16"):
-        for causal in (False, True):
-            attention_case(c, 2, 3, 128, 128, 64, 64, dtype, causal)
-    attention_case(c, 1, 2, 77, 200, 128, 96, "bf16", True)
-    attention_case(c, 1, 1, 300, 64, 32, 48, "f32", True)
-
+# -- lifecycle ------------------------------------------------------------------
 
 def snapshot(tensors):
     torch.cuda.synchronize()
@@ -367,11 +448,14 @@ def lifecycle_case(c, kind):
     ok, bad = intact({"weights": weights, "optimizer_state": optimizer_state},
                      {"weights": snap["weights"], "optimizer_state": snap["optimizer_state"]})
     record(f"{kind}: unshared tensors still intact", ok, "" if ok else f"changed: {bad}")
+    # The cuDNN handle and attention plans were released or forgotten with
+    # the old generation: the next attention builds them again.
+    attention_case(c, 1, 4, 128, 128, 64, 64, "bf16", causal=True)
 
 
 def main():
-    regend = find_regend()
-    if not os.access(regend, os.X_OK):
+    regend = find_regend(sys.argv[1] if len(sys.argv) > 1 else None)
+    if not regend or not os.access(regend, os.X_OK):
         print(f"FAIL: no regend at {regend} (pass its path as the first argument)")
         return 1
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(DEV)}; regend {regend}")

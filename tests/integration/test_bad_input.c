@@ -11,9 +11,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
-#include "itest.h"
+#include "tests/lib/client.h"
+#include "tests/lib/varlink.h"
 
-static struct it_daemon daemon_;
+static struct tl_daemon daemon_;
 static atomic_int *stop_flag;      /* [0] stop, [1] the checker's right answers */
 
 enum target { MAIN, WORKER };
@@ -175,7 +176,7 @@ static char *expand(const char *tmpl, const char *id, const char *other, unsigne
 	char *out = malloc(cap);
 	const char *p = tmpl;
 
-	CHECK(out != NULL, "malloc");
+	ASSERT_NOT_NULL(out, "malloc");
 	while (*p) {
 		const char *rep = NULL;
 		char genbuf[32];
@@ -196,12 +197,12 @@ static char *expand(const char *tmpl, const char *id, const char *other, unsigne
 			skip = 4;
 		}
 		if (rep != NULL) {
-			CHECK(len + strlen(rep) + 1 < cap, "expand");
+			ASSERT(len + strlen(rep) + 1 < cap, "expand");
 			memcpy(out + len, rep, strlen(rep));
 			len += strlen(rep);
 			p += skip;
 		} else {
-			CHECK(len + 2 < cap, "expand");
+			ASSERT(len + 2 < cap, "expand");
 			out[len++] = *p++;
 		}
 	}
@@ -240,11 +241,11 @@ static char *judge(const char *reply, const char *expect, const char *key, const
 	err = cJSON_GetObjectItemCaseSensitive(j, "error");
 	params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
 	if (!cJSON_IsString(err)) {
-		CHECK(asprintf(&msg, "no error: %s", reply) > 0, "asprintf");
+		ASSERT(asprintf(&msg, "no error: %s", reply) > 0, "asprintf");
 		goto out;
 	}
 	if (!name_in(err->valuestring, expect)) {
-		CHECK(asprintf(&msg, "got %s, expected %s: %s", err->valuestring, expect, reply) > 0, "asprintf");
+		ASSERT(asprintf(&msg, "got %s, expected %s: %s", err->valuestring, expect, reply) > 0, "asprintf");
 		goto out;
 	}
 	if (key != NULL) {
@@ -254,22 +255,22 @@ static char *judge(const char *reply, const char *expect, const char *key, const
 		} else if (cJSON_IsString(item)) {
 			snprintf(got, sizeof(got), "%s", item->valuestring);
 		} else {
-			CHECK(asprintf(&msg, "%s lacks parameter '%s': %s", err->valuestring, key, reply) > 0, "asprintf");
+			ASSERT(asprintf(&msg, "%s lacks parameter '%s': %s", err->valuestring, key, reply) > 0, "asprintf");
 			goto out;
 		}
 		/* "parameter" names may be more precise than expected
 		 * ("a.shape[0]" for "a.shape"). */
 		if (value != NULL && (strcmp(key, "parameter") == 0 ? strncmp(got, value, strlen(value)) != 0
 								   : strcmp(got, value) != 0)) {
-			CHECK(asprintf(&msg, "%s.%s is '%s', expected '%s': %s", err->valuestring, key, got, value, reply) > 0,
-			      "asprintf");
+			ASSERT(asprintf(&msg, "%s.%s is '%s', expected '%s': %s", err->valuestring, key, got, value, reply) > 0,
+			       "asprintf");
 			goto out;
 		}
 	}
 	/* io.regen errors say what to do next. */
 	if (strncmp(err->valuestring, "io.regen.", 9) == 0 && cJSON_GetObjectItemCaseSensitive(params, "message") == NULL &&
 	    cJSON_GetObjectItemCaseSensitive(params, "reason") == NULL) {
-		CHECK(asprintf(&msg, "%s without a message: %s", err->valuestring, reply) > 0, "asprintf");
+		ASSERT(asprintf(&msg, "%s without a message: %s", err->valuestring, reply) > 0, "asprintf");
 	}
 out:
 	cJSON_Delete(j);
@@ -277,15 +278,15 @@ out:
 }
 
 /* The connection still serves: GetInfo answers. */
-static bool still_serves(struct it_raw *raw)
+static bool still_serves(struct tl_conn *raw)
 {
 	char *reply;
 	bool ok;
 
-	if (it_raw_send_str(raw, "{\"method\":\"org.varlink.service.GetInfo\"}", NULL, 0) < 0) {
+	if (tl_send_text(raw, "{\"method\":\"org.varlink.service.GetInfo\"}", NULL, 0) < 0) {
 		return false;
 	}
-	reply = it_raw_recv(raw, 10);
+	reply = tl_recv_text(raw, 10);
 	ok = reply != NULL && strstr(reply, "\"interfaces\"") != NULL && strstr(reply, "\"error\"") == NULL;
 	free(reply);
 	return ok;
@@ -293,32 +294,32 @@ static bool still_serves(struct it_raw *raw)
 
 static int checker_main(void *arg)
 {
-	regen_client *c = it_connect(&daemon_);
-	struct it_mem m[2];
-	struct it_gemm_case gc;
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer m[2];
+	struct tl_gemm_case gc;
 	char why[512], desc[256];
 	long n = 0;
 	int r, dev;
 
-	it_mem_create(c, 0, 1 << 17, &m[0]);
-	it_mem_create(c, 1, 1 << 17, &m[1]);
+	tl_buffer_create(c, 0, 1 << 17, &m[0]);
+	tl_buffer_create(c, 1, 1 << 17, &m[1]);
 	while (!atomic_load(&stop_flag[0]) || n < 20) {
 		dev = (int)(n % 2);
-		it_gemm_random_case(&gc, 24);
-		r = it_gemm_run(c, &m[dev], 0, &gc, why, sizeof(why));
+		tl_gemm_random_case(&gc, 24);
+		r = tl_gemm_run(c, &m[dev], 0, &gc, why, sizeof(why));
 		if (r != 0) {
-			it_gemm_describe(&gc, desc, sizeof(desc));
+			tl_gemm_describe(&gc, desc, sizeof(desc));
 			if (r < 0) {
-				it_fail_call(__FILE__, __LINE__, desc, c, r);
+				tl_fail_regen(__FILE__, __LINE__, desc, c, r, "");
 			}
-			CHECK(false, "checker: %s: %s", desc, why);
+			ASSERT(false, "checker: %s: %s", desc, why);
 		}
 		n++;
 		atomic_store(&stop_flag[1], (int)n);
 	}
-	it_log("checker: %ld right answers during the bad input", n);
-	it_mem_free(&m[0]);
-	it_mem_free(&m[1]);
+	tl_log("checker: %ld right answers during the bad input", n);
+	tl_buffer_free(&m[0]);
+	tl_buffer_free(&m[1]);
 	regen_client_destroy(c);
 	return 0;
 }
@@ -326,53 +327,53 @@ static int checker_main(void *arg)
 static int other_main(void *arg)
 {
 	int *fds = arg;
-	regen_client *c = it_connect(&daemon_);
-	struct it_mem m;
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer m;
 	char ch;
 	const char *id;
 
-	it_mem_create(c, 0, 4096, &m);
+	tl_buffer_create(c, 0, 4096, &m);
 	id = regen_buffer_id(m.buf);
-	CHECK(write(fds[1], id, strlen(id) + 1) == (ssize_t)strlen(id) + 1, "pipe");
+	ASSERT(write(fds[1], id, strlen(id) + 1) == (ssize_t)strlen(id) + 1, "pipe");
 	/* Hold the buffer until the parent is done. */
 	(void)!read(fds[2], &ch, 1);
-	it_mem_free(&m);
+	tl_buffer_free(&m);
 	regen_client_destroy(c);
 	return 0;
 }
 
 /* A message over the size limit, then proof the connection survives. */
-static int oversized(struct it_raw *raw, const char *where)
+static int oversized(struct tl_conn *raw, const char *where)
 {
 	size_t big = (1u << 20) + 65536;
 	const char *head = "{\"method\":\"io.regen.Device.Status\",\"parameters\":{\"pad\":\"";
 	char *msg = malloc(big + 64), *reply, *complaint;
 	int failures = 0;
 
-	CHECK(msg != NULL, "malloc");
+	ASSERT_NOT_NULL(msg, "malloc");
 	strcpy(msg, head);
 	memset(msg + strlen(head), 'x', big - strlen(head));
 	strcpy(msg + big, "\"}}");
-	CHECK(it_raw_send(raw, msg, strlen(msg) + 1, NULL, 0) == 0, "send oversized");
+	ASSERT_EQ(tl_send_text(raw, msg, NULL, 0), 0, "send oversized");
 	free(msg);
-	reply = it_raw_recv(raw, 20);
+	reply = tl_recv_text(raw, 20);
 	complaint = judge(reply, REGEN_ERROR_MESSAGE_TOO_LARGE, "limit", "1048576");
 	if (complaint) {
-		it_log("BAD oversized message (%s): %s", where, complaint);
+		tl_log("BAD oversized message (%s): %s", where, complaint);
 		failures++;
 		free(complaint);
 	} else {
-		it_log("ok  oversized message (%s): %s", where, reply);
+		tl_log("ok  oversized message (%s): %s", where, reply);
 	}
 	free(reply);
 	if (!still_serves(raw)) {
-		it_log("BAD oversized message (%s): the connection stopped serving", where);
+		tl_log("BAD oversized message (%s): the connection stopped serving", where);
 		failures++;
 	}
 	return failures;
 }
 
-static int deep_nesting(struct it_raw *raw, const char *where)
+static int deep_nesting(struct tl_conn *raw, const char *where)
 {
 	char msg[512], *reply, *complaint;
 	int i, n = 0, failures = 0;
@@ -385,19 +386,19 @@ static int deep_nesting(struct it_raw *raw, const char *where)
 		msg[n++] = ']';
 	}
 	n += snprintf(msg + n, sizeof(msg) - (size_t)n, "}}");
-	CHECK(it_raw_send_str(raw, msg, NULL, 0) == 0, "send");
-	reply = it_raw_recv(raw, 10);
+	ASSERT_EQ(tl_send_text(raw, msg, NULL, 0), 0, "send");
+	reply = tl_recv_text(raw, 10);
 	complaint = judge(reply, REGEN_ERROR_INVALID_MESSAGE, NULL, NULL);
 	if (complaint) {
-		it_log("BAD nesting 40 (%s): %s", where, complaint);
+		tl_log("BAD nesting 40 (%s): %s", where, complaint);
 		failures++;
 		free(complaint);
 	} else {
-		it_log("ok  nesting 40 (%s): %s", where, reply);
+		tl_log("ok  nesting 40 (%s): %s", where, reply);
 	}
 	free(reply);
 	if (!still_serves(raw)) {
-		it_log("BAD nesting 40 (%s): the connection stopped serving", where);
+		tl_log("BAD nesting 40 (%s): the connection stopped serving", where);
 		failures++;
 	}
 	return failures;
@@ -407,8 +408,8 @@ int main(void)
 {
 	const struct regen_device_info *dev0, *was, *now;
 	regen_status *before, *after;
-	struct it_raw main_raw, worker_raw;
-	struct it_mem own, big, spare;
+	struct tl_conn main_raw, worker_raw;
+	struct tl_buffer own, big, spare;
 	regen_client *c;
 	pid_t checker, other;
 	int pipefd[2], holdfd[2], other_fds[3];
@@ -416,37 +417,37 @@ int main(void)
 	size_t i, n;
 	int failures = 0, k;
 
-	it_rand_seed(it_rand_seed_default());
-	it_daemon_start(&daemon_, NULL, 230);
+	tl_init(230);
+	tl_daemon_start(&daemon_, NULL);
 	stop_flag = mmap(NULL, 2 * sizeof(*stop_flag), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	CHECK(stop_flag != MAP_FAILED, "mmap");
+	ASSERT(stop_flag != MAP_FAILED, "mmap");
 	atomic_store(&stop_flag[0], 0);
 	atomic_store(&stop_flag[1], 0);
-	c = it_connect(&daemon_);
-	before = it_status(c);
-	dev0 = it_device(before, 0);
+	c = tl_client_connect(&daemon_);
+	before = tl_status(c);
+	dev0 = tl_status_device(before, 0);
 
-	CHECK(pipe(pipefd) == 0 && pipe(holdfd) == 0, "pipe");
+	ASSERT(pipe(pipefd) == 0 && pipe(holdfd) == 0, "pipe");
 	other_fds[0] = pipefd[0];
 	other_fds[1] = pipefd[1];
 	other_fds[2] = holdfd[0];
-	other = it_fork(other_main, other_fds, 200);
+	other = tl_fork(other_main, other_fds, 200);
 	for (n = 0; n < sizeof(other_id) - 1; n++) {
-		CHECK(read(pipefd[0], &other_id[n], 1) == 1, "other process's id");
+		ASSERT(read(pipefd[0], &other_id[n], 1) == 1, "other process's id");
 		if (other_id[n] == '\0') {
 			break;
 		}
 	}
-	it_log("another process's buffer: %s", other_id);
-	checker = it_fork(checker_main, NULL, 200);
+	tl_log("another process's buffer: %s", other_id);
+	checker = tl_fork(checker_main, NULL, 200);
 
-	it_mem_create(c, 0, 4096, &own);
-	it_mem_create(c, 0, 4 << 20, &big);
+	tl_buffer_create(c, 0, 4096, &own);
+	tl_buffer_create(c, 0, 4 << 20, &big);
 	big_id = regen_buffer_id(big.buf);
-	it_mem_alloc(4096, &spare);
-	CHECK(it_raw_connect(&main_raw, daemon_.sock) == 0, "connect main");
-	CHECK(it_raw_connect(&worker_raw, dev0->worker_socket) == 0, "connect %s",
-	      dev0->worker_socket);
+	tl_buffer_alloc(4096, &spare);
+	ASSERT_OK(tl_conn_open(&main_raw, daemon_.sock), "connect main");
+	ASSERT_OK(tl_conn_open(&worker_raw, dev0->worker_socket), "connect %s",
+	          dev0->worker_socket);
 
 	/* The checker is at work before the first bad message. */
 	while (atomic_load(&stop_flag[1]) < 5) {
@@ -454,30 +455,31 @@ int main(void)
 	}
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct bad_case *bc = &cases[i];
-		struct it_raw *raw = bc->target == MAIN ? &main_raw : &worker_raw;
+		struct tl_conn *raw = bc->target == MAIN ? &main_raw : &worker_raw;
 		char *value = bc->value ? expand(bc->value, regen_buffer_id(own.buf), other_id,
 						 (unsigned long long)dev0->generation) : NULL;
 
 		text = expand(bc->text, regen_buffer_id(own.buf), other_id, (unsigned long long)dev0->generation);
-		CHECK(it_raw_send_str(raw, text, bc->fds == ONE_FD ? &spare.fd : NULL, bc->fds == ONE_FD ? 1 : 0) == 0,
-		      "send %s", bc->what);
-		reply = it_raw_recv(raw, 10);
+		ASSERT_EQ(tl_send_text(raw, text, bc->fds == ONE_FD ? &spare.mem.fd : NULL, bc->fds == ONE_FD ? 1 : 0),
+			  0,
+		          "send %s", bc->what);
+		reply = tl_recv_text(raw, 10);
 		complaint = judge(reply, bc->expect, bc->key, value);
 		if (complaint) {
-			it_log("BAD %s: sent %s\n    %s", bc->what, text, complaint);
+			tl_log("BAD %s: sent %s\n    %s", bc->what, text, complaint);
 			failures++;
 			free(complaint);
 		} else {
-			it_log("ok  %s: %s", bc->what, reply);
+			tl_log("ok  %s: %s", bc->what, reply);
 		}
 		free(reply);
 		free(value);
 		if (!still_serves(raw)) {
-			it_log("BAD %s: the connection stopped serving after it", bc->what);
+			tl_log("BAD %s: the connection stopped serving after it", bc->what);
 			failures++;
-			it_raw_close(raw);
-			CHECK(it_raw_connect(raw, bc->target == MAIN ? daemon_.sock : dev0->worker_socket) == 0,
-			      "reconnect");
+			tl_conn_close(raw);
+			ASSERT_OK(tl_conn_open(raw, bc->target == MAIN ? daemon_.sock : dev0->worker_socket),
+			          "reconnect");
 		}
 		free(text);
 	}
@@ -489,11 +491,11 @@ int main(void)
 	/* A partial message followed by a hang-up must not take the daemon
 	 * with it. */
 	for (k = 0; k < 2; k++) {
-		struct it_raw tmp;
+		struct tl_conn tmp;
 
-		CHECK(it_raw_connect(&tmp, k == 0 ? daemon_.sock : dev0->worker_socket) == 0, "connect");
-		CHECK(it_raw_send(&tmp, "{\"method\":\"io.regen", 19, NULL, 0) == 0, "send");
-		it_raw_close(&tmp);
+		ASSERT_OK(tl_conn_open(&tmp, k == 0 ? daemon_.sock : dev0->worker_socket), "connect");
+		ASSERT_EQ(tl_send_bytes(&tmp, "{\"method\":\"io.regen", 19, NULL, 0), 0, "send");
+		tl_conn_close(&tmp);
 	}
 
 	/* And goes on getting right answers after the last one. */
@@ -502,35 +504,35 @@ int main(void)
 		usleep(1000);
 	}
 	atomic_store(&stop_flag[0], 1);
-	CHECK(write(holdfd[1], "x", 1) == 1, "pipe");
-	k = it_wait_children(&checker, 1, 60);
-	CHECK(k == 0, "the client doing real work failed during the bad input");
-	CHECK(it_wait_children(&other, 1, 30) == 0, "the other process failed");
+	ASSERT(write(holdfd[1], "x", 1) == 1, "pipe");
+	k = tl_wait_children(&checker, 1, 60);
+	ASSERT_EQ(k, 0, "the client doing real work failed during the bad input");
+	ASSERT_EQ(tl_wait_children(&other, 1, 30), 0, "the other process failed");
 
 	/* The daemon kept serving, nothing crashed, nothing changed generation. */
-	CHECK(it_daemon_alive(&daemon_), "regend died");
-	CHECK(still_serves(&main_raw) && still_serves(&worker_raw), "raw connections stopped serving");
-	after = it_status(c);
-	CHECK(regen_status_device_count(after) == regen_status_device_count(before), "devices came or went");
+	ASSERT(tl_daemon_alive(&daemon_), "regend died");
+	ASSERT(still_serves(&main_raw) && still_serves(&worker_raw), "raw connections stopped serving");
+	after = tl_status(c);
+	ASSERT_EQ(regen_status_device_count(after), regen_status_device_count(before), "devices came or went");
 	for (k = 0; k < regen_status_device_count(after); k++) {
-		was = it_device(before, k);
-		now = it_device(after, k);
-		CHECK(now->worker_pid == was->worker_pid && now->respawns == 0,
-		      "device %d's worker changed: pid %lld -> %lld, respawns %llu", k, (long long)was->worker_pid,
-		      (long long)now->worker_pid, (unsigned long long)now->respawns);
-		CHECK(now->generation == was->generation, "device %d's generation moved %llu -> %llu", k,
-		      (unsigned long long)was->generation, (unsigned long long)now->generation);
-		CHECK(strcmp(now->state, "ready") == 0, "device %d is %s", k, now->state);
+		was = tl_status_device(before, k);
+		now = tl_status_device(after, k);
+		ASSERT(now->worker_pid == was->worker_pid && now->respawns == 0,
+		       "device %d's worker changed: pid %lld -> %lld, respawns %llu", k, (long long)was->worker_pid,
+		       (long long)now->worker_pid, (unsigned long long)now->respawns);
+		ASSERT_UINT_EQ(now->generation, was->generation, "device %d's generation moved %llu -> %llu", k,
+		               (unsigned long long)was->generation, (unsigned long long)now->generation);
+		ASSERT_STR_EQ(now->state, "ready", "device %d is %s", k, now->state);
 	}
 	regen_status_free(before);
 	regen_status_free(after);
-	it_raw_close(&main_raw);
-	it_raw_close(&worker_raw);
-	it_mem_free(&own);
-	it_mem_free(&big);
-	it_mem_free(&spare);
+	tl_conn_close(&main_raw);
+	tl_conn_close(&worker_raw);
+	tl_buffer_free(&own);
+	tl_buffer_free(&big);
+	tl_buffer_free(&spare);
 	regen_client_destroy(c);
-	CHECK(failures == 0, "%d bad-input cases not answered as the IDL says", failures);
-	it_log("PASS");
+	ASSERT_EQ(failures, 0, "%d bad-input cases not answered as the IDL says", failures);
+	tl_log("PASS");
 	return 0;
 }

@@ -8,26 +8,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include "regen-config.h"
-#include "itest.h"
+#include "tests/lib/client.h"
+#include "tests/lib/rand.h"
 
 #define NCLIENTS 8
 
-static struct it_daemon daemon_;
+static struct tl_daemon daemon_;
 
-static int run_gemm(regen_client *c, struct it_mem *m, const struct it_gemm_case *gc)
+static int run_gemm(regen_client *c, struct tl_buffer *m, const struct tl_gemm_case *gc)
 {
 	char desc[256], why[512] = "";
 	int r;
 
-	it_gemm_describe(gc, desc, sizeof(desc));
-	r = it_gemm_run(c, m, 0, gc, why, sizeof(why));
+	tl_gemm_describe(gc, desc, sizeof(desc));
+	r = tl_gemm_run(c, m, 0, gc, why, sizeof(why));
 	if (r < 0) {
-		it_log("FAIL %s: %d %s %s", desc, r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
+		tl_log("FAIL %s: %d %s %s", desc, r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
 		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
 		return 1;
 	}
 	if (r > 0) {
-		it_log("FAIL %s: %s", desc, why);
+		tl_log("FAIL %s: %s", desc, why);
 		return 1;
 	}
 	return 0;
@@ -37,9 +38,9 @@ static int run_gemm(regen_client *c, struct it_mem *m, const struct it_gemm_case
 static const char *st_worker_socket(regen_client *c)
 {
 	static char path[256];
-	regen_status *st = it_status(c);
+	regen_status *st = tl_status(c);
 
-	snprintf(path, sizeof(path), "%s", it_device(st, 0)->worker_socket);
+	snprintf(path, sizeof(path), "%s", tl_status_device(st, 0)->worker_socket);
 	regen_status_free(st);
 	return path;
 }
@@ -48,28 +49,28 @@ static int client_main(void *arg)
 {
 	static const enum regen_dtype dts[] = { REGEN_F32, REGEN_F16, REGEN_BF16 };
 	int idx = (int)(long)arg, device = idx % 2, failures = 0, i, t;
-	regen_client *c = it_connect(&daemon_);
-	struct it_gemm_case gc;
-	struct it_attn_case ac;
-	struct it_mem m;
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_gemm_case gc;
+	struct tl_attn_case ac;
+	struct tl_buffer m;
 	char desc[256], why[512];
 	int r;
 
-	it_mem_create(c, device, 1 << 21, &m);
+	tl_buffer_create(c, device, 1 << 21, &m);
 	/* Every dtype with every transpose combination, with and without C. */
 	for (t = 0; t < 3; t++) {
 		for (i = 0; i < 8; i++) {
 			memset(&gc, 0, sizeof(gc));
 			gc.in = gc.out = dts[t];
-			gc.m = it_rand_int(1, 40);
-			gc.n = it_rand_int(1, 40);
-			gc.k = it_rand_int(1, 64);
+			gc.m = tl_rand_int(1, 40);
+			gc.n = tl_rand_int(1, 40);
+			gc.k = tl_rand_int(1, 64);
 			gc.trans_a = i & 1;
 			gc.trans_b = (i >> 1) & 1;
 			gc.with_c = (i >> 2) & 1;
-			gc.alpha = gc.with_c ? it_rand_uniform(-2, 2) : 1.0;
-			gc.beta = gc.with_c ? it_rand_uniform(-1.5, 1.5) : 0;
-			gc.pad = (i + idx) % 3 == 0 ? it_rand_int(1, 4) : 0;
+			gc.alpha = gc.with_c ? tl_rand_uniform(-2, 2) : 1.0;
+			gc.beta = gc.with_c ? tl_rand_uniform(-1.5, 1.5) : 0;
+			gc.pad = (i + idx) % 3 == 0 ? tl_rand_int(1, 4) : 0;
 			failures += run_gemm(c, &m, &gc);
 		}
 	}
@@ -97,9 +98,9 @@ static int client_main(void *arg)
 	for (t = REGEN_EPILOGUE_BIAS; t <= REGEN_EPILOGUE_GELU_BIAS; t++) {
 		memset(&gc, 0, sizeof(gc));
 		gc.in = gc.out = dts[(t + idx) % 3];
-		gc.m = it_rand_int(2, 24);
-		gc.n = it_rand_int(2, 24);
-		gc.k = it_rand_int(2, 24);
+		gc.m = tl_rand_int(2, 24);
+		gc.n = tl_rand_int(2, 24);
+		gc.k = tl_rand_int(2, 24);
 		gc.alpha = 1;
 		gc.epilogue = (enum regen_epilogue)t;
 		failures += run_gemm(c, &m, &gc);
@@ -108,52 +109,52 @@ static int client_main(void *arg)
 	for (i = 0; i < 3; i++) {
 		memset(&gc, 0, sizeof(gc));
 		gc.in = gc.out = dts[(i + idx) % 3];
-		gc.m = it_rand_int(64, 160);
-		gc.n = it_rand_int(64, 160);
-		gc.k = it_rand_int(64, 200);
+		gc.m = tl_rand_int(64, 160);
+		gc.n = tl_rand_int(64, 160);
+		gc.k = tl_rand_int(64, 200);
 		gc.trans_a = (i + idx) & 1;
 		gc.trans_b = ((i + idx) >> 1) & 1;
 		gc.with_c = true;
-		gc.alpha = it_rand_uniform(-2, 2);
-		gc.beta = it_rand_uniform(-1.5, 1.5);
+		gc.alpha = tl_rand_uniform(-2, 2);
+		gc.beta = tl_rand_uniform(-1.5, 1.5);
 		failures += run_gemm(c, &m, &gc);
 	}
 	/* Random cases. */
 	for (i = 0; i < 12; i++) {
-		it_gemm_random_case(&gc, 48);
+		tl_gemm_random_case(&gc, 48);
 		failures += run_gemm(c, &m, &gc);
 	}
-	it_mem_free(&m);
+	tl_buffer_free(&m);
 
 	/* Attention forward + backward, each dtype, causal or not, Sq != Skv. */
 	for (t = 0; t < 3; t++) {
 		for (i = 0; i < 2; i++) {
 			memset(&ac, 0, sizeof(ac));
 			ac.dt = dts[t];
-			ac.b = it_rand_int(1, 2);
-			ac.h = it_rand_int(1, 3);
-			ac.sq = it_rand_int(3, 16);
-			ac.skv = it_rand_int(ac.sq, 24);
-			ac.d = 8 * it_rand_int(1, 3);
-			ac.dv = 8 * it_rand_int(1, 2);
+			ac.b = tl_rand_int(1, 2);
+			ac.h = tl_rand_int(1, 3);
+			ac.sq = tl_rand_int(3, 16);
+			ac.skv = tl_rand_int(ac.sq, 24);
+			ac.d = 8 * tl_rand_int(1, 3);
+			ac.dv = 8 * tl_rand_int(1, 2);
 			ac.causal = i == 1;
-			ac.scale = (idx + i) % 2 ? 0 : it_rand_uniform(0.1, 0.6);
-			it_attn_describe(&ac, desc, sizeof(desc));
+			ac.scale = (idx + i) % 2 ? 0 : tl_rand_uniform(0.1, 0.6);
+			tl_attn_describe(&ac, desc, sizeof(desc));
 			why[0] = '\0';
-			r = it_attention_run(c, device, &ac, why, sizeof(why));
+			r = tl_attention_run(c, device, &ac, why, sizeof(why));
 			if (r < 0) {
-				it_log("FAIL %s: %d %s %s", desc, r,
+				tl_log("FAIL %s: %d %s %s", desc, r,
 				       regen_client_error_name(c) ? regen_client_error_name(c) : "",
 				       regen_client_error_message(c) ? regen_client_error_message(c) : "");
 				failures++;
 			} else if (r > 0) {
-				it_log("FAIL %s: %s", desc, why);
+				tl_log("FAIL %s: %s", desc, why);
 				failures++;
 			}
 		}
 	}
 	regen_client_destroy(c);
-	it_log("client %d (device %d): %d failures", idx, device, failures);
+	tl_log("client %d (device %d): %d failures", idx, device, failures);
 	return failures == 0 ? 0 : 1;
 }
 
@@ -165,37 +166,38 @@ int main(void)
 	regen_client *c;
 	int i, failed;
 
-	it_daemon_start(&daemon_, NULL, 280);
+	tl_init(280);
+	tl_daemon_start(&daemon_, NULL);
 	for (i = 0; i < NCLIENTS; i++) {
-		pids[i] = it_fork(client_main, (void *)(long)i, 240);
+		pids[i] = tl_fork(client_main, (void *)(long)i, 240);
 	}
-	failed = it_wait_children(pids, NCLIENTS, 250);
-	CHECK(it_daemon_alive(&daemon_), "regend died");
-	c = it_connect(&daemon_);
+	failed = tl_wait_children(pids, NCLIENTS, 250);
+	ASSERT(tl_daemon_alive(&daemon_), "regend died");
+	c = tl_client_connect(&daemon_);
 	{
 		/* The handshake says who answers: this build's regend. */
 		struct regen_info info;
-		CHECK_OK(c, regen_hello(c, &info));
-		CHECK(strcmp(info.product, "regend") == 0 && strcmp(info.version, REGEN_VERSION) == 0,
-		      "hello: %s %s %s", info.vendor, info.product, info.version);
+		ASSERT_REGEN_OK(c, regen_hello(c, &info));
+		ASSERT(strcmp(info.product, "regend") == 0 && strcmp(info.version, REGEN_VERSION) == 0,
+		       "hello: %s %s %s", info.vendor, info.product, info.version);
 		/* A worker socket speaks Varlink but is no regend main socket. */
 		regen_client *w = NULL;
-		CHECK(regen_client_connect(st_worker_socket(c), &w) == 0, "connect to the worker socket");
-		CHECK(regen_hello(w, &info) == -EPROTONOSUPPORT, "hello on a worker socket is refused");
+		ASSERT_EQ(regen_client_connect(st_worker_socket(c), &w), 0, "connect to the worker socket");
+		ASSERT_EQ(regen_hello(w, &info), -EPROTONOSUPPORT, "hello on a worker socket is refused");
 		regen_client_destroy(w);
 	}
-	st = it_status(c);
+	st = tl_status(c);
 	for (i = 0; i < regen_status_device_count(st); i++) {
 		d = regen_status_device(st, i);
-		CHECK(strcmp(d->state, "ready") == 0, "device %d is %s", d->index, d->state);
-		CHECK(d->respawns == 0, "device %d respawned %llu times", d->index, (unsigned long long)d->respawns);
+		ASSERT_STR_EQ(d->state, "ready", "device %d is %s", d->index, d->state);
+		ASSERT_UINT_EQ(d->respawns, 0, "device %d respawned %llu times", d->index, (unsigned long long)d->respawns);
 	}
 	regen_status_free(st);
 	regen_client_destroy(c);
 	if (failed > 0) {
-		it_daemon_dump_log(&daemon_);
+		tl_daemon_dump_log(&daemon_, 60);
 	}
-	CHECK(failed == 0, "%d of %d clients failed", failed, NCLIENTS);
-	it_log("PASS");
+	ASSERT_EQ(failed, 0, "%d of %d clients failed", failed, NCLIENTS);
+	tl_log("PASS");
 	return 0;
 }

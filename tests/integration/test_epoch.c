@@ -11,9 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
-#include "itest.h"
+#include "tests/lib/client.h"
 
-static struct it_daemon daemon_;
+static struct tl_daemon daemon_;
 
 /* Generation on device's worker socket: its epoch, and the generation of
  * the one device it reports. */
@@ -23,16 +23,16 @@ static uint64_t worker_epoch(regen_client *c, int device, uint64_t *generation)
 	cJSON *j, *devices, *d;
 	uint64_t epoch;
 
-	CHECK_OK(c, regen_call(c, device, "io.regen.Device.Generation", NULL, NULL, 0, &reply));
+	ASSERT_REGEN_OK(c, regen_call(c, device, "io.regen.Device.Generation", NULL, NULL, 0, &reply));
 	j = cJSON_Parse(reply);
-	CHECK(j != NULL, "device %d's worker: Generation reply does not parse: %s", device, reply);
+	ASSERT_NOT_NULL(j, "device %d's worker: Generation reply does not parse: %s", device, reply);
 	devices = cJSON_GetObjectItemCaseSensitive(j, "devices");
 	d = cJSON_GetArrayItem(devices, 0);
-	CHECK(cJSON_GetArraySize(devices) == 1, "device %d's worker reports %d devices: %s", device,
-	      cJSON_GetArraySize(devices), reply);
-	CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "index")) == device,
-	      "device %d's worker reports another device: %s", device, reply);
-	CHECK(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "epoch")), "no epoch: %s", reply);
+	ASSERT_EQ(cJSON_GetArraySize(devices), 1, "device %d's worker reports %d devices: %s", device,
+	          cJSON_GetArraySize(devices), reply);
+	ASSERT(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "index")) == device,
+	       "device %d's worker reports another device: %s", device, reply);
+	ASSERT(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "epoch")), "no epoch: %s", reply);
 	epoch = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "epoch"));
 	*generation = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(d, "generation"));
 	cJSON_Delete(j);
@@ -47,22 +47,22 @@ static uint64_t expect_same_epoch(regen_client *c, int changed, const char *when
 	regen_status *st;
 	uint64_t epoch, generation, main_epoch;
 
-	CHECK_OK(c, regen_generation_get(c, &st));
+	ASSERT_REGEN_OK(c, regen_generation_get(c, &st));
 	main_epoch = regen_status_epoch(st);
-	CHECK(regen_status_device_count(st) == 2, "%s: %d devices", when, regen_status_device_count(st));
+	ASSERT_EQ(regen_status_device_count(st), 2, "%s: %d devices", when, regen_status_device_count(st));
 	for (int i = 0; i < regen_status_device_count(st); i++) {
-		double deadline = it_now() + (i == changed ? 0 : 5);
-		while ((epoch = worker_epoch(c, i, &generation)) != main_epoch && it_now() < deadline) {
+		double deadline = tl_now() + (i == changed ? 0 : 5);
+		while ((epoch = worker_epoch(c, i, &generation)) != main_epoch && tl_now() < deadline) {
 			usleep(10000);
 		}
-		CHECK(epoch == main_epoch, "%s: device %d's worker says epoch %llu, the main socket %llu", when, i,
-		      (unsigned long long)epoch, (unsigned long long)main_epoch);
-		CHECK(generation == regen_status_device(st, i)->generation,
-		      "%s: device %d's worker says generation %llu, the main socket %llu", when, i,
-		      (unsigned long long)generation, (unsigned long long)regen_status_device(st, i)->generation);
+		ASSERT_UINT_EQ(epoch, main_epoch, "%s: device %d's worker says epoch %llu, the main socket %llu", when, i,
+		               (unsigned long long)epoch, (unsigned long long)main_epoch);
+		ASSERT_UINT_EQ(generation, regen_status_device(st, i)->generation,
+		               "%s: device %d's worker says generation %llu, the main socket %llu", when, i,
+		               (unsigned long long)generation, (unsigned long long)regen_status_device(st, i)->generation);
 	}
 	regen_status_free(st);
-	it_log("%s: epoch %llu on the main socket and both worker sockets", when, (unsigned long long)main_epoch);
+	tl_log("%s: epoch %llu on the main socket and both worker sockets", when, (unsigned long long)main_epoch);
 	return main_epoch;
 }
 
@@ -72,33 +72,34 @@ int main(void)
 	regen_client *c;
 	uint64_t e0, e1, e2, e3, g1;
 
-	it_daemon_start(&daemon_, NULL, 110);
-	c = it_connect(&daemon_);
+	tl_init(110);
+	tl_daemon_start(&daemon_, NULL);
+	c = tl_client_connect(&daemon_);
 
 	e0 = expect_same_epoch(c, 0, "at start");
-	CHECK(e0 == 1, "the epoch starts at %llu, not 1", (unsigned long long)e0);
+	ASSERT_UINT_EQ(e0, 1, "the epoch starts at %llu, not 1", (unsigned long long)e0);
 
-	CHECK_OK(c, regen_restart(c, 0, "test_epoch", 2000, NULL));
+	ASSERT_REGEN_OK(c, regen_restart(c, 0, "test_epoch", 2000, NULL));
 	e1 = expect_same_epoch(c, 0, "after a restart of device 0");
-	CHECK(e1 == e0 + 1, "a restart of one device moved the epoch %llu -> %llu", (unsigned long long)e0,
-	      (unsigned long long)e1);
+	ASSERT_UINT_EQ(e1, e0 + 1, "a restart of one device moved the epoch %llu -> %llu", (unsigned long long)e0,
+	               (unsigned long long)e1);
 
-	CHECK_OK(c, regen_restart(c, -1, "test_epoch all", 2000, NULL));
+	ASSERT_REGEN_OK(c, regen_restart(c, -1, "test_epoch all", 2000, NULL));
 	e2 = expect_same_epoch(c, -1, "after a restart of every device");
-	CHECK(e2 == e1 + 2, "a restart of both devices moved the epoch %llu -> %llu", (unsigned long long)e1,
-	      (unsigned long long)e2);
+	ASSERT_UINT_EQ(e2, e1 + 2, "a restart of both devices moved the epoch %llu -> %llu", (unsigned long long)e1,
+	               (unsigned long long)e2);
 
 	/* A respawned worker starts with the epoch on its command line. */
-	CHECK_OK(c, regen_generation_get(c, &st));
+	ASSERT_REGEN_OK(c, regen_generation_get(c, &st));
 	g1 = regen_status_find_device(st, 1)->generation;
 	regen_status_free(st);
-	CHECK_OK(c, regen_inject_fault(c, 1, "crash"));
-	it_wait_generation(c, 1, g1, 30);
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "crash"));
+	tl_wait_generation(c, 1, g1, 30);
 	e3 = expect_same_epoch(c, 1, "after device 1's worker crashed and was respawned");
-	CHECK(e3 > e2, "the crash left the epoch at %llu", (unsigned long long)e3);
+	ASSERT_UINT_GT(e3, e2, "the crash left the epoch at %llu", (unsigned long long)e3);
 
 	regen_client_destroy(c);
-	CHECK(it_daemon_alive(&daemon_), "regend died");
-	it_log("PASS");
+	ASSERT(tl_daemon_alive(&daemon_), "regend died");
+	tl_log("PASS");
 	return 0;
 }

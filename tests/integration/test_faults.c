@@ -9,9 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "itest.h"
+#include "tests/lib/client.h"
+#include "tests/lib/varlink.h"
 
-static struct it_daemon daemon_;
+static struct tl_daemon daemon_;
 
 struct dev_snapshot {
 	uint64_t generation, respawns;
@@ -30,8 +31,8 @@ static void snapshot(regen_client *c, int device, struct dev_snapshot *s)
 	regen_status *st;
 
 	/* Never -ECONNRESET: the main connection must survive a worker. */
-	st = it_status(c);
-	take(it_device(st, device), s);
+	st = tl_status(c);
+	take(tl_status_device(st, device), s);
 	regen_status_free(st);
 }
 
@@ -40,39 +41,25 @@ static void snapshot(regen_client *c, int device, struct dev_snapshot *s)
 static void wait_back(regen_client *c, int device, const struct dev_snapshot *before, struct dev_snapshot *now,
 		      const char *what)
 {
-	double deadline = it_now() + 30;
+	double deadline = tl_now() + 30;
 	const struct regen_device_info *d;
 	regen_status *st;
 
 	for (;;) {
-		st = it_status(c);
-		d = it_device(st, device);
+		st = tl_status(c);
+		d = tl_status_device(st, device);
 		if (d->generation > before->generation && strcmp(d->state, "ready") == 0) {
 			break;
 		}
-		CHECK(it_now() < deadline, "%s: device %d not back after 30 s: generation %llu state %s", what, device,
-		      (unsigned long long)d->generation, d->state);
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "%s: device %d not back after 30 s: generation %llu state %s", what, device,
+		                 (unsigned long long)d->generation, d->state);
 		regen_status_free(st);
 		usleep(20000);
 	}
 	take(d, now);
-	it_log("%s: device %d back in generation %llu, worker pid %lld, respawns %llu, reason '%s'", what, device,
+	tl_log("%s: device %d back in generation %llu, worker pid %lld, respawns %llu, reason '%s'", what, device,
 	       (unsigned long long)now->generation, (long long)now->pid, (unsigned long long)now->respawns, d->reason);
 	regen_status_free(st);
-}
-
-static void gemm_ok(regen_client *c, struct it_mem *m, const char *what)
-{
-	struct it_gemm_case gc;
-	char why[512] = "";
-	int r;
-
-	it_gemm_random_case(&gc, 24);
-	r = it_gemm_run(c, m, 0, &gc, why, sizeof(why));
-	if (r < 0) {
-		it_fail_call(__FILE__, __LINE__, what, c, r);
-	}
-	CHECK(r == 0, "%s: wrong result: %s", what, why);
 }
 
 static bool is_name(regen_client *c, const char *name)
@@ -83,29 +70,29 @@ static bool is_name(regen_client *c, const char *name)
 /* The first data call with an old buffer after its worker went away: a
  * named error (StaleGeneration; DeviceLost acceptable) or -ECONNRESET
  * once, then StaleGeneration. */
-static void old_buffer_refused(regen_client *c, struct it_mem *m, const char *what)
+static void old_buffer_refused(regen_client *c, struct tl_buffer *m, const char *what)
 {
-	struct it_gemm_case gc;
+	struct tl_gemm_case gc;
 	char why[512];
 	int r, tries;
 
 	for (tries = 0; tries < 3; tries++) {
-		it_gemm_random_case(&gc, 8);
-		r = it_gemm_run(c, m, 0, &gc, why, sizeof(why));
-		CHECK(r != 0 && r != 1, "%s: a buffer of the old generation was accepted", what);
+		tl_gemm_random_case(&gc, 8);
+		r = tl_gemm_run(c, m, 0, &gc, why, sizeof(why));
+		ASSERT(r != 0 && r != 1, "%s: a buffer of the old generation was accepted", what);
 		if (r == -ECONNRESET) {
-			it_log("%s: call in flight saw -ECONNRESET", what);
+			tl_log("%s: call in flight saw -ECONNRESET", what);
 			continue;
 		}
-		CHECK(r == -EREMOTE, "%s: %d (%s) %s", what, r, strerror(-r),
-		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		ASSERT_EQ(r, -EREMOTE, "%s: %d (%s) %s", what, r, strerror(-r),
+		          regen_client_error_message(c) ? regen_client_error_message(c) : "");
 		if (is_name(c, REGEN_ERROR_STALE_GENERATION)) {
 			return;
 		}
-		CHECK(is_name(c, REGEN_ERROR_DEVICE_LOST), "%s: got %s: %s", what, regen_client_error_name(c),
-		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		ASSERT(is_name(c, REGEN_ERROR_DEVICE_LOST), "%s: got %s: %s", what, regen_client_error_name(c),
+		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
 	}
-	CHECK(false, "%s: no StaleGeneration after 3 calls", what);
+	ASSERT(false, "%s: no StaleGeneration after 3 calls", what);
 }
 
 struct hung_arg {
@@ -116,27 +103,27 @@ static int hung_call_main(void *arg)
 {
 	struct hung_arg *h = arg;
 	regen_client *c;
-	struct it_mem m;
-	struct it_gemm_case gc;
+	struct tl_buffer m;
+	struct tl_gemm_case gc;
 	char why[512];
 	double t0;
 	int r;
 
-	c = it_connect(&daemon_);
+	c = tl_client_connect(&daemon_);
 	regen_client_set_timeout(c, 40);
-	it_mem_create(c, h->device, 1 << 16, &m);
-	it_gemm_random_case(&gc, 8);
-	t0 = it_now();
-	r = it_gemm_run(c, &m, 0, &gc, why, sizeof(why));
-	it_log("hung call returned %d (%s) after %.2f s", r,
-	       regen_client_error_name(c) ? regen_client_error_name(c) : strerror(r < 0 ? -r : 0), it_now() - t0);
-	CHECK(r != -ETIMEDOUT, "the hung call was never ended (40 s)");
-	CHECK(r != 1, "the hung call returned a wrong result: %s", why);
-	CHECK(r == 0 || r == -ECONNRESET ||
-	      (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_TIMEOUT) ||
+	tl_buffer_create(c, h->device, 1 << 16, &m);
+	tl_gemm_random_case(&gc, 8);
+	t0 = tl_now();
+	r = tl_gemm_run(c, &m, 0, &gc, why, sizeof(why));
+	tl_log("hung call returned %d (%s) after %.2f s", r,
+	       regen_client_error_name(c) ? regen_client_error_name(c) : strerror(r < 0 ? -r : 0), tl_now() - t0);
+	ASSERT_NE(r, -ETIMEDOUT, "the hung call was never ended (40 s)");
+	ASSERT_NE(r, 1, "the hung call returned a wrong result: %s", why);
+	ASSERT(r == 0 || r == -ECONNRESET ||
+	       (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_TIMEOUT) ||
 				 is_name(c, REGEN_ERROR_DRAINING) || is_name(c, REGEN_ERROR_STALE_GENERATION))),
-	      "the hung call ended with %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
-	it_mem_free(&m);
+	       "the hung call ended with %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
+	tl_buffer_free(&m);
 	regen_client_destroy(c);
 	return 0;
 }
@@ -144,103 +131,103 @@ static int hung_call_main(void *arg)
 int main(void)
 {
 	struct dev_snapshot s0, s1, n0, n1, other;
-	struct it_mem m0, m1;
-	struct it_raw raw;
+	struct tl_buffer m0, m1;
+	struct tl_conn raw;
 	struct hung_arg harg = { .device = 1 };
 	regen_client *c;
 	char *reply;
 	pid_t hung;
 	int r;
 
-	it_rand_seed(it_rand_seed_default());
-	it_daemon_start(&daemon_, NULL, 230);
-	c = it_connect(&daemon_);
+	tl_init(230);
+	tl_daemon_start(&daemon_, NULL);
+	c = tl_client_connect(&daemon_);
 	/* A raw main-socket connection held open through every fault. */
-	CHECK(it_raw_connect(&raw, daemon_.sock) == 0, "raw connect");
+	ASSERT_OK(tl_conn_open(&raw, daemon_.sock), "raw connect");
 
-	it_mem_create(c, 0, 1 << 18, &m0);
-	it_mem_create(c, 1, 1 << 18, &m1);
-	gemm_ok(c, &m0, "device 0 before faults");
-	gemm_ok(c, &m1, "device 1 before faults");
+	tl_buffer_create(c, 0, 1 << 18, &m0);
+	tl_buffer_create(c, 1, 1 << 18, &m1);
+	ASSERT_GEMM_OK(c, &m0, "device 0 before faults");
+	ASSERT_GEMM_OK(c, &m1, "device 1 before faults");
 	snapshot(c, 0, &s0);
 	snapshot(c, 1, &s1);
 
 	/* 1. InjectFault crash: the worker aborts. */
 	r = regen_inject_fault(c, 0, "crash");
-	CHECK(r == 0 || r == -ECONNRESET, "InjectFault crash: %d %s", r,
-	      regen_client_error_name(c) ? regen_client_error_name(c) : strerror(-r));
+	ASSERT(r == 0 || r == -ECONNRESET, "InjectFault crash: %d %s", r,
+	       regen_client_error_name(c) ? regen_client_error_name(c) : strerror(-r));
 	wait_back(c, 0, &s0, &n0, "crash");
-	CHECK(n0.pid != s0.pid, "crash: worker pid still %lld", (long long)n0.pid);
-	CHECK(n0.respawns == s0.respawns + 1, "crash: respawns %llu -> %llu", (unsigned long long)s0.respawns,
-	      (unsigned long long)n0.respawns);
+	ASSERT_NE(n0.pid, s0.pid, "crash: worker pid still %lld", (long long)n0.pid);
+	ASSERT_UINT_EQ(n0.respawns, s0.respawns + 1, "crash: respawns %llu -> %llu", (unsigned long long)s0.respawns,
+	               (unsigned long long)n0.respawns);
 	old_buffer_refused(c, &m0, "after crash");
-	CHECK_OK(c, it_mem_import(c, 0, &m0));
-	gemm_ok(c, &m0, "device 0 after crash and re-import");
+	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m0));
+	ASSERT_GEMM_OK(c, &m0, "device 0 after crash and re-import");
 	snapshot(c, 1, &other);
-	CHECK(other.generation == s1.generation && other.pid == s1.pid, "device 1 disturbed by device 0's crash");
-	gemm_ok(c, &m1, "device 1 after device 0's crash");
+	ASSERT(other.generation == s1.generation && other.pid == s1.pid, "device 1 disturbed by device 0's crash");
+	ASSERT_GEMM_OK(c, &m1, "device 1 after device 0's crash");
 
 	/* 2. SIGKILL the worker. */
 	s0 = n0;
-	it_log("killing worker pid %lld with SIGKILL", (long long)s0.pid);
-	CHECK(s0.pid > 0 && kill((pid_t)s0.pid, SIGKILL) == 0, "kill %lld: %s", (long long)s0.pid, strerror(errno));
+	tl_log("killing worker pid %lld with SIGKILL", (long long)s0.pid);
+	ASSERT(s0.pid > 0 && kill((pid_t)s0.pid, SIGKILL) == 0, "kill %lld: %s", (long long)s0.pid, strerror(errno));
 	wait_back(c, 0, &s0, &n0, "SIGKILL");
-	CHECK(n0.pid != s0.pid, "SIGKILL: worker pid still %lld", (long long)n0.pid);
-	CHECK(n0.respawns == s0.respawns + 1, "SIGKILL: respawns %llu -> %llu", (unsigned long long)s0.respawns,
-	      (unsigned long long)n0.respawns);
+	ASSERT_NE(n0.pid, s0.pid, "SIGKILL: worker pid still %lld", (long long)n0.pid);
+	ASSERT_UINT_EQ(n0.respawns, s0.respawns + 1, "SIGKILL: respawns %llu -> %llu", (unsigned long long)s0.respawns,
+	               (unsigned long long)n0.respawns);
 	old_buffer_refused(c, &m0, "after SIGKILL");
-	CHECK_OK(c, it_mem_import(c, 0, &m0));
-	gemm_ok(c, &m0, "device 0 after SIGKILL and re-import");
+	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m0));
+	ASSERT_GEMM_OK(c, &m0, "device 0 after SIGKILL and re-import");
 
 	/* 3. device_lost on device 1: the context is gone, the next call
 	 * fails (or the worker resets first); the generation moves. */
 	snapshot(c, 1, &s1);
-	CHECK_OK(c, regen_inject_fault(c, 1, "device_lost"));
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "device_lost"));
 	{
-		struct it_gemm_case gc;
+		struct tl_gemm_case gc;
 		char why[512];
 
-		it_gemm_random_case(&gc, 8);
-		r = it_gemm_run(c, &m1, 0, &gc, why, sizeof(why));
-		it_log("first call after device_lost: %d %s", r,
+		tl_gemm_random_case(&gc, 8);
+		r = tl_gemm_run(c, &m1, 0, &gc, why, sizeof(why));
+		tl_log("first call after device_lost: %d %s", r,
 		       regen_client_error_name(c) ? regen_client_error_name(c) : "");
-		CHECK(r != 1, "a call on a lost context returned wrong data as success: %s", why);
-		CHECK(r == -ECONNRESET ||
-		      (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_STALE_GENERATION))),
-		      "after device_lost: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
-		      regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		ASSERT_NE(r, 1, "a call on a lost context returned wrong data as success: %s", why);
+		ASSERT(r == -ECONNRESET ||
+		       (r == -EREMOTE && (is_name(c, REGEN_ERROR_DEVICE_LOST) || is_name(c, REGEN_ERROR_STALE_GENERATION))),
+		       "after device_lost: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
+		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
 	}
 	wait_back(c, 1, &s1, &n1, "device_lost");
-	CHECK_OK(c, it_mem_import(c, 1, &m1));
-	gemm_ok(c, &m1, "device 1 after device_lost and re-import");
+	ASSERT_REGEN_OK(c, tl_buffer_import(c, 1, &m1));
+	ASSERT_GEMM_OK(c, &m1, "device 1 after device_lost and re-import");
 
 	/* 4. A hung call, ended by a Restart with a short drain deadline. */
 	snapshot(c, 1, &s1);
-	CHECK_OK(c, regen_inject_fault(c, 1, "hang"));
-	hung = it_fork(hung_call_main, &harg, 60);
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
+	hung = tl_fork(hung_call_main, &harg, 60);
 	usleep(500000);
 	regen_client_set_timeout(c, 30);
 	r = regen_restart(c, 1, "test_faults: end the hang", 300, NULL);
-	it_log("Restart after hang: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
+	tl_log("Restart after hang: %d %s %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
 	       regen_client_error_message(c) ? regen_client_error_message(c) : "");
-	CHECK(r == 0 || (r == -EREMOTE && is_name(c, REGEN_ERROR_TIMEOUT)), "Restart of a hung device: %d", r);
-	CHECK(it_wait_children(&hung, 1, 50) == 0, "the hung client failed");
+	ASSERT(r == 0 || (r == -EREMOTE && is_name(c, REGEN_ERROR_TIMEOUT)), "Restart of a hung device: %d", r);
+	ASSERT_EQ(tl_wait_children(&hung, 1, 50), 0, "the hung client failed");
 	wait_back(c, 1, &s1, &n1, "hang + restart");
-	CHECK_OK(c, it_mem_import(c, 1, &m1));
-	gemm_ok(c, &m1, "device 1 after the hang");
+	ASSERT_REGEN_OK(c, tl_buffer_import(c, 1, &m1));
+	ASSERT_GEMM_OK(c, &m1, "device 1 after the hang");
 
 	/* The raw connection opened at the start still answers. */
-	CHECK(it_raw_send_str(&raw, "{\"method\":\"io.regen.Device.Generation\"}", NULL, 0) == 0, "raw send");
-	reply = it_raw_recv(&raw, 10);
-	CHECK(reply != NULL && strstr(reply, "\"devices\"") != NULL, "main connection did not survive: %s",
-	      reply ? reply : "(closed)");
+	ASSERT_EQ(tl_send_text(&raw, "{\"method\":\"io.regen.Device.Generation\"}", NULL, 0), 0, "raw send");
+	reply = tl_recv_text(&raw, 10);
+	ASSERT(reply != NULL && strstr(reply, "\"devices\"") != NULL, "main connection did not survive: %s",
+	       reply ? reply : "(closed)");
 	free(reply);
-	it_raw_close(&raw);
+	tl_conn_close(&raw);
 
-	it_mem_free(&m0);
-	it_mem_free(&m1);
+	tl_buffer_free(&m0);
+	tl_buffer_free(&m1);
 	regen_client_destroy(c);
-	CHECK(it_daemon_alive(&daemon_), "regend died");
-	it_log("PASS");
+	ASSERT(tl_daemon_alive(&daemon_), "regend died");
+	tl_log("PASS");
 	return 0;
 }

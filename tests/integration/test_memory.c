@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "itest.h"
+#include "tests/lib/client.h"
 
-static struct it_daemon daemon_;
+static struct tl_daemon daemon_;
 
 /* Asserts the last call failed with `name` and, when key is set, that its
  * parameters carry "key":"value". */
@@ -19,15 +19,15 @@ static void expect_error(regen_client *c, int r, const char *name, const char *k
 	const char *params = regen_client_error_parameters(c);
 	char want[256];
 
-	CHECK(r == -EREMOTE, "%s: %d (%s), want %s", what, r, strerror(-r), name);
-	CHECK(strcmp(regen_client_error_name(c), name) == 0, "%s: %s (%s), want %s", what, regen_client_error_name(c),
-	      params ? params : "", name);
+	ASSERT_EQ(r, -EREMOTE, "%s: %d (%s), want %s", what, r, strerror(-r), name);
+	ASSERT_STR_EQ(regen_client_error_name(c), name, "%s: %s (%s), want %s", what, regen_client_error_name(c),
+	              params ? params : "", name);
 	if (key != NULL) {
 		snprintf(want, sizeof(want), "\"%s\":\"%s\"", key, value);
-		CHECK(params != NULL && strstr(params, want) != NULL, "%s: parameters %s lack %s", what,
-		      params ? params : "(none)", want);
+		ASSERT(params != NULL && strstr(params, want) != NULL, "%s: parameters %s lack %s", what,
+		       params ? params : "(none)", want);
 	}
-	it_log("ok  %s: %s %s", what, name, params ? params : "");
+	tl_log("ok  %s: %s %s", what, name, params ? params : "");
 }
 
 int main(void)
@@ -38,35 +38,36 @@ int main(void)
 	regen_status *before, *after;
 	regen_buffer *buf = NULL;
 	regen_event *ev = (regen_event *)&g;
-	struct it_mem m;
+	struct tl_buffer m;
 	regen_client *c;
 	char params[256];
 	int r, i;
 
-	it_daemon_start(&daemon_, NULL, 110);
-	c = it_connect(&daemon_);
-	before = it_status(c);
+	tl_init(110);
+	tl_daemon_start(&daemon_, NULL);
+	c = tl_client_connect(&daemon_);
+	before = tl_status(c);
 
 	/* host_fd: what the worker mapped. */
-	it_mem_create(c, 1, 3 << 16, &m);
-	CHECK(regen_buffer_device(m.buf) == 1, "device %d", regen_buffer_device(m.buf));
-	CHECK(regen_buffer_generation(m.buf) == it_device(before, 1)->generation, "generation %llu",
-	      (unsigned long long)regen_buffer_generation(m.buf));
-	CHECK(regen_buffer_size(m.buf) == 3 << 16, "size %llu", (unsigned long long)regen_buffer_size(m.buf));
-	CHECK(strncmp(regen_buffer_id(m.buf), "b1.", 3) == 0, "id %s", regen_buffer_id(m.buf));
+	tl_buffer_create(c, 1, 3 << 16, &m);
+	ASSERT_EQ(regen_buffer_device(m.buf), 1, "device %d", regen_buffer_device(m.buf));
+	ASSERT_UINT_EQ(regen_buffer_generation(m.buf), tl_status_device(before, 1)->generation, "generation %llu",
+	               (unsigned long long)regen_buffer_generation(m.buf));
+	ASSERT_UINT_EQ(regen_buffer_size(m.buf), 3 << 16, "size %llu", (unsigned long long)regen_buffer_size(m.buf));
+	ASSERT(strncmp(regen_buffer_id(m.buf), "b1.", 3) == 0, "id %s", regen_buffer_id(m.buf));
 
 	/* The host backend maps no CUDA memory and imports no CUDA events. */
 	memset(handle, 0xab, sizeof(handle));
 	r = regen_buffer_import_cuda_ipc(c, 0, handle, 0, 4096, &buf);
 	expect_error(c, r, REGEN_ERROR_IMPORT_FAILED, "kind", "cuda_ipc", "cuda_ipc on the host backend");
-	CHECK(buf == NULL, "a buffer after a failed import");
-	r = regen_buffer_import_cuda_fd(c, 0, m.fd, 0, 4096, &buf);
+	ASSERT_NULL(buf, "a buffer after a failed import");
+	r = regen_buffer_import_cuda_fd(c, 0, m.mem.fd, 0, 4096, &buf);
 	expect_error(c, r, REGEN_ERROR_IMPORT_FAILED, "kind", "cuda_fd", "cuda_fd on the host backend");
-	CHECK(buf == NULL, "a buffer after a failed import");
+	ASSERT_NULL(buf, "a buffer after a failed import");
 	r = regen_event_import_cuda_ipc(c, 0, handle, &ev);
 	expect_error(c, r, REGEN_ERROR_METHOD_NOT_IMPLEMENTED, "method", "io.regen.Memory.ImportEvent",
 		     "ImportEvent on the host backend");
-	CHECK(ev == NULL, "an event after a failed import");
+	ASSERT_NULL(ev, "an event after a failed import");
 
 	/* Ids of events nobody imported. */
 	snprintf(params, sizeof(params), "{\"event\":\"e1.%llu.999\"}", (unsigned long long)regen_buffer_generation(m.buf));
@@ -89,21 +90,21 @@ int main(void)
 	g.a.rank = g.b.rank = g.d.rank = 2;
 	g.a.shape[0] = g.a.shape[1] = g.b.shape[0] = g.b.shape[1] = g.d.shape[0] = g.d.shape[1] = 4;
 	g.d.offset = 4096;
-	CHECK_OK(c, regen_gemm(c, &g));
-	after = it_status(c);
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g));
+	after = tl_status(c);
 	for (i = 0; i < regen_status_device_count(before); i++) {
 		was = regen_status_device(before, i);
-		now = it_device(after, was->index);
-		CHECK(now->generation == was->generation && now->worker_pid == was->worker_pid,
-		      "device %d: generation %llu -> %llu, worker %lld -> %lld", was->index,
-		      (unsigned long long)was->generation, (unsigned long long)now->generation, (long long)was->worker_pid,
-		      (long long)now->worker_pid);
+		now = tl_status_device(after, was->index);
+		ASSERT(now->generation == was->generation && now->worker_pid == was->worker_pid,
+		       "device %d: generation %llu -> %llu, worker %lld -> %lld", was->index,
+		       (unsigned long long)was->generation, (unsigned long long)now->generation, (long long)was->worker_pid,
+		       (long long)now->worker_pid);
 	}
 	regen_status_free(before);
 	regen_status_free(after);
-	it_mem_free(&m);
+	tl_buffer_free(&m);
 	regen_client_destroy(c);
-	CHECK(it_daemon_alive(&daemon_), "regend died");
-	it_log("PASS");
+	ASSERT(tl_daemon_alive(&daemon_), "regend died");
+	tl_log("PASS");
 	return 0;
 }

@@ -10,9 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
-#include "itest.h"
+#include "tests/lib/client.h"
+#include "tests/lib/proc.h"
 
-static struct it_daemon daemon_;
+static struct tl_daemon daemon_;
 static char ctl[512];        /* a copy of regenctl any user can run */
 
 #define MAXARGS 24
@@ -37,7 +38,7 @@ static int ctl_run_as(int uid, int gid, char **out, char **err, const char *firs
 	}
 	va_end(ap);
 	argv[n] = NULL;
-	rc = it_run(argv, &o, &e, 60, uid, gid);
+	rc = tl_run(argv, &o, &e, 60, uid, gid);
 	if (out) {
 		*out = o;
 	} else {
@@ -54,8 +55,8 @@ static int ctl_run_as(int uid, int gid, char **out, char **err, const char *firs
 
 static void expect_exit(int want, const char *what, int rc, const char *out, const char *err)
 {
-	CHECK(rc == want, "%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, rc, want, out ? out : "", err ? err : "");
-	it_log("ok  %s: exit %d", what, rc);
+	ASSERT_EQ(rc, want, "%s: exit %d, want %d\nstdout: %s\nstderr: %s", what, rc, want, out ? out : "", err ? err : "");
+	tl_log("ok  %s: exit %d", what, rc);
 }
 
 static void check_table(const regen_status *st)
@@ -67,19 +68,19 @@ static void check_table(const regen_status *st)
 
 	rc = ctl_run(&out, &err, "status");
 	expect_exit(0, "status", rc, out, err);
-	it_log("status table:\n%s", out);
+	tl_log("status table:\n%s", out);
 	for (line = strtok_r(out, "\n", &save); line && nlines < 8; line = strtok_r(NULL, "\n", &save)) {
 		lines[nlines++] = line;
 	}
-	CHECK(nlines == 1 + regen_status_device_count(st), "%d lines for %d devices", nlines,
-	      regen_status_device_count(st));
+	ASSERT_EQ(nlines, 1 + regen_status_device_count(st), "%d lines for %d devices", nlines,
+	          regen_status_device_count(st));
 	/* Header: the columns in order; their start offsets. */
 	for (j = 0; j < 9; j++) {
 		char *p = strstr(lines[0], cols[j]);
 
-		CHECK(p != NULL, "header lacks %s: %s", cols[j], lines[0]);
+		ASSERT_NOT_NULL(p, "header lacks %s: %s", cols[j], lines[0]);
 		pos[j] = (int)(p - lines[0]);
-		CHECK(j == 0 || pos[j] > pos[j - 1], "header column %s out of order", cols[j]);
+		ASSERT(j == 0 || pos[j] > pos[j - 1], "header column %s out of order", cols[j]);
 	}
 	for (i = 1; i < nlines; i++) {
 		const struct regen_device_info *d = regen_status_device(st, i - 1);
@@ -95,12 +96,12 @@ static void check_table(const regen_status *st)
 		snprintf(want[8], 128, "%s", d->worker_socket);
 		for (j = 0; j < 9; j++) {
 			/* Aligned: every value starts under its header. */
-			CHECK((int)strlen(lines[i]) > pos[j] && lines[i][pos[j]] != ' ' &&
-			      (pos[j] == 0 || lines[i][pos[j] - 1] == ' '), "row %d column %s not aligned:\n%s\n%s", i,
-			      cols[j], lines[0], lines[i]);
+			ASSERT((int)strlen(lines[i]) > pos[j] && lines[i][pos[j]] != ' ' &&
+			       (pos[j] == 0 || lines[i][pos[j] - 1] == ' '), "row %d column %s not aligned:\n%s\n%s", i,
+			       cols[j], lines[0], lines[i]);
 			if (want[j][0] != '\0') {
-				CHECK(strncmp(lines[i] + pos[j], want[j], strlen(want[j])) == 0, "row %d column %s: want %s in\n%s", i,
-				      cols[j], want[j], lines[i]);
+				ASSERT(strncmp(lines[i] + pos[j], want[j], strlen(want[j])) == 0, "row %d column %s: want %s in\n%s", i,
+				       cols[j], want[j], lines[i]);
 			}
 		}
 	}
@@ -118,15 +119,15 @@ static void check_json_status(const regen_status *st)
 	rc = ctl_run(&out, &err, "--json", "status");
 	expect_exit(0, "--json status", rc, out, err);
 	j = cJSON_Parse(out);
-	CHECK(j != NULL, "status --json is not JSON: %s", out);
-	CHECK(cJSON_IsNumber(cJSON_GetObjectItem(j, "epoch")), "no epoch: %s", out);
+	ASSERT_NOT_NULL(j, "status --json is not JSON: %s", out);
+	ASSERT(cJSON_IsNumber(cJSON_GetObjectItem(j, "epoch")), "no epoch: %s", out);
 	devs = cJSON_GetObjectItem(j, "devices");
-	CHECK(cJSON_GetArraySize(devs) == regen_status_device_count(st), "devices: %s", out);
+	ASSERT_EQ(cJSON_GetArraySize(devs), regen_status_device_count(st), "devices: %s", out);
 	cJSON_ArrayForEach(d, devs) {
-		CHECK(cJSON_GetObjectItem(d, "index")->valuedouble == regen_status_device(st, i)->index, "index");
-		CHECK(strcmp(cJSON_GetObjectItem(d, "worker_socket")->valuestring,
-			     regen_status_device(st, i)->worker_socket) == 0, "worker_socket");
-		CHECK(strcmp(cJSON_GetObjectItem(d, "state")->valuestring, "ready") == 0, "state");
+		ASSERT(cJSON_GetObjectItem(d, "index")->valuedouble == regen_status_device(st, i)->index, "index");
+		ASSERT_STR_EQ(cJSON_GetObjectItem(d, "worker_socket")->valuestring,
+			      regen_status_device(st, i)->worker_socket, "worker_socket");
+		ASSERT_STR_EQ(cJSON_GetObjectItem(d, "state")->valuestring, "ready", "state");
 		i++;
 	}
 	cJSON_Delete(j);
@@ -140,23 +141,23 @@ static int watch_main(void *arg)
 	int rc, n = 0, changes = 0;
 
 	rc = ctl_run(&out, &err, "--json", "watch", "--count", "1", "--timeout", "30");
-	CHECK(rc == 0, "watch --count 1: exit %d\n%s%s", rc, out, err);
+	ASSERT_EQ(rc, 0, "watch --count 1: exit %d\n%s%s", rc, out, err);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		cJSON *j = cJSON_Parse(line);
 		const cJSON *reason;
 
-		CHECK(j != NULL, "watch --json line is not JSON: %s", line);
+		ASSERT_NOT_NULL(j, "watch --json line is not JSON: %s", line);
 		reason = cJSON_GetObjectItem(j, "reason");
-		CHECK(cJSON_IsString(reason) && cJSON_IsNumber(cJSON_GetObjectItem(j, "generation")) &&
-		      cJSON_IsNumber(cJSON_GetObjectItem(j, "device")), "watch line: %s", line);
+		ASSERT(cJSON_IsString(reason) && cJSON_IsNumber(cJSON_GetObjectItem(j, "generation")) &&
+		       cJSON_IsNumber(cJSON_GetObjectItem(j, "device")), "watch line: %s", line);
 		if (strcmp(reason->valuestring, "subscribed") != 0) {
-			CHECK(strstr(reason->valuestring, "ctl-test") != NULL, "change without the reason: %s", line);
+			ASSERT_NOT_NULL(strstr(reason->valuestring, "ctl-test"), "change without the reason: %s", line);
 			changes++;
 		}
 		n++;
 		cJSON_Delete(j);
 	}
-	CHECK(n == 3 && changes == 1, "watch printed %d lines, %d changes:\n%s", n, changes, out);
+	ASSERT(n == 3 && changes == 1, "watch printed %d lines, %d changes:\n%s", n, changes, out);
 	free(out);
 	free(err);
 	return 0;
@@ -164,15 +165,15 @@ static int watch_main(void *arg)
 
 static int hung_main(void *arg)
 {
-	regen_client *c = it_connect(&daemon_);
-	struct it_mem m;
-	struct it_gemm_case gc;
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer m;
+	struct tl_gemm_case gc;
 	char why[256];
 
 	regen_client_set_timeout(c, 60);
-	it_mem_create(c, 0, 1 << 16, &m);
-	it_gemm_random_case(&gc, 8);
-	(void)it_gemm_run(c, &m, 0, &gc, why, sizeof(why));
+	tl_buffer_create(c, 0, 1 << 16, &m);
+	tl_gemm_random_case(&gc, 8);
+	(void)tl_gemm_run(c, &m, 0, &gc, why, sizeof(why));
 	return 0;
 }
 
@@ -190,12 +191,12 @@ static void install_ctl(void)
 		 "find '%s' -maxdepth 1 -name 'libregen.so*' ! -type d -exec cp -P {} '%s/bin/' ';' && "
 		 "chmod -R a+rX '%s/bin'",
 		 daemon_.dir, daemon_.regenctl, daemon_.dir, libdir, daemon_.dir, daemon_.dir);
-	CHECK(system(cmd) == 0, "%s", cmd);
+	ASSERT_EQ(system(cmd), 0, "%s", cmd);
 }
 
 int main(void)
 {
-	struct it_daemon_opts opts = { 0 };
+	struct tl_daemon_opts opts = { 0 };
 	regen_status *st, *st2;
 	uint64_t gen0, gen1;
 	struct passwd *nobody = getpwnam("nobody");
@@ -203,25 +204,27 @@ int main(void)
 	char *out = NULL, *err = NULL, missing[300];
 	regen_client *c;
 	pid_t watcher, hung;
+	gid_t group_gid;
 	int rc;
 
+	tl_init(230);
 	if (geteuid() == 0 && nobody != NULL) {
-		group = it_group_without_nobody();
+		group = tl_group_without_nobody((gid_t)-1, &group_gid);
 	}
 	opts.admin_group = group;
-	it_daemon_start(&daemon_, &opts, 230);
+	tl_daemon_start(&daemon_, &opts);
 	install_ctl();
-	c = it_connect(&daemon_);
-	st = it_status(c);
-	gen0 = it_device(st, 0)->generation;
-	gen1 = it_device(st, 1)->generation;
+	c = tl_client_connect(&daemon_);
+	st = tl_status(c);
+	gen0 = tl_status_device(st, 0)->generation;
+	gen1 = tl_status_device(st, 1)->generation;
 
 	/* Reading. */
 	check_table(st);
 	check_json_status(st);
 	rc = ctl_run(&out, &err, "generation");
 	expect_exit(0, "generation", rc, out, err);
-	CHECK(strstr(out, "EPOCH") && strstr(out, "DEVICE"), "generation output: %s", out);
+	ASSERT(strstr(out, "EPOCH") && strstr(out, "DEVICE"), "generation output: %s", out);
 	free(out);
 	free(err);
 	rc = ctl_run(&out, &err, "--json", "generation");
@@ -229,16 +232,16 @@ int main(void)
 	{
 		cJSON *j = cJSON_Parse(out);
 
-		CHECK(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "devices")) == regen_status_device_count(st),
-		      "generation json: %s", out);
+		ASSERT(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "devices")) == regen_status_device_count(st),
+		       "generation json: %s", out);
 		cJSON_Delete(j);
 	}
 	free(out);
 	free(err);
 	rc = ctl_run(&out, &err, "--help");
 	expect_exit(0, "--help", rc, out, err);
-	CHECK(strstr(out, "Exit status") && strstr(out, "not permitted") && strstr(out, "unreachable"),
-	      "--help lacks the exit codes");
+	ASSERT(strstr(out, "Exit status") && strstr(out, "not permitted") && strstr(out, "unreachable"),
+	       "--help lacks the exit codes");
 	free(out);
 	free(err);
 
@@ -255,8 +258,8 @@ int main(void)
 	expect_exit(2, "inject-fault without kind", ctl_run(NULL, NULL, "inject-fault"), NULL, NULL);
 	expect_exit(2, "inject-fault unknown kind", ctl_run(NULL, NULL, "inject-fault", "meteor"), NULL, NULL);
 	expect_exit(2, "extra argument", ctl_run(NULL, NULL, "status", "now"), NULL, NULL);
-	st2 = it_status(c);
-	CHECK(regen_status_epoch(st2) == regen_status_epoch(st), "a usage error changed the epoch");
+	st2 = tl_status(c);
+	ASSERT_UINT_EQ(regen_status_epoch(st2), regen_status_epoch(st), "a usage error changed the epoch");
 	regen_status_free(st2);
 
 	/* Unreachable: 5. */
@@ -269,24 +272,24 @@ int main(void)
 	/* A named error: 1, with the name on stderr. */
 	rc = ctl_run(&out, &err, "release", "--device", "7");
 	expect_exit(1, "release of a device not served", rc, out, err);
-	CHECK(strstr(err, REGEN_ERROR_NO_SUCH_DEVICE) != NULL, "stderr: %s", err);
+	ASSERT_NOT_NULL(strstr(err, REGEN_ERROR_NO_SUCH_DEVICE), "stderr: %s", err);
 	free(out);
 	free(err);
 
 	/* Lifecycle with --wait, and watch seeing it. */
-	watcher = it_fork(watch_main, NULL, 60);
+	watcher = tl_fork(watch_main, NULL, 60);
 	usleep(1000000);
 	rc = ctl_run(&out, &err, "release", "--device", "1", "--reason", "ctl-test", "--wait", "--timeout", "30");
 	expect_exit(0, "release --device 1 --wait", rc, out, err);
-	CHECK(strstr(out, "device 1: ready in generation") && strstr(out, "elapsed"), "release --wait: %s", out);
-	CHECK(strstr(out, "device 0") == NULL, "release --device 1 reported device 0: %s", out);
+	ASSERT(strstr(out, "device 1: ready in generation") && strstr(out, "elapsed"), "release --wait: %s", out);
+	ASSERT_NULL(strstr(out, "device 0"), "release --device 1 reported device 0: %s", out);
 	free(out);
 	free(err);
-	CHECK(it_wait_children(&watcher, 1, 40) == 0, "watch failed");
-	st2 = it_status(c);
-	CHECK(it_device(st2, 1)->generation > gen1 && it_device(st2, 0)->generation == gen0,
-	      "generations after release of device 1");
-	gen1 = it_device(st2, 1)->generation;
+	ASSERT_EQ(tl_wait_children(&watcher, 1, 40), 0, "watch failed");
+	st2 = tl_status(c);
+	ASSERT(tl_status_device(st2, 1)->generation > gen1 && tl_status_device(st2, 0)->generation == gen0,
+	       "generations after release of device 1");
+	gen1 = tl_status_device(st2, 1)->generation;
 	regen_status_free(st2);
 
 	rc = ctl_run(&out, &err, "--json", "release", "--all", "--wait");
@@ -295,9 +298,9 @@ int main(void)
 		char *nl = strchr(out, '\n');
 		cJSON *j;
 
-		CHECK(nl != NULL, "release --json: %s", out);
+		ASSERT_NOT_NULL(nl, "release --json: %s", out);
 		j = cJSON_Parse(nl + 1);
-		CHECK(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "devices")) == 2, "--wait json: %s", nl + 1);
+		ASSERT(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "devices")) == 2, "--wait json: %s", nl + 1);
 		cJSON_Delete(j);
 	}
 	free(out);
@@ -305,7 +308,7 @@ int main(void)
 
 	rc = ctl_run(&out, &err, "watch", "--timeout", "1");
 	expect_exit(0, "watch --timeout 1 (no count)", rc, out, err);
-	CHECK(strstr(out, "subscribed") != NULL, "watch printed: %s", out);
+	ASSERT_NOT_NULL(strstr(out, "subscribed"), "watch printed: %s", out);
 	free(out);
 	free(err);
 	rc = ctl_run(&out, &err, "watch", "--count", "1", "--timeout", "1");
@@ -317,7 +320,7 @@ int main(void)
 	expect_exit(0, "inject-fault crash", rc, out, err);
 	free(out);
 	free(err);
-	it_wait_generation(c, 1, gen1 + 1, 30);
+	tl_wait_generation(c, 1, gen1 + 1, 30);
 
 	/* Not permitted: 4, as `nobody` when regend has an admin group
 	 * nobody is not in. */
@@ -325,7 +328,7 @@ int main(void)
 		chmod(daemon_.sock, 0666);
 		rc = ctl_run_as((int)nobody->pw_uid, (int)nobody->pw_gid, &out, &err, "status", NULL);
 		if (rc == 126 || rc == 127) {
-			it_log("SKIP not-permitted case: nobody cannot run %s: %s", ctl, err);
+			tl_log("SKIP not-permitted case: nobody cannot run %s: %s", ctl, err);
 		} else {
 			expect_exit(0, "status as nobody", rc, out, err);
 			free(out);
@@ -333,19 +336,19 @@ int main(void)
 			rc = ctl_run_as((int)nobody->pw_uid, (int)nobody->pw_gid, &out, &err, "restart", "--device", "0",
 					"--wait", NULL);
 			expect_exit(4, "restart as nobody", rc, out, err);
-			CHECK(strstr(err, REGEN_ERROR_NOT_PERMITTED) != NULL, "stderr: %s", err);
+			ASSERT_NOT_NULL(strstr(err, REGEN_ERROR_NOT_PERMITTED), "stderr: %s", err);
 			rc = ctl_run_as((int)nobody->pw_uid, (int)nobody->pw_gid, NULL, NULL, "inject-fault", "crash", NULL);
 			expect_exit(4, "inject-fault as nobody", rc, NULL, NULL);
 		}
 		free(out);
 		free(err);
 	} else {
-		it_log("SKIP not-permitted case: needs root and a user 'nobody' (euid %d)", (int)geteuid());
+		tl_log("SKIP not-permitted case: needs root and a user 'nobody' (euid %d)", (int)geteuid());
 	}
 
 	/* Timeout: 3. A hung call keeps the restart draining past --timeout. */
-	CHECK_OK(c, regen_inject_fault(c, 0, "hang"));
-	hung = it_fork(hung_main, NULL, 60);
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 0, "hang"));
+	hung = tl_fork(hung_main, NULL, 60);
 	usleep(300000);
 	rc = ctl_run(&out, &err, "restart", "--device", "0", "--deadline-ms", "20000", "--wait", "--timeout", "1");
 	expect_exit(3, "restart --timeout 1 while a call hangs", rc, out, err);
@@ -355,7 +358,7 @@ int main(void)
 
 	regen_status_free(st);
 	regen_client_destroy(c);
-	CHECK(it_daemon_alive(&daemon_), "regend died");
-	it_log("PASS");
+	ASSERT(tl_daemon_alive(&daemon_), "regend died");
+	tl_log("PASS");
 	return 0;
 }

@@ -22,9 +22,8 @@ import re
 import struct
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from regen_ops import (Regend, TempDir, all_ready, check, fail, log, pid_alive, regend_path, skip, try_status,
-                       wait_for, write_config)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from regend_fixture import Regend, check, fail, log, pid_alive, regend_path, skip, try_status, wait_for
 
 CUDA_LIBS = re.compile(r"lib(cudart|cublas|cublasLt|cuda|cudnn)[._-]")
 PT_LOAD, PT_DYNAMIC = 1, 2
@@ -86,43 +85,27 @@ def check_elf(regend, module):
 
 
 def check_host_maps(regend):
-    with TempDir("rd-iso-") as d:
-        sock = os.path.join(d, "regend.sock")
-        daemon = Regend([regend, "--backend", "host", "--devices", "1", "--socket", sock,
-                         "--config", write_config(d)])
-        ok = False
-        try:
-            status = wait_for(lambda: (lambda s: s if all_ready(s, 1) else None)(try_status(sock)), 30,
-                              "the host worker to be ready")
-            worker = int(status["devices"][0]["worker_pid"])
-            check(worker > 0 and worker != daemon.pid, "no worker pid in Status: %r" % status)
-            for role, pid in (("supervisor", daemon.pid), ("worker", worker)):
-                libs = cuda_maps(pid)
-                log("%s %d maps %d CUDA libraries" % (role, pid, len(libs)))
-                check(not libs, "the %s (pid %d) maps CUDA libraries: %s" % (role, pid, libs))
-            ok = True
-        finally:
-            daemon.finish(dump=not ok)
+    with Regend(regend, devices=1, fault_injection=False) as daemon:
+        status = daemon.wait_ready()
+        worker = int(status["devices"][0]["worker_pid"])
+        check(worker > 0 and worker != daemon.pid, "no worker pid in Status: %r" % status)
+        for role, pid in (("supervisor", daemon.pid), ("worker", worker)):
+            libs = cuda_maps(pid)
+            log("%s %d maps %d CUDA libraries" % (role, pid, len(libs)))
+            check(not libs, "the %s (pid %d) maps CUDA libraries: %s" % (role, pid, libs))
 
 
 def check_failed_load(regend):
-    with TempDir("rd-iso-") as d:
-        sock = os.path.join(d, "regend.sock")
-        empty = os.path.join(d, "modules")
+    with Regend(regend, devices=1, backend="cuda", fault_injection=False, start=False) as daemon:
+        empty = os.path.join(daemon.dir, "modules")
         os.mkdir(empty)
-        daemon = Regend([regend, "--backend", "cuda", "--devices", "1", "--socket", sock,
-                         "--config", write_config(d)], env={"REGEN_BACKEND_DIR": empty})
-        ok = False
-        try:
-            want = "cannot load the cuda backend: no backend-cuda.so in %s" % empty
-            wait_for(lambda: want in daemon.log_text() and "worker exited (status 1)" in daemon.log_text(), 30,
-                     "the worker to log '%s' and exit with status 1" % want)
-            check(pid_alive(daemon.pid), "the supervisor died with its worker")
-            status = wait_for(lambda: try_status(sock), 10, "the supervisor to answer Status")
-            check(status["devices"][0]["state"] != "ready", "a device without its backend is ready: %r" % status)
-            ok = True
-        finally:
-            daemon.finish(dump=not ok)
+        daemon.start(wait=False, env={"REGEN_BACKEND_DIR": empty})
+        want = "cannot load the cuda backend: no backend-cuda.so in %s" % empty
+        wait_for(lambda: want in daemon.log_text() and "worker exited (status 1)" in daemon.log_text(), 30,
+                 "the worker to log '%s' and exit with status 1" % want)
+        check(pid_alive(daemon.pid), "the supervisor died with its worker")
+        status = wait_for(lambda: try_status(daemon.socket), 10, "the supervisor to answer Status")
+        check(status["devices"][0]["state"] != "ready", "a device without its backend is ready: %r" % status)
 
 
 def main():

@@ -20,9 +20,8 @@ import struct
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from regen_ops import (Regend, TempDir, all_ready, check, fail, log, regend_path, skip, try_status,
-                       write_config, TIME_SCALE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from regend_fixture import Regend, all_ready, check, log, regend_path, skip, try_status, TIME_SCALE
 
 WATCHDOG_USEC = 400000      # regend should ping every 200 ms
 DEVICES = 2
@@ -78,56 +77,50 @@ def main():
     regend = regend_path()
     if "--no-systemd" in sys.argv[2:]:
         skip("regend was built without libsystemd: no sd_notify")
-    ok = False
-    with TempDir("rg-ntf-") as d:
-        notify_path = os.path.join(d, "notify")
+    with Regend(regend, devices=DEVICES, fault_injection=False, start=False) as daemon:
+        notify_path = os.path.join(daemon.dir, "notify")
         listener = Listener(notify_path)
-        cfg = write_config(d)
-        sock = os.path.join(d, "regend.sock")
-        argv = ["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$0" "$@"',
-                regend, "--backend", "host", "--devices", str(DEVICES), "--socket", sock, "--config", cfg]
-        daemon = Regend(argv, env={"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": str(WATCHDOG_USEC)})
-        try:
-            ready = listener.wait_key("READY", "1", 20)
-            check(ready is not None, "no READY=1 within 20 s")
-            t_ready, pid, _ = ready
-            check(pid == daemon.pid, "READY=1 came from pid %s, not regend %d" % (pid, daemon.pid))
-            # READY=1 promises the socket answers with every device ready.
-            status = try_status(sock)
-            check(all_ready(status, DEVICES), "after READY=1, Status is %r" % status)
-            log("READY=1 from %d; Status: every device ready" % pid)
+        sock = daemon.socket
+        # No waiting for Status here: READY=1 is what says regend is ready.
+        daemon.start(wait=False, env={"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": str(WATCHDOG_USEC)},
+                     wrapper=["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$0" "$@"'])
+        ready = listener.wait_key("READY", "1", 20)
+        check(ready is not None, "no READY=1 within 20 s")
+        t_ready, pid, _ = ready
+        check(pid == daemon.pid, "READY=1 came from pid %s, not regend %d" % (pid, daemon.pid))
+        # READY=1 promises the socket answers with every device ready.
+        status = try_status(sock)
+        check(all_ready(status, DEVICES), "after READY=1, Status is %r" % status)
+        log("READY=1 from %d; Status: every device ready" % pid)
 
-            status_lines = [f["STATUS"] for _, _, f in listener.messages if "STATUS" in f]
-            check(status_lines, "no STATUS= before or with READY=1")
-            log("STATUS lines: %r" % status_lines)
+        status_lines = [f["STATUS"] for _, _, f in listener.messages if "STATUS" in f]
+        check(status_lines, "no STATUS= before or with READY=1")
+        log("STATUS lines: %r" % status_lines)
 
-            # Watchdog: several pings in 1.5 s at WATCHDOG_USEC/2 = 200 ms.
-            start = time.monotonic()
-            listener.poll(1.5 * TIME_SCALE)
-            pings = [t for t, p, f in listener.messages if f.get("WATCHDOG") == "1" and t >= start]
-            log("%d WATCHDOG=1 in %.1f s" % (len(pings), time.monotonic() - start))
-            check(len(pings) >= 3, "only %d WATCHDOG=1 in 1.5 s with WATCHDOG_USEC=%d" %
-                  (len(pings), WATCHDOG_USEC))
-            gaps = [b - a for a, b in zip(pings, pings[1:])]
-            check(max(gaps) < WATCHDOG_USEC / 1e6 * TIME_SCALE,
-                  "WATCHDOG=1 gaps %r: longer than WATCHDOG_USEC" % gaps)
+        # Watchdog: several pings in 1.5 s at WATCHDOG_USEC/2 = 200 ms.
+        start = time.monotonic()
+        listener.poll(1.5 * TIME_SCALE)
+        pings = [t for t, p, f in listener.messages if f.get("WATCHDOG") == "1" and t >= start]
+        log("%d WATCHDOG=1 in %.1f s" % (len(pings), time.monotonic() - start))
+        check(len(pings) >= 3, "only %d WATCHDOG=1 in 1.5 s with WATCHDOG_USEC=%d" %
+              (len(pings), WATCHDOG_USEC))
+        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        check(max(gaps) < WATCHDOG_USEC / 1e6 * TIME_SCALE,
+              "WATCHDOG=1 gaps %r: longer than WATCHDOG_USEC" % gaps)
 
-            before_term = time.monotonic()
-            daemon.signal(signal.SIGTERM)
-            stopping = listener.wait_key("STOPPING", "1", 10, since=before_term)
-            check(stopping is not None, "no STOPPING=1 after SIGTERM")
-            rc = daemon.wait(30)
-            check(rc == 0, "regend exit status %r after SIGTERM (want 0)" % rc)
-            listener.poll(0.05)
+        before_term = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        stopping = listener.wait_key("STOPPING", "1", 10, since=before_term)
+        check(stopping is not None, "no STOPPING=1 after SIGTERM")
+        rc = daemon.wait(30)
+        check(rc == 0, "regend exit status %r after SIGTERM (want 0)" % rc)
+        listener.poll(0.05)
 
-            senders = {p for _, p, _ in listener.messages}
-            check(senders == {daemon.pid}, "notifications from %r; only regend (%d) may send them" %
-                  (senders, daemon.pid))
-            after_stop = [f for t, _, f in listener.messages if t > stopping[0] and f.get("READY") == "1"]
-            check(not after_stop, "READY=1 after STOPPING=1")
-            ok = True
-        finally:
-            daemon.finish(dump=not ok)
+        senders = {p for _, p, _ in listener.messages}
+        check(senders == {daemon.pid}, "notifications from %r; only regend (%d) may send them" %
+              (senders, daemon.pid))
+        after_stop = [f for t, _, f in listener.messages if t > stopping[0] and f.get("READY") == "1"]
+        check(not after_stop, "READY=1 after STOPPING=1")
     log("ok")
 
 

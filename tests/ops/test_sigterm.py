@@ -19,9 +19,9 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from regen_ops import (Closed, Conn, Regend, TempDir, VarlinkError, all_ready, check, fail, host_buffer,
-                       log, operand, pid_alive, regend_path, try_status, wait_for, write_config, TIME_SCALE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from regend_fixture import (Closed, Conn, Regend, VarlinkError, check, fail, host_buffer, log, operand, pid_alive,
+                            regend_path, TIME_SCALE)
 
 N = 768
 CLIENTS = 6
@@ -116,102 +116,94 @@ class GemmClient:
 def main():
     regend = regend_path()
     deadline_ms, per_client = parse_args()
-    ok = False
-    with TempDir("rg-term-") as d:
-        cfg = write_config(d, "log_level = debug\n")
-        sock = os.path.join(d, "regend.sock")
-        daemon = Regend([regend, "--backend", "host", "--devices", str(DEVICES), "--socket", sock,
-                         "--config", cfg, "--drain-deadline-ms", str(deadline_ms)])
-        try:
-            status = wait_for(lambda: (lambda s: s if all_ready(s, DEVICES) else None)(try_status(sock)),
-                              20, "regend to serve %d devices" % DEVICES)
-            workers = [dev["worker_pid"] for dev in status["devices"]]
-            sockets = [dev["worker_socket"] for dev in status["devices"]]
+    with Regend(regend, devices=DEVICES, fault_injection=False, config="log_level = debug\n",
+                extra=["--drain-deadline-ms", str(deadline_ms)], ready_timeout=20) as daemon:
+        sock = daemon.socket
+        status = daemon.wait_ready()
+        workers = [dev["worker_pid"] for dev in status["devices"]]
+        sockets = [dev["worker_socket"] for dev in status["devices"]]
 
-            clients = [GemmClient(i, sockets[i % DEVICES], i % DEVICES, per_client) for i in range(CLIENTS)]
-            # An idle connection with a buffer, for a call after SIGTERM.
-            idle = GemmClient(CLIENTS, sockets[0], 0, 0)
-            watch = Conn(sock, timeout=REPLY_LIMIT_S)
-            watch.send("io.regen.Device.Watch", {}, more=True)
-            for _ in range(DEVICES):
-                first = watch.reply()
-                check(first.get("reason") == "subscribed", "Watch: first reply %r" % first)
+        clients = [GemmClient(i, sockets[i % DEVICES], i % DEVICES, per_client) for i in range(CLIENTS)]
+        # An idle connection with a buffer, for a call after SIGTERM.
+        idle = GemmClient(CLIENTS, sockets[0], 0, 0)
+        watch = Conn(sock, timeout=REPLY_LIMIT_S)
+        watch.send("io.regen.Device.Watch", {}, more=True)
+        for _ in range(DEVICES):
+            first = watch.reply()
+            check(first.get("reason") == "subscribed", "Watch: first reply %r" % first)
 
-            for c in clients:
-                c.send_all()
-            restart = None
-            if os.geteuid() == 0:
-                # Root is always an admin: a Restart now waits on the drain.
-                restart = Conn(sock, timeout=REPLY_LIMIT_S)
-                restart.send("io.regen.Device.Restart", {"device": 0, "reason": "ops test", "deadline_ms": 60000})
-            # Let the lanes start on their queues.
-            time.sleep(0.15)
-            log("SIGTERM to regend %d with %d GEMM(s) queued" % (daemon.pid, CLIENTS * per_client))
-            t0 = time.monotonic()
-            daemon.signal(signal.SIGTERM)
+        for c in clients:
+            c.send_all()
+        restart = None
+        if os.geteuid() == 0:
+            # Root is always an admin: a Restart now waits on the drain.
+            restart = Conn(sock, timeout=REPLY_LIMIT_S)
+            restart.send("io.regen.Device.Restart", {"device": 0, "reason": "ops test", "deadline_ms": 60000})
+        # Let the lanes start on their queues.
+        time.sleep(0.15)
+        log("SIGTERM to regend %d with %d GEMM(s) queued" % (daemon.pid, CLIENTS * per_client))
+        t0 = time.monotonic()
+        daemon.signal(signal.SIGTERM)
 
-            threads = [threading.Thread(target=c.collect) for c in clients]
-            for t in threads:
-                t.start()
-            time.sleep(0.05)
-            late = threading.Thread(target=idle.send_late)
-            late.start()
+        threads = [threading.Thread(target=c.collect) for c in clients]
+        for t in threads:
+            t.start()
+        time.sleep(0.05)
+        late = threading.Thread(target=idle.send_late)
+        late.start()
 
-            # The main socket: Watch and Restart end with a reply, not silence.
-            outcomes_main = {}
-            for name, conn in (("Watch", watch), ("Restart", restart)):
-                if conn is None:
-                    continue
-                try:
-                    while True:
-                        msg = conn.recv(REPLY_LIMIT_S)
-                        if "error" in msg:
-                            outcomes_main[name] = msg["error"]
-                            break
-                        if not msg.get("continues"):
-                            outcomes_main[name] = "ok"
-                            break
-                except Closed as e:
-                    outcomes_main[name] = "closed: %s" % e
-                except socket.timeout:
-                    outcomes_main[name] = "hung"
-
-            for t in threads + [late]:
-                t.join(REPLY_LIMIT_S * TIME_SCALE + 5)
-                check(not t.is_alive(), "a client thread is still waiting for a reply")
-            rc = daemon.wait(30)
-            elapsed = time.monotonic() - t0
-            log("regend exited %r %.2f s after SIGTERM" % (rc, elapsed))
-
-            bad = []
-            counts = {}
-            for c in clients:
-                log("client %d (device %d): %s" % (c.index, c.device, c.outcomes))
-                check(len(c.outcomes) == c.count, "client %d: %d of %d calls answered" %
-                      (c.index, len(c.outcomes), c.count))
-                for o in c.outcomes:
-                    counts[o] = counts.get(o, 0) + 1
-                    if o != "ok" and o not in ALLOWED_ERRORS:
-                        bad.append("client %d: %s" % (c.index, o))
-            log("GEMM outcomes:", counts, "main socket:", outcomes_main, "call after SIGTERM:", idle.late)
-            check(not bad, "calls in flight at SIGTERM got no reply or an unexpected one: %s" % bad)
-            late_outcome = idle.late
-            check(late_outcome == "io.regen.Draining" or (late_outcome or "").startswith("closed"),
-                  "a call sent after SIGTERM: %s (want io.regen.Draining or a closed connection)" % late_outcome)
-            for name, o in outcomes_main.items():
-                check(o in ("ok", "io.regen.Draining"), "%s in flight at SIGTERM: %s" % (name, o))
-            check(rc == 0, "regend exit status %r (want 0)" % rc)
-            for pid in workers:
-                check(not pid_alive(pid), "worker %d still running after regend exited" % pid)
-            check(not os.path.exists(sock), "regend left its socket %s behind" % sock)
+        # The main socket: Watch and Restart end with a reply, not silence.
+        outcomes_main = {}
+        for name, conn in (("Watch", watch), ("Restart", restart)):
+            if conn is None:
+                continue
             try:
-                Conn(sock, 2).close()
-                fail("a connection to %s after exit succeeded" % sock)
-            except OSError:
-                pass
-            ok = True
-        finally:
-            daemon.finish(dump=not ok)
+                while True:
+                    msg = conn.recv(REPLY_LIMIT_S)
+                    if "error" in msg:
+                        outcomes_main[name] = msg["error"]
+                        break
+                    if not msg.get("continues"):
+                        outcomes_main[name] = "ok"
+                        break
+            except Closed as e:
+                outcomes_main[name] = "closed: %s" % e
+            except socket.timeout:
+                outcomes_main[name] = "hung"
+
+        for t in threads + [late]:
+            t.join(REPLY_LIMIT_S * TIME_SCALE + 5)
+            check(not t.is_alive(), "a client thread is still waiting for a reply")
+        rc = daemon.wait(30)
+        elapsed = time.monotonic() - t0
+        log("regend exited %r %.2f s after SIGTERM" % (rc, elapsed))
+
+        bad = []
+        counts = {}
+        for c in clients:
+            log("client %d (device %d): %s" % (c.index, c.device, c.outcomes))
+            check(len(c.outcomes) == c.count, "client %d: %d of %d calls answered" %
+                  (c.index, len(c.outcomes), c.count))
+            for o in c.outcomes:
+                counts[o] = counts.get(o, 0) + 1
+                if o != "ok" and o not in ALLOWED_ERRORS:
+                    bad.append("client %d: %s" % (c.index, o))
+        log("GEMM outcomes:", counts, "main socket:", outcomes_main, "call after SIGTERM:", idle.late)
+        check(not bad, "calls in flight at SIGTERM got no reply or an unexpected one: %s" % bad)
+        late_outcome = idle.late
+        check(late_outcome == "io.regen.Draining" or (late_outcome or "").startswith("closed"),
+              "a call sent after SIGTERM: %s (want io.regen.Draining or a closed connection)" % late_outcome)
+        for name, o in outcomes_main.items():
+            check(o in ("ok", "io.regen.Draining"), "%s in flight at SIGTERM: %s" % (name, o))
+        check(rc == 0, "regend exit status %r (want 0)" % rc)
+        for pid in workers:
+            check(not pid_alive(pid), "worker %d still running after regend exited" % pid)
+        check(not os.path.exists(sock), "regend left its socket %s behind" % sock)
+        try:
+            Conn(sock, 2).close()
+            fail("a connection to %s after exit succeeded" % sock)
+        except OSError:
+            pass
     log("ok")
 
 

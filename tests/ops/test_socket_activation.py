@@ -17,9 +17,9 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from regen_ops import (Conn, Regend, TempDir, all_ready, call, check, fail, log, pid_alive, regend_path, skip,
-                       wait_for, write_config)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from regend_fixture import (Conn, Regend, all_ready, call, check, fail, log, pid_alive, regend_path, skip,
+                            wait_for)
 
 DEVICES = 2
 
@@ -39,54 +39,48 @@ def main():
         skip("regend was built without libsystemd: no socket activation")
     if not activate or not os.access(activate, os.X_OK):
         skip("systemd-socket-activate not found")
-    ok = False
-    with TempDir("rg-act-") as d:
-        cfg = write_config(d)
-        sock = os.path.join(d, "regend.sock")
-        daemon = Regend([activate, "-l", sock, regend, "--backend", "host", "--devices", str(DEVICES),
-                         "--socket", sock, "--config", cfg])
-        try:
-            wait_for(lambda: os.path.exists(sock) or daemon.proc.poll() is not None, 10,
-                     "systemd-socket-activate to bind %s" % sock)
-            if daemon.proc.poll() is not None:
-                text = daemon.log_text()
-                if "Operation not permitted" in text or "Permission denied" in text:
-                    skip("systemd-socket-activate cannot run here: %s" % text.strip())
-                fail("systemd-socket-activate exited %r: %s" % (daemon.proc.returncode, text))
-            # Nothing runs until the first connection.
-            time.sleep(0.2)
-            check("supervisor: listening on" not in daemon.log_text(), "regend started before anyone connected")
+    with Regend(regend, devices=DEVICES, fault_injection=False, start=False) as daemon:
+        sock = daemon.socket
+        # Nothing may connect before the test does: that would start regend.
+        daemon.start(wait=False, wrapper=[activate, "-l", sock])
+        wait_for(lambda: os.path.exists(sock) or daemon.proc.poll() is not None, 10,
+                 "systemd-socket-activate to bind %s" % sock)
+        if daemon.proc.poll() is not None:
+            text = daemon.log_text()
+            if "Operation not permitted" in text or "Permission denied" in text:
+                skip("systemd-socket-activate cannot run here: %s" % text.strip())
+            fail("systemd-socket-activate exited %r: %s" % (daemon.proc.returncode, text))
+        # Nothing runs until the first connection.
+        time.sleep(0.2)
+        check("supervisor: listening on" not in daemon.log_text(), "regend started before anyone connected")
 
-            # This connection starts regend; its call waits in the backlog.
-            first = Conn(sock, timeout=30)
-            first.send("io.regen.Device.Status")
-            reply = first.reply(30)
-            first.close()
-            check(len(reply.get("devices", [])) == DEVICES, "Status via the activated socket: %r" % reply)
-            log("first Status through the activated socket:", [(x["index"], x["state"]) for x in reply["devices"]])
+        # This connection starts regend; its call waits in the backlog.
+        first = Conn(sock, timeout=30)
+        first.send("io.regen.Device.Status")
+        reply = first.reply(30)
+        first.close()
+        check(len(reply.get("devices", [])) == DEVICES, "Status via the activated socket: %r" % reply)
+        log("first Status through the activated socket:", [(x["index"], x["state"]) for x in reply["devices"]])
 
-            # systemd-socket-activate execs regend in place: daemon.pid is regend.
-            status = wait_for(lambda: (lambda s: s if all_ready(s, DEVICES) else None)(
-                call(sock, "io.regen.Device.Status")), 20, "every device ready")
-            for dev in status["devices"]:
-                ws = dev["worker_socket"]
-                check(ws == "%s.dev%d" % (sock, dev["index"]), "worker socket %s is not beside %s" % (ws, sock))
-                gen = call(ws, "io.regen.Device.Generation")
-                check(gen["devices"][0]["generation"] == dev["generation"], "worker socket %s: %r" % (ws, gen))
-                env = environ_of(dev["worker_pid"])
-                check(env is not None and b"LISTEN_FDS" not in env and b"LISTEN_PID" not in env,
-                      "worker %d inherited LISTEN_FDS/LISTEN_PID" % dev["worker_pid"])
-            log("regend pid %d serves %d devices on the activated socket" % (daemon.pid, DEVICES))
+        # systemd-socket-activate execs regend in place: daemon.pid is regend.
+        status = wait_for(lambda: (lambda s: s if all_ready(s, DEVICES) else None)(
+            call(sock, "io.regen.Device.Status")), 20, "every device ready")
+        for dev in status["devices"]:
+            ws = dev["worker_socket"]
+            check(ws == "%s.dev%d" % (sock, dev["index"]), "worker socket %s is not beside %s" % (ws, sock))
+            gen = call(ws, "io.regen.Device.Generation")
+            check(gen["devices"][0]["generation"] == dev["generation"], "worker socket %s: %r" % (ws, gen))
+            env = environ_of(dev["worker_pid"])
+            check(env is not None and b"LISTEN_FDS" not in env and b"LISTEN_PID" not in env,
+                  "worker %d inherited LISTEN_FDS/LISTEN_PID" % dev["worker_pid"])
+        log("regend pid %d serves %d devices on the activated socket" % (daemon.pid, DEVICES))
 
-            daemon.signal(signal.SIGTERM)
-            rc = daemon.wait(30)
-            check(rc == 0, "regend exited %r after SIGTERM (want 0)" % rc)
-            check(os.path.exists(sock), "regend removed %s, which belongs to the socket unit" % sock)
-            for dev in status["devices"]:
-                check(not pid_alive(dev["worker_pid"]), "worker %d outlived regend" % dev["worker_pid"])
-            ok = True
-        finally:
-            daemon.finish(dump=not ok)
+        daemon.signal(signal.SIGTERM)
+        rc = daemon.wait(30)
+        check(rc == 0, "regend exited %r after SIGTERM (want 0)" % rc)
+        check(os.path.exists(sock), "regend removed %s, which belongs to the socket unit" % sock)
+        for dev in status["devices"]:
+            check(not pid_alive(dev["worker_pid"]), "worker %d outlived regend" % dev["worker_pid"])
     log("ok")
 
 

@@ -20,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from regen_ops import SKIP, check, fail, log, regend_path, skip
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from regend_fixture import check, fail, log, regend_path, skip
 
 
 def read_unit(path):
@@ -56,7 +56,9 @@ def static_checks(sysd, default_socket):
                        ("DevicePolicy", "closed"), ("RestrictAddressFamilies", "AF_UNIX"),
                        ("SystemCallFilter", "@system-service"), ("SystemCallArchitectures", "native"),
                        ("LockPersonality", "yes"), ("MemoryDenyWriteExecute", "no"),
-                       ("RuntimeDirectoryPreserve", "yes"), ("Group", "regen")]:
+                       ("RuntimeDirectoryPreserve", "yes"), ("Group", "regen"),
+                       ("CapabilityBoundingSet", "CAP_CHOWN"), ("PrivateMounts", "yes"), ("IPAddressDeny", "any"),
+                       ("MemoryMax", "64G"), ("TasksMax", "4096")]:
         want(service, "regend.service", "Service", key, value)
     for dev in ["/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "char-nvidia-frontend rw", "char-nvidia-uvm rw"]:
         want(service, "regend.service", "Service", "DeviceAllow", dev)
@@ -76,7 +78,7 @@ def static_checks(sysd, default_socket):
         tmpfiles = [l.split() for l in f if l.strip() and not l.startswith("#")]
     check(["d", os.path.dirname(default_socket), "0755", "root", "regen", "-"] in tmpfiles,
           "tmpfiles.d does not make %s: %r" % (os.path.dirname(default_socket), tmpfiles))
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "systemd", "sysusers.d", "regen.conf")
+    src = os.path.join(sysd, "regen-sysusers.conf")
     with open(src) as f:
         sysusers = [l.split() for l in f if l.strip() and not l.startswith("#")]
     check(["g", "regen", "-"] in sysusers, "sysusers.d does not create group regen: %r" % sysusers)
@@ -106,7 +108,7 @@ def config_checks(regend, sysd, tmp):
             else:
                 lines.append(line)
     expected = {"socket", "backend", "devices", "admin_group", "drain_deadline_ms", "fault_injection",
-                "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers"}
+                "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers", "max_scratch_mib"}
     check(set(keys) == expected, "regend.conf documents keys %r, want %r" % (sorted(keys), sorted(expected)))
     full = os.path.join(tmp, "regend-all-keys.conf")
     with open(full, "w") as f:

@@ -17,7 +17,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "rtest.h"
+#include "tests/lib/asserts.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/memfd.h"
+#include "tests/lib/proc.h"
+#include "tests/lib/varlink.h"
 
 #define DEVICE 0
 #define BATCH 8
@@ -29,7 +33,7 @@
 #define MAPS_SLACK (16 * sysconf(_SC_NPROCESSORS_ONLN) + 8)
 #define RSS_SLACK_KB (16 * 1024)
 
-static struct rt_daemon daemon_;
+static struct tl_daemon daemon_;
 
 struct victim {
 	int n;        /* matrix size */
@@ -41,41 +45,41 @@ struct victim {
 static int victim_main(void *arg)
 {
 	struct victim *v = arg;
-	struct rt_conn c;
-	struct rt_reply r;
+	struct tl_conn c;
+	struct tl_reply r;
 	size_t mat = (size_t)v->n * v->n * 4;
 	char id[64], extra[64];
 
-	RT_CHECK(rt_connect(&c, rt_worker_socket(&daemon_, DEVICE)) == 0, "connect");
-	RT_CHECK(rt_import(&c, DEVICE, rt_memfd(3 * mat), 3 * mat, id, &r) == 0, "import: %s", r.error);
-	rt_reply_finish(&r);
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, DEVICE)), "connect");
+	ASSERT_EQ(tl_import_memfd(&c, DEVICE, tl_memfd_open(3 * mat), 3 * mat, id, &r), 0, "import: %s", r.error);
+	tl_reply_finish(&r);
 	for (int i = 0; i < v->buffers; i++) {
-		RT_CHECK(rt_import(&c, DEVICE, rt_memfd(mat), mat, extra, &r) == 0, "import: %s", r.error);
-		rt_reply_finish(&r);
+		ASSERT_EQ(tl_import_memfd(&c, DEVICE, tl_memfd_open(mat), mat, extra, &r), 0, "import: %s", r.error);
+		tl_reply_finish(&r);
 	}
 	for (int i = 0; i < v->gemms; i++)
-		rt_send(&c, "io.regen.Compute.Gemm", NULL, 0,
+		tl_send(&c, "io.regen.Compute.Gemm", NULL, 0,
 			"{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[%d,%d]},"
 			"\"b\":{\"buffer\":\"%s\",\"offset\":%zu,\"dtype\":\"f32\",\"shape\":[%d,%d]},"
 			"\"d\":{\"buffer\":\"%s\",\"offset\":%zu,\"dtype\":\"f32\",\"shape\":[%d,%d]}}",
 			id, v->n, v->n, id, mat, v->n, v->n, id, 2 * mat, v->n, v->n);
-	RT_CHECK(write(v->ready, "x", 1) == 1, "pipe");
+	ASSERT(write(v->ready, "x", 1) == 1, "pipe");
 	for (;;)
 		pause();
 }
 
 /* Polls Status until memory_used is `want` (dies after timeout_s). */
-static void wait_memory(struct rt_conn *main_conn, int64_t want, double timeout_s, const char *what)
+static void wait_memory(struct tl_conn *main_conn, int64_t want, double timeout_s, const char *what)
 {
-	double deadline = rt_now() + timeout_s;
-	struct rt_device d;
+	double deadline = tl_now() + timeout_s;
+	struct tl_device d;
 
 	for (;;) {
-		rt_status(main_conn, DEVICE, &d);
+		tl_device_status(main_conn, DEVICE, &d);
 		if (d.memory_used == want)
 			return;
-		RT_CHECK(rt_now() < deadline, "%s: memory_used %lld, not back to %lld after %.0f s", what,
-			 (long long)d.memory_used, (long long)want, timeout_s);
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "%s: memory_used %lld, not back to %lld after %.0f s", what,
+		                 (long long)d.memory_used, (long long)want, timeout_s);
 		usleep(20000);
 	}
 }
@@ -87,44 +91,44 @@ static void kill_batch(struct victim *v, int n)
 	char buf[BATCH];
 	size_t got = 0;
 
-	RT_CHECK(pipe(p) == 0, "pipe");
+	ASSERT(pipe(p) == 0, "pipe");
 	v->ready = p[1];
 	for (int i = 0; i < n; i++)
-		pids[i] = rt_fork(victim_main, v);
+		pids[i] = tl_fork(victim_main, v, 0);
 	close(p[1]);
-	double deadline = rt_now() + 30;
+	double deadline = tl_now() + 30;
 	while (got < (size_t)n) {
 		ssize_t k = read(p[0], buf, (size_t)n - got);
-		RT_CHECK(k > 0, "a victim died before sending its calls");
+		ASSERT_GT(k, 0, "a victim died before sending its calls");
 		got += (size_t)k;
-		RT_CHECK(rt_now() < deadline, "victims too slow");
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "victims too slow");
 	}
 	close(p[0]);
 	for (int i = 0; i < n; i++)
 		kill(pids[i], SIGKILL);
 	for (int i = 0; i < n; i++) {
 		int st;
-		RT_CHECK(waitpid(pids[i], &st, 0) == pids[i] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
-			 "victim %d did not die by SIGKILL", (int)pids[i]);
+		ASSERT(waitpid(pids[i], &st, 0) == pids[i] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+		       "victim %d did not die by SIGKILL", (int)pids[i]);
 	}
 }
 
-static void print_proc(const char *when, const struct rt_proc *p, int64_t mem)
+static void print_proc(const char *when, const struct tl_proc *p, int64_t mem)
 {
-	rt_log("%-22s fds %4ld  VmRSS %7ld kB  maps %5ld  threads %3ld  memory_used %lld", when, p->fds, p->rss_kb, p->maps,
+	tl_log("%-22s fds %4ld  VmRSS %7ld kB  maps %5ld  threads %3ld  memory_used %lld", when, p->fds, p->rss_kb, p->maps,
 	       p->threads, (long long)mem);
 }
 
 /* Waits for the worker to settle (fds and threads back), then reads it. */
-static void settle(pid_t pid, const struct rt_proc *want, struct rt_proc *out, double timeout_s)
+static void settle(pid_t pid, const struct tl_proc *want, struct tl_proc *out, double timeout_s)
 {
-	double deadline = rt_now() + timeout_s;
+	double deadline = tl_now() + timeout_s;
 
 	for (;;) {
-		rt_proc_read(pid, out);
+		tl_proc_read(pid, out);
 		if (out->fds <= want->fds + FD_SLACK && out->threads <= want->threads)
 			return;
-		if (rt_now() > deadline)
+		if (tl_now() > deadline)
 			return;
 		usleep(50000);
 	}
@@ -132,17 +136,18 @@ static void settle(pid_t pid, const struct rt_proc *want, struct rt_proc *out, d
 
 int main(void)
 {
-	struct rt_conn main_conn;
-	struct rt_device before, during, after;
-	struct rt_proc p0, p1, p_after;
+	struct tl_conn main_conn;
+	struct tl_device before, during, after;
+	struct tl_proc p0, p1, p_after;
 	const char *env = getenv("REGEN_RT_DEATHS");
 	int deaths = env ? atoi(env) : 1000;
 
-	rt_daemon_start(&daemon_, NULL, 300);
-	RT_CHECK(rt_connect(&main_conn, daemon_.sock) == 0, "connect");
-	rt_status(&main_conn, DEVICE, &before);
+	tl_init(300);
+	tl_daemon_start(&daemon_, NULL);
+	ASSERT_OK(tl_conn_open(&main_conn, daemon_.sock), "connect");
+	tl_device_status(&main_conn, DEVICE, &before);
 	pid_t worker = (pid_t)before.worker_pid;
-	RT_CHECK(worker > 0, "no worker pid in Status");
+	ASSERT_GT(worker, 0, "no worker pid in Status");
 
 	/* ---- One death with a lot in flight ---- */
 	{
@@ -151,30 +156,30 @@ int main(void)
 		int p[2];
 		char b;
 
-		rt_proc_read(worker, &p0);
-		RT_CHECK(pipe(p) == 0, "pipe");
+		tl_proc_read(worker, &p0);
+		ASSERT(pipe(p) == 0, "pipe");
 		v.ready = p[1];
-		pid = rt_fork(victim_main, &v);
+		pid = tl_fork(victim_main, &v, 0);
 		close(p[1]);
-		RT_CHECK(read(p[0], &b, 1) == 1, "victim died early");
+		ASSERT(read(p[0], &b, 1) == 1, "victim died early");
 		close(p[0]);
-		rt_status(&main_conn, DEVICE, &during);
-		rt_proc_read(worker, &p1);
+		tl_device_status(&main_conn, DEVICE, &during);
+		tl_proc_read(worker, &p1);
 		kill(pid, SIGKILL);
-		RT_CHECK(rt_wait(pid, 10) == 128 + SIGKILL, "victim survived SIGKILL");
+		ASSERT_EQ(tl_wait(pid, 10), 128 + SIGKILL, "victim survived SIGKILL");
 		size_t mat = 256 * 256 * 4;
-		RT_CHECK(during.memory_used >= before.memory_used + (int64_t)(7 * mat),
-			 "the victim's buffers were not counted: memory_used %lld -> %lld", (long long)before.memory_used,
-			 (long long)during.memory_used);
+		ASSERT_GE(during.memory_used, before.memory_used + (int64_t)(7 * mat),
+		          "the victim's buffers were not counted: memory_used %lld -> %lld", (long long)before.memory_used,
+		          (long long)during.memory_used);
 		wait_memory(&main_conn, before.memory_used, 30, "after one SIGKILL mid-GEMM");
 		settle(worker, &p0, &p_after, 10);
 		print_proc("before the client", &p0, before.memory_used);
 		print_proc("client mid-GEMM", &p1, during.memory_used);
 		print_proc("after its SIGKILL", &p_after, before.memory_used);
-		RT_CHECK(p_after.threads == p0.threads, "the dead client's lane thread is still there (%ld -> %ld)", p0.threads,
-			 p_after.threads);
-		RT_CHECK(p_after.fds <= p0.fds, "the dead client's fds are still open in the worker (%ld -> %ld)", p0.fds,
-			 p_after.fds);
+		ASSERT_EQ(p_after.threads, p0.threads, "the dead client's lane thread is still there (%ld -> %ld)", p0.threads,
+		          p_after.threads);
+		ASSERT_LE(p_after.fds, p0.fds, "the dead client's fds are still open in the worker (%ld -> %ld)", p0.fds,
+		          p_after.fds);
 	}
 
 	/* ---- Many deaths ---- */
@@ -187,36 +192,36 @@ int main(void)
 			kill_batch(&v, BATCH);
 		wait_memory(&main_conn, before.memory_used, 30, "after the warm-up");
 		settle(worker, &p0, &p0, 10);
-		rt_proc_read(worker, &p0);
+		tl_proc_read(worker, &p0);
 		print_proc("after warm-up", &p0, before.memory_used);
 
-		t0 = rt_now();
+		t0 = tl_now();
 		for (int i = 0; i < deaths; i += BATCH)
 			kill_batch(&v, deaths - i < BATCH ? deaths - i : BATCH);
-		double took = rt_now() - t0;
+		double took = tl_now() - t0;
 		wait_memory(&main_conn, before.memory_used, 60, "after the deaths");
 		settle(worker, &p0, &p1, 30);
 		print_proc("after deaths", &p1, before.memory_used);
-		rt_log("%d clients SIGKILLed mid-GEMM in %.1f s (%.1f ms each)", deaths, took, took * 1000 / deaths);
-		rt_log("deltas: fds %+ld  VmRSS %+ld kB  maps %+ld  threads %+ld", p1.fds - p0.fds, p1.rss_kb - p0.rss_kb,
+		tl_log("%d clients SIGKILLed mid-GEMM in %.1f s (%.1f ms each)", deaths, took, took * 1000 / deaths);
+		tl_log("deltas: fds %+ld  VmRSS %+ld kB  maps %+ld  threads %+ld", p1.fds - p0.fds, p1.rss_kb - p0.rss_kb,
 		       p1.maps - p0.maps, p1.threads - p0.threads);
-		RT_CHECK(p1.fds <= p0.fds + FD_SLACK, "fds leak: %ld -> %ld after %d deaths", p0.fds, p1.fds, deaths);
-		RT_CHECK(p1.threads <= p0.threads, "threads leak: %ld -> %ld", p0.threads, p1.threads);
-		RT_CHECK(p1.maps <= p0.maps + MAPS_SLACK, "mappings leak: %ld -> %ld (slack %ld)", p0.maps, p1.maps,
-			 (long)MAPS_SLACK);
+		ASSERT_LE(p1.fds, p0.fds + FD_SLACK, "fds leak: %ld -> %ld after %d deaths", p0.fds, p1.fds, deaths);
+		ASSERT_LE(p1.threads, p0.threads, "threads leak: %ld -> %ld", p0.threads, p1.threads);
+		ASSERT_LE(p1.maps, p0.maps + MAPS_SLACK, "mappings leak: %ld -> %ld (slack %ld)", p0.maps, p1.maps,
+		          (long)MAPS_SLACK);
 		/* ASan keeps freed memory in quarantine (256 MB by default): RSS
 		 * says nothing about leaks there, LeakSanitizer does. */
 		if (p1.asan)
-			rt_log("the worker runs under AddressSanitizer: RSS not checked");
+			tl_log("the worker runs under AddressSanitizer: RSS not checked");
 		else
-			RT_CHECK(p1.rss_kb <= p0.rss_kb + RSS_SLACK_KB, "RSS grows: %ld -> %ld kB", p0.rss_kb, p1.rss_kb);
+			ASSERT_LE(p1.rss_kb, p0.rss_kb + RSS_SLACK_KB, "RSS grows: %ld -> %ld kB", p0.rss_kb, p1.rss_kb);
 	}
-	rt_status(&main_conn, DEVICE, &after);
-	RT_CHECK(after.worker_pid == before.worker_pid && after.respawns == before.respawns &&
-		 after.generation == before.generation && strcmp(after.state, "ready") == 0,
-		 "the device changed: worker %lld -> %lld, generation %lld -> %lld, state %s", (long long)before.worker_pid,
-		 (long long)after.worker_pid, (long long)before.generation, (long long)after.generation, after.state);
-	rt_close(&main_conn);
-	rt_log("PASS");
+	tl_device_status(&main_conn, DEVICE, &after);
+	ASSERT(after.worker_pid == before.worker_pid && after.respawns == before.respawns &&
+	       after.generation == before.generation && strcmp(after.state, "ready") == 0,
+	       "the device changed: worker %lld -> %lld, generation %lld -> %lld, state %s", (long long)before.worker_pid,
+	       (long long)after.worker_pid, (long long)before.generation, (long long)after.generation, after.state);
+	tl_conn_close(&main_conn);
+	tl_log("PASS");
 	return 0;
 }

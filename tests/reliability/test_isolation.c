@@ -15,20 +15,23 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "rtest.h"
+#include "tests/lib/asserts.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/memfd.h"
+#include "tests/lib/varlink.h"
 
 #define SERIALS 200
 #define A_BUFFERS 5
 
-static struct rt_daemon daemon_;
+static struct tl_daemon daemon_;
 
 /* The error's message with every occurrence of id replaced by "ID". */
-static char *masked_message(const struct rt_reply *r, const char *id)
+static char *masked_message(const struct tl_reply *r, const char *id)
 {
-	const char *m = rt_reply_str(r, "message");
+	const char *m = tl_reply_str(r, "message");
 	char *out = calloc(1, 1024), *o = out;
 
-	RT_CHECK(m != NULL && out != NULL, "error without a message");
+	ASSERT(m != NULL && out != NULL, "error without a message");
 	while (*m && o < out + 1000) {
 		if (strncmp(m, id, strlen(id)) == 0) {
 			o += sprintf(o, "ID");
@@ -46,15 +49,15 @@ static int guesser(void *arg)
 	int tried = 0, total = 0;
 
 	for (int dev = 0; dev < daemon_.ndevices; dev++) {
-		struct rt_conn c;
-		struct rt_reply r;
+		struct tl_conn c;
+		struct tl_reply r;
 		char own[64], other_msg[2][1024] = { "", "" };
 		size_t n = 64 * 64 * 4;
-		int fd = rt_memfd(n * 2);
+		int fd = tl_memfd_open(n * 2);
 
-		RT_CHECK(rt_connect(&c, rt_worker_socket(&daemon_, dev)) == 0, "connect");
-		RT_CHECK(rt_import(&c, dev, fd, n * 2, own, &r) == 0, "B's own import failed: %s", r.error);
-		rt_reply_finish(&r);
+		ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, dev)), "connect");
+		ASSERT_EQ(tl_import_memfd(&c, dev, fd, n * 2, own, &r), 0, "B's own import failed: %s", r.error);
+		tl_reply_finish(&r);
 		int a_count = 0;
 		for (int i = 0; a_ids[i]; i++)
 			a_count++;
@@ -75,44 +78,44 @@ static int guesser(void *arg)
 			for (int i = 0; a_ids[i]; i++)
 				a_owns = a_owns || strcmp(a_ids[i], id) == 0;
 
-			rt_call(&c, &r, 30, NULL, 0, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", id);
-			RT_CHECK(r.error && strcmp(r.error, "io.regen.NoSuchObject") == 0, "B's CloseBuffer %s -> %s", id,
-				 r.error ? r.error : "success");
-			RT_CHECK(rt_reply_str(&r, "id") && strcmp(rt_reply_str(&r, "id"), id) == 0, "NoSuchObject names another id");
+			tl_call(&c, &r, 30, NULL, 0, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", id);
+			ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "B's CloseBuffer %s -> %s", id,
+			                   r.error ? r.error : "success");
+			ASSERT_STR_EQ(tl_reply_str(&r, "id"), id, "NoSuchObject names another id");
 			char *msg = masked_message(&r, id);
 			/* The same words whether A owns the id or nobody does. */
 			if (other_msg[a_owns][0] == '\0')
 				snprintf(other_msg[a_owns], sizeof(other_msg[0]), "%s", msg);
 			if (other_msg[!a_owns][0] != '\0')
-				RT_CHECK(strcmp(msg, other_msg[!a_owns]) == 0,
-					 "the error tells A's ids from unused ones:\n  %s\n  %s", msg, other_msg[!a_owns]);
+				ASSERT_STR_EQ(msg, other_msg[!a_owns],
+				              "the error tells A's ids from unused ones:\n  %s\n  %s", msg, other_msg[!a_owns]);
 			free(msg);
-			rt_reply_finish(&r);
+			tl_reply_finish(&r);
 
-			rt_call(&c, &r, 30, NULL, 0, "io.regen.Compute.Gemm",
+			tl_call(&c, &r, 30, NULL, 0, "io.regen.Compute.Gemm",
 				"{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]},"
 				"\"b\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]},"
 				"\"d\":{\"buffer\":\"%s\",\"offset\":%zu,\"dtype\":\"f32\",\"shape\":[4,4]}}",
 				id, own, own, n);
-			RT_CHECK(r.error && strcmp(r.error, "io.regen.NoSuchObject") == 0, "B's Gemm with a = %s -> %s", id,
-				 r.error ? r.error : "success");
-			rt_reply_finish(&r);
-			rt_call(&c, &r, 30, NULL, 0, "io.regen.Compute.Gemm",
+			ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "B's Gemm with a = %s -> %s", id,
+			                   r.error ? r.error : "success");
+			tl_reply_finish(&r);
+			tl_call(&c, &r, 30, NULL, 0, "io.regen.Compute.Gemm",
 				"{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]},"
 				"\"b\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]},"
 				"\"d\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]}}",
 				own, own, id);
-			RT_CHECK(r.error && strcmp(r.error, "io.regen.NoSuchObject") == 0, "B's Gemm with d = %s -> %s", id,
-				 r.error ? r.error : "success");
-			rt_reply_finish(&r);
+			ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "B's Gemm with d = %s -> %s", id,
+			                   r.error ? r.error : "success");
+			tl_reply_finish(&r);
 			tried++;
 			total++;
 		}
-		RT_CHECK(other_msg[1][0] != '\0', "none of A's ids was among those tried on device %d", dev);
-		rt_log("device %d: %d guessed ids (A's %d among them), all NoSuchObject; A's read like unused ones: \"%s\"",
+		ASSERT(other_msg[1][0] != '\0', "none of A's ids was among those tried on device %d", dev);
+		tl_log("device %d: %d guessed ids (A's %d among them), all NoSuchObject; A's read like unused ones: \"%s\"",
 		       dev, tried, A_BUFFERS, other_msg[1]);
 		tried = 0;
-		rt_close(&c);
+		tl_conn_close(&c);
 		close(fd);
 	}
 	return total > 0 ? 0 : 1;
@@ -120,52 +123,54 @@ static int guesser(void *arg)
 
 int main(void)
 {
-	struct rt_conn c[2];
-	struct rt_reply r;
+	struct tl_conn c[2];
+	struct tl_reply r;
 	char ids[2][A_BUFFERS][64];
 	const char *all_ids[2 * A_BUFFERS + 1];
 	size_t n = 4 * 4 * 4;
 	int fds[2][A_BUFFERS], k = 0;
 
-	rt_daemon_start(&daemon_, NULL, 120);
+	tl_init(120);
+	tl_daemon_start(&daemon_, NULL);
 	for (int dev = 0; dev < 2; dev++) {
-		RT_CHECK(rt_connect(&c[dev], rt_worker_socket(&daemon_, dev)) == 0, "connect");
+		ASSERT_OK(tl_conn_open(&c[dev], tl_daemon_worker_socket(&daemon_, dev)), "connect");
 		for (int i = 0; i < A_BUFFERS; i++) {
-			fds[dev][i] = rt_memfd(n * 3);
-			RT_CHECK(rt_import(&c[dev], dev, fds[dev][i], n * 3, ids[dev][i], &r) == 0, "A's import: %s", r.error);
-			rt_reply_finish(&r);
+			fds[dev][i] = tl_memfd_open(n * 3);
+			ASSERT_EQ(tl_import_memfd(&c[dev], dev, fds[dev][i], n * 3, ids[dev][i], &r), 0, "A's import: %s",
+				  r.error);
+			tl_reply_finish(&r);
 			all_ids[k++] = ids[dev][i];
 		}
-		rt_log("A (pid %d) owns %s .. %s on device %d", (int)getpid(), ids[dev][0], ids[dev][A_BUFFERS - 1], dev);
+		tl_log("A (pid %d) owns %s .. %s on device %d", (int)getpid(), ids[dev][0], ids[dev][A_BUFFERS - 1], dev);
 	}
 	all_ids[k] = NULL;
 
-	RT_CHECK(rt_wait(rt_fork(guesser, all_ids), 100) == 0, "the guessing process failed");
+	ASSERT_EQ(tl_wait(tl_fork(guesser, all_ids, 0), 100), 0, "the guessing process failed");
 
 	/* A's buffers are all still there and still A's. */
 	for (int dev = 0; dev < 2; dev++) {
 		for (int i = 0; i < A_BUFFERS; i++) {
 			float *p = mmap(NULL, n * 3, PROT_READ | PROT_WRITE, MAP_SHARED, fds[dev][i], 0);
-			RT_CHECK(p != MAP_FAILED, "mmap");
+			ASSERT(p != MAP_FAILED, "mmap");
 			for (int j = 0; j < 16; j++) {
 				p[j] = (float)(j % 4 == j / 4);   /* identity */
 				p[16 + j] = (float)j;
 			}
-			rt_call_ok(&c[dev], &r, "io.regen.Compute.Gemm",
+			tl_call_ok(&c[dev], &r, "io.regen.Compute.Gemm",
 				   "{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[4,4]},"
 				   "\"b\":{\"buffer\":\"%s\",\"offset\":64,\"dtype\":\"f32\",\"shape\":[4,4]},"
 				   "\"d\":{\"buffer\":\"%s\",\"offset\":128,\"dtype\":\"f32\",\"shape\":[4,4]}}",
 				   ids[dev][i], ids[dev][i], ids[dev][i]);
-			rt_reply_finish(&r);
+			tl_reply_finish(&r);
 			for (int j = 0; j < 16; j++)
-				RT_CHECK(p[32 + j] == (float)j, "A's GEMM on %s after the guessing is wrong", ids[dev][i]);
+				ASSERT(p[32 + j] == (float)j, "A's GEMM on %s after the guessing is wrong", ids[dev][i]);
 			munmap(p, n * 3);
-			rt_call_ok(&c[dev], &r, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", ids[dev][i]);
-			rt_reply_finish(&r);
+			tl_call_ok(&c[dev], &r, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", ids[dev][i]);
+			tl_reply_finish(&r);
 		}
-		rt_close(&c[dev]);
+		tl_conn_close(&c[dev]);
 	}
-	rt_log("A's %d buffers survived the guessing and closed normally", 2 * A_BUFFERS);
-	rt_log("PASS");
+	tl_log("A's %d buffers survived the guessing and closed normally", 2 * A_BUFFERS);
+	tl_log("PASS");
 	return 0;
 }

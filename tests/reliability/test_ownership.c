@@ -25,21 +25,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "rtest.h"
+#include "tests/lib/asserts.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/memfd.h"
+#include "tests/lib/proc.h"
+#include "tests/lib/varlink.h"
 
 #define N 16   /* 16x16 f32 matrices */
 #define BYTES (N * N * 4)
 
-static struct rt_daemon daemon_;
+static struct tl_daemon daemon_;
 static char victim_id[64];
 static int pipe_to_child[2], pipe_from_child[2];
 
 static int fill_memfd(float value)
 {
-	int fd = rt_memfd(BYTES);
+	int fd = tl_memfd_open(BYTES);
 	float *m = mmap(NULL, BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 
-	RT_CHECK(m != MAP_FAILED, "mmap: %s", strerror(errno));
+	ASSERT(m != MAP_FAILED, "mmap: %s", strerror(errno));
 	for (int i = 0; i < N * N; i++)
 		m[i] = value;
 	munmap(m, BYTES);
@@ -47,37 +51,37 @@ static int fill_memfd(float value)
 }
 
 /* D = A B with A and B the same buffer, D the caller's. */
-static void gemm(struct rt_conn *c, struct rt_reply *r, const char *a, const char *d)
+static void gemm(struct tl_conn *c, struct tl_reply *r, const char *a, const char *d)
 {
-	rt_call(c, r, 10, NULL, 0, "io.regen.Compute.Gemm",
+	tl_call(c, r, 10, NULL, 0, "io.regen.Compute.Gemm",
 		"{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[%d,%d]},"
 		"\"b\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[%d,%d]},"
 		"\"d\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[%d,%d]}}",
 		a, N, N, a, N, N, d, N, N);
 }
 
-static void expect_no_such_object(struct rt_reply *r, const char *what)
+static void expect_no_such_object(struct tl_reply *r, const char *what)
 {
-	RT_CHECK(r->error && strcmp(r->error, "io.regen.NoSuchObject") == 0, "%s: got %s, expected NoSuchObject", what,
-		 r->error ? r->error : "success");
-	rt_reply_finish(r);
+	ASSERT_REPLY_ERROR(r, "io.regen.NoSuchObject", "%s: got %s, expected NoSuchObject", what,
+	                   r->error ? r->error : "success");
+	tl_reply_finish(r);
 }
 
 /* The victim's child: keeps the victim's connection, and on request proves
  * the buffer is still the victim's and intact (D = S S with S all 2.0 is
  * all 64.0). */
-static void child_keeps_connection(struct rt_conn *c)
+static void child_keeps_connection(struct tl_conn *c)
 {
 	char cmd;
 	int out_fd = fill_memfd(0.0f);
 	char out_id[64];
-	struct rt_reply r;
+	struct tl_reply r;
 
 	/* Only the test holds the other ends: EOF ends this process. */
 	close(pipe_to_child[1]);
 	close(pipe_from_child[0]);
-	RT_CHECK(rt_import(c, 0, out_fd, BYTES, out_id, &r) == 0, "child's import: %s", r.error);
-	rt_reply_finish(&r);
+	ASSERT_EQ(tl_import_memfd(c, 0, out_fd, BYTES, out_id, &r), 0, "child's import: %s", r.error);
+	tl_reply_finish(&r);
 	(void)!write(pipe_from_child[1], "r", 1);
 	while (read(pipe_to_child[0], &cmd, 1) == 1 && cmd == 'g') {
 		gemm(c, &r, victim_id, out_id);
@@ -89,7 +93,7 @@ static void child_keeps_connection(struct rt_conn *c)
 				ok = d[i] == 2.0f * 2.0f * N ? ok : 'n';
 			munmap(d, BYTES);
 		}
-		rt_reply_finish(&r);
+		tl_reply_finish(&r);
 		(void)!write(pipe_from_child[1], &ok, 1);
 	}
 	_exit(0);
@@ -98,16 +102,18 @@ static void child_keeps_connection(struct rt_conn *c)
 /* Imports the secret, forks the keeper, exits: its pid is free. */
 static int victim(void *arg)
 {
-	struct rt_conn c;
-	struct rt_reply r;
+	struct tl_conn c;
+	struct tl_reply r;
 	int fd = fill_memfd(2.0f);
 
-	RT_CHECK(rt_connect(&c, rt_worker_socket(&daemon_, 0)) == 0, "victim connect");
-	RT_CHECK(rt_import(&c, 0, fd, BYTES, victim_id, &r) == 0, "victim import: %s", r.error);
-	rt_reply_finish(&r);
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "victim connect");
+	ASSERT_EQ(tl_import_memfd(&c, 0, fd, BYTES, victim_id, &r), 0, "victim import: %s", r.error);
+	tl_reply_finish(&r);
 	(void)!write(pipe_from_child[1], victim_id, sizeof(victim_id));
 	if (fork() == 0)
 		child_keeps_connection(&c);
+	/* The child holds the connection now; this copy goes with the victim. */
+	tl_conn_close(&c);
 	return 0;
 }
 
@@ -118,24 +124,24 @@ struct attacker_args {
 static int attacker(void *arg)
 {
 	const struct attacker_args *a = arg;
-	struct rt_conn c;
-	struct rt_reply r;
+	struct tl_conn c;
+	struct tl_reply r;
 	char own[64];
 	int fd;
 
 	if (a->nobody)
-		rt_become_nobody(-1, false);
+		tl_become_nobody(-1, false);
 	fd = fill_memfd(1.0f);
-	RT_CHECK(rt_connect(&c, rt_worker_socket(&daemon_, 0)) == 0, "attacker connect");
-	RT_CHECK(rt_import(&c, 0, fd, BYTES, own, &r) == 0, "attacker's own import: %s", r.error);
-	rt_reply_finish(&r);
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "attacker connect");
+	ASSERT_EQ(tl_import_memfd(&c, 0, fd, BYTES, own, &r), 0, "attacker's own import: %s", r.error);
+	tl_reply_finish(&r);
 	gemm(&c, &r, victim_id, own);
 	expect_no_such_object(&r, "reading the victim's buffer");
 	gemm(&c, &r, own, victim_id);
 	expect_no_such_object(&r, "writing the victim's buffer");
-	rt_call(&c, &r, 10, NULL, 0, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", victim_id);
+	tl_call(&c, &r, 10, NULL, 0, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", victim_id);
 	expect_no_such_object(&r, "closing the victim's buffer");
-	rt_close(&c);
+	tl_conn_close(&c);
 	return 0;
 }
 
@@ -160,28 +166,28 @@ static void recycled_pid(bool nobody)
 	pid_t v, x = -1;
 	char ack;
 
-	RT_CHECK(pipe(pipe_to_child) == 0 && pipe(pipe_from_child) == 0, "pipe");
-	v = rt_fork(victim, NULL);
-	RT_CHECK(read(pipe_from_child[0], victim_id, sizeof(victim_id)) == (ssize_t)sizeof(victim_id), "victim id");
-	RT_CHECK(rt_wait(v, 10) == 0, "victim failed");
-	RT_CHECK(read(pipe_from_child[0], &ack, 1) == 1 && ack == 'r', "keeper not ready");
+	ASSERT(pipe(pipe_to_child) == 0 && pipe(pipe_from_child) == 0, "pipe");
+	v = tl_fork(victim, NULL, 0);
+	ASSERT(read(pipe_from_child[0], victim_id, sizeof(victim_id)) == (ssize_t)sizeof(victim_id), "victim id");
+	ASSERT_EQ(tl_wait(v, 10), 0, "victim failed");
+	ASSERT(read(pipe_from_child[0], &ack, 1) == 1 && ack == 'r', "keeper not ready");
 	for (int tries = 0; tries < 20 && x != v; tries++) {
 		if (!steer_next_pid(v))
-			rt_skip("cannot write /proc/sys/kernel/ns_last_pid");
-		x = rt_fork(attacker, &args);
+			tl_skip("cannot write /proc/sys/kernel/ns_last_pid");
+		x = tl_fork(attacker, &args, 0);
 		if (x != v)
-			RT_CHECK(rt_wait(x, 30) == 0, "attacker (pid %d, not the victim's %d) failed", (int)x, (int)v);
+			ASSERT_EQ(tl_wait(x, 30), 0, "attacker (pid %d, not the victim's %d) failed", (int)x, (int)v);
 	}
-	RT_CHECK(x == v, "could not get the victim's pid %d again", (int)v);
-	RT_CHECK(rt_wait(x, 30) == 0, "attacker with the victim's pid %d%s failed", (int)v, nobody ? " as nobody" : "");
+	ASSERT_EQ(x, v, "could not get the victim's pid %d again", (int)v);
+	ASSERT_EQ(tl_wait(x, 30), 0, "attacker with the victim's pid %d%s failed", (int)v, nobody ? " as nobody" : "");
 	/* The victim's child still owns the buffer, unchanged. */
-	RT_CHECK(write(pipe_to_child[1], "g", 1) == 1, "poke keeper");
-	RT_CHECK(read(pipe_from_child[0], &ack, 1) == 1 && ack == 'y', "the victim's buffer is gone or changed");
+	ASSERT(write(pipe_to_child[1], "g", 1) == 1, "poke keeper");
+	ASSERT(read(pipe_from_child[0], &ack, 1) == 1 && ack == 'y', "the victim's buffer is gone or changed");
 	close(pipe_to_child[1]);
 	close(pipe_from_child[0]);
 	close(pipe_to_child[0]);
 	close(pipe_from_child[1]);
-	rt_log("recycled pid %d (%s): NoSuchObject for reading, writing and closing the victim's buffer, which "
+	tl_log("recycled pid %d (%s): NoSuchObject for reading, writing and closing the victim's buffer, which "
 	       "stays its owner's", (int)v, nobody ? "another uid" : "the same uid");
 }
 
@@ -189,50 +195,52 @@ static void recycled_pid(bool nobody)
  * it. */
 static int two_clients_unseen(void *arg)
 {
-	struct rt_conn a, b;
-	struct rt_reply r;
+	struct tl_conn a, b;
+	struct tl_reply r;
 	char ida[64], idb[64], outa[64];
 	int fa = fill_memfd(2.0f), fb = fill_memfd(1.0f), fo = fill_memfd(0.0f);
 	pid_t other;
 
-	RT_CHECK(rt_connect(&a, rt_worker_socket(&daemon_, 0)) == 0, "connect a");
-	RT_CHECK(rt_import(&a, 0, fa, BYTES, ida, &r) == 0, "import a: %s", r.error);
-	rt_reply_finish(&r);
-	RT_CHECK(rt_import(&a, 0, fo, BYTES, outa, &r) == 0, "import a's output: %s", r.error);
-	rt_reply_finish(&r);
+	ASSERT_OK(tl_conn_open(&a, tl_daemon_worker_socket(&daemon_, 0)), "connect a");
+	ASSERT_EQ(tl_import_memfd(&a, 0, fa, BYTES, ida, &r), 0, "import a: %s", r.error);
+	tl_reply_finish(&r);
+	ASSERT_EQ(tl_import_memfd(&a, 0, fo, BYTES, outa, &r), 0, "import a's output: %s", r.error);
+	tl_reply_finish(&r);
 	memcpy(victim_id, ida, sizeof(ida));
 	other = fork();
 	if (other == 0) {
-		RT_CHECK(rt_connect(&b, rt_worker_socket(&daemon_, 0)) == 0, "connect b");
-		RT_CHECK(rt_import(&b, 0, fb, BYTES, idb, &r) == 0, "import b: %s", r.error);
-		rt_reply_finish(&r);
+		ASSERT_OK(tl_conn_open(&b, tl_daemon_worker_socket(&daemon_, 0)), "connect b");
+		ASSERT_EQ(tl_import_memfd(&b, 0, fb, BYTES, idb, &r), 0, "import b: %s", r.error);
+		tl_reply_finish(&r);
 		gemm(&b, &r, victim_id, idb);
 		expect_no_such_object(&r, "pid-0 client naming another pid-0 client's buffer");
+		tl_conn_close(&b);
 		_exit(0);
 	}
-	RT_CHECK(rt_wait(other, 30) == 0, "the other pid-0 client failed");
+	ASSERT_EQ(tl_wait(other, 30), 0, "the other pid-0 client failed");
 	/* Its owner still uses it. */
 	gemm(&a, &r, ida, outa);
-	RT_CHECK(!r.error, "the owner's own Gemm failed: %s", r.error);
-	rt_reply_finish(&r);
+	ASSERT(!r.error, "the owner's own Gemm failed: %s", r.error);
+	tl_reply_finish(&r);
+	tl_conn_close(&a);
 	return 0;
 }
 
 int main(void)
 {
 	static const char *const extra[] = { "--socket-mode", "0666", NULL };
-	static const char *const extra_ns[] = { "--socket-mode", "0666", "--pid-namespace", NULL };
 
+	tl_init(120);
 	if (geteuid() != 0)
-		rt_skip("needs root: to drop to nobody and to steer pids");
-	rt_daemon_start(&daemon_, extra, 120);
+		tl_skip("needs root: to drop to nobody and to steer pids");
+	tl_daemon_start(&daemon_, &(struct tl_daemon_opts){ .extra = extra });
 	recycled_pid(true);
 	recycled_pid(false);
-	rt_daemon_stop(&daemon_);
+	tl_daemon_stop(&daemon_);
 
-	rt_daemon_start(&daemon_, extra_ns, 120);
-	RT_CHECK(rt_wait(rt_fork(two_clients_unseen, NULL), 30) == 0, "pid-0 clients");
-	rt_log("pid 0 (regend in its own pid namespace): one client's id is another's NoSuchObject");
-	rt_daemon_stop(&daemon_);
+	tl_daemon_start(&daemon_, &(struct tl_daemon_opts){ .extra = extra, .pid_namespace = true });
+	ASSERT_EQ(tl_wait(tl_fork(two_clients_unseen, NULL, 0), 30), 0, "pid-0 clients");
+	tl_log("pid 0 (regend in its own pid namespace): one client's id is another's NoSuchObject");
+	tl_daemon_stop(&daemon_);
 	return 0;
 }

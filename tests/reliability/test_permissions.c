@@ -9,41 +9,50 @@
  *   Status, Generation and GetInfo and import on a worker.
  * - With the sockets open to everyone (0666), plain nobody is refused the
  *   same way, and a user whose group is A may Release.
+ * - Admin rights come from the caller's own credentials (SO_PEERGROUPS),
+ *   not from /etc/group: nobody with A only among its supplementary groups
+ *   (which /etc/group does not list) may Release; the same process that
+ *   dropped them may not.
  * Needs root (to become nobody); exits 77 otherwise. */
 #include <errno.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rtest.h"
+#include "tests/lib/asserts.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/memfd.h"
+#include "tests/lib/proc.h"
+#include "tests/lib/varlink.h"
 
-static struct rt_daemon daemon_;
+static struct tl_daemon daemon_;
 static gid_t admin_gid, socket_gid;
 
 static void check_socket(const char *path, unsigned mode, gid_t gid)
 {
 	struct stat st;
 
-	RT_CHECK(stat(path, &st) == 0, "stat %s: %s", path, strerror(errno));
-	RT_CHECK(S_ISSOCK(st.st_mode), "%s is not a socket", path);
-	RT_CHECK((st.st_mode & 07777) == mode, "%s has mode %04o, expected %04o", path, st.st_mode & 07777, mode);
-	RT_CHECK(st.st_gid == gid, "%s has group %u, expected %u", path, (unsigned)st.st_gid, (unsigned)gid);
-	rt_log("%s: mode %04o group %u as configured", path, st.st_mode & 07777, (unsigned)st.st_gid);
+	ASSERT(stat(path, &st) == 0, "stat %s: %s", path, strerror(errno));
+	ASSERT(S_ISSOCK(st.st_mode), "%s is not a socket", path);
+	ASSERT_EQ((st.st_mode & 07777), mode, "%s has mode %04o, expected %04o", path, st.st_mode & 07777, mode);
+	ASSERT_UINT_EQ(st.st_gid, gid, "%s has group %u, expected %u", path, (unsigned)st.st_gid, (unsigned)gid);
+	tl_log("%s: mode %04o group %u as configured", path, st.st_mode & 07777, (unsigned)st.st_gid);
 }
 
 static int nobody_cannot_connect(void *arg)
 {
-	struct rt_conn c;
+	struct tl_conn c;
 
-	rt_become_nobody(0, false);
+	tl_become_nobody(0, false);
 	for (int i = -1; i < daemon_.ndevices; i++) {
-		const char *path = i < 0 ? daemon_.sock : rt_worker_socket(&daemon_, i);
-		int r = rt_connect(&c, path);
+		const char *path = i < 0 ? daemon_.sock : tl_daemon_worker_socket(&daemon_, i);
+		int r = tl_conn_open(&c, path);
 
-		RT_CHECK(r == -EACCES, "nobody connected to %s (mode 0660, other group): %s", path, r == 0 ? "yes" : strerror(-r));
-		rt_log("nobody -> %s: %s, as it should", path, strerror(-r));
+		ASSERT_EQ(r, -EACCES, "nobody connected to %s (mode 0660, other group)", path);
+		tl_log("nobody -> %s: %s, as it should", path, strerror(-r));
 	}
 	return 0;
 }
@@ -61,62 +70,104 @@ static int nobody_is_refused(void *arg)
 		{ "io.regen.Device.Release", "{}" },
 		{ "io.regen.Device.Restart", "{}" },
 	};
-	struct rt_conn c;
-	struct rt_reply r;
-	struct rt_device before, after;
+	struct tl_conn c;
+	struct tl_reply r;
+	struct tl_device before, after;
 
-	rt_become_nobody(arg ? *(gid_t *)arg : 0, arg != NULL);
-	RT_CHECK(rt_connect(&c, daemon_.sock) == 0, "nobody (gid %u) cannot connect", (unsigned)getgid());
-	rt_status(&c, 0, &before);
+	tl_become_nobody(arg ? *(gid_t *)arg : 0, arg != NULL);
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "nobody (gid %u) cannot connect", (unsigned)getgid());
+	tl_device_status(&c, 0, &before);
 	for (size_t i = 0; i < sizeof(admin_calls) / sizeof(admin_calls[0]); i++) {
-		rt_call(&c, &r, 30, NULL, 0, admin_calls[i].method, "%s", admin_calls[i].params);
-		RT_CHECK(r.error && strcmp(r.error, "io.regen.NotPermitted") == 0, "nobody's %s got %s",
-			 admin_calls[i].method, r.error ? r.error : "success");
-		RT_CHECK(rt_reply_str(&r, "method") && strcmp(rt_reply_str(&r, "method"), admin_calls[i].method) == 0,
-			 "NotPermitted names method %s", rt_reply_str(&r, "method") ? rt_reply_str(&r, "method") : "(none)");
-		RT_CHECK(rt_reply_str(&r, "message") != NULL, "NotPermitted without a message");
-		rt_log("nobody (gid %u) %s %s -> %s", (unsigned)getgid(), admin_calls[i].method, admin_calls[i].params, r.error);
-		rt_reply_finish(&r);
+		tl_call(&c, &r, 30, NULL, 0, admin_calls[i].method, "%s", admin_calls[i].params);
+		ASSERT_REPLY_ERROR(&r, "io.regen.NotPermitted", "nobody's %s got %s",
+		                   admin_calls[i].method, r.error ? r.error : "success");
+		ASSERT(tl_reply_str(&r, "method") && strcmp(tl_reply_str(&r, "method"), admin_calls[i].method) == 0,
+		       "NotPermitted names method %s", tl_reply_str(&r, "method") ? tl_reply_str(&r, "method") : "(none)");
+		ASSERT_NOT_NULL(tl_reply_str(&r, "message"), "NotPermitted without a message");
+		tl_log("nobody (gid %u) %s %s -> %s", (unsigned)getgid(), admin_calls[i].method, admin_calls[i].params, r.error);
+		tl_reply_finish(&r);
 	}
 	/* Still served, and nothing happened to the device. */
-	rt_call_ok(&c, &r, "io.regen.Device.Generation", NULL);
-	rt_reply_finish(&r);
-	rt_call_ok(&c, &r, "org.varlink.service.GetInfo", NULL);
-	rt_reply_finish(&r);
-	rt_status(&c, 0, &after);
-	RT_CHECK(after.generation == before.generation && after.worker_pid == before.worker_pid &&
-		 strcmp(after.state, "ready") == 0, "a refused call changed device 0 (generation %lld -> %lld, worker %lld -> %lld)",
-		 (long long)before.generation, (long long)after.generation, (long long)before.worker_pid,
-		 (long long)after.worker_pid);
-	rt_close(&c);
+	tl_call_ok(&c, &r, "io.regen.Device.Generation", NULL);
+	tl_reply_finish(&r);
+	tl_call_ok(&c, &r, "org.varlink.service.GetInfo", NULL);
+	tl_reply_finish(&r);
+	tl_device_status(&c, 0, &after);
+	ASSERT_EQ(after.generation, before.generation, "a refused call changed device 0's generation");
+	ASSERT_EQ(after.worker_pid, before.worker_pid, "a refused call changed device 0's worker");
+	ASSERT_STR_EQ(after.state, "ready", "a refused call changed device 0's state");
+	tl_conn_close(&c);
 
 	/* The data plane is not an admin's: nobody imports on a worker. */
-	RT_CHECK(rt_connect(&c, rt_worker_socket(&daemon_, 0)) == 0, "nobody cannot reach the worker socket");
-	int fd = rt_memfd(4096);
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "nobody cannot reach the worker socket");
+	int fd = tl_memfd_open(4096);
 	char id[64];
-	RT_CHECK(rt_import(&c, 0, fd, 4096, id, &r) == 0, "nobody's import failed: %s", r.error);
-	rt_reply_finish(&r);
-	rt_close(&c);
+	ASSERT_EQ(tl_import_memfd(&c, 0, fd, 4096, id, &r), 0, "nobody's import failed: %s", r.error);
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
 	return 0;
 }
 
 static int group_member_may(void *arg)
 {
-	struct rt_conn c;
-	struct rt_reply r;
-	struct rt_device before, after;
+	struct tl_conn c;
+	struct tl_reply r;
+	struct tl_device before, after;
 
-	rt_become_nobody(admin_gid, true);
-	RT_CHECK(rt_connect(&c, daemon_.sock) == 0, "connect");
-	rt_status(&c, 1, &before);
-	rt_call_ok(&c, &r, "io.regen.Device.Release", "{\"device\":1,\"reason\":\"admin group member\"}");
-	rt_reply_finish(&r);
-	rt_status(&c, 1, &after);
-	RT_CHECK(after.generation == before.generation + 1, "Release by the admin group: generation %lld -> %lld",
-		 (long long)before.generation, (long long)after.generation);
-	rt_log("uid nobody, gid %u (admin group): Release device 1 -> generation %lld", (unsigned)admin_gid,
+	tl_become_nobody(admin_gid, true);
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "connect");
+	tl_device_status(&c, 1, &before);
+	tl_call_ok(&c, &r, "io.regen.Device.Release", "{\"device\":1,\"reason\":\"admin group member\"}");
+	tl_reply_finish(&r);
+	tl_device_status(&c, 1, &after);
+	ASSERT_EQ(after.generation, before.generation + 1, "Release by the admin group: generation %lld -> %lld",
+	          (long long)before.generation, (long long)after.generation);
+	tl_log("uid nobody, gid %u (admin group): Release device 1 -> generation %lld", (unsigned)admin_gid,
 	       (long long)after.generation);
-	rt_close(&c);
+	tl_conn_close(&c);
+	return 0;
+}
+
+/* nobody whose primary group is nobody's and whose supplementary groups
+ * are `groups` (none: dropped). */
+static void become_nobody_with_groups(const gid_t *groups, size_t n)
+{
+	ASSERT(setgroups(n, groups) == 0, "setgroups: %s", strerror(errno));
+	ASSERT(setgid(65534) == 0 && setuid(65534) == 0, "become nobody: %s", strerror(errno));
+}
+
+static int supplementary_member_may(void *arg)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	struct tl_device before, after;
+
+	become_nobody_with_groups(&admin_gid, 1);
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "connect");
+	tl_device_status(&c, 0, &before);
+	tl_call_ok(&c, &r, "io.regen.Device.Release", "{\"device\":0,\"reason\":\"supplementary admin group\"}");
+	tl_reply_finish(&r);
+	tl_device_status(&c, 0, &after);
+	ASSERT_EQ(after.generation, before.generation + 1, "Release by a supplementary member: generation %lld -> %lld",
+	          (long long)before.generation, (long long)after.generation);
+	tl_log("nobody with admin gid %u as a supplementary group (not in /etc/group): Release -> generation %lld",
+	       (unsigned)admin_gid, (long long)after.generation);
+	tl_conn_close(&c);
+	return 0;
+}
+
+static int dropped_groups_may_not(void *arg)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+
+	become_nobody_with_groups(NULL, 0);
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "connect");
+	tl_call(&c, &r, 30, NULL, 0, "io.regen.Device.Release", "{\"device\":0}");
+	ASSERT_REPLY_ERROR(&r, "io.regen.NotPermitted", "nobody with no groups got %s", r.error ? r.error : "success");
+	tl_reply_finish(&r);
+	tl_log("nobody with its groups dropped: Release -> NotPermitted");
+	tl_conn_close(&c);
 	return 0;
 }
 
@@ -124,31 +175,34 @@ int main(void)
 {
 	const char *group, *sgroup;
 
+	tl_init(120);
 	if (geteuid() != 0)
-		rt_skip("needs root to become nobody");
-	group = rt_group_without_nobody((gid_t)-1, &admin_gid);
-	sgroup = group ? rt_group_without_nobody(admin_gid, &socket_gid) : NULL;
+		tl_skip("needs root to become nobody");
+	group = tl_group_without_nobody((gid_t)-1, &admin_gid);
+	sgroup = group ? tl_group_without_nobody(admin_gid, &socket_gid) : NULL;
 	if (!group || !sgroup)
-		rt_skip("no two groups that nobody is not in");
-	rt_log("admin group %s (%u), socket group %s (%u)", group, (unsigned)admin_gid, sgroup, (unsigned)socket_gid);
+		tl_skip("no two groups that nobody is not in");
+	tl_log("admin group %s (%u), socket group %s (%u)", group, (unsigned)admin_gid, sgroup, (unsigned)socket_gid);
 
 	const char *closed[] = { "--socket-mode", "0660", "--socket-group", sgroup, "--admin-group", group, NULL };
-	rt_daemon_start(&daemon_, closed, 120);
+	tl_daemon_start(&daemon_, &(struct tl_daemon_opts){ .extra = closed });
 	check_socket(daemon_.sock, 0660, socket_gid);
 	for (int i = 0; i < daemon_.ndevices; i++)
-		check_socket(rt_worker_socket(&daemon_, i), 0660, socket_gid);
-	RT_CHECK(rt_wait(rt_fork(nobody_cannot_connect, NULL), 30) == 0, "nobody_cannot_connect failed");
-	RT_CHECK(rt_wait(rt_fork(nobody_is_refused, &socket_gid), 60) == 0, "nobody in the socket group: not refused");
-	rt_daemon_stop(&daemon_);
+		check_socket(tl_daemon_worker_socket(&daemon_, i), 0660, socket_gid);
+	ASSERT_EQ(tl_wait(tl_fork(nobody_cannot_connect, NULL, 0), 30), 0, "nobody_cannot_connect failed");
+	ASSERT_EQ(tl_wait(tl_fork(nobody_is_refused, &socket_gid, 0), 60), 0, "nobody in the socket group: not refused");
+	tl_daemon_stop(&daemon_);
 
 	const char *open_[] = { "--socket-mode", "0666", "--admin-group", group, NULL };
-	rt_daemon_start(&daemon_, open_, 120);
+	tl_daemon_start(&daemon_, &(struct tl_daemon_opts){ .extra = open_ });
 	check_socket(daemon_.sock, 0666, getgid());
 	for (int i = 0; i < daemon_.ndevices; i++)
-		check_socket(rt_worker_socket(&daemon_, i), 0666, getgid());
-	RT_CHECK(rt_wait(rt_fork(nobody_is_refused, NULL), 60) == 0, "nobody_is_refused failed");
-	RT_CHECK(rt_wait(rt_fork(group_member_may, NULL), 60) == 0, "group_member_may failed");
-	rt_daemon_stop(&daemon_);
-	rt_log("PASS");
+		check_socket(tl_daemon_worker_socket(&daemon_, i), 0666, getgid());
+	ASSERT_EQ(tl_wait(tl_fork(nobody_is_refused, NULL, 0), 60), 0, "nobody_is_refused failed");
+	ASSERT_EQ(tl_wait(tl_fork(group_member_may, NULL, 0), 60), 0, "group_member_may failed");
+	ASSERT_EQ(tl_wait(tl_fork(supplementary_member_may, NULL, 0), 60), 0, "supplementary_member_may failed");
+	ASSERT_EQ(tl_wait(tl_fork(dropped_groups_may_not, NULL, 0), 60), 0, "dropped_groups_may_not failed");
+	tl_daemon_stop(&daemon_);
+	tl_log("PASS");
 	return 0;
 }

@@ -20,63 +20,67 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "rtest.h"
+#include "tests/lib/asserts.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/memfd.h"
+#include "tests/lib/varlink.h"
 
 #define N 32
 #define BYTES (N * N * 4)
 
-static struct rt_daemon daemon_;
+static struct tl_daemon daemon_;
 
 int main(void)
 {
-	struct rt_conn m, c, other;
-	struct rt_reply r;
-	struct rt_device before, after;
+	struct tl_conn m, c, other;
+	struct tl_reply r;
+	struct tl_device before, after;
 	char a[64], d[64];
 	int unsealed, sealed, out;
 
-	rt_daemon_start(&daemon_, NULL, 120);
-	RT_CHECK(rt_connect(&m, daemon_.sock) == 0, "connect main");
-	rt_status(&m, 0, &before);
-	RT_CHECK(rt_connect(&c, rt_worker_socket(&daemon_, 0)) == 0, "connect worker");
+	tl_init(120);
+	tl_daemon_start(&daemon_, NULL);
+	ASSERT_OK(tl_conn_open(&m, daemon_.sock), "connect main");
+	tl_device_status(&m, 0, &before);
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect worker");
 
-	unsealed = rt_memfd_unsealed(BYTES);
-	RT_CHECK(rt_import(&c, 0, unsealed, BYTES, a, &r) < 0, "an fd that can shrink was imported");
-	RT_CHECK(strcmp(r.error, "io.regen.ImportFailed") == 0, "got %s, expected ImportFailed", r.error);
-	RT_CHECK(rt_reply_str(&r, "kind") && strcmp(rt_reply_str(&r, "kind"), "host_fd") == 0, "ImportFailed kind");
-	RT_CHECK(strstr(rt_reply_str(&r, "message"), "F_SEAL_SHRINK") != NULL, "the refusal does not name the fix: %s",
-		 rt_reply_str(&r, "message"));
-	rt_reply_finish(&r);
+	unsealed = tl_memfd_open_unsealed(BYTES);
+	ASSERT_LT(tl_import_memfd(&c, 0, unsealed, BYTES, a, &r), 0, "an fd that can shrink was imported");
+	ASSERT_REPLY_ERROR(&r, "io.regen.ImportFailed");
+	ASSERT_STR_EQ(tl_reply_str(&r, "kind"), "host_fd", "ImportFailed kind");
+	ASSERT_STR_CONTAINS(tl_reply_str(&r, "message"), "F_SEAL_SHRINK", "the refusal does not name the fix");
+	tl_reply_finish(&r);
 	/* The attack goes on regardless: shrink it and name it. Nothing was
 	 * mapped, so nothing can fault. */
-	RT_CHECK(ftruncate(unsealed, 0) == 0, "shrinking one's own unsealed memfd");
+	ASSERT_EQ(ftruncate(unsealed, 0), 0, "shrinking one's own unsealed memfd");
 
-	sealed = rt_memfd(BYTES);
-	out = rt_memfd(BYTES);
-	RT_CHECK(rt_import(&c, 0, sealed, BYTES, a, &r) == 0, "sealed import: %s", r.error);
-	rt_reply_finish(&r);
-	RT_CHECK(rt_import(&c, 0, out, BYTES, d, &r) == 0, "sealed import: %s", r.error);
-	rt_reply_finish(&r);
-	RT_CHECK(ftruncate(sealed, 0) < 0 && errno == EPERM, "a sealed, imported memfd could be shrunk");
+	sealed = tl_memfd_open(BYTES);
+	out = tl_memfd_open(BYTES);
+	ASSERT_EQ(tl_import_memfd(&c, 0, sealed, BYTES, a, &r), 0, "sealed import: %s", r.error);
+	tl_reply_finish(&r);
+	ASSERT_EQ(tl_import_memfd(&c, 0, out, BYTES, d, &r), 0, "sealed import: %s", r.error);
+	tl_reply_finish(&r);
+	ASSERT(ftruncate(sealed, 0) < 0 && errno == EPERM, "a sealed, imported memfd could be shrunk");
 	for (int i = 0; i < 20; i++) {
-		rt_call(&c, &r, 10, NULL, 0, "io.regen.Compute.Gemm",
+		tl_call(&c, &r, 10, NULL, 0, "io.regen.Compute.Gemm",
 			"{\"a\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[%d,%d]},"
 			"\"b\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[%d,%d]},"
 			"\"d\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[%d,%d]}}",
 			a, N, N, a, N, N, d, N, N);
-		RT_CHECK(!r.error, "Gemm on sealed memory: %s", r.error);
-		rt_reply_finish(&r);
+		ASSERT_REPLY_OK(&r, "Gemm on sealed memory");
+		tl_reply_finish(&r);
 	}
-	RT_CHECK(rt_connect(&other, rt_worker_socket(&daemon_, 0)) == 0, "connect other");
-	rt_call_ok(&other, &r, "io.regen.Device.Generation", NULL);
-	rt_reply_finish(&r);
-	rt_status(&m, 0, &after);
-	RT_CHECK(after.worker_pid == before.worker_pid && after.respawns == before.respawns &&
-		 after.generation == before.generation,
-		 "the worker changed: pid %lld -> %lld, respawns %lld -> %lld, generation %lld -> %lld",
-		 (long long)before.worker_pid, (long long)after.worker_pid, (long long)before.respawns,
-		 (long long)after.respawns, (long long)before.generation, (long long)after.generation);
-	rt_log("unsealed memfd refused by name; a sealed one cannot shrink; worker %lld served throughout (generation %lld)",
+	ASSERT_OK(tl_conn_open(&other, tl_daemon_worker_socket(&daemon_, 0)), "connect other");
+	tl_call_ok(&other, &r, "io.regen.Device.Generation", NULL);
+	tl_reply_finish(&r);
+	tl_device_status(&m, 0, &after);
+	ASSERT_EQ(after.worker_pid, before.worker_pid, "the worker changed");
+	ASSERT_EQ(after.respawns, before.respawns, "the worker was respawned");
+	ASSERT_EQ(after.generation, before.generation, "the generation changed");
+	tl_log("unsealed memfd refused by name; a sealed one cannot shrink; worker %lld served throughout (generation %lld)",
 	       (long long)after.worker_pid, (long long)after.generation);
+	tl_conn_close(&other);
+	tl_conn_close(&c);
+	tl_conn_close(&m);
 	return 0;
 }

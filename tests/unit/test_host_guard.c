@@ -5,7 +5,10 @@
 #include <check.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -63,11 +66,30 @@ START_TEST(sigbus_inside_a_guard_returns_to_it)
 }
 END_TEST
 
+/* Without a sanitizer's handler before ours, the process dies of SIGBUS
+ * itself. */
+static bool sanitizer_absent(void)
+{
+	char line[512];
+	bool found = false;
+	FILE *f = fopen("/proc/self/maps", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		found = found || strstr(line, "libasan") != NULL;
+	if (f)
+		fclose(f);
+	return !found;
+}
+
 START_TEST(sigbus_outside_a_guard_still_kills)
 {
 	int status;
 	pid_t pid;
 
+	/* Under AddressSanitizer its handler came first and reports the fault
+	 * as an error of its own: what this case proves is for the plain build. */
+	if (!sanitizer_absent())
+		return;
 	page_size = sysconf(_SC_PAGESIZE);
 	ck_assert_int_eq(rd_host_guard_install(), 0);
 	pid = fork();

@@ -21,53 +21,12 @@
 #include <unistd.h>
 
 #include "daemon/backend/host/math.h"
-
-static unsigned long long g_seed;
-
-/* ---- random numbers --------------------------------------------------- */
-
-struct rng {
-	uint64_t s;
-};
-
-static uint64_t rng_next(struct rng *r)
-{
-	/* splitmix64: tiny, and good enough for test data. */
-	uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static void rng_init(struct rng *r, uint64_t salt)
-{
-	r->s = g_seed ^ (salt * 0x2545f4914f6cdd1dull);
-	rng_next(r);
-}
-
-/* Uniform in [lo, hi). */
-static double rng_uniform(struct rng *r, double lo, double hi)
-{
-	return lo + (hi - lo) * ((double)(rng_next(r) >> 11) * 0x1p-53);
-}
-
-static int64_t rng_int(struct rng *r, int64_t lo, int64_t hi)
-{
-	return lo + (int64_t)(rng_next(r) % (uint64_t)(hi - lo + 1));
-}
+#include "tests/lib/dtype.h"
+#include "tests/lib/rand.h"
+#include "tests/lib/reference.h"
+#include "unit.h"
 
 /* ---- tensors with padding ----------------------------------------------- */
-
-static size_t dt_size(enum rp_dtype dt)
-{
-	return dt == RP_DTYPE_F32 ? 4 : 2;
-}
-
-static const char *dt_name(enum rp_dtype dt)
-{
-	return dt == RP_DTYPE_F32 ? "f32" : dt == RP_DTYPE_F16 ? "f16" : "bf16";
-}
 
 /* Expected relative error of a result stored in dt (f32 accumulation in
  * every case; the half types add their rounding of the output). */
@@ -105,7 +64,7 @@ static void tens_init(struct tens *t, enum rp_dtype dt, int rank, const int64_t 
 	}
 	/* A trailing pad too, so a write one row past the end shows. */
 	t->len = (size_t)(extent + 1 + pad);
-	t->buf = malloc(t->len * dt_size(dt));
+	t->buf = malloc(t->len * rp_dtype_size(dt));
 	t->inside = calloc(t->len, 1);
 	ck_assert(t->buf && t->inside);
 	for (int64_t l = 0; l < t->numel; l++) {
@@ -138,14 +97,7 @@ static int64_t tens_phys(const struct tens *t, int64_t l)
 
 static double tens_get_phys(const struct tens *t, int64_t phys)
 {
-	switch (t->op.dtype) {
-	case RP_DTYPE_F16:
-		return rd_f16_to_f32(((const uint16_t *)t->buf)[phys]);
-	case RP_DTYPE_BF16:
-		return rd_bf16_to_f32(((const uint16_t *)t->buf)[phys]);
-	default:
-		return ((const float *)t->buf)[phys];
-	}
+	return tl_load(t->op.dtype, t->buf, (size_t)phys);
 }
 
 static double tens_get(const struct tens *t, int64_t l)
@@ -155,49 +107,38 @@ static double tens_get(const struct tens *t, int64_t l)
 
 static void tens_set(struct tens *t, int64_t l, double v)
 {
-	int64_t phys = tens_phys(t, l);
-
-	switch (t->op.dtype) {
-	case RP_DTYPE_F16:
-		((uint16_t *)t->buf)[phys] = rd_f32_to_f16((float)v);
-		break;
-	case RP_DTYPE_BF16:
-		((uint16_t *)t->buf)[phys] = rd_f32_to_bf16((float)v);
-		break;
-	default:
-		((float *)t->buf)[phys] = (float)v;
-		break;
-	}
+	tl_store(t->op.dtype, t->buf, (size_t)tens_phys(t, l), v);
 }
 
 /* The NaN every output element starts as; padding must keep exactly it. */
 static void tens_poison(struct tens *t)
 {
-	for (size_t e = 0; e < t->len; e++) {
-		if (t->op.dtype == RP_DTYPE_F32) {
-			((uint32_t *)t->buf)[e] = 0x7fc00bad;
-		} else if (t->op.dtype == RP_DTYPE_F16) {
-			((uint16_t *)t->buf)[e] = 0x7ebd;
-		} else {
-			((uint16_t *)t->buf)[e] = 0x7fbd;
-		}
-	}
+	tl_poison(t->op.dtype, t->buf, t->len);
 }
 
 static bool tens_is_poison(const struct tens *t, size_t e)
 {
-	if (t->op.dtype == RP_DTYPE_F32) {
-		return ((const uint32_t *)t->buf)[e] == 0x7fc00bad;
+	return tl_is_poison(t->op.dtype, t->buf, e);
+}
+
+/* The logical elements as doubles, for the references (malloc'ed). */
+static double *tens_values(const struct tens *t)
+{
+	double *v = malloc((size_t)(t->numel + 1) * sizeof(double));
+
+	ck_assert(v);
+	for (int64_t l = 0; l < t->numel; l++) {
+		v[l] = tens_get(t, l);
 	}
-	return ((const uint16_t *)t->buf)[e] == (t->op.dtype == RP_DTYPE_F16 ? 0x7ebd : 0x7fbd);
+	return v;
 }
 
 /* Poisoned padding, random values in [-1, 1) inside (stored rounded). */
-static void tens_random(struct tens *t, struct rng *r)
+static void tens_random(struct tens *t, struct tl_rng *r)
 {
 	tens_poison(t);
 	for (int64_t l = 0; l < t->numel; l++) {
-		tens_set(t, l, rng_uniform(r, -1.0, 1.0));
+		tens_set(t, l, tl_rng_uniform(r, -1.0, 1.0));
 	}
 }
 
@@ -207,10 +148,10 @@ static void tens_check_written(const struct tens *t, const char *what)
 	for (size_t e = 0; e < t->len; e++) {
 		if (t->inside[e]) {
 			ck_assert_msg(!isnan(tens_get_phys(t, (int64_t)e)),
-				      "%s: element at %zu was not written (seed %llu)", what, e, g_seed);
+				      "%s: element at %zu was not written (seed %llu)", what, e, (unsigned long long)tl_seed());
 		} else {
 			ck_assert_msg(tens_is_poison(t, e),
-				      "%s: padding element %zu was overwritten (seed %llu)", what, e, g_seed);
+				      "%s: padding element %zu was overwritten (seed %llu)", what, e, (unsigned long long)tl_seed());
 		}
 	}
 }
@@ -218,14 +159,10 @@ static void tens_check_written(const struct tens *t, const char *what)
 /* ||out - ref|| / ||ref|| over the logical elements. */
 static double tens_rel_err(const struct tens *t, const double *ref)
 {
-	double num = 0.0, den = 0.0;
+	double *got = tens_values(t), err = tl_rel_error(got, ref, (size_t)t->numel);
 
-	for (int64_t l = 0; l < t->numel; l++) {
-		double d = tens_get(t, l) - ref[l];
-		num += d * d;
-		den += ref[l] * ref[l];
-	}
-	return sqrt(num) / sqrt(den);
+	free(got);
+	return err;
 }
 
 /* ---- GEMM ----------------------------------------------------------------- */
@@ -249,14 +186,9 @@ static void gemm_operand(struct rp_compute *call, void **p, int slot, const stru
 	p[slot] = t->buf;
 }
 
-static double gelu_ref(double x)
-{
-	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
-
 /* Runs one case and returns the relative error; asserts on the way that
  * every output element was written and no padding was. */
-static double run_gemm(const struct gemm_case *gc, struct rng *r)
+static double run_gemm(const struct gemm_case *gc, struct tl_rng *r)
 {
 	struct tens a, b, c, d, bias;
 	struct rp_compute call = { .spec = &rp_op_gemm };
@@ -265,7 +197,7 @@ static double run_gemm(const struct gemm_case *gc, struct rng *r)
 	int64_t ashape[2] = { gc->ta ? gc->k : gc->m, gc->ta ? gc->m : gc->k };
 	int64_t bshape[2] = { gc->tb ? gc->n : gc->k, gc->tb ? gc->k : gc->n };
 	int64_t dshape[2] = { gc->m, gc->n };
-	double *ref, *cval = NULL, err;
+	double *av, *bv, *biasv, *ref, *cval = NULL, err;
 
 	tens_init(&a, gc->in, 2, ashape, gc->pad, gc->inner_stride);
 	tens_init(&b, gc->in, 2, bshape, gc->pad + 1, gc->inner_stride);
@@ -279,8 +211,7 @@ static double run_gemm(const struct gemm_case *gc, struct rng *r)
 	tens_poison(&d);
 
 	ref = calloc((size_t)(gc->m * gc->n), sizeof(double));
-	cval = calloc((size_t)(gc->m * gc->n), sizeof(double));
-	ck_assert(ref && cval);
+	ck_assert(ref);
 
 	gemm_operand(&call, p, RP_GEMM_A, &a);
 	gemm_operand(&call, p, RP_GEMM_B, &b);
@@ -304,35 +235,19 @@ static double run_gemm(const struct gemm_case *gc, struct rng *r)
 		} else {
 			gemm_operand(&call, p, RP_GEMM_C, &c);
 		}
-		for (int64_t l = 0; l < c.numel; l++) {
-			cval[l] = tens_get(&c, l);
-		}
+		cval = tens_values(&c);
 	}
 	if (gc->with_bias) {
 		gemm_operand(&call, p, RP_GEMM_BIAS, &bias);
 	}
 
-	for (int64_t i = 0; i < gc->m; i++) {
-		for (int64_t j = 0; j < gc->n; j++) {
-			double s = 0.0, v;
-			for (int64_t q = 0; q < gc->k; q++) {
-				double av = gc->ta ? tens_get(&a, q * gc->m + i) : tens_get(&a, i * gc->k + q);
-				double bv = gc->tb ? tens_get(&b, j * gc->k + q) : tens_get(&b, q * gc->n + j);
-				s += av * bv;
-			}
-			v = gc->alpha * s;
-			if (gc->with_c) {
-				v += gc->beta * cval[i * gc->n + j];
-			}
-			if (gc->epilogue == RP_EPILOGUE_BIAS || gc->epilogue == RP_EPILOGUE_GELU_BIAS) {
-				v += tens_get(&bias, j);
-			}
-			if (gc->epilogue == RP_EPILOGUE_GELU || gc->epilogue == RP_EPILOGUE_GELU_BIAS) {
-				v = gelu_ref(v);
-			}
-			ref[i * gc->n + j] = v;
-		}
-	}
+	av = tens_values(&a);
+	bv = tens_values(&b);
+	biasv = tens_values(&bias);
+	tl_gemm_ref(&(struct tl_gemm){ .m = gc->m, .n = gc->n, .k = gc->k, .trans_a = gc->ta, .trans_b = gc->tb,
+				       .alpha = gc->alpha, .beta = gc->beta, .epilogue = gc->epilogue },
+		    av, bv, cval,
+		    gc->epilogue == RP_EPILOGUE_BIAS || gc->epilogue == RP_EPILOGUE_GELU_BIAS ? biasv : NULL, ref, NULL);
 
 	ck_assert_int_eq(rd_host_run(&call, p, NULL, 0), 0);
 	tens_check_written(&d, "gemm d");
@@ -340,6 +255,9 @@ static double run_gemm(const struct gemm_case *gc, struct rng *r)
 
 	free(ref);
 	free(cval);
+	free(av);
+	free(bv);
+	free(biasv);
 	tens_finish(&a);
 	tens_finish(&b);
 	tens_finish(&c);
@@ -348,7 +266,7 @@ static double run_gemm(const struct gemm_case *gc, struct rng *r)
 	return err;
 }
 
-static void check_gemm(const struct gemm_case *gc, struct rng *r, double tol)
+static void check_gemm(const struct gemm_case *gc, struct tl_rng *r, double tol)
 {
 	double err = run_gemm(gc, r);
 
@@ -356,8 +274,8 @@ static void check_gemm(const struct gemm_case *gc, struct rng *r, double tol)
 		      "gemm m=%lld n=%lld k=%lld ta=%d tb=%d %s->%s c=%d c_is_d=%d bias=%d epilogue=%d "
 		      "alpha=%g beta=%g pad=%lld: relative error %.3g > %.3g (seed %llu)",
 		      (long long)gc->m, (long long)gc->n, (long long)gc->k, gc->ta, gc->tb,
-		      dt_name(gc->in), dt_name(gc->out), gc->with_c, gc->c_is_d, gc->with_bias, gc->epilogue,
-		      gc->alpha, gc->beta, (long long)gc->pad, err, tol, g_seed);
+		      rp_dtype_name(gc->in), rp_dtype_name(gc->out), gc->with_c, gc->c_is_d, gc->with_bias, gc->epilogue,
+		      gc->alpha, gc->beta, (long long)gc->pad, err, tol, (unsigned long long)tl_seed());
 }
 
 START_TEST(gemm_every_transpose_and_dtype)
@@ -369,13 +287,13 @@ START_TEST(gemm_every_transpose_and_dtype)
 		{ RP_DTYPE_F32, RP_DTYPE_F32 }, { RP_DTYPE_F16, RP_DTYPE_F16 }, { RP_DTYPE_BF16, RP_DTYPE_BF16 },
 		{ RP_DTYPE_F16, RP_DTYPE_F32 }, { RP_DTYPE_BF16, RP_DTYPE_F32 },
 	};
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 1);
+	tl_rng_init(&r, 1);
 	for (size_t pi = 0; pi < sizeof(pairs) / sizeof(pairs[0]); pi++) {
 		for (int t = 0; t < 4; t++) {
 			struct gemm_case gc = {
-				.m = rng_int(&r, 1, 37), .n = rng_int(&r, 1, 300), .k = rng_int(&r, 1, 90),
+				.m = tl_rng_int(&r, 1, 37), .n = tl_rng_int(&r, 1, 300), .k = tl_rng_int(&r, 1, 90),
 				.ta = t & 1, .tb = t >> 1, .in = pairs[pi][0], .out = pairs[pi][1],
 				.alpha = 1.0, .inner_stride = 1,
 			};
@@ -389,17 +307,17 @@ START_TEST(gemm_alpha_beta_with_c)
 {
 	/* D = alpha op(A) op(B) + beta C, C in its own buffer and, as the
 	 * protocol allows, C aliasing D exactly (read before written). */
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 2);
+	tl_rng_init(&r, 2);
 	for (int alias = 0; alias < 2; alias++) {
 		for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
 			struct gemm_case gc = {
-				.m = rng_int(&r, 2, 40), .n = rng_int(&r, 2, 200), .k = rng_int(&r, 2, 64),
-				.ta = rng_int(&r, 0, 1), .tb = rng_int(&r, 0, 1), .in = dt, .out = dt,
+				.m = tl_rng_int(&r, 2, 40), .n = tl_rng_int(&r, 2, 200), .k = tl_rng_int(&r, 2, 64),
+				.ta = tl_rng_int(&r, 0, 1), .tb = tl_rng_int(&r, 0, 1), .in = dt, .out = dt,
 				.with_c = true, .c_is_d = alias,
-				.alpha = rng_uniform(&r, -2.0, 2.0), .beta = rng_uniform(&r, 0.25, 1.5),
-				.pad = rng_int(&r, 0, 5), .inner_stride = 1,
+				.alpha = tl_rng_uniform(&r, -2.0, 2.0), .beta = tl_rng_uniform(&r, 0.25, 1.5),
+				.pad = tl_rng_int(&r, 0, 5), .inner_stride = 1,
 			};
 			check_gemm(&gc, &r, dt_tol(gc.out));
 		}
@@ -437,14 +355,14 @@ START_TEST(gemm_bias_and_gelu_epilogues)
 	static const enum rp_epilogue epis[] = {
 		RP_EPILOGUE_NONE, RP_EPILOGUE_BIAS, RP_EPILOGUE_GELU, RP_EPILOGUE_GELU_BIAS,
 	};
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 3);
+	tl_rng_init(&r, 3);
 	for (size_t e = 0; e < 4; e++) {
 		for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
 			struct gemm_case gc = {
-				.m = rng_int(&r, 1, 30), .n = rng_int(&r, 1, 150), .k = rng_int(&r, 1, 50),
-				.ta = rng_int(&r, 0, 1), .tb = rng_int(&r, 0, 1), .in = dt, .out = dt,
+				.m = tl_rng_int(&r, 1, 30), .n = tl_rng_int(&r, 1, 150), .k = tl_rng_int(&r, 1, 50),
+				.ta = tl_rng_int(&r, 0, 1), .tb = tl_rng_int(&r, 0, 1), .in = dt, .out = dt,
 				.with_c = true, .beta = 0.5, .alpha = 1.5,
 				.with_bias = epis[e] == RP_EPILOGUE_BIAS || epis[e] == RP_EPILOGUE_GELU_BIAS,
 				.epilogue = epis[e], .pad = 2, .inner_stride = 1,
@@ -460,16 +378,16 @@ START_TEST(gemm_strided_operands)
 	/* Padded leading dimensions on every operand, and, though the
 	 * protocol requires a last stride of 1, general strides too: the
 	 * reference must not depend on the validator for correctness. */
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 4);
+	tl_rng_init(&r, 4);
 	for (int inner = 1; inner <= 3; inner++) {
 		for (int t = 0; t < 4; t++) {
 			struct gemm_case gc = {
-				.m = rng_int(&r, 1, 25), .n = rng_int(&r, 1, 140), .k = rng_int(&r, 1, 40),
+				.m = tl_rng_int(&r, 1, 25), .n = tl_rng_int(&r, 1, 140), .k = tl_rng_int(&r, 1, 40),
 				.ta = t & 1, .tb = t >> 1, .in = RP_DTYPE_BF16, .out = RP_DTYPE_F32,
 				.with_c = true, .alpha = 0.75, .beta = -1.25, .with_bias = true,
-				.epilogue = RP_EPILOGUE_BIAS, .pad = rng_int(&r, 1, 9), .inner_stride = inner,
+				.epilogue = RP_EPILOGUE_BIAS, .pad = tl_rng_int(&r, 1, 9), .inner_stride = inner,
 			};
 			check_gemm(&gc, &r, dt_tol(gc.out));
 		}
@@ -490,15 +408,14 @@ START_TEST(gemm_512_cubed_is_fast_and_right)
 	/* Host calls serve real clients: 512^3 in f32 must be well under a
 	 * second even unoptimized-for-the-machine, and still right. */
 	const int64_t n = 512;
-	struct rng r;
+	struct tl_rng r;
 	struct tens a, b, d;
 	struct rp_compute call = { .spec = &rp_op_gemm, .gemm = { .alpha = 1.0, .m = n, .n = n, .k = n } };
 	void *p[RP_OP_OPERANDS_MAX] = { 0 };
 	int64_t shape[2] = { n, n };
-	double *ref, t0, dt;
-	float *bt;
+	double *av, *bv, *ref, t0, dt;
 
-	rng_init(&r, 5);
+	tl_rng_init(&r, 5);
 	tens_init(&a, RP_DTYPE_F32, 2, shape, 0, 1);
 	tens_init(&b, RP_DTYPE_F32, 2, shape, 0, 1);
 	tens_init(&d, RP_DTYPE_F32, 2, shape, 0, 1);
@@ -514,32 +431,18 @@ START_TEST(gemm_512_cubed_is_fast_and_right)
 	dt = now_s() - t0;
 	printf("host GEMM 512x512x512 f32: %.1f ms\n", dt * 1e3);
 
-	/* Reference with B transposed into doubles-friendly order. */
-	ref = calloc((size_t)(n * n), sizeof(double));
-	bt = malloc((size_t)(n * n) * sizeof(float));
-	ck_assert(ref && bt);
-	for (int64_t q = 0; q < n; q++) {
-		for (int64_t j = 0; j < n; j++) {
-			bt[j * n + q] = ((float *)b.buf)[q * n + j];
-		}
-	}
-	for (int64_t i = 0; i < n; i++) {
-		const float *ar = (float *)a.buf + i * n;
-		for (int64_t j = 0; j < n; j++) {
-			const float *bc = bt + j * n;
-			double s = 0.0;
-			for (int64_t q = 0; q < n; q++) {
-				s += (double)ar[q] * bc[q];
-			}
-			ref[i * n + j] = s;
-		}
-	}
+	av = tens_values(&a);
+	bv = tens_values(&b);
+	ref = malloc((size_t)(n * n) * sizeof(double));
+	ck_assert(ref);
+	tl_gemm_ref(&(struct tl_gemm){ .m = n, .n = n, .k = n, .alpha = 1.0 }, av, bv, NULL, NULL, ref, NULL);
 	tens_check_written(&d, "gemm 512");
 	ck_assert_double_le(tens_rel_err(&d, ref), 1e-5);
-	ck_assert_msg(dt < 1.0, "512^3 host GEMM took %.3f s (seed %llu)", dt, g_seed);
+	ck_assert_msg(dt < 1.0, "512^3 host GEMM took %.3f s (seed %llu)", dt, (unsigned long long)tl_seed());
 
 	free(ref);
-	free(bt);
+	free(av);
+	free(bv);
 	tens_finish(&a);
 	tens_finish(&b);
 	tens_finish(&d);
@@ -554,9 +457,9 @@ struct gemm_thread {
 static void *gemm_thread_main(void *arg)
 {
 	struct gemm_thread *t = arg;
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, t->salt);
+	tl_rng_init(&r, t->salt);
 	struct gemm_case gc = {
 		.m = 64, .n = 96 + (int64_t)t->salt, .k = 80, .ta = t->salt & 1, .tb = (t->salt >> 1) & 1,
 		.in = RP_DTYPE_F32, .out = RP_DTYPE_F32, .with_c = true, .alpha = 1.0, .beta = 1.0,
@@ -583,39 +486,23 @@ START_TEST(gemm_concurrent_threads)
 	}
 	for (int t = 0; t < 8; t++) {
 		ck_assert_int_eq(pthread_join(th[t], NULL), 0);
-		ck_assert_msg(ts[t].err <= 1e-5, "thread %d: relative error %.3g (seed %llu)", t, ts[t].err, g_seed);
+		ck_assert_msg(ts[t].err <= 1e-5, "thread %d: relative error %.3g (seed %llu)", t, ts[t].err, (unsigned long long)tl_seed());
 	}
 }
 END_TEST
 
 /* ---- attention -------------------------------------------------------------- */
 
-struct att_dims {
-	int64_t b, h, sq, skv, d, dv;
-	bool causal;
-	double scale;
-	int64_t hkv;            /* key/value heads; 0: as many as h */
-	bool bottom_right;      /* causal diagonal aligned bottom-right */
-};
-
-static int64_t kv_heads(const struct att_dims *dm)
+static int64_t kv_heads(const struct tl_attention *dm)
 {
 	return dm->hkv ? dm->hkv : dm->h;
-}
-
-/* Row of k and v (in [B, Hkv, Skv] order) that query head bh's key j is. */
-static int64_t kv_row(const struct att_dims *dm, int64_t bh, int64_t j)
-{
-	int64_t b = bh / dm->h, h = bh % dm->h;
-
-	return (b * kv_heads(dm) + h / (dm->h / kv_heads(dm))) * dm->skv + j;
 }
 
 struct att_tensors {
 	struct tens q, k, v, o, stats;
 };
 
-static void att_init(struct att_tensors *t, const struct att_dims *dm, enum rp_dtype dt, int64_t pad)
+static void att_init(struct att_tensors *t, const struct tl_attention *dm, enum rp_dtype dt, int64_t pad)
 {
 	int64_t qs[4] = { dm->b, dm->h, dm->sq, dm->d };
 	int64_t ks[4] = { dm->b, kv_heads(dm), dm->skv, dm->d };
@@ -639,51 +526,20 @@ static void att_finish(struct att_tensors *t)
 	tens_finish(&t->stats);
 }
 
-static bool masked(const struct att_dims *dm, int64_t i, int64_t j)
-{
-	return dm->causal && j > i + (dm->bottom_right ? dm->skv - dm->sq : 0);
-}
-
 /* Double-precision forward from whatever q, k, v hold: o [B,H,Sq,Dv] and
  * lse [B,H,Sq] in logical order. */
-static void att_forward_ref(const struct att_dims *dm, const struct tens *q, const struct tens *k, const struct tens *v,
-			    double *o, double *lse)
+static void att_forward_ref(const struct tl_attention *dm, const struct tens *q, const struct tens *k,
+			    const struct tens *v, double *o, double *lse)
 {
-	double *s = malloc((size_t)dm->skv * sizeof(double));
+	double *qv = tens_values(q), *kv = tens_values(k), *vv = tens_values(v);
 
-	ck_assert(s);
-	for (int64_t bh = 0; bh < dm->b * dm->h; bh++) {
-		for (int64_t i = 0; i < dm->sq; i++) {
-			double mx = -INFINITY, sum = 0.0;
-			for (int64_t j = 0; j < dm->skv; j++) {
-				double acc = 0.0;
-				for (int64_t t = 0; t < dm->d; t++) {
-					acc += tens_get(q, (bh * dm->sq + i) * dm->d + t) *
-					       tens_get(k, kv_row(dm, bh, j) * dm->d + t);
-				}
-				s[j] = dm->scale * acc;
-				if (!masked(dm, i, j) && s[j] > mx) {
-					mx = s[j];
-				}
-			}
-			for (int64_t j = 0; j < dm->skv; j++) {
-				s[j] = masked(dm, i, j) ? 0.0 : exp(s[j] - mx);
-				sum += s[j];
-			}
-			for (int64_t t = 0; t < dm->dv; t++) {
-				double acc = 0.0;
-				for (int64_t j = 0; j < dm->skv; j++) {
-					acc += s[j] * tens_get(v, kv_row(dm, bh, j) * dm->dv + t);
-				}
-				o[(bh * dm->sq + i) * dm->dv + t] = acc / sum;
-			}
-			lse[bh * dm->sq + i] = mx + log(sum);
-		}
-	}
-	free(s);
+	tl_attention_ref(dm, qv, kv, vv, o, lse, NULL);
+	free(qv);
+	free(kv);
+	free(vv);
 }
 
-static struct rp_attention att_args(const struct att_dims *dm)
+static struct rp_attention att_args(const struct tl_attention *dm)
 {
 	return (struct rp_attention){
 		.scale = dm->scale, .causal = dm->causal,
@@ -700,7 +556,7 @@ static void att_slot(struct rp_compute *call, void **p, int slot, const struct t
 	p[slot] = t->buf;
 }
 
-static void att_run_forward(const struct att_dims *dm, struct att_tensors *t, bool with_stats)
+static void att_run_forward(const struct tl_attention *dm, struct att_tensors *t, bool with_stats)
 {
 	struct rp_compute call = { .spec = &rp_op_attention, .attention = att_args(dm) };
 	void *p[RP_OP_OPERANDS_MAX] = { 0 };
@@ -724,9 +580,9 @@ static void att_run_forward(const struct att_dims *dm, struct att_tensors *t, bo
 
 START_TEST(attention_forward_matches_reference)
 {
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 6);
+	tl_rng_init(&r, 6);
 	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
 		for (int causal = 0; causal < 3; causal++) {
 			for (int shape = 0; shape < 2; shape++) {
@@ -738,21 +594,21 @@ START_TEST(attention_forward_matches_reference)
 				if (causal == 2 && shape == 1) {
 					continue;
 				}
-				struct att_dims dm = {
-					.b = rng_int(&r, 1, 2), .hkv = rng_int(&r, 1, 2),
-					.sq = shape ? rng_int(&r, 9, 17) : rng_int(&r, 1, 8),
-					.skv = shape ? rng_int(&r, 1, 8) : rng_int(&r, 9, 24),
-					.d = rng_int(&r, 8, 40), .causal = causal > 0, .bottom_right = causal == 2,
+				struct tl_attention dm = {
+					.b = tl_rng_int(&r, 1, 2), .hkv = tl_rng_int(&r, 1, 2),
+					.sq = shape ? tl_rng_int(&r, 9, 17) : tl_rng_int(&r, 1, 8),
+					.skv = shape ? tl_rng_int(&r, 1, 8) : tl_rng_int(&r, 9, 24),
+					.d = tl_rng_int(&r, 8, 40), .causal = causal > 0, .bottom_right = causal == 2,
 				};
-				dm.h = dm.hkv * (dt % 2 ? rng_int(&r, 2, 3) : 1);
+				dm.h = dm.hkv * (dt % 2 ? tl_rng_int(&r, 2, 3) : 1);
 				struct att_tensors t;
 				double *oref, *lref, err;
 
-				dm.dv = dm.d + rng_int(&r, 1, 9);
+				dm.dv = dm.d + tl_rng_int(&r, 1, 9);
 				/* Larger logits than 1/sqrt(D) make the softmax
 				 * peaky, so the max subtraction matters. */
-				dm.scale = rng_uniform(&r, 0.5, 3.0) / sqrt((double)dm.d);
-				att_init(&t, &dm, dt, rng_int(&r, 0, 3));
+				dm.scale = tl_rng_uniform(&r, 0.5, 3.0) / sqrt((double)dm.d);
+				att_init(&t, &dm, dt, tl_rng_int(&r, 0, 3));
 				tens_random(&t.q, &r);
 				tens_random(&t.k, &r);
 				tens_random(&t.v, &r);
@@ -769,17 +625,17 @@ START_TEST(attention_forward_matches_reference)
 				err = tens_rel_err(&t.o, oref);
 				ck_assert_msg(err <= dt_tol(dt),
 					      "attention %s causal=%d B=%lld H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld "
-					      "Dv=%lld: relative error %.3g (seed %llu)", dt_name(dt), causal, (long long)dm.b,
+					      "Dv=%lld: relative error %.3g (seed %llu)", rp_dtype_name(dt), causal, (long long)dm.b,
 					      (long long)dm.h, (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv,
 					      (long long)dm.d,
-					      (long long)dm.dv, err, g_seed);
+					      (long long)dm.dv, err, (unsigned long long)tl_seed());
 				/* Stats are f32 whatever o's dtype, computed from
 				 * the stored inputs: f32 accuracy. */
 				for (int64_t l = 0; l < t.stats.numel; l++) {
 					double got = tens_get(&t.stats, l);
 					ck_assert_msg(fabs(got - lref[l]) <= 1e-5 * (1.0 + fabs(lref[l])),
 						      "stats[%lld] = %.9g, reference %.9g (seed %llu)", (long long)l,
-						      got, lref[l], g_seed);
+						      got, lref[l], (unsigned long long)tl_seed());
 				}
 				free(oref);
 				free(lref);
@@ -793,12 +649,12 @@ END_TEST
 START_TEST(attention_forward_without_stats)
 {
 	/* stats is optional: NULL means none written, o still right. */
-	struct att_dims dm = { .b = 1, .h = 2, .sq = 5, .skv = 6, .d = 16, .dv = 8, .causal = true };
+	struct tl_attention dm = { .b = 1, .h = 2, .sq = 5, .skv = 6, .d = 16, .dv = 8, .causal = true };
 	struct att_tensors t;
 	double oref[1 * 2 * 5 * 8], lref[10];
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 7);
+	tl_rng_init(&r, 7);
 	dm.scale = 1.0 / sqrt(16.0);
 	att_init(&t, &dm, RP_DTYPE_F32, 1);
 	tens_random(&t.q, &r);
@@ -823,49 +679,16 @@ struct att_grads {
 
 /* Double-precision gradients of L with dL/dO = dO: softmax recomputed
  * exactly, D_i from the exact O. */
-static void att_backward_ref(const struct att_dims *dm, const struct tens *q, const struct tens *k, const struct tens *v,
-			     const struct tens *d_o, struct att_grads *g)
+static void att_backward_ref(const struct tl_attention *dm, const struct tens *q, const struct tens *k,
+			     const struct tens *v, const struct tens *d_o, struct att_grads *g)
 {
-	int64_t nq = dm->b * dm->h * dm->sq, nk = dm->b * kv_heads(dm) * dm->skv;
-	double *o = malloc((size_t)(nq * dm->dv) * sizeof(double));
-	double *lse = malloc((size_t)nq * sizeof(double));
+	double *qv = tens_values(q), *kv = tens_values(k), *vv = tens_values(v), *dov = tens_values(d_o);
 
-	ck_assert(o && lse);
-	att_forward_ref(dm, q, k, v, o, lse);
-	memset(g->dq, 0, (size_t)(nq * dm->d) * sizeof(double));
-	memset(g->dk, 0, (size_t)(nk * dm->d) * sizeof(double));
-	memset(g->dv, 0, (size_t)(nk * dm->dv) * sizeof(double));
-	for (int64_t bh = 0; bh < dm->b * dm->h; bh++) {
-		for (int64_t i = 0; i < dm->sq; i++) {
-			int64_t qi = bh * dm->sq + i;
-			double di = 0.0;
-			for (int64_t t = 0; t < dm->dv; t++) {
-				di += tens_get(d_o, qi * dm->dv + t) * o[qi * dm->dv + t];
-			}
-			for (int64_t j = 0; j < dm->skv; j++) {
-				int64_t kj = kv_row(dm, bh, j);
-				double s = 0.0, dp = 0.0, pij, ds;
-				if (masked(dm, i, j)) {
-					continue;
-				}
-				for (int64_t t = 0; t < dm->d; t++) {
-					s += tens_get(q, qi * dm->d + t) * tens_get(k, kj * dm->d + t);
-				}
-				pij = exp(dm->scale * s - lse[qi]);
-				for (int64_t t = 0; t < dm->dv; t++) {
-					dp += tens_get(d_o, qi * dm->dv + t) * tens_get(v, kj * dm->dv + t);
-					g->dv[kj * dm->dv + t] += pij * tens_get(d_o, qi * dm->dv + t);
-				}
-				ds = pij * (dp - di);
-				for (int64_t t = 0; t < dm->d; t++) {
-					g->dq[qi * dm->d + t] += dm->scale * ds * tens_get(k, kj * dm->d + t);
-					g->dk[kj * dm->d + t] += dm->scale * ds * tens_get(q, qi * dm->d + t);
-				}
-			}
-		}
-	}
-	free(o);
-	free(lse);
+	tl_attention_backward_ref(dm, qv, kv, vv, NULL, dov, g->dq, g->dk, g->dv, NULL);
+	free(qv);
+	free(kv);
+	free(vv);
+	free(dov);
 }
 
 struct att_bwd_tensors {
@@ -875,7 +698,7 @@ struct att_bwd_tensors {
 
 /* Forward on the host (as a client would: its o and stats feed the
  * backward), then backward; outputs poisoned first. */
-static void att_run_backward(const struct att_dims *dm, struct att_bwd_tensors *t)
+static void att_run_backward(const struct tl_attention *dm, struct att_bwd_tensors *t)
 {
 	struct rp_compute call = { .spec = &rp_op_attention_backward, .attention = att_args(dm) };
 	void *p[RP_OP_OPERANDS_MAX] = { 0 };
@@ -907,7 +730,7 @@ static void att_run_backward(const struct att_dims *dm, struct att_bwd_tensors *
 	free(scratch);
 }
 
-static void att_bwd_init(struct att_bwd_tensors *t, const struct att_dims *dm, enum rp_dtype dt, int64_t pad)
+static void att_bwd_init(struct att_bwd_tensors *t, const struct tl_attention *dm, enum rp_dtype dt, int64_t pad)
 {
 	att_init(&t->f, dm, dt, pad);
 	tens_init(&t->d_o, dt, 4, t->f.o.op.shape, pad + 1, 1);
@@ -927,21 +750,21 @@ static void att_bwd_finish(struct att_bwd_tensors *t)
 
 START_TEST(attention_backward_matches_reference)
 {
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 8);
+	tl_rng_init(&r, 8);
 	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
 		for (int causal = 0; causal < 3; causal++) {
 			/* causal 2: aligned bottom-right (Sq <= Skv); f16 and
 			 * f32 runs group two or three query heads per k/v head. */
-			struct att_dims dm = {
-				.b = rng_int(&r, 1, 2), .hkv = rng_int(&r, 1, 2), .sq = rng_int(&r, 2, 12),
-				.skv = rng_int(&r, 2, 12), .d = rng_int(&r, 4, 24), .causal = causal > 0,
+			struct tl_attention dm = {
+				.b = tl_rng_int(&r, 1, 2), .hkv = tl_rng_int(&r, 1, 2), .sq = tl_rng_int(&r, 2, 12),
+				.skv = tl_rng_int(&r, 2, 12), .d = tl_rng_int(&r, 4, 24), .causal = causal > 0,
 				.bottom_right = causal == 2,
 			};
-			dm.h = dm.hkv * (dt != RP_DTYPE_BF16 ? rng_int(&r, 2, 3) : 1);
+			dm.h = dm.hkv * (dt != RP_DTYPE_BF16 ? tl_rng_int(&r, 2, 3) : 1);
 			if (dm.bottom_right && dm.sq > dm.skv) {
-				dm.skv = dm.sq + rng_int(&r, 0, 4);
+				dm.skv = dm.sq + tl_rng_int(&r, 0, 4);
 			}
 			struct att_bwd_tensors t;
 			struct att_grads g;
@@ -949,9 +772,9 @@ START_TEST(attention_backward_matches_reference)
 			 * mix many rounded terms: twice the forward's bound. */
 			double tol = 2.0 * (dt == RP_DTYPE_F32 ? 5e-5 : dt_tol(dt));
 
-			dm.dv = rng_int(&r, 4, 24);
-			dm.scale = rng_uniform(&r, 0.5, 2.0) / sqrt((double)dm.d);
-			att_bwd_init(&t, &dm, dt, rng_int(&r, 0, 2));
+			dm.dv = tl_rng_int(&r, 4, 24);
+			dm.scale = tl_rng_uniform(&r, 0.5, 2.0) / sqrt((double)dm.d);
+			att_bwd_init(&t, &dm, dt, tl_rng_int(&r, 0, 2));
 			tens_random(&t.f.q, &r);
 			tens_random(&t.f.k, &r);
 			tens_random(&t.f.v, &r);
@@ -968,9 +791,9 @@ START_TEST(attention_backward_matches_reference)
 			double edv = tens_rel_err(&t.d_v, g.dv);
 			ck_assert_msg(edq <= tol && edk <= tol && edv <= tol,
 				      "attention backward %s causal=%d H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld Dv=%lld: "
-				      "relative errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", dt_name(dt), causal,
+				      "relative errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", rp_dtype_name(dt), causal,
 				      (long long)dm.h, (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv, (long long)dm.d, (long long)dm.dv,
-				      edq, edk, edv, tol, g_seed);
+				      edq, edk, edv, tol, (unsigned long long)tl_seed());
 			free(g.dq);
 			free(g.dk);
 			free(g.dv);
@@ -981,7 +804,7 @@ START_TEST(attention_backward_matches_reference)
 END_TEST
 
 /* L = sum(o * W) with o from the double-precision forward. */
-static double att_loss(const struct att_dims *dm, const struct tens *q, const struct tens *k, const struct tens *v,
+static double att_loss(const struct tl_attention *dm, const struct tens *q, const struct tens *k, const struct tens *v,
 		       const struct tens *w)
 {
 	int64_t no = dm->b * dm->h * dm->sq * dm->dv;
@@ -1001,7 +824,7 @@ static double att_loss(const struct att_dims *dm, const struct tens *q, const st
 
 /* Central difference of L in every element of x, against the host's
  * gradient `grad`. x is f32 and perturbed in place (then restored). */
-static void check_fd(const struct att_dims *dm, struct att_bwd_tensors *t, struct tens *x, const struct tens *grad,
+static void check_fd(const struct tl_attention *dm, struct att_bwd_tensors *t, struct tens *x, const struct tens *grad,
 		     const char *name)
 {
 	const double h = 1e-3;
@@ -1023,7 +846,7 @@ static void check_fd(const struct att_dims *dm, struct att_bwd_tensors *t, struc
 		got = tens_get(grad, l);
 		ck_assert_msg(fabs(got - fd) <= 1e-4 + 1e-3 * fabs(fd),
 			      "d%s[%lld]: backward %.7g, finite difference %.7g (causal=%d, seed %llu)", name,
-			      (long long)l, got, fd, dm->causal, g_seed);
+			      (long long)l, got, fd, dm->causal, (unsigned long long)tl_seed());
 	}
 }
 
@@ -1031,13 +854,13 @@ START_TEST(attention_backward_matches_finite_differences)
 {
 	/* Independent of any formula: the gradient of L = sum(o * W), with
 	 * dO = W, against central differences of L itself. */
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 9);
+	tl_rng_init(&r, 9);
 	for (int causal = 0; causal < 3; causal++) {
 		/* Two query heads share one k/v head; causal 2 is aligned
 		 * bottom-right. */
-		struct att_dims dm = { .b = 1, .h = 2, .hkv = causal == 1 ? 2 : 1, .sq = 3, .skv = 4, .d = 3, .dv = 2,
+		struct tl_attention dm = { .b = 1, .h = 2, .hkv = causal == 1 ? 2 : 1, .sq = 3, .skv = 4, .d = 3, .dv = 2,
 				       .causal = causal > 0, .bottom_right = causal == 2, .scale = 0.7 };
 		struct att_bwd_tensors t;
 
@@ -1196,15 +1019,15 @@ static void check_nearest(float x, uint16_t got, float (*widen)(uint16_t), const
 
 START_TEST(half_types_round_to_nearest_random)
 {
-	struct rng r;
+	struct tl_rng r;
 
-	rng_init(&r, 10);
+	tl_rng_init(&r, 10);
 	for (int t = 0; t < 200000; t++) {
-		uint32_t u = (uint32_t)rng_next(&r);
+		uint32_t u = (uint32_t)tl_rng_next(&r);
 		float x;
 
 		/* f16 bits: keep exponents in f16's range most of the time. */
-		uint32_t e = 103 + (uint32_t)rng_int(&r, 0, 39);
+		uint32_t e = 103 + (uint32_t)tl_rng_int(&r, 0, 39);
 		x = f32_from_bits((u & 0x807fffffu) | (e << 23));
 		if (fabsf(x) < 65504.0f) {
 			check_nearest(x, rd_f32_to_f16(x), rd_f16_to_f32, "f16");
@@ -1249,18 +1072,7 @@ static Suite *host_math_suite(void)
 
 int main(void)
 {
-	const char *env = getenv("REGEN_TEST_SEED");
-	SRunner *sr;
-	int failed;
-
-	g_seed = env ? strtoull(env, NULL, 0)
-		     : ((unsigned long long)time(NULL) << 20) ^ (unsigned long long)getpid();
-	printf("test_host_math: seed %llu (REGEN_TEST_SEED=%llu replays it)\n", g_seed, g_seed);
-	fflush(stdout);
-
-	sr = srunner_create(host_math_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	tl_rand_init();
+	fflush(stderr);
+	return unit_run(host_math_suite());
 }

@@ -536,9 +536,12 @@ START_TEST(events_refused_on_this_side)
 	ck_assert_ptr_nonnull(strstr(regen_client_error_message(c), "device 1"));
 	ck_assert_int_eq(count_calls(), before);
 
-	ck_assert_int_eq(regen_event_import_cuda_ipc(c, 0, NULL, &other_device), -EINVAL);
-	ck_assert_int_eq(regen_event_import_cuda_ipc(c, REGEN_DEVICES_MAX, h, &other_device), -EINVAL);
-	ck_assert_int_eq(regen_event_import_cuda_ipc(c, -1, h, &other_device), -EINVAL);
+	/* Refused imports set their out pointer to NULL: not the live ones'. */
+	regen_event *refused = (regen_event *)1;
+	ck_assert_int_eq(regen_event_import_cuda_ipc(c, 0, NULL, &refused), -EINVAL);
+	ck_assert_ptr_null(refused);
+	ck_assert_int_eq(regen_event_import_cuda_ipc(c, REGEN_DEVICES_MAX, h, &refused), -EINVAL);
+	ck_assert_int_eq(regen_event_import_cuda_ipc(c, -1, h, &refused), -EINVAL);
 	ck_assert_int_eq(count_calls(), before);
 
 	/* An event outliving its client is only freed. */
@@ -579,8 +582,10 @@ START_TEST(cuda_fd_import)
 	ck_assert_str_eq(regen_buffer_id(buf), "b1.3.1");
 	ck_assert_uint_eq(regen_buffer_size(buf), 8192);
 	ck_assert_int_eq(regen_buffer_device(buf), 1);
-	ck_assert_int_eq(regen_buffer_import_cuda_fd(c, 0, -1, 0, 8192, &buf), -EINVAL);
-	ck_assert_ptr_null(buf);
+	regen_buffer *refused = (regen_buffer *)1;
+	ck_assert_int_eq(regen_buffer_import_cuda_fd(c, 0, -1, 0, 8192, &refused), -EINVAL);
+	ck_assert_ptr_null(refused);
+	regen_buffer_close(buf);
 	close(fd);
 	regen_client_destroy(c);
 	fake_stop();

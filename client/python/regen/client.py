@@ -228,6 +228,15 @@ class Client:
         self._note_devices(reply)
         return reply
 
+    def _worker_path_here(self, reported):
+        """Status's worker socket (regend's view of the filesystem) from
+        here: beside the main socket this client uses, where regend puts it
+        (PATH.devN), so a container that mounts /run/regen elsewhere reaches
+        it at its own path."""
+        if not reported or "/" not in reported:
+            return reported
+        return os.path.join(os.path.dirname(self.socket_path), os.path.basename(reported))
+
     def _note_devices(self, reply):
         for d in reply.get("devices", ()) or ():
             idx = d.get("index")
@@ -277,7 +286,7 @@ class Client:
                     "message": f"regend at {self.socket_path} serves no device {device} "
                                f"(devices: {[d.get('index') for d in status.get('devices', ())]})"})
             try:
-                conn = Connection(info["worker_socket"], timeout=self.timeout)
+                conn = Connection(self._worker_path_here(info["worker_socket"]), timeout=self.timeout)
                 break
             except errors.Unavailable:
                 if time.monotonic() >= deadline:

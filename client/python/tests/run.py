@@ -3,8 +3,9 @@
 
     python3 client/python/tests/run.py --regend build-py/daemon/regend [-v] [unittest args]
 
-Without --regend, the daemon is $REGEND or $REGEN_BUILD_ROOT/daemon/regend.
-Exit 77 (skipped) when no regend can be found."""
+Without --regend, the daemon is what tests/lib/regend_fixture.py finds:
+$REGEND, or daemon/regend under $REGEN_BUILD_ROOT or <repo>/build. Exit 77
+(skipped) when no regend can be found."""
 
 import os
 import sys
@@ -13,6 +14,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
 
 import regend_fixture  # noqa: E402
 

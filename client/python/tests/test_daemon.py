@@ -10,8 +10,8 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
 import regen  # noqa: E402
 from regen import reference  # noqa: E402
 from regen.host import HostTensor  # noqa: E402

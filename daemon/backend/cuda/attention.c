@@ -1,87 +1,630 @@
-/* Attention on the CUDA backend: regen's own kernels (kernels/attention.cu),
- * f32 accumulation, any strides the protocol allows. The backward pass's
- * row terms take per-call scratch from the device pool on the call's
- * stream, like GEMM workspaces: nothing is shared between lanes. */
+/* Attention on the CUDA backend: cuDNN's fused flash attention (the graphs
+ * of cudnn_graph.c), forward and backward, bf16 and f16.
+ *
+ * Per device, made on the first attention call: the cuDNN handle and a
+ * cache of execution plans, one per problem (shapes, strides, dtype, mask),
+ * at most ATTENTION_PLANS_MAX, the least recently used evicted past that.
+ * The handle and every plan are registry resources: a release destroys
+ * them, a reset forgets them (a plan's kernels and the handle's state
+ * belonged to the lost context), and the next call builds them again.
+ * Building a plan compiles its kernels (NVRTC): 0.4-1.1 s for a new
+ * problem on the H200, 40-100 ms where the kernel was compiled before;
+ * once per problem and generation.
+ *
+ * The handle is one per device and cuDNN wants a handle used by one thread
+ * at a time: lanes take exec_lock around setting its stream and enqueueing,
+ * which costs microseconds, and around a plan's build, which holds other
+ * lanes' attention calls back for as long (GEMMs are not affected).
+ *
+ * Scratch: each call takes its workspace (cuDNN's, plus the backward's f32
+ * accumulators) from the device's pool on its lane's stream and frees it
+ * there after the attention, as GEMM does, at most dev->max_scratch bytes
+ * (--max-scratch-mib). */
+#include "regen-config.h"
+
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include "daemon/backend/cuda/common.h"
-#include "kernels/attention.h"
+#include "daemon/backend/cuda/cudnn_graph.h"
 #include "proto/errors.h"
 
-static void tensor(rk_attn_tensor *t, struct rd_buffer *buf, const struct rp_operand *op)
+/* Execution plans kept per device (rd_cuda_set_attention_plan_limit
+ * changes it). */
+#define ATTENTION_PLANS_MAX 64
+
+struct attention_handle {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	cudnnHandle_t handle;
+};
+
+/* A stream a plan was enqueued on and an event recorded there after its
+ * last use there: an evicted plan is destroyed once all have completed. */
+struct plan_use {
+	cudaStream_t stream;
+	cudaEvent_t done;
+};
+
+struct attention_plan {
+	struct rd_resource res;
+	struct cuda_attention *at;
+	struct cuda_sdpa_key key;
+	uint64_t hash;
+	struct cuda_sdpa_plan plan;
+	/* cuDNN takes no such problem: remembered, so that asking again is
+	 * answered at once with the same reason. */
+	bool refused;
+	char why[320];
+	/* Under at->lock. */
+	struct plan_use *uses;
+	unsigned nuses, cap_uses;
+	unsigned refs;                       /* calls between lookup and enqueue */
+	struct attention_plan *prev, *next;  /* the cache, most recently used first */
+};
+
+struct cuda_attention {
+	struct cuda_dev *cd;
+	struct attention_handle handle;
+	pthread_mutex_t exec_lock;           /* the handle's one user at a time */
+	pthread_mutex_t lock;                /* the lists below and plans' uses and refs */
+	struct attention_plan *head, *tail;
+	unsigned count;
+	/* Evicted while their last uses may still run. */
+	struct attention_plan *retired;
+	unsigned plans_max;
+};
+
+/* ---- The handle --------------------------------------------------------------- */
+
+static const char *cudnn_error_name(cudnnStatus_t s)
 {
-	t->ptr = buf ? (char *)buf->ptr + op->offset : NULL;
-	for (int i = 0; i < 4; i++)
-		t->stride[i] = i < op->rank ? (long)op->strides[i] : 0;
+	if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+	    s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+		return RP_ERR_OUT_OF_MEMORY;
+	return RP_ERR_BACKEND;
 }
 
-static int launch_failed(struct rd_op *op, const char *what, cudaError_t e)
+static int handle_init(struct rd_resource *res)
 {
-	if (e == cudaErrorInvalidValue)
-		return rp_error_set(&op->err, RP_ERR_INVALID_OPERAND,
-				    "%s: head dimensions above %d are not supported by the CUDA attention kernels", what,
-				    RK_ATTN_DMAX);
-	return rp_error_set(&op->err, cuda_error_name(e), "%s: %s", what, cudaGetErrorString(e));
+	struct attention_handle *h = (struct attention_handle *)res;
+	cudaError_t e = cudaSetDevice(h->cd->dev->index);
+	if (e != cudaSuccess)
+		return cuda_status_set(cuda_error_name(e), "cudaSetDevice: %s", cudaGetErrorString(e));
+	cudnnStatus_t s = cudnnCreate(&h->handle);
+	if (s != CUDNN_STATUS_SUCCESS) {
+		char detail[256] = "";
+		cudnnGetLastErrorString(detail, sizeof(detail));
+		h->handle = NULL;
+		return cuda_status_set(cudnn_error_name(s), "cudnnCreate: %s %s", cudnnGetErrorString(s), detail);
+	}
+	return 0;
+}
+
+static void handle_release(struct rd_resource *res)
+{
+	struct attention_handle *h = (struct attention_handle *)res;
+	if (h->handle)
+		cudnnDestroy(h->handle);
+	h->handle = NULL;
+}
+
+/* The handle's streams and memory belonged to the lost context: cudnnDestroy
+ * would call into it. Forgetting leaks its host memory once per reset. */
+static void handle_invalidate(struct rd_resource *res)
+{
+	((struct attention_handle *)res)->handle = NULL;
+}
+
+static const struct rd_resource_ops handle_ops = {
+	.kind = "cudnn_handle", .init = handle_init, .release = handle_release, .invalidate = handle_invalidate,
+};
+
+/* ---- Plans ------------------------------------------------------------------------ */
+
+static int plan_init(struct rd_resource *res)
+{
+	struct attention_plan *p = (struct attention_plan *)res;
+	struct cuda_attention *at = p->at;
+	char why[320];
+
+	if (p->refused)
+		return cuda_status_set(RP_ERR_INVALID_OPERAND, "%s", p->why);
+	if (rd_resource_ensure_valid(&at->handle.res))
+		return -EIO;   /* the handle's init left its status */
+	pthread_mutex_lock(&at->exec_lock);
+	int r = cuda_sdpa_plan_build(&p->key, at->handle.handle, NULL, &p->plan, why, sizeof(why));
+	pthread_mutex_unlock(&at->exec_lock);
+	if (r == -ENOTSUP) {
+		p->refused = true;
+		snprintf(p->why, sizeof(p->why), "%s", why);
+		return cuda_status_set(RP_ERR_INVALID_OPERAND, "%s", why);
+	}
+	if (r < 0)
+		return cuda_status_set(r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_BACKEND, "%s", why);
+	return 0;
+}
+
+static void plan_release(struct rd_resource *res)
+{
+	struct attention_plan *p = (struct attention_plan *)res;
+	/* Called with nothing in flight (a release drains first; an evicted
+	 * plan is released once its uses completed): safe to unload. */
+	cuda_sdpa_plan_destroy(&p->plan);
+	for (unsigned i = 0; i < p->nuses; i++)
+		cudaEventDestroy(p->uses[i].done);
+	p->nuses = 0;
+}
+
+/* The plan's kernels and events lived in the lost context. Its descriptors
+ * are host objects, but destroying an execution plan unloads its module
+ * from the context: forget them (host memory leaked once per reset). */
+static void plan_invalidate(struct rd_resource *res)
+{
+	struct attention_plan *p = (struct attention_plan *)res;
+	free(p->plan.descs);
+	memset(&p->plan, 0, sizeof(p->plan));
+	p->nuses = 0;
+}
+
+static const struct rd_resource_ops plan_ops = {
+	.kind = "cudnn_sdpa_plan", .init = plan_init, .release = plan_release, .invalidate = plan_invalidate,
+};
+
+static uint64_t key_hash(const struct cuda_sdpa_key *k)
+{
+	const unsigned char *b = (const unsigned char *)k;
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < sizeof(*k); i++) {
+		h ^= b[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+static void plan_free(struct attention_plan *p)
+{
+	rd_resource_unregister(&p->res);
+	free(p->uses);
+	free(p);
+}
+
+/* Whether every stream that ran the plan is past it; under at->lock. */
+static bool plan_idle(struct attention_plan *p)
+{
+	if (!rd_resource_is_valid(&p->res))
+		return true;
+	for (unsigned i = 0; i < p->nuses; i++) {
+		if (cudaEventQuery(p->uses[i].done) == cudaErrorNotReady)
+			return false;
+	}
+	return true;
+}
+
+static void unlink_plan(struct cuda_attention *at, struct attention_plan *p)
+{
+	if (p->prev)
+		p->prev->next = p->next;
+	else
+		at->head = p->next;
+	if (p->next)
+		p->next->prev = p->prev;
+	else
+		at->tail = p->prev;
+	p->prev = p->next = NULL;
+}
+
+/* Past the limit, the least recently used plans nobody holds leave the
+ * cache; each is destroyed at once if idle, else retired until it is. The
+ * victims are returned for destruction outside the lock. Under at->lock. */
+static struct attention_plan *evict_locked(struct cuda_attention *at)
+{
+	struct attention_plan *doomed = NULL;
+
+	for (struct attention_plan **pp = &at->retired; *pp;) {
+		struct attention_plan *p = *pp;
+		if (plan_idle(p)) {
+			*pp = p->next;
+			p->next = doomed;
+			doomed = p;
+		} else {
+			pp = &p->next;
+		}
+	}
+	for (struct attention_plan *p = at->tail; p && at->count > at->plans_max;) {
+		struct attention_plan *prev = p->prev;
+		if (p->refs == 0) {
+			unlink_plan(at, p);
+			at->count--;
+			if (plan_idle(p)) {
+				p->next = doomed;
+				doomed = p;
+			} else {
+				p->next = at->retired;
+				at->retired = p;
+			}
+		}
+		p = prev;
+	}
+	return doomed;
+}
+
+/* Finds or makes the plan for key, most recently used now, held (refs)
+ * until plan_put. NULL on ENOMEM. */
+static struct attention_plan *plan_get(struct cuda_attention *at, const struct cuda_sdpa_key *key)
+{
+	uint64_t h = key_hash(key);
+	struct attention_plan *p, *doomed = NULL;
+
+	pthread_mutex_lock(&at->lock);
+	for (p = at->head; p; p = p->next) {
+		if (p->hash == h && memcmp(&p->key, key, sizeof(*key)) == 0)
+			break;
+	}
+	if (p) {
+		if (p != at->head) {
+			unlink_plan(at, p);
+			p->next = at->head;
+			at->head->prev = p;
+			at->head = p;
+		}
+	} else {
+		p = calloc(1, sizeof(*p));
+		if (p) {
+			p->at = at;
+			p->key = *key;
+			p->hash = h;
+			rd_resource_register(&at->cd->dev->registry, &p->res, &plan_ops);
+			p->next = at->head;
+			if (at->head)
+				at->head->prev = p;
+			else
+				at->tail = p;
+			at->head = p;
+			at->count++;
+			p->refs++;
+			doomed = evict_locked(at);
+			p->refs--;
+		}
+	}
+	if (p)
+		p->refs++;
+	pthread_mutex_unlock(&at->lock);
+	while (doomed) {
+		struct attention_plan *next = doomed->next;
+		plan_free(doomed);
+		doomed = next;
+	}
+	return p;
+}
+
+static void plan_put(struct cuda_attention *at, struct attention_plan *p)
+{
+	pthread_mutex_lock(&at->lock);
+	p->refs--;
+	pthread_mutex_unlock(&at->lock);
+}
+
+/* Records, on the lane's stream, that the plan's work there is enqueued up
+ * to here. Under exec_lock (the plan is in use, so valid). */
+static cudaError_t plan_note_use(struct cuda_attention *at, struct attention_plan *p, cudaStream_t stream)
+{
+	cudaError_t e = cudaSuccess;
+	struct plan_use *u = NULL;
+
+	pthread_mutex_lock(&at->lock);
+	for (unsigned i = 0; i < p->nuses; i++) {
+		if (p->uses[i].stream == stream) {
+			u = &p->uses[i];
+			break;
+		}
+	}
+	if (!u) {
+		if (p->nuses == p->cap_uses) {
+			unsigned cap = p->cap_uses ? p->cap_uses * 2 : 4;
+			struct plan_use *n = realloc(p->uses, cap * sizeof(*n));
+			if (!n) {
+				e = cudaErrorMemoryAllocation;
+				goto out;
+			}
+			p->uses = n;
+			p->cap_uses = cap;
+		}
+		cudaEvent_t ev;
+		e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+		if (e != cudaSuccess)
+			goto out;
+		u = &p->uses[p->nuses++];
+		u->stream = stream;
+		u->done = ev;
+	}
+	e = cudaEventRecord(u->done, stream);
+out:
+	pthread_mutex_unlock(&at->lock);
+	return e;
+}
+
+/* ---- Per-device state ------------------------------------------------------------ */
+
+static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The device's attention state, made (and its handle registered) on first
+ * use. NULL on ENOMEM. */
+static struct cuda_attention *attention_of(struct cuda_dev *cd)
+{
+	struct cuda_attention *at = atomic_load_explicit(&cd->attention, memory_order_acquire);
+	if (at)
+		return at;
+	pthread_mutex_lock(&create_lock);
+	at = atomic_load_explicit(&cd->attention, memory_order_acquire);
+	if (!at) {
+		at = calloc(1, sizeof(*at));
+		if (at) {
+			at->cd = cd;
+			at->handle.cd = cd;
+			at->plans_max = ATTENTION_PLANS_MAX;
+			pthread_mutex_init(&at->exec_lock, NULL);
+			pthread_mutex_init(&at->lock, NULL);
+			rd_resource_register(&cd->dev->registry, &at->handle.res, &handle_ops);
+			atomic_store_explicit(&cd->attention, at, memory_order_release);
+		}
+	}
+	pthread_mutex_unlock(&create_lock);
+	return at;
+}
+
+void cuda_attention_finish(struct cuda_dev *cd)
+{
+	struct cuda_attention *at = atomic_exchange(&cd->attention, NULL);
+	if (!at)
+		return;
+	/* Plans were registered after the handle: they go first. The device
+	 * was synchronized (or is lost, and unregistering an invalid resource
+	 * calls nothing). */
+	struct attention_plan *lists[2] = { at->head, at->retired };
+	for (int i = 0; i < 2; i++) {
+		for (struct attention_plan *p = lists[i]; p;) {
+			struct attention_plan *next = p->next;
+			plan_free(p);
+			p = next;
+		}
+	}
+	rd_resource_unregister(&at->handle.res);
+	pthread_mutex_destroy(&at->lock);
+	pthread_mutex_destroy(&at->exec_lock);
+	free(at);
+}
+
+/* ---- Calls ------------------------------------------------------------------------- */
+
+/* One call's problem and addresses, from either descriptor. */
+struct sdpa_call {
+	struct cuda_sdpa_key key;
+	void *ptr[CUDA_SDPA_OPERANDS];
+	float scale;
+	const char *name;   /* "attention" or "attention backward", for messages */
+};
+
+static const char *const operand_names[CUDA_SDPA_OPERANDS] = {
+	[CUDA_SDPA_Q] = "q", [CUDA_SDPA_K] = "k", [CUDA_SDPA_V] = "v", [CUDA_SDPA_O] = "o", [CUDA_SDPA_STATS] = "stats",
+	[CUDA_SDPA_DO] = "d_o", [CUDA_SDPA_DQ] = "d_q", [CUDA_SDPA_DK] = "d_k", [CUDA_SDPA_DV] = "d_v",
+};
+
+/* Resolves operand uid: its device address, checked for the alignment the
+ * graph declares, and its strides into the key. */
+static int take_operand(struct sdpa_call *c, int uid, const struct rp_operand *op, struct rd_buffer *buf,
+			struct rp_error *err)
+{
+	const char *name = operand_names[uid];
+
+	if (!buf)
+		return rp_error_invalid_operand(err, name, "%s has no buffer", name);
+	if (!buf->ptr)
+		return rp_error_set(err, RP_ERR_BACKEND, "%s's buffer is not mapped", name);
+	char *p = (char *)buf->ptr + op->offset;
+	if ((uintptr_t)p % 16 != 0)
+		return rp_error_invalid_operand(err, name,
+						"%s's first element (offset %llu in its buffer) is not 16-byte aligned: "
+						"cuDNN's attention kernels need 16-byte aligned tensors",
+						name, (unsigned long long)op->offset);
+	for (int i = 0; i < op->rank; i++) {
+		c->key.strides[uid][i] = op->strides[i];
+		/* Rows are loaded with 16-byte copies: every stride but the
+		 * last (1) a multiple of 8 elements. Stats (f32, written one
+		 * element at a time) are exempt. */
+		if (uid != CUDA_SDPA_STATS && i < op->rank - 1 && op->shape[i] > 1 && op->strides[i] % 8 != 0)
+			return rp_error_invalid_operand(err, name,
+							"%s's stride %d is %lld elements: cuDNN's attention kernels need "
+							"strides that are multiples of 8 elements (16 bytes)",
+							name, i, (long long)op->strides[i]);
+	}
+	c->ptr[uid] = p;
+	return 0;
+}
+
+static int describe(struct rd_op *op, struct sdpa_call *c)
+{
+	const struct rp_compute *pc = &op->compute;
+	const struct rp_attention *a = &pc->attention;
+	struct cuda_sdpa_key *k = &c->key;
+	const bool backward = pc->spec->id == RP_OP_ATTENTION_BACKWARD;
+	/* Operand slots by cuDNN tensor, per direction (-1: not an operand). */
+	static const int fwd_slot[CUDA_SDPA_OPERANDS] = {
+		-1, RP_ATT_Q, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS, -1, -1, -1, -1,
+	};
+	static const int bwd_slot[CUDA_SDPA_OPERANDS] = {
+		-1, RP_ATB_Q, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_STATS, RP_ATB_DO, RP_ATB_DQ, RP_ATB_DK, RP_ATB_DV,
+	};
+	const int *slot = backward ? bwd_slot : fwd_slot;
+	enum rp_dtype dtype = pc->operands[slot[CUDA_SDPA_Q]].dtype;
+	int r;
+
+	cuda_sdpa_key_init(k);
+	memset(c->ptr, 0, sizeof(c->ptr));
+	c->name = backward ? "attention backward" : "attention";
+	c->scale = (float)a->scale;
+	if (dtype != RP_DTYPE_BF16 && dtype != RP_DTYPE_F16)
+		return rp_error_invalid_operand(&op->err, "q",
+						"q is %s: attention on the CUDA backend (cuDNN's fused attention) takes "
+						"bf16 or f16 operands; f32 attention runs on the host backend only",
+						rp_dtype_name(dtype));
+	k->backward = backward;
+	k->dtype = dtype == RP_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+	k->b = a->batch;
+	k->h = a->heads;
+	k->h_kv = a->heads_kv;
+	k->s_q = a->seq_q;
+	k->s_kv = a->seq_kv;
+	k->d = a->head_dim;
+	k->d_v = a->head_dim_v;
+	k->mask = !a->causal ? CUDA_SDPA_NO_MASK
+		  : a->alignment == RP_CAUSAL_BOTTOM_RIGHT ? CUDA_SDPA_CAUSAL_BOTTOM_RIGHT : CUDA_SDPA_CAUSAL_TOP_LEFT;
+	/* Bottom-right with Sq > Skv never gets here: the parser refuses it. */
+	if (k->s_q > INT32_MAX || k->s_kv > INT32_MAX)
+		return rp_error_invalid_operand(&op->err, "q", "sequence lengths over 2^31 - 1 are not supported");
+	if (backward && k->s_q == 1 && k->s_kv == 1)
+		return rp_error_invalid_operand(&op->err, "q",
+						"cuDNN's attention backward does not take Sq = Skv = 1 (one score per "
+						"row has no gradient through the softmax)");
+	for (int uid = CUDA_SDPA_Q; uid <= CUDA_SDPA_DV; uid++) {
+		if (slot[uid] < 0 || !pc->present[slot[uid]])
+			continue;
+		if ((r = take_operand(c, uid, &pc->operands[slot[uid]], op->buffers[slot[uid]], &op->err)) < 0)
+			return r;
+	}
+	k->stats = c->ptr[CUDA_SDPA_STATS] != NULL;
+	return 0;
+}
+
+static const char *problem(const struct cuda_sdpa_key *k, char *buf, size_t n)
+{
+	static const char *const masks[] = { "", ", causal top-left", ", causal bottom-right" };
+	snprintf(buf, n, "%s B%lld H%lld Hkv%lld Sq%lld Skv%lld D%lld Dv%lld%s",
+		 k->dtype == CUDNN_DATA_BFLOAT16 ? "bf16" : "f16", (long long)k->b, (long long)k->h, (long long)k->h_kv,
+		 (long long)k->s_q, (long long)k->s_kv, (long long)k->d, (long long)k->d_v, masks[k->mask]);
+	return buf;
+}
+
+/* A cuDNN failure that may be the context's: the lane's stream tells
+ * whether the context took a sticky error (then DeviceLost, and the lane's
+ * completion marks the device lost). */
+static int fail_cudnn(struct cuda_lane *lane, struct rd_op *op, const char *what, const char *why)
+{
+	cudaError_t e = cudaStreamQuery(lane->stream);
+	if (cuda_error_is_sticky(e))
+		return rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "%s: %s; the context is lost: %s", what, why,
+				    cudaGetErrorString(e));
+	return rp_error_set(&op->err, RP_ERR_BACKEND, "%s: %s", what, why);
 }
 
 int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 {
-	struct rd_buffer **b = op->buffers;
-	cudaError_t e;
+	struct cuda_dev *cd = lane->cd;
+	struct sdpa_call c;
+	char desc[160];
+	int r;
 
-	const struct rp_compute *c = &op->compute;
-	const struct rp_attention *a = &c->attention;
+	r = describe(op, &c);
+	if (r < 0)
+		return r;
+	struct cuda_attention *at = attention_of(cd);
+	struct attention_plan *p = at ? plan_get(at, &c.key) : NULL;
+	if (!p)
+		return rp_error_set(&op->err, RP_ERR_OUT_OF_MEMORY, "no memory for an attention plan");
 
-	/* The hand-written kernels know neither grouped-query heads nor a
-	 * bottom-right diagonal: refuse what they would get wrong. */
-	if (a->heads_kv != a->heads || (a->causal && a->alignment != RP_CAUSAL_TOP_LEFT))
-		return rp_error_set(&op->err, RP_ERR_INVALID_OPERAND,
-				    "the CUDA attention kernels need as many k/v heads as q heads and a top-left causal "
-				    "mask");
-	if (c->spec->id == RP_OP_ATTENTION) {
-		rk_attn_fwd_args args = {
-			.batch = a->batch, .heads = a->heads, .seq_q = a->seq_q, .seq_kv = a->seq_kv,
-			.head_dim = (int)a->head_dim, .head_dim_v = (int)a->head_dim_v,
-			.scale = (float)a->scale, .causal = a->causal,
-		};
-		tensor(&args.q, b[RP_ATT_Q], &c->operands[RP_ATT_Q]);
-		tensor(&args.k, b[RP_ATT_K], &c->operands[RP_ATT_K]);
-		tensor(&args.v, b[RP_ATT_V], &c->operands[RP_ATT_V]);
-		tensor(&args.o, b[RP_ATT_O], &c->operands[RP_ATT_O]);
-		tensor(&args.stats, b[RP_ATT_STATS], &c->operands[RP_ATT_STATS]);
-		e = rk_attention_forward(&args, (enum rk_dtype)c->operands[RP_ATT_Q].dtype, lane->stream);
-		return e == cudaSuccess ? 0 : launch_failed(op, "attention forward", e);
+	if (rd_resource_ensure_valid(&p->res)) {
+		r = cuda_status_to_error(&op->err, "planning the attention");
+		if (p->refused) {
+			/* Set once under the plan's lock and never changed: its
+			 * ensure_valid ordered it before this read. */
+			rp_error_clear(&op->err);
+			r = rp_error_invalid_operand(&op->err, "q", "cuDNN's fused attention does not take %s (%s): %s",
+						     c.name, problem(&c.key, desc, sizeof(desc)), p->why);
+		} else {
+			cudaError_t e = cudaStreamQuery(lane->stream);
+			if (cuda_error_is_sticky(e)) {
+				rp_error_clear(&op->err);
+				r = rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
+						 "planning the attention: the context is lost: %s", cudaGetErrorString(e));
+			}
+		}
+		goto out;
 	}
 
-	rk_attn_bwd_args args = {
-		.batch = a->batch, .heads = a->heads, .seq_q = a->seq_q, .seq_kv = a->seq_kv,
-		.head_dim = (int)a->head_dim, .head_dim_v = (int)a->head_dim_v,
-		.scale = (float)a->scale, .causal = a->causal,
-	};
-	tensor(&args.q, b[RP_ATB_Q], &c->operands[RP_ATB_Q]);
-	tensor(&args.k, b[RP_ATB_K], &c->operands[RP_ATB_K]);
-	tensor(&args.v, b[RP_ATB_V], &c->operands[RP_ATB_V]);
-	tensor(&args.o, b[RP_ATB_O], &c->operands[RP_ATB_O]);
-	tensor(&args.d_o, b[RP_ATB_DO], &c->operands[RP_ATB_DO]);
-	tensor(&args.stats, b[RP_ATB_STATS], &c->operands[RP_ATB_STATS]);
-	tensor(&args.d_q, b[RP_ATB_DQ], &c->operands[RP_ATB_DQ]);
-	tensor(&args.d_k, b[RP_ATB_DK], &c->operands[RP_ATB_DK]);
-	tensor(&args.d_v, b[RP_ATB_DV], &c->operands[RP_ATB_DV]);
+	size_t bytes = p->plan.workspace;
+	uint64_t cap = cd->dev->max_scratch;
+	if (cap && bytes > cap) {
+		rp_err_limit_exceeded(&op->err, "scratch", (long long)cap,
+				      "%s (%s) needs %zu bytes of scratch, more than the %llu one call may take "
+				      "(max_scratch_mib)",
+				      c.name, problem(&c.key, desc, sizeof(desc)), bytes, (unsigned long long)cap);
+		r = -E2BIG;
+		goto out;
+	}
+	void *ws = NULL;
+	cudaError_t e;
+	if (bytes > 0) {
+		if (rd_resource_ensure_valid(&cd->pool.res)) {
+			r = cuda_status_to_error(&op->err, "scratch memory pool");
+			goto out;
+		}
+		e = cudaMallocFromPoolAsync(&ws, bytes, cd->pool.pool, lane->stream);
+		if (e != cudaSuccess) {
+			r = rp_error_set(&op->err, cuda_error_name(e), "%s scratch of %zu bytes: %s", c.name, bytes,
+					 cudaGetErrorString(e));
+			goto out;
+		}
+	}
 
-	struct cuda_dev *cd = lane->cd;
-	size_t bytes = (size_t)(a->batch * a->heads * a->seq_q) * sizeof(float);
-	void *delta = NULL;
-	if (rd_resource_ensure_valid(&cd->pool.res))
-		return cuda_status_to_error(&op->err, "scratch memory pool");
-	e = cudaMallocFromPoolAsync(&delta, bytes, cd->pool.pool, lane->stream);
-	if (e != cudaSuccess)
-		return rp_error_set(&op->err, cuda_error_name(e), "attention scratch of %zu bytes: %s", bytes,
-				    cudaGetErrorString(e));
-	int r = 0;
-	e = rk_attention_backward(&args, (enum rk_dtype)c->operands[RP_ATB_Q].dtype, delta, lane->stream);
-	if (e != cudaSuccess)
-		r = launch_failed(op, "attention backward", e);
-	e = cudaFreeAsync(delta, lane->stream);
-	if (e != cudaSuccess && r == 0)
-		r = rp_error_set(&op->err, cuda_error_name(e), "freeing attention scratch: %s", cudaGetErrorString(e));
+	char why[320] = "";
+	cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
+	if (rd_resource_ensure_valid(&at->handle.res)) {
+		r = cuda_status_to_error(&op->err, "cuDNN handle");
+	} else {
+		pthread_mutex_lock(&at->exec_lock);
+		s = cudnnSetStream(at->handle.handle, lane->stream);
+		if (s == CUDNN_STATUS_SUCCESS)
+			s = cuda_sdpa_execute(at->handle.handle, &p->plan, c.ptr, c.scale, ws, why, sizeof(why));
+		else
+			snprintf(why, sizeof(why), "cudnnSetStream: %s", cudnnGetErrorString(s));
+		e = s == CUDNN_STATUS_SUCCESS ? plan_note_use(at, p, lane->stream) : cudaSuccess;
+		pthread_mutex_unlock(&at->exec_lock);
+		if (s != CUDNN_STATUS_SUCCESS)
+			r = fail_cudnn(lane, op, "running the attention", why);
+		else if (e != cudaSuccess)
+			r = rp_error_set(&op->err, cuda_error_name(e), "recording the attention plan's use: %s",
+					 cudaGetErrorString(e));
+	}
+	if (ws) {
+		e = cudaFreeAsync(ws, lane->stream);
+		if (e != cudaSuccess && r == 0)
+			r = rp_error_set(&op->err, cuda_error_name(e), "freeing the attention scratch: %s",
+					 cudaGetErrorString(e));
+	}
+out:
+	plan_put(at, p);
 	return r;
+}
+
+unsigned rd_cuda_attention_plan_count(struct rd_device *dev)
+{
+	struct cuda_attention *at = atomic_load_explicit(&cuda_dev_of(dev)->attention, memory_order_acquire);
+	if (!at)
+		return 0;
+	pthread_mutex_lock(&at->lock);
+	unsigned n = at->count;
+	pthread_mutex_unlock(&at->lock);
+	return n;
+}
+
+void rd_cuda_set_attention_plan_limit(struct rd_device *dev, unsigned plans_max)
+{
+	struct cuda_attention *at = attention_of(cuda_dev_of(dev));
+	if (!at)
+		return;
+	pthread_mutex_lock(&at->lock);
+	at->plans_max = plans_max ? plans_max : ATTENTION_PLANS_MAX;
+	pthread_mutex_unlock(&at->lock);
 }

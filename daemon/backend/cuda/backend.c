@@ -97,6 +97,7 @@ static void cuda_close(struct rd_device *dev)
 	if (!atomic_load(&cd->lost))
 		cudaDeviceSynchronize();
 	/* Plans were registered after these: they go first. */
+	cuda_attention_finish(cd);
 	cuda_gemm_plans_finish(cd);
 	cuda_device_resources_unregister(cd);
 	dev->backend_data = NULL;

@@ -79,6 +79,7 @@ typedef int cuda_enqueue_fn(struct cuda_lane *lane, struct rd_op *op);
 
 struct cuda_gemm_plan;
 struct cuda_mapping;
+struct cuda_attention;
 
 struct cuda_dev {
 	struct rd_device *dev;
@@ -96,6 +97,9 @@ struct cuda_dev {
 	pthread_mutex_t maps_lock;
 	struct cuda_mapping *maps;
 	unsigned map_count;
+
+	/* attention.c: the cuDNN handle and plans, made on first use. */
+	_Atomic(struct cuda_attention *) attention;
 
 	/* Bumped (and broadcast) by a host function each lane enqueues after a
 	 * call: completers sleep on it instead of polling at a coarse period. */
@@ -257,6 +261,8 @@ int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], str
 void cuda_close_event(struct rd_event *ev);
 uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);
 
-/* ---- attention.c: forward and backward ----------------------------------- */
+/* ---- attention.c: forward and backward, through cuDNN ---------------------- */
 
 int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op);
+/* Unregisters and frees the attention state (close: device synchronized). */
+void cuda_attention_finish(struct cuda_dev *cd);

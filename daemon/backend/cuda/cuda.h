@@ -44,3 +44,9 @@ void *rd_cuda_lane_last_workspace(struct rd_lane *lane);
 
 /* Distinct imported mappings now held (cuda_ipc dedupes by handle). */
 unsigned rd_cuda_mapping_count(struct rd_device *dev);
+
+/* cuDNN attention plans cached now (attention.c). */
+unsigned rd_cuda_attention_plan_count(struct rd_device *dev);
+/* Attention plans kept per device (default 64, the least recently used
+ * evicted past it; 0 restores the default). */
+void rd_cuda_set_attention_plan_limit(struct rd_device *dev, unsigned plans_max);

@@ -1,0 +1,253 @@
+/* float64 references; see reference.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tests/lib/asserts.h"
+#include "tests/lib/dtype.h"
+#include "tests/lib/reference.h"
+
+static double gelu_tanh(double x)
+{
+	return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_erf(double x)
+{
+	return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+}
+
+void tl_gemm_ref(const struct tl_gemm *g, const double *a, const double *b, const double *c, const double *bias,
+		 double *d, double *magnitude)
+{
+	const int64_t M = g->m, N = g->n, K = g->k;
+	const bool gelu = g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS;
+	double *bt = NULL, *acc = calloc((size_t)N + 1, sizeof(double)), *abs_ = calloc((size_t)N + 1, sizeof(double));
+	const double *opb = b;
+
+	ASSERT(acc != NULL && abs_ != NULL, "out of memory");
+	/* op(B) as [K, N] rows, so that the inner loop walks memory in order. */
+	if (g->trans_b) {
+		bt = malloc((size_t)(K * N + 1) * sizeof(double));
+		ASSERT_NOT_NULL(bt);
+		for (int64_t k = 0; k < K; k++) {
+			for (int64_t j = 0; j < N; j++) {
+				bt[k * N + j] = b[j * K + k];
+			}
+		}
+		opb = bt;
+	}
+	for (int64_t i = 0; i < M; i++) {
+		memset(acc, 0, (size_t)N * sizeof(double));
+		memset(abs_, 0, (size_t)N * sizeof(double));
+		for (int64_t k = 0; k < K; k++) {
+			const double aik = g->trans_a ? a[k * M + i] : a[i * K + k];
+			const double *bk = opb + k * N;
+
+			for (int64_t j = 0; j < N; j++) {
+				double x = aik * bk[j];
+
+				acc[j] += x;
+				abs_[j] += fabs(x);
+			}
+		}
+		for (int64_t j = 0; j < N; j++) {
+			double ref = g->alpha * acc[j], mag = fabs(g->alpha) * abs_[j];
+
+			if (c != NULL) {
+				ref += g->beta * c[i * N + j];
+				mag += fabs(g->beta * c[i * N + j]);
+			}
+			if (bias != NULL) {
+				ref += bias[j];
+				mag += fabs(bias[j]);
+			}
+			if (gelu) {
+				ref = g->gelu_erf ? gelu_erf(ref) : gelu_tanh(ref);
+				/* GELU's slope stays below 1.13. */
+				mag *= 1.2;
+			}
+			d[i * N + j] = ref;
+			if (magnitude != NULL) {
+				magnitude[i * N + j] = mag;
+			}
+		}
+	}
+	free(bt);
+	free(acc);
+	free(abs_);
+}
+
+static int64_t kv_heads(const struct tl_attention *at)
+{
+	return at->hkv > 0 ? at->hkv : at->h;
+}
+
+/* Row of k and v ([b, hkv, skv] order) that key j of query head bh reads. */
+static int64_t kv_row(const struct tl_attention *at, int64_t bh, int64_t j)
+{
+	int64_t b = bh / at->h, h = bh % at->h, hkv = kv_heads(at);
+
+	return (b * hkv + h / (at->h / hkv)) * at->skv + j;
+}
+
+static bool masked(const struct tl_attention *at, int64_t i, int64_t j)
+{
+	return at->causal && j > i + (at->bottom_right ? at->skv - at->sq : 0);
+}
+
+static double dot(const double *x, const double *y, int64_t n)
+{
+	double s = 0;
+
+	for (int64_t t = 0; t < n; t++) {
+		s += x[t] * y[t];
+	}
+	return s;
+}
+
+void tl_attention_ref(const struct tl_attention *at, const double *q, const double *k, const double *v, double *o,
+		      double *lse, double *o_magnitude)
+{
+	const int64_t D = at->d, DV = at->dv;
+	double *p = malloc((size_t)(at->skv + 1) * sizeof(double));
+
+	ASSERT_NOT_NULL(p);
+	for (int64_t bh = 0; bh < at->b * at->h; bh++) {
+		for (int64_t i = 0; i < at->sq; i++) {
+			const int64_t qi = bh * at->sq + i;
+			double mx = -INFINITY, sum = 0;
+
+			for (int64_t j = 0; j < at->skv; j++) {
+				p[j] = at->scale * dot(q + qi * D, k + kv_row(at, bh, j) * D, D);
+				if (!masked(at, i, j) && p[j] > mx) {
+					mx = p[j];
+				}
+			}
+			for (int64_t j = 0; j < at->skv; j++) {
+				p[j] = masked(at, i, j) ? 0.0 : exp(p[j] - mx);
+				sum += p[j];
+			}
+			for (int64_t j = 0; j < at->skv; j++) {
+				p[j] /= sum;
+			}
+			for (int64_t t = 0; t < DV; t++) {
+				double acc = 0, mag = 0;
+
+				for (int64_t j = 0; j < at->skv; j++) {
+					double x = v[kv_row(at, bh, j) * DV + t];
+
+					acc += p[j] * x;
+					mag += p[j] * fabs(x);
+				}
+				o[qi * DV + t] = acc;
+				if (o_magnitude != NULL) {
+					o_magnitude[qi * DV + t] = mag;
+				}
+			}
+			if (lse != NULL) {
+				lse[qi] = mx + log(sum);
+			}
+		}
+	}
+	free(p);
+}
+
+void tl_attention_backward_ref(const struct tl_attention *at, const double *q, const double *k, const double *v,
+			       const double *o, const double *d_o, double *dq, double *dk, double *dv,
+			       const struct tl_attention_grad_magnitude *magnitude)
+{
+	const int64_t D = at->d, DV = at->dv;
+	const size_t nq = (size_t)(at->b * at->h * at->sq), nk = (size_t)(at->b * kv_heads(at) * at->skv);
+	double *o_exact = malloc((nq * (size_t)DV + 1) * sizeof(double)), *lse = malloc((nq + 1) * sizeof(double));
+
+	ASSERT(o_exact != NULL && lse != NULL, "out of memory");
+	tl_attention_ref(at, q, k, v, o_exact, lse, NULL);
+	if (o == NULL) {
+		o = o_exact;
+	}
+	memset(dq, 0, nq * (size_t)D * sizeof(double));
+	memset(dk, 0, nk * (size_t)D * sizeof(double));
+	memset(dv, 0, nk * (size_t)DV * sizeof(double));
+	if (magnitude != NULL) {
+		memset(magnitude->dq, 0, nq * (size_t)D * sizeof(double));
+		memset(magnitude->dk, 0, nk * (size_t)D * sizeof(double));
+		memset(magnitude->dv, 0, nk * (size_t)DV * sizeof(double));
+	}
+	for (int64_t bh = 0; bh < at->b * at->h; bh++) {
+		for (int64_t i = 0; i < at->sq; i++) {
+			const int64_t qi = bh * at->sq + i;
+			const double *qrow = q + qi * D, *dorow = d_o + qi * DV;
+			double di = 0, di_abs = 0;
+
+			for (int64_t t = 0; t < DV; t++) {
+				di += dorow[t] * o[qi * DV + t];
+				di_abs += fabs(dorow[t] * o[qi * DV + t]);
+			}
+			for (int64_t j = 0; j < at->skv; j++) {
+				const int64_t kj = kv_row(at, bh, j);
+				const double *krow = k + kj * D, *vrow = v + kj * DV;
+				double pij, dp = 0, dp_abs = 0, ds, ds_abs;
+
+				if (masked(at, i, j)) {
+					continue;
+				}
+				pij = exp(at->scale * dot(qrow, krow, D) - lse[qi]);
+				for (int64_t t = 0; t < DV; t++) {
+					dp += dorow[t] * vrow[t];
+					dp_abs += fabs(dorow[t] * vrow[t]);
+					dv[kj * DV + t] += pij * dorow[t];
+					if (magnitude != NULL) {
+						magnitude->dv[kj * DV + t] += pij * fabs(dorow[t]);
+					}
+				}
+				ds = pij * (dp - di);
+				ds_abs = pij * (dp_abs + di_abs);
+				for (int64_t t = 0; t < D; t++) {
+					dq[qi * D + t] += at->scale * ds * krow[t];
+					dk[kj * D + t] += at->scale * ds * qrow[t];
+					if (magnitude != NULL) {
+						magnitude->dq[qi * D + t] += at->scale * ds_abs * fabs(krow[t]);
+						magnitude->dk[kj * D + t] += at->scale * ds_abs * fabs(qrow[t]);
+					}
+				}
+			}
+		}
+	}
+	free(o_exact);
+	free(lse);
+}
+
+double tl_rel_error(const double *got, const double *ref, size_t n)
+{
+	double num = 0, den = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (isnan(got[i])) {
+			return INFINITY;
+		}
+		num += (got[i] - ref[i]) * (got[i] - ref[i]);
+		den += ref[i] * ref[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+size_t tl_check_close(const char *what, enum rp_dtype dt, const double *got, const double *ref, const double *magnitude,
+		      size_t n, double tol, char *why, size_t why_size)
+{
+	size_t bad = 0, first = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double bound = tol * magnitude[i] + tl_dtype_eps(dt) * fabs(ref[i]) + tl_dtype_quantum(dt);
+
+		if (!(fabs(got[i] - ref[i]) <= bound) && bad++ == 0) {
+			first = i;
+		}
+	}
+	if (bad > 0) {
+		snprintf(why, why_size, "%s: %zu of %zu wrong; first [%zu] = %.9g, reference %.9g (bound %.3g)", what,
+			 bad, n, first, got[first], ref[first],
+			 tol * magnitude[first] + tl_dtype_eps(dt) * fabs(ref[first]) + tl_dtype_quantum(dt));
+	}
+	return bad;
+}

@@ -1,0 +1,66 @@
+/* float64 references for GEMM and attention, written once for every test
+ * that checks a result (unit tests of the host math, integration tests
+ * through regend). Inputs are dense row-major arrays of the values as
+ * stored, already rounded to their storage type, so that what a tolerance
+ * measures is the kernel's accumulation and its output's rounding, nothing
+ * else. Alongside each result a magnitude can be had: the sum of the
+ * magnitudes of the terms that made it, the scale its rounding error is
+ * relative to. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "proto/compute.h"
+
+struct tl_gemm {
+	int64_t m, n, k;
+	bool trans_a, trans_b;      /* a stored [k, m], b stored [n, k] */
+	double alpha, beta;
+	/* GELU for RP_EPILOGUE_GELU and _GELU_BIAS, in cuBLASLt's tanh form
+	 * unless gelu_erf. The bias is added when given, whatever the epilogue. */
+	enum rp_epilogue epilogue;
+	bool gelu_erf;
+};
+
+/* d[m*n] = gelu?(alpha op(a) op(b) + beta c + bias): c ([m, n]) and bias
+ * ([n]) may be NULL, and then add nothing. magnitude[m*n] may be NULL. */
+void tl_gemm_ref(const struct tl_gemm *g, const double *a, const double *b, const double *c, const double *bias,
+		 double *d, double *magnitude);
+
+struct tl_attention {
+	int64_t b, h, sq, skv, d, dv;
+	int64_t hkv;                /* key/value heads, h a multiple of it; 0: h */
+	double scale;
+	bool causal;
+	bool bottom_right;          /* the causal diagonal aligned bottom-right (needs sq <= skv) */
+};
+
+/* q [b, h, sq, d], k [b, hkv, skv, d], v [b, hkv, skv, dv] -> o [b, h, sq, dv]
+ * and the softmax's log-sum-exp lse [b, h, sq] (may be NULL). o_magnitude
+ * (may be NULL): sum_j p_ij |v_j|. */
+void tl_attention_ref(const struct tl_attention *at, const double *q, const double *k, const double *v, double *o,
+		      double *lse, double *o_magnitude);
+
+/* Magnitudes of the gradients' terms before they cancel. */
+struct tl_attention_grad_magnitude {
+	double *dq, *dk, *dv;
+};
+
+/* Gradients for dL/dO = d_o, the softmax recomputed exactly. D_i = d_o_i . o_i
+ * takes o as given (what the kernel wrote, as a backward on the device
+ * reads it), or the exact forward's when o is NULL. dq, dk, dv are shaped as
+ * q, k, v and overwritten; magnitude may be NULL. */
+void tl_attention_backward_ref(const struct tl_attention *at, const double *q, const double *k, const double *v,
+			       const double *o, const double *d_o, double *dq, double *dk, double *dv,
+			       const struct tl_attention_grad_magnitude *magnitude);
+
+/* ||got - ref|| / ||ref|| in the 2-norm (the absolute error when ref is 0;
+ * infinity when got holds a NaN). */
+double tl_rel_error(const double *got, const double *ref, size_t n);
+
+/* Elementwise: |got - ref| <= tol * magnitude + eps(dt) |ref| + quantum(dt)
+ * (dtype.h). Returns how many elements are out of bounds and describes the
+ * first in why ("what: 3 of 64 wrong; first [5] = ..."). */
+size_t tl_check_close(const char *what, enum rp_dtype dt, const double *got, const double *ref, const double *magnitude,
+		      size_t n, double tol, char *why, size_t why_size);

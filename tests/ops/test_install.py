@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""What `meson install` and `pip install ./client/python` give a fresh
+machine.
+
+- meson install (into a DESTDIR) puts regend, regenctl, libregen and its
+  header, the pkg-config file, the units and the Python package `regen`
+  where the installed Python finds it (and the CUDA backend's module, in a
+  build with it).
+- The installed regen.pc answers `pkg-config --cflags --libs regen` on a
+  machine without libcjson-dev (only our .pc on the search path).
+- pip installs client/python (pyproject.toml, pure Python) with Debian's
+  python3, pip, setuptools and wheel, offline; `import regen` then works
+  and does not import torch.
+
+Usage: test_install.py BUILD_DIR SOURCE_DIR
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from regend_fixture import check, log, skip
+
+
+def run(argv, **kw):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, **kw)
+    check(r.returncode == 0, "%s failed (%d): %s%s" % (" ".join(argv), r.returncode, r.stdout[-2000:], r.stderr[-2000:]))
+    return r.stdout
+
+
+def one(pattern, what):
+    hits = glob.glob(pattern, recursive=True)
+    check(hits, "meson install put no %s (%s)" % (what, pattern))
+    return hits[0]
+
+
+def main():
+    build, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    tmp = tempfile.mkdtemp(prefix="regen-install-")
+    try:
+        dest = os.path.join(tmp, "dest")
+        run(["meson", "install", "-C", build, "--destdir", dest, "--no-rebuild", "--quiet"])
+        for pattern, what in (("**/sbin/regend", "regend"), ("**/bin/regenctl", "regenctl"),
+                              ("**/libregen.so.0*", "libregen"), ("**/include/regen.h", "regen.h"),
+                              ("**/pkgconfig/regen.pc", "regen.pc"), ("**/systemd/system/regend.service", "unit"),
+                              ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table")):
+            one(os.path.join(dest, pattern), what)
+        if os.path.exists(os.path.join(build, "daemon", "backend", "cuda", "backend-cuda.so")):
+            one(os.path.join(dest, "**/regen/backend-cuda.so"), "CUDA backend module")
+        log("meson install: regend, regenctl, libregen, regen.h, regen.pc, units, Python package")
+
+        pc = os.path.dirname(one(os.path.join(dest, "**/pkgconfig/regen.pc"), "regen.pc"))
+        if shutil.which("pkg-config"):
+            env = dict(os.environ, PKG_CONFIG_LIBDIR=pc, PKG_CONFIG_PATH="")
+            flags = run(["pkg-config", "--cflags", "--libs", "regen"], env=env)
+            check("-lregen" in flags, "pkg-config --libs regen: %r" % flags)
+            log("pkg-config with only regen.pc on its path: %s" % flags.strip())
+
+        py = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+        probes = [subprocess.run(argv, capture_output=True) for argv in
+                  ([py, "-c", "import setuptools, wheel"], [py, "-m", "pip", "--version"])]
+        if any(p.returncode != 0 for p in probes):
+            skip("%s lacks pip, setuptools or wheel (scripts/setup-debian installs them)" % py)
+        src = os.path.join(tmp, "src")
+        shutil.copytree(os.path.join(source, "client", "python"), src, ignore=shutil.ignore_patterns("tests", "__pycache__"))
+        site = os.path.join(tmp, "site")
+        run([py, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--no-index", "--target", site, src])
+        out = run([py, "-c", "import regen, sys; print(regen.__version__, 'torch' in sys.modules, regen.Client)"],
+                  env=dict(os.environ, PYTHONPATH=site))
+        check(out.split()[1] == "False", "import regen imported torch: %s" % out)
+        log("pip install ./client/python with %s: import regen works without torch (%s)" % (py, out.split()[0]))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
