@@ -160,6 +160,12 @@ bool fz_inproc_pump(void);
 /* After the client closed its end: waits for the connection to go, tears
  * everything down and checks that nothing is left. */
 void fz_inproc_stop(void);
+/* The supervisor moves the in-process worker to its next generation, as
+ * device.c does: Drain on the worker's control channel, then Release (or
+ * Reset), each once the one before answered. Queued; the pump sends. */
+void fz_inproc_worker_lifecycle(bool reset);
+/* No lifecycle verb runs or waits. */
+bool fz_inproc_worker_idle(void);
 /* The worker set up by fz_inproc_start(FZ_WORKER). */
 struct rd_worker *fz_inproc_worker(void);
 /* Open file descriptors of this process. */

@@ -6,7 +6,11 @@
  * healthy workers played by the harness). Each message ends at a NUL and
  * goes in a sendmsg of its own, with as many fds (dups of a memfd) as it
  * holds the letters "fd", up to 24; bytes after the last NUL go last, a
- * message begun and never ended. The loop runs until nothing moves.
+ * message begun and never ended. On the worker socket a Release, Reset or
+ * Restart (refused there: they belong on the main socket) also moves the
+ * worker to its next generation through its control channel, as the
+ * supervisor does for such a call from any client, before the rest of the
+ * stream goes. The loop runs until nothing moves.
  *
  * Invariants: every message gets exactly one reply, in order, except a
  * oneway call (none) and a Watch (replies that continue until the
@@ -31,6 +35,7 @@ struct message {
 	bool reply;                     /* one is due */
 	const char *parse_error;        /* the parser's refusal, if any */
 	bool more;
+	int lifecycle;                  /* 0, or 1 + whether a Reset: a Release, Reset or Restart */
 	char method[64];
 };
 
@@ -84,6 +89,10 @@ static void expect(struct message *m)
 	}
 	if (call.method) {
 		snprintf(m->method, sizeof(m->method), "%s", call.method);
+		if (strcmp(call.method, "io.regen.Device.Release") == 0 || strcmp(call.method, "io.regen.Device.Restart") == 0)
+			m->lifecycle = 1;
+		else if (strcmp(call.method, "io.regen.Device.Reset") == 0)
+			m->lifecycle = 2;
 		m->reply = !call.oneway;
 		m->more = call.more;
 	} else {
@@ -146,14 +155,18 @@ static void run_endpoint(enum fz_endpoint endpoint, struct message *msgs, size_t
 		bool progress = false;
 
 		/* The messages, each from its first byte in a sendmsg of its own
-		 * with its fds; a run of messages without fds in one. */
-		while (next < nmsgs) {
+		 * with its fds; a run of messages without fds in one. On the
+		 * worker socket a Release, Reset or Restart (which belongs on the
+		 * main socket) ends a run, and the worker moves to its next
+		 * generation through its control channel, as the supervisor
+		 * would move it for another client, before the stream goes on. */
+		while (next < nmsgs && (endpoint != FZ_WORKER || fz_inproc_worker_idle())) {
 			struct message *m = &msgs[next];
 			size_t len = m->len + 1 - offset, sent;
 			unsigned nfds = offset == 0 ? m->nfds : 0;
 			if (nfds == 0) {
 				size_t last = next;
-				while (last + 1 < nmsgs && msgs[last + 1].nfds == 0)
+				while (last + 1 < nmsgs && msgs[last + 1].nfds == 0 && !msgs[last].lifecycle)
 					last++;
 				len = (size_t)(msgs[last].text + msgs[last].len + 1 - (m->text + offset));
 			}
@@ -164,6 +177,8 @@ static void run_endpoint(enum fz_endpoint endpoint, struct message *msgs, size_t
 			offset += sent;
 			while (next < nmsgs && offset >= msgs[next].len + 1) {
 				offset -= msgs[next].len + 1;
+				if (endpoint == FZ_WORKER && msgs[next].lifecycle)
+					fz_inproc_worker_lifecycle(msgs[next].lifecycle == 2);
 				next++;
 			}
 		}

@@ -33,6 +33,17 @@ static bool loop_ready;
 static enum fz_endpoint running = FZ_NONE;
 static struct rd_options worker_opts;
 static struct rd_worker worker;
+
+/* The supervisor's end of the worker's control channel: the harness sends
+ * its lifecycle verbs there, one at a time, as device.c would. */
+static struct {
+	struct fz_client end;
+	unsigned queued;                /* lifecycles asked for and not begun */
+	bool reset;                     /* of the one running: Reset, else Release */
+	enum { CTL_IDLE, CTL_DRAINING, CTL_APPLYING } step;
+	uint64_t generation;            /* the worker's when the verb was sent */
+	unsigned done;
+} ctl;
 static struct rd_supervisor supervisor;
 
 unsigned fz_count_fds(void)
@@ -83,6 +94,86 @@ static void worker_start(void)
 	w->stop_timer.data = w;
 	rd_worker_socket_path(&worker_opts, 0, w->socket_path, sizeof(w->socket_path));
 	w->state = RD_WORKER_READY;
+
+	int pair[2];
+	FZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) == 0, "socketpair: %s",
+		 strerror(errno));
+	FZ_CHECK(rd_control_open(w, pair[0]) == 0, "rd_control_open");
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.end.fd = pair[1];
+}
+
+void fz_inproc_worker_lifecycle(bool reset)
+{
+	FZ_CHECK(running == FZ_WORKER, "no worker in process");
+	ctl.queued += 1;
+	ctl.reset |= reset && ctl.step == CTL_IDLE;
+}
+
+bool fz_inproc_worker_idle(void)
+{
+	return ctl.step == CTL_IDLE && ctl.queued == 0;
+}
+
+static void ctl_send(const char *method, cJSON *params)
+{
+	char *text = rp_build_call(method, params, false, false);
+
+	cJSON_Delete(params);
+	FZ_CHECK(text && fz_client_send(ctl.end.fd, text, strlen(text) + 1, 0) == strlen(text) + 1,
+		 "the control call did not go out whole");
+	free(text);
+}
+
+/* What a worker answers the supervisor: Drain says drained (the stub
+ * finishes every call), Release and Reset move it to the generation asked
+ * for, with every object closed. */
+static void on_ctl_reply(const char *text, size_t len, void *data)
+{
+	struct rd_worker *w = &worker;
+	struct rp_call reply;
+	cJSON *params;
+
+	fz_check_reply(text, len, &reply, "control channel");
+	FZ_CHECK(!reply.error, "the worker refused %s: %.*s", ctl.step == CTL_DRAINING ? "Drain" : "its lifecycle verb",
+		 (int)len, text);
+	if (ctl.step == CTL_DRAINING) {
+		FZ_CHECK(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply.params, "drained")) && w->in_flight == 0,
+			 "the drain ended with %u calls in flight: %.*s", w->in_flight, (int)len, text);
+		FZ_CHECK(w->state == RD_WORKER_DRAINING, "a drained worker in state %d", (int)w->state);
+		params = cJSON_CreateObject();
+		cJSON_AddNumberToObject(params, "generation", (double)(ctl.generation + 1));
+		cJSON_AddNumberToObject(params, "epoch", (double)(w->epoch + 1));
+		ctl_send(ctl.reset ? "io.regen.Worker.Reset" : "io.regen.Worker.Release", params);
+		ctl.step = CTL_APPLYING;
+	} else {
+		FZ_CHECK(ctl.step == CTL_APPLYING, "a control reply to no call");
+		FZ_CHECK(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply.params, "healthy")), "the stub came back unhealthy");
+		FZ_CHECK(atomic_load(&w->dev.generation) == ctl.generation + 1 && w->state == RD_WORKER_READY,
+			 "after the verb: generation %llu (was %llu), state %d",
+			 (unsigned long long)atomic_load(&w->dev.generation), (unsigned long long)ctl.generation,
+			 (int)w->state);
+		FZ_CHECK(w->objects.count[0] == 0 && w->objects.count[1] == 0, "objects left across a generation");
+		ctl.step = CTL_IDLE;
+		ctl.done++;
+	}
+	rp_call_finish(&reply);
+}
+
+static bool ctl_pump(void)
+{
+	bool progress = fz_client_read(&ctl.end, on_ctl_reply, NULL) > 0;
+
+	if (ctl.step == CTL_IDLE && ctl.queued) {
+		cJSON *params = cJSON_CreateObject();
+		ctl.queued--;
+		ctl.generation = atomic_load(&worker.dev.generation);
+		cJSON_AddNumberToObject(params, "deadline_ms", 3600000);
+		ctl_send("io.regen.Worker.Drain", params);
+		ctl.step = CTL_DRAINING;
+		progress = true;
+	}
+	return progress;
 }
 
 struct rd_worker *fz_inproc_worker(void)
@@ -99,6 +190,13 @@ static bool worker_gone(void)
 static void worker_finish(void)
 {
 	struct rd_worker *w = &worker;
+
+	/* The supervisor's end closes: the worker begins to stop. */
+	FZ_CHECK(ctl.step == CTL_IDLE && ctl.queued == 0, "a lifecycle verb never finished");
+	fz_client_finish(&ctl.end);
+	for (unsigned rounds = 0; w->ctl && rounds < 1000; rounds++)
+		uv_run(&loop, UV_RUN_NOWAIT);
+	FZ_CHECK(w->ctl == NULL && w->state == RD_WORKER_STOPPING, "the worker did not see its supervisor go");
 
 	FZ_CHECK(w->in_flight == 0, "%u calls still in flight at the end", w->in_flight);
 	FZ_CHECK(w->objects.clients == NULL, "clients left after every connection closed");
@@ -272,8 +370,10 @@ bool fz_inproc_pump(void)
 	bool progress = false;
 
 	uv_run(&loop, UV_RUN_NOWAIT);
-	if (running == FZ_WORKER)
+	if (running == FZ_WORKER) {
 		progress |= fz_backend_complete_all() > 0;
+		progress |= ctl_pump();
+	}
 	else if (running == FZ_MAIN)
 		progress |= main_autopilot();
 	return progress;
@@ -287,7 +387,7 @@ void fz_inproc_stop(void)
 	 * finish, the session goes. */
 	for (rounds = 0; rounds < 10000; rounds++) {
 		fz_inproc_pump();
-		if (running == FZ_WORKER ? worker_gone() : main_gone())
+		if (running == FZ_WORKER ? worker_gone() && ctl.step == CTL_IDLE && !ctl.queued : main_gone())
 			break;
 	}
 	FZ_CHECK(rounds < 10000, "the connection outlived its client");

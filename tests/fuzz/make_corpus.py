@@ -337,6 +337,20 @@ dispatch = {
                   call('io.regen.Memory.ImportBuffer', {'device': 0, 'kind': 'host_fd', 'size': 64, 'fd': 1}),
                   call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.1.1', 'fd': 1}),
                   call('io.regen.Device.Generation'), tail=b'{"method":"fd fd'),
+    # A client's Release on the main socket moves the worker on too (the
+    # harness drives its control channel): ids of generation 1 go stale.
+    'generation': stream(imp(), imp(), imp(), call('io.regen.Compute.Gemm', gemm3),
+                         call('io.regen.Device.Release', {'device': 0}), call('io.regen.Compute.Gemm', gemm3),
+                         call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.1.1'}), imp(), imp(), imp(),
+                         call('io.regen.Compute.Gemm', {'a': op('b0.2.4', [M, M]), 'b': op('b0.2.5', [M, M]),
+                                                        'd': op('b0.2.6', [M, M])}),
+                         call('io.regen.Device.Reset', {}), call('io.regen.Compute.Gemm', gemm3),
+                         call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.2.4'}), imp()),
+    # A Watch, more calls than the connection holds behind it, every reply
+    # read, then the close: the hangup came while the connection was not
+    # read, and used to wake the loop for ever with the connection kept.
+    'watch-backpressure-hangup': stream(call('io.regen.Device.Watch', {}, more=True),
+                                        *[call('io.regen.Device.Generation')] * 300),
     'pipelined': stream(*[call('io.regen.Device.Generation')] * 300),
     'partial': stream(call('io.regen.Device.Generation'), tail=b'{"method":"io.regen.Device.Sta'),
 }
