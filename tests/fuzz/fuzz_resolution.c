@@ -198,8 +198,16 @@ static void check_reply(const struct answer *a, const char *parse_error, const c
 	if (parse_error) {
 		FZ_CHECK(a->reply.error && strcmp(a->reply.error, parse_error) == 0, "parser said %s, the worker %s",
 			 parse_error, a->reply.error ? a->reply.error : "yes");
-		/* The worker adds nothing to a parse error but what the IDL gives. */
-		FZ_CHECK(cJSON_Compare(p, parse_params, true), "the worker changed the parser's error");
+		/* The worker adds nothing to a parse error: it is the parser's
+		 * error as it goes on the wire. */
+		struct rp_error e = { .name = parse_error, .params = (cJSON *)parse_params };
+		struct rp_error perr = { 0 };
+		struct rp_call wire;
+		char *text = rp_build_error(&e);
+		FZ_CHECK(text && rp_call_parse(text, strlen(text), &wire, &perr) == 0, "the parser's error does not build");
+		FZ_CHECK(cJSON_Compare(p, wire.params, true), "the worker changed the parser's error");
+		rp_call_finish(&wire);
+		free(text);
 		return;
 	}
 	if (!want->error) {
