@@ -63,6 +63,22 @@ static void on_listen_poll(uv_poll_t *handle, int status, int events)
 	}
 }
 
+/* The socket's directory, made when missing (and its parents), 0755: a
+ * fresh machine has no /run/regen until a unit or tmpfiles.d makes it. */
+static int make_parent(const char *path)
+{
+	char dir[108];
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	for (char *p = dir + 1; (p = strchr(p, '/')); p++) {
+		*p = '\0';
+		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	return 0;
+}
+
 int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, const char *path, unsigned mode, gid_t group,
 		     int inherited_fd, void (*on_accept)(int fd, void *data), void *data)
 {
@@ -84,6 +100,9 @@ int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, const char *path, u
 	if (strlen(path) >= sizeof(addr.sun_path))
 		return -ENAMETOOLONG;
 	strcpy(addr.sun_path, path);
+	r = make_parent(path);
+	if (r < 0)
+		return r;
 	if (lstat(path, &st) == 0) {
 		if (!S_ISSOCK(st.st_mode))
 			return -EEXIST;

@@ -1,5 +1,7 @@
 #include "regen-config.h"
 #include <errno.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -154,6 +156,22 @@ static int count_devices(const struct rd_options *opts, const char **backend)
 	return n ? n : 1;
 }
 
+static void take_activated_path(struct rd_supervisor *sv, int fd)
+{
+	struct sockaddr_un addr;
+	socklen_t len = sizeof(addr);
+
+	memset(&addr, 0, sizeof(addr));
+	if (getsockname(fd, (struct sockaddr *)&addr, &len) < 0 || addr.sun_family != AF_UNIX || !addr.sun_path[0])
+		return;
+	addr.sun_path[sizeof(addr.sun_path) - 1] = '\0';
+	if (strcmp(addr.sun_path, sv->opts.socket_path) != 0) {
+		rd_warn("supervisor", -1, 0, 0, "the activated socket is %s, not %s as configured: worker sockets go beside it",
+			addr.sun_path, sv->opts.socket_path);
+		snprintf(sv->opts.socket_path, sizeof(sv->opts.socket_path), "%s", addr.sun_path);
+	}
+}
+
 int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, char **argv)
 {
 	/* The one supervisor: its handles live as long as the loop runs. */
@@ -178,6 +196,11 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 	sv->exe[len] = '\0';
 	signal(SIGPIPE, SIG_IGN);
 
+	/* Socket activation: the socket is where the socket unit put it, which
+	 * may not be where the configuration says. Workers put theirs beside
+	 * the one clients connect to. */
+	if (listen_fd >= 0)
+		take_activated_path(sv, listen_fd);
 	sv->ndevices = count_devices(opts, &backend);
 #if !REGEN_HAVE_CUDA
 	if (strcmp(backend, "cuda") == 0) {

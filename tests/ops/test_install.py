@@ -8,6 +8,8 @@ machine.
   build with it).
 - The installed regen.pc answers `pkg-config --cflags --libs regen` on a
   machine without libcjson-dev (only our .pc on the search path).
+- The installed regend starts as README says on a machine without
+  /run/regen: it makes the socket's directory and serves.
 - pip installs client/python (pyproject.toml, pure Python) with Debian's
   python3, pip, setuptools and wheel, offline; `import regen` then works
   and does not import torch.
@@ -22,7 +24,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from regend_fixture import check, log, skip
+from regend_fixture import Regend, call, check, log, skip
 
 
 def run(argv, **kw):
@@ -46,11 +48,25 @@ def main():
         for pattern, what in (("**/sbin/regend", "regend"), ("**/bin/regenctl", "regenctl"),
                               ("**/libregen.so.0*", "libregen"), ("**/include/regen.h", "regen.h"),
                               ("**/pkgconfig/regen.pc", "regen.pc"), ("**/systemd/system/regend.service", "unit"),
-                              ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table")):
+                              ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table")) + (
+                                  (("**/man8/regend.8", "regend(8)"), ("**/man5/regend.conf.5", "regend.conf(5)"),
+                                   ("**/man1/regenctl.1", "regenctl(1)"))
+                                  if os.path.isdir(os.path.join(build, "docs", "man")) else ()):
             one(os.path.join(dest, pattern), what)
         if os.path.exists(os.path.join(build, "daemon", "backend", "cuda", "backend-cuda.so")):
             one(os.path.join(dest, "**/regen/backend-cuda.so"), "CUDA backend module")
         log("meson install: regend, regenctl, libregen, regen.h, regen.pc, units, Python package")
+
+        installed = one(os.path.join(dest, "**/sbin/regend"), "regend")
+        sock = os.path.join(tmp, "run", "regen", "regend.sock")
+        with Regend(installed, devices=1, start=False) as d:
+            d.argv[d.argv.index("--socket") + 1] = sock
+            d.socket = sock
+            d.start()
+            st = call(sock, "io.regen.Device.Status")
+            check(st["devices"][0]["state"] == "ready", "the installed regend: %r" % st)
+            check(oct(os.stat(os.path.dirname(sock)).st_mode & 0o777) == "0o755", "socket directory mode")
+        log("the installed regend made %s and served" % os.path.dirname(sock))
 
         pc = os.path.dirname(one(os.path.join(dest, "**/pkgconfig/regen.pc"), "regen.pc"))
         if shutil.which("pkg-config"):

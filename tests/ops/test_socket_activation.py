@@ -4,7 +4,9 @@ the socket, starts regend on the first connection with the listening socket
 as fd 3 (LISTEN_FDS=1, LISTEN_PID), and regend serves on it.
 
 Checks: the connection that triggered the start is answered (Status, every
-device ready); the worker sockets sit beside the activated socket; the
+device ready); the worker sockets sit beside the activated socket, which is
+not the path --socket names (a ListenStream= that differs from the
+configuration used to make the workers crash in a loop); the
 workers did not inherit LISTEN_FDS (they would take fd 3 for theirs); and on
 SIGTERM regend exits 0 and leaves the socket file alone — it belongs to the
 socket unit, which keeps listening across restarts of the service.
@@ -40,7 +42,9 @@ def main():
     if not activate or not os.access(activate, os.X_OK):
         skip("systemd-socket-activate not found")
     with Regend(regend, devices=DEVICES, fault_injection=False, start=False) as daemon:
-        sock = daemon.socket
+        # The socket unit's ListenStream= need not be the configured path:
+        # the workers must follow the activated socket, not the option.
+        sock = os.path.join(daemon.dir, "activated.sock")
         # Nothing may connect before the test does: that would start regend.
         daemon.start(wait=False, wrapper=[activate, "-l", sock])
         wait_for(lambda: os.path.exists(sock) or daemon.proc.poll() is not None, 10,
