@@ -68,14 +68,15 @@ void fz_idl_errors_load(void)
 	for (size_t i = 0; i < rp_interfaces_count; i++) {
 		const char *text = rp_interfaces[i].description;
 		const char *name = rp_interfaces[i].name;
-		for (const char *line = text; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+		for (const char *line = text; *line;) {
 			const char *p = skip_space(line);
+			size_t len = strcspn(line, "\n");
 			if (strncmp(p, "error ", 6) == 0) {
 				char copy[512];
-				size_t len = strcspn(p, "\n");
-				snprintf(copy, sizeof(copy), "%.*s", (int)len, p);
+				snprintf(copy, sizeof(copy), "%.*s", (int)strcspn(p, "\n"), p);
 				parse_error_line(name, copy);
 			}
+			line += len + (line[len] == '\n');
 		}
 	}
 	FZ_CHECK(nidl_errors >= 20, "only %u errors read from the IDL", nidl_errors);
