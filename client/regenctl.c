@@ -79,7 +79,7 @@ static const struct command commands[] = {
 	{ "restart", cmd_lifecycle, "[TARGET] [--reason TEXT] [--deadline-ms MS] [--wait]",
 	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
 	  VERB_RESTART },
-	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per generation change", OPT_COUNT,
+	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
 	  false, VERB_NONE },
 	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
 	  "KIND: crash, device_lost or hang; needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
@@ -136,7 +136,7 @@ static void usage(FILE *f)
 		"  --wait          after the command, wait until every targeted device is ready\n"
 		"                  in a newer generation; print the generation(s) and the time taken\n"
 		"  --timeout S     give up after S seconds (default 60; watch: no limit)\n"
-		"  --count N       watch: exit after N generation changes\n"
+		"  --count N       watch: exit after N transitions\n"
 		"  -h, --help      this text\n"
 		"\n"
 		"Admin commands need root or membership in regend's --admin-group.\n"
@@ -238,11 +238,57 @@ static void print_status_json(const regen_status *st)
 	print_line(regen_status_to_json(st));
 }
 
+static void count_cell(char *cell, int64_t v)
+{
+	if (v < 0)
+		snprintf(cell, 128, "?");
+	else
+		snprintf(cell, 128, "%lld", (long long)v);
+}
+
+/* HEALTH, UUID, PCI, LAST_XID (number@UTC time), ECC_DBE (since the driver
+ * loaded/lifetime) and PENDING (what waits for a GPU reset, or needs
+ * service): one word each, "-" for none, "?" for unknown. */
+static void health_cells(const struct regen_device_info *d, char (*cell)[128])
+{
+	char v[32], a[32];
+
+	if (!REGEN_HAS_FIELD(d, remap_failed) || !d->has_health) {
+		for (int j = 0; j < 6; j++)
+			snprintf(cell[j], 128, "-");
+		return;
+	}
+	snprintf(cell[0], 128, "%s", d->health_source[0] ? d->health_source : "-");
+	snprintf(cell[1], 128, "%s", d->uuid[0] ? d->uuid : "-");
+	snprintf(cell[2], 128, "%s", d->pci_bus_id[0] ? d->pci_bus_id : "-");
+	if (d->last_xid) {
+		time_t t = (time_t)(d->last_xid_unix_ms / 1000);
+		struct tm tm;
+		char when[32] = "?";
+
+		if (gmtime_r(&t, &tm))
+			strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+		snprintf(cell[3], 128, "%u@%s", d->last_xid, when);
+	} else {
+		snprintf(cell[3], 128, "-");
+	}
+	count_cell(v, d->ecc_dbe_volatile);
+	count_cell(a, d->ecc_dbe_aggregate);
+	snprintf(cell[4], 128, "%s/%s", v, a);
+	snprintf(cell[5], 128, "%s%s%s", d->retired_pages_pending == 1 ? "retire," : "",
+		 d->remap_pending == 1 ? "remap," : "", d->remap_failed == 1 ? "remap-failed," : "");
+	if (cell[5][0])
+		cell[5][strlen(cell[5]) - 1] = '\0';
+	else
+		snprintf(cell[5], 128, "%s", d->retired_pages_pending < 0 && d->remap_pending < 0 ? "?" : "-");
+}
+
 static int cmd_status(regen_client *c, const struct command *cmd, const struct opts *o)
 {
-	enum { NCOL = 9 };
+	enum { NCOL = 15 };
 	static const char *const head[NCOL] = {
 		"DEVICE", "GEN", "STATE", "BACKEND", "PID", "RESPAWNS", "MEM_USED", "MEM_BASE", "WORKER_SOCKET",
+		"HEALTH", "UUID", "PCI", "LAST_XID", "ECC_DBE", "PENDING",
 	};
 	regen_status *st = NULL;
 	char (*cells)[NCOL][128];
@@ -280,6 +326,7 @@ static int cmd_status(regen_client *c, const struct command *cmd, const struct o
 		snprintf(row[6], 128, "%llu", (unsigned long long)d->memory_used);
 		snprintf(row[7], 128, "%llu", (unsigned long long)d->memory_baseline);
 		snprintf(row[8], 128, "%s", d->worker_socket[0] ? d->worker_socket : "-");
+		health_cells(d, row + 9);
 	}
 	for (j = 0; j < NCOL; j++) {
 		width[j] = 0;

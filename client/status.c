@@ -64,6 +64,19 @@ int rc_status_from_reply(regen_client *c, const char *method, cJSON *reply, rege
 		info->memory_used = d->memory_used;
 		info->memory_baseline = d->memory_baseline;
 		info->reason = d->reason;
+		info->has_health = d->has_health;
+		info->health_source = d->has_health ? d->health.source : "";
+		info->health_detail = d->has_health ? d->health.detail : "";
+		info->uuid = d->has_health ? d->health.uuid : "";
+		info->pci_bus_id = d->has_health ? d->health.pci_bus_id : "";
+		info->last_xid = d->has_health ? d->health.last_xid : 0;
+		info->last_xid_unix_ms = d->has_health ? d->health.last_xid_unix_ms : 0;
+		info->last_xid_text = d->has_health ? d->health.last_xid_text : "";
+		info->ecc_dbe_volatile = d->has_health ? d->health.ecc_dbe_volatile : -1;
+		info->ecc_dbe_aggregate = d->has_health ? d->health.ecc_dbe_aggregate : -1;
+		info->retired_pages_pending = d->has_health ? d->health.retired_pages_pending : -1;
+		info->remap_pending = d->has_health ? d->health.remap_pending : -1;
+		info->remap_failed = d->has_health ? d->health.remap_failed : -1;
 		rc_note_generation(c, info->index, info->generation);
 	}
 	*out = st;

@@ -27,6 +27,10 @@ struct rd_options {
 	gid_t admin_gid;
 	bool fault_injection;
 	unsigned drain_deadline_ms;
+	unsigned call_deadline_ms;     /* a compute call's deadline when it names none */
+	unsigned heartbeat_ms;         /* no answer to the supervisor this long: unresponsive */
+	unsigned health_period_ms;     /* the worker's context check */
+	unsigned failed_retry_ms;      /* first pause before a worker starts again on a failed GPU */
 	unsigned socket_mode;
 	int log_level;                 /* enum rd_log_level */
 	unsigned max_connections;      /* per peer uid, on each socket */

@@ -11,9 +11,15 @@
 #include "compute_check.h"
 #include "errors.h"
 
+#define FIELDS_MAX (RP_OP_OPERANDS_MAX + 16 + RP_COMPUTE_COMMON_FIELDS + 1)
+
 /* Parameters every operation takes besides its operands and scalars. */
-#define EVENT_FIELDS 2
-#define FIELDS_MAX (RP_OP_OPERANDS_MAX + 16 + EVENT_FIELDS + 1)
+const struct rp_field rp_compute_common_fields[RP_COMPUTE_COMMON_FIELDS + 1] = {
+	{ "wait_event", RP_T_STRING, false },
+	{ "signal_event", RP_T_STRING, false },
+	{ "deadline_ms", RP_T_INT, false },
+	{ NULL, 0, false },
+};
 
 static const struct rp_op_spec *const ops[RP_OP_COUNT] = {
 	[RP_OP_GEMM] = &rp_op_gemm,
@@ -335,7 +341,7 @@ static int parse_event(const cJSON *params, const char *name, struct rp_event_re
 
 /* ---- The call ---------------------------------------------------------------------- */
 
-/* The op's whole field list: operands, scalars, events. */
+/* The op's whole field list: operands, scalars, the common fields. */
 static unsigned op_fields(const struct rp_op_spec *spec, struct rp_field *fields)
 {
 	unsigned n = 0;
@@ -343,13 +349,32 @@ static unsigned op_fields(const struct rp_op_spec *spec, struct rp_field *fields
 	for (unsigned i = 0; i < spec->noperands; i++) {
 		fields[n++] = (struct rp_field){ spec->operands[i].name, RP_T_OBJECT, spec->operands[i].required };
 	}
-	for (const struct rp_field *f = spec->scalars; f && f->name && n < FIELDS_MAX - EVENT_FIELDS - 1; f++) {
+	for (const struct rp_field *f = spec->scalars; f && f->name && n < FIELDS_MAX - RP_COMPUTE_COMMON_FIELDS - 1;
+	     f++) {
 		fields[n++] = *f;
 	}
-	fields[n++] = (struct rp_field){ "wait_event", RP_T_STRING, false };
-	fields[n++] = (struct rp_field){ "signal_event", RP_T_STRING, false };
+	for (const struct rp_field *f = rp_compute_common_fields; f->name; f++) {
+		fields[n++] = *f;
+	}
 	fields[n] = (struct rp_field){ NULL, 0, false };
 	return n;
+}
+
+/* deadline_ms: 1 ms to a day, or absent. 0 would be a call that is late
+ * before it starts. */
+static int parse_deadline(const cJSON *params, uint32_t *deadline_ms, struct rp_error *err)
+{
+	uint64_t v = 0;
+	int r = rp_params_uint(params, "deadline_ms", RP_DEADLINE_MS_MAX, 0, &v, err);
+
+	if (r < 0) {
+		return r;
+	}
+	if (r == 0 && v == 0) {
+		return rp_error_invalid_parameter(err, "deadline_ms");
+	}
+	*deadline_ms = (uint32_t)v;
+	return 0;
 }
 
 static int parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_compute *c, struct rp_error *err)
@@ -369,7 +394,8 @@ static int parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_c
 		c->present[i] = r == 0;
 	}
 	if ((r = parse_event(params, "wait_event", &c->wait_event, err)) < 0 ||
-	    (r = parse_event(params, "signal_event", &c->signal_event, err)) < 0) {
+	    (r = parse_event(params, "signal_event", &c->signal_event, err)) < 0 ||
+	    (r = parse_deadline(params, &c->deadline_ms, err)) < 0) {
 		return r;
 	}
 	for (unsigned i = 0; i < spec->noperands; i++) {
@@ -431,7 +457,8 @@ cJSON *rp_compute_to_json(const struct rp_compute *c)
 	if ((c->wait_event.present &&
 	     !cJSON_AddStringToObject(params, "wait_event", rp_id_format(&c->wait_event.id, id))) ||
 	    (c->signal_event.present &&
-	     !cJSON_AddStringToObject(params, "signal_event", rp_id_format(&c->signal_event.id, id)))) {
+	     !cJSON_AddStringToObject(params, "signal_event", rp_id_format(&c->signal_event.id, id))) ||
+	    (c->deadline_ms && !cJSON_AddNumberToObject(params, "deadline_ms", c->deadline_ms))) {
 		goto fail;
 	}
 	c->spec->encode(c, params);

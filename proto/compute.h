@@ -95,12 +95,24 @@ struct rp_attention {
 	int64_t batch, heads, heads_kv, seq_q, seq_kv, head_dim, head_dim_v;   /* derived */
 };
 
+/* What every operation's call may carry besides its own parameters: the
+ * events it waits for and signals, and its deadline. NULL-name terminated,
+ * RP_COMPUTE_COMMON_FIELDS entries. */
+#define RP_COMPUTE_COMMON_FIELDS 3
+extern const struct rp_field rp_compute_common_fields[RP_COMPUTE_COMMON_FIELDS + 1];
+/* The largest deadline_ms a call may name: a day. */
+#define RP_DEADLINE_MS_MAX 86400000u
+
 /* One parsed call. operands[] and present[] are indexed by the op's slots. */
 struct rp_compute {
 	const struct rp_op_spec *spec;
 	struct rp_operand operands[RP_OP_OPERANDS_MAX];
 	bool present[RP_OP_OPERANDS_MAX];
 	struct rp_event_ref wait_event, signal_event;
+	/* How long the call may take, from its arrival to its completion,
+	 * before the device counts as hung; 0: not given (the worker's default
+	 * applies). */
+	uint32_t deadline_ms;
 	union {
 		struct rp_gemm gemm;
 		struct rp_attention attention;

@@ -8,7 +8,9 @@
 #include "device.h"
 #include "params.h"
 
-static const char *const state_names[] = { "ready", "draining", "released", "faulted", "resetting", "respawning" };
+static const char *const state_names[] = {
+	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed",
+};
 
 const char *rp_state_name(enum rp_state state)
 {
@@ -84,6 +86,92 @@ static const char *or_empty(const char *s)
 	return s != NULL ? s : "";
 }
 
+static bool add_tristate(cJSON *o, const char *key, int v)
+{
+	return v < 0 || cJSON_AddBoolToObject(o, key, v != 0) != NULL;
+}
+
+static bool add_known(cJSON *o, const char *key, int64_t v)
+{
+	return v < 0 || cJSON_AddNumberToObject(o, key, (double)v) != NULL;
+}
+
+cJSON *rp_device_health_encode(const struct rp_device_health *h)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	if (o == NULL || cJSON_AddStringToObject(o, "source", or_empty(h->source)) == NULL ||
+	    cJSON_AddStringToObject(o, "detail", or_empty(h->detail)) == NULL ||
+	    cJSON_AddStringToObject(o, "uuid", or_empty(h->uuid)) == NULL ||
+	    cJSON_AddStringToObject(o, "pci_bus_id", or_empty(h->pci_bus_id)) == NULL ||
+	    cJSON_AddNumberToObject(o, "last_xid", h->last_xid) == NULL ||
+	    cJSON_AddNumberToObject(o, "last_xid_unix_ms", (double)h->last_xid_unix_ms) == NULL ||
+	    cJSON_AddStringToObject(o, "last_xid_text", or_empty(h->last_xid_text)) == NULL ||
+	    !add_known(o, "ecc_dbe_volatile", h->ecc_dbe_volatile) || !add_known(o, "ecc_dbe_aggregate", h->ecc_dbe_aggregate) ||
+	    !add_tristate(o, "retired_pages_pending", h->retired_pages_pending) ||
+	    !add_tristate(o, "remap_pending", h->remap_pending) || !add_tristate(o, "remap_failed", h->remap_failed)) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* An optional count: -1 when absent. */
+static int get_known(const cJSON *obj, const char *prefix, const char *key, int64_t *out, struct rp_error *err)
+{
+	if (!cJSON_HasObjectItem(obj, key)) {
+		*out = -1;
+		return 0;
+	}
+	if (get_int(obj, prefix, key, out, err) < 0 || *out < 0)
+		return refuse(err, prefix, key);
+	return 0;
+}
+
+/* An optional bool: -1 when absent. */
+static int get_tristate(const cJSON *obj, const char *prefix, const char *key, int *out, struct rp_error *err)
+{
+	const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+
+	if (item == NULL) {
+		*out = -1;
+		return 0;
+	}
+	if (!cJSON_IsBool(item))
+		return refuse(err, prefix, key);
+	*out = cJSON_IsTrue(item);
+	return 0;
+}
+
+static int health_decode(const cJSON *o, const char *device_prefix, struct rp_device_health *h, struct rp_error *err)
+{
+	char prefix[48];
+	uint64_t xid;
+
+	snprintf(prefix, sizeof(prefix), "%shealth.", device_prefix);
+	if (!cJSON_IsObject(o))
+		return refuse(err, device_prefix, "health");
+	if (get_string(o, prefix, "source", &h->source, err) < 0 || get_string(o, prefix, "detail", &h->detail, err) < 0 ||
+	    get_string(o, prefix, "uuid", &h->uuid, err) < 0 || get_string(o, prefix, "pci_bus_id", &h->pci_bus_id, err) < 0 ||
+	    get_uint(o, prefix, "last_xid", UINT32_MAX, &xid, err) < 0 ||
+	    get_int(o, prefix, "last_xid_unix_ms", &h->last_xid_unix_ms, err) < 0 ||
+	    get_string(o, prefix, "last_xid_text", &h->last_xid_text, err) < 0 ||
+	    get_known(o, prefix, "ecc_dbe_volatile", &h->ecc_dbe_volatile, err) < 0 ||
+	    get_known(o, prefix, "ecc_dbe_aggregate", &h->ecc_dbe_aggregate, err) < 0 ||
+	    get_tristate(o, prefix, "retired_pages_pending", &h->retired_pages_pending, err) < 0 ||
+	    get_tristate(o, prefix, "remap_pending", &h->remap_pending, err) < 0 ||
+	    get_tristate(o, prefix, "remap_failed", &h->remap_failed, err) < 0)
+		return -EINVAL;
+	h->last_xid = (uint32_t)xid;
+	return 0;
+}
+
+int rp_device_health_decode(const cJSON *o, struct rp_device_health *out, struct rp_error *err)
+{
+	memset(out, 0, sizeof(*out));
+	return health_decode(o, "", out, err);
+}
+
 static cJSON *device_info_encode(const struct rp_device_info *d)
 {
 	const char *state = rp_state_name(d->state);
@@ -101,6 +189,14 @@ static cJSON *device_info_encode(const struct rp_device_info *d)
 	    cJSON_AddStringToObject(o, "reason", or_empty(d->reason)) == NULL) {
 		cJSON_Delete(o);
 		return NULL;
+	}
+	if (d->has_health) {
+		cJSON *h = rp_device_health_encode(&d->health);
+		if (h == NULL || !cJSON_AddItemToObject(o, "health", h)) {
+			cJSON_Delete(h);
+			cJSON_Delete(o);
+			return NULL;
+		}
 	}
 	return o;
 }
@@ -126,6 +222,9 @@ static int device_info_decode(const cJSON *o, size_t i, struct rp_device_info *d
 	    get_string(o, prefix, "reason", &d->reason, err) < 0)
 		return -EINVAL;
 	d->index = (uint32_t)index;
+	d->has_health = cJSON_HasObjectItem(o, "health");
+	if (d->has_health && health_decode(cJSON_GetObjectItemCaseSensitive(o, "health"), prefix, &d->health, err) < 0)
+		return -EINVAL;
 	return 0;
 }
 

@@ -34,6 +34,8 @@ enum rp_state {
 	RP_STATE_FAULTED,       /* the worker reported a lost context; a reset follows */
 	RP_STATE_RESETTING,     /* the context is thrown away and rebuilt in process */
 	RP_STATE_RESPAWNING,    /* the worker process is being replaced, or starts for the first time */
+	RP_STATE_UNRESPONSIVE,  /* the worker answers no heartbeat: it is killed and respawned */
+	RP_STATE_FAILED,        /* the GPU needs a reset or fell off the bus: no worker until a later try */
 	RP_STATE_COUNT,
 };
 
@@ -41,6 +43,20 @@ enum rp_state {
 const char *rp_state_name(enum rp_state state);
 /* The state of that name, -1 when there is none. */
 int rp_state_from_name(const char *name);
+
+/* io.regen.Device.Health: what the worker's backend knows of the GPU. For
+ * the encoder a NULL string is ""; -1 is unknown (left out on the wire). */
+struct rp_device_health {
+	const char *source;             /* "nvml", "simulated", "unavailable" */
+	const char *detail;
+	const char *uuid;
+	const char *pci_bus_id;
+	uint32_t last_xid;              /* 0: none seen */
+	int64_t last_xid_unix_ms;
+	const char *last_xid_text;
+	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
+	int retired_pages_pending, remap_pending, remap_failed;   /* 1, 0, -1 unknown */
+};
 
 /* io.regen.Device.DeviceInfo. For the encoder a NULL string is "". */
 struct rp_device_info {
@@ -53,6 +69,8 @@ struct rp_device_info {
 	uint64_t respawns;
 	uint64_t memory_used, memory_baseline;
 	const char *reason;
+	bool has_health;                /* optional on the wire */
+	struct rp_device_health health;
 };
 
 /* The reply of Status, Generation, Release, Reset and Restart: the node
@@ -64,6 +82,10 @@ struct rp_status {
 	bool has_elapsed_us;
 	uint64_t elapsed_us;
 };
+
+/* One Health object, as DeviceInfo and io.regen.Worker carry it. */
+cJSON *rp_device_health_encode(const struct rp_device_health *health);
+int rp_device_health_decode(const cJSON *o, struct rp_device_health *out, struct rp_error *err);
 
 cJSON *rp_status_encode(const struct rp_status *status);
 /* On success out->devices is malloc'ed (rp_status_finish frees it); on

@@ -115,7 +115,19 @@ struct regen_device_info {
 	int64_t worker_pid;
 	uint64_t respawns;         /* times the worker process was replaced */
 	uint64_t memory_used, memory_baseline;   /* bytes: now, and right after the worker started */
-	const char *reason;        /* of the last generation change */
+	const char *reason;        /* why the device is in its state */
+	/* io.regen.Device.Health: has_health is false until a worker said it;
+	 * unknown numbers are -1 (the bools too: -1 unknown, 0 no, 1 yes). */
+	bool has_health;
+	const char *health_source; /* "nvml", "simulated", "unavailable" */
+	const char *health_detail;
+	const char *uuid;
+	const char *pci_bus_id;
+	uint32_t last_xid;         /* 0: none seen */
+	int64_t last_xid_unix_ms;
+	const char *last_xid_text;
+	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
+	int retired_pages_pending, remap_pending, remap_failed;
 };
 
 /* The node and its devices: io.regen.Device.Status (fresh memory numbers)

@@ -94,6 +94,40 @@ struct rd_lane {
 	unsigned index;
 };
 
+/* What a backend found wrong with its device, from any thread. */
+enum rd_fault_kind {
+	/* The context is lost (a sticky error on any path, a critical XID):
+	 * new work fails with DeviceLost until a reset or a respawn. */
+	RD_FAULT_LOST = 0,
+	/* A call passed its deadline (the core finds these). */
+	RD_FAULT_HUNG,
+	/* The GPU itself needs a reset or fell off the bus: no new context
+	 * helps, so respawning onto it in a loop would not either. */
+	RD_FAULT_FAILED,
+};
+
+/* A device's health as its backend sees it, for Status. Text fields are
+ * empty and numbers -1 where unknown. */
+struct rd_health {
+	/* "nvml", "simulated" (the host backend), or "unavailable" (no NVML:
+	 * CI, a machine without the driver's library), with why in `detail`. */
+	char source[16];
+	char detail[128];
+	char uuid[96];
+	char pci_bus_id[32];
+	unsigned last_xid;             /* 0: none seen since the worker started */
+	int64_t last_xid_unix_ms;      /* when it came (CLOCK_REALTIME) */
+	char last_xid_text[96];        /* its meaning */
+	int64_t ecc_dbe_volatile;      /* double-bit (uncorrected) ECC errors since the driver loaded */
+	int64_t ecc_dbe_aggregate;     /* ... over the GPU's lifetime */
+	int retired_pages_pending;     /* 1 yes, 0 no, -1 unknown: page retirement waits for a GPU reset */
+	int remap_pending;             /* row remapping waits for a GPU reset */
+	int remap_failed;              /* a row could not be remapped: the GPU needs service */
+};
+
+/* Fills h with "unknown" everywhere. */
+void rd_health_unknown(struct rd_health *h);
+
 struct rd_backend_ops {
 	const char *name;
 	/* Once per worker process, before any other op. Registers the device-level
@@ -126,9 +160,19 @@ struct rd_backend_ops {
 	/* Bytes the backend holds now, and right after open. */
 	void (*memory)(struct rd_device *dev, uint64_t *used, uint64_t *baseline);
 
-	/* "device_lost" / "hang" (the core handles "crash"). -ENOTSUP when the
-	 * backend cannot. */
+	/* "device_lost", "hang", "xid:N" (a simulated XID N; the host backend
+	 * only). The core handles "crash". -ENOTSUP when the backend cannot. */
 	int (*inject_fault)(struct rd_device *dev, const char *kind, struct rp_error *err);
+
+	/* The health watch: the backend's own thread looks at the context every
+	 * period_ms without waiting for a call, and at the GPU's error events,
+	 * and calls dev->on_fault with what it finds. Started once the worker
+	 * serves; NULL when the backend has none. 0 or -errno with err set. */
+	int (*health_start)(struct rd_device *dev, unsigned period_ms, struct rp_error *err);
+	void (*health_stop)(struct rd_device *dev);
+	/* What the backend knows of the device's health now (any time after
+	 * open; cheap: a copy). */
+	void (*health)(struct rd_device *dev, struct rd_health *out);
 };
 
 extern const struct rd_backend_ops rd_backend_host;
@@ -150,9 +194,10 @@ struct rd_device {
 	 * call that needs more fails with io.regen.LimitExceeded {resource:
 	 * "scratch"} before it takes any. */
 	uint64_t max_scratch;
-	/* Set by a backend (any thread) when it finds the context lost; the core
-	 * then fails new work with DeviceLost and asks the supervisor for a reset. */
-	void (*on_fault)(struct rd_device *dev, const char *reason);
+	/* Set by whoever drives the device; a backend calls it (any thread) when
+	 * it finds the context lost or the GPU failed: the core then fails new
+	 * work with DeviceLost and reports the fault to the supervisor. */
+	void (*on_fault)(struct rd_device *dev, enum rd_fault_kind kind, const char *reason);
 	/* Set by whoever drives the device (the worker core, or a test): takes a
 	 * finished op from any thread. */
 	void (*post_completion)(struct rd_device *dev, struct rd_op *op);

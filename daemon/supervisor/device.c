@@ -15,6 +15,9 @@
  * crash streak: the next one starts after 200 ms, 400 ms, ... up to the max. */
 #define CRASH_WINDOW_NS 2000000000ull
 #define RESPAWN_BACKOFF_MAX_MS 5000
+/* A failed GPU's pause before the next worker: failed_retry_ms, doubled
+ * with each failure in a row, up to this many times it. */
+#define FAILED_BACKOFF_MAX_FACTOR 16
 
 /* Where a lifecycle operation stands. */
 enum op_step {
@@ -47,32 +50,37 @@ static const struct rd_sv_device_events *events(const struct rd_sv_device *d)
 	return d->env->events;
 }
 
+/* The one place the state changes, and with it (bump) the generation:
+ * whoever watches hears of each transition once, with the state entered
+ * and why (reason NULL: the reason stays). */
+static void transition(struct rd_sv_device *d, enum rp_state state, bool bump, const char *reason)
+{
+	if (d->state == state && !bump)
+		return;
+	if (reason)
+		snprintf(d->reason, sizeof(d->reason), "%s", reason);
+	if (bump) {
+		d->generation++;
+		rd_info("lifecycle", d->index, d->generation, 0, "generation %llu (%s): %s",
+			(unsigned long long)d->generation, rp_state_name(state), d->reason);
+	}
+	rd_debug("lifecycle", d->index, d->generation, 0, "%s -> %s: %s", rp_state_name(d->state), rp_state_name(state),
+		 d->reason);
+	d->state = state;
+	events(d)->state_changed(d, bump, d->env->data);
+}
+
 static void set_state(struct rd_sv_device *d, enum rp_state state)
 {
-	if (d->state == state)
-		return;
-	rd_debug("lifecycle", d->index, d->generation, 0, "%s -> %s", rp_state_name(d->state), rp_state_name(state));
-	d->state = state;
-	events(d)->state_changed(d, d->env->data);
+	transition(d, state, false, NULL);
 }
 
-/* The one place a generation changes. */
-static void bump_generation(struct rd_sv_device *d, const char *reason)
-{
-	d->generation++;
-	snprintf(d->reason, sizeof(d->reason), "%s", reason);
-	rd_info("lifecycle", d->index, d->generation, 0, "generation %llu: %s", (unsigned long long)d->generation, reason);
-	events(d)->generation_bumped(d, d->env->data);
-}
-
-/* A device being respawned had its generation bumped when its worker was
- * lost (or it still starts its first worker, which never served): the
- * worker that is lost now costs no second bump. */
+/* The worker is gone or going: its ids die with it, so the generation goes
+ * up as the device starts respawning (only once for a worker that is lost
+ * while the device already respawns, or that never served). */
 static void bump_for_lost_worker(struct rd_sv_device *d, const char *why)
 {
-	if (d->state != RP_STATE_RESPAWNING)
-		bump_generation(d, why);
-	set_state(d, RP_STATE_RESPAWNING);
+	transition(d, RP_STATE_RESPAWNING, d->state != RP_STATE_RESPAWNING, why);
 }
 
 static void take_memory(struct rd_sv_device *d, const cJSON *params)
@@ -84,6 +92,37 @@ static void take_memory(struct rd_sv_device *d, const cJSON *params)
 		d->memory_used = (uint64_t)used->valuedouble;
 	if (cJSON_IsNumber(base))
 		d->memory_baseline = (uint64_t)base->valuedouble;
+}
+
+/* A worker's io.regen.Device.Health (NULL: it sent none). */
+static void take_health(struct rd_sv_device *d, const cJSON *health)
+{
+	struct rd_sv_health *h = &d->health;
+	struct rp_device_health in;
+	struct rp_error err = { 0 };
+
+	if (!health)
+		return;
+	if (rp_device_health_decode(health, &in, &err) < 0) {
+		rp_error_clear(&err);
+		return;
+	}
+	h->known = true;
+	snprintf(h->source, sizeof(h->source), "%s", in.source);
+	snprintf(h->detail, sizeof(h->detail), "%s", in.detail);
+	snprintf(h->uuid, sizeof(h->uuid), "%s", in.uuid);
+	snprintf(h->pci_bus_id, sizeof(h->pci_bus_id), "%s", in.pci_bus_id);
+	/* A new worker has seen no XID yet: the last one stays known. */
+	if (in.last_xid) {
+		h->last_xid = in.last_xid;
+		h->last_xid_unix_ms = in.last_xid_unix_ms;
+		snprintf(h->last_xid_text, sizeof(h->last_xid_text), "%s", in.last_xid_text);
+	}
+	h->ecc_dbe_volatile = in.ecc_dbe_volatile;
+	h->ecc_dbe_aggregate = in.ecc_dbe_aggregate;
+	h->retired_pages_pending = in.retired_pages_pending;
+	h->remap_pending = in.remap_pending;
+	h->remap_failed = in.remap_failed;
 }
 
 /* ---- Lifecycle operations ---- */
@@ -200,8 +239,7 @@ static void on_lifecycle_reply(struct rd_conn *conn, const struct rp_call *reply
 		return;
 	}
 	take_memory(d, reply->params);
-	set_state(d, RP_STATE_READY);
-	bump_generation(d, op->reason);
+	transition(d, RP_STATE_READY, true, op->reason);
 	op_finish(d, NULL);
 }
 
@@ -261,12 +299,92 @@ static void op_start(struct rd_sv_device *d)
 		return;
 	rd_info("lifecycle", d->index, d->generation, 0, "%s: %s", rd_sv_verb_name(op->verb), op->reason);
 	op->step = OP_DRAINING;
-	set_state(d, op->verb == RD_SV_RESET || d->state == RP_STATE_FAULTED ? RP_STATE_RESETTING : RP_STATE_DRAINING);
+	/* A faulted device's own Reset keeps the fault as its reason. */
+	transition(d, op->verb == RD_SV_RESET || d->state == RP_STATE_FAULTED ? RP_STATE_RESETTING : RP_STATE_DRAINING,
+		   false, op->request || d->state != RP_STATE_FAULTED ? op->reason : NULL);
 	params = cJSON_CreateObject();
 	cJSON_AddNumberToObject(params, "deadline_ms", op->deadline_ms);
 	uv_timer_start(&d->timer, on_op_timeout, (uint64_t)op->deadline_ms + DRAIN_GRACE_MS, 0);
 	if (rd_sv_device_call(d, "io.regen.Worker.Drain", params, on_drain_reply, d) < 0)
 		op_escalate(d, "control channel to the worker is gone");
+}
+
+/* ---- The heartbeat ---- */
+
+/* How often the heartbeat asks, as a share of heartbeat_ms: a worker that
+ * stops answering is found within heartbeat_ms. */
+#define HEARTBEAT_ASKS 4
+/* A GPU that served this long since it last failed starts its failure
+ * count again. */
+#define FAILED_STREAK_RESET_NS 60000000000ull
+
+static uint64_t heartbeat_interval_ms(const struct rd_sv_device *d)
+{
+	unsigned ms = d->env->opts->heartbeat_ms / HEARTBEAT_ASKS;
+	return ms ? ms : 1;
+}
+
+static void on_heartbeat_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct rd_sv_device *d = userdata;
+
+	d->ping_outstanding = false;
+	if (!reply)
+		return;
+	d->last_answer_ns = uv_hrtime();
+	if (!reply->error) {
+		take_memory(d, reply->params);
+		take_health(d, cJSON_GetObjectItemCaseSensitive(reply->params, "health"));
+	}
+	if (d->failed_streak && d->last_answer_ns - d->up_since_ns > FAILED_STREAK_RESET_NS)
+		d->failed_streak = 0;
+}
+
+/* The worker answers nothing (stopped, deadlocked, spinning): Status keeps
+ * answering from what it last said, and the process is replaced. */
+static void unresponsive(struct rd_sv_device *d, uint64_t silent_ms)
+{
+	char why[128];
+
+	snprintf(why, sizeof(why), "unresponsive: worker %d answered no heartbeat for %llu ms", d->worker.pid,
+		 (unsigned long long)silent_ms);
+	transition(d, RP_STATE_UNRESPONSIVE, false, why);
+	op_await_worker(d);
+	kill_worker(d, why);
+}
+
+static void on_heartbeat(uv_timer_t *t)
+{
+	struct rd_sv_device *d = t->data;
+	uint64_t now = uv_hrtime(), interval = heartbeat_interval_ms(d);
+	uint64_t silent_ms = (now - d->last_answer_ns) / 1000000u;
+
+	if (!d->worker.ctl || d->state == RP_STATE_UNRESPONSIVE || d->state == RP_STATE_FAILED ||
+	    d->state == RP_STATE_RESPAWNING)
+		return;
+	/* A Drain or a Release/Reset holds the answers behind it (the channel
+	 * answers in order) and has its own deadline: no verdict meanwhile. */
+	if (d->ops && (d->ops->step == OP_DRAINING || d->ops->step == OP_APPLYING)) {
+		d->last_answer_ns = now;
+		return;
+	}
+	/* The last answer is at most one interval old on a healthy worker;
+	 * this verdict comes within heartbeat_ms of the last one. */
+	if (silent_ms + interval > d->env->opts->heartbeat_ms) {
+		unresponsive(d, silent_ms);
+		return;
+	}
+	if (!d->ping_outstanding && rd_sv_device_call(d, "io.regen.Worker.Stats", NULL, on_heartbeat_reply, d) == 0)
+		d->ping_outstanding = true;
+}
+
+static void heartbeat_start(struct rd_sv_device *d)
+{
+	uint64_t interval = heartbeat_interval_ms(d);
+
+	d->last_answer_ns = uv_hrtime();
+	d->ping_outstanding = false;
+	uv_timer_start(&d->heartbeat_timer, on_heartbeat, interval, interval);
 }
 
 /* ---- The worker process ---- */
@@ -279,55 +397,124 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 	snprintf(d->worker_socket, sizeof(d->worker_socket), "%s", ready->worker_socket);
 	d->memory_used = ready->memory_used;
 	d->memory_baseline = ready->memory_baseline;
+	take_health(d, ready->health);
 	d->up_since_ns = uv_hrtime();
 	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
+	heartbeat_start(d);
+	/* The device serves again: the lost worker already gave it its new
+	 * generation, and its reason stays the one that made it respawn. */
 	set_state(d, RP_STATE_READY);
-	if (d->ops && d->ops->step == OP_AWAITING_WORKER) {
-		/* The lost worker already gave the device its new generation. */
-		events(d)->respawned(d, d->env->data);
+	if (d->ops && d->ops->step == OP_AWAITING_WORKER)
 		op_finish(d, NULL);
-	} else if (d->ops) {
+	else if (d->ops)
 		op_start(d);
-	} else if (d->respawns) {
-		events(d)->respawned(d, d->env->data);
-	}
 	events(d)->worker_ready(d, d->env->data);
-}
-
-static void on_worker_faulted(void *data, const char *reason)
-{
-	struct rd_sv_device *d = data;
-	char why[128];
-
-	snprintf(why, sizeof(why), "fault: %.110s", reason);
-	rd_warn("lifecycle", d->index, d->generation, 0, "worker reports %s", why);
-	if (!d->ops) {
-		/* Shown until the reset below starts. */
-		set_state(d, RP_STATE_FAULTED);
-		rd_sv_device_enqueue(d, RD_SV_RESET, why, FAULT_DRAIN_DEADLINE_MS, NULL);
-	} else if (d->state == RP_STATE_DRAINING) {
-		/* A Restart draining now resets instead of releasing (op_resets). */
-		set_state(d, RP_STATE_FAULTED);
-	}
 }
 
 static void on_respawn_timer(uv_timer_t *t)
 {
 	struct rd_sv_device *d = t->data;
 
-	if (!rd_sv_worker_running(&d->worker) && !*d->env->stopping)
-		spawn(d);
+	if (rd_sv_worker_running(&d->worker) || *d->env->stopping)
+		return;
+	/* A failed GPU's next try: shown as a respawn until it serves. */
+	set_state(d, RP_STATE_RESPAWNING);
+	spawn(d);
 }
 
-static void on_worker_exited(void *data, const char *why)
+static unsigned failed_backoff_ms(const struct rd_sv_device *d)
+{
+	unsigned shift = d->failed_streak > 1 ? d->failed_streak - 1 : 0;
+	uint64_t ms = (uint64_t)d->env->opts->failed_retry_ms << (shift < 4 ? shift : 4);
+
+	return ms > 86400000u ? 86400000u : (unsigned)ms;
+}
+
+/* The GPU needs a reset or is gone: no worker helps now. The device says
+ * so (state failed, with why and when the next try comes), every queued
+ * request ends, the worker goes, and the next one starts after a pause
+ * that doubles with each failure in a row: no respawn loop onto a GPU that
+ * is not there. */
+static void fail(struct rd_sv_device *d, const char *what)
+{
+	char why[192];
+	unsigned backoff;
+	struct rd_sv_op *op;
+
+	d->failed_streak++;
+	backoff = failed_backoff_ms(d);
+	snprintf(why, sizeof(why), "failed: %.140s (next try in %u ms)", what, backoff);
+	rd_err("lifecycle", d->index, d->generation, 0, "%s", why);
+	uv_timer_stop(&d->timer);
+	while ((op = d->ops)) {
+		d->ops = op->next;
+		if (op->request)
+			events(d)->request_finished(d, op->request, why, d->env->data);
+		free(op);
+	}
+	transition(d, RP_STATE_FAILED, d->state != RP_STATE_RESPAWNING && d->state != RP_STATE_FAILED, why);
+	uv_timer_stop(&d->heartbeat_timer);
+	if (rd_sv_worker_running(&d->worker))
+		kill_worker(d, why);    /* its exit starts the pause */
+	else
+		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
+}
+
+static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health)
+{
+	struct rd_sv_device *d = data;
+	char why[192];
+
+	take_health(d, health);
+	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNRESPONSIVE)
+		return;    /* the worker is on its way out */
+	if (kind == RD_SV_FAULT_FAILED) {
+		fail(d, reason);
+		return;
+	}
+	if (kind == RD_SV_FAULT_HUNG) {
+		/* No call that never ends is known to stop short of the process's
+		 * exit: the worker is replaced at once, not drained first. */
+		snprintf(why, sizeof(why), "%.180s", reason);
+		rd_warn("lifecycle", d->index, d->generation, 0, "worker reports %s", why);
+		transition(d, RP_STATE_FAULTED, false, why);
+		op_escalate(d, why);
+		return;
+	}
+	snprintf(why, sizeof(why), "fault: %.180s", reason);
+	rd_warn("lifecycle", d->index, d->generation, 0, "worker reports %s", why);
+	if (!d->ops) {
+		/* Shown until the reset below starts. */
+		transition(d, RP_STATE_FAULTED, false, why);
+		rd_sv_device_enqueue(d, RD_SV_RESET, why, FAULT_DRAIN_DEADLINE_MS, NULL);
+	} else if (d->state == RP_STATE_DRAINING) {
+		/* A Restart draining now resets instead of releasing (op_resets). */
+		transition(d, RP_STATE_FAULTED, false, why);
+	}
+}
+
+static void on_worker_exited(void *data, const char *why, bool device_failed)
 {
 	struct rd_sv_device *d = data;
 	unsigned backoff;
 
+	uv_timer_stop(&d->heartbeat_timer);
+	d->ping_outstanding = false;
 	if (*d->env->stopping)
 		return;
 	rd_warn("lifecycle", d->index, d->generation, 0, "%s", why);
-	bump_for_lost_worker(d, why);
+	if (d->state == RP_STATE_FAILED) {
+		/* Killed by fail(): the pause starts now. */
+		uv_timer_start(&d->respawn_timer, on_respawn_timer, failed_backoff_ms(d), 0);
+		return;
+	}
+	if (device_failed) {
+		fail(d, "the worker cannot open the device (its log says why)");
+		return;
+	}
+	/* A worker found unresponsive, or replaced for a hang, keeps that as
+	 * the reason; any other loss is the exit. */
+	bump_for_lost_worker(d, d->state == RP_STATE_UNRESPONSIVE ? NULL : why);
 	/* A worker that keeps dying right after start is not respawned in a
 	 * tight loop. */
 	if (uv_hrtime() - d->up_since_ns < CRASH_WINDOW_NS)
@@ -381,6 +568,10 @@ void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *en
 	d->timer.data = d;
 	uv_timer_init(env->loop, &d->respawn_timer);
 	d->respawn_timer.data = d;
+	uv_timer_init(env->loop, &d->heartbeat_timer);
+	d->heartbeat_timer.data = d;
+	d->health.ecc_dbe_volatile = d->health.ecc_dbe_aggregate = -1;
+	d->health.retired_pages_pending = d->health.remap_pending = d->health.remap_failed = -1;
 }
 
 void rd_sv_device_start(struct rd_sv_device *d)
@@ -402,6 +593,8 @@ void rd_sv_device_stop(struct rd_sv_device *d, const char *why)
 	uv_close((uv_handle_t *)&d->timer, NULL);
 	uv_timer_stop(&d->respawn_timer);
 	uv_close((uv_handle_t *)&d->respawn_timer, NULL);
+	uv_timer_stop(&d->heartbeat_timer);
+	uv_close((uv_handle_t *)&d->heartbeat_timer, NULL);
 	/* The worker drains on SIGTERM and exits. */
 	rd_sv_worker_kill(&d->worker, SIGTERM);
 }
@@ -441,8 +634,11 @@ static void on_stats_reply(struct rd_conn *conn, const struct rp_call *reply, vo
 {
 	struct memory_refresh *r = userdata;
 
-	if (reply && !reply->error)
+	if (reply && !reply->error) {
+		r->d->last_answer_ns = uv_hrtime();
 		take_memory(r->d, reply->params);
+		take_health(r->d, cJSON_GetObjectItemCaseSensitive(reply->params, "health"));
+	}
 	r->done(r->data);
 	free(r);
 }
@@ -452,7 +648,9 @@ int rd_sv_device_refresh_memory(struct rd_sv_device *d, void (*done)(void *data)
 	struct memory_refresh *r;
 	int ret;
 
-	if (!rd_sv_device_serving(d))
+	/* A worker whose heartbeat is unanswered may be stopped: Status then
+	 * answers from what it said last rather than wait. */
+	if (!rd_sv_device_serving(d) || d->ping_outstanding)
 		return -EAGAIN;
 	r = malloc(sizeof(*r));
 	if (!r)
@@ -477,5 +675,20 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 		.memory_used = d->memory_used,
 		.memory_baseline = d->memory_baseline,
 		.reason = d->reason,
+		.has_health = d->health.known,
+		.health = {
+			.source = d->health.source,
+			.detail = d->health.detail,
+			.uuid = d->health.uuid,
+			.pci_bus_id = d->health.pci_bus_id,
+			.last_xid = d->health.last_xid,
+			.last_xid_unix_ms = d->health.last_xid_unix_ms,
+			.last_xid_text = d->health.last_xid_text,
+			.ecc_dbe_volatile = d->health.ecc_dbe_volatile,
+			.ecc_dbe_aggregate = d->health.ecc_dbe_aggregate,
+			.retired_pages_pending = d->health.retired_pages_pending,
+			.remap_pending = d->health.remap_pending,
+			.remap_failed = d->health.remap_failed,
+		},
 	};
 }

@@ -1,6 +1,8 @@
 /* One device, as the supervisor holds it: its state and generation, its
  * queue of lifecycle operations, and its worker process, respawned (with a
- * growing pause when it keeps dying) whenever it is lost.
+ * growing pause when it keeps dying) whenever it is lost, and watched by a
+ * heartbeat (a worker that stops answering is unresponsive: killed and
+ * respawned) that also brings its memory and health numbers for Status.
  *
  * A lifecycle operation (Release, Reset, Restart; a reported fault queues a
  * Reset of its own) runs alone on its device: Drain with the deadline, then
@@ -8,8 +10,15 @@
  * generation goes up by one when the worker serves again. A worker that
  * does not answer in time, fails its canary or leaves calls stuck past the
  * drain deadline is killed and respawned instead: process exit is the one
- * cleanup that never leaks vendor state. docs/lifecycle.md tells it for
+ * cleanup that never leaks vendor state. A worker that reports a hung call
+ * is respawned at once; one that reports its GPU failed (or cannot open
+ * it) leaves the device `failed`, and the next worker starts only after a
+ * pause that doubles with each failure. docs/lifecycle.md tells it for
  * people.
+ *
+ * Every change of state goes through one function, which bumps the
+ * generation when the change comes with one, and reports it once: Watch
+ * hears each transition, with the state entered, in order.
  *
  * The device reports upward through rd_sv_device_events and reads what all
  * devices share through rd_sv_device_env; it never reaches into the
@@ -30,14 +39,9 @@ const char *rd_sv_verb_name(enum rd_sv_verb verb);
 struct rd_sv_device;
 
 struct rd_sv_device_events {
-	/* Every change of d->state. */
-	void (*state_changed)(struct rd_sv_device *d, void *data);
-	/* d->generation went up by one, for d->reason: the node's epoch goes
-	 * up with it, and watchers hear of it. */
-	void (*generation_bumped)(struct rd_sv_device *d, void *data);
-	/* A respawned worker serves: watchers hear that d is ready again (its
-	 * generation went up when the previous worker was lost). */
-	void (*respawned)(struct rd_sv_device *d, void *data);
+	/* d entered d->state for d->reason; bumped: its generation went up by
+	 * one with it (the node's epoch goes with it). Once per transition. */
+	void (*state_changed)(struct rd_sv_device *d, bool bumped, void *data);
 	/* A worker reported Ready (after d's operations moved on). */
 	void (*worker_ready)(struct rd_sv_device *d, void *data);
 	/* d's part of a request given to rd_sv_device_enqueue ended; failure
@@ -58,12 +62,24 @@ struct rd_sv_device_env {
 
 struct rd_sv_op;
 
+/* What the last worker said of the GPU's health (io.regen.Device.Health),
+ * copied: it outlives the worker, and the last XID outlives a worker that
+ * saw none. */
+struct rd_sv_health {
+	bool known;
+	char source[16], detail[128], uuid[96], pci_bus_id[32], last_xid_text[96];
+	uint32_t last_xid;
+	int64_t last_xid_unix_ms;
+	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
+	int retired_pages_pending, remap_pending, remap_failed;
+};
+
 struct rd_sv_device {
 	const struct rd_sv_device_env *env;
 	int index;
 	uint64_t generation;           /* starts at 1, up by one per release, reset and respawn */
 	enum rp_state state;
-	char reason[128];              /* why the generation last changed */
+	char reason[192];              /* why the device is in its state */
 	char backend[16];
 	char worker_socket[108];
 	struct rd_sv_worker worker;
@@ -74,6 +90,11 @@ struct rd_sv_device {
 	struct rd_sv_op *ops;          /* the first runs, the rest wait */
 	uv_timer_t timer;              /* the running operation's deadline */
 	uv_timer_t respawn_timer;      /* the pause before a respawn */
+	uv_timer_t heartbeat_timer;    /* asks the worker for Stats; finds it unresponsive */
+	uint64_t last_answer_ns;       /* when the worker last answered (or started) */
+	bool ping_outstanding;
+	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
+	struct rd_sv_health health;
 };
 
 /* Device `index`, in generation 1, respawning until its first worker is
@@ -98,8 +119,9 @@ void rd_sv_device_tell_epoch(struct rd_sv_device *d);
 bool rd_sv_device_serving(const struct rd_sv_device *d);
 /* A call to the worker (params consumed); -ENOTCONN while there is none. */
 int rd_sv_device_call(struct rd_sv_device *d, const char *method, cJSON *params, rd_reply_cb cb, void *userdata);
-/* Asks a serving worker for fresh memory numbers; done(data) follows, with
- * or without them. -EAGAIN (not serving), -ENOMEM: done never comes. */
+/* Asks a serving worker that answers its heartbeat for fresh memory and
+ * health numbers; done(data) follows, with or without them. -EAGAIN (not
+ * serving, or behind with its heartbeat), -ENOMEM: done never comes. */
 int rd_sv_device_refresh_memory(struct rd_sv_device *d, void (*done)(void *data), void *data);
 /* io.regen.Device.DeviceInfo. */
 /* The device as io.regen.Device.DeviceInfo says it (strings point into d). */

@@ -74,11 +74,32 @@ static const struct rp_field no_fields[] = { { NULL } };
 
 /* ---- Status and Generation ---- */
 
-/* A Status waits for fresh memory numbers from every worker that serves. */
+/* A Status asks every worker that serves and answers its heartbeat for
+ * fresh memory and health numbers, and waits for them at most
+ * STATUS_WAIT_MS: a worker that stopped answering never holds Status up
+ * (it answers from what the worker said last). */
+#define STATUS_WAIT_MS 100
+
 struct status_gather {
 	struct rd_call *call;
-	unsigned remaining;
+	unsigned remaining;        /* answers still to come, and one for the method itself */
+	bool answered;
+	uv_timer_t timer;
 };
+
+static void gather_free(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void gather_answer(struct status_gather *g)
+{
+	if (g->answered)
+		return;
+	g->answered = true;
+	uv_timer_stop(&g->timer);
+	rd_call_reply(g->call, status_json(supervisor_of(g->call), false, 0), false);
+}
 
 static void status_gathered(void *data)
 {
@@ -86,8 +107,13 @@ static void status_gathered(void *data)
 
 	if (--g->remaining)
 		return;
-	rd_call_reply(g->call, status_json(supervisor_of(g->call), false, 0), false);
-	free(g);
+	gather_answer(g);
+	uv_close((uv_handle_t *)&g->timer, gather_free);
+}
+
+static void on_status_wait(uv_timer_t *t)
+{
+	gather_answer(t->data);
 }
 
 static void method_status(struct rd_call *call)
@@ -104,9 +130,13 @@ static void method_status(struct rd_call *call)
 	}
 	g->call = call;
 	g->remaining = 1;
+	uv_timer_init(sv->loop, &g->timer);
+	g->timer.data = g;
 	for (int i = 0; i < sv->ndevices; i++)
 		if (rd_sv_device_refresh_memory(&sv->devices[i], status_gathered, g) == 0)
 			g->remaining++;
+	if (g->remaining > 1)
+		uv_timer_start(&g->timer, on_status_wait, STATUS_WAIT_MS, 0);
 	status_gathered(g);
 }
 
@@ -254,18 +284,26 @@ static void method_inject_fault(struct rd_call *call)
 	static const struct rp_field fields[] = {
 		{ "device", RP_T_INT, true },
 		{ "kind", RP_T_STRING, true },
+		{ "xid", RP_T_INT, false },
 		{ NULL },
 	};
-	static const char *const kinds[] = { "crash", "device_lost", "hang", NULL };
+	static const char *const kinds[] = { "crash", "device_lost", "hang", "xid", NULL };
 	struct rd_supervisor *sv = supervisor_of(call);
 	struct rp_error err = { 0 };
 	struct rd_sv_device *d;
-	int device, kind;
+	uint64_t xid = 0;
+	int device, kind, has_xid;
 
 	if (!check_fields(call, fields) || parse_device_param(call, &device) < 0)
 		return;
-	if (rp_params_enum(call->msg.params, "kind", kinds, -1, &kind, &err) < 0) {
+	if (rp_params_enum(call->msg.params, "kind", kinds, -1, &kind, &err) < 0 ||
+	    (has_xid = rp_params_uint(call->msg.params, "xid", 65535, 0, &xid, &err)) < 0) {
 		rd_call_fail(call, &err);
+		return;
+	}
+	/* An XID number goes with kind xid, and only with it. */
+	if ((strcmp(kinds[kind], "xid") == 0) != (has_xid == 0) || (has_xid == 0 && xid == 0)) {
+		rd_call_fail(call, (rp_error_invalid_parameter(&err, "xid"), &err));
 		return;
 	}
 	if (!sv->opts.fault_injection) {
@@ -284,7 +322,13 @@ static void method_inject_fault(struct rd_call *call)
 	}
 	cJSON *params = cJSON_CreateObject();
 	cJSON_AddStringToObject(params, "kind", kinds[kind]);
-	rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: %s", kinds[kind]);
+	if (has_xid == 0)
+		cJSON_AddNumberToObject(params, "xid", (double)xid);
+	if (has_xid == 0)
+		rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: XID %llu",
+			(unsigned long long)xid);
+	else
+		rd_warn("lifecycle", device, d->generation, call->conn->peer.pid, "injecting fault: %s", kinds[kind]);
 	if (rd_sv_device_call(d, "io.regen.Worker.InjectFault", params, on_inject_reply, call) < 0) {
 		rp_error_set(&err, RP_ERR_BACKEND, "the control channel to device %d's worker is gone", device);
 		rp_error_add_int(&err, "device", device);

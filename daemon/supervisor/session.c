@@ -2,6 +2,7 @@
 #include "daemon/log.h"
 #include "daemon/supervisor/methods.h"
 #include "daemon/supervisor/session.h"
+#include "proto/errors.h"
 
 static void on_call(struct rd_conn *conn, struct rd_call *call)
 {
@@ -23,7 +24,21 @@ static void on_close(struct rd_conn *conn)
 	rd_debug("conn", -1, 0, conn->peer.pid, "client gone");
 }
 
-static const struct rd_conn_ops session_ops = { on_call, on_close };
+/* Every error a client of the main socket gets passes here: one whose IDL
+ * type carries a device and a generation has them, whichever method raised
+ * it. The methods fill them in; what one left out names the node (device
+ * -1) and no generation (0), never a missing field. */
+static void complete_error(struct rd_conn *conn, struct rp_error *err)
+{
+	if (!err->name || !err->params)
+		return;
+	if (rp_error_type_has(err->name, "device") && !cJSON_HasObjectItem(err->params, "device"))
+		rp_error_add_int(err, "device", -1);
+	if (rp_error_type_has(err->name, "generation") && !cJSON_HasObjectItem(err->params, "generation"))
+		rp_error_add_int(err, "generation", 0);
+}
+
+static const struct rd_conn_ops session_ops = { on_call, on_close, complete_error };
 
 static bool is_admin(const struct rd_supervisor *sv, const struct rd_conn *conn)
 {

@@ -17,28 +17,20 @@
 
 /* ---- What the devices report ---- */
 
-static void on_state_changed(struct rd_sv_device *d, void *data)
+/* Every transition: a bump takes the node's epoch with it (and every worker
+ * hears the new epoch); each watcher hears the transition once. */
+static void on_state_changed(struct rd_sv_device *d, bool bumped, void *data)
 {
 	struct rd_supervisor *sv = data;
 
+	if (bumped) {
+		rd_sv_watch_bump(&sv->watch);
+		for (int i = 0; i < sv->ndevices; i++)
+			rd_sv_device_tell_epoch(&sv->devices[i]);
+	}
+	rd_sv_watch_announce(&sv->watch, d);
 	rd_notify_statusf("%d device(s); device %d %s, generation %llu", sv->ndevices, d->index, rp_state_name(d->state),
 			  (unsigned long long)d->generation);
-}
-
-static void on_generation_bumped(struct rd_sv_device *d, void *data)
-{
-	struct rd_supervisor *sv = data;
-
-	rd_sv_watch_bump(&sv->watch, d);
-	for (int i = 0; i < sv->ndevices; i++)
-		rd_sv_device_tell_epoch(&sv->devices[i]);
-}
-
-static void on_respawned(struct rd_sv_device *d, void *data)
-{
-	struct rd_supervisor *sv = data;
-
-	rd_sv_watch_announce(&sv->watch, d);
 }
 
 /* READY=1 promises that Status finds every device ready. */
@@ -54,8 +46,6 @@ static void on_worker_ready(struct rd_sv_device *d, void *data)
 
 static const struct rd_sv_device_events device_events = {
 	.state_changed = on_state_changed,
-	.generation_bumped = on_generation_bumped,
-	.respawned = on_respawned,
 	.worker_ready = on_worker_ready,
 	.request_finished = rd_sv_request_finished,
 };

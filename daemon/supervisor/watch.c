@@ -65,10 +65,9 @@ void rd_sv_watch_announce(struct rd_sv_watch *w, const struct rd_sv_device *d)
 		rd_call_reply(watcher->call, event_json(w, d, d->reason), true);
 }
 
-void rd_sv_watch_bump(struct rd_sv_watch *w, const struct rd_sv_device *d)
+void rd_sv_watch_bump(struct rd_sv_watch *w)
 {
 	w->epoch++;
-	rd_sv_watch_announce(w, d);
 }
 
 void rd_sv_watch_drop(struct rd_sv_watch *w, struct rd_conn *conn)

@@ -1,7 +1,7 @@
 /* The node's epoch and the io.regen.Device.Watch subscribers. The epoch goes
  * up by one with any device's generation, here and nowhere else; every
- * subscriber hears of every generation change, and of a respawned worker
- * serving again, as one "continues" reply. */
+ * subscriber hears of every state transition of every device (the state
+ * entered, its generation, why) as one "continues" reply, in order. */
 #pragma once
 
 #include <stdint.h>
@@ -29,9 +29,9 @@ void rd_sv_watch_init(struct rd_sv_watch *w);
  * -EUSERS: over a bound above (err set to LimitExceeded). */
 int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const struct rd_sv_device *devices, int n,
 			  struct rp_error *err);
-/* d's generation went up: the epoch goes with it, and every watcher hears. */
-void rd_sv_watch_bump(struct rd_sv_watch *w, const struct rd_sv_device *d);
-/* Every watcher hears of d as it is now. */
+/* Some device's generation went up: the epoch goes with it. */
+void rd_sv_watch_bump(struct rd_sv_watch *w);
+/* Every watcher hears of d as it is now: a transition. */
 void rd_sv_watch_announce(struct rd_sv_watch *w, const struct rd_sv_device *d);
 /* conn closed: its Watch calls end. */
 void rd_sv_watch_drop(struct rd_sv_watch *w, struct rd_conn *conn);

@@ -7,6 +7,7 @@
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
 #include "daemon/supervisor/worker_process.h"
+#include "daemon/worker/worker.h"
 #include "proto/params.h"
 
 /* The worker's end of the control channel: stdio[3] below. */
@@ -37,6 +38,7 @@ static void ctl_ready(struct rd_call *call)
 	rp_params_uint(p, "memory_used", UINT64_MAX, 0, &ready.memory_used, &err);
 	rp_params_uint(p, "memory_baseline", UINT64_MAX, 0, &ready.memory_baseline, &err);
 	rp_error_clear(&err);
+	ready.health = cJSON_GetObjectItemCaseSensitive(p, "health");
 	if (!ready.backend)
 		ready.backend = "";
 	if (!ready.worker_socket)
@@ -48,13 +50,18 @@ static void ctl_ready(struct rd_call *call)
 
 static void ctl_faulted(struct rd_call *call)
 {
+	static const char *const kinds[] = { "lost", "hung", "failed", NULL };
 	struct rd_sv_worker *w = call->conn->data;
 	const char *reason = NULL;
 	struct rp_error err = { 0 };
+	int kind = RD_SV_FAULT_LOST;
 
-	rp_params_string(call->msg.params, "reason", 120, "device fault", &reason, &err);
+	rp_params_string(call->msg.params, "reason", 200, "device fault", &reason, &err);
 	rp_error_clear(&err);
-	w->events->faulted(w->data, reason ? reason : "device fault");
+	rp_params_enum(call->msg.params, "kind", kinds, RD_SV_FAULT_LOST, &kind, &err);
+	rp_error_clear(&err);
+	w->events->faulted(w->data, (enum rd_sv_fault)kind, reason ? reason : "device fault",
+			   cJSON_GetObjectItemCaseSensitive(call->msg.params, "health"));
 	rd_call_reply(call, NULL, false);
 }
 
@@ -100,9 +107,11 @@ static void on_process_exit(uv_process_t *proc, int64_t status, int signal)
 		rd_conn_close(w->ctl);
 	if (signal)
 		snprintf(why, sizeof(why), "worker exited (signal %d)", signal);
+	else if (status == RD_WORKER_EXIT_DEVICE_FAILED)
+		snprintf(why, sizeof(why), "worker exited: its device is unusable");
 	else
 		snprintf(why, sizeof(why), "worker exited (status %lld)", (long long)status);
-	w->events->exited(w->data, why);
+	w->events->exited(w->data, why, !signal && status == RD_WORKER_EXIT_DEVICE_FAILED);
 }
 
 int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts)

@@ -17,16 +17,24 @@ struct rd_sv_worker_ready {
 	const char *backend;
 	const char *worker_socket;
 	uint64_t memory_used, memory_baseline;
+	const cJSON *health;        /* io.regen.Device.Health, NULL when absent */
 };
+
+/* io.regen.Worker.FaultKind. */
+enum rd_sv_fault { RD_SV_FAULT_LOST = 0, RD_SV_FAULT_HUNG, RD_SV_FAULT_FAILED };
+
 
 struct rd_sv_worker_events {
 	/* The worker listens on its socket and its backend is open. */
 	void (*ready)(void *data, const struct rd_sv_worker_ready *ready);
-	/* The worker found its context lost (reason: what it saw). */
-	void (*faulted)(void *data, const char *reason);
+	/* The worker found a fault (reason: what it saw). health: its Health
+	 * then, NULL when absent. */
+	void (*faulted)(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health);
 	/* The process is gone; why: "worker exited (signal 9)". Its control
-	 * channel is closed by then, and every call on it got reply NULL. */
-	void (*exited)(void *data, const char *why);
+	 * channel is closed by then, and every call on it got reply NULL.
+	 * device_failed: it exited with RD_WORKER_EXIT_DEVICE_FAILED
+	 * (daemon/worker/worker.h): its device is unusable. */
+	void (*exited)(void *data, const char *why, bool device_failed);
 };
 
 struct rd_sv_worker {

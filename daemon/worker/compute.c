@@ -2,7 +2,7 @@
  * (proto/compute.h) through one path. The call is parsed and checked, each
  * operand resolved for the caller and checked against its buffer, before
  * anything reaches the backend; the objects it names stay open until it
- * finished. */
+ * finished. Each call has a deadline (health.c watches it). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,21 +22,25 @@ static void op_release_refs(struct rd_worker *w, struct rd_op *op)
 		rd_objects_unref(&w->objects, &op->signal_event->obj);
 }
 
-/* On the loop thread, once the backend finished the op. */
+/* On the loop thread, once the backend finished the op. A call answered
+ * early (past its deadline) has nobody left to tell. */
 static void on_op_done(struct rd_op *op)
 {
-	struct rd_call *call = op->userdata;
-	struct rd_session *s = rd_session_of(call);
+	struct rd_compute_call *cc = op->userdata;
+	struct rd_session *s = cc->session;
 
 	op_release_refs(s->worker, op);
-	if (op->err.name) {
-		rd_call_fail(call, &op->err);
+	rd_health_call_finished(s->worker, cc);
+	if (!cc->call) {
+		rp_error_clear(&op->err);
+	} else if (op->err.name) {
+		rd_call_fail(cc->call, &op->err);
 	} else {
 		cJSON *reply = cJSON_CreateObject();
 		cJSON_AddNumberToObject(reply, "elapsed_us", (double)op->elapsed_us);
-		rd_call_reply(call, reply, false);
+		rd_call_reply(cc->call, reply, false);
 	}
-	free(op);
+	free(cc);
 	rd_session_call_finished(s);
 }
 
@@ -91,10 +95,11 @@ void rd_compute_call(struct rd_call *call)
 	struct rd_session *s = rd_session_of(call);
 	struct rd_worker *w = s->worker;
 	struct rp_error err = { 0 };
-	struct rd_op *op = calloc(1, sizeof(*op));
-		int r;
+	struct rd_compute_call *cc = calloc(1, sizeof(*cc));
+	struct rd_op *op = cc ? &cc->op : NULL;
+	int r;
 
-	if (!op) {
+	if (!cc) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the call");
 		rd_call_fail(call, &err);
 		return;
@@ -116,13 +121,20 @@ void rd_compute_call(struct rd_call *call)
 	if (r < 0)
 		goto fail;
 	op->done = on_op_done;
-	op->userdata = call;
+	op->userdata = cc;
 	op->submitted_ns = uv_hrtime();
+	cc->call = call;
+	cc->session = s;
+	cc->deadline_ns = op->submitted_ns +
+			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : w->opts->call_deadline_ms) *
+				  1000000u;
 	rd_session_call_started(s);
+	rd_health_call_started(w, cc);
 	r = w->dev.backend->submit(op->lane, op);
 	if (r < 0) {
 		/* Refused: no completion follows. The session stays, as the
 		 * call is still being answered here. */
+		rd_health_call_finished(w, cc);
 		s->in_flight--;
 		w->in_flight--;
 		rp_error_move(&err, &op->err);
@@ -133,6 +145,6 @@ void rd_compute_call(struct rd_call *call)
 	return;
 fail:
 	op_release_refs(w, op);
-	free(op);
+	free(cc);
 	rd_call_fail(call, &err);
 }

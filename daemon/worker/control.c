@@ -1,12 +1,15 @@
 /* The control channel: the supervisor's verbs to this worker (io.regen.Worker:
  * Drain, Release, Reset, Stats, InjectFault) and what the worker reports
- * upward (Ready, Faulted). Lifecycle verbs run with no call in flight and
+ * upward (Ready, Faulted). Stats is also the supervisor's heartbeat: it
+ * carries the device's health, so Status answers from what the last one
+ * said. Lifecycle verbs run with no call in flight and
  * move the device to the generation the supervisor names; every verb that
  * carries the node's epoch updates the one the worker reports. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "daemon/backend/health.h"
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
 #include "daemon/worker/worker.h"
@@ -132,7 +135,13 @@ static int lifecycle_generation(struct rd_call *call, uint64_t *gen)
 	return 0;
 }
 
-static void ctl_release(struct rd_call *call)
+/* Release (the context is usable: destroy every resource properly) or
+ * reset (it may be dead: forget every native handle without calling into
+ * it), then the new generation. Every id goes stale with the generation, so
+ * every object goes too: before the registry on release (their mappings are
+ * destroyed properly), after it on reset (their resources are invalid
+ * already). */
+static void lifecycle(struct rd_call *call, bool reset)
 {
 	struct rd_worker *w = worker_of(call);
 	struct rp_error err = { 0 };
@@ -143,45 +152,39 @@ static void ctl_release(struct rd_call *call)
 	if (lifecycle_generation(call, &gen) < 0)
 		return;
 	t0 = uv_hrtime();
-	/* Every id goes stale with the generation, so every mapping goes now. */
-	rd_objects_close_all(&w->objects);
-	n = rd_registry_release(&w->dev.registry);
-	r = w->dev.backend->release(&w->dev, &err);
+	if (reset) {
+		n = rd_registry_invalidate(&w->dev.registry);
+		rd_objects_close_all(&w->objects);
+		r = w->dev.backend->reset(&w->dev, &err);
+	} else {
+		rd_objects_close_all(&w->objects);
+		n = rd_registry_release(&w->dev.registry);
+		r = w->dev.backend->release(&w->dev, &err);
+	}
 	atomic_store(&w->dev.generation, gen);
-	w->state = RD_WORKER_READY;
-	rd_info("lifecycle", w->dev.index, gen, 0, "released %u resource(s) in %.1f ms%s%s", n,
-		(double)(uv_hrtime() - t0) / 1e6, r < 0 ? "; backend: " : "",
-		r < 0 && err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : "");
+	if (reset) {
+		pthread_mutex_lock(&w->lock);
+		w->fault_reported = false;
+		w->fault_pending = false;
+		pthread_mutex_unlock(&w->lock);
+	}
+	w->state = r == 0 || !reset ? RD_WORKER_READY : RD_WORKER_LOST;
+	const char *outcome = r == 0 ? (reset ? "canary passed" : "done") : (reset ? "canary FAILED: " : "backend: ");
+	const char *why = r < 0 && err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : NULL;
+	rd_info("lifecycle", w->dev.index, gen, 0, "%s %u resource(s) in %.1f ms; %s%s",
+		reset ? "reset: invalidated" : "released", n, (double)(uv_hrtime() - t0) / 1e6, outcome, why ? why : "");
 	rp_error_clear(&err);
 	reply_lifecycle(call, r == 0);
 }
 
+static void ctl_release(struct rd_call *call)
+{
+	lifecycle(call, false);
+}
+
 static void ctl_reset(struct rd_call *call)
 {
-	struct rd_worker *w = worker_of(call);
-	struct rp_error err = { 0 };
-	uint64_t gen, t0;
-	unsigned n;
-	int r;
-
-	if (lifecycle_generation(call, &gen) < 0)
-		return;
-	t0 = uv_hrtime();
-	/* The context may be dead: forget every native handle without calling
-	 * into it, then drop the ids (their resources are already invalid). */
-	n = rd_registry_invalidate(&w->dev.registry);
-	rd_objects_close_all(&w->objects);
-	r = w->dev.backend->reset(&w->dev, &err);
-	atomic_store(&w->dev.generation, gen);
-	pthread_mutex_lock(&w->lock);
-	w->fault_reported = false;
-	w->fault_pending = false;
-	pthread_mutex_unlock(&w->lock);
-	w->state = r == 0 ? RD_WORKER_READY : RD_WORKER_LOST;
-	rd_info("lifecycle", w->dev.index, gen, 0, "reset: invalidated %u resource(s) in %.1f ms; %s", n,
-		(double)(uv_hrtime() - t0) / 1e6, r == 0 ? "canary passed" : "canary FAILED");
-	rp_error_clear(&err);
-	reply_lifecycle(call, r == 0);
+	lifecycle(call, true);
 }
 
 static void ctl_stats(struct rd_call *call)
@@ -193,6 +196,7 @@ static void ctl_stats(struct rd_call *call)
 	cJSON_AddNumberToObject(reply, "in_flight", w->in_flight);
 	cJSON_AddNumberToObject(reply, "buffers", w->objects.count[RD_OBJECT_BUFFER]);
 	cJSON_AddNumberToObject(reply, "connections", w->nsessions);
+	cJSON_AddItemToObject(reply, "health", rd_health_json(w));
 	rd_call_reply(call, reply, false);
 }
 
@@ -201,6 +205,8 @@ static void ctl_inject_fault(struct rd_call *call)
 	struct rd_worker *w = worker_of(call);
 	struct rp_error err = { 0 };
 	const char *kind = NULL;
+	uint64_t xid = 0;
+	char xid_kind[32];
 
 	if (!w->opts->fault_injection) {
 		rd_call_failf(call, RP_ERR_FAULT_INJECTION_DISABLED, "fault injection is disabled");
@@ -210,6 +216,16 @@ static void ctl_inject_fault(struct rd_call *call)
 		rp_error_clear(&err);
 		rd_call_fail(call, (rp_error_invalid_parameter(&err, "kind"), &err));
 		return;
+	}
+	if (strcmp(kind, "xid") == 0) {
+		/* The backend takes a simulated XID as "xid:N". */
+		if (rp_params_uint(call->msg.params, "xid", 65535, 0, &xid, &err) != 0 || xid == 0) {
+			rp_error_clear(&err);
+			rd_call_fail(call, (rp_error_invalid_parameter(&err, "xid"), &err));
+			return;
+		}
+		snprintf(xid_kind, sizeof(xid_kind), "xid:%u", (unsigned)xid);
+		kind = xid_kind;
 	}
 	if (strcmp(kind, "crash") == 0) {
 		rd_warn("lifecycle", w->dev.index, rd_worker_generation(w), 0, "injected crash");
@@ -267,14 +283,17 @@ void rd_control_ready(struct rd_worker *w)
 	cJSON_AddNumberToObject(p, "pid", getpid());
 	cJSON_AddStringToObject(p, "worker_socket", w->socket_path);
 	cJSON_AddStringToObject(p, "backend", w->dev.backend->name);
+	cJSON_AddItemToObject(p, "health", rd_health_json(w));
 	rd_conn_call(w->ctl, "io.regen.Worker.Ready", p, true, NULL, NULL);
 }
 
-void rd_control_report_fault(struct rd_worker *w, const char *reason)
+void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason)
 {
 	if (w->ctl) {
 		cJSON *p = cJSON_CreateObject();
 		cJSON_AddStringToObject(p, "reason", reason);
+		cJSON_AddStringToObject(p, "kind", rd_fault_kind_name(kind));
+		cJSON_AddItemToObject(p, "health", rd_health_json(w));
 		rd_conn_call(w->ctl, "io.regen.Worker.Faulted", p, true, NULL, NULL);
 	}
 }

@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 #include <uv.h>
+#include "daemon/backend/health.h"
 #include "daemon/backend/load.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
@@ -43,26 +44,36 @@ static void post_completion(struct rd_device *dev, struct rd_op *op)
 	uv_async_send(&w->wakeup);
 }
 
-/* Any thread: the backend found the context lost. Reported once until a
- * reset. */
-static void on_fault(struct rd_device *dev, const char *reason)
+/* Any thread: the backend found the context lost or the GPU failed, or the
+ * core a hung call. Reported once until a reset, except that a failed GPU
+ * is told even after a loss was: it changes what the supervisor does. */
+static void on_fault(struct rd_device *dev, enum rd_fault_kind kind, const char *reason)
 {
 	struct rd_worker *w = worker_of_device(dev);
+	bool worse;
 
 	pthread_mutex_lock(&w->lock);
-	if (!w->fault_pending && !w->fault_reported) {
+	worse = kind == RD_FAULT_FAILED && (w->fault_pending ? w->fault_kind : w->reported_kind) != RD_FAULT_FAILED;
+	if ((!w->fault_pending && !w->fault_reported) || worse) {
 		snprintf(w->fault_reason, sizeof(w->fault_reason), "%s", reason);
+		w->fault_kind = kind;
 		w->fault_pending = true;
 	}
 	pthread_mutex_unlock(&w->lock);
 	uv_async_send(&w->wakeup);
 }
 
+void rd_worker_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason)
+{
+	on_fault(&w->dev, kind, reason);
+}
+
 static void on_wakeup(uv_async_t *a)
 {
 	struct rd_worker *w = a->data;
 	struct rd_op *op;
-	char reason[128];
+	char reason[sizeof(w->fault_reason)];
+	enum rd_fault_kind kind = RD_FAULT_LOST;
 	bool fault = false;
 
 	pthread_mutex_lock(&w->lock);
@@ -71,6 +82,7 @@ static void on_wakeup(uv_async_t *a)
 	if (w->fault_pending) {
 		w->fault_pending = false;
 		w->fault_reported = true;
+		w->reported_kind = kind = w->fault_kind;
 		fault = true;
 		snprintf(reason, sizeof(reason), "%s", w->fault_reason);
 	}
@@ -80,8 +92,9 @@ static void on_wakeup(uv_async_t *a)
 		/* New work fails fast until the supervisor resets us. */
 		if (w->state == RD_WORKER_READY || w->state == RD_WORKER_DRAINING)
 			w->state = RD_WORKER_LOST;
-		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "device fault: %s", reason);
-		rd_control_report_fault(w, reason);
+		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "device fault (%s): %s", rd_fault_kind_name(kind),
+		       reason);
+		rd_control_report_fault(w, kind, reason);
 	}
 	while (op) {
 		struct rd_op *next = op->next;
@@ -98,7 +111,7 @@ int rd_worker_refuse_if_not_ready(struct rd_worker *w, struct rp_error *err)
 	case RD_WORKER_READY:
 		return 0;
 	case RD_WORKER_LOST:
-		rp_err_device_lost(err, w->dev.index, gen, "device %d lost its context (%s); wait for the next generation",
+		rp_err_device_lost(err, w->dev.index, gen, "device %d faulted (%s); wait for the next generation",
 				   w->dev.index, w->fault_reason);
 		break;
 	case RD_WORKER_DRAINING:
@@ -190,6 +203,7 @@ int rd_worker_run(const struct rd_options *opts)
 	if (rd_backend_load(&w->dev, opts->backend) < 0)
 		return 1;
 	rd_objects_init(&w->objects, &w->dev);
+	rd_health_init(w);
 
 	uv_async_init(w->loop, &w->wakeup, on_wakeup);
 	w->wakeup.data = w;
@@ -209,8 +223,10 @@ int rd_worker_run(const struct rd_options *opts)
 		cJSON *m = err.params ? cJSON_GetObjectItem(err.params, "message") : NULL;
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "cannot open the %s backend: %s",
 		       w->dev.backend->name, cJSON_IsString(m) ? m->valuestring : strerror(-r));
+		bool unusable = err.name && (strcmp(err.name, RP_ERR_DEVICE_LOST) == 0 ||
+					     strcmp(err.name, RP_ERR_NO_SUCH_DEVICE) == 0);
 		rp_error_clear(&err);
-		return 1;
+		return unusable ? RD_WORKER_EXIT_DEVICE_FAILED : 1;
 	}
 	rd_worker_socket_path(opts, w->dev.index, w->socket_path, sizeof(w->socket_path));
 	r = rd_listener_open(&w->listener, w->loop, w->socket_path, opts->socket_mode,
@@ -221,11 +237,13 @@ int rd_worker_run(const struct rd_options *opts)
 		return 1;
 	}
 	rd_control_ready(w);
+	rd_health_start(w);
 	rd_info("worker", w->dev.index, rd_worker_generation(w), 0, "serving on %s", w->socket_path);
 
 	uv_run(w->loop, UV_RUN_DEFAULT);
 
 	rd_listener_close(&w->listener);
+	rd_health_stop(w);
 	w->dev.backend->close(&w->dev);
 	uv_walk(w->loop, walk_close, NULL);
 	uv_run(w->loop, UV_RUN_DEFAULT);

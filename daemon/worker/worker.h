@@ -6,7 +6,9 @@
  * worker.c (the process: start, loop, completions, faults, stop),
  * session.c (a connection to the worker socket: one lane), memory.c
  * (io.regen.Memory), compute.c (io.regen.Compute), control.c (the
- * supervisor's verbs), objects.c (the ids handed out). */
+ * supervisor's verbs), objects.c (the ids handed out), health.c (faults
+ * found without waiting for a call: the backend's health watch, calls past
+ * their deadline). */
 #pragma once
 
 #include <pthread.h>
@@ -23,11 +25,26 @@
 enum rd_worker_state {
 	RD_WORKER_READY = 0,
 	RD_WORKER_DRAINING,     /* a lifecycle verb waits for the calls in flight */
-	RD_WORKER_LOST,         /* the context faulted: new work fails until a reset */
+	RD_WORKER_LOST,         /* the context faulted, a call hung or the GPU failed: new work fails until a reset */
 	RD_WORKER_STOPPING,     /* SIGTERM or the supervisor gone */
 };
 
 struct rd_session;
+
+/* The worker's exit status when it could not open its device because the
+ * device is unusable (gone, needing a GPU reset, not there): the supervisor
+ * treats it as a failed GPU, not as a crash to respawn at once. */
+#define RD_WORKER_EXIT_DEVICE_FAILED 3
+
+/* A compute call the worker runs: the op the backend finishes, and what
+ * the core keeps beside it. */
+struct rd_compute_call {
+	struct rd_op op;                 /* first: the backend hands it back */
+	struct rd_call *call;            /* NULL once answered early (its deadline passed) */
+	struct rd_session *session;
+	uint64_t deadline_ns;            /* uv_hrtime() by which it must finish; 0: none */
+	struct rd_compute_call *prev, *next;   /* the worker's calls in flight */
+};
 
 struct rd_worker {
 	uv_loop_t *loop;
@@ -41,6 +58,11 @@ struct rd_worker {
 	uint64_t epoch;                 /* the node's, as the supervisor last said */
 
 	unsigned in_flight;             /* compute calls submitted and not finished */
+	unsigned abandoned;             /* of those, answered early: past their deadline */
+	struct rd_compute_call *running;   /* the calls in flight, oldest first */
+	struct rd_compute_call *running_tail;
+	uv_timer_t deadline_timer;      /* looks for calls past their deadline while any runs */
+	bool health_started;
 	struct rd_session *sessions;
 	unsigned nsessions;
 	unsigned next_lane;
@@ -54,8 +76,10 @@ struct rd_worker {
 	uv_async_t wakeup;
 	pthread_mutex_t lock;
 	struct rd_op *done_head, *done_tail;
-	char fault_reason[128];
+	char fault_reason[160];
+	enum rd_fault_kind fault_kind;
 	bool fault_pending, fault_reported;
+	enum rd_fault_kind reported_kind;
 };
 
 int rd_worker_run(const struct rd_options *opts);
@@ -70,6 +94,19 @@ void rd_worker_call_finished(struct rd_worker *w);
 /* Stops serving: no new connections, calls in flight get the drain
  * deadline, then the process leaves. */
 void rd_worker_begin_stop(struct rd_worker *w, const char *why);
+/* A fault found on the loop thread (a hung call): as a backend's. */
+void rd_worker_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason);
+
+/* health.c */
+void rd_health_init(struct rd_worker *w);
+/* Starts the backend's health watch once the worker serves. */
+void rd_health_start(struct rd_worker *w);
+void rd_health_stop(struct rd_worker *w);
+/* A compute call starts or ends: the deadline watch follows them. */
+void rd_health_call_started(struct rd_worker *w, struct rd_compute_call *cc);
+void rd_health_call_finished(struct rd_worker *w, struct rd_compute_call *cc);
+/* The device's health for the supervisor (Ready, Stats). */
+cJSON *rd_health_json(struct rd_worker *w);
 
 /* session.c: accepts a connection on the worker socket. */
 void rd_session_accept(int fd, void *worker);
@@ -78,6 +115,6 @@ void rd_session_accept(int fd, void *worker);
 int rd_control_open(struct rd_worker *w, int ctl_fd);
 /* Tells the supervisor the worker serves, and how much memory it holds. */
 void rd_control_ready(struct rd_worker *w);
-void rd_control_report_fault(struct rd_worker *w, const char *reason);
+void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason);
 /* A drain in progress ends when the last call in flight finished. */
 void rd_control_maybe_finish_drain(struct rd_worker *w);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
 #include <cjson/cJSON.h>
 
 int gt_have_gpu(void)
@@ -27,12 +28,16 @@ static void gt_post_completion(struct rd_device *dev, struct rd_op *op)
 	pthread_mutex_unlock(&t->lock);
 }
 
-static void gt_on_fault(struct rd_device *dev, const char *reason)
+static void gt_on_fault(struct rd_device *dev, enum rd_fault_kind kind, const char *reason)
 {
 	struct gt *t = (struct gt *)dev;
 	pthread_mutex_lock(&t->lock);
 	t->faults++;
+	t->fault_kind = kind;
+	if (!t->first_fault_at)
+		t->first_fault_at = gt_now();
 	snprintf(t->fault_reason, sizeof(t->fault_reason), "%s", reason);
+	pthread_cond_broadcast(&t->cond);
 	pthread_mutex_unlock(&t->lock);
 }
 
@@ -336,4 +341,20 @@ uint64_t gt_seed(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return ((uint64_t)ts.tv_sec * 1000003u) ^ (uint64_t)ts.tv_nsec;
+}
+
+int gt_wait_fault(struct gt *t, double timeout_s)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	double end = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + timeout_s;
+	until.tv_sec = (time_t)end;
+	until.tv_nsec = (long)((end - (double)until.tv_sec) * 1e9);
+	pthread_mutex_lock(&t->lock);
+	int r = 0;
+	while (!t->faults && r != ETIMEDOUT)
+		r = pthread_cond_timedwait(&t->cond, &t->lock, &until);
+	int got = t->faults ? 0 : -1;
+	pthread_mutex_unlock(&t->lock);
+	return got;
 }

@@ -32,6 +32,8 @@ struct gt {
 	pthread_cond_t cond;
 	unsigned completed;
 	unsigned faults;
+	enum rd_fault_kind fault_kind;   /* the last on_fault's */
+	double first_fault_at;           /* gt_now() of the first on_fault, 0 before */
 	char fault_reason[256];
 };
 
@@ -42,6 +44,8 @@ void gt_open(struct gt *t);
 void gt_close(struct gt *t);
 /* Waits until t->completed >= target; -1 after timeout_s. */
 int gt_wait(struct gt *t, unsigned target, double timeout_s);
+/* Waits until on_fault was called; -1 after timeout_s. */
+int gt_wait_fault(struct gt *t, double timeout_s);
 /* Submits and waits for one op; 0 when it succeeded. */
 int gt_run(struct gt *t, struct rd_lane *lane, struct rd_op *op, double timeout_s);
 const char *gt_err_name(const struct rd_op *op);

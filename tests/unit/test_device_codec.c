@@ -35,9 +35,11 @@ static void assert_invalid_parameter(struct rp_error *err, const char *name)
 START_TEST(state_names)
 {
 	/* The IDL's order: io.regen.Device.State. */
-	static const char *const idl[] = { "ready", "draining", "released", "faulted", "resetting", "respawning" };
+	static const char *const idl[] = {
+		"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed",
+	};
 
-	ck_assert_int_eq(RP_STATE_COUNT, 6);
+	ck_assert_int_eq(RP_STATE_COUNT, 8);
 	for (int i = 0; i < RP_STATE_COUNT; i++) {
 		ck_assert_str_eq(rp_state_name((enum rp_state)i), idl[i]);
 		ck_assert_int_eq(rp_state_from_name(idl[i]), i);
@@ -101,6 +103,52 @@ START_TEST(status_round_trip)
 	ck_assert_uint_eq(out.elapsed_us, 123456);
 	rp_status_finish(&out);
 	rp_status_finish(NULL);
+	cJSON_Delete(p);
+}
+END_TEST
+
+/* Health is optional: a device without it has none after the round trip;
+ * one with it keeps every field, and unknown counts stay unknown. */
+START_TEST(health_round_trip)
+{
+	struct rp_device_info devs[2] = { sample_devices[0], sample_devices[1] };
+	struct rp_status in = { .epoch = 2, .devices = devs, .ndevices = 2 }, out;
+	struct rp_error err = { 0 };
+	cJSON *p, *h;
+
+	devs[0].has_health = true;
+	devs[0].health = (struct rp_device_health){
+		.source = "nvml", .detail = "", .uuid = "GPU-1234", .pci_bus_id = "0000:3b:00.0", .last_xid = 79,
+		.last_xid_unix_ms = 1700000000123, .last_xid_text = "GPU has fallen off the bus", .ecc_dbe_volatile = 2,
+		.ecc_dbe_aggregate = -1, .retired_pages_pending = 1, .remap_pending = 0, .remap_failed = -1,
+	};
+	p = rp_status_encode(&in);
+	ck_assert_ptr_nonnull(p);
+	h = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), 0), "health");
+	ck_assert_ptr_nonnull(h);
+	ck_assert_ptr_null(cJSON_GetObjectItem(h, "ecc_dbe_aggregate"));
+	ck_assert_ptr_null(cJSON_GetObjectItem(h, "remap_failed"));
+	ck_assert_ptr_null(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), 1), "health"));
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), 0);
+	ck_assert(out.devices[0].has_health);
+	ck_assert(!out.devices[1].has_health);
+	ck_assert_str_eq(out.devices[0].health.source, "nvml");
+	ck_assert_str_eq(out.devices[0].health.uuid, "GPU-1234");
+	ck_assert_str_eq(out.devices[0].health.pci_bus_id, "0000:3b:00.0");
+	ck_assert_uint_eq(out.devices[0].health.last_xid, 79);
+	ck_assert_int_eq(out.devices[0].health.last_xid_unix_ms, 1700000000123);
+	ck_assert_str_eq(out.devices[0].health.last_xid_text, "GPU has fallen off the bus");
+	ck_assert_int_eq(out.devices[0].health.ecc_dbe_volatile, 2);
+	ck_assert_int_eq(out.devices[0].health.ecc_dbe_aggregate, -1);
+	ck_assert_int_eq(out.devices[0].health.retired_pages_pending, 1);
+	ck_assert_int_eq(out.devices[0].health.remap_pending, 0);
+	ck_assert_int_eq(out.devices[0].health.remap_failed, -1);
+	rp_status_finish(&out);
+
+	/* A wrong field inside is named with its path. */
+	cJSON_ReplaceItemInObject(h, "remap_pending", cJSON_CreateNumber(1));
+	ck_assert_int_lt(rp_status_decode(p, &out, &err), 0);
+	assert_invalid_parameter(&err, "devices[0].health.remap_pending");
 	cJSON_Delete(p);
 }
 END_TEST
@@ -247,6 +295,7 @@ static Suite *device_suite(void)
 
 	tcase_add_test(tc, state_names);
 	tcase_add_test(tc, status_round_trip);
+	tcase_add_test(tc, health_round_trip);
 	tcase_add_test(tc, status_ignores_unknown_fields);
 	tcase_add_loop_test(tc, status_refused, 0, sizeof(status_refusals) / sizeof(status_refusals[0]));
 	tcase_add_test(tc, status_refuses_non_objects);

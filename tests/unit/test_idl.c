@@ -190,8 +190,8 @@ START_TEST(every_declared_error_has_a_name)
 }
 END_TEST
 
-/* Whether `name` is one of the op table's fields (operands, scalars,
- * events), and whether the table makes it optional. */
+/* Whether `name` is one of the op table's fields (operands, scalars, the
+ * fields every call takes), and whether the table makes it optional. */
 static bool table_has(const struct rp_op_spec *spec, const char *name, bool *optional)
 {
 	for (unsigned i = 0; i < spec->noperands; i++) {
@@ -206,8 +206,13 @@ static bool table_has(const struct rp_op_spec *spec, const char *name, bool *opt
 			return true;
 		}
 	}
-	*optional = true;
-	return strcmp(name, "wait_event") == 0 || strcmp(name, "signal_event") == 0;
+	for (const struct rp_field *f = rp_compute_common_fields; f->name; f++) {
+		if (strcmp(f->name, name) == 0) {
+			*optional = !f->required;
+			return true;
+		}
+	}
+	return false;
 }
 
 /* Each Compute method's parameters in the IDL are exactly its op table's,
@@ -246,7 +251,7 @@ START_TEST(every_op_table_matches_its_method)
 		listed++;
 		p += strcspn(p, ",)");
 	}
-	in_table = spec->noperands + 2;
+	in_table = spec->noperands + RP_COMPUTE_COMMON_FIELDS;
 	for (const struct rp_field *f = spec->scalars; f->name; f++)
 		in_table++;
 	ck_assert_msg(listed == in_table, "%s: the IDL lists %u parameters, the table %u", short_name, listed, in_table);

@@ -2,7 +2,7 @@
  * entry point, and the lifecycle hooks (open, close, release, reset,
  * memory, fault injection). Lanes live in lane.c, GEMM in gemm.c,
  * attention in attention.c, imports in ipc.c, the device-level resources
- * in device.c. */
+ * in device.c, the health watch in health.c. */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -64,6 +64,10 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 	}
 	if (cuda_driver_load(err) < 0)
 		goto fail;
+	if (cuda_health_open(cd) < 0) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the health watch");
+		goto fail;
+	}
 	cuda_gemm_plans_init(cd);
 	cuda_ipc_init(cd);
 	cuda_device_resources_register(cd);
@@ -81,6 +85,7 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 fail_registered:
 	cuda_device_resources_unregister(cd);
 	cuda_gemm_plans_finish(cd);
+	cuda_health_close(cd);
 fail:
 	dev->backend_data = NULL;
 	pthread_mutex_destroy(&cd->fault_lock);
@@ -93,6 +98,7 @@ static void cuda_close(struct rd_device *dev)
 	struct cuda_dev *cd = cuda_dev_of(dev);
 	if (!cd)
 		return;
+	cuda_health_close(cd);
 	cudaSetDevice(dev->index);
 	if (!atomic_load(&cd->lost))
 		cudaDeviceSynchronize();
@@ -127,10 +133,8 @@ static int cuda_release(struct rd_device *dev, struct rp_error *err)
 	return 0;
 }
 
-static int cuda_reset(struct rd_device *dev, struct rp_error *err)
+static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_error *err)
 {
-	struct cuda_dev *cd = cuda_dev_of(dev);
-	atomic_fetch_add(&cd->resets, 1);
 	/* The registry was invalidated: nothing of ours holds a handle into the
 	 * old context. A spinning "hang" kernel was told to stop then. */
 	uint64_t t0 = cuda_now_ns();
@@ -188,8 +192,21 @@ static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 	pthread_mutex_lock(&cd->fault_lock);
 	cd->fault_seq = 0;
 	pthread_mutex_unlock(&cd->fault_lock);
+	atomic_store(&cd->failed, false);
 	atomic_store(&cd->lost, false);
 	return 0;
+}
+
+static int cuda_reset(struct rd_device *dev, struct rp_error *err)
+{
+	struct cuda_dev *cd = cuda_dev_of(dev);
+	atomic_fetch_add(&cd->resets, 1);
+	/* The context check makes no CUDA call while the primary context is
+	 * thrown away and made again. */
+	cuda_health_pause(cd);
+	int r = reset_context(dev, cd, err);
+	cuda_health_resume(cd);
+	return r;
 }
 
 static void cuda_memory(struct rd_device *dev, uint64_t *used, uint64_t *baseline)
@@ -258,6 +275,9 @@ static const struct rd_backend_ops rd_backend_cuda = {
 	.reset = cuda_reset,
 	.memory = cuda_memory,
 	.inject_fault = cuda_inject_fault,
+	.health_start = cuda_health_start,
+	.health_stop = cuda_health_stop,
+	.health = cuda_health_info,
 };
 
 const struct rd_backend_ops *rd_backend_cuda_entry(const char *version)

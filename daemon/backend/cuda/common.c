@@ -120,10 +120,55 @@ int cuda_driver_load(struct rp_error *err)
 	return 0;
 }
 
-/* Marks the device lost and tells whoever drives it, once per loss. */
-void cuda_mark_lost(struct cuda_dev *cd, const char *reason)
+void cuda_report_fault(struct cuda_dev *cd, enum rd_fault_kind kind, const char *reason)
 {
 	bool was = atomic_exchange(&cd->lost, true);
-	if (!was && cd->dev->on_fault)
-		cd->dev->on_fault(cd->dev, reason);
+	bool tell = !was;
+	if (kind == RD_FAULT_FAILED)
+		tell = !atomic_exchange(&cd->failed, true);
+	if (tell && cd->dev->on_fault)
+		cd->dev->on_fault(cd->dev, kind, reason);
+}
+
+void cuda_mark_lost(struct cuda_dev *cd, const char *reason)
+{
+	cuda_report_fault(cd, RD_FAULT_LOST, reason);
+}
+
+cudaError_t cuda_context_check(void)
+{
+	/* The legacy stream is never used by the backend (every stream of
+	 * ours is non-blocking), so the query waits for nothing and answers
+	 * with the context's sticky error when it has one. */
+	cudaError_t e = cudaStreamQuery(cudaStreamLegacy);
+	return cuda_error_is_sticky(e) ? e : cudaSuccess;
+}
+
+int cuda_check_failure(struct cuda_dev *cd, struct rp_error *err, uint64_t resets)
+{
+	const char *msg;
+	char reason[256];
+
+	if (!err->name || atomic_load(&cd->resets) != resets)
+		return -EIO;
+	msg = err->params ? cJSON_GetStringValue(cJSON_GetObjectItem(err->params, "message")) : NULL;
+	if (strcmp(err->name, RP_ERR_DEVICE_LOST) != 0) {
+		if (strcmp(err->name, RP_ERR_BACKEND) != 0 && strcmp(err->name, RP_ERR_IMPORT_FAILED) != 0 &&
+		    strcmp(err->name, RP_ERR_OUT_OF_MEMORY) != 0)
+			return -EIO;
+		/* A library's own status (cuBLASLt, cuDNN, the driver's
+		 * import calls) does not say whether the context died under
+		 * it: ask the context. */
+		cudaError_t e = cuda_context_check();
+		if (e == cudaSuccess)
+			return -EIO;
+		snprintf(reason, sizeof(reason), "%s; the context is lost: %s (%s)", msg ? msg : err->name,
+			 cudaGetErrorString(e), cudaGetErrorName(e));
+		rp_error_clear(err);
+		rp_error_set(err, RP_ERR_DEVICE_LOST, "%s", reason);
+	} else {
+		snprintf(reason, sizeof(reason), "%s", msg ? msg : "a sticky CUDA error");
+	}
+	cuda_mark_lost(cd, reason);
+	return -EIO;
 }

@@ -9,8 +9,14 @@
  *
  * Who calls whom, downwards only: backend.c (the ops table, the lifecycle
  * hooks) calls the others; lane.c reaches the per-operation enqueue
- * functions (gemm.c, attention.c) through cuda_dev.enqueue only; every file
- * calls common.c. */
+ * functions (gemm.c, attention.c) through cuda_dev.enqueue only; health.c
+ * (the context check and NVML) runs threads of its own; every file calls
+ * common.c.
+ *
+ * Faults: every failed path (an import, a lane, a plan or handle, an
+ * allocation, a call's completion) ends in cuda_check_failure(), which
+ * marks the device lost when the error is the context's, so a sticky error
+ * starts the recovery wherever it shows first. */
 #pragma once
 
 #include <pthread.h>
@@ -79,6 +85,7 @@ typedef int cuda_enqueue_fn(struct cuda_lane *lane, struct rd_op *op);
 
 struct cuda_gemm_plan;
 struct cuda_mapping;
+struct cuda_health;
 struct cuda_attention;
 
 struct cuda_dev {
@@ -113,8 +120,13 @@ struct cuda_dev {
 	uint64_t fault_seq;
 
 	uint64_t baseline;
+	/* health.c's: the context check and NVML. */
+	struct cuda_health *health;
 	/* Set once a sticky error was seen, until reset. */
 	_Atomic bool lost;
+	/* The GPU failed (needs a reset, fell off the bus): told even after
+	 * the loss was. */
+	_Atomic bool failed;
 	/* Bumped when a reset starts: an op that began before it and fails
 	 * afterwards does not mark the new context lost. */
 	_Atomic uint64_t resets;
@@ -231,6 +243,23 @@ int cuda_bind(struct cuda_dev *cd, struct rp_error *err);
 
 /* Marks the device lost and tells whoever drives it, once per loss. */
 void cuda_mark_lost(struct cuda_dev *cd, const char *reason);
+/* As cuda_mark_lost, with the kind: RD_FAULT_FAILED is told even after a
+ * loss was (once). */
+void cuda_report_fault(struct cuda_dev *cd, enum rd_fault_kind kind, const char *reason);
+
+/* Whether the context took a sticky error, without waiting for anything:
+ * a query on the calling thread (bound to the device). cudaSuccess or the
+ * sticky error; any other answer counts as healthy. */
+cudaError_t cuda_context_check(void);
+
+/* The one check every failed path makes, with err as the path set it: an
+ * error that is the context's marks the device lost (once), whether its
+ * name says so (DeviceLost: a sticky CUDA error) or a library's own failure
+ * (BackendError, ImportFailed, OutOfMemory) turns out to be one when the
+ * context is checked; err is then renamed DeviceLost. `resets`: the
+ * device's reset count when the work began, so a failure caused by a reset
+ * in between does not mark the new context lost. Returns -EIO. */
+int cuda_check_failure(struct cuda_dev *cd, struct rp_error *err, uint64_t resets);
 
 /* ---- device.c: the device-level resources ------------------------------- */
 
@@ -239,6 +268,19 @@ void cuda_mark_lost(struct cuda_dev *cd, const char *reason);
  * the registry backwards). */
 void cuda_device_resources_register(struct cuda_dev *cd);
 void cuda_device_resources_unregister(struct cuda_dev *cd);
+
+/* ---- health.c: the context check and NVML --------------------------------- */
+
+/* At open: what CUDA says of the device (UUID, PCI bus id). */
+int cuda_health_open(struct cuda_dev *cd);
+void cuda_health_close(struct cuda_dev *cd);
+int cuda_health_start(struct rd_device *dev, unsigned period_ms, struct rp_error *err);
+void cuda_health_stop(struct rd_device *dev);
+void cuda_health_info(struct rd_device *dev, struct rd_health *out);
+/* Around a reset: the context check makes no CUDA call while the primary
+ * context is thrown away and made again. */
+void cuda_health_pause(struct cuda_dev *cd);
+void cuda_health_resume(struct cuda_dev *cd);
 
 /* ---- lane.c ------------------------------------------------------------ */
 

@@ -293,8 +293,9 @@ int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_b
 		return rp_error_set(err, RP_ERR_IMPORT_FAILED, "cuda_fd import without a file descriptor");
 	if (atomic_load(&cd->lost))
 		return rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	uint64_t resets = atomic_load(&cd->resets);
 	if (cuda_bind(cd, err))
-		return -EIO;
+		return cuda_check_failure(cd, err, resets);
 
 	struct cuda_mapping *m = mapping_get(cd, req);
 	if (!m)
@@ -303,7 +304,9 @@ int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_b
 		cuda_status_to_error(err, req->kind == RD_BUFFER_CUDA_IPC ? "importing the cudaIpcMemHandle_t"
 									   : "importing the CUDA VMM fd");
 		mapping_put(m, true);
-		return -EIO;
+		/* A sticky error here is the device's, not the handle's: it
+		 * starts the recovery as a call's would. */
+		return cuda_check_failure(cd, err, resets);
 	}
 	if (req->offset + req->size > m->size) {
 		rp_error_set(err, RP_ERR_IMPORT_FAILED,
@@ -325,7 +328,7 @@ int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_b
 		rd_resource_unregister(&b->base.res);
 		free(b);
 		mapping_put(m, true);
-		return -EIO;
+		return cuda_check_failure(cd, err, resets);
 	}
 	*out = &b->base;
 	return 0;
@@ -391,8 +394,11 @@ static const struct rd_resource_ops event_ops = {
 int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
+	if (atomic_load(&cd->lost))
+		return rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	uint64_t resets = atomic_load(&cd->resets);
 	if (cuda_bind(cd, err))
-		return -EIO;
+		return cuda_check_failure(cd, err, resets);
 	struct cuda_event *ev = calloc(1, sizeof(*ev));
 	if (!ev)
 		return rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for an event");
@@ -404,7 +410,7 @@ int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], str
 		cuda_status_to_error(err, "importing the cudaIpcEventHandle_t");
 		rd_resource_unregister(&ev->base.res);
 		free(ev);
-		return -EIO;
+		return cuda_check_failure(cd, err, resets);
 	}
 	*out = &ev->base;
 	return 0;

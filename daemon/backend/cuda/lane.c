@@ -223,6 +223,10 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	r = cuda_bind(cd, &op->err);
 	if (r == 0)
 		r = lane_prepare(l, op);
+	/* The lane's stream, a buffer's mapping, an event: a sticky error
+	 * found while restoring them is the device's. */
+	if (r != 0)
+		cuda_check_failure(cd, &op->err, p->resets);
 	if (r == 0) {
 		p->enqueued = true;
 		cuda_enqueue_fn *enqueue = cuda_enqueue_of(cd, op);
@@ -231,6 +235,10 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		else
 			r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s",
 					 op->compute.spec->method);
+		/* A plan, a library handle, the call's scratch allocation or
+		 * its launch: whatever failed, the context may be why. */
+		if (r != 0)
+			cuda_check_failure(cd, &op->err, p->resets);
 		if (r == 0 && op->signal_event) {
 			struct cuda_event *ev = (struct cuda_event *)op->signal_event;
 			cudaError_t e = cudaEventRecord(ev->ev, l->stream);
@@ -271,9 +279,17 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 			rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
 				     "device %d lost its context while this call was in flight on lane %u",
 				     cd->dev->index, l->base.index);
+		} else if (e != cudaSuccess && atomic_load(&cd->resets) != p->resets) {
+			/* The context this call ran in was reset under it (a
+			 * hang's reset): its events are gone with it. */
+			rp_error_clear(&op->err);
+			rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
+				     "device %d was reset while this call was in flight on lane %u (%s)", cd->dev->index,
+				     l->base.index, cudaGetErrorName(e));
 		} else if (e != cudaSuccess && (p->r == 0 || cuda_error_is_sticky(e))) {
 			rp_error_clear(&op->err);
 			lane_fail_cuda_at(l, p->resets, op, "completing the call", e);
+			cuda_check_failure(cd, &op->err, p->resets);
 		}
 	}
 	op->elapsed_us = (cuda_now_ns() - p->t0) / 1000;
@@ -434,8 +450,15 @@ static void *lane_completer_main(void *arg)
 struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
-	if (cuda_bind(cd, err))
+	uint64_t resets = atomic_load(&cd->resets);
+	if (atomic_load(&cd->lost)) {
+		rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
 		return NULL;
+	}
+	if (cuda_bind(cd, err)) {
+		cuda_check_failure(cd, err, resets);
+		return NULL;
+	}
 	struct cuda_lane_impl *li = calloc(1, sizeof(*li));
 	if (!li) {
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a lane");
@@ -450,6 +473,7 @@ struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct r
 	rd_resource_register(&dev->registry, &l->base.res, &lane_ops);
 	if (rd_resource_ensure_valid(&l->base.res)) {
 		cuda_status_to_error(err, "creating the lane's stream");
+		cuda_check_failure(cd, err, resets);
 		goto fail;
 	}
 	int r = pthread_create(&li->thread, NULL, lane_main, li);

@@ -5,9 +5,10 @@
  * a GPU. Its "context" can be lost by fault injection, so reset runs for real.
  *
  * This file: the ops table, the simulated context and the lifecycle hooks.
- * Buffers live in buffer.c, lanes in lane.c. */
+ * Buffers live in buffer.c, lanes in lane.c, the health watch in health.c. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/backend/host/common.h"
@@ -51,6 +52,7 @@ static int host_open(struct rd_device *dev, struct rp_error *err)
 		return -ENOMEM;
 	}
 	dev->backend_data = h;
+	host_health_init(dev);
 	rd_resource_register(&dev->registry, &h->context, &context_ops);
 	rd_resource_ensure_valid(&h->context);
 	return 0;
@@ -58,6 +60,7 @@ static int host_open(struct rd_device *dev, struct rp_error *err)
 
 static void host_close(struct rd_device *dev)
 {
+	host_health_finish(dev);
 	rd_registry_release(&dev->registry);
 }
 
@@ -87,6 +90,7 @@ static int canary(void)
 static int host_reset(struct rd_device *dev, struct rp_error *err)
 {
 	atomic_store(&hd(dev)->lost, false);
+	atomic_store(&hd(dev)->lost_reported, false);
 	if (rd_resource_ensure_valid(&hd(dev)->context) < 0 || canary() < 0) {
 		rp_error_set(err, RP_ERR_DEVICE_LOST, "canary failed after reset");
 		return -EIO;
@@ -96,14 +100,21 @@ static int host_reset(struct rd_device *dev, struct rp_error *err)
 
 static int host_inject_fault(struct rd_device *dev, const char *kind, struct rp_error *err)
 {
+	unsigned xid;
+	int end = 0;
+
+	/* Found as a GPU's would be: by the health watch without a call, or
+	 * by the next call. */
 	if (strcmp(kind, "device_lost") == 0) {
 		atomic_store(&hd(dev)->lost, true);
-		if (dev->on_fault)
-			dev->on_fault(dev, "injected device_lost");
 		return 0;
 	}
 	if (strcmp(kind, "hang") == 0) {
 		atomic_store(&hd(dev)->hang, true);
+		return 0;
+	}
+	if (sscanf(kind, "xid:%u%n", &xid, &end) == 1 && kind[end] == '\0' && xid > 0) {
+		atomic_store(&hd(dev)->pending_xid, xid);
 		return 0;
 	}
 	rp_error_set(err, RP_ERR_BACKEND, "unknown fault kind '%s'", kind);
@@ -123,4 +134,7 @@ const struct rd_backend_ops rd_backend_host = {
 	.reset = host_reset,
 	.memory = host_memory,
 	.inject_fault = host_inject_fault,
+	.health_start = host_health_start,
+	.health_stop = host_health_stop,
+	.health = host_health_info,
 };

@@ -2,16 +2,30 @@
  * file's functions that backend.c puts in the ops table. */
 #pragma once
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include "daemon/backend/backend.h"
 
+/* The health watch of the simulated GPU (health.c). */
+struct host_health {
+	pthread_t thread;
+	bool running, stop;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned period_ms;
+	struct rd_health info;         /* under lock */
+};
+
 struct host_device {
 	struct rd_resource context;    /* the simulated context: lost by fault injection */
 	atomic_bool lost;
+	atomic_bool lost_reported;     /* on_fault was called for this loss */
 	atomic_bool hang;
+	atomic_uint pending_xid;       /* an injected XID the health watch has not seen yet */
 	atomic_uint_fast64_t mapped_bytes;
 	atomic_uint_fast64_t scratch_bytes;
+	struct host_health health;
 };
 
 static inline struct host_device *hd(struct rd_device *dev)
@@ -27,3 +41,13 @@ void host_close_buffer(struct rd_buffer *buf);
 struct rd_lane *host_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err);
 void host_lane_destroy(struct rd_lane *base);
 int host_submit(struct rd_lane *base, struct rd_op *op);
+
+/* health.c */
+void host_health_init(struct rd_device *dev);
+void host_health_finish(struct rd_device *dev);
+int host_health_start(struct rd_device *dev, unsigned period_ms, struct rp_error *err);
+void host_health_stop(struct rd_device *dev);
+void host_health_info(struct rd_device *dev, struct rd_health *out);
+/* The simulated context is lost: reported once per loss, whoever finds it
+ * (a lane at its next call, or the health watch without one). */
+void host_report_lost(struct rd_device *dev, enum rd_fault_kind kind, const char *reason);

@@ -132,6 +132,7 @@ static void *lane_thread(void *arg)
 			sleep(1);
 		uint64_t t0 = now_us();
 		if (atomic_load(&hd(dev)->lost)) {
+			host_report_lost(dev, RD_FAULT_LOST, "the simulated context is lost (injected device_lost), found by a call");
 			rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context before the call ran",
 				     dev->index);
 			rp_error_add_int(&op->err, "device", dev->index);

@@ -1,0 +1,169 @@
+/* The worker's health monitor: faults found without waiting for a call.
+ *
+ * - The backend's health watch (a thread of its own: on CUDA a query of the
+ *   context every few milliseconds and NVML's XID and ECC events; on the
+ *   host backend the simulated context) reports through dev->on_fault, and
+ *   worker.c hands it to the supervisor as io.regen.Worker.Faulted.
+ * - Hangs: every compute call has a deadline (its deadline_ms, else the
+ *   default). One timer, aimed at the earliest deadline of the calls in
+ *   flight, finds a call past it: the call is answered at once with
+ *   io.regen.Timeout (its client waits no longer), the device takes no new
+ *   work, and the worker reports the hang (kind "hung", naming the call).
+ *   The call stays in flight inside the worker, holding its buffers, until
+ *   the backend lets it go or the process ends: no kernel is known to stop
+ *   short of the process's exit, so a hang ends in a respawn.
+ * - What the backend knows of the device's health (UUID, PCI bus id, the
+ *   last XID, ECC counts, pending retirement and remapping) goes to the
+ *   supervisor with Ready and every Stats, for Status. */
+#include <stdio.h>
+#include <string.h>
+#include "daemon/backend/health.h"
+#include "daemon/log.h"
+#include "daemon/worker/session.h"
+#include "proto/device.h"
+#include "proto/errors.h"
+
+static uint64_t earliest_deadline(const struct rd_worker *w)
+{
+	uint64_t due = 0;
+
+	for (const struct rd_compute_call *cc = w->running; cc; cc = cc->next)
+		if (cc->call && cc->deadline_ns && (!due || cc->deadline_ns < due))
+			due = cc->deadline_ns;
+	return due;
+}
+
+static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
+{
+	const struct rp_op_spec *spec = cc->op.compute.spec;
+	uint64_t elapsed_ms = (now - cc->op.submitted_ns) / 1000000u;
+	uint64_t limit_ms = (cc->deadline_ns - cc->op.submitted_ns) / 1000000u;
+	unsigned lane = cc->op.lane ? cc->op.lane->index : 0;
+	int pid = cc->session && cc->session->client ? (int)cc->session->client->peer.pid : 0;
+	struct rp_error err = { 0 };
+	char reason[160];
+
+	rd_warn("health", w->dev.index, rd_worker_generation(w), pid,
+		"%s on lane %u passed its deadline of %llu ms (%llu ms in flight): the device is hung", spec->method,
+		lane, (unsigned long long)limit_ms, (unsigned long long)elapsed_ms);
+	rp_err_timeout(&err, w->dev.index, (long long)elapsed_ms,
+		       "%s did not finish within its deadline of %llu ms; device %d is being reset: wait for the next "
+		       "generation (Watch), re-import and retry",
+		       spec->method, (unsigned long long)limit_ms, w->dev.index);
+	rd_call_fail(cc->call, &err);
+	cc->call = NULL;
+	w->abandoned++;
+	snprintf(reason, sizeof(reason), "hung: %s from pid %d on lane %u passed its deadline of %llu ms",
+		 spec->name, pid, lane, (unsigned long long)limit_ms);
+	rd_worker_fault(w, RD_FAULT_HUNG, reason);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+	struct rd_worker *w = t->data;
+	uint64_t now = uv_hrtime(), due;
+
+	for (struct rd_compute_call *cc = w->running; cc; cc = cc->next)
+		if (cc->call && cc->deadline_ns && now >= cc->deadline_ns)
+			hung(w, cc, now);
+	due = earliest_deadline(w);
+	if (due)
+		uv_timer_start(&w->deadline_timer, on_deadline, (due - now + 999999) / 1000000, 0);
+}
+
+/* Milliseconds, rounded up: the timer never fires before the deadline. */
+static void aim(struct rd_worker *w, uint64_t due)
+{
+	uint64_t now = uv_hrtime();
+
+	uv_timer_start(&w->deadline_timer, on_deadline, due > now ? (due - now + 999999) / 1000000 : 0, 0);
+}
+
+void rd_health_init(struct rd_worker *w)
+{
+	uv_timer_init(w->loop, &w->deadline_timer);
+	w->deadline_timer.data = w;
+}
+
+void rd_health_start(struct rd_worker *w)
+{
+	struct rp_error err = { 0 };
+
+	if (w->health_started || !w->dev.backend->health_start)
+		return;
+	if (w->dev.backend->health_start(&w->dev, w->opts->health_period_ms, &err) < 0) {
+		const char *m = err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : NULL;
+		rd_warn("health", w->dev.index, rd_worker_generation(w), 0, "no health watch: %s", m ? m : "?");
+		rp_error_clear(&err);
+		return;
+	}
+	w->health_started = true;
+	rd_debug("health", w->dev.index, rd_worker_generation(w), 0, "health watch every %u ms", w->opts->health_period_ms);
+}
+
+void rd_health_stop(struct rd_worker *w)
+{
+	uv_timer_stop(&w->deadline_timer);
+	if (w->health_started && w->dev.backend->health_stop)
+		w->dev.backend->health_stop(&w->dev);
+	w->health_started = false;
+}
+
+void rd_health_call_started(struct rd_worker *w, struct rd_compute_call *cc)
+{
+	uint64_t due_before = earliest_deadline(w);
+
+	cc->prev = w->running_tail;
+	cc->next = NULL;
+	if (w->running_tail)
+		w->running_tail->next = cc;
+	else
+		w->running = cc;
+	w->running_tail = cc;
+	/* Calls mostly share the default deadline, so a later call's is later:
+	 * the timer moves only for one that is due sooner. */
+	if (cc->deadline_ns && (!due_before || cc->deadline_ns < due_before))
+		aim(w, cc->deadline_ns);
+}
+
+void rd_health_call_finished(struct rd_worker *w, struct rd_compute_call *cc)
+{
+	if (cc->prev)
+		cc->prev->next = cc->next;
+	else
+		w->running = cc->next;
+	if (cc->next)
+		cc->next->prev = cc->prev;
+	else
+		w->running_tail = cc->prev;
+	cc->prev = cc->next = NULL;
+	if (!cc->call && w->abandoned)
+		w->abandoned--;
+	if (!w->running)
+		uv_timer_stop(&w->deadline_timer);
+}
+
+cJSON *rd_health_json(struct rd_worker *w)
+{
+	struct rd_health h;
+
+	if (w->dev.backend->health)
+		w->dev.backend->health(&w->dev, &h);
+	else
+		rd_health_unknown(&h);
+	struct rp_device_health out = {
+		.source = h.source,
+		.detail = h.detail,
+		.uuid = h.uuid,
+		.pci_bus_id = h.pci_bus_id,
+		.last_xid = h.last_xid,
+		.last_xid_unix_ms = h.last_xid_unix_ms,
+		.last_xid_text = h.last_xid_text,
+		.ecc_dbe_volatile = h.ecc_dbe_volatile,
+		.ecc_dbe_aggregate = h.ecc_dbe_aggregate,
+		.retired_pages_pending = h.retired_pages_pending,
+		.remap_pending = h.remap_pending,
+		.remap_failed = h.remap_failed,
+	};
+	return rp_device_health_encode(&out);
+}
