@@ -125,9 +125,10 @@ struct fz_worker *fz_worker_of(struct rd_sv_worker *w);
 extern bool fz_worker_spawn_fails;
 /* The serial the next call will get. */
 unsigned fz_ctl_next_serial(void);
-/* The worker says Ready / Faulted on its channel (no-op without one). */
-void fz_worker_ready(struct fz_worker *fw);
-void fz_worker_faulted(struct fz_worker *fw, const char *reason);
+/* The worker says Ready / Faulted on its channel (no-op without one);
+ * health: its io.regen.Device.Health, or NULL. */
+void fz_worker_ready(struct fz_worker *fw, const cJSON *health);
+void fz_worker_faulted(struct fz_worker *fw, enum rd_sv_fault kind, const char *reason, const cJSON *health);
 /* The oldest call gets reply (NULL: as if the channel closed); returns
  * false when none waits. reply is borrowed. */
 bool fz_worker_answer(struct fz_worker *fw, const struct rp_call *reply);
@@ -135,8 +136,10 @@ bool fz_worker_answer(struct fz_worker *fw, const struct rp_call *reply);
 bool fz_worker_answer_ok(struct fz_worker *fw);
 /* The control channel closes (calls waiting get NULL), the process lives. */
 void fz_worker_channel_lost(struct fz_worker *fw);
-/* The process exits (the channel closes first); no-op when not running. */
-void fz_worker_exit(struct fz_worker *fw, int signal);
+/* The process exits (the channel closes first): of signal, or (0) with a
+ * status, RD_WORKER_EXIT_DEVICE_FAILED when device_failed; no-op when not
+ * running. */
+void fz_worker_exit(struct fz_worker *fw, int signal, bool device_failed);
 /* Forgets every worker stand-in (between inputs); their calls are freed
  * unanswered. */
 void fz_workers_reset(void);

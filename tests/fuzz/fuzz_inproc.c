@@ -74,6 +74,11 @@ void fz_inproc_init(void)
 
 /* ---- The worker ---- */
 
+static void on_fault_posted(uv_async_t *a)
+{
+	FZ_CHECK(false, "the in-process worker posted a fault or a completion through its async");
+}
+
 static void worker_start(void)
 {
 	struct rd_worker *w = &worker;
@@ -92,6 +97,12 @@ static void worker_start(void)
 	w->drain_timer.data = w;
 	uv_timer_init(&loop, &w->stop_timer);
 	w->stop_timer.data = w;
+	rd_health_init(w);
+	/* Faults come only from a backend (the stub has none) or a call past
+	 * its deadline (every stub call ends at the next pump, before the
+	 * loop runs its timers again). */
+	uv_async_init(&loop, &w->wakeup, on_fault_posted);
+	w->wakeup.data = w;
 	rd_worker_socket_path(&worker_opts, 0, w->socket_path, sizeof(w->socket_path));
 	w->state = RD_WORKER_READY;
 
@@ -206,6 +217,9 @@ static void worker_finish(void)
 			 fz_backend_stats.lanes_open == 0 && fz_backend_stats.ops_pending == 0,
 		 "the backend still holds %u buffers, %u events, %u lanes, %u ops", fz_backend_stats.buffers_open,
 		 fz_backend_stats.events_open, fz_backend_stats.lanes_open, fz_backend_stats.ops_pending);
+	rd_health_stop(w);
+	uv_close((uv_handle_t *)&w->deadline_timer, NULL);
+	uv_close((uv_handle_t *)&w->wakeup, NULL);
 	uv_close((uv_handle_t *)&w->drain_timer, NULL);
 	uv_close((uv_handle_t *)&w->stop_timer, NULL);
 	pthread_mutex_destroy(&w->lock);
@@ -214,24 +228,16 @@ static void worker_finish(void)
 /* ---- The supervisor's main socket ---- */
 
 /* As supervisor.c's device events, less sd_notify. */
-static void main_state_changed(struct rd_sv_device *d, void *data)
+static void main_state_changed(struct rd_sv_device *d, bool bumped, void *data)
 {
+	struct rd_supervisor *sv = data;
+
 	FZ_CHECK(rp_state_name(d->state) != NULL, "device %d in state %d", d->index, (int)d->state);
-}
-
-static void main_generation_bumped(struct rd_sv_device *d, void *data)
-{
-	struct rd_supervisor *sv = data;
-
-	rd_sv_watch_bump(&sv->watch, d);
-	for (int i = 0; i < sv->ndevices; i++)
-		rd_sv_device_tell_epoch(&sv->devices[i]);
-}
-
-static void main_respawned(struct rd_sv_device *d, void *data)
-{
-	struct rd_supervisor *sv = data;
-
+	if (bumped) {
+		rd_sv_watch_bump(&sv->watch);
+		for (int i = 0; i < sv->ndevices; i++)
+			rd_sv_device_tell_epoch(&sv->devices[i]);
+	}
 	rd_sv_watch_announce(&sv->watch, d);
 }
 
@@ -241,8 +247,6 @@ static void main_worker_ready(struct rd_sv_device *d, void *data)
 
 static const struct rd_sv_device_events main_device_events = {
 	.state_changed = main_state_changed,
-	.generation_bumped = main_generation_bumped,
-	.respawned = main_respawned,
 	.worker_ready = main_worker_ready,
 	.request_finished = rd_sv_request_finished,
 };
@@ -255,6 +259,9 @@ static void main_start(void)
 	rd_options_defaults(&sv->opts);
 	snprintf(sv->opts.socket_path, sizeof(sv->opts.socket_path), "/run/regen/fuzz.sock");
 	sv->opts.fault_injection = true;
+	/* The heartbeat runs on real time: as seldom as it may, so that what
+	 * the bytes do does not depend on how fast this machine is. */
+	sv->opts.heartbeat_ms = 600000;
 	sv->loop = &loop;
 	snprintf(sv->exe, sizeof(sv->exe), "/nonexistent/regend");
 	rd_sv_watch_init(&sv->watch);
@@ -272,7 +279,7 @@ static void main_start(void)
 	for (int i = 0; i < sv->ndevices; i++) {
 		rd_sv_device_init(&sv->devices[i], &sv->device_env, i, "host");
 		rd_sv_device_start(&sv->devices[i]);
-		fz_worker_ready(fz_worker_of(&sv->devices[i].worker));
+		fz_worker_ready(fz_worker_of(&sv->devices[i].worker), NULL);
 		FZ_CHECK(sv->devices[i].state == RP_STATE_READY, "device %d did not come up", i);
 	}
 }
@@ -289,7 +296,7 @@ static bool main_autopilot(void)
 		struct fz_worker *fw = fz_worker_of(&d->worker);
 
 		if (fw->running && fw->killed) {
-			fz_worker_exit(fw, fw->killed);
+			fz_worker_exit(fw, fw->killed, false);
 			progress = true;
 		}
 		if (!fw->running && uv_is_active((uv_handle_t *)&d->respawn_timer) && !sv->stopping) {
@@ -300,7 +307,7 @@ static bool main_autopilot(void)
 			progress = true;
 		}
 		if (fw->running && !fw->ready && !fw->killed) {
-			fz_worker_ready(fw);
+			fz_worker_ready(fw, NULL);
 			progress = true;
 		}
 		while (fz_worker_answer_ok(fw))
@@ -326,7 +333,7 @@ static void main_finish(void)
 	FZ_CHECK(sv->watch.watchers == NULL, "watchers left after stop");
 	for (int i = 0; i < sv->ndevices; i++) {
 		struct fz_worker *fw = fz_worker_of(&sv->devices[i].worker);
-		fz_worker_exit(fw, SIGTERM);
+		fz_worker_exit(fw, SIGTERM, false);
 		FZ_CHECK(fw->calls == NULL, "calls left on a closed channel");
 	}
 	fz_workers_reset();

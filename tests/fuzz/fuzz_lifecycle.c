@@ -1,7 +1,9 @@
 /* The supervisor's per-device lifecycle state machine
  * (daemon/supervisor/device.c) driven by events decoded from the bytes, on
  * two devices, with the worker processes played by the harness
- * (fuzz_worker_process.c) and the timers fired when the bytes say.
+ * (fuzz_worker_process.c), a clock of its own (uv_hrtime, which device.c
+ * reads for the heartbeat, the crash streak and the failure streak, is
+ * defined here) and the timers fired when the bytes say.
  *
  * Each step is one byte: its high bit picks the device, its low nibble the
  * event, then arguments:
@@ -9,30 +11,35 @@
  *   1 the oldest control call answered as a healthy worker would;
  *   2 the oldest control call answered otherwise: not drained, not
  *     healthy, an error, or without the fields;
- *   3 the worker says Ready (once per process, on its channel, unless it
- *     was killed);
- *   4 the worker reports a fault (once it said Ready, unless killed);
- *   5 the worker process exits (crash or status);
+ *   3 the worker says Ready, with or without its health (once per
+ *     process, on its channel, unless it was killed);
+ *   4 the worker reports a fault: lost, hung or failed (once it said
+ *     Ready, unless killed);
+ *   5 the worker process exits: a crash, a status, or the status that says
+ *     it cannot open its device;
  *   6 the control channel closes under a live worker;
  *   7 the running operation's deadline passes (its timer fires);
  *   8 the respawn pause ends (its timer fires);
  *   9 a worker that was sent a signal dies of it;
  *  10 spawning fails from now on, or works again;
  *  11 the supervisor kills the worker (the stop deadline);
- *  12 the node's epoch is told, or a Status asks for memory numbers.
- * After the events a healthy worker plays every device until it rests,
- * then regend stops.
+ *  12 the node's epoch is told, or a Status asks for memory numbers;
+ *  13 the heartbeat's timer fires;
+ *  14 time passes (1 ms to 61 s).
+ * After the events a healthy worker plays every device until it rests
+ * (without timers or time passing), then regend stops.
  *
  * Invariants: the state is always an io.regen.Device.State; the generation
- * only goes up, by one per generation_bumped, and only when a Release or
- * Reset completed or a serving worker was lost (once per lost worker);
- * every request gets exactly one answer, a success only after its device's
- * generation went up; with a healthy worker every request is answered
- * without a timer; no lifecycle operation runs while another does on the
- * same device (at most one Drain, Release or Reset on the channel, and a
- * Release or Reset only right after a Drain said drained); READY only
- * while a worker process runs that said Ready; a respawn pause only with
- * no worker running; each memory refresh ends once; nothing leaks. */
+ * changes only with a transition that says so, by one; a bump enters READY
+ * only when a Release or Reset completed, else it enters RESPAWNING or
+ * FAILED for a lost worker, once per worker; every request gets exactly one
+ * answer, a success only after its device's generation went up; with a
+ * healthy worker every request is answered without a timer; no lifecycle
+ * operation runs while another does on the same device (at most one Drain,
+ * Release or Reset on the channel, and a Release or Reset only right after
+ * a Drain said drained); READY only while a worker process runs that said
+ * Ready; a respawn pause only with no worker running, and never no worker
+ * and none coming; each memory refresh ends once; nothing leaks. */
 #include <signal.h>
 #include "fuzz_daemon.h"
 #include "daemon/log.h"
@@ -64,13 +71,28 @@ static struct {
 	bool drained_reply[DEVICES];    /* this step answered a Drain drained */
 	unsigned refreshes, refreshes_done;
 	unsigned step;
+	uint64_t now;                   /* the clock device.c reads */
+	cJSON *health;                  /* a Health a worker may send */
 } S;
+
+/* device.c's clock. libuv's own timers do not read it (their callbacks are
+ * called by fire(), never by the loop). */
+uint64_t uv_hrtime(void)
+{
+	return S.now;
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	rd_log_init("fuzz", getenv("REGEN_DEBUG") ? getenv("REGEN_DEBUG") : "E");
 	FZ_CHECK(uv_loop_init(&S.loop) == 0, "uv_loop_init");
+	struct rp_device_health h = {
+		.source = "nvml", .detail = "XID 79", .uuid = "GPU-0", .pci_bus_id = "0000:01:00.0", .last_xid = 79,
+		.last_xid_unix_ms = 1, .last_xid_text = "fell off the bus", .ecc_dbe_volatile = 1,
+		.ecc_dbe_aggregate = 2, .retired_pages_pending = 1, .remap_pending = 0, .remap_failed = -1,
+	};
+	S.health = rp_device_health_encode(&h);
 	return 0;
 }
 
@@ -80,35 +102,31 @@ static int index_of(const struct rd_sv_device *d)
 	return (int)(d - S.dev);
 }
 
-static void on_state_changed(struct rd_sv_device *d, void *data)
-{
-	FZ_CHECK(rp_state_name(d->state) != NULL, "device %d entered state %d, no io.regen.Device.State", d->index,
-		 (int)d->state);
-}
-
-static void on_generation_bumped(struct rd_sv_device *d, void *data)
+static void on_state_changed(struct rd_sv_device *d, bool bumped, void *data)
 {
 	int i = index_of(d);
 
-	FZ_CHECK(d->generation == S.generation[i] + 1, "device %d went from generation %llu to %llu", i,
-		 (unsigned long long)S.generation[i], (unsigned long long)d->generation);
+	FZ_CHECK(rp_state_name(d->state) != NULL, "device %d entered state %d, no io.regen.Device.State", d->index,
+		 (int)d->state);
+	FZ_CHECK(d->generation == S.generation[i] + (bumped ? 1 : 0), "device %d went from generation %llu to %llu (%s)",
+		 i, (unsigned long long)S.generation[i], (unsigned long long)d->generation, bumped ? "bumped" : "no bump");
 	S.generation[i] = d->generation;
+	if (!bumped)
+		return;
 	S.bumps[i]++;
 	S.epoch++;
 	/* A Release or Reset that completed makes the device ready (once per
 	 * healthy reply); any other bump is for a lost worker, once per
 	 * worker. */
-	if (S.healthy_reply[i] && d->state == RP_STATE_READY) {
+	if (d->state == RP_STATE_READY) {
+		FZ_CHECK(S.healthy_reply[i], "device %d bumped into READY without a completed release or reset", i);
 		S.healthy_reply[i] = false;
 		return;
 	}
+	FZ_CHECK(d->state == RP_STATE_RESPAWNING || d->state == RP_STATE_FAILED, "device %d bumped into %s", i,
+		 rp_state_name(d->state));
 	S.lost_bumps[i]++;
 	FZ_CHECK(S.lost_bumps[i] == 1, "device %d bumped %u times for one lost worker", i, S.lost_bumps[i]);
-}
-
-static void on_respawned(struct rd_sv_device *d, void *data)
-{
-	FZ_CHECK(d->state == RP_STATE_READY, "respawned while %s", rp_state_name(d->state));
 }
 
 static void on_worker_ready(struct rd_sv_device *d, void *data)
@@ -132,8 +150,6 @@ static void on_request_finished(struct rd_sv_device *d, void *request, const cha
 
 static const struct rd_sv_device_events events = {
 	.state_changed = on_state_changed,
-	.generation_bumped = on_generation_bumped,
-	.respawned = on_respawned,
 	.worker_ready = on_worker_ready,
 	.request_finished = on_request_finished,
 };
@@ -150,9 +166,12 @@ static bool fire(uv_timer_t *t)
 
 	if (!uv_is_active((uv_handle_t *)t))
 		return false;
-	/* As libuv runs a due one-shot timer: stopped, then its callback. */
+	/* As libuv runs a due timer: stopped, started again when it repeats,
+	 * then its callback. */
 	cb = t->timer_cb;
 	uv_timer_stop(t);
+	if (uv_timer_get_repeat(t))
+		uv_timer_again(t);
 	cb(t);
 	return true;
 }
@@ -261,17 +280,22 @@ static void event(uint8_t op, struct fz_bytes *b)
 	/* A worker sent SIGKILL says nothing new: only what it had sent
 	 * before (replies) may still arrive. */
 	case 3:
+		arg = fz_u8(b);
 		if (fw->running && !fw->ready && !fw->killed)
-			fz_worker_ready(fw);
+			fz_worker_ready(fw, arg & 1 ? S.health : NULL);
 		break;
-	case 4:
+	case 4: {
+		static const char *const reasons[] = { "device lost", "Xid 79: \"fell off the bus\"\n\x01",
+						       "hung: gemm from pid 7 on lane 0 passed its deadline of 1 ms", "" };
 		arg = fz_u8(b);
 		if (fw->running && fw->ready && !fw->killed)
-			fz_worker_faulted(fw, arg & 1 ? "device lost" : "Xid 79: \"fell off the bus\"\n\x01");
+			fz_worker_faulted(fw, (enum rd_sv_fault)(arg % 3), reasons[(arg >> 2) & 3],
+					  arg & 0x10 ? S.health : NULL);
 		break;
+	}
 	case 5:
 		arg = fz_u8(b);
-		fz_worker_exit(fw, arg & 1 ? SIGSEGV : 0);
+		fz_worker_exit(fw, arg & 1 ? SIGSEGV : 0, arg & 2);
 		break;
 	case 6:
 		fz_worker_channel_lost(fw);
@@ -284,7 +308,7 @@ static void event(uint8_t op, struct fz_bytes *b)
 		break;
 	case 9:
 		if (fw->killed)
-			fz_worker_exit(fw, fw->killed);
+			fz_worker_exit(fw, fw->killed, false);
 		break;
 	case 10:
 		fz_worker_spawn_fails = !fz_worker_spawn_fails;
@@ -300,6 +324,14 @@ static void event(uint8_t op, struct fz_bytes *b)
 			S.refreshes++;
 		}
 		break;
+	case 13:
+		fire(&d->heartbeat_timer);
+		break;
+	case 14: {
+		static const uint64_t ms[] = { 1, 10, 100, 600, 1000, 2500, 30000, 61000 };
+		S.now += ms[fz_u8(b) % 8] * 1000000u;
+		break;
+	}
 	default:
 		break;
 	}
@@ -320,9 +352,9 @@ static bool autopilot_round(void)
 		S.drained_reply[i] = S.healthy_reply[i] = false;
 		if (fw->running && (fw->killed || !fw->channel)) {
 			/* A worker without its channel leaves (ctl_on_close). */
-			fz_worker_exit(fw, fw->killed);
+			fz_worker_exit(fw, fw->killed, false);
 		} else if (fw->running && !fw->ready) {
-			fz_worker_ready(fw);
+			fz_worker_ready(fw, NULL);
 		} else if (fw->calls) {
 			S.drained_reply[i] = strcmp(fw->calls->method, "io.regen.Worker.Drain") == 0;
 			S.healthy_reply[i] = strcmp(fw->calls->method, "io.regen.Worker.Release") == 0 ||
@@ -350,6 +382,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	S.refreshes = S.refreshes_done = 0;
 	S.stopping = false;
 	S.epoch = 1;
+	S.now = UINT64_C(1) << 40;
 	rd_options_defaults(&S.opts);
 	S.env = (struct rd_sv_device_env){
 		.loop = &S.loop,
@@ -398,7 +431,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		rd_sv_device_stop(&S.dev[i], "regend is stopping");
 	for (int i = 0; i < DEVICES; i++) {
 		struct fz_worker *fw = fz_worker_of(&S.dev[i].worker);
-		fz_worker_exit(fw, fw->killed);
+		fz_worker_exit(fw, fw->killed, false);
 		FZ_CHECK(fw->calls == NULL, "calls left on a closed channel");
 	}
 	FZ_CHECK(S.refreshes_done == S.refreshes, "%u of %u memory refreshes ended", S.refreshes_done, S.refreshes);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include "fuzz_daemon.h"
+#include "daemon/worker/worker.h"
 
 #define WORKERS_MAX 8
 
@@ -134,13 +135,14 @@ int rd_sv_worker_call(struct rd_sv_worker *w, const char *method, cJSON *params,
 	return 0;
 }
 
-void fz_worker_ready(struct fz_worker *fw)
+void fz_worker_ready(struct fz_worker *fw, const cJSON *health)
 {
 	struct rd_sv_worker_ready ready = {
 		.backend = "stub",
 		.worker_socket = "/run/regen/fuzz.sock.dev0",
 		.memory_used = 8192,
 		.memory_baseline = 4096,
+		.health = health,
 	};
 
 	if (!fw->channel)
@@ -149,10 +151,10 @@ void fz_worker_ready(struct fz_worker *fw)
 	fw->w->events->ready(fw->w->data, &ready);
 }
 
-void fz_worker_faulted(struct fz_worker *fw, const char *reason)
+void fz_worker_faulted(struct fz_worker *fw, enum rd_sv_fault kind, const char *reason, const cJSON *health)
 {
 	if (fw->channel)
-		fw->w->events->faulted(fw->w->data, reason);
+		fw->w->events->faulted(fw->w->data, kind, reason, health);
 }
 
 unsigned fz_ctl_next_serial(void)
@@ -213,7 +215,7 @@ void fz_worker_channel_lost(struct fz_worker *fw)
 }
 
 /* As on_process_exit: the handle goes, the channel closes, the owner hears. */
-void fz_worker_exit(struct fz_worker *fw, int signal)
+void fz_worker_exit(struct fz_worker *fw, int signal, bool device_failed)
 {
 	char why[96];
 
@@ -225,6 +227,6 @@ void fz_worker_exit(struct fz_worker *fw, int signal)
 	if (signal)
 		snprintf(why, sizeof(why), "worker exited (signal %d)", signal);
 	else
-		snprintf(why, sizeof(why), "worker exited (status 1)");
-	fw->w->events->exited(fw->w->data, why);
+		snprintf(why, sizeof(why), "worker exited (status %d)", device_failed ? RD_WORKER_EXIT_DEVICE_FAILED : 1);
+	fw->w->events->exited(fw->w->data, why, device_failed);
 }
