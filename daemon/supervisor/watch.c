@@ -12,6 +12,7 @@ void rd_sv_watch_init(struct rd_sv_watch *w)
 {
 	w->epoch = 1;
 	w->watchers = NULL;
+	w->announcing = false;
 }
 
 static cJSON *event_json(const struct rd_sv_watch *w, const struct rd_sv_device *d, const char *reason)
@@ -34,6 +35,8 @@ int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const str
 	unsigned same_conn = 0, same_uid = 0;
 
 	for (struct rd_sv_watcher *o = w->watchers; o; o = o->next) {
+		if (!o->call)
+			continue;
 		same_conn += o->call->conn == call->conn;
 		same_uid += o->call->conn->peer.uid == call->conn->peer.uid;
 	}
@@ -59,10 +62,34 @@ int rd_sv_watch_subscribe(struct rd_sv_watch *w, struct rd_call *call, const str
 	return 0;
 }
 
+/* Unlinks the watchers rd_sv_watch_drop marked during an announcement. */
+static void sweep(struct rd_sv_watch *w)
+{
+	struct rd_sv_watcher **p = &w->watchers;
+
+	while (*p) {
+		if (!(*p)->call) {
+			struct rd_sv_watcher *gone = *p;
+			*p = gone->next;
+			free(gone);
+		} else {
+			p = &(*p)->next;
+		}
+	}
+}
+
 void rd_sv_watch_announce(struct rd_sv_watch *w, const struct rd_sv_device *d)
 {
+	bool outer = !w->announcing;
+
+	w->announcing = true;
 	for (struct rd_sv_watcher *watcher = w->watchers; watcher; watcher = watcher->next)
-		rd_call_reply(watcher->call, event_json(w, d, d->reason), true);
+		if (watcher->call)
+			rd_call_reply(watcher->call, event_json(w, d, d->reason), true);
+	if (outer) {
+		w->announcing = false;
+		sweep(w);
+	}
 }
 
 void rd_sv_watch_bump(struct rd_sv_watch *w)
@@ -75,11 +102,18 @@ void rd_sv_watch_drop(struct rd_sv_watch *w, struct rd_conn *conn)
 	struct rd_sv_watcher **p = &w->watchers;
 
 	while (*p) {
-		if ((*p)->call->conn == conn) {
+		if ((*p)->call && (*p)->call->conn == conn) {
 			struct rd_sv_watcher *gone = *p;
-			*p = gone->next;
-			rd_call_reply(gone->call, NULL, false);
-			free(gone);
+			struct rd_call *call = gone->call;
+
+			gone->call = NULL;
+			if (w->announcing) {
+				p = &gone->next;
+			} else {
+				*p = gone->next;
+				free(gone);
+			}
+			rd_call_reply(call, NULL, false);
 		} else {
 			p = &(*p)->next;
 		}
@@ -93,6 +127,10 @@ void rd_sv_watch_end(struct rd_sv_watch *w)
 		struct rp_error err = { 0 };
 
 		w->watchers = gone->next;
+		if (!gone->call) {
+			free(gone);
+			continue;
+		}
 		rp_error_set(&err, RP_ERR_DRAINING, "regend is stopping");
 		rp_error_add_int(&err, "device", -1);
 		rp_error_add_int(&err, "generation", 0);

@@ -4,6 +4,7 @@
  * entered, its generation, why) as one "continues" reply, in order. */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 #include "daemon/conn.h"
 #include "daemon/supervisor/device.h"
@@ -13,6 +14,10 @@ struct rd_sv_watcher;
 struct rd_sv_watch {
 	uint64_t epoch;                 /* starts at 1 */
 	struct rd_sv_watcher *watchers;
+	/* A reply may close its connection (a failed write), whose close
+	 * drops that connection's watchers: while an announcement walks the
+	 * list, drop only marks them, and the walk unlinks them after. */
+	bool announcing;
 };
 
 void rd_sv_watch_init(struct rd_sv_watch *w);

@@ -117,7 +117,7 @@ static void parse_idl(const char *relative, struct name_list *out)
 {
 	char *text = read_source(relative);
 	const char *p = text;
-	char line[512], iface[96] = "", name[64], full[96];
+	char line[512], iface[96] = "", name[64], full[sizeof(iface) + sizeof(name)];
 
 	while (next_line(&p, line, sizeof(line))) {
 		if (line[0] == '#')
