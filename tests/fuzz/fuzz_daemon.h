@@ -184,8 +184,9 @@ struct fz_client {
 
 #define FZ_SEND_FDS_MAX 24
 /* One sendmsg of buf with nfds fds (dups of one memfd) on its first byte.
- * Bytes sent; 0 when the socket is full. */
-size_t fz_client_send(int fd, const char *buf, size_t len, unsigned nfds);
+ * Bytes sent; 0 when the socket is full, or (may_be_closed) when the
+ * daemon closed its end. */
+size_t fz_client_send(int fd, const char *buf, size_t len, unsigned nfds, bool may_be_closed);
 /* Reads what has arrived; on_reply gets each whole reply (text without its
  * NUL). Bytes read. */
 size_t fz_client_read(struct fz_client *c, void (*on_reply)(const char *text, size_t len, void *data), void *data);

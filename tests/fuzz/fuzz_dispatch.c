@@ -10,7 +10,11 @@
  * Restart (refused there: they belong on the main socket) also moves the
  * worker to its next generation through its control channel, as the
  * supervisor does for such a call from any client, before the rest of the
- * stream goes. The loop runs until nothing moves.
+ * stream goes. A message that is the three letters HUP is not sent: once
+ * nothing moves, the client stops reading (shutdown SHUT_RD: the daemon's
+ * next write fails, while a Watch announces or a compute call completes)
+ * and sends the rest, if the daemon still takes it. The loop runs until
+ * nothing moves.
  *
  * Invariants: every message gets exactly one reply, in order, except a
  * oneway call (none) and a Watch (replies that continue until the
@@ -20,7 +24,9 @@
  * and, when an error, is one the IDL declares with exactly the IDL's
  * parameters; "continues" only for a call that asked for more; nothing is
  * left when the client has gone (objects, lanes, calls, handles, fds,
- * memory). */
+ * memory). After a HUP only the last holds (and no memory error). */
+#include <errno.h>
+#include <sys/socket.h>
 #include "fuzz_daemon.h"
 #include "daemon/log.h"
 #include "proto/errors.h"
@@ -36,6 +42,7 @@ struct message {
 	const char *parse_error;        /* the parser's refusal, if any */
 	bool more;
 	int lifecycle;                  /* 0, or 1 + whether a Reset: a Release, Reset or Restart */
+	bool hup;                       /* the client stops reading here */
 	char method[64];
 };
 
@@ -77,6 +84,10 @@ static void expect(struct message *m)
 	struct rp_error err = { 0 };
 	struct rp_call call;
 
+	if (m->len == 3 && memcmp(m->text, "HUP", 3) == 0) {
+		m->hup = true;
+		return;
+	}
 	m->reply = true;
 	if (m->nfds > RP_FDS_MAX) {
 		m->parse_error = RP_ERR_LIMIT_EXCEEDED;
@@ -146,12 +157,12 @@ static void run_endpoint(enum fz_endpoint endpoint, struct message *msgs, size_t
 	struct run run = { .endpoint = endpoint, .msgs = msgs, .nmsgs = nmsgs };
 	struct fz_client client = { .fd = -1 };
 	size_t next = 0, offset = 0;
-	bool tail_sent = tail_len == 0;
+	bool tail_sent = tail_len == 0, hung = false;
 	unsigned idle = 0;
 
 	fz_inproc_start(endpoint);
 	client.fd = fz_inproc_connect();
-	while (idle < 4) {
+	for (;;) {
 		bool progress = false;
 
 		/* The messages, each from its first byte in a sendmsg of its own
@@ -160,17 +171,18 @@ static void run_endpoint(enum fz_endpoint endpoint, struct message *msgs, size_t
 		 * main socket) ends a run, and the worker moves to its next
 		 * generation through its control channel, as the supervisor
 		 * would move it for another client, before the stream goes on. */
-		while (next < nmsgs && (endpoint != FZ_WORKER || fz_inproc_worker_idle())) {
+		while (next < nmsgs && !msgs[next].hup && (endpoint != FZ_WORKER || fz_inproc_worker_idle())) {
 			struct message *m = &msgs[next];
 			size_t len = m->len + 1 - offset, sent;
 			unsigned nfds = offset == 0 ? m->nfds : 0;
 			if (nfds == 0) {
 				size_t last = next;
-				while (last + 1 < nmsgs && msgs[last + 1].nfds == 0 && !msgs[last].lifecycle)
+				while (last + 1 < nmsgs && msgs[last + 1].nfds == 0 && !msgs[last + 1].hup &&
+				       !msgs[last].lifecycle)
 					last++;
 				len = (size_t)(msgs[last].text + msgs[last].len + 1 - (m->text + offset));
 			}
-			sent = fz_client_send(client.fd, m->text + offset, len, nfds);
+			sent = fz_client_send(client.fd, m->text + offset, len, nfds, hung);
 			if (sent == 0)
 				break;
 			progress = true;
@@ -182,14 +194,33 @@ static void run_endpoint(enum fz_endpoint endpoint, struct message *msgs, size_t
 				next++;
 			}
 		}
-		if (next == nmsgs && !tail_sent && fz_client_send(client.fd, tail, tail_len, count_fds(tail, tail_len))) {
+		if (next == nmsgs && !tail_sent &&
+		    fz_client_send(client.fd, tail, tail_len, count_fds(tail, tail_len), hung)) {
 			/* Part of it may stay unsent: it never ends either way. */
 			tail_sent = true;
 			progress = true;
 		}
 		progress |= fz_inproc_pump();
-		progress |= fz_client_read(&client, on_reply, &run) > 0;
+		if (!hung)
+			progress |= fz_client_read(&client, on_reply, &run) > 0;
 		idle = progress ? 0 : idle + 1;
+		if (idle < 4)
+			continue;
+		/* A HUP is due once nothing moves: every reply before it read. */
+		if (next == nmsgs || !msgs[next].hup)
+			break;
+		if (!hung)
+			FZ_CHECK(shutdown(client.fd, SHUT_RD) == 0, "shutdown: %s", strerror(errno));
+		hung = true;
+		next++;
+		idle = 0;
+	}
+	if (hung) {
+		/* The daemon may have closed the connection at its next write:
+		 * what it did not take is never answered. */
+		fz_client_finish(&client);
+		fz_inproc_stop();
+		return;
 	}
 	next_due(&run);
 	if (!run.streaming) {

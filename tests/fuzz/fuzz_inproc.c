@@ -131,7 +131,7 @@ static void ctl_send(const char *method, cJSON *params)
 	char *text = rp_build_call(method, params, false, false);
 
 	cJSON_Delete(params);
-	FZ_CHECK(text && fz_client_send(ctl.end.fd, text, strlen(text) + 1, 0) == strlen(text) + 1,
+	FZ_CHECK(text && fz_client_send(ctl.end.fd, text, strlen(text) + 1, 0, false) == strlen(text) + 1,
 		 "the control call did not go out whole");
 	free(text);
 }
@@ -410,7 +410,7 @@ void fz_inproc_stop(void)
 
 /* ---- The client's end ---- */
 
-size_t fz_client_send(int fd, const char *buf, size_t len, unsigned nfds)
+size_t fz_client_send(int fd, const char *buf, size_t len, unsigned nfds, bool may_be_closed)
 {
 	int fds[FZ_SEND_FDS_MAX];
 	char control[CMSG_SPACE(sizeof(fds))];
@@ -438,7 +438,9 @@ size_t fz_client_send(int fd, const char *buf, size_t len, unsigned nfds)
 	for (unsigned i = 0; i < nfds; i++)
 		close(fds[i]);
 	if (n < 0) {
-		FZ_CHECK(errno == EAGAIN || errno == EWOULDBLOCK, "send to the daemon: %s", strerror(errno));
+		FZ_CHECK(errno == EAGAIN || errno == EWOULDBLOCK ||
+				 (may_be_closed && (errno == EPIPE || errno == ECONNRESET)),
+			 "send to the daemon: %s", strerror(errno));
 		return 0;
 	}
 	return (size_t)n;

@@ -289,7 +289,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	r = rp_compute_parse(spec, sent.params, &c, &perr);
 	if (r == 0)
 		model_call(&c, atomic_load(&w->dev.generation), &want);
-	FZ_CHECK(fz_client_send(client.fd, text, strlen(text) + 1, 0) == strlen(text) + 1, "the call did not go out whole");
+	FZ_CHECK(fz_client_send(client.fd, text, strlen(text) + 1, 0, false) == strlen(text) + 1, "the call did not go out whole");
 	free(text);
 	for (unsigned idle = 0; !answer.got && idle < 4;) {
 		bool progress = fz_inproc_pump();

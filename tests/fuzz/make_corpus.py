@@ -351,6 +351,17 @@ dispatch = {
     # read, and used to wake the loop for ever with the connection kept.
     'watch-backpressure-hangup': stream(call('io.regen.Device.Watch', {}, more=True),
                                         *[call('io.regen.Device.Generation')] * 300),
+    # HUP: once every reply before it is read, the client stops reading.
+    # Two Watches on the connection, then a Restart: the announcement's
+    # write fails, the close drops the watchers while the announcement walks
+    # them (a use after free in watch.c before 35df7f0).
+    'hup-watch-announce': stream(call('io.regen.Device.Watch', {}, more=True),
+                                 call('io.regen.Device.Watch', {}, more=True), b'HUP',
+                                 call('io.regen.Device.Restart', {'device': 0}), call('io.regen.Device.Generation')),
+    # Buffers held, then calls pipelined behind a reply that cannot be written.
+    'hup-compute': stream(imp(), imp(), imp(), b'HUP', call('io.regen.Compute.Gemm', gemm3),
+                          call('io.regen.Compute.Gemm', gemm3), imp(), call('io.regen.Device.Release', {'device': 0}),
+                          call('io.regen.Compute.Gemm', gemm3), b'HUP', imp()),
     'pipelined': stream(*[call('io.regen.Device.Generation')] * 300),
     'partial': stream(call('io.regen.Device.Generation'), tail=b'{"method":"io.regen.Device.Sta'),
 }
