@@ -46,14 +46,13 @@ void rp_error_setv(struct rp_error *err, const char *name, const char *fmt, va_l
 		free(text);
 }
 
-int rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
+void rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
 	rp_error_setv(err, name, fmt, ap);
 	va_end(ap);
-	return -EINVAL;
 }
 
 /* Sets key to item, replacing an earlier value: a key appears once. */

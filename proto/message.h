@@ -19,8 +19,9 @@ struct rp_error {
 
 /* Sets *err (freeing earlier params), params built from a printf message
  * stored under "message" plus the key/values given with rp_error_add_*.
- * Returns -EINVAL for convenience in error paths. */
-int rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
+ * Returns nothing: the Varlink error says what the client is told, the
+ * caller's own -errno what C code does with it, and the two are kept apart. */
+void rp_error_set(struct rp_error *err, const char *name, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* As rp_error_set, with the message's arguments as a va_list. */
 void rp_error_setv(struct rp_error *err, const char *name, const char *fmt, va_list ap)

@@ -421,8 +421,10 @@ static int take_operand(struct sdpa_call *c, int uid, const struct rp_operand *o
 
 	if (!buf)
 		return rp_error_invalid_operand(err, name, "%s has no buffer", name);
-	if (!buf->ptr)
-		return rp_error_set(err, RP_ERR_BACKEND, "%s's buffer is not mapped", name);
+	if (!buf->ptr) {
+		rp_error_set(err, RP_ERR_BACKEND, "%s's buffer is not mapped", name);
+		return -EIO;
+	}
 	char *p = (char *)buf->ptr + op->offset;
 	if ((uintptr_t)p % 16 != 0)
 		return rp_error_invalid_operand(err, name,
@@ -513,10 +515,13 @@ static const char *problem(const struct cuda_sdpa_key *k, char *buf, size_t n)
 static int fail_cudnn(struct cuda_lane *lane, struct rd_op *op, const char *what, const char *why)
 {
 	cudaError_t e = cudaStreamQuery(lane->stream);
-	if (cuda_error_is_sticky(e))
-		return rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "%s: %s; the context is lost: %s", what, why,
-				    cudaGetErrorString(e));
-	return rp_error_set(&op->err, RP_ERR_BACKEND, "%s: %s", what, why);
+	if (cuda_error_is_sticky(e)) {
+		rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "%s: %s; the context is lost: %s", what, why,
+			     cudaGetErrorString(e));
+		return -EIO;
+	}
+	rp_error_set(&op->err, RP_ERR_BACKEND, "%s: %s", what, why);
+	return -EIO;
 }
 
 int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
@@ -531,8 +536,10 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		return r;
 	struct cuda_attention *at = attention_of(cd);
 	struct attention_plan *p = at ? plan_get(at, &c.key) : NULL;
-	if (!p)
-		return rp_error_set(&op->err, RP_ERR_OUT_OF_MEMORY, "no memory for an attention plan");
+	if (!p) {
+		rp_error_set(&op->err, RP_ERR_OUT_OF_MEMORY, "no memory for an attention plan");
+		return -ENOMEM;
+	}
 
 	if (rd_resource_ensure_valid(&p->res)) {
 		r = cuda_status_to_error(&op->err, "planning the attention");
@@ -546,8 +553,9 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 			cudaError_t e = cudaStreamQuery(lane->stream);
 			if (cuda_error_is_sticky(e)) {
 				rp_error_clear(&op->err);
-				r = rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
-						 "planning the attention: the context is lost: %s", cudaGetErrorString(e));
+				rp_error_set(&op->err, RP_ERR_DEVICE_LOST,
+					     "planning the attention: the context is lost: %s", cudaGetErrorString(e));
+				r = -EIO;
 			}
 		}
 		goto out;
@@ -572,8 +580,9 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		}
 		e = cudaMallocFromPoolAsync(&ws, bytes, cd->pool.pool, lane->stream);
 		if (e != cudaSuccess) {
-			r = rp_error_set(&op->err, cuda_error_name(e), "%s scratch of %zu bytes: %s", c.name, bytes,
-					 cudaGetErrorString(e));
+			rp_error_set(&op->err, cuda_error_name(e), "%s scratch of %zu bytes: %s", c.name, bytes,
+				     cudaGetErrorString(e));
+			r = -EIO;
 			goto out;
 		}
 	}
@@ -593,15 +602,19 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		pthread_mutex_unlock(&at->exec_lock);
 		if (s != CUDNN_STATUS_SUCCESS)
 			r = fail_cudnn(lane, op, "running the attention", why);
-		else if (e != cudaSuccess)
-			r = rp_error_set(&op->err, cuda_error_name(e), "recording the attention plan's use: %s",
-					 cudaGetErrorString(e));
+		else if (e != cudaSuccess) {
+			rp_error_set(&op->err, cuda_error_name(e), "recording the attention plan's use: %s",
+				     cudaGetErrorString(e));
+			r = -EIO;
+		}
 	}
 	if (ws) {
 		e = cudaFreeAsync(ws, lane->stream);
-		if (e != cudaSuccess && r == 0)
-			r = rp_error_set(&op->err, cuda_error_name(e), "freeing the attention scratch: %s",
-					 cudaGetErrorString(e));
+		if (e != cudaSuccess && r == 0) {
+			rp_error_set(&op->err, cuda_error_name(e), "freeing the attention scratch: %s",
+				     cudaGetErrorString(e));
+			r = -EIO;
+		}
 	}
 out:
 	plan_put(at, p);

@@ -41,14 +41,20 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 {
 	int count = 0;
 	cudaError_t e = cudaGetDeviceCount(&count);
-	if (e != cudaSuccess)
-		return rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
-	if (dev->index < 0 || dev->index >= count)
-		return rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "CUDA device %d does not exist (%d visible)", dev->index,
-				    count);
+	if (e != cudaSuccess) {
+		rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+		return -ENODEV;
+	}
+	if (dev->index < 0 || dev->index >= count) {
+		rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "CUDA device %d does not exist (%d visible)", dev->index,
+			     count);
+		return -ENODEV;
+	}
 	struct cuda_dev *cd = calloc(1, sizeof(*cd));
-	if (!cd)
-		return rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the CUDA backend");
+	if (!cd) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the CUDA backend");
+		return -ENOMEM;
+	}
 	cd->dev = dev;
 	dev->backend_data = cd;
 	cd->enqueue = enqueue_table;
@@ -120,7 +126,8 @@ static int cuda_release(struct rd_device *dev, struct rp_error *err)
 	if (e != cudaSuccess) {
 		if (cuda_error_is_sticky(e))
 			cuda_mark_lost(cd, "release found the context lost");
-		return rp_error_set(err, cuda_error_name(e), "cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+		rp_error_set(err, cuda_error_name(e), "cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+		return -EIO;
 	}
 	/* Our scratch pool was destroyed by its release; trim the default pool
 	 * too in case a library allocated from it. */
@@ -166,12 +173,14 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 			rst = cudaDeviceReset();
 	}
 	double ms = (double)(cuda_now_ns() - t0) / 1e6;
-	if (e != cudaSuccess)
-		return rp_error_set(err, RP_ERR_DEVICE_LOST,
-				    "resetting device %d: synchronize gave %s, cudaDeviceReset %s, then the new context: %s "
-				    "(%s) after %d attempts in %.0f ms",
-				    dev->index, cudaGetErrorName(sync), cudaGetErrorName(rst), cudaGetErrorString(e),
-				    cudaGetErrorName(e), attempts - 1, ms);
+	if (e != cudaSuccess) {
+		rp_error_set(err, RP_ERR_DEVICE_LOST,
+			     "resetting device %d: synchronize gave %s, cudaDeviceReset %s, then the new context: %s "
+			     "(%s) after %d attempts in %.0f ms",
+			     dev->index, cudaGetErrorName(sync), cudaGetErrorName(rst), cudaGetErrorString(e),
+			     cudaGetErrorName(e), attempts - 1, ms);
+		return -EIO;
+	}
 	cudaGetLastError();
 #if REGEN_HAVE_KERNELS
 	cudaStream_t s;
@@ -183,9 +192,11 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 #else
 	e = cudaDeviceSynchronize();
 #endif
-	if (e != cudaSuccess)
-		return rp_error_set(err, RP_ERR_DEVICE_LOST, "canary after reset of device %d: %s", dev->index,
-				    e == cudaErrorUnknown ? "wrong result" : cudaGetErrorString(e));
+	if (e != cudaSuccess) {
+		rp_error_set(err, RP_ERR_DEVICE_LOST, "canary after reset of device %d: %s", dev->index,
+			     e == cudaErrorUnknown ? "wrong result" : cudaGetErrorString(e));
+		return -EIO;
+	}
 	if (attempts > 1)
 		fprintf(stderr, "regend: cuda: device %d: new context after %d attempts (%.0f ms)\n", dev->index, attempts,
 			ms);
@@ -221,8 +232,10 @@ static int cuda_inject_fault(struct rd_device *dev, const char *kind, struct rp_
 #if REGEN_HAVE_KERNELS
 	struct cuda_dev *cd = cuda_dev_of(dev);
 	bool lost = strcmp(kind, "device_lost") == 0;
-	if (!lost && strcmp(kind, "hang") != 0)
-		return rp_error_set(err, RP_ERR_INVALID_PARAMETER, "fault kind \"%s\" is not one the CUDA backend injects", kind);
+	if (!lost && strcmp(kind, "hang") != 0) {
+		rp_error_set(err, RP_ERR_INVALID_PARAMETER, "fault kind \"%s\" is not one the CUDA backend injects", kind);
+		return -EINVAL;
+	}
 	if (cuda_bind(cd, err))
 		return -EIO;
 	if (rd_resource_ensure_valid(&cd->fault.res))
@@ -244,8 +257,10 @@ static int cuda_inject_fault(struct rd_device *dev, const char *kind, struct rp_
 	}
 	if (e == cudaSuccess)
 		e = cudaEventRecord(cd->fault.event, s);
-	if (e != cudaSuccess)
-		return rp_error_set(err, cuda_error_name(e), "injecting %s: %s", kind, cudaGetErrorString(e));
+	if (e != cudaSuccess) {
+		rp_error_set(err, cuda_error_name(e), "injecting %s: %s", kind, cudaGetErrorString(e));
+		return -EIO;
+	}
 	/* Every lane's next op waits for the fault kernel, so its
 	 * synchronisation is the one that finds it. */
 	pthread_mutex_lock(&cd->fault_lock);

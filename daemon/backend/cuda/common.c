@@ -25,8 +25,10 @@ int cuda_status_set(const char *name, const char *fmt, ...)
 
 int cuda_status_to_error(struct rp_error *err, const char *what)
 {
-	if (!last_status.name)
-		return rp_error_set(err, RP_ERR_BACKEND, "%s failed", what);
+	if (!last_status.name) {
+		rp_error_set(err, RP_ERR_BACKEND, "%s failed", what);
+		return -EIO;
+	}
 	rp_error_set(err, last_status.name, "%s: %s", what, last_status.message);
 	last_status.name = NULL;
 	return -EIO;
@@ -115,8 +117,10 @@ static void driver_load_once(void)
 int cuda_driver_load(struct rp_error *err)
 {
 	pthread_once(&driver_once, driver_load_once);
-	if (!cuda_drv.MemRelease)
-		return rp_error_set(err, RP_ERR_BACKEND, "%s", driver_error);
+	if (!cuda_drv.MemRelease) {
+		rp_error_set(err, RP_ERR_BACKEND, "%s", driver_error);
+		return -EIO;
+	}
 	return 0;
 }
 
@@ -142,6 +146,14 @@ cudaError_t cuda_context_check(void)
 	 * with the context's sticky error when it has one. */
 	cudaError_t e = cudaStreamQuery(cudaStreamLegacy);
 	return cuda_error_is_sticky(e) ? e : cudaSuccess;
+}
+
+int cuda_refuse_if_lost(struct cuda_dev *cd, struct rp_error *err)
+{
+	if (!atomic_load(&cd->lost))
+		return 0;
+	rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", cd->dev->index);
+	return -EIO;
 }
 
 int cuda_check_failure(struct cuda_dev *cd, struct rp_error *err, uint64_t resets)

@@ -261,6 +261,10 @@ cudaError_t cuda_context_check(void);
  * in between does not mark the new context lost. Returns -EIO. */
 int cuda_check_failure(struct cuda_dev *cd, struct rp_error *err, uint64_t resets);
 
+/* A device whose context is lost takes no new work until its reset: -EIO
+ * with err set to DeviceLost, or 0. */
+int cuda_refuse_if_lost(struct cuda_dev *cd, struct rp_error *err);
+
 /* ---- device.c: the device-level resources ------------------------------- */
 
 /* Registers the scratch pool, the cuBLASLt handle, the debug shared

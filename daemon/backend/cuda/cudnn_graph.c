@@ -267,6 +267,26 @@ static void packed(int64_t out[4], const int64_t dims[4])
 		out[i] = out[i + 1] * dims[i + 1];
 }
 
+/* out = a @ b for a key or value gradient (Hkv heads of width d): computed
+ * per query head, then, for grouped-query attention, summed over each
+ * group of H / Hkv query heads by a reduction. */
+static void grouped_matmul(struct graph *g, const struct cuda_sdpa_key *k, cudnnBackendDescriptor_t a,
+			   cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t out, int64_t d, const char *what,
+			   const char *per_head, const char *group_sum)
+{
+	int64_t full[4], full_s[4];
+
+	if (k->h == k->h_kv) {
+		matmul(g, a, b, out, what);
+		return;
+	}
+	dims4(full, k->b, k->h, k->s_kv, d);
+	packed(full_s, full);
+	cudnnBackendDescriptor_t per_query_head = virt(g, g->io, full, full_s, per_head);
+	matmul(g, a, b, per_query_head, what);
+	reduction(g, CUDNN_REDUCE_TENSOR_ADD, per_query_head, out, group_sum);
+}
+
 /* The operand's strides with the last two dimensions swapped: k and v as
  * the transposes the matmuls read them as. */
 static void swapped(int64_t out[4], const int64_t s[4])
@@ -370,7 +390,7 @@ static void build_backward(struct graph *g, const struct cuda_sdpa_key *k)
 {
 	const int64_t (*st)[4] = k->strides;
 	int64_t qd[4], ktd[4], vtd[4], od[4], sd[4], ss[4], td[4], ts[4], rd[4], rs[4], kts[4], vts[4], stats_s[4];
-	int64_t dod_s[4], kd[4], vd[4], full[4], full_s[4], acc_s[4];
+	int64_t dod_s[4], kd[4], vd[4], acc_s[4];
 	const int64_t b = k->b, h = k->h, sq = k->s_q, skv = k->s_kv;
 
 	dims4(qd, b, h, sq, k->d);
@@ -426,15 +446,7 @@ static void build_backward(struct graph *g, const struct cuda_sdpa_key *k)
 	/* dV = P^T dO (per query head, then summed over each group). */
 	cudnnBackendDescriptor_t pt = virt(g, g->io, td, ts, "p^T");
 	reshape(g, p, pt, "p^T");
-	if (k->h == k->h_kv) {
-		matmul(g, pt, d_o, dv, "p^T d_o");
-	} else {
-		dims4(full, b, h, skv, k->d_v);
-		packed(full_s, full);
-		cudnnBackendDescriptor_t dv_full = virt(g, g->io, full, full_s, "d_v per query head");
-		matmul(g, pt, d_o, dv_full, "p^T d_o");
-		reduction(g, CUDNN_REDUCE_TENSOR_ADD, dv_full, dv, "d_v group sum");
-	}
+	grouped_matmul(g, k, pt, d_o, dv, k->d_v, "p^T d_o", "d_v per query head", "d_v group sum");
 
 	/* dS = P * (dO V^T - softmax_sum) * scale. */
 	cudnnBackendDescriptor_t dp = virt(g, CUDNN_DATA_FLOAT, sd, ss, "d_o v^T");
@@ -449,15 +461,7 @@ static void build_backward(struct graph *g, const struct cuda_sdpa_key *k)
 	/* dK = dS^T Q (per query head, then summed over each group). */
 	cudnnBackendDescriptor_t dst = virt(g, g->io, td, ts, "ds^T");
 	reshape(g, ds_scaled, dst, "ds^T");
-	if (k->h == k->h_kv) {
-		matmul(g, dst, q, dk, "ds^T q");
-	} else {
-		dims4(full, b, h, skv, k->d);
-		packed(full_s, full);
-		cudnnBackendDescriptor_t dk_full = virt(g, g->io, full, full_s, "d_k per query head");
-		matmul(g, dst, q, dk_full, "ds^T q");
-		reduction(g, CUDNN_REDUCE_TENSOR_ADD, dk_full, dk, "d_k group sum");
-	}
+	grouped_matmul(g, k, dst, q, dk, k->d, "ds^T q", "d_k per query head", "d_k group sum");
 
 	/* dQ = dS K through the f32 accumulator. K comes back from k^T by a
 	 * reshape whose output the frontend leaves at the intermediate type. */

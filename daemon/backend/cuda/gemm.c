@@ -308,12 +308,16 @@ static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error
 	for (int i = 0; i < RP_GEMM_OPERANDS; i++) {
 		if (!c->present[i])
 			continue;
-		if (!op->buffers[i])
-			return rp_error_set(err, RP_ERR_INVALID_OPERAND, "GEMM operand %s has no buffer",
-					    c->spec->operands[i].name);
-		if (!op->buffers[i]->ptr)
-			return rp_error_set(err, RP_ERR_BACKEND, "GEMM operand %s's buffer is not mapped",
-					    c->spec->operands[i].name);
+		if (!op->buffers[i]) {
+			rp_error_set(err, RP_ERR_INVALID_OPERAND, "GEMM operand %s has no buffer",
+				     c->spec->operands[i].name);
+			return -EINVAL;
+		}
+		if (!op->buffers[i]->ptr) {
+			rp_error_set(err, RP_ERR_BACKEND, "GEMM operand %s's buffer is not mapped",
+				     c->spec->operands[i].name);
+			return -EIO;
+		}
 		p[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
 	}
 	ptr->a = p[RP_GEMM_A];
@@ -391,9 +395,11 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		if (rd_resource_ensure_valid(&cd->pool.res))
 			return cuda_status_to_error(&op->err, "scratch memory pool");
 		e = cudaMallocFromPoolAsync(&ws, ws_size, cd->pool.pool, lane->stream);
-		if (e != cudaSuccess)
-			return rp_error_set(&op->err, cuda_error_name(e), "workspace of %zu bytes: %s", ws_size,
-					    cudaGetErrorString(e));
+		if (e != cudaSuccess) {
+			rp_error_set(&op->err, cuda_error_name(e), "workspace of %zu bytes: %s", ws_size,
+				     cudaGetErrorString(e));
+			return -EIO;
+		}
 		ws_owned = true;
 	}
 #endif
@@ -414,13 +420,16 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	if (s != CUBLAS_STATUS_SUCCESS) {
 		/* An execution failure may be the context's: the lane's
 		 * synchronisation that follows tells. */
-		r = rp_error_set(&op->err, cublas_error_name(s), "cublasLtMatmul (m=%lld n=%lld k=%lld): %s",
-				 (long long)g->m, (long long)g->n, (long long)g->k, cublasLtGetStatusString(s));
+		rp_error_set(&op->err, cublas_error_name(s), "cublasLtMatmul (m=%lld n=%lld k=%lld): %s",
+			     (long long)g->m, (long long)g->n, (long long)g->k, cublasLtGetStatusString(s));
+		r = -EIO;
 	}
 	if (ws_owned) {
 		e = cudaFreeAsync(ws, lane->stream);
-		if (e != cudaSuccess && r == 0)
-			r = rp_error_set(&op->err, cuda_error_name(e), "freeing the workspace: %s", cudaGetErrorString(e));
+		if (e != cudaSuccess && r == 0) {
+			rp_error_set(&op->err, cuda_error_name(e), "freeing the workspace: %s", cudaGetErrorString(e));
+			r = -EIO;
+		}
 	}
 	return r;
 }

@@ -440,15 +440,19 @@ void cuda_health_close(struct cuda_dev *cd)
 int cuda_health_start(struct rd_device *dev, unsigned period_ms, struct rp_error *err)
 {
 	struct cuda_health *h = cuda_dev_of(dev)->health;
-	if (!h)
-		return rp_error_set(err, RP_ERR_BACKEND, "no health state");
+	if (!h) {
+		rp_error_set(err, RP_ERR_BACKEND, "no health state");
+		return -EIO;
+	}
 	if (h->checker_running)
 		return 0;
 	h->period_ms = period_ms ? period_ms : 5;
 	h->stop = false;
 	int r = pthread_create(&h->checker, NULL, checker_main, h);
-	if (r)
-		return rp_error_set(err, RP_ERR_BACKEND, "cannot start the context check: %s", strerror(r));
+	if (r) {
+		rp_error_set(err, RP_ERR_BACKEND, "cannot start the context check: %s", strerror(r));
+		return -EIO;
+	}
 	h->checker_running = true;
 	set_detail(h, "NVML is being loaded");
 	/* NVML is optional: without its thread the context check still runs. */

@@ -284,22 +284,30 @@ static struct cuda_buffer *buffer_new(struct cuda_dev *cd, enum rd_buffer_kind k
 int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
-	if (req->kind != RD_BUFFER_CUDA_IPC && req->kind != RD_BUFFER_CUDA_FD)
-		return rp_error_set(err, RP_ERR_IMPORT_FAILED, "the CUDA backend imports cuda_ipc and cuda_fd buffers only");
-	if (req->size == 0 || req->offset > UINT64_MAX - req->size)
-		return rp_error_set(err, RP_ERR_IMPORT_FAILED, "offset %llu + size %llu is not a valid range",
-				    (unsigned long long)req->offset, (unsigned long long)req->size);
-	if (req->kind == RD_BUFFER_CUDA_FD && req->fd < 0)
-		return rp_error_set(err, RP_ERR_IMPORT_FAILED, "cuda_fd import without a file descriptor");
-	if (atomic_load(&cd->lost))
-		return rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	if (req->kind != RD_BUFFER_CUDA_IPC && req->kind != RD_BUFFER_CUDA_FD) {
+		rp_error_set(err, RP_ERR_IMPORT_FAILED, "the CUDA backend imports cuda_ipc and cuda_fd buffers only");
+		return -EINVAL;
+	}
+	if (req->size == 0 || req->offset > UINT64_MAX - req->size) {
+		rp_error_set(err, RP_ERR_IMPORT_FAILED, "offset %llu + size %llu is not a valid range",
+			     (unsigned long long)req->offset, (unsigned long long)req->size);
+		return -EINVAL;
+	}
+	if (req->kind == RD_BUFFER_CUDA_FD && req->fd < 0) {
+		rp_error_set(err, RP_ERR_IMPORT_FAILED, "cuda_fd import without a file descriptor");
+		return -EINVAL;
+	}
+	if (cuda_refuse_if_lost(cd, err))
+		return -EIO;
 	uint64_t resets = atomic_load(&cd->resets);
 	if (cuda_bind(cd, err))
 		return cuda_check_failure(cd, err, resets);
 
 	struct cuda_mapping *m = mapping_get(cd, req);
-	if (!m)
-		return rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a mapping");
+	if (!m) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a mapping");
+		return -ENOMEM;
+	}
 	if (rd_resource_ensure_valid(&m->res)) {
 		cuda_status_to_error(err, req->kind == RD_BUFFER_CUDA_IPC ? "importing the cudaIpcMemHandle_t"
 									   : "importing the CUDA VMM fd");
@@ -318,7 +326,8 @@ int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_b
 	struct cuda_buffer *b = buffer_new(cd, req->kind, req->size);
 	if (!b) {
 		mapping_put(m, true);
-		return rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a buffer");
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a buffer");
+		return -ENOMEM;
 	}
 	b->map = m;
 	b->offset = req->offset;
@@ -394,14 +403,16 @@ static const struct rd_resource_ops event_ops = {
 int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
-	if (atomic_load(&cd->lost))
-		return rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	if (cuda_refuse_if_lost(cd, err))
+		return -EIO;
 	uint64_t resets = atomic_load(&cd->resets);
 	if (cuda_bind(cd, err))
 		return cuda_check_failure(cd, err, resets);
 	struct cuda_event *ev = calloc(1, sizeof(*ev));
-	if (!ev)
-		return rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for an event");
+	if (!ev) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for an event");
+		return -ENOMEM;
+	}
 	ev->cd = cd;
 	ev->base.device = dev;
 	memcpy(&ev->handle, handle, sizeof(ev->handle));

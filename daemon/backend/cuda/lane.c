@@ -215,11 +215,9 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	p->enqueued = false;
 	p->done = NULL;
 	l->op_resets = p->resets = atomic_load(&cd->resets);
-	if (atomic_load(&cd->lost)) {
-		p->r = rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
-				    cd->dev->index);
+	p->r = cuda_refuse_if_lost(cd, &op->err);
+	if (p->r)
 		return;
-	}
 	r = cuda_bind(cd, &op->err);
 	if (r == 0)
 		r = lane_prepare(l, op);
@@ -230,11 +228,13 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	if (r == 0) {
 		p->enqueued = true;
 		cuda_enqueue_fn *enqueue = cuda_enqueue_of(cd, op);
-		if (enqueue)
+		if (enqueue) {
 			r = enqueue(l, op);
-		else
-			r = rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s",
-					 op->compute.spec->method);
+		} else {
+			rp_error_set(&op->err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s",
+				     op->compute.spec->method);
+			r = -EOPNOTSUPP;
+		}
 		/* A plan, a library handle, the call's scratch allocation or
 		 * its launch: whatever failed, the context may be why. */
 		if (r != 0)
@@ -451,10 +451,8 @@ struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct r
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
 	uint64_t resets = atomic_load(&cd->resets);
-	if (atomic_load(&cd->lost)) {
-		rp_error_set(err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset", dev->index);
+	if (cuda_refuse_if_lost(cd, err))
 		return NULL;
-	}
 	if (cuda_bind(cd, err)) {
 		cuda_check_failure(cd, err, resets);
 		return NULL;
@@ -523,9 +521,8 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 {
 	struct cuda_lane_impl *li = (struct cuda_lane_impl *)lane;
 	struct cuda_lane *l = &li->lane;
-	if (atomic_load(&l->cd->lost))
-		return rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context; it needs a reset",
-				    l->cd->dev->index);
+	if (cuda_refuse_if_lost(l->cd, &op->err))
+		return -EIO;
 	op->lane = lane;
 	pthread_mutex_lock(&li->lock);
 	int r = li->stopping ? -ESHUTDOWN : queue_push(&li->q, op);
@@ -534,9 +531,11 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 		pthread_cond_broadcast(&li->cond);
 	}
 	pthread_mutex_unlock(&li->lock);
-	if (r)
-		return rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
-				    "lane %u cannot take work", lane->index);
+	if (r) {
+		rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
+			     "lane %u cannot take work", lane->index);
+		return r;
+	}
 	return 0;
 }
 

@@ -44,8 +44,10 @@ static int host_open(struct rd_device *dev, struct rp_error *err)
 	struct host_device *h;
 	int r = rd_host_guard_install();
 
-	if (r < 0)
-		return rp_error_set(err, RP_ERR_BACKEND, "cannot install the SIGBUS guard: %s", strerror(-r));
+	if (r < 0) {
+		rp_error_set(err, RP_ERR_BACKEND, "cannot install the SIGBUS guard: %s", strerror(-r));
+		return -EIO;
+	}
 	h = calloc(1, sizeof(*h));
 	if (!h) {
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the device");

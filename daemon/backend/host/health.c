@@ -104,8 +104,10 @@ int host_health_start(struct rd_device *dev, unsigned period_ms, struct rp_error
 	hh->period_ms = period_ms ? period_ms : 5;
 	hh->stop = false;
 	r = pthread_create(&hh->thread, NULL, health_main, dev);
-	if (r)
-		return rp_error_set(err, RP_ERR_BACKEND, "cannot start the health watch: %s", strerror(r));
+	if (r) {
+		rp_error_set(err, RP_ERR_BACKEND, "cannot start the health watch: %s", strerror(r));
+		return -EIO;
+	}
 	hh->running = true;
 	return 0;
 }
