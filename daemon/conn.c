@@ -454,6 +454,12 @@ static void on_poll(uv_poll_t *handle, int status, int events)
 				break;
 		}
 	}
+	/* The peer hung up while we do not read (backpressure, or replies
+	 * held behind a Watch): nothing more of it can be read, and the
+	 * hangup, level-triggered, would wake the loop for ever. Closed as
+	 * at the end of the stream. */
+	if (!conn->closed && (events & UV_DISCONNECT) && !conn->reading)
+		rd_conn_close(conn);
 	conn_unref(conn);
 }
 

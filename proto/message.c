@@ -400,9 +400,37 @@ static bool add_params(cJSON *root, const cJSON *params)
 	return cJSON_AddItemReferenceToObject(root, "parameters", (cJSON *)params);
 }
 
+/* Drops, in place, every byte of text that does not belong to a UTF-8
+ * character. Strings a peer sent are cut to bounded buffers on their way
+ * into errors and reasons ("%.80s", a 120-byte reason in a 128-byte one),
+ * which may cut a character in two; cJSON writes such bytes as they are,
+ * and no peer could decode a message holding half a character. Only
+ * string contents can be affected: JSON's own syntax is ASCII. */
+static char *keep_utf8(char *text)
+{
+	const unsigned char *s = (const unsigned char *)text;
+	size_t n, r = 0, w = 0;
+
+	if (text == NULL)
+		return NULL;
+	n = strlen(text);
+	while (r < n) {
+		size_t len = utf8_sequence(s + r, n - r);
+		if (len == 0) {
+			r++;
+			continue;
+		}
+		memmove(text + w, text + r, len);
+		w += len;
+		r += len;
+	}
+	text[w] = '\0';
+	return text;
+}
+
 static char *print_and_delete(cJSON *root)
 {
-	char *text = cJSON_PrintUnformatted(root);
+	char *text = keep_utf8(cJSON_PrintUnformatted(root));
 
 	cJSON_Delete(root);
 	return text;

@@ -58,7 +58,9 @@ int rp_call_parse(const char *text, size_t len, struct rp_call *call, struct rp_
 void rp_call_finish(struct rp_call *call);
 
 /* Builders. Each returns a malloc'ed NUL-terminated string (free()), or NULL
- * on ENOMEM. `params` may be NULL (sent as {}); it is not consumed. */
+ * on ENOMEM. `params` may be NULL (sent as {}); it is not consumed. The text
+ * is always UTF-8: bytes of a character cut in two (a peer's string cut to a
+ * bounded buffer) are dropped. */
 char *rp_build_call(const char *method, const cJSON *params, bool more, bool oneway);
 char *rp_build_reply(const cJSON *params, bool continues);
 char *rp_build_error(const struct rp_error *err);

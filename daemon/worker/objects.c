@@ -171,8 +171,11 @@ int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object
 
 	if (r < 0)
 		return r;
+	/* The whole id must match: an object of an earlier generation left in
+	 * the table is not named by the same serial in this one. */
 	for (struct rd_object *o = t->table[bucket(id->serial)]; o; o = o->next_in_table) {
-		if (o->id.serial == id->serial && o->id.kind == id->kind && o->owner == who && !o->closing) {
+		if (o->id.serial == id->serial && o->id.kind == id->kind && o->id.generation == id->generation &&
+		    o->owner == who && !o->closing) {
 			*out = o;
 			return 0;
 		}

@@ -207,3 +207,198 @@ codecs = [
 ]
 for i, (t, p) in enumerate(codecs):
     write('codecs', '%02d.bin' % i, bytes([t]) + dump(p))
+
+# ---- The daemon targets ----
+
+B, H, S, D = 2, 2, 8, 16     # H was a handle above
+
+# fuzz_objects: one byte per operation (low nibble: 0/1 add, 2/3 find,
+# 4 find a made-up id, 5 ref, 6 unref, 7 close, 8 close_all, 9 a
+# connection put, 10 one got, 11 generation bump; bit 4 client B, bit 5
+# event, bit 6 close_all with the bump), then its arguments.
+objects = {
+    'add-find': [0x00, 0x10, 0x20, 0x02, 0x00, 0x12, 0x00, 0x22, 0x02, 0x03, 0x01, 0x32, 0x01],
+    'ref-close-unref': [0x00, 0x05, 0x00, 0x05, 0x00, 0x07, 0x00, 0x02, 0x00, 0x06, 0x00, 0x06, 0x00],
+    'generation': [0x00, 0x10, 0x0b, 0x02, 0x00, 0x4b, 0x00, 0x02, 0x02, 0x12, 0x01],
+    'client-put': [0x00, 0x10, 0x20, 0x0a, 0x09, 0x02, 0x00, 0x09, 0x02, 0x00, 0x19, 0x12, 0x01],
+    'made-up-ids': [0x00, 0x10, 0x04, 0x00, 0x01, 0x00, 0x44, 0x00, 0x01, 0x00, 0x04, 0x01, 0x01, 0x00,
+                    0x04, 0x00, 0x02, 0x01, 0x14, 0x00, 0x01, 0x20, 0x04, 0x00, 0x01, 0xff] + [7] * 8,
+    'close-all-held': [0x00, 0x20, 0x05, 0x00, 0x05, 0x01, 0x08, 0x06, 0x00, 0x02, 0x00, 0x06, 0x01],
+}
+for name, ops in objects.items():
+    write('objects', name, bytes(ops))
+
+# fuzz_lifecycle: one byte per event (bit 7: device 1; low nibble: 0
+# request [verb, deadline], 1 answer ok, 2 answer otherwise [how], 3 Ready,
+# 4 fault [kind], 5 exit [how], 6 channel lost, 7 deadline timer, 8 respawn
+# timer, 9 a signalled worker dies, 10 spawning fails or works, 11 kill,
+# 12 epoch or memory refresh [which]).
+lifecycle = {
+    'start': [0x03, 0x83],
+    'release': [0x03, 0x83, 0x00, 0x00, 0x03, 0x01, 0x01],
+    'reset-both': [0x03, 0x83, 0x00, 0x01, 0x02, 0x80, 0x01, 0x02, 0x01, 0x81, 0x01, 0x81],
+    'restart-fault-while-draining': [0x03, 0x00, 0x02, 0x03, 0x04, 0x00, 0x01, 0x01],
+    'not-drained': [0x03, 0x00, 0x00, 0x01, 0x02, 0x00, 0x09, 0x03, 0x08],
+    'unhealthy': [0x03, 0x00, 0x01, 0x01, 0x01, 0x02, 0x00, 0x09, 0x08, 0x03],
+    'error-reply': [0x03, 0x00, 0x02, 0x01, 0x02, 0x01, 0x09, 0x03],
+    'exit-mid-release': [0x03, 0x00, 0x00, 0x01, 0x01, 0x05, 0x01, 0x03],
+    'deadline': [0x03, 0x00, 0x01, 0x00, 0x07, 0x09, 0x03, 0x07],
+    'awaiting-timeout': [0x03, 0x00, 0x00, 0x01, 0x07, 0x07, 0x09, 0x08, 0x03],
+    'spawn-fails': [0x03, 0x0a, 0x05, 0x00, 0x08, 0x08, 0x0a, 0x08, 0x03],
+    'channel-lost': [0x03, 0x06, 0x00, 0x00, 0x03, 0x05, 0x00, 0x03],
+    'channel-lost-draining': [0x03, 0x00, 0x02, 0x03, 0x06, 0x05, 0x00, 0x08, 0x03],
+    'stats-epoch': [0x03, 0x0c, 0x00, 0x0c, 0x01, 0x01, 0x8c, 0x00],
+    'fault-idle': [0x03, 0x04, 0x01, 0x01, 0x01],
+    'fault-twice': [0x03, 0x04, 0x01, 0x04, 0x00, 0x01, 0x01, 0x01, 0x01],
+    'kill': [0x03, 0x0b, 0x09, 0x08, 0x03],
+    'queue': [0x03, 0x00, 0x00, 0x03, 0x00, 0x01, 0x03, 0x00, 0x02, 0x03, 0x01, 0x01, 0x01, 0x01, 0x01, 0x01],
+    'before-ready': [0x00, 0x00, 0x03, 0x05, 0x00, 0x08, 0x03, 0x01, 0x01],
+}
+for name, ops in lifecycle.items():
+    write('lifecycle', name, bytes(ops))
+
+# fuzz_dispatch: a stream of messages, each ended by a NUL; bytes after the
+# last NUL are a message begun and never ended. A message goes with as many
+# fds as it holds the letters "fd".
+def call(method, params=None, **flags):
+    c = {'method': method}
+    if params is not None:
+        c['parameters'] = params
+    c.update(flags)
+    return dump(c)
+
+def stream(*msgs, tail=b''):
+    return b''.join(m + b'\0' for m in msgs) + tail
+
+def imp(size=1024, handle='ab' * 64):
+    return call('io.regen.Memory.ImportBuffer', {'device': 0, 'kind': 'cuda_ipc', 'size': size, 'handle': handle})
+
+gemm3 = {'a': op('b0.1.1', [M, M]), 'b': op('b0.1.2', [M, M]), 'd': op('b0.1.3', [M, M])}
+dispatch = {
+    'info': stream(call('org.varlink.service.GetInfo'), call('org.varlink.service.GetInfo', {'x': 1}),
+                   call('org.varlink.service.GetInterfaceDescription', {'interface': 'io.regen'}),
+                   call('org.varlink.service.GetInterfaceDescription', {'interface': 'io.regen.Memory'}),
+                   call('org.varlink.service.GetInterfaceDescription', {'interface': 'io.regen.Worker'}),
+                   call('org.varlink.service.GetInterfaceDescription', {'interface': 'nope'}),
+                   call('org.varlink.service.GetInterfaceDescription'), call('io.regen.Nope.X'), call('nodot'),
+                   call('io.regen.Device.Nope'), call('.x'), call('io.regen.Device.Generation')),
+    'memory': stream(imp(), imp(), imp(),
+                     call('io.regen.Memory.ImportBuffer', {'device': 0, 'kind': 'host_fd', 'size': 4096, 'fd': 0}),
+                     call('io.regen.Memory.ImportBuffer', {'device': 0, 'kind': 'host_fd', 'size': 4096, 'fd': 9}),
+                     call('io.regen.Memory.ImportBuffer', {'device': 1, 'kind': 'cuda_ipc', 'size': 1, 'handle': 'ab' * 64}),
+                     call('io.regen.Memory.ImportBuffer', {'device': 0, 'kind': 'cuda_ipc', 'size': 13, 'handle': 'ab' * 64}),
+                     call('io.regen.Memory.ImportEvent', {'device': 0, 'handle': 'cd' * 64}),
+                     call('io.regen.Compute.Gemm', gemm3),
+                     call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.1.1'}),
+                     call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.1.1'}),
+                     call('io.regen.Compute.Gemm', gemm3),
+                     call('io.regen.Memory.CloseEvent', {'event': 'e0.1.5'}),
+                     call('io.regen.Memory.CloseEvent', {'event': 'b0.1.2'}),
+                     call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.2.2'})),
+    # An offset of 7 elements (mod 13) makes the stub refuse the submit, 11 fail the call.
+    'compute': stream(imp(4096), imp(), imp(), call('io.regen.Memory.ImportEvent', {'device': 0, 'handle': 'cd' * 64}),
+                      call('io.regen.Compute.Gemm', gemm3),
+                      call('io.regen.Compute.Gemm', dict(gemm3, a=op('b0.1.1', [M, M], offset=28))),
+                      call('io.regen.Compute.Gemm', dict(gemm3, a=op('b0.1.1', [M, M], offset=44))),
+                      call('io.regen.Compute.Gemm', dict(gemm3, wait_event='e0.1.4', signal_event='e0.1.4')),
+                      call('io.regen.Compute.Gemm', dict(gemm3, b=op('b0.1.2', [M, 64]), d=op('b0.1.3', [M, 64]))),
+                      call('io.regen.Compute.Attention', att(bufs=('b0.1.1', 'b0.1.2', 'b0.1.3', 'b0.1.3'))),
+                      call('io.regen.Compute.Attention', att()),
+                      call('io.regen.Compute.AttentionBackward', attb()),
+                      call('io.regen.Compute.Gemm', gemm3, oneway=True),
+                      call('io.regen.Compute.Gemm', gemm3, more=True),
+                      call('io.regen.Compute.Nope', {})),
+    'lifecycle': stream(call('io.regen.Device.Status'), call('io.regen.Device.Generation', {}),
+                        call('io.regen.Device.Release', {'device': 0, 'reason': 'x'}),
+                        call('io.regen.Device.Reset', {}),
+                        call('io.regen.Device.Restart', {'device': 1, 'deadline_ms': 10}),
+                        call('io.regen.Device.Restart', {'device': 7}),
+                        call('io.regen.Device.Release', {'deadline_ms': 10}),
+                        call('io.regen.Device.InjectFault', {'device': 0, 'kind': 'hang'}),
+                        call('io.regen.Device.InjectFault', {'device': 0, 'kind': 'melt'}),
+                        call('io.regen.Device.Status', {}), call('io.regen.Memory.ImportBuffer', {}),
+                        call('io.regen.Compute.Gemm', {'device': 1}),
+                        call('io.regen.Device.Watch', {}), call('io.regen.Device.Watch', {}, more=True),
+                        call('io.regen.Device.Restart', {'reason': 'after watch'}), call('io.regen.Device.Status')),
+    'oneway': stream(call('io.regen.Device.Status', oneway=True), call('io.regen.Device.Release', oneway=True),
+                     call('io.regen.Device.Watch', oneway=True), imp()[:-1] + b',"oneway":true}',
+                     call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.1.1'}, oneway=True),
+                     call('nope', oneway=True), call('io.regen.Device.Generation')),
+    'bad': stream(b'', b'{}', b'[]', b'null', b'{"method":""}', b'{"method":"x","oneway":true,"more":true}',
+                  b'\xff\xfe{"method":"x"}', b'{"method":"io.regen.Device.Status\\u0000junk"}',
+                  b'{"method":"io.regen.Device.Generation","parameters":null}',
+                  b'{"method":"io.regen.Device.Generation","parameters":{"x\\u0000":1}}',
+                  b'{"method":"x","parameters":' + b'{"a":' * 40 + b'1' + b'}' * 41,
+                  b'{"parameters":{}}', b'{"error":"io.regen.Nope","parameters":{}}', b'{"method":"x"} trailing',
+                  b'{"method":"io.regen.Memory.CloseBuffer","parameters":{"buffer":"b0.1.1\\u0000garbage"}}',
+                  b'{"method":"org.varlink.service.GetInfo","upgrade":true}',
+                  b'{"method":"io.regen.Device.Generation","more":true}'),
+    'fds': stream(call('io.regen.Device.Generation', {'pad': 'fd' * 17}),
+                  call('io.regen.Memory.ImportBuffer', {'device': 0, 'kind': 'host_fd', 'size': 64, 'fd': 1}),
+                  call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.1.1', 'fd': 1}),
+                  call('io.regen.Device.Generation'), tail=b'{"method":"fd fd'),
+    # A client's Release on the main socket moves the worker on too (the
+    # harness drives its control channel): ids of generation 1 go stale.
+    'generation': stream(imp(), imp(), imp(), call('io.regen.Compute.Gemm', gemm3),
+                         call('io.regen.Device.Release', {'device': 0}), call('io.regen.Compute.Gemm', gemm3),
+                         call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.1.1'}), imp(), imp(), imp(),
+                         call('io.regen.Compute.Gemm', {'a': op('b0.2.4', [M, M]), 'b': op('b0.2.5', [M, M]),
+                                                        'd': op('b0.2.6', [M, M])}),
+                         call('io.regen.Device.Reset', {}), call('io.regen.Compute.Gemm', gemm3),
+                         call('io.regen.Memory.CloseBuffer', {'buffer': 'b0.2.4'}), imp()),
+    # A Watch, more calls than the connection holds behind it, every reply
+    # read, then the close: the hangup came while the connection was not
+    # read, and used to wake the loop for ever with the connection kept.
+    'watch-backpressure-hangup': stream(call('io.regen.Device.Watch', {}, more=True),
+                                        *[call('io.regen.Device.Generation')] * 300),
+    # HUP: once every reply before it is read, the client stops reading.
+    # Two Watches on the connection, then a Restart: the announcement's
+    # write fails, the close drops the watchers while the announcement walks
+    # them (a use after free in watch.c before 35df7f0).
+    'hup-watch-announce': stream(call('io.regen.Device.Watch', {}, more=True),
+                                 call('io.regen.Device.Watch', {}, more=True), b'HUP',
+                                 call('io.regen.Device.Restart', {'device': 0}), call('io.regen.Device.Generation')),
+    # Buffers held, then calls pipelined behind a reply that cannot be written.
+    'hup-compute': stream(imp(), imp(), imp(), b'HUP', call('io.regen.Compute.Gemm', gemm3),
+                          call('io.regen.Compute.Gemm', gemm3), imp(), call('io.regen.Device.Release', {'device': 0}),
+                          call('io.regen.Compute.Gemm', gemm3), b'HUP', imp()),
+    'pipelined': stream(*[call('io.regen.Device.Generation')] * 300),
+    'partial': stream(call('io.regen.Device.Generation'), tail=b'{"method":"io.regen.Device.Sta'),
+}
+for name, data in dispatch.items():
+    write('dispatch', name, data)
+
+# fuzz_resolution: [op | objects made before a generation change << 4],
+# [number of objects - 1], a byte per object (size index | event 0x10 |
+# another process's 0x20 | closed 0x40), then the call's parameters.
+# Sizes: 1 2 16 64 255 256 1024 4096 4097 65536 2^20 2^31 2^32 2^40 2^48 8190.
+K1 = 6       # 1024 bytes: a 16x16 f32 matrix, a [2,2,8,16] f16 tensor
+res = {
+    'gemm-ok': (0x00, [K1, K1, K1], gemm3),
+    'gemm-small': (0x00, [K1, 5, K1], gemm3),
+    'gemm-other': (0x00, [K1, K1 | 0x20, K1], gemm3),
+    'gemm-closed': (0x00, [K1, K1, K1 | 0x40], gemm3),
+    'gemm-stale': (0x10, [K1, K1, K1, K1], {'a': op('b0.1.1', [M, M]), 'b': op('b0.2.2', [M, M]),
+                                            'd': op('b0.2.3', [M, M])}),
+    'gemm-current': (0x10, [K1, K1, K1, K1], {'a': op('b0.2.2', [M, M]), 'b': op('b0.2.3', [M, M]),
+                                              'd': op('b0.2.4', [M, M])}),
+    'gemm-events': (0x00, [K1, K1, K1, 0x10, 0x10], dict(gemm3, wait_event='e0.1.4', signal_event='e0.1.5')),
+    'gemm-event-other': (0x00, [K1, K1, K1, 0x30], dict(gemm3, wait_event='e0.1.4')),
+    'gemm-event-is-buffer': (0x00, [K1, K1, K1, K1], dict(gemm3, signal_event='b0.1.4')),
+    'gemm-buffer-is-event': (0x00, [K1, 0x10, K1], gemm3),
+    'gemm-device1': (0x00, [K1, K1, K1], dict(gemm3, d=op('b1.1.3', [M, M]))),
+    'gemm-one-buffer': (0x00, [7], {'a': op('b0.1.1', [16, 8]), 'b': op('b0.1.1', [8, 4], offset=512),
+                                    'd': op('b0.1.1', [16, 4], offset=1024)}),
+    'gemm-bias-c': (0x00, [K1, K1, K1, K1, 2], dict(gemm3, c=op('b0.1.4', [M, M]), beta=1.0, bias=op('b0.1.5', [M]),
+                                                    epilogue='bias')),
+    'gemm-huge': (0x00, [14, 14, 14], {'a': op('b0.1.1', [1 << 20, 1 << 20], 'bf16'),
+                                       'b': op('b0.1.2', [1 << 20, 8], 'bf16'), 'd': op('b0.1.3', [1 << 20, 8])}),
+    'gemm-last-byte': (0x00, [K1, K1, 8], dict(gemm3, d=op('b0.1.3', [M, M], offset=3072))),
+    'attention-ok': (0x01, [K1, K1, K1, K1], att()),
+    'attention-stats': (0x01, [K1, K1, K1, K1, 2], dict(att(), stats=op('b0.1.5', [B, H, S]))),
+    'attention-small-v': (0x01, [K1, K1, 5, K1], att()),
+    'attention-backward': (0x02, [9], attb(bufs=['b0.1.1'] * 9)),
+    'attention-backward-disjoint': (0x02, [9], attb_cases['one-buffer-disjoint']),
+}
+for name, (head, objs, params) in res.items():
+    write('resolution', name, bytes([head, len(objs) - 1] + objs) + dump(params))
