@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "hex.h"
 #include "compute_check.h"
 #include "errors.h"
 #include "params.h"
@@ -231,41 +232,14 @@ int rp_comm_check_ranks(const struct rp_compute *c, uint32_t nranks, struct rp_e
 
 /* ---- Unique ids ---------------------------------------------------------------- */
 
-static int hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 int rp_comm_id_from_hex(const char *hex, unsigned char out[RP_COMM_ID_SIZE])
 {
-	if (hex == NULL || strlen(hex) != RP_COMM_ID_HEX_LEN)
-		return -EINVAL;
-	for (int i = 0; i < RP_COMM_ID_SIZE; i++) {
-		int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
-
-		if (hi < 0 || lo < 0)
-			return -EINVAL;
-		out[i] = (unsigned char)(hi << 4 | lo);
-	}
-	return 0;
+	return rp_hex_decode(hex, out, RP_COMM_ID_SIZE);
 }
 
 char *rp_comm_id_to_hex(const unsigned char id[RP_COMM_ID_SIZE], char out[RP_COMM_ID_HEX_LEN + 1])
 {
-	static const char digits[] = "0123456789abcdef";
-
-	for (int i = 0; i < RP_COMM_ID_SIZE; i++) {
-		out[2 * i] = digits[id[i] >> 4];
-		out[2 * i + 1] = digits[id[i] & 15];
-	}
-	out[RP_COMM_ID_HEX_LEN] = '\0';
-	return out;
+	return rp_hex_encode(id, RP_COMM_ID_SIZE, out);
 }
 
 int rp_comm_get_unique_id_decode(const cJSON *params, struct rp_error *err)
