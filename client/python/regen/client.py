@@ -29,41 +29,9 @@ _IDLE_PROBE_S = 0.001
 _OP_NAMES = {name: frozenset(o.name for o in op.operands) for name, op in ops.OPS.items()}
 
 
-class Buffer:
-    """An imported buffer.  ``str(buf)`` is its wire id (``b<dev>.<gen>.<n>``).
-    ``keepalive`` is what must stay alive while regend maps the memory (the
-    torch tensor of import_tensor); closing the buffer drops it."""
-
-    __slots__ = ("id", "device", "generation", "size", "kind", "keepalive", "closed", "_on_drop")
-
-    def __init__(self, id, device, generation, size, kind, keepalive=None):
-        self.id = id
-        self.device = device
-        self.generation = generation
-        self.size = size
-        self.kind = kind
-        self.keepalive = keepalive
-        self.closed = False
-        self._on_drop = None
-
-    def _drop(self):
-        """regend maps this memory no more: let it go."""
-        self.keepalive = None
-        on_drop, self._on_drop = self._on_drop, None
-        if on_drop is not None:
-            on_drop()
-
-    def __str__(self):
-        return self.id
-
-    def __repr__(self):
-        state = " closed" if self.closed else ""
-        return f"<regen.Buffer {self.id} {self.kind} {self.size} bytes dev={self.device} gen={self.generation}{state}>"
-
-
-class Event:
-    """An imported CUDA IPC event, for the ``wait_event`` and ``signal_event``
-    of compute calls.  ``str(ev)`` is its wire id (``e<dev>.<gen>.<n>``)."""
+class _Object:
+    """What every object regend names has: its wire id (``str(obj)``), the
+    device and generation it lives in, and whether it was closed."""
 
     __slots__ = ("id", "device", "generation", "closed")
 
@@ -76,34 +44,63 @@ class Event:
     def __str__(self):
         return self.id
 
+    def _state(self):
+        return " closed" if self.closed else ""
+
+
+class Buffer(_Object):
+    """An imported buffer.  ``str(buf)`` is its wire id (``b<dev>.<gen>.<n>``).
+    ``keepalive`` is what must stay alive while regend maps the memory (the
+    torch tensor of import_tensor); closing the buffer drops it."""
+
+    __slots__ = ("size", "kind", "keepalive", "_on_drop")
+
+    def __init__(self, id, device, generation, size, kind, keepalive=None):
+        super().__init__(id, device, generation)
+        self.size = size
+        self.kind = kind
+        self.keepalive = keepalive
+        self._on_drop = None
+
+    def _drop(self):
+        """regend maps this memory no more: let it go."""
+        self.keepalive = None
+        on_drop, self._on_drop = self._on_drop, None
+        if on_drop is not None:
+            on_drop()
+
     def __repr__(self):
-        state = " closed" if self.closed else ""
-        return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{state}>"
+        state = self._state()
+        return f"<regen.Buffer {self.id} {self.kind} {self.size} bytes dev={self.device} gen={self.generation}{state}>"
 
 
-class Comm:
+class Event(_Object):
+    """An imported CUDA IPC event, for the ``wait_event`` and ``signal_event``
+    of compute calls.  ``str(ev)`` is its wire id (``e<dev>.<gen>.<n>``)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{self._state()}>"
+
+
+class Comm(_Object):
     """A communicator (io.regen.Comm) on one device: rank ``rank`` of
     ``nranks``.  ``str(comm)`` is its wire id (``c<dev>.<gen>.<n>``).
     ``collectives`` is what Attach reported (None after Init)."""
 
-    __slots__ = ("id", "device", "generation", "rank", "nranks", "key", "collectives", "closed")
+    __slots__ = ("rank", "nranks", "key", "collectives")
 
     def __init__(self, id, device, generation, rank, nranks, key=None, collectives=None):
-        self.id = id
-        self.device = device
-        self.generation = generation
+        super().__init__(id, device, generation)
         self.rank = rank
         self.nranks = nranks
         self.key = key
         self.collectives = collectives
-        self.closed = False
-
-    def __str__(self):
-        return self.id
 
     def __repr__(self):
-        state = " closed" if self.closed else ""
-        return f"<regen.Comm {self.id} rank {self.rank}/{self.nranks} dev={self.device} gen={self.generation}{state}>"
+        return (f"<regen.Comm {self.id} rank {self.rank}/{self.nranks} dev={self.device} gen={self.generation}"
+                f"{self._state()}>")
 
 
 def _comm_id(comm):
