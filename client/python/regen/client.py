@@ -799,7 +799,7 @@ class Client:
         if len(devices) != 1:
             raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
         device = devices.pop()
-        if tensors:
+        if tensors and wait_event is None:
             _sync_torch(tensors)
         try:
             lane = self._lanes.get(device)
@@ -914,7 +914,7 @@ class Client:
             params["signal_event"] = _event_id(signal_event)
         if deadline_ms is not None:
             params["deadline_ms"] = int(deadline_ms)
-        if tensors:
+        if tensors and wait_event is None:
             _sync_torch(tensors)
         return self._worker_call(device, method, params).get("elapsed_us")
 
@@ -1041,7 +1041,11 @@ def _release_ipc_counter(handle, offset):
 
 def _sync_torch(tensors):
     """regend runs on its own streams in another process: the work this
-    process queued on its current streams must be done before it reads."""
+    process queued on its current streams must be done before it reads.
+    Not when the call names a wait_event: the caller recorded it after that
+    work, and regend's stream waits for it on the GPU (a host
+    synchronisation there would hold the call back until the rank's stream
+    drained, so it could never be in flight beside the rank's work)."""
     import torch
     for dev in {t.device for t in tensors}:
         torch.cuda.current_stream(dev).synchronize()
