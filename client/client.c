@@ -121,6 +121,7 @@ REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **ou
 	}
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
 	c->timeout_s = DEFAULT_TIMEOUT_S;
+	c->transport = rc_transport_from_env();
 	/* The first connection is tried once: a daemon that is not there is
 	 * reported at once, not waited for. */
 	r = rc_conn_open(&c->main, c->socket_path, rc_deadline(c->timeout_s), false);
@@ -152,6 +153,7 @@ REGEN_EXPORT void regen_client_destroy(regen_client *c)
 	for (i = 0; i < REGEN_DEVICES_MAX; i++) {
 		rc_conn_close(&c->worker[i]);
 		rp_rx_finish(&c->worker[i].rx);
+		rc_lane_reset(&c->lanes[i]);
 	}
 	rc_clear_error(c);
 	free(c);
@@ -241,7 +243,7 @@ static int worker_path(regen_client *c, int device, int64_t deadline, char *path
 /* Finds the device's worker socket through Status and connects to it. A
  * worker being respawned has no socket for a moment, or an old path that
  * refuses: both are retried until the deadline. */
-static int ensure_worker(regen_client *c, int device, int64_t deadline)
+int rc_ensure_worker(regen_client *c, int device, int64_t deadline)
 {
 	struct rc_conn *w = &c->worker[device];
 	char path[sizeof(w->path)];
@@ -251,6 +253,8 @@ static int ensure_worker(regen_client *c, int device, int64_t deadline)
 		return 0;
 	}
 	rc_conn_close(w);
+	/* The lane (its ring, its calls outstanding) went with the connection. */
+	rc_lane_reset(&c->lanes[device]);
 	for (;;) {
 		r = worker_path(c, device, deadline, path, sizeof(path));
 		if (r < 0) {
@@ -364,7 +368,10 @@ int rc_call(regen_client *c, int device, const char *method, const cJSON *params
 		r = ensure_main(c, deadline);
 	} else {
 		conn = &c->worker[device];
-		r = ensure_worker(c, device, deadline);
+		/* Replies of calls queued without waiting come first. */
+		r = rc_lane_settle(c, device);
+		if (r == 0)
+			r = rc_ensure_worker(c, device, deadline);
 	}
 	if (r < 0) {
 		if (r != -EREMOTE && regen_client_error_message(c) == NULL) {

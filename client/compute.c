@@ -74,12 +74,14 @@ static int put_event(regen_client *c, struct rp_event_ref *ref, const char *name
 	return 0;
 }
 
-/* Checks the objects, encodes the call by its table and sends it. */
+/* Checks the objects and queues the call on its device's lane (the ring's
+ * record or the Varlink call, both from the same descriptor). With ticket
+ * NULL, waits for its answer. */
 static int send_call(regen_client *c, struct rp_compute *call, const struct regen_tensor *const *tensors,
-		     const regen_event *wait, const regen_event *signal)
+		     const regen_event *wait, const regen_event *signal, uint64_t *ticket)
 {
 	int device = -1, r = 0;
-	cJSON *params;
+	uint64_t t;
 
 	for (unsigned i = 0; i < call->spec->noperands && r == 0; i++)
 		r = put_operand(c, call, (int)i, tensors[i], &device);
@@ -89,15 +91,17 @@ static int send_call(regen_client *c, struct rp_compute *call, const struct rege
 		r = put_event(c, &call->signal_event, "signal_event", signal, &device);
 	if (r < 0)
 		return r;
-	params = rp_compute_to_json(call);
-	if (params == NULL)
-		return -ENOMEM;
-	r = rc_call(c, device, call->spec->method, params, NULL, 0, NULL);
-	cJSON_Delete(params);
-	return r;
+	r = rc_lane_submit(c, device, call, &t);
+	if (r < 0)
+		return r;
+	if (ticket != NULL) {
+		*ticket = t;
+		return 0;
+	}
+	return rc_lane_wait(c, device, t);
 }
 
-REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
+static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *ticket)
 {
 	struct rp_compute call = { .spec = &rp_op_gemm };
 	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
@@ -115,7 +119,17 @@ REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
 		.epilogue = (enum rp_epilogue)g->epilogue,
 		.compute = g->tf32 ? RP_COMPUTE_TF32 : RP_COMPUTE_F32,
 	};
-	return send_call(c, &call, tensors, g->wait_event, g->signal_event);
+	return send_call(c, &call, tensors, g->wait_event, g->signal_event, ticket);
+}
+
+REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
+{
+	return gemm(c, g, NULL);
+}
+
+REGEN_EXPORT int regen_gemm_submit(regen_client *c, const struct regen_gemm_args *g, uint64_t *ticket)
+{
+	return ticket != NULL ? gemm(c, g, ticket) : -EINVAL;
 }
 
 static struct rp_attention attention_scalars(double scale, bool causal, enum regen_causal_alignment alignment)
@@ -127,7 +141,7 @@ static struct rp_attention attention_scalars(double scale, bool causal, enum reg
 	};
 }
 
-REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *a)
+static int attention(regen_client *c, const struct regen_attention_args *a, uint64_t *ticket)
 {
 	struct rp_compute call = { .spec = &rp_op_attention };
 
@@ -137,10 +151,20 @@ REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_a
 		[RP_ATT_Q] = &a->q, [RP_ATT_K] = &a->k, [RP_ATT_V] = &a->v, [RP_ATT_O] = &a->o, [RP_ATT_STATS] = a->stats,
 	};
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
-	return send_call(c, &call, tensors, a->wait_event, a->signal_event);
+	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
+REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *a)
+{
+	return attention(c, a, NULL);
+}
+
+REGEN_EXPORT int regen_attention_submit(regen_client *c, const struct regen_attention_args *a, uint64_t *ticket)
+{
+	return ticket != NULL ? attention(c, a, ticket) : -EINVAL;
+}
+
+static int attention_backward(regen_client *c, const struct regen_attention_backward_args *a, uint64_t *ticket)
 {
 	struct rp_compute call = { .spec = &rp_op_attention_backward };
 
@@ -152,5 +176,16 @@ REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_at
 		[RP_ATB_DV] = &a->d_v,
 	};
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
-	return send_call(c, &call, tensors, a->wait_event, a->signal_event);
+	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
+}
+
+REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
+{
+	return attention_backward(c, a, NULL);
+}
+
+REGEN_EXPORT int regen_attention_backward_submit(regen_client *c, const struct regen_attention_backward_args *a,
+						 uint64_t *ticket)
+{
+	return ticket != NULL ? attention_backward(c, a, ticket) : -EINVAL;
 }

@@ -15,7 +15,7 @@ static bool device_ok(int device)
 }
 
 /* Fills in obj and links it into the client's list. */
-static void object_add(regen_client *c, struct rc_object *obj, int device, const struct rp_id *rid)
+void rc_object_add(regen_client *c, struct rc_object *obj, int device, const struct rp_id *rid)
 {
 	obj->client = c;
 	obj->device = device;
@@ -29,7 +29,7 @@ static void object_add(regen_client *c, struct rc_object *obj, int device, const
 	c->objects = obj;
 }
 
-static void object_unlink(struct rc_object *obj)
+void rc_object_unlink(struct rc_object *obj)
 {
 	if (obj->client == NULL) {
 		return;
@@ -57,6 +57,7 @@ static int object_close(struct rc_object *obj, const char *method)
 	if (c == NULL || c->known_generation[obj->device] > obj->rid.generation) {
 		goto out;
 	}
+	rc_lane_forget(c, obj->device, &obj->rid);
 	p = rp_close_object_encode((enum rp_id_kind)obj->rid.kind, &obj->rid);
 	if (p == NULL) {
 		r = -ENOMEM;
@@ -72,7 +73,7 @@ static int object_close(struct rc_object *obj, const char *method)
 	}
 out:
 	cJSON_Delete(p);
-	object_unlink(obj);
+	rc_object_unlink(obj);
 	free(obj);
 	return r;
 }
@@ -116,7 +117,7 @@ static int import_object(regen_client *c, int device, const char *method, cJSON 
 	if (*out == NULL) {
 		return -ENOMEM;
 	}
-	object_add(c, *out, device, &rid);
+	rc_object_add(c, *out, device, &rid);
 	return 0;
 }
 

@@ -10,6 +10,21 @@
 #include "proto/message.h"
 
 struct rc_object;
+struct rc_ring;
+
+/* A device's lane: the compute calls of its worker connection, over the
+ * ring or as Varlink calls (lane.c). Tickets count calls queued and
+ * answers read. */
+struct rc_lane {
+	bool decided;                     /* the transport is picked for this connection */
+	struct rc_ring *ring;             /* the one in use; NULL: Varlink */
+	struct rc_ring *open_ring;        /* the connection's, used or not */
+	uint64_t submitted, completed;
+	uint64_t last_elapsed_us;
+	uint64_t idle_since_ns;           /* when the last answer was read */
+	char err_name[128];               /* the first error since the last wait */
+	cJSON *err_params;
+};
 
 struct regen_client {
 	char socket_path[sizeof(((struct rc_conn *)0)->path)];
@@ -22,7 +37,9 @@ struct regen_client {
 	char *err_params;                 /* JSON text, malloc'ed */
 	/* The newest generation seen per device (Status, Watch, imports, errors). */
 	uint64_t known_generation[REGEN_DEVICES_MAX];
-	struct rc_object *objects;        /* open buffers and events, so destroy can detach them */
+	struct rc_object *objects;        /* open buffers, events and communicators, so destroy can detach them */
+	enum regen_transport transport;   /* REGEN_TRANSPORT, regen_client_set_transport */
+	struct rc_lane lanes[REGEN_DEVICES_MAX];
 };
 
 /* What buffers and events share: an id in one device's worker, made in one
@@ -44,6 +61,16 @@ struct regen_event {
 	struct rc_object obj;
 };
 
+struct regen_comm {
+	struct rc_object obj;
+	uint32_t rank, nranks;
+	uint64_t collectives;
+};
+
+/* objects.c: fills in obj and links it into the client's list; unlinks it. */
+void rc_object_add(regen_client *c, struct rc_object *obj, int device, const struct rp_id *rid);
+void rc_object_unlink(struct rc_object *obj);
+
 /* Calls `method` on the main socket (device < 0) or the device's worker
  * socket, connecting (or reconnecting) first when needed. `params` (may be
  * NULL) is not consumed. On success, *reply (when not NULL) receives the
@@ -63,6 +90,25 @@ int rc_malformed_reply(regen_client *c, const char *method, struct rp_error *err
 /* Remembers that `device` has reached `generation`: ids of older
  * generations are gone with it. */
 void rc_note_generation(regen_client *c, int64_t device, uint64_t generation);
+
+/* The device's worker connection, (re)opened when needed; a new one starts
+ * its lane afresh. */
+int rc_ensure_worker(regen_client *c, int device, int64_t deadline);
+
+/* lane.c */
+enum regen_transport rc_transport_from_env(void);
+/* Queues a parsed call on the device's lane; *ticket (may be NULL) names it. */
+struct rp_compute;
+int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, uint64_t *ticket);
+/* Reads answers up to ticket; the first error among them, named. */
+int rc_lane_wait(regen_client *c, int device, uint64_t ticket);
+/* Reads the answers of Varlink calls still outstanding on the lane, keeping
+ * their first error for the next wait (before another call on the
+ * connection). */
+int rc_lane_settle(regen_client *c, int device);
+/* An id closed: the lane's table no longer holds it. */
+void rc_lane_forget(regen_client *c, int device, const struct rp_id *rid);
+void rc_lane_reset(struct rc_lane *lane);
 
 /* Makes a regen_status of a Status-shaped reply (which it takes over,
  * also on failure). */

@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -12,6 +14,9 @@
 #include <cjson/cJSON.h>
 #include "regen-config.h"
 #include "regen.h"
+#include "client/ctl/call.h"
+#include "client/ctl/metrics.h"
+#include "client/ctl/targets.h"
 
 enum {
 	EXIT_OK = 0,
@@ -20,6 +25,10 @@ enum {
 	EXIT_TIMEOUT = 3,
 	EXIT_NOT_PERMITTED = 4,
 	EXIT_UNREACHABLE = 5,
+	/* health's verdicts, worst first when devices differ. */
+	EXIT_DEGRADED = 6,
+	EXIT_FAULTED = 7,
+	EXIT_FAILED = 8,
 };
 
 #define DEFAULT_TIMEOUT_S 60.0
@@ -34,22 +43,28 @@ enum {
 	OPT_DEADLINE = 1 << 4,
 	OPT_COUNT = 1 << 5,
 	OPT_KIND = 1 << 6,
+	OPT_JOB = 1 << 7,
+	OPT_MORE = 1 << 8,
 };
 
 struct opts {
 	const char *socket;
 	bool json;
 	unsigned given;          /* OPT_* on the command line */
-	int device;              /* -1: all */
+	int device;              /* inject-fault's; -1: not given */
+	const char *device_list; /* --device as given */
+	struct ctl_targets targets;   /* lifecycle commands: resolved after connecting */
 	const char *reason;
 	double timeout;          /* seconds */
 	bool timeout_set;
 	long deadline_ms;
 	long count;
 	const char *kind;
+	const char *command;     /* its name, for messages */
+	const char *method, *params;   /* call's */
 };
 
-enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART };
+enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART, VERB_DETACH, VERB_ATTACH };
 
 struct command {
 	const char *name;
@@ -66,19 +81,32 @@ static int cmd_generation(regen_client *c, const struct command *cmd, const stru
 static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_health(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_metrics(regen_client *c, const struct command *cmd, const struct opts *o);
 
-#define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_REASON | OPT_WAIT)
+#define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_WAIT)
 
 static const struct command commands[] = {
 	{ "status", cmd_status, "", "every device: generation, state, backend, worker", 0, false, VERB_NONE },
 	{ "generation", cmd_generation, "", "the node epoch and each device's generation", 0, false, VERB_NONE },
-	{ "release", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]",
+	{ "release", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]",
 	  "drain and release: CUDA resources destroyed, memory returned", LIFECYCLE_OPTS, true, VERB_RELEASE },
-	{ "reset", cmd_lifecycle, "[TARGET] [--reason TEXT] [--wait]", "throw the context away and rebuild",
+	{ "reset", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]", "throw the context away and rebuild",
 	  LIFECYCLE_OPTS, true, VERB_RESET },
-	{ "restart", cmd_lifecycle, "[TARGET] [--reason TEXT] [--deadline-ms MS] [--wait]",
+	{ "restart", cmd_lifecycle, "TARGET [--reason TEXT] [--deadline-ms MS] [--wait]",
 	  "drain (until the deadline), release or reset, new generation", LIFECYCLE_OPTS | OPT_DEADLINE, true,
 	  VERB_RESTART },
+	{ "detach", cmd_lifecycle, "TARGET [--reason TEXT] [--deadline-ms MS]",
+	  "drain, worker exits, no handle on the GPU, no respawn (for nvidia-smi -r, driver upgrades)",
+	  OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_DEADLINE, true, VERB_DETACH },
+	{ "attach", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]", "bring detached devices back, new generation",
+	  LIFECYCLE_OPTS, true, VERB_ATTACH },
+	{ "health", cmd_health, "", "exit 0 when every device is ready, else 6 degraded, 7 faulted, 8 failed", 0, false,
+	  VERB_NONE },
+	{ "metrics", cmd_metrics, "", "Prometheus text format (node_exporter's textfile collector)", 0, false,
+	  VERB_NONE },
+	{ "call", NULL, "METHOD [JSON] [--more]", "one raw Varlink call on regend's socket; prints each reply", OPT_MORE,
+	  false, VERB_NONE },
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
 	  false, VERB_NONE },
 	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
@@ -106,6 +134,10 @@ static const char *option_name(unsigned bit)
 		return "--count";
 	case OPT_KIND:
 		return "--kind";
+	case OPT_JOB:
+		return "--job";
+	case OPT_MORE:
+		return "--more";
 	}
 	return "?";
 }
@@ -128,7 +160,13 @@ static void usage(FILE *f)
 	}
 	fprintf(f,
 		"\n"
-		"TARGET: --device N, or --all (the default).\n"
+		"TARGET (one of them; there is no default):\n"
+		"  --device LIST   devices by index (0,1 or 0-3), GPU UUID (GPU-..., HOST-N on the\n"
+		"                  host backend) or PCI bus id (0000:65:00.0), as status shows them\n"
+		"  --job           the job's own GPUs: SLURM_STEP_GPUS, SLURM_JOB_GPUS,\n"
+		"                  NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set;\n"
+		"                  a job without GPUs has nothing to do (exit 0)\n"
+		"  --all           every device of the node, other jobs' too\n"
 		"\n"
 		"Options:\n"
 		"  --socket PATH   regend's socket (default $REGEN_SOCKET, else %s)\n"
@@ -137,6 +175,8 @@ static void usage(FILE *f)
 		"                  in a newer generation; print the generation(s) and the time taken\n"
 		"  --timeout S     give up after S seconds (default 60; watch: no limit)\n"
 		"  --count N       watch: exit after N transitions\n"
+		"  --more          call: ask for more replies and print each until the last\n"
+		"  --version       regenctl's version\n"
 		"  -h, --help      this text\n"
 		"\n"
 		"Admin commands need root or membership in regend's --admin-group.\n"
@@ -148,7 +188,13 @@ static void usage(FILE *f)
 		"  3  timeout: --timeout passed (or regend's " REGEN_ERROR_TIMEOUT ")\n"
 		"  4  not permitted: " REGEN_ERROR_NOT_PERMITTED " (admin commands need root or the admin\n"
 		"     group), or no permission to open the socket\n"
-		"  5  regend unreachable: no socket, connection refused, or the connection broke\n",
+		"  5  regend unreachable: no socket, connection refused, or the connection broke\n"
+		"  health only (the worst device wins):\n"
+		"  6  degraded: a device is draining, released, resetting, respawning or detached,\n"
+		"     or its GPU waits for a reset (retired pages or remapped rows pending)\n"
+		"  7  faulted: a device faulted or its worker is unresponsive\n"
+		"  8  failed: a device failed (needs a GPU reset or fell off the bus), or a row\n"
+		"     remapping failed\n",
 		REGEN_DEFAULT_SOCKET);
 }
 
@@ -378,13 +424,17 @@ static int cmd_generation(regen_client *c, const struct command *cmd, const stru
 
 static bool targeted(const struct opts *o, int index)
 {
-	return o->device < 0 || index == o->device;
+	return ctl_targeted(&o->targets, index);
 }
 
 /* --wait: a Watch subscribed before the command is sent, and the targeted
  * devices' generations from just after it; the command's changes then
  * arrive as events. The stream from the subscription on is complete and in
  * order, so the last event of each device is its state now. */
+/* How a targeted device came back, from the states it went through: the
+ * worst one counts (a release whose worker was then killed was a respawn). */
+enum how { HOW_NONE = 0, HOW_RELEASED, HOW_RESET, HOW_RESPAWNED };
+
 struct waiter {
 	regen_watcher *w;
 	regen_status *before;
@@ -394,12 +444,94 @@ struct waiter {
 		bool ready;
 		uint64_t generation;
 	} now[REGEN_DEVICES_MAX];
+	/* Outlive a new subscription. */
+	enum how how[REGEN_DEVICES_MAX];
+	char why[REGEN_DEVICES_MAX][160];   /* the respawn's reason */
+	const struct opts *o;               /* NULL until the command was sent: no progress before */
+	bool progress;                      /* stderr is a terminal: one line per step */
+	long in_flight[REGEN_DEVICES_MAX];  /* calls in flight as the command went out */
 };
+
+/* Each device's calls in flight as the command is sent (Status asks the
+ * workers afresh): what its drain waits for. -1 where regend does not say. */
+static void note_in_flight(regen_client *c, struct waiter *wt)
+{
+	char *reply = NULL;
+	cJSON *j, *d;
+
+	for (int i = 0; i < REGEN_DEVICES_MAX; i++) {
+		wt->in_flight[i] = -1;
+	}
+	if (regen_call(c, -1, "io.regen.Device.Status", NULL, NULL, 0, &reply) < 0) {
+		return;
+	}
+	j = cJSON_Parse(reply);
+	cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(j, "devices")) {
+		const cJSON *index = cJSON_GetObjectItemCaseSensitive(d, "index");
+		const cJSON *in_flight = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(d, "counters"),
+									  "in_flight");
+
+		if (cJSON_IsNumber(index) && index->valuedouble >= 0 && index->valuedouble < REGEN_DEVICES_MAX &&
+		    cJSON_IsNumber(in_flight)) {
+			wt->in_flight[(int)index->valuedouble] = (long)in_flight->valuedouble;
+		}
+	}
+	cJSON_Delete(j);
+	free(reply);
+}
+
+static void waiter_progress(struct waiter *wt, const struct regen_watch_event *ev)
+{
+	const char *s = ev->state;
+	long n;
+
+	if (strcmp(ev->reason, "subscribed") == 0) {
+		return;
+	}
+	if (strcmp(s, "draining") == 0) {
+		n = wt->in_flight[ev->device];
+		if (n >= 0) {
+			fprintf(stderr, "device %d: draining %ld call(s) in flight\n", ev->device, n);
+		} else {
+			fprintf(stderr, "device %d: draining\n", ev->device);
+		}
+	} else if (strcmp(s, "released") == 0) {
+		fprintf(stderr, "device %d: releasing in place (every resource destroyed, memory returned)\n", ev->device);
+	} else if (strcmp(s, "resetting") == 0) {
+		fprintf(stderr, "device %d: resetting (context thrown away and rebuilt)\n", ev->device);
+	} else if (strcmp(s, "respawning") == 0 && strcmp(wt->o->command, "attach") == 0) {
+		fprintf(stderr, "device %d: attaching: a new worker starts\n", ev->device);
+	} else if (strcmp(s, "respawning") == 0 || strcmp(s, "unresponsive") == 0) {
+		fprintf(stderr, "device %d: worker killed, respawning: %s\n", ev->device, ev->reason);
+	} else if (strcmp(s, "ready") == 0) {
+		fprintf(stderr, "device %d: ready in generation %llu\n", ev->device, (unsigned long long)ev->generation);
+	} else {
+		fprintf(stderr, "device %d: %s: %s\n", ev->device, s, ev->reason);
+	}
+}
 
 static void waiter_apply(struct waiter *wt, const struct regen_watch_event *ev)
 {
+	enum how how = HOW_NONE;
+
 	if (ev->device < 0 || ev->device >= REGEN_DEVICES_MAX) {
 		return;
+	}
+	if (wt->o != NULL && targeted(wt->o, ev->device) && strcmp(ev->reason, "subscribed") != 0) {
+		if (strcmp(ev->state, "released") == 0) {
+			how = HOW_RELEASED;
+		} else if (strcmp(ev->state, "resetting") == 0) {
+			how = HOW_RESET;
+		} else if (strcmp(ev->state, "respawning") == 0 || strcmp(ev->state, "unresponsive") == 0) {
+			how = HOW_RESPAWNED;
+			snprintf(wt->why[ev->device], sizeof(wt->why[ev->device]), "%s", ev->reason);
+		}
+		if (how > wt->how[ev->device]) {
+			wt->how[ev->device] = how;
+		}
+		if (wt->progress) {
+			waiter_progress(wt, ev);
+		}
 	}
 	wt->now[ev->device].seen = true;
 	wt->now[ev->device].ready = strcmp(ev->state, "ready") == 0;
@@ -449,8 +581,10 @@ static bool waiter_done(const struct waiter *wt, const struct opts *o)
 		if (!targeted(o, d->index) || d->index < 0 || d->index >= REGEN_DEVICES_MAX) {
 			continue;
 		}
+		/* Attach leaves a device that was not detached as it was. */
 		if (!wt->now[d->index].seen || !wt->now[d->index].ready ||
-		    wt->now[d->index].generation <= d->generation) {
+		    (wt->now[d->index].generation <= d->generation &&
+		     !(strcmp(o->command, "attach") == 0 && strcmp(d->state, "detached") != 0))) {
 			return false;
 		}
 	}
@@ -472,6 +606,8 @@ static void waiter_report(const struct waiter *wt, const struct opts *o, double 
 				cJSON_AddNumberToObject(e, "index", i);
 				cJSON_AddNumberToObject(e, "generation", (double)wt->now[i].generation);
 				cJSON_AddStringToObject(e, "state", "ready");
+				cJSON_AddStringToObject(e, "how", (const char *const[]){ "", "released", "reset",
+										       "respawned" }[wt->how[i]]);
 				cJSON_AddItemToArray(arr, e);
 			}
 		}
@@ -483,7 +619,24 @@ static void waiter_report(const struct waiter *wt, const struct opts *o, double 
 	}
 	for (i = 0; i < REGEN_DEVICES_MAX; i++) {
 		if (wt->now[i].seen && targeted(o, i) && regen_status_find_device(wt->before, i) != NULL) {
-			printf("device %d: ready in generation %llu\n", i, (unsigned long long)wt->now[i].generation);
+			printf("device %d: ready in generation %llu", i, (unsigned long long)wt->now[i].generation);
+			switch (wt->how[i]) {
+			case HOW_RELEASED:
+				printf(" (released in place)\n");
+				break;
+			case HOW_RESET:
+				printf(" (reset in place)\n");
+				break;
+			case HOW_RESPAWNED:
+				if (strcmp(o->command, "attach") == 0) {
+					printf(" (attached: a new worker)\n");
+				} else {
+					printf(" (worker killed and respawned: %s)\n", wt->why[i]);
+				}
+				break;
+			default:
+				printf("\n");
+			}
 		}
 	}
 	printf("elapsed %.3f s\n", now_s() - start);
@@ -498,9 +651,11 @@ static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o,
 	const struct regen_watch_event *ev;
 	int r;
 
-	if (regen_status_find_device(wt->before, o->device) == NULL && o->device >= 0) {
-		fprintf(stderr, "regenctl: wait: regend serves no device %d\n", o->device);
-		return EXIT_ERROR;
+	for (int i = 0; i < REGEN_DEVICES_MAX && !o->targets.all; i++) {
+		if (o->targets.want[i] && regen_status_find_device(wt->before, i) == NULL) {
+			fprintf(stderr, "regenctl: wait: regend serves no device %d\n", i);
+			return EXIT_ERROR;
+		}
 	}
 	while (!waiter_done(wt, o)) {
 		if (wt->w == NULL) {
@@ -512,8 +667,9 @@ static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o,
 			}
 		}
 		if (r == -ETIMEDOUT) {
-			fprintf(stderr, "regenctl: wait: the device(s) were not ready in a new generation after %.1f s\n",
-				now_s() - start);
+			fprintf(stderr, "regenctl: wait: gave up after %.1f s: not every device is ready in a new generation "
+				"yet; the %s goes on inside regend ('regenctl watch' follows it)\n", now_s() - start,
+				o->command);
 			return EXIT_TIMEOUT;
 		}
 		if (r == -ECONNRESET || r == -ENODATA || r == -ECONNREFUSED || r == -ENOENT) {
@@ -528,14 +684,140 @@ static int waiter_wait(regen_client *c, struct waiter *wt, const struct opts *o,
 	return EXIT_OK;
 }
 
+static const char *verb_method(enum verb verb)
+{
+	switch (verb) {
+	case VERB_RELEASE:
+		return "io.regen.Device.Release";
+	case VERB_RESET:
+		return "io.regen.Device.Reset";
+	case VERB_DETACH:
+		return "io.regen.Device.Detach";
+	case VERB_ATTACH:
+		return "io.regen.Device.Attach";
+	default:
+		return "io.regen.Device.Restart";
+	}
+}
+
+/* The call's parameters: one device as "device" (what every regend
+ * understands), several as "devices", none for --all. */
+static char *lifecycle_params(const struct command *cmd, const struct opts *o)
+{
+	cJSON *p = cJSON_CreateObject(), *list = NULL;
+	char *text;
+
+	if (!o->targets.all && o->targets.count == 1) {
+		for (int i = 0; i < REGEN_DEVICES_MAX; i++)
+			if (o->targets.want[i])
+				cJSON_AddNumberToObject(p, "device", i);
+	} else if (!o->targets.all) {
+		list = cJSON_AddArrayToObject(p, "devices");
+		for (int i = 0; i < REGEN_DEVICES_MAX; i++)
+			if (o->targets.want[i])
+				cJSON_AddItemToArray(list, cJSON_CreateNumber(i));
+	}
+	if (o->reason)
+		cJSON_AddStringToObject(p, "reason", o->reason);
+	if ((cmd->verb == VERB_RESTART || cmd->verb == VERB_DETACH) && (o->given & OPT_DEADLINE))
+		cJSON_AddNumberToObject(p, "deadline_ms", (double)o->deadline_ms);
+	text = cJSON_PrintUnformatted(p);
+	cJSON_Delete(p);
+	return text;
+}
+
+/* The reply, one line per targeted device. */
+static void print_lifecycle_reply(const struct command *cmd, const struct opts *o, const char *text)
+{
+	cJSON *reply = cJSON_Parse(text), *d;
+	const cJSON *elapsed = cJSON_GetObjectItemCaseSensitive(reply, "elapsed_us");
+
+	cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(reply, "devices")) {
+		const cJSON *index = cJSON_GetObjectItemCaseSensitive(d, "index");
+		const cJSON *gen = cJSON_GetObjectItemCaseSensitive(d, "generation");
+		const char *state = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(d, "state"));
+
+		if (cJSON_IsNumber(index) && targeted(o, (int)index->valuedouble))
+			printf("device %d: generation %.0f, %s\n", (int)index->valuedouble,
+			       cJSON_IsNumber(gen) ? gen->valuedouble : 0, state ? state : "?");
+	}
+	if (cJSON_IsNumber(elapsed) && elapsed->valuedouble > 0)
+		printf("%s took %.3f ms\n", cmd->name, elapsed->valuedouble / 1000.0);
+	fflush(stdout);
+	cJSON_Delete(reply);
+}
+
+/* The lifecycle call, on a thread of its own while --wait follows the
+ * device's steps on the Watch connection: Release, Reset and Restart
+ * answer only when the devices serve again. */
+struct pending_call {
+	regen_client *c;
+	const char *method, *params;
+	char *reply;
+	int r;
+	atomic_bool done;
+};
+
+static void *call_thread(void *data)
+{
+	struct pending_call *pc = data;
+
+	pc->r = regen_call(pc->c, -1, pc->method, pc->params, NULL, 0, &pc->reply);
+	atomic_store(&pc->done, true);
+	return NULL;
+}
+
+/* Sends the call on a connection of its own (*caller, which says what went
+ * wrong; the watcher's reads touch c's error state) and, while it runs,
+ * reads the Watch (progress lines). */
+static int call_while_watching(regen_client *c, const struct opts *o, double timeout, struct waiter *wt,
+			       const char *method, const char *params, char **reply, regen_client **caller)
+{
+	struct pending_call pc = { .method = method, .params = params };
+	const struct regen_watch_event *ev;
+	pthread_t th;
+	int r;
+
+	*caller = c;
+	r = regen_client_connect(o->socket, &pc.c);
+	if (r < 0) {
+		return r;
+	}
+	regen_client_set_timeout(pc.c, timeout);
+	*caller = pc.c;
+	atomic_init(&pc.done, false);
+	if (pthread_create(&th, NULL, call_thread, &pc) != 0) {
+		return regen_call(pc.c, -1, method, params, NULL, 0, reply);
+	}
+	while (!atomic_load(&pc.done) && wt->w != NULL) {
+		r = regen_watcher_next(wt->w, 0.05, &ev);
+		if (r == 0) {
+			waiter_apply(wt, ev);
+		} else if (r != -ETIMEDOUT) {
+			/* waiter_wait subscribes again. */
+			regen_watcher_close(wt->w);
+			wt->w = NULL;
+		}
+	}
+	pthread_join(th, NULL);
+	*reply = pc.reply;
+	return pc.r;
+}
+
 static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	double timeout = o->timeout_set ? o->timeout : DEFAULT_TIMEOUT_S;
 	double start = now_s(), deadline = start + timeout;
 	struct waiter wt = { 0 };
-	regen_status *reply = NULL;
-	int i, r, rc;
+	char *params = NULL, *reply = NULL;
+	regen_client *caller = c;
+	int r, rc;
 
+	if (!o->targets.all && o->targets.count == 0) {
+		/* --job in a job without GPUs: nothing of the node is its own. */
+		fprintf(stderr, "regenctl: %s: the job has no GPU (%s): nothing to do\n", cmd->name, o->targets.from);
+		return EXIT_OK;
+	}
 	regen_client_set_timeout(c, timeout);
 	if (o->given & OPT_WAIT) {
 		r = waiter_subscribe(c, &wt, deadline);
@@ -547,45 +829,47 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 			goto out;
 		}
 	}
-	switch (cmd->verb) {
-	case VERB_RELEASE:
-		r = regen_release(c, o->device, o->reason, &reply);
-		break;
-	case VERB_RESET:
-		r = regen_reset(c, o->device, o->reason, &reply);
-		break;
-	default:
-		r = regen_restart(c, o->device, o->reason, (int)o->deadline_ms, &reply);
-		break;
+	params = lifecycle_params(cmd, o);
+	wt.o = o;
+	wt.progress = !o->json && isatty(STDERR_FILENO);
+	if (wt.progress) {
+		note_in_flight(c, &wt);
+	}
+	if (!params) {
+		r = -ENOMEM;
+	} else if (o->given & OPT_WAIT) {
+		r = call_while_watching(c, o, timeout, &wt, verb_method(cmd->verb), params, &reply, &caller);
+	} else {
+		r = regen_call(c, -1, verb_method(cmd->verb), params, NULL, 0, &reply);
+	}
+	if (r == -ETIMEDOUT) {
+		fprintf(stderr, "regenctl: %s: no answer within %.1f s; the %s goes on inside regend ('regenctl watch' "
+			"follows it)\n", cmd->name, timeout, cmd->name);
+		rc = EXIT_TIMEOUT;
+		goto out;
 	}
 	if (r < 0) {
-		rc = fail(c, cmd->name, r);
+		rc = fail(caller, cmd->name, r);
 		goto out;
 	}
 	if (o->json) {
-		print_status_json(reply);
-	} else {
-		for (i = 0; i < regen_status_device_count(reply); i++) {
-			const struct regen_device_info *d = regen_status_device(reply, i);
-
-			if (targeted(o, d->index)) {
-				printf("device %d: generation %llu, %s\n", d->index, (unsigned long long)d->generation,
-				       d->state);
-			}
-		}
-		if (regen_status_elapsed_us(reply) > 0) {
-			printf("%s took %.3f ms\n", cmd->name, (double)regen_status_elapsed_us(reply) / 1000.0);
-		}
+		puts(reply);
 		fflush(stdout);
+	} else {
+		print_lifecycle_reply(cmd, o, reply);
 	}
 	rc = EXIT_OK;
 	if (o->given & OPT_WAIT) {
 		rc = waiter_wait(c, &wt, o, start, deadline);
 	}
 out:
+	if (caller != c) {
+		regen_client_destroy(caller);
+	}
 	regen_watcher_close(wt.w);
 	regen_status_free(wt.before);
-	regen_status_free(reply);
+	free(params);
+	free(reply);
 	return rc;
 }
 
@@ -657,6 +941,165 @@ static int cmd_inject_fault(regen_client *c, const struct command *cmd, const st
 	return EXIT_OK;
 }
 
+/* What a device's state and health say about the node, as health's exit
+ * status: 0 ready, else the verdict. */
+static int device_verdict(const struct regen_device_info *d)
+{
+	const char *s = d->state;
+
+	if (strcmp(s, "failed") == 0 || (REGEN_HAS_FIELD(d, remap_failed) && d->has_health && d->remap_failed == 1)) {
+		return EXIT_FAILED;
+	}
+	if (strcmp(s, "faulted") == 0 || strcmp(s, "unresponsive") == 0) {
+		return EXIT_FAULTED;
+	}
+	if (strcmp(s, "ready") != 0 || (REGEN_HAS_FIELD(d, remap_failed) && d->has_health &&
+					 (d->retired_pages_pending == 1 || d->remap_pending == 1))) {
+		return EXIT_DEGRADED;
+	}
+	return EXIT_OK;
+}
+
+static const char *verdict_name(int v)
+{
+	switch (v) {
+	case EXIT_OK:
+		return "ok";
+	case EXIT_DEGRADED:
+		return "degraded";
+	case EXIT_FAULTED:
+		return "faulted";
+	case EXIT_FAILED:
+		return "failed";
+	}
+	return "unreachable";
+}
+
+/* For a Slurm HealthCheckProgram or a Kubernetes exec probe: the exit
+ * status alone says it, no jq needed; a line per device says why. */
+static int cmd_health(regen_client *c, const struct command *cmd, const struct opts *o)
+{
+	regen_status *st = NULL;
+	cJSON *out, *arr, *e;
+	int i, v, worst = EXIT_OK, r;
+
+	r = regen_generation_get(c, &st);
+	if (r < 0) {
+		int rc = fail(c, cmd->name, r);
+
+		if (o->json) {
+			printf("{\"health\":\"unreachable\"}\n");
+		}
+		return rc;
+	}
+	out = cJSON_CreateObject();
+	arr = cJSON_CreateArray();
+	for (i = 0; i < regen_status_device_count(st); i++) {
+		const struct regen_device_info *d = regen_status_device(st, i);
+
+		v = device_verdict(d);
+		/* EXIT_* of the verdicts grow with how bad they are. */
+		if (v > worst) {
+			worst = v;
+		}
+		if (o->json) {
+			e = cJSON_CreateObject();
+			cJSON_AddNumberToObject(e, "index", d->index);
+			cJSON_AddStringToObject(e, "state", d->state);
+			cJSON_AddStringToObject(e, "health", verdict_name(v));
+			cJSON_AddStringToObject(e, "reason", d->reason);
+			cJSON_AddItemToArray(arr, e);
+		} else {
+			printf("device %d: %s (%s, generation %llu%s%s)\n", d->index, verdict_name(v), d->state,
+			       (unsigned long long)d->generation, v != EXIT_OK && d->reason[0] ? ": " : "",
+			       v != EXIT_OK ? d->reason : "");
+		}
+	}
+	if (o->json) {
+		cJSON_AddStringToObject(out, "health", verdict_name(worst));
+		cJSON_AddItemToObject(out, "devices", arr);
+		print_json(out);
+	} else {
+		cJSON_Delete(arr);
+		printf("%s\n", verdict_name(worst));
+	}
+	cJSON_Delete(out);
+	regen_status_free(st);
+	return worst;
+}
+
+/* regend did not answer: the scrape (or the textfile written from it)
+ * still parses, and says so. */
+static void print_regen_down(void)
+{
+	printf("# HELP regen_up 1: regend answered io.regen.Device.Status.\n# TYPE regen_up gauge\nregen_up 0\n");
+	fflush(stdout);
+}
+
+static int cmd_metrics(regen_client *c, const struct command *cmd, const struct opts *o)
+{
+	char *reply = NULL;
+	cJSON *status;
+	int r;
+
+	(void)o;
+	r = regen_call(c, -1, "io.regen.Device.Status", NULL, NULL, 0, &reply);
+	if (r < 0) {
+		print_regen_down();
+		return fail(c, cmd->name, r);
+	}
+	status = cJSON_Parse(reply);
+	free(reply);
+	if (!cJSON_IsObject(status)) {
+		cJSON_Delete(status);
+		fprintf(stderr, "regenctl: metrics: regend's reply is not a JSON object\n");
+		return EXIT_ERROR;
+	}
+	ctl_metrics_write(stdout, status);
+	fflush(stdout);
+	cJSON_Delete(status);
+	return EXIT_OK;
+}
+
+/* The socket regenctl talks to: --socket, else $REGEN_SOCKET, else the
+ * default (as libregen picks it). */
+static const char *socket_path(const struct opts *o)
+{
+	const char *path = o->socket;
+
+	if (path == NULL || path[0] == '\0') {
+		path = getenv("REGEN_SOCKET");
+	}
+	if (path == NULL || path[0] == '\0') {
+		path = REGEN_DEFAULT_SOCKET;
+	}
+	return path;
+}
+
+static int cmd_call(const struct opts *o)
+{
+	char name[128];
+	int r;
+
+	r = ctl_call(socket_path(o), o->method, o->params, (o->given & OPT_MORE) != 0,
+		     o->timeout_set ? o->timeout : ((o->given & OPT_MORE) ? 0 : DEFAULT_TIMEOUT_S), name, sizeof(name));
+	if (r == -ETIMEDOUT) {
+		fprintf(stderr, "regenctl: call: %s: no reply within %.1f s\n", o->method,
+			o->timeout_set ? o->timeout : DEFAULT_TIMEOUT_S);
+	} else if (r == -ECONNRESET) {
+		fprintf(stderr, "regenctl: call: %s: regend closed the connection before it answered\n", o->method);
+	} else if (r < 0 && r != -EREMOTE) {
+		fprintf(stderr, "regenctl: call: cannot reach regend at %s: %s\n", socket_path(o), strerror(-r));
+	}
+	if (r == -EREMOTE) {
+		if (strcmp(name, REGEN_ERROR_NOT_PERMITTED) == 0 || strcmp(name, REGEN_ERROR_PERMISSION_DENIED) == 0) {
+			return EXIT_NOT_PERMITTED;
+		}
+		return strcmp(name, REGEN_ERROR_TIMEOUT) == 0 ? EXIT_TIMEOUT : EXIT_ERROR;
+	}
+	return r < 0 ? exit_code(r, NULL) : EXIT_OK;
+}
+
 static bool parse_long(const char *s, long min, long *out)
 {
 	char *end;
@@ -669,6 +1112,34 @@ static bool parse_long(const char *s, long min, long *out)
 	}
 	*out = v;
 	return true;
+}
+
+/* --device LIST, --job or --all, as device indices. */
+static int resolve_targets(regen_client *c, const struct command *cmd, struct opts *o)
+{
+	char msg[256] = "";
+	int r = 0;
+
+	if (o->given & OPT_ALL) {
+		o->targets.all = true;
+		return EXIT_OK;
+	}
+	if (o->given & OPT_JOB) {
+		r = ctl_targets_from_job(c, &o->targets, msg, sizeof(msg));
+	} else {
+		r = ctl_targets_from_list(c, o->device_list, &o->targets, msg, sizeof(msg));
+	}
+	if (r == -EINVAL || r == -ENODEV) {
+		fprintf(stderr, "regenctl: %s: %s%s%s\n", cmd->name, msg, o->targets.from[0] ? " in " : "", o->targets.from);
+		return r == -EINVAL ? EXIT_USAGE : EXIT_ERROR;
+	}
+	if (r < 0) {
+		return fail(c, cmd->name, r);
+	}
+	if ((o->given & OPT_JOB) && (o->targets.all || o->targets.count) && !o->json) {
+		fprintf(stderr, "regenctl: %s: the job's GPUs from %s\n", cmd->name, o->targets.from);
+	}
+	return EXIT_OK;
 }
 
 static const struct command *find_command(const char *name)
@@ -698,10 +1169,12 @@ static int parse_option(int opt, const char *arg, struct opts *o)
 
 	switch (opt) {
 	case OPT_DEVICE:
-		if (!parse_long(arg, 0, &v) || v >= REGEN_DEVICES_MAX) {
-			return usage_error("--device: not a device index: '%s'", arg);
+		/* A list for the lifecycle commands (checked with the command),
+		 * one index for the others. */
+		o->device_list = arg;
+		if (parse_long(arg, 0, &v) && v < REGEN_DEVICES_MAX) {
+			o->device = (int)v;
 		}
-		o->device = (int)v;
 		break;
 	case OPT_REASON:
 		o->reason = arg;
@@ -729,6 +1202,27 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 {
 	unsigned extra = o->given & ~cmd->options;
 
+	/* call's METHOD and JSON. */
+	if (cmd->run == NULL) {
+		if (npos < 1 || npos > 2) {
+			return usage_error("call: METHOD [JSON], e.g. call io.regen.Device.Status '{}'");
+		}
+		if (strchr(positional[0], '.') == NULL) {
+			return usage_error("call: '%s' is no method name (interface.Method)", positional[0]);
+		}
+		if (npos == 2) {
+			cJSON *p = cJSON_Parse(positional[1]);
+			bool object = cJSON_IsObject(p);
+
+			cJSON_Delete(p);
+			if (!object) {
+				return usage_error("call: the parameters are no JSON object: '%s'", positional[1]);
+			}
+		}
+		o->method = positional[0];
+		o->params = npos == 2 ? positional[1] : NULL;
+		npos = 0;
+	}
 	/* inject-fault's KIND may come as its argument. */
 	if ((cmd->options & OPT_KIND) && npos == 1 && o->kind == NULL) {
 		o->kind = positional[0];
@@ -740,8 +1234,21 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 	if (extra != 0) {
 		return usage_error("%s takes no %s", cmd->name, option_name(extra & -extra));
 	}
-	if ((o->given & OPT_DEVICE) && (o->given & OPT_ALL)) {
-		return usage_error("%s: --device and --all exclude each other", cmd->name);
+	if (__builtin_popcount(o->given & (OPT_DEVICE | OPT_ALL | OPT_JOB)) > 1) {
+		return usage_error("%s: --device, --job and --all exclude each other", cmd->name);
+	}
+	if (cmd->verb != VERB_NONE) {
+		char msg[256];
+
+		if (!(o->given & (OPT_DEVICE | OPT_ALL | OPT_JOB))) {
+			return usage_error("%s: which devices? --device LIST, --job, or --all for every device of the node",
+					   cmd->name);
+		}
+		if ((o->given & OPT_DEVICE) && ctl_targets_check(o->device_list, msg, sizeof(msg)) < 0) {
+			return usage_error("%s", msg);
+		}
+	} else if ((o->given & OPT_DEVICE) && o->device < 0) {
+		return usage_error("--device: not a device index: '%s'", o->device_list);
 	}
 	if (cmd->options & OPT_KIND) {
 		if (o->kind == NULL) {
@@ -756,7 +1263,7 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 
 int main(int argc, char **argv)
 {
-	enum { LONG_SOCKET = 256, LONG_JSON, LONG_TIMEOUT };
+	enum { LONG_SOCKET = 1 << 16, LONG_JSON, LONG_TIMEOUT, LONG_VERSION };	/* above every OPT_* */
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, LONG_SOCKET },
 		{ "json", no_argument, NULL, LONG_JSON },
@@ -768,6 +1275,9 @@ int main(int argc, char **argv)
 		{ "deadline-ms", required_argument, NULL, OPT_DEADLINE },
 		{ "count", required_argument, NULL, OPT_COUNT },
 		{ "kind", required_argument, NULL, OPT_KIND },
+		{ "job", no_argument, NULL, OPT_JOB },
+		{ "more", no_argument, NULL, OPT_MORE },
+		{ "version", no_argument, NULL, LONG_VERSION },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -798,6 +1308,9 @@ int main(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return EXIT_OK;
+		case LONG_VERSION:
+			printf("regenctl %s\n", REGEN_VERSION);
+			return EXIT_OK;
 		case ':':
 			return usage_error("option '%s' needs an argument", argv[optind - 1]);
 		case '?':
@@ -823,9 +1336,13 @@ int main(int argc, char **argv)
 	if (cmd == NULL) {
 		return usage_error("unknown command '%s'", positional[0]);
 	}
+	o.command = cmd->name;
 	rc = check_command(cmd, &o, positional + 1, npos - 1);
 	if (rc != EXIT_OK) {
 		return rc;
+	}
+	if (cmd->run == NULL) {
+		return cmd_call(&o);
 	}
 
 	r = regen_client_connect(o.socket, &c);
@@ -839,11 +1356,23 @@ int main(int argc, char **argv)
 			path = REGEN_DEFAULT_SOCKET;
 		}
 		fprintf(stderr, "regenctl: cannot reach regend at %s: %s\n", path, strerror(-r));
+		if (cmd->run == cmd_metrics) {
+			print_regen_down();
+		} else if (cmd->run == cmd_health && o.json) {
+			printf("{\"health\":\"unreachable\"}\n");
+		}
 		return exit_code(r, NULL);
 	}
 	/* watch's --timeout bounds the whole watch, not each call. */
 	if (o.timeout_set && cmd->run != cmd_watch) {
 		regen_client_set_timeout(c, o.timeout);
+	}
+	if (cmd->verb != VERB_NONE) {
+		rc = resolve_targets(c, cmd, &o);
+		if (rc != EXIT_OK) {
+			regen_client_destroy(c);
+			return rc;
+		}
 	}
 	rc = cmd->run(c, cmd, &o);
 	regen_client_destroy(c);

@@ -54,6 +54,7 @@ struct rd_pending_out {
 
 static void conn_update_events(struct rd_conn *conn);
 static void conn_process(struct rd_conn *conn);
+static void conn_write(struct rd_conn *conn);
 
 static void conn_free(struct rd_conn *conn)
 {
@@ -82,6 +83,25 @@ static void on_timer_closed(uv_handle_t *handle)
 	conn_unref(handle->data);
 }
 
+/* Right before the loop blocks for I/O: what was answered since the last
+ * write goes out, every reply of this wake-up in one write. */
+static void on_prepare(uv_prepare_t *p)
+{
+	struct rd_conn *conn = p->data;
+
+	uv_prepare_stop(p);
+	conn->refs++;
+	conn_write(conn);
+	conn_unref(conn);
+}
+
+/* Replies are written once per loop iteration, not once each. */
+static void schedule_write(struct rd_conn *conn)
+{
+	if (!conn->closed && !rp_tx_empty(&conn->tx))
+		uv_prepare_start(&conn->flush, on_prepare);
+}
+
 static void free_call(struct rd_call *call)
 {
 	struct rd_reply_item *r = call->replies;
@@ -98,8 +118,8 @@ static void free_call(struct rd_call *call)
 }
 
 /* Moves the replies of the calls at the head of the queue, in order, to the
- * socket's queue; frees calls that are finished and fully sent. */
-static void conn_flush_calls(struct rd_conn *conn)
+ * socket's queue; frees calls that are finished and fully moved. */
+static void conn_move_replies(struct rd_conn *conn)
 {
 	struct rd_call *call;
 
@@ -123,6 +143,11 @@ static void conn_flush_calls(struct rd_conn *conn)
 		conn->in_flight--;
 		conn_unref(conn);
 	}
+}
+
+/* Writes what the socket takes now. */
+static void conn_write(struct rd_conn *conn)
+{
 	if (conn->closed)
 		return;
 	int r = rp_tx_flush(&conn->tx, conn->fd);
@@ -131,7 +156,15 @@ static void conn_flush_calls(struct rd_conn *conn)
 		rd_conn_close(conn);
 		return;
 	}
+	/* Only a write the socket refused makes us wait for it to drain. */
+	conn->write_blocked = r == -EAGAIN;
 	conn_update_events(conn);
+}
+
+static void conn_flush_calls(struct rd_conn *conn)
+{
+	conn_move_replies(conn);
+	conn_write(conn);
 }
 
 /* Takes text (may be NULL: nothing to send). */
@@ -171,10 +204,13 @@ static void call_queue_text(struct rd_call *call, char *text, bool last)
 		rp_call_finish(&call->msg);
 		rp_msg_finish(&call->raw);
 	}
-	/* Flushing may free the call and, on a closed connection, drop the
-	 * last reference to it. */
+	/* Moving the replies may free the call and, on a closed connection,
+	 * drop the last reference to it. The write waits for the end of this
+	 * loop iteration, so that the replies of every call answered in it go
+	 * out in one write. */
 	conn->refs++;
-	conn_flush_calls(conn);
+	conn_move_replies(conn);
+	schedule_write(conn);
 	/* A finished call may have freed a slot that backpressure waited for. */
 	if (!conn->closed)
 		conn_process(conn);
@@ -410,6 +446,12 @@ static void on_poll(uv_poll_t *handle, int status, int events)
 			conn_process(conn);
 			if (!conn->closed && !conn->reading)
 				break;
+			/* A short read emptied the socket (or stopped at a message
+			 * with fds): the poll is level-triggered and wakes us for
+			 * anything left, so a read that would only say EAGAIN is
+			 * a system call saved. */
+			if ((size_t)n < RP_RX_READ_CHUNK)
+				break;
 		}
 	}
 	/* The peer hung up while we do not read (backpressure, or replies
@@ -455,12 +497,21 @@ static void conn_update_events(struct rd_conn *conn)
 	 * keeps our buffers bounded. Too many calls in flight is refused by name
 	 * instead, so a pipelining client learns its limit. */
 	conn->reading = may_read(conn);
-	conn->writing = !rp_tx_empty(&conn->tx);
+	/* Replies waiting for the end of the loop iteration are written
+	 * then; the poll waits for writability only once the socket refused
+	 * some. */
+	conn->writing = conn->write_blocked && !rp_tx_empty(&conn->tx);
 	if (conn->reading)
 		events |= UV_READABLE;
 	if (conn->writing)
 		events |= UV_WRITABLE;
-	uv_poll_start(&conn->poll, events | UV_DISCONNECT, on_poll);
+	events |= UV_DISCONNECT;
+	/* Restarting a poll with the same events would cost two epoll_ctl()
+	 * calls per message for nothing. */
+	if (events == conn->events)
+		return;
+	conn->events = events;
+	uv_poll_start(&conn->poll, events, on_poll);
 }
 
 int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *data, struct rd_conn **out)
@@ -491,6 +542,9 @@ int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *da
 	uv_timer_init(loop, &conn->partial_timer);
 	conn->partial_timer.data = conn;
 	conn->refs++;   /* the timer's, dropped when it is closed */
+	uv_prepare_init(loop, &conn->flush);
+	conn->flush.data = conn;
+	conn->refs++;   /* the prepare handle's, likewise */
 	conn_update_events(conn);
 	*out = conn;
 	return 0;
@@ -520,8 +574,20 @@ void rd_conn_close(struct rd_conn *conn)
 	conn_flush_calls(conn);
 	uv_timer_stop(&conn->partial_timer);
 	uv_close((uv_handle_t *)&conn->partial_timer, on_timer_closed);
+	uv_prepare_stop(&conn->flush);
+	uv_close((uv_handle_t *)&conn->flush, on_timer_closed);
 	uv_close((uv_handle_t *)&conn->poll, on_poll_closed);
 	/* The open reference is dropped in on_poll_closed. */
+	conn_unref(conn);
+}
+
+void rd_conn_flush(struct rd_conn *conn)
+{
+	if (conn->closed)
+		return;
+	uv_prepare_stop(&conn->flush);
+	conn->refs++;
+	conn_write(conn);
 	conn_unref(conn);
 }
 
@@ -556,7 +622,7 @@ int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool o
 	free(text);
 	if (r < 0)
 		return r;
-	conn_flush_calls(conn);
+	schedule_write(conn);
 	return 0;
 }
 

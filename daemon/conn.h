@@ -53,11 +53,14 @@ struct rd_conn {
 	bool admin;
 	bool closed;
 	bool reading, writing;
+	bool write_blocked;         /* the last write left bytes the socket would not take */
 	bool processing;            /* inside conn_process: no re-entry */
 	unsigned refs;
 	unsigned in_flight;         /* calls received and not yet freed: running, or answered behind one running */
 	unsigned unfinished;        /* calls received and not answered */
 	unsigned max_in_flight;     /* more unanswered calls than this: io.regen.LimitExceeded */
+	int events;                 /* what the poll waits for now */
+	uv_prepare_t flush;         /* writes the replies of a loop iteration at its end */
 	uv_timer_t partial_timer;   /* a message begun and not ended: its deadline */
 	uint64_t partial_offset;    /* where in the stream that message began */
 	struct rd_call *calls, *calls_tail;
@@ -79,6 +82,10 @@ void rd_call_reply(struct rd_call *call, cJSON *params, bool continues);
 void rd_call_fail(struct rd_call *call, struct rp_error *err);
 /* Convenience: rp_error_set + rd_call_fail. */
 void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Writes what is answered now rather than at the end of the loop
+ * iteration (replies are batched there): for a loop about to stop. */
+void rd_conn_flush(struct rd_conn *conn);
 
 /* Makes a call on this connection (we are the client side, e.g. the
  * supervisor on a worker's control channel). params consumed. */

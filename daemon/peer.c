@@ -73,6 +73,70 @@ static bool alive(int pidfd)
 	return syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0 || errno == EPERM;
 }
 
+/* The digits after "job_" at a path component's start, up to its end. */
+static bool slurm_job(const char *line, char *out, size_t len)
+{
+	for (const char *p = strstr(line, "/job_"); p; p = strstr(p + 1, "/job_")) {
+		size_t n = strspn(p + 5, "0123456789");
+
+		if (n > 0 && n < 24 && (p[5 + n] == '/' || p[5 + n] == '\0' || p[5 + n] == '\n')) {
+			snprintf(out, len, "slurm:%.*s", (int)n, p + 5);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* "pod" and a UUID (36 characters, '_' for '-' under the systemd driver)
+ * in a kubepods path. */
+static bool k8s_pod(const char *line, char *out, size_t len)
+{
+	const char *end = strchr(line, '\n');
+
+	if (!strstr(line, "kubepods") || (end && strstr(line, "kubepods") > end))
+		return false;
+	for (const char *p = strstr(line, "pod"); p && (!end || p < end); p = strstr(p + 1, "pod")) {
+		char uid[37];
+
+		if (strspn(p + 3, "0123456789abcdef-_") < 36)
+			continue;
+		memcpy(uid, p + 3, 36);
+		uid[36] = '\0';
+		for (int i = 0; i < 36; i++)
+			uid[i] = uid[i] == '_' ? '-' : uid[i];
+		snprintf(out, len, "pod:%s", uid);
+		return true;
+	}
+	return false;
+}
+
+void rd_peer_job_from_cgroup(const char *text, char *out, size_t len)
+{
+	out[0] = '\0';
+	for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+		if (slurm_job(line, out, len) || k8s_pod(line, out, len))
+			return;
+}
+
+static void read_job(pid_t pid, char *out, size_t len)
+{
+	char path[64], text[4096];
+	ssize_t n;
+	int fd;
+
+	out[0] = '\0';
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	n = read(fd, text, sizeof(text) - 1);
+	close(fd);
+	if (n <= 0)
+		return;
+	text[n] = '\0';
+	rd_peer_job_from_cgroup(text, out, len);
+}
+
 void rd_peer_read(int fd, struct rd_peer *peer)
 {
 	struct ucred cred;
@@ -102,6 +166,8 @@ void rd_peer_read(int fd, struct rd_peer *peer)
 		 * Gone already: the pid may name a successor by now. */
 		if (pidfd >= 0 && !alive(pidfd))
 			peer->start_time = 0;
+		if (peer->start_time)
+			read_job(peer->pid, peer->job, sizeof(peer->job));
 		if (pidfd >= 0)
 			close(pidfd);
 	}

@@ -28,11 +28,21 @@ struct rd_peer {
 	uint64_t token;                 /* nonzero: bound to one connection (pid unseen or gone) */
 	unsigned ngroups;               /* supplementary groups, SO_PEERGROUPS */
 	gid_t groups[RD_PEER_GROUPS_MAX];
+	char job[64];                   /* "slurm:<job id>", "pod:<uid>", or "" (rd_peer_job_from_cgroup) */
 };
 
 /* Reads the identity of a connected Unix socket's peer. Never fails: what
  * cannot be read makes the identity narrower (bound to the connection). */
 void rd_peer_read(int fd, struct rd_peer *peer);
+
+/* The job a process runs for, from the text of its /proc/PID/cgroup (which
+ * every uid may read, unlike its environment): Slurm's cgroup plugin puts a
+ * job's processes under .../job_<id>/..., the kubelet a pod's under
+ * .../kubepods.../pod<uid>/... (the systemd driver writes
+ * kubepods-<qos>-pod<uid with _ for ->.slice). Writes "slurm:<id>",
+ * "pod:<uid>", or "" when neither is there. The kernel keeps the cgroup,
+ * so a client cannot claim another job's. */
+void rd_peer_job_from_cgroup(const char *text, char *out, size_t len);
 
 /* The same process: ids one imported, the other may name. */
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b);

@@ -360,6 +360,36 @@ static unsigned op_fields(const struct rp_op_spec *spec, struct rp_field *fields
 	return n;
 }
 
+/* Everything after the operands' own parsing: one path for a call and for
+ * a ring record. */
+static int check(struct rp_compute *c, struct rp_error *err)
+{
+	const struct rp_op_spec *spec = c->spec;
+	int r;
+
+	for (unsigned i = 0; i < spec->noperands; i++) {
+		if (c->present[i] && ((r = check_rank(&c->operands[i], &spec->operands[i], err)) < 0 ||
+				      (r = check_strides(&c->operands[i], &spec->operands[i], err)) < 0 ||
+				      (r = check_dtype(&c->operands[i], &spec->operands[i], err)) < 0)) {
+			return r;
+		}
+	}
+	for (unsigned i = 0; i < spec->noperands; i++) {
+		if (c->present[i] && (r = check_dtype_like(c, (int)i, err)) < 0) {
+			return r;
+		}
+	}
+	if ((r = spec->check(c, err)) < 0) {
+		return r;
+	}
+	for (unsigned i = 0; i < spec->noperands; i++) {
+		if (c->present[i] && (r = check_shape_like(c, (int)i, err)) < 0) {
+			return r;
+		}
+	}
+	return check_placement(c, err);
+}
+
 /* deadline_ms: 1 ms to a day, or absent. 0 would be a call that is late
  * before it starts. */
 static int parse_deadline(const cJSON *params, uint32_t *deadline_ms, struct rp_error *err)
@@ -398,27 +428,10 @@ static int parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_c
 	    (r = parse_deadline(params, &c->deadline_ms, err)) < 0) {
 		return r;
 	}
-	for (unsigned i = 0; i < spec->noperands; i++) {
-		if (c->present[i] && ((r = check_rank(&c->operands[i], &spec->operands[i], err)) < 0 ||
-				      (r = check_strides(&c->operands[i], &spec->operands[i], err)) < 0 ||
-				      (r = check_dtype(&c->operands[i], &spec->operands[i], err)) < 0)) {
-			return r;
-		}
-	}
-	for (unsigned i = 0; i < spec->noperands; i++) {
-		if (c->present[i] && (r = check_dtype_like(c, (int)i, err)) < 0) {
-			return r;
-		}
-	}
-	if ((r = spec->check(params, c, err)) < 0) {
+	if ((r = spec->read_scalars(params, c, err)) < 0) {
 		return r;
 	}
-	for (unsigned i = 0; i < spec->noperands; i++) {
-		if (c->present[i] && (r = check_shape_like(c, (int)i, err)) < 0) {
-			return r;
-		}
-	}
-	return check_placement(c, err);
+	return check(c, err);
 }
 
 int rp_compute_parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_compute *c, struct rp_error *err)
@@ -428,6 +441,39 @@ int rp_compute_parse(const struct rp_op_spec *spec, const cJSON *params, struct 
 	memset(c, 0, sizeof(*c));
 	c->spec = spec;
 	r = parse(spec, params, c, err);
+	if (r < 0) {
+		memset(c, 0, sizeof(*c));
+	}
+	return r;
+}
+
+int rp_compute_check(struct rp_compute *c, struct rp_error *err)
+{
+	int r = 0;
+
+	if (c->spec == NULL || rp_op_get(c->spec->id) != c->spec) {
+		r = rp_error_invalid_parameter(err, "op");
+	}
+	for (unsigned i = 0; r == 0 && i < c->spec->noperands; i++) {
+		if (!c->present[i] && c->spec->operands[i].required) {
+			r = rp_error_invalid_parameter(err, c->spec->operands[i].name);
+		} else if (c->present[i]) {
+			r = rp_operand_validate(&c->operands[i], c->spec->operands[i].name, err);
+		}
+	}
+	for (unsigned i = c->spec ? c->spec->noperands : 0; r == 0 && i < RP_OP_OPERANDS_MAX; i++) {
+		if (c->present[i]) {
+			r = rp_error_invalid_parameter(err, "operands");
+		}
+	}
+	if (r == 0 && ((c->wait_event.present && c->wait_event.id.kind != RP_ID_EVENT) ||
+		       (c->signal_event.present && c->signal_event.id.kind != RP_ID_EVENT))) {
+		r = rp_error_invalid_parameter(err, c->wait_event.present && c->wait_event.id.kind != RP_ID_EVENT
+							 ? "wait_event" : "signal_event");
+	}
+	if (r == 0) {
+		r = check(c, err);
+	}
 	if (r < 0) {
 		memset(c, 0, sizeof(*c));
 	}

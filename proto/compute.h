@@ -22,7 +22,12 @@
 #include "operand.h"
 #include "params.h"
 
-enum rp_op_id { RP_OP_GEMM = 0, RP_OP_ATTENTION, RP_OP_ATTENTION_BACKWARD, RP_OP_COUNT };
+enum rp_op_id {
+	RP_OP_GEMM = 0, RP_OP_ATTENTION, RP_OP_ATTENTION_BACKWARD, RP_OP_COUNT,
+	/* io.regen.Comm's calls (proto/comm.h): parsed by this machinery from
+	 * tables of their own, and not in the compute table. */
+	RP_OP_COMM = RP_OP_COUNT,
+};
 
 /* Operand slots, in each table's order. */
 enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_OPERANDS };
@@ -61,10 +66,15 @@ struct rp_op_spec {
 	unsigned noperands;
 	const struct rp_operand_spec *operands;
 	const struct rp_field *scalars;   /* NULL-name terminated */
-	/* Reads the scalars and checks what the table cannot say; fills the
-	 * op's part of c (derived dimensions included). Runs after every
-	 * operand passed its own checks. 0 or -EINVAL with err set. */
-	int (*check)(const cJSON *params, struct rp_compute *c, struct rp_error *err);
+	/* Reads the scalars of a call's parameters into the op's part of c
+	 * (their types and names only). 0 or -EINVAL with err set. */
+	int (*read_scalars)(const cJSON *params, struct rp_compute *c, struct rp_error *err);
+	/* Checks what the table cannot say, whichever way c was filled (a
+	 * Varlink call, a ring record): the scalars' values, the shapes among
+	 * operands, options that depend on each other; fills the derived
+	 * dimensions. Runs after every operand passed its own checks. 0 or
+	 * -EINVAL with err set. */
+	int (*check)(struct rp_compute *c, struct rp_error *err);
 	/* Writes the op's scalars into a call's parameters (clients). */
 	void (*encode)(const struct rp_compute *c, cJSON *params);
 };
@@ -95,6 +105,26 @@ struct rp_attention {
 	int64_t batch, heads, heads_kv, seq_q, seq_kv, head_dim, head_dim_v;   /* derived */
 };
 
+/* io.regen.Comm's calls that run on a lane (proto/comm.h). */
+enum rp_comm_kind {
+	RP_COMM_INIT = 0, RP_COMM_DESTROY, RP_COMM_ALL_REDUCE, RP_COMM_ALL_GATHER, RP_COMM_REDUCE_SCATTER,
+	RP_COMM_BROADCAST, RP_COMM_KINDS
+};
+enum rp_reduce_op { RP_REDUCE_SUM = 0, RP_REDUCE_MAX, RP_REDUCE_AVG };
+#define RP_COMM_ID_SIZE 128        /* ncclUniqueId */
+
+struct rp_comm_call {
+	enum rp_comm_kind kind;
+	struct rp_id comm;           /* collectives and Destroy */
+	enum rp_reduce_op op;        /* AllReduce, ReduceScatter */
+	uint32_t root;               /* Broadcast */
+	/* Init */
+	uint32_t rank, nranks;
+	unsigned char unique_id[RP_COMM_ID_SIZE];
+	/* Destroy */
+	bool abort;
+};
+
 /* What every operation's call may carry besides its own parameters: the
  * events it waits for and signals, and its deadline. NULL-name terminated,
  * RP_COMPUTE_COMMON_FIELDS entries. */
@@ -116,6 +146,7 @@ struct rp_compute {
 	union {
 		struct rp_gemm gemm;
 		struct rp_attention attention;
+		struct rp_comm_call comm;
 	};
 };
 
@@ -131,6 +162,13 @@ int rp_op_slot(const struct rp_op_spec *spec, const char *name);
 /* Parses and checks one call's parameters. On failure *c is zeroed (a
  * half-filled descriptor must not look usable). */
 int rp_compute_parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_compute *c, struct rp_error *err);
+
+/* The checks of rp_compute_parse for a descriptor filled another way (a
+ * ring record, proto/ring.h): each operand's fields (rp_operand_validate),
+ * then everything the table says, in the same order and with the same
+ * errors. c->spec, operands, present[], events and the op's scalars must be
+ * set; derived dimensions are filled. On failure *c is zeroed. */
+int rp_compute_check(struct rp_compute *c, struct rp_error *err);
 
 /* The call's parameters as a client sends them: operands by the table,
  * then the scalars the op's encoder writes. NULL on ENOMEM. */

@@ -110,17 +110,34 @@ static int check_shapes(struct rp_compute *c, const struct att_slots *s, struct 
 	return 0;
 }
 
-/* scale defaults to 1/sqrt(D), so it is read once D is known. */
-static int parse_scalars(const cJSON *params, struct rp_attention *a, struct rp_error *err)
+/* scale: absent is 0 here, the default 1/sqrt(D), filled in once D is
+ * known; given, it must be a positive finite number. */
+static int attention_read_scalars(const cJSON *params, struct rp_compute *c, struct rp_error *err)
 {
+	struct rp_attention *a = &c->attention;
 	int r, alignment;
 
 	if ((r = rp_params_bool(params, "causal", false, &a->causal, err)) < 0 ||
 	    (r = rp_params_enum(params, "causal_alignment", alignment_names, RP_CAUSAL_TOP_LEFT, &alignment, err)) < 0 ||
-	    (r = rp_params_double(params, "scale", 1.0 / sqrt((double)a->head_dim), &a->scale, err)) < 0) {
+	    (r = rp_params_double(params, "scale", 0.0, &a->scale, err)) < 0) {
 		return r;
 	}
 	a->alignment = (enum rp_causal_alignment)alignment;
+	const cJSON *given = cJSON_GetObjectItemCaseSensitive(params, "scale");
+	if (given != NULL && !cJSON_IsNull(given) && !(a->scale > 0.0)) {
+		return rp_error_invalid_parameter(err, "scale");
+	}
+	return 0;
+}
+
+static int check_scalars(struct rp_attention *a, struct rp_error *err)
+{
+	if ((unsigned)a->alignment > RP_CAUSAL_BOTTOM_RIGHT) {
+		return rp_error_invalid_parameter(err, "causal_alignment");
+	}
+	if (a->scale == 0.0) {
+		a->scale = 1.0 / sqrt((double)a->head_dim);
+	}
 	if (!isfinite(a->scale) || !(a->scale > 0.0)) {
 		return rp_error_invalid_parameter(err, "scale");
 	}
@@ -137,18 +154,18 @@ static int parse_scalars(const cJSON *params, struct rp_attention *a, struct rp_
 	return 0;
 }
 
-static int attention_check(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+static int attention_check(struct rp_compute *c, struct rp_error *err)
 {
 	int r = check_shapes(c, &forward_slots, err);
 
-	return r < 0 ? r : parse_scalars(params, &c->attention, err);
+	return r < 0 ? r : check_scalars(&c->attention, err);
 }
 
-static int attention_backward_check(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+static int attention_backward_check(struct rp_compute *c, struct rp_error *err)
 {
 	int r = check_shapes(c, &backward_slots, err);
 
-	return r < 0 ? r : parse_scalars(params, &c->attention, err);
+	return r < 0 ? r : check_scalars(&c->attention, err);
 }
 
 static void attention_encode(const struct rp_compute *c, cJSON *params)
@@ -174,6 +191,7 @@ const struct rp_op_spec rp_op_attention = {
 	.noperands = RP_ATT_OPERANDS,
 	.operands = attention_operands,
 	.scalars = attention_scalars,
+	.read_scalars = attention_read_scalars,
 	.check = attention_check,
 	.encode = attention_encode,
 };
@@ -185,6 +203,7 @@ const struct rp_op_spec rp_op_attention_backward = {
 	.noperands = RP_ATB_OPERANDS,
 	.operands = attention_backward_operands,
 	.scalars = attention_scalars,
+	.read_scalars = attention_read_scalars,
 	.check = attention_backward_check,
 	.encode = attention_encode,
 };

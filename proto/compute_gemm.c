@@ -41,8 +41,9 @@ static bool epilogue_adds_bias(enum rp_epilogue e)
 	return e == RP_EPILOGUE_BIAS || e == RP_EPILOGUE_GELU_BIAS;
 }
 
-static int parse_scalars(const cJSON *params, struct rp_gemm *g, struct rp_error *err)
+static int gemm_read_scalars(const cJSON *params, struct rp_compute *call, struct rp_error *err)
 {
+	struct rp_gemm *g = &call->gemm;
 	int r, e, c;
 
 	if ((r = rp_params_bool(params, "trans_a", false, &g->trans_a, err)) < 0 ||
@@ -55,8 +56,20 @@ static int parse_scalars(const cJSON *params, struct rp_gemm *g, struct rp_error
 	}
 	g->epilogue = (enum rp_epilogue)e;
 	g->compute = (enum rp_compute_mode)c;
-	/* The getters refuse what JSON cannot say; cJSON still turns 1e999
-	 * into infinity, which must not reach a kernel. */
+	return 0;
+}
+
+/* The scalars' values, however they came: JSON's getters refuse what JSON
+ * cannot say, but cJSON still turns 1e999 into infinity, and a ring record
+ * carries any bits. */
+static int check_scalars(const struct rp_gemm *g, struct rp_error *err)
+{
+	if ((unsigned)g->epilogue > RP_EPILOGUE_GELU_BIAS) {
+		return rp_error_invalid_parameter(err, "epilogue");
+	}
+	if ((unsigned)g->compute > RP_COMPUTE_TF32) {
+		return rp_error_invalid_parameter(err, "compute");
+	}
 	if (!isfinite(g->alpha)) {
 		return rp_error_invalid_parameter(err, "alpha");
 	}
@@ -135,11 +148,11 @@ static int check_options(const struct rp_compute *c, struct rp_error *err)
 	return 0;
 }
 
-static int gemm_check(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+static int gemm_check(struct rp_compute *c, struct rp_error *err)
 {
 	int r;
 
-	if ((r = parse_scalars(params, &c->gemm, err)) < 0 || (r = check_shapes(c, err)) < 0) {
+	if ((r = check_scalars(&c->gemm, err)) < 0 || (r = check_shapes(c, err)) < 0) {
 		return r;
 	}
 	return check_options(c, err);
@@ -176,6 +189,7 @@ const struct rp_op_spec rp_op_gemm = {
 	.noperands = RP_GEMM_OPERANDS,
 	.operands = gemm_operands,
 	.scalars = gemm_scalars,
+	.read_scalars = gemm_read_scalars,
 	.check = gemm_check,
 	.encode = gemm_encode,
 };

@@ -9,7 +9,7 @@
 #include "params.h"
 
 static const char *const state_names[] = {
-	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed",
+	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
 };
 
 const char *rp_state_name(enum rp_state state)
@@ -172,6 +172,25 @@ int rp_device_health_decode(const cJSON *o, struct rp_device_health *out, struct
 	return health_decode(o, "", out, err);
 }
 
+static cJSON *counters_encode(const struct rp_device_counters *c)
+{
+	const struct { const char *name; uint64_t v; } fields[] = {
+		{ "releases", c->releases }, { "resets", c->resets }, { "restarts", c->restarts },
+		{ "faults", c->faults }, { "calls", c->calls }, { "call_errors", c->call_errors },
+		{ "call_us", c->call_us }, { "in_flight", c->in_flight }, { "buffers", c->buffers },
+		{ "events", c->events }, { "connections", c->connections },
+	};
+	cJSON *o = cJSON_CreateObject();
+
+	for (size_t i = 0; o && i < sizeof(fields) / sizeof(fields[0]); i++) {
+		if (!cJSON_AddNumberToObject(o, fields[i].name, (double)fields[i].v)) {
+			cJSON_Delete(o);
+			return NULL;
+		}
+	}
+	return o;
+}
+
 static cJSON *device_info_encode(const struct rp_device_info *d)
 {
 	const char *state = rp_state_name(d->state);
@@ -194,6 +213,14 @@ static cJSON *device_info_encode(const struct rp_device_info *d)
 		cJSON *h = rp_device_health_encode(&d->health);
 		if (h == NULL || !cJSON_AddItemToObject(o, "health", h)) {
 			cJSON_Delete(h);
+			cJSON_Delete(o);
+			return NULL;
+		}
+	}
+	if (d->has_counters) {
+		cJSON *c = counters_encode(&d->counters);
+		if (c == NULL || !cJSON_AddItemToObject(o, "counters", c)) {
+			cJSON_Delete(c);
 			cJSON_Delete(o);
 			return NULL;
 		}

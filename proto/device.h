@@ -36,6 +36,7 @@ enum rp_state {
 	RP_STATE_RESPAWNING,    /* the worker process is being replaced, or starts for the first time */
 	RP_STATE_UNRESPONSIVE,  /* the worker answers no heartbeat: it is killed and respawned */
 	RP_STATE_FAILED,        /* the GPU needs a reset or fell off the bus: no worker until a later try */
+	RP_STATE_DETACHED,      /* an admin took it out (Detach): no worker, no handle, until Attach */
 	RP_STATE_COUNT,
 };
 
@@ -58,6 +59,16 @@ struct rp_device_health {
 	int retired_pages_pending, remap_pending, remap_failed;   /* 1, 0, -1 unknown */
 };
 
+/* io.regen.Device.Counters: what a device counted since regend started,
+ * over all its workers (counters only go up), and what its worker holds
+ * now. */
+struct rp_device_counters {
+	uint64_t releases, resets, restarts;   /* lifecycle operations that completed, by verb */
+	uint64_t faults;                        /* faults its workers reported */
+	uint64_t calls, call_errors, call_us;   /* compute calls finished, those that failed, µs in the backend */
+	uint64_t in_flight, buffers, events, connections;   /* the worker's now */
+};
+
 /* io.regen.Device.DeviceInfo. For the encoder a NULL string is "". */
 struct rp_device_info {
 	uint32_t index;
@@ -71,6 +82,8 @@ struct rp_device_info {
 	const char *reason;
 	bool has_health;                /* optional on the wire */
 	struct rp_device_health health;
+	bool has_counters;              /* optional on the wire; the decoder leaves it out */
+	struct rp_device_counters counters;
 };
 
 /* The reply of Status, Generation, Release, Reset and Restart: the node

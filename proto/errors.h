@@ -20,7 +20,11 @@
 #define RP_ERR_TIMEOUT             "io.regen.Timeout"
 #define RP_ERR_FAULT_INJECTION_DISABLED "io.regen.FaultInjectionDisabled"
 #define RP_ERR_WRONG_ENDPOINT      "io.regen.WrongEndpoint"
+#define RP_ERR_DETACHED            "io.regen.Detached"
 #define RP_ERR_BACKEND             "io.regen.BackendError"
+#define RP_ERR_COMM_FAILED         "io.regen.CommFailed"
+#define RP_ERR_COMM_TIMEOUT        "io.regen.CommTimeout"
+#define RP_ERR_COMM_IN_FLIGHT      "io.regen.CommInFlight"
 
 #define RP_ERR_INTERFACE_NOT_FOUND "org.varlink.service.InterfaceNotFound"
 #define RP_ERR_METHOD_NOT_FOUND    "org.varlink.service.MethodNotFound"

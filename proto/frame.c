@@ -19,7 +19,7 @@
  * returns the fds of two sendmsg() calls, so this is all one read can hold,
  * and MSG_CTRUNC only happens when the kernel refuses an fd. */
 #define FDS_PER_READ_MAX 253
-#define READ_CHUNK 65536
+#define READ_CHUNK RP_RX_READ_CHUNK
 /* Keep a buffer this big between messages; a bigger one goes back. */
 #define BUF_KEEP 65536
 
@@ -445,24 +445,30 @@ error:
 	return r;
 }
 
+/* Messages without fds that go out in one sendmsg(). */
+#define TX_BATCH 64
+
 int rp_tx_flush(struct rp_tx *tx, int sock)
 {
-	struct rp_tx_item *item;
-
-	while ((item = tx->head) != NULL) {
+	while (tx->head != NULL) {
 		union {
 			char buf[CMSG_SPACE(sizeof(int) * RP_FDS_MAX)];
 			struct cmsghdr align;
 		} control;
-		struct iovec iov = { .iov_base = item->data + item->sent, .iov_len = item->len - item->sent };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+		struct iovec iov[TX_BATCH];
+		struct msghdr mh = { .msg_iov = iov };
+		struct rp_tx_item *item = tx->head;
 		ssize_t n;
 
-		/* Each message goes out in sendmsg() calls of its own, so the
-		 * fds sit on its first byte and on no other message's bytes. */
+		/* Each message with fds goes out in sendmsg() calls of its own,
+		 * so the fds sit on its first byte and on no other message's
+		 * bytes. Messages without fds that follow one another go out
+		 * together: one system call for a whole batch of replies. */
 		if (item->nfds > 0) {
 			struct cmsghdr *cmsg;
 
+			iov[0] = (struct iovec){ .iov_base = item->data + item->sent, .iov_len = item->len - item->sent };
+			mh.msg_iovlen = 1;
 			memset(&control, 0, sizeof(control));
 			mh.msg_control = control.buf;
 			mh.msg_controllen = CMSG_SPACE(sizeof(int) * item->nfds);
@@ -471,6 +477,12 @@ int rp_tx_flush(struct rp_tx *tx, int sock)
 			cmsg->cmsg_type = SCM_RIGHTS;
 			cmsg->cmsg_len = CMSG_LEN(sizeof(int) * item->nfds);
 			memcpy(CMSG_DATA(cmsg), item->fds, sizeof(int) * item->nfds);
+		} else {
+			for (struct rp_tx_item *it = item; it != NULL && it->nfds == 0 && mh.msg_iovlen < TX_BATCH;
+			     it = it->next) {
+				iov[mh.msg_iovlen++] =
+					(struct iovec){ .iov_base = it->data + it->sent, .iov_len = it->len - it->sent };
+			}
 		}
 		do {
 			n = sendmsg(sock, &mh, MSG_NOSIGNAL);
@@ -484,14 +496,22 @@ int rp_tx_flush(struct rp_tx *tx, int sock)
 			close_fds(item->fds, item->nfds);
 			item->nfds = 0;
 		}
-		item->sent += (size_t)n;
 		tx->queued_bytes -= (size_t)n;
-		if (item->sent < item->len)
-			continue;
-		tx->head = item->next;
-		if (tx->head == NULL)
-			tx->tail = NULL;
-		free(item);
+		/* Account the bytes written to the messages in order. */
+		while (n > 0) {
+			size_t left = item->len - item->sent;
+
+			if ((size_t)n < left) {
+				item->sent += (size_t)n;
+				break;
+			}
+			n -= (ssize_t)left;
+			tx->head = item->next;
+			if (tx->head == NULL)
+				tx->tail = NULL;
+			free(item);
+			item = tx->head;
+		}
 	}
 	return 0;
 }

@@ -10,6 +10,7 @@
 
 #define RP_MESSAGE_MAX (1u << 20)   /* bytes, NUL excluded */
 #define RP_FDS_MAX 16               /* per message */
+#define RP_RX_READ_CHUNK 65536      /* bytes rp_rx_read asks for at most */
 
 struct rp_fd_batch;
 struct rp_rx_item;

@@ -1,5 +1,6 @@
 /* Object ids on the wire: "<kind><device>.<generation>.<serial>", e.g.
- * "b0.3.17" is buffer 17 of device 0 made in generation 3. The generation
+ * "b0.3.17" is buffer 17 of device 0 made in generation 3 (kinds: b buffer,
+ * e event, c communicator). The generation
  * in the id is what lets a worker answer io.regen.StaleGeneration. */
 #pragma once
 
@@ -8,7 +9,7 @@
 
 #define RP_ID_MAX 64
 
-enum rp_id_kind { RP_ID_BUFFER = 'b', RP_ID_EVENT = 'e' };
+enum rp_id_kind { RP_ID_BUFFER = 'b', RP_ID_EVENT = 'e', RP_ID_COMM = 'c' };
 
 struct rp_id {
 	char kind;             /* enum rp_id_kind */

@@ -5,44 +5,18 @@
 
 #include "errors.h"
 #include "frame.h"
+#include "hex.h"
 #include "memory.h"
 #include "params.h"
 
-static int hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 int rp_handle_from_hex(const char *hex, unsigned char out[RP_HANDLE_SIZE])
 {
-	if (hex == NULL || strlen(hex) != RP_HANDLE_HEX_LEN)
-		return -EINVAL;
-	for (int i = 0; i < RP_HANDLE_SIZE; i++) {
-		int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
-
-		if (hi < 0 || lo < 0)
-			return -EINVAL;
-		out[i] = (unsigned char)(hi << 4 | lo);
-	}
-	return 0;
+	return rp_hex_decode(hex, out, RP_HANDLE_SIZE);
 }
 
 char *rp_handle_to_hex(const unsigned char handle[RP_HANDLE_SIZE], char out[RP_HANDLE_HEX_LEN + 1])
 {
-	static const char digits[] = "0123456789abcdef";
-
-	for (int i = 0; i < RP_HANDLE_SIZE; i++) {
-		out[2 * i] = digits[handle[i] >> 4];
-		out[2 * i + 1] = digits[handle[i] & 15];
-	}
-	out[RP_HANDLE_HEX_LEN] = '\0';
-	return out;
+	return rp_hex_encode(handle, RP_HANDLE_SIZE, out);
 }
 
 static const char *const kind_names[] = { "host_fd", "cuda_ipc", "cuda_fd", NULL };

@@ -188,11 +188,46 @@ int rp_operand_parse(const cJSON *params, const char *name, bool required, struc
 		memset(op, 0, sizeof(*op));
 		return r;
 	}
+	/* What every other way into an operand is held to, this one is too. */
+	if (rp_operand_validate(op, name, err) < 0) {
+		memset(op, 0, sizeof(*op));
+		return -EINVAL;
+	}
 	return 0;
 
 bad_offset:
 	memset(op, 0, sizeof(*op));
 	return bad_field(err, name, "offset");
+}
+
+int rp_operand_validate(const struct rp_operand *op, const char *name, struct rp_error *err)
+{
+	char id[RP_ID_MAX];
+	size_t elem;
+
+	if (op->buffer.kind != RP_ID_BUFFER)
+		return rp_error_invalid_operand(err, name, "'%s' is not a buffer id (like b0.1.3)",
+						rp_id_format(&op->buffer, id));
+	if (op->offset > WIRE_INT_MAX)
+		return bad_field(err, name, "offset");
+	if ((unsigned)op->dtype >= RP_DTYPE_COUNT)
+		return bad_field(err, name, "dtype");
+	if (op->rank < 1 || op->rank > RP_RANK_MAX)
+		return bad_field(err, name, "shape");
+	for (int i = 0; i < op->rank; i++) {
+		if (op->shape[i] < 1 || op->shape[i] > RP_DIM_MAX)
+			return bad_field(err, name, "shape");
+	}
+	for (int i = 0; i < op->rank; i++) {
+		if (op->strides[i] < 0 || (uint64_t)op->strides[i] > WIRE_INT_MAX)
+			return bad_field(err, name, "strides");
+	}
+	elem = rp_dtype_size(op->dtype);
+	if (op->offset % elem != 0)
+		return rp_error_invalid_operand(err, name,
+						"misaligned: offset %" PRIu64 " into buffer %s is not a multiple of %zu, the size of %s",
+						op->offset, rp_id_format(&op->buffer, id), elem, rp_dtype_name(op->dtype));
+	return 0;
 }
 
 int rp_operand_extent(const struct rp_operand *op, uint64_t *begin, uint64_t *end)

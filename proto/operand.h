@@ -35,6 +35,12 @@ struct rp_operand {
  * Returns 1 (and leaves *op zeroed) when optional and absent. */
 int rp_operand_parse(const cJSON *params, const char *name, bool required, struct rp_operand *op, struct rp_error *err);
 
+/* The checks rp_operand_parse makes of each field, for an operand filled
+ * another way (a ring record): the same errors, named "<name>.<field>"
+ * (rank 1..4, dims 1..RP_DIM_MAX, strides 0..2^53, offset up to 2^53 and a
+ * multiple of the element size, a known dtype, a buffer id). */
+int rp_operand_validate(const struct rp_operand *op, const char *name, struct rp_error *err);
+
 /* Bytes [*begin, *end) the operand touches; -EOVERFLOW on overflow. */
 int rp_operand_extent(const struct rp_operand *op, uint64_t *begin, uint64_t *end);
 

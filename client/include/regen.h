@@ -51,7 +51,11 @@ extern "C" {
 #define REGEN_ERROR_TIMEOUT                  "io.regen.Timeout"
 #define REGEN_ERROR_FAULT_INJECTION_DISABLED "io.regen.FaultInjectionDisabled"
 #define REGEN_ERROR_WRONG_ENDPOINT           "io.regen.WrongEndpoint"
+#define REGEN_ERROR_DETACHED                 "io.regen.Detached"
 #define REGEN_ERROR_BACKEND_ERROR            "io.regen.BackendError"
+#define REGEN_ERROR_COMM_FAILED              "io.regen.CommFailed"
+#define REGEN_ERROR_COMM_TIMEOUT             "io.regen.CommTimeout"
+#define REGEN_ERROR_COMM_IN_FLIGHT           "io.regen.CommInFlight"
 #define REGEN_ERROR_INTERFACE_NOT_FOUND      "org.varlink.service.InterfaceNotFound"
 #define REGEN_ERROR_METHOD_NOT_FOUND         "org.varlink.service.MethodNotFound"
 #define REGEN_ERROR_METHOD_NOT_IMPLEMENTED   "org.varlink.service.MethodNotImplemented"
@@ -274,6 +278,157 @@ struct regen_attention_backward_args {
 	enum regen_causal_alignment causal_alignment;
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
+
+/* Queued calls: each returns once the call is on its way, with a ticket
+ * that names it on its device's lane; regen_wait(c, device, ticket) then
+ * waits until it and every call queued before it on that lane are
+ * answered, and returns 0, or the first error among them (named as a
+ * blocking call's would be). The blocking calls above are a submit and a
+ * wait. */
+REGEN_EXPORT int regen_gemm_submit(regen_client *c, const struct regen_gemm_args *args, uint64_t *ticket);
+REGEN_EXPORT int regen_attention_submit(regen_client *c, const struct regen_attention_args *args, uint64_t *ticket);
+REGEN_EXPORT int regen_attention_backward_submit(regen_client *c, const struct regen_attention_backward_args *args,
+						 uint64_t *ticket);
+REGEN_EXPORT int regen_wait(regen_client *c, int device, uint64_t ticket);
+/* The elapsed_us regend gave the device's last answered call. */
+REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int device);
+
+/* How compute calls reach a worker: over the lane's shared-memory ring
+ * (io.regen.Lane) where the worker offers it, else as Varlink calls
+ * (auto, the default); or forced to one (ring fails with -EPROTONOSUPPORT
+ * where no ring is offered). The environment variable REGEN_TRANSPORT
+ * (auto, varlink, ring) sets the default for new clients. */
+enum regen_transport { REGEN_TRANSPORT_AUTO = 0, REGEN_TRANSPORT_VARLINK, REGEN_TRANSPORT_RING };
+REGEN_EXPORT int regen_client_set_transport(regen_client *c, enum regen_transport t);
+/* What the device's lane uses now: RING or VARLINK, AUTO before its first
+ * compute call. */
+REGEN_EXPORT enum regen_transport regen_client_transport(const regen_client *c, int device);
+
+/* The pool: memory that regend maps once per chunk (client/pool.c).
+ *
+ * Chunks are CUDA VMM allocations exported as POSIX fds (or, for the host
+ * backend, memfds); allocations are carved out of them. regen_pool_lookup
+ * imports a pointer's chunk into regend once per generation, on the pool's
+ * own connection, and names the buffer and the offset: memory from the pool
+ * needs no import of its own. A chunk whose last allocation is freed is
+ * closed in regend and given back. The pool is one per process and
+ * thread-safe. libregen loads the CUDA driver at run time (it does not link
+ * it); without one the CUDA calls fail and say why (regen_pool_error).
+ *
+ * regen_pool_alloc and regen_pool_free have the signatures of torch's
+ * CUDAPluggableAllocator: torch.cuda.MemPool(CUDAPluggableAllocator(
+ * "libregen.so.0", "regen_pool_alloc", "regen_pool_free").allocator()).
+ * Chunks are $REGEN_POOL_CHUNK_MB MiB (default 256); a request over half a
+ * chunk gets a chunk of its own. A request over 256 TiB, or one the driver
+ * or the kernel refuses, returns NULL (regen_pool_error says why). A free of
+ * anything the pool did not hand out by that function (another pointer, one
+ * inside an allocation, a second free) is ignored. */
+REGEN_EXPORT void *regen_pool_alloc(size_t size, int device, void *stream);
+REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stream);
+/* Host memory (memfd chunks) for regend's host backend. */
+REGEN_EXPORT void *regen_pool_alloc_host(size_t size);
+REGEN_EXPORT void regen_pool_free_host(void *ptr);
+/* socket_path NULL: unchanged ($REGEN_SOCKET, else the default); another
+ * path closes the imports into the old regend first.
+ * chunk_bytes 0: unchanged; else a multiple of 1 MiB, at least 2 MiB. */
+REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_bytes);
+/* regend's index of this process's CUDA device `local_device` (they differ
+ * when CUDA_VISIBLE_DEVICES differs); -1: the same index (the default). */
+REGEN_EXPORT int regen_pool_map_device(int local_device, int regend_device);
+
+struct regen_pool_ref {
+	size_t size;               /* set by the caller: sizeof(struct regen_pool_ref) */
+	char buffer[64];           /* the chunk's buffer id in regend */
+	int device;                /* regend's index */
+	uint64_t generation;       /* of the import */
+	uint64_t offset;           /* of the pointer in the buffer, bytes */
+	uint64_t extent;           /* bytes from the pointer to the end of the chunk */
+	uint64_t chunk;            /* the chunk's serial in this process */
+	uint64_t chunk_size;
+};
+/* The buffer and offset of `ptr`, importing its chunk first when it is not
+ * imported in the current generation. host_device: regend's device for host
+ * memory (CUDA memory goes to its own device). -ENOENT: not pool memory;
+ * -EREMOTE: regend refused the import (regen_pool_error_name says how);
+ * -ECONNREFUSED, -ECONNRESET, -ETIMEDOUT: regend (or the device's worker)
+ * cannot be reached now. */
+REGEN_EXPORT int regen_pool_lookup(const void *ptr, int host_device, struct regen_pool_ref *out);
+/* regend's `device` reached `generation`: imports of older generations are
+ * gone, and the next lookup imports again. */
+REGEN_EXPORT void regen_pool_note_generation(int device, uint64_t generation);
+
+struct regen_pool_stats {
+	size_t size;               /* set by the caller: sizeof(struct regen_pool_stats) */
+	uint64_t chunks, chunk_bytes;   /* held now */
+	uint64_t used_bytes;       /* handed out now */
+	uint64_t imports;          /* chunks imported into regend now */
+	uint64_t allocs, frees, import_calls;   /* since the start */
+};
+REGEN_EXPORT int regen_pool_stats_get(struct regen_pool_stats *out);
+/* The last failure's message ("" if none) and regend's error name (NULL if
+ * the failure was not regend's). Not thread-safe: for diagnostics. */
+REGEN_EXPORT const char *regen_pool_error(void);
+REGEN_EXPORT const char *regen_pool_error_name(void);
+/* 0 when the CUDA driver is there with the VMM calls the pool needs, else
+ * -ENODEV or -ENOTSUP (regen_pool_error says why). */
+REGEN_EXPORT int regen_pool_cuda_available(void);
+/* The CUDA allocation that holds `ptr` (cuMemGetAddressRange): its base
+ * and size. For importing a cudaMalloc block once, whatever part of it a
+ * tensor uses. */
+REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint64_t *size);
+
+/* Communicators (io.regen.Comm): NCCL on the CUDA backend; on the host
+ * backend the ranks are connections to one worker (tests the control
+ * plane, not the GPU path). */
+typedef struct regen_comm regen_comm;
+
+#define REGEN_COMM_UNIQUE_ID_BYTES 128
+
+enum regen_reduce_op { REGEN_REDUCE_SUM = 0, REGEN_REDUCE_MAX, REGEN_REDUCE_AVG };
+
+/* A new unique id for rank 0 to hand to the other ranks. */
+REGEN_EXPORT int regen_comm_unique_id(regen_client *c, int device, unsigned char id[REGEN_COMM_UNIQUE_ID_BYTES]);
+
+struct regen_comm_init_args {
+	int device;
+	const unsigned char *unique_id;    /* REGEN_COMM_UNIQUE_ID_BYTES */
+	uint32_t rank, nranks;
+	const char *key;                   /* NULL: not re-attachable */
+	uint32_t deadline_ms;              /* 0: regend's default */
+};
+/* Joins; returns once every rank joined (REGEN_ERROR_COMM_TIMEOUT past the
+ * deadline). */
+REGEN_EXPORT int regen_comm_init(regen_client *c, const struct regen_comm_init_args *args, regen_comm **out);
+/* Takes back the detached communicator `key` names (its process gone). */
+REGEN_EXPORT int regen_comm_attach(regen_client *c, int device, const char *key, regen_comm **out);
+
+/* send and recv: rank-1 contiguous tensors (strides ignored) of one dtype
+ * on the communicator's device. */
+struct regen_collective_args {
+	regen_comm *comm;
+	struct regen_tensor send, recv;
+	enum regen_reduce_op op;           /* AllReduce, ReduceScatter */
+	uint32_t root;                     /* Broadcast */
+	uint32_t deadline_ms;              /* 0: regend's default */
+	const regen_event *wait_event, *signal_event;
+};
+REGEN_EXPORT int regen_comm_all_reduce(regen_client *c, const struct regen_collective_args *args);
+REGEN_EXPORT int regen_comm_all_gather(regen_client *c, const struct regen_collective_args *args);
+REGEN_EXPORT int regen_comm_reduce_scatter(regen_client *c, const struct regen_collective_args *args);
+REGEN_EXPORT int regen_comm_broadcast(regen_client *c, const struct regen_collective_args *args);
+/* Stops it now: calls in flight and later ones fail with CommFailed. */
+REGEN_EXPORT int regen_comm_abort(regen_comm *comm);
+/* Ends it in the worker (finalize + destroy, or with `abort` an abort even
+ * with calls in flight; unless its generation is gone) and frees the
+ * handle, also when the call failed. Accepts NULL. */
+REGEN_EXPORT int regen_comm_destroy(regen_comm *comm, bool abort, uint32_t deadline_ms);
+REGEN_EXPORT const char *regen_comm_id(const regen_comm *comm);
+REGEN_EXPORT uint64_t regen_comm_generation(const regen_comm *comm);
+REGEN_EXPORT int regen_comm_device(const regen_comm *comm);
+REGEN_EXPORT uint32_t regen_comm_rank(const regen_comm *comm);
+REGEN_EXPORT uint32_t regen_comm_nranks(const regen_comm *comm);
+/* Collectives it ran, as Attach reported (0 after Init). */
+REGEN_EXPORT uint64_t regen_comm_collectives(const regen_comm *comm);
 
 /* Any method, parameters as JSON text (NULL = {}). device >= 0 sends it to
  * that device's worker socket, < 0 to the main socket. On success *reply

@@ -61,6 +61,27 @@ struct rd_event {
 	struct rd_object obj;
 };
 
+/* A communicator (io.regen.Comm): one rank of one NCCL communicator (on
+ * the host backend, of a group of connections to this worker). The backend
+ * allocates the struct (embedding this one first) and registers `res`,
+ * whose release finalizes and destroys a healthy communicator (bounded:
+ * peers that do not finalize get it aborted) and whose invalidate aborts it
+ * (ncclCommAbort: safe when the context or the peers are gone). The core
+ * fills obj and its own fields, on the loop thread. */
+struct rd_comm {
+	struct rd_resource res;
+	struct rd_device *device;
+	struct rd_object obj;
+	uint32_t rank, nranks;
+	/* The core's. */
+	bool joined;                 /* Init completed */
+	unsigned in_flight;          /* calls on it submitted and not finished */
+	uint64_t collectives;        /* collectives it was handed */
+	bool has_key;
+	char key[129];
+	uid_t key_uid;               /* whose processes may Attach */
+};
+
 /* One compute call in flight. The core fills it and calls submit; the
  * backend finishes it with rd_op_complete() from any thread. */
 struct rd_op {
@@ -70,6 +91,9 @@ struct rd_op {
 	struct rd_buffer *buffers[RP_OP_OPERANDS_MAX];  /* resolved, bounds-checked; NULL for absent optional operands */
 	struct rd_event *wait_event, *signal_event;
 	struct rd_lane *lane;
+	/* io.regen.Comm's work (compute.spec->id RP_OP_COMM, compute.comm.kind
+	 * saying which: Init, Destroy or a collective): the communicator. */
+	struct rd_comm *comm;
 
 	/* Result, set by the backend before rd_op_complete(). */
 	struct rp_error err;       /* err.name == NULL: success */
@@ -77,6 +101,10 @@ struct rd_op {
 
 	/* Core's use. */
 	void (*done)(struct rd_op *op);
+	/* Optional: called on the completing thread as the op is handed back,
+	 * before the loop thread's done (a ring publishes its completion from
+	 * there: one thread hand-off less). */
+	void (*completed)(struct rd_op *op);
 	void *userdata;
 	struct rd_op *next;
 	uint64_t submitted_ns;
@@ -156,6 +184,26 @@ struct rd_backend_ops {
 	 * device is healthy afterwards. */
 	int (*release)(struct rd_device *dev, struct rp_error *err);
 	int (*reset)(struct rd_device *dev, struct rp_error *err);
+
+	/* Communicators; NULL when the backend has none (io.regen.Comm then
+	 * answers MethodNotImplemented). Init, Destroy and the collectives are
+	 * ops submitted on the caller's lane (op->comm set); the backend fails
+	 * them with io.regen.CommFailed when the communicator failed or was
+	 * aborted, and ends a wait for peers when it is aborted. */
+	int (*comm_unique_id)(struct rd_device *dev, unsigned char id[RP_COMM_ID_SIZE], struct rp_error *err);
+	/* Makes (and registers) rank `rank` of `nranks` of the communicator
+	 * `id` names, not joined yet: its Init op joins it. */
+	int (*comm_create)(struct rd_device *dev, const unsigned char id[RP_COMM_ID_SIZE], uint32_t rank,
+			   uint32_t nranks, struct rd_comm **out, struct rp_error *err);
+	/* Any thread, never blocks on a peer: the communicator stops; its
+	 * calls in flight and later ones fail, and its peers learn of it. */
+	void (*comm_abort)(struct rd_comm *comm, const char *why);
+	/* 0 when healthy; -EIO with io.regen.CommFailed {reason} when it
+	 * failed (NCCL's asynchronous error) or was aborted. Cheap. */
+	int (*comm_status)(struct rd_comm *comm, struct rp_error *err);
+	/* No call in flight: unregisters (so a valid communicator is released)
+	 * and frees. */
+	void (*comm_close)(struct rd_comm *comm);
 
 	/* Bytes the backend holds now, and right after open. */
 	void (*memory)(struct rd_device *dev, uint64_t *used, uint64_t *baseline);

@@ -4,6 +4,7 @@
 #include <string.h>
 #include "daemon/log.h"
 #include "daemon/supervisor/device.h"
+#include "proto/errors.h"
 
 /* How long a worker may take to answer Release/Reset, and to come back. */
 #define LIFECYCLE_TIMEOUT_MS 30000
@@ -38,10 +39,12 @@ struct rd_sv_op {
 
 static void op_start(struct rd_sv_device *d);
 static void spawn(struct rd_sv_device *d);
+static void detached_listen(struct rd_sv_device *d);
+static void detached_unlisten(struct rd_sv_device *d);
 
 const char *rd_sv_verb_name(enum rd_sv_verb verb)
 {
-	static const char *const names[] = { "release", "reset", "restart" };
+	static const char *const names[] = { "release", "reset", "restart", "detach", "attach" };
 	return names[verb];
 }
 
@@ -83,15 +86,38 @@ static void bump_for_lost_worker(struct rd_sv_device *d, const char *why)
 	transition(d, RP_STATE_RESPAWNING, d->state != RP_STATE_RESPAWNING, why);
 }
 
+/* A count the worker reported, or what we had when it sent none. */
+static uint64_t count_of(const cJSON *params, const char *name, uint64_t had)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, name);
+
+	return cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint64_t)v->valuedouble : had;
+}
+
 static void take_memory(struct rd_sv_device *d, const cJSON *params)
 {
-	cJSON *used = cJSON_GetObjectItemCaseSensitive(params, "memory_used");
-	cJSON *base = cJSON_GetObjectItemCaseSensitive(params, "memory_baseline");
+	struct rp_device_counters *w = &d->worker_counts;
 
-	if (cJSON_IsNumber(used))
-		d->memory_used = (uint64_t)used->valuedouble;
-	if (cJSON_IsNumber(base))
-		d->memory_baseline = (uint64_t)base->valuedouble;
+	d->memory_used = count_of(params, "memory_used", d->memory_used);
+	d->memory_baseline = count_of(params, "memory_baseline", d->memory_baseline);
+	w->in_flight = count_of(params, "in_flight", w->in_flight);
+	w->buffers = count_of(params, "buffers", w->buffers);
+	w->events = count_of(params, "events", w->events);
+	w->connections = count_of(params, "connections", w->connections);
+	/* A worker's own counts only go up. */
+	w->calls = count_of(params, "calls", w->calls);
+	w->call_errors = count_of(params, "call_errors", w->call_errors);
+	w->call_us = count_of(params, "call_us", w->call_us);
+}
+
+/* The worker is gone: what it counted stays in the device's totals, what
+ * it held went with it. */
+static void fold_worker_counts(struct rd_sv_device *d)
+{
+	d->counters.calls += d->worker_counts.calls;
+	d->counters.call_errors += d->worker_counts.call_errors;
+	d->counters.call_us += d->worker_counts.call_us;
+	memset(&d->worker_counts, 0, sizeof(d->worker_counts));
 }
 
 /* A worker's io.regen.Device.Health (NULL: it sent none). */
@@ -131,7 +157,13 @@ static void take_health(struct rd_sv_device *d, const cJSON *health)
  * for its reset. */
 static bool can_start_op(const struct rd_sv_device *d)
 {
-	return d->state == RP_STATE_READY || d->state == RP_STATE_FAULTED;
+	return d->state == RP_STATE_READY || d->state == RP_STATE_FAULTED || d->state == RP_STATE_DETACHED;
+}
+
+/* A Detach past its drain: the worker's exit makes the device detached. */
+static bool detaching(const struct rd_sv_device *d)
+{
+	return d->ops && d->ops->verb == RD_SV_DETACH && d->ops->step != OP_QUEUED;
 }
 
 static void op_finish(struct rd_sv_device *d, const char *failure)
@@ -144,6 +176,10 @@ static void op_finish(struct rd_sv_device *d, const char *failure)
 	d->ops = op->next;
 	rd_info("lifecycle", d->index, d->generation, 0, "%s done%s%s", rd_sv_verb_name(op->verb),
 		failure ? ": " : "", failure ? failure : "");
+	if (!failure && op->verb <= RD_SV_RESTART) {
+		uint64_t *count[] = { &d->counters.releases, &d->counters.resets, &d->counters.restarts };
+		(*count[op->verb])++;
+	}
 	if (op->request)
 		events(d)->request_finished(d, op->request, failure, d->env->data);
 	free(op);
@@ -199,6 +235,12 @@ static void op_await_worker(struct rd_sv_device *d)
  * cleanup that never leaks vendor state is its exit. */
 static void op_escalate(struct rd_sv_device *d, const char *why)
 {
+	if (detaching(d)) {
+		/* The worker was to exit anyway: its exit detaches the device. */
+		d->ops->step = OP_APPLYING;
+		kill_worker(d, why);
+		return;
+	}
 	bump_for_lost_worker(d, why);
 	op_await_worker(d);
 	kill_worker(d, why);
@@ -287,7 +329,23 @@ static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, vo
 		op_escalate(d, "drain deadline passed with calls in flight");
 		return;
 	}
+	if (op->verb == RD_SV_DETACH) {
+		/* Drained: the worker exits on SIGTERM, destroying what it holds,
+		 * and is killed if it does not within the lifecycle timeout. */
+		op->step = OP_APPLYING;
+		uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
+		rd_sv_worker_kill(&d->worker, SIGTERM);
+		return;
+	}
 	send_lifecycle(d, op_resets(d, op));
+}
+
+/* The counts as the drain begins: Status (and regenctl --wait) can say how
+ * many calls the drain waits for. */
+static void on_drain_stats(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	if (reply && !reply->error)
+		take_memory(userdata, reply->params);
 }
 
 static void op_start(struct rd_sv_device *d)
@@ -297,11 +355,30 @@ static void op_start(struct rd_sv_device *d)
 
 	if (!op || op->step != OP_QUEUED)
 		return;
+	if (d->state == RP_STATE_DETACHED || op->verb == RD_SV_ATTACH) {
+		if (op->verb == RD_SV_ATTACH && d->state == RP_STATE_DETACHED) {
+			/* A new worker in a new generation; ends when it is ready. */
+			rd_info("lifecycle", d->index, d->generation, 0, "attach: %s", op->reason);
+			detached_unlisten(d);
+			op->step = OP_AWAITING_WORKER;
+			d->crash_streak = 0;
+			transition(d, RP_STATE_RESPAWNING, true, op->reason);
+			uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
+			spawn(d);
+		} else if (op->verb == RD_SV_ATTACH || op->verb == RD_SV_DETACH) {
+			op_finish(d, NULL);    /* attached already, or detached already */
+		} else {
+			op_finish(d, "the device is detached: attach it first (regenctl attach)");
+		}
+		return;
+	}
 	rd_info("lifecycle", d->index, d->generation, 0, "%s: %s", rd_sv_verb_name(op->verb), op->reason);
 	op->step = OP_DRAINING;
 	/* A faulted device's own Reset keeps the fault as its reason. */
 	transition(d, op->verb == RD_SV_RESET || d->state == RP_STATE_FAULTED ? RP_STATE_RESETTING : RP_STATE_DRAINING,
 		   false, op->request || d->state != RP_STATE_FAULTED ? op->reason : NULL);
+	/* Answered before the Drain: the channel answers in order. */
+	rd_sv_device_call(d, "io.regen.Worker.Stats", NULL, on_drain_stats, d);
 	params = cJSON_CreateObject();
 	cJSON_AddNumberToObject(params, "deadline_ms", op->deadline_ms);
 	uv_timer_start(&d->timer, on_op_timeout, (uint64_t)op->deadline_ms + DRAIN_GRACE_MS, 0);
@@ -415,7 +492,7 @@ static void on_respawn_timer(uv_timer_t *t)
 {
 	struct rd_sv_device *d = t->data;
 
-	if (rd_sv_worker_running(&d->worker) || *d->env->stopping)
+	if (rd_sv_worker_running(&d->worker) || *d->env->stopping || d->state == RP_STATE_DETACHED)
 		return;
 	/* A failed GPU's next try: shown as a respawn until it serves. */
 	set_state(d, RP_STATE_RESPAWNING);
@@ -468,6 +545,7 @@ static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *rea
 	take_health(d, health);
 	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNRESPONSIVE)
 		return;    /* the worker is on its way out */
+	d->counters.faults++;
 	if (kind == RD_SV_FAULT_FAILED) {
 		fail(d, reason);
 		return;
@@ -500,8 +578,18 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 
 	uv_timer_stop(&d->heartbeat_timer);
 	d->ping_outstanding = false;
+	fold_worker_counts(d);
 	if (*d->env->stopping)
 		return;
+	if (detaching(d)) {
+		/* No worker, no handle on the GPU, no respawn until Attach. */
+		rd_info("lifecycle", d->index, d->generation, 0, "detached: %s", why);
+		d->memory_used = 0;
+		transition(d, RP_STATE_DETACHED, true, d->ops->reason);
+		detached_listen(d);
+		op_finish(d, NULL);
+		return;
+	}
 	rd_warn("lifecycle", d->index, d->generation, 0, "%s", why);
 	if (d->state == RP_STATE_FAILED) {
 		/* Killed by fail(): the pause starts now. */
@@ -551,6 +639,64 @@ static void spawn(struct rd_sv_device *d)
 	d->up_since_ns = uv_hrtime();
 }
 
+/* ---- A detached device's socket ---- */
+
+/* Every call on a detached device's worker socket is told so by name,
+ * rather than finding no socket ("is regend running?"). */
+static void detached_on_call(struct rd_conn *conn, struct rd_call *call)
+{
+	struct rd_sv_device *d = conn->data;
+	struct rp_error err = { 0 };
+
+	rp_err_detached(&err, d->index, (long long)d->generation,
+			"device %d is detached (regenctl detach); an admin brings it back with regenctl attach", d->index);
+	rd_call_fail(call, &err);
+}
+
+static void detached_on_close(struct rd_conn *conn)
+{
+	struct rd_sv_device *d = conn->data;
+
+	for (struct rd_conn **c = &d->detached_conns; *c; c = &(*c)->next) {
+		if (*c == conn) {
+			*c = conn->next;
+			break;
+		}
+	}
+}
+
+static const struct rd_conn_ops detached_ops = { detached_on_call, detached_on_close, NULL };
+
+static void detached_accept(int fd, void *data)
+{
+	struct rd_sv_device *d = data;
+	struct rd_conn *conn;
+
+	if (rd_conn_new(d->env->loop, fd, &detached_ops, d, &conn) < 0)
+		return;
+	conn->next = d->detached_conns;
+	d->detached_conns = conn;
+}
+
+static void detached_listen(struct rd_sv_device *d)
+{
+	const struct rd_options *o = d->env->opts;
+	int r = rd_listener_open(&d->detached_listener, d->env->loop, d->worker_socket, o->socket_mode,
+				 o->have_socket_gid ? o->socket_gid : (gid_t)-1, -1, detached_accept, d);
+
+	if (r < 0)
+		rd_warn("lifecycle", d->index, d->generation, 0, "cannot listen on %s while detached: %s",
+			d->worker_socket, strerror(-r));
+}
+
+static void detached_unlisten(struct rd_sv_device *d)
+{
+	while (d->detached_conns)
+		rd_conn_close(d->detached_conns);    /* detached_on_close unlinks it */
+	if (d->detached_listener.open)
+		rd_listener_close(&d->detached_listener);
+}
+
 /* ---- Start, stop, and what the supervisor asks ---- */
 
 void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *env, int index, const char *backend)
@@ -595,6 +741,7 @@ void rd_sv_device_stop(struct rd_sv_device *d, const char *why)
 	uv_close((uv_handle_t *)&d->respawn_timer, NULL);
 	uv_timer_stop(&d->heartbeat_timer);
 	uv_close((uv_handle_t *)&d->heartbeat_timer, NULL);
+	detached_unlisten(d);
 	/* The worker drains on SIGTERM and exits. */
 	rd_sv_worker_kill(&d->worker, SIGTERM);
 }
@@ -676,6 +823,20 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 		.memory_baseline = d->memory_baseline,
 		.reason = d->reason,
 		.has_health = d->health.known,
+		.has_counters = true,
+		.counters = {
+			.releases = d->counters.releases,
+			.resets = d->counters.resets,
+			.restarts = d->counters.restarts,
+			.faults = d->counters.faults,
+			.calls = d->counters.calls + d->worker_counts.calls,
+			.call_errors = d->counters.call_errors + d->worker_counts.call_errors,
+			.call_us = d->counters.call_us + d->worker_counts.call_us,
+			.in_flight = d->worker_counts.in_flight,
+			.buffers = d->worker_counts.buffers,
+			.events = d->worker_counts.events,
+			.connections = d->worker_counts.connections,
+		},
 		.health = {
 			.source = d->health.source,
 			.detail = d->health.detail,

@@ -28,11 +28,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
+#include "daemon/listen.h"
 #include "daemon/options.h"
 #include "proto/device.h"
 #include "daemon/supervisor/worker_process.h"
 
-enum rd_sv_verb { RD_SV_RELEASE, RD_SV_RESET, RD_SV_RESTART };
+enum rd_sv_verb { RD_SV_RELEASE, RD_SV_RESET, RD_SV_RESTART, RD_SV_DETACH, RD_SV_ATTACH };
 
 const char *rd_sv_verb_name(enum rd_sv_verb verb);
 
@@ -95,6 +96,15 @@ struct rd_sv_device {
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
 	struct rd_sv_health health;
+	/* io.regen.Device.Counters: the lifecycle counts are the supervisor's;
+	 * the call counts are the workers' that are gone (folded in as each
+	 * goes) plus the current one's as its last Stats said. */
+	struct rp_device_counters counters;
+	struct rp_device_counters worker_counts;
+	/* While detached: the worker socket's path, where every call gets
+	 * io.regen.Detached, and its connections. */
+	struct rd_listener detached_listener;
+	struct rd_conn *detached_conns;
 };
 
 /* Device `index`, in generation 1, respawning until its first worker is

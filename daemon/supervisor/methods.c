@@ -169,6 +169,7 @@ struct request {
 	char failure[256];
 	int failed_device;
 	uint64_t failed_generation;
+	bool failed_detached;
 };
 
 void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *failure, void *data)
@@ -180,10 +181,16 @@ void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *f
 		snprintf(req->failure, sizeof(req->failure), "%s", failure);
 		req->failed_device = d->index;
 		req->failed_generation = d->generation;
+		req->failed_detached = d->state == RP_STATE_DETACHED;
 	}
 	if (--req->remaining)
 		return;
-	if (req->failure[0]) {
+	if (req->failure[0] && req->failed_detached && !sv->stopping) {
+		struct rp_error err = { 0 };
+		rp_err_detached(&err, req->failed_device, (long long)req->failed_generation, "device %d: %s",
+				req->failed_device, req->failure);
+		rd_call_fail(req->call, &err);
+	} else if (req->failure[0]) {
 		struct rp_error err = { 0 };
 		rp_error_set(&err, sv->stopping ? RP_ERR_DRAINING : RP_ERR_TIMEOUT, "device %d: %s", req->failed_device,
 			     req->failure);
@@ -199,16 +206,67 @@ void rd_sv_request_finished(struct rd_sv_device *d, void *request, const char *f
 	free(req);
 }
 
+/* Which devices a lifecycle call names: "device" (one) or "devices" (a
+ * list, each once), not both; neither = every device. Fills want[] and
+ * returns how many; < 0 after failing the call. */
+static int parse_targets(struct rd_call *call, bool want[RD_DEVICES_MAX])
+{
+	const struct rd_supervisor *sv = supervisor_of(call);
+	const cJSON *list = cJSON_GetObjectItemCaseSensitive(call->msg.params, "devices");
+	struct rp_error err = { 0 };
+	const cJSON *e;
+	int device, n = 0;
+
+	memset(want, 0, sizeof(bool) * RD_DEVICES_MAX);
+	if (!cJSON_IsArray(list)) {
+		if (parse_device_param(call, &device) < 0)
+			return -EINVAL;
+		for (int i = 0; i < sv->ndevices; i++)
+			if (device < 0 || device == i)
+				want[i] = true, n++;
+		return n;
+	}
+	if (cJSON_GetObjectItemCaseSensitive(call->msg.params, "device") || cJSON_GetArraySize(list) == 0) {
+		/* Both, or an empty list: a caller's mistake, never "all". */
+		rd_call_fail(call, (rp_error_invalid_parameter(&err, "devices"), &err));
+		return -EINVAL;
+	}
+	cJSON_ArrayForEach(e, list) {
+		double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+
+		if (!cJSON_IsNumber(e) || v < 0 || v != (double)(long long)v || v > RD_DEVICES_MAX * 4) {
+			rd_call_fail(call, (rp_error_invalid_parameter(&err, "devices"), &err));
+			return -EINVAL;
+		}
+		if (v >= sv->ndevices) {
+			rp_error_set(&err, RP_ERR_NO_SUCH_DEVICE, "device %lld is not served; this regend has %d device(s)",
+				     (long long)v, sv->ndevices);
+			rp_error_add_int(&err, "device", (long long)v);
+			rd_call_fail(call, &err);
+			return -EINVAL;
+		}
+		if (want[(int)v]) {
+			rd_call_fail(call, (rp_error_invalid_parameter(&err, "devices"), &err));
+			return -EINVAL;
+		}
+		want[(int)v] = true;
+		n++;
+	}
+	return n;
+}
+
 static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 {
 	static const struct rp_field fields[] = {
 		{ "device", RP_T_INT, false },
+		{ "devices", RP_T_ARRAY, false },
 		{ "reason", RP_T_STRING, false },
 		{ "deadline_ms", RP_T_INT, false },
 		{ NULL },
 	};
 	static const struct rp_field fields_no_deadline[] = {
 		{ "device", RP_T_INT, false },
+		{ "devices", RP_T_ARRAY, false },
 		{ "reason", RP_T_STRING, false },
 		{ NULL },
 	};
@@ -218,46 +276,54 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 	const char *reason = NULL;
 	uint64_t deadline;
 	char reason_buf[128];
-	int device;
+	bool want[RD_DEVICES_MAX];
+	int n, first = -1;
 
-	if (!check_fields(call, verb == RD_SV_RESTART ? fields : fields_no_deadline) ||
-	    parse_device_param(call, &device) < 0)
+	if (!check_fields(call, verb == RD_SV_RESTART || verb == RD_SV_DETACH ? fields : fields_no_deadline) ||
+	    (n = parse_targets(call, want)) < 0)
 		return;
+	for (int i = sv->ndevices - 1; i >= 0; i--)
+		if (want[i])
+			first = i;
 	if (rp_params_string(call->msg.params, "reason", 120, NULL, &reason, &err) < 0 ||
 	    rp_params_uint(call->msg.params, "deadline_ms", DEADLINE_MAX_MS, sv->opts.drain_deadline_ms, &deadline,
 			   &err) < 0) {
 		rd_call_fail(call, &err);
 		return;
 	}
-	if (sv->stopping) {
-		rp_error_set(&err, RP_ERR_DRAINING, "regend is shutting down");
-		rp_error_add_int(&err, "device", device);
-		rp_error_add_int(&err, "generation", device >= 0 ? (long long)sv->devices[device].generation : 0);
+	if (sv->stopping || n == 0) {
+		rp_error_set(&err, RP_ERR_DRAINING, "%s", n ? "regend is shutting down" : "regend serves no device");
+		rp_error_add_int(&err, "device", first);
+		rp_error_add_int(&err, "generation", first >= 0 ? (long long)sv->devices[first].generation : 0);
 		rd_call_fail(call, &err);
 		return;
 	}
-	snprintf(reason_buf, sizeof(reason_buf), "%s by pid %d%s%s", rd_sv_verb_name(verb), (int)call->conn->peer.pid,
-		 reason ? ": " : "", reason ? reason : "");
+	/* The job comes from the caller's cgroup, never from its words. */
+	snprintf(reason_buf, sizeof(reason_buf), "%s by pid %d%s%s%s%s%s", rd_sv_verb_name(verb),
+		 (int)call->conn->peer.pid, call->conn->peer.job[0] ? " (" : "", call->conn->peer.job,
+		 call->conn->peer.job[0] ? ")" : "", reason ? ": " : "", reason ? reason : "");
 	req = calloc(1, sizeof(*req));
 	if (!req) {
 		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for the request");
-		rp_error_add_int(&err, "device", device);
+		rp_error_add_int(&err, "device", first);
 		rd_call_fail(call, &err);
 		return;
 	}
 	req->call = call;
 	req->verb = verb;
 	req->start_ns = uv_hrtime();
-	req->remaining = device < 0 ? (unsigned)sv->ndevices : 1;
-	rd_info("lifecycle", device, 0, call->conn->peer.pid, "%s requested", reason_buf);
+	req->remaining = (unsigned)n;
+	rd_info("lifecycle", n == 1 ? first : -1, 0, call->conn->peer.pid, "%s requested (%d device(s))", reason_buf, n);
 	for (int i = 0; i < sv->ndevices; i++)
-		if (device < 0 || device == i)
+		if (want[i])
 			rd_sv_device_enqueue(&sv->devices[i], verb, reason_buf, (unsigned)deadline, req);
 }
 
 static void method_release(struct rd_call *call) { lifecycle_method(call, RD_SV_RELEASE); }
 static void method_reset(struct rd_call *call) { lifecycle_method(call, RD_SV_RESET); }
 static void method_restart(struct rd_call *call) { lifecycle_method(call, RD_SV_RESTART); }
+static void method_detach(struct rd_call *call) { lifecycle_method(call, RD_SV_DETACH); }
+static void method_attach(struct rd_call *call) { lifecycle_method(call, RD_SV_ATTACH); }
 
 /* ---- InjectFault ---- */
 
@@ -312,6 +378,11 @@ static void method_inject_fault(struct rd_call *call)
 		return;
 	}
 	d = &sv->devices[device];
+	if (d->state == RP_STATE_DETACHED) {
+		rp_err_detached(&err, device, (long long)d->generation, "device %d is detached", device);
+		rd_call_fail(call, &err);
+		return;
+	}
 	if (!rd_sv_device_serving(d)) {
 		rp_error_set(&err, RP_ERR_DRAINING, "device %d is %s; try again when it is ready", device,
 			     rp_state_name(d->state));
@@ -359,6 +430,8 @@ static const struct rd_method main_methods[] = {
 	{ "io.regen.Device.Release", method_release, true },
 	{ "io.regen.Device.Reset", method_reset, true },
 	{ "io.regen.Device.Restart", method_restart, true },
+	{ "io.regen.Device.Detach", method_detach, true },
+	{ "io.regen.Device.Attach", method_attach, true },
 	{ "io.regen.Device.InjectFault", method_inject_fault, true },
 	{ "io.regen.Memory.ImportBuffer", method_wrong_endpoint },
 	{ "io.regen.Memory.CloseBuffer", method_wrong_endpoint },

@@ -64,8 +64,8 @@ void rd_sv_session_accept(int fd, void *data)
 		rd_conn_refuse(conn, "connections", sv->opts.max_connections);
 		return;
 	}
-	rd_debug("conn", -1, 0, conn->peer.pid, "client connected (uid %u%s)", (unsigned)conn->peer.uid,
-		 conn->admin ? ", admin" : "");
+	rd_debug("conn", -1, 0, conn->peer.pid, "client connected (uid %u%s%s%s)", (unsigned)conn->peer.uid,
+		 conn->admin ? ", admin" : "", conn->peer.job[0] ? ", " : "", conn->peer.job);
 }
 
 void rd_sv_sessions_readmit(struct rd_supervisor *sv)

@@ -1,5 +1,6 @@
 /* io.regen.Compute on a worker socket: every operation of the op table
- * (proto/compute.h) through one path. The call is parsed and checked, each
+ * (proto/compute.h), and io.regen.Comm's collectives (proto/comm.h),
+ * through one path. The call is parsed and checked, each
  * operand resolved for the caller and checked against its buffer, before
  * anything reaches the backend; the objects it names stay open until it
  * finished. Each call has a deadline (health.c watches it). */
@@ -8,10 +9,11 @@
 #include <string.h>
 #include <uv.h>
 #include "daemon/worker/session.h"
+#include "proto/comm.h"
 #include "proto/compute.h"
 #include "proto/errors.h"
 
-static void op_release_refs(struct rd_worker *w, struct rd_op *op)
+void rd_compute_release(struct rd_worker *w, struct rd_op *op)
 {
 	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++)
 		if (op->buffers[i])
@@ -20,6 +22,28 @@ static void op_release_refs(struct rd_worker *w, struct rd_op *op)
 		rd_objects_unref(&w->objects, &op->wait_event->obj);
 	if (op->signal_event)
 		rd_objects_unref(&w->objects, &op->signal_event->obj);
+	if (op->comm) {
+		op->comm->in_flight--;
+		rd_objects_unref(&w->objects, &op->comm->obj);
+	}
+	memset(op->buffers, 0, sizeof(op->buffers));
+	op->wait_event = op->signal_event = NULL;
+	op->comm = NULL;
+}
+
+void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
+{
+	bool failed = cc->answered || cc->op.err.name;
+
+	/* Before the references go: finish settles the communicator op holds. */
+	if (cc->finish)
+		cc->finish(cc);
+	rd_compute_release(w, &cc->op);
+	rd_health_call_finished(w, cc);
+	/* Counted here, where Varlink calls and ring records both end. */
+	w->calls_done++;
+	w->calls_failed += failed;
+	w->calls_us += cc->op.elapsed_us;
 }
 
 /* On the loop thread, once the backend finished the op. A call answered
@@ -29,9 +53,10 @@ static void on_op_done(struct rd_op *op)
 	struct rd_compute_call *cc = op->userdata;
 	struct rd_session *s = cc->session;
 
-	op_release_refs(s->worker, op);
-	rd_health_call_finished(s->worker, cc);
-	if (!cc->call) {
+	rd_compute_finished(s->worker, cc);
+	if (cc->finish) {
+		/* Answered by finish. */
+	} else if (!cc->call) {
 		rp_error_clear(&op->err);
 	} else if (op->err.name) {
 		rd_call_fail(cc->call, &op->err);
@@ -43,10 +68,6 @@ static void on_op_done(struct rd_op *op)
 	free(cc);
 	rd_session_call_finished(s);
 }
-
-/* Every operand the table names, resolved for the caller and checked
- * against its buffer before any work starts; each one the call holds keeps
- * its buffer from closing until the call finishes. */
 static int resolve_operands(struct rd_worker *w, struct rd_op *op, const struct rd_client *who,
 			    struct rp_error *err)
 {
@@ -89,6 +110,73 @@ static int resolve_event(struct rd_worker *w, const struct rp_event_ref *ref, co
 	return 0;
 }
 
+int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct rp_error *err)
+{
+	struct rd_worker *w = s->worker;
+	struct rd_op *op = &cc->op;
+	int r;
+
+	r = rd_worker_refuse_if_not_ready(w, err);
+	if (r == 0)
+		r = resolve_operands(w, op, s->client, err);
+	if (r == 0)
+		r = resolve_event(w, &op->compute.wait_event, "wait_event", s->client, &op->wait_event, err);
+	if (r == 0)
+		r = resolve_event(w, &op->compute.signal_event, "signal_event", s->client, &op->signal_event, err);
+	/* A collective names its communicator; Init and Destroy hold theirs. */
+	if (r == 0 && op->compute.spec->id == RP_OP_COMM && !op->comm)
+		r = rd_comm_resolve(w, op, s->client, err);
+	if (r == 0) {
+		op->lane = rd_session_lane(s, err);
+		if (!op->lane)
+			r = -ENOMEM;
+	}
+	if (r < 0)
+		goto fail;
+	op->submitted_ns = uv_hrtime();
+	cc->session = s;
+	cc->answered = false;
+	cc->deadline_ns = op->submitted_ns +
+			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : w->opts->call_deadline_ms) *
+				  1000000u;
+	if (op->comm && rp_comm_is_collective(&op->compute))
+		op->comm->collectives++;
+	rd_session_call_started(s);
+	rd_health_call_started(w, cc);
+	r = w->dev.backend->submit(op->lane, op);
+	if (r < 0) {
+		/* Refused: no completion follows. The session stays, as the
+		 * call is still being answered by the caller. */
+		rd_health_call_finished(w, cc);
+		s->in_flight--;
+		w->in_flight--;
+		if (op->comm && rp_comm_is_collective(&op->compute))
+			op->comm->collectives--;
+		rp_error_move(err, &op->err);
+		if (!err->name)
+			rp_err_backend_error(err, w->dev.index, "submit failed: %s", strerror(-r));
+		goto fail;
+	}
+	return 0;
+fail:
+	rd_compute_release(w, op);
+	return r;
+}
+
+int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, struct rd_call *call,
+			   struct rp_error *err)
+{
+	int r;
+
+	cc->op.done = on_op_done;
+	cc->op.userdata = cc;
+	cc->call = call;
+	r = rd_compute_submit(s, cc, err);
+	if (r < 0)
+		free(cc);
+	return r;
+}
+
 void rd_compute_call(struct rd_call *call)
 {
 	const struct rp_op_spec *spec = rp_op_find(call->msg.method);
@@ -99,6 +187,8 @@ void rd_compute_call(struct rd_call *call)
 	struct rd_op *op = cc ? &cc->op : NULL;
 	int r;
 
+	if (!spec)
+		spec = rp_comm_op_find(call->msg.method);
 	if (!cc) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the call");
 		rd_call_fail(call, &err);
@@ -106,45 +196,9 @@ void rd_compute_call(struct rd_call *call)
 	}
 	r = rp_compute_parse(spec, call->msg.params, &op->compute, &err);
 	if (r == 0)
-		r = rd_worker_refuse_if_not_ready(w, &err);
-	if (r == 0)
-		r = resolve_operands(w, op, s->client, &err);
-	if (r == 0)
-		r = resolve_event(w, &op->compute.wait_event, "wait_event", s->client, &op->wait_event, &err);
-	if (r == 0)
-		r = resolve_event(w, &op->compute.signal_event, "signal_event", s->client, &op->signal_event, &err);
-	if (r == 0) {
-		op->lane = rd_session_lane(s, &err);
-		if (!op->lane)
-			r = -ENOMEM;
-	}
+		r = rd_compute_submit_call(s, cc, call, &err);
+	else
+		free(cc);
 	if (r < 0)
-		goto fail;
-	op->done = on_op_done;
-	op->userdata = cc;
-	op->submitted_ns = uv_hrtime();
-	cc->call = call;
-	cc->session = s;
-	cc->deadline_ns = op->submitted_ns +
-			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : w->opts->call_deadline_ms) *
-				  1000000u;
-	rd_session_call_started(s);
-	rd_health_call_started(w, cc);
-	r = w->dev.backend->submit(op->lane, op);
-	if (r < 0) {
-		/* Refused: no completion follows. The session stays, as the
-		 * call is still being answered here. */
-		rd_health_call_finished(w, cc);
-		s->in_flight--;
-		w->in_flight--;
-		rp_error_move(&err, &op->err);
-		if (!err.name)
-			rp_err_backend_error(&err, w->dev.index, "submit failed: %s", strerror(-r));
-		goto fail;
-	}
-	return;
-fail:
-	op_release_refs(w, op);
-	free(cc);
-	rd_call_fail(call, &err);
+		rd_call_fail(call, &err);
 }

@@ -12,6 +12,7 @@
 #include "daemon/backend/health.h"
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
+#include "daemon/worker/session.h"
 #include "daemon/worker/worker.h"
 #include "proto/errors.h"
 #include "proto/params.h"
@@ -106,6 +107,9 @@ static void ctl_drain(struct rd_call *call)
 	rd_info("lifecycle", w->dev.index, rd_worker_generation(w), 0, "draining %u call(s), deadline %llu ms",
 		w->in_flight, (unsigned long long)deadline);
 	w->drain_call = call;
+	/* A communicator's call may wait for a peer that never comes; every
+	 * communicator ends with the lifecycle change anyway. */
+	rd_comm_abort_busy(w, "the device is draining for a lifecycle change");
 	if (w->in_flight == 0) {
 		drain_reply(w, true);
 		return;
@@ -195,7 +199,11 @@ static void ctl_stats(struct rd_call *call)
 	take_epoch(w, call->msg.params);
 	cJSON_AddNumberToObject(reply, "in_flight", w->in_flight);
 	cJSON_AddNumberToObject(reply, "buffers", w->objects.count[RD_OBJECT_BUFFER]);
+	cJSON_AddNumberToObject(reply, "events", w->objects.count[RD_OBJECT_EVENT]);
 	cJSON_AddNumberToObject(reply, "connections", w->nsessions);
+	cJSON_AddNumberToObject(reply, "calls", (double)w->calls_done);
+	cJSON_AddNumberToObject(reply, "call_errors", (double)w->calls_failed);
+	cJSON_AddNumberToObject(reply, "call_us", (double)w->calls_us);
 	cJSON_AddItemToObject(reply, "health", rd_health_json(w));
 	rd_call_reply(call, reply, false);
 }

@@ -12,6 +12,10 @@
  *   The call stays in flight inside the worker, holding its buffers, until
  *   the backend lets it go or the process ends: no kernel is known to stop
  *   short of the process's exit, so a hang ends in a respawn.
+ * - A call on a communicator (io.regen.Comm) past its deadline is answered
+ *   with io.regen.CommTimeout and aborts the communicator, not the device
+ *   (comm.c): it waits for peers, and a peer that never calls is the usual
+ *   cause.
  * - What the backend knows of the device's health (UUID, PCI bus id, the
  *   last XID, ECC counts, pending retirement and remapping) goes to the
  *   supervisor with Ready and every Stats, for Status. */
@@ -28,7 +32,7 @@ static uint64_t earliest_deadline(const struct rd_worker *w)
 	uint64_t due = 0;
 
 	for (const struct rd_compute_call *cc = w->running; cc; cc = cc->next)
-		if (cc->call && cc->deadline_ns && (!due || cc->deadline_ns < due))
+		if (!cc->answered && cc->deadline_ns && (!due || cc->deadline_ns < due))
 			due = cc->deadline_ns;
 	return due;
 }
@@ -43,6 +47,12 @@ static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 	struct rp_error err = { 0 };
 	char reason[160];
 
+	/* A communicator's call waits for its peers: one that never calls is
+	 * the usual cause, not the device. */
+	if (cc->op.comm) {
+		rd_comm_deadline(w, cc, now);
+		return;
+	}
 	rd_warn("health", w->dev.index, rd_worker_generation(w), pid,
 		"%s on lane %u passed its deadline of %llu ms (%llu ms in flight): the device is hung", spec->method,
 		lane, (unsigned long long)limit_ms, (unsigned long long)elapsed_ms);
@@ -50,7 +60,12 @@ static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 		       "%s did not finish within its deadline of %llu ms; device %d is being reset: wait for the next "
 		       "generation (Watch), re-import and retry",
 		       spec->method, (unsigned long long)limit_ms, w->dev.index);
-	rd_call_fail(cc->call, &err);
+	cc->answered = true;
+	if (cc->call)
+		rd_call_fail(cc->call, &err);
+	else if (cc->answer_early)
+		cc->answer_early(cc, &err);
+	rp_error_clear(&err);
 	cc->call = NULL;
 	w->abandoned++;
 	snprintf(reason, sizeof(reason), "hung: %s from pid %d on lane %u passed its deadline of %llu ms",
@@ -64,7 +79,7 @@ static void on_deadline(uv_timer_t *t)
 	uint64_t now = uv_hrtime(), due;
 
 	for (struct rd_compute_call *cc = w->running; cc; cc = cc->next)
-		if (cc->call && cc->deadline_ns && now >= cc->deadline_ns)
+		if (!cc->answered && cc->deadline_ns && now >= cc->deadline_ns)
 			hung(w, cc, now);
 	due = earliest_deadline(w);
 	if (due)
@@ -111,7 +126,13 @@ void rd_health_stop(struct rd_worker *w)
 
 void rd_health_call_started(struct rd_worker *w, struct rd_compute_call *cc)
 {
-	uint64_t due_before = earliest_deadline(w);
+	/* The timer is aimed at the earliest deadline (rounded up to a
+	 * millisecond) whenever a call runs: a call due no sooner leaves it,
+	 * with no walk of the calls in flight (a lane's ring may hold a
+	 * thousand). */
+	bool armed = uv_is_active((uv_handle_t *)&w->deadline_timer);
+	uint64_t due_before = armed ? uv_now(w->loop) * 1000000u + uv_timer_get_due_in(&w->deadline_timer) * 1000000u
+				    : earliest_deadline(w);
 
 	cc->prev = w->running_tail;
 	cc->next = NULL;
@@ -137,7 +158,7 @@ void rd_health_call_finished(struct rd_worker *w, struct rd_compute_call *cc)
 	else
 		w->running_tail = cc->prev;
 	cc->prev = cc->next = NULL;
-	if (!cc->call && w->abandoned)
+	if (cc->answered && w->abandoned)
 		w->abandoned--;
 	if (!w->running)
 		uv_timer_stop(&w->deadline_timer);

@@ -7,12 +7,24 @@
 #include "daemon/worker/objects.h"
 #include "proto/errors.h"
 
-static const char id_kinds[2] = { [RD_OBJECT_BUFFER] = RP_ID_BUFFER, [RD_OBJECT_EVENT] = RP_ID_EVENT };
-static const char *const kind_names[2] = { [RD_OBJECT_BUFFER] = "buffer", [RD_OBJECT_EVENT] = "event" };
+static const char id_kinds[RD_OBJECT_KINDS] = {
+	[RD_OBJECT_BUFFER] = RP_ID_BUFFER, [RD_OBJECT_EVENT] = RP_ID_EVENT, [RD_OBJECT_COMM] = RP_ID_COMM,
+};
+static const char *const kind_names[RD_OBJECT_KINDS] = {
+	[RD_OBJECT_BUFFER] = "buffer", [RD_OBJECT_EVENT] = "event", [RD_OBJECT_COMM] = "communicator",
+};
+static const char *const kind_articles[RD_OBJECT_KINDS] = {
+	[RD_OBJECT_BUFFER] = "a buffer", [RD_OBJECT_EVENT] = "an event", [RD_OBJECT_COMM] = "a communicator",
+};
+
+enum rd_object_kind rd_object_kind_of(const struct rd_object *o)
+{
+	return o->id.kind == RP_ID_EVENT ? RD_OBJECT_EVENT : o->id.kind == RP_ID_COMM ? RD_OBJECT_COMM : RD_OBJECT_BUFFER;
+}
 
 static enum rd_object_kind kind_of(const struct rd_object *o)
 {
-	return o->id.kind == RP_ID_EVENT ? RD_OBJECT_EVENT : RD_OBJECT_BUFFER;
+	return rd_object_kind_of(o);
 }
 
 struct rd_buffer *rd_object_buffer(struct rd_object *o)
@@ -23,6 +35,11 @@ struct rd_buffer *rd_object_buffer(struct rd_object *o)
 struct rd_event *rd_object_event(struct rd_object *o)
 {
 	return (struct rd_event *)((char *)o - offsetof(struct rd_event, obj));
+}
+
+struct rd_comm *rd_object_comm(struct rd_object *o)
+{
+	return (struct rd_comm *)((char *)o - offsetof(struct rd_comm, obj));
 }
 
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev)
@@ -75,8 +92,14 @@ void rd_objects_client_put(struct rd_objects *t, struct rd_client *c)
 	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
 		for (struct rd_object *o = t->table[b], *next; o; o = next) {
 			next = o->next_in_table;
-			if (o->owner == c)
-				rd_objects_close(t, o);
+			if (o->owner != c)
+				continue;
+			if (t->keep && kind_of(o) == RD_OBJECT_COMM && t->keep(o, t->keep_data)) {
+				c->count[RD_OBJECT_COMM]--;
+				o->owner = NULL;
+				continue;
+			}
+			rd_objects_close(t, o);
 		}
 	}
 	for (struct rd_client **p = &t->clients; *p; p = &(*p)->next) {
@@ -117,10 +140,12 @@ static int check_id(struct rd_objects *t, const struct rp_id *id, enum rd_object
 	char text[RP_ID_MAX];
 	uint64_t generation = atomic_load(&t->device->generation);
 
+	/* Formatted only for an error: every record of a ring comes here. */
+	if (id->kind == id_kinds[kind] && id->device == (uint32_t)t->device->index && id->generation == generation)
+		return 0;
 	rp_id_format(id, text);
 	if (id->kind != id_kinds[kind]) {
-		rp_err_no_such_object(err, text, "%s: %s is not %s id", what, text,
-				      kind == RD_OBJECT_BUFFER ? "a buffer" : "an event");
+		rp_err_no_such_object(err, text, "%s: %s is not %s id", what, text, kind_articles[kind]);
 		return -EINVAL;
 	}
 	if (id->device != (uint32_t)t->device->index) {
@@ -171,10 +196,25 @@ void rd_objects_unref(struct rd_objects *t, struct rd_object *o)
 
 	if (--o->core_refs)
 		return;
-	if (kind_of(o) == RD_OBJECT_BUFFER)
+	switch (kind_of(o)) {
+	case RD_OBJECT_BUFFER:
 		backend->close_buffer(rd_object_buffer(o));
-	else if (backend->close_event)
-		backend->close_event(rd_object_event(o));
+		break;
+	case RD_OBJECT_EVENT:
+		if (backend->close_event)
+			backend->close_event(rd_object_event(o));
+		break;
+	default:
+		if (backend->comm_close)
+			backend->comm_close(rd_object_comm(o));
+		break;
+	}
+}
+
+void rd_objects_adopt(struct rd_objects *t, struct rd_object *o, struct rd_client *owner)
+{
+	o->owner = owner;
+	owner->count[kind_of(o)]++;
 }
 
 void rd_objects_close(struct rd_objects *t, struct rd_object *o)

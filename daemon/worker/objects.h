@@ -1,5 +1,5 @@
-/* The worker's table of the ids it handed out (buffers and events, one
- * table and one code path for both), with their owners. An id names an
+/* The worker's table of the ids it handed out (buffers, events and
+ * communicators: one table and one code path for all), with their owners. An id names an
  * object only for the process that imported it, and only in the generation
  * it was made in. */
 #pragma once
@@ -18,18 +18,22 @@ struct rd_objects {
 	struct rd_device *device;
 	struct rd_object *table[RD_OBJECT_BUCKETS];
 	uint64_t next_serial;
-	unsigned count[2];             /* by rd_object_kind */
+	unsigned count[3];             /* by rd_object_kind */
 	struct rd_client *clients;
+	/* When set: whether a communicator whose process's last connection
+	 * closed stays, without an owner (detached, for io.regen.Comm.Attach). */
+	bool (*keep)(struct rd_object *o, void *data);
+	void *keep_data;
 };
 
-enum rd_object_kind { RD_OBJECT_BUFFER = 0, RD_OBJECT_EVENT };
+enum rd_object_kind { RD_OBJECT_BUFFER = 0, RD_OBJECT_EVENT, RD_OBJECT_COMM, RD_OBJECT_KINDS };
 
 /* A process with at least one connection to this worker: what ids are
  * bound to (daemon/peer.h says what makes two peers one process). */
 struct rd_client {
 	struct rd_peer peer;
 	unsigned connections;
-	unsigned count[2];             /* objects it holds, by rd_object_kind */
+	unsigned count[RD_OBJECT_KINDS];   /* objects it holds, by rd_object_kind */
 	struct rd_client *next;
 };
 
@@ -39,7 +43,8 @@ struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_pe
 /* Connections of every process of this uid. */
 unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid);
 /* Drops one connection; with the last one, the client's objects are closed
- * (each as its calls finish). */
+ * (each as its calls finish), except a communicator that t->keep keeps: it
+ * is left in the table without an owner. */
 void rd_objects_client_put(struct rd_objects *t, struct rd_client *c);
 
 /* The object header of a buffer or an event. */
@@ -53,6 +58,8 @@ static inline struct rd_object *rd_event_object(struct rd_event *e)
 }
 struct rd_buffer *rd_object_buffer(struct rd_object *o);
 struct rd_event *rd_object_event(struct rd_object *o);
+struct rd_comm *rd_object_comm(struct rd_object *o);
+enum rd_object_kind rd_object_kind_of(const struct rd_object *o);
 
 /* Gives the object its id (current generation) and owner and adds it. */
 void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner);
@@ -68,6 +75,8 @@ int rd_objects_find(struct rd_objects *t, const struct rp_id *id, enum rd_object
 /* A call in flight holds the object: its close waits for the call. */
 void rd_objects_ref(struct rd_object *o);
 void rd_objects_unref(struct rd_objects *t, struct rd_object *o);
+/* Gives an ownerless (detached) object to `owner`. */
+void rd_objects_adopt(struct rd_objects *t, struct rd_object *o, struct rd_client *owner);
 /* Removes from the table; the backend close happens when no call uses it. */
 void rd_objects_close(struct rd_objects *t, struct rd_object *o);
 

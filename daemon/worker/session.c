@@ -6,6 +6,7 @@
 #include "daemon/dispatch.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
+#include "proto/comm.h"
 #include "proto/compute.h"
 #include "proto/errors.h"
 
@@ -15,6 +16,7 @@ static void session_maybe_free(struct rd_session *s)
 
 	if (!s->closed || s->in_flight)
 		return;
+	rd_ring_destroy(s->ring);
 	if (s->lane)
 		w->dev.backend->lane_destroy(s->lane);
 	if (s->client)
@@ -97,6 +99,13 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Memory.CloseBuffer", rd_memory_close_buffer },
 	{ "io.regen.Memory.ImportEvent", rd_memory_import_event },
 	{ "io.regen.Memory.CloseEvent", rd_memory_close_event },
+	{ "io.regen.Lane.Open", rd_ring_open },
+	{ "io.regen.Lane.Bind", rd_ring_bind },
+	{ "io.regen.Comm.GetUniqueId", rd_comm_get_unique_id },
+	{ "io.regen.Comm.Init", rd_comm_init },
+	{ "io.regen.Comm.Attach", rd_comm_attach },
+	{ "io.regen.Comm.Abort", rd_comm_abort },
+	{ "io.regen.Comm.Destroy", rd_comm_destroy },
 	{ "io.regen.Device.Generation", method_generation },
 	{ "io.regen.Device.Status", method_main_endpoint },
 	{ "io.regen.Device.Watch", method_main_endpoint },
@@ -108,11 +117,12 @@ static const struct rd_method data_methods[] = {
 };
 /* io.regen.Device is the main socket's: the worker answers only Generation of it
  * (and points the rest there), so it does not claim the interface. */
-static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", NULL };
+static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", "io.regen.Lane",
+					       "io.regen.Comm", NULL };
 
 static void (*find_compute(const char *method))(struct rd_call *call)
 {
-	return rp_op_find(method) ? rd_compute_call : NULL;
+	return rp_op_find(method) || rp_comm_op_find(method) ? rd_compute_call : NULL;
 }
 
 static const struct rd_endpoint data_endpoint = { data_methods, data_interfaces, find_compute };
@@ -127,7 +137,11 @@ static void data_on_call(struct rd_conn *conn, struct rd_call *call)
  * backend raised it without. */
 static void data_complete_error(struct rd_conn *conn, struct rp_error *err)
 {
-	struct rd_session *s = conn->data;
+	rd_session_complete_error(conn->data, err);
+}
+
+void rd_session_complete_error(struct rd_session *s, struct rp_error *err)
+{
 	struct rd_worker *w = s->worker;
 
 	if (!err->name || !err->params)
@@ -143,6 +157,8 @@ static void data_on_close(struct rd_conn *conn)
 	struct rd_session *s = conn->data;
 
 	s->closed = true;
+	if (s->ring)
+		rd_ring_stop(s->ring);
 	rd_debug("conn", s->worker->dev.index, rd_worker_generation(s->worker), conn->peer.pid, "client gone");
 	session_maybe_free(s);
 }

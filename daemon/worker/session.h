@@ -13,6 +13,7 @@ struct rd_session {
 	struct rd_conn *conn;
 	struct rd_client *client;       /* the process, shared by its connections */
 	struct rd_lane *lane;           /* made on first compute call */
+	struct rd_ring *ring;           /* io.regen.Lane.Open's, NULL until then */
 	unsigned in_flight;
 	bool closed;
 };
@@ -34,5 +35,57 @@ void rd_memory_close_buffer(struct rd_call *call);
 void rd_memory_import_event(struct rd_call *call);
 void rd_memory_close_event(struct rd_call *call);
 /* Every io.regen.Compute method (the op table of proto/compute.h says
- * which). */
+ * which), and io.regen.Comm's collectives (proto/comm.h's tables). */
 void rd_compute_call(struct rd_call *call);
+/* The one way into the backend for a Varlink call or a ring record whose
+ * cc->op.compute is parsed and checked, op.done (and op.completed), and
+ * cc->call or cc->answer_early set: the worker takes work, every operand
+ * and event is resolved for the session's process and checked against its
+ * buffer, the call gets its deadline (the health watch follows it) and the
+ * op goes to the session's lane. 0: op.done follows on the loop thread,
+ * which calls rd_compute_finished. < 0: err set, nothing held, cc not
+ * freed. */
+int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct rp_error *err);
+/* rd_compute_submit for a Varlink call: answers `call` when the op
+ * finishes (or cc->finish does). < 0: err set, nothing held, cc freed. */
+int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, struct rd_call *call,
+			   struct rp_error *err);
+/* Lets go of the objects an op held (each once). */
+void rd_compute_release(struct rd_worker *w, struct rd_op *op);
+/* A submitted call is done (op.done): its objects and its deadline go. */
+void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc);
+/* Adds to an error what the endpoint knows and its raiser may not (the
+ * device and its generation, where the IDL gives the error those); any
+ * thread. */
+void rd_session_complete_error(struct rd_session *s, struct rp_error *err);
+
+/* io.regen.Lane (ring.c): the lane's submission and completion rings. */
+void rd_ring_open(struct rd_call *call);
+void rd_ring_bind(struct rd_call *call);
+/* The connection closed: the ring takes no more records. */
+void rd_ring_stop(struct rd_ring *ring);
+/* The session goes: the ring's memory and doorbell with it (after its
+ * handles closed). Accepts NULL. */
+void rd_ring_destroy(struct rd_ring *ring);
+/* Last words (the worker stops with records in flight): each gets err. */
+void rd_ring_fail_unfinished(struct rd_ring *ring, const struct rp_error *err);
+/* io.regen.Comm: comm.c. */
+void rd_comm_get_unique_id(struct rd_call *call);
+void rd_comm_init(struct rd_call *call);
+void rd_comm_attach(struct rd_call *call);
+void rd_comm_abort(struct rd_call *call);
+void rd_comm_destroy(struct rd_call *call);
+/* A collective, its communicator resolved for the caller, checked against
+ * it and held by op (a reference, and one call in flight on it, which
+ * compute.c's release of the op's references gives back). */
+int rd_comm_resolve(struct rd_worker *w, struct rd_op *op, const struct rd_client *who, struct rp_error *err);
+/* A call on a communicator passed its deadline: it is answered with
+ * CommTimeout and the communicator aborted (the device is not at fault). */
+void rd_comm_deadline(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now);
+/* A process's last connection closed: whether its communicator `o` stays,
+ * detached, for Attach (keyed and healthy); one that does not is aborted
+ * before it closes. */
+bool rd_comm_keep_detached(struct rd_object *o, void *worker);
+/* A drain: communicators with calls in flight are aborted, so a peer that
+ * never calls cannot hold the lifecycle change. */
+void rd_comm_abort_busy(struct rd_worker *w, const char *why);

@@ -33,6 +33,8 @@ static void post_completion(struct rd_device *dev, struct rd_op *op)
 {
 	struct rd_worker *w = worker_of_device(dev);
 
+	if (op->completed)
+		op->completed(op);
 	pthread_mutex_lock(&w->lock);
 	op->next = NULL;
 	if (w->done_tail)
@@ -129,6 +131,10 @@ static void maybe_stop(struct rd_worker *w)
 {
 	if (w->state != RD_WORKER_STOPPING || w->in_flight)
 		return;
+	/* The last replies wait for the end of this loop iteration, which a
+	 * stopped loop does not reach: out with them now. */
+	for (struct rd_session *s = w->sessions; s; s = s->next)
+		rd_conn_flush(s->conn);
 	uv_stop(w->loop);
 }
 
@@ -147,8 +153,10 @@ static void on_stop_deadline(uv_timer_t *t)
 		w->in_flight);
 	rp_err_draining(&err, w->dev.index, (long long)rd_worker_generation(w),
 			"regend is stopping and the call did not finish within the drain deadline; it may or may not have run");
-	for (struct rd_session *s = w->sessions; s; s = s->next)
+	for (struct rd_session *s = w->sessions; s; s = s->next) {
+		rd_ring_fail_unfinished(s->ring, &err);
 		rd_conn_fail_unfinished(s->conn, &err, 200);
+	}
 	rp_error_clear(&err);
 	/* The calls still run on backend threads: leave without unwinding. */
 	_exit(0);
@@ -161,6 +169,7 @@ void rd_worker_begin_stop(struct rd_worker *w, const char *why)
 	rd_info("worker", w->dev.index, rd_worker_generation(w), 0, "stopping: %s", why);
 	w->state = RD_WORKER_STOPPING;
 	rd_listener_close(&w->listener);
+	rd_comm_abort_busy(w, "regend is stopping");
 	uv_timer_start(&w->stop_timer, on_stop_deadline, w->opts->drain_deadline_ms + 1000, 0);
 	maybe_stop(w);
 }
@@ -203,6 +212,8 @@ int rd_worker_run(const struct rd_options *opts)
 	if (rd_backend_load(&w->dev, opts->backend) < 0)
 		return 1;
 	rd_objects_init(&w->objects, &w->dev);
+	w->objects.keep = rd_comm_keep_detached;
+	w->objects.keep_data = w;
 	rd_health_init(w);
 
 	uv_async_init(w->loop, &w->wakeup, on_wakeup);

@@ -36,13 +36,21 @@ struct rd_session;
  * treats it as a failed GPU, not as a crash to respawn at once. */
 #define RD_WORKER_EXIT_DEVICE_FAILED 3
 
-/* A compute call the worker runs: the op the backend finishes, and what
- * the core keeps beside it. */
+/* A compute call the worker runs, a Varlink call or a ring record: the op
+ * the backend finishes, and what the core keeps beside it. */
 struct rd_compute_call {
 	struct rd_op op;                 /* first: the backend hands it back */
-	struct rd_call *call;            /* NULL once answered early (its deadline passed) */
+	struct rd_call *call;            /* a Varlink call's; NULL for a record, and once answered early */
+	/* A ring record's answer when its deadline passed (its completion):
+	 * loop thread, err the callee's to clear. */
+	void (*answer_early)(struct rd_compute_call *cc, struct rp_error *err);
+	bool answered;                   /* answered early (its deadline passed): nobody waits for it */
 	struct rd_session *session;
 	uint64_t deadline_ns;            /* uv_hrtime() by which it must finish; 0: none */
+	/* Set for io.regen.Comm's Init and Destroy: answers the call (call may
+	 * be NULL: answered early) and settles the communicator, instead of
+	 * the {elapsed_us} reply. */
+	void (*finish)(struct rd_compute_call *cc);
 	struct rd_compute_call *prev, *next;   /* the worker's calls in flight */
 };
 
@@ -59,6 +67,10 @@ struct rd_worker {
 
 	unsigned in_flight;             /* compute calls submitted and not finished */
 	unsigned abandoned;             /* of those, answered early: past their deadline */
+	/* Compute calls this worker finished, those that failed (or were
+	 * answered early), and their time in the backend: io.regen.Worker.Stats
+	 * reports them, the supervisor sums them over workers for metrics. */
+	uint64_t calls_done, calls_failed, calls_us;
 	struct rd_compute_call *running;   /* the calls in flight, oldest first */
 	struct rd_compute_call *running_tail;
 	uv_timer_t deadline_timer;      /* looks for calls past their deadline while any runs */

@@ -21,6 +21,11 @@ Ratios are regend/torch in TFLOP/s (1.0 = as fast as torch; higher = faster).
 Also: the added latency of a small GEMM (regend wall vs torch launch+sync),
 and round trips of io.regen.Device.Generation / GetInfo on the main socket
 vs GetInfo on the worker socket (the supervisor hop data-plane calls avoid).
+
+Each regend measurement runs on both transports of the client: the lane's
+ring (io.regen.Lane, shared memory) and Varlink; the tables show both, the
+ring first. Pipelined calls are queued with Client.gemm(..., wait=False)
+and waited for with Client.wait.
 """
 
 import argparse
@@ -84,6 +89,7 @@ def main():
             torch.matmul(a, b, out=d2)
             torch.cuda.synchronize()
 
+        transports = ("ring", "varlink")
         rows, prow = [], []
         for label, m, n, k in SHAPES:
             a = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
@@ -92,26 +98,11 @@ def main():
             d2 = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
             for t in (a, b, d):
                 c.import_tensor(t)
-            # Pipelined: --iters calls sent back to back on one worker
-            # connection, then their replies read; against --iters torch
-            # launches and one synchronize. How a rank that does not wait
-            # for each result (it chains on events) sees throughput.
-            ops = {}
-            for name, t in (("a", a), ("b", b), ("d", d)):
-                buf = c.import_tensor(t)
-                ops[name] = regen.Operand(buf.id, t.storage_offset() * t.element_size(), "bf16",
-                                          list(t.shape)).to_wire()
             torch.cuda.synchronize()
-            pconn = Connection(info["worker_socket"])
-            for _ in range(args.warmup):
-                pconn.call("io.regen.Compute.Gemm", ops)
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                pconn.send("io.regen.Compute.Gemm", ops)
-            for _ in range(args.iters):
-                pconn.receive()
-            pipe_s = (time.perf_counter() - t0) / args.iters
-            pconn.close()
+            # Pipelined: --iters calls queued back to back on the lane, then
+            # waited for; against --iters torch launches and one synchronize.
+            # How a rank that does not wait for each result (it chains on
+            # events) sees throughput.
             for _ in range(args.warmup):
                 torch.matmul(a, b, out=d2)
             torch.cuda.synchronize()
@@ -120,37 +111,50 @@ def main():
                 torch.matmul(a, b, out=d2)
             torch.cuda.synchronize()
             tpipe_s = (time.perf_counter() - t0) / args.iters
-
-            server = []
-            regend_call = lambda: server.append(c.gemm(a, b, d))  # noqa: E731
-            rw = time_calls(regend_call, args.iters, args.warmup)
-            srv = [x * 1e-6 for x in server[args.warmup:]]
+            flops = 2.0 * m * n * k
             tw = time_calls(lambda: torch_wall(a, b, d2), args.iters, args.warmup)
             te = torch_events(a, b, d2, args.iters)
-            # Same answer as torch (both bf16 out of f32 accumulation).
-            torch.cuda.synchronize()
-            diff = ((d.double() - d2.double()).norm() / d2.double().norm()).item()
-            flops = 2.0 * m * n * k
-            s_rw, s_srv, s_te, s_tw = summary(rw), summary(srv), summary(te), summary(tw)
-            tf = {name: flops / (s["median_us"] * 1e-6) / 1e12
-                  for name, s in (("regend_wall", s_rw), ("regend_server", s_srv), ("torch_events", s_te),
-                                  ("torch_wall", s_tw))}
-            entry = {"shape": label, "m": m, "n": n, "k": k, "regend_wall": s_rw, "regend_server": s_srv,
-                     "torch_events": s_te, "torch_wall": s_tw, "tflops": tf,
+            s_te, s_tw = summary(te), summary(tw)
+            entry = {"shape": label, "m": m, "n": n, "k": k, "torch_events": s_te, "torch_wall": s_tw,
+                     "pipelined_us": {"torch": tpipe_s * 1e6}, "transports": {}}
+            for tr in transports:
+                c.set_transport(tr)
+                for _ in range(args.warmup):
+                    c.gemm(a, b, d, wait=False)
+                c.wait(args.device)
+                if c.lane_transport(args.device) != tr:
+                    raise SystemExit(f"device {args.device}'s lane does not use {tr}")
+                t0 = time.perf_counter()
+                for _ in range(args.iters):
+                    c.gemm(a, b, d, wait=False)
+                c.wait(args.device)
+                pipe_s = (time.perf_counter() - t0) / args.iters
+                server = []
+                regend_call = lambda: server.append(c.gemm(a, b, d))  # noqa: E731
+                rw = time_calls(regend_call, args.iters, args.warmup)
+                srv = [x * 1e-6 for x in server[args.warmup:]]
+                s_rw, s_srv = summary(rw), summary(srv)
+                tf = {name: flops / (s["median_us"] * 1e-6) / 1e12
+                      for name, s in (("regend_wall", s_rw), ("regend_server", s_srv), ("torch_events", s_te),
+                                      ("torch_wall", s_tw))}
+                e = {"regend_wall": s_rw, "regend_server": s_srv, "tflops": tf,
                      "ratio_wall_vs_torch_wall": tf["regend_wall"] / tf["torch_wall"],
                      "ratio_wall_vs_torch_events": tf["regend_wall"] / tf["torch_events"],
                      "ratio_server_vs_torch_events": tf["regend_server"] / tf["torch_events"],
-                     "pipelined_us": {"regend": pipe_s * 1e6, "torch": tpipe_s * 1e6},
-                     "tflops_pipelined": {"regend": flops / pipe_s / 1e12, "torch": flops / tpipe_s / 1e12},
-                     "ratio_pipelined": tpipe_s / pipe_s,
-                     "rel_diff_vs_torch": diff}
+                     "pipelined_us": pipe_s * 1e6, "tflops_pipelined": flops / pipe_s / 1e12,
+                     "ratio_pipelined": tpipe_s / pipe_s}
+                entry["transports"][tr] = e
+                prow.append([label, tr, f"{flops / pipe_s / 1e12:.1f}", f"{flops / tpipe_s / 1e12:.1f}",
+                             f"{tpipe_s / pipe_s:.3f}", f"{pipe_s * 1e6:.0f} / {tpipe_s * 1e6:.0f}"])
+                rows.append([label, tr, f"{tf['regend_wall']:.1f}", f"{tf['regend_server']:.1f}",
+                             f"{tf['torch_events']:.1f}", f"{tf['torch_wall']:.1f}",
+                             f"{e['ratio_wall_vs_torch_wall']:.3f}", f"{e['ratio_wall_vs_torch_events']:.3f}",
+                             f"{e['ratio_server_vs_torch_events']:.3f}",
+                             f"{s_rw['median_us']:.0f} / {s_tw['median_us']:.0f}"])
+            # Same answer as torch (both bf16 out of f32 accumulation).
+            torch.cuda.synchronize()
+            entry["rel_diff_vs_torch"] = ((d.double() - d2.double()).norm() / d2.double().norm()).item()
             out["gemm"].append(entry)
-            prow.append([label, f"{flops / pipe_s / 1e12:.1f}", f"{flops / tpipe_s / 1e12:.1f}",
-                         f"{tpipe_s / pipe_s:.3f}", f"{pipe_s * 1e6:.0f} / {tpipe_s * 1e6:.0f}"])
-            rows.append([label, f"{tf['regend_wall']:.1f}", f"{tf['regend_server']:.1f}", f"{tf['torch_events']:.1f}",
-                         f"{tf['torch_wall']:.1f}", f"{entry['ratio_wall_vs_torch_wall']:.3f}",
-                         f"{entry['ratio_wall_vs_torch_events']:.3f}", f"{entry['ratio_server_vs_torch_events']:.3f}",
-                         f"{s_rw['median_us']:.0f} / {s_tw['median_us']:.0f}", f"{diff:.1e}"])
             for t in (a, b, d):
                 c.close_tensor(t)
             del a, b, d, d2
@@ -162,10 +166,13 @@ def main():
         b = torch.randn(k, n, device=dev, generator=g).to(torch.bfloat16)
         d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
         d2 = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-        rw = summary(time_calls(lambda: c.gemm(a, b, d), args.small_iters, 50))
         tw = summary(time_calls(lambda: torch_wall(a, b, d2), args.small_iters, 50))
-        out["small"] = {"shape": f"{m}x{n}x{k}", "regend_wall": rw, "torch_launch_sync": tw,
-                        "added_p50_us": rw["p50_us"] - tw["p50_us"], "added_p99_us": rw["p99_us"] - tw["p99_us"]}
+        out["small"] = {"shape": f"{m}x{n}x{k}", "torch_launch_sync": tw, "transports": {}}
+        for tr in transports:
+            c.set_transport(tr)
+            rw = summary(time_calls(lambda: c.gemm(a, b, d), args.small_iters, 50))
+            out["small"]["transports"][tr] = {"regend_wall": rw, "added_p50_us": rw["p50_us"] - tw["p50_us"],
+                                              "added_p99_us": rw["p99_us"] - tw["p99_us"]}
 
         # Round trips: main socket (supervisor) vs worker socket.
         worker = info["worker_socket"]
@@ -181,19 +188,23 @@ def main():
 
     print(f"{out['device']}, torch {out['torch']} (CUDA {out['cuda']}), regend backend {out.get('regend_backend')}; "
           f"bf16, M×N×K (A M×K, B K×N); median of {args.iters} after {args.warmup} warm-up\n")
-    print(markdown_table(["shape", "regend wall TFLOP/s", "regend server TFLOP/s", "torch events TFLOP/s",
+    print(markdown_table(["shape", "transport", "regend wall TFLOP/s", "regend server TFLOP/s", "torch events TFLOP/s",
                           "torch wall TFLOP/s", "ratio wall/wall", "ratio wall/events", "ratio server/events",
-                          "median us regend/torch (wall)", "rel diff vs torch"], rows))
-    print(f"\npipelined: {args.iters} calls back to back, then all replies (regend) / all launches, then one synchronize (torch)\n")
-    print(markdown_table(["shape", "regend TFLOP/s", "torch TFLOP/s", "ratio regend/torch", "us per GEMM regend / torch"], prow))
+                          "median us regend/torch (wall)"], rows))
+    print(f"\npipelined: {args.iters} calls queued back to back, then waited for (regend) / all launches, then one "
+          "synchronize (torch)\n")
+    print(markdown_table(["shape", "transport", "regend TFLOP/s", "torch TFLOP/s", "ratio regend/torch",
+                          "us per GEMM regend / torch"], prow))
     sm = out["small"]
-    print(f"\nsmall GEMM {sm['shape']} bf16, {args.small_iters} calls: submit -> completion\n")
-    print(markdown_table(["path", "p50 us", "p99 us", "min us"], [
-        ["regend (Client.gemm, wall)", f"{sm['regend_wall']['p50_us']:.1f}", f"{sm['regend_wall']['p99_us']:.1f}",
-         f"{sm['regend_wall']['min_us']:.1f}"],
-        ["torch in-process launch + synchronize", f"{sm['torch_launch_sync']['p50_us']:.1f}",
-         f"{sm['torch_launch_sync']['p99_us']:.1f}", f"{sm['torch_launch_sync']['min_us']:.1f}"],
-        ["added by regend", f"{sm['added_p50_us']:.1f}", f"{sm['added_p99_us']:.1f}", ""]]))
+    print(f"\nsmall GEMM {sm['shape']} bf16, {args.small_iters} calls: submit -> completion, Python client\n")
+    srows = []
+    for tr, v in sm["transports"].items():
+        srows.append([f"regend, {tr} (Client.gemm, wall)", f"{v['regend_wall']['p50_us']:.1f}",
+                      f"{v['regend_wall']['p99_us']:.1f}", f"{v['regend_wall']['min_us']:.1f}",
+                      f"{v['added_p50_us']:.1f}", f"{v['added_p99_us']:.1f}"])
+    srows.append(["torch in-process launch + synchronize", f"{sm['torch_launch_sync']['p50_us']:.1f}",
+                  f"{sm['torch_launch_sync']['p99_us']:.1f}", f"{sm['torch_launch_sync']['min_us']:.1f}", "", ""])
+    print(markdown_table(["path", "p50 us", "p99 us", "min us", "added p50 us", "added p99 us"], srows))
     print(f"\nround trips, {args.rtt_iters} calls each on a raw Varlink connection\n")
     print(markdown_table(["call", "p50 us", "p99 us", "min us"],
                          [[k, f"{v['p50_us']:.1f}", f"{v['p99_us']:.1f}", f"{v['min_us']:.1f}"]

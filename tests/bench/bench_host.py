@@ -9,9 +9,10 @@ Measures, each as calls/s and p50/p99 of the wall time of one blocking call:
   - io.regen.Device.Generation on the main socket (raw Varlink connection);
   - org.varlink.service.GetInfo on the main socket and on a worker socket
     (the same trivial method: the two sockets' bare round trips);
-  - GEMMs (f32, M×N×K with A M×K, B K×N, D M×N) through regen.Client, and
-    the same call on a raw connection (the client's own overhead), with
-    regend's own elapsed_us for the compute part.
+  - GEMMs (f32, M×N×K with A M×K, B K×N, D M×N) through regen.Client on
+    each transport (the lane's ring, io.regen.Lane, and Varlink), and the
+    same call on a raw connection (the client's own overhead), with regend's
+    own elapsed_us for the compute part.
 """
 
 import argparse
@@ -66,17 +67,20 @@ def main():
             a, b, d = HostTensor.random([m, k]), HostTensor.random([k, n]), HostTensor([m, n])
             for t in (a, b, d):
                 t.import_into(c, args.device)
-            server = []
+            entry = {"m": m, "n": n, "k": k}
+            for tr in ("ring", "varlink"):
+                server = []
+                c.set_transport(tr)
 
-            def via_client():
-                server.append(c.gemm(a.op, b.op, d.op))
+                def via_client():
+                    server.append(c.gemm(a.op, b.op, d.op))
 
-            samples = time_calls(via_client, gemm_iters, args.warmup // 4)
-            srv = sorted(server[-gemm_iters:])[len(server[-gemm_iters:]) // 2]
-            s, r = row(f"GEMM {m}x{n}x{k} f32 (Client)", samples, f"regend {srv} us")
-            rows.append(r)
-            entry = {"m": m, "n": n, "k": k, "client": s, "server_elapsed_us_median": srv,
-                     "gflops_client_p50": 2.0 * m * n * k / (s["p50_us"] * 1e-6) / 1e9}
+                samples = time_calls(via_client, gemm_iters, args.warmup // 4)
+                srv = sorted(server[-gemm_iters:])[len(server[-gemm_iters:]) // 2]
+                s, r = row(f"GEMM {m}x{n}x{k} f32 (Client, {tr})", samples, f"regend {srv} us")
+                rows.append(r)
+                entry[f"client_{tr}"] = s
+                entry[f"server_elapsed_us_median_{tr}"] = srv
 
             conn = Connection(worker)
             params = {"a": a.op.to_wire(), "b": b.op.to_wire(), "d": d.op.to_wire()}

@@ -7,8 +7,12 @@
  * temporary directory, imports three cudaMalloc'ed matrices through CUDA IPC
  * and times regen_gemm (submit -> reply; the reply means the GEMM finished)
  * of a 64x64x64 bf16 GEMM against cublasLtMatmul + cudaStreamSynchronize of
- * the same GEMM in this process, after checking once that both agree. Then a
- * 4096^3 bf16 throughput line both ways. Prints a markdown table.
+ * the same GEMM in this process, after checking once that both agree, on
+ * each transport of libregen (the lane's ring, io.regen.Lane, and Varlink).
+ * Then 4096^3 bf16 one call at a time, and 8192x4096x128 and 128x4096x16384
+ * pipelined (PIPE calls queued with regen_gemm_submit, then regen_wait;
+ * against PIPE launches and one synchronize), each transport against in
+ * process. Prints markdown tables.
  *
  * Exit codes: 0 done, 1 failure, 2 usage, 77 skipped (no CUDA device). */
 #ifndef _GNU_SOURCE
@@ -42,6 +46,8 @@
 #define BIG 4096
 #define BIG_WARMUP 3
 #define BIG_ITERS 20
+#define PIPE 20
+#define PIPE_ROUNDS 10
 #define WORKSPACE_BYTES (32u << 20)
 
 #define CUDA_OK(call)                                                                                  \
@@ -460,6 +466,49 @@ static void run_local(struct lt *lt, struct gemm *g)
 	CUDA_OK(cudaStreamSynchronize(lt->stream));
 }
 
+static void run_regen_pipelined(regen_client *c, struct gemm *g)
+{
+	uint64_t t = 0;
+	int r;
+
+	for (int i = 0; i < PIPE; i++) {
+		r = regen_gemm_submit(c, &g->args, &t);
+		if (r < 0) {
+			die_regen(c, "regen_gemm_submit", r);
+		}
+	}
+	r = regen_wait(c, 0, t);
+	if (r < 0) {
+		die_regen(c, "regen_wait", r);
+	}
+}
+
+static void run_local_pipelined(struct lt *lt, struct gemm *g)
+{
+	const float alpha = 1.0f, beta = 0.0f;
+
+	for (int i = 0; i < PIPE; i++) {
+		LT_OK(cublasLtMatmul(lt->handle, g->desc, &alpha, g->b.ptr, g->la, g->a.ptr, g->lb, &beta, g->d_local.ptr,
+				     g->ld, g->d_local.ptr, g->ld, &g->algo, lt->workspace, WORKSPACE_BYTES, lt->stream));
+	}
+	CUDA_OK(cudaStreamSynchronize(lt->stream));
+}
+
+static const char *transport_name(enum regen_transport t)
+{
+	return t == REGEN_TRANSPORT_RING ? "ring" : "Varlink";
+}
+
+/* Switches c's lane to t and checks that it took. */
+static void use_transport(regen_client *c, struct gemm *g, enum regen_transport t)
+{
+	regen_client_set_transport(c, t);
+	run_regen(c, g);
+	if (regen_client_transport(c, 0) != t) {
+		die("device 0's lane does not use %s (regend offers no ring?)", transport_name(t));
+	}
+}
+
 /* Max |regend - local| <= 1e-2 * max |value|. */
 static void check_agree(struct gemm *g)
 {
@@ -570,21 +619,30 @@ int main(int argc, char **argv)
 		die("malloc");
 	}
 
+	static const enum regen_transport transports[2] = { REGEN_TRANSPORT_RING, REGEN_TRANSPORT_VARLINK };
+	struct stats s_t[2];
+	double big_t[2], pipe_t[2][2], pipe_local[2];
+	static const int64_t pipe_shapes[2][3] = { { 8192, 4096, 128 }, { 128, 4096, 16384 } };
+
 	/* ---- latency: 64x64x64 ---- */
 	gemm_setup(c, &lt, &small, 64, 64, 64);
 	run_regen(c, &small);
 	run_local(&lt, &small);
 	check_agree(&small);
 
-	for (i = 0; i < WARMUP; i++) {
-		run_regen(c, &small);
+	for (int t = 0; t < 2; t++) {
+		use_transport(c, &small, transports[t]);
+		for (i = 0; i < WARMUP; i++) {
+			run_regen(c, &small);
+		}
+		for (i = 0; i < iters; i++) {
+			t0 = now_s();
+			run_regen(c, &small);
+			us[i] = (now_s() - t0) * 1e6;
+		}
+		s_t[t] = summarize(us, (int)iters);
 	}
-	for (i = 0; i < iters; i++) {
-		t0 = now_s();
-		run_regen(c, &small);
-		us[i] = (now_s() - t0) * 1e6;
-	}
-	s_regen = summarize(us, (int)iters);
+	s_regen = s_t[0];
 
 	for (i = 0; i < WARMUP; i++) {
 		run_local(&lt, &small);
@@ -597,19 +655,23 @@ int main(int argc, char **argv)
 	s_local = summarize(us, (int)iters);
 	gemm_teardown(&small);
 
-	/* ---- throughput: 4096^3 ---- */
+	/* ---- throughput: 4096^3, one call at a time ---- */
 	gemm_setup(c, &lt, &big, BIG, BIG, BIG);
 	run_regen(c, &big);
 	run_local(&lt, &big);
 	check_agree(&big);
-	for (i = 0; i < BIG_WARMUP; i++) {
-		run_regen(c, &big);
+	for (int t = 0; t < 2; t++) {
+		use_transport(c, &big, transports[t]);
+		for (i = 0; i < BIG_WARMUP; i++) {
+			run_regen(c, &big);
+		}
+		t0 = now_s();
+		for (i = 0; i < BIG_ITERS; i++) {
+			run_regen(c, &big);
+		}
+		big_t[t] = (now_s() - t0) / BIG_ITERS;
 	}
-	t0 = now_s();
-	for (i = 0; i < BIG_ITERS; i++) {
-		run_regen(c, &big);
-	}
-	t_regen = (now_s() - t0) / BIG_ITERS;
+	t_regen = big_t[0];
 	for (i = 0; i < BIG_WARMUP; i++) {
 		run_local(&lt, &big);
 	}
@@ -622,18 +684,67 @@ int main(int argc, char **argv)
 	t_local /= BIG_ITERS;
 	gemm_teardown(&big);
 
+	/* ---- pipelined: the skinny shapes ---- */
+	for (int s = 0; s < 2; s++) {
+		struct gemm pg;
+
+		gemm_setup(c, &lt, &pg, pipe_shapes[s][0], pipe_shapes[s][1], pipe_shapes[s][2]);
+		run_regen(c, &pg);
+		run_local(&lt, &pg);
+		check_agree(&pg);
+		for (int t = 0; t < 2; t++) {
+			use_transport(c, &pg, transports[t]);
+			run_regen_pipelined(c, &pg);
+			t0 = now_s();
+			for (i = 0; i < PIPE_ROUNDS; i++) {
+				run_regen_pipelined(c, &pg);
+			}
+			pipe_t[s][t] = (now_s() - t0) / (PIPE_ROUNDS * PIPE);
+		}
+		run_local_pipelined(&lt, &pg);
+		t0 = now_s();
+		for (i = 0; i < PIPE_ROUNDS; i++) {
+			run_local_pipelined(&lt, &pg);
+		}
+		pipe_local[s] = (now_s() - t0) / (PIPE_ROUNDS * PIPE);
+		gemm_teardown(&pg);
+	}
+
 	flop = 2.0 * BIG * BIG * BIG;
 	printf("64x64x64 bf16 GEMM, %ld iterations after %d warm-up, submit -> completion:\n\n", iters, WARMUP);
-	printf("| path | p50 µs | p99 µs | min µs |\n");
-	printf("| --- | ---: | ---: | ---: |\n");
-	printf("| regend (regen_gemm over Varlink, CUDA IPC buffers) | %.1f | %.1f | %.1f |\n", s_regen.p50,
-	       s_regen.p99, s_regen.min);
-	printf("| in-process (cublasLtMatmul + cudaStreamSynchronize) | %.1f | %.1f | %.1f |\n", s_local.p50,
+	printf("| path | p50 µs | p99 µs | min µs | added p50 µs | added p99 µs |\n");
+	printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+	for (int t = 0; t < 2; t++) {
+		printf("| regend, %s (regen_gemm, CUDA IPC buffers) | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+		       transport_name(transports[t]), s_t[t].p50, s_t[t].p99, s_t[t].min, s_t[t].p50 - s_local.p50,
+		       s_t[t].p99 - s_local.p99);
+	}
+	printf("| in-process (cublasLtMatmul + cudaStreamSynchronize) | %.1f | %.1f | %.1f | | |\n", s_local.p50,
 	       s_local.p99, s_local.min);
-	printf("\nadded by regend: p50 %.1f µs, p99 %.1f µs\n", s_regen.p50 - s_local.p50, s_regen.p99 - s_local.p99);
-	printf("\n4096^3 bf16 (%d iterations after %d warm-up): regend %.1f TFLOP/s (serial calls), "
-	       "in-process %.1f TFLOP/s (launch+sync each)\n",
-	       BIG_ITERS, BIG_WARMUP, flop / t_regen * 1e-12, flop / t_local * 1e-12);
+	printf("\nadded by regend (ring): p50 %.1f µs, p99 %.1f µs (targets: 8 and 20)\n", s_regen.p50 - s_local.p50,
+	       s_regen.p99 - s_local.p99);
+	printf("\n4096^3 bf16, one call at a time (%d iterations after %d warm-up):\n\n", BIG_ITERS, BIG_WARMUP);
+	printf("| path | TFLOP/s | / in process |\n| --- | ---: | ---: |\n");
+	for (int t = 0; t < 2; t++) {
+		printf("| regend, %s | %.1f | %.3f |\n", transport_name(transports[t]), flop / big_t[t] * 1e-12,
+		       t_local / big_t[t]);
+	}
+	printf("| in process (launch + sync each) | %.1f | 1 |\n", flop / t_local * 1e-12);
+	printf("\npipelined, %d calls queued then one wait (%d rounds), against %d launches and one synchronize:\n\n",
+	       PIPE, PIPE_ROUNDS, PIPE);
+	printf("| shape | path | µs per GEMM | TFLOP/s | / in process |\n| --- | --- | ---: | ---: | ---: |\n");
+	for (int s = 0; s < 2; s++) {
+		double f = 2.0 * (double)pipe_shapes[s][0] * (double)pipe_shapes[s][1] * (double)pipe_shapes[s][2];
+		for (int t = 0; t < 2; t++) {
+			printf("| %lldx%lldx%lld | regend, %s | %.1f | %.1f | %.3f |\n", (long long)pipe_shapes[s][0],
+			       (long long)pipe_shapes[s][1], (long long)pipe_shapes[s][2], transport_name(transports[t]),
+			       pipe_t[s][t] * 1e6, f / pipe_t[s][t] * 1e-12, pipe_local[s] / pipe_t[s][t]);
+		}
+		printf("| %lldx%lldx%lld | in process | %.1f | %.1f | 1 |\n", (long long)pipe_shapes[s][0],
+		       (long long)pipe_shapes[s][1], (long long)pipe_shapes[s][2], pipe_local[s] * 1e6,
+		       f / pipe_local[s] * 1e-12);
+	}
+	(void)t_regen;
 	fflush(stdout);
 
 	free(us);

@@ -27,5 +27,22 @@ for t in test_cuda_gemm test_workspace_race test_cuda_ipc test_cuda_lifecycle te
     *) fail=$((fail + 1)); failed+=("$t"); echo "== $t: FAIL (exit $rc, ${secs}s)";;
   esac
 done
+# The Python GPU scripts of regen.torch (exit 77 without torch or a GPU).
+here=$(cd "$(dirname "$0")" && pwd)
+for t in test_regen_torch.py test_train_gpt.py test_mps.py; do
+  echo "== $t"
+  start=$(date +%s.%N)
+  if [[ -n $logs ]]; then
+    timeout -k 10 3600 python3 "$here/$t" "$build/daemon/regend" 2>&1 | tee "$logs/$t.log"; rc=${PIPESTATUS[0]}
+  else
+    timeout -k 10 3600 python3 "$here/$t" "$build/daemon/regend" 2>&1; rc=$?
+  fi
+  secs=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+  case $rc in
+    0) pass=$((pass + 1)); echo "== $t: PASS (${secs}s)";;
+    77) skip=$((skip + 1)); echo "== $t: SKIP";;
+    *) fail=$((fail + 1)); failed+=("$t"); echo "== $t: FAIL (exit $rc, ${secs}s)";;
+  esac
+done
 echo "$build: $pass passed, $fail failed, $skip skipped${failed:+ (failed: ${failed[*]})}"
 [[ $fail -eq 0 ]]

@@ -35,6 +35,18 @@ void tl_fail_regen(const char *file, int line, const char *expr, regen_client *c
 	tl_failv(file, line, what, fmt, ap);
 }
 
+void tl_check_transport(regen_client *c, int device)
+{
+	const char *want = getenv("REGEN_TRANSPORT");
+	enum regen_transport t = regen_client_transport(c, device);
+
+	if (want && strcmp(want, "ring") == 0)
+		ASSERT_EQ(t, REGEN_TRANSPORT_RING, "REGEN_TRANSPORT=ring but device %d's lane uses %d", device, (int)t);
+	else if (want && strcmp(want, "varlink") == 0)
+		ASSERT_EQ(t, REGEN_TRANSPORT_VARLINK, "REGEN_TRANSPORT=varlink but device %d's lane uses %d", device,
+			  (int)t);
+}
+
 regen_client *tl_client_connect(const struct tl_daemon *d)
 {
 	regen_client *c = NULL;
@@ -298,6 +310,7 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 	if (r < 0) {
 		goto out;
 	}
+	tl_check_transport(c, regen_buffer_device(b->buf));
 	tl_gemm_ref(&(struct tl_gemm){ .m = gc->m, .n = gc->n, .k = gc->k, .trans_a = gc->trans_a,
 				       .trans_b = gc->trans_b, .alpha = gc->alpha, .beta = gc->beta,
 				       .epilogue = (enum rp_epilogue)gc->epilogue },
@@ -456,6 +469,8 @@ int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac,
 	fa.scale = ac->scale;
 	fa.causal = ac->causal;
 	r = regen_attention(c, &fa);
+	if (r == 0)
+		tl_check_transport(c, device);
 	if (r < 0) {
 		goto done;
 	}

@@ -34,6 +34,11 @@ void tl_fail_regen(const char *file, int line, const char *expr, regen_client *c
 		}                                                                             \
 	} while (0)
 
+/* Under REGEN_TRANSPORT=ring (or varlink), the device's lane must have used
+ * that transport for the call just made: the suite's second run is on the
+ * ring for real. */
+void tl_check_transport(regen_client *c, int device);
+
 /* A client of d's main socket, with a 30 s timeout per call. */
 regen_client *tl_client_connect(const struct tl_daemon *d);
 /* Status, or the test fails (regen_status_free). */

@@ -48,7 +48,9 @@ def main():
         for pattern, what in (("**/sbin/regend", "regend"), ("**/bin/regenctl", "regenctl"),
                               ("**/libregen.so.0*", "libregen"), ("**/include/regen.h", "regen.h"),
                               ("**/pkgconfig/regen.pc", "regen.pc"), ("**/systemd/system/regend.service", "unit"),
-                              ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table")) + (
+                              ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table"),
+                              ("**/regen/pool.py", "Python pool binding"),
+                              ("**/regen/torch/__init__.py", "regen.torch")) + (
                                   (("**/man8/regend.8", "regend(8)"), ("**/man5/regend.conf.5", "regend.conf(5)"),
                                    ("**/man1/regenctl.1", "regenctl(1)"))
                                   if os.path.isdir(os.path.join(build, "docs", "man")) else ()):
@@ -87,7 +89,14 @@ def main():
         out = run([py, "-c", "import regen, sys; print(regen.__version__, 'torch' in sys.modules, regen.Client)"],
                   env=dict(os.environ, PYTHONPATH=site))
         check(out.split()[1] == "False", "import regen imported torch: %s" % out)
-        log("pip install ./client/python with %s: import regen works without torch (%s)" % (py, out.split()[0]))
+        check(os.path.exists(os.path.join(site, "regen", "torch", "_ops.py")), "pip installed no regen.torch")
+        # regen.torch needs torch, and says so where torch cannot be imported.
+        r = subprocess.run([py, "-c", "import sys; sys.modules['torch'] = None; import regen.torch"],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=site))
+        check(r.returncode != 0 and "regen.torch needs PyTorch" in r.stderr,
+              "import regen.torch without torch: %d %s" % (r.returncode, r.stderr[-500:]))
+        log("pip install ./client/python with %s: import regen works without torch (%s); regen.torch "
+            "asks for it" % (py, out.split()[0]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

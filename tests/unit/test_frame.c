@@ -582,6 +582,97 @@ START_TEST(partial_writes_with_a_small_send_buffer)
 }
 END_TEST
 
+/* Messages without fds go out many to a write; one with fds goes on its
+ * own. Through a small send buffer (writes that stop inside a batch, inside
+ * a message) every message still arrives whole, in order, with its fds. */
+START_TEST(batched_writes_keep_order_and_fds)
+{
+	enum { N = 40 };
+	int before = count_fds();
+	int sv[2], sndbuf = 4096;
+	char *texts[N];
+	struct rp_tx tx;
+	struct rp_rx rx;
+	struct rp_msg m[N];
+	int got = 0, spins = 0;
+
+	make_pair(sv, true);
+	ck_assert_int_eq(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
+	rp_tx_init(&tx);
+	rp_rx_init(&rx);
+	for (int i = 0; i < N; i++) {
+		size_t len = 10 + (size_t)(i * 997) % 3000;
+		char content[16];
+		int fd = -1;
+
+		texts[i] = malloc(len + 1);
+		memset(texts[i], 'a' + i % 26, len);
+		texts[i][len] = '\0';
+		if (i % 7 == 3) {
+			sprintf(content, "fd%d", i);
+			fd = memfd_with(content);
+		}
+		ck_assert_int_eq(rp_tx_push(&tx, texts[i], len, &fd, fd >= 0 ? 1 : 0), 0);
+		if (fd >= 0)
+			close(fd);
+	}
+	while (got < N) {
+		int r = rp_tx_flush(&tx, sv[0]);
+		ssize_t n;
+
+		ck_assert(r == 0 || r == -EAGAIN);
+		while ((n = rp_rx_read(&rx, sv[1])) > 0)
+			;
+		ck_assert_int_eq(n, -EAGAIN);
+		while (got < N && rp_rx_next(&rx, &m[got]) == RP_RX_MESSAGE)
+			got++;
+		ck_assert_int_lt(++spins, 100000);
+	}
+	ck_assert(rp_tx_empty(&tx));
+	ck_assert_uint_eq(tx.queued_bytes, 0);
+	for (int i = 0; i < N; i++) {
+		ck_assert_str_eq(m[i].text, texts[i]);
+		if (i % 7 == 3) {
+			char content[16];
+
+			sprintf(content, "fd%d", i);
+			ck_assert_uint_eq(m[i].nfds, 1);
+			assert_fd_holds(m[i].fds[0], content);
+		} else {
+			ck_assert_uint_eq(m[i].nfds, 0);
+		}
+		rp_msg_finish(&m[i]);
+		free(texts[i]);
+	}
+	rp_tx_finish(&tx);
+	rp_rx_finish(&rx);
+	close(sv[0]);
+	close(sv[1]);
+	ck_assert_int_eq(count_fds(), before);
+}
+END_TEST
+
+/* Twenty small replies queued together take one write. */
+START_TEST(queued_messages_without_fds_go_in_one_write)
+{
+	int sv[2];
+	struct rp_tx tx;
+	char buf[4096];
+
+	/* A packet socket keeps each sendmsg() a record of its own. */
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+	rp_tx_init(&tx);
+	for (int i = 0; i < 20; i++)
+		ck_assert_int_eq(rp_tx_push(&tx, "{\"parameters\":{}}", 17, NULL, 0), 0);
+	ck_assert_int_eq(rp_tx_flush(&tx, sv[0]), 0);
+	ck_assert_int_eq(recv(sv[1], buf, sizeof(buf), 0), 20 * 18);
+	ck_assert_int_eq(recv(sv[1], buf, sizeof(buf), MSG_DONTWAIT), -1);
+	rp_tx_finish(&tx);
+	close(sv[0]);
+	close(sv[1]);
+}
+END_TEST
+
 START_TEST(end_of_stream_and_errors)
 {
 	int sv[2];
@@ -630,6 +721,8 @@ static Suite *frame_suite(void)
 	tcase_add_test(tc, fds_over_a_socket_each_message_gets_its_own);
 	tcase_add_test(tc, fds_after_a_glued_fdless_message_go_to_their_own);
 	tcase_add_test(tc, partial_writes_with_a_small_send_buffer);
+	tcase_add_test(tc, batched_writes_keep_order_and_fds);
+	tcase_add_test(tc, queued_messages_without_fds_go_in_one_write);
 	tcase_add_test(tc, end_of_stream_and_errors);
 	suite_add_tcase(s, tc);
 	return s;

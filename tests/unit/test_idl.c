@@ -27,7 +27,11 @@ static const char *const error_names[] = {
 	RP_ERR_TIMEOUT,
 	RP_ERR_FAULT_INJECTION_DISABLED,
 	RP_ERR_WRONG_ENDPOINT,
+	RP_ERR_DETACHED,
 	RP_ERR_BACKEND,
+	RP_ERR_COMM_FAILED,
+	RP_ERR_COMM_TIMEOUT,
+	RP_ERR_COMM_IN_FLIGHT,
 	RP_ERR_INTERFACE_NOT_FOUND,
 	RP_ERR_METHOD_NOT_FOUND,
 	RP_ERR_METHOD_NOT_IMPLEMENTED,
@@ -103,7 +107,7 @@ START_TEST(the_interfaces_we_serve_are_embedded)
 {
 	static const char *const names[] = {
 		"org.varlink.service", "io.regen", "io.regen.Device", "io.regen.Memory", "io.regen.Compute",
-		"io.regen.Worker",
+		"io.regen.Worker", "io.regen.Comm",
 	};
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

@@ -11,10 +11,10 @@ Stdlib only; torch is imported only when tensors are passed.  One Client
 per thread.
 """
 
-from .client import DEFAULT_SOCKET, DTYPE_SIZE, Buffer, Client, Event, Operand, Watch, normalize_ipc_handle
+from .client import DEFAULT_SOCKET, DTYPE_SIZE, Buffer, Client, Comm, Event, Operand, Watch, normalize_ipc_handle
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 
 __version__ = "0.1.0"
-__all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE",
+__all__ = ["Client", "Operand", "Buffer", "Event", "Comm", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE",
            "normalize_ipc_handle"] + list(_errors_all)

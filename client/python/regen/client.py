@@ -15,50 +15,23 @@ import os
 import time
 
 from . import errors, ops
+from . import ring as ringmod
 from .varlink import Connection
 
-__all__ = ["Client", "Operand", "Buffer", "Event", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
+__all__ = ["Client", "Operand", "Buffer", "Event", "Comm", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
 
 DEFAULT_SOCKET = "/run/regen/regend.sock"
 DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
 _EPILOGUES = ("none", "bias", "gelu", "gelu_bias")
+# A ring's lane idle longer than this is checked for a worker gone before
+# its next call.
+_IDLE_PROBE_S = 0.001
+_OP_NAMES = {name: frozenset(o.name for o in op.operands) for name, op in ops.OPS.items()}
 
 
-class Buffer:
-    """An imported buffer.  ``str(buf)`` is its wire id (``b<dev>.<gen>.<n>``).
-    ``keepalive`` is what must stay alive while regend maps the memory (the
-    torch tensor of import_tensor); closing the buffer drops it."""
-
-    __slots__ = ("id", "device", "generation", "size", "kind", "keepalive", "closed", "_on_drop")
-
-    def __init__(self, id, device, generation, size, kind, keepalive=None):
-        self.id = id
-        self.device = device
-        self.generation = generation
-        self.size = size
-        self.kind = kind
-        self.keepalive = keepalive
-        self.closed = False
-        self._on_drop = None
-
-    def _drop(self):
-        """regend maps this memory no more: let it go."""
-        self.keepalive = None
-        on_drop, self._on_drop = self._on_drop, None
-        if on_drop is not None:
-            on_drop()
-
-    def __str__(self):
-        return self.id
-
-    def __repr__(self):
-        state = " closed" if self.closed else ""
-        return f"<regen.Buffer {self.id} {self.kind} {self.size} bytes dev={self.device} gen={self.generation}{state}>"
-
-
-class Event:
-    """An imported CUDA IPC event, for the ``wait_event`` and ``signal_event``
-    of compute calls.  ``str(ev)`` is its wire id (``e<dev>.<gen>.<n>``)."""
+class _Object:
+    """What every object regend names has: its wire id (``str(obj)``), the
+    device and generation it lives in, and whether it was closed."""
 
     __slots__ = ("id", "device", "generation", "closed")
 
@@ -71,9 +44,67 @@ class Event:
     def __str__(self):
         return self.id
 
+    def _state(self):
+        return " closed" if self.closed else ""
+
+
+class Buffer(_Object):
+    """An imported buffer.  ``str(buf)`` is its wire id (``b<dev>.<gen>.<n>``).
+    ``keepalive`` is what must stay alive while regend maps the memory (the
+    torch tensor of import_tensor); closing the buffer drops it."""
+
+    __slots__ = ("size", "kind", "keepalive", "_on_drop")
+
+    def __init__(self, id, device, generation, size, kind, keepalive=None):
+        super().__init__(id, device, generation)
+        self.size = size
+        self.kind = kind
+        self.keepalive = keepalive
+        self._on_drop = None
+
+    def _drop(self):
+        """regend maps this memory no more: let it go."""
+        self.keepalive = None
+        on_drop, self._on_drop = self._on_drop, None
+        if on_drop is not None:
+            on_drop()
+
     def __repr__(self):
-        state = " closed" if self.closed else ""
-        return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{state}>"
+        state = self._state()
+        return f"<regen.Buffer {self.id} {self.kind} {self.size} bytes dev={self.device} gen={self.generation}{state}>"
+
+
+class Event(_Object):
+    """An imported CUDA IPC event, for the ``wait_event`` and ``signal_event``
+    of compute calls.  ``str(ev)`` is its wire id (``e<dev>.<gen>.<n>``)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{self._state()}>"
+
+
+class Comm(_Object):
+    """A communicator (io.regen.Comm) on one device: rank ``rank`` of
+    ``nranks``.  ``str(comm)`` is its wire id (``c<dev>.<gen>.<n>``).
+    ``collectives`` is what Attach reported (None after Init)."""
+
+    __slots__ = ("rank", "nranks", "key", "collectives")
+
+    def __init__(self, id, device, generation, rank, nranks, key=None, collectives=None):
+        super().__init__(id, device, generation)
+        self.rank = rank
+        self.nranks = nranks
+        self.key = key
+        self.collectives = collectives
+
+    def __repr__(self):
+        return (f"<regen.Comm {self.id} rank {self.rank}/{self.nranks} dev={self.device} gen={self.generation}"
+                f"{self._state()}>")
+
+
+def _comm_id(comm):
+    return comm.id if isinstance(comm, Comm) else str(comm)
 
 
 def _buffer_id(buf):
@@ -175,6 +206,30 @@ class Watch:
         self.close()
 
 
+class _Lane:
+    """A device's lane on its worker connection: compute calls over its ring
+    or as Varlink calls, counted by tickets; answers are read in order."""
+
+    __slots__ = ("conn", "ring", "open_ring", "decided", "submitted", "completed", "error", "elapsed_us",
+                 "idle_since")
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.ring = None          # the one in use; None: Varlink
+        self.open_ring = None     # the connection's, used or not
+        self.decided = False
+        self.submitted = 0
+        self.completed = 0
+        self.error = None
+        self.elapsed_us = None
+        self.idle_since = time.monotonic()
+
+    def close(self):
+        if self.open_ring is not None:
+            self.open_ring.close()
+        self.ring = self.open_ring = None
+
+
 class Client:
     """Talks to one regend.  ``socket_path`` defaults to $REGEN_SOCKET, then
     /run/regen/regend.sock.  ``timeout`` (seconds, None = wait forever)
@@ -184,8 +239,15 @@ class Client:
     StaleGeneration, import those tensors again and retry once (off by
     default: a rank usually wants to know its ids went stale)."""
 
-    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0):
+    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0, transport=None):
         self.socket_path = socket_path or os.environ.get("REGEN_SOCKET") or DEFAULT_SOCKET
+        # How compute calls reach a worker: "ring" (io.regen.Lane, shared
+        # memory), "varlink", or "auto" (the ring where the worker offers
+        # it); $REGEN_TRANSPORT by default.
+        self.transport = transport or os.environ.get("REGEN_TRANSPORT") or "auto"
+        if self.transport not in ("auto", "ring", "varlink"):
+            raise ValueError(f"transport {self.transport!r} is not 'auto', 'ring' or 'varlink'")
+        self._lanes = {}          # device -> _Lane
         self.timeout = timeout
         self.auto_reimport = auto_reimport
         self.reconnect_wait = reconnect_wait
@@ -208,6 +270,9 @@ class Client:
         for conn in self._workers.values():
             conn.close()
         self._workers.clear()
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes.clear()
 
     def __enter__(self):
         return self
@@ -269,11 +334,15 @@ class Client:
 
     def _worker(self, device):
         conn = self._workers.get(device)
+        lane = self._lanes.get(device)
+        if lane is not None and lane.completed < lane.submitted and lane.conn is conn:
+            return conn   # answers are outstanding on it: alive() would read them
         if conn is not None and conn.alive():
             return conn
         if conn is not None:
             conn.close()
         self._workers.pop(device, None)
+        self._drop_lane(device)
         # (Re)connecting: read the worker's socket afresh, and wait out a
         # respawn in progress rather than fail the call on a missing socket.
         deadline = time.monotonic() + self.reconnect_wait
@@ -296,18 +365,197 @@ class Client:
         return conn
 
     def _worker_call(self, device, method, params, fds=()):
+        self._settle(device)
         conn = self._worker(device)
         try:
             return conn.call(method, params, fds)
         except errors.ConnectionReset:
             self._workers.pop(device, None)
+            self._drop_lane(device)
             raise
         except (errors.StaleGeneration, errors.DeviceLost, errors.Draining) as e:
+            self._note_error(device, e)
+            raise
+
+    def _note_error(self, device, e):
+        if isinstance(e, (errors.StaleGeneration, errors.DeviceLost, errors.Draining)):
             gen = e.parameters.get("generation")
             dev = e.parameters.get("device", device)
             if isinstance(gen, int) and isinstance(dev, int):
                 self._note_generation(dev, gen)
-            raise
+
+    # -- lanes: compute calls over the ring or Varlink -----------------------
+
+    def _drop_lane(self, device):
+        lane = self._lanes.pop(device, None)
+        if lane is not None:
+            lane.close()
+
+    def _lane(self, device):
+        """The device's lane, its transport picked on the connection's first
+        compute call."""
+        lane = self._lanes.get(device)
+        # A ring's lane busy a moment ago is not probed again (a worker gone
+        # shows in the wait, as the connection ends); an idle one is, so
+        # that a worker respawned in between is found before the call.
+        if lane is not None and (lane.completed < lane.submitted or
+                                 (lane.decided and lane.conn is self._workers.get(device) and not lane.conn.closed and
+                                  ((lane.ring is not None and time.monotonic() - lane.idle_since < _IDLE_PROBE_S)
+                                   or lane.conn.alive()))):
+            return lane
+        conn = self._worker(device)
+        lane = self._lanes.get(device)
+        if lane is None or lane.conn is not conn:
+            lane = _Lane(conn)
+            self._lanes[device] = lane
+        if not lane.decided:
+            self._pick_transport(device, lane)
+        return lane
+
+    def _pick_transport(self, device, lane):
+        lane.ring = None
+        if self.transport != "varlink":
+            if lane.open_ring is None and ringmod.supported():
+                try:
+                    offered = "io.regen.Lane" in lane.conn.call("org.varlink.service.GetInfo").get("interfaces", ())
+                except errors.ConnectionReset:
+                    raise
+                except errors.Error:
+                    offered = False
+                if offered:
+                    lane.open_ring = ringmod.Ring(lane.conn)
+            if lane.open_ring is not None:
+                lane.ring = lane.open_ring
+            elif self.transport == "ring":
+                raise errors.ProtocolError(parameters={
+                    "message": f"the worker of device {device} offers no ring (io.regen.Lane), or this machine "
+                               "cannot use one, and the transport is forced to ring"})
+        lane.decided = True
+
+    def set_transport(self, transport):
+        """"auto", "ring" or "varlink" from the next call on (a lane with
+        calls outstanding switches after them).  A connection keeps the ring
+        it opened for when it is wanted again."""
+        if transport not in ("auto", "ring", "varlink"):
+            raise ValueError(f"transport {transport!r} is not 'auto', 'ring' or 'varlink'")
+        self.transport = transport
+        for lane in self._lanes.values():
+            if lane.completed == lane.submitted:
+                lane.decided = False
+
+    def lane_transport(self, device):
+        """"ring" or "varlink": what ``device``'s lane uses now (None before
+        its first compute call)."""
+        lane = self._lanes.get(device)
+        if lane is None or not lane.decided:
+            return None
+        return "ring" if lane.ring is not None else "varlink"
+
+    def _lane_broken(self, device, lane, what):
+        self._workers.pop(device, None)
+        lane.conn.close()
+        self._drop_lane(device)
+        return errors.ConnectionReset(parameters={
+            "message": f"connection to device {device}'s worker broke {what}; calls in flight may or may not "
+                       "have run"})
+
+    def _reap(self, device, lane):
+        """Reads the oldest outstanding answer, keeping the first error."""
+        try:
+            if lane.ring is not None:
+                tag, elapsed, err = lane.ring.reap(self.timeout)
+                lane.completed += 1
+                if tag != lane.completed:
+                    raise errors.ProtocolError(parameters={
+                        "message": f"record {tag} completed where {lane.completed} was next"})
+                e = ringmod.error_of(err) if err is not None else None
+            else:
+                try:
+                    params, _ = lane.conn.receive()
+                    e, elapsed = None, params.get("elapsed_us")
+                except errors.ConnectionReset:
+                    raise
+                except errors.Error as x:
+                    e, elapsed = x, None
+                lane.completed += 1
+        except (ConnectionResetError, errors.ConnectionReset, OSError) as x:
+            raise self._lane_broken(device, lane, "while waiting for completions") from x
+        except TimeoutError as x:
+            raise self._lane_broken(device, lane, "past the timeout") from x
+        if e is not None:
+            self._note_error(device, e)
+            if lane.error is None:
+                lane.error = e
+        else:
+            lane.elapsed_us = elapsed
+        lane.idle_since = time.monotonic()
+
+    def _settle(self, device):
+        """Varlink answers outstanding on the lane come before another call
+        on its connection (their error waits for the next wait())."""
+        lane = self._lanes.get(device)
+        while lane is not None and lane.ring is None and lane.completed < lane.submitted:
+            self._reap(device, lane)
+
+    def wait(self, device, ticket=None):
+        """Waits for the calls queued on ``device``'s lane (with
+        ``wait=False``) up to ``ticket`` (default: all); raises the first
+        error among them.  Returns the elapsed_us of the last one answered."""
+        lane = self._lanes.get(device)
+        if lane is None:
+            return None
+        ticket = lane.submitted if ticket is None else ticket
+        while lane.completed < ticket:
+            self._reap(device, lane)
+        e, lane.error = lane.error, None
+        if e is not None:
+            raise e
+        return lane.elapsed_us
+
+    def _submit(self, device, op_name, op, given, scalars, wait_event, signal_event):
+        lane = self._lane(device)
+        if lane.ring is None:
+            params = {n: o.to_wire() for n, o in given.items()}
+            params.update(scalars)
+            if wait_event is not None:
+                params["wait_event"] = _event_id(wait_event)
+            if signal_event is not None:
+                params["signal_event"] = _event_id(signal_event)
+            try:
+                lane.conn.send(op.method, params)
+            except errors.ConnectionReset:
+                self._workers.pop(device, None)
+                self._drop_lane(device)
+                raise
+            lane.submitted += 1
+            return lane
+        ring = lane.ring
+        outstanding = lambda: self.wait(device)  # noqa: E731
+        bound = ring.bound
+        records = []
+        for spec in op.operands:
+            o = given.get(spec.name)
+            if o is None:
+                records.append(None)
+                continue
+            b = o.buffer
+            ident = b.id if type(b) is Buffer else str(b)
+            i = bound.get(ident)
+            if i is None:
+                i = ring.index(ident, outstanding)
+            records.append(ringmod.operand_record(o, i))
+        wait_i = ring.index(_event_id(wait_event), outstanding) if wait_event is not None else ringmod.NONE
+        signal_i = ring.index(_event_id(signal_event), outstanding) if signal_event is not None else ringmod.NONE
+        flags, epilogue, compute, alignment, alpha, beta, scale = ringmod.scalars_record(op_name, scalars)
+        while ring.full():
+            self._reap(device, lane)
+        try:
+            ring.submit(lane.submitted + 1, ringmod.OP_IDS[op_name], flags, epilogue, compute, alignment, wait_i,
+                        signal_i, alpha, beta, scale, records)
+        except OSError as x:   # the worker's end of the doorbell is gone with it
+            raise self._lane_broken(device, lane, "as a call was queued") from x
+        lane.submitted += 1
+        return lane
 
     def call(self, method, parameters=None, device=None, fds=()):
         """A raw Varlink call: on the main socket, or on ``device``'s worker
@@ -484,6 +732,9 @@ class Client:
     def _forget(self, buf):
         if buf is None:
             return
+        lane = self._lanes.get(buf.device)
+        if lane is not None and lane.open_ring is not None:
+            lane.open_ring.forget(buf.id)
         buf.closed = True
         self._buffers.pop(buf.id, None)
         for key, b in list(self._tensor_buffers.items()):
@@ -524,47 +775,63 @@ class Client:
             return _tensor_operand(self, x, name)
         raise TypeError(f"operand {name} must be a regen.Operand or a torch tensor, not {type(x).__name__}")
 
-    def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True):
+    def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True, wait=True):
         op = ops.OPS[op_name]
         method = op.method
         tensors = []
-        unknown = set(named) - {o.name for o in op.operands}
-        if unknown:
-            raise ValueError(f"{method} has no operand {sorted(unknown)}")
-        missing = [o.name for o in op.operands if o.required and named.get(o.name) is None]
-        if missing:
-            raise ValueError(f"{method} needs operand(s) {missing}")
-        given = {n: self._operand(x, n, tensors) for n, x in named.items()}
-        given = {n: o for n, o in given.items() if o is not None}
-        devices = {o.device for o in given.values()} - {None}
+        names = _OP_NAMES[op_name]
+        given = {}
+        devices = set()
+        for n, x in named.items():
+            if n not in names:
+                raise ValueError(f"{method} has no operand {sorted(set(named) - names)}")
+            if x is None:
+                continue
+            o = x if type(x) is Operand else self._operand(x, n, tensors)
+            given[n] = o
+            b = o.buffer
+            devices.add(b.device if type(b) is Buffer else _id_device(str(b)))
+        for spec in op.operands:
+            if spec.required and spec.name not in given:
+                missing = [s.name for s in op.operands if s.required and s.name not in given]
+                raise ValueError(f"{method} needs operand(s) {missing}")
+        devices.discard(None)
         if len(devices) != 1:
             raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
         device = devices.pop()
-        params = {n: o.to_wire() for n, o in given.items()}
-        params.update(scalars)
-        if wait_event is not None:
-            params["wait_event"] = _event_id(wait_event)
-        if signal_event is not None:
-            params["signal_event"] = _event_id(signal_event)
-        if tensors:
+        if tensors and wait_event is None:
             _sync_torch(tensors)
         try:
-            reply = self._worker_call(device, method, params)
+            lane = self._lanes.get(device)
+            if wait and (self.transport == "varlink" or
+                         (lane is not None and lane.decided and lane.ring is None and lane.completed == lane.submitted)):
+                # A blocking call on a Varlink lane is one call and its reply.
+                params = {n: o.to_wire() for n, o in given.items()}
+                params.update(scalars)
+                if wait_event is not None:
+                    params["wait_event"] = _event_id(wait_event)
+                if signal_event is not None:
+                    params["signal_event"] = _event_id(signal_event)
+                return self._worker_call(device, method, params).get("elapsed_us")
+            lane = self._submit(device, op_name, op, given, scalars, wait_event, signal_event)
+            if not wait:
+                return lane.submitted
+            return self.wait(device, lane.submitted)
         except errors.StaleGeneration:
             if not (self.auto_reimport and tensors and retry):
                 raise
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
-        return reply.get("elapsed_us")
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-             epilogue=None, tf32=False, wait_event=None, signal_event=None):
+             epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True):
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias").  Operands are Operands or torch tensors
         (a tensor's storage is imported on first use and kept alive until
         close_tensor/close_buffer or the next generation).  A transposed torch view
         for ``a`` or ``b`` is passed as its row-major storage with the
         transpose flag flipped.  Returns regend's elapsed_us; the reply means
-        D is written."""
+        D is written.  With ``wait=False`` the call is queued on the
+        device's lane and its ticket returned: ``wait(device, ticket)``."""
         trans = {"a": bool(trans_a), "b": bool(trans_b)}
         named = {}
         for n, x in (("a", a), ("b", b)):
@@ -580,29 +847,121 @@ class Client:
             scalars["epilogue"] = epilogue
         if tf32:
             scalars["compute"] = "tf32"
-        return self._compute("gemm", named, scalars, wait_event, signal_event)
+        return self._compute("gemm", named, scalars, wait_event, signal_event, wait=wait)
 
     def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
-                  wait_event=None, signal_event=None):
+                  wait_event=None, signal_event=None, wait=True):
         """o = softmax(scale * q k^T [causal mask]) v; q [B, H, Sq, D],
         k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv] with H a
         multiple of Hkv (grouped-query attention); ``causal_alignment``
         "top_left" (default) or "bottom_right"; ``stats`` f32 [B, H, Sq]
         gets each row's log-sum-exp for the backward pass."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
-        return self._compute("attention",
-                             {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event, signal_event)
+        return self._compute("attention", {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event,
+                             signal_event, wait=wait)
 
     def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
-                           causal_alignment=None, wait_event=None, signal_event=None):
+                           causal_alignment=None, wait_event=None, signal_event=None, wait=True):
         """Gradients of attention: writes d_q, d_k, d_v from the forward's
         q, k, v, o, stats and the incoming d_o."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
         named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
-        return self._compute("attention_backward", named, scalars, wait_event, signal_event)
+        return self._compute("attention_backward", named, scalars, wait_event, signal_event, wait=wait)
+
+    # -- io.regen.Comm (worker socket) -------------------------------------
+
+    def comm_unique_id(self, device=0):
+        """A new unique id (256 hex digits) for rank 0 to hand to the others."""
+        return self._worker_call(device, "io.regen.Comm.GetUniqueId", {})["unique_id"]
+
+    def _comm_reply(self, device, reply, key=None):
+        comm = Comm(reply["comm"], device, reply["generation"], reply["rank"], reply["nranks"], key,
+                    reply.get("collectives"))
+        self._note_generation(device, comm.generation)
+        return comm
+
+    def comm_init(self, unique_id, rank, nranks, device=0, key=None, deadline_ms=None):
+        """Joins rank ``rank`` of ``nranks``; returns once every rank joined
+        (CommTimeout after ``deadline_ms``).  ``key`` lets a later process of
+        this user take the communicator back (comm_attach)."""
+        params = {"unique_id": unique_id, "rank": int(rank), "nranks": int(nranks)}
+        if key is not None:
+            params["key"] = key
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        return self._comm_reply(device, self._worker_call(device, "io.regen.Comm.Init", params), key)
+
+    def comm_attach(self, key, device=0):
+        """Takes back the detached communicator ``key`` names (its process
+        gone); ``comm.collectives`` says how many it ran."""
+        return self._comm_reply(device, self._worker_call(device, "io.regen.Comm.Attach", {"key": key}), key)
+
+    def _collective(self, kind, comm, send, recv, scalars, wait_event, signal_event, deadline_ms):
+        method = "io.regen.Comm." + _COMM_METHODS[kind]
+        tensors = []
+        send = self._operand(send, "send", tensors)
+        recv = self._operand(recv, "recv", tensors)
+        if send is None or recv is None:
+            raise ValueError(f"{method} needs send and recv")
+        device = comm.device if isinstance(comm, Comm) else _id_device(str(comm))
+        if device is None:
+            raise ValueError(f"{method}: {comm!r} is not a communicator id")
+        params = {"comm": _comm_id(comm), "send": send.to_wire(), "recv": recv.to_wire()}
+        params.update(scalars)
+        if wait_event is not None:
+            params["wait_event"] = _event_id(wait_event)
+        if signal_event is not None:
+            params["signal_event"] = _event_id(signal_event)
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        if tensors and wait_event is None:
+            _sync_torch(tensors)
+        return self._worker_call(device, method, params).get("elapsed_us")
+
+    def comm_all_reduce(self, comm, send, recv, op="sum", wait_event=None, signal_event=None, deadline_ms=None):
+        """recv = send reduced over the ranks (op: sum, max, avg); recv may be send."""
+        scalars = {} if op == "sum" else {"op": op}
+        return self._collective("all_reduce", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
+
+    def comm_all_gather(self, comm, send, recv, wait_event=None, signal_event=None, deadline_ms=None):
+        """recv [nranks * n] = every rank's send [n], in rank order."""
+        return self._collective("all_gather", comm, send, recv, {}, wait_event, signal_event, deadline_ms)
+
+    def comm_reduce_scatter(self, comm, send, recv, op="sum", wait_event=None, signal_event=None,
+                            deadline_ms=None):
+        """recv [n] = this rank's block of send [nranks * n], reduced."""
+        scalars = {} if op == "sum" else {"op": op}
+        return self._collective("reduce_scatter", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
+
+    def comm_broadcast(self, comm, send, recv, root, wait_event=None, signal_event=None, deadline_ms=None):
+        """recv = root's send on every rank."""
+        return self._collective("broadcast", comm, send, recv, {"root": int(root)}, wait_event, signal_event,
+                                deadline_ms)
+
+    def comm_abort(self, comm):
+        """Stops the communicator now: its calls in flight and later ones fail
+        with CommFailed (reason "aborted").  The id stays until comm_destroy."""
+        device = comm.device if isinstance(comm, Comm) else _id_device(str(comm))
+        self._worker_call(device, "io.regen.Comm.Abort", {"comm": _comm_id(comm)})
+
+    def comm_destroy(self, comm, abort=False, deadline_ms=None):
+        """Finalizes and destroys (a healthy one; its peers finalize too) or
+        frees it; CommInFlight with calls in flight unless ``abort``."""
+        device = comm.device if isinstance(comm, Comm) else _id_device(str(comm))
+        params = {"comm": _comm_id(comm)}
+        if abort:
+            params["abort"] = True
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        self._worker_call(device, "io.regen.Comm.Destroy", params)
+        if isinstance(comm, Comm):
+            comm.closed = True
 
 
 _HEXDIGITS = frozenset("0123456789abcdef")
+
+_COMM_METHODS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+                 "broadcast": "Broadcast"}
 
 
 def _handle_hex(handle, what):
@@ -682,7 +1041,11 @@ def _release_ipc_counter(handle, offset):
 
 def _sync_torch(tensors):
     """regend runs on its own streams in another process: the work this
-    process queued on its current streams must be done before it reads."""
+    process queued on its current streams must be done before it reads.
+    Not when the call names a wait_event: the caller recorded it after that
+    work, and regend's stream waits for it on the GPU (a host
+    synchronisation there would hold the call back until the rank's stream
+    drained, so it could never be in flight beside the rank's work)."""
     import torch
     for dev in {t.device for t in tensors}:
         torch.cuda.current_stream(dev).synchronize()

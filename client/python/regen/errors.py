@@ -12,7 +12,8 @@ __all__ = [
     "StaleGeneration", "DeviceLost", "Draining", "NotPermitted", "OutOfMemory",
     "InvalidOperand", "NoSuchDevice", "NoSuchObject", "ImportFailed",
     "InvalidMessage", "MessageTooLarge", "LimitExceeded", "Timeout",
-    "FaultInjectionDisabled", "WrongEndpoint", "BackendError",
+    "FaultInjectionDisabled", "WrongEndpoint", "Detached", "BackendError",
+    "CommFailed", "CommTimeout", "CommInFlight",
     "InterfaceNotFound", "MethodNotFound", "MethodNotImplemented",
     "InvalidParameter", "PermissionDenied", "ExpectedMore",
     "error_from_reply",
@@ -149,6 +150,28 @@ class FaultInjectionDisabled(Error):
 class WrongEndpoint(Error):
     """A method was sent to the wrong socket (data-plane calls go to the
     worker socket, lifecycle calls to the main one)."""
+
+
+@_wire("io.regen.Detached")
+class Detached(Error):
+    """The device is detached (regenctl detach): no worker serves it until
+    an admin attaches it again."""
+
+
+@_wire("io.regen.CommFailed")
+class CommFailed(Error):
+    """The communicator failed (NCCL's reason in ``parameters["reason"]``,
+    "aborted" when it was aborted): Destroy it and Init a new one."""
+
+
+@_wire("io.regen.CommTimeout")
+class CommTimeout(Error):
+    """Init or a collective passed its deadline; the communicator was aborted."""
+
+
+@_wire("io.regen.CommInFlight")
+class CommInFlight(Error):
+    """Destroy was refused: calls are in flight (pass abort=True)."""
 
 
 @_wire("io.regen.BackendError")

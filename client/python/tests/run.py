@@ -5,7 +5,9 @@
 
 Without --regend, the daemon is what tests/lib/regend_fixture.py finds:
 $REGEND, or daemon/regend under $REGEN_BUILD_ROOT or <repo>/build. Exit 77
-(skipped) when no regend can be found."""
+(skipped) when no regend can be found, or when a module named by
+--require MODULE does not import (meson's python-torch test runs
+test_torch_host.py that way, under a Python that has torch)."""
 
 import os
 import sys
@@ -25,6 +27,15 @@ def main():
         i = argv.index("--regend")
         regend_fixture.REGEND = os.path.abspath(argv[i + 1])
         del argv[i:i + 2]
+    while "--require" in argv:
+        i = argv.index("--require")
+        module = argv[i + 1]
+        del argv[i:i + 2]
+        try:
+            __import__(module)
+        except ImportError as e:
+            print(f"{module} does not import under {sys.executable} ({e}); skipping", file=sys.stderr)
+            return 77
     if not regend_fixture.find_regend():
         print("no regend: pass --regend PATH or set REGEN_BUILD_ROOT; skipping", file=sys.stderr)
         return 77

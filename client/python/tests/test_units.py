@@ -1,15 +1,17 @@
 """Client pieces that need no daemon: error classes against the IDL, handle
 normalisation, host dtype conversions, operand wire form, the references."""
 
+import mmap
 import os
 import re
 import sys
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import regen  # noqa: E402
-from regen import errors, host, reference  # noqa: E402
+from regen import errors, host, reference, ring  # noqa: E402
 
 IDL_DIR = os.path.join(HERE, "..", "..", "..", "proto", "idl")
 
@@ -68,6 +70,61 @@ class ErrorClasses(unittest.TestCase):
         self.assertTrue(issubclass(regen.ConnectionReset, ConnectionError))
         self.assertTrue(issubclass(regen.Unavailable, ConnectionError))
         self.assertTrue(issubclass(regen.ConnectionReset, regen.Error))
+
+
+class RingCounters(unittest.TestCase):
+    def test_a_counter_is_never_seen_half_written(self):
+        """The ring's counters are read by another process while they are
+        written: a reader sees the old value or the new, never a mix.
+        struct.pack_into zero-fills before it writes, so the worker saw a
+        submission counter of 0 and closed the lane; a counter going from
+        0x00ffffff to 0x01000000 changes every byte."""
+        old, new = 0x00FFFFFF, 0x01000000
+        mem = mmap.mmap(-1, ring.HEADER_SIZE)
+        ctr = ring.counters(mem)
+        ctr[ring.SQ_TAIL] = old
+        stop = 4   # a word of the header's padding (offset 16): the reader says when it is done
+        pid = os.fork()
+        if pid == 0:
+            try:
+                until = time.monotonic() + 30
+                while not ctr[stop] and time.monotonic() < until:
+                    for _ in range(500):
+                        ctr[ring.SQ_TAIL] = new
+                        ctr[ring.SQ_TAIL] = old
+            finally:
+                os._exit(0)
+        seen, torn, reads = set(), {}, 0
+        try:
+            # At least half a second, and until the writer was seen at work.
+            start = time.monotonic()
+            while time.monotonic() - start < 0.5 or (len(seen) < 2 and time.monotonic() - start < 10):
+                for _ in range(500):
+                    v = ctr[ring.SQ_TAIL]
+                    if v == old or v == new:
+                        seen.add(v)
+                    else:
+                        torn[v] = torn.get(v, 0) + 1
+                reads += 500
+        finally:
+            ctr[stop] = 1
+            os.waitpid(pid, 0)
+        self.assertEqual(torn, {}, f"{reads} reads")
+        self.assertEqual(seen, {old, new})
+        ctr.release()
+        mem.close()
+
+    def test_counters_are_the_header_fields(self):
+        """The words counters() gives sit where struct rp_ring_header has
+        them (proto/ring.h; tests/unit/test_ring.c checks the C side)."""
+        mem = mmap.mmap(-1, ring.HEADER_SIZE)
+        ctr = ring.counters(mem)
+        ctr[ring.SQ_TAIL], ctr[ring.CQ_WAITING] = 0x01020304, 1
+        self.assertEqual(mem[64:68], (0x01020304).to_bytes(4, sys.byteorder))
+        self.assertEqual(mem[260:264], (1).to_bytes(4, sys.byteorder))
+        self.assertEqual((ring.SQ_HEAD, ring.SQ_SLEEPING, ring.CQ_TAIL, ring.CQ_HEAD), (32, 33, 48, 64))
+        ctr.release()
+        mem.close()
 
 
 class IpcHandles(unittest.TestCase):
@@ -224,7 +281,9 @@ class TensorMapping(unittest.TestCase):
         self.released = []
         client_mod._sync_torch = lambda tensors: None
         client_mod._release_ipc_counter = lambda h, o: self.released.append((h, o))
-        self.c = regen.Client("/nonexistent.sock")
+        # What goes on the wire as Varlink calls (the ring's records are
+        # test_ring.py's).
+        self.c = regen.Client("/nonexistent.sock", transport="varlink")
         self.calls = []
         self.serial = 0
         self.gen = 1
@@ -319,7 +378,9 @@ class EventsAndFds(unittest.TestCase):
     with the sockets replaced by a log."""
 
     def setUp(self):
-        self.c = regen.Client("/nonexistent.sock")
+        # What goes on the wire as Varlink calls (the ring's records are
+        # test_ring.py's).
+        self.c = regen.Client("/nonexistent.sock", transport="varlink")
         self.calls = []
         self.serial = 0
 

@@ -1,7 +1,7 @@
 /* The CUDA backend on top: the ops table the worker drives, the module's
  * entry point, and the lifecycle hooks (open, close, release, reset,
  * memory, fault injection). Lanes live in lane.c, GEMM in gemm.c,
- * attention in attention.c, imports in ipc.c, the device-level resources
+ * attention in attention.c, NCCL communicators in comm.c, imports in ipc.c, the device-level resources
  * in device.c, the health watch in health.c. */
 #include "regen-config.h"
 
@@ -21,6 +21,9 @@ static cuda_enqueue_fn *const enqueue_table[CUDA_OP_KINDS] = {
 	[RP_OP_GEMM] = cuda_gemm_enqueue,
 	[RP_OP_ATTENTION] = cuda_attention_enqueue,
 	[RP_OP_ATTENTION_BACKWARD] = cuda_attention_enqueue,
+#if REGEN_HAVE_NCCL
+	[RP_OP_COMM] = cuda_comm_enqueue,
+#endif
 };
 
 static uint64_t cuda_used_bytes(struct cuda_dev *cd)
@@ -110,6 +113,9 @@ static void cuda_close(struct rd_device *dev)
 		cudaDeviceSynchronize();
 	/* Plans were registered after these: they go first. */
 	cuda_attention_finish(cd);
+#if REGEN_HAVE_NCCL
+	cuda_comm_finish(cd);
+#endif
 	cuda_gemm_plans_finish(cd);
 	cuda_device_resources_unregister(cd);
 	dev->backend_data = NULL;
@@ -286,6 +292,13 @@ static const struct rd_backend_ops rd_backend_cuda = {
 	.lane_create = cuda_lane_create,
 	.lane_destroy = cuda_lane_destroy,
 	.submit = cuda_submit,
+#if REGEN_HAVE_NCCL
+	.comm_unique_id = cuda_comm_unique_id,
+	.comm_create = cuda_comm_create,
+	.comm_abort = cuda_comm_abort,
+	.comm_status = cuda_comm_status,
+	.comm_close = cuda_comm_close,
+#endif
 	.release = cuda_release,
 	.reset = cuda_reset,
 	.memory = cuda_memory,

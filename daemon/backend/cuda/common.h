@@ -79,14 +79,16 @@ struct cuda_fault {
  * op->err set; nothing to wait for beyond the stream. */
 typedef int cuda_enqueue_fn(struct cuda_lane *lane, struct rd_op *op);
 
-/* The enqueue table is indexed by the op table's id (proto/compute.h):
- * here and in cuda_enqueue_of() only, and filled by backend.c. */
-#define CUDA_OP_KINDS RP_OP_COUNT
+/* The enqueue table is indexed by the op table's id (proto/compute.h),
+ * io.regen.Comm's work (RP_OP_COMM) last: here and in cuda_enqueue_of()
+ * only, and filled by backend.c. */
+#define CUDA_OP_KINDS (RP_OP_COMM + 1)
 
 struct cuda_gemm_plan;
 struct cuda_mapping;
 struct cuda_health;
 struct cuda_attention;
+struct cuda_comms;
 
 struct cuda_dev {
 	struct rd_device *dev;
@@ -104,6 +106,9 @@ struct cuda_dev {
 	pthread_mutex_t maps_lock;
 	struct cuda_mapping *maps;
 	unsigned map_count;
+
+	/* comm.c: the communicators and their watch, made on first use. */
+	struct cuda_comms *comms;
 
 	/* attention.c: the cuDNN handle and plans, made on first use. */
 	_Atomic(struct cuda_attention *) attention;
@@ -306,6 +311,23 @@ void cuda_close_buffer(struct rd_buffer *buf);
 int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err);
 void cuda_close_event(struct rd_event *ev);
 uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);
+
+/* ---- comm.c: NCCL communicators (REGEN_HAVE_NCCL) ------------------------------ */
+
+int cuda_comm_unique_id(struct rd_device *dev, unsigned char id[RP_COMM_ID_SIZE], struct rp_error *err);
+int cuda_comm_create(struct rd_device *dev, const unsigned char id[RP_COMM_ID_SIZE], uint32_t rank, uint32_t nranks,
+		     struct rd_comm **out, struct rp_error *err);
+void cuda_comm_abort(struct rd_comm *comm, const char *why);
+int cuda_comm_status(struct rd_comm *comm, struct rp_error *err);
+void cuda_comm_close(struct rd_comm *comm);
+/* Init, Destroy (both wait for peers, watching for an abort) or a
+ * collective (enqueued on the lane's stream). */
+int cuda_comm_enqueue(struct cuda_lane *lane, struct rd_op *op);
+/* After the lane saw the op's work complete: a communicator aborted or
+ * failed meanwhile makes it CommFailed. */
+void cuda_comm_completed(struct rd_op *op);
+/* Stops the watch (close: every communicator is gone). */
+void cuda_comm_finish(struct cuda_dev *cd);
 
 /* ---- attention.c: forward and backward, through cuDNN ---------------------- */
 

@@ -1,7 +1,9 @@
 /* Lanes: one connection's ordered work on a CUDA stream of its own. A
  * launcher thread takes the lane's ops in order and enqueues them without
- * waiting (at most RD_CUDA_LANE_DEPTH in flight); a completer thread waits
- * for each call's completion event, in order, and hands the op back. An
+ * waiting (at most RD_CUDA_LANE_DEPTH in flight); a call that finds its
+ * lane idle is enqueued by the submitting thread itself (launch_inline); a
+ * completer thread waits for each call's completion event, in order, and
+ * hands the op back. An
  * injected fault kernel is waited for before a lane's next op, so that op's
  * synchronisation is the one that finds it. The work itself comes from the
  * enqueue functions the device's table names (cuda_dev.enqueue). */
@@ -292,6 +294,10 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 			cuda_check_failure(cd, &op->err, p->resets);
 		}
 	}
+#if REGEN_HAVE_NCCL
+	if (op->comm)
+		cuda_comm_completed(op);
+#endif
 	op->elapsed_us = (cuda_now_ns() - p->t0) / 1000;
 	rd_op_complete(op);
 }
@@ -313,6 +319,7 @@ struct cuda_lane_impl {
 	struct lane_pending pending[RD_CUDA_LANE_DEPTH];
 	unsigned pending_head, npending;
 	bool launcher_done;
+	bool launching;        /* an op is being launched (by the launcher or inline): the next waits */
 	int wake_seq;          /* set by submit: ends the launcher's spin */
 	int done_seq;          /* set by a launch: ends the completer's spin */
 };
@@ -404,11 +411,18 @@ static void *lane_main(void *arg)
 			pthread_cond_wait(&li->cond, &li->lock);
 			continue;
 		}
+		if (li->launching) {
+			/* The submitting thread launches one inline: after it. */
+			pthread_cond_wait(&li->cond, &li->lock);
+			continue;
+		}
 		struct rd_op *op = queue_pop(&li->q);
+		li->launching = true;
 		pthread_mutex_unlock(&li->lock);
 		struct lane_pending p;
 		lane_launch(l, op, &p);
 		pthread_mutex_lock(&li->lock);
+		li->launching = false;
 		li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
 		li->npending++;
 		__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
@@ -517,6 +531,50 @@ void cuda_lane_destroy(struct rd_lane *lane)
 	free(li);
 }
 
+/* Whether a call finding its lane idle is launched on the submitting
+ * thread (the worker's loop) instead of handed to the launcher: one thread
+ * hand-off less per call. REGEN_CUDA_INLINE_LAUNCH=0 turns it off (to
+ * measure against). */
+static bool inline_launch(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *env = getenv("REGEN_CUDA_INLINE_LAUNCH");
+		on = !(env && strcmp(env, "0") == 0);
+	}
+	return on;
+}
+
+/* Launches op on this thread if the lane is idle: nothing queued, nothing
+ * being launched, room among the calls in flight. Its completion goes to
+ * the completer as the launcher's do. */
+static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
+{
+	struct lane_pending p;
+
+	/* A communicator's Init and Destroy wait for NCCL (and its peers): on
+	 * the lane's thread, never the worker's loop. */
+	if (!inline_launch() || op->comm)
+		return false;
+	pthread_mutex_lock(&li->lock);
+	if (li->stopping || li->launching || li->q.count || li->npending == RD_CUDA_LANE_DEPTH) {
+		pthread_mutex_unlock(&li->lock);
+		return false;
+	}
+	li->launching = true;
+	pthread_mutex_unlock(&li->lock);
+	lane_launch(&li->lane, op, &p);
+	pthread_mutex_lock(&li->lock);
+	li->launching = false;
+	li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
+	li->npending++;
+	__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&li->cond);
+	pthread_mutex_unlock(&li->lock);
+	return true;
+}
+
 int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 {
 	struct cuda_lane_impl *li = (struct cuda_lane_impl *)lane;
@@ -524,6 +582,8 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	if (cuda_refuse_if_lost(l->cd, &op->err))
 		return -EIO;
 	op->lane = lane;
+	if (launch_inline(li, op))
+		return 0;
 	pthread_mutex_lock(&li->lock);
 	int r = li->stopping ? -ESHUTDOWN : queue_push(&li->q, op);
 	if (r == 0) {

@@ -5,7 +5,8 @@
  * a GPU. Its "context" can be lost by fault injection, so reset runs for real.
  *
  * This file: the ops table, the simulated context and the lifecycle hooks.
- * Buffers live in buffer.c, lanes in lane.c, the health watch in health.c. */
+ * Buffers live in buffer.c, lanes in lane.c, communicators in comm.c, the
+ * health watch in health.c. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -134,6 +135,11 @@ const struct rd_backend_ops rd_backend_host = {
 	.submit = host_submit,
 	.release = host_release,
 	.reset = host_reset,
+	.comm_unique_id = host_comm_unique_id,
+	.comm_create = host_comm_create,
+	.comm_abort = host_comm_abort,
+	.comm_status = host_comm_status,
+	.comm_close = host_comm_close,
 	.memory = host_memory,
 	.inject_fault = host_inject_fault,
 	.health_start = host_health_start,

@@ -42,6 +42,16 @@ struct rd_lane *host_lane_create(struct rd_device *dev, unsigned index, struct r
 void host_lane_destroy(struct rd_lane *base);
 int host_submit(struct rd_lane *base, struct rd_op *op);
 
+/* comm.c: communicators among connections to this worker. */
+int host_comm_unique_id(struct rd_device *dev, unsigned char id[RP_COMM_ID_SIZE], struct rp_error *err);
+int host_comm_create(struct rd_device *dev, const unsigned char id[RP_COMM_ID_SIZE], uint32_t rank, uint32_t nranks,
+		     struct rd_comm **out, struct rp_error *err);
+void host_comm_abort(struct rd_comm *comm, const char *why);
+int host_comm_status(struct rd_comm *comm, struct rp_error *err);
+void host_comm_close(struct rd_comm *comm);
+/* Init, Destroy or a collective, on the lane's thread: may wait for peers. */
+void host_comm_run(struct rd_op *op);
+
 /* health.c */
 void host_health_init(struct rd_device *dev);
 void host_health_finish(struct rd_device *dev);

@@ -81,6 +81,10 @@ void host_health_init(struct rd_device *dev)
 	snprintf(hh->info.source, sizeof(hh->info.source), "simulated");
 	snprintf(hh->info.detail, sizeof(hh->info.detail), "the host backend has no GPU; XIDs come from InjectFault");
 	snprintf(hh->info.uuid, sizeof(hh->info.uuid), "HOST-%d", dev->index);
+	/* A bus id no real device has (domain 0xffff, beyond the 0x0000-0x00ff
+	 * that host bridges use), so that tools which name GPUs by bus id can
+	 * be tried on the host backend. */
+	snprintf(hh->info.pci_bus_id, sizeof(hh->info.pci_bus_id), "0000FFFF:%02X:00.0", dev->index & 0xff);
 	hh->info.ecc_dbe_volatile = hh->info.ecc_dbe_aggregate = 0;
 	hh->info.retired_pages_pending = hh->info.remap_pending = hh->info.remap_failed = 0;
 }

@@ -1,5 +1,7 @@
 /* Host lanes: one thread each, running its ops in order with the reference
- * math of math.c. A lane's scratch grows to its largest call's need. */
+ * math of math.c; a small call finding its lane idle runs on the submitting
+ * thread instead (run_inline). A lane's scratch grows to its largest
+ * call's need. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -18,6 +20,7 @@ struct host_lane {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct rd_op *head, *tail;
+	bool busy;                     /* an op is running (on the lane's thread or inline) */
 	bool stop;
 	void *scratch;                 /* grows to the largest call's need */
 	size_t scratch_size;
@@ -53,9 +56,15 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	struct rd_device *dev = lane->base.device;
 	const struct rp_compute *c = &op->compute;
 	void *ptr[RP_OP_OPERANDS_MAX] = { 0 };
-	size_t need = rd_host_scratch_size(c);
+	size_t need;
 	uintptr_t fault = 0;
 	int r;
+
+	if (c->spec->id == RP_OP_COMM) {
+		host_comm_run(op);
+		return;
+	}
+	need = rd_host_scratch_size(c);
 
 	for (unsigned i = 0; i < c->spec->noperands; i++)
 		if (op->buffers[i])
@@ -125,6 +134,7 @@ static void *lane_thread(void *arg)
 		lane->head = op->next;
 		if (!lane->head)
 			lane->tail = NULL;
+		lane->busy = true;
 		pthread_mutex_unlock(&lane->lock);
 
 		/* A hung kernel: nothing but the process's death ends it. */
@@ -141,6 +151,9 @@ static void *lane_thread(void *arg)
 			run_op(lane, op);
 		}
 		op->elapsed_us = now_us() - t0;
+		pthread_mutex_lock(&lane->lock);
+		lane->busy = false;
+		pthread_mutex_unlock(&lane->lock);
 		rd_op_complete(op);
 	}
 	return NULL;
@@ -201,6 +214,54 @@ void host_lane_destroy(struct rd_lane *base)
 	free(lane);
 }
 
+/* Multiply-adds of a call, roughly: what decides whether it may run on
+ * the submitting thread. */
+static double call_cost(const struct rp_compute *c)
+{
+	const struct rp_attention *a = &c->attention;
+
+	switch (c->spec->id) {
+	case RP_OP_GEMM:
+		return (double)c->gemm.m * (double)c->gemm.n * (double)c->gemm.k;
+	case RP_OP_ATTENTION:
+		return (double)a->batch * a->heads * a->seq_q * a->seq_kv * (a->head_dim + a->head_dim_v);
+	default:
+		return 2.0 * a->batch * a->heads * a->seq_q * a->seq_kv * (a->head_dim + a->head_dim_v);
+	}
+}
+
+/* A call this small (a 32^3 GEMM: tens of microseconds) runs on the
+ * submitting thread, the worker's loop, when its lane is idle: two thread
+ * hand-offs (to the lane and back) would cost more than the call. */
+#define INLINE_COST_MAX 32768.0
+
+/* Runs op now if the lane is idle and it is small; false if it must queue.
+ * Never a communicator's op: it waits for its peers, whose calls this very
+ * loop has yet to read. */
+static bool run_inline(struct host_lane *lane, struct rd_op *op)
+{
+	struct rd_device *dev = lane->base.device;
+	uint64_t t0;
+
+	if (op->compute.spec->id == RP_OP_COMM || call_cost(&op->compute) > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
+		return false;
+	pthread_mutex_lock(&lane->lock);
+	if (lane->head || lane->busy) {
+		pthread_mutex_unlock(&lane->lock);
+		return false;
+	}
+	lane->busy = true;
+	pthread_mutex_unlock(&lane->lock);
+	t0 = now_us();
+	run_op(lane, op);
+	op->elapsed_us = now_us() - t0;
+	pthread_mutex_lock(&lane->lock);
+	lane->busy = false;
+	pthread_mutex_unlock(&lane->lock);
+	rd_op_complete(op);
+	return true;
+}
+
 int host_submit(struct rd_lane *base, struct rd_op *op)
 {
 	struct host_lane *lane = (struct host_lane *)base;
@@ -210,6 +271,9 @@ int host_submit(struct rd_lane *base, struct rd_op *op)
 		rp_error_set(&op->err, RP_ERR_BACKEND, "cannot start the lane: %s", strerror(-r));
 		return r;
 	}
+	op->lane = base;
+	if (run_inline(lane, op))
+		return 0;
 	op->next = NULL;
 	pthread_mutex_lock(&lane->lock);
 	if (lane->tail)

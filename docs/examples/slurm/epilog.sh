@@ -1,7 +1,9 @@
 #!/bin/sh
 # Slurm epilog: after a job, drain what its ranks left behind (killed ranks'
 # calls in flight, imported buffers), release every CUDA resource and return
-# the device memory, so the next job starts from a clean generation.
+# the device memory, so the next job starts from a clean generation. Only
+# the job's own GPUs (regenctl --job reads SLURM_JOB_GPUS): the jobs still
+# running beside it keep theirs.
 # Install as /etc/slurm/epilog.d/50-regen.sh (root, 0755). A non-zero exit
 # drains the node.
 #
@@ -20,7 +22,7 @@ drain() {
 	exit 1
 }
 
-"$REGENCTL" restart --all --reason "$REASON" --wait --timeout "$TIMEOUT"
+"$REGENCTL" restart --job --reason "$REASON" --wait --timeout "$TIMEOUT"
 rc=$?
 case $rc in
 0)

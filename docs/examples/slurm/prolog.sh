@@ -1,5 +1,8 @@
 #!/bin/sh
-# Slurm prolog: give the job a fresh generation of every GPU regend serves.
+# Slurm prolog: give the job a fresh generation of its own GPUs, and only
+# those: regenctl --job reads SLURM_JOB_GPUS (the GPUs Slurm gave the job on
+# this node), so the jobs beside it on a shared node are not disturbed. A job
+# without GPUs has nothing to restart (regenctl exits 0).
 # Install as /etc/slurm/prolog.d/50-regen.sh (root, 0755). Runs as root on
 # each node of the allocation before the job starts. A non-zero exit makes
 # Slurm drain the node and requeue the job, so fail only when this node
@@ -22,7 +25,7 @@ drain() {
 }
 
 restart() {
-	"$REGENCTL" restart --all --reason "$REASON" --wait --timeout "$TIMEOUT"
+	"$REGENCTL" restart --job --reason "$REASON" --wait --timeout "$TIMEOUT"
 }
 
 restart

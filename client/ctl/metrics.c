@@ -1,0 +1,133 @@
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+#include "client/ctl/metrics.h"
+
+/* The states of io.regen.Device.State: each device has one series per
+ * state, 1 for the one it is in, so that a query need not know them. */
+static const char *const states[] = {
+	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
+};
+
+/* A label value as the format wants it: backslash, double quote and line
+ * feed escaped. */
+static void label_value(FILE *f, const char *s)
+{
+	for (; s && *s; s++) {
+		if (*s == '\\' || *s == '"')
+			fprintf(f, "\\%c", *s);
+		else if (*s == '\n')
+			fputs("\\n", f);
+		else
+			fputc(*s, f);
+	}
+}
+
+static const cJSON *field(const cJSON *o, const char *name)
+{
+	return cJSON_GetObjectItemCaseSensitive(o, name);
+}
+
+static void header(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* One sample per device that has the field (a number, or a bool as 0/1);
+ * sub: the object inside DeviceInfo it lives in (NULL: DeviceInfo), scale
+ * multiplies it (µs to seconds). */
+static void per_device(FILE *f, const cJSON *devices, const char *name, const char *type, const char *help,
+		       const char *sub, const char *key, double scale)
+{
+	const cJSON *d;
+	bool any = false;
+
+	cJSON_ArrayForEach(d, devices) {
+		const cJSON *o = sub ? field(d, sub) : d, *v = field(o, key), *index = field(d, "index");
+		double x;
+
+		if (!cJSON_IsNumber(index) || !(cJSON_IsNumber(v) || cJSON_IsBool(v)))
+			continue;
+		x = cJSON_IsNumber(v) ? v->valuedouble * scale : cJSON_IsTrue(v);
+		if (!any && help) {
+			/* A summary's _sum carries the family's header. */
+			size_t len = strlen(name) - (strcmp(type, "summary") == 0 ? 4 : 0);
+			fprintf(f, "# HELP %.*s %s\n# TYPE %.*s %s\n", (int)len, name, help, (int)len, name, type);
+		}
+		any = true;
+		fprintf(f, "%s{device=\"%d\"} %.17g\n", name, (int)index->valuedouble, x);
+	}
+}
+
+void ctl_metrics_write(FILE *f, const cJSON *status)
+{
+	const cJSON *devices = field(status, "devices"), *epoch = field(status, "epoch"), *d;
+
+	header(f, "regen_up", "gauge", "1: regend answered io.regen.Device.Status.");
+	fprintf(f, "regen_up 1\n");
+	if (cJSON_IsNumber(epoch)) {
+		header(f, "regen_epoch", "gauge", "The node's epoch: up by one with every generation change.");
+		fprintf(f, "regen_epoch %.17g\n", epoch->valuedouble);
+	}
+	header(f, "regen_device_info", "gauge", "1 per device, with its backend, UUID and PCI bus id.");
+	cJSON_ArrayForEach(d, devices) {
+		const cJSON *h = field(d, "health");
+
+		fprintf(f, "regen_device_info{device=\"%d\",backend=\"", (int)cJSON_GetNumberValue(field(d, "index")));
+		label_value(f, cJSON_GetStringValue(field(d, "backend")));
+		fputs("\",uuid=\"", f);
+		label_value(f, cJSON_GetStringValue(field(h, "uuid")));
+		fputs("\",pci_bus_id=\"", f);
+		label_value(f, cJSON_GetStringValue(field(h, "pci_bus_id")));
+		fputs("\"} 1\n", f);
+	}
+	header(f, "regen_device_state", "gauge", "1 for the state the device is in, 0 for the others.");
+	cJSON_ArrayForEach(d, devices) {
+		const char *state = cJSON_GetStringValue(field(d, "state"));
+
+		for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
+			fprintf(f, "regen_device_state{device=\"%d\",state=\"%s\"} %d\n",
+				(int)cJSON_GetNumberValue(field(d, "index")), states[i], state && !strcmp(state, states[i]));
+	}
+	per_device(f, devices, "regen_device_generation", "gauge",
+		   "The device's generation: up by one per release, reset, restart and respawn.", NULL, "generation", 1);
+	per_device(f, devices, "regen_device_respawns_total", "counter", "Worker processes replaced.", NULL, "respawns", 1);
+	per_device(f, devices, "regen_device_releases_total", "counter", "Releases that completed.", "counters",
+		   "releases", 1);
+	per_device(f, devices, "regen_device_resets_total", "counter",
+		   "Resets that completed (a fault's own reset too).", "counters", "resets", 1);
+	per_device(f, devices, "regen_device_restarts_total", "counter", "Restarts that completed.", "counters",
+		   "restarts", 1);
+	per_device(f, devices, "regen_device_faults_total", "counter",
+		   "Faults its workers reported: lost context, hung call, failed GPU.", "counters", "faults", 1);
+	per_device(f, devices, "regen_device_last_xid", "gauge", "The last XID seen while regend watched (0: none).",
+		   "health", "last_xid", 1);
+	per_device(f, devices, "regen_device_last_xid_timestamp_seconds", "gauge",
+		   "When the last XID came, in seconds since the Unix epoch (0: none).", "health", "last_xid_unix_ms",
+		   1e-3);
+	per_device(f, devices, "regen_device_ecc_dbe_volatile", "gauge",
+		   "Uncorrected ECC errors since the driver loaded.", "health", "ecc_dbe_volatile", 1);
+	per_device(f, devices, "regen_device_ecc_dbe_aggregate", "gauge", "Uncorrected ECC errors over the GPU's life.",
+		   "health", "ecc_dbe_aggregate", 1);
+	per_device(f, devices, "regen_device_remap_failed", "gauge", "1: a row remapping failed, the GPU needs service.",
+		   "health", "remap_failed", 1);
+	per_device(f, devices, "regen_device_memory_used_bytes", "gauge", "Memory the worker holds now.", NULL,
+		   "memory_used", 1);
+	per_device(f, devices, "regen_device_memory_baseline_bytes", "gauge",
+		   "Memory the worker held right after it started.", NULL, "memory_baseline", 1);
+	per_device(f, devices, "regen_device_calls_total", "counter", "Compute calls finished.", "counters", "calls", 1);
+	per_device(f, devices, "regen_device_call_errors_total", "counter",
+		   "Compute calls that failed or passed their deadline.", "counters", "call_errors", 1);
+	/* The latency as a summary without quantiles: _sum / _count over an
+	 * interval is the mean time of the calls that finished in it. */
+	per_device(f, devices, "regen_device_call_seconds_sum", "summary",
+		   "Time the finished compute calls spent in the backend.", "counters", "call_us", 1e-6);
+	per_device(f, devices, "regen_device_call_seconds_count", "", NULL, "counters", "calls", 1);
+	per_device(f, devices, "regen_device_calls_in_flight", "gauge", "Compute calls in flight.", "counters",
+		   "in_flight", 1);
+	per_device(f, devices, "regen_device_buffers", "gauge", "Buffers imported now (live imports).", "counters",
+		   "buffers", 1);
+	per_device(f, devices, "regen_device_events", "gauge", "Events imported now.", "counters", "events", 1);
+	per_device(f, devices, "regen_device_connections", "gauge", "Client connections to the worker.", "counters",
+		   "connections", 1);
+}

@@ -1,0 +1,12 @@
+/* regenctl metrics: a Status reply as Prometheus text exposition format
+ * (version 0.0.4), for node_exporter's textfile collector or a scrape
+ * through a small wrapper. */
+#pragma once
+
+#include <stdio.h>
+#include <cjson/cJSON.h>
+
+/* Writes every metric of the reply (io.regen.Device.Status's parameters)
+ * to f. Fields a regend does not send (an older one, a device without
+ * health yet) are left out, never written as 0. */
+void ctl_metrics_write(FILE *f, const cJSON *status);

@@ -1,0 +1,915 @@
+/* libregen: a memory pool that regend maps once per chunk.
+ *
+ * Chunks are CUDA VMM allocations (cuMemCreate) exportable as POSIX file
+ * descriptors, or, for the host backend, memfds. Allocations are carved out
+ * of chunks (first fit, coalesced on free); a request larger than half a
+ * chunk gets a chunk of its own. regend sees a chunk, never an allocation:
+ * regen_pool_lookup imports the chunk once per generation (cuda_fd or
+ * host_fd) on the pool's own connection and answers with the buffer id and
+ * the pointer's offset in it, so a tensor in the pool costs no import at
+ * all. A CUDA chunk whose last allocation is freed is closed in regend and
+ * given back to the driver at once: torch's caching allocator, which sits
+ * on top through a MemPool, already caches, and frees only what it means to
+ * give back (one empty host chunk is kept: see keep_empty).
+ *
+ * regen_pool_alloc and regen_pool_free have the signatures of torch's
+ * CUDAPluggableAllocator, so a torch.cuda.MemPool can allocate through them.
+ *
+ * libregen does not link libcuda: the driver's entry points are looked up at
+ * run time (dlopen of libcuda.so.1, cuGetProcAddress), so libregen loads and
+ * works without a GPU, and the pool says why it cannot allocate. */
+#include "regen-config.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "private.h"
+
+#ifdef REGEN_POOL_CUDA
+#include <cuda.h>
+#else
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+#endif
+
+#define MIB (UINT64_C(1) << 20)
+#define DEFAULT_CHUNK_BYTES (256 * MIB)
+/* Every allocation is aligned so: more than cudaMalloc's 256 bytes, so that
+ * vectorised kernels on any dtype see what they expect. */
+#define ALIGN 512
+/* The largest request taken: no GPU or host has 256 TiB, and below it the
+ * rounding to ALIGN, the page or the VMM granularity cannot wrap around. */
+#define REQUEST_MAX (UINT64_C(1) << 48)
+
+enum chunk_kind { CHUNK_CUDA, CHUNK_HOST };
+
+/* A piece of a chunk, used or free; the pieces tile the chunk in address
+ * order. */
+struct piece {
+	struct piece *prev, *next;
+	uint64_t offset, size;
+	bool used;
+};
+
+struct chunk {
+	struct chunk *next;
+	enum chunk_kind kind;
+	int device;                      /* CUDA: the local ordinal; host: -1 */
+	uint64_t serial;
+	char *base;
+	uint64_t size;
+	uint64_t used;
+	int fd;                          /* the export (CUDA) or the memfd (host) */
+	CUmemGenericAllocationHandle handle;
+	struct piece *pieces;
+	regen_buffer *import;            /* NULL until imported in the device's current generation */
+	int import_device;               /* regend's index of the import */
+};
+
+#ifdef REGEN_POOL_CUDA
+struct driver {
+	__typeof__(cuInit) *Init;
+	__typeof__(cuGetErrorString) *GetErrorString;
+	__typeof__(cuMemCreate) *MemCreate;
+	__typeof__(cuMemRelease) *MemRelease;
+	__typeof__(cuMemAddressReserve) *MemAddressReserve;
+	__typeof__(cuMemAddressFree) *MemAddressFree;
+	__typeof__(cuMemMap) *MemMap;
+	__typeof__(cuMemUnmap) *MemUnmap;
+	__typeof__(cuMemSetAccess) *MemSetAccess;
+	__typeof__(cuMemGetAllocationGranularity) *MemGetAllocationGranularity;
+	__typeof__(cuMemExportToShareableHandle) *MemExportToShareableHandle;
+	__typeof__(cuMemGetAddressRange) *MemGetAddressRange;
+	__typeof__(cuCtxGetCurrent) *CtxGetCurrent;
+	__typeof__(cuCtxPushCurrent) *CtxPushCurrent;
+	__typeof__(cuCtxPopCurrent) *CtxPopCurrent;
+	__typeof__(cuDeviceGetCount) *DeviceGetCount;
+	__typeof__(cuDeviceGet) *DeviceGet;
+	__typeof__(cuDevicePrimaryCtxRetain) *DevicePrimaryCtxRetain;
+	__typeof__(cuDevicePrimaryCtxRelease) *DevicePrimaryCtxRelease;
+};
+#endif
+
+static struct {
+	pthread_mutex_t lock;
+#ifdef REGEN_POOL_CUDA
+	pthread_once_t driver_once;
+	struct driver drv;
+	bool driver_ok;
+#endif
+	char driver_error[256];
+	char error[256];                 /* the last failure, for regen_pool_error */
+	char error_name[128];            /* regend's error name of the last failed import, or "" */
+	struct chunk *chunks;
+	uint64_t next_serial;
+	uint64_t chunk_bytes;
+	char socket_path[108];
+	regen_client *client;
+	int device_map[REGEN_DEVICES_MAX];   /* local CUDA ordinal -> regend's index + 1; 0 = the same */
+	struct regen_pool_stats stats;
+} pool = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+#ifdef REGEN_POOL_CUDA
+	.driver_once = PTHREAD_ONCE_INIT,
+#endif
+	.next_serial = 1,
+};
+
+static void set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void set_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	pool.error_name[0] = '\0';
+	va_start(ap, fmt);
+	vsnprintf(pool.error, sizeof(pool.error), fmt, ap);
+	va_end(ap);
+}
+
+static uint64_t round_up(uint64_t x, uint64_t to)
+{
+	return (x + to - 1) / to * to;
+}
+
+static uint64_t chunk_bytes(void)
+{
+	const char *env;
+	unsigned long long mb;
+
+	if (pool.chunk_bytes == 0) {
+		pool.chunk_bytes = DEFAULT_CHUNK_BYTES;
+		env = getenv("REGEN_POOL_CHUNK_MB");
+		if (env != NULL && sscanf(env, "%llu", &mb) == 1 && mb >= 2 && mb <= 1024 * 1024) {
+			pool.chunk_bytes = mb * MIB;
+		}
+	}
+	return pool.chunk_bytes;
+}
+
+/* ---- The driver, found at run time -------------------------------------- */
+
+#ifdef REGEN_POOL_CUDA
+typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
+
+static void driver_load_once(void)
+{
+	static const struct {
+		const char *name;
+		size_t offset;
+	} fns[] = {
+#define FN(x) { "cu" #x, offsetof(struct driver, x) }
+		FN(Init), FN(GetErrorString), FN(MemCreate), FN(MemRelease), FN(MemAddressReserve), FN(MemAddressFree),
+		FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemGetAllocationGranularity),
+		FN(MemExportToShareableHandle), FN(MemGetAddressRange), FN(CtxGetCurrent), FN(CtxPushCurrent),
+		FN(CtxPopCurrent), FN(DeviceGetCount), FN(DeviceGet), FN(DevicePrimaryCtxRetain),
+		FN(DevicePrimaryCtxRelease),
+#undef FN
+	};
+	get_proc_v2_fn get_v2;
+	get_proc_v1_fn get_v1;
+	void *lib;
+
+	/* The process that uses the pool (torch) has loaded the driver already;
+	 * this finds that copy. */
+	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		snprintf(pool.driver_error, sizeof(pool.driver_error), "no CUDA driver: %s", dlerror());
+		return;
+	}
+	get_v2 = (get_proc_v2_fn)dlsym(lib, "cuGetProcAddress_v2");
+	get_v1 = get_v2 == NULL ? (get_proc_v1_fn)dlsym(lib, "cuGetProcAddress") : NULL;
+	if (get_v2 == NULL && get_v1 == NULL) {
+		snprintf(pool.driver_error, sizeof(pool.driver_error), "the CUDA driver has no cuGetProcAddress (older than 11.3)");
+		return;
+	}
+	for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+		CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
+		void *p = NULL;
+		/* 12000: the ABI of CUDA 12.0 (cuMemGetAddressRange is its _v2). */
+		CUresult r = get_v2 != NULL ? get_v2(fns[i].name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &q)
+					    : get_v1(fns[i].name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT);
+		if (r != CUDA_SUCCESS || q != CU_GET_PROC_ADDRESS_SUCCESS || p == NULL) {
+			snprintf(pool.driver_error, sizeof(pool.driver_error),
+				 "the CUDA driver has no entry point %s (error %d)", fns[i].name, (int)r);
+			return;
+		}
+		memcpy((char *)&pool.drv + fns[i].offset, &p, sizeof(p));
+	}
+	if (pool.drv.Init(0) != CUDA_SUCCESS) {
+		snprintf(pool.driver_error, sizeof(pool.driver_error), "cuInit failed: no usable GPU");
+		return;
+	}
+	pool.driver_ok = true;
+}
+
+static bool driver_load(void)
+{
+	pthread_once(&pool.driver_once, driver_load_once);
+	if (!pool.driver_ok) {
+		set_error("%s", pool.driver_error);
+	}
+	return pool.driver_ok;
+}
+
+static const char *cu_error(CUresult r)
+{
+	const char *s = NULL;
+
+	if (pool.drv.GetErrorString == NULL || pool.drv.GetErrorString(r, &s) != CUDA_SUCCESS || s == NULL) {
+		return "unknown CUDA driver error";
+	}
+	return s;
+}
+
+static void prop_for(CUmemAllocationProp *prop, int device)
+{
+	memset(prop, 0, sizeof(*prop));
+	prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop->location.id = device;
+	prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+/* A VMM allocation of at least `want` bytes on `device`, mapped read/write
+ * for it and exported as an fd. */
+static int cuda_chunk_init(struct chunk *ch, int device, uint64_t want)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc access;
+	size_t gran = 0;
+	CUdeviceptr base = 0;
+	int fd = -1;
+	CUresult r;
+
+	if (!driver_load()) {
+		return -ENODEV;
+	}
+	prop_for(&prop, device);
+	r = pool.drv.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+	if (r != CUDA_SUCCESS || gran == 0) {
+		set_error("cuMemGetAllocationGranularity on device %d: %s", device, cu_error(r));
+		return -EIO;
+	}
+	ch->size = round_up(want, gran);
+	r = pool.drv.MemCreate(&ch->handle, ch->size, &prop, 0);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemCreate of %llu bytes on device %d: %s", (unsigned long long)ch->size, device, cu_error(r));
+		return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+	}
+	r = pool.drv.MemAddressReserve(&base, ch->size, gran, 0, 0);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemAddressReserve of %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
+		goto fail_release;
+	}
+	r = pool.drv.MemMap(base, ch->size, 0, ch->handle, 0);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemMap: %s", cu_error(r));
+		goto fail_free;
+	}
+	memset(&access, 0, sizeof(access));
+	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	access.location.id = device;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = pool.drv.MemSetAccess(base, ch->size, &access, 1);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemSetAccess: %s", cu_error(r));
+		goto fail_unmap;
+	}
+	r = pool.drv.MemExportToShareableHandle(&fd, ch->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (r != CUDA_SUCCESS || fd < 0) {
+		set_error("cuMemExportToShareableHandle: %s", cu_error(r));
+		goto fail_unmap;
+	}
+	(void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+	ch->kind = CHUNK_CUDA;
+	ch->device = device;
+	ch->base = (char *)(uintptr_t)base;
+	ch->fd = fd;
+	return 0;
+
+fail_unmap:
+	pool.drv.MemUnmap(base, ch->size);
+fail_free:
+	pool.drv.MemAddressFree(base, ch->size);
+fail_release:
+	pool.drv.MemRelease(ch->handle);
+	return -EIO;
+}
+
+static void cuda_chunk_finish(struct chunk *ch)
+{
+	CUdeviceptr base = (CUdeviceptr)(uintptr_t)ch->base;
+
+	pool.drv.MemUnmap(base, ch->size);
+	pool.drv.MemAddressFree(base, ch->size);
+	pool.drv.MemRelease(ch->handle);
+}
+#else
+static int cuda_chunk_init(struct chunk *ch, int device, uint64_t want)
+{
+	(void)ch;
+	(void)want;
+	set_error("libregen was built without the CUDA headers: no CUDA pool (device %d)", device);
+	return -ENOTSUP;
+}
+
+static void cuda_chunk_finish(struct chunk *ch)
+{
+	(void)ch;
+}
+#endif
+
+/* ---- Host chunks: memfds for the host backend --------------------------- */
+
+static int host_chunk_init(struct chunk *ch, uint64_t want)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	void *p;
+	int fd;
+
+	ch->size = round_up(want, page > 0 ? (uint64_t)page : 4096);
+	fd = memfd_create("regen-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		set_error("memfd_create: %s", strerror(errno));
+		return -errno;
+	}
+	if (ftruncate(fd, (off_t)ch->size) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		set_error("sizing the memfd to %llu bytes: %s", (unsigned long long)ch->size, strerror(errno));
+		close(fd);
+		return -ENOMEM;
+	}
+	p = mmap(NULL, ch->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		set_error("mapping the memfd: %s", strerror(errno));
+		close(fd);
+		return -ENOMEM;
+	}
+	ch->kind = CHUNK_HOST;
+	ch->device = -1;
+	ch->base = p;
+	ch->fd = fd;
+	return 0;
+}
+
+/* ---- Chunks and pieces --------------------------------------------------- */
+
+/* Closes the chunk's import in regend. An import of a generation that is
+ * gone needs no call (regen_buffer_close knows). */
+static void chunk_unimport(struct chunk *ch)
+{
+	if (ch->import != NULL) {
+		(void)regen_buffer_close(ch->import);
+		ch->import = NULL;
+		pool.stats.imports--;
+	}
+}
+
+static void chunk_destroy(struct chunk *ch)
+{
+	struct piece *p, *next;
+
+	chunk_unimport(ch);
+	if (ch->kind == CHUNK_CUDA) {
+		cuda_chunk_finish(ch);
+	} else {
+		munmap(ch->base, ch->size);
+	}
+	if (ch->fd >= 0) {
+		close(ch->fd);
+	}
+	for (p = ch->pieces; p != NULL; p = next) {
+		next = p->next;
+		free(p);
+	}
+	pool.stats.chunks--;
+	pool.stats.chunk_bytes -= ch->size;
+	free(ch);
+}
+
+static struct chunk *chunk_create(enum chunk_kind kind, int device, uint64_t want)
+{
+	struct chunk *ch;
+	int r;
+
+	ch = calloc(1, sizeof(*ch));
+	if (ch == NULL) {
+		goto fail;
+	}
+	ch->pieces = calloc(1, sizeof(*ch->pieces));
+	if (ch->pieces == NULL) {
+		goto fail_chunk;
+	}
+	ch->fd = -1;
+	ch->import_device = -1;
+	r = kind == CHUNK_CUDA ? cuda_chunk_init(ch, device, want) : host_chunk_init(ch, want);
+	if (r < 0) {
+		free(ch->pieces);
+		free(ch);
+		return NULL;   /* the init said why */
+	}
+	ch->pieces->size = ch->size;
+	ch->serial = pool.next_serial++;
+	ch->next = pool.chunks;
+	pool.chunks = ch;
+	pool.stats.chunks++;
+	pool.stats.chunk_bytes += ch->size;
+	return ch;
+
+fail_chunk:
+	free(ch);
+fail:
+	set_error("out of host memory");
+	return NULL;
+}
+
+/* First fit in the chunk: the offset of a used piece of `size` bytes, or
+ * -1. */
+static int64_t chunk_carve(struct chunk *ch, uint64_t size)
+{
+	struct piece *p, *rest;
+
+	for (p = ch->pieces; p != NULL; p = p->next) {
+		if (p->used || p->size < size) {
+			continue;
+		}
+		if (p->size > size) {
+			rest = calloc(1, sizeof(*rest));
+			if (rest == NULL) {
+				return -1;
+			}
+			rest->offset = p->offset + size;
+			rest->size = p->size - size;
+			rest->prev = p;
+			rest->next = p->next;
+			if (p->next != NULL) {
+				p->next->prev = rest;
+			}
+			p->next = rest;
+			p->size = size;
+		}
+		p->used = true;
+		ch->used += size;
+		return (int64_t)p->offset;
+	}
+	return -1;
+}
+
+/* Merges piece b (which follows a) into a. */
+static void piece_merge(struct piece *a, struct piece *b)
+{
+	a->size += b->size;
+	a->next = b->next;
+	if (b->next != NULL) {
+		b->next->prev = a;
+	}
+	free(b);
+}
+
+/* Frees the used piece at `offset`; false when there is none. */
+static bool chunk_return(struct chunk *ch, uint64_t offset)
+{
+	struct piece *p;
+
+	for (p = ch->pieces; p != NULL && p->offset != offset; p = p->next) {
+	}
+	if (p == NULL || !p->used) {
+		return false;
+	}
+	p->used = false;
+	ch->used -= p->size;
+	if (p->next != NULL && !p->next->used) {
+		piece_merge(p, p->next);
+	}
+	if (p->prev != NULL && !p->prev->used) {
+		piece_merge(p->prev, p);
+	}
+	return true;
+}
+
+static struct chunk *chunk_of(const void *ptr, struct chunk ***link)
+{
+	struct chunk **pp;
+
+	for (pp = &pool.chunks; *pp != NULL; pp = &(*pp)->next) {
+		struct chunk *ch = *pp;
+		if ((const char *)ptr >= ch->base && (const char *)ptr < ch->base + ch->size) {
+			if (link != NULL) {
+				*link = pp;
+			}
+			return ch;
+		}
+	}
+	return NULL;
+}
+
+static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size)
+{
+	uint64_t want, big = chunk_bytes();
+	struct chunk *ch;
+	int64_t off = -1;
+
+	if (size > REQUEST_MAX) {
+		set_error("a request of %llu bytes is larger than any device (at most %llu)", (unsigned long long)size,
+			  (unsigned long long)REQUEST_MAX);
+		return NULL;
+	}
+	want = round_up(size > 0 ? size : 1, ALIGN);
+	/* A request over half a chunk gets a chunk of its own: carving it out of
+	 * a shared one would strand the rest. */
+	if (want <= big / 2) {
+		for (ch = pool.chunks; ch != NULL; ch = ch->next) {
+			if (ch->kind == kind && ch->device == device && ch->size - ch->used >= want) {
+				off = chunk_carve(ch, want);
+				if (off >= 0) {
+					break;
+				}
+			}
+		}
+	} else {
+		big = want;
+	}
+	if (off < 0) {
+		ch = chunk_create(kind, device, big);
+		if (ch == NULL) {
+			return NULL;
+		}
+		off = chunk_carve(ch, want);
+		if (off < 0) {
+			pool.chunks = ch->next;   /* chunk_create put it first */
+			chunk_destroy(ch);
+			set_error("out of host memory");
+			return NULL;
+		}
+	}
+	pool.stats.allocs++;
+	pool.stats.used_bytes += want;
+	return ch->base + off;
+}
+
+/* Whether an empty chunk stays. A CUDA chunk goes at once: torch's caching
+ * allocator on top frees only what it means to give back. The host pool
+ * has no cache above it (a CPU operation allocates and frees its buffers
+ * each time): one empty host chunk stays, so that a loop of operations does
+ * not make, import and close a chunk each time. */
+static bool keep_empty(const struct chunk *ch)
+{
+	const struct chunk *other;
+
+	if (ch->kind != CHUNK_HOST || ch->size != chunk_bytes()) {
+		return false;
+	}
+	for (other = pool.chunks; other != NULL; other = other->next) {
+		if (other != ch && other->kind == CHUNK_HOST && other->used == 0) {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Frees what the pool gave as `kind`; anything else (a pointer it never
+ * gave, one inside an allocation, one freed already, host memory given to
+ * the CUDA free or the other way) is left alone. */
+static void pool_free(const void *ptr, enum chunk_kind kind)
+{
+	struct chunk **link = NULL;
+	struct chunk *ch;
+	uint64_t offset, before;
+
+	if (ptr == NULL) {
+		return;
+	}
+	ch = chunk_of(ptr, &link);
+	if (ch == NULL || ch->kind != kind) {
+		return;
+	}
+	offset = (uint64_t)((const char *)ptr - ch->base);
+	before = ch->used;
+	if (!chunk_return(ch, offset)) {
+		return;
+	}
+	pool.stats.frees++;
+	pool.stats.used_bytes -= before - ch->used;
+	if (ch->used == 0 && !keep_empty(ch)) {
+		*link = ch->next;
+		chunk_destroy(ch);
+	}
+}
+
+/* ---- The public face ------------------------------------------------------ */
+
+REGEN_EXPORT void *regen_pool_alloc(size_t size, int device, void *stream)
+{
+	void *p;
+
+	/* Allocation is stream-ordered by the caller (torch's caching
+	 * allocator): the memory is ready for any stream as soon as it is
+	 * mapped. */
+	(void)stream;
+	if (device < 0 || device >= REGEN_DEVICES_MAX) {
+		return NULL;
+	}
+	pthread_mutex_lock(&pool.lock);
+	p = pool_alloc(CHUNK_CUDA, device, size);
+	pthread_mutex_unlock(&pool.lock);
+	return p;
+}
+
+REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stream)
+{
+	(void)size;
+	(void)device;
+	(void)stream;
+	pthread_mutex_lock(&pool.lock);
+	pool_free(ptr, CHUNK_CUDA);
+	pthread_mutex_unlock(&pool.lock);
+}
+
+REGEN_EXPORT void *regen_pool_alloc_host(size_t size)
+{
+	void *p;
+
+	pthread_mutex_lock(&pool.lock);
+	p = pool_alloc(CHUNK_HOST, -1, size);
+	pthread_mutex_unlock(&pool.lock);
+	return p;
+}
+
+REGEN_EXPORT void regen_pool_free_host(void *ptr)
+{
+	pthread_mutex_lock(&pool.lock);
+	pool_free(ptr, CHUNK_HOST);
+	pthread_mutex_unlock(&pool.lock);
+}
+
+REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_bytes_)
+{
+	struct chunk *ch;
+
+	pthread_mutex_lock(&pool.lock);
+	if (chunk_bytes_ != 0 && (chunk_bytes_ < 2 * MIB || chunk_bytes_ % MIB != 0)) {
+		set_error("chunk size %llu is not a multiple of 1 MiB of at least 2 MiB", (unsigned long long)chunk_bytes_);
+		pthread_mutex_unlock(&pool.lock);
+		return -EINVAL;
+	}
+	if (socket_path != NULL && strlen(socket_path) >= sizeof(pool.socket_path)) {
+		set_error("socket path too long: %s", socket_path);
+		pthread_mutex_unlock(&pool.lock);
+		return -ENAMETOOLONG;
+	}
+	if (chunk_bytes_ != 0) {
+		pool.chunk_bytes = chunk_bytes_;
+	}
+	if (socket_path != NULL && strcmp(socket_path, pool.socket_path) != 0) {
+		/* Another regend: the imports into the old one are closed there,
+		 * and the next lookups import into the new one. */
+		for (ch = pool.chunks; ch != NULL; ch = ch->next) {
+			chunk_unimport(ch);
+		}
+		regen_client_destroy(pool.client);
+		pool.client = NULL;
+		snprintf(pool.socket_path, sizeof(pool.socket_path), "%s", socket_path);
+	}
+	pthread_mutex_unlock(&pool.lock);
+	return 0;
+}
+
+REGEN_EXPORT int regen_pool_map_device(int local_device, int regend_device)
+{
+	pthread_mutex_lock(&pool.lock);
+	if (local_device < 0 || local_device >= REGEN_DEVICES_MAX || regend_device < -1 ||
+	    regend_device >= REGEN_DEVICES_MAX) {
+		set_error("no device mapping %d -> %d (devices are 0 .. %d)", local_device, regend_device,
+			  REGEN_DEVICES_MAX - 1);
+		pthread_mutex_unlock(&pool.lock);
+		return -EINVAL;
+	}
+	pool.device_map[local_device] = regend_device < 0 ? 0 : regend_device + 1;
+	pthread_mutex_unlock(&pool.lock);
+	return 0;
+}
+
+static int regend_device_of(const struct chunk *ch, int host_device)
+{
+	if (ch->kind == CHUNK_HOST) {
+		return host_device;
+	}
+	return pool.device_map[ch->device] > 0 ? pool.device_map[ch->device] - 1 : ch->device;
+}
+
+/* Imports the chunk into regend's `device` (its whole extent, from the
+ * kept fd). */
+static int chunk_import(struct chunk *ch, int device)
+{
+	int r;
+
+	if (pool.client == NULL) {
+		r = regen_client_connect(pool.socket_path[0] != '\0' ? pool.socket_path : NULL, &pool.client);
+		if (r < 0) {
+			set_error("connecting to regend at %s: %s",
+				  pool.socket_path[0] != '\0' ? pool.socket_path : "the default socket", strerror(-r));
+			/* Not -ENOENT, which a lookup returns for memory not in the
+			 * pool: regend is not there (yet). */
+			return r == -ENOENT ? -ECONNREFUSED : r;
+		}
+		/* The pool calls regend from inside torch's allocator (a free that
+		 * closes a chunk): never for long. */
+		regen_client_set_timeout(pool.client, 10.0);
+	}
+	if (ch->kind == CHUNK_HOST) {
+		r = regen_buffer_import_fd(pool.client, device, ch->fd, ch->size, &ch->import);
+	} else {
+		r = regen_buffer_import_cuda_fd(pool.client, device, ch->fd, 0, ch->size, &ch->import);
+	}
+	if (r < 0) {
+		if (r == -EREMOTE) {
+			set_error("%s", regen_client_error_message(pool.client));
+			snprintf(pool.error_name, sizeof(pool.error_name), "%s", regen_client_error_name(pool.client));
+		} else {
+			set_error("importing pool chunk %llu: %s", (unsigned long long)ch->serial, strerror(-r));
+		}
+		ch->import = NULL;
+		return r == -ENOENT ? -ECONNREFUSED : r;
+	}
+	ch->import_device = device;
+	pool.stats.imports++;
+	pool.stats.import_calls++;
+	return 0;
+}
+
+REGEN_EXPORT int regen_pool_lookup(const void *ptr, int host_device, struct regen_pool_ref *out)
+{
+	struct chunk *ch;
+	int device, r = 0;
+
+	if (out == NULL || out->size < sizeof(*out)) {
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&pool.lock);
+	ch = chunk_of(ptr, NULL);
+	if (ch == NULL) {
+		r = -ENOENT;
+		goto out;
+	}
+	device = regend_device_of(ch, host_device);
+	if (device < 0 || device >= REGEN_DEVICES_MAX) {
+		set_error("pool chunk %llu: no regend device given for host memory", (unsigned long long)ch->serial);
+		r = -EINVAL;
+		goto out;
+	}
+	if (ch->import != NULL && ch->import_device != device) {
+		set_error("pool chunk %llu is imported into device %d, not %d", (unsigned long long)ch->serial,
+			  ch->import_device, device);
+		r = -EXDEV;
+		goto out;
+	}
+	if (ch->import == NULL) {
+		r = chunk_import(ch, device);
+		if (r < 0) {
+			goto out;
+		}
+	}
+	snprintf(out->buffer, sizeof(out->buffer), "%s", regen_buffer_id(ch->import));
+	out->device = device;
+	out->generation = regen_buffer_generation(ch->import);
+	out->offset = (uint64_t)((const char *)ptr - ch->base);
+	out->extent = ch->size - out->offset;
+	out->chunk = ch->serial;
+	out->chunk_size = ch->size;
+out:
+	pthread_mutex_unlock(&pool.lock);
+	return r;
+}
+
+REGEN_EXPORT void regen_pool_note_generation(int regend_device, uint64_t generation)
+{
+	struct chunk *ch;
+
+	if (regend_device < 0 || regend_device >= REGEN_DEVICES_MAX) {
+		return;
+	}
+	pthread_mutex_lock(&pool.lock);
+	if (pool.client != NULL) {
+		rc_note_generation(pool.client, regend_device, generation);
+	}
+	/* Imports of an older generation are gone in regend: forget them (no
+	 * call), and the next lookup imports again from the kept fd. */
+	for (ch = pool.chunks; ch != NULL; ch = ch->next) {
+		if (ch->import != NULL && ch->import_device == regend_device &&
+		    regen_buffer_generation(ch->import) < generation) {
+			chunk_unimport(ch);
+		}
+	}
+	pthread_mutex_unlock(&pool.lock);
+}
+
+REGEN_EXPORT int regen_pool_stats_get(struct regen_pool_stats *out)
+{
+	size_t size;
+
+	if (out == NULL || out->size < sizeof(size_t)) {
+		return -EINVAL;
+	}
+	size = out->size < sizeof(*out) ? out->size : sizeof(*out);
+	pthread_mutex_lock(&pool.lock);
+	pool.stats.size = size;
+	memcpy(out, &pool.stats, size);
+	pthread_mutex_unlock(&pool.lock);
+	return 0;
+}
+
+REGEN_EXPORT const char *regen_pool_error(void)
+{
+	return pool.error;
+}
+
+REGEN_EXPORT const char *regen_pool_error_name(void)
+{
+	return pool.error_name[0] != '\0' ? pool.error_name : NULL;
+}
+
+REGEN_EXPORT int regen_pool_cuda_available(void)
+{
+#ifdef REGEN_POOL_CUDA
+	int r;
+
+	pthread_mutex_lock(&pool.lock);
+	r = driver_load() ? 0 : -ENODEV;
+	pthread_mutex_unlock(&pool.lock);
+	return r;
+#else
+	pthread_mutex_lock(&pool.lock);
+	set_error("libregen was built without the CUDA headers: no CUDA pool");
+	pthread_mutex_unlock(&pool.lock);
+	return -ENOTSUP;
+#endif
+}
+
+#ifdef REGEN_POOL_CUDA
+/* cuMemGetAddressRange needs a current context, and a thread that never
+ * used CUDA itself (a rank's helper thread, say) has none: seen on the H200
+ * as "invalid device context". An allocation's range is the same from any
+ * context of the process, so a device's primary context answers for it,
+ * made current for the one query. */
+static CUresult address_range(CUdeviceptr *b, size_t *s, CUdeviceptr p)
+{
+	CUresult cr = pool.drv.MemGetAddressRange(b, s, p);
+	CUcontext current = NULL;
+	int n = 0;
+
+	if (cr != CUDA_ERROR_INVALID_CONTEXT || pool.drv.CtxGetCurrent(&current) != CUDA_SUCCESS || current != NULL ||
+	    pool.drv.DeviceGetCount(&n) != CUDA_SUCCESS)
+		return cr;
+	for (int i = 0; i < n && cr != CUDA_SUCCESS; i++) {
+		CUdevice dev;
+		CUcontext ctx;
+
+		if (pool.drv.DeviceGet(&dev, i) != CUDA_SUCCESS || pool.drv.DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+			continue;
+		if (pool.drv.CtxPushCurrent(ctx) == CUDA_SUCCESS) {
+			cr = pool.drv.MemGetAddressRange(b, s, p);
+			pool.drv.CtxPopCurrent(&ctx);
+		}
+		pool.drv.DevicePrimaryCtxRelease(dev);
+	}
+	return cr;
+}
+#endif
+
+REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint64_t *size)
+{
+#ifdef REGEN_POOL_CUDA
+	CUdeviceptr b = 0;
+	size_t s = 0;
+	CUresult cr;
+	int r = 0;
+
+	if (base == NULL || size == NULL) {
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&pool.lock);
+	if (!driver_load()) {
+		r = -ENODEV;
+	} else if ((cr = address_range(&b, &s, (CUdeviceptr)(uintptr_t)ptr)) != CUDA_SUCCESS) {
+		set_error("cuMemGetAddressRange(%p): %s", ptr, cu_error(cr));
+		r = -ENOENT;
+	} else {
+		*base = (uint64_t)b;
+		*size = (uint64_t)s;
+	}
+	pthread_mutex_unlock(&pool.lock);
+	return r;
+#else
+	(void)ptr;
+	(void)base;
+	(void)size;
+	return -ENOTSUP;
+#endif
+}

@@ -1,0 +1,300 @@
+"""A lane's ring (io.regen.Lane): compute calls as binary records in shared
+memory beside the worker connection, as proto/ring.h defines them.
+
+The ring lives in a sealed memfd this process maps and hands to the worker;
+doorbells go over a datagram socket pair.  Records name buffers and events by
+their index in the lane's id table, which the worker keeps and this side
+fills with io.regen.Lane.Bind as calls name ids it does not hold yet.
+
+Counters are read and written through ``counters()``, a memoryview of the
+mapping cast to native unsigned ints: each item access is one aligned 4-byte
+load or store.  ``struct.pack_into`` is not: it zero-fills its bytes before
+it writes the value, so the worker, reading the submission counter in
+between, saw it at 0, far behind what it had taken, and closed the lane as
+a hostile client's ("the submission counter is ahead of the ring").
+x86-64 keeps those accesses in program order (loads after loads, stores
+after stores); the one ordering it does not keep, a store before a later
+load, is forced by taking a lock (a locked instruction) between publishing
+and looking at the other side's sleeping flag.  On other machines the
+client does not use the ring (``supported()``).
+"""
+
+import fcntl
+import mmap
+import os
+import platform
+import select
+import socket
+import struct
+import threading
+import time
+
+from . import errors
+
+MAGIC = 0x52474E52
+VERSION = 1
+HEADER_SIZE = 4096
+RECORD_SIZE = 1024
+COMPLETION_SIZE = 1024
+NONE = 0xFFFFFFFF
+TRANS_A, TRANS_B, CAUSAL = 0x1, 0x2, 0x4
+
+# Offsets in the header (struct rp_ring_header), and the same as indexes of
+# counters().
+_SQ_TAIL, _SQ_HEAD, _SQ_SLEEPING, _CQ_TAIL, _CQ_HEAD, _CQ_WAITING = 64, 128, 132, 192, 256, 260
+SQ_TAIL, SQ_HEAD, SQ_SLEEPING, CQ_TAIL, CQ_HEAD, CQ_WAITING = (o // 4 for o in (
+    _SQ_TAIL, _SQ_HEAD, _SQ_SLEEPING, _CQ_TAIL, _CQ_HEAD, _CQ_WAITING))
+# tag, op, flags, epilogue, compute, alignment, reserved0, wait, signal,
+# deadline_ms, reserved1, alpha, beta, scale, reserved2
+_RECORD = struct.Struct("<QHHBBBBIIIIdddQ")
+# index, dtype, rank, reserved, offset, shape[4], strides[4]
+_OPERAND = struct.Struct("<IBBHQ4q4q")
+_ABSENT = _OPERAND.pack(NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+# The absent slots after an op's last: by how many the op has.
+_ABSENTS = [_ABSENT * (9 - n) for n in range(10)]
+# tag, status, error_len, elapsed_us, error_name
+_COMPLETION = struct.Struct("<QIIQ64s")
+
+_DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2}
+_EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3}
+_COMPUTE = {"f32": 0, "tf32": 1}
+_ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
+
+SPIN_MAX_S = 50e-6
+# With fewer than four CPUs a spinning client takes the one the worker needs.
+SPIN_MAX_FEW_CPUS_S = 10e-6
+
+
+def supported():
+    """Whether this machine orders the ring's accesses as the client needs."""
+    return platform.machine() in ("x86_64", "AMD64") and hasattr(os, "memfd_create")
+
+
+def ring_size(entries):
+    return HEADER_SIZE + entries * (RECORD_SIZE + COMPLETION_SIZE)
+
+
+def counters(mem):
+    """The ring's header as 4-byte words (index: offset / 4), for the
+    counters and flags the other side reads while this one writes them: an
+    item is loaded or stored in one access (a memoryview's item is copied
+    as one native unsigned int), never in pieces.  Release it before the
+    mapping is closed."""
+    return memoryview(mem)[:HEADER_SIZE].cast("I")
+
+
+def _spin_max():
+    default = SPIN_MAX_S if (os.cpu_count() or 1) >= 4 else SPIN_MAX_FEW_CPUS_S
+    try:
+        v = int(os.environ.get("REGEN_RING_SPIN_US", ""))
+        return v * 1e-6 if 0 <= v <= 10_000_000 else default
+    except ValueError:
+        return default
+
+
+class Ring:
+    """One lane's ring, set up on an open worker Connection."""
+
+    def __init__(self, conn, entries=256, ids=256):
+        self.conn = conn
+        self.entries = entries
+        self.mask = entries - 1
+        self.nids = ids
+        self.sq_tail = 0
+        self.cq_head = 0
+        self.bound = {}          # id text -> index
+        self.by_index = [None] * ids
+        self.next_victim = 0
+        self.spin_max = _spin_max()
+        self.spin = self.spin_max / 2
+        self._fence = threading.Lock()
+        size = ring_size(entries)
+        fd = os.memfd_create("regen-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            self.mem = mmap.mmap(fd, size)
+            struct.pack_into("<III", self.mem, 0, MAGIC, VERSION, entries)
+            self.ctr = counters(self.mem)
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                conn.call("io.regen.Lane.Open", {"entries": entries, "ids": ids, "ring": 0, "doorbell": 1},
+                          fds=[fd, theirs.fileno()])
+            except BaseException:
+                mine.close()
+                self.ctr.release()
+                self.mem.close()
+                raise
+            finally:
+                theirs.close()
+        finally:
+            os.close(fd)
+        mine.setblocking(False)
+        self.bell = mine
+
+    def close(self):
+        if self.bell is not None:
+            self.bell.close()
+            self.bell = None
+            self.ctr.release()
+            self.mem.close()
+
+    def _fence_now(self):
+        with self._fence:
+            pass
+
+    # -- the id table --------------------------------------------------------
+
+    def index(self, ident, outstanding):
+        """The index that holds ``ident``, bound first if none does.  An index
+        is taken back from another id only with nothing outstanding
+        (``outstanding()`` waits for that): a queued record names its
+        buffers by index until the worker takes it."""
+        i = self.bound.get(ident)
+        if i is not None:
+            return i
+        if len(self.bound) < self.nids:
+            i = self.by_index.index(None)
+        else:
+            outstanding()
+            i = self.next_victim % self.nids
+            self.next_victim += 1
+            del self.bound[self.by_index[i]]
+        self.conn.call("io.regen.Lane.Bind", {"index": i, "ids": [ident]})
+        self.bound[ident] = i
+        self.by_index[i] = ident
+        return i
+
+    def forget(self, ident):
+        i = self.bound.pop(ident, None)
+        if i is not None:
+            self.by_index[i] = None
+
+    # -- records ---------------------------------------------------------------
+
+    def full(self):
+        return self.sq_tail - self.cq_head >= self.entries
+
+    def submit(self, tag, op_id, flags, epilogue, compute, alignment, wait, signal, alpha, beta, scale, operands):
+        """Writes one record; ``operands``: (index, dtype, offset, shape,
+        strides) or None per slot."""
+        mem = self.mem
+        base = HEADER_SIZE + (self.sq_tail & self.mask) * RECORD_SIZE
+        _RECORD.pack_into(mem, base, tag, op_id, flags, epilogue, compute, alignment, 0, wait, signal, 0, 0,
+                          alpha, beta, scale, 0)
+        off = base + 64
+        for o in operands:
+            if o is None:
+                mem[off:off + 80] = _ABSENT
+            else:
+                _OPERAND.pack_into(mem, off, *o)
+            off += 80
+        if len(operands) < 9:
+            mem[off:base + 784] = _ABSENTS[len(operands)]
+        self.sq_tail = (self.sq_tail + 1) & 0xFFFFFFFF
+        self.ctr[SQ_TAIL] = self.sq_tail
+        self._fence_now()
+        if self.ctr[SQ_SLEEPING]:
+            try:
+                self.bell.send(b"\0")
+            except BlockingIOError:
+                pass   # a full socket already holds a wake-up
+
+    def _wait_one(self, timeout):
+        """Until completion cq_head is published: spin a while, then sleep
+        on the doorbell and the connection (whose end means the worker
+        went).  A spin that saw the completion doubles the next one's
+        length, one that ran out halves it."""
+        ctr = self.ctr
+        head = self.cq_head
+        t0 = time.perf_counter()
+        budget = self.spin
+        slept = False
+        while ctr[CQ_TAIL] == head:
+            now = time.perf_counter()
+            if now - t0 < budget:
+                continue
+            ctr[CQ_WAITING] = 1
+            self._fence_now()
+            if ctr[CQ_TAIL] != head:
+                break
+            slept = True
+            left = None if timeout is None else timeout - (now - t0)
+            if left is not None and left <= 0:
+                raise TimeoutError("no completion within the timeout")
+            readable, _, _ = select.select([self.bell, self.conn.fileno()], [], [], left)
+            if self.bell in readable:
+                try:
+                    while self.bell.recv(64):
+                        pass
+                except BlockingIOError:
+                    pass
+            if self.conn.fileno() in readable and ctr[CQ_TAIL] == head:
+                raise ConnectionResetError("the worker connection ended with records in flight")
+        self.spin = self.spin / 2 if slept else min(self.spin * 2 + 1e-6, self.spin_max)
+
+    def reap(self, timeout=None):
+        """The oldest outstanding completion: (tag, elapsed_us, error or None)."""
+        self._wait_one(timeout)
+        off = HEADER_SIZE + self.entries * RECORD_SIZE + (self.cq_head & self.mask) * COMPLETION_SIZE
+        tag, status, error_len, elapsed_us, _name = _COMPLETION.unpack_from(self.mem, off)
+        err = None
+        if status:
+            text = bytes(self.mem[off + 88:off + 88 + min(error_len, 935)])
+            err = text
+        self.cq_head = (self.cq_head + 1) & 0xFFFFFFFF
+        self.ctr[CQ_HEAD] = self.cq_head
+        return tag, elapsed_us, err
+
+
+def operand_record(op, index):
+    """The fields of a regen.Operand's slot, for _OPERAND.pack_into."""
+    shape = op.shape
+    rank = len(shape)
+    dtype = _DTYPES.get(op.dtype)
+    if dtype is None or not 1 <= rank <= 4:
+        raise ValueError(f"operand {op!r}: bad dtype or rank")
+    strides = op.strides
+    if strides is None:
+        if rank == 2:
+            strides = (shape[1], 1)
+        else:
+            strides, step = [0] * rank, 1
+            for i in range(rank - 1, -1, -1):
+                strides[i] = step
+                step *= shape[i] if shape[i] > 0 else 1
+    pad = _PAD[rank]
+    return (index, dtype, rank, 0, op.offset, *shape, *pad, *strides, *pad)
+
+
+_PAD = [(0,) * (4 - r) for r in range(5)]
+
+
+def scalars_record(op_name, scalars):
+    """(flags, epilogue, compute, alignment, alpha, beta, scale) of a call's
+    scalars as the client's methods build them."""
+    if op_name == "gemm":
+        flags = (TRANS_A if scalars.get("trans_a") else 0) | (TRANS_B if scalars.get("trans_b") else 0)
+        alpha, beta = float(scalars.get("alpha", 1.0)), float(scalars.get("beta", 0.0))
+        if alpha - alpha != 0.0 or beta - beta != 0.0:   # inf or NaN
+            # What json.dumps(allow_nan=False) says on the Varlink path.
+            raise ValueError("Out of range float values are not JSON compliant")
+        return (flags, _EPILOGUES[scalars.get("epilogue", "none")], _COMPUTE[scalars.get("compute", "f32")], 0,
+                alpha, beta, 0.0)
+    flags = CAUSAL if scalars.get("causal") else 0
+    scale = scalars.get("scale")
+    # 0 in a record is the default; a scale of 0 given is what Varlink
+    # refuses, and NaN is refused alike.
+    scale = 0.0 if scale is None else (float("nan") if float(scale) == 0.0 else float(scale))
+    return (flags, 0, 0, _ALIGNMENTS[scalars.get("causal_alignment", "top_left")], 0.0, 0.0, scale)
+
+
+def error_of(text):
+    """The regen.Error a completion's Varlink error text names."""
+    import json
+    try:
+        reply = json.loads(text.decode())
+        return errors.error_from_reply(reply["error"], reply.get("parameters") or {})
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        return errors.ProtocolError(parameters={"message": f"malformed completion: {e}"})

@@ -1,0 +1,150 @@
+"""regen.torch: matmul, linear and attention in regend, with autograd, on
+torch's current stream, through restarts and faults.
+
+    import torch, regen.torch as rt
+    with rt.pool():                                   # memory regend maps once per chunk
+        x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+    y = rt.linear(x, w, b, activation="gelu")         # in regend; y.backward() too
+    with rt.enable():                                 # torch.matmul, F.linear, F.sdpa -> regend
+        loss = model(x).sum()
+
+The operations are custom ops (torch.ops.regen.mm, linear, sdpa,
+sdpa_backward) with fake implementations and autograd.  After a generation
+change (regenctl restart, a fault) the runtime waits for the device to serve
+again, imports again and retries; what cannot be retried raises
+RecoveryFailed or WorkLost.  docs/torch.md says it all; `import regen` never
+imports torch, this module needs it.
+"""
+
+try:
+    import torch as _torch
+except ImportError as _e:  # pragma: no cover - exercised where torch is missing
+    raise ImportError("regen.torch needs PyTorch (pip install torch); `import regen` works without it") from _e
+
+import contextlib
+import os
+import threading
+
+from ._runtime import ORDERINGS, NotSupported, RecoveryFailed, Runtime, WorkLost, host_empty
+from ._ops import HAVE_CUSTOM_OP, linear, matmul, scaled_dot_product_attention
+
+__all__ = ["configure", "runtime", "pool", "enable", "matmul", "linear", "scaled_dot_product_attention",
+           "stats", "sweep", "host_empty", "mps_mode", "Runtime", "RecoveryFailed", "WorkLost", "NotSupported",
+           "ORDERINGS", "HAVE_CUSTOM_OP"]
+
+_lock = threading.Lock()
+_runtime = None
+_config = {}
+_pools = {}
+
+
+def configure(socket=None, ordering=None, timeout=None, recovery_timeout=None, host_device=0, device_map=None,
+              retry=True):
+    """Set up the process's runtime (before the first operation, or again
+    to replace it).  ``socket``: regend's main socket ($REGEN_SOCKET, else
+    /run/regen/regend.sock).  ``ordering``: "wait" (default), "events",
+    "sync" or "auto" ($REGEN_TORCH_ORDERING; docs/torch.md).  ``recovery_timeout``:
+    seconds to wait for a device to serve again after a fault (default 120).
+    ``host_device``: regend's device for CPU tensors (host backend).
+    ``device_map``: {torch CUDA index: regend index}, overriding the match
+    by UUID.  ``retry``: retry operations after a generation change."""
+    global _runtime
+    with _lock:
+        _config.clear()
+        _config.update(socket=socket, ordering=ordering, timeout=timeout, recovery_timeout=recovery_timeout,
+                       host_device=host_device, device_map=device_map, retry=retry)
+        old, _runtime = _runtime, Runtime(**_config)
+    if old is not None:
+        old.close()
+    return _runtime
+
+
+def runtime():
+    """The process's Runtime (made with configure()'s settings on first use)."""
+    global _runtime
+    rt = _runtime
+    if rt is None:
+        with _lock:
+            if _runtime is None:
+                _runtime = Runtime(**_config)
+            rt = _runtime
+    return rt
+
+
+def _allocator():
+    from torch.cuda.memory import CUDAPluggableAllocator
+    rt = runtime()
+    if rt.pool is None:
+        raise NotSupported(parameters={"message": "libregen was not found (set REGEN_LIBREGEN to libregen.so.0)"})
+    why = rt.pool.cuda_available()
+    if why is not None:
+        raise NotSupported(parameters={"message": f"regen.torch.pool(): {why}"})
+    return CUDAPluggableAllocator(rt.pool.path, "regen_pool_alloc", "regen_pool_free")
+
+
+@contextlib.contextmanager
+def pool(device=None):
+    """Allocate the CUDA tensors made inside the scope from memory regend
+    maps once per chunk (a torch.cuda.MemPool over libregen's pool): the
+    operations need no import for them.  The MemPool is one per device and
+    lives as long as the process.  Allocations of other threads (autograd's
+    backward threads) do not go to the pool: use
+    torch.autograd.set_multithreading_enabled(False) to keep backward on
+    this thread, or accept block imports for its tensors."""
+    if not hasattr(_torch.cuda, "MemPool"):
+        raise NotSupported(parameters={"message": "regen.torch.pool() needs torch.cuda.MemPool (torch >= 2.5)"})
+    dev = _torch.cuda.current_device() if device is None else _torch.device("cuda", device).index
+    runtime().regend_device(_torch.device("cuda", dev))
+    with _lock:
+        mp = _pools.get(dev)
+        if mp is None:
+            mp = _pools[dev] = _torch.cuda.MemPool(_allocator().allocator())
+    with _torch.cuda.use_mem_pool(mp, device=dev):
+        yield mp
+
+
+@contextlib.contextmanager
+def enable(devices=("cuda",), ops=("matmul", "linear", "sdpa")):
+    """Inside the scope, torch.matmul (and ``@``), F.linear and
+    F.scaled_dot_product_attention run in regend where regend can run them,
+    in torch elsewhere (counted in stats()["fallbacks"]).  ``devices``: the
+    torch device types to send ("cpu" too for regend's host backend)."""
+    from ._routing import RegendMode
+    with RegendMode(devices, ops):
+        yield
+
+
+def stats():
+    """Counters of the runtime: calls, handoffs (rank -> regend -> rank; two
+    context switches each when the rank has GPU work between them), retries,
+    recoveries, block imports (live and made), repins, fallbacks, and the
+    pool's chunks and imports."""
+    return runtime().stats()
+
+
+def sweep(force=True):
+    """Close the block imports whose pinned storage is gone (all of them
+    with force; the runtime also does it every few operations)."""
+    runtime().sweep(force=force)
+
+
+def mps_mode():
+    """Whether this process runs under CUDA MPS (a control daemon's pipe
+    directory is there) and whether regend says it does (Status field
+    ``mps``, where regend reports it).  Under MPS a fault in any client is
+    delivered to every client on the GPU: regend's isolation is gone, and
+    context switches are far cheaper (docs/torch.md)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    rank = os.path.exists(os.path.join(pipe, "control"))
+    regend = None
+    try:
+        for d in runtime().client.status().get("devices", []):
+            value = d.get("mps")
+            if value is None:
+                value = (d.get("health") or {}).get("mps")
+            if value is not None:
+                regend = bool(value) or bool(regend)
+    except Exception:
+        regend = None
+    return {"rank": rank, "pipe_directory": pipe, "regend": regend,
+            "isolated": not rank and not regend}

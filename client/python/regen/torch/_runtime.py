@@ -1,0 +1,620 @@
+"""The runtime behind regen.torch's operations: one regen.Client for the
+process, the memory regend reads tensors from, the ordering with torch's
+streams, the device map, and recovery after a generation change.
+
+Memory (the operand of a tensor):
+  * CUDA memory from regen.torch.pool() (libregen's pool): the chunk is
+    imported once per generation by libregen; the operand is a buffer id
+    and an offset.  No import per tensor, none per allocation.
+  * Other CUDA memory (torch's caching allocator): the cudaMalloc block
+    that holds the tensor is imported once (its CUDA IPC handle names the
+    block; tensors are offsets in it).  The import holds torch's IPC
+    reference counter of one storage in the block (the pin), so torch can
+    neither reuse that storage nor free the block while regend maps it.
+    When the pinned storage dies, the next tensor seen in the block becomes
+    the pin; a block whose pin died and that no operation used for
+    SWEEP_OPS operations is closed in regend and its counter released.
+  * CPU memory (regend's host backend): libregen's host pool (memfd chunks).
+    Outputs are allocated there; inputs that live elsewhere are copied in.
+
+Ordering with torch's current stream (CUDA), per configure(ordering=...):
+  "wait"   (default) the rank records an IPC event on its current stream and
+           regend's work waits for it on the GPU; regend answers when its
+           work is done, so the rank's stream never waits on anything regend
+           records.  A regend crash can never hang the rank's GPU.
+  "events" as "wait", and regend records a second IPC event when done,
+           which the rank's stream waits for; the call returns once the
+           work is queued, so the host runs ahead as with any CUDA kernel.
+           Faster; but a regend worker that dies with the work queued may
+           leave the rank's stream waiting on an event that never fires.
+  "sync"   the host synchronises the current stream first, and waits for
+           regend's answer: the simplest.
+  "auto"   "wait" or "sync", chosen per kind of call (operation and size)
+           by the wall time each took lately: both first, then the faster,
+           the other tried again now and then.
+docs/torch.md gives the measurements behind the default.
+"""
+
+import os
+import threading
+import time
+import warnings
+import weakref
+
+import torch
+
+from .. import errors
+from ..client import Client, Operand
+from ..pool import Pool
+
+__all__ = ["Runtime", "WorkLost", "RecoveryFailed", "NotSupported", "ORDERINGS"]
+
+ORDERINGS = ("wait", "events", "sync", "auto")
+DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# A block import whose pin died is closed after this many operations
+# without use.
+SWEEP_OPS = 32
+# Errors after which the device serves again in a new generation (or the
+# worker is back): the operation is retried when that is safe.
+_RECOVERABLE = (errors.StaleGeneration, errors.DeviceLost, errors.Draining, errors.ConnectionReset,
+                errors.Unavailable)
+
+
+class WorkLost(errors.Error):
+    """regend lost work that it had accepted and this process had already
+    moved on from (ordering "events"): results computed since the previous
+    synchronisation are not to be trusted.  Redo the step."""
+
+    name = "io.regen.torch.WorkLost"
+
+
+class RecoveryFailed(errors.Error):
+    """The device did not serve again in time after a fault or restart, or
+    the operation failed again after it did."""
+
+    name = "io.regen.torch.RecoveryFailed"
+
+
+class NotSupported(errors.Error, NotImplementedError):
+    """regend does not run this (dtype, device, argument); regen.torch.enable()
+    leaves such calls to torch."""
+
+    name = "io.regen.torch.NotSupported"
+
+
+def _env_float(name, default):
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+class _Block:
+    """One cudaMalloc block imported into regend."""
+
+    __slots__ = ("buffer", "base", "size", "device", "pin_ref", "pin_counter", "last_used")
+
+    def __init__(self, buffer, base, size, device):
+        self.buffer = buffer
+        self.base = base
+        self.size = size
+        self.device = device
+        self.pin_ref = None
+        self.pin_counter = None
+        self.last_used = 0
+
+
+class _EventPair:
+    """The IPC events of one (device, stream): ``before`` (the rank records,
+    regend waits) and ``after`` (regend records, the rank waits; "events")."""
+
+    __slots__ = ("before", "after", "ids", "generation")
+
+    def __init__(self, local_device):
+        with torch.cuda.device(local_device):
+            self.before = torch.cuda.Event(interprocess=True)
+            self.after = torch.cuda.Event(interprocess=True)
+        self.ids = None
+        self.generation = 0
+
+
+class _AutoOrdering:
+    """Chooses "wait" or "sync" per kind of call from the time each took:
+    the first calls of a kind alternate, then the faster (by a moving
+    average) is used and the other tried again every REPROBE calls."""
+
+    MODES = ("wait", "sync")
+    PROBES = 4
+    REPROBE = 128
+
+    def __init__(self):
+        self.kinds = {}   # kind -> {"n": calls, "avg": {mode: seconds}}
+
+    def choose(self, kind):
+        k = self.kinds.setdefault(kind, {"n": 0, "avg": {}})
+        n = k["n"]
+        k["n"] += 1
+        if n < 2 * self.PROBES or n % self.REPROBE == 0:
+            tried = [m for m in self.MODES if m not in k["avg"]]
+            return tried[0] if tried else self.MODES[n % 2]
+        if n % self.REPROBE == 1:
+            return max(k["avg"], key=k["avg"].get)
+        return min(k["avg"], key=k["avg"].get)
+
+    def note(self, kind, mode, seconds):
+        avg = self.kinds[kind]["avg"]
+        avg[mode] = seconds if mode not in avg else 0.8 * avg[mode] + 0.2 * seconds
+
+    def table(self):
+        return {f"{op}/2^{size}": {m: round(v * 1e6, 1) for m, v in k["avg"].items()}
+                for (op, size), k in self.kinds.items()}
+
+
+class Runtime:
+    """What regen.torch's operations run through.  One per process
+    (regen.torch.runtime()); thread-safe: calls are serialised."""
+
+    def __init__(self, socket=None, ordering=None, timeout=None, recovery_timeout=None, host_device=0,
+                 device_map=None, retry=True):
+        ordering = ordering or os.environ.get("REGEN_TORCH_ORDERING") or "wait"
+        if ordering not in ORDERINGS:
+            raise ValueError(f"ordering {ordering!r} is not one of {ORDERINGS}")
+        self.ordering = ordering
+        self.timeout = timeout if timeout is not None else _env_float("REGEN_TORCH_TIMEOUT", 120.0)
+        self.recovery_timeout = (recovery_timeout if recovery_timeout is not None
+                                 else _env_float("REGEN_TORCH_RECOVERY_TIMEOUT", 120.0))
+        self.host_device = int(host_device)
+        self.retry = bool(retry)
+        self.client = Client(socket, timeout=self.timeout)
+        self.socket = self.client.socket_path
+        self.lock = threading.RLock()
+        self.pool = Pool.get()
+        if self.pool is not None:
+            self.pool.configure(self.socket)
+        self._device_map = dict(device_map or {})
+        self._mapped = set()
+        self._blocks = {}          # (regend device, base) -> _Block
+        self._events = {}          # (regend device, stream handle) -> _EventPair
+        self._generation = {}      # regend device -> newest generation seen
+        self._pending = {}         # regend device -> (after event, generation): ordering "events"
+        self._tick = 0
+        self._auto = _AutoOrdering()
+        self._batch_depth = 0
+        self._batch_calls = 0
+        self.counters = {"calls": 0, "handoffs": 0, "retries": 0, "recoveries": 0, "block_imports": 0,
+                         "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0}
+
+    # -- devices -------------------------------------------------------------
+
+    def regend_device(self, device):
+        """regend's index for a torch device."""
+        if device.type == "cpu":
+            return self.host_device
+        if device.type != "cuda":
+            raise NotSupported(parameters={"message": f"regend takes CUDA or CPU tensors, not {device.type}"})
+        local = device.index if device.index is not None else torch.cuda.current_device()
+        found = self._device_map.get(local)
+        if found is None:
+            found = self._find_device(local)
+            self._device_map[local] = found
+        if local not in self._mapped and self.pool is not None:
+            self.pool.map_device(local, found)
+            self._mapped.add(local)
+        return found
+
+    def _find_device(self, local):
+        """By UUID, then PCI bus id, as Status reports them; else the same
+        index, which is right only when this process and regend see the
+        same CUDA_VISIBLE_DEVICES."""
+        from ._devices import match_device
+        status = self.client.status()
+        index, how = match_device(local, status.get("devices", []))
+        if how == "index" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            warnings.warn(f"regen.torch: regend reports no UUID or PCI bus id to match CUDA device {local} by; "
+                          f"using regend's device {index}, which is right only if regend sees the same "
+                          "CUDA_VISIBLE_DEVICES (regen.torch.configure(device_map={...}) sets it)", stacklevel=4)
+        return index
+
+    # -- generations -----------------------------------------------------------
+
+    def _note_generation(self, device, generation):
+        """``device`` is at ``generation``: forget what older ones held,
+        wherever it is (also when this generation was seen before: an import
+        made by libregen's pool or in the middle of an operation may still
+        name an older one)."""
+        # The newest generation known, never an older one: the client keeps
+        # the last it was told and would take a stale one back.
+        generation = max(generation, self._generation.get(device, 0))
+        self._generation[device] = generation
+        self.client._note_generation(device, generation)
+        if self.pool is not None:
+            self.pool.note_generation(device, generation)
+        # regend unmapped every import of older generations: the pins can go.
+        for key, blk in list(self._blocks.items()):
+            if blk.device == device and blk.buffer.generation < generation:
+                del self._blocks[key]
+                self._unpin(blk)
+
+    def _seen_generation(self, device, generation):
+        if generation > self._generation.get(device, 0):
+            self._note_generation(device, generation)
+
+    # -- memory ----------------------------------------------------------------
+
+    def operand(self, t, device):
+        """The Operand regend reads ``t`` through (``t`` on regend's
+        ``device``), and the tensor actually used (a copy for CPU memory from
+        outside the host pool; ``t`` itself otherwise)."""
+        dtype = DTYPES.get(t.dtype)
+        if dtype is None:
+            raise NotSupported(parameters={"message": f"regend takes float32, float16 and bfloat16, not {t.dtype}"})
+        if t.device.type == "cpu":
+            ref = self.pool.lookup(t.data_ptr(), self.host_device) if self.pool is not None else None
+            if ref is None:
+                copy = host_empty(t.shape, t.dtype)
+                copy.copy_(t)
+                self.counters["host_copies"] += 1
+                t = copy
+                ref = self.pool.lookup(t.data_ptr(), self.host_device)
+            self._seen_generation(device, ref.generation)
+            return Operand(ref.buffer, ref.offset, dtype, list(t.shape), _strides(t)), t
+        ref = self.pool.lookup(t.data_ptr()) if self.pool is not None else None
+        if ref is not None:
+            self._seen_generation(device, ref.generation)
+            return Operand(ref.buffer, ref.offset, dtype, list(t.shape), _strides(t)), t
+        blk = self._block_of(t, device)
+        return Operand(blk.buffer, t.data_ptr() - blk.base, dtype, list(t.shape), _strides(t)), t
+
+    def _block_of(self, t, device):
+        storage = _storage(t)
+        if self.pool is None:
+            raise NotSupported(parameters={"message": "libregen was not found (set REGEN_LIBREGEN): "
+                                           "CUDA tensors outside regen.torch.pool() need it to be imported"})
+        base, size = self.pool.address_range(storage.data_ptr())
+        key = (device, base)
+        blk = self._blocks.get(key)
+        if blk is not None and (blk.size != size or blk.buffer.closed):
+            # The block was freed and another of a different size made at
+            # the same address: that import is of memory torch gave back.
+            del self._blocks[key]
+            self._close_block(blk)
+            blk = None
+        if blk is None:
+            blk = self._import_block(storage, device, base, size)
+            self._blocks[key] = blk
+        elif blk.pin_ref is None or blk.pin_ref.expired():
+            self._pin(blk, storage)
+            self.counters["repins"] += 1
+        blk.last_used = self._tick
+        return blk
+
+    def _import_block(self, storage, device, base, size):
+        shared = storage._share_cuda_()
+        handle, offset = shared[1], shared[3]
+        counter = (shared[4], shared[5])
+        try:
+            if storage.data_ptr() - base != offset:
+                raise errors.ImportFailed(parameters={"message": "torch's IPC handle does not name the block "
+                                                      "cuMemGetAddressRange reports (expandable segments?)"})
+            try:
+                buf = self.client.import_cuda_ipc(device, handle, 0, size)
+            except ValueError as e:
+                # An expandable segment: CUDA IPC cannot share it; regen.torch.pool() can.
+                raise NotSupported(parameters={"message": f"{e}; or allocate it under regen.torch.pool()"}) from e
+        except BaseException:
+            _release_counter(counter)
+            raise
+        self._note_generation(device, buf.generation)
+        blk = _Block(buf, base, size, device)
+        self._set_pin(blk, storage, counter)
+        self.counters["block_imports"] += 1
+        return blk
+
+    def _pin(self, blk, storage):
+        shared = storage._share_cuda_()
+        self._set_pin(blk, storage, (shared[4], shared[5]))
+
+    def _set_pin(self, blk, storage, counter):
+        from torch.multiprocessing.reductions import StorageWeakRef
+        old = blk.pin_counter
+        blk.pin_ref = StorageWeakRef(storage)
+        blk.pin_counter = counter
+        # The new pin holds the block before the old one lets go.
+        if old is not None:
+            _release_counter(old)
+
+    def _unpin(self, blk):
+        counter, blk.pin_counter, blk.pin_ref = blk.pin_counter, None, None
+        if counter is not None:
+            _release_counter(counter)
+            # torch frees storages held back for an IPC consumer when it
+            # collects; without this the block would wait for the next one.
+            try:
+                torch.cuda.ipc_collect()
+            except Exception:
+                pass
+
+    def _close_block(self, blk):
+        """regend unmaps first; only then may torch reuse or free the block."""
+        try:
+            self.client.close_buffer(blk.buffer)
+        except (errors.StaleGeneration, errors.NoSuchObject, errors.DeviceLost):
+            pass
+        except errors.ConnectionReset:
+            # The worker may still map it: keep the pin until the generation
+            # changes (the worker is gone then, or a reset unmapped it).
+            self._blocks[(blk.device, blk.base)] = blk
+            return
+        self._unpin(blk)
+        self.counters["block_closes"] += 1
+
+    def sweep(self, force=False):
+        """Close block imports whose pinned storage died and that no
+        operation used lately (all such, with force)."""
+        with self.lock:
+            for key, blk in list(self._blocks.items()):
+                dead = blk.pin_ref is None or blk.pin_ref.expired()
+                if dead and (force or self._tick - blk.last_used >= SWEEP_OPS):
+                    del self._blocks[key]
+                    self._close_block(blk)
+
+    def live_imports(self):
+        """Block imports held now (pool chunks are in regen.pool stats)."""
+        return len(self._blocks)
+
+    # -- ordering --------------------------------------------------------------
+
+    def _events_for(self, device, stream, local):
+        key = (device, stream.cuda_stream)
+        pair = self._events.get(key)
+        if pair is None:
+            pair = self._events[key] = _EventPair(local)
+        if pair.ids is None or pair.generation < self._generation.get(device, 0):
+            # An event is made on the device current when it is first used.
+            with torch.cuda.device(local):
+                handles = bytes(pair.before.ipc_handle()), bytes(pair.after.ipc_handle())
+            before = self.client.import_event(device, handles[0])
+            after = self.client.import_event(device, handles[1])
+            pair.ids = (before, after)
+            pair.generation = before.generation
+            self._note_generation(device, before.generation)
+        return pair
+
+    # -- calls -----------------------------------------------------------------
+
+    def batch(self):
+        """Calls made inside ``with rt.batch():`` follow each other on
+        regend's side with no rank work between them: one hand-off."""
+        return _Batch(self)
+
+    def call(self, op, tensors, scalars, outputs=()):
+        """Run ``op`` ("gemm", "attention", "attention_backward") on the
+        tensors (a dict of name -> tensor or None) with scalars; ``outputs``
+        names the outputs (freshly allocated by the caller, so a retry after
+        a fault is always safe)."""
+        with self.lock:
+            self._tick += 1
+            attempts = 0
+            deadline = None
+            while True:
+                try:
+                    self._call_once(op, tensors, scalars)
+                    break
+                except _RECOVERABLE as e:
+                    attempts += 1
+                    if deadline is None:
+                        deadline = time.monotonic() + self.recovery_timeout
+                    self._recover(e, tensors, attempts, deadline)
+                    self.counters["retries"] += 1
+            self.counters["calls"] += 1
+            if self._batch_depth == 0 or self._batch_calls == 0:
+                self.counters["handoffs"] += 1
+            if self._batch_depth:
+                self._batch_calls += 1
+            if self._tick % SWEEP_OPS == 0:
+                self.sweep()
+
+    def _call_once(self, op, tensors, scalars):
+        present = {n: t for n, t in tensors.items() if t is not None}
+        devices = {t.device for t in present.values()}
+        if len(devices) != 1:
+            raise ValueError(f"regen.torch: the tensors of one operation must be on one device, got {devices}")
+        tdev = devices.pop()
+        device = self.regend_device(tdev)
+        named = {}
+        copies = {}
+        for name, t in present.items():
+            named[name], used = self.operand(t, device)
+            if used is not t:
+                copies[name] = used
+        kw = dict(scalars)
+        stream = None
+        pair = None
+        ordering = self.ordering
+        kind = None
+        if tdev.type == "cuda":
+            if ordering == "auto":
+                numel = max(t.numel() for t in present.values())
+                kind = (op, numel.bit_length())
+                ordering = self._auto.choose(kind)
+            stream = torch.cuda.current_stream(tdev)
+        start = time.perf_counter()
+        if stream is not None:
+            if ordering == "sync":
+                stream.synchronize()
+            else:
+                pair = self._events_for(device, stream, tdev.index)
+                pair.before.record(stream)
+                kw["wait_event"] = pair.ids[0]
+                if ordering == "events":
+                    kw["signal_event"] = pair.ids[1]
+        fn = {"gemm": self.client.gemm, "attention": self.client.attention,
+              "attention_backward": self.client.attention_backward}[op]
+        fn(**named, **kw)
+        if kind is not None:
+            self._auto.note(kind, ordering, time.perf_counter() - start)
+        if pair is not None and ordering == "events":
+            stream.wait_event(pair.after)
+            self._pending[device] = (pair.after, pair.generation)
+        # Outputs regend wrote into copies (CPU tensors from outside the
+        # host pool) go back where the caller wants them.
+        for name, used in copies.items():
+            if name in _OUTPUT_NAMES:
+                tensors[name].copy_(used)
+
+    def _recover(self, err, tensors, attempts, deadline):
+        """Wait until the device serves again, forget what the old
+        generation held, and return if the operation may run again; else
+        raise."""
+        present = [t for t in tensors.values() if t is not None]
+        device = self.regend_device(present[0].device) if present else self.host_device
+        if not self.retry:
+            raise err
+        if attempts > 20 or time.monotonic() >= deadline:
+            raise RecoveryFailed(parameters={
+                "message": f"the operation failed {attempts} times across generation changes; last: {err}",
+                "device": device}) from err
+        pending = self._pending.pop(device, None)
+        old = self._generation.get(device, 0)
+        gen = err.parameters.get("generation") if isinstance(err.parameters, dict) else None
+        gen = gen if isinstance(gen, int) and not isinstance(gen, bool) else None
+        if isinstance(err, errors.StaleGeneration):
+            # The current generation: ours were older.
+            want = gen if gen is not None else old + 1
+        elif isinstance(err, (errors.DeviceLost, errors.Draining)):
+            # The device is leaving `gen`: it serves again in a later one.
+            want = max(old, gen or 0) + 1
+        else:
+            # The connection broke (a worker that died, or regend coming
+            # back): ready again, in this generation or a later one; a
+            # call that fails again comes back here until the deadline.
+            want = old
+            time.sleep(0.05)
+        self.counters["recoveries"] += 1
+        gen = self._wait_ready(device, want, err, deadline)
+        self._note_generation(device, gen)
+        if pending is not None:
+            event, pending_gen = pending
+            if pending_gen < gen and not event.query():
+                raise WorkLost(parameters={
+                    "message": f"device {device} changed generation ({pending_gen} -> {gen}) before work it had "
+                               "accepted finished (ordering 'events'): results since the last synchronisation "
+                               "are lost; redo the step", "device": device, "generation": gen}) from err
+
+    def _wait_ready(self, device, want, err, deadline):
+        """The device's generation once it is ready at ``want`` or later
+        (Watch; Status when the main socket is itself coming back)."""
+        last = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RecoveryFailed(parameters={
+                    "message": f"device {device} did not serve again at generation >= {want} within "
+                               f"{self.recovery_timeout:.0f} s (last seen: {last}); cause: {err}",
+                    "device": device}) from err
+            try:
+                with self.client.watch(timeout=min(left, 5.0)) as w:
+                    while time.monotonic() < deadline:
+                        try:
+                            ev = w.next(timeout=max(0.01, min(deadline - time.monotonic(), 5.0)))
+                        except TimeoutError:
+                            continue
+                        if ev.get("device") != device:
+                            continue
+                        last = (ev.get("state"), ev.get("generation"))
+                        if ev.get("state") == "ready" and ev.get("generation", 0) >= want:
+                            return ev["generation"]
+            except (errors.Unavailable, errors.ConnectionReset, StopIteration, OSError):
+                time.sleep(0.05)
+
+    def close(self):
+        """Close every block import (regend unmaps, then the pins go) and
+        the connections.  Pool chunks stay: they belong to the process."""
+        with self.lock:
+            for key, blk in list(self._blocks.items()):
+                del self._blocks[key]
+                self._close_block(blk)
+            self._events.clear()
+            self.client.close()
+
+    # -- statistics --------------------------------------------------------------
+
+    def stats(self):
+        with self.lock:
+            out = dict(self.counters)
+            out["block_imports_live"] = len(self._blocks)
+            out["ordering"] = self.ordering
+            if self.ordering == "auto":
+                out["auto_us"] = self._auto.table()
+            if self.pool is not None:
+                out["pool"] = self.pool.stats()
+            return out
+
+
+_OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v"})
+
+
+class _Batch:
+    def __init__(self, rt):
+        self.rt = rt
+
+    def __enter__(self):
+        self.rt.lock.acquire()
+        if self.rt._batch_depth == 0:
+            self.rt._batch_calls = 0
+        self.rt._batch_depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.rt._batch_depth -= 1
+        self.rt.lock.release()
+
+
+def _strides(t):
+    """t's strides as regend takes them: a dimension of size 1 may have any
+    stride in torch; regend wants the row-major one there."""
+    shape, strides = list(t.shape), list(t.stride())
+    step = 1
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == 1:
+            strides[i] = step
+        step *= max(shape[i], 1)
+    return strides
+
+
+def _storage(t):
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage()
+    return t.storage().untyped()
+
+
+def _release_counter(counter):
+    from ..client import _release_ipc_counter
+    _release_ipc_counter(*counter)
+
+
+_host_pool_lock = threading.Lock()
+
+
+def host_empty(shape, dtype):
+    """An uninitialised CPU tensor in libregen's host pool (memfd chunks
+    regend's host backend maps): what regen.torch allocates outputs of CPU
+    operations in."""
+    import ctypes
+    pool = Pool.get()
+    if pool is None:
+        raise NotSupported(parameters={"message": "libregen was not found (set REGEN_LIBREGEN): CPU tensors "
+                                       "for regend's host backend live in its host pool"})
+    shape = [int(s) for s in shape]
+    numel = 1
+    for s in shape:
+        numel *= s
+    nbytes = max(numel * torch.empty((), dtype=dtype).element_size(), 1)
+    ptr = pool.alloc_host(nbytes)
+    raw = (ctypes.c_uint8 * nbytes).from_address(ptr)
+    # The tensor keeps `raw` alive; when the last view of it goes, the
+    # memory goes back to the pool.
+    weakref.finalize(raw, pool.free_host, ptr)
+    flat = torch.frombuffer(raw, dtype=torch.uint8)
+    return flat[:numel * torch.empty((), dtype=dtype).element_size()].view(dtype).reshape(shape)
+

@@ -1,0 +1,163 @@
+"""The Python client on a lane's ring (io.regen.Lane) against a real regend
+(host backend): it is picked where offered, answers and errors are the
+Varlink path's, queued calls (wait=False) complete in order, and a restart's
+StaleGeneration comes through the ring as through Varlink."""
+
+import os
+import random
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
+import regen  # noqa: E402
+from regen import reference, ring  # noqa: E402
+from regen.host import HostTensor  # noqa: E402
+from regend_fixture import Regend, find_regend  # noqa: E402
+
+daemon = None
+
+
+def setUpModule():
+    global daemon
+    if not find_regend():
+        raise unittest.SkipTest("no regend (pass --regend or set REGEN_BUILD_ROOT)")
+    if not ring.supported():
+        raise unittest.SkipTest("this machine does not use the ring")
+    daemon = Regend(devices=1)
+
+
+def tearDownModule():
+    if daemon is not None:
+        daemon.stop()
+
+
+class RingTest(unittest.TestCase):
+    def setUp(self):
+        self.rng = random.Random(self.id())
+        self.tensors = []
+        self.clients = []
+
+    def tearDown(self):
+        for c in self.clients:
+            c.close()
+        for t in self.tensors:
+            t.close()
+
+    def client(self, transport):
+        c = regen.Client(daemon.socket, timeout=30, transport=transport)
+        self.clients.append(c)
+        return c
+
+    def tensor(self, c, shape, fill=True):
+        t = HostTensor.random(shape, "f32", self.rng) if fill else HostTensor(shape, "f32")
+        t.import_into(c, 0)
+        self.tensors.append(t)
+        return t
+
+    def outcome(self, call, *args, **kwargs):
+        try:
+            call(*args, **kwargs)
+            return None
+        except regen.Error as e:
+            return (type(e).__name__, {k: v for k, v in e.parameters.items()})
+        except ValueError as e:
+            return ("ValueError", str(e))
+
+    def test_auto_picks_the_ring_and_computes_right(self):
+        c = self.client("auto")
+        a, b, d = self.tensor(c, [5, 7]), self.tensor(c, [7, 3]), self.tensor(c, [5, 3], fill=False)
+        elapsed = c.gemm(a.op, b.op, d.op)
+        self.assertEqual(c.lane_transport(0), "ring")
+        self.assertIsInstance(elapsed, int)
+        ref = reference.gemm(a.read(), b.read(), 5, 3, 7)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+
+    def test_errors_are_the_same_on_both_transports(self):
+        cv, cr = self.client("varlink"), self.client("ring")
+
+        def cases(c):
+            a, b, d = self.tensor(c, [4, 4]), self.tensor(c, [5, 4]), self.tensor(c, [4, 4], fill=False)
+            small = self.tensor(c, [2, 2], fill=False)
+            return [
+                lambda: c.gemm(a.op, b.op, d.op),                          # K disagrees
+                lambda: c.gemm(a.op, a.op, small.op),                      # D of the wrong shape
+                lambda: c.gemm(a.op, a.op, d.op, beta=0.5),                # beta without C
+                lambda: c.gemm(a.op, a.op, d.op, epilogue="bias"),         # no bias
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 8, "f32", [4, 4])),   # past the end
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 2, "f32", [2, 2])),   # misaligned
+                lambda: c.gemm(a.op, a.op, d.op, alpha=float("inf")),      # not JSON, not a number
+                lambda: c.gemm(a.op, a.op, a.op),                          # D aliases A
+            ]
+
+        got = {}
+        for c, name in ((cv, "varlink"), (cr, "ring")):
+            start = len(self.tensors)
+            outs = [self.outcome(f) for f in cases(c)]
+            bufs = [t.buffer.id for t in self.tensors[start:]]
+            got[name] = [str(o) for o in outs]
+            for i, bid in enumerate(bufs):
+                got[name] = [s.replace(bid, f"BUF{i}") for s in got[name]]
+        self.assertEqual(cr.lane_transport(0), "ring")
+        self.assertEqual(cv.lane_transport(0), None)   # blocking Varlink calls make no lane
+        for v, r in zip(got["varlink"], got["ring"]):
+            self.assertNotEqual(v, "None")
+            self.assertEqual(r, v)
+
+    def test_queued_calls_complete_in_order(self):
+        c = self.client("ring")
+        a, b, d = self.tensor(c, [3, 3]), self.tensor(c, [3, 3]), self.tensor(c, [3, 3], fill=False)
+        bad = regen.Operand(d.buffer, 32, "f32", [3, 3])
+        tickets = [c.gemm(a.op, b.op, d.op, wait=False) for _ in range(600)]
+        self.assertEqual(tickets, list(range(tickets[0], tickets[0] + 600)))
+        c.wait(0)
+        t = [c.gemm(a.op, b.op, bad if i == 3 else d.op, wait=False) for i in range(6)]
+        with self.assertRaises(regen.InvalidOperand):
+            c.wait(0, t[-1])
+        c.gemm(a.op, b.op, d.op)
+        ref = reference.gemm(a.read(), b.read(), 3, 3, 3)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+
+    def test_queued_calls_on_varlink_too(self):
+        c = self.client("varlink")
+        a, b, d = self.tensor(c, [3, 3]), self.tensor(c, [3, 3]), self.tensor(c, [3, 3], fill=False)
+        for _ in range(50):
+            c.gemm(a.op, b.op, d.op, wait=False)
+        self.assertEqual(c.lane_transport(0), "varlink")
+        c.wait(0)
+        # A blocking call after queued ones reads their answers first.
+        c.gemm(a.op, b.op, regen.Operand(d.buffer, 32, "f32", [3, 3]), wait=False)
+        c.import_memfd(0, self.tensor(c, [1]).fd, 4)
+        with self.assertRaises(regen.InvalidOperand):
+            c.wait(0)
+
+    def test_switching_transports_keeps_the_connection(self):
+        c = self.client("auto")
+        a, b, d = self.tensor(c, [3, 3]), self.tensor(c, [3, 3]), self.tensor(c, [3, 3], fill=False)
+        for t in ("ring", "varlink", "ring", "auto"):
+            c.set_transport(t)
+            c.gemm(a.op, b.op, d.op, wait=False)
+            c.wait(0)
+            self.assertEqual(c.lane_transport(0), "varlink" if t == "varlink" else "ring", t)
+        ref = reference.gemm(a.read(), b.read(), 3, 3, 3)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+        with self.assertRaises(ValueError):
+            c.set_transport("pigeon")
+
+    def test_restart_makes_records_stale(self):
+        c = self.client("ring")
+        a, b, d = self.tensor(c, [2, 2]), self.tensor(c, [2, 2]), self.tensor(c, [2, 2], fill=False)
+        c.gemm(a.op, b.op, d.op)
+        gen = c.restart(0, reason="test_ring")["devices"][0]["generation"]
+        with self.assertRaises(regen.StaleGeneration) as cm:
+            c.gemm(a.op, b.op, d.op)
+        self.assertEqual(cm.exception.parameters["generation"], gen)
+        for t in (a, b, d):
+            t.import_into(c, 0)
+        c.gemm(a.op, b.op, d.op)
+        self.assertEqual(c.lane_transport(0), "ring")
+
+
+if __name__ == "__main__":
+    unittest.main()

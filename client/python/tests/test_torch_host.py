@@ -1,0 +1,424 @@
+"""regen.torch on CPU tensors against a real regend (host backend): the
+operations and their gradients against torch's own, the custom ops under
+FakeTensor (no call made), enable()'s routing and fallbacks, retries
+through a restart, an injected device_lost and a worker crash, the named
+errors when recovery is off or runs out of time, a training loop whose loss
+curve matches the in-process model through faults, and a long loop with
+fresh activations that keeps the pool and regend flat.
+
+Skipped (as a whole) where torch is not importable; the CUDA side of the
+same is tests/gpu/test_regen_torch.py."""
+
+import math
+import os
+import signal
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
+import regen  # noqa: E402
+from regend_fixture import Regend, find_regend  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+daemon = None
+rt = None
+
+
+def setUpModule():
+    global daemon, rt
+    if torch is None:
+        raise unittest.SkipTest("torch is not importable")
+    if not find_regend():
+        raise unittest.SkipTest("no regend (pass --regend or set REGEN_BUILD_ROOT)")
+    import regen.torch as rtmod
+    rt = rtmod
+    from regen.pool import Pool
+    if Pool.get() is None:
+        raise unittest.SkipTest("libregen not found, or REGEN_LIBREGEN=none (a sanitized build)")
+    daemon = Regend(devices=1)
+    rt.configure(socket=daemon.socket, recovery_timeout=30)
+
+
+def tearDownModule():
+    if daemon is not None:
+        daemon.stop()
+
+
+def maxdiff(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def reference_sdpa(q, k, v, causal, scale=None):
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+class Ops(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(hash(self.id()) & 0xFFFF)
+
+    def test_registered_as_custom_ops(self):
+        for name in ("mm", "linear", "sdpa", "sdpa_backward"):
+            self.assertTrue(hasattr(torch.ops.regen, name), name)
+
+    def test_matmul_and_gradients(self):
+        for shape_a, shape_b in (([64, 32], [32, 16]), ([3, 5, 32], [32, 7]), ([32], [32, 9]), ([4, 32], [32])):
+            with self.subTest(a=shape_a, b=shape_b):
+                a = torch.randn(shape_a, requires_grad=True)
+                b = torch.randn(shape_b, requires_grad=True)
+                y = rt.matmul(a, b)
+                ref = torch.matmul(a, b)
+                self.assertEqual(y.shape, ref.shape)
+                self.assertLess(maxdiff(y, ref), 1e-4)
+                g = torch.randn_like(y)
+                got = torch.autograd.grad(y, (a, b), g)
+                want = torch.autograd.grad(ref, (a, b), g)
+                for x, w in zip(got, want):
+                    self.assertLess(maxdiff(x, w), 1e-4)
+
+    def test_transposed_views_need_no_copy_in_regend(self):
+        a = torch.randn(48, 32)
+        b = torch.randn(16, 32)
+        self.assertLess(maxdiff(rt.matmul(a.t().t(), b.t()), a @ b.t()), 1e-4)
+        self.assertLess(maxdiff(rt.matmul(a.t()[:, :40].t(), b.t()), a[:40] @ b.t()), 1e-4)
+
+    def test_batched_right_operand_is_not_supported(self):
+        with self.assertRaises(rt.NotSupported):
+            rt.matmul(torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+
+    def test_linear_bias_gelu_and_gradients(self):
+        for act in (None, "gelu"):
+            for with_bias in (True, False):
+                with self.subTest(act=act, bias=with_bias):
+                    x = torch.randn(5, 7, 32, requires_grad=True)
+                    w = torch.randn(48, 32, requires_grad=True)
+                    b = torch.randn(48, requires_grad=True) if with_bias else None
+                    y = rt.linear(x, w, b, activation=act)
+                    ref = torch.nn.functional.linear(x, w, b)
+                    if act == "gelu":
+                        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+                    self.assertLess(maxdiff(y, ref), 1e-4)
+                    inputs = (x, w) + ((b,) if with_bias else ())
+                    g = torch.randn_like(y)
+                    for got, want in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(ref, inputs, g)):
+                        self.assertLess(maxdiff(got, want), 1e-3)
+
+    def test_attention_forward_backward(self):
+        cases = [dict(h=4, hkv=4, sq=9, skv=9, d=16, dv=16, causal=False),
+                 dict(h=4, hkv=2, sq=9, skv=11, d=16, dv=8, causal=True),
+                 dict(h=2, hkv=1, sq=5, skv=5, d=8, dv=8, causal=True, scale=0.3)]
+        for c in cases:
+            with self.subTest(**c):
+                q = torch.randn(2, c["h"], c["sq"], c["d"], requires_grad=True)
+                k = torch.randn(2, c["hkv"], c["skv"], c["d"], requires_grad=True)
+                v = torch.randn(2, c["hkv"], c["skv"], c["dv"], requires_grad=True)
+                o = rt.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], scale=c.get("scale"),
+                                                    enable_gqa=c["h"] != c["hkv"])
+                ref = reference_sdpa(q, k, v, c["causal"], c.get("scale"))
+                self.assertLess(maxdiff(o, ref), 1e-4)
+                g = torch.randn_like(o)
+                for got, want in zip(torch.autograd.grad(o, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+                    self.assertLess(maxdiff(got, want), 1e-4)
+
+    def test_attention_refusals_match_torch(self):
+        q = torch.randn(1, 4, 3, 8)
+        k = torch.randn(1, 2, 3, 8)
+        with self.assertRaises(ValueError):
+            rt.scaled_dot_product_attention(q, k, k)  # grouped heads without enable_gqa
+        with self.assertRaises(rt.NotSupported):
+            rt.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool))
+        with self.assertRaises(rt.NotSupported):
+            rt.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+
+    def test_hostile_shapes_and_dtypes_change_nothing(self):
+        calls = rt.stats()["calls"]
+        with self.assertRaises(ValueError):
+            torch.ops.regen.mm(torch.randn(3, 4), torch.randn(5, 6))
+        with self.assertRaises(ValueError):
+            torch.ops.regen.linear(torch.randn(3, 4), torch.randn(5, 6), None, "relu")
+        with self.assertRaises(rt.NotSupported):
+            rt.matmul(torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 2, dtype=torch.int32))
+        self.assertEqual(rt.stats()["calls"], calls)
+        # Empty operands are answered without regend.
+        self.assertEqual(rt.matmul(torch.randn(0, 4), torch.randn(4, 3)).shape, (0, 3))
+        self.assertEqual(rt.matmul(torch.randn(2, 0), torch.randn(0, 3)).abs().sum().item(), 0)
+        self.assertEqual(rt.stats()["calls"], calls)
+
+    def test_fake_tensors_trace_without_calls(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        calls = rt.stats()["calls"]
+        with FakeTensorMode():
+            a, b = torch.empty(64, 32), torch.empty(32, 16)
+            self.assertEqual(tuple(torch.ops.regen.mm(a, b).shape), (64, 16))
+            x, w = torch.empty(10, 32), torch.empty(48, 32)
+            self.assertEqual(tuple(torch.ops.regen.linear(x, w, None, "gelu").shape), (10, 48))
+            q, k, v = torch.empty(2, 4, 9, 16), torch.empty(2, 2, 11, 16), torch.empty(2, 2, 11, 8)
+            o, lse = torch.ops.regen.sdpa(q, k, v, True, None)
+            self.assertEqual((tuple(o.shape), tuple(lse.shape), lse.dtype), ((2, 4, 9, 8), (2, 4, 9), torch.float32))
+            dq, dk, dv = torch.ops.regen.sdpa_backward(o, q, k, v, o, lse, True, None)
+            self.assertEqual([tuple(t.shape) for t in (dq, dk, dv)], [(2, 4, 9, 16), (2, 2, 11, 16), (2, 2, 11, 8)])
+        self.assertEqual(rt.stats()["calls"], calls)
+
+
+class AutoOrdering(unittest.TestCase):
+    def test_probes_both_then_keeps_the_faster(self):
+        from regen.torch._runtime import _AutoOrdering
+        auto, kind, seen = _AutoOrdering(), ("gemm", 20), []
+        for _ in range(300):
+            mode = auto.choose(kind)
+            seen.append(mode)
+            auto.note(kind, mode, 0.001 if mode == "sync" else 0.002)
+        self.assertEqual(set(seen[:8]), {"wait", "sync"})
+        steady = seen[8:]
+        self.assertGreater(steady.count("sync"), 0.95 * len(steady))
+        self.assertIn("wait", steady, "the slower one is tried again now and then")
+        self.assertEqual(set(auto.table()["gemm/2^20"]), {"wait", "sync"})
+
+    def test_cpu_tensors_need_no_ordering(self):
+        own = rt.Runtime(socket=daemon.socket, ordering="auto")
+        saved, rt._runtime = rt._runtime, own
+        try:
+            a, b = torch.randn(8, 8), torch.randn(8, 8)
+            self.assertLess(maxdiff(rt.matmul(a, b), a @ b), 1e-4)
+            self.assertEqual(own.stats()["auto_us"], {})
+        finally:
+            rt._runtime = saved
+            own.close()
+
+
+class Routing(unittest.TestCase):
+    def test_enable_routes_and_falls_back(self):
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+        x = torch.randn(16, 32)
+        want = model(x)
+        before = rt.stats()
+        with rt.enable(devices=("cpu",)):
+            got = model(x)
+            m = torch.matmul(x, torch.randn(32, 4))
+            i = torch.ones(2, 3, dtype=torch.int64) @ torch.ones(3, 2, dtype=torch.int64)
+        after = rt.stats()
+        self.assertLess(maxdiff(got, want), 1e-4)
+        self.assertEqual(m.shape, (16, 4))
+        self.assertEqual(i.tolist(), [[3, 3], [3, 3]])
+        self.assertEqual(after["calls"] - before["calls"], 3, "two linears and a matmul in regend")
+        self.assertEqual(after["fallbacks"] - before["fallbacks"], 1, "the int64 matmul stayed in torch")
+        # Outside the scope nothing goes to regend.
+        model(x)
+        self.assertEqual(rt.stats()["calls"], after["calls"])
+
+
+class Lifecycle(unittest.TestCase):
+    def setUp(self):
+        self.admin = regen.Client(daemon.socket, timeout=30)
+        torch.manual_seed(5)
+        self.a, self.b = torch.randn(32, 24), torch.randn(24, 8)
+        self.want = self.a @ self.b
+
+    def tearDown(self):
+        self.admin.close()
+
+    def check_served(self):
+        self.assertLess(maxdiff(rt.matmul(self.a, self.b), self.want), 1e-4)
+
+    def wait_generation_after(self, gen):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                d = self.admin.generation()["devices"][0]
+                if d["generation"] > gen:
+                    return
+            except regen.Error:
+                pass
+            time.sleep(0.02)
+        self.fail(f"the generation did not move past {gen}")
+
+    def test_restart_between_operations(self):
+        self.check_served()
+        before = rt.stats()
+        self.admin.restart(0, reason="test_torch_host")
+        self.check_served()
+        after = rt.stats()
+        self.assertGreaterEqual(after["retries"] - before["retries"], 1)
+
+    def test_device_lost_and_crash(self):
+        for kind in ("device_lost", "crash"):
+            with self.subTest(kind=kind):
+                self.check_served()
+                before = rt.stats()
+                gen = self.admin.generation()["devices"][0]["generation"]
+                self.admin.inject_fault(0, kind)
+                # The operation comes after the fault took the generation:
+                # what it names is stale, and it must recover.
+                self.wait_generation_after(gen)
+                self.check_served()
+                self.assertGreaterEqual(rt.stats()["recoveries"] - before["recoveries"], 1)
+
+    def test_without_retry_the_error_is_named(self):
+        own = rt.Runtime(socket=daemon.socket, retry=False)
+        saved = rt._runtime
+        rt._runtime = own
+        try:
+            self.check_served()
+            self.admin.restart(0, reason="no retry")
+            with self.assertRaises((regen.StaleGeneration, regen.ConnectionReset)):
+                rt.matmul(self.a, self.b)
+        finally:
+            rt._runtime = saved
+            own.client.close()
+
+    def test_recovery_gives_up_with_recovery_failed(self):
+        """A worker that stops answering (SIGSTOP) and, with a heartbeat
+        longer than the test, is not replaced: each try times out, and after
+        the recovery timeout the operation raises RecoveryFailed.  (With the
+        default heartbeat regend respawns it and the operation goes on:
+        test_stopped_worker_is_replaced.)"""
+        d = Regend(devices=1, extra=["--heartbeat-ms", "600000"])
+        own = rt.Runtime(socket=d.socket, timeout=0.5, recovery_timeout=2.0)
+        saved = rt._runtime
+        rt._runtime = own
+        pid = None
+        try:
+            self.check_served()
+            with regen.Client(d.socket) as c:
+                pid = c.device_info(0)["worker_pid"]
+            os.kill(pid, signal.SIGSTOP)
+            start = time.monotonic()
+            with self.assertRaises(rt.RecoveryFailed):
+                rt.matmul(self.a, self.b)
+            self.assertLess(time.monotonic() - start, 10)
+        finally:
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)
+            rt._runtime = saved
+            own.client.close()
+            d.stop()
+        # The pool imports into the first regend again.
+        rt.runtime().pool.configure(daemon.socket)
+        self.check_served()
+
+    def test_stopped_worker_is_replaced(self):
+        pid = self.admin.device_info(0)["worker_pid"]
+        self.check_served()
+        before = rt.stats()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            self.check_served()
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.assertGreaterEqual(rt.stats()["recoveries"] - before["recoveries"], 1)
+        self.assertNotEqual(self.admin.device_info(0)["worker_pid"], pid)
+
+
+class Training(unittest.TestCase):
+    """A small transformer block trained in regend and in process from the
+    same seed: the loss curves agree through a restart and a device_lost."""
+
+    def make_model(self, attention):
+        torch.manual_seed(11)
+        width, heads = 32, 4
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv = torch.nn.Linear(width, 3 * width)
+                self.proj = torch.nn.Linear(width, width)
+                self.up = torch.nn.Linear(width, 4 * width)
+                self.down = torch.nn.Linear(4 * width, width)
+
+            def forward(self, x):
+                b, s, _ = x.shape
+                q, k, v = self.qkv(x).view(b, s, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+                a = attention(q, k, v, is_causal=True)
+                x = x + self.proj(a.transpose(1, 2).reshape(b, s, width))
+                return x + self.down(torch.nn.functional.gelu(self.up(x), approximate="tanh"))
+
+        return Block()
+
+    def run_steps(self, through_regend, steps, faults=()):
+        model = self.make_model(rt.scaled_dot_product_attention if through_regend else reference_sdpa_causal)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(7)
+        losses = []
+        admin = regen.Client(daemon.socket, timeout=30)
+        try:
+            for step in range(steps):
+                x = torch.randn(4, 12, 32, generator=g)
+                target = torch.randn(4, 12, 32, generator=g)
+                if step in faults:
+                    kind = faults[step]
+                    if kind == "restart":
+                        admin.restart(0, reason="training test")
+                    else:
+                        admin.inject_fault(0, kind)
+                if through_regend:
+                    with rt.enable(devices=("cpu",)):
+                        loss = torch.nn.functional.mse_loss(model(x), target)
+                        loss.backward()
+                else:
+                    loss = torch.nn.functional.mse_loss(model(x), target)
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+        finally:
+            admin.close()
+        return losses
+
+    def test_loss_curve_matches_in_process(self):
+        steps = 12
+        want = self.run_steps(False, steps)
+        before = rt.stats()
+        got = self.run_steps(True, steps, faults={4: "restart", 8: "device_lost"})
+        after = rt.stats()
+        self.assertEqual(len(got), steps, "no step lost")
+        for i, (a, b) in enumerate(zip(got, want)):
+            self.assertLess(abs(a - b), 1e-4 * max(1.0, abs(b)), f"step {i}: {a} vs {b}")
+        self.assertLess(got[-1], got[0], "it trained")
+        self.assertGreaterEqual(after["recoveries"] - before["recoveries"], 2)
+
+
+def reference_sdpa_causal(q, k, v, is_causal=False):
+    return reference_sdpa(q, k, v, is_causal)
+
+
+class Memory(unittest.TestCase):
+    def test_fresh_activations_keep_imports_and_memory_flat(self):
+        """2,000 steps, each allocating fresh inputs and outputs: the host
+        pool's chunks and imports stay bounded, and regend's memory too."""
+        admin = regen.Client(daemon.socket, timeout=30)
+        w = torch.randn(64, 64)
+        first = None
+        for step in range(2000):
+            x = torch.randn(32, 64)
+            y = rt.matmul(x, w)
+            y = rt.linear(y, w)
+            if step == 100:
+                first = (rt.stats()["pool"], admin.device_info(0)["memory_used"])
+        last = (rt.stats()["pool"], admin.device_info(0)["memory_used"])
+        admin.close()
+        self.assertLessEqual(last[0]["chunks"], first[0]["chunks"] + 1)
+        self.assertLessEqual(last[0]["imports"], max(first[0]["imports"], 1) + 1)
+        self.assertLessEqual(last[0]["used_bytes"], first[0]["used_bytes"] + (1 << 20))
+        self.assertLessEqual(last[1], first[1] + (4 << 20), f"regend's memory grew: {first[1]} -> {last[1]}")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,628 @@
+/* io.regen.Lane on a worker socket: a lane's submission and completion
+ * rings in a memfd the client shares (proto/ring.h), beside the lane's
+ * Varlink connection, which stays its identity, its lifetime and its error
+ * channel.
+ *
+ * Records are taken on the loop thread: each is copied out of shared
+ * memory before it is looked at, decoded into a struct rp_compute and held
+ * to every check a Varlink call is (rp_ring_decode, rd_compute_submit), its
+ * indexes resolved through the lane's id table, whose ids were checked when
+ * they were bound and are resolved again, for this process and this
+ * generation, with every record. A completion is written by whichever
+ * thread finishes the record (the lane's, or the loop for a refusal) and
+ * published in record order: a slot's state is the worker's own, never the
+ * client's.
+ *
+ * Doorbells: the client's end of a datagram socket pair wakes the loop
+ * (uv_poll); after a wake-up the loop keeps looking at the ring from an
+ * idle handle a while before it says it sleeps. How long adapts: a spin
+ * that found the next record doubles it, one that ran out halves it (at
+ * most REGEN_RING_SPIN_US; by default 50 µs where there are four CPUs or
+ * more, and 10 µs below, where a spinning loop takes the CPU the client
+ * needs to write the record it waits for). */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+#include "daemon/log.h"
+#include "daemon/worker/session.h"
+#include "proto/errors.h"
+#include "proto/params.h"
+#include "proto/ring.h"
+
+/* How long the loop keeps looking after the last record at most (with
+ * four CPUs or more, and fewer), and how much of that it spends inside one
+ * idle callback before it lets the loop poll its other handles.
+ * REGEN_RING_SPIN_US overrides the first. */
+#define SPIN_MAX_NS 50000
+#define SPIN_MAX_FEW_CPUS_NS 10000
+#define SPIN_SLICE_NS 5000
+/* Doorbell datagrams read per wake-up at most (one is enough to wake; a
+ * client that rings without pause must not hold the loop in recv). */
+#define DOORBELL_DRAIN 64
+/* Records taken in one turn of the loop at most: a client that refills its
+ * ring as fast as it is emptied (refusals are answered at once) must not
+ * keep the loop from its other connections. The rest waits for the spin
+ * handle's next turn. */
+#define TAKE_PER_TURN 128
+/* Ids bound in one call at most. */
+#define BIND_MAX 1024
+
+enum slot_state { SLOT_FREE = 0, SLOT_RUNNING, SLOT_DONE };
+
+struct rd_ring {
+	struct rd_session *session;
+	struct rd_worker *worker;
+	void *base;
+	size_t size;
+	struct rp_ring_header *hdr;
+	uint32_t entries;            /* the worker's copy: the header's is the client's to change */
+	uint32_t sq_head;            /* records taken (loop thread) */
+	_Atomic uint32_t cq_tail;    /* completions published (written under lock, read by the loop) */
+	pthread_mutex_t lock;        /* slot states, cq_tail, completion slots */
+	uint8_t *state;              /* enum slot_state per slot */
+	uint64_t *tags;              /* the record's tag per slot, for completions written without the record */
+	struct ring_op *ops;         /* one per slot: a record in flight needs no allocation */
+	uint8_t *held;               /* per slot, loop thread: its op is out (until its done ran) */
+	int doorbell;
+	uv_poll_t poll;
+	uv_idle_t spin;
+	unsigned handles;            /* open uv handles */
+	bool stopped;                /* no more records taken */
+	bool destroyed;              /* the session is gone: free once the handles closed */
+	uint64_t last_record_ns, spin_ns, spin_max_ns;
+	bool spun;                   /* the loop is spinning since a record or a wake-up */
+	struct rp_id *ids;
+	uint32_t nids;
+};
+
+/* A record on its way: the call the backend finishes (with its deadline)
+ * and where its completion goes (the ring's, in the slot of its record). */
+struct ring_op {
+	struct rd_compute_call cc;   /* first: the backend hands its op back */
+	struct rd_ring *ring;
+	uint32_t seq;
+	uint64_t tag;
+	bool published;
+};
+
+static uint64_t spin_max_ns(void)
+{
+	static uint64_t ns = UINT64_MAX;
+
+	if (ns == UINT64_MAX) {
+		const char *env = getenv("REGEN_RING_SPIN_US");
+		long v = env ? strtol(env, NULL, 10) : -1;
+		ns = v >= 0 && v <= 10000000 ? (uint64_t)v * 1000u
+		     : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? SPIN_MAX_NS : SPIN_MAX_FEW_CPUS_NS;
+	}
+	return ns;
+}
+
+static void ring_wake_client(struct rd_ring *r)
+{
+	char b = 0;
+
+	/* Never blocks: a full socket already holds a wake-up. */
+	if (rp_ring_flag_take(&r->hdr->cq_waiting))
+		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Any thread: writes record seq's completion and publishes every one that
+ * is done in order. A record already failed (the worker stopping) is not
+ * answered twice. */
+static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const struct rp_error *err, uint64_t elapsed_us)
+{
+	uint32_t mask = r->entries - 1;
+	bool advanced = false;
+
+	pthread_mutex_lock(&r->lock);
+	if (r->state[seq & mask] != SLOT_RUNNING) {
+		pthread_mutex_unlock(&r->lock);
+		return;
+	}
+	rp_ring_complete(rp_ring_completion_at(r->base, r->entries, seq), tag, err, elapsed_us);
+	r->state[seq & mask] = SLOT_DONE;
+	uint32_t tail = atomic_load_explicit(&r->cq_tail, memory_order_relaxed);
+	while (r->state[tail & mask] == SLOT_DONE) {
+		r->state[tail & mask] = SLOT_FREE;
+		tail++;
+		advanced = true;
+	}
+	if (advanced) {
+		atomic_store_explicit(&r->cq_tail, tail, memory_order_release);
+		rp_ring_store(&r->hdr->cq_tail, tail);
+	}
+	pthread_mutex_unlock(&r->lock);
+	if (advanced) {
+		rp_ring_fence();
+		ring_wake_client(r);
+	}
+}
+
+static void ring_fail(struct rd_ring *r, uint32_t seq, uint64_t tag, struct rp_error *err)
+{
+	rd_session_complete_error(r->session, err);
+	ring_publish(r, seq, tag, err, 0);
+	rp_error_clear(err);
+}
+
+/* The backend's thread, as the op is handed back. */
+static void ring_op_completed(struct rd_op *op)
+{
+	struct ring_op *ro = (struct ring_op *)op;
+
+	rd_session_complete_error(ro->ring->session, &op->err);
+	ring_publish(ro->ring, ro->seq, ro->tag, &op->err, op->elapsed_us);
+	ro->published = true;
+}
+
+static void ring_take(struct rd_ring *r);
+
+/* The loop thread, once the backend finished the op. */
+static void ring_op_done(struct rd_op *op)
+{
+	struct ring_op *ro = (struct ring_op *)op;
+	struct rd_ring *r = ro->ring;
+	struct rd_session *s = r->session;
+
+	if (!ro->published) {
+		rd_session_complete_error(s, &op->err);
+		ring_publish(r, ro->seq, ro->tag, &op->err, op->elapsed_us);
+	}
+	rd_compute_finished(s->worker, &ro->cc);
+	rp_error_clear(&op->err);
+	r->held[ro->seq & (r->entries - 1)] = 0;
+	/* A full ring has room again. */
+	ring_take(r);
+	rd_session_call_finished(s);
+}
+
+/* The loop thread: the record passed its deadline (health.c). Its
+ * completion goes out now; what the backend says later is not published,
+ * and the slot is not taken again before the op's done ran. */
+static void ring_answer_early(struct rd_compute_call *cc, struct rp_error *err)
+{
+	struct ring_op *ro = (struct ring_op *)cc;
+
+	rd_session_complete_error(ro->ring->session, err);
+	ring_publish(ro->ring, ro->seq, ro->tag, err, 0);
+}
+
+static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_record *rec)
+{
+	struct rp_error err = { 0 };
+	/* ring_take saw the slot's op free: its done ran. */
+	struct ring_op *ro = &r->ops[seq & (r->entries - 1)];
+
+	memset(ro, 0, sizeof(*ro));
+	ro->ring = r;
+	ro->seq = seq;
+	ro->tag = rec->tag;
+	if (rp_ring_decode(rec, r->ids, r->nids, &ro->cc.op.compute, &err) < 0) {
+		ring_fail(r, seq, rec->tag, &err);
+		return;
+	}
+	ro->cc.op.done = ring_op_done;
+	ro->cc.op.completed = ring_op_completed;
+	ro->cc.op.userdata = ro;
+	ro->cc.answer_early = ring_answer_early;
+	if (rd_compute_submit(r->session, &ro->cc, &err) < 0) {
+		ring_fail(r, seq, rec->tag, &err);
+		return;
+	}
+	r->held[seq & (r->entries - 1)] = 1;
+}
+
+/* The client wrote nonsense into the ring's counters: the lane's
+ * connection, its error channel, closes, which fails what is in flight for
+ * the client as a broken connection does. */
+static void ring_break(struct rd_ring *r, const char *why)
+{
+	rd_warn("ring", r->worker->dev.index, rd_worker_generation(r->worker), r->session->conn->peer.pid,
+		"closing the lane: %s", why);
+	r->stopped = true;
+	rd_conn_close(r->session->conn);
+}
+
+/* Takes every record the client published, as far as completion slots
+ * allow. */
+static void on_spin(uv_idle_t *h);
+
+static void ring_take(struct rd_ring *r)
+{
+	for (unsigned taken = 0; !r->stopped; taken++) {
+		uint32_t published = atomic_load_explicit(&r->cq_tail, memory_order_acquire);
+		uint32_t tail, seq, avail;
+		struct rp_ring_record rec;
+
+		if (r->sq_head - published >= r->entries || r->held[r->sq_head & (r->entries - 1)])
+			return;   /* the next slot's record is still in flight */
+		tail = rp_ring_load(&r->hdr->sq_tail);
+		avail = tail - r->sq_head;
+		if (avail == 0)
+			return;
+		if (taken == TAKE_PER_TURN) {
+			/* More next turn: the spin handle comes back for them. */
+			rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
+			if (!uv_is_active((uv_handle_t *)&r->spin)) {
+				r->last_record_ns = uv_hrtime();
+				r->spun = true;
+				uv_idle_start(&r->spin, on_spin);
+			}
+			return;
+		}
+		if (avail > r->entries) {
+			ring_break(r, "the submission counter is ahead of the ring");
+			return;
+		}
+		/* The client may rewrite the slot while we look: look at a copy. */
+		memcpy(&rec, rp_ring_record_at(r->base, r->entries, r->sq_head), sizeof(rec));
+		seq = r->sq_head++;
+		rp_ring_store(&r->hdr->sq_head, r->sq_head);
+		pthread_mutex_lock(&r->lock);
+		r->state[seq & (r->entries - 1)] = SLOT_RUNNING;
+		r->tags[seq & (r->entries - 1)] = rec.tag;
+		pthread_mutex_unlock(&r->lock);
+		uint64_t now = uv_hrtime();
+		/* Found while spinning: spinning pays, spin longer next time. */
+		if (r->spun) {
+			r->spin_ns = r->spin_ns * 2 + 1000;
+			if (r->spin_ns > r->spin_max_ns)
+				r->spin_ns = r->spin_max_ns;
+		}
+		r->last_record_ns = now;
+		ring_submit(r, seq, &rec);
+	}
+}
+
+static uint64_t spin_budget(const struct rd_ring *r)
+{
+	return r->spin_ns;
+}
+
+static void ring_sleep(struct rd_ring *r);
+
+static void on_spin(uv_idle_t *h)
+{
+	struct rd_ring *r = h->data;
+	uint64_t start = uv_hrtime(), now = start;
+
+	if (r->stopped) {
+		uv_idle_stop(h);
+		return;
+	}
+	do {
+		uint32_t before = r->sq_head;
+
+		ring_take(r);
+		if (r->stopped)
+			return;
+		now = uv_hrtime();
+		if (r->sq_head != before)
+			return;   /* let the loop poll the rest, then look again */
+		if (now - r->last_record_ns >= spin_budget(r)) {
+			/* Ran out: spinning did not pay this time. */
+			r->spin_ns /= 2;
+			ring_sleep(r);
+			return;
+		}
+		__builtin_ia32_pause();
+	} while (now - start < SPIN_SLICE_NS);
+}
+
+/* Says the loop sleeps, then looks once more: a record published before
+ * the flag was seen would otherwise wait for the next doorbell. */
+static void ring_sleep(struct rd_ring *r)
+{
+	uv_idle_stop(&r->spin);
+	r->spun = false;
+	rp_ring_flag_set(&r->hdr->sq_sleeping, 1);
+	rp_ring_fence();
+	if (rp_ring_load(&r->hdr->sq_tail) != r->sq_head) {
+		rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
+		ring_take(r);
+		if (!r->stopped) {
+			r->last_record_ns = uv_hrtime();
+			r->spun = true;
+			uv_idle_start(&r->spin, on_spin);
+		}
+	}
+}
+
+static void on_doorbell(uv_poll_t *h, int status, int events)
+{
+	struct rd_ring *r = h->data;
+	char buf[DOORBELL_DRAIN];
+
+	if (r->stopped)
+		return;
+	/* Each datagram is one ring of the bell; what counts is that one came.
+	 * The poll is level-triggered: what is left wakes the next turn. */
+	for (int i = 0; i < DOORBELL_DRAIN && recv(r->doorbell, buf, sizeof(buf), MSG_DONTWAIT) > 0; i++)
+		;
+	rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
+	ring_take(r);
+	if (r->stopped)
+		return;
+	r->last_record_ns = uv_hrtime();
+	r->spun = true;
+	uv_idle_start(&r->spin, on_spin);
+}
+
+static void ring_free(struct rd_ring *r)
+{
+	if (r->base)
+		munmap(r->base, r->size);
+	if (r->doorbell >= 0)
+		close(r->doorbell);
+	pthread_mutex_destroy(&r->lock);
+	free(r->state);
+	free(r->tags);
+	free(r->ops);
+	free(r->held);
+	free(r->ids);
+	free(r);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+	struct rd_ring *r = h->data;
+
+	if (--r->handles == 0 && r->destroyed)
+		ring_free(r);
+}
+
+void rd_ring_stop(struct rd_ring *r)
+{
+	if (!r || r->handles == 0 || uv_is_closing((uv_handle_t *)&r->poll))
+		return;
+	r->stopped = true;
+	uv_idle_stop(&r->spin);
+	uv_close((uv_handle_t *)&r->spin, on_handle_closed);
+	uv_close((uv_handle_t *)&r->poll, on_handle_closed);
+}
+
+void rd_ring_destroy(struct rd_ring *r)
+{
+	if (!r)
+		return;
+	rd_ring_stop(r);
+	r->destroyed = true;
+	if (r->handles == 0)
+		ring_free(r);
+}
+
+void rd_ring_fail_unfinished(struct rd_ring *r, const struct rp_error *err)
+{
+	if (!r)
+		return;
+	for (uint32_t seq = atomic_load_explicit(&r->cq_tail, memory_order_acquire); seq != r->sq_head; seq++) {
+		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
+		ring_publish(r, seq, r->tags[seq & (r->entries - 1)], &copy, 0);
+		rp_error_clear(&copy);
+	}
+}
+
+/* ---- io.regen.Lane ---- */
+
+static int import_failed(struct rp_error *err, const char *what, const char *why)
+{
+	rp_err_import_failed(err, what, "%s", why);
+	return -EINVAL;
+}
+
+/* The ring's memfd: sealed against shrinking (as client memory must be, so
+ * that it cannot vanish under the worker), big enough, with a header that
+ * says what the client asked for. */
+static int map_ring(struct rd_ring *r, int fd, uint32_t entries, struct rp_error *err)
+{
+	size_t need = rp_ring_size(entries);
+	struct stat st;
+	int seals = fcntl(fd, F_GET_SEALS);
+	struct rp_ring_header *hdr;
+
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return import_failed(err, "ring", "the ring must be a memfd sealed with F_SEAL_SHRINK");
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < need)
+		return import_failed(err, "ring", "the ring's memfd is smaller than its entries need");
+	r->base = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (r->base == MAP_FAILED) {
+		r->base = NULL;
+		return import_failed(err, "ring", "cannot map the ring's memfd");
+	}
+	r->size = need;
+	hdr = rp_ring_header(r->base);
+	if (hdr->magic != RP_RING_MAGIC || hdr->version != RP_RING_VERSION || hdr->entries != entries)
+		return import_failed(err, "ring", "the ring's header is not a version 1 ring of the entries asked for");
+	r->hdr = hdr;
+	return 0;
+}
+
+static int check_doorbell(int fd, struct rp_error *err)
+{
+	int domain = 0, type = 0;
+	socklen_t len = sizeof(int);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0 || domain != AF_UNIX ||
+	    getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_DGRAM)
+		return import_failed(err, "doorbell", "the doorbell must be an AF_UNIX SOCK_DGRAM socket");
+	return 0;
+}
+
+static int fd_param(const struct rd_call *call, const char *name, int *fd, struct rp_error *err)
+{
+	uint64_t index;
+	int r = rp_params_uint(call->msg.params, name, RP_FDS_MAX - 1, 0, &index, err);
+
+	if (r < 0)
+		return r;
+	if (r == 1 || index >= call->raw.nfds || call->raw.fds[index] < 0)
+		return rp_error_invalid_parameter(err, name);
+	*fd = (int)index;
+	return 0;
+}
+
+void rd_ring_open(struct rd_call *call)
+{
+	static const struct rp_field fields[] = {
+		{ "entries", RP_T_INT, true },
+		{ "ids", RP_T_INT, false },
+		{ "ring", RP_T_INT, true },
+		{ "doorbell", RP_T_INT, true },
+		{ NULL },
+	};
+	struct rd_session *s = rd_session_of(call);
+	struct rd_worker *w = s->worker;
+	struct rp_error err = { 0 };
+	uint64_t entries, nids;
+	int ring_fd, bell_fd;
+	struct rd_ring *r = NULL;
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "entries", RP_RING_ENTRIES_MAX, 0, &entries, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "ids", RP_RING_IDS_MAX, RP_RING_IDS_DEFAULT, &nids, &err) < 0 ||
+	    fd_param(call, "ring", &ring_fd, &err) < 0 || fd_param(call, "doorbell", &bell_fd, &err) < 0)
+		goto fail;
+	if (!rp_ring_entries_valid((uint32_t)entries)) {
+		rp_error_invalid_parameter(&err, "entries");
+		goto fail;
+	}
+	if (nids == 0) {
+		rp_error_invalid_parameter(&err, "ids");
+		goto fail;
+	}
+	if (s->ring) {
+		rp_err_limit_exceeded(&err, "rings", 1, "this connection already has its ring: one per lane");
+		goto fail;
+	}
+	/* A record in flight is an unfinished call: the ring may not hold more
+	 * than the connection may. */
+	if (entries > s->conn->max_in_flight) {
+		rp_err_limit_exceeded(&err, "calls in flight", s->conn->max_in_flight,
+				      "a ring of %u entries holds more calls in flight than a connection may",
+				      (unsigned)entries);
+		goto fail;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		rp_err_out_of_memory(&err, w->dev.index, "no host memory for a ring");
+		goto fail;
+	}
+	r->doorbell = -1;
+	pthread_mutex_init(&r->lock, NULL);
+	r->session = s;
+	r->worker = w;
+	r->entries = (uint32_t)entries;
+	r->nids = (uint32_t)nids;
+	r->spin_max_ns = spin_max_ns();
+	r->spin_ns = r->spin_max_ns / 2;
+	r->state = calloc(entries, 1);
+	r->tags = calloc(entries, sizeof(*r->tags));
+	r->ops = calloc(entries, sizeof(*r->ops));
+	r->held = calloc(entries, 1);
+	r->ids = calloc(nids, sizeof(*r->ids));
+	if (!r->state || !r->tags || !r->ops || !r->held || !r->ids) {
+		rp_err_out_of_memory(&err, w->dev.index, "no host memory for a ring");
+		goto fail;
+	}
+	if (check_doorbell(call->raw.fds[bell_fd], &err) < 0 ||
+	    map_ring(r, call->raw.fds[ring_fd], r->entries, &err) < 0)
+		goto fail;
+	/* The counters start where the worker says; the client starts at 0. */
+	rp_ring_store(&r->hdr->sq_head, 0);
+	rp_ring_store(&r->hdr->cq_tail, 0);
+	rp_ring_flag_set(&r->hdr->sq_sleeping, 1);
+	r->doorbell = call->raw.fds[bell_fd];
+	call->raw.fds[bell_fd] = -1;
+	uv_poll_init_socket(w->loop, &r->poll, r->doorbell);
+	uv_idle_init(w->loop, &r->spin);
+	r->poll.data = r->spin.data = r;
+	r->handles = 2;
+	uv_poll_start(&r->poll, UV_READABLE, on_doorbell);
+	s->ring = r;
+	rd_debug("ring", w->dev.index, rd_worker_generation(w), s->conn->peer.pid, "ring of %u entries, %u ids",
+		 r->entries, r->nids);
+	cJSON *reply = cJSON_CreateObject();
+	cJSON_AddNumberToObject(reply, "entries", r->entries);
+	cJSON_AddNumberToObject(reply, "ids", r->nids);
+	cJSON_AddNumberToObject(reply, "version", RP_RING_VERSION);
+	cJSON_AddNumberToObject(reply, "record_size", RP_RING_RECORD_SIZE);
+	cJSON_AddNumberToObject(reply, "completion_size", RP_RING_COMPLETION_SIZE);
+	rd_call_reply(call, reply, false);
+	/* Records written before the reply came are taken now. */
+	ring_take(r);
+	return;
+fail:
+	if (r)
+		ring_free(r);
+	rd_call_fail(call, &err);
+}
+
+void rd_ring_bind(struct rd_call *call)
+{
+	static const struct rp_field fields[] = {
+		{ "index", RP_T_INT, true },
+		{ "ids", RP_T_ARRAY, true },
+		{ NULL },
+	};
+	struct rd_session *s = rd_session_of(call);
+	struct rd_worker *w = s->worker;
+	struct rp_error err = { 0 };
+	struct rp_id *ids = NULL;
+	uint64_t index;
+	const cJSON *list, *item;
+	int n = 0, count;
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "index", RP_RING_IDS_MAX, 0, &index, &err) < 0)
+		goto fail;
+	if (!s->ring) {
+		rp_error_invalid_parameter(&err, "ring");
+		goto fail;
+	}
+	list = cJSON_GetObjectItemCaseSensitive(call->msg.params, "ids");
+	count = cJSON_GetArraySize(list);
+	if (count > BIND_MAX || index + (uint64_t)count > s->ring->nids) {
+		rp_error_invalid_parameter(&err, "index");
+		goto fail;
+	}
+	ids = calloc((size_t)count + 1, sizeof(*ids));
+	if (!ids) {
+		rp_err_out_of_memory(&err, w->dev.index, "no host memory");
+		goto fail;
+	}
+	/* Every id is checked before any is bound: the call binds all or none. */
+	cJSON_ArrayForEach(item, list) {
+		struct rd_object *o;
+		struct rp_id *id = &ids[n++];
+
+		if (!cJSON_IsString(item) || strlen(item->valuestring) >= RP_ID_MAX) {
+			rp_error_invalid_parameter(&err, "ids");
+			goto fail;
+		}
+		if (item->valuestring[0] == '\0')
+			continue;   /* unbinds the index */
+		if (rp_id_parse(item->valuestring, id) < 0) {
+			rp_error_invalid_parameter(&err, "ids");
+			goto fail;
+		}
+		if (rd_objects_find(&w->objects, id, id->kind == RP_ID_EVENT ? RD_OBJECT_EVENT : RD_OBJECT_BUFFER,
+				    s->client, "ids", &o, &err) < 0)
+			goto fail;
+	}
+	memcpy(&s->ring->ids[index], ids, (size_t)count * sizeof(*ids));
+	free(ids);
+	rd_call_reply(call, NULL, false);
+	return;
+fail:
+	free(ids);
+	rd_call_fail(call, &err);
+}

@@ -1,0 +1,198 @@
+/* The data-plane fast path of a lane (io.regen.Lane): a submission ring and
+ * a completion ring in one memfd the client shares with its worker, binary
+ * records that name buffers and events by their index in the lane's id
+ * table (filled over Varlink with io.regen.Lane.Bind), and doorbells on a
+ * datagram socket pair. One format for daemon and clients.
+ *
+ * The memfd holds, at offset 0, struct rp_ring_header (RP_RING_HEADER_SIZE
+ * bytes), then `entries` submission records of RP_RING_RECORD_SIZE bytes,
+ * then `entries` completions of RP_RING_COMPLETION_SIZE bytes. Counters
+ * run freely (uint32, wrapping); record n lives in slot n % entries.
+ *
+ * The client writes a record into slot sq_tail % entries, then publishes
+ * sq_tail + 1 (a release store); the worker copies the record out before
+ * it looks at it, and never trusts what the client can still change. The
+ * worker writes completion n (for record n: completions come in record
+ * order) into slot n % entries and publishes cq_tail; the client reads it
+ * and moves cq_head. A client keeps at most `entries` records between
+ * submission and the reading of their completion.
+ *
+ * Doorbells: whoever goes to sleep says so first (sq_sleeping: the worker,
+ * cq_waiting: the client), then looks at the ring once more; whoever
+ * publishes, after a full barrier, sends one byte on its end of the socket
+ * pair when the other side sleeps. Both sides spin a while before they do. */
+#pragma once
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "compute.h"
+#include "ids.h"
+#include "message.h"
+
+#define RP_RING_MAGIC 0x52474e52u       /* "RNGR" little-endian */
+#define RP_RING_VERSION 1
+#define RP_RING_ENTRIES_MIN 2
+#define RP_RING_ENTRIES_MAX 1024        /* a power of two in between */
+#define RP_RING_IDS_DEFAULT 256
+#define RP_RING_IDS_MAX 4096            /* entries of a lane's id table */
+#define RP_RING_NONE 0xffffffffu        /* an index that names nothing */
+#define RP_RING_HEADER_SIZE 4096
+#define RP_RING_RECORD_SIZE 1024
+#define RP_RING_COMPLETION_SIZE 1024
+#define RP_RING_ERROR_MAX 936           /* the error's Varlink text, NUL included */
+
+/* Each counter on a cache line of its own: the side that writes it is the
+ * only one that moves the line. The counters and flags are atomic: the
+ * other process reads them while they are written, and a counter read in
+ * pieces (255 becoming 256 a byte at a time reads as 0 or 511) would look
+ * like a ring gone wrong. Every client must load and store each as one
+ * aligned 4-byte access (the Python client: a memoryview cast to 'I'). */
+struct rp_ring_header {
+	uint32_t magic, version, entries, reserved0;
+	uint8_t pad0[48];
+	_Atomic uint32_t sq_tail;        /* client: records written */
+	uint8_t pad1[60];
+	_Atomic uint32_t sq_head;        /* worker: records taken */
+	_Atomic uint32_t sq_sleeping;            /* worker: 1 = ring the doorbell after publishing */
+	uint8_t pad2[56];
+	_Atomic uint32_t cq_tail;        /* worker: completions written */
+	uint8_t pad3[60];
+	_Atomic uint32_t cq_head;        /* client: completions read */
+	_Atomic uint32_t cq_waiting;     /* client: 1 = ring the doorbell after publishing */
+	uint8_t pad4[56];
+};
+
+/* Flags of a record. */
+#define RP_RING_TRANS_A 0x1u             /* Gemm */
+#define RP_RING_TRANS_B 0x2u             /* Gemm */
+#define RP_RING_CAUSAL 0x4u              /* Attention, AttentionBackward */
+
+/* A tensor operand, or an absent one (index RP_RING_NONE). Strides are
+ * always given (no contiguous default). */
+struct rp_ring_operand {
+	uint32_t index;                  /* into the lane's id table */
+	uint8_t dtype;                   /* enum rp_dtype */
+	uint8_t rank;
+	uint16_t reserved;
+	uint64_t offset;
+	int64_t shape[4];
+	int64_t strides[4];
+};
+
+/* One call: what a parsed struct rp_compute carries, with buffers and
+ * events by index. Scalars that the op does not take must be 0. */
+struct rp_ring_record {
+	uint64_t tag;                    /* the client's, echoed in the completion */
+	uint16_t op;                     /* enum rp_op_id */
+	uint16_t flags;                  /* RP_RING_* */
+	uint8_t epilogue;                /* Gemm: enum rp_epilogue */
+	uint8_t compute;                 /* Gemm: enum rp_compute_mode */
+	uint8_t alignment;               /* attention: enum rp_causal_alignment */
+	uint8_t reserved0;
+	uint32_t wait_event, signal_event;   /* indexes, or RP_RING_NONE */
+	uint32_t deadline_ms;            /* 0: the worker's default; at most RP_DEADLINE_MS_MAX */
+	uint32_t reserved1;
+	double alpha, beta;              /* Gemm (no defaults: 1 and 0 are written) */
+	double scale;                    /* attention: 0 = 1/sqrt(D) */
+	uint64_t reserved2;
+	struct rp_ring_operand operands[RP_OP_OPERANDS_MAX];   /* by the op's slots */
+	uint8_t pad[RP_RING_RECORD_SIZE - 64 - RP_OP_OPERANDS_MAX * sizeof(struct rp_ring_operand)];
+};
+
+/* The outcome of record n, in completion slot n. */
+struct rp_ring_completion {
+	uint64_t tag;
+	uint32_t status;                 /* 0: success, 1: error */
+	uint32_t error_len;              /* bytes of `error` before its NUL */
+	uint64_t elapsed_us;             /* as a Varlink reply's */
+	char error_name[64];             /* "io.regen.StaleGeneration", NUL-terminated */
+	/* The error as a Varlink reply carries it, {"error":...,"parameters":
+	 * {...}}, NUL-terminated; long strings in it are cut to fit. */
+	char error[RP_RING_ERROR_MAX];
+};
+
+_Static_assert(sizeof(struct rp_ring_header) == 320, "header layout");
+_Static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
+	       "the counters are shared with another process: plain 4-byte words, lock-free");
+_Static_assert(sizeof(struct rp_ring_operand) == 80, "operand layout");
+_Static_assert(sizeof(struct rp_ring_record) == RP_RING_RECORD_SIZE, "record layout");
+_Static_assert(sizeof(struct rp_ring_completion) == RP_RING_COMPLETION_SIZE, "completion layout");
+
+/* Bytes of the memfd for `entries` (0 when entries is not a power of two
+ * in range). */
+size_t rp_ring_size(uint32_t entries);
+bool rp_ring_entries_valid(uint32_t entries);
+
+static inline struct rp_ring_header *rp_ring_header(void *base)
+{
+	return (struct rp_ring_header *)base;
+}
+static inline struct rp_ring_record *rp_ring_record_at(void *base, uint32_t entries, uint32_t n)
+{
+	return (struct rp_ring_record *)((char *)base + RP_RING_HEADER_SIZE + (size_t)(n & (entries - 1)) * RP_RING_RECORD_SIZE);
+}
+static inline struct rp_ring_completion *rp_ring_completion_at(void *base, uint32_t entries, uint32_t n)
+{
+	return (struct rp_ring_completion *)((char *)base + RP_RING_HEADER_SIZE + (size_t)entries * RP_RING_RECORD_SIZE +
+					     (size_t)(n & (entries - 1)) * RP_RING_COMPLETION_SIZE);
+}
+
+/* Shared counters: a load acquires (what the other side wrote before it
+ * published is seen after), a store releases (what this side wrote before
+ * is seen by whoever loads it). */
+static inline uint32_t rp_ring_load(const _Atomic uint32_t *p)
+{
+	return atomic_load_explicit(p, memory_order_acquire);
+}
+static inline void rp_ring_store(_Atomic uint32_t *p, uint32_t v)
+{
+	atomic_store_explicit(p, v, memory_order_release);
+}
+/* The sleeping and waiting flags take part in the doorbell handshake,
+ * which needs a total order: sequentially consistent. */
+static inline uint32_t rp_ring_flag(const _Atomic uint32_t *p)
+{
+	return atomic_load_explicit(p, memory_order_seq_cst);
+}
+static inline void rp_ring_flag_set(_Atomic uint32_t *p, uint32_t v)
+{
+	atomic_store_explicit(p, v, memory_order_seq_cst);
+}
+static inline uint32_t rp_ring_flag_take(_Atomic uint32_t *p)
+{
+	return atomic_exchange_explicit(p, 0, memory_order_seq_cst);
+}
+/* Orders a publication before the look at the other side's sleeping flag
+ * (and a sleeping flag before the last look at the ring). */
+static inline void rp_ring_fence(void)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Fills c from a record the caller copied out of shared memory, its
+ * indexes resolved through ids (nids entries; an entry of kind 0 is not
+ * bound), then runs rp_compute_check: a record is held to every check a
+ * Varlink call is. Errors as for a call: InvalidParameter naming the field
+ * ("op", "flags", "a.shape", "wait_event"...), InvalidOperand for an
+ * operand whose index is not bound or does not name a buffer. 0 or -EINVAL
+ * with err set (and *c zeroed). */
+int rp_ring_decode(const struct rp_ring_record *rec, const struct rp_id *ids, uint32_t nids, struct rp_compute *c,
+		   struct rp_error *err);
+
+/* A record of a descriptor (clients): index_of[slot] is the id table index
+ * of each present operand's buffer, wait/signal those of the events (or
+ * RP_RING_NONE). Strides are taken as they are in c. */
+void rp_ring_encode(const struct rp_compute *c, const uint32_t index_of[RP_OP_OPERANDS_MAX], uint32_t wait,
+		    uint32_t signal, uint64_t tag, struct rp_ring_record *rec);
+
+/* Writes a completion: success (err NULL or unnamed) or the error, its
+ * Varlink text cut to fit RP_RING_ERROR_MAX. */
+void rp_ring_complete(struct rp_ring_completion *cqe, uint64_t tag, const struct rp_error *err, uint64_t elapsed_us);
+
+/* The error a completion carries (clients; cqe copied out of the ring
+ * first), as a Varlink reply would give it: its name into name[64] and its
+ * parameters (*params, the caller's to delete). 0 for a success, 1 for an
+ * error, -EPROTO when the completion is malformed. */
+int rp_ring_completion_error(const struct rp_ring_completion *cqe, char name[64], cJSON **params);

@@ -1,0 +1,434 @@
+/* bench_ring: compute calls over a lane's ring against the same calls over
+ * Varlink and against the same math run in this process, on the host
+ * backend (no GPU).
+ *
+ *   bench_ring REGEND_PATH [--iters N] [--seconds S] [--lanes L] [--window W]
+ *
+ * Starts its own regend (host backend, one device). Then:
+ * - latency: one blocking f32 GEMM at a time (16^3 and 64^3) through
+ *   libregen on each transport, and rd_host_run (regend's own host math)
+ *   on the same memory in this process; p50/p99 and what regend adds;
+ * - throughput: L lanes (threads, a client each) of tiny GEMMs (8^3 f32),
+ *   for S seconds each way: queued W at a time (regen_gemm_submit, then
+ *   regen_wait on the last), and one blocking call at a time.
+ * Prints markdown tables. Exit codes: 0 done, 1 failure, 2 usage. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/backend/host/math.h"
+#include "proto/compute.h"
+#include "regen.h"
+
+static char tmp_dir[64], sock_path[96], log_path[96];
+static pid_t regend_pid = -1;
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void cleanup(void)
+{
+	char cmd[128];
+	int status;
+
+	if (regend_pid > 0) {
+		kill(regend_pid, SIGTERM);
+		waitpid(regend_pid, &status, 0);
+		regend_pid = -1;
+	}
+	if (tmp_dir[0]) {
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "bench_ring: could not remove %s\n", tmp_dir);
+	}
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "bench_ring: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static void check(regen_client *c, int r, const char *what)
+{
+	if (r < 0)
+		die("%s: %s %s %s", what, strerror(-r), regen_client_error_name(c) ? regen_client_error_name(c) : "",
+		    regen_client_error_message(c) ? regen_client_error_message(c) : "");
+}
+
+static regen_client *start_regend(const char *regend)
+{
+	regen_client *c = NULL;
+
+	snprintf(sock_path, sizeof(sock_path), "%s/regend.sock", tmp_dir);
+	snprintf(log_path, sizeof(log_path), "%s/regend.log", tmp_dir);
+	fflush(NULL);
+	regend_pid = fork();
+	if (regend_pid == 0) {
+		int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (fd >= 0) {
+			dup2(fd, STDOUT_FILENO);
+			dup2(fd, STDERR_FILENO);
+		}
+		execl(regend, regend, "--socket", sock_path, "--backend", "host", "--devices", "1", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 3000; i++) {
+		regen_status *st;
+		if (!c && regen_client_connect(sock_path, &c) < 0)
+			c = NULL;
+		if (c && regen_status_get(c, &st) == 0) {
+			const struct regen_device_info *d = regen_status_find_device(st, 0);
+			bool ready = d && strcmp(d->state, "ready") == 0;
+			regen_status_free(st);
+			if (ready)
+				return c;
+		}
+		usleep(10000);
+	}
+	die("regend not ready in 30 s (log %s)", log_path);
+}
+
+/* One memfd with A, B, D of an n^3 f32 GEMM, imported. */
+struct mats {
+	int n;
+	size_t bytes;
+	int fd;
+	float *ptr;
+	regen_buffer *buf;
+	struct regen_gemm_args args;
+};
+
+static void tensor(struct regen_tensor *t, regen_buffer *b, uint64_t off, int n)
+{
+	memset(t, 0, sizeof(*t));
+	t->buffer = b;
+	t->offset = off;
+	t->dtype = REGEN_F32;
+	t->rank = 2;
+	t->shape[0] = t->shape[1] = n;
+}
+
+static void mats_make(regen_client *c, struct mats *m, int n)
+{
+	size_t one = (size_t)n * n * sizeof(float);
+
+	memset(m, 0, sizeof(*m));
+	m->n = n;
+	m->bytes = 3 * one;
+	m->fd = memfd_create("bench-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (m->fd < 0 || ftruncate(m->fd, (off_t)m->bytes) < 0)
+		die("memfd: %s", strerror(errno));
+	m->ptr = mmap(NULL, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+	if (m->ptr == MAP_FAILED)
+		die("mmap: %s", strerror(errno));
+	for (size_t i = 0; i < 2 * (size_t)n * n; i++)
+		m->ptr[i] = (float)((i * 7919) % 17) / 17.0f - 0.5f;
+	check(c, regen_buffer_import_fd(c, 0, m->fd, m->bytes, &m->buf), "import");
+	tensor(&m->args.a, m->buf, 0, n);
+	tensor(&m->args.b, m->buf, one, n);
+	tensor(&m->args.d, m->buf, 2 * one, n);
+	m->args.alpha = 1.0;
+	m->args.alpha_set = true;
+}
+
+static void mats_free(struct mats *m)
+{
+	regen_buffer_close(m->buf);
+	munmap(m->ptr, m->bytes);
+	close(m->fd);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+struct stats {
+	double p50, p99;
+};
+
+static struct stats summarize(double *us, long n)
+{
+	struct stats s;
+
+	qsort(us, (size_t)n, sizeof(double), cmp_double);
+	s.p50 = us[(n - 1) / 2];
+	s.p99 = us[(long)ceil(0.99 * (double)n) - 1];
+	return s;
+}
+
+/* rd_host_run on the same memory: what the work costs in this process. */
+static struct stats in_process(struct mats *m, long iters, double *us)
+{
+	struct rp_compute c = { .spec = &rp_op_gemm };
+	struct rp_error err = { 0 };
+	void *ptr[RP_OP_OPERANDS_MAX] = { 0 };
+	size_t one = (size_t)m->n * m->n * sizeof(float);
+	static char scratch[1 << 20];
+
+	for (int s = 0; s < 4; s++) {
+		if (s == RP_GEMM_C)
+			continue;
+		struct rp_operand *o = &c.operands[s];
+		o->buffer = (struct rp_id){ .kind = RP_ID_BUFFER, .generation = 1, .serial = 1 };
+		o->offset = s == RP_GEMM_A ? 0 : s == RP_GEMM_B ? one : 2 * one;
+		o->dtype = RP_DTYPE_F32;
+		o->rank = 2;
+		o->shape[0] = o->shape[1] = m->n;
+		o->strides[0] = m->n;
+		o->strides[1] = 1;
+		c.present[s] = true;
+		ptr[s] = (char *)m->ptr + o->offset;
+	}
+	c.gemm.alpha = 1.0;
+	if (rp_compute_check(&c, &err) < 0)
+		die("in-process descriptor refused");
+	for (long i = 0; i < iters + 200; i++) {
+		double t0 = now_s();
+		if (rd_host_run(&c, ptr, scratch, sizeof(scratch)) < 0)
+			die("rd_host_run failed");
+		if (i >= 200)
+			us[i - 200] = (now_s() - t0) * 1e6;
+	}
+	return summarize(us, iters);
+}
+
+static struct stats through_regend(regen_client *c, struct mats *m, long iters, double *us)
+{
+	for (long i = 0; i < iters + 200; i++) {
+		double t0 = now_s();
+		check(c, regen_gemm(c, &m->args), "regen_gemm");
+		if (i >= 200)
+			us[i - 200] = (now_s() - t0) * 1e6;
+	}
+	return summarize(us, iters);
+}
+
+/* ---- throughput ---- */
+
+struct lane_run {
+	pthread_t thread;
+	enum regen_transport transport;
+	int window;                 /* 0: blocking calls */
+	double seconds;
+	long calls;
+	regen_client *c;
+	struct mats m;
+};
+
+static pthread_barrier_t start_line;
+
+static void *lane_main(void *arg)
+{
+	struct lane_run *l = arg;
+	uint64_t t = 0;
+	double until;
+
+	pthread_barrier_wait(&start_line);
+	until = now_s() + l->seconds;
+	while (now_s() < until) {
+		if (l->window == 0) {
+			check(l->c, regen_gemm(l->c, &l->m.args), "regen_gemm");
+			l->calls++;
+			continue;
+		}
+		for (int i = 0; i < l->window; i++)
+			check(l->c, regen_gemm_submit(l->c, &l->m.args, &t), "regen_gemm_submit");
+		check(l->c, regen_wait(l->c, 0, t), "regen_wait");
+		l->calls += l->window;
+	}
+	return NULL;
+}
+
+/* CPU seconds a process used so far (utime + stime from /proc). */
+static double process_cpu(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long ut = 0, st = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	if (!fgets(buf, sizeof(buf), f))
+		buf[0] = '\0';
+	fclose(f);
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return 0;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+static pid_t worker_pid;
+static double cpu_per_call_us;
+
+static double throughput(int lanes, enum regen_transport transport, int window, double seconds)
+{
+	double cpu0, cpu1;
+	struct lane_run *runs = calloc((size_t)lanes, sizeof(*runs));
+	long total = 0;
+	double t0, t1;
+
+	pthread_barrier_init(&start_line, NULL, (unsigned)lanes + 1);
+	for (int i = 0; i < lanes; i++) {
+		runs[i].transport = transport;
+		runs[i].window = window;
+		runs[i].seconds = seconds;
+		check(NULL, regen_client_connect(sock_path, &runs[i].c), "connect");
+		regen_client_set_transport(runs[i].c, transport);
+		mats_make(runs[i].c, &runs[i].m, 8);
+		check(runs[i].c, regen_gemm(runs[i].c, &runs[i].m.args), "warm-up");
+		if (regen_client_transport(runs[i].c, 0) != transport)
+			die("lane %d did not get the transport asked for", i);
+		pthread_create(&runs[i].thread, NULL, lane_main, &runs[i]);
+	}
+	cpu0 = self_cpu() + process_cpu(worker_pid);
+	pthread_barrier_wait(&start_line);
+	t0 = now_s();
+	for (int i = 0; i < lanes; i++) {
+		pthread_join(runs[i].thread, NULL);
+		total += runs[i].calls;
+	}
+	t1 = now_s();
+	cpu1 = self_cpu() + process_cpu(worker_pid);
+	cpu_per_call_us = (cpu1 - cpu0) / (double)total * 1e6;
+	for (int i = 0; i < lanes; i++) {
+		mats_free(&runs[i].m);
+		regen_client_destroy(runs[i].c);
+	}
+	pthread_barrier_destroy(&start_line);
+	free(runs);
+	return (double)total / (t1 - t0);
+}
+
+int main(int argc, char **argv)
+{
+	const char *regend = NULL;
+	long iters = 5000;
+	double seconds = 3;
+	int lanes = 4, window = 128;
+	double *us;
+	regen_client *c;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
+			iters = strtol(argv[++i], NULL, 10);
+		else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
+			seconds = strtod(argv[++i], NULL);
+		else if (strcmp(argv[i], "--lanes") == 0 && i + 1 < argc)
+			lanes = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--window") == 0 && i + 1 < argc)
+			window = atoi(argv[++i]);
+		else if (argv[i][0] != '-' && !regend)
+			regend = argv[i];
+		else
+			regend = NULL;
+	}
+	if (!regend || iters < 100 || lanes < 1 || lanes > 64 || window < 1 || window > 4096 || !(seconds > 0)) {
+		fprintf(stderr, "usage: bench_ring REGEND_PATH [--iters N] [--seconds S] [--lanes L] [--window W]\n");
+		return 2;
+	}
+	snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/regen-ring-XXXXXX");
+	if (!mkdtemp(tmp_dir)) {
+		tmp_dir[0] = '\0';
+		die("mkdtemp: %s", strerror(errno));
+	}
+	atexit(cleanup);
+	signal(SIGPIPE, SIG_IGN);
+	c = start_regend(regend);
+	us = malloc(sizeof(double) * (size_t)iters);
+
+	printf("host backend, one blocking f32 GEMM at a time, %ld calls after 200 warm-up:\n\n", iters);
+	printf("| shape | path | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---:|---:|---:|---:|\n");
+	for (int n = 16; n <= 64; n *= 4) {
+		struct mats m;
+		struct stats local, ring, var;
+
+		mats_make(c, &m, n);
+		local = in_process(&m, iters, us);
+		regen_client_set_transport(c, REGEN_TRANSPORT_RING);
+		ring = through_regend(c, &m, iters, us);
+		regen_client_set_transport(c, REGEN_TRANSPORT_VARLINK);
+		var = through_regend(c, &m, iters, us);
+		printf("| %d^3 | in process (rd_host_run) | %.1f | %.1f | | |\n", n, local.p50, local.p99);
+		printf("| %d^3 | regend, ring | %.1f | %.1f | %.1f | %.1f |\n", n, ring.p50, ring.p99, ring.p50 - local.p50,
+		       ring.p99 - local.p99);
+		printf("| %d^3 | regend, Varlink | %.1f | %.1f | %.1f | %.1f |\n", n, var.p50, var.p99,
+		       var.p50 - local.p50, var.p99 - local.p99);
+		mats_free(&m);
+	}
+	fflush(stdout);
+
+	printf("\n8^3 f32 GEMMs on %d lanes (a thread and a client each), %.0f s each way:\n\n", lanes, seconds);
+	{
+		char cmd[64], line[32];
+		FILE *f;
+		snprintf(cmd, sizeof(cmd), "pgrep -P %d", (int)regend_pid);
+		f = popen(cmd, "r");
+		if (f && fgets(line, sizeof(line), f))
+			worker_pid = (pid_t)atoi(line);
+		if (f)
+			pclose(f);
+	}
+	printf("(CPU per call: this process and the worker, user + system, over the run: what the calls cost the "
+	       "machine whatever else runs on it)\n\n");
+	printf("| transport | calls | calls/s | CPU µs per call |\n|---|---|---:|---:|\n");
+	static const struct {
+		enum regen_transport t;
+		const char *name;
+		bool queued;
+	} runs[] = { { REGEN_TRANSPORT_RING, "ring", true }, { REGEN_TRANSPORT_VARLINK, "Varlink", true },
+		     { REGEN_TRANSPORT_RING, "ring", false }, { REGEN_TRANSPORT_VARLINK, "Varlink", false } };
+	for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+		double rate = throughput(lanes, runs[i].t, runs[i].queued ? window : 0, seconds);
+		char what[48];
+		snprintf(what, sizeof(what), runs[i].queued ? "queued, %d at a time" : "blocking", window);
+		printf("| %s | %s | %.0f | %.1f |\n", runs[i].name, what, rate, cpu_per_call_us);
+		fflush(stdout);
+	}
+	free(us);
+	regen_client_destroy(c);
+	return 0;
+}

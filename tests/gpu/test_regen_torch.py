@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""regen.torch on a GPU, against regend with the CUDA backend (issue 13,
+items 2-5).  Each check prints PASS/FAIL; the last line is "N passed, N
+failed".
+
+  ops        matmul, linear (bias, fused GELU) and SDPA (grouped-query heads,
+             causal, scale) in bf16 and f16, forward and backward, against
+             torch's own in float32; transposed views need no copy
+  device     torch's device matched to regend's by UUID (Status health.uuid)
+  pool       tensors from regen.torch.pool() need no block import; a pool
+             chunk is imported once whatever the number of tensors in it
+  blocks     tensors from torch's caching allocator: one import per
+             cudaMalloc block, never one per tensor
+  flat       10,000 steps allocating fresh activations (pool and not):
+             live imports bounded, rank memory and regend's memory flat
+  ordering   each of "wait", "events", "sync", "auto": regend reads what the rank's
+             current stream wrote just before (behind a 50 ms spin), and the
+             rank's stream sees what regend wrote
+  compile    torch.compile(fullgraph=True, backend="aot_eager") traces the
+             custom ops (fake implementations) and runs them (torch >= 2.4)
+  lifecycle  restart, device_lost and a worker crash between operations:
+             the next operation waits for the new generation, re-imports
+             (pool chunks, blocks, events) and succeeds; with retry off the
+             error is named
+  mps        regen.torch.mps_mode() reports (MPS itself is not set up here)
+
+    python3 tests/gpu/test_regen_torch.py [REGEND] [--steps N]
+
+regend defaults to $REGEND, then $REGEN_BUILD_ROOT/daemon/regend, then
+build/daemon/regend; libregen to $REGEN_LIBREGEN or beside it
+(client/libregen.so).  Exit 0 pass, 1 fail, 77 skipped (no torch, no CUDA,
+no regend).
+"""
+
+import math
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
+from regend_fixture import Regend, find_regend, require_torch  # noqa: E402
+
+torch = require_torch()
+
+import regen  # noqa: E402
+
+results = []
+DEV = 0
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def record(name, ok, detail=""):
+    results.append((name, ok))
+    print(f"{'PASS' if ok else 'FAIL'}  {name:<58} {detail}", flush=True)
+    return ok
+
+
+def check(name, fn):
+    try:
+        fn()
+    except AssertionError as e:
+        record(name, False, str(e))
+    except Exception as e:
+        record(name, False, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / max(b.norm().item(), 1e-30)).item()
+
+
+def ref_sdpa(q, k, v, causal, scale):
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s = s.masked_fill(~torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(),
+                          float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def ops(rt):
+    dev = f"cuda:{DEV}"
+    for dt in (torch.bfloat16, torch.float16):
+        tol = TOL[dt]
+        a = torch.randn(512, 768, device=dev, dtype=dt, requires_grad=True)
+        b = torch.randn(768, 384, device=dev, dtype=dt, requires_grad=True)
+        y = rt.matmul(a, b)
+        ref = a.float() @ b.float()
+        g = torch.randn_like(y)
+        ga, gb = torch.autograd.grad(y, (a, b), g)
+        ra, rb = torch.autograd.grad(ref, (a, b), g.float())
+        e = max(rel(y, ref), rel(ga, ra), rel(gb, rb))
+        record(f"matmul {dt} fwd+bwd", e < tol, f"rel {e:.2e}")
+        # Transposed views: flags, not copies.
+        e = rel(rt.matmul(a.t().t(), b.t().contiguous().t()), ref)
+        record(f"matmul {dt} transposed views", e < tol, f"rel {e:.2e}")
+        for act in (None, "gelu"):
+            x = torch.randn(4, 256, 512, device=dev, dtype=dt, requires_grad=True)
+            w = torch.randn(1024, 512, device=dev, dtype=dt, requires_grad=True) / 16
+            bias = torch.randn(1024, device=dev, dtype=dt, requires_grad=True)
+            y = rt.linear(x, w, bias, activation=act)
+            ref = torch.nn.functional.linear(x.float(), w.float(), bias.float())
+            if act:
+                ref = torch.nn.functional.gelu(ref, approximate="tanh")
+            g = torch.randn_like(y)
+            got = torch.autograd.grad(y, (x, w, bias), g)
+            want = torch.autograd.grad(ref, (x, w, bias), g.float())
+            e = max([rel(y, ref)] + [rel(p, q) for p, q in zip(got, want)])
+            record(f"linear {dt} bias {act or 'none'} fwd+bwd", e < tol, f"rel {e:.2e}")
+        for h, hkv, sq, skv, d, causal, scale in ((16, 16, 1024, 1024, 128, True, None),
+                                                  (16, 4, 512, 512, 64, True, None),
+                                                  (8, 8, 256, 384, 64, False, 0.1)):
+            q = torch.randn(2, h, sq, d, device=dev, dtype=dt, requires_grad=True)
+            k = torch.randn(2, hkv, skv, d, device=dev, dtype=dt, requires_grad=True)
+            v = torch.randn(2, hkv, skv, d, device=dev, dtype=dt, requires_grad=True)
+            o = rt.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=h != hkv)
+            ref = ref_sdpa(q.float(), k.float(), v.float(), causal, scale)
+            g = torch.randn_like(o)
+            got = torch.autograd.grad(o, (q, k, v), g)
+            want = torch.autograd.grad(ref, (q, k, v), g.float())
+            e = max([rel(o, ref)] + [rel(p, q_) for p, q_ in zip(got, want)])
+            record(f"sdpa {dt} H{h}/{hkv} S{sq}x{skv} D{d} causal={causal}", e < tol, f"rel {e:.2e}")
+
+
+def device_map(rt, d):
+    rtm = rt.runtime()
+    idx = rtm.regend_device(torch.device("cuda", DEV))
+    info = regen.Client(d.socket).device_info(idx)
+    uuid = (info.get("health") or {}).get("uuid")
+    from regen import devmatch
+    from regen.torch._devices import local_identity
+    mine = local_identity(DEV)[0]
+    ok = devmatch.normalize_uuid(uuid) is not None and devmatch.normalize_uuid(uuid) == devmatch.normalize_uuid(mine)
+    record("device matched by UUID", ok, f"torch {mine} regend {uuid} -> {idx}")
+
+
+def pool_imports(rt):
+    rtm = rt.runtime()
+    before = rtm.stats()
+    with rt.pool(DEV):
+        ts = [torch.randn(256, 256, device=f"cuda:{DEV}", dtype=torch.bfloat16) for _ in range(64)]
+        w = torch.randn(256, 256, device=f"cuda:{DEV}", dtype=torch.bfloat16)
+        outs = [rt.matmul(t, w) for t in ts]
+    after = rtm.stats()
+    err = max(rel(o, t.float() @ w.float()) for o, t in zip(outs, ts))
+    record("pool: 64 GEMMs right", err < 2e-2, f"rel {err:.2e}")
+    record("pool: no block import", after["block_imports"] == before["block_imports"],
+           f"{after['block_imports'] - before['block_imports']} block imports")
+    pool_new = after["pool"]["import_calls"] - before["pool"]["import_calls"]
+    record("pool: chunks imported once each", pool_new <= after["pool"]["chunks"],
+           f"{pool_new} imports for {after['pool']['chunks']} chunks, {len(ts) + 1 + len(outs)} tensors")
+
+
+def block_imports(rt):
+    rtm = rt.runtime()
+    rt.sweep()
+    before = rtm.stats()["block_imports"]
+    big = torch.randn(64, 256, 256, device=f"cuda:{DEV}", dtype=torch.bfloat16)   # one cudaMalloc block
+    w = torch.randn(256, 256, device=f"cuda:{DEV}", dtype=torch.bfloat16)
+    for i in range(64):
+        rt.matmul(big[i], w)
+    made = rtm.stats()["block_imports"] - before
+    record("blocks: 64 tensors in one block, imports per block", made <= 3, f"{made} block imports")
+
+
+def flat(rt, steps):
+    """Fresh activations every step, inside and outside the pool."""
+    rtm = rt.runtime()
+    admin = regen.Client(rtm.socket)
+    idx = rtm.regend_device(torch.device("cuda", DEV))
+    w = torch.randn(1024, 1024, device=f"cuda:{DEV}", dtype=torch.bfloat16) / 32
+    for where in ("pool", "caching allocator"):
+        marks = {}
+        for step in range(steps):
+            ctx = rt.pool(DEV) if where == "pool" else _null()
+            with ctx:
+                x = torch.randn(512, 1024, device=f"cuda:{DEV}", dtype=torch.bfloat16)
+                y = rt.linear(rt.matmul(x, w), w, activation="gelu")
+                y.sum().item() if step % 1000 == 0 else None
+            if step in (steps // 10, steps - 1):
+                torch.cuda.synchronize()
+                marks[step] = (rtm.live_imports(), rtm.stats()["pool"]["imports"], torch.cuda.memory_allocated(DEV),
+                               torch.cuda.memory_reserved(DEV), admin.device_info(idx)["memory_used"])
+        (i0, p0, a0, r0, g0), (i1, p1, a1, r1, g1) = marks[steps // 10], marks[steps - 1]
+        ok = i1 <= max(i0, 1) + 4 and p1 <= p0 + 2 and a1 <= a0 + (16 << 20) and r1 <= r0 + (64 << 20) \
+            and g1 <= g0 + (64 << 20)
+        record(f"flat over {steps} steps ({where})", ok,
+               f"imports {i0}->{i1}, pool imports {p0}->{p1}, rank allocated {a0 >> 20}->{a1 >> 20} MiB, "
+               f"reserved {r0 >> 20}->{r1 >> 20} MiB, regend {g0 >> 20}->{g1 >> 20} MiB")
+    admin.close()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def ordering(rt, d):
+    for mode in ("wait", "events", "sync", "auto"):
+        rt.configure(socket=d.socket, ordering=mode)
+        s = torch.cuda.Stream(DEV)
+        with torch.cuda.stream(s):
+            a = torch.zeros(256, 256, device=f"cuda:{DEV}", dtype=torch.bfloat16)
+            b = torch.eye(256, device=f"cuda:{DEV}", dtype=torch.bfloat16)
+            torch.cuda._sleep(int(50e-3 * 1.5e9))   # ~50 ms of GPU time before the write
+            a.fill_(3.0)                              # regend must see this
+            y = rt.matmul(a, b)
+            z = y + 1                                 # the rank's stream must see regend's result
+        s.synchronize()
+        ok = bool((y == 3).all().item()) and bool((z == 4).all().item())
+        record(f"ordering {mode}: both directions on a side stream", ok,
+               f"y {y.float().mean().item():.2f} z {z.float().mean().item():.2f}")
+    rt.configure(socket=d.socket)
+
+
+def compiled(rt):
+    if not rt.HAVE_CUSTOM_OP:
+        record("torch.compile traces the custom ops", True, "skipped: torch < 2.4")
+        return
+
+    def f(x, w, q, k, v):
+        h = rt.linear(x, w, activation="gelu")
+        return h.sum() + rt.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum()
+
+    dev = f"cuda:{DEV}"
+    x = torch.randn(64, 128, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(256, 128, device=dev, dtype=torch.bfloat16)
+    q = k = v = torch.randn(1, 4, 64, 64, device=dev, dtype=torch.bfloat16)
+    calls = rt.stats()["calls"]
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, q, k, v)
+    want = f(x, w, q, k, v)
+    ok = abs(got.item() - want.item()) <= 1e-2 * max(1.0, abs(want.item())) and rt.stats()["calls"] > calls
+    record("torch.compile(fullgraph) traces and runs the custom ops", ok, f"{got.item():.3f} vs {want.item():.3f}")
+
+
+def lifecycle(rt, d):
+    admin = regen.Client(d.socket)
+    dev = f"cuda:{DEV}"
+    a = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
+    with rt.pool(DEV):
+        pa = a.clone()
+    want = a.float() @ b.float()
+    rtm = rt.runtime()
+    idx = rtm.regend_device(torch.device("cuda", DEV))
+    for kind in ("restart", "device_lost", "crash"):
+        rt.matmul(a, b)
+        gen = admin.generation()["devices"][idx]["generation"]
+        before = rtm.stats()["recoveries"]
+        if kind == "restart":
+            admin.restart(idx, reason="test_regen_torch")
+        else:
+            admin.inject_fault(idx, kind)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if admin.generation()["devices"][idx]["generation"] > gen:
+                    break
+            except regen.Error:
+                pass
+            time.sleep(0.02)
+        try:
+            e1 = rel(rt.matmul(a, b), want)            # a block import, stale
+            e2 = rel(rt.matmul(pa, b), want)           # a pool chunk, stale
+            rec = rtm.stats()["recoveries"] - before
+            record(f"lifecycle {kind}: operations go on", max(e1, e2) < 2e-2 and rec >= 1,
+                   f"rel {max(e1, e2):.2e}, {rec} recoveries")
+        except Exception as e:
+            record(f"lifecycle {kind}: operations go on", False, f"{type(e).__name__}: {e}")
+    own = rt.Runtime(socket=d.socket, retry=False)
+    saved, rt._runtime = rt._runtime, own
+    try:
+        rt.matmul(a, b)
+        admin.restart(idx, reason="no retry")
+        try:
+            rt.matmul(a, b)
+            record("lifecycle without retry: a named error", False, "no error")
+        except (regen.StaleGeneration, regen.ConnectionReset) as e:
+            record("lifecycle without retry: a named error", True, e.name)
+    finally:
+        rt._runtime = saved
+        own.client.close()
+    admin.close()
+
+
+def mps(rt):
+    m = rt.mps_mode()
+    record("mps_mode reports", isinstance(m.get("rank"), bool) and "isolated" in m, str(m))
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    steps = 10000
+    if "--steps" in sys.argv:
+        steps = int(sys.argv[sys.argv.index("--steps") + 1])
+        args = [a for a in args if a != str(steps)]
+    regend = find_regend(args[0] if args else None)
+    if regend is None:
+        print("SKIP: no regend")
+        return 77
+    build = os.path.dirname(os.path.dirname(regend))
+    os.environ.setdefault("REGEN_LIBREGEN", os.path.join(build, "client", "libregen.so"))
+    daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120)
+    try:
+        import regen.torch as rt
+        rt.configure(socket=daemon.socket)
+        why = rt.runtime().pool.cuda_available() if rt.runtime().pool else "libregen not found"
+        record("libregen's CUDA pool is available", why is None, why or "")
+        torch.manual_seed(0)
+        check("device", lambda: device_map(rt, daemon))
+        check("ops", lambda: ops(rt))
+        check("pool", lambda: pool_imports(rt))
+        check("blocks", lambda: block_imports(rt))
+        check("ordering", lambda: ordering(rt, daemon))
+        check("compile", lambda: compiled(rt))
+        check("flat", lambda: flat(rt, steps))
+        check("lifecycle", lambda: lifecycle(rt, daemon))
+        check("mps", lambda: mps(rt))
+    except BaseException:
+        daemon.finish(dump=True)
+        raise
+    else:
+        daemon.stop()
+    passed = sum(1 for _, ok in results if ok)
+    failed = len(results) - passed
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,663 @@
+/* io.regen.Lane, the ring beside a lane's connection: libregen picks it
+ * where the worker offers it; a call gets the same answer over the ring as
+ * over Varlink, errors named alike with the same parameters; queued calls
+ * complete in order; after a restart, records fail with StaleGeneration
+ * until the buffers are imported and bound again. A hostile client that
+ * drives the ring by hand (a raw connection, its own memfd) gets named
+ * refusals for bad setups, named errors in completions for bad records,
+ * and a closed connection for counters that make no sense; the worker
+ * serves on throughout. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>
+#include "proto/ring.h"
+#include "tests/lib/client.h"
+#include "tests/lib/varlink.h"
+
+static struct tl_daemon daemon_;
+
+/* ---- libregen on both transports ---- */
+
+/* The named error of the last call and its parameters, as one string. */
+static void last_error(regen_client *c, char *out, size_t size)
+{
+	snprintf(out, size, "%s %s", regen_client_error_name(c) ? regen_client_error_name(c) : "(none)",
+		 regen_client_error_parameters(c) ? regen_client_error_parameters(c) : "");
+}
+
+/* Replaces every `from` in s by the shorter or equal `to`. */
+static void replace_all(char *s, const char *from, const char *to)
+{
+	size_t lf = strlen(from), lt = strlen(to);
+	char *p;
+
+	while ((p = strstr(s, from)) != NULL) {
+		memcpy(p, to, lt);
+		memmove(p + lt, p + lf, strlen(p + lf) + 1);
+	}
+}
+
+static void tensor2(struct regen_tensor *t, regen_buffer *b, uint64_t offset, int64_t rows, int64_t cols)
+{
+	memset(t, 0, sizeof(*t));
+	t->buffer = b;
+	t->offset = offset;
+	t->dtype = REGEN_F32;
+	t->rank = 2;
+	t->shape[0] = rows;
+	t->shape[1] = cols;
+}
+
+/* Calls that must be refused, each with what makes it wrong. */
+static int bad_gemm(int which, regen_buffer *b, struct regen_gemm_args *g)
+{
+	memset(g, 0, sizeof(*g));
+	tensor2(&g->a, b, 0, 8, 8);
+	tensor2(&g->b, b, 256, 8, 8);
+	tensor2(&g->d, b, 512, 8, 8);
+	switch (which) {
+	case 0:   /* D past the end of the buffer */
+		g->d.offset = (1 << 16) - 64;
+		return 1;
+	case 1:   /* K disagrees */
+		g->b.shape[0] = 7;
+		return 1;
+	case 2:   /* beta without C */
+		g->beta = 0.5;
+		return 1;
+	case 3:   /* D overlaps A */
+		g->d.offset = 128;
+		return 1;
+	case 4:   /* a bias epilogue without a bias */
+		g->epilogue = REGEN_EPILOGUE_BIAS;
+		return 1;
+	case 5:   /* misaligned */
+		g->a.offset = 2;
+		return 1;
+	case 6:   /* a stride of 0 in the output */
+		g->d.strides[0] = 0;
+		g->d.strides[1] = 1;
+		return 1;
+	}
+	return 0;
+}
+
+static void same_answers_on_both_transports(void)
+{
+	regen_client *cv = tl_client_connect(&daemon_), *cr = tl_client_connect(&daemon_);
+	struct tl_buffer bv, br;
+	struct regen_gemm_args g;
+	char ev[1024], er[1024];
+
+	ASSERT_REGEN_OK(cv, regen_client_set_transport(cv, REGEN_TRANSPORT_VARLINK));
+	ASSERT_REGEN_OK(cr, regen_client_set_transport(cr, REGEN_TRANSPORT_RING));
+	tl_buffer_create(cv, 0, 1 << 16, &bv);
+	tl_buffer_create(cr, 0, 1 << 16, &br);
+	ASSERT_GEMM_OK(cv, &bv, "a GEMM over Varlink");
+	ASSERT_GEMM_OK(cr, &br, "a GEMM over the ring");
+	ASSERT_EQ(regen_client_transport(cv, 0), REGEN_TRANSPORT_VARLINK, "the Varlink client's lane");
+	ASSERT_EQ(regen_client_transport(cr, 0), REGEN_TRANSPORT_RING, "the ring client's lane");
+	for (int i = 0; bad_gemm(i, bv.buf, &g); i++) {
+		int rv = regen_gemm(cv, &g), rr;
+
+		last_error(cv, ev, sizeof(ev));
+		bad_gemm(i, br.buf, &g);
+		rr = regen_gemm(cr, &g);
+		last_error(cr, er, sizeof(er));
+		ASSERT_EQ(rv, -EREMOTE, "bad GEMM %d over Varlink: %s", i, ev);
+		ASSERT_EQ(rr, rv, "bad GEMM %d over the ring: %s (Varlink: %s)", i, er, ev);
+		/* Buffer ids differ between the two clients; nothing else may. */
+		replace_all(ev, regen_buffer_id(bv.buf), "BUF");
+		replace_all(er, regen_buffer_id(br.buf), "BUF");
+		ASSERT_STR_EQ(er, ev, "bad GEMM %d: the ring's error differs from Varlink's", i);
+	}
+	/* A closed buffer: NoSuchObject, both ways (the ring resolves its
+	 * index for every record). */
+	regen_buffer *gone_v = bv.buf, *gone_r = br.buf;
+	struct tl_buffer ov, orr;
+	tl_buffer_create(cv, 0, 1 << 16, &ov);
+	tl_buffer_create(cr, 0, 1 << 16, &orr);
+	ASSERT_GEMM_OK(cr, &orr, "a GEMM on a second buffer over the ring");
+	bad_gemm(-1, gone_r, &g);
+	tensor2(&g.a, gone_r, 0, 8, 8);
+	tensor2(&g.b, orr.buf, 0, 8, 8);
+	tensor2(&g.d, orr.buf, 512, 8, 8);
+	ASSERT_REGEN_OK(cr, regen_gemm(cr, &g), "both buffers open");
+	(void)gone_v;
+	tl_buffer_free(&bv);
+	tl_buffer_free(&ov);
+	tl_buffer_free(&br);
+	tl_buffer_free(&orr);
+	regen_client_destroy(cv);
+	regen_client_destroy(cr);
+}
+
+/* 2000 GEMMs queued without waiting, in a ring of 256: all complete, in
+ * order, and a bad one among them fails alone, named at the wait. */
+static void queued_calls_complete_in_order(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct regen_gemm_args g;
+	uint64_t t = 0, first = 0;
+	float *m;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, 0, 1 << 16, &b);
+	m = (float *)b.mem.ptr;
+	/* A = I (4x4), B = 2I, D = A B: 2I every time. */
+	for (int i = 0; i < 16; i++) {
+		m[i] = i % 5 == 0 ? 1.0f : 0.0f;
+		m[64 + i] = i % 5 == 0 ? 2.0f : 0.0f;
+	}
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, b.buf, 0, 4, 4);
+	tensor2(&g.b, b.buf, 256, 4, 4);
+	tensor2(&g.d, b.buf, 512, 4, 4);
+	for (int i = 0; i < 2000; i++) {
+		ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &t), "submit %d", i);
+		if (i == 0)
+			first = t;
+	}
+	ASSERT_UINT_EQ(t, first + 1999, "tickets count calls");
+	ASSERT_REGEN_OK(c, regen_wait(c, 0, t), "2000 queued GEMMs");
+	for (int i = 0; i < 16; i++)
+		ASSERT(m[128 + i] == (i % 5 == 0 ? 2.0f : 0.0f), "D[%d] = %g", i, m[128 + i]);
+	/* One bad call in the middle: the wait names it; the others ran. */
+	struct regen_gemm_args bad = g;
+	bad.d.offset = (1 << 16) - 16;
+	for (int i = 0; i < 10; i++)
+		ASSERT_REGEN_OK(c, regen_gemm_submit(c, i == 5 ? &bad : &g, &t), "submit %d", i);
+	ASSERT_REGEN_ERROR(c, regen_wait(c, 0, t), REGEN_ERROR_INVALID_OPERAND, "the bad call among ten");
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g), "the lane goes on");
+	ASSERT_EQ(regen_client_transport(c, 0), REGEN_TRANSPORT_RING, "still the ring");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
+/* A restart: the ring's bound ids go stale with the generation, and the
+ * records say so; imported again, the buffer serves on the same ring. */
+static void restart_fails_records_with_stale_generation(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct regen_gemm_args g;
+	uint64_t gen;
+	regen_status *st;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, 1, 1 << 16, &b);
+	ASSERT_GEMM_OK(c, &b, "before the restart");
+	st = tl_status(c);
+	gen = tl_status_device(st, 1)->generation;
+	regen_status_free(st);
+	ASSERT_REGEN_OK(c, regen_restart(c, 1, "test_ring", 0, NULL));
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, b.buf, 0, 4, 4);
+	tensor2(&g.b, b.buf, 256, 4, 4);
+	tensor2(&g.d, b.buf, 512, 4, 4);
+	ASSERT_REGEN_ERROR(c, regen_gemm(c, &g), REGEN_ERROR_STALE_GENERATION, "a record naming a stale id");
+	ASSERT(strstr(regen_client_error_parameters(c), "\"generation\"") != NULL, "%s",
+	       regen_client_error_parameters(c));
+	ASSERT_EQ(tl_buffer_import(c, 1, &b), 0, "import again");
+	ASSERT_UINT_GT(regen_buffer_generation(b.buf), gen, "a new generation");
+	ASSERT_GEMM_OK(c, &b, "after the restart, imported again");
+	ASSERT_EQ(regen_client_transport(c, 1), REGEN_TRANSPORT_RING, "the same ring");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
+/* ---- a hostile client driving the ring by hand ---- */
+
+struct raw_ring {
+	struct tl_conn conn;
+	int memfd, bell[2];
+	void *base;
+	uint32_t entries, sq_tail, cq_head;
+};
+
+static int ring_memfd(uint32_t entries, bool seal)
+{
+	int fd = memfd_create("test-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	ASSERT_GE(fd, 0, "memfd_create");
+	ASSERT_EQ(ftruncate(fd, (off_t)rp_ring_size(entries)), 0, "ftruncate");
+	if (seal)
+		ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0, "seal");
+	return fd;
+}
+
+static void raw_setup_on(struct raw_ring *r, int device, uint32_t entries)
+{
+	memset(r, 0, sizeof(*r));
+	ASSERT_EQ(tl_conn_open(&r->conn, tl_daemon_worker_socket(&daemon_, device)), 0, "connect");
+	r->entries = entries;
+	r->memfd = ring_memfd(entries, true);
+	r->base = mmap(NULL, rp_ring_size(entries), PROT_READ | PROT_WRITE, MAP_SHARED, r->memfd, 0);
+	ASSERT(r->base != MAP_FAILED, "mmap");
+	rp_ring_header(r->base)->magic = RP_RING_MAGIC;
+	rp_ring_header(r->base)->version = RP_RING_VERSION;
+	rp_ring_header(r->base)->entries = entries;
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, r->bell), 0, "socketpair");
+}
+
+static void raw_setup(struct raw_ring *r, uint32_t entries)
+{
+	raw_setup_on(r, 0, entries);
+}
+
+static void raw_open(struct raw_ring *r)
+{
+	struct tl_reply rep;
+	int fds[2] = { r->memfd, r->bell[1] };
+
+	tl_call(&r->conn, &rep, 10, fds, 2, "io.regen.Lane.Open", "{\"entries\":%u,\"ring\":0,\"doorbell\":1}",
+		r->entries);
+	ASSERT_REPLY_OK(&rep);
+	ASSERT_EQ(tl_reply_int(&rep, "entries"), r->entries, "entries");
+	tl_reply_finish(&rep);
+}
+
+static void raw_close(struct raw_ring *r)
+{
+	munmap(r->base, rp_ring_size(r->entries));
+	close(r->memfd);
+	close(r->bell[0]);
+	close(r->bell[1]);
+	tl_conn_close(&r->conn);
+}
+
+static uint32_t raw_submit(struct raw_ring *r, const struct rp_ring_record *rec)
+{
+	memcpy(rp_ring_record_at(r->base, r->entries, r->sq_tail), rec, sizeof(*rec));
+	rp_ring_store(&rp_ring_header(r->base)->sq_tail, ++r->sq_tail);
+	rp_ring_fence();
+	(void)send(r->bell[0], "", 1, MSG_DONTWAIT);
+	return r->sq_tail - 1;
+}
+
+/* The next completion (fails the test after `seconds`). */
+static void raw_complete_within(struct raw_ring *r, double seconds, struct rp_ring_completion *out)
+{
+	double until = tl_now() + seconds;
+
+	while (rp_ring_load(&rp_ring_header(r->base)->cq_tail) == r->cq_head) {
+		ASSERT(tl_now() < until, "no completion for record %u", r->cq_head);
+		usleep(200);
+	}
+	memcpy(out, rp_ring_completion_at(r->base, r->entries, r->cq_head), sizeof(*out));
+	rp_ring_store(&rp_ring_header(r->base)->cq_head, ++r->cq_head);
+}
+
+static void raw_complete(struct raw_ring *r, struct rp_ring_completion *out)
+{
+	raw_complete_within(r, tl_timeout(10), out);
+}
+
+static void raw_bind(struct raw_ring *r, uint32_t index, const char *id)
+{
+	struct tl_reply rep;
+
+	tl_call(&r->conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":%u,\"ids\":[\"%s\"]}", index, id);
+	ASSERT_REPLY_OK(&rep);
+	tl_reply_finish(&rep);
+}
+
+static void expect_open_refused(int memfd, int bell, const char *params, const char *error, const char *what)
+{
+	struct tl_conn conn;
+	struct tl_reply rep;
+	int fds[2] = { memfd, bell };
+
+	ASSERT_EQ(tl_conn_open(&conn, tl_daemon_worker_socket(&daemon_, 0)), 0, "connect");
+	tl_call(&conn, &rep, 10, fds, 2, "io.regen.Lane.Open", "%s", params);
+	ASSERT_REPLY_ERROR(&rep, error, "%s", what);
+	tl_reply_finish(&rep);
+	tl_conn_close(&conn);
+}
+
+static void bad_setups_are_refused_by_name(void)
+{
+	int sealed = ring_memfd(4, true), unsealed = ring_memfd(4, false), dgram[2], stream[2];
+	void *h = mmap(NULL, rp_ring_size(4), PROT_READ | PROT_WRITE, MAP_SHARED, sealed, 0);
+
+	rp_ring_header(h)->magic = RP_RING_MAGIC;
+	rp_ring_header(h)->version = RP_RING_VERSION;
+	rp_ring_header(h)->entries = 4;
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, dgram), 0, "socketpair");
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, stream), 0, "socketpair");
+	expect_open_refused(unsealed, dgram[1], "{\"entries\":4,\"ring\":0,\"doorbell\":1}", "io.regen.ImportFailed",
+			    "an unsealed memfd");
+	expect_open_refused(sealed, stream[1], "{\"entries\":4,\"ring\":0,\"doorbell\":1}", "io.regen.ImportFailed",
+			    "a stream socket for a doorbell");
+	expect_open_refused(sealed, dgram[1], "{\"entries\":3,\"ring\":0,\"doorbell\":1}",
+			    "org.varlink.service.InvalidParameter", "3 entries");
+	expect_open_refused(sealed, dgram[1], "{\"entries\":8,\"ring\":0,\"doorbell\":1}", "io.regen.ImportFailed",
+			    "a memfd too small for its entries");
+	expect_open_refused(sealed, dgram[1], "{\"entries\":4,\"ring\":5,\"doorbell\":1}",
+			    "org.varlink.service.InvalidParameter", "an fd index past the fds passed");
+	expect_open_refused(dgram[1], sealed, "{\"entries\":4,\"ring\":0,\"doorbell\":1}", "io.regen.ImportFailed",
+			    "a socket for a ring");
+	rp_ring_header(h)->version = 99;
+	expect_open_refused(sealed, dgram[1], "{\"entries\":4,\"ring\":0,\"doorbell\":1}", "io.regen.ImportFailed",
+			    "a header of another version");
+	munmap(h, rp_ring_size(4));
+	close(sealed);
+	close(unsealed);
+	close(dgram[0]);
+	close(dgram[1]);
+	close(stream[0]);
+	close(stream[1]);
+
+	/* One ring per connection; Bind before Open is refused. */
+	struct raw_ring r;
+	struct tl_reply rep;
+	raw_setup(&r, 4);
+	tl_call(&r.conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":0,\"ids\":[\"\"]}");
+	ASSERT_REPLY_ERROR(&rep, "org.varlink.service.InvalidParameter", "Bind before Open");
+	tl_reply_finish(&rep);
+	raw_open(&r);
+	int fds[2] = { r.memfd, r.bell[1] };
+	tl_call(&r.conn, &rep, 10, fds, 2, "io.regen.Lane.Open", "{\"entries\":4,\"ring\":0,\"doorbell\":1}");
+	ASSERT_REPLY_ERROR(&rep, "io.regen.LimitExceeded", "a second ring on one connection");
+	tl_reply_finish(&rep);
+	raw_close(&r);
+}
+
+/* A record of a 4x4 GEMM on index 0 (A at 0, B at 64, D at 128 bytes). */
+static void small_gemm(struct rp_ring_record *rec, uint64_t tag)
+{
+	memset(rec, 0, sizeof(*rec));
+	rec->tag = tag;
+	rec->op = RP_OP_GEMM;
+	rec->alpha = 1.0;
+	rec->wait_event = rec->signal_event = RP_RING_NONE;
+	for (int i = 0; i < RP_OP_OPERANDS_MAX; i++)
+		rec->operands[i].index = RP_RING_NONE;
+	for (int s = 0; s < 4; s++) {
+		struct rp_ring_operand *o = &rec->operands[s];
+		if (s == RP_GEMM_C)
+			continue;
+		o->index = 0;
+		o->dtype = RP_DTYPE_F32;
+		o->rank = 2;
+		o->shape[0] = o->shape[1] = 4;
+		o->strides[0] = 4;
+		o->strides[1] = 1;
+		o->offset = s == RP_GEMM_A ? 0 : s == RP_GEMM_B ? 64 : 128;
+	}
+}
+
+static void expect_completion(struct raw_ring *r, uint64_t tag, const char *error, const char *what)
+{
+	struct rp_ring_completion cqe;
+	char name[64];
+	cJSON *params = NULL;
+
+	raw_complete(r, &cqe);
+	ASSERT_UINT_EQ(cqe.tag, tag, "%s: the completion's tag", what);
+	int k = rp_ring_completion_error(&cqe, name, &params);
+	if (error == NULL) {
+		ASSERT_EQ(k, 0, "%s: failed with %s", what, cqe.error);
+	} else {
+		ASSERT_EQ(k, 1, "%s: did not fail", what);
+		ASSERT_STR_EQ(name, error, "%s: %s", what, cqe.error);
+		ASSERT_STR_EQ(cqe.error_name, error, "%s: error_name", what);
+		ASSERT(cJSON_GetObjectItem(params, "message") != NULL || strncmp(error, "org.varlink", 11) == 0,
+		       "%s: no message in %s", what, cqe.error);
+	}
+	cJSON_Delete(params);
+}
+
+static void bad_records_get_named_errors(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct raw_ring r;
+	struct tl_reply rep;
+	struct rp_ring_record rec;
+	uint64_t tag = 100;
+
+	/* Imported by this process on another connection: ids belong to the
+	 * process, and the raw connection is this process's too. */
+	tl_buffer_create(c, 0, 1 << 16, &b);
+	raw_setup(&r, 8);
+	raw_open(&r);
+	tl_call(&r.conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":0,\"ids\":[\"%s\"]}",
+		regen_buffer_id(b.buf));
+	ASSERT_REPLY_OK(&rep);
+	tl_reply_finish(&rep);
+	tl_call(&r.conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":1,\"ids\":[\"b0.1.999999\"]}");
+	ASSERT(rep.error != NULL, "binding an id nobody imported");
+	tl_reply_finish(&rep);
+	tl_call(&r.conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":255,\"ids\":[\"%s\",\"%s\"]}",
+		regen_buffer_id(b.buf), regen_buffer_id(b.buf));
+	ASSERT_REPLY_ERROR(&rep, "org.varlink.service.InvalidParameter", "binding past the table");
+	tl_reply_finish(&rep);
+
+	small_gemm(&rec, ++tag);
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, NULL, "a good record");
+
+	small_gemm(&rec, ++tag);
+	rec.operands[RP_GEMM_B].index = 7;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "io.regen.InvalidOperand", "an unbound index");
+
+	small_gemm(&rec, ++tag);
+	rec.operands[RP_GEMM_A].index = 100000;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "io.regen.InvalidOperand", "an index past the table");
+
+	small_gemm(&rec, ++tag);
+	rec.op = 77;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "an unknown op");
+
+	small_gemm(&rec, ++tag);
+	rec.operands[RP_GEMM_D].offset = (1 << 16) - 8;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "io.regen.InvalidOperand", "D past the buffer's end");
+
+	small_gemm(&rec, ++tag);
+	rec.operands[RP_GEMM_A].rank = 9;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "rank 9");
+
+	small_gemm(&rec, ++tag);
+	rec.operands[RP_GEMM_A].shape[0] = -4;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "a negative dim");
+
+	small_gemm(&rec, ++tag);
+	rec.operands[RP_GEMM_A].dtype = 200;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "an unknown dtype");
+
+	small_gemm(&rec, ++tag);
+	rec.flags = RP_RING_CAUSAL;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "attention's flag on a GEMM");
+
+	small_gemm(&rec, ++tag);
+	rec.operands[6].index = 0;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "an operand slot the op has not");
+
+	small_gemm(&rec, ++tag);
+	rec.wait_event = 0;   /* a buffer where an event goes */
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "a buffer as wait_event");
+
+	small_gemm(&rec, ++tag);
+	rec.beta = 0.0 / 0.0;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "beta NaN");
+
+	small_gemm(&rec, ++tag);
+	rec.deadline_ms = RP_DEADLINE_MS_MAX + 1;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, "org.varlink.service.InvalidParameter", "a deadline past a day");
+
+	small_gemm(&rec, ++tag);
+	rec.deadline_ms = 5000;
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, NULL, "a deadline of 5 s");
+
+	/* Rewritten while the worker may be reading: whatever it copied is
+	 * checked; the ring stays usable. */
+	small_gemm(&rec, ++tag);
+	raw_submit(&r, &rec);
+	memset(rp_ring_record_at(r.base, r.entries, r.sq_tail - 1), 0xff, 512);
+	struct rp_ring_completion cqe;
+	raw_complete(&r, &cqe);
+	ASSERT_UINT_EQ(cqe.tag == tag ? tag : cqe.tag, cqe.tag, "a completion came");
+
+	small_gemm(&rec, ++tag);
+	raw_submit(&r, &rec);
+	expect_completion(&r, tag, NULL, "a good record after the bad ones");
+
+	/* Counters that make no sense: the connection closes, the worker
+	 * serves on. */
+	rp_ring_store(&rp_ring_header(r.base)->sq_tail, r.sq_tail + 1000);
+	(void)send(r.bell[0], "", 1, MSG_DONTWAIT);
+	char *text = tl_recv_text(&r.conn, 10);
+	ASSERT_NULL(text, "the connection of a ring with a bogus counter closes");
+	raw_close(&r);
+	ASSERT_GEMM_OK(c, &b, "the worker serves on");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
+/* Publishes as far as the completions allow, reading none of them, and
+ * rings whenever the worker says it sleeps, with a burst of doorbells now
+ * and then: until killed. */
+static int flood(void *arg)
+{
+	struct raw_ring *r = arg;
+	struct rp_ring_header *h = rp_ring_header(r->base);
+	uint32_t tail = r->sq_tail;
+
+	for (unsigned turn = 0;; turn++) {
+		uint32_t room = r->entries - (tail - rp_ring_load(&h->cq_tail));
+		if (room) {
+			tail += room;
+			rp_ring_store(&h->sq_tail, tail);
+		}
+		rp_ring_fence();
+		if (rp_ring_flag(&h->sq_sleeping) || turn % 1024 == 0)
+			for (int i = 0; i < 256; i++)
+				(void)send(r->bell[0], "", 1, MSG_DONTWAIT);
+	}
+	return 0;
+}
+
+/* A client that refills its ring with bad records as fast as the worker
+ * refuses them, and rings the doorbell without pause, does not keep the
+ * worker's loop from another connection: a Varlink call on it is answered
+ * meanwhile, promptly. */
+static void a_flooding_ring_does_not_starve_others(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct raw_ring r;
+	struct rp_ring_record rec;
+	struct tl_conn other;
+	struct tl_reply rep;
+	double slowest = 0;
+	pid_t pid;
+
+	tl_buffer_create(c, 0, 1 << 16, &b);
+	raw_setup(&r, 1024);
+	raw_open(&r);
+	raw_bind(&r, 0, regen_buffer_id(b.buf));
+	small_gemm(&rec, 1);
+	rec.op = 77;   /* refused at once: the ring empties as fast as it fills */
+	for (uint32_t i = 0; i < r.entries; i++)
+		memcpy(rp_ring_record_at(r.base, r.entries, i), &rec, sizeof(rec));
+	pid = tl_fork(flood, &r, 60);
+	ASSERT_EQ(tl_conn_open(&other, tl_daemon_worker_socket(&daemon_, 0)), 0, "connect");
+	usleep(100000);
+	for (int i = 0; i < 20; i++) {
+		double t0 = tl_now();
+		tl_call(&other, &rep, 10, NULL, 0, "io.regen.Device.Generation", "{}");
+		ASSERT_REPLY_OK(&rep);
+		ASSERT(tl_now() - t0 < 2.0, "a call beside a flooding ring took %.2f s", tl_now() - t0);
+		if (tl_now() - t0 > slowest)
+			slowest = tl_now() - t0;
+		tl_reply_finish(&rep);
+	}
+	kill(pid, SIGKILL);
+	ASSERT_EQ(tl_wait(pid, 10), 128 + SIGKILL, "the flooding child");
+	tl_log("measured: %u records refused beside 20 calls, the slowest call %.1f ms",
+	       rp_ring_load(&rp_ring_header(r.base)->cq_tail), slowest * 1e3);
+	ASSERT_UINT_GT(rp_ring_load(&rp_ring_header(r.base)->cq_tail), 4 * r.entries,
+		       "the flood was served meanwhile");
+	tl_conn_close(&other);
+	raw_close(&r);
+	ASSERT_GEMM_OK(c, &b, "the worker serves on");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
+/* A record behind a hung device is answered with io.regen.Timeout in its
+ * completion once its deadline_ms passed, as a Varlink call is; the device
+ * then goes through its respawn. Last: device 1 is hung. */
+static void a_hung_record_times_out(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct raw_ring r;
+	struct rp_ring_record rec;
+	struct rp_ring_completion cqe;
+	char name[64];
+	cJSON *params = NULL;
+	double t0;
+
+	tl_buffer_create(c, 1, 1 << 16, &b);
+	raw_setup_on(&r, 1, 8);
+	raw_open(&r);
+	raw_bind(&r, 0, regen_buffer_id(b.buf));
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
+	small_gemm(&rec, 42);
+	rec.deadline_ms = 300;
+	t0 = tl_now();
+	raw_submit(&r, &rec);
+	raw_complete_within(&r, 10, &cqe);
+	tl_log("measured: hung record (deadline_ms 300) completed after %.0f ms: %s", (tl_now() - t0) * 1e3, cqe.error);
+	ASSERT_UINT_EQ(cqe.tag, 42, "the hung record's tag");
+	ASSERT_EQ(rp_ring_completion_error(&cqe, name, &params), 1, "the hung record failed");
+	ASSERT_STR_EQ(name, "io.regen.Timeout", "%s", cqe.error);
+	ASSERT(cJSON_GetNumberValue(cJSON_GetObjectItem(params, "elapsed_ms")) >= 300, "Timeout after %s", cqe.error);
+	ASSERT(cJSON_GetNumberValue(cJSON_GetObjectItem(params, "device")) == 1, "Timeout names device 1: %s",
+	       cqe.error);
+	ASSERT(tl_now() - t0 < 2, "the Timeout came %.2f s after the record", tl_now() - t0);
+	cJSON_Delete(params);
+	raw_close(&r);
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
+int main(void)
+{
+	tl_init(240);
+	tl_daemon_start(&daemon_, NULL);
+	same_answers_on_both_transports();
+	queued_calls_complete_in_order();
+	restart_fails_records_with_stale_generation();
+	bad_setups_are_refused_by_name();
+	bad_records_get_named_errors();
+	a_flooding_ring_does_not_starve_others();
+	a_hung_record_times_out();
+	tl_daemon_stop(&daemon_);
+	tl_log("ok");
+	return 0;
+}

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""regenctl for the people who run regend: --version, call, health,
+metrics, restart --wait's progress and its --timeout.
+
+- --version names the project's version;
+- call METHOD [JSON] prints each reply, follows `more`, names errors, and
+  exits as the other commands do;
+- health's exit status alone says the node's state (0 ok, 6 degraded, 7
+  faulted, 8 failed, 5 unreachable), for every state a regend can report
+  (a scripted regend answers with each), and on a real regend: ready, a
+  device draining, a GPU that fell off the bus;
+- metrics prints Prometheus text exposition format, parsed here line by
+  line by the format's grammar, with numbers that follow what happened:
+  calls, their time, live imports, restarts, faults, the last XID;
+- restart --wait on a terminal shows each step and says whether the device
+  was released in place or its worker killed and respawned; --timeout says
+  that the restart goes on inside regend.
+
+Usage: test_ctl.py REGEND REGENCTL SOURCE_ROOT
+"""
+import json
+import os
+import pty
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from regend_fixture import Conn, Regend, TIME_SCALE, call, check, host_buffer, log, operand, regend_path, wait_for
+from ctl import run
+
+N = 32
+
+# The text exposition format, version 0.0.4.
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+SAMPLE = re.compile(r"^(%s)(\{(?:%s(?:,%s)*)?\})? (\S+)(?: -?\d+)?$" % (NAME, LABEL, LABEL))
+HELP = re.compile(r"^# HELP (%s) (.*)$" % NAME)
+TYPE = re.compile(r"^# TYPE (%s) (counter|gauge|histogram|summary|untyped)$" % NAME)
+
+
+def parse_metrics(text):
+    """{(name, frozenset(labels)): value}, checking the grammar: every line
+    a HELP, a TYPE or a sample; a TYPE before its family's samples, once;
+    a family's samples together; values floats."""
+    check(text.endswith("\n"), "the exposition does not end with a line feed: %r" % text[-200:])
+    samples, types, done, current = {}, {}, set(), None
+    for line in text.splitlines():
+        m = HELP.match(line)
+        if m:
+            continue
+        m = TYPE.match(line)
+        if m:
+            check(m.group(1) not in types, "TYPE of %s twice" % m.group(1))
+            types[m.group(1)] = m.group(2)
+            continue
+        check(not line.startswith("#") and line.strip(), "not a line of the format: %r" % line)
+        m = SAMPLE.match(line)
+        check(m, "not a sample: %r" % line)
+        name = m.group(1)
+        family = re.sub(r"_(sum|count|bucket)$", "", name) if re.sub(r"_(sum|count|bucket)$", "", name) in types \
+            else name
+        check(family in types, "%s has no TYPE before its samples" % name)
+        if family != current:
+            check(family not in done, "the samples of %s are not together" % family)
+            if current:
+                done.add(current)
+            current = family
+        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        key = (name, labels)
+        check(key not in samples, "sample %s twice" % line)
+        value = m.group(3)
+        check(re.match(r"^([+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?)|[+-]?Inf|NaN)$", value),
+              "not a float: %r" % line)
+        samples[key] = float(value)
+    return samples, types
+
+
+def dev(samples, name, device, **labels):
+    want = frozenset([("device", str(device))] + [(k, str(v)) for k, v in labels.items()])
+    for (n, l), v in samples.items():
+        if n == name and want <= l:
+            return v
+    return None
+
+
+class Scripted:
+    """A regend that answers Generation and Status with the devices given:
+    health's verdict for states a real one shows only for an instant."""
+
+    def __init__(self, path, devices):
+        self.path, self.devices = path, devices
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            buf = b""
+            while True:
+                data = c.recv(65536)
+                if not data:
+                    break
+                buf += data
+                while b"\0" in buf:
+                    msg, buf = buf.split(b"\0", 1)
+                    method = json.loads(msg)["method"]
+                    if method == "org.varlink.service.GetInfo":
+                        reply = {"vendor": "test", "product": "regend", "version": "0", "url": "",
+                                 "interfaces": ["io.regen", "io.regen.Device"]}
+                    else:
+                        reply = {"epoch": 1, "devices": self.devices}
+                    c.sendall(json.dumps({"parameters": reply}).encode() + b"\0")
+            c.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def device(index, state, health=None):
+    d = {"index": index, "generation": 1, "state": state, "backend": "host", "worker_socket": "",
+         "worker_pid": 0, "respawns": 0, "memory_used": 0, "memory_baseline": 0, "reason": "scripted"}
+    if health:
+        h = {"source": "nvml", "detail": "", "uuid": "GPU-1", "pci_bus_id": "0000:01:00.0", "last_xid": 0,
+             "last_xid_unix_ms": 0, "last_xid_text": "", "retired_pages_pending": False, "remap_pending": False,
+             "remap_failed": False}
+        h.update(health)
+        d["health"] = h
+    return d
+
+
+def test_version_and_call(regenctl, source, d):
+    version = re.search(r"version\s*:\s*'([^']+)'", open(os.path.join(source, "meson.build")).read()).group(1)
+    rc, out, err = run(regenctl, None, "--version")
+    check(rc == 0 and out.strip() == "regenctl %s" % version, "--version: %r" % out)
+
+    rc, out, err = run(regenctl, d, "call", "io.regen.Device.Generation")
+    check(rc == 0 and json.loads(out)["devices"][0]["index"] == 0, "call Generation: %s" % out)
+    rc, out, err = run(regenctl, d, "call", "io.regen.Device.Restart", '{"devices":[1],"reason":"call"}')
+    check(rc == 0 and "call" in json.loads(out)["devices"][1]["reason"], "call Restart: %s" % out)
+    rc, out, err = run(regenctl, d, "call", "io.regen.Device.Release", '{"device":9}')
+    check(rc == 1 and "io.regen.NoSuchDevice" in err and '"device":9' in err, "call, error: %d %s" % (rc, err))
+    rc, out, err = run(regenctl, d, "call", "io.regen.Device.Watch", "--more", "--timeout", "1")
+    lines = [json.loads(l) for l in out.splitlines()]
+    check(rc == 3 and len(lines) == 4 and all(l["reason"] == "subscribed" for l in lines),
+          "call --more Watch: exit %d, %s" % (rc, out))
+    rc, out, err = run(regenctl, d, "call", "io.regen.Device.Watch")
+    check(rc == 1 and "ExpectedMore" in err, "call Watch without --more: %d %s" % (rc, err))
+    for bad in (["call"], ["call", "Status"], ["call", "io.regen.Device.Status", "[1]"],
+                ["call", "io.regen.Device.Status", "{", "x"], ["status", "--more"]):
+        rc, out, err = run(regenctl, d, *bad)
+        check(rc == 2, "%s: exit %d, wanted 2" % (bad, rc))
+    rc, out, err = run(regenctl, None, "--socket", os.path.join(d.dir, "nope.sock"), "call", "io.regen.Device.Status")
+    check(rc == 5, "call to no regend: exit %d" % rc)
+    log("--version, call (replies, more, errors, usage, unreachable)")
+
+
+def test_health_scripted(regenctl, d):
+    path = os.path.join(d.dir, "scripted.sock")
+    cases = [
+        ([device(0, "ready"), device(1, "ready", {})], 0, "ok"),
+        ([device(0, "ready"), device(1, "draining")], 6, "degraded"),
+        ([device(0, "released"), device(1, "resetting")], 6, "degraded"),
+        ([device(0, "respawning")], 6, "degraded"),
+        ([device(0, "detached")], 6, "degraded"),
+        ([device(0, "ready", {"remap_pending": True})], 6, "degraded"),
+        ([device(0, "ready", {"retired_pages_pending": True})], 6, "degraded"),
+        ([device(0, "faulted"), device(1, "draining")], 7, "faulted"),
+        ([device(0, "unresponsive")], 7, "faulted"),
+        ([device(0, "failed"), device(1, "faulted")], 8, "failed"),
+        ([device(0, "ready", {"remap_failed": True})], 8, "failed"),
+    ]
+    for devices, want, word in cases:
+        s = Scripted(path, devices)
+        try:
+            rc, out, err = run(regenctl, None, "--socket", path, "health")
+            check(rc == want and out.splitlines()[-1] == word, "health of %s: exit %d (%r), wanted %d %s" %
+                  ([x["state"] for x in devices], rc, out, want, word))
+            rc, out, err = run(regenctl, None, "--socket", path, "--json", "health")
+            check(rc == want and json.loads(out)["health"] == word, "--json health: %s" % out)
+        finally:
+            s.close()
+            os.unlink(path)
+    rc, out, err = run(regenctl, None, "--socket", path, "health")
+    check(rc == 5, "health without regend: exit %d" % rc)
+    log("health: %d scripted cases and no regend: exit 0, 6, 7, 8, 5" % len(cases))
+
+
+def gemms(d, dev_index, count):
+    size = 3 * N * N * 4
+    fd, mm = host_buffer(size)
+    conn = Conn(d.worker_socket(dev_index))
+    buf = conn.call("io.regen.Memory.ImportBuffer", {"device": dev_index, "kind": "host_fd", "size": size, "fd": 0},
+                    fds=[fd])["buffer"]
+    conn.buffer = buf
+    for _ in range(count):
+        conn.call("io.regen.Compute.Gemm", {"a": operand(buf, 0, (N, N)), "b": operand(buf, 0, (N, N)),
+                                            "d": operand(buf, 2 * N * N * 4, (N, N))})
+    return conn, fd, mm
+
+
+def test_metrics(regenctl, d):
+    s0, _ = parse_metrics(run(regenctl, d, "metrics")[1])
+    conn, fd, mm = gemms(d, 0, 5)
+    # The next heartbeat carries the counts: Status asks the workers afresh.
+    call(d.socket, "io.regen.Device.Restart", {"device": 1})
+    call(d.socket, "io.regen.Device.InjectFault", {"device": 2, "kind": "xid", "xid": 79})
+    wait_for(lambda: call(d.socket, "io.regen.Device.Status")["devices"][2]["state"] == "failed", 20, "failed")
+    rc, out, err = run(regenctl, d, "metrics")
+    check(rc == 0, "metrics: exit %d" % rc)
+    s, types = parse_metrics(out)
+    check(s[("regen_up", frozenset())] == 1, "regen_up")
+    check(dev(s, "regen_device_calls_total", 0) == 5, "calls_total of device 0: %s" % dev(s, "regen_device_calls_total", 0))
+    check(dev(s, "regen_device_call_seconds_count", 0) == 5 and dev(s, "regen_device_call_seconds_sum", 0) > 0,
+          "call latency summary of device 0")
+    check(types.get("regen_device_call_seconds") == "summary", "the latency is no summary: %s" % types)
+    check(dev(s, "regen_device_calls_total", 1) == 0, "device 1 counted calls")
+    check(dev(s, "regen_device_buffers", 0) == 1, "live imports of device 0: %s" % dev(s, "regen_device_buffers", 0))
+    check(dev(s, "regen_device_restarts_total", 1) == dev(s0, "regen_device_restarts_total", 1) + 1 and
+          dev(s, "regen_device_restarts_total", 0) == dev(s0, "regen_device_restarts_total", 0), "restarts")
+    check(dev(s, "regen_device_generation", 1) == dev(s0, "regen_device_generation", 1) + 1, "generation of device 1")
+    check(dev(s, "regen_device_respawns_total", 3) >= 2, "respawns of device 3 (two restarts killed its worker)")
+    check(dev(s, "regen_device_last_xid", 2) == 79 and dev(s, "regen_device_faults_total", 2) >= 1,
+          "XID 79 on device 2: last_xid %s faults %s" % (dev(s, "regen_device_last_xid", 2),
+                                                        dev(s, "regen_device_faults_total", 2)))
+    check(dev(s, "regen_device_last_xid_timestamp_seconds", 2) > time.time() - 600, "XID time")
+    check(dev(s, "regen_device_state", 2, state="failed") == 1 and dev(s, "regen_device_state", 2, state="ready") == 0,
+          "state of device 2")
+    check(dev(s, "regen_device_memory_used_bytes", 0) is not None, "memory_used")
+    check(dev(s, "regen_device_info", 3, uuid="HOST-3") == 1, "device_info of device 3")
+    check(types["regen_device_calls_total"] == "counter", "calls_total is no counter")
+    conn.close()
+    os.close(fd)
+    nsamples = len(s)
+    rc, out, err = run(regenctl, d, "health")
+    check(rc == 8 and "device 2: failed" in out, "health with a GPU off the bus: exit %d %s" % (rc, out))
+    rc, out, err = run(regenctl, None, "--socket", os.path.join(d.dir, "nope.sock"), "metrics")
+    s, types = parse_metrics(out)
+    check(rc == 5 and s[("regen_up", frozenset())] == 0, "metrics without regend: exit %d, %s" % (rc, out))
+    log("metrics: %d samples in the exposition format, following calls, imports, restarts, an XID" % nsamples)
+
+
+def run_on_pty(argv):
+    """argv with stderr on a terminal; (exit code, stdout, what the terminal got)."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    out = p.stdout.read()
+    p.wait(timeout=60 * TIME_SCALE)
+    os.close(master)
+    term = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    log("%s -> %d\nstdout:\n%sterminal:\n%s" % (" ".join(argv[3:]), p.returncode, out, term))
+    return p.returncode, out, term
+
+
+def test_wait_progress(regenctl, d):
+    base = [regenctl, "--socket", d.socket]
+    conn, fd, mm = gemms(d, 3, 1)
+    rc, out, term = run_on_pty(base + ["restart", "--device", "3", "--wait", "--timeout", "30"])
+    check(rc == 0, "restart --wait: exit %d" % rc)
+    check(re.search(r"device 3: draining \d+ call\(s\) in flight", term), "no draining line: %s" % term)
+    check("device 3: releasing in place" in term and re.search(r"device 3: ready in generation \d+", term),
+          "no release/ready lines: %s" % term)
+    check(re.search(r"device 3: ready in generation \d+ \(released in place\)", out), "which happened: %s" % out)
+
+    # A call that never ends: the drain deadline passes, the worker is
+    # killed and respawned, and regenctl says so.
+    conn.close()
+    conn, fd, mm = gemms(d, 3, 0)    # the release took the old buffer
+    call(d.socket, "io.regen.Device.InjectFault", {"device": 3, "kind": "hang"})
+    conn.send("io.regen.Compute.Gemm", {"a": operand_of(conn), "b": operand_of(conn), "d": operand_of(conn, 2)})
+    time.sleep(0.3)
+    rc, out, term = run_on_pty(base + ["restart", "--device", "3", "--deadline-ms", "300", "--wait", "--timeout",
+                                       "30"])
+    check(rc == 0, "restart of a hung device: exit %d" % rc)
+    check("device 3: draining 1 call(s) in flight" in term, "draining line: %s" % term)
+    check("worker killed, respawning" in term, "no respawn line: %s" % term)
+    check(re.search(r"ready in generation \d+ \(worker killed and respawned: .+\)", out), "which happened: %s" % out)
+    conn.close()
+
+    # --timeout: a clean message, exit 3, and the restart goes on.
+    conn, fd2, mm2 = gemms(d, 3, 0)
+    call(d.socket, "io.regen.Device.InjectFault", {"device": 3, "kind": "hang"})
+    conn.send("io.regen.Compute.Gemm", {"a": operand_of(conn), "b": operand_of(conn), "d": operand_of(conn, 2)})
+    time.sleep(0.3)
+    before = call(d.socket, "io.regen.Device.Status")["devices"][3]["generation"]
+    rc, out, err = run(regenctl, d, "restart", "--device", "3", "--deadline-ms", "2000", "--wait", "--timeout", "0.5")
+    check(rc == 3 and "goes on inside regend" in err and "Traceback" not in err and "timed out" not in err,
+          "restart --timeout: exit %d, %s" % (rc, err))
+    wait_for(lambda: call(d.socket, "io.regen.Device.Status")["devices"][3]["generation"] > before and
+             call(d.socket, "io.regen.Device.Status")["devices"][3]["state"] == "ready", 30, "the restart to go on")
+    conn.close()
+    log("restart --wait: progress on a terminal, released or respawned, --timeout's message")
+
+
+def operand_of(conn, slot=0):
+    return operand(conn.buffer, slot * N * N * 4, (N, N))
+
+
+def main():
+    regend = regend_path()
+    regenctl, source = os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
+    with Regend(regend, devices=4, config="failed_retry_ms = 600000\n") as d:
+        test_version_and_call(regenctl, source, d)
+        test_health_scripted(regenctl, d)
+        rc, out, err = run(regenctl, d, "health")
+        check(rc == 0 and out.splitlines()[-1] == "ok", "health of a ready regend: exit %d %s" % (rc, out))
+        test_wait_progress(regenctl, d)
+        test_metrics(regenctl, d)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
