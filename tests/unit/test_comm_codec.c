@@ -11,6 +11,7 @@
 #include "proto/comm.h"
 #include "proto/errors.h"
 #include "proto/idl.h"
+#include "op_table_idl.h"
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -44,70 +45,16 @@ static const struct rp_op_spec *const specs[] = {
 	&rp_comm_all_reduce, &rp_comm_all_gather, &rp_comm_reduce_scatter, &rp_comm_broadcast,
 };
 
-static bool table_has(const struct rp_op_spec *spec, const char *name, bool *optional)
-{
-	for (unsigned i = 0; i < spec->noperands; i++) {
-		if (strcmp(spec->operands[i].name, name) == 0) {
-			*optional = !spec->operands[i].required;
-			return true;
-		}
-	}
-	for (const struct rp_field *f = spec->scalars; f->name; f++) {
-		if (strcmp(f->name, name) == 0) {
-			*optional = !f->required;
-			return true;
-		}
-	}
-	for (const struct rp_field *f = rp_compute_common_fields; f->name; f++) {
-		if (strcmp(f->name, name) == 0) {
-			*optional = !f->required;
-			return true;
-		}
-	}
-	return false;
-}
-
 /* Each collective's parameters in the IDL are exactly its table's, with
  * the same optionality. */
 START_TEST(every_collective_table_matches_its_method)
 {
 	const struct rp_op_spec *spec = specs[_i];
-	const char *text = rp_interface_description("io.regen.Comm");
-	const char *short_name = strrchr(spec->method, '.') + 1;
-	char opener[96];
-	unsigned listed = 0, in_table;
-	const char *p;
 
-	ck_assert_ptr_nonnull(text);
 	ck_assert_ptr_eq(rp_comm_op_find(spec->method), spec);
 	ck_assert_ptr_null(rp_op_find(spec->method));   /* not in the compute table */
 	ck_assert_int_eq(spec->id, RP_OP_COMM);
-	snprintf(opener, sizeof(opener), "\nmethod %s(", short_name);
-	p = strstr(text, opener);
-	ck_assert_msg(p != NULL, "io.regen.Comm has no method %s", short_name);
-	p += strlen(opener);
-	while (*p && *p != ')') {
-		char name[64];
-		bool optional;
-		size_t n;
-
-		p += strspn(p, " \n\t,");
-		if (*p == ')')
-			break;
-		n = strcspn(p, ":");
-		snprintf(name, sizeof(name), "%.*s", (int)n, p);
-		p += n + 1;
-		p += strspn(p, " ");
-		ck_assert_msg(table_has(spec, name, &optional), "%s: IDL parameter %s is not in the table", short_name,
-			      name);
-		ck_assert_msg(optional == (*p == '?'), "%s: %s differs in optionality", short_name, name);
-		listed++;
-		p += strcspn(p, ",)");
-	}
-	in_table = spec->noperands + RP_COMPUTE_COMMON_FIELDS;
-	for (const struct rp_field *f = spec->scalars; f->name; f++)
-		in_table++;
-	ck_assert_msg(listed == in_table, "%s: the IDL lists %u parameters, the table %u", short_name, listed, in_table);
+	op_table_matches_idl(spec, "io.regen.Comm");
 }
 END_TEST
 

@@ -10,6 +10,7 @@
 #include "proto/compute.h"
 #include "proto/errors.h"
 #include "proto/idl.h"
+#include "op_table_idl.h"
 
 static const char *const error_names[] = {
 	RP_ERR_STALE_GENERATION,
@@ -194,71 +195,14 @@ START_TEST(every_declared_error_has_a_name)
 }
 END_TEST
 
-/* Whether `name` is one of the op table's fields (operands, scalars, the
- * fields every call takes), and whether the table makes it optional. */
-static bool table_has(const struct rp_op_spec *spec, const char *name, bool *optional)
-{
-	for (unsigned i = 0; i < spec->noperands; i++) {
-		if (strcmp(spec->operands[i].name, name) == 0) {
-			*optional = !spec->operands[i].required;
-			return true;
-		}
-	}
-	for (const struct rp_field *f = spec->scalars; f->name; f++) {
-		if (strcmp(f->name, name) == 0) {
-			*optional = !f->required;
-			return true;
-		}
-	}
-	for (const struct rp_field *f = rp_compute_common_fields; f->name; f++) {
-		if (strcmp(f->name, name) == 0) {
-			*optional = !f->required;
-			return true;
-		}
-	}
-	return false;
-}
-
-/* Each Compute method's parameters in the IDL are exactly its op table's,
- * with the same optionality: the table is what the worker enforces, the
- * IDL what clients read. */
+/* Each Compute method's parameters in the IDL are exactly its op table's
+ * (op_table_idl.h). */
 START_TEST(every_op_table_matches_its_method)
 {
 	const struct rp_op_spec *spec = rp_op_get((enum rp_op_id)_i);
-	const char *text = rp_interface_description("io.regen.Compute");
-	const char *short_name = strrchr(spec->method, '.') + 1;
-	char opener[96];
-	unsigned listed = 0, in_table;
-	const char *p;
 
 	ck_assert_ptr_eq(rp_op_find(spec->method), spec);
-	snprintf(opener, sizeof(opener), "\nmethod %s(", short_name);
-	p = strstr(text, opener);
-	ck_assert_msg(p != NULL, "io.regen.Compute has no method %s", short_name);
-	p += strlen(opener);
-	while (*p && *p != ')') {
-		char name[64];
-		bool optional;
-		size_t n;
-
-		p += strspn(p, " \n\t,");
-		if (*p == ')')
-			break;
-		n = strcspn(p, ":");
-		snprintf(name, sizeof(name), "%.*s", (int)n, p);
-		p += n + 1;
-		p += strspn(p, " ");
-		ck_assert_msg(table_has(spec, name, &optional), "%s: IDL parameter %s is not in the op table",
-			      short_name, name);
-		ck_assert_msg(optional == (*p == '?'), "%s: %s is %s in the IDL but not in the table", short_name, name,
-			      *p == '?' ? "optional" : "required");
-		listed++;
-		p += strcspn(p, ",)");
-	}
-	in_table = spec->noperands + RP_COMPUTE_COMMON_FIELDS;
-	for (const struct rp_field *f = spec->scalars; f->name; f++)
-		in_table++;
-	ck_assert_msg(listed == in_table, "%s: the IDL lists %u parameters, the table %u", short_name, listed, in_table);
+	op_table_matches_idl(spec, "io.regen.Compute");
 }
 END_TEST
 
