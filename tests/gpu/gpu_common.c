@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <cjson/cJSON.h>
 
+int gt_failures;
+
 int gt_have_gpu(void)
 {
 	int n = 0;

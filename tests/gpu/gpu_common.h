@@ -38,6 +38,21 @@ struct gt {
 };
 
 /* 0 when a CUDA device is usable, else prints why and returns GT_SKIP. */
+/* A check that goes on: "ok:" or "FAIL:" and the message on stdout; the
+ * failures are counted in gt_failures, a test's exit status. */
+extern int gt_failures;
+#define GT_CHECK(cond, ...)                     \
+	do {                                    \
+		if (cond) {                     \
+			printf("  ok: ");       \
+		} else {                        \
+			printf("  FAIL: ");     \
+			gt_failures++;          \
+		}                               \
+		printf(__VA_ARGS__);            \
+		printf("\n");                   \
+	} while (0)
+
 int gt_have_gpu(void);
 /* Registry, callbacks, the CUDA backend's open on device 0. Exits 1 on failure. */
 void gt_open(struct gt *t);

@@ -30,20 +30,6 @@
 #include "daemon/backend/cuda/common.h"
 #include "proto/errors.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                  \
-	do {                                              \
-		if (cond) {                               \
-			printf("  ok: ");                 \
-		} else {                                  \
-			printf("  FAIL: ");               \
-			failures++;                       \
-		}                                         \
-		printf(__VA_ARGS__);                      \
-		printf("\n");                             \
-	} while (0)
-
 static bool is_lost(const struct rp_error *err)
 {
 	return err->name && strcmp(err->name, RP_ERR_DEVICE_LOST) == 0;
@@ -65,9 +51,9 @@ static void fault(struct gt *t)
 
 static void report_path(struct gt *t, const char *path, const struct rp_error *err)
 {
-	CHECK(is_lost(err), "%s after the fault fails %s: %s", path, err->name ? err->name : "(no error)",
+	GT_CHECK(is_lost(err), "%s after the fault fails %s: %s", path, err->name ? err->name : "(no error)",
 	      gt_err_message(err));
-	CHECK(t->faults == 1 && t->fault_kind == RD_FAULT_LOST, "on_fault called %u time(s), kind %d: \"%s\"",
+	GT_CHECK(t->faults == 1 && t->fault_kind == RD_FAULT_LOST, "on_fault called %u time(s), kind %d: \"%s\"",
 	      t->faults, (int)t->fault_kind, t->fault_reason);
 }
 
@@ -85,10 +71,10 @@ static int scenario_import_buffer(void)
 	struct rd_buffer *buf = NULL;
 	struct rp_error err = { 0 };
 	int r = t.dev.backend->import_buffer(&t.dev, &req, &buf, &err);
-	CHECK(r < 0, "import_buffer refused (%d)", r);
+	GT_CHECK(r < 0, "import_buffer refused (%d)", r);
 	report_path(&t, "import_buffer (cuda_ipc)", &err);
 	rp_error_clear(&err);
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_import_event(void)
@@ -105,10 +91,10 @@ static int scenario_import_event(void)
 	struct rd_event *out = NULL;
 	struct rp_error err = { 0 };
 	int r = t.dev.backend->import_event(&t.dev, raw, &out, &err);
-	CHECK(r < 0, "import_event refused (%d)", r);
+	GT_CHECK(r < 0, "import_event refused (%d)", r);
 	report_path(&t, "import_event", &err);
 	rp_error_clear(&err);
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_lane_create(void)
@@ -118,10 +104,10 @@ static int scenario_lane_create(void)
 	fault(&t);
 	struct rp_error err = { 0 };
 	struct rd_lane *l = t.dev.backend->lane_create(&t.dev, 0, &err);
-	CHECK(l == NULL, "lane_create refused");
+	GT_CHECK(l == NULL, "lane_create refused");
 	report_path(&t, "lane_create", &err);
 	rp_error_clear(&err);
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 /* A GEMM on a lane that does not first wait for the injected fault's event
@@ -185,7 +171,7 @@ static int scenario_plan(void)
 	fault(&g.t);
 	skip_fault_wait(&g);
 	gemm_after_fault(&g, "a GEMM whose plan is made after the fault");
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_handle(void)
@@ -204,7 +190,7 @@ static int scenario_handle(void)
 	fault(&g.t);
 	skip_fault_wait(&g);
 	gemm_after_fault(&g, "a GEMM that makes the cuBLASLt handle after the fault");
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_allocation(void)
@@ -226,7 +212,7 @@ static int scenario_allocation(void)
 	skip_fault_wait(&g);
 	gemm_after_fault(&g, info.workspace_size ? "a GEMM whose scratch is allocated after the fault"
 						: "a GEMM (no workspace: its launch) after the fault");
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_lane(void)
@@ -239,7 +225,7 @@ static int scenario_lane(void)
 		printf("  FAIL: GEMM before the fault: %s\n", gt_err_message(&op.err)), exit(1);
 	fault(&g.t);
 	gemm_after_fault(&g, "the lane's next call");
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_watch(void)
@@ -250,23 +236,23 @@ static int scenario_watch(void)
 	if (t.dev.backend->health_start(&t.dev, 5, &err) < 0)
 		printf("  FAIL: health_start: %s\n", gt_err_message(&err)), exit(1);
 	usleep(100 * 1000);
-	CHECK(t.faults == 0, "no fault reported on a healthy device (%u)", t.faults);
+	GT_CHECK(t.faults == 0, "no fault reported on a healthy device (%u)", t.faults);
 	double t0 = gt_now();
 	if (t.dev.backend->inject_fault(&t.dev, "device_lost", &err) < 0)
 		printf("  FAIL: inject_fault: %s\n", gt_err_message(&err)), exit(1);
 	bool seen = gt_wait_fault(&t, 5) == 0;
 	double ms = seen ? (t.first_fault_at - t0) * 1e3 : -1;
-	CHECK(seen && t.fault_kind == RD_FAULT_LOST, "with no call in flight the health watch reported the fault: \"%s\"",
+	GT_CHECK(seen && t.fault_kind == RD_FAULT_LOST, "with no call in flight the health watch reported the fault: \"%s\"",
 	      t.fault_reason);
 	/* Not a timed test: the 100 ms budget is a benchmark figure. On H200
 	 * with driver 580 the driver itself reports an illegal address ~150 ms
 	 * after the kernel ran (the XID and the sticky error come together);
 	 * the watch adds at most its period. A second means it did not watch. */
-	CHECK(seen && ms <= 1000, "fault -> on_fault in %.1f ms", ms);
+	GT_CHECK(seen && ms <= 1000, "fault -> on_fault in %.1f ms", ms);
 	printf("  measured: fault -> report %.1f ms (watch period 5 ms; budget 100 ms %s)\n", ms,
 	       ms <= 100 ? "met" : "missed");
 	t.dev.backend->health_stop(&t.dev);
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_health(void)
@@ -290,15 +276,15 @@ static int scenario_health(void)
 	       "pending %d; remap pending %d failed %d\n",
 	       h.source, h.detail, h.uuid, h.pci_bus_id, h.last_xid, (long long)h.ecc_dbe_volatile,
 	       (long long)h.ecc_dbe_aggregate, h.retired_pages_pending, h.remap_pending, h.remap_failed);
-	CHECK(strncmp(h.uuid, "GPU-", 4) == 0, "UUID %s", h.uuid);
-	CHECK(strlen(h.pci_bus_id) >= 7, "PCI bus id %s", h.pci_bus_id);
-	CHECK(strcmp(h.source, "nvml") == 0 || strcmp(h.source, "unavailable") == 0, "health source %s", h.source);
+	GT_CHECK(strncmp(h.uuid, "GPU-", 4) == 0, "UUID %s", h.uuid);
+	GT_CHECK(strlen(h.pci_bus_id) >= 7, "PCI bus id %s", h.pci_bus_id);
+	GT_CHECK(strcmp(h.source, "nvml") == 0 || strcmp(h.source, "unavailable") == 0, "health source %s", h.source);
 	if (strcmp(h.source, "nvml") == 0)
-		CHECK(h.ecc_dbe_volatile >= 0 || h.remap_pending >= 0, "NVML counters read");
-	CHECK(t.faults == 0, "no fault on a healthy device (%u: %s)", t.faults, t.fault_reason);
+		GT_CHECK(h.ecc_dbe_volatile >= 0 || h.remap_pending >= 0, "NVML counters read");
+	GT_CHECK(t.faults == 0, "no fault on a healthy device (%u: %s)", t.faults, t.fault_reason);
 	t.dev.backend->health_stop(&t.dev);
 	gt_close(&t);
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 int main(void)

@@ -156,28 +156,14 @@ static int child_main(int sock, bool exit_early, uint64_t seed)
 	return 0;
 }
 
-static int failures;
-
-#define CHECK(cond, ...)                                  \
-	do {                                              \
-		if (cond) {                               \
-			printf("  ok: ");                 \
-		} else {                                  \
-			printf("  FAIL: ");               \
-			failures++;                       \
-		}                                         \
-		printf(__VA_ARGS__);                      \
-		printf("\n");                             \
-	} while (0)
-
 static int try_import(struct gt *t, struct rd_import *req, struct rd_buffer **out, const char *what, bool expect_ok)
 {
 	struct rp_error err = { 0 };
 	int r = t->dev.backend->import_buffer(&t->dev, req, out, &err);
 	if (expect_ok)
-		CHECK(r == 0, "%s imports%s%s", what, r ? ": " : "", r ? gt_err_message(&err) : "");
+		GT_CHECK(r == 0, "%s imports%s%s", what, r ? ": " : "", r ? gt_err_message(&err) : "");
 	else
-		CHECK(r < 0 && err.name && strcmp(err.name, RP_ERR_IMPORT_FAILED) == 0, "%s -> %s: %s", what,
+		GT_CHECK(r < 0 && err.name && strcmp(err.name, RP_ERR_IMPORT_FAILED) == 0, "%s -> %s: %s", what,
 		      err.name ? err.name : "(success!)", gt_err_message(&err));
 	rp_error_clear(&err);
 	return r;
@@ -209,7 +195,7 @@ static void gemm_on_imports(struct gt *t, struct rd_lane *lane, struct rd_buffer
 		rel = gt_rel_error(&d, ref, &nans, &pad);
 		free(ref);
 	}
-	CHECK(r == 0 && rel < 1e-5 && nans == 0, "%s: GEMM on imported memory: %s rel error %.3g (%lu NaN), %llu us",
+	GT_CHECK(r == 0 && rel < 1e-5 && nans == 0, "%s: GEMM on imported memory: %s rel error %.3g (%lu NaN), %llu us",
 	      what, gt_err_name(&op), rel, nans, (unsigned long long)op.elapsed_us);
 	rp_error_clear(&op.err);
 	gt_mat_free(t, &d);
@@ -295,14 +281,14 @@ int main(void)
 	req.size = (uint64_t)K * N * 4;
 	if (try_import(&t, &req, &bbuf, "cuda_fd VMM export", true) < 0)
 		return 1;
-	CHECK(check_contents(abuf->ptr, (uint64_t)M * K * 4, m1.seed_a, A_OFFSET / 4),
+	GT_CHECK(check_contents(abuf->ptr, (uint64_t)M * K * 4, m1.seed_a, A_OFFSET / 4),
 	      "cuda_ipc buffer holds the exporter's bytes (at base + offset)");
-	CHECK(check_contents(bbuf->ptr, (uint64_t)K * N * 4, m1.seed_b, 0), "cuda_fd buffer holds the exporter's bytes");
-	CHECK(rd_cuda_mapping_count(&t.dev) == 2, "2 mappings held (%u)", rd_cuda_mapping_count(&t.dev));
+	GT_CHECK(check_contents(bbuf->ptr, (uint64_t)K * N * 4, m1.seed_b, 0), "cuda_fd buffer holds the exporter's bytes");
+	GT_CHECK(rd_cuda_mapping_count(&t.dev) == 2, "2 mappings held (%u)", rd_cuda_mapping_count(&t.dev));
 
 	struct rd_event *ev = NULL;
 	int r = t.dev.backend->import_event(&t.dev, (const unsigned char *)&m1.event, &ev, &err);
-	CHECK(r == 0, "cudaIpcEventHandle_t imports%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
+	GT_CHECK(r == 0, "cudaIpcEventHandle_t imports%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
 	gemm_on_imports(&t, lane, abuf, bbuf, ev, "first");
 
@@ -314,12 +300,12 @@ int main(void)
 	req.size = 4096;
 	req.fd = -1;
 	if (try_import(&t, &req, &again, "the same cuda_ipc handle again (offset 0)", true) == 0) {
-		CHECK(rd_cuda_mapping_count(&t.dev) == 2, "still 2 mappings after importing the handle twice (%u)",
+		GT_CHECK(rd_cuda_mapping_count(&t.dev) == 2, "still 2 mappings after importing the handle twice (%u)",
 		      rd_cuda_mapping_count(&t.dev));
-		CHECK((char *)again->ptr + A_OFFSET == (char *)abuf->ptr, "both buffers lie in one mapping (%p + 4096 == %p)",
+		GT_CHECK((char *)again->ptr + A_OFFSET == (char *)abuf->ptr, "both buffers lie in one mapping (%p + 4096 == %p)",
 		      again->ptr, abuf->ptr);
 		t.dev.backend->close_buffer(again);
-		CHECK(rd_cuda_mapping_count(&t.dev) == 2, "closing one of them keeps the shared mapping (%u)",
+		GT_CHECK(rd_cuda_mapping_count(&t.dev) == 2, "closing one of them keeps the shared mapping (%u)",
 		      rd_cuda_mapping_count(&t.dev));
 	}
 
@@ -341,7 +327,7 @@ int main(void)
 	req.offset = m1.alloc_bytes - 16;
 	req.size = 32;
 	try_import(&t, &req, &tmp, "cuda_ipc offset+size straddling the allocation's end", false);
-	CHECK(rd_cuda_mapping_count(&t.dev) == 2, "refused imports left no mapping behind (%u)",
+	GT_CHECK(rd_cuda_mapping_count(&t.dev) == 2, "refused imports left no mapping behind (%u)",
 	      rd_cuda_mapping_count(&t.dev));
 
 	memcpy(req.handle, &m2.mem, 64);
@@ -356,7 +342,7 @@ int main(void)
 		req.fd = mfd;
 		req.size = 4096;
 		try_import(&t, &req, &tmp, "a plain memfd as cuda_fd", false);
-		CHECK(fcntl(mfd, F_GETFD) >= 0, "the refused fd was left to the caller (still open)");
+		GT_CHECK(fcntl(mfd, F_GETFD) >= 0, "the refused fd was left to the caller (still open)");
 		close(mfd);
 	}
 	int dupfd = dup(fd);
@@ -371,12 +357,12 @@ int main(void)
 	memcpy(bad_event, garbage, 64);
 	struct rd_event *bev = NULL;
 	r = t.dev.backend->import_event(&t.dev, bad_event, &bev, &err);
-	CHECK(r < 0 && err.name && strcmp(err.name, RP_ERR_IMPORT_FAILED) == 0, "garbage cudaIpcEventHandle_t -> %s: %s",
+	GT_CHECK(r < 0 && err.name && strcmp(err.name, RP_ERR_IMPORT_FAILED) == 0, "garbage cudaIpcEventHandle_t -> %s: %s",
 	      err.name ? err.name : "(success!)", gt_err_message(&err));
 	rp_error_clear(&err);
 
 	gemm_on_imports(&t, lane, abuf, bbuf, NULL, "after the refused imports");
-	CHECK(rd_cuda_mapping_count(&t.dev) == 2, "2 mappings (%u)", rd_cuda_mapping_count(&t.dev));
+	GT_CHECK(rd_cuda_mapping_count(&t.dev) == 2, "2 mappings (%u)", rd_cuda_mapping_count(&t.dev));
 
 	/* Release drops the mappings; they come back lazily. */
 	uint64_t used, base;
@@ -386,7 +372,7 @@ int main(void)
 	unsigned n = rd_registry_release(&t.dev.registry);
 	r = t.dev.backend->release(&t.dev, &err);
 	t.dev.backend->memory(&t.dev, &used, &base);
-	CHECK(r == 0 && abuf->ptr == NULL, "release tore down %u resources; buffers unmapped; memory() used %llu B", n,
+	GT_CHECK(r == 0 && abuf->ptr == NULL, "release tore down %u resources; buffers unmapped; memory() used %llu B", n,
 	      (unsigned long long)used);
 	rp_error_clear(&err);
 	gemm_on_imports(&t, lane, abuf, bbuf, NULL, "after release (mappings rebuilt lazily)");
@@ -395,13 +381,13 @@ int main(void)
 		t.dev.backend->close_event(ev);
 	t.dev.backend->close_buffer(abuf);
 	t.dev.backend->close_buffer(bbuf);
-	CHECK(rd_cuda_mapping_count(&t.dev) == 0, "no mapping after closing the buffers (%u)", rd_cuda_mapping_count(&t.dev));
+	GT_CHECK(rd_cuda_mapping_count(&t.dev) == 0, "no mapping after closing the buffers (%u)", rd_cuda_mapping_count(&t.dev));
 	t.dev.backend->lane_destroy(lane);
 	gt_close(&t);
 
 	if (write(sv1[0], "x", 1) != 1)
 		perror("write");
 	waitpid(c1, &st, 0);
-	printf("%s: test_cuda_ipc (%d failures)\n", failures ? "FAIL" : "PASS", failures);
-	return failures ? 1 : 0;
+	printf("%s: test_cuda_ipc (%d failures)\n", gt_failures ? "FAIL" : "PASS", gt_failures);
+	return gt_failures ? 1 : 0;
 }

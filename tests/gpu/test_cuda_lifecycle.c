@@ -24,20 +24,6 @@
 #include <unistd.h>
 #include "proto/errors.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                  \
-	do {                                              \
-		if (cond) {                               \
-			printf("  ok: ");                 \
-		} else {                                  \
-			printf("  FAIL: ");               \
-			failures++;                       \
-		}                                         \
-		printf(__VA_ARGS__);                      \
-		printf("\n");                             \
-	} while (0)
-
 struct problem {
 	struct gt_mat a, b, d;
 	double *ref;
@@ -78,7 +64,7 @@ static bool gemm_right(struct gt *t, struct rd_lane *lane, struct problem *p, co
 		rel = gt_rel_error(&p->d, p->ref, &nans, &pad);
 	double tol = p->d.dt == RP_DTYPE_F32 ? 1e-5 : 1e-2;
 	bool ok = r == 0 && rel < tol && nans == 0;
-	CHECK(ok, "%s: GEMM %s rel error %.3g, %llu us%s%s", what, gt_err_name(&op), rel,
+	GT_CHECK(ok, "%s: GEMM %s rel error %.3g, %llu us%s%s", what, gt_err_name(&op), rel,
 	      (unsigned long long)op.elapsed_us, r ? ": " : "", r ? gt_err_message(&op.err) : "");
 	rp_error_clear(&op.err);
 	return ok;
@@ -156,7 +142,7 @@ static bool env_reset_after(struct env *v, const char *what, bool sticky)
 	const char *strict = getenv("REGEN_REQUIRE_INPROCESS_RESET");
 	bool accept_unhealthy = (v->t.faults > 0 || sticky) && !(strict && *strict == '1') && err.name &&
 				strcmp(err.name, RP_ERR_DEVICE_LOST) == 0;
-	CHECK(r == 0 || accept_unhealthy, "%s: invalidate (%u resources, %.2f ms) + reset + canary: %s in %.1f ms%s%s", what,
+	GT_CHECK(r == 0 || accept_unhealthy, "%s: invalidate (%u resources, %.2f ms) + reset + canary: %s in %.1f ms%s%s", what,
 	      n, inv_ms, r == 0 ? "healthy" : accept_unhealthy ? "unhealthy, reported for a respawn" : "UNHEALTHY", ms,
 	      r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
@@ -202,22 +188,22 @@ static int scenario_release(void)
 	double rel_ms = (gt_now() - t0) * 1e3;
 	v.t.dev.backend->memory(&v.t.dev, &used, &base);
 	uint64_t dev_rel = device_used();
-	CHECK(r == 0, "release: %u resources torn down in %.2f ms%s%s", n, rel_ms, r ? ": " : "",
+	GT_CHECK(r == 0, "release: %u resources torn down in %.2f ms%s%s", n, rel_ms, r ? ": " : "",
 	      r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
-	CHECK(used <= base + base / 100, "memory() after release %llu B, baseline %llu B (within 1%%)",
+	GT_CHECK(used <= base + base / 100, "memory() after release %llu B, baseline %llu B (within 1%%)",
 	      (unsigned long long)used, (unsigned long long)base);
 	int64_t delta = (int64_t)dev_rel - (int64_t)dev_before;
-	CHECK(llabs(delta) <= (int64_t)(dev_before / 100),
+	GT_CHECK(llabs(delta) <= (int64_t)(dev_before / 100),
 	      "device-wide used after release %.1f MiB vs %.1f MiB before the first GEMM (delta %+.2f MiB, within 1%%)",
 	      dev_rel / 1048576.0, dev_before / 1048576.0, delta / 1048576.0);
 	gemm_right(&v.t, v.l0, &v.p32, "after release");
 	gemm_right(&v.t, v.l1, &v.p16, "after release");
-	CHECK(v.l0->res.init_count == lane_inits + 1, "the lane's stream was rebuilt lazily (init_count %llu -> %llu)",
+	GT_CHECK(v.l0->res.init_count == lane_inits + 1, "the lane's stream was rebuilt lazily (init_count %llu -> %llu)",
 	      (unsigned long long)lane_inits, (unsigned long long)v.l0->res.init_count);
-	CHECK(v.t.faults == 0, "no on_fault (%u)", v.t.faults);
+	GT_CHECK(v.t.faults == 0, "no on_fault (%u)", v.t.faults);
 	env_close(&v);
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 /* When the primary context cannot be made again in this process: can a
@@ -262,12 +248,12 @@ static int scenario_lost_next(void)
 	env_open(&v);
 	gemm_right(&v.t, v.l0, &v.p32, "before the fault");
 	int r = v.t.dev.backend->inject_fault(&v.t.dev, "device_lost", &err);
-	CHECK(r == 0, "inject_fault(device_lost)%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
+	GT_CHECK(r == 0, "inject_fault(device_lost)%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
 	struct rd_op op;
 	gt_gemm(&op, &v.p32.a, &v.p32.b, NULL, &v.p32.d, NULL, false, false, 1.0, 0.0, RP_EPILOGUE_NONE, RP_COMPUTE_F32);
 	gt_run(&v.t, v.l0, &op, 30);
-	CHECK(op.err.name && strcmp(op.err.name, RP_ERR_DEVICE_LOST) == 0, "the next op fails %s: %s (%llu us)",
+	GT_CHECK(op.err.name && strcmp(op.err.name, RP_ERR_DEVICE_LOST) == 0, "the next op fails %s: %s (%llu us)",
 	      gt_err_name(&op), gt_err_message(&op.err), (unsigned long long)op.elapsed_us);
 	rp_error_clear(&op.err);
 	gt_gemm(&op, &v.p16.a, &v.p16.b, NULL, &v.p16.d, NULL, false, false, 1.0, 0.0, RP_EPILOGUE_NONE, RP_COMPUTE_F32);
@@ -276,15 +262,15 @@ static int scenario_lost_next(void)
 	r = v.t.dev.backend->submit(v.l1, &op);
 	if (r == 0)
 		gt_wait(&v.t, target, 30);
-	CHECK(op.err.name && strcmp(op.err.name, RP_ERR_DEVICE_LOST) == 0, "an op on the other lane fails %s at %s: %s",
+	GT_CHECK(op.err.name && strcmp(op.err.name, RP_ERR_DEVICE_LOST) == 0, "an op on the other lane fails %s at %s: %s",
 	      gt_err_name(&op), r ? "submit" : "completion", gt_err_message(&op.err));
 	rp_error_clear(&op.err);
-	CHECK(v.t.faults == 1, "on_fault called %u time(s): \"%s\"", v.t.faults, v.t.fault_reason);
+	GT_CHECK(v.t.faults == 1, "on_fault called %u time(s): \"%s\"", v.t.faults, v.t.fault_reason);
 	if (env_reset(&v, "after device_lost")) {
 		env_new_buffers(&v);
 		gemm_right(&v.t, v.l0, &v.p32, "after reset");
 		gemm_right(&v.t, v.l1, &v.p16, "after reset");
-		CHECK(v.t.faults == 1, "no further on_fault (%u)", v.t.faults);
+		GT_CHECK(v.t.faults == 1, "no further on_fault (%u)", v.t.faults);
 		env_close(&v);
 	} else {
 		/* Is it the lane threads (which had the old context current)? */
@@ -301,7 +287,7 @@ static int scenario_lost_next(void)
 		pthread_join(th, NULL);
 		diagnose_fresh_context();
 	}
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 /* A call queued behind a spinning kernel when the context faults on another
@@ -320,28 +306,28 @@ static int scenario_lost_inflight(void)
 	struct rp_error err = { 0 };
 	env_open(&v);
 	int r = v.t.dev.backend->health_start(&v.t.dev, 5, &err);
-	CHECK(r == 0, "health watch started%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
+	GT_CHECK(r == 0, "health watch started%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
 	gemm_right(&v.t, v.l0, &v.p32, "before the fault");
 	r = v.t.dev.backend->inject_fault(&v.t.dev, "hang", &err);
-	CHECK(r == 0, "inject_fault(hang), to hold the next op in flight%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
+	GT_CHECK(r == 0, "inject_fault(hang), to hold the next op in flight%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
 	struct rd_op op;
 	gt_gemm(&op, &v.p32.a, &v.p32.b, NULL, &v.p32.d, NULL, false, false, 1.0, 0.0, RP_EPILOGUE_NONE, RP_COMPUTE_F32);
 	unsigned target = completed(&v.t) + 1;
 	op.lane = v.l0;
 	v.t.dev.backend->submit(v.l0, &op);
-	CHECK(gt_wait(&v.t, target, 0.5) < 0, "the op is in flight (not done after 0.5 s)");
+	GT_CHECK(gt_wait(&v.t, target, 0.5) < 0, "the op is in flight (not done after 0.5 s)");
 	double t0 = gt_now();
 	r = v.t.dev.backend->inject_fault(&v.t.dev, "device_lost", &err);
-	CHECK(r == 0, "inject_fault(device_lost) while it is in flight%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
+	GT_CHECK(r == 0, "inject_fault(device_lost) while it is in flight%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
 	bool done = gt_wait(&v.t, target, INFLIGHT_DEADLINE_S) == 0;
 	if (done) {
-		CHECK(op.err.name && strcmp(op.err.name, RP_ERR_DEVICE_LOST) == 0,
+		GT_CHECK(op.err.name && strcmp(op.err.name, RP_ERR_DEVICE_LOST) == 0,
 		      "the in-flight op failed %s %.1f ms after the fault (found by the health watch): %s",
 		      gt_err_name(&op), (gt_now() - t0) * 1e3, gt_err_message(&op.err));
-		CHECK(v.t.faults == 1, "on_fault called %u time(s) after %.1f ms: \"%s\"", v.t.faults,
+		GT_CHECK(v.t.faults == 1, "on_fault called %u time(s) after %.1f ms: \"%s\"", v.t.faults,
 		      (v.t.first_fault_at - t0) * 1e3, v.t.fault_reason);
 	} else {
 		printf("  the fault was not reported while the spin runs (on_fault %u time(s)); the call's deadline "
@@ -349,7 +335,7 @@ static int scenario_lost_inflight(void)
 		       v.t.faults, INFLIGHT_DEADLINE_S);
 		unsigned n = rd_registry_invalidate(&v.t.dev.registry);
 		done = gt_wait(&v.t, target, 20) == 0;
-		CHECK(done, "invalidate (%u resources) let the hung op complete %.1f ms after the fault (%s)", n,
+		GT_CHECK(done, "invalidate (%u resources) let the hung op complete %.1f ms after the fault (%s)", n,
 		      (gt_now() - t0) * 1e3, gt_err_name(&op));
 		if (!done)
 			_exit(1);
@@ -362,7 +348,7 @@ static int scenario_lost_inflight(void)
 		gemm_right(&v.t, v.l1, &v.p16, "after reset");
 		env_close(&v);
 	}
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 /* What the supervisor's respawn gives: a new process right after one whose
@@ -374,7 +360,7 @@ static int scenario_fresh_process(void)
 	gemm_right(&v.t, v.l0, &v.p32, "fresh process after the faults");
 	gemm_right(&v.t, v.l1, &v.p16, "fresh process after the faults, other lane");
 	env_close(&v);
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static int scenario_hang(void)
@@ -384,7 +370,7 @@ static int scenario_hang(void)
 	env_open(&v);
 	gemm_right(&v.t, v.l1, &v.p32, "before the hang");
 	int r = v.t.dev.backend->inject_fault(&v.t.dev, "hang", &err);
-	CHECK(r == 0, "inject_fault(hang)%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
+	GT_CHECK(r == 0, "inject_fault(hang)%s%s", r ? ": " : "", r ? gt_err_message(&err) : "");
 	rp_error_clear(&err);
 	gt_mat_poison(&v.p32.d);
 	struct rd_op op;
@@ -392,28 +378,28 @@ static int scenario_hang(void)
 	unsigned target = completed(&v.t) + 1;
 	op.lane = v.l0;
 	v.t.dev.backend->submit(v.l0, &op);
-	CHECK(gt_wait(&v.t, target, 1.5) < 0, "the next op is blocked by the hang (not done after 1.5 s)");
+	GT_CHECK(gt_wait(&v.t, target, 1.5) < 0, "the next op is blocked by the hang (not done after 1.5 s)");
 	double t0 = gt_now();
 	unsigned n = rd_registry_invalidate(&v.t.dev.registry);
 	bool done = gt_wait(&v.t, target, 30) == 0;
-	CHECK(done, "invalidate (%u resources) ended the hang: the blocked op completed %.1f ms later (%s)", n,
+	GT_CHECK(done, "invalidate (%u resources) ended the hang: the blocked op completed %.1f ms later (%s)", n,
 	      (gt_now() - t0) * 1e3, gt_err_name(&op));
 	if (!done)
 		_exit(1);
 	rp_error_clear(&op.err);
 	struct rp_error rerr = { 0 };
 	r = v.t.dev.backend->reset(&v.t.dev, &rerr);
-	CHECK(r == 0, "reset after the hang: %s in %.1f ms%s%s", r ? "UNHEALTHY" : "healthy", (gt_now() - t0) * 1e3,
+	GT_CHECK(r == 0, "reset after the hang: %s in %.1f ms%s%s", r ? "UNHEALTHY" : "healthy", (gt_now() - t0) * 1e3,
 	      r ? ": " : "", r ? gt_err_message(&rerr) : "");
 	rp_error_clear(&rerr);
 	if (r == 0) {
 		env_new_buffers(&v);
 		gemm_right(&v.t, v.l0, &v.p32, "after the hang's reset");
 		gemm_right(&v.t, v.l1, &v.p16, "after the hang's reset, other lane");
-		CHECK(v.t.faults == 0, "no on_fault for a hang (%u)", v.t.faults);
+		GT_CHECK(v.t.faults == 0, "no on_fault for a hang (%u)", v.t.faults);
 		env_close(&v);
 	}
-	return failures ? 1 : 0;
+	return gt_failures ? 1 : 0;
 }
 
 static void at_exit_trace(void)
