@@ -39,6 +39,7 @@ struct rc_ring {
 	int doorbell;
 	uint32_t nids, next_victim;
 	struct rp_id *bound;          /* what each index of the worker's id table holds */
+	uint64_t *submitted_ns;       /* per slot: when its record was written */
 	uint64_t spin_max_ns, spin_ns;
 };
 
@@ -83,6 +84,7 @@ static void ring_free(struct rc_ring *r)
 	if (r->doorbell >= 0)
 		close(r->doorbell);
 	free(r->bound);
+	free(r->submitted_ns);
 	free(r);
 }
 
@@ -141,8 +143,9 @@ static int ring_open(regen_client *c, struct rc_conn *conn, int64_t deadline, st
 	r->spin_max_ns = spin_max_ns();
 	r->spin_ns = r->spin_max_ns / 2;
 	r->bound = calloc(r->nids, sizeof(*r->bound));
+	r->submitted_ns = calloc(r->entries, sizeof(*r->submitted_ns));
 	memfd = memfd_create("regen-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (r->bound == NULL || memfd < 0 || ftruncate(memfd, (off_t)r->size) < 0 ||
+	if (r->bound == NULL || r->submitted_ns == NULL || memfd < 0 || ftruncate(memfd, (off_t)r->size) < 0 ||
 	    fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
 	    socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0) {
 		ret = -errno;
@@ -357,6 +360,14 @@ static int ring_reap(regen_client *c, struct rc_lane *lane, int device, int64_t 
 	if (ret < 0)
 		return lane_broken(c, device, ret);
 	memcpy(&cqe, rp_ring_completion_at(r->base, r->entries, r->cq_head), sizeof(cqe));
+	lane->last_timing = (struct regen_call_timing){
+		.submitted_ns = r->submitted_ns[r->cq_head & (r->entries - 1)],
+		.taken_ns = cqe.timing.taken_ns,
+		.launched_ns = cqe.timing.launched_ns,
+		.finished_ns = cqe.timing.finished_ns,
+		.published_ns = cqe.timing.published_ns,
+		.completed_ns = now_ns(),
+	};
 	r->cq_head++;
 	rp_ring_store(&r->hdr->cq_head, r->cq_head);
 	lane->completed++;
@@ -412,6 +423,7 @@ static int varlink_reap(regen_client *c, struct rc_lane *lane, int device, int64
 	} else {
 		const cJSON *e = cJSON_GetObjectItemCaseSensitive(reply.params, "elapsed_us");
 		lane->last_elapsed_us = cJSON_IsNumber(e) && e->valuedouble >= 0 ? (uint64_t)e->valuedouble : 0;
+		lane->last_timing = (struct regen_call_timing){ .completed_ns = now_ns() };
 	}
 	rp_call_finish(&reply);
 	return 0;
@@ -482,6 +494,7 @@ static int ring_submit(regen_client *c, struct rc_lane *lane, int device, const 
 		if (ret < 0)
 			return ret;
 	}
+	r->submitted_ns[r->sq_tail & (r->entries - 1)] = now_ns();
 	rp_ring_encode(call, index_of, wait, signal, lane->submitted + 1,
 		       rp_ring_record_at(r->base, r->entries, r->sq_tail));
 	r->sq_tail++;
@@ -580,4 +593,12 @@ REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int de
 	if (c == NULL || device < 0 || device >= REGEN_DEVICES_MAX)
 		return 0;
 	return c->lanes[device].last_elapsed_us;
+}
+
+REGEN_EXPORT int regen_client_last_timing(const regen_client *c, int device, struct regen_call_timing *timing)
+{
+	if (c == NULL || timing == NULL || device < 0 || device >= REGEN_DEVICES_MAX)
+		return -EINVAL;
+	*timing = c->lanes[device].last_timing;
+	return 0;
 }

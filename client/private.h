@@ -21,6 +21,7 @@ struct rc_lane {
 	struct rc_ring *open_ring;        /* the connection's, used or not */
 	uint64_t submitted, completed;
 	uint64_t last_elapsed_us;
+	struct regen_call_timing last_timing;
 	uint64_t idle_since_ns;           /* when the last answer was read */
 	char err_name[128];               /* the first error since the last wait */
 	cJSON *err_params;

@@ -41,7 +41,7 @@
 #define RP_RING_HEADER_SIZE 4096
 #define RP_RING_RECORD_SIZE 1024
 #define RP_RING_COMPLETION_SIZE 1024
-#define RP_RING_ERROR_MAX 936           /* the error's Varlink text, NUL included */
+#define RP_RING_ERROR_MAX 904           /* the error's Varlink text, NUL included */
 
 /* Each counter on a cache line of its own: the side that writes it is the
  * only one that moves the line. The counters and flags are atomic: the
@@ -101,6 +101,17 @@ struct rp_ring_record {
 	uint8_t pad[RP_RING_RECORD_SIZE - 64 - RP_OP_OPERANDS_MAX * sizeof(struct rp_ring_operand)];
 };
 
+/* Where a record's time went, on the worker's side: when it was taken out
+ * of the ring, its work handed to the device, found finished, and its
+ * completion published (CLOCK_MONOTONIC nanoseconds, the clock every
+ * process of the machine shares; 0 for a stage the record never reached,
+ * as for one refused before it ran). For benchmarks and tracing: with the
+ * client's own submit and read times it splits a call's added latency
+ * into doorbells, launch, device and completion. */
+struct rp_ring_timing {
+	uint64_t taken_ns, launched_ns, finished_ns, published_ns;
+};
+
 /* The outcome of record n, in completion slot n. */
 struct rp_ring_completion {
 	uint64_t tag;
@@ -111,6 +122,7 @@ struct rp_ring_completion {
 	/* The error as a Varlink reply carries it, {"error":...,"parameters":
 	 * {...}}, NUL-terminated; long strings in it are cut to fit. */
 	char error[RP_RING_ERROR_MAX];
+	struct rp_ring_timing timing;
 };
 
 _Static_assert(sizeof(struct rp_ring_header) == 320, "header layout");

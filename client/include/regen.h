@@ -292,6 +292,18 @@ REGEN_EXPORT int regen_attention_backward_submit(regen_client *c, const struct r
 REGEN_EXPORT int regen_wait(regen_client *c, int device, uint64_t ticket);
 /* The elapsed_us regend gave the device's last answered call. */
 REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int device);
+/* Where the device's last answered call spent its time, as moments of
+ * CLOCK_MONOTONIC in nanoseconds (one clock for every process of the
+ * machine): this client wrote it, the worker took it, handed its work to
+ * the GPU, found it finished and published its answer, and this client
+ * read the answer. Over the ring every stage is known (the worker's are 0
+ * for a record refused before it ran); as a Varlink call only
+ * completed_ns. For benchmarks: the differences say which hand-off costs
+ * what. -EINVAL for a bad device. */
+struct regen_call_timing {
+	uint64_t submitted_ns, taken_ns, launched_ns, finished_ns, published_ns, completed_ns;
+};
+REGEN_EXPORT int regen_client_last_timing(const regen_client *c, int device, struct regen_call_timing *timing);
 
 /* How compute calls reach a worker: over the lane's shared-memory ring
  * (io.regen.Lane) where the worker offers it, else as Varlink calls

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 #include "regen-config.h"
 #include "proto/compute.h"
 #include "proto/ids.h"
@@ -98,6 +99,9 @@ struct rd_op {
 	/* Result, set by the backend before rd_op_complete(). */
 	struct rp_error err;       /* err.name == NULL: success */
 	uint64_t elapsed_us;
+	/* rd_now_ns() when its work was handed to the device and when it was
+	 * found finished (0: never got there); a ring reports them. */
+	uint64_t launched_ns, finished_ns;
 
 	/* Core's use. */
 	void (*done)(struct rd_op *op);
@@ -109,6 +113,16 @@ struct rd_op {
 	struct rd_op *next;
 	uint64_t submitted_ns;
 };
+
+/* CLOCK_MONOTONIC in nanoseconds: comparable across the processes of the
+ * machine (a ring's client reads the worker's stage times). */
+static inline uint64_t rd_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* Any thread: hands the finished op back to the worker's loop thread, which
  * calls op->done there (see rd_device.post_completion). */

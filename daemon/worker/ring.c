@@ -69,6 +69,7 @@ struct rd_ring {
 	pthread_mutex_t lock;        /* slot states, cq_tail, completion slots */
 	uint8_t *state;              /* enum slot_state per slot */
 	uint64_t *tags;              /* the record's tag per slot, for completions written without the record */
+	uint64_t *taken_ns;          /* per slot: when its record was taken (rd_now_ns) */
 	struct ring_op *ops;         /* one per slot: a record in flight needs no allocation */
 	uint8_t *held;               /* per slot, loop thread: its op is out (until its done ran) */
 	int doorbell;
@@ -115,10 +116,11 @@ static void ring_wake_client(struct rd_ring *r)
 		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-/* Any thread: writes record seq's completion and publishes every one that
- * is done in order. A record already failed (the worker stopping) is not
- * answered twice. */
-static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const struct rp_error *err, uint64_t elapsed_us)
+/* Any thread: writes record seq's completion (with the stage times of op,
+ * the backend's, when it ran) and publishes every one that is done in
+ * order. A record already failed (the worker stopping) is not answered
+ * twice. */
+static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const struct rp_error *err, const struct rd_op *op)
 {
 	uint32_t mask = r->entries - 1;
 	bool advanced = false;
@@ -128,7 +130,14 @@ static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 		pthread_mutex_unlock(&r->lock);
 		return;
 	}
-	rp_ring_complete(rp_ring_completion_at(r->base, r->entries, seq), tag, err, elapsed_us);
+	struct rp_ring_completion *cqe = rp_ring_completion_at(r->base, r->entries, seq);
+	rp_ring_complete(cqe, tag, err, op ? op->elapsed_us : 0);
+	cqe->timing = (struct rp_ring_timing){
+		.taken_ns = r->taken_ns[seq & mask],
+		.launched_ns = op ? op->launched_ns : 0,
+		.finished_ns = op ? op->finished_ns : 0,
+		.published_ns = rd_now_ns(),
+	};
 	r->state[seq & mask] = SLOT_DONE;
 	uint32_t tail = atomic_load_explicit(&r->cq_tail, memory_order_relaxed);
 	while (r->state[tail & mask] == SLOT_DONE) {
@@ -150,7 +159,7 @@ static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 static void ring_fail(struct rd_ring *r, uint32_t seq, uint64_t tag, struct rp_error *err)
 {
 	rd_session_complete_error(r->session, err);
-	ring_publish(r, seq, tag, err, 0);
+	ring_publish(r, seq, tag, err, NULL);
 	rp_error_clear(err);
 }
 
@@ -160,7 +169,7 @@ static void ring_op_completed(struct rd_op *op)
 	struct ring_op *ro = (struct ring_op *)op;
 
 	rd_session_complete_error(ro->ring->session, &op->err);
-	ring_publish(ro->ring, ro->seq, ro->tag, &op->err, op->elapsed_us);
+	ring_publish(ro->ring, ro->seq, ro->tag, &op->err, op);
 	ro->published = true;
 }
 
@@ -175,7 +184,7 @@ static void ring_op_done(struct rd_op *op)
 
 	if (!ro->published) {
 		rd_session_complete_error(s, &op->err);
-		ring_publish(r, ro->seq, ro->tag, &op->err, op->elapsed_us);
+		ring_publish(r, ro->seq, ro->tag, &op->err, op);
 	}
 	rd_compute_finished(s->worker, &ro->cc);
 	rp_error_clear(&op->err);
@@ -193,7 +202,7 @@ static void ring_answer_early(struct rd_compute_call *cc, struct rp_error *err)
 	struct ring_op *ro = (struct ring_op *)cc;
 
 	rd_session_complete_error(ro->ring->session, err);
-	ring_publish(ro->ring, ro->seq, ro->tag, err, 0);
+	ring_publish(ro->ring, ro->seq, ro->tag, err, NULL);
 }
 
 static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_record *rec)
@@ -270,6 +279,7 @@ static void ring_take(struct rd_ring *r)
 		pthread_mutex_lock(&r->lock);
 		r->state[seq & (r->entries - 1)] = SLOT_RUNNING;
 		r->tags[seq & (r->entries - 1)] = rec.tag;
+		r->taken_ns[seq & (r->entries - 1)] = rd_now_ns();
 		pthread_mutex_unlock(&r->lock);
 		uint64_t now = uv_hrtime();
 		/* Found while spinning: spinning pays, spin longer next time. */
@@ -366,6 +376,7 @@ static void ring_free(struct rd_ring *r)
 	pthread_mutex_destroy(&r->lock);
 	free(r->state);
 	free(r->tags);
+	free(r->taken_ns);
 	free(r->ops);
 	free(r->held);
 	free(r->ids);
@@ -406,7 +417,7 @@ void rd_ring_fail_unfinished(struct rd_ring *r, const struct rp_error *err)
 		return;
 	for (uint32_t seq = atomic_load_explicit(&r->cq_tail, memory_order_acquire); seq != r->sq_head; seq++) {
 		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
-		ring_publish(r, seq, r->tags[seq & (r->entries - 1)], &copy, 0);
+		ring_publish(r, seq, r->tags[seq & (r->entries - 1)], &copy, NULL);
 		rp_error_clear(&copy);
 	}
 }
@@ -526,10 +537,11 @@ void rd_ring_open(struct rd_call *call)
 	r->spin_ns = r->spin_max_ns / 2;
 	r->state = calloc(entries, 1);
 	r->tags = calloc(entries, sizeof(*r->tags));
+	r->taken_ns = calloc(entries, sizeof(*r->taken_ns));
 	r->ops = calloc(entries, sizeof(*r->ops));
 	r->held = calloc(entries, 1);
 	r->ids = calloc(nids, sizeof(*r->ids));
-	if (!r->state || !r->tags || !r->ops || !r->held || !r->ids) {
+	if (!r->state || !r->tags || !r->taken_ns || !r->ops || !r->held || !r->ids) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for a ring");
 		goto fail;
 	}

@@ -546,6 +546,62 @@ struct stats {
 	double p50, p99, min;   /* µs */
 };
 
+/* ---- where a ring call's time goes (regen_client_last_timing) ---- */
+
+enum stage { ST_DOORBELL, ST_LAUNCH, ST_DEVICE, ST_PUBLISH, ST_WAKE, ST_COUNT };
+static const char *const stage_names[ST_COUNT] = {
+	"submit -> worker took the record",
+	"took -> work handed to the GPU (launch)",
+	"handed -> found finished (GPU and completion wait)",
+	"found finished -> completion published",
+	"published -> client read it",
+};
+
+struct breakdown {
+	double *us[ST_COUNT];
+	int n;
+};
+
+static void breakdown_init(struct breakdown *b, long iters)
+{
+	for (int s = 0; s < ST_COUNT; s++) {
+		b->us[s] = malloc(sizeof(double) * (size_t)iters);
+		if (b->us[s] == NULL)
+			die("malloc");
+	}
+	b->n = 0;
+}
+
+static void breakdown_note(struct breakdown *b, regen_client *c)
+{
+	struct regen_call_timing t;
+
+	if (regen_client_last_timing(c, 0, &t) != 0 || !t.submitted_ns || !t.taken_ns || !t.launched_ns ||
+	    !t.finished_ns || !t.published_ns)
+		return;
+	const uint64_t at[ST_COUNT + 1] = { t.submitted_ns, t.taken_ns, t.launched_ns, t.finished_ns, t.published_ns,
+					    t.completed_ns };
+	for (int s = 0; s < ST_COUNT; s++)
+		b->us[s][b->n] = ((double)at[s + 1] - (double)at[s]) / 1e3;
+	b->n++;
+}
+
+static struct stats summarize(double *us, int n);
+
+static void breakdown_print(struct breakdown *b, const char *what)
+{
+	printf("\n%s over the ring, by stage (%d calls; the worker's clock is the client's):\n\n", what, b->n);
+	printf("| stage | p50 µs | p99 µs | min µs |\n| --- | ---: | ---: | ---: |\n");
+	for (int s = 0; s < ST_COUNT; s++) {
+		if (b->n == 0)
+			break;
+		struct stats st = summarize(b->us[s], b->n);
+		printf("| %s | %.1f | %.1f | %.1f |\n", stage_names[s], st.p50, st.p99, st.min);
+	}
+	for (int s = 0; s < ST_COUNT; s++)
+		free(b->us[s]);
+}
+
 static struct stats summarize(double *us, int n)
 {
 	struct stats s;
@@ -568,6 +624,7 @@ int main(int argc, char **argv)
 	struct lt lt;
 	struct gemm small, big;
 	struct stats s_regen, s_local;
+	struct breakdown small_stages, big_stages;
 	double *us, t0, t_regen, t_local, flop;
 
 	for (i = 1; i < argc; i++) {
@@ -630,6 +687,8 @@ int main(int argc, char **argv)
 	run_local(&lt, &small);
 	check_agree(&small);
 
+	breakdown_init(&small_stages, iters);
+	breakdown_init(&big_stages, BIG_ITERS);
 	for (int t = 0; t < 2; t++) {
 		use_transport(c, &small, transports[t]);
 		for (i = 0; i < WARMUP; i++) {
@@ -639,6 +698,8 @@ int main(int argc, char **argv)
 			t0 = now_s();
 			run_regen(c, &small);
 			us[i] = (now_s() - t0) * 1e6;
+			if (transports[t] == REGEN_TRANSPORT_RING)
+				breakdown_note(&small_stages, c);
 		}
 		s_t[t] = summarize(us, (int)iters);
 	}
@@ -668,6 +729,8 @@ int main(int argc, char **argv)
 		t0 = now_s();
 		for (i = 0; i < BIG_ITERS; i++) {
 			run_regen(c, &big);
+			if (transports[t] == REGEN_TRANSPORT_RING)
+				breakdown_note(&big_stages, c);
 		}
 		big_t[t] = (now_s() - t0) / BIG_ITERS;
 	}
@@ -723,6 +786,7 @@ int main(int argc, char **argv)
 	       s_local.p99, s_local.min);
 	printf("\nadded by regend (ring): p50 %.1f µs, p99 %.1f µs (targets: 8 and 20)\n", s_regen.p50 - s_local.p50,
 	       s_regen.p99 - s_local.p99);
+	breakdown_print(&small_stages, "64x64x64");
 	printf("\n4096^3 bf16, one call at a time (%d iterations after %d warm-up):\n\n", BIG_ITERS, BIG_WARMUP);
 	printf("| path | TFLOP/s | / in process |\n| --- | ---: | ---: |\n");
 	for (int t = 0; t < 2; t++) {
@@ -730,6 +794,7 @@ int main(int argc, char **argv)
 		       t_local / big_t[t]);
 	}
 	printf("| in process (launch + sync each) | %.1f | 1 |\n", flop / t_local * 1e-12);
+	breakdown_print(&big_stages, "4096^3");
 	printf("\npipelined, %d calls queued then one wait (%d rounds), against %d launches and one synchronize:\n\n",
 	       PIPE, PIPE_ROUNDS, PIPE);
 	printf("| shape | path | µs per GEMM | TFLOP/s | / in process |\n| --- | --- | ---: | ---: | ---: |\n");

@@ -183,6 +183,45 @@ static void queued_calls_complete_in_order(void)
 	regen_client_destroy(c);
 }
 
+/* Each completion says when the worker took, launched, finished and
+ * published its record: stages in order, between the client's own submit
+ * and read; a refused record never launched; a Varlink call has no stages. */
+static void completions_carry_stage_times(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct regen_call_timing t;
+	struct regen_gemm_args g;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, 0, 1 << 16, &b);
+	for (int i = 0; i < 20; i++) {
+		ASSERT_GEMM_OK(c, &b, "a GEMM over the ring");
+		ASSERT_EQ(regen_client_last_timing(c, 0, &t), 0, "timing of GEMM %d", i);
+		const uint64_t at[] = { t.submitted_ns, t.taken_ns, t.launched_ns, t.finished_ns, t.published_ns,
+					t.completed_ns };
+		for (unsigned s = 0; s < sizeof(at) / sizeof(at[0]); s++) {
+			ASSERT(at[s] != 0, "GEMM %d: stage %u has no time", i, s);
+			ASSERT(s == 0 || at[s] >= at[s - 1], "GEMM %d: stage %u (%llu) before stage %u (%llu)", i, s,
+			       (unsigned long long)at[s], s - 1, (unsigned long long)at[s - 1]);
+		}
+		ASSERT(t.completed_ns - t.submitted_ns < 60ull * 1000000000u, "GEMM %d: a minute between submit and read", i);
+	}
+	bad_gemm(0, b.buf, &g);
+	ASSERT_REGEN_ERROR(c, regen_gemm(c, &g), REGEN_ERROR_INVALID_OPERAND, "D past the end");
+	ASSERT_EQ(regen_client_last_timing(c, 0, &t), 0, "timing of the refused call");
+	ASSERT(t.taken_ns != 0 && t.published_ns >= t.taken_ns, "a refused record was taken and published");
+	ASSERT(t.launched_ns == 0 && t.finished_ns == 0, "a refused record never ran (launched %llu)",
+	       (unsigned long long)t.launched_ns);
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_VARLINK));
+	ASSERT_GEMM_OK(c, &b, "a GEMM over Varlink");
+	ASSERT_EQ(regen_client_last_timing(c, 0, &t), 0, "timing over Varlink");
+	ASSERT(t.completed_ns != 0 && t.taken_ns == 0 && t.launched_ns == 0, "Varlink: only the client's read time");
+	ASSERT_EQ(regen_client_last_timing(c, -1, &t), -EINVAL, "a bad device");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
 /* A restart: the ring's bound ids go stale with the generation, and the
  * records say so; imported again, the buffer serves on the same ring. */
 static void restart_fails_records_with_stale_generation(void)
@@ -652,6 +691,7 @@ int main(void)
 	tl_daemon_start(&daemon_, NULL);
 	same_answers_on_both_transports();
 	queued_calls_complete_in_order();
+	completions_carry_stage_times();
 	restart_fails_records_with_stale_generation();
 	bad_setups_are_refused_by_name();
 	bad_records_get_named_errors();

@@ -52,8 +52,14 @@ _OPERAND = struct.Struct("<IBBHQ4q4q")
 _ABSENT = _OPERAND.pack(NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 # The absent slots after an op's last: by how many the op has.
 _ABSENTS = [_ABSENT * (9 - n) for n in range(10)]
-# tag, status, error_len, elapsed_us, error_name
+# tag, status, error_len, elapsed_us, error_name; then the error's text
+# (at most ERROR_MAX bytes with its NUL) and the worker's stage times.
 _COMPLETION = struct.Struct("<QIIQ64s")
+ERROR_MAX = 904
+_ERROR_AT = _COMPLETION.size
+# taken_ns, launched_ns, finished_ns, published_ns (struct rp_ring_timing)
+_TIMING = struct.Struct("<4Q")
+_TIMING_AT = _ERROR_AT + ERROR_MAX
 
 _DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2}
@@ -241,7 +247,7 @@ class Ring:
         tag, status, error_len, elapsed_us, _name = _COMPLETION.unpack_from(self.mem, off)
         err = None
         if status:
-            text = bytes(self.mem[off + 88:off + 88 + min(error_len, 935)])
+            text = bytes(self.mem[off + _ERROR_AT:off + _ERROR_AT + min(error_len, ERROR_MAX - 1)])
             err = text
         self.cq_head = (self.cq_head + 1) & 0xFFFFFFFF
         self.ctr[CQ_HEAD] = self.cq_head

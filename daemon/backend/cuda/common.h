@@ -200,9 +200,7 @@ static inline cuda_enqueue_fn *cuda_enqueue_of(const struct cuda_dev *cd, const 
 
 static inline uint64_t cuda_now_ns(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	return rd_now_ns();
 }
 
 /* ---- common.c -------------------------------------------------------- */

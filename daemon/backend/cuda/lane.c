@@ -263,6 +263,8 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 				p->r = lane_fail_cuda(l, op, "recording the call's completion", e);
 		}
 	}
+	if (p->enqueued)
+		op->launched_ns = cuda_now_ns();
 }
 
 /* The one synchronisation point of a call: whatever it enqueued finishes
@@ -274,6 +276,7 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 
 	if (p->done) {
 		cudaError_t e = lane_wait(l, p->done);
+		op->finished_ns = cuda_now_ns();
 		if (e == cudaErrorNotReady) {
 			/* Another lane found the context lost while this call was
 			 * in flight behind a kernel that may never finish. */

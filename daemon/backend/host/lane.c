@@ -148,7 +148,9 @@ static void *lane_thread(void *arg)
 			rp_error_add_int(&op->err, "device", dev->index);
 			rp_error_add_int(&op->err, "generation", (long long)atomic_load(&dev->generation));
 		} else {
+			op->launched_ns = rd_now_ns();
 			run_op(lane, op);
+			op->finished_ns = rd_now_ns();
 		}
 		op->elapsed_us = now_us() - t0;
 		pthread_mutex_lock(&lane->lock);
@@ -253,7 +255,9 @@ static bool run_inline(struct host_lane *lane, struct rd_op *op)
 	lane->busy = true;
 	pthread_mutex_unlock(&lane->lock);
 	t0 = now_us();
+	op->launched_ns = rd_now_ns();
 	run_op(lane, op);
+	op->finished_ns = rd_now_ns();
 	op->elapsed_us = now_us() - t0;
 	pthread_mutex_lock(&lane->lock);
 	lane->busy = false;
