@@ -300,7 +300,9 @@ static int lane_broken(regen_client *c, int device, int r)
 /* Waits until completion cq_head is published: spins a while, then sleeps
  * on the doorbell and the connection (which tells of a worker gone). How
  * long it spins adapts: a spin that saw the completion doubles the next
- * one, a spin that ran out halves it. */
+ * one; after a sleep, the next spin covers twice the wait that ended it
+ * when the maximum spin would have (a wake-up costs more than the spin
+ * would have), and halves when even the maximum would not. */
 static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 {
 	uint64_t t0 = now_ns(), budget = r->spin_ns;
@@ -341,9 +343,11 @@ static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 		if (n > 0 && p[1].revents)
 			return rp_ring_load(&r->hdr->cq_tail) != r->cq_head ? 0 : -ECONNRESET;
 	}
-	if (slept)
-		r->spin_ns /= 2;
-	else
+	if (slept) {
+		uint64_t waited = now_ns() - t0;
+		r->spin_ns = waited < r->spin_max_ns ? (2 * waited < r->spin_max_ns ? 2 * waited : r->spin_max_ns)
+						       : r->spin_ns / 2;
+	} else
 		r->spin_ns = r->spin_ns * 2 + 1000 < r->spin_max_ns ? r->spin_ns * 2 + 1000 : r->spin_max_ns;
 	return 0;
 }

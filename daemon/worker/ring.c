@@ -16,7 +16,8 @@
  * Doorbells: the client's end of a datagram socket pair wakes the loop
  * (uv_poll); after a wake-up the loop keeps looking at the ring from an
  * idle handle a while before it says it sleeps. How long adapts: a spin
- * that found the next record doubles it, one that ran out halves it (at
+ * that found the next record doubles it, one that ran out halves it, a
+ * doorbell that came within the longest spin sets it to twice the gap (at
  * most REGEN_RING_SPIN_US; by default 50 µs where there are four CPUs or
  * more, and 10 µs below, where a spinning loop takes the CPU the client
  * needs to write the record it waits for). */
@@ -358,6 +359,11 @@ static void on_doorbell(uv_poll_t *h, int status, int events)
 	 * The poll is level-triggered: what is left wakes the next turn. */
 	for (int i = 0; i < DOORBELL_DRAIN && recv(r->doorbell, buf, sizeof(buf), MSG_DONTWAIT) > 0; i++)
 		;
+	/* Woken within the longest spin of the last record: a spin that long
+	 * would have found this one without the wake-up, which costs more. */
+	uint64_t gap = uv_hrtime() - r->last_record_ns;
+	if (gap < r->spin_max_ns)
+		r->spin_ns = 2 * gap < r->spin_max_ns ? 2 * gap : r->spin_max_ns;
 	rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
 	ring_take(r);
 	if (r->stopped)

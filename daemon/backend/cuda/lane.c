@@ -137,8 +137,42 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
 	return 0;
 }
 
+/* How the completer learns that a call finished. It polls the call's
+ * completion event for a while (a small call finishes within microseconds,
+ * and waking a sleeping thread costs tens), then sleeps until a host
+ * function behind the event wakes it. By default that host function is
+ * enqueued by the completer itself when it stops spinning, so a call that
+ * finishes within the spin costs no more than its event record (a host
+ * function and a cross-stream wait are two more driver calls per launch);
+ * REGEN_CUDA_WAKE=launch enqueues one with every call instead (to measure
+ * against). REGEN_CUDA_SPIN_US sets the spin (default LANE_SPIN_NS). */
+#define LANE_SPIN_NS 200000
+#define LANE_POLL_MS 2
+static bool wake_armed_at_launch(void)
+{
+	static int at_launch = -1;
+
+	if (at_launch < 0) {
+		const char *env = getenv("REGEN_CUDA_WAKE");
+		at_launch = env && strcmp(env, "launch") == 0;
+	}
+	return at_launch;
+}
+
+static uint64_t lane_spin_ns(void)
+{
+	static uint64_t ns = UINT64_MAX;
+
+	if (ns == UINT64_MAX) {
+		const char *env = getenv("REGEN_CUDA_SPIN_US");
+		long v = env ? strtol(env, NULL, 10) : -1;
+		ns = v >= 0 && v <= 10000000 ? (uint64_t)v * 1000u : LANE_SPIN_NS;
+	}
+	return ns;
+}
+
 /* Runs on CUDA's callback thread once a lane's notify stream reaches it
- * (after the call's completion event): wakes the completers. It must not
+ * (after a call's completion event): wakes the completers. It must not
  * call CUDA. */
 static void CUDART_CB host_done_cb(void *arg)
 {
@@ -150,23 +184,31 @@ static void CUDART_CB host_done_cb(void *arg)
 	pthread_mutex_unlock(&cd->done_lock);
 }
 
+/* Enqueues the host function that wakes the completers once `done` is
+ * reached. A failure here is not the call's: the completer then looks
+ * every LANE_POLL_MS, and the call's own event says what happened. */
+static void lane_arm_wake(struct cuda_lane *l, cudaEvent_t done)
+{
+	if (!l->notify)
+		return;
+	if (cudaStreamWaitEvent(l->notify, done, 0) == cudaSuccess)
+		(void)cudaLaunchHostFunc(l->notify, host_done_cb, l->cd);
+}
+
 /* Waits for a call's completion event. Not cudaEventSynchronize: a thread
  * blocked there is not woken when the context takes a sticky error while an
  * unrelated kernel keeps running (seen on H200, driver 580: a call queued
  * behind a spinning kernel stayed blocked after an illegal address
- * elsewhere); cudaEventQuery reports a sticky error at once. Small calls
- * finish within microseconds, so the first LANE_SPIN_NS are a busy poll.
- * After that the completer sleeps until the host function enqueued behind
- * the call wakes it (exact, unlike a polling period), and at least every
- * LANE_POLL_MS looks again, since after a fault no host function runs.
- * Gives up early when another lane marked the device lost
- * (cudaErrorNotReady then). */
-#define LANE_SPIN_NS 200000
-#define LANE_POLL_MS 2
+ * elsewhere); cudaEventQuery reports a sticky error at once. After the
+ * spin the completer sleeps until the host function behind the call wakes
+ * it (exact, unlike a polling period), and at least every LANE_POLL_MS
+ * looks again, since after a fault no host function runs. Gives up early
+ * when another lane marked the device lost (cudaErrorNotReady then). */
 static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 {
 	struct cuda_dev *cd = l->cd;
-	uint64_t spin_until = cuda_now_ns() + LANE_SPIN_NS;
+	uint64_t spin_until = cuda_now_ns() + lane_spin_ns();
+	bool armed = wake_armed_at_launch();
 
 	for (;;) {
 		pthread_mutex_lock(&cd->done_lock);
@@ -180,6 +222,12 @@ static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 		if (cuda_now_ns() < spin_until) {
 			__builtin_ia32_pause();
 			continue;
+		}
+		if (!armed) {
+			/* seq was read before the query: a wake-up from here on
+			 * is seen. */
+			lane_arm_wake(l, done);
+			armed = true;
 		}
 		struct timespec until;
 		clock_gettime(CLOCK_REALTIME, &until);
@@ -253,9 +301,9 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		p->done = l->done[l->next_done];
 		l->next_done = (l->next_done + 1) % RD_CUDA_LANE_DEPTH;
 		cudaError_t e = cudaEventRecord(p->done, l->stream);
-		if (e == cudaSuccess)
+		if (e == cudaSuccess && wake_armed_at_launch())
 			e = cudaStreamWaitEvent(l->notify, p->done, 0);
-		if (e == cudaSuccess)
+		if (e == cudaSuccess && wake_armed_at_launch())
 			e = cudaLaunchHostFunc(l->notify, host_done_cb, cd);
 		if (e != cudaSuccess) {
 			p->done = NULL;
