@@ -451,6 +451,17 @@ class Client:
             return None
         return "ring" if lane.ring is not None else "varlink"
 
+    def last_timing(self, device):
+        """Where ``device``'s last call answered over the ring spent its time
+        in the worker: a dict of taken_ns, launched_ns, finished_ns and
+        published_ns (CLOCK_MONOTONIC, the clock of time.monotonic_ns(); 0
+        for a stage the record never reached), or None where the lane is on
+        Varlink or has answered nothing."""
+        lane = self._lanes.get(device)
+        if lane is None or lane.ring is None or not any(lane.ring.last_timing):
+            return None
+        return dict(zip(("taken_ns", "launched_ns", "finished_ns", "published_ns"), lane.ring.last_timing))
+
     def _lane_broken(self, device, lane, what):
         self._workers.pop(device, None)
         lane.conn.close()

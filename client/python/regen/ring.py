@@ -114,6 +114,9 @@ class Ring:
         self.next_victim = 0
         self.spin_max = _spin_max()
         self.spin = self.spin_max / 2
+        # The worker's stage times of the last completion read (taken, launched,
+        # finished, published; CLOCK_MONOTONIC ns, as time.monotonic_ns()).
+        self.last_timing = (0, 0, 0, 0)
         self._fence = threading.Lock()
         size = ring_size(entries)
         fd = os.memfd_create("regen-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -211,7 +214,9 @@ class Ring:
         """Until completion cq_head is published: spin a while, then sleep
         on the doorbell and the connection (whose end means the worker
         went).  A spin that saw the completion doubles the next one's
-        length, one that ran out halves it."""
+        length; after a sleep, the next spin covers twice the wait that
+        ended it when the longest spin would have, and halves when even
+        that would not (as libregen's)."""
         ctr = self.ctr
         head = self.cq_head
         t0 = time.perf_counter()
@@ -238,7 +243,11 @@ class Ring:
                     pass
             if self.conn.fileno() in readable and ctr[CQ_TAIL] == head:
                 raise ConnectionResetError("the worker connection ended with records in flight")
-        self.spin = self.spin / 2 if slept else min(self.spin * 2 + 1e-6, self.spin_max)
+        if slept:
+            waited = time.perf_counter() - t0
+            self.spin = min(2 * waited, self.spin_max) if waited < self.spin_max else self.spin / 2
+        else:
+            self.spin = min(self.spin * 2 + 1e-6, self.spin_max)
 
     def reap(self, timeout=None):
         """The oldest outstanding completion: (tag, elapsed_us, error or None)."""
@@ -249,6 +258,7 @@ class Ring:
         if status:
             text = bytes(self.mem[off + _ERROR_AT:off + _ERROR_AT + min(error_len, ERROR_MAX - 1)])
             err = text
+        self.last_timing = _TIMING.unpack_from(self.mem, off + _TIMING_AT)
         self.cq_head = (self.cq_head + 1) & 0xFFFFFFFF
         self.ctr[CQ_HEAD] = self.cq_head
         return tag, elapsed_us, err

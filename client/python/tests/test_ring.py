@@ -6,6 +6,7 @@ StaleGeneration comes through the ring as through Varlink."""
 import os
 import random
 import sys
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,6 +74,18 @@ class RingTest(unittest.TestCase):
         self.assertIsInstance(elapsed, int)
         ref = reference.gemm(a.read(), b.read(), 5, 3, 7)
         self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+
+    def test_completions_carry_the_workers_stage_times(self):
+        c = self.client("ring")
+        a, b, d = self.tensor(c, [5, 7]), self.tensor(c, [7, 3]), self.tensor(c, [5, 3], fill=False)
+        for _ in range(10):
+            before = time.monotonic_ns()
+            c.gemm(a.op, b.op, d.op)
+            after = time.monotonic_ns()
+            t = c.last_timing(0)
+            stages = [before, t["taken_ns"], t["launched_ns"], t["finished_ns"], t["published_ns"], after]
+            self.assertEqual(stages, sorted(stages), f"stages out of order: {stages}")
+        self.assertIsNone(self.client("varlink").last_timing(0), "Varlink has no stage times")
 
     def test_errors_are_the_same_on_both_transports(self):
         cv, cr = self.client("varlink"), self.client("ring")
