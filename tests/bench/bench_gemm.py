@@ -47,6 +47,30 @@ SHAPES = [
 SMALL = (64, 64, 64)
 
 
+STAGES = (("call -> worker took the record (the client's encoding and the doorbell)", 0, 1),
+          ("took -> work handed to the GPU (launch)", 1, 2),
+          ("handed -> found finished (GPU and completion wait)", 2, 3),
+          ("found finished -> completion published", 3, 4),
+          ("published -> the call returned (wake-up and the client's decoding)", 4, 5))
+
+
+def ring_stages(c, call, iters, device):
+    """p50/p99 of each stage of a ring call, from the worker's stage times
+    (Client.last_timing) and the client's own clock around the call."""
+    samples = [[] for _ in STAGES]
+    for _ in range(iters):
+        t0 = time.monotonic_ns()
+        call()
+        t5 = time.monotonic_ns()
+        t = c.last_timing(device)
+        if not t or not all(t.values()):
+            continue
+        at = (t0, t["taken_ns"], t["launched_ns"], t["finished_ns"], t["published_ns"], t5)
+        for i, (_, lo, hi) in enumerate(STAGES):
+            samples[i].append((at[hi] - at[lo]) / 1e9)
+    return {name: summary(xs) for (name, _, _), xs in zip(STAGES, samples) if xs}
+
+
 def main():
     ap = argparse.ArgumentParser(description="regend vs torch.matmul GEMM benchmark (needs a GPU)")
     ap.add_argument("regend", nargs="?", help="regend to start (default $REGEND, $REGEN_BUILD_ROOT/daemon/regend, build/daemon/regend)")
@@ -173,6 +197,8 @@ def main():
             rw = summary(time_calls(lambda: c.gemm(a, b, d), args.small_iters, 50))
             out["small"]["transports"][tr] = {"regend_wall": rw, "added_p50_us": rw["p50_us"] - tw["p50_us"],
                                               "added_p99_us": rw["p99_us"] - tw["p99_us"]}
+            if tr == "ring":
+                out["small"]["ring_stages"] = ring_stages(c, lambda: c.gemm(a, b, d), args.small_iters, args.device)
 
         # Round trips: main socket (supervisor) vs worker socket.
         worker = info["worker_socket"]
@@ -205,6 +231,11 @@ def main():
     srows.append(["torch in-process launch + synchronize", f"{sm['torch_launch_sync']['p50_us']:.1f}",
                   f"{sm['torch_launch_sync']['p99_us']:.1f}", f"{sm['torch_launch_sync']['min_us']:.1f}", "", ""])
     print(markdown_table(["path", "p50 us", "p99 us", "min us", "added p50 us", "added p99 us"], srows))
+    if sm.get("ring_stages"):
+        print("\nthe same call over the ring, by stage (the worker's times, Client.last_timing)\n")
+        print(markdown_table(["stage", "p50 us", "p99 us", "min us"],
+                             [[k, f"{v['p50_us']:.1f}", f"{v['p99_us']:.1f}", f"{v['min_us']:.1f}"]
+                              for k, v in sm["ring_stages"].items()]))
     print(f"\nround trips, {args.rtt_iters} calls each on a raw Varlink connection\n")
     print(markdown_table(["call", "p50 us", "p99 us", "min us"],
                          [[k, f"{v['p50_us']:.1f}", f"{v['p99_us']:.1f}", f"{v['min_us']:.1f}"]
