@@ -132,6 +132,16 @@ struct regen_device_info {
 	const char *last_xid_text;
 	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
 	int retired_pages_pending, remap_pending, remap_failed;
+	/* io.regen.Device.Sharing: has_sharing is false until a worker said
+	 * it. mps: the worker's context is an MPS client (a fatal fault in any
+	 * client of the GPU reaches every client). mps_clients is -1 and
+	 * compute_mode "" where NVML cannot say. */
+	bool has_sharing;
+	bool mps;
+	const char *mps_pipe_directory; /* the worker's CUDA_MPS_PIPE_DIRECTORY; "" unset */
+	const char *compute_mode;       /* "default", "exclusive_process", ...; "" unknown */
+	int64_t mps_clients;
+	const char *sharing_reason;
 };
 
 /* The node and its devices: io.regen.Device.Status (fresh memory numbers)

@@ -128,23 +128,50 @@ def sweep(force=True):
     runtime().sweep(force=force)
 
 
+def _driver_mps(index):
+    """Whether CUDA contexts this process makes on torch device ``index``
+    are MPS clients, as the driver says (the attribute MPS_ENABLED, 133);
+    None where it cannot be asked (CUDA not initialised, no libcuda)."""
+    import ctypes
+    if not _torch.cuda.is_initialized():
+        return None
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, value = ctypes.c_int(), ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(index)) != 0:
+            return None
+        if cuda.cuDeviceGetAttribute(ctypes.byref(value), ctypes.c_int(133), dev) != 0:
+            return None
+        return bool(value.value)
+    except (OSError, AttributeError):
+        return None
+
+
 def mps_mode():
-    """Whether this process runs under CUDA MPS (a control daemon's pipe
-    directory is there) and whether regend says it does (Status field
-    ``mps``, where regend reports it).  Under MPS a fault in any client is
-    delivered to every client on the GPU: regend's isolation is gone, and
-    context switches are far cheaper (docs/torch.md)."""
+    """Whether this process and regend's workers run under CUDA MPS.
+
+    ``rank``: this process's contexts are MPS clients; asked of the driver
+    once torch initialised CUDA (``rank_source`` "driver"), else guessed
+    from the control daemon's pipe directory ($CUDA_MPS_PIPE_DIRECTORY or
+    /tmp/nvidia-mps; ``rank_source`` "pipe_directory").  ``regend``: some
+    device of regend's reports ``sharing.mps`` in Status (None when regend
+    cannot be asked or says nothing); ``regend_devices``: {regend index:
+    bool}.  Under MPS a fatal fault in any client reaches every client on
+    the GPU: regend's isolation is gone, and context switches are far
+    cheaper (docs/torch.md, MPS)."""
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    rank = os.path.exists(os.path.join(pipe, "control"))
-    regend = None
+    rank = _driver_mps(_torch.cuda.current_device()) if _torch.cuda.is_initialized() else None
+    source = "driver"
+    if rank is None:
+        rank, source = os.path.exists(os.path.join(pipe, "control")), "pipe_directory"
+    regend, devices = None, {}
     try:
         for d in runtime().client.status().get("devices", []):
-            value = d.get("mps")
-            if value is None:
-                value = (d.get("health") or {}).get("mps")
-            if value is not None:
-                regend = bool(value) or bool(regend)
+            sharing = d.get("sharing")
+            if isinstance(sharing, dict) and isinstance(sharing.get("mps"), bool):
+                devices[d.get("index")] = sharing["mps"]
+                regend = sharing["mps"] or bool(regend)
     except Exception:
         regend = None
-    return {"rank": rank, "pipe_directory": pipe, "regend": regend,
-            "isolated": not rank and not regend}
+    return {"rank": rank, "rank_source": source, "pipe_directory": pipe, "regend": regend,
+            "regend_devices": devices, "isolated": not rank and not regend}
