@@ -264,7 +264,15 @@ def main():
     build = os.path.dirname(os.path.dirname(regend))
     os.environ.setdefault("REGEN_LIBREGEN", os.path.join(build, "client", "libregen.so"))
     check_off(regend)
-    mps = MpsDaemon(exe)
+    try:
+        mps = MpsDaemon(exe)
+    except RuntimeError as e:
+        # This machine cannot run an MPS control daemon (a sandbox, the
+        # driver's utilities missing their server): nothing to hold to it.
+        print("SKIP (MPS part): %s" % e)
+        passed = sum(ok for _, ok in results)
+        print(f"{passed} passed, {len(results) - passed} failed")
+        return 77 if passed == len(results) else 1
     try:
         check_on(regend, build, mps)
     finally:
