@@ -15,6 +15,16 @@
  * regen_pool_alloc and regen_pool_free have the signatures of torch's
  * CUDAPluggableAllocator, so a torch.cuda.MemPool can allocate through them.
  *
+ * As the process's whole CUDA allocator (regen_pool_set_process_allocator:
+ * torch's current allocator, with no caching allocator above) the pool does
+ * what that one would: it keeps empty CUDA chunks for the next allocations
+ * and carves any request from them where it fits (regen_pool_trim, or an
+ * allocation the driver refuses, gives them back after a synchronisation),
+ * and orders frees by stream: memory freed on a
+ * stream may still be used by work queued there, so only an allocation on
+ * the same stream, whose work runs after it, takes it again until a
+ * synchronisation settles it.
+ *
  * libregen does not link libcuda: the driver's entry points are looked up at
  * run time (dlopen of libcuda.so.1, cuGetProcAddress), so libregen loads and
  * works without a GPU, and the pool says why it cannot allocate. */
@@ -56,6 +66,11 @@ struct piece {
 	struct piece *prev, *next;
 	uint64_t offset, size;
 	bool used;
+	/* Free, but freed on `stream` (process allocator only) and perhaps
+	 * still used by work queued there: only an allocation on that stream
+	 * takes it, until a synchronisation settles it. */
+	bool pending;
+	void *stream;
 };
 
 struct chunk {
@@ -94,6 +109,7 @@ struct driver {
 	__typeof__(cuDeviceGet) *DeviceGet;
 	__typeof__(cuDevicePrimaryCtxRetain) *DevicePrimaryCtxRetain;
 	__typeof__(cuDevicePrimaryCtxRelease) *DevicePrimaryCtxRelease;
+	__typeof__(cuCtxSynchronize) *CtxSynchronize;
 };
 #endif
 
@@ -113,6 +129,12 @@ static struct {
 	char socket_path[108];
 	regen_client *client;
 	int device_map[REGEN_DEVICES_MAX];   /* local CUDA ordinal -> regend's index + 1; 0 = the same */
+	/* The pool is the process's CUDA allocator: it caches and orders frees
+	 * by stream itself (regen_pool_set_process_allocator). */
+	bool process;
+	/* Tests without a GPU: CUDA chunks are memfds and a synchronisation is
+	 * a no-op ($REGEN_POOL_FAKE_CUDA=1, read once). */
+	int fake_cuda;                       /* -1 not read yet, 0, 1 */
 	struct regen_pool_stats stats;
 } pool = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -120,6 +142,7 @@ static struct {
 	.driver_once = PTHREAD_ONCE_INIT,
 #endif
 	.next_serial = 1,
+	.fake_cuda = -1,
 };
 
 static void set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -170,7 +193,7 @@ static void driver_load_once(void)
 		FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemGetAllocationGranularity),
 		FN(MemExportToShareableHandle), FN(MemGetAddressRange), FN(CtxGetCurrent), FN(CtxPushCurrent),
 		FN(CtxPopCurrent), FN(DeviceGetCount), FN(DeviceGet), FN(DevicePrimaryCtxRetain),
-		FN(DevicePrimaryCtxRelease),
+		FN(DevicePrimaryCtxRelease), FN(CtxSynchronize),
 #undef FN
 	};
 	get_proc_v2_fn get_v2;
@@ -372,12 +395,21 @@ static void chunk_unimport(struct chunk *ch)
 	}
 }
 
+static bool fake_cuda(void)
+{
+	if (pool.fake_cuda < 0) {
+		const char *env = getenv("REGEN_POOL_FAKE_CUDA");
+		pool.fake_cuda = env != NULL && strcmp(env, "1") == 0;
+	}
+	return pool.fake_cuda == 1;
+}
+
 static void chunk_destroy(struct chunk *ch)
 {
 	struct piece *p, *next;
 
 	chunk_unimport(ch);
-	if (ch->kind == CHUNK_CUDA) {
+	if (ch->kind == CHUNK_CUDA && !fake_cuda()) {
 		cuda_chunk_finish(ch);
 	} else {
 		munmap(ch->base, ch->size);
@@ -409,7 +441,13 @@ static struct chunk *chunk_create(enum chunk_kind kind, int device, uint64_t wan
 	}
 	ch->fd = -1;
 	ch->import_device = -1;
-	r = kind == CHUNK_CUDA ? cuda_chunk_init(ch, device, want) : host_chunk_init(ch, want);
+	if (kind == CHUNK_CUDA && fake_cuda()) {
+		r = host_chunk_init(ch, want);
+		ch->kind = CHUNK_CUDA;
+		ch->device = device;
+	} else {
+		r = kind == CHUNK_CUDA ? cuda_chunk_init(ch, device, want) : host_chunk_init(ch, want);
+	}
 	if (r < 0) {
 		free(ch->pieces);
 		free(ch);
@@ -431,13 +469,13 @@ fail:
 }
 
 /* First fit in the chunk: the offset of a used piece of `size` bytes, or
- * -1. */
-static int64_t chunk_carve(struct chunk *ch, uint64_t size)
+ * -1. A pending piece serves only an allocation on its own stream. */
+static int64_t chunk_carve(struct chunk *ch, uint64_t size, void *stream)
 {
 	struct piece *p, *rest;
 
 	for (p = ch->pieces; p != NULL; p = p->next) {
-		if (p->used || p->size < size) {
+		if (p->used || p->size < size || (p->pending && p->stream != stream)) {
 			continue;
 		}
 		if (p->size > size) {
@@ -447,6 +485,8 @@ static int64_t chunk_carve(struct chunk *ch, uint64_t size)
 			}
 			rest->offset = p->offset + size;
 			rest->size = p->size - size;
+			rest->pending = p->pending;
+			rest->stream = p->stream;
 			rest->prev = p;
 			rest->next = p->next;
 			if (p->next != NULL) {
@@ -456,6 +496,7 @@ static int64_t chunk_carve(struct chunk *ch, uint64_t size)
 			p->size = size;
 		}
 		p->used = true;
+		p->pending = false;
 		ch->used += size;
 		return (int64_t)p->offset;
 	}
@@ -473,8 +514,16 @@ static void piece_merge(struct piece *a, struct piece *b)
 	free(b);
 }
 
-/* Frees the used piece at `offset`; false when there is none. */
-static bool chunk_return(struct chunk *ch, uint64_t offset)
+/* Free pieces side by side become one where the same allocations may
+ * take them: both settled, or both pending on the same stream. */
+static bool mergeable(const struct piece *a, const struct piece *b)
+{
+	return !a->used && !b->used && a->pending == b->pending && (!a->pending || a->stream == b->stream);
+}
+
+/* Frees the used piece at `offset`, pending on `stream` for the process
+ * allocator; false when there is none. */
+static bool chunk_return(struct chunk *ch, uint64_t offset, void *stream)
 {
 	struct piece *p;
 
@@ -484,11 +533,13 @@ static bool chunk_return(struct chunk *ch, uint64_t offset)
 		return false;
 	}
 	p->used = false;
+	p->pending = pool.process && ch->kind == CHUNK_CUDA;
+	p->stream = p->pending ? stream : NULL;
 	ch->used -= p->size;
-	if (p->next != NULL && !p->next->used) {
+	if (p->next != NULL && mergeable(p, p->next)) {
 		piece_merge(p, p->next);
 	}
-	if (p->prev != NULL && !p->prev->used) {
+	if (p->prev != NULL && mergeable(p->prev, p)) {
 		piece_merge(p->prev, p);
 	}
 	return true;
@@ -510,11 +561,31 @@ static struct chunk *chunk_of(const void *ptr, struct chunk ***link)
 	return NULL;
 }
 
-static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size)
+static int trim_locked(void);
+
+/* The first chunk of `kind` on `device` with room for `want` bytes for an
+ * allocation on `stream`: its offset in *out, or NULL. */
+static struct chunk *carve_any(enum chunk_kind kind, int device, uint64_t want, void *stream, int64_t *off)
+{
+	struct chunk *ch;
+
+	for (ch = pool.chunks; ch != NULL; ch = ch->next) {
+		if (ch->kind == kind && ch->device == device && ch->size - ch->used >= want) {
+			*off = chunk_carve(ch, want, stream);
+			if (*off >= 0) {
+				return ch;
+			}
+		}
+	}
+	return NULL;
+}
+
+static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size, void *stream)
 {
 	uint64_t want, big = chunk_bytes();
-	struct chunk *ch;
+	struct chunk *ch = NULL;
 	int64_t off = -1;
+	bool process = pool.process && kind == CHUNK_CUDA;
 
 	if (size > REQUEST_MAX) {
 		set_error("a request of %llu bytes is larger than any device (at most %llu)", (unsigned long long)size,
@@ -523,25 +594,30 @@ static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size)
 	}
 	want = round_up(size > 0 ? size : 1, ALIGN);
 	/* A request over half a chunk gets a chunk of its own: carving it out of
-	 * a shared one would strand the rest. */
-	if (want <= big / 2) {
-		for (ch = pool.chunks; ch != NULL; ch = ch->next) {
-			if (ch->kind == kind && ch->device == device && ch->size - ch->used >= want) {
-				off = chunk_carve(ch, want);
-				if (off >= 0) {
-					break;
-				}
-			}
-		}
-	} else {
+	 * a shared one would strand the rest. The process allocator keeps the
+	 * chunks of big requests too, so they are searched for any request. */
+	if (want > big / 2) {
 		big = want;
 	}
-	if (off < 0) {
+	if (want <= chunk_bytes() / 2 || process) {
+		ch = carve_any(kind, device, want, stream, &off);
+	}
+	if (ch == NULL) {
 		ch = chunk_create(kind, device, big);
+		if (ch == NULL && process) {
+			/* As torch's caching allocator does on OOM: synchronise, give
+			 * back the kept chunks, and try again. */
+			trim_locked();
+			ch = carve_any(kind, device, want, stream, &off);
+			if (ch != NULL) {
+				goto carved;
+			}
+			ch = chunk_create(kind, device, big);
+		}
 		if (ch == NULL) {
 			return NULL;
 		}
-		off = chunk_carve(ch, want);
+		off = chunk_carve(ch, want, stream);
 		if (off < 0) {
 			pool.chunks = ch->next;   /* chunk_create put it first */
 			chunk_destroy(ch);
@@ -549,6 +625,7 @@ static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size)
 			return NULL;
 		}
 	}
+carved:
 	pool.stats.allocs++;
 	pool.stats.used_bytes += want;
 	return ch->base + off;
@@ -563,7 +640,12 @@ static bool keep_empty(const struct chunk *ch)
 {
 	const struct chunk *other;
 
-	if (ch->kind != CHUNK_HOST || ch->size != chunk_bytes()) {
+	/* The process allocator is the cache: its CUDA chunks stay until a
+	 * trim (which synchronises first, so no work still uses them). */
+	if (ch->kind == CHUNK_CUDA) {
+		return pool.process;
+	}
+	if (ch->size != chunk_bytes()) {
 		return false;
 	}
 	for (other = pool.chunks; other != NULL; other = other->next) {
@@ -577,7 +659,7 @@ static bool keep_empty(const struct chunk *ch)
 /* Frees what the pool gave as `kind`; anything else (a pointer it never
  * gave, one inside an allocation, one freed already, host memory given to
  * the CUDA free or the other way) is left alone. */
-static void pool_free(const void *ptr, enum chunk_kind kind)
+static void pool_free(const void *ptr, enum chunk_kind kind, void *stream)
 {
 	struct chunk **link = NULL;
 	struct chunk *ch;
@@ -592,7 +674,7 @@ static void pool_free(const void *ptr, enum chunk_kind kind)
 	}
 	offset = (uint64_t)((const char *)ptr - ch->base);
 	before = ch->used;
-	if (!chunk_return(ch, offset)) {
+	if (!chunk_return(ch, offset, stream)) {
 		return;
 	}
 	pool.stats.frees++;
@@ -603,21 +685,110 @@ static void pool_free(const void *ptr, enum chunk_kind kind)
 	}
 }
 
+/* ---- The process allocator's cache ------------------------------------------ */
+
+/* Waits for the work of the device's primary context (torch's): after it no
+ * work uses memory freed before. 0 or -errno with the error set. */
+static int device_sync(int device)
+{
+#ifdef REGEN_POOL_CUDA
+	CUdevice dev;
+	CUcontext ctx;
+	CUresult r;
+
+	if (fake_cuda()) {
+		return 0;
+	}
+	if (!driver_load()) {
+		return -ENODEV;
+	}
+	r = pool.drv.DeviceGet(&dev, device);
+	if (r == CUDA_SUCCESS) {
+		r = pool.drv.DevicePrimaryCtxRetain(&ctx, dev);
+	}
+	if (r != CUDA_SUCCESS) {
+		set_error("the primary context of device %d: %s", device, cu_error(r));
+		return -EIO;
+	}
+	r = pool.drv.CtxPushCurrent(ctx);
+	if (r == CUDA_SUCCESS) {
+		r = pool.drv.CtxSynchronize();
+		pool.drv.CtxPopCurrent(&ctx);
+	}
+	pool.drv.DevicePrimaryCtxRelease(dev);
+	if (r != CUDA_SUCCESS) {
+		set_error("synchronising device %d: %s", device, cu_error(r));
+		return -EIO;
+	}
+	return 0;
+#else
+	return fake_cuda() ? 0 : -ENOTSUP;
+#endif
+}
+
+/* Settles the pending pieces of the CUDA chunks (once their devices are
+ * synchronised: nothing queued before uses them) and gives back the empty
+ * chunks. A device that cannot be synchronised keeps its chunks as they
+ * are. 0, or the first error. */
+static int trim_locked(void)
+{
+	bool synced[REGEN_DEVICES_MAX] = { false }, failed[REGEN_DEVICES_MAX] = { false };
+	struct chunk **link = &pool.chunks, *ch;
+	struct piece *p;
+	int r = 0;
+
+	while ((ch = *link) != NULL) {
+		if (ch->kind != CHUNK_CUDA || ch->device < 0 || ch->device >= REGEN_DEVICES_MAX) {
+			link = &ch->next;
+			continue;
+		}
+		if (!synced[ch->device] && !failed[ch->device]) {
+			int e = device_sync(ch->device);
+			synced[ch->device] = e == 0;
+			failed[ch->device] = e != 0;
+			if (e < 0 && r == 0) {
+				r = e;
+			}
+		}
+		if (failed[ch->device]) {
+			link = &ch->next;
+			continue;
+		}
+		for (p = ch->pieces; p != NULL; p = p->next) {
+			p->pending = false;
+			p->stream = NULL;
+		}
+		for (p = ch->pieces; p != NULL && p->next != NULL;) {
+			if (mergeable(p, p->next)) {
+				piece_merge(p, p->next);
+			} else {
+				p = p->next;
+			}
+		}
+		if (ch->used == 0) {
+			*link = ch->next;
+			chunk_destroy(ch);
+		} else {
+			link = &ch->next;
+		}
+	}
+	return r;
+}
+
 /* ---- The public face ------------------------------------------------------ */
 
 REGEN_EXPORT void *regen_pool_alloc(size_t size, int device, void *stream)
 {
 	void *p;
 
-	/* Allocation is stream-ordered by the caller (torch's caching
-	 * allocator): the memory is ready for any stream as soon as it is
-	 * mapped. */
-	(void)stream;
+	/* Under a MemPool, torch's caching allocator orders allocations by
+	 * stream; as the process allocator the pool does (pieces pending on
+	 * the stream that freed them). */
 	if (device < 0 || device >= REGEN_DEVICES_MAX) {
 		return NULL;
 	}
 	pthread_mutex_lock(&pool.lock);
-	p = pool_alloc(CHUNK_CUDA, device, size);
+	p = pool_alloc(CHUNK_CUDA, device, size, stream);
 	pthread_mutex_unlock(&pool.lock);
 	return p;
 }
@@ -626,9 +797,9 @@ REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stre
 {
 	(void)size;
 	(void)device;
-	(void)stream;
 	pthread_mutex_lock(&pool.lock);
-	pool_free(ptr, CHUNK_CUDA);
+	/* torch passes the stream the memory was allocated on. */
+	pool_free(ptr, CHUNK_CUDA, stream);
 	pthread_mutex_unlock(&pool.lock);
 }
 
@@ -637,7 +808,7 @@ REGEN_EXPORT void *regen_pool_alloc_host(size_t size)
 	void *p;
 
 	pthread_mutex_lock(&pool.lock);
-	p = pool_alloc(CHUNK_HOST, -1, size);
+	p = pool_alloc(CHUNK_HOST, -1, size, NULL);
 	pthread_mutex_unlock(&pool.lock);
 	return p;
 }
@@ -645,7 +816,7 @@ REGEN_EXPORT void *regen_pool_alloc_host(size_t size)
 REGEN_EXPORT void regen_pool_free_host(void *ptr)
 {
 	pthread_mutex_lock(&pool.lock);
-	pool_free(ptr, CHUNK_HOST);
+	pool_free(ptr, CHUNK_HOST, NULL);
 	pthread_mutex_unlock(&pool.lock);
 }
 
@@ -679,6 +850,33 @@ REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_by
 	}
 	pthread_mutex_unlock(&pool.lock);
 	return 0;
+}
+
+REGEN_EXPORT int regen_pool_set_process_allocator(int on)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&pool.lock);
+	if (pool.process && !on) {
+		/* What it kept goes, and no piece stays pending: a MemPool's
+		 * caching allocator above orders its own frees. */
+		r = trim_locked();
+	}
+	if (r == 0) {
+		pool.process = on != 0;
+	}
+	pthread_mutex_unlock(&pool.lock);
+	return r;
+}
+
+REGEN_EXPORT int regen_pool_trim(void)
+{
+	int r;
+
+	pthread_mutex_lock(&pool.lock);
+	r = trim_locked();
+	pthread_mutex_unlock(&pool.lock);
+	return r;
 }
 
 REGEN_EXPORT int regen_pool_map_device(int local_device, int regend_device)

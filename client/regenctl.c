@@ -331,10 +331,10 @@ static void health_cells(const struct regen_device_info *d, char (*cell)[128])
 
 static int cmd_status(regen_client *c, const struct command *cmd, const struct opts *o)
 {
-	enum { NCOL = 15 };
+	enum { NCOL = 16 };
 	static const char *const head[NCOL] = {
 		"DEVICE", "GEN", "STATE", "BACKEND", "PID", "RESPAWNS", "MEM_USED", "MEM_BASE", "WORKER_SOCKET",
-		"HEALTH", "UUID", "PCI", "LAST_XID", "ECC_DBE", "PENDING",
+		"HEALTH", "UUID", "PCI", "LAST_XID", "ECC_DBE", "PENDING", "SHARING",
 	};
 	regen_status *st = NULL;
 	char (*cells)[NCOL][128];
@@ -373,6 +373,10 @@ static int cmd_status(regen_client *c, const struct command *cmd, const struct o
 		snprintf(row[7], 128, "%llu", (unsigned long long)d->memory_baseline);
 		snprintf(row[8], 128, "%s", d->worker_socket[0] ? d->worker_socket : "-");
 		health_cells(d, row + 9);
+		/* SHARING: "mps" (no isolation between the worker and the ranks)
+		 * or "isolated"; "-" before a worker said. */
+		snprintf(row[15], 128, "%s",
+			 !REGEN_HAS_FIELD(d, sharing_reason) || !d->has_sharing ? "-" : d->mps ? "mps" : "isolated");
 	}
 	for (j = 0; j < NCOL; j++) {
 		width[j] = 0;

@@ -77,6 +77,12 @@ int rc_status_from_reply(regen_client *c, const char *method, cJSON *reply, rege
 		info->retired_pages_pending = d->has_health ? d->health.retired_pages_pending : -1;
 		info->remap_pending = d->has_health ? d->health.remap_pending : -1;
 		info->remap_failed = d->has_health ? d->health.remap_failed : -1;
+		info->has_sharing = d->has_sharing;
+		info->mps = d->has_sharing && d->sharing.mps;
+		info->mps_pipe_directory = d->has_sharing ? d->sharing.mps_pipe_directory : "";
+		info->compute_mode = d->has_sharing ? d->sharing.compute_mode : "";
+		info->mps_clients = d->has_sharing ? d->sharing.mps_clients : -1;
+		info->sharing_reason = d->has_sharing ? d->sharing.reason : "";
 		rc_note_generation(c, info->index, info->generation);
 	}
 	*out = st;

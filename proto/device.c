@@ -30,7 +30,7 @@ int rp_state_from_name(const char *name)
  * "devices[1].state" (prefix "devices[1].") or "epoch" (prefix ""). */
 static int refuse(struct rp_error *err, const char *prefix, const char *key)
 {
-	char name[64];
+	char name[96];
 
 	snprintf(name, sizeof(name), "%s%s", prefix, key);
 	return rp_error_invalid_parameter(err, name);
@@ -172,6 +172,48 @@ int rp_device_health_decode(const cJSON *o, struct rp_device_health *out, struct
 	return health_decode(o, "", out, err);
 }
 
+cJSON *rp_device_sharing_encode(const struct rp_device_sharing *s)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	if (o == NULL || cJSON_AddBoolToObject(o, "mps", s->mps) == NULL ||
+	    cJSON_AddStringToObject(o, "mps_pipe_directory", or_empty(s->mps_pipe_directory)) == NULL ||
+	    (s->compute_mode && s->compute_mode[0] &&
+	     cJSON_AddStringToObject(o, "compute_mode", s->compute_mode) == NULL) ||
+	    !add_known(o, "mps_clients", s->mps_clients) ||
+	    cJSON_AddStringToObject(o, "reason", or_empty(s->reason)) == NULL) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+static int sharing_decode(const cJSON *o, const char *device_prefix, struct rp_device_sharing *s, struct rp_error *err)
+{
+	char prefix[48];
+	const cJSON *mps = cJSON_GetObjectItemCaseSensitive(o, "mps");
+
+	snprintf(prefix, sizeof(prefix), "%ssharing.", device_prefix);
+	if (!cJSON_IsObject(o))
+		return refuse(err, device_prefix, "sharing");
+	if (!cJSON_IsBool(mps))
+		return refuse(err, prefix, "mps");
+	s->mps = cJSON_IsTrue(mps);
+	s->compute_mode = "";
+	if (get_string(o, prefix, "mps_pipe_directory", &s->mps_pipe_directory, err) < 0 ||
+	    (cJSON_HasObjectItem(o, "compute_mode") && get_string(o, prefix, "compute_mode", &s->compute_mode, err) < 0) ||
+	    get_known(o, prefix, "mps_clients", &s->mps_clients, err) < 0 ||
+	    get_string(o, prefix, "reason", &s->reason, err) < 0)
+		return -EINVAL;
+	return 0;
+}
+
+int rp_device_sharing_decode(const cJSON *o, struct rp_device_sharing *out, struct rp_error *err)
+{
+	memset(out, 0, sizeof(*out));
+	return sharing_decode(o, "", out, err);
+}
+
 static cJSON *counters_encode(const struct rp_device_counters *c)
 {
 	const struct { const char *name; uint64_t v; } fields[] = {
@@ -217,6 +259,14 @@ static cJSON *device_info_encode(const struct rp_device_info *d)
 			return NULL;
 		}
 	}
+	if (d->has_sharing) {
+		cJSON *sh = rp_device_sharing_encode(&d->sharing);
+		if (sh == NULL || !cJSON_AddItemToObject(o, "sharing", sh)) {
+			cJSON_Delete(sh);
+			cJSON_Delete(o);
+			return NULL;
+		}
+	}
 	if (d->has_counters) {
 		cJSON *c = counters_encode(&d->counters);
 		if (c == NULL || !cJSON_AddItemToObject(o, "counters", c)) {
@@ -251,6 +301,10 @@ static int device_info_decode(const cJSON *o, size_t i, struct rp_device_info *d
 	d->index = (uint32_t)index;
 	d->has_health = cJSON_HasObjectItem(o, "health");
 	if (d->has_health && health_decode(cJSON_GetObjectItemCaseSensitive(o, "health"), prefix, &d->health, err) < 0)
+		return -EINVAL;
+	d->has_sharing = cJSON_HasObjectItem(o, "sharing");
+	if (d->has_sharing &&
+	    sharing_decode(cJSON_GetObjectItemCaseSensitive(o, "sharing"), prefix, &d->sharing, err) < 0)
 		return -EINVAL;
 	return 0;
 }

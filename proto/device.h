@@ -59,6 +59,17 @@ struct rp_device_health {
 	int retired_pages_pending, remap_pending, remap_failed;   /* 1, 0, -1 unknown */
 };
 
+/* io.regen.Device.Sharing: how the worker's context shares its GPU with
+ * other processes' (the ranks'). For the encoder a NULL string is "";
+ * mps_clients -1 and compute_mode "" are unknown (left out on the wire). */
+struct rp_device_sharing {
+	bool mps;                       /* the context is an MPS client */
+	const char *mps_pipe_directory; /* the worker's CUDA_MPS_PIPE_DIRECTORY; "" unset */
+	const char *compute_mode;       /* NVML's: "default", "exclusive_process", ...; "" unknown */
+	int64_t mps_clients;            /* NVML's count of MPS clients on the GPU; -1 unknown */
+	const char *reason;             /* what it means, in words */
+};
+
 /* io.regen.Device.Counters: what a device counted since regend started,
  * over all its workers (counters only go up), and what its worker holds
  * now. */
@@ -82,6 +93,8 @@ struct rp_device_info {
 	const char *reason;
 	bool has_health;                /* optional on the wire */
 	struct rp_device_health health;
+	bool has_sharing;               /* optional on the wire */
+	struct rp_device_sharing sharing;
 	bool has_counters;              /* optional on the wire; the decoder leaves it out */
 	struct rp_device_counters counters;
 };
@@ -99,6 +112,10 @@ struct rp_status {
 /* One Health object, as DeviceInfo and io.regen.Worker carry it. */
 cJSON *rp_device_health_encode(const struct rp_device_health *health);
 int rp_device_health_decode(const cJSON *o, struct rp_device_health *out, struct rp_error *err);
+
+/* One Sharing object, as DeviceInfo and io.regen.Worker carry it. */
+cJSON *rp_device_sharing_encode(const struct rp_device_sharing *sharing);
+int rp_device_sharing_decode(const cJSON *o, struct rp_device_sharing *out, struct rp_error *err);
 
 cJSON *rp_status_encode(const struct rp_status *status);
 /* On success out->devices is malloc'ed (rp_status_finish frees it); on

@@ -111,6 +111,10 @@ void ctl_metrics_write(FILE *f, const cJSON *status)
 		   "health", "ecc_dbe_aggregate", 1);
 	per_device(f, devices, "regen_device_remap_failed", "gauge", "1: a row remapping failed, the GPU needs service.",
 		   "health", "remap_failed", 1);
+	per_device(f, devices, "regen_device_mps", "gauge",
+		   "1: the worker's context is an MPS client (a fatal fault in any client of the GPU reaches every "
+		   "client); 0: isolated.",
+		   "sharing", "mps", 1);
 	per_device(f, devices, "regen_device_memory_used_bytes", "gauge", "Memory the worker holds now.", NULL,
 		   "memory_used", 1);
 	per_device(f, devices, "regen_device_memory_baseline_bytes", "gauge",

@@ -132,6 +132,16 @@ struct regen_device_info {
 	const char *last_xid_text;
 	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
 	int retired_pages_pending, remap_pending, remap_failed;
+	/* io.regen.Device.Sharing: has_sharing is false until a worker said
+	 * it. mps: the worker's context is an MPS client (a fatal fault in any
+	 * client of the GPU reaches every client). mps_clients is -1 and
+	 * compute_mode "" where NVML cannot say. */
+	bool has_sharing;
+	bool mps;
+	const char *mps_pipe_directory; /* the worker's CUDA_MPS_PIPE_DIRECTORY; "" unset */
+	const char *compute_mode;       /* "default", "exclusive_process", ...; "" unknown */
+	int64_t mps_clients;
+	const char *sharing_reason;
 };
 
 /* The node and its devices: io.regen.Device.Status (fresh memory numbers)
@@ -337,6 +347,22 @@ REGEN_EXPORT enum regen_transport regen_client_transport(const regen_client *c, 
  * inside an allocation, a second free) is ignored. */
 REGEN_EXPORT void *regen_pool_alloc(size_t size, int device, void *stream);
 REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stream);
+/* on: the pool is the process's whole CUDA allocator (torch's current
+ * allocator through torch.cuda.memory.change_current_allocator, no caching
+ * allocator above it), and does that one's work: empty CUDA chunks are kept
+ * for the next allocations, and memory freed on a stream (torch passes the
+ * stream it was allocated on) is taken again only by an allocation on that
+ * stream, until a synchronisation (regen_pool_trim, or an allocation the
+ * driver refuses) settles it. torch's record_stream does not reach the
+ * pool: memory used on another stream must outlive that use. off (the
+ * default, under a MemPool): empty chunks go at once, frees are not
+ * ordered; switching off trims first. 0, or -errno from the trim. */
+REGEN_EXPORT int regen_pool_set_process_allocator(int on);
+/* Synchronises the devices that have CUDA chunks, settles every pending
+ * free and gives the empty chunks back to the driver (closed in regend).
+ * 0, or -errno (regen_pool_error says why) when a device could not be
+ * synchronised: its chunks stay as they were. */
+REGEN_EXPORT int regen_pool_trim(void);
 /* Host memory (memfd chunks) for regend's host backend. */
 REGEN_EXPORT void *regen_pool_alloc_host(size_t size);
 REGEN_EXPORT void regen_pool_free_host(void *ptr);

@@ -148,6 +148,18 @@ enum rd_fault_kind {
 	RD_FAULT_FAILED,
 };
 
+/* How the worker's context shares the GPU with other processes' contexts
+ * (io.regen.Device.Sharing): its own, time-sliced with the ranks', or a
+ * client of an MPS server, where context switches are cheap but a fatal
+ * fault in any client reaches every client of the GPU. */
+struct rd_sharing {
+	bool known;                    /* false: the backend has not looked yet (Sharing is left out) */
+	bool mps;                      /* the context is an MPS client (CUDA's MPS_ENABLED attribute) */
+	char compute_mode[24];         /* NVML's: "default", "exclusive_process", ...; "" unknown */
+	int64_t mps_clients;           /* NVML: MPS client processes on the GPU; -1 unknown */
+	char reason[256];              /* what it means, in words */
+};
+
 /* A device's health as its backend sees it, for Status. Text fields are
  * empty and numbers -1 where unknown. */
 struct rd_health {
@@ -165,9 +177,10 @@ struct rd_health {
 	int retired_pages_pending;     /* 1 yes, 0 no, -1 unknown: page retirement waits for a GPU reset */
 	int remap_pending;             /* row remapping waits for a GPU reset */
 	int remap_failed;              /* a row could not be remapped: the GPU needs service */
+	struct rd_sharing sharing;     /* not health, but known to the same code and copied with it */
 };
 
-/* Fills h with "unknown" everywhere. */
+/* Fills h with "unknown" everywhere (sharing too). */
 void rd_health_unknown(struct rd_health *h);
 
 struct rd_backend_ops {

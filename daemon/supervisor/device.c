@@ -151,6 +151,44 @@ static void take_health(struct rd_sv_device *d, const cJSON *health)
 	h->remap_failed = in.remap_failed;
 }
 
+/* A worker's io.regen.Device.Sharing (NULL: it sent none). MPS is a mode
+ * an operator chooses, with a cost: the log says so once per device, and
+ * says so too when a pipe directory was named and CUDA made a context of
+ * its own anyway. */
+static void take_sharing(struct rd_sv_device *d, const cJSON *sharing)
+{
+	struct rd_sv_sharing *s = &d->sharing;
+	struct rp_device_sharing in;
+	struct rp_error err = { 0 };
+
+	if (!sharing)
+		return;
+	if (rp_device_sharing_decode(sharing, &in, &err) < 0) {
+		rp_error_clear(&err);
+		return;
+	}
+	s->known = true;
+	s->mps = in.mps;
+	snprintf(s->mps_pipe_directory, sizeof(s->mps_pipe_directory), "%s", in.mps_pipe_directory);
+	snprintf(s->compute_mode, sizeof(s->compute_mode), "%s", in.compute_mode);
+	snprintf(s->reason, sizeof(s->reason), "%s", in.reason);
+	s->mps_clients = in.mps_clients;
+	if (s->mps && !s->warned_mps) {
+		s->warned_mps = true;
+		rd_warn("lifecycle", d->index, d->generation, 0,
+			"the worker runs as an MPS client (CUDA_MPS_PIPE_DIRECTORY=%s): a fatal fault in any MPS client "
+			"of this GPU reaches every client, so the ranks lose their contexts with the worker's and regend's "
+			"isolation is gone (docs/operations.md, MPS)",
+			s->mps_pipe_directory[0] ? s->mps_pipe_directory : "unset, /tmp/nvidia-mps");
+	} else if (!s->mps && s->mps_pipe_directory[0] && strcmp(d->backend, "cuda") == 0 && !s->warned_not_mps) {
+		s->warned_not_mps = true;
+		rd_warn("lifecycle", d->index, d->generation, 0,
+			"the worker is not an MPS client although CUDA_MPS_PIPE_DIRECTORY=%s is set: is an MPS control "
+			"daemon of regend's user running there? (%s)",
+			s->mps_pipe_directory, s->reason);
+	}
+}
+
 /* ---- Lifecycle operations ---- */
 
 /* The worker serves and no operation runs: a faulted device waits only
@@ -412,6 +450,7 @@ static void on_heartbeat_reply(struct rd_conn *conn, const struct rp_call *reply
 	if (!reply->error) {
 		take_memory(d, reply->params);
 		take_health(d, cJSON_GetObjectItemCaseSensitive(reply->params, "health"));
+		take_sharing(d, cJSON_GetObjectItemCaseSensitive(reply->params, "sharing"));
 	}
 	if (d->failed_streak && d->last_answer_ns - d->up_since_ns > FAILED_STREAK_RESET_NS)
 		d->failed_streak = 0;
@@ -475,6 +514,7 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 	d->memory_used = ready->memory_used;
 	d->memory_baseline = ready->memory_baseline;
 	take_health(d, ready->health);
+	take_sharing(d, ready->sharing);
 	d->up_since_ns = uv_hrtime();
 	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
 	heartbeat_start(d);
@@ -718,6 +758,7 @@ void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *en
 	d->heartbeat_timer.data = d;
 	d->health.ecc_dbe_volatile = d->health.ecc_dbe_aggregate = -1;
 	d->health.retired_pages_pending = d->health.remap_pending = d->health.remap_failed = -1;
+	d->sharing.mps_clients = -1;
 }
 
 void rd_sv_device_start(struct rd_sv_device *d)
@@ -785,6 +826,7 @@ static void on_stats_reply(struct rd_conn *conn, const struct rp_call *reply, vo
 		r->d->last_answer_ns = uv_hrtime();
 		take_memory(r->d, reply->params);
 		take_health(r->d, cJSON_GetObjectItemCaseSensitive(reply->params, "health"));
+		take_sharing(r->d, cJSON_GetObjectItemCaseSensitive(reply->params, "sharing"));
 	}
 	r->done(r->data);
 	free(r);
@@ -823,6 +865,14 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 		.memory_baseline = d->memory_baseline,
 		.reason = d->reason,
 		.has_health = d->health.known,
+		.has_sharing = d->sharing.known,
+		.sharing = {
+			.mps = d->sharing.mps,
+			.mps_pipe_directory = d->sharing.mps_pipe_directory,
+			.compute_mode = d->sharing.compute_mode,
+			.mps_clients = d->sharing.mps_clients,
+			.reason = d->sharing.reason,
+		},
 		.has_counters = true,
 		.counters = {
 			.releases = d->counters.releases,

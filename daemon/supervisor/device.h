@@ -75,6 +75,17 @@ struct rd_sv_health {
 	int retired_pages_pending, remap_pending, remap_failed;
 };
 
+/* What the last worker said of how its context shares the GPU
+ * (io.regen.Device.Sharing), copied; and which warnings the device's log
+ * already has, so that each is given once per device, not per worker. */
+struct rd_sv_sharing {
+	bool known;
+	bool mps;
+	char mps_pipe_directory[108], compute_mode[24], reason[256];
+	int64_t mps_clients;
+	bool warned_mps, warned_not_mps;
+};
+
 struct rd_sv_device {
 	const struct rd_sv_device_env *env;
 	int index;
@@ -96,6 +107,7 @@ struct rd_sv_device {
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
 	struct rd_sv_health health;
+	struct rd_sv_sharing sharing;
 	/* io.regen.Device.Counters: the lifecycle counts are the supervisor's;
 	 * the call counts are the workers' that are gone (folded in as each
 	 * goes) plus the current one's as its last Stats said. */

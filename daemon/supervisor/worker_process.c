@@ -39,6 +39,7 @@ static void ctl_ready(struct rd_call *call)
 	rp_params_uint(p, "memory_baseline", UINT64_MAX, 0, &ready.memory_baseline, &err);
 	rp_error_clear(&err);
 	ready.health = cJSON_GetObjectItemCaseSensitive(p, "health");
+	ready.sharing = cJSON_GetObjectItemCaseSensitive(p, "sharing");
 	if (!ready.backend)
 		ready.backend = "";
 	if (!ready.worker_socket)

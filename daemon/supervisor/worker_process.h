@@ -18,6 +18,7 @@ struct rd_sv_worker_ready {
 	const char *worker_socket;
 	uint64_t memory_used, memory_baseline;
 	const cJSON *health;        /* io.regen.Device.Health, NULL when absent */
+	const cJSON *sharing;       /* io.regen.Device.Sharing, NULL when absent */
 };
 
 /* io.regen.Worker.FaultKind. */

@@ -191,6 +191,16 @@ static void ctl_reset(struct rd_call *call)
 	lifecycle(call, true);
 }
 
+/* Sharing is optional on the wire: left out while the backend has not
+ * said. */
+static void add_sharing(struct rd_worker *w, cJSON *params)
+{
+	cJSON *sharing = rd_sharing_json(w);
+
+	if (sharing)
+		cJSON_AddItemToObject(params, "sharing", sharing);
+}
+
 static void ctl_stats(struct rd_call *call)
 {
 	struct rd_worker *w = worker_of(call);
@@ -205,6 +215,7 @@ static void ctl_stats(struct rd_call *call)
 	cJSON_AddNumberToObject(reply, "call_errors", (double)w->calls_failed);
 	cJSON_AddNumberToObject(reply, "call_us", (double)w->calls_us);
 	cJSON_AddItemToObject(reply, "health", rd_health_json(w));
+	add_sharing(w, reply);
 	rd_call_reply(call, reply, false);
 }
 
@@ -292,6 +303,7 @@ void rd_control_ready(struct rd_worker *w)
 	cJSON_AddStringToObject(p, "worker_socket", w->socket_path);
 	cJSON_AddStringToObject(p, "backend", w->dev.backend->name);
 	cJSON_AddItemToObject(p, "health", rd_health_json(w));
+	add_sharing(w, p);
 	rd_conn_call(w->ctl, "io.regen.Worker.Ready", p, true, NULL, NULL);
 }
 

@@ -18,8 +18,11 @@
  *   cause.
  * - What the backend knows of the device's health (UUID, PCI bus id, the
  *   last XID, ECC counts, pending retirement and remapping) goes to the
- *   supervisor with Ready and every Stats, for Status. */
+ *   supervisor with Ready and every Stats, for Status; so does how the
+ *   worker's context shares the GPU (MPS or not), with the MPS pipe
+ *   directory the worker was started with (regend's environment). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "daemon/backend/health.h"
 #include "daemon/log.h"
@@ -187,4 +190,26 @@ cJSON *rd_health_json(struct rd_worker *w)
 		.remap_failed = h.remap_failed,
 	};
 	return rp_device_health_encode(&out);
+}
+
+cJSON *rd_sharing_json(struct rd_worker *w)
+{
+	struct rd_health h;
+
+	if (!w->dev.backend->health)
+		return NULL;
+	w->dev.backend->health(&w->dev, &h);
+	if (!h.sharing.known)
+		return NULL;
+	/* The worker inherits regend's environment: what the operator named
+	 * is what CUDA saw. */
+	const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	struct rp_device_sharing out = {
+		.mps = h.sharing.mps,
+		.mps_pipe_directory = pipe ? pipe : "",
+		.compute_mode = h.sharing.compute_mode,
+		.mps_clients = h.sharing.mps_clients,
+		.reason = h.sharing.reason,
+	};
+	return rp_device_sharing_encode(&out);
 }

@@ -119,6 +119,9 @@ void rd_health_call_started(struct rd_worker *w, struct rd_compute_call *cc);
 void rd_health_call_finished(struct rd_worker *w, struct rd_compute_call *cc);
 /* The device's health for the supervisor (Ready, Stats). */
 cJSON *rd_health_json(struct rd_worker *w);
+/* How the worker's context shares the GPU (io.regen.Device.Sharing), for
+ * the supervisor (Ready, Stats); NULL while the backend has not said. */
+cJSON *rd_sharing_json(struct rd_worker *w);
 
 /* session.c: accepts a connection on the worker socket. */
 void rd_session_accept(int fd, void *worker);

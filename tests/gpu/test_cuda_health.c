@@ -21,7 +21,9 @@
  *  watch            the health watch on, no call in flight: on_fault within
  *                   100 ms of the fault (the time is printed)
  *  health           what Status will show: UUID, PCI bus id from CUDA, and
- *                   NVML's word (source nvml, or unavailable with why) */
+ *                   NVML's word (source nvml, or unavailable with why);
+ *                   sharing: not an MPS client where no MPS daemon is there
+ *                   to join, and NVML's compute mode */
 #include "gpu_common.h"
 
 #include <string.h>
@@ -281,6 +283,16 @@ static int scenario_health(void)
 	GT_CHECK(strcmp(h.source, "nvml") == 0 || strcmp(h.source, "unavailable") == 0, "health source %s", h.source);
 	if (strcmp(h.source, "nvml") == 0)
 		GT_CHECK(h.ecc_dbe_volatile >= 0 || h.remap_pending >= 0, "NVML counters read");
+	/* Sharing: known from open on; with no MPS control daemon to join
+	 * (none named, none in /tmp/nvidia-mps) the context is the worker's own. */
+	printf("  sharing: mps %d; compute mode '%s'; MPS clients %lld; %s\n", h.sharing.mps, h.sharing.compute_mode,
+	       (long long)h.sharing.mps_clients, h.sharing.reason);
+	GT_CHECK(h.sharing.known && h.sharing.reason[0], "sharing is not known after open");
+	if (!getenv("CUDA_MPS_PIPE_DIRECTORY") && access("/tmp/nvidia-mps/control", F_OK) != 0)
+		GT_CHECK(!h.sharing.mps && strstr(h.sharing.reason, "isolated"), "an MPS client without MPS: %s",
+			 h.sharing.reason);
+	if (strcmp(h.source, "nvml") == 0)
+		GT_CHECK(h.sharing.compute_mode[0], "NVML gave no compute mode");
 	GT_CHECK(t.faults == 0, "no fault on a healthy device (%u: %s)", t.faults, t.fault_reason);
 	t.dev.backend->health_stop(&t.dev);
 	gt_close(&t);

@@ -22,7 +22,8 @@ failed".
              the next operation waits for the new generation, re-imports
              (pool chunks, blocks, events) and succeeds; with retry off the
              error is named
-  mps        regen.torch.mps_mode() reports (MPS itself is not set up here)
+  mps        regen.torch.mps_mode() reports, with regend's Status sharing
+             (MPS itself is not set up here: tests/gpu/test_mps.py)
 
     python3 tests/gpu/test_regen_torch.py [REGEND] [--steps N]
 
@@ -295,6 +296,9 @@ def lifecycle(rt, d):
 def mps(rt):
     m = rt.mps_mode()
     record("mps_mode reports", isinstance(m.get("rank"), bool) and "isolated" in m, str(m))
+    # regend says, per device, whether its worker is an MPS client (Status's sharing).
+    record("mps_mode has regend's sharing for its device", isinstance(m.get("regend"), bool) and
+           isinstance(m.get("regend_devices", {}).get(DEV), bool), str(m.get("regend_devices")))
 
 
 def main():

@@ -14,7 +14,8 @@
  *  - hang:         a Gemm with deadline_ms 300 behind a hung device is
  *                  answered with io.regen.Timeout {device, elapsed_ms};
  *                  faulted ("hung: ...") -> respawning (g+1) -> ready (g+1)
- *  - xid 31:       recorded in Status's health, no transition
+ *  - xid 31:       recorded in Status's health, no transition; Status's
+ *                  sharing says the host backend shares no GPU (not MPS)
  *  - xid 48:       faulted (g) -> resetting -> ready (g+1)
  *  - xid 79:       failed (g+1, "XID 79: GPU has fallen off the bus") ->
  *                  respawning after the pause -> ready; the last XID stays
@@ -341,6 +342,11 @@ static void wait_health_xid(regen_client *c, unsigned xid, const char *text)
 			ASSERT(strstr(d->last_xid_text, text) != NULL, "last XID text '%s' lacks '%s'", d->last_xid_text, text);
 			ASSERT(d->last_xid_unix_ms > 0, "no time for the last XID");
 			ASSERT(strcmp(d->health_source, "simulated") == 0, "health source %s", d->health_source);
+			/* Sharing comes with the health: the host backend shares no GPU. */
+			ASSERT(REGEN_HAS_FIELD(d, sharing_reason) && d->has_sharing && !d->mps &&
+				       strstr(d->sharing_reason, "host backend") != NULL && d->mps_clients == -1,
+			       "sharing of device %d: has %d, mps %d, reason '%s', clients %lld", DEV, d->has_sharing,
+			       d->mps, d->sharing_reason, (long long)d->mps_clients);
 			regen_status_free(st);
 			return;
 		}

@@ -153,6 +153,70 @@ START_TEST(health_round_trip)
 }
 END_TEST
 
+/* Sharing is optional too: a device without it has none after the round
+ * trip; one with it keeps every field, NVML's unknowns stay unknown (left
+ * out on the wire), and a hostile value is refused naming its path. */
+START_TEST(sharing_round_trip)
+{
+	struct rp_device_info devs[2] = { sample_devices[0], sample_devices[1] };
+	struct rp_status in = { .epoch = 2, .devices = devs, .ndevices = 2 }, out;
+	struct rp_error err = { 0 };
+	cJSON *p, *sh;
+
+	devs[0].has_sharing = true;
+	devs[0].sharing = (struct rp_device_sharing){
+		.mps = true, .mps_pipe_directory = "/run/nvidia-mps", .compute_mode = "exclusive_process",
+		.mps_clients = 3, .reason = "MPS client: no isolation",
+	};
+	devs[1].has_sharing = true;
+	devs[1].sharing = (struct rp_device_sharing){ .mps = false, .compute_mode = "", .mps_clients = -1 };
+	p = rp_status_encode(&in);
+	ck_assert_ptr_nonnull(p);
+	sh = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), 1), "sharing");
+	ck_assert_ptr_nonnull(sh);
+	ck_assert_ptr_null(cJSON_GetObjectItem(sh, "compute_mode"));
+	ck_assert_ptr_null(cJSON_GetObjectItem(sh, "mps_clients"));
+	ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(sh, "mps_pipe_directory")), "");
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), 0);
+	ck_assert(out.devices[0].has_sharing && out.devices[1].has_sharing);
+	ck_assert(out.devices[0].sharing.mps);
+	ck_assert_str_eq(out.devices[0].sharing.mps_pipe_directory, "/run/nvidia-mps");
+	ck_assert_str_eq(out.devices[0].sharing.compute_mode, "exclusive_process");
+	ck_assert_int_eq(out.devices[0].sharing.mps_clients, 3);
+	ck_assert_str_eq(out.devices[0].sharing.reason, "MPS client: no isolation");
+	ck_assert(!out.devices[1].sharing.mps);
+	ck_assert_str_eq(out.devices[1].sharing.compute_mode, "");
+	ck_assert_int_eq(out.devices[1].sharing.mps_clients, -1);
+	ck_assert_str_eq(out.devices[1].sharing.reason, "");
+	rp_status_finish(&out);
+
+	/* Without it, none. */
+	cJSON_DeleteItemFromObject(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), 1), "sharing");
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), 0);
+	ck_assert(out.devices[0].has_sharing && !out.devices[1].has_sharing);
+	rp_status_finish(&out);
+
+	/* Wrong fields inside are named with their path. */
+	sh = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), 0), "sharing");
+	cJSON_ReplaceItemInObject(sh, "mps", cJSON_CreateNumber(1));
+	ck_assert_int_lt(rp_status_decode(p, &out, &err), 0);
+	assert_invalid_parameter(&err, "devices[0].sharing.mps");
+	cJSON_ReplaceItemInObject(sh, "mps", cJSON_CreateFalse());
+	cJSON_ReplaceItemInObject(sh, "mps_clients", cJSON_CreateNumber(-2));
+	ck_assert_int_lt(rp_status_decode(p, &out, &err), 0);
+	assert_invalid_parameter(&err, "devices[0].sharing.mps_clients");
+	cJSON_ReplaceItemInObject(sh, "mps_clients", cJSON_CreateNumber(1));
+	cJSON_DeleteItemFromObject(sh, "reason");
+	ck_assert_int_lt(rp_status_decode(p, &out, &err), 0);
+	assert_invalid_parameter(&err, "devices[0].sharing.reason");
+	cJSON_ReplaceItemInObject(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "devices"), 0), "sharing",
+				  cJSON_CreateString("mps"));
+	ck_assert_int_lt(rp_status_decode(p, &out, &err), 0);
+	assert_invalid_parameter(&err, "devices[0].sharing");
+	cJSON_Delete(p);
+}
+END_TEST
+
 START_TEST(status_ignores_unknown_fields)
 {
 	struct rp_status out;
@@ -296,6 +360,7 @@ static Suite *device_suite(void)
 	tcase_add_test(tc, state_names);
 	tcase_add_test(tc, status_round_trip);
 	tcase_add_test(tc, health_round_trip);
+	tcase_add_test(tc, sharing_round_trip);
 	tcase_add_test(tc, status_ignores_unknown_fields);
 	tcase_add_loop_test(tc, status_refused, 0, sizeof(status_refusals) / sizeof(status_refusals[0]));
 	tcase_add_test(tc, status_refuses_non_objects);

@@ -125,6 +125,15 @@ class Pool:
         lib.regen_pool_error_name.argtypes = []
         lib.regen_pool_cuda_available.restype = ctypes.c_int
         lib.regen_pool_cuda_available.argtypes = []
+        # Newer than the pool itself: a libregen without them has no
+        # process allocator (process_allocator_available()).
+        self._process = hasattr(lib, "regen_pool_set_process_allocator") and hasattr(lib, "regen_pool_trim")
+        self.process_allocator = False
+        if self._process:
+            lib.regen_pool_set_process_allocator.restype = ctypes.c_int
+            lib.regen_pool_set_process_allocator.argtypes = [ctypes.c_int]
+            lib.regen_pool_trim.restype = ctypes.c_int
+            lib.regen_pool_trim.argtypes = []
         lib.regen_cuda_address_range.restype = ctypes.c_int
         lib.regen_cuda_address_range.argtypes = [_VOIDP, ctypes.POINTER(ctypes.c_uint64),
                                                  ctypes.POINTER(ctypes.c_uint64)]
@@ -224,6 +233,31 @@ class Pool:
         if self._lib.regen_pool_cuda_available() == 0:
             return None
         return (self._lib.regen_pool_error() or b"").decode(errors="replace") or "no CUDA"
+
+    def process_allocator_available(self):
+        """Whether this libregen can be the process's whole CUDA allocator."""
+        return self._process
+
+    def set_process_allocator(self, on):
+        """The pool serves every CUDA allocation of the process (torch's
+        current allocator): it keeps empty chunks and orders frees by
+        stream itself (regen.h says how).  Off trims first."""
+        if not self._process:
+            raise PoolError(parameters={"message": f"{self.path} has no process allocator (too old)",
+                                        "errno": errno.ENOTSUP})
+        r = self._lib.regen_pool_set_process_allocator(1 if on else 0)
+        if r < 0:
+            self._fail(r, "switching the process allocator off")
+        self.process_allocator = bool(on)
+
+    def trim(self):
+        """Synchronises the devices the pool has chunks on and gives back
+        the empty chunks (regen_pool_trim)."""
+        if not self._process:
+            return
+        r = self._lib.regen_pool_trim()
+        if r < 0:
+            self._fail(r, "trimming the pool")
 
     def address_range(self, ptr):
         """(base, size) of the CUDA allocation holding ``ptr``."""

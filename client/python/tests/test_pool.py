@@ -193,5 +193,30 @@ class PoolTest(unittest.TestCase):
             pool.address_range(0x1000)
 
 
+    def test_process_allocator_bindings(self):
+        """regen.pool's process allocator and trim, in a process of its own
+        whose CUDA chunks are memfds ($REGEN_POOL_FAKE_CUDA, tests only):
+        empty chunks are kept until a trim, and switching off trims."""
+        import subprocess
+        code = ("import sys; sys.path.insert(0, %r)\n"
+                "from regen.pool import Pool\n"
+                "p = Pool(%r)\n"
+                "assert p.process_allocator_available() and not p.process_allocator\n"
+                "p.configure(chunk_bytes=4 << 20)\n"
+                "p.set_process_allocator(True)\n"
+                "a = p.alloc(4096, 0); p.free(a)\n"
+                "assert p.stats()['chunks'] == 1, p.stats()\n"
+                "assert p.alloc(4096, 0) == a\n"
+                "p.free(a); p.trim()\n"
+                "assert p.stats()['chunks'] == 0, p.stats()\n"
+                "b = p.alloc(4096, 1); p.free(b)\n"
+                "p.set_process_allocator(False)\n"
+                "assert p.stats()['chunks'] == 0 and not p.process_allocator, p.stats()\n"
+                "print('ok')\n") % (os.path.dirname(HERE), pool.path)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, REGEN_POOL_FAKE_CUDA="1"))
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

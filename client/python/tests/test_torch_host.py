@@ -399,6 +399,42 @@ def reference_sdpa_causal(q, k, v, is_causal=False):
     return reference_sdpa(q, k, v, is_causal)
 
 
+class ProcessPool(unittest.TestCase):
+    """The whole-process pool's refusals, where they can be seen without a
+    GPU (the pool itself: tests/gpu/test_torch_process_pool.py)."""
+
+    def run_child(self, env, code):
+        import subprocess
+        full = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), **env)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+    def test_refusals_are_named_and_change_nothing(self):
+        if torch.cuda.is_available():
+            self.skipTest("a usable GPU here: tests/gpu/test_torch_process_pool.py")
+        with self.assertRaises(rt.NotSupported) as cm:
+            rt.use_pool_for_process()
+        self.assertIn("use_pool_for_process", str(cm.exception))
+        self.assertFalse(rt.process_pool_enabled())
+        rt.empty_cache()
+        # Nothing changed: operations go to regend as before.
+        with rt.enable(devices=("cpu",)):
+            x = torch.randn(8, 8)
+            self.assertLess(maxdiff(torch.matmul(x, x), x @ x), 1e-4)
+
+    def test_environment(self):
+        r = self.run_child({"REGEN_TORCH_POOL": "bogus"}, "import regen.torch")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("ValueError: REGEN_TORCH_POOL='bogus'", r.stderr)
+        r = self.run_child({"REGEN_TORCH_POOL": "scoped"},
+                           "import regen.torch as rt; assert not rt.process_pool_enabled(); print('ok')")
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
+        if not torch.cuda.is_available():
+            # Asked for and not to be had: the import says so by name.
+            r = self.run_child({"REGEN_TORCH_POOL": "process"}, "import regen.torch")
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("NotSupported", r.stderr)
+
+
 class Memory(unittest.TestCase):
     def test_fresh_activations_keep_imports_and_memory_flat(self):
         """2,000 steps, each allocating fresh inputs and outputs: the host

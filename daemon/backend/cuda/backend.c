@@ -67,8 +67,8 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 	/* The primary context, created now so open reports a broken device. */
 	e = cudaFree(NULL);
 	if (e != cudaSuccess) {
-		rp_error_set(err, cuda_error_name(e), "creating the context of device %d: %s", dev->index,
-			     cudaGetErrorString(e));
+		rp_error_set(err, cuda_error_name(e), "creating the context of device %d: %s%s", dev->index,
+			     cudaGetErrorString(e), cuda_mps_hint(e));
 		goto fail;
 	}
 	if (cuda_driver_load(err) < 0)
@@ -182,9 +182,9 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 	if (e != cudaSuccess) {
 		rp_error_set(err, RP_ERR_DEVICE_LOST,
 			     "resetting device %d: synchronize gave %s, cudaDeviceReset %s, then the new context: %s "
-			     "(%s) after %d attempts in %.0f ms",
+			     "(%s) after %d attempts in %.0f ms%s",
 			     dev->index, cudaGetErrorName(sync), cudaGetErrorName(rst), cudaGetErrorString(e),
-			     cudaGetErrorName(e), attempts - 1, ms);
+			     cudaGetErrorName(e), attempts - 1, ms, cuda_mps_hint(e));
 		return -EIO;
 	}
 	cudaGetLastError();

@@ -51,6 +51,9 @@ bool cuda_error_is_sticky(cudaError_t e)
 	case cudaErrorContextIsDestroyed:
 	case cudaErrorExternalDevice:
 	case cudaErrorTensorMemoryLeak:
+	/* Under MPS: the server ended this client, after a fatal fault of any
+	 * client of the GPU; only a new process gets a context again. */
+	case cudaErrorMpsClientTerminated:
 		return true;
 	default:
 		return false;
@@ -66,6 +69,23 @@ const char *cuda_error_name(cudaError_t e)
 	return RP_ERR_BACKEND;
 }
 
+const char *cuda_mps_hint(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorMpsServerNotReady:
+		return " (under MPS, after a fatal fault the server takes no new client until every client of the GPU, "
+		       "the ranks too, has exited)";
+	case cudaErrorMpsConnectionFailed:
+	case cudaErrorMpsRpcFailure:
+	case cudaErrorMpsMaxClientsReached:
+	case cudaErrorMpsMaxConnectionsReached:
+	case cudaErrorMpsClientTerminated:
+		return " (an MPS error: the MPS control daemon's log, in CUDA_MPS_LOG_DIRECTORY, says more)";
+	default:
+		return "";
+	}
+}
+
 const char *cublas_error_name(cublasStatus_t s)
 {
 	if (s == CUBLAS_STATUS_ALLOC_FAILED)
@@ -77,7 +97,8 @@ int cuda_bind(struct cuda_dev *cd, struct rp_error *err)
 {
 	cudaError_t e = cudaSetDevice(cd->dev->index);
 	if (e != cudaSuccess) {
-		rp_error_set(err, cuda_error_name(e), "cudaSetDevice(%d): %s", cd->dev->index, cudaGetErrorString(e));
+		rp_error_set(err, cuda_error_name(e), "cudaSetDevice(%d): %s%s", cd->dev->index, cudaGetErrorString(e),
+			     cuda_mps_hint(e));
 		return -EIO;
 	}
 	return 0;

@@ -218,6 +218,9 @@ int cuda_status_to_error(struct rp_error *err, const char *what);
 const char *cuda_error_name(cudaError_t e);
 bool cuda_error_is_sticky(cudaError_t e);
 const char *cublas_error_name(cublasStatus_t s);
+/* What a person should know of an MPS error, as text to append to its
+ * message ("" for any other error). */
+const char *cuda_mps_hint(cudaError_t e);
 
 /* The few driver-API entry points imports need, fetched through the
  * runtime (cudaGetDriverEntryPointByVersion) so that nothing links

@@ -16,6 +16,13 @@
  * the driver's library) the health source reads "unavailable", with why,
  * and the context check works alone.
  *
+ * Sharing (io.regen.Device.Sharing): whether the worker's context is an
+ * MPS client, as the driver says of the context it made (the device
+ * attribute MPS_ENABLED, read once the context exists), with the reason
+ * Status shows: under MPS a fatal fault in any client reaches every client
+ * of the GPU. NVML adds, where it can, the GPU's compute mode and how many
+ * MPS clients it counts on the GPU, as a cross-check a person can read.
+ *
  * The NVML declarations below are the few this file uses, as nvml.h has
  * them (its ABI is stable across drivers): the toolkit's nvml.h is not
  * needed to build. */
@@ -48,6 +55,7 @@ struct nv_event_data {
 enum {
 	NV_SUCCESS = 0,
 	NV_ERROR_NOT_SUPPORTED = 3,
+	NV_ERROR_INSUFFICIENT_SIZE = 7,
 	NV_ERROR_TIMEOUT = 10,
 	NV_ERROR_GPU_IS_LOST = 15,
 	NV_ERROR_RESET_REQUIRED = 16,
@@ -73,6 +81,12 @@ struct nv_api {
 	nv_return (*DeviceRegisterEvents)(nv_device dev, unsigned long long types, nv_event_set set);
 	nv_return (*EventSetWait_v2)(nv_event_set set, struct nv_event_data *data, unsigned timeout_ms);
 	nv_return (*EventSetFree)(nv_event_set set);
+	/* Optional (an older NVML may lack them): the cross-check of sharing. */
+	nv_return (*DeviceGetComputeMode)(nv_device dev, int *mode);
+	/* With *count 0 and infos NULL it only counts (nvml.h says so), so
+	 * the layout of nvmlProcessInfo_t, which changed between versions,
+	 * is not needed. */
+	nv_return (*DeviceGetMPSComputeRunningProcesses_v3)(nv_device dev, unsigned *count, void *infos);
 };
 
 /* ---- State ------------------------------------------------------------------ */
@@ -247,6 +261,11 @@ static int nvml_load(struct cuda_health *h, char *why, size_t size)
 		}
 		memcpy((char *)&h->nv + fns[i].offset, &p, sizeof(p));
 	}
+	/* Optional ones stay NULL where this NVML lacks them. */
+	void *p = dlsym(h->lib, "nvmlDeviceGetComputeMode");
+	memcpy(&h->nv.DeviceGetComputeMode, &p, sizeof(p));
+	p = dlsym(h->lib, "nvmlDeviceGetMPSComputeRunningProcesses_v3");
+	memcpy(&h->nv.DeviceGetMPSComputeRunningProcesses_v3, &p, sizeof(p));
 	nv_return r = h->nv.Init_v2();
 	if (r != NV_SUCCESS) {
 		snprintf(why, size, "nvmlInit: %s", nv_error(h, r));
@@ -267,6 +286,32 @@ static void nvml_unload(struct cuda_health *h)
 	h->nv.Shutdown();
 	/* Not dlclose'd: NVML's own threads may outlive Shutdown briefly. */
 	h->lib = NULL;
+}
+
+/* NVML's view of how the GPU is shared: its compute mode, and the MPS
+ * clients it counts (the worker among them when it is one). Left unknown
+ * where NVML cannot say. */
+static void nvml_sharing(struct cuda_health *h)
+{
+	static const char *const modes[] = { "default", "exclusive_thread", "prohibited", "exclusive_process" };
+	int mode = -1;
+	unsigned count = 0;
+	int64_t clients = -1;
+
+	if (h->nv.DeviceGetComputeMode && h->nv.DeviceGetComputeMode(h->nvdev, &mode) != NV_SUCCESS)
+		mode = -1;
+	if (h->nv.DeviceGetMPSComputeRunningProcesses_v3) {
+		nv_return r = h->nv.DeviceGetMPSComputeRunningProcesses_v3(h->nvdev, &count, NULL);
+		if (r == NV_SUCCESS)
+			clients = 0;
+		else if (r == NV_ERROR_INSUFFICIENT_SIZE)
+			clients = count;
+	}
+	pthread_mutex_lock(&h->lock);
+	snprintf(h->info.sharing.compute_mode, sizeof(h->info.sharing.compute_mode), "%s",
+		 mode >= 0 && (size_t)mode < sizeof(modes) / sizeof(modes[0]) ? modes[mode] : "");
+	h->info.sharing.mps_clients = clients;
+	pthread_mutex_unlock(&h->lock);
 }
 
 /* The counters Status shows. */
@@ -291,6 +336,7 @@ static void nvml_refresh(struct cuda_health *h)
 	pthread_mutex_unlock(&h->lock);
 	if (rr == NV_SUCCESS && failed)
 		cuda_report_fault(h->cd, RD_FAULT_FAILED, "NVML: a row remapping failed; the GPU needs service");
+	nvml_sharing(h);
 }
 
 static void nvml_event(struct cuda_health *h, const struct nv_event_data *ev)
@@ -395,6 +441,40 @@ static void *nvml_main(void *arg)
 	return NULL;
 }
 
+/* ---- Sharing ------------------------------------------------------------------------ */
+
+/* Whether the context the driver made for the worker is an MPS client:
+ * asked of the context itself, since CUDA joins an MPS control daemon it
+ * finds (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps) and runs without
+ * one, silently, when none answers. */
+static void sharing_open(struct rd_sharing *s, int index)
+{
+	const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	int enabled = 0;
+	cudaError_t e = cudaDeviceGetAttribute(&enabled, cudaDevAttrMpsEnabled, index);
+
+	s->known = true;
+	s->mps = e == cudaSuccess && enabled;
+	if (e != cudaSuccess)
+		snprintf(s->reason, sizeof(s->reason),
+			 "CUDA cannot say whether the context is an MPS client (%s); taken as isolated",
+			 cudaGetErrorString(e));
+	else if (s->mps)
+		snprintf(s->reason, sizeof(s->reason),
+			 "MPS client: context switches between the ranks and the worker are cheap, but a fatal fault in "
+			 "any MPS client of this GPU (a rank or the worker) reaches every client: no isolation");
+	else if (pipe && *pipe)
+		snprintf(s->reason, sizeof(s->reason),
+			 "isolated, although CUDA_MPS_PIPE_DIRECTORY=%.80s is set: no MPS control daemon of this "
+			 "user answered there, so CUDA made a context of its own",
+			 pipe);
+	else
+		snprintf(s->reason, sizeof(s->reason),
+			 "isolated: the worker's context is its own, time-sliced with the ranks'; a fatal fault stays "
+			 "in the context that took it");
+	cudaGetLastError();
+}
+
 /* ---- The backend's hooks ------------------------------------------------------------ */
 
 int cuda_health_open(struct cuda_dev *cd)
@@ -421,6 +501,8 @@ int cuda_health_open(struct cuda_dev *cd)
 			 u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 	}
 	cudaGetLastError();
+	/* The context exists by now (cuda_open made it). */
+	sharing_open(&h->info.sharing, cd->dev->index);
 	cd->health = h;
 	return 0;
 }

@@ -87,6 +87,12 @@ void host_health_init(struct rd_device *dev)
 	snprintf(hh->info.pci_bus_id, sizeof(hh->info.pci_bus_id), "0000FFFF:%02X:00.0", dev->index & 0xff);
 	hh->info.ecc_dbe_volatile = hh->info.ecc_dbe_aggregate = 0;
 	hh->info.retired_pages_pending = hh->info.remap_pending = hh->info.remap_failed = 0;
+	/* No GPU context, so nothing to share: an MPS pipe directory in the
+	 * environment (which Status shows beside this) changes nothing here. */
+	hh->info.sharing.known = true;
+	hh->info.sharing.mps = false;
+	snprintf(hh->info.sharing.reason, sizeof(hh->info.sharing.reason),
+		 "the host backend has no GPU context: nothing is shared with other processes, MPS does not apply");
 }
 
 void host_health_finish(struct rd_device *dev)

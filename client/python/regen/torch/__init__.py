@@ -5,6 +5,7 @@ torch's current stream, through restarts and faults.
     with rt.pool():                                   # memory regend maps once per chunk
         x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
     y = rt.linear(x, w, b, activation="gelu")         # in regend; y.backward() too
+    rt.use_pool_for_process()                         # or: every CUDA allocation (before the first)
     with rt.enable():                                 # torch.matmul, F.linear, F.sdpa -> regend
         loss = model(x).sum()
 
@@ -25,17 +26,21 @@ import contextlib
 import os
 import threading
 
-from ._runtime import ORDERINGS, NotSupported, RecoveryFailed, Runtime, WorkLost, host_empty
+from ..pool import Pool
+from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, WorkLost, host_empty
 from ._ops import HAVE_CUSTOM_OP, linear, matmul, scaled_dot_product_attention
 
-__all__ = ["configure", "runtime", "pool", "enable", "matmul", "linear", "scaled_dot_product_attention",
-           "stats", "sweep", "host_empty", "mps_mode", "Runtime", "RecoveryFailed", "WorkLost", "NotSupported",
-           "ORDERINGS", "HAVE_CUSTOM_OP"]
+__all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
+           "matmul", "linear", "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
+           "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
 
 _lock = threading.Lock()
 _runtime = None
 _config = {}
 _pools = {}
+# The CUDAPluggableAllocator that is torch's current allocator, once
+# use_pool_for_process() made it so (kept alive with the process).
+_process_allocator = None
 
 
 def configure(socket=None, ordering=None, timeout=None, recovery_timeout=None, host_device=0, device_map=None,
@@ -82,6 +87,74 @@ def _allocator():
     return CUDAPluggableAllocator(rt.pool.path, "regen_pool_alloc", "regen_pool_free")
 
 
+def use_pool_for_process():
+    """Allocate every CUDA tensor of this process from libregen's pool
+    (memory regend maps once per chunk): torch's current allocator becomes
+    a CUDAPluggableAllocator whose alloc and free are libregen's, for every
+    thread and stream, autograd's backward threads too, so no operation
+    needs a block import.  REGEN_TORCH_POOL=process does it when regen.torch
+    is imported.
+
+    It must come before the process's first CUDA allocation (torch swaps its
+    allocator only before it sets the allocator up, at its CUDA
+    initialisation): later it raises PoolTooLate and changes nothing.
+    NotSupported when libregen, or its CUDA side, is not there.  Calling it
+    again does nothing.
+
+    What changes (docs/torch.md): torch's caching allocator is gone; the
+    pool caches chunks itself and orders frees by stream (memory freed on a
+    stream is taken again only by that stream until a synchronisation);
+    Tensor.record_stream does not reach it; torch.cuda.memory_allocated()
+    and the other statistics of torch's allocator, CUDA graph capture and
+    CUDA IPC of tensors (torch.multiprocessing) are not available, and
+    torch.cuda.empty_cache() does not give the pool's memory back:
+    regen.torch.empty_cache() does.  regen.torch.pool() scopes then change
+    nothing."""
+    global _process_allocator
+    with _lock:
+        if _process_allocator is not None:
+            return
+        if _torch.cuda.is_initialized():
+            raise PoolTooLate(parameters={"message": "torch has initialised CUDA (and its allocator) already: call "
+                                                     "regen.torch.use_pool_for_process(), or set "
+                                                     "REGEN_TORCH_POOL=process, before the first CUDA allocation"})
+        pool_ = Pool.get()
+        if pool_ is None:
+            raise NotSupported(parameters={"message": "libregen was not found (set REGEN_LIBREGEN to libregen.so.0)"})
+        if not pool_.process_allocator_available():
+            raise NotSupported(parameters={"message": f"{pool_.path} cannot be the process allocator (too old)"})
+        why = pool_.cuda_available()
+        if why is not None:
+            raise NotSupported(parameters={"message": f"regen.torch.use_pool_for_process(): {why}"})
+        from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
+        allocator = CUDAPluggableAllocator(pool_.path, "regen_pool_alloc", "regen_pool_free")
+        pool_.set_process_allocator(True)
+        try:
+            change_current_allocator(allocator)
+        except RuntimeError as e:
+            pool_.set_process_allocator(False)
+            raise PoolTooLate(parameters={"message": f"torch refused to swap its CUDA allocator ({e}): call "
+                                                     "regen.torch.use_pool_for_process() before the first CUDA "
+                                                     "allocation"}) from e
+        _process_allocator = allocator
+
+
+def process_pool_enabled():
+    """Whether every CUDA allocation of the process comes from libregen's
+    pool (use_pool_for_process())."""
+    return _process_allocator is not None
+
+
+def empty_cache():
+    """Give libregen's pool's empty CUDA chunks back to the driver (after
+    synchronising the devices it has chunks on), as torch.cuda.empty_cache()
+    does for torch's allocator; it is what frees cached memory once
+    use_pool_for_process() made the pool the process's allocator."""
+    pool_ = Pool.get()
+    if pool_ is not None:
+        pool_.trim()
+
+
 @contextlib.contextmanager
 def pool(device=None):
     """Allocate the CUDA tensors made inside the scope from memory regend
@@ -90,7 +163,12 @@ def pool(device=None):
     lives as long as the process.  Allocations of other threads (autograd's
     backward threads) do not go to the pool: use
     torch.autograd.set_multithreading_enabled(False) to keep backward on
-    this thread, or accept block imports for its tensors."""
+    this thread, or accept block imports for its tensors, or
+    use_pool_for_process().  After use_pool_for_process() every allocation
+    comes from the pool already: the scope changes nothing and yields None."""
+    if _process_allocator is not None:
+        yield None
+        return
     if not hasattr(_torch.cuda, "MemPool"):
         raise NotSupported(parameters={"message": "regen.torch.pool() needs torch.cuda.MemPool (torch >= 2.5)"})
     dev = _torch.cuda.current_device() if device is None else _torch.device("cuda", device).index
@@ -128,23 +206,66 @@ def sweep(force=True):
     runtime().sweep(force=force)
 
 
+def _driver_mps(index):
+    """Whether CUDA contexts this process makes on torch device ``index``
+    are MPS clients, as the driver says (the attribute MPS_ENABLED, 133);
+    None where it cannot be asked (CUDA not initialised, no libcuda)."""
+    import ctypes
+    if not _torch.cuda.is_initialized():
+        return None
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, value = ctypes.c_int(), ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(index)) != 0:
+            return None
+        if cuda.cuDeviceGetAttribute(ctypes.byref(value), ctypes.c_int(133), dev) != 0:
+            return None
+        return bool(value.value)
+    except (OSError, AttributeError):
+        return None
+
+
 def mps_mode():
-    """Whether this process runs under CUDA MPS (a control daemon's pipe
-    directory is there) and whether regend says it does (Status field
-    ``mps``, where regend reports it).  Under MPS a fault in any client is
-    delivered to every client on the GPU: regend's isolation is gone, and
-    context switches are far cheaper (docs/torch.md)."""
+    """Whether this process and regend's workers run under CUDA MPS.
+
+    ``rank``: this process's contexts are MPS clients; asked of the driver
+    once torch initialised CUDA (``rank_source`` "driver"), else guessed
+    from the control daemon's pipe directory ($CUDA_MPS_PIPE_DIRECTORY or
+    /tmp/nvidia-mps; ``rank_source`` "pipe_directory").  ``regend``: some
+    device of regend's reports ``sharing.mps`` in Status (None when regend
+    cannot be asked or says nothing); ``regend_devices``: {regend index:
+    bool}.  Under MPS a fatal fault in any client reaches every client on
+    the GPU: regend's isolation is gone, and context switches are far
+    cheaper (docs/torch.md, MPS)."""
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    rank = os.path.exists(os.path.join(pipe, "control"))
-    regend = None
+    rank = _driver_mps(_torch.cuda.current_device()) if _torch.cuda.is_initialized() else None
+    source = "driver"
+    if rank is None:
+        rank, source = os.path.exists(os.path.join(pipe, "control")), "pipe_directory"
+    regend, devices = None, {}
     try:
         for d in runtime().client.status().get("devices", []):
-            value = d.get("mps")
-            if value is None:
-                value = (d.get("health") or {}).get("mps")
-            if value is not None:
-                regend = bool(value) or bool(regend)
+            sharing = d.get("sharing")
+            if isinstance(sharing, dict) and isinstance(sharing.get("mps"), bool):
+                devices[d.get("index")] = sharing["mps"]
+                regend = sharing["mps"] or bool(regend)
     except Exception:
         regend = None
-    return {"rank": rank, "pipe_directory": pipe, "regend": regend,
-            "isolated": not rank and not regend}
+    return {"rank": rank, "rank_source": source, "pipe_directory": pipe, "regend": regend,
+            "regend_devices": devices, "isolated": not rank and not regend}
+
+
+def _pool_from_environment():
+    """REGEN_TORCH_POOL: "process" makes every CUDA allocation the pool's
+    (use_pool_for_process()) as regen.torch is imported; "scoped" or unset:
+    only regen.torch.pool() scopes."""
+    mode = os.environ.get("REGEN_TORCH_POOL", "")
+    if mode in ("", "scoped"):
+        return
+    if mode != "process":
+        raise ValueError(f"REGEN_TORCH_POOL={mode!r}: 'process' (every CUDA allocation from libregen's pool) or "
+                         "'scoped' (the default: regen.torch.pool() scopes only)")
+    use_pool_for_process()
+
+
+_pool_from_environment()

@@ -47,7 +47,7 @@ from .. import errors
 from ..client import Client, Operand
 from ..pool import Pool
 
-__all__ = ["Runtime", "WorkLost", "RecoveryFailed", "NotSupported", "ORDERINGS"]
+__all__ = ["Runtime", "WorkLost", "RecoveryFailed", "NotSupported", "PoolTooLate", "ORDERINGS"]
 
 ORDERINGS = ("wait", "events", "sync", "auto")
 DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -73,6 +73,15 @@ class RecoveryFailed(errors.Error):
     the operation failed again after it did."""
 
     name = "io.regen.torch.RecoveryFailed"
+
+
+class PoolTooLate(errors.Error, RuntimeError):
+    """regen.torch.use_pool_for_process() (or REGEN_TORCH_POOL=process) came
+    after torch had set up its CUDA allocator: torch swaps its allocator only
+    before the process's first CUDA allocation.  Nothing was changed; call it
+    (or import regen.torch with the variable set) before any CUDA work."""
+
+    name = "io.regen.torch.PoolTooLate"
 
 
 class NotSupported(errors.Error, NotImplementedError):
@@ -548,6 +557,7 @@ class Runtime:
                 out["auto_us"] = self._auto.table()
             if self.pool is not None:
                 out["pool"] = self.pool.stats()
+                out["pool"]["process"] = self.pool.process_allocator
             return out
 
 
