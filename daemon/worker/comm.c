@@ -156,12 +156,12 @@ void rd_comm_init(struct rd_call *call)
 		rp_error_add_str(&err, "parameter", "key");
 		goto fail;
 	}
-	/* Communicators count against the buffer limit: each holds device
-	 * memory and (NCCL) threads of its own. */
-	if (s->client->count[RD_OBJECT_COMM] >= w->opts->max_buffers) {
-		rp_err_limit_exceeded(&err, "communicators", w->opts->max_buffers,
-				      "process %d already has %u communicators on device %d", (int)s->client->peer.pid,
-				      s->client->count[RD_OBJECT_COMM], w->dev.index);
+	/* A limit of their own: each holds device memory and NCCL's threads,
+	 * far more than a buffer's mapping. */
+	if (s->client->count[RD_OBJECT_COMM] >= w->opts->max_comms) {
+		rp_err_limit_exceeded(&err, "communicators", w->opts->max_comms,
+				      "process %d already has %u communicators on device %d (max_comms): Destroy one first",
+				      (int)s->client->peer.pid, s->client->count[RD_OBJECT_COMM], w->dev.index);
 		goto fail;
 	}
 	cc = calloc(1, sizeof(*cc));
