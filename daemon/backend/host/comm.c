@@ -108,15 +108,16 @@ static struct host_comm *hc_of(struct rd_comm *c)
 
 static unsigned abort_ms(void)
 {
-	static int ms = -1;
+	/* Aborters read it at once: atomic, each would store the same. */
+	static _Atomic int ms = -1;
 
-	if (ms < 0) {
+	if (atomic_load(&ms) < 0) {
 		const char *env = getenv("REGEN_HOST_COMM_ABORT_MS");
 		long v = env ? strtol(env, NULL, 10) : 0;
 
-		ms = v < 0 ? 0 : v > ABORT_MS_MAX ? ABORT_MS_MAX : (int)v;
+		atomic_store(&ms, v < 0 ? 0 : v > ABORT_MS_MAX ? ABORT_MS_MAX : (int)v);
 	}
-	return (unsigned)ms;
+	return (unsigned)atomic_load(&ms);
 }
 
 /* With the group's lock held: the group fails, and so does every member
