@@ -228,6 +228,12 @@ void rd_comm_attach(struct rd_call *call)
 		rd_objects_close(&w->objects, &comm->obj);
 		goto fail;
 	}
+	if (s->client->count[RD_OBJECT_COMM] >= w->opts->max_comms) {
+		rp_err_limit_exceeded(&err, "communicators", w->opts->max_comms,
+				      "process %d already has %u communicators on device %d (max_comms): Destroy one first",
+				      (int)s->client->peer.pid, s->client->count[RD_OBJECT_COMM], w->dev.index);
+		goto fail;
+	}
 	if (comm->in_flight) {
 		rp_err_comm_in_flight(&err, comm_text(comm, id), comm->in_flight,
 				      "communicator %s still has %u call(s) of the process that held it in flight; "
@@ -388,6 +394,21 @@ void rd_comm_deadline(struct rd_worker *w, struct rd_compute_call *cc, uint64_t 
 	w->abandoned++;
 }
 
+/* Communicators of uid left detached by processes that are gone. */
+static unsigned detached_of(struct rd_worker *w, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
+		for (struct rd_object *o = w->objects.table[b]; o; o = o->next_in_table) {
+			if (rd_object_kind_of(o) == RD_OBJECT_COMM && !o->owner && !o->closing &&
+			    rd_object_comm(o)->key_uid == uid)
+				n++;
+		}
+	}
+	return n;
+}
+
 bool rd_comm_keep_detached(struct rd_object *o, void *worker)
 {
 	struct rd_worker *w = worker;
@@ -398,6 +419,16 @@ bool rd_comm_keep_detached(struct rd_object *o, void *worker)
 		    w->dev.backend->comm_status(comm, &err) == 0;
 
 	rp_error_clear(&err);
+	/* Nobody holds a detached communicator to its process's max_comms:
+	 * without a bound of its own a user could pile them up, one process
+	 * after another, until the generation ends. */
+	if (keep && detached_of(w, comm->key_uid) >= w->opts->max_comms) {
+		rd_warn("comm", w->dev.index, rd_worker_generation(w), 0,
+			"%s (key %s, rank %u of %u) aborted, not detached: uid %u already has %u detached communicators "
+			"(max_comms)", comm_text(comm, id), comm->key, comm->rank, comm->nranks, (unsigned)comm->key_uid,
+			w->opts->max_comms);
+		keep = false;
+	}
 	if (keep) {
 		rd_info("comm", w->dev.index, rd_worker_generation(w), 0,
 			"%s (key %s, rank %u of %u) detached: its process is gone", comm_text(comm, id), comm->key,

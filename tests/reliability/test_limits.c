@@ -15,6 +15,11 @@
  *   reduce, another process is not counted against this one, a Destroy
  *   frees a slot, and a buffer closed and imported again is not refused on
  *   the communicators' account.
+ * - detached communicators: a process makes 3 keyed communicators and
+ *   exits (they stay for Attach); a second does the same, and only as many
+ *   of its own stay detached as fit beside the first's under max_comms
+ *   (per uid), the others are aborted; Attach counts against the
+ *   attaching process's max_comms as Init does.
  * - calls in flight: 1100 Gemm calls pipelined on one connection without
  *   reading: the first is a large GEMM that keeps the lane busy while the
  *   rest arrive, so exactly calls 1025..1100 find 1024 in flight and are
@@ -203,20 +208,29 @@ static void buffers(void)
 	       "a close frees a slot", MAX_BUF);
 }
 
-/* Rank 0 of 1 of a new communicator: 0, or -1 with the reply's error kept. */
-static int comm_init(struct tl_conn *c, char *id, size_t size, struct tl_reply *r)
+/* Rank 0 of 1 of a new communicator, keyed when key is not NULL: 0, or -1
+ * with the reply's error kept. */
+static int comm_init_keyed(struct tl_conn *c, const char *key, char *id, size_t size, struct tl_reply *r)
 {
-	char uid[300];
+	char uid[300], keyed[160] = "";
 
 	tl_call_ok(c, r, "io.regen.Comm.GetUniqueId", NULL);
 	snprintf(uid, sizeof(uid), "%s", tl_reply_str(r, "unique_id"));
 	tl_reply_finish(r);
-	tl_call(c, r, 10, NULL, 0, "io.regen.Comm.Init", "{\"unique_id\":\"%s\",\"rank\":0,\"nranks\":1}", uid);
+	if (key)
+		snprintf(keyed, sizeof(keyed), ",\"key\":\"%s\"", key);
+	tl_call(c, r, 10, NULL, 0, "io.regen.Comm.Init", "{\"unique_id\":\"%s\",\"rank\":0,\"nranks\":1%s}", uid,
+		keyed);
 	if (r->error)
 		return -1;
 	snprintf(id, size, "%s", tl_reply_str(r, "comm"));
 	tl_reply_finish(r);
 	return 0;
+}
+
+static int comm_init(struct tl_conn *c, char *id, size_t size, struct tl_reply *r)
+{
+	return comm_init_keyed(c, NULL, id, size, r);
 }
 
 static void all_reduce_ok(struct tl_conn *c, const char *comm, const char *buf)
@@ -284,6 +298,84 @@ static void communicators(void)
 		close(fds[i]);
 	tl_log("communicators: %d Init beside %d buffers, the next LimitExceeded naming max_comms; another process "
 	       "unaffected; a Destroy frees a slot", MAX_COMMS, MAX_BUF);
+}
+
+/* A process that makes MAX_COMMS keyed communicators ("<prefix>0"...) and
+ * exits without a Destroy: they are left detached, or aborted. */
+static int keyed_and_gone(void *prefix)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char key[64], id[64];
+
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	for (int i = 0; i < MAX_COMMS; i++) {
+		snprintf(key, sizeof(key), "%s%d", (const char *)prefix, i);
+		ASSERT_EQ(comm_init_keyed(&c, key, id, sizeof(id), &r), 0, "keyed Init %s: %s", key,
+			  tl_reply_describe(&r));
+	}
+	_exit(0);
+}
+
+/* 0 attached, or -1 with NoSuchObject (anything else fails the test). */
+static int attach(struct tl_conn *c, const char *key)
+{
+	struct tl_reply r;
+
+	tl_call(c, &r, 10, NULL, 0, "io.regen.Comm.Attach", "{\"key\":\"%s\"}", key);
+	if (!r.error) {
+		tl_reply_finish(&r);
+		return 0;
+	}
+	ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "Attach %s", key);
+	tl_reply_finish(&r);
+	return -1;
+}
+
+/* max_comms bounds the detached communicators of a uid too: one process
+ * after another could pile them up otherwise. */
+static void detached(void)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char key[64];
+	int kept = 0;
+	double deadline;
+
+	ASSERT_EQ(tl_wait(tl_fork(keyed_and_gone, "a", 30), 30), 0, "the first process of keyed communicators");
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	/* Once a2 attaches, a0 and a1 are detached: MAX_COMMS - 1 of this uid. */
+	deadline = tl_now() + 5;
+	while (attach(&c, "a2") < 0) {
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "a2 never detached");
+		usleep(20000);
+	}
+	ASSERT_EQ(tl_wait(tl_fork(keyed_and_gone, "b", 30), 30), 0, "the second process of keyed communicators");
+	/* One of b0..b2 fits beside a0 and a1; once it attaches, the close of
+	 * their process was handled whole, and the other two were aborted. */
+	deadline = tl_now() + 5;
+	for (;;) {
+		for (int i = 0; i < MAX_COMMS && !kept; i++) {
+			snprintf(key, sizeof(key), "b%d", i);
+			kept = attach(&c, key) == 0 ? i + 1 : 0;
+		}
+		if (kept)
+			break;
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "none of b0..b2 was left detached");
+		usleep(20000);
+	}
+	for (int i = 0; i < MAX_COMMS; i++) {
+		snprintf(key, sizeof(key), "b%d", i);
+		if (i + 1 != kept)
+			ASSERT_EQ(attach(&c, key), -1, "%s was left detached beside %d others of this uid", key, MAX_COMMS);
+	}
+	/* Attach counts against the process's limit as Init does. */
+	ASSERT_EQ(attach(&c, "a0"), 0, "a0 (this process holds %d communicators)", MAX_COMMS - 1);
+	tl_call(&c, &r, 10, NULL, 0, "io.regen.Comm.Attach", "{\"key\":\"a1\"}");
+	expect_limit(&r, "communicators", MAX_COMMS, "Attach over the limit");
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
+	tl_log("detached: %d keyed communicators of gone processes kept for Attach per uid, the next aborted", MAX_COMMS);
 }
 
 static void calls_in_flight(void)
@@ -363,6 +455,7 @@ int main(void)
 	connections(tl_daemon_worker_socket(&daemon_, 0), true);
 	buffers();
 	communicators();
+	detached();
 	calls_in_flight();
 	tl_log("PASS");
 	return 0;
