@@ -439,14 +439,24 @@ bool rd_comm_keep_detached(struct rd_object *o, void *worker)
 	return false;
 }
 
-void rd_comm_abort_busy(struct rd_worker *w, const char *why)
+static void abort_each(struct rd_worker *w, bool only_busy, const char *why)
 {
 	if (!w->dev.backend->comm_abort)
 		return;
 	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
 		for (struct rd_object *o = w->objects.table[b]; o; o = o->next_in_table) {
-			if (rd_object_kind_of(o) == RD_OBJECT_COMM && rd_object_comm(o)->in_flight)
+			if (rd_object_kind_of(o) == RD_OBJECT_COMM && (!only_busy || rd_object_comm(o)->in_flight))
 				w->dev.backend->comm_abort(rd_object_comm(o), why);
 		}
 	}
+}
+
+void rd_comm_abort_busy(struct rd_worker *w, const char *why)
+{
+	abort_each(w, true, why);
+}
+
+void rd_comm_abort_all(struct rd_worker *w, const char *why)
+{
+	abort_each(w, false, why);
 }

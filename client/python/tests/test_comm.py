@@ -561,6 +561,20 @@ class SlowAbortTest(unittest.TestCase):
         for c in (a, b, admin):
             c.close()
 
+    def test_a_release_finalizes_and_a_restart_aborts(self):
+        # A healthy idle communicator: a Release finalizes it (no abort to
+        # wait for); a Restart, asked for when a rank failed, aborts it.
+        admin = regen.Client(self.daemon.socket)
+        admin.comm_init(admin.comm_unique_id(), 0, 1)
+        t0 = time.monotonic()
+        admin.release(0, reason="test: finalize")
+        self.assertLess(time.monotonic() - t0, PROMPT_S, "a Release aborted a healthy communicator")
+        admin.comm_init(admin.comm_unique_id(), 0, 1)
+        t0 = time.monotonic()
+        admin.restart(0, reason="test: abort")
+        self.assertGreaterEqual(time.monotonic() - t0, SLOW_ABORT_S * 0.9, "a Restart finalized its communicator")
+        admin.close()
+
 
 if __name__ == "__main__":
     unittest.main()
