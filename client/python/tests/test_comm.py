@@ -467,6 +467,65 @@ class CommTest(unittest.TestCase):
         admin.close()
         b.close()
 
+    def test_a_device_fault_ends_a_collective_in_flight_by_name(self):
+        # Rank 0 waits in an AllReduce for rank 1, which never calls; the
+        # device loses its context. The call ends by name (the reset's
+        # drain aborts the communicator), never hangs; the ids go stale,
+        # and the ranks Init again in the new generation.
+        uid = self.c.comm_unique_id()
+        b = regen.Client(daemon.socket)
+        joined = {}
+        t = threading.Thread(target=lambda: joined.setdefault("c", b.comm_init(uid, 1, 2)))
+        t.start()
+        comm = self.c.comm_init(uid, 0, 2)
+        t.join(10 * TIME_SCALE)
+        x = tensor(self.c, [1.0] * 4)
+        gen = generation(self.c)
+        outcome = {}
+
+        def call():
+            try:
+                self.c.comm_all_reduce(comm, x.op, x.op, deadline_ms=60000)
+                outcome["r"] = "finished"
+            except regen.Error as e:
+                outcome["r"] = e
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.3)
+        admin = regen.Client(daemon.socket)
+        t0 = time.monotonic()
+        admin.inject_fault(0, "device_lost")
+        caller.join(10 * TIME_SCALE)
+        self.assertFalse(caller.is_alive(), "the collective in flight hung through the fault")
+        self.assertLess(time.monotonic() - t0, 10 * TIME_SCALE)
+        self.assertIsInstance(outcome["r"], (regen.CommFailed, regen.DeviceLost, regen.Draining))
+        for _ in range(200):
+            if generation(admin) > gen and admin.generation()["devices"][0]["state"] == "ready":
+                break
+            time.sleep(0.05)
+        self.assertGreater(generation(admin), gen)
+        y = tensor(b, [1.0] * 4)
+        with self.assertRaises(regen.StaleGeneration):
+            b.comm_all_reduce(joined["c"], y.op, y.op)
+        uid = self.c.comm_unique_id()
+        again = {}
+        t = threading.Thread(target=lambda: again.setdefault("b", b.comm_init(uid, 1, 2)))
+        t.start()
+        a2 = self.c.comm_init(uid, 0, 2)
+        t.join(10 * TIME_SCALE)
+        z = tensor(self.c, [2.0] * 4)
+        w = tensor(b, [3.0] * 4)
+        t = threading.Thread(target=lambda: b.comm_all_reduce(again["b"], w.op, w.op))
+        t.start()
+        self.c.comm_all_reduce(a2, z.op, z.op)
+        t.join(10 * TIME_SCALE)
+        self.assertEqual((z.read(), w.read()), ([5.0] * 4, [5.0] * 4))
+        self.c.comm_destroy(a2)
+        b.comm_destroy(again["b"])
+        admin.close()
+        b.close()
+
 
 # How long each abort's end takes on the daemon of SlowAbortTest, and what
 # counts as "at once" beside it.
