@@ -161,7 +161,10 @@ def main():
     if gpus == 0:
         print("no CUDA GPU: skipping", file=sys.stderr)
         return 77
-    if args.nranks < 1 or not ranks.enough_gpus(args.nranks, "bench_allreduce"):
+    if args.nranks < 1:
+        print("--nranks must be at least 1", file=sys.stderr)
+        return 2
+    if not ranks.enough_gpus(args.nranks, "bench_allreduce"):
         return 2
     n = args.nranks
     daemon = Regend(find_regend(args.regend), devices=gpus, backend="cuda", ready_timeout=120)
