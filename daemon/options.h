@@ -35,6 +35,7 @@ struct rd_options {
 	int log_level;                 /* enum rd_log_level */
 	unsigned max_connections;      /* per peer uid, on each socket */
 	unsigned max_buffers;          /* per client process, per device */
+	unsigned max_comms;            /* communicators, per client process, per device */
 	uint64_t max_scratch_mib;      /* per compute call */
 	char config_path[256];         /* the file read; "" = none */
 

@@ -334,6 +334,8 @@ static void send_lifecycle(struct rd_sv_device *d, bool reset)
 	 * between reaches the worker as an Epoch call). */
 	cJSON_AddNumberToObject(params, "generation", (double)(d->generation + 1));
 	cJSON_AddNumberToObject(params, "epoch", (double)(*d->env->epoch + 1));
+	if (d->ops && d->ops->verb == RD_SV_RESTART)
+		cJSON_AddTrueToObject(params, "abort_comms");
 	uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
 	if (rd_sv_device_call(d, reset ? "io.regen.Worker.Reset" : "io.regen.Worker.Release", params, on_lifecycle_reply,
 			      d) < 0)

@@ -156,12 +156,12 @@ void rd_comm_init(struct rd_call *call)
 		rp_error_add_str(&err, "parameter", "key");
 		goto fail;
 	}
-	/* Communicators count against the buffer limit: each holds device
-	 * memory and (NCCL) threads of its own. */
-	if (s->client->count[RD_OBJECT_COMM] >= w->opts->max_buffers) {
-		rp_err_limit_exceeded(&err, "communicators", w->opts->max_buffers,
-				      "process %d already has %u communicators on device %d", (int)s->client->peer.pid,
-				      s->client->count[RD_OBJECT_COMM], w->dev.index);
+	/* A limit of their own: each holds device memory and NCCL's threads,
+	 * far more than a buffer's mapping. */
+	if (s->client->count[RD_OBJECT_COMM] >= w->opts->max_comms) {
+		rp_err_limit_exceeded(&err, "communicators", w->opts->max_comms,
+				      "process %d already has %u communicators on device %d (max_comms): Destroy one first",
+				      (int)s->client->peer.pid, s->client->count[RD_OBJECT_COMM], w->dev.index);
 		goto fail;
 	}
 	cc = calloc(1, sizeof(*cc));
@@ -226,6 +226,12 @@ void rd_comm_attach(struct rd_call *call)
 	if (comm_healthy(w, comm, &err) < 0) {
 		/* A failed one is no use to anyone: it goes now. */
 		rd_objects_close(&w->objects, &comm->obj);
+		goto fail;
+	}
+	if (s->client->count[RD_OBJECT_COMM] >= w->opts->max_comms) {
+		rp_err_limit_exceeded(&err, "communicators", w->opts->max_comms,
+				      "process %d already has %u communicators on device %d (max_comms): Destroy one first",
+				      (int)s->client->peer.pid, s->client->count[RD_OBJECT_COMM], w->dev.index);
 		goto fail;
 	}
 	if (comm->in_flight) {
@@ -388,6 +394,21 @@ void rd_comm_deadline(struct rd_worker *w, struct rd_compute_call *cc, uint64_t 
 	w->abandoned++;
 }
 
+/* Communicators of uid left detached by processes that are gone. */
+static unsigned detached_of(struct rd_worker *w, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
+		for (struct rd_object *o = w->objects.table[b]; o; o = o->next_in_table) {
+			if (rd_object_kind_of(o) == RD_OBJECT_COMM && !o->owner && !o->closing &&
+			    rd_object_comm(o)->key_uid == uid)
+				n++;
+		}
+	}
+	return n;
+}
+
 bool rd_comm_keep_detached(struct rd_object *o, void *worker)
 {
 	struct rd_worker *w = worker;
@@ -398,6 +419,16 @@ bool rd_comm_keep_detached(struct rd_object *o, void *worker)
 		    w->dev.backend->comm_status(comm, &err) == 0;
 
 	rp_error_clear(&err);
+	/* Nobody holds a detached communicator to its process's max_comms:
+	 * without a bound of its own a user could pile them up, one process
+	 * after another, until the generation ends. */
+	if (keep && detached_of(w, comm->key_uid) >= w->opts->max_comms) {
+		rd_warn("comm", w->dev.index, rd_worker_generation(w), 0,
+			"%s (key %s, rank %u of %u) aborted, not detached: uid %u already has %u detached communicators "
+			"(max_comms)", comm_text(comm, id), comm->key, comm->rank, comm->nranks, (unsigned)comm->key_uid,
+			w->opts->max_comms);
+		keep = false;
+	}
 	if (keep) {
 		rd_info("comm", w->dev.index, rd_worker_generation(w), 0,
 			"%s (key %s, rank %u of %u) detached: its process is gone", comm_text(comm, id), comm->key,
@@ -408,14 +439,24 @@ bool rd_comm_keep_detached(struct rd_object *o, void *worker)
 	return false;
 }
 
-void rd_comm_abort_busy(struct rd_worker *w, const char *why)
+static void abort_each(struct rd_worker *w, bool only_busy, const char *why)
 {
 	if (!w->dev.backend->comm_abort)
 		return;
 	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
 		for (struct rd_object *o = w->objects.table[b]; o; o = o->next_in_table) {
-			if (rd_object_kind_of(o) == RD_OBJECT_COMM && rd_object_comm(o)->in_flight)
+			if (rd_object_kind_of(o) == RD_OBJECT_COMM && (!only_busy || rd_object_comm(o)->in_flight))
 				w->dev.backend->comm_abort(rd_object_comm(o), why);
 		}
 	}
+}
+
+void rd_comm_abort_busy(struct rd_worker *w, const char *why)
+{
+	abort_each(w, true, why);
+}
+
+void rd_comm_abort_all(struct rd_worker *w, const char *why)
+{
+	abort_each(w, false, why);
 }

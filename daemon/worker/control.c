@@ -156,6 +156,11 @@ static void lifecycle(struct rd_call *call, bool reset)
 	if (lifecycle_generation(call, &gen) < 0)
 		return;
 	t0 = uv_hrtime();
+	/* A restart's release aborts the communicators instead of finalizing
+	 * them: it is asked for when a rank of the job failed, and a peer that
+	 * is gone would hold each finalize for its whole bound. */
+	if (!reset && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(call->msg.params, "abort_comms")))
+		rd_comm_abort_all(w, "the device restarts");
 	if (reset) {
 		n = rd_registry_invalidate(&w->dev.registry);
 		rd_objects_close_all(&w->objects);

@@ -89,3 +89,6 @@ bool rd_comm_keep_detached(struct rd_object *o, void *worker);
 /* A drain: communicators with calls in flight are aborted, so a peer that
  * never calls cannot hold the lifecycle change. */
 void rd_comm_abort_busy(struct rd_worker *w, const char *why);
+/* A restart: every communicator is aborted, none finalized (a rank of the
+ * job failed: its peers will not finalize). */
+void rd_comm_abort_all(struct rd_worker *w, const char *why);

@@ -6,12 +6,17 @@ process whose CUDA tensors regend imports by CUDA IPC:
   in f32, f16 and bf16 on fresh random inputs, against torch on the same
   inputs (with one rank each is the identity, so the check is the data path:
   operands, offsets, dtypes, the lane's stream);
+- events: an AllReduce ordered by a wait_event and a signal_event alone
+  (no host synchronisation) reads the rank's input and is read after;
 - a call in flight aborted: an AllReduce held behind a wait_event (the
   rank's stream sleeps before recording it) is aborted from another
-  connection and ends with CommFailed, the device still ready; an Init of 2
+  connection (the Abort answered at once: ncclCommAbort runs on a thread
+  of its own) and ends with CommFailed, the device still ready; an Init of 2
   ranks whose peer never comes ends with CommTimeout at its deadline, and
   one ended by a restart's drain;
 - restart then Init again: the old id is StaleGeneration, a new Init works;
+  a Release finalizes and destroys a healthy idle communicator (no peer to
+  wait for: well under its 2 s bound), a Restart aborts one;
 - re-attach against a new init: a child process (no CUDA of its own) makes
   a keyed communicator and exits; the time to Attach it is printed against
   the time of a new Init (ncclCommInitRankConfig inside regend).
@@ -91,6 +96,39 @@ def check_results(c):
     c.comm_destroy(comm)
 
 
+def check_event_chain(c):
+    """The rank's stream makes x after about 50 ms of GPU time and records
+    ev_in; regend's AllReduce waits on it and records ev_out; the rank's
+    stream waits on ev_out before it copies y. Without the waits the
+    collective would read x's NaN poison, or the copy y's."""
+    comm = c.comm_init(c.comm_unique_id(DEV), 0, 1, device=DEV)
+    n = 1 << 20
+    real = fresh(n, "f32")
+    x = torch.full_like(real, float("nan"))
+    y = torch.full_like(real, float("nan"))
+    ev_in = torch.cuda.Event(interprocess=True)
+    ev_out = torch.cuda.Event(interprocess=True)
+    ev_in.record()
+    ev_out.record()
+    torch.cuda.synchronize()
+    e_in = c.import_event(DEV, ev_in.ipc_handle())
+    e_out = c.import_event(DEV, ev_out.ipc_handle())
+    bx, by = c.import_tensor(x), c.import_tensor(y)
+    torch.cuda._sleep(100_000_000)
+    x.copy_(real)
+    ev_in.record()
+    c.comm_all_reduce(comm, regen.Operand(bx, 0, "f32", [n]), regen.Operand(by, 0, "f32", [n]), wait_event=e_in,
+                      signal_event=e_out)
+    torch.cuda.current_stream().wait_event(ev_out)
+    out = y.clone()
+    torch.cuda.synchronize()
+    record("wait/signal events order a collective with the rank's stream", torch.equal(out, real),
+           f"{int(torch.isnan(out).sum())} NaN")
+    c.close_event(e_in)
+    c.close_event(e_out)
+    c.comm_destroy(comm)
+
+
 def check_abort_in_flight(c, socket):
     """A collective held in flight behind a wait_event (the rank's stream
     sleeps before recording it) is aborted from another connection of this
@@ -127,10 +165,13 @@ def check_abort_in_flight(c, socket):
         record("Destroy with a call in flight refused", True, "CommInFlight")
     except regen.NoSuchObject:
         record("Destroy with a call in flight refused", False, "another connection of this process cannot name it")
+    t_abort = time.monotonic()
     try:
         other.comm_abort(comm)
+        s = time.monotonic() - t_abort
+        record("Abort from another connection answers at once", s < 0.5, f"{s * 1e3:.1f} ms")
     except regen.Error as e:
-        record("Abort from another connection", False, repr(e))
+        record("Abort from another connection answers at once", False, repr(e))
     t.join(60)
     r = outcome.get("r")
     record("a collective in flight ends with CommFailed after Abort", isinstance(r, regen.CommFailed),
@@ -218,6 +259,35 @@ def check_restart_then_init(c):
     c.comm_destroy(comm)
 
 
+def check_release_and_restart_end_idle(c):
+    """A healthy idle communicator: a Release finalizes it
+    (ncclCommFinalize, then ncclCommDestroy: one rank, nothing to wait
+    for), a Restart aborts it; both leave the device ready for a new Init."""
+    for verb in ("release", "restart"):
+        comm = c.comm_init(c.comm_unique_id(DEV), 0, 1, device=DEV)
+        x = fresh(4096, "f32")
+        c.comm_all_reduce(comm, x, x)
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        getattr(c, verb)(DEV, reason=f"test_nccl: {verb} an idle communicator")
+        s = time.monotonic() - t0
+        info = c.generation()["devices"][DEV]
+        record(f"{verb} with an idle healthy communicator", info["state"] == "ready" and s < 5,
+               f"{s * 1e3:.0f} ms, {info['state']}")
+        try:
+            c.comm_all_reduce(comm, x, x)
+            record(f"the communicator is stale after the {verb}", False, "it ran")
+        except regen.StaleGeneration:
+            record(f"the communicator is stale after the {verb}", True)
+    again = c.comm_init(c.comm_unique_id(DEV), 0, 1, device=DEV)
+    y = fresh(4096, "f32")
+    ref = y.clone()
+    c.comm_all_reduce(again, y, y)
+    torch.cuda.synchronize()
+    record("Init and AllReduce after a release and a restart", torch.equal(y, ref))
+    c.comm_destroy(again)
+
+
 CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -273,8 +343,10 @@ def main():
         except regen.MethodNotImplemented:
             print("regend's CUDA backend was built without NCCL: skipping")
             return SKIP
-        for check in (lambda: check_results(c), lambda: check_init_deadline(c), lambda: check_abort_joined(c),
+        for check in (lambda: check_results(c), lambda: check_event_chain(c), lambda: check_init_deadline(c),
+                      lambda: check_abort_joined(c),
                       lambda: check_abort_in_flight(c, daemon.socket), lambda: check_restart_then_init(c),
+                      lambda: check_release_and_restart_end_idle(c),
                       lambda: check_reattach(c, daemon.socket)):
             try:
                 check()

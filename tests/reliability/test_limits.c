@@ -1,6 +1,6 @@
 /* Exhaustion: each limit refuses by name what is over it and nothing else.
  *
- * regend --max-connections 8 --max-buffers 16:
+ * regend --max-connections 8 --max-buffers 16 --max-comms 3:
  * - connections: 8 on the main socket work; the 9th from the same uid gets
  *   io.regen.LimitExceeded {resource: "connections", limit: 8} and is
  *   closed; the 8 keep working; closing one frees a slot; another uid is
@@ -9,6 +9,17 @@
  * - buffers: 16 imports on a device work, the 17th is LimitExceeded
  *   {resource: "buffers"}; the 16 still compute, another process and the
  *   other device are not affected, and closing one frees a slot.
+ * - communicators: with 16 buffers imported (the buffer limit), 3
+ *   communicators Init, the 4th is LimitExceeded {resource:
+ *   "communicators", limit: 3} naming max_comms and makes none; the 3 still
+ *   reduce, another process is not counted against this one, a Destroy
+ *   frees a slot, and a buffer closed and imported again is not refused on
+ *   the communicators' account.
+ * - detached communicators: a process makes 3 keyed communicators and
+ *   exits (they stay for Attach); a second does the same, and only as many
+ *   of its own stay detached as fit beside the first's under max_comms
+ *   (per uid), the others are aborted; Attach counts against the
+ *   attaching process's max_comms as Init does.
  * - calls in flight: 1100 Gemm calls pipelined on one connection without
  *   reading: the first is a large GEMM that keeps the lane busy while the
  *   rest arrive, so exactly calls 1025..1100 find 1024 in flight and are
@@ -32,6 +43,7 @@
 
 #define MAX_CONN 8
 #define MAX_BUF 16
+#define MAX_COMMS 3
 #define MAX_IN_FLIGHT 1024
 #define PIPELINE 1100
 
@@ -196,6 +208,176 @@ static void buffers(void)
 	       "a close frees a slot", MAX_BUF);
 }
 
+/* Rank 0 of 1 of a new communicator, keyed when key is not NULL: 0, or -1
+ * with the reply's error kept. */
+static int comm_init_keyed(struct tl_conn *c, const char *key, char *id, size_t size, struct tl_reply *r)
+{
+	char uid[300], keyed[160] = "";
+
+	tl_call_ok(c, r, "io.regen.Comm.GetUniqueId", NULL);
+	snprintf(uid, sizeof(uid), "%s", tl_reply_str(r, "unique_id"));
+	tl_reply_finish(r);
+	if (key)
+		snprintf(keyed, sizeof(keyed), ",\"key\":\"%s\"", key);
+	tl_call(c, r, 10, NULL, 0, "io.regen.Comm.Init", "{\"unique_id\":\"%s\",\"rank\":0,\"nranks\":1%s}", uid,
+		keyed);
+	if (r->error)
+		return -1;
+	snprintf(id, size, "%s", tl_reply_str(r, "comm"));
+	tl_reply_finish(r);
+	return 0;
+}
+
+static int comm_init(struct tl_conn *c, char *id, size_t size, struct tl_reply *r)
+{
+	return comm_init_keyed(c, NULL, id, size, r);
+}
+
+static void all_reduce_ok(struct tl_conn *c, const char *comm, const char *buf)
+{
+	struct tl_reply r;
+
+	tl_call_ok(c, &r, "io.regen.Comm.AllReduce",
+		   "{\"comm\":\"%s\",\"send\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[16]},"
+		   "\"recv\":{\"buffer\":\"%s\",\"dtype\":\"f32\",\"shape\":[16]}}", comm, buf, buf);
+	tl_reply_finish(&r);
+}
+
+static int other_process_makes_a_comm(void *arg)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char id[64];
+
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	ASSERT_EQ(comm_init(&c, id, sizeof(id), &r), 0, "another process's Init: %s", r.error);
+	tl_conn_close(&c);
+	return 0;
+}
+
+static void communicators(void)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char bufs[MAX_BUF][64], comms[MAX_COMMS][64], extra[64];
+	int fds[MAX_BUF];
+
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	for (int i = 0; i < MAX_BUF; i++) {
+		fds[i] = tl_memfd_open(4096);
+		ASSERT_EQ(tl_import_memfd(&c, 0, fds[i], 4096, bufs[i], &r), 0, "import %d: %s", i + 1, r.error);
+		tl_reply_finish(&r);
+	}
+	/* Buffers at their limit do not hold communicators back. */
+	for (int i = 0; i < MAX_COMMS; i++)
+		ASSERT_EQ(comm_init(&c, comms[i], sizeof(comms[i]), &r), 0, "Init %d of %d: %s", i + 1, MAX_COMMS,
+			  tl_reply_describe(&r));
+	ASSERT_LT(comm_init(&c, extra, sizeof(extra), &r), 0, "Init %d accepted with --max-comms %d", MAX_COMMS + 1,
+		  MAX_COMMS);
+	expect_limit(&r, "communicators", MAX_COMMS, "Init over the limit");
+	ASSERT(strstr(tl_reply_text(&r), "max_comms"), "LimitExceeded does not name max_comms: %s", tl_reply_text(&r));
+	tl_reply_finish(&r);
+	for (int i = 0; i < MAX_COMMS; i++)
+		all_reduce_ok(&c, comms[i], bufs[i]);
+	ASSERT_EQ(tl_wait(tl_fork(other_process_makes_a_comm, NULL, 0), 30), 0, "another process was refused");
+	/* Communicators at their limit do not hold buffers back. */
+	tl_call_ok(&c, &r, "io.regen.Memory.CloseBuffer", "{\"buffer\":\"%s\"}", bufs[5]);
+	tl_reply_finish(&r);
+	ASSERT_EQ(tl_import_memfd(&c, 0, fds[5], 4096, bufs[5], &r), 0, "import beside 3 communicators: %s", r.error);
+	tl_reply_finish(&r);
+	/* A Destroy frees a slot. */
+	tl_call_ok(&c, &r, "io.regen.Comm.Destroy", "{\"comm\":\"%s\"}", comms[1]);
+	tl_reply_finish(&r);
+	ASSERT_EQ(comm_init(&c, comms[1], sizeof(comms[1]), &r), 0, "Init after a Destroy: %s", tl_reply_describe(&r));
+	all_reduce_ok(&c, comms[1], bufs[5]);
+	ASSERT_LT(comm_init(&c, extra, sizeof(extra), &r), 0, "the limit gone after one Destroy and Init");
+	expect_limit(&r, "communicators", MAX_COMMS, "Init over the limit again");
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
+	for (int i = 0; i < MAX_BUF; i++)
+		close(fds[i]);
+	tl_log("communicators: %d Init beside %d buffers, the next LimitExceeded naming max_comms; another process "
+	       "unaffected; a Destroy frees a slot", MAX_COMMS, MAX_BUF);
+}
+
+/* A process that makes MAX_COMMS keyed communicators ("<prefix>0"...) and
+ * exits without a Destroy: they are left detached, or aborted. */
+static int keyed_and_gone(void *prefix)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char key[64], id[64];
+
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	for (int i = 0; i < MAX_COMMS; i++) {
+		snprintf(key, sizeof(key), "%s%d", (const char *)prefix, i);
+		ASSERT_EQ(comm_init_keyed(&c, key, id, sizeof(id), &r), 0, "keyed Init %s: %s", key,
+			  tl_reply_describe(&r));
+	}
+	_exit(0);
+}
+
+/* 0 attached, or -1 with NoSuchObject (anything else fails the test). */
+static int attach(struct tl_conn *c, const char *key)
+{
+	struct tl_reply r;
+
+	tl_call(c, &r, 10, NULL, 0, "io.regen.Comm.Attach", "{\"key\":\"%s\"}", key);
+	if (!r.error) {
+		tl_reply_finish(&r);
+		return 0;
+	}
+	ASSERT_REPLY_ERROR(&r, "io.regen.NoSuchObject", "Attach %s", key);
+	tl_reply_finish(&r);
+	return -1;
+}
+
+/* max_comms bounds the detached communicators of a uid too: one process
+ * after another could pile them up otherwise. */
+static void detached(void)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char key[64];
+	int kept = 0;
+	double deadline;
+
+	ASSERT_EQ(tl_wait(tl_fork(keyed_and_gone, "a", 30), 30), 0, "the first process of keyed communicators");
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	/* Once a2 attaches, a0 and a1 are detached: MAX_COMMS - 1 of this uid. */
+	deadline = tl_now() + 5;
+	while (attach(&c, "a2") < 0) {
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "a2 never detached");
+		usleep(20000);
+	}
+	ASSERT_EQ(tl_wait(tl_fork(keyed_and_gone, "b", 30), 30), 0, "the second process of keyed communicators");
+	/* One of b0..b2 fits beside a0 and a1; once it attaches, the close of
+	 * their process was handled whole, and the other two were aborted. */
+	deadline = tl_now() + 5;
+	for (;;) {
+		for (int i = 0; i < MAX_COMMS && !kept; i++) {
+			snprintf(key, sizeof(key), "b%d", i);
+			kept = attach(&c, key) == 0 ? i + 1 : 0;
+		}
+		if (kept)
+			break;
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "none of b0..b2 was left detached");
+		usleep(20000);
+	}
+	for (int i = 0; i < MAX_COMMS; i++) {
+		snprintf(key, sizeof(key), "b%d", i);
+		if (i + 1 != kept)
+			ASSERT_EQ(attach(&c, key), -1, "%s was left detached beside %d others of this uid", key, MAX_COMMS);
+	}
+	/* Attach counts against the process's limit as Init does. */
+	ASSERT_EQ(attach(&c, "a0"), 0, "a0 (this process holds %d communicators)", MAX_COMMS - 1);
+	tl_call(&c, &r, 10, NULL, 0, "io.regen.Comm.Attach", "{\"key\":\"a1\"}");
+	expect_limit(&r, "communicators", MAX_COMMS, "Attach over the limit");
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
+	tl_log("detached: %d keyed communicators of gone processes kept for Attach per uid, the next aborted", MAX_COMMS);
+}
+
 static void calls_in_flight(void)
 {
 	/* Big enough to keep the lane busy while 1100 calls arrive (host
@@ -263,7 +445,8 @@ static void calls_in_flight(void)
 
 int main(void)
 {
-	const char *args[] = { "--max-connections", "8", "--max-buffers", "16", "--socket-mode", "0666", NULL };
+	const char *args[] = { "--max-connections", "8", "--max-buffers", "16", "--max-comms", "3", "--socket-mode", "0666",
+			       NULL };
 
 	tl_init(180);
 	tl_daemon_start(&daemon_, &(struct tl_daemon_opts){ .extra = args });
@@ -271,6 +454,8 @@ int main(void)
 	connections(daemon_.sock, false);
 	connections(tl_daemon_worker_socket(&daemon_, 0), true);
 	buffers();
+	communicators();
+	detached();
 	calls_in_flight();
 	tl_log("PASS");
 	return 0;

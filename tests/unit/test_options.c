@@ -133,6 +133,8 @@ static const struct {
 	{ "max_buffers", "0" },
 	{ "max_buffers", "100000001" },
 	{ "max_buffers", "18446744073709551617" },
+	{ "max_comms", "0" },
+	{ "max_comms", "65537" },
 };
 
 START_TEST(a_bad_value_gets_the_same_error_on_the_command_line_and_in_the_file)
@@ -223,6 +225,7 @@ START_TEST(the_defaults_are_the_documented_ones)
 	ck_assert_int_eq(o.log_level, RD_LOG_INFO);
 	ck_assert_uint_eq(o.max_connections, 256);
 	ck_assert_uint_eq(o.max_buffers, 4096);
+	ck_assert_uint_eq(o.max_comms, 64);
 	ck_assert_str_eq(o.config_path, "");
 	ck_assert_int_eq(o.worker_device, -1);
 	ck_assert_int_eq(o.ctl_fd, -1);
@@ -272,6 +275,7 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("socket_mode"), "0606", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_connections"), "9", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_buffers"), "17", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_comms"), "5", NULL, 0), 0);
 	sv.worker_device = 3;
 	sv.worker_generation = 12345678901234ull;
 	sv.ctl_fd = 3;

@@ -467,6 +467,173 @@ class CommTest(unittest.TestCase):
         admin.close()
         b.close()
 
+    def test_a_device_fault_ends_a_collective_in_flight_by_name(self):
+        # Rank 0 waits in an AllReduce for rank 1, which never calls; the
+        # device loses its context. The call ends by name (the reset's
+        # drain aborts the communicator), never hangs; the ids go stale,
+        # and the ranks Init again in the new generation.
+        uid = self.c.comm_unique_id()
+        b = regen.Client(daemon.socket)
+        joined = {}
+        t = threading.Thread(target=lambda: joined.setdefault("c", b.comm_init(uid, 1, 2)))
+        t.start()
+        comm = self.c.comm_init(uid, 0, 2)
+        t.join(10 * TIME_SCALE)
+        x = tensor(self.c, [1.0] * 4)
+        gen = generation(self.c)
+        outcome = {}
+
+        def call():
+            try:
+                self.c.comm_all_reduce(comm, x.op, x.op, deadline_ms=60000)
+                outcome["r"] = "finished"
+            except regen.Error as e:
+                outcome["r"] = e
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.3)
+        admin = regen.Client(daemon.socket)
+        t0 = time.monotonic()
+        admin.inject_fault(0, "device_lost")
+        caller.join(10 * TIME_SCALE)
+        self.assertFalse(caller.is_alive(), "the collective in flight hung through the fault")
+        self.assertLess(time.monotonic() - t0, 10 * TIME_SCALE)
+        self.assertIsInstance(outcome["r"], (regen.CommFailed, regen.DeviceLost, regen.Draining))
+        for _ in range(200):
+            if generation(admin) > gen and admin.generation()["devices"][0]["state"] == "ready":
+                break
+            time.sleep(0.05)
+        self.assertGreater(generation(admin), gen)
+        y = tensor(b, [1.0] * 4)
+        with self.assertRaises(regen.StaleGeneration):
+            b.comm_all_reduce(joined["c"], y.op, y.op)
+        uid = self.c.comm_unique_id()
+        again = {}
+        t = threading.Thread(target=lambda: again.setdefault("b", b.comm_init(uid, 1, 2)))
+        t.start()
+        a2 = self.c.comm_init(uid, 0, 2)
+        t.join(10 * TIME_SCALE)
+        z = tensor(self.c, [2.0] * 4)
+        w = tensor(b, [3.0] * 4)
+        t = threading.Thread(target=lambda: b.comm_all_reduce(again["b"], w.op, w.op))
+        t.start()
+        self.c.comm_all_reduce(a2, z.op, z.op)
+        t.join(10 * TIME_SCALE)
+        self.assertEqual((z.read(), w.read()), ([5.0] * 4, [5.0] * 4))
+        self.c.comm_destroy(a2)
+        b.comm_destroy(again["b"])
+        admin.close()
+        b.close()
+
+
+# How long each abort's end takes on the daemon of SlowAbortTest, and what
+# counts as "at once" beside it.
+SLOW_ABORT_S = 2.0 * TIME_SCALE
+PROMPT_S = 0.6 * TIME_SCALE
+
+
+class SlowAbortTest(unittest.TestCase):
+    """An abort whose end takes long (REGEN_HOST_COMM_ABORT_MS: as an
+    ncclCommAbort whose peer is gone may) holds nobody else up: the call in
+    flight, the peer, the Abort and Destroy calls, another communicator and
+    the device answer at once; only a lifecycle change waits for it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Regend(devices=1, env={"REGEN_HOST_COMM_ABORT_MS": str(int(SLOW_ABORT_S * 1000))})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def pair(self):
+        a, b = regen.Client(self.daemon.socket), regen.Client(self.daemon.socket)
+        uid = a.comm_unique_id()
+        joined = {}
+        t = threading.Thread(target=lambda: joined.setdefault("b", b.comm_init(uid, 1, 2)))
+        t.start()
+        ca = a.comm_init(uid, 0, 2)
+        t.join(10 * TIME_SCALE)
+        return a, b, ca, joined["b"]
+
+    def test_nothing_waits_behind_an_abort(self):
+        a, b, ca, cb = self.pair()
+        other = regen.Client(self.daemon.socket)
+        x = tensor(a, [1.0] * 8)
+        outcome = {}
+
+        def call():
+            try:
+                a.comm_all_reduce(ca, x.op, x.op)
+                outcome["r"] = "finished"
+            except regen.Error as e:
+                outcome["r"] = e
+            outcome["t"] = time.monotonic()
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        other.comm_abort(ca)
+        self.assertLess(time.monotonic() - t0, PROMPT_S, "Abort waited for the abort's end")
+        caller.join(10 * TIME_SCALE)
+        self.assertIsInstance(outcome.get("r"), regen.CommFailed)
+        self.assertEqual(outcome["r"].parameters["reason"], "aborted")
+        self.assertLess(outcome["t"] - t0, PROMPT_S, "the call in flight waited for the abort's end")
+        # The peer learns of it by name, at once.
+        y = tensor(b, [1.0] * 8)
+        t1 = time.monotonic()
+        with self.assertRaises(regen.CommFailed) as cm:
+            b.comm_all_reduce(cb, y.op, y.op)
+        self.assertIn("rank 0 was aborted", cm.exception.parameters["reason"])
+        # Another communicator, the device and the lifecycle's view: at once.
+        solo = other.comm_init(other.comm_unique_id(), 0, 1)
+        z = tensor(other, [2.0] * 8)
+        other.comm_all_reduce(solo, z.op, z.op)
+        self.assertEqual(z.read(), [2.0] * 8)
+        self.assertEqual(other.status()["devices"][0]["state"], "ready")
+        # Destroy frees the ids without waiting for the end either.
+        a.comm_destroy(ca)
+        b.comm_destroy(cb, abort=True)
+        other.comm_destroy(solo)
+        self.assertLess(time.monotonic() - t1, PROMPT_S, "a call waited for the abort's end")
+        with self.assertRaises(regen.NoSuchObject):
+            a.comm_abort(ca)
+        for c in (a, b, other):
+            c.close()
+
+    def test_a_restart_waits_for_the_aborts_in_progress(self):
+        a, b, ca, cb = self.pair()
+        gen = generation(a)
+        t0 = time.monotonic()
+        a.comm_destroy(ca, abort=True)
+        b.comm_destroy(cb, abort=True)
+        self.assertLess(time.monotonic() - t0, PROMPT_S)
+        admin = regen.Client(self.daemon.socket)
+        admin.restart(0, reason="test: aborts in progress")
+        # The release gave back what the aborts hold: it came after them.
+        self.assertGreaterEqual(time.monotonic() - t0, SLOW_ABORT_S * 0.9)
+        self.assertGreater(generation(admin), gen)
+        again = admin.comm_init(admin.comm_unique_id(), 0, 1)
+        admin.comm_destroy(again)
+        for c in (a, b, admin):
+            c.close()
+
+    def test_a_release_finalizes_and_a_restart_aborts(self):
+        # A healthy idle communicator: a Release finalizes it (no abort to
+        # wait for); a Restart, asked for when a rank failed, aborts it.
+        admin = regen.Client(self.daemon.socket)
+        admin.comm_init(admin.comm_unique_id(), 0, 1)
+        t0 = time.monotonic()
+        admin.release(0, reason="test: finalize")
+        self.assertLess(time.monotonic() - t0, PROMPT_S, "a Release aborted a healthy communicator")
+        admin.comm_init(admin.comm_unique_id(), 0, 1)
+        t0 = time.monotonic()
+        admin.restart(0, reason="test: abort")
+        self.assertGreaterEqual(time.monotonic() - t0, SLOW_ABORT_S * 0.9, "a Restart finalized its communicator")
+        admin.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -126,6 +126,9 @@ static void cuda_close(struct rd_device *dev)
 static int cuda_release(struct rd_device *dev, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
+#if REGEN_HAVE_NCCL
+	cuda_comm_quiesce(cd);
+#endif
 	if (cuda_bind(cd, err))
 		return -EIO;
 	cudaError_t e = cudaDeviceSynchronize();
@@ -217,6 +220,9 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 static int cuda_reset(struct rd_device *dev, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
+#if REGEN_HAVE_NCCL
+	cuda_comm_quiesce(cd);
+#endif
 	atomic_fetch_add(&cd->resets, 1);
 	/* The context check makes no CUDA call while the primary context is
 	 * thrown away and made again. */

@@ -2,25 +2,50 @@
  * in non-blocking mode (ncclCommInitRankConfig with blocking = 0) so that
  * nothing regend does waits on a peer without also watching for an abort.
  *
- * Who calls NCCL on a communicator, each under its lock (NCCL wants one
- * caller at a time), never holding it across a wait:
- * - the lane's launching thread: Init (then polls ncclCommGetAsyncError
- *   until the init is done), the collectives (enqueued on the lane's stream
- *   like a GEMM; their completion is the lane's event), Destroy's finalize;
- * - the abort: ncclCommAbort on a thread of its own, so the loop never
- *   waits for it, nor for a peer (NCCL stops the communicator's kernels);
- * - the watch: a thread per device that polls every live communicator's
- *   ncclCommGetAsyncError every COMM_WATCH_MS and aborts one that reports
- *   an error, so a peer's loss ends the calls in flight with CommFailed and
- *   NCCL's reason instead of a hang.
- * A registry release finalizes a healthy communicator (at most
- * COMM_FINALIZE_MS for its peers to finalize too, else it aborts) and
- * destroys it; an invalidate (a reset) aborts it, which NCCL documents as
- * safe when the context or the peers are gone. */
+ * NCCL wants one caller at a time on a communicator. Every call on nc is
+ * made under c->lock, and only calls that return at once in non-blocking
+ * mode are made there: the init, a collective's enqueue, ncclCommFinalize,
+ * ncclCommGetAsyncError, ncclGetLastError. The two that may take long,
+ * ncclCommAbort (it joins NCCL's threads; a peer or the device may be gone)
+ * and ncclCommDestroy, never run under a lock anyone else takes: a thread
+ * takes nc under the lock (c->nc = NULL, state ENDING), ends it outside,
+ * then publishes ENDED. Once nc is taken nobody else can reach it, and a
+ * thread that finds the communicator ENDING leaves it to the one ending it.
+ * Whether it is usable (`aborted`, `failed` and its reason) is read without
+ * any lock, by the loop (Status of a call, Attach, a completion) as by the
+ * lanes, so none of them waits behind another's NCCL call either.
+ *
+ * Who ends a communicator:
+ * - an abort (Abort, a deadline, a drain, a process gone, a failure a lane
+ *   or the watch found) marks it aborted (or failed, with NCCL's words)
+ *   and hands nc to an aborter thread of its own: the loop, a lane or the
+ *   watch never waits for ncclCommAbort;
+ * - Destroy's op on the caller's lane: finalize (polled, the lock taken
+ *   only to look), then ncclCommDestroy on the lane, outside the lock;
+ * - a registry release (a lifecycle change, CUDA usable): finalize bounded
+ *   by COMM_FINALIZE_MS, then destroy; a failed or aborted one is left to
+ *   its aborter;
+ * - a registry invalidate (a reset): ncclCommAbort at once, which NCCL
+ *   documents safe when the context or the peers are gone.
+ * The backend's release and reset then wait for every aborter still running
+ * (cuda_comm_quiesce): the context must not be reset under an
+ * ncclCommAbort, and a release gives back the memory the aborts free. That
+ * is the one wait for an abort, and only a lifecycle change makes it.
+ *
+ * The watch, a thread per device, polls every live communicator's
+ * ncclCommGetAsyncError every COMM_WATCH_MS (skipping one whose lock is
+ * busy) and aborts one that reports an error, so a peer's loss ends the
+ * calls in flight with CommFailed and NCCL's reason instead of a hang. It
+ * also joins the aborter threads that finished.
+ *
+ * A communicator is freed by the last of its holders: the core (from create
+ * to close) and its aborter while that runs; a close never waits for an
+ * abort either. */
 #include "regen-config.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,28 +59,50 @@
 #define COMM_WATCH_MS 10
 #define COMM_POLL_US 200
 #define COMM_FINALIZE_MS 2000
+/* Communicators the watch aborts in one pass; more wait for the next. */
+#define COMM_WATCH_BATCH 32
 
 _Static_assert(sizeof(ncclUniqueId) == RP_COMM_ID_SIZE, "a unique id is 128 bytes on the wire");
+
+/* Where nc is in its life. Changed under c->lock; read without it. */
+enum comm_state {
+	COMM_EMPTY,    /* no nc yet: its Init has not made it */
+	COMM_LIVE,     /* nc usable, under c->lock */
+	COMM_ENDING,   /* a thread took nc and aborts or destroys it, outside the lock */
+	COMM_ENDED,    /* nc aborted or destroyed (or never made) */
+};
 
 struct cuda_comm {
 	struct rd_comm base;
 	struct cuda_dev *cd;
-	pthread_mutex_t lock;          /* every NCCL call on nc */
-	ncclComm_t nc;                 /* NULL: not made yet, or aborted or destroyed */
-	atomic_bool aborted;
+	pthread_mutex_t lock;          /* nc, state changes, reason; NCCL calls that return at once */
+	ncclComm_t nc;                 /* COMM_LIVE only */
+	_Atomic int state;             /* enum comm_state */
+	atomic_uint refs;              /* the core's (create to close), a running aborter's */
+	atomic_bool aborted;           /* asked to stop */
+	atomic_bool abort_started;     /* an aborter was handed the communicator */
 	atomic_bool failed;            /* NCCL reported an error: reason says it */
-	char reason[256];              /* under lock */
-	bool abort_thread;             /* started; joined at close */
-	pthread_t aborter;
+	char reason[256];              /* written once, under lock, before failed is set */
 	struct cuda_comm *next;        /* the device's list, under comms->lock */
 };
 
-/* The device's communicators and their watch. */
+/* An aborter thread; joined by the watch or a quiesce once done. */
+struct aborter {
+	pthread_t thread;
+	struct cuda_comm *c;
+	struct cuda_comms *cs;
+	bool done;                     /* under cs->lock: the thread's last act */
+	struct aborter *next;
+};
+
+/* The device's communicators, their aborters and their watch. */
 struct cuda_comms {
 	pthread_mutex_t lock;
+	pthread_cond_t cond;           /* an aborter finished */
 	struct cuda_comm *head;
+	struct aborter *aborters;
 	pthread_t thread;
-	bool running, stop;
+	bool stop;
 };
 
 static struct cuda_comm *cc_of(struct rd_comm *c)
@@ -78,66 +125,206 @@ static void set_failed(struct cuda_comm *c, struct rp_error *err, const char *re
 			   id, c->base.rank, c->base.nranks, reason);
 }
 
-/* NCCL's words for a failure: the result and the last error it logged. */
-static void nccl_reason(struct cuda_comm *c, ncclResult_t r, const char *what)
-{
-	const char *last = ncclGetLastError(c->nc);
-
-	snprintf(c->reason, sizeof(c->reason), "%s: %s%s%s", what, ncclGetErrorString(r), last && *last ? ": " : "",
-		 last ? last : "");
-}
-
-/* With c->lock held: ends nc now. */
-static void abort_locked(struct cuda_comm *c)
-{
-	if (c->nc) {
-		ncclCommAbort(c->nc);
-		c->nc = NULL;
-	}
-}
-
-/* Why the communicator cannot be used, or NULL; with c->lock held. */
+/* Why the communicator cannot be used, or NULL. No lock: the reason never
+ * changes once `failed` is set. */
 static const char *broken(struct cuda_comm *c)
 {
-	if (atomic_load(&c->failed))
+	if (atomic_load_explicit(&c->failed, memory_order_acquire))
 		return c->reason;
 	if (atomic_load(&c->aborted))
 		return "aborted";
 	return NULL;
 }
 
-/* Polls a non-blocking operation to its end, the lock released between
- * looks so that an abort can get in. 0, or -EIO with c->reason set. */
-static int wait_done(struct cuda_comm *c, const char *what, uint64_t deadline_ns)
+/* With c->lock held: the first failure's words stay the reason. */
+static void fail_locked(struct cuda_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_locked(struct cuda_comm *c, const char *fmt, ...)
 {
+	va_list ap;
+
+	if (atomic_load(&c->failed))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
+	va_end(ap);
+	atomic_store_explicit(&c->failed, true, memory_order_release);
+}
+
+/* With c->lock held: NCCL's words for a failure, the result and the last
+ * error it logged. */
+static void fail_nccl_locked(struct cuda_comm *c, ncclResult_t r, const char *what)
+{
+	const char *last = ncclGetLastError(c->nc);
+
+	fail_locked(c, "%s: %s%s%s", what, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+}
+
+static void put(struct cuda_comm *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) == 1) {
+		pthread_mutex_destroy(&c->lock);
+		free(c);
+	}
+}
+
+/* Takes nc to end it outside the lock; false when there is none to take
+ * (never made: then it is ended now; or another thread has it). */
+static bool take(struct cuda_comm *c, ncclComm_t *nc)
+{
+	bool took = false;
+
+	pthread_mutex_lock(&c->lock);
+	switch (atomic_load(&c->state)) {
+	case COMM_EMPTY:
+		atomic_store(&c->state, COMM_ENDED);
+		break;
+	case COMM_LIVE:
+		*nc = c->nc;
+		c->nc = NULL;
+		atomic_store(&c->state, COMM_ENDING);
+		took = true;
+		break;
+	default:
+		break;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return took;
+}
+
+/* Ends nc now on this thread, holding no lock: ncclCommAbort, or
+ * ncclCommDestroy after a finalize that completed. Then publishes it. */
+static void end_now(struct cuda_comm *c, bool abort)
+{
+	ncclComm_t nc;
+
+	if (!take(c, &nc))
+		return;
+	if (abort)
+		ncclCommAbort(nc);
+	else
+		ncclCommDestroy(nc);
+	pthread_mutex_lock(&c->lock);
+	atomic_store(&c->state, COMM_ENDED);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void *aborter_main(void *arg)
+{
+	struct aborter *a = arg;
+	struct cuda_comms *cs = a->cs;
+
+	cudaSetDevice(a->c->cd->dev->index);
+	end_now(a->c, true);
+	put(a->c);
+	pthread_mutex_lock(&cs->lock);
+	a->done = true;
+	pthread_cond_broadcast(&cs->cond);
+	pthread_mutex_unlock(&cs->lock);
+	return NULL;
+}
+
+/* Marks the communicator aborted (every call from now on fails, without a
+ * lock) and hands it to an aborter thread, once. Any thread, no lock held;
+ * never waits for NCCL. */
+static void start_abort(struct cuda_comm *c)
+{
+	struct cuda_comms *cs = c->cd->comms;
+	struct aborter *a;
+
+	atomic_store(&c->aborted, true);
+	if (atomic_load(&c->state) == COMM_ENDED || atomic_exchange(&c->abort_started, true))
+		return;
+	atomic_fetch_add(&c->refs, 1);
+	a = calloc(1, sizeof(*a));
+	if (a) {
+		a->c = c;
+		a->cs = cs;
+		pthread_mutex_lock(&cs->lock);
+		if (pthread_create(&a->thread, NULL, aborter_main, a) == 0) {
+			a->next = cs->aborters;
+			cs->aborters = a;
+			pthread_mutex_unlock(&cs->lock);
+			return;
+		}
+		pthread_mutex_unlock(&cs->lock);
+		free(a);
+	}
+	/* No thread to be had (out of memory): this one aborts, still holding
+	 * no lock, so only the caller waits. */
+	cudaSetDevice(c->cd->dev->index);
+	end_now(c, true);
+	put(c);
+}
+
+/* Joins the aborters that finished (all of them when `all`, waiting for
+ * those still running). */
+static void reap(struct cuda_comms *cs, bool all)
+{
+	struct aborter *done = NULL;
+
+	pthread_mutex_lock(&cs->lock);
+	for (;;) {
+		bool running = false;
+
+		for (struct aborter **p = &cs->aborters; *p;) {
+			struct aborter *a = *p;
+
+			if (a->done) {
+				*p = a->next;
+				a->next = done;
+				done = a;
+			} else {
+				running = true;
+				p = &a->next;
+			}
+		}
+		if (!all || !running)
+			break;
+		pthread_cond_wait(&cs->cond, &cs->lock);
+	}
+	pthread_mutex_unlock(&cs->lock);
+	while (done) {
+		struct aborter *a = done;
+
+		done = a->next;
+		pthread_join(a->thread, NULL);
+		free(a);
+	}
+}
+
+/* Polls a non-blocking operation to its end, the lock taken only to look,
+ * so that an abort can get in. 0; or -EIO, the communicator failed (its
+ * reason set) or aborted, an abort under way. deadline_ms 0: none. */
+static int wait_done(struct cuda_comm *c, const char *what, unsigned deadline_ms)
+{
+	uint64_t deadline_ns = deadline_ms ? cuda_now_ns() + (uint64_t)deadline_ms * 1000000u : 0;
+
 	for (;;) {
 		ncclResult_t st = ncclInProgress;
 		ncclResult_t r;
+		bool bad;
 
 		pthread_mutex_lock(&c->lock);
-		if (broken(c) || !c->nc) {
+		if (broken(c) || atomic_load(&c->state) != COMM_LIVE) {
 			pthread_mutex_unlock(&c->lock);
+			start_abort(c);
 			return -EIO;
 		}
 		r = ncclCommGetAsyncError(c->nc, &st);
-		if (r != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
-			nccl_reason(c, r != ncclSuccess ? r : st, what);
-			atomic_store(&c->failed, true);
-			abort_locked(c);
-			pthread_mutex_unlock(&c->lock);
-			return -EIO;
+		bad = r != ncclSuccess || (st != ncclSuccess && st != ncclInProgress);
+		if (bad) {
+			fail_nccl_locked(c, r != ncclSuccess ? r : st, what);
+		} else if (st == ncclInProgress && deadline_ns && cuda_now_ns() > deadline_ns) {
+			fail_locked(c, "%s did not finish within %u ms", what, deadline_ms);
+			bad = true;
 		}
 		pthread_mutex_unlock(&c->lock);
-		if (st == ncclSuccess)
-			return 0;
-		if (deadline_ns && cuda_now_ns() > deadline_ns) {
-			pthread_mutex_lock(&c->lock);
-			snprintf(c->reason, sizeof(c->reason), "%s did not finish within %d ms", what, COMM_FINALIZE_MS);
-			atomic_store(&c->failed, true);
-			abort_locked(c);
-			pthread_mutex_unlock(&c->lock);
+		if (bad) {
+			start_abort(c);
 			return -EIO;
 		}
+		if (st == ncclSuccess)
+			return 0;
 		sleep_us(COMM_POLL_US);
 	}
 }
@@ -146,30 +333,39 @@ static int wait_done(struct cuda_comm *c, const char *what, uint64_t deadline_ns
 
 static void *watch_main(void *arg)
 {
-	struct cuda_dev *cd = arg;
-	struct cuda_comms *cs = cd->comms;
+	struct cuda_comms *cs = arg;
 
 	for (;;) {
+		struct cuda_comm *failing[COMM_WATCH_BATCH];
+		unsigned n = 0;
+
 		pthread_mutex_lock(&cs->lock);
 		if (cs->stop) {
 			pthread_mutex_unlock(&cs->lock);
 			return NULL;
 		}
-		for (struct cuda_comm *c = cs->head; c; c = c->next) {
+		for (struct cuda_comm *c = cs->head; c && n < COMM_WATCH_BATCH; c = c->next) {
 			ncclResult_t st = ncclSuccess;
 
-			/* Busy (an init, a finalize, an abort): look next time. */
+			/* Busy (an init, an enqueue, a finalize's poll): next time. */
 			if (pthread_mutex_trylock(&c->lock) != 0)
 				continue;
-			if (c->nc && !broken(c) && ncclCommGetAsyncError(c->nc, &st) == ncclSuccess && st != ncclSuccess &&
-			    st != ncclInProgress) {
-				nccl_reason(c, st, "asynchronous error");
-				atomic_store(&c->failed, true);
-				abort_locked(c);
+			if (atomic_load(&c->state) == COMM_LIVE && !broken(c) &&
+			    ncclCommGetAsyncError(c->nc, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
+				fail_nccl_locked(c, st, "asynchronous error");
+				/* Held past the list's lock: a close cannot free it. */
+				atomic_fetch_add(&c->refs, 1);
+				failing[n++] = c;
 			}
 			pthread_mutex_unlock(&c->lock);
 		}
 		pthread_mutex_unlock(&cs->lock);
+		/* Outside every lock: starting an aborter takes the list's. */
+		for (unsigned i = 0; i < n; i++) {
+			start_abort(failing[i]);
+			put(failing[i]);
+		}
+		reap(cs, false);
 		sleep_us(COMM_WATCH_MS * 1000);
 	}
 }
@@ -186,10 +382,23 @@ static int comms_get(struct cuda_dev *cd, struct rp_error *err)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&cs->lock, NULL);
+	pthread_cond_init(&cs->cond, NULL);
+	/* Without its watch a peer's loss would be a hang: no communicator. */
+	if (pthread_create(&cs->thread, NULL, watch_main, cs) != 0) {
+		pthread_cond_destroy(&cs->cond);
+		pthread_mutex_destroy(&cs->lock);
+		free(cs);
+		rp_err_out_of_memory(err, cd->dev->index, "no thread for the communicators' watch");
+		return -ENOMEM;
+	}
 	cd->comms = cs;
-	if (pthread_create(&cs->thread, NULL, watch_main, cd) == 0)
-		cs->running = true;
 	return 0;
+}
+
+void cuda_comm_quiesce(struct cuda_dev *cd)
+{
+	if (cd->comms)
+		reap(cd->comms, true);
 }
 
 void cuda_comm_finish(struct cuda_dev *cd)
@@ -198,11 +407,14 @@ void cuda_comm_finish(struct cuda_dev *cd)
 
 	if (!cs)
 		return;
+	reap(cs, true);
 	pthread_mutex_lock(&cs->lock);
 	cs->stop = true;
 	pthread_mutex_unlock(&cs->lock);
-	if (cs->running)
-		pthread_join(cs->thread, NULL);
+	pthread_join(cs->thread, NULL);
+	/* An aborter the watch's last pass started. */
+	reap(cs, true);
+	pthread_cond_destroy(&cs->cond);
 	pthread_mutex_destroy(&cs->lock);
 	free(cs);
 	cd->comms = NULL;
@@ -215,44 +427,41 @@ static int comm_res_init(struct rd_resource *res)
 	return 0;
 }
 
-/* CUDA usable, nothing in flight: finalize (peers too, bounded), destroy. */
+/* CUDA usable, nothing in flight: finalize (peers too, bounded), destroy.
+ * One that failed or was aborted is its aborter's to end. */
 static void comm_res_release(struct rd_resource *res)
 {
 	struct cuda_comm *c = (struct cuda_comm *)res;
 	ncclResult_t r;
 
 	pthread_mutex_lock(&c->lock);
-	if (!c->nc || broken(c)) {
-		abort_locked(c);
+	if (atomic_load(&c->state) != COMM_LIVE || broken(c)) {
 		pthread_mutex_unlock(&c->lock);
+		start_abort(c);
 		return;
 	}
 	cudaSetDevice(c->cd->dev->index);
 	r = ncclCommFinalize(c->nc);
+	if (r != ncclSuccess && r != ncclInProgress)
+		fail_nccl_locked(c, r, "ncclCommFinalize");
 	pthread_mutex_unlock(&c->lock);
-	if ((r != ncclSuccess && r != ncclInProgress) ||
-	    wait_done(c, "ncclCommFinalize", cuda_now_ns() + (uint64_t)COMM_FINALIZE_MS * 1000000u) < 0) {
-		pthread_mutex_lock(&c->lock);
-		abort_locked(c);
-		pthread_mutex_unlock(&c->lock);
+	if (r != ncclSuccess && r != ncclInProgress) {
+		start_abort(c);
 		return;
 	}
-	pthread_mutex_lock(&c->lock);
-	if (c->nc)
-		ncclCommDestroy(c->nc);
-	c->nc = NULL;
-	pthread_mutex_unlock(&c->lock);
+	if (wait_done(c, "ncclCommFinalize", COMM_FINALIZE_MS) == 0)
+		end_now(c, false);
 }
 
-/* The context is lost: ncclCommAbort is documented safe then. */
+/* The context is lost: ncclCommAbort is documented safe then. Here, not
+ * on an aborter: the reset must not go on under it; and nobody else waits,
+ * every call fails at `aborted` without the lock. */
 static void comm_res_invalidate(struct rd_resource *res)
 {
 	struct cuda_comm *c = (struct cuda_comm *)res;
 
 	atomic_store(&c->aborted, true);
-	pthread_mutex_lock(&c->lock);
-	abort_locked(c);
-	pthread_mutex_unlock(&c->lock);
+	end_now(c, true);
 }
 
 static const struct rd_resource_ops comm_ops = {
@@ -293,6 +502,8 @@ int cuda_comm_create(struct rd_device *dev, const unsigned char id[RP_COMM_ID_SI
 	c->base.rank = rank;
 	c->base.nranks = nranks;
 	pthread_mutex_init(&c->lock, NULL);
+	atomic_init(&c->state, COMM_EMPTY);
+	atomic_init(&c->refs, 1);
 	rd_resource_register(&dev->registry, &c->base.res, &comm_ops);
 	rd_resource_ensure_valid(&c->base.res);
 	pthread_mutex_lock(&cd->comms->lock);
@@ -303,46 +514,19 @@ int cuda_comm_create(struct rd_device *dev, const unsigned char id[RP_COMM_ID_SI
 	return 0;
 }
 
-static void *aborter_main(void *arg)
-{
-	struct cuda_comm *c = arg;
-
-	cudaSetDevice(c->cd->dev->index);
-	pthread_mutex_lock(&c->lock);
-	abort_locked(c);
-	pthread_mutex_unlock(&c->lock);
-	return NULL;
-}
-
 void cuda_comm_abort(struct rd_comm *comm, const char *why)
 {
-	struct cuda_comm *c = cc_of(comm);
-
-	if (atomic_exchange(&c->aborted, true) || c->abort_thread)
-		return;
-	/* Its own thread: ncclCommAbort joins NCCL's threads and may take a
-	 * while; a lane polling an init or a finalize sees `aborted` first. */
-	if (pthread_create(&c->aborter, NULL, aborter_main, c) == 0) {
-		c->abort_thread = true;
-	} else {
-		pthread_mutex_lock(&c->lock);
-		abort_locked(c);
-		pthread_mutex_unlock(&c->lock);
-	}
+	start_abort(cc_of(comm));
 }
 
 int cuda_comm_status(struct rd_comm *comm, struct rp_error *err)
 {
 	struct cuda_comm *c = cc_of(comm);
-	char reason[sizeof(c->reason)] = "";
+	const char *why = broken(c);
 
-	pthread_mutex_lock(&c->lock);
-	if (broken(c))
-		snprintf(reason, sizeof(reason), "%s", broken(c));
-	pthread_mutex_unlock(&c->lock);
-	if (!reason[0])
+	if (!why)
 		return 0;
-	set_failed(c, err, reason);
+	set_failed(c, err, why);
 	return -EIO;
 }
 
@@ -362,14 +546,12 @@ void cuda_comm_close(struct rd_comm *comm)
 		}
 	}
 	pthread_mutex_unlock(&cs->lock);
-	if (c->abort_thread)
-		pthread_join(c->aborter, NULL);
+	/* Released (a lifecycle change finalizes a healthy one) if still
+	 * valid; anything left of it goes to an aborter, and the last holder
+	 * frees it. */
 	rd_resource_unregister(&c->base.res);
-	pthread_mutex_lock(&c->lock);
-	abort_locked(c);
-	pthread_mutex_unlock(&c->lock);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
+	start_abort(c);
+	put(c);
 }
 
 /* ---- Work on a lane ---- */
@@ -378,32 +560,29 @@ static int init(struct cuda_comm *c, struct rd_op *op)
 {
 	const struct rp_comm_call *call = &op->compute.comm;
 	ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+	ncclComm_t nc = NULL;
 	ncclUniqueId u;
 	ncclResult_t r;
 
 	config.blocking = 0;
 	memcpy(u.internal, call->unique_id, RP_COMM_ID_SIZE);
 	pthread_mutex_lock(&c->lock);
-	if (broken(c)) {
+	if (broken(c) || atomic_load(&c->state) != COMM_EMPTY) {
 		pthread_mutex_unlock(&c->lock);
-		set_failed(c, &op->err, "aborted");
-		return -EIO;
-	}
-	r = ncclCommInitRankConfig(&c->nc, (int)call->nranks, u, (int)call->rank, &config);
-	if (r != ncclSuccess && r != ncclInProgress) {
-		nccl_reason(c, r, "ncclCommInitRankConfig");
-		atomic_store(&c->failed, true);
-		abort_locked(c);
-	}
-	pthread_mutex_unlock(&c->lock);
-	if (r != ncclSuccess && r != ncclInProgress) {
-		set_failed(c, &op->err, c->reason);
-		return -EIO;
-	}
-	if (wait_done(c, "ncclCommInitRankConfig", 0) < 0) {
-		pthread_mutex_lock(&c->lock);
 		set_failed(c, &op->err, broken(c) ? broken(c) : "aborted");
-		pthread_mutex_unlock(&c->lock);
+		return -EIO;
+	}
+	r = ncclCommInitRankConfig(&nc, (int)call->nranks, u, (int)call->rank, &config);
+	if (nc) {
+		c->nc = nc;
+		atomic_store(&c->state, COMM_LIVE);
+	}
+	if (r != ncclSuccess && r != ncclInProgress)
+		fail_nccl_locked(c, r, "ncclCommInitRankConfig");
+	pthread_mutex_unlock(&c->lock);
+	if ((r != ncclSuccess && r != ncclInProgress) || wait_done(c, "ncclCommInitRankConfig", 0) < 0) {
+		start_abort(c);
+		set_failed(c, &op->err, broken(c) ? broken(c) : "aborted");
 		return -EIO;
 	}
 	return 0;
@@ -434,12 +613,9 @@ static int collective(struct cuda_comm *c, struct cuda_lane *l, struct rd_op *op
 	ncclResult_t r;
 
 	pthread_mutex_lock(&c->lock);
-	if (broken(c) || !c->nc) {
-		char reason[sizeof(c->reason)];
-
-		snprintf(reason, sizeof(reason), "%s", broken(c) ? broken(c) : "aborted");
+	if (broken(c) || atomic_load(&c->state) != COMM_LIVE) {
 		pthread_mutex_unlock(&c->lock);
-		set_failed(c, &op->err, reason);
+		set_failed(c, &op->err, broken(c) ? broken(c) : "aborted");
 		return -EIO;
 	}
 	switch (cp->comm.kind) {
@@ -456,48 +632,41 @@ static int collective(struct cuda_comm *c, struct cuda_lane *l, struct rd_op *op
 		r = ncclBroadcast(send, recv, n, dt, (int)cp->comm.root, c->nc, l->stream);
 		break;
 	}
-	if (r != ncclSuccess && r != ncclInProgress) {
-		nccl_reason(c, r, what);
-		atomic_store(&c->failed, true);
-		abort_locked(c);
-	}
+	if (r != ncclSuccess && r != ncclInProgress)
+		fail_nccl_locked(c, r, what);
 	pthread_mutex_unlock(&c->lock);
 	/* Enqueued once the communicator's state leaves ncclInProgress; the
 	 * work itself completes on the stream, as a GEMM's. */
 	if ((r != ncclSuccess && r != ncclInProgress) || (r == ncclInProgress && wait_done(c, what, 0) < 0)) {
-		pthread_mutex_lock(&c->lock);
+		start_abort(c);
 		set_failed(c, &op->err, broken(c) ? broken(c) : "aborted");
-		pthread_mutex_unlock(&c->lock);
 		return -EIO;
 	}
 	return 0;
 }
 
+/* Destroy's op: finalize (the peers finalize too; the core's deadline for
+ * Destroy aborts a finalize whose peers never come, which ends the wait),
+ * then ncclCommDestroy here, on the caller's lane and outside the lock. */
 static int destroy(struct cuda_comm *c, struct rd_op *op)
 {
 	ncclResult_t r;
 
 	pthread_mutex_lock(&c->lock);
-	if (broken(c) || !c->nc) {
-		abort_locked(c);
+	if (broken(c) || atomic_load(&c->state) != COMM_LIVE) {
 		pthread_mutex_unlock(&c->lock);
+		start_abort(c);
 		return 0;
 	}
 	r = ncclCommFinalize(c->nc);
+	if (r != ncclSuccess && r != ncclInProgress)
+		fail_nccl_locked(c, r, "ncclCommFinalize");
 	pthread_mutex_unlock(&c->lock);
-	/* The core's deadline for Destroy aborts a finalize whose peers never
-	 * come, which ends this wait. */
 	if ((r != ncclSuccess && r != ncclInProgress) || wait_done(c, "ncclCommFinalize", 0) < 0) {
-		pthread_mutex_lock(&c->lock);
-		abort_locked(c);
-		pthread_mutex_unlock(&c->lock);
+		start_abort(c);
 		return 0;
 	}
-	pthread_mutex_lock(&c->lock);
-	if (c->nc)
-		ncclCommDestroy(c->nc);
-	c->nc = NULL;
-	pthread_mutex_unlock(&c->lock);
+	end_now(c, false);
 	return 0;
 }
 
@@ -518,16 +687,12 @@ int cuda_comm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 void cuda_comm_completed(struct rd_op *op)
 {
 	struct cuda_comm *c = cc_of(op->comm);
-	char reason[sizeof(c->reason)] = "";
+	const char *why;
 
 	if (op->err.name || op->compute.comm.kind == RP_COMM_DESTROY)
 		return;
 	/* The stream finished, but an abort or a peer's loss cut the
 	 * collective short: its output is not to be trusted. */
-	pthread_mutex_lock(&c->lock);
-	if (broken(c))
-		snprintf(reason, sizeof(reason), "%s", broken(c));
-	pthread_mutex_unlock(&c->lock);
-	if (reason[0])
-		set_failed(c, &op->err, reason);
+	if ((why = broken(c)))
+		set_failed(c, &op->err, why);
 }

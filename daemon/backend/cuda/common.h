@@ -327,7 +327,12 @@ int cuda_comm_enqueue(struct cuda_lane *lane, struct rd_op *op);
 /* After the lane saw the op's work complete: a communicator aborted or
  * failed meanwhile makes it CommFailed. */
 void cuda_comm_completed(struct rd_op *op);
-/* Stops the watch (close: every communicator is gone). */
+/* Waits for every abort still running on an aborter thread: a release
+ * and a reset call it first (the context must not be reset under an
+ * ncclCommAbort; a release gives back what the aborts free). */
+void cuda_comm_quiesce(struct cuda_dev *cd);
+/* Waits for the aborts, then stops the watch (close: every communicator
+ * is gone). */
 void cuda_comm_finish(struct cuda_dev *cd);
 
 /* ---- attention.c: forward and backward, through cuDNN ---------------------- */

@@ -65,10 +65,12 @@ static void host_close(struct rd_device *dev)
 {
 	host_health_finish(dev);
 	rd_registry_release(&dev->registry);
+	host_comm_quiesce();
 }
 
 static int host_release(struct rd_device *dev, struct rp_error *err)
 {
+	host_comm_quiesce();
 	return rd_resource_ensure_valid(&hd(dev)->context);
 }
 
@@ -92,6 +94,7 @@ static int canary(void)
 
 static int host_reset(struct rd_device *dev, struct rp_error *err)
 {
+	host_comm_quiesce();
 	atomic_store(&hd(dev)->lost, false);
 	atomic_store(&hd(dev)->lost_reported, false);
 	if (rd_resource_ensure_valid(&hd(dev)->context) < 0 || canary() < 0) {

@@ -15,7 +15,19 @@
  * the others wait for the round to complete. An abort, a rank that leaves
  * or a failure wakes every waiter with the group's reason: a peer's loss
  * is a named error, not a hang. Sums accumulate in double in rank order and
- * round once. */
+ * round once.
+ *
+ * A rank's life is the CUDA backend's state machine (cuda/comm.c), so that
+ * its rules are tested here: EMPTY until its Init joins, LIVE in its group,
+ * ENDING while one thread takes it out of the group holding no lock others
+ * take (the host's "ncclCommAbort" or "ncclCommDestroy"), ENDED. An abort
+ * marks it at once (every later call, its calls in flight and its peers
+ * fail with the reason, read without a lock) and hands the end to an
+ * aborter thread; the loop and the lanes never wait for it; a reset ends it
+ * inline; the backend's release and reset wait for the aborters still
+ * running. REGEN_HOST_COMM_ABORT_MS (a test knob) makes each abort's end
+ * take that long, as an ncclCommAbort whose peer is gone may, so that tests
+ * can show that nothing else waits behind it. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -24,11 +36,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include "daemon/backend/host/common.h"
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
 #include "proto/comm.h"
 #include "proto/errors.h"
+
+/* The longest REGEN_HOST_COMM_ABORT_MS taken. */
+#define ABORT_MS_MAX 60000
 
 struct host_comm;
 
@@ -54,24 +70,58 @@ struct host_group {
 	struct host_group *next;
 };
 
+/* As cuda/comm.c's. */
+enum comm_state { COMM_EMPTY, COMM_LIVE, COMM_ENDING, COMM_ENDED };
+
 struct host_comm {
 	struct rd_comm base;
 	struct host_group *group;     /* under groups_lock; set once joined */
+	_Atomic int state;            /* enum comm_state; changed under groups_lock */
+	atomic_uint refs;             /* the core's (create to close), a running aborter's */
 	atomic_bool aborted;
-	bool left;
+	atomic_bool abort_started;
+	atomic_bool failed;           /* its group failed: reason says why */
+	char reason[200];             /* written once, under the group's lock, before failed is set */
 	uint64_t rounds;              /* this rank's collectives begun */
-	char why[96];                 /* the abort's */
+	char why[96];                 /* the abort's, under groups_lock */
 };
 
-/* Every group of this worker; lock order: groups_lock, then a group's. */
+/* An aborter thread; joined once done by the next start or a quiesce. */
+struct aborter {
+	pthread_t thread;
+	struct host_comm *hc;
+	bool done;                    /* under groups_lock */
+	struct aborter *next;
+};
+
+/* Every group and aborter of this worker; lock order: groups_lock, then a
+ * group's. */
 static pthread_mutex_t groups_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t aborter_done = PTHREAD_COND_INITIALIZER;
 static struct host_group *groups;
+static struct aborter *aborters;
 
 static struct host_comm *hc_of(struct rd_comm *c)
 {
 	return (struct host_comm *)c;
 }
 
+static unsigned abort_ms(void)
+{
+	/* Aborters read it at once: atomic, each would store the same. */
+	static _Atomic int ms = -1;
+
+	if (atomic_load(&ms) < 0) {
+		const char *env = getenv("REGEN_HOST_COMM_ABORT_MS");
+		long v = env ? strtol(env, NULL, 10) : 0;
+
+		atomic_store(&ms, v < 0 ? 0 : v > ABORT_MS_MAX ? ABORT_MS_MAX : (int)v);
+	}
+	return (unsigned)atomic_load(&ms);
+}
+
+/* With the group's lock held: the group fails, and so does every member
+ * still in it (its reason is read without a lock from then on). */
 static void fail_group(struct host_group *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail_group(struct host_group *g, const char *fmt, ...)
 {
@@ -82,6 +132,14 @@ static void fail_group(struct host_group *g, const char *fmt, ...)
 		vsnprintf(g->reason, sizeof(g->reason), fmt, ap);
 		va_end(ap);
 		g->failed = true;
+		for (uint32_t k = 0; k < g->nranks; k++) {
+			struct host_comm *m = g->members[k];
+
+			if (m && !atomic_load(&m->failed)) {
+				snprintf(m->reason, sizeof(m->reason), "%s", g->reason);
+				atomic_store_explicit(&m->failed, true, memory_order_release);
+			}
+		}
 	}
 	pthread_cond_broadcast(&g->cond);
 }
@@ -94,14 +152,14 @@ static void set_failed(struct host_comm *hc, struct rp_error *err, const char *r
 			   id, hc->base.rank, hc->base.nranks, reason);
 }
 
-/* With the group's lock held (or none joined): why this rank cannot go on,
- * or NULL. */
-static const char *broken(struct host_comm *hc, struct host_group *g)
+/* Why this rank cannot go on, or NULL. No lock: the reason never changes
+ * once `failed` is set. */
+static const char *broken(struct host_comm *hc)
 {
 	if (atomic_load(&hc->aborted))
 		return "aborted";
-	if (g && g->failed)
-		return g->reason;
+	if (atomic_load_explicit(&hc->failed, memory_order_acquire))
+		return hc->reason;
 	return NULL;
 }
 
@@ -114,37 +172,197 @@ static void group_free(struct host_group *g)
 	free(g);
 }
 
-/* Leaves the group (a finalize, an abort's end, a close): peers still in
- * it fail their later collectives instead of waiting for this rank. */
+/* Drops one of the group's references (a member's, or a call's waiting
+ * in it); the last frees it. No lock held. */
+static void group_put(struct host_group *g)
+{
+	bool last;
+
+	pthread_mutex_lock(&groups_lock);
+	pthread_mutex_lock(&g->lock);
+	last = --g->refs == 0;
+	pthread_mutex_unlock(&g->lock);
+	if (last) {
+		for (struct host_group **p = &groups; *p; p = &(*p)->next) {
+			if (*p == g) {
+				*p = g->next;
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&groups_lock);
+	if (last)
+		group_free(g);
+}
+
+/* Takes the rank out of its group (the host's finalize, abort or close):
+ * peers still in it fail their later collectives instead of waiting for
+ * it. Only the thread that took it (ENDING) calls this; a call of this
+ * rank still waiting in the group holds a reference of its own. */
 static void leave(struct host_comm *hc, const char *why)
 {
 	struct host_group *g;
 
 	pthread_mutex_lock(&groups_lock);
 	g = hc->group;
-	if (!g || hc->left) {
-		hc->left = true;
-		pthread_mutex_unlock(&groups_lock);
-		return;
-	}
-	hc->left = true;
-	pthread_mutex_lock(&g->lock);
-	g->members[hc->base.rank] = NULL;
-	if (--g->refs) {
-		fail_group(g, "rank %u %s", hc->base.rank, why);
+	if (g) {
+		pthread_mutex_lock(&g->lock);
+		g->members[hc->base.rank] = NULL;
+		if (g->refs > 1)
+			fail_group(g, "rank %u %s", hc->base.rank, why);
 		pthread_mutex_unlock(&g->lock);
-		pthread_mutex_unlock(&groups_lock);
-		return;
-	}
-	pthread_mutex_unlock(&g->lock);
-	for (struct host_group **p = &groups; *p; p = &(*p)->next) {
-		if (*p == g) {
-			*p = g->next;
-			break;
-		}
 	}
 	pthread_mutex_unlock(&groups_lock);
-	group_free(g);
+	if (g)
+		group_put(g);
+}
+
+static void put(struct host_comm *hc)
+{
+	if (atomic_fetch_sub(&hc->refs, 1) == 1)
+		free(hc);
+}
+
+/* LIVE -> ENDING: this thread ends it (true). EMPTY -> ENDED: nothing to
+ * end. Another thread's, or ended: false. */
+static bool take(struct host_comm *hc)
+{
+	bool took = false;
+
+	pthread_mutex_lock(&groups_lock);
+	switch (atomic_load(&hc->state)) {
+	case COMM_EMPTY:
+		atomic_store(&hc->state, COMM_ENDED);
+		break;
+	case COMM_LIVE:
+		atomic_store(&hc->state, COMM_ENDING);
+		took = true;
+		break;
+	default:
+		break;
+	}
+	pthread_mutex_unlock(&groups_lock);
+	return took;
+}
+
+/* Ends the rank on this thread, holding no lock while it takes long (an
+ * abort's REGEN_HOST_COMM_ABORT_MS), then publishes it. */
+static void end_now(struct host_comm *hc, bool abort)
+{
+	char why[sizeof(hc->why) + 32];
+
+	if (!take(hc))
+		return;
+	if (abort && abort_ms()) {
+		struct timespec ts = { abort_ms() / 1000, (long)(abort_ms() % 1000) * 1000000 };
+
+		nanosleep(&ts, NULL);
+	}
+	pthread_mutex_lock(&groups_lock);
+	if (abort)
+		snprintf(why, sizeof(why), "was aborted (%s)", hc->why[0] ? hc->why : "aborted");
+	else
+		snprintf(why, sizeof(why), "destroyed its communicator");
+	pthread_mutex_unlock(&groups_lock);
+	leave(hc, why);
+	pthread_mutex_lock(&groups_lock);
+	atomic_store(&hc->state, COMM_ENDED);
+	pthread_mutex_unlock(&groups_lock);
+}
+
+static void *aborter_main(void *arg)
+{
+	struct aborter *a = arg;
+
+	end_now(a->hc, true);
+	put(a->hc);
+	pthread_mutex_lock(&groups_lock);
+	a->done = true;
+	pthread_cond_broadcast(&aborter_done);
+	pthread_mutex_unlock(&groups_lock);
+	return NULL;
+}
+
+/* Joins the aborters that finished (all of them when `all`, waiting for
+ * those still running). No lock held. */
+static void reap(bool all)
+{
+	struct aborter *done = NULL;
+
+	pthread_mutex_lock(&groups_lock);
+	for (;;) {
+		bool running = false;
+
+		for (struct aborter **p = &aborters; *p;) {
+			struct aborter *a = *p;
+
+			if (a->done) {
+				*p = a->next;
+				a->next = done;
+				done = a;
+			} else {
+				running = true;
+				p = &a->next;
+			}
+		}
+		if (!all || !running)
+			break;
+		pthread_cond_wait(&aborter_done, &groups_lock);
+	}
+	pthread_mutex_unlock(&groups_lock);
+	while (done) {
+		struct aborter *a = done;
+
+		done = a->next;
+		pthread_join(a->thread, NULL);
+		free(a);
+	}
+}
+
+/* Marks the rank aborted and fails its group (its calls in flight and its
+ * peers' wake with the reason now), then hands its end to an aborter
+ * thread, once. Any thread, no lock held; never waits for the end. */
+static void start_abort(struct host_comm *hc, const char *why)
+{
+	struct host_group *g;
+	struct aborter *a;
+
+	pthread_mutex_lock(&groups_lock);
+	if (!atomic_load(&hc->aborted))
+		snprintf(hc->why, sizeof(hc->why), "%s", why);
+	atomic_store(&hc->aborted, true);
+	g = atomic_load(&hc->state) == COMM_LIVE ? hc->group : NULL;
+	if (g) {
+		pthread_mutex_lock(&g->lock);
+		fail_group(g, "rank %u was aborted (%s)", hc->base.rank, hc->why);
+		pthread_mutex_unlock(&g->lock);
+	}
+	pthread_mutex_unlock(&groups_lock);
+	if (atomic_load(&hc->state) == COMM_ENDED || atomic_exchange(&hc->abort_started, true))
+		return;
+	reap(false);
+	atomic_fetch_add(&hc->refs, 1);
+	a = calloc(1, sizeof(*a));
+	if (a) {
+		a->hc = hc;
+		pthread_mutex_lock(&groups_lock);
+		if (pthread_create(&a->thread, NULL, aborter_main, a) == 0) {
+			a->next = aborters;
+			aborters = a;
+			pthread_mutex_unlock(&groups_lock);
+			return;
+		}
+		pthread_mutex_unlock(&groups_lock);
+		free(a);
+	}
+	/* No thread to be had: this one ends it, holding no lock. */
+	end_now(hc, true);
+	put(hc);
+}
+
+void host_comm_quiesce(void)
+{
+	reap(true);
 }
 
 /* ---- The resource ---- */
@@ -154,19 +372,36 @@ static int comm_res_init(struct rd_resource *res)
 	return 0;
 }
 
-/* CUDA usable (a release, a close): a host "finalize" is local. */
+/* CUDA usable (a release, a close): a host "finalize" is local. One that
+ * was aborted is its aborter's to end. */
 static void comm_res_release(struct rd_resource *res)
-{
-	leave((struct host_comm *)res, "destroyed its communicator");
-}
-
-/* The context is lost (a reset): abort. */
-static void comm_res_invalidate(struct rd_resource *res)
 {
 	struct host_comm *hc = (struct host_comm *)res;
 
+	if (atomic_load(&hc->aborted))
+		start_abort(hc, "released");
+	else
+		end_now(hc, false);
+}
+
+/* The context is lost (a reset): abort, here (the reset waits for it). */
+static void comm_res_invalidate(struct rd_resource *res)
+{
+	struct host_comm *hc = (struct host_comm *)res;
+	struct host_group *g;
+
+	pthread_mutex_lock(&groups_lock);
+	if (!atomic_load(&hc->aborted))
+		snprintf(hc->why, sizeof(hc->why), "a reset of its device");
 	atomic_store(&hc->aborted, true);
-	leave(hc, "was aborted by a reset of its device");
+	g = atomic_load(&hc->state) == COMM_LIVE ? hc->group : NULL;
+	if (g) {
+		pthread_mutex_lock(&g->lock);
+		fail_group(g, "rank %u was aborted by a reset of its device", hc->base.rank);
+		pthread_mutex_unlock(&g->lock);
+	}
+	pthread_mutex_unlock(&groups_lock);
+	end_now(hc, true);
 }
 
 static const struct rd_resource_ops comm_ops = {
@@ -196,6 +431,8 @@ int host_comm_create(struct rd_device *dev, const unsigned char id[RP_COMM_ID_SI
 	hc->base.device = dev;
 	hc->base.rank = rank;
 	hc->base.nranks = nranks;
+	atomic_init(&hc->state, COMM_EMPTY);
+	atomic_init(&hc->refs, 1);
 	rd_resource_register(&dev->registry, &hc->base.res, &comm_ops);
 	rd_resource_ensure_valid(&hc->base.res);
 	*out = &hc->base;
@@ -204,44 +441,20 @@ int host_comm_create(struct rd_device *dev, const unsigned char id[RP_COMM_ID_SI
 
 void host_comm_abort(struct rd_comm *comm, const char *why)
 {
-	struct host_comm *hc = hc_of(comm);
-	struct host_group *g;
-
-	pthread_mutex_lock(&groups_lock);
-	if (!atomic_load(&hc->aborted))
-		snprintf(hc->why, sizeof(hc->why), "%s", why);
-	atomic_store(&hc->aborted, true);
-	g = hc->left ? NULL : hc->group;
-	if (g) {
-		pthread_mutex_lock(&g->lock);
-		fail_group(g, "rank %u was aborted (%s)", comm->rank, why);
-		pthread_mutex_unlock(&g->lock);
-	}
-	pthread_mutex_unlock(&groups_lock);
+	start_abort(hc_of(comm), why);
 }
 
 int host_comm_status(struct rd_comm *comm, struct rp_error *err)
 {
 	struct host_comm *hc = hc_of(comm);
-	struct host_group *g;
-	char reason[sizeof(g->reason)] = "";
+	const char *why = broken(hc);
+	int state = atomic_load(&hc->state);
 
-	pthread_mutex_lock(&groups_lock);
-	g = hc->left ? NULL : hc->group;
-	if (atomic_load(&hc->aborted)) {
-		snprintf(reason, sizeof(reason), "aborted");
-	} else if (g) {
-		pthread_mutex_lock(&g->lock);
-		if (g->failed)
-			snprintf(reason, sizeof(reason), "%s", g->reason);
-		pthread_mutex_unlock(&g->lock);
-	} else if (hc->left) {
-		snprintf(reason, sizeof(reason), "destroyed");
-	}
-	pthread_mutex_unlock(&groups_lock);
-	if (!reason[0])
+	if (!why && (state == COMM_ENDING || state == COMM_ENDED))
+		why = "destroyed";
+	if (!why)
 		return 0;
-	set_failed(hc, err, reason);
+	set_failed(hc, err, why);
 	return -EIO;
 }
 
@@ -249,10 +462,12 @@ void host_comm_close(struct rd_comm *comm)
 {
 	if (!comm)
 		return;
-	/* Releases (leaves the group) when still valid. */
+	/* Released (left) when still valid; anything left of it goes to an
+	 * aborter, and the last holder frees it. */
 	rd_resource_unregister(&comm->res);
-	leave(hc_of(comm), "closed its communicator");
-	free(hc_of(comm));
+	if (atomic_load(&hc_of(comm)->state) != COMM_ENDED)
+		start_abort(hc_of(comm), "closed its communicator");
+	put(hc_of(comm));
 }
 
 /* ---- Work on a lane ---- */
@@ -289,7 +504,7 @@ static void join(struct host_comm *hc, struct rd_op *op)
 	char reason[200];
 
 	pthread_mutex_lock(&groups_lock);
-	if (atomic_load(&hc->aborted)) {
+	if (atomic_load(&hc->aborted) || atomic_load(&hc->state) != COMM_EMPTY) {
 		pthread_mutex_unlock(&groups_lock);
 		set_failed(hc, &op->err, "aborted");
 		return;
@@ -319,17 +534,19 @@ static void join(struct host_comm *hc, struct rd_op *op)
 		return;
 	}
 	g->members[cc->rank] = hc;
-	g->refs++;
+	g->refs += 2;                 /* the member's, and this wait's */
 	g->joined++;
 	hc->group = g;
+	atomic_store(&hc->state, COMM_LIVE);
 	pthread_cond_broadcast(&g->cond);
 	pthread_mutex_unlock(&groups_lock);
-	while (g->joined < g->nranks && !broken(hc, g))
+	while (g->joined < g->nranks && !broken(hc))
 		pthread_cond_wait(&g->cond, &g->lock);
-	why = g->joined < g->nranks || atomic_load(&hc->aborted) ? broken(hc, g) : NULL;
+	why = g->joined < g->nranks || atomic_load(&hc->aborted) ? broken(hc) : NULL;
 	if (why)
 		snprintf(reason, sizeof(reason), "%s", why);
 	pthread_mutex_unlock(&g->lock);
+	group_put(g);
 	if (why)
 		set_failed(hc, &op->err, reason);
 }
@@ -485,17 +702,25 @@ static void collective(struct host_comm *hc, struct rd_op *op)
 	char reason[200];
 	uint64_t round;
 
+	/* The call holds the group while it waits in it: an aborter may take
+	 * this rank out of it meanwhile. */
 	pthread_mutex_lock(&groups_lock);
-	g = hc->left ? NULL : hc->group;
+	g = atomic_load(&hc->state) == COMM_LIVE ? hc->group : NULL;
+	if (g) {
+		pthread_mutex_lock(&g->lock);
+		g->refs++;
+		pthread_mutex_unlock(&g->lock);
+	}
 	pthread_mutex_unlock(&groups_lock);
 	if (!g) {
-		set_failed(hc, &op->err, atomic_load(&hc->aborted) ? "aborted" : "destroyed");
+		set_failed(hc, &op->err, broken(hc) ? broken(hc) : "destroyed");
 		return;
 	}
 	pthread_mutex_lock(&g->lock);
-	if ((why = broken(hc, g))) {
+	if ((why = broken(hc))) {
 		snprintf(reason, sizeof(reason), "%s", why);
 		pthread_mutex_unlock(&g->lock);
+		group_put(g);
 		set_failed(hc, &op->err, reason);
 		return;
 	}
@@ -507,12 +732,13 @@ static void collective(struct host_comm *hc, struct rd_op *op)
 	};
 	if (++g->arrived == g->nranks)
 		complete_round(hc, g, op);
-	while (g->rounds == round && !broken(hc, g))
+	while (g->rounds == round && !broken(hc))
 		pthread_cond_wait(&g->cond, &g->lock);
-	why = g->rounds > round ? NULL : broken(hc, g);
+	why = g->rounds > round ? NULL : broken(hc);
 	if (why)
 		snprintf(reason, sizeof(reason), "%s", why);
 	pthread_mutex_unlock(&g->lock);
+	group_put(g);
 	if (why)
 		set_failed(hc, &op->err, reason);
 }
@@ -526,7 +752,12 @@ void host_comm_run(struct rd_op *op)
 		join(hc, op);
 		break;
 	case RP_COMM_DESTROY:
-		leave(hc, "destroyed its communicator");
+		/* Healthy: "finalize" here, on the caller's lane; else its
+		 * aborter ends it. */
+		if (broken(hc))
+			start_abort(hc, "destroyed");
+		else
+			end_now(hc, false);
 		break;
 	default:
 		collective(hc, op);

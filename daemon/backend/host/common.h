@@ -51,6 +51,9 @@ int host_comm_status(struct rd_comm *comm, struct rp_error *err);
 void host_comm_close(struct rd_comm *comm);
 /* Init, Destroy or a collective, on the lane's thread: may wait for peers. */
 void host_comm_run(struct rd_op *op);
+/* Waits for every abort still running on an aborter thread (release,
+ * reset, close). */
+void host_comm_quiesce(void);
 
 /* health.c */
 void host_health_init(struct rd_device *dev);
