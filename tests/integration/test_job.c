@@ -133,6 +133,8 @@ int main(void)
 	ASSERT(field_of(entry, "sessions") == 1 && field_of(entry, "buffers") == 1, "late on device 1: %s", entry);
 	tl_log("regen_client_set_job: refused jobs change nothing; a job moves open connections and names new ones");
 
+	tl_buffer_free(&b2);
+	tl_buffer_free(&b);
 	regen_client_destroy(c);
 	return 0;
 }
