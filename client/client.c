@@ -92,8 +92,35 @@ int rc_malformed_reply(regen_client *c, const char *method, struct rp_error *err
 	return -EPROTO;
 }
 
+/* Says the client's job on a connection just opened: nothing when it has
+ * none, or regend knows no SetJob (an older one: the job is metadata, not
+ * worth failing for). */
+static int state_job(regen_client *c, struct rc_conn *conn, int64_t deadline)
+{
+	cJSON *params;
+	int r;
+
+	if (c->job[0] == '\0' || c->job_unsupported) {
+		return 0;
+	}
+	params = cJSON_CreateObject();
+	if (params == NULL || cJSON_AddStringToObject(params, "job", c->job) == NULL) {
+		cJSON_Delete(params);
+		return -ENOMEM;
+	}
+	r = rc_exchange(c, conn, "io.regen.SetJob", params, NULL, 0, deadline, NULL);
+	cJSON_Delete(params);
+	if (r == -EREMOTE && strcmp(c->err_name, REGEN_ERROR_METHOD_NOT_FOUND) == 0) {
+		c->job_unsupported = true;
+		rc_clear_error(c);
+		r = 0;
+	}
+	return r;
+}
+
 REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **out)
 {
+	const char *job = getenv("REGEN_JOB");
 	regen_client *c;
 	int i, r;
 
@@ -106,6 +133,10 @@ REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **ou
 	}
 	if (socket_path == NULL || socket_path[0] == '\0') {
 		socket_path = REGEN_DEFAULT_SOCKET;
+	}
+	/* A job regend would refuse fails here, before any connection. */
+	if (job != NULL && job[0] != '\0' && rp_job_check(job, NULL) < 0) {
+		return -EINVAL;
 	}
 	c = calloc(1, sizeof(*c));
 	if (c == NULL) {
@@ -122,9 +153,14 @@ REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **ou
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
 	c->timeout_s = DEFAULT_TIMEOUT_S;
 	c->transport = rc_transport_from_env();
+	snprintf(c->job, sizeof(c->job), "%s", job != NULL ? job : "");
 	/* The first connection is tried once: a daemon that is not there is
 	 * reported at once, not waited for. */
 	r = rc_conn_open(&c->main, c->socket_path, rc_deadline(c->timeout_s), false);
+	if (r == 0) {
+		r = state_job(c, &c->main, rc_deadline(c->timeout_s));
+		r = r == -EREMOTE ? -EINVAL : r;
+	}
 	if (r < 0) {
 		goto fail;
 	}
@@ -181,6 +217,56 @@ REGEN_EXPORT void regen_client_set_timeout(regen_client *c, double seconds)
 	}
 }
 
+REGEN_EXPORT int regen_client_set_job(regen_client *c, const char *job)
+{
+	cJSON *params;
+	int d, r;
+
+	if (c == NULL) {
+		return -EINVAL;
+	}
+	if (job == NULL) {
+		job = "";
+	}
+	params = cJSON_CreateObject();
+	if (params == NULL || (job[0] != '\0' && cJSON_AddStringToObject(params, "job", job) == NULL)) {
+		cJSON_Delete(params);
+		return -ENOMEM;
+	}
+	/* regend judges the job (the same rule as rp_job_check), on the main
+	 * connection first: a job it refuses changes nothing. */
+	r = rc_call(c, -1, "io.regen.SetJob", params, NULL, 0, NULL);
+	c->job_unsupported = false;
+	if (r == -EREMOTE && strcmp(c->err_name, REGEN_ERROR_METHOD_NOT_FOUND) == 0) {
+		/* An older regend: as at connect, no job is stated. */
+		c->job_unsupported = true;
+		rc_clear_error(c);
+		r = 0;
+	}
+	if (r < 0) {
+		cJSON_Delete(params);
+		return r;
+	}
+	snprintf(c->job, sizeof(c->job), "%s", job);
+	/* Each open worker connection is told after the answers it owes; one
+	 * that broke states the job when it is opened again. */
+	for (d = 0; d < REGEN_DEVICES_MAX; d++) {
+		struct rc_conn *w = &c->worker[d];
+
+		if (rc_conn_is_open(w) && rc_lane_settle(c, d) == 0 && rc_conn_is_open(w)) {
+			rc_exchange(c, w, "io.regen.SetJob", params, NULL, 0, rc_deadline(c->timeout_s), NULL);
+		}
+	}
+	rc_clear_error(c);
+	cJSON_Delete(params);
+	return 0;
+}
+
+REGEN_EXPORT const char *regen_client_job(const regen_client *c)
+{
+	return c != NULL ? c->job : NULL;
+}
+
 REGEN_EXPORT const char *regen_client_socket_path(const regen_client *c)
 {
 	return c != NULL ? c->socket_path : NULL;
@@ -188,11 +274,14 @@ REGEN_EXPORT const char *regen_client_socket_path(const regen_client *c)
 
 static int ensure_main(regen_client *c, int64_t deadline)
 {
+	int r;
+
 	if (rc_conn_is_open(&c->main) && !rc_conn_peer_gone(&c->main)) {
 		return 0;
 	}
 	/* The daemon may be restarting: wait for it until the deadline. */
-	return rc_conn_open(&c->main, c->socket_path, deadline, true);
+	r = rc_conn_open(&c->main, c->socket_path, deadline, true);
+	return r < 0 ? r : state_job(c, &c->main, deadline);
 }
 
 /* Where the worker socket `reported` (Status's path, in regend's view of
@@ -262,6 +351,9 @@ int rc_ensure_worker(regen_client *c, int device, int64_t deadline)
 		}
 		if (path[0] != '\0') {
 			r = rc_conn_open(w, path, deadline, false);
+			if (r == 0) {
+				return state_job(c, w, deadline);
+			}
 			if (!rc_conn_retryable(r)) {
 				return r;
 			}

@@ -7,6 +7,7 @@
 #include "include/regen.h"
 #include "conn.h"
 #include "proto/ids.h"
+#include "proto/job.h"
 #include "proto/message.h"
 
 struct rc_object;
@@ -40,6 +41,10 @@ struct regen_client {
 	uint64_t known_generation[REGEN_DEVICES_MAX];
 	struct rc_object *objects;        /* open buffers, events and communicators, so destroy can detach them */
 	enum regen_transport transport;   /* REGEN_TRANSPORT, regen_client_set_transport */
+	/* The job it states on every connection it opens (io.regen.SetJob):
+	 * $REGEN_JOB, regen_client_set_job; "" none. */
+	char job[RP_JOB_MAX + 1];
+	bool job_unsupported;             /* regend knows no SetJob: states none */
 	struct rc_lane lanes[REGEN_DEVICES_MAX];
 };
 

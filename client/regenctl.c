@@ -17,6 +17,7 @@
 #include "client/ctl/call.h"
 #include "client/ctl/metrics.h"
 #include "client/ctl/targets.h"
+#include "proto/job.h"
 
 enum {
 	EXIT_OK = 0,
@@ -147,7 +148,8 @@ static void usage(FILE *f)
 	char head[96];
 	size_t i;
 
-	fprintf(f, "Usage: regenctl [--socket PATH] [--json] COMMAND [OPTIONS] [--timeout S]\n\nCommands:\n");
+	fprintf(f, "Usage: regenctl [--socket PATH] [--json] [--as-job JOB] COMMAND [OPTIONS] [--timeout S]\n\n"
+		"Commands:\n");
 	for (i = 0; i < NCOMMANDS; i++) {
 		const struct command *cmd = &commands[i];
 
@@ -171,6 +173,9 @@ static void usage(FILE *f)
 		"Options:\n"
 		"  --socket PATH   regend's socket (default $REGEN_SOCKET, else %s)\n"
 		"  --json          machine-readable output: one JSON object per line\n"
+		"  --as-job JOB    the job regenctl works for, in its own words (default $REGEN_JOB):\n"
+		"                  named in lifecycle reasons, Status and the log where regenctl's\n"
+		"                  cgroup names no job; 1-64 of A-Z a-z 0-9 . _ - : / @ + =\n"
 		"  --wait          after the command, wait until every targeted device is ready\n"
 		"                  in a newer generation; print the generation(s) and the time taken\n"
 		"  --timeout S     give up after S seconds (default 60; watch: no limit)\n"
@@ -1267,9 +1272,11 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 
 int main(int argc, char **argv)
 {
-	enum { LONG_SOCKET = 1 << 16, LONG_JSON, LONG_TIMEOUT, LONG_VERSION };	/* above every OPT_* */
+	/* Above every OPT_*. */
+	enum { LONG_SOCKET = 1 << 16, LONG_JSON, LONG_TIMEOUT, LONG_VERSION, LONG_AS_JOB };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, LONG_SOCKET },
+		{ "as-job", required_argument, NULL, LONG_AS_JOB },
 		{ "json", no_argument, NULL, LONG_JSON },
 		{ "timeout", required_argument, NULL, LONG_TIMEOUT },
 		{ "device", required_argument, NULL, OPT_DEVICE },
@@ -1290,6 +1297,8 @@ int main(int argc, char **argv)
 	const char *positional[4];
 	int npos = 0, opt, r, rc;
 	regen_client *c = NULL;
+	const char *as_job = NULL, *job;
+	struct rp_error jerr = { 0 };
 	char *end;
 
 	opterr = 0;
@@ -1300,6 +1309,9 @@ int main(int argc, char **argv)
 			break;
 		case LONG_JSON:
 			o.json = true;
+			break;
+		case LONG_AS_JOB:
+			as_job = optarg;
 			break;
 		case LONG_TIMEOUT:
 			errno = 0;
@@ -1347,6 +1359,19 @@ int main(int argc, char **argv)
 	}
 	if (cmd->run == NULL) {
 		return cmd_call(&o);
+	}
+	/* libregen states $REGEN_JOB on every connection (and refuses to
+	 * connect with one regend would refuse): --as-job goes there too, and
+	 * either is checked here, where a bad one can be named. */
+	if (as_job != NULL && setenv("REGEN_JOB", as_job, 1) < 0) {
+		return usage_error("--as-job: %s", strerror(errno));
+	}
+	job = getenv("REGEN_JOB");
+	if (job != NULL && job[0] != '\0' && rp_job_check(job, &jerr) < 0) {
+		rc = usage_error("%s: %s", as_job != NULL ? "--as-job" : "REGEN_JOB",
+				 cJSON_GetStringValue(cJSON_GetObjectItem(jerr.params, "message")));
+		rp_error_clear(&jerr);
+		return rc;
 	}
 
 	r = regen_client_connect(o.socket, &c);

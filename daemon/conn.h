@@ -11,6 +11,7 @@
 #include <uv.h>
 #include "daemon/peer.h"
 #include "proto/frame.h"
+#include "proto/job.h"
 #include "proto/message.h"
 
 struct rd_conn;
@@ -50,6 +51,7 @@ struct rd_conn {
 	struct rp_rx rx;
 	struct rp_tx tx;
 	struct rd_peer peer;           /* as the kernel said at connect time */
+	char job[RP_JOB_MAX + 1];      /* the client's own word (io.regen.SetJob, daemon/job.h); "" none */
 	bool admin;
 	bool closed;
 	bool reading, writing;

@@ -233,6 +233,95 @@ static cJSON *counters_encode(const struct rp_device_counters *c)
 	return o;
 }
 
+cJSON *rp_device_jobs_encode(const struct rp_device_job *jobs, size_t n)
+{
+	cJSON *a = cJSON_CreateArray();
+
+	for (size_t i = 0; a && i < n; i++) {
+		const struct rp_device_job *j = &jobs[i];
+		const struct { const char *name; uint64_t v; } counts[] = {
+			{ "sessions", j->sessions }, { "buffers", j->buffers }, { "buffer_bytes", j->buffer_bytes },
+			{ "events", j->events }, { "in_flight", j->in_flight }, { "calls", j->calls },
+			{ "call_errors", j->call_errors },
+		};
+		const char *source = rp_job_source_name(j->source);
+		cJSON *o = cJSON_CreateObject();
+		bool ok;
+
+		if (o == NULL || !cJSON_AddItemToArray(a, o)) {
+			cJSON_Delete(o);
+			goto fail;
+		}
+		/* The array holds o from here. */
+		ok = source && cJSON_AddStringToObject(o, "job", or_empty(j->job)) &&
+		     cJSON_AddStringToObject(o, "source", source);
+		for (size_t k = 0; ok && k < sizeof(counts) / sizeof(counts[0]); k++)
+			ok = cJSON_AddNumberToObject(o, counts[k].name, (double)counts[k].v) != NULL;
+		if (!ok)
+			goto fail;
+	}
+	return a;
+fail:
+	cJSON_Delete(a);
+	return NULL;
+}
+
+static int job_decode(const cJSON *o, size_t i, struct rp_device_job *j, struct rp_error *err)
+{
+	const struct { const char *name; uint64_t *v; } counts[] = {
+		{ "sessions", &j->sessions }, { "buffers", &j->buffers }, { "buffer_bytes", &j->buffer_bytes },
+		{ "events", &j->events }, { "in_flight", &j->in_flight }, { "calls", &j->calls },
+		{ "call_errors", &j->call_errors },
+	};
+	const cJSON *source = cJSON_GetObjectItemCaseSensitive(o, "source");
+	char prefix[40];
+	int s;
+
+	snprintf(prefix, sizeof(prefix), "jobs[%zu].", i);
+	if (!cJSON_IsObject(o)) {
+		snprintf(prefix, sizeof(prefix), "jobs[%zu]", i);
+		return rp_error_invalid_parameter(err, prefix);
+	}
+	if (get_string(o, prefix, "job", &j->job, err) < 0)
+		return -EINVAL;
+	if (strlen(j->job) > RP_JOB_MAX)
+		return refuse(err, prefix, "job");
+	s = cJSON_IsString(source) ? rp_job_source_from_name(source->valuestring) : -1;
+	if (s < 0)
+		return refuse(err, prefix, "source");
+	j->source = (enum rp_job_source)s;
+	for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+		if (get_uint(o, prefix, counts[k].name, UINT64_MAX, counts[k].v, err) < 0)
+			return -EINVAL;
+	return 0;
+}
+
+int rp_device_jobs_decode(const cJSON *array, size_t max, struct rp_device_job **out, size_t *n, struct rp_error *err)
+{
+	const cJSON *o;
+	size_t count, i = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (!cJSON_IsArray(array) || (count = (size_t)cJSON_GetArraySize(array)) > max)
+		return rp_error_invalid_parameter(err, "jobs");
+	if (count == 0)
+		return 0;
+	*out = calloc(count, sizeof(**out));
+	if (*out == NULL)
+		return -ENOMEM;
+	cJSON_ArrayForEach(o, array) {
+		if (job_decode(o, i, &(*out)[i], err) < 0) {
+			free(*out);
+			*out = NULL;
+			return -EINVAL;
+		}
+		i++;
+	}
+	*n = count;
+	return 0;
+}
+
 static cJSON *device_info_encode(const struct rp_device_info *d)
 {
 	const char *state = rp_state_name(d->state);
@@ -271,6 +360,14 @@ static cJSON *device_info_encode(const struct rp_device_info *d)
 		cJSON *c = counters_encode(&d->counters);
 		if (c == NULL || !cJSON_AddItemToObject(o, "counters", c)) {
 			cJSON_Delete(c);
+			cJSON_Delete(o);
+			return NULL;
+		}
+	}
+	if (d->has_jobs) {
+		cJSON *j = rp_device_jobs_encode(d->jobs, d->njobs);
+		if (j == NULL || !cJSON_AddItemToObject(o, "jobs", j)) {
+			cJSON_Delete(j);
 			cJSON_Delete(o);
 			return NULL;
 		}

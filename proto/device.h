@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cjson/cJSON.h>
+#include "job.h"
 #include "message.h"
 
 #define RP_DEVICE_STATUS      "io.regen.Device.Status"
@@ -80,6 +81,14 @@ struct rp_device_counters {
 	uint64_t in_flight, buffers, events, connections;   /* the worker's now */
 };
 
+/* io.regen.Device.Job: one job's use of a device's worker now. */
+struct rp_device_job {
+	const char *job;                /* "" for sources none and other */
+	enum rp_job_source source;
+	uint64_t sessions, buffers, buffer_bytes, events, in_flight;   /* now */
+	uint64_t calls, call_errors;    /* while the job was listed */
+};
+
 /* io.regen.Device.DeviceInfo. For the encoder a NULL string is "". */
 struct rp_device_info {
 	uint32_t index;
@@ -97,6 +106,9 @@ struct rp_device_info {
 	struct rp_device_sharing sharing;
 	bool has_counters;              /* optional on the wire; the decoder leaves it out */
 	struct rp_device_counters counters;
+	bool has_jobs;                  /* optional on the wire; the decoder leaves it out */
+	const struct rp_device_job *jobs;
+	size_t njobs;
 };
 
 /* The reply of Status, Generation, Release, Reset and Restart: the node
@@ -116,6 +128,13 @@ int rp_device_health_decode(const cJSON *o, struct rp_device_health *out, struct
 /* One Sharing object, as DeviceInfo and io.regen.Worker carry it. */
 cJSON *rp_device_sharing_encode(const struct rp_device_sharing *sharing);
 int rp_device_sharing_decode(const cJSON *o, struct rp_device_sharing *out, struct rp_error *err);
+/* An array of Job, as DeviceInfo and io.regen.Worker.Stats carry it. */
+cJSON *rp_device_jobs_encode(const struct rp_device_job *jobs, size_t n);
+/* At most `max` entries, each checked (a job at most RP_JOB_MAX bytes);
+ * *out is malloc'ed (free(); NULL for an empty array) and its strings
+ * point into `array`. On failure *out is NULL and *n 0. */
+int rp_device_jobs_decode(const cJSON *array, size_t max, struct rp_device_job **out, size_t *n,
+			  struct rp_error *err);
 
 cJSON *rp_status_encode(const struct rp_status *status);
 /* On success out->devices is malloc'ed (rp_status_finish frees it); on

@@ -59,6 +59,39 @@ static void per_device(FILE *f, const cJSON *devices, const char *name, const ch
 	}
 }
 
+/* One sample per job of each device (DeviceInfo.jobs), labelled with the
+ * job and where it comes from. The label is client_job, not job: job is
+ * the label Prometheus gives every series of a scrape (the scrape job's
+ * name), and a series' own would be renamed exported_job. A job is any
+ * string an older or another regend may send: label_value escapes it. */
+static void per_job(FILE *f, const cJSON *devices, const char *name, const char *type, const char *help,
+		    const char *key)
+{
+	const cJSON *d, *j;
+	bool any = false;
+
+	cJSON_ArrayForEach(d, devices) {
+		const cJSON *index = field(d, "index");
+
+		if (!cJSON_IsNumber(index))
+			continue;
+		cJSON_ArrayForEach(j, field(d, "jobs")) {
+			const cJSON *v = field(j, key);
+
+			if (!cJSON_IsNumber(v))
+				continue;
+			if (!any)
+				header(f, name, type, help);
+			any = true;
+			fprintf(f, "%s{device=\"%d\",client_job=\"", name, (int)index->valuedouble);
+			label_value(f, cJSON_GetStringValue(field(j, "job")));
+			fputs("\",job_source=\"", f);
+			label_value(f, cJSON_GetStringValue(field(j, "source")));
+			fprintf(f, "\"} %.17g\n", v->valuedouble);
+		}
+	}
+}
+
 void ctl_metrics_write(FILE *f, const cJSON *status)
 {
 	const cJSON *devices = field(status, "devices"), *epoch = field(status, "epoch"), *d;
@@ -134,4 +167,19 @@ void ctl_metrics_write(FILE *f, const cJSON *status)
 	per_device(f, devices, "regen_device_events", "gauge", "Events imported now.", "counters", "events", 1);
 	per_device(f, devices, "regen_device_connections", "gauge", "Client connections to the worker.", "counters",
 		   "connections", 1);
+	/* Per job: bounded by the jobs with a live connection or import (a
+	 * worker tells at most 64 apart; the rest are job_source "other"). */
+	per_job(f, devices, "regen_job_sessions", "gauge",
+		"Connections of the job's clients to the device's worker (the jobs attached to it).", "sessions");
+	per_job(f, devices, "regen_job_buffers", "gauge", "Buffers the job's clients imported, now (live imports).",
+		"buffers");
+	per_job(f, devices, "regen_job_buffer_bytes", "gauge", "Bytes of the buffers the job's clients imported, now.",
+		"buffer_bytes");
+	per_job(f, devices, "regen_job_events", "gauge", "Events the job's clients imported, now.", "events");
+	per_job(f, devices, "regen_job_calls_in_flight", "gauge", "The job's compute calls in flight.", "in_flight");
+	per_job(f, devices, "regen_job_calls_total", "counter",
+		"The job's compute calls finished since it was last seen on the device.", "calls");
+	per_job(f, devices, "regen_job_call_errors_total", "counter",
+		"The job's compute calls that failed or passed their deadline, since it was last seen on the device.",
+		"call_errors");
 }

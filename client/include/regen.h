@@ -56,6 +56,7 @@ extern "C" {
 #define REGEN_ERROR_COMM_FAILED              "io.regen.CommFailed"
 #define REGEN_ERROR_COMM_TIMEOUT             "io.regen.CommTimeout"
 #define REGEN_ERROR_COMM_IN_FLIGHT           "io.regen.CommInFlight"
+#define REGEN_ERROR_INVALID_JOB              "io.regen.InvalidJob"
 #define REGEN_ERROR_INTERFACE_NOT_FOUND      "org.varlink.service.InterfaceNotFound"
 #define REGEN_ERROR_METHOD_NOT_FOUND         "org.varlink.service.MethodNotFound"
 #define REGEN_ERROR_METHOD_NOT_IMPLEMENTED   "org.varlink.service.MethodNotImplemented"
@@ -78,7 +79,9 @@ typedef struct regen_watcher regen_watcher;
 
 enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16 };
 
-/* socket_path NULL: $REGEN_SOCKET, else the built-in default. */
+/* socket_path NULL: $REGEN_SOCKET, else the built-in default. When
+ * $REGEN_JOB is set, the client states it as its job (regen_client_set_job);
+ * a $REGEN_JOB that regend would refuse fails the connect with -EINVAL. */
 REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **out);
 /* Closes the connections; buffers and events still open are closed by
  * regend when it sees the connection go, and only freed by their close
@@ -95,6 +98,18 @@ REGEN_EXPORT const char *regen_client_socket_path(const regen_client *c);
 /* Seconds a call may take before it fails with -ETIMEDOUT (default 60;
  * 0 = forever). */
 REGEN_EXPORT void regen_client_set_timeout(regen_client *c, double seconds);
+/* The job this client works for, in its own words (io.regen.SetJob): 1 to
+ * 64 bytes of A-Z a-z 0-9 and . _ - : / @ + =, the first a letter or a
+ * digit. Stated at once on the main connection, then on every connection
+ * the client has or opens; job NULL or "" stops stating one. regend names
+ * the client's work by it in Status, metrics, lifecycle reasons and logs
+ * where the client's cgroup names no job (the cgroup's wins; both are
+ * shown where they differ), and never grants anything for it. A job regend
+ * refuses: -EREMOTE with REGEN_ERROR_INVALID_JOB, and the client keeps the
+ * job it had. A regend without SetJob: a job is not stated (no error). */
+REGEN_EXPORT int regen_client_set_job(regen_client *c, const char *job);
+/* The job the client states; "" for none. */
+REGEN_EXPORT const char *regen_client_job(const regen_client *c);
 
 struct regen_info {
 	char vendor[64];

@@ -24,10 +24,12 @@ enum rd_buffer_kind { RD_BUFFER_HOST_FD = 0, RD_BUFFER_CUDA_IPC, RD_BUFFER_CUDA_
  * apart by id.kind): its owner, its place in the id table, and the calls
  * in flight that use it (a close waits for them). Backends leave it alone. */
 struct rd_client;
+struct rd_usage;
 
 struct rd_object {
 	struct rp_id id;
 	struct rd_client *owner;        /* the process that imported it; NULL once closed */
+	struct rd_usage *usage;         /* the job it counts in (worker/usage.h); NULL: none */
 	struct rd_object *next_in_table;
 	unsigned core_refs;
 	bool closing;

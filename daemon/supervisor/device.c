@@ -31,7 +31,7 @@ enum op_step {
 struct rd_sv_op {
 	enum rd_sv_verb verb;
 	enum op_step step;
-	char reason[128];
+	char reason[RD_SV_REASON_MAX];
 	unsigned deadline_ms;
 	void *request;        /* the client's, handed back through request_finished; NULL for a fault's Reset */
 	struct rd_sv_op *next;
@@ -94,6 +94,48 @@ static uint64_t count_of(const cJSON *params, const char *name, uint64_t had)
 	return cJSON_IsNumber(v) && v->valuedouble >= 0 ? (uint64_t)v->valuedouble : had;
 }
 
+/* The most Job entries the supervisor takes from a worker: its own limit,
+ * none and other (daemon/worker/usage.h), with room to spare. */
+#define JOBS_MAX 128
+
+static void clear_jobs(struct rd_sv_device *d)
+{
+	free(d->jobs);
+	cJSON_Delete(d->jobs_json);
+	d->jobs = NULL;
+	d->jobs_json = NULL;
+	d->njobs = 0;
+}
+
+/* A worker's jobs (absent: it sent none; malformed: what it said before
+ * stays, and the log says why). */
+static void take_jobs(struct rd_sv_device *d, const cJSON *jobs)
+{
+	struct rp_error err = { 0 };
+	struct rp_device_job *decoded;
+	cJSON *copy;
+	size_t n;
+
+	if (!jobs)
+		return;
+	copy = cJSON_Duplicate(jobs, true);
+	if (!copy)
+		return;
+	if (rp_device_jobs_decode(copy, JOBS_MAX, &decoded, &n, &err) < 0) {
+		const char *bad = err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "parameter")) : NULL;
+
+		rd_warn("supervisor", d->index, d->generation, 0, "worker %d sent jobs Status cannot use: %s",
+			d->worker.pid, bad ? bad : "out of memory");
+		rp_error_clear(&err);
+		cJSON_Delete(copy);
+		return;
+	}
+	clear_jobs(d);
+	d->jobs_json = copy;
+	d->jobs = decoded;
+	d->njobs = n;
+}
+
 static void take_memory(struct rd_sv_device *d, const cJSON *params)
 {
 	struct rp_device_counters *w = &d->worker_counts;
@@ -108,6 +150,7 @@ static void take_memory(struct rd_sv_device *d, const cJSON *params)
 	w->calls = count_of(params, "calls", w->calls);
 	w->call_errors = count_of(params, "call_errors", w->call_errors);
 	w->call_us = count_of(params, "call_us", w->call_us);
+	take_jobs(d, cJSON_GetObjectItemCaseSensitive(params, "jobs"));
 }
 
 /* The worker is gone: what it counted stays in the device's totals, what
@@ -118,6 +161,7 @@ static void fold_worker_counts(struct rd_sv_device *d)
 	d->counters.call_errors += d->worker_counts.call_errors;
 	d->counters.call_us += d->worker_counts.call_us;
 	memset(&d->worker_counts, 0, sizeof(d->worker_counts));
+	clear_jobs(d);
 }
 
 /* A worker's io.regen.Device.Health (NULL: it sent none). */
@@ -889,6 +933,9 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 			.events = d->worker_counts.events,
 			.connections = d->worker_counts.connections,
 		},
+		.has_jobs = true,
+		.jobs = d->jobs,
+		.njobs = d->njobs,
 		.health = {
 			.source = d->health.source,
 			.detail = d->health.detail,

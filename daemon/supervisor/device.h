@@ -33,6 +33,10 @@
 #include "proto/device.h"
 #include "daemon/supervisor/worker_process.h"
 
+/* The longest reason a device keeps: a verb, the caller's pid and job (its
+ * cgroup's and the one it stated) and the words it gave. */
+#define RD_SV_REASON_MAX 320
+
 enum rd_sv_verb { RD_SV_RELEASE, RD_SV_RESET, RD_SV_RESTART, RD_SV_DETACH, RD_SV_ATTACH };
 
 const char *rd_sv_verb_name(enum rd_sv_verb verb);
@@ -91,7 +95,7 @@ struct rd_sv_device {
 	int index;
 	uint64_t generation;           /* starts at 1, up by one per release, reset and respawn */
 	enum rp_state state;
-	char reason[192];              /* why the device is in its state */
+	char reason[RD_SV_REASON_MAX]; /* why the device is in its state */
 	char backend[16];
 	char worker_socket[108];
 	struct rd_sv_worker worker;
@@ -113,6 +117,12 @@ struct rd_sv_device {
 	 * goes) plus the current one's as its last Stats said. */
 	struct rp_device_counters counters;
 	struct rp_device_counters worker_counts;
+	/* io.regen.Device.Job: what each job uses of the current worker, as
+	 * its last Stats said (the strings point into jobs_json, a copy of
+	 * that array). Gone with the worker. */
+	cJSON *jobs_json;
+	struct rp_device_job *jobs;
+	size_t njobs;
 	/* While detached: the worker socket's path, where every call gets
 	 * io.regen.Detached, and its connections. */
 	struct rd_listener detached_listener;

@@ -1,6 +1,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/supervisor/methods.h"
 #include "proto/errors.h"
@@ -275,7 +276,7 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 	struct request *req;
 	const char *reason = NULL;
 	uint64_t deadline;
-	char reason_buf[128];
+	char reason_buf[RD_SV_REASON_MAX], job[2 * RP_JOB_MAX + 16];
 	bool want[RD_DEVICES_MAX];
 	int n, first = -1;
 
@@ -298,10 +299,12 @@ static void lifecycle_method(struct rd_call *call, enum rd_sv_verb verb)
 		rd_call_fail(call, &err);
 		return;
 	}
-	/* The job comes from the caller's cgroup, never from its words. */
+	/* The job from the caller's cgroup, and its own words beside it
+	 * (marked "stated") where they differ. */
+	rd_job_describe(call->conn, job, sizeof(job));
 	snprintf(reason_buf, sizeof(reason_buf), "%s by pid %d%s%s%s%s%s", rd_sv_verb_name(verb),
-		 (int)call->conn->peer.pid, call->conn->peer.job[0] ? " (" : "", call->conn->peer.job,
-		 call->conn->peer.job[0] ? ")" : "", reason ? ": " : "", reason ? reason : "");
+		 (int)call->conn->peer.pid, job[0] ? " (" : "", job, job[0] ? ")" : "", reason ? ": " : "",
+		 reason ? reason : "");
 	req = calloc(1, sizeof(*req));
 	if (!req) {
 		rp_error_set(&err, RP_ERR_OUT_OF_MEMORY, "no memory for the request");
@@ -407,6 +410,19 @@ static void method_inject_fault(struct rd_call *call)
 	}
 }
 
+/* ---- SetJob ---- */
+
+static void method_set_job(struct rd_call *call)
+{
+	/* The call is gone once answered: the connection is not. */
+	struct rd_conn *conn = call->conn;
+	char job[2 * RP_JOB_MAX + 16];
+
+	if (rd_job_set(call) == 0)
+		rd_debug("conn", -1, 0, conn->peer.pid, "job %s",
+			 rd_job_describe(conn, job, sizeof(job))[0] ? job : "none");
+}
+
 /* Memory and Compute belong on the worker's socket: say where. */
 static void method_wrong_endpoint(struct rd_call *call)
 {
@@ -424,6 +440,7 @@ static void method_wrong_endpoint(struct rd_call *call)
 }
 
 static const struct rd_method main_methods[] = {
+	{ "io.regen.SetJob", method_set_job },
 	{ "io.regen.Device.Status", method_status },
 	{ "io.regen.Device.Generation", method_generation },
 	{ "io.regen.Device.Watch", method_watch, false, true },

@@ -1,4 +1,5 @@
 #include "daemon/dispatch.h"
+#include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/supervisor/methods.h"
 #include "daemon/supervisor/session.h"
@@ -50,6 +51,7 @@ void rd_sv_session_accept(int fd, void *data)
 	struct rd_supervisor *sv = data;
 	struct rd_conn *conn;
 	unsigned same_uid = 0;
+	char job[2 * RP_JOB_MAX + 16];
 
 	if (rd_conn_new(sv->loop, fd, &session_ops, sv, &conn) < 0)
 		return;
@@ -65,7 +67,8 @@ void rd_sv_session_accept(int fd, void *data)
 		return;
 	}
 	rd_debug("conn", -1, 0, conn->peer.pid, "client connected (uid %u%s%s%s)", (unsigned)conn->peer.uid,
-		 conn->admin ? ", admin" : "", conn->peer.job[0] ? ", " : "", conn->peer.job);
+		 conn->admin ? ", admin" : "", conn->peer.job[0] ? ", " : "",
+		 rd_job_describe(conn, job, sizeof(job)));
 }
 
 void rd_sv_sessions_readmit(struct rd_supervisor *sv)

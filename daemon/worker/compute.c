@@ -44,6 +44,10 @@ void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
 	w->calls_done++;
 	w->calls_failed += failed;
 	w->calls_us += cc->op.elapsed_us;
+	if (cc->session && cc->session->usage) {
+		cc->session->usage->calls++;
+		cc->session->usage->call_errors += failed;
+	}
 }
 
 /* On the loop thread, once the backend finished the op. A call answered

@@ -216,6 +216,7 @@ static void ctl_stats(struct rd_call *call)
 	cJSON_AddNumberToObject(reply, "buffers", w->objects.count[RD_OBJECT_BUFFER]);
 	cJSON_AddNumberToObject(reply, "events", w->objects.count[RD_OBJECT_EVENT]);
 	cJSON_AddNumberToObject(reply, "connections", w->nsessions);
+	cJSON_AddItemToObject(reply, "jobs", rd_usage_json(&w->usage));
 	cJSON_AddNumberToObject(reply, "calls", (double)w->calls_done);
 	cJSON_AddNumberToObject(reply, "call_errors", (double)w->calls_failed);
 	cJSON_AddNumberToObject(reply, "call_us", (double)w->calls_us);

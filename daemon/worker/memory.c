@@ -53,6 +53,7 @@ void rd_memory_import_buffer(struct rd_call *call)
 	buf->device = &w->dev;
 	buf->kind = imp.kind;
 	rd_objects_add(&w->objects, &buf->obj, RD_OBJECT_BUFFER, s->client);
+	rd_usage_object_added(s->usage, &buf->obj, RD_OBJECT_BUFFER, buf->size);
 	rd_debug("memory", w->dev.index, rd_worker_generation(w), s->client->peer.pid, "imported %s %s, %llu bytes",
 		 kind, rp_id_format(&buf->obj.id, id), (unsigned long long)buf->size);
 	struct rp_import_buffer_reply reply = { .buffer = buf->obj.id, .size = buf->size };
@@ -112,6 +113,7 @@ void rd_memory_import_event(struct rd_call *call)
 		goto fail;
 	ev->device = &w->dev;
 	rd_objects_add(&w->objects, &ev->obj, RD_OBJECT_EVENT, s->client);
+	rd_usage_object_added(s->usage, &ev->obj, RD_OBJECT_EVENT, 0);
 	struct rp_import_event_reply reply = { .event = ev->obj.id };
 	rd_call_reply(call, rp_import_event_reply_encode(&reply), false);
 	return;

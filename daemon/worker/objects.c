@@ -5,6 +5,7 @@
 #include <sys/random.h>
 #include <time.h>
 #include "daemon/worker/objects.h"
+#include "daemon/worker/usage.h"
 #include "proto/errors.h"
 
 static const char id_kinds[RD_OBJECT_KINDS] = {
@@ -125,6 +126,7 @@ void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_ki
 	o->id.generation = atomic_load(&t->device->generation);
 	o->id.serial = t->next_serial++;
 	o->owner = owner;
+	o->usage = NULL;
 	o->core_refs = 1;   /* the table's */
 	o->closing = false;
 	b = bucket(o->id.serial);
@@ -228,6 +230,7 @@ void rd_objects_close(struct rd_objects *t, struct rd_object *o)
 		}
 	}
 	o->closing = true;
+	rd_usage_object_closed(o, kind, kind == RD_OBJECT_BUFFER ? rd_object_buffer(o)->size : 0);
 	t->count[kind]--;
 	if (o->owner)
 		o->owner->count[kind]--;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include "daemon/dispatch.h"
+#include "daemon/job.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
 #include "proto/comm.h"
@@ -21,6 +22,9 @@ static void session_maybe_free(struct rd_session *s)
 		w->dev.backend->lane_destroy(s->lane);
 	if (s->client)
 		rd_objects_client_put(&w->objects, s->client);
+	if (s->usage)
+		s->usage->sessions--;
+	rd_usage_put(s->usage);
 	for (struct rd_session **p = &w->sessions; *p; p = &(*p)->next) {
 		if (*p == s) {
 			*p = s->next;
@@ -44,6 +48,8 @@ void rd_session_call_started(struct rd_session *s)
 {
 	s->in_flight++;
 	s->worker->in_flight++;
+	if (s->usage)
+		s->usage->in_flight++;
 }
 
 void rd_session_call_finished(struct rd_session *s)
@@ -52,6 +58,8 @@ void rd_session_call_finished(struct rd_session *s)
 
 	s->in_flight--;
 	w->in_flight--;
+	if (s->usage)
+		s->usage->in_flight--;
 	session_maybe_free(s);
 	rd_worker_call_finished(w);
 }
@@ -82,6 +90,43 @@ static void method_generation(struct rd_call *call)
 	rd_call_reply(call, reply, false);
 }
 
+/* Counts the session in the job that names its connection now: at accept,
+ * and again when the client states another. Its calls in flight move with
+ * it; what it imported stays counted where it was made. */
+static int session_count_job(struct rd_session *s)
+{
+	const char *job;
+	enum rp_job_source source = rd_job_of(s->conn, &job);
+	struct rd_usage *u = rd_usage_get(&s->worker->usage, source, job);
+
+	if (!u)
+		return -ENOMEM;
+	if (s->usage) {
+		s->usage->sessions--;
+		s->usage->in_flight -= s->in_flight;
+		rd_usage_put(s->usage);
+	}
+	s->usage = u;
+	u->sessions++;
+	u->in_flight += s->in_flight;
+	return 0;
+}
+
+static void method_set_job(struct rd_call *call)
+{
+	struct rd_session *s = rd_session_of(call);
+	struct rd_worker *w = s->worker;
+	char job[2 * RP_JOB_MAX + 16];
+
+	/* The call is gone once answered: the session is not. */
+	if (rd_job_set(call) < 0)
+		return;
+	/* Out of memory: the session keeps counting where it did. */
+	session_count_job(s);
+	rd_debug("conn", w->dev.index, rd_worker_generation(w), s->conn->peer.pid, "job %s",
+		 rd_job_describe(s->conn, job, sizeof(job))[0] ? job : "none");
+}
+
 /* Lifecycle verbs belong on the main socket: say where. */
 static void method_main_endpoint(struct rd_call *call)
 {
@@ -106,6 +151,7 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Comm.Attach", rd_comm_attach },
 	{ "io.regen.Comm.Abort", rd_comm_abort },
 	{ "io.regen.Comm.Destroy", rd_comm_destroy },
+	{ "io.regen.SetJob", method_set_job },
 	{ "io.regen.Device.Generation", method_generation },
 	{ "io.regen.Device.Status", method_main_endpoint },
 	{ "io.regen.Device.Watch", method_main_endpoint },
@@ -189,7 +235,7 @@ void rd_session_accept(int fd, void *worker)
 	s->next = w->sessions;
 	w->sessions = s;
 	s->client = rd_objects_client_get(&w->objects, &conn->peer);
-	if (!s->client) {
+	if (!s->client || session_count_job(s) < 0) {
 		s->closed = true;
 		rd_conn_close(conn);
 		return;
@@ -202,5 +248,6 @@ void rd_session_accept(int fd, void *worker)
 		rd_conn_refuse(conn, "connections", w->opts->max_connections);
 		return;
 	}
-	rd_debug("conn", w->dev.index, rd_worker_generation(w), conn->peer.pid, "client connected");
+	rd_debug("conn", w->dev.index, rd_worker_generation(w), conn->peer.pid, "client connected (uid %u%s%s)",
+		 (unsigned)conn->peer.uid, conn->peer.job[0] ? ", " : "", conn->peer.job);
 }

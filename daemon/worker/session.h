@@ -12,6 +12,7 @@ struct rd_session {
 	struct rd_worker *worker;
 	struct rd_conn *conn;
 	struct rd_client *client;       /* the process, shared by its connections */
+	struct rd_usage *usage;         /* the job that names the connection (usage.h) */
 	struct rd_lane *lane;           /* made on first compute call */
 	struct rd_ring *ring;           /* io.regen.Lane.Open's, NULL until then */
 	unsigned in_flight;

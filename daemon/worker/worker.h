@@ -6,7 +6,8 @@
  * worker.c (the process: start, loop, completions, faults, stop),
  * session.c (a connection to the worker socket: one lane), memory.c
  * (io.regen.Memory), compute.c (io.regen.Compute), control.c (the
- * supervisor's verbs), objects.c (the ids handed out), health.c (faults
+ * supervisor's verbs), objects.c (the ids handed out), usage.c (what each
+ * job uses of the device), health.c (faults
  * found without waiting for a call: the backend's health watch, calls past
  * their deadline). */
 #pragma once
@@ -20,6 +21,7 @@
 #include "daemon/listen.h"
 #include "daemon/options.h"
 #include "daemon/worker/objects.h"
+#include "daemon/worker/usage.h"
 
 /* Whether the worker takes new work. */
 enum rd_worker_state {
@@ -59,6 +61,7 @@ struct rd_worker {
 	const struct rd_options *opts;
 	struct rd_device dev;
 	struct rd_objects objects;
+	struct rd_usage_table usage;    /* what each job uses (usage.h) */
 	struct rd_listener listener;
 	char socket_path[108];
 	struct rd_conn *ctl;            /* to the supervisor */

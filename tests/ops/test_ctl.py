@@ -11,7 +11,10 @@ metrics, restart --wait's progress and its --timeout.
   device draining, a GPU that fell off the bus;
 - metrics prints Prometheus text exposition format, parsed here line by
   line by the format's grammar, with numbers that follow what happened:
-  calls, their time, live imports, restarts, faults, the last XID;
+  calls, their time, live imports, restarts, faults, the last XID, and per
+  job (the job a connection stated) its connections, imports and calls;
+  a job string with a double quote, a backslash or a line feed (which no
+  regend sends, but Status may come from anywhere) is escaped, not broken;
 - restart --wait on a terminal shows each step and says whether the device
   was released in place or its worker killed and respawned; --timeout says
   that the restart goes on inside regend.
@@ -31,62 +34,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from regend_fixture import Conn, Regend, TIME_SCALE, call, check, host_buffer, log, operand, regend_path, wait_for
-from ctl import run
+from ctl import dev, parse_metrics, run
 
 N = 32
-
-# The text exposition format, version 0.0.4.
-NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
-SAMPLE = re.compile(r"^(%s)(\{(?:%s(?:,%s)*)?\})? (\S+)(?: -?\d+)?$" % (NAME, LABEL, LABEL))
-HELP = re.compile(r"^# HELP (%s) (.*)$" % NAME)
-TYPE = re.compile(r"^# TYPE (%s) (counter|gauge|histogram|summary|untyped)$" % NAME)
-
-
-def parse_metrics(text):
-    """{(name, frozenset(labels)): value}, checking the grammar: every line
-    a HELP, a TYPE or a sample; a TYPE before its family's samples, once;
-    a family's samples together; values floats."""
-    check(text.endswith("\n"), "the exposition does not end with a line feed: %r" % text[-200:])
-    samples, types, done, current = {}, {}, set(), None
-    for line in text.splitlines():
-        m = HELP.match(line)
-        if m:
-            continue
-        m = TYPE.match(line)
-        if m:
-            check(m.group(1) not in types, "TYPE of %s twice" % m.group(1))
-            types[m.group(1)] = m.group(2)
-            continue
-        check(not line.startswith("#") and line.strip(), "not a line of the format: %r" % line)
-        m = SAMPLE.match(line)
-        check(m, "not a sample: %r" % line)
-        name = m.group(1)
-        family = re.sub(r"_(sum|count|bucket)$", "", name) if re.sub(r"_(sum|count|bucket)$", "", name) in types \
-            else name
-        check(family in types, "%s has no TYPE before its samples" % name)
-        if family != current:
-            check(family not in done, "the samples of %s are not together" % family)
-            if current:
-                done.add(current)
-            current = family
-        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
-        key = (name, labels)
-        check(key not in samples, "sample %s twice" % line)
-        value = m.group(3)
-        check(re.match(r"^([+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?)|[+-]?Inf|NaN)$", value),
-              "not a float: %r" % line)
-        samples[key] = float(value)
-    return samples, types
-
-
-def dev(samples, name, device, **labels):
-    want = frozenset([("device", str(device))] + [(k, str(v)) for k, v in labels.items()])
-    for (n, l), v in samples.items():
-        if n == name and want <= l:
-            return v
-    return None
-
 
 class Scripted:
     """A regend that answers Generation and Status with the devices given:
@@ -204,10 +154,12 @@ def test_health_scripted(regenctl, d):
     log("health: %d scripted cases and no regend: exit 0, 6, 7, 8, 5" % len(cases))
 
 
-def gemms(d, dev_index, count):
+def gemms(d, dev_index, count, job=None):
     size = 3 * N * N * 4
     fd, mm = host_buffer(size)
     conn = Conn(d.worker_socket(dev_index))
+    if job:
+        conn.call("io.regen.SetJob", {"job": job})
     buf = conn.call("io.regen.Memory.ImportBuffer", {"device": dev_index, "kind": "host_fd", "size": size, "fd": 0},
                     fds=[fd])["buffer"]
     conn.buffer = buf
@@ -219,7 +171,7 @@ def gemms(d, dev_index, count):
 
 def test_metrics(regenctl, d):
     s0, _ = parse_metrics(run(regenctl, d, "metrics")[1])
-    conn, fd, mm = gemms(d, 0, 5)
+    conn, fd, mm = gemms(d, 0, 5, job="train-7")
     # The next heartbeat carries the counts: Status asks the workers afresh.
     call(d.socket, "io.regen.Device.Restart", {"device": 1})
     call(d.socket, "io.regen.Device.InjectFault", {"device": 2, "kind": "xid", "xid": 79})
@@ -247,6 +199,16 @@ def test_metrics(regenctl, d):
     check(dev(s, "regen_device_memory_used_bytes", 0) is not None, "memory_used")
     check(dev(s, "regen_device_info", 3, uuid="HOST-3") == 1, "device_info of device 3")
     check(types["regen_device_calls_total"] == "counter", "calls_total is no counter")
+    job = {"client_job": "train-7", "job_source": "client"}
+    check(dev(s, "regen_job_sessions", 0, **job) == 1 and dev(s, "regen_job_buffers", 0, **job) == 1 and
+          dev(s, "regen_job_buffer_bytes", 0, **job) == 3 * N * N * 4 and
+          dev(s, "regen_job_calls_total", 0, **job) == 5 and dev(s, "regen_job_call_errors_total", 0, **job) == 0 and
+          dev(s, "regen_job_calls_in_flight", 0, **job) == 0,
+          "the job's series on device 0: %s" % sorted((n, sorted(l), v) for (n, l), v in s.items()
+                                                        if n.startswith("regen_job_")))
+    check(not any(n.startswith("regen_job_") and ("device", "1") in l for (n, l) in s),
+          "device 1 lists a job without a client")
+    check(types["regen_job_calls_total"] == "counter" and types["regen_job_sessions"] == "gauge", "job types: %s" % types)
     conn.close()
     os.close(fd)
     nsamples = len(s)
@@ -256,6 +218,34 @@ def test_metrics(regenctl, d):
     s, types = parse_metrics(out)
     check(rc == 5 and s[("regen_up", frozenset())] == 0, "metrics without regend: exit %d, %s" % (rc, out))
     log("metrics: %d samples in the exposition format, following calls, imports, restarts, an XID" % nsamples)
+
+
+def test_metrics_escaping(regenctl, d):
+    """Job strings regend never sends (its rule refuses them) but that a
+    Status from elsewhere may hold: every sample stays one line of the
+    format and every label reads back as it was."""
+    hostile = ['say "hi"', "back\\slash\\", "two\nlines", '\\"\n', "} 1\nregen_up 0", ""]
+    devs = [device(0, "ready")]
+    devs[0]["jobs"] = [{"job": j, "source": "client", "sessions": i + 1, "buffers": 0, "buffer_bytes": 0, "events": 0,
+                        "in_flight": 0, "calls": 7, "call_errors": 0} for i, j in enumerate(hostile)]
+    devs[0]["jobs"].append({"job": "", "source": 'no"ne\n', "sessions": 9, "buffers": 0, "buffer_bytes": 0,
+                            "events": 0, "in_flight": 0, "calls": 0, "call_errors": 0})
+    path = os.path.join(d.dir, "scripted-jobs.sock")
+    srv = Scripted(path, devs)
+    try:
+        rc, out, err = run(regenctl, None, "--socket", path, "metrics")
+    finally:
+        srv.close()
+        os.unlink(path)
+    check(rc == 0, "metrics of a scripted regend: exit %d %s" % (rc, err))
+    s, types = parse_metrics(out)
+    for i, j in enumerate(hostile):
+        check(dev(s, "regen_job_sessions", 0, client_job=j, job_source="client") == i + 1,
+              "job %r does not read back: %s" % (j, out))
+    check(dev(s, "regen_job_sessions", 0, client_job="", job_source='no"ne\n') == 9, "source does not read back")
+    check(s[("regen_up", frozenset())] == 1 and sum(1 for n, _ in s if n == "regen_up") == 1,
+          "a job string made a sample of its own: %s" % out)
+    log("metrics: %d hostile job strings escaped as the format says" % len(hostile))
 
 
 def run_on_pty(argv):
@@ -334,6 +324,7 @@ def main():
         check(rc == 0 and out.splitlines()[-1] == "ok", "health of a ready regend: exit %d %s" % (rc, out))
         test_wait_progress(regenctl, d)
         test_metrics(regenctl, d)
+        test_metrics_escaping(regenctl, d)
     return 0
 
 

@@ -10,7 +10,8 @@
   without GPUs does nothing and exits 0;
 - io.regen.Device.Restart's `devices` list, and its refusals;
 - the Slurm prolog and epilog and the Kubernetes pod restart only their own
-  GPUs.
+  GPUs; the prolog and epilog state their job (REGEN_JOB), which the
+  restart's reason shows.
 
 Usage: test_scope.py REGEND REGENCTL SOURCE_ROOT
 """
@@ -133,6 +134,8 @@ def main():
             check(p.returncode == 0, "%s: exit %d: %s%s" % (script, p.returncode, p.stdout, p.stderr))
             check(bumped(before, generations(d)) == {2}, "%s restarted %s, wanted its job's GPU 2" %
                   (script, sorted(bumped(before, generations(d)))))
+            reason = call(d.socket, "io.regen.Device.Status")["devices"][2]["reason"]
+            check("(stated: slurm:4242)" in reason, "%s does not state its job: %r" % (script, reason))
         pod = open(os.path.join(source, "docs", "examples", "kubernetes", "regen-training-pod.yaml")).read()
         cmd = re.search(r"command:\n((?:\s+- .*\n)+)", pod)
         check(cmd, "the pod example has no command")

@@ -237,10 +237,18 @@ class Client:
 
     ``auto_reimport``: when a call that names torch tensors fails with
     StaleGeneration, import those tensors again and retry once (off by
-    default: a rank usually wants to know its ids went stale)."""
+    default: a rank usually wants to know its ids went stale).
 
-    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0, transport=None):
+    ``job``: the job this client works for, in its own words ($REGEN_JOB
+    by default), stated on every connection it opens (io.regen.SetJob; see
+    :meth:`set_job`).  A job regend refuses raises :class:`regen.InvalidJob`
+    from the call that opened the connection."""
+
+    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0, transport=None,
+                 job=None):
         self.socket_path = socket_path or os.environ.get("REGEN_SOCKET") or DEFAULT_SOCKET
+        self.job = job if job is not None else (os.environ.get("REGEN_JOB") or None)
+        self._job_unsupported = False
         # How compute calls reach a worker: "ring" (io.regen.Lane, shared
         # memory), "varlink", or "auto" (the ring where the worker offers
         # it); $REGEN_TRANSPORT by default.
@@ -280,11 +288,53 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
+    def _state_job(self, conn):
+        """Says the client's job on a connection just opened (nothing to a
+        regend without SetJob: the job is metadata, not worth failing for)."""
+        if not self.job or self._job_unsupported:
+            return
+        try:
+            conn.call("io.regen.SetJob", {"job": self.job})
+        except errors.MethodNotFound:
+            self._job_unsupported = True
+        except BaseException:
+            conn.close()
+            raise
+
+    def set_job(self, job):
+        """States ``job`` (1 to 64 bytes of A-Z a-z 0-9 and . _ - : / @ + =,
+        the first a letter or a digit; None forgets it) as the job this
+        client works for, at once on the main connection and on every
+        worker connection it has or opens.  regend names the client's work
+        by it in Status, metrics, lifecycle reasons and logs where the
+        client's cgroup names no job (the cgroup's wins; both are shown
+        where they differ), and never grants anything for it.  Returns what
+        regend answered: the job that names the main connection and its
+        source.  A job regend refuses raises :class:`regen.InvalidJob` and
+        changes nothing."""
+        reply = self._main_call("io.regen.SetJob", {"job": job} if job else {})
+        self.job = job or None
+        self._job_unsupported = False
+        for device, conn in list(self._workers.items()):
+            self._settle(device)
+            try:
+                conn.call("io.regen.SetJob", {"job": job} if job else {})
+            except errors.ConnectionReset:
+                # States the job when it is opened again.
+                self._workers.pop(device, None)
+                self._drop_lane(device)
+        return reply
+
     def _main_call(self, method, params=None):
         if self._main is None or not self._main.alive():
             if self._main is not None:
                 self._main.close()
             self._main = Connection(self.socket_path, timeout=self.timeout)
+            try:
+                self._state_job(self._main)
+            except BaseException:
+                self._main = None
+                raise
         try:
             reply = self._main.call(method, params)
         except errors.ConnectionReset:
@@ -356,6 +406,7 @@ class Client:
                                f"(devices: {[d.get('index') for d in status.get('devices', ())]})"})
             try:
                 conn = Connection(self._worker_path_here(info["worker_socket"]), timeout=self.timeout)
+                self._state_job(conn)
                 break
             except errors.Unavailable:
                 if time.monotonic() >= deadline:

@@ -13,7 +13,7 @@ __all__ = [
     "InvalidOperand", "NoSuchDevice", "NoSuchObject", "ImportFailed",
     "InvalidMessage", "MessageTooLarge", "LimitExceeded", "Timeout",
     "FaultInjectionDisabled", "WrongEndpoint", "Detached", "BackendError",
-    "CommFailed", "CommTimeout", "CommInFlight",
+    "CommFailed", "CommTimeout", "CommInFlight", "InvalidJob",
     "InterfaceNotFound", "MethodNotFound", "MethodNotImplemented",
     "InvalidParameter", "PermissionDenied", "ExpectedMore",
     "error_from_reply",
@@ -172,6 +172,12 @@ class CommTimeout(Error):
 @_wire("io.regen.CommInFlight")
 class CommInFlight(Error):
     """Destroy was refused: calls are in flight (pass abort=True)."""
+
+
+@_wire("io.regen.InvalidJob")
+class InvalidJob(Error):
+    """SetJob refused the job: ``.reason`` is "empty", "too long" or
+    "character"; the connection's job did not change."""
 
 
 @_wire("io.regen.BackendError")

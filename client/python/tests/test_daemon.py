@@ -390,6 +390,74 @@ class Errors(DaemonTest):
             self.assertEqual(got, b"ok")
 
 
+class Jobs(DaemonTest):
+    """The job a client states (io.regen.SetJob): Client(job=...),
+    $REGEN_JOB and set_job, on the main and the worker connections."""
+
+    def jobs_of(self, device):
+        return {(j["job"], j["source"]): j for j in self.c.status()["devices"][device]["jobs"]}
+
+    def test_a_stated_job_names_the_client(self):
+        c = regen.Client(daemon.socket, timeout=60, job="py-job")
+        try:
+            reply = c.restart(1, reason="py")
+            self.assertIn(f"by pid {os.getpid()} (stated: py-job): py", reply["devices"][1]["reason"])
+            t = HostTensor.random([4, 4], "f32", self.rng)
+            t.import_into(c, 0)
+            self.tensors.append(t)
+            entry = self.jobs_of(0)[("py-job", "client")]
+            self.assertEqual((entry["sessions"], entry["buffers"]), (1, 1))
+            # Another job: the open worker connection moves with it.
+            self.assertEqual(c.set_job("py-job-2"), {"job": "py-job-2", "source": "client"})
+            self.assertEqual(self.jobs_of(0)[("py-job-2", "client")]["sessions"], 1)
+            self.assertEqual(self.jobs_of(0)[("py-job", "client")]["sessions"], 0)
+            self.assertIn("(stated: py-job-2)", c.restart(1)["devices"][1]["reason"])
+            self.assertEqual(c.set_job(None), {"job": "", "source": "none"})
+            self.assertNotIn("stated", c.restart(1)["devices"][1]["reason"])
+        finally:
+            c.close()
+
+    def test_regen_job_from_the_environment(self):
+        old = os.environ.get("REGEN_JOB")
+        os.environ["REGEN_JOB"] = "from-env"
+        try:
+            c = regen.Client(daemon.socket, timeout=60)
+        finally:
+            if old is None:
+                del os.environ["REGEN_JOB"]
+            else:
+                os.environ["REGEN_JOB"] = old
+        try:
+            self.assertEqual(c.job, "from-env")
+            self.assertIn("(stated: from-env)", c.restart(1)["devices"][1]["reason"])
+        finally:
+            c.close()
+
+    def test_a_refused_job_changes_nothing(self):
+        c = regen.Client(daemon.socket, timeout=60, job="kept")
+        try:
+            c.status()
+            for bad, reason in (('say "hi"', "character"), ("a\nb", "character"), ("x" * 65, "too long"),
+                                ("", "empty")):
+                with self.subTest(job=bad), self.assertRaises(regen.InvalidJob) as cm:
+                    c.call("io.regen.SetJob", {"job": bad})
+                self.assertEqual(cm.exception.reason, reason)
+            with self.assertRaises(regen.InvalidJob):
+                c.set_job("back\\slash")
+            self.assertEqual(c.job, "kept")
+            self.assertIn("(stated: kept)", c.restart(1)["devices"][1]["reason"])
+        finally:
+            c.close()
+        # A bad job given to the client fails the call that opens the
+        # connection, with the named error.
+        c = regen.Client(daemon.socket, timeout=60, job="no spaces")
+        try:
+            with self.assertRaises(regen.InvalidJob):
+                c.status()
+        finally:
+            c.close()
+
+
 class Lifecycle(DaemonTest):
     def test_watch_sees_restart(self):
         dev = 1

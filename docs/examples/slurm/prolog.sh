@@ -13,6 +13,13 @@
 REGENCTL=${REGENCTL:-/usr/bin/regenctl}
 TIMEOUT=${REGEN_RESTART_TIMEOUT:-60}
 NODE=$(hostname -s)
+# slurmd runs this outside the job's cgroup, so regend cannot tell the job
+# from it: state it (shown as "stated: slurm:N" in the restart's reason, in
+# Status, Watch and the journal). A job id is digits, always a valid job.
+case ${SLURM_JOB_ID:-} in
+*[!0-9]* | "") ;;
+*) export REGEN_JOB="slurm:$SLURM_JOB_ID" ;;
+esac
 REASON="slurm prolog job ${SLURM_JOB_ID:-?} user ${SLURM_JOB_USER:-?}"
 
 log() { logger -t regen-prolog -- "$*"; echo "regen-prolog: $*" >&2; }
