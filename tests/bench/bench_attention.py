@@ -10,10 +10,10 @@ same bf16 tensors.
 
 --autotune N starts regend with REGEN_ATTENTION_AUTOTUNE=N: each problem's
 first call (a warm-up one) builds the first N engine configurations cuDNN
-offers (its heuristics' ranking, then a sweep of the engines' knobs), times
-them on the call's operands and keeps the fastest; regend's log line for
-each ("attention autotune, ...: [i] engine E knobs ... ms") is printed at
-the end. Without it regend runs the heuristics' first, as torch's cuDNN
+offers (its heuristics' ranking, then a sweep of the engines' knobs) and
+runs each timed on the call's operands; the next call switches to the
+fastest. regend's line for each problem ("attention autotune, ...: [i]
+engine E knobs ... ms") is printed at the end. Without it regend runs the heuristics' first, as torch's cuDNN
 backend does.
 
 Shapes: q [B, H, S, D], k and v [B, Hkv, S, D], BHSD, Sq = Skv = S.

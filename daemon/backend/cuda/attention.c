@@ -31,15 +31,17 @@
  *
  * Autotuning (REGEN_ATTENTION_AUTOTUNE=N, N from 2 to 16; off by default):
  * a new problem's plan is built from the first N engine configurations
- * cuDNN's heuristics offer that finalize (each compiling its kernels),
- * and its first call times each on the call's own operands, on its lane's
- * stream, after its wait (a warm-up run, then TUNE_RUNS timed runs), keeps
- * the fastest and destroys the others. The choice is remembered for the
- * problem: after a release or reset the plan is rebuilt with that
- * configuration alone, untimed. Timing holds exec_lock and waits for the
- * GPU, so other lanes' attention calls wait that once. Without it, the
- * heuristics' first configuration that finalizes runs (as cudnn-frontend
- * and PyTorch do). */
+ * cuda_sdpa_plan_build lists that finalize (the heuristics' ranking, then
+ * a sweep of the engines' knobs; each compiles its kernels). Its first
+ * call also runs each candidate on the call's own operands, on its lane's
+ * stream after its wait (a warm-up run, then TUNE_RUNS runs between two
+ * events), and goes on with the first; a later call that finds those runs
+ * finished reads the events, switches to the fastest and, once no call
+ * runs the others, destroys them. Nothing waits for the GPU. The choice is
+ * remembered for the problem: after a release or reset the plan is rebuilt
+ * with that configuration alone, untimed. Without it, the heuristics'
+ * first configuration that finalizes runs (as cudnn-frontend and PyTorch
+ * do). */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -85,9 +87,18 @@ struct attention_plan {
 	bool refused;
 	char why[320];
 	/* Autotuning's choice, kept across releases and resets: the place of
-	 * the fastest configuration among the heuristics' results (-1: none
+	 * the fastest configuration in cuda_sdpa_plan_build's list (-1: none
 	 * yet). Under exec_lock. */
 	int tuned_index;
+	/* Autotuning under way (the plan holds several candidates): each
+	 * one's timing events, recorded on the lane of the call that started
+	 * it. Under exec_lock; gone with the plan's release or invalidation. */
+	struct {
+		bool started, timed;
+		unsigned n;                  /* candidates with events */
+		bool ran[CUDA_SDPA_CANDIDATES_MAX];
+		cudaEvent_t ev[CUDA_SDPA_CANDIDATES_MAX][2];
+	} tuning;
 	/* Under at->lock. */
 	struct plan_use *uses;
 	unsigned nuses, cap_uses;
@@ -184,12 +195,24 @@ static int plan_init(struct rd_resource *res)
 	return 0;
 }
 
+/* The timing events of an autotuning under way, destroyed (CUDA usable)
+ * or forgotten. */
+static void tuning_end(struct attention_plan *p, bool destroy)
+{
+	for (unsigned i = 0; destroy && i < p->tuning.n; i++) {
+		cudaEventDestroy(p->tuning.ev[i][0]);
+		cudaEventDestroy(p->tuning.ev[i][1]);
+	}
+	memset(&p->tuning, 0, sizeof(p->tuning));
+}
+
 static void plan_release(struct rd_resource *res)
 {
 	struct attention_plan *p = (struct attention_plan *)res;
 	/* Called with nothing in flight (a release drains first; an evicted
 	 * plan is released once its uses completed): safe to unload. */
 	cuda_sdpa_plan_destroy(&p->plan);
+	tuning_end(p, true);
 	for (unsigned i = 0; i < p->nuses; i++)
 		cudaEventDestroy(p->uses[i].done);
 	p->nuses = 0;
@@ -203,6 +226,7 @@ static void plan_invalidate(struct rd_resource *res)
 	struct attention_plan *p = (struct attention_plan *)res;
 	free(p->plan.descs);
 	memset(&p->plan, 0, sizeof(p->plan));
+	tuning_end(p, false);
 	p->nuses = 0;
 }
 
@@ -651,73 +675,93 @@ static cudaError_t fill_padding(const struct sdpa_call *c, const struct cuda_sdp
 }
 #endif
 
-/* Times each of the plan's candidates on this call's operands and keeps
- * the fastest (see the top of the file). Under exec_lock, the handle on
- * the lane's stream, the lengths (if any) already in ws. A candidate that
- * fails to run is passed over; the GPU's own failure ends the timing (the
- * first candidate is kept, and the call's own run reports it). */
-static void tune(struct cuda_lane *lane, struct cuda_attention *at, struct attention_plan *p,
-		 const struct sdpa_call *c, void *ws)
+/* Autotuning's first step: each candidate run on this call's operands, a
+ * warm-up and then TUNE_RUNS runs between two events, on the lane's stream
+ * (after the call's wait). A candidate that fails to run is passed over.
+ * Under exec_lock, the handle on the lane's stream, the lengths (if any)
+ * already in ws. */
+static void tune_start(struct cuda_lane *lane, struct cuda_attention *at, struct attention_plan *p,
+		       const struct sdpa_call *c, void *ws)
 {
 	struct cuda_sdpa_plan *plan = &p->plan;
-	cudaEvent_t ev[CUDA_SDPA_CANDIDATES_MAX][2] = { { 0 } };
+
+	p->tuning.started = true;
+	for (unsigned i = 0; i < plan->ncandidates; i++) {
+		cudaEvent_t *ev = p->tuning.ev[i];
+		if (cudaEventCreate(&ev[0]) != cudaSuccess)
+			break;
+		if (cudaEventCreate(&ev[1]) != cudaSuccess) {
+			cudaEventDestroy(ev[0]);
+			break;
+		}
+		p->tuning.n++;
+		bool ran = cuda_sdpa_execute(at->handle.handle, plan, i, c->ptr, c->scale, ws, NULL, 0) ==
+			   CUDNN_STATUS_SUCCESS;
+		cudaEventRecord(ev[0], lane->stream);
+		for (int run = 0; run < TUNE_RUNS && ran; run++)
+			ran = cuda_sdpa_execute(at->handle.handle, plan, i, c->ptr, c->scale, ws, NULL, 0) ==
+			      CUDNN_STATUS_SUCCESS;
+		cudaEventRecord(ev[1], lane->stream);
+		p->tuning.ran[i] = ran;
+	}
+	cudaGetLastError();   /* a failed event call is the timing's loss alone */
+}
+
+/* Once the timing runs have finished: the fastest becomes the plan's
+ * choice (and the problem's, across releases), one line on the worker's
+ * standard error says what was timed. */
+static void tune_read(struct cuda_lane *lane, struct attention_plan *p, const struct sdpa_call *c)
+{
+	struct cuda_sdpa_plan *plan = &p->plan;
+	unsigned n = p->tuning.n, best = 0;
 	float ms[CUDA_SDPA_CANDIDATES_MAX];
-	unsigned best = 0, n = plan->ncandidates;
-	bool ran[CUDA_SDPA_CANDIDATES_MAX] = { false };
-	cudaError_t e = cudaSuccess;
 	char desc[160];
 
-	for (unsigned i = 0; i < n && e == cudaSuccess; i++) {
-		e = cudaEventCreate(&ev[i][0]);
-		if (e == cudaSuccess)
-			e = cudaEventCreate(&ev[i][1]);
-		if (e != cudaSuccess)
-			break;
-		ran[i] = cuda_sdpa_execute(at->handle.handle, plan, i, c->ptr, c->scale, ws, NULL, 0) ==
-			 CUDNN_STATUS_SUCCESS;
-		e = cudaEventRecord(ev[i][0], lane->stream);
-		for (int run = 0; run < TUNE_RUNS && ran[i] && e == cudaSuccess; run++)
-			ran[i] = cuda_sdpa_execute(at->handle.handle, plan, i, c->ptr, c->scale, ws, NULL, 0) ==
-				 CUDNN_STATUS_SUCCESS;
-		if (e == cudaSuccess)
-			e = cudaEventRecord(ev[i][1], lane->stream);
+	if (n == 0 || cudaEventQuery(p->tuning.ev[n - 1][1]) != cudaSuccess) {
+		cudaGetLastError();
+		return;   /* not yet, or the context's error, which the call's own run reports */
 	}
-	/* Whatever went wrong, nothing of a candidate may still run when the
-	 * others are destroyed. */
-	cudaError_t sync = cudaStreamSynchronize(lane->stream);
-	if (e == cudaSuccess)
-		e = sync;
 	fprintf(stderr, "regend-worker dev=%d: attention autotune, %s:", lane->cd->dev->index,
 		problem(&c->key, desc, sizeof(desc)));
-	for (unsigned i = 0; i < n && e == cudaSuccess; i++) {
-		ms[i] = INFINITY;
-		if (ran[i] && cudaEventElapsedTime(&ms[i], ev[i][0], ev[i][1]) == cudaSuccess)
-			ms[i] /= TUNE_RUNS;
-		else
+	for (unsigned i = 0; i < n; i++) {
+		if (!p->tuning.ran[i] || cudaEventElapsedTime(&ms[i], p->tuning.ev[i][0], p->tuning.ev[i][1]) != cudaSuccess)
 			ms[i] = INFINITY;
+		else
+			ms[i] /= TUNE_RUNS;
 		if (ms[i] < ms[best])
 			best = i;
-		fprintf(stderr, " [%u] %s %.4f ms%s", i, plan->candidate[i].knobs, ms[i], ran[i] ? "" : " (failed)");
+		fprintf(stderr, " [%u] %s %.4f ms%s", i, plan->candidate[i].knobs, ms[i], p->tuning.ran[i] ? "" : " (failed)");
 	}
-	if (e != cudaSuccess) {
-		best = 0;
-		fprintf(stderr, " stopped: %s", cudaGetErrorString(e));
-	}
-	fprintf(stderr, "; keeping [%u] of %d offered\n", best, plan->heuristic_results);
-	for (unsigned i = 0; i < n; i++) {
-		if (ev[i][0])
-			cudaEventDestroy(ev[i][0]);
-		if (ev[i][1])
-			cudaEventDestroy(ev[i][1]);
-	}
-	if (sync != cudaSuccess) {
-		/* The context is gone, or going: the candidates' work may not
-		 * have finished, and destroying a plan calls into the context.
-		 * The reset that follows forgets them all. */
+	fprintf(stderr, "; %u of %d configurations built; running [%u]\n", plan->ncandidates, plan->heuristic_results,
+		best);
+	cudaGetLastError();
+	tuning_end(p, true);
+	p->tuning.started = p->tuning.timed = true;
+	plan->chosen = best;
+	p->tuned_index = plan->candidate[best].index;
+}
+
+/* Autotuning, a step per call while the plan holds several candidates:
+ * start the timing, read it once finished, and drop the candidates not
+ * chosen once no call runs any of them (the plan's uses all complete).
+ * Under exec_lock. */
+static void tune_step(struct cuda_lane *lane, struct cuda_attention *at, struct attention_plan *p,
+		      const struct sdpa_call *c, void *ws)
+{
+	if (!p->tuning.started) {
+		tune_start(lane, at, p, c, ws);
 		return;
 	}
-	p->tuned_index = e == cudaSuccess ? plan->candidate[best].index : -1;
-	cuda_sdpa_plan_keep(plan, best);
+	if (!p->tuning.timed) {
+		tune_read(lane, p, c);
+		if (!p->tuning.timed)
+			return;
+	}
+	pthread_mutex_lock(&at->lock);
+	bool idle = plan_idle(p);
+	pthread_mutex_unlock(&at->lock);
+	if (idle)
+		cuda_sdpa_plan_keep(&p->plan, p->plan.chosen);
 }
 
 /* A cuDNN failure that may be the context's: the lane's stream tells
@@ -822,7 +866,7 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		pthread_mutex_lock(&at->exec_lock);
 		s = cudnnSetStream(at->handle.handle, lane->stream);
 		if (s == CUDNN_STATUS_SUCCESS && p->plan.ncandidates > 1)
-			tune(lane, at, p, &c, ws);
+			tune_step(lane, at, p, &c, ws);
 		if (s == CUDNN_STATUS_SUCCESS)
 			s = cuda_sdpa_execute(at->handle.handle, &p->plan, p->plan.chosen, c.ptr, c.scale, ws, why,
 					      sizeof(why));

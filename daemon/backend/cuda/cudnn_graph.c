@@ -15,7 +15,7 @@
  * seq_len_kv, after the scale and before the causal mask, whose
  * bottom-right diagonal then uses the lengths instead of Sq and Skv), and
  * the lengths as the M, N or K overrides of every matmul over a sequence
- * dimension, so that the engines skip the padding's tiles. */
+ * dimension, as the frontend sets them. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
