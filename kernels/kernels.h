@@ -67,14 +67,16 @@ cudaError_t rk_clamp_lengths(const int32_t *in_q, const int32_t *in_kv, int32_t 
 			     int32_t max_q, int32_t max_kv, cudaStream_t stream);
 
 /* A tensor [B, H, S, W] (element strides) whose rows i >= len[b] (len:
- * B device int32s, each in [0, S]) are set to `value`. */
+ * B device int32s, each in [0, S]) are set to `value`; with `gate`, every
+ * row of an entry whose gate[b] is 0 too (a key's gradient in an entry
+ * without queries). */
 #define RK_ROWS_MAX 3
 struct rk_rows {
 	void *p;
 	enum rk_dtype dtype;
 	int64_t dims[4];
 	int64_t strides[4];
-	const int32_t *len;
+	const int32_t *len, *gate;
 	float value;
 };
 

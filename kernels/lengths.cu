@@ -46,7 +46,7 @@ __global__ void fill_padding_rows(rows_set set)
 		const int64_t slice = tile / tiles_per_slice, b = slice / H, h = slice % H;
 		const int64_t first = (tile % tiles_per_slice) * TILE_ROWS;
 		const int64_t end = first + TILE_ROWS < S ? first + TILE_ROWS : S;
-		const int64_t len = t.len[b];
+		const int64_t len = t.gate && t.gate[b] == 0 ? 0 : t.len[b];
 		const int64_t from = len > first ? len : first;
 
 		if (from >= end)

@@ -631,10 +631,10 @@ static enum rk_dtype rk_of(enum rp_dtype dt)
 	return dt == RP_DTYPE_F32 ? RK_F32 : dt == RP_DTYPE_F16 ? RK_F16 : RK_BF16;
 }
 
-/* Operand uid as a [B, heads, rows, width] tensor whose rows past len are
- * set to value. */
+/* Operand uid as a [B, heads, rows, width] tensor whose rows past len
+ * (all an entry's where gate is 0) are set to value. */
 static void padding_rows(struct rk_rows *r, const struct sdpa_call *c, int uid, int64_t heads, int64_t rows,
-			 int64_t width, const int32_t *len, float value)
+			 int64_t width, const int32_t *len, const int32_t *gate, float value)
 {
 	const struct cuda_sdpa_key *k = &c->key;
 
@@ -648,6 +648,7 @@ static void padding_rows(struct rk_rows *r, const struct sdpa_call *c, int uid, 
 		r->strides[i] = k->strides[uid][i];
 	r->strides[3] = uid == CUDA_SDPA_STATS ? 1 : k->strides[uid][3];
 	r->len = len;
+	r->gate = gate;
 	r->value = value;
 }
 
@@ -662,14 +663,16 @@ static cudaError_t fill_padding(const struct sdpa_call *c, const struct cuda_sdp
 	struct rk_rows rows[RK_ROWS_MAX];
 	int n = 0;
 
+	/* An entry without queries has no gradient for its keys either,
+	 * whether or not cuDNN writes them. */
 	if (k->backward) {
-		padding_rows(&rows[n++], c, CUDA_SDPA_DQ, k->h, k->s_q, k->d, lq, 0.0f);
-		padding_rows(&rows[n++], c, CUDA_SDPA_DK, k->h_kv, k->s_kv, k->d, lkv, 0.0f);
-		padding_rows(&rows[n++], c, CUDA_SDPA_DV, k->h_kv, k->s_kv, k->d_v, lkv, 0.0f);
+		padding_rows(&rows[n++], c, CUDA_SDPA_DQ, k->h, k->s_q, k->d, lq, NULL, 0.0f);
+		padding_rows(&rows[n++], c, CUDA_SDPA_DK, k->h_kv, k->s_kv, k->d, lkv, lq, 0.0f);
+		padding_rows(&rows[n++], c, CUDA_SDPA_DV, k->h_kv, k->s_kv, k->d_v, lkv, lq, 0.0f);
 	} else {
-		padding_rows(&rows[n++], c, CUDA_SDPA_O, k->h, k->s_q, k->d_v, lq, 0.0f);
+		padding_rows(&rows[n++], c, CUDA_SDPA_O, k->h, k->s_q, k->d_v, lq, NULL, 0.0f);
 		if (c->ptr[CUDA_SDPA_STATS])
-			padding_rows(&rows[n++], c, CUDA_SDPA_STATS, k->h, k->s_q, 1, lq, -INFINITY);
+			padding_rows(&rows[n++], c, CUDA_SDPA_STATS, k->h, k->s_q, 1, lq, NULL, -INFINITY);
 	}
 	return rk_fill_padding_rows(rows, n, stream);
 }
