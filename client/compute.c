@@ -7,7 +7,8 @@
 #include "proto/compute.h"
 
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
-		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS,
+		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_I32 == (int)RP_DTYPE_I32 &&
+		       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS,
 	       "libregen's dtypes and epilogues are the protocol's");
 
 /* Every buffer and event a call names belongs to this client and lives on
@@ -42,7 +43,7 @@ static int put_operand(regen_client *c, struct rp_compute *call, int slot, const
 	}
 	if (check_object(c, "operand", name, &t->buffer->obj, device) < 0)
 		return -EINVAL;
-	if ((unsigned)t->dtype > REGEN_BF16 || t->rank < 1 || t->rank > RP_RANK_MAX) {
+	if ((unsigned)t->dtype > REGEN_I32 || t->rank < 1 || t->rank > RP_RANK_MAX) {
 		rc_set_local_error(c, "operand %s: bad dtype or rank", name);
 		return -EINVAL;
 	}
@@ -149,6 +150,7 @@ static int attention(regen_client *c, const struct regen_attention_args *a, uint
 		return -EINVAL;
 	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
 		[RP_ATT_Q] = &a->q, [RP_ATT_K] = &a->k, [RP_ATT_V] = &a->v, [RP_ATT_O] = &a->o, [RP_ATT_STATS] = a->stats,
+		[RP_ATT_SEQ_LEN_Q] = a->seq_len_q, [RP_ATT_SEQ_LEN_KV] = a->seq_len_kv,
 	};
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
@@ -173,7 +175,7 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
 		[RP_ATB_Q] = &a->q, [RP_ATB_K] = &a->k, [RP_ATB_V] = &a->v, [RP_ATB_O] = &a->o,
 		[RP_ATB_DO] = &a->d_o, [RP_ATB_STATS] = &a->stats, [RP_ATB_DQ] = &a->d_q, [RP_ATB_DK] = &a->d_k,
-		[RP_ATB_DV] = &a->d_v,
+		[RP_ATB_DV] = &a->d_v, [RP_ATB_SEQ_LEN_Q] = a->seq_len_q, [RP_ATB_SEQ_LEN_KV] = a->seq_len_kv,
 	};
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);

@@ -1,6 +1,6 @@
 /* Kernels regen launches itself: fills and comparisons for the GPU tests,
- * the canary the backend runs after a reset, and the fault-injection
- * kernels (illegal address, spin). Plain C API; every function enqueues on
+ * the canary the backend runs after a reset, the fault-injection kernels
+ * (illegal address, spin), and attention's sequence-length helpers. Plain C API; every function enqueues on
  * `stream` and returns the launch's cudaError_t (cudaGetLastError after the
  * launch), so callers check each one. */
 #pragma once
@@ -58,6 +58,30 @@ cudaError_t rk_illegal_address(cudaStream_t stream);
 /* Spins until *flag (host-mapped memory, device pointer) is non-zero or
  * max_ns nanoseconds of the GPU's global timer passed. */
 cudaError_t rk_spin(const volatile int *flag, uint64_t max_ns, cudaStream_t stream);
+
+/* Attention's sequence lengths (the CUDA backend): copies n entries of
+ * in_q and in_kv to out_q and out_kv, each clamped into [0, max_q] or
+ * [0, max_kv], so that whatever a client wrote, what cuDNN reads next
+ * stays inside the operands. */
+cudaError_t rk_clamp_lengths(const int32_t *in_q, const int32_t *in_kv, int32_t *out_q, int32_t *out_kv, int64_t n,
+			     int32_t max_q, int32_t max_kv, cudaStream_t stream);
+
+/* A tensor [B, H, S, W] (element strides) whose rows i >= len[b] (len:
+ * B device int32s, each in [0, S]) are set to `value`; with `gate`, every
+ * row of an entry whose gate[b] is 0 too (a key's gradient in an entry
+ * without queries). */
+#define RK_ROWS_MAX 3
+struct rk_rows {
+	void *p;
+	enum rk_dtype dtype;
+	int64_t dims[4];
+	int64_t strides[4];
+	const int32_t *len, *gate;
+	float value;
+};
+
+/* Writes the padding rows of n (1 to RK_ROWS_MAX) tensors, in one launch. */
+cudaError_t rk_fill_padding_rows(const struct rk_rows *t, int n, cudaStream_t stream);
 
 /* Runs a small kernel with a known answer on `stream`, copies it back and
  * checks it; synchronises the stream. cudaSuccess when the answer was right,

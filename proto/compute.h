@@ -31,12 +31,17 @@ enum rp_op_id {
 
 /* Operand slots, in each table's order. */
 enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_OPERANDS };
-enum { RP_ATT_Q = 0, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS, RP_ATT_OPERANDS };
+/* The sequence lengths come last in both attention tables, so that the
+ * slots before them kept their numbers (ring records name operands by
+ * slot). */
+enum {
+	RP_ATT_Q = 0, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV, RP_ATT_OPERANDS
+};
 enum {
 	RP_ATB_Q = 0, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_DO, RP_ATB_STATS, RP_ATB_DQ, RP_ATB_DK, RP_ATB_DV,
-	RP_ATB_OPERANDS
+	RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, RP_ATB_OPERANDS
 };
-#define RP_OP_OPERANDS_MAX 9
+#define RP_OP_OPERANDS_MAX 11
 
 #define RP_DTYPE_BIT(dt) (1u << (dt))
 #define RP_DTYPES_ANY (RP_DTYPE_BIT(RP_DTYPE_F32) | RP_DTYPE_BIT(RP_DTYPE_F16) | RP_DTYPE_BIT(RP_DTYPE_BF16))
@@ -103,6 +108,11 @@ struct rp_attention {
 	bool causal;
 	enum rp_causal_alignment alignment;
 	int64_t batch, heads, heads_kv, seq_q, seq_kv, head_dim, head_dim_v;   /* derived */
+	/* Derived: seq_len_q and seq_len_kv are given, so each batch entry's
+	 * sequences are the first seq_len_q[b] rows of q and seq_len_kv[b]
+	 * rows of k and v, the rest padding (seq_q, seq_kv are then the
+	 * padded lengths). */
+	bool padded;
 };
 
 /* io.regen.Comm's calls that run on a lane (proto/comm.h). */

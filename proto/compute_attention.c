@@ -6,7 +6,14 @@
  * head h reads key/value head h / (H / Hkv); Hkv = 1 is multi-query). The
  * table says what each operand is on its own and that gradients have their
  * primal's shape; attention_check derives B, H, Hkv, Sq, Skv, D, Dv from q,
- * k and v and checks the others against them. */
+ * k and v and checks the others against them.
+ *
+ * seq_len_q and seq_len_kv, i32 [B], optional and only together: each batch
+ * entry's sequences are the first seq_len_q[b] rows of q (o, d_o, d_q) and
+ * seq_len_kv[b] rows of k and v (d_k, d_v), the rest padding. Their values
+ * live in the client's memory, out of the parser's sight: the backends
+ * check or bound them (the host backend refuses a length outside [0, S];
+ * the CUDA backend clamps to it, daemon/backend/cuda/attention.c). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -17,8 +24,10 @@
 
 #define ATT_DTYPES RP_DTYPES_ANY
 #define STATS_DTYPES RP_DTYPE_BIT(RP_DTYPE_F32)
+#define LEN_DTYPES RP_DTYPE_BIT(RP_DTYPE_I32)
 #define ROW "[batch, heads, sequence, head_dim]"
 #define STATS_ROW "[batch, heads, seq_q] of f32 (log-sum-exp is kept in f32)"
+#define LEN_ROW "[batch] of i32 (each batch entry's sequence length)"
 
 static const struct rp_operand_spec attention_operands[RP_ATT_OPERANDS] = {
 	[RP_ATT_Q] = { "q", RP_ROLE_IN, true, 4, ROW, ATT_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT },
@@ -27,6 +36,10 @@ static const struct rp_operand_spec attention_operands[RP_ATT_OPERANDS] = {
 	[RP_ATT_O] = { "o", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATT_Q, RP_NO_SLOT, false, RP_NO_SLOT },
 	[RP_ATT_STATS] = { "stats", RP_ROLE_OUT, false, 3, STATS_ROW, STATS_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false,
 			   RP_NO_SLOT },
+	[RP_ATT_SEQ_LEN_Q] = { "seq_len_q", RP_ROLE_IN, false, 1, LEN_ROW, LEN_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false,
+			       RP_NO_SLOT },
+	[RP_ATT_SEQ_LEN_KV] = { "seq_len_kv", RP_ROLE_IN, false, 1, LEN_ROW, LEN_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false,
+				RP_NO_SLOT },
 };
 
 static const struct rp_operand_spec attention_backward_operands[RP_ATB_OPERANDS] = {
@@ -43,6 +56,10 @@ static const struct rp_operand_spec attention_backward_operands[RP_ATB_OPERANDS]
 	[RP_ATB_DQ] = { "d_q", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_ATB_Q, false, RP_NO_SLOT },
 	[RP_ATB_DK] = { "d_k", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_ATB_K, false, RP_NO_SLOT },
 	[RP_ATB_DV] = { "d_v", RP_ROLE_OUT, true, 4, ROW, ATT_DTYPES, RP_ATB_Q, RP_ATB_V, false, RP_NO_SLOT },
+	[RP_ATB_SEQ_LEN_Q] = { "seq_len_q", RP_ROLE_IN, false, 1, LEN_ROW, LEN_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false,
+			       RP_NO_SLOT },
+	[RP_ATB_SEQ_LEN_KV] = { "seq_len_kv", RP_ROLE_IN, false, 1, LEN_ROW, LEN_DTYPES, RP_NO_SLOT, RP_NO_SLOT, false,
+				RP_NO_SLOT },
 };
 
 static const struct rp_field attention_scalars[] = {
@@ -57,11 +74,43 @@ static const char *const alignment_names[] = { "top_left", "bottom_right", NULL 
 
 /* The slots forward and backward share. */
 struct att_slots {
-	int q, k, v, o, stats;
+	int q, k, v, o, stats, seq_len_q, seq_len_kv;
 };
 
-static const struct att_slots forward_slots = { RP_ATT_Q, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS };
-static const struct att_slots backward_slots = { RP_ATB_Q, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_STATS };
+static const struct att_slots forward_slots = {
+	RP_ATT_Q, RP_ATT_K, RP_ATT_V, RP_ATT_O, RP_ATT_STATS, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV,
+};
+static const struct att_slots backward_slots = {
+	RP_ATB_Q, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_STATS, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV,
+};
+
+/* seq_len_q and seq_len_kv: both or neither (cuDNN's padding mask takes
+ * both; a side whose sequences do not vary passes its full lengths), each
+ * one length per batch entry. */
+static int check_lengths(struct rp_compute *c, const struct att_slots *s, struct rp_error *err)
+{
+	struct rp_attention *a = &c->attention;
+	const struct rp_operand *lq = rp_compute_operand(c, s->seq_len_q), *lkv = rp_compute_operand(c, s->seq_len_kv);
+	const int64_t want[1] = { a->batch };
+
+	a->padded = lq && lkv;
+	if (!lq != !lkv) {
+		const char *given = lq ? "seq_len_q" : "seq_len_kv", *missing = lq ? "seq_len_kv" : "seq_len_q";
+		return rp_error_invalid_operand(err, missing,
+						"%s is given without %s: sequence lengths come in pairs (pass the full "
+						"length %" PRId64 " for every entry of the side that does not vary)",
+						given, missing, lq ? a->seq_kv : a->seq_q);
+	}
+	if (lq && !rp_operand_shape_is(lq, 1, want)) {
+		return rp_error_invalid_operand(err, "seq_len_q", "seq_len_q is %s but must be [B] = %s (B from q)",
+						rp_operand_shape_text(lq).s, rp_shape_fmt(1, want).s);
+	}
+	if (lkv && !rp_operand_shape_is(lkv, 1, want)) {
+		return rp_error_invalid_operand(err, "seq_len_kv", "seq_len_kv is %s but must be [B] = %s (B from q)",
+						rp_operand_shape_text(lkv).s, rp_shape_fmt(1, want).s);
+	}
+	return 0;
+}
 
 static int check_shapes(struct rp_compute *c, const struct att_slots *s, struct rp_error *err)
 {
@@ -107,7 +156,7 @@ static int check_shapes(struct rp_compute *c, const struct att_slots *s, struct 
 		return rp_error_invalid_operand(err, "stats", "stats is %s but must be [B, H, Sq] = %s",
 						rp_operand_shape_text(stats).s, rp_shape_fmt(3, statswant).s);
 	}
-	return 0;
+	return check_lengths(c, s, err);
 }
 
 /* scale: absent is 0 here, the default 1/sqrt(D), filled in once D is
@@ -143,8 +192,11 @@ static int check_scalars(struct rp_attention *a, struct rp_error *err)
 	}
 	/* Aligned to the bottom right, query i sees keys up to
 	 * i + Skv - Sq: with more queries than keys, the first rows would see
-	 * no key at all, and their softmax is undefined. */
-	if (a->causal && a->alignment == RP_CAUSAL_BOTTOM_RIGHT && a->seq_q > a->seq_kv) {
+	 * no key at all, and their softmax is undefined. With sequence
+	 * lengths the diagonal is each entry's own (i + seq_len_kv[b] -
+	 * seq_len_q[b]), and Sq, Skv are only the padded sizes: the lengths
+	 * decide, where a backend can see them. */
+	if (a->causal && a->alignment == RP_CAUSAL_BOTTOM_RIGHT && a->seq_q > a->seq_kv && !a->padded) {
 		return rp_error_invalid_operand(err, "q",
 						"causal attention aligned bottom_right with Sq %" PRId64 " > Skv %" PRId64
 						" leaves the first %" PRId64 " query rows no key to attend to; use top_left or "

@@ -17,6 +17,7 @@ static const char *const dtype_names[RP_DTYPE_COUNT + 1] = {
 	[RP_DTYPE_F32] = "f32",
 	[RP_DTYPE_F16] = "f16",
 	[RP_DTYPE_BF16] = "bf16",
+	[RP_DTYPE_I32] = "i32",
 	[RP_DTYPE_COUNT] = NULL,
 };
 
@@ -42,6 +43,7 @@ size_t rp_dtype_size(enum rp_dtype dt)
 {
 	switch (dt) {
 	case RP_DTYPE_F32:
+	case RP_DTYPE_I32:
 		return 4;
 	case RP_DTYPE_F16:
 	case RP_DTYPE_BF16:

@@ -11,7 +11,11 @@
 /* No dimension may exceed this; keeps every extent computation in int64. */
 #define RP_DIM_MAX (INT64_C(1) << 31)
 
-enum rp_dtype { RP_DTYPE_F32 = 0, RP_DTYPE_F16, RP_DTYPE_BF16, RP_DTYPE_COUNT };
+/* i32 is for integer operands only (attention's sequence lengths): an
+ * operation's table says which operands take which dtypes. */
+enum rp_dtype { RP_DTYPE_F32 = 0, RP_DTYPE_F16, RP_DTYPE_BF16, RP_DTYPE_I32, RP_DTYPE_COUNT };
+/* The floating-point dtypes are the first RP_DTYPE_FLOATS. */
+#define RP_DTYPE_FLOATS (RP_DTYPE_BF16 + 1)
 
 const char *rp_dtype_name(enum rp_dtype dt);
 int rp_dtype_from_name(const char *name);       /* -1 when unknown */

@@ -32,7 +32,10 @@
 #include "message.h"
 
 #define RP_RING_MAGIC 0x52474e52u       /* "RNGR" little-endian */
-#define RP_RING_VERSION 1
+/* 2: eleven operand slots (attention's seq_len_q and seq_len_kv), where
+ * version 1 had nine and left the bytes after them to padding; and the
+ * worker's stage times at the end of each completion. */
+#define RP_RING_VERSION 2
 #define RP_RING_ENTRIES_MIN 2
 #define RP_RING_ENTRIES_MAX 1024        /* a power of two in between */
 #define RP_RING_IDS_DEFAULT 256

@@ -77,7 +77,8 @@ typedef struct regen_watcher regen_watcher;
 /* Devices libregen reaches: indexes 0 .. REGEN_DEVICES_MAX - 1. */
 #define REGEN_DEVICES_MAX 64
 
-enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16 };
+/* REGEN_I32 only where a call says so (attention's sequence lengths). */
+enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16, REGEN_I32 };
 
 /* socket_path NULL: $REGEN_SOCKET, else the built-in default. When
  * $REGEN_JOB is set, the client states it as its job (regen_client_set_job);
@@ -284,7 +285,10 @@ REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args)
 enum regen_causal_alignment { REGEN_CAUSAL_TOP_LEFT = 0, REGEN_CAUSAL_BOTTOM_RIGHT };
 
 /* q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv],
- * H a multiple of Hkv (grouped-query attention). */
+ * H a multiple of Hkv (grouped-query attention). seq_len_q and seq_len_kv,
+ * REGEN_I32 [B], both or neither: each batch entry's sequence lengths, the
+ * rows past them padding (io.regen.Compute.Attention says what is written
+ * there and which values are taken). */
 struct regen_attention_args {
 	struct regen_tensor q, k, v, o;
 	const struct regen_tensor *stats;  /* NULL: not wanted */
@@ -292,6 +296,7 @@ struct regen_attention_args {
 	bool causal;
 	const regen_event *wait_event, *signal_event;
 	enum regen_causal_alignment causal_alignment;
+	const struct regen_tensor *seq_len_q, *seq_len_kv;   /* NULL: every sequence full */
 };
 REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *args);
 
@@ -301,6 +306,7 @@ struct regen_attention_backward_args {
 	bool causal;
 	const regen_event *wait_event, *signal_event;
 	enum regen_causal_alignment causal_alignment;
+	const struct regen_tensor *seq_len_q, *seq_len_kv;   /* the forward's */
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
 

@@ -6,6 +6,15 @@ same bf16 tensors.
 
     python3 tests/bench/bench_attention.py [path/to/regend] [--socket PATH] [--iters 20]
                                            [--warmup 5] [--json out.json] [--shapes NAME,...]
+                                           [--autotune N]
+
+--autotune N starts regend with REGEN_ATTENTION_AUTOTUNE=N: each problem's
+first call (a warm-up one) builds the first N engine configurations cuDNN
+offers (its heuristics' ranking, then a sweep of the engines' knobs) and
+runs each timed on the call's operands; the next call switches to the
+fastest. regend's line for each problem ("attention autotune, ...: [i]
+engine E knobs ... ms") is printed at the end. Without it regend runs the heuristics' first, as torch's cuDNN
+backend does.
 
 Shapes: q [B, H, S, D], k and v [B, Hkv, S, D], BHSD, Sq = Skv = S.
 
@@ -61,7 +70,15 @@ def main():
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--shapes", help="comma-separated prefixes of shape names to run (default: all)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--autotune", type=int, default=0,
+                    help="REGEN_ATTENTION_AUTOTUNE for the regend started here: engine configurations timed per "
+                         "problem (0: the heuristics' first)")
     args = ap.parse_args()
+    if args.autotune:
+        if args.socket:
+            print("--autotune needs the regend this script starts (the running one's environment is its own)")
+            return 2
+        os.environ["REGEN_ATTENTION_AUTOTUNE"] = str(args.autotune)
 
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if "expandable_segments:True" in conf:
@@ -93,7 +110,7 @@ def main():
     out = {"device": torch.cuda.get_device_name(args.device), "torch": torch.__version__, "cuda": torch.version.cuda,
            "cudnn": torch.backends.cudnn.version(), "iters": args.iters, "warmup": args.warmup,
            "min_time_s": args.min_time, "window": args.window, "repeat": args.repeat, "dtype": "bf16",
-           "layout": "BHSD", "attention": []}
+           "layout": "BHSD", "autotune": args.autotune, "attention": []}
     rows = []
     try:
         c = regen.Client(daemon.socket, timeout=600)
@@ -234,12 +251,17 @@ def main():
             torch.cuda.empty_cache()
         c.close()
     finally:
+        tuned = []
+        if args.autotune and daemon.owned:
+            with open(daemon.owned.log_path, errors="replace") as f:
+                tuned = [line.rstrip() for line in f if "attention autotune" in line]
         daemon.close()
+    out["autotune_log"] = tuned
 
     print(f"{out['device']}, torch {out['torch']} (CUDA {out['cuda']}, cuDNN {out['cudnn']}), regend backend "
           f"{out.get('regend_backend')}; bf16 BHSD; pipelined batches of >= {args.iters} calls and >= "
           f"{args.min_time} s after {args.warmup} warm-up, regend <= {args.window} in flight; best of "
-          f"{args.repeat} rounds\n")
+          f"{args.repeat} rounds{f'; autotune {args.autotune}' if args.autotune else ''}\n")
     print(markdown_table(["shape", "pass", "regend TFLOP/s", "torch flash", "torch cudnn", "torch efficient",
                           "regend / best torch", "regend ms/call", "calls"], rows))
     for e in out["attention"]:
@@ -251,6 +273,8 @@ def main():
                   f"(no native grouped-query heads for this input)")
         if "rel_diff_vs_torch_cudnn" in e:
             print(f"  {e['shape']}: o vs torch cudnn rel diff {e['rel_diff_vs_torch_cudnn']:.1e}")
+    for line in tuned:
+        print(f"  {line}")
     write_json(args.json, out)
     return 0
 

@@ -101,6 +101,25 @@ static bool parse_or_named_error(const struct rp_op_spec *spec, const cJSON *par
 
 #define OP(slot) (&c.operands[slot])
 
+#if defined(FUZZ_ATTENTION) || defined(FUZZ_ATTENTION_BACKWARD)
+/* Sequence lengths: both or neither, i32 [B], and no output over them. */
+static void check_lengths(const struct rp_compute *c, int slot_q, int slot_kv, int out)
+{
+	const bool q = c->present[slot_q], kv = c->present[slot_kv];
+	const int64_t b[1] = { c->attention.batch };
+
+	FZ_CHECK(q == kv && c->attention.padded == q, "lengths given apart (q %d, kv %d, padded %d)", q, kv,
+		 c->attention.padded);
+	if (!q)
+		return;
+	for (int i = 0; i < 2; i++) {
+		const struct rp_operand *l = &c->operands[i ? slot_kv : slot_q];
+		FZ_CHECK(shape_is(l, 1, b) && l->dtype == RP_DTYPE_I32 && l->strides[0] == 1, "lengths not i32 [B]");
+		no_overlap(&c->operands[out], c->spec->operands[out].name, l, c->spec->operands[i ? slot_kv : slot_q].name);
+	}
+}
+#endif
+
 #if defined(FUZZ_GEMM)
 static void run(const cJSON *params)
 {
@@ -157,7 +176,11 @@ static void run(const cJSON *params)
 		 shape_is(OP(RP_ATT_O), 4, o), "shapes disagree");
 	FZ_CHECK(a.heads_kv >= 1 && a.heads % a.heads_kv == 0, "Hkv %lld does not divide H %lld", (long long)a.heads_kv,
 		 (long long)a.heads);
-	FZ_CHECK(!a.causal || a.alignment == RP_CAUSAL_TOP_LEFT || a.seq_q <= a.seq_kv, "bottom-right rows without keys");
+	/* With lengths the diagonal is each entry's: Sq > Skv is then the
+	 * backends' to judge (by the lengths' values). */
+	FZ_CHECK(!a.causal || a.alignment == RP_CAUSAL_TOP_LEFT || a.seq_q <= a.seq_kv || a.padded,
+		 "bottom-right rows without keys");
+	check_lengths(&c, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV, RP_ATT_O);
 	FZ_CHECK(OP(RP_ATT_Q)->dtype == OP(RP_ATT_K)->dtype && OP(RP_ATT_K)->dtype == OP(RP_ATT_V)->dtype &&
 		 OP(RP_ATT_V)->dtype == OP(RP_ATT_O)->dtype, "dtypes disagree");
 	FZ_CHECK(isfinite(a.scale) && a.scale > 0, "scale %g", a.scale);
@@ -191,6 +214,9 @@ static void run(const cJSON *params)
 	FZ_CHECK(a.heads_kv >= 1 && a.heads % a.heads_kv == 0, "Hkv does not divide H");
 	FZ_CHECK(OP(RP_ATB_STATS)->dtype == RP_DTYPE_F32, "stats not f32");
 	FZ_CHECK(isfinite(a.scale) && a.scale > 0, "scale %g", a.scale);
+	check_lengths(&c, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, RP_ATB_DQ);
+	check_lengths(&c, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, RP_ATB_DK);
+	check_lengths(&c, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, RP_ATB_DV);
 	static const int ins[] = { RP_ATB_Q, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_DO, RP_ATB_STATS };
 	static const int outs[] = { RP_ATB_DQ, RP_ATB_DK, RP_ATB_DV };
 	for (int i = 0; i < 3; i++) {

@@ -68,6 +68,18 @@ att_cases = {
     'bad-rank': dict(att(), q=op('b0.1.1', [S, D], 'f16')),
     'dtype-mix': dict(att(), k=op('b0.1.2', [B, H, S, D], 'bf16')),
     'events': dict(att(), wait_event='e0.1.9', signal_event='b0.1.9'),
+    # Sequence lengths: i32 [B], together; one alone, another dtype, another
+    # batch, cuDNN's own [B,1,1,1] shape, lengths aliasing o.
+    'lengths': dict(att(), seq_len_q=op('b0.1.6', [B], 'i32'), seq_len_kv=op('b0.1.6', [B], 'i32', offset=8)),
+    'lengths-bottom-right-sq-gt-skv': dict(att(sq=12, skv=8), causal=True, causal_alignment='bottom_right',
+                                           seq_len_q=op('b0.1.6', [B], 'i32'), seq_len_kv=op('b0.1.7', [B], 'i32')),
+    'lengths-q-only': dict(att(), seq_len_q=op('b0.1.6', [B], 'i32')),
+    'lengths-f32': dict(att(), seq_len_q=op('b0.1.6', [B]), seq_len_kv=op('b0.1.7', [B], 'i32')),
+    'lengths-batch': dict(att(), seq_len_q=op('b0.1.6', [B + 1], 'i32'), seq_len_kv=op('b0.1.7', [B], 'i32')),
+    'lengths-rank4': dict(att(), seq_len_q=op('b0.1.6', [B, 1, 1, 1], 'i32'),
+                          seq_len_kv=op('b0.1.7', [B, 1, 1, 1], 'i32')),
+    'lengths-over-o': dict(att(), seq_len_q=op('b0.1.4', [B], 'i32'), seq_len_kv=op('b0.1.7', [B], 'i32')),
+    'q-i32': dict(att(), q=op('b0.1.1', [B, H, S, D], 'i32')),
 }
 for name, p in att_cases.items():
     write('attention', name + '.json', dump(p))
@@ -93,6 +105,11 @@ for i, n in enumerate(['q', 'k', 'v', 'o', 'd_o', 'd_q', 'd_k', 'd_v']):
     p[n]['offset'] = i * size
 p['stats']['offset'] = 8 * size
 attb_cases['one-buffer-disjoint'] = p
+attb_cases['lengths'] = dict(attb(), causal=True, seq_len_q=op('b0.1.10', [B], 'i32'),
+                             seq_len_kv=op('b0.1.10', [B], 'i32', offset=16))
+attb_cases['lengths-kv-only'] = dict(attb(), seq_len_kv=op('b0.1.10', [B], 'i32'))
+attb_cases['lengths-under-d_q'] = dict(attb(), seq_len_q=op('b0.1.6', [B], 'i32'),
+                                       seq_len_kv=op('b0.1.10', [B], 'i32'))
 for name, p in attb_cases.items():
     write('attention_backward', name + '.json', dump(p))
 
@@ -399,6 +416,44 @@ res = {
     'attention-small-v': (0x01, [K1, K1, 5, K1], att()),
     'attention-backward': (0x02, [9], attb(bufs=['b0.1.1'] * 9)),
     'attention-backward-disjoint': (0x02, [9], attb_cases['one-buffer-disjoint']),
+    # Lengths in a buffer of 16 bytes (index 2): B = 2 i32 fit, B + 2 not.
+    'attention-lengths': (0x01, [K1, K1, K1, K1, 2], dict(att(), seq_len_q=op('b0.1.5', [B], 'i32'),
+                                                          seq_len_kv=op('b0.1.5', [B], 'i32', offset=8))),
+    'attention-lengths-past-end': (0x01, [K1, K1, K1, K1, 2], dict(att(), seq_len_q=op('b0.1.5', [B], 'i32'),
+                                                                   seq_len_kv=op('b0.1.5', [B], 'i32', offset=12))),
+    'attention-lengths-event': (0x01, [K1, K1, K1, K1, 0x10], dict(att(), seq_len_q=op('b0.1.5', [B], 'i32'),
+                                                                   seq_len_kv=op('b0.1.5', [B], 'i32'))),
 }
 for name, (head, objs, params) in res.items():
     write('resolution', name, bytes([head, len(objs) - 1] + objs) + dump(params))
+
+# io.regen.Lane records (fuzz_ring.c reads RECORD_SIZE bytes as one), version
+# 2's eleven operand slots: the backward with its lengths in the last two.
+RECORD_SIZE, NONE = 1024, 0xffffffff
+def record(op_id, operands, flags=0, alignment=0, scale=0.0):
+    head = struct.pack('<QHHBBBBIIIIdddQ', 99, op_id, flags, 0, 0, alignment, 0, NONE, NONE, 0, 0, 0.0, 0.0,
+                       scale, 0)
+    body = b''
+    for o in operands + [None] * (11 - len(operands)):
+        if o is None:
+            body += struct.pack('<IBBHQ4q4q', NONE, 0, 0, 0, 0, *([0] * 8))
+        else:
+            index, dtype, offset, shape = o
+            strides, step = [0] * len(shape), 1
+            for i in range(len(shape) - 1, -1, -1):
+                strides[i] = step
+                step *= shape[i]
+            pad = [0] * (4 - len(shape))
+            body += struct.pack('<IBBHQ4q4q', index, dtype, len(shape), 0, offset, *shape, *pad, *strides, *pad)
+    rec = head + body
+    return rec + bytes(RECORD_SIZE - len(rec))
+F16, F32, I32 = 1, 0, 3
+t4 = [B, H, S, D]
+bwd = [(0, F16, i * 4096, t4) for i in range(5)] + [(1, F32, 0, [B, H, S])] + \
+      [(1, F16, 4096 * (i + 1), t4) for i in range(3)]
+write('ring', 'attention-backward-lengths', record(2, bwd + [(1, I32, 16384, [B]), (1, I32, 16392, [B])], flags=4,
+                                                   alignment=1))
+write('ring', 'attention-lengths-q-only', record(1, [(0, F16, i * 4096, t4) for i in range(4)] +
+                                                 [None, (1, I32, 0, [B])]))
+write('ring', 'attention-lengths-slot-past-op', record(1, [(0, F16, i * 4096, t4) for i in range(4)] +
+                                                       [None, None, None, None, None, None, (1, I32, 0, [B])]))

@@ -5,7 +5,8 @@
  * bound (least recently used evicted); plans and the cuDNN handle dropped
  * by a release and by a reset and built again by the next call; refusals
  * by name (f32, a head dimension cuDNN does not take) with the lane still
- * serving; the per-call scratch cap (LimitExceeded). Fresh random inputs
+ * serving; the per-call scratch cap (LimitExceeded); autotuning (a choice
+ * kept, right, and remembered across a release). Fresh random inputs
  * (seed printed; REGEN_TEST_SEED repeats it). */
 #include "gpu_common.h"
 
@@ -392,6 +393,48 @@ int main(void)
 	CHECK(run(&t, lane, &op, "backward after reset") == 0, "backward after reset failed");
 	check_backward_written(&a, "backward after reset");
 	att_free(&t, &a);
+
+	/* Autotuning (REGEN_ATTENTION_AUTOTUNE's setting): a new problem's
+	 * plan is built from several configurations, its first call runs
+	 * them timed, the next one reads the timing and keeps one, and the
+	 * answer is the same; a release rebuilds the plan with that
+	 * configuration alone. */
+	rd_cuda_set_attention_autotune(&t.dev, 4);
+	const struct problem tuned = { RP_DTYPE_BF16, 2, 4, 4, 256, 256, 64, false };
+	att_alloc(&t, &a, &tuned, &seed);
+	forward_op(&op, &a);
+	t1 = gt_now();
+	CHECK(run(&t, lane, &op, "autotuned forward") == 0, "autotuned forward failed");
+	printf("  autotuned first forward (candidates built and run timed): %.0f ms\n", (gt_now() - t1) * 1e3);
+	check_forward(&a, "autotuned forward bf16 B2 H4 S256 D64", 1e-2);
+	unsigned kept = 0;
+	int index = -1, index_again = -1;
+	long long engine = -1;
+	CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index, &engine) == 0 && kept >= 1 && index >= 0,
+	      "after the first autotuned call: %u candidates, index %d", kept, index);
+	printf("  candidates after the first call: %u\n", kept);
+	gt_mat_poison(&a.o.m);
+	forward_op(&op, &a);
+	CHECK(run(&t, lane, &op, "autotuned forward, second call") == 0, "second autotuned forward failed");
+	check_forward(&a, "autotuned forward, second call", 1e-2);
+	CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index, &engine) == 0 && kept == 1 && index >= 0,
+	      "after the second autotuned call: %u candidates left, index %d", kept, index);
+	printf("  autotuning kept configuration %d (engine %lld)\n", index, engine);
+	n = rd_registry_release(&t.dev.registry);
+	CHECK(t.dev.backend->release(&t.dev, &err) == 0, "release: %s", gt_err_message(&err));
+	gt_mat_poison(&a.o.m);
+	forward_op(&op, &a);
+	CHECK(run(&t, lane, &op, "autotuned forward after release") == 0, "autotuned forward after release failed");
+	check_forward(&a, "autotuned forward after release", 1e-2);
+	CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index_again, &engine) == 0 && kept == 1 &&
+		      index_again == index,
+	      "after a release the tuned plan came back as configuration %d (%u candidates), not %d", index_again, kept,
+	      index);
+	backward_op(&op, &a);
+	CHECK(run(&t, lane, &op, "autotuned backward") == 0, "autotuned backward failed");
+	check_backward_written(&a, "autotuned backward");
+	att_free(&t, &a);
+	rd_cuda_set_attention_autotune(&t.dev, 0);
 
 	/* The cache's bound: with room for 2, three new problems leave 2. */
 	rd_cuda_set_attention_plan_limit(&t.dev, 2);

@@ -3,13 +3,14 @@
 regend by CUDA IPC (regen.Client.import_tensor), runs GEMMs there and checks
 them against torch float64 on the same fresh random inputs, and attention
 (cuDNN's, bf16 and f16: grouped-query heads, both causal alignments, several
-head dimensions and layouts, forward and backward) against torch's SDPA in
-f32; checks what the CUDA backend refuses; then faults the
+head dimensions and layouts, forward and backward, with and without
+per-entry sequence lengths) against torch's SDPA in f32 (with an explicit
+boolean mask built from the lengths); checks what the CUDA backend refuses; then faults the
 device (device_lost, restart, worker crash) and checks that the torch
 process's own tensors and CUDA context come through untouched and that work
 carries on after re-importing.
 
-    python3 tests/gpu/test_torch_interop.py [path/to/regend]
+    python3 tests/gpu/test_torch_interop.py [path/to/regend] [--only gemm,events,attention,varlen,lifecycle]
 
 regend defaults to $REGEND, then $REGEN_BUILD_ROOT/daemon/regend, then
 build/daemon/regend.  Exit 0 = pass, 1 = fail, 77 = skipped (no torch or no
@@ -308,6 +309,137 @@ def run_attention(c):
         record("attention after refusals", False, f"{type(e).__name__}: {e}")
 
 
+# -- attention with sequence lengths ------------------------------------------------
+# Against torch's SDPA in f32 with an explicit boolean mask built from the
+# lengths (and the causal diagonal, each entry's own). A padding query row
+# sees no key, which torch's SDPA answers with NaN, and NaN would reach
+# d_k and d_v through autograd: the reference lets such a row see key 0
+# and gives it d_o 0, so it adds nothing, and its own outputs are compared
+# with what the protocol says instead (o 0, stats -inf, gradients 0).
+
+def lengths_mask(lq, lkv, sq, skv, causal, alignment, device):
+    """keep [B, 1, Sq, Skv]: row i of entry b sees key j."""
+    i = torch.arange(sq, device=device)[None, :, None]
+    j = torch.arange(skv, device=device)[None, None, :]
+    lq_t = torch.tensor(lq, device=device)[:, None, None]
+    lkv_t = torch.tensor(lkv, device=device)[:, None, None]
+    keep = (i < lq_t) & (j < lkv_t)
+    if causal:
+        keep &= j <= i + ((lkv_t - lq_t) if alignment == "bottom_right" else 0)
+    return keep[:, None]
+
+
+def varlen_case(c, b, h, sq, skv, d, dtype, lq, lkv, causal=False, alignment="top_left", hkv=None, layout="bhsd",
+                padding=None, label=""):
+    """One forward and backward with per-entry lengths lq, lkv (what regend
+    is given; clamped into [0, Sq] and [0, Skv] for the reference, as the
+    CUDA backend does). padding: what the padding rows of q, k, v and d_o
+    hold (None: random values like the rest; or a float such as NaN)."""
+    hkv = hkv or h
+    td = TORCH_DTYPE[dtype]
+    dev = f"cuda:{DEV}"
+    g = fresh_generator()
+    eff_q = [min(max(x, 0), sq) for x in lq]
+    eff_kv = [min(max(x, 0), skv) for x in lkv]
+    q = att_tensor([b, h, sq, d], layout, td, g)
+    k = att_tensor([b, hkv, skv, d], layout, td, g)
+    v = att_tensor([b, hkv, skv, d], layout, td, g)
+    d_o = att_tensor([b, h, sq, d], layout, td, g)
+    if padding is not None:
+        for n in range(b):
+            for t, ln in ((q, eff_q[n]), (k, eff_kv[n]), (v, eff_kv[n]), (d_o, eff_q[n])):
+                t[n, :, ln:] = padding
+    o = att_tensor([b, h, sq, d], layout, td, g, fill=float("nan"))
+    stats = torch.full([b, h, sq], float("nan"), device=dev, dtype=torch.float32)
+    seq_q = torch.tensor(lq, device=dev, dtype=torch.int32)
+    seq_kv = torch.tensor(lkv, device=dev, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+
+    keep = lengths_mask(eff_q, eff_kv, sq, skv, causal, alignment, dev)
+    row_padded = ~keep.any(dim=-1, keepdim=True)                     # [B, 1, Sq, 1]
+    ref_keep = keep.clone()
+    ref_keep[..., 0] |= row_padded[..., 0]
+    clean = [torch.where(torch.isfinite(t), t, torch.zeros_like(t)) for t in (q, k, v, d_o)]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q32, k32, v32 = (t.float().detach().requires_grad_(True) for t in clean[:3])
+    with sdpa_kernel(SDPBackend.MATH):
+        ref_o = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, attn_mask=ref_keep, scale=scale,
+                                                                 enable_gqa=True)
+    group = h // hkv
+    sc = (q32.detach() @ k32.detach().repeat_interleave(group, dim=1).transpose(-1, -2)) * scale
+    ref_lse = torch.logsumexp(sc.masked_fill(~keep, float("-inf")), dim=-1)   # -inf on padding rows
+    pad_rows = row_padded[:, :, :, 0].expand(b, h, sq)                        # [B, H, Sq]
+
+    mask_txt = f" causal {alignment}" if causal else ""
+    name = (f"varlen {dtype} B{b} H{h}/{hkv} Sq{sq} Skv{skv} D{d}{mask_txt} {layout} "
+            f"lq{lq} lkv{lkv}{label}")
+    us = c.attention(q, k, v, o, stats=stats, causal=causal, causal_alignment=alignment if causal else None,
+                     seq_len_q=seq_q, seq_len_kv=seq_kv)
+    torch.cuda.synchronize()
+    tol = ATT_TOL[dtype]
+    live = ~pad_rows
+    e_o = rel_err(o[live], ref_o.detach()[live])
+    e_l = rel_err(stats[live], ref_lse[live])
+    pad_o = bool((o[pad_rows] == 0).all())
+    pad_l = bool((stats[pad_rows] == float("-inf")).all())
+    ok = bool(torch.isfinite(o).all()) and e_o < tol and e_l < tol and pad_o and pad_l
+    record(name, ok, f"o {e_o:.1e} lse {e_l:.1e} (tol {tol:g}); padding rows o 0: {pad_o}, stats -inf: {pad_l}; "
+           f"{us} us")
+
+    dq, dk, dvv = (att_tensor(list(t.shape), layout, td, g, fill=float("nan")) for t in (q, k, v))
+    us = c.attention_backward(q, k, v, o, d_o, stats, dq, dk, dvv, causal=causal,
+                              causal_alignment=alignment if causal else None, seq_len_q=seq_q, seq_len_kv=seq_kv)
+    torch.cuda.synchronize()
+    ref_do = clean[3].float().masked_fill(pad_rows[..., None], 0.0)
+    ref_dq, ref_dk, ref_dv = torch.autograd.grad(ref_o, (q32, k32, v32), ref_do)
+    errs = [rel_err(x, r) for x, r in ((dq, ref_dq), (dk, ref_dk), (dvv, ref_dv))]
+    kv_pad = torch.arange(skv, device=dev)[None, None, :] >= torch.tensor(eff_kv, device=dev)[:, None, None]
+    zeros = (bool((dq[pad_rows] == 0).all()) and bool((dk[kv_pad.expand(b, hkv, skv)] == 0).all()) and
+             bool((dvv[kv_pad.expand(b, hkv, skv)] == 0).all()))
+    btol = ATT_BWD_TOL[dtype]
+    ok = all(bool(torch.isfinite(t).all()) for t in (dq, dk, dvv)) and max(errs) < btol and zeros
+    record(name + " backward", ok,
+           f"dq {errs[0]:.1e} dk {errs[1]:.1e} dv {errs[2]:.1e} (tol {btol:g}); padding rows 0: {zeros}; {us} us")
+
+
+def run_varlen_attention(c):
+    cases = [
+        # plain, an empty entry, a full one
+        dict(b=3, h=4, sq=128, skv=128, d=64, dtype="bf16", lq=[100, 0, 128], lkv=[77, 128, 128]),
+        # grouped-query heads, BSHD, causal top-left, Sq != Skv
+        dict(b=3, h=8, hkv=2, sq=96, skv=160, d=128, dtype="f16", lq=[96, 40, 1], lkv=[160, 33, 90], causal=True,
+             layout="bshd"),
+        # bottom-right on each entry's own diagonal, Sq > Skv (the lengths decide)
+        dict(b=4, h=4, hkv=1, sq=200, skv=128, d=64, dtype="bf16", lq=[100, 128, 7, 0], lkv=[128, 128, 60, 5],
+             causal=True, alignment="bottom_right"),
+        dict(b=2, h=4, sq=64, skv=256, d=128, dtype="f16", lq=[64, 17], lkv=[256, 200], causal=True,
+             alignment="bottom_right", layout="padded"),
+        # padding rows holding NaN must reach no result
+        dict(b=3, h=4, sq=128, skv=128, d=64, dtype="bf16", lq=[100, 50, 128], lkv=[77, 128, 100], causal=True,
+             padding=float("nan"), label=" NaN padding"),
+        # hostile lengths: clamped into [0, S] on the device, nothing read or
+        # written outside the operands, the device healthy afterwards
+        dict(b=3, h=4, sq=128, skv=128, d=64, dtype="bf16", lq=[2**31 - 1, -7, 5], lkv=[1 << 30, 3, 2**31 - 1],
+             label=" hostile lengths"),
+    ]
+    for case in cases:
+        try:
+            varlen_case(c, **case)
+        except Exception as e:
+            record(f"varlen {case}", False, f"{type(e).__name__}: {e}")
+            traceback.print_exc()
+    # One length operand alone is refused by the parser, as on the host.
+    g = fresh_generator()
+    x = [randn([2, 2, 64, 64], torch.bfloat16, g) for _ in range(4)]
+    lens = torch.tensor([64, 32], device=f"cuda:{DEV}", dtype=torch.int32)
+    attention_refused(c, "seq_len_q without seq_len_kv", "pairs",
+                      lambda: c.attention(x[0], x[1], x[2], x[3], seq_len_q=lens))
+    try:
+        attention_case(c, 1, 2, 64, 64, 64, 64, "bf16", causal=True)
+    except Exception as e:
+        record("attention after sequence lengths", False, f"{type(e).__name__}: {e}")
+
+
 def event_chain_case(c):
     """The rank produces A on its own stream and records an interprocess
     event; regend's GEMM waits on it and records the rank's second event;
@@ -453,8 +585,20 @@ def lifecycle_case(c, kind):
     attention_case(c, 1, 4, 128, 128, 64, 64, "bf16", causal=True)
 
 
+PARTS = ("gemm", "events", "attention", "varlen", "lifecycle")
+
+
 def main():
-    regend = find_regend(sys.argv[1] if len(sys.argv) > 1 else None)
+    args = sys.argv[1:]
+    only = set(PARTS)
+    if "--only" in args:
+        i = args.index("--only")
+        only = set(args[i + 1].split(","))
+        del args[i:i + 2]
+        if not only <= set(PARTS):
+            print(f"--only takes {','.join(PARTS)}")
+            return 2
+    regend = find_regend(args[0] if args else None)
     if not regend or not os.access(regend, os.X_OK):
         print(f"FAIL: no regend at {regend} (pass its path as the first argument)")
         return 1
@@ -467,18 +611,22 @@ def main():
         print(f"regend: backend {info['backend']}, worker {info['worker_pid']}, generation {info['generation']}")
         if info["backend"] != "cuda":
             record("regend runs the cuda backend", False, f"backend is {info['backend']}")
-        run_gemms(c)
+        if "gemm" in only:
+            run_gemms(c)
         try:
-            event_chain_case(c)
+            if "events" in only:
+                event_chain_case(c)
         except Exception as e:
             record("wait/signal events", False, f"{type(e).__name__}: {e}")
             traceback.print_exc()
-        try:
-            run_attention(c)
-        except Exception as e:
-            record("attention", False, f"{type(e).__name__}: {e}")
-            traceback.print_exc()
-        for kind in ("device_lost", "restart", "crash"):
+        for part, run in (("attention", run_attention), ("varlen", run_varlen_attention)):
+            try:
+                if part in only:
+                    run(c)
+            except Exception as e:
+                record(part, False, f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+        for kind in ("device_lost", "restart", "crash") if "lifecycle" in only else ():
             try:
                 lifecycle_case(c, kind)
             except Exception as e:

@@ -142,6 +142,40 @@ static const struct bad_case cases[] = {
 	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
 	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("stats", 256, "f16", "[1,1,4]") "}}",
 	  REGEN_ERROR_INVALID_OPERAND "|" REGEN_ERROR_INVALID_PARAMETER },
+	/* Sequence lengths: what the parser sees, then what only the host
+	 * backend can see, the values (main() writes them: 99 and 4 at 2048,
+	 * 3 and 0 at 2056), refused before anything is written. */
+	{ "attention seq_len_q without seq_len_kv", WORKER,
+	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "i32", "[1]") "}}",
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_kv" },
+	{ "attention seq_len_q of f32", WORKER,
+	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "f32", "[1]") ","
+	  ATTN_OP("seq_len_kv", 2052, "i32", "[1]") "}}",
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_q" },
+	{ "attention seq_len_kv past the buffer", WORKER,
+	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "i32", "[1]") ","
+	  ATTN_OP("seq_len_kv", 4096, "i32", "[1]") "}}",
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_kv" },
+	{ "attention seq_len_q 99 past Sq 4", WORKER,
+	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "i32", "[1]") ","
+	  ATTN_OP("seq_len_kv", 2052, "i32", "[1]") "}}",
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_q" },
+	{ "attention queries with no key (seq_len_kv 0)", WORKER,
+	  "{\"method\":\"io.regen.Compute.AttentionBackward\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("d_o", 256, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("stats", 320, "f32", "[1,1,4]") "," ATTN_OP("d_q", 384, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("d_k", 448, "f32", "[1,1,4,4]") "," ATTN_OP("d_v", 512, "f32", "[1,1,4,4]") ","
+	  ATTN_OP("seq_len_q", 2056, "i32", "[1]") "," ATTN_OP("seq_len_kv", 2060, "i32", "[1]") "}}",
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_kv" },
 	{ "CloseBuffer without buffer", WORKER, "{\"method\":\"io.regen.Memory.CloseBuffer\",\"parameters\":{}}",
 	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "buffer" },
 	{ "import: referenced fd missing", WORKER,
@@ -442,6 +476,11 @@ int main(void)
 	checker = tl_fork(checker_main, NULL, 200);
 
 	tl_buffer_create(c, 0, 4096, &own);
+	{
+		/* The lengths the attention cases above point at. */
+		const int32_t lengths[4] = { 99, 4, 3, 0 };
+		memcpy((char *)own.mem.ptr + 2048, lengths, sizeof(lengths));
+	}
 	tl_buffer_create(c, 0, 4 << 20, &big);
 	big_id = regen_buffer_id(big.buf);
 	tl_buffer_alloc(4096, &spare);

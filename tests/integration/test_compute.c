@@ -1,6 +1,6 @@
 /* Eight client processes run GEMMs (f32, f16, bf16; transposes; alpha,
- * beta with C; strided rows; epilogues) and attention forward + backward on
- * memfd buffers they import, all at once, on both devices. Each checks every
+ * beta with C; strided rows; epilogues) and attention forward + backward
+ * (with and without sequence lengths) on memfd buffers they import, all at once, on both devices. Each checks every
  * result against a double-precision reference computed here from fresh
  * random inputs, with outputs poisoned (NaN) before each call. */
 #include <errno.h>
@@ -32,6 +32,39 @@ static int run_gemm(regen_client *c, struct tl_buffer *m, const struct tl_gemm_c
 		return 1;
 	}
 	return 0;
+}
+
+static int run_attention(regen_client *c, int device, const struct tl_attn_case *ac)
+{
+	char desc[256], why[512] = "";
+	int r;
+
+	tl_attn_describe(ac, desc, sizeof(desc));
+	r = tl_attention_run(c, device, ac, why, sizeof(why));
+	if (r < 0) {
+		tl_log("FAIL %s: %d %s %s", desc, r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
+		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		return 1;
+	}
+	if (r > 0) {
+		tl_log("FAIL %s: %s", desc, why);
+		return 1;
+	}
+	return 0;
+}
+
+/* Random sequence lengths for ac: an empty query side now and then, every
+ * entry with queries given keys (bottom-right: at least as many). */
+static void random_lengths(struct tl_attn_case *ac)
+{
+	ac->varlen = true;
+	for (int b = 0; b < ac->b; b++) {
+		ac->seq_len_kv[b] = tl_rand_int(0, 3) == 0 ? ac->skv : tl_rand_int(1, ac->skv);
+		ac->seq_len_q[b] = tl_rand_int(0, 4) == 0 ? 0 : tl_rand_int(1, ac->sq);
+		if (ac->bottom_right && ac->seq_len_q[b] > ac->seq_len_kv[b]) {
+			ac->seq_len_q[b] = ac->seq_len_kv[b];
+		}
+	}
 }
 
 /* Device 0's worker socket (static storage). */
@@ -151,6 +184,25 @@ static int client_main(void *arg)
 				tl_log("FAIL %s: %s", desc, why);
 				failures++;
 			}
+		}
+	}
+	/* Variable sequence lengths: padding rows hold NaN, which must reach
+	 * nothing; every mask, Sq > Skv too (aligned bottom-right, the lengths
+	 * decide). */
+	for (t = 0; t < 3; t++) {
+		for (i = 0; i < 3; i++) {
+			memset(&ac, 0, sizeof(ac));
+			ac.dt = dts[t];
+			ac.b = tl_rand_int(2, 5);
+			ac.h = tl_rand_int(1, 3);
+			ac.sq = tl_rand_int(3, 20);
+			ac.skv = tl_rand_int(3, 20);
+			ac.d = 8 * tl_rand_int(1, 2);
+			ac.dv = 8 * tl_rand_int(1, 2);
+			ac.causal = i > 0;
+			ac.bottom_right = i == 2;
+			random_lengths(&ac);
+			failures += run_attention(c, device, &ac);
 		}
 	}
 	regen_client_destroy(c);

@@ -350,8 +350,31 @@ out:
 
 void tl_attn_describe(const struct tl_attn_case *ac, char *buf, size_t size)
 {
-	snprintf(buf, size, "attention %s B=%d H=%d Sq=%d Skv=%d D=%d Dv=%d causal=%d scale=%g",
-		 rp_dtype_name(rp(ac->dt)), ac->b, ac->h, ac->sq, ac->skv, ac->d, ac->dv, ac->causal, ac->scale);
+	int n = snprintf(buf, size, "attention %s B=%d H=%d Sq=%d Skv=%d D=%d Dv=%d causal=%d%s scale=%g",
+			 rp_dtype_name(rp(ac->dt)), ac->b, ac->h, ac->sq, ac->skv, ac->d, ac->dv, ac->causal,
+			 ac->bottom_right ? " bottom_right" : "", ac->scale);
+
+	for (int i = 0; ac->varlen && i < ac->b && n > 0 && (size_t)n < size; i++) {
+		n += snprintf(buf + n, size - (size_t)n, "%s%d/%d", i ? "," : " lengths ", ac->seq_len_q[i],
+			      ac->seq_len_kv[i]);
+	}
+}
+
+/* NaN in the rows of x ([B, H, S, W] stored, dense) past each entry's
+ * length; the stored copy in mem and the reference's values alike. */
+static void poison_padding(enum rp_dtype dt, void *mem, double *x, int B, int H, int S, int W, const int32_t *len)
+{
+	for (int b = 0; b < B; b++) {
+		for (int h = 0; h < H; h++) {
+			for (int i = len[b]; i < S; i++) {
+				size_t at = (((size_t)b * H + h) * S + i) * W;
+				tl_poison(dt, (char *)mem + at * rp_dtype_size(dt), (size_t)W);
+				for (int w = 0; w < W; w++) {
+					x[at + w] = NAN;
+				}
+			}
+		}
+	}
 }
 
 static void tensor4(struct regen_tensor *t, regen_buffer *b, uint64_t offset, enum regen_dtype dt, int n0, int n1,
@@ -397,8 +420,12 @@ int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac,
 	const size_t no = (size_t)B * H * SQ * DV, ns = (size_t)B * H * SQ;
 	const double tol = dt == REGEN_F32 ? 2e-5 : dt == REGEN_F16 ? 2e-3 : 1.6e-2;
 	const struct tl_attention at = { .b = B, .h = H, .sq = SQ, .skv = SK, .d = D, .dv = DV, .causal = ac->causal,
-					 .scale = ac->scale != 0 ? ac->scale : 1.0 / sqrt((double)D) };
-	size_t off_q, off_k, off_v, off_do, off_o, off_st, off_dq, off_dk, off_dv;
+					 .bottom_right = ac->bottom_right,
+					 .scale = ac->scale != 0 ? ac->scale : 1.0 / sqrt((double)D),
+					 .seq_len_q = ac->varlen ? ac->seq_len_q : NULL,
+					 .seq_len_kv = ac->varlen ? ac->seq_len_kv : NULL };
+	size_t off_q, off_k, off_v, off_do, off_len, off_o, off_st, off_dq, off_dk, off_dv;
+	struct regen_tensor tlen_q, tlen_kv;
 	double *q, *k, *v, *d_o, *o_ref, *o_mag, *st_ref, *st_mag, *o_got = NULL, *st_got = NULL;
 	double *dq_ref, *dk_ref, *dv_ref, *dq_got = NULL, *dk_got = NULL, *dv_got = NULL;
 	struct tl_attention_grad_magnitude gm;
@@ -412,7 +439,8 @@ int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac,
 	off_k = align64(off_q + nq * es);
 	off_v = align64(off_k + nk * es);
 	off_do = align64(off_v + nv * es);
-	tl_buffer_alloc(align64(off_do + no * es), &in);
+	off_len = align64(off_do + no * es);
+	tl_buffer_alloc(align64(off_len + 2 * TL_ATTN_BATCH_MAX * sizeof(int32_t)), &in);
 	off_o = 0;
 	off_st = align64(no * es);
 	tl_buffer_alloc(align64(off_st + ns * 4), &out);
@@ -442,6 +470,15 @@ int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac,
 	tl_fill_random(NULL, rp(dt), in.mem.ptr + off_k, nk, -1, 1, k);
 	tl_fill_random(NULL, rp(dt), in.mem.ptr + off_v, nv, -1, 1, v);
 	tl_fill_random(NULL, rp(dt), in.mem.ptr + off_do, no, -1, 1, d_o);
+	if (ac->varlen) {
+		ASSERT(B <= TL_ATTN_BATCH_MAX, "at most %d batch entries with lengths", TL_ATTN_BATCH_MAX);
+		memcpy(in.mem.ptr + off_len, ac->seq_len_q, (size_t)B * sizeof(int32_t));
+		memcpy(in.mem.ptr + off_len + (size_t)B * sizeof(int32_t), ac->seq_len_kv, (size_t)B * sizeof(int32_t));
+		poison_padding(rp(dt), in.mem.ptr + off_q, q, B, H, SQ, D, ac->seq_len_q);
+		poison_padding(rp(dt), in.mem.ptr + off_k, k, B, H, SK, D, ac->seq_len_kv);
+		poison_padding(rp(dt), in.mem.ptr + off_v, v, B, H, SK, DV, ac->seq_len_kv);
+		poison_padding(rp(dt), in.mem.ptr + off_do, d_o, B, H, SQ, DV, ac->seq_len_q);
+	}
 	tl_poison(rp(dt), out.mem.ptr + off_o, no);
 	tl_poison(RP_DTYPE_F32, out.mem.ptr + off_st, ns);
 	tl_poison(rp(dt), grad.mem.ptr + off_dq, nq);
@@ -468,6 +505,19 @@ int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac,
 	fa.stats = &tstats;
 	fa.scale = ac->scale;
 	fa.causal = ac->causal;
+	fa.causal_alignment = ac->bottom_right ? REGEN_CAUSAL_BOTTOM_RIGHT : REGEN_CAUSAL_TOP_LEFT;
+	if (ac->varlen) {
+		memset(&tlen_q, 0, sizeof(tlen_q));
+		tlen_q.buffer = in.buf;
+		tlen_q.offset = off_len;
+		tlen_q.dtype = REGEN_I32;
+		tlen_q.rank = 1;
+		tlen_q.shape[0] = B;
+		tlen_kv = tlen_q;
+		tlen_kv.offset = off_len + (size_t)B * sizeof(int32_t);
+		fa.seq_len_q = &tlen_q;
+		fa.seq_len_kv = &tlen_kv;
+	}
 	r = regen_attention(c, &fa);
 	if (r == 0)
 		tl_check_transport(c, device);
@@ -489,6 +539,9 @@ int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac,
 	tensor4(&ba.d_v, grad.buf, off_dv, dt, B, H, SK, DV);
 	ba.scale = ac->scale;
 	ba.causal = ac->causal;
+	ba.causal_alignment = fa.causal_alignment;
+	ba.seq_len_q = fa.seq_len_q;
+	ba.seq_len_kv = fa.seq_len_kv;
 	r = regen_attention_backward(c, &ba);
 	if (r < 0) {
 		goto done;

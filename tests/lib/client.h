@@ -89,11 +89,18 @@ void tl_gemm_ok_at(const char *file, int line, regen_client *c, struct tl_buffer
 void tl_gemm_describe(const struct tl_gemm_case *gc, char *buf, size_t size);
 
 /* Attention forward, then backward, on buffers of its own. */
+#define TL_ATTN_BATCH_MAX 8
 struct tl_attn_case {
 	enum regen_dtype dt;
 	int b, h, sq, skv, d, dv;
 	bool causal;
 	double scale;               /* 0: the default, 1/sqrt(d) */
+	bool bottom_right;          /* the causal diagonal aligned bottom-right */
+	/* Sequence lengths (b <= TL_ATTN_BATCH_MAX): each entry's, passed as
+	 * seq_len_q and seq_len_kv; the padding rows of q, k, v and d_o hold
+	 * NaN, which must reach no result. */
+	bool varlen;
+	int32_t seq_len_q[TL_ATTN_BATCH_MAX], seq_len_kv[TL_ATTN_BATCH_MAX];
 };
 /* The same contract as tl_gemm_run. */
 int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac, char *why, size_t why_size);

@@ -34,11 +34,17 @@ struct tl_attention {
 	double scale;
 	bool causal;
 	bool bottom_right;          /* the causal diagonal aligned bottom-right (needs sq <= skv) */
+	/* Per batch entry (b of each), or NULL: every sequence full. Entry n's
+	 * queries are its first seq_len_q[n] rows, its keys its first
+	 * seq_len_kv[n]; bottom-right aligns on those. Both or neither. */
+	const int32_t *seq_len_q, *seq_len_kv;
 };
 
 /* q [b, h, sq, d], k [b, hkv, skv, d], v [b, hkv, skv, dv] -> o [b, h, sq, dv]
  * and the softmax's log-sum-exp lse [b, h, sq] (may be NULL). o_magnitude
- * (may be NULL): sum_j p_ij |v_j|. */
+ * (may be NULL): sum_j p_ij |v_j|. A row past its entry's seq_len_q (or one
+ * that sees no key) is the empty sum: o 0, lse -inf; its gradients are 0,
+ * as are those of keys past seq_len_kv. */
 void tl_attention_ref(const struct tl_attention *at, const double *q, const double *k, const double *v, double *o,
 		      double *lse, double *o_magnitude);
 

@@ -375,6 +375,27 @@ START_TEST(attention_accepts_and_derives)
 	ck_assert_int_eq(a->head_dim_v, 6);
 	ck_assert_ptr_null(err.name);
 	cJSON_Delete(params);
+
+	/* Sequence lengths, i32 [B], both in one buffer; with them a
+	 * bottom-right mask may have Sq > Skv (the lengths decide). */
+	params = patched(attention_base, "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]},"
+					 " 'seq_len_kv': {'buffer': 'b0.1.6', 'offset': 8, 'dtype': 'i32', 'shape': [2]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert(a->padded && c.present[RP_ATT_SEQ_LEN_Q] && c.present[RP_ATT_SEQ_LEN_KV]);
+	ck_assert_int_eq(c.operands[RP_ATT_SEQ_LEN_KV].offset, 8);
+	cJSON_Delete(params);
+	params = patched(attention_base, "{'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [2, 4, 30, 32]},"
+					 " 'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 30, 8]},"
+					 " 'causal': true, 'causal_alignment': 'bottom_right',"
+					 " 'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]},"
+					 " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert(a->padded && a->seq_q == 30 && a->seq_kv == 24);
+	cJSON_Delete(params);
+	params = patched(attention_base, NULL);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
+	ck_assert(!a->padded);
+	cJSON_Delete(params);
 }
 END_TEST
 
@@ -432,6 +453,30 @@ static const struct bad_case attention_bad_cases[] = {
 	  "{'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [2, 4, 30, 32]},"
 	  " 'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 30, 8]},"
 	  " 'causal': true, 'causal_alignment': 'bottom_right'}", OPERAND, "q", "no key" },
+	{ "seq_len_q without seq_len_kv", "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]}}", OPERAND,
+	  "seq_len_kv", "come in pairs" },
+	{ "seq_len_kv without seq_len_q", "{'seq_len_kv': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]}}", OPERAND,
+	  "seq_len_q", "full length 16" },
+	{ "seq_len_q of f32",
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [2]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "must be i32" },
+	{ "seq_len_kv of another batch",
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [3]}}", OPERAND, "seq_len_kv", "[B] = [2]" },
+	{ "seq_len_q of rank 4 ([B, 1, 1, 1], cuDNN's own shape, is not the protocol's)",
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2, 1, 1, 1]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "rank 1" },
+	{ "seq_len_q strided",
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2], 'strides': [2]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "last stride" },
+	{ "seq_len_q misaligned",
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'offset': 2, 'dtype': 'i32', 'shape': [2]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "misaligned" },
+	{ "o over seq_len_kv",
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.4', 'offset': 16, 'dtype': 'i32', 'shape': [2]}}", OPERAND, "o",
+	  "overlaps seq_len_kv" },
+	{ "q of i32", "{'q': {'buffer': 'b0.1.1', 'dtype': 'i32', 'shape': [2, 4, 16, 32]}}", OPERAND, "q", NULL },
 };
 
 START_TEST(attention_refuses)
@@ -474,6 +519,13 @@ START_TEST(attention_backward_accepts_and_derives)
 	params = patched(attention_backward_base, NULL);
 	ck_assert_int_eq(rp_compute_parse(&rp_op_attention_backward, params, &c, &err), 0);
 	ck_assert_double_eq_tol(a->scale, 1.0 / sqrt(32.0), 1e-15);
+	ck_assert(!a->padded);
+	cJSON_Delete(params);
+
+	params = patched(attention_backward_base, "{'seq_len_q': {'buffer': 'b0.1.10', 'dtype': 'i32', 'shape': [2]},"
+						  " 'seq_len_kv': {'buffer': 'b0.1.10', 'dtype': 'i32', 'shape': [2]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention_backward, params, &c, &err), 0);
+	ck_assert(a->padded && c.present[RP_ATB_SEQ_LEN_Q] && c.present[RP_ATB_SEQ_LEN_KV]);
 	cJSON_Delete(params);
 }
 END_TEST
@@ -511,6 +563,15 @@ static const struct bad_case attention_backward_bad_cases[] = {
 	{ "d_q overlapping d_o", "{'d_o': {'buffer': 'b0.1.7', 'offset': 8190, 'dtype': 'f16', 'shape': [2, 4, 16, 8]}}",
 	  OPERAND, "d_q", "overlaps d_o" },
 	{ "scale negative", "{'scale': -1}", PARAM, "scale", NULL },
+	{ "seq_len_kv alone", "{'seq_len_kv': {'buffer': 'b0.1.10', 'dtype': 'i32', 'shape': [2]}}", OPERAND,
+	  "seq_len_q", "come in pairs" },
+	{ "d_k over seq_len_q",
+	  "{'seq_len_q': {'buffer': 'b0.1.8', 'dtype': 'i32', 'shape': [2]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.10', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "d_k", "overlaps seq_len_q" },
+	{ "seq_len_q of another batch",
+	  "{'seq_len_q': {'buffer': 'b0.1.10', 'dtype': 'i32', 'shape': [1]},"
+	  " 'seq_len_kv': {'buffer': 'b0.1.10', 'offset': 8, 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q",
+	  NULL },
 };
 
 START_TEST(attention_backward_refuses)

@@ -35,6 +35,7 @@ struct problem {
 	cudnnDataType_t dtype;
 	int64_t b, h, h_kv, s_q, s_kv, d, d_v;
 	enum layout layout;
+	int padded;              /* with sequence lengths: the padding mask */
 };
 
 static void strides(int64_t s[4], enum layout l, int64_t h, int64_t seq, int64_t d)
@@ -52,6 +53,7 @@ static void key_of(const struct problem *p, struct cuda_sdpa_key *k)
 	k->dtype = p->dtype;
 	k->mask = p->mask;
 	k->stats = p->backward || p->stats;
+	k->padded = p->padded;
 	k->b = p->b;
 	k->h = p->h;
 	k->h_kv = p->h_kv;
@@ -78,7 +80,7 @@ static int build(const struct problem *p, char *why, size_t n)
 	struct cuda_sdpa_plan plan;
 
 	key_of(p, &k);
-	int r = cuda_sdpa_plan_build(&k, NULL, devprop, &plan, why, n);
+	int r = cuda_sdpa_plan_build(&k, NULL, devprop, 0, 1, &plan, why, n);
 	cuda_sdpa_plan_destroy(&plan);
 	return r;
 }
@@ -91,9 +93,10 @@ static void assert_taken(const struct problem *p)
 	char why[1024];
 	int r = build(p, why, sizeof(why));
 	ck_assert_msg(r == 0 || (r == -EIO && strstr(why, "cuLibraryLoadData")),
-		      "%s mask %d B%lld H%lld/%lld Sq%lld Skv%lld D%lld/%lld: r=%d, %s", p->backward ? "backward" : "forward",
-		      p->mask, (long long)p->b, (long long)p->h, (long long)p->h_kv, (long long)p->s_q, (long long)p->s_kv,
-		      (long long)p->d, (long long)p->d_v, r, why);
+		      "%s mask %d%s B%lld H%lld/%lld Sq%lld Skv%lld D%lld/%lld: r=%d, %s",
+		      p->backward ? "backward" : "forward", p->mask, p->padded ? " padded" : "", (long long)p->b,
+		      (long long)p->h, (long long)p->h_kv, (long long)p->s_q, (long long)p->s_kv, (long long)p->d,
+		      (long long)p->d_v, r, why);
 }
 
 START_TEST(forward_graphs_are_taken)
@@ -105,6 +108,24 @@ START_TEST(forward_graphs_are_taken)
 		{ 0, CUDA_SDPA_CAUSAL_TOP_LEFT, 1, CUDNN_DATA_BFLOAT16, 1, 4, 1, 100, 300, 96, 96, BHSD },
 		{ 0, CUDA_SDPA_NO_MASK, 1, CUDNN_DATA_BFLOAT16, 1, 4, 4, 256, 256, 128, 64, BHSD },
 		{ 0, CUDA_SDPA_NO_MASK, 0, CUDNN_DATA_HALF, 1, 4, 4, 256, 256, 256, 256, BSHD },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		assert_taken(&cases[i]);
+}
+END_TEST
+
+/* Sequence lengths (cuDNN's padding mask), forward and backward: every
+ * mask, grouped-query heads, BSHD, Sq > Skv aligned bottom-right (the
+ * lengths decide). */
+START_TEST(padded_graphs_are_taken)
+{
+	const struct problem cases[] = {
+		{ 0, CUDA_SDPA_NO_MASK, 1, CUDNN_DATA_BFLOAT16, 3, 4, 4, 128, 128, 64, 64, BHSD, 1 },
+		{ 0, CUDA_SDPA_CAUSAL_TOP_LEFT, 0, CUDNN_DATA_HALF, 2, 8, 2, 100, 200, 128, 128, BSHD, 1 },
+		{ 0, CUDA_SDPA_CAUSAL_BOTTOM_RIGHT, 1, CUDNN_DATA_BFLOAT16, 2, 4, 1, 300, 77, 64, 64, BHSD, 1 },
+		{ 1, CUDA_SDPA_NO_MASK, 1, CUDNN_DATA_BFLOAT16, 3, 4, 4, 128, 128, 64, 64, BHSD, 1 },
+		{ 1, CUDA_SDPA_CAUSAL_TOP_LEFT, 1, CUDNN_DATA_HALF, 2, 8, 2, 100, 200, 128, 128, BSHD, 1 },
+		{ 1, CUDA_SDPA_CAUSAL_BOTTOM_RIGHT, 1, CUDNN_DATA_BFLOAT16, 2, 4, 1, 300, 77, 64, 64, BHSD, 1 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		assert_taken(&cases[i]);
@@ -140,6 +161,38 @@ START_TEST(refusals_carry_cudnns_reason)
 
 	const struct problem f32 = { 0, CUDA_SDPA_NO_MASK, 1, CUDNN_DATA_INT32, 1, 2, 2, 64, 64, 64, 64, BHSD };
 	ck_assert_int_eq(build(&f32, why, sizeof(why)), -ENOTSUP);
+}
+END_TEST
+
+/* What autotuning times: the heuristics' ranking first, as a plan without
+ * autotuning takes it, then more (mode B, and every value of a
+ * single-knob engine's knob: on an H200 cuDNN 9.19's SDPA engines have one,
+ * KERNEL_CFG), never one configuration twice. Listed without compiling. */
+START_TEST(autotuning_offers_more_configurations)
+{
+	const struct problem probs[] = {
+		{ 0, CUDA_SDPA_NO_MASK, 1, CUDNN_DATA_BFLOAT16, 16, 16, 16, 1024, 1024, 64, 64, BHSD },
+		{ 1, CUDA_SDPA_CAUSAL_TOP_LEFT, 1, CUDNN_DATA_BFLOAT16, 2, 8, 2, 512, 512, 128, 128, BSHD, 1 },
+	};
+	static char ranked[64][96], all[256][96];
+	char why[1024];
+
+	for (size_t p = 0; p < sizeof(probs) / sizeof(probs[0]); p++) {
+		struct cuda_sdpa_key k;
+		key_of(&probs[p], &k);
+		int n = cuda_sdpa_configurations(&k, NULL, devprop, false, ranked, 64, why, sizeof(why));
+		int m = cuda_sdpa_configurations(&k, NULL, devprop, true, all, 256, why, sizeof(why));
+		ck_assert_msg(n >= 1 && n <= 64, "problem %zu: %d ranked (%s)", p, n, why);
+		ck_assert_msg(m > n && m <= 256, "problem %zu: %d configurations with autotuning, %d without; cuDNN "
+			      "offers no knob to sweep any more? (%s)", p, m, n, why);
+		for (int i = 0; i < n; i++)
+			ck_assert_str_eq(all[i], ranked[i]);
+		for (int i = 0; i < m; i++) {
+			ck_assert_msg(strncmp(all[i], "engine ", 7) == 0, "%s", all[i]);
+			for (int j = 0; j < i; j++)
+				ck_assert_msg(strcmp(all[i], all[j]) != 0, "problem %zu: %s offered twice", p, all[i]);
+		}
+	}
 }
 END_TEST
 
@@ -183,6 +236,8 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, forward_graphs_are_taken);
 	tcase_add_test(tc, backward_graphs_are_taken);
+	tcase_add_test(tc, padded_graphs_are_taken);
+	tcase_add_test(tc, autotuning_offers_more_configurations);
 	tcase_add_test(tc, refusals_carry_cudnns_reason);
 	tcase_add_test(tc, a_zeroed_plan_destroys);
 	suite_add_tcase(s, tc);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "daemon/backend/host/math.h"
+#include "proto/errors.h"
 #include "tests/lib/dtype.h"
 #include "tests/lib/rand.h"
 #include "tests/lib/reference.h"
@@ -311,7 +312,7 @@ START_TEST(gemm_alpha_beta_with_c)
 
 	tl_rng_init(&r, 2);
 	for (int alias = 0; alias < 2; alias++) {
-		for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+		for (int dt = 0; dt < RP_DTYPE_FLOATS; dt++) {
 			struct gemm_case gc = {
 				.m = tl_rng_int(&r, 2, 40), .n = tl_rng_int(&r, 2, 200), .k = tl_rng_int(&r, 2, 64),
 				.ta = tl_rng_int(&r, 0, 1), .tb = tl_rng_int(&r, 0, 1), .in = dt, .out = dt,
@@ -359,7 +360,7 @@ START_TEST(gemm_bias_and_gelu_epilogues)
 
 	tl_rng_init(&r, 3);
 	for (size_t e = 0; e < 4; e++) {
-		for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+		for (int dt = 0; dt < RP_DTYPE_FLOATS; dt++) {
 			struct gemm_case gc = {
 				.m = tl_rng_int(&r, 1, 30), .n = tl_rng_int(&r, 1, 150), .k = tl_rng_int(&r, 1, 50),
 				.ta = tl_rng_int(&r, 0, 1), .tb = tl_rng_int(&r, 0, 1), .in = dt, .out = dt,
@@ -545,7 +546,7 @@ static struct rp_attention att_args(const struct tl_attention *dm)
 		.scale = dm->scale, .causal = dm->causal,
 		.alignment = dm->bottom_right ? RP_CAUSAL_BOTTOM_RIGHT : RP_CAUSAL_TOP_LEFT,
 		.batch = dm->b, .heads = dm->h, .heads_kv = kv_heads(dm), .seq_q = dm->sq, .seq_kv = dm->skv,
-		.head_dim = dm->d, .head_dim_v = dm->dv,
+		.head_dim = dm->d, .head_dim_v = dm->dv, .padded = dm->seq_len_q != NULL,
 	};
 }
 
@@ -554,6 +555,22 @@ static void att_slot(struct rp_compute *call, void **p, int slot, const struct t
 	call->operands[slot] = t->op;
 	call->present[slot] = true;
 	p[slot] = t->buf;
+}
+
+/* dm's sequence lengths, when it has them, as i32 [B] operands. */
+static void att_length_slots(struct rp_compute *call, void **p, const struct tl_attention *dm, int slot_q,
+			     int slot_kv)
+{
+	const struct rp_operand len = { .buffer.kind = RP_ID_BUFFER, .dtype = RP_DTYPE_I32, .rank = 1,
+					.shape = { dm->b }, .strides = { 1 } };
+
+	if (!dm->seq_len_q) {
+		return;
+	}
+	call->operands[slot_q] = call->operands[slot_kv] = len;
+	call->present[slot_q] = call->present[slot_kv] = true;
+	p[slot_q] = (void *)dm->seq_len_q;
+	p[slot_kv] = (void *)dm->seq_len_kv;
 }
 
 static void att_run_forward(const struct tl_attention *dm, struct att_tensors *t, bool with_stats)
@@ -568,6 +585,8 @@ static void att_run_forward(const struct tl_attention *dm, struct att_tensors *t
 	if (with_stats) {
 		att_slot(&call, p, RP_ATT_STATS, &t->stats);
 	}
+	att_length_slots(&call, p, dm, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV);
+	ck_assert_int_eq(rd_host_check(&call, p, NULL), 0);
 	size_t need = rd_host_scratch_size(&call);
 	void *scratch = malloc(need);
 
@@ -583,7 +602,7 @@ START_TEST(attention_forward_matches_reference)
 	struct tl_rng r;
 
 	tl_rng_init(&r, 6);
-	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+	for (int dt = 0; dt < RP_DTYPE_FLOATS; dt++) {
 		for (int causal = 0; causal < 3; causal++) {
 			for (int shape = 0; shape < 2; shape++) {
 				/* Sq < Skv and Sq > Skv (causal rows past Skv see
@@ -712,6 +731,8 @@ static void att_run_backward(const struct tl_attention *dm, struct att_bwd_tenso
 	att_slot(&call, p, RP_ATB_DQ, &t->d_q);
 	att_slot(&call, p, RP_ATB_DK, &t->d_k);
 	att_slot(&call, p, RP_ATB_DV, &t->d_v);
+	att_length_slots(&call, p, dm, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV);
+	ck_assert_int_eq(rd_host_check(&call, p, NULL), 0);
 	size_t need = rd_host_scratch_size(&call);
 	void *scratch = malloc(need);
 
@@ -753,7 +774,7 @@ START_TEST(attention_backward_matches_reference)
 	struct tl_rng r;
 
 	tl_rng_init(&r, 8);
-	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++) {
+	for (int dt = 0; dt < RP_DTYPE_FLOATS; dt++) {
 		for (int causal = 0; causal < 3; causal++) {
 			/* causal 2: aligned bottom-right (Sq <= Skv); f16 and
 			 * f32 runs group two or three query heads per k/v head. */
@@ -799,6 +820,237 @@ START_TEST(attention_backward_matches_reference)
 			free(g.dv);
 			att_bwd_finish(&t);
 		}
+	}
+}
+END_TEST
+
+/* ---- variable sequence lengths ------------------------------------------------ */
+
+/* Random lengths for dm's batch: some query sides empty, every entry
+ * with queries given keys (and, bottom-right, no more queries than keys),
+ * now and then the full length. */
+static void random_lengths(struct tl_attention *dm, struct tl_rng *r, int32_t *lq, int32_t *lkv)
+{
+	for (int64_t b = 0; b < dm->b; b++) {
+		lkv[b] = (int32_t)(tl_rng_int(r, 0, 4) == 0 ? dm->skv : tl_rng_int(r, 1, (int)dm->skv));
+		lq[b] = (int32_t)(tl_rng_int(r, 0, 5) == 0 ? 0 : tl_rng_int(r, 1, (int)dm->sq));
+		if (dm->bottom_right && lq[b] > lkv[b]) {
+			lq[b] = lkv[b];
+		}
+	}
+	dm->seq_len_q = lq;
+	dm->seq_len_kv = lkv;
+}
+
+/* NaN in every padding row of a [B, heads, S, width] input: the reference
+ * must never read one. */
+static void poison_padding_rows(struct tens *t, const int32_t *len)
+{
+	const int64_t *sh = t->op.shape;
+
+	for (int64_t l = 0; l < t->numel; l++) {
+		int64_t row = (l / sh[3]) % sh[2], b = l / (sh[1] * sh[2] * sh[3]);
+		if (row >= len[b]) {
+			tens_set(t, l, NAN);
+		}
+	}
+}
+
+/* Rows past their entry's length hold exactly `want` (0 or -inf). */
+static void check_padding_rows(const struct tens *t, const int32_t *len, int64_t width, double want, const char *what)
+{
+	const int64_t *sh = t->op.shape;
+	const int64_t rows = sh[2], heads = sh[1];
+
+	for (int64_t l = 0; l < t->numel; l++) {
+		int64_t row = (l / width) % rows, b = l / (heads * rows * width);
+		if (row >= len[b]) {
+			ck_assert_msg(tens_get(t, l) == want, "%s[%lld] (entry %lld row %lld, length %d) is %g, not %g (seed %llu)",
+				      what, (long long)l, (long long)b, (long long)row, (int)len[b], tens_get(t, l), want,
+				      (unsigned long long)tl_seed());
+		}
+	}
+}
+
+START_TEST(attention_varlen_forward_matches_reference)
+{
+	struct tl_rng r;
+
+	tl_rng_init(&r, 10);
+	for (int dt = 0; dt < RP_DTYPE_FLOATS; dt++) {
+		for (int causal = 0; causal < 3; causal++) {
+			/* Bottom-right with Sq > Skv too: the lengths decide. */
+			struct tl_attention dm = {
+				.b = tl_rng_int(&r, 2, 4), .hkv = tl_rng_int(&r, 1, 2), .sq = tl_rng_int(&r, 2, 14),
+				.skv = tl_rng_int(&r, 2, 14), .d = tl_rng_int(&r, 4, 24), .causal = causal > 0,
+				.bottom_right = causal == 2,
+			};
+			int32_t lq[4], lkv[4];
+			struct att_tensors t;
+			double *oref, *lref, err;
+
+			dm.h = dm.hkv * tl_rng_int(&r, 1, 3);
+			dm.dv = tl_rng_int(&r, 4, 20);
+			dm.scale = tl_rng_uniform(&r, 0.5, 2.5) / sqrt((double)dm.d);
+			random_lengths(&dm, &r, lq, lkv);
+			att_init(&t, &dm, dt, tl_rng_int(&r, 0, 3));
+			tens_random(&t.q, &r);
+			tens_random(&t.k, &r);
+			tens_random(&t.v, &r);
+			poison_padding_rows(&t.q, lq);
+			poison_padding_rows(&t.k, lkv);
+			poison_padding_rows(&t.v, lkv);
+			tens_poison(&t.o);
+			tens_poison(&t.stats);
+			oref = malloc((size_t)t.o.numel * sizeof(double));
+			lref = malloc((size_t)t.stats.numel * sizeof(double));
+			ck_assert(oref && lref);
+
+			att_forward_ref(&dm, &t.q, &t.k, &t.v, oref, lref);
+			att_run_forward(&dm, &t, true);
+			tens_check_written(&t.o, "varlen o");
+			check_padding_rows(&t.o, lq, dm.dv, 0.0, "o");
+			check_padding_rows(&t.stats, lq, 1, -INFINITY, "stats");
+			err = tens_rel_err(&t.o, oref);
+			ck_assert_msg(err <= dt_tol(dt),
+				      "varlen attention %s causal=%d B=%lld H=%lld Hkv=%lld Sq=%lld Skv=%lld: relative "
+				      "error %.3g (seed %llu)", rp_dtype_name(dt), causal, (long long)dm.b, (long long)dm.h,
+				      (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv, err,
+				      (unsigned long long)tl_seed());
+			for (int64_t l = 0; l < t.stats.numel; l++) {
+				double got = tens_get(&t.stats, l);
+				ck_assert_msg(got == lref[l] || fabs(got - lref[l]) <= 1e-5 * (1.0 + fabs(lref[l])),
+					      "varlen stats[%lld] = %.9g, reference %.9g (seed %llu)", (long long)l, got,
+					      lref[l], (unsigned long long)tl_seed());
+			}
+			free(oref);
+			free(lref);
+			att_finish(&t);
+		}
+	}
+}
+END_TEST
+
+START_TEST(attention_varlen_backward_matches_reference)
+{
+	struct tl_rng r;
+
+	tl_rng_init(&r, 11);
+	for (int dt = 0; dt < RP_DTYPE_FLOATS; dt++) {
+		for (int causal = 0; causal < 3; causal++) {
+			struct tl_attention dm = {
+				.b = tl_rng_int(&r, 2, 4), .hkv = tl_rng_int(&r, 1, 2), .sq = tl_rng_int(&r, 2, 12),
+				.skv = tl_rng_int(&r, 2, 12), .d = tl_rng_int(&r, 4, 20), .causal = causal > 0,
+				.bottom_right = causal == 2,
+			};
+			int32_t lq[4], lkv[4];
+			struct att_bwd_tensors t;
+			struct att_grads g;
+			double tol = 2.0 * (dt == RP_DTYPE_F32 ? 5e-5 : dt_tol(dt));
+
+			dm.h = dm.hkv * tl_rng_int(&r, 1, 3);
+			dm.dv = tl_rng_int(&r, 4, 20);
+			dm.scale = tl_rng_uniform(&r, 0.5, 2.0) / sqrt((double)dm.d);
+			random_lengths(&dm, &r, lq, lkv);
+			att_bwd_init(&t, &dm, dt, tl_rng_int(&r, 0, 2));
+			tens_random(&t.f.q, &r);
+			tens_random(&t.f.k, &r);
+			tens_random(&t.f.v, &r);
+			tens_random(&t.d_o, &r);
+			poison_padding_rows(&t.f.q, lq);
+			poison_padding_rows(&t.f.k, lkv);
+			poison_padding_rows(&t.f.v, lkv);
+			poison_padding_rows(&t.d_o, lq);
+			g.dq = malloc((size_t)t.d_q.numel * sizeof(double));
+			g.dk = malloc((size_t)t.d_k.numel * sizeof(double));
+			g.dv = malloc((size_t)t.d_v.numel * sizeof(double));
+			ck_assert(g.dq && g.dk && g.dv);
+
+			att_backward_ref(&dm, &t.f.q, &t.f.k, &t.f.v, &t.d_o, &g);
+			att_run_backward(&dm, &t);
+			check_padding_rows(&t.d_q, lq, dm.d, 0.0, "d_q");
+			check_padding_rows(&t.d_k, lkv, dm.d, 0.0, "d_k");
+			check_padding_rows(&t.d_v, lkv, dm.dv, 0.0, "d_v");
+			double edq = tens_rel_err(&t.d_q, g.dq);
+			double edk = tens_rel_err(&t.d_k, g.dk);
+			double edv = tens_rel_err(&t.d_v, g.dv);
+			ck_assert_msg(edq <= tol && edk <= tol && edv <= tol,
+				      "varlen attention backward %s causal=%d B=%lld H=%lld Sq=%lld Skv=%lld: relative "
+				      "errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", rp_dtype_name(dt), causal,
+				      (long long)dm.b, (long long)dm.h, (long long)dm.sq, (long long)dm.skv, edq, edk, edv,
+				      tol, (unsigned long long)tl_seed());
+			free(g.dq);
+			free(g.dk);
+			free(g.dv);
+			att_bwd_finish(&t);
+		}
+	}
+}
+END_TEST
+
+/* Lengths the parser cannot see are checked before anything is written;
+ * run without the check (as a client could change them in between), the
+ * reference clamps them and stays inside its operands. */
+START_TEST(attention_varlen_bad_lengths)
+{
+	struct tl_attention dm = { .b = 2, .h = 2, .sq = 5, .skv = 6, .d = 8, .dv = 8, .scale = 0.3 };
+	static const struct {
+		int32_t lq[2], lkv[2];
+		bool causal, bottom_right;
+		const char *operand, *says;
+	} cases[] = {
+		{ { 5, 6 }, { 6, 6 }, false, false, "seq_len_q", "seq_len_q[1] is 6, outside [0, 5]" },
+		{ { -1, 5 }, { 6, 6 }, false, false, "seq_len_q", "seq_len_q[0] is -1" },
+		{ { 5, 5 }, { 7, 6 }, false, false, "seq_len_kv", "seq_len_kv[0] is 7, outside [0, 6]" },
+		{ { 5, 3 }, { 6, 0 }, false, false, "seq_len_kv", "seq_len_kv[1] is 0 while seq_len_q[1] is 3" },
+		{ { 4, 3 }, { 3, 3 }, true, true, "seq_len_q", "seq_len_q[0] is 4 > seq_len_kv[0] 3" },
+	};
+	struct tl_rng r;
+
+	tl_rng_init(&r, 12);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct att_tensors t;
+		struct rp_compute call;
+		struct rp_error err = { 0 };
+		void *p[RP_OP_OPERANDS_MAX] = { 0 };
+		int32_t lq[2], lkv[2];
+
+		memcpy(lq, cases[i].lq, sizeof(lq));
+		memcpy(lkv, cases[i].lkv, sizeof(lkv));
+		dm.causal = cases[i].causal;
+		dm.bottom_right = cases[i].bottom_right;
+		dm.seq_len_q = lq;
+		dm.seq_len_kv = lkv;
+		call = (struct rp_compute){ .spec = &rp_op_attention, .attention = att_args(&dm) };
+		att_init(&t, &dm, RP_DTYPE_F32, 1);
+		tens_random(&t.q, &r);
+		tens_random(&t.k, &r);
+		tens_random(&t.v, &r);
+		tens_poison(&t.o);
+		tens_poison(&t.stats);
+		att_slot(&call, p, RP_ATT_Q, &t.q);
+		att_slot(&call, p, RP_ATT_K, &t.k);
+		att_slot(&call, p, RP_ATT_V, &t.v);
+		att_slot(&call, p, RP_ATT_O, &t.o);
+		att_slot(&call, p, RP_ATT_STATS, &t.stats);
+		att_length_slots(&call, p, &dm, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV);
+
+		ck_assert_int_eq(rd_host_check(&call, p, &err), -EINVAL);
+		ck_assert_str_eq(err.name, RP_ERR_INVALID_OPERAND);
+		ck_assert_str_eq(cJSON_GetObjectItem(err.params, "operand")->valuestring, cases[i].operand);
+		ck_assert_msg(strstr(cJSON_GetObjectItem(err.params, "reason")->valuestring, cases[i].says),
+			      "case %zu: %s", i, cJSON_GetObjectItem(err.params, "reason")->valuestring);
+		rp_error_clear(&err);
+
+		size_t need = rd_host_scratch_size(&call);
+		void *scratch = malloc(need);
+		ck_assert(scratch);
+		ck_assert_int_eq(rd_host_run(&call, p, scratch, need), 0);
+		/* Inside its operands, every element written (NaN-free where
+		 * a row saw a key; padding rows 0 and -inf). */
+		tens_check_written(&t.o, "clamped o");
+		free(scratch);
+		att_finish(&t);
 	}
 }
 END_TEST
@@ -1066,6 +1318,9 @@ static Suite *host_math_suite(void)
 	tcase_add_test(att, attention_forward_without_stats);
 	tcase_add_test(att, attention_backward_matches_reference);
 	tcase_add_test(att, attention_backward_matches_finite_differences);
+	tcase_add_test(att, attention_varlen_forward_matches_reference);
+	tcase_add_test(att, attention_varlen_backward_matches_reference);
+	tcase_add_test(att, attention_varlen_bad_lengths);
 	suite_add_tcase(s, att);
 	return s;
 }

@@ -162,6 +162,59 @@ START_TEST(attention_scale_zero_is_the_default)
 }
 END_TEST
 
+/* The backward with sequence lengths uses every slot a record has: the
+ * last two (version 2's) come back as they went, and a length operand in
+ * a slot the op does not have (the forward has seven) is refused. */
+START_TEST(attention_lengths_travel_in_the_last_slots)
+{
+	struct rp_compute c = { .spec = &rp_op_attention_backward }, back;
+	struct rp_ring_record rec;
+	struct rp_error err = { 0 };
+	uint32_t index_of[RP_OP_OPERANDS_MAX] = { 0 };
+	const char *named;
+
+	ck_assert_int_eq(RP_ATB_OPERANDS, RP_OP_OPERANDS_MAX);
+	for (int s = 0; s < RP_ATB_SEQ_LEN_Q; s++) {
+		c.operands[s] = (struct rp_operand){ .buffer = ids[0], .offset = (uint64_t)s * 4096, .dtype = RP_DTYPE_F16,
+						     .rank = 4, .shape = { 3, 2, 5, 8 }, .strides = { 80, 40, 8, 1 } };
+		c.present[s] = true;
+	}
+	c.operands[RP_ATB_STATS] = (struct rp_operand){ .buffer = ids[0], .offset = 5 * 4096, .dtype = RP_DTYPE_F32,
+						       .rank = 3, .shape = { 3, 2, 5 }, .strides = { 10, 5, 1 } };
+	for (int s = RP_ATB_SEQ_LEN_Q; s <= RP_ATB_SEQ_LEN_KV; s++) {
+		c.operands[s] = (struct rp_operand){ .buffer = ids[1], .offset = (uint64_t)(s - RP_ATB_SEQ_LEN_Q) * 16,
+						     .dtype = RP_DTYPE_I32, .rank = 1, .shape = { 3 }, .strides = { 1 } };
+		c.present[s] = true;
+		index_of[s] = 1;
+	}
+	rp_ring_encode(&c, index_of, RP_RING_NONE, RP_RING_NONE, 7, &rec);
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert(back.attention.padded);
+	for (int s = RP_ATB_SEQ_LEN_Q; s <= RP_ATB_SEQ_LEN_KV; s++) {
+		ck_assert(back.present[s]);
+		ck_assert_mem_eq(&back.operands[s], &c.operands[s], sizeof(struct rp_operand));
+	}
+	/* Without the kv side, the pair is refused by the parser's rule. */
+	rec.operands[RP_ATB_SEQ_LEN_KV].index = RP_RING_NONE;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_OPERAND);
+	ck_assert_str_eq(named, "seq_len_kv");
+
+	/* A forward record has no tenth slot. */
+	struct rp_compute f = { .spec = &rp_op_attention };
+	uint32_t fidx[RP_OP_OPERANDS_MAX] = { 0 };
+	for (int s = 0; s < 4; s++) {
+		f.operands[s] = c.operands[s];
+		f.present[s] = true;
+	}
+	rp_ring_encode(&f, fidx, RP_RING_NONE, RP_RING_NONE, 8, &rec);
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert(!back.attention.padded);
+	rec.operands[RP_ATB_SEQ_LEN_KV] = rec.operands[0];
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+	ck_assert_str_eq(named, "operands");
+}
+END_TEST
+
 /* Each way a record may be wrong, and the name its refusal gives. */
 struct bad {
 	const char *what, *error, *named;
@@ -283,6 +336,7 @@ static Suite *ring_suite(void)
 	tcase_add_test(tc, sizes_are_the_protocols);
 	tcase_add_test(tc, a_record_decodes_into_its_descriptor);
 	tcase_add_test(tc, attention_scale_zero_is_the_default);
+	tcase_add_test(tc, attention_lengths_travel_in_the_last_slots);
 	tcase_add_loop_test(tc, bad_records_are_refused_by_name, 0, sizeof(bads) / sizeof(bads[0]));
 	tcase_add_test(tc, completions_carry_the_varlink_error);
 	suite_add_tcase(s, tc);

@@ -21,7 +21,7 @@ from .varlink import Connection
 __all__ = ["Client", "Operand", "Buffer", "Event", "Comm", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE"]
 
 DEFAULT_SOCKET = "/run/regen/regend.sock"
-DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
+DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
 _EPILOGUES = ("none", "bias", "gelu", "gelu_bias")
 # A ring's lane idle longer than this is checked for a worker gone before
 # its next call.
@@ -125,7 +125,8 @@ def _id_device(ident):
 
 class Operand:
     """A tensor inside an imported buffer: ``buffer`` (a Buffer or an id),
-    ``offset`` in bytes, ``dtype`` ("f32", "f16", "bf16"), ``shape`` and
+    ``offset`` in bytes, ``dtype`` ("f32", "f16", "bf16"; "i32" for
+    attention's sequence lengths), ``shape`` and
     ``strides`` in elements (None = row-major contiguous)."""
 
     __slots__ = ("buffer", "offset", "dtype", "shape", "strides")
@@ -912,22 +913,28 @@ class Client:
         return self._compute("gemm", named, scalars, wait_event, signal_event, wait=wait)
 
     def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
-                  wait_event=None, signal_event=None, wait=True):
+                  wait_event=None, signal_event=None, wait=True, seq_len_q=None, seq_len_kv=None):
         """o = softmax(scale * q k^T [causal mask]) v; q [B, H, Sq, D],
         k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv] with H a
         multiple of Hkv (grouped-query attention); ``causal_alignment``
         "top_left" (default) or "bottom_right"; ``stats`` f32 [B, H, Sq]
-        gets each row's log-sum-exp for the backward pass."""
+        gets each row's log-sum-exp for the backward pass.  ``seq_len_q``
+        and ``seq_len_kv`` (together; i32 [B], Operands or torch int32
+        tensors): each batch entry's sequence lengths, the rows past them
+        padding (o written 0 there, stats -inf)."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
-        return self._compute("attention", {"q": q, "k": k, "v": v, "o": o, "stats": stats}, scalars, wait_event,
-                             signal_event, wait=wait)
+        named = {"q": q, "k": k, "v": v, "o": o, "stats": stats, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
+        return self._compute("attention", named, scalars, wait_event, signal_event, wait=wait)
 
     def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
-                           causal_alignment=None, wait_event=None, signal_event=None, wait=True):
+                           causal_alignment=None, wait_event=None, signal_event=None, wait=True, seq_len_q=None,
+                           seq_len_kv=None):
         """Gradients of attention: writes d_q, d_k, d_v from the forward's
-        q, k, v, o, stats and the incoming d_o."""
+        q, k, v, o, stats and the incoming d_o; ``seq_len_q`` and
+        ``seq_len_kv`` as the forward's (rows past them written 0)."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
-        named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v}
+        named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v,
+                 "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         return self._compute("attention_backward", named, scalars, wait_event, signal_event, wait=wait)
 
     # -- io.regen.Comm (worker socket) -------------------------------------
@@ -1075,13 +1082,14 @@ def _is_torch_tensor(x):
     return mod.startswith("torch") and hasattr(x, "untyped_storage")
 
 
-_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.int32": "i32"}
 
 
 def _tensor_operand(client, t, name):
     dtype = _TORCH_DTYPES.get(str(t.dtype))
     if dtype is None:
-        raise TypeError(f"operand {name}: regend takes f32, f16 and bf16 tensors, not {t.dtype}")
+        raise TypeError(f"operand {name}: regend takes f32, f16, bf16 (and int32 sequence lengths) tensors, "
+                        f"not {t.dtype}")
     buf = client.import_tensor(t)
     return Operand(buf, t.storage_offset() * t.element_size(), dtype, list(t.shape), list(t.stride()))
 

@@ -20,9 +20,12 @@ def _bf16_bits(u32):
 
 
 def pack(dtype, values):
-    """Bytes of ``values`` (floats) as ``dtype`` ("f32", "f16", "bf16")."""
+    """Bytes of ``values`` (floats; integers for "i32") as ``dtype``
+    ("f32", "f16", "bf16", "i32")."""
     if dtype == "f32":
         return array.array("f", values).tobytes()
+    if dtype == "i32":
+        return array.array("i", [int(x) for x in values]).tobytes()
     if dtype == "f16":
         return struct.pack(f"<{len(values)}e", *values)
     if dtype == "bf16":
@@ -32,9 +35,11 @@ def pack(dtype, values):
 
 
 def unpack(dtype, data):
-    """Floats from bytes of ``dtype``."""
+    """Floats (integers for "i32") from bytes of ``dtype``."""
     if dtype == "f32":
         return array.array("f", data).tolist()
+    if dtype == "i32":
+        return array.array("i", data).tolist()
     if dtype == "f16":
         return list(struct.unpack(f"<{len(data) // 2}e", data))
     if dtype == "bf16":

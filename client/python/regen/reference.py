@@ -48,11 +48,17 @@ def _exp_scores(q_row, keys, scale, last):
 
 
 def _last_key(i, sq, skv, causal, alignment):
-    """The last key query row i sees."""
+    """The last key query row i sees (-1: none)."""
     if not causal:
         return skv - 1
     diagonal = i + (skv - sq if alignment == "bottom_right" else 0)
     return min(diagonal, skv - 1)
+
+
+def _lengths(g, h, sq, skv, seq_len_q, seq_len_kv):
+    """The (queries, keys) of query group g's batch entry."""
+    b = g // h
+    return (sq if seq_len_q is None else seq_len_q[b]), (skv if seq_len_kv is None else seq_len_kv[b])
 
 
 def _kv(g, h, hkv):
@@ -61,18 +67,27 @@ def _kv(g, h, hkv):
     return b * hkv + head // (h // hkv)
 
 
-def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False, hkv=None, alignment="top_left"):
+def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False, hkv=None, alignment="top_left",
+              seq_len_q=None, seq_len_kv=None):
     """(o, lse): o [b, h, sq, dv] flat, lse [b, h, sq] (natural log of the
     sum of exp of the scaled scores). k and v are [b, hkv, skv, *]: query
-    head j reads k/v head j // (h // hkv)."""
+    head j reads k/v head j // (h // hkv). With seq_len_q and seq_len_kv
+    (lists of b), entry n's queries are its first seq_len_q[n] rows and its
+    keys its first seq_len_kv[n]; a row past them (or seeing no key) is o 0,
+    lse -inf."""
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     hkv = h if hkv is None else hkv
     Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * hkv, skv, d), _rows(v, b * hkv, skv, dv)
     o, lse = [], []
     for g in range(b * h):
         kg = _kv(g, h, hkv)
+        lq, lkv = _lengths(g, h, sq, skv, seq_len_q, seq_len_kv)
         for i in range(sq):
-            last = _last_key(i, sq, skv, causal, alignment)
+            last = _last_key(i, lq, lkv, causal, alignment) if i < lq else -1
+            if last < 0:
+                lse.append(-math.inf)
+                o.extend([0.0] * dv)
+                continue
             e, z, mx = _exp_scores(Q[g][i], K[kg], scale, last)
             lse.append(mx + math.log(z))
             for t in range(dv):
@@ -81,9 +96,10 @@ def attention(q, k, v, b, h, sq, skv, d, dv, scale=None, causal=False, hkv=None,
 
 
 def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=False, hkv=None,
-                       alignment="top_left"):
+                       alignment="top_left", seq_len_q=None, seq_len_kv=None):
     """(d_q, d_k, d_v) of attention, flat, by the textbook formulas; d_k and
-    d_v of a shared k/v head sum over its query heads."""
+    d_v of a shared k/v head sum over its query heads. Lengths as in
+    attention(): padding rows' gradients are 0."""
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     hkv = h if hkv is None else hkv
     Q, K, V = _rows(q, b * h, sq, d), _rows(k, b * hkv, skv, d), _rows(v, b * hkv, skv, dv)
@@ -93,8 +109,11 @@ def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=Fa
     dvv = [0.0] * (b * hkv * skv * dv)
     for g in range(b * h):
         kg = _kv(g, h, hkv)
+        lq, lkv = _lengths(g, h, sq, skv, seq_len_q, seq_len_kv)
         for i in range(sq):
-            last = _last_key(i, sq, skv, causal, alignment)
+            last = _last_key(i, lq, lkv, causal, alignment) if i < lq else -1
+            if last < 0:
+                continue
             e, z, _ = _exp_scores(Q[g][i], K[kg], scale, last)
             p = [x / z for x in e]
             dp = [math.fsum(dO[g][i][t] * V[kg][j][t] for t in range(dv)) for j in range(last + 1)]

@@ -32,7 +32,7 @@ import time
 from . import errors
 
 MAGIC = 0x52474E52
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 4096
 RECORD_SIZE = 1024
 COMPLETION_SIZE = 1024
@@ -50,8 +50,10 @@ _RECORD = struct.Struct("<QHHBBBBIIIIdddQ")
 # index, dtype, rank, reserved, offset, shape[4], strides[4]
 _OPERAND = struct.Struct("<IBBHQ4q4q")
 _ABSENT = _OPERAND.pack(NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+# Operand slots of a record (proto/compute.h's RP_OP_OPERANDS_MAX).
+SLOTS = 11
 # The absent slots after an op's last: by how many the op has.
-_ABSENTS = [_ABSENT * (9 - n) for n in range(10)]
+_ABSENTS = [_ABSENT * (SLOTS - n) for n in range(SLOTS + 1)]
 # tag, status, error_len, elapsed_us, error_name; then the error's text
 # (at most ERROR_MAX bytes with its NUL) and the worker's stage times.
 _COMPLETION = struct.Struct("<QIIQ64s")
@@ -61,7 +63,7 @@ _ERROR_AT = _COMPLETION.size
 _TIMING = struct.Struct("<4Q")
 _TIMING_AT = _ERROR_AT + ERROR_MAX
 
-_DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2}
 _EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3}
 _COMPUTE = {"f32": 0, "tf32": 1}
@@ -199,8 +201,8 @@ class Ring:
             else:
                 _OPERAND.pack_into(mem, off, *o)
             off += 80
-        if len(operands) < 9:
-            mem[off:base + 784] = _ABSENTS[len(operands)]
+        if len(operands) < SLOTS:
+            mem[off:base + 64 + SLOTS * 80] = _ABSENTS[len(operands)]
         self.sq_tail = (self.sq_tail + 1) & 0xFFFFFFFF
         self.ctr[SQ_TAIL] = self.sq_tail
         self._fence_now()

@@ -2,6 +2,7 @@
 float64, every error class a client meets, Watch, and reconnects after the
 worker dies."""
 
+import math
 import os
 import random
 import sys
@@ -243,6 +244,69 @@ class Attention(DaemonTest):
                 for name, out, r in zip(("d_q", "d_k", "d_v"), (dq, dk, dv), ref):
                     err = reference.rel_error(out.read(), r)
                     self.assertLessEqual(err, 1e-4, f"{name}: rel error {err:.3e}")
+
+    def test_variable_sequence_lengths(self):
+        # Each batch entry its own lengths (one with no queries at all),
+        # padding rows of the inputs NaN: o 0 and stats -inf there,
+        # gradients 0; both alignments, Sq > Skv bottom-right.
+        rng = random.Random(5)
+        for causal, alignment, sq, skv in ((False, None, 7, 9), (True, "top_left", 9, 6),
+                                           (True, "bottom_right", 9, 6)):
+            with self.subTest(causal=causal, alignment=alignment):
+                b, h, hkv, d = 3, 2, 1, 8
+                lkv = [skv, rng.randint(1, skv), rng.randint(1, skv)]
+                lq = [0, min(rng.randint(1, sq), lkv[1]), min(sq, lkv[2])]
+                seq_q, seq_kv = self.tensor([b], "i32", fill=False), self.tensor([b], "i32", fill=False)
+                seq_q.write(lq)
+                seq_kv.write(lkv)
+                q, k, v = self.tensor([b, h, sq, d]), self.tensor([b, hkv, skv, d]), self.tensor([b, hkv, skv, d])
+                d_o = self.tensor([b, h, sq, d])
+                for t, lens, s in ((q, lq, sq), (k, lkv, skv), (v, lkv, skv), (d_o, lq, sq)):
+                    heads = t.shape[1]
+                    vals = t.read()
+                    for n in range(b * heads):
+                        for i in range(lens[n // heads], s):
+                            vals[(n * s + i) * d:(n * s + i + 1) * d] = [math.nan] * d
+                    t.write(vals)
+                o, stats = self.tensor([b, h, sq, d], fill=False), self.tensor([b, h, sq], fill=False)
+                scalars = dict(causal=causal, causal_alignment=alignment, seq_len_q=seq_q.op, seq_len_kv=seq_kv.op)
+                self.c.attention(q.op, k.op, v.op, o.op, stats=stats.op, **scalars)
+                ref_o, ref_lse = reference.attention(q.read(), k.read(), v.read(), b, h, sq, skv, d, d, None, causal,
+                                                     hkv=hkv, alignment=alignment or "top_left", seq_len_q=lq,
+                                                     seq_len_kv=lkv)
+                self.assertClose(o.read(), ref_o, "f32", "o")
+                got = stats.read()
+                self.assertEqual([g for g, r in zip(got, ref_lse) if r == -math.inf],
+                                 [r for r in ref_lse if r == -math.inf], "padding rows' stats are -inf")
+                self.assertClose([g for g, r in zip(got, ref_lse) if r != -math.inf],
+                                 [r for r in ref_lse if r != -math.inf], "f32", "stats")
+                dq = self.tensor([b, h, sq, d], fill=False)
+                dk, dv = self.tensor([b, hkv, skv, d], fill=False), self.tensor([b, hkv, skv, d], fill=False)
+                self.c.attention_backward(q.op, k.op, v.op, o.op, d_o.op, stats.op, dq.op, dk.op, dv.op, **scalars)
+                ref = reference.attention_backward(q.read(), k.read(), v.read(), d_o.read(), b, h, sq, skv, d, d,
+                                                   causal=causal, hkv=hkv, alignment=alignment or "top_left",
+                                                   seq_len_q=lq, seq_len_kv=lkv)
+                for name, out, r in zip(("d_q", "d_k", "d_v"), (dq, dk, dv), ref):
+                    got = out.read()
+                    self.assertFalse(any(math.isnan(x) for x in got), f"{name}: NaN from the padding")
+                    err = reference.rel_error(got, r)
+                    self.assertLessEqual(err, 1e-4, f"{name}: rel error {err:.3e}")
+
+    def test_a_length_past_the_sequence_is_refused(self):
+        q, k, v = self.tensor([2, 1, 4, 8]), self.tensor([2, 1, 4, 8]), self.tensor([2, 1, 4, 8])
+        o = self.tensor([2, 1, 4, 8], fill=False)
+        o.write([7.0] * o.numel)
+        seq_q, seq_kv = self.tensor([2], "i32", fill=False), self.tensor([2], "i32", fill=False)
+        seq_q.write([4, 5])
+        seq_kv.write([4, 4])
+        with self.assertRaises(regen.InvalidOperand) as cm:
+            self.c.attention(q.op, k.op, v.op, o.op, seq_len_q=seq_q.op, seq_len_kv=seq_kv.op)
+        self.assertEqual(cm.exception.parameters["operand"], "seq_len_q")
+        self.assertIn("seq_len_q[1] is 5", cm.exception.parameters["reason"])
+        self.assertEqual(o.read(), [7.0] * o.numel, "a refused call wrote o")
+        with self.assertRaises(regen.InvalidOperand) as cm:
+            self.c.attention(q.op, k.op, v.op, o.op, seq_len_q=seq_q.op)
+        self.assertEqual(cm.exception.parameters["operand"], "seq_len_kv")
 
     def test_bottom_right_with_more_queries_than_keys_is_refused(self):
         q, k, v = self.tensor([1, 1, 6, 8]), self.tensor([1, 1, 4, 8]), self.tensor([1, 1, 4, 8])

@@ -17,12 +17,35 @@
  * lanes' attention calls back for as long (GEMMs are not affected).
  *
  * Scratch: each call takes its workspace (cuDNN's, plus the backward's f32
- * accumulators) from the device's pool on its lane's stream and frees it
- * there after the attention, as GEMM does, at most dev->max_scratch bytes
- * (--max-scratch-mib). */
+ * accumulators and the bounded sequence lengths) from the device's pool on
+ * its lane's stream and frees it there after the attention, as GEMM does,
+ * at most dev->max_scratch bytes (--max-scratch-mib).
+ *
+ * Sequence lengths: the client's int32 arrays are copied into the call's
+ * scratch clamped into [0, Sq] and [0, Skv] by a kernel of regen's own
+ * (kernels/lengths.cu) before cuDNN reads them, so no value, however
+ * hostile or however changed while the call runs, makes cuDNN read or
+ * write past the operands; after the attention a second kernel writes the
+ * outputs' padding rows (o 0, stats -inf, gradients 0), which cuDNN
+ * leaves undefined. Two small launches per call, only with lengths.
+ *
+ * Autotuning (REGEN_ATTENTION_AUTOTUNE=N, N from 2 to 16; off by default):
+ * a new problem's plan is built from the first N engine configurations
+ * cuda_sdpa_plan_build lists that finalize (the heuristics' ranking, then
+ * a sweep of the engines' knobs; each compiles its kernels). Its first
+ * call also runs each candidate on the call's own operands, on its lane's
+ * stream after its wait (a warm-up run, then TUNE_RUNS runs between two
+ * events), and goes on with the first; a later call that finds those runs
+ * finished reads the events, switches to the fastest and, once no call
+ * runs the others, destroys them. Nothing waits for the GPU. The choice is
+ * remembered for the problem: after a release or reset the plan is rebuilt
+ * with that configuration alone, untimed. Without it, the heuristics'
+ * first configuration that finalizes runs (as cudnn-frontend and PyTorch
+ * do). */
 #include "regen-config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,10 +53,15 @@
 #include "daemon/backend/cuda/common.h"
 #include "daemon/backend/cuda/cudnn_graph.h"
 #include "proto/errors.h"
+#if REGEN_HAVE_KERNELS
+#include "kernels.h"
+#endif
 
 /* Execution plans kept per device (rd_cuda_set_attention_plan_limit
  * changes it). */
 #define ATTENTION_PLANS_MAX 64
+/* Timed runs of each candidate when autotuning, after one warm-up. */
+#define TUNE_RUNS 5
 
 struct attention_handle {
 	struct rd_resource res;
@@ -58,6 +86,19 @@ struct attention_plan {
 	 * answered at once with the same reason. */
 	bool refused;
 	char why[320];
+	/* Autotuning's choice, kept across releases and resets: the place of
+	 * the fastest configuration in cuda_sdpa_plan_build's list (-1: none
+	 * yet). Under exec_lock. */
+	int tuned_index;
+	/* Autotuning under way (the plan holds several candidates): each
+	 * one's timing events, recorded on the lane of the call that started
+	 * it. Under exec_lock; gone with the plan's release or invalidation. */
+	struct {
+		bool started, timed;
+		unsigned n;                  /* candidates with events */
+		bool ran[CUDA_SDPA_CANDIDATES_MAX];
+		cudaEvent_t ev[CUDA_SDPA_CANDIDATES_MAX][2];
+	} tuning;
 	/* Under at->lock. */
 	struct plan_use *uses;
 	unsigned nuses, cap_uses;
@@ -75,6 +116,9 @@ struct cuda_attention {
 	/* Evicted while their last uses may still run. */
 	struct attention_plan *retired;
 	unsigned plans_max;
+	/* Configurations a new problem's plan is timed among (1: none timed);
+	 * REGEN_ATTENTION_AUTOTUNE, or rd_cuda_set_attention_autotune. */
+	unsigned tune_candidates;
 };
 
 /* ---- The handle --------------------------------------------------------------- */
@@ -135,7 +179,11 @@ static int plan_init(struct rd_resource *res)
 	if (rd_resource_ensure_valid(&at->handle.res))
 		return -EIO;   /* the handle's init left its status */
 	pthread_mutex_lock(&at->exec_lock);
-	int r = cuda_sdpa_plan_build(&p->key, at->handle.handle, NULL, &p->plan, why, sizeof(why));
+	/* A choice made before is rebuilt alone; else as many as autotuning
+	 * wants to time (one when it is off). */
+	int start = p->tuned_index >= 0 ? p->tuned_index : 0;
+	unsigned candidates = p->tuned_index >= 0 ? 1 : at->tune_candidates;
+	int r = cuda_sdpa_plan_build(&p->key, at->handle.handle, NULL, start, candidates, &p->plan, why, sizeof(why));
 	pthread_mutex_unlock(&at->exec_lock);
 	if (r == -ENOTSUP) {
 		p->refused = true;
@@ -147,12 +195,24 @@ static int plan_init(struct rd_resource *res)
 	return 0;
 }
 
+/* The timing events of an autotuning under way, destroyed (CUDA usable)
+ * or forgotten. */
+static void tuning_end(struct attention_plan *p, bool destroy)
+{
+	for (unsigned i = 0; destroy && i < p->tuning.n; i++) {
+		cudaEventDestroy(p->tuning.ev[i][0]);
+		cudaEventDestroy(p->tuning.ev[i][1]);
+	}
+	memset(&p->tuning, 0, sizeof(p->tuning));
+}
+
 static void plan_release(struct rd_resource *res)
 {
 	struct attention_plan *p = (struct attention_plan *)res;
 	/* Called with nothing in flight (a release drains first; an evicted
 	 * plan is released once its uses completed): safe to unload. */
 	cuda_sdpa_plan_destroy(&p->plan);
+	tuning_end(p, true);
 	for (unsigned i = 0; i < p->nuses; i++)
 		cudaEventDestroy(p->uses[i].done);
 	p->nuses = 0;
@@ -166,6 +226,7 @@ static void plan_invalidate(struct rd_resource *res)
 	struct attention_plan *p = (struct attention_plan *)res;
 	free(p->plan.descs);
 	memset(&p->plan, 0, sizeof(p->plan));
+	tuning_end(p, false);
 	p->nuses = 0;
 }
 
@@ -276,6 +337,7 @@ static struct attention_plan *plan_get(struct cuda_attention *at, const struct c
 			p->at = at;
 			p->key = *key;
 			p->hash = h;
+			p->tuned_index = -1;
 			rd_resource_register(&at->cd->dev->registry, &p->res, &plan_ops);
 			p->next = at->head;
 			if (at->head)
@@ -350,6 +412,16 @@ out:
 
 static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* REGEN_ATTENTION_AUTOTUNE: how many configurations to time, 1 (off)
+ * unless it names 2 to CUDA_SDPA_CANDIDATES_MAX. */
+static unsigned autotune_from_env(void)
+{
+	const char *env = getenv("REGEN_ATTENTION_AUTOTUNE");
+	long n = env ? strtol(env, NULL, 10) : 0;
+
+	return n < 2 ? 1u : n > CUDA_SDPA_CANDIDATES_MAX ? CUDA_SDPA_CANDIDATES_MAX : (unsigned)n;
+}
+
 /* The device's attention state, made (and its handle registered) on first
  * use. NULL on ENOMEM. */
 static struct cuda_attention *attention_of(struct cuda_dev *cd)
@@ -365,6 +437,7 @@ static struct cuda_attention *attention_of(struct cuda_dev *cd)
 			at->cd = cd;
 			at->handle.cd = cd;
 			at->plans_max = ATTENTION_PLANS_MAX;
+			at->tune_candidates = autotune_from_env();
 			pthread_mutex_init(&at->exec_lock, NULL);
 			pthread_mutex_init(&at->lock, NULL);
 			rd_resource_register(&cd->dev->registry, &at->handle.res, &handle_ops);
@@ -403,6 +476,10 @@ void cuda_attention_finish(struct cuda_dev *cd)
 struct sdpa_call {
 	struct cuda_sdpa_key key;
 	void *ptr[CUDA_SDPA_OPERANDS];
+	/* The client's sequence lengths (int32 [B], contiguous), NULL
+	 * without; and each operand's dtype, for the padding rows. */
+	const int32_t *len_q, *len_kv;
+	enum rp_dtype dtype[CUDA_SDPA_OPERANDS];
 	float scale;
 	const char *name;   /* "attention" or "attention backward", for messages */
 };
@@ -443,6 +520,40 @@ static int take_operand(struct sdpa_call *c, int uid, const struct rp_operand *o
 							name, i, (long long)op->strides[i]);
 	}
 	c->ptr[uid] = p;
+	c->dtype[uid] = op->dtype;
+	return 0;
+}
+
+/* The client's lengths: read by regen's clamp kernel only, with 4-byte
+ * loads (a misaligned one would cost the context). */
+static int take_lengths(struct sdpa_call *c, const struct rp_compute *pc, int slot_q, int slot_kv,
+			struct rd_buffer *const *buffers, struct rp_error *err)
+{
+	const int slots[2] = { slot_q, slot_kv };
+	const int32_t **out[2] = { &c->len_q, &c->len_kv };
+
+	if (!pc->attention.padded)
+		return 0;
+#if !REGEN_HAVE_KERNELS
+	return rp_error_invalid_operand(err, "seq_len_q",
+					"this regend was built without nvcc, and sequence lengths on the CUDA backend "
+					"need its kernels (kernels/lengths.cu)");
+#endif
+	for (int i = 0; i < 2; i++) {
+		const char *name = pc->spec->operands[slots[i]].name;
+		struct rd_buffer *buf = buffers[slots[i]];
+		if (!buf)
+			return rp_error_invalid_operand(err, name, "%s has no buffer", name);
+		if (!buf->ptr) {
+			rp_error_set(err, RP_ERR_BACKEND, "%s's buffer is not mapped", name);
+			return -EIO;
+		}
+		char *p = (char *)buf->ptr + pc->operands[slots[i]].offset;
+		if ((uintptr_t)p % sizeof(int32_t) != 0)
+			return rp_error_invalid_operand(err, name, "%s's first element is not 4-byte aligned in device memory",
+							name);
+		*out[i] = (const int32_t *)p;
+	}
 	return 0;
 }
 
@@ -483,7 +594,9 @@ static int describe(struct rd_op *op, struct sdpa_call *c)
 	k->d_v = a->head_dim_v;
 	k->mask = !a->causal ? CUDA_SDPA_NO_MASK
 		  : a->alignment == RP_CAUSAL_BOTTOM_RIGHT ? CUDA_SDPA_CAUSAL_BOTTOM_RIGHT : CUDA_SDPA_CAUSAL_TOP_LEFT;
-	/* Bottom-right with Sq > Skv never gets here: the parser refuses it. */
+	k->padded = a->padded;
+	/* Bottom-right with Sq > Skv never gets here without lengths: the
+	 * parser refuses it. */
 	if (k->s_q > INT32_MAX || k->s_kv > INT32_MAX)
 		return rp_error_invalid_operand(&op->err, "q", "sequence lengths over 2^31 - 1 are not supported");
 	if (backward && k->s_q == 1 && k->s_kv == 1)
@@ -497,16 +610,161 @@ static int describe(struct rd_op *op, struct sdpa_call *c)
 			return r;
 	}
 	k->stats = c->ptr[CUDA_SDPA_STATS] != NULL;
-	return 0;
+	c->len_q = c->len_kv = NULL;
+	return take_lengths(c, pc, backward ? RP_ATB_SEQ_LEN_Q : RP_ATT_SEQ_LEN_Q,
+			    backward ? RP_ATB_SEQ_LEN_KV : RP_ATT_SEQ_LEN_KV, op->buffers, &op->err);
 }
 
 static const char *problem(const struct cuda_sdpa_key *k, char *buf, size_t n)
 {
 	static const char *const masks[] = { "", ", causal top-left", ", causal bottom-right" };
-	snprintf(buf, n, "%s B%lld H%lld Hkv%lld Sq%lld Skv%lld D%lld Dv%lld%s",
+	snprintf(buf, n, "%s B%lld H%lld Hkv%lld Sq%lld Skv%lld D%lld Dv%lld%s%s",
 		 k->dtype == CUDNN_DATA_BFLOAT16 ? "bf16" : "f16", (long long)k->b, (long long)k->h, (long long)k->h_kv,
-		 (long long)k->s_q, (long long)k->s_kv, (long long)k->d, (long long)k->d_v, masks[k->mask]);
+		 (long long)k->s_q, (long long)k->s_kv, (long long)k->d, (long long)k->d_v, masks[k->mask],
+		 k->padded ? ", sequence lengths" : "");
 	return buf;
+}
+
+#if REGEN_HAVE_KERNELS
+static enum rk_dtype rk_of(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_F32 ? RK_F32 : dt == RP_DTYPE_F16 ? RK_F16 : RK_BF16;
+}
+
+/* Operand uid as a [B, heads, rows, width] tensor whose rows past len
+ * (all an entry's where gate is 0) are set to value. */
+static void padding_rows(struct rk_rows *r, const struct sdpa_call *c, int uid, int64_t heads, int64_t rows,
+			 int64_t width, const int32_t *len, const int32_t *gate, float value)
+{
+	const struct cuda_sdpa_key *k = &c->key;
+
+	r->p = c->ptr[uid];
+	r->dtype = rk_of(c->dtype[uid]);
+	r->dims[0] = k->b;
+	r->dims[1] = heads;
+	r->dims[2] = rows;
+	r->dims[3] = width;
+	for (int i = 0; i < 3; i++)
+		r->strides[i] = k->strides[uid][i];
+	r->strides[3] = uid == CUDA_SDPA_STATS ? 1 : k->strides[uid][3];
+	r->len = len;
+	r->gate = gate;
+	r->value = value;
+}
+
+/* After the attention: the outputs' padding rows as the protocol says,
+ * from the bounded lengths in the workspace. */
+static cudaError_t fill_padding(const struct sdpa_call *c, const struct cuda_sdpa_plan *plan, char *ws,
+				cudaStream_t stream)
+{
+	const struct cuda_sdpa_key *k = &c->key;
+	const int32_t *lq = (const int32_t *)(ws + plan->seq_len_q_offset);
+	const int32_t *lkv = (const int32_t *)(ws + plan->seq_len_kv_offset);
+	struct rk_rows rows[RK_ROWS_MAX];
+	int n = 0;
+
+	/* An entry without queries has no gradient for its keys either,
+	 * whether or not cuDNN writes them. */
+	if (k->backward) {
+		padding_rows(&rows[n++], c, CUDA_SDPA_DQ, k->h, k->s_q, k->d, lq, NULL, 0.0f);
+		padding_rows(&rows[n++], c, CUDA_SDPA_DK, k->h_kv, k->s_kv, k->d, lkv, lq, 0.0f);
+		padding_rows(&rows[n++], c, CUDA_SDPA_DV, k->h_kv, k->s_kv, k->d_v, lkv, lq, 0.0f);
+	} else {
+		padding_rows(&rows[n++], c, CUDA_SDPA_O, k->h, k->s_q, k->d_v, lq, NULL, 0.0f);
+		if (c->ptr[CUDA_SDPA_STATS])
+			padding_rows(&rows[n++], c, CUDA_SDPA_STATS, k->h, k->s_q, 1, lq, NULL, -INFINITY);
+	}
+	return rk_fill_padding_rows(rows, n, stream);
+}
+#endif
+
+/* Autotuning's first step: each candidate run on this call's operands, a
+ * warm-up and then TUNE_RUNS runs between two events, on the lane's stream
+ * (after the call's wait). A candidate that fails to run is passed over.
+ * Under exec_lock, the handle on the lane's stream, the lengths (if any)
+ * already in ws. */
+static void tune_start(struct cuda_lane *lane, struct cuda_attention *at, struct attention_plan *p,
+		       const struct sdpa_call *c, void *ws)
+{
+	struct cuda_sdpa_plan *plan = &p->plan;
+
+	p->tuning.started = true;
+	for (unsigned i = 0; i < plan->ncandidates; i++) {
+		cudaEvent_t *ev = p->tuning.ev[i];
+		if (cudaEventCreate(&ev[0]) != cudaSuccess)
+			break;
+		if (cudaEventCreate(&ev[1]) != cudaSuccess) {
+			cudaEventDestroy(ev[0]);
+			break;
+		}
+		p->tuning.n++;
+		bool ran = cuda_sdpa_execute(at->handle.handle, plan, i, c->ptr, c->scale, ws, NULL, 0) ==
+			   CUDNN_STATUS_SUCCESS;
+		cudaEventRecord(ev[0], lane->stream);
+		for (int run = 0; run < TUNE_RUNS && ran; run++)
+			ran = cuda_sdpa_execute(at->handle.handle, plan, i, c->ptr, c->scale, ws, NULL, 0) ==
+			      CUDNN_STATUS_SUCCESS;
+		cudaEventRecord(ev[1], lane->stream);
+		p->tuning.ran[i] = ran;
+	}
+	cudaGetLastError();   /* a failed event call is the timing's loss alone */
+}
+
+/* Once the timing runs have finished: the fastest becomes the plan's
+ * choice (and the problem's, across releases), one line on the worker's
+ * standard error says what was timed. */
+static void tune_read(struct cuda_lane *lane, struct attention_plan *p, const struct sdpa_call *c)
+{
+	struct cuda_sdpa_plan *plan = &p->plan;
+	unsigned n = p->tuning.n, best = 0;
+	float ms[CUDA_SDPA_CANDIDATES_MAX];
+	char desc[160];
+
+	if (n == 0 || cudaEventQuery(p->tuning.ev[n - 1][1]) != cudaSuccess) {
+		cudaGetLastError();
+		return;   /* not yet, or the context's error, which the call's own run reports */
+	}
+	fprintf(stderr, "regend-worker dev=%d: attention autotune, %s:", lane->cd->dev->index,
+		problem(&c->key, desc, sizeof(desc)));
+	for (unsigned i = 0; i < n; i++) {
+		if (!p->tuning.ran[i] || cudaEventElapsedTime(&ms[i], p->tuning.ev[i][0], p->tuning.ev[i][1]) != cudaSuccess)
+			ms[i] = INFINITY;
+		else
+			ms[i] /= TUNE_RUNS;
+		if (ms[i] < ms[best])
+			best = i;
+		fprintf(stderr, " [%u] %s %.4f ms%s", i, plan->candidate[i].knobs, ms[i], p->tuning.ran[i] ? "" : " (failed)");
+	}
+	fprintf(stderr, "; %u of %d configurations built; running [%u]\n", plan->ncandidates, plan->heuristic_results,
+		best);
+	cudaGetLastError();
+	tuning_end(p, true);
+	p->tuning.started = p->tuning.timed = true;
+	plan->chosen = best;
+	p->tuned_index = plan->candidate[best].index;
+}
+
+/* Autotuning, a step per call while the plan holds several candidates:
+ * start the timing, read it once finished, and drop the candidates not
+ * chosen once no call runs any of them (the plan's uses all complete).
+ * Under exec_lock. */
+static void tune_step(struct cuda_lane *lane, struct cuda_attention *at, struct attention_plan *p,
+		      const struct sdpa_call *c, void *ws)
+{
+	if (!p->tuning.started) {
+		tune_start(lane, at, p, c, ws);
+		return;
+	}
+	if (!p->tuning.timed) {
+		tune_read(lane, p, c);
+		if (!p->tuning.timed)
+			return;
+	}
+	pthread_mutex_lock(&at->lock);
+	bool idle = plan_idle(p);
+	pthread_mutex_unlock(&at->lock);
+	if (idle)
+		cuda_sdpa_plan_keep(&p->plan, p->plan.chosen);
 }
 
 /* A cuDNN failure that may be the context's: the lane's stream tells
@@ -589,21 +847,45 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 
 	char why[320] = "";
 	cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
-	if (rd_resource_ensure_valid(&at->handle.res)) {
+	e = cudaSuccess;
+#if REGEN_HAVE_KERNELS
+	/* The lengths, bounded, where the plan reads them. */
+	if (c.key.padded) {
+		e = rk_clamp_lengths(c.len_q, c.len_kv, (int32_t *)((char *)ws + p->plan.seq_len_q_offset),
+				     (int32_t *)((char *)ws + p->plan.seq_len_kv_offset), c.key.b, (int32_t)c.key.s_q,
+				     (int32_t)c.key.s_kv, lane->stream);
+		if (e != cudaSuccess) {
+			rp_error_set(&op->err, cuda_error_name(e), "bounding the sequence lengths: %s",
+				     cudaGetErrorString(e));
+			r = -EIO;
+		}
+	}
+#endif
+	if (r < 0) {
+		/* The scratch is freed below. */
+	} else if (rd_resource_ensure_valid(&at->handle.res)) {
 		r = cuda_status_to_error(&op->err, "cuDNN handle");
 	} else {
 		pthread_mutex_lock(&at->exec_lock);
 		s = cudnnSetStream(at->handle.handle, lane->stream);
+		if (s == CUDNN_STATUS_SUCCESS && p->plan.ncandidates > 1)
+			tune_step(lane, at, p, &c, ws);
 		if (s == CUDNN_STATUS_SUCCESS)
-			s = cuda_sdpa_execute(at->handle.handle, &p->plan, c.ptr, c.scale, ws, why, sizeof(why));
+			s = cuda_sdpa_execute(at->handle.handle, &p->plan, p->plan.chosen, c.ptr, c.scale, ws, why,
+					      sizeof(why));
 		else
 			snprintf(why, sizeof(why), "cudnnSetStream: %s", cudnnGetErrorString(s));
-		e = s == CUDNN_STATUS_SUCCESS ? plan_note_use(at, p, lane->stream) : cudaSuccess;
+#if REGEN_HAVE_KERNELS
+		if (s == CUDNN_STATUS_SUCCESS && c.key.padded)
+			e = fill_padding(&c, &p->plan, ws, lane->stream);
+#endif
+		if (s == CUDNN_STATUS_SUCCESS && e == cudaSuccess)
+			e = plan_note_use(at, p, lane->stream);
 		pthread_mutex_unlock(&at->exec_lock);
 		if (s != CUDNN_STATUS_SUCCESS)
 			r = fail_cudnn(lane, op, "running the attention", why);
 		else if (e != cudaSuccess) {
-			rp_error_set(&op->err, cuda_error_name(e), "recording the attention plan's use: %s",
+			rp_error_set(&op->err, cuda_error_name(e), "finishing the attention (padding rows, the plan's use): %s",
 				     cudaGetErrorString(e));
 			r = -EIO;
 		}
@@ -630,6 +912,37 @@ unsigned rd_cuda_attention_plan_count(struct rd_device *dev)
 	unsigned n = at->count;
 	pthread_mutex_unlock(&at->lock);
 	return n;
+}
+
+void rd_cuda_set_attention_autotune(struct rd_device *dev, unsigned candidates)
+{
+	struct cuda_attention *at = attention_of(cuda_dev_of(dev));
+	if (!at)
+		return;
+	pthread_mutex_lock(&at->exec_lock);
+	at->tune_candidates = candidates < 2 ? 1u : candidates > CUDA_SDPA_CANDIDATES_MAX ? CUDA_SDPA_CANDIDATES_MAX
+											  : candidates;
+	pthread_mutex_unlock(&at->exec_lock);
+}
+
+int rd_cuda_attention_plan_choice(struct rd_device *dev, unsigned *candidates, int *heuristic_index, long long *engine)
+{
+	struct cuda_attention *at = atomic_load_explicit(&cuda_dev_of(dev)->attention, memory_order_acquire);
+	int r = -ENOENT;
+	if (!at)
+		return r;
+	pthread_mutex_lock(&at->exec_lock);
+	pthread_mutex_lock(&at->lock);
+	struct attention_plan *p = at->head;
+	if (p && rd_resource_is_valid(&p->res) && p->plan.ncandidates > 0) {
+		*candidates = p->plan.ncandidates;
+		*heuristic_index = p->plan.candidate[p->plan.chosen].index;
+		*engine = (long long)p->plan.engine;
+		r = 0;
+	}
+	pthread_mutex_unlock(&at->lock);
+	pthread_mutex_unlock(&at->exec_lock);
+	return r;
 }
 
 void rd_cuda_set_attention_plan_limit(struct rd_device *dev, unsigned plans_max)

@@ -7,7 +7,15 @@
  *
  * The frontend's context for these graphs: io data type bf16 or f16,
  * intermediate (virtual tensors) f32, compute f32; by-value scalars are 4-d
- * [1, 1, 1, 1]; every tensor declares 16-byte alignment. */
+ * [1, 1, 1, 1]; every tensor declares 16-byte alignment.
+ *
+ * Sequence lengths are the frontend's padding mask (its padding_mask score
+ * modifier, attn_score_modifiers.h): the lengths as int32 [B, 1, 1, 1]
+ * tensors, the scores past them set to -inf (row < seq_len_q and column <
+ * seq_len_kv, after the scale and before the causal mask, whose
+ * bottom-right diagonal then uses the lengths instead of Sq and Skv), and
+ * the lengths as the M, N or K overrides of every matmul over a sequence
+ * dimension, as the frontend sets them. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -16,7 +24,8 @@
 #include <string.h>
 #include "daemon/backend/cuda/cudnn_graph.h"
 
-/* Operations in the largest graph (backward, bottom-right mask, GQA): 30. */
+/* Operations in the largest graph (backward, padding and bottom-right
+ * masks, GQA): 36. */
 #define GRAPH_OPS_MAX 48
 #define SCRATCH_ALIGN 256
 
@@ -31,6 +40,8 @@ struct graph {
 	unsigned nops;
 	int64_t next_uid;                      /* virtual tensors */
 	cudnnDataType_t io;
+	/* The lengths' tensors ([B, 1, 1, 1] int32), NULL without them. */
+	cudnnBackendDescriptor_t seq_q, seq_kv;
 	/* The first failure; every helper does nothing once it is set, so a
 	 * graph is built straight through and checked once. */
 	cudnnStatus_t status;
@@ -202,10 +213,20 @@ static void pointwise(struct graph *g, cudnnPointwiseMode_t mode, cudnnDataType_
 	add_op(g, op);
 }
 
+/* Which matmul dimensions the sequence lengths override (the frontend's
+ * set_m/n/k_override), each one of the graph's length tensors or none. */
+enum seq { SEQ_NONE = 0, SEQ_Q, SEQ_KV };
+
+static cudnnBackendDescriptor_t seq_tensor(const struct graph *g, enum seq which)
+{
+	return which == SEQ_Q ? g->seq_q : which == SEQ_KV ? g->seq_kv : NULL;
+}
+
 /* c = a @ b over the last two dimensions, batched (and broadcast: k and v
- * have Hkv heads against q's H) over the first two. */
+ * have Hkv heads against q's H) over the first two. With lengths, the
+ * dimensions m, n, k name are each entry's own. */
 static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c,
-		   const char *what)
+		   enum seq m, enum seq n, enum seq k, const char *what)
 {
 	cudnnDataType_t comp = CUDNN_DATA_FLOAT;
 	cudnnBackendDescriptor_t mm = create(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, what);
@@ -217,6 +238,18 @@ static void matmul(struct graph *g, cudnnBackendDescriptor_t a, cudnnBackendDesc
 	set(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, what);
 	set(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c, what);
 	set(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm, what);
+	const struct {
+		cudnnBackendAttributeName_t name;
+		cudnnBackendDescriptor_t t;
+	} overrides[] = {
+		{ CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, seq_tensor(g, m) },
+		{ CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, seq_tensor(g, n) },
+		{ CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, seq_tensor(g, k) },
+	};
+	for (int i = 0; i < 3; i++) {
+		if (overrides[i].t)
+			set(g, op, overrides[i].name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &overrides[i].t, what);
+	}
 	finalize(g, op, what);
 	add_op(g, op);
 }
@@ -269,7 +302,8 @@ static void packed(int64_t out[4], const int64_t dims[4])
 
 /* out = a @ b for a key or value gradient (Hkv heads of width d): computed
  * per query head, then, for grouped-query attention, summed over each
- * group of H / Hkv query heads by a reduction. */
+ * group of H / Hkv query heads by a reduction. Rows are keys, the inner
+ * dimension queries (the lengths' overrides say so). */
 static void grouped_matmul(struct graph *g, const struct cuda_sdpa_key *k, cudnnBackendDescriptor_t a,
 			   cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t out, int64_t d, const char *what,
 			   const char *per_head, const char *group_sum)
@@ -277,13 +311,13 @@ static void grouped_matmul(struct graph *g, const struct cuda_sdpa_key *k, cudnn
 	int64_t full[4], full_s[4];
 
 	if (k->h == k->h_kv) {
-		matmul(g, a, b, out, what);
+		matmul(g, a, b, out, SEQ_KV, SEQ_NONE, SEQ_Q, what);
 		return;
 	}
 	dims4(full, k->b, k->h, k->s_kv, d);
 	packed(full_s, full);
 	cudnnBackendDescriptor_t per_query_head = virt(g, g->io, full, full_s, per_head);
-	matmul(g, a, b, per_query_head, what);
+	matmul(g, a, b, per_query_head, SEQ_KV, SEQ_NONE, SEQ_Q, what);
 	reduction(g, CUDNN_REDUCE_TENSOR_ADD, per_query_head, out, group_sum);
 }
 
@@ -296,9 +330,47 @@ static void swapped(int64_t out[4], const int64_t s[4])
 
 /* ---- Graphs --------------------------------------------------------------- */
 
+/* The lengths' tensors, int32 [B, 1, 1, 1] in the workspace, when the key
+ * has them: built first, as the frontend lists its inputs. */
+static void length_tensors(struct graph *g, const struct cuda_sdpa_key *k)
+{
+	int64_t dims[4];
+
+	if (!k->padded)
+		return;
+	dims4(dims, k->b, 1, 1, 1);
+	g->seq_q = tensor(g, CUDA_SDPA_SEQ_LEN_Q, CUDNN_DATA_INT32, dims, ONES, false, false, "seq_len_q");
+	g->seq_kv = tensor(g, CUDA_SDPA_SEQ_LEN_KV, CUDNN_DATA_INT32, dims, ONES, false, false, "seq_len_kv");
+}
+
+/* The padding mask on scores x [B, H, Sq, Skv] (frontend: padding_mask):
+ * keep (i, j) where i < seq_len_q[b] and j < seq_len_kv[b], else -inf. */
+static cudnnBackendDescriptor_t padding_mask(struct graph *g, const struct cuda_sdpa_key *k, cudnnBackendDescriptor_t x,
+					     const int64_t sd[4], const int64_t ss[4])
+{
+	if (!k->padded)
+		return x;
+	cudnnBackendDescriptor_t row = virt(g, CUDNN_DATA_INT32, sd, ss, "padding row index");
+	pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, row, 2, "padding row index");
+	cudnnBackendDescriptor_t col = virt(g, CUDNN_DATA_INT32, sd, ss, "padding column index");
+	pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, x, NULL, NULL, col, 3, "padding column index");
+	cudnnBackendDescriptor_t row_in = virt(g, CUDNN_DATA_BOOLEAN, sd, ss, "row < seq_len_q");
+	pointwise(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, row, g->seq_q, NULL, row_in, 0, "row < seq_len_q");
+	cudnnBackendDescriptor_t col_in = virt(g, CUDNN_DATA_BOOLEAN, sd, ss, "column < seq_len_kv");
+	pointwise(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, col, g->seq_kv, NULL, col_in, 0, "column < seq_len_kv");
+	cudnnBackendDescriptor_t inside = virt(g, CUDNN_DATA_BOOLEAN, sd, ss, "inside both lengths");
+	pointwise(g, CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, row_in, col_in, NULL, inside, 0,
+		  "inside both lengths");
+	cudnnBackendDescriptor_t ninf = scalar(g, CUDA_SDPA_PAD_NEG_INF, CUDNN_DATA_FLOAT, "padding -inf scalar");
+	cudnnBackendDescriptor_t y = virt(g, CUDNN_DATA_FLOAT, sd, ss, "padded scores");
+	pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, ninf, inside, y, 0, "padding select");
+	return y;
+}
+
 /* The causal mask on scores x [B, H, Sq, Skv] (frontend: sliding_window_mask
  * with right bound 0, CompositeDiagonalBandMaskNode): keep (i, j) where
- * i >= j (top-left) or i + Skv - Sq >= j (bottom-right), else -inf. */
+ * i >= j (top-left) or i + Skv - Sq >= j (bottom-right; with lengths,
+ * i + seq_len_kv[b] - seq_len_q[b] >= j), else -inf. */
 static cudnnBackendDescriptor_t causal_mask(struct graph *g, const struct cuda_sdpa_key *k, cudnnBackendDescriptor_t x,
 					    const int64_t sd[4], const int64_t ss[4])
 {
@@ -309,10 +381,11 @@ static cudnnBackendDescriptor_t causal_mask(struct graph *g, const struct cuda_s
 	cudnnBackendDescriptor_t col = virt(g, CUDNN_DATA_INT32, sd, ss, "column index");
 	pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, NULL, NULL, col, 3, "column index");
 	if (k->mask == CUDA_SDPA_CAUSAL_BOTTOM_RIGHT) {
-		cudnnBackendDescriptor_t skv = scalar(g, CUDA_SDPA_SEQ_KV, CUDNN_DATA_INT32, "Skv scalar");
+		cudnnBackendDescriptor_t skv = k->padded ? g->seq_kv
+							 : scalar(g, CUDA_SDPA_SEQ_KV, CUDNN_DATA_INT32, "Skv scalar");
 		cudnnBackendDescriptor_t shifted = virt(g, CUDNN_DATA_INT32, sd, ss, "row + Skv");
 		pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, row, skv, NULL, shifted, 0, "row + Skv");
-		cudnnBackendDescriptor_t sq = scalar(g, CUDA_SDPA_SEQ_Q, CUDNN_DATA_INT32, "Sq scalar");
+		cudnnBackendDescriptor_t sq = k->padded ? g->seq_q : scalar(g, CUDA_SDPA_SEQ_Q, CUDNN_DATA_INT32, "Sq scalar");
 		row = virt(g, CUDNN_DATA_INT32, sd, ss, "row + Skv - Sq");
 		pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, shifted, sq, NULL, row, 0, "row + Skv - Sq");
 	}
@@ -345,12 +418,14 @@ static void build_forward(struct graph *g, const struct cuda_sdpa_key *k)
 	cudnnBackendDescriptor_t v = tensor(g, CUDA_SDPA_V, g->io, vd, st[CUDA_SDPA_V], false, false, "v");
 	cudnnBackendDescriptor_t o = tensor(g, CUDA_SDPA_O, g->io, od, st[CUDA_SDPA_O], false, false, "o");
 	cudnnBackendDescriptor_t scale = scalar(g, CUDA_SDPA_SCALE, CUDNN_DATA_FLOAT, "scale scalar");
+	length_tensors(g, k);
 
 	cudnnBackendDescriptor_t s = virt(g, CUDNN_DATA_FLOAT, sd, ss, "q k^T");
-	matmul(g, q, kt, s, "q k^T");
+	matmul(g, q, kt, s, SEQ_Q, SEQ_KV, SEQ_NONE, "q k^T");
 	cudnnBackendDescriptor_t scaled = virt(g, CUDNN_DATA_FLOAT, sd, ss, "scaled scores");
 	pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s, scale, NULL, scaled, 0, "scale");
-	s = causal_mask(g, k, scaled, sd, ss);
+	s = padding_mask(g, k, scaled, sd, ss);
+	s = causal_mask(g, k, s, sd, ss);
 
 	/* The frontend's composite softmax. */
 	cudnnBackendDescriptor_t max = virt(g, CUDNN_DATA_FLOAT, rd, rs, "row max");
@@ -377,7 +452,7 @@ static void build_forward(struct graph *g, const struct cuda_sdpa_key *k)
 	/* The probabilities are what the second matmul reads: io type. */
 	cudnnBackendDescriptor_t p = virt(g, g->io, sd, ss, "softmax");
 	pointwise(g, CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, sum, NULL, p, 0, "softmax");
-	matmul(g, p, v, o, "p v");
+	matmul(g, p, v, o, SEQ_Q, SEQ_NONE, SEQ_KV, "p v");
 }
 
 /* dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)) * scale, dK = dS^T Q,
@@ -420,6 +495,7 @@ static void build_backward(struct graph *g, const struct cuda_sdpa_key *k)
 	cudnnBackendDescriptor_t dv = tensor(g, CUDA_SDPA_DV, g->io, vd, st[CUDA_SDPA_DV], false, false, "d_v");
 	cudnnBackendDescriptor_t scale = scalar(g, CUDA_SDPA_SCALE, CUDNN_DATA_FLOAT, "scale scalar");
 	cudnnBackendDescriptor_t one = scalar(g, CUDA_SDPA_ONE, CUDNN_DATA_FLOAT, "one scalar");
+	length_tensors(g, k);
 
 	/* softmax_sum = rowsum(dO * O), kept in the workspace. The product's
 	 * strides are the frontend's (immaterial for a virtual tensor). */
@@ -432,11 +508,13 @@ static void build_backward(struct graph *g, const struct cuda_sdpa_key *k)
 						      "softmax sum");
 	pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, rowsum, one, NULL, softmax_sum, 0, "softmax sum");
 
-	/* P = exp(scale q k^T - stats), masked. */
+	/* P = exp(scale q k^T - stats), masked (the padding before the stats
+	 * come in, the causal diagonal after, as the frontend orders them). */
 	cudnnBackendDescriptor_t s = virt(g, CUDNN_DATA_FLOAT, sd, ss, "q k^T");
-	matmul(g, q, kt, s, "q k^T");
+	matmul(g, q, kt, s, SEQ_Q, SEQ_KV, SEQ_NONE, "q k^T");
 	cudnnBackendDescriptor_t scaled = virt(g, CUDNN_DATA_FLOAT, sd, ss, "scaled scores");
 	pointwise(g, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s, scale, NULL, scaled, 0, "scale");
+	scaled = padding_mask(g, k, scaled, sd, ss);
 	cudnnBackendDescriptor_t shifted = virt(g, CUDNN_DATA_FLOAT, sd, ss, "s - stats");
 	pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, scaled, stats, NULL, shifted, 0, "s - stats");
 	s = causal_mask(g, k, shifted, sd, ss);
@@ -450,7 +528,7 @@ static void build_backward(struct graph *g, const struct cuda_sdpa_key *k)
 
 	/* dS = P * (dO V^T - softmax_sum) * scale. */
 	cudnnBackendDescriptor_t dp = virt(g, CUDNN_DATA_FLOAT, sd, ss, "d_o v^T");
-	matmul(g, d_o, vt, dp, "d_o v^T");
+	matmul(g, d_o, vt, dp, SEQ_Q, SEQ_KV, SEQ_NONE, "d_o v^T");
 	cudnnBackendDescriptor_t dp_sub = virt(g, CUDNN_DATA_FLOAT, sd, ss, "dp - softmax sum");
 	pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, dp, softmax_sum, NULL, dp_sub, 0, "dp - softmax sum");
 	cudnnBackendDescriptor_t ds = virt(g, CUDNN_DATA_FLOAT, sd, ss, "ds");
@@ -470,7 +548,7 @@ static void build_backward(struct graph *g, const struct cuda_sdpa_key *k)
 	packed(acc_s, qd);
 	cudnnBackendDescriptor_t acc = tensor(g, CUDA_SDPA_DQ_ACCUM, CUDNN_DATA_FLOAT, qd, acc_s, false, false,
 					      "d_q accumulator");
-	matmul(g, ds_scaled, kk, acc, "ds k");
+	matmul(g, ds_scaled, kk, acc, SEQ_Q, SEQ_NONE, SEQ_KV, "ds k");
 	pointwise(g, CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, acc, NULL, NULL, dq, 0, "d_q");
 }
 
@@ -491,108 +569,553 @@ static int errno_of(cudnnStatus_t s)
 	}
 }
 
-/* Heuristics (mode A, what the frontend's SDPA samples and PyTorch use),
- * then the first engine configuration that finalizes into a plan. */
-static void choose_plan(struct graph *g, cudnnBackendDescriptor_t opgraph, cudnnHandle_t handle,
-			cudnnBackendDescriptor_t devprop)
+/* An engine configuration's engine and knob choices: the engine's global
+ * index, and "engine 8 knobs 1=0,2=3" into text (empty if unreadable). */
+static int64_t describe_config(cudnnBackendDescriptor_t cfg, char *text, size_t n)
 {
-	struct cuda_sdpa_plan *p = g->plan;
-	cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-	cudnnBackendDescriptor_t *cfgs = NULL;
-	int64_t n = 0, got = 0;
-	cudnnStatus_t s, last = CUDNN_STATUS_NOT_SUPPORTED;
-	char last_why[384] = "";
+	cudnnBackendDescriptor_t engine = NULL, knobs[32] = { 0 };
+	int64_t index = -1, count = 0, nknobs = 0;
+	size_t at = 0;
 
-	cudnnBackendDescriptor_t heur = create(g, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
-	set(g, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &opgraph, "heuristics");
-	set(g, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics");
-	if (devprop)
-		set(g, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop, "heuristics");
-	finalize(g, heur, "heuristics query");
-	if (g->status)
-		return;
-	s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, NULL);
-	if (s != CUDNN_STATUS_SUCCESS) {
-		fail(g, s, "counting cuDNN's engines for this attention");
-		return;
+	if (text && n)
+		text[0] = '\0';
+	if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) == CUDNN_STATUS_SUCCESS &&
+	    cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
+				     &engine) == CUDNN_STATUS_SUCCESS)
+		cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &index);
+	if (engine)
+		cudnnBackendDestroyDescriptor(engine);
+	if (!text || !n)
+		return index;
+	at += (size_t)snprintf(text + at, n - at, "engine %lld", (long long)index);
+	for (int i = 0; i < 32; i++) {
+		if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[i]) != CUDNN_STATUS_SUCCESS)
+			goto out;
 	}
-	if (n <= 0) {
-		fail(g, CUDNN_STATUS_NOT_SUPPORTED, "cuDNN's heuristics found no engine for this attention");
-		return;
+	if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 32, &nknobs,
+				     knobs) != CUDNN_STATUS_SUCCESS)
+		goto out;
+	for (int64_t i = 0; i < nknobs && i < 32 && at < n; i++) {
+		cudnnBackendKnobType_t type = 0;
+		int64_t value = 0;
+		cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &count, &type);
+		cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &count, &value);
+		at += (size_t)snprintf(text + at, n - at, "%s%d=%lld", i ? "," : " knobs ", (int)type, (long long)value);
 	}
-	cfgs = calloc((size_t)n, sizeof(*cfgs));
-	if (!cfgs) {
-		fail(g, CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, "no memory for engine configurations");
-		return;
+out:
+	for (int i = 0; i < 32; i++) {
+		if (knobs[i])
+			cudnnBackendDestroyDescriptor(knobs[i]);
 	}
-	for (got = 0; got < n; got++) {
-		s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[got]);
-		if (s != CUDNN_STATUS_SUCCESS) {
-			fail(g, s, "creating an engine configuration descriptor");
+	return index;
+}
+
+/* Appends the engine configurations cuDNN's heuristics rank for the graph
+ * in `mode` to *cfgs (*n of them so far). Those that fail cuDNN's support
+ * checks are left out by cuDNN itself. */
+static cudnnStatus_t heuristics(cudnnBackendDescriptor_t opgraph, cudnnBackendDescriptor_t devprop,
+				cudnnBackendHeurMode_t mode, cudnnBackendDescriptor_t **cfgs, int64_t *n)
+{
+	cudnnBackendDescriptor_t heur = NULL;
+	int64_t count = 0, got = 0, made = 0;
+	cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur);
+
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+					     &opgraph);
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+	if (s == CUDNN_STATUS_SUCCESS && devprop)
+		s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+					     &devprop);
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendFinalize(heur);
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+					     NULL);
+	if (s == CUDNN_STATUS_SUCCESS && count > 0) {
+		cudnnBackendDescriptor_t *grown = realloc(*cfgs, (size_t)(*n + count) * sizeof(*grown));
+		if (!grown) {
+			s = CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED;
 			goto out;
 		}
+		*cfgs = grown;
+		for (made = 0; made < count && s == CUDNN_STATUS_SUCCESS; made++) {
+			grown[*n + made] = NULL;
+			s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &grown[*n + made]);
+		}
+		if (s == CUDNN_STATUS_SUCCESS)
+			s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+						     count, &got, grown + *n);
+		if (s != CUDNN_STATUS_SUCCESS)
+			got = 0;
+		/* Those cuDNN did not fill are of no use. */
+		for (int64_t i = got; i < made; i++) {
+			if (grown[*n + i])
+				cudnnBackendDestroyDescriptor(grown[*n + i]);
+		}
+		*n += got;
 	}
-	s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, cfgs);
+out:
+	if (heur)
+		cudnnBackendDestroyDescriptor(heur);
+	return s;
+}
+
+/* Configurations the heuristics do not rank, made by hand: for each engine
+ * the first `offered` configurations name, every combination of its knobs'
+ * values (on an H200, cuDNN 9.19's forward SDPA engines have KERNEL_CFG,
+ * the backward ones STAGES and KERNEL_CFG), at most SWEEP_MAX per engine.
+ * cuDNN refuses most combinations at once (the configuration does not
+ * finalize), some when their plans are finalized, and the rest compile:
+ * that is what autotuning times. Appended to *cfgs; each one's engine and
+ * knob choice descriptors (which it refers to) go to aux[k - first], with
+ * first the *n on entry. */
+#define SWEEP_MAX 512
+#define SWEEP_KNOBS 4
+struct sweep {
+	cudnnBackendDescriptor_t (*aux)[SWEEP_KNOBS + 1];   /* the engine, then the knob choices */
+	int64_t first;
+};
+
+struct knob_range {
+	cudnnBackendKnobType_t type;
+	int64_t lo, hi, stride;
+};
+
+/* A finalized engine descriptor of engine `index` for opgraph, or NULL. */
+static cudnnBackendDescriptor_t make_engine(cudnnBackendDescriptor_t opgraph, cudnnBackendDescriptor_t devprop,
+					    int64_t index)
+{
+	cudnnBackendDescriptor_t e = NULL;
+	cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &e);
+
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendSetAttribute(e, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+					     &opgraph);
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendSetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+	if (s == CUDNN_STATUS_SUCCESS && devprop)
+		s = cudnnBackendSetAttribute(e, CUDNN_ATTR_ENGINE_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendFinalize(e);
+	if (s != CUDNN_STATUS_SUCCESS && e) {
+		cudnnBackendDestroyDescriptor(e);
+		e = NULL;
+	}
+	return e;
+}
+
+/* The engine's knobs and their ranges; how many (0 if unreadable or more
+ * than SWEEP_KNOBS). */
+static int knob_ranges(cudnnBackendDescriptor_t engine, struct knob_range *k)
+{
+	cudnnBackendDescriptor_t info[32] = { 0 };
+	int64_t n = 0, count = 0;
+	cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
+
+	for (int i = 0; i < 32 && s == CUDNN_STATUS_SUCCESS; i++)
+		s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR, &info[i]);
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR, 32, &n,
+					     info);
+	if (s != CUDNN_STATUS_SUCCESS || n > SWEEP_KNOBS)
+		n = 0;
+	for (int64_t i = 0; i < n; i++) {
+		k[i] = (struct knob_range){ 0, 0, -1, 1 };
+		cudnnBackendGetAttribute(info[i], CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &count, &k[i].type);
+		cudnnBackendGetAttribute(info[i], CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &count, &k[i].lo);
+		cudnnBackendGetAttribute(info[i], CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &count, &k[i].hi);
+		cudnnBackendGetAttribute(info[i], CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &count, &k[i].stride);
+		if (k[i].stride < 1)
+			k[i].stride = 1;
+		if (k[i].hi < k[i].lo)
+			n = 0;   /* a knob with no value: not sweepable */
+	}
+	for (int i = 0; i < 32; i++) {
+		if (info[i])
+			cudnnBackendDestroyDescriptor(info[i]);
+	}
+	return (int)n;
+}
+
+/* A finalized configuration of engine `index` with knobs[i] = values[i]
+ * into aux (engine, knob choices) and *cfg; false when cuDNN refuses it. */
+static bool make_config(cudnnBackendDescriptor_t opgraph, cudnnBackendDescriptor_t devprop, int64_t index,
+			const struct knob_range *knobs, const int64_t *values, int nknobs,
+			cudnnBackendDescriptor_t aux[SWEEP_KNOBS + 1], cudnnBackendDescriptor_t *cfg)
+{
+	cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
+
+	memset(aux, 0, (SWEEP_KNOBS + 1) * sizeof(aux[0]));
+	*cfg = NULL;
+	/* Every configuration its own engine descriptor: a configuration
+	 * refers to its engine, and each goes its own way. */
+	aux[0] = make_engine(opgraph, devprop, index);
+	if (!aux[0])
+		return false;
+	for (int i = 0; i < nknobs && s == CUDNN_STATUS_SUCCESS; i++) {
+		s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &aux[1 + i]);
+		if (s == CUDNN_STATUS_SUCCESS)
+			s = cudnnBackendSetAttribute(aux[1 + i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
+						     &knobs[i].type);
+		if (s == CUDNN_STATUS_SUCCESS)
+			s = cudnnBackendSetAttribute(aux[1 + i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
+						     &values[i]);
+		if (s == CUDNN_STATUS_SUCCESS)
+			s = cudnnBackendFinalize(aux[1 + i]);
+	}
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, cfg);
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendSetAttribute(*cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &aux[0]);
+	if (s == CUDNN_STATUS_SUCCESS && nknobs > 0)
+		s = cudnnBackendSetAttribute(*cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, nknobs,
+					     &aux[1]);
+	/* A combination the engine does not have for this problem is
+	 * refused here, at once. */
+	if (s == CUDNN_STATUS_SUCCESS)
+		s = cudnnBackendFinalize(*cfg);
+	if (s == CUDNN_STATUS_SUCCESS)
+		return true;
+	if (*cfg)
+		cudnnBackendDestroyDescriptor(*cfg);
+	*cfg = NULL;
+	for (int i = SWEEP_KNOBS; i >= 0; i--) {
+		if (aux[i])
+			cudnnBackendDestroyDescriptor(aux[i]);
+		aux[i] = NULL;
+	}
+	return false;
+}
+
+static void sweep_knobs(cudnnBackendDescriptor_t opgraph, cudnnBackendDescriptor_t devprop, int64_t offered,
+			cudnnBackendDescriptor_t **cfgs, int64_t *n, struct sweep *sw)
+{
+	int64_t engines[CUDA_SDPA_CANDIDATES_MAX];
+	int nengines = 0;
+
+	sw->first = *n;
+	for (int64_t i = 0; i < offered && nengines < CUDA_SDPA_CANDIDATES_MAX; i++) {
+		int64_t e = (*cfgs)[i] ? describe_config((*cfgs)[i], NULL, 0) : -1;
+		bool seen = e < 0;
+		for (int j = 0; j < nengines && !seen; j++)
+			seen = engines[j] == e;
+		if (!seen)
+			engines[nengines++] = e;
+	}
+	for (int j = 0; j < nengines; j++) {
+		struct knob_range knobs[SWEEP_KNOBS];
+		int64_t values[SWEEP_KNOBS];
+		cudnnBackendDescriptor_t engine = make_engine(opgraph, devprop, engines[j]);
+		int nknobs = engine ? knob_ranges(engine, knobs) : 0;
+
+		if (engine)
+			cudnnBackendDestroyDescriptor(engine);
+		if (nknobs == 0)
+			continue;
+		for (int k = 0; k < nknobs; k++)
+			values[k] = knobs[k].lo;
+		/* Every combination, as an odometer: the last knob turns
+		 * fastest. */
+		for (int made = 0; made < SWEEP_MAX; made++) {
+			cudnnBackendDescriptor_t aux[SWEEP_KNOBS + 1], cfg;
+			if (make_config(opgraph, devprop, engines[j], knobs, values, nknobs, aux, &cfg)) {
+				cudnnBackendDescriptor_t *grown = realloc(*cfgs, (size_t)(*n + 1) * sizeof(*grown));
+				cudnnBackendDescriptor_t (*grown_aux)[SWEEP_KNOBS + 1] = NULL;
+				if (grown) {
+					*cfgs = grown;
+					grown_aux = realloc(sw->aux, (size_t)(*n + 1 - sw->first) * sizeof(*grown_aux));
+				}
+				if (!grown_aux) {
+					cudnnBackendDestroyDescriptor(cfg);
+					for (int i = SWEEP_KNOBS; i >= 0; i--) {
+						if (aux[i])
+							cudnnBackendDestroyDescriptor(aux[i]);
+					}
+					return;
+				}
+				sw->aux = grown_aux;
+				(*cfgs)[*n] = cfg;
+				memcpy(sw->aux[*n - sw->first], aux, sizeof(aux));
+				(*n)++;
+			}
+			int k = nknobs - 1;
+			while (k >= 0 && (values[k] += knobs[k].stride) > knobs[k].hi) {
+				values[k] = knobs[k].lo;
+				k--;
+			}
+			if (k < 0)
+				break;
+		}
+	}
+}
+
+/* Whether configuration i offers nothing an earlier one did not: the same
+ * engine with the same knob choices. */
+static bool repeated(cudnnBackendDescriptor_t *cfgs, int64_t i, char (*texts)[96])
+{
+	for (int64_t j = 0; j < i; j++) {
+		if (cfgs[j] && strcmp(texts[j], texts[i]) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Finalizes an execution plan of configuration cfg; NULL (and *s, with
+ * the reason in why) when this engine does not take the problem. */
+static cudnnBackendDescriptor_t finalize_plan(cudnnBackendDescriptor_t cfg, cudnnHandle_t handle,
+					      cudnnBackendDescriptor_t devprop, cudnnStatus_t *s, char *why,
+					      size_t why_len)
+{
+	cudnnBackendDescriptor_t plan = NULL;
+
+	*s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
+	if (*s == CUDNN_STATUS_SUCCESS)
+		*s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+					      1, &cfg);
+	if (*s == CUDNN_STATUS_SUCCESS)
+		*s = handle ? cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
+						       &handle)
+			    : cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
+						       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+	if (*s == CUDNN_STATUS_SUCCESS)
+		*s = cudnnBackendFinalize(plan);
+	if (*s != CUDNN_STATUS_SUCCESS) {
+		last_reason(why, why_len);
+		if (plan)
+			cudnnBackendDestroyDescriptor(plan);
+		return NULL;
+	}
+	return plan;
+}
+
+/* The engine configurations offered for a graph, in order: mode A's
+ * ranking; with `more`, mode B's and the knob sweep's after it. Repeats
+ * are dropped (NULL, as are those taken into a plan). */
+struct configs {
+	cudnnBackendDescriptor_t *cfgs;
+	char (*texts)[96];
+	struct sweep sw;
+	int64_t n;
+	int offered;                 /* distinct */
+};
+
+static void configs_free(struct configs *l)
+{
+	for (int64_t i = 0; i < l->n; i++) {
+		if (l->cfgs[i])
+			cudnnBackendDestroyDescriptor(l->cfgs[i]);
+		/* After the configuration that refers to them. */
+		for (int j = 0; i >= l->sw.first && l->sw.aux && j <= SWEEP_KNOBS; j++) {
+			if (l->sw.aux[i - l->sw.first][j])
+				cudnnBackendDestroyDescriptor(l->sw.aux[i - l->sw.first][j]);
+		}
+	}
+	free(l->cfgs);
+	free(l->sw.aux);
+	free(l->texts);
+	memset(l, 0, sizeof(*l));
+}
+
+/* Fills l (zeroed) for opgraph; on failure g's status says why. */
+static void configs_list(struct graph *g, cudnnBackendDescriptor_t opgraph, cudnnBackendDescriptor_t devprop, bool more,
+			 struct configs *l)
+{
+	cudnnStatus_t s;
+
+	if (g->status)
+		return;
+	s = heuristics(opgraph, devprop, CUDNN_HEUR_MODE_A, &l->cfgs, &l->n);
 	if (s != CUDNN_STATUS_SUCCESS) {
-		got = n;
-		fail(g, s, "reading cuDNN's engine configurations");
-		goto out;
+		fail(g, s, "asking cuDNN's heuristics for an engine for this attention");
+		return;
 	}
-	if (got == 0) {
+	if (more) {
+		int64_t ranked;
+		heuristics(opgraph, devprop, CUDNN_HEUR_MODE_B, &l->cfgs, &l->n);   /* more to offer, if it can */
+		ranked = l->n;
+		sweep_knobs(opgraph, devprop, ranked, &l->cfgs, &l->n, &l->sw);
+	} else {
+		l->sw.first = l->n;
+	}
+	if (l->n == 0) {
 		/* Every result failed cuDNN's support checks: their reasons are
 		 * in the last error string. */
 		fail(g, CUDNN_STATUS_NOT_SUPPORTED, "cuDNN has no engine for this attention");
-		got = n;
+		return;
+	}
+	l->texts = calloc((size_t)l->n, sizeof(*l->texts));
+	if (!l->texts) {
+		fail(g, CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, "no memory for engine configurations");
+		return;
+	}
+	for (int64_t i = 0; i < l->n; i++) {
+		describe_config(l->cfgs[i], l->texts[i], sizeof(l->texts[i]));
+		if (repeated(l->cfgs, i, l->texts)) {
+			cudnnBackendDestroyDescriptor(l->cfgs[i]);
+			l->cfgs[i] = NULL;
+		} else {
+			l->offered++;
+		}
+	}
+}
+
+/* Configuration i into the plan's candidates, its descriptors into the
+ * plan's keeping. false (and g failed) when that could not be done. */
+static bool take_candidate(struct graph *g, struct configs *l, int64_t i, cudnnBackendDescriptor_t plan)
+{
+	struct cuda_sdpa_plan *p = g->plan;
+	int64_t ws = 0, count = 0;
+	cudnnBackendDescriptor_t cfg = l->cfgs[i];
+
+	if (!keep(g, plan))
+		return false;   /* keep() destroyed it */
+	l->cfgs[i] = NULL;
+	if (!keep(g, cfg))
+		return false;
+	/* A swept configuration's engine and knob choices go with it. */
+	if (i >= l->sw.first) {
+		cudnnBackendDescriptor_t *aux = l->sw.aux[i - l->sw.first];
+		bool kept = true;
+		for (int j = 0; j <= SWEEP_KNOBS; j++) {
+			if (aux[j])
+				kept = keep(g, aux[j]) && kept;
+			aux[j] = NULL;
+		}
+		if (!kept)
+			return false;
+	}
+	struct cuda_sdpa_candidate *c = &p->candidate[p->ncandidates++];
+	c->plan = plan;
+	c->cfg = cfg;
+	c->index = (int)i;
+	c->engine = describe_config(cfg, NULL, 0);
+	snprintf(c->knobs, sizeof(c->knobs), "%s", l->texts[i]);
+	cudnnStatus_t s = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+						   &count, &ws);
+	if (s != CUDNN_STATUS_SUCCESS) {
+		fail(g, s, "reading the plan's workspace size");
+		return false;
+	}
+	c->cudnn_workspace = ws > 0 ? (size_t)ws : 0;
+	return true;
+}
+
+/* Execution plans of the first `want` configurations that finalize, from
+ * the start-th on. Mode A is what the frontend's SDPA samples and PyTorch
+ * use, and its first configuration that finalizes is the plan when only
+ * one is wanted; to offer more to time (autotuning), mode B's ranking is
+ * appended, then the knob sweep's (sweep_knobs), less what came before.
+ * The list is the same for the same problem on the same device and cuDNN,
+ * so a place in it names a configuration; a remembered start that no
+ * longer finalizes falls back to the list's beginning. */
+static void choose_plan(struct graph *g, cudnnBackendDescriptor_t opgraph, cudnnHandle_t handle,
+			cudnnBackendDescriptor_t devprop, int start, unsigned want)
+{
+	struct cuda_sdpa_plan *p = g->plan;
+	struct configs l = { 0 };
+	cudnnStatus_t s, last = CUDNN_STATUS_NOT_SUPPORTED;
+	char last_why[384] = "";
+
+	configs_list(g, opgraph, devprop, want > 1 || start > 0, &l);
+	if (g->status)
 		goto out;
-	}
-	for (int64_t i = 0; i < got && !p->plan; i++) {
-		cudnnBackendDescriptor_t plan = NULL;
-		s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-		if (s == CUDNN_STATUS_SUCCESS)
-			s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-						     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
-		if (s == CUDNN_STATUS_SUCCESS)
-			s = handle ? cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
-							      &handle)
-				   : cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
-							      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
-		if (s == CUDNN_STATUS_SUCCESS)
-			s = cudnnBackendFinalize(plan);
-		if (s != CUDNN_STATUS_SUCCESS) {
-			/* This engine does not take the problem after all: the
-			 * next one may. Keep the reason for when none does. */
-			last = s;
-			last_reason(last_why, sizeof(last_why));
-			if (plan)
-				cudnnBackendDestroyDescriptor(plan);
-			continue;
+	p->heuristic_results = l.offered;
+	if (want < 1)
+		want = 1;
+	if (want > CUDA_SDPA_CANDIDATES_MAX)
+		want = CUDA_SDPA_CANDIDATES_MAX;
+	if (start < 0 || start >= l.n)
+		start = 0;
+	for (int pass = 0; pass < 2 && p->ncandidates == 0; pass++) {
+		int64_t from = pass ? 0 : start, to = pass ? start : l.n;
+		for (int64_t i = from; i < to && p->ncandidates < want; i++) {
+			if (!l.cfgs[i])
+				continue;
+			cudnnBackendDescriptor_t plan = finalize_plan(l.cfgs[i], handle, devprop, &s, last_why,
+								      sizeof(last_why));
+			if (!plan) {
+				/* This engine does not take the problem after
+				 * all: the next one may. Keep the reason for
+				 * when none does. */
+				last = s;
+				continue;
+			}
+			if (!take_candidate(g, &l, i, plan))
+				goto out;
 		}
-		if (!keep(g, plan) || !keep(g, cfgs[i])) {
-			/* keep() destroyed what it could not hold. */
-			p->plan = NULL;
-			cfgs[i] = NULL;
-			goto out;
-		}
-		p->plan = plan;
-		cfgs[i] = NULL;
 	}
-	if (!p->plan) {
+	if (p->ncandidates == 0) {
 		g->status = last;
 		if (g->why && g->why_len)
-			snprintf(g->why, g->why_len, "none of cuDNN's %lld engines for this attention takes it: %s%s%s%s",
-				 (long long)got, cudnnGetErrorString(last), last_why[0] ? " (" : "", last_why,
+			snprintf(g->why, g->why_len, "none of cuDNN's %d engines for this attention takes it: %s%s%s%s",
+				 l.offered, cudnnGetErrorString(last), last_why[0] ? " (" : "", last_why,
 				 last_why[0] ? ")" : "");
 	}
 out:
-	for (int64_t i = 0; i < n; i++) {
-		if (cfgs[i])
-			cudnnBackendDestroyDescriptor(cfgs[i]);
+	configs_free(&l);
+}
+
+/* The chosen candidate's engine and workspace become the plan's; while
+ * several remain, the workspace fits the largest. */
+static void settle(struct cuda_sdpa_plan *plan)
+{
+	size_t most = 0;
+
+	for (unsigned i = 0; i < plan->ncandidates; i++) {
+		if (plan->candidate[i].cudnn_workspace > most)
+			most = plan->candidate[i].cudnn_workspace;
 	}
-	free(cfgs);
+	plan->plan = plan->candidate[plan->chosen].plan;
+	plan->engine = plan->candidate[plan->chosen].engine;
+	plan->cudnn_workspace = most;
+	plan->workspace = plan->cudnn_offset + most;
+}
+
+/* The key's operation graph, its descriptors kept by g's plan. */
+static cudnnBackendDescriptor_t operation_graph(struct graph *g, const struct cuda_sdpa_key *key, cudnnHandle_t handle)
+{
+	if (key->backward)
+		build_backward(g, key);
+	else
+		build_forward(g, key);
+
+	cudnnBackendDescriptor_t opgraph = create(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+	set(g, opgraph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g->nops, g->ops, "operation graph");
+	if (handle)
+		set(g, opgraph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph");
+	finalize(g, opgraph, "attention graph");
+	return opgraph;
+}
+
+int cuda_sdpa_configurations(const struct cuda_sdpa_key *key, cudnnHandle_t handle, cudnnBackendDescriptor_t devprop,
+			     bool more, char (*texts)[96], int max, char *why, size_t why_len)
+{
+	struct cuda_sdpa_plan scratch;
+	struct graph g = { .plan = &scratch, .next_uid = 1000, .io = (cudnnDataType_t)key->dtype, .why = why,
+			   .why_len = why_len };
+	struct configs l = { 0 };
+	int r = 0;
+
+	memset(&scratch, 0, sizeof(scratch));
+	if (why && why_len)
+		why[0] = '\0';
+	cudnnBackendDescriptor_t opgraph = operation_graph(&g, key, handle);
+	configs_list(&g, opgraph, devprop, more, &l);
+	for (int64_t i = 0; !g.status && i < l.n; i++) {
+		if (l.cfgs[i] && r++ < max)
+			snprintf(texts[r - 1], sizeof(texts[0]), "%s", l.texts[i]);
+	}
+	if (g.status)
+		r = errno_of(g.status);
+	configs_free(&l);
+	cuda_sdpa_plan_destroy(&scratch);
+	return r;
 }
 
 int cuda_sdpa_plan_build(const struct cuda_sdpa_key *key, cudnnHandle_t handle, cudnnBackendDescriptor_t devprop,
-			 struct cuda_sdpa_plan *plan, char *why, size_t why_len)
+			 int start, unsigned candidates, struct cuda_sdpa_plan *plan, char *why, size_t why_len)
 {
 	struct graph g = { .plan = plan, .next_uid = 1000, .io = (cudnnDataType_t)key->dtype, .why = why,
 			   .why_len = why_len };
@@ -603,49 +1126,22 @@ int cuda_sdpa_plan_build(const struct cuda_sdpa_key *key, cudnnHandle_t handle, 
 	plan->backward = key->backward != 0;
 	plan->masked = key->mask != CUDA_SDPA_NO_MASK;
 	plan->bottom_right = key->mask == CUDA_SDPA_CAUSAL_BOTTOM_RIGHT;
+	plan->padded = key->padded != 0;
 	plan->s_q = (int32_t)key->s_q;
 	plan->s_kv = (int32_t)key->s_kv;
-	if (key->backward)
-		build_backward(&g, key);
-	else
-		build_forward(&g, key);
-
-	cudnnBackendDescriptor_t opgraph = create(&g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
-	set(&g, opgraph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, g.nops, g.ops, "operation graph");
-	if (handle)
-		set(&g, opgraph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph");
-	finalize(&g, opgraph, "attention graph");
-	if (!g.status)
-		choose_plan(&g, opgraph, handle, devprop);
+	plan->batch = key->b;
+	cudnnBackendDescriptor_t opgraph = operation_graph(&g, key, handle);
+	choose_plan(&g, opgraph, handle, devprop, start, candidates);
 	if (g.status)
 		goto fail;
 
-	int64_t ws = 0, count = 0;
-	cudnnStatus_t s = cudnnBackendGetAttribute(plan->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
-						   1, &count, &ws);
-	if (s != CUDNN_STATUS_SUCCESS) {
-		fail(&g, s, "reading the plan's workspace size");
-		goto fail;
-	}
-	plan->cudnn_workspace = ws > 0 ? (size_t)ws : 0;
-
-	/* The chosen engine's index, for logs and tests; not worth failing over. */
-	plan->engine = -1;
-	cudnnBackendDescriptor_t cfg = NULL, engine = NULL;
-	if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg) == CUDNN_STATUS_SUCCESS &&
-	    cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) == CUDNN_STATUS_SUCCESS &&
-	    cudnnBackendGetAttribute(plan->plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-				     &count, &cfg) == CUDNN_STATUS_SUCCESS &&
-	    cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
-				     &engine) == CUDNN_STATUS_SUCCESS) {
-		cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &plan->engine);
-	}
-	if (engine)
-		cudnnBackendDestroyDescriptor(engine);
-	if (cfg)
-		cudnnBackendDestroyDescriptor(cfg);
-
 	size_t off = 0;
+	if (key->padded) {
+		plan->seq_len_q_offset = off;
+		off += align_up((size_t)key->b * sizeof(int32_t));
+		plan->seq_len_kv_offset = off;
+		off += align_up((size_t)key->b * sizeof(int32_t));
+	}
 	if (key->backward) {
 		plan->softmax_sum_offset = off;
 		off += align_up((size_t)(key->b * key->h * key->s_q) * sizeof(float));
@@ -653,7 +1149,7 @@ int cuda_sdpa_plan_build(const struct cuda_sdpa_key *key, cudnnHandle_t handle, 
 		off += align_up((size_t)(key->b * key->h * key->s_q * key->d) * sizeof(float));
 	}
 	plan->cudnn_offset = off;
-	plan->workspace = off + plan->cudnn_workspace;
+	settle(plan);
 	return 0;
 
 fail:;
@@ -662,20 +1158,53 @@ fail:;
 	return r;
 }
 
+/* Destroys one descriptor the plan holds and forgets it. */
+static void drop(struct cuda_sdpa_plan *plan, cudnnBackendDescriptor_t d)
+{
+	for (unsigned i = 0; d && i < plan->ndescs; i++) {
+		if (plan->descs[i] == d) {
+			cudnnBackendDestroyDescriptor(d);
+			plan->descs[i] = NULL;
+			return;
+		}
+	}
+}
+
+void cuda_sdpa_plan_keep(struct cuda_sdpa_plan *plan, unsigned i)
+{
+	if (i >= plan->ncandidates)
+		return;
+	for (unsigned j = 0; j < plan->ncandidates; j++) {
+		if (j != i) {
+			drop(plan, plan->candidate[j].plan);
+			drop(plan, plan->candidate[j].cfg);
+		}
+	}
+	plan->candidate[0] = plan->candidate[i];
+	memset(&plan->candidate[1], 0, sizeof(plan->candidate) - sizeof(plan->candidate[0]));
+	plan->ncandidates = 1;
+	plan->chosen = 0;
+	/* Not settle(): the workspace stays the largest candidate's. */
+	plan->plan = plan->candidate[0].plan;
+	plan->engine = plan->candidate[0].engine;
+}
+
 void cuda_sdpa_plan_destroy(struct cuda_sdpa_plan *plan)
 {
 	if (!plan)
 		return;
-	/* The plan first, then what it was built from, newest first. */
+	/* The plans first, then what they were built from, newest first. */
 	if (plan->descs) {
-		for (unsigned i = plan->ndescs; i-- > 0;)
-			cudnnBackendDestroyDescriptor(plan->descs[i]);
+		for (unsigned i = plan->ndescs; i-- > 0;) {
+			if (plan->descs[i])
+				cudnnBackendDestroyDescriptor(plan->descs[i]);
+		}
 	}
 	free(plan->descs);
 	memset(plan, 0, sizeof(*plan));
 }
 
-cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan,
+cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan, unsigned which,
 				void *const ptr[CUDA_SDPA_OPERANDS], float scale, void *workspace, char *why,
 				size_t why_len)
 {
@@ -686,6 +1215,7 @@ cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_pla
 	int32_t s_q = plan->s_q, s_kv = plan->s_kv;
 	char *ws = workspace;
 	cudnnBackendDescriptor_t pack = NULL;
+	cudnnBackendDescriptor_t run = which < plan->ncandidates ? plan->candidate[which].plan : plan->plan;
 	cudnnStatus_t s;
 
 	for (int uid = CUDA_SDPA_Q; uid <= CUDA_SDPA_DV; uid++) {
@@ -697,11 +1227,19 @@ cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_pla
 	uids[n] = CUDA_SDPA_SCALE;
 	data[n++] = &scale;
 	/* Only the graph's own tensors: cuDNN refuses ids it does not know. */
-	if (plan->bottom_right) {
+	if (plan->bottom_right && !plan->padded) {
 		uids[n] = CUDA_SDPA_SEQ_Q;
 		data[n++] = &s_q;
 		uids[n] = CUDA_SDPA_SEQ_KV;
 		data[n++] = &s_kv;
+	}
+	if (plan->padded) {
+		uids[n] = CUDA_SDPA_SEQ_LEN_Q;
+		data[n++] = ws + plan->seq_len_q_offset;
+		uids[n] = CUDA_SDPA_SEQ_LEN_KV;
+		data[n++] = ws + plan->seq_len_kv_offset;
+		uids[n] = CUDA_SDPA_PAD_NEG_INF;
+		data[n++] = &neg_inf;
 	}
 	if (plan->backward) {
 		uids[n] = CUDA_SDPA_ONE;
@@ -727,7 +1265,7 @@ cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_pla
 	if (s == CUDNN_STATUS_SUCCESS)
 		s = cudnnBackendFinalize(pack);
 	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendExecute(handle, plan->plan, pack);
+		s = cudnnBackendExecute(handle, run, pack);
 	if (s != CUDNN_STATUS_SUCCESS && why && why_len) {
 		char detail[384];
 		last_reason(detail, sizeof(detail));

@@ -41,13 +41,17 @@ struct guarded_call {
 	void **ptr;
 	void *scratch;
 	size_t scratch_size;
+	struct rp_error *err;
 };
 
+/* The values the parser could not see are checked first, under the same
+ * guard: they live in the client's memory too. */
 static int run_guarded(void *arg)
 {
 	struct guarded_call *g = arg;
+	int r = rd_host_check(g->c, g->ptr, g->err);
 
-	return rd_host_run(g->c, g->ptr, g->scratch, g->scratch_size);
+	return r < 0 ? r : rd_host_run(g->c, g->ptr, g->scratch, g->scratch_size);
 }
 
 /* Runs the op's math over the client's memory; on failure sets op->err. */
@@ -85,7 +89,7 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 		lane->scratch = s;
 		lane->scratch_size = need;
 	}
-	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size };
+	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size, &op->err };
 	r = rd_host_guarded(run_guarded, &g, &fault);
 	/* One large call must not leave its scratch to the lane for good. */
 	if (lane->scratch_size > SCRATCH_KEEP) {
@@ -107,6 +111,8 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 		}
 		rp_err_backend_error(&op->err, dev->index, "host compute touched memory that is gone (address %#lx)",
 				     (unsigned long)fault);
+	} else if (r < 0 && op->err.name) {
+		/* rd_host_check refused a value and named it. */
 	} else if (r < 0) {
 		if (r == -ENOMEM)
 			rp_err_out_of_memory(&op->err, dev->index, "host compute ran out of memory");

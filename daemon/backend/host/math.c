@@ -364,18 +364,54 @@ static bool scratch_ok(const void *scratch, size_t have, size_t need, int *r)
 	return true;
 }
 
-/* The keys query row i sees: all of them, or up to its causal diagonal
- * (top-left: key i; bottom-right: key i + Skv - Sq). The parser refuses a
- * bottom-right mask that would leave a row no key. */
-static int64_t visible_keys(const struct rp_attention *a, int64_t i)
+/* One batch entry's sequence lengths: the padded sizes Sq and Skv, or,
+ * with seq_len_q and seq_len_kv, the entry's own, clamped into [0, Sq] and
+ * [0, Skv]. rd_host_check refuses values outside before a call runs; the
+ * clamp keeps a value the client changed since (its memory is shared)
+ * from reaching past the operands. */
+struct lengths {
+	int64_t q, kv;
+};
+
+static int64_t clamp_len(int64_t v, int64_t max)
+{
+	return v < 0 ? 0 : v > max ? max : v;
+}
+
+static int32_t read_len(const void *base, const struct rp_operand *op, int64_t b)
+{
+	int32_t v;
+
+	memcpy(&v, (const char *)base + (size_t)(b * op->strides[0]) * sizeof(int32_t), sizeof(v));
+	return v;
+}
+
+static struct lengths entry_lengths(const struct rp_compute *c, void *const *ptr, int slot_q, int slot_kv, int64_t b)
+{
+	const struct rp_attention *a = &c->attention;
+
+	if (!a->padded) {
+		return (struct lengths){ a->seq_q, a->seq_kv };
+	}
+	return (struct lengths){
+		clamp_len(read_len(ptr[slot_q], &c->operands[slot_q], b), a->seq_q),
+		clamp_len(read_len(ptr[slot_kv], &c->operands[slot_kv], b), a->seq_kv),
+	};
+}
+
+/* The keys query row i (< len.q) sees: all of the entry's, or up to its
+ * causal diagonal (top-left: key i; bottom-right: key i + len.kv - len.q).
+ * The parser and rd_host_check refuse lengths that would leave a row no
+ * key; where one does anyway, the row is written as padding. */
+static int64_t visible_keys(const struct rp_attention *a, struct lengths len, int64_t i)
 {
 	int64_t n;
 
 	if (!a->causal) {
-		return a->seq_kv;
+		return len.kv;
 	}
-	n = (a->alignment == RP_CAUSAL_BOTTOM_RIGHT ? i + a->seq_kv - a->seq_q : i) + 1;
-	return n < 0 ? 0 : n > a->seq_kv ? a->seq_kv : n;
+	n = (a->alignment == RP_CAUSAL_BOTTOM_RIGHT ? i + len.kv - len.q : i) + 1;
+	return n < 0 ? 0 : n > len.kv ? len.kv : n;
 }
 
 /* Forward scratch: K and V of one (b, kv head) as f32, then one q row, one
@@ -412,17 +448,32 @@ static int attention(const struct rp_compute *c, void *const *ptr, void *scratch
 	float *orow = s + Skv;
 
 	for (int64_t b = 0; b < B; b++) {
+		const struct lengths len = entry_lengths(c, ptr, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV, b);
+
 		for (int64_t hk = 0; hk < Hkv; hk++) {
-			/* K and V once for every query head of the group. */
-			for (int64_t j = 0; j < Skv; j++) {
+			/* K and V once for every query head of the group; padding
+			 * rows are never read. */
+			for (int64_t j = 0; j < len.kv; j++) {
 				load_f32(kf + j * D, ptr[RP_ATT_K], K->dtype, off4(K, b, hk, j), K->strides[3], D);
 				load_f32(vf + j * Dv, ptr[RP_ATT_V], V->dtype, off4(V, b, hk, j), V->strides[3], Dv);
 			}
 			for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
 				for (int64_t i = 0; i < Sq; i++) {
-					const int64_t nj = visible_keys(a, i);
+					const int64_t nj = i < len.q ? visible_keys(a, len, i) : 0;
 					float mx = -INFINITY, sum = 0.0f;
 
+					/* A padding row (or one that sees no key):
+					 * the sum over no key, o 0 and log-sum-exp
+					 * -inf. */
+					if (nj == 0) {
+						memset(orow, 0, (size_t)Dv * sizeof(float));
+						store_f32(ptr[RP_ATT_O], O->dtype, off4(O, b, h, i), O->strides[3], orow, Dv);
+						if (stats) {
+							stats[b * S->strides[0] + h * S->strides[1] + i * S->strides[2]] =
+								-INFINITY;
+						}
+						continue;
+					}
 					load_f32(qrow, ptr[RP_ATT_Q], Q->dtype, off4(Q, b, h, i), Q->strides[3], D);
 					for (int64_t j = 0; j < nj; j++) {
 						s[j] = scale * dot(qrow, kf + j * D, D);
@@ -490,8 +541,10 @@ static int attention_backward(const struct rp_compute *c, void *const *ptr, void
 	float *dorow = orow + Dv;
 
 	for (int64_t b = 0; b < B; b++) {
+		const struct lengths len = entry_lengths(c, ptr, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, b);
+
 		for (int64_t hk = 0; hk < Hkv; hk++) {
-			for (int64_t j = 0; j < Skv; j++) {
+			for (int64_t j = 0; j < len.kv; j++) {
 				load_f32(kf + j * D, ptr[RP_ATB_K], K->dtype, off4(K, b, hk, j), K->strides[3], D);
 				load_f32(vf + j * Dv, ptr[RP_ATB_V], V->dtype, off4(V, b, hk, j), V->strides[3], Dv);
 			}
@@ -502,7 +555,15 @@ static int attention_backward(const struct rp_compute *c, void *const *ptr, void
 
 			for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
 				for (int64_t i = 0; i < Sq; i++) {
-					const int64_t nj = visible_keys(a, i);
+					const int64_t nj = i < len.q ? visible_keys(a, len, i) : 0;
+
+					/* A padding row has no gradient (and its
+					 * stats, -inf, are not to be read). */
+					if (nj == 0) {
+						memset(dq, 0, (size_t)D * sizeof(float));
+						store_f32(ptr[RP_ATB_DQ], DQ->dtype, off4(DQ, b, h, i), DQ->strides[3], dq, D);
+						continue;
+					}
 					const float lse = stats[b * S->strides[0] + h * S->strides[1] + i * S->strides[2]];
 
 					load_f32(qrow, ptr[RP_ATB_Q], Q->dtype, off4(Q, b, h, i), Q->strides[3], D);
@@ -542,6 +603,58 @@ static int attention_backward(const struct rp_compute *c, void *const *ptr, void
 		}
 	}
 	return 0;
+}
+
+/* ---- values in the client's memory ---------------------------------------------- */
+
+/* Sequence lengths, one batch entry at a time: in [0, Sq] and [0, Skv],
+ * and every query row left a key. */
+static int check_lengths(const struct rp_compute *c, void *const *ptr, int slot_q, int slot_kv, struct rp_error *err)
+{
+	const struct rp_attention *a = &c->attention;
+	const bool bottom_right = a->causal && a->alignment == RP_CAUSAL_BOTTOM_RIGHT;
+
+	for (int64_t b = 0; b < a->batch; b++) {
+		const int32_t lq = read_len(ptr[slot_q], &c->operands[slot_q], b);
+		const int32_t lkv = read_len(ptr[slot_kv], &c->operands[slot_kv], b);
+
+		if (lq < 0 || lq > a->seq_q) {
+			return rp_error_invalid_operand(err, "seq_len_q",
+							"seq_len_q[%lld] is %d, outside [0, %lld] (q's rows, Sq)",
+							(long long)b, (int)lq, (long long)a->seq_q);
+		}
+		if (lkv < 0 || lkv > a->seq_kv) {
+			return rp_error_invalid_operand(err, "seq_len_kv",
+							"seq_len_kv[%lld] is %d, outside [0, %lld] (k's rows, Skv)",
+							(long long)b, (int)lkv, (long long)a->seq_kv);
+		}
+		if (lq > 0 && lkv == 0) {
+			return rp_error_invalid_operand(err, "seq_len_kv",
+							"seq_len_kv[%lld] is 0 while seq_len_q[%lld] is %d: those queries "
+							"would see no key, and their softmax is undefined",
+							(long long)b, (long long)b, (int)lq);
+		}
+		if (bottom_right && lq > lkv) {
+			return rp_error_invalid_operand(err, "seq_len_q",
+							"seq_len_q[%lld] is %d > seq_len_kv[%lld] %d: aligned bottom_right, "
+							"the entry's first %d queries would see no key; use top_left or "
+							"seq_len_q <= seq_len_kv",
+							(long long)b, (int)lq, (long long)b, (int)lkv, (int)(lq - lkv));
+		}
+	}
+	return 0;
+}
+
+int rd_host_check(const struct rp_compute *c, void *const *ptr, struct rp_error *err)
+{
+	switch (c->spec->id) {
+	case RP_OP_ATTENTION:
+		return c->attention.padded ? check_lengths(c, ptr, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV, err) : 0;
+	case RP_OP_ATTENTION_BACKWARD:
+		return c->attention.padded ? check_lengths(c, ptr, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, err) : 0;
+	default:
+		return 0;
+	}
 }
 
 /* ---- one entry per operation ------------------------------------------------ */

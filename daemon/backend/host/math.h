@@ -16,11 +16,19 @@ float rd_f16_to_f32(uint16_t h);
 /* Runs one validated call (proto/compute.h). ptr[slot] is each operand's
  * base, already at its byte offset (NULL for an absent optional operand).
  * GEMM: D = epilogue(alpha op(A) op(B) + beta C + bias), GELU the tanh
- * approximation as cuBLASLt's epilogue. Attention: grouped-query heads and
- * both causal alignments, the stats as log-sum-exp.
+ * approximation as cuBLASLt's epilogue. Attention: grouped-query heads,
+ * both causal alignments, sequence lengths (rows past them written o 0,
+ * stats -inf, gradients 0; lengths clamped into range), the stats as
+ * log-sum-exp.
  * 0, -ENOSPC when the scratch is smaller than rd_host_scratch_size()
  * says, -ENOMEM for a GEMM's per-call panels, -EINVAL for an empty shape. */
 int rd_host_run(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size);
+
+/* What the parser could not check because it lives in the operands'
+ * memory: attention's sequence lengths (each in [0, Sq] or [0, Skv], every
+ * query row left a key). Run before rd_host_run, so that a refused call
+ * writes nothing. 0, or -EINVAL with err set to InvalidOperand. */
+int rd_host_check(const struct rp_compute *c, void *const *ptr, struct rp_error *err);
 
 /* Scratch one call needs, in bytes, so the caller can take it from its
  * lane's arena rather than malloc per call. */
