@@ -85,6 +85,16 @@ def generation(client):
     return client.generation()["devices"][0]["generation"]
 
 
+def wait_past_generation(client, gen, tries, ready=False):
+    """Polls every 50 ms, at most `tries` times, until device 0's generation
+    is past gen (and, with `ready`, the device is ready again)."""
+    for _ in range(tries):
+        dev = client.generation()["devices"][0]
+        if dev["generation"] > gen and (not ready or dev["state"] == "ready"):
+            return
+        time.sleep(0.05)
+
+
 def init_pair(a, b, uid):
     """Rank 0 (on a, here) and rank 1 (on b, from a thread) of a two-rank
     communicator on uid: Init returns once both joined."""
@@ -441,10 +451,7 @@ class CommTest(unittest.TestCase):
         # wait for the drain deadline.
         self.assertLess(time.monotonic() - t0, 5 * TIME_SCALE)
         self.assertIsInstance(outcome["r"], (regen.CommFailed, regen.Draining))
-        for _ in range(100):
-            if generation(b) > gen:
-                break
-            time.sleep(0.05)
+        wait_past_generation(b, gen, 100)
         self.assertGreater(generation(b), gen)
         y = tensor(b, [1.0] * 4)
         with self.assertRaises(regen.StaleGeneration):
@@ -476,10 +483,7 @@ class CommTest(unittest.TestCase):
         self.assertFalse(caller.is_alive(), "the collective in flight hung through the fault")
         self.assertLess(time.monotonic() - t0, 10 * TIME_SCALE)
         self.assertIsInstance(outcome["r"], (regen.CommFailed, regen.DeviceLost, regen.Draining))
-        for _ in range(200):
-            if generation(admin) > gen and admin.generation()["devices"][0]["state"] == "ready":
-                break
-            time.sleep(0.05)
+        wait_past_generation(admin, gen, 200, ready=True)
         self.assertGreater(generation(admin), gen)
         y = tensor(b, [1.0] * 4)
         with self.assertRaises(regen.StaleGeneration):
