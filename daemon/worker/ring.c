@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
+#include "daemon/env.h"
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
 #include "proto/errors.h"
@@ -99,12 +100,9 @@ static uint64_t spin_max_ns(void)
 {
 	static uint64_t ns = UINT64_MAX;
 
-	if (ns == UINT64_MAX) {
-		const char *env = getenv("REGEN_RING_SPIN_US");
-		long v = env ? strtol(env, NULL, 10) : -1;
-		ns = v >= 0 && v <= 10000000 ? (uint64_t)v * 1000u
-		     : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? SPIN_MAX_NS : SPIN_MAX_FEW_CPUS_NS;
-	}
+	if (ns == UINT64_MAX)
+		ns = rd_env_us_as_ns("REGEN_RING_SPIN_US",
+				     sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? SPIN_MAX_NS : SPIN_MAX_FEW_CPUS_NS);
 	return ns;
 }
 

@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, find_regend, require_torch  # noqa: E402
+from regend_fixture import Regend, gpu_script_args, libregen_for, require_torch  # noqa: E402
 
 torch = require_torch()
 
@@ -302,17 +302,8 @@ def mps(rt):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    steps = 10000
-    if "--steps" in sys.argv:
-        steps = int(sys.argv[sys.argv.index("--steps") + 1])
-        args = [a for a in args if a != str(steps)]
-    regend = find_regend(args[0] if args else None)
-    if regend is None:
-        print("SKIP: no regend")
-        return 77
-    build = os.path.dirname(os.path.dirname(regend))
-    os.environ.setdefault("REGEN_LIBREGEN", os.path.join(build, "client", "libregen.so"))
+    regend, steps = gpu_script_args(10000)
+    os.environ["REGEN_LIBREGEN"] = libregen_for(regend)
     daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120)
     try:
         import regen.torch as rt

@@ -47,6 +47,16 @@ def record(name, ok, detail=""):
     return ok
 
 
+def guarded(name, fn, /, *args, **kwargs):
+    """fn(*args, **kwargs), whose exception, if it raises one, is the failed
+    check `name` (with its traceback): the checks after it still run."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:
+        record(name, False, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+
+
 def fresh_generator():
     seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
     return torch.Generator(device=f"cuda:{DEV}").manual_seed(seed)
@@ -146,10 +156,7 @@ def run_gemms(c):
             dict(m=256, n=192, k=320, dtype=dt, epilogue="gelu_bias"),
         ]
     for case in cases:
-        try:
-            gemm_case(c, **case)
-        except Exception as e:
-            record(f"gemm {case}", False, f"{type(e).__name__}: {e}")
+        guarded(f"gemm {case}", gemm_case, c, **case)
 
 
 # -- attention ------------------------------------------------------------------
@@ -277,11 +284,7 @@ def run_attention(c):
         dict(b=1, h=4, sq=128, skv=128, d=64, dv=64, dtype="bf16", causal=True, with_stats=False),
     ]
     for case in cases:
-        try:
-            attention_case(c, **case)
-        except Exception as e:
-            record(f"attention {case}", False, f"{type(e).__name__}: {e}")
-            traceback.print_exc()
+        guarded(f"attention {case}", attention_case, c, **case)
 
     # What the CUDA backend refuses, by name, leaving the lane usable.
     g = fresh_generator()
@@ -303,10 +306,7 @@ def run_attention(c):
     ok = [randn([1, 2, 64, 64], torch.bfloat16, g) for _ in range(3)]
     attention_refused(c, "q not 16-byte aligned", "16-byte aligned",
                       lambda: c.attention(shifted, ok[0], ok[1], ok[2]))
-    try:
-        attention_case(c, 1, 2, 64, 64, 64, 64, "bf16", causal=True)
-    except Exception as e:
-        record("attention after refusals", False, f"{type(e).__name__}: {e}")
+    guarded("attention after refusals", attention_case, c, 1, 2, 64, 64, 64, 64, "bf16", causal=True)
 
 
 # -- attention with sequence lengths ------------------------------------------------
@@ -423,21 +423,14 @@ def run_varlen_attention(c):
              label=" hostile lengths"),
     ]
     for case in cases:
-        try:
-            varlen_case(c, **case)
-        except Exception as e:
-            record(f"varlen {case}", False, f"{type(e).__name__}: {e}")
-            traceback.print_exc()
+        guarded(f"varlen {case}", varlen_case, c, **case)
     # One length operand alone is refused by the parser, as on the host.
     g = fresh_generator()
     x = [randn([2, 2, 64, 64], torch.bfloat16, g) for _ in range(4)]
     lens = torch.tensor([64, 32], device=f"cuda:{DEV}", dtype=torch.int32)
     attention_refused(c, "seq_len_q without seq_len_kv", "pairs",
                       lambda: c.attention(x[0], x[1], x[2], x[3], seq_len_q=lens))
-    try:
-        attention_case(c, 1, 2, 64, 64, 64, 64, "bf16", causal=True)
-    except Exception as e:
-        record("attention after sequence lengths", False, f"{type(e).__name__}: {e}")
+    guarded("attention after sequence lengths", attention_case, c, 1, 2, 64, 64, 64, 64, "bf16", causal=True)
 
 
 def event_chain_case(c):
@@ -613,25 +606,13 @@ def main():
             record("regend runs the cuda backend", False, f"backend is {info['backend']}")
         if "gemm" in only:
             run_gemms(c)
-        try:
-            if "events" in only:
-                event_chain_case(c)
-        except Exception as e:
-            record("wait/signal events", False, f"{type(e).__name__}: {e}")
-            traceback.print_exc()
+        if "events" in only:
+            guarded("wait/signal events", event_chain_case, c)
         for part, run in (("attention", run_attention), ("varlen", run_varlen_attention)):
-            try:
-                if part in only:
-                    run(c)
-            except Exception as e:
-                record(part, False, f"{type(e).__name__}: {e}")
-                traceback.print_exc()
+            if part in only:
+                guarded(part, run, c)
         for kind in ("device_lost", "restart", "crash") if "lifecycle" in only else ():
-            try:
-                lifecycle_case(c, kind)
-            except Exception as e:
-                record(f"{kind}: lifecycle", False, f"{type(e).__name__}: {e}")
-                traceback.print_exc()
+            guarded(f"{kind}: lifecycle", lifecycle_case, c, kind)
         torch.cuda.synchronize()
         c.close()
     finally:

@@ -36,7 +36,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, find_regend, require_torch  # noqa: E402
+from regend_fixture import Regend, gpu_script_args, libregen_for, require_torch  # noqa: E402
 
 require_torch()
 
@@ -231,17 +231,8 @@ def child(name, body, env, params):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    steps = 2000
-    if "--steps" in sys.argv:
-        steps = int(sys.argv[sys.argv.index("--steps") + 1])
-        args = [a for a in args if a != str(steps)]
-    regend = find_regend(args[0] if args else None)
-    if regend is None:
-        print("SKIP: no regend")
-        return 77
-    build = os.path.dirname(os.path.dirname(regend))
-    base = {"REGEN_LIBREGEN": os.environ.get("REGEN_LIBREGEN", os.path.join(build, "client", "libregen.so"))}
+    regend, steps = gpu_script_args(2000)
+    base = {"REGEN_LIBREGEN": libregen_for(regend)}
     with Regend(regend, devices=1, backend="cuda", ready_timeout=120) as d:
         params = {"sock": d.socket, "steps": steps}
         process = dict(base, REGEN_TORCH_POOL="process")

@@ -37,6 +37,11 @@ struct bad_case {
 #define GOOD_B OP("b", 64, "[4,4]")
 #define GOOD_D OP("d", 128, "[4,4]")
 #define ATTN_OP(name, off, dt, shape) "\"" name "\":{\"buffer\":\"$ID\",\"offset\":" #off ",\"dtype\":\"" dt "\",\"shape\":" shape "}"
+/* A call of io.regen.Compute.`method` on 4x4 f32 q, k, v and o in $ID at
+ * offsets 0 to 192, then the operands in `more`. */
+#define ATTN_QKVO ATTN_OP("q", 0, "f32", "[1,1,4,4]") "," ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," \
+	ATTN_OP("v", 128, "f32", "[1,1,4,4]") "," ATTN_OP("o", 192, "f32", "[1,1,4,4]")
+#define ATTENTION(method, more) "{\"method\":\"io.regen.Compute." method "\",\"parameters\":{" ATTN_QKVO "," more "}}"
 
 static const struct bad_case cases[] = {
 	/* Framing and message shape. */
@@ -138,43 +143,35 @@ static const struct bad_case cases[] = {
 	  GEMM("\"a\":{\"buffer\":\"b0.$GEN.999999\",\"dtype\":\"f32\",\"shape\":[4,4]}," GOOD_B "," GOOD_D),
 	  REGEN_ERROR_NO_SUCH_OBJECT, "id", "b0.$GEN.999999" },
 	{ "attention stats in f16", WORKER,
-	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("stats", 256, "f16", "[1,1,4]") "}}",
+	  ATTENTION("Attention", ATTN_OP("stats", 256, "f16", "[1,1,4]")),
 	  REGEN_ERROR_INVALID_OPERAND "|" REGEN_ERROR_INVALID_PARAMETER },
 	/* Sequence lengths: what the parser sees, then what only the host
 	 * backend can see, the values (main() writes them: 99 and 4 at 2048,
 	 * 3 and 0 at 2056), refused before anything is written. */
 	{ "attention seq_len_q without seq_len_kv", WORKER,
-	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "i32", "[1]") "}}",
+	  ATTENTION("Attention", ATTN_OP("seq_len_q", 2048, "i32", "[1]")),
 	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_kv" },
 	{ "attention seq_len_q of f32", WORKER,
-	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "f32", "[1]") ","
-	  ATTN_OP("seq_len_kv", 2052, "i32", "[1]") "}}",
+	  ATTENTION("Attention",
+		    ATTN_OP("seq_len_q", 2048, "f32", "[1]") ","
+		    ATTN_OP("seq_len_kv", 2052, "i32", "[1]")),
 	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_q" },
 	{ "attention seq_len_kv past the buffer", WORKER,
-	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "i32", "[1]") ","
-	  ATTN_OP("seq_len_kv", 4096, "i32", "[1]") "}}",
+	  ATTENTION("Attention",
+		    ATTN_OP("seq_len_q", 2048, "i32", "[1]") ","
+		    ATTN_OP("seq_len_kv", 4096, "i32", "[1]")),
 	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_kv" },
 	{ "attention seq_len_q 99 past Sq 4", WORKER,
-	  "{\"method\":\"io.regen.Compute.Attention\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("seq_len_q", 2048, "i32", "[1]") ","
-	  ATTN_OP("seq_len_kv", 2052, "i32", "[1]") "}}",
+	  ATTENTION("Attention",
+		    ATTN_OP("seq_len_q", 2048, "i32", "[1]") ","
+		    ATTN_OP("seq_len_kv", 2052, "i32", "[1]")),
 	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_q" },
 	{ "attention queries with no key (seq_len_kv 0)", WORKER,
-	  "{\"method\":\"io.regen.Compute.AttentionBackward\",\"parameters\":{" ATTN_OP("q", 0, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," ATTN_OP("v", 128, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("o", 192, "f32", "[1,1,4,4]") "," ATTN_OP("d_o", 256, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("stats", 320, "f32", "[1,1,4]") "," ATTN_OP("d_q", 384, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("d_k", 448, "f32", "[1,1,4,4]") "," ATTN_OP("d_v", 512, "f32", "[1,1,4,4]") ","
-	  ATTN_OP("seq_len_q", 2056, "i32", "[1]") "," ATTN_OP("seq_len_kv", 2060, "i32", "[1]") "}}",
+	  ATTENTION("AttentionBackward",
+		    ATTN_OP("d_o", 256, "f32", "[1,1,4,4]") ","
+		    ATTN_OP("stats", 320, "f32", "[1,1,4]") "," ATTN_OP("d_q", 384, "f32", "[1,1,4,4]") ","
+		    ATTN_OP("d_k", 448, "f32", "[1,1,4,4]") "," ATTN_OP("d_v", 512, "f32", "[1,1,4,4]") ","
+		    ATTN_OP("seq_len_q", 2056, "i32", "[1]") "," ATTN_OP("seq_len_kv", 2060, "i32", "[1]")),
 	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_kv" },
 	{ "CloseBuffer without buffer", WORKER, "{\"method\":\"io.regen.Memory.CloseBuffer\",\"parameters\":{}}",
 	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "buffer" },

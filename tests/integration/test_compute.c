@@ -15,13 +15,11 @@
 
 static struct tl_daemon daemon_;
 
-static int run_gemm(regen_client *c, struct tl_buffer *m, const struct tl_gemm_case *gc)
+/* The failures a run of the case `desc` counts for: 0, or 1 once said why
+ * (r < 0: the call failed, with the client's error; r > 0: a wrong result,
+ * with why). */
+static int verdict(regen_client *c, const char *desc, int r, const char *why)
 {
-	char desc[256], why[512] = "";
-	int r;
-
-	tl_gemm_describe(gc, desc, sizeof(desc));
-	r = tl_gemm_run(c, m, 0, gc, why, sizeof(why));
 	if (r < 0) {
 		tl_log("FAIL %s: %d %s %s", desc, r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
 		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
@@ -34,23 +32,20 @@ static int run_gemm(regen_client *c, struct tl_buffer *m, const struct tl_gemm_c
 	return 0;
 }
 
+static int run_gemm(regen_client *c, struct tl_buffer *m, const struct tl_gemm_case *gc)
+{
+	char desc[256], why[512] = "";
+
+	tl_gemm_describe(gc, desc, sizeof(desc));
+	return verdict(c, desc, tl_gemm_run(c, m, 0, gc, why, sizeof(why)), why);
+}
+
 static int run_attention(regen_client *c, int device, const struct tl_attn_case *ac)
 {
 	char desc[256], why[512] = "";
-	int r;
 
 	tl_attn_describe(ac, desc, sizeof(desc));
-	r = tl_attention_run(c, device, ac, why, sizeof(why));
-	if (r < 0) {
-		tl_log("FAIL %s: %d %s %s", desc, r, regen_client_error_name(c) ? regen_client_error_name(c) : "",
-		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
-		return 1;
-	}
-	if (r > 0) {
-		tl_log("FAIL %s: %s", desc, why);
-		return 1;
-	}
-	return 0;
+	return verdict(c, desc, tl_attention_run(c, device, ac, why, sizeof(why)), why);
 }
 
 /* Random sequence lengths for ac: an empty query side now and then, every
@@ -86,8 +81,6 @@ static int client_main(void *arg)
 	struct tl_gemm_case gc;
 	struct tl_attn_case ac;
 	struct tl_buffer m;
-	char desc[256], why[512];
-	int r;
 
 	tl_buffer_create(c, device, 1 << 21, &m);
 	/* Every dtype with every transpose combination, with and without C. */
@@ -172,18 +165,7 @@ static int client_main(void *arg)
 			ac.dv = 8 * tl_rand_int(1, 2);
 			ac.causal = i == 1;
 			ac.scale = (idx + i) % 2 ? 0 : tl_rand_uniform(0.1, 0.6);
-			tl_attn_describe(&ac, desc, sizeof(desc));
-			why[0] = '\0';
-			r = tl_attention_run(c, device, &ac, why, sizeof(why));
-			if (r < 0) {
-				tl_log("FAIL %s: %d %s %s", desc, r,
-				       regen_client_error_name(c) ? regen_client_error_name(c) : "",
-				       regen_client_error_message(c) ? regen_client_error_message(c) : "");
-				failures++;
-			} else if (r > 0) {
-				tl_log("FAIL %s: %s", desc, why);
-				failures++;
-			}
+			failures += run_attention(c, device, &ac);
 		}
 	}
 	/* Variable sequence lengths: padding rows hold NaN, which must reach

@@ -97,6 +97,30 @@ def regend_path():
     return path
 
 
+def gpu_script_args(default_steps):
+    """What a GPU script's command line, `[REGEND] [--steps N]`, asks for:
+    the regend (find_regend's, given the first argument) and the number of
+    steps. Prints SKIP and exits 77 when there is no regend."""
+    argv = sys.argv[1:]
+    steps = default_steps
+    if "--steps" in argv:
+        i = argv.index("--steps")
+        steps = int(argv[i + 1])
+        del argv[i:i + 2]
+    positional = [a for a in argv if not a.startswith("--")]
+    regend = find_regend(positional[0] if positional else None)
+    if regend is None:
+        print("SKIP: no regend")
+        sys.exit(SKIP)
+    return regend, steps
+
+
+def libregen_for(regend):
+    """$REGEN_LIBREGEN, else the client/libregen.so of regend's build tree."""
+    build = os.path.dirname(os.path.dirname(regend))
+    return os.environ.get("REGEN_LIBREGEN", os.path.join(build, "client", "libregen.so"))
+
+
 class VarlinkError(Exception):
     def __init__(self, name, params):
         super().__init__("%s %s" % (name, json.dumps(params)))

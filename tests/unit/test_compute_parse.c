@@ -319,6 +319,11 @@ END_TEST
 
 static const char attention_base[] = "{" ATT_QKVO "}";
 
+/* Valid halves of a pair of sequence lengths, beside the half a row gets
+ * wrong. */
+#define GOOD_LEN_Q "'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]}"
+#define GOOD_LEN_KV "'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}"
+
 START_TEST(attention_accepts_and_derives)
 {
 	cJSON *params = patched(attention_base, NULL);
@@ -387,8 +392,7 @@ START_TEST(attention_accepts_and_derives)
 	params = patched(attention_base, "{'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [2, 4, 30, 32]},"
 					 " 'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 30, 8]},"
 					 " 'causal': true, 'causal_alignment': 'bottom_right',"
-					 " 'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]},"
-					 " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}");
+					 " " GOOD_LEN_Q ", " GOOD_LEN_KV "}");
 	ck_assert_int_eq(rp_compute_parse(&rp_op_attention, params, &c, &err), 0);
 	ck_assert(a->padded && a->seq_q == 30 && a->seq_kv == 24);
 	cJSON_Delete(params);
@@ -458,24 +462,23 @@ static const struct bad_case attention_bad_cases[] = {
 	{ "seq_len_kv without seq_len_q", "{'seq_len_kv': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]}}", OPERAND,
 	  "seq_len_q", "full length 16" },
 	{ "seq_len_q of f32",
-	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [2]},"
-	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "must be i32" },
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [2]}, " GOOD_LEN_KV "}",
+	  OPERAND, "seq_len_q", "must be i32" },
 	{ "seq_len_kv of another batch",
-	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]},"
-	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [3]}}", OPERAND, "seq_len_kv", "[B] = [2]" },
+	  "{" GOOD_LEN_Q ", 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [3]}}",
+	  OPERAND, "seq_len_kv", "[B] = [2]" },
 	{ "seq_len_q of rank 4 ([B, 1, 1, 1], cuDNN's own shape, is not the protocol's)",
-	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2, 1, 1, 1]},"
-	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "rank 1" },
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2, 1, 1, 1]}, " GOOD_LEN_KV "}",
+	  OPERAND, "seq_len_q", "rank 1" },
 	{ "seq_len_q strided",
-	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2], 'strides': [2]},"
-	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "last stride" },
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2], 'strides': [2]}, " GOOD_LEN_KV "}",
+	  OPERAND, "seq_len_q", "last stride" },
 	{ "seq_len_q misaligned",
-	  "{'seq_len_q': {'buffer': 'b0.1.6', 'offset': 2, 'dtype': 'i32', 'shape': [2]},"
-	  " 'seq_len_kv': {'buffer': 'b0.1.7', 'dtype': 'i32', 'shape': [2]}}", OPERAND, "seq_len_q", "misaligned" },
+	  "{'seq_len_q': {'buffer': 'b0.1.6', 'offset': 2, 'dtype': 'i32', 'shape': [2]}, " GOOD_LEN_KV "}",
+	  OPERAND, "seq_len_q", "misaligned" },
 	{ "o over seq_len_kv",
-	  "{'seq_len_q': {'buffer': 'b0.1.6', 'dtype': 'i32', 'shape': [2]},"
-	  " 'seq_len_kv': {'buffer': 'b0.1.4', 'offset': 16, 'dtype': 'i32', 'shape': [2]}}", OPERAND, "o",
-	  "overlaps seq_len_kv" },
+	  "{" GOOD_LEN_Q ", 'seq_len_kv': {'buffer': 'b0.1.4', 'offset': 16, 'dtype': 'i32', 'shape': [2]}}",
+	  OPERAND, "o", "overlaps seq_len_kv" },
 	{ "q of i32", "{'q': {'buffer': 'b0.1.1', 'dtype': 'i32', 'shape': [2, 4, 16, 32]}}", OPERAND, "q", NULL },
 };
 

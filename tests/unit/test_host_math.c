@@ -597,6 +597,86 @@ static void att_run_forward(const struct tl_attention *dm, struct att_tensors *t
 	free(scratch);
 }
 
+/* Random q, k and v from r, in that order; o and stats poisoned. */
+static void att_random(struct att_tensors *t, struct tl_rng *r)
+{
+	tens_random(&t->q, r);
+	tens_random(&t->k, r);
+	tens_random(&t->v, r);
+	tens_poison(&t->o);
+	tens_poison(&t->stats);
+}
+
+/* NaN in every padding row of a [B, heads, S, width] input: the reference
+ * must never read one. */
+static void poison_padding_rows(struct tens *t, const int32_t *len)
+{
+	const int64_t *sh = t->op.shape;
+
+	for (int64_t l = 0; l < t->numel; l++) {
+		int64_t row = (l / sh[3]) % sh[2], b = l / (sh[1] * sh[2] * sh[3]);
+		if (row >= len[b]) {
+			tens_set(t, l, NAN);
+		}
+	}
+}
+
+/* Rows past their entry's length hold exactly `want` (0 or -inf). */
+static void check_padding_rows(const struct tens *t, const int32_t *len, int64_t width, double want, const char *what)
+{
+	const int64_t *sh = t->op.shape;
+	const int64_t rows = sh[2], heads = sh[1];
+
+	for (int64_t l = 0; l < t->numel; l++) {
+		int64_t row = (l / width) % rows, b = l / (heads * rows * width);
+		if (row >= len[b]) {
+			ck_assert_msg(tens_get(t, l) == want, "%s[%lld] (entry %lld row %lld, length %d) is %g, not %g (seed %llu)",
+				      what, (long long)l, (long long)b, (long long)row, (int)len[b], tens_get(t, l), want,
+				      (unsigned long long)tl_seed());
+		}
+	}
+}
+
+/* Runs dm's forward with stats on t (inputs set, outputs poisoned) and
+ * checks it against the double-precision reference: o within dt's
+ * tolerance, stats to f32 accuracy (they are f32 whatever o's dtype,
+ * computed from the stored inputs). With sequence lengths, the padding
+ * rows hold exactly 0 in o and -inf in stats. */
+static void att_check_forward(const struct tl_attention *dm, struct att_tensors *t, enum rp_dtype dt, int causal)
+{
+	const char *what = dm->seq_len_q ? "varlen attention" : "attention";
+	double *oref = malloc((size_t)t->o.numel * sizeof(double));
+	double *lref = malloc((size_t)t->stats.numel * sizeof(double));
+	double err;
+
+	ck_assert(oref && lref);
+	att_forward_ref(dm, &t->q, &t->k, &t->v, oref, lref);
+	att_run_forward(dm, t, true);
+	if (dm->seq_len_q) {
+		tens_check_written(&t->o, "varlen o");
+		check_padding_rows(&t->o, dm->seq_len_q, dm->dv, 0.0, "o");
+		check_padding_rows(&t->stats, dm->seq_len_q, 1, -INFINITY, "stats");
+	} else {
+		tens_check_written(&t->o, "attention o");
+		tens_check_written(&t->stats, "attention stats");
+	}
+	err = tens_rel_err(&t->o, oref);
+	ck_assert_msg(err <= dt_tol(dt),
+		      "%s %s causal=%d B=%lld H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld Dv=%lld: relative error %.3g "
+		      "(seed %llu)", what, rp_dtype_name(dt), causal, (long long)dm->b, (long long)dm->h,
+		      (long long)kv_heads(dm), (long long)dm->sq, (long long)dm->skv, (long long)dm->d, (long long)dm->dv,
+		      err, (unsigned long long)tl_seed());
+	/* Equal also covers a padding row's -inf. */
+	for (int64_t l = 0; l < t->stats.numel; l++) {
+		double got = tens_get(&t->stats, l);
+		ck_assert_msg(got == lref[l] || fabs(got - lref[l]) <= 1e-5 * (1.0 + fabs(lref[l])),
+			      "%s stats[%lld] = %.9g, reference %.9g (seed %llu)", what, (long long)l, got, lref[l],
+			      (unsigned long long)tl_seed());
+	}
+	free(oref);
+	free(lref);
+}
+
 START_TEST(attention_forward_matches_reference)
 {
 	struct tl_rng r;
@@ -621,43 +701,14 @@ START_TEST(attention_forward_matches_reference)
 				};
 				dm.h = dm.hkv * (dt % 2 ? tl_rng_int(&r, 2, 3) : 1);
 				struct att_tensors t;
-				double *oref, *lref, err;
 
 				dm.dv = dm.d + tl_rng_int(&r, 1, 9);
 				/* Larger logits than 1/sqrt(D) make the softmax
 				 * peaky, so the max subtraction matters. */
 				dm.scale = tl_rng_uniform(&r, 0.5, 3.0) / sqrt((double)dm.d);
 				att_init(&t, &dm, dt, tl_rng_int(&r, 0, 3));
-				tens_random(&t.q, &r);
-				tens_random(&t.k, &r);
-				tens_random(&t.v, &r);
-				tens_poison(&t.o);
-				tens_poison(&t.stats);
-				oref = malloc((size_t)t.o.numel * sizeof(double));
-				lref = malloc((size_t)t.stats.numel * sizeof(double));
-				ck_assert(oref && lref);
-
-				att_forward_ref(&dm, &t.q, &t.k, &t.v, oref, lref);
-				att_run_forward(&dm, &t, true);
-				tens_check_written(&t.o, "attention o");
-				tens_check_written(&t.stats, "attention stats");
-				err = tens_rel_err(&t.o, oref);
-				ck_assert_msg(err <= dt_tol(dt),
-					      "attention %s causal=%d B=%lld H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld "
-					      "Dv=%lld: relative error %.3g (seed %llu)", rp_dtype_name(dt), causal, (long long)dm.b,
-					      (long long)dm.h, (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv,
-					      (long long)dm.d,
-					      (long long)dm.dv, err, (unsigned long long)tl_seed());
-				/* Stats are f32 whatever o's dtype, computed from
-				 * the stored inputs: f32 accuracy. */
-				for (int64_t l = 0; l < t.stats.numel; l++) {
-					double got = tens_get(&t.stats, l);
-					ck_assert_msg(fabs(got - lref[l]) <= 1e-5 * (1.0 + fabs(lref[l])),
-						      "stats[%lld] = %.9g, reference %.9g (seed %llu)", (long long)l,
-						      got, lref[l], (unsigned long long)tl_seed());
-				}
-				free(oref);
-				free(lref);
+				att_random(&t, &r);
+				att_check_forward(&dm, &t, dt, causal);
 				att_finish(&t);
 			}
 		}
@@ -676,11 +727,7 @@ START_TEST(attention_forward_without_stats)
 	tl_rng_init(&r, 7);
 	dm.scale = 1.0 / sqrt(16.0);
 	att_init(&t, &dm, RP_DTYPE_F32, 1);
-	tens_random(&t.q, &r);
-	tens_random(&t.k, &r);
-	tens_random(&t.v, &r);
-	tens_poison(&t.o);
-	tens_poison(&t.stats);
+	att_random(&t, &r);
 	att_forward_ref(&dm, &t.q, &t.k, &t.v, oref, lref);
 	att_run_forward(&dm, &t, false);
 	tens_check_written(&t.o, "attention o");
@@ -769,6 +816,50 @@ static void att_bwd_finish(struct att_bwd_tensors *t)
 	tens_finish(&t->d_v);
 }
 
+/* The backward's inputs from r: q, k, v, then dO. */
+static void att_bwd_random(struct att_bwd_tensors *t, struct tl_rng *r)
+{
+	att_random(&t->f, r);
+	tens_random(&t->d_o, r);
+}
+
+/* Runs dm's backward on t (inputs set) and checks its gradients against
+ * the double-precision ones; with sequence lengths, the padding rows of
+ * d_q, d_k and d_v hold exactly 0. */
+static void att_check_backward(const struct tl_attention *dm, struct att_bwd_tensors *t, enum rp_dtype dt, int causal)
+{
+	/* The backward reads o as stored, and its gradients mix many rounded
+	 * terms: twice the forward's bound. */
+	const double tol = 2.0 * (dt == RP_DTYPE_F32 ? 5e-5 : dt_tol(dt));
+	const char *what = dm->seq_len_q ? "varlen attention" : "attention";
+	struct att_grads g;
+	double edq, edk, edv;
+
+	g.dq = malloc((size_t)t->d_q.numel * sizeof(double));
+	g.dk = malloc((size_t)t->d_k.numel * sizeof(double));
+	g.dv = malloc((size_t)t->d_v.numel * sizeof(double));
+	ck_assert(g.dq && g.dk && g.dv);
+
+	att_backward_ref(dm, &t->f.q, &t->f.k, &t->f.v, &t->d_o, &g);
+	att_run_backward(dm, t);
+	if (dm->seq_len_q) {
+		check_padding_rows(&t->d_q, dm->seq_len_q, dm->d, 0.0, "d_q");
+		check_padding_rows(&t->d_k, dm->seq_len_kv, dm->d, 0.0, "d_k");
+		check_padding_rows(&t->d_v, dm->seq_len_kv, dm->dv, 0.0, "d_v");
+	}
+	edq = tens_rel_err(&t->d_q, g.dq);
+	edk = tens_rel_err(&t->d_k, g.dk);
+	edv = tens_rel_err(&t->d_v, g.dv);
+	ck_assert_msg(edq <= tol && edk <= tol && edv <= tol,
+		      "%s backward %s causal=%d B=%lld H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld Dv=%lld: relative errors "
+		      "dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", what, rp_dtype_name(dt), causal, (long long)dm->b,
+		      (long long)dm->h, (long long)kv_heads(dm), (long long)dm->sq, (long long)dm->skv, (long long)dm->d,
+		      (long long)dm->dv, edq, edk, edv, tol, (unsigned long long)tl_seed());
+	free(g.dq);
+	free(g.dk);
+	free(g.dv);
+}
+
 START_TEST(attention_backward_matches_reference)
 {
 	struct tl_rng r;
@@ -788,36 +879,12 @@ START_TEST(attention_backward_matches_reference)
 				dm.skv = dm.sq + tl_rng_int(&r, 0, 4);
 			}
 			struct att_bwd_tensors t;
-			struct att_grads g;
-			/* The backward reads o as stored, and its gradients
-			 * mix many rounded terms: twice the forward's bound. */
-			double tol = 2.0 * (dt == RP_DTYPE_F32 ? 5e-5 : dt_tol(dt));
 
 			dm.dv = tl_rng_int(&r, 4, 24);
 			dm.scale = tl_rng_uniform(&r, 0.5, 2.0) / sqrt((double)dm.d);
 			att_bwd_init(&t, &dm, dt, tl_rng_int(&r, 0, 2));
-			tens_random(&t.f.q, &r);
-			tens_random(&t.f.k, &r);
-			tens_random(&t.f.v, &r);
-			tens_random(&t.d_o, &r);
-			g.dq = malloc((size_t)t.d_q.numel * sizeof(double));
-			g.dk = malloc((size_t)t.d_k.numel * sizeof(double));
-			g.dv = malloc((size_t)t.d_v.numel * sizeof(double));
-			ck_assert(g.dq && g.dk && g.dv);
-
-			att_backward_ref(&dm, &t.f.q, &t.f.k, &t.f.v, &t.d_o, &g);
-			att_run_backward(&dm, &t);
-			double edq = tens_rel_err(&t.d_q, g.dq);
-			double edk = tens_rel_err(&t.d_k, g.dk);
-			double edv = tens_rel_err(&t.d_v, g.dv);
-			ck_assert_msg(edq <= tol && edk <= tol && edv <= tol,
-				      "attention backward %s causal=%d H=%lld Hkv=%lld Sq=%lld Skv=%lld D=%lld Dv=%lld: "
-				      "relative errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", rp_dtype_name(dt), causal,
-				      (long long)dm.h, (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv, (long long)dm.d, (long long)dm.dv,
-				      edq, edk, edv, tol, (unsigned long long)tl_seed());
-			free(g.dq);
-			free(g.dk);
-			free(g.dv);
+			att_bwd_random(&t, &r);
+			att_check_backward(&dm, &t, dt, causal);
 			att_bwd_finish(&t);
 		}
 	}
@@ -842,36 +909,6 @@ static void random_lengths(struct tl_attention *dm, struct tl_rng *r, int32_t *l
 	dm->seq_len_kv = lkv;
 }
 
-/* NaN in every padding row of a [B, heads, S, width] input: the reference
- * must never read one. */
-static void poison_padding_rows(struct tens *t, const int32_t *len)
-{
-	const int64_t *sh = t->op.shape;
-
-	for (int64_t l = 0; l < t->numel; l++) {
-		int64_t row = (l / sh[3]) % sh[2], b = l / (sh[1] * sh[2] * sh[3]);
-		if (row >= len[b]) {
-			tens_set(t, l, NAN);
-		}
-	}
-}
-
-/* Rows past their entry's length hold exactly `want` (0 or -inf). */
-static void check_padding_rows(const struct tens *t, const int32_t *len, int64_t width, double want, const char *what)
-{
-	const int64_t *sh = t->op.shape;
-	const int64_t rows = sh[2], heads = sh[1];
-
-	for (int64_t l = 0; l < t->numel; l++) {
-		int64_t row = (l / width) % rows, b = l / (heads * rows * width);
-		if (row >= len[b]) {
-			ck_assert_msg(tens_get(t, l) == want, "%s[%lld] (entry %lld row %lld, length %d) is %g, not %g (seed %llu)",
-				      what, (long long)l, (long long)b, (long long)row, (int)len[b], tens_get(t, l), want,
-				      (unsigned long long)tl_seed());
-		}
-	}
-}
-
 START_TEST(attention_varlen_forward_matches_reference)
 {
 	struct tl_rng r;
@@ -887,44 +924,17 @@ START_TEST(attention_varlen_forward_matches_reference)
 			};
 			int32_t lq[4], lkv[4];
 			struct att_tensors t;
-			double *oref, *lref, err;
 
 			dm.h = dm.hkv * tl_rng_int(&r, 1, 3);
 			dm.dv = tl_rng_int(&r, 4, 20);
 			dm.scale = tl_rng_uniform(&r, 0.5, 2.5) / sqrt((double)dm.d);
 			random_lengths(&dm, &r, lq, lkv);
 			att_init(&t, &dm, dt, tl_rng_int(&r, 0, 3));
-			tens_random(&t.q, &r);
-			tens_random(&t.k, &r);
-			tens_random(&t.v, &r);
+			att_random(&t, &r);
 			poison_padding_rows(&t.q, lq);
 			poison_padding_rows(&t.k, lkv);
 			poison_padding_rows(&t.v, lkv);
-			tens_poison(&t.o);
-			tens_poison(&t.stats);
-			oref = malloc((size_t)t.o.numel * sizeof(double));
-			lref = malloc((size_t)t.stats.numel * sizeof(double));
-			ck_assert(oref && lref);
-
-			att_forward_ref(&dm, &t.q, &t.k, &t.v, oref, lref);
-			att_run_forward(&dm, &t, true);
-			tens_check_written(&t.o, "varlen o");
-			check_padding_rows(&t.o, lq, dm.dv, 0.0, "o");
-			check_padding_rows(&t.stats, lq, 1, -INFINITY, "stats");
-			err = tens_rel_err(&t.o, oref);
-			ck_assert_msg(err <= dt_tol(dt),
-				      "varlen attention %s causal=%d B=%lld H=%lld Hkv=%lld Sq=%lld Skv=%lld: relative "
-				      "error %.3g (seed %llu)", rp_dtype_name(dt), causal, (long long)dm.b, (long long)dm.h,
-				      (long long)kv_heads(&dm), (long long)dm.sq, (long long)dm.skv, err,
-				      (unsigned long long)tl_seed());
-			for (int64_t l = 0; l < t.stats.numel; l++) {
-				double got = tens_get(&t.stats, l);
-				ck_assert_msg(got == lref[l] || fabs(got - lref[l]) <= 1e-5 * (1.0 + fabs(lref[l])),
-					      "varlen stats[%lld] = %.9g, reference %.9g (seed %llu)", (long long)l, got,
-					      lref[l], (unsigned long long)tl_seed());
-			}
-			free(oref);
-			free(lref);
+			att_check_forward(&dm, &t, dt, causal);
 			att_finish(&t);
 		}
 	}
@@ -945,43 +955,18 @@ START_TEST(attention_varlen_backward_matches_reference)
 			};
 			int32_t lq[4], lkv[4];
 			struct att_bwd_tensors t;
-			struct att_grads g;
-			double tol = 2.0 * (dt == RP_DTYPE_F32 ? 5e-5 : dt_tol(dt));
 
 			dm.h = dm.hkv * tl_rng_int(&r, 1, 3);
 			dm.dv = tl_rng_int(&r, 4, 20);
 			dm.scale = tl_rng_uniform(&r, 0.5, 2.0) / sqrt((double)dm.d);
 			random_lengths(&dm, &r, lq, lkv);
 			att_bwd_init(&t, &dm, dt, tl_rng_int(&r, 0, 2));
-			tens_random(&t.f.q, &r);
-			tens_random(&t.f.k, &r);
-			tens_random(&t.f.v, &r);
-			tens_random(&t.d_o, &r);
+			att_bwd_random(&t, &r);
 			poison_padding_rows(&t.f.q, lq);
 			poison_padding_rows(&t.f.k, lkv);
 			poison_padding_rows(&t.f.v, lkv);
 			poison_padding_rows(&t.d_o, lq);
-			g.dq = malloc((size_t)t.d_q.numel * sizeof(double));
-			g.dk = malloc((size_t)t.d_k.numel * sizeof(double));
-			g.dv = malloc((size_t)t.d_v.numel * sizeof(double));
-			ck_assert(g.dq && g.dk && g.dv);
-
-			att_backward_ref(&dm, &t.f.q, &t.f.k, &t.f.v, &t.d_o, &g);
-			att_run_backward(&dm, &t);
-			check_padding_rows(&t.d_q, lq, dm.d, 0.0, "d_q");
-			check_padding_rows(&t.d_k, lkv, dm.d, 0.0, "d_k");
-			check_padding_rows(&t.d_v, lkv, dm.dv, 0.0, "d_v");
-			double edq = tens_rel_err(&t.d_q, g.dq);
-			double edk = tens_rel_err(&t.d_k, g.dk);
-			double edv = tens_rel_err(&t.d_v, g.dv);
-			ck_assert_msg(edq <= tol && edk <= tol && edv <= tol,
-				      "varlen attention backward %s causal=%d B=%lld H=%lld Sq=%lld Skv=%lld: relative "
-				      "errors dq %.3g dk %.3g dv %.3g > %.3g (seed %llu)", rp_dtype_name(dt), causal,
-				      (long long)dm.b, (long long)dm.h, (long long)dm.sq, (long long)dm.skv, edq, edk, edv,
-				      tol, (unsigned long long)tl_seed());
-			free(g.dq);
-			free(g.dk);
-			free(g.dv);
+			att_check_backward(&dm, &t, dt, causal);
 			att_bwd_finish(&t);
 		}
 	}
@@ -1117,10 +1102,7 @@ START_TEST(attention_backward_matches_finite_differences)
 		struct att_bwd_tensors t;
 
 		att_bwd_init(&t, &dm, RP_DTYPE_F32, 1);
-		tens_random(&t.f.q, &r);
-		tens_random(&t.f.k, &r);
-		tens_random(&t.f.v, &r);
-		tens_random(&t.d_o, &r);
+		att_bwd_random(&t, &r);
 		att_run_backward(&dm, &t);
 		check_fd(&dm, &t, &t.f.q, &t.d_q, "q");
 		check_fd(&dm, &t, &t.f.k, &t.d_k, "k");

@@ -40,6 +40,16 @@ static void start(int process)
 	ck_assert_int_eq(regen_pool_trim(), 0);
 }
 
+/* An allocation of size on stream (device 0) gets want; it goes back on
+ * that stream at once. */
+static void expect_alloc_at(size_t size, void *stream, const void *want)
+{
+	char *p = regen_pool_alloc(size, 0, stream);
+
+	ck_assert_ptr_eq(p, want);
+	regen_pool_free(p, size, 0, stream);
+}
+
 START_TEST(test_a_free_is_taken_again_only_on_its_stream)
 {
 	start(1);
@@ -59,9 +69,7 @@ START_TEST(test_a_free_is_taken_again_only_on_its_stream)
 	ck_assert_ptr_nonnull(b);
 	ck_assert_ptr_ne(b, a);
 	/* S1's own allocation runs after that work: it takes a again. */
-	char *c = regen_pool_alloc(4096, 0, S1);
-	ck_assert_ptr_eq(c, a);
-	regen_pool_free(c, 4096, 0, S1);
+	expect_alloc_at(4096, S1, a);
 	/* The legacy stream (NULL) is a stream like any other. */
 	char *d = regen_pool_alloc(4096, 0, NULL);
 	ck_assert_ptr_ne(d, a);
@@ -71,9 +79,7 @@ START_TEST(test_a_free_is_taken_again_only_on_its_stream)
 	ck_assert_ptr_ne(e, d);
 	/* After a trim (which synchronises) a is anyone's. */
 	ck_assert_int_eq(regen_pool_trim(), 0);
-	char *f = regen_pool_alloc(4096, 0, S2);
-	ck_assert_ptr_eq(f, a);
-	regen_pool_free(f, 4096, 0, S2);
+	expect_alloc_at(4096, S2, a);
 	regen_pool_free(e, 4096, 0, S2);
 	regen_pool_free(b, 4096, 0, S2);
 	regen_pool_free(after, 4096, 0, S1);
@@ -95,9 +101,7 @@ START_TEST(test_frees_coalesce_on_one_stream_only)
 	/* a and b freed on S1 make one 8 KiB piece for S1. */
 	regen_pool_free(a, 4096, 0, S1);
 	regen_pool_free(b, 4096, 0, S1);
-	char *ab = regen_pool_alloc(8192, 0, S1);
-	ck_assert_ptr_eq(ab, a);
-	regen_pool_free(ab, 8192, 0, S1);
+	expect_alloc_at(8192, S1, a);
 	/* c freed on S2 beside them stays apart: 12 KiB fit there for nobody. */
 	regen_pool_free(c, 4096, 0, S2);
 	char *x = regen_pool_alloc(12288, 0, S1);
@@ -108,9 +112,7 @@ START_TEST(test_frees_coalesce_on_one_stream_only)
 	regen_pool_free(y, 12288, 0, S2);
 	/* Settled, they are one again. */
 	ck_assert_int_eq(regen_pool_trim(), 0);
-	char *abc = regen_pool_alloc(12288, 0, S2);
-	ck_assert_ptr_eq(abc, a);
-	regen_pool_free(abc, 12288, 0, S2);
+	expect_alloc_at(12288, S2, a);
 	regen_pool_free(fence, 512, 0, S1);
 	regen_pool_free(keep, 512, 0, S1);
 }
@@ -161,9 +163,7 @@ START_TEST(test_off_frees_are_not_ordered_and_chunks_go)
 
 	regen_pool_free(a, 4096, 0, S1);
 	/* Under a MemPool, torch's caching allocator orders frees itself. */
-	char *b = regen_pool_alloc(4096, 0, S2);
-	ck_assert_ptr_eq(b, a);
-	regen_pool_free(b, 4096, 0, S2);
+	expect_alloc_at(4096, S2, a);
 	regen_pool_free(keep, 4096, 0, S1);
 	ck_assert_uint_eq(stats().chunks, before.chunks);
 }
@@ -183,9 +183,7 @@ START_TEST(test_switching_off_trims)
 	ck_assert_int_eq(regen_pool_set_process_allocator(0), 0);
 	/* The empty chunk went, and a is no longer pending on S1. */
 	ck_assert_uint_eq(stats().chunks, before.chunks + 1);
-	char *b = regen_pool_alloc(4096, 0, S2);
-	ck_assert_ptr_eq(b, a);
-	regen_pool_free(b, 4096, 0, S2);
+	expect_alloc_at(4096, S2, a);
 	regen_pool_free(keep, 4096, 0, S1);
 	ck_assert_uint_eq(stats().chunks, before.chunks);
 }

@@ -85,6 +85,47 @@ def generation(client):
     return client.generation()["devices"][0]["generation"]
 
 
+def wait_past_generation(client, gen, tries, ready=False):
+    """Polls every 50 ms, at most `tries` times, until device 0's generation
+    is past gen (and, with `ready`, the device is ready again)."""
+    for _ in range(tries):
+        dev = client.generation()["devices"][0]
+        if dev["generation"] > gen and (not ready or dev["state"] == "ready"):
+            return
+        time.sleep(0.05)
+
+
+def init_pair(a, b, uid):
+    """Rank 0 (on a, here) and rank 1 (on b, from a thread) of a two-rank
+    communicator on uid: Init returns once both joined."""
+    joined = {}
+    t = threading.Thread(target=lambda: joined.setdefault("c", b.comm_init(uid, 1, 2)))
+    t.start()
+    c0 = a.comm_init(uid, 0, 2)
+    t.join(10 * TIME_SCALE)
+    return c0, joined["c"]
+
+
+def in_flight(fn):
+    """fn() on a thread, given 0.3 s to be waiting in regend. Returns the
+    thread and its outcome: "r", "finished" or the regen.Error it raised;
+    "t", when it returned."""
+    outcome = {}
+
+    def body():
+        try:
+            fn()
+            outcome["r"] = "finished"
+        except regen.Error as e:
+            outcome["r"] = e
+        outcome["t"] = time.monotonic()
+
+    t = threading.Thread(target=body)
+    t.start()
+    time.sleep(0.3)
+    return t, outcome
+
+
 class CommTest(unittest.TestCase):
     def setUp(self):
         self.c = regen.Client(daemon.socket)
@@ -217,18 +258,7 @@ class CommTest(unittest.TestCase):
         comm = owner.comm_init(uid, 0, 2)
         joined.wait(10)
         x = tensor(owner, [1.0] * 8)
-        outcome = {}
-
-        def call():
-            try:
-                owner.comm_all_reduce(comm, x.op, x.op)
-                outcome["r"] = "finished"
-            except regen.Error as e:
-                outcome["r"] = e
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(0.3)
+        caller, outcome = in_flight(lambda: owner.comm_all_reduce(comm, x.op, x.op))
         # Another connection of the same process: the call is in flight.
         with self.assertRaises(regen.CommInFlight) as cm:
             self.c.comm_destroy(comm)
@@ -251,30 +281,17 @@ class CommTest(unittest.TestCase):
     def test_destroy_with_abort_ends_the_calls_in_flight(self):
         uid = self.c.comm_unique_id()
         a, b = regen.Client(daemon.socket), regen.Client(daemon.socket)
-        done = {}
-        t = threading.Thread(target=lambda: done.setdefault("b", b.comm_init(uid, 1, 2)))
-        t.start()
-        comm = a.comm_init(uid, 0, 2)
-        t.join()
+        comm, peer = init_pair(a, b, uid)
         x = tensor(a, [1.0] * 8)
-
-        def call():
-            try:
-                a.comm_all_reduce(comm, x.op, x.op)
-            except regen.Error as e:
-                done["r"] = e
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(0.3)
+        caller, outcome = in_flight(lambda: a.comm_all_reduce(comm, x.op, x.op))
         self.c.comm_destroy(comm, abort=True)
         caller.join(5 * TIME_SCALE)
-        self.assertIsInstance(done.get("r"), regen.CommFailed)
+        self.assertIsInstance(outcome.get("r"), regen.CommFailed)
         # The peer's communicator knows.
         y = tensor(b, [1.0] * 8)
         with self.assertRaises(regen.CommFailed):
-            b.comm_all_reduce(done["b"], y.op, y.op)
-        b.comm_destroy(done["b"])
+            b.comm_all_reduce(peer, y.op, y.op)
+        b.comm_destroy(peer)
         a.close()
         b.close()
 
@@ -420,25 +437,10 @@ class CommTest(unittest.TestCase):
         b.close()
 
     def test_a_restart_ends_communicators_and_init_works_again(self):
-        uid = self.c.comm_unique_id()
         b = regen.Client(daemon.socket)
-        joined = {}
-        t = threading.Thread(target=lambda: joined.setdefault("c", b.comm_init(uid, 1, 2)))
-        t.start()
-        comm = self.c.comm_init(uid, 0, 2)
-        t.join()
+        comm, peer = init_pair(self.c, b, self.c.comm_unique_id())
         x = tensor(self.c, [1.0] * 4)
-        outcome = {}
-
-        def call():
-            try:
-                self.c.comm_all_reduce(comm, x.op, x.op)
-            except regen.Error as e:
-                outcome["r"] = e
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(0.3)
+        caller, outcome = in_flight(lambda: self.c.comm_all_reduce(comm, x.op, x.op))
         gen = generation(b)
         admin = regen.Client(daemon.socket)
         t0 = time.monotonic()
@@ -449,14 +451,11 @@ class CommTest(unittest.TestCase):
         # wait for the drain deadline.
         self.assertLess(time.monotonic() - t0, 5 * TIME_SCALE)
         self.assertIsInstance(outcome["r"], (regen.CommFailed, regen.Draining))
-        for _ in range(100):
-            if generation(b) > gen:
-                break
-            time.sleep(0.05)
+        wait_past_generation(b, gen, 100)
         self.assertGreater(generation(b), gen)
         y = tensor(b, [1.0] * 4)
         with self.assertRaises(regen.StaleGeneration):
-            b.comm_all_reduce(joined["c"], y.op, y.op)
+            b.comm_all_reduce(peer, y.op, y.op)
         with self.assertRaises(regen.StaleGeneration):
             self.c.comm_destroy(comm)
         again = self.c.comm_init(self.c.comm_unique_id(), 0, 1)
@@ -472,27 +471,11 @@ class CommTest(unittest.TestCase):
         # device loses its context. The call ends by name (the reset's
         # drain aborts the communicator), never hangs; the ids go stale,
         # and the ranks Init again in the new generation.
-        uid = self.c.comm_unique_id()
         b = regen.Client(daemon.socket)
-        joined = {}
-        t = threading.Thread(target=lambda: joined.setdefault("c", b.comm_init(uid, 1, 2)))
-        t.start()
-        comm = self.c.comm_init(uid, 0, 2)
-        t.join(10 * TIME_SCALE)
+        comm, peer = init_pair(self.c, b, self.c.comm_unique_id())
         x = tensor(self.c, [1.0] * 4)
         gen = generation(self.c)
-        outcome = {}
-
-        def call():
-            try:
-                self.c.comm_all_reduce(comm, x.op, x.op, deadline_ms=60000)
-                outcome["r"] = "finished"
-            except regen.Error as e:
-                outcome["r"] = e
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(0.3)
+        caller, outcome = in_flight(lambda: self.c.comm_all_reduce(comm, x.op, x.op, deadline_ms=60000))
         admin = regen.Client(daemon.socket)
         t0 = time.monotonic()
         admin.inject_fault(0, "device_lost")
@@ -500,29 +483,21 @@ class CommTest(unittest.TestCase):
         self.assertFalse(caller.is_alive(), "the collective in flight hung through the fault")
         self.assertLess(time.monotonic() - t0, 10 * TIME_SCALE)
         self.assertIsInstance(outcome["r"], (regen.CommFailed, regen.DeviceLost, regen.Draining))
-        for _ in range(200):
-            if generation(admin) > gen and admin.generation()["devices"][0]["state"] == "ready":
-                break
-            time.sleep(0.05)
+        wait_past_generation(admin, gen, 200, ready=True)
         self.assertGreater(generation(admin), gen)
         y = tensor(b, [1.0] * 4)
         with self.assertRaises(regen.StaleGeneration):
-            b.comm_all_reduce(joined["c"], y.op, y.op)
-        uid = self.c.comm_unique_id()
-        again = {}
-        t = threading.Thread(target=lambda: again.setdefault("b", b.comm_init(uid, 1, 2)))
-        t.start()
-        a2 = self.c.comm_init(uid, 0, 2)
-        t.join(10 * TIME_SCALE)
+            b.comm_all_reduce(peer, y.op, y.op)
+        a2, b2 = init_pair(self.c, b, self.c.comm_unique_id())
         z = tensor(self.c, [2.0] * 4)
         w = tensor(b, [3.0] * 4)
-        t = threading.Thread(target=lambda: b.comm_all_reduce(again["b"], w.op, w.op))
+        t = threading.Thread(target=lambda: b.comm_all_reduce(b2, w.op, w.op))
         t.start()
         self.c.comm_all_reduce(a2, z.op, z.op)
         t.join(10 * TIME_SCALE)
         self.assertEqual((z.read(), w.read()), ([5.0] * 4, [5.0] * 4))
         self.c.comm_destroy(a2)
-        b.comm_destroy(again["b"])
+        b.comm_destroy(b2)
         admin.close()
         b.close()
 
@@ -549,31 +524,13 @@ class SlowAbortTest(unittest.TestCase):
 
     def pair(self):
         a, b = regen.Client(self.daemon.socket), regen.Client(self.daemon.socket)
-        uid = a.comm_unique_id()
-        joined = {}
-        t = threading.Thread(target=lambda: joined.setdefault("b", b.comm_init(uid, 1, 2)))
-        t.start()
-        ca = a.comm_init(uid, 0, 2)
-        t.join(10 * TIME_SCALE)
-        return a, b, ca, joined["b"]
+        return (a, b) + init_pair(a, b, a.comm_unique_id())
 
     def test_nothing_waits_behind_an_abort(self):
         a, b, ca, cb = self.pair()
         other = regen.Client(self.daemon.socket)
         x = tensor(a, [1.0] * 8)
-        outcome = {}
-
-        def call():
-            try:
-                a.comm_all_reduce(ca, x.op, x.op)
-                outcome["r"] = "finished"
-            except regen.Error as e:
-                outcome["r"] = e
-            outcome["t"] = time.monotonic()
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(0.3)
+        caller, outcome = in_flight(lambda: a.comm_all_reduce(ca, x.op, x.op))
         t0 = time.monotonic()
         other.comm_abort(ca)
         self.assertLess(time.monotonic() - t0, PROMPT_S, "Abort waited for the abort's end")

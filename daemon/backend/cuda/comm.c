@@ -52,6 +52,7 @@
 #include <string.h>
 #include <time.h>
 #include <nccl.h>
+#include "daemon/backend/aborters.h"
 #include "daemon/backend/cuda/common.h"
 #include "proto/comm.h"
 #include "proto/errors.h"
@@ -86,21 +87,12 @@ struct cuda_comm {
 	struct cuda_comm *next;        /* the device's list, under comms->lock */
 };
 
-/* An aborter thread; joined by the watch or a quiesce once done. */
-struct aborter {
-	pthread_t thread;
-	struct cuda_comm *c;
-	struct cuda_comms *cs;
-	bool done;                     /* under cs->lock: the thread's last act */
-	struct aborter *next;
-};
-
-/* The device's communicators, their aborters and their watch. */
+/* The device's communicators, their aborters and their watch. The watch
+ * or a quiesce joins the aborters once done. */
 struct cuda_comms {
 	pthread_mutex_t lock;
-	pthread_cond_t cond;           /* an aborter finished */
 	struct cuda_comm *head;
-	struct aborter *aborters;
+	struct rd_aborters aborters;
 	pthread_t thread;
 	bool stop;
 };
@@ -208,19 +200,14 @@ static void end_now(struct cuda_comm *c, bool abort)
 	pthread_mutex_unlock(&c->lock);
 }
 
-static void *aborter_main(void *arg)
+/* An aborter's work, holding the reference start_abort took. */
+static void abort_and_put(void *arg)
 {
-	struct aborter *a = arg;
-	struct cuda_comms *cs = a->cs;
+	struct cuda_comm *c = arg;
 
-	cudaSetDevice(a->c->cd->dev->index);
-	end_now(a->c, true);
-	put(a->c);
-	pthread_mutex_lock(&cs->lock);
-	a->done = true;
-	pthread_cond_broadcast(&cs->cond);
-	pthread_mutex_unlock(&cs->lock);
-	return NULL;
+	cudaSetDevice(c->cd->dev->index);
+	end_now(c, true);
+	put(c);
 }
 
 /* Marks the communicator aborted (every call from now on fails, without a
@@ -228,68 +215,13 @@ static void *aborter_main(void *arg)
  * never waits for NCCL. */
 static void start_abort(struct cuda_comm *c)
 {
-	struct cuda_comms *cs = c->cd->comms;
-	struct aborter *a;
-
 	atomic_store(&c->aborted, true);
 	if (atomic_load(&c->state) == COMM_ENDED || atomic_exchange(&c->abort_started, true))
 		return;
 	atomic_fetch_add(&c->refs, 1);
-	a = calloc(1, sizeof(*a));
-	if (a) {
-		a->c = c;
-		a->cs = cs;
-		pthread_mutex_lock(&cs->lock);
-		if (pthread_create(&a->thread, NULL, aborter_main, a) == 0) {
-			a->next = cs->aborters;
-			cs->aborters = a;
-			pthread_mutex_unlock(&cs->lock);
-			return;
-		}
-		pthread_mutex_unlock(&cs->lock);
-		free(a);
-	}
-	/* No thread to be had (out of memory): this one aborts, still holding
-	 * no lock, so only the caller waits. */
-	cudaSetDevice(c->cd->dev->index);
-	end_now(c, true);
-	put(c);
-}
-
-/* Joins the aborters that finished (all of them when `all`, waiting for
- * those still running). */
-static void reap(struct cuda_comms *cs, bool all)
-{
-	struct aborter *done = NULL;
-
-	pthread_mutex_lock(&cs->lock);
-	for (;;) {
-		bool running = false;
-
-		for (struct aborter **p = &cs->aborters; *p;) {
-			struct aborter *a = *p;
-
-			if (a->done) {
-				*p = a->next;
-				a->next = done;
-				done = a;
-			} else {
-				running = true;
-				p = &a->next;
-			}
-		}
-		if (!all || !running)
-			break;
-		pthread_cond_wait(&cs->cond, &cs->lock);
-	}
-	pthread_mutex_unlock(&cs->lock);
-	while (done) {
-		struct aborter *a = done;
-
-		done = a->next;
-		pthread_join(a->thread, NULL);
-		free(a);
-	}
+	/* With no thread to be had (out of memory) this one aborts, still
+	 * holding no lock, so only the caller waits. */
+	rd_aborters_run(&c->cd->comms->aborters, abort_and_put, c);
 }
 
 /* Polls a non-blocking operation to its end, the lock taken only to look,
@@ -360,12 +292,13 @@ static void *watch_main(void *arg)
 			pthread_mutex_unlock(&c->lock);
 		}
 		pthread_mutex_unlock(&cs->lock);
-		/* Outside every lock: starting an aborter takes the list's. */
+		/* Outside every lock: with no thread to be had the abort runs
+		 * here, inline. */
 		for (unsigned i = 0; i < n; i++) {
 			start_abort(failing[i]);
 			put(failing[i]);
 		}
-		reap(cs, false);
+		rd_aborters_reap(&cs->aborters, false);
 		sleep_us(COMM_WATCH_MS * 1000);
 	}
 }
@@ -382,10 +315,10 @@ static int comms_get(struct cuda_dev *cd, struct rp_error *err)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&cs->lock, NULL);
-	pthread_cond_init(&cs->cond, NULL);
+	rd_aborters_init(&cs->aborters);
 	/* Without its watch a peer's loss would be a hang: no communicator. */
 	if (pthread_create(&cs->thread, NULL, watch_main, cs) != 0) {
-		pthread_cond_destroy(&cs->cond);
+		rd_aborters_finish(&cs->aborters);
 		pthread_mutex_destroy(&cs->lock);
 		free(cs);
 		rp_err_out_of_memory(err, cd->dev->index, "no thread for the communicators' watch");
@@ -398,7 +331,7 @@ static int comms_get(struct cuda_dev *cd, struct rp_error *err)
 void cuda_comm_quiesce(struct cuda_dev *cd)
 {
 	if (cd->comms)
-		reap(cd->comms, true);
+		rd_aborters_reap(&cd->comms->aborters, true);
 }
 
 void cuda_comm_finish(struct cuda_dev *cd)
@@ -407,14 +340,13 @@ void cuda_comm_finish(struct cuda_dev *cd)
 
 	if (!cs)
 		return;
-	reap(cs, true);
+	rd_aborters_reap(&cs->aborters, true);
 	pthread_mutex_lock(&cs->lock);
 	cs->stop = true;
 	pthread_mutex_unlock(&cs->lock);
 	pthread_join(cs->thread, NULL);
-	/* An aborter the watch's last pass started. */
-	reap(cs, true);
-	pthread_cond_destroy(&cs->cond);
+	/* Joins an aborter the watch's last pass started too. */
+	rd_aborters_finish(&cs->aborters);
 	pthread_mutex_destroy(&cs->lock);
 	free(cs);
 	cd->comms = NULL;

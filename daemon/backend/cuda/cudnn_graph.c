@@ -569,6 +569,16 @@ static int errno_of(cudnnStatus_t s)
 	}
 }
 
+/* Sets an attribute of d unless an earlier step failed: *s keeps the first
+ * failure, so that a descriptor is made as a list of steps and checked
+ * once at the end. */
+static void set_if_ok(cudnnStatus_t *s, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+		      cudnnBackendAttributeType_t type, int64_t count, const void *value)
+{
+	if (*s == CUDNN_STATUS_SUCCESS)
+		*s = cudnnBackendSetAttribute(d, name, type, count, value);
+}
+
 /* An engine configuration's engine and knob choices: the engine's global
  * index, and "engine 8 knobs 1=0,2=3" into text (empty if unreadable). */
 static int64_t describe_config(cudnnBackendDescriptor_t cfg, char *text, size_t n)
@@ -620,14 +630,10 @@ static cudnnStatus_t heuristics(cudnnBackendDescriptor_t opgraph, cudnnBackendDe
 	int64_t count = 0, got = 0, made = 0;
 	cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur);
 
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-					     &opgraph);
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-	if (s == CUDNN_STATUS_SUCCESS && devprop)
-		s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-					     &devprop);
+	set_if_ok(&s, heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &opgraph);
+	set_if_ok(&s, heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+	if (devprop)
+		set_if_ok(&s, heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
 	if (s == CUDNN_STATUS_SUCCESS)
 		s = cudnnBackendFinalize(heur);
 	if (s == CUDNN_STATUS_SUCCESS)
@@ -690,13 +696,10 @@ static cudnnBackendDescriptor_t make_engine(cudnnBackendDescriptor_t opgraph, cu
 	cudnnBackendDescriptor_t e = NULL;
 	cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &e);
 
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(e, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-					     &opgraph);
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
-	if (s == CUDNN_STATUS_SUCCESS && devprop)
-		s = cudnnBackendSetAttribute(e, CUDNN_ATTR_ENGINE_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+	set_if_ok(&s, e, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &opgraph);
+	set_if_ok(&s, e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+	if (devprop)
+		set_if_ok(&s, e, CUDNN_ATTR_ENGINE_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
 	if (s == CUDNN_STATUS_SUCCESS)
 		s = cudnnBackendFinalize(e);
 	if (s != CUDNN_STATUS_SUCCESS && e) {
@@ -756,22 +759,16 @@ static bool make_config(cudnnBackendDescriptor_t opgraph, cudnnBackendDescriptor
 		return false;
 	for (int i = 0; i < nknobs && s == CUDNN_STATUS_SUCCESS; i++) {
 		s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &aux[1 + i]);
-		if (s == CUDNN_STATUS_SUCCESS)
-			s = cudnnBackendSetAttribute(aux[1 + i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1,
-						     &knobs[i].type);
-		if (s == CUDNN_STATUS_SUCCESS)
-			s = cudnnBackendSetAttribute(aux[1 + i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1,
-						     &values[i]);
+		set_if_ok(&s, aux[1 + i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &knobs[i].type);
+		set_if_ok(&s, aux[1 + i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &values[i]);
 		if (s == CUDNN_STATUS_SUCCESS)
 			s = cudnnBackendFinalize(aux[1 + i]);
 	}
 	if (s == CUDNN_STATUS_SUCCESS)
 		s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, cfg);
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(*cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &aux[0]);
-	if (s == CUDNN_STATUS_SUCCESS && nknobs > 0)
-		s = cudnnBackendSetAttribute(*cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, nknobs,
-					     &aux[1]);
+	set_if_ok(&s, *cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &aux[0]);
+	if (nknobs > 0)
+		set_if_ok(&s, *cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, nknobs, &aux[1]);
 	/* A combination the engine does not have for this problem is
 	 * refused here, at once. */
 	if (s == CUDNN_STATUS_SUCCESS)
@@ -871,14 +868,11 @@ static cudnnBackendDescriptor_t finalize_plan(cudnnBackendDescriptor_t cfg, cudn
 	cudnnBackendDescriptor_t plan = NULL;
 
 	*s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-	if (*s == CUDNN_STATUS_SUCCESS)
-		*s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-					      1, &cfg);
-	if (*s == CUDNN_STATUS_SUCCESS)
-		*s = handle ? cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1,
-						       &handle)
-			    : cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
-						       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+	set_if_ok(s, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+	if (handle)
+		set_if_ok(s, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+	else
+		set_if_ok(s, plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
 	if (*s == CUDNN_STATUS_SUCCESS)
 		*s = cudnnBackendFinalize(plan);
 	if (*s != CUDNN_STATUS_SUCCESS) {
@@ -1256,12 +1250,9 @@ cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_pla
 	void *cudnn_ws = plan->cudnn_workspace ? ws + plan->cudnn_offset : NULL;
 
 	s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data);
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &cudnn_ws);
+	set_if_ok(&s, pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+	set_if_ok(&s, pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data);
+	set_if_ok(&s, pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &cudnn_ws);
 	if (s == CUDNN_STATUS_SUCCESS)
 		s = cudnnBackendFinalize(pack);
 	if (s == CUDNN_STATUS_SUCCESS)

@@ -16,6 +16,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 #include "daemon/backend/cuda/common.h"
+#include "daemon/env.h"
 #include "proto/errors.h"
 
 static void lane_destroy_events(struct cuda_lane *l)
@@ -163,11 +164,8 @@ static uint64_t lane_spin_ns(void)
 {
 	static uint64_t ns = UINT64_MAX;
 
-	if (ns == UINT64_MAX) {
-		const char *env = getenv("REGEN_CUDA_SPIN_US");
-		long v = env ? strtol(env, NULL, 10) : -1;
-		ns = v >= 0 && v <= 10000000 ? (uint64_t)v * 1000u : LANE_SPIN_NS;
-	}
+	if (ns == UINT64_MAX)
+		ns = rd_env_us_as_ns("REGEN_CUDA_SPIN_US", LANE_SPIN_NS);
 	return ns;
 }
 

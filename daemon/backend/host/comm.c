@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include "daemon/backend/aborters.h"
 #include "daemon/backend/host/common.h"
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
@@ -86,20 +87,11 @@ struct host_comm {
 	char why[96];                 /* the abort's, under groups_lock */
 };
 
-/* An aborter thread; joined once done by the next start or a quiesce. */
-struct aborter {
-	pthread_t thread;
-	struct host_comm *hc;
-	bool done;                    /* under groups_lock */
-	struct aborter *next;
-};
-
-/* Every group and aborter of this worker; lock order: groups_lock, then a
- * group's. */
+/* Every group of this worker; lock order: groups_lock, then a group's. */
 static pthread_mutex_t groups_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t aborter_done = PTHREAD_COND_INITIALIZER;
 static struct host_group *groups;
-static struct aborter *aborters;
+/* The worker's aborters, joined once done by the next start or a quiesce. */
+static struct rd_aborters aborters = RD_ABORTERS_INIT;
 
 static struct host_comm *hc_of(struct rd_comm *c)
 {
@@ -270,53 +262,13 @@ static void end_now(struct host_comm *hc, bool abort)
 	pthread_mutex_unlock(&groups_lock);
 }
 
-static void *aborter_main(void *arg)
+/* An aborter's work, holding the reference start_abort took. */
+static void end_and_put(void *arg)
 {
-	struct aborter *a = arg;
+	struct host_comm *hc = arg;
 
-	end_now(a->hc, true);
-	put(a->hc);
-	pthread_mutex_lock(&groups_lock);
-	a->done = true;
-	pthread_cond_broadcast(&aborter_done);
-	pthread_mutex_unlock(&groups_lock);
-	return NULL;
-}
-
-/* Joins the aborters that finished (all of them when `all`, waiting for
- * those still running). No lock held. */
-static void reap(bool all)
-{
-	struct aborter *done = NULL;
-
-	pthread_mutex_lock(&groups_lock);
-	for (;;) {
-		bool running = false;
-
-		for (struct aborter **p = &aborters; *p;) {
-			struct aborter *a = *p;
-
-			if (a->done) {
-				*p = a->next;
-				a->next = done;
-				done = a;
-			} else {
-				running = true;
-				p = &a->next;
-			}
-		}
-		if (!all || !running)
-			break;
-		pthread_cond_wait(&aborter_done, &groups_lock);
-	}
-	pthread_mutex_unlock(&groups_lock);
-	while (done) {
-		struct aborter *a = done;
-
-		done = a->next;
-		pthread_join(a->thread, NULL);
-		free(a);
-	}
+	end_now(hc, true);
+	put(hc);
 }
 
 /* Marks the rank aborted and fails its group (its calls in flight and its
@@ -325,7 +277,6 @@ static void reap(bool all)
 static void start_abort(struct host_comm *hc, const char *why)
 {
 	struct host_group *g;
-	struct aborter *a;
 
 	pthread_mutex_lock(&groups_lock);
 	if (!atomic_load(&hc->aborted))
@@ -340,29 +291,15 @@ static void start_abort(struct host_comm *hc, const char *why)
 	pthread_mutex_unlock(&groups_lock);
 	if (atomic_load(&hc->state) == COMM_ENDED || atomic_exchange(&hc->abort_started, true))
 		return;
-	reap(false);
+	rd_aborters_reap(&aborters, false);
 	atomic_fetch_add(&hc->refs, 1);
-	a = calloc(1, sizeof(*a));
-	if (a) {
-		a->hc = hc;
-		pthread_mutex_lock(&groups_lock);
-		if (pthread_create(&a->thread, NULL, aborter_main, a) == 0) {
-			a->next = aborters;
-			aborters = a;
-			pthread_mutex_unlock(&groups_lock);
-			return;
-		}
-		pthread_mutex_unlock(&groups_lock);
-		free(a);
-	}
-	/* No thread to be had: this one ends it, holding no lock. */
-	end_now(hc, true);
-	put(hc);
+	/* With no thread to be had this one ends it, holding no lock. */
+	rd_aborters_run(&aborters, end_and_put, hc);
 }
 
 void host_comm_quiesce(void)
 {
-	reap(true);
+	rd_aborters_reap(&aborters, true);
 }
 
 /* ---- The resource ---- */
