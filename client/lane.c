@@ -24,7 +24,7 @@
 #define RING_IDS 256
 /* The most a waiting client spins before it sleeps on the doorbell;
  * REGEN_RING_SPIN_US overrides it. */
-#define SPIN_MAX_NS 50000
+#define SPIN_MAX_NS 1000000
 #define SPIN_MAX_FEW_CPUS_NS 10000
 /* A ring's lane idle longer than this is checked for a worker gone before
  * its next call. */

@@ -18,7 +18,7 @@
  * idle handle a while before it says it sleeps. How long adapts: a spin
  * that found the next record doubles it, one that ran out halves it, a
  * doorbell that came within the longest spin sets it to twice the gap (at
- * most REGEN_RING_SPIN_US; by default 50 µs where there are four CPUs or
+ * most REGEN_RING_SPIN_US; by default 1 ms where there are four CPUs or
  * more, and 10 µs below, where a spinning loop takes the CPU the client
  * needs to write the record it waits for). */
 #include <errno.h>
@@ -43,7 +43,7 @@
  * four CPUs or more, and fewer), and how much of that it spends inside one
  * idle callback before it lets the loop poll its other handles.
  * REGEN_RING_SPIN_US overrides the first. */
-#define SPIN_MAX_NS 50000
+#define SPIN_MAX_NS 1000000
 #define SPIN_MAX_FEW_CPUS_NS 10000
 #define SPIN_SLICE_NS 5000
 /* Doorbell datagrams read per wake-up at most (one is enough to wake; a

@@ -98,6 +98,23 @@ static void dump_log(void)
 	fclose(f);
 }
 
+/* The lanes' launch phases (REGEN_CUDA_LAUNCH_PROFILE in regend's
+ * environment: each lane prints its own when it goes). */
+static void print_launch_profile(void)
+{
+	char line[512];
+	FILE *f;
+
+	usleep(300000);   /* the lanes go after the connections close */
+	if (log_path[0] == '\0' || (f = fopen(log_path, "r")) == NULL)
+		return;
+	printf("\n");
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strstr(line, "launch phases") != NULL)
+			fputs(line, stdout);
+	fclose(f);
+}
+
 static void stop_regend(void)
 {
 	double deadline;
@@ -814,6 +831,8 @@ int main(int argc, char **argv)
 
 	free(us);
 	regen_client_destroy(c);
+	if (getenv("REGEN_CUDA_LAUNCH_PROFILE") != NULL)
+		print_launch_profile();
 	CUDA_OK(cudaFree(lt.workspace));
 	CUDA_OK(cudaStreamDestroy(lt.stream));
 	cublasLtDestroy(lt.handle);

@@ -153,7 +153,8 @@ static void backward_op(struct rd_op *op, struct att *a)
 		[RP_ATB_Q] = &a->q, [RP_ATB_K] = &a->k, [RP_ATB_V] = &a->v, [RP_ATB_O] = &a->o, [RP_ATB_DO] = &a->d_o,
 		[RP_ATB_STATS] = NULL, [RP_ATB_DQ] = &a->dq, [RP_ATB_DK] = &a->dk, [RP_ATB_DV] = &a->dv,
 	};
-	for (int i = 0; i < RP_ATB_OPERANDS; i++) {
+	/* The backward's operands without the optional sequence lengths. */
+	for (int i = 0; i <= RP_ATB_DV; i++) {
 		c->present[i] = true;
 		if (i == RP_ATB_STATS) {
 			stats_operand(&c->operands[i], &a->stats, a->p.b, a->p.h, a->p.sq);

@@ -69,7 +69,7 @@ _EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3}
 _COMPUTE = {"f32": 0, "tf32": 1}
 _ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
 
-SPIN_MAX_S = 50e-6
+SPIN_MAX_S = 1e-3
 # With fewer than four CPUs a spinning client takes the one the worker needs.
 SPIN_MAX_FEW_CPUS_S = 10e-6
 

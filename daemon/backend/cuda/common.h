@@ -141,6 +141,22 @@ struct cuda_dev {
 #define RD_CUDA_LANE_DEPTH 8
 
 /* A lane's stream state; its threads and queue are lane.c's own. */
+/* The phases of a launch that REGEN_CUDA_LAUNCH_PROFILE times (a lane's
+ * enqueue function marks its own with cuda_launch_mark). */
+enum cuda_launch_phase {
+	CUDA_PHASE_BIND,        /* refusal check, cudaSetDevice */
+	CUDA_PHASE_PREPARE,     /* the lane's, buffers' and events' resources, waits */
+	CUDA_PHASE_PLAN,        /* the op's plan (lookup, or building it) */
+	CUDA_PHASE_SCRATCH,     /* the call's scratch allocation */
+	CUDA_PHASE_KERNEL,      /* the library call that enqueues the work */
+	CUDA_PHASE_FREE,        /* the scratch's stream-ordered free */
+	CUDA_PHASE_RECORD,      /* signal and completion events */
+	CUDA_LAUNCH_PHASES
+};
+static const char *const cuda_launch_phase_names[CUDA_LAUNCH_PHASES] = {
+	"bind", "prepare", "plan", "scratch", "kernel", "free", "record",
+};
+
 struct cuda_lane {
 	struct rd_lane base;
 	struct cuda_dev *cd;
@@ -154,6 +170,13 @@ struct cuda_lane {
 	uint64_t fault_seen;
 	uint64_t op_resets;                /* cd->resets when the op being launched started */
 	void *last_workspace;
+	/* REGEN_CUDA_LAUNCH_PROFILE: where a launch's time goes, summed over
+	 * the lane's calls by the launching thread (one at a time) and
+	 * printed when the lane goes. */
+	struct cuda_launch_profile {
+		uint64_t calls, last_ns;
+		uint64_t ns[CUDA_LAUNCH_PHASES];
+	} profile;
 };
 
 struct cuda_mapping {
@@ -201,6 +224,18 @@ static inline cuda_enqueue_fn *cuda_enqueue_of(const struct cuda_dev *cd, const 
 static inline uint64_t cuda_now_ns(void)
 {
 	return rd_now_ns();
+}
+
+bool cuda_launch_profiling(void);
+
+/* Adds the time since the last mark to `phase` (profiling only). */
+static inline void cuda_launch_mark(struct cuda_lane *l, enum cuda_launch_phase phase)
+{
+	if (!cuda_launch_profiling())
+		return;
+	uint64_t now = cuda_now_ns();
+	l->profile.ns[phase] += now - l->profile.last_ns;
+	l->profile.last_ns = now;
 }
 
 /* ---- common.c -------------------------------------------------------- */

@@ -379,6 +379,7 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		return -EIO;
 	if (rd_resource_ensure_valid(&cd->handle.res))
 		return cuda_status_to_error(&op->err, "cuBLASLt handle");
+	cuda_launch_mark(lane, CUDA_PHASE_PLAN);
 
 	void *ws = NULL;
 	size_t ws_size = p->ws_size;
@@ -404,6 +405,7 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	}
 #endif
 	lane->last_workspace = ws;
+	cuda_launch_mark(lane, CUDA_PHASE_SCRATCH);
 
 	float alpha = (float)g->alpha;
 	float beta = op->compute.present[RP_GEMM_C] ? (float)g->beta : 0.0f;
@@ -415,6 +417,7 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		s = cublasLtMatmul(cd->handle.lt, p->desc, &alpha, ptr.b, p->la, ptr.a, p->lb, &beta, ptr.c, p->lc, ptr.d,
 				   p->ld, &p->algo, ws, ws_size, lane->stream);
 	pthread_mutex_unlock(&p->lock);
+	cuda_launch_mark(lane, CUDA_PHASE_KERNEL);
 
 	int r = 0;
 	if (s != CUBLAS_STATUS_SUCCESS) {
@@ -431,5 +434,6 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 			r = -EIO;
 		}
 	}
+	cuda_launch_mark(lane, CUDA_PHASE_FREE);
 	return r;
 }

@@ -251,6 +251,30 @@ struct lane_pending {
 	bool enqueued;
 };
 
+bool cuda_launch_profiling(void)
+{
+	static int on = -1;
+
+	if (on < 0)
+		on = getenv("REGEN_CUDA_LAUNCH_PROFILE") != NULL;
+	return on;
+}
+
+static void lane_profile_print(const struct cuda_lane *l)
+{
+	const struct cuda_launch_profile *pr = &l->profile;
+	char line[512];
+	int n = 0;
+
+	if (!cuda_launch_profiling() || pr->calls == 0)
+		return;
+	for (int i = 0; i < CUDA_LAUNCH_PHASES && n >= 0 && (size_t)n < sizeof(line); i++)
+		n += snprintf(line + n, sizeof(line) - (size_t)n, " %s %.2f", cuda_launch_phase_names[i],
+			      (double)pr->ns[i] / 1e3 / (double)pr->calls);
+	fprintf(stderr, "regend: cuda lane %u launch phases over %llu calls, mean µs:%s\n", l->base.index,
+		(unsigned long long)pr->calls, line);
+}
+
 /* Enqueues op's work on the lane's stream and records its completion
  * event; does not wait. */
 static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p)
@@ -260,6 +284,7 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 
 	p->op = op;
 	p->t0 = cuda_now_ns();
+	l->profile.last_ns = p->t0;
 	p->enqueued = false;
 	p->done = NULL;
 	l->op_resets = p->resets = atomic_load(&cd->resets);
@@ -267,8 +292,10 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	if (p->r)
 		return;
 	r = cuda_bind(cd, &op->err);
+	cuda_launch_mark(l, CUDA_PHASE_BIND);
 	if (r == 0)
 		r = lane_prepare(l, op);
+	cuda_launch_mark(l, CUDA_PHASE_PREPARE);
 	/* The lane's stream, a buffer's mapping, an event: a sticky error
 	 * found while restoring them is the device's. */
 	if (r != 0)
@@ -311,6 +338,10 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	}
 	if (p->enqueued)
 		op->launched_ns = cuda_now_ns();
+	if (cuda_launch_profiling()) {
+		cuda_launch_mark(l, CUDA_PHASE_RECORD);
+		l->profile.calls++;
+	}
 }
 
 /* The one synchronisation point of a call: whatever it enqueued finishes
@@ -573,6 +604,7 @@ void cuda_lane_destroy(struct rd_lane *lane)
 	pthread_mutex_unlock(&li->lock);
 	pthread_join(li->thread, NULL);
 	pthread_join(li->completer, NULL);
+	lane_profile_print(l);
 	rd_resource_unregister(&l->base.res);
 	pthread_cond_destroy(&li->cond);
 	pthread_mutex_destroy(&li->lock);
