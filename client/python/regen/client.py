@@ -1090,8 +1090,14 @@ def _tensor_operand(client, t, name):
     if dtype is None:
         raise TypeError(f"operand {name}: regend takes f32, f16, bf16 (and int32 sequence lengths) tensors, "
                         f"not {t.dtype}")
-    buf = client.import_tensor(t)
-    return Operand(buf, t.storage_offset() * t.element_size(), dtype, list(t.shape), list(t.stride()))
+    offset = t.storage_offset() * t.element_size()
+    # The storage's start without making a storage object (a call's worth
+    # of the client's own cost): an import found for it is the one to use.
+    dev = t.device.index
+    buf = client._tensor_buffers.get((dev, t.data_ptr() - offset))
+    if buf is None or buf.closed or buf.generation < client._generations.get(dev, 0):
+        buf = client.import_tensor(t)
+    return Operand(buf, offset, dtype, list(t.shape), list(t.stride()))
 
 
 def _release_ipc_counter(handle, offset):

@@ -267,6 +267,9 @@ class _FakeTensor:
     def element_size(self):
         return self._elem
 
+    def data_ptr(self):
+        return self._storage.data_ptr() + self._offset * self._elem
+
 
 _FakeTensor.__module__ = "torch.fake"
 
