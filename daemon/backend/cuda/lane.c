@@ -634,9 +634,13 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 {
 	struct lane_pending p;
 
-	/* A communicator's Init and Destroy wait for NCCL (and its peers): on
-	 * the lane's thread, never the worker's loop. */
-	if (!inline_launch() || op->comm)
+	/* A communicator's Init and Destroy wait for NCCL (and its peers), and
+	 * a new attention problem builds its cuDNN plan (0.4–1 s of NVRTC, many
+	 * times that when autotuning: long enough for the supervisor's
+	 * heartbeat to find the loop stuck and kill the worker, seen on the
+	 * H200): on the lane's thread, never the worker's loop. A GEMM's plan
+	 * is a cuBLASLt heuristic query, microseconds to milliseconds. */
+	if (!inline_launch() || op->comm || op->compute.spec->id != RP_OP_GEMM)
 		return false;
 	pthread_mutex_lock(&li->lock);
 	if (li->stopping || li->launching || li->q.count || li->npending == RD_CUDA_LANE_DEPTH) {
