@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -455,8 +456,13 @@ static int map_ring(struct rd_ring *r, int fd, uint32_t entries, struct rp_error
 	}
 	r->size = need;
 	hdr = rp_ring_header(r->base);
-	if (hdr->magic != RP_RING_MAGIC || hdr->version != RP_RING_VERSION || hdr->entries != entries)
-		return import_failed(err, "ring", "the ring's header is not a version 1 ring of the entries asked for");
+	if (hdr->magic != RP_RING_MAGIC || hdr->version != RP_RING_VERSION || hdr->entries != entries) {
+		char why[96];
+
+		snprintf(why, sizeof(why), "the ring's header is not a version %d ring of the entries asked for",
+			 RP_RING_VERSION);
+		return import_failed(err, "ring", why);
+	}
 	r->hdr = hdr;
 	return 0;
 }
