@@ -174,8 +174,9 @@ struct cuda_lane {
 	 * the lane's calls by the launching thread (one at a time) and
 	 * printed when the lane goes. */
 	struct cuda_launch_profile {
-		uint64_t calls, last_ns;
-		uint64_t ns[CUDA_LAUNCH_PHASES];
+		uint64_t calls, slow, last_ns;
+		uint64_t ns[CUDA_LAUNCH_PHASES];   /* sums over the calls counted */
+		uint64_t cur[CUDA_LAUNCH_PHASES];  /* the launch under way */
 	} profile;
 };
 
@@ -234,7 +235,7 @@ static inline void cuda_launch_mark(struct cuda_lane *l, enum cuda_launch_phase 
 	if (!cuda_launch_profiling())
 		return;
 	uint64_t now = cuda_now_ns();
-	l->profile.ns[phase] += now - l->profile.last_ns;
+	l->profile.cur[phase] += now - l->profile.last_ns;
 	l->profile.last_ns = now;
 }
 
