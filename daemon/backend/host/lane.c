@@ -26,13 +26,6 @@ struct host_lane {
 	size_t scratch_size;
 };
 
-static uint64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* Scratch a lane keeps between calls; beyond it, a call's goes with it. */
 #define SCRATCH_KEEP ((size_t)64 << 20)
 
@@ -55,7 +48,7 @@ static int run_guarded(void *arg)
 }
 
 /* Runs the op's math over the client's memory; on failure sets op->err. */
-static void run_op(struct host_lane *lane, struct rd_op *op)
+static void compute_op(struct host_lane *lane, struct rd_op *op)
 {
 	struct rd_device *dev = lane->base.device;
 	const struct rp_compute *c = &op->compute;
@@ -121,6 +114,16 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	}
 }
 
+/* Runs op and says when it began and ended (elapsed_us, and the stage
+ * times a ring reports). */
+static void run_op(struct host_lane *lane, struct rd_op *op)
+{
+	op->launched_ns = rd_now_ns();
+	compute_op(lane, op);
+	op->finished_ns = rd_now_ns();
+	op->elapsed_us = (op->finished_ns - op->launched_ns) / 1000u;
+}
+
 static void *lane_thread(void *arg)
 {
 	struct host_lane *lane = arg;
@@ -146,7 +149,6 @@ static void *lane_thread(void *arg)
 		/* A hung kernel: nothing but the process's death ends it. */
 		while (atomic_load(&hd(dev)->hang))
 			sleep(1);
-		uint64_t t0 = now_us();
 		if (atomic_load(&hd(dev)->lost)) {
 			host_report_lost(dev, RD_FAULT_LOST, "the simulated context is lost (injected device_lost), found by a call");
 			rp_error_set(&op->err, RP_ERR_DEVICE_LOST, "device %d lost its context before the call ran",
@@ -154,11 +156,8 @@ static void *lane_thread(void *arg)
 			rp_error_add_int(&op->err, "device", dev->index);
 			rp_error_add_int(&op->err, "generation", (long long)atomic_load(&dev->generation));
 		} else {
-			op->launched_ns = rd_now_ns();
 			run_op(lane, op);
-			op->finished_ns = rd_now_ns();
 		}
-		op->elapsed_us = now_us() - t0;
 		pthread_mutex_lock(&lane->lock);
 		lane->busy = false;
 		pthread_mutex_unlock(&lane->lock);
@@ -249,7 +248,6 @@ static double call_cost(const struct rp_compute *c)
 static bool run_inline(struct host_lane *lane, struct rd_op *op)
 {
 	struct rd_device *dev = lane->base.device;
-	uint64_t t0;
 
 	if (op->compute.spec->id == RP_OP_COMM || call_cost(&op->compute) > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
 		return false;
@@ -260,11 +258,7 @@ static bool run_inline(struct host_lane *lane, struct rd_op *op)
 	}
 	lane->busy = true;
 	pthread_mutex_unlock(&lane->lock);
-	t0 = now_us();
-	op->launched_ns = rd_now_ns();
 	run_op(lane, op);
-	op->finished_ns = rd_now_ns();
-	op->elapsed_us = now_us() - t0;
 	pthread_mutex_lock(&lane->lock);
 	lane->busy = false;
 	pthread_mutex_unlock(&lane->lock);
