@@ -153,7 +153,7 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 {
 	/* The registry was invalidated: nothing of ours holds a handle into the
 	 * old context. A spinning "hang" kernel was told to stop then. */
-	uint64_t t0 = cuda_now_ns();
+	uint64_t t0 = rd_now_ns();
 	cudaSetDevice(dev->index);
 	cudaError_t sync = cudaDeviceSynchronize();   /* the sticky error when lost; ends a hang otherwise */
 	cudaError_t rst = cudaDeviceReset();
@@ -181,7 +181,7 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 		if (attempts % 10 == 0)
 			rst = cudaDeviceReset();
 	}
-	double ms = (double)(cuda_now_ns() - t0) / 1e6;
+	double ms = (double)(rd_now_ns() - t0) / 1e6;
 	if (e != cudaSuccess) {
 		rp_error_set(err, RP_ERR_DEVICE_LOST,
 			     "resetting device %d: synchronize gave %s, cudaDeviceReset %s, then the new context: %s "

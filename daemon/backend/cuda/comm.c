@@ -229,7 +229,7 @@ static void start_abort(struct cuda_comm *c)
  * reason set) or aborted, an abort under way. deadline_ms 0: none. */
 static int wait_done(struct cuda_comm *c, const char *what, unsigned deadline_ms)
 {
-	uint64_t deadline_ns = deadline_ms ? cuda_now_ns() + (uint64_t)deadline_ms * 1000000u : 0;
+	uint64_t deadline_ns = deadline_ms ? rd_now_ns() + (uint64_t)deadline_ms * 1000000u : 0;
 
 	for (;;) {
 		ncclResult_t st = ncclInProgress;
@@ -246,7 +246,7 @@ static int wait_done(struct cuda_comm *c, const char *what, unsigned deadline_ms
 		bad = r != ncclSuccess || (st != ncclSuccess && st != ncclInProgress);
 		if (bad) {
 			fail_nccl_locked(c, r != ncclSuccess ? r : st, what);
-		} else if (st == ncclInProgress && deadline_ns && cuda_now_ns() > deadline_ns) {
+		} else if (st == ncclInProgress && deadline_ns && rd_now_ns() > deadline_ns) {
 			fail_locked(c, "%s did not finish within %u ms", what, deadline_ms);
 			bad = true;
 		}

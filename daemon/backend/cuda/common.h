@@ -222,11 +222,6 @@ static inline cuda_enqueue_fn *cuda_enqueue_of(const struct cuda_dev *cd, const 
 	return id < CUDA_OP_KINDS ? cd->enqueue[id] : NULL;
 }
 
-static inline uint64_t cuda_now_ns(void)
-{
-	return rd_now_ns();
-}
-
 bool cuda_launch_profiling(void);
 
 /* Adds the time since the last mark to `phase` (profiling only). */
@@ -234,7 +229,7 @@ static inline void cuda_launch_mark(struct cuda_lane *l, enum cuda_launch_phase 
 {
 	if (!cuda_launch_profiling())
 		return;
-	uint64_t now = cuda_now_ns();
+	uint64_t now = rd_now_ns();
 	l->profile.cur[phase] += now - l->profile.last_ns;
 	l->profile.last_ns = now;
 }

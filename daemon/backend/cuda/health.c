@@ -120,7 +120,7 @@ struct cuda_health {
 
 static uint64_t mono_ms(void)
 {
-	return cuda_now_ns() / 1000000u;
+	return rd_now_ns() / 1000000u;
 }
 
 static void set_detail(struct cuda_health *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

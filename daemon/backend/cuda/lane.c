@@ -205,7 +205,7 @@ static void lane_arm_wake(struct cuda_lane *l, cudaEvent_t done)
 static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 {
 	struct cuda_dev *cd = l->cd;
-	uint64_t spin_until = cuda_now_ns() + lane_spin_ns();
+	uint64_t spin_until = rd_now_ns() + lane_spin_ns();
 	bool armed = wake_armed_at_launch();
 
 	for (;;) {
@@ -217,7 +217,7 @@ static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 			return e;
 		if (atomic_load(&cd->lost))
 			return cudaErrorNotReady;
-		if (cuda_now_ns() < spin_until) {
+		if (rd_now_ns() < spin_until) {
 			__builtin_ia32_pause();
 			continue;
 		}
@@ -284,7 +284,7 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	int r = 0;
 
 	p->op = op;
-	p->t0 = cuda_now_ns();
+	p->t0 = rd_now_ns();
 	l->profile.last_ns = p->t0;
 	memset(l->profile.cur, 0, sizeof(l->profile.cur));
 	p->enqueued = false;
@@ -339,7 +339,7 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		}
 	}
 	if (p->enqueued)
-		op->launched_ns = cuda_now_ns();
+		op->launched_ns = rd_now_ns();
 	if (cuda_launch_profiling()) {
 		/* A launch that built a plan (milliseconds to seconds) would hide
 		 * the steady state in the means: counted apart. */
@@ -363,7 +363,7 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 
 	if (p->done) {
 		cudaError_t e = lane_wait(l, p->done);
-		op->finished_ns = cuda_now_ns();
+		op->finished_ns = rd_now_ns();
 		if (e == cudaErrorNotReady) {
 			/* Another lane found the context lost while this call was
 			 * in flight behind a kernel that may never finish. */
@@ -388,7 +388,7 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 	if (op->comm)
 		cuda_comm_completed(op);
 #endif
-	op->elapsed_us = (cuda_now_ns() - p->t0) / 1000;
+	op->elapsed_us = (rd_now_ns() - p->t0) / 1000;
 	rd_op_complete(op);
 }
 
@@ -453,8 +453,8 @@ static void lane_idle_wait(struct cuda_lane_impl *li, bool (*ready)(struct cuda_
 	if (ready(li) || li->stopping)
 		return;
 	pthread_mutex_unlock(&li->lock);
-	uint64_t until = cuda_now_ns() + LANE_IDLE_SPIN_NS;
-	while (cuda_now_ns() < until && !__atomic_load_n(&li->wake_seq, __ATOMIC_ACQUIRE))
+	uint64_t until = rd_now_ns() + LANE_IDLE_SPIN_NS;
+	while (rd_now_ns() < until && !__atomic_load_n(&li->wake_seq, __ATOMIC_ACQUIRE))
 		__builtin_ia32_pause();
 	pthread_mutex_lock(&li->lock);
 	while (!ready(li) && !li->stopping)
@@ -466,8 +466,8 @@ static void lane_idle_wait(struct cuda_lane_impl *li, bool (*ready)(struct cuda_
 static void lane_idle_wait_completer(struct cuda_lane_impl *li)
 {
 	pthread_mutex_unlock(&li->lock);
-	uint64_t until = cuda_now_ns() + LANE_IDLE_SPIN_NS;
-	while (cuda_now_ns() < until && !__atomic_load_n(&li->done_seq, __ATOMIC_ACQUIRE))
+	uint64_t until = rd_now_ns() + LANE_IDLE_SPIN_NS;
+	while (rd_now_ns() < until && !__atomic_load_n(&li->done_seq, __ATOMIC_ACQUIRE))
 		__builtin_ia32_pause();
 	pthread_mutex_lock(&li->lock);
 	while (!li->npending && !li->launcher_done)
