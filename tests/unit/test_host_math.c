@@ -744,16 +744,21 @@ struct att_grads {
 };
 
 /* Double-precision gradients of L with dL/dO = dO: softmax recomputed
- * exactly, D_i from the exact O. */
+ * exactly, D_i = rowsum(dO * O) from o as stored, the input the backward
+ * is given. With the exact O instead, a row whose softmax has one key
+ * (causal, Skv < Sq) has dP - D exactly 0 in the reference but o's
+ * rounding in the backward: an error no backward could avoid. */
 static void att_backward_ref(const struct tl_attention *dm, const struct tens *q, const struct tens *k,
-			     const struct tens *v, const struct tens *d_o, struct att_grads *g)
+			     const struct tens *v, const struct tens *o, const struct tens *d_o, struct att_grads *g)
 {
-	double *qv = tens_values(q), *kv = tens_values(k), *vv = tens_values(v), *dov = tens_values(d_o);
+	double *qv = tens_values(q), *kv = tens_values(k), *vv = tens_values(v), *ov = tens_values(o),
+	       *dov = tens_values(d_o);
 
-	tl_attention_backward_ref(dm, qv, kv, vv, NULL, dov, g->dq, g->dk, g->dv, NULL);
+	tl_attention_backward_ref(dm, qv, kv, vv, ov, dov, g->dq, g->dk, g->dv, NULL);
 	free(qv);
 	free(kv);
 	free(vv);
+	free(ov);
 	free(dov);
 }
 
@@ -828,8 +833,7 @@ static void att_bwd_random(struct att_bwd_tensors *t, struct tl_rng *r)
  * d_q, d_k and d_v hold exactly 0. */
 static void att_check_backward(const struct tl_attention *dm, struct att_bwd_tensors *t, enum rp_dtype dt, int causal)
 {
-	/* The backward reads o as stored, and its gradients mix many rounded
-	 * terms: twice the forward's bound. */
+	/* The gradients mix many rounded terms: twice the forward's bound. */
 	const double tol = 2.0 * (dt == RP_DTYPE_F32 ? 5e-5 : dt_tol(dt));
 	const char *what = dm->seq_len_q ? "varlen attention" : "attention";
 	struct att_grads g;
@@ -840,8 +844,8 @@ static void att_check_backward(const struct tl_attention *dm, struct att_bwd_ten
 	g.dv = malloc((size_t)t->d_v.numel * sizeof(double));
 	ck_assert(g.dq && g.dk && g.dv);
 
-	att_backward_ref(dm, &t->f.q, &t->f.k, &t->f.v, &t->d_o, &g);
 	att_run_backward(dm, t);
+	att_backward_ref(dm, &t->f.q, &t->f.k, &t->f.v, &t->f.o, &t->d_o, &g);
 	if (dm->seq_len_q) {
 		check_padding_rows(&t->d_q, dm->seq_len_q, dm->d, 0.0, "d_q");
 		check_padding_rows(&t->d_k, dm->seq_len_kv, dm->d, 0.0, "d_k");
