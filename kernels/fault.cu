@@ -10,6 +10,26 @@ __global__ void illegal_address(int *wild)
 	*(volatile int *)wild = 42;
 }
 
+__global__ void fault_after_flag(int kind, volatile int *ran, char *mapped, int *sink)
+{
+	*ran = 1;
+	__threadfence_system();
+	switch (kind) {
+	case RK_FAULT_STORE_UNMAPPED:
+		*(volatile int *)(uintptr_t)0xdead00000000ull = 42;
+		break;
+	case RK_FAULT_LOAD_UNMAPPED:
+		*sink = *(volatile int *)(uintptr_t)0xdead00000000ull;
+		break;
+	case RK_FAULT_TRAP:
+		__trap();
+		break;
+	default:
+		*(volatile unsigned long long *)(mapped + 1) = 42;
+		break;
+	}
+}
+
 __global__ void spin(const volatile int *flag, uint64_t max_ns)
 {
 	uint64_t start, now;
@@ -34,6 +54,13 @@ __global__ void canary(unsigned *out, unsigned n)
 extern "C" cudaError_t rk_illegal_address(cudaStream_t stream)
 {
 	illegal_address<<<1, 1, 0, stream>>>((int *)(uintptr_t)0xdead00000000ull);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t rk_fault_after_flag(enum rk_fault_kind kind, volatile int *ran, void *mapped,
+					   cudaStream_t stream)
+{
+	fault_after_flag<<<1, 1, 0, stream>>>((int)kind, ran, (char *)mapped, (int *)mapped);
 	return cudaGetLastError();
 }
 

@@ -55,6 +55,17 @@ cudaError_t rk_count_mismatch(const void *a, const void *b, size_t nbytes, unsig
  * cudaErrorIllegalAddress at the next synchronisation. */
 cudaError_t rk_illegal_address(cudaStream_t stream);
 
+/* The faults bench_fault_latency times: each kernel first sets *ran
+ * (host-mapped memory, device pointer) to 1 and makes it visible to the
+ * host, then faults one way. */
+enum rk_fault_kind {
+	RK_FAULT_STORE_UNMAPPED, /* a store to an address nothing maps: an MMU fault */
+	RK_FAULT_LOAD_UNMAPPED,  /* a load from one */
+	RK_FAULT_TRAP,           /* the trap instruction: an SM exception, no MMU */
+	RK_FAULT_MISALIGNED,     /* a misaligned 8-byte store to mapped memory */
+};
+cudaError_t rk_fault_after_flag(enum rk_fault_kind kind, volatile int *ran, void *mapped, cudaStream_t stream);
+
 /* Spins until *flag (host-mapped memory, device pointer) is non-zero or
  * max_ns nanoseconds of the GPU's global timer passed. */
 cudaError_t rk_spin(const volatile int *flag, uint64_t max_ns, cudaStream_t stream);
