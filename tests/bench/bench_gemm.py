@@ -71,6 +71,24 @@ def ring_stages(c, call, iters, device):
     return {name: summary(xs) for (name, _, _), xs in zip(STAGES, samples) if xs}
 
 
+def client_split(torch, c, a, b, d, iters):
+    """p50/p99 of the parts of one small Client.gemm(a, b, d) on torch
+    tensors, each timed alone: where the Python client's own cost goes."""
+    from regen import client as cl
+    ops = [cl._tensor_operand(c, t, n) for t, n in ((a, "a"), (b, "b"), (d, "d"))]
+    stream = torch.cuda.current_stream(a.device)
+    parts = (
+        ("the three operands from torch tensors (_tensor_operand)",
+         lambda: [cl._tensor_operand(c, t, n) for t, n in ((a, "a"), (b, "b"), (d, "d"))]),
+        ("torch.cuda.current_stream(device)", lambda: torch.cuda.current_stream(a.device)),
+        ("Stream.synchronize() of the idle current stream", stream.synchronize),
+        ("the client's torch sync (_sync_torch)", lambda: cl._sync_torch([a, b, d])),
+        ("Client.gemm on ready Operands (encoding, ring, wait, decoding)", lambda: c.gemm(*ops)),
+        ("Client.gemm on the torch tensors (all of it)", lambda: c.gemm(a, b, d)),
+    )
+    return {name: summary(time_calls(fn, iters, 50)) for name, fn in parts}
+
+
 def main():
     ap = argparse.ArgumentParser(description="regend vs torch.matmul GEMM benchmark (needs a GPU)")
     ap.add_argument("regend", nargs="?", help="regend to start (default $REGEND, $REGEN_BUILD_ROOT/daemon/regend, build/daemon/regend)")
@@ -199,6 +217,7 @@ def main():
                                               "added_p99_us": rw["p99_us"] - tw["p99_us"]}
             if tr == "ring":
                 out["small"]["ring_stages"] = ring_stages(c, lambda: c.gemm(a, b, d), args.small_iters, args.device)
+                out["small"]["client_split"] = client_split(torch, c, a, b, d, args.small_iters)
 
         # Round trips: main socket (supervisor) vs worker socket.
         worker = info["worker_socket"]
@@ -236,6 +255,11 @@ def main():
         print(markdown_table(["stage", "p50 us", "p99 us", "min us"],
                              [[k, f"{v['p50_us']:.1f}", f"{v['p99_us']:.1f}", f"{v['min_us']:.1f}"]
                               for k, v in sm["ring_stages"].items()]))
+    if sm.get("client_split"):
+        print("\nthe Python client's parts of that call, each timed alone (ring)\n")
+        print(markdown_table(["part", "p50 us", "p99 us", "min us"],
+                             [[k, f"{v['p50_us']:.1f}", f"{v['p99_us']:.1f}", f"{v['min_us']:.1f}"]
+                              for k, v in sm["client_split"].items()]))
     print(f"\nround trips, {args.rtt_iters} calls each on a raw Varlink connection\n")
     print(markdown_table(["call", "p50 us", "p99 us", "min us"],
                          [[k, f"{v['p50_us']:.1f}", f"{v['p99_us']:.1f}", f"{v['min_us']:.1f}"]
