@@ -16,107 +16,29 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "daemon/backend/host/math.h"
 #include "proto/compute.h"
 #include "regen.h"
+#include "bench_daemon.h"
 
-static char tmp_dir[64], sock_path[96], log_path[96];
-static pid_t regend_pid = -1;
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void cleanup(void)
-{
-	char cmd[128];
-	int status;
-
-	if (regend_pid > 0) {
-		kill(regend_pid, SIGTERM);
-		waitpid(regend_pid, &status, 0);
-		regend_pid = -1;
-	}
-	if (tmp_dir[0]) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "bench_ring: could not remove %s\n", tmp_dir);
-	}
-}
-
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "bench_ring: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
+/* Dies with libregen's error where r < 0. */
 static void check(regen_client *c, int r, const char *what)
 {
 	if (r < 0)
-		die("%s: %s %s %s", what, strerror(-r), regen_client_error_name(c) ? regen_client_error_name(c) : "",
-		    regen_client_error_message(c) ? regen_client_error_message(c) : "");
-}
-
-static regen_client *start_regend(const char *regend)
-{
-	regen_client *c = NULL;
-
-	snprintf(sock_path, sizeof(sock_path), "%s/regend.sock", tmp_dir);
-	snprintf(log_path, sizeof(log_path), "%s/regend.log", tmp_dir);
-	fflush(NULL);
-	regend_pid = fork();
-	if (regend_pid == 0) {
-		int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (fd >= 0) {
-			dup2(fd, STDOUT_FILENO);
-			dup2(fd, STDERR_FILENO);
-		}
-		execl(regend, regend, "--socket", sock_path, "--backend", "host", "--devices", "1", (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 3000; i++) {
-		regen_status *st;
-		if (!c && regen_client_connect(sock_path, &c) < 0)
-			c = NULL;
-		if (c && regen_status_get(c, &st) == 0) {
-			const struct regen_device_info *d = regen_status_find_device(st, 0);
-			bool ready = d && strcmp(d->state, "ready") == 0;
-			regen_status_free(st);
-			if (ready)
-				return c;
-		}
-		usleep(10000);
-	}
-	die("regend not ready in 30 s (log %s)", log_path);
+		bench_die_regen(c, what, r);
 }
 
 /* One memfd with A, B, D of an n^3 f32 GEMM, imported. */
@@ -148,10 +70,10 @@ static void mats_make(regen_client *c, struct mats *m, int n)
 	m->bytes = 3 * one;
 	m->fd = memfd_create("bench-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (m->fd < 0 || ftruncate(m->fd, (off_t)m->bytes) < 0)
-		die("memfd: %s", strerror(errno));
+		bench_die("memfd: %s", strerror(errno));
 	m->ptr = mmap(NULL, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
 	if (m->ptr == MAP_FAILED)
-		die("mmap: %s", strerror(errno));
+		bench_die("mmap: %s", strerror(errno));
 	for (size_t i = 0; i < 2 * (size_t)n * n; i++)
 		m->ptr[i] = (float)((i * 7919) % 17) / 17.0f - 0.5f;
 	check(c, regen_buffer_import_fd(c, 0, m->fd, m->bytes, &m->buf), "import");
@@ -169,29 +91,8 @@ static void mats_free(struct mats *m)
 	close(m->fd);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-struct stats {
-	double p50, p99;
-};
-
-static struct stats summarize(double *us, long n)
-{
-	struct stats s;
-
-	qsort(us, (size_t)n, sizeof(double), cmp_double);
-	s.p50 = us[(n - 1) / 2];
-	s.p99 = us[(long)ceil(0.99 * (double)n) - 1];
-	return s;
-}
-
 /* rd_host_run on the same memory: what the work costs in this process. */
-static struct stats in_process(struct mats *m, long iters, double *us)
+static struct bench_stats in_process(struct mats *m, long iters, double *us)
 {
 	struct rp_compute c = { .spec = &rp_op_gemm };
 	struct rp_error err = { 0 };
@@ -215,26 +116,26 @@ static struct stats in_process(struct mats *m, long iters, double *us)
 	}
 	c.gemm.alpha = 1.0;
 	if (rp_compute_check(&c, &err) < 0)
-		die("in-process descriptor refused");
+		bench_die("in-process descriptor refused");
 	for (long i = 0; i < iters + 200; i++) {
-		double t0 = now_s();
+		double t0 = bench_now_s();
 		if (rd_host_run(&c, ptr, scratch, sizeof(scratch)) < 0)
-			die("rd_host_run failed");
+			bench_die("rd_host_run failed");
 		if (i >= 200)
-			us[i - 200] = (now_s() - t0) * 1e6;
+			us[i - 200] = (bench_now_s() - t0) * 1e6;
 	}
-	return summarize(us, iters);
+	return bench_summarize(us, (size_t)iters);
 }
 
-static struct stats through_regend(regen_client *c, struct mats *m, long iters, double *us)
+static struct bench_stats through_regend(regen_client *c, struct mats *m, long iters, double *us)
 {
 	for (long i = 0; i < iters + 200; i++) {
-		double t0 = now_s();
+		double t0 = bench_now_s();
 		check(c, regen_gemm(c, &m->args), "regen_gemm");
 		if (i >= 200)
-			us[i - 200] = (now_s() - t0) * 1e6;
+			us[i - 200] = (bench_now_s() - t0) * 1e6;
 	}
-	return summarize(us, iters);
+	return bench_summarize(us, (size_t)iters);
 }
 
 /* ---- throughput ---- */
@@ -258,8 +159,8 @@ static void *lane_main(void *arg)
 	double until;
 
 	pthread_barrier_wait(&start_line);
-	until = now_s() + l->seconds;
-	while (now_s() < until) {
+	until = bench_now_s() + l->seconds;
+	while (bench_now_s() < until) {
 		if (l->window == 0) {
 			check(l->c, regen_gemm(l->c, &l->m.args), "regen_gemm");
 			l->calls++;
@@ -316,22 +217,22 @@ static double throughput(int lanes, enum regen_transport transport, int window, 
 		runs[i].transport = transport;
 		runs[i].window = window;
 		runs[i].seconds = seconds;
-		check(NULL, regen_client_connect(sock_path, &runs[i].c), "connect");
+		check(NULL, regen_client_connect(bench_socket(), &runs[i].c), "connect");
 		regen_client_set_transport(runs[i].c, transport);
 		mats_make(runs[i].c, &runs[i].m, 8);
 		check(runs[i].c, regen_gemm(runs[i].c, &runs[i].m.args), "warm-up");
 		if (regen_client_transport(runs[i].c, 0) != transport)
-			die("lane %d did not get the transport asked for", i);
+			bench_die("lane %d did not get the transport asked for", i);
 		pthread_create(&runs[i].thread, NULL, lane_main, &runs[i]);
 	}
 	cpu0 = self_cpu() + process_cpu(worker_pid);
 	pthread_barrier_wait(&start_line);
-	t0 = now_s();
+	t0 = bench_now_s();
 	for (int i = 0; i < lanes; i++) {
 		pthread_join(runs[i].thread, NULL);
 		total += runs[i].calls;
 	}
-	t1 = now_s();
+	t1 = bench_now_s();
 	cpu1 = self_cpu() + process_cpu(worker_pid);
 	cpu_per_call_us = (cpu1 - cpu0) / (double)total * 1e6;
 	for (int i = 0; i < lanes; i++) {
@@ -370,21 +271,17 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: bench_ring REGEND_PATH [--iters N] [--seconds S] [--lanes L] [--window W]\n");
 		return 2;
 	}
-	snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/regen-ring-XXXXXX");
-	if (!mkdtemp(tmp_dir)) {
-		tmp_dir[0] = '\0';
-		die("mkdtemp: %s", strerror(errno));
-	}
-	atexit(cleanup);
+	bench_init("bench_ring");
 	signal(SIGPIPE, SIG_IGN);
-	c = start_regend(regend);
+	bench_start_regend(regend, "host");
+	c = bench_wait_ready(30);
 	us = malloc(sizeof(double) * (size_t)iters);
 
 	printf("host backend, one blocking f32 GEMM at a time, %ld calls after 200 warm-up:\n\n", iters);
 	printf("| shape | path | p50 µs | p99 µs | added p50 µs | added p99 µs |\n|---|---|---:|---:|---:|---:|\n");
 	for (int n = 16; n <= 64; n *= 4) {
 		struct mats m;
-		struct stats local, ring, var;
+		struct bench_stats local, ring, var;
 
 		mats_make(c, &m, n);
 		local = in_process(&m, iters, us);
@@ -405,7 +302,7 @@ int main(int argc, char **argv)
 	{
 		char cmd[64], line[32];
 		FILE *f;
-		snprintf(cmd, sizeof(cmd), "pgrep -P %d", (int)regend_pid);
+		snprintf(cmd, sizeof(cmd), "pgrep -P %d", (int)bench_regend_pid());
 		f = popen(cmd, "r");
 		if (f && fgets(line, sizeof(line), f))
 			worker_pid = (pid_t)atoi(line);

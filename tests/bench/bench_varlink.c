@@ -22,7 +22,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,65 +35,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_daemon.h"
+
 #define WARMUP 1000
 #define STRACE_CALLS 2000
 #define MSG "{\"method\":\"io.regen.Device.Generation\"}"
 
-static char tmp_dir[64];
-static char sock_path[96], echo_path[96], log_path[96];
-static pid_t regend_pid = -1, echo_pid = -1;
+static char echo_path[96];
+static pid_t echo_pid = -1;
 
-static double now_s(void)
+static void stop_echo(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void stop_child(pid_t *pid)
-{
-	int status;
-
-	if (*pid <= 0)
-		return;
-	kill(*pid, SIGTERM);
-	for (int i = 0; i < 1000; i++) {
-		if (waitpid(*pid, &status, WNOHANG) == *pid) {
-			*pid = -1;
-			return;
-		}
-		usleep(10000);
-	}
-	kill(*pid, SIGKILL);
-	waitpid(*pid, &status, 0);
-	*pid = -1;
-}
-
-static void cleanup(void)
-{
-	char cmd[256];
-
-	stop_child(&regend_pid);
-	stop_child(&echo_pid);
-	if (tmp_dir[0]) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "bench_varlink: could not remove %s\n", tmp_dir);
-	}
-}
-
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "bench_varlink: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
+	bench_stop_child(&echo_pid);
 }
 
 static int connect_to(const char *path)
@@ -138,51 +90,19 @@ static void start_echo(void)
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
-	snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", tmp_dir);
+	snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", bench_tmp_dir());
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", echo_path);
 	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 4) < 0)
-		die("echo socket: %s", strerror(errno));
+		bench_die("echo socket: %s", strerror(errno));
 	fflush(NULL);
 	echo_pid = fork();
 	if (echo_pid < 0)
-		die("fork: %s", strerror(errno));
+		bench_die("fork: %s", strerror(errno));
 	if (echo_pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
 		echo_main(fd);
 	}
 	close(fd);
-}
-
-static void start_regend(const char *regend)
-{
-	char worker[108];
-
-	snprintf(sock_path, sizeof(sock_path), "%s/regend.sock", tmp_dir);
-	snprintf(log_path, sizeof(log_path), "%s/regend.log", tmp_dir);
-	fflush(NULL);
-	regend_pid = fork();
-	if (regend_pid < 0)
-		die("fork: %s", strerror(errno));
-	if (regend_pid == 0) {
-		int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (fd >= 0) {
-			dup2(fd, STDOUT_FILENO);
-			dup2(fd, STDERR_FILENO);
-		}
-		execl(regend, regend, "--socket", sock_path, "--backend", "host", "--devices", "1", (char *)NULL);
-		_exit(127);
-	}
-	snprintf(worker, sizeof(worker), "%s.dev0", sock_path);
-	for (int i = 0; i < 3000; i++) {
-		int fd = connect_to(worker);
-		if (fd >= 0) {
-			close(fd);
-			return;
-		}
-		usleep(10000);
-	}
-	die("regend's worker socket %s did not appear in 30 s (log: %s)", worker, log_path);
 }
 
 /* One message out, its answer (up to its NUL) in. */
@@ -192,49 +112,31 @@ static void round_trip(int fd, char *buf, size_t cap)
 	size_t got = 0;
 
 	if (write(fd, msg, sizeof(msg)) != (ssize_t)sizeof(msg))
-		die("write: %s", strerror(errno));
+		bench_die("write: %s", strerror(errno));
 	for (;;) {
 		ssize_t n = read(fd, buf + got, cap - got);
 		if (n <= 0)
-			die("read: %s", n < 0 ? strerror(errno) : "end of stream");
+			bench_die("read: %s", n < 0 ? strerror(errno) : "end of stream");
 		got += (size_t)n;
 		if (memchr(buf + got - (size_t)n, '\0', (size_t)n))
 			return;
 		if (got == cap)
-			die("answer over %zu bytes", cap);
+			bench_die("answer over %zu bytes", cap);
 	}
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-struct stats {
-	double p50, p99, mean, min;
-};
-
-static struct stats time_calls(int fd, long iters, double *us)
+static struct bench_stats time_calls(int fd, long iters, double *us)
 {
 	char buf[4096];
-	struct stats s = { 0 };
 
 	for (int i = 0; i < WARMUP; i++)
 		round_trip(fd, buf, sizeof(buf));
 	for (long i = 0; i < iters; i++) {
-		double t0 = now_s();
+		double t0 = bench_now_s();
 		round_trip(fd, buf, sizeof(buf));
-		us[i] = (now_s() - t0) * 1e6;
-		s.mean += us[i];
+		us[i] = (bench_now_s() - t0) * 1e6;
 	}
-	s.mean /= (double)iters;
-	qsort(us, (size_t)iters, sizeof(double), cmp_double);
-	s.min = us[0];
-	s.p50 = us[(iters - 1) / 2];
-	s.p99 = us[(long)ceil(0.99 * (double)iters) - 1];
-	return s;
+	return bench_summarize(us, (size_t)iters);
 }
 
 /* The worker's pid: the process listening on <sock>.dev0 is the one whose
@@ -245,7 +147,7 @@ static pid_t worker_pid(void)
 	pid_t pid = -1;
 	FILE *f;
 
-	snprintf(cmd, sizeof(cmd), "pgrep -P %d", (int)regend_pid);
+	snprintf(cmd, sizeof(cmd), "pgrep -P %d", (int)bench_regend_pid());
 	f = popen(cmd, "r");
 	if (f && fgets(line, sizeof(line), f))
 		pid = (pid_t)atoi(line);
@@ -264,7 +166,7 @@ static void count_syscalls(const char *what, pid_t pid, int fd, char *summary, s
 	FILE *f;
 	size_t used = 0;
 
-	snprintf(out, sizeof(out), "%s/strace-%d.txt", tmp_dir, (int)pid);
+	snprintf(out, sizeof(out), "%s/strace-%d.txt", bench_tmp_dir(), (int)pid);
 	fflush(NULL);
 	st = fork();
 	if (st == 0) {
@@ -318,7 +220,7 @@ int main(int argc, char **argv)
 	const char *regend = NULL;
 	long iters = 20000;
 	bool do_strace = false;
-	struct stats sv, se;
+	struct bench_stats sv, se;
 	double *us;
 	char buf[4096];
 	int vfd, efd;
@@ -339,28 +241,25 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: bench_varlink REGEND_PATH [--iters N (>= 100)] [--strace]\n");
 		return 2;
 	}
-	snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/regen-vl-XXXXXX");
-	if (!mkdtemp(tmp_dir)) {
-		tmp_dir[0] = '\0';
-		die("mkdtemp: %s", strerror(errno));
-	}
-	atexit(cleanup);
+	bench_init("bench_varlink");
+	atexit(stop_echo);
 	signal(SIGPIPE, SIG_IGN);
 	start_echo();
-	start_regend(regend);
-	snprintf(buf, sizeof(buf), "%s.dev0", sock_path);
+	bench_start_regend(regend, "host");
+	regen_client_destroy(bench_wait_ready(30));
+	snprintf(buf, sizeof(buf), "%s.dev0", bench_socket());
 	vfd = connect_to(buf);
 	efd = connect_to(echo_path);
 	if (vfd < 0 || efd < 0)
-		die("connect: %s", strerror(errno));
+		bench_die("connect: %s", strerror(errno));
 	us = malloc(sizeof(double) * (size_t)iters);
 	if (!us)
-		die("malloc");
+		bench_die("malloc");
 
 	/* Interleaved halves, so that a noisy neighbour hits both alike. */
 	se = time_calls(efd, iters / 2, us);
 	sv = time_calls(vfd, iters / 2, us);
-	struct stats se2 = time_calls(efd, iters / 2, us), sv2 = time_calls(vfd, iters / 2, us);
+	struct bench_stats se2 = time_calls(efd, iters / 2, us), sv2 = time_calls(vfd, iters / 2, us);
 	se.p50 = fmin(se.p50, se2.p50);
 	se.p99 = fmin(se.p99, se2.p99);
 	se.mean = fmin(se.mean, se2.mean);
@@ -383,7 +282,7 @@ int main(int argc, char **argv)
 		pid_t wp = worker_pid();
 
 		if (wp <= 0)
-			die("cannot find the worker process");
+			bench_die("cannot find the worker process");
 		count_syscalls("worker (regend)", wp, vfd, s1, sizeof(s1));
 		count_syscalls("echo server", echo_pid, efd, s2, sizeof(s2));
 		printf("\nsystem calls per call (strace -c -f, %d calls):\n- %s\n- %s\n", STRACE_CALLS, s1, s2);
