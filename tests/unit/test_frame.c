@@ -518,121 +518,60 @@ START_TEST(fds_after_a_glued_fdless_message_go_to_their_own)
 }
 END_TEST
 
-START_TEST(partial_writes_with_a_small_send_buffer)
+/* Queues n messages (message i: len[i] bytes of one letter, and where
+ * with_fd[i] a memfd holding "fd<i>") on a socket with a 4 KiB send buffer,
+ * alternating writes of what it takes with reads of what arrived, and
+ * checks that every message arrives whole, in order, with its fd, and that
+ * no fd is left behind. Returns how many write-and-read rounds it took. */
+static int pump_through_small_buffer(int n, const size_t *len, const bool *with_fd)
 {
-	enum { N = 6, BIG = 300 * 1024 };
-	int before = count_fds();
-	int sv[2], sndbuf = 4096, fds[N];
-	char *texts[N];
-	struct rp_tx tx;
-	struct rp_rx rx;
-	struct rp_msg m[N];
-	int got = 0, spins = 0;
-
-	make_pair(sv, true);
-	ck_assert_int_eq(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
-	rp_tx_init(&tx);
-	rp_rx_init(&rx);
-	for (int i = 0; i < N; i++) {
-		size_t len = (i % 2) ? BIG : 20;
-		char content[16];
-
-		texts[i] = malloc(len + 1);
-		memset(texts[i], 'a' + i, len);
-		texts[i][len] = '\0';
-		sprintf(content, "fd%d", i);
-		fds[i] = memfd_with(content);
-		ck_assert_int_eq(rp_tx_push(&tx, texts[i], len, &fds[i], 1), 0);
-		close(fds[i]);
-	}
-
-	/* Alternate: write what the socket takes, read what arrived. */
-	while (got < N) {
-		int r = rp_tx_flush(&tx, sv[0]);
-		ssize_t n;
-
-		ck_assert(r == 0 || r == -EAGAIN);
-		while ((n = rp_rx_read(&rx, sv[1])) > 0)
-			;
-		ck_assert_int_eq(n, -EAGAIN);
-		while (got < N && rp_rx_next(&rx, &m[got]) == RP_RX_MESSAGE)
-			got++;
-		ck_assert_int_lt(++spins, 100000);
-	}
-	ck_assert(rp_tx_empty(&tx));
-	ck_assert_uint_eq(tx.queued_bytes, 0);
-	/* It really was written in pieces. */
-	ck_assert_int_gt(spins, 2);
-	for (int i = 0; i < N; i++) {
-		char content[16];
-
-		ck_assert_uint_eq(m[i].len, strlen(texts[i]));
-		ck_assert_str_eq(m[i].text, texts[i]);
-		ck_assert_uint_eq(m[i].nfds, 1);
-		sprintf(content, "fd%d", i);
-		assert_fd_holds(m[i].fds[0], content);
-		rp_msg_finish(&m[i]);
-		free(texts[i]);
-	}
-	rp_tx_finish(&tx);
-	rp_rx_finish(&rx);
-	close(sv[0]);
-	close(sv[1]);
-	ck_assert_int_eq(count_fds(), before);
-}
-END_TEST
-
-/* Messages without fds go out many to a write; one with fds goes on its
- * own. Through a small send buffer (writes that stop inside a batch, inside
- * a message) every message still arrives whole, in order, with its fds. */
-START_TEST(batched_writes_keep_order_and_fds)
-{
-	enum { N = 40 };
 	int before = count_fds();
 	int sv[2], sndbuf = 4096;
-	char *texts[N];
+	char **texts = calloc((size_t)n, sizeof(*texts));
+	struct rp_msg *m = calloc((size_t)n, sizeof(*m));
 	struct rp_tx tx;
 	struct rp_rx rx;
-	struct rp_msg m[N];
 	int got = 0, spins = 0;
 
+	ck_assert(texts && m);
 	make_pair(sv, true);
 	ck_assert_int_eq(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
 	rp_tx_init(&tx);
 	rp_rx_init(&rx);
-	for (int i = 0; i < N; i++) {
-		size_t len = 10 + (size_t)(i * 997) % 3000;
+	for (int i = 0; i < n; i++) {
 		char content[16];
 		int fd = -1;
 
-		texts[i] = malloc(len + 1);
-		memset(texts[i], 'a' + i % 26, len);
-		texts[i][len] = '\0';
-		if (i % 7 == 3) {
+		texts[i] = malloc(len[i] + 1);
+		ck_assert(texts[i]);
+		memset(texts[i], 'a' + i % 26, len[i]);
+		texts[i][len[i]] = '\0';
+		if (with_fd[i]) {
 			sprintf(content, "fd%d", i);
 			fd = memfd_with(content);
 		}
-		ck_assert_int_eq(rp_tx_push(&tx, texts[i], len, &fd, fd >= 0 ? 1 : 0), 0);
+		ck_assert_int_eq(rp_tx_push(&tx, texts[i], len[i], &fd, fd >= 0 ? 1 : 0), 0);
 		if (fd >= 0)
 			close(fd);
 	}
-	while (got < N) {
+	while (got < n) {
 		int r = rp_tx_flush(&tx, sv[0]);
-		ssize_t n;
+		ssize_t k;
 
 		ck_assert(r == 0 || r == -EAGAIN);
-		while ((n = rp_rx_read(&rx, sv[1])) > 0)
+		while ((k = rp_rx_read(&rx, sv[1])) > 0)
 			;
-		ck_assert_int_eq(n, -EAGAIN);
-		while (got < N && rp_rx_next(&rx, &m[got]) == RP_RX_MESSAGE)
+		ck_assert_int_eq(k, -EAGAIN);
+		while (got < n && rp_rx_next(&rx, &m[got]) == RP_RX_MESSAGE)
 			got++;
 		ck_assert_int_lt(++spins, 100000);
 	}
 	ck_assert(rp_tx_empty(&tx));
 	ck_assert_uint_eq(tx.queued_bytes, 0);
-	for (int i = 0; i < N; i++) {
+	for (int i = 0; i < n; i++) {
+		ck_assert_uint_eq(m[i].len, len[i]);
 		ck_assert_str_eq(m[i].text, texts[i]);
-		if (i % 7 == 3) {
+		if (with_fd[i]) {
 			char content[16];
 
 			sprintf(content, "fd%d", i);
@@ -644,11 +583,46 @@ START_TEST(batched_writes_keep_order_and_fds)
 		rp_msg_finish(&m[i]);
 		free(texts[i]);
 	}
+	free(texts);
+	free(m);
 	rp_tx_finish(&tx);
 	rp_rx_finish(&rx);
 	close(sv[0]);
 	close(sv[1]);
 	ck_assert_int_eq(count_fds(), before);
+	return spins;
+}
+
+/* Large messages, each with an fd, through a small send buffer. */
+START_TEST(partial_writes_with_a_small_send_buffer)
+{
+	enum { N = 6, BIG = 300 * 1024 };
+	size_t len[N];
+	bool with_fd[N];
+
+	for (int i = 0; i < N; i++) {
+		len[i] = (i % 2) ? BIG : 20;
+		with_fd[i] = true;
+	}
+	/* It really was written in pieces. */
+	ck_assert_int_gt(pump_through_small_buffer(N, len, with_fd), 2);
+}
+END_TEST
+
+/* Messages without fds go out many to a write; one with fds goes on its
+ * own. Through a small send buffer (writes that stop inside a batch, inside
+ * a message) every message still arrives whole, in order, with its fds. */
+START_TEST(batched_writes_keep_order_and_fds)
+{
+	enum { N = 40 };
+	size_t len[N];
+	bool with_fd[N];
+
+	for (int i = 0; i < N; i++) {
+		len[i] = 10 + (size_t)(i * 997) % 3000;
+		with_fd[i] = i % 7 == 3;
+	}
+	ck_assert_int_gt(pump_through_small_buffer(N, len, with_fd), 1);
 }
 END_TEST
 
