@@ -111,6 +111,13 @@ struct rd_op {
 	 * before the loop thread's done (a ring publishes its completion from
 	 * there: one thread hand-off less). */
 	void (*completed)(struct rd_op *op);
+	/* Optional, for an op with a signal_event: called by the backend on
+	 * its thread once the op's work and the signal_event's record are
+	 * enqueued (launched_ns set), before anything of its completion: the
+	 * caller may be answered then (io.regen.Compute: "with signal_event,
+	 * a reply means the work is enqueued"); done still follows. */
+	void (*launched)(struct rd_op *op);
+	struct rd_op *launched_next;   /* the core's list of launched ops */
 	void *userdata;
 	struct rd_op *next;
 	uint64_t submitted_ns;

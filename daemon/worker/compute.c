@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
+#include "daemon/log.h"
 #include "daemon/worker/session.h"
 #include "proto/comm.h"
 #include "proto/compute.h"
@@ -50,13 +51,48 @@ void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
 	}
 }
 
+/* The time from a call's arrival to now, as its reply says it. */
+static void reply_elapsed(struct rd_call *call, uint64_t elapsed_us)
+{
+	cJSON *reply = cJSON_CreateObject();
+
+	cJSON_AddNumberToObject(reply, "elapsed_us", (double)elapsed_us);
+	rd_call_reply(call, reply, false);
+}
+
+void rd_compute_launched(struct rd_op *op)
+{
+	struct rd_compute_call *cc = op->userdata;
+
+	if (!cc->call || cc->answered)
+		return;
+	reply_elapsed(cc->call, (op->launched_ns - op->submitted_ns) / 1000);
+	cc->call = NULL;
+	cc->answered_at_launch = true;
+}
+
+/* A call answered at launch succeeded as far as its caller knows: an error
+ * found at its completion is the device's (a fault, reported as such), so
+ * it is logged. */
+void rd_compute_log_after_launch(struct rd_compute_call *cc)
+{
+	struct rd_session *s = cc->session;
+
+	if (cc->answered_at_launch && cc->op.err.name)
+		rd_warn("compute", s->worker->dev.index, rd_worker_generation(s->worker),
+			s->client ? (int)s->client->peer.pid : 0,
+			"%s failed after it was answered at launch (its signal_event): %s", cc->op.compute.spec->method,
+			cc->op.err.name);
+}
+
 /* On the loop thread, once the backend finished the op. A call answered
- * early (past its deadline) has nobody left to tell. */
+ * early (past its deadline, or at launch) has nobody left to tell. */
 static void on_op_done(struct rd_op *op)
 {
 	struct rd_compute_call *cc = op->userdata;
 	struct rd_session *s = cc->session;
 
+	rd_compute_log_after_launch(cc);
 	rd_compute_finished(s->worker, cc);
 	if (cc->finish) {
 		/* Answered by finish. */
@@ -65,9 +101,7 @@ static void on_op_done(struct rd_op *op)
 	} else if (op->err.name) {
 		rd_call_fail(cc->call, &op->err);
 	} else {
-		cJSON *reply = cJSON_CreateObject();
-		cJSON_AddNumberToObject(reply, "elapsed_us", (double)op->elapsed_us);
-		rd_call_reply(cc->call, reply, false);
+		reply_elapsed(cc->call, op->elapsed_us);
 	}
 	free(cc);
 	rd_session_call_finished(s);
@@ -199,6 +233,10 @@ void rd_compute_call(struct rd_call *call)
 		return;
 	}
 	r = rp_compute_parse(spec, call->msg.params, &op->compute, &err);
+	/* A compute call with a signal_event is answered once its work is
+	 * enqueued (io.regen.Compute); a communicator's calls when they end. */
+	if (r == 0 && op->compute.signal_event.present && op->compute.spec->id != RP_OP_COMM)
+		op->launched = rd_compute_post_launched;
 	if (r == 0)
 		r = rd_compute_submit_call(s, cc, call, &err);
 	else

@@ -117,10 +117,11 @@ static void ring_wake_client(struct rd_ring *r)
 }
 
 /* Any thread: writes record seq's completion (with the stage times of op,
- * the backend's, when it ran) and publishes every one that is done in
- * order. A record already failed (the worker stopping) is not answered
- * twice. */
-static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const struct rp_error *err, const struct rd_op *op)
+ * the backend's, when it ran; at_launch: op's work is only enqueued) and
+ * publishes every one that is done in order. A record already answered (at
+ * launch, or failed as the worker stops) is not answered twice: false. */
+static bool ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const struct rp_error *err,
+			 const struct rd_op *op, bool at_launch)
 {
 	uint32_t mask = r->entries - 1;
 	bool advanced = false;
@@ -128,14 +129,15 @@ static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 	pthread_mutex_lock(&r->lock);
 	if (r->state[seq & mask] != SLOT_RUNNING) {
 		pthread_mutex_unlock(&r->lock);
-		return;
+		return false;
 	}
 	struct rp_ring_completion *cqe = rp_ring_completion_at(r->base, r->entries, seq);
-	rp_ring_complete(cqe, tag, err, op ? op->elapsed_us : 0);
+	uint64_t elapsed_us = !op ? 0 : at_launch ? (op->launched_ns - op->submitted_ns) / 1000 : op->elapsed_us;
+	rp_ring_complete(cqe, tag, err, elapsed_us);
 	cqe->timing = (struct rp_ring_timing){
 		.taken_ns = r->taken_ns[seq & mask],
 		.launched_ns = op ? op->launched_ns : 0,
-		.finished_ns = op ? op->finished_ns : 0,
+		.finished_ns = op && !at_launch ? op->finished_ns : 0,
 		.published_ns = rd_now_ns(),
 	};
 	r->state[seq & mask] = SLOT_DONE;
@@ -154,12 +156,13 @@ static void ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 		rp_ring_fence();
 		ring_wake_client(r);
 	}
+	return true;
 }
 
 static void ring_fail(struct rd_ring *r, uint32_t seq, uint64_t tag, struct rp_error *err)
 {
 	rd_session_complete_error(r->session, err);
-	ring_publish(r, seq, tag, err, NULL);
+	ring_publish(r, seq, tag, err, NULL, false);
 	rp_error_clear(err);
 }
 
@@ -169,8 +172,20 @@ static void ring_op_completed(struct rd_op *op)
 	struct ring_op *ro = (struct ring_op *)op;
 
 	rd_session_complete_error(ro->ring->session, &op->err);
-	ring_publish(ro->ring, ro->seq, ro->tag, &op->err, op);
+	ring_publish(ro->ring, ro->seq, ro->tag, &op->err, op, false);
 	ro->published = true;
+}
+
+/* The backend's thread, as the work of a record that names a signal_event
+ * is enqueued: its completion goes out now (io.regen.Compute), the client
+ * orders on the event; what the backend says at the end is not published. */
+static void ring_op_launched(struct rd_op *op)
+{
+	struct ring_op *ro = (struct ring_op *)op;
+	static const struct rp_error ok = { 0 };
+
+	if (ring_publish(ro->ring, ro->seq, ro->tag, &ok, op, true))
+		ro->cc.answered_at_launch = true;
 }
 
 static void ring_take(struct rd_ring *r);
@@ -184,8 +199,9 @@ static void ring_op_done(struct rd_op *op)
 
 	if (!ro->published) {
 		rd_session_complete_error(s, &op->err);
-		ring_publish(r, ro->seq, ro->tag, &op->err, op);
+		ring_publish(r, ro->seq, ro->tag, &op->err, op, false);
 	}
+	rd_compute_log_after_launch(&ro->cc);
 	rd_compute_finished(s->worker, &ro->cc);
 	rp_error_clear(&op->err);
 	r->held[ro->seq & (r->entries - 1)] = 0;
@@ -202,7 +218,7 @@ static void ring_answer_early(struct rd_compute_call *cc, struct rp_error *err)
 	struct ring_op *ro = (struct ring_op *)cc;
 
 	rd_session_complete_error(ro->ring->session, err);
-	ring_publish(ro->ring, ro->seq, ro->tag, err, NULL);
+	ring_publish(ro->ring, ro->seq, ro->tag, err, NULL, false);
 }
 
 static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_record *rec)
@@ -221,6 +237,8 @@ static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_re
 	}
 	ro->cc.op.done = ring_op_done;
 	ro->cc.op.completed = ring_op_completed;
+	if (ro->cc.op.compute.signal_event.present)
+		ro->cc.op.launched = ring_op_launched;
 	ro->cc.op.userdata = ro;
 	ro->cc.answer_early = ring_answer_early;
 	if (rd_compute_submit(r->session, &ro->cc, &err) < 0) {
@@ -422,7 +440,7 @@ void rd_ring_fail_unfinished(struct rd_ring *r, const struct rp_error *err)
 		return;
 	for (uint32_t seq = atomic_load_explicit(&r->cq_tail, memory_order_acquire); seq != r->sq_head; seq++) {
 		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
-		ring_publish(r, seq, r->tags[seq & (r->entries - 1)], &copy, NULL);
+		ring_publish(r, seq, r->tags[seq & (r->entries - 1)], &copy, NULL, false);
 		rp_error_clear(&copy);
 	}
 }

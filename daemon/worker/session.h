@@ -51,6 +51,14 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
  * finishes (or cc->finish does). < 0: err set, nothing held, cc freed. */
 int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, struct rd_call *call,
 			   struct rp_error *err);
+/* Any thread (the backend's op.launched of a Varlink call with a
+ * signal_event): the call is answered on the loop thread, before its done. */
+void rd_compute_post_launched(struct rd_op *op);
+/* The loop thread: answers a call posted by rd_compute_post_launched. */
+void rd_compute_launched(struct rd_op *op);
+/* The loop thread, as a call answered at launch is done: an error its
+ * completion found goes to the log (its caller heard success). */
+void rd_compute_log_after_launch(struct rd_compute_call *cc);
 /* Lets go of the objects an op held (each once). */
 void rd_compute_release(struct rd_worker *w, struct rd_op *op);
 /* A submitted call is done (op.done): its objects and its deadline go. */

@@ -46,6 +46,22 @@ static void post_completion(struct rd_device *dev, struct rd_op *op)
 	uv_async_send(&w->wakeup);
 }
 
+/* Any thread: a Varlink call with a signal_event whose work is enqueued. */
+void rd_compute_post_launched(struct rd_op *op)
+{
+	struct rd_worker *w = worker_of_device(op->lane->device);
+
+	pthread_mutex_lock(&w->lock);
+	op->launched_next = NULL;
+	if (w->launched_tail)
+		w->launched_tail->launched_next = op;
+	else
+		w->launched_head = op;
+	w->launched_tail = op;
+	pthread_mutex_unlock(&w->lock);
+	uv_async_send(&w->wakeup);
+}
+
 /* Any thread: the backend found the context lost or the GPU failed, or the
  * core a hung call. Reported once until a reset, except that a failed GPU
  * is told even after a loss was: it changes what the supervisor does. */
@@ -73,7 +89,7 @@ void rd_worker_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *r
 static void on_wakeup(uv_async_t *a)
 {
 	struct rd_worker *w = a->data;
-	struct rd_op *op;
+	struct rd_op *op, *launched;
 	char reason[sizeof(w->fault_reason)];
 	enum rd_fault_kind kind = RD_FAULT_LOST;
 	bool fault = false;
@@ -81,6 +97,8 @@ static void on_wakeup(uv_async_t *a)
 	pthread_mutex_lock(&w->lock);
 	op = w->done_head;
 	w->done_head = w->done_tail = NULL;
+	launched = w->launched_head;
+	w->launched_head = w->launched_tail = NULL;
 	if (w->fault_pending) {
 		w->fault_pending = false;
 		w->fault_reported = true;
@@ -97,6 +115,13 @@ static void on_wakeup(uv_async_t *a)
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "device fault (%s): %s", rd_fault_kind_name(kind),
 		       reason);
 		rd_control_report_fault(w, kind, reason);
+	}
+	/* An op launched and done in one wake-up is answered before its done
+	 * frees it: a launch is always posted before its completion. */
+	while (launched) {
+		struct rd_op *next = launched->launched_next;
+		rd_compute_launched(launched);
+		launched = next;
 	}
 	while (op) {
 		struct rd_op *next = op->next;

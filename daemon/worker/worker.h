@@ -47,6 +47,9 @@ struct rd_compute_call {
 	 * loop thread, err the callee's to clear. */
 	void (*answer_early)(struct rd_compute_call *cc, struct rp_error *err);
 	bool answered;                   /* answered early (its deadline passed): nobody waits for it */
+	/* Answered once its work was enqueued (it names a signal_event):
+	 * what its completion says later reaches nobody but the log. */
+	bool answered_at_launch;
 	struct rd_session *session;
 	uint64_t deadline_ns;            /* uv_hrtime() by which it must finish; 0: none */
 	/* Set for io.regen.Comm's Init and Destroy: answers the call (call may
@@ -91,6 +94,7 @@ struct rd_worker {
 	uv_async_t wakeup;
 	pthread_mutex_t lock;
 	struct rd_op *done_head, *done_tail;
+	struct rd_op *launched_head, *launched_tail;   /* Varlink calls to answer at launch */
 	char fault_reason[160];
 	enum rd_fault_kind fault_kind;
 	bool fault_pending, fault_reported;

@@ -462,12 +462,17 @@ def event_chain_case(c):
     ev_in.record()
     t0 = time.monotonic()
     c.gemm(ops["a"], ops["b"], ops["d"], wait_event=e_in, signal_event=e_out)
+    call_ms = 1000 * (time.monotonic() - t0)
     torch.cuda.current_stream().wait_event(ev_out)
     out = d.clone()                          # ordered after regend's GEMM on the rank's stream
     torch.cuda.synchronize()
     err = rel_err(out, ref)
     record("wait/signal events chain a rank's stream and regend's GEMM", bool(torch.isfinite(out).all()) and err < 1e-5,
-           f"rel {err:.2e}, call {1000 * (time.monotonic() - t0):.1f} ms")
+           f"rel {err:.2e}, call {call_ms:.1f} ms")
+    # io.regen.Compute: with a signal_event the reply means "enqueued"; the
+    # GEMM cannot run before the rank's ~50 ms sleep ends.
+    record("a call with a signal_event is answered once enqueued, before its work runs", call_ms < 25,
+           f"answered after {call_ms:.1f} ms; the work waited ~50 ms for the rank's stream")
     c.close_event(e_in)
     c.close_event(e_out)
     for t in (a, b, d):
@@ -609,7 +614,11 @@ def main():
         if "gemm" in only:
             run_gemms(c)
         if "events" in only:
-            guarded("wait/signal events", event_chain_case, c)
+            # Both transports answer a call with a signal_event at launch.
+            for transport in ("ring", "varlink"):
+                c.set_transport(transport)
+                guarded(f"wait/signal events ({transport})", event_chain_case, c)
+            c.set_transport("auto")
         for part, run in (("attention", run_attention), ("varlen", run_varlen_attention)):
             if part in only:
                 guarded(part, run, c)

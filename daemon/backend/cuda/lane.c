@@ -340,6 +340,10 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	}
 	if (p->enqueued)
 		op->launched_ns = rd_now_ns();
+	/* Its signal_event will fire when the work does: the caller may go on
+	 * (the completer has not seen this op yet, so nothing races). */
+	if (p->r == 0 && p->done && op->signal_event && op->launched)
+		op->launched(op);
 	if (cuda_launch_profiling()) {
 		/* A launch that built a plan (milliseconds to seconds) would hide
 		 * the steady state in the means: counted apart. */
