@@ -114,7 +114,12 @@ class Ops(unittest.TestCase):
                     self.assertLess(maxdiff(y, ref), 1e-4)
                     inputs = (x, w) + ((b,) if with_bias else ())
                     g = torch.randn_like(y)
-                    for got, want in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(ref, inputs, g)):
+                    calls = rt.stats()["calls"]
+                    grads = torch.autograd.grad(y, inputs, g)
+                    # gx, gw and (with a bias) its column sums, all in regend;
+                    # with GELU one more: the pre-activation recomputed.
+                    self.assertEqual(rt.stats()["calls"] - calls, 2 + with_bias + (act == "gelu"))
+                    for got, want in zip(grads, torch.autograd.grad(ref, inputs, g)):
                         self.assertLess(maxdiff(got, want), 1e-3)
 
     def test_attention_forward_backward(self):
@@ -130,6 +135,8 @@ class Ops(unittest.TestCase):
                                                     enable_gqa=c["h"] != c["hkv"])
                 ref = reference_sdpa(q, k, v, c["causal"], c.get("scale"))
                 self.assertLess(maxdiff(o, ref), 1e-4)
+                # Laid out [B, Sq, H, Dv]: the output projection's input is a view.
+                self.assertTrue(o.transpose(1, 2).is_contiguous())
                 g = torch.randn_like(o)
                 for got, want in zip(torch.autograd.grad(o, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
                     self.assertLess(maxdiff(got, want), 1e-4)

@@ -194,7 +194,8 @@ def enable(devices=("cuda",), ops=("matmul", "linear", "sdpa")):
 
 def stats():
     """Counters of the runtime: calls, handoffs (rank -> regend -> rank; two
-    context switches each when the rank has GPU work between them), retries,
+    context switches each when the rank has GPU work between them),
+    idle_calls (calls that found the rank's stream idle: no hand-off), retries,
     recoveries, block imports (live and made), repins, fallbacks, and the
     pool's chunks and imports."""
     return runtime().stats()

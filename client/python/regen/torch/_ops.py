@@ -53,6 +53,31 @@ def _gemm_input(x):
     return x.contiguous(), False
 
 
+_ONES_KEPT = 16
+_ones = {}
+
+
+def _ones_row(m, like):
+    """A [1, m] row of ones on ``like``'s device and dtype (kept for the
+    next call of that size): a bias gradient, the column sums of a [m, n]
+    gradient, is then one more GEMM in regend instead of rank work between
+    two of its calls."""
+    key = (like.device, like.dtype, m)
+    row = _ones.get(key)
+    if row is None:
+        if len(_ones) >= _ONES_KEPT:
+            _ones.pop(next(iter(_ones)))
+        row = _empty([1, m], like.dtype, like).fill_(1)
+        _ones[key] = row
+    return row
+
+
+def _column_sums(grad):
+    """grad.sum(0) of a 2-D gradient, computed in regend (f32 accumulation,
+    as torch's sum of a bf16 or f16 tensor)."""
+    return _raw_mm(_ones_row(grad.shape[0], grad), grad).view(-1)
+
+
 def _last_unit(x):
     """Attention operands need unit stride in their last dimension."""
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
@@ -130,7 +155,11 @@ def _sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: b
                  scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     _check_sdpa(q, k, v)
     b, h, sq, _ = q.shape
-    o = _empty([b, h, sq, v.shape[3]], q.dtype, q)
+    # o [B, H, Sq, Dv] laid out as [B, Sq, H, Dv] (attention takes strides):
+    # what a model does next, o.transpose(1, 2).reshape(B, Sq, H * Dv) for
+    # the output projection, is then a view, not a copy on the rank between
+    # two regend calls.
+    o = _empty([b, sq, h, v.shape[3]], q.dtype, q).transpose(1, 2)
     lse = _empty([b, h, sq], torch.float32, q)
     if o.numel() == 0:
         return o, lse
@@ -165,7 +194,7 @@ def _linear_fake(x, w, bias, activation):
 
 
 def _sdpa_fake(q, k, v, is_causal, scale):
-    return q.new_empty([q.shape[0], q.shape[1], q.shape[2], v.shape[3]]), \
+    return q.new_empty([q.shape[0], q.shape[2], q.shape[1], v.shape[3]]).transpose(1, 2), \
         q.new_empty([q.shape[0], q.shape[1], q.shape[2]], dtype=torch.float32)
 
 
@@ -198,8 +227,8 @@ def _linear_backward(needs, x, w, bias, activation, grad):
             gx = _raw_mm(grad, w)
         if needs[1]:
             gw = _raw_mm(grad.t(), x)
-    if bias is not None and needs[2]:
-        gb = grad.sum(0).to(bias.dtype)
+        if bias is not None and needs[2]:
+            gb = _column_sums(grad).to(bias.dtype)
     return gx, gw, gb
 
 
@@ -322,8 +351,7 @@ else:
         @staticmethod
         def backward(ctx, grad_o, grad_lse):
             q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = torch.ops.regen.sdpa_backward(grad_o.contiguous(), q, k, v, o, lse, ctx.is_causal,
-                                                       ctx.scale)
+            dq, dk, dv = torch.ops.regen.sdpa_backward(grad_o, q, k, v, o, lse, ctx.is_causal, ctx.scale)
             return dq, dk, dv, None, None
 
     def mm(a, b):

@@ -190,8 +190,8 @@ class Runtime:
         self._auto = _AutoOrdering()
         self._batch_depth = 0
         self._batch_calls = 0
-        self.counters = {"calls": 0, "handoffs": 0, "retries": 0, "recoveries": 0, "block_imports": 0,
-                         "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0}
+        self.counters = {"calls": 0, "handoffs": 0, "idle_calls": 0, "retries": 0, "recoveries": 0,
+                         "block_imports": 0, "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0}
 
     # -- devices -------------------------------------------------------------
 
@@ -407,7 +407,7 @@ class Runtime:
             deadline = None
             while True:
                 try:
-                    self._call_once(op, tensors, scalars)
+                    idle = self._call_once(op, tensors, scalars)
                     break
                 except _RECOVERABLE as e:
                     attempts += 1
@@ -416,7 +416,11 @@ class Runtime:
                     self._recover(e, tensors, attempts, deadline)
                     self.counters["retries"] += 1
             self.counters["calls"] += 1
-            if self._batch_depth == 0 or self._batch_calls == 0:
+            # A call that found the rank's stream idle follows the last
+            # regend call with no rank GPU work between: the same hand-off.
+            if idle:
+                self.counters["idle_calls"] += 1
+            elif self._batch_depth == 0 or self._batch_calls == 0:
                 self.counters["handoffs"] += 1
             if self._batch_depth:
                 self._batch_calls += 1
@@ -424,6 +428,8 @@ class Runtime:
                 self.sweep()
 
     def _call_once(self, op, tensors, scalars):
+        """One try of the call; True when the rank's stream was idle (it
+        needed no ordering towards regend)."""
         present = {n: t for n, t in tensors.items() if t is not None}
         devices = {t.device for t in present.values()}
         if len(devices) != 1:
@@ -448,19 +454,27 @@ class Runtime:
                 ordering = self._auto.choose(kind)
             stream = torch.cuda.current_stream(tdev)
         start = time.perf_counter()
+        # Everything the rank queued on its stream is done (a host query, no
+        # GPU work): regend may read now, and nothing is recorded on the
+        # rank's stream for it, which would bring the rank's context back to
+        # the GPU between two regend calls (a context switch, ~140 us).
+        idle = stream is not None and stream.query()
         if stream is not None:
-            if ordering == "sync":
+            if idle and ordering != "events":
+                pass
+            elif ordering == "sync":
                 stream.synchronize()
             else:
                 pair = self._events_for(device, stream, tdev.index)
-                pair.before.record(stream)
-                kw["wait_event"] = pair.ids[0]
+                if not idle:
+                    pair.before.record(stream)
+                    kw["wait_event"] = pair.ids[0]
                 if ordering == "events":
                     kw["signal_event"] = pair.ids[1]
         fn = {"gemm": self.client.gemm, "attention": self.client.attention,
               "attention_backward": self.client.attention_backward}[op]
         fn(**named, **kw)
-        if kind is not None:
+        if kind is not None and not idle:
             self._auto.note(kind, ordering, time.perf_counter() - start)
         if pair is not None and ordering == "events":
             stream.wait_event(pair.after)
@@ -470,6 +484,7 @@ class Runtime:
         for name, used in copies.items():
             if name in _OUTPUT_NAMES:
                 tensors[name].copy_(used)
+        return idle
 
     def _recover(self, err, tensors, attempts, deadline):
         """Wait until the device serves again, forget what the old
