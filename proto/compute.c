@@ -202,7 +202,8 @@ static int extent(const struct rp_operand *op, const char *name, uint64_t *begin
 
 /* Whether two operands of one buffer share bytes. Extents are conservative:
  * two interleaved tensors with disjoint elements but intersecting byte
- * ranges are taken to overlap. */
+ * ranges are taken to overlap (interleaved_disjoint tells those apart where
+ * the two are laid out alike). */
 static int overlaps(const struct rp_operand *x, const char *x_name, const struct rp_operand *y, const char *y_name,
 		    uint64_t range[4], struct rp_error *err)
 {
@@ -213,6 +214,79 @@ static int overlaps(const struct rp_operand *x, const char *x_name, const struct
 		return -EINVAL;
 	}
 	return range[0] < range[3] && range[2] < range[1];
+}
+
+/* Whether some element offset d - sum(c[i] * stride[i]) reaches 0 with
+ * |c[i]| < size[i] for the dimensions from k on (strides descending, each
+ * above what the ones after it reach together: reach[k] is what dimensions
+ * k.. can add up to). With that nesting only the two multiples of a stride
+ * nearest d can leave a remainder the inner dimensions reach. */
+static bool offset_reachable(int64_t d, const int64_t *stride, const int64_t *size, const int64_t *reach, int n, int k)
+{
+	if (k == n) {
+		return d == 0;
+	}
+	int64_t lo = d / stride[k] - (d % stride[k] != 0 && d < 0), hi = lo + 1;
+
+	for (int64_t c = lo; c <= hi; c++) {
+		int64_t rest = d - c * stride[k];
+
+		if (c > -size[k] && c < size[k] && rest <= reach[k + 1] && rest >= -reach[k + 1] &&
+		    offset_reachable(rest, stride, size, reach, n, k + 1)) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Two operands laid out alike (dtype, shape and strides) a whole number of
+ * elements apart, in one non-self-overlapping layout, whose elements are
+ * nonetheless disjoint: q's, k's and v's gradients interleaved in one
+ * [B, S, 3, H, D] buffer, which a byte range alone would call overlapping.
+ * Exact: they share an element only when their distance is a sum of
+ * strides times index differences within the shape. */
+static bool interleaved_disjoint(const struct rp_operand *x, const struct rp_operand *y)
+{
+	int64_t stride[RP_RANK_MAX], size[RP_RANK_MAX], reach[RP_RANK_MAX + 1];
+	size_t elem = rp_dtype_size(x->dtype);
+	int n = 0;
+
+	if (x->dtype != y->dtype || x->rank != y->rank || elem == 0) {
+		return false;
+	}
+	for (int i = 0; i < x->rank; i++) {
+		if (x->shape[i] != y->shape[i] || x->strides[i] != y->strides[i] || x->strides[i] < 0) {
+			return false;
+		}
+		if (x->shape[i] > 1) {
+			stride[n] = x->strides[i];
+			size[n++] = x->shape[i];
+		}
+	}
+	uint64_t a = x->offset, b = y->offset, gap = a > b ? a - b : b - a;
+
+	if (gap % elem != 0 || gap / elem > (uint64_t)INT64_MAX / 2) {
+		return false;
+	}
+	/* Strides descending, then each must step over everything inside it. */
+	for (int i = 1; i < n; i++) {
+		for (int j = i; j > 0 && stride[j] > stride[j - 1]; j--) {
+			int64_t t = stride[j];
+			stride[j] = stride[j - 1];
+			stride[j - 1] = t;
+			t = size[j];
+			size[j] = size[j - 1];
+			size[j - 1] = t;
+		}
+	}
+	reach[n] = 0;
+	for (int i = n - 1; i >= 0; i--) {
+		if (stride[i] <= reach[i + 1] || (size[i] - 1) > (INT64_MAX / 2 - reach[i + 1]) / stride[i]) {
+			return false;
+		}
+		reach[i] = reach[i + 1] + (size[i] - 1) * stride[i];
+	}
+	return !offset_reachable((int64_t)(gap / elem), stride, size, reach, n, 0);
 }
 
 /* An output that shares bytes with another operand would read partial
@@ -231,8 +305,8 @@ static int check_output_placement(const struct rp_compute *c, int out, int other
 		return 0;
 	}
 	hit = overlaps(o, so->name, x, sx->name, r, err);
-	if (hit <= 0) {
-		return hit;
+	if (hit <= 0 || interleaved_disjoint(o, x)) {
+		return hit < 0 ? hit : 0;
 	}
 	if (so->may_alias == other) {
 		return rp_error_invalid_operand(err, sx->name,

@@ -600,6 +600,63 @@ START_TEST(backward_outputs_side_by_side_are_fine)
 }
 END_TEST
 
+/* q's, k's and v's gradients side by side in one [B, S, 3, H, D] buffer
+ * (B 2, S 16, H 4, D 32, f16): strides [S*3*H*D, D, 3*H*D, 1], each a
+ * head's row apart. */
+#define PACKED(name, offset, strides)                                                                 \
+	" '" name "': {'buffer': 'b0.1.7', 'offset': " offset ", 'dtype': 'f16', 'shape': [2, 4, 16, 32]," \
+	" 'strides': " strides "}"
+#define PACKED_STRIDES "[6144, 32, 384, 1]"
+#define PACKED_BASE                                                                                   \
+	"{'q': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [2, 4, 16, 32]},"                        \
+	" 'k': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [2, 4, 16, 32]},"                        \
+	" 'v': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [2, 4, 16, 32]},"                        \
+	" 'o': {'buffer': 'b0.1.4', 'dtype': 'f16', 'shape': [2, 4, 16, 32]},"                        \
+	" 'd_o': {'buffer': 'b0.1.6', 'dtype': 'f16', 'shape': [2, 4, 16, 32]},"                      \
+	" 'stats': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [2, 4, 16]},"
+
+START_TEST(backward_outputs_interleaved_without_sharing_are_fine)
+{
+	/* Byte ranges intersect, elements never do: 256 bytes is 4 heads' rows
+	 * of 32, exactly what no index difference within the shape makes. */
+	cJSON *params = json(PACKED_BASE PACKED("d_q", "0", PACKED_STRIDES) "," PACKED("d_k", "256", PACKED_STRIDES)
+				 "," PACKED("d_v", "512", PACKED_STRIDES) "}");
+	struct rp_error err = { 0 };
+	struct rp_compute c;
+
+	ck_assert_int_eq(rp_compute_parse(&rp_op_attention_backward, params, &c, &err), 0);
+	cJSON_Delete(params);
+}
+END_TEST
+
+static const struct bad_case interleaved_bad_cases[] = {
+	/* One element apart: d_q's (0, 0, 0, 1) is d_k's (0, 0, 0, 0). */
+	{ "d_k one element after d_q", "{" PACKED("d_k", "2", PACKED_STRIDES) "}", OPERAND, "d_k", "overlaps d_q" },
+	/* A head's row apart: d_q's head 1 is d_k's head 0. */
+	{ "d_k one head after d_q", "{" PACKED("d_k", "64", PACKED_STRIDES) "}", OPERAND, "d_k", "overlaps d_q" },
+	/* A whole row of the sequence apart: d_q's row 1 is d_k's row 0. */
+	{ "d_k one sequence row after d_q", "{" PACKED("d_k", "768", PACKED_STRIDES) "}", OPERAND, "d_k",
+	  "overlaps d_q" },
+	/* Half an element apart: never even taken as an operand. */
+	{ "d_k half an element after d_q", "{" PACKED("d_k", "257", PACKED_STRIDES) "}", OPERAND, "d_k",
+	  "misaligned" },
+	/* Laid out differently (contiguous inside d_q's bytes): judged by byte
+	 * ranges, as before. */
+	{ "d_k laid out otherwise", "{" PACKED("d_k", "256", "[2048, 512, 32, 1]") "}", OPERAND, "d_k",
+	  "overlaps d_q" },
+};
+
+static const char interleaved_base[] = PACKED_BASE PACKED("d_q", "0", PACKED_STRIDES) ","
+	PACKED("d_k", "256", PACKED_STRIDES) "," PACKED("d_v", "512", PACKED_STRIDES) "}";
+
+START_TEST(backward_outputs_interleaved_and_sharing_are_refused)
+{
+	struct rp_compute c;
+
+	expect_bad(interleaved_base, &interleaved_bad_cases[_i], attention_backward_parse_any, &c, sizeof(c));
+}
+END_TEST
+
 #define N(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 static Suite *compute_parse_suite(void)
@@ -622,6 +679,8 @@ static Suite *compute_parse_suite(void)
 	tcase_add_test(bwd, attention_backward_accepts_and_derives);
 	tcase_add_loop_test(bwd, attention_backward_refuses, 0, N(attention_backward_bad_cases));
 	tcase_add_test(bwd, backward_outputs_side_by_side_are_fine);
+	tcase_add_test(bwd, backward_outputs_interleaved_without_sharing_are_fine);
+	tcase_add_loop_test(bwd, backward_outputs_interleaved_and_sharing_are_refused, 0, N(interleaved_bad_cases));
 	suite_add_tcase(s, bwd);
 	return s;
 }

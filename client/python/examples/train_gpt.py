@@ -60,20 +60,26 @@ class Block(torch.nn.Module):
         self.up = torch.nn.Linear(width, 4 * width)
         self.down = torch.nn.Linear(4 * width, width)
         self.attention = None      # set by GPT: F.scaled_dot_product_attention or a stand-in
-        self.fused_gelu = None     # regen.torch.linear with activation="gelu", or None
+        self.packed_attention = None  # regen.torch.attention_packed (reads qkv's output in place), or None
+        self.fused_mlp = None      # regen.torch.mlp (up, GELU, down as one operation), or None
 
     def forward(self, x):
         b, s, w = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
-        a = self.attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, w))
-        h = self.ln2(x)
-        if self.fused_gelu is not None:
-            # The GELU rides in the GEMM's epilogue: one hand-off fewer.
-            h = self.fused_gelu(h, self.up.weight, self.up.bias, activation="gelu")
+        qkv = self.qkv(self.ln1(x))
+        if self.packed_attention is not None:
+            # q, k and v read in place, their gradients written in place:
+            # no copy on the rank between the projections and attention.
+            a = self.packed_attention(qkv, self.heads, is_causal=True)
         else:
-            h = F.gelu(self.up(h), approximate="tanh")
-        return x + self.down(h)
+            q, k, v = qkv.view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+            a = self.attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)
+        x = x + self.proj(a)
+        h = self.ln2(x)
+        if self.fused_mlp is not None:
+            # GELU and its gradient ride in GEMM epilogues, and the MLP's
+            # GEMMs run back to back each way: one hand-off each way.
+            return x + self.fused_mlp(h, self.up.weight, self.up.bias, self.down.weight, self.down.bias)
+        return x + self.down(F.gelu(self.up(h), approximate="tanh"))
 
 
 class GPT(torch.nn.Module):
@@ -85,10 +91,11 @@ class GPT(torch.nn.Module):
         self.ln = torch.nn.LayerNorm(width)
         self.head = torch.nn.Linear(width, vocab, bias=False)
 
-    def set_kernels(self, attention, fused_gelu):
+    def set_kernels(self, attention, fused_mlp=None, packed_attention=None):
         for blk in self.blocks:
             blk.attention = attention
-            blk.fused_gelu = fused_gelu
+            blk.fused_mlp = fused_mlp
+            blk.packed_attention = packed_attention
 
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -163,7 +170,7 @@ def train(cfg, mode, args):
         torch.manual_seed(args.seed)
         model = GPT(**cfg).to(device=device, dtype=dtype)
         if through_regend:
-            model.set_kernels(rt.scaled_dot_product_attention, rt.linear)
+            model.set_kernels(rt.scaled_dot_product_attention, None, rt.attention_packed)
         else:
             model.set_kernels(attention_in_torch, None)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)

@@ -122,6 +122,28 @@ class Ops(unittest.TestCase):
                     for got, want in zip(grads, torch.autograd.grad(ref, inputs, g)):
                         self.assertLess(maxdiff(got, want), 1e-3)
 
+    def test_attention_packed_reads_and_writes_qkv_in_place(self):
+        for causal in (False, True):
+            with self.subTest(causal=causal):
+                b, s, h, d = 2, 7, 3, 8
+                qkv = torch.randn(b, s, 3 * h * d, requires_grad=True)
+                calls = rt.stats()["calls"]
+                o = rt.attention_packed(qkv, h, is_causal=causal)
+                self.assertEqual(rt.stats()["calls"] - calls, 1)
+                self.assertEqual(o.shape, (b, s, h * d))
+                q, k, v = qkv.view(b, s, 3, h, d).permute(2, 0, 3, 1, 4)
+                ref = reference_sdpa(q, k, v, causal).transpose(1, 2).reshape(b, s, h * d)
+                self.assertLess(maxdiff(o, ref), 1e-4)
+                g = torch.randn_like(o)
+                calls = rt.stats()["calls"]
+                (got,) = torch.autograd.grad(o, (qkv,), g)
+                self.assertEqual(rt.stats()["calls"] - calls, 1)
+                self.assertTrue(got.is_contiguous())
+                (want,) = torch.autograd.grad(ref, (qkv,), g)
+                self.assertLess(maxdiff(got, want), 1e-4)
+        with self.assertRaises(ValueError):
+            rt.attention_packed(torch.randn(1, 4, 20), 3)   # 20 features are not 3 x 3 heads x D
+
     def test_attention_forward_backward(self):
         cases = [dict(h=4, hkv=4, sq=9, skv=9, d=16, dv=16, causal=False),
                  dict(h=4, hkv=2, sq=9, skv=11, d=16, dv=8, causal=True),

@@ -28,10 +28,10 @@ import threading
 
 from ..pool import Pool
 from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, WorkLost, host_empty
-from ._ops import HAVE_CUSTOM_OP, linear, matmul, scaled_dot_product_attention
+from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
-           "matmul", "linear", "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
+           "matmul", "linear", "mlp", "attention_packed", "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
 
 _lock = threading.Lock()

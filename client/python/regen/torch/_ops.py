@@ -23,7 +23,7 @@ import torch
 
 from ._runtime import NotSupported, host_empty
 
-__all__ = ["mm", "linear2d", "sdpa", "sdpa_backward", "HAVE_CUSTOM_OP"]
+__all__ = ["mm", "linear2d", "mlp2d", "sdpa", "sdpa_backward", "sdpa_packed", "HAVE_CUSTOM_OP"]
 
 _runtime = None
 
@@ -131,6 +131,51 @@ def _linear_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor
     return out
 
 
+def _gemm(a, b, out, epilogue=None, bias=None, aux=None):
+    """out = epilogue(a @ b) in regend, a and b 2-D (views as regend takes
+    them, a copy only where neither a tensor nor its transpose is one)."""
+    aa, ta = _gemm_input(a)
+    bb, tb = _gemm_input(b)
+    scalars = {"trans_a": ta, "trans_b": tb}
+    if epilogue is not None:
+        scalars["epilogue"] = epilogue
+    _rt().call("gemm", {"a": aa, "b": bb, "d": out, "bias": bias, "aux": aux}, scalars)
+    return out
+
+
+def _check_mlp(x, w1, b1, w2, b2):
+    if x.dim() != 2 or w1.dim() != 2 or w2.dim() != 2 or x.shape[1] != w1.shape[1] or w2.shape[1] != w1.shape[0]:
+        raise ValueError(f"regen::mlp takes x [M, K], w1 [H, K], w2 [N, H], got {list(x.shape)}, "
+                         f"{list(w1.shape)}, {list(w2.shape)}")
+    for name, b, w in (("b1", b1, w1), ("b2", b2, w2)):
+        if b is not None and (b.dim() != 1 or b.shape[0] != w.shape[0]):
+            raise ValueError(f"regen::mlp: {name} must be [{w.shape[0]}], got {list(b.shape)}")
+    if len({x.dtype, w1.dtype, w2.dtype}) != 1:
+        raise ValueError(f"regen::mlp: dtypes differ ({x.dtype}, {w1.dtype}, {w2.dtype})")
+
+
+def _mlp_kernel(x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+                b2: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """y = gelu(x @ w1.T + b1) @ w2.T + b2, and the hidden h = gelu(...),
+    which the backward reads (as torch's down projection keeps its input):
+    two GEMMs back to back in regend, GELU in the first one's epilogue."""
+    _check_mlp(x, w1, b1, w2, b2)
+    m = x.shape[0]
+    h = _empty([m, w1.shape[0]], x.dtype, x)
+    y = _empty([m, w2.shape[0]], x.dtype, x)
+    if m == 0 or y.shape[1] == 0:
+        return y, h
+    if h.shape[1] == 0 or x.shape[1] == 0:
+        # An empty inner dimension, which a GEMM cannot take: on the rank.
+        h.copy_(torch.nn.functional.gelu(torch.nn.functional.linear(x, w1, b1), approximate="tanh"))
+        y.copy_(torch.nn.functional.linear(h, w2, b2))
+        return y, h
+    with _rt().batch():
+        _gemm(x, w1.t(), h, "gelu" if b1 is None else "gelu_bias", bias=None if b1 is None else b1.contiguous())
+        _gemm(h, w2.t(), y, None if b2 is None else "bias", bias=None if b2 is None else b2.contiguous())
+    return y, h
+
+
 def _check_sdpa(q, k, v):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("regen::sdpa takes q, k, v of 4 dimensions [B, H, S, D]")
@@ -183,6 +228,46 @@ def _sdpa_backward_kernel(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     return dq, dk, dv
 
 
+def _unpack_qkv(qkv, heads):
+    """q, k, v [B, H, S, D] as views of a projection's output [B, S, 3 * H * D]
+    (each [B, S, H, D] in memory): what attention reads in place."""
+    b, s, w3 = qkv.shape
+    if heads <= 0 or w3 % (3 * heads) != 0:
+        raise ValueError(f"regen::sdpa_packed: {w3} features are not 3 x {heads} heads x a head size")
+    parts = qkv.view(b, s, 3, heads, w3 // (3 * heads))
+    return parts[:, :, 0].transpose(1, 2), parts[:, :, 1].transpose(1, 2), parts[:, :, 2].transpose(1, 2)
+
+
+def _sdpa_packed_kernel(qkv: torch.Tensor, heads: int, is_causal: bool,
+                        scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention over a fused projection's output qkv [B, S, 3 * H * D]:
+    o [B, S, H * D] (what the output projection reads) and the rows'
+    log-sum-exp [B, H, S]. No copy on the rank before or after."""
+    if qkv.dim() != 3 or qkv.stride(-1) != 1:
+        raise ValueError(f"regen::sdpa_packed takes qkv [B, S, 3 * H * D] with unit last stride, got "
+                         f"{list(qkv.shape)}")
+    q, k, v = _unpack_qkv(qkv, heads)
+    o, lse = _sdpa_kernel(q, k, v, is_causal, scale)
+    return o.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1), lse
+
+
+def _sdpa_packed_backward(qkv, o, lse, grad, heads, is_causal, scale):
+    """d(qkv) [B, S, 3 * H * D]: attention's backward writes dq, dk and dv
+    into it in place (strided views), so the qkv projection's gradients
+    follow with no rank work between (torch would stack three gradients)."""
+    b, s, _ = qkv.shape
+    q, k, v = _unpack_qkv(qkv, heads)
+    dqkv = _empty(list(qkv.shape), qkv.dtype, qkv)
+    dq, dk, dv = _unpack_qkv(dqkv, heads)
+    d = q.shape[3]
+    o4 = o.view(b, s, heads, d).transpose(1, 2)
+    g4 = grad.reshape(b, s, heads, d).transpose(1, 2)
+    named = {"q": q, "k": k, "v": v, "o": o4, "d_o": _last_unit(g4), "stats": lse.contiguous(),
+             "d_q": dq, "d_k": dk, "d_v": dv}
+    _rt().call("attention_backward", named, _attention_scalars(is_causal, scale))
+    return dqkv
+
+
 # ---- fake (meta) implementations: shapes only --------------------------------
 
 def _mm_fake(a, b):
@@ -191,6 +276,15 @@ def _mm_fake(a, b):
 
 def _linear_fake(x, w, bias, activation):
     return x.new_empty([x.shape[0], w.shape[0]])
+
+
+def _sdpa_packed_fake(qkv, heads, is_causal, scale):
+    b, s, w3 = qkv.shape
+    return qkv.new_empty([b, s, w3 // 3]), qkv.new_empty([b, heads, s], dtype=torch.float32)
+
+
+def _mlp_fake(x, w1, b1, w2, b2):
+    return x.new_empty([x.shape[0], w2.shape[0]]), x.new_empty([x.shape[0], w1.shape[0]])
 
 
 def _sdpa_fake(q, k, v, is_causal, scale):
@@ -232,6 +326,46 @@ def _linear_backward(needs, x, w, bias, activation, grad):
     return gx, gw, gb
 
 
+def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
+    """All of the MLP's gradients in regend, one run of calls with no rank
+    work between them: the pre-activation z recomputed (a GEMM), w2's and
+    b2's gradients, dz = (grad @ w2) * GELU'(z) with GELU's gradient in the
+    GEMM's epilogue (dgelu), then x's, w1's and b1's gradients."""
+    gx = gw1 = gb1 = gw2 = gb2 = None
+    m = x.shape[0]
+    if m == 0 or h.shape[1] == 0 or x.shape[1] == 0 or grad.shape[1] == 0:
+        return _mlp_backward_in_torch(needs, x, w1, b1, w2, b2, grad)
+    with _rt().batch():
+        if needs[3]:
+            gw2 = _gemm(grad.t(), h, _empty(list(w2.shape), w2.dtype, w2))
+        if b2 is not None and needs[4]:
+            gb2 = _column_sums(grad).to(b2.dtype)
+        if needs[0] or needs[1] or (b1 is not None and needs[2]):
+            z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), None if b1 is None else "bias",
+                      bias=None if b1 is None else b1.contiguous())
+            dz = _gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x), "dgelu", aux=z)
+            if needs[0]:
+                gx = _gemm(dz, w1, _empty(list(x.shape), x.dtype, x))
+            if needs[1]:
+                gw1 = _gemm(dz.t(), x, _empty(list(w1.shape), w1.dtype, w1))
+            if b1 is not None and needs[2]:
+                gb1 = _column_sums(dz).to(b1.dtype)
+    return gx, gw1, gb1, gw2, gb2
+
+
+def _mlp_backward_in_torch(needs, x, w1, b1, w2, b2, grad):
+    """The degenerate shapes (an empty dimension) the GEMMs cannot take."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(bool(n)) if t is not None else None
+                  for t, n in zip((x, w1, b1, w2, b2), needs)]
+        lx, lw1, lb1, lw2, lb2 = leaves
+        y = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(lx, lw1, lb1),
+                                                                approximate="tanh"), lw2, lb2)
+        want = [t for t in leaves if t is not None and t.requires_grad]
+        got = iter(torch.autograd.grad(y, want, grad, allow_unused=True)) if want else iter(())
+    return tuple(next(got) if t is not None and t.requires_grad else None for t in leaves)
+
+
 # ---- registration --------------------------------------------------------------
 
 HAVE_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
@@ -240,10 +374,14 @@ if HAVE_CUSTOM_OP:
     _mm_op = torch.library.custom_op("regen::mm", _mm_kernel, mutates_args=())
     _linear_op = torch.library.custom_op("regen::linear", _linear_kernel, mutates_args=())
     _sdpa_op = torch.library.custom_op("regen::sdpa", _sdpa_kernel, mutates_args=())
+    _mlp_op = torch.library.custom_op("regen::mlp", _mlp_kernel, mutates_args=())
+    _sdpa_packed_op = torch.library.custom_op("regen::sdpa_packed", _sdpa_packed_kernel, mutates_args=())
     _sdpa_backward_op = torch.library.custom_op("regen::sdpa_backward", _sdpa_backward_kernel, mutates_args=())
     _mm_op.register_fake(_mm_fake)
     _linear_op.register_fake(_linear_fake)
     _sdpa_op.register_fake(_sdpa_fake)
+    _mlp_op.register_fake(_mlp_fake)
+    _sdpa_packed_op.register_fake(_sdpa_packed_fake)
     _sdpa_backward_op.register_fake(_sdpa_backward_fake)
 
     def _mm_setup(ctx, inputs, output):
@@ -265,6 +403,25 @@ if HAVE_CUSTOM_OP:
                                       ctx.activation, grad)
         return gx, gw, gb, None
 
+    def _sdpa_packed_setup(ctx, inputs, output):
+        qkv, heads, is_causal, scale = inputs
+        ctx.heads, ctx.is_causal, ctx.scale = heads, is_causal, scale
+        ctx.save_for_backward(qkv, output[0], output[1])
+
+    def _sdpa_packed_bwd(ctx, grad_o, grad_lse):
+        qkv, o, lse = ctx.saved_tensors
+        return _sdpa_packed_backward(qkv, o, lse, grad_o, ctx.heads, ctx.is_causal, ctx.scale), None, None, None
+
+    def _mlp_setup(ctx, inputs, output):
+        x, w1, b1, w2, b2 = inputs
+        ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+        ctx.save_for_backward(x, w1, b1, w2, b2, output[1])
+
+    def _mlp_bwd(ctx, grad_y, grad_h):
+        x, w1, b1, w2, b2, h = ctx.saved_tensors
+        return _mlp_backward(ctx.needs_input_grad, x, w1, b1 if ctx.has_b1 else None, w2, b2 if ctx.has_b2 else None,
+                             h, grad_y)
+
     def _sdpa_setup(ctx, inputs, output):
         q, k, v, is_causal, scale = inputs
         o, lse = output
@@ -279,6 +436,14 @@ if HAVE_CUSTOM_OP:
     _mm_op.register_autograd(_mm_bwd, setup_context=_mm_setup)
     _linear_op.register_autograd(_linear_bwd, setup_context=_linear_setup)
     _sdpa_op.register_autograd(_sdpa_bwd, setup_context=_sdpa_setup)
+    _mlp_op.register_autograd(_mlp_bwd, setup_context=_mlp_setup)
+    _sdpa_packed_op.register_autograd(_sdpa_packed_bwd, setup_context=_sdpa_packed_setup)
+
+    def sdpa_packed(qkv, heads, is_causal, scale):
+        return _sdpa_packed_op(qkv, heads, is_causal, scale)[0]
+
+    def mlp2d(x, w1, b1, w2, b2):
+        return _mlp_op(x, w1, b1, w2, b2)[0]
 
     def _raw_mm(a, b):
         return _mm_op(a, b)
@@ -300,9 +465,13 @@ else:
     _lib.define("sdpa(Tensor q, Tensor k, Tensor v, bool is_causal, float? scale) -> (Tensor, Tensor)")
     _lib.define("sdpa_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, bool is_causal, "
                 "float? scale) -> (Tensor, Tensor, Tensor)")
+    _lib.define("mlp(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2) -> (Tensor, Tensor)")
+    _lib.define("sdpa_packed(Tensor qkv, int heads, bool is_causal, float? scale) -> (Tensor, Tensor)")
     for _name, _kernel, _fake in (("mm", _mm_kernel, _mm_fake), ("linear", _linear_kernel, _linear_fake),
                                   ("sdpa", _sdpa_kernel, _sdpa_fake),
-                                  ("sdpa_backward", _sdpa_backward_kernel, _sdpa_backward_fake)):
+                                  ("sdpa_backward", _sdpa_backward_kernel, _sdpa_backward_fake),
+                                  ("mlp", _mlp_kernel, _mlp_fake),
+                                  ("sdpa_packed", _sdpa_packed_kernel, _sdpa_packed_fake)):
         _lib.impl(_name, _kernel, "CPU")
         _lib.impl(_name, _kernel, "CUDA")
         _lib.impl(_name, _fake, "Meta")
@@ -338,6 +507,39 @@ else:
             gx, gw, gb = _linear_backward(ctx.needs_input_grad, x, w, bias if ctx.has_bias else None,
                                           ctx.activation, grad)
             return gx, gw, gb, None
+
+    class _MLP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w1, b1, w2, b2):
+            ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+            y, h = torch.ops.regen.mlp(x, w1, b1, w2, b2)
+            ctx.save_for_backward(x, w1, b1, w2, b2, h)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, w1, b1, w2, b2, h = ctx.saved_tensors
+            return _mlp_backward(ctx.needs_input_grad, x, w1, b1 if ctx.has_b1 else None, w2,
+                                 b2 if ctx.has_b2 else None, h, grad)
+
+    def mlp2d(x, w1, b1, w2, b2):
+        return _MLP.apply(x, w1, b1, w2, b2)
+
+    class _SDPAPacked(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, qkv, heads, is_causal, scale):
+            o, lse = torch.ops.regen.sdpa_packed(qkv, heads, is_causal, scale)
+            ctx.heads, ctx.is_causal, ctx.scale = heads, is_causal, scale
+            ctx.save_for_backward(qkv, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, grad):
+            qkv, o, lse = ctx.saved_tensors
+            return _sdpa_packed_backward(qkv, o, lse, grad, ctx.heads, ctx.is_causal, ctx.scale), None, None, None
+
+    def sdpa_packed(qkv, heads, is_causal, scale):
+        return _SDPAPacked.apply(qkv, heads, is_causal, scale)
 
     class _SDPA(torch.autograd.Function):
         @staticmethod
@@ -399,6 +601,36 @@ def linear(x, weight, bias=None, activation=None):
     lead = x.shape[:-1]
     out = linear2d(x.reshape(-1, x.shape[-1]), weight, bias, activation)
     return out.reshape(*lead, weight.shape[0])
+
+
+def mlp(x, w1, b1, w2, b2):
+    """A transformer's MLP, F.linear(F.gelu(F.linear(x, w1, b1),
+    approximate="tanh"), w2, b2), as one operation: forward two GEMMs with
+    GELU in the first one's epilogue, backward all five gradients in regend
+    with GELU's gradient in a GEMM's epilogue, so no rank work falls between
+    its calls (one hand-off each way instead of two or three).  b1, b2 may
+    be None; x of any rank, its last dimension the features."""
+    if x.dim() == 0:
+        raise ValueError("mlp: input needs at least 1 dimension")
+    if x.dim() == 1:
+        return mlp(x.unsqueeze(0), w1, b1, w2, b2).squeeze(0)
+    lead = x.shape[:-1]
+    return mlp2d(x.reshape(-1, x.shape[-1]), w1, b1, w2, b2).reshape(*lead, w2.shape[0])
+
+
+def attention_packed(qkv, heads, is_causal=False, scale=None):
+    """Attention over a fused qkv projection's output [B, S, 3 * H * D]
+    (q, k and v side by side in its last dimension, each H heads of D, as
+    ``proj(x).view(B, S, 3, H, D)`` splits it), returning [B, S, H * D]:
+    F.scaled_dot_product_attention(q, k, v) with q, k, v [B, H, S, D] taken
+    from it, transposed back and flattened for the output projection.  No
+    copy on the rank either way: the backward writes q's, k's and v's
+    gradients straight into qkv's."""
+    if qkv.dim() != 3:
+        raise ValueError(f"attention_packed: qkv must be [B, S, 3 * H * D], got {list(qkv.shape)}")
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    return sdpa_packed(qkv, int(heads), bool(is_causal), None if scale is None else float(scale))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
