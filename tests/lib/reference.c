@@ -77,13 +77,13 @@ void tl_gemm_ref(const struct tl_gemm *g, const double *a, const double *b, cons
 			}
 			if (g->epilogue == RP_EPILOGUE_DGELU && g->aux != NULL) {
 				const double x = g->aux[i * N + j], slope = tl_dgelu_tanh(x);
-				const double half = 0.5 * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+				const double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
 
-				/* The slope's two terms cancel for negative x: its
-				 * rounding is relative to their magnitudes (each
-				 * below 1.2), not to the slope. */
+				/* The slope is 0.5 + 0.5 t + the rest, which cancel
+				 * in the tails (t near -1): its rounding is relative
+				 * to their magnitudes, not to the slope. */
 				ref *= slope;
-				mag *= fabs(half) + fabs(slope - half);
+				mag *= 0.5 + 0.5 * fabs(t) + fabs(slope - 0.5 * (1.0 + t));
 			}
 			d[i * N + j] = ref;
 			if (magnitude != NULL) {
