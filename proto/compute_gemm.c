@@ -4,8 +4,9 @@
  * The table says what each operand is on its own; gemm_check says what
  * only the call as a whole can: K agrees, D, C and aux are [M, N], bias is
  * [N], beta needs C, a bias epilogue needs a bias and a bias needs one,
- * dgelu needs aux and aux needs dgelu, tf32 only multiplies f32. Inputs share a dtype, outputs share one; D may be
- * wider than A and B (bf16 in, f32 out), as cuBLASLt allows. */
+ * dgelu needs aux and aux needs dgelu, tf32 only multiplies f32. Inputs
+ * share a dtype, outputs share one; D may be wider than A and B (bf16 in,
+ * f32 out), as cuBLASLt allows. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>

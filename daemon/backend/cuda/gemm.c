@@ -43,8 +43,9 @@ struct cuda_gemm_plan {
 	struct rd_resource res;
 	struct cuda_dev *cd;
 	struct gemm_key key;
-	/* Held while the bias and aux pointers are set and the matmul enqueued: lanes
-	 * share the descriptor. Execution itself is not serialised. */
+	/* Held while the bias and aux pointers are set and the matmul
+	 * enqueued: lanes share the descriptor. Execution itself is not
+	 * serialised. */
 	pthread_mutex_t lock;
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t la, lb, lc, ld;
@@ -444,8 +445,9 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	if (ptr.bias)
 		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr.bias, sizeof(ptr.bias));
 	if (ptr.aux && s == CUBLAS_STATUS_SUCCESS) {
-		/* aux's leading dimension is in the plan's key; set with the
-		 * pointer all the same, so no earlier call's pair can stand. */
+		/* aux's leading dimension is the plan's (it is in the key);
+		 * set again beside the pointer, so that the descriptor holds
+		 * this call's pair whatever an earlier call left. */
 		int64_t ldaux = p->key.ldaux;
 		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof(ldaux));
 		if (s == CUBLAS_STATUS_SUCCESS)
