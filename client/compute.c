@@ -8,7 +8,8 @@
 
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
 		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_I32 == (int)RP_DTYPE_I32 &&
-		       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS,
+		       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS &&
+		       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU && RP_EPILOGUE_LAST == RP_EPILOGUE_DGELU,
 	       "libregen's dtypes and epilogues are the protocol's");
 
 /* Every buffer and event a call names belongs to this client and lives on
@@ -107,10 +108,10 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 	struct rp_compute call = { .spec = &rp_op_gemm };
 	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
 		[RP_GEMM_A] = g ? &g->a : NULL, [RP_GEMM_B] = g ? &g->b : NULL, [RP_GEMM_C] = g ? g->c : NULL,
-		[RP_GEMM_D] = g ? &g->d : NULL, [RP_GEMM_BIAS] = g ? g->bias : NULL,
+		[RP_GEMM_D] = g ? &g->d : NULL, [RP_GEMM_BIAS] = g ? g->bias : NULL, [RP_GEMM_AUX] = g ? g->aux : NULL,
 	};
 
-	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_BIAS)
+	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_DGELU)
 		return -EINVAL;
 	call.gemm = (struct rp_gemm){
 		.trans_a = g->trans_a,

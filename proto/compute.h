@@ -30,7 +30,8 @@ enum rp_op_id {
 };
 
 /* Operand slots, in each table's order. */
-enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_OPERANDS };
+/* aux came after bias, so that the slots before it kept their numbers. */
+enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_AUX, RP_GEMM_OPERANDS };
 /* The sequence lengths come last in both attention tables, so that the
  * slots before them kept their numbers (ring records name operands by
  * slot). */
@@ -84,7 +85,11 @@ struct rp_op_spec {
 	void (*encode)(const struct rp_compute *c, cJSON *params);
 };
 
-enum rp_epilogue { RP_EPILOGUE_NONE = 0, RP_EPILOGUE_BIAS, RP_EPILOGUE_GELU, RP_EPILOGUE_GELU_BIAS };
+/* DGELU: GELU's gradient, D = (alpha op(A) op(B) + beta C) * GELU'(aux). */
+enum rp_epilogue {
+	RP_EPILOGUE_NONE = 0, RP_EPILOGUE_BIAS, RP_EPILOGUE_GELU, RP_EPILOGUE_GELU_BIAS, RP_EPILOGUE_DGELU,
+	RP_EPILOGUE_LAST = RP_EPILOGUE_DGELU
+};
 enum rp_compute_mode { RP_COMPUTE_F32 = 0, RP_COMPUTE_TF32 };
 enum rp_causal_alignment { RP_CAUSAL_TOP_LEFT = 0, RP_CAUSAL_BOTTOM_RIGHT };
 
@@ -93,7 +98,8 @@ struct rp_event_ref {
 	struct rp_id id;
 };
 
-/* Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias). */
+/* Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias), or with dgelu
+ * (alpha op(A) op(B) + beta C) * GELU'(aux). */
 struct rp_gemm {
 	bool trans_a, trans_b;
 	double alpha, beta;          /* defaults 1 and 0 */

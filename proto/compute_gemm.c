@@ -1,10 +1,12 @@
-/* io.regen.Compute.Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias).
+/* io.regen.Compute.Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias),
+ * or for dgelu (alpha op(A) op(B) + beta C) * GELU'(aux).
  *
  * The table says what each operand is on its own; gemm_check says what
- * only the call as a whole can: K agrees, D and C are [M, N], bias is [N],
- * beta needs C, a bias epilogue needs a bias and a bias needs one, tf32
- * only multiplies f32. Inputs share a dtype, outputs share one; D may be
- * wider than A and B (bf16 in, f32 out), as cuBLASLt allows. */
+ * only the call as a whole can: K agrees, D, C and aux are [M, N], bias is
+ * [N], beta needs C, a bias epilogue needs a bias and a bias needs one,
+ * dgelu needs aux and aux needs dgelu, tf32 only multiplies f32. Inputs
+ * share a dtype, outputs share one; D may be wider than A and B (bf16 in,
+ * f32 out), as cuBLASLt allows. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -20,6 +22,9 @@ static const struct rp_operand_spec gemm_operands[RP_GEMM_OPERANDS] = {
 	[RP_GEMM_D] = { "d", RP_ROLE_OUT, true, 2, "a matrix", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true, RP_GEMM_C },
 	[RP_GEMM_BIAS] = { "bias", RP_ROLE_IN, false, 1, "a vector of N", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, false,
 			   RP_NO_SLOT },
+	/* dgelu's GELU input of the forward pass, laid out as D is. */
+	[RP_GEMM_AUX] = { "aux", RP_ROLE_IN, false, 2, "a matrix [M, N]", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, true,
+			  RP_NO_SLOT },
 };
 
 static const struct rp_field gemm_scalars[] = {
@@ -33,7 +38,7 @@ static const struct rp_field gemm_scalars[] = {
 };
 
 /* In enum rp_epilogue / rp_compute_mode order. */
-static const char *const epilogue_names[] = { "none", "bias", "gelu", "gelu_bias", NULL };
+static const char *const epilogue_names[] = { "none", "bias", "gelu", "gelu_bias", "dgelu", NULL };
 static const char *const compute_names[] = { "f32", "tf32", NULL };
 
 static bool epilogue_adds_bias(enum rp_epilogue e)
@@ -64,7 +69,7 @@ static int gemm_read_scalars(const cJSON *params, struct rp_compute *call, struc
  * carries any bits. */
 static int check_scalars(const struct rp_gemm *g, struct rp_error *err)
 {
-	if ((unsigned)g->epilogue > RP_EPILOGUE_GELU_BIAS) {
+	if ((unsigned)g->epilogue > RP_EPILOGUE_LAST) {
 		return rp_error_invalid_parameter(err, "epilogue");
 	}
 	if ((unsigned)g->compute > RP_COMPUTE_TF32) {
@@ -85,6 +90,7 @@ static int check_shapes(struct rp_compute *c, struct rp_error *err)
 	const struct rp_operand *a = &c->operands[RP_GEMM_A], *b = &c->operands[RP_GEMM_B];
 	const struct rp_operand *d = &c->operands[RP_GEMM_D];
 	const struct rp_operand *cm = rp_compute_operand(c, RP_GEMM_C), *bias = rp_compute_operand(c, RP_GEMM_BIAS);
+	const struct rp_operand *aux = rp_compute_operand(c, RP_GEMM_AUX);
 	const int64_t ma = g->trans_a ? a->shape[1] : a->shape[0];
 	const int64_t ka = g->trans_a ? a->shape[0] : a->shape[1];
 	const int64_t kb = g->trans_b ? b->shape[1] : b->shape[0];
@@ -111,6 +117,10 @@ static int check_shapes(struct rp_compute *c, struct rp_error *err)
 		return rp_error_invalid_operand(err, "c", "c is %s but op(A) op(B) is %s", rp_operand_shape_text(cm).s,
 						rp_shape_fmt(2, mn).s);
 	}
+	if (aux && !rp_operand_shape_is(aux, 2, mn)) {
+		return rp_error_invalid_operand(err, "aux", "aux is %s but op(A) op(B) is %s; aux must be D's shape",
+						rp_operand_shape_text(aux).s, rp_shape_fmt(2, mn).s);
+	}
 	if (bias && bias->shape[0] != nb) {
 		return rp_error_invalid_operand(err, "bias",
 						"bias is %s but op(A) op(B) has %" PRId64 " columns; bias must be [%" PRId64 "]",
@@ -125,7 +135,7 @@ static int check_shapes(struct rp_compute *c, struct rp_error *err)
 static int check_options(const struct rp_compute *c, struct rp_error *err)
 {
 	const struct rp_gemm *g = &c->gemm;
-	bool has_c = c->present[RP_GEMM_C], has_bias = c->present[RP_GEMM_BIAS];
+	bool has_c = c->present[RP_GEMM_C], has_bias = c->present[RP_GEMM_BIAS], has_aux = c->present[RP_GEMM_AUX];
 
 	if (g->beta != 0.0 && !has_c) {
 		return rp_error_invalid_operand(err, "c",
@@ -135,9 +145,24 @@ static int check_options(const struct rp_compute *c, struct rp_error *err)
 		return rp_error_invalid_operand(err, "bias", "epilogue %s adds a bias but no bias was given",
 						epilogue_names[g->epilogue]);
 	}
+	if (g->epilogue == RP_EPILOGUE_DGELU && has_bias) {
+		return rp_error_invalid_operand(err, "bias",
+						"epilogue dgelu takes no bias (its bias gradient is a GEMM of its own); "
+						"leave bias out");
+	}
 	if (!epilogue_adds_bias(g->epilogue) && has_bias) {
 		return rp_error_invalid_operand(err, "bias",
 						"a bias was given but epilogue %s does not add one; use bias or gelu_bias",
+						epilogue_names[g->epilogue]);
+	}
+	if (g->epilogue == RP_EPILOGUE_DGELU && !has_aux) {
+		return rp_error_invalid_operand(err, "aux",
+						"epilogue dgelu multiplies by GELU'(aux) but no aux was given; pass the "
+						"forward's pre-activation, shaped like d");
+	}
+	if (g->epilogue != RP_EPILOGUE_DGELU && has_aux) {
+		return rp_error_invalid_operand(err, "aux",
+						"an aux was given but epilogue %s does not read one; aux is for dgelu",
 						epilogue_names[g->epilogue]);
 	}
 	/* TF32 is a way of multiplying f32 inputs; it means nothing for

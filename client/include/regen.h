@@ -262,7 +262,13 @@ struct regen_tensor {
 	int64_t strides[4];      /* elements; all zero = contiguous */
 };
 
-enum regen_epilogue { REGEN_EPILOGUE_NONE = 0, REGEN_EPILOGUE_BIAS, REGEN_EPILOGUE_GELU, REGEN_EPILOGUE_GELU_BIAS };
+/* GELU is the tanh approximation. DGELU is a GELU layer's backward:
+ * D = (alpha op(A) op(B) + beta C) * GELU'(aux), aux the forward's
+ * pre-activation ([M, N], D's dtype); it takes no bias. */
+enum regen_epilogue {
+	REGEN_EPILOGUE_NONE = 0, REGEN_EPILOGUE_BIAS, REGEN_EPILOGUE_GELU, REGEN_EPILOGUE_GELU_BIAS,
+	REGEN_EPILOGUE_DGELU
+};
 
 /* Every compute call may name, on the operands' device: wait_event, which
  * the work waits for before it starts, and signal_event, which it records
@@ -277,6 +283,7 @@ struct regen_gemm_args {
 	enum regen_epilogue epilogue;
 	bool tf32;
 	const regen_event *wait_event, *signal_event;
+	const struct regen_tensor *aux;    /* NULL: none; REGEN_EPILOGUE_DGELU's pre-activation */
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 

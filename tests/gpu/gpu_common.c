@@ -261,6 +261,33 @@ static double gelu_erf(double x)
 	return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
 }
 
+/* d/dx gelu_tanh (torch's gelu_backward(1, x, approximate="tanh")). */
+static double dgelu_tanh(double x)
+{
+	const double c = 0.7978845608028654, t = tanh(c * (x + 0.044715 * x * x * x));
+
+	return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+void gt_gemm_set_aux(struct rd_op *op, struct gt_mat *aux)
+{
+	gt_operand(&op->compute.operands[RP_GEMM_AUX], aux);
+	op->compute.present[RP_GEMM_AUX] = true;
+	op->buffers[RP_GEMM_AUX] = aux->buf;
+}
+
+void gt_gemm_reference_dgelu(const struct rd_op *op, struct gt_mat *aux, double *ref)
+{
+	const struct rp_gemm *g = &op->compute.gemm;
+	double *haux = gt_mat_download(aux);
+
+	for (int64_t i = 0; i < g->m; i++) {
+		for (int64_t j = 0; j < g->n; j++)
+			ref[i * g->n + j] *= dgelu_tanh(haux[i * aux->ld + j]);
+	}
+	free(haux);
+}
+
 void gt_gemm_reference(const struct rd_op *op, struct gt_mat *a, struct gt_mat *b, struct gt_mat *c,
 		       struct gt_mat *bias, double *ref, bool use_erf)
 {

@@ -88,6 +88,11 @@ void gt_operand(struct rp_operand *op, const struct gt_mat *m);
 void gt_gemm(struct rd_op *op, struct gt_mat *a, struct gt_mat *b, struct gt_mat *c, struct gt_mat *d,
 	     struct gt_mat *bias, bool trans_a, bool trans_b, double alpha, double beta, enum rp_epilogue epi,
 	     enum rp_compute_mode compute);
+/* dgelu's aux ([M, N], D's dtype) into op's aux slot. */
+void gt_gemm_set_aux(struct rd_op *op, struct gt_mat *aux);
+/* ref[M*N] *= GELU'(aux), tanh GELU's slope: a dgelu reference from the
+ * one gt_gemm_reference gave. */
+void gt_gemm_reference_dgelu(const struct rd_op *op, struct gt_mat *aux, double *ref);
 /* float64 reference of op (inputs downloaded), into ref[M*N]. */
 void gt_gemm_reference(const struct rd_op *op, struct gt_mat *a, struct gt_mat *b, struct gt_mat *c,
 		       struct gt_mat *bias, double *ref, bool gelu_erf);

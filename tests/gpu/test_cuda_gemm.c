@@ -3,11 +3,16 @@
  * transposes x alpha/beta with C x bias/GELU epilogues x tight/padded
  * leading dimensions x two shapes (one odd). Fresh random inputs each run
  * (the seed is printed; REGEN_TEST_SEED repeats it), D poisoned with NaN
- * before every call, every element checked, padding must stay poisoned. */
+ * before every call, every element checked, padding must stay poisoned.
+ * Then the dgelu epilogue (cuBLASLt's DGELU) the same way, its aux across
+ * GELU's tails, and an aux whose row stride cuBLASLt cannot take refused
+ * by name with D untouched. */
 #include "gpu_common.h"
 
 #include <math.h>
 #include <string.h>
+#include <cjson/cJSON.h>
+#include "proto/errors.h"
 
 struct dt_case {
 	const char *name;
@@ -133,11 +138,109 @@ int main(void)
 			}
 		}
 	}
+	/* dgelu: D = (alpha op(A) op(B) + beta C) * GELU'(aux). aux's row
+	 * stride is N rounded up to 8 (cuBLASLt's rule), plus 8 when padded;
+	 * the odd shape also runs with aux's rows tight (45), to be refused. */
+	double dgelu_worst[sizeof(dtypes) / sizeof(dtypes[0])] = { 0 };
+	unsigned dgelu_refused = 0;
+	for (size_t di = 0; di < sizeof(dtypes) / sizeof(dtypes[0]); di++) {
+		const struct dt_case *dc = &dtypes[di];
+		for (int tr = 0; tr < 4; tr++) {
+			bool ta = tr & 1, tb = tr & 2;
+			for (int with_c = 0; with_c < 2; with_c++) {
+				for (int variant = 0; variant < 3; variant++) {
+					for (size_t si = 0; si < 2; si++) {
+						int64_t M = shapes[si].m, N = shapes[si].n, K = shapes[si].k;
+						int64_t pad = variant == 1 ? 8 : 0;
+						int64_t aux_ld = (N + 7) / 8 * 8 + pad;
+						bool refuse = variant == 2;
+						if (refuse) {
+							if (N % 8 == 0)
+								continue;
+							aux_ld = N;
+						}
+						struct gt_mat a, b, c, d, aux;
+						int64_t ar = ta ? K : M, ac = ta ? M : K;
+						int64_t br = tb ? N : K, bc = tb ? K : N;
+						gt_mat_alloc(&t, &a, dc->in, ar, ac, ac + pad);
+						gt_mat_alloc(&t, &b, dc->in, br, bc, bc + pad);
+						gt_mat_alloc(&t, &d, dc->out, M, N, N + pad);
+						gt_mat_alloc(&t, &aux, dc->out, M, N, aux_ld);
+						gt_mat_fill(&a, ++s, 0);
+						gt_mat_fill(&b, ++s, 0);
+						gt_mat_fill(&aux, ++s, 2);     /* [-4, 4) */
+						gt_mat_poison(&d);
+						if (with_c) {
+							gt_mat_alloc(&t, &c, dc->out, M, N, N + 2 * pad);
+							gt_mat_fill(&c, ++s, 0);
+						}
+						double alpha = with_c ? 0.75 : 1.5, beta = with_c ? -0.5 : 0.0;
+						struct rd_op op;
+						gt_gemm(&op, &a, &b, with_c ? &c : NULL, &d, NULL, ta, tb, alpha, beta,
+							RP_EPILOGUE_DGELU, dc->compute);
+						gt_gemm_set_aux(&op, &aux);
+						int r = gt_run(&t, lane, &op, 60);
+						double *ref = malloc(sizeof(double) * (size_t)(M * N));
+						double rel = INFINITY;
+						unsigned long nans = 0, pad_touched = 0;
+						bool ok;
+						if (refuse) {
+							cJSON *operand = op.err.params ? cJSON_GetObjectItem(op.err.params, "operand") : NULL;
+							double *hd = gt_mat_download(&d);
+							unsigned long written = 0;
+							for (int64_t e = 0; e < M * d.ld; e++)
+								written += !isnan(hd[e]);
+							free(hd);
+							ok = r != 0 && op.err.name && strcmp(op.err.name, RP_ERR_INVALID_OPERAND) == 0 &&
+							     cJSON_IsString(operand) && strcmp(operand->valuestring, "aux") == 0 &&
+							     written == 0;
+							dgelu_refused += ok;
+							rel = 0;
+						} else {
+							if (r == 0) {
+								gt_gemm_reference(&op, &a, &b, with_c ? &c : NULL, NULL, ref, false);
+								gt_gemm_reference_dgelu(&op, &aux, ref);
+								rel = gt_rel_error(&d, ref, &nans, &pad_touched);
+							}
+							ok = r == 0 && rel < dc->tol && nans == 0 && pad_touched == 0;
+							if (rel > dgelu_worst[di] || isnan(rel))
+								dgelu_worst[di] = rel;
+						}
+						cases++;
+						if (!ok) {
+							failed++;
+							if (failed <= 40)
+								printf("FAIL %-9s %s%s C=%d epi=dgelu ld=%s aux_ld=%lld %lldx%lldx%lld: %s%s%s "
+								       "rel=%.3g nan=%lu pad_touched=%lu tol=%.0e%s\n",
+								       dc->name, ta ? "T" : "N", tb ? "T" : "N", with_c,
+								       pad ? "padded" : "tight", (long long)aux_ld, (long long)M,
+								       (long long)N, (long long)K, gt_err_name(&op), r ? ": " : "",
+								       r ? gt_err_message(&op.err) : "", rel, nans, pad_touched, dc->tol,
+								       refuse ? " (want InvalidOperand aux, D untouched)" : "");
+						}
+						rp_error_clear(&op.err);
+						free(ref);
+						gt_mat_free(&t, &a);
+						gt_mat_free(&t, &b);
+						gt_mat_free(&t, &d);
+						gt_mat_free(&t, &aux);
+						if (with_c)
+							gt_mat_free(&t, &c);
+					}
+				}
+			}
+		}
+	}
+
 	printf("test_cuda_gemm: %u cases in %.1f s, %u failed\n", cases, gt_now() - t_start, failed);
 	for (size_t di = 0; di < sizeof(dtypes) / sizeof(dtypes[0]); di++)
 		printf("  %-9s worst rel error %.3g (tolerance %.0e)\n", dtypes[di].name, worst[di], dtypes[di].tol);
 	printf("  f32 GELU cases: worst rel error %.3g vs tanh-GELU reference, %.3g vs erf-GELU reference\n",
 	       gelu_worst_f32, gelu_worst_f32_erf);
+	for (size_t di = 0; di < sizeof(dtypes) / sizeof(dtypes[0]); di++)
+		printf("  dgelu %-9s worst rel error %.3g (tolerance %.0e)\n", dtypes[di].name, dgelu_worst[di],
+		       dtypes[di].tol);
+	printf("  dgelu: %u calls with an aux row stride off 8 refused by name\n", dgelu_refused);
 
 	t.dev.backend->lane_destroy(lane);
 	gt_close(&t);

@@ -90,14 +90,17 @@ def gemm_case(c, m, n, k, dtype="f32", out_dtype=None, trans_a=False, trans_b=Fa
     d = torch.full((m, n), float("nan"), device=f"cuda:{DEV}", dtype=to)
     c_t = randn([m, n], to, g) if with_c else None
     bias = randn([n], to, g) if epilogue in ("bias", "gelu_bias") else None
+    # dgelu's pre-activation, wide enough to reach GELU's tails.
+    aux = (2.0 * randn([m, n], torch.float32, g)).to(to) if epilogue == "dgelu" else None
 
     a_op = a_store.t() if trans_a else a_store     # op(A) as a [m, k] view
     b_op = b_store.t() if trans_b else b_store     # op(B) as a [k, n] view
     if views:
-        us = c.gemm(a_op, b_op, d, c=c_t, bias=bias, alpha=alpha, beta=beta, epilogue=epilogue, tf32=tf32)
+        us = c.gemm(a_op, b_op, d, c=c_t, bias=bias, alpha=alpha, beta=beta, epilogue=epilogue, tf32=tf32,
+                    aux=aux)
     else:
         us = c.gemm(a_store, b_store, d, c=c_t, bias=bias, trans_a=trans_a, trans_b=trans_b, alpha=alpha,
-                    beta=beta, epilogue=epilogue, tf32=tf32)
+                    beta=beta, epilogue=epilogue, tf32=tf32, aux=aux)
     ref = alpha * (a_op.double() @ b_op.double())
     if with_c:
         ref = ref + beta * c_t.double()
@@ -105,6 +108,9 @@ def gemm_case(c, m, n, k, dtype="f32", out_dtype=None, trans_a=False, trans_b=Fa
         ref = ref + bias.double()
     if epilogue in ("gelu", "gelu_bias"):
         ref = gelu_tanh(ref)
+    if epilogue == "dgelu":
+        # torch's own GELU backward, in float64 on the stored aux.
+        ref = torch.ops.aten.gelu_backward(ref, aux.double(), approximate="tanh")
     torch.cuda.synchronize()
     err = rel_err(d, ref)
     tol = TOL["tf32"] if tf32 else max(TOL[dtype], TOL[out_dtype])
@@ -140,6 +146,8 @@ def run_gemms(c):
         dict(m=256, n=192, k=320, epilogue="bias"),
         dict(m=256, n=192, k=320, epilogue="gelu"),
         dict(m=256, n=192, k=320, epilogue="gelu_bias", alpha=2.0, beta=0.5, with_c=True),
+        dict(m=256, n=192, k=320, epilogue="dgelu"),
+        dict(m=256, n=192, k=320, epilogue="dgelu", alpha=2.0, beta=0.5, with_c=True, trans_b=True),
         dict(m=200, n=128, k=256, layout="offset"),
         dict(m=200, n=128, k=256, layout="padded"),
     ]
@@ -154,6 +162,8 @@ def run_gemms(c):
             dict(m=256, n=192, k=320, dtype=dt, alpha=0.5, beta=-1.5, with_c=True),
             dict(m=256, n=192, k=320, dtype=dt, epilogue="bias"),
             dict(m=256, n=192, k=320, dtype=dt, epilogue="gelu_bias"),
+            dict(m=256, n=192, k=320, dtype=dt, epilogue="dgelu", trans_a=True),
+            dict(m=256, n=192, k=320, dtype=dt, epilogue="dgelu", alpha=0.5, beta=-1.5, with_c=True),
         ]
     for case in cases:
         guarded(f"gemm {case}", gemm_case, c, **case)

@@ -1,12 +1,16 @@
 /* Eight client processes run GEMMs (f32, f16, bf16; transposes; alpha,
- * beta with C; strided rows; epilogues) and attention forward + backward
- * (with and without sequence lengths) on memfd buffers they import, all at once, on both devices. Each checks every
- * result against a double-precision reference computed here from fresh
- * random inputs, with outputs poisoned (NaN) before each call. */
+ * beta with C; strided rows; epilogues, dgelu's among them) and attention
+ * forward + backward (with and without sequence lengths) on memfd buffers
+ * they import, all at once, on both devices. Each checks every result
+ * against a double-precision reference computed here from fresh random
+ * inputs, with outputs poisoned (NaN) before each call. Then one client
+ * makes each of dgelu's mistakes and sees it refused by name, its buffer
+ * untouched. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
 #include "regen-config.h"
 #include "tests/lib/client.h"
 #include "tests/lib/rand.h"
@@ -121,7 +125,7 @@ static int client_main(void *arg)
 	gc.trans_b = true;
 	failures += run_gemm(c, &m, &gc);
 	/* Epilogues. */
-	for (t = REGEN_EPILOGUE_BIAS; t <= REGEN_EPILOGUE_GELU_BIAS; t++) {
+	for (t = REGEN_EPILOGUE_BIAS; t <= REGEN_EPILOGUE_DGELU; t++) {
 		memset(&gc, 0, sizeof(gc));
 		gc.in = gc.out = dts[(t + idx) % 3];
 		gc.m = tl_rand_int(2, 24);
@@ -129,6 +133,24 @@ static int client_main(void *arg)
 		gc.k = tl_rand_int(2, 24);
 		gc.alpha = 1;
 		gc.epilogue = (enum regen_epilogue)t;
+		failures += run_gemm(c, &m, &gc);
+	}
+	/* dgelu with C (aliasing D or not), alpha and beta, padded rows, a
+	 * wider D than the inputs. */
+	for (i = 0; i < 4; i++) {
+		memset(&gc, 0, sizeof(gc));
+		gc.in = dts[(i + idx) % 3];
+		gc.out = i == 3 ? REGEN_F32 : gc.in;
+		gc.m = tl_rand_int(1, 40);
+		gc.n = tl_rand_int(1, 40);
+		gc.k = tl_rand_int(1, 48);
+		gc.trans_a = i & 1;
+		gc.trans_b = (i >> 1) & 1;
+		gc.with_c = i > 0;
+		gc.alpha = tl_rand_uniform(-2, 2);
+		gc.beta = gc.with_c ? tl_rand_uniform(-1.5, 1.5) : 0;
+		gc.pad = i >= 2 ? tl_rand_int(1, 5) : 0;
+		gc.epilogue = REGEN_EPILOGUE_DGELU;
 		failures += run_gemm(c, &m, &gc);
 	}
 	/* Larger ones, so the clients' calls overlap in the workers. */
@@ -192,6 +214,74 @@ static int client_main(void *arg)
 	return failures == 0 ? 0 : 1;
 }
 
+/* A contiguous rows x cols matrix of buf at offset bytes. */
+static struct regen_tensor mat(regen_buffer *buf, uint64_t offset, enum regen_dtype dt, int rows, int cols)
+{
+	return (struct regen_tensor){ .buffer = buf, .offset = offset, .dtype = dt, .rank = 2, .shape = { rows, cols } };
+}
+
+/* dgelu's mistakes, each refused with InvalidOperand naming `operand` and
+ * nothing written anywhere in the buffer; a right call after them works. */
+static void dgelu_refusals(regen_client *c)
+{
+	struct tl_buffer m;
+
+	tl_buffer_create(c, 0, 4096, &m);
+	regen_buffer *b = m.buf;
+	struct regen_tensor aux = mat(b, 1024, REGEN_F32, 4, 4), aux_short = mat(b, 1024, REGEN_F32, 4, 3);
+	struct regen_tensor aux_bf16 = mat(b, 1024, REGEN_BF16, 4, 4), aux_past = mat(b, 4064, REGEN_F32, 4, 4);
+	struct regen_tensor aux_on_d = mat(b, 512 + 16, REGEN_F32, 4, 4), aux_is_d = mat(b, 512, REGEN_F32, 4, 4);
+	struct regen_tensor bias = { .buffer = b, .offset = 1536, .dtype = REGEN_F32, .rank = 1, .shape = { 4 } };
+	const struct {
+		const char *what;
+		enum regen_epilogue epilogue;
+		const struct regen_tensor *aux, *bias;
+		const char *operand;
+	} cases[] = {
+		{ "dgelu without aux", REGEN_EPILOGUE_DGELU, NULL, NULL, "aux" },
+		{ "aux without an epilogue", REGEN_EPILOGUE_NONE, &aux, NULL, "aux" },
+		{ "aux with gelu", REGEN_EPILOGUE_GELU, &aux, NULL, "aux" },
+		{ "aux with gelu_bias", REGEN_EPILOGUE_GELU_BIAS, &aux, &bias, "aux" },
+		{ "dgelu with a bias", REGEN_EPILOGUE_DGELU, &aux, &bias, "bias" },
+		{ "aux of another shape", REGEN_EPILOGUE_DGELU, &aux_short, NULL, "aux" },
+		{ "aux of another dtype", REGEN_EPILOGUE_DGELU, &aux_bf16, NULL, "aux" },
+		{ "aux past its buffer's end", REGEN_EPILOGUE_DGELU, &aux_past, NULL, "aux" },
+		{ "d overlapping aux", REGEN_EPILOGUE_DGELU, &aux_on_d, NULL, "d" },
+		{ "d aliasing aux exactly", REGEN_EPILOGUE_DGELU, &aux_is_d, NULL, "d" },
+	};
+	unsigned char before[4096];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct regen_gemm_args args = {
+			.a = mat(b, 0, REGEN_F32, 4, 4), .b = mat(b, 256, REGEN_F32, 4, 4), .d = mat(b, 512, REGEN_F32, 4, 4),
+			.alpha = 1, .epilogue = cases[i].epilogue, .aux = cases[i].aux, .bias = cases[i].bias,
+		};
+
+		for (size_t e = 0; e < sizeof(before); e++) {
+			m.mem.ptr[e] = (unsigned char)tl_rand_int(1, 255);
+		}
+		memcpy(before, m.mem.ptr, sizeof(before));
+		int r = regen_gemm(c, &args);
+		ASSERT(r < 0, "%s: accepted", cases[i].what);
+		ASSERT_STR_EQ(regen_client_error_name(c) ? regen_client_error_name(c) : "", REGEN_ERROR_INVALID_OPERAND,
+			      "%s: %s", cases[i].what, regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		cJSON *params = cJSON_Parse(regen_client_error_parameters(c) ? regen_client_error_parameters(c) : "");
+		const cJSON *operand = cJSON_GetObjectItemCaseSensitive(params, "operand");
+		ASSERT(cJSON_IsString(operand) && strcmp(operand->valuestring, cases[i].operand) == 0,
+		       "%s: names %s, want %s", cases[i].what, regen_client_error_parameters(c), cases[i].operand);
+		cJSON_Delete(params);
+		ASSERT(memcmp(before, m.mem.ptr, sizeof(before)) == 0, "%s: the buffer changed", cases[i].what);
+	}
+	/* The lane still serves, dgelu included. */
+	struct tl_gemm_case gc = { .in = REGEN_F32, .out = REGEN_F32, .m = 5, .n = 7, .k = 3, .alpha = 1,
+				   .epilogue = REGEN_EPILOGUE_DGELU };
+	char why[512] = "";
+	int r = tl_gemm_run(c, &m, 0, &gc, why, sizeof(why));
+	ASSERT_REGEN_OK(c, r < 0 ? r : 0, "dgelu after the refusals");
+	ASSERT(r == 0, "dgelu after the refusals: %s", why);
+	tl_buffer_free(&m);
+}
+
 int main(void)
 {
 	pid_t pids[NCLIENTS];
@@ -220,6 +310,7 @@ int main(void)
 		ASSERT_EQ(regen_hello(w, &info), -EPROTONOSUPPORT, "hello on a worker socket is refused");
 		regen_client_destroy(w);
 	}
+	dgelu_refusals(c);
 	st = tl_status(c);
 	for (i = 0; i < regen_status_device_count(st); i++) {
 		d = regen_status_device(st, i);

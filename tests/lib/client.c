@@ -15,7 +15,8 @@
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
 	       (int)REGEN_BF16 == (int)RP_DTYPE_BF16, "regen_dtype and rp_dtype differ");
 _Static_assert((int)REGEN_EPILOGUE_BIAS == (int)RP_EPILOGUE_BIAS && (int)REGEN_EPILOGUE_GELU == (int)RP_EPILOGUE_GELU &&
-	       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS, "regen_epilogue and rp_epilogue differ");
+	       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS &&
+	       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU, "regen_epilogue and rp_epilogue differ");
 
 static enum rp_dtype rp(enum regen_dtype dt)
 {
@@ -142,7 +143,7 @@ static size_t align64(size_t x)
 struct gemm_layout {
 	int a_rows, a_cols, b_rows, b_cols;
 	int lda, ldb, ldc;
-	size_t off_a, off_b, off_c, off_d, off_bias, total;
+	size_t off_a, off_b, off_c, off_d, off_bias, off_aux, total;
 };
 
 static void gemm_layout(const struct tl_gemm_case *gc, struct gemm_layout *l)
@@ -161,7 +162,10 @@ static void gemm_layout(const struct tl_gemm_case *gc, struct gemm_layout *l)
 	l->off_c = align64(l->off_b + (size_t)l->b_rows * (size_t)l->ldb * ein);
 	l->off_d = align64(l->off_c + (size_t)gc->m * (size_t)l->ldc * eout);
 	l->off_bias = align64(l->off_d + (size_t)gc->m * (size_t)l->ldc * eout);
-	l->total = align64(l->off_bias + (size_t)gc->n * eout);
+	/* aux only for dgelu, so that other cases' sizes stay as they were. */
+	l->off_aux = align64(l->off_bias + (size_t)gc->n * eout);
+	l->total = gc->epilogue == REGEN_EPILOGUE_DGELU ? align64(l->off_aux + (size_t)gc->m * (size_t)l->ldc * eout)
+							: l->off_aux;
 }
 
 size_t tl_gemm_bytes(const struct tl_gemm_case *gc)
@@ -208,7 +212,7 @@ void tl_gemm_ok_at(const char *file, int line, regen_client *c, struct tl_buffer
 
 void tl_gemm_describe(const struct tl_gemm_case *gc, char *buf, size_t size)
 {
-	static const char *const ep[] = { "none", "bias", "gelu", "gelu_bias" };
+	static const char *const ep[] = { "none", "bias", "gelu", "gelu_bias", "dgelu" };
 
 	snprintf(buf, size, "gemm %s->%s m=%d n=%d k=%d ta=%d tb=%d alpha=%g beta=%g c=%d bias=%d epilogue=%s pad=%d",
 		 rp_dtype_name(rp(gc->in)), rp_dtype_name(rp(gc->out)), gc->m, gc->n, gc->k, gc->trans_a, gc->trans_b,
@@ -254,12 +258,13 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 {
 	const bool use_bias = gc->with_bias || gc->epilogue == REGEN_EPILOGUE_BIAS ||
 			      gc->epilogue == REGEN_EPILOGUE_GELU_BIAS;
+	const bool use_aux = gc->epilogue == REGEN_EPILOGUE_DGELU;
 	const size_t mn = (size_t)gc->m * (size_t)gc->n;
 	unsigned char *p = b->mem.ptr + base;
 	struct regen_gemm_args args;
-	struct regen_tensor tc, tbias;
+	struct regen_tensor tc, tbias, taux;
 	struct gemm_layout l;
-	double *a, *bm, *cv, *bias, *ref, *mag, *got;
+	double *a, *bm, *cv, *bias, *aux, *ref, *mag, *got;
 	int r;
 
 	gemm_layout(gc, &l);
@@ -269,10 +274,11 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 	bm = malloc(sizeof(double) * ((size_t)gc->k * (size_t)gc->n + 1));
 	cv = malloc(sizeof(double) * (mn + 1));
 	bias = malloc(sizeof(double) * ((size_t)gc->n + 1));
+	aux = malloc(sizeof(double) * (mn + 1));
 	ref = malloc(sizeof(double) * (mn + 1));
 	mag = malloc(sizeof(double) * (mn + 1));
 	got = malloc(sizeof(double) * (mn + 1));
-	ASSERT(a && bm && cv && bias && ref && mag && got, "out of memory");
+	ASSERT(a && bm && cv && bias && aux && ref && mag && got, "out of memory");
 
 	/* Fresh random inputs, as stored (A and B in their stored layout);
 	 * padding between rows holds 1e3, which a kernel must not read. */
@@ -280,6 +286,18 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 	fill_matrix(gc->in, p + l.off_b, l.b_rows, l.b_cols, l.ldb, 1e3, bm);
 	fill_matrix(gc->out, p + l.off_c, gc->m, gc->n, l.ldc, NAN, cv);
 	fill_matrix(gc->out, p + l.off_bias, 1, gc->n, gc->n, NAN, bias);
+	/* The pre-activation spans GELU's bend and both tails: its slope
+	 * passes 0 near -0.75 and peaks near 1.5. */
+	for (int i = 0; i < gc->m; i++) {
+		for (int j = 0; j < l.ldc; j++) {
+			double v = tl_store(rp(gc->out), p + l.off_aux, (size_t)i * (size_t)l.ldc + (size_t)j,
+					    j < gc->n ? tl_rand_uniform(-4, 4) : 1e3);
+
+			if (j < gc->n) {
+				aux[(size_t)i * (size_t)gc->n + (size_t)j] = v;
+			}
+		}
+	}
 	tl_poison(rp(gc->out), p + l.off_d, (size_t)gc->m * (size_t)l.ldc);
 
 	memset(&args, 0, sizeof(args));
@@ -299,6 +317,10 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 		tbias.shape[0] = gc->n;
 		args.bias = &tbias;
 	}
+	if (use_aux) {
+		tensor2(&taux, b->buf, base + l.off_aux, gc->out, gc->m, gc->n, l.ldc);
+		args.aux = &taux;
+	}
 	args.trans_a = gc->trans_a;
 	args.trans_b = gc->trans_b;
 	args.alpha = gc->alpha;
@@ -313,7 +335,7 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 	tl_check_transport(c, regen_buffer_device(b->buf));
 	tl_gemm_ref(&(struct tl_gemm){ .m = gc->m, .n = gc->n, .k = gc->k, .trans_a = gc->trans_a,
 				       .trans_b = gc->trans_b, .alpha = gc->alpha, .beta = gc->beta,
-				       .epilogue = (enum rp_epilogue)gc->epilogue },
+				       .epilogue = (enum rp_epilogue)gc->epilogue, .aux = use_aux ? aux : NULL },
 		    a, bm, gc->with_c ? cv : NULL, use_bias ? bias : NULL, ref, mag);
 	for (int i = 0; i < gc->m; i++) {
 		for (int j = 0; j < gc->n; j++) {
@@ -324,6 +346,18 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 	if (tl_check_close("D", rp(gc->out), got, ref, mag, mn, 3e-5, why, why_size) > 0) {
 		r = 1;
 		goto out;
+	}
+	/* aux is an input: read, never written. */
+	for (int i = 0; use_aux && i < gc->m; i++) {
+		for (int j = 0; j < gc->n; j++) {
+			double v = tl_load(rp(gc->out), p + l.off_aux, (size_t)i * (size_t)l.ldc + (size_t)j);
+
+			if (v != aux[(size_t)i * (size_t)gc->n + (size_t)j]) {
+				snprintf(why, why_size, "wrote aux at [%d,%d]", i, j);
+				r = 1;
+				goto out;
+			}
+		}
 	}
 	/* Padding between rows of D is not D's: it must be left alone. */
 	for (int i = 0; i < gc->m; i++) {
@@ -340,6 +374,7 @@ out:
 	free(bm);
 	free(cv);
 	free(bias);
+	free(aux);
 	free(ref);
 	free(mag);
 	free(got);

@@ -71,13 +71,13 @@ struct tl_gemm_case {
 	double alpha, beta;
 	bool with_c;
 	bool with_bias;
-	enum regen_epilogue epilogue;
-	int pad;                    /* extra elements per row of A, B, C, D (strides) */
+	enum regen_epilogue epilogue;   /* DGELU: an aux shaped and strided like D */
+	int pad;                    /* extra elements per row of A, B, C, D, aux (strides) */
 };
 /* Bytes the case needs. */
 size_t tl_gemm_bytes(const struct tl_gemm_case *gc);
 /* Fills the inputs at b's memory + base, poisons D, runs regen_gemm and
- * checks D (and that D's row padding is untouched). Returns regen_gemm's
+ * checks D (and that D's row padding and aux are untouched). Returns regen_gemm's
  * result when it failed; else 0, or 1 with what is wrong in `why`. */
 int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struct tl_gemm_case *gc, char *why,
 		size_t why_size);

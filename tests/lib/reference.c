@@ -7,9 +7,17 @@
 #include "tests/lib/dtype.h"
 #include "tests/lib/reference.h"
 
-static double gelu_tanh(double x)
+double tl_gelu_tanh(double x)
 {
 	return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+/* d/dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
+double tl_dgelu_tanh(double x)
+{
+	const double c = 0.7978845608028654, t = tanh(c * (x + 0.044715 * x * x * x));
+
+	return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
 static double gelu_erf(double x)
@@ -63,9 +71,19 @@ void tl_gemm_ref(const struct tl_gemm *g, const double *a, const double *b, cons
 				mag += fabs(bias[j]);
 			}
 			if (gelu) {
-				ref = g->gelu_erf ? gelu_erf(ref) : gelu_tanh(ref);
+				ref = g->gelu_erf ? gelu_erf(ref) : tl_gelu_tanh(ref);
 				/* GELU's slope stays below 1.13. */
 				mag *= 1.2;
+			}
+			if (g->epilogue == RP_EPILOGUE_DGELU && g->aux != NULL) {
+				const double x = g->aux[i * N + j], slope = tl_dgelu_tanh(x);
+				const double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+
+				/* The slope is 0.5 + 0.5 t + the rest, which cancel
+				 * in the tails (t near -1): its rounding is relative
+				 * to their magnitudes, not to the slope. */
+				ref *= slope;
+				mag *= 0.5 + 0.5 * fabs(t) + fabs(slope - 0.5 * (1.0 + t));
 			}
 			d[i * N + j] = ref;
 			if (magnitude != NULL) {

@@ -21,9 +21,18 @@ struct tl_gemm {
 	 * unless gelu_erf. The bias is added when given, whatever the epilogue. */
 	enum rp_epilogue epilogue;
 	bool gelu_erf;
+	/* RP_EPILOGUE_DGELU: the pre-activation [m, n] whose tanh-GELU slope
+	 * multiplies each element. */
+	const double *aux;
 };
 
-/* d[m*n] = gelu?(alpha op(a) op(b) + beta c + bias): c ([m, n]) and bias
+/* The tanh approximation of GELU, and its derivative (torch's
+ * gelu_backward(1, x, approximate="tanh")). */
+double tl_gelu_tanh(double x);
+double tl_dgelu_tanh(double x);
+
+/* d[m*n] = gelu?(alpha op(a) op(b) + beta c + bias), or for dgelu
+ * (alpha op(a) op(b) + beta c) * tl_dgelu_tanh(aux): c ([m, n]) and bias
  * ([n]) may be NULL, and then add nothing. magnitude[m*n] may be NULL. */
 void tl_gemm_ref(const struct tl_gemm *g, const double *a, const double *b, const double *c, const double *bias,
 		 double *d, double *magnitude);

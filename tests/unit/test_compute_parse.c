@@ -146,9 +146,19 @@ static const struct gemm_ok gemm_ok_cases[] = {
 	{ "a and d side by side in one buffer",
 	  "{'a': {'buffer': 'b0.1.9', 'dtype': 'f32', 'shape': [64, 40]},"
 	  " 'd': {'buffer': 'b0.1.9', 'offset': 10240, 'dtype': 'f32', 'shape': [64, 48]}}", 64, 48, 40 },
+	{ "dgelu with its aux", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [64, 48]}, 'epilogue': 'dgelu'}", 64, 48, 40 },
+	{ "dgelu with c, beta and a padded aux",
+	  "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [64, 48], 'strides': [56, 1]},"
+	  " 'c': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]}, 'beta': 1, 'epilogue': 'dgelu'}", 64, 48, 40 },
+	{ "bf16 dgelu, aux beside d in one buffer",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [64, 40]},"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40, 48]},"
+	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [64, 48]},"
+	  " 'aux': {'buffer': 'b0.1.3', 'offset': 6144, 'dtype': 'bf16', 'shape': [64, 48]}, 'epilogue': 'dgelu'}",
+	  64, 48, 40 },
 	{ "tf32 with f32 inputs", "{'compute': 'tf32'}", 64, 48, 40 },
 	{ "events", "{'wait_event': 'e0.1.5', 'signal_event': 'e0.1.6'}", 64, 48, 40 },
-	{ "null optional fields", "{'c': null, 'bias': null, 'beta': null, 'epilogue': null}", 64, 48, 40 },
+	{ "null optional fields", "{'c': null, 'bias': null, 'aux': null, 'beta': null, 'epilogue': null}", 64, 48, 40 },
 	{ "a single element", "{'a': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [1, 1]},"
 	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'f16', 'shape': [1, 1]},"
 	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [1, 1]}}", 1, 1, 1 },
@@ -252,6 +262,27 @@ static const struct bad_case gemm_bad_cases[] = {
 	{ "bias without a bias epilogue", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}}", OPERAND,
 	  "bias", NULL },
 	{ "unknown epilogue", "{'epilogue': 'relu'}", PARAM, "epilogue", NULL },
+	{ "dgelu without aux", "{'epilogue': 'dgelu'}", OPERAND, "aux", "no aux was given" },
+	{ "aux without an epilogue", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [64, 48]}}", OPERAND, "aux", "does not read one" },
+	{ "aux with gelu", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [64, 48]}, 'epilogue': 'gelu'}", OPERAND, "aux", "epilogue gelu does not read one" },
+	{ "dgelu with a bias",
+	  "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [64, 48]}, 'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'dgelu'}", OPERAND, "bias",
+	  "dgelu takes no bias" },
+	{ "aux of the wrong shape", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [64, 40]}, 'epilogue': 'dgelu'}",
+	  OPERAND, "aux", "aux is [64, 40] but op(A) op(B) is [64, 48]" },
+	{ "aux transposed", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [48, 64]}, 'epilogue': 'dgelu'}",
+	  OPERAND, "aux", NULL },
+	{ "aux of rank 1", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [3072]}, 'epilogue': 'dgelu'}",
+	  OPERAND, "aux", "rank 1" },
+	{ "aux dtype differs from d", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'bf16', 'shape': [64, 48]}, 'epilogue': 'dgelu'}",
+	  OPERAND, "aux", "aux is bf16 but d is f32" },
+	{ "aux rows overlapping",
+	  "{'aux': {'buffer': 'b0.1.6', 'dtype': 'f32', 'shape': [64, 48], 'strides': [47, 1]}, 'epilogue': 'dgelu'}",
+	  OPERAND, "aux", "row stride is 47" },
+	{ "d overlapping aux", "{'aux': {'buffer': 'b0.1.3', 'offset': 64, 'dtype': 'f32', 'shape': [64, 48]},"
+	  " 'epilogue': 'dgelu'}", OPERAND, "d", "overlaps aux" },
+	{ "d aliasing aux exactly", "{'aux': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]}, 'epilogue': 'dgelu'}",
+	  OPERAND, "d", "overlaps aux" },
 	{ "tf32 with bf16 inputs",
 	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [64, 40]},"
 	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40, 48]}, 'compute': 'tf32'}", PARAM, "compute", NULL },

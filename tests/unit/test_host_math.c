@@ -173,7 +173,7 @@ struct gemm_case {
 	bool ta, tb;
 	enum rp_dtype in, out;
 	bool with_c, c_is_d, with_bias;
-	enum rp_epilogue epilogue;
+	enum rp_epilogue epilogue;     /* dgelu takes an aux shaped like d */
 	double alpha, beta;
 	int64_t pad;            /* leading-dimension padding of every operand */
 	int64_t inner_stride;   /* 1, or more to exercise general strides */
@@ -191,24 +191,31 @@ static void gemm_operand(struct rp_compute *call, void **p, int slot, const stru
  * every output element was written and no padding was. */
 static double run_gemm(const struct gemm_case *gc, struct tl_rng *r)
 {
-	struct tens a, b, c, d, bias;
+	struct tens a, b, c, d, bias, aux;
 	struct rp_compute call = { .spec = &rp_op_gemm };
 	struct rp_gemm *g = &call.gemm;
 	void *p[RP_OP_OPERANDS_MAX] = { 0 };
 	int64_t ashape[2] = { gc->ta ? gc->k : gc->m, gc->ta ? gc->m : gc->k };
 	int64_t bshape[2] = { gc->tb ? gc->n : gc->k, gc->tb ? gc->k : gc->n };
 	int64_t dshape[2] = { gc->m, gc->n };
-	double *av, *bv, *biasv, *ref, *cval = NULL, err;
+	double *av, *bv, *biasv, *ref, *cval = NULL, *auxv = NULL, err;
 
 	tens_init(&a, gc->in, 2, ashape, gc->pad, gc->inner_stride);
 	tens_init(&b, gc->in, 2, bshape, gc->pad + 1, gc->inner_stride);
 	tens_init(&d, gc->out, 2, dshape, gc->pad + 2, gc->inner_stride);
 	tens_init(&c, gc->out, 2, dshape, gc->pad + 3, gc->inner_stride);
 	tens_init(&bias, gc->out, 1, &dshape[1], 0, gc->inner_stride);
+	tens_init(&aux, gc->out, 2, dshape, gc->pad + 4, gc->inner_stride);
 	tens_random(&a, r);
 	tens_random(&b, r);
 	tens_random(&c, r);
 	tens_random(&bias, r);
+	/* A pre-activation across GELU's bend and into both tails, where its
+	 * slope passes 0 (about -0.75), peaks (about 1.13 at 1.5) and levels. */
+	tens_poison(&aux);
+	for (int64_t l = 0; l < aux.numel; l++) {
+		tens_set(&aux, l, tl_rng_uniform(r, -5.0, 5.0));
+	}
 	tens_poison(&d);
 
 	ref = calloc((size_t)(gc->m * gc->n), sizeof(double));
@@ -241,24 +248,39 @@ static double run_gemm(const struct gemm_case *gc, struct tl_rng *r)
 	if (gc->with_bias) {
 		gemm_operand(&call, p, RP_GEMM_BIAS, &bias);
 	}
+	if (gc->epilogue == RP_EPILOGUE_DGELU) {
+		gemm_operand(&call, p, RP_GEMM_AUX, &aux);
+		auxv = tens_values(&aux);
+	}
 
 	av = tens_values(&a);
 	bv = tens_values(&b);
 	biasv = tens_values(&bias);
 	tl_gemm_ref(&(struct tl_gemm){ .m = gc->m, .n = gc->n, .k = gc->k, .trans_a = gc->ta, .trans_b = gc->tb,
-				       .alpha = gc->alpha, .beta = gc->beta, .epilogue = gc->epilogue },
+				       .alpha = gc->alpha, .beta = gc->beta, .epilogue = gc->epilogue, .aux = auxv },
 		    av, bv, cval,
 		    gc->epilogue == RP_EPILOGUE_BIAS || gc->epilogue == RP_EPILOGUE_GELU_BIAS ? biasv : NULL, ref, NULL);
 
 	ck_assert_int_eq(rd_host_run(&call, p, NULL, 0), 0);
 	tens_check_written(&d, "gemm d");
 	err = tens_rel_err(&d, ref);
+	if (auxv != NULL) {
+		/* An input: read, never written. */
+		for (int64_t l = 0; l < aux.numel; l++) {
+			ck_assert(tens_get(&aux, l) == auxv[l]);
+		}
+		for (size_t e = 0; e < aux.len; e++) {
+			ck_assert(aux.inside[e] || tens_is_poison(&aux, e));
+		}
+	}
 
 	free(ref);
 	free(cval);
 	free(av);
 	free(bv);
 	free(biasv);
+	free(auxv);
+	tens_finish(&aux);
 	tens_finish(&a);
 	tens_finish(&b);
 	tens_finish(&c);
@@ -367,6 +389,52 @@ START_TEST(gemm_bias_and_gelu_epilogues)
 				.with_c = true, .beta = 0.5, .alpha = 1.5,
 				.with_bias = epis[e] == RP_EPILOGUE_BIAS || epis[e] == RP_EPILOGUE_GELU_BIAS,
 				.epilogue = epis[e], .pad = 2, .inner_stride = 1,
+			};
+			check_gemm(&gc, &r, dt_tol(gc.out));
+		}
+	}
+}
+END_TEST
+
+START_TEST(dgelu_reference_is_gelus_slope)
+{
+	/* The double reference's derivative against a central difference of
+	 * the GELU it differentiates, and at x = 1 against its value written
+	 * down once (so that the formula cannot drift with the difference). */
+	struct tl_rng r;
+
+	tl_rng_init(&r, 5);
+	for (int i = 0; i < 1000; i++) {
+		const double x = tl_rng_uniform(&r, -8.0, 8.0), h = 1e-5;
+		const double numeric = (tl_gelu_tanh(x + h) - tl_gelu_tanh(x - h)) / (2 * h);
+
+		ck_assert_msg(fabs(tl_dgelu_tanh(x) - numeric) < 1e-8, "x=%.17g: %.17g vs %.17g (seed %llu)", x,
+			      tl_dgelu_tanh(x), numeric, (unsigned long long)tl_seed());
+	}
+	ck_assert(fabs(tl_dgelu_tanh(1.0) - 1.0829640838457826) < 1e-12);
+}
+END_TEST
+
+START_TEST(gemm_dgelu_epilogue)
+{
+	/* D = (alpha op(A) op(B) + beta C) * GELU'(aux): every storage pairing
+	 * (aux has d's dtype), with and without C, C aliasing D, padded
+	 * leading dimensions on every operand and aux, transposes at random. */
+	static const enum rp_dtype pairs[][2] = {
+		{ RP_DTYPE_F32, RP_DTYPE_F32 }, { RP_DTYPE_F16, RP_DTYPE_F16 }, { RP_DTYPE_BF16, RP_DTYPE_BF16 },
+		{ RP_DTYPE_F16, RP_DTYPE_F32 }, { RP_DTYPE_BF16, RP_DTYPE_F32 },
+	};
+	struct tl_rng r;
+
+	tl_rng_init(&r, 6);
+	for (size_t pi = 0; pi < sizeof(pairs) / sizeof(pairs[0]); pi++) {
+		for (int cmode = 0; cmode < 3; cmode++) {
+			struct gemm_case gc = {
+				.m = tl_rng_int(&r, 1, 33), .n = tl_rng_int(&r, 1, 290), .k = tl_rng_int(&r, 1, 70),
+				.ta = tl_rng_int(&r, 0, 1), .tb = tl_rng_int(&r, 0, 1), .in = pairs[pi][0],
+				.out = pairs[pi][1], .with_c = cmode > 0, .c_is_d = cmode == 2,
+				.alpha = tl_rng_uniform(&r, -2.0, 2.0), .beta = cmode > 0 ? tl_rng_uniform(&r, 0.25, 1.5) : 0.0,
+				.epilogue = RP_EPILOGUE_DGELU, .pad = tl_rng_int(&r, 0, 5), .inner_stride = 1,
 			};
 			check_gemm(&gc, &r, dt_tol(gc.out));
 		}
@@ -1295,6 +1363,8 @@ static Suite *host_math_suite(void)
 	tcase_add_test(gemm, gemm_alpha_beta_with_c);
 	tcase_add_test(gemm, gemm_beta_zero_ignores_c);
 	tcase_add_test(gemm, gemm_bias_and_gelu_epilogues);
+	tcase_add_test(gemm, dgelu_reference_is_gelus_slope);
+	tcase_add_test(gemm, gemm_dgelu_epilogue);
 	tcase_add_test(gemm, gemm_strided_operands);
 	tcase_add_test(gemm, gemm_512_cubed_is_fast_and_right);
 	tcase_add_test(gemm, gemm_concurrent_threads);

@@ -113,7 +113,9 @@ START_TEST(a_record_decodes_into_its_descriptor)
 	ck_assert_ptr_null(err.name);
 	ck_assert_ptr_eq(back.spec, &rp_op_gemm);
 	for (int i = 0; i < RP_GEMM_OPERANDS; i++) {
-		ck_assert(back.present[i]);
+		ck_assert(back.present[i] == (i != RP_GEMM_AUX));
+		if (!back.present[i])
+			continue;
 		ck_assert_mem_eq(&back.operands[i], &c.operands[i], sizeof(struct rp_operand));
 	}
 	ck_assert(back.gemm.trans_a && !back.gemm.trans_b);
@@ -131,6 +133,37 @@ START_TEST(a_record_decodes_into_its_descriptor)
 	rec.deadline_ms = RP_DEADLINE_MS_MAX;
 	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
 	ck_assert_uint_eq(back.deadline_ms, RP_DEADLINE_MS_MAX);
+}
+END_TEST
+
+/* dgelu's aux travels in gemm's sixth slot, the epilogue as its number. */
+START_TEST(a_dgelu_record_carries_aux)
+{
+	struct rp_compute c, back;
+	struct rp_ring_record rec;
+	struct rp_error err = { 0 };
+
+	gemm_call(&c);
+	c.present[RP_GEMM_BIAS] = false;
+	memset(&c.operands[RP_GEMM_BIAS], 0, sizeof(c.operands[RP_GEMM_BIAS]));
+	matrix(&c, RP_GEMM_AUX, &ids[1], 4096, 4, 6);
+	c.gemm.epilogue = RP_EPILOGUE_DGELU;
+	encode(&c, &rec);
+	ck_assert_uint_eq(rec.epilogue, 4);
+	ck_assert_uint_eq(rec.operands[RP_GEMM_AUX].index, 1);
+	ck_assert_uint_eq(rec.operands[RP_GEMM_BIAS].index, RP_RING_NONE);
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert_ptr_null(err.name);
+	ck_assert_int_eq(back.gemm.epilogue, RP_EPILOGUE_DGELU);
+	ck_assert(back.present[RP_GEMM_AUX] && !back.present[RP_GEMM_BIAS]);
+	ck_assert_mem_eq(&back.operands[RP_GEMM_AUX], &c.operands[RP_GEMM_AUX], sizeof(struct rp_operand));
+
+	/* D on aux's bytes is refused by name, not run in place. */
+	c.operands[RP_GEMM_AUX].offset = 0;
+	encode(&c, &rec);
+	const char *named;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_OPERAND);
+	ck_assert_str_eq(named, "d");
 }
 END_TEST
 
@@ -235,7 +268,19 @@ static void zero_dim(struct rp_ring_record *r) { r->operands[RP_GEMM_D].shape[1]
 static void huge_stride(struct rp_ring_record *r) { r->operands[RP_GEMM_D].strides[0] = INT64_C(1) << 60; }
 static void bad_dtype(struct rp_ring_record *r) { r->operands[RP_GEMM_A].dtype = 9; }
 static void odd_offset(struct rp_ring_record *r) { r->operands[RP_GEMM_A].offset = 3; }
-static void bad_epilogue(struct rp_ring_record *r) { r->epilogue = 4; }
+static void bad_epilogue(struct rp_ring_record *r) { r->epilogue = RP_EPILOGUE_LAST + 1; }
+static void dgelu_with_bias(struct rp_ring_record *r) { r->epilogue = RP_EPILOGUE_DGELU; }
+static void dgelu_without_aux(struct rp_ring_record *r)
+{
+	r->epilogue = RP_EPILOGUE_DGELU;
+	r->operands[RP_GEMM_BIAS].index = RP_RING_NONE;
+}
+/* aux on D's rows of buffer 1, past the bias: a gelu_bias call may not carry it. */
+static void aux_without_dgelu(struct rp_ring_record *r)
+{
+	r->operands[RP_GEMM_AUX] = r->operands[RP_GEMM_D];
+	r->operands[RP_GEMM_AUX].offset = 4096;
+}
 static void inf_alpha(struct rp_ring_record *r) { r->alpha = INFINITY; }
 static void missing_d(struct rp_ring_record *r) { r->operands[RP_GEMM_D].index = RP_RING_NONE; }
 static void k_disagrees(struct rp_ring_record *r) { r->flags &= (uint16_t)~RP_RING_TRANS_A; }
@@ -258,6 +303,9 @@ static const struct bad bads[] = {
 	{ "an unknown dtype", RP_ERR_INVALID_PARAMETER, "a.dtype", bad_dtype },
 	{ "a misaligned offset", RP_ERR_INVALID_OPERAND, "a", odd_offset },
 	{ "an unknown epilogue", RP_ERR_INVALID_PARAMETER, "epilogue", bad_epilogue },
+	{ "dgelu with a bias", RP_ERR_INVALID_OPERAND, "bias", dgelu_with_bias },
+	{ "dgelu without aux", RP_ERR_INVALID_OPERAND, "aux", dgelu_without_aux },
+	{ "aux with gelu_bias", RP_ERR_INVALID_OPERAND, "aux", aux_without_dgelu },
 	{ "an infinite alpha", RP_ERR_INVALID_PARAMETER, "alpha", inf_alpha },
 	{ "no d", RP_ERR_INVALID_PARAMETER, "d", missing_d },
 	{ "K disagreeing", RP_ERR_INVALID_OPERAND, "b", k_disagrees },
@@ -335,6 +383,7 @@ static Suite *ring_suite(void)
 
 	tcase_add_test(tc, sizes_are_the_protocols);
 	tcase_add_test(tc, a_record_decodes_into_its_descriptor);
+	tcase_add_test(tc, a_dgelu_record_carries_aux);
 	tcase_add_test(tc, attention_scale_zero_is_the_default);
 	tcase_add_test(tc, attention_lengths_travel_in_the_last_slots);
 	tcase_add_loop_test(tc, bad_records_are_refused_by_name, 0, sizeof(bads) / sizeof(bads[0]));

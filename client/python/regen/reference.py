@@ -3,7 +3,7 @@ for checking regend's results without numpy or torch."""
 
 import math
 
-__all__ = ["gemm", "attention", "attention_backward", "gelu_tanh", "rel_error", "max_error"]
+__all__ = ["gemm", "attention", "attention_backward", "gelu_tanh", "dgelu_tanh", "rel_error", "max_error"]
 
 
 def gelu_tanh(x):
@@ -11,9 +11,17 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
+def dgelu_tanh(x):
+    """The derivative of gelu_tanh (torch's gelu_backward(1, x, approximate="tanh"))."""
+    c = math.sqrt(2.0 / math.pi)
+    t = math.tanh(c * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x)
+
+
 def gemm(a, b, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, c=None, bias=None,
-         epilogue=None):
-    """D = alpha op(A) op(B) + beta C (+ bias, GELU), all flat row-major lists.
+         epilogue=None, aux=None):
+    """D = alpha op(A) op(B) + beta C (+ bias, GELU), all flat row-major lists;
+    with epilogue "dgelu", (alpha op(A) op(B) + beta C) * dgelu_tanh(aux).
     A is stored [m, k] ([k, m] when trans_a), B [k, n] ([n, k] when trans_b)."""
     out = [0.0] * (m * n)
     gelu = epilogue in ("gelu", "gelu_bias")
@@ -30,6 +38,8 @@ def gemm(a, b, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, c=Non
                 v += beta * c[i * n + j]
             if add_bias:
                 v += bias[j]
+            if epilogue == "dgelu":
+                v *= dgelu_tanh(aux[i * n + j])
             out[i * n + j] = gelu_tanh(v) if gelu else v
     return out
 

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
 import regen  # noqa: E402
 from regen import reference  # noqa: E402
-from regen.host import HostTensor  # noqa: E402
+from regen.host import HostTensor, random_values  # noqa: E402
 from regend_fixture import Regend, find_regend  # noqa: E402
 
 # Relative error ||out - ref|| / ||ref|| allowed for each output type, the
@@ -99,11 +99,21 @@ class Gemm(DaemonTest):
         d = self.tensor([m, n], out_dtype, fill=False)
         c = self.tensor([m, n], out_dtype) if with_c else None
         bias = self.tensor([n], out_dtype) if epilogue in ("bias", "gelu_bias") else None
+        aux = None
+        if epilogue == "dgelu":
+            # The pre-activation across GELU's bend and into both tails.
+            aux = self.tensor([m, n], out_dtype, fill=False)
+            aux.write(random_values(m * n, self.rng, -4.0, 4.0))
+        aux_before = aux.read() if aux else None
         us = self.c.gemm(a.op, b.op, d.op, c=c.op if c else None, bias=bias.op if bias else None,
-                         trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, epilogue=epilogue, tf32=tf32)
+                         trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, epilogue=epilogue, tf32=tf32,
+                         aux=aux.op if aux else None)
         self.assertIsInstance(us, int)
         ref = reference.gemm(a.read(), b.read(), m, n, k, trans_a, trans_b, alpha, beta,
-                             c.read() if c else None, bias.read() if bias else None, epilogue)
+                             c.read() if c else None, bias.read() if bias else None, epilogue,
+                             aux=aux_before)
+        if aux:
+            self.assertEqual(aux.read(), aux_before, "aux is an input")
         self.assertClose(d.read(), ref, "f32" if tf32 is False and out_dtype == "f32" else out_dtype,
                          f"gemm {m}x{n}x{k}")
 
@@ -123,6 +133,21 @@ class Gemm(DaemonTest):
         for ep in ("bias", "gelu", "gelu_bias"):
             with self.subTest(epilogue=ep):
                 self.run_gemm(24, 20, 16, epilogue=ep, alpha=1.5, beta=0.5, with_c=True)
+
+    def test_dgelu(self):
+        for in_dt, out_dt in (("f32", "f32"), ("bf16", "bf16"), ("f16", "f16"), ("bf16", "f32")):
+            for with_c in (False, True):
+                with self.subTest(inputs=in_dt, out=out_dt, c=with_c):
+                    self.run_gemm(24, 20, 16, trans_b=with_c, epilogue="dgelu", alpha=1.5,
+                                  beta=0.5 if with_c else 0.0, with_c=with_c, in_dtype=in_dt, out_dtype=out_dt)
+
+    def test_dgelu_reference(self):
+        # The pure-Python reference's slope against a central difference of
+        # its GELU, so that the references the tests use are right.
+        for x in (-5.0, -2.0, -0.75, -0.1, 0.0, 0.3, 1.0, 1.5, 3.0, 6.0):
+            h = 1e-6
+            numeric = (reference.gelu_tanh(x + h) - reference.gelu_tanh(x - h)) / (2 * h)
+            self.assertAlmostEqual(reference.dgelu_tanh(x), numeric, places=8, msg=f"x={x}")
 
     def test_half_inputs(self):
         for dt in ("bf16", "f16"):
@@ -324,6 +349,44 @@ class Errors(DaemonTest):
         self.assertEqual(cm.exception.name, "io.regen.InvalidOperand")
         self.assertEqual(cm.exception.operand, "b")
         self.assertIn("K must agree", cm.exception.reason)
+
+    def test_dgelu_refusals(self):
+        """Each of dgelu's mistakes is InvalidOperand naming the operand, and
+        nothing is written: not D, not aux."""
+        m, n, k = 8, 6, 4
+        a, b = self.tensor([m, k]), self.tensor([k, n])
+        d, aux, bias = self.tensor([m, n]), self.tensor([m, n]), self.tensor([n])
+        big = self.tensor([4 * m * n])    # D and aux sharing one buffer
+        d_in_big = regen.Operand(big.buffer, 0, "f32", [m, n])
+        cases = [
+            ("dgelu without aux", dict(d=d.op, epilogue="dgelu"), "aux"),
+            ("aux without an epilogue", dict(d=d.op, aux=aux.op), "aux"),
+            ("aux with gelu", dict(d=d.op, aux=aux.op, epilogue="gelu"), "aux"),
+            ("aux with bias", dict(d=d.op, aux=aux.op, bias=bias.op, epilogue="bias"), "aux"),
+            ("dgelu with a bias", dict(d=d.op, aux=aux.op, bias=bias.op, epilogue="dgelu"), "bias"),
+            ("aux of another shape", dict(d=d.op, aux=regen.Operand(aux.buffer, 0, "f32", [n, m]),
+                                          epilogue="dgelu"), "aux"),
+            ("aux of another dtype", dict(d=d.op, aux=regen.Operand(aux.buffer, 0, "bf16", [m, n]),
+                                          epilogue="dgelu"), "aux"),
+            ("aux past its buffer", dict(d=d.op, aux=regen.Operand(aux.buffer, 4, "f32", [m, n]),
+                                         epilogue="dgelu"), "aux"),
+            ("d overlapping aux", dict(d=d_in_big, aux=regen.Operand(big.buffer, 8, "f32", [m, n]),
+                                       epilogue="dgelu"), "d"),
+            ("d aliasing aux", dict(d=d_in_big, aux=d_in_big, epilogue="dgelu"), "d"),
+        ]
+        for what, kwargs, operand in cases:
+            with self.subTest(what):
+                before = [t.read() for t in (d, aux, big)]
+                with self.assertRaises(regen.InvalidOperand) as cm:
+                    self.c.gemm(a.op, b.op, **kwargs)
+                self.assertEqual(cm.exception.operand, operand, cm.exception.reason)
+                self.assertEqual([t.read() for t in (d, aux, big)], before, "nothing written")
+        with self.assertRaises(ValueError):
+            self.c.gemm(a.op, b.op, d.op, aux=aux.op, epilogue="dgelu_bias")
+        # The lane still serves.
+        self.c.gemm(a.op, b.op, d.op, aux=aux.op, epilogue="dgelu")
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), m, n, k, epilogue="dgelu", aux=aux.read()),
+                         "f32", "dgelu after the refusals")
 
     def test_invalid_operand_past_the_buffer(self):
         a, b, d = self.square(8)

@@ -5,7 +5,10 @@
  * So D = op(A) op(B) (row-major [M, N]) is computed as the column-major
  * D^T = op(B)^T op(A)^T ([N, M]): cuBLASLt's "A" is our B and its "B" is our
  * A, with the transpose flags swapped over. Bias ([N], per column of D) is
- * then per row of D^T, which is exactly cuBLASLt's bias vector.
+ * then per row of D^T, which is exactly cuBLASLt's bias vector. The dgelu
+ * epilogue's aux (GELU's pre-activation, [M, N] like D) is read as D is:
+ * column-major [N, M] with its row stride as leading dimension, which
+ * cuBLASLt needs a multiple of 8 elements (refused before launch).
  *
  * A plan (matmul descriptor, four layouts, the chosen algorithm and its
  * workspace size) is made once per (shape, dtypes, transposes, leading
@@ -28,11 +31,11 @@
 
 struct gemm_key {
 	int64_t m, n, k;
-	int64_t lda, ldb, ldc, ldd;
+	int64_t lda, ldb, ldc, ldd, ldaux;
 	int32_t dtype_ab, dtype_cd;
 	int32_t trans_a, trans_b;
 	int32_t epilogue, compute;
-	int32_t align_a, align_b, align_c, align_d, align_bias;
+	int32_t align_a, align_b, align_c, align_d, align_bias, align_aux;
 	int32_t policy;
 };
 
@@ -40,8 +43,9 @@ struct cuda_gemm_plan {
 	struct rd_resource res;
 	struct cuda_dev *cd;
 	struct gemm_key key;
-	/* Held while the bias pointer is set and the matmul enqueued: lanes
-	 * share the descriptor. Execution itself is not serialised. */
+	/* Held while the bias and aux pointers are set and the matmul
+	 * enqueued: lanes share the descriptor. Execution itself is not
+	 * serialised. */
 	pthread_mutex_t lock;
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t la, lb, lc, ld;
@@ -119,6 +123,7 @@ static int plan_init(struct rd_resource *res)
 	case RP_EPILOGUE_BIAS: epi = CUBLASLT_EPILOGUE_BIAS; break;
 	case RP_EPILOGUE_GELU: epi = CUBLASLT_EPILOGUE_GELU; break;
 	case RP_EPILOGUE_GELU_BIAS: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+	case RP_EPILOGUE_DGELU: epi = CUBLASLT_EPILOGUE_DGELU; break;
 	default: break;
 	}
 	LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
@@ -129,6 +134,15 @@ static int plan_init(struct rd_resource *res)
 		 * memory: a stand-in with the real one's alignment. */
 		const void *stand_in = (const void *)(uintptr_t)k->align_bias;
 		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof(stand_in)));
+	}
+	if (k->epilogue == RP_EPILOGUE_DGELU) {
+		/* aux's type is left at its default, D's: the protocol gives
+		 * aux D's dtype. Its pointer is a stand-in too. */
+		int64_t ldaux = k->ldaux;
+		const void *stand_in = (const void *)(uintptr_t)k->align_aux;
+		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof(ldaux)));
+		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &stand_in,
+						  sizeof(stand_in)));
 	}
 	/* Column-major views (see the top of this file). */
 	uint64_t a_rows = k->trans_b ? (uint64_t)k->k : (uint64_t)k->n;
@@ -159,11 +173,11 @@ static int plan_init(struct rd_resource *res)
 	if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
 		r = cuda_status_set(RP_ERR_BACKEND,
 				    "cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s inputs, %s output, trans_a=%d "
-				    "trans_b=%d, ld %lld/%lld/%lld/%lld, alignment %d/%d/%d/%d): %s",
+				    "trans_b=%d, ld %lld/%lld/%lld/%lld, alignment %d/%d/%d/%d, epilogue %d): %s",
 				    (long long)k->m, (long long)k->n, (long long)k->k,
 				    rp_dtype_name((enum rp_dtype)k->dtype_ab), rp_dtype_name((enum rp_dtype)k->dtype_cd),
 				    k->trans_a, k->trans_b, (long long)k->lda, (long long)k->ldb, (long long)k->ldc,
-				    (long long)k->ldd, k->align_a, k->align_b, k->align_c, k->align_d,
+				    (long long)k->ldd, k->align_a, k->align_b, k->align_c, k->align_d, k->epilogue,
 				    hs != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(hs) : "no result");
 		goto fail;
 	}
@@ -245,7 +259,7 @@ void cuda_gemm_plans_finish(struct cuda_dev *cd)
 }
 
 struct gemm_ptrs {
-	const void *a, *b, *c, *bias;
+	const void *a, *b, *c, *bias, *aux;
 	void *d;
 };
 
@@ -273,6 +287,8 @@ static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const
 	k->align_c = alignment_of(ptr->c);
 	k->align_d = alignment_of(ptr->d);
 	k->align_bias = ptr->bias ? alignment_of(ptr->bias) : 256;
+	k->ldaux = c->present[RP_GEMM_AUX] ? c->operands[RP_GEMM_AUX].strides[0] : 0;
+	k->align_aux = ptr->aux ? alignment_of(ptr->aux) : 256;
 	k->policy = (int32_t)cd->policy;
 }
 
@@ -325,13 +341,28 @@ static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error
 	ptr->d = p[RP_GEMM_D];
 	ptr->c = c->present[RP_GEMM_C] ? p[RP_GEMM_C] : ptr->d;
 	ptr->bias = p[RP_GEMM_BIAS];
+	ptr->aux = p[RP_GEMM_AUX];
+	return 0;
+}
+
+/* What the protocol allows but cuBLASLt's epilogues cannot take, refused
+ * by name before anything is planned or launched. */
+static int gemm_supported(const struct rp_compute *c, struct rp_error *err)
+{
+	if (c->gemm.epilogue == RP_EPILOGUE_DGELU && c->present[RP_GEMM_AUX] &&
+	    c->operands[RP_GEMM_AUX].strides[0] % 8 != 0) {
+		return rp_error_invalid_operand(err, "aux",
+						"aux's row stride is %lld elements; cuBLASLt's DGELU epilogue needs it a "
+						"multiple of 8 (pad aux's rows)",
+						(long long)c->operands[RP_GEMM_AUX].strides[0]);
+	}
 	return 0;
 }
 
 static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *op, struct gemm_ptrs *ptr,
 					    struct rp_error *err)
 {
-	if (gemm_resolve(op, ptr, err))
+	if (gemm_supported(&op->compute, err) || gemm_resolve(op, ptr, err))
 		return NULL;
 	struct gemm_key key;
 	gemm_key_make(cd, &op->compute, ptr, &key);
@@ -413,6 +444,16 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	pthread_mutex_lock(&p->lock);
 	if (ptr.bias)
 		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr.bias, sizeof(ptr.bias));
+	if (ptr.aux && s == CUBLAS_STATUS_SUCCESS) {
+		/* aux's leading dimension is the plan's (it is in the key);
+		 * set again beside the pointer, so that the descriptor holds
+		 * this call's pair whatever an earlier call left. */
+		int64_t ldaux = p->key.ldaux;
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof(ldaux));
+		if (s == CUBLAS_STATUS_SUCCESS)
+			s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptr.aux,
+							   sizeof(ptr.aux));
+	}
 	if (s == CUBLAS_STATUS_SUCCESS)
 		s = cublasLtMatmul(cd->handle.lt, p->desc, &alpha, ptr.b, p->la, ptr.a, p->lb, &beta, ptr.c, p->lc, ptr.d,
 				   p->ld, &p->algo, ws, ws_size, lane->stream);

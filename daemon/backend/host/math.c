@@ -200,13 +200,26 @@ static float gelu_tanh(float x)
 	return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+/* d/dx of gelu_tanh, as cuBLASLt's DGELU epilogue and torch's
+ * gelu_backward(approximate="tanh") take it:
+ * 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2),
+ * t = tanh(sqrt(2/pi) (x + 0.044715 x^3)). */
+static float dgelu_tanh(float x)
+{
+	const float c = 0.7978845608028654f;    /* sqrt(2/pi) */
+	const float t = tanhf(c * (x + 0.044715f * x * x * x));
+
+	return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 static int gemm(const struct rp_compute *c, void *const *ptr)
 {
 	const struct rp_gemm *g = &c->gemm;
 	const struct rp_operand *A = &c->operands[RP_GEMM_A], *B = &c->operands[RP_GEMM_B];
 	const struct rp_operand *C = &c->operands[RP_GEMM_C], *D = &c->operands[RP_GEMM_D];
-	const struct rp_operand *bias_op = &c->operands[RP_GEMM_BIAS];
+	const struct rp_operand *bias_op = &c->operands[RP_GEMM_BIAS], *aux_op = &c->operands[RP_GEMM_AUX];
 	const void *pa = ptr[RP_GEMM_A], *pb = ptr[RP_GEMM_B], *pc = ptr[RP_GEMM_C], *pbias = ptr[RP_GEMM_BIAS];
+	const void *paux = ptr[RP_GEMM_AUX];
 	void *pd = ptr[RP_GEMM_D];
 	const int64_t M = g->m, N = g->n, K = g->k;
 	/* op(A)[i][q] = A[i*as_i + q*as_q]; op(B)[q][j] = B[q*bs_q + j*bs_j]. */
@@ -218,8 +231,9 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 	const bool add_bias = c->present[RP_GEMM_BIAS] && pbias &&
 		(g->epilogue == RP_EPILOGUE_BIAS || g->epilogue == RP_EPILOGUE_GELU_BIAS);
 	const bool gelu = g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS;
+	const bool dgelu = g->epilogue == RP_EPILOGUE_DGELU && c->present[RP_GEMM_AUX] && paux;
 	const float alpha = (float)g->alpha, beta = (float)g->beta;
-	float *panel = NULL, *arows = NULL, *acc = NULL, *crow = NULL, *bias = NULL;
+	float *panel = NULL, *arows = NULL, *acc = NULL, *crow = NULL, *bias = NULL, *auxrow = NULL;
 	int r = 0;
 
 	if (M <= 0 || N <= 0 || K <= 0) {
@@ -231,7 +245,8 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 	acc = malloc((size_t)GEMM_MR * (size_t)nb_max * sizeof(float));
 	crow = malloc((size_t)nb_max * sizeof(float));
 	bias = malloc((size_t)nb_max * sizeof(float));
-	if (!panel || !arows || !acc || !crow || !bias) {
+	auxrow = malloc((size_t)nb_max * sizeof(float));
+	if (!panel || !arows || !acc || !crow || !bias || !auxrow) {
 		r = -ENOMEM;
 		goto cleanup;
 	}
@@ -280,6 +295,10 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 					load_f32(crow, pc, C->dtype, i * C->strides[0] + j0 * C->strides[1],
 						 C->strides[1], nb);
 				}
+				if (dgelu) {
+					load_f32(auxrow, paux, aux_op->dtype, i * aux_op->strides[0] + j0 * aux_op->strides[1],
+						 aux_op->strides[1], nb);
+				}
 				for (int64_t j = 0; j < nb; j++) {
 					float v = alpha * out[j];
 					if (read_c) {
@@ -290,6 +309,9 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 					}
 					if (gelu) {
 						v = gelu_tanh(v);
+					}
+					if (dgelu) {
+						v *= dgelu_tanh(auxrow[j]);
 					}
 					out[j] = v;
 				}
@@ -304,6 +326,7 @@ cleanup:
 	free(acc);
 	free(crow);
 	free(bias);
+	free(auxrow);
 	return r;
 }
 
