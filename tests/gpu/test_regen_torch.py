@@ -127,6 +127,33 @@ def ops(rt):
             want = torch.autograd.grad(ref, (q, k, v), g.float())
             e = max([rel(o, ref)] + [rel(p, q_) for p, q_ in zip(got, want)])
             record(f"sdpa {dt} H{h}/{hkv} S{sq}x{skv} D{d} causal={causal}", e < tol, f"rel {e:.2e}")
+        # The MLP as one operation: GELU's gradient in a GEMM's epilogue
+        # (dgelu), all five gradients in regend.
+        F = torch.nn.functional
+        x = torch.randn(2, 256, 512, device=dev, dtype=dt, requires_grad=True)
+        w1 = (torch.randn(2048, 512, device=dev, dtype=dt) / 16).requires_grad_()
+        b1 = torch.randn(2048, device=dev, dtype=dt, requires_grad=True)
+        w2 = (torch.randn(512, 2048, device=dev, dtype=dt) / 32).requires_grad_()
+        b2 = torch.randn(512, device=dev, dtype=dt, requires_grad=True)
+        y = rt.mlp(x, w1, b1, w2, b2)
+        ref = F.linear(F.gelu(F.linear(x.float(), w1.float(), b1.float()), approximate="tanh"), w2.float(), b2.float())
+        g = torch.randn_like(y)
+        got = torch.autograd.grad(y, (x, w1, b1, w2, b2), g)
+        want = torch.autograd.grad(ref, (x, w1, b1, w2, b2), g.float())
+        e = max([rel(y, ref)] + [rel(p, q_) for p, q_ in zip(got, want)])
+        record(f"mlp {dt} fwd+bwd (dgelu epilogue)", e < tol, f"rel {e:.2e}")
+        # Attention on a fused projection's output, gradients written
+        # interleaved into one [B, S, 3 * H * D] tensor by cuDNN.
+        b_, s_, h_, d_ = 2, 512, 8, 64
+        qkv = torch.randn(b_, s_, 3 * h_ * d_, device=dev, dtype=dt, requires_grad=True)
+        o = rt.attention_packed(qkv, h_, is_causal=True)
+        q, k, v = qkv.float().view(b_, s_, 3, h_, d_).permute(2, 0, 3, 1, 4)
+        ref = ref_sdpa(q, k, v, True, None).transpose(1, 2).reshape(b_, s_, h_ * d_)
+        g = torch.randn_like(o)
+        (got,) = torch.autograd.grad(o, (qkv,), g)
+        (want,) = torch.autograd.grad(ref, (qkv,), g.float())
+        e = max(rel(o, ref), rel(got, want))
+        record(f"attention_packed {dt} fwd+bwd (interleaved gradients)", e < tol, f"rel {e:.2e}")
 
 
 def device_map(rt, d):

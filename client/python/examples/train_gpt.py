@@ -170,7 +170,7 @@ def train(cfg, mode, args):
         torch.manual_seed(args.seed)
         model = GPT(**cfg).to(device=device, dtype=dtype)
         if through_regend:
-            model.set_kernels(rt.scaled_dot_product_attention, None, rt.attention_packed)
+            model.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed)
         else:
             model.set_kernels(attention_in_torch, None)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)

@@ -122,6 +122,34 @@ class Ops(unittest.TestCase):
                     for got, want in zip(grads, torch.autograd.grad(ref, inputs, g)):
                         self.assertLess(maxdiff(got, want), 1e-3)
 
+    def test_mlp_and_gradients_in_one_hand_off_each_way(self):
+        F = torch.nn.functional
+        for biases in ((True, True), (False, True), (True, False), (False, False)):
+            with self.subTest(biases=biases):
+                x = torch.randn(3, 5, 24, requires_grad=True)
+                w1 = torch.randn(40, 24, requires_grad=True)
+                w2 = torch.randn(16, 40, requires_grad=True)
+                b1 = torch.randn(40, requires_grad=True) if biases[0] else None
+                b2 = torch.randn(16, requires_grad=True) if biases[1] else None
+                st = rt.stats()
+                y = rt.mlp(x, w1, b1, w2, b2)
+                after = rt.stats()
+                self.assertEqual((after["calls"] - st["calls"], after["handoffs"] - st["handoffs"]), (2, 1))
+                ref = F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+                self.assertEqual(y.shape, (3, 5, 16))
+                self.assertLess(maxdiff(y, ref), 1e-4)
+                inputs = [t for t in (x, w1, b1, w2, b2) if t is not None]
+                g = torch.randn_like(y)
+                st = rt.stats()
+                grads = torch.autograd.grad(y, inputs, g)
+                after = rt.stats()
+                # z recomputed, dz with GELU's gradient in its epilogue, the four
+                # weight and input gradients, a column sum per bias: one run.
+                self.assertEqual(after["calls"] - st["calls"], 5 + sum(biases))
+                self.assertEqual(after["handoffs"] - st["handoffs"], 1)
+                for got, want in zip(grads, torch.autograd.grad(ref, inputs, g)):
+                    self.assertLess(maxdiff(got, want), 1e-3)
+
     def test_attention_packed_reads_and_writes_qkv_in_place(self):
         for causal in (False, True):
             with self.subTest(causal=causal):
