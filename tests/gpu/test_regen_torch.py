@@ -255,17 +255,22 @@ def compiled(rt):
         record("torch.compile traces the custom ops", True, "skipped: torch < 2.4")
         return
 
-    def f(x, w, q, k, v):
+    def f(x, w, q, k, v, w2, qkv):
         h = rt.linear(x, w, activation="gelu")
-        return h.sum() + rt.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum()
+        m = rt.mlp(x, w, None, w2, None)
+        p = rt.attention_packed(qkv, 4, is_causal=True)
+        return (h.sum() + rt.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum() +
+                m.float().sum() + p.float().sum())
 
     dev = f"cuda:{DEV}"
     x = torch.randn(64, 128, device=dev, dtype=torch.bfloat16)
     w = torch.randn(256, 128, device=dev, dtype=torch.bfloat16)
+    w2 = torch.randn(128, 256, device=dev, dtype=torch.bfloat16) / 16
     q = k = v = torch.randn(1, 4, 64, 64, device=dev, dtype=torch.bfloat16)
+    qkv = torch.randn(1, 64, 3 * 4 * 64, device=dev, dtype=torch.bfloat16)
     calls = rt.stats()["calls"]
-    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, q, k, v)
-    want = f(x, w, q, k, v)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, q, k, v, w2, qkv)
+    want = f(x, w, q, k, v, w2, qkv)
     ok = abs(got.item() - want.item()) <= 1e-2 * max(1.0, abs(want.item())) and rt.stats()["calls"] > calls
     record("torch.compile(fullgraph) traces and runs the custom ops", ok, f"{got.item():.3f} vs {want.item():.3f}")
 
