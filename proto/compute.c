@@ -216,6 +216,31 @@ static int overlaps(const struct rp_operand *x, const char *x_name, const struct
 	return range[0] < range[3] && range[2] < range[1];
 }
 
+/* The dimensions of op larger than 1, their strides and sizes sorted by
+ * stride, ascending; returns how many. */
+static int dims_by_stride(const struct rp_operand *op, int64_t *stride, int64_t *size)
+{
+	int n = 0;
+
+	for (int i = 0; i < op->rank; i++) {
+		if (op->shape[i] > 1) {
+			stride[n] = op->strides[i];
+			size[n++] = op->shape[i];
+		}
+	}
+	for (int i = 1; i < n; i++) {
+		for (int j = i; j > 0 && stride[j] < stride[j - 1]; j--) {
+			int64_t t = stride[j];
+			stride[j] = stride[j - 1];
+			stride[j - 1] = t;
+			t = size[j];
+			size[j] = size[j - 1];
+			size[j - 1] = t;
+		}
+	}
+	return n;
+}
+
 /* Whether some element offset d - sum(c[i] * stride[i]) reaches 0 with
  * |c[i]| < size[i] for the dimensions from k on (strides descending, each
  * above what the ones after it reach together: reach[k] is what dimensions
@@ -247,9 +272,8 @@ static bool offset_reachable(int64_t d, const int64_t *stride, const int64_t *si
  * strides times index differences within the shape. */
 static bool interleaved_disjoint(const struct rp_operand *x, const struct rp_operand *y)
 {
-	int64_t stride[RP_RANK_MAX], size[RP_RANK_MAX], reach[RP_RANK_MAX + 1];
+	int64_t up[RP_RANK_MAX], up_size[RP_RANK_MAX], stride[RP_RANK_MAX], size[RP_RANK_MAX], reach[RP_RANK_MAX + 1];
 	size_t elem = rp_dtype_size(x->dtype);
-	int n = 0;
 
 	if (x->dtype != y->dtype || x->rank != y->rank || elem == 0) {
 		return false;
@@ -258,10 +282,6 @@ static bool interleaved_disjoint(const struct rp_operand *x, const struct rp_ope
 		if (x->shape[i] != y->shape[i] || x->strides[i] != y->strides[i] || x->strides[i] < 0) {
 			return false;
 		}
-		if (x->shape[i] > 1) {
-			stride[n] = x->strides[i];
-			size[n++] = x->shape[i];
-		}
 	}
 	uint64_t a = x->offset, b = y->offset, gap = a > b ? a - b : b - a;
 
@@ -269,15 +289,11 @@ static bool interleaved_disjoint(const struct rp_operand *x, const struct rp_ope
 		return false;
 	}
 	/* Strides descending, then each must step over everything inside it. */
-	for (int i = 1; i < n; i++) {
-		for (int j = i; j > 0 && stride[j] > stride[j - 1]; j--) {
-			int64_t t = stride[j];
-			stride[j] = stride[j - 1];
-			stride[j - 1] = t;
-			t = size[j];
-			size[j] = size[j - 1];
-			size[j - 1] = t;
-		}
+	int n = dims_by_stride(x, up, up_size);
+
+	for (int i = 0; i < n; i++) {
+		stride[i] = up[n - 1 - i];
+		size[i] = up_size[n - 1 - i];
 	}
 	reach[n] = 0;
 	for (int i = n - 1; i >= 0; i--) {
@@ -327,25 +343,7 @@ static int check_output_placement(const struct rp_compute *c, int out, int other
 static int check_no_self_overlap(const struct rp_operand *out, const char *name, struct rp_error *err)
 {
 	int64_t stride[RP_RANK_MAX], size[RP_RANK_MAX];
-	int n = 0;
-
-	for (int i = 0; i < out->rank; i++) {
-		if (out->shape[i] > 1) {
-			stride[n] = out->strides[i];
-			size[n] = out->shape[i];
-			n++;
-		}
-	}
-	for (int i = 1; i < n; i++) {
-		for (int j = i; j > 0 && stride[j] < stride[j - 1]; j--) {
-			int64_t t = stride[j];
-			stride[j] = stride[j - 1];
-			stride[j - 1] = t;
-			t = size[j];
-			size[j] = size[j - 1];
-			size[j - 1] = t;
-		}
-	}
+	int n = dims_by_stride(out, stride, size);
 	int64_t reach = 1;
 	for (int i = 0; i < n; i++) {
 		if (stride[i] < reach) {
