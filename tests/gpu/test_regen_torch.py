@@ -250,6 +250,28 @@ def ordering(rt, d):
     rt.configure(socket=d.socket)
 
 
+def capture(rt):
+    """A regend operation inside a CUDA graph capture is refused by name,
+    and the capture is left usable."""
+    dev = f"cuda:{DEV}"
+    a = torch.randn(64, 64, device=dev, dtype=torch.bfloat16)
+    s = torch.cuda.Stream(dev)
+    g = torch.cuda.CUDAGraph()
+    named = None
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            b = a * 2
+            try:
+                rt.matmul(a, a)
+            except rt.NotSupported as e:
+                named = e
+            c = b + 1
+    g.replay()
+    torch.cuda.synchronize()
+    ok = named is not None and bool((c == a * 2 + 1).all().item())
+    record("an operation in a CUDA graph capture: NotSupported, the capture still good", ok, str(named)[:120])
+
+
 def compiled(rt):
     if not rt.HAVE_CUSTOM_OP:
         record("torch.compile traces the custom ops", True, "skipped: torch < 2.4")
@@ -349,6 +371,7 @@ def main():
         check("blocks", lambda: block_imports(rt))
         check("ordering", lambda: ordering(rt, daemon))
         check("compile", lambda: compiled(rt))
+        check("capture", lambda: capture(rt))
         check("flat", lambda: flat(rt, steps))
         check("lifecycle", lambda: lifecycle(rt, daemon))
         check("mps", lambda: mps(rt))

@@ -435,6 +435,14 @@ class Runtime:
         if len(devices) != 1:
             raise ValueError(f"regen.torch: the tensors of one operation must be on one device, got {devices}")
         tdev = devices.pop()
+        if tdev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # regend's work can be no graph node, and an import, a query of
+            # the stream or an event would break the capture: refused before
+            # any of them, so the capture stays valid.
+            raise NotSupported(parameters={
+                "message": "regen.torch: an operation in regend cannot be captured into a CUDA graph "
+                           "(torch.cuda.graph, torch.compile mode='reduce-overhead'): it runs in another "
+                           "process; run it outside the capture"})
         device = self.regend_device(tdev)
         named = {}
         copies = {}
