@@ -343,7 +343,13 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
         if needs[0] or needs[1] or (b1 is not None and needs[2]):
             z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), None if b1 is None else "bias",
                       bias=None if b1 is None else b1.contiguous())
-            dz = _gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x), "dgelu", aux=z)
+            if x.device.type == "cuda" and w1.shape[0] % 8 != 0:
+                # cuBLASLt's DGELU takes aux rows a multiple of 8 elements
+                # apart: GELU's gradient on the rank for this width.
+                dz = torch.ops.aten.gelu_backward(_gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x)), z,
+                                                  approximate="tanh")
+            else:
+                dz = _gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x), "dgelu", aux=z)
             if needs[0]:
                 gx = _gemm(dz, w1, _empty(list(x.shape), x.dtype, x))
             if needs[1]:
