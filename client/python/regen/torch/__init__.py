@@ -9,8 +9,11 @@ torch's current stream, through restarts and faults.
     with rt.enable():                                 # torch.matmul, F.linear, F.sdpa -> regend
         loss = model(x).sum()
 
-The operations are custom ops (torch.ops.regen.mm, linear, sdpa,
-sdpa_backward) with fake implementations and autograd.  After a generation
+    h = rt.mlp(x, w1, b1, w2, b2)                   # a transformer's MLP: one run of calls each way
+    a = rt.attention_packed(qkv, heads, is_causal=True)   # attention on a fused qkv projection, in place
+
+The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
+sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
 change (regenctl restart, a fault) the runtime waits for the device to serve
 again, imports again and retries; what cannot be retried raises
 RecoveryFailed or WorkLost.  docs/torch.md says it all; `import regen` never
