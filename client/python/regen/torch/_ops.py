@@ -85,6 +85,20 @@ def _last_unit(x):
 
 # ---- kernels (run on real tensors) ------------------------------------------
 
+def _gemm(a, b, out, epilogue=None, bias=None, aux=None):
+    """out = epilogue(a @ b (+ bias)) in regend, a and b 2-D (views as regend
+    takes them, a copy only where neither a tensor nor its transpose is
+    one)."""
+    aa, ta = _gemm_input(a)
+    bb, tb = _gemm_input(b)
+    scalars = {"trans_a": ta, "trans_b": tb}
+    if epilogue is not None:
+        scalars["epilogue"] = epilogue
+    _rt().call("gemm", {"a": aa, "b": bb, "d": out, "bias": None if bias is None else bias.contiguous(), "aux": aux},
+               scalars)
+    return out
+
+
 def _mm_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"regen::mm takes [M, K] @ [K, N], got {list(a.shape)} @ {list(b.shape)}")
@@ -96,10 +110,7 @@ def _mm_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return out
     if a.shape[1] == 0:
         return out.zero_()
-    aa, ta = _gemm_input(a)
-    bb, tb = _gemm_input(b)
-    _rt().call("gemm", {"a": aa, "b": bb, "d": out}, {"trans_a": ta, "trans_b": tb})
-    return out
+    return _gemm(a, b, out)
 
 
 _EPILOGUE = {("none", False): None, ("none", True): "bias", ("gelu", False): "gelu", ("gelu", True): "gelu_bias"}
@@ -121,26 +132,7 @@ def _linear_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor
         if bias is not None:
             out += bias
         return torch.nn.functional.gelu(out, approximate="tanh") if activation == "gelu" else out
-    xx, tx = _gemm_input(x)
-    ww, tw = _gemm_input(w)
-    scalars = {"trans_a": tx, "trans_b": not tw}
-    epilogue = _EPILOGUE[(activation, bias is not None)]
-    if epilogue is not None:
-        scalars["epilogue"] = epilogue
-    _rt().call("gemm", {"a": xx, "b": ww, "d": out, "bias": None if bias is None else bias.contiguous()}, scalars)
-    return out
-
-
-def _gemm(a, b, out, epilogue=None, bias=None, aux=None):
-    """out = epilogue(a @ b) in regend, a and b 2-D (views as regend takes
-    them, a copy only where neither a tensor nor its transpose is one)."""
-    aa, ta = _gemm_input(a)
-    bb, tb = _gemm_input(b)
-    scalars = {"trans_a": ta, "trans_b": tb}
-    if epilogue is not None:
-        scalars["epilogue"] = epilogue
-    _rt().call("gemm", {"a": aa, "b": bb, "d": out, "bias": bias, "aux": aux}, scalars)
-    return out
+    return _gemm(x, w.t(), out, _EPILOGUE[(activation, bias is not None)], bias)
 
 
 def _check_mlp(x, w1, b1, w2, b2):
@@ -171,8 +163,8 @@ def _mlp_kernel(x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w
         y.copy_(torch.nn.functional.linear(h, w2, b2))
         return y, h
     with _rt().batch():
-        _gemm(x, w1.t(), h, "gelu" if b1 is None else "gelu_bias", bias=None if b1 is None else b1.contiguous())
-        _gemm(h, w2.t(), y, None if b2 is None else "bias", bias=None if b2 is None else b2.contiguous())
+        _gemm(x, w1.t(), h, _EPILOGUE[("gelu", b1 is not None)], b1)
+        _gemm(h, w2.t(), y, _EPILOGUE[("none", b2 is not None)], b2)
     return y, h
 
 
@@ -341,8 +333,7 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
         if b2 is not None and needs[4]:
             gb2 = _column_sums(grad).to(b2.dtype)
         if needs[0] or needs[1] or (b1 is not None and needs[2]):
-            z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), None if b1 is None else "bias",
-                      bias=None if b1 is None else b1.contiguous())
+            z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)], b1)
             if x.device.type == "cuda" and w1.shape[0] % 8 != 0:
                 # cuBLASLt's DGELU takes aux rows a multiple of 8 elements
                 # apart: GELU's gradient on the rank for this width.
