@@ -66,7 +66,7 @@ void rd_compute_launched(struct rd_op *op)
 
 	if (!cc->call || cc->answered)
 		return;
-	reply_elapsed(cc->call, (op->launched_ns - op->submitted_ns) / 1000);
+	reply_elapsed(cc->call, rd_compute_launch_us(op));
 	cc->call = NULL;
 	cc->answered_at_launch = true;
 }

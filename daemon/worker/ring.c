@@ -132,7 +132,7 @@ static bool ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 		return false;
 	}
 	struct rp_ring_completion *cqe = rp_ring_completion_at(r->base, r->entries, seq);
-	uint64_t elapsed_us = !op ? 0 : at_launch ? (op->launched_ns - op->submitted_ns) / 1000 : op->elapsed_us;
+	uint64_t elapsed_us = !op ? 0 : at_launch ? rd_compute_launch_us(op) : op->elapsed_us;
 	rp_ring_complete(cqe, tag, err, elapsed_us);
 	cqe->timing = (struct rp_ring_timing){
 		.taken_ns = r->taken_ns[seq & mask],

@@ -54,6 +54,12 @@ int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, str
 /* Any thread (the backend's op.launched of a Varlink call with a
  * signal_event): the call is answered on the loop thread, before its done. */
 void rd_compute_post_launched(struct rd_op *op);
+/* What a call answered at launch reports as its elapsed_us: the time from
+ * its arrival until its work was enqueued. */
+static inline uint64_t rd_compute_launch_us(const struct rd_op *op)
+{
+	return (op->launched_ns - op->submitted_ns) / 1000;
+}
 /* The loop thread: answers a call posted by rd_compute_post_launched. */
 void rd_compute_launched(struct rd_op *op);
 /* The loop thread, as a call answered at launch is done: an error its
