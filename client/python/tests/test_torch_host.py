@@ -245,6 +245,17 @@ class AutoOrdering(unittest.TestCase):
         self.assertIn("wait", steady, "the slower one is tried again now and then")
         self.assertEqual(set(auto.table()["gemm/2^20"]), {"wait", "sync"})
 
+    def test_choices_without_times_keep_probing(self):
+        # Calls that failed (or, before the fix, found the stream idle)
+        # note no time: "auto" must still choose instead of taking the
+        # fastest of nothing.
+        from regen.torch._runtime import _AutoOrdering
+        auto, kind = _AutoOrdering(), ("gemm", 20)
+        modes = [auto.choose(kind) for _ in range(20)]
+        self.assertEqual(set(modes), {"wait", "sync"})
+        auto.note(kind, "wait", 0.001)
+        self.assertEqual(auto.choose(kind), "sync", "the mode with no time yet is probed")
+
     def test_cpu_tensors_need_no_ordering(self):
         own = rt.Runtime(socket=daemon.socket, ordering="auto")
         saved, rt._runtime = rt._runtime, own

@@ -143,9 +143,10 @@ class _AutoOrdering:
         k = self.kinds.setdefault(kind, {"n": 0, "avg": {}})
         n = k["n"]
         k["n"] += 1
-        if n < 2 * self.PROBES or n % self.REPROBE == 0:
+        # Until each mode has a time (a call that failed noted none), probe.
+        if n < 2 * self.PROBES or n % self.REPROBE == 0 or len(k["avg"]) < len(self.MODES):
             tried = [m for m in self.MODES if m not in k["avg"]]
-            return tried[0] if tried else self.MODES[n % 2]
+            return tried[n % len(tried)] if tried else self.MODES[n % 2]
         if n % self.REPROBE == 1:
             return max(k["avg"], key=k["avg"].get)
         return min(k["avg"], key=k["avg"].get)
@@ -456,10 +457,6 @@ class Runtime:
         ordering = self.ordering
         kind = None
         if tdev.type == "cuda":
-            if ordering == "auto":
-                numel = max(t.numel() for t in present.values())
-                kind = (op, numel.bit_length())
-                ordering = self._auto.choose(kind)
             stream = torch.cuda.current_stream(tdev)
         start = time.perf_counter()
         # Everything the rank queued on its stream is done (a host query, no
@@ -467,6 +464,12 @@ class Runtime:
         # rank's stream for it, which would bring the rank's context back to
         # the GPU between two regend calls (a context switch, ~140 us).
         idle = stream is not None and stream.query()
+        # "auto" learns from calls that needed an ordering; an idle call
+        # would teach it nothing.
+        if stream is not None and ordering == "auto" and not idle:
+            numel = max(t.numel() for t in present.values())
+            kind = (op, numel.bit_length())
+            ordering = self._auto.choose(kind)
         if stream is not None:
             if idle and ordering != "events":
                 pass
