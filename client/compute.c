@@ -121,6 +121,7 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 		.epilogue = (enum rp_epilogue)g->epilogue,
 		.compute = g->tf32 ? RP_COMPUTE_TF32 : RP_COMPUTE_F32,
 	};
+	call.deadline_ms = g->deadline_ms;
 	return send_call(c, &call, tensors, g->wait_event, g->signal_event, ticket);
 }
 
@@ -154,6 +155,7 @@ static int attention(regen_client *c, const struct regen_attention_args *a, uint
 		[RP_ATT_SEQ_LEN_Q] = a->seq_len_q, [RP_ATT_SEQ_LEN_KV] = a->seq_len_kv,
 	};
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
+	call.deadline_ms = a->deadline_ms;
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
@@ -179,6 +181,7 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 		[RP_ATB_DV] = &a->d_v, [RP_ATB_SEQ_LEN_Q] = a->seq_len_q, [RP_ATB_SEQ_LEN_KV] = a->seq_len_kv,
 	};
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
+	call.deadline_ms = a->deadline_ms;
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 

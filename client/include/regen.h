@@ -272,7 +272,11 @@ enum regen_epilogue {
 
 /* Every compute call may name, on the operands' device: wait_event, which
  * the work waits for before it starts, and signal_event, which it records
- * when done; the call then returns once the work is enqueued. NULL: none. */
+ * when done; the call then returns once the work is enqueued. NULL: none.
+ * deadline_ms: how long the work may run once handed to the GPU before
+ * regend reports the call hung and recovers the device (a Watch event
+ * `hung`, then a reset or respawn); 0: regend's default (--call-deadline-ms),
+ * at most a day. */
 struct regen_gemm_args {
 	struct regen_tensor a, b, d;
 	const struct regen_tensor *c;      /* NULL: none */
@@ -284,6 +288,7 @@ struct regen_gemm_args {
 	bool tf32;
 	const regen_event *wait_event, *signal_event;
 	const struct regen_tensor *aux;    /* NULL: none; REGEN_EPILOGUE_DGELU's pre-activation */
+	uint32_t deadline_ms;              /* 0: regend's default */
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 
@@ -304,6 +309,7 @@ struct regen_attention_args {
 	const regen_event *wait_event, *signal_event;
 	enum regen_causal_alignment causal_alignment;
 	const struct regen_tensor *seq_len_q, *seq_len_kv;   /* NULL: every sequence full */
+	uint32_t deadline_ms;              /* 0: regend's default */
 };
 REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *args);
 
@@ -314,6 +320,7 @@ struct regen_attention_backward_args {
 	const regen_event *wait_event, *signal_event;
 	enum regen_causal_alignment causal_alignment;
 	const struct regen_tensor *seq_len_q, *seq_len_kv;   /* the forward's */
+	uint32_t deadline_ms;              /* 0: regend's default */
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
 

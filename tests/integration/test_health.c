@@ -13,7 +13,8 @@
  *                  unresponsive (g) -> respawning (g+1) -> ready (g+1)
  *  - hang:         a Gemm with deadline_ms 300 behind a hung device is
  *                  answered with io.regen.Timeout {device, elapsed_ms};
- *                  faulted ("hung: ...") -> respawning (g+1) -> ready (g+1)
+ *                  faulted ("hung: ...") -> respawning (g+1) -> ready (g+1);
+ *                  again through libregen's regen_gemm on the run's transport
  *  - xid 31:       recorded in Status's health, no transition; Status's
  *                  sharing says the host backend shares no GPU (not MPS)
  *  - xid 48:       faulted (g) -> resetting -> ready (g+1)
@@ -313,6 +314,48 @@ static void scenario_hang(regen_client *c)
 	worker_serves(c, "hang");
 }
 
+/* The same through libregen's regen_gemm (deadline_ms in its arguments), on
+ * the transport the suite's run picks: the ring's record carries the
+ * deadline as a Varlink call does. */
+static void scenario_hang_client(regen_client *c)
+{
+	static const struct step steps[] = {
+		{ "faulted", 0, "hung: gemm" },
+		{ "respawning", 1, "deadline of 300 ms" },
+		{ "ready", 1, "hung" },
+	};
+	struct tl_buffer b;
+	struct regen_gemm_args g = { .deadline_ms = 300 };
+	uint64_t gen = generation_now(c);
+	const char *name;
+	double t0;
+	int r;
+
+	tl_buffer_create(c, DEV, 3 * 8 * 8 * sizeof(float), &b);
+	for (int i = 0; i < 3; i++) {
+		struct regen_tensor *t = i == 0 ? &g.a : i == 1 ? &g.b : &g.d;
+		t->buffer = b.buf;
+		t->offset = (uint64_t)i * 8 * 8 * sizeof(float);
+		t->dtype = REGEN_F32;
+		t->rank = 2;
+		t->shape[0] = t->shape[1] = 8;
+	}
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g));
+	tl_check_transport(c, DEV);
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, DEV, "hang"));
+	t0 = tl_now();
+	r = regen_gemm(c, &g);
+	name = regen_client_error_name(c);
+	tl_log("measured: hung regen_gemm (deadline_ms 300) returned after %.0f ms: %d %s", (tl_now() - t0) * 1e3, r,
+	       name ? name : "");
+	ASSERT(r < 0 && name && strcmp(name, "io.regen.Timeout") == 0, "the hung regen_gemm: %d %s", r,
+	       name ? name : "(no error name)");
+	ASSERT(tl_now() - t0 < 2, "the Timeout came %.2f s after the call", tl_now() - t0);
+	expect_sequence("hang (libregen)", gen, steps, 3, 10);
+	worker_serves(c, "hang (libregen)");
+	tl_buffer_free(&b);
+}
+
 static void inject_xid(regen_client *c, int xid)
 {
 	char msg[256], *reply;
@@ -500,6 +543,8 @@ int main(void)
 	scenario_stopped(c);
 	tl_log("scenario: hang");
 	scenario_hang(c);
+	tl_log("scenario: hang, through libregen");
+	scenario_hang_client(c);
 	tl_log("scenario: XIDs");
 	scenario_xids(c);
 	tl_log("scenario: deadline_ms refused");

@@ -609,12 +609,12 @@ class Client:
             records.append(ringmod.operand_record(o, i))
         wait_i = ring.index(_event_id(wait_event), outstanding) if wait_event is not None else ringmod.NONE
         signal_i = ring.index(_event_id(signal_event), outstanding) if signal_event is not None else ringmod.NONE
-        flags, epilogue, compute, alignment, alpha, beta, scale = ringmod.scalars_record(op_name, scalars)
+        flags, epilogue, compute, alignment, alpha, beta, scale, deadline_ms = ringmod.scalars_record(op_name, scalars)
         while ring.full():
             self._reap(device, lane)
         try:
             ring.submit(lane.submitted + 1, ringmod.OP_IDS[op_name], flags, epilogue, compute, alignment, wait_i,
-                        signal_i, alpha, beta, scale, records)
+                        signal_i, alpha, beta, scale, deadline_ms, records)
         except OSError as x:   # the worker's end of the doorbell is gone with it
             raise self._lane_broken(device, lane, "as a call was queued") from x
         lane.submitted += 1
@@ -886,7 +886,7 @@ class Client:
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-             epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None):
+             epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None, deadline_ms=None):
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias"; GELU is the tanh approximation).  With
         ``epilogue="dgelu"``, a GELU layer's backward: D = (alpha * op(A) @
@@ -898,7 +898,10 @@ class Client:
         for ``a`` or ``b`` is passed as its row-major storage with the
         transpose flag flipped.  Returns regend's elapsed_us; the reply means
         D is written.  With ``wait=False`` the call is queued on the
-        device's lane and its ticket returned: ``wait(device, ticket)``."""
+        device's lane and its ticket returned: ``wait(device, ticket)``.
+        ``deadline_ms`` (every compute call): how long the work may run on
+        the GPU before regend reports the call hung and recovers the device;
+        None: regend's default."""
         trans = {"a": bool(trans_a), "b": bool(trans_b)}
         named = {}
         for n, x in (("a", a), ("b", b)):
@@ -914,10 +917,11 @@ class Client:
             scalars["epilogue"] = epilogue
         if tf32:
             scalars["compute"] = "tf32"
+        _put_deadline(scalars, deadline_ms)
         return self._compute("gemm", named, scalars, wait_event, signal_event, wait=wait)
 
     def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
-                  wait_event=None, signal_event=None, wait=True, seq_len_q=None, seq_len_kv=None):
+                  wait_event=None, signal_event=None, wait=True, seq_len_q=None, seq_len_kv=None, deadline_ms=None):
         """o = softmax(scale * q k^T [causal mask]) v; q [B, H, Sq, D],
         k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv] with H a
         multiple of Hkv (grouped-query attention); ``causal_alignment``
@@ -927,16 +931,18 @@ class Client:
         tensors): each batch entry's sequence lengths, the rows past them
         padding (o written 0 there, stats -inf)."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
+        _put_deadline(scalars, deadline_ms)
         named = {"q": q, "k": k, "v": v, "o": o, "stats": stats, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         return self._compute("attention", named, scalars, wait_event, signal_event, wait=wait)
 
     def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
                            causal_alignment=None, wait_event=None, signal_event=None, wait=True, seq_len_q=None,
-                           seq_len_kv=None):
+                           seq_len_kv=None, deadline_ms=None):
         """Gradients of attention: writes d_q, d_k, d_v from the forward's
         q, k, v, o, stats and the incoming d_o; ``seq_len_q`` and
         ``seq_len_kv`` as the forward's (rows past them written 0)."""
         scalars = _attention_scalars(scale, causal, causal_alignment)
+        _put_deadline(scalars, deadline_ms)
         named = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats, "d_q": d_q, "d_k": d_k, "d_v": d_v,
                  "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         return self._compute("attention_backward", named, scalars, wait_event, signal_event, wait=wait)
@@ -1049,6 +1055,13 @@ def _handle_hex(handle, what):
     if len(raw) != 64:
         raise ValueError(f"a {what} is 64 bytes, got {len(raw)}")
     return raw.hex()
+
+
+def _put_deadline(scalars, deadline_ms):
+    # Passed as given: regend (or the ring's encoder, alike) refuses what is
+    # not a whole number of milliseconds from 1 to a day.
+    if deadline_ms is not None:
+        scalars["deadline_ms"] = deadline_ms
 
 
 def _attention_scalars(scale, causal, causal_alignment):

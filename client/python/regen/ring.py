@@ -187,12 +187,13 @@ class Ring:
     def full(self):
         return self.sq_tail - self.cq_head >= self.entries
 
-    def submit(self, tag, op_id, flags, epilogue, compute, alignment, wait, signal, alpha, beta, scale, operands):
+    def submit(self, tag, op_id, flags, epilogue, compute, alignment, wait, signal, alpha, beta, scale, deadline_ms,
+               operands):
         """Writes one record; ``operands``: (index, dtype, offset, shape,
         strides) or None per slot."""
         mem = self.mem
         base = HEADER_SIZE + (self.sq_tail & self.mask) * RECORD_SIZE
-        _RECORD.pack_into(mem, base, tag, op_id, flags, epilogue, compute, alignment, 0, wait, signal, 0, 0,
+        _RECORD.pack_into(mem, base, tag, op_id, flags, epilogue, compute, alignment, 0, wait, signal, deadline_ms, 0,
                           alpha, beta, scale, 0)
         off = base + 64
         for o in operands:
@@ -290,8 +291,23 @@ _PAD = [(0,) * (4 - r) for r in range(5)]
 
 
 def scalars_record(op_name, scalars):
-    """(flags, epilogue, compute, alignment, alpha, beta, scale) of a call's
-    scalars as the client's methods build them."""
+    """(flags, epilogue, compute, alignment, alpha, beta, scale, deadline_ms)
+    of a call's scalars as the client's methods build them."""
+    return _scalars(op_name, scalars) + (_deadline(scalars),)
+
+
+def _deadline(scalars):
+    """A record's deadline_ms: 0 is regend's default; a deadline the record
+    cannot hold is refused here as Varlink would refuse it."""
+    d = scalars.get("deadline_ms")
+    if d is None:
+        return 0
+    if type(d) is not int or not 1 <= d <= 0xFFFFFFFF:
+        raise errors.InvalidParameter(parameters={"parameter": "deadline_ms"})
+    return d
+
+
+def _scalars(op_name, scalars):
     if op_name == "gemm":
         flags = (TRANS_A if scalars.get("trans_a") else 0) | (TRANS_B if scalars.get("trans_b") else 0)
         alpha, beta = float(scalars.get("alpha", 1.0)), float(scalars.get("beta", 0.0))

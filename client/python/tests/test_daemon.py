@@ -640,6 +640,47 @@ class Lifecycle(DaemonTest):
         # ... and after importing again, work goes on.
         self.assertServesAgain(a, b, d, 0)
 
+    def test_a_call_past_its_deadline_times_out(self):
+        """deadline_ms on a compute call, on the run's transport: a GEMM
+        behind a hung device is answered with Timeout once its deadline
+        passed, and the device comes back in a new generation."""
+        dev = 1
+        a, b, d = self.square(8, dev)
+        self.c.gemm(a.op, b.op, d.op, deadline_ms=5000)
+        gen = self.generation_of(dev)
+        self.c.inject_fault(dev, "hang")
+        t = time.monotonic()
+        with self.assertRaises(regen.Timeout) as cm:
+            self.c.gemm(a.op, b.op, d.op, deadline_ms=300)
+        self.assertLess(time.monotonic() - t, 2.0, "the Timeout came long after the deadline")
+        self.assertEqual(cm.exception.parameters.get("device"), dev)
+        self.assertGreaterEqual(cm.exception.parameters.get("elapsed_ms"), 300)
+        deadline = time.monotonic() + 20
+        while self.generation_of(dev) <= gen:
+            self.assertLess(time.monotonic(), deadline, "no new generation after the hung call")
+            time.sleep(0.05)
+        # The hung call's lane may still hold the old worker: a call either
+        # reconnects or fails with StaleGeneration, then works after import.
+        outcome_of(self.c.gemm, a.op, b.op, d.op)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.assertServesAgain(a, b, d, dev)
+                break
+            except (regen.ConnectionReset, regen.Unavailable, regen.Draining, regen.StaleGeneration):
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.05)
+
+    def test_bad_deadlines_are_refused_by_name(self):
+        a, b, d = self.square(4)
+        for bad in (0, 86_400_001, 2 ** 40, "1", 1.5, True):
+            with self.subTest(deadline_ms=bad):
+                with self.assertRaises(regen.InvalidParameter) as cm:
+                    self.c.gemm(a.op, b.op, d.op, deadline_ms=bad)
+                self.assertEqual(cm.exception.parameters.get("parameter"), "deadline_ms")
+        self.c.gemm(a.op, b.op, d.op, deadline_ms=86_400_000)
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), 4, 4, 4), "f32")
+
     def test_call_in_flight_when_worker_crashes(self):
         """A call hangs in the worker; the worker crashes: that call raises
         ConnectionReset, the next one reconnects."""
