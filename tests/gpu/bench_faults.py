@@ -131,9 +131,16 @@ def main():
 
         def run(kind, fault):
             g0 = info(c)["generation"]
+            t0_wall = time.time()
             t0 = time.monotonic()
             extra = fault() or {}
             served = serve_again(c, rank, t0)
+            # When regend's NVML watch heard the fault's XID (wall clock):
+            # how it compares with the context check's first event.
+            health = info(c).get("health") or {}
+            xid_ms = health.get("last_xid_unix_ms", 0) - t0_wall * 1e3
+            if xid_ms > 0:
+                extra["XID"] = f"{health.get('last_xid')} at +{xid_ms:.1f} ms"
             time.sleep(0.1)
             evs = events_since(t0)
             seq = " -> ".join(f"{e['state']}@{e['generation']}+{(t - t0) * 1e3:.1f}ms" for t, e in evs)
