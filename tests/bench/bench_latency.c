@@ -206,12 +206,18 @@ struct gemm {
 	cublasLtMatmulDesc_t desc;
 	cublasLtMatrixLayout_t la, lb, ld;
 	cublasLtMatmulAlgo_t algo;
+	size_t ws_size;                  /* what the heuristic's algorithm asks for */
+	/* Host time inside cublasLtMatmul, in process: what the worker's
+	 * "kernel" launch phase is to be compared with. */
+	double launch_us_sum;
+	long launches;
 };
 
 struct lt {
 	cublasLtHandle_t handle;
 	cudaStream_t stream;
 	void *workspace;
+	cudaMemPool_t pool;
 };
 
 static void gemm_setup(regen_client *c, struct lt *lt, struct gemm *g, int64_t m, int64_t n, int64_t k)
@@ -257,6 +263,7 @@ static void gemm_setup(regen_client *c, struct lt *lt, struct gemm *g, int64_t m
 		    (long long)k);
 	}
 	g->algo = heur.algo;
+	g->ws_size = heur.workspaceSize;
 	LT_OK(cublasLtMatmulPreferenceDestroy(pref));
 }
 
@@ -281,13 +288,44 @@ static void run_regen(regen_client *c, struct gemm *g)
 	}
 }
 
-static void run_local(struct lt *lt, struct gemm *g)
+static void local_launch(struct lt *lt, struct gemm *g, void *ws, size_t ws_size)
 {
 	const float alpha = 1.0f, beta = 0.0f;
+	double t0 = bench_now_s();
 
 	LT_OK(cublasLtMatmul(lt->handle, g->desc, &alpha, g->b.ptr, g->la, g->a.ptr, g->lb, &beta, g->d_local.ptr,
-			     g->ld, g->d_local.ptr, g->ld, &g->algo, lt->workspace, WORKSPACE_BYTES, lt->stream));
+			     g->ld, g->d_local.ptr, g->ld, &g->algo, ws, ws_size, lt->stream));
+	g->launch_us_sum += (bench_now_s() - t0) * 1e6;
+	g->launches++;
+}
+
+static void run_local(struct lt *lt, struct gemm *g)
+{
+	local_launch(lt, g, lt->workspace, WORKSPACE_BYTES);
 	CUDA_OK(cudaStreamSynchronize(lt->stream));
+}
+
+/* As regend launches: the workspace the algorithm asks for, taken from a
+ * stream-ordered pool for this call and given back after it. */
+static void run_local_pooled(struct lt *lt, struct gemm *g)
+{
+	void *ws = NULL;
+
+	if (g->ws_size > 0)
+		CUDA_OK(cudaMallocFromPoolAsync(&ws, g->ws_size, lt->pool, lt->stream));
+	local_launch(lt, g, ws, g->ws_size);
+	if (ws != NULL)
+		CUDA_OK(cudaFreeAsync(ws, lt->stream));
+	CUDA_OK(cudaStreamSynchronize(lt->stream));
+}
+
+static double local_launch_mean_us(struct gemm *g)
+{
+	double mean = g->launches ? g->launch_us_sum / (double)g->launches : 0;
+
+	g->launch_us_sum = 0;
+	g->launches = 0;
+	return mean;
 }
 
 static void run_regen_pipelined(regen_client *c, struct gemm *g)
@@ -309,12 +347,8 @@ static void run_regen_pipelined(regen_client *c, struct gemm *g)
 
 static void run_local_pipelined(struct lt *lt, struct gemm *g)
 {
-	const float alpha = 1.0f, beta = 0.0f;
-
-	for (int i = 0; i < PIPE; i++) {
-		LT_OK(cublasLtMatmul(lt->handle, g->desc, &alpha, g->b.ptr, g->la, g->a.ptr, g->lb, &beta, g->d_local.ptr,
-				     g->ld, g->d_local.ptr, g->ld, &g->algo, lt->workspace, WORKSPACE_BYTES, lt->stream));
-	}
+	for (int i = 0; i < PIPE; i++)
+		local_launch(lt, g, lt->workspace, WORKSPACE_BYTES);
 	CUDA_OK(cudaStreamSynchronize(lt->stream));
 }
 
@@ -423,7 +457,9 @@ int main(int argc, char **argv)
 	regen_client *c;
 	struct lt lt;
 	struct gemm small, big;
-	struct bench_stats s_regen, s_local;
+	struct bench_stats s_regen, s_local, s_local_pooled;
+	double small_launch_us, small_pooled_launch_us, big_launch_us, pipe_launch_us[2];
+	size_t small_ws_size;
 	struct breakdown small_stages, big_stages;
 	double *us, t0, t_regen, t_local, flop;
 
@@ -470,6 +506,15 @@ int main(int argc, char **argv)
 	LT_OK(cublasLtCreate(&lt.handle));
 	CUDA_OK(cudaStreamCreateWithFlags(&lt.stream, cudaStreamNonBlocking));
 	CUDA_OK(cudaMalloc(&lt.workspace, WORKSPACE_BYTES));
+	{
+		/* As the worker's scratch pool (daemon/backend/cuda/device.c). */
+		struct cudaMemPoolProps props = { .allocType = cudaMemAllocationTypePinned,
+					   .location = { .type = cudaMemLocationTypeDevice, .id = 0 } };
+		uint64_t keep = UINT64_MAX;
+
+		CUDA_OK(cudaMemPoolCreate(&lt.pool, &props));
+		CUDA_OK(cudaMemPoolSetAttribute(lt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
+	}
 
 	us = malloc(sizeof(double) * (size_t)iters);
 	if (us == NULL) {
@@ -514,6 +559,19 @@ int main(int argc, char **argv)
 		us[i] = (bench_now_s() - t0) * 1e6;
 	}
 	s_local = bench_summarize(us, (size_t)iters);
+	small_launch_us = local_launch_mean_us(&small);
+	for (i = 0; i < WARMUP; i++) {
+		run_local_pooled(&lt, &small);
+	}
+	local_launch_mean_us(&small);
+	for (i = 0; i < iters; i++) {
+		t0 = bench_now_s();
+		run_local_pooled(&lt, &small);
+		us[i] = (bench_now_s() - t0) * 1e6;
+	}
+	s_local_pooled = bench_summarize(us, (size_t)iters);
+	small_pooled_launch_us = local_launch_mean_us(&small);
+	small_ws_size = small.ws_size;
 	gemm_teardown(&small);
 
 	/* ---- throughput: 4096^3, one call at a time ---- */
@@ -545,6 +603,7 @@ int main(int argc, char **argv)
 		t_local += bench_now_s() - t0;
 	}
 	t_local /= BIG_ITERS;
+	big_launch_us = local_launch_mean_us(&big);
 	gemm_teardown(&big);
 
 	/* ---- pipelined: the skinny shapes ---- */
@@ -570,6 +629,7 @@ int main(int argc, char **argv)
 			run_local_pipelined(&lt, &pg);
 		}
 		pipe_local[s] = (bench_now_s() - t0) / (PIPE_ROUNDS * PIPE);
+		pipe_launch_us[s] = local_launch_mean_us(&pg);
 		gemm_teardown(&pg);
 	}
 
@@ -584,6 +644,11 @@ int main(int argc, char **argv)
 	}
 	printf("| in-process (cublasLtMatmul + cudaStreamSynchronize) | %.1f | %.1f | %.1f | | |\n", s_local.p50,
 	       s_local.p99, s_local.min);
+	printf("| in-process, workspace from a pool per call (as the worker) | %.1f | %.1f | %.1f | | |\n",
+	       s_local_pooled.p50, s_local_pooled.p99, s_local_pooled.min);
+	printf("\nin process, host time inside cublasLtMatmul, mean: %.2f µs (fixed workspace), %.2f µs "
+	       "(%zu bytes from a pool per call); compare the worker's `kernel` launch phase "
+	       "(REGEN_CUDA_LAUNCH_PROFILE=1)\n", small_launch_us, small_pooled_launch_us, small_ws_size);
 	printf("\nadded by regend (ring): p50 %.1f µs, p99 %.1f µs (targets: 8 and 20)\n", s_regen.p50 - s_local.p50,
 	       s_regen.p99 - s_local.p99);
 	breakdown_print(&small_stages, "64x64x64");
@@ -594,6 +659,7 @@ int main(int argc, char **argv)
 		       t_local / big_t[t]);
 	}
 	printf("| in process (launch + sync each) | %.1f | 1 |\n", flop / t_local * 1e-12);
+	printf("\nin process, host time inside cublasLtMatmul, mean: %.2f µs\n", big_launch_us);
 	breakdown_print(&big_stages, "4096^3");
 	printf("\npipelined, %d calls queued then one wait (%d rounds), against %d launches and one synchronize:\n\n",
 	       PIPE, PIPE_ROUNDS, PIPE);
@@ -609,6 +675,9 @@ int main(int argc, char **argv)
 		       (long long)pipe_shapes[s][1], (long long)pipe_shapes[s][2], pipe_local[s] * 1e6,
 		       f / pipe_local[s] * 1e-12);
 	}
+	printf("\nin process, host time inside cublasLtMatmul, mean: %.2f µs (%lldx%lldx%lld), %.2f µs (%lldx%lldx%lld)\n",
+	       pipe_launch_us[0], (long long)pipe_shapes[0][0], (long long)pipe_shapes[0][1], (long long)pipe_shapes[0][2],
+	       pipe_launch_us[1], (long long)pipe_shapes[1][0], (long long)pipe_shapes[1][1], (long long)pipe_shapes[1][2]);
 	(void)t_regen;
 	fflush(stdout);
 
@@ -617,6 +686,7 @@ int main(int argc, char **argv)
 	if (getenv("REGEN_CUDA_LAUNCH_PROFILE") != NULL)
 		print_launch_profile();
 	CUDA_OK(cudaFree(lt.workspace));
+	CUDA_OK(cudaMemPoolDestroy(lt.pool));
 	CUDA_OK(cudaStreamDestroy(lt.stream));
 	cublasLtDestroy(lt.handle);
 	return 0; /* atexit: regend stopped, its directory removed */
