@@ -108,7 +108,14 @@ def main():
             out["regend"][ordering] = r
             rows.append([f"regend ({ordering})", f"{r['tokens_per_s']:.0f}", f"{ratio:.3f}", f"{per_step_calls:.0f}",
                          f"{idle:.0f}", f"{handoffs:.0f}", f"~{2 * handoffs:.0f}"])
-            print(f"regend ({ordering}): {ratio:.3f} of in process, {handoffs:.0f} hand-offs/step", flush=True)
+            # The rank's host time in regen.torch calls per step, and the part
+            # spent waiting for the client call's reply: when it is most of
+            # the step, the rank's CPU, not the GPU, sets the pace.
+            step_ms = 1e3 * r["tokens_per_step"] / r["tokens_per_s"]
+            host_ms = r.get("regen_host_ms_per_step", 0)
+            reply_ms = r.get("regen_reply_ms_per_step", 0)
+            print(f"regend ({ordering}): {ratio:.3f} of in process, {handoffs:.0f} hand-offs/step; step {step_ms:.1f} ms, "
+                  f"in regen.torch calls {host_ms:.1f} ms of it (waiting for replies {reply_ms:.1f} ms)", flush=True)
         mode = "MPS" if mps["rank"] or mps["regend"] else "isolated"
         target = 0.95 if mode == "MPS" else 0.8
         print(f"train_gpt.py ({'full' if full else 'small'}), {steps} steps, {mode} (target >= {target})")

@@ -22,8 +22,9 @@ model's device; --fault-at injects a device_lost (regend
 --enable-fault-injection); training goes on, and every step is counted.
 
 Prints one line per step and a summary; --json writes the losses, the
-tokens/s, regen.torch's counters and the memory seen in the rank and in
-regend.
+tokens/s, regen.torch's counters, the rank's host time per step inside
+regen.torch's calls (and waiting for their replies), and the memory seen in
+the rank and in regend.
 """
 
 import argparse
@@ -177,7 +178,7 @@ def train(cfg, mode, args):
         data = batches(cfg, args.seed + 1, device)
         admin = regen.Client(args.socket) if through_regend else None
         rdev = rt.runtime().regend_device(device) if through_regend else None
-        losses, times, mem_rank, mem_regend, calls = [], [], [], [], []
+        losses, times, mem_rank, mem_regend, calls, host_us, reply_us = [], [], [], [], [], [], []
         tokens = cfg["batch"] * cfg["seq"]
         for step in range(args.steps):
             x, y = next(data)
@@ -188,7 +189,7 @@ def train(cfg, mode, args):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            before = rt.stats()["calls"] if through_regend else 0
+            before = rt.stats() if through_regend else None
             with (rt.enable(devices=(device.type,)) if through_regend else contextlib.nullcontext()):
                 logits = model(x)
                 loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), y.reshape(-1))
@@ -199,7 +200,10 @@ def train(cfg, mode, args):
             times.append(time.perf_counter() - t0)
             losses.append(value)
             if through_regend:
-                calls.append(rt.stats()["calls"] - before)
+                after = rt.stats()
+                calls.append(after["calls"] - before["calls"])
+                host_us.append(after["host_us"] - before["host_us"])
+                reply_us.append(after["reply_us"] - before["reply_us"])
             if device.type == "cuda":
                 mem_rank.append(torch.cuda.memory_allocated(device))
             if admin is not None and (step % 5 == 0 or step == args.steps - 1):
@@ -215,6 +219,11 @@ def train(cfg, mode, args):
     if through_regend:
         st = rt.stats()
         out["stats"] = st
+        # The rank's host time per step inside regen.torch's calls, and
+        # the part of it waiting for the client call's reply (steady steps).
+        first = min(len(times) - 1, 3)
+        out["regen_host_ms_per_step"] = sum(host_us[first:]) / 1e3 / max(len(host_us[first:]), 1)
+        out["regen_reply_ms_per_step"] = sum(reply_us[first:]) / 1e3 / max(len(reply_us[first:]), 1)
         out["steps"] = len(losses)
     return out
 

@@ -192,7 +192,12 @@ class Runtime:
         self._batch_depth = 0
         self._batch_calls = 0
         self.counters = {"calls": 0, "handoffs": 0, "idle_calls": 0, "retries": 0, "recoveries": 0,
-                         "block_imports": 0, "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0}
+                         "block_imports": 0, "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0,
+                         # Where the rank's host time in calls goes: all of
+                         # call(), and the part spent in the client's call
+                         # (submit and its reply: at launch with a
+                         # signal_event, else at completion).
+                         "host_us": 0.0, "reply_us": 0.0}
 
     # -- devices -------------------------------------------------------------
 
@@ -403,6 +408,7 @@ class Runtime:
         names the outputs (freshly allocated by the caller, so a retry after
         a fault is always safe)."""
         with self.lock:
+            entered = time.perf_counter()
             self._tick += 1
             attempts = 0
             deadline = None
@@ -427,6 +433,7 @@ class Runtime:
                 self._batch_calls += 1
             if self._tick % SWEEP_OPS == 0:
                 self.sweep()
+            self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
 
     def _call_once(self, op, tensors, scalars):
         """One try of the call; True when the rank's stream was idle (it
@@ -484,7 +491,9 @@ class Runtime:
                     kw["signal_event"] = pair.ids[1]
         fn = {"gemm": self.client.gemm, "attention": self.client.attention,
               "attention_backward": self.client.attention_backward}[op]
+        sent = time.perf_counter()
         fn(**named, **kw)
+        self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
         if kind is not None and not idle:
             self._auto.note(kind, ordering, time.perf_counter() - start)
         if pair is not None and ordering == "events":
