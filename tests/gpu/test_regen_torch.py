@@ -16,6 +16,10 @@ failed".
   ordering   each of "wait", "events", "sync", "auto": regend reads what the rank's
              current stream wrote just before (behind a 50 ms spin), and the
              rank's stream sees what regend wrote
+  chained    in each ordering, the MLP's batches (forward 2 calls, backward
+             7) chain their later calls on regend's lane with no event, and
+             rank work inside a batch (a bias copy, a new ones row) still
+             orders the next call: values against torch in float32
   compile    torch.compile(fullgraph=True, backend="aot_eager") traces the
              custom ops (fake implementations) and runs them (torch >= 2.4)
   lifecycle  restart, device_lost and a worker crash between operations:
@@ -250,6 +254,46 @@ def ordering(rt, d):
     rt.configure(socket=d.socket)
 
 
+def chained(rt, d):
+    """A batch's calls after its first are ordered by regend's lane alone
+    (no event through the rank's context); rank work inside the batch (a
+    bias copied to be contiguous, a new ones row for the bias gradients)
+    orders the next call after it again. The MLP forward and backward, in
+    every ordering, on a side stream whose input is written behind a 50 ms
+    spin, against torch in float32."""
+    F = torch.nn.functional
+    dev = f"cuda:{DEV}"
+    for n, mode in enumerate(("wait", "events", "sync", "auto")):
+        rt.configure(socket=d.socket, ordering=mode)
+        m = 3 * 97 + n                        # a row count no ones row exists for yet
+        s = torch.cuda.Stream(DEV)
+        with torch.cuda.stream(s):
+            x = torch.zeros(m, 256, device=dev, dtype=torch.bfloat16)
+            w1 = (torch.randn(1024, 256, device=dev, dtype=torch.bfloat16) / 16).requires_grad_()
+            wide = torch.randn(2048, device=dev, dtype=torch.bfloat16)
+            b1 = wide[::2].detach().requires_grad_()     # strided: copied on the rank inside the batch
+            w2 = (torch.randn(256, 1024, device=dev, dtype=torch.bfloat16) / 32).requires_grad_()
+            b2 = torch.randn(256, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            src = torch.randn(m, 256, device=dev, dtype=torch.bfloat16)
+            torch.cuda._sleep(int(50e-3 * 1.5e9))
+            x.copy_(src)
+            x.requires_grad_()
+            before = rt.stats()["chained_calls"]
+            y = rt.mlp(x, w1, b1, w2, b2)
+            g = torch.randn_like(y)
+            got = torch.autograd.grad(y, (x, w1, b1, w2, b2), g)
+            chained_now = rt.stats()["chained_calls"] - before
+        s.synchronize()
+        leaves = [t.detach().float().requires_grad_() for t in (src, w1, b1, w2, b2)]
+        ref = F.linear(F.gelu(F.linear(leaves[0], leaves[1], leaves[2]), approximate="tanh"), leaves[3], leaves[4])
+        want = torch.autograd.grad(ref, leaves, g.float())
+        e = max([rel(y, ref)] + [rel(p, q_) for p, q_ in zip(got, want)])
+        record(f"chained batch, ordering {mode}: mlp fwd+bwd right", e < TOL[torch.bfloat16],
+               f"rel {e:.2e}, {chained_now} chained calls")
+        record(f"chained batch, ordering {mode}: calls chained", chained_now >= 3, f"{chained_now} chained calls")
+    rt.configure(socket=d.socket)
+
+
 def capture(rt):
     """A regend operation inside a CUDA graph capture is refused by name,
     and the capture is left usable."""
@@ -370,6 +414,7 @@ def main():
         check("pool", lambda: pool_imports(rt))
         check("blocks", lambda: block_imports(rt))
         check("ordering", lambda: ordering(rt, daemon))
+        check("chained", lambda: chained(rt, daemon))
         check("compile", lambda: compiled(rt))
         check("capture", lambda: capture(rt))
         check("flat", lambda: flat(rt, steps))

@@ -39,6 +39,15 @@ def _empty(shape, dtype, like):
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+def _contiguous(x):
+    """x.contiguous(), telling the runtime when that was a copy on the rank
+    (which a batch's next call must wait for)."""
+    y = x.contiguous()
+    if y is not x:
+        _rt().rank_work()
+    return y
+
+
 def _gemm_input(x):
     """(tensor, transposed): ``x`` as regend's GEMM takes an operand
     (row-major with unit column stride), either itself or its transpose as a
@@ -50,7 +59,7 @@ def _gemm_input(x):
         return x, False
     if (s0 == 1 or r == 1) and (s1 >= r or c == 1):
         return x.t(), True
-    return x.contiguous(), False
+    return _contiguous(x), False
 
 
 _ONES_KEPT = 16
@@ -68,6 +77,7 @@ def _ones_row(m, like):
         if len(_ones) >= _ONES_KEPT:
             _ones.pop(next(iter(_ones)))
         row = _empty([1, m], like.dtype, like).fill_(1)
+        _rt().rank_work()
         _ones[key] = row
     return row
 
@@ -80,7 +90,7 @@ def _column_sums(grad):
 
 def _last_unit(x):
     """Attention operands need unit stride in their last dimension."""
-    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else _contiguous(x)
 
 
 # ---- kernels (run on real tensors) ------------------------------------------
@@ -94,7 +104,7 @@ def _gemm(a, b, out, epilogue=None, bias=None, aux=None):
     scalars = {"trans_a": ta, "trans_b": tb}
     if epilogue is not None:
         scalars["epilogue"] = epilogue
-    _rt().call("gemm", {"a": aa, "b": bb, "d": out, "bias": None if bias is None else bias.contiguous(), "aux": aux},
+    _rt().call("gemm", {"a": aa, "b": bb, "d": out, "bias": None if bias is None else _contiguous(bias), "aux": aux},
                scalars)
     return out
 
@@ -109,6 +119,7 @@ def _mm_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if m == 0 or n == 0:
         return out
     if a.shape[1] == 0:
+        _rt().rank_work()
         return out.zero_()
     return _gemm(a, b, out)
 
@@ -213,9 +224,10 @@ def _sdpa_backward_kernel(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     dk = _empty(list(k.shape), k.dtype, k)
     dv = _empty(list(v.shape), v.dtype, v)
     if o.numel() == 0:
+        _rt().rank_work()
         return dq.zero_(), dk.zero_(), dv.zero_()
     named = {"q": _last_unit(q), "k": _last_unit(k), "v": _last_unit(v), "o": _last_unit(o),
-             "d_o": _last_unit(grad), "stats": lse.contiguous(), "d_q": dq, "d_k": dk, "d_v": dv}
+             "d_o": _last_unit(grad), "stats": _contiguous(lse), "d_q": dq, "d_k": dk, "d_v": dv}
     _rt().call("attention_backward", named, _attention_scalars(is_causal, scale))
     return dq, dk, dv
 
@@ -254,7 +266,7 @@ def _sdpa_packed_backward(qkv, o, lse, grad, heads, is_causal, scale):
     d = q.shape[3]
     o4 = o.view(b, s, heads, d).transpose(1, 2)
     g4 = grad.reshape(b, s, heads, d).transpose(1, 2)
-    named = {"q": q, "k": k, "v": v, "o": o4, "d_o": _last_unit(g4), "stats": lse.contiguous(),
+    named = {"q": q, "k": k, "v": v, "o": o4, "d_o": _last_unit(g4), "stats": _contiguous(lse),
              "d_q": dq, "d_k": dk, "d_v": dv}
     _rt().call("attention_backward", named, _attention_scalars(is_causal, scale))
     return dqkv
@@ -339,6 +351,7 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
                 # apart: GELU's gradient on the rank for this width.
                 dz = torch.ops.aten.gelu_backward(_gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x)), z,
                                                   approximate="tanh")
+                _rt().rank_work()
             else:
                 dz = _gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x), "dgelu", aux=z)
             if needs[0]:

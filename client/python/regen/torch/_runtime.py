@@ -191,13 +191,19 @@ class Runtime:
         self._auto = _AutoOrdering()
         self._batch_depth = 0
         self._batch_calls = 0
+        # Inside a batch, the (device, stream) whose last call was ordered
+        # with no rank work since: the next call there needs no ordering.
+        self._chained = None
         self.counters = {"calls": 0, "handoffs": 0, "idle_calls": 0, "retries": 0, "recoveries": 0,
                          "block_imports": 0, "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0,
                          # Where the rank's host time in calls goes: all of
                          # call(), and the part spent in the client's call
                          # (submit and its reply: at launch with a
                          # signal_event, else at completion).
-                         "host_us": 0.0, "reply_us": 0.0}
+                         "host_us": 0.0, "reply_us": 0.0,
+                         # Calls of a batch after its first: ordered by
+                         # regend's lane alone (batch()).
+                         "chained_calls": 0}
 
     # -- devices -------------------------------------------------------------
 
@@ -399,8 +405,19 @@ class Runtime:
 
     def batch(self):
         """Calls made inside ``with rt.batch():`` follow each other on
-        regend's side with no rank work between them: one hand-off."""
+        regend's side with no rank work between them: one hand-off.  Only
+        the first orders itself after the rank's stream; the others follow
+        it on regend's lane, which keeps calls in order, so no event passes
+        through the rank's context between them (each would cost a context
+        switch each way).  Code inside that runs GPU work on the rank which
+        a later call reads says so with ``rank_work()``: the next call is
+        then ordered after it again."""
         return _Batch(self)
+
+    def rank_work(self):
+        """GPU work was just queued on the rank's stream inside a batch
+        (a copy, a fill): the next call waits for it."""
+        self._chained = None
 
     def call(self, op, tensors, scalars, outputs=()):
         """Run ``op`` ("gemm", "attention", "attention_backward") on the
@@ -417,6 +434,7 @@ class Runtime:
                     idle = self._call_once(op, tensors, scalars)
                     break
                 except _RECOVERABLE as e:
+                    self._chained = None
                     attempts += 1
                     if deadline is None:
                         deadline = time.monotonic() + self.recovery_timeout
@@ -466,11 +484,15 @@ class Runtime:
         if tdev.type == "cuda":
             stream = torch.cuda.current_stream(tdev)
         start = time.perf_counter()
+        # A later call of a batch follows the one before on regend's lane:
+        # nothing of the rank's to wait for (see batch()).
+        chained = (stream is not None and self._batch_depth > 0 and
+                   self._chained == (device, stream.cuda_stream))
         # Everything the rank queued on its stream is done (a host query, no
         # GPU work): regend may read now, and nothing is recorded on the
         # rank's stream for it, which would bring the rank's context back to
         # the GPU between two regend calls (a context switch, ~140 us).
-        idle = stream is not None and stream.query()
+        idle = stream is not None and (chained or stream.query())
         # "auto" learns from calls that needed an ordering; an idle call
         # would teach it nothing.
         if stream is not None and ordering == "auto" and not idle:
@@ -499,6 +521,10 @@ class Runtime:
         if pair is not None and ordering == "events":
             stream.wait_event(pair.after)
             self._pending[device] = (pair.after, pair.generation)
+        if chained:
+            self.counters["chained_calls"] += 1
+        if self._batch_depth > 0 and stream is not None:
+            self._chained = (device, stream.cuda_stream)
         # Outputs regend wrote into copies (CPU tensors from outside the
         # host pool) go back where the caller wants them.
         for name, used in copies.items():
@@ -607,11 +633,14 @@ class _Batch:
         self.rt.lock.acquire()
         if self.rt._batch_depth == 0:
             self.rt._batch_calls = 0
+            self.rt._chained = None
         self.rt._batch_depth += 1
         return self
 
     def __exit__(self, *exc):
         self.rt._batch_depth -= 1
+        if self.rt._batch_depth == 0:
+            self.rt._chained = None
         self.rt.lock.release()
 
 
