@@ -13,9 +13,13 @@ an injected fault.
 
 In "regend" mode the whole loop runs inside regen.torch.pool() (weights,
 activations, gradients and optimizer state in memory regend maps once per
-chunk: no import per tensor) and regen.torch.enable() (nn.Linear, the
-attention and the LM head go to regend; layer norms, GELU's derivative,
-the loss and the optimizer stay in torch).  Backward runs on this thread
+chunk: no import per tensor) and regen.torch.enable().  Each transformer
+block is one operation, rt.transformer_block (its LayerNorms, projections,
+attention, MLP and residual adds in regend, one run of calls each way);
+with --kernels parts its pieces go separately (rt.attention_packed,
+rt.mlp, the projection; LayerNorms and residual adds on the rank).  The LM
+head goes to regend through enable(); the embeddings, the last LayerNorm,
+the loss and the optimizer stay in torch.  Backward runs on this thread
 (torch.autograd.set_multithreading_enabled(False)) so that its allocations
 are pool memory too.  --restart-at runs `regenctl restart --wait` for the
 model's device; --fault-at injects a device_lost (regend
@@ -63,8 +67,16 @@ class Block(torch.nn.Module):
         self.attention = None      # set by GPT: F.scaled_dot_product_attention or a stand-in
         self.packed_attention = None  # regen.torch.attention_packed (reads qkv's output in place), or None
         self.fused_mlp = None      # regen.torch.mlp (up, GELU, down as one operation), or None
+        self.fused_block = None    # regen.torch.transformer_block (the whole block as one operation), or None
 
     def forward(self, x):
+        if self.fused_block is not None:
+            # LayerNorms, projections, attention, MLP and both residual adds
+            # in regend, one run of calls each way.
+            return self.fused_block(x, self.ln1.weight, self.ln1.bias, self.qkv.weight, self.qkv.bias,
+                                    self.proj.weight, self.proj.bias, self.ln2.weight, self.ln2.bias,
+                                    self.up.weight, self.up.bias, self.down.weight, self.down.bias, self.heads,
+                                    self.ln1.eps)
         b, s, w = x.shape
         qkv = self.qkv(self.ln1(x))
         if self.packed_attention is not None:
@@ -92,11 +104,12 @@ class GPT(torch.nn.Module):
         self.ln = torch.nn.LayerNorm(width)
         self.head = torch.nn.Linear(width, vocab, bias=False)
 
-    def set_kernels(self, attention, fused_mlp=None, packed_attention=None):
+    def set_kernels(self, attention, fused_mlp=None, packed_attention=None, fused_block=None):
         for blk in self.blocks:
             blk.attention = attention
             blk.fused_mlp = fused_mlp
             blk.packed_attention = packed_attention
+            blk.fused_block = fused_block
 
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -171,7 +184,8 @@ def train(cfg, mode, args):
         torch.manual_seed(args.seed)
         model = GPT(**cfg).to(device=device, dtype=dtype)
         if through_regend:
-            model.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed)
+            block = rt.transformer_block if args.kernels == "block" else None
+            model.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed, block)
         else:
             model.set_kernels(attention_in_torch, None)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -244,6 +258,9 @@ def main(argv=None):
     p.add_argument("--restart-at", type=int, default=-1, help="step before which `regenctl restart --wait` runs")
     p.add_argument("--fault-at", type=int, default=-1, help="step before which a device_lost is injected")
     p.add_argument("--no-pool", action="store_true", help="leave memory to torch's allocator (block imports)")
+    p.add_argument("--kernels", choices=("block", "parts"), default="block",
+                   help="regend mode: each transformer block as one operation (rt.transformer_block, LayerNorms in "
+                        "regend), or as its parts (rt.attention_packed, rt.mlp, linears; LayerNorms on the rank)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

@@ -150,6 +150,44 @@ class Ops(unittest.TestCase):
                 for got, want in zip(grads, torch.autograd.grad(ref, inputs, g)):
                     self.assertLess(maxdiff(got, want), 1e-3)
 
+    def test_transformer_block_in_one_hand_off_each_way(self):
+        """rt.transformer_block against the same block in torch (f32):
+        output and all 13 gradients, forward and backward each one run of
+        calls (LayerNorms in regend, residuals in the GEMMs and in
+        LayerNormBackward)."""
+        F = torch.nn.functional
+        b, s, w, heads, hidden = 2, 9, 24, 3, 40
+        x = torch.randn(b, s, w, requires_grad=True)
+        shapes = [[w], [w], [3 * w, w], [3 * w], [w, w], [w], [w], [w], [hidden, w], [hidden], [w, hidden], [w]]
+        params = [(torch.randn(sh) / (sh[-1] ** 0.5 if len(sh) == 2 else 1)).requires_grad_() for sh in shapes]
+        ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
+
+        def reference(x):
+            q, k, v = F.linear(F.layer_norm(x, [w], ln1_w, ln1_b), qkv_w, qkv_b).view(b, s, 3, heads, w // heads) \
+                .permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)
+            h = x + F.linear(a, proj_w, proj_b)
+            return h + F.linear(F.gelu(F.linear(F.layer_norm(h, [w], ln2_w, ln2_b), up_w, up_b), approximate="tanh"),
+                                down_w, down_b)
+
+        st = rt.stats()
+        y = rt.transformer_block(x, *params, heads)
+        after = rt.stats()
+        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
+        self.assertEqual(after["calls"] - st["calls"], 7)   # 2 LayerNorms, 4 GEMMs, attention
+        ref = reference(x)
+        self.assertLess(maxdiff(y, ref), 1e-4)
+        g = torch.randn_like(y)
+        st = rt.stats()
+        grads = torch.autograd.grad(y, [x] + params, g)
+        after = rt.stats()
+        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
+        for name, got, want in zip(["x"] + [f"param {i}" for i in range(12)], grads,
+                                   torch.autograd.grad(ref, [x] + params, g)):
+            self.assertLess(maxdiff(got, want), 1e-3, name)
+        with self.assertRaises(ValueError):
+            rt.transformer_block(x, *params, 5)   # 24 is not a multiple of 5 heads
+
     def test_attention_packed_reads_and_writes_qkv_in_place(self):
         for causal in (False, True):
             with self.subTest(causal=causal):

@@ -95,17 +95,19 @@ def _last_unit(x):
 
 # ---- kernels (run on real tensors) ------------------------------------------
 
-def _gemm(a, b, out, epilogue=None, bias=None, aux=None):
-    """out = epilogue(a @ b (+ bias)) in regend, a and b 2-D (views as regend
-    takes them, a copy only where neither a tensor nor its transpose is
-    one)."""
+def _gemm(a, b, out, epilogue=None, bias=None, aux=None, c=None):
+    """out = epilogue(a @ b (+ bias)) (+ c) in regend, a and b 2-D (views as
+    regend takes them, a copy only where neither a tensor nor its transpose
+    is one); ``c`` (out's shape and dtype): a residual added with beta 1."""
     aa, ta = _gemm_input(a)
     bb, tb = _gemm_input(b)
     scalars = {"trans_a": ta, "trans_b": tb}
     if epilogue is not None:
         scalars["epilogue"] = epilogue
-    _rt().call("gemm", {"a": aa, "b": bb, "d": out, "bias": None if bias is None else _contiguous(bias), "aux": aux},
-               scalars)
+    if c is not None:
+        scalars["beta"] = 1.0
+    _rt().call("gemm", {"a": aa, "b": bb, "c": c, "d": out, "bias": None if bias is None else _contiguous(bias),
+                        "aux": aux}, scalars)
     return out
 
 

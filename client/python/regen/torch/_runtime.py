@@ -512,7 +512,9 @@ class Runtime:
                 if ordering == "events":
                     kw["signal_event"] = pair.ids[1]
         fn = {"gemm": self.client.gemm, "attention": self.client.attention,
-              "attention_backward": self.client.attention_backward}[op]
+              "attention_backward": self.client.attention_backward,
+              "layer_norm": getattr(self.client, "layer_norm", None),
+              "layer_norm_backward": getattr(self.client, "layer_norm_backward", None)}[op]
         sent = time.perf_counter()
         fn(**named, **kw)
         self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
@@ -622,7 +624,7 @@ class Runtime:
             return out
 
 
-_OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v"})
+_OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v", "y", "mean", "rstd", "d_x", "d_weight", "d_bias"})
 
 
 class _Batch:

@@ -1,0 +1,140 @@
+"""A pre-LayerNorm transformer block as one regen.torch operation:
+
+    h = x + proj(attention(qkv(ln1(x))))
+    y = h + down(gelu(up(ln2(h))))
+
+Forward and backward each run as one batch of regend calls with no rank
+work between them: the LayerNorms run in regend (io.regen.Compute.LayerNorm
+and LayerNormBackward), the residual adds ride in the projections' GEMMs
+(C = the residual, beta 1) going forward and in LayerNormBackward's
+d_residual going back, GELU and its gradient in GEMM epilogues, attention
+reads q, k, v in place from the qkv projection's output and writes their
+gradients in place.  So a block costs one hand-off each way (two context
+switches) where its parts as separate operations cost four or more, with
+a LayerNorm and a residual add on the rank between each.
+
+The saved activations are those autograd would keep for the same layers:
+x, ln1's output and statistics, qkv, attention's output and log-sum-exp,
+h, ln2's output and statistics, and GELU's output; GELU's input is
+recomputed in the backward (one GEMM), as rt.mlp does.
+"""
+
+import torch
+
+from ._ops import _column_sums, _empty, _gemm, _rt, _sdpa_packed_backward, _sdpa_packed_kernel
+
+__all__ = ["transformer_block", "BLOCK_PARAMETERS"]
+
+# The parameters, in the order transformer_block takes them.
+BLOCK_PARAMETERS = ("ln1_weight", "ln1_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias",
+                    "ln2_weight", "ln2_bias", "up_weight", "up_bias", "down_weight", "down_bias")
+
+
+def _layer_norm(x, weight, bias, eps):
+    """(y, mean, rstd) of LayerNorm over x's rows, in regend."""
+    rows = x.shape[0]
+    y = _empty(list(x.shape), x.dtype, x)
+    mean = _empty([rows], torch.float32, x)
+    rstd = _empty([rows], torch.float32, x)
+    _rt().call("layer_norm", {"x": x, "weight": weight, "bias": bias, "y": y, "mean": mean, "rstd": rstd},
+               {"eps": float(eps)})
+    return y, mean, rstd
+
+
+def _layer_norm_backward(d_y, x, weight, mean, rstd, d_residual, needs_weight, needs_bias):
+    """(d_x, d_weight, d_bias): LayerNorm's gradients, d_residual added to
+    d_x in the same call."""
+    d_x = _empty(list(x.shape), x.dtype, x)
+    d_w = _empty(list(weight.shape), weight.dtype, weight) if needs_weight else None
+    d_b = _empty(list(weight.shape), weight.dtype, weight) if needs_bias else None
+    _rt().call("layer_norm_backward", {"d_y": d_y, "x": x, "weight": weight, "mean": mean, "rstd": rstd,
+                                       "d_x": d_x, "d_weight": d_w, "d_bias": d_b, "d_residual": d_residual}, {})
+    return d_x, d_w, d_b
+
+
+def _check(x, params, heads):
+    if x.dim() != 3:
+        raise ValueError(f"transformer_block: x must be [B, S, W], got {list(x.shape)}")
+    w = x.shape[2]
+    want = {"ln1_weight": [w], "ln1_bias": [w], "qkv_weight": [3 * w, w], "qkv_bias": [3 * w],
+            "proj_weight": [w, w], "proj_bias": [w], "ln2_weight": [w], "ln2_bias": [w],
+            "up_weight": None, "up_bias": None, "down_weight": None, "down_bias": [w]}
+    hidden = params[8].shape[0] if params[8].dim() == 2 else -1
+    want["up_weight"], want["up_bias"], want["down_weight"] = [hidden, w], [hidden], [w, hidden]
+    for name, p in zip(BLOCK_PARAMETERS, params):
+        if list(p.shape) != want[name]:
+            raise ValueError(f"transformer_block: {name} must be {want[name]}, got {list(p.shape)}")
+        if p.dtype != x.dtype or p.device != x.device:
+            raise ValueError(f"transformer_block: {name} is {p.dtype} on {p.device}, x {x.dtype} on {x.device}")
+    if heads <= 0 or w % heads != 0:
+        raise ValueError(f"transformer_block: width {w} is not a multiple of {heads} heads")
+
+
+class _Block(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, heads, eps, *params):
+        ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
+        b, s, w = x.shape
+        x2d = x.contiguous().view(b * s, w)
+        params = [p.contiguous() for p in params]
+        ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
+        with _rt().batch():
+            a1, mean1, rstd1 = _layer_norm(x2d, ln1_w, ln1_b, eps)
+            qkv = _gemm(a1, qkv_w.t(), _empty([b * s, 3 * w], x.dtype, x), "bias", qkv_b)
+            o, lse = _sdpa_packed_kernel(qkv.view(b, s, 3 * w), heads, True, None)
+            o2d = o.view(b * s, w)
+            h = _gemm(o2d, proj_w.t(), _empty([b * s, w], x.dtype, x), "bias", proj_b, c=x2d)
+            a2, mean2, rstd2 = _layer_norm(h, ln2_w, ln2_b, eps)
+            u = _gemm(a2, up_w.t(), _empty([b * s, up_w.shape[0]], x.dtype, x), "gelu_bias", up_b)
+            y = _gemm(u, down_w.t(), _empty([b * s, w], x.dtype, x), "bias", down_b, c=h)
+        ctx.heads, ctx.eps, ctx.shape = heads, eps, (b, s, w)
+        ctx.save_for_backward(x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u, *params)
+        return y.view(b, s, w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u,
+         ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b) = ctx.saved_tensors
+        b, s, w = ctx.shape
+        rows = b * s
+        needs = ctx.needs_input_grad[3:]
+        g = grad.contiguous().view(rows, w)
+        out = [None] * 12
+        with _rt().batch():
+            # MLP: down's gradients, GELU's input again, then dz through
+            # GELU's gradient in the GEMM's epilogue (dgelu).
+            out[10] = _gemm(g.t(), u, _empty(list(down_w.shape), down_w.dtype, down_w))
+            out[11] = _column_sums(g)
+            z = _gemm(a2, up_w.t(), _empty([rows, up_w.shape[0]], a2.dtype, a2), "bias", up_b)
+            dz = _gemm(g, down_w, _empty([rows, up_w.shape[0]], a2.dtype, a2), "dgelu", aux=z)
+            out[8] = _gemm(dz.t(), a2, _empty(list(up_w.shape), up_w.dtype, up_w))
+            out[9] = _column_sums(dz)
+            d_a2 = _gemm(dz, up_w, _empty([rows, w], a2.dtype, a2))
+            # ln2, the residual's gradient (g) added in the same call.
+            d_h, out[6], out[7] = _layer_norm_backward(d_a2, h, ln2_w, mean2, rstd2, g, True, True)
+            # The projection, attention (dq, dk, dv into one d_qkv), qkv.
+            out[4] = _gemm(d_h.t(), o2d, _empty(list(proj_w.shape), proj_w.dtype, proj_w))
+            out[5] = _column_sums(d_h)
+            d_o = _gemm(d_h, proj_w, _empty([rows, w], h.dtype, h))
+            d_qkv = _sdpa_packed_backward(qkv.view(b, s, 3 * w), o2d.view(b, s, w), lse, d_o.view(b, s, w),
+                                          ctx.heads, True, None).view(rows, 3 * w)
+            out[2] = _gemm(d_qkv.t(), a1, _empty(list(qkv_w.shape), qkv_w.dtype, qkv_w))
+            out[3] = _column_sums(d_qkv)
+            d_a1 = _gemm(d_qkv, qkv_w, _empty([rows, w], a1.dtype, a1))
+            # ln1, h's gradient (the residual) added in the same call.
+            d_x, out[0], out[1] = _layer_norm_backward(d_a1, x2d, ln1_w, mean1, rstd1, d_h, True, True)
+        grads = [gp if n else None for gp, n in zip(out, needs)]
+        return (d_x.view(b, s, w), None, None, *grads)
+
+
+def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
+                      up_weight, up_bias, down_weight, down_bias, heads, eps=1e-5):
+    """A pre-LayerNorm GPT block (causal attention over ``heads`` heads,
+    GELU with the tanh approximation) on x [B, S, W], forward and backward
+    each as one run of regend calls (one hand-off each way).  The weights
+    are nn.Linear's ([out, in]) and nn.LayerNorm's, all of x's dtype and
+    device."""
+    params = (ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
+              up_weight, up_bias, down_weight, down_bias)
+    _check(x, params, int(heads))
+    return _Block.apply(x, int(heads), float(eps), *params)
