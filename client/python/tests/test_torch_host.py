@@ -166,7 +166,7 @@ class Ops(unittest.TestCase):
         def reference(x):
             q, k, v = F.linear(F.layer_norm(x, [w], ln1_w, ln1_b), qkv_w, qkv_b).view(b, s, 3, heads, w // heads) \
                 .permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, w)
+            a = reference_sdpa(q, k, v, True).transpose(1, 2).reshape(b, s, w)
             h = x + F.linear(a, proj_w, proj_b)
             return h + F.linear(F.gelu(F.linear(F.layer_norm(h, [w], ln2_w, ln2_b), up_w, up_b), approximate="tanh"),
                                 down_w, down_b)
