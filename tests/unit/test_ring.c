@@ -254,7 +254,7 @@ struct bad {
 	void (*spoil)(struct rp_ring_record *rec);
 };
 
-static void op_unknown(struct rp_ring_record *r) { r->op = 3; }
+static void op_unknown(struct rp_ring_record *r) { r->op = RP_OP_COUNT; }
 static void flag_of_attention(struct rp_ring_record *r) { r->flags |= RP_RING_CAUSAL; }
 static void reserved_set(struct rp_ring_record *r) { r->reserved1 = 1; }
 static void scale_on_gemm(struct rp_ring_record *r) { r->scale = 1.0; }
