@@ -158,8 +158,9 @@ static int layer_norm_backward_check(struct rp_compute *c, struct rp_error *err)
 
 static void layer_norm_encode(const struct rp_compute *c, cJSON *params)
 {
-	/* 0 leaves the default to the parser. */
-	if (c->layer_norm.eps > 0.0) {
+	/* 0 leaves the default to the parser; any other value goes as it is,
+	 * for regend to judge (a negative one is refused there by name). */
+	if (c->layer_norm.eps != 0.0) {
 		cJSON_AddNumberToObject(params, "eps", c->layer_norm.eps);
 	}
 }
