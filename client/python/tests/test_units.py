@@ -486,6 +486,17 @@ class EventsAndFds(unittest.TestCase):
         self.assertEqual(self.calls[-1][1], "io.regen.Compute.AttentionBackward")
         self.assertEqual(self.calls[-1][2]["wait_event"], wait.id)
         self.assertNotIn("signal_event", self.calls[-1][2])
+        vec = regen.Operand("b0.1.7", 0, "f32", [4])
+        self.c.layer_norm(op, vec, op, rstd=vec, eps=0.01, signal_event=signal, deadline_ms=50)
+        self.assertEqual(self.calls[-1][1], "io.regen.Compute.LayerNorm")
+        self.assertEqual({k: v for k, v in self.calls[-1][2].items() if k not in ("x", "weight", "y", "rstd")},
+                         {"eps": 0.01, "signal_event": signal.id, "deadline_ms": 50})
+        self.c.layer_norm_backward(op, op, vec, vec, vec, op, d_residual=op, wait_event=wait)
+        self.assertEqual(self.calls[-1][1], "io.regen.Compute.LayerNormBackward")
+        self.assertEqual(sorted(self.calls[-1][2]),
+                         ["d_residual", "d_x", "d_y", "mean", "rstd", "wait_event", "weight", "x"])
+        with self.assertRaises(ValueError):
+            self.c.layer_norm(op, vec, op, eps=float("nan"))
 
 
 if __name__ == "__main__":
