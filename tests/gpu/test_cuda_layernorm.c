@@ -408,17 +408,9 @@ int main(void)
 {
 	if (gt_have_gpu())
 		return GT_SKIP;
-	uint64_t seed = gt_seed();
-	printf("test_cuda_layernorm: seed %llu (REGEN_TEST_SEED=%llu repeats it)\n", (unsigned long long)seed,
-	       (unsigned long long)seed);
 	struct gt t;
-	gt_open(&t);
-	struct rp_error err = { 0 };
-	struct rd_lane *lane = t.dev.backend->lane_create(&t.dev, 0, &err);
-	if (!lane) {
-		fprintf(stderr, "FAIL: lane_create: %s\n", gt_err_message(&err));
-		return 1;
-	}
+	uint64_t seed;
+	struct rd_lane *lane = gt_start(&t, "test_cuda_layernorm", &seed);
 	static const enum rp_dtype dts[] = { RP_DTYPE_F32, RP_DTYPE_F16, RP_DTYPE_BF16 };
 	static const struct {
 		int64_t rows, n, ld;
