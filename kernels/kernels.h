@@ -1,6 +1,7 @@
 /* Kernels regen launches itself: fills and comparisons for the GPU tests,
  * the canary the backend runs after a reset, the fault-injection kernels
- * (illegal address, spin), and attention's sequence-length helpers. Plain C API; every function enqueues on
+ * (illegal address, spin), attention's sequence-length helpers, and
+ * LayerNorm forward and backward. Plain C API; every function enqueues on
  * `stream` and returns the launch's cudaError_t (cudaGetLastError after the
  * launch), so callers check each one. */
 #pragma once
@@ -93,6 +94,42 @@ struct rk_rows {
 
 /* Writes the padding rows of n (1 to RK_ROWS_MAX) tensors, in one launch. */
 cudaError_t rk_fill_padding_rows(const struct rk_rows *t, int n, cudaStream_t stream);
+
+/* LayerNorm over the last dimension of x [rows, n] (row stride x_ld, last
+ * stride 1): y = (x - mean) rstd weight + bias, each row's mean and biased
+ * variance in f32, rstd = 1 / sqrt(variance + eps). x, weight, bias and y
+ * are of `dtype`, weight and bias [n] contiguous; bias, mean and rstd (f32
+ * [rows]) may be NULL. Every pointer aligned to its element's size. */
+#define RK_LAYER_NORM_N_MAX 65536
+struct rk_layer_norm {
+	enum rk_dtype dtype;
+	int64_t rows, n;
+	const void *x, *weight, *bias;
+	void *y;
+	int64_t x_ld, y_ld;
+	float *mean, *rstd;
+	float eps;
+};
+cudaError_t rk_layer_norm(const struct rk_layer_norm *args, cudaStream_t stream);
+
+/* Its gradients from the forward's x, weight, mean and rstd and d_y:
+ * d_x = rstd (g - mean(g) - xhat mean(g xhat)) (+ d_residual), g = d_y
+ * weight, xhat = (x - mean) rstd; d_x may be d_residual exactly. d_weight
+ * = sum over rows of d_y xhat and d_bias = sum of d_y (either may be NULL)
+ * go through `partial`, f32 scratch of rk_layer_norm_backward_scratch()
+ * bytes (NULL when neither is wanted). Every tensor of `dtype` but the
+ * statistics and the scratch. */
+struct rk_layer_norm_backward {
+	enum rk_dtype dtype;
+	int64_t rows, n;
+	const void *d_y, *x, *weight, *d_residual;
+	const float *mean, *rstd;
+	void *d_x, *d_weight, *d_bias;
+	int64_t d_y_ld, x_ld, d_x_ld, d_residual_ld;
+	float *partial;
+};
+size_t rk_layer_norm_backward_scratch(int64_t rows, int64_t n);
+cudaError_t rk_layer_norm_backward(const struct rk_layer_norm_backward *args, cudaStream_t stream);
 
 /* Runs a small kernel with a known answer on `stream`, copies it back and
  * checks it; synchronises the stream. cudaSuccess when the answer was right,

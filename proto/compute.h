@@ -1,6 +1,7 @@
 /* io.regen.Compute: one table per operation.
  *
- * Each operation (Gemm, Attention, AttentionBackward) is one struct
+ * Each operation (Gemm, Attention, AttentionBackward, LayerNorm,
+ * LayerNormBackward) is one struct
  * rp_op_spec: its method, its operands (name, role, rank, dtypes, which
  * operand's dtype or shape it shares), its scalar parameters, and one
  * function for what a table cannot say (the shape relations among
@@ -23,7 +24,8 @@
 #include "params.h"
 
 enum rp_op_id {
-	RP_OP_GEMM = 0, RP_OP_ATTENTION, RP_OP_ATTENTION_BACKWARD, RP_OP_COUNT,
+	RP_OP_GEMM = 0, RP_OP_ATTENTION, RP_OP_ATTENTION_BACKWARD, RP_OP_LAYER_NORM, RP_OP_LAYER_NORM_BACKWARD,
+	RP_OP_COUNT,
 	/* io.regen.Comm's calls (proto/comm.h): parsed by this machinery from
 	 * tables of their own, and not in the compute table. */
 	RP_OP_COMM = RP_OP_COUNT,
@@ -41,6 +43,13 @@ enum {
 enum {
 	RP_ATB_Q = 0, RP_ATB_K, RP_ATB_V, RP_ATB_O, RP_ATB_DO, RP_ATB_STATS, RP_ATB_DQ, RP_ATB_DK, RP_ATB_DV,
 	RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, RP_ATB_OPERANDS
+};
+/* LayerNorm's, and its backward's: d_residual, an input, comes after the
+ * outputs it is added into. */
+enum { RP_LN_X = 0, RP_LN_WEIGHT, RP_LN_BIAS, RP_LN_Y, RP_LN_MEAN, RP_LN_RSTD, RP_LN_OPERANDS };
+enum {
+	RP_LNB_DY = 0, RP_LNB_X, RP_LNB_WEIGHT, RP_LNB_MEAN, RP_LNB_RSTD, RP_LNB_DX, RP_LNB_DWEIGHT, RP_LNB_DBIAS,
+	RP_LNB_DRESIDUAL, RP_LNB_OPERANDS
 };
 #define RP_OP_OPERANDS_MAX 11
 
@@ -121,6 +130,17 @@ struct rp_attention {
 	bool padded;
 };
 
+/* LayerNorm and LayerNormBackward: statistics over the last dimension of
+ * x [rows, n]. */
+struct rp_layer_norm {
+	double eps;                  /* LayerNorm's; default RP_LAYER_NORM_EPS_DEFAULT; 0 in the backward */
+	int64_t rows, n;             /* derived */
+};
+#define RP_LAYER_NORM_EPS_DEFAULT 1e-5
+/* The longest row a LayerNorm takes: what the backends size their per-row
+ * scratch and per-column partial sums by. */
+#define RP_LAYER_NORM_N_MAX 65536
+
 /* io.regen.Comm's calls that run on a lane (proto/comm.h). */
 enum rp_comm_kind {
 	RP_COMM_INIT = 0, RP_COMM_DESTROY, RP_COMM_ALL_REDUCE, RP_COMM_ALL_GATHER, RP_COMM_REDUCE_SCATTER,
@@ -162,11 +182,13 @@ struct rp_compute {
 	union {
 		struct rp_gemm gemm;
 		struct rp_attention attention;
+		struct rp_layer_norm layer_norm;
 		struct rp_comm_call comm;
 	};
 };
 
 extern const struct rp_op_spec rp_op_gemm, rp_op_attention, rp_op_attention_backward;
+extern const struct rp_op_spec rp_op_layer_norm, rp_op_layer_norm_backward;
 
 /* The table of every operation, indexed by enum rp_op_id. */
 const struct rp_op_spec *rp_op_get(enum rp_op_id id);

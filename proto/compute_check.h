@@ -1,5 +1,5 @@
-/* What the operations' own checks (compute_gemm.c, compute_attention.c)
- * share with the table machinery (compute.c): shapes in reasons. */
+/* What the operations' own checks (compute_gemm.c, compute_attention.c,
+ * compute_layernorm.c) share with the table machinery (compute.c): shapes in reasons. */
 #pragma once
 
 #include <stdbool.h>

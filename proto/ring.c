@@ -24,7 +24,15 @@ size_t rp_ring_size(uint32_t entries)
 /* The flags each operation takes. */
 static uint16_t op_flags(enum rp_op_id op)
 {
-	return op == RP_OP_GEMM ? RP_RING_TRANS_A | RP_RING_TRANS_B : RP_RING_CAUSAL;
+	switch (op) {
+	case RP_OP_GEMM:
+		return RP_RING_TRANS_A | RP_RING_TRANS_B;
+	case RP_OP_ATTENTION:
+	case RP_OP_ATTENTION_BACKWARD:
+		return RP_RING_CAUSAL;
+	default:
+		return 0;
+	}
 }
 
 static int decode_operand(const struct rp_ring_operand *ro, const char *name, const struct rp_id *ids, uint32_t nids,
@@ -118,6 +126,16 @@ static int decode(const struct rp_ring_record *rec, const struct rp_id *ids, uin
 		c->attention.alignment = (enum rp_causal_alignment)rec->alignment;
 		c->attention.scale = rec->scale;
 		break;
+	case RP_OP_LAYER_NORM:
+	case RP_OP_LAYER_NORM_BACKWARD:
+		if (rec->epilogue || rec->compute || rec->alignment || rec->alpha != 0.0 || rec->beta != 0.0)
+			return rp_error_invalid_parameter(err, rec->epilogue ? "epilogue" : rec->compute ? "compute"
+							       : rec->alignment ? "causal_alignment"
+							       : rec->alpha != 0.0 ? "alpha" : "beta");
+		/* LayerNorm's eps travels as the scale: 0 is the default. The
+		 * backward takes none, and its check refuses one. */
+		c->layer_norm.eps = rec->scale;
+		break;
 	default:
 		return rp_error_invalid_parameter(err, "op");
 	}
@@ -170,6 +188,8 @@ void rp_ring_encode(const struct rp_compute *c, const uint32_t index_of[RP_OP_OP
 		rec->beta = c->gemm.beta;
 		rec->epilogue = (uint8_t)c->gemm.epilogue;
 		rec->compute = (uint8_t)c->gemm.compute;
+	} else if (c->spec->id == RP_OP_LAYER_NORM || c->spec->id == RP_OP_LAYER_NORM_BACKWARD) {
+		rec->scale = c->layer_norm.eps;
 	} else {
 		rec->flags = c->attention.causal ? RP_RING_CAUSAL : 0;
 		rec->alignment = (uint8_t)c->attention.alignment;

@@ -88,7 +88,7 @@ struct rp_ring_operand {
  * events by index. Scalars that the op does not take must be 0. */
 struct rp_ring_record {
 	uint64_t tag;                    /* the client's, echoed in the completion */
-	uint16_t op;                     /* enum rp_op_id */
+	uint16_t op;                     /* enum rp_op_id: 0 Gemm ... 4 LayerNormBackward */
 	uint16_t flags;                  /* RP_RING_* */
 	uint8_t epilogue;                /* Gemm: enum rp_epilogue */
 	uint8_t compute;                 /* Gemm: enum rp_compute_mode */
@@ -98,7 +98,7 @@ struct rp_ring_record {
 	uint32_t deadline_ms;            /* 0: the worker's default; at most RP_DEADLINE_MS_MAX */
 	uint32_t reserved1;
 	double alpha, beta;              /* Gemm (no defaults: 1 and 0 are written) */
-	double scale;                    /* attention: 0 = 1/sqrt(D) */
+	double scale;                    /* attention: 0 = 1/sqrt(D); LayerNorm: eps, 0 = 1e-5 */
 	uint64_t reserved2;
 	struct rp_ring_operand operands[RP_OP_OPERANDS_MAX];   /* by the op's slots */
 	uint8_t pad[RP_RING_RECORD_SIZE - 64 - RP_OP_OPERANDS_MAX * sizeof(struct rp_ring_operand)];

@@ -324,6 +324,35 @@ struct regen_attention_backward_args {
 };
 REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *args);
 
+/* LayerNorm over the last dimension (torch's F.layer_norm(x, [n], weight,
+ * bias, eps)): y = (x - mean) * rstd * weight + bias row by row, the
+ * statistics in f32. x and y [rows, n] (rows may be padded: strides
+ * {ld, 1}, ld >= n), weight and bias [n] of x's dtype, mean and rstd
+ * REGEN_F32 [rows] (each row's, for the backward). n <= 65536. */
+struct regen_layer_norm_args {
+	struct regen_tensor x, weight, y;
+	const struct regen_tensor *bias;           /* NULL: none */
+	const struct regen_tensor *mean, *rstd;    /* NULL: not wanted */
+	double eps;                                /* 0: 1e-5; else > 0 (not finite: -EINVAL here) */
+	const regen_event *wait_event, *signal_event;
+	uint32_t deadline_ms;                      /* 0: regend's default */
+};
+REGEN_EXPORT int regen_layer_norm(regen_client *c, const struct regen_layer_norm_args *args);
+
+/* LayerNorm's gradients from the forward's x, weight, mean and rstd and the
+ * incoming d_y: d_x (+ d_residual when given: the gradient arriving
+ * through a residual connection; d_x may be d_residual itself), and when
+ * given d_weight = sum over rows of d_y * (x - mean) * rstd and d_bias =
+ * sum over rows of d_y ([n], weight's dtype, summed in f32). */
+struct regen_layer_norm_backward_args {
+	struct regen_tensor d_y, x, weight, mean, rstd, d_x;
+	const struct regen_tensor *d_weight, *d_bias;   /* NULL: not wanted */
+	const struct regen_tensor *d_residual;          /* NULL: none */
+	const regen_event *wait_event, *signal_event;
+	uint32_t deadline_ms;                           /* 0: regend's default */
+};
+REGEN_EXPORT int regen_layer_norm_backward(regen_client *c, const struct regen_layer_norm_backward_args *args);
+
 /* Queued calls: each returns once the call is on its way, with a ticket
  * that names it on its device's lane; regen_wait(c, device, ticket) then
  * waits until it and every call queued before it on that lane are
@@ -334,6 +363,9 @@ REGEN_EXPORT int regen_gemm_submit(regen_client *c, const struct regen_gemm_args
 REGEN_EXPORT int regen_attention_submit(regen_client *c, const struct regen_attention_args *args, uint64_t *ticket);
 REGEN_EXPORT int regen_attention_backward_submit(regen_client *c, const struct regen_attention_backward_args *args,
 						 uint64_t *ticket);
+REGEN_EXPORT int regen_layer_norm_submit(regen_client *c, const struct regen_layer_norm_args *args, uint64_t *ticket);
+REGEN_EXPORT int regen_layer_norm_backward_submit(regen_client *c, const struct regen_layer_norm_backward_args *args,
+						  uint64_t *ticket);
 REGEN_EXPORT int regen_wait(regen_client *c, int device, uint64_t ticket);
 /* The elapsed_us regend gave the device's last answered call. */
 REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int device);

@@ -457,6 +457,8 @@ static const struct rd_method main_methods[] = {
 	{ "io.regen.Compute.Gemm", method_wrong_endpoint },
 	{ "io.regen.Compute.Attention", method_wrong_endpoint },
 	{ "io.regen.Compute.AttentionBackward", method_wrong_endpoint },
+	{ "io.regen.Compute.LayerNorm", method_wrong_endpoint },
+	{ "io.regen.Compute.LayerNormBackward", method_wrong_endpoint },
 	{ NULL },
 };
 static const char *const main_interfaces[] = { "io.regen", "io.regen.Device", NULL };

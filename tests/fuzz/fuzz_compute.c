@@ -1,11 +1,13 @@
 /* io.regen.Compute parameter validation: any JSON as the parameters of
- * Gemm (FUZZ_GEMM), Attention (FUZZ_ATTENTION) or AttentionBackward
- * (FUZZ_ATTENTION_BACKWARD), as the worker gets them before it resolves a
- * buffer. A refusal must be a named error that names an operand or a
+ * Gemm (FUZZ_GEMM), Attention (FUZZ_ATTENTION), AttentionBackward
+ * (FUZZ_ATTENTION_BACKWARD), LayerNorm (FUZZ_LAYER_NORM) or
+ * LayerNormBackward (FUZZ_LAYER_NORM_BACKWARD), as the worker gets them
+ * before it resolves a buffer. A refusal must be a named error that names an operand or a
  * parameter; an accepted call must satisfy the rules compute.h states, so
  * that the worker and the backends can trust the descriptor: consistent
  * shapes, last strides 1, extents that do not overflow, outputs that share
- * no byte with another operand of their buffer, a finite positive scale. */
+ * no byte with another operand of their buffer, a finite positive scale
+ * or eps. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -286,8 +288,94 @@ static void run(const cJSON *params)
 			no_overlap(OP(outs[i]), on, OP(outs[j]), rp_op_attention_backward.operands[outs[j]].name);
 	}
 }
+#elif defined(FUZZ_LAYER_NORM)
+static void run(const cJSON *params)
+{
+	struct rp_compute c;
+
+	if (!parse_or_named_error(&rp_op_layer_norm, params, &c))
+		return;
+	const struct rp_layer_norm ln = c.layer_norm;
+	const int64_t mat[2] = { ln.rows, ln.n };
+	FZ_CHECK(ln.rows >= 1 && ln.n >= 1 && ln.n <= RP_LAYER_NORM_N_MAX, "rows %lld n %lld", (long long)ln.rows,
+		 (long long)ln.n);
+	FZ_CHECK(shape_is(OP(RP_LN_X), 2, mat) && shape_is(OP(RP_LN_Y), 2, mat) && shape_is(OP(RP_LN_WEIGHT), 1, &ln.n),
+		 "shapes disagree");
+	FZ_CHECK(!c.present[RP_LN_BIAS] || shape_is(OP(RP_LN_BIAS), 1, &ln.n), "bias's shape disagrees");
+	FZ_CHECK(OP(RP_LN_WEIGHT)->dtype == OP(RP_LN_X)->dtype && OP(RP_LN_Y)->dtype == OP(RP_LN_X)->dtype &&
+		 (!c.present[RP_LN_BIAS] || OP(RP_LN_BIAS)->dtype == OP(RP_LN_X)->dtype), "dtypes disagree");
+	FZ_CHECK(isfinite(ln.eps) && ln.eps > 0, "eps %g", ln.eps);
+	FZ_CHECK(OP(RP_LN_X)->strides[0] >= ln.n && OP(RP_LN_Y)->strides[0] >= ln.n, "row stride below the row length");
+	FZ_CHECK(OP(RP_LN_WEIGHT)->strides[0] == 1, "weight not contiguous");
+	static const int ins[] = { RP_LN_X, RP_LN_WEIGHT, RP_LN_BIAS };
+	static const int outs[] = { RP_LN_Y, RP_LN_MEAN, RP_LN_RSTD };
+	for (int i = 0; i < 3; i++) {
+		if (!c.present[outs[i]])
+			continue;
+		const char *on = rp_op_layer_norm.operands[outs[i]].name;
+		if (outs[i] != RP_LN_Y)
+			FZ_CHECK(shape_is(OP(outs[i]), 1, &ln.rows) && OP(outs[i])->dtype == RP_DTYPE_F32,
+				 "%s not f32 [rows]", on);
+		for (int j = 0; j < 3; j++)
+			if (c.present[ins[j]])
+				no_overlap(OP(outs[i]), on, OP(ins[j]), rp_op_layer_norm.operands[ins[j]].name);
+		for (int j = 0; j < i; j++)
+			if (c.present[outs[j]])
+				no_overlap(OP(outs[i]), on, OP(outs[j]), rp_op_layer_norm.operands[outs[j]].name);
+	}
+}
+#elif defined(FUZZ_LAYER_NORM_BACKWARD)
+static bool same_tensor(const struct rp_operand *x, const struct rp_operand *y)
+{
+	return same_buffer(x, y) && x->offset == y->offset && x->dtype == y->dtype && shape_is(x, y->rank, y->shape) &&
+	       memcmp(x->strides, y->strides, sizeof(x->strides[0]) * (size_t)x->rank) == 0;
+}
+
+static void run(const cJSON *params)
+{
+	struct rp_compute c;
+
+	if (!parse_or_named_error(&rp_op_layer_norm_backward, params, &c))
+		return;
+	const struct rp_layer_norm ln = c.layer_norm;
+	const int64_t mat[2] = { ln.rows, ln.n };
+	FZ_CHECK(ln.rows >= 1 && ln.n >= 1 && ln.n <= RP_LAYER_NORM_N_MAX && ln.eps == 0, "rows %lld n %lld eps %g",
+		 (long long)ln.rows, (long long)ln.n, ln.eps);
+	FZ_CHECK(shape_is(OP(RP_LNB_DY), 2, mat) && shape_is(OP(RP_LNB_X), 2, mat) && shape_is(OP(RP_LNB_DX), 2, mat) &&
+		 shape_is(OP(RP_LNB_WEIGHT), 1, &ln.n) && shape_is(OP(RP_LNB_MEAN), 1, &ln.rows) &&
+		 shape_is(OP(RP_LNB_RSTD), 1, &ln.rows), "shapes disagree");
+	FZ_CHECK(OP(RP_LNB_MEAN)->dtype == RP_DTYPE_F32 && OP(RP_LNB_RSTD)->dtype == RP_DTYPE_F32, "stats not f32");
+	for (int s = 0; s < RP_LNB_OPERANDS; s++) {
+		if (!c.present[s] || s == RP_LNB_MEAN || s == RP_LNB_RSTD)
+			continue;
+		FZ_CHECK(OP(s)->dtype == OP(RP_LNB_X)->dtype, "%s's dtype disagrees", rp_op_layer_norm_backward.operands[s].name);
+		if (OP(s)->rank == 2)
+			FZ_CHECK(shape_is(OP(s), 2, mat) && OP(s)->strides[0] >= ln.n, "%s's rows disagree",
+				 rp_op_layer_norm_backward.operands[s].name);
+		else
+			FZ_CHECK(shape_is(OP(s), 1, &ln.n), "%s's length disagrees", rp_op_layer_norm_backward.operands[s].name);
+	}
+	static const int ins[] = { RP_LNB_DY, RP_LNB_X, RP_LNB_WEIGHT, RP_LNB_MEAN, RP_LNB_RSTD, RP_LNB_DRESIDUAL };
+	static const int outs[] = { RP_LNB_DX, RP_LNB_DWEIGHT, RP_LNB_DBIAS };
+	for (int i = 0; i < 3; i++) {
+		if (!c.present[outs[i]])
+			continue;
+		const char *on = rp_op_layer_norm_backward.operands[outs[i]].name;
+		for (int j = 0; j < 6; j++) {
+			if (!c.present[ins[j]])
+				continue;
+			/* d_x may be d_residual, exactly. */
+			if (outs[i] == RP_LNB_DX && ins[j] == RP_LNB_DRESIDUAL && same_tensor(OP(RP_LNB_DX), OP(RP_LNB_DRESIDUAL)))
+				continue;
+			no_overlap(OP(outs[i]), on, OP(ins[j]), rp_op_layer_norm_backward.operands[ins[j]].name);
+		}
+		for (int j = 0; j < i; j++)
+			if (c.present[outs[j]])
+				no_overlap(OP(outs[i]), on, OP(outs[j]), rp_op_layer_norm_backward.operands[outs[j]].name);
+	}
+}
 #else
-#error "define FUZZ_GEMM, FUZZ_ATTENTION or FUZZ_ATTENTION_BACKWARD"
+#error "define FUZZ_GEMM, FUZZ_ATTENTION, FUZZ_ATTENTION_BACKWARD, FUZZ_LAYER_NORM or FUZZ_LAYER_NORM_BACKWARD"
 #endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

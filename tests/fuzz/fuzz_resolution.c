@@ -5,7 +5,8 @@
  * table, the bounds check, the lane and the stub backend. The table is
  * populated first from the first bytes:
  *
- *   byte 0: the op (Gemm, Attention, AttentionBackward: low two bits), and
+ *   byte 0: the op (Gemm, Attention, AttentionBackward, LayerNorm,
+ *           LayerNormBackward: low three bits, modulo the ops), and
  *           how many of the objects are made before a generation change
  *           (bits 4..6; 0: no change);
  *   byte 1: how many objects (1 + low three bits);
@@ -256,7 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 3)
 		return 0;
 	head = fz_u8(&b);
-	spec = rp_op_get((enum rp_op_id)((head & 3) % RP_OP_COUNT));
+	spec = rp_op_get((enum rp_op_id)((head & 7) % RP_OP_COUNT));
 	n = 1 + (fz_u8(&b) & 7);
 	before_bump = (head >> 4) & 7;
 	if (b.pos + n > size)

@@ -82,6 +82,13 @@ static void check_varlink_agrees(const struct rp_compute *c)
 	FZ_CHECK(back.deadline_ms == c->deadline_ms, "deadline_ms differs");
 	if (c->spec->id == RP_OP_GEMM) {
 		FZ_CHECK(memcmp(&back.gemm, &c->gemm, sizeof(back.gemm)) == 0, "GEMM scalars differ");
+	} else if (c->spec->id == RP_OP_LAYER_NORM || c->spec->id == RP_OP_LAYER_NORM_BACKWARD) {
+		FZ_CHECK(back.layer_norm.eps == c->layer_norm.eps && back.layer_norm.rows == c->layer_norm.rows &&
+				 back.layer_norm.n == c->layer_norm.n,
+			 "LayerNorm scalars differ");
+		FZ_CHECK(c->spec->id == RP_OP_LAYER_NORM ? isfinite(c->layer_norm.eps) && c->layer_norm.eps > 0
+							 : c->layer_norm.eps == 0,
+			 "eps %g accepted", c->layer_norm.eps);
 	} else {
 		FZ_CHECK(back.attention.causal == c->attention.causal &&
 				 back.attention.alignment == c->attention.alignment &&

@@ -116,6 +116,54 @@ attb_cases['lengths-under-d_q'] = dict(attb(), seq_len_q=op('b0.1.6', [B], 'i32'
 for name, p in attb_cases.items():
     write('attention_backward', name + '.json', dump(p))
 
+# LayerNorm: x [R, N] rows padded, its vectors and statistics; the backward
+# with d_residual, in place too.
+R, N = 6, 40
+def ln(dt='bf16', bufs=('b0.1.1', 'b0.1.2', 'b0.1.3', 'b0.1.4')):
+    return {'x': op(bufs[0], [R, N], dt, strides=[48, 1]), 'weight': op(bufs[1], [N], dt),
+            'bias': op(bufs[1], [N], dt, offset=128), 'y': op(bufs[2], [R, N], dt),
+            'mean': op(bufs[3], [R]), 'rstd': op(bufs[3], [R], offset=64)}
+ln_cases = {
+    'basic': ln(),
+    'minimal': {'x': op('b0.1.1', [3, 1]), 'weight': op('b0.1.2', [1]), 'y': op('b0.1.3', [3, 1])},
+    'eps-events': dict(ln('f16'), eps=1e-3, wait_event='e0.1.5', signal_event='e0.1.6', deadline_ms=100),
+    'one-buffer': dict(ln('f32', bufs=('b0.1.1',) * 4), weight=op('b0.1.1', [N], 'f32', offset=2048),
+                       bias=op('b0.1.1', [N], 'f32', offset=2304), y=op('b0.1.1', [R, N], 'f32', offset=4096),
+                       mean=op('b0.1.1', [R], offset=6144), rstd=op('b0.1.1', [R], offset=6400)),
+    'longest-row': {'x': op('b0.1.1', [1, 65536]), 'weight': op('b0.1.2', [65536]), 'y': op('b0.1.3', [1, 65536])},
+    'row-too-long': {'x': op('b0.1.1', [1, 65537]), 'weight': op('b0.1.2', [65537]), 'y': op('b0.1.3', [1, 65537])},
+    'eps0': dict(ln(), eps=0),
+    'eps-inf': ln(),
+    'y-over-x': dict(ln(), y=op('b0.1.1', [R, N], 'bf16', offset=32)),
+    'rstd-over-mean': dict(ln(), rstd=op('b0.1.4', [R], offset=8)),
+    'mean-bf16': dict(ln(), mean=op('b0.1.4', [R], 'bf16')),
+    'weight-f32': dict(ln(), weight=op('b0.1.2', [N])),
+    'rows-overlap': dict(ln(), x=op('b0.1.1', [R, N], 'bf16', strides=[39, 1])),
+    'y-broadcast': dict(ln(), y=op('b0.1.3', [R, N], 'bf16', strides=[0, 1])),
+}
+for name, p in ln_cases.items():
+    write('layer_norm', name + '.json', dump(p))
+write('layer_norm', 'eps-inf.json', dump(ln())[:-1] + b',"eps":1e999}')
+
+def lnb(dt='bf16'):
+    return {'d_y': op('b0.1.5', [R, N], dt), 'x': op('b0.1.1', [R, N], dt, strides=[48, 1]),
+            'weight': op('b0.1.2', [N], dt), 'mean': op('b0.1.4', [R]), 'rstd': op('b0.1.4', [R], offset=64),
+            'd_x': op('b0.1.6', [R, N], dt), 'd_weight': op('b0.1.7', [N], dt),
+            'd_bias': op('b0.1.7', [N], dt, offset=128), 'd_residual': op('b0.1.8', [R, N], dt, strides=[64, 1])}
+lnb_cases = {
+    'basic': lnb(),
+    'minimal': {k: v for k, v in lnb('f32').items() if k not in ('d_weight', 'd_bias', 'd_residual')},
+    'in-place': dict(lnb(), d_x=op('b0.1.8', [R, N], 'bf16', strides=[64, 1])),
+    'in-place-shifted': dict(lnb(), d_x=op('b0.1.8', [R, N], 'bf16', offset=2, strides=[64, 1])),
+    'd_x-over-d_y': dict(lnb(), d_x=op('b0.1.5', [R, N], 'bf16')),
+    'eps': dict(lnb(), eps=1e-5),
+    'd_weight-over-d_bias': dict(lnb(), d_bias=op('b0.1.7', [N], 'bf16', offset=40)),
+    'd_residual-f16': dict(lnb(), d_residual=op('b0.1.8', [R, N], 'f16')),
+    'mean-short': dict(lnb(), mean=op('b0.1.4', [R - 1])),
+}
+for name, p in lnb_cases.items():
+    write('layer_norm_backward', name + '.json', dump(p))
+
 operands = {
     'basic': op('b0.1.1', [4, 4]),
     'rank4': op('b3.7.12', [1, 2, 3, 4], 'bf16', offset=64, strides=[100, 50, 10, 1]),
@@ -428,6 +476,21 @@ res = {
                                                                    seq_len_kv=op('b0.1.5', [B], 'i32', offset=12))),
     'attention-lengths-event': (0x01, [K1, K1, K1, K1, 0x10], dict(att(), seq_len_q=op('b0.1.5', [B], 'i32'),
                                                                    seq_len_kv=op('b0.1.5', [B], 'i32'))),
+    # LayerNorm's [6, 40] f32 (960 bytes) fits 1024; its [40] vectors and
+    # [6] statistics a buffer of 255 (index 4), not 64 (index 3).
+    'layer-norm': (0x03, [K1, 4, K1, 4], {'x': op('b0.1.1', [6, 40]), 'weight': op('b0.1.2', [40]),
+                                          'bias': op('b0.1.2', [40], offset=160), 'y': op('b0.1.3', [6, 40]),
+                                          'mean': op('b0.1.4', [6]), 'rstd': op('b0.1.4', [6], offset=32)}),
+    'layer-norm-small-weight': (0x03, [K1, 3, K1], {'x': op('b0.1.1', [6, 40]), 'weight': op('b0.1.2', [40]),
+                                                    'y': op('b0.1.3', [6, 40])}),
+    'layer-norm-backward': (0x04, [K1, K1, 4, 4, K1, K1], {
+        'd_y': op('b0.1.1', [6, 40]), 'x': op('b0.1.2', [6, 40]), 'weight': op('b0.1.3', [40]),
+        'mean': op('b0.1.4', [6]), 'rstd': op('b0.1.4', [6], offset=32), 'd_x': op('b0.1.5', [6, 40]),
+        'd_weight': op('b0.1.3', [40], offset=160), 'd_residual': op('b0.1.6', [6, 40])}),
+    'layer-norm-backward-in-place': (0x04, [K1, K1, 4, 4, K1], {
+        'd_y': op('b0.1.1', [6, 40]), 'x': op('b0.1.2', [6, 40]), 'weight': op('b0.1.3', [40]),
+        'mean': op('b0.1.4', [6]), 'rstd': op('b0.1.4', [6], offset=32), 'd_x': op('b0.1.5', [6, 40]),
+        'd_residual': op('b0.1.5', [6, 40])}),
 }
 for name, (head, objs, params) in res.items():
     write('resolution', name, bytes([head, len(objs) - 1] + objs) + dump(params))
@@ -462,3 +525,13 @@ write('ring', 'attention-lengths-q-only', record(1, [(0, F16, i * 4096, t4) for 
                                                  [None, (1, I32, 0, [B])]))
 write('ring', 'attention-lengths-slot-past-op', record(1, [(0, F16, i * 4096, t4) for i in range(4)] +
                                                        [None, None, None, None, None, None, (1, I32, 0, [B])]))
+ln_ops = [(0, F32, 0, [6, 40]), (1, F32, 0, [40]), None, (0, F32, 4096, [6, 40]), (1, F32, 256, [6]),
+          (1, F32, 512, [6])]
+write('ring', 'layer-norm', record(3, ln_ops, scale=1e-3))
+write('ring', 'layer-norm-default-eps', record(3, ln_ops))
+write('ring', 'layer-norm-negative-eps', record(3, ln_ops, scale=-1.0))
+write('ring', 'layer-norm-causal', record(3, ln_ops, flags=4))
+lnb_ops = [(0, F32, 0, [6, 40]), (0, F32, 4096, [6, 40]), (1, F32, 0, [40]), (1, F32, 256, [6]),
+           (1, F32, 512, [6]), (1, F32, 1024, [6, 40]), (1, F32, 2048, [40]), None, (1, F32, 1024, [6, 40])]
+write('ring', 'layer-norm-backward-in-place', record(4, lnb_ops))
+write('ring', 'layer-norm-backward-eps', record(4, lnb_ops, scale=1e-5))

@@ -61,6 +61,22 @@ void gt_open(struct gt *t)
 	}
 }
 
+struct rd_lane *gt_start(struct gt *t, const char *test, uint64_t *seed)
+{
+	struct rp_error err = { 0 };
+
+	*seed = gt_seed();
+	printf("%s: seed %llu (REGEN_TEST_SEED=%llu repeats it)\n", test, (unsigned long long)*seed,
+	       (unsigned long long)*seed);
+	gt_open(t);
+	struct rd_lane *lane = t->dev.backend->lane_create(&t->dev, 0, &err);
+	if (!lane) {
+		fprintf(stderr, "FAIL: lane_create: %s\n", gt_err_message(&err));
+		exit(1);
+	}
+	return lane;
+}
+
 void gt_close(struct gt *t)
 {
 	t->dev.backend->close(&t->dev);

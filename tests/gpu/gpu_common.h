@@ -57,6 +57,10 @@ int gt_have_gpu(void);
 /* Registry, callbacks, the CUDA backend's open on device 0. Exits 1 on failure. */
 void gt_open(struct gt *t);
 void gt_close(struct gt *t);
+/* What a test's main does first: prints the seed (gt_seed) under the
+ * test's name, opens t and makes lane 0; exits 1 when the lane cannot be
+ * made. Call after gt_have_gpu. */
+struct rd_lane *gt_start(struct gt *t, const char *test, uint64_t *seed);
 /* Waits until t->completed >= target; -1 after timeout_s. */
 int gt_wait(struct gt *t, unsigned target, double timeout_s);
 /* Waits until on_fault was called; -1 after timeout_s. */

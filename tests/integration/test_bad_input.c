@@ -42,6 +42,15 @@ struct bad_case {
 #define ATTN_QKVO ATTN_OP("q", 0, "f32", "[1,1,4,4]") "," ATTN_OP("k", 64, "f32", "[1,1,4,4]") "," \
 	ATTN_OP("v", 128, "f32", "[1,1,4,4]") "," ATTN_OP("o", 192, "f32", "[1,1,4,4]")
 #define ATTENTION(method, more) "{\"method\":\"io.regen.Compute." method "\",\"parameters\":{" ATTN_QKVO "," more "}}"
+/* A LayerNorm of f32 x [4, 8] at 0 and weight [8] at 128 in $ID, then the
+ * operands and scalars in `more` (y, ...); LN_BWD's d_y at 1024, mean and
+ * rstd at 1280 and 1296, then `more` (d_x, ...). */
+#define LN_OP(name, off, dt, shape) ATTN_OP(name, off, dt, shape)
+#define LAYER_NORM(more) "{\"method\":\"io.regen.Compute.LayerNorm\",\"parameters\":{" \
+	LN_OP("x", 0, "f32", "[4,8]") "," LN_OP("weight", 128, "f32", "[8]") "," more "}}"
+#define LN_BWD(more) "{\"method\":\"io.regen.Compute.LayerNormBackward\",\"parameters\":{" \
+	LN_OP("d_y", 1024, "f32", "[4,8]") "," LN_OP("x", 0, "f32", "[4,8]") "," LN_OP("weight", 128, "f32", "[8]") "," \
+	LN_OP("mean", 1280, "f32", "[4]") "," LN_OP("rstd", 1296, "f32", "[4]") "," more "}}"
 
 static const struct bad_case cases[] = {
 	/* Framing and message shape. */
@@ -83,6 +92,9 @@ static const struct bad_case cases[] = {
 	{ "data-plane method on the main socket", MAIN,
 	  "{\"method\":\"io.regen.Compute.Gemm\",\"parameters\":{}}", REGEN_ERROR_WRONG_ENDPOINT, "method",
 	  "io.regen.Compute.Gemm" },
+	{ "LayerNormBackward on the main socket", MAIN,
+	  "{\"method\":\"io.regen.Compute.LayerNormBackward\",\"parameters\":{}}", REGEN_ERROR_WRONG_ENDPOINT, "method",
+	  "io.regen.Compute.LayerNormBackward" },
 	{ "interface description of an unknown interface", MAIN,
 	  "{\"method\":\"org.varlink.service.GetInterfaceDescription\",\"parameters\":{\"interface\":\"com.nope\"}}",
 	  REGEN_ERROR_INTERFACE_NOT_FOUND, "interface", "com.nope" },
@@ -173,6 +185,40 @@ static const struct bad_case cases[] = {
 		    ATTN_OP("d_k", 448, "f32", "[1,1,4,4]") "," ATTN_OP("d_v", 512, "f32", "[1,1,4,4]") ","
 		    ATTN_OP("seq_len_q", 2056, "i32", "[1]") "," ATTN_OP("seq_len_kv", 2060, "i32", "[1]")),
 	  REGEN_ERROR_INVALID_OPERAND, "operand", "seq_len_kv" },
+	/* LayerNorm: what the parser refuses, then the bounds the worker checks. */
+	{ "LayerNorm weight of another dtype", WORKER,
+	  "{\"method\":\"io.regen.Compute.LayerNorm\",\"parameters\":{" LN_OP("x", 0, "f32", "[4,8]") ","
+	  LN_OP("weight", 128, "bf16", "[8]") "," LN_OP("y", 256, "f32", "[4,8]") "}}",
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "weight" },
+	{ "LayerNorm eps 0", WORKER, LAYER_NORM(LN_OP("y", 256, "f32", "[4,8]") ",\"eps\":0"),
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "eps" },
+	{ "LayerNorm eps as text", WORKER, LAYER_NORM(LN_OP("y", 256, "f32", "[4,8]") ",\"eps\":\"1e-5\""),
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "eps" },
+	{ "LayerNorm without y", WORKER, LAYER_NORM("\"eps\":0.5"), REGEN_ERROR_INVALID_PARAMETER, "parameter", "y" },
+	{ "LayerNorm y over x", WORKER, LAYER_NORM(LN_OP("y", 64, "f32", "[4,8]")), REGEN_ERROR_INVALID_OPERAND,
+	  "operand", "y" },
+	{ "LayerNorm mean of f16", WORKER, LAYER_NORM(LN_OP("y", 256, "f32", "[4,8]") "," LN_OP("mean", 1280, "f16", "[4]")),
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "mean" },
+	{ "LayerNorm rstd past the buffer", WORKER,
+	  LAYER_NORM(LN_OP("y", 256, "f32", "[4,8]") "," LN_OP("rstd", 4088, "f32", "[4]")), REGEN_ERROR_INVALID_OPERAND,
+	  "operand", "rstd" },
+	{ "LayerNorm row past the longest", WORKER,
+	  "{\"method\":\"io.regen.Compute.LayerNorm\",\"parameters\":{"
+	  "\"x\":{\"buffer\":\"$BIG\",\"dtype\":\"f32\",\"shape\":[1,65537]},"
+	  "\"weight\":{\"buffer\":\"$BIG\",\"offset\":262148,\"dtype\":\"f32\",\"shape\":[65537]},"
+	  "\"y\":{\"buffer\":\"$BIG\",\"offset\":524296,\"dtype\":\"f32\",\"shape\":[1,65537]}}}",
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "x" },
+	{ "LayerNormBackward d_x over d_y", WORKER, LN_BWD(LN_OP("d_x", 1024, "f32", "[4,8]")),
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "d_x" },
+	{ "LayerNormBackward with eps", WORKER, LN_BWD(LN_OP("d_x", 1536, "f32", "[4,8]") ",\"eps\":1e-5"),
+	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "eps" },
+	{ "LayerNormBackward d_weight of another length", WORKER,
+	  LN_BWD(LN_OP("d_x", 1536, "f32", "[4,8]") "," LN_OP("d_weight", 1792, "f32", "[4]")),
+	  REGEN_ERROR_INVALID_OPERAND, "operand", "d_weight" },
+	{ "LayerNormBackward with another process's buffer as d_residual", WORKER,
+	  LN_BWD(LN_OP("d_x", 1536, "f32", "[4,8]") ","
+		 "\"d_residual\":{\"buffer\":\"$OTHER\",\"dtype\":\"f32\",\"shape\":[4,8]}"),
+	  REGEN_ERROR_NO_SUCH_OBJECT, "id", "$OTHER" },
 	{ "CloseBuffer without buffer", WORKER, "{\"method\":\"io.regen.Memory.CloseBuffer\",\"parameters\":{}}",
 	  REGEN_ERROR_INVALID_PARAMETER, "parameter", "buffer" },
 	{ "import: referenced fd missing", WORKER,

@@ -1,10 +1,11 @@
 /* Eight client processes run GEMMs (f32, f16, bf16; transposes; alpha,
- * beta with C; strided rows; epilogues, dgelu's among them) and attention
- * forward + backward (with and without sequence lengths) on memfd buffers
- * they import, all at once, on both devices. Each checks every result
- * against a double-precision reference computed here from fresh random
- * inputs, with outputs poisoned (NaN) before each call. Then one client
- * makes each of dgelu's mistakes and sees it refused by name, its buffer
+ * beta with C; strided rows; epilogues, dgelu's among them), attention
+ * forward + backward (with and without sequence lengths) and LayerNorm
+ * forward + backward (padded rows, d_residual) on memfd buffers they
+ * import, all at once, on both devices. Each checks every result against a
+ * double-precision reference computed here from fresh random inputs, with
+ * outputs poisoned (NaN) before each call. Then one client makes each of
+ * dgelu's and LayerNorm's mistakes and sees it refused by name, its buffer
  * untouched. */
 #include <errno.h>
 #include <stdio.h>
@@ -42,6 +43,14 @@ static int run_gemm(regen_client *c, struct tl_buffer *m, const struct tl_gemm_c
 
 	tl_gemm_describe(gc, desc, sizeof(desc));
 	return verdict(c, desc, tl_gemm_run(c, m, 0, gc, why, sizeof(why)), why);
+}
+
+static int run_layer_norm(regen_client *c, int device, const struct tl_ln_case *lc)
+{
+	char desc[256], why[512] = "";
+
+	tl_ln_describe(lc, desc, sizeof(desc));
+	return verdict(c, desc, tl_layer_norm_run(c, device, lc, why, sizeof(why)), why);
 }
 
 static int run_attention(regen_client *c, int device, const struct tl_attn_case *ac)
@@ -209,6 +218,24 @@ static int client_main(void *arg)
 			failures += run_attention(c, device, &ac);
 		}
 	}
+	/* LayerNorm forward + backward: each dtype, padded rows or not, with
+	 * and without bias, d_residual apart or in place, d_weight and d_bias
+	 * or d_x alone; one element a row, and a GPT-width row. */
+	for (t = 0; t < 3; t++) {
+		for (i = 0; i < 3; i++) {
+			struct tl_ln_case lc = {
+				.dt = dts[t], .rows = tl_rand_int(1, 24), .n = i == 0 && t == idx % 3 ? 1 : tl_rand_int(2, 160),
+				.pad = (i + idx) % 2 ? tl_rand_int(1, 9) : 0, .eps = i == 1 ? tl_rand_uniform(1e-6, 0.3) : 0,
+				.bias = (i + t + idx) % 4 != 0, .residual = (i + idx) % 3, .param_grads = (i + t) % 3 != 2,
+			};
+			failures += run_layer_norm(c, device, &lc);
+		}
+	}
+	{
+		struct tl_ln_case lc = { .dt = dts[idx % 3], .rows = 3, .n = 2048, .pad = idx % 2 ? 8 : 0, .bias = true,
+					 .residual = 1 + idx % 2, .param_grads = true };
+		failures += run_layer_norm(c, device, &lc);
+	}
 	regen_client_destroy(c);
 	tl_log("client %d (device %d): %d failures", idx, device, failures);
 	return failures == 0 ? 0 : 1;
@@ -282,6 +309,94 @@ static void dgelu_refusals(regen_client *c)
 	tl_buffer_free(&m);
 }
 
+/* LayerNorm's mistakes, each refused by name (the operand, or eps), and
+ * nothing written anywhere in the buffer; a right call after them works. */
+static void layer_norm_refusals(regen_client *c)
+{
+	struct tl_buffer m;
+
+	tl_buffer_create(c, 0, 8192, &m);
+	regen_buffer *b = m.buf;
+	const struct regen_tensor x = mat(b, 0, REGEN_F32, 4, 8), y = mat(b, 256, REGEN_F32, 4, 8);
+	const struct regen_tensor w = { .buffer = b, .offset = 512, .dtype = REGEN_F32, .rank = 1, .shape = { 8 } };
+	const struct regen_tensor w_short = { .buffer = b, .offset = 512, .dtype = REGEN_F32, .rank = 1, .shape = { 7 } };
+	const struct regen_tensor w_bf16 = { .buffer = b, .offset = 512, .dtype = REGEN_BF16, .rank = 1, .shape = { 8 } };
+	const struct regen_tensor st = { .buffer = b, .offset = 640, .dtype = REGEN_F32, .rank = 1, .shape = { 4 } };
+	const struct regen_tensor st_f16 = { .buffer = b, .offset = 640, .dtype = REGEN_F16, .rank = 1, .shape = { 4 } };
+	const struct regen_tensor st2 = { .buffer = b, .offset = 656, .dtype = REGEN_F32, .rank = 1, .shape = { 4 } };
+	const struct regen_tensor st2_on_st = { .buffer = b, .offset = 648, .dtype = REGEN_F32, .rank = 1, .shape = { 4 } };
+	const struct regen_tensor y_on_x = mat(b, 64, REGEN_F32, 4, 8), y_past = mat(b, 8160, REGEN_F32, 4, 8);
+	const struct regen_tensor y_wide = mat(b, 256, REGEN_F32, 4, 9);
+	const struct {
+		const char *what;
+		struct regen_tensor x, weight, y;
+		const struct regen_tensor *mean, *rstd;
+		double eps;
+		const char *error, *key, *names;
+	} cases[] = {
+		{ "weight of another length", x, w_short, y, NULL, NULL, 0, REGEN_ERROR_INVALID_OPERAND, "operand", "weight" },
+		{ "weight of another dtype", x, w_bf16, y, NULL, NULL, 0, REGEN_ERROR_INVALID_OPERAND, "operand", "weight" },
+		{ "mean in f16", x, w, y, &st_f16, NULL, 0, REGEN_ERROR_INVALID_OPERAND, "operand", "mean" },
+		{ "rstd over mean", x, w, y, &st, &st2_on_st, 0, REGEN_ERROR_INVALID_OPERAND, "operand", "rstd" },
+		{ "y over x", x, w, y_on_x, &st, &st2, 0, REGEN_ERROR_INVALID_OPERAND, "operand", "y" },
+		{ "y of another shape", x, w, y_wide, NULL, NULL, 0, REGEN_ERROR_INVALID_OPERAND, "operand", "y" },
+		{ "y past its buffer's end", x, w, y_past, NULL, NULL, 0, REGEN_ERROR_INVALID_OPERAND, "operand", "y" },
+		{ "eps negative", x, w, y, &st, &st2, -0.1, REGEN_ERROR_INVALID_PARAMETER, "parameter", "eps" },
+	};
+	unsigned char before[8192];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct regen_layer_norm_args args = {
+			.x = cases[i].x, .weight = cases[i].weight, .y = cases[i].y, .mean = cases[i].mean,
+			.rstd = cases[i].rstd, .eps = cases[i].eps,
+		};
+
+		for (size_t e = 0; e < sizeof(before); e++) {
+			m.mem.ptr[e] = (unsigned char)tl_rand_int(1, 255);
+		}
+		memcpy(before, m.mem.ptr, sizeof(before));
+		int r = regen_layer_norm(c, &args);
+		ASSERT(r < 0, "%s: accepted", cases[i].what);
+		ASSERT_STR_EQ(regen_client_error_name(c) ? regen_client_error_name(c) : "", cases[i].error, "%s: %s",
+			      cases[i].what, regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		cJSON *params = cJSON_Parse(regen_client_error_parameters(c) ? regen_client_error_parameters(c) : "");
+		const cJSON *named = cJSON_GetObjectItemCaseSensitive(params, cases[i].key);
+		ASSERT(cJSON_IsString(named) && strcmp(named->valuestring, cases[i].names) == 0, "%s: names %s, want %s",
+		       cases[i].what, regen_client_error_parameters(c), cases[i].names);
+		cJSON_Delete(params);
+		ASSERT(memcmp(before, m.mem.ptr, sizeof(before)) == 0, "%s: the buffer changed", cases[i].what);
+	}
+	/* The backward's: d_x on d_y, and d_residual overlapping d_x without
+	 * being it. */
+	const struct regen_tensor dx_on_res = mat(b, 1024 + 4, REGEN_F32, 4, 8), res = mat(b, 1024, REGEN_F32, 4, 8);
+	struct regen_layer_norm_backward_args bargs = {
+		.d_y = mat(b, 2048, REGEN_F32, 4, 8), .x = x, .weight = w, .mean = st, .rstd = st2,
+		.d_x = mat(b, 2048, REGEN_F32, 4, 8),
+	};
+	const char *bnames[2] = { "d_x", "d_residual" };
+	for (int i = 0; i < 2; i++) {
+		if (i == 1) {
+			bargs.d_x = dx_on_res;
+			bargs.d_residual = &res;
+		}
+		memcpy(before, m.mem.ptr, sizeof(before));
+		ASSERT_REGEN_ERROR(c, regen_layer_norm_backward(c, &bargs), REGEN_ERROR_INVALID_OPERAND, "backward %d", i);
+		cJSON *params = cJSON_Parse(regen_client_error_parameters(c) ? regen_client_error_parameters(c) : "");
+		const cJSON *named = cJSON_GetObjectItemCaseSensitive(params, "operand");
+		ASSERT(cJSON_IsString(named) && strcmp(named->valuestring, bnames[i]) == 0, "backward: names %s, want %s",
+		       regen_client_error_parameters(c), bnames[i]);
+		cJSON_Delete(params);
+		ASSERT(memcmp(before, m.mem.ptr, sizeof(before)) == 0, "backward %d: the buffer changed", i);
+	}
+	/* The lane still serves, LayerNorm included. */
+	struct tl_ln_case lc = { .dt = REGEN_F32, .rows = 3, .n = 5, .bias = true, .residual = 1, .param_grads = true };
+	char why[512] = "";
+	int r = tl_layer_norm_run(c, 0, &lc, why, sizeof(why));
+	ASSERT_REGEN_OK(c, r < 0 ? r : 0, "layer_norm after the refusals");
+	ASSERT(r == 0, "layer_norm after the refusals: %s", why);
+	tl_buffer_free(&m);
+}
+
 int main(void)
 {
 	pid_t pids[NCLIENTS];
@@ -311,6 +426,7 @@ int main(void)
 		regen_client_destroy(w);
 	}
 	dgelu_refusals(c);
+	layer_norm_refusals(c);
 	st = tl_status(c);
 	for (i = 0; i < regen_status_device_count(st); i++) {
 		d = regen_status_device(st, i);

@@ -626,3 +626,223 @@ done:
 	free(gm.dv);
 	return r;
 }
+
+/* LayerNorm. */
+
+void tl_ln_describe(const struct tl_ln_case *lc, char *buf, size_t size)
+{
+	static const char *const res[] = { "", " +d_residual", " d_x=d_residual" };
+
+	snprintf(buf, size, "layer_norm %s [%d, %d] pad %d eps %g%s%s%s", rp_dtype_name(rp(lc->dt)), lc->rows, lc->n,
+		 lc->pad, lc->eps, lc->bias ? " bias" : "", res[lc->residual], lc->param_grads ? " d_weight d_bias" : "");
+}
+
+/* The [rows, n] elements of a matrix with row stride ld at p, as doubles. */
+static double *load_rows(enum rp_dtype dt, const unsigned char *p, int rows, int n, int ld)
+{
+	double *v = malloc(((size_t)rows * (size_t)n + 1) * sizeof(double));
+
+	ASSERT_NOT_NULL(v);
+	for (int i = 0; i < rows; i++) {
+		for (int j = 0; j < n; j++) {
+			v[(size_t)i * (size_t)n + (size_t)j] = tl_load(dt, p, (size_t)i * (size_t)ld + (size_t)j);
+		}
+	}
+	return v;
+}
+
+/* Whether every padding element of a rows x ld matrix at p is still the
+ * poison (or, with before, still what before holds). */
+static bool padding_kept(enum rp_dtype dt, const unsigned char *p, const unsigned char *before, int rows, int n, int ld)
+{
+	const size_t es = rp_dtype_size(dt);
+
+	for (int i = 0; i < rows; i++) {
+		for (int j = n; j < ld; j++) {
+			size_t at = (size_t)i * (size_t)ld + (size_t)j;
+
+			if (before ? memcmp(p + at * es, before + at * es, es) != 0 : !tl_is_poison(dt, p, at)) {
+				return false;
+			}
+		}
+	}
+	return true;
+}
+
+int tl_layer_norm_run(regen_client *c, int device, const struct tl_ln_case *lc, char *why, size_t why_size)
+{
+	const enum rp_dtype dt = rp(lc->dt);
+	const size_t es = rp_dtype_size(dt);
+	const int rows = lc->rows, n = lc->n, ld = lc->n + lc->pad;
+	const size_t mat = align64((size_t)rows * (size_t)ld * es), vec = align64((size_t)n * es);
+	const size_t stat = align64((size_t)rows * 4), nn = (size_t)rows * (size_t)n;
+	const size_t off_x = 0, off_w = mat, off_b = off_w + vec, off_y = off_b + vec, off_mean = off_y + mat;
+	const size_t off_rstd = off_mean + stat, off_dy = off_rstd + stat, off_dx = off_dy + mat, off_res = off_dx + mat;
+	const size_t off_dw = off_res + mat, off_db = off_dw + vec, total = off_db + vec;
+	const struct tl_layer_norm ln = { rows, n, lc->eps != 0 ? lc->eps : 1e-5 };
+	struct tl_layer_norm_grad_magnitude gm = { 0 };
+	struct regen_layer_norm_backward_args ba;
+	struct regen_layer_norm_args fa;
+	struct regen_tensor tb, tmean, trstd, tdw, tdb, tres;
+	unsigned char *res_before = NULL;
+	double *x = NULL, *w = NULL, *b = NULL, *dy = NULL, *res = NULL, *y_ref = NULL, *y_mag = NULL;
+	double *mean_ref = NULL, *rstd_ref = NULL, *got = NULL, *mean = NULL, *rstd = NULL, *mean_mag = NULL;
+	double *dx_ref = NULL, *dw_ref = NULL, *db_ref = NULL;
+	struct tl_buffer m;
+	unsigned char *p;
+	int r;
+
+	tl_buffer_alloc(total, &m);
+	p = m.mem.ptr;
+	/* Inputs off centre, rows padded with values a kernel must not read
+	 * into a sum; outputs all poison. */
+	x = malloc((nn + 1) * sizeof(double));
+	dy = malloc((nn + 1) * sizeof(double));
+	res = malloc((nn + 1) * sizeof(double));
+	w = malloc(((size_t)n + 1) * sizeof(double));
+	b = malloc(((size_t)n + 1) * sizeof(double));
+	ASSERT(x && dy && res && w && b, "out of memory");
+	fill_matrix(lc->dt, p + off_x, rows, n, ld, 1e3, x);
+	for (size_t e = 0; e < nn; e++) {
+		size_t i = e / (size_t)n, j = e % (size_t)n;
+		x[e] = tl_store(dt, p + off_x, i * (size_t)ld + j, 3.0 * x[e] + 1.0);
+	}
+	fill_matrix(lc->dt, p + off_dy, rows, n, ld, 1e3, dy);
+	fill_matrix(lc->dt, p + off_res, rows, n, ld, 1e3, res);
+	fill_matrix(lc->dt, p + off_w, 1, n, n, NAN, w);
+	fill_matrix(lc->dt, p + off_b, 1, n, n, NAN, b);
+	tl_poison(dt, p + off_y, (size_t)rows * (size_t)ld);
+	tl_poison(RP_DTYPE_F32, p + off_mean, (size_t)rows);
+	tl_poison(RP_DTYPE_F32, p + off_rstd, (size_t)rows);
+	tl_poison(dt, p + off_dx, (size_t)rows * (size_t)ld);
+	tl_poison(dt, p + off_dw, (size_t)n);
+	tl_poison(dt, p + off_db, (size_t)n);
+	r = tl_buffer_import(c, device, &m);
+	if (r < 0) {
+		goto out;
+	}
+
+	memset(&fa, 0, sizeof(fa));
+	tensor2(&fa.x, m.buf, off_x, lc->dt, rows, n, ld);
+	tensor2(&fa.y, m.buf, off_y, lc->dt, rows, n, ld);
+	fa.weight = (struct regen_tensor){ .buffer = m.buf, .offset = off_w, .dtype = lc->dt, .rank = 1, .shape = { n } };
+	tb = fa.weight;
+	tb.offset = off_b;
+	tmean = (struct regen_tensor){ .buffer = m.buf, .offset = off_mean, .dtype = REGEN_F32, .rank = 1,
+				       .shape = { rows } };
+	trstd = tmean;
+	trstd.offset = off_rstd;
+	fa.bias = lc->bias ? &tb : NULL;
+	fa.mean = &tmean;
+	fa.rstd = &trstd;
+	fa.eps = lc->eps;
+	r = regen_layer_norm(c, &fa);
+	if (r < 0) {
+		goto out;
+	}
+	tl_check_transport(c, device);
+
+	y_ref = malloc((nn + 1) * sizeof(double));
+	y_mag = malloc((nn + 1) * sizeof(double));
+	mean_ref = malloc(((size_t)rows + 1) * sizeof(double));
+	rstd_ref = malloc(((size_t)rows + 1) * sizeof(double));
+	mean_mag = malloc(((size_t)rows + 1) * sizeof(double));
+	ASSERT(y_ref && y_mag && mean_ref && rstd_ref && mean_mag, "out of memory");
+	tl_layer_norm_ref(&ln, x, w, lc->bias ? b : NULL, y_ref, mean_ref, rstd_ref, y_mag);
+	got = load_rows(dt, p + off_y, rows, n, ld);
+	mean = load_all(RP_DTYPE_F32, p + off_mean, (size_t)rows);
+	rstd = load_all(RP_DTYPE_F32, p + off_rstd, (size_t)rows);
+	for (int i = 0; i < rows; i++) {
+		mean_mag[i] = 8.0;   /* the row's largest |x| bounds its terms' rounding: x is in [-2, 4) */
+	}
+	r = tl_check_close("y", dt, got, y_ref, y_mag, nn, 2e-5, why, why_size) > 0 ||
+	    tl_check_close("mean", RP_DTYPE_F32, mean, mean_ref, mean_mag, (size_t)rows, 1e-6, why, why_size) > 0 ||
+	    tl_check_close("rstd", RP_DTYPE_F32, rstd, rstd_ref, rstd_ref, (size_t)rows, 2e-5, why, why_size) > 0;
+	if (r == 0 && !padding_kept(dt, p + off_y, NULL, rows, n, ld)) {
+		snprintf(why, why_size, "wrote y's row padding");
+		r = 1;
+	}
+	if (r != 0) {
+		goto out;
+	}
+
+	memset(&ba, 0, sizeof(ba));
+	tensor2(&ba.d_y, m.buf, off_dy, lc->dt, rows, n, ld);
+	ba.x = fa.x;
+	ba.weight = fa.weight;
+	ba.mean = tmean;
+	ba.rstd = trstd;
+	tensor2(&tres, m.buf, off_res, lc->dt, rows, n, ld);
+	tensor2(&ba.d_x, m.buf, lc->residual == 2 ? off_res : off_dx, lc->dt, rows, n, ld);
+	ba.d_residual = lc->residual ? &tres : NULL;
+	tdw = fa.weight;
+	tdw.offset = off_dw;
+	tdb = fa.weight;
+	tdb.offset = off_db;
+	ba.d_weight = lc->param_grads ? &tdw : NULL;
+	ba.d_bias = lc->param_grads ? &tdb : NULL;
+	res_before = malloc(mat);
+	ASSERT_NOT_NULL(res_before);
+	memcpy(res_before, p + off_res, mat);
+	r = regen_layer_norm_backward(c, &ba);
+	if (r < 0) {
+		goto out;
+	}
+
+	dx_ref = malloc((nn + 1) * sizeof(double));
+	dw_ref = malloc(((size_t)n + 1) * sizeof(double));
+	db_ref = malloc(((size_t)n + 1) * sizeof(double));
+	gm.d_x = malloc((nn + 1) * sizeof(double));
+	gm.d_weight = malloc(((size_t)n + 1) * sizeof(double));
+	gm.d_bias = malloc(((size_t)n + 1) * sizeof(double));
+	ASSERT(dx_ref && dw_ref && db_ref && gm.d_x && gm.d_weight && gm.d_bias, "out of memory");
+	/* From the statistics the forward stored, as the backward reads them. */
+	tl_layer_norm_backward_ref(&ln, dy, x, w, mean, rstd, lc->residual ? res : NULL, dx_ref, dw_ref, db_ref, &gm);
+	free(got);
+	got = load_rows(dt, p + (lc->residual == 2 ? off_res : off_dx), rows, n, ld);
+	r = tl_check_close("d_x", dt, got, dx_ref, gm.d_x, nn, 2e-5, why, why_size) > 0;
+	if (r == 0 && lc->param_grads) {
+		free(got);
+		got = load_all(dt, p + off_dw, (size_t)n);
+		r = tl_check_close("d_weight", dt, got, dw_ref, gm.d_weight, (size_t)n, 2e-5, why, why_size) > 0;
+		free(got);
+		got = load_all(dt, p + off_db, (size_t)n);
+		r = r || tl_check_close("d_bias", dt, got, db_ref, gm.d_bias, (size_t)n, 2e-5, why, why_size) > 0;
+	}
+	if (r == 0 && !lc->param_grads && !tl_is_poison(dt, p + off_dw, 0)) {
+		snprintf(why, why_size, "wrote d_weight, which was not asked for");
+		r = 1;
+	}
+	if (r == 0 && lc->residual == 1 && memcmp(res_before, p + off_res, mat) != 0) {
+		snprintf(why, why_size, "wrote d_residual, an input");
+		r = 1;
+	}
+	if (r == 0 && !padding_kept(dt, p + (lc->residual == 2 ? off_res : off_dx),
+				    lc->residual == 2 ? res_before : NULL, rows, n, ld)) {
+		snprintf(why, why_size, "wrote d_x's row padding");
+		r = 1;
+	}
+out:
+	tl_buffer_free(&m);
+	free(res_before);
+	free(x);
+	free(w);
+	free(b);
+	free(dy);
+	free(res);
+	free(y_ref);
+	free(y_mag);
+	free(mean_ref);
+	free(rstd_ref);
+	free(mean_mag);
+	free(got);
+	free(mean);
+	free(rstd);
+	free(dx_ref);
+	free(dw_ref);
+	free(db_ref);
+	free(gm.d_x);
+	free(gm.d_weight);
+	free(gm.d_bias);
+	return r;
+}

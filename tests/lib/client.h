@@ -1,6 +1,6 @@
 /* Tests through libregen, on top of the rest of tests/lib: a client of the
- * test's daemon, its Status, memfd buffers imported into a worker, and GEMM
- * and attention cases run through regend and checked against the float64
+ * test's daemon, its Status, memfd buffers imported into a worker, and GEMM,
+ * attention and LayerNorm cases run through regend and checked against the float64
  * references of reference.h. */
 #pragma once
 
@@ -105,3 +105,20 @@ struct tl_attn_case {
 /* The same contract as tl_gemm_run. */
 int tl_attention_run(regen_client *c, int device, const struct tl_attn_case *ac, char *why, size_t why_size);
 void tl_attn_describe(const struct tl_attn_case *ac, char *buf, size_t size);
+
+/* LayerNorm forward, then its backward, on one buffer of their own: x,
+ * y, d_y, d_x and d_residual [rows, n] with rows padded by `pad` elements
+ * (the padding must stay untouched), fresh random inputs, outputs poisoned,
+ * each result against the float64 reference (the backward's from the
+ * forward's statistics as stored). */
+struct tl_ln_case {
+	enum regen_dtype dt;
+	int rows, n, pad;
+	double eps;                 /* 0: regend's default, 1e-5 */
+	bool bias;
+	int residual;               /* 0 none, 1 d_residual apart, 2 d_x in place of d_residual */
+	bool param_grads;           /* d_weight and d_bias */
+};
+/* The same contract as tl_gemm_run. */
+int tl_layer_norm_run(regen_client *c, int device, const struct tl_ln_case *lc, char *why, size_t why_size);
+void tl_ln_describe(const struct tl_ln_case *lc, char *buf, size_t size);

@@ -259,6 +259,90 @@ void tl_attention_backward_ref(const struct tl_attention *at, const double *q, c
 	free(lse);
 }
 
+void tl_layer_norm_ref(const struct tl_layer_norm *ln, const double *x, const double *weight, const double *bias,
+		       double *y, double *mean, double *rstd, double *y_magnitude)
+{
+	const int64_t n = ln->n;
+
+	for (int64_t i = 0; i < ln->rows; i++) {
+		const double *xr = x + i * n;
+		double s = 0, q = 0;
+
+		for (int64_t j = 0; j < n; j++) {
+			s += xr[j];
+		}
+		const double mu = s / (double)n;
+		for (int64_t j = 0; j < n; j++) {
+			q += (xr[j] - mu) * (xr[j] - mu);
+		}
+		const double rs = 1.0 / sqrt(q / (double)n + ln->eps);
+		if (mean) {
+			mean[i] = mu;
+		}
+		if (rstd) {
+			rstd[i] = rs;
+		}
+		for (int64_t j = 0; j < n; j++) {
+			const double b = bias ? bias[j] : 0.0;
+
+			y[i * n + j] = (xr[j] - mu) * rs * weight[j] + b;
+			/* x and its mean are subtracted in f32: each carries its
+			 * rounding into y, scaled by rstd and the weight. */
+			if (y_magnitude) {
+				y_magnitude[i * n + j] = (fabs(xr[j]) + fabs(mu)) * rs * fabs(weight[j]) + fabs(b);
+			}
+		}
+	}
+}
+
+void tl_layer_norm_backward_ref(const struct tl_layer_norm *ln, const double *d_y, const double *x,
+				const double *weight, const double *mean, const double *rstd, const double *d_residual,
+				double *d_x, double *d_weight, double *d_bias,
+				const struct tl_layer_norm_grad_magnitude *magnitude)
+{
+	const int64_t n = ln->n;
+
+	for (int64_t j = 0; j < n; j++) {
+		d_weight[j] = d_bias[j] = 0;
+		if (magnitude) {
+			magnitude->d_weight[j] = magnitude->d_bias[j] = 0;
+		}
+	}
+	for (int64_t i = 0; i < ln->rows; i++) {
+		const double *dy = d_y + i * n, *xr = x + i * n;
+		double sg = 0, sgx = 0, ag = 0, agx = 0;
+
+		for (int64_t j = 0; j < n; j++) {
+			const double xh = (xr[j] - mean[i]) * rstd[i], g = dy[j] * weight[j];
+
+			sg += g;
+			sgx += g * xh;
+			ag += fabs(g);
+			agx += fabs(g * xh);
+			d_weight[j] += dy[j] * xh;
+			d_bias[j] += dy[j];
+			if (magnitude) {
+				magnitude->d_weight[j] += fabs(dy[j] * xh);
+				magnitude->d_bias[j] += fabs(dy[j]);
+			}
+		}
+		for (int64_t j = 0; j < n; j++) {
+			const double xh = (xr[j] - mean[i]) * rstd[i], g = dy[j] * weight[j];
+			const double r = d_residual ? d_residual[i * n + j] : 0.0;
+
+			d_x[i * n + j] = rstd[i] * (g - sg / (double)n - xh * sgx / (double)n) + r;
+			/* The terms before they cancel; xhat's own rounding is
+			 * that of x - mean, as in the forward. */
+			if (magnitude) {
+				const double xh_mag = (fabs(xr[j]) + fabs(mean[i])) * rstd[i];
+
+				magnitude->d_x[i * n + j] =
+					rstd[i] * (fabs(g) + ag / (double)n + xh_mag * agx / (double)n) + fabs(r);
+			}
+		}
+	}
+}
+
 double tl_rel_error(const double *got, const double *ref, size_t n)
 {
 	double num = 0, den = 0;

@@ -1,4 +1,4 @@
-/* float64 references for GEMM and attention, written once for every test
+/* float64 references for GEMM, attention and LayerNorm, written once for every test
  * that checks a result (unit tests of the host math, integration tests
  * through regend). Inputs are dense row-major arrays of the values as
  * stored, already rounded to their storage type, so that what a tolerance
@@ -69,6 +69,30 @@ struct tl_attention_grad_magnitude {
 void tl_attention_backward_ref(const struct tl_attention *at, const double *q, const double *k, const double *v,
 			       const double *o, const double *d_o, double *dq, double *dk, double *dv,
 			       const struct tl_attention_grad_magnitude *magnitude);
+
+struct tl_layer_norm {
+	int64_t rows, n;
+	double eps;
+};
+
+/* LayerNorm over the rows of x [rows, n] (dense): y = (x - mean) rstd
+ * weight + bias, the biased variance, rstd = 1 / sqrt(variance + eps).
+ * bias, mean, rstd and y_magnitude may be NULL. */
+void tl_layer_norm_ref(const struct tl_layer_norm *ln, const double *x, const double *weight, const double *bias,
+		       double *y, double *mean, double *rstd, double *y_magnitude);
+
+/* Magnitudes of the gradients' terms before they cancel ([rows*n], [n], [n]). */
+struct tl_layer_norm_grad_magnitude {
+	double *d_x, *d_weight, *d_bias;
+};
+
+/* LayerNorm's gradients from the statistics given (the forward's, as it
+ * stored them): d_x [rows*n] (+ d_residual unless NULL), d_weight and d_bias
+ * [n], overwritten. magnitude may be NULL. */
+void tl_layer_norm_backward_ref(const struct tl_layer_norm *ln, const double *d_y, const double *x,
+				const double *weight, const double *mean, const double *rstd, const double *d_residual,
+				double *d_x, double *d_weight, double *d_bias,
+				const struct tl_layer_norm_grad_magnitude *magnitude);
 
 /* ||got - ref|| / ||ref|| in the 2-norm (the absolute error when ref is 0;
  * infinity when got holds a NaN). */

@@ -688,6 +688,221 @@ START_TEST(backward_outputs_interleaved_and_sharing_are_refused)
 }
 END_TEST
 
+/* ---- LayerNorm ---------------------------------------------------------------------- */
+
+/* x [6, 40] bf16 with rows padded to 48, in buffers of their own. */
+static const char layer_norm_base[] =
+	"{'x': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [48, 1]},"
+	" 'weight': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40]},"
+	" 'bias': {'buffer': 'b0.1.2', 'offset': 80, 'dtype': 'bf16', 'shape': [40]},"
+	" 'y': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [6, 40]},"
+	" 'mean': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [6]},"
+	" 'rstd': {'buffer': 'b0.1.4', 'offset': 24, 'dtype': 'f32', 'shape': [6]}}";
+
+static int layer_norm_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_compute_parse(&rp_op_layer_norm, p, d, e);
+}
+
+static int layer_norm_backward_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_compute_parse(&rp_op_layer_norm_backward, p, d, e);
+}
+
+START_TEST(layer_norm_accepts_and_derives)
+{
+	cJSON *params = patched(layer_norm_base, "{'eps': 0.001, 'wait_event': 'e0.1.9', 'deadline_ms': 500}");
+	struct rp_error err = { 0 };
+	struct rp_compute c, again;
+
+	ck_assert_int_eq(rp_compute_parse(&rp_op_layer_norm, params, &c, &err), 0);
+	ck_assert_ptr_null(err.name);
+	ck_assert_int_eq(c.layer_norm.rows, 6);
+	ck_assert_int_eq(c.layer_norm.n, 40);
+	ck_assert_double_eq(c.layer_norm.eps, 0.001);
+	ck_assert(c.wait_event.present && c.deadline_ms == 500);
+	ck_assert(c.present[RP_LN_BIAS] && c.present[RP_LN_MEAN] && c.present[RP_LN_RSTD]);
+	ck_assert_int_eq(c.operands[RP_LN_X].strides[0], 48);
+	/* What a client encodes parses to the same call. */
+	cJSON *sent = rp_compute_to_json(&c);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_layer_norm, sent, &again, &err), 0);
+	ck_assert_double_eq(again.layer_norm.eps, 0.001);
+	ck_assert_mem_eq(again.operands, c.operands, sizeof(c.operands));
+	cJSON_Delete(sent);
+	cJSON_Delete(params);
+
+	/* Only x, weight and y: eps is the default; one element a row. */
+	params = patched(layer_norm_base, "{'bias': null, 'mean': null, 'rstd': null,"
+					  " 'x': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [3, 1]},"
+					  " 'weight': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [1]},"
+					  " 'y': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [3, 1], 'strides': [5, 1]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_layer_norm, params, &c, &err), 0);
+	ck_assert_double_eq(c.layer_norm.eps, RP_LAYER_NORM_EPS_DEFAULT);
+	ck_assert(!c.present[RP_LN_BIAS] && !c.present[RP_LN_MEAN] && !c.present[RP_LN_RSTD]);
+	ck_assert_int_eq(c.layer_norm.rows, 3);
+	ck_assert_int_eq(c.layer_norm.n, 1);
+	cJSON_Delete(params);
+
+	/* The longest row, and one buffer for everything, apart. */
+	params = patched(layer_norm_base, "{'bias': null,"
+					  " 'x': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [1, 65536]},"
+					  " 'weight': {'buffer': 'b0.1.1', 'offset': 131072, 'dtype': 'f16', 'shape': [65536]},"
+					  " 'y': {'buffer': 'b0.1.1', 'offset': 262144, 'dtype': 'f16', 'shape': [1, 65536]},"
+					  " 'mean': {'buffer': 'b0.1.1', 'offset': 393216, 'dtype': 'f32', 'shape': [1]},"
+					  " 'rstd': {'buffer': 'b0.1.1', 'offset': 393220, 'dtype': 'f32', 'shape': [1]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_layer_norm, params, &c, &err), 0);
+	ck_assert_int_eq(c.layer_norm.n, RP_LAYER_NORM_N_MAX);
+	cJSON_Delete(params);
+}
+END_TEST
+
+static const struct bad_case layer_norm_bad_cases[] = {
+	{ "x missing", "{'x': null}", PARAM, "x", NULL },
+	{ "weight missing", "{'weight': null}", PARAM, "weight", NULL },
+	{ "y missing", "{'y': null}", PARAM, "y", NULL },
+	{ "unknown field", "{'epsilon': 0.1}", PARAM, "epsilon", NULL },
+	{ "eps zero", "{'eps': 0}", PARAM, "eps", NULL },
+	{ "eps negative", "{'eps': -1e-5}", PARAM, "eps", NULL },
+	{ "eps infinite", "{'eps': 1e999}", PARAM, "eps", NULL },
+	{ "eps a string", "{'eps': 'small'}", PARAM, "eps", NULL },
+	{ "x rank 3", "{'x': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [2, 3, 40]}}", OPERAND, "x", "rank" },
+	{ "x i32", "{'x': {'buffer': 'b0.1.1', 'dtype': 'i32', 'shape': [6, 40]}}", OPERAND, "x", NULL },
+	{ "x's last stride 2", "{'x': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [80, 2]}}",
+	  OPERAND, "x", "last stride" },
+	{ "x's rows overlapping", "{'x': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [39, 1]}}",
+	  OPERAND, "x", "row stride" },
+	{ "x's row longer than the limit", "{'x': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [1, 65537]}}", OPERAND,
+	  "x", "at most 65536" },
+	{ "weight of another dtype", "{'weight': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [40]}}", OPERAND,
+	  "weight", "share a dtype" },
+	{ "weight of another length", "{'weight': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [48]}}", OPERAND,
+	  "weight", "[40]" },
+	{ "weight a matrix", "{'weight': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [1, 40]}}", OPERAND, "weight",
+	  "rank" },
+	{ "weight strided", "{'weight': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40], 'strides': [2]}}",
+	  OPERAND, "weight", "last stride" },
+	{ "bias of another length", "{'bias': {'buffer': 'b0.1.2', 'offset': 80, 'dtype': 'bf16', 'shape': [6]}}",
+	  OPERAND, "bias", NULL },
+	{ "bias of another dtype", "{'bias': {'buffer': 'b0.1.2', 'offset': 80, 'dtype': 'f16', 'shape': [40]}}",
+	  OPERAND, "bias", NULL },
+	{ "y of another dtype", "{'y': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [6, 40]}}", OPERAND, "y", NULL },
+	{ "y shaped unlike x", "{'y': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [40, 6]}}", OPERAND, "y",
+	  "shaped like x" },
+	{ "mean bf16", "{'mean': {'buffer': 'b0.1.4', 'dtype': 'bf16', 'shape': [6]}}", OPERAND, "mean", "f32" },
+	{ "mean one per column", "{'mean': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [40]}}", OPERAND, "mean",
+	  "one element per row" },
+	{ "rstd of another length", "{'rstd': {'buffer': 'b0.1.4', 'offset': 24, 'dtype': 'f32', 'shape': [7]}}",
+	  OPERAND, "rstd", NULL },
+	{ "y over x", "{'y': {'buffer': 'b0.1.1', 'offset': 16, 'dtype': 'bf16', 'shape': [6, 40]}}", OPERAND, "y",
+	  "overlaps x" },
+	{ "y is x", "{'y': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [48, 1]}}", OPERAND, "y",
+	  "overlaps x" },
+	{ "rstd over mean", "{'rstd': {'buffer': 'b0.1.4', 'offset': 20, 'dtype': 'f32', 'shape': [6]}}", OPERAND,
+	  "rstd", "overlaps mean" },
+	{ "mean over bias", "{'mean': {'buffer': 'b0.1.2', 'offset': 152, 'dtype': 'f32', 'shape': [6]}}", OPERAND,
+	  "mean", "overlaps bias" },
+	{ "y's elements sharing memory", "{'y': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [0, 1]}}",
+	  OPERAND, "y", NULL },
+	{ "wait_event a buffer id", "{'wait_event': 'b0.1.9'}", PARAM, "wait_event", NULL },
+	{ "deadline_ms 0", "{'deadline_ms': 0}", PARAM, "deadline_ms", NULL },
+};
+
+START_TEST(layer_norm_refuses)
+{
+	struct rp_compute c;
+
+	expect_bad(layer_norm_base, &layer_norm_bad_cases[_i], layer_norm_parse_any, &c, sizeof(c));
+}
+END_TEST
+
+/* The backward of layer_norm_base's call, d_y and d_x contiguous. */
+static const char layer_norm_backward_base[] =
+	"{'d_y': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [6, 40]},"
+	" 'x': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [48, 1]},"
+	" 'weight': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40]},"
+	" 'mean': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [6]},"
+	" 'rstd': {'buffer': 'b0.1.4', 'offset': 24, 'dtype': 'f32', 'shape': [6]},"
+	" 'd_x': {'buffer': 'b0.1.6', 'dtype': 'bf16', 'shape': [6, 40]},"
+	" 'd_weight': {'buffer': 'b0.1.7', 'dtype': 'bf16', 'shape': [40]},"
+	" 'd_bias': {'buffer': 'b0.1.7', 'offset': 80, 'dtype': 'bf16', 'shape': [40]},"
+	" 'd_residual': {'buffer': 'b0.1.8', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [64, 1]}}";
+
+START_TEST(layer_norm_backward_accepts_and_derives)
+{
+	cJSON *params = patched(layer_norm_backward_base, "{'signal_event': 'e0.1.3'}");
+	struct rp_error err = { 0 };
+	struct rp_compute c;
+
+	ck_assert_int_eq(rp_compute_parse(&rp_op_layer_norm_backward, params, &c, &err), 0);
+	ck_assert_int_eq(c.layer_norm.rows, 6);
+	ck_assert_int_eq(c.layer_norm.n, 40);
+	ck_assert_double_eq(c.layer_norm.eps, 0.0);
+	ck_assert(c.signal_event.present && c.present[RP_LNB_DRESIDUAL] && c.present[RP_LNB_DWEIGHT]);
+	cJSON_Delete(params);
+
+	/* Only what it needs. */
+	params = patched(layer_norm_backward_base, "{'d_weight': null, 'd_bias': null, 'd_residual': null}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_layer_norm_backward, params, &c, &err), 0);
+	ck_assert(!c.present[RP_LNB_DWEIGHT] && !c.present[RP_LNB_DBIAS] && !c.present[RP_LNB_DRESIDUAL]);
+	cJSON_Delete(params);
+
+	/* d_x in place of d_residual: the same tensor exactly. */
+	params = patched(layer_norm_backward_base,
+			 "{'d_x': {'buffer': 'b0.1.8', 'dtype': 'bf16', 'shape': [6, 40], 'strides': [64, 1]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_layer_norm_backward, params, &c, &err), 0);
+	cJSON_Delete(params);
+}
+END_TEST
+
+static const struct bad_case layer_norm_backward_bad_cases[] = {
+	{ "d_y missing", "{'d_y': null}", PARAM, "d_y", NULL },
+	{ "mean missing", "{'mean': null}", PARAM, "mean", NULL },
+	{ "rstd missing", "{'rstd': null}", PARAM, "rstd", NULL },
+	{ "d_x missing", "{'d_x': null}", PARAM, "d_x", NULL },
+	{ "eps given", "{'eps': 1e-5}", PARAM, "eps", NULL },
+	{ "d_y shaped unlike x", "{'d_y': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [6, 41]}}", OPERAND, "d_y",
+	  "shaped like x" },
+	{ "d_y of another dtype", "{'d_y': {'buffer': 'b0.1.5', 'dtype': 'f16', 'shape': [6, 40]}}", OPERAND, "d_y",
+	  NULL },
+	{ "d_x shaped unlike x", "{'d_x': {'buffer': 'b0.1.6', 'dtype': 'bf16', 'shape': [5, 40]}}", OPERAND, "d_x",
+	  "shaped like x" },
+	{ "d_weight of another length", "{'d_weight': {'buffer': 'b0.1.7', 'dtype': 'bf16', 'shape': [39]}}", OPERAND,
+	  "d_weight", "shaped like weight" },
+	{ "d_bias f32 beside bf16 weight", "{'d_bias': {'buffer': 'b0.1.7', 'offset': 80, 'dtype': 'f32', 'shape': [40]}}",
+	  OPERAND, "d_bias", NULL },
+	{ "d_residual of another shape",
+	  "{'d_residual': {'buffer': 'b0.1.8', 'dtype': 'bf16', 'shape': [6, 20]}}", OPERAND, "d_residual", NULL },
+	{ "mean of another length", "{'mean': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [5]}}", OPERAND, "mean",
+	  NULL },
+	{ "rstd f16", "{'rstd': {'buffer': 'b0.1.4', 'offset': 24, 'dtype': 'f16', 'shape': [6]}}", OPERAND, "rstd",
+	  NULL },
+	{ "d_x over d_y", "{'d_x': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [6, 40]}}", OPERAND, "d_x",
+	  "overlaps d_y" },
+	{ "d_x over x", "{'d_x': {'buffer': 'b0.1.1', 'offset': 2, 'dtype': 'bf16', 'shape': [6, 40]}}", OPERAND, "d_x",
+	  "overlaps x" },
+	{ "d_weight over d_x", "{'d_weight': {'buffer': 'b0.1.6', 'offset': 40, 'dtype': 'bf16', 'shape': [40]}}",
+	  OPERAND, "d_weight", "overlaps d_x" },
+	{ "d_bias over d_weight", "{'d_bias': {'buffer': 'b0.1.7', 'offset': 40, 'dtype': 'bf16', 'shape': [40]}}",
+	  OPERAND, "d_bias", "overlaps d_weight" },
+	{ "d_weight over mean", "{'d_weight': {'buffer': 'b0.1.4', 'dtype': 'bf16', 'shape': [40]}}", OPERAND,
+	  "d_weight", "overlaps mean" },
+	/* d_x may be d_residual only exactly. */
+	{ "d_x half a row into d_residual",
+	  "{'d_x': {'buffer': 'b0.1.8', 'offset': 40, 'dtype': 'bf16', 'shape': [6, 40], 'strides': [64, 1]}}", OPERAND,
+	  "d_residual", "only exactly" },
+	{ "d_x over d_residual with other strides",
+	  "{'d_x': {'buffer': 'b0.1.8', 'dtype': 'bf16', 'shape': [6, 40]}}", OPERAND, "d_residual", "only exactly" },
+};
+
+START_TEST(layer_norm_backward_refuses)
+{
+	struct rp_compute c;
+
+	expect_bad(layer_norm_backward_base, &layer_norm_backward_bad_cases[_i], layer_norm_backward_parse_any, &c,
+		   sizeof(c));
+}
+END_TEST
+
 #define N(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 static Suite *compute_parse_suite(void)
@@ -696,6 +911,7 @@ static Suite *compute_parse_suite(void)
 	TCase *gemm = tcase_create("gemm");
 	TCase *att = tcase_create("attention");
 	TCase *bwd = tcase_create("attention_backward");
+	TCase *ln = tcase_create("layer_norm");
 
 	tcase_add_loop_test(gemm, gemm_accepts, 0, N(gemm_ok_cases));
 	tcase_add_test(gemm, gemm_fills_the_descriptor);
@@ -713,6 +929,12 @@ static Suite *compute_parse_suite(void)
 	tcase_add_test(bwd, backward_outputs_interleaved_without_sharing_are_fine);
 	tcase_add_loop_test(bwd, backward_outputs_interleaved_and_sharing_are_refused, 0, N(interleaved_bad_cases));
 	suite_add_tcase(s, bwd);
+
+	tcase_add_test(ln, layer_norm_accepts_and_derives);
+	tcase_add_loop_test(ln, layer_norm_refuses, 0, N(layer_norm_bad_cases));
+	tcase_add_test(ln, layer_norm_backward_accepts_and_derives);
+	tcase_add_loop_test(ln, layer_norm_backward_refuses, 0, N(layer_norm_backward_bad_cases));
+	suite_add_tcase(s, ln);
 	return s;
 }
 

@@ -1184,6 +1184,327 @@ START_TEST(attention_backward_matches_finite_differences)
 }
 END_TEST
 
+/* ---- LayerNorm -------------------------------------------------------------- */
+
+/* A LayerNorm's tensors: x, y, d_y, d_x, d_residual [rows, n] with padded
+ * rows (each its own padding, so that strides differ), weight, bias,
+ * d_weight, d_bias [n], mean and rstd f32 [rows]. */
+struct ln_tensors {
+	struct tens x, w, b, y, mean, rstd, dy, dx, res, dw, db;
+};
+
+static void ln_init(struct ln_tensors *t, enum rp_dtype dt, int64_t rows, int64_t n, struct tl_rng *r)
+{
+	const int64_t mat[2] = { rows, n }, vec[1] = { n }, stat[1] = { rows };
+
+	tens_init(&t->x, dt, 2, mat, tl_rng_int(r, 0, 3), 1);
+	tens_init(&t->y, dt, 2, mat, tl_rng_int(r, 0, 3), 1);
+	tens_init(&t->dy, dt, 2, mat, tl_rng_int(r, 0, 3), 1);
+	tens_init(&t->dx, dt, 2, mat, tl_rng_int(r, 0, 3), 1);
+	tens_init(&t->res, dt, 2, mat, tl_rng_int(r, 0, 3), 1);
+	tens_init(&t->w, dt, 1, vec, 0, 1);
+	tens_init(&t->b, dt, 1, vec, 0, 1);
+	tens_init(&t->dw, dt, 1, vec, 0, 1);
+	tens_init(&t->db, dt, 1, vec, 0, 1);
+	tens_init(&t->mean, RP_DTYPE_F32, 1, stat, 0, 1);
+	tens_init(&t->rstd, RP_DTYPE_F32, 1, stat, 0, 1);
+	/* x off centre and wider than 1: a mean and a variance to get right. */
+	tens_poison(&t->x);
+	for (int64_t l = 0; l < t->x.numel; l++) {
+		tens_set(&t->x, l, tl_rng_uniform(r, -3.0, 5.0));
+	}
+	tens_random(&t->w, r);
+	tens_random(&t->b, r);
+	tens_random(&t->dy, r);
+	tens_random(&t->res, r);
+	tens_poison(&t->y);
+	tens_poison(&t->mean);
+	tens_poison(&t->rstd);
+	tens_poison(&t->dx);
+	tens_poison(&t->dw);
+	tens_poison(&t->db);
+}
+
+static void ln_finish(struct ln_tensors *t)
+{
+	struct tens *all[] = { &t->x, &t->w, &t->b, &t->y, &t->mean, &t->rstd, &t->dy, &t->dx, &t->res, &t->dw, &t->db };
+
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+		tens_finish(all[i]);
+	}
+}
+
+/* Runs a call, and first shows that one float less scratch is refused. */
+static void ln_run(struct rp_compute *call, void **p)
+{
+	size_t need = rd_host_scratch_size(call);
+	void *scratch = malloc(need);
+
+	ck_assert(scratch);
+	ck_assert_int_eq(rd_host_check(call, p, NULL), 0);
+	ck_assert_int_eq(rd_host_run(call, p, scratch, need - sizeof(float)), -ENOSPC);
+	ck_assert_int_eq(rd_host_run(call, p, scratch, need), 0);
+	free(scratch);
+}
+
+static void ln_forward(struct ln_tensors *t, double eps, bool bias, bool stats)
+{
+	struct rp_compute call = { .spec = &rp_op_layer_norm };
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
+
+	att_slot(&call, p, RP_LN_X, &t->x);
+	att_slot(&call, p, RP_LN_WEIGHT, &t->w);
+	if (bias) {
+		att_slot(&call, p, RP_LN_BIAS, &t->b);
+	}
+	att_slot(&call, p, RP_LN_Y, &t->y);
+	if (stats) {
+		att_slot(&call, p, RP_LN_MEAN, &t->mean);
+		att_slot(&call, p, RP_LN_RSTD, &t->rstd);
+	}
+	call.layer_norm = (struct rp_layer_norm){ .eps = eps, .rows = t->x.op.shape[0], .n = t->x.op.shape[1] };
+	ln_run(&call, p);
+}
+
+/* residual: 0 none, 1 apart, 2 d_x in place of d_residual. */
+static void ln_backward(struct ln_tensors *t, int residual, bool param_grads)
+{
+	struct rp_compute call = { .spec = &rp_op_layer_norm_backward };
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
+
+	att_slot(&call, p, RP_LNB_DY, &t->dy);
+	att_slot(&call, p, RP_LNB_X, &t->x);
+	att_slot(&call, p, RP_LNB_WEIGHT, &t->w);
+	att_slot(&call, p, RP_LNB_MEAN, &t->mean);
+	att_slot(&call, p, RP_LNB_RSTD, &t->rstd);
+	att_slot(&call, p, RP_LNB_DX, residual == 2 ? &t->res : &t->dx);
+	if (residual) {
+		att_slot(&call, p, RP_LNB_DRESIDUAL, &t->res);
+	}
+	if (param_grads) {
+		att_slot(&call, p, RP_LNB_DWEIGHT, &t->dw);
+		att_slot(&call, p, RP_LNB_DBIAS, &t->db);
+	}
+	call.layer_norm = (struct rp_layer_norm){ .rows = t->x.op.shape[0], .n = t->x.op.shape[1] };
+	ln_run(&call, p);
+}
+
+static void ln_close(const char *what, enum rp_dtype dt, const struct tens *got, const double *ref, const double *mag,
+		     double tol, const char *label)
+{
+	double *g = tens_values(got);
+	char why[512] = "";
+
+	ck_assert_msg(tl_check_close(what, dt, g, ref, mag, (size_t)got->numel, tol, why, sizeof(why)) == 0,
+		      "%s: %s (seed %llu)", label, why, (unsigned long long)tl_seed());
+	free(g);
+}
+
+START_TEST(layer_norm_matches_reference)
+{
+	static const enum rp_dtype dts[] = { RP_DTYPE_F32, RP_DTYPE_F16, RP_DTYPE_BF16 };
+	struct tl_rng *r = tl_rand();
+
+	for (int c = 0; c < 24; c++) {
+		const enum rp_dtype dt = dts[c % 3];
+		/* The longest row once, one element now and then. */
+		const int64_t rows = c == 0 ? 2 : tl_rng_int(r, 1, 24);
+		const int64_t n = c == 0 ? RP_LAYER_NORM_N_MAX : c % 7 == 1 ? 1 : tl_rng_int(r, 2, 300);
+		const bool bias = c % 4 != 3, stats = c % 5 != 4;
+		const double eps = c % 2 ? 1e-5 : tl_rng_uniform(r, 1e-6, 0.5);
+		const struct tl_layer_norm ln = { rows, n, eps };
+		struct ln_tensors t;
+		char label[128];
+
+		snprintf(label, sizeof(label), "%s [%lld, %lld] bias %d stats %d eps %g", rp_dtype_name(dt),
+			 (long long)rows, (long long)n, bias, stats, eps);
+		ln_init(&t, dt, rows, n, r);
+		ln_forward(&t, eps, bias, stats);
+		tens_check_written(&t.y, label);
+
+		double *x = tens_values(&t.x), *w = tens_values(&t.w), *b = tens_values(&t.b);
+		double *y = malloc(sizeof(double) * (size_t)(rows * n)), *mag = malloc(sizeof(double) * (size_t)(rows * n));
+		double *mean = malloc(sizeof(double) * (size_t)rows), *rstd = malloc(sizeof(double) * (size_t)rows);
+		double *mean_mag = malloc(sizeof(double) * (size_t)rows);
+
+		ck_assert(y && mag && mean && rstd && mean_mag);
+		tl_layer_norm_ref(&ln, x, w, bias ? b : NULL, y, mean, rstd, mag);
+		ln_close("y", dt, &t.y, y, mag, 1e-5, label);
+		if (stats) {
+			tens_check_written(&t.mean, label);
+			tens_check_written(&t.rstd, label);
+			/* A mean is off by the rounding of its terms, which the
+			 * row's largest bounds; rstd is relative. */
+			for (int64_t i = 0; i < rows; i++) {
+				mean_mag[i] = 0;
+				for (int64_t j = 0; j < n; j++) {
+					mean_mag[i] = fmax(mean_mag[i], fabs(x[i * n + j]));
+				}
+			}
+			ln_close("mean", RP_DTYPE_F32, &t.mean, mean, mean_mag, 1e-6, label);
+			ln_close("rstd", RP_DTYPE_F32, &t.rstd, rstd, rstd, 1e-5, label);
+		} else {
+			for (size_t e = 0; e < t.mean.len; e++) {
+				ck_assert_msg(tens_is_poison(&t.mean, e), "%s: mean written without being asked", label);
+			}
+		}
+		free(x);
+		free(w);
+		free(b);
+		free(y);
+		free(mag);
+		free(mean);
+		free(rstd);
+		free(mean_mag);
+		ln_finish(&t);
+	}
+}
+END_TEST
+
+START_TEST(layer_norm_backward_matches_reference)
+{
+	static const enum rp_dtype dts[] = { RP_DTYPE_F32, RP_DTYPE_F16, RP_DTYPE_BF16 };
+	struct tl_rng *r = tl_rand();
+
+	for (int c = 0; c < 27; c++) {
+		const enum rp_dtype dt = dts[c % 3];
+		const int residual = (c / 3) % 3;
+		const bool param_grads = c % 4 != 3;
+		const int64_t rows = tl_rng_int(r, 1, 40), n = c == 4 ? 1 : tl_rng_int(r, 2, 200);
+		const struct tl_layer_norm ln = { rows, n, 1e-5 };
+		const size_t nn = (size_t)(rows * n);
+		struct tl_layer_norm_grad_magnitude gm;
+		struct ln_tensors t;
+		char label[128];
+
+		snprintf(label, sizeof(label), "%s [%lld, %lld] residual %d d_weight/d_bias %d", rp_dtype_name(dt),
+			 (long long)rows, (long long)n, residual, param_grads);
+		ln_init(&t, dt, rows, n, r);
+		ln_forward(&t, 1e-5, true, true);
+
+		double *dy = tens_values(&t.dy), *x = tens_values(&t.x), *w = tens_values(&t.w);
+		double *mean = tens_values(&t.mean), *rstd = tens_values(&t.rstd), *res = tens_values(&t.res);
+		double *dx = malloc(sizeof(double) * nn), *dw = malloc(sizeof(double) * (size_t)n);
+		double *db = malloc(sizeof(double) * (size_t)n);
+
+		gm.d_x = malloc(sizeof(double) * nn);
+		gm.d_weight = malloc(sizeof(double) * (size_t)n);
+		gm.d_bias = malloc(sizeof(double) * (size_t)n);
+		ck_assert(dx && dw && db && gm.d_x && gm.d_weight && gm.d_bias);
+		/* From the statistics as the forward stored them, as a backward
+		 * on the device reads them. */
+		tl_layer_norm_backward_ref(&ln, dy, x, w, mean, rstd, residual ? res : NULL, dx, dw, db, &gm);
+		ln_backward(&t, residual, param_grads);
+		const struct tens *out = residual == 2 ? &t.res : &t.dx;
+
+		if (residual != 2) {
+			tens_check_written(out, label);
+		}
+		ln_close("d_x", dt, out, dx, gm.d_x, 1e-5, label);
+		if (param_grads) {
+			tens_check_written(&t.dw, label);
+			tens_check_written(&t.db, label);
+			ln_close("d_weight", dt, &t.dw, dw, gm.d_weight, 1e-5, label);
+			ln_close("d_bias", dt, &t.db, db, gm.d_bias, 1e-5, label);
+		} else {
+			for (size_t e = 0; e < t.dw.len; e++) {
+				ck_assert_msg(tens_is_poison(&t.dw, e), "%s: d_weight written without being asked", label);
+			}
+		}
+		if (residual == 1) {
+			double *after = tens_values(&t.res);
+
+			ck_assert_msg(memcmp(after, res, sizeof(double) * nn) == 0, "%s: d_residual written", label);
+			free(after);
+		}
+		free(dy);
+		free(x);
+		free(w);
+		free(mean);
+		free(rstd);
+		free(res);
+		free(dx);
+		free(dw);
+		free(db);
+		free(gm.d_x);
+		free(gm.d_weight);
+		free(gm.d_bias);
+		ln_finish(&t);
+	}
+}
+END_TEST
+
+/* L = sum(y * d_y) of the float64 forward, for the finite differences. */
+static double ln_loss(const struct tl_layer_norm *ln, const struct ln_tensors *t)
+{
+	double *x = tens_values(&t->x), *w = tens_values(&t->w), *b = tens_values(&t->b), *dy = tens_values(&t->dy);
+	double *y = malloc(sizeof(double) * (size_t)(ln->rows * ln->n)), l = 0.0;
+
+	ck_assert(y);
+	tl_layer_norm_ref(ln, x, w, b, y, NULL, NULL, NULL);
+	for (int64_t e = 0; e < ln->rows * ln->n; e++) {
+		l += y[e] * dy[e];
+	}
+	free(x);
+	free(w);
+	free(b);
+	free(dy);
+	free(y);
+	return l;
+}
+
+/* Central differences of L in every element of `in`, against the host's
+ * gradient `grad` (+ `plus`, d_residual, for d_x). */
+static void ln_check_fd(const struct tl_layer_norm *ln, struct ln_tensors *t, struct tens *in, const struct tens *grad,
+			const struct tens *plus, const char *name)
+{
+	const double h = 1e-3;
+
+	for (int64_t l = 0; l < in->numel; l++) {
+		const double v0 = tens_get(in, l);
+		double vp, vm, lp, lm;
+
+		/* v0 +- h round in f32: divide by the step actually taken. */
+		tens_set(in, l, v0 + h);
+		vp = tens_get(in, l);
+		lp = ln_loss(ln, t);
+		tens_set(in, l, v0 - h);
+		vm = tens_get(in, l);
+		lm = ln_loss(ln, t);
+		tens_set(in, l, v0);
+		const double fd = (lp - lm) / (vp - vm) + (plus ? tens_get(plus, l) : 0.0);
+		const double got = tens_get(grad, l);
+
+		ck_assert_msg(fabs(got - fd) <= 1e-4 + 1e-3 * fabs(fd),
+			      "d_%s[%lld]: backward %.7g, finite difference %.7g (seed %llu)", name, (long long)l, got, fd,
+			      (unsigned long long)tl_seed());
+	}
+}
+
+START_TEST(layer_norm_backward_matches_finite_differences)
+{
+	/* Independent of any formula: the gradients of L = sum(y * d_y)
+	 * against central differences of L, the forward's eps and biased
+	 * variance (torch's) included. */
+	struct tl_rng r;
+
+	tl_rng_init(&r, 11);
+	for (int c = 0; c < 3; c++) {
+		const int64_t rows = 3, n = c == 2 ? 2 : 7;
+		const struct tl_layer_norm ln = { rows, n, c == 1 ? 0.3 : 1e-5 };
+		struct ln_tensors t;
+
+		ln_init(&t, RP_DTYPE_F32, rows, n, &r);
+		ln_forward(&t, ln.eps, true, true);
+		ln_backward(&t, 1, true);
+		ln_check_fd(&ln, &t, &t.x, &t.dx, &t.res, "x");
+		ln_check_fd(&ln, &t, &t.w, &t.dw, NULL, "weight");
+		ln_check_fd(&ln, &t, &t.b, &t.db, NULL, "bias");
+		ln_finish(&t);
+	}
+}
+END_TEST
+
 /* ---- conversions ------------------------------------------------------------ */
 
 static float f32_from_bits(uint32_t u)
@@ -1352,6 +1673,7 @@ static Suite *host_math_suite(void)
 	TCase *conv = tcase_create("conversions");
 	TCase *gemm = tcase_create("gemm");
 	TCase *att = tcase_create("attention");
+	TCase *ln = tcase_create("layer_norm");
 
 	tcase_add_test(conv, bf16_known_patterns);
 	tcase_add_test(conv, f16_known_patterns);
@@ -1378,6 +1700,11 @@ static Suite *host_math_suite(void)
 	tcase_add_test(att, attention_varlen_backward_matches_reference);
 	tcase_add_test(att, attention_varlen_bad_lengths);
 	suite_add_tcase(s, att);
+
+	tcase_add_test(ln, layer_norm_matches_reference);
+	tcase_add_test(ln, layer_norm_backward_matches_reference);
+	tcase_add_test(ln, layer_norm_backward_matches_finite_differences);
+	suite_add_tcase(s, ln);
 	return s;
 }
 

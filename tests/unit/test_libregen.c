@@ -7,6 +7,7 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -504,6 +505,86 @@ START_TEST(events_on_the_wire)
 }
 END_TEST
 
+/* LayerNorm's calls carry the table's operands, eps only when given, and
+ * the common fields; an eps JSON cannot say is refused here, unsent. */
+START_TEST(layer_norm_on_the_wire)
+{
+	struct regen_layer_norm_args f = { 0 };
+	struct regen_layer_norm_backward_args b = { 0 };
+	struct regen_tensor stats = { 0 }, vec = { 0 };
+	regen_event *wait = NULL;
+	regen_buffer *buf = NULL;
+	unsigned char h[64];
+	char hex[129];
+	const struct call *call;
+	regen_client *c;
+	int before;
+
+	fake_start(QUIRK_NONE);
+	c = connect_fake();
+	sample_handle(h, hex, 5);
+	ck_assert_int_eq(regen_event_import_cuda_ipc(c, 0, h, &wait), 0);
+	ck_assert_int_eq(regen_buffer_import_fd(c, 0, memfd(), 1 << 20, &buf), 0);
+	tensor(&f.x, buf, 4);
+	tensor(&f.y, buf, 4);
+	f.y.offset = 4096;
+	vec = (struct regen_tensor){ .buffer = buf, .offset = 8192, .dtype = REGEN_F32, .rank = 1, .shape = { 4 } };
+	stats = vec;
+	stats.offset = 12288;
+	f.weight = vec;
+	f.rstd = &stats;
+	f.eps = 0.5;
+	f.deadline_ms = 900;
+	f.wait_event = wait;
+	ck_assert_int_eq(regen_layer_norm(c, &f), 0);
+	call = last_call("io.regen.Compute.LayerNorm");
+	ck_assert(param_num(call, "eps") == 0.5);
+	ck_assert_int_eq((int)param_num(call, "deadline_ms"), 900);
+	ck_assert_str_eq(param_str(call, "wait_event"), regen_event_id(wait));
+	ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(call->params, "rstd"));
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "mean"));
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "bias"));
+	ck_assert_int_eq(cJSON_GetArraySize(call->params), 7);
+
+	/* eps 0 is regend's default: not sent. */
+	f.eps = 0;
+	f.wait_event = NULL;
+	f.deadline_ms = 0;
+	ck_assert_int_eq(regen_layer_norm(c, &f), 0);
+	call = last_call("io.regen.Compute.LayerNorm");
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "eps"));
+	ck_assert_int_eq(cJSON_GetArraySize(call->params), 4);
+
+	before = count_calls();
+	f.eps = NAN;
+	ck_assert_int_eq(regen_layer_norm(c, &f), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(regen_client_error_message(c), "eps"));
+	f.eps = INFINITY;
+	ck_assert_int_eq(regen_layer_norm(c, &f), -EINVAL);
+	ck_assert_int_eq(count_calls(), before);
+
+	b.d_y = b.x = b.d_x = f.x;
+	b.d_x.offset = 16384;
+	b.weight = vec;
+	b.mean = b.rstd = stats;
+	b.d_residual = &f.y;
+	ck_assert_int_eq(regen_layer_norm_backward(c, &b), 0);
+	call = last_call("io.regen.Compute.LayerNormBackward");
+	ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(call->params, "d_residual"));
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "d_weight"));
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "eps"));
+	ck_assert_int_eq(cJSON_GetArraySize(call->params), 7);
+
+	ck_assert_int_eq(regen_layer_norm(NULL, &f), -EINVAL);
+	ck_assert_int_eq(regen_layer_norm_backward(c, NULL), -EINVAL);
+	ck_assert_int_eq(regen_layer_norm_submit(c, &f, NULL), -EINVAL);
+	regen_event_close(wait);
+	regen_buffer_close(buf);
+	regen_client_destroy(c);
+	fake_stop();
+}
+END_TEST
+
 START_TEST(events_refused_on_this_side)
 {
 	unsigned char h[64];
@@ -763,6 +844,7 @@ static Suite *libregen_suite(void)
 	tcase_add_test(tc, malformed_status_is_refused);
 	tcase_add_test(tc, events_on_the_wire);
 	tcase_add_test(tc, events_refused_on_this_side);
+	tcase_add_test(tc, layer_norm_on_the_wire);
 	tcase_add_test(tc, cuda_fd_import);
 	tcase_add_test(tc, malformed_import_reply_is_refused);
 	tcase_add_test(tc, watcher);

@@ -1,5 +1,5 @@
 /* proto/ring.c: a record written by rp_ring_encode decodes into the
- * descriptor it came from; what a record may not say (another op's flags or
+ * descriptor it came from (every op's, LayerNorm's eps in the scale); what a record may not say (another op's flags or
  * scalars, reserved bits, operand slots past the op's, unbound indexes,
  * events where buffers go) is refused by name, as a call would be; a
  * completion carries success or the error as Varlink would send it, cut to
@@ -248,13 +248,111 @@ START_TEST(attention_lengths_travel_in_the_last_slots)
 }
 END_TEST
 
+/* LayerNorm's records: operands by its slots, eps in the scale (0: the
+ * default; what a call may not say refused by name), no flags; the
+ * backward's d_residual in its ninth slot, and no eps at all. */
+START_TEST(layer_norm_records)
+{
+	struct rp_compute c = { .spec = &rp_op_layer_norm }, back;
+	struct rp_ring_record rec;
+	struct rp_error err = { 0 };
+	uint32_t index_of[RP_OP_OPERANDS_MAX] = { 0 };
+	const char *named;
+
+	matrix(&c, RP_LN_X, &ids[0], 0, 5, 12);
+	c.operands[RP_LN_X].strides[0] = 16;
+	matrix(&c, RP_LN_Y, &ids[0], 4096, 5, 12);
+	c.operands[RP_LN_WEIGHT] = (struct rp_operand){ .buffer = ids[1], .dtype = RP_DTYPE_F32, .rank = 1,
+							.shape = { 12 }, .strides = { 1 } };
+	c.present[RP_LN_WEIGHT] = true;
+	c.operands[RP_LN_RSTD] = (struct rp_operand){ .buffer = ids[1], .offset = 64, .dtype = RP_DTYPE_F32, .rank = 1,
+						      .shape = { 5 }, .strides = { 1 } };
+	c.present[RP_LN_RSTD] = true;
+	index_of[RP_LN_WEIGHT] = index_of[RP_LN_RSTD] = 1;
+	c.layer_norm.eps = 0.125;
+	rp_ring_encode(&c, index_of, RP_RING_NONE, 2, 5, &rec);
+	ck_assert_uint_eq(rec.op, 3);
+	ck_assert_uint_eq(rec.flags, 0);
+	ck_assert(rec.scale == 0.125);
+	ck_assert_uint_eq(rec.operands[RP_LN_BIAS].index, RP_RING_NONE);
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert_ptr_eq(back.spec, &rp_op_layer_norm);
+	ck_assert(back.layer_norm.eps == 0.125 && back.layer_norm.rows == 5 && back.layer_norm.n == 12);
+	ck_assert(back.signal_event.present && !back.present[RP_LN_MEAN] && back.present[RP_LN_RSTD]);
+	for (int s = 0; s < RP_LN_OPERANDS; s++) {
+		if (back.present[s])
+			ck_assert_mem_eq(&back.operands[s], &c.operands[s], sizeof(struct rp_operand));
+	}
+	rec.scale = 0.0;
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert(back.layer_norm.eps == RP_LAYER_NORM_EPS_DEFAULT);
+	static const double bad_eps[] = { -1e-5, NAN, INFINITY };
+	for (size_t i = 0; i < sizeof(bad_eps) / sizeof(bad_eps[0]); i++) {
+		rec.scale = bad_eps[i];
+		ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+		ck_assert_str_eq(named, "eps");
+	}
+	rec.scale = 0.0;
+	rec.flags = RP_RING_CAUSAL;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+	ck_assert_str_eq(named, "flags");
+	rec.flags = 0;
+	rec.alpha = 1.0;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+	ck_assert_str_eq(named, "alpha");
+	rec.alpha = 0.0;
+	rec.alignment = 1;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+	ck_assert_str_eq(named, "causal_alignment");
+	rec.alignment = 0;
+	rec.epilogue = 1;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+	ck_assert_str_eq(named, "epilogue");
+	rec.epilogue = 0;
+	rec.operands[RP_LNB_DRESIDUAL] = rec.operands[RP_LN_X];
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+	ck_assert_str_eq(named, "operands");
+
+	/* The backward, d_residual in its last slot and d_x in place of it. */
+	struct rp_compute b = { .spec = &rp_op_layer_norm_backward };
+	uint32_t bidx[RP_OP_OPERANDS_MAX] = { 0 };
+	matrix(&b, RP_LNB_DY, &ids[0], 0, 5, 12);
+	matrix(&b, RP_LNB_X, &ids[0], 512, 5, 12);
+	matrix(&b, RP_LNB_DX, &ids[1], 1024, 5, 12);
+	matrix(&b, RP_LNB_DRESIDUAL, &ids[1], 1024, 5, 12);
+	bidx[RP_LNB_DX] = bidx[RP_LNB_DRESIDUAL] = 1;
+	b.operands[RP_LNB_WEIGHT] = c.operands[RP_LN_WEIGHT];
+	b.operands[RP_LNB_WEIGHT].buffer = ids[0];
+	b.operands[RP_LNB_WEIGHT].offset = 2048;
+	b.operands[RP_LNB_MEAN] = c.operands[RP_LN_RSTD];
+	b.operands[RP_LNB_MEAN].buffer = ids[0];
+	b.operands[RP_LNB_MEAN].offset = 3072;
+	b.operands[RP_LNB_RSTD] = b.operands[RP_LNB_MEAN];
+	b.operands[RP_LNB_RSTD].offset = 3200;
+	b.present[RP_LNB_WEIGHT] = b.present[RP_LNB_MEAN] = b.present[RP_LNB_RSTD] = true;
+	rp_ring_encode(&b, bidx, RP_RING_NONE, RP_RING_NONE, 6, &rec);
+	ck_assert_uint_eq(rec.op, 4);
+	ck_assert(rec.scale == 0.0);
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert(back.present[RP_LNB_DRESIDUAL] && !back.present[RP_LNB_DWEIGHT]);
+	ck_assert_mem_eq(&back.operands[RP_LNB_DRESIDUAL], &b.operands[RP_LNB_DRESIDUAL], sizeof(struct rp_operand));
+	rec.scale = 1e-5;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_PARAMETER);
+	ck_assert_str_eq(named, "eps");
+	rec.scale = 0.0;
+	rec.operands[RP_LNB_DRESIDUAL].offset += 4;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_OPERAND);
+	ck_assert_str_eq(named, "d_residual");
+}
+END_TEST
+
 /* Each way a record may be wrong, and the name its refusal gives. */
 struct bad {
 	const char *what, *error, *named;
 	void (*spoil)(struct rp_ring_record *rec);
 };
 
-static void op_unknown(struct rp_ring_record *r) { r->op = 3; }
+static void op_unknown(struct rp_ring_record *r) { r->op = RP_OP_COUNT; }
 static void flag_of_attention(struct rp_ring_record *r) { r->flags |= RP_RING_CAUSAL; }
 static void reserved_set(struct rp_ring_record *r) { r->reserved1 = 1; }
 static void scale_on_gemm(struct rp_ring_record *r) { r->scale = 1.0; }
@@ -386,6 +484,7 @@ static Suite *ring_suite(void)
 	tcase_add_test(tc, a_dgelu_record_carries_aux);
 	tcase_add_test(tc, attention_scale_zero_is_the_default);
 	tcase_add_test(tc, attention_lengths_travel_in_the_last_slots);
+	tcase_add_test(tc, layer_norm_records);
 	tcase_add_loop_test(tc, bad_records_are_refused_by_name, 0, sizeof(bads) / sizeof(bads[0]));
 	tcase_add_test(tc, completions_carry_the_varlink_error);
 	suite_add_tcase(s, tc);

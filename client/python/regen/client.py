@@ -947,6 +947,38 @@ class Client:
                  "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         return self._compute("attention_backward", named, scalars, wait_event, signal_event, wait=wait)
 
+    def layer_norm(self, x, weight, y, bias=None, mean=None, rstd=None, eps=None, wait_event=None,
+                   signal_event=None, wait=True, deadline_ms=None):
+        """y = (x - mean) * rstd * weight + bias over each row of x [rows, n]
+        (torch's F.layer_norm(x, [n], weight, bias, eps)), the statistics in
+        f32; weight and bias [n] and y [rows, n] of x's dtype; ``mean`` and
+        ``rstd`` (f32 [rows], optional) receive each row's statistics for
+        layer_norm_backward.  ``eps``: None is regend's 1e-5; else finite
+        and > 0.  Rows may be padded (row stride >= n)."""
+        scalars = {}
+        if eps is not None:
+            eps = float(eps)
+            if eps - eps != 0.0:   # inf or NaN: JSON has no words for them
+                raise ValueError(f"eps must be finite, not {eps}")
+            scalars["eps"] = eps
+        _put_deadline(scalars, deadline_ms)
+        named = {"x": x, "weight": weight, "bias": bias, "y": y, "mean": mean, "rstd": rstd}
+        return self._compute("layer_norm", named, scalars, wait_event, signal_event, wait=wait)
+
+    def layer_norm_backward(self, d_y, x, weight, mean, rstd, d_x, d_weight=None, d_bias=None, d_residual=None,
+                            wait_event=None, signal_event=None, wait=True, deadline_ms=None):
+        """Gradients of layer_norm from the forward's x, weight, mean, rstd
+        and the incoming d_y: writes d_x (plus ``d_residual``, the gradient
+        arriving through a residual connection, when given; d_x may be
+        d_residual itself), and when given ``d_weight`` = sum over rows of
+        d_y * (x - mean) * rstd and ``d_bias`` = sum over rows of d_y
+        (weight's dtype, summed in f32)."""
+        scalars = {}
+        _put_deadline(scalars, deadline_ms)
+        named = {"d_y": d_y, "x": x, "weight": weight, "mean": mean, "rstd": rstd, "d_x": d_x,
+                 "d_weight": d_weight, "d_bias": d_bias, "d_residual": d_residual}
+        return self._compute("layer_norm_backward", named, scalars, wait_event, signal_event, wait=wait)
+
     # -- io.regen.Comm (worker socket) -------------------------------------
 
     def comm_unique_id(self, device=0):

@@ -53,4 +53,31 @@ OPS = {
         ),
         (("scale", "float"), ("causal", "bool"), ("causal_alignment", "string"),),
     ),
+    "layer_norm": Op(
+        "layer_norm", "io.regen.Compute.LayerNorm",
+        (
+            OperandSpec("x", False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("weight", False, True, 1, ('f32', 'f16', 'bf16')),
+            OperandSpec("bias", False, False, 1, ('f32', 'f16', 'bf16')),
+            OperandSpec("y", True, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("mean", True, False, 1, ('f32',)),
+            OperandSpec("rstd", True, False, 1, ('f32',)),
+        ),
+        (("eps", "float"),),
+    ),
+    "layer_norm_backward": Op(
+        "layer_norm_backward", "io.regen.Compute.LayerNormBackward",
+        (
+            OperandSpec("d_y", False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("x", False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("weight", False, True, 1, ('f32', 'f16', 'bf16')),
+            OperandSpec("mean", False, True, 1, ('f32',)),
+            OperandSpec("rstd", False, True, 1, ('f32',)),
+            OperandSpec("d_x", True, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("d_weight", True, False, 1, ('f32', 'f16', 'bf16')),
+            OperandSpec("d_bias", True, False, 1, ('f32', 'f16', 'bf16')),
+            OperandSpec("d_residual", False, False, 2, ('f32', 'f16', 'bf16')),
+        ),
+        (),
+    ),
 }

@@ -3,7 +3,8 @@ for checking regend's results without numpy or torch."""
 
 import math
 
-__all__ = ["gemm", "attention", "attention_backward", "gelu_tanh", "dgelu_tanh", "rel_error", "max_error"]
+__all__ = ["gemm", "attention", "attention_backward", "layer_norm", "layer_norm_backward", "gelu_tanh", "dgelu_tanh",
+           "rel_error", "max_error"]
 
 
 def gelu_tanh(x):
@@ -136,6 +137,41 @@ def attention_backward(q, k, v, d_o, b, h, sq, skv, d, dv, scale=None, causal=Fa
                     dq[(g * sq + i) * d + t] += scale * ds[j] * K[kg][j][t]
                     dk[(kg * skv + j) * d + t] += scale * ds[j] * Q[g][i][t]
     return dq, dk, dvv
+
+
+def layer_norm(x, weight, rows, n, bias=None, eps=1e-5):
+    """(y, mean, rstd) of LayerNorm over the rows of x [rows, n] (flat,
+    row-major): y = (x - mean) * rstd * weight + bias, the biased variance,
+    rstd = 1 / sqrt(variance + eps)."""
+    y, mean, rstd = [], [], []
+    for i in range(rows):
+        row = x[i * n:(i + 1) * n]
+        mu = math.fsum(row) / n
+        var = math.fsum((v - mu) ** 2 for v in row) / n
+        rs = 1.0 / math.sqrt(var + eps)
+        mean.append(mu)
+        rstd.append(rs)
+        y.extend((v - mu) * rs * weight[j] + (bias[j] if bias is not None else 0.0) for j, v in enumerate(row))
+    return y, mean, rstd
+
+
+def layer_norm_backward(d_y, x, weight, mean, rstd, rows, n, d_residual=None):
+    """(d_x, d_weight, d_bias) of LayerNorm, flat, from the statistics given
+    (the forward's): with xhat = (x - mean) * rstd and g = d_y * weight,
+    d_x = rstd * (g - mean(g) - xhat * mean(g * xhat)) (+ d_residual)."""
+    d_x, d_weight, d_bias = [], [0.0] * n, [0.0] * n
+    for i in range(rows):
+        dy = d_y[i * n:(i + 1) * n]
+        xhat = [(v - mean[i]) * rstd[i] for v in x[i * n:(i + 1) * n]]
+        g = [dy[j] * weight[j] for j in range(n)]
+        mean_g = math.fsum(g) / n
+        mean_gx = math.fsum(a * b for a, b in zip(g, xhat)) / n
+        for j in range(n):
+            r = d_residual[i * n + j] if d_residual is not None else 0.0
+            d_x.append(rstd[i] * (g[j] - mean_g - xhat[j] * mean_gx) + r)
+            d_weight[j] += dy[j] * xhat[j]
+            d_bias[j] += dy[j]
+    return d_x, d_weight, d_bias
 
 
 def rel_error(out, ref):

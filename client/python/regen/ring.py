@@ -64,7 +64,7 @@ _TIMING = struct.Struct("<4Q")
 _TIMING_AT = _ERROR_AT + ERROR_MAX
 
 _DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
-OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2}
+OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
 _EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3, "dgelu": 4}
 _COMPUTE = {"f32": 0, "tf32": 1}
 _ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
@@ -316,6 +316,12 @@ def _scalars(op_name, scalars):
             raise ValueError("Out of range float values are not JSON compliant")
         return (flags, _EPILOGUES[scalars.get("epilogue", "none")], _COMPUTE[scalars.get("compute", "f32")], 0,
                 alpha, beta, 0.0)
+    if op_name in ("layer_norm", "layer_norm_backward"):
+        # LayerNorm's eps travels as the record's scale, 0 the default; a
+        # given 0 (refused over Varlink) is refused here alike, as NaN.
+        eps = scalars.get("eps")
+        eps = 0.0 if eps is None else (float("nan") if float(eps) == 0.0 else float(eps))
+        return (0, 0, 0, 0, 0.0, 0.0, eps)
     flags = CAUSAL if scalars.get("causal") else 0
     scale = scalars.get("scale")
     # 0 in a record is the default; a scale of 0 given is what Varlink

@@ -341,6 +341,152 @@ class Attention(DaemonTest):
         self.assertEqual(cm.exception.parameters["operand"], "q")
 
 
+class LayerNorm(DaemonTest):
+    """LayerNorm and its backward against float64 on the inputs as stored,
+    every dtype, padded rows, d_residual (in place too), and each mistake
+    refused by name with nothing written."""
+
+    def forward(self, rows, n, dtype, bias=True, stats=True, eps=None, ld=None):
+        ld = n if ld is None else ld
+        x = self.tensor([rows, ld], dtype)
+        w = self.tensor([n], dtype)
+        b = self.tensor([n], dtype) if bias else None
+        y = self.tensor([rows, ld], dtype)
+        y_before = y.read()
+        mean = self.tensor([rows]) if stats else None
+        rstd = self.tensor([rows]) if stats else None
+        strides = None if ld == n else [ld, 1]
+        xo = regen.Operand(x.buffer, 0, dtype, [rows, n], strides)
+        yo = regen.Operand(y.buffer, 0, dtype, [rows, n], strides)
+        us = self.c.layer_norm(xo, w.op, yo, bias=b.op if b else None, mean=mean.op if stats else None,
+                               rstd=rstd.op if stats else None, eps=eps)
+        self.assertIsInstance(us, int)
+        xs = [v for i, v in enumerate(x.read()) if i % ld < n]
+        ref_y, ref_mean, ref_rstd = reference.layer_norm(xs, w.read(), rows, n, b.read() if b else None,
+                                                         1e-5 if eps is None else eps)
+        got = y.read()
+        self.assertClose([v for i, v in enumerate(got) if i % ld < n], ref_y, dtype, f"y {rows}x{n} {dtype}")
+        self.assertEqual([v for i, v in enumerate(got) if i % ld >= n],
+                         [v for i, v in enumerate(y_before) if i % ld >= n], "y's row padding untouched")
+        if stats:
+            self.assertClose(mean.read(), ref_mean, "f32", "mean")
+            self.assertClose(rstd.read(), ref_rstd, "f32", "rstd")
+        return x, xs, w, mean, rstd
+
+    def test_forward_every_dtype(self):
+        for dtype in ("f32", "f16", "bf16"):
+            with self.subTest(dtype=dtype):
+                self.forward(self.rng.randint(1, 9), self.rng.randint(1, 70), dtype,
+                             eps=self.rng.choice([None, 1e-3, 0.25]))
+
+    def test_forward_without_bias_or_stats(self):
+        self.forward(4, 33, "f32", bias=False, stats=False)
+
+    def test_forward_padded_rows(self):
+        self.forward(6, 24, "bf16", ld=31)
+
+    def test_backward(self):
+        for dtype in ("f32", "f16", "bf16"):
+            for residual in (None, "apart", "in place"):
+                with self.subTest(dtype=dtype, residual=residual):
+                    rows, n = self.rng.randint(1, 12), self.rng.randint(1, 50)
+                    x, xs, w, mean, rstd = self.forward(rows, n, dtype)
+                    d_y = self.tensor([rows, n], dtype)
+                    d_x = self.tensor([rows, n], dtype)
+                    dw, db = self.tensor([n], dtype), self.tensor([n], dtype)
+                    res = None
+                    if residual == "apart":
+                        res = self.tensor([rows, n], dtype)
+                    elif residual == "in place":
+                        res = d_x
+                    res_before = res.read() if res else None
+                    self.c.layer_norm_backward(d_y.op, x.op, w.op, mean.op, rstd.op, d_x.op, d_weight=dw.op,
+                                               d_bias=db.op, d_residual=res.op if res else None)
+                    ref = reference.layer_norm_backward(d_y.read(), xs, w.read(), mean.read(), rstd.read(), rows,
+                                                        n, res_before)
+                    self.assertClose(d_x.read(), ref[0], dtype, "d_x")
+                    self.assertClose(dw.read(), ref[1], dtype, "d_weight")
+                    self.assertClose(db.read(), ref[2], dtype, "d_bias")
+                    if residual == "apart":
+                        self.assertEqual(res.read(), res_before, "d_residual is an input")
+
+    def test_backward_without_parameter_gradients(self):
+        x, xs, w, mean, rstd = self.forward(3, 17, "f32")
+        d_y, d_x = self.tensor([3, 17]), self.tensor([3, 17])
+        self.c.layer_norm_backward(d_y.op, x.op, w.op, mean.op, rstd.op, d_x.op)
+        ref = reference.layer_norm_backward(d_y.read(), xs, w.read(), mean.read(), rstd.read(), 3, 17)
+        self.assertClose(d_x.read(), ref[0], "f32", "d_x")
+
+    def test_refusals(self):
+        """Each mistake is refused by name and writes nothing."""
+        rows, n = 4, 8
+        x, w, b = self.tensor([rows, n]), self.tensor([n]), self.tensor([n])
+        y, stats = self.tensor([rows, n]), self.tensor([2 * rows])
+        long_x = self.tensor([1, 65537])
+        mean = regen.Operand(stats.buffer, 0, "f32", [rows])
+        rstd = regen.Operand(stats.buffer, 4 * rows, "f32", [rows])
+        fwd = dict(x=x.op, weight=w.op, y=y.op, bias=b.op, mean=mean, rstd=rstd)
+        cases = [
+            ("weight of another dtype", dict(fwd, weight=regen.Operand(w.buffer, 0, "bf16", [n])),
+             regen.InvalidOperand, "weight"),
+            ("weight of another length", dict(fwd, weight=regen.Operand(w.buffer, 0, "f32", [n - 1])),
+             regen.InvalidOperand, "weight"),
+            ("bias of another length", dict(fwd, bias=regen.Operand(b.buffer, 0, "f32", [n // 2])),
+             regen.InvalidOperand, "bias"),
+            ("mean in bf16", dict(fwd, mean=regen.Operand(stats.buffer, 0, "bf16", [rows])),
+             regen.InvalidOperand, "mean"),
+            ("rstd one row short", dict(fwd, rstd=regen.Operand(stats.buffer, 16, "f32", [rows - 1])),
+             regen.InvalidOperand, "rstd"),
+            ("y shaped unlike x", dict(fwd, y=regen.Operand(y.buffer, 0, "f32", [rows, n - 1])),
+             regen.InvalidOperand, "y"),
+            ("y over x", dict(fwd, y=regen.Operand(x.buffer, 0, "f32", [rows, n])), regen.InvalidOperand, "y"),
+            ("rstd over mean", dict(fwd, rstd=regen.Operand(stats.buffer, 4, "f32", [rows])),
+             regen.InvalidOperand, "rstd"),
+            ("rows overlapping", dict(fwd, x=regen.Operand(x.buffer, 0, "f32", [rows, n], [n - 1, 1])),
+             regen.InvalidOperand, "x"),
+            ("x past its buffer", dict(fwd, x=regen.Operand(x.buffer, 4, "f32", [rows, n])),
+             regen.InvalidOperand, "x"),
+            ("a row longer than 65536", dict(fwd, x=long_x.op, y=regen.Operand(long_x.buffer, 0, "f32", [1, 1]),
+                                             weight=regen.Operand(long_x.buffer, 0, "f32", [65537]), bias=None,
+                                             mean=None, rstd=None),
+             regen.InvalidOperand, "x"),
+            ("eps 0", dict(fwd, eps=0.0), regen.InvalidParameter, "eps"),
+            ("eps negative", dict(fwd, eps=-1e-5), regen.InvalidParameter, "eps"),
+        ]
+        for what, kwargs, error, name in cases:
+            with self.subTest(what):
+                before = [t.read() for t in (x, w, b, y, stats)]
+                with self.assertRaises(error) as cm:
+                    self.c.layer_norm(**kwargs)
+                named = cm.exception.parameters.get("operand" if error is regen.InvalidOperand else "parameter")
+                self.assertEqual(named, name, cm.exception)
+                self.assertEqual([t.read() for t in (x, w, b, y, stats)], before, "nothing written")
+        with self.assertRaises(ValueError):
+            self.c.layer_norm(x.op, w.op, y.op, eps=float("inf"))
+        # The backward's own: its outputs against its inputs, gradients' shapes.
+        d_y, d_x, dw = self.tensor([rows, n]), self.tensor([rows, n]), self.tensor([n])
+        bwd = dict(d_y=d_y.op, x=x.op, weight=w.op, mean=mean, rstd=rstd, d_x=d_x.op, d_weight=dw.op)
+        cases = [
+            ("d_x over d_y", dict(bwd, d_x=regen.Operand(d_y.buffer, 0, "f32", [rows, n])), "d_x"),
+            ("d_residual overlapping d_x, not it", dict(bwd, d_residual=regen.Operand(d_x.buffer, 4, "f32",
+                                                                                      [rows, n])), "d_residual"),
+            ("d_weight of another length", dict(bwd, d_weight=regen.Operand(dw.buffer, 0, "f32", [n - 1])),
+             "d_weight"),
+            ("d_y shaped unlike x", dict(bwd, d_y=regen.Operand(d_y.buffer, 0, "f32", [n, rows])), "d_y"),
+            ("d_residual of another dtype", dict(bwd, d_residual=regen.Operand(y.buffer, 0, "f16", [rows, n])),
+             "d_residual"),
+        ]
+        for what, kwargs, name in cases:
+            with self.subTest(what):
+                before = [t.read() for t in (d_y, d_x, dw, y)]
+                with self.assertRaises(regen.InvalidOperand) as cm:
+                    self.c.layer_norm_backward(**kwargs)
+                self.assertEqual(cm.exception.operand, name, cm.exception.reason)
+                self.assertEqual([t.read() for t in (d_y, d_x, dw, y)], before, "nothing written")
+        # The lane still serves.
+        self.forward(2, 5, "f32")
+
+
 class Errors(DaemonTest):
     def test_invalid_operand_shapes(self):
         a, b, d = self.tensor([8, 4]), self.tensor([5, 8]), self.tensor([8, 8], fill=False)

@@ -93,6 +93,7 @@ class RingTest(unittest.TestCase):
         def cases(c):
             a, b, d = self.tensor(c, [4, 4]), self.tensor(c, [5, 4]), self.tensor(c, [4, 4], fill=False)
             small = self.tensor(c, [2, 2], fill=False)
+            w = self.tensor(c, [4])
             return [
                 lambda: c.gemm(a.op, b.op, d.op),                          # K disagrees
                 lambda: c.gemm(a.op, a.op, small.op),                      # D of the wrong shape
@@ -102,6 +103,11 @@ class RingTest(unittest.TestCase):
                 lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 2, "f32", [2, 2])),   # misaligned
                 lambda: c.gemm(a.op, a.op, d.op, alpha=float("inf")),      # not JSON, not a number
                 lambda: c.gemm(a.op, a.op, a.op),                          # D aliases A
+                lambda: c.layer_norm(a.op, w.op, d.op, eps=0.0),           # eps 0
+                lambda: c.layer_norm(a.op, w.op, d.op, eps=-1e-5),         # eps negative
+                lambda: c.layer_norm(a.op, w.op, a.op),                    # y aliases x
+                lambda: c.layer_norm(a.op, small.op, d.op),                # weight a matrix
+                lambda: c.layer_norm_backward(a.op, a.op, w.op, w.op, w.op, d.op, d_residual=b.op),  # d_residual [5, 4]
             ]
 
         got = {}

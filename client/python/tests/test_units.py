@@ -218,6 +218,39 @@ class References(unittest.TestCase):
         self.assertEqual(o, [3.0, 4.0])
         self.assertAlmostEqual(lse[0], math.log(4))
 
+    def test_layer_norm_known_row(self):
+        # [1, 2, 3, 4]: mean 2.5, biased variance 1.25.
+        import math
+        y, mean, rstd = reference.layer_norm([1.0, 2.0, 3.0, 4.0], [2.0] * 4, 1, 4, bias=[1.0] * 4, eps=0.0)
+        self.assertEqual(mean, [2.5])
+        self.assertAlmostEqual(rstd[0], 1 / math.sqrt(1.25))
+        for got, x in zip(y, [1.0, 2.0, 3.0, 4.0]):
+            self.assertAlmostEqual(got, (x - 2.5) / math.sqrt(1.25) * 2.0 + 1.0)
+
+    def test_layer_norm_backward_is_the_forwards_gradient(self):
+        # Central differences of L = sum(y * d_y) in every x, weight and bias.
+        import random
+        rng = random.Random(3)
+        rows, n, eps, h = 2, 5, 0.1, 1e-6
+        x = [rng.uniform(-2, 3) for _ in range(rows * n)]
+        w, b = [rng.uniform(-1, 1) for _ in range(n)], [rng.uniform(-1, 1) for _ in range(n)]
+        d_y, res = [rng.uniform(-1, 1) for _ in range(rows * n)], [rng.uniform(-1, 1) for _ in range(rows * n)]
+
+        def loss(x, w, b):
+            return sum(a * g for a, g in zip(reference.layer_norm(x, w, rows, n, b, eps)[0], d_y))
+
+        _, mean, rstd = reference.layer_norm(x, w, rows, n, b, eps)
+        d_x, d_w, d_b = reference.layer_norm_backward(d_y, x, w, mean, rstd, rows, n, res)
+        for which, vec, grad in (("x", x, d_x), ("weight", w, d_w), ("bias", b, d_b)):
+            for i in range(len(vec)):
+                plus, minus = list(vec), list(vec)
+                plus[i] += h
+                minus[i] -= h
+                fp = loss(*[plus if a is vec else a for a in (x, w, b)])
+                fm = loss(*[minus if a is vec else a for a in (x, w, b)])
+                fd = (fp - fm) / (2 * h) + (res[i] if which == "x" else 0.0)
+                self.assertAlmostEqual(grad[i], fd, delta=1e-6, msg=f"d_{which}[{i}]")
+
 
 
 class _FakeStorage:
@@ -453,6 +486,17 @@ class EventsAndFds(unittest.TestCase):
         self.assertEqual(self.calls[-1][1], "io.regen.Compute.AttentionBackward")
         self.assertEqual(self.calls[-1][2]["wait_event"], wait.id)
         self.assertNotIn("signal_event", self.calls[-1][2])
+        vec = regen.Operand("b0.1.7", 0, "f32", [4])
+        self.c.layer_norm(op, vec, op, rstd=vec, eps=0.01, signal_event=signal, deadline_ms=50)
+        self.assertEqual(self.calls[-1][1], "io.regen.Compute.LayerNorm")
+        self.assertEqual({k: v for k, v in self.calls[-1][2].items() if k not in ("x", "weight", "y", "rstd")},
+                         {"eps": 0.01, "signal_event": signal.id, "deadline_ms": 50})
+        self.c.layer_norm_backward(op, op, vec, vec, vec, op, d_residual=op, wait_event=wait)
+        self.assertEqual(self.calls[-1][1], "io.regen.Compute.LayerNormBackward")
+        self.assertEqual(sorted(self.calls[-1][2]),
+                         ["d_residual", "d_x", "d_y", "mean", "rstd", "wait_event", "weight", "x"])
+        with self.assertRaises(ValueError):
+            self.c.layer_norm(op, vec, op, eps=float("nan"))
 
 
 if __name__ == "__main__":

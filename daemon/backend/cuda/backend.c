@@ -1,8 +1,9 @@
 /* The CUDA backend on top: the ops table the worker drives, the module's
  * entry point, and the lifecycle hooks (open, close, release, reset,
  * memory, fault injection). Lanes live in lane.c, GEMM in gemm.c,
- * attention in attention.c, NCCL communicators in comm.c, imports in ipc.c, the device-level resources
- * in device.c, the health watch in health.c. */
+ * attention in attention.c, LayerNorm in layernorm.c, NCCL communicators
+ * in comm.c, imports in ipc.c, the device-level resources in device.c,
+ * the health watch in health.c. */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -21,6 +22,8 @@ static cuda_enqueue_fn *const enqueue_table[CUDA_OP_KINDS] = {
 	[RP_OP_GEMM] = cuda_gemm_enqueue,
 	[RP_OP_ATTENTION] = cuda_attention_enqueue,
 	[RP_OP_ATTENTION_BACKWARD] = cuda_attention_enqueue,
+	[RP_OP_LAYER_NORM] = cuda_layer_norm_enqueue,
+	[RP_OP_LAYER_NORM_BACKWARD] = cuda_layer_norm_enqueue,
 #if REGEN_HAVE_NCCL
 	[RP_OP_COMM] = cuda_comm_enqueue,
 #endif

@@ -1,6 +1,6 @@
 /* What every file of the CUDA backend uses: error mapping, the thread-local
  * status init callbacks leave, binding a thread to the device, the driver
- * entry points, and marking the device lost. */
+ * entry points, marking the device lost, and operands' device addresses. */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -204,4 +204,35 @@ int cuda_check_failure(struct cuda_dev *cd, struct rp_error *err, uint64_t reset
 	}
 	cuda_mark_lost(cd, reason);
 	return -EIO;
+}
+
+int cuda_operand_pointers(const struct rd_op *op, void *ptr[RP_OP_OPERANDS_MAX], struct rp_error *err)
+{
+	const struct rp_compute *c = &op->compute;
+
+	for (unsigned i = 0; i < RP_OP_OPERANDS_MAX; i++) {
+		const char *name = i < c->spec->noperands ? c->spec->operands[i].name : "?";
+		size_t elem;
+
+		ptr[i] = NULL;
+		if (i >= c->spec->noperands || !c->present[i])
+			continue;
+		if (!op->buffers[i])
+			return rp_error_invalid_operand(err, name, "%s has no buffer", name);
+		if (!op->buffers[i]->ptr) {
+			rp_error_set(err, RP_ERR_BACKEND, "%s's buffer is not mapped", name);
+			return -EIO;
+		}
+		ptr[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
+		elem = rp_dtype_size(c->operands[i].dtype);
+		/* The offset is a whole number of elements (the parser says so);
+		 * the buffer's own start need not be, as an IPC import may begin
+		 * anywhere in its allocation. */
+		if (elem > 1 && (uintptr_t)ptr[i] % elem != 0)
+			return rp_error_invalid_operand(err, name,
+							"%s's first element is not %zu-byte aligned in device memory (its "
+							"buffer starts at an odd place of its allocation)",
+							name, elem);
+	}
+	return 0;
 }

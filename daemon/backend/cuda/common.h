@@ -9,7 +9,7 @@
  *
  * Who calls whom, downwards only: backend.c (the ops table, the lifecycle
  * hooks) calls the others; lane.c reaches the per-operation enqueue
- * functions (gemm.c, attention.c) through cuda_dev.enqueue only; health.c
+ * functions (gemm.c, attention.c, layernorm.c) through cuda_dev.enqueue only; health.c
  * (the context check and NVML) runs threads of its own; every file calls
  * common.c.
  *
@@ -302,6 +302,13 @@ int cuda_check_failure(struct cuda_dev *cd, struct rp_error *err, uint64_t reset
  * with err set to DeviceLost, or 0. */
 int cuda_refuse_if_lost(struct cuda_dev *cd, struct rp_error *err);
 
+/* Each present operand's device address (its buffer's mapping plus its
+ * offset) into ptr[slot], NULL for an absent one, each checked aligned to
+ * its element's size as a kernel's loads need (a misaligned load would cost
+ * the context). 0, or -EINVAL with InvalidOperand naming the operand, or
+ * -EIO with BackendError for a buffer not mapped. */
+int cuda_operand_pointers(const struct rd_op *op, void *ptr[RP_OP_OPERANDS_MAX], struct rp_error *err);
+
 /* ---- device.c: the device-level resources ------------------------------- */
 
 /* Registers the scratch pool, the cuBLASLt handle, the debug shared
@@ -365,6 +372,10 @@ void cuda_comm_quiesce(struct cuda_dev *cd);
 /* Waits for the aborts, then stops the watch (close: every communicator
  * is gone). */
 void cuda_comm_finish(struct cuda_dev *cd);
+
+/* ---- layernorm.c: LayerNorm and its backward (kernels/layernorm.cu) ------------ */
+
+int cuda_layer_norm_enqueue(struct cuda_lane *lane, struct rd_op *op);
 
 /* ---- attention.c: forward and backward, through cuDNN ---------------------- */
 

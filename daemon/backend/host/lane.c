@@ -232,6 +232,10 @@ static double call_cost(const struct rp_compute *c)
 		return (double)c->gemm.m * (double)c->gemm.n * (double)c->gemm.k;
 	case RP_OP_ATTENTION:
 		return (double)a->batch * a->heads * a->seq_q * a->seq_kv * (a->head_dim + a->head_dim_v);
+	case RP_OP_LAYER_NORM:
+		return 8.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
+	case RP_OP_LAYER_NORM_BACKWARD:
+		return 16.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
 	default:
 		return 2.0 * a->batch * a->heads * a->seq_q * a->seq_kv * (a->head_dim + a->head_dim_v);
 	}

@@ -1,4 +1,4 @@
-/* Reference GEMM and attention for the host backend.
+/* Reference GEMM, attention and LayerNorm for the host backend.
  *
  * Everything accumulates in f32 whatever the storage type, like the GPU
  * libraries do, so the host backend's answers differ from cuBLASLt/cuDNN by
@@ -628,6 +628,156 @@ static int attention_backward(const struct rp_compute *c, void *const *ptr, void
 	return 0;
 }
 
+/* ---- LayerNorm ---------------------------------------------------------------------- */
+
+/* A row's sum in f32, pairwise: the rounding error grows with log n, not
+ * n, as a GPU's tree reduction's does, so a row of 65536 sums as well as
+ * one of 64. */
+static float sum_pairwise(const float *x, int64_t n)
+{
+	if (n <= 16) {
+		float s = 0.0f;
+
+		for (int64_t t = 0; t < n; t++) {
+			s += x[t];
+		}
+		return s;
+	}
+	return sum_pairwise(x, n / 2) + sum_pairwise(x + n / 2, n - n / 2);
+}
+
+/* Forward scratch: the row, its centred values, weight and bias, as f32. */
+static size_t layer_norm_scratch_size(const struct rp_compute *c)
+{
+	return floats_to_bytes(mul_sat((size_t)c->layer_norm.n, 4));
+}
+
+static int layer_norm(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
+{
+	const struct rp_layer_norm *ln = &c->layer_norm;
+	const struct rp_operand *X = &c->operands[RP_LN_X], *W = &c->operands[RP_LN_WEIGHT];
+	const struct rp_operand *Bo = &c->operands[RP_LN_BIAS], *Y = &c->operands[RP_LN_Y];
+	float *mean_out = c->present[RP_LN_MEAN] ? ptr[RP_LN_MEAN] : NULL;
+	float *rstd_out = c->present[RP_LN_RSTD] ? ptr[RP_LN_RSTD] : NULL;
+	const int64_t rows = ln->rows, n = ln->n;
+	const float eps = (float)ln->eps;
+	int r = 0;
+
+	if (!scratch_ok(scratch, scratch_size, layer_norm_scratch_size(c), &r)) {
+		return r;
+	}
+	float *row = scratch;
+	float *dev = row + n;
+	float *w = dev + n;
+	float *b = w + n;
+
+	load_f32(w, ptr[RP_LN_WEIGHT], W->dtype, 0, 1, n);
+	if (c->present[RP_LN_BIAS]) {
+		load_f32(b, ptr[RP_LN_BIAS], Bo->dtype, 0, 1, n);
+	} else {
+		memset(b, 0, (size_t)n * sizeof(float));
+	}
+	for (int64_t i = 0; i < rows; i++) {
+		load_f32(row, ptr[RP_LN_X], X->dtype, i * X->strides[0], 1, n);
+		/* Two passes, the variance from the centred values: no
+		 * cancellation between E[x^2] and E[x]^2. */
+		const float mean = sum_pairwise(row, n) / (float)n;
+
+		for (int64_t j = 0; j < n; j++) {
+			dev[j] = (row[j] - mean) * (row[j] - mean);
+		}
+		const float var = sum_pairwise(dev, n) / (float)n;
+		const float rstd = 1.0f / sqrtf(var + eps);
+
+		for (int64_t j = 0; j < n; j++) {
+			row[j] = (row[j] - mean) * rstd * w[j] + b[j];
+		}
+		store_f32(ptr[RP_LN_Y], Y->dtype, i * Y->strides[0], 1, row, n);
+		if (mean_out) {
+			mean_out[i] = mean;
+		}
+		if (rstd_out) {
+			rstd_out[i] = rstd;
+		}
+	}
+	return 0;
+}
+
+/* Backward scratch: the rows d_y, x (then x's normalized values), d_residual
+ * and d_x, weight, and the f32 sums of d_weight and d_bias. */
+static size_t layer_norm_backward_scratch_size(const struct rp_compute *c)
+{
+	return floats_to_bytes(mul_sat((size_t)c->layer_norm.n, 7));
+}
+
+static int layer_norm_backward(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
+{
+	const struct rp_layer_norm *ln = &c->layer_norm;
+	const struct rp_operand *DY = &c->operands[RP_LNB_DY], *X = &c->operands[RP_LNB_X];
+	const struct rp_operand *W = &c->operands[RP_LNB_WEIGHT], *DX = &c->operands[RP_LNB_DX];
+	const struct rp_operand *DR = &c->operands[RP_LNB_DRESIDUAL];
+	const float *mean = ptr[RP_LNB_MEAN], *rstd = ptr[RP_LNB_RSTD];
+	const bool with_residual = c->present[RP_LNB_DRESIDUAL];
+	const int64_t rows = ln->rows, n = ln->n;
+	int r = 0;
+
+	if (!scratch_ok(scratch, scratch_size, layer_norm_backward_scratch_size(c), &r)) {
+		return r;
+	}
+	float *dy = scratch;
+	float *xhat = dy + n;
+	float *res = xhat + n;
+	float *dx = res + n;
+	float *w = dx + n;
+	float *dw = w + n;
+	float *db = dw + n;
+
+	load_f32(w, ptr[RP_LNB_WEIGHT], W->dtype, 0, 1, n);
+	memset(dw, 0, (size_t)n * sizeof(float));
+	memset(db, 0, (size_t)n * sizeof(float));
+	if (!with_residual) {
+		memset(res, 0, (size_t)n * sizeof(float));
+	}
+	for (int64_t i = 0; i < rows; i++) {
+		const float mu = mean[i], rs = rstd[i];
+
+		load_f32(dy, ptr[RP_LNB_DY], DY->dtype, i * DY->strides[0], 1, n);
+		load_f32(xhat, ptr[RP_LNB_X], X->dtype, i * X->strides[0], 1, n);
+		/* d_residual is read whole before d_x is written: d_x may be
+		 * d_residual itself. */
+		if (with_residual) {
+			load_f32(res, ptr[RP_LNB_DRESIDUAL], DR->dtype, i * DR->strides[0], 1, n);
+		}
+		/* With g = d_y * weight and xhat the normalized x,
+		 * d_x = rstd (g - mean(g) - xhat mean(g xhat)). */
+		for (int64_t j = 0; j < n; j++) {
+			xhat[j] = (xhat[j] - mu) * rs;
+			dw[j] += dy[j] * xhat[j];
+			db[j] += dy[j];
+			dx[j] = dy[j] * w[j];
+		}
+		const float mean_g = sum_pairwise(dx, n) / (float)n;
+
+		/* The products g xhat, in d_x's place until their sum. */
+		for (int64_t j = 0; j < n; j++) {
+			dx[j] *= xhat[j];
+		}
+		const float mean_gx = sum_pairwise(dx, n) / (float)n;
+
+		for (int64_t j = 0; j < n; j++) {
+			dx[j] = rs * (dy[j] * w[j] - mean_g - xhat[j] * mean_gx) + res[j];
+		}
+		store_f32(ptr[RP_LNB_DX], DX->dtype, i * DX->strides[0], 1, dx, n);
+	}
+	if (c->present[RP_LNB_DWEIGHT]) {
+		store_f32(ptr[RP_LNB_DWEIGHT], c->operands[RP_LNB_DWEIGHT].dtype, 0, 1, dw, n);
+	}
+	if (c->present[RP_LNB_DBIAS]) {
+		store_f32(ptr[RP_LNB_DBIAS], c->operands[RP_LNB_DBIAS].dtype, 0, 1, db, n);
+	}
+	return 0;
+}
+
 /* ---- values in the client's memory ---------------------------------------------- */
 
 /* Sequence lengths, one batch entry at a time: in [0, Sq] and [0, Skv],
@@ -699,6 +849,8 @@ static const struct {
 	[RP_OP_GEMM] = { no_scratch, gemm_entry },
 	[RP_OP_ATTENTION] = { attention_scratch_size, attention },
 	[RP_OP_ATTENTION_BACKWARD] = { attention_backward_scratch_size, attention_backward },
+	[RP_OP_LAYER_NORM] = { layer_norm_scratch_size, layer_norm },
+	[RP_OP_LAYER_NORM_BACKWARD] = { layer_norm_backward_scratch_size, layer_norm_backward },
 };
 
 size_t rd_host_scratch_size(const struct rp_compute *c)

@@ -1,4 +1,4 @@
-/* Reference math for the host backend: GEMM and attention in C, f32
+/* Reference math for the host backend: GEMM, attention and LayerNorm in C, f32
  * accumulation whatever the storage type. Inputs are validated descriptors
  * (proto/compute.h) with their buffers resolved to host pointers. */
 #pragma once
@@ -20,7 +20,9 @@ float rd_f16_to_f32(uint16_t h);
  * + beta C by that GELU's derivative at aux. Attention: grouped-query heads,
  * both causal alignments, sequence lengths (rows past them written o 0,
  * stats -inf, gradients 0; lengths clamped into range), the stats as
- * log-sum-exp.
+ * log-sum-exp. LayerNorm: each row's statistics in f32 (pairwise sums, the
+ * variance from the centred values), its backward's d_weight and d_bias
+ * summed in f32 over the rows.
  * 0, -ENOSPC when the scratch is smaller than rd_host_scratch_size()
  * says, -ENOMEM for a GEMM's per-call panels, -EINVAL for an empty shape. */
 int rd_host_run(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size);

@@ -1,0 +1,295 @@
+// LayerNorm and its backward on the CUDA backend (io.regen.Compute.LayerNorm
+// and LayerNormBackward), f32 statistics and sums whatever the storage type.
+//
+// Forward and d_x: a block per row (a grid-stride loop over the rows), each
+// thread a strided share of the row's columns, the row's sums reduced over
+// the block (warp shuffles, then one value per warp through shared memory).
+// The row is read from memory again for each pass: the passes after the
+// first find it in L1/L2, and no length of row needs registers it may not
+// have. d_weight and d_bias: blocks of 32 columns by a chunk of rows write
+// f32 partial sums into the caller's scratch, and a second kernel adds up
+// each column's chunks. No atomics: the same inputs give the same bits.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "kernels.h"
+
+namespace {
+
+/* A partial-sum block: 32 columns (a warp along a row, so its loads are
+ * adjacent) by 8 threads down the rows. */
+constexpr int PARTIAL_COLS = 32;
+constexpr int PARTIAL_ROWS = 8;
+/* The rows of one chunk: at least 64 (each thread then sums 8 rows or
+ * more), and few enough chunks that the second pass stays short. */
+constexpr int64_t CHUNK_ROWS_MIN = 64;
+constexpr int64_t CHUNKS_MAX = 128;
+/* Blocks over the rows: more rows take several rounds of the grid. */
+constexpr int64_t ROW_BLOCKS_MAX = 65536;
+
+__device__ __forceinline__ float load(const float *p, int64_t i)
+{
+	return p[i];
+}
+__device__ __forceinline__ float load(const __half *p, int64_t i)
+{
+	return __half2float(p[i]);
+}
+__device__ __forceinline__ float load(const __nv_bfloat16 *p, int64_t i)
+{
+	return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void store(float *p, int64_t i, float v)
+{
+	p[i] = v;
+}
+__device__ __forceinline__ void store(__half *p, int64_t i, float v)
+{
+	p[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ void store(__nv_bfloat16 *p, int64_t i, float v)
+{
+	p[i] = __float2bfloat16_rn(v);
+}
+
+/* The sums of v.x and v.y over the block, in every thread. blockDim.x is a
+ * multiple of 32 (every warp whole, as the shuffles' full mask needs); sh
+ * holds one float2 per warp. The first barrier keeps a warp from writing sh
+ * while another still reads the sums of the call before. */
+__device__ float2 block_sum2(float2 v, float2 *sh)
+{
+	for (int o = 16; o > 0; o >>= 1) {
+		v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+		v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+	}
+	const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+	__syncthreads();
+	if (lane == 0)
+		sh[warp] = v;
+	__syncthreads();
+	v = lane < warps ? sh[lane] : make_float2(0.0f, 0.0f);
+	for (int o = 16; o > 0; o >>= 1) {
+		v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+		v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+	}
+	return v;
+}
+
+/* Two passes over the row for the statistics, the variance from the
+ * centred values (no cancellation between E[x^2] and E[x]^2), then y. */
+template <typename T>
+__global__ void layer_norm_forward(const T *x, int64_t x_ld, const T *w, const T *b, T *y, int64_t y_ld,
+				   float *mean_out, float *rstd_out, int64_t rows, int64_t n, float eps)
+{
+	__shared__ float2 sh[32];
+
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const T *xr = x + r * x_ld;
+		T *yr = y + r * y_ld;
+		float s = 0.0f;
+
+		for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+			s += load(xr, j);
+		const float mean = block_sum2(make_float2(s, 0.0f), sh).x / (float)n;
+		float q = 0.0f;
+
+		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+			const float d = load(xr, j) - mean;
+			q += d * d;
+		}
+		const float var = block_sum2(make_float2(q, 0.0f), sh).x / (float)n;
+		const float rstd = 1.0f / sqrtf(var + eps);
+
+		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+			float v = (load(xr, j) - mean) * rstd * load(w, j);
+			if (b)
+				v += load(b, j);
+			store(yr, j, v);
+		}
+		if (threadIdx.x == 0) {
+			if (mean_out)
+				mean_out[r] = mean;
+			if (rstd_out)
+				rstd_out[r] = rstd;
+		}
+	}
+}
+
+/* d_x = rstd (g - mean(g) - xhat mean(g xhat)) + d_residual, with
+ * g = d_y w and xhat = (x - mean) rstd. d_x may be d_residual itself: each
+ * element is read and then written by the one thread that owns it. */
+template <typename T>
+__global__ void layer_norm_backward_dx(const T *dy, int64_t dy_ld, const T *x, int64_t x_ld, const T *w,
+				       const float *mean, const float *rstd, T *dx, int64_t dx_ld, const T *res,
+				       int64_t res_ld, int64_t rows, int64_t n)
+{
+	__shared__ float2 sh[32];
+
+	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const T *dyr = dy + r * dy_ld, *xr = x + r * x_ld;
+		const T *resr = res ? res + r * res_ld : nullptr;
+		T *dxr = dx + r * dx_ld;
+		const float mu = mean[r], rs = rstd[r];
+		float sg = 0.0f, sgx = 0.0f;
+
+		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+			const float g = load(dyr, j) * load(w, j), xh = (load(xr, j) - mu) * rs;
+			sg += g;
+			sgx += g * xh;
+		}
+		const float2 t = block_sum2(make_float2(sg, sgx), sh);
+		const float mean_g = t.x / (float)n, mean_gx = t.y / (float)n;
+
+		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+			const float g = load(dyr, j) * load(w, j), xh = (load(xr, j) - mu) * rs;
+			float v = rs * (g - mean_g - xh * mean_gx);
+			if (resr)
+				v += load(resr, j);
+			store(dxr, j, v);
+		}
+	}
+}
+
+/* Block (cols, chunk): the sums over the chunk's rows of d_y xhat and of
+ * d_y for 32 columns, into part_w[chunk][col] and part_b[chunk][col]. */
+template <typename T>
+__global__ void layer_norm_backward_partial(const T *dy, int64_t dy_ld, const T *x, int64_t x_ld, const float *mean,
+					    const float *rstd, float *part_w, float *part_b, int64_t rows, int64_t n,
+					    int64_t chunk_rows)
+{
+	__shared__ float2 sh[PARTIAL_ROWS][PARTIAL_COLS + 1];
+	const int64_t col = (int64_t)blockIdx.x * PARTIAL_COLS + threadIdx.x;
+	const int64_t first = (int64_t)blockIdx.y * chunk_rows;
+	const int64_t end = first + chunk_rows < rows ? first + chunk_rows : rows;
+	float sw = 0.0f, sb = 0.0f;
+
+	if (col < n) {
+		for (int64_t r = first + threadIdx.y; r < end; r += PARTIAL_ROWS) {
+			const float d = load(dy + r * dy_ld, col);
+			sw += d * ((load(x + r * x_ld, col) - mean[r]) * rstd[r]);
+			sb += d;
+		}
+	}
+	sh[threadIdx.y][threadIdx.x] = make_float2(sw, sb);
+	__syncthreads();
+	if (threadIdx.y == 0 && col < n) {
+		float2 s = sh[0][threadIdx.x];
+		for (int k = 1; k < PARTIAL_ROWS; k++) {
+			s.x += sh[k][threadIdx.x].x;
+			s.y += sh[k][threadIdx.x].y;
+		}
+		part_w[blockIdx.y * n + col] = s.x;
+		part_b[blockIdx.y * n + col] = s.y;
+	}
+}
+
+/* Each column's chunks added up, in chunk order. */
+template <typename T>
+__global__ void layer_norm_backward_reduce(const float *part_w, const float *part_b, int64_t chunks, int64_t n, T *dw,
+					   T *db)
+{
+	for (int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; col < n;
+	     col += (int64_t)gridDim.x * blockDim.x) {
+		float sw = 0.0f, sb = 0.0f;
+		for (int64_t c = 0; c < chunks; c++) {
+			sw += part_w[c * n + col];
+			sb += part_b[c * n + col];
+		}
+		if (dw)
+			store(dw, col, sw);
+		if (db)
+			store(db, col, sb);
+	}
+}
+
+/* Threads of a row's block: about 8 columns each, 32 to 1024. */
+unsigned row_threads(int64_t n)
+{
+	unsigned t = 32;
+	while (t < 1024 && (int64_t)t * 8 < n)
+		t *= 2;
+	return t;
+}
+
+unsigned row_blocks(int64_t rows)
+{
+	return (unsigned)(rows < ROW_BLOCKS_MAX ? rows : ROW_BLOCKS_MAX);
+}
+
+int64_t chunk_rows_for(int64_t rows)
+{
+	int64_t c = (rows + CHUNKS_MAX - 1) / CHUNKS_MAX;
+	return c < CHUNK_ROWS_MIN ? CHUNK_ROWS_MIN : c;
+}
+
+int64_t chunks_for(int64_t rows)
+{
+	const int64_t c = chunk_rows_for(rows);
+	return (rows + c - 1) / c;
+}
+
+template <typename T>
+cudaError_t forward(const struct rk_layer_norm *a, cudaStream_t stream)
+{
+	layer_norm_forward<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
+		(const T *)a->x, a->x_ld, (const T *)a->weight, (const T *)a->bias, (T *)a->y, a->y_ld, a->mean, a->rstd,
+		a->rows, a->n, a->eps);
+	return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t backward(const struct rk_layer_norm_backward *a, cudaStream_t stream)
+{
+	layer_norm_backward_dx<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
+		(const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, (const T *)a->weight, a->mean, a->rstd,
+		(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, a->rows, a->n);
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess || (!a->d_weight && !a->d_bias))
+		return e;
+	const int64_t chunk_rows = chunk_rows_for(a->rows), chunks = chunks_for(a->rows);
+	float *part_w = a->partial, *part_b = a->partial + chunks * a->n;
+	const dim3 grid((unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS), (unsigned)chunks);
+	const dim3 block(PARTIAL_COLS, PARTIAL_ROWS);
+	layer_norm_backward_partial<T><<<grid, block, 0, stream>>>((const T *)a->d_y, a->d_y_ld, (const T *)a->x,
+								   a->x_ld, a->mean, a->rstd, part_w, part_b, a->rows,
+								   a->n, chunk_rows);
+	e = cudaGetLastError();
+	if (e != cudaSuccess)
+		return e;
+	layer_norm_backward_reduce<T><<<(unsigned)((a->n + 255) / 256), 256, 0, stream>>>(
+		part_w, part_b, chunks, a->n, (T *)a->d_weight, (T *)a->d_bias);
+	return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" size_t rk_layer_norm_backward_scratch(int64_t rows, int64_t n)
+{
+	if (rows < 1 || n < 1 || n > RK_LAYER_NORM_N_MAX)
+		return 0;
+	return 2 * (size_t)chunks_for(rows) * (size_t)n * sizeof(float);
+}
+
+extern "C" cudaError_t rk_layer_norm(const struct rk_layer_norm *a, cudaStream_t stream)
+{
+	if (!a || a->rows < 1 || a->n < 1 || a->n > RK_LAYER_NORM_N_MAX || !a->x || !a->weight || !a->y)
+		return cudaErrorInvalidValue;
+	switch (a->dtype) {
+	case RK_F32: return forward<float>(a, stream);
+	case RK_F16: return forward<__half>(a, stream);
+	case RK_BF16: return forward<__nv_bfloat16>(a, stream);
+	}
+	return cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t rk_layer_norm_backward(const struct rk_layer_norm_backward *a, cudaStream_t stream)
+{
+	if (!a || a->rows < 1 || a->n < 1 || a->n > RK_LAYER_NORM_N_MAX || !a->d_y || !a->x || !a->weight ||
+	    !a->mean || !a->rstd || !a->d_x || ((a->d_weight || a->d_bias) && !a->partial))
+		return cudaErrorInvalidValue;
+	switch (a->dtype) {
+	case RK_F32: return backward<float>(a, stream);
+	case RK_F16: return backward<__half>(a, stream);
+	case RK_BF16: return backward<__nv_bfloat16>(a, stream);
+	}
+	return cudaErrorInvalidValue;
+}
