@@ -160,30 +160,29 @@ def ops(rt):
         record(f"attention_packed {dt} fwd+bwd (interleaved gradients)", e < tol, f"rel {e:.2e}")
         # A whole pre-LayerNorm block as one operation: LayerNorms in
         # regend, residuals in the GEMMs and LayerNormBackward.
-        if hasattr(rt, "transformer_block") and hasattr(regen.Client, "layer_norm"):
-            b_, s_, w_, h_ = 2, 256, 512, 8
-            x = torch.randn(b_, s_, w_, device=dev, dtype=dt, requires_grad=True)
-            shapes = [[w_], [w_], [3 * w_, w_], [3 * w_], [w_, w_], [w_], [w_], [w_], [4 * w_, w_], [4 * w_],
-                      [w_, 4 * w_], [w_]]
-            params = [(torch.randn(sh, device=dev, dtype=dt) / (sh[-1] ** 0.5 if len(sh) == 2 else 1))
-                      .requires_grad_() for sh in shapes]
-            y = rt.transformer_block(x, *params, h_)
-            fp = [p.float() for p in params]
+        b_, s_, w_, h_ = 2, 256, 512, 8
+        x = torch.randn(b_, s_, w_, device=dev, dtype=dt, requires_grad=True)
+        shapes = [[w_], [w_], [3 * w_, w_], [3 * w_], [w_, w_], [w_], [w_], [w_], [4 * w_, w_], [4 * w_],
+                  [w_, 4 * w_], [w_]]
+        params = [(torch.randn(sh, device=dev, dtype=dt) / (sh[-1] ** 0.5 if len(sh) == 2 else 1))
+                  .requires_grad_() for sh in shapes]
+        y = rt.transformer_block(x, *params, h_)
+        fp = [p.float() for p in params]
 
-            def block_ref(xf):
-                q, k, v = F.linear(F.layer_norm(xf, [w_], fp[0], fp[1]), fp[2], fp[3]).view(
-                    b_, s_, 3, h_, w_ // h_).permute(2, 0, 3, 1, 4)
-                a = ref_sdpa(q, k, v, True, None).transpose(1, 2).reshape(b_, s_, w_)
-                hh = xf + F.linear(a, fp[4], fp[5])
-                return hh + F.linear(F.gelu(F.linear(F.layer_norm(hh, [w_], fp[6], fp[7]), fp[8], fp[9]),
-                                            approximate="tanh"), fp[10], fp[11])
+        def block_ref(xf):
+            q, k, v = F.linear(F.layer_norm(xf, [w_], fp[0], fp[1]), fp[2], fp[3]).view(
+                b_, s_, 3, h_, w_ // h_).permute(2, 0, 3, 1, 4)
+            a = ref_sdpa(q, k, v, True, None).transpose(1, 2).reshape(b_, s_, w_)
+            hh = xf + F.linear(a, fp[4], fp[5])
+            return hh + F.linear(F.gelu(F.linear(F.layer_norm(hh, [w_], fp[6], fp[7]), fp[8], fp[9]),
+                                        approximate="tanh"), fp[10], fp[11])
 
-            ref = block_ref(x.float())
-            g = torch.randn_like(y)
-            got = torch.autograd.grad(y, [x] + params, g)
-            want = torch.autograd.grad(ref, [x] + params, g.float())
-            e = max([rel(y, ref)] + [rel(p, q_) for p, q_ in zip(got, want)])
-            record(f"transformer_block {dt} fwd+bwd (LayerNorms in regend)", e < tol, f"rel {e:.2e}")
+        ref = block_ref(x.float())
+        g = torch.randn_like(y)
+        got = torch.autograd.grad(y, [x] + params, g)
+        want = torch.autograd.grad(ref, [x] + params, g.float())
+        e = max([rel(y, ref)] + [rel(p, q_) for p, q_ in zip(got, want)])
+        record(f"transformer_block {dt} fwd+bwd (LayerNorms in regend)", e < tol, f"rel {e:.2e}")
 
 
 def device_map(rt, d):

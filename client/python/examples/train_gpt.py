@@ -258,8 +258,7 @@ def main(argv=None):
     p.add_argument("--restart-at", type=int, default=-1, help="step before which `regenctl restart --wait` runs")
     p.add_argument("--fault-at", type=int, default=-1, help="step before which a device_lost is injected")
     p.add_argument("--no-pool", action="store_true", help="leave memory to torch's allocator (block imports)")
-    p.add_argument("--kernels", choices=("block", "parts"),
-                   default="block" if hasattr(regen.Client, "layer_norm") else "parts",
+    p.add_argument("--kernels", choices=("block", "parts"), default="block",
                    help="regend mode: each transformer block as one operation (rt.transformer_block, LayerNorms in "
                         "regend), or as its parts (rt.attention_packed, rt.mlp, linears; LayerNorms on the rank)")
     p.add_argument("--json", help="write the results here")

@@ -150,7 +150,6 @@ class Ops(unittest.TestCase):
                 for got, want in zip(grads, torch.autograd.grad(ref, inputs, g)):
                     self.assertLess(maxdiff(got, want), 1e-3)
 
-    @unittest.skipUnless(hasattr(regen.Client, "layer_norm"), "the client has no LayerNorm yet (branch layernorm)")
     def test_transformer_block_in_one_hand_off_each_way(self):
         """rt.transformer_block against the same block in torch (f32):
         output and all 13 gradients, forward and backward each one run of

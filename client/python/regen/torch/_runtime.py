@@ -513,8 +513,7 @@ class Runtime:
                     kw["signal_event"] = pair.ids[1]
         fn = {"gemm": self.client.gemm, "attention": self.client.attention,
               "attention_backward": self.client.attention_backward,
-              "layer_norm": getattr(self.client, "layer_norm", None),
-              "layer_norm_backward": getattr(self.client, "layer_norm_backward", None)}[op]
+              "layer_norm": self.client.layer_norm, "layer_norm_backward": self.client.layer_norm_backward}[op]
         sent = time.perf_counter()
         fn(**named, **kw)
         self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
