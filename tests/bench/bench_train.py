@@ -9,7 +9,7 @@ of in-process isolated, >= 0.95 under MPS.  regen.torch.mps_mode() says
 which this run is.
 
     python3 tests/bench/bench_train.py [REGEND] [--full] [--steps N] [--orderings wait,events,sync,auto]
-        [--socket PATH] [--json OUT] [--device cpu] [--check]
+        [--socket PATH] [--json OUT] [--device cpu] [--check] [--kernels block|parts]
 
 With --socket it uses a running regend (e.g. one started as an MPS client);
 otherwise it starts one with the CUDA backend.  Each configuration runs in
@@ -40,6 +40,11 @@ def opt(name, default, cast=str):
     return cast(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
+# train_gpt's --kernels for the regend runs: "block" (its default: each
+# transformer block one operation) or "parts".
+KERNELS = opt("--kernels", None)
+
+
 def run(socket, mode, ordering, steps, full, env):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         argv = [sys.executable, os.path.join(REPO, "client", "python", "examples", "train_gpt.py"), "--mode", mode,
@@ -51,6 +56,8 @@ def run(socket, mode, ordering, steps, full, env):
                      "--vocab", "128"]
         if ordering:
             argv += ["--ordering", ordering]
+        if mode == "regend" and KERNELS:
+            argv += ["--kernels", KERNELS]
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
         if r.returncode != 0:
             raise RunFailed(f"train_gpt.py {mode} {ordering or ''} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
@@ -64,7 +71,7 @@ class RunFailed(Exception):
 def main():
     positional = [a for i, a in enumerate(sys.argv[1:], 1)
                   if not a.startswith("--") and sys.argv[i - 1] not in ("--steps", "--orderings", "--socket", "--json",
-                                                                       "--device")]
+                                                                       "--device", "--kernels")]
     steps = opt("--steps", 30, int)
     full = "--full" in sys.argv
     orderings = opt("--orderings", "wait,events,sync,auto").split(",")
@@ -118,7 +125,8 @@ def main():
                   f"in regen.torch calls {host_ms:.1f} ms of it (waiting for replies {reply_ms:.1f} ms)", flush=True)
         mode = "MPS" if mps["rank"] or mps["regend"] else "isolated"
         target = 0.95 if mode == "MPS" else 0.8
-        print(f"train_gpt.py ({'full' if full else 'small'}), {steps} steps, {mode} (target >= {target})")
+        print(f"train_gpt.py ({'full' if full else 'small'}, kernels {KERNELS or 'block'}), {steps} steps, {mode} "
+              f"(target >= {target})")
         print(markdown_table(["run", "tokens/s", "vs in process", "regend calls/step",
                               "of them on an idle rank stream", "hand-offs/step", "context switches/step"], rows))
         # The verdict per ordering against the target; the default
