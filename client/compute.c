@@ -114,6 +114,12 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 
 	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_DGELU)
 		return -EINVAL;
+	/* JSON has no words for these: over Varlink they would reach regend
+	 * as absent (the defaults, silently), over the ring refused. */
+	if (!isfinite(g->alpha) || !isfinite(g->beta)) {
+		rc_set_local_error(c, "alpha and beta must be finite");
+		return -EINVAL;
+	}
 	call.gemm = (struct rp_gemm){
 		.trans_a = g->trans_a,
 		.trans_b = g->trans_b,
@@ -136,6 +142,16 @@ REGEN_EXPORT int regen_gemm_submit(regen_client *c, const struct regen_gemm_args
 	return ticket != NULL ? gemm(c, g, ticket) : -EINVAL;
 }
 
+/* A scale JSON cannot say (NaN, an infinity) is refused here, unsent, as
+ * alpha is; a negative one goes to regend, which refuses it by name. */
+static int attention_scale_ok(regen_client *c, double scale)
+{
+	if (isfinite(scale))
+		return 0;
+	rc_set_local_error(c, "scale must be finite");
+	return -EINVAL;
+}
+
 static struct rp_attention attention_scalars(double scale, bool causal, enum regen_causal_alignment alignment)
 {
 	return (struct rp_attention){
@@ -155,6 +171,8 @@ static int attention(regen_client *c, const struct regen_attention_args *a, uint
 		[RP_ATT_Q] = &a->q, [RP_ATT_K] = &a->k, [RP_ATT_V] = &a->v, [RP_ATT_O] = &a->o, [RP_ATT_STATS] = a->stats,
 		[RP_ATT_SEQ_LEN_Q] = a->seq_len_q, [RP_ATT_SEQ_LEN_KV] = a->seq_len_kv,
 	};
+	if (attention_scale_ok(c, a->scale) < 0)
+		return -EINVAL;
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
 	call.deadline_ms = a->deadline_ms;
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
@@ -181,6 +199,8 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 		[RP_ATB_DO] = &a->d_o, [RP_ATB_STATS] = &a->stats, [RP_ATB_DQ] = &a->d_q, [RP_ATB_DK] = &a->d_k,
 		[RP_ATB_DV] = &a->d_v, [RP_ATB_SEQ_LEN_Q] = a->seq_len_q, [RP_ATB_SEQ_LEN_KV] = a->seq_len_kv,
 	};
+	if (attention_scale_ok(c, a->scale) < 0)
+		return -EINVAL;
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
 	call.deadline_ms = a->deadline_ms;
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);

@@ -224,8 +224,10 @@ static void attention_encode(const struct rp_compute *c, cJSON *params)
 {
 	const struct rp_attention *a = &c->attention;
 
-	/* 0 leaves the default, 1/sqrt(D), to the parser. */
-	if (a->scale > 0.0) {
+	/* 0 leaves the default, 1/sqrt(D), to the parser; any other value is
+	 * sent, so that a negative one is refused there by name rather than
+	 * dropped here for the default. */
+	if (a->scale != 0.0) {
 		cJSON_AddNumberToObject(params, "scale", a->scale);
 	}
 	if (a->causal) {

@@ -282,7 +282,7 @@ struct regen_gemm_args {
 	const struct regen_tensor *c;      /* NULL: none */
 	const struct regen_tensor *bias;   /* NULL: none */
 	bool trans_a, trans_b;
-	double alpha, beta;                /* alpha 0 is taken as 1 only when alpha_set is false */
+	double alpha, beta;                /* finite (else -EINVAL, unsent); alpha 0 is taken as 1 only when alpha_set is false */
 	bool alpha_set;
 	enum regen_epilogue epilogue;
 	bool tf32;
@@ -304,7 +304,7 @@ enum regen_causal_alignment { REGEN_CAUSAL_TOP_LEFT = 0, REGEN_CAUSAL_BOTTOM_RIG
 struct regen_attention_args {
 	struct regen_tensor q, k, v, o;
 	const struct regen_tensor *stats;  /* NULL: not wanted */
-	double scale;                      /* 0: 1/sqrt(D) */
+	double scale;                      /* 0: 1/sqrt(D); else > 0 (not finite: -EINVAL, unsent) */
 	bool causal;
 	const regen_event *wait_event, *signal_event;
 	enum regen_causal_alignment causal_alignment;
@@ -315,7 +315,7 @@ REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_a
 
 struct regen_attention_backward_args {
 	struct regen_tensor q, k, v, o, d_o, stats, d_q, d_k, d_v;
-	double scale;
+	double scale;                      /* as the forward's */
 	bool causal;
 	const regen_event *wait_event, *signal_event;
 	enum regen_causal_alignment causal_alignment;

@@ -397,6 +397,32 @@ static void layer_norm_refusals(regen_client *c)
 	tl_buffer_free(&m);
 }
 
+/* A negative attention scale reaches regend on either transport (the
+ * Varlink encoder used to drop it, so the call ran with the default) and
+ * is refused there by name, o untouched. */
+static void attention_scale_refused(regen_client *c)
+{
+	struct tl_buffer m;
+	unsigned char before[4096];
+
+	tl_buffer_create(c, 0, 4096, &m);
+	struct regen_tensor t = { .buffer = m.buf, .dtype = REGEN_F32, .rank = 4, .shape = { 1, 2, 4, 8 } };
+	struct regen_attention_args args = { .q = t, .k = t, .v = t, .o = t, .scale = -0.5 };
+
+	args.k.offset = 256;
+	args.v.offset = 512;
+	args.o.offset = 1024;
+	for (size_t e = 0; e < sizeof(before); e++) {
+		m.mem.ptr[e] = (unsigned char)tl_rand_int(1, 255);
+	}
+	memcpy(before, m.mem.ptr, sizeof(before));
+	ASSERT_REGEN_ERROR(c, regen_attention(c, &args), REGEN_ERROR_INVALID_PARAMETER, "a negative scale");
+	ASSERT(strstr(regen_client_error_parameters(c) ? regen_client_error_parameters(c) : "", "scale") != NULL,
+	       "the refusal names %s, want scale", regen_client_error_parameters(c));
+	ASSERT(memcmp(before, m.mem.ptr, sizeof(before)) == 0, "a refused attention changed its buffer");
+	tl_buffer_free(&m);
+}
+
 int main(void)
 {
 	pid_t pids[NCLIENTS];
@@ -427,6 +453,7 @@ int main(void)
 	}
 	dgelu_refusals(c);
 	layer_norm_refusals(c);
+	attention_scale_refused(c);
 	st = tl_status(c);
 	for (i = 0; i < regen_status_device_count(st); i++) {
 		d = regen_status_device(st, i);

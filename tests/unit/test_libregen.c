@@ -585,6 +585,64 @@ START_TEST(layer_norm_on_the_wire)
 }
 END_TEST
 
+/* Scalars JSON cannot say (NaN, infinities) are refused here, unsent: over
+ * Varlink they would arrive as absent and take the default. A negative
+ * attention scale is sent, for regend to refuse by name. */
+START_TEST(scalars_json_cannot_say_are_refused)
+{
+	static const double bad[] = { NAN, INFINITY, -INFINITY };
+	struct regen_gemm_args g = { 0 };
+	struct regen_attention_args a = { 0 };
+	struct regen_attention_backward_args ab = { 0 };
+	regen_buffer *buf = NULL;
+	const struct call *call;
+	regen_client *c;
+	int before;
+
+	fake_start(QUIRK_NONE);
+	c = connect_fake();
+	ck_assert_int_eq(regen_buffer_import_fd(c, 0, memfd(), 1 << 20, &buf), 0);
+	tensor(&g.a, buf, 4);
+	tensor(&g.b, buf, 4);
+	tensor(&g.d, buf, 4);
+	g.d.offset = 4096;
+	tensor4(&a.q, buf);
+	a.k = a.v = a.o = a.q;
+	a.o.offset = 8192;
+	ab.q = ab.k = ab.v = ab.o = ab.d_o = a.q;
+	ab.d_q = ab.d_k = ab.d_v = a.o;
+	tensor(&ab.stats, buf, 4);
+	before = count_calls();
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		g.alpha = bad[i];
+		g.alpha_set = true;
+		ck_assert_int_eq(regen_gemm(c, &g), -EINVAL);
+		ck_assert_ptr_nonnull(strstr(regen_client_error_message(c), "alpha"));
+		g.alpha = 1;
+		g.beta = bad[i];
+		ck_assert_int_eq(regen_gemm(c, &g), -EINVAL);
+		g.beta = 0;
+		a.scale = ab.scale = bad[i];
+		ck_assert_int_eq(regen_attention(c, &a), -EINVAL);
+		ck_assert_ptr_nonnull(strstr(regen_client_error_message(c), "scale"));
+		ck_assert_int_eq(regen_attention_backward(c, &ab), -EINVAL);
+	}
+	ck_assert_int_eq(count_calls(), before);
+
+	a.scale = -0.5;
+	ck_assert_int_eq(regen_attention(c, &a), 0);
+	call = last_call("io.regen.Compute.Attention");
+	ck_assert(param_num(call, "scale") == -0.5);
+	a.scale = 0;
+	ck_assert_int_eq(regen_attention(c, &a), 0);
+	call = last_call("io.regen.Compute.Attention");
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "scale"));
+	regen_buffer_close(buf);
+	regen_client_destroy(c);
+	fake_stop();
+}
+END_TEST
+
 START_TEST(events_refused_on_this_side)
 {
 	unsigned char h[64];
@@ -845,6 +903,7 @@ static Suite *libregen_suite(void)
 	tcase_add_test(tc, events_on_the_wire);
 	tcase_add_test(tc, events_refused_on_this_side);
 	tcase_add_test(tc, layer_norm_on_the_wire);
+	tcase_add_test(tc, scalars_json_cannot_say_are_refused);
 	tcase_add_test(tc, cuda_fd_import);
 	tcase_add_test(tc, malformed_import_reply_is_refused);
 	tcase_add_test(tc, watcher);
