@@ -910,7 +910,8 @@ class Client:
                 trans[n] = not trans[n]
             named[n] = x
         named.update({"c": c, "d": d, "bias": bias, "aux": aux})
-        scalars = {"trans_a": trans["a"], "trans_b": trans["b"], "alpha": float(alpha), "beta": float(beta)}
+        scalars = {"trans_a": trans["a"], "trans_b": trans["b"], "alpha": _finite("alpha", alpha),
+                   "beta": _finite("beta", beta)}
         if epilogue is not None:
             if epilogue not in _EPILOGUES:
                 raise ValueError(f"epilogue {epilogue!r} is not one of {_EPILOGUES}")
@@ -1096,10 +1097,19 @@ def _put_deadline(scalars, deadline_ms):
         scalars["deadline_ms"] = deadline_ms
 
 
+def _finite(name, value):
+    """float(value), refused when JSON has no words for it (NaN, an
+    infinity): the same ValueError on both transports, before either."""
+    value = float(value)
+    if value - value != 0.0:
+        raise ValueError(f"{name} must be finite, not {value}")
+    return value
+
+
 def _attention_scalars(scale, causal, causal_alignment):
     scalars = {"causal": bool(causal)}
     if scale is not None:
-        scalars["scale"] = float(scale)
+        scalars["scale"] = _finite("scale", scale)
     if causal_alignment is not None:
         if causal_alignment not in ("top_left", "bottom_right"):
             raise ValueError(f"causal_alignment {causal_alignment!r} is not 'top_left' or 'bottom_right'")

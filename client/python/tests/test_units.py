@@ -497,6 +497,15 @@ class EventsAndFds(unittest.TestCase):
                          ["d_residual", "d_x", "d_y", "mean", "rstd", "wait_event", "weight", "x"])
         with self.assertRaises(ValueError):
             self.c.layer_norm(op, vec, op, eps=float("nan"))
+        # Scalars JSON cannot say are refused before either transport,
+        # alike; nothing is sent.
+        sent = len(self.calls)
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            for call in (lambda: self.c.gemm(op, op, op, alpha=bad), lambda: self.c.gemm(op, op, op, beta=bad),
+                         lambda: self.c.attention(q, q, q, q, scale=bad)):
+                with self.assertRaises(ValueError):
+                    call()
+        self.assertEqual(len(self.calls), sent)
 
 
 if __name__ == "__main__":
