@@ -104,6 +104,17 @@ static int send_call(regen_client *c, struct rp_compute *call, const struct rege
 	return rc_lane_wait(c, device, t);
 }
 
+/* A scalar JSON has no words for (NaN, an infinity) would reach regend as
+ * absent over Varlink (its default, silently) and be refused over the ring:
+ * refused here, unsent, on either. */
+static int refuse_unless_finite(regen_client *c, const char *name, double value)
+{
+	if (isfinite(value))
+		return 0;
+	rc_set_local_error(c, "%s must be finite", name);
+	return -EINVAL;
+}
+
 static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *ticket)
 {
 	struct rp_compute call = { .spec = &rp_op_gemm };
@@ -114,12 +125,8 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 
 	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_DGELU)
 		return -EINVAL;
-	/* JSON has no words for these: over Varlink they would reach regend
-	 * as absent (the defaults, silently), over the ring refused. */
-	if (!isfinite(g->alpha) || !isfinite(g->beta)) {
-		rc_set_local_error(c, "alpha and beta must be finite");
+	if (refuse_unless_finite(c, "alpha", g->alpha) < 0 || refuse_unless_finite(c, "beta", g->beta) < 0)
 		return -EINVAL;
-	}
 	call.gemm = (struct rp_gemm){
 		.trans_a = g->trans_a,
 		.trans_b = g->trans_b,
@@ -142,16 +149,6 @@ REGEN_EXPORT int regen_gemm_submit(regen_client *c, const struct regen_gemm_args
 	return ticket != NULL ? gemm(c, g, ticket) : -EINVAL;
 }
 
-/* A scale JSON cannot say (NaN, an infinity) is refused here, unsent, as
- * alpha is; a negative one goes to regend, which refuses it by name. */
-static int attention_scale_ok(regen_client *c, double scale)
-{
-	if (isfinite(scale))
-		return 0;
-	rc_set_local_error(c, "scale must be finite");
-	return -EINVAL;
-}
-
 static struct rp_attention attention_scalars(double scale, bool causal, enum regen_causal_alignment alignment)
 {
 	return (struct rp_attention){
@@ -171,7 +168,8 @@ static int attention(regen_client *c, const struct regen_attention_args *a, uint
 		[RP_ATT_Q] = &a->q, [RP_ATT_K] = &a->k, [RP_ATT_V] = &a->v, [RP_ATT_O] = &a->o, [RP_ATT_STATS] = a->stats,
 		[RP_ATT_SEQ_LEN_Q] = a->seq_len_q, [RP_ATT_SEQ_LEN_KV] = a->seq_len_kv,
 	};
-	if (attention_scale_ok(c, a->scale) < 0)
+	/* A negative scale goes to regend, which refuses it by name. */
+	if (refuse_unless_finite(c, "scale", a->scale) < 0)
 		return -EINVAL;
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
 	call.deadline_ms = a->deadline_ms;
@@ -199,7 +197,8 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 		[RP_ATB_DO] = &a->d_o, [RP_ATB_STATS] = &a->stats, [RP_ATB_DQ] = &a->d_q, [RP_ATB_DK] = &a->d_k,
 		[RP_ATB_DV] = &a->d_v, [RP_ATB_SEQ_LEN_Q] = a->seq_len_q, [RP_ATB_SEQ_LEN_KV] = a->seq_len_kv,
 	};
-	if (attention_scale_ok(c, a->scale) < 0)
+	/* A negative scale goes to regend, which refuses it by name. */
+	if (refuse_unless_finite(c, "scale", a->scale) < 0)
 		return -EINVAL;
 	call.attention = attention_scalars(a->scale, a->causal, a->causal_alignment);
 	call.deadline_ms = a->deadline_ms;
@@ -223,12 +222,8 @@ static int layer_norm(regen_client *c, const struct regen_layer_norm_args *a, ui
 
 	if (c == NULL || a == NULL)
 		return -EINVAL;
-	/* JSON has no words for these: they would reach regend as an absent
-	 * eps over Varlink, and be refused over the ring. */
-	if (!isfinite(a->eps)) {
-		rc_set_local_error(c, "eps must be finite");
+	if (refuse_unless_finite(c, "eps", a->eps) < 0)
 		return -EINVAL;
-	}
 	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
 		[RP_LN_X] = &a->x, [RP_LN_WEIGHT] = &a->weight, [RP_LN_BIAS] = a->bias, [RP_LN_Y] = &a->y,
 		[RP_LN_MEAN] = a->mean, [RP_LN_RSTD] = a->rstd,
