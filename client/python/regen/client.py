@@ -958,10 +958,7 @@ class Client:
         and > 0.  Rows may be padded (row stride >= n)."""
         scalars = {}
         if eps is not None:
-            eps = float(eps)
-            if eps - eps != 0.0:   # inf or NaN: JSON has no words for them
-                raise ValueError(f"eps must be finite, not {eps}")
-            scalars["eps"] = eps
+            scalars["eps"] = _finite("eps", eps)
         _put_deadline(scalars, deadline_ms)
         named = {"x": x, "weight": weight, "bias": bias, "y": y, "mean": mean, "rstd": rstd}
         return self._compute("layer_norm", named, scalars, wait_event, signal_event, wait=wait)

@@ -310,24 +310,26 @@ def _deadline(scalars):
 def _scalars(op_name, scalars):
     if op_name == "gemm":
         flags = (TRANS_A if scalars.get("trans_a") else 0) | (TRANS_B if scalars.get("trans_b") else 0)
-        alpha, beta = float(scalars.get("alpha", 1.0)), float(scalars.get("beta", 0.0))
-        if alpha - alpha != 0.0 or beta - beta != 0.0:   # inf or NaN
-            # What json.dumps(allow_nan=False) says on the Varlink path.
-            raise ValueError("Out of range float values are not JSON compliant")
+        # Client.gemm took alpha and beta as finite floats.
+        alpha, beta = scalars.get("alpha", 1.0), scalars.get("beta", 0.0)
         return (flags, _EPILOGUES[scalars.get("epilogue", "none")], _COMPUTE[scalars.get("compute", "f32")], 0,
                 alpha, beta, 0.0)
     if op_name in ("layer_norm", "layer_norm_backward"):
-        # LayerNorm's eps travels as the record's scale, 0 the default; a
-        # given 0 (refused over Varlink) is refused here alike, as NaN.
-        eps = scalars.get("eps")
-        eps = 0.0 if eps is None else (float("nan") if float(eps) == 0.0 else float(eps))
-        return (0, 0, 0, 0, 0.0, 0.0, eps)
+        # LayerNorm's eps travels as the record's scale.
+        return (0, 0, 0, 0, 0.0, 0.0, _record_scale(scalars.get("eps")))
     flags = CAUSAL if scalars.get("causal") else 0
-    scale = scalars.get("scale")
-    # 0 in a record is the default; a scale of 0 given is what Varlink
-    # refuses, and NaN is refused alike.
-    scale = 0.0 if scale is None else (float("nan") if float(scale) == 0.0 else float(scale))
-    return (flags, 0, 0, _ALIGNMENTS[scalars.get("causal_alignment", "top_left")], 0.0, 0.0, scale)
+    return (flags, 0, 0, _ALIGNMENTS[scalars.get("causal_alignment", "top_left")], 0.0, 0.0,
+            _record_scale(scalars.get("scale")))
+
+
+def _record_scale(value):
+    """A record's scale field for an optional positive scalar: 0 is the
+    default (absent); a given 0, which Varlink refuses, goes as NaN, which
+    the worker refuses alike."""
+    if value is None:
+        return 0.0
+    value = float(value)
+    return float("nan") if value == 0.0 else value
 
 
 def error_of(text):
