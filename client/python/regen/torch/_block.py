@@ -21,7 +21,7 @@ recomputed in the backward (one GEMM), as rt.mlp does.
 
 import torch
 
-from ._ops import _column_sums, _empty, _gemm, _rt, _sdpa_packed_backward, _sdpa_packed_kernel
+from ._ops import _column_sums, _empty, _gemm, _mlp_backward, _rt, _sdpa_packed_backward, _sdpa_packed_kernel
 
 __all__ = ["transformer_block", "BLOCK_PARAMETERS"]
 
@@ -101,15 +101,10 @@ class _Block(torch.autograd.Function):
         g = grad.contiguous().view(rows, w)
         out = [None] * 12
         with _rt().batch():
-            # MLP: down's gradients, GELU's input again, then dz through
-            # GELU's gradient in the GEMM's epilogue (dgelu).
-            out[10] = _gemm(g.t(), u, _empty(list(down_w.shape), down_w.dtype, down_w))
-            out[11] = _column_sums(g)
-            z = _gemm(a2, up_w.t(), _empty([rows, up_w.shape[0]], a2.dtype, a2), "bias", up_b)
-            dz = _gemm(g, down_w, _empty([rows, up_w.shape[0]], a2.dtype, a2), "dgelu", aux=z)
-            out[8] = _gemm(dz.t(), a2, _empty(list(up_w.shape), up_w.dtype, up_w))
-            out[9] = _column_sums(dz)
-            d_a2 = _gemm(dz, up_w, _empty([rows, w], a2.dtype, a2))
+            # The MLP's gradients, as rt.mlp's backward takes them (GELU's
+            # input recomputed, its gradient in a GEMM's epilogue).
+            d_a2, out[8], out[9], out[10], out[11] = _mlp_backward((True,) * 5, a2, up_w, up_b, down_w, down_b,
+                                                                   u, g)
             # ln2, the residual's gradient (g) added in the same call.
             d_h, out[6], out[7] = _layer_norm_backward(d_a2, h, ln2_w, mean2, rstd2, g, True, True)
             # The projection, attention (dq, dk, dv into one d_qkv), qkv.
