@@ -420,7 +420,7 @@ class Runtime:
         self._chained = None
 
     def call(self, op, tensors, scalars, outputs=()):
-        """Run ``op`` ("gemm", "attention", "attention_backward") on the
+        """Run ``op`` (one of _OPS, the client's method of that name) on the
         tensors (a dict of name -> tensor or None) with scalars; ``outputs``
         names the outputs (freshly allocated by the caller, so a retry after
         a fault is always safe)."""
@@ -511,9 +511,9 @@ class Runtime:
                     kw["wait_event"] = pair.ids[0]
                 if ordering == "events":
                     kw["signal_event"] = pair.ids[1]
-        fn = {"gemm": self.client.gemm, "attention": self.client.attention,
-              "attention_backward": self.client.attention_backward,
-              "layer_norm": self.client.layer_norm, "layer_norm_backward": self.client.layer_norm_backward}[op]
+        if op not in _OPS:
+            raise ValueError(f"regen.torch: no operation {op!r}")
+        fn = getattr(self.client, op)   # the client's method of the same name
         sent = time.perf_counter()
         fn(**named, **kw)
         self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
@@ -623,6 +623,7 @@ class Runtime:
             return out
 
 
+_OPS = frozenset({"gemm", "attention", "attention_backward", "layer_norm", "layer_norm_backward"})
 _OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v", "y", "mean", "rstd", "d_x", "d_weight", "d_bias"})
 
 
