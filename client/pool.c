@@ -125,6 +125,10 @@ static struct {
 	char error_name[128];            /* regend's error name of the last failed import, or "" */
 	struct chunk *chunks;
 	uint64_t next_serial;
+	/* Bumped whenever an answer regen_pool_lookup gave may no longer hold
+	 * (an import closed or forgotten, a device mapping changed): callers
+	 * that cache answers check it (regen_pool_epoch). */
+	uint64_t epoch;
 	uint64_t chunk_bytes;
 	char socket_path[108];
 	regen_client *client;
@@ -392,6 +396,7 @@ static void chunk_unimport(struct chunk *ch)
 		(void)regen_buffer_close(ch->import);
 		ch->import = NULL;
 		pool.stats.imports--;
+		__atomic_add_fetch(&pool.epoch, 1, __ATOMIC_RELEASE);
 	}
 }
 
@@ -890,8 +895,14 @@ REGEN_EXPORT int regen_pool_map_device(int local_device, int regend_device)
 		return -EINVAL;
 	}
 	pool.device_map[local_device] = regend_device < 0 ? 0 : regend_device + 1;
+	__atomic_add_fetch(&pool.epoch, 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&pool.lock);
 	return 0;
+}
+
+REGEN_EXPORT uint64_t regen_pool_epoch(void)
+{
+	return __atomic_load_n(&pool.epoch, __ATOMIC_ACQUIRE);
 }
 
 static int regend_device_of(const struct chunk *ch, int host_device)

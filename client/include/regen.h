@@ -461,6 +461,12 @@ REGEN_EXPORT int regen_pool_lookup(const void *ptr, int host_device, struct rege
 /* regend's `device` reached `generation`: imports of older generations are
  * gone, and the next lookup imports again. */
 REGEN_EXPORT void regen_pool_note_generation(int device, uint64_t generation);
+/* A counter that changes whenever an answer of regen_pool_lookup may no
+ * longer hold: a chunk's import closed (the chunk freed, or its generation
+ * gone) or a device mapping changed. A caller may keep lookup's answers
+ * (per chunk: the pointer minus its offset, up to its extent) while the
+ * counter stays where it was when it asked; reading it takes no lock. */
+REGEN_EXPORT uint64_t regen_pool_epoch(void);
 
 struct regen_pool_stats {
 	size_t size;               /* set by the caller: sizeof(struct regen_pool_stats) */

@@ -117,6 +117,14 @@ class Pool:
         lib.regen_pool_lookup.argtypes = [_VOIDP, ctypes.c_int, ctypes.POINTER(_Ref)]
         lib.regen_pool_note_generation.restype = None
         lib.regen_pool_note_generation.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        try:
+            epoch = lib.regen_pool_epoch
+        except AttributeError:   # an older libregen: nothing may be cached
+            epoch = None
+        else:
+            epoch.restype = ctypes.c_uint64
+            epoch.argtypes = []
+        self._epoch = epoch
         lib.regen_pool_stats_get.restype = ctypes.c_int
         lib.regen_pool_stats_get.argtypes = [ctypes.POINTER(_Stats)]
         lib.regen_pool_error.restype = ctypes.c_char_p
@@ -220,6 +228,12 @@ class Pool:
 
     def note_generation(self, device, generation):
         self._lib.regen_pool_note_generation(int(device), int(generation))
+
+    def epoch(self):
+        """A number that changes whenever an answer of lookup() may no longer
+        hold (regen_pool_epoch); None when this libregen has none, and then
+        no answer may be kept."""
+        return self._epoch() if self._epoch is not None else None
 
     def stats(self):
         """{"chunks", "chunk_bytes", "used_bytes", "imports", "allocs", "frees", "import_calls"}."""

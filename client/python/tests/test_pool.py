@@ -117,10 +117,14 @@ class PoolTest(unittest.TestCase):
         ref = pool.lookup(p, 0)
         pool.lookup(q, 0)
         imports = pool.stats()["imports"]
+        epoch = pool.epoch()
+        self.assertIsNotNone(epoch)
         self.free(q)
         self.assertEqual(pool.stats()["imports"], imports, "the empty host chunk stays")
+        self.assertEqual(pool.epoch(), epoch, "no import closed: kept lookups still hold")
         self.free(p)
         self.assertEqual(pool.stats()["imports"], imports - 1, "the big chunk went")
+        self.assertNotEqual(pool.epoch(), epoch, "an import closed: kept lookups must go")
         # regend has let the buffer go: closing it again is refused.
         with self.assertRaises(regen.NoSuchObject):
             self.c.close_buffer(ref.buffer)
@@ -148,7 +152,9 @@ class PoolTest(unittest.TestCase):
         stale_d = regen.Operand(old.buffer, old.offset + 64 * 64 * 4, "f32", [64, 64])
         with self.assertRaises(regen.StaleGeneration) as cm:
             self.c.gemm(a, a, stale_d)
+        epoch = pool.epoch()
         pool.note_generation(0, cm.exception.generation)
+        self.assertNotEqual(pool.epoch(), epoch, "the old generation's imports are forgotten")
         new = pool.lookup(p, 0)
         self.assertNotEqual(new.buffer, old.buffer)
         self.assertEqual(new.generation, gen)
