@@ -20,6 +20,11 @@ failed".
              7) chain their later calls on regend's lane with no event, and
              rank work inside a batch (a bias copy, a new ones row) still
              orders the next call: values against torch in float32
+  deferred   a batch's chained calls are queued without waiting for their
+             answers: an error among them surfaces, named, at the batch's
+             end (and the next operation works); a restart in the middle of
+             a batch re-runs its queued calls in the new generation (values
+             against float32), in orderings "wait" and "events"
   compile    torch.compile(fullgraph=True, backend="aot_eager") traces the
              custom ops (fake implementations) and runs them (torch >= 2.4)
   lifecycle  restart, device_lost and a worker crash between operations:
@@ -319,6 +324,58 @@ def chained(rt, d):
     rt.configure(socket=d.socket)
 
 
+def deferred(rt, d):
+    """A batch's chained calls go without waiting for their answers: an
+    error among them is raised, named, when the batch ends (not by the call,
+    which returned), and the runtime serves on; a restart while calls are
+    queued has them run again in the new generation, in order."""
+    from regen.torch._ops import _empty, _gemm
+    admin = regen.Client(d.socket)
+    dev = f"cuda:{DEV}"
+    a = torch.randn(128, 128, device=dev, dtype=torch.bfloat16) / 8
+    b = torch.randn(128, 128, device=dev, dtype=torch.bfloat16) / 8
+    want = a.float() @ b.float() @ b.float() @ b.float()
+    for mode in ("wait", "events"):
+        rt.configure(socket=d.socket, ordering=mode)
+        rtm = rt.runtime()
+        returned, named = False, None
+        try:
+            with rtm.batch():
+                y1 = _gemm(a, b, _empty([128, 128], a.dtype, a))
+                _gemm(y1, b, _empty([128, 64], a.dtype, a))     # D's shape is wrong: refused by regend
+                returned = True
+        except regen.Error as e:
+            named = e
+        record(f"deferred, ordering {mode}: an error surfaces at the batch's end", returned and named is not None,
+               f"returned {returned}, {type(named).__name__}: {str(named)[:80]}")
+        e_after = rel(rt.matmul(a, b), a.float() @ b.float())
+        record(f"deferred, ordering {mode}: the next operation works", e_after < TOL[torch.bfloat16],
+               f"rel {e_after:.2e}")
+        idx = rtm.regend_device(torch.device("cuda", DEV))
+        before = rtm.stats()
+        try:
+            with rtm.batch():
+                y1 = _gemm(a, b, _empty([128, 128], a.dtype, a))
+                y2 = _gemm(y1, b, _empty([128, 128], a.dtype, a))      # queued
+                gen = admin.generation()["devices"][idx]["generation"]
+                admin.restart(idx, reason="test_regen_torch deferred")
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and admin.generation()["devices"][idx]["generation"] <= gen:
+                    time.sleep(0.02)
+                y3 = _gemm(y2, b, _empty([128, 128], a.dtype, a))      # into the old generation's lane
+            after = rtm.stats()
+            e = rel(y3, want)
+            ok = e < 3 * TOL[torch.bfloat16] and after["recoveries"] > before["recoveries"]
+            record(f"deferred, ordering {mode}: a restart mid-batch re-runs the queued calls", ok,
+                   f"rel {e:.2e}, {after['recoveries'] - before['recoveries']} recoveries, "
+                   f"{after['flushes'] - before['flushes']} flushes")
+        except Exception as e:
+            record(f"deferred, ordering {mode}: a restart mid-batch re-runs the queued calls", False,
+                   f"{type(e).__name__}: {e}")
+    rt.configure(socket=d.socket)
+    admin.close()
+
+
 def capture(rt):
     """A regend operation inside a CUDA graph capture is refused by name,
     and the capture is left usable."""
@@ -440,6 +497,7 @@ def main():
         check("blocks", lambda: block_imports(rt))
         check("ordering", lambda: ordering(rt, daemon))
         check("chained", lambda: chained(rt, daemon))
+        check("deferred", lambda: deferred(rt, daemon))
         check("compile", lambda: compiled(rt))
         check("capture", lambda: capture(rt))
         check("flat", lambda: flat(rt, steps))

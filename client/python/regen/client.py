@@ -140,6 +140,16 @@ class Operand:
         self.shape = [int(x) for x in shape]
         self.strides = None if strides is None else [int(x) for x in strides]
 
+    @classmethod
+    def trusted(cls, buffer, offset, dtype, shape, strides):
+        """An Operand from fields already of the right types (a known dtype,
+        int offset, lists of ints), as regen.torch builds them per call:
+        without the constructor's conversions.  regend checks every operand
+        regardless."""
+        o = cls.__new__(cls)
+        o.buffer, o.offset, o.dtype, o.shape, o.strides = buffer, offset, dtype, shape, strides
+        return o
+
     @property
     def device(self):
         if isinstance(self.buffer, Buffer):

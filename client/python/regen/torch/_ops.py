@@ -40,12 +40,21 @@ def _empty(shape, dtype, like):
 
 
 def _contiguous(x):
-    """x.contiguous(), telling the runtime when that was a copy on the rank
-    (which a batch's next call must wait for)."""
-    y = x.contiguous()
-    if y is not x:
-        _rt().rank_work()
-    return y
+    """x.contiguous(), telling the runtime first when that is a copy on the
+    rank (see Runtime.rank_work)."""
+    if x.is_contiguous():
+        return x
+    _rt().rank_work()
+    return x.contiguous()
+
+
+def _as_dtype(x, dtype):
+    """x.to(dtype), telling the runtime first when that is a conversion on
+    the rank."""
+    if x.dtype == dtype:
+        return x
+    _rt().rank_work()
+    return x.to(dtype)
 
 
 def _gemm_input(x):
@@ -76,8 +85,9 @@ def _ones_row(m, like):
     if row is None:
         if len(_ones) >= _ONES_KEPT:
             _ones.pop(next(iter(_ones)))
-        row = _empty([1, m], like.dtype, like).fill_(1)
+        row = _empty([1, m], like.dtype, like)
         _rt().rank_work()
+        row.fill_(1)
         _ones[key] = row
     return row
 
@@ -267,7 +277,7 @@ def _sdpa_packed_backward(qkv, o, lse, grad, heads, is_causal, scale):
     dq, dk, dv = _unpack_qkv(dqkv, heads)
     d = q.shape[3]
     o4 = o.view(b, s, heads, d).transpose(1, 2)
-    g4 = grad.reshape(b, s, heads, d).transpose(1, 2)
+    g4 = _contiguous(grad).view(b, s, heads, d).transpose(1, 2)
     named = {"q": q, "k": k, "v": v, "o": o4, "d_o": _last_unit(g4), "stats": _contiguous(lse),
              "d_q": dq, "d_k": dk, "d_v": dv}
     _rt().call("attention_backward", named, _attention_scalars(is_causal, scale))
@@ -328,7 +338,7 @@ def _linear_backward(needs, x, w, bias, activation, grad):
         if needs[1]:
             gw = _raw_mm(grad.t(), x)
         if bias is not None and needs[2]:
-            gb = _column_sums(grad).to(bias.dtype)
+            gb = _as_dtype(_column_sums(grad), bias.dtype)
     return gx, gw, gb
 
 
@@ -345,15 +355,15 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
         if needs[3]:
             gw2 = _gemm(grad.t(), h, _empty(list(w2.shape), w2.dtype, w2))
         if b2 is not None and needs[4]:
-            gb2 = _column_sums(grad).to(b2.dtype)
+            gb2 = _as_dtype(_column_sums(grad), b2.dtype)
         if needs[0] or needs[1] or (b1 is not None and needs[2]):
             z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)], b1)
             if x.device.type == "cuda" and w1.shape[0] % 8 != 0:
                 # cuBLASLt's DGELU takes aux rows a multiple of 8 elements
                 # apart: GELU's gradient on the rank for this width.
-                dz = torch.ops.aten.gelu_backward(_gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x)), z,
-                                                  approximate="tanh")
+                dh = _gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x))
                 _rt().rank_work()
+                dz = torch.ops.aten.gelu_backward(dh, z, approximate="tanh")
             else:
                 dz = _gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x), "dgelu", aux=z)
             if needs[0]:
@@ -361,7 +371,7 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
             if needs[1]:
                 gw1 = _gemm(dz.t(), x, _empty(list(w1.shape), w1.dtype, w1))
             if b1 is not None and needs[2]:
-                gb1 = _column_sums(dz).to(b1.dtype)
+                gb1 = _as_dtype(_column_sums(dz), b1.dtype)
     return gx, gw1, gb1, gw2, gb2
 
 

@@ -194,6 +194,17 @@ class Runtime:
         # Inside a batch, the (device, stream) whose last call was ordered
         # with no rank work since: the next call there needs no ordering.
         self._chained = None
+        self._chained_stream = None
+        # A batch's chained calls, queued without waiting for their
+        # answers: (op, tensors, scalars) each, and where they went
+        # (device, stream, event pair).  flush() collects the answers.
+        self._deferred = []
+        self._deferred_at = None
+        self._redoing = False
+        # Pool lookups kept per chunk, CPU and CUDA apart: (start, end,
+        # buffer, generation) each, while the pool's epoch stays.
+        self._chunks = ([], [])
+        self._chunks_epoch = None
         self.counters = {"calls": 0, "handoffs": 0, "idle_calls": 0, "retries": 0, "recoveries": 0,
                          "block_imports": 0, "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0,
                          # Where the rank's host time in calls goes: all of
@@ -202,8 +213,9 @@ class Runtime:
                          # signal_event, else at completion).
                          "host_us": 0.0, "reply_us": 0.0,
                          # Calls of a batch after its first: ordered by
-                         # regend's lane alone (batch()).
-                         "chained_calls": 0}
+                         # regend's lane alone (batch()), and queued
+                         # without waiting for their answers.
+                         "chained_calls": 0, "flushes": 0}
 
     # -- devices -------------------------------------------------------------
 
@@ -269,22 +281,49 @@ class Runtime:
         dtype = DTYPES.get(t.dtype)
         if dtype is None:
             raise NotSupported(parameters={"message": f"regend takes float32, float16 and bfloat16, not {t.dtype}"})
-        if t.device.type == "cpu":
-            ref = self.pool.lookup(t.data_ptr(), self.host_device) if self.pool is not None else None
-            if ref is None:
-                copy = host_empty(t.shape, t.dtype)
-                copy.copy_(t)
-                self.counters["host_copies"] += 1
-                t = copy
-                ref = self.pool.lookup(t.data_ptr(), self.host_device)
-            self._seen_generation(device, ref.generation)
-            return Operand(ref.buffer, ref.offset, dtype, list(t.shape), _strides(t)), t
-        ref = self.pool.lookup(t.data_ptr()) if self.pool is not None else None
-        if ref is not None:
-            self._seen_generation(device, ref.generation)
-            return Operand(ref.buffer, ref.offset, dtype, list(t.shape), _strides(t)), t
+        on_cpu = t.is_cpu
+        ptr = t.data_ptr()
+        if self.pool is not None:
+            # Kept chunks first: what nearly every tensor of a step is in.
+            for start, end, buffer, _ in self._chunks[on_cpu]:
+                if start <= ptr < end:
+                    return Operand.trusted(buffer, ptr - start, dtype, list(t.shape), _strides(t)), t
+        found = self._pool_ref(ptr, on_cpu) if self.pool is not None else None
+        if on_cpu and found is None:
+            copy = host_empty(t.shape, t.dtype)
+            copy.copy_(t)
+            self.counters["host_copies"] += 1
+            t = copy
+            found = self._pool_ref(t.data_ptr(), True)
+        if found is not None:
+            buffer, offset, generation = found
+            self._seen_generation(device, generation)
+            return Operand.trusted(buffer, offset, dtype, list(t.shape), _strides(t)), t
         blk = self._block_of(t, device)
-        return Operand(blk.buffer, t.data_ptr() - blk.base, dtype, list(t.shape), _strides(t)), t
+        return Operand.trusted(blk.buffer, t.data_ptr() - blk.base, dtype, list(t.shape), _strides(t)), t
+
+    def _check_chunks(self):
+        """Forgets the kept pool lookups when the pool's epoch moved (an
+        import closed or forgotten): once per call."""
+        epoch = self.pool.epoch()
+        if epoch is None or epoch != self._chunks_epoch:
+            self._chunks = ([], [])
+            self._chunks_epoch = epoch
+
+    def _pool_ref(self, ptr, on_cpu):
+        """(buffer, offset, generation) of pool memory at ``ptr``, or None:
+        from the kept lookup of its chunk, else libregen's (which imports
+        the chunk when it must)."""
+        kept = self._chunks[on_cpu]
+        for start, end, buffer, generation in kept:
+            if start <= ptr < end:
+                return buffer, ptr - start, generation
+        ref = self.pool.lookup(ptr, self.host_device) if on_cpu else self.pool.lookup(ptr)
+        if ref is None:
+            return None
+        if self._chunks_epoch is not None:
+            kept.append((ptr - ref.offset, ptr + ref.extent, ref.buffer, ref.generation))
+        return ref.buffer, ref.offset, ref.generation
 
     def _block_of(self, t, device):
         storage = _storage(t)
@@ -406,18 +445,67 @@ class Runtime:
     def batch(self):
         """Calls made inside ``with rt.batch():`` follow each other on
         regend's side with no rank work between them: one hand-off.  Only
-        the first orders itself after the rank's stream; the others follow
-        it on regend's lane, which keeps calls in order, so no event passes
-        through the rank's context between them (each would cost a context
-        switch each way).  Code inside that runs GPU work on the rank which
-        a later call reads says so with ``rank_work()``: the next call is
-        then ordered after it again."""
+        the first orders itself after the rank's stream and waits for its
+        answer; the others follow it on regend's lane, which keeps calls in
+        order, so no event passes through the rank's context between them
+        (each would cost a context switch each way), and they are queued
+        without waiting for their answers: the batch's end collects them
+        (flush()), and an error among them surfaces there.  GPU work on
+        the rank inside a batch is announced first with ``rank_work()``."""
         return _Batch(self)
 
     def rank_work(self):
-        """GPU work was just queued on the rank's stream inside a batch
-        (a copy, a fill): the next call waits for it."""
+        """Called before queuing GPU work on the rank's stream inside a
+        batch (a copy, a fill, a conversion): the calls queued so far are
+        answered and the rank's stream ordered after them first (that work
+        may read their outputs, or reuse memory they still read), and the
+        next call waits for the rank's work."""
+        with self.lock:
+            self.flush()
+            self._chained = None
+
+    def flush(self):
+        """Collects the answers of the calls queued without waiting (a
+        batch's chained calls) and orders the rank's stream after them
+        ("events").  A device that changed generation under them: they are
+        run again in order, each answered, once it serves again (their
+        outputs are fresh, their inputs the rank's unchanged ones)."""
+        deferred = self._deferred
+        if not deferred:
+            return
+        device, stream, pair = self._deferred_at
+        self._deferred, self._deferred_at = [], None
+        self.counters["flushes"] += 1
+        try:
+            self.client.wait(device)
+        except _RECOVERABLE as e:
+            self._redo(e, deferred)
+            return
+        if pair is not None:
+            stream.wait_event(pair.after)
+            self._pending[device] = (pair.after, pair.generation)
+
+    def _redo(self, err, calls):
+        """Runs ``calls`` again in order, answered each, after ``err`` (a
+        generation change or a broken connection) took one of them."""
         self._chained = None
+        attempts, deadline = 1, time.monotonic() + self.recovery_timeout
+        self._recover(err, calls[0][1], attempts, deadline)
+        self.counters["retries"] += 1
+        self._redoing = True
+        try:
+            i = 0
+            while i < len(calls):
+                op, tensors, scalars = calls[i]
+                try:
+                    self._call_once(op, tensors, scalars)
+                    i += 1
+                except _RECOVERABLE as e:
+                    attempts += 1
+                    self._recover(e, tensors, attempts, deadline)
+                    self.counters["retries"] += 1
+        finally:
+            self._redoing = False
 
     def call(self, op, tensors, scalars, outputs=()):
         """Run ``op`` (one of _OPS, the client's method of that name) on the
@@ -427,19 +515,13 @@ class Runtime:
         with self.lock:
             entered = time.perf_counter()
             self._tick += 1
-            attempts = 0
-            deadline = None
-            while True:
-                try:
-                    idle = self._call_once(op, tensors, scalars)
-                    break
-                except _RECOVERABLE as e:
-                    self._chained = None
-                    attempts += 1
-                    if deadline is None:
-                        deadline = time.monotonic() + self.recovery_timeout
-                    self._recover(e, tensors, attempts, deadline)
-                    self.counters["retries"] += 1
+            try:
+                idle = self._call_once(op, tensors, scalars)
+            except _RECOVERABLE as e:
+                # Calls queued before this one (a batch's) go again first.
+                calls, self._deferred, self._deferred_at = self._deferred + [(op, tensors, scalars)], [], None
+                self._redo(e, calls)
+                idle = False
             self.counters["calls"] += 1
             # A call that found the rank's stream idle follows the last
             # regend call with no rank GPU work between: the same hand-off.
@@ -449,7 +531,7 @@ class Runtime:
                 self.counters["handoffs"] += 1
             if self._batch_depth:
                 self._batch_calls += 1
-            if self._tick % SWEEP_OPS == 0:
+            if self._tick % SWEEP_OPS == 0 and not self._deferred:
                 self.sweep()
             self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
 
@@ -457,19 +539,35 @@ class Runtime:
         """One try of the call; True when the rank's stream was idle (it
         needed no ordering towards regend)."""
         present = {n: t for n, t in tensors.items() if t is not None}
-        devices = {t.device for t in present.values()}
-        if len(devices) != 1:
-            raise ValueError(f"regen.torch: the tensors of one operation must be on one device, got {devices}")
-        tdev = devices.pop()
-        if tdev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # regend's work can be no graph node, and an import, a query of
-            # the stream or an event would break the capture: refused before
-            # any of them, so the capture stays valid.
-            raise NotSupported(parameters={
-                "message": "regen.torch: an operation in regend cannot be captured into a CUDA graph "
-                           "(torch.cuda.graph, torch.compile mode='reduce-overhead'): it runs in another "
-                           "process; run it outside the capture"})
+        # get_device() is an int (-1 on the CPU): no torch.device per tensor.
+        indices = {t.get_device() for t in present.values()}
+        if len(indices) != 1 or (-1 in indices and len({t.device.type for t in present.values()}) != 1):
+            raise ValueError("regen.torch: the tensors of one operation must be on one device, got "
+                             f"{sorted({str(t.device) for t in present.values()})}")
+        tdev = next(iter(present.values())).device
+        stream = None
+        raw = None
+        if tdev.type == "cuda":
+            raw = _current_raw_stream(tdev.index)
+        # A later call of a batch follows the one before on regend's lane:
+        # nothing of the rank's to wait for (see batch()).
+        chained = raw is not None and self._batch_depth > 0 and self._chained == (tdev.index, raw)
+        if chained:
+            stream = self._chained_stream
+        elif tdev.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                # regend's work can be no graph node, and an import, a query
+                # of the stream or an event would break the capture: refused
+                # before any of them, so the capture stays valid.  (A
+                # chained call follows one that was checked.)
+                raise NotSupported(parameters={
+                    "message": "regen.torch: an operation in regend cannot be captured into a CUDA graph "
+                               "(torch.cuda.graph, torch.compile mode='reduce-overhead'): it runs in another "
+                               "process; run it outside the capture"})
+            stream = torch.cuda.current_stream(tdev)
         device = self.regend_device(tdev)
+        if self.pool is not None:
+            self._check_chunks()
         named = {}
         copies = {}
         for name, t in present.items():
@@ -477,17 +575,15 @@ class Runtime:
             if used is not t:
                 copies[name] = used
         kw = dict(scalars)
-        stream = None
         pair = None
         ordering = self.ordering
         kind = None
-        if tdev.type == "cuda":
-            stream = torch.cuda.current_stream(tdev)
         start = time.perf_counter()
-        # A later call of a batch follows the one before on regend's lane:
-        # nothing of the rank's to wait for (see batch()).
-        chained = (stream is not None and self._batch_depth > 0 and
-                   self._chained == (device, stream.cuda_stream))
+        if self._deferred and not chained:
+            # Another device or stream, or rank work since: the queued
+            # calls are answered first.
+            self.flush()
+        defer = chained and not self._redoing
         # Everything the rank queued on its stream is done (a host query, no
         # GPU work): regend may read now, and nothing is recorded on the
         # rank's stream for it, which would bring the rank's context back to
@@ -514,18 +610,24 @@ class Runtime:
         if op not in _OPS:
             raise ValueError(f"regen.torch: no operation {op!r}")
         fn = getattr(self.client, op)   # the client's method of the same name
+        if defer:
+            kw["wait"] = False
         sent = time.perf_counter()
         fn(**named, **kw)
         self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
-        if kind is not None and not idle:
-            self._auto.note(kind, ordering, time.perf_counter() - start)
-        if pair is not None and ordering == "events":
-            stream.wait_event(pair.after)
-            self._pending[device] = (pair.after, pair.generation)
+        if defer:
+            self._deferred.append((op, tensors, scalars))
+            self._deferred_at = (device, stream, pair if ordering == "events" else None)
+        else:
+            if kind is not None and not idle:
+                self._auto.note(kind, ordering, time.perf_counter() - start)
+            if pair is not None and ordering == "events":
+                stream.wait_event(pair.after)
+                self._pending[device] = (pair.after, pair.generation)
         if chained:
             self.counters["chained_calls"] += 1
         if self._batch_depth > 0 and stream is not None:
-            self._chained = (device, stream.cuda_stream)
+            self._chained, self._chained_stream = (tdev.index, raw), stream
         # Outputs regend wrote into copies (CPU tensors from outside the
         # host pool) go back where the caller wants them.
         for name, used in copies.items():
@@ -639,17 +741,45 @@ class _Batch:
         self.rt._batch_depth += 1
         return self
 
-    def __exit__(self, *exc):
-        self.rt._batch_depth -= 1
-        if self.rt._batch_depth == 0:
-            self.rt._chained = None
-        self.rt.lock.release()
+    def __exit__(self, exc_type, exc, tb):
+        rt = self.rt
+        try:
+            if rt._batch_depth == 1:
+                try:
+                    rt.flush()
+                except Exception:
+                    # An error already on its way out of the batch is the
+                    # one to see; the queue is empty either way.
+                    if exc_type is None:
+                        raise
+        finally:
+            rt._batch_depth -= 1
+            if rt._batch_depth == 0:
+                rt._chained = None
+            rt.lock.release()
+
+
+def _raw_stream_getter():
+    """The raw cudaStream_t of a device's current stream, as an int: torch's
+    own getter where it has one (no torch.cuda.Stream object built per
+    call), else through current_stream()."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        def raw(index):
+            return get(torch.cuda.current_device() if index is None else index)
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+_current_raw_stream = _raw_stream_getter()
 
 
 def _strides(t):
     """t's strides as regend takes them: a dimension of size 1 may have any
     stride in torch; regend wants the row-major one there."""
-    shape, strides = list(t.shape), list(t.stride())
+    shape, strides = t.shape, list(t.stride())
+    if 1 not in shape:
+        return strides
     step = 1
     for i in range(len(shape) - 1, -1, -1):
         if shape[i] == 1:
