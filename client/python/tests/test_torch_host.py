@@ -328,6 +328,89 @@ class Routing(unittest.TestCase):
         self.assertEqual(rt.stats()["calls"], after["calls"])
 
 
+class Batches(unittest.TestCase):
+    """A batch's later calls (chained on regend's lane) go without waiting
+    for their answers; the batch's end collects them.  Host-pool tensors
+    throughout: a call with a copied CPU operand is answered at once."""
+
+    def setUp(self):
+        from regen.torch._ops import _empty, _gemm
+        self.empty, self.gemm = _empty, _gemm
+        torch.manual_seed(11)
+        self.a = self.pooled(torch.randn(16, 16) / 4)
+        self.b = self.pooled(torch.randn(16, 16) / 4)
+        self.want = self.a @ self.b @ self.b @ self.b
+
+    def pooled(self, t):
+        p = rt.host_empty(list(t.shape), t.dtype)
+        p.copy_(t)
+        return p
+
+    def chain(self, rtm, after_second=None):
+        with rtm.batch():
+            y1 = self.gemm(self.a, self.b, self.empty([16, 16], self.a.dtype, self.a))
+            y2 = self.gemm(y1, self.b, self.empty([16, 16], self.a.dtype, self.a))
+            if after_second is not None:
+                after_second()
+            return self.gemm(y2, self.b, self.empty([16, 16], self.a.dtype, self.a))
+
+    def test_queued_calls_are_answered_at_the_batch_end(self):
+        rtm = rt.runtime()
+        st = rtm.stats()
+        y = self.chain(rtm)
+        after = rtm.stats()
+        self.assertEqual(after["chained_calls"] - st["chained_calls"], 2)
+        self.assertEqual(after["flushes"] - st["flushes"], 1)
+        self.assertLess(maxdiff(y, self.want), 1e-4)
+        # The MLP's batches, every tensor in the host pool: values and
+        # gradients against torch.
+        F = torch.nn.functional
+        x = self.pooled(torch.randn(6, 24)).requires_grad_()
+        w1 = self.pooled(torch.randn(40, 24) / 5).requires_grad_()
+        b1 = self.pooled(torch.randn(40)).requires_grad_()
+        w2 = self.pooled(torch.randn(16, 40) / 6).requires_grad_()
+        b2 = self.pooled(torch.randn(16)).requires_grad_()
+        st = rtm.stats()
+        y = rt.mlp(x, w1, b1, w2, b2)
+        g = torch.randn_like(y)
+        got = torch.autograd.grad(y, (x, w1, b1, w2, b2), g)
+        after = rtm.stats()
+        self.assertGreaterEqual(after["chained_calls"] - st["chained_calls"], 5)
+        ref = F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+        self.assertLess(maxdiff(y, ref), 1e-4)
+        for p, q in zip(got, torch.autograd.grad(ref, (x, w1, b1, w2, b2), g)):
+            self.assertLess(maxdiff(p, q), 1e-3)
+
+    def test_an_error_among_queued_calls_is_raised_at_the_end(self):
+        rtm = rt.runtime()
+        returned = []
+        with self.assertRaises(regen.InvalidOperand):
+            with rtm.batch():
+                y1 = self.gemm(self.a, self.b, self.empty([16, 16], self.a.dtype, self.a))
+                self.gemm(y1, self.b, self.empty([16, 8], self.a.dtype, self.a))   # D's shape is wrong
+                returned.append(True)
+        self.assertEqual(returned, [True], "the queued call itself returned")
+        self.assertLess(maxdiff(rt.matmul(self.a, self.b), self.a @ self.b), 1e-4)
+
+    def test_a_restart_mid_batch_runs_the_queued_calls_again(self):
+        rtm = rt.runtime()
+        admin = regen.Client(daemon.socket, timeout=30)
+        try:
+            def restart():
+                gen = admin.generation()["devices"][0]["generation"]
+                admin.restart(0, reason="test_torch_host batch")
+                deadline = time.monotonic() + 30
+                while admin.generation()["devices"][0]["generation"] <= gen and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            st = rtm.stats()
+            y = self.chain(rtm, restart)
+            after = rtm.stats()
+        finally:
+            admin.close()
+        self.assertGreaterEqual(after["recoveries"] - st["recoveries"], 1)
+        self.assertLess(maxdiff(y, self.want), 1e-4)
+
+
 class Lifecycle(unittest.TestCase):
     def setUp(self):
         self.admin = regen.Client(daemon.socket, timeout=30)

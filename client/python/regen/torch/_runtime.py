@@ -550,8 +550,11 @@ class Runtime:
         if tdev.type == "cuda":
             raw = _current_raw_stream(tdev.index)
         # A later call of a batch follows the one before on regend's lane:
-        # nothing of the rank's to wait for (see batch()).
-        chained = raw is not None and self._batch_depth > 0 and self._chained == (tdev.index, raw)
+        # nothing of the rank's to wait for (see batch()).  CPU tensors
+        # (the host backend) chain alike: the rank's own work on them is
+        # announced as on the GPU.
+        lane_key = (tdev.index, raw) if raw is not None else ("cpu",)
+        chained = self._batch_depth > 0 and self._chained == lane_key
         if chained:
             stream = self._chained_stream
         elif tdev.type == "cuda":
@@ -583,7 +586,9 @@ class Runtime:
             # Another device or stream, or rank work since: the queued
             # calls are answered first.
             self.flush()
-        defer = chained and not self._redoing
+        # A copy (CPU memory from outside the host pool) lives only as long
+        # as this call: its call is answered before it goes.
+        defer = chained and not self._redoing and not copies
         # Everything the rank queued on its stream is done (a host query, no
         # GPU work): regend may read now, and nothing is recorded on the
         # rank's stream for it, which would bring the rank's context back to
@@ -626,8 +631,8 @@ class Runtime:
                 self._pending[device] = (pair.after, pair.generation)
         if chained:
             self.counters["chained_calls"] += 1
-        if self._batch_depth > 0 and stream is not None:
-            self._chained, self._chained_stream = (tdev.index, raw), stream
+        if self._batch_depth > 0:
+            self._chained, self._chained_stream = lane_key, stream
         # Outputs regend wrote into copies (CPU tensors from outside the
         # host pool) go back where the caller wants them.
         for name, used in copies.items():
