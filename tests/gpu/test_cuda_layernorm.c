@@ -2,7 +2,8 @@
  * layernorm.cu) from C, as the worker core drives it: each call's
  * descriptor goes through rp_compute_check (the parser's checks and derived
  * sizes), then the lane. For f32, f16 and bf16 and several shapes (one row
- * of one element, odd lengths, n = 2048, the longest row, padded rows): the
+ * of one element, odd lengths, n = 2048, n = 8192 (1024 threads a row), the
+ * longest row, padded rows): the
  * forward's y, mean and rstd against a float64 reference on the inputs as
  * stored, y's row padding untouched; the backward's d_x (with d_residual
  * beside it and in place of it), d_weight and d_bias against float64 from
@@ -421,6 +422,7 @@ int main(void)
 		{ 33, 768, 800, 1e-3 },     /* padded rows */
 		{ 130, 2048, 2048, 1e-5 },  /* GPT width; more rows than a chunk */
 		{ 257, 2048, 2051, 1e-5 },  /* n = 2048 with an odd row stride */
+		{ 9, 8192, 8200, 1e-5 },    /* 1024 threads a row (row_threads' most), padded rows */
 		{ 2, 65536, 65536, 1e-5 },  /* the longest row */
 	};
 	for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
