@@ -3,8 +3,8 @@
  * descriptor goes through rp_compute_check (the parser's checks and derived
  * sizes), then the lane. For f32, f16 and bf16 and several shapes (one row
  * of one element, odd lengths, n = 2048, n = 8192 (1024 threads a row), the
- * longest row, padded rows): the
- * forward's y, mean and rstd against a float64 reference on the inputs as
+ * longest row, padded rows): the forward's y, mean and rstd against a
+ * float64 reference on the inputs as
  * stored, y's row padding untouched; the backward's d_x (with d_residual
  * beside it and in place of it), d_weight and d_bias against float64 from
  * the forward's own statistics, d_weight the same bits on a second run (no
