@@ -202,7 +202,7 @@ class Runtime:
         self._deferred_at = None
         self._redoing = False
         # Pool lookups kept per chunk, CPU and CUDA apart: (start, end,
-        # buffer, generation) each, while the pool's epoch stays.
+        # buffer) each, while the pool's epoch stays.
         self._chunks = ([], [])
         self._chunks_epoch = None
         self.counters = {"calls": 0, "handoffs": 0, "idle_calls": 0, "retries": 0, "recoveries": 0,
@@ -282,23 +282,15 @@ class Runtime:
         if dtype is None:
             raise NotSupported(parameters={"message": f"regend takes float32, float16 and bfloat16, not {t.dtype}"})
         on_cpu = t.is_cpu
-        ptr = t.data_ptr()
-        if self.pool is not None:
-            # Kept chunks first: what nearly every tensor of a step is in.
-            for start, end, buffer, _ in self._chunks[on_cpu]:
-                if start <= ptr < end:
-                    return Operand.trusted(buffer, ptr - start, dtype, list(t.shape), _strides(t)), t
-        found = self._pool_ref(ptr, on_cpu) if self.pool is not None else None
+        found = self._pool_ref(t.data_ptr(), on_cpu, device) if self.pool is not None else None
         if on_cpu and found is None:
             copy = host_empty(t.shape, t.dtype)
             copy.copy_(t)
             self.counters["host_copies"] += 1
             t = copy
-            found = self._pool_ref(t.data_ptr(), True)
+            found = self._pool_ref(t.data_ptr(), True, device)
         if found is not None:
-            buffer, offset, generation = found
-            self._seen_generation(device, generation)
-            return Operand.trusted(buffer, offset, dtype, list(t.shape), _strides(t)), t
+            return Operand.trusted(found[0], found[1], dtype, list(t.shape), _strides(t)), t
         blk = self._block_of(t, device)
         return Operand.trusted(blk.buffer, t.data_ptr() - blk.base, dtype, list(t.shape), _strides(t)), t
 
@@ -310,20 +302,22 @@ class Runtime:
             self._chunks = ([], [])
             self._chunks_epoch = epoch
 
-    def _pool_ref(self, ptr, on_cpu):
-        """(buffer, offset, generation) of pool memory at ``ptr``, or None:
-        from the kept lookup of its chunk, else libregen's (which imports
-        the chunk when it must)."""
+    def _pool_ref(self, ptr, on_cpu, device):
+        """(buffer, offset) of pool memory at ``ptr``, or None: from the kept
+        lookup of its chunk (nearly every tensor of a step), else libregen's
+        (which imports the chunk when it must; its generation is noted then,
+        and holds while the lookup is kept)."""
         kept = self._chunks[on_cpu]
-        for start, end, buffer, generation in kept:
+        for start, end, buffer in kept:
             if start <= ptr < end:
-                return buffer, ptr - start, generation
+                return buffer, ptr - start
         ref = self.pool.lookup(ptr, self.host_device) if on_cpu else self.pool.lookup(ptr)
         if ref is None:
             return None
+        self._seen_generation(device, ref.generation)
         if self._chunks_epoch is not None:
-            kept.append((ptr - ref.offset, ptr + ref.extent, ref.buffer, ref.generation))
-        return ref.buffer, ref.offset, ref.generation
+            kept.append((ptr - ref.offset, ptr + ref.extent, ref.buffer))
+        return ref.buffer, ref.offset
 
     def _block_of(self, t, device):
         storage = _storage(t)
@@ -482,8 +476,13 @@ class Runtime:
             self._redo(e, deferred)
             return
         if pair is not None:
-            stream.wait_event(pair.after)
-            self._pending[device] = (pair.after, pair.generation)
+            self._follow(device, stream, pair)
+
+    def _follow(self, device, stream, pair):
+        """"events": the rank's stream waits for the event regend's last
+        call signalled, which stays pending (WorkLost) until it fires."""
+        stream.wait_event(pair.after)
+        self._pending[device] = (pair.after, pair.generation)
 
     def _redo(self, err, calls):
         """Runs ``calls`` again in order, answered each, after ``err`` (a
@@ -538,6 +537,8 @@ class Runtime:
     def _call_once(self, op, tensors, scalars):
         """One try of the call; True when the rank's stream was idle (it
         needed no ordering towards regend)."""
+        if op not in _OPS:
+            raise ValueError(f"regen.torch: no operation {op!r}")
         present = {n: t for n, t in tensors.items() if t is not None}
         # get_device() is an int (-1 on the CPU): no torch.device per tensor.
         indices = {t.get_device() for t in present.values()}
@@ -612,8 +613,6 @@ class Runtime:
                     kw["wait_event"] = pair.ids[0]
                 if ordering == "events":
                     kw["signal_event"] = pair.ids[1]
-        if op not in _OPS:
-            raise ValueError(f"regen.torch: no operation {op!r}")
         fn = getattr(self.client, op)   # the client's method of the same name
         if defer:
             kw["wait"] = False
@@ -627,8 +626,7 @@ class Runtime:
             if kind is not None and not idle:
                 self._auto.note(kind, ordering, time.perf_counter() - start)
             if pair is not None and ordering == "events":
-                stream.wait_event(pair.after)
-                self._pending[device] = (pair.after, pair.generation)
+                self._follow(device, stream, pair)
         if chained:
             self.counters["chained_calls"] += 1
         if self._batch_depth > 0:
