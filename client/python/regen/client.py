@@ -617,9 +617,16 @@ class Client:
             if i is None:
                 i = ring.index(ident, outstanding)
             records.append(ringmod.operand_record(o, i))
+        self._ring_submit(device, lane, op_name, records, ringmod.scalars_record(op_name, scalars), wait_event,
+                          signal_event)
+        return lane
+
+    def _ring_submit(self, device, lane, op_name, records, record_scalars, wait_event, signal_event):
+        ring = lane.ring
+        outstanding = lambda: self.wait(device)  # noqa: E731
         wait_i = ring.index(_event_id(wait_event), outstanding) if wait_event is not None else ringmod.NONE
         signal_i = ring.index(_event_id(signal_event), outstanding) if signal_event is not None else ringmod.NONE
-        flags, epilogue, compute, alignment, alpha, beta, scale, deadline_ms = ringmod.scalars_record(op_name, scalars)
+        flags, epilogue, compute, alignment, alpha, beta, scale, deadline_ms = record_scalars
         while ring.full():
             self._reap(device, lane)
         try:
@@ -628,7 +635,37 @@ class Client:
         except OSError as x:   # the worker's end of the doorbell is gone with it
             raise self._lane_broken(device, lane, "as a call was queued") from x
         lane.submitted += 1
-        return lane
+
+    def queue_encoded(self, device, op_name, slots, record_scalars, signal_event=None):
+        """Queues one compute call on ``device``'s ring without waiting for
+        its answer (as ``wait=False``), its operands given already in the
+        record's terms: ``slots`` has, per operand slot of the op (ops.OPS
+        order), None or (buffer, dtype code, offset in bytes, shape,
+        strides), shape and strides in elements; ``record_scalars`` is
+        ring.scalars_record()'s tuple.  For a caller that builds many calls
+        from tensors it has resolved itself (regen.torch's runs of calls):
+        no Operand, no per-method checks; regend checks every record
+        regardless.  Returns the ticket, or None (nothing queued) where the
+        lane is not on the ring: the op's method takes the call then."""
+        lane = self._lane(device)
+        ring = lane.ring
+        if ring is None:
+            return None
+        bound = ring.bound
+        records = []
+        for slot in slots:
+            if slot is None:
+                records.append(None)
+                continue
+            b, dtype, offset, shape, strides = slot
+            ident = b.id if type(b) is Buffer else str(b)
+            i = bound.get(ident)
+            if i is None:
+                i = ring.index(ident, lambda: self.wait(device))
+            pad = ringmod.PAD[len(shape)]
+            records.append((i, dtype, len(shape), 0, offset, *shape, *pad, *strides, *pad))
+        self._ring_submit(device, lane, op_name, records, record_scalars, None, signal_event)
+        return lane.submitted
 
     def call(self, method, parameters=None, device=None, fds=()):
         """A raw Varlink call: on the main socket, or on ``device``'s worker

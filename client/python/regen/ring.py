@@ -63,7 +63,7 @@ _ERROR_AT = _COMPLETION.size
 _TIMING = struct.Struct("<4Q")
 _TIMING_AT = _ERROR_AT + ERROR_MAX
 
-_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
 _EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3, "dgelu": 4}
 _COMPUTE = {"f32": 0, "tf32": 1}
@@ -271,7 +271,7 @@ def operand_record(op, index):
     """The fields of a regen.Operand's slot, for _OPERAND.pack_into."""
     shape = op.shape
     rank = len(shape)
-    dtype = _DTYPES.get(op.dtype)
+    dtype = DTYPES.get(op.dtype)
     if dtype is None or not 1 <= rank <= 4:
         raise ValueError(f"operand {op!r}: bad dtype or rank")
     strides = op.strides
@@ -283,11 +283,12 @@ def operand_record(op, index):
             for i in range(rank - 1, -1, -1):
                 strides[i] = step
                 step *= shape[i] if shape[i] > 0 else 1
-    pad = _PAD[rank]
+    pad = PAD[rank]
     return (index, dtype, rank, 0, op.offset, *shape, *pad, *strides, *pad)
 
 
-_PAD = [(0,) * (4 - r) for r in range(5)]
+# The zeros after a shape or strides of rank r, to four.
+PAD = [(0,) * (4 - r) for r in range(5)]
 
 
 def scalars_record(op_name, scalars):

@@ -45,7 +45,9 @@ import torch
 
 from .. import errors
 from ..client import Client, Operand
+from ..ops import OPS
 from ..pool import Pool
+from ..ring import DTYPES as RING_DTYPES, scalars_record
 
 __all__ = ["Runtime", "WorkLost", "RecoveryFailed", "NotSupported", "PoolTooLate", "ORDERINGS"]
 
@@ -515,7 +517,8 @@ class Runtime:
             entered = time.perf_counter()
             self._tick += 1
             try:
-                idle = self._call_once(op, tensors, scalars)
+                chained = self._chained is not None and not self._redoing and self._queue_chained(op, tensors, scalars)
+                idle = chained or self._call_once(op, tensors, scalars)
             except _RECOVERABLE as e:
                 # Calls queued before this one (a batch's) go again first.
                 calls, self._deferred, self._deferred_at = self._deferred + [(op, tensors, scalars)], [], None
@@ -533,6 +536,74 @@ class Runtime:
             if self._tick % SWEEP_OPS == 0 and not self._deferred:
                 self.sweep()
             self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
+
+    def _queue_chained(self, op, tensors, scalars):
+        """A batch's chained call (it follows the one before on regend's
+        lane, with no rank work between) queued on the ring straight from
+        the tensors: each operand's record fields from its kept pool chunk
+        or block import, no Operand and no client method per call.  Most of
+        a run's calls go this way; what _call_once does for them besides
+        (ordering, the device's stream) the run's first call did.  False,
+        with nothing done, where it does not apply: another lane, a tensor
+        on another device or of another dtype, CPU memory outside the host
+        pool (copied, and answered), missing or unknown operands, or a
+        lane on Varlink; _call_once takes the call then (and raises where
+        the call is wrong)."""
+        names = _SLOT_NAMES.get(op)
+        if names is None or self.pool is None or not tensors.keys() <= _SLOT_SETS[op]:
+            return False
+        for n in _REQUIRED[op]:
+            if tensors.get(n) is None:
+                return False
+        local = tensors[names[0]].get_device()
+        lane_key = (local, _current_raw_stream(local)) if local >= 0 else ("cpu",)
+        if lane_key != self._chained:
+            return False
+        device = self._device_map.get(local) if local >= 0 else self.host_device
+        if device is None:
+            return False
+        self._check_chunks()
+        on_cpu = local < 0
+        gemm = op == "gemm"
+        slots = []
+        for n in names:
+            t = tensors.get(n)
+            if t is None:
+                slots.append(None)
+                continue
+            dtype = _RING_DTYPES.get(t.dtype)
+            if dtype is None or t.get_device() != local:
+                return False
+            if gemm and n in _GEMM_INPUTS and t.dim() == 2 and t.stride(1) != 1 and t.stride(0) == 1:
+                # As the client's gemm: a transposed view goes as its
+                # row-major storage with the transpose flag flipped.
+                t = t.t()
+                flag = _GEMM_INPUTS[n]
+                scalars = dict(scalars)
+                scalars[flag] = not scalars.get(flag, False)
+            ptr = t.data_ptr()
+            found = self._pool_ref(ptr, on_cpu, device)
+            if found is None:
+                if on_cpu:
+                    return False
+                blk = self._block_of(t, device)
+                found = (blk.buffer, ptr - blk.base)
+            slots.append((found[0], dtype, found[1], t.shape, _strides(t)))
+        pair = None
+        if self.ordering == "events" and not on_cpu:
+            pair = self._deferred_at[2] if self._deferred else None
+            if pair is None:
+                pair = self._events_for(device, self._chained_stream, local)
+        sent = time.perf_counter()
+        ticket = self.client.queue_encoded(device, op, slots, scalars_record(op, scalars),
+                                           pair.ids[1] if pair is not None else None)
+        if ticket is None:
+            return False
+        self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
+        self._deferred.append((op, tensors, scalars))
+        self._deferred_at = (device, self._chained_stream, pair)
+        self.counters["chained_calls"] += 1
+        return True
 
     def _call_once(self, op, tensors, scalars):
         """One try of the call; True when the rank's stream was idle (it
@@ -729,6 +800,12 @@ class Runtime:
 
 
 _OPS = frozenset({"gemm", "attention", "attention_backward", "layer_norm", "layer_norm_backward"})
+# Per op: its operands in record slot order, as a set, and the required ones.
+_SLOT_NAMES = {name: tuple(s.name for s in OPS[name].operands) for name in _OPS}
+_SLOT_SETS = {name: frozenset(names) for name, names in _SLOT_NAMES.items()}
+_REQUIRED = {name: tuple(s.name for s in OPS[name].operands if s.required) for name in _OPS}
+_GEMM_INPUTS = {"a": "trans_a", "b": "trans_b"}
+_RING_DTYPES = {t: RING_DTYPES[n] for t, n in DTYPES.items()}
 _OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v", "y", "mean", "rstd", "d_x", "d_weight", "d_bias"})
 
 
