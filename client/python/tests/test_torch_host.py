@@ -391,6 +391,14 @@ class Batches(unittest.TestCase):
                 returned.append(True)
         self.assertEqual(returned, [True], "the queued call itself returned")
         self.assertLess(maxdiff(rt.matmul(self.a, self.b), self.a @ self.b), 1e-4)
+        # A batch's first call is queued too: its error comes at the end.
+        returned.clear()
+        with self.assertRaises(regen.InvalidOperand):
+            with rtm.batch():
+                y1 = self.gemm(self.a, self.b, self.empty([16, 8], self.a.dtype, self.a))   # D's shape is wrong
+                returned.append(True)
+        self.assertEqual(returned, [True], "the batch's first call returned before its answer")
+        self.assertLess(maxdiff(rt.matmul(self.a, self.b), self.a @ self.b), 1e-4)
 
     def test_a_restart_mid_batch_runs_the_queued_calls_again(self):
         rtm = rt.runtime()

@@ -441,13 +441,13 @@ class Runtime:
     def batch(self):
         """Calls made inside ``with rt.batch():`` follow each other on
         regend's side with no rank work between them: one hand-off.  Only
-        the first orders itself after the rank's stream and waits for its
-        answer; the others follow it on regend's lane, which keeps calls in
-        order, so no event passes through the rank's context between them
-        (each would cost a context switch each way), and they are queued
-        without waiting for their answers: the batch's end collects them
-        (flush()), and an error among them surfaces there.  GPU work on
-        the rank inside a batch is announced first with ``rank_work()``."""
+        the first orders itself after the rank's stream; the others follow
+        it on regend's lane, which keeps calls in order, so no event passes
+        through the rank's context between them (each would cost a context
+        switch each way).  All are queued without waiting for their
+        answers: the batch's end collects them (flush()), and an error
+        among them surfaces there.  GPU work on the rank inside a batch is
+        announced first with ``rank_work()``."""
         return _Batch(self)
 
     def rank_work(self):
@@ -658,9 +658,6 @@ class Runtime:
             # Another device or stream, or rank work since: the queued
             # calls are answered first.
             self.flush()
-        # A copy (CPU memory from outside the host pool) lives only as long
-        # as this call: its call is answered before it goes.
-        defer = chained and not self._redoing and not copies
         # Everything the rank queued on its stream is done (a host query, no
         # GPU work): regend may read now, and nothing is recorded on the
         # rank's stream for it, which would bring the rank's context back to
@@ -672,6 +669,15 @@ class Runtime:
             numel = max(t.numel() for t in present.values())
             kind = (op, numel.bit_length())
             ordering = self._auto.choose(kind)
+        # Every call of a batch, its first too, is queued without waiting:
+        # the batch's end (or rank work inside it) collects the answers and
+        # orders the rank's stream after the last.  Answered now: a call
+        # with a copy (CPU memory from outside the host pool, which lives
+        # only as long as the call), one "auto" times, and the calls of a
+        # re-run.  (The first call's wait on the rank's event is taken by
+        # the worker before its answer, so before flush() returns: the
+        # next run's first call may record that event again.)
+        defer = self._batch_depth > 0 and not self._redoing and not copies and kind is None
         if stream is not None:
             if idle and ordering != "events":
                 pass
