@@ -9,7 +9,7 @@ of in-process isolated, >= 0.95 under MPS.  regen.torch.mps_mode() says
 which this run is.
 
     python3 tests/bench/bench_train.py [REGEND] [--full] [--steps N] [--orderings wait,events,sync,auto]
-        [--socket PATH] [--json OUT] [--device cpu] [--check] [--kernels block|parts]
+        [--socket PATH] [--json OUT] [--device cpu] [--check] [--kernels stack|block|parts]
 
 With --socket it uses a running regend (e.g. one started as an MPS client);
 otherwise it starts one with the CUDA backend.  Each configuration runs in
@@ -40,8 +40,8 @@ def opt(name, default, cast=str):
     return cast(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
-# train_gpt's --kernels for the regend runs: "block" (its default: each
-# transformer block one operation) or "parts".
+# train_gpt's --kernels for the regend runs: "stack" (its default: all
+# transformer blocks one operation), "block" (each block one) or "parts".
 KERNELS = opt("--kernels", None)
 
 
@@ -121,11 +121,13 @@ def main():
             step_ms = 1e3 * r["tokens_per_step"] / r["tokens_per_s"]
             host_ms = r.get("regen_host_ms_per_step", 0)
             reply_ms = r.get("regen_reply_ms_per_step", 0)
+            flush_ms = r.get("regen_flush_ms_per_step", 0)
             print(f"regend ({ordering}): {ratio:.3f} of in process, {handoffs:.0f} hand-offs/step; step {step_ms:.1f} ms, "
-                  f"in regen.torch calls {host_ms:.1f} ms of it (waiting for replies {reply_ms:.1f} ms)", flush=True)
+                  f"in regen.torch calls {host_ms:.1f} ms of it (waiting for replies {reply_ms:.1f} ms), "
+                  f"collecting queued answers {flush_ms:.1f} ms", flush=True)
         mode = "MPS" if mps["rank"] or mps["regend"] else "isolated"
         target = 0.95 if mode == "MPS" else 0.8
-        print(f"train_gpt.py ({'full' if full else 'small'}, kernels {KERNELS or 'block'}), {steps} steps, {mode} "
+        print(f"train_gpt.py ({'full' if full else 'small'}, kernels {KERNELS or 'stack'}), {steps} steps, {mode} "
               f"(target >= {target})")
         print(markdown_table(["run", "tokens/s", "vs in process", "regend calls/step",
                               "of them on an idle rank stream", "hand-offs/step", "context switches/step"], rows))

@@ -13,11 +13,13 @@ an injected fault.
 
 In "regend" mode the whole loop runs inside regen.torch.pool() (weights,
 activations, gradients and optimizer state in memory regend maps once per
-chunk: no import per tensor) and regen.torch.enable().  Each transformer
-block is one operation, rt.transformer_block (its LayerNorms, projections,
-attention, MLP and residual adds in regend, one run of calls each way);
-with --kernels parts its pieces go separately (rt.attention_packed,
-rt.mlp, the projection; LayerNorms and residual adds on the rank).  The LM
+chunk: no import per tensor) and regen.torch.enable().  The transformer
+blocks run as one operation, rt.transformer_blocks (each block's
+LayerNorms, projections, attention, MLP and residual adds in regend, the
+whole stack one run of calls each way); with --kernels block each block is
+one operation (rt.transformer_block, one run a layer each way); with
+--kernels parts its pieces go separately (rt.attention_packed, rt.mlp, the
+projection; LayerNorms and residual adds on the rank).  The LM
 head goes to regend through enable(); the embeddings, the last LayerNorm,
 the loss and the optimizer stay in torch.  Backward runs on this thread
 (torch.autograd.set_multithreading_enabled(False)) so that its allocations
@@ -103,8 +105,10 @@ class GPT(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.ln = torch.nn.LayerNorm(width)
         self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.fused_stack = None    # regen.torch.transformer_blocks (all blocks as one operation), or None
 
-    def set_kernels(self, attention, fused_mlp=None, packed_attention=None, fused_block=None):
+    def set_kernels(self, attention, fused_mlp=None, packed_attention=None, fused_block=None, fused_stack=None):
+        self.fused_stack = fused_stack
         for blk in self.blocks:
             blk.attention = attention
             blk.fused_mlp = fused_mlp
@@ -114,8 +118,14 @@ class GPT(torch.nn.Module):
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
-        for blk in self.blocks:
-            x = blk(x)
+        if self.fused_stack is not None:
+            # Every block in regend, the stack one run of calls each way.
+            layers = [(b.ln1.weight, b.ln1.bias, b.qkv.weight, b.qkv.bias, b.proj.weight, b.proj.bias, b.ln2.weight,
+                       b.ln2.bias, b.up.weight, b.up.bias, b.down.weight, b.down.bias) for b in self.blocks]
+            x = self.fused_stack(x, layers, self.blocks[0].heads, self.blocks[0].ln1.eps)
+        else:
+            for blk in self.blocks:
+                x = blk(x)
         return self.head(self.ln(x))
 
 
@@ -185,14 +195,15 @@ def train(cfg, mode, args):
         model = GPT(**cfg).to(device=device, dtype=dtype)
         if through_regend:
             block = rt.transformer_block if args.kernels == "block" else None
-            model.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed, block)
+            stack = rt.transformer_blocks if args.kernels == "stack" else None
+            model.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed, block, stack)
         else:
             model.set_kernels(attention_in_torch, None)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
         data = batches(cfg, args.seed + 1, device)
         admin = regen.Client(args.socket) if through_regend else None
         rdev = rt.runtime().regend_device(device) if through_regend else None
-        losses, times, mem_rank, mem_regend, calls, host_us, reply_us = [], [], [], [], [], [], []
+        losses, times, mem_rank, mem_regend, calls, host_us, reply_us, flush_us = [], [], [], [], [], [], [], []
         tokens = cfg["batch"] * cfg["seq"]
         for step in range(args.steps):
             x, y = next(data)
@@ -218,6 +229,7 @@ def train(cfg, mode, args):
                 calls.append(after["calls"] - before["calls"])
                 host_us.append(after["host_us"] - before["host_us"])
                 reply_us.append(after["reply_us"] - before["reply_us"])
+                flush_us.append(after["flush_us"] - before["flush_us"])
             if device.type == "cuda":
                 mem_rank.append(torch.cuda.memory_allocated(device))
             if admin is not None and (step % 5 == 0 or step == args.steps - 1):
@@ -233,11 +245,13 @@ def train(cfg, mode, args):
     if through_regend:
         st = rt.stats()
         out["stats"] = st
-        # The rank's host time per step inside regen.torch's calls, and
-        # the part of it waiting for the client call's reply (steady steps).
+        # The rank's host time per step inside regen.torch's calls, the
+        # part of it waiting for the client call's reply, and collecting
+        # queued answers at a run's end (steady steps).
         first = min(len(times) - 1, 3)
         out["regen_host_ms_per_step"] = sum(host_us[first:]) / 1e3 / max(len(host_us[first:]), 1)
         out["regen_reply_ms_per_step"] = sum(reply_us[first:]) / 1e3 / max(len(reply_us[first:]), 1)
+        out["regen_flush_ms_per_step"] = sum(flush_us[first:]) / 1e3 / max(len(flush_us[first:]), 1)
         out["steps"] = len(losses)
     return out
 
@@ -258,9 +272,10 @@ def main(argv=None):
     p.add_argument("--restart-at", type=int, default=-1, help="step before which `regenctl restart --wait` runs")
     p.add_argument("--fault-at", type=int, default=-1, help="step before which a device_lost is injected")
     p.add_argument("--no-pool", action="store_true", help="leave memory to torch's allocator (block imports)")
-    p.add_argument("--kernels", choices=("block", "parts"), default="block",
-                   help="regend mode: each transformer block as one operation (rt.transformer_block, LayerNorms in "
-                        "regend), or as its parts (rt.attention_packed, rt.mlp, linears; LayerNorms on the rank)")
+    p.add_argument("--kernels", choices=("stack", "block", "parts"), default="stack",
+                   help="regend mode: all transformer blocks as one operation (rt.transformer_blocks), each block as "
+                        "one (rt.transformer_block, LayerNorms in regend), or each as its parts (rt.attention_packed, "
+                        "rt.mlp, linears; LayerNorms on the rank)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

@@ -188,6 +188,55 @@ class Ops(unittest.TestCase):
         with self.assertRaises(ValueError):
             rt.transformer_block(x, *params, 5)   # 24 is not a multiple of 5 heads
 
+    def test_transformer_blocks_run_a_stack_each_way_at_once(self):
+        """rt.transformer_blocks over three layers against the same blocks
+        in torch (f32): output and every gradient, the stack's forward one
+        run of 21 calls and its backward one run (one hand-off, one flush
+        each way); host-pool tensors, so its calls are queued."""
+        F = torch.nn.functional
+        b, s, w, heads, hidden, layers = 2, 9, 24, 3, 40, 3
+
+        def pooled(t):
+            p = rt.host_empty(list(t.shape), t.dtype)
+            p.copy_(t)
+            return p.requires_grad_()
+
+        x = pooled(torch.randn(b, s, w))
+        shapes = [[w], [w], [3 * w, w], [3 * w], [w, w], [w], [w], [w], [hidden, w], [hidden], [w, hidden], [w]]
+        stack = [[pooled(torch.randn(sh) / (sh[-1] ** 0.5 if len(sh) == 2 else 1)) for sh in shapes]
+                 for _ in range(layers)]
+
+        def reference(x):
+            for ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b in stack:
+                q, k, v = F.linear(F.layer_norm(x, [w], ln1_w, ln1_b), qkv_w, qkv_b) \
+                    .view(b, s, 3, heads, w // heads).permute(2, 0, 3, 1, 4)
+                a = reference_sdpa(q, k, v, True).transpose(1, 2).reshape(b, s, w)
+                h = x + F.linear(a, proj_w, proj_b)
+                x = h + F.linear(F.gelu(F.linear(F.layer_norm(h, [w], ln2_w, ln2_b), up_w, up_b),
+                                        approximate="tanh"), down_w, down_b)
+            return x
+
+        flat = [p for params in stack for p in params]
+        st = rt.stats()
+        y = rt.transformer_blocks(x, stack, heads)
+        after = rt.stats()
+        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
+        self.assertEqual(after["flushes"] - st["flushes"], 1)
+        self.assertEqual(after["calls"] - st["calls"], 7 * layers)
+        ref = reference(x)
+        self.assertLess(maxdiff(y, ref), 1e-4)
+        g = torch.randn_like(y)
+        st = rt.stats()
+        grads = torch.autograd.grad(y, [x] + flat, g)
+        after = rt.stats()
+        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
+        self.assertEqual(after["flushes"] - st["flushes"], 1)
+        for i, (got, want) in enumerate(zip(grads, torch.autograd.grad(ref, [x] + flat, g))):
+            self.assertLess(maxdiff(got, want), 1e-3, "x" if i == 0 else f"layer {(i - 1) // 12} param {(i - 1) % 12}")
+        self.assertIs(rt.transformer_blocks(x, [], heads), x)
+        with self.assertRaises(ValueError):
+            rt.transformer_blocks(x, [stack[0][:11]], heads)
+
     def test_attention_packed_reads_and_writes_qkv_in_place(self):
         for causal in (False, True):
             with self.subTest(causal=causal):

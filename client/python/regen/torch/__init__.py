@@ -12,6 +12,7 @@ torch's current stream, through restarts and faults.
     h = rt.mlp(x, w1, b1, w2, b2)                   # a transformer's MLP: one run of calls each way
     a = rt.attention_packed(qkv, heads, is_causal=True)   # attention on a fused qkv projection, in place
     y = rt.transformer_block(x, *block_params, heads)  # a whole pre-LayerNorm GPT block, one run each way
+    y = rt.transformer_blocks(x, [block_params, ...], heads)  # a stack of them, still one run each way
 
 The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
 sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
@@ -33,10 +34,11 @@ import threading
 from ..pool import Pool
 from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, WorkLost, host_empty
 from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
-from ._block import BLOCK_PARAMETERS, transformer_block
+from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
-           "matmul", "linear", "mlp", "attention_packed", "transformer_block", "BLOCK_PARAMETERS",
+           "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
+           "BLOCK_PARAMETERS",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
 

@@ -23,7 +23,7 @@ import torch
 
 from ._ops import _column_sums, _empty, _gemm, _mlp_backward, _rt, _sdpa_packed_backward, _sdpa_packed_kernel
 
-__all__ = ["transformer_block", "BLOCK_PARAMETERS"]
+__all__ = ["transformer_block", "transformer_blocks", "BLOCK_PARAMETERS"]
 
 # The parameters, in the order transformer_block takes them.
 BLOCK_PARAMETERS = ("ln1_weight", "ln1_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias",
@@ -70,56 +70,81 @@ def _check(x, params, heads):
         raise ValueError(f"transformer_block: width {w} is not a multiple of {heads} heads")
 
 
-class _Block(torch.autograd.Function):
+def _forward_layer(x2d, params, heads, eps, b, s, w):
+    """One block's forward calls (inside the caller's batch): its output
+    [b * s, w] and what its backward reads."""
+    ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
+    a1, mean1, rstd1 = _layer_norm(x2d, ln1_w, ln1_b, eps)
+    qkv = _gemm(a1, qkv_w.t(), _empty([b * s, 3 * w], x2d.dtype, x2d), "bias", qkv_b)
+    o, lse = _sdpa_packed_kernel(qkv.view(b, s, 3 * w), heads, True, None)
+    o2d = o.view(b * s, w)
+    h = _gemm(o2d, proj_w.t(), _empty([b * s, w], x2d.dtype, x2d), "bias", proj_b, c=x2d)
+    a2, mean2, rstd2 = _layer_norm(h, ln2_w, ln2_b, eps)
+    u = _gemm(a2, up_w.t(), _empty([b * s, up_w.shape[0]], x2d.dtype, x2d), "gelu_bias", up_b)
+    y = _gemm(u, down_w.t(), _empty([b * s, w], x2d.dtype, x2d), "bias", down_b, c=h)
+    return y, (x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u)
+
+
+def _backward_layer(g, saved, params, heads, b, s, w):
+    """One block's backward calls (inside the caller's batch) for the
+    gradient g [b * s, w] of its output: (d_x, the 12 parameters'
+    gradients)."""
+    x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u = saved
+    ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
+    rows = b * s
+    out = [None] * 12
+    # The MLP's gradients, as rt.mlp's backward takes them (GELU's input
+    # recomputed, its gradient in a GEMM's epilogue).
+    d_a2, out[8], out[9], out[10], out[11] = _mlp_backward((True,) * 5, a2, up_w, up_b, down_w, down_b, u, g)
+    # ln2, the residual's gradient (g) added in the same call.
+    d_h, out[6], out[7] = _layer_norm_backward(d_a2, h, ln2_w, mean2, rstd2, g, True, True)
+    # The projection, attention (dq, dk, dv into one d_qkv), qkv.
+    out[4] = _gemm(d_h.t(), o2d, _empty(list(proj_w.shape), proj_w.dtype, proj_w))
+    out[5] = _column_sums(d_h)
+    d_o = _gemm(d_h, proj_w, _empty([rows, w], h.dtype, h))
+    d_qkv = _sdpa_packed_backward(qkv.view(b, s, 3 * w), o2d.view(b, s, w), lse, d_o.view(b, s, w),
+                                  heads, True, None).view(rows, 3 * w)
+    out[2] = _gemm(d_qkv.t(), a1, _empty(list(qkv_w.shape), qkv_w.dtype, qkv_w))
+    out[3] = _column_sums(d_qkv)
+    d_a1 = _gemm(d_qkv, qkv_w, _empty([rows, w], a1.dtype, a1))
+    # ln1, h's gradient (the residual) added in the same call.
+    d_x, out[0], out[1] = _layer_norm_backward(d_a1, x2d, ln1_w, mean1, rstd1, d_h, True, True)
+    return d_x, out
+
+
+class _Blocks(torch.autograd.Function):
+    """``layers`` blocks in a row (12 parameters each, flat), each way one
+    run of regend calls: the rank's thread waits once for the worker's
+    answers where it would wait once a layer."""
+
     @staticmethod
-    def forward(ctx, x, heads, eps, *params):
-        ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
+    def forward(ctx, x, heads, eps, layers, *params):
         b, s, w = x.shape
-        x2d = x.contiguous().view(b * s, w)
+        y = x.contiguous().view(b * s, w)
         params = [p.contiguous() for p in params]
-        ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
+        saved = []
         with _rt().batch():
-            a1, mean1, rstd1 = _layer_norm(x2d, ln1_w, ln1_b, eps)
-            qkv = _gemm(a1, qkv_w.t(), _empty([b * s, 3 * w], x.dtype, x), "bias", qkv_b)
-            o, lse = _sdpa_packed_kernel(qkv.view(b, s, 3 * w), heads, True, None)
-            o2d = o.view(b * s, w)
-            h = _gemm(o2d, proj_w.t(), _empty([b * s, w], x.dtype, x), "bias", proj_b, c=x2d)
-            a2, mean2, rstd2 = _layer_norm(h, ln2_w, ln2_b, eps)
-            u = _gemm(a2, up_w.t(), _empty([b * s, up_w.shape[0]], x.dtype, x), "gelu_bias", up_b)
-            y = _gemm(u, down_w.t(), _empty([b * s, w], x.dtype, x), "bias", down_b, c=h)
-        ctx.heads, ctx.eps, ctx.shape = heads, eps, (b, s, w)
-        ctx.save_for_backward(x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u, *params)
+            for i in range(layers):
+                y, kept = _forward_layer(y, params[12 * i:12 * i + 12], heads, eps, b, s, w)
+                saved.extend(kept)
+        ctx.heads, ctx.shape, ctx.layers = heads, (b, s, w), layers
+        ctx.save_for_backward(*saved, *params)
         return y.view(b, s, w)
 
     @staticmethod
     def backward(ctx, grad):
-        (x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u,
-         ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b) = ctx.saved_tensors
+        tensors = ctx.saved_tensors
+        layers = ctx.layers
+        saved, params = tensors[:12 * layers], tensors[12 * layers:]
         b, s, w = ctx.shape
-        rows = b * s
-        needs = ctx.needs_input_grad[3:]
-        g = grad.contiguous().view(rows, w)
-        out = [None] * 12
+        g = grad.contiguous().view(b * s, w)
+        grads = [None] * (12 * layers)
         with _rt().batch():
-            # The MLP's gradients, as rt.mlp's backward takes them (GELU's
-            # input recomputed, its gradient in a GEMM's epilogue).
-            d_a2, out[8], out[9], out[10], out[11] = _mlp_backward((True,) * 5, a2, up_w, up_b, down_w, down_b,
-                                                                   u, g)
-            # ln2, the residual's gradient (g) added in the same call.
-            d_h, out[6], out[7] = _layer_norm_backward(d_a2, h, ln2_w, mean2, rstd2, g, True, True)
-            # The projection, attention (dq, dk, dv into one d_qkv), qkv.
-            out[4] = _gemm(d_h.t(), o2d, _empty(list(proj_w.shape), proj_w.dtype, proj_w))
-            out[5] = _column_sums(d_h)
-            d_o = _gemm(d_h, proj_w, _empty([rows, w], h.dtype, h))
-            d_qkv = _sdpa_packed_backward(qkv.view(b, s, 3 * w), o2d.view(b, s, w), lse, d_o.view(b, s, w),
-                                          ctx.heads, True, None).view(rows, 3 * w)
-            out[2] = _gemm(d_qkv.t(), a1, _empty(list(qkv_w.shape), qkv_w.dtype, qkv_w))
-            out[3] = _column_sums(d_qkv)
-            d_a1 = _gemm(d_qkv, qkv_w, _empty([rows, w], a1.dtype, a1))
-            # ln1, h's gradient (the residual) added in the same call.
-            d_x, out[0], out[1] = _layer_norm_backward(d_a1, x2d, ln1_w, mean1, rstd1, d_h, True, True)
-        grads = [gp if n else None for gp, n in zip(out, needs)]
-        return (d_x.view(b, s, w), None, None, *grads)
+            for i in reversed(range(layers)):
+                g, grads[12 * i:12 * i + 12] = _backward_layer(g, saved[12 * i:12 * i + 12],
+                                                               params[12 * i:12 * i + 12], ctx.heads, b, s, w)
+        needs = ctx.needs_input_grad[4:]
+        return (g.view(b, s, w), None, None, None, *[gp if n else None for gp, n in zip(grads, needs)])
 
 
 def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
@@ -132,4 +157,26 @@ def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight
     params = (ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
               up_weight, up_bias, down_weight, down_bias)
     _check(x, params, int(heads))
-    return _Block.apply(x, int(heads), float(eps), *params)
+    return _Blocks.apply(x, int(heads), float(eps), 1, *params)
+
+
+def transformer_blocks(x, layers, heads, eps=1e-5):
+    """Blocks as transformer_block's, one after another on x [B, S, W]
+    (``layers``: a sequence of each block's 12 parameters, in
+    BLOCK_PARAMETERS order): the whole stack's forward is one run of regend
+    calls, and its backward another, where a block each would make one run
+    per layer each way.  A run's calls are queued on regend's lane without
+    waiting; the rank's thread waits for the worker's answers once at the
+    run's end, so the stack costs one such wait (and, with ordering
+    "events", one hand-off) each way instead of one a layer."""
+    flat = []
+    for params in layers:
+        params = tuple(params)
+        if len(params) != len(BLOCK_PARAMETERS):
+            raise ValueError(f"transformer_blocks: a layer takes {len(BLOCK_PARAMETERS)} parameters "
+                             f"({', '.join(BLOCK_PARAMETERS)}), got {len(params)}")
+        _check(x, params, int(heads))
+        flat.extend(params)
+    if not flat:
+        return x
+    return _Blocks.apply(x, int(heads), float(eps), len(flat) // 12, *flat)

@@ -217,7 +217,11 @@ class Runtime:
                          # Calls of a batch after its first: ordered by
                          # regend's lane alone (batch()), and queued
                          # without waiting for their answers.
-                         "chained_calls": 0, "flushes": 0}
+                         "chained_calls": 0, "flushes": 0,
+                         # The rank's host time collecting queued answers
+                         # (flush(): the worker still launching, or with
+                         # "wait" the GPU still running, what was queued).
+                         "flush_us": 0.0}
 
     # -- devices -------------------------------------------------------------
 
@@ -472,11 +476,14 @@ class Runtime:
         device, stream, pair = self._deferred_at
         self._deferred, self._deferred_at = [], None
         self.counters["flushes"] += 1
+        entered = time.perf_counter()
         try:
             self.client.wait(device)
         except _RECOVERABLE as e:
             self._redo(e, deferred)
             return
+        finally:
+            self.counters["flush_us"] += (time.perf_counter() - entered) * 1e6
         if pair is not None:
             self._follow(device, stream, pair)
 
