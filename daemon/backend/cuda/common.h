@@ -137,8 +137,15 @@ struct cuda_dev {
 	_Atomic uint64_t resets;
 };
 
-/* Calls a lane may have launched and not yet seen complete. */
-#define RD_CUDA_LANE_DEPTH 8
+/* Calls a lane may have launched and not yet seen complete. A rank that
+ * queues a run of calls (regen.torch's transformer stack: 56 going forward,
+ * about 130 back) waits for their launch, not their end ("events"): with 8 in
+ * flight the launcher kept within 8 calls of the GPU, so the rank waited
+ * for nearly all of the run's GPU work and could not queue its next one
+ * meanwhile. Each call's scratch is freed stream-ordered at launch, so a
+ * deeper lane holds no more device memory, only an event and a pending
+ * entry per call. */
+#define RD_CUDA_LANE_DEPTH 64
 
 /* A lane's stream state; its threads and queue are lane.c's own. */
 /* The phases of a launch that REGEN_CUDA_LAUNCH_PROFILE times (a lane's
