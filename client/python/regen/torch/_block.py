@@ -21,7 +21,8 @@ recomputed in the backward (one GEMM), as rt.mlp does.
 
 import torch
 
-from ._ops import _column_sums, _empty, _gemm, _mlp_backward, _rt, _sdpa_packed_backward, _sdpa_packed_kernel
+from ._ops import (_column_sums_now, _empty, _gemm, _mlp_backward, _mode_off, _rt, _sdpa_packed_backward,
+                   _sdpa_packed_kernel)
 
 __all__ = ["transformer_block", "transformer_blocks", "BLOCK_PARAMETERS"]
 
@@ -100,12 +101,12 @@ def _backward_layer(g, saved, params, heads, b, s, w):
     d_h, out[6], out[7] = _layer_norm_backward(d_a2, h, ln2_w, mean2, rstd2, g, True, True)
     # The projection, attention (dq, dk, dv into one d_qkv), qkv.
     out[4] = _gemm(d_h.t(), o2d, _empty(list(proj_w.shape), proj_w.dtype, proj_w))
-    out[5] = _column_sums(d_h)
+    out[5] = _column_sums_now(d_h)
     d_o = _gemm(d_h, proj_w, _empty([rows, w], h.dtype, h))
     d_qkv = _sdpa_packed_backward(qkv.view(b, s, 3 * w), o2d.view(b, s, w), lse, d_o.view(b, s, w),
                                   heads, True, None).view(rows, 3 * w)
     out[2] = _gemm(d_qkv.t(), a1, _empty(list(qkv_w.shape), qkv_w.dtype, qkv_w))
-    out[3] = _column_sums(d_qkv)
+    out[3] = _column_sums_now(d_qkv)
     d_a1 = _gemm(d_qkv, qkv_w, _empty([rows, w], a1.dtype, a1))
     # ln1, h's gradient (the residual) added in the same call.
     d_x, out[0], out[1] = _layer_norm_backward(d_a1, x2d, ln1_w, mean1, rstd1, d_h, True, True)
@@ -123,7 +124,7 @@ class _Blocks(torch.autograd.Function):
         y = x.contiguous().view(b * s, w)
         params = [p.contiguous() for p in params]
         saved = []
-        with _rt().batch():
+        with _mode_off(), _rt().batch():
             for i in range(layers):
                 y, kept = _forward_layer(y, params[12 * i:12 * i + 12], heads, eps, b, s, w)
                 saved.extend(kept)
@@ -139,7 +140,7 @@ class _Blocks(torch.autograd.Function):
         b, s, w = ctx.shape
         g = grad.contiguous().view(b * s, w)
         grads = [None] * (12 * layers)
-        with _rt().batch():
+        with _mode_off(), _rt().batch():
             for i in reversed(range(layers)):
                 g, grads[12 * i:12 * i + 12] = _backward_layer(g, saved[12 * i:12 * i + 12],
                                                                params[12 * i:12 * i + 12], ctx.heads, b, s, w)

@@ -94,8 +94,48 @@ def _ones_row(m, like):
 
 def _column_sums(grad):
     """grad.sum(0) of a 2-D gradient, computed in regend (f32 accumulation,
-    as torch's sum of a bf16 or f16 tensor)."""
+    as torch's sum of a bf16 or f16 tensor), through regen::mm (a backward
+    torch.compile traces)."""
     return _raw_mm(_ones_row(grad.shape[0], grad), grad).view(-1)
+
+
+def _column_sums_now(grad):
+    """_column_sums without the custom op's dispatch (tens of µs a call on
+    the rank), for code that calls regend's kernels directly anyway (the
+    MLP's and the transformer blocks' backward)."""
+    return _mm_kernel(_ones_row(grad.shape[0], grad), grad).view(-1)
+
+
+def _probe_mode_off():
+    """A context manager under which torch's Python function modes
+    (regen.torch.enable()'s RegendMode, a debugging mode) do not see
+    tensor operations, where this torch has one: torch._C.
+    DisableTorchFunction turns modes off too on torch 2.x, not on 1.13
+    (checked here once, with a mode of our own).  regen.torch's own runs
+    of calls use it: every torch.empty, view and stride() inside them went
+    through the mode's Python __torch_function__ otherwise (thousands a
+    training step)."""
+    import contextlib
+    from torch.overrides import TorchFunctionMode
+    disable = getattr(torch._C, "DisableTorchFunction", None)
+    if disable is None:
+        return contextlib.nullcontext
+    seen = []
+
+    class _Probe(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+    try:
+        with _Probe():
+            with disable():
+                torch.empty(0)
+    except Exception:
+        return contextlib.nullcontext
+    return contextlib.nullcontext if seen else disable
+
+
+_mode_off = _probe_mode_off()
 
 
 def _last_unit(x):
@@ -355,7 +395,7 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
         if needs[3]:
             gw2 = _gemm(grad.t(), h, _empty(list(w2.shape), w2.dtype, w2))
         if b2 is not None and needs[4]:
-            gb2 = _as_dtype(_column_sums(grad), b2.dtype)
+            gb2 = _as_dtype(_column_sums_now(grad), b2.dtype)
         if needs[0] or needs[1] or (b1 is not None and needs[2]):
             z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)], b1)
             if x.device.type == "cuda" and w1.shape[0] % 8 != 0:
@@ -371,7 +411,7 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
             if needs[1]:
                 gw1 = _gemm(dz.t(), x, _empty(list(w1.shape), w1.dtype, w1))
             if b1 is not None and needs[2]:
-                gb1 = _as_dtype(_column_sums(dz), b1.dtype)
+                gb1 = _as_dtype(_column_sums_now(dz), b1.dtype)
     return gx, gw1, gb1, gw2, gb2
 
 
