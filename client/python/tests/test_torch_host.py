@@ -150,41 +150,61 @@ class Ops(unittest.TestCase):
                 for got, want in zip(grads, torch.autograd.grad(ref, inputs, g)):
                     self.assertLess(maxdiff(got, want), 1e-3)
 
+    B, S, W, HEADS, HIDDEN = 2, 9, 24, 3, 40
+
+    def block_params(self, make):
+        """One block's 12 parameters (BLOCK_PARAMETERS order), fresh random
+        values, each through ``make`` (a leaf that requires grad)."""
+        w, hidden = self.W, self.HIDDEN
+        shapes = [[w], [w], [3 * w, w], [3 * w], [w, w], [w], [w], [w], [hidden, w], [hidden], [w, hidden], [w]]
+        return [make(torch.randn(sh) / (sh[-1] ** 0.5 if len(sh) == 2 else 1)) for sh in shapes]
+
+    def reference_blocks(self, x, stack):
+        """The same blocks in torch: pre-LayerNorm, causal attention, GELU
+        (tanh)."""
+        F = torch.nn.functional
+        b, s, w, heads = self.B, self.S, self.W, self.HEADS
+        for ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b in stack:
+            q, k, v = F.linear(F.layer_norm(x, [w], ln1_w, ln1_b), qkv_w, qkv_b) \
+                .view(b, s, 3, heads, w // heads).permute(2, 0, 3, 1, 4)
+            a = reference_sdpa(q, k, v, True).transpose(1, 2).reshape(b, s, w)
+            h = x + F.linear(a, proj_w, proj_b)
+            x = h + F.linear(F.gelu(F.linear(F.layer_norm(h, [w], ln2_w, ln2_b), up_w, up_b), approximate="tanh"),
+                             down_w, down_b)
+        return x
+
+    def check_blocks_each_way(self, run, x, stack, flushes):
+        """``run(x)`` against reference_blocks: the output and every
+        gradient, forward and backward each one hand-off (and ``flushes``
+        collections of queued answers, where given)."""
+        flat = [p for params in stack for p in params]
+        st = rt.stats()
+        y = run(x)
+        after = rt.stats()
+        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
+        self.assertEqual(after["calls"] - st["calls"], 7 * len(stack))   # 2 LayerNorms, 4 GEMMs, attention a layer
+        if flushes is not None:
+            self.assertEqual(after["flushes"] - st["flushes"], flushes)
+        ref = self.reference_blocks(x, stack)
+        self.assertLess(maxdiff(y, ref), 1e-4)
+        g = torch.randn_like(y)
+        st = rt.stats()
+        grads = torch.autograd.grad(y, [x] + flat, g)
+        after = rt.stats()
+        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
+        if flushes is not None:
+            self.assertEqual(after["flushes"] - st["flushes"], flushes)
+        for i, (got, want) in enumerate(zip(grads, torch.autograd.grad(ref, [x] + flat, g))):
+            self.assertLess(maxdiff(got, want), 1e-3, "x" if i == 0 else f"layer {(i - 1) // 12} param {(i - 1) % 12}")
+
     def test_transformer_block_in_one_hand_off_each_way(self):
         """rt.transformer_block against the same block in torch (f32):
         output and all 13 gradients, forward and backward each one run of
         calls (LayerNorms in regend, residuals in the GEMMs and in
         LayerNormBackward)."""
-        F = torch.nn.functional
-        b, s, w, heads, hidden = 2, 9, 24, 3, 40
-        x = torch.randn(b, s, w, requires_grad=True)
-        shapes = [[w], [w], [3 * w, w], [3 * w], [w, w], [w], [w], [w], [hidden, w], [hidden], [w, hidden], [w]]
-        params = [(torch.randn(sh) / (sh[-1] ** 0.5 if len(sh) == 2 else 1)).requires_grad_() for sh in shapes]
-        ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
-
-        def reference(x):
-            q, k, v = F.linear(F.layer_norm(x, [w], ln1_w, ln1_b), qkv_w, qkv_b).view(b, s, 3, heads, w // heads) \
-                .permute(2, 0, 3, 1, 4)
-            a = reference_sdpa(q, k, v, True).transpose(1, 2).reshape(b, s, w)
-            h = x + F.linear(a, proj_w, proj_b)
-            return h + F.linear(F.gelu(F.linear(F.layer_norm(h, [w], ln2_w, ln2_b), up_w, up_b), approximate="tanh"),
-                                down_w, down_b)
-
-        st = rt.stats()
-        y = rt.transformer_block(x, *params, heads)
-        after = rt.stats()
-        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
-        self.assertEqual(after["calls"] - st["calls"], 7)   # 2 LayerNorms, 4 GEMMs, attention
-        ref = reference(x)
-        self.assertLess(maxdiff(y, ref), 1e-4)
-        g = torch.randn_like(y)
-        st = rt.stats()
-        grads = torch.autograd.grad(y, [x] + params, g)
-        after = rt.stats()
-        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
-        for name, got, want in zip(["x"] + [f"param {i}" for i in range(12)], grads,
-                                   torch.autograd.grad(ref, [x] + params, g)):
-            self.assertLess(maxdiff(got, want), 1e-3, name)
+        x = torch.randn(self.B, self.S, self.W, requires_grad=True)
+        params = self.block_params(lambda t: t.requires_grad_())
+        self.check_blocks_each_way(lambda x: rt.transformer_block(x, *params, self.HEADS), x, [params], None)
         with self.assertRaises(ValueError):
             rt.transformer_block(x, *params, 5)   # 24 is not a multiple of 5 heads
 
@@ -193,49 +213,17 @@ class Ops(unittest.TestCase):
         in torch (f32): output and every gradient, the stack's forward one
         run of 21 calls and its backward one run (one hand-off, one flush
         each way); host-pool tensors, so its calls are queued."""
-        F = torch.nn.functional
-        b, s, w, heads, hidden, layers = 2, 9, 24, 3, 40, 3
-
         def pooled(t):
             p = rt.host_empty(list(t.shape), t.dtype)
             p.copy_(t)
             return p.requires_grad_()
 
-        x = pooled(torch.randn(b, s, w))
-        shapes = [[w], [w], [3 * w, w], [3 * w], [w, w], [w], [w], [w], [hidden, w], [hidden], [w, hidden], [w]]
-        stack = [[pooled(torch.randn(sh) / (sh[-1] ** 0.5 if len(sh) == 2 else 1)) for sh in shapes]
-                 for _ in range(layers)]
-
-        def reference(x):
-            for ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b in stack:
-                q, k, v = F.linear(F.layer_norm(x, [w], ln1_w, ln1_b), qkv_w, qkv_b) \
-                    .view(b, s, 3, heads, w // heads).permute(2, 0, 3, 1, 4)
-                a = reference_sdpa(q, k, v, True).transpose(1, 2).reshape(b, s, w)
-                h = x + F.linear(a, proj_w, proj_b)
-                x = h + F.linear(F.gelu(F.linear(F.layer_norm(h, [w], ln2_w, ln2_b), up_w, up_b),
-                                        approximate="tanh"), down_w, down_b)
-            return x
-
-        flat = [p for params in stack for p in params]
-        st = rt.stats()
-        y = rt.transformer_blocks(x, stack, heads)
-        after = rt.stats()
-        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
-        self.assertEqual(after["flushes"] - st["flushes"], 1)
-        self.assertEqual(after["calls"] - st["calls"], 7 * layers)
-        ref = reference(x)
-        self.assertLess(maxdiff(y, ref), 1e-4)
-        g = torch.randn_like(y)
-        st = rt.stats()
-        grads = torch.autograd.grad(y, [x] + flat, g)
-        after = rt.stats()
-        self.assertEqual(after["handoffs"] - st["handoffs"], 1)
-        self.assertEqual(after["flushes"] - st["flushes"], 1)
-        for i, (got, want) in enumerate(zip(grads, torch.autograd.grad(ref, [x] + flat, g))):
-            self.assertLess(maxdiff(got, want), 1e-3, "x" if i == 0 else f"layer {(i - 1) // 12} param {(i - 1) % 12}")
-        self.assertIs(rt.transformer_blocks(x, [], heads), x)
+        x = pooled(torch.randn(self.B, self.S, self.W))
+        stack = [self.block_params(pooled) for _ in range(3)]
+        self.check_blocks_each_way(lambda x: rt.transformer_blocks(x, stack, self.HEADS), x, stack, 1)
+        self.assertIs(rt.transformer_blocks(x, [], self.HEADS), x)
         with self.assertRaises(ValueError):
-            rt.transformer_blocks(x, [stack[0][:11]], heads)
+            rt.transformer_blocks(x, [stack[0][:11]], self.HEADS)
 
     def test_attention_packed_reads_and_writes_qkv_in_place(self):
         for causal in (False, True):
