@@ -53,22 +53,27 @@ def _layer_norm_backward(d_y, x, weight, mean, rstd, d_residual, needs_weight, n
     return d_x, d_w, d_b
 
 
-def _check(x, params, heads):
+def _check(x, layers, heads):
+    """Refuses, before any work, what the blocks cannot take: ``layers`` is
+    a sequence of each block's 12 parameters."""
     if x.dim() != 3:
         raise ValueError(f"transformer_block: x must be [B, S, W], got {list(x.shape)}")
     w = x.shape[2]
-    want = {"ln1_weight": [w], "ln1_bias": [w], "qkv_weight": [3 * w, w], "qkv_bias": [3 * w],
-            "proj_weight": [w, w], "proj_bias": [w], "ln2_weight": [w], "ln2_bias": [w],
-            "up_weight": None, "up_bias": None, "down_weight": None, "down_bias": [w]}
-    hidden = params[8].shape[0] if params[8].dim() == 2 else -1
-    want["up_weight"], want["up_bias"], want["down_weight"] = [hidden, w], [hidden], [w, hidden]
-    for name, p in zip(BLOCK_PARAMETERS, params):
-        if list(p.shape) != want[name]:
-            raise ValueError(f"transformer_block: {name} must be {want[name]}, got {list(p.shape)}")
-        if p.dtype != x.dtype or p.device != x.device:
-            raise ValueError(f"transformer_block: {name} is {p.dtype} on {p.device}, x {x.dtype} on {x.device}")
     if heads <= 0 or w % heads != 0:
         raise ValueError(f"transformer_block: width {w} is not a multiple of {heads} heads")
+    dtype, device = x.dtype, x.device
+    for params in layers:
+        if len(params) != len(BLOCK_PARAMETERS):
+            raise ValueError(f"transformer_blocks: a layer takes {len(BLOCK_PARAMETERS)} parameters "
+                             f"({', '.join(BLOCK_PARAMETERS)}), got {len(params)}")
+        hidden = params[8].shape[0] if params[8].dim() == 2 else -1
+        want = ((w,), (w,), (3 * w, w), (3 * w,), (w, w), (w,), (w,), (w,), (hidden, w), (hidden,), (w, hidden),
+                (w,))
+        for name, p, shape in zip(BLOCK_PARAMETERS, params, want):
+            if p.shape != shape:
+                raise ValueError(f"transformer_block: {name} must be {list(shape)}, got {list(p.shape)}")
+            if p.dtype != dtype or p.device != device:
+                raise ValueError(f"transformer_block: {name} is {p.dtype} on {p.device}, x {dtype} on {device}")
 
 
 def _forward_layer(x2d, params, heads, eps, b, s, w):
@@ -120,32 +125,36 @@ class _Blocks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, heads, eps, layers, *params):
-        b, s, w = x.shape
-        y = x.contiguous().view(b * s, w)
-        params = [p.contiguous() for p in params]
-        saved = []
-        with _mode_off(), _rt().batch():
-            for i in range(layers):
-                y, kept = _forward_layer(y, params[12 * i:12 * i + 12], heads, eps, b, s, w)
-                saved.extend(kept)
-        ctx.heads, ctx.shape, ctx.layers = heads, (b, s, w), layers
-        ctx.save_for_backward(*saved, *params)
-        return y.view(b, s, w)
+        # All of it with function modes off: every tensor access here would
+        # pass through rt.enable()'s Python __torch_function__ otherwise.
+        with _mode_off():
+            b, s, w = x.shape
+            y = x.contiguous().view(b * s, w)
+            params = [p.contiguous() for p in params]
+            saved = []
+            with _rt().batch():
+                for i in range(layers):
+                    y, kept = _forward_layer(y, params[12 * i:12 * i + 12], heads, eps, b, s, w)
+                    saved.extend(kept)
+            ctx.heads, ctx.shape, ctx.layers = heads, (b, s, w), layers
+            ctx.save_for_backward(*saved, *params)
+            return y.view(b, s, w)
 
     @staticmethod
     def backward(ctx, grad):
-        tensors = ctx.saved_tensors
-        layers = ctx.layers
-        saved, params = tensors[:12 * layers], tensors[12 * layers:]
-        b, s, w = ctx.shape
-        g = grad.contiguous().view(b * s, w)
-        grads = [None] * (12 * layers)
-        with _mode_off(), _rt().batch():
-            for i in reversed(range(layers)):
-                g, grads[12 * i:12 * i + 12] = _backward_layer(g, saved[12 * i:12 * i + 12],
-                                                               params[12 * i:12 * i + 12], ctx.heads, b, s, w)
-        needs = ctx.needs_input_grad[4:]
-        return (g.view(b, s, w), None, None, None, *[gp if n else None for gp, n in zip(grads, needs)])
+        with _mode_off():
+            tensors = ctx.saved_tensors
+            layers = ctx.layers
+            saved, params = tensors[:12 * layers], tensors[12 * layers:]
+            b, s, w = ctx.shape
+            g = grad.contiguous().view(b * s, w)
+            grads = [None] * (12 * layers)
+            with _rt().batch():
+                for i in reversed(range(layers)):
+                    g, grads[12 * i:12 * i + 12] = _backward_layer(g, saved[12 * i:12 * i + 12],
+                                                                   params[12 * i:12 * i + 12], ctx.heads, b, s, w)
+            needs = ctx.needs_input_grad[4:]
+            return (g.view(b, s, w), None, None, None, *[gp if n else None for gp, n in zip(grads, needs)])
 
 
 def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
@@ -157,7 +166,8 @@ def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight
     device."""
     params = (ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
               up_weight, up_bias, down_weight, down_bias)
-    _check(x, params, int(heads))
+    with _mode_off():
+        _check(x, [params], int(heads))
     return _Blocks.apply(x, int(heads), float(eps), 1, *params)
 
 
@@ -170,14 +180,9 @@ def transformer_blocks(x, layers, heads, eps=1e-5):
     waiting; the rank's thread waits for the worker's answers once at the
     run's end, so the stack costs one such wait (and, with ordering
     "events", one hand-off) each way instead of one a layer."""
-    flat = []
-    for params in layers:
-        params = tuple(params)
-        if len(params) != len(BLOCK_PARAMETERS):
-            raise ValueError(f"transformer_blocks: a layer takes {len(BLOCK_PARAMETERS)} parameters "
-                             f"({', '.join(BLOCK_PARAMETERS)}), got {len(params)}")
-        _check(x, params, int(heads))
-        flat.extend(params)
-    if not flat:
+    layers = [tuple(params) for params in layers]
+    if not layers:
         return x
-    return _Blocks.apply(x, int(heads), float(eps), len(flat) // 12, *flat)
+    with _mode_off():
+        _check(x, layers, int(heads))
+    return _Blocks.apply(x, int(heads), float(eps), len(layers), *[p for params in layers for p in params])
