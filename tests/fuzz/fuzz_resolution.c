@@ -6,7 +6,8 @@
  * populated first from the first bytes:
  *
  *   byte 0: the op (Gemm, Attention, AttentionBackward, LayerNorm,
- *           LayerNormBackward: low three bits, modulo the ops), and
+ *           LayerNormBackward: low four bits, modulo the ops, so up to
+ *           sixteen ops are each reached), and
  *           how many of the objects are made before a generation change
  *           (bits 4..6; 0: no change);
  *   byte 1: how many objects (1 + low three bits);
@@ -257,7 +258,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 3)
 		return 0;
 	head = fz_u8(&b);
-	spec = rp_op_get((enum rp_op_id)((head & 7) % RP_OP_COUNT));
+	_Static_assert(RP_OP_COUNT <= 16, "byte 0's four op bits reach sixteen ops");
+	spec = rp_op_get((enum rp_op_id)((head & 15) % RP_OP_COUNT));
 	n = 1 + (fz_u8(&b) & 7);
 	before_bump = (head >> 4) & 7;
 	if (b.pos + n > size)
