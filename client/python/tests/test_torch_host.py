@@ -437,23 +437,46 @@ class Batches(unittest.TestCase):
         self.assertEqual(returned, [True], "the batch's first call returned before its answer")
         self.assertLess(maxdiff(rt.matmul(self.a, self.b), self.a @ self.b), 1e-4)
 
-    def test_a_restart_mid_batch_runs_the_queued_calls_again(self):
-        rtm = rt.runtime()
+    def restart_device(self):
+        """regenctl restart of device 0, returned once its generation moved."""
         admin = regen.Client(daemon.socket, timeout=30)
         try:
-            def restart():
-                gen = admin.generation()["devices"][0]["generation"]
-                admin.restart(0, reason="test_torch_host batch")
-                deadline = time.monotonic() + 30
-                while admin.generation()["devices"][0]["generation"] <= gen and time.monotonic() < deadline:
-                    time.sleep(0.02)
-            st = rtm.stats()
-            y = self.chain(rtm, restart)
-            after = rtm.stats()
+            gen = admin.generation()["devices"][0]["generation"]
+            admin.restart(0, reason="test_torch_host batch")
+            deadline = time.monotonic() + 30
+            while admin.generation()["devices"][0]["generation"] <= gen and time.monotonic() < deadline:
+                time.sleep(0.02)
         finally:
             admin.close()
+
+    def test_a_restart_mid_batch_runs_the_queued_calls_again(self):
+        rtm = rt.runtime()
+        st = rtm.stats()
+        y = self.chain(rtm, self.restart_device)
+        after = rtm.stats()
         self.assertGreaterEqual(after["recoveries"] - st["recoveries"], 1)
         self.assertLess(maxdiff(y, self.want), 1e-4)
+
+    def test_a_queued_operand_goes_with_its_own_strides(self):
+        """A chained call's operands are encoded with their own strides, as
+        an unchained call's: a GEMM operand whose rows are not contiguous
+        (a transposed view given straight to the runtime) is regend's
+        refusal, named, chained or a run's first; nothing is written, and
+        the next operation works."""
+        rtm = rt.runtime()
+        for chained in (False, True):
+            with self.subTest(chained=chained):
+                st = rtm.stats()
+                out = self.pooled(torch.full((16, 16), 7.0))
+                with self.assertRaises(regen.InvalidOperand) as caught:
+                    with rtm.batch():
+                        y1 = self.gemm(self.a, self.b, self.empty([16, 16], self.a.dtype, self.a)) if chained \
+                            else self.a
+                        rtm.call("gemm", {"a": y1, "b": self.b.t(), "d": out}, {})
+                self.assertIn("stride", str(caught.exception))
+                self.assertEqual(rtm.stats()["chained_calls"] - st["chained_calls"], 1 if chained else 0)
+                self.assertTrue(bool((out == 7.0).all()), "the refused call wrote nothing")
+                self.assertLess(maxdiff(rt.matmul(self.a, self.b), self.a @ self.b), 1e-4)
 
 
 class Lifecycle(unittest.TestCase):

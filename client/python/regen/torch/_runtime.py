@@ -571,7 +571,6 @@ class Runtime:
             return False
         self._check_chunks()
         on_cpu = local < 0
-        gemm = op == "gemm"
         slots = []
         for n in names:
             t = tensors.get(n)
@@ -581,13 +580,10 @@ class Runtime:
             dtype = _RING_DTYPES.get(t.dtype)
             if dtype is None or t.get_device() != local:
                 return False
-            if gemm and n in _GEMM_INPUTS and t.dim() == 2 and t.stride(1) != 1 and t.stride(0) == 1:
-                # As the client's gemm: a transposed view goes as its
-                # row-major storage with the transpose flag flipped.
-                t = t.t()
-                flag = _GEMM_INPUTS[n]
-                scalars = dict(scalars)
-                scalars[flag] = not scalars.get(flag, False)
+            # Shapes and strides go as the tensor has them, as _call_once's
+            # Operands carry them: a layout regend cannot take (a GEMM
+            # operand whose rows are not contiguous) is its refusal, named,
+            # either way; the ops hand GEMMs row-major views (_gemm_input).
             ptr = t.data_ptr()
             found = self._pool_ref(ptr, on_cpu, device)
             if found is None:
@@ -817,7 +813,6 @@ _OPS = frozenset({"gemm", "attention", "attention_backward", "layer_norm", "laye
 _SLOT_NAMES = {name: tuple(s.name for s in OPS[name].operands) for name in _OPS}
 _SLOT_SETS = {name: frozenset(names) for name, names in _SLOT_NAMES.items()}
 _REQUIRED = {name: tuple(s.name for s in OPS[name].operands if s.required) for name in _OPS}
-_GEMM_INPUTS = {"a": "trans_a", "b": "trans_b"}
 _RING_DTYPES = {t: RING_DTYPES[n] for t, n in DTYPES.items()}
 _OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v", "y", "mean", "rstd", "d_x", "d_weight", "d_bias"})
 
