@@ -602,30 +602,28 @@ class Client:
                 raise
             lane.submitted += 1
             return lane
-        ring = lane.ring
-        outstanding = lambda: self.wait(device)  # noqa: E731
-        bound = ring.bound
         records = []
         for spec in op.operands:
             o = given.get(spec.name)
             if o is None:
                 records.append(None)
-                continue
-            b = o.buffer
-            ident = b.id if type(b) is Buffer else str(b)
-            i = bound.get(ident)
-            if i is None:
-                i = ring.index(ident, outstanding)
-            records.append(ringmod.operand_record(o, i))
+            else:
+                records.append(ringmod.operand_record(o, self._ring_index(device, lane.ring, _buffer_id(o.buffer))))
         self._ring_submit(device, lane, op_name, records, ringmod.scalars_record(op_name, scalars), wait_event,
                           signal_event)
         return lane
 
+    def _ring_index(self, device, ring, ident):
+        """The index of the lane's id table that holds the id ``ident``,
+        bound first where none does (after the calls outstanding, when an
+        index must be taken back)."""
+        return ring.index(ident, lambda: self.wait(device))
+
     def _ring_submit(self, device, lane, op_name, records, record_scalars, wait_event, signal_event):
         ring = lane.ring
-        outstanding = lambda: self.wait(device)  # noqa: E731
-        wait_i = ring.index(_event_id(wait_event), outstanding) if wait_event is not None else ringmod.NONE
-        signal_i = ring.index(_event_id(signal_event), outstanding) if signal_event is not None else ringmod.NONE
+        wait_i = self._ring_index(device, ring, _event_id(wait_event)) if wait_event is not None else ringmod.NONE
+        signal_i = (self._ring_index(device, ring, _event_id(signal_event)) if signal_event is not None
+                    else ringmod.NONE)
         flags, epilogue, compute, alignment, alpha, beta, scale, deadline_ms = record_scalars
         while ring.full():
             self._reap(device, lane)
@@ -651,19 +649,14 @@ class Client:
         ring = lane.ring
         if ring is None:
             return None
-        bound = ring.bound
         records = []
         for slot in slots:
             if slot is None:
                 records.append(None)
                 continue
             b, dtype, offset, shape, strides = slot
-            ident = b.id if type(b) is Buffer else str(b)
-            i = bound.get(ident)
-            if i is None:
-                i = ring.index(ident, lambda: self.wait(device))
-            pad = ringmod.PAD[len(shape)]
-            records.append((i, dtype, len(shape), 0, offset, *shape, *pad, *strides, *pad))
+            index = self._ring_index(device, ring, _buffer_id(b))
+            records.append(ringmod.slot_record(index, dtype, offset, shape, strides))
         self._ring_submit(device, lane, op_name, records, record_scalars, None, signal_event)
         return lane.submitted
 

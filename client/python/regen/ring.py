@@ -283,12 +283,19 @@ def operand_record(op, index):
             for i in range(rank - 1, -1, -1):
                 strides[i] = step
                 step *= shape[i] if shape[i] > 0 else 1
-    pad = PAD[rank]
-    return (index, dtype, rank, 0, op.offset, *shape, *pad, *strides, *pad)
+    return slot_record(index, dtype, op.offset, shape, strides)
+
+
+def slot_record(index, dtype, offset, shape, strides):
+    """A slot's fields for _OPERAND.pack_into from values already in the
+    record's terms (a dtype code from DTYPES, the id table's index, shape
+    and strides in elements, of rank 1 to 4)."""
+    pad = _PAD[len(shape)]
+    return (index, dtype, len(shape), 0, offset, *shape, *pad, *strides, *pad)
 
 
 # The zeros after a shape or strides of rank r, to four.
-PAD = [(0,) * (4 - r) for r in range(5)]
+_PAD = [(0,) * (4 - r) for r in range(5)]
 
 
 def scalars_record(op_name, scalars):
