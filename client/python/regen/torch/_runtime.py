@@ -288,17 +288,25 @@ class Runtime:
         if dtype is None:
             raise NotSupported(parameters={"message": f"regend takes float32, float16 and bfloat16, not {t.dtype}"})
         on_cpu = t.is_cpu
-        found = self._pool_ref(t.data_ptr(), on_cpu, device) if self.pool is not None else None
-        if on_cpu and found is None:
+        found = self._place(t, on_cpu, device)
+        if found is None:
             copy = host_empty(t.shape, t.dtype)
             copy.copy_(t)
             self.counters["host_copies"] += 1
             t = copy
-            found = self._pool_ref(t.data_ptr(), True, device)
-        if found is not None:
-            return Operand.trusted(found[0], found[1], dtype, list(t.shape), _strides(t)), t
+            found = self._place(t, True, device)
+        return Operand.trusted(found[0], found[1], dtype, list(t.shape), _strides(t)), t
+
+    def _place(self, t, on_cpu, device):
+        """(buffer, offset) regend reads ``t`` at: its pool chunk, else (CUDA
+        memory) the import of its cudaMalloc block; None for CPU memory
+        outside the host pool, which the caller copies in or declines."""
+        ptr = t.data_ptr()
+        found = self._pool_ref(ptr, on_cpu, device) if self.pool is not None else None
+        if found is not None or on_cpu:
+            return found
         blk = self._block_of(t, device)
-        return Operand.trusted(blk.buffer, t.data_ptr() - blk.base, dtype, list(t.shape), _strides(t)), t
+        return blk.buffer, ptr - blk.base
 
     def _check_chunks(self):
         """Forgets the kept pool lookups when the pool's epoch moved (an
@@ -584,13 +592,9 @@ class Runtime:
             # Operands carry them: a layout regend cannot take (a GEMM
             # operand whose rows are not contiguous) is its refusal, named,
             # either way; the ops hand GEMMs row-major views (_gemm_input).
-            ptr = t.data_ptr()
-            found = self._pool_ref(ptr, on_cpu, device)
+            found = self._place(t, on_cpu, device)
             if found is None:
-                if on_cpu:
-                    return False
-                blk = self._block_of(t, device)
-                found = (blk.buffer, ptr - blk.base)
+                return False
             slots.append((found[0], dtype, found[1], t.shape, _strides(t)))
         pair = None
         if self.ordering == "events" and not on_cpu:
