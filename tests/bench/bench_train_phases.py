@@ -49,9 +49,7 @@ def run(torch, train_gpt, mode, socket, args):
         torch.manual_seed(0)
         model = train_gpt.GPT(**cfg).to(device=dev, dtype=torch.bfloat16)
         if mode == "regend":
-            stack = rt.transformer_blocks if args.kernels == "stack" else None
-            block = rt.transformer_block if args.kernels == "block" else None
-            model.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed, block, stack)
+            model.use_regend(rt, args.kernels)
         else:
             model.set_kernels(train_gpt.attention_in_torch, None)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0)

@@ -71,14 +71,16 @@ class Block(torch.nn.Module):
         self.fused_mlp = None      # regen.torch.mlp (up, GELU, down as one operation), or None
         self.fused_block = None    # regen.torch.transformer_block (the whole block as one operation), or None
 
+    def block_parameters(self):
+        """The 12 parameters in regen.torch.BLOCK_PARAMETERS' order."""
+        return (self.ln1.weight, self.ln1.bias, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias,
+                self.ln2.weight, self.ln2.bias, self.up.weight, self.up.bias, self.down.weight, self.down.bias)
+
     def forward(self, x):
         if self.fused_block is not None:
             # LayerNorms, projections, attention, MLP and both residual adds
             # in regend, one run of calls each way.
-            return self.fused_block(x, self.ln1.weight, self.ln1.bias, self.qkv.weight, self.qkv.bias,
-                                    self.proj.weight, self.proj.bias, self.ln2.weight, self.ln2.bias,
-                                    self.up.weight, self.up.bias, self.down.weight, self.down.bias, self.heads,
-                                    self.ln1.eps)
+            return self.fused_block(x, *self.block_parameters(), self.heads, self.ln1.eps)
         b, s, w = x.shape
         qkv = self.qkv(self.ln1(x))
         if self.packed_attention is not None:
@@ -115,13 +117,20 @@ class GPT(torch.nn.Module):
             blk.packed_attention = packed_attention
             blk.fused_block = fused_block
 
+    def use_regend(self, rt, kernels):
+        """regen.torch's operations for the model: "stack" (every block as
+        one), "block" (each block as one) or "parts" (attention on the
+        packed qkv, the MLP, the projections)."""
+        self.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed,
+                         rt.transformer_block if kernels == "block" else None,
+                         rt.transformer_blocks if kernels == "stack" else None)
+
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         if self.fused_stack is not None:
             # Every block in regend, the stack one run of calls each way.
-            layers = [(b.ln1.weight, b.ln1.bias, b.qkv.weight, b.qkv.bias, b.proj.weight, b.proj.bias, b.ln2.weight,
-                       b.ln2.bias, b.up.weight, b.up.bias, b.down.weight, b.down.bias) for b in self.blocks]
+            layers = [b.block_parameters() for b in self.blocks]
             x = self.fused_stack(x, layers, self.blocks[0].heads, self.blocks[0].ln1.eps)
         else:
             for blk in self.blocks:
@@ -194,9 +203,7 @@ def train(cfg, mode, args):
         torch.manual_seed(args.seed)
         model = GPT(**cfg).to(device=device, dtype=dtype)
         if through_regend:
-            block = rt.transformer_block if args.kernels == "block" else None
-            stack = rt.transformer_blocks if args.kernels == "stack" else None
-            model.set_kernels(rt.scaled_dot_product_attention, rt.mlp, rt.attention_packed, block, stack)
+            model.use_regend(rt, args.kernels)
         else:
             model.set_kernels(attention_in_torch, None)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
