@@ -473,10 +473,13 @@ static void on_partial_timeout(uv_timer_t *t)
 }
 
 /* The deadline runs from the first byte of a message, not from the last
- * byte that came. */
+ * byte that came, and only while regend reads: a message cut short because
+ * regend stopped reading (backpressure, replies held behind a Watch) is
+ * regend's wait, not the peer's, and its deadline starts afresh once regend
+ * reads again. The buffer it holds meanwhile is bounded as the replies are. */
 static void update_partial_timer(struct rd_conn *conn)
 {
-	if (!rp_rx_partial(&conn->rx)) {
+	if (!conn->reading || !rp_rx_partial(&conn->rx)) {
 		uv_timer_stop(&conn->partial_timer);
 		return;
 	}
@@ -492,11 +495,11 @@ static void conn_update_events(struct rd_conn *conn)
 
 	if (conn->closed)
 		return;
-	update_partial_timer(conn);
 	/* A peer that does not read its replies stops being read: backpressure
 	 * keeps our buffers bounded. Too many calls in flight is refused by name
 	 * instead, so a pipelining client learns its limit. */
 	conn->reading = may_read(conn);
+	update_partial_timer(conn);
 	/* Replies waiting for the end of the loop iteration are written
 	 * then; the poll waits for writability only once the socket refused
 	 * some. */

@@ -6,7 +6,10 @@
  *   behind the Watch's, so regend stops reading the connection once a few
  *   hundred wait (the client's writes block), and the supervisor's memory
  *   grows by less than 16 MiB. Other clients are served meanwhile, and the
- *   connection's close gives the memory back.
+ *   connection's close gives the memory back. The calls go in pieces that
+ *   end inside a message, so regend stops reading with a message begun:
+ *   that message's deadline (600 ms here) waits while regend does, and the
+ *   connection stays open through the 2 s the client is held back.
  * - The same on a worker socket behind a long GEMM: 200,000 small Gemm
  *   calls pipelined; the worker's memory grows by less than 32 MiB beyond
  *   the two buffers the GEMM touches.
@@ -33,6 +36,7 @@
 #include <stdbool.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,23 +54,27 @@
 static struct tl_daemon daemon_;
 
 /* Writes `count` copies of msg (NUL included) without reading, until the
- * socket has taken none for `stall_s`. Returns how many were taken whole. */
+ * socket has taken none for `stall_s`. Returns how many were taken whole.
+ * The copies go as one stream in pieces of PIECE bytes, which end inside a
+ * message more often than not: regend, when it stops reading, holds the
+ * start of a message, as it does from any client whose send() the full
+ * socket cut short. */
+#define PIECE 1000
 static long write_until_stalled(int fd, const char *msg, size_t len, long count, double stall_s)
 {
-	long sent = 0;
-	size_t off = 0;
+	uint64_t total = (uint64_t)len * (uint64_t)count, off = 0;
 	double last = tl_now();
 	int flags = fcntl(fd, F_GETFL);
+	char piece[PIECE];
 
 	fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-	while (sent < count) {
-		ssize_t n = send(fd, msg + off, len - off, MSG_NOSIGNAL);
+	while (off < total) {
+		size_t n_piece = total - off < PIECE ? (size_t)(total - off) : PIECE;
+		for (size_t i = 0; i < n_piece; i++)
+			piece[i] = msg[(off + i) % len];
+		ssize_t n = send(fd, piece, n_piece, MSG_NOSIGNAL);
 		if (n > 0) {
-			off += (size_t)n;
-			if (off == len) {
-				off = 0;
-				sent++;
-			}
+			off += (uint64_t)n;
 			last = tl_now();
 			continue;
 		}
@@ -77,7 +85,7 @@ static long write_until_stalled(int fd, const char *msg, size_t len, long count,
 		poll(&p, 1, 50);
 	}
 	fcntl(fd, F_SETFL, flags);
-	return sent;
+	return (long)(off / len);
 }
 
 static long rss_kb(pid_t pid)
