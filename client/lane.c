@@ -230,11 +230,29 @@ static int lane_setup(regen_client *c, int device, int64_t deadline)
 	return 0;
 }
 
+/* Indexes the record being built holds already (its earlier operands'):
+ * none of them may be taken back for a later one, or the record would name
+ * the later buffer in both places. */
+struct held_indexes {
+	uint32_t index[RP_OP_OPERANDS_MAX + 2];
+	unsigned count;
+};
+
+static bool is_held(const struct held_indexes *held, uint32_t index)
+{
+	for (unsigned i = 0; i < held->count; i++) {
+		if (held->index[i] == index)
+			return true;
+	}
+	return false;
+}
+
 /* The index that holds rid, bound now if none does. An index is taken
- * back from another id only when no record is outstanding: a queued record
- * names its buffers by index until the worker takes it. */
+ * back from another id only when no record is outstanding (a queued record
+ * names its buffers by index until the worker takes it), and never one the
+ * record being built holds. */
 static int ring_index(regen_client *c, struct rc_lane *lane, int device, const struct rp_id *rid, int64_t deadline,
-		      uint32_t *out)
+		      struct held_indexes *held, uint32_t *out)
 {
 	struct rc_ring *r = lane->ring;
 	uint32_t free_index = RP_RING_NONE;
@@ -248,6 +266,7 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 		if (b->kind == rid->kind && b->serial == rid->serial && b->generation == rid->generation &&
 		    b->device == rid->device) {
 			*out = i;
+			held->index[held->count++] = i;
 			return 0;
 		}
 		if (b->kind == 0 && free_index == RP_RING_NONE)
@@ -257,7 +276,10 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 		ret = rc_lane_wait(c, device, lane->submitted);
 		if (ret < 0)
 			return ret;
-		free_index = r->next_victim++ % r->nids;
+		/* held has fewer entries than the table: this ends. */
+		do
+			free_index = r->next_victim++ % r->nids;
+		while (is_held(held, free_index));
 	}
 	params = cJSON_CreateObject();
 	cJSON_AddNumberToObject(params, "index", free_index);
@@ -269,6 +291,7 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 		return ret;
 	r->bound[free_index] = *rid;
 	*out = free_index;
+	held->index[held->count++] = free_index;
 	return 0;
 }
 
@@ -480,18 +503,20 @@ static int ring_submit(regen_client *c, struct rc_lane *lane, int device, const 
 {
 	struct rc_ring *r = lane->ring;
 	uint32_t index_of[RP_OP_OPERANDS_MAX], wait = RP_RING_NONE, signal = RP_RING_NONE;
+	struct held_indexes held = { .count = 0 };
 	int ret;
 
 	for (unsigned i = 0; i < RP_OP_OPERANDS_MAX; i++) {
 		index_of[i] = RP_RING_NONE;
 		if (i < call->spec->noperands && call->present[i] &&
-		    (ret = ring_index(c, lane, device, &call->operands[i].buffer, deadline, &index_of[i])) < 0)
+		    (ret = ring_index(c, lane, device, &call->operands[i].buffer, deadline, &held, &index_of[i])) < 0)
 			return ret;
 	}
-	if (call->wait_event.present && (ret = ring_index(c, lane, device, &call->wait_event.id, deadline, &wait)) < 0)
+	if (call->wait_event.present &&
+	    (ret = ring_index(c, lane, device, &call->wait_event.id, deadline, &held, &wait)) < 0)
 		return ret;
 	if (call->signal_event.present &&
-	    (ret = ring_index(c, lane, device, &call->signal_event.id, deadline, &signal)) < 0)
+	    (ret = ring_index(c, lane, device, &call->signal_event.id, deadline, &held, &signal)) < 0)
 		return ret;
 	while (r->sq_tail - r->cq_head >= r->entries) {
 		ret = ring_reap(c, lane, device, deadline);

@@ -9,6 +9,7 @@
  * serves on throughout. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <cjson/cJSON.h>
 #include "proto/ring.h"
 #include "tests/lib/client.h"
+#include "tests/lib/dtype.h"
 #include "tests/lib/varlink.h"
 
 static struct tl_daemon daemon_;
@@ -138,6 +140,54 @@ static void same_answers_on_both_transports(void)
 	tl_buffer_free(&orr);
 	regen_client_destroy(cv);
 	regen_client_destroy(cr);
+}
+
+/* The lane's id table full (256 indexes): a call whose first operand is
+ * bound at the index the client takes back next, and whose second is not
+ * bound yet. The second's index must not be taken from the first: the
+ * record would name the second buffer twice, and D = B @ B would come back
+ * where A @ B was asked, with no error. */
+#define ID_TABLE 256
+static void a_full_id_table_keeps_a_records_own_indexes(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	static struct tl_buffer t[ID_TABLE + 2];
+	struct regen_gemm_args g;
+	double a[4], b[4];
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	for (int i = 0; i < ID_TABLE + 2; i++)
+		tl_buffer_create(c, 0, 4096, &t[i]);
+	/* Binds t[0] .. t[255] to indexes 0 .. 255, in order: call i reads
+	 * t[i] (bound by call i - 1) and writes t[i + 1]. */
+	for (int i = 0; i < ID_TABLE - 1; i++) {
+		memset(&g, 0, sizeof(g));
+		tensor2(&g.a, t[i].buf, 0, 2, 2);
+		tensor2(&g.b, t[i].buf, 0, 2, 2);
+		tensor2(&g.d, t[i + 1].buf, 0, 2, 2);
+		ASSERT_REGEN_OK(c, regen_gemm(c, &g), "filling the id table, call %d", i);
+	}
+	ASSERT_EQ(regen_client_transport(c, 0), REGEN_TRANSPORT_RING, "the lane is on the ring");
+	tl_fill_random(NULL, RP_DTYPE_F32, t[0].mem.ptr, 4, -1, 1, a);
+	tl_fill_random(NULL, RP_DTYPE_F32, t[ID_TABLE].mem.ptr, 4, 1, 2, b);
+	tl_poison(RP_DTYPE_F32, t[ID_TABLE + 1].mem.ptr, 4);
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, t[0].buf, 0, 2, 2);
+	tensor2(&g.b, t[ID_TABLE].buf, 0, 2, 2);
+	tensor2(&g.d, t[ID_TABLE + 1].buf, 0, 2, 2);
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g), "A bound at the next index to take back, B and D not bound");
+	const float *d = (const float *)t[ID_TABLE + 1].mem.ptr;
+	for (int i = 0; i < 2; i++) {
+		for (int j = 0; j < 2; j++) {
+			double want = a[2 * i] * b[j] + a[2 * i + 1] * b[2 + j];
+			ASSERT(fabs(d[2 * i + j] - want) <= 1e-5 * (1 + fabs(want)),
+			       "D[%d][%d] = %g, A @ B is %g: the record named another buffer than A", i, j,
+			       d[2 * i + j], want);
+		}
+	}
+	for (int i = 0; i < ID_TABLE + 2; i++)
+		tl_buffer_free(&t[i]);
+	regen_client_destroy(c);
 }
 
 /* 2000 GEMMs queued without waiting, in a ring of 256: all complete, in
@@ -691,6 +741,7 @@ int main(void)
 	tl_daemon_start(&daemon_, NULL);
 	same_answers_on_both_transports();
 	queued_calls_complete_in_order();
+	a_full_id_table_keeps_a_records_own_indexes();
 	completions_carry_stage_times();
 	restart_fails_records_with_stale_generation();
 	bad_setups_are_refused_by_name();

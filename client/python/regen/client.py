@@ -602,27 +602,34 @@ class Client:
                 raise
             lane.submitted += 1
             return lane
-        records = []
+        records, held = [], []
         for spec in op.operands:
             o = given.get(spec.name)
             if o is None:
                 records.append(None)
             else:
-                records.append(ringmod.operand_record(o, self._ring_index(device, lane.ring, _buffer_id(o.buffer))))
+                index = self._ring_index(device, lane.ring, _buffer_id(o.buffer), held)
+                records.append(ringmod.operand_record(o, index))
         self._ring_submit(device, lane, op_name, records, ringmod.scalars_record(op_name, scalars), wait_event,
-                          signal_event)
+                          signal_event, held)
         return lane
 
-    def _ring_index(self, device, ring, ident):
+    def _ring_index(self, device, ring, ident, held):
         """The index of the lane's id table that holds the id ``ident``,
         bound first where none does (after the calls outstanding, when an
-        index must be taken back)."""
-        return ring.index(ident, lambda: self.wait(device))
+        index must be taken back, and never one of ``held``, the record's
+        indexes so far); added to ``held``."""
+        i = ring.bound.get(ident)
+        if i is None:
+            i = ring.index(ident, lambda: self.wait(device), held)
+        held.append(i)
+        return i
 
-    def _ring_submit(self, device, lane, op_name, records, record_scalars, wait_event, signal_event):
+    def _ring_submit(self, device, lane, op_name, records, record_scalars, wait_event, signal_event, held):
         ring = lane.ring
-        wait_i = self._ring_index(device, ring, _event_id(wait_event)) if wait_event is not None else ringmod.NONE
-        signal_i = (self._ring_index(device, ring, _event_id(signal_event)) if signal_event is not None
+        wait_i = (self._ring_index(device, ring, _event_id(wait_event), held) if wait_event is not None
+                  else ringmod.NONE)
+        signal_i = (self._ring_index(device, ring, _event_id(signal_event), held) if signal_event is not None
                     else ringmod.NONE)
         flags, epilogue, compute, alignment, alpha, beta, scale, deadline_ms = record_scalars
         while ring.full():
@@ -649,15 +656,15 @@ class Client:
         ring = lane.ring
         if ring is None:
             return None
-        records = []
+        records, held = [], []
         for slot in slots:
             if slot is None:
                 records.append(None)
                 continue
             b, dtype, offset, shape, strides = slot
-            index = self._ring_index(device, ring, _buffer_id(b))
+            index = self._ring_index(device, ring, _buffer_id(b), held)
             records.append(ringmod.slot_record(index, dtype, offset, shape, strides))
-        self._ring_submit(device, lane, op_name, records, record_scalars, None, signal_event)
+        self._ring_submit(device, lane, op_name, records, record_scalars, None, signal_event, held)
         return lane.submitted
 
     def call(self, method, parameters=None, device=None, fds=()):

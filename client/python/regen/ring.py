@@ -157,11 +157,13 @@ class Ring:
 
     # -- the id table --------------------------------------------------------
 
-    def index(self, ident, outstanding):
+    def index(self, ident, outstanding, held=()):
         """The index that holds ``ident``, bound first if none does.  An index
         is taken back from another id only with nothing outstanding
         (``outstanding()`` waits for that): a queued record names its
-        buffers by index until the worker takes it."""
+        buffers by index until the worker takes it; and never one in
+        ``held``, the indexes the record being built names already (its
+        earlier operands'), or it would name this id in their place."""
         i = self.bound.get(ident)
         if i is not None:
             return i
@@ -169,8 +171,12 @@ class Ring:
             i = self.by_index.index(None)
         else:
             outstanding()
-            i = self.next_victim % self.nids
-            self.next_victim += 1
+            # held is shorter than the table: this ends.
+            while True:
+                i = self.next_victim % self.nids
+                self.next_victim += 1
+                if i not in held:
+                    break
             del self.bound[self.by_index[i]]
         self.conn.call("io.regen.Lane.Bind", {"index": i, "ids": [ident]})
         self.bound[ident] = i

@@ -124,6 +124,26 @@ class RingTest(unittest.TestCase):
             self.assertNotEqual(v, "None")
             self.assertEqual(r, v)
 
+    def test_a_full_id_table_keeps_a_records_own_indexes(self):
+        """The lane's id table full: a call whose A is bound at the index
+        the client takes back next and whose B is not bound yet.  B's index
+        must not be taken from A, or the record names B twice and D = B @ B
+        comes back where A @ B was asked, with no error."""
+        c = self.client("ring")
+        nids = 256
+        t = [self.tensor(c, [2, 2]) for _ in range(nids + 2)]
+        # Binds t[0] .. t[255] to indexes 0 .. 255, in order.
+        for i in range(nids - 1):
+            c.gemm(t[i].op, t[i].op, t[i + 1].op)
+        self.assertEqual(c.lane_transport(0), "ring")
+        a, b, d = t[0], t[nids], t[nids + 1]
+        a.write([self.rng.uniform(-1, 1) for _ in range(4)])
+        b.write([self.rng.uniform(1, 2) for _ in range(4)])
+        c.gemm(a.op, b.op, d.op)
+        ref = reference.gemm(a.read(), b.read(), 2, 2, 2)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5,
+                             "D is not A @ B: the record named another buffer than A")
+
     def test_queued_calls_complete_in_order(self):
         c = self.client("ring")
         a, b, d = self.tensor(c, [3, 3]), self.tensor(c, [3, 3]), self.tensor(c, [3, 3], fill=False)
