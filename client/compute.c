@@ -10,7 +10,10 @@
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
 		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_I32 == (int)RP_DTYPE_I32 &&
 		       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS &&
-		       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU && RP_EPILOGUE_LAST == RP_EPILOGUE_DGELU,
+		       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU &&
+		       (int)REGEN_EPILOGUE_GELU_AUX == (int)RP_EPILOGUE_GELU_AUX &&
+		       (int)REGEN_EPILOGUE_GELU_AUX_BIAS == (int)RP_EPILOGUE_GELU_AUX_BIAS &&
+		       RP_EPILOGUE_LAST == RP_EPILOGUE_GELU_AUX_BIAS,
 	       "libregen's dtypes and epilogues are the protocol's");
 
 /* Every buffer and event a call names belongs to this client and lives on
@@ -121,9 +124,10 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
 		[RP_GEMM_A] = g ? &g->a : NULL, [RP_GEMM_B] = g ? &g->b : NULL, [RP_GEMM_C] = g ? g->c : NULL,
 		[RP_GEMM_D] = g ? &g->d : NULL, [RP_GEMM_BIAS] = g ? g->bias : NULL, [RP_GEMM_AUX] = g ? g->aux : NULL,
+		[RP_GEMM_AUX_OUT] = g ? g->aux_out : NULL,
 	};
 
-	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_DGELU)
+	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_AUX_BIAS)
 		return -EINVAL;
 	if (refuse_unless_finite(c, "alpha", g->alpha) < 0 || refuse_unless_finite(c, "beta", g->beta) < 0)
 		return -EINVAL;

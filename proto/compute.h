@@ -32,8 +32,9 @@ enum rp_op_id {
 };
 
 /* Operand slots, in each table's order. */
-/* aux came after bias, so that the slots before it kept their numbers. */
-enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_AUX, RP_GEMM_OPERANDS };
+/* aux came after bias, and aux_out after aux, so that the slots before each
+ * kept their numbers. */
+enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_AUX, RP_GEMM_AUX_OUT, RP_GEMM_OPERANDS };
 /* The sequence lengths come last in both attention tables, so that the
  * slots before them kept their numbers (ring records name operands by
  * slot). */
@@ -94,10 +95,13 @@ struct rp_op_spec {
 	void (*encode)(const struct rp_compute *c, cJSON *params);
 };
 
-/* DGELU: GELU's gradient, D = (alpha op(A) op(B) + beta C) * GELU'(aux). */
+/* DGELU: GELU's gradient, D = (alpha op(A) op(B) + beta C) * GELU'(aux).
+ * GELU_AUX and GELU_AUX_BIAS: GELU and GELU_BIAS that also write GELU's
+ * input to aux_out, for a DGELU to read in the backward pass. */
 enum rp_epilogue {
 	RP_EPILOGUE_NONE = 0, RP_EPILOGUE_BIAS, RP_EPILOGUE_GELU, RP_EPILOGUE_GELU_BIAS, RP_EPILOGUE_DGELU,
-	RP_EPILOGUE_LAST = RP_EPILOGUE_DGELU
+	RP_EPILOGUE_GELU_AUX, RP_EPILOGUE_GELU_AUX_BIAS,
+	RP_EPILOGUE_LAST = RP_EPILOGUE_GELU_AUX_BIAS
 };
 enum rp_compute_mode { RP_COMPUTE_F32 = 0, RP_COMPUTE_TF32 };
 enum rp_causal_alignment { RP_CAUSAL_TOP_LEFT = 0, RP_CAUSAL_BOTTOM_RIGHT };
@@ -108,7 +112,8 @@ struct rp_event_ref {
 };
 
 /* Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias), or with dgelu
- * (alpha op(A) op(B) + beta C) * GELU'(aux). */
+ * (alpha op(A) op(B) + beta C) * GELU'(aux); gelu_aux and gelu_aux_bias
+ * write GELU's input to aux_out besides. */
 struct rp_gemm {
 	bool trans_a, trans_b;
 	double alpha, beta;          /* defaults 1 and 0 */

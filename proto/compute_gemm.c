@@ -1,10 +1,12 @@
 /* io.regen.Compute.Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias),
- * or for dgelu (alpha op(A) op(B) + beta C) * GELU'(aux).
+ * or for dgelu (alpha op(A) op(B) + beta C) * GELU'(aux); gelu_aux and
+ * gelu_aux_bias also write GELU's input to aux_out.
  *
  * The table says what each operand is on its own; gemm_check says what
- * only the call as a whole can: K agrees, D, C and aux are [M, N], bias is
- * [N], beta needs C, a bias epilogue needs a bias and a bias needs one,
- * dgelu needs aux and aux needs dgelu, tf32 only multiplies f32. Inputs
+ * only the call as a whole can: K agrees, D, C, aux and aux_out are [M, N],
+ * bias is [N], beta needs C, a bias epilogue needs a bias and a bias needs
+ * one, dgelu needs aux and aux needs dgelu, gelu_aux(_bias) needs aux_out
+ * and aux_out needs one of them, tf32 only multiplies f32. Inputs
  * share a dtype, outputs share one; D may be wider than A and B (bf16 in,
  * f32 out), as cuBLASLt allows. */
 #include <errno.h>
@@ -25,6 +27,9 @@ static const struct rp_operand_spec gemm_operands[RP_GEMM_OPERANDS] = {
 	/* dgelu's GELU input of the forward pass, laid out as D is. */
 	[RP_GEMM_AUX] = { "aux", RP_ROLE_IN, false, 2, "a matrix [M, N]", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, true,
 			  RP_NO_SLOT },
+	/* gelu_aux's GELU input, written for a later dgelu, laid out as D is. */
+	[RP_GEMM_AUX_OUT] = { "aux_out", RP_ROLE_OUT, false, 2, "a matrix [M, N]", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT,
+			      true, RP_NO_SLOT },
 };
 
 static const struct rp_field gemm_scalars[] = {
@@ -38,12 +43,18 @@ static const struct rp_field gemm_scalars[] = {
 };
 
 /* In enum rp_epilogue / rp_compute_mode order. */
-static const char *const epilogue_names[] = { "none", "bias", "gelu", "gelu_bias", "dgelu", NULL };
+static const char *const epilogue_names[] = { "none", "bias", "gelu", "gelu_bias", "dgelu", "gelu_aux",
+					      "gelu_aux_bias", NULL };
 static const char *const compute_names[] = { "f32", "tf32", NULL };
 
 static bool epilogue_adds_bias(enum rp_epilogue e)
 {
-	return e == RP_EPILOGUE_BIAS || e == RP_EPILOGUE_GELU_BIAS;
+	return e == RP_EPILOGUE_BIAS || e == RP_EPILOGUE_GELU_BIAS || e == RP_EPILOGUE_GELU_AUX_BIAS;
+}
+
+static bool epilogue_writes_aux(enum rp_epilogue e)
+{
+	return e == RP_EPILOGUE_GELU_AUX || e == RP_EPILOGUE_GELU_AUX_BIAS;
 }
 
 static int gemm_read_scalars(const cJSON *params, struct rp_compute *call, struct rp_error *err)
@@ -91,6 +102,7 @@ static int check_shapes(struct rp_compute *c, struct rp_error *err)
 	const struct rp_operand *d = &c->operands[RP_GEMM_D];
 	const struct rp_operand *cm = rp_compute_operand(c, RP_GEMM_C), *bias = rp_compute_operand(c, RP_GEMM_BIAS);
 	const struct rp_operand *aux = rp_compute_operand(c, RP_GEMM_AUX);
+	const struct rp_operand *aux_out = rp_compute_operand(c, RP_GEMM_AUX_OUT);
 	const int64_t ma = g->trans_a ? a->shape[1] : a->shape[0];
 	const int64_t ka = g->trans_a ? a->shape[0] : a->shape[1];
 	const int64_t kb = g->trans_b ? b->shape[1] : b->shape[0];
@@ -121,6 +133,11 @@ static int check_shapes(struct rp_compute *c, struct rp_error *err)
 		return rp_error_invalid_operand(err, "aux", "aux is %s but op(A) op(B) is %s; aux must be D's shape",
 						rp_operand_shape_text(aux).s, rp_shape_fmt(2, mn).s);
 	}
+	if (aux_out && !rp_operand_shape_is(aux_out, 2, mn)) {
+		return rp_error_invalid_operand(err, "aux_out",
+						"aux_out is %s but op(A) op(B) is %s; aux_out must be D's shape",
+						rp_operand_shape_text(aux_out).s, rp_shape_fmt(2, mn).s);
+	}
 	if (bias && bias->shape[0] != nb) {
 		return rp_error_invalid_operand(err, "bias",
 						"bias is %s but op(A) op(B) has %" PRId64 " columns; bias must be [%" PRId64 "]",
@@ -136,6 +153,7 @@ static int check_options(const struct rp_compute *c, struct rp_error *err)
 {
 	const struct rp_gemm *g = &c->gemm;
 	bool has_c = c->present[RP_GEMM_C], has_bias = c->present[RP_GEMM_BIAS], has_aux = c->present[RP_GEMM_AUX];
+	bool has_aux_out = c->present[RP_GEMM_AUX_OUT];
 
 	if (g->beta != 0.0 && !has_c) {
 		return rp_error_invalid_operand(err, "c",
@@ -163,6 +181,18 @@ static int check_options(const struct rp_compute *c, struct rp_error *err)
 	if (g->epilogue != RP_EPILOGUE_DGELU && has_aux) {
 		return rp_error_invalid_operand(err, "aux",
 						"an aux was given but epilogue %s does not read one; aux is for dgelu",
+						epilogue_names[g->epilogue]);
+	}
+	if (epilogue_writes_aux(g->epilogue) && !has_aux_out) {
+		return rp_error_invalid_operand(err, "aux_out",
+						"epilogue %s writes GELU's input to aux_out but no aux_out was given; pass "
+						"a matrix shaped like d",
+						epilogue_names[g->epilogue]);
+	}
+	if (!epilogue_writes_aux(g->epilogue) && has_aux_out) {
+		return rp_error_invalid_operand(err, "aux_out",
+						"an aux_out was given but epilogue %s does not write one; aux_out is for "
+						"gelu_aux and gelu_aux_bias",
 						epilogue_names[g->epilogue]);
 	}
 	/* TF32 is a way of multiplying f32 inputs; it means nothing for

@@ -264,10 +264,12 @@ struct regen_tensor {
 
 /* GELU is the tanh approximation. DGELU is a GELU layer's backward:
  * D = (alpha op(A) op(B) + beta C) * GELU'(aux), aux the forward's
- * pre-activation ([M, N], D's dtype); it takes no bias. */
+ * pre-activation ([M, N], D's dtype); it takes no bias. GELU_AUX and
+ * GELU_AUX_BIAS are GELU and GELU_BIAS that also write that pre-activation
+ * to aux_out ([M, N], D's dtype), for the DGELU of the backward pass. */
 enum regen_epilogue {
 	REGEN_EPILOGUE_NONE = 0, REGEN_EPILOGUE_BIAS, REGEN_EPILOGUE_GELU, REGEN_EPILOGUE_GELU_BIAS,
-	REGEN_EPILOGUE_DGELU
+	REGEN_EPILOGUE_DGELU, REGEN_EPILOGUE_GELU_AUX, REGEN_EPILOGUE_GELU_AUX_BIAS
 };
 
 /* Every compute call may name, on the operands' device: wait_event, which
@@ -289,6 +291,7 @@ struct regen_gemm_args {
 	const regen_event *wait_event, *signal_event;
 	const struct regen_tensor *aux;    /* NULL: none; REGEN_EPILOGUE_DGELU's pre-activation */
 	uint32_t deadline_ms;              /* 0: regend's default */
+	const struct regen_tensor *aux_out;   /* NULL: none; written by REGEN_EPILOGUE_GELU_AUX(_BIAS) */
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 

@@ -292,6 +292,13 @@ void gt_gemm_set_aux(struct rd_op *op, struct gt_mat *aux)
 	op->buffers[RP_GEMM_AUX] = aux->buf;
 }
 
+void gt_gemm_set_aux_out(struct rd_op *op, struct gt_mat *aux_out)
+{
+	gt_operand(&op->compute.operands[RP_GEMM_AUX_OUT], aux_out);
+	op->compute.present[RP_GEMM_AUX_OUT] = true;
+	op->buffers[RP_GEMM_AUX_OUT] = aux_out->buf;
+}
+
 void gt_gemm_reference_dgelu(const struct rd_op *op, struct gt_mat *aux, double *ref)
 {
 	const struct rp_gemm *g = &op->compute.gemm;
@@ -325,7 +332,8 @@ void gt_gemm_reference(const struct rd_op *op, struct gt_mat *a, struct gt_mat *
 				v += g->beta * hc[i * c->ld + j];
 			if (hbias)
 				v += hbias[j];
-			if (g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS)
+			if (g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS ||
+			    g->epilogue == RP_EPILOGUE_GELU_AUX || g->epilogue == RP_EPILOGUE_GELU_AUX_BIAS)
 				v = use_erf ? gelu_erf(v) : gelu_tanh(v);
 			ref[i * N + j] = v;
 		}

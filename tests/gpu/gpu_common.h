@@ -94,6 +94,8 @@ void gt_gemm(struct rd_op *op, struct gt_mat *a, struct gt_mat *b, struct gt_mat
 	     enum rp_compute_mode compute);
 /* dgelu's aux ([M, N], D's dtype) into op's aux slot. */
 void gt_gemm_set_aux(struct rd_op *op, struct gt_mat *aux);
+/* gelu_aux's aux_out ([M, N], D's dtype) into op's aux_out slot. */
+void gt_gemm_set_aux_out(struct rd_op *op, struct gt_mat *aux_out);
 /* ref[M*N] *= GELU'(aux), tanh GELU's slope: a dgelu reference from the
  * one gt_gemm_reference gave. */
 void gt_gemm_reference_dgelu(const struct rd_op *op, struct gt_mat *aux, double *ref);

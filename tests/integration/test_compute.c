@@ -134,7 +134,7 @@ static int client_main(void *arg)
 	gc.trans_b = true;
 	failures += run_gemm(c, &m, &gc);
 	/* Epilogues. */
-	for (t = REGEN_EPILOGUE_BIAS; t <= REGEN_EPILOGUE_DGELU; t++) {
+	for (t = REGEN_EPILOGUE_BIAS; t <= REGEN_EPILOGUE_GELU_AUX_BIAS; t++) {
 		memset(&gc, 0, sizeof(gc));
 		gc.in = gc.out = dts[(t + idx) % 3];
 		gc.m = tl_rand_int(2, 24);
@@ -160,6 +160,10 @@ static int client_main(void *arg)
 		gc.beta = gc.with_c ? tl_rand_uniform(-1.5, 1.5) : 0;
 		gc.pad = i >= 2 ? tl_rand_int(1, 5) : 0;
 		gc.epilogue = REGEN_EPILOGUE_DGELU;
+		failures += run_gemm(c, &m, &gc);
+		/* The forward's side: GELU's input written to aux_out, laid
+		 * out (padded) as D, with C, alpha and beta in it. */
+		gc.epilogue = i & 1 ? REGEN_EPILOGUE_GELU_AUX_BIAS : REGEN_EPILOGUE_GELU_AUX;
 		failures += run_gemm(c, &m, &gc);
 	}
 	/* Larger ones, so the clients' calls overlap in the workers. */
@@ -247,8 +251,9 @@ static struct regen_tensor mat(regen_buffer *buf, uint64_t offset, enum regen_dt
 	return (struct regen_tensor){ .buffer = buf, .offset = offset, .dtype = dt, .rank = 2, .shape = { rows, cols } };
 }
 
-/* dgelu's mistakes, each refused with InvalidOperand naming `operand` and
- * nothing written anywhere in the buffer; a right call after them works. */
+/* dgelu's and gelu_aux's mistakes, each refused with InvalidOperand naming
+ * `operand` and nothing written anywhere in the buffer; a right call after
+ * them works. */
 static void dgelu_refusals(regen_client *c)
 {
 	struct tl_buffer m;
@@ -259,11 +264,13 @@ static void dgelu_refusals(regen_client *c)
 	struct regen_tensor aux_bf16 = mat(b, 1024, REGEN_BF16, 4, 4), aux_past = mat(b, 4064, REGEN_F32, 4, 4);
 	struct regen_tensor aux_on_d = mat(b, 512 + 16, REGEN_F32, 4, 4), aux_is_d = mat(b, 512, REGEN_F32, 4, 4);
 	struct regen_tensor bias = { .buffer = b, .offset = 1536, .dtype = REGEN_F32, .rank = 1, .shape = { 4 } };
+	struct regen_tensor on_a = mat(b, 16, REGEN_F32, 4, 4);
 	const struct {
 		const char *what;
 		enum regen_epilogue epilogue;
 		const struct regen_tensor *aux, *bias;
 		const char *operand;
+		const struct regen_tensor *aux_out;
 	} cases[] = {
 		{ "dgelu without aux", REGEN_EPILOGUE_DGELU, NULL, NULL, "aux" },
 		{ "aux without an epilogue", REGEN_EPILOGUE_NONE, &aux, NULL, "aux" },
@@ -275,6 +282,16 @@ static void dgelu_refusals(regen_client *c)
 		{ "aux past its buffer's end", REGEN_EPILOGUE_DGELU, &aux_past, NULL, "aux" },
 		{ "d overlapping aux", REGEN_EPILOGUE_DGELU, &aux_on_d, NULL, "d" },
 		{ "d aliasing aux exactly", REGEN_EPILOGUE_DGELU, &aux_is_d, NULL, "d" },
+		{ "gelu_aux without aux_out", REGEN_EPILOGUE_GELU_AUX, NULL, NULL, "aux_out" },
+		{ "gelu_aux_bias without aux_out", REGEN_EPILOGUE_GELU_AUX_BIAS, NULL, &bias, "aux_out" },
+		{ "gelu_aux_bias without a bias", REGEN_EPILOGUE_GELU_AUX_BIAS, NULL, NULL, "bias", &aux },
+		{ "aux_out with gelu", REGEN_EPILOGUE_GELU, NULL, NULL, "aux_out", &aux },
+		{ "aux_out with dgelu", REGEN_EPILOGUE_DGELU, &aux, NULL, "aux_out", &aux_short },
+		{ "aux_out of another shape", REGEN_EPILOGUE_GELU_AUX, NULL, NULL, "aux_out", &aux_short },
+		{ "aux_out of another dtype", REGEN_EPILOGUE_GELU_AUX, NULL, NULL, "aux_out", &aux_bf16 },
+		{ "aux_out past its buffer's end", REGEN_EPILOGUE_GELU_AUX, NULL, NULL, "aux_out", &aux_past },
+		{ "aux_out over a", REGEN_EPILOGUE_GELU_AUX, NULL, NULL, "aux_out", &on_a },
+		{ "aux_out over d", REGEN_EPILOGUE_GELU_AUX, NULL, NULL, "aux_out", &aux_on_d },
 	};
 	unsigned char before[4096];
 
@@ -282,6 +299,7 @@ static void dgelu_refusals(regen_client *c)
 		struct regen_gemm_args args = {
 			.a = mat(b, 0, REGEN_F32, 4, 4), .b = mat(b, 256, REGEN_F32, 4, 4), .d = mat(b, 512, REGEN_F32, 4, 4),
 			.alpha = 1, .epilogue = cases[i].epilogue, .aux = cases[i].aux, .bias = cases[i].bias,
+			.aux_out = cases[i].aux_out,
 		};
 
 		for (size_t e = 0; e < sizeof(before); e++) {
@@ -299,13 +317,17 @@ static void dgelu_refusals(regen_client *c)
 		cJSON_Delete(params);
 		ASSERT(memcmp(before, m.mem.ptr, sizeof(before)) == 0, "%s: the buffer changed", cases[i].what);
 	}
-	/* The lane still serves, dgelu included. */
+	/* The lane still serves, dgelu and gelu_aux_bias included. */
 	struct tl_gemm_case gc = { .in = REGEN_F32, .out = REGEN_F32, .m = 5, .n = 7, .k = 3, .alpha = 1,
 				   .epilogue = REGEN_EPILOGUE_DGELU };
 	char why[512] = "";
 	int r = tl_gemm_run(c, &m, 0, &gc, why, sizeof(why));
 	ASSERT_REGEN_OK(c, r < 0 ? r : 0, "dgelu after the refusals");
 	ASSERT(r == 0, "dgelu after the refusals: %s", why);
+	gc.epilogue = REGEN_EPILOGUE_GELU_AUX_BIAS;
+	r = tl_gemm_run(c, &m, 0, &gc, why, sizeof(why));
+	ASSERT_REGEN_OK(c, r < 0 ? r : 0, "gelu_aux_bias after the refusals");
+	ASSERT(r == 0, "gelu_aux_bias after the refusals: %s", why);
 	tl_buffer_free(&m);
 }
 

@@ -16,7 +16,8 @@ _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_
 	       (int)REGEN_BF16 == (int)RP_DTYPE_BF16, "regen_dtype and rp_dtype differ");
 _Static_assert((int)REGEN_EPILOGUE_BIAS == (int)RP_EPILOGUE_BIAS && (int)REGEN_EPILOGUE_GELU == (int)RP_EPILOGUE_GELU &&
 	       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS &&
-	       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU, "regen_epilogue and rp_epilogue differ");
+	       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU &&
+	       (int)REGEN_EPILOGUE_GELU_AUX_BIAS == (int)RP_EPILOGUE_GELU_AUX_BIAS, "regen_epilogue and rp_epilogue differ");
 
 static enum rp_dtype rp(enum regen_dtype dt)
 {
@@ -162,9 +163,10 @@ static void gemm_layout(const struct tl_gemm_case *gc, struct gemm_layout *l)
 	l->off_c = align64(l->off_b + (size_t)l->b_rows * (size_t)l->ldb * ein);
 	l->off_d = align64(l->off_c + (size_t)gc->m * (size_t)l->ldc * eout);
 	l->off_bias = align64(l->off_d + (size_t)gc->m * (size_t)l->ldc * eout);
-	/* aux only for dgelu, so that other cases' sizes stay as they were. */
+	/* aux only for dgelu and aux_out for gelu_aux(_bias) (the same
+	 * place), so that other cases' sizes stay as they were. */
 	l->off_aux = align64(l->off_bias + (size_t)gc->n * eout);
-	l->total = gc->epilogue == REGEN_EPILOGUE_DGELU ? align64(l->off_aux + (size_t)gc->m * (size_t)l->ldc * eout)
+	l->total = gc->epilogue >= REGEN_EPILOGUE_DGELU ? align64(l->off_aux + (size_t)gc->m * (size_t)l->ldc * eout)
 							: l->off_aux;
 }
 
@@ -212,7 +214,7 @@ void tl_gemm_ok_at(const char *file, int line, regen_client *c, struct tl_buffer
 
 void tl_gemm_describe(const struct tl_gemm_case *gc, char *buf, size_t size)
 {
-	static const char *const ep[] = { "none", "bias", "gelu", "gelu_bias", "dgelu" };
+	static const char *const ep[] = { "none", "bias", "gelu", "gelu_bias", "dgelu", "gelu_aux", "gelu_aux_bias" };
 
 	snprintf(buf, size, "gemm %s->%s m=%d n=%d k=%d ta=%d tb=%d alpha=%g beta=%g c=%d bias=%d epilogue=%s pad=%d",
 		 rp_dtype_name(rp(gc->in)), rp_dtype_name(rp(gc->out)), gc->m, gc->n, gc->k, gc->trans_a, gc->trans_b,
@@ -257,14 +259,15 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 		size_t why_size)
 {
 	const bool use_bias = gc->with_bias || gc->epilogue == REGEN_EPILOGUE_BIAS ||
-			      gc->epilogue == REGEN_EPILOGUE_GELU_BIAS;
+			      gc->epilogue == REGEN_EPILOGUE_GELU_BIAS || gc->epilogue == REGEN_EPILOGUE_GELU_AUX_BIAS;
 	const bool use_aux = gc->epilogue == REGEN_EPILOGUE_DGELU;
+	const bool use_aux_out = gc->epilogue == REGEN_EPILOGUE_GELU_AUX || gc->epilogue == REGEN_EPILOGUE_GELU_AUX_BIAS;
 	const size_t mn = (size_t)gc->m * (size_t)gc->n;
 	unsigned char *p = b->mem.ptr + base;
 	struct regen_gemm_args args;
 	struct regen_tensor tc, tbias, taux;
 	struct gemm_layout l;
-	double *a, *bm, *cv, *bias, *aux, *ref, *mag, *got;
+	double *a, *bm, *cv, *bias, *aux, *ref, *mag, *got, *pre, *pre_mag;
 	int r;
 
 	gemm_layout(gc, &l);
@@ -278,7 +281,9 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 	ref = malloc(sizeof(double) * (mn + 1));
 	mag = malloc(sizeof(double) * (mn + 1));
 	got = malloc(sizeof(double) * (mn + 1));
-	ASSERT(a && bm && cv && bias && aux && ref && mag && got, "out of memory");
+	pre = malloc(sizeof(double) * (mn + 1));
+	pre_mag = malloc(sizeof(double) * (mn + 1));
+	ASSERT(a && bm && cv && bias && aux && ref && mag && got && pre && pre_mag, "out of memory");
 
 	/* Fresh random inputs, as stored (A and B in their stored layout);
 	 * padding between rows holds 1e3, which a kernel must not read. */
@@ -299,6 +304,9 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 		}
 	}
 	tl_poison(rp(gc->out), p + l.off_d, (size_t)gc->m * (size_t)l.ldc);
+	if (use_aux_out) {
+		tl_poison(rp(gc->out), p + l.off_aux, (size_t)gc->m * (size_t)l.ldc);
+	}
 
 	memset(&args, 0, sizeof(args));
 	tensor2(&args.a, b->buf, base + l.off_a, gc->in, l.a_rows, l.a_cols, l.lda);
@@ -317,9 +325,13 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 		tbias.shape[0] = gc->n;
 		args.bias = &tbias;
 	}
-	if (use_aux) {
+	if (use_aux || use_aux_out) {
 		tensor2(&taux, b->buf, base + l.off_aux, gc->out, gc->m, gc->n, l.ldc);
-		args.aux = &taux;
+		if (use_aux) {
+			args.aux = &taux;
+		} else {
+			args.aux_out = &taux;
+		}
 	}
 	args.trans_a = gc->trans_a;
 	args.trans_b = gc->trans_b;
@@ -335,7 +347,8 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 	tl_check_transport(c, regen_buffer_device(b->buf));
 	tl_gemm_ref(&(struct tl_gemm){ .m = gc->m, .n = gc->n, .k = gc->k, .trans_a = gc->trans_a,
 				       .trans_b = gc->trans_b, .alpha = gc->alpha, .beta = gc->beta,
-				       .epilogue = (enum rp_epilogue)gc->epilogue, .aux = use_aux ? aux : NULL },
+				       .epilogue = (enum rp_epilogue)gc->epilogue, .aux = use_aux ? aux : NULL,
+				       .pre = pre, .pre_magnitude = pre_mag },
 		    a, bm, gc->with_c ? cv : NULL, use_bias ? bias : NULL, ref, mag);
 	for (int i = 0; i < gc->m; i++) {
 		for (int j = 0; j < gc->n; j++) {
@@ -344,6 +357,25 @@ int tl_gemm_run(regen_client *c, struct tl_buffer *b, uint64_t base, const struc
 		}
 	}
 	if (tl_check_close("D", rp(gc->out), got, ref, mag, mn, 3e-5, why, why_size) > 0) {
+		r = 1;
+		goto out;
+	}
+	/* aux_out holds GELU's input, in D's dtype, and its row padding is
+	 * left alone as D's. */
+	for (int i = 0; use_aux_out && i < gc->m; i++) {
+		for (int j = 0; j < l.ldc; j++) {
+			size_t at = (size_t)i * (size_t)l.ldc + (size_t)j;
+
+			if (j < gc->n) {
+				got[(size_t)i * (size_t)gc->n + (size_t)j] = tl_load(rp(gc->out), p + l.off_aux, at);
+			} else if (!tl_is_poison(rp(gc->out), p + l.off_aux, at)) {
+				snprintf(why, why_size, "wrote aux_out's row padding at [%d,%d]", i, j);
+				r = 1;
+				goto out;
+			}
+		}
+	}
+	if (use_aux_out && tl_check_close("aux_out", rp(gc->out), got, pre, pre_mag, mn, 3e-5, why, why_size) > 0) {
 		r = 1;
 		goto out;
 	}
@@ -378,6 +410,8 @@ out:
 	free(ref);
 	free(mag);
 	free(got);
+	free(pre);
+	free(pre_mag);
 	return r;
 }
 

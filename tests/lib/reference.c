@@ -29,7 +29,8 @@ void tl_gemm_ref(const struct tl_gemm *g, const double *a, const double *b, cons
 		 double *d, double *magnitude)
 {
 	const int64_t M = g->m, N = g->n, K = g->k;
-	const bool gelu = g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS;
+	const bool gelu = g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS ||
+			  g->epilogue == RP_EPILOGUE_GELU_AUX || g->epilogue == RP_EPILOGUE_GELU_AUX_BIAS;
 	double *bt = NULL, *acc = calloc((size_t)N + 1, sizeof(double)), *abs_ = calloc((size_t)N + 1, sizeof(double));
 	const double *opb = b;
 
@@ -69,6 +70,12 @@ void tl_gemm_ref(const struct tl_gemm *g, const double *a, const double *b, cons
 			if (bias != NULL) {
 				ref += bias[j];
 				mag += fabs(bias[j]);
+			}
+			if (g->pre != NULL) {
+				g->pre[i * N + j] = ref;
+			}
+			if (g->pre_magnitude != NULL) {
+				g->pre_magnitude[i * N + j] = mag;
 			}
 			if (gelu) {
 				ref = g->gelu_erf ? gelu_erf(ref) : tl_gelu_tanh(ref);

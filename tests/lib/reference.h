@@ -17,13 +17,16 @@ struct tl_gemm {
 	int64_t m, n, k;
 	bool trans_a, trans_b;      /* a stored [k, m], b stored [n, k] */
 	double alpha, beta;
-	/* GELU for RP_EPILOGUE_GELU and _GELU_BIAS, in cuBLASLt's tanh form
+	/* GELU for RP_EPILOGUE_GELU, _GELU_BIAS, _GELU_AUX and _GELU_AUX_BIAS, in cuBLASLt's tanh form
 	 * unless gelu_erf. The bias is added when given, whatever the epilogue. */
 	enum rp_epilogue epilogue;
 	bool gelu_erf;
 	/* RP_EPILOGUE_DGELU: the pre-activation [m, n] whose tanh-GELU slope
 	 * multiplies each element. */
 	const double *aux;
+	/* When not NULL: each element before GELU or its slope are applied
+	 * (what gelu_aux writes to aux_out), and its magnitude. */
+	double *pre, *pre_magnitude;
 };
 
 /* The tanh approximation of GELU, and its derivative (torch's

@@ -113,7 +113,7 @@ START_TEST(a_record_decodes_into_its_descriptor)
 	ck_assert_ptr_null(err.name);
 	ck_assert_ptr_eq(back.spec, &rp_op_gemm);
 	for (int i = 0; i < RP_GEMM_OPERANDS; i++) {
-		ck_assert(back.present[i] == (i != RP_GEMM_AUX));
+		ck_assert(back.present[i] == (i != RP_GEMM_AUX && i != RP_GEMM_AUX_OUT));
 		if (!back.present[i])
 			continue;
 		ck_assert_mem_eq(&back.operands[i], &c.operands[i], sizeof(struct rp_operand));
@@ -164,6 +164,42 @@ START_TEST(a_dgelu_record_carries_aux)
 	const char *named;
 	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_OPERAND);
 	ck_assert_str_eq(named, "d");
+}
+END_TEST
+
+/* gelu_aux_bias's aux_out travels in gemm's seventh slot: written, so it
+ * may overlap no other operand. */
+START_TEST(a_gelu_aux_record_carries_aux_out)
+{
+	struct rp_compute c, back;
+	struct rp_ring_record rec;
+	struct rp_error err = { 0 };
+
+	gemm_call(&c);
+	matrix(&c, RP_GEMM_AUX_OUT, &ids[1], 4096, 4, 6);
+	c.gemm.epilogue = RP_EPILOGUE_GELU_AUX_BIAS;
+	encode(&c, &rec);
+	ck_assert_uint_eq(rec.epilogue, 6);
+	ck_assert_uint_eq(rec.operands[RP_GEMM_AUX_OUT].index, 1);
+	ck_assert_uint_eq(rec.operands[RP_GEMM_AUX].index, RP_RING_NONE);
+	ck_assert_int_eq(rp_ring_decode(&rec, ids, 4, &back, &err), 0);
+	ck_assert_ptr_null(err.name);
+	ck_assert_int_eq(back.gemm.epilogue, RP_EPILOGUE_GELU_AUX_BIAS);
+	ck_assert(back.present[RP_GEMM_AUX_OUT] && back.present[RP_GEMM_BIAS] && !back.present[RP_GEMM_AUX]);
+	ck_assert_mem_eq(&back.operands[RP_GEMM_AUX_OUT], &c.operands[RP_GEMM_AUX_OUT], sizeof(struct rp_operand));
+
+	/* aux_out on C's bytes: an output over an input, refused by name. */
+	c.operands[RP_GEMM_AUX_OUT] = c.operands[RP_GEMM_C];
+	encode(&c, &rec);
+	const char *named;
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_OPERAND);
+	ck_assert_str_eq(named, "aux_out");
+	/* Without aux_out, gelu_aux_bias is refused naming it. */
+	c.present[RP_GEMM_AUX_OUT] = false;
+	memset(&c.operands[RP_GEMM_AUX_OUT], 0, sizeof(c.operands[RP_GEMM_AUX_OUT]));
+	encode(&c, &rec);
+	ck_assert_str_eq(refused(&rec, &named), RP_ERR_INVALID_OPERAND);
+	ck_assert_str_eq(named, "aux_out");
 }
 END_TEST
 
@@ -482,6 +518,7 @@ static Suite *ring_suite(void)
 	tcase_add_test(tc, sizes_are_the_protocols);
 	tcase_add_test(tc, a_record_decodes_into_its_descriptor);
 	tcase_add_test(tc, a_dgelu_record_carries_aux);
+	tcase_add_test(tc, a_gelu_aux_record_carries_aux_out);
 	tcase_add_test(tc, attention_scale_zero_is_the_default);
 	tcase_add_test(tc, attention_lengths_travel_in_the_last_slots);
 	tcase_add_test(tc, layer_norm_records);

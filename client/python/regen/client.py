@@ -22,7 +22,7 @@ __all__ = ["Client", "Operand", "Buffer", "Event", "Comm", "Watch", "DEFAULT_SOC
 
 DEFAULT_SOCKET = "/run/regen/regend.sock"
 DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
-_EPILOGUES = ("none", "bias", "gelu", "gelu_bias", "dgelu")
+_EPILOGUES = ("none", "bias", "gelu", "gelu_bias", "dgelu", "gelu_aux", "gelu_aux_bias")
 # A ring's lane idle longer than this is checked for a worker gone before
 # its next call.
 _IDLE_PROBE_S = 0.001
@@ -933,12 +933,16 @@ class Client:
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-             epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None, deadline_ms=None):
+             epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None, deadline_ms=None,
+             aux_out=None):
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias"; GELU is the tanh approximation).  With
         ``epilogue="dgelu"``, a GELU layer's backward: D = (alpha * op(A) @
         op(B) + beta * C) * GELU'(aux), ``aux`` the forward's pre-activation
         ([M, N], D's dtype; given exactly with dgelu, which takes no bias).
+        "gelu_aux" and "gelu_aux_bias" are "gelu" and "gelu_bias" that also
+        write GELU's input to ``aux_out`` ([M, N], D's dtype; given exactly
+        with them), the ``aux`` of the backward's dgelu.
         Operands are Operands or torch tensors
         (a tensor's storage is imported on first use and kept alive until
         close_tensor/close_buffer or the next generation).  A transposed torch view
@@ -956,7 +960,7 @@ class Client:
                 x = x.t()
                 trans[n] = not trans[n]
             named[n] = x
-        named.update({"c": c, "d": d, "bias": bias, "aux": aux})
+        named.update({"c": c, "d": d, "bias": bias, "aux": aux, "aux_out": aux_out})
         scalars = {"trans_a": trans["a"], "trans_b": trans["b"], "alpha": _finite("alpha", alpha),
                    "beta": _finite("beta", beta)}
         if epilogue is not None:

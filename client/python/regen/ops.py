@@ -20,6 +20,7 @@ OPS = {
             OperandSpec("d", True, True, 2, ('f32', 'f16', 'bf16')),
             OperandSpec("bias", False, False, 1, ('f32', 'f16', 'bf16')),
             OperandSpec("aux", False, False, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec("aux_out", True, False, 2, ('f32', 'f16', 'bf16')),
         ),
         (("trans_a", "bool"), ("trans_b", "bool"), ("alpha", "float"), ("beta", "float"), ("epilogue", "string"), ("compute", "string"),),
     ),

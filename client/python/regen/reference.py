@@ -20,13 +20,15 @@ def dgelu_tanh(x):
 
 
 def gemm(a, b, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, c=None, bias=None,
-         epilogue=None, aux=None):
+         epilogue=None, aux=None, pre=None):
     """D = alpha op(A) op(B) + beta C (+ bias, GELU), all flat row-major lists;
     with epilogue "dgelu", (alpha op(A) op(B) + beta C) * dgelu_tanh(aux).
-    A is stored [m, k] ([k, m] when trans_a), B [k, n] ([n, k] when trans_b)."""
+    A is stored [m, k] ([k, m] when trans_a), B [k, n] ([n, k] when trans_b).
+    ``pre``, a list of m * n, receives each value before GELU (what
+    "gelu_aux" and "gelu_aux_bias" write to aux_out)."""
     out = [0.0] * (m * n)
-    gelu = epilogue in ("gelu", "gelu_bias")
-    add_bias = bias is not None and epilogue in ("bias", "gelu_bias")
+    gelu = epilogue in ("gelu", "gelu_bias", "gelu_aux", "gelu_aux_bias")
+    add_bias = bias is not None and epilogue in ("bias", "gelu_bias", "gelu_aux_bias")
     for i in range(m):
         arow = [a[p * m + i] if trans_a else a[i * k + p] for p in range(k)]
         for j in range(n):
@@ -39,6 +41,8 @@ def gemm(a, b, m, n, k, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, c=Non
                 v += beta * c[i * n + j]
             if add_bias:
                 v += bias[j]
+            if pre is not None:
+                pre[i * n + j] = v
             if epilogue == "dgelu":
                 v *= dgelu_tanh(aux[i * n + j])
             out[i * n + j] = gelu_tanh(v) if gelu else v

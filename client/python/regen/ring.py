@@ -65,7 +65,7 @@ _TIMING_AT = _ERROR_AT + ERROR_MAX
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
-_EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3, "dgelu": 4}
+_EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3, "dgelu": 4, "gelu_aux": 5, "gelu_aux_bias": 6}
 _COMPUTE = {"f32": 0, "tf32": 1}
 _ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
 

@@ -98,24 +98,29 @@ class Gemm(DaemonTest):
         b = self.tensor([n, k] if trans_b else [k, n], in_dtype)
         d = self.tensor([m, n], out_dtype, fill=False)
         c = self.tensor([m, n], out_dtype) if with_c else None
-        bias = self.tensor([n], out_dtype) if epilogue in ("bias", "gelu_bias") else None
-        aux = None
+        bias = self.tensor([n], out_dtype) if epilogue in ("bias", "gelu_bias", "gelu_aux_bias") else None
+        aux = aux_out = None
         if epilogue == "dgelu":
             # The pre-activation across GELU's bend and into both tails.
             aux = self.tensor([m, n], out_dtype, fill=False)
             aux.write(random_values(m * n, self.rng, -4.0, 4.0))
+        if epilogue in ("gelu_aux", "gelu_aux_bias"):
+            aux_out = self.tensor([m, n], out_dtype, fill=False)
         aux_before = aux.read() if aux else None
         us = self.c.gemm(a.op, b.op, d.op, c=c.op if c else None, bias=bias.op if bias else None,
                          trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, epilogue=epilogue, tf32=tf32,
-                         aux=aux.op if aux else None)
+                         aux=aux.op if aux else None, aux_out=aux_out.op if aux_out else None)
         self.assertIsInstance(us, int)
+        pre = [0.0] * (m * n)
         ref = reference.gemm(a.read(), b.read(), m, n, k, trans_a, trans_b, alpha, beta,
                              c.read() if c else None, bias.read() if bias else None, epilogue,
-                             aux=aux_before)
+                             aux=aux_before, pre=pre)
         if aux:
             self.assertEqual(aux.read(), aux_before, "aux is an input")
-        self.assertClose(d.read(), ref, "f32" if tf32 is False and out_dtype == "f32" else out_dtype,
-                         f"gemm {m}x{n}x{k}")
+        tolerance = "f32" if tf32 is False and out_dtype == "f32" else out_dtype
+        self.assertClose(d.read(), ref, tolerance, f"gemm {m}x{n}x{k}")
+        if aux_out:
+            self.assertClose(aux_out.read(), pre, tolerance, f"gemm {m}x{n}x{k}: aux_out, GELU's input")
 
     def test_f32(self):
         self.run_gemm(64, 48, 32)
@@ -140,6 +145,13 @@ class Gemm(DaemonTest):
                 with self.subTest(inputs=in_dt, out=out_dt, c=with_c):
                     self.run_gemm(24, 20, 16, trans_b=with_c, epilogue="dgelu", alpha=1.5,
                                   beta=0.5 if with_c else 0.0, with_c=with_c, in_dtype=in_dt, out_dtype=out_dt)
+
+    def test_gelu_aux(self):
+        for epilogue in ("gelu_aux", "gelu_aux_bias"):
+            for in_dt, out_dt in (("f32", "f32"), ("bf16", "bf16"), ("bf16", "f32")):
+                with self.subTest(epilogue=epilogue, inputs=in_dt, out=out_dt):
+                    self.run_gemm(24, 20, 16, trans_a=in_dt == "bf16", epilogue=epilogue, alpha=1.5, beta=0.5,
+                                  with_c=True, in_dtype=in_dt, out_dtype=out_dt)
 
     def test_dgelu_reference(self):
         # The pure-Python reference's slope against a central difference of
@@ -497,8 +509,8 @@ class Errors(DaemonTest):
         self.assertIn("K must agree", cm.exception.reason)
 
     def test_dgelu_refusals(self):
-        """Each of dgelu's mistakes is InvalidOperand naming the operand, and
-        nothing is written: not D, not aux."""
+        """Each of dgelu's and gelu_aux's mistakes is InvalidOperand naming
+        the operand, and nothing is written: not D, not aux, not aux_out."""
         m, n, k = 8, 6, 4
         a, b = self.tensor([m, k]), self.tensor([k, n])
         d, aux, bias = self.tensor([m, n]), self.tensor([m, n]), self.tensor([n])
@@ -519,6 +531,13 @@ class Errors(DaemonTest):
             ("d overlapping aux", dict(d=d_in_big, aux=regen.Operand(big.buffer, 8, "f32", [m, n]),
                                        epilogue="dgelu"), "d"),
             ("d aliasing aux", dict(d=d_in_big, aux=d_in_big, epilogue="dgelu"), "d"),
+            ("gelu_aux without aux_out", dict(d=d.op, epilogue="gelu_aux"), "aux_out"),
+            ("aux_out with gelu_bias", dict(d=d.op, aux_out=aux.op, bias=bias.op, epilogue="gelu_bias"), "aux_out"),
+            ("aux_out with dgelu", dict(d=d.op, aux=aux.op, aux_out=big.op, epilogue="dgelu"), "aux_out"),
+            ("aux_out of another dtype", dict(d=d.op, aux_out=regen.Operand(aux.buffer, 0, "bf16", [m, n]),
+                                              epilogue="gelu_aux"), "aux_out"),
+            ("aux_out overlapping d", dict(d=d_in_big, aux_out=regen.Operand(big.buffer, 8, "f32", [m, n]),
+                                           epilogue="gelu_aux"), "aux_out"),
         ]
         for what, kwargs, operand in cases:
             with self.subTest(what):

@@ -8,7 +8,8 @@
  * then per row of D^T, which is exactly cuBLASLt's bias vector. The dgelu
  * epilogue's aux (GELU's pre-activation, [M, N] like D) is read as D is:
  * column-major [N, M] with its row stride as leading dimension, which
- * cuBLASLt needs a multiple of 8 elements (refused before launch).
+ * cuBLASLt needs a multiple of 8 elements (refused before launch); the
+ * gelu_aux epilogues' aux_out is the same matrix, written (GELU_AUX).
  *
  * A plan (matmul descriptor, four layouts, the chosen algorithm and its
  * workspace size) is made once per (shape, dtypes, transposes, leading
@@ -124,10 +125,13 @@ static int plan_init(struct rd_resource *res)
 	case RP_EPILOGUE_GELU: epi = CUBLASLT_EPILOGUE_GELU; break;
 	case RP_EPILOGUE_GELU_BIAS: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
 	case RP_EPILOGUE_DGELU: epi = CUBLASLT_EPILOGUE_DGELU; break;
+	case RP_EPILOGUE_GELU_AUX: epi = CUBLASLT_EPILOGUE_GELU_AUX; break;
+	case RP_EPILOGUE_GELU_AUX_BIAS: epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
 	default: break;
 	}
 	LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-	if (k->epilogue == RP_EPILOGUE_BIAS || k->epilogue == RP_EPILOGUE_GELU_BIAS) {
+	if (k->epilogue == RP_EPILOGUE_BIAS || k->epilogue == RP_EPILOGUE_GELU_BIAS ||
+	    k->epilogue == RP_EPILOGUE_GELU_AUX_BIAS) {
 		int32_t bt = (int32_t)tcd;
 		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
 		/* The heuristic reads the bias pointer's alignment, not its
@@ -135,9 +139,10 @@ static int plan_init(struct rd_resource *res)
 		const void *stand_in = (const void *)(uintptr_t)k->align_bias;
 		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof(stand_in)));
 	}
-	if (k->epilogue == RP_EPILOGUE_DGELU) {
-		/* aux's type is left at its default, D's: the protocol gives
-		 * aux D's dtype. Its pointer is a stand-in too. */
+	if (k->ldaux) {
+		/* dgelu reads aux, gelu_aux writes aux_out. Its type is left
+		 * at its default, D's: the protocol gives both D's dtype. Its
+		 * pointer is a stand-in too. */
 		int64_t ldaux = k->ldaux;
 		const void *stand_in = (const void *)(uintptr_t)k->align_aux;
 		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof(ldaux)));
@@ -258,9 +263,11 @@ void cuda_gemm_plans_finish(struct cuda_dev *cd)
 	pthread_mutex_destroy(&cd->plans_lock);
 }
 
+/* aux: dgelu's aux, read, or gelu_aux's aux_out, written (one epilogue
+ * pointer either way). */
 struct gemm_ptrs {
-	const void *a, *b, *c, *bias, *aux;
-	void *d;
+	const void *a, *b, *c, *bias;
+	void *d, *aux;
 };
 
 static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const struct gemm_ptrs *ptr,
@@ -287,7 +294,9 @@ static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const
 	k->align_c = alignment_of(ptr->c);
 	k->align_d = alignment_of(ptr->d);
 	k->align_bias = ptr->bias ? alignment_of(ptr->bias) : 256;
-	k->ldaux = c->present[RP_GEMM_AUX] ? c->operands[RP_GEMM_AUX].strides[0] : 0;
+	k->ldaux = c->present[RP_GEMM_AUX]       ? c->operands[RP_GEMM_AUX].strides[0]
+		   : c->present[RP_GEMM_AUX_OUT] ? c->operands[RP_GEMM_AUX_OUT].strides[0]
+						 : 0;
 	k->align_aux = ptr->aux ? alignment_of(ptr->aux) : 256;
 	k->policy = (int32_t)cd->policy;
 }
@@ -341,7 +350,7 @@ static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error
 	ptr->d = p[RP_GEMM_D];
 	ptr->c = c->present[RP_GEMM_C] ? p[RP_GEMM_C] : ptr->d;
 	ptr->bias = p[RP_GEMM_BIAS];
-	ptr->aux = p[RP_GEMM_AUX];
+	ptr->aux = c->present[RP_GEMM_AUX] ? p[RP_GEMM_AUX] : p[RP_GEMM_AUX_OUT];
 	return 0;
 }
 
@@ -355,6 +364,12 @@ static int gemm_supported(const struct rp_compute *c, struct rp_error *err)
 						"aux's row stride is %lld elements; cuBLASLt's DGELU epilogue needs it a "
 						"multiple of 8 (pad aux's rows)",
 						(long long)c->operands[RP_GEMM_AUX].strides[0]);
+	}
+	if (c->present[RP_GEMM_AUX_OUT] && c->operands[RP_GEMM_AUX_OUT].strides[0] % 8 != 0) {
+		return rp_error_invalid_operand(err, "aux_out",
+						"aux_out's row stride is %lld elements; cuBLASLt's GELU_AUX epilogue needs "
+						"it a multiple of 8 (pad aux_out's rows)",
+						(long long)c->operands[RP_GEMM_AUX_OUT].strides[0]);
 	}
 	return 0;
 }

@@ -218,9 +218,10 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 	const struct rp_operand *A = &c->operands[RP_GEMM_A], *B = &c->operands[RP_GEMM_B];
 	const struct rp_operand *C = &c->operands[RP_GEMM_C], *D = &c->operands[RP_GEMM_D];
 	const struct rp_operand *bias_op = &c->operands[RP_GEMM_BIAS], *aux_op = &c->operands[RP_GEMM_AUX];
+	const struct rp_operand *aux_out_op = &c->operands[RP_GEMM_AUX_OUT];
 	const void *pa = ptr[RP_GEMM_A], *pb = ptr[RP_GEMM_B], *pc = ptr[RP_GEMM_C], *pbias = ptr[RP_GEMM_BIAS];
 	const void *paux = ptr[RP_GEMM_AUX];
-	void *pd = ptr[RP_GEMM_D];
+	void *pd = ptr[RP_GEMM_D], *paux_out = ptr[RP_GEMM_AUX_OUT];
 	const int64_t M = g->m, N = g->n, K = g->k;
 	/* op(A)[i][q] = A[i*as_i + q*as_q]; op(B)[q][j] = B[q*bs_q + j*bs_j]. */
 	const int64_t as_i = g->trans_a ? A->strides[1] : A->strides[0];
@@ -229,8 +230,11 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 	const int64_t bs_j = g->trans_b ? B->strides[0] : B->strides[1];
 	const bool read_c = c->present[RP_GEMM_C] && pc && g->beta != 0.0;
 	const bool add_bias = c->present[RP_GEMM_BIAS] && pbias &&
-		(g->epilogue == RP_EPILOGUE_BIAS || g->epilogue == RP_EPILOGUE_GELU_BIAS);
-	const bool gelu = g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS;
+		(g->epilogue == RP_EPILOGUE_BIAS || g->epilogue == RP_EPILOGUE_GELU_BIAS ||
+		 g->epilogue == RP_EPILOGUE_GELU_AUX_BIAS);
+	const bool write_aux = (g->epilogue == RP_EPILOGUE_GELU_AUX || g->epilogue == RP_EPILOGUE_GELU_AUX_BIAS) &&
+		c->present[RP_GEMM_AUX_OUT] && paux_out;
+	const bool gelu = g->epilogue == RP_EPILOGUE_GELU || g->epilogue == RP_EPILOGUE_GELU_BIAS || write_aux;
 	const bool dgelu = g->epilogue == RP_EPILOGUE_DGELU && c->present[RP_GEMM_AUX] && paux;
 	const float alpha = (float)g->alpha, beta = (float)g->beta;
 	float *panel = NULL, *arows = NULL, *acc = NULL, *crow = NULL, *bias = NULL, *auxrow = NULL;
@@ -307,6 +311,9 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 					if (add_bias) {
 						v += bias[j];
 					}
+					if (write_aux) {
+						auxrow[j] = v;
+					}
 					if (gelu) {
 						v = gelu_tanh(v);
 					}
@@ -316,6 +323,11 @@ static int gemm(const struct rp_compute *c, void *const *ptr)
 					out[j] = v;
 				}
 				store_f32(pd, D->dtype, i * D->strides[0] + j0 * D->strides[1], D->strides[1], out, nb);
+				if (write_aux) {
+					store_f32(paux_out, aux_out_op->dtype,
+						  i * aux_out_op->strides[0] + j0 * aux_out_op->strides[1],
+						  aux_out_op->strides[1], auxrow, nb);
+				}
 			}
 		}
 	}

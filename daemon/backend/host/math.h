@@ -16,8 +16,9 @@ float rd_f16_to_f32(uint16_t h);
 /* Runs one validated call (proto/compute.h). ptr[slot] is each operand's
  * base, already at its byte offset (NULL for an absent optional operand).
  * GEMM: D = epilogue(alpha op(A) op(B) + beta C + bias), GELU the tanh
- * approximation as cuBLASLt's epilogue; dgelu multiplies alpha op(A) op(B)
- * + beta C by that GELU's derivative at aux. Attention: grouped-query heads,
+ * approximation as cuBLASLt's epilogue (gelu_aux and gelu_aux_bias store
+ * its f32 input, rounded to aux_out's dtype); dgelu multiplies alpha op(A)
+ * op(B) + beta C by that GELU's derivative at aux. Attention: grouped-query heads,
  * both causal alignments, sequence lengths (rows past them written o 0,
  * stats -inf, gradients 0; lengths clamped into range), the stats as
  * log-sum-exp. LayerNorm: each row's statistics in f32 (pairwise sums, the
