@@ -341,9 +341,18 @@ int rc_ensure_worker(regen_client *c, int device, int64_t deadline)
 	if (rc_conn_is_open(w) && !rc_conn_peer_gone(w)) {
 		return 0;
 	}
+	/* The lane (its ring, its calls outstanding) went with the connection.
+	 * Calls it still had outstanding are told of, as a Varlink lane's
+	 * settle tells (a ring lane has no replies to settle): a caller that
+	 * went on silently would wait later on tickets handed out again. */
+	bool lost = rc_conn_is_open(w) && c->lanes[device].completed < c->lanes[device].submitted;
 	rc_conn_close(w);
-	/* The lane (its ring, its calls outstanding) went with the connection. */
 	rc_lane_reset(&c->lanes[device]);
+	if (lost) {
+		rc_set_local_error(c, "connection to device %d's worker broke with calls in flight; they may or may "
+				      "not have run", device);
+		return -ECONNRESET;
+	}
 	for (;;) {
 		r = worker_path(c, device, deadline, path, sizeof(path));
 		if (r < 0) {

@@ -273,7 +273,9 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 			free_index = i;
 	}
 	if (free_index == RP_RING_NONE) {
-		ret = rc_lane_wait(c, device, lane->submitted);
+		/* Answered, their first error kept for the caller's wait: this
+		 * call is not theirs to fail. */
+		ret = rc_lane_drain(c, device);
 		if (ret < 0)
 			return ret;
 		/* held has fewer entries than the table: this ends. */
@@ -453,6 +455,20 @@ static int varlink_reap(regen_client *c, struct rc_lane *lane, int device, int64
 		lane->last_timing = (struct regen_call_timing){ .completed_ns = now_ns() };
 	}
 	rp_call_finish(&reply);
+	return 0;
+}
+
+int rc_lane_drain(regen_client *c, int device)
+{
+	struct rc_lane *lane = &c->lanes[device];
+	int64_t deadline = rc_deadline(c->timeout_s);
+	int r;
+
+	while (lane->completed < lane->submitted) {
+		r = lane->ring ? ring_reap(c, lane, device, deadline) : varlink_reap(c, lane, device, deadline);
+		if (r < 0)
+			return r;
+	}
 	return 0;
 }
 

@@ -57,6 +57,10 @@ static int object_close(struct rc_object *obj, const char *method)
 	if (c == NULL || c->known_generation[obj->device] > obj->rid.generation) {
 		goto out;
 	}
+	/* A queued record may name the object: it runs first, as a queued
+	 * Varlink call would, and its index is not given to another id
+	 * while one might. */
+	int drained = rc_lane_drain(c, obj->device);
 	rc_lane_forget(c, obj->device, &obj->rid);
 	p = rp_close_object_encode((enum rp_id_kind)obj->rid.kind, &obj->rid);
 	if (p == NULL) {
@@ -70,6 +74,15 @@ static int object_close(struct rc_object *obj, const char *method)
 				     strcmp(name, REGEN_ERROR_DEVICE_LOST) == 0)) {
 			r = 0;
 		}
+	}
+	/* The object is closed (or went with its worker) either way; calls
+	 * that broke with the connection before it are what the caller hears
+	 * of. */
+	if (r == 0 && drained < 0) {
+		rc_set_local_error(c, drained == -ETIMEDOUT ? "no completion from device %d's worker before the timeout"
+							    : "connection to device %d's worker broke with calls in flight",
+				   obj->device);
+		r = drained;
 	}
 out:
 	cJSON_Delete(p);

@@ -112,6 +112,11 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket);
  * their first error for the next wait (before another call on the
  * connection). */
 int rc_lane_settle(regen_client *c, int device);
+/* Reads the answers of every call outstanding on the lane, ring or Varlink,
+ * keeping their first error for the next wait: before an index of the
+ * lane's id table is taken back or an id closed, which a queued record may
+ * still name. Negative only when the connection broke or timed out. */
+int rc_lane_drain(regen_client *c, int device);
 /* An id closed: the lane's table no longer holds it. */
 void rc_lane_forget(regen_client *c, int device, const struct rp_id *rid);
 void rc_lane_reset(struct rc_lane *lane);

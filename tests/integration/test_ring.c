@@ -190,6 +190,88 @@ static void a_full_id_table_keeps_a_records_own_indexes(void)
 	regen_client_destroy(c);
 }
 
+/* A call queued without waiting fails (D past the end of its buffer); 255
+ * more fill the lane's id table; the next call names a buffer not bound yet.
+ * Taking an index back waits for the queued calls, but their error is
+ * theirs: the new call is queued, and regen_wait on the bad call's ticket
+ * names its InvalidOperand (the client's wait had taken the error, failed
+ * the good call with it and left regen_wait nothing to say). */
+static void a_full_table_keeps_a_queued_error_for_the_wait(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	static struct tl_buffer t[ID_TABLE + 1];
+	struct regen_gemm_args g;
+	uint64_t bad_ticket = 0, ticket = 0;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	for (int i = 0; i < ID_TABLE + 1; i++)
+		tl_buffer_create(c, 0, 4096, &t[i]);
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, t[0].buf, 0, 2, 2);
+	tensor2(&g.b, t[0].buf, 0, 2, 2);
+	tensor2(&g.d, t[0].buf, 4096 - 8, 2, 2);   /* past the end: InvalidOperand */
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &bad_ticket), "the bad call is queued");
+	for (int i = 1; i < ID_TABLE; i++) {
+		memset(&g, 0, sizeof(g));
+		tensor2(&g.a, t[i].buf, 0, 2, 2);
+		tensor2(&g.b, t[i].buf, 0, 2, 2);
+		tensor2(&g.d, t[i].buf, 64, 2, 2);
+		ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &ticket), "filling the id table, call %d", i);
+	}
+	ASSERT_EQ(regen_client_transport(c, 0), REGEN_TRANSPORT_RING, "the lane is on the ring");
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, t[ID_TABLE].buf, 0, 2, 2);
+	tensor2(&g.b, t[ID_TABLE].buf, 0, 2, 2);
+	tensor2(&g.d, t[ID_TABLE].buf, 64, 2, 2);
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &ticket), "a good call after the table filled");
+	ASSERT_REGEN_ERROR(c, regen_wait(c, 0, bad_ticket), REGEN_ERROR_INVALID_OPERAND,
+			   "regen_wait on the bad call's ticket");
+	ASSERT_REGEN_OK(c, regen_wait(c, 0, ticket), "the good call");
+	for (int i = 0; i < ID_TABLE + 1; i++)
+		tl_buffer_free(&t[i]);
+	regen_client_destroy(c);
+}
+
+/* A call queued on the ring behind an injected hang, then the worker
+ * crashes and is respawned: the client's next call to that worker (an
+ * import) says the calls in flight broke with the connection, as it does on
+ * Varlink, where the lane had been reset without a word. */
+static void a_crash_with_a_ring_call_in_flight_is_told(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b, b2;
+	struct regen_gemm_args g;
+	uint64_t gen, lost = 0;
+	regen_status *st;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, 1, 1 << 16, &b);
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, b.buf, 0, 4, 4);
+	tensor2(&g.b, b.buf, 256, 4, 4);
+	tensor2(&g.d, b.buf, 512, 4, 4);
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g), "before the crash");
+	ASSERT_EQ(regen_client_transport(c, 1), REGEN_TRANSPORT_RING, "the lane is on the ring");
+	st = tl_status(c);
+	gen = tl_status_device(st, 1)->generation;
+	regen_status_free(st);
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &lost), "queued behind the hang");
+	usleep(200000);
+	(void)regen_inject_fault(c, 1, "crash");
+	tl_wait_generation(c, 1, gen, 30);
+	tl_buffer_alloc(4096, &b2);
+	int imported = tl_buffer_import(c, 1, &b2);
+	ASSERT_EQ(imported, -ECONNRESET, "the import after the crash: %d (%s)", imported,
+		  regen_client_error_message(c) ? regen_client_error_message(c) : "-");
+	ASSERT(strstr(regen_client_error_message(c), "calls in flight") != NULL, "the message: %s",
+	       regen_client_error_message(c));
+	ASSERT_EQ(tl_buffer_import(c, 1, &b2), 0, "the import again, on a fresh connection");
+	tl_buffer_free(&b);
+	tl_buffer_free(&b2);
+	regen_client_destroy(c);
+}
+
 /* 2000 GEMMs queued without waiting, in a ring of 256: all complete, in
  * order, and a bad one among them fails alone, named at the wait. */
 static void queued_calls_complete_in_order(void)
@@ -742,6 +824,8 @@ int main(void)
 	same_answers_on_both_transports();
 	queued_calls_complete_in_order();
 	a_full_id_table_keeps_a_records_own_indexes();
+	a_full_table_keeps_a_queued_error_for_the_wait();
+	a_crash_with_a_ring_call_in_flight_is_told();
 	completions_carry_stage_times();
 	restart_fails_records_with_stale_generation();
 	bad_setups_are_refused_by_name();

@@ -563,6 +563,15 @@ class Client:
             lane.elapsed_us = elapsed
         lane.idle_since = time.monotonic()
 
+    def _drain(self, device):
+        """Reads every answer outstanding on ``device``'s lane, ring or
+        Varlink, keeping their first error for the next wait(): before an
+        index of the ring's id table is taken back or an id closed, which a
+        queued record may still name."""
+        lane = self._lanes.get(device)
+        while lane is not None and lane.completed < lane.submitted:
+            self._reap(device, lane)
+
     def _settle(self, device):
         """Varlink answers outstanding on the lane come before another call
         on its connection (their error waits for the next wait())."""
@@ -621,7 +630,8 @@ class Client:
         indexes so far); added to ``held``."""
         i = ring.bound.get(ident)
         if i is None:
-            i = ring.index(ident, lambda: self.wait(device), held)
+            # The queued calls' error stays theirs, for their wait().
+            i = ring.index(ident, lambda: self._drain(device), held)
         held.append(i)
         return i
 
@@ -812,6 +822,11 @@ class Client:
         worker and forget it, unless the connection broke with the call in
         flight: then the worker may still hold it."""
         device = obj.device if obj is not None else _id_device(ident)
+        # A queued record may name it: the record runs first, as a queued
+        # Varlink call's answer is read first, and its ring index is not
+        # given to another id while one might.
+        if device is not None:
+            self._drain(device)
         try:
             reply = self._worker_call(device, method, {key: ident})
         except (errors.StaleGeneration, errors.NoSuchObject):
@@ -870,6 +885,9 @@ class Client:
 
     def _forget_event(self, ev):
         if ev is not None:
+            lane = self._lanes.get(ev.device)
+            if lane is not None and lane.open_ring is not None:
+                lane.open_ring.forget(ev.id)
             ev.closed = True
             self._events.pop(ev.id, None)
 

@@ -177,8 +177,12 @@ class Ring:
                 self.next_victim += 1
                 if i not in held:
                     break
-            del self.bound[self.by_index[i]]
+        # The tables change once the worker took the Bind: one it refuses
+        # (an id it does not know) leaves the index to the id it held.
         self.conn.call("io.regen.Lane.Bind", {"index": i, "ids": [ident]})
+        old = self.by_index[i]
+        if old is not None:
+            del self.bound[old]
         self.bound[ident] = i
         self.by_index[i] = ident
         return i

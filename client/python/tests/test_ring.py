@@ -144,6 +144,61 @@ class RingTest(unittest.TestCase):
         self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5,
                              "D is not A @ B: the record named another buffer than A")
 
+    def test_a_refused_bind_in_a_full_table_leaves_the_lane_working(self):
+        """The id table full; a call names a buffer id regend does not know,
+        so its Bind is refused with NoSuchObject, as the Varlink call would
+        be.  The table must stay as it was: the next calls, on good buffers,
+        work (the client had dropped the index it meant to take back before
+        the Bind, and found no free one for good after)."""
+        c = self.client("ring")
+        nids = 256
+        t = [self.tensor(c, [2, 2]) for _ in range(nids + 2)]
+        for i in range(nids - 1):
+            c.gemm(t[i].op, t[i].op, t[i + 1].op)
+        ghost = regen.Operand(f"b0.{t[0].buffer.generation}.999999", 0, "f32", [2, 2])
+        with self.assertRaises(regen.NoSuchObject):
+            c.gemm(ghost, t[1].op, t[nids].op)
+        a, b, d = t[0], t[nids], t[nids + 1]
+        a.write([self.rng.uniform(-1, 1) for _ in range(4)])
+        c.gemm(a.op, b.op, d.op)
+        ref = reference.gemm(a.read(), b.read(), 2, 2, 2)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+
+    def test_a_full_table_keeps_a_queued_error_for_wait(self):
+        """A call queued with wait=False fails; 255 more fill the id table;
+        the next call names a buffer not bound yet.  Taking an index back
+        waits for the queued calls, but their error is theirs: the new call
+        is queued, and wait() raises the first call's InvalidOperand."""
+        c = self.client("ring")
+        nids = 256
+        t = [self.tensor(c, [2, 2]) for _ in range(nids + 1)]
+        bad = regen.Operand(t[0].buffer, 8, "f32", [2, 2])       # past the end of a 16-byte buffer
+        c.gemm(t[0].op, t[0].op, bad, wait=False)
+        for i in range(1, nids):
+            c.gemm(regen.Operand(t[i].buffer, 0, "f32", [1, 1]), regen.Operand(t[i].buffer, 4, "f32", [1, 1]),
+                   regen.Operand(t[i].buffer, 8, "f32", [1, 1]), wait=False)
+        self.assertEqual(c.lane_transport(0), "ring")
+        submit_error = self.outcome(c.gemm, regen.Operand(t[nids].buffer, 0, "f32", [1, 1]),
+                                    regen.Operand(t[nids].buffer, 4, "f32", [1, 1]),
+                                    regen.Operand(t[nids].buffer, 8, "f32", [1, 1]), wait=False)
+        self.assertIsNone(submit_error, "a good call's submit raised an earlier call's error")
+        self.assertEqual(self.outcome(c.wait, 0)[0], "InvalidOperand",
+                         "wait() said nothing of the queued call's InvalidOperand")
+
+    def test_closing_a_buffer_runs_the_calls_queued_before(self):
+        """A call queued with wait=False names a buffer, which is closed
+        next: the call runs with it, as on Varlink (whose close reads the
+        queued answers first), not NoSuchObject, and the buffer's index is
+        not given to another before the call is taken."""
+        c = self.client("ring")
+        a, b, d = self.tensor(c, [16, 16]), self.tensor(c, [16, 16]), self.tensor(c, [16, 16], fill=False)
+        want = reference.gemm(a.read(), b.read(), 16, 16, 16)
+        for _ in range(20):
+            c.gemm(a.op, b.op, d.op, wait=False)
+        c.close_buffer(b.buffer)
+        self.assertIsNone(self.outcome(c.wait, 0))
+        self.assertLessEqual(reference.rel_error(d.read(), want), 1e-5)
+
     def test_queued_calls_complete_in_order(self):
         c = self.client("ring")
         a, b, d = self.tensor(c, [3, 3]), self.tensor(c, [3, 3]), self.tensor(c, [3, 3], fill=False)
