@@ -15,20 +15,25 @@ a LayerNorm and a residual add on the rank between each.
 
 The saved activations are those autograd would keep for the same layers:
 x, ln1's output and statistics, qkv, attention's output and log-sum-exp,
-h, ln2's output and statistics, and GELU's output; GELU's input is
-recomputed in the backward (one GEMM), as rt.mlp does.
+h, ln2's output and statistics, GELU's input and its output.  GELU's input
+comes from the up projection's epilogue (gelu_aux_bias) beside its output,
+so the backward does not compute it again; where cuBLASLt cannot write it (a
+hidden width off 8 on CUDA) it is recomputed there (one GEMM), as rt.mlp
+does.
 """
 
 import torch
 
-from ._ops import (_column_sums_now, _empty, _gemm, _mlp_backward, _mode_off, _rt, _sdpa_packed_backward,
-                   _sdpa_packed_kernel)
+from ._ops import (_column_sums_now, _empty, _gemm, _keeps_gelu_input, _mlp_backward, _mode_off, _rt,
+                   _sdpa_packed_backward, _sdpa_packed_kernel)
 
 __all__ = ["transformer_block", "transformer_blocks", "BLOCK_PARAMETERS"]
 
 # The parameters, in the order transformer_block takes them.
 BLOCK_PARAMETERS = ("ln1_weight", "ln1_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias",
                     "ln2_weight", "ln2_bias", "up_weight", "up_bias", "down_weight", "down_bias")
+# What a layer's forward keeps for its backward (_forward_layer's second result).
+_SAVED = 13
 
 
 def _layer_norm(x, weight, bias, eps):
@@ -86,22 +91,29 @@ def _forward_layer(x2d, params, heads, eps, b, s, w):
     o2d = o.view(b * s, w)
     h = _gemm(o2d, proj_w.t(), _empty([b * s, w], x2d.dtype, x2d), "bias", proj_b, c=x2d)
     a2, mean2, rstd2 = _layer_norm(h, ln2_w, ln2_b, eps)
-    u = _gemm(a2, up_w.t(), _empty([b * s, up_w.shape[0]], x2d.dtype, x2d), "gelu_bias", up_b)
+    hidden = up_w.shape[0]
+    u = _empty([b * s, hidden], x2d.dtype, x2d)
+    if _keeps_gelu_input(x2d, hidden):
+        z = _empty([b * s, hidden], x2d.dtype, x2d)
+        _gemm(a2, up_w.t(), u, "gelu_aux_bias", up_b, aux_out=z)
+    else:
+        z = None
+        _gemm(a2, up_w.t(), u, "gelu_bias", up_b)
     y = _gemm(u, down_w.t(), _empty([b * s, w], x2d.dtype, x2d), "bias", down_b, c=h)
-    return y, (x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u)
+    return y, (x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u, z)
 
 
 def _backward_layer(g, saved, params, heads, b, s, w):
     """One block's backward calls (inside the caller's batch) for the
     gradient g [b * s, w] of its output: (d_x, the 12 parameters'
     gradients)."""
-    x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u = saved
+    x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u, z = saved
     ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
     rows = b * s
     out = [None] * 12
-    # The MLP's gradients, as rt.mlp's backward takes them (GELU's input
-    # recomputed, its gradient in a GEMM's epilogue).
-    d_a2, out[8], out[9], out[10], out[11] = _mlp_backward((True,) * 5, a2, up_w, up_b, down_w, down_b, u, g)
+    # The MLP's gradients, as rt.mlp's backward takes them (GELU's input as
+    # the forward kept it, its gradient in a GEMM's epilogue).
+    d_a2, out[8], out[9], out[10], out[11] = _mlp_backward((True,) * 5, a2, up_w, up_b, down_w, down_b, u, g, z)
     # ln2, the residual's gradient (g) added in the same call.
     d_h, out[6], out[7] = _layer_norm_backward(d_a2, h, ln2_w, mean2, rstd2, g, True, True)
     # The projection, attention (dq, dk, dv into one d_qkv), qkv.
@@ -145,13 +157,13 @@ class _Blocks(torch.autograd.Function):
         with _mode_off():
             tensors = ctx.saved_tensors
             layers = ctx.layers
-            saved, params = tensors[:12 * layers], tensors[12 * layers:]
+            saved, params = tensors[:_SAVED * layers], tensors[_SAVED * layers:]
             b, s, w = ctx.shape
             g = grad.contiguous().view(b * s, w)
             grads = [None] * (12 * layers)
             with _rt().batch():
                 for i in reversed(range(layers)):
-                    g, grads[12 * i:12 * i + 12] = _backward_layer(g, saved[12 * i:12 * i + 12],
+                    g, grads[12 * i:12 * i + 12] = _backward_layer(g, saved[_SAVED * i:_SAVED * i + _SAVED],
                                                                    params[12 * i:12 * i + 12], ctx.heads, b, s, w)
             needs = ctx.needs_input_grad[4:]
             return (g.view(b, s, w), None, None, None, *[gp if n else None for gp, n in zip(grads, needs)])

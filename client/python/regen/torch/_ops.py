@@ -145,10 +145,12 @@ def _last_unit(x):
 
 # ---- kernels (run on real tensors) ------------------------------------------
 
-def _gemm(a, b, out, epilogue=None, bias=None, aux=None, c=None):
+def _gemm(a, b, out, epilogue=None, bias=None, aux=None, c=None, aux_out=None):
     """out = epilogue(a @ b (+ bias)) (+ c) in regend, a and b 2-D (views as
     regend takes them, a copy only where neither a tensor nor its transpose
-    is one); ``c`` (out's shape and dtype): a residual added with beta 1."""
+    is one); ``c`` (out's shape and dtype): a residual added with beta 1;
+    ``aux_out`` (out's shape and dtype): GELU's input, written by the
+    gelu_aux epilogues."""
     aa, ta = _gemm_input(a)
     bb, tb = _gemm_input(b)
     scalars = {"trans_a": ta, "trans_b": tb}
@@ -157,8 +159,15 @@ def _gemm(a, b, out, epilogue=None, bias=None, aux=None, c=None):
     if c is not None:
         scalars["beta"] = 1.0
     _rt().call("gemm", {"a": aa, "b": bb, "c": c, "d": out, "bias": None if bias is None else _contiguous(bias),
-                        "aux": aux}, scalars)
+                        "aux": aux, "aux_out": aux_out}, scalars)
     return out
+
+
+def _keeps_gelu_input(x, hidden):
+    """Whether a GELU layer of ``hidden`` units on x's device may write its
+    input ([rows, hidden], contiguous) from the GEMM's epilogue (gelu_aux):
+    cuBLASLt takes that matrix's rows a multiple of 8 elements apart."""
+    return x.device.type != "cuda" or hidden % 8 == 0
 
 
 def _mm_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -382,11 +391,12 @@ def _linear_backward(needs, x, w, bias, activation, grad):
     return gx, gw, gb
 
 
-def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
+def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad, z=None):
     """All of the MLP's gradients in regend, one run of calls with no rank
-    work between them: the pre-activation z recomputed (a GEMM), w2's and
-    b2's gradients, dz = (grad @ w2) * GELU'(z) with GELU's gradient in the
-    GEMM's epilogue (dgelu), then x's, w1's and b1's gradients."""
+    work between them: the pre-activation z (recomputed, a GEMM, unless the
+    forward kept it: ``z``), w2's and b2's gradients, dz = (grad @ w2) *
+    GELU'(z) with GELU's gradient in the GEMM's epilogue (dgelu), then x's,
+    w1's and b1's gradients."""
     gx = gw1 = gb1 = gw2 = gb2 = None
     m = x.shape[0]
     if m == 0 or h.shape[1] == 0 or x.shape[1] == 0 or grad.shape[1] == 0:
@@ -397,7 +407,9 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad):
         if b2 is not None and needs[4]:
             gb2 = _as_dtype(_column_sums_now(grad), b2.dtype)
         if needs[0] or needs[1] or (b1 is not None and needs[2]):
-            z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)], b1)
+            if z is None:
+                z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)],
+                          b1)
             if x.device.type == "cuda" and w1.shape[0] % 8 != 0:
                 # cuBLASLt's DGELU takes aux rows a multiple of 8 elements
                 # apart: GELU's gradient on the rank for this width.
