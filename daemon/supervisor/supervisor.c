@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/notify.h"
+#include "daemon/supervisor/generations.h"
 #include "daemon/supervisor/methods.h"
 #include "daemon/supervisor/session.h"
 #include "daemon/supervisor/supervisor.h"
@@ -17,6 +18,17 @@
 
 /* ---- What the devices report ---- */
 
+/* Before any client hears of a new generation, the file has it: a regend
+ * started after this one begins past every generation a client saw. */
+static void save_generations(struct rd_supervisor *sv)
+{
+	uint64_t g[RD_DEVICES_MAX];
+
+	for (int i = 0; i < sv->ndevices; i++)
+		g[i] = sv->devices[i].generation;
+	rd_sv_generations_save(sv->opts.socket_path, sv->watch.epoch, g, sv->ndevices);
+}
+
 /* Every transition: a bump takes the node's epoch with it (and every worker
  * hears the new epoch); each watcher hears the transition once. */
 static void on_state_changed(struct rd_sv_device *d, bool bumped, void *data)
@@ -25,6 +37,7 @@ static void on_state_changed(struct rd_sv_device *d, bool bumped, void *data)
 
 	if (bumped) {
 		rd_sv_watch_bump(&sv->watch);
+		save_generations(sv);
 		for (int i = 0; i < sv->ndevices; i++)
 			rd_sv_device_tell_epoch(&sv->devices[i]);
 	}
@@ -215,10 +228,17 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		.events = &device_events,
 		.data = sv,
 	};
+	uint64_t generations[RD_DEVICES_MAX];
 	for (int i = 0; i < sv->ndevices; i++) {
 		rd_sv_device_init(&sv->devices[i], &sv->device_env, i, backend);
-		rd_sv_device_start(&sv->devices[i]);
+		generations[i] = sv->devices[i].generation;
 	}
+	rd_sv_generations_load(sv->opts.socket_path, &sv->watch.epoch, generations, sv->ndevices);
+	for (int i = 0; i < sv->ndevices; i++)
+		sv->devices[i].generation = generations[i];
+	save_generations(sv);
+	for (int i = 0; i < sv->ndevices; i++)
+		rd_sv_device_start(&sv->devices[i]);
 	start_signal(sv, &sv->sigterm, on_stop_signal, SIGTERM);
 	start_signal(sv, &sv->sigint, on_stop_signal, SIGINT);
 	start_signal(sv, &sv->sighup, on_sighup, SIGHUP);

@@ -2,7 +2,11 @@
  * -ECONNRESET (not a timeout); the next call reconnects to the respawned
  * worker (re-reading Status) and gets io.regen.StaleGeneration for the old
  * buffer; a re-import works. When regend itself restarts, the same
- * regen_client reconnects to the main socket on its next call. */
+ * regen_client reconnects to the main socket on its next call, and the new
+ * regend goes on past the generations the old one served (kept beside the
+ * socket): the old buffer is StaleGeneration, not a generation the client
+ * has seen again from 1. A malformed file of generations is not trusted:
+ * the regend after it starts at 1. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -64,6 +68,7 @@ int main(void)
 	ASSERT_GEMM_OK(c, &m, "gemm after the worker's respawn");
 
 	/* 2. regend itself restarts: the client's connections all break. */
+	uint64_t served = regen_buffer_generation(m.buf);
 	tl_daemon_restart(&daemon_);
 	r = regen_status_get(c, &st);
 	if (r == -ECONNRESET) {
@@ -71,15 +76,34 @@ int main(void)
 		r = regen_status_get(c, &st);
 	}
 	ASSERT_REGEN_OK(c, r);
+	uint64_t after_restart = tl_status_device(st, 0)->generation;
 	regen_status_free(st);
+	tl_log("generation %llu before regend's restart, %llu after", (unsigned long long)served,
+	       (unsigned long long)after_restart);
+	ASSERT_UINT_GT(after_restart, served, "the new regend counts from the old one's generations");
 	r = tl_gemm_run(c, &m, 0, &gc, why, sizeof(why));
 	tl_log("old buffer on the new regend: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	ASSERT(r == -ECONNRESET ||
-	       (r == -EREMOTE && (strcmp(regen_client_error_name(c), REGEN_ERROR_STALE_GENERATION) == 0 ||
-				 strcmp(regen_client_error_name(c), REGEN_ERROR_NO_SUCH_OBJECT) == 0)),
+	       (r == -EREMOTE && strcmp(regen_client_error_name(c), REGEN_ERROR_STALE_GENERATION) == 0),
 	       "a buffer of the previous regend: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 0, &m));
+	ASSERT_UINT_GT(regen_buffer_generation(m.buf), served, "re-imported past the old regend's generations");
 	ASSERT_GEMM_OK(c, &m, "gemm on the new regend");
+
+	/* 3. A file of generations that does not parse is not trusted. */
+	char path[256];
+	snprintf(path, sizeof(path), "%s.generations", daemon_.sock);
+	FILE *f = fopen(path, "w");
+	ASSERT_NOT_NULL(f, "open %s", path);
+	fputs("regen-generations 1\nepoch 12\ndevice 0 zzz\n", f);
+	fclose(f);
+	tl_daemon_restart(&daemon_);
+	r = regen_status_get(c, &st);
+	if (r == -ECONNRESET)
+		r = regen_status_get(c, &st);
+	ASSERT_REGEN_OK(c, r);
+	ASSERT_EQ(tl_status_device(st, 0)->generation, 1, "after a malformed file, generations start at 1");
+	regen_status_free(st);
 
 	tl_buffer_free(&m);
 	regen_client_destroy(c);

@@ -525,6 +525,25 @@ class Lifecycle(unittest.TestCase):
                 self.check_served()
                 self.assertGreaterEqual(rt.stats()["recoveries"] - before["recoveries"], 1)
 
+    def test_regend_itself_restarts(self):
+        """regend is killed and started again on its socket (a crash, an
+        upgrade): it goes on past the generations the old one served, so
+        the operation's recovery (wait for a later generation, import again)
+        works as for a Restart.  A regend counting from 1 again left the
+        runtime retrying the old ids until RecoveryFailed."""
+        for _ in range(2):
+            gen = self.admin.generation()["devices"][0]["generation"]
+            self.admin.restart(0, reason="test_torch_host: a later generation")
+            self.wait_generation_after(gen)
+            self.check_served()
+        seen = rt.runtime()._generation[0]
+        before = rt.stats()
+        daemon.kill()
+        daemon.start()
+        self.check_served()
+        self.assertGreater(rt.runtime()._generation[0], seen)
+        self.assertGreaterEqual(rt.stats()["retries"] - before["retries"], 1)
+
     def test_without_retry_the_error_is_named(self):
         own = rt.Runtime(socket=daemon.socket, retry=False)
         saved = rt._runtime
