@@ -630,8 +630,19 @@ class Client:
         indexes so far); added to ``held``."""
         i = ring.bound.get(ident)
         if i is None:
-            # The queued calls' error stays theirs, for their wait().
-            i = ring.index(ident, lambda: self._drain(device), held)
+            lane = self._lanes.get(device)
+            try:
+                # The queued calls' error stays theirs, for their wait().
+                i = ring.index(ident, lambda: self._drain(device), held)
+            except (errors.ConnectionReset, ConnectionError) as x:
+                # The Bind met a worker gone: the lane goes with its
+                # connection, as when a completion's wait meets it, so the
+                # next call starts on a new one (the lane, its calls
+                # outstanding, had been kept and served every retry the
+                # dead connection).
+                if lane is not None and lane.ring is ring:
+                    raise self._lane_broken(device, lane, "while binding an id") from x
+                raise
         held.append(i)
         return i
 

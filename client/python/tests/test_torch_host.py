@@ -457,6 +457,40 @@ class Batches(unittest.TestCase):
         self.assertGreaterEqual(after["recoveries"] - st["recoveries"], 1)
         self.assertLess(maxdiff(y, self.want), 1e-4)
 
+    def crash_worker(self):
+        """A crash injected into device 0's worker, returned once a new one
+        serves."""
+        admin = regen.Client(daemon.socket, timeout=30)
+        try:
+            gen = admin.generation()["devices"][0]["generation"]
+            admin.inject_fault(0, "crash")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                d = admin.generation()["devices"][0]
+                if d["generation"] > gen and d["state"] == "ready":
+                    break
+                time.sleep(0.02)
+        finally:
+            admin.close()
+
+    def test_a_crash_mid_batch_then_a_new_buffer_recovers(self):
+        """The batch's first call queued, the worker crashes, and the
+        batch's next call names memory the lane has not bound yet: its Bind
+        meets the dead connection.  The lane goes with it and the batch runs
+        again on a new one (the lane was kept, with its first call
+        unanswered, and every retry went to the dead connection until
+        RecoveryFailed)."""
+        rtm = rt.runtime()
+        st = rtm.stats()
+        # Over half a host chunk: a chunk, and an import id, of its own.
+        big = self.pooled(torch.randn(16, 129 << 14) / 4)
+        with rtm.batch():
+            y1 = self.gemm(self.a, self.b, self.empty([16, 16], self.a.dtype, self.a))
+            self.crash_worker()
+            y2 = self.gemm(y1, big, self.empty([16, big.shape[1]], self.a.dtype, self.a))
+        self.assertGreaterEqual(rtm.stats()["recoveries"] - st["recoveries"], 1)
+        self.assertLess(maxdiff(y2, (self.a @ self.b) @ big), 1e-3)
+
     def test_a_queued_operand_goes_with_its_own_strides(self):
         """A chained call's operands are encoded with their own strides, as
         an unchained call's: a GEMM operand whose rows are not contiguous
