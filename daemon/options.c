@@ -38,7 +38,8 @@ const struct rd_option rd_option_table[] = {
 	  .help = "how long Restart and SIGTERM wait for calls in flight" },
 	{ "call-deadline-ms", "call_deadline_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(call_deadline_ms),
 	  .min = 1, .max = 86400000, .def = "60000",
-	  .help = "a compute call's deadline when it names none; past it the device counts as hung" },
+	  .help = "a compute call's deadline when it names none; past it (and past a call's own) the device counts as "
+		  "hung" },
 	{ "heartbeat-ms", "heartbeat_ms", "MS", RD_OPT_UINT, USER | RD_OPT_RELOAD, FIELD(heartbeat_ms), .min = 100,
 	  .max = 600000, .def = "2000", .help = "a worker that answers no heartbeat this long is unresponsive: respawned" },
 	{ "health-period-ms", "health_period_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(health_period_ms),

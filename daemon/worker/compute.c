@@ -174,9 +174,15 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 	op->submitted_ns = uv_hrtime();
 	cc->session = s;
 	cc->answered = false;
+	cc->timed_out = false;
 	cc->deadline_ns = op->submitted_ns +
 			  (uint64_t)(op->compute.deadline_ms ? op->compute.deadline_ms : w->opts->call_deadline_ms) *
 				  1000000u;
+	/* Any client may name a deadline of 1 ms: that may end its own call,
+	 * but only regend's own deadline says the device hung, which costs
+	 * every client its objects. */
+	uint64_t own_ns = op->submitted_ns + (uint64_t)w->opts->call_deadline_ms * 1000000u;
+	cc->hang_ns = cc->deadline_ns > own_ns ? cc->deadline_ns : own_ns;
 	if (op->comm && rp_comm_is_collective(&op->compute))
 		op->comm->collectives++;
 	rd_session_call_started(s);

@@ -30,14 +30,54 @@
 #include "proto/device.h"
 #include "proto/errors.h"
 
+/* When cc is next due: its deadline until it is answered; past its
+ * caller's deadline, regend's (the hang); 0: nothing more. */
+static uint64_t due_of(const struct rd_compute_call *cc)
+{
+	if (!cc->answered)
+		return cc->deadline_ns;
+	return cc->timed_out ? cc->hang_ns : 0;
+}
+
 static uint64_t earliest_deadline(const struct rd_worker *w)
 {
 	uint64_t due = 0;
 
-	for (const struct rd_compute_call *cc = w->running; cc; cc = cc->next)
-		if (!cc->answered && cc->deadline_ns && (!due || cc->deadline_ns < due))
-			due = cc->deadline_ns;
+	for (const struct rd_compute_call *cc = w->running; cc; cc = cc->next) {
+		uint64_t at = due_of(cc);
+		if (at && (!due || at < due))
+			due = at;
+	}
 	return due;
+}
+
+/* The caller's deadline passed, regend's not yet: its call ends with
+ * Timeout; the work runs on (a kernel cannot be taken back), later calls
+ * of its lane wait behind it, and the device counts as hung only if it is
+ * still running at regend's deadline. */
+static void timed_out(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
+{
+	const struct rp_op_spec *spec = cc->op.compute.spec;
+	uint64_t elapsed_ms = (now - cc->op.submitted_ns) / 1000000u;
+	uint64_t limit_ms = (cc->deadline_ns - cc->op.submitted_ns) / 1000000u;
+	int pid = cc->session && cc->session->client ? (int)cc->session->client->peer.pid : 0;
+	struct rp_error err = { 0 };
+
+	rd_debug("health", w->dev.index, rd_worker_generation(w), pid, "%s passed its caller's deadline of %llu ms",
+		 spec->method, (unsigned long long)limit_ms);
+	rp_err_timeout(&err, w->dev.index, (long long)elapsed_ms,
+		       "%s did not finish within its deadline of %llu ms; its work still runs on device %d, whose "
+		       "lane takes the next calls after it",
+		       spec->method, (unsigned long long)limit_ms, w->dev.index);
+	cc->answered = true;
+	cc->timed_out = true;
+	if (cc->call)
+		rd_call_fail(cc->call, &err);
+	else if (cc->answer_early)
+		cc->answer_early(cc, &err);
+	rp_error_clear(&err);
+	cc->call = NULL;
+	w->abandoned++;
 }
 
 static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
@@ -56,21 +96,25 @@ static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 		rd_comm_deadline(w, cc, now);
 		return;
 	}
+	limit_ms = (cc->hang_ns - cc->op.submitted_ns) / 1000000u;
 	rd_warn("health", w->dev.index, rd_worker_generation(w), pid,
 		"%s on lane %u passed its deadline of %llu ms (%llu ms in flight): the device is hung", spec->method,
 		lane, (unsigned long long)limit_ms, (unsigned long long)elapsed_ms);
-	rp_err_timeout(&err, w->dev.index, (long long)elapsed_ms,
-		       "%s did not finish within its deadline of %llu ms; device %d is being reset: wait for the next "
-		       "generation (Watch), re-import and retry",
-		       spec->method, (unsigned long long)limit_ms, w->dev.index);
-	cc->answered = true;
-	if (cc->call)
-		rd_call_fail(cc->call, &err);
-	else if (cc->answer_early)
-		cc->answer_early(cc, &err);
-	rp_error_clear(&err);
-	cc->call = NULL;
-	w->abandoned++;
+	if (!cc->answered) {
+		rp_err_timeout(&err, w->dev.index, (long long)elapsed_ms,
+			       "%s did not finish within its deadline of %llu ms; device %d is being reset: wait for the "
+			       "next generation (Watch), re-import and retry",
+			       spec->method, (unsigned long long)limit_ms, w->dev.index);
+		cc->answered = true;
+		if (cc->call)
+			rd_call_fail(cc->call, &err);
+		else if (cc->answer_early)
+			cc->answer_early(cc, &err);
+		rp_error_clear(&err);
+		cc->call = NULL;
+		w->abandoned++;
+	}
+	cc->timed_out = false;
 	snprintf(reason, sizeof(reason), "hung: %s from pid %d on lane %u passed its deadline of %llu ms",
 		 spec->name, pid, lane, (unsigned long long)limit_ms);
 	rd_worker_fault(w, RD_FAULT_HUNG, reason);
@@ -81,9 +125,16 @@ static void on_deadline(uv_timer_t *t)
 	struct rd_worker *w = t->data;
 	uint64_t now = uv_hrtime(), due;
 
-	for (struct rd_compute_call *cc = w->running; cc; cc = cc->next)
-		if (!cc->answered && cc->deadline_ns && now >= cc->deadline_ns)
+	for (struct rd_compute_call *cc = w->running; cc; cc = cc->next) {
+		uint64_t at = due_of(cc);
+
+		if (!at || now < at)
+			continue;
+		if (!cc->answered && now < cc->hang_ns && !cc->op.comm)
+			timed_out(w, cc, now);
+		else
 			hung(w, cc, now);
+	}
 	due = earliest_deadline(w);
 	if (due)
 		uv_timer_start(&w->deadline_timer, on_deadline, (due - now + 999999) / 1000000, 0);

@@ -52,6 +52,11 @@ struct rd_compute_call {
 	bool answered_at_launch;
 	struct rd_session *session;
 	uint64_t deadline_ns;            /* uv_hrtime() by which it must finish; 0: none */
+	/* uv_hrtime() past which the device counts as hung: the later of the
+	 * caller's deadline and regend's call_deadline_ms. A caller's shorter
+	 * deadline ends its own call (timed_out), never the device. */
+	uint64_t hang_ns;
+	bool timed_out;
 	/* Set for io.regen.Comm's Init and Destroy: answers the call (call may
 	 * be NULL: answered early) and settles the communicator, instead of
 	 * the {elapsed_us} reply. */

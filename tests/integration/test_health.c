@@ -13,8 +13,10 @@
  *                  unresponsive (g) -> respawning (g+1) -> ready (g+1)
  *  - hang:         a Gemm with deadline_ms 300 behind a hung device is
  *                  answered with io.regen.Timeout {device, elapsed_ms};
- *                  faulted ("hung: ...") -> respawning (g+1) -> ready (g+1);
- *                  again through libregen's regen_gemm on the run's transport
+ *                  faulted ("hung: ...") -> respawning (g+1) -> ready (g+1)
+ *                  (regend runs with --call-deadline-ms 300: only its own
+ *                  deadline says the device hung); again through libregen's
+ *                  regen_gemm on the run's transport
  *  - xid 31:       recorded in Status's health, no transition; Status's
  *                  sharing says the host backend shares no GPU (not MPS)
  *  - xid 48:       faulted (g) -> resetting -> ready (g+1)
@@ -527,7 +529,10 @@ static void scenario_errors_carry_generation(regen_client *c)
 
 int main(void)
 {
-	static const char *const args[] = { "--heartbeat-ms", "500", "--failed-retry-ms", "500", NULL };
+	/* regend's own call deadline 300 ms: the hang scenarios' calls name
+	 * the same, and only regend's deadline says a device hung. */
+	static const char *const args[] = { "--heartbeat-ms", "500", "--failed-retry-ms", "500", "--call-deadline-ms",
+					    "300", NULL };
 	struct tl_daemon_opts opts = { .extra = args };
 	regen_client *c;
 

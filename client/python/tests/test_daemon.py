@@ -807,34 +807,61 @@ class Lifecycle(DaemonTest):
 
     def test_a_call_past_its_deadline_times_out(self):
         """deadline_ms on a compute call, on the run's transport: a GEMM
-        behind a hung device is answered with Timeout once its deadline
-        passed, and the device comes back in a new generation."""
-        dev = 1
-        a, b, d = self.square(8, dev)
-        self.c.gemm(a.op, b.op, d.op, deadline_ms=5000)
-        gen = self.generation_of(dev)
-        self.c.inject_fault(dev, "hang")
-        t = time.monotonic()
-        with self.assertRaises(regen.Timeout) as cm:
-            self.c.gemm(a.op, b.op, d.op, deadline_ms=300)
-        self.assertLess(time.monotonic() - t, 2.0, "the Timeout came long after the deadline")
-        self.assertEqual(cm.exception.parameters.get("device"), dev)
-        self.assertGreaterEqual(cm.exception.parameters.get("elapsed_ms"), 300)
-        deadline = time.monotonic() + 20
-        while self.generation_of(dev) <= gen:
-            self.assertLess(time.monotonic(), deadline, "no new generation after the hung call")
-            time.sleep(0.05)
-        # The hung call's lane may still hold the old worker: a call either
-        # reconnects or fails with StaleGeneration, then works after import.
-        outcome_of(self.c.gemm, a.op, b.op, d.op)
-        deadline = time.monotonic() + 20
-        while True:
+        behind a hung device is answered with Timeout once its caller's
+        deadline passed; the device counts as hung only at regend's own
+        deadline (--call-deadline-ms, 1.5 s here) and comes back in a new
+        generation."""
+        with Regend(devices=1, extra=["--call-deadline-ms", "1500"]) as own:
+            main, self.c = self.c, regen.Client(own.socket, timeout=30)
             try:
-                self.assertServesAgain(a, b, d, dev)
-                break
-            except (regen.ConnectionReset, regen.Unavailable, regen.Draining, regen.StaleGeneration):
-                self.assertLess(time.monotonic(), deadline)
-                time.sleep(0.05)
+                dev = 0
+                a, b, d = self.square(8, dev)
+                self.c.gemm(a.op, b.op, d.op, deadline_ms=5000)
+                gen = self.generation_of(dev)
+                self.c.inject_fault(dev, "hang")
+                t = time.monotonic()
+                with self.assertRaises(regen.Timeout) as cm:
+                    self.c.gemm(a.op, b.op, d.op, deadline_ms=300)
+                self.assertLess(time.monotonic() - t, 1.2, "the Timeout came long after the deadline")
+                self.assertEqual(cm.exception.parameters.get("device"), dev)
+                self.assertGreaterEqual(cm.exception.parameters.get("elapsed_ms"), 300)
+                self.assertEqual(self.generation_of(dev), gen, "the caller's deadline reset the device")
+                deadline = time.monotonic() + 20
+                while self.generation_of(dev) <= gen:
+                    self.assertLess(time.monotonic(), deadline, "no new generation after regend's deadline")
+                    time.sleep(0.05)
+                self.assertGreaterEqual(time.monotonic() - t, 1.4, "the device was reset before regend's deadline")
+                # The hung call's lane may still hold the old worker: a call either
+                # reconnects or fails with StaleGeneration, then works after import.
+                outcome_of(self.c.gemm, a.op, b.op, d.op)
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        self.assertServesAgain(a, b, d, dev)
+                        break
+                    except (regen.ConnectionReset, regen.Unavailable, regen.Draining, regen.StaleGeneration):
+                        self.assertLess(time.monotonic(), deadline)
+                        time.sleep(0.05)
+            finally:
+                self.c.close()
+                self.c = main
+
+    def test_a_callers_short_deadline_is_its_own(self):
+        """Any client may name deadline_ms 1: a GEMM that runs longer is
+        answered Timeout, and that is all.  The device is not declared hung
+        (which cost every client its objects: a respawn and a new
+        generation); the next call on the same lane runs after it, right."""
+        n = 384
+        a, b, d = self.square(n)
+        gen, pid = self.generation_of(0), self.c.device_info(0)["worker_pid"]
+        with self.assertRaises(regen.Timeout):
+            self.c.gemm(a.op, b.op, d.op, deadline_ms=1)
+        time.sleep(0.3)
+        self.assertEqual(self.generation_of(0), gen, "a client's deadline of 1 ms bumped the generation")
+        self.assertEqual(self.c.device_info(0)["worker_pid"], pid, "a client's deadline of 1 ms respawned the worker")
+        self.c.gemm(a.op, b.op, d.op)
+        rows = 8   # enough to tell; the pure-Python reference of all of it takes seconds
+        self.assertClose(d.read()[:rows * n], reference.gemm(a.read()[:rows * n], b.read(), rows, n, n), "f32")
 
     def test_bad_deadlines_are_refused_by_name(self):
         a, b, d = self.square(4)
