@@ -275,10 +275,11 @@ enum regen_epilogue {
 /* Every compute call may name, on the operands' device: wait_event, which
  * the work waits for before it starts, and signal_event, which it records
  * when done; the call then returns once the work is enqueued. NULL: none.
- * deadline_ms: how long the work may run once handed to the GPU before
- * regend reports the call hung and recovers the device (a Watch event
- * `hung`, then a reset or respawn); 0: regend's default (--call-deadline-ms),
- * at most a day. */
+ * deadline_ms: how long the call may run before it is answered
+ * io.regen.Timeout; past regend's own --call-deadline-ms too, regend reports
+ * the device hung and recovers it (a Watch event `hung`, then a reset or
+ * respawn), while a shorter deadline ends only this call; 0: regend's
+ * default (--call-deadline-ms), at most a day. */
 struct regen_gemm_args {
 	struct regen_tensor a, b, d;
 	const struct regen_tensor *c;      /* NULL: none */

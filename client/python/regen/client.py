@@ -979,9 +979,10 @@ class Client:
         transpose flag flipped.  Returns regend's elapsed_us; the reply means
         D is written.  With ``wait=False`` the call is queued on the
         device's lane and its ticket returned: ``wait(device, ticket)``.
-        ``deadline_ms`` (every compute call): how long the work may run on
-        the GPU before regend reports the call hung and recovers the device;
-        None: regend's default."""
+        ``deadline_ms`` (every compute call): how long the call may run
+        before it raises Timeout; past regend's own call_deadline_ms too,
+        regend reports the device hung and recovers it (a shorter deadline
+        ends only this call); None: regend's default."""
         trans = {"a": bool(trans_a), "b": bool(trans_b)}
         named = {}
         for n, x in (("a", a), ("b", b)):
