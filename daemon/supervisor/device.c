@@ -386,13 +386,14 @@ static void send_lifecycle(struct rd_sv_device *d, bool reset)
 		op_escalate(d, "control channel to the worker is gone");
 }
 
-/* A Reset resets; so does a Restart of a device whose worker reported a
- * fault, before the operation started (it drains as RESETTING) or while it
- * drained (FAULTED). A Release releases. */
+/* A Reset resets; so does a Restart or a Release of a device whose worker
+ * reported a fault, before the operation started (it drains as RESETTING)
+ * or while it drained (FAULTED): releasing a context that faulted would
+ * serve the next generation on it, every call DeviceLost and no reset to
+ * come. A Release of a healthy device releases. */
 static bool op_resets(const struct rd_sv_device *d, const struct rd_sv_op *op)
 {
-	return op->verb == RD_SV_RESET ||
-	       (op->verb == RD_SV_RESTART && (d->state == RP_STATE_FAULTED || d->state == RP_STATE_RESETTING));
+	return op->verb == RD_SV_RESET || d->state == RP_STATE_FAULTED || d->state == RP_STATE_RESETTING;
 }
 
 static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
@@ -652,7 +653,8 @@ static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *rea
 		transition(d, RP_STATE_FAULTED, false, why);
 		rd_sv_device_enqueue(d, RD_SV_RESET, why, FAULT_DRAIN_DEADLINE_MS, NULL);
 	} else if (d->state == RP_STATE_DRAINING) {
-		/* A Restart draining now resets instead of releasing (op_resets). */
+		/* A Restart or Release draining now resets instead of releasing
+		 * (op_resets). */
 		transition(d, RP_STATE_FAULTED, false, why);
 	}
 }

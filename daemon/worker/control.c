@@ -156,6 +156,13 @@ static void lifecycle(struct rd_call *call, bool reset)
 	if (lifecycle_generation(call, &gen) < 0)
 		return;
 	t0 = uv_hrtime();
+	/* A worker that found a fault resets, whatever it was asked: a
+	 * released context that faulted stays faulted, and the fault, reported
+	 * once, would not be reported again. */
+	pthread_mutex_lock(&w->lock);
+	if (w->fault_reported)
+		reset = true;
+	pthread_mutex_unlock(&w->lock);
 	/* A restart's release aborts the communicators instead of finalizing
 	 * them: it is asked for when a rank of the job failed, and a peer that
 	 * is gone would hold each finalize for its whole bound. */

@@ -1,6 +1,7 @@
 /* Faults: a worker that crashes (InjectFault crash: SIGABRT), a worker
- * killed with SIGKILL (pid from Status), a lost context (device_lost) and a
- * hung call ended by a Restart with a short deadline. Each time the device
+ * killed with SIGKILL (pid from Status), a lost context (device_lost), a
+ * hung call ended by a Restart with a short deadline, and a fault found
+ * while a Release drains (the Release resets). Each time the device
  * comes back in a newer generation, the client's main-socket connection
  * survives (the same regen_client keeps answering Status), the other device
  * is untouched, and data calls work again after a re-import. */
@@ -215,6 +216,49 @@ int main(void)
 	wait_back(c, 1, &s1, &n1, "hang + restart");
 	ASSERT_REGEN_OK(c, tl_buffer_import(c, 1, &m1));
 	ASSERT_GEMM_OK(c, &m1, "device 1 after the hang");
+
+	/* 5. A fault found while a Release drains (device_lost, then a call
+	 * queued behind a long one finds it): the Release resets instead, so
+	 * the next generation serves. It had released the faulted context and
+	 * served "ready" on it, every call DeviceLost for good. */
+	{
+		enum { BIG = 512 };
+		struct tl_buffer big;
+		struct regen_gemm_args g;
+		uint64_t t1, t2;
+		const char *name;
+		struct tl_gemm_case gc;
+		char why[512];
+
+		snapshot(c, 1, &s1);
+		tl_buffer_create(c, 1, (size_t)3 * BIG * BIG * 4, &big);
+		memset(&g, 0, sizeof(g));
+		for (int i = 0; i < 3; i++) {
+			struct regen_tensor *t = i == 0 ? &g.a : i == 1 ? &g.b : &g.d;
+			t->buffer = big.buf;
+			t->offset = (uint64_t)i * BIG * BIG * 4;
+			t->dtype = REGEN_F32;
+			t->rank = 2;
+			t->shape[0] = t->shape[1] = BIG;
+		}
+		ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &t1), "the long call");
+		g.a.shape[0] = g.a.shape[1] = g.b.shape[0] = g.b.shape[1] = g.d.shape[0] = g.d.shape[1] = 4;
+		ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &t2), "a small call behind it");
+		ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "device_lost"));
+		r = regen_release(c, 1, "test_faults: release with a fault found in its drain", NULL);
+		name = regen_client_error_name(c);
+		tl_log("Release while a fault is found in its drain: %d %s", r, name ? name : "");
+		r = regen_wait(c, 1, t2);
+		tl_log("the calls in flight: %d %s", r, regen_client_error_name(c) ? regen_client_error_name(c) : "");
+		wait_back(c, 1, &s1, &n1, "fault during a Release's drain");
+		ASSERT_REGEN_OK(c, tl_buffer_import(c, 1, &m1));
+		tl_gemm_random_case(&gc, 8);
+		r = tl_gemm_run(c, &m1, 0, &gc, why, sizeof(why));
+		ASSERT(r == 0, "after a Release that met a fault, device 1 serves: %d %s %s", r,
+		       regen_client_error_name(c) ? regen_client_error_name(c) : why,
+		       regen_client_error_message(c) ? regen_client_error_message(c) : "");
+		tl_buffer_free(&big);
+	}
 
 	/* The raw connection opened at the start still answers. */
 	ASSERT_EQ(tl_send_text(&raw, "{\"method\":\"io.regen.Device.Generation\"}", NULL, 0), 0, "raw send");
