@@ -755,15 +755,27 @@ static void detached_on_close(struct rd_conn *conn)
 
 static const struct rd_conn_ops detached_ops = { detached_on_call, detached_on_close, NULL };
 
+/* Connections are counted per uid as on every socket of regend: this one
+ * is the supervisor's own, and a uid that filled it without bound would
+ * take the fds the admin's Attach needs. */
 static void detached_accept(int fd, void *data)
 {
 	struct rd_sv_device *d = data;
 	struct rd_conn *conn;
+	unsigned same_uid = 0, limit = d->env->opts->max_connections;
 
 	if (rd_conn_new(d->env->loop, fd, &detached_ops, d, &conn) < 0)
 		return;
+	for (struct rd_conn *c = d->detached_conns; c; c = c->next)
+		same_uid += c->peer.uid == conn->peer.uid;
 	conn->next = d->detached_conns;
 	d->detached_conns = conn;
+	if (same_uid >= limit) {
+		rd_warn("conn", d->index, d->generation, conn->peer.pid,
+			"refusing connection to detached device %d: uid %u has %u open", d->index,
+			(unsigned)conn->peer.uid, same_uid);
+		rd_conn_refuse(conn, "connections", limit);
+	}
 }
 
 static void detached_listen(struct rd_sv_device *d)

@@ -5,7 +5,10 @@
   holds no handle on it (no worker process for it); Status, Watch and
   metrics say `detached`; the generation goes up; nothing respawns it;
 - calls to the detached device's worker socket get io.regen.Detached, and
-  so do Restart and InjectFault of it; health says degraded (6);
+  so do Restart and InjectFault of it; health says degraded (6); that
+  socket, the supervisor's own then, counts connections per uid as every
+  socket does (--max-connections 8: the 9th is refused by name; it had
+  taken any number, the supervisor's fds with them);
 - a detach whose drain times out (a hung call) kills the worker: detached
   all the same;
 - regenctl attach --device N --wait brings it back in a new generation,
@@ -50,6 +53,15 @@ def workers(d):
     return out
 
 
+def import_buffer_error(d, i):
+    """The error name ImportBuffer on device i's socket gets, or None."""
+    try:
+        import_buffer(d, i)
+        return None
+    except VarlinkError as e:
+        return e.name
+
+
 def state(d, i):
     return call(d.socket, "io.regen.Device.Status")["devices"][i]
 
@@ -73,7 +85,7 @@ def expect_error(name, fn, what):
 def main():
     regend = regend_path()
     regenctl, source = os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
-    with Regend(regend, devices=3) as d:
+    with Regend(regend, devices=3, extra=["--max-connections", "8"]) as d:
         before = workers(d)
         check(sorted(before) == [0, 1, 2], "worker processes: %s" % before)
         for verb in ("detach", "attach"):
@@ -118,6 +130,16 @@ def main():
         check('regen_device_state{device="1",state="detached"} 1' in out, "metrics lack the detached state")
         check(generations(d)[0] == 1 and generations(d)[2] == 1, "detach of device 1 touched the others")
         log("calls, Restart, InjectFault of a detached device: io.regen.Detached; health 6; metrics")
+
+        held = [Conn(d.worker_socket(1)) for _ in range(8)]
+        for c in held:
+            expect_error("io.regen.Detached", lambda: c.call("io.regen.Device.Generation"), "a held connection")
+        e = expect_error("io.regen.LimitExceeded", lambda: import_buffer(d, 1), "a 9th connection of one uid")
+        check(e.params.get("resource") == "connections", "LimitExceeded: %s" % e.params)
+        for c in held:
+            c.close()
+        wait_for(lambda: import_buffer_error(d, 1) == "io.regen.Detached", 5, "a connection after the 8 closed")
+        log("the detached socket: 8 connections of one uid held, the 9th LimitExceeded {connections}")
 
         gen = state(d, 1)["generation"]
         rc, out, err = run(regenctl, d, "attach", "--device", "1", "--wait", "--timeout", "30")
