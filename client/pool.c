@@ -121,8 +121,6 @@ static struct {
 	bool driver_ok;
 #endif
 	char driver_error[256];
-	char error[256];                 /* the last failure, for regen_pool_error */
-	char error_name[128];            /* regend's error name of the last failed import, or "" */
 	struct chunk *chunks;
 	uint64_t next_serial;
 	/* Bumped whenever an answer regen_pool_lookup gave may no longer hold
@@ -139,6 +137,9 @@ static struct {
 	/* Tests without a GPU: CUDA chunks are memfds and a synchronisation is
 	 * a no-op ($REGEN_POOL_FAKE_CUDA=1, read once). */
 	int fake_cuda;                       /* -1 not read yet, 0, 1 */
+	/* This process is a fork of the one that made the chunks (set in the
+	 * child, then acted on under the lock: adopt_fork). */
+	bool forked;
 	struct regen_pool_stats stats;
 } pool = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -149,14 +150,96 @@ static struct {
 	.fake_cuda = -1,
 };
 
+static void chunk_unimport(struct chunk *ch);
+
+/* ---- fork() ------------------------------------------------------------------
+ *
+ * A forked child (a DataLoader worker, say) shares the host chunks' pages
+ * with its parent (MAP_SHARED memfds) and inherits the allocator's state
+ * as it was: left alone, it would carve pieces the parent has since taken,
+ * and free the parent's, and close the parent's imports over the parent's
+ * connection (regend sees the parent's pid on it). The child starts from an
+ * empty pool instead: the chunks it inherited stay mapped for the tensors
+ * it inherited, are the parent's to free (a free of one is left alone), and
+ * its own allocations come from chunks of its own, imported on a connection
+ * of its own. The lock is taken around fork() so the child never inherits
+ * it held by a thread that does not exist there. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&pool.lock);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&pool.lock);
+}
+
+static void fork_child(void)
+{
+	pool.forked = true;
+	pthread_mutex_unlock(&pool.lock);
+}
+
+__attribute__((constructor)) static void pool_watch_forks(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+/* Under the lock: forgets what the parent's pool held (no call to regend:
+ * the imports and the connection are the parent's), keeping the mappings. */
+static void adopt_fork(void)
+{
+	struct chunk *ch, *next;
+	struct piece *p, *pn;
+
+	if (!pool.forked)
+		return;
+	pool.forked = false;
+	/* The client's sockets are the parent's connections: closed here (the
+	 * parent's stay open), and the imports become bare ids, freed without
+	 * a call. */
+	regen_client_destroy(pool.client);
+	pool.client = NULL;
+	for (ch = pool.chunks; ch != NULL; ch = next) {
+		next = ch->next;
+		if (ch->import != NULL)
+			(void)regen_buffer_close(ch->import);
+		if (ch->fd >= 0)
+			close(ch->fd);
+		for (p = ch->pieces; p != NULL; p = pn) {
+			pn = p->next;
+			free(p);
+		}
+		free(ch);
+	}
+	pool.chunks = NULL;
+	memset(&pool.stats, 0, sizeof(pool.stats));
+	pool.stats.size = sizeof(pool.stats);
+	__atomic_add_fetch(&pool.epoch, 1, __ATOMIC_RELEASE);
+}
+
+static void lock_pool(void)
+{
+	pthread_mutex_lock(&pool.lock);
+	adopt_fork();
+}
+
+/* The last failure of this thread's pool calls, for regen_pool_error, and
+ * regend's error name when it was a failed import: per thread, as errno,
+ * since the caller reads them after the lock is gone and torch calls the
+ * pool from several threads (a failure of one would otherwise name
+ * another's, and a StaleGeneration read as a plain failure is not retried). */
+static __thread char pool_error[256];
+static __thread char pool_error_name[128];
+
 static void set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void set_error(const char *fmt, ...)
 {
 	va_list ap;
 
-	pool.error_name[0] = '\0';
+	pool_error_name[0] = '\0';
 	va_start(ap, fmt);
-	vsnprintf(pool.error, sizeof(pool.error), fmt, ap);
+	vsnprintf(pool_error, sizeof(pool_error), fmt, ap);
 	va_end(ap);
 }
 
@@ -790,9 +873,11 @@ REGEN_EXPORT void *regen_pool_alloc(size_t size, int device, void *stream)
 	 * stream; as the process allocator the pool does (pieces pending on
 	 * the stream that freed them). */
 	if (device < 0 || device >= REGEN_DEVICES_MAX) {
+		set_error("CUDA device %d is not one of the %d the pool serves", device, REGEN_DEVICES_MAX);
+		errno = EINVAL;
 		return NULL;
 	}
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	p = pool_alloc(CHUNK_CUDA, device, size, stream);
 	pthread_mutex_unlock(&pool.lock);
 	return p;
@@ -802,7 +887,7 @@ REGEN_EXPORT void regen_pool_free(void *ptr, size_t size, int device, void *stre
 {
 	(void)size;
 	(void)device;
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	/* torch passes the stream the memory was allocated on. */
 	pool_free(ptr, CHUNK_CUDA, stream);
 	pthread_mutex_unlock(&pool.lock);
@@ -812,7 +897,7 @@ REGEN_EXPORT void *regen_pool_alloc_host(size_t size)
 {
 	void *p;
 
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	p = pool_alloc(CHUNK_HOST, -1, size, NULL);
 	pthread_mutex_unlock(&pool.lock);
 	return p;
@@ -820,7 +905,7 @@ REGEN_EXPORT void *regen_pool_alloc_host(size_t size)
 
 REGEN_EXPORT void regen_pool_free_host(void *ptr)
 {
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	pool_free(ptr, CHUNK_HOST, NULL);
 	pthread_mutex_unlock(&pool.lock);
 }
@@ -829,7 +914,7 @@ REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_by
 {
 	struct chunk *ch;
 
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	if (chunk_bytes_ != 0 && (chunk_bytes_ < 2 * MIB || chunk_bytes_ % MIB != 0)) {
 		set_error("chunk size %llu is not a multiple of 1 MiB of at least 2 MiB", (unsigned long long)chunk_bytes_);
 		pthread_mutex_unlock(&pool.lock);
@@ -861,7 +946,7 @@ REGEN_EXPORT int regen_pool_set_process_allocator(int on)
 {
 	int r = 0;
 
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	if (pool.process && !on) {
 		/* What it kept goes, and no piece stays pending: a MemPool's
 		 * caching allocator above orders its own frees. */
@@ -878,7 +963,7 @@ REGEN_EXPORT int regen_pool_trim(void)
 {
 	int r;
 
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	r = trim_locked();
 	pthread_mutex_unlock(&pool.lock);
 	return r;
@@ -886,7 +971,7 @@ REGEN_EXPORT int regen_pool_trim(void)
 
 REGEN_EXPORT int regen_pool_map_device(int local_device, int regend_device)
 {
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	if (local_device < 0 || local_device >= REGEN_DEVICES_MAX || regend_device < -1 ||
 	    regend_device >= REGEN_DEVICES_MAX) {
 		set_error("no device mapping %d -> %d (devices are 0 .. %d)", local_device, regend_device,
@@ -940,7 +1025,7 @@ static int chunk_import(struct chunk *ch, int device)
 	if (r < 0) {
 		if (r == -EREMOTE) {
 			set_error("%s", regen_client_error_message(pool.client));
-			snprintf(pool.error_name, sizeof(pool.error_name), "%s", regen_client_error_name(pool.client));
+			snprintf(pool_error_name, sizeof(pool_error_name), "%s", regen_client_error_name(pool.client));
 		} else {
 			set_error("importing pool chunk %llu: %s", (unsigned long long)ch->serial, strerror(-r));
 		}
@@ -961,7 +1046,7 @@ REGEN_EXPORT int regen_pool_lookup(const void *ptr, int host_device, struct rege
 	if (out == NULL || out->size < sizeof(*out)) {
 		return -EINVAL;
 	}
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	ch = chunk_of(ptr, NULL);
 	if (ch == NULL) {
 		r = -ENOENT;
@@ -1004,7 +1089,7 @@ REGEN_EXPORT void regen_pool_note_generation(int regend_device, uint64_t generat
 	if (regend_device < 0 || regend_device >= REGEN_DEVICES_MAX) {
 		return;
 	}
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	if (pool.client != NULL) {
 		rc_note_generation(pool.client, regend_device, generation);
 	}
@@ -1027,7 +1112,7 @@ REGEN_EXPORT int regen_pool_stats_get(struct regen_pool_stats *out)
 		return -EINVAL;
 	}
 	size = out->size < sizeof(*out) ? out->size : sizeof(*out);
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	pool.stats.size = size;
 	memcpy(out, &pool.stats, size);
 	pthread_mutex_unlock(&pool.lock);
@@ -1036,12 +1121,12 @@ REGEN_EXPORT int regen_pool_stats_get(struct regen_pool_stats *out)
 
 REGEN_EXPORT const char *regen_pool_error(void)
 {
-	return pool.error;
+	return pool_error;
 }
 
 REGEN_EXPORT const char *regen_pool_error_name(void)
 {
-	return pool.error_name[0] != '\0' ? pool.error_name : NULL;
+	return pool_error_name[0] != '\0' ? pool_error_name : NULL;
 }
 
 REGEN_EXPORT int regen_pool_cuda_available(void)
@@ -1049,12 +1134,12 @@ REGEN_EXPORT int regen_pool_cuda_available(void)
 #ifdef REGEN_POOL_CUDA
 	int r;
 
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	r = driver_load() ? 0 : -ENODEV;
 	pthread_mutex_unlock(&pool.lock);
 	return r;
 #else
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	set_error("libregen was built without the CUDA headers: no CUDA pool");
 	pthread_mutex_unlock(&pool.lock);
 	return -ENOTSUP;
@@ -1103,7 +1188,7 @@ REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint6
 	if (base == NULL || size == NULL) {
 		return -EINVAL;
 	}
-	pthread_mutex_lock(&pool.lock);
+	lock_pool();
 	if (!driver_load()) {
 		r = -ENODEV;
 	} else if ((cr = address_range(&b, &s, (CUdeviceptr)(uintptr_t)ptr)) != CUDA_SUCCESS) {

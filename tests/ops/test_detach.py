@@ -134,8 +134,11 @@ def main():
         held = [Conn(d.worker_socket(1)) for _ in range(8)]
         for c in held:
             expect_error("io.regen.Detached", lambda: c.call("io.regen.Device.Generation"), "a held connection")
-        e = expect_error("io.regen.LimitExceeded", lambda: import_buffer(d, 1), "a 9th connection of one uid")
+        # The refusal comes unasked, then the close: read it, send nothing.
+        ninth = Conn(d.worker_socket(1))
+        e = expect_error("io.regen.LimitExceeded", lambda: ninth.reply(), "a 9th connection of one uid")
         check(e.params.get("resource") == "connections", "LimitExceeded: %s" % e.params)
+        ninth.close()
         for c in held:
             c.close()
         wait_for(lambda: import_buffer_error(d, 1) == "io.regen.Detached", 5, "a connection after the 8 closed")

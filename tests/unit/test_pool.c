@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "client/include/regen.h"
 
@@ -195,6 +197,57 @@ START_TEST(test_cuda_side_says_why_without_a_gpu)
 }
 END_TEST
 
+/* A forked child (a DataLoader worker) shares the host chunks' pages with
+ * its parent: it must neither carve what the parent holds nor give back what
+ * it inherited. Its allocation comes from a chunk of its own, and its free
+ * of an inherited allocation is left alone (before, both carved the same
+ * free piece of the same page). */
+START_TEST(test_a_forked_child_allocates_apart_from_its_parent)
+{
+	int go[2], done[2];
+	char token = 0;
+	pid_t pid;
+
+	ck_assert_int_eq(regen_pool_configure(NULL, 4 * MIB), 0);
+	char *a = regen_pool_alloc_host(4096);   /* the chunk exists before the fork */
+	ck_assert_ptr_nonnull(a);
+	memset(a, 0x11, 4096);
+	ck_assert_int_eq(pipe(go), 0);
+	ck_assert_int_eq(pipe(done), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		ck_assert_int_eq(read(go[0], &token, 1), 1);
+		regen_pool_free_host(a);               /* inherited: the parent's */
+		char *b = regen_pool_alloc_host(4096);
+		char *b2 = regen_pool_alloc_host(4096);
+		if (b != NULL)
+			memset(b, 0xAA, 4096);
+		if (b2 != NULL)
+			memset(b2, 0xBB, 4096);
+		ck_assert_int_eq(write(done[1], &b, sizeof(b)), sizeof(b));
+		_exit(0);
+	}
+	char *c = regen_pool_alloc_host(4096);   /* the parent's, after the fork */
+	memset(c, 0x55, 4096);
+	ck_assert_int_eq(write(go[1], &token, 1), 1);
+	char *b = NULL;
+	ck_assert_int_eq(read(done[0], &b, sizeof(b)), sizeof(b));
+	waitpid(pid, NULL, 0);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_msg((unsigned char)c[0] == 0x55 && (unsigned char)c[4095] == 0x55,
+		      "the child's allocation (%p) overwrote the parent's live one (%p)", (void *)b, (void *)c);
+	ck_assert_msg((unsigned char)a[0] == 0x11 && (unsigned char)a[4095] == 0x11,
+		      "the child's allocations overwrote the allocation it inherited and freed");
+	regen_pool_free_host(c);
+	regen_pool_free_host(a);
+	close(go[0]);
+	close(go[1]);
+	close(done[0]);
+	close(done[1]);
+}
+END_TEST
+
 static Suite *pool_suite(void)
 {
 	Suite *s = suite_create("pool");
@@ -207,6 +260,7 @@ static Suite *pool_suite(void)
 	tcase_add_test(tc, test_stats_fill_what_the_caller_knows);
 	tcase_add_test(tc, test_no_regend_is_not_foreign_memory);
 	tcase_add_test(tc, test_cuda_side_says_why_without_a_gpu);
+	tcase_add_test(tc, test_a_forked_child_allocates_apart_from_its_parent);
 	suite_add_tcase(s, tc);
 	return s;
 }

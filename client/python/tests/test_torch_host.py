@@ -745,6 +745,29 @@ class ProcessPool(unittest.TestCase):
             self.assertIn("NotSupported", r.stderr)
 
 
+class HostPoolAtExit(unittest.TestCase):
+    def test_a_tensor_read_at_exit_still_has_its_memory(self):
+        """A host-pool tensor that lives until the interpreter's exit keeps
+        its memory through it: an atexit handler registered before it reads
+        it.  weakref.finalize's default gave the memory back at exit first
+        (the chunk unmapped): SIGSEGV."""
+        import subprocess
+        code = "\n".join([
+            "import atexit, sys",
+            "sys.path.insert(0, %r)" % os.path.dirname(HERE),
+            "import torch",
+            "from regen.torch import host_empty",
+            "from regen.pool import Pool",
+            "atexit.register(lambda: print('at exit:', t.sum().item(), flush=True))",
+            "Pool.get().configure(chunk_bytes=4 << 20)",
+            "t = host_empty([4 << 20], torch.float32)",
+            "t.fill_(1.0)",
+        ])
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertIn("at exit: 4194304.0", r.stdout)
+
+
 class Memory(unittest.TestCase):
     def test_fresh_activations_keep_imports_and_memory_flat(self):
         """2,000 steps, each allocating fresh inputs and outputs: the host

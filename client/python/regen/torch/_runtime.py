@@ -911,8 +911,12 @@ def host_empty(shape, dtype):
     ptr = pool.alloc_host(nbytes)
     raw = (ctypes.c_uint8 * nbytes).from_address(ptr)
     # The tensor keeps `raw` alive; when the last view of it goes, the
-    # memory goes back to the pool.
-    weakref.finalize(raw, pool.free_host, ptr)
+    # memory goes back to the pool.  Not at the interpreter's exit while a
+    # tensor still lives: finalize's default would hand the memory back
+    # (the chunk unmapped, or carved again) under code that still runs then
+    # (atexit handlers, daemon threads, __del__), which then read freed
+    # memory or crashed; the process's end gives it back anyway.
+    weakref.finalize(raw, pool.free_host, ptr).atexit = False
     flat = torch.frombuffer(raw, dtype=torch.uint8)
     return flat[:numel * torch.empty((), dtype=dtype).element_size()].view(dtype).reshape(shape)
 
