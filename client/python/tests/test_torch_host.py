@@ -365,6 +365,22 @@ class Routing(unittest.TestCase):
         self.assertEqual(rt.stats()["calls"], after["calls"])
 
 
+    def test_linear_by_keyword_is_routed(self):
+        """F.linear with its operands named (input=, weight=, bias=) goes
+        to regend as positional ones do; it raised IndexError (args[0] of
+        an empty tuple)."""
+        import torch.nn.functional as F
+        torch.manual_seed(4)
+        x, w, b = torch.randn(16, 32), torch.randn(8, 32), torch.randn(8)
+        before = rt.stats()
+        with rt.enable(devices=("cpu",)):
+            y1 = F.linear(input=x, weight=w, bias=b)
+            y2 = F.linear(x, weight=w)
+        self.assertLess(maxdiff(y1, x @ w.t() + b), 1e-4)
+        self.assertLess(maxdiff(y2, x @ w.t()), 1e-4)
+        self.assertEqual(rt.stats()["calls"] - before["calls"], 2)
+
+
 class Batches(unittest.TestCase):
     """A batch's later calls (chained on regend's lane) go without waiting
     for their answers; the batch's end collects them.  Host-pool tensors

@@ -253,7 +253,10 @@ def mps_mode():
         rank, source = os.path.exists(os.path.join(pipe, "control")), "pipe_directory"
     regend, devices = None, {}
     try:
-        for d in runtime().client.status().get("devices", []):
+        rt_ = runtime()
+        with rt_.lock:   # the client is one connection: not beside a call of another thread
+            status = rt_.client.status()
+        for d in status.get("devices", []):
             sharing = d.get("sharing")
             if isinstance(sharing, dict) and isinstance(sharing.get("mps"), bool):
                 devices[d.get("index")] = sharing["mps"]

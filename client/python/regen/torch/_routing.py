@@ -47,9 +47,12 @@ class RegendMode(TorchFunctionMode):
                 if _tensors_ok((a, b), self.devices) and a.dtype == b.dtype and b.dim() <= 2:
                     return _ops.matmul(a, b)
             elif "linear" in self.ops and func in _LINEARS:
-                x, w = args[0], args[1] if len(args) > 1 else kwargs.get("weight")
-                bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                if _tensors_ok((x, w, bias), self.devices) and x.dtype == w.dtype:
+                # F.linear(input, weight, bias=None), any of them by name.
+                bound = dict(zip(("input", "weight", "bias"), args))
+                bound.update(kwargs)
+                x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
+                if (len(bound) == len(args) + len(kwargs) and set(bound) <= {"input", "weight", "bias"} and
+                        _tensors_ok((x, w, bias), self.devices) and w is not None and x.dtype == w.dtype):
                     return _ops.linear(x, w, bias)
             elif "sdpa" in self.ops and _SDPA is not None and func is _SDPA:
                 routed = self._sdpa(args, kwargs)

@@ -186,6 +186,9 @@ class Runtime:
         self._device_map = dict(device_map or {})
         self._mapped = set()
         self._blocks = {}          # (regend device, base) -> _Block
+        # Blocks whose close met a broken connection: the worker may still
+        # map them, so their pins stay until the generation moves.
+        self._unclosed = []
         self._events = {}          # (regend device, stream handle) -> _EventPair
         self._generation = {}      # regend device -> newest generation seen
         self._pending = {}         # regend device -> (after event, generation): ordering "events"
@@ -233,12 +236,19 @@ class Runtime:
             raise NotSupported(parameters={"message": f"regend takes CUDA or CPU tensors, not {device.type}"})
         local = device.index if device.index is not None else torch.cuda.current_device()
         found = self._device_map.get(local)
-        if found is None:
-            found = self._find_device(local)
-            self._device_map[local] = found
-        if local not in self._mapped and self.pool is not None:
-            self.pool.map_device(local, found)
-            self._mapped.add(local)
+        if found is not None and local in self._mapped:
+            return found
+        # The client is one connection and not thread-safe: its Status
+        # goes under the lock the calls take (regen.torch.pool() asks from
+        # any thread).
+        with self.lock:
+            found = self._device_map.get(local)
+            if found is None:
+                found = self._find_device(local)
+                self._device_map[local] = found
+            if local not in self._mapped and self.pool is not None:
+                self.pool.map_device(local, found)
+                self._mapped.add(local)
         return found
 
     def _find_device(self, local):
@@ -273,6 +283,9 @@ class Runtime:
             if blk.device == device and blk.buffer.generation < generation:
                 del self._blocks[key]
                 self._unpin(blk)
+        for blk in [b for b in self._unclosed if b.device == device and b.buffer.generation < generation]:
+            self._unclosed.remove(blk)
+            self._unpin(blk)
 
     def _seen_generation(self, device, generation):
         if generation > self._generation.get(device, 0):
@@ -410,8 +423,10 @@ class Runtime:
             pass
         except errors.ConnectionReset:
             # The worker may still map it: keep the pin until the generation
-            # changes (the worker is gone then, or a reset unmapped it).
-            self._blocks[(blk.device, blk.base)] = blk
+            # changes (the worker is gone then, or a reset unmapped it).  Not
+            # in _blocks: a new import of the same address would take its
+            # place there, and the pin would never be let go.
+            self._unclosed.append(blk)
             return
         self._unpin(blk)
         self.counters["block_closes"] += 1
@@ -490,6 +505,14 @@ class Runtime:
         except _RECOVERABLE as e:
             self._redo(e, deferred)
             return
+        except BaseException:
+            # A call among them was refused; the others were answered at
+            # launch and may still run: the rank's stream waits for them
+            # all the same, or its next kernels could reuse memory they
+            # still write once the caller carries on.
+            if pair is not None:
+                self._follow(device, stream, pair)
+            raise
         finally:
             self.counters["flush_us"] += (time.perf_counter() - entered) * 1e6
         if pair is not None:
