@@ -584,6 +584,16 @@ void rd_conn_close(struct rd_conn *conn)
 	conn_unref(conn);
 }
 
+void rd_conn_hold(struct rd_conn *conn)
+{
+	conn->refs++;
+}
+
+void rd_conn_release(struct rd_conn *conn)
+{
+	conn_unref(conn);
+}
+
 void rd_conn_flush(struct rd_conn *conn)
 {
 	if (conn->closed)
@@ -607,24 +617,32 @@ int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool o
 	cJSON_Delete(params);
 	if (!text)
 		return -ENOMEM;
+	struct rd_pending_out *p = NULL;
 	if (!oneway) {
-		struct rd_pending_out *p = calloc(1, sizeof(*p));
+		p = calloc(1, sizeof(*p));
 		if (!p) {
 			free(text);
 			return -ENOMEM;
 		}
 		p->cb = cb;
 		p->userdata = userdata;
+	}
+	r = rp_tx_push(&conn->tx, text, strlen(text), NULL, 0);
+	free(text);
+	if (r < 0) {
+		/* Not sent: no reply will come for it, and a callback waiting
+		 * would take the next call's reply (and its caller, told of the
+		 * failure, may free what the callback gets). */
+		free(p);
+		return r;
+	}
+	if (p) {
 		if (conn->out_tail)
 			conn->out_tail->next = p;
 		else
 			conn->out = p;
 		conn->out_tail = p;
 	}
-	r = rp_tx_push(&conn->tx, text, strlen(text), NULL, 0);
-	free(text);
-	if (r < 0)
-		return r;
 	schedule_write(conn);
 	return 0;
 }

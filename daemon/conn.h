@@ -76,6 +76,11 @@ struct rd_conn {
 int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *data, struct rd_conn **out);
 /* Stops reading and writing and closes the socket; on_close follows. */
 void rd_conn_close(struct rd_conn *conn);
+/* A reference that keeps the connection's memory (closed or not) until
+ * released: for what outlives its close (a worker's session with ring
+ * records still in flight, which hold no call of it). */
+void rd_conn_hold(struct rd_conn *conn);
+void rd_conn_release(struct rd_conn *conn);
 
 /* Queues a reply (params consumed; NULL = {}). continues = more replies
  * follow (only for calls with "more"). For oneway calls nothing is sent. */

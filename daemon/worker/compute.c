@@ -194,6 +194,8 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 		rd_health_call_finished(w, cc);
 		s->in_flight--;
 		w->in_flight--;
+		if (s->usage)
+			s->usage->in_flight--;   /* the job's count too, as rd_session_call_started raised it */
 		if (op->comm && rp_comm_is_collective(&op->compute))
 			op->comm->collectives--;
 		rp_error_move(err, &op->err);

@@ -31,6 +31,7 @@ static void session_maybe_free(struct rd_session *s)
 			break;
 		}
 	}
+	rd_conn_release(s->conn);
 	free(s);
 	w->nsessions--;
 }
@@ -231,6 +232,10 @@ void rd_session_accept(int fd, void *worker)
 		return;
 	}
 	s->conn = conn;
+	/* The session outlives its connection's close while its calls run
+	 * (ring records hold no call): what it reads of the connection then
+	 * (closed, peer) must still be there. */
+	rd_conn_hold(conn);
 	w->nsessions++;
 	s->next = w->sessions;
 	w->sessions = s;

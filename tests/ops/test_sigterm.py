@@ -11,6 +11,10 @@ pipelined on its connection, so the lanes are busy when SIGTERM arrives; on
 the main socket a Watch (more) and, when we are root, a Restart in flight.
 With a drain deadline shorter than the queued work, the calls the workers
 could not finish must be failed with io.regen.Draining, not dropped.
+A client that queued GEMMs on a lane's ring and closed its connection before
+SIGTERM: its session outlives the close while the records run, and the stop
+deadline's pass over the sessions must find its connection still there (it
+read freed memory; the sanitizer run of this test sees it).
 """
 import os
 import signal
@@ -20,6 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client", "python"))
 from regend_fixture import (Closed, Conn, Regend, VarlinkError, check, fail, host_buffer, log, operand, pid_alive,
                             regend_path, TIME_SCALE)
 
@@ -113,6 +118,27 @@ class GemmClient:
             self.late = "closed: %s" % e
 
 
+def ring_client_gone(sock):
+    """GEMMs queued on device 1's ring by a client that then closes its
+    connection; None where the ring is not offered here."""
+    import regen
+    from regen import ring
+    from regen.host import HostTensor
+    if not ring.supported():
+        return None
+    c = regen.Client(sock, timeout=30, transport="ring")
+    a, b, d = HostTensor.random([N, N]), HostTensor.random([N, N]), HostTensor([N, N])
+    for t in (a, b, d):
+        t.import_into(c, 1)
+    for _ in range(3):
+        c.gemm(a.op, b.op, d.op, wait=False)
+    queued = c.lane_transport(1) == "ring"
+    c.close()
+    for t in (a, b, d):
+        t.close()
+    return queued
+
+
 def main():
     regend = regend_path()
     deadline_ms, per_client = parse_args()
@@ -134,6 +160,7 @@ def main():
 
         for c in clients:
             c.send_all()
+        gone = ring_client_gone(sock)
         restart = None
         if os.geteuid() == 0:
             # Root is always an admin: a Restart now waits on the drain.
@@ -195,6 +222,7 @@ def main():
               "a call sent after SIGTERM: %s (want io.regen.Draining or a closed connection)" % late_outcome)
         for name, o in outcomes_main.items():
             check(o in ("ok", "io.regen.Draining"), "%s in flight at SIGTERM: %s" % (name, o))
+        log("a ring client closed with GEMMs queued before SIGTERM: %s" % gone)
         check(rc == 0, "regend exit status %r (want 0)" % rc)
         for pid in workers:
             check(not pid_alive(pid), "worker %d still running after regend exited" % pid)
