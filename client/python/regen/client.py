@@ -13,6 +13,7 @@ for one thread: give each thread its own.
 import fcntl
 import os
 import time
+import weakref
 
 from . import errors, ops
 from . import ring as ringmod
@@ -217,6 +218,18 @@ class Watch:
         self.close()
 
 
+_live_clients = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for c in list(_live_clients):
+        c._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _Lane:
     """A device's lane on its worker connection: compute calls over its ring
     or as Varlink calls, counted by tickets; answers are read in order."""
@@ -277,6 +290,23 @@ class Client:
         self._buffers = {}        # id -> Buffer
         self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
         self._events = {}         # id -> Event
+        _live_clients.add(self)
+
+    def _forget_after_fork(self):
+        """In a forked child: the connections are the parent's (a call here
+        would interleave with the parent's on the same sockets) and the
+        objects are the parent process's (regend knows them by its pid).
+        The child closes its copies of the sockets (the parent's stay open)
+        and of the rings' mappings, forgets the rest without a call, and
+        connects afresh when it calls."""
+        for conn in [self._main, *self._workers.values()]:
+            if conn is not None:
+                conn.close()
+        for lane in self._lanes.values():
+            lane.close()
+        self._main = None
+        self._workers, self._lanes = {}, {}
+        self._generations, self._buffers, self._tensor_buffers, self._events = {}, {}, {}, {}
 
     # -- connections -------------------------------------------------------
 

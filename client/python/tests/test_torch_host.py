@@ -761,6 +761,31 @@ class ProcessPool(unittest.TestCase):
             self.assertIn("NotSupported", r.stderr)
 
 
+class Fork(unittest.TestCase):
+    def test_a_forked_child_runs_its_own_calls_and_the_parent_goes_on(self):
+        """A forked child (a DataLoader worker) that calls regend gets
+        connections and imports of its own; the parent's lane, ring and
+        imports are untouched and it goes on.  The child had written its
+        records into the parent's ring and read the parent's sockets."""
+        torch.manual_seed(8)
+        a, b = torch.randn(24, 16), torch.randn(16, 8)
+        self.assertLess(maxdiff(rt.matmul(a, b), a @ b), 1e-4)   # the parent's lane and ring are open
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ok = all(maxdiff(rt.matmul(a, b), a @ b) < 1e-4 for _ in range(20))
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        for _ in range(20):
+            self.assertLess(maxdiff(rt.matmul(b.t(), a.t()), (a @ b).t()), 1e-4)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0, "the child's calls failed or were wrong")
+        for _ in range(20):
+            self.assertLess(maxdiff(rt.matmul(a, b), a @ b), 1e-4)
+
+
 class HostPoolAtExit(unittest.TestCase):
     def test_a_tensor_read_at_exit_still_has_its_memory(self):
         """A host-pool tensor that lives until the interpreter's exit keeps

@@ -225,6 +225,20 @@ class Runtime:
                          # (flush(): the worker still launching, or with
                          # "wait" the GPU still running, what was queued).
                          "flush_us": 0.0}
+        _live_runtimes.add(self)
+
+    def _forget_after_fork(self):
+        """In a forked child (its Client forgets its own state the same
+        way): the imports, pins, events and queued calls are the parent
+        process's, and the lock may be held by a thread the child does not
+        have.  Forgotten without a call; the child imports afresh."""
+        self.lock = threading.RLock()
+        self._blocks, self._unclosed, self._events, self._pending = {}, [], {}, {}
+        self._generation, self._mapped = {}, set()
+        self._chained = self._chained_stream = None
+        self._deferred, self._deferred_at, self._redoing = [], None, False
+        self._batch_depth = self._batch_calls = 0
+        self._chunks, self._chunks_epoch = ([], []), None
 
     # -- devices -------------------------------------------------------------
 
@@ -872,6 +886,20 @@ class _Batch:
             if rt._batch_depth == 0:
                 rt._chained = None
             rt.lock.release()
+
+
+_live_runtimes = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    global _host_pool_lock
+    _host_pool_lock = threading.Lock()
+    for r in list(_live_runtimes):
+        r._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _raw_stream_getter():
