@@ -184,7 +184,12 @@ static void lifecycle(struct rd_call *call, bool reset)
 		w->fault_pending = false;
 		pthread_mutex_unlock(&w->lock);
 	}
-	w->state = r == 0 || !reset ? RD_WORKER_READY : RD_WORKER_LOST;
+	/* A release that failed serves nothing either: the supervisor replaces
+	 * this worker (healthy: false), and ids made here in the new generation
+	 * would die with it as NoSuchObject, not StaleGeneration. */
+	w->state = r == 0 ? RD_WORKER_READY : RD_WORKER_LOST;
+	if (r < 0 && !reset)
+		snprintf(w->fault_reason, sizeof(w->fault_reason), "its release failed; it is being replaced");
 	const char *outcome = r == 0 ? (reset ? "canary passed" : "done") : (reset ? "canary FAILED: " : "backend: ");
 	const char *why = r < 0 && err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : NULL;
 	rd_info("lifecycle", w->dev.index, gen, 0, "%s %u resource(s) in %.1f ms; %s%s",

@@ -51,6 +51,20 @@ static uint64_t earliest_deadline(const struct rd_worker *w)
 	return due;
 }
 
+/* Answers cc with err (a Timeout) now: nobody waits for what its work
+ * says later. */
+static void answer_timeout(struct rd_worker *w, struct rd_compute_call *cc, struct rp_error *err)
+{
+	cc->answered = true;
+	if (cc->call)
+		rd_call_fail(cc->call, err);
+	else if (cc->answer_early)
+		cc->answer_early(cc, err);
+	rp_error_clear(err);
+	cc->call = NULL;
+	w->abandoned++;
+}
+
 /* The caller's deadline passed, regend's not yet: its call ends with
  * Timeout; the work runs on (a kernel cannot be taken back), later calls
  * of its lane wait behind it, and the device counts as hung only if it is
@@ -69,22 +83,15 @@ static void timed_out(struct rd_worker *w, struct rd_compute_call *cc, uint64_t 
 		       "%s did not finish within its deadline of %llu ms; its work still runs on device %d, whose "
 		       "lane takes the next calls after it",
 		       spec->method, (unsigned long long)limit_ms, w->dev.index);
-	cc->answered = true;
+	answer_timeout(w, cc, &err);
 	cc->timed_out = true;
-	if (cc->call)
-		rd_call_fail(cc->call, &err);
-	else if (cc->answer_early)
-		cc->answer_early(cc, &err);
-	rp_error_clear(&err);
-	cc->call = NULL;
-	w->abandoned++;
 }
 
 static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 {
 	const struct rp_op_spec *spec = cc->op.compute.spec;
 	uint64_t elapsed_ms = (now - cc->op.submitted_ns) / 1000000u;
-	uint64_t limit_ms = (cc->deadline_ns - cc->op.submitted_ns) / 1000000u;
+	uint64_t limit_ms = (cc->hang_ns - cc->op.submitted_ns) / 1000000u;
 	unsigned lane = cc->op.lane ? cc->op.lane->index : 0;
 	int pid = cc->session && cc->session->client ? (int)cc->session->client->peer.pid : 0;
 	struct rp_error err = { 0 };
@@ -96,7 +103,6 @@ static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 		rd_comm_deadline(w, cc, now);
 		return;
 	}
-	limit_ms = (cc->hang_ns - cc->op.submitted_ns) / 1000000u;
 	rd_warn("health", w->dev.index, rd_worker_generation(w), pid,
 		"%s on lane %u passed its deadline of %llu ms (%llu ms in flight): the device is hung", spec->method,
 		lane, (unsigned long long)limit_ms, (unsigned long long)elapsed_ms);
@@ -105,14 +111,7 @@ static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 			       "%s did not finish within its deadline of %llu ms; device %d is being reset: wait for the "
 			       "next generation (Watch), re-import and retry",
 			       spec->method, (unsigned long long)limit_ms, w->dev.index);
-		cc->answered = true;
-		if (cc->call)
-			rd_call_fail(cc->call, &err);
-		else if (cc->answer_early)
-			cc->answer_early(cc, &err);
-		rp_error_clear(&err);
-		cc->call = NULL;
-		w->abandoned++;
+		answer_timeout(w, cc, &err);
 	}
 	cc->timed_out = false;
 	snprintf(reason, sizeof(reason), "hung: %s from pid %d on lane %u passed its deadline of %llu ms",
