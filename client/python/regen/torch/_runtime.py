@@ -321,6 +321,10 @@ class Runtime:
             copy.copy_(t)
             self.counters["host_copies"] += 1
             t = copy
+            # The allocation may have made a chunk where one just went
+            # (a finalizer freed it): the kept lookups must not answer
+            # for the new one with the old one's id.
+            self._check_chunks()
             found = self._place(t, True, device)
         return Operand.trusted(found[0], found[1], dtype, list(t.shape), _strides(t)), t
 
