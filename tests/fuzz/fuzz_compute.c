@@ -184,6 +184,7 @@ static void run(const cJSON *params)
 		return;
 	const struct rp_gemm g = c.gemm;
 	const bool has_c = c.present[RP_GEMM_C], has_bias = c.present[RP_GEMM_BIAS], has_aux = c.present[RP_GEMM_AUX];
+	const bool has_aux_out = c.present[RP_GEMM_AUX_OUT];
 	FZ_CHECK(g.m >= 1 && g.n >= 1 && g.k >= 1, "m n k %lld %lld %lld", (long long)g.m, (long long)g.n, (long long)g.k);
 	int64_t a_dims[2] = { g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k };
 	int64_t b_dims[2] = { g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n };
@@ -193,29 +194,45 @@ static void run(const cJSON *params)
 	FZ_CHECK(!has_c || shape_is(OP(RP_GEMM_C), 2, d_dims), "c's shape disagrees");
 	FZ_CHECK(!has_bias || shape_is(OP(RP_GEMM_BIAS), 1, &g.n), "bias's shape disagrees");
 	FZ_CHECK(!has_aux || shape_is(OP(RP_GEMM_AUX), 2, d_dims), "aux's shape disagrees");
+	FZ_CHECK(!has_aux_out || shape_is(OP(RP_GEMM_AUX_OUT), 2, d_dims), "aux_out's shape disagrees");
 	FZ_CHECK(OP(RP_GEMM_A)->dtype == OP(RP_GEMM_B)->dtype &&
 		 (!has_c || OP(RP_GEMM_C)->dtype == OP(RP_GEMM_D)->dtype) &&
 		 (!has_bias || OP(RP_GEMM_BIAS)->dtype == OP(RP_GEMM_D)->dtype) &&
-		 (!has_aux || OP(RP_GEMM_AUX)->dtype == OP(RP_GEMM_D)->dtype), "dtypes disagree");
+		 (!has_aux || OP(RP_GEMM_AUX)->dtype == OP(RP_GEMM_D)->dtype) &&
+		 (!has_aux_out || OP(RP_GEMM_AUX_OUT)->dtype == OP(RP_GEMM_D)->dtype), "dtypes disagree");
 	FZ_CHECK(g.compute != RP_COMPUTE_TF32 || OP(RP_GEMM_A)->dtype == RP_DTYPE_F32, "tf32 with non-f32 inputs");
 	FZ_CHECK(isfinite(g.alpha) && isfinite(g.beta), "non-finite alpha or beta");
 	FZ_CHECK(g.beta == 0 || has_c, "beta without c");
-	FZ_CHECK((g.epilogue == RP_EPILOGUE_BIAS || g.epilogue == RP_EPILOGUE_GELU_BIAS) == has_bias,
+	FZ_CHECK((g.epilogue == RP_EPILOGUE_BIAS || g.epilogue == RP_EPILOGUE_GELU_BIAS ||
+		  g.epilogue == RP_EPILOGUE_GELU_AUX_BIAS) == has_bias,
 		 "bias and epilogue disagree");
 	FZ_CHECK((g.epilogue == RP_EPILOGUE_DGELU) == has_aux, "aux and epilogue disagree");
+	FZ_CHECK((g.epilogue == RP_EPILOGUE_GELU_AUX || g.epilogue == RP_EPILOGUE_GELU_AUX_BIAS) == has_aux_out,
+		 "aux_out and epilogue disagree");
 	no_overlap(OP(RP_GEMM_D), "d", OP(RP_GEMM_A), "a");
 	no_overlap(OP(RP_GEMM_D), "d", OP(RP_GEMM_B), "b");
 	if (has_bias)
 		no_overlap(OP(RP_GEMM_D), "d", OP(RP_GEMM_BIAS), "bias");
 	if (has_aux)
 		no_overlap(OP(RP_GEMM_D), "d", OP(RP_GEMM_AUX), "aux");
+	if (has_aux_out) {
+		/* An output: it shares no byte with any other operand. */
+		no_overlap(OP(RP_GEMM_AUX_OUT), "aux_out", OP(RP_GEMM_D), "d");
+		no_overlap(OP(RP_GEMM_AUX_OUT), "aux_out", OP(RP_GEMM_A), "a");
+		no_overlap(OP(RP_GEMM_AUX_OUT), "aux_out", OP(RP_GEMM_B), "b");
+		if (has_c)
+			no_overlap(OP(RP_GEMM_AUX_OUT), "aux_out", OP(RP_GEMM_C), "c");
+		if (has_bias)
+			no_overlap(OP(RP_GEMM_AUX_OUT), "aux_out", OP(RP_GEMM_BIAS), "bias");
+	}
 	if (has_c) {
 		uint64_t b, e;
 		extent_of(OP(RP_GEMM_C), "c", &b, &e, same_buffer(OP(RP_GEMM_C), OP(RP_GEMM_D)));
 	}
-	for (int i = 0; i < 3; i++) {
-		const struct rp_operand *x = i == 0 ? OP(RP_GEMM_A) : i == 1 ? OP(RP_GEMM_B) : OP(RP_GEMM_AUX);
-		if (i < 2 || has_aux)
+	for (int i = 0; i < 4; i++) {
+		const struct rp_operand *x = i == 0 ? OP(RP_GEMM_A) : i == 1 ? OP(RP_GEMM_B) : i == 2 ? OP(RP_GEMM_AUX)
+												   : OP(RP_GEMM_AUX_OUT);
+		if (i < 2 || (i == 2 && has_aux) || (i == 3 && has_aux_out))
 			FZ_CHECK(x->strides[0] >= x->shape[1], "row stride below the row length");
 	}
 	FZ_CHECK(!c.wait_event.present || c.wait_event.id.kind == RP_ID_EVENT, "wait_event not an event id");
