@@ -230,6 +230,11 @@ int64_t chunks_for(int64_t rows)
 template <typename T>
 cudaError_t forward(const struct rk_layer_norm *a, cudaStream_t stream)
 {
+	/* cudaGetLastError after the launch answers for this thread's last
+	 * failed runtime call, whichever it was: an error a lane's earlier
+	 * call left (a scratch allocation that ran out) is read off first, so
+	 * that it is not reported as this launch's. */
+	(void)cudaGetLastError();
 	layer_norm_forward<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
 		(const T *)a->x, a->x_ld, (const T *)a->weight, (const T *)a->bias, (T *)a->y, a->y_ld, a->mean, a->rstd,
 		a->rows, a->n, a->eps);
@@ -239,6 +244,7 @@ cudaError_t forward(const struct rk_layer_norm *a, cudaStream_t stream)
 template <typename T>
 cudaError_t backward(const struct rk_layer_norm_backward *a, cudaStream_t stream)
 {
+	(void)cudaGetLastError();   /* as in forward() */
 	layer_norm_backward_dx<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
 		(const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, (const T *)a->weight, a->mean, a->rstd,
 		(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, a->rows, a->n);

@@ -74,6 +74,9 @@ extern "C" cudaError_t rk_clamp_lengths(const int32_t *in_q, const int32_t *in_k
 {
 	if (n <= 0)
 		return cudaErrorInvalidValue;
+	/* An earlier failed runtime call's error, read off first: the check
+	 * after the launch is this launch's alone. */
+	(void)cudaGetLastError();
 	clamp_lengths<<<blocks_for(n, 256), 256, 0, stream>>>(in_q, in_kv, out_q, out_kv, n, max_q, max_kv);
 	return cudaGetLastError();
 }
@@ -93,6 +96,7 @@ extern "C" cudaError_t rk_fill_padding_rows(const struct rk_rows *t, int n, cuda
 		most = tiles > most ? tiles : most;
 	}
 	dim3 grid(blocks_for(most, 1), (unsigned)n);
+	(void)cudaGetLastError();   /* as in rk_clamp_lengths */
 	fill_padding_rows<<<grid, THREADS, 0, stream>>>(set);
 	return cudaGetLastError();
 }

@@ -131,9 +131,22 @@ static const char *cudnn_error_name(cudnnStatus_t s)
 	return RP_ERR_BACKEND;
 }
 
+/* The graphs here lean on what cuDNN does itself from 9.16 on: before 9.6
+ * the backward's dQ accumulator had to be zeroed by the caller (d_q would
+ * be stale scratch plus the gradient), and up to 9.15 a key length off 128
+ * needed a padding mask the graph does not add. An older cuDNN is refused
+ * by name rather than trusted. */
+#define CUDNN_VERSION_MIN 91600
+
 static int handle_init(struct rd_resource *res)
 {
 	struct attention_handle *h = (struct attention_handle *)res;
+	size_t version = cudnnGetVersion();
+	if (version < CUDNN_VERSION_MIN)
+		return cuda_status_set(RP_ERR_BACKEND,
+				       "cuDNN %zu is loaded; attention needs cuDNN 9.16 or later (91600), whose "
+				       "backward zeroes its own dQ accumulator and pads keys off 128 itself",
+				       version);
 	cudaError_t e = cudaSetDevice(h->cd->dev->index);
 	if (e != cudaSuccess)
 		return cuda_status_set(cuda_error_name(e), "cudaSetDevice: %s", cudaGetErrorString(e));

@@ -533,6 +533,10 @@ static void *lane_completer_main(void *arg)
 {
 	struct cuda_lane_impl *li = arg;
 	struct cuda_lane *l = &li->lane;
+	/* Its event queries, waits and context checks are the lane's device's:
+	 * unbound, a thread's runtime calls go to device 0 (a context made
+	 * there in every worker, and a loss asked of the wrong GPU). */
+	cudaSetDevice(l->cd->dev->index);
 	/* lane_wait's short sleeps mean what they say (default slack is 50 us). */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	pthread_mutex_lock(&li->lock);
