@@ -199,6 +199,7 @@ static int lane_setup(regen_client *c, int device, int64_t deadline)
 
 	if (lane->decided)
 		return 0;
+	lane->transport_epoch = c->transport_epoch;
 	lane->ring = NULL;
 	if (c->transport == REGEN_TRANSPORT_VARLINK) {
 		lane->decided = true;
@@ -587,6 +588,9 @@ int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, u
 	 * is not checked either (a worker gone shows in the wait); an idle one
 	 * is, so that a worker respawned in between is found before the call. */
 	if (lane->completed == lane->submitted) {
+		/* A switch asked for while calls were outstanding applies now. */
+		if (lane->decided && lane->transport_epoch != c->transport_epoch)
+			lane->decided = false;
 		if (lane->ring == NULL || !lane->decided || now_ns() - lane->idle_since_ns > IDLE_PROBE_NS) {
 			r = rc_ensure_worker(c, device, deadline);
 			if (r < 0)
@@ -608,14 +612,10 @@ REGEN_EXPORT int regen_client_set_transport(regen_client *c, enum regen_transpor
 	if (c == NULL || (unsigned)t > REGEN_TRANSPORT_RING)
 		return -EINVAL;
 	c->transport = t;
-	/* Lanes pick again on their next call; those with calls outstanding
-	 * keep theirs until then. */
-	for (int i = 0; i < REGEN_DEVICES_MAX; i++) {
-		struct rc_lane *lane = &c->lanes[i];
-
-		if (lane->completed == lane->submitted)
-			lane->decided = false;
-	}
+	/* Lanes pick again on their next call made with nothing outstanding
+	 * (rc_lane_submit): those with calls outstanding keep theirs until
+	 * they are answered. */
+	c->transport_epoch++;
 	return 0;
 }
 

@@ -18,6 +18,7 @@ struct rc_ring;
  * answers read. */
 struct rc_lane {
 	bool decided;                     /* the transport is picked for this connection */
+	unsigned transport_epoch;         /* the client's transport_epoch when it was */
 	struct rc_ring *ring;             /* the one in use; NULL: Varlink */
 	struct rc_ring *open_ring;        /* the connection's, used or not */
 	uint64_t submitted, completed;
@@ -41,6 +42,7 @@ struct regen_client {
 	uint64_t known_generation[REGEN_DEVICES_MAX];
 	struct rc_object *objects;        /* open buffers, events and communicators, so destroy can detach them */
 	enum regen_transport transport;   /* REGEN_TRANSPORT, regen_client_set_transport */
+	unsigned transport_epoch;          /* bumped by regen_client_set_transport */
 	/* The job it states on every connection it opens (io.regen.SetJob):
 	 * $REGEN_JOB, regen_client_set_job; "" none. */
 	char job[RP_JOB_MAX + 1];

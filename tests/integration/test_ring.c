@@ -272,6 +272,36 @@ static void a_crash_with_a_ring_call_in_flight_is_told(void)
 	regen_client_destroy(c);
 }
 
+/* regen_client_set_transport while the lane has calls queued: they finish
+ * on the transport they went on, and the next call after them takes the
+ * new one (the lane had kept its transport for good). */
+static void a_switch_with_calls_outstanding_applies_after_them(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct regen_gemm_args g;
+	uint64_t ticket = 0;
+	static const enum regen_transport order[] = { REGEN_TRANSPORT_VARLINK, REGEN_TRANSPORT_RING };
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, 0, 4096, &b);
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, b.buf, 0, 4, 4);
+	tensor2(&g.b, b.buf, 256, 4, 4);
+	tensor2(&g.d, b.buf, 512, 4, 4);
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g), "first");
+	for (int i = 0; i < 2; i++) {
+		for (int k = 0; k < 4; k++)
+			ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &ticket), "queued");
+		ASSERT_REGEN_OK(c, regen_client_set_transport(c, order[i]));
+		ASSERT_REGEN_OK(c, regen_wait(c, 0, ticket), "the queued calls");
+		ASSERT_REGEN_OK(c, regen_gemm(c, &g), "after them");
+		ASSERT_EQ(regen_client_transport(c, 0), order[i], "the call after the queued ones, switch %d", i);
+	}
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
 /* 2000 GEMMs queued without waiting, in a ring of 256: all complete, in
  * order, and a bad one among them fails alone, named at the wait. */
 static void queued_calls_complete_in_order(void)
@@ -826,6 +856,7 @@ int main(void)
 	a_full_id_table_keeps_a_records_own_indexes();
 	a_full_table_keeps_a_queued_error_for_the_wait();
 	a_crash_with_a_ring_call_in_flight_is_told();
+	a_switch_with_calls_outstanding_applies_after_them();
 	completions_carry_stage_times();
 	restart_fails_records_with_stale_generation();
 	bad_setups_are_refused_by_name();

@@ -234,14 +234,15 @@ class _Lane:
     """A device's lane on its worker connection: compute calls over its ring
     or as Varlink calls, counted by tickets; answers are read in order."""
 
-    __slots__ = ("conn", "ring", "open_ring", "decided", "submitted", "completed", "error", "elapsed_us",
-                 "idle_since")
+    __slots__ = ("conn", "ring", "open_ring", "decided", "transport_epoch", "submitted", "completed", "error",
+                 "elapsed_us", "idle_since")
 
     def __init__(self, conn):
         self.conn = conn
         self.ring = None          # the one in use; None: Varlink
         self.open_ring = None     # the connection's, used or not
         self.decided = False
+        self.transport_epoch = 0   # the client's when it was decided
         self.submitted = 0
         self.completed = 0
         self.error = None
@@ -280,6 +281,7 @@ class Client:
         if self.transport not in ("auto", "ring", "varlink"):
             raise ValueError(f"transport {self.transport!r} is not 'auto', 'ring' or 'varlink'")
         self._lanes = {}          # device -> _Lane
+        self._transport_epoch = 0  # bumped by set_transport
         self.timeout = timeout
         self.auto_reimport = auto_reimport
         self.reconnect_wait = reconnect_wait
@@ -487,6 +489,10 @@ class Client:
         """The device's lane, its transport picked on the connection's first
         compute call."""
         lane = self._lanes.get(device)
+        # A switch asked for while calls were outstanding applies once
+        # they are answered.
+        if lane is not None and lane.completed == lane.submitted and lane.transport_epoch != self._transport_epoch:
+            lane.decided = False
         # A ring's lane busy a moment ago is not probed again (a worker gone
         # shows in the wait, as the connection ends); an idle one is, so
         # that a worker respawned in between is found before the call.
@@ -505,6 +511,7 @@ class Client:
         return lane
 
     def _pick_transport(self, device, lane):
+        lane.transport_epoch = self._transport_epoch
         lane.ring = None
         if self.transport != "varlink":
             if lane.open_ring is None and ringmod.supported():
@@ -531,9 +538,9 @@ class Client:
         if transport not in ("auto", "ring", "varlink"):
             raise ValueError(f"transport {transport!r} is not 'auto', 'ring' or 'varlink'")
         self.transport = transport
-        for lane in self._lanes.values():
-            if lane.completed == lane.submitted:
-                lane.decided = False
+        # Each lane picks again on its next call made with nothing
+        # outstanding (_lane).
+        self._transport_epoch += 1
 
     def lane_transport(self, device):
         """"ring" or "varlink": what ``device``'s lane uses now (None before
@@ -541,6 +548,8 @@ class Client:
         lane = self._lanes.get(device)
         if lane is None or not lane.decided:
             return None
+        if lane.completed == lane.submitted and lane.transport_epoch != self._transport_epoch:
+            return None   # picks again on its next call
         return "ring" if lane.ring is not None else "varlink"
 
     def last_timing(self, device):

@@ -239,6 +239,25 @@ class RingTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             c.set_transport("pigeon")
 
+    def test_a_switch_asked_with_calls_outstanding_applies_after_them(self):
+        """set_transport while the lane has calls queued: they finish on
+        the transport they went on, and the next call after them takes the
+        new one (the lane had kept its transport for good)."""
+        c = self.client("ring")
+        a, b, d = self.tensor(c, [3, 3]), self.tensor(c, [3, 3]), self.tensor(c, [3, 3], fill=False)
+        for want in ("varlink", "ring"):
+            for _ in range(4):
+                c.gemm(a.op, b.op, d.op, wait=False)
+            c.set_transport(want)
+            self.assertEqual(c.lane_transport(0), "ring" if want == "varlink" else "varlink",
+                             "the calls outstanding keep theirs")
+            c.wait(0)
+            c.gemm(a.op, b.op, d.op, wait=False)
+            c.wait(0)
+            self.assertEqual(c.lane_transport(0), want)
+        ref = reference.gemm(a.read(), b.read(), 3, 3, 3)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+
     def test_restart_makes_records_stale(self):
         c = self.client("ring")
         a, b, d = self.tensor(c, [2, 2]), self.tensor(c, [2, 2]), self.tensor(c, [2, 2], fill=False)
