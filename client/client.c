@@ -189,7 +189,7 @@ REGEN_EXPORT void regen_client_destroy(regen_client *c)
 	for (i = 0; i < REGEN_DEVICES_MAX; i++) {
 		rc_conn_close(&c->worker[i]);
 		rp_rx_finish(&c->worker[i].rx);
-		rc_lane_reset(&c->lanes[i]);
+		rc_lane_finish(&c->lanes[i]);
 	}
 	rc_clear_error(c);
 	free(c);
@@ -345,10 +345,11 @@ int rc_ensure_worker(regen_client *c, int device, int64_t deadline)
 	 * Calls it still had outstanding are told of, as a Varlink lane's
 	 * settle tells (a ring lane has no replies to settle): a caller that
 	 * went on silently would wait later on tickets handed out again. */
-	bool lost = rc_conn_is_open(w) && c->lanes[device].completed < c->lanes[device].submitted;
+	bool lost = c->lanes[device].completed < c->lanes[device].submitted;
 	rc_conn_close(w);
 	rc_lane_reset(&c->lanes[device]);
 	if (lost) {
+		c->lanes[device].lost_told = true;   /* this return tells */
 		rc_set_local_error(c, "connection to device %d's worker broke with calls in flight; they may or may "
 				      "not have run", device);
 		return -ECONNRESET;

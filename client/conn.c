@@ -94,42 +94,36 @@ static int connect_once(const char *path, int64_t deadline, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	socklen_t len;
-	int fd, r, err = 0;
-	socklen_t errlen = sizeof(err);
+	int fd, r;
 
 	if (strlen(path) >= sizeof(sa.sun_path)) {
 		return -ENAMETOOLONG;
 	}
 	strcpy(sa.sun_path, path);
 	len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0) {
-		return -errno;
+	for (;;) {
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		if (fd < 0) {
+			return -errno;
+		}
+		if (connect(fd, (struct sockaddr *)&sa, len) == 0) {
+			*out = fd;
+			return 0;
+		}
+		r = -errno;
+		close(fd);
+		if (r != -EAGAIN) {
+			return r;
+		}
+		/* A full backlog. On a Unix socket EAGAIN is a refusal, not a
+		 * connection under way: such a socket polls writable and reads
+		 * as connected, and the first call on it broke. Try again until
+		 * the deadline. */
+		if (deadline != RC_FOREVER && rc_now_ms() >= deadline) {
+			return -ETIMEDOUT;
+		}
+		usleep(2000);
 	}
-	if (connect(fd, (struct sockaddr *)&sa, len) < 0) {
-		if (errno != EINPROGRESS && errno != EAGAIN) {
-			r = -errno;
-			goto fail;
-		}
-		/* A full backlog: wait for the daemon to accept. */
-		r = wait_fd(fd, POLLOUT, deadline);
-		if (r < 0) {
-			goto fail;
-		}
-		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &errlen) < 0) {
-			r = -errno;
-			goto fail;
-		}
-		if (err != 0) {
-			r = -err;
-			goto fail;
-		}
-	}
-	*out = fd;
-	return 0;
-fail:
-	close(fd);
-	return r;
 }
 
 int rc_conn_open(struct rc_conn *c, const char *path, int64_t deadline, bool retry)

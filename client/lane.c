@@ -88,7 +88,31 @@ static void ring_free(struct rc_ring *r)
 	free(r);
 }
 
+/* Tickets go on counting across a reset (the connection went): a caller
+ * that holds one of the lost calls' tickets must not find it handed out
+ * again to a new call, whose answer would then read as the lost one's.
+ * The lost calls' tickets answer -ECONNRESET (rc_lane_wait). An error the
+ * lane kept for the next wait stays. */
 void rc_lane_reset(struct rc_lane *lane)
+{
+	struct rc_lane keep = *lane;
+
+	ring_free(lane->open_ring);
+	memset(lane, 0, sizeof(*lane));
+	lane->submitted = lane->completed = keep.submitted;
+	if (keep.completed < keep.submitted) {
+		lane->lost_from = keep.completed + 1;
+		lane->lost_upto = keep.submitted;
+	} else {
+		lane->lost_from = keep.lost_from;
+		lane->lost_upto = keep.lost_upto;
+		lane->lost_told = keep.lost_told;
+	}
+	memcpy(lane->err_name, keep.err_name, sizeof(lane->err_name));
+	lane->err_params = keep.err_params;
+}
+
+void rc_lane_finish(struct rc_lane *lane)
 {
 	ring_free(lane->open_ring);
 	cJSON_Delete(lane->err_params);
@@ -320,6 +344,7 @@ static int lane_broken(regen_client *c, int device, int r)
 		rc_set_local_error(c, "connection to device %d's worker broke with calls in flight", device);
 	rc_conn_close(&c->worker[device]);
 	rc_lane_reset(&c->lanes[device]);
+	c->lanes[device].lost_told = true;   /* this return tells */
 	return r == -ETIMEDOUT ? r : -ECONNRESET;
 }
 
@@ -333,6 +358,12 @@ static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 {
 	uint64_t t0 = now_ns(), budget = r->spin_ns;
 	bool slept = false;
+
+	/* The connection was closed under the records (a Varlink call on it
+	 * timed out or broke): nothing tells of the worker's end any more, and
+	 * a poll of fd -1 would wait out the whole deadline. */
+	if (sock < 0 && rp_ring_load(&r->hdr->cq_tail) == r->cq_head)
+		return -ECONNRESET;
 
 	for (unsigned spins = 0;; spins++) {
 		if (rp_ring_load(&r->hdr->cq_tail) != r->cq_head)
@@ -503,6 +534,13 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 		r = lane->ring ? ring_reap(c, lane, device, deadline) : varlink_reap(c, lane, device, deadline);
 		if (r < 0)
 			return r;
+	}
+	if (lane->lost_from != 0 && ticket >= lane->lost_from && !(ticket > lane->lost_upto && lane->lost_told)) {
+		rc_set_local_error(c, "calls %llu to %llu were in flight on device %d's lane when its connection broke; "
+				      "they may or may not have run",
+				   (unsigned long long)lane->lost_from, (unsigned long long)lane->lost_upto, device);
+		lane->lost_told = true;
+		return -ECONNRESET;
 	}
 	if (lane->err_name[0] != '\0') {
 		rc_set_remote_error(c, lane->err_name, lane->err_params);

@@ -22,6 +22,10 @@ struct rc_lane {
 	struct rc_ring *ring;             /* the one in use; NULL: Varlink */
 	struct rc_ring *open_ring;        /* the connection's, used or not */
 	uint64_t submitted, completed;
+	/* Tickets of calls lost with a connection (0: none): their wait says so,
+	 * and a wait past them once (lost_told). */
+	uint64_t lost_from, lost_upto;
+	bool lost_told;
 	uint64_t last_elapsed_us;
 	struct regen_call_timing last_timing;
 	uint64_t idle_since_ns;           /* when the last answer was read */
@@ -122,6 +126,8 @@ int rc_lane_drain(regen_client *c, int device);
 /* An id closed: the lane's table no longer holds it. */
 void rc_lane_forget(regen_client *c, int device, const struct rp_id *rid);
 void rc_lane_reset(struct rc_lane *lane);
+/* Frees everything of the lane, for its client's end. */
+void rc_lane_finish(struct rc_lane *lane);
 
 /* Makes a regen_status of a Status-shaped reply (which it takes over,
  * also on failure). */

@@ -21,7 +21,9 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int connect_to(const char *path)
+/* timeout_s > 0 bounds the connect too: a Unix socket's blocking connect
+ * to a full backlog waits (for SO_SNDTIMEO), and --timeout must hold. */
+static int connect_to(const char *path, double timeout_s)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd;
@@ -32,6 +34,11 @@ static int connect_to(const char *path)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
+	if (timeout_s > 0) {
+		struct timeval tv = { .tv_sec = (time_t)timeout_s,
+				      .tv_usec = (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6) };
+		(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		int r = -errno;
 		close(fd);
@@ -126,7 +133,7 @@ int ctl_call(const char *socket_path, const char *method, const char *params_jso
 	if (more)
 		cJSON_AddBoolToObject(msg, "more", 1);
 	text = cJSON_PrintUnformatted(msg);
-	fd = connect_to(socket_path);
+	fd = connect_to(socket_path, timeout_s);
 	if (!text || fd < 0) {
 		r = text ? fd : -ENOMEM;
 		goto out;

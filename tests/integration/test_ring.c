@@ -302,6 +302,65 @@ static void a_switch_with_calls_outstanding_applies_after_them(void)
 	regen_client_destroy(c);
 }
 
+/* A ring lane whose connection a Varlink call closed (an import that timed
+ * out with the worker stopped), its worker then killed: regen_wait on the
+ * queued call's ticket says -ECONNRESET at once (it waited out the whole
+ * timeout on the closed fd), and after the reconnect the lost ticket is not
+ * handed out again: new calls get new tickets, and the lost one still says
+ * -ECONNRESET (tickets had started again at 1, and regen_wait on the lost
+ * one answered 0 for a GEMM that never ran). */
+static void a_lane_closed_under_its_records_tells_of_them(void)
+{
+	const int dev = 1;
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer m, x;
+	struct regen_gemm_args g;
+	uint64_t lost, n1, n2, gen;
+	regen_status *st;
+	pid_t pid;
+	int r;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, dev, 4096, &m);
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, m.buf, 0, 8, 8);
+	tensor2(&g.b, m.buf, 256, 8, 8);
+	tensor2(&g.d, m.buf, 512, 8, 8);
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g), "before");
+	ASSERT_EQ(regen_client_transport(c, dev), REGEN_TRANSPORT_RING, "the lane is on the ring");
+	st = tl_status(c);
+	pid = (pid_t)tl_status_device(st, dev)->worker_pid;
+	gen = tl_status_device(st, dev)->generation;
+	regen_status_free(st);
+	ASSERT(kill(pid, SIGSTOP) == 0, "SIGSTOP %d", (int)pid);
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &lost), "queued on a stopped worker");
+	regen_client_set_timeout(c, 1);
+	tl_buffer_alloc(4096, &x);
+	r = regen_buffer_import_fd(c, dev, x.mem.fd, 4096, &x.buf);
+	ASSERT_EQ(r, -ETIMEDOUT, "the import on the stopped worker");
+	ASSERT(kill(pid, SIGKILL) == 0, "SIGKILL %d", (int)pid);
+	regen_client_set_timeout(c, 8);
+	double t0 = tl_now();
+	r = regen_wait(c, dev, lost);
+	ASSERT_EQ(r, -ECONNRESET, "regen_wait on the lost call: %s", regen_client_error_message(c));
+	ASSERT(tl_now() - t0 < 2, "the lost call was told after %.1f s", tl_now() - t0);
+	regen_client_set_timeout(c, 30);
+	tl_wait_generation(c, dev, gen, 30);
+	ASSERT_REGEN_OK(c, tl_buffer_import(c, dev, &m), "import again");
+	tensor2(&g.a, m.buf, 0, 8, 8);
+	tensor2(&g.b, m.buf, 256, 8, 8);
+	tensor2(&g.d, m.buf, 512, 8, 8);
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &n1), "a new call");
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &n2), "another");
+	ASSERT(n1 > lost && n2 > lost, "new tickets %llu, %llu handed out again below the lost %llu",
+	       (unsigned long long)n1, (unsigned long long)n2, (unsigned long long)lost);
+	ASSERT_EQ(regen_wait(c, dev, lost), -ECONNRESET, "the lost ticket, after new calls");
+	ASSERT_REGEN_OK(c, regen_wait(c, dev, n2), "the new calls");
+	tl_buffer_free(&x);
+	tl_buffer_free(&m);
+	regen_client_destroy(c);
+}
+
 /* 2000 GEMMs queued without waiting, in a ring of 256: all complete, in
  * order, and a bad one among them fails alone, named at the wait. */
 static void queued_calls_complete_in_order(void)
@@ -857,6 +916,7 @@ int main(void)
 	a_full_table_keeps_a_queued_error_for_the_wait();
 	a_crash_with_a_ring_call_in_flight_is_told();
 	a_switch_with_calls_outstanding_applies_after_them();
+	a_lane_closed_under_its_records_tells_of_them();
 	completions_carry_stage_times();
 	restart_fails_records_with_stale_generation();
 	bad_setups_are_refused_by_name();
