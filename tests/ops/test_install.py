@@ -57,6 +57,16 @@ def main():
             one(os.path.join(dest, pattern), what)
         if os.path.exists(os.path.join(build, "daemon", "backend", "cuda", "backend-cuda.so")):
             one(os.path.join(dest, "**/regen/backend-cuda.so"), "CUDA backend module")
+        # Every module of the package, not a list kept by hand: meson
+        # install had left out regen/torch/_block.py, and `import
+        # regen.torch` failed in what it installed.
+        package = os.path.join(source, "client", "python", "regen")
+        installed_pkg = os.path.dirname(one(os.path.join(dest, "**/regen/__init__.py"), "Python package"))
+        for root, _, names in os.walk(package):
+            for name in names:
+                if name.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(root, name), package)
+                    check(os.path.exists(os.path.join(installed_pkg, rel)), "meson install left out regen/%s" % rel)
         log("meson install: regend, regenctl, libregen, regen.h, regen.pc, units, Python package")
 
         installed = one(os.path.join(dest, "**/sbin/regend"), "regend")

@@ -194,7 +194,13 @@ class Watch:
         if self._done:
             raise StopIteration
         self._conn.settimeout(timeout)
-        params, continues = self._conn.receive()
+        try:
+            params, continues = self._conn.receive()
+        except errors.Error:
+            # An error reply ends the call (LimitExceeded, Draining): the
+            # next next() is StopIteration, not a wait for ever.
+            self._done = True
+            raise
         if not continues:
             self._done = True
         return params

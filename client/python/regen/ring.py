@@ -247,14 +247,23 @@ class Ring:
             left = None if timeout is None else timeout - (now - t0)
             if left is not None and left <= 0:
                 raise TimeoutError("no completion within the timeout")
-            readable, _, _ = select.select([self.bell, self.conn.fileno()], [], [], left)
-            if self.bell in readable:
+            # poll, not select: select refuses fds of 1024 or more.
+            conn_fd = self.conn.fileno()
+            if conn_fd < 0:
+                if ctr[CQ_TAIL] == head:
+                    raise ConnectionResetError("the worker connection was closed with records in flight")
+                break
+            p = select.poll()
+            p.register(self.bell, select.POLLIN)
+            p.register(conn_fd, select.POLLIN)
+            ready = {fd for fd, _ in p.poll(None if left is None else max(0, int(left * 1000) + 1))}
+            if self.bell.fileno() in ready:
                 try:
                     while self.bell.recv(64):
                         pass
                 except BlockingIOError:
                     pass
-            if self.conn.fileno() in readable and ctr[CQ_TAIL] == head:
+            if conn_fd in ready and ctr[CQ_TAIL] == head:
                 raise ConnectionResetError("the worker connection ended with records in flight")
         if slept:
             waited = time.perf_counter() - t0

@@ -58,8 +58,11 @@ class Connection:
         if self._sock is None:
             return False
         try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            if not readable:
+            # poll, not select: select refuses an fd of 1024 or more, which a
+            # training process (loaders, NCCL) has open soon enough.
+            p = select.poll()
+            p.register(self._sock, select.POLLIN)
+            if not p.poll(0):
                 return True
             return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
         except BlockingIOError:
@@ -157,4 +160,12 @@ class Connection:
                 "message": f"no reply to {method} from {self.path} within the timeout; "
                            "connection closed, the call may or may not have run",
                 "socket": self.path}) from e
+        except errors.Error:
+            raise   # a reply: the connection is in step
+        except BaseException:
+            # Anything else between the send and its reply (KeyboardInterrupt,
+            # a signal handler's exception): the reply, still to come, would
+            # answer the next call on this connection.  It goes with it.
+            self.close()
+            raise
         return params

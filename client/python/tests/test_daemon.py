@@ -5,6 +5,8 @@ worker dies."""
 import math
 import os
 import random
+import resource
+import signal
 import sys
 import threading
 import time
@@ -680,6 +682,81 @@ class Errors(DaemonTest):
             os.close(r)
             os.waitpid(pid, 0)
             self.assertEqual(got, b"ok")
+
+
+class Connections(DaemonTest):
+    def test_a_call_interrupted_before_its_reply_does_not_answer_the_next(self):
+        """An exception raised while a call waits for its reply (a signal
+        handler's, KeyboardInterrupt) closes the connection: its reply, still
+        to come, had answered the next call (an import got the GEMM's
+        {elapsed_us}: KeyError 'buffer')."""
+        self.c.set_transport("varlink")
+        n = 384
+        a, b, d = self.square(n)
+        self.c.gemm(a.op, b.op, d.op)
+        t0 = time.monotonic()
+        self.c.gemm(a.op, b.op, d.op)
+        took = time.monotonic() - t0
+
+        class Interrupt(Exception):
+            pass
+
+        def handler(signum, frame):
+            raise Interrupt()
+        old = signal.signal(signal.SIGALRM, handler)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, min(0.02, took / 4))
+            with self.assertRaises(Interrupt):
+                self.c.gemm(a.op, b.op, d.op)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        e = self.tensor([4, 4])
+        self.assertIsInstance(e.buffer, regen.Buffer)
+        self.assertIsInstance(self.c.gemm(a.op, b.op, d.op), int)
+
+    def test_calls_with_many_fds_open(self):
+        """A process with fds past 1024 open (loaders, NCCL) makes its
+        second call as its first: the connection's liveness check used
+        select(), which refuses such fds (ValueError)."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < 1200:
+            self.skipTest(f"RLIMIT_NOFILE {soft}")
+        fds = []
+        try:
+            while not fds or fds[-1] < 1100:
+                fds.append(os.open("/dev/null", os.O_RDONLY))
+            c = regen.Client(daemon.socket, timeout=60)
+            try:
+                c.status()
+                c.status()
+            finally:
+                c.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def test_a_watch_refused_ends(self):
+        """A Watch whose call is answered with an error (past the 64 a uid
+        may hold) raises it once, then ends (StopIteration); it had waited
+        for ever."""
+        watches = []
+        try:
+            err = None
+            for _ in range(70):
+                w = self.c.watch()
+                watches.append(w)
+                try:
+                    w.next(timeout=5)
+                except regen.LimitExceeded as e:
+                    err = e
+                    break
+            self.assertIsNotNone(err, "no LimitExceeded in 70 Watches")
+            with self.assertRaises(StopIteration):
+                w.next(timeout=2)
+        finally:
+            for w in watches:
+                w.close()
 
 
 class Jobs(DaemonTest):
