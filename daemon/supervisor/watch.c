@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <stdlib.h>
+#include "daemon/log.h"
 #include "daemon/supervisor/watch.h"
 #include "proto/errors.h"
 
@@ -78,14 +79,29 @@ static void sweep(struct rd_sv_watch *w)
 	}
 }
 
+/* A watcher whose unread events reach this is dropped (its connection
+ * closed): regend stops reading a peer that does not read, but events go on
+ * coming, and any uid may hold 64 Watches. Far more than a reader that
+ * keeps up ever has queued (an event is about 200 bytes: over a thousand). */
+#define WATCH_UNREAD_MAX (256u << 10)
+
 void rd_sv_watch_announce(struct rd_sv_watch *w, const struct rd_sv_device *d)
 {
 	bool outer = !w->announcing;
 
 	w->announcing = true;
-	for (struct rd_sv_watcher *watcher = w->watchers; watcher; watcher = watcher->next)
-		if (watcher->call)
-			rd_call_reply(watcher->call, event_json(w, d, d->reason), true);
+	for (struct rd_sv_watcher *watcher = w->watchers; watcher; watcher = watcher->next) {
+		if (!watcher->call)
+			continue;
+		struct rd_conn *conn = watcher->call->conn;
+		if (conn->tx.queued_bytes > WATCH_UNREAD_MAX) {
+			rd_warn("watch", -1, 0, conn->peer.pid, "dropping a Watch whose client left %zu bytes of events unread",
+				(size_t)conn->tx.queued_bytes);
+			rd_conn_close(conn);   /* rd_sv_watch_drop marks it: swept below */
+			continue;
+		}
+		rd_call_reply(watcher->call, event_json(w, d, d->reason), true);
+	}
 	if (outer) {
 		w->announcing = false;
 		sweep(w);
