@@ -403,10 +403,24 @@ int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_p
 		return -errno;
 	}
 	while (fgets(line, sizeof(line), f)) {
-		char *s = trim(line), *eq, *key, *value;
+		size_t len = strlen(line);
+		char *s, *eq, *key, *value;
 		const struct rd_option *opt;
 
 		lineno++;
+		if (len == sizeof(line) - 1 && line[len - 1] != '\n' && !feof(f)) {
+			/* Its rest would read as a line of its own: a key at the end
+			 * of a long comment would take effect. The line is refused,
+			 * all of it. */
+			int c;
+
+			while ((c = fgetc(f)) != EOF && c != '\n')
+				;
+			fprintf(stderr, "regend: %s:%u: line longer than %zu bytes\n", path, lineno, sizeof(line) - 2);
+			errors++;
+			continue;
+		}
+		s = trim(line);
 		if (!*s || *s == '#')
 			continue;
 		eq = strchr(s, '=');

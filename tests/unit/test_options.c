@@ -259,6 +259,26 @@ START_TEST(a_file_error_names_the_line_and_keeps_reading)
 }
 END_TEST
 
+/* A line past the buffer is refused whole: its rest had been read as a
+ * line of its own, so a key at the end of a long comment took effect. */
+START_TEST(a_line_too_long_is_refused_whole)
+{
+	struct rd_options o;
+	char err[2048], path[64], text[2048];
+	int n;
+
+	rd_options_defaults(&o);
+	n = snprintf(text, sizeof(text), "# ");
+	for (int i = 0; i < 509; i++)
+		text[n++] = 'x';
+	snprintf(text + n, sizeof(text) - (size_t)n, "fault_injection = true\nbackend = host\n");
+	ck_assert_int_eq(read_file_text(&o, text, path, sizeof(path), err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, ":1: line longer than 510 bytes"), "%s", err);
+	ck_assert_msg(!o.fault_injection, "a key at the end of a long comment took effect");
+	ck_assert_str_eq(o.backend, "host");   /* the next line is the file's line 2, read as such */
+}
+END_TEST
+
 START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 {
 	struct rd_options sv, wk;
@@ -364,6 +384,7 @@ int main(void)
 			    sizeof(good) / sizeof(good[0]));
 	tcase_add_test(tc, the_defaults_are_the_documented_ones);
 	tcase_add_test(tc, a_file_error_names_the_line_and_keeps_reading);
+	tcase_add_test(tc, a_line_too_long_is_refused_whole);
 	tcase_add_test(tc, the_workers_command_line_parses_back_to_the_same_settings);
 	tcase_add_test(tc, sighup_applies_the_reloadable_keys_and_names_the_others);
 	tcase_add_test(tc, help_lists_every_option_a_person_may_give);
