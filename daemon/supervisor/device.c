@@ -525,6 +525,16 @@ static void on_heartbeat(uv_timer_t *t)
 	if (!d->worker.ctl || d->state == RP_STATE_UNRESPONSIVE || d->state == RP_STATE_FAILED ||
 	    d->state == RP_STATE_RESPAWNING)
 		return;
+	/* heartbeat_ms changed (SIGHUP): the timer goes at the new pace from
+	 * now and the silence is counted afresh. The verdict below holds the
+	 * last answer against the new heartbeat_ms: with the old, longer
+	 * interval still between ticks, a healthy worker read as silent too
+	 * long (every worker killed by a reload that lowered it 3 times). */
+	if (uv_timer_get_repeat(t) != interval) {
+		d->last_answer_ns = now;
+		uv_timer_start(t, on_heartbeat, interval, interval);
+		return;
+	}
 	/* A Drain or a Release/Reset holds the answers behind it (the channel
 	 * answers in order) and has its own deadline: no verdict meanwhile. */
 	if (d->ops && (d->ops->step == OP_DRAINING || d->ops->step == OP_APPLYING)) {
