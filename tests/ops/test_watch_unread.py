@@ -4,8 +4,9 @@ events go on coming with every lifecycle change, and any uid may hold 64
 Watches. A watcher that leaves more than 256 KiB of events unread is dropped
 (its connection closed, a warning logged), so the supervisor stays bounded:
 with 32 unread Watches and Releases for 6 s it grows by less than 32 MiB
-(it had grown without bound: 16 such Watches, 348 MB in 40 s). A Watch that
-reads keeps its events.
+(it had grown without bound: 16 such Watches, 348 MB in 40 s); the bound is
+not checked under AddressSanitizer, whose quarantine keeps freed memory. A
+Watch that reads keeps its events.
 
 Usage: test_watch_unread.py REGEND
 """
@@ -23,6 +24,13 @@ def rss_kb(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def sanitized(pid):
+    """AddressSanitizer keeps freed memory in its quarantine: growth says
+    nothing there, and the bound is checked only without it."""
+    with open("/proc/%d/maps" % pid) as f:
+        return "libasan" in f.read()
 
 
 def main():
@@ -58,7 +66,8 @@ def main():
         grew = rss_kb(d.pid) - before
         log("%d Releases with 32 unread Watches: supervisor grew %d kB; the reading Watch saw %d events" %
             (releases, grew, seen))
-        check(grew < 32 * 1024, "the supervisor grew %d kB with unread Watches" % grew)
+        if not sanitized(d.pid):
+            check(grew < 32 * 1024, "the supervisor grew %d kB with unread Watches" % grew)
         check("dropping a Watch whose client left" in d.log_text(), "no unread Watch was dropped")
         check(seen > 0, "the reading Watch saw no event")
         st = call(d.socket, "io.regen.Device.Status")
