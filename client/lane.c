@@ -334,14 +334,19 @@ void rc_lane_forget(regen_client *c, int device, const struct rp_id *rid)
 	}
 }
 
-/* The connection broke or a wait timed out: what is outstanding is lost
- * with it, and the next call starts afresh. */
-static int lane_broken(regen_client *c, int device, int r)
+void rc_lane_say_broken(regen_client *c, int device, int r)
 {
 	if (r == -ETIMEDOUT)
 		rc_set_local_error(c, "no completion from device %d's worker before the timeout", device);
 	else
 		rc_set_local_error(c, "connection to device %d's worker broke with calls in flight", device);
+}
+
+/* The connection broke or a wait timed out: what is outstanding is lost
+ * with it, and the next call starts afresh. */
+static int lane_broken(regen_client *c, int device, int r)
+{
+	rc_lane_say_broken(c, device, r);
 	rc_conn_close(&c->worker[device]);
 	rc_lane_reset(&c->lanes[device]);
 	c->lanes[device].lost_told = true;   /* this return tells */
@@ -490,18 +495,24 @@ static int varlink_reap(regen_client *c, struct rc_lane *lane, int device, int64
 	return 0;
 }
 
-int rc_lane_drain(regen_client *c, int device)
+/* Reads answers, ring or Varlink, until ticket's; their first error is kept
+ * for the next wait. */
+static int reap_upto(regen_client *c, struct rc_lane *lane, int device, uint64_t ticket)
 {
-	struct rc_lane *lane = &c->lanes[device];
 	int64_t deadline = rc_deadline(c->timeout_s);
 	int r;
 
-	while (lane->completed < lane->submitted) {
+	while (lane->completed < ticket) {
 		r = lane->ring ? ring_reap(c, lane, device, deadline) : varlink_reap(c, lane, device, deadline);
 		if (r < 0)
 			return r;
 	}
 	return 0;
+}
+
+int rc_lane_drain(regen_client *c, int device)
+{
+	return reap_upto(c, &c->lanes[device], device, c->lanes[device].submitted);
 }
 
 int rc_lane_settle(regen_client *c, int device)
@@ -521,7 +532,6 @@ int rc_lane_settle(regen_client *c, int device)
 int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 {
 	struct rc_lane *lane = &c->lanes[device];
-	int64_t deadline = rc_deadline(c->timeout_s);
 	int r;
 
 	rc_clear_error(c);
@@ -530,11 +540,9 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 				   (unsigned long long)ticket, device, (unsigned long long)lane->submitted);
 		return -EINVAL;
 	}
-	while (lane->completed < ticket) {
-		r = lane->ring ? ring_reap(c, lane, device, deadline) : varlink_reap(c, lane, device, deadline);
-		if (r < 0)
-			return r;
-	}
+	r = reap_upto(c, lane, device, ticket);
+	if (r < 0)
+		return r;
 	if (lane->lost_from != 0 && ticket >= lane->lost_from && !(ticket > lane->lost_upto && lane->lost_told)) {
 		rc_set_local_error(c, "calls %llu to %llu were in flight on device %d's lane when its connection broke; "
 				      "they may or may not have run",

@@ -79,9 +79,7 @@ static int object_close(struct rc_object *obj, const char *method)
 	 * that broke with the connection before it are what the caller hears
 	 * of. */
 	if (r == 0 && drained < 0) {
-		rc_set_local_error(c, drained == -ETIMEDOUT ? "no completion from device %d's worker before the timeout"
-							    : "connection to device %d's worker broke with calls in flight",
-				   obj->device);
+		rc_lane_say_broken(c, obj->device, drained);
 		r = drained;
 	}
 out:

@@ -150,7 +150,7 @@ static struct {
 	.fake_cuda = -1,
 };
 
-static void chunk_unimport(struct chunk *ch);
+static void chunk_free(struct chunk *ch);
 
 /* ---- fork() ------------------------------------------------------------------
  *
@@ -190,7 +190,6 @@ __attribute__((constructor)) static void pool_watch_forks(void)
 static void adopt_fork(void)
 {
 	struct chunk *ch, *next;
-	struct piece *p, *pn;
 
 	if (!pool.forked)
 		return;
@@ -204,13 +203,7 @@ static void adopt_fork(void)
 		next = ch->next;
 		if (ch->import != NULL)
 			(void)regen_buffer_close(ch->import);
-		if (ch->fd >= 0)
-			close(ch->fd);
-		for (p = ch->pieces; p != NULL; p = pn) {
-			pn = p->next;
-			free(p);
-		}
-		free(ch);
+		chunk_free(ch);
 	}
 	pool.chunks = NULL;
 	memset(&pool.stats, 0, sizeof(pool.stats));
@@ -492,16 +485,11 @@ static bool fake_cuda(void)
 	return pool.fake_cuda == 1;
 }
 
-static void chunk_destroy(struct chunk *ch)
+/* The chunk's fd and bookkeeping; its memory and import are the caller's. */
+static void chunk_free(struct chunk *ch)
 {
 	struct piece *p, *next;
 
-	chunk_unimport(ch);
-	if (ch->kind == CHUNK_CUDA && !fake_cuda()) {
-		cuda_chunk_finish(ch);
-	} else {
-		munmap(ch->base, ch->size);
-	}
 	if (ch->fd >= 0) {
 		close(ch->fd);
 	}
@@ -509,9 +497,20 @@ static void chunk_destroy(struct chunk *ch)
 		next = p->next;
 		free(p);
 	}
+	free(ch);
+}
+
+static void chunk_destroy(struct chunk *ch)
+{
+	chunk_unimport(ch);
+	if (ch->kind == CHUNK_CUDA && !fake_cuda()) {
+		cuda_chunk_finish(ch);
+	} else {
+		munmap(ch->base, ch->size);
+	}
 	pool.stats.chunks--;
 	pool.stats.chunk_bytes -= ch->size;
-	free(ch);
+	chunk_free(ch);
 }
 
 static struct chunk *chunk_create(enum chunk_kind kind, int device, uint64_t want)

@@ -123,6 +123,10 @@ int rc_lane_settle(regen_client *c, int device);
  * lane's id table is taken back or an id closed, which a queued record may
  * still name. Negative only when the connection broke or timed out. */
 int rc_lane_drain(regen_client *c, int device);
+/* The local error a lane's broken connection (r: -ETIMEDOUT or another
+ * failure) leaves: "no completion ... before the timeout" or "broke with
+ * calls in flight". */
+void rc_lane_say_broken(regen_client *c, int device, int r);
 /* An id closed: the lane's table no longer holds it. */
 void rc_lane_forget(regen_client *c, int device, const struct rp_id *rid);
 void rc_lane_reset(struct rc_lane *lane);

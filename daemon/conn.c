@@ -647,6 +647,15 @@ int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool o
 	return 0;
 }
 
+unsigned rd_conns_of_uid(const struct rd_conn *list, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct rd_conn *c = list; c; c = c->next)
+		n += c->peer.uid == uid;
+	return n;
+}
+
 void rd_conn_refuse(struct rd_conn *conn, const char *resource, unsigned limit)
 {
 	struct rp_error err = { 0 };

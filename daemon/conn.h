@@ -101,6 +101,9 @@ int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool o
 /* Answers the peer with io.regen.LimitExceeded {resource, limit} and closes:
  * for connections refused at accept. */
 void rd_conn_refuse(struct rd_conn *conn, const char *resource, unsigned limit);
+/* How many connections of a list (linked by next) are of uid's peers:
+ * regend counts them per uid on every socket (max_connections). */
+unsigned rd_conns_of_uid(const struct rd_conn *list, uid_t uid);
 
 /* Last words before the process exits with calls still running: every
  * unfinished call gets a copy of err, and the replies are written out

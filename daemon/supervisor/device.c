@@ -772,12 +772,11 @@ static void detached_accept(int fd, void *data)
 {
 	struct rd_sv_device *d = data;
 	struct rd_conn *conn;
-	unsigned same_uid = 0, limit = d->env->opts->max_connections;
+	unsigned same_uid, limit = d->env->opts->max_connections;
 
 	if (rd_conn_new(d->env->loop, fd, &detached_ops, d, &conn) < 0)
 		return;
-	for (struct rd_conn *c = d->detached_conns; c; c = c->next)
-		same_uid += c->peer.uid == conn->peer.uid;
+	same_uid = rd_conns_of_uid(d->detached_conns, conn->peer.uid);
 	conn->next = d->detached_conns;
 	d->detached_conns = conn;
 	if (same_uid >= limit) {

@@ -50,13 +50,12 @@ void rd_sv_session_accept(int fd, void *data)
 {
 	struct rd_supervisor *sv = data;
 	struct rd_conn *conn;
-	unsigned same_uid = 0;
+	unsigned same_uid;
 	char job[2 * RP_JOB_MAX + 16];
 
 	if (rd_conn_new(sv->loop, fd, &session_ops, sv, &conn) < 0)
 		return;
-	for (struct rd_conn *c = sv->sessions; c; c = c->next)
-		same_uid += c->peer.uid == conn->peer.uid;
+	same_uid = rd_conns_of_uid(sv->sessions, conn->peer.uid);
 	conn->admin = is_admin(sv, conn);
 	conn->next = sv->sessions;
 	sv->sessions = conn;

@@ -192,10 +192,7 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 		/* Refused: no completion follows. The session stays, as the
 		 * call is still being answered by the caller. */
 		rd_health_call_finished(w, cc);
-		s->in_flight--;
-		w->in_flight--;
-		if (s->usage)
-			s->usage->in_flight--;   /* the job's count too, as rd_session_call_started raised it */
+		rd_session_call_uncount(s);
 		if (op->comm && rp_comm_is_collective(&op->compute))
 			op->comm->collectives--;
 		rp_error_move(err, &op->err);

@@ -53,14 +53,19 @@ void rd_session_call_started(struct rd_session *s)
 		s->usage->in_flight++;
 }
 
+void rd_session_call_uncount(struct rd_session *s)
+{
+	s->in_flight--;
+	s->worker->in_flight--;
+	if (s->usage)
+		s->usage->in_flight--;
+}
+
 void rd_session_call_finished(struct rd_session *s)
 {
 	struct rd_worker *w = s->worker;
 
-	s->in_flight--;
-	w->in_flight--;
-	if (s->usage)
-		s->usage->in_flight--;
+	rd_session_call_uncount(s);
 	session_maybe_free(s);
 	rd_worker_call_finished(w);
 }

@@ -29,6 +29,10 @@ struct rd_lane *rd_session_lane(struct rd_session *s, struct rp_error *err);
 /* Calls in flight keep the session (and its lane) alive past a close. */
 void rd_session_call_started(struct rd_session *s);
 void rd_session_call_finished(struct rd_session *s);
+/* Gives back the counts rd_session_call_started took, nothing else: for a
+ * started call its backend refused (no completion follows, the caller
+ * answers it), and as the first step of rd_session_call_finished. */
+void rd_session_call_uncount(struct rd_session *s);
 
 /* The methods of a worker socket, by interface: memory.c, compute.c. */
 void rd_memory_import_buffer(struct rd_call *call);
