@@ -294,11 +294,15 @@ class Client:
         self._main = None
         self._workers = {}        # device -> Connection
         self._worker_paths = {}   # device -> worker socket path
+        self._forget_objects()
+        _live_clients.add(self)
+
+    def _forget_objects(self):
+        """What this process holds in regend, as the client knows it."""
         self._generations = {}    # device -> last generation seen
         self._buffers = {}        # id -> Buffer
         self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
         self._events = {}         # id -> Event
-        _live_clients.add(self)
 
     def _forget_after_fork(self):
         """In a forked child: the connections are the parent's (a call here
@@ -307,14 +311,8 @@ class Client:
         The child closes its copies of the sockets (the parent's stay open)
         and of the rings' mappings, forgets the rest without a call, and
         connects afresh when it calls."""
-        for conn in [self._main, *self._workers.values()]:
-            if conn is not None:
-                conn.close()
-        for lane in self._lanes.values():
-            lane.close()
-        self._main = None
-        self._workers, self._lanes = {}, {}
-        self._generations, self._buffers, self._tensor_buffers, self._events = {}, {}, {}, {}
+        self.close()
+        self._forget_objects()
 
     # -- connections -------------------------------------------------------
 

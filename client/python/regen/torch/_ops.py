@@ -165,8 +165,9 @@ def _gemm(a, b, out, epilogue=None, bias=None, aux=None, c=None, aux_out=None):
 
 def _keeps_gelu_input(x, hidden):
     """Whether a GELU layer of ``hidden`` units on x's device may write its
-    input ([rows, hidden], contiguous) from the GEMM's epilogue (gelu_aux):
-    cuBLASLt takes that matrix's rows a multiple of 8 elements apart."""
+    input ([rows, hidden], contiguous) from the GEMM's epilogue (gelu_aux)
+    and read it there for the gradient (dgelu): cuBLASLt takes that
+    matrix's rows a multiple of 8 elements apart."""
     return x.device.type != "cuda" or hidden % 8 == 0
 
 
@@ -410,9 +411,10 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad, z=None):
             if z is None:
                 z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)],
                           b1)
-            if x.device.type == "cuda" and w1.shape[0] % 8 != 0:
+            if not _keeps_gelu_input(x, w1.shape[0]):
                 # cuBLASLt's DGELU takes aux rows a multiple of 8 elements
-                # apart: GELU's gradient on the rank for this width.
+                # apart, as GELU_AUX writes them: GELU's gradient on the
+                # rank for this width.
                 dh = _gemm(grad, w2, _empty([m, w1.shape[0]], x.dtype, x))
                 _rt().rank_work()
                 dz = torch.ops.aten.gelu_backward(dh, z, approximate="tanh")

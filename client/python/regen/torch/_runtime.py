@@ -179,37 +179,13 @@ class Runtime:
         self.retry = bool(retry)
         self.client = Client(socket, timeout=self.timeout)
         self.socket = self.client.socket_path
-        self.lock = threading.RLock()
         self.pool = Pool.get()
         if self.pool is not None:
             self.pool.configure(self.socket)
         self._device_map = dict(device_map or {})
-        self._mapped = set()
-        self._blocks = {}          # (regend device, base) -> _Block
-        # Blocks whose close met a broken connection: the worker may still
-        # map them, so their pins stay until the generation moves.
-        self._unclosed = []
-        self._events = {}          # (regend device, stream handle) -> _EventPair
-        self._generation = {}      # regend device -> newest generation seen
-        self._pending = {}         # regend device -> (after event, generation): ordering "events"
+        self._fresh_state()
         self._tick = 0
         self._auto = _AutoOrdering()
-        self._batch_depth = 0
-        self._batch_calls = 0
-        # Inside a batch, the (device, stream) whose last call was ordered
-        # with no rank work since: the next call there needs no ordering.
-        self._chained = None
-        self._chained_stream = None
-        # A batch's chained calls, queued without waiting for their
-        # answers: (op, tensors, scalars) each, and where they went
-        # (device, stream, event pair).  flush() collects the answers.
-        self._deferred = []
-        self._deferred_at = None
-        self._redoing = False
-        # Pool lookups kept per chunk, CPU and CUDA apart: (start, end,
-        # buffer) each, while the pool's epoch stays.
-        self._chunks = ([], [])
-        self._chunks_epoch = None
         self.counters = {"calls": 0, "handoffs": 0, "idle_calls": 0, "retries": 0, "recoveries": 0,
                          "block_imports": 0, "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0,
                          # Where the rank's host time in calls goes: all of
@@ -227,18 +203,42 @@ class Runtime:
                          "flush_us": 0.0}
         _live_runtimes.add(self)
 
+    def _fresh_state(self):
+        """What the runtime holds for this process in regend (imports,
+        pins, events, queued calls, kept lookups) as it is before any
+        call, and its lock."""
+        self.lock = threading.RLock()
+        self._mapped = set()
+        self._blocks = {}          # (regend device, base) -> _Block
+        # Blocks whose close met a broken connection: the worker may still
+        # map them, so their pins stay until the generation moves.
+        self._unclosed = []
+        self._events = {}          # (regend device, stream handle) -> _EventPair
+        self._generation = {}      # regend device -> newest generation seen
+        self._pending = {}         # regend device -> (after event, generation): ordering "events"
+        self._batch_depth = 0
+        self._batch_calls = 0
+        # Inside a batch, the (device, stream) whose last call was ordered
+        # with no rank work since: the next call there needs no ordering.
+        self._chained = None
+        self._chained_stream = None
+        # A batch's chained calls, queued without waiting for their
+        # answers: (op, tensors, scalars) each, and where they went
+        # (device, stream, event pair).  flush() collects the answers.
+        self._deferred = []
+        self._deferred_at = None
+        self._redoing = False
+        # Pool lookups kept per chunk, CPU and CUDA apart: (start, end,
+        # buffer) each, while the pool's epoch stays.
+        self._chunks = ([], [])
+        self._chunks_epoch = None
+
     def _forget_after_fork(self):
         """In a forked child (its Client forgets its own state the same
         way): the imports, pins, events and queued calls are the parent
         process's, and the lock may be held by a thread the child does not
         have.  Forgotten without a call; the child imports afresh."""
-        self.lock = threading.RLock()
-        self._blocks, self._unclosed, self._events, self._pending = {}, [], {}, {}
-        self._generation, self._mapped = {}, set()
-        self._chained = self._chained_stream = None
-        self._deferred, self._deferred_at, self._redoing = [], None, False
-        self._batch_depth = self._batch_calls = 0
-        self._chunks, self._chunks_epoch = ([], []), None
+        self._fresh_state()
 
     # -- devices -------------------------------------------------------------
 
