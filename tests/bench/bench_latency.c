@@ -32,7 +32,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include <cublasLt.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "regen.h"
@@ -79,7 +83,7 @@ static void print_launch_profile(void)
 		return;
 	printf("\n");
 	while (fgets(line, sizeof(line), f) != NULL)
-		if (strstr(line, "launch phases") != NULL)
+		if (strstr(line, "launch phases") != NULL || strstr(line, "completions over") != NULL)
 			fputs(line, stdout);
 	fclose(f);
 }
@@ -319,6 +323,118 @@ static void run_local_pooled(struct lt *lt, struct gemm *g)
 	CUDA_OK(cudaStreamSynchronize(lt->stream));
 }
 
+/* ---- how the end of a call is learned, in process ---- */
+
+/* The worker learns a call ended on a thread other than the one that
+ * launched it: these time, in this process, each way it could, so that the
+ * completion stage of a ring call can be compared with its floor. */
+enum finish_way { FW_EVENT_SAME, FW_EVENT_OTHER, FW_FLAG_SAME, FW_WAYS };
+static const char *const finish_way_names[FW_WAYS] = {
+	"cudaEventRecord, then cudaEventQuery polled on the launching thread",
+	"cudaEventRecord, then cudaEventQuery polled by another spinning thread (as the worker)",
+	"cuStreamWriteValue32 of a mapped host word, polled (no driver call)",
+};
+
+static __typeof__(cuStreamWriteValue32) *write_value32;
+
+struct finisher {
+	pthread_t thread;
+	cudaEvent_t ev;
+	_Atomic int armed;    /* 1: poll ev; 2: stop */
+	_Atomic int done;
+};
+
+static void *finisher_main(void *arg)
+{
+	struct finisher *f = arg;
+
+	CUDA_OK(cudaSetDevice(0));
+	for (;;) {
+		int a = atomic_load_explicit(&f->armed, memory_order_acquire);
+		if (a == 2)
+			return NULL;
+		if (a == 0) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		cudaError_t e;
+		while ((e = cudaEventQuery(f->ev)) == cudaErrorNotReady)
+			;
+		CUDA_OK(e);
+		atomic_store_explicit(&f->armed, 0, memory_order_relaxed);
+		atomic_store_explicit(&f->done, 1, memory_order_release);
+	}
+}
+
+struct finish_state {
+	cudaEvent_t ev;
+	struct finisher other;
+	volatile uint32_t *word;    /* mapped host memory */
+	CUdeviceptr word_dev;
+	uint32_t seq;
+};
+
+static void finish_setup(struct finish_state *fs)
+{
+	void *p = NULL;
+	enum cudaDriverEntryPointQueryResult q;
+
+	memset(fs, 0, sizeof(*fs));
+	CUDA_OK(cudaEventCreateWithFlags(&fs->ev, cudaEventDisableTiming));
+	CUDA_OK(cudaEventCreateWithFlags(&fs->other.ev, cudaEventDisableTiming));
+	if (pthread_create(&fs->other.thread, NULL, finisher_main, &fs->other) != 0)
+		bench_die("pthread_create");
+	CUDA_OK(cudaHostAlloc((void **)&p, 64, cudaHostAllocMapped));
+	fs->word = p;
+	*fs->word = 0;
+	CUDA_OK(cudaHostGetDevicePointer((void **)&fs->word_dev, p, 0));
+	CUDA_OK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", (void **)&write_value32, 12000,
+						 cudaEnableDefault, &q));
+	if (q != cudaDriverEntryPointSuccess || write_value32 == NULL)
+		bench_die("no cuStreamWriteValue32");
+}
+
+static void finish_teardown(struct finish_state *fs)
+{
+	atomic_store(&fs->other.armed, 2);
+	pthread_join(fs->other.thread, NULL);
+	CUDA_OK(cudaEventDestroy(fs->ev));
+	CUDA_OK(cudaEventDestroy(fs->other.ev));
+	CUDA_OK(cudaFreeHost((void *)fs->word));
+}
+
+static void run_local_finish(struct lt *lt, struct gemm *g, struct finish_state *fs, enum finish_way w)
+{
+	cudaError_t e;
+
+	local_launch(lt, g, lt->workspace, WORKSPACE_BYTES);
+	switch (w) {
+	case FW_EVENT_SAME:
+		CUDA_OK(cudaEventRecord(fs->ev, lt->stream));
+		while ((e = cudaEventQuery(fs->ev)) == cudaErrorNotReady)
+			;
+		CUDA_OK(e);
+		break;
+	case FW_EVENT_OTHER:
+		CUDA_OK(cudaEventRecord(fs->other.ev, lt->stream));
+		atomic_store_explicit(&fs->other.done, 0, memory_order_relaxed);
+		atomic_store_explicit(&fs->other.armed, 1, memory_order_release);
+		while (!atomic_load_explicit(&fs->other.done, memory_order_acquire))
+			__builtin_ia32_pause();
+		break;
+	case FW_FLAG_SAME: {
+		uint32_t want = ++fs->seq;
+		if (write_value32((CUstream)lt->stream, fs->word_dev, want, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+			bench_die("cuStreamWriteValue32 failed");
+		while ((int32_t)(*fs->word - want) < 0)
+			__builtin_ia32_pause();
+		break;
+	}
+	default:
+		break;
+	}
+}
+
 static double local_launch_mean_us(struct gemm *g)
 {
 	double mean = g->launches ? g->launch_us_sum / (double)g->launches : 0;
@@ -457,7 +573,8 @@ int main(int argc, char **argv)
 	regen_client *c;
 	struct lt lt;
 	struct gemm small, big;
-	struct bench_stats s_regen, s_local, s_local_pooled;
+	struct bench_stats s_regen, s_local, s_local_pooled, s_finish[FW_WAYS];
+	struct finish_state fs;
 	double small_launch_us, small_pooled_launch_us, big_launch_us, pipe_launch_us[2];
 	size_t small_ws_size;
 	struct breakdown small_stages, big_stages;
@@ -572,6 +689,19 @@ int main(int argc, char **argv)
 	s_local_pooled = bench_summarize(us, (size_t)iters);
 	small_pooled_launch_us = local_launch_mean_us(&small);
 	small_ws_size = small.ws_size;
+	finish_setup(&fs);
+	for (int w = 0; w < FW_WAYS; w++) {
+		for (i = 0; i < WARMUP; i++)
+			run_local_finish(&lt, &small, &fs, (enum finish_way)w);
+		for (i = 0; i < iters; i++) {
+			t0 = bench_now_s();
+			run_local_finish(&lt, &small, &fs, (enum finish_way)w);
+			us[i] = (bench_now_s() - t0) * 1e6;
+		}
+		s_finish[w] = bench_summarize(us, (size_t)iters);
+	}
+	finish_teardown(&fs);
+	local_launch_mean_us(&small);
 	gemm_teardown(&small);
 
 	/* ---- throughput: 4096^3, one call at a time ---- */
@@ -654,6 +784,12 @@ int main(int argc, char **argv)
 	printf("\nadded by regend (ring): p50 %.1f µs, p99 %.1f µs (targets: 8 and 20)\n", s_regen.p50 - s_local.p50,
 	       s_regen.p99 - s_local.p99);
 	breakdown_print(&small_stages, "64x64x64");
+	printf("\n64x64x64 in process, launch -> end learned, by how the end is learned:\n\n");
+	printf("| way | p50 µs | p99 µs | min µs |\n| --- | ---: | ---: | ---: |\n");
+	printf("| cudaStreamSynchronize | %.1f | %.1f | %.1f |\n", s_local.p50, s_local.p99, s_local.min);
+	for (int w = 0; w < FW_WAYS; w++)
+		printf("| %s | %.1f | %.1f | %.1f |\n", finish_way_names[w], s_finish[w].p50, s_finish[w].p99,
+		       s_finish[w].min);
 	printf("\n4096^3 bf16, one call at a time (%d iterations after %d warm-up):\n\n", BIG_ITERS, BIG_WARMUP);
 	printf("| path | TFLOP/s | / in process |\n| --- | ---: | ---: |\n");
 	for (int t = 0; t < 2; t++) {
