@@ -530,6 +530,36 @@ void rd_options_reload(struct rd_options *live, const struct rd_options *fresh, 
 	}
 }
 
+static bool worker_reloads(const struct rd_option *opt)
+{
+	return opt->key && (opt->where & RD_OPT_WORKER) && (opt->where & RD_OPT_RELOAD);
+}
+
+void rd_options_each_worker_reload(const struct rd_options *o,
+				   void (*fn)(const char *key, const char *value, void *data), void *data)
+{
+	EACH_OPTION(opt) {
+		char value[256];
+
+		if (!worker_reloads(opt))
+			continue;
+		rd_option_format(o, opt, value, sizeof(value));
+		fn(opt->key, value, data);
+	}
+}
+
+int rd_options_set_worker_reload(struct rd_options *o, const char *key, const char *value, char *why,
+				 size_t why_size)
+{
+	const struct rd_option *opt = rd_option_by_key(key);
+
+	if (!opt || !worker_reloads(opt)) {
+		WHY("not an option a running worker reloads");
+		return -ENOENT;
+	}
+	return rd_option_set(o, opt, value, why, why_size);
+}
+
 int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size)
 {
 	int n = snprintf(buf, size, "%s.dev%d", o->socket_path, device);

@@ -871,6 +871,23 @@ void rd_sv_device_tell_epoch(struct rd_sv_device *d)
 	rd_sv_worker_call(&d->worker, "io.regen.Worker.Epoch", params, true, NULL, NULL);
 }
 
+static void add_option(const char *key, const char *value, void *data)
+{
+	cJSON_AddStringToObject(data, key, value);
+}
+
+void rd_sv_device_reload(struct rd_sv_device *d)
+{
+	cJSON *params = cJSON_CreateObject();
+	cJSON *options = cJSON_AddObjectToObject(params, "options");
+
+	if (options)
+		rd_options_each_worker_reload(d->env->opts, add_option, options);
+	/* A worker without a channel starts with the reloaded values on its
+	 * command line. */
+	rd_sv_worker_call(&d->worker, "io.regen.Worker.Reload", params, true, NULL, NULL);
+}
+
 bool rd_sv_device_serving(const struct rd_sv_device *d)
 {
 	return d->state == RP_STATE_READY && d->worker.ctl;

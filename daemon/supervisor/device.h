@@ -147,6 +147,9 @@ void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const ch
 
 /* Tells the worker the node's epoch (it changed). */
 void rd_sv_device_tell_epoch(struct rd_sv_device *d);
+/* Hands the running worker, if any, what SIGHUP reloaded of its options
+ * (the live ones now in env->opts). */
+void rd_sv_device_reload(struct rd_sv_device *d);
 /* Ready, with a control channel to its worker. */
 bool rd_sv_device_serving(const struct rd_sv_device *d);
 /* A call to the worker (params consumed); -ENOTCONN while there is none. */

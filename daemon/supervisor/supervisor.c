@@ -118,6 +118,11 @@ static void on_sighup(uv_signal_t *sig, int signum)
 	rd_log_set_default_level(sv->opts.log_level);
 	/* Admin rights are decided per connection, at accept: re-decide. */
 	rd_sv_sessions_readmit(sv);
+	/* A worker applies some options itself (its socket's connection limit,
+	 * its stop's drain deadline): the running ones are told; a worker
+	 * started from now on has them on its command line. */
+	for (int i = 0; i < sv->ndevices; i++)
+		rd_sv_device_reload(&sv->devices[i]);
 	if (restart_only[0])
 		rd_warn("supervisor", -1, 0, 0, "SIGHUP: %s change only with a restart of regend", restart_only);
 	rd_info("supervisor", -1, 0, 0, "SIGHUP: reloaded %s (log level %d, drain deadline %u ms, admin group '%s')",
