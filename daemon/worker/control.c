@@ -240,8 +240,8 @@ static void ctl_stats(struct rd_call *call)
 /* SIGHUP in the supervisor: every option it hands on to workers and
  * reloads, by key, as text. Each is checked again by the rule it met there;
  * one that fails (its group gone in between) keeps its old value. What
- * changes applies from now on: the next connection's limit, the drain
- * deadline of a stop that begins later. */
+ * changes applies from now on: the log level, the next connection's limit,
+ * the drain deadline of a stop that begins later. */
 static void ctl_reload(struct rd_call *call)
 {
 	struct rd_worker *w = worker_of(call);
@@ -259,9 +259,10 @@ static void ctl_reload(struct rd_call *call)
 			rd_warn("worker", w->dev.index, rd_worker_generation(w), 0, "reload: %s: %s; it keeps its value",
 				opt->string, why);
 	}
+	rd_log_set_default_level(w->opts->log_level);
 	rd_info("worker", w->dev.index, rd_worker_generation(w), 0,
-		"reloaded: drain deadline %u ms, max_connections %u", w->opts->drain_deadline_ms,
-		w->opts->max_connections);
+		"reloaded: log level %d, drain deadline %u ms, max_connections %u", w->opts->log_level,
+		w->opts->drain_deadline_ms, w->opts->max_connections);
 	rd_call_reply(call, NULL, false);
 }
 

@@ -136,6 +136,7 @@ static const struct {
 	{ "max_buffers", "18446744073709551617" },
 	{ "max_comms", "0" },
 	{ "max_comms", "65537" },
+	{ "log_level", "loud" },
 };
 
 START_TEST(a_bad_value_gets_the_same_error_on_the_command_line_and_in_the_file)
@@ -188,6 +189,8 @@ static const struct {
 	{ "backend", "host", "host" },
 	{ "admin_group", "root", "root" },
 	{ "admin_group", "", "" },
+	{ "log_level", "debug", "debug" },
+	{ "log_level", "W", "warn" },
 };
 
 START_TEST(a_good_value_means_the_same_on_the_command_line_and_in_the_file)
@@ -297,6 +300,7 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_connections"), "9", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_buffers"), "17", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_comms"), "5", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("log_level"), "debug", NULL, 0), 0);
 	sv.worker_device = 3;
 	sv.worker_generation = 12345678901234ull;
 	sv.ctl_fd = 3;
@@ -306,7 +310,7 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 		argc++;
 	rd_options_defaults(&wk);
 	ck_assert_int_eq(rd_options_parse(&wk, argc, args.argv), 0);
-	/* What a worker is handed it has; the rest (devices, log_level) is not its business. */
+	/* What a worker is handed it has; the rest (devices, heartbeat_ms) is not its business. */
 	for (const struct rd_option *opt = rd_option_table; opt->flag || opt->key; opt++) {
 		if (!(opt->where & RD_OPT_WORKER))
 			continue;
@@ -318,6 +322,8 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert(wk.worker_generation == 12345678901234ull);
 	ck_assert(wk.have_admin_gid && wk.admin_gid == 0);
 	ck_assert(!wk.have_socket_gid);
+	/* Workers log too (they logged at info whatever log_level said). */
+	ck_assert_int_eq(wk.log_level, RD_LOG_DEBUG);
 	for (int i = 0; i < argc; i++)
 		ck_assert_msg(strcmp(args.argv[i], "--socket-group") != 0, "an unset group is handed on");
 }
@@ -376,6 +382,7 @@ START_TEST(sighup_reaches_a_running_workers_options)
 	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("max_connections"), "7", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("admin_group"), "root", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("max_buffers"), "3", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("log_level"), "trace", NULL, 0), 0);
 	rd_options_reload(&live, &fresh, restart_only, sizeof(restart_only));
 	rd_options_each_worker_reload(&live, take_reloaded, &worker);
 	for (const struct rd_option *opt = rd_option_table; opt->flag || opt->key; opt++) {
@@ -386,10 +393,11 @@ START_TEST(sighup_reaches_a_running_workers_options)
 		ck_assert_msg(strcmp(a, b) == 0, "%s: the supervisor has '%s', the worker '%s'", opt->key, a, b);
 		n++;
 	}
-	ck_assert_uint_ge(n, 3);
+	ck_assert_uint_ge(n, 4);
 	ck_assert_uint_eq(worker.drain_deadline_ms, 5);
 	ck_assert_uint_eq(worker.max_connections, 7);
 	ck_assert(worker.have_admin_gid && worker.admin_gid == 0);
+	ck_assert_int_eq(worker.log_level, RD_LOG_TRACE);
 	/* What needs a restart, or is the supervisor's alone, is not the
 	 * running worker's to change. */
 	ck_assert_uint_eq(worker.max_buffers, 4096);
