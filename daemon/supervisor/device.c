@@ -12,9 +12,14 @@
 #define DRAIN_GRACE_MS 2000
 /* The drain deadline of the Reset that a reported fault queues. */
 #define FAULT_DRAIN_DEADLINE_MS 2000
-/* A worker that dies sooner than this after it came up counts toward the
- * crash streak: the next one starts after 200 ms, 400 ms, ... up to the max. */
-#define CRASH_WINDOW_NS 2000000000ull
+/* A worker lost sooner than this after it came up adds to the crash streak,
+ * and the next one starts after 200 ms, 400 ms, ... up to the max; one that
+ * served longer ends the streak. Far above the longest pause: a worker that
+ * dies every few seconds is a crash loop whatever the few (each loss a
+ * generation for every client of the device), and a streak that ended
+ * whenever one outlived a short window (it was 2 s) never let a loop of
+ * 2.5 s reach a pause at all. */
+#define STABLE_NS (60 * 1000000000ull)
 #define RESPAWN_BACKOFF_MAX_MS 5000
 /* A failed GPU's pause before the next worker: failed_retry_ms, doubled
  * with each failure in a row, up to this many times it. */
@@ -701,9 +706,8 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	/* A worker found unresponsive, or replaced for a hang, keeps that as
 	 * the reason; any other loss is the exit. */
 	bump_for_lost_worker(d, d->state == RP_STATE_UNRESPONSIVE ? NULL : why);
-	/* A worker that keeps dying right after start is not respawned in a
-	 * tight loop. */
-	if (uv_hrtime() - d->up_since_ns < CRASH_WINDOW_NS)
+	/* A worker that keeps dying is not respawned in a loop. */
+	if (uv_hrtime() - d->up_since_ns < STABLE_NS)
 		d->crash_streak++;
 	else
 		d->crash_streak = 0;
@@ -711,10 +715,14 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	if (backoff > RESPAWN_BACKOFF_MAX_MS)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	op_await_worker(d);
-	if (backoff)
+	if (backoff) {
+		rd_info("lifecycle", d->index, d->generation, 0,
+			"next worker in %u ms: %u lost in a row, each within %llu s of coming up", backoff,
+			d->crash_streak, STABLE_NS / 1000000000ull);
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
-	else
+	} else {
 		spawn(d);
+	}
 }
 
 static const struct rd_sv_worker_events worker_events = { on_worker_ready, on_worker_faulted, on_worker_exited };

@@ -101,7 +101,7 @@ struct rd_sv_device {
 	struct rd_sv_worker worker;
 	uint64_t respawns;
 	uint64_t memory_used, memory_baseline;
-	unsigned crash_streak;         /* workers in a row that died soon after they came up */
+	unsigned crash_streak;         /* workers in a row lost within a minute of coming up (device.c) */
 	uint64_t up_since_ns;          /* when the worker last started or reported Ready; 0 before the first */
 	struct rd_sv_op *ops;          /* the first runs, the rest wait */
 	uv_timer_t timer;              /* the running operation's deadline */
