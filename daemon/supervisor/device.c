@@ -567,6 +567,18 @@ static void heartbeat_start(struct rd_sv_device *d)
 
 /* ---- The worker process ---- */
 
+/* The device's first start is over, one way or the other: its worker
+ * serves, or one could not start and Status says why while the next is
+ * tried. Once. */
+static void start_settled(struct rd_sv_device *d)
+{
+	if (d->start_settled)
+		return;
+	d->start_settled = true;
+	if (events(d)->start_settled)
+		events(d)->start_settled(d, d->env->data);
+}
+
 static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 {
 	struct rd_sv_device *d = data;
@@ -578,6 +590,7 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 	take_health(d, ready->health);
 	take_sharing(d, ready->sharing);
 	d->up_since_ns = uv_hrtime();
+	d->worker_served = true;
 	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
 	heartbeat_start(d);
 	/* The device serves again: the lost worker already gave it its new
@@ -587,7 +600,9 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 		op_finish(d, NULL);
 	else if (d->ops)
 		op_start(d);
-	events(d)->worker_ready(d, d->env->data);
+	if (events(d)->worker_ready)
+		events(d)->worker_ready(d, d->env->data);
+	start_settled(d);
 }
 
 static void on_respawn_timer(uv_timer_t *t)
@@ -637,6 +652,7 @@ static void fail(struct rd_sv_device *d, const char *what)
 		kill_worker(d, why);    /* its exit starts the pause */
 	else
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
+	start_settled(d);
 }
 
 static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health)
@@ -715,6 +731,17 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	if (backoff > RESPAWN_BACKOFF_MAX_MS)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	op_await_worker(d);
+	/* A worker that never served makes no transition (the device was
+	 * respawning already, and Watch heard so): its exit is still why the
+	 * device does not serve, which Status says. Worded to stay true once a
+	 * later worker serves, as a reason does. */
+	if (!d->worker_served) {
+		char next[48] = "; retried at once";
+
+		if (backoff)
+			snprintf(next, sizeof(next), "; retried after %u ms", backoff);
+		snprintf(d->reason, sizeof(d->reason), "%.200s before it served%s", why, next);
+	}
 	if (backoff) {
 		rd_info("lifecycle", d->index, d->generation, 0,
 			"next worker in %u ms: %u lost in a row, each within %llu s of coming up", backoff,
@@ -723,6 +750,7 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	} else {
 		spawn(d);
 	}
+	start_settled(d);
 }
 
 static const struct rd_sv_worker_events worker_events = { on_worker_ready, on_worker_faulted, on_worker_exited };
@@ -737,12 +765,16 @@ static void spawn(struct rd_sv_device *d)
 	wopts.worker_generation = d->generation;
 	wopts.worker_epoch = *d->env->epoch;
 	if (rd_sv_worker_spawn(&d->worker, d->env->exe, &wopts) < 0) {
+		snprintf(d->reason, sizeof(d->reason),
+			 "cannot start a worker process (the log says why); retried after %d ms", RESPAWN_BACKOFF_MAX_MS);
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, RESPAWN_BACKOFF_MAX_MS, 0);
+		start_settled(d);
 		return;
 	}
 	if (d->up_since_ns)
 		d->respawns++;
 	d->up_since_ns = uv_hrtime();
+	d->worker_served = false;
 }
 
 /* ---- A detached device's socket ---- */
