@@ -49,7 +49,8 @@ const struct rd_option rd_option_table[] = {
 	  .help = "first pause before a worker is started again on a failed GPU (doubles, up to 16x)" },
 	{ "socket-mode", "socket_mode", "OCTAL", RD_OPT_MODE, USER | RD_OPT_WORKER, FIELD(socket_mode), .def = "0660",
 	  .help = "mode of the sockets regend creates" },
-	{ NULL, "log_level", "LEVEL", RD_OPT_LOG_LEVEL, RD_OPT_FILE | RD_OPT_RELOAD, FIELD(log_level),
+	/* Workers log too: it travels on their command line, and on SIGHUP. */
+	{ "log-level", "log_level", "LEVEL", RD_OPT_LOG_LEVEL, USER | RD_OPT_WORKER | RD_OPT_RELOAD, FIELD(log_level),
 	  .def = "info", .help = "error, warn, info, debug or trace (REGEN_DEBUG wins)" },
 	{ "max-connections", "max_connections", "N", RD_OPT_UINT, USER | RD_OPT_WORKER | RD_OPT_RELOAD,
 	  FIELD(max_connections), .min = 1, .max = 1000000, .def = "256",
@@ -310,6 +311,7 @@ void rd_options_defaults(struct rd_options *o)
 void rd_options_usage(FILE *f)
 {
 	char left[64], def[160];
+	bool file_alone = false;
 
 	fprintf(f, "Usage: regend [OPTIONS]\nServe GEMM and attention on this node's GPUs over Varlink.\n\n");
 	EACH_OPTION(opt) {
@@ -322,10 +324,13 @@ void rd_options_usage(FILE *f)
 		fprintf(f, "  %-26s %s%s\n", left, opt->help, def);
 	}
 	fprintf(f, "\nEach option is also a key of the configuration file (--drain-deadline-ms: drain_deadline_ms;\n"
-		   "--enable-fault-injection: fault_injection = true). Keys of the file alone:\n");
+		   "--enable-fault-injection: fault_injection = true).\n");
 	EACH_OPTION(opt) {
 		if (opt->flag)
 			continue;
+		if (!file_alone)
+			fprintf(f, "Keys of the file alone:\n");
+		file_alone = true;
 		snprintf(left, sizeof(left), "%s = %s", opt->key, opt->arg);
 		fprintf(f, "  %-26s %s (default %s)\n", left, opt->help, opt->def);
 	}
@@ -528,6 +533,36 @@ void rd_options_reload(struct rd_options *live, const struct rd_options *fresh, 
 		if (strcmp(a, b) && n < size)
 			n += snprintf(restart_only + n, size - n, "%s%s", n ? ", " : "", opt->key);
 	}
+}
+
+static bool worker_reloads(const struct rd_option *opt)
+{
+	return opt->key && (opt->where & RD_OPT_WORKER) && (opt->where & RD_OPT_RELOAD);
+}
+
+void rd_options_each_worker_reload(const struct rd_options *o,
+				   void (*fn)(const char *key, const char *value, void *data), void *data)
+{
+	EACH_OPTION(opt) {
+		char value[256];
+
+		if (!worker_reloads(opt))
+			continue;
+		rd_option_format(o, opt, value, sizeof(value));
+		fn(opt->key, value, data);
+	}
+}
+
+int rd_options_set_worker_reload(struct rd_options *o, const char *key, const char *value, char *why,
+				 size_t why_size)
+{
+	const struct rd_option *opt = rd_option_by_key(key);
+
+	if (!opt || !worker_reloads(opt)) {
+		WHY("not an option a running worker reloads");
+		return -ENOENT;
+	}
+	return rd_option_set(o, opt, value, why, why_size);
 }
 
 int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size)

@@ -122,5 +122,18 @@ int rd_options_worker_argv(const struct rd_options *o, const char *exe, struct r
  * in `restart_only` ("socket, backend", or "") the others whose value differs. */
 void rd_options_reload(struct rd_options *live, const struct rd_options *fresh, char *restart_only, size_t size);
 
+/* A running worker's share of a SIGHUP: the options both handed on to
+ * workers and reloadable (RD_OPT_WORKER and RD_OPT_RELOAD), which a worker
+ * started before the reload holds with its command line's values. fn gets
+ * each one's configuration-file key and its value as text
+ * (rd_option_format; "" for an unset group). */
+void rd_options_each_worker_reload(const struct rd_options *o,
+				   void (*fn)(const char *key, const char *value, void *data), void *data);
+/* The worker's side: sets one of those by key, by the rule its value met in
+ * the supervisor. -ENOENT (and `why`) for a key that is not one of them,
+ * else as rd_option_set. */
+int rd_options_set_worker_reload(struct rd_options *o, const char *key, const char *value, char *why,
+				 size_t why_size);
+
 /* "<socket>.dev<N>": where device N's worker listens. */
 int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, size_t size);

@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,7 +154,8 @@ void rd_peer_read(int fd, struct rd_peer *peer)
 		peer->gid = (gid_t)-1;
 	}
 	len = sizeof(peer->groups);
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, peer->groups, &len) == 0)
+	/* ERANGE: more than fit, and len says how many bytes they take. */
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, peer->groups, &len) == 0 || errno == ERANGE)
 		peer->ngroups = len / sizeof(gid_t);
 
 	if (peer->pid > 0) {
@@ -181,7 +183,31 @@ bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b)
 	       a->pidfs_inode == b->pidfs_inode && a->token == b->token;
 }
 
-bool rd_peer_is_admin(const struct rd_peer *peer, gid_t admin_gid, bool have_admin_gid)
+/* Whether gid is among the socket peer's supplementary groups, all of
+ * them: the kernel says how many bytes they take (ERANGE) and is asked
+ * again with that room, bounded by what a process may have. A connected
+ * socket's peer groups are those of connect() and never change, but a
+ * second ERANGE is taken as a no rather than looped on. */
+static bool socket_peer_in_group(int fd, gid_t gid)
+{
+	socklen_t len = 0;
+	gid_t *groups;
+	bool found = false;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, NULL, &len) == 0 || errno != ERANGE || len == 0 ||
+	    len > NGROUPS_MAX * sizeof(gid_t))
+		return false;
+	groups = malloc(len);
+	if (!groups)
+		return false;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+		for (size_t i = 0; i < len / sizeof(gid_t) && !found; i++)
+			found = groups[i] == gid;
+	free(groups);
+	return found;
+}
+
+bool rd_peer_is_admin(const struct rd_peer *peer, int fd, gid_t admin_gid, bool have_admin_gid)
 {
 	if (peer->uid == 0)
 		return true;
@@ -189,6 +215,8 @@ bool rd_peer_is_admin(const struct rd_peer *peer, gid_t admin_gid, bool have_adm
 		return false;
 	if (peer->gid == admin_gid)
 		return true;
+	if (peer->ngroups > RD_PEER_GROUPS_MAX)
+		return fd >= 0 && socket_peer_in_group(fd, admin_gid);
 	for (unsigned i = 0; i < peer->ngroups; i++)
 		if (peer->groups[i] == admin_gid)
 			return true;

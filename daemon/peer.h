@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* Supplementary groups kept in the peer; a process may have up to
+ * NGROUPS_MAX (65536), read from its socket when it has more than this. */
 #define RD_PEER_GROUPS_MAX 64
 
 struct rd_peer {
@@ -26,8 +28,8 @@ struct rd_peer {
 	uint64_t start_time;            /* clock ticks after boot */
 	uint64_t pidfs_inode;           /* the pidfd's inode on pidfs, else 0 */
 	uint64_t token;                 /* nonzero: bound to one connection (pid unseen or gone) */
-	unsigned ngroups;               /* supplementary groups, SO_PEERGROUPS */
-	gid_t groups[RD_PEER_GROUPS_MAX];
+	unsigned ngroups;               /* supplementary groups, SO_PEERGROUPS: how many it has */
+	gid_t groups[RD_PEER_GROUPS_MAX];  /* them, when ngroups <= RD_PEER_GROUPS_MAX */
 	char job[64];                   /* "slurm:<job id>", "pod:<uid>", or "" (rd_peer_job_from_cgroup) */
 };
 
@@ -48,5 +50,8 @@ void rd_peer_job_from_cgroup(const char *text, char *out, size_t len);
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b);
 
 /* Root, or the admin group as the peer's primary or supplementary group
- * at connect time (a process that dropped the group is not an admin). */
-bool rd_peer_is_admin(const struct rd_peer *peer, gid_t admin_gid, bool have_admin_gid);
+ * at connect time (a process that dropped the group is not an admin).
+ * fd: the socket rd_peer_read read, still connected, where the kernel
+ * keeps those groups: a peer with more than RD_PEER_GROUPS_MAX is looked
+ * up there, all of them (fd < 0: only those kept). */
+bool rd_peer_is_admin(const struct rd_peer *peer, int fd, gid_t admin_gid, bool have_admin_gid);

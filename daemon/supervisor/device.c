@@ -12,9 +12,14 @@
 #define DRAIN_GRACE_MS 2000
 /* The drain deadline of the Reset that a reported fault queues. */
 #define FAULT_DRAIN_DEADLINE_MS 2000
-/* A worker that dies sooner than this after it came up counts toward the
- * crash streak: the next one starts after 200 ms, 400 ms, ... up to the max. */
-#define CRASH_WINDOW_NS 2000000000ull
+/* A worker lost sooner than this after it came up adds to the crash streak,
+ * and the next one starts after 200 ms, 400 ms, ... up to the max; one that
+ * served longer ends the streak. Far above the longest pause: a worker that
+ * dies every few seconds is a crash loop whatever the few (each loss a
+ * generation for every client of the device), and a streak that ended
+ * whenever one outlived a short window (it was 2 s) never let a loop of
+ * 2.5 s reach a pause at all. */
+#define STABLE_NS (60 * 1000000000ull)
 #define RESPAWN_BACKOFF_MAX_MS 5000
 /* A failed GPU's pause before the next worker: failed_retry_ms, doubled
  * with each failure in a row, up to this many times it. */
@@ -562,6 +567,18 @@ static void heartbeat_start(struct rd_sv_device *d)
 
 /* ---- The worker process ---- */
 
+/* The device's first start is over, one way or the other: its worker
+ * serves, or one could not start and Status says why while the next is
+ * tried. Once. */
+static void start_settled(struct rd_sv_device *d)
+{
+	if (d->start_settled)
+		return;
+	d->start_settled = true;
+	if (events(d)->start_settled)
+		events(d)->start_settled(d, d->env->data);
+}
+
 static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 {
 	struct rd_sv_device *d = data;
@@ -573,6 +590,7 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 	take_health(d, ready->health);
 	take_sharing(d, ready->sharing);
 	d->up_since_ns = uv_hrtime();
+	d->worker_served = true;
 	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
 	heartbeat_start(d);
 	/* The device serves again: the lost worker already gave it its new
@@ -582,7 +600,9 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 		op_finish(d, NULL);
 	else if (d->ops)
 		op_start(d);
-	events(d)->worker_ready(d, d->env->data);
+	if (events(d)->worker_ready)
+		events(d)->worker_ready(d, d->env->data);
+	start_settled(d);
 }
 
 static void on_respawn_timer(uv_timer_t *t)
@@ -632,6 +652,7 @@ static void fail(struct rd_sv_device *d, const char *what)
 		kill_worker(d, why);    /* its exit starts the pause */
 	else
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
+	start_settled(d);
 }
 
 static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health)
@@ -701,9 +722,8 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	/* A worker found unresponsive, or replaced for a hang, keeps that as
 	 * the reason; any other loss is the exit. */
 	bump_for_lost_worker(d, d->state == RP_STATE_UNRESPONSIVE ? NULL : why);
-	/* A worker that keeps dying right after start is not respawned in a
-	 * tight loop. */
-	if (uv_hrtime() - d->up_since_ns < CRASH_WINDOW_NS)
+	/* A worker that keeps dying is not respawned in a loop. */
+	if (uv_hrtime() - d->up_since_ns < STABLE_NS)
 		d->crash_streak++;
 	else
 		d->crash_streak = 0;
@@ -711,10 +731,26 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	if (backoff > RESPAWN_BACKOFF_MAX_MS)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	op_await_worker(d);
-	if (backoff)
+	/* A worker that never served makes no transition (the device was
+	 * respawning already, and Watch heard so): its exit is still why the
+	 * device does not serve, which Status says. Worded to stay true once a
+	 * later worker serves, as a reason does. */
+	if (!d->worker_served) {
+		char next[48] = "; retried at once";
+
+		if (backoff)
+			snprintf(next, sizeof(next), "; retried after %u ms", backoff);
+		snprintf(d->reason, sizeof(d->reason), "%.200s before it served%s", why, next);
+	}
+	if (backoff) {
+		rd_info("lifecycle", d->index, d->generation, 0,
+			"next worker in %u ms: %u lost in a row, each within %llu s of coming up", backoff,
+			d->crash_streak, STABLE_NS / 1000000000ull);
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
-	else
+	} else {
 		spawn(d);
+	}
+	start_settled(d);
 }
 
 static const struct rd_sv_worker_events worker_events = { on_worker_ready, on_worker_faulted, on_worker_exited };
@@ -729,12 +765,16 @@ static void spawn(struct rd_sv_device *d)
 	wopts.worker_generation = d->generation;
 	wopts.worker_epoch = *d->env->epoch;
 	if (rd_sv_worker_spawn(&d->worker, d->env->exe, &wopts) < 0) {
+		snprintf(d->reason, sizeof(d->reason),
+			 "cannot start a worker process (the log says why); retried after %d ms", RESPAWN_BACKOFF_MAX_MS);
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, RESPAWN_BACKOFF_MAX_MS, 0);
+		start_settled(d);
 		return;
 	}
 	if (d->up_since_ns)
 		d->respawns++;
 	d->up_since_ns = uv_hrtime();
+	d->worker_served = false;
 }
 
 /* ---- A detached device's socket ---- */
@@ -869,6 +909,23 @@ void rd_sv_device_tell_epoch(struct rd_sv_device *d)
 	cJSON_AddNumberToObject(params, "epoch", (double)*d->env->epoch);
 	/* A worker without a channel starts with the epoch on its command line. */
 	rd_sv_worker_call(&d->worker, "io.regen.Worker.Epoch", params, true, NULL, NULL);
+}
+
+static void add_option(const char *key, const char *value, void *data)
+{
+	cJSON_AddStringToObject(data, key, value);
+}
+
+void rd_sv_device_reload(struct rd_sv_device *d)
+{
+	cJSON *params = cJSON_CreateObject();
+	cJSON *options = cJSON_AddObjectToObject(params, "options");
+
+	if (options)
+		rd_options_each_worker_reload(d->env->opts, add_option, options);
+	/* A worker without a channel starts with the reloaded values on its
+	 * command line. */
+	rd_sv_worker_call(&d->worker, "io.regen.Worker.Reload", params, true, NULL, NULL);
 }
 
 bool rd_sv_device_serving(const struct rd_sv_device *d)

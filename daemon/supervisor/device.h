@@ -47,8 +47,14 @@ struct rd_sv_device_events {
 	/* d entered d->state for d->reason; bumped: its generation went up by
 	 * one with it (the node's epoch goes with it). Once per transition. */
 	void (*state_changed)(struct rd_sv_device *d, bool bumped, void *data);
-	/* A worker reported Ready (after d's operations moved on). */
+	/* A worker reported Ready (after d's operations moved on). May be
+	 * NULL, as may start_settled. */
 	void (*worker_ready)(struct rd_sv_device *d, void *data);
+	/* d's first start is over, once per device: its first worker to
+	 * serve reported Ready, or before that a worker could not start (it
+	 * exited, could not be spawned, or found the GPU failed); d->state and
+	 * d->reason say which. */
+	void (*start_settled)(struct rd_sv_device *d, void *data);
 	/* d's part of a request given to rd_sv_device_enqueue ended; failure
 	 * is NULL on success. */
 	void (*request_finished)(struct rd_sv_device *d, void *request, const char *failure, void *data);
@@ -101,8 +107,10 @@ struct rd_sv_device {
 	struct rd_sv_worker worker;
 	uint64_t respawns;
 	uint64_t memory_used, memory_baseline;
-	unsigned crash_streak;         /* workers in a row that died soon after they came up */
+	unsigned crash_streak;         /* workers in a row lost within a minute of coming up (device.c) */
 	uint64_t up_since_ns;          /* when the worker last started or reported Ready; 0 before the first */
+	bool worker_served;            /* the last worker started reported Ready */
+	bool start_settled;            /* the first start is over (rd_sv_device_events.start_settled) */
 	struct rd_sv_op *ops;          /* the first runs, the rest wait */
 	uv_timer_t timer;              /* the running operation's deadline */
 	uv_timer_t respawn_timer;      /* the pause before a respawn */
@@ -147,6 +155,9 @@ void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const ch
 
 /* Tells the worker the node's epoch (it changed). */
 void rd_sv_device_tell_epoch(struct rd_sv_device *d);
+/* Hands the running worker, if any, what SIGHUP reloaded of its options
+ * (the live ones now in env->opts). */
+void rd_sv_device_reload(struct rd_sv_device *d);
 /* Ready, with a control channel to its worker. */
 bool rd_sv_device_serving(const struct rd_sv_device *d);
 /* A call to the worker (params consumed); -ENOTCONN while there is none. */

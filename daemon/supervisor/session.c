@@ -43,7 +43,7 @@ static const struct rd_conn_ops session_ops = { on_call, on_close, complete_erro
 
 static bool is_admin(const struct rd_supervisor *sv, const struct rd_conn *conn)
 {
-	return rd_peer_is_admin(&conn->peer, sv->opts.admin_gid, sv->opts.have_admin_gid);
+	return rd_peer_is_admin(&conn->peer, conn->fd, sv->opts.admin_gid, sv->opts.have_admin_gid);
 }
 
 void rd_sv_session_accept(int fd, void *data)

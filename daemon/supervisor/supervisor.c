@@ -46,20 +46,44 @@ static void on_state_changed(struct rd_sv_device *d, bool bumped, void *data)
 			  (unsigned long long)d->generation);
 }
 
-/* READY=1 promises that Status finds every device ready. */
-static void on_worker_ready(struct rd_sv_device *d, void *data)
+/* READY=1 once the main socket serves and every device's start is over:
+ * each device serves, or Status shows why it does not (a worker that
+ * cannot start, a failed GPU) while it is tried again. Waiting until every
+ * device serves held READY=1 back for as long as one could not: systemd
+ * killed regend at its start timeout and restarted it, in a loop, the
+ * devices that served with it. The STATUS= line beside it names the
+ * devices that do not serve. */
+static void on_start_settled(struct rd_sv_device *d, void *data)
 {
 	struct rd_supervisor *sv = data;
+	const struct rd_sv_device *down = NULL;
+	int ready = 0;
 
-	for (int i = 0; i < sv->ndevices; i++)
-		if (sv->devices[i].state != RP_STATE_READY)
+	if (sv->stopping)
+		return;
+	for (int i = 0; i < sv->ndevices; i++) {
+		if (!sv->devices[i].start_settled)
 			return;
+		if (sv->devices[i].state == RP_STATE_READY)
+			ready++;
+		else if (!down)
+			down = &sv->devices[i];
+	}
+	if (down) {
+		rd_warn("supervisor", -1, 0, 0, "ready with %d of %d device(s) serving; device %d is %s: %s", ready,
+			sv->ndevices, down->index, rp_state_name(down->state), down->reason);
+		rd_notify_statusf("%d of %d device(s) ready; device %d %s: %.150s%s", ready, sv->ndevices, down->index,
+				  rp_state_name(down->state), down->reason,
+				  ready + 1 < sv->ndevices ? " (and more)" : "");
+	} else {
+		rd_notify_statusf("%d of %d device(s) ready", ready, sv->ndevices);
+	}
 	rd_notify_ready();
 }
 
 static const struct rd_sv_device_events device_events = {
 	.state_changed = on_state_changed,
-	.worker_ready = on_worker_ready,
+	.start_settled = on_start_settled,
 	.request_finished = rd_sv_request_finished,
 };
 
@@ -118,6 +142,11 @@ static void on_sighup(uv_signal_t *sig, int signum)
 	rd_log_set_default_level(sv->opts.log_level);
 	/* Admin rights are decided per connection, at accept: re-decide. */
 	rd_sv_sessions_readmit(sv);
+	/* A worker applies some options itself (its socket's connection limit,
+	 * its stop's drain deadline): the running ones are told; a worker
+	 * started from now on has them on its command line. */
+	for (int i = 0; i < sv->ndevices; i++)
+		rd_sv_device_reload(&sv->devices[i]);
 	if (restart_only[0])
 		rd_warn("supervisor", -1, 0, 0, "SIGHUP: %s change only with a restart of regend", restart_only);
 	rd_info("supervisor", -1, 0, 0, "SIGHUP: reloaded %s (log level %d, drain deadline %u ms, admin group '%s')",

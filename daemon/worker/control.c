@@ -1,5 +1,5 @@
 /* The control channel: the supervisor's verbs to this worker (io.regen.Worker:
- * Drain, Release, Reset, Stats, InjectFault) and what the worker reports
+ * Drain, Release, Reset, Stats, InjectFault, Reload) and what the worker reports
  * upward (Ready, Faulted). Stats is also the supervisor's heartbeat: it
  * carries the device's health, so Status answers from what the last one
  * said. Lifecycle verbs run with no call in flight and
@@ -237,6 +237,35 @@ static void ctl_stats(struct rd_call *call)
 	rd_call_reply(call, reply, false);
 }
 
+/* SIGHUP in the supervisor: every option it hands on to workers and
+ * reloads, by key, as text. Each is checked again by the rule it met there;
+ * one that fails (its group gone in between) keeps its old value. What
+ * changes applies from now on: the log level, the next connection's limit,
+ * the drain deadline of a stop that begins later. */
+static void ctl_reload(struct rd_call *call)
+{
+	struct rd_worker *w = worker_of(call);
+	const cJSON *options = cJSON_GetObjectItemCaseSensitive(call->msg.params, "options");
+	const cJSON *opt;
+	char why[256];
+
+	cJSON_ArrayForEach(opt, options) {
+		if (!cJSON_IsString(opt) || !opt->string) {
+			rd_warn("worker", w->dev.index, rd_worker_generation(w), 0, "reload: %s is not text",
+				opt->string ? opt->string : "an option");
+			continue;
+		}
+		if (rd_options_set_worker_reload(w->opts, opt->string, opt->valuestring, why, sizeof(why)) < 0)
+			rd_warn("worker", w->dev.index, rd_worker_generation(w), 0, "reload: %s: %s; it keeps its value",
+				opt->string, why);
+	}
+	rd_log_set_default_level(w->opts->log_level);
+	rd_info("worker", w->dev.index, rd_worker_generation(w), 0,
+		"reloaded: log level %d, drain deadline %u ms, max_connections %u", w->opts->log_level,
+		w->opts->drain_deadline_ms, w->opts->max_connections);
+	rd_call_reply(call, NULL, false);
+}
+
 static void ctl_inject_fault(struct rd_call *call)
 {
 	struct rd_worker *w = worker_of(call);
@@ -284,6 +313,7 @@ static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.Reset", ctl_reset },
 	{ "io.regen.Worker.Stats", ctl_stats },
 	{ "io.regen.Worker.InjectFault", ctl_inject_fault },
+	{ "io.regen.Worker.Reload", ctl_reload },
 	{ NULL },
 };
 static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };

@@ -215,12 +215,15 @@ static void walk_close(uv_handle_t *h, void *arg)
 int rd_worker_run(const struct rd_options *opts)
 {
 	static struct rd_worker worker;
+	static struct rd_options own_opts;
 	struct rd_worker *w = &worker;
 	struct rp_error err = { 0 };
 	int r;
 
 	memset(w, 0, sizeof(*w));
-	w->opts = opts;
+	own_opts = *opts;
+	w->opts = &own_opts;
+	opts = w->opts;
 	w->epoch = opts->worker_epoch;
 	w->loop = uv_default_loop();
 	signal(SIGPIPE, SIG_IGN);

@@ -66,7 +66,9 @@ struct rd_compute_call {
 
 struct rd_worker {
 	uv_loop_t *loop;
-	const struct rd_options *opts;
+	/* The worker's own: io.regen.Worker.Reload changes what SIGHUP
+	 * reloads of them (rd_options_set_worker_reload). */
+	struct rd_options *opts;
 	struct rd_device dev;
 	struct rd_objects objects;
 	struct rd_usage_table usage;    /* what each job uses (usage.h) */

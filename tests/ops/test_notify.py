@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
 """regend's sd_notify protocol, as systemd's Type=notify service sees it.
 
-A datagram socket stands in for systemd's NOTIFY_SOCKET. regend must send
-READY=1 once every device is ready (so the main socket answers Status with
-every device ready by then), STATUS= lines, WATCHDOG=1 about every
+A datagram socket stands in for systemd's NOTIFY_SOCKET. On a start where
+every worker comes up, regend must send READY=1 once every device is ready
+(so the main socket answers Status with every device ready by then), STATUS= lines, WATCHDOG=1 about every
 WATCHDOG_USEC/2 when WATCHDOG_PID is its own pid, and STOPPING=1 on SIGTERM,
 then exit 0. Every notification must come from the supervisor itself: with
 NotifyAccess=main systemd ignores the workers, so they must not rely on it.
+
+A device whose worker cannot start (here: its socket path is taken by a
+file) must not hold READY=1 back: systemd would kill regend at its start
+timeout and restart it in a loop, the devices that serve with it. READY=1
+comes once every device either serves or has had a worker fail to start;
+Status then shows that device respawning and why, STATUS= names it, and it
+serves once the cause is gone. (READY=1 waited for every device to be
+ready, and never came.)
 
 Usage: test_notify.py REGEND [--no-systemd]
 
@@ -21,7 +29,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from regend_fixture import Regend, all_ready, check, log, regend_path, skip, try_status, TIME_SCALE
+from regend_fixture import Regend, all_ready, check, log, regend_path, skip, try_status, wait_for, TIME_SCALE
 
 WATCHDOG_USEC = 400000      # regend should ping every 200 ms
 DEVICES = 2
@@ -29,6 +37,7 @@ DEVICES = 2
 
 class Listener:
     def __init__(self, path):
+        self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(path)
         # Ask the kernel for the sender's credentials with each datagram.
@@ -73,10 +82,49 @@ class Listener:
             self.poll(min(left, 0.05))
 
 
+def start_notified(daemon):
+    """Starts regend with a NOTIFY_SOCKET of our own; the listener."""
+    listener = Listener(os.path.join(daemon.dir, "notify"))
+    daemon.start(wait=False, env={"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": str(WATCHDOG_USEC)},
+                 wrapper=["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$0" "$@"'])
+    return listener
+
+
+def one_device_cannot_start(regend):
+    with Regend(regend, devices=DEVICES, fault_injection=False, start=False) as daemon:
+        blocker = daemon.worker_socket(1)
+        with open(blocker, "w") as f:
+            f.write("not a socket\n")
+        listener = start_notified(daemon)
+        ready = listener.wait_key("READY", "1", 20)
+        check(ready is not None, "no READY=1 within 20 s while device 1's worker cannot start")
+        check(ready[1] == daemon.pid, "READY=1 came from pid %s, not regend %d" % (ready[1], daemon.pid))
+        devs = try_status(daemon.socket)["devices"]
+        log("READY=1 with device 1 unable to start; Status: %r" % [(d["state"], d["reason"]) for d in devs])
+        check(devs[0]["state"] == "ready", "device 0 after READY=1: %r" % devs[0])
+        check(devs[1]["state"] == "respawning" and "before it served" in devs[1]["reason"],
+              "device 1 does not show why it does not serve: %r" % devs[1])
+        status_lines = [f["STATUS"] for t, _, f in listener.messages if "STATUS" in f and t <= ready[0]]
+        check(status_lines and "device 1" in status_lines[-1] and "1 of 2" in status_lines[-1],
+              "STATUS= at READY=1 does not name device 1: %r" % status_lines)
+        log("STATUS at READY=1: %s" % status_lines[-1])
+        # The cause gone, the device serves: it is retried, not given up.
+        os.unlink(blocker)
+        wait_for(lambda: all_ready(try_status(daemon.socket), DEVICES), 15, "device 1 to serve once its socket path "
+                 "is free")
+        daemon.signal(signal.SIGTERM)
+        check(daemon.wait(30) == 0, "regend exit status after SIGTERM")
+        listener.poll(0.05)
+        readies = [m for m in listener.messages if m[2].get("READY") == "1"]
+        check(len(readies) == 1, "READY=1 sent %d times" % len(readies))
+    log("one device unable to start: READY=1, the device shown, served later")
+
+
 def main():
     regend = regend_path()
     if "--no-systemd" in sys.argv[2:]:
         skip("regend was built without libsystemd: no sd_notify")
+    one_device_cannot_start(regend)
     with Regend(regend, devices=DEVICES, fault_injection=False, start=False) as daemon:
         notify_path = os.path.join(daemon.dir, "notify")
         listener = Listener(notify_path)

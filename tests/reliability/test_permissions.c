@@ -13,6 +13,9 @@
  *   not from /etc/group: nobody with A only among its supplementary groups
  *   (which /etc/group does not list) may Release; the same process that
  *   dropped them may not.
+ * - However many groups it has: nobody with 300 supplementary groups, the
+ *   admin gid the last, may Release (regend read 64 and found none when
+ *   there were more); with the same 299 and not the admin gid it may not.
  * Needs root (to become nobody); exits 77 otherwise. */
 #include <errno.h>
 #include <grp.h>
@@ -156,6 +159,62 @@ static int supplementary_member_may(void *arg)
 	return 0;
 }
 
+/* More supplementary groups than fit in struct rd_peer (64), that no group
+ * file names, and the admin gid last when asked. */
+#define MANY_GROUPS 300
+
+static size_t many_groups(gid_t *groups, bool with_admin)
+{
+	size_t n = 0;
+
+	for (gid_t g = 70000; n < MANY_GROUPS - 1; g++)
+		if (g != admin_gid && g != socket_gid)
+			groups[n++] = g;
+	if (with_admin)
+		groups[n++] = admin_gid;
+	return n;
+}
+
+static int many_groups_member_may(void *arg)
+{
+	gid_t groups[MANY_GROUPS];
+	struct tl_conn c;
+	struct tl_reply r;
+	struct tl_device before, after;
+
+	become_nobody_with_groups(groups, many_groups(groups, true));
+	ASSERT_EQ(getgroups(0, NULL), MANY_GROUPS, "the child has %d groups", getgroups(0, NULL));
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "connect");
+	tl_device_status(&c, 1, &before);
+	tl_call(&c, &r, 30, NULL, 0, "io.regen.Device.Release", "{\"device\":1,\"reason\":\"admin gid 300th\"}");
+	ASSERT(r.error == NULL, "nobody with the admin gid as its %dth group got %s", MANY_GROUPS, r.error);
+	tl_reply_finish(&r);
+	tl_device_status(&c, 1, &after);
+	ASSERT_EQ(after.generation, before.generation + 1, "Release by a member with %d groups: generation %lld -> %lld",
+	          MANY_GROUPS, (long long)before.generation, (long long)after.generation);
+	tl_log("nobody with %d supplementary groups, admin gid %u the last: Release -> generation %lld", MANY_GROUPS,
+	       (unsigned)admin_gid, (long long)after.generation);
+	tl_conn_close(&c);
+	return 0;
+}
+
+static int many_groups_non_member_may_not(void *arg)
+{
+	gid_t groups[MANY_GROUPS];
+	struct tl_conn c;
+	struct tl_reply r;
+
+	become_nobody_with_groups(groups, many_groups(groups, false));
+	ASSERT_OK(tl_conn_open(&c, daemon_.sock), "connect");
+	tl_call(&c, &r, 30, NULL, 0, "io.regen.Device.Release", "{\"device\":1}");
+	ASSERT_REPLY_ERROR(&r, "io.regen.NotPermitted", "nobody with %d groups, none the admin gid, got %s",
+			   MANY_GROUPS - 1, r.error ? r.error : "success");
+	tl_reply_finish(&r);
+	tl_log("nobody with %d supplementary groups, none the admin gid: Release -> NotPermitted", MANY_GROUPS - 1);
+	tl_conn_close(&c);
+	return 0;
+}
+
 static int dropped_groups_may_not(void *arg)
 {
 	struct tl_conn c;
@@ -202,6 +261,9 @@ int main(void)
 	ASSERT_EQ(tl_wait(tl_fork(group_member_may, NULL, 0), 60), 0, "group_member_may failed");
 	ASSERT_EQ(tl_wait(tl_fork(supplementary_member_may, NULL, 0), 60), 0, "supplementary_member_may failed");
 	ASSERT_EQ(tl_wait(tl_fork(dropped_groups_may_not, NULL, 0), 60), 0, "dropped_groups_may_not failed");
+	ASSERT_EQ(tl_wait(tl_fork(many_groups_member_may, NULL, 0), 60), 0, "many_groups_member_may failed");
+	ASSERT_EQ(tl_wait(tl_fork(many_groups_non_member_may_not, NULL, 0), 60), 0,
+		  "many_groups_non_member_may_not failed");
 	tl_daemon_stop(&daemon_);
 	tl_log("PASS");
 	return 0;

@@ -2,7 +2,8 @@
  * the command line or from the configuration file (same verdict, same
  * words, nothing changed by a refused value); the defaults are the
  * documented ones; a worker's command line, built from the table, parses
- * back to the same settings; SIGHUP applies the reloadable keys only. */
+ * back to the same settings; SIGHUP applies the reloadable keys only, and
+ * those a worker holds reach a running worker. */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -135,6 +136,7 @@ static const struct {
 	{ "max_buffers", "18446744073709551617" },
 	{ "max_comms", "0" },
 	{ "max_comms", "65537" },
+	{ "log_level", "loud" },
 };
 
 START_TEST(a_bad_value_gets_the_same_error_on_the_command_line_and_in_the_file)
@@ -187,6 +189,8 @@ static const struct {
 	{ "backend", "host", "host" },
 	{ "admin_group", "root", "root" },
 	{ "admin_group", "", "" },
+	{ "log_level", "debug", "debug" },
+	{ "log_level", "W", "warn" },
 };
 
 START_TEST(a_good_value_means_the_same_on_the_command_line_and_in_the_file)
@@ -296,6 +300,7 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_connections"), "9", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_buffers"), "17", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_comms"), "5", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("log_level"), "debug", NULL, 0), 0);
 	sv.worker_device = 3;
 	sv.worker_generation = 12345678901234ull;
 	sv.ctl_fd = 3;
@@ -305,7 +310,7 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 		argc++;
 	rd_options_defaults(&wk);
 	ck_assert_int_eq(rd_options_parse(&wk, argc, args.argv), 0);
-	/* What a worker is handed it has; the rest (devices, log_level) is not its business. */
+	/* What a worker is handed it has; the rest (devices, heartbeat_ms) is not its business. */
 	for (const struct rd_option *opt = rd_option_table; opt->flag || opt->key; opt++) {
 		if (!(opt->where & RD_OPT_WORKER))
 			continue;
@@ -317,6 +322,8 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert(wk.worker_generation == 12345678901234ull);
 	ck_assert(wk.have_admin_gid && wk.admin_gid == 0);
 	ck_assert(!wk.have_socket_gid);
+	/* Workers log too (they logged at info whatever log_level said). */
+	ck_assert_int_eq(wk.log_level, RD_LOG_DEBUG);
 	for (int i = 0; i < argc; i++)
 		ck_assert_msg(strcmp(args.argv[i], "--socket-group") != 0, "an unset group is handed on");
 }
@@ -347,6 +354,64 @@ START_TEST(sighup_applies_the_reloadable_keys_and_names_the_others)
 	/* Nothing changed: nothing to name. */
 	rd_options_reload(&live, &live, restart_only, sizeof(restart_only));
 	ck_assert_str_eq(restart_only, "");
+}
+END_TEST
+
+static void take_reloaded(const char *key, const char *value, void *data)
+{
+	char why[256];
+
+	ck_assert_msg(rd_options_set_worker_reload(data, key, value, why, sizeof(why)) == 0, "%s = '%s': %s", key,
+		      value, why);
+}
+
+/* A worker started before a SIGHUP had the old values on its command line:
+ * what SIGHUP reloads of the options handed on to workers reaches it by
+ * key, checked by the same rule (drain_deadline_ms and max_connections had
+ * stayed at the worker's start-up values). */
+START_TEST(sighup_reaches_a_running_workers_options)
+{
+	struct rd_options live, fresh, worker;
+	char restart_only[256], a[256], b[256], why[256];
+	unsigned n = 0;
+
+	rd_options_defaults(&live);
+	rd_options_defaults(&worker);
+	rd_options_defaults(&fresh);
+	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("drain_deadline_ms"), "5", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("max_connections"), "7", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("admin_group"), "root", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("max_buffers"), "3", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&fresh, rd_option_by_key("log_level"), "trace", NULL, 0), 0);
+	rd_options_reload(&live, &fresh, restart_only, sizeof(restart_only));
+	rd_options_each_worker_reload(&live, take_reloaded, &worker);
+	for (const struct rd_option *opt = rd_option_table; opt->flag || opt->key; opt++) {
+		if (!opt->key || !(opt->where & RD_OPT_WORKER) || !(opt->where & RD_OPT_RELOAD))
+			continue;
+		rd_option_format(&live, opt, a, sizeof(a));
+		rd_option_format(&worker, opt, b, sizeof(b));
+		ck_assert_msg(strcmp(a, b) == 0, "%s: the supervisor has '%s', the worker '%s'", opt->key, a, b);
+		n++;
+	}
+	ck_assert_uint_ge(n, 4);
+	ck_assert_uint_eq(worker.drain_deadline_ms, 5);
+	ck_assert_uint_eq(worker.max_connections, 7);
+	ck_assert(worker.have_admin_gid && worker.admin_gid == 0);
+	ck_assert_int_eq(worker.log_level, RD_LOG_TRACE);
+	/* What needs a restart, or is the supervisor's alone, is not the
+	 * running worker's to change. */
+	ck_assert_uint_eq(worker.max_buffers, 4096);
+	ck_assert_int_eq(rd_options_set_worker_reload(&worker, "max_buffers", "3", why, sizeof(why)), -ENOENT);
+	ck_assert_int_eq(rd_options_set_worker_reload(&worker, "heartbeat_ms", "500", why, sizeof(why)), -ENOENT);
+	ck_assert_int_eq(rd_options_set_worker_reload(&worker, "no_such_key", "1", why, sizeof(why)), -ENOENT);
+	ck_assert_uint_eq(worker.max_buffers, 4096);
+	/* A bad value is refused by the option's own rule and changes nothing. */
+	ck_assert_int_eq(rd_options_set_worker_reload(&worker, "max_connections", "0", why, sizeof(why)), -EINVAL);
+	ck_assert_str_eq(why, "expected 1..1000000, got '0'");
+	ck_assert_uint_eq(worker.max_connections, 7);
+	/* An unset group travels as "" and unsets it. */
+	ck_assert_int_eq(rd_options_set_worker_reload(&worker, "admin_group", "", why, sizeof(why)), 0);
+	ck_assert(!worker.have_admin_gid);
 }
 END_TEST
 
@@ -387,6 +452,7 @@ int main(void)
 	tcase_add_test(tc, a_line_too_long_is_refused_whole);
 	tcase_add_test(tc, the_workers_command_line_parses_back_to_the_same_settings);
 	tcase_add_test(tc, sighup_applies_the_reloadable_keys_and_names_the_others);
+	tcase_add_test(tc, sighup_reaches_a_running_workers_options);
 	tcase_add_test(tc, help_lists_every_option_a_person_may_give);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
