@@ -241,7 +241,7 @@ class _Lane:
     or as Varlink calls, counted by tickets; answers are read in order."""
 
     __slots__ = ("conn", "ring", "open_ring", "decided", "transport_epoch", "submitted", "completed", "error",
-                 "elapsed_us", "idle_since")
+                 "error_ticket", "elapsed_us", "idle_since")
 
     def __init__(self, conn):
         self.conn = conn
@@ -251,7 +251,8 @@ class _Lane:
         self.transport_epoch = 0   # the client's when it was decided
         self.submitted = 0
         self.completed = 0
-        self.error = None
+        self.error = None         # the first error not raised yet
+        self.error_ticket = 0     # the call it answered
         self.elapsed_us = None
         self.idle_since = time.monotonic()
 
@@ -268,7 +269,11 @@ class Client:
 
     ``auto_reimport``: when a call that names torch tensors fails with
     StaleGeneration, import those tensors again and retry once (off by
-    default: a rank usually wants to know its ids went stale).
+    default: a rank usually wants to know its ids went stale).  Only the
+    call's own StaleGeneration is retried: a call queued with
+    ``wait=False`` is not (its answer comes after the call returned), and
+    its error stays its own, raised by the wait (or the blocking call)
+    that reads it.
 
     ``job``: the job this client works for, in its own words ($REGEN_JOB
     by default), stated on every connection it opens (io.regen.SetJob; see
@@ -601,7 +606,7 @@ class Client:
         if e is not None:
             self._note_error(device, e)
             if lane.error is None:
-                lane.error = e
+                lane.error, lane.error_ticket = e, lane.completed
         else:
             lane.elapsed_us = elapsed
         lane.idle_since = time.monotonic()
@@ -629,13 +634,18 @@ class Client:
         lane = self._lanes.get(device)
         if lane is None:
             return None
-        ticket = lane.submitted if ticket is None else ticket
-        while lane.completed < ticket:
-            self._reap(device, lane)
-        e, lane.error = lane.error, None
+        e, _ = self._collect(device, lane, lane.submitted if ticket is None else ticket)
         if e is not None:
             raise e
         return lane.elapsed_us
+
+    def _collect(self, device, lane, ticket):
+        """Reads the answers up to ``ticket``; returns their first error
+        (None if none), now the caller's, and the ticket of its call."""
+        while lane.completed < ticket:
+            self._reap(device, lane)
+        e, lane.error = lane.error, None
+        return e, lane.error_ticket
 
     def _submit(self, device, op_name, op, given, scalars, wait_event, signal_event):
         lane = self._lane(device)
@@ -983,6 +993,7 @@ class Client:
         device = devices.pop()
         if tensors and wait_event is None:
             _sync_torch(tensors)
+        retry = retry and self.auto_reimport and bool(tensors)
         try:
             lane = self._lanes.get(device)
             if wait and (self.transport == "varlink" or
@@ -996,13 +1007,24 @@ class Client:
                     params["signal_event"] = _event_id(signal_event)
                 return self._worker_call(device, method, params).get("elapsed_us")
             lane = self._submit(device, op_name, op, given, scalars, wait_event, signal_event)
-            if not wait:
-                return lane.submitted
-            return self.wait(device, lane.submitted)
         except errors.StaleGeneration:
-            if not (self.auto_reimport and tensors and retry):
+            # This call's own: its reply, or the refusal of what it needed
+            # before it could be queued.
+            if not retry:
                 raise
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
+        ticket = lane.submitted
+        if not wait:
+            return ticket
+        e, at = self._collect(device, lane, ticket)
+        if e is None:
+            return lane.elapsed_us
+        # An error of a call queued before this one is that call's, for its
+        # caller to meet here: retrying this call in its place would pass it
+        # off as a success.
+        if retry and at == ticket and isinstance(e, errors.StaleGeneration):
+            return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
+        raise e
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
              epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None, deadline_ms=None,

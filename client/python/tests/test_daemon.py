@@ -827,6 +827,116 @@ class Jobs(DaemonTest):
             c.close()
 
 
+class _TensorLike:
+    """Stands in for a torch tensor, its memory a HostTensor's memfd:
+    auto_reimport retries only calls that name torch tensors, and the host
+    backend maps memfds where the CUDA one maps IPC handles."""
+
+    _next_ptr = 0
+
+    def __init__(self, host, device):
+        self.host = host
+        self.shape = tuple(host.shape)
+        self.dtype = "torch.float32"
+        self.device = type("Device", (), {"index": device})()
+        _TensorLike._next_ptr += 1 << 20
+        self.ptr = _TensorLike._next_ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+    def storage_offset(self):
+        return 0
+
+    def element_size(self):
+        return 4
+
+    def dim(self):
+        return len(self.shape)
+
+    def stride(self, dim=None):
+        strides = (self.shape[1], 1)
+        return strides if dim is None else strides[dim]
+
+
+class _MemfdTensorClient(regen.Client):
+    """Imports a _TensorLike's memfd where import_tensor shares a CUDA
+    tensor's storage."""
+
+    def import_tensor(self, tensor, device=None):
+        buf = self.import_memfd(tensor.device.index, tensor.host.fd, tensor.host.nbytes)
+        self._tensor_buffers[(tensor.device.index, tensor.data_ptr())] = buf
+        return buf
+
+
+class AutoReimport(unittest.TestCase):
+    """auto_reimport on each transport ("varlink lane": the ring not used
+    where the transport allows it, as on a machine without one), its
+    tensors' generation ended by another client's release, which this
+    client does not see until a call tells it."""
+
+    device = 1
+
+    def setUp(self):
+        from regen import client as client_mod
+        self.mod = client_mod
+        self.saved = (client_mod._sync_torch, client_mod._is_torch_tensor, regen.ring.supported)
+        is_tensor = client_mod._is_torch_tensor
+        client_mod._sync_torch = lambda tensors: None
+        client_mod._is_torch_tensor = lambda x: isinstance(x, _TensorLike) or is_tensor(x)
+        self.rng = random.Random(self.id())
+        self.hosts = []
+        self.other = regen.Client(daemon.socket, timeout=60)
+
+    def tearDown(self):
+        self.mod._sync_torch, self.mod._is_torch_tensor, regen.ring.supported = self.saved
+        self.other.close()
+        for t in self.hosts:
+            t.close()
+
+    def client(self, transport):
+        regen.ring.supported = self.saved[2]
+        if transport == "varlink lane":
+            regen.ring.supported = lambda: False
+            transport = "auto"
+        c = _MemfdTensorClient(daemon.socket, timeout=60, auto_reimport=True, transport=transport)
+        self.addCleanup(c.close)
+        return c
+
+    def square(self, n):
+        """x, y (random) and z, each [n, n] f32."""
+        out = []
+        for fill in (True, True, False):
+            h = HostTensor.random([n, n], "f32", self.rng) if fill else HostTensor([n, n], "f32")
+            self.hosts.append(h)
+            out.append(_TensorLike(h, self.device))
+        return out
+
+    def assertProduct(self, x, y, z):
+        n = x.shape[0]
+        ref = reference.gemm(x.host.read(), y.host.read(), n, n, n)
+        self.assertLessEqual(reference.rel_error(z.host.read(), ref), TOL["f32"])
+
+    def test_a_queued_calls_stale_generation_stays_its_own(self):
+        """A call queued with wait=False goes stale; the blocking call after
+        it reads its answer.  The blocking call is retried for its own
+        StaleGeneration only: the queued call's reaches the caller, at the
+        blocking call or at the wait() after it (it had been taken for the
+        blocking call's and retried away: the caller saw a success)."""
+        for transport in ("ring", "varlink", "varlink lane"):
+            with self.subTest(transport=transport):
+                c = self.client(transport)
+                x, y, z = self.square(4)
+                c.gemm(x, y, z)
+                self.other.release(self.device, reason="test_daemon auto_reimport")
+                c.gemm(x, y, z, wait=False)
+                outcomes = [outcome_of(c.gemm, x, y, z), outcome_of(c.wait, self.device)]
+                self.assertEqual(sum(isinstance(o, regen.StaleGeneration) for o in outcomes), 1, outcomes)
+                self.assertIsInstance(c.gemm(x, y, z), int)
+                self.assertProduct(x, y, z)
+                self.assertEqual(c.lane_transport(self.device), "ring" if transport == "ring" else "varlink")
+
+
 class Lifecycle(DaemonTest):
     def test_watch_sees_restart(self):
         dev = 1
