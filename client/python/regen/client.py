@@ -270,10 +270,12 @@ class Client:
     ``auto_reimport``: when a call that names torch tensors fails with
     StaleGeneration, import those tensors again and retry once (off by
     default: a rank usually wants to know its ids went stale).  Only the
-    call's own StaleGeneration is retried: a call queued with
-    ``wait=False`` is not (its answer comes after the call returned), and
-    its error stays its own, raised by the wait (or the blocking call)
-    that reads it.
+    call's own StaleGeneration is retried: the answer of a blocking call,
+    or the refusal of an id it names as it is queued (on the ring, the
+    Bind of an id new to the lane; the retry is queued as the call was,
+    ``wait=False`` too).  The answer of a call queued with ``wait=False``
+    comes after the call returned: its error stays its own, raised by the
+    wait (or the blocking call) that reads it.
 
     ``job``: the job this client works for, in its own words ($REGEN_JOB
     by default), stated on every connection it opens (io.regen.SetJob; see
@@ -696,6 +698,12 @@ class Client:
                 if lane is not None and lane.ring is ring:
                     raise self._lane_broken(device, lane, "while binding an id") from x
                 raise
+            except errors.Error as x:
+                # A StaleGeneration here is the news a call's own would
+                # bring: the imports of the older generation are gone, and
+                # auto_reimport's retry imports them again.
+                self._note_error(device, x)
+                raise
         held.append(i)
         return i
 
@@ -1012,7 +1020,7 @@ class Client:
             # before it could be queued.
             if not retry:
                 raise
-            return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
+            return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False, wait=wait)
         ticket = lane.submitted
         if not wait:
             return ticket

@@ -936,6 +936,29 @@ class AutoReimport(unittest.TestCase):
                 self.assertProduct(x, y, z)
                 self.assertEqual(c.lane_transport(self.device), "ring" if transport == "ring" else "varlink")
 
+    def test_a_stale_bind_is_retried_as_the_call_was_made(self):
+        """On the ring, a call naming ids new to the lane binds them first;
+        in a later generation the Bind is refused with StaleGeneration.
+        auto_reimport imports the tensors again and retries (it had retried
+        with the same ids: the Bind's news had not been noted), and a call
+        made with wait=False is retried queued, its ticket returned (the
+        retry had waited for its answer)."""
+        c = self.client("ring")
+        for wait in (True, False):
+            with self.subTest(wait=wait):
+                x, y, z = self.square(4)
+                for t in (x, y, z):
+                    c.import_tensor(t)
+                self.other.release(self.device, reason="test_daemon auto_reimport")
+                got = c.gemm(x, y, z, wait=wait)
+                lane = c._lanes[self.device]
+                if not wait:
+                    self.assertEqual((got, lane.completed), (lane.submitted, lane.submitted - 1),
+                                     "the retry waited for its answer")
+                    c.wait(self.device, got)
+                self.assertProduct(x, y, z)
+                self.assertEqual(c.lane_transport(self.device), "ring")
+
 
 class Lifecycle(DaemonTest):
     def test_watch_sees_restart(self):
