@@ -27,6 +27,12 @@ _EPILOGUES = ("none", "bias", "gelu", "gelu_bias", "dgelu", "gelu_aux", "gelu_au
 # A ring's lane idle longer than this is checked for a worker gone before
 # its next call.
 _IDLE_PROBE_S = 0.001
+# Calls a Varlink lane has queued (wait=False) before the next waits for the
+# oldest's answer: the ring's depth, so that both transports queue alike,
+# and under regend's 1024 unanswered calls a connection may hold.
+# Unbounded, a client that never waited was refused past those
+# (LimitExceeded), and made regend hold ever more replies.
+_VARLINK_QUEUE_MAX = ringmod.ENTRIES
 _OP_NAMES = {name: frozenset(o.name for o in op.operands) for name, op in ops.OPS.items()}
 
 
@@ -658,6 +664,8 @@ class Client:
                 params["wait_event"] = _event_id(wait_event)
             if signal_event is not None:
                 params["signal_event"] = _event_id(signal_event)
+            while lane.submitted - lane.completed >= _VARLINK_QUEUE_MAX:
+                self._reap(device, lane)
             try:
                 lane.conn.send(op.method, params)
             except errors.ConnectionReset:
@@ -1052,6 +1060,9 @@ class Client:
         transpose flag flipped.  Returns regend's elapsed_us; the reply means
         D is written.  With ``wait=False`` the call is queued on the
         device's lane and its ticket returned: ``wait(device, ticket)``.
+        A lane holds at most 256 calls unanswered, on either transport: one
+        more waits for the oldest's answer first (its error kept for the
+        wait).
         ``deadline_ms`` (every compute call): how long the call may run
         before it raises Timeout; past regend's own call_deadline_ms too,
         regend reports the device hung and recovers it (a shorter deadline

@@ -960,6 +960,39 @@ class AutoReimport(unittest.TestCase):
                 self.assertEqual(c.lane_transport(self.device), "ring")
 
 
+class QueuedCalls(unittest.TestCase):
+    def test_queueing_past_the_lanes_depth_waits_for_the_oldest(self):
+        """A GEMM that takes a while, then 1100 small calls queued behind it
+        with wait=False: past 256 calls unanswered, a call waits for the
+        oldest's answer before it is queued, on Varlink as on the ring (whose
+        256 entries bound it).  On Varlink every call had gone out: past the
+        1024 unanswered calls regend holds for a connection, the rest were
+        refused with LimitExceeded."""
+        for transport in ("varlink", "ring"):
+            if transport == "ring" and not regen.ring.supported():
+                continue
+            with self.subTest(transport=transport):
+                c = regen.Client(daemon.socket, timeout=60, transport=transport)
+                hosts = [HostTensor([1024, 1024]) for _ in range(3)] + [HostTensor([2, 2]) for _ in range(3)]
+                try:
+                    for t in hosts:
+                        t.import_into(c, 0)
+                    big, small = [t.op for t in hosts[:3]], [t.op for t in hosts[3:]]
+                    c.gemm(*big, wait=False)
+                    depth = 0
+                    for _ in range(1100):
+                        c.gemm(*small, wait=False)
+                        lane = c._lanes[0]
+                        depth = max(depth, lane.submitted - lane.completed)
+                    c.wait(0)
+                    self.assertLessEqual(depth, 256)
+                    self.assertEqual(c.lane_transport(0), transport)
+                finally:
+                    c.close()
+                    for t in hosts:
+                        t.close()
+
+
 class Lifecycle(DaemonTest):
     def test_watch_sees_restart(self):
         dev = 1

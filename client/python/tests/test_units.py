@@ -4,14 +4,16 @@ normalisation, host dtype conversions, operand wire form, the references."""
 import mmap
 import os
 import re
+import socket
 import sys
+import tempfile
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import regen  # noqa: E402
-from regen import errors, host, reference, ring  # noqa: E402
+from regen import errors, host, reference, ring, varlink  # noqa: E402
 
 IDL_DIR = os.path.join(HERE, "..", "..", "..", "proto", "idl")
 
@@ -169,6 +171,36 @@ class HostTypes(unittest.TestCase):
         t.write([float(i) for i in range(15)])
         self.assertEqual(t.read(), [float(i) for i in range(15)])
         t.close()
+
+
+class VarlinkSends(unittest.TestCase):
+    def test_a_send_the_timeout_cuts_short_closes_the_connection(self):
+        """A peer that does not read, and a call larger than the socket
+        holds: the timeout passes with part of it sent.  The connection is
+        closed and ConnectionReset says how much went (the bare timeout came
+        out with the connection left open, and the next call sent on it
+        would have been read as the rest of this one)."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "peer.sock")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+                srv.bind(path)
+                srv.listen(1)
+                conn = varlink.Connection(path, timeout=0.2)
+                peer, _ = srv.accept()
+                with peer:
+                    with self.assertRaises(regen.ConnectionReset) as cm:
+                        conn.send("io.regen.Test.Big", {"text": "x" * (900 << 10)})
+                    self.assertTrue(conn.closed)
+                    self.assertRegex(str(cm.exception), r"timed out with [1-9][0-9]* of [0-9]+ bytes sent")
+                    peer.settimeout(10)
+                    got = bytearray()
+                    while True:
+                        chunk = peer.recv(1 << 16)
+                        if not chunk:
+                            break
+                        got += chunk
+                    self.assertGreater(len(got), 0)
+                    self.assertNotIn(b"\0", got, "a message ended after the cut")
 
 
 class Operands(unittest.TestCase):
