@@ -316,6 +316,9 @@ class Client:
         self._buffers = {}        # id -> Buffer
         self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
         self._events = {}         # id -> Event
+        # torch IPC counters of imports whose answer was lost: (device,
+        # generation then, counter).
+        self._unsure_counters = []
 
     def _forget_after_fork(self):
         """In a forked child: the connections are the parent's (a call here
@@ -441,6 +444,9 @@ class Client:
         for eid, ev in list(self._events.items()):
             if ev.device == device and ev.generation < generation:
                 del self._events[eid]
+        for held in [u for u in self._unsure_counters if u[0] == device and u[1] < generation]:
+            self._unsure_counters.remove(held)
+            _release_ipc_counter(*held[2])
 
     def _worker(self, device):
         conn = self._workers.get(device)
@@ -872,7 +878,10 @@ class Client:
         is closed.  A storage already imported in the current generation is
         not imported twice.  ``device``: regend's index for the tensor's GPU
         (default: the tensor's CUDA index; they differ only when
-        CUDA_VISIBLE_DEVICES differs between this process and regend)."""
+        CUDA_VISIBLE_DEVICES differs between this process and regend).
+        An import that raises ConnectionReset may have been made: the
+        storage is held from torch's reuse until the device's generation
+        changes."""
         if not getattr(tensor, "is_cuda", False):
             raise TypeError("import_tensor needs a CUDA tensor; for host memory use import_memfd")
         storage = tensor.untyped_storage()
@@ -886,8 +895,8 @@ class Client:
         ref_counter = (shared[4], shared[5])
         try:
             buf = self.import_cuda_ipc(dev, handle, offset_bytes, size_bytes, keepalive=tensor)
-        except BaseException:
-            _release_ipc_counter(*ref_counter)
+        except BaseException as e:
+            self._counter_after_failed_import(dev, ref_counter, e)
             raise
         # _share_cuda_ set a reference counter that a torch consumer would
         # decrement when done; without that the storage, once freed, would
@@ -896,6 +905,23 @@ class Client:
         buf._on_drop = lambda: _release_ipc_counter(*ref_counter)
         self._tensor_buffers[key] = buf
         return buf
+
+    def _counter_after_failed_import(self, device, counter, exc):
+        """Lets the IPC counter of an import that raised ``exc`` go where
+        the import mapped nothing: regend refused it, or it was never sent
+        (the storage, freed, would otherwise wait in torch's limbo for
+        ever).  Where its answer was lost with the connection, or an
+        exception came between its call and its answer, the worker may map
+        the memory: the counter is held, so that torch neither reuses nor
+        frees it, until the device's generation changes (the worker is gone
+        then, or a reset unmapped it), as a buffer whose close was lost is
+        kept."""
+        if isinstance(exc, (errors.ConnectionReset, errors.ProtocolError)) or not isinstance(exc, Exception):
+            # The generation known now is the import's, unless it changed
+            # unseen just before the call (the one case this lets go early).
+            self._unsure_counters.append((device, self._generations.get(device, 0), counter))
+        else:
+            _release_ipc_counter(*counter)
 
     def _close(self, method, key, ident, obj, forget):
         """Close a buffer or event (obj: ours, or None for a bare id) in its

@@ -413,6 +413,35 @@ class TensorMapping(unittest.TestCase):
         self.assertEqual(self.released, [(b"/torch_rc", 1), (b"/torch_rc", 2)])
         self.assertIsNone(again.keepalive)
 
+    def test_a_failed_import_lets_its_counter_go_only_when_nothing_was_mapped(self):
+        """Refused (ImportFailed), the import mapped nothing: torch's IPC
+        counter goes at once, or the storage would wait in torch's limbo
+        for ever.  Its answer lost (ConnectionReset), the worker may map the
+        memory: the counter is held until the device's generation changes
+        (it had gone at once, so torch could reuse memory the worker maps)."""
+        x = _FakeTensor(_FakeStorage(0x1000, 4096), [16, 16], [16, 1])
+        inner = self.c._worker_call
+
+        def failing(exc):
+            def call(device, method, params, fds=()):
+                if method == "io.regen.Memory.ImportBuffer":
+                    raise exc
+                return inner(device, method, params, fds)
+            return call
+
+        self.c._note_generation(0, 1)
+        self.c._worker_call = failing(errors.error_from_reply("io.regen.ImportFailed", {"kind": "cuda_ipc"}))
+        with self.assertRaises(regen.ImportFailed):
+            self.c.import_tensor(x)
+        self.assertEqual(self.released, [(b"/torch_rc", 1)])
+        self.c._worker_call = failing(regen.ConnectionReset(parameters={"message": "the worker went"}))
+        with self.assertRaises(regen.ConnectionReset):
+            self.c.import_tensor(x)
+        self.c._note_generation(0, 1)
+        self.assertEqual(self.released, [(b"/torch_rc", 1)], "let go while the worker may map the memory")
+        self.c._note_generation(0, 2)
+        self.assertEqual(self.released, [(b"/torch_rc", 1), (b"/torch_rc", 2)])
+
     def test_unsupported_dtype(self):
         x = _FakeTensor(_FakeStorage(0x1000, 64), [4, 4], [4, 1], dtype="torch.float64", elem=8)
         with self.assertRaises(TypeError):

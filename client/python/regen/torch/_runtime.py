@@ -400,8 +400,8 @@ class Runtime:
             except ValueError as e:
                 # An expandable segment: CUDA IPC cannot share it; regen.torch.pool() can.
                 raise NotSupported(parameters={"message": f"{e}; or allocate it under regen.torch.pool()"}) from e
-        except BaseException:
-            _release_counter(counter)
+        except BaseException as e:
+            self.client._counter_after_failed_import(device, counter, e)
             raise
         self._note_generation(device, buf.generation)
         blk = _Block(buf, base, size, device)
