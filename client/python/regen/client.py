@@ -12,6 +12,7 @@ for one thread: give each thread its own.
 
 import fcntl
 import os
+import sys
 import time
 import weakref
 
@@ -884,7 +885,7 @@ class Client:
         changes."""
         if not getattr(tensor, "is_cuda", False):
             raise TypeError("import_tensor needs a CUDA tensor; for host memory use import_memfd")
-        storage = tensor.untyped_storage()
+        storage = _untyped_storage(tensor)
         dev = tensor.device.index if device is None else int(device)
         key = (dev, storage.data_ptr())
         buf = self._tensor_buffers.get(key)
@@ -951,7 +952,7 @@ class Client:
         """Close the buffer import_tensor (or a GEMM on the tensor) made for
         this tensor's storage, if any; returns whether there was one."""
         dev = tensor.device.index if device is None else int(device)
-        buf = self._tensor_buffers.get((dev, tensor.untyped_storage().data_ptr()))
+        buf = self._tensor_buffers.get((dev, _untyped_storage(tensor).data_ptr()))
         if buf is None:
             return False
         try:
@@ -1325,8 +1326,19 @@ def normalize_ipc_handle(handle):
 # -- torch, imported lazily so the client needs only the stdlib ---------------
 
 def _is_torch_tensor(x):
-    mod = type(x).__module__
-    return mod.startswith("torch") and hasattr(x, "untyped_storage")
+    # A process that holds a tensor has imported torch; this module never
+    # does.  isinstance, not the type's module and methods: torch 1.13's
+    # tensors have no untyped_storage(), and a subclass (Parameter, a
+    # user's) may live in any module.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _untyped_storage(t):
+    """The storage ``t`` views, untyped: untyped_storage() from torch 2.0,
+    the typed storage's untyped() before (1.13)."""
+    get = getattr(t, "untyped_storage", None)
+    return get() if get is not None else t.storage().untyped()
 
 
 _TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.int32": "i32"}

@@ -761,6 +761,35 @@ class ProcessPool(unittest.TestCase):
             self.assertIn("NotSupported", r.stderr)
 
 
+class ClientTensors(unittest.TestCase):
+    """regen.Client takes torch tensors for operands on the torch it runs
+    with: 1.13 (Debian's) has no untyped_storage(), which the client had
+    asked a tensor for before it took it for one."""
+
+    def test_tensors_are_taken_for_tensors(self):
+        from regen.client import _is_torch_tensor
+
+        class Mine(torch.Tensor):
+            pass
+
+        x = torch.zeros(4, 4)
+        for t in (x, torch.nn.Parameter(torch.zeros(2)), x.as_subclass(Mine)):
+            self.assertTrue(_is_torch_tensor(t), type(t))
+        for other in ([0.0], regen.Operand("b0.1.1", 0, "f32", [1]), object()):
+            self.assertFalse(_is_torch_tensor(other), type(other))
+        c = regen.Client(daemon.socket, timeout=30)
+        try:
+            # Taken for a tensor, and refused as a CPU one (it had been
+            # refused as not a tensor at all).
+            with self.assertRaisesRegex(TypeError, "needs a CUDA tensor"):
+                c.gemm(x, x, x)
+            self.assertFalse(c.close_tensor(x, device=0))
+        finally:
+            c.close()
+        from regen.client import _untyped_storage
+        self.assertEqual(_untyped_storage(x[1:]).data_ptr(), x.data_ptr())
+
+
 class BlockImports(unittest.TestCase):
     """A CUDA block's import (tensors outside the pool), with the worker
     connection replaced: what becomes of the pin when the import fails."""

@@ -336,18 +336,16 @@ class _FakeTensor:
         return self._storage.data_ptr() + self._offset * self._elem
 
 
-_FakeTensor.__module__ = "torch.fake"
-
-
 class TensorMapping(unittest.TestCase):
     """import_tensor and tensor operands, with the sockets replaced by a log."""
 
     def setUp(self):
         from regen import client as client_mod
         self.mod = client_mod
-        self.saved = (client_mod._sync_torch, client_mod._release_ipc_counter)
+        self.saved = (client_mod._sync_torch, client_mod._release_ipc_counter, client_mod._is_torch_tensor)
         self.released = []
         client_mod._sync_torch = lambda tensors: None
+        client_mod._is_torch_tensor = lambda x: isinstance(x, _FakeTensor)
         client_mod._release_ipc_counter = lambda h, o: self.released.append((h, o))
         # What goes on the wire as Varlink calls (the ring's records are
         # test_ring.py's).
@@ -369,7 +367,7 @@ class TensorMapping(unittest.TestCase):
         self.c._worker_call = worker_call
 
     def tearDown(self):
-        self.mod._sync_torch, self.mod._release_ipc_counter = self.saved
+        self.mod._sync_torch, self.mod._release_ipc_counter, self.mod._is_torch_tensor = self.saved
 
     def test_import_tensor_once_per_storage(self):
         st = _FakeStorage(0x1000, 4096)

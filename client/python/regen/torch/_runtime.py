@@ -44,7 +44,7 @@ import weakref
 import torch
 
 from .. import errors
-from ..client import Client, Operand
+from ..client import Client, Operand, _untyped_storage as _storage
 from ..ops import OPS
 from ..pool import Pool
 from ..ring import DTYPES as RING_DTYPES, scalars_record
@@ -933,12 +933,6 @@ def _strides(t):
             strides[i] = step
         step *= max(shape[i], 1)
     return strides
-
-
-def _storage(t):
-    if hasattr(t, "untyped_storage"):
-        return t.untyped_storage()
-    return t.storage().untyped()
 
 
 def _release_counter(counter):
