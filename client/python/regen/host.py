@@ -3,6 +3,7 @@ readable and writable from Python (stdlib only), for tests, demos and
 benchmarks against ``regend --backend host``."""
 
 import array
+import errno
 import os
 import random
 import struct
@@ -48,6 +49,33 @@ def unpack(dtype, data):
     raise ValueError(f"unknown dtype {dtype!r}")
 
 
+def _pwrite_all(fd, data, offset):
+    """Writes all of ``data`` at ``offset``: a write may move less than it
+    was given (Linux moves at most 2 GiB less a page in one), and goes on
+    from there."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done:], offset + done)
+        if n == 0:
+            raise OSError(errno.EIO, f"a write at byte {offset + done} of fd {fd} moved nothing")
+        done += n
+
+
+def _pread_all(fd, size, offset):
+    """``size`` bytes read at ``offset``, by as many reads as it takes (one
+    moves at most 2 GiB less a page); a file that ends first raises."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    done = 0
+    while done < size:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise EOFError(f"fd {fd} ends at byte {offset + done}, before the {size} bytes asked for")
+        done += n
+    return buf
+
+
 def random_values(n, rng=None, lo=-1.0, hi=1.0):
     rng = rng or random.Random()
     return [rng.uniform(lo, hi) for _ in range(n)]
@@ -82,10 +110,10 @@ class HostTensor:
     def write(self, values):
         if len(values) != self.numel:
             raise ValueError(f"{len(values)} values for a tensor of {self.numel}")
-        os.pwrite(self.fd, pack(self.dtype, values), 0)
+        _pwrite_all(self.fd, pack(self.dtype, values), 0)
 
     def read(self):
-        return unpack(self.dtype, os.pread(self.fd, self.nbytes, 0))
+        return unpack(self.dtype, _pread_all(self.fd, self.nbytes, 0))
 
     def import_into(self, client, device=0):
         self.buffer = client.import_memfd(device, self.fd, self.nbytes)

@@ -1,9 +1,12 @@
 """Client pieces that need no daemon: error classes against the IDL, handle
 normalisation, host dtype conversions, operand wire form, the references."""
 
+import errno
 import mmap
 import os
 import re
+import resource
+import signal
 import socket
 import sys
 import tempfile
@@ -171,6 +174,54 @@ class HostTypes(unittest.TestCase):
         t.write([float(i) for i in range(15)])
         self.assertEqual(t.read(), [float(i) for i in range(15)])
         t.close()
+
+    def test_short_reads_and_writes_go_on(self):
+        """One read or write moves at most 2 GiB less a page on Linux: a
+        tensor larger than that is read and written by as many as it takes
+        (one had been taken for the whole: past 2 GiB, write() left the rest
+        as it was and read() returned fewer values).  The kernel's limit
+        is brought down to 4 KiB here."""
+        t = host.HostTensor([5000], "f32")
+        self.addCleanup(t.close)
+        values = [float(i) for i in range(5000)]
+        real_pwrite, real_preadv, real_pread = os.pwrite, os.preadv, os.pread
+        os.pwrite = lambda fd, data, offset: real_pwrite(fd, memoryview(data)[:4096], offset)
+        os.preadv = lambda fd, buffers, offset: real_preadv(fd, [memoryview(buffers[0])[:4096]], offset)
+        os.pread = lambda fd, n, offset: real_pread(fd, min(n, 4096), offset)
+        try:
+            t.write(values)
+            got = t.read()
+        finally:
+            os.pwrite, os.preadv, os.pread = real_pwrite, real_preadv, real_pread
+        self.assertEqual(got, values)
+
+    def test_a_write_cut_short_for_good_raises(self):
+        """A write the kernel cuts short, here at RLIMIT_FSIZE, and the rest
+        refused: the error comes out (the short write had been taken for
+        the whole, the tensor's tail left as it was)."""
+        t = host.HostTensor([4096], "f32")
+        self.addCleanup(t.close)
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit[1] != resource.RLIM_INFINITY and limit[1] < 8192:
+            self.skipTest(f"RLIMIT_FSIZE's hard limit is {limit[1]}")
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        try:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (8192, limit[1]))
+            with self.assertRaises(OSError) as cm:
+                t.write([1.0] * 4096)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+            signal.signal(signal.SIGXFSZ, handler)
+        self.assertEqual(cm.exception.errno, errno.EFBIG)
+
+    def test_a_read_cut_short_raises(self):
+        """A memfd that ends before the tensor does (cut down after it was
+        made): read() says so (it had returned fewer values)."""
+        t = host.HostTensor([1000], "f32")
+        self.addCleanup(t.close)
+        os.ftruncate(t.fd, 2000)
+        with self.assertRaisesRegex(EOFError, "ends at byte 2000, before the 4000 bytes"):
+            t.read()
 
 
 class VarlinkSends(unittest.TestCase):
