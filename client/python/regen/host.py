@@ -4,6 +4,7 @@ benchmarks against ``regend --backend host``."""
 
 import array
 import errno
+import math
 import os
 import random
 import struct
@@ -20,15 +21,28 @@ def _bf16_bits(u32):
     return ((u32 + 0x7FFF + ((u32 >> 16) & 1)) >> 16) & 0xFFFF
 
 
+def _f16_rounded(value):
+    # struct refuses what rounds past f16's largest, 65504 (from 65520 on,
+    # the tie rounding to even, up): IEEE rounding makes it an infinity of
+    # its sign, and so does torch's .half().
+    value = float(value)
+    return math.copysign(math.inf, value) if abs(value) >= 65520.0 else value
+
+
 def pack(dtype, values):
     """Bytes of ``values`` (floats; integers for "i32") as ``dtype``
-    ("f32", "f16", "bf16", "i32")."""
+    ("f32", "f16", "bf16", "i32"), each rounded to nearest even, a float
+    past the type's range becoming an infinity of its sign (as torch
+    converts)."""
     if dtype == "f32":
         return array.array("f", values).tobytes()
     if dtype == "i32":
         return array.array("i", [int(x) for x in values]).tobytes()
     if dtype == "f16":
-        return struct.pack(f"<{len(values)}e", *values)
+        try:
+            return struct.pack(f"<{len(values)}e", *values)
+        except OverflowError:
+            return struct.pack(f"<{len(values)}e", *[_f16_rounded(v) for v in values])
     if dtype == "bf16":
         words = array.array("I", array.array("f", values).tobytes())
         return array.array("H", [_bf16_bits(w) for w in words]).tobytes()

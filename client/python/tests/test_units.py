@@ -2,6 +2,7 @@
 normalisation, host dtype conversions, operand wire form, the references."""
 
 import errno
+import math
 import mmap
 import os
 import re
@@ -167,6 +168,18 @@ class HostTypes(unittest.TestCase):
         self.assertEqual(host.unpack("bf16", host.pack("bf16", [1 + 2 ** -8])), [1.0])
         self.assertEqual(host.unpack("bf16", host.pack("bf16", [1 + 3 * 2 ** -8])), [1 + 2 ** -6])
         self.assertEqual(host.unpack("f16", host.pack("f16", [1 + 2 ** -11])), [1.0])
+
+    def test_f16_overflow_is_an_infinity(self):
+        """A value past f16's largest (65504; from 65520 on it rounds past
+        it) packs as an infinity of its sign, as IEEE rounding and torch's
+        .half() make it (struct raised OverflowError); bf16 and f32 did
+        already."""
+        inf = float("inf")
+        got = host.unpack("f16", host.pack("f16", [1e6, -1e6, 65519.0, 65520.0, -65520.0, 1e300, inf, 2.5]))
+        self.assertEqual(got, [inf, -inf, 65504.0, inf, -inf, inf, inf, 2.5])
+        self.assertTrue(math.isnan(host.unpack("f16", host.pack("f16", [1e6, float("nan")]))[1]))
+        for dt in ("bf16", "f32"):
+            self.assertEqual(host.unpack(dt, host.pack(dt, [1e300, -1e300])), [inf, -inf], dt)
 
     def test_tensor_memfd(self):
         t = host.HostTensor([3, 5], "bf16")
