@@ -12,6 +12,7 @@ for one thread: give each thread its own.
 
 import fcntl
 import os
+import sys
 import time
 import weakref
 
@@ -27,6 +28,12 @@ _EPILOGUES = ("none", "bias", "gelu", "gelu_bias", "dgelu", "gelu_aux", "gelu_au
 # A ring's lane idle longer than this is checked for a worker gone before
 # its next call.
 _IDLE_PROBE_S = 0.001
+# Calls a Varlink lane has queued (wait=False) before the next waits for the
+# oldest's answer: the ring's depth, so that both transports queue alike,
+# and under regend's 1024 unanswered calls a connection may hold.
+# Unbounded, a client that never waited was refused past those
+# (LimitExceeded), and made regend hold ever more replies.
+_VARLINK_QUEUE_MAX = ringmod.ENTRIES
 _OP_NAMES = {name: frozenset(o.name for o in op.operands) for name, op in ops.OPS.items()}
 
 
@@ -241,7 +248,7 @@ class _Lane:
     or as Varlink calls, counted by tickets; answers are read in order."""
 
     __slots__ = ("conn", "ring", "open_ring", "decided", "transport_epoch", "submitted", "completed", "error",
-                 "elapsed_us", "idle_since")
+                 "error_ticket", "elapsed_us", "idle_since")
 
     def __init__(self, conn):
         self.conn = conn
@@ -251,7 +258,8 @@ class _Lane:
         self.transport_epoch = 0   # the client's when it was decided
         self.submitted = 0
         self.completed = 0
-        self.error = None
+        self.error = None         # the first error not raised yet
+        self.error_ticket = 0     # the call it answered
         self.elapsed_us = None
         self.idle_since = time.monotonic()
 
@@ -268,7 +276,13 @@ class Client:
 
     ``auto_reimport``: when a call that names torch tensors fails with
     StaleGeneration, import those tensors again and retry once (off by
-    default: a rank usually wants to know its ids went stale).
+    default: a rank usually wants to know its ids went stale).  Only the
+    call's own StaleGeneration is retried: the answer of a blocking call,
+    or the refusal of an id it names as it is queued (on the ring, the
+    Bind of an id new to the lane; the retry is queued as the call was,
+    ``wait=False`` too).  The answer of a call queued with ``wait=False``
+    comes after the call returned: its error stays its own, raised by the
+    wait (or the blocking call) that reads it.
 
     ``job``: the job this client works for, in its own words ($REGEN_JOB
     by default), stated on every connection it opens (io.regen.SetJob; see
@@ -303,6 +317,9 @@ class Client:
         self._buffers = {}        # id -> Buffer
         self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
         self._events = {}         # id -> Event
+        # torch IPC counters of imports whose answer was lost: (device,
+        # generation then, counter).
+        self._unsure_counters = []
 
     def _forget_after_fork(self):
         """In a forked child: the connections are the parent's (a call here
@@ -428,6 +445,9 @@ class Client:
         for eid, ev in list(self._events.items()):
             if ev.device == device and ev.generation < generation:
                 del self._events[eid]
+        for held in [u for u in self._unsure_counters if u[0] == device and u[1] < generation]:
+            self._unsure_counters.remove(held)
+            _release_ipc_counter(*held[2])
 
     def _worker(self, device):
         conn = self._workers.get(device)
@@ -601,7 +621,7 @@ class Client:
         if e is not None:
             self._note_error(device, e)
             if lane.error is None:
-                lane.error = e
+                lane.error, lane.error_ticket = e, lane.completed
         else:
             lane.elapsed_us = elapsed
         lane.idle_since = time.monotonic()
@@ -629,13 +649,18 @@ class Client:
         lane = self._lanes.get(device)
         if lane is None:
             return None
-        ticket = lane.submitted if ticket is None else ticket
-        while lane.completed < ticket:
-            self._reap(device, lane)
-        e, lane.error = lane.error, None
+        e, _ = self._collect(device, lane, lane.submitted if ticket is None else ticket)
         if e is not None:
             raise e
         return lane.elapsed_us
+
+    def _collect(self, device, lane, ticket):
+        """Reads the answers up to ``ticket``; returns their first error
+        (None if none), now the caller's, and the ticket of its call."""
+        while lane.completed < ticket:
+            self._reap(device, lane)
+        e, lane.error = lane.error, None
+        return e, lane.error_ticket
 
     def _submit(self, device, op_name, op, given, scalars, wait_event, signal_event):
         lane = self._lane(device)
@@ -646,6 +671,8 @@ class Client:
                 params["wait_event"] = _event_id(wait_event)
             if signal_event is not None:
                 params["signal_event"] = _event_id(signal_event)
+            while lane.submitted - lane.completed >= _VARLINK_QUEUE_MAX:
+                self._reap(device, lane)
             try:
                 lane.conn.send(op.method, params)
             except errors.ConnectionReset:
@@ -685,6 +712,12 @@ class Client:
                 # dead connection).
                 if lane is not None and lane.ring is ring:
                     raise self._lane_broken(device, lane, "while binding an id") from x
+                raise
+            except errors.Error as x:
+                # A StaleGeneration here is the news a call's own would
+                # bring: the imports of the older generation are gone, and
+                # auto_reimport's retry imports them again.
+                self._note_error(device, x)
                 raise
         held.append(i)
         return i
@@ -846,10 +879,13 @@ class Client:
         is closed.  A storage already imported in the current generation is
         not imported twice.  ``device``: regend's index for the tensor's GPU
         (default: the tensor's CUDA index; they differ only when
-        CUDA_VISIBLE_DEVICES differs between this process and regend)."""
+        CUDA_VISIBLE_DEVICES differs between this process and regend).
+        An import that raises ConnectionReset may have been made: the
+        storage is held from torch's reuse until the device's generation
+        changes."""
         if not getattr(tensor, "is_cuda", False):
             raise TypeError("import_tensor needs a CUDA tensor; for host memory use import_memfd")
-        storage = tensor.untyped_storage()
+        storage = _untyped_storage(tensor)
         dev = tensor.device.index if device is None else int(device)
         key = (dev, storage.data_ptr())
         buf = self._tensor_buffers.get(key)
@@ -860,8 +896,8 @@ class Client:
         ref_counter = (shared[4], shared[5])
         try:
             buf = self.import_cuda_ipc(dev, handle, offset_bytes, size_bytes, keepalive=tensor)
-        except BaseException:
-            _release_ipc_counter(*ref_counter)
+        except BaseException as e:
+            self._counter_after_failed_import(dev, ref_counter, e)
             raise
         # _share_cuda_ set a reference counter that a torch consumer would
         # decrement when done; without that the storage, once freed, would
@@ -870,6 +906,23 @@ class Client:
         buf._on_drop = lambda: _release_ipc_counter(*ref_counter)
         self._tensor_buffers[key] = buf
         return buf
+
+    def _counter_after_failed_import(self, device, counter, exc):
+        """Lets the IPC counter of an import that raised ``exc`` go where
+        the import mapped nothing: regend refused it, or it was never sent
+        (the storage, freed, would otherwise wait in torch's limbo for
+        ever).  Where its answer was lost with the connection, or an
+        exception came between its call and its answer, the worker may map
+        the memory: the counter is held, so that torch neither reuses nor
+        frees it, until the device's generation changes (the worker is gone
+        then, or a reset unmapped it), as a buffer whose close was lost is
+        kept."""
+        if isinstance(exc, (errors.ConnectionReset, errors.ProtocolError)) or not isinstance(exc, Exception):
+            # The generation known now is the import's, unless it changed
+            # unseen just before the call (the one case this lets go early).
+            self._unsure_counters.append((device, self._generations.get(device, 0), counter))
+        else:
+            _release_ipc_counter(*counter)
 
     def _close(self, method, key, ident, obj, forget):
         """Close a buffer or event (obj: ours, or None for a bare id) in its
@@ -899,7 +952,7 @@ class Client:
         """Close the buffer import_tensor (or a GEMM on the tensor) made for
         this tensor's storage, if any; returns whether there was one."""
         dev = tensor.device.index if device is None else int(device)
-        buf = self._tensor_buffers.get((dev, tensor.untyped_storage().data_ptr()))
+        buf = self._tensor_buffers.get((dev, _untyped_storage(tensor).data_ptr()))
         if buf is None:
             return False
         try:
@@ -983,6 +1036,7 @@ class Client:
         device = devices.pop()
         if tensors and wait_event is None:
             _sync_torch(tensors)
+        retry = retry and self.auto_reimport and bool(tensors)
         try:
             lane = self._lanes.get(device)
             if wait and (self.transport == "varlink" or
@@ -996,13 +1050,24 @@ class Client:
                     params["signal_event"] = _event_id(signal_event)
                 return self._worker_call(device, method, params).get("elapsed_us")
             lane = self._submit(device, op_name, op, given, scalars, wait_event, signal_event)
-            if not wait:
-                return lane.submitted
-            return self.wait(device, lane.submitted)
         except errors.StaleGeneration:
-            if not (self.auto_reimport and tensors and retry):
+            # This call's own: its reply, or the refusal of what it needed
+            # before it could be queued.
+            if not retry:
                 raise
+            return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False, wait=wait)
+        ticket = lane.submitted
+        if not wait:
+            return ticket
+        e, at = self._collect(device, lane, ticket)
+        if e is None:
+            return lane.elapsed_us
+        # An error of a call queued before this one is that call's, for its
+        # caller to meet here: retrying this call in its place would pass it
+        # off as a success.
+        if retry and at == ticket and isinstance(e, errors.StaleGeneration):
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
+        raise e
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
              epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None, deadline_ms=None,
@@ -1022,6 +1087,9 @@ class Client:
         transpose flag flipped.  Returns regend's elapsed_us; the reply means
         D is written.  With ``wait=False`` the call is queued on the
         device's lane and its ticket returned: ``wait(device, ticket)``.
+        A lane holds at most 256 calls unanswered, on either transport: one
+        more waits for the oldest's answer first (its error kept for the
+        wait).
         ``deadline_ms`` (every compute call): how long the call may run
         before it raises Timeout; past regend's own call_deadline_ms too,
         regend reports the device hung and recovers it (a shorter deadline
@@ -1258,8 +1326,19 @@ def normalize_ipc_handle(handle):
 # -- torch, imported lazily so the client needs only the stdlib ---------------
 
 def _is_torch_tensor(x):
-    mod = type(x).__module__
-    return mod.startswith("torch") and hasattr(x, "untyped_storage")
+    # A process that holds a tensor has imported torch; this module never
+    # does.  isinstance, not the type's module and methods: torch 1.13's
+    # tensors have no untyped_storage(), and a subclass (Parameter, a
+    # user's) may live in any module.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _untyped_storage(t):
+    """The storage ``t`` views, untyped: untyped_storage() from torch 2.0,
+    the typed storage's untyped() before (1.13)."""
+    get = getattr(t, "untyped_storage", None)
+    return get() if get is not None else t.storage().untyped()
 
 
 _TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.int32": "i32"}

@@ -3,6 +3,8 @@ readable and writable from Python (stdlib only), for tests, demos and
 benchmarks against ``regend --backend host``."""
 
 import array
+import errno
+import math
 import os
 import random
 import struct
@@ -19,15 +21,28 @@ def _bf16_bits(u32):
     return ((u32 + 0x7FFF + ((u32 >> 16) & 1)) >> 16) & 0xFFFF
 
 
+def _f16_rounded(value):
+    # struct refuses what rounds past f16's largest, 65504 (from 65520 on,
+    # the tie rounding to even, up): IEEE rounding makes it an infinity of
+    # its sign, and so does torch's .half().
+    value = float(value)
+    return math.copysign(math.inf, value) if abs(value) >= 65520.0 else value
+
+
 def pack(dtype, values):
     """Bytes of ``values`` (floats; integers for "i32") as ``dtype``
-    ("f32", "f16", "bf16", "i32")."""
+    ("f32", "f16", "bf16", "i32"), each rounded to nearest even, a float
+    past the type's range becoming an infinity of its sign (as torch
+    converts)."""
     if dtype == "f32":
         return array.array("f", values).tobytes()
     if dtype == "i32":
         return array.array("i", [int(x) for x in values]).tobytes()
     if dtype == "f16":
-        return struct.pack(f"<{len(values)}e", *values)
+        try:
+            return struct.pack(f"<{len(values)}e", *values)
+        except OverflowError:
+            return struct.pack(f"<{len(values)}e", *[_f16_rounded(v) for v in values])
     if dtype == "bf16":
         words = array.array("I", array.array("f", values).tobytes())
         return array.array("H", [_bf16_bits(w) for w in words]).tobytes()
@@ -46,6 +61,33 @@ def unpack(dtype, data):
         halves = array.array("H", data)
         return array.array("f", array.array("I", [h << 16 for h in halves]).tobytes()).tolist()
     raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def _pwrite_all(fd, data, offset):
+    """Writes all of ``data`` at ``offset``: a write may move less than it
+    was given (Linux moves at most 2 GiB less a page in one), and goes on
+    from there."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done:], offset + done)
+        if n == 0:
+            raise OSError(errno.EIO, f"a write at byte {offset + done} of fd {fd} moved nothing")
+        done += n
+
+
+def _pread_all(fd, size, offset):
+    """``size`` bytes read at ``offset``, by as many reads as it takes (one
+    moves at most 2 GiB less a page); a file that ends first raises."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    done = 0
+    while done < size:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise EOFError(f"fd {fd} ends at byte {offset + done}, before the {size} bytes asked for")
+        done += n
+    return buf
 
 
 def random_values(n, rng=None, lo=-1.0, hi=1.0):
@@ -82,10 +124,10 @@ class HostTensor:
     def write(self, values):
         if len(values) != self.numel:
             raise ValueError(f"{len(values)} values for a tensor of {self.numel}")
-        os.pwrite(self.fd, pack(self.dtype, values), 0)
+        _pwrite_all(self.fd, pack(self.dtype, values), 0)
 
     def read(self):
-        return unpack(self.dtype, os.pread(self.fd, self.nbytes, 0))
+        return unpack(self.dtype, _pread_all(self.fd, self.nbytes, 0))
 
     def import_into(self, client, device=0):
         self.buffer = client.import_memfd(device, self.fd, self.nbytes)

@@ -69,6 +69,9 @@ _EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3, "dgelu": 4, "gelu
 _COMPUTE = {"f32": 0, "tf32": 1}
 _ALIGNMENTS = {"top_left": 0, "bottom_right": 1}
 
+# A lane's ring: records between writing one and reading its completion.
+ENTRIES = 256
+
 SPIN_MAX_S = 1e-3
 # With fewer than four CPUs a spinning client takes the one the worker needs.
 SPIN_MAX_FEW_CPUS_S = 10e-6
@@ -104,7 +107,7 @@ def _spin_max():
 class Ring:
     """One lane's ring, set up on an open worker Connection."""
 
-    def __init__(self, conn, entries=256, ids=256):
+    def __init__(self, conn, entries=ENTRIES, ids=256):
         self.conn = conn
         self.entries = entries
         self.mask = entries - 1

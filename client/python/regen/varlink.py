@@ -9,6 +9,7 @@ import array
 import json
 import select
 import socket
+import time
 
 from . import errors
 
@@ -83,7 +84,10 @@ class Connection:
             "socket": self.path})
 
     def send(self, method, parameters=None, fds=(), more=False, oneway=False):
-        """Send one call without waiting for its reply."""
+        """Send one call without waiting for its reply.  A send the socket's
+        timeout ends closes the connection and raises ConnectionReset: a
+        part of the message may have gone, which the peer would read as the
+        start of the next call sent on it."""
         if self._sock is None:
             raise self._broken("sending (already closed)")
         msg = {"method": method}
@@ -93,19 +97,43 @@ class Connection:
             msg["more"] = True
         if oneway:
             msg["oneway"] = True
-        data = json.dumps(msg, separators=(",", ":"), allow_nan=False).encode() + b"\0"
+        data = memoryview(json.dumps(msg, separators=(",", ":"), allow_nan=False).encode() + b"\0")
+        sock = self._sock
+        timeout = sock.gettimeout()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sent = 0
+        # Not sendall: after its timeout nothing tells how much of the
+        # message went.
         try:
-            if fds:
-                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-                sent = self._sock.sendmsg([data], anc)
-                if sent < len(data):
-                    self._sock.sendall(data[sent:])
-            else:
-                self._sock.sendall(data)
-        except socket.timeout:
-            raise
+            while sent < len(data):
+                if fds and sent == 0:
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+                    sent += sock.sendmsg([data], anc)
+                else:
+                    sent += sock.send(data[sent:])
+                if deadline is not None and sent < len(data):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise socket.timeout("timed out")
+                    sock.settimeout(left)
+        except socket.timeout as e:
+            self.close()
+            raise errors.ConnectionReset(parameters={
+                "message": f"sending {method} to {self.path} timed out with {sent} of {len(data)} bytes sent "
+                           "(the peer is not reading); connection closed: this call did not run, calls sent "
+                           "before it may or may not have",
+                "socket": self.path}) from e
         except OSError as e:
             raise self._broken(f"sending {method}", e) from e
+        except BaseException:
+            # A signal handler's exception (KeyboardInterrupt) between two
+            # parts: what went would begin the next call's message.
+            if sent:
+                self.close()
+            raise
+        finally:
+            if self._sock is not None:
+                sock.settimeout(timeout)
 
     def receive(self):
         """The next reply: (parameters, continues).  Raises the mapped

@@ -827,6 +827,172 @@ class Jobs(DaemonTest):
             c.close()
 
 
+class _TensorLike:
+    """Stands in for a torch tensor, its memory a HostTensor's memfd:
+    auto_reimport retries only calls that name torch tensors, and the host
+    backend maps memfds where the CUDA one maps IPC handles."""
+
+    _next_ptr = 0
+
+    def __init__(self, host, device):
+        self.host = host
+        self.shape = tuple(host.shape)
+        self.dtype = "torch.float32"
+        self.device = type("Device", (), {"index": device})()
+        _TensorLike._next_ptr += 1 << 20
+        self.ptr = _TensorLike._next_ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+    def storage_offset(self):
+        return 0
+
+    def element_size(self):
+        return 4
+
+    def dim(self):
+        return len(self.shape)
+
+    def stride(self, dim=None):
+        strides = (self.shape[1], 1)
+        return strides if dim is None else strides[dim]
+
+
+class _MemfdTensorClient(regen.Client):
+    """Imports a _TensorLike's memfd where import_tensor shares a CUDA
+    tensor's storage."""
+
+    def import_tensor(self, tensor, device=None):
+        buf = self.import_memfd(tensor.device.index, tensor.host.fd, tensor.host.nbytes)
+        self._tensor_buffers[(tensor.device.index, tensor.data_ptr())] = buf
+        return buf
+
+
+class AutoReimport(unittest.TestCase):
+    """auto_reimport on each transport ("varlink lane": the ring not used
+    where the transport allows it, as on a machine without one), its
+    tensors' generation ended by another client's release, which this
+    client does not see until a call tells it."""
+
+    device = 1
+
+    def setUp(self):
+        from regen import client as client_mod
+        self.mod = client_mod
+        self.saved = (client_mod._sync_torch, client_mod._is_torch_tensor, regen.ring.supported)
+        is_tensor = client_mod._is_torch_tensor
+        client_mod._sync_torch = lambda tensors: None
+        client_mod._is_torch_tensor = lambda x: isinstance(x, _TensorLike) or is_tensor(x)
+        self.rng = random.Random(self.id())
+        self.hosts = []
+        self.other = regen.Client(daemon.socket, timeout=60)
+
+    def tearDown(self):
+        self.mod._sync_torch, self.mod._is_torch_tensor, regen.ring.supported = self.saved
+        self.other.close()
+        for t in self.hosts:
+            t.close()
+
+    def client(self, transport):
+        regen.ring.supported = self.saved[2]
+        if transport == "varlink lane":
+            regen.ring.supported = lambda: False
+            transport = "auto"
+        c = _MemfdTensorClient(daemon.socket, timeout=60, auto_reimport=True, transport=transport)
+        self.addCleanup(c.close)
+        return c
+
+    def square(self, n):
+        """x, y (random) and z, each [n, n] f32."""
+        out = []
+        for fill in (True, True, False):
+            h = HostTensor.random([n, n], "f32", self.rng) if fill else HostTensor([n, n], "f32")
+            self.hosts.append(h)
+            out.append(_TensorLike(h, self.device))
+        return out
+
+    def assertProduct(self, x, y, z):
+        n = x.shape[0]
+        ref = reference.gemm(x.host.read(), y.host.read(), n, n, n)
+        self.assertLessEqual(reference.rel_error(z.host.read(), ref), TOL["f32"])
+
+    def test_a_queued_calls_stale_generation_stays_its_own(self):
+        """A call queued with wait=False goes stale; the blocking call after
+        it reads its answer.  The blocking call is retried for its own
+        StaleGeneration only: the queued call's reaches the caller, at the
+        blocking call or at the wait() after it (it had been taken for the
+        blocking call's and retried away: the caller saw a success)."""
+        for transport in ("ring", "varlink", "varlink lane"):
+            with self.subTest(transport=transport):
+                c = self.client(transport)
+                x, y, z = self.square(4)
+                c.gemm(x, y, z)
+                self.other.release(self.device, reason="test_daemon auto_reimport")
+                c.gemm(x, y, z, wait=False)
+                outcomes = [outcome_of(c.gemm, x, y, z), outcome_of(c.wait, self.device)]
+                self.assertEqual(sum(isinstance(o, regen.StaleGeneration) for o in outcomes), 1, outcomes)
+                self.assertIsInstance(c.gemm(x, y, z), int)
+                self.assertProduct(x, y, z)
+                self.assertEqual(c.lane_transport(self.device), "ring" if transport == "ring" else "varlink")
+
+    def test_a_stale_bind_is_retried_as_the_call_was_made(self):
+        """On the ring, a call naming ids new to the lane binds them first;
+        in a later generation the Bind is refused with StaleGeneration.
+        auto_reimport imports the tensors again and retries (it had retried
+        with the same ids: the Bind's news had not been noted), and a call
+        made with wait=False is retried queued, its ticket returned (the
+        retry had waited for its answer)."""
+        c = self.client("ring")
+        for wait in (True, False):
+            with self.subTest(wait=wait):
+                x, y, z = self.square(4)
+                for t in (x, y, z):
+                    c.import_tensor(t)
+                self.other.release(self.device, reason="test_daemon auto_reimport")
+                got = c.gemm(x, y, z, wait=wait)
+                lane = c._lanes[self.device]
+                if not wait:
+                    self.assertEqual((got, lane.completed), (lane.submitted, lane.submitted - 1),
+                                     "the retry waited for its answer")
+                    c.wait(self.device, got)
+                self.assertProduct(x, y, z)
+                self.assertEqual(c.lane_transport(self.device), "ring")
+
+
+class QueuedCalls(unittest.TestCase):
+    def test_queueing_past_the_lanes_depth_waits_for_the_oldest(self):
+        """A GEMM that takes a while, then 1100 small calls queued behind it
+        with wait=False: past 256 calls unanswered, a call waits for the
+        oldest's answer before it is queued, on Varlink as on the ring (whose
+        256 entries bound it).  On Varlink every call had gone out: past the
+        1024 unanswered calls regend holds for a connection, the rest were
+        refused with LimitExceeded."""
+        for transport in ("varlink", "ring"):
+            if transport == "ring" and not regen.ring.supported():
+                continue
+            with self.subTest(transport=transport):
+                c = regen.Client(daemon.socket, timeout=60, transport=transport)
+                hosts = [HostTensor([1024, 1024]) for _ in range(3)] + [HostTensor([2, 2]) for _ in range(3)]
+                try:
+                    for t in hosts:
+                        t.import_into(c, 0)
+                    big, small = [t.op for t in hosts[:3]], [t.op for t in hosts[3:]]
+                    c.gemm(*big, wait=False)
+                    depth = 0
+                    for _ in range(1100):
+                        c.gemm(*small, wait=False)
+                        lane = c._lanes[0]
+                        depth = max(depth, lane.submitted - lane.completed)
+                    c.wait(0)
+                    self.assertLessEqual(depth, 256)
+                    self.assertEqual(c.lane_transport(0), transport)
+                finally:
+                    c.close()
+                    for t in hosts:
+                        t.close()
+
+
 class Lifecycle(DaemonTest):
     def test_watch_sees_restart(self):
         dev = 1

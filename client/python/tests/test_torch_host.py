@@ -761,6 +761,80 @@ class ProcessPool(unittest.TestCase):
             self.assertIn("NotSupported", r.stderr)
 
 
+class ClientTensors(unittest.TestCase):
+    """regen.Client takes torch tensors for operands on the torch it runs
+    with: 1.13 (Debian's) has no untyped_storage(), which the client had
+    asked a tensor for before it took it for one."""
+
+    def test_tensors_are_taken_for_tensors(self):
+        from regen.client import _is_torch_tensor
+
+        class Mine(torch.Tensor):
+            pass
+
+        x = torch.zeros(4, 4)
+        for t in (x, torch.nn.Parameter(torch.zeros(2)), x.as_subclass(Mine)):
+            self.assertTrue(_is_torch_tensor(t), type(t))
+        for other in ([0.0], regen.Operand("b0.1.1", 0, "f32", [1]), object()):
+            self.assertFalse(_is_torch_tensor(other), type(other))
+        c = regen.Client(daemon.socket, timeout=30)
+        try:
+            # Taken for a tensor, and refused as a CPU one (it had been
+            # refused as not a tensor at all).
+            with self.assertRaisesRegex(TypeError, "needs a CUDA tensor"):
+                c.gemm(x, x, x)
+            self.assertFalse(c.close_tensor(x, device=0))
+        finally:
+            c.close()
+        from regen.client import _untyped_storage
+        self.assertEqual(_untyped_storage(x[1:]).data_ptr(), x.data_ptr())
+
+
+class BlockImports(unittest.TestCase):
+    """A CUDA block's import (tensors outside the pool), with the worker
+    connection replaced: what becomes of the pin when the import fails."""
+
+    class Storage:
+        def data_ptr(self):
+            return 0x10000
+
+        def _share_cuda_(self):
+            # device, versioned handle, size, offset in the block, ref counter, its offset, event, sync
+            return (0, b"\x02c" + bytes(64), 4096, 0, b"/torch_rc", 7, b"", False)
+
+    def setUp(self):
+        from regen import client as client_mod
+        self.mod = client_mod
+        self.saved = client_mod._release_ipc_counter
+        self.released = []
+        client_mod._release_ipc_counter = lambda h, o: self.released.append((h, o))
+        self.c = regen.Client("/nonexistent.sock")
+        self.c._note_generation(0, 1)
+
+    def tearDown(self):
+        self.mod._release_ipc_counter = self.saved
+
+    def import_block(self, exc):
+        def call(device, method, params, fds=()):
+            raise exc
+        self.c._worker_call = call
+        from regen.torch._runtime import Runtime
+        with self.assertRaises(type(exc)):
+            Runtime._import_block(type("Rt", (), {"client": self.c})(), self.Storage(), 0, 0x10000, 4096)
+
+    def test_a_refused_import_lets_the_pin_go(self):
+        self.import_block(regen.errors.error_from_reply("io.regen.ImportFailed", {"kind": "cuda_ipc"}))
+        self.assertEqual(self.released, [(b"/torch_rc", 7)])
+
+    def test_an_import_whose_answer_was_lost_holds_the_pin_until_the_generation_changes(self):
+        """The worker may map the block: torch must not reuse it (the pin
+        had gone at once)."""
+        self.import_block(regen.ConnectionReset(parameters={"message": "the worker went"}))
+        self.assertEqual(self.released, [])
+        self.c._note_generation(0, 2)
+        self.assertEqual(self.released, [(b"/torch_rc", 7)])
+
+
 class Fork(unittest.TestCase):
     def test_a_forked_child_runs_its_own_calls_and_the_parent_goes_on(self):
         """A forked child (a DataLoader worker) that calls regend gets

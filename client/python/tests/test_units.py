@@ -1,17 +1,23 @@
 """Client pieces that need no daemon: error classes against the IDL, handle
 normalisation, host dtype conversions, operand wire form, the references."""
 
+import errno
+import math
 import mmap
 import os
 import re
+import resource
+import signal
+import socket
 import sys
+import tempfile
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import regen  # noqa: E402
-from regen import errors, host, reference, ring  # noqa: E402
+from regen import errors, host, reference, ring, varlink  # noqa: E402
 
 IDL_DIR = os.path.join(HERE, "..", "..", "..", "proto", "idl")
 
@@ -163,12 +169,102 @@ class HostTypes(unittest.TestCase):
         self.assertEqual(host.unpack("bf16", host.pack("bf16", [1 + 3 * 2 ** -8])), [1 + 2 ** -6])
         self.assertEqual(host.unpack("f16", host.pack("f16", [1 + 2 ** -11])), [1.0])
 
+    def test_f16_overflow_is_an_infinity(self):
+        """A value past f16's largest (65504; from 65520 on it rounds past
+        it) packs as an infinity of its sign, as IEEE rounding and torch's
+        .half() make it (struct raised OverflowError); bf16 and f32 did
+        already."""
+        inf = float("inf")
+        got = host.unpack("f16", host.pack("f16", [1e6, -1e6, 65519.0, 65520.0, -65520.0, 1e300, inf, 2.5]))
+        self.assertEqual(got, [inf, -inf, 65504.0, inf, -inf, inf, inf, 2.5])
+        self.assertTrue(math.isnan(host.unpack("f16", host.pack("f16", [1e6, float("nan")]))[1]))
+        for dt in ("bf16", "f32"):
+            self.assertEqual(host.unpack(dt, host.pack(dt, [1e300, -1e300])), [inf, -inf], dt)
+
     def test_tensor_memfd(self):
         t = host.HostTensor([3, 5], "bf16")
         self.assertEqual(t.nbytes, 30)
         t.write([float(i) for i in range(15)])
         self.assertEqual(t.read(), [float(i) for i in range(15)])
         t.close()
+
+    def test_short_reads_and_writes_go_on(self):
+        """One read or write moves at most 2 GiB less a page on Linux: a
+        tensor larger than that is read and written by as many as it takes
+        (one had been taken for the whole: past 2 GiB, write() left the rest
+        as it was and read() returned fewer values).  The kernel's limit
+        is brought down to 4 KiB here."""
+        t = host.HostTensor([5000], "f32")
+        self.addCleanup(t.close)
+        values = [float(i) for i in range(5000)]
+        real_pwrite, real_preadv, real_pread = os.pwrite, os.preadv, os.pread
+        os.pwrite = lambda fd, data, offset: real_pwrite(fd, memoryview(data)[:4096], offset)
+        os.preadv = lambda fd, buffers, offset: real_preadv(fd, [memoryview(buffers[0])[:4096]], offset)
+        os.pread = lambda fd, n, offset: real_pread(fd, min(n, 4096), offset)
+        try:
+            t.write(values)
+            got = t.read()
+        finally:
+            os.pwrite, os.preadv, os.pread = real_pwrite, real_preadv, real_pread
+        self.assertEqual(got, values)
+
+    def test_a_write_cut_short_for_good_raises(self):
+        """A write the kernel cuts short, here at RLIMIT_FSIZE, and the rest
+        refused: the error comes out (the short write had been taken for
+        the whole, the tensor's tail left as it was)."""
+        t = host.HostTensor([4096], "f32")
+        self.addCleanup(t.close)
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit[1] != resource.RLIM_INFINITY and limit[1] < 8192:
+            self.skipTest(f"RLIMIT_FSIZE's hard limit is {limit[1]}")
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        try:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (8192, limit[1]))
+            with self.assertRaises(OSError) as cm:
+                t.write([1.0] * 4096)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+            signal.signal(signal.SIGXFSZ, handler)
+        self.assertEqual(cm.exception.errno, errno.EFBIG)
+
+    def test_a_read_cut_short_raises(self):
+        """A memfd that ends before the tensor does (cut down after it was
+        made): read() says so (it had returned fewer values)."""
+        t = host.HostTensor([1000], "f32")
+        self.addCleanup(t.close)
+        os.ftruncate(t.fd, 2000)
+        with self.assertRaisesRegex(EOFError, "ends at byte 2000, before the 4000 bytes"):
+            t.read()
+
+
+class VarlinkSends(unittest.TestCase):
+    def test_a_send_the_timeout_cuts_short_closes_the_connection(self):
+        """A peer that does not read, and a call larger than the socket
+        holds: the timeout passes with part of it sent.  The connection is
+        closed and ConnectionReset says how much went (the bare timeout came
+        out with the connection left open, and the next call sent on it
+        would have been read as the rest of this one)."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "peer.sock")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+                srv.bind(path)
+                srv.listen(1)
+                conn = varlink.Connection(path, timeout=0.2)
+                peer, _ = srv.accept()
+                with peer:
+                    with self.assertRaises(regen.ConnectionReset) as cm:
+                        conn.send("io.regen.Test.Big", {"text": "x" * (900 << 10)})
+                    self.assertTrue(conn.closed)
+                    self.assertRegex(str(cm.exception), r"timed out with [1-9][0-9]* of [0-9]+ bytes sent")
+                    peer.settimeout(10)
+                    got = bytearray()
+                    while True:
+                        chunk = peer.recv(1 << 16)
+                        if not chunk:
+                            break
+                        got += chunk
+                    self.assertGreater(len(got), 0)
+                    self.assertNotIn(b"\0", got, "a message ended after the cut")
 
 
 class Operands(unittest.TestCase):
@@ -304,18 +400,16 @@ class _FakeTensor:
         return self._storage.data_ptr() + self._offset * self._elem
 
 
-_FakeTensor.__module__ = "torch.fake"
-
-
 class TensorMapping(unittest.TestCase):
     """import_tensor and tensor operands, with the sockets replaced by a log."""
 
     def setUp(self):
         from regen import client as client_mod
         self.mod = client_mod
-        self.saved = (client_mod._sync_torch, client_mod._release_ipc_counter)
+        self.saved = (client_mod._sync_torch, client_mod._release_ipc_counter, client_mod._is_torch_tensor)
         self.released = []
         client_mod._sync_torch = lambda tensors: None
+        client_mod._is_torch_tensor = lambda x: isinstance(x, _FakeTensor)
         client_mod._release_ipc_counter = lambda h, o: self.released.append((h, o))
         # What goes on the wire as Varlink calls (the ring's records are
         # test_ring.py's).
@@ -337,7 +431,7 @@ class TensorMapping(unittest.TestCase):
         self.c._worker_call = worker_call
 
     def tearDown(self):
-        self.mod._sync_torch, self.mod._release_ipc_counter = self.saved
+        self.mod._sync_torch, self.mod._release_ipc_counter, self.mod._is_torch_tensor = self.saved
 
     def test_import_tensor_once_per_storage(self):
         st = _FakeStorage(0x1000, 4096)
@@ -380,6 +474,35 @@ class TensorMapping(unittest.TestCase):
         self.c.close_buffer(again)
         self.assertEqual(self.released, [(b"/torch_rc", 1), (b"/torch_rc", 2)])
         self.assertIsNone(again.keepalive)
+
+    def test_a_failed_import_lets_its_counter_go_only_when_nothing_was_mapped(self):
+        """Refused (ImportFailed), the import mapped nothing: torch's IPC
+        counter goes at once, or the storage would wait in torch's limbo
+        for ever.  Its answer lost (ConnectionReset), the worker may map the
+        memory: the counter is held until the device's generation changes
+        (it had gone at once, so torch could reuse memory the worker maps)."""
+        x = _FakeTensor(_FakeStorage(0x1000, 4096), [16, 16], [16, 1])
+        inner = self.c._worker_call
+
+        def failing(exc):
+            def call(device, method, params, fds=()):
+                if method == "io.regen.Memory.ImportBuffer":
+                    raise exc
+                return inner(device, method, params, fds)
+            return call
+
+        self.c._note_generation(0, 1)
+        self.c._worker_call = failing(errors.error_from_reply("io.regen.ImportFailed", {"kind": "cuda_ipc"}))
+        with self.assertRaises(regen.ImportFailed):
+            self.c.import_tensor(x)
+        self.assertEqual(self.released, [(b"/torch_rc", 1)])
+        self.c._worker_call = failing(regen.ConnectionReset(parameters={"message": "the worker went"}))
+        with self.assertRaises(regen.ConnectionReset):
+            self.c.import_tensor(x)
+        self.c._note_generation(0, 1)
+        self.assertEqual(self.released, [(b"/torch_rc", 1)], "let go while the worker may map the memory")
+        self.c._note_generation(0, 2)
+        self.assertEqual(self.released, [(b"/torch_rc", 1), (b"/torch_rc", 2)])
 
     def test_unsupported_dtype(self):
         x = _FakeTensor(_FakeStorage(0x1000, 64), [4, 4], [4, 1], dtype="torch.float64", elem=8)

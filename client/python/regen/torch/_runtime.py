@@ -44,7 +44,7 @@ import weakref
 import torch
 
 from .. import errors
-from ..client import Client, Operand
+from ..client import Client, Operand, _untyped_storage as _storage
 from ..ops import OPS
 from ..pool import Pool
 from ..ring import DTYPES as RING_DTYPES, scalars_record
@@ -400,8 +400,8 @@ class Runtime:
             except ValueError as e:
                 # An expandable segment: CUDA IPC cannot share it; regen.torch.pool() can.
                 raise NotSupported(parameters={"message": f"{e}; or allocate it under regen.torch.pool()"}) from e
-        except BaseException:
-            _release_counter(counter)
+        except BaseException as e:
+            self.client._counter_after_failed_import(device, counter, e)
             raise
         self._note_generation(device, buf.generation)
         blk = _Block(buf, base, size, device)
@@ -933,12 +933,6 @@ def _strides(t):
             strides[i] = step
         step *= max(shape[i], 1)
     return strides
-
-
-def _storage(t):
-    if hasattr(t, "untyped_storage"):
-        return t.untyped_storage()
-    return t.storage().untyped()
 
 
 def _release_counter(counter):
