@@ -83,7 +83,7 @@ static void print_launch_profile(void)
 		return;
 	printf("\n");
 	while (fgets(line, sizeof(line), f) != NULL)
-		if (strstr(line, "launch phases") != NULL || strstr(line, "completions over") != NULL)
+		if (strstr(line, "launch phases") != NULL || strstr(line, "completions of") != NULL)
 			fputs(line, stdout);
 	fclose(f);
 }

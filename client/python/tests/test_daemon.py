@@ -845,6 +845,9 @@ class _TensorLike:
     def data_ptr(self):
         return self.ptr
 
+    def get_device(self):
+        return self.device.index
+
     def storage_offset(self):
         return 0
 

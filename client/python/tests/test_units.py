@@ -381,6 +381,9 @@ class _FakeTensor:
     def untyped_storage(self):
         return self._storage
 
+    def get_device(self):
+        return self.device.index
+
     def stride(self, dim=None):
         return self._strides if dim is None else self._strides[dim]
 

@@ -184,6 +184,10 @@ struct cuda_lane {
 		uint64_t calls, slow, last_ns;
 		uint64_t ns[CUDA_LAUNCH_PHASES];   /* sums over the calls counted */
 		uint64_t cur[CUDA_LAUNCH_PHASES];  /* the launch under way */
+		/* The completer's side, summed by it over the calls it waited
+		 * for: from the launch's end to its wait's start (the hand-off),
+		 * the wait itself, and the event queries the wait made. */
+		uint64_t completions, handoff_ns, wait_ns, queries;
 	} profile;
 };
 

@@ -202,7 +202,7 @@ static void lane_arm_wake(struct cuda_lane *l, cudaEvent_t done)
  * it (exact, unlike a polling period), and at least every LANE_POLL_MS
  * looks again, since after a fault no host function runs. Gives up early
  * when another lane marked the device lost (cudaErrorNotReady then). */
-static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
+static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done, uint64_t *queries)
 {
 	struct cuda_dev *cd = l->cd;
 	uint64_t spin_until = rd_now_ns() + lane_spin_ns();
@@ -213,6 +213,7 @@ static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done)
 		uint64_t seq = cd->done_seq;
 		pthread_mutex_unlock(&cd->done_lock);
 		cudaError_t e = cudaEventQuery(done);
+		(*queries)++;
 		if (e != cudaErrorNotReady)
 			return e;
 		if (atomic_load(&cd->lost))
@@ -249,6 +250,7 @@ struct lane_pending {
 	uint64_t t0, resets;
 	int r;
 	bool enqueued;
+	bool alone;                /* the only call in flight when the completer took it */
 };
 
 bool cuda_launch_profiling(void)
@@ -274,6 +276,12 @@ static void lane_profile_print(const struct cuda_lane *l)
 	fprintf(stderr,
 		"regend: cuda lane %u launch phases over %llu calls (%llu over 1 ms left out: plans built), mean µs:%s\n",
 		l->base.index, (unsigned long long)pr->calls, (unsigned long long)pr->slow, line);
+	if (pr->completions)
+		fprintf(stderr,
+			"regend: cuda lane %u completions of %llu calls alone in flight (under 1 ms), mean: launched -> completer waits "
+			"%.2f µs, its wait %.2f µs, %.1f event queries\n",
+			l->base.index, (unsigned long long)pr->completions, (double)pr->handoff_ns / 1e3 / (double)pr->completions,
+			(double)pr->wait_ns / 1e3 / (double)pr->completions, (double)pr->queries / (double)pr->completions);
 }
 
 /* Enqueues op's work on the lane's stream and records its completion
@@ -366,8 +374,19 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 	struct rd_op *op = p->op;
 
 	if (p->done) {
-		cudaError_t e = lane_wait(l, p->done);
+		uint64_t queries = 0, wait_start = rd_now_ns();
+		cudaError_t e = lane_wait(l, p->done, &queries);
 		op->finished_ns = rd_now_ns();
+		/* A call behind others waits for them first: only a lone call's
+		 * hand-off is the completer's own. */
+		if (cuda_launch_profiling() && p->alone && op->launched_ns &&
+		    op->finished_ns - op->launched_ns < 1000000) {
+			struct cuda_launch_profile *pr = &l->profile;
+			pr->completions++;
+			pr->handoff_ns += wait_start > op->launched_ns ? wait_start - op->launched_ns : 0;
+			pr->wait_ns += op->finished_ns - wait_start;
+			pr->queries += queries;
+		}
 		if (e == cudaErrorNotReady) {
 			/* Another lane found the context lost while this call was
 			 * in flight behind a kernel that may never finish. */
@@ -407,7 +426,14 @@ struct cuda_lane_impl {
 	pthread_t thread;      /* the launcher */
 	pthread_t completer;
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
+	/* One condition each, and a flag saying its thread sleeps there: a
+	 * launch then wakes only the thread that waits for it, and only when
+	 * it sleeps. With one condition broadcast at every launch, each small
+	 * call paid a futex wake of the idle launcher while holding the lock
+	 * the completer needed to start its wait. */
+	pthread_cond_t launcher_cond;   /* work queued, room in flight, the inline launch over, or stopping */
+	pthread_cond_t completer_cond;  /* a call launched, or the launcher done */
+	bool launcher_asleep, completer_asleep;
 	bool stopping;
 	struct lane_queue q;
 	struct lane_pending pending[RD_CUDA_LANE_DEPTH];
@@ -447,6 +473,41 @@ static struct rd_op *queue_pop(struct lane_queue *q)
 	return op;
 }
 
+/* With li->lock held. */
+static void wake_launcher(struct cuda_lane_impl *li)
+{
+	if (li->launcher_asleep)
+		pthread_cond_signal(&li->launcher_cond);
+}
+
+static void wake_completer(struct cuda_lane_impl *li)
+{
+	if (li->completer_asleep)
+		pthread_cond_signal(&li->completer_cond);
+}
+
+static void launcher_sleep(struct cuda_lane_impl *li)
+{
+	li->launcher_asleep = true;
+	pthread_cond_wait(&li->launcher_cond, &li->lock);
+	li->launcher_asleep = false;
+}
+
+static void completer_sleep(struct cuda_lane_impl *li)
+{
+	li->completer_asleep = true;
+	pthread_cond_wait(&li->completer_cond, &li->lock);
+	li->completer_asleep = false;
+}
+
+/* Both threads go: each wakes whether it said it sleeps or not. */
+static void wake_both_to_stop(struct cuda_lane_impl *li)
+{
+	li->stopping = true;
+	pthread_cond_broadcast(&li->launcher_cond);
+	pthread_cond_broadcast(&li->completer_cond);
+}
+
 /* Waits, with li->lock held, until ready(li) or stopping. A call arriving
  * while the lane is busy should not pay a futex wake-up (tens of
  * microseconds, more than a small GEMM): spin unlocked for a short while
@@ -462,7 +523,7 @@ static void lane_idle_wait(struct cuda_lane_impl *li, bool (*ready)(struct cuda_
 		__builtin_ia32_pause();
 	pthread_mutex_lock(&li->lock);
 	while (!ready(li) && !li->stopping)
-		pthread_cond_wait(&li->cond, &li->lock);
+		launcher_sleep(li);
 }
 
 /* The completer's wait: it must not return on `stopping` alone (the
@@ -475,7 +536,7 @@ static void lane_idle_wait_completer(struct cuda_lane_impl *li)
 		__builtin_ia32_pause();
 	pthread_mutex_lock(&li->lock);
 	while (!li->npending && !li->launcher_done)
-		pthread_cond_wait(&li->cond, &li->lock);
+		completer_sleep(li);
 }
 
 static bool launcher_ready(struct cuda_lane_impl *li)
@@ -502,12 +563,12 @@ static void *lane_main(void *arg)
 		if (!li->q.count && li->stopping)
 			break;
 		if (li->npending == RD_CUDA_LANE_DEPTH) {
-			pthread_cond_wait(&li->cond, &li->lock);
+			launcher_sleep(li);
 			continue;
 		}
 		if (li->launching) {
 			/* The submitting thread launches one inline: after it. */
-			pthread_cond_wait(&li->cond, &li->lock);
+			launcher_sleep(li);
 			continue;
 		}
 		struct rd_op *op = queue_pop(&li->q);
@@ -520,10 +581,10 @@ static void *lane_main(void *arg)
 		li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
 		li->npending++;
 		__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
-		pthread_cond_broadcast(&li->cond);
+		wake_completer(li);
 	}
 	li->launcher_done = true;
-	pthread_cond_broadcast(&li->cond);
+	pthread_cond_broadcast(&li->completer_cond);
 	pthread_mutex_unlock(&li->lock);
 	return NULL;
 }
@@ -548,12 +609,15 @@ static void *lane_completer_main(void *arg)
 		if (!li->npending)
 			break;
 		struct lane_pending p = li->pending[li->pending_head];
+		p.alone = li->npending == 1;
 		pthread_mutex_unlock(&li->lock);
 		lane_complete(l, &p);
 		pthread_mutex_lock(&li->lock);
 		li->pending_head = (li->pending_head + 1) % RD_CUDA_LANE_DEPTH;
 		li->npending--;
-		pthread_cond_broadcast(&li->cond);
+		/* Room in flight: only a launcher with calls queued waits for it. */
+		if (li->q.count)
+			wake_launcher(li);
 	}
 	pthread_mutex_unlock(&li->lock);
 	return NULL;
@@ -579,7 +643,8 @@ struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct r
 	l->base.index = index;
 	l->cd = cd;
 	pthread_mutex_init(&li->lock, NULL);
-	pthread_cond_init(&li->cond, NULL);
+	pthread_cond_init(&li->launcher_cond, NULL);
+	pthread_cond_init(&li->completer_cond, NULL);
 	rd_resource_register(&dev->registry, &l->base.res, &lane_ops);
 	if (rd_resource_ensure_valid(&l->base.res)) {
 		cuda_status_to_error(err, "creating the lane's stream");
@@ -594,8 +659,7 @@ struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct r
 	r = pthread_create(&li->completer, NULL, lane_completer_main, li);
 	if (r) {
 		pthread_mutex_lock(&li->lock);
-		li->stopping = true;
-		pthread_cond_broadcast(&li->cond);
+		wake_both_to_stop(li);
 		pthread_mutex_unlock(&li->lock);
 		pthread_join(li->thread, NULL);
 		rp_error_set(err, RP_ERR_BACKEND, "pthread_create: %s", strerror(r));
@@ -604,7 +668,8 @@ struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct r
 	return &l->base;
 fail:
 	rd_resource_unregister(&l->base.res);
-	pthread_cond_destroy(&li->cond);
+	pthread_cond_destroy(&li->launcher_cond);
+	pthread_cond_destroy(&li->completer_cond);
 	pthread_mutex_destroy(&li->lock);
 	free(li);
 	return NULL;
@@ -617,14 +682,14 @@ void cuda_lane_destroy(struct rd_lane *lane)
 	struct cuda_lane_impl *li = (struct cuda_lane_impl *)lane;
 	struct cuda_lane *l = &li->lane;
 	pthread_mutex_lock(&li->lock);
-	li->stopping = true;
-	pthread_cond_broadcast(&li->cond);
+	wake_both_to_stop(li);
 	pthread_mutex_unlock(&li->lock);
 	pthread_join(li->thread, NULL);
 	pthread_join(li->completer, NULL);
 	lane_profile_print(l);
 	rd_resource_unregister(&l->base.res);
-	pthread_cond_destroy(&li->cond);
+	pthread_cond_destroy(&li->launcher_cond);
+	pthread_cond_destroy(&li->completer_cond);
 	pthread_mutex_destroy(&li->lock);
 	free(li->q.ops);
 	free(li);
@@ -673,7 +738,10 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
 	li->npending++;
 	__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
-	pthread_cond_broadcast(&li->cond);
+	wake_completer(li);
+	/* A call queued meanwhile waits for this launch to end. */
+	if (li->q.count)
+		wake_launcher(li);
 	pthread_mutex_unlock(&li->lock);
 	return true;
 }
@@ -691,7 +759,7 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	int r = li->stopping ? -ESHUTDOWN : queue_push(&li->q, op);
 	if (r == 0) {
 		__atomic_store_n(&li->wake_seq, 1, __ATOMIC_RELEASE);
-		pthread_cond_broadcast(&li->cond);
+		wake_launcher(li);
 	}
 	pthread_mutex_unlock(&li->lock);
 	if (r) {
