@@ -56,6 +56,16 @@ static void conn_update_events(struct rd_conn *conn);
 static void conn_process(struct rd_conn *conn);
 static void conn_write(struct rd_conn *conn);
 
+/* Whether the peer closed its socket, not only its writing side: a
+ * half-closed peer (shutdown(SHUT_WR)) still reads the replies it is owed,
+ * and only a hangup is seen without a write. */
+static bool peer_hung_up(const struct rd_conn *conn)
+{
+	struct pollfd p = { .fd = conn->fd, .events = 0 };
+
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
 static void conn_free(struct rd_conn *conn)
 {
 	rp_rx_finish(&conn->rx);
@@ -159,6 +169,10 @@ static void conn_write(struct rd_conn *conn)
 	/* Only a write the socket refused makes us wait for it to drain. */
 	conn->write_blocked = r == -EAGAIN;
 	conn_update_events(conn);
+	/* After the peer's end of stream the last write may be what the close
+	 * waited for; conn_process knows whether calls are left to read. */
+	if (conn->eof && rp_tx_empty(&conn->tx))
+		conn_process(conn);
 }
 
 static void conn_flush_calls(struct rd_conn *conn)
@@ -386,11 +400,14 @@ static void conn_process(struct rd_conn *conn)
 		return;
 	conn->processing = true;
 	conn->refs++;
+	bool drained = false;
 	while (!conn->closed && may_read(conn)) {
 		struct rp_msg raw = { 0 };
 		int r = rp_rx_next(&conn->rx, &raw);
-		if (r == RP_RX_NONE)
+		if (r == RP_RX_NONE) {
+			drained = true;
 			break;
+		}
 		if (r < 0) {
 			rd_conn_close(conn);
 			break;
@@ -411,6 +428,11 @@ static void conn_process(struct rd_conn *conn)
 	if (!conn->closed)
 		conn_update_events(conn);
 	conn->processing = false;
+	/* The peer sent its last call and every call it sent is answered and
+	 * written: nothing is owed any more. A message it left unended never
+	 * will be. */
+	if (conn->eof && drained && !conn->closed && !conn->calls && rp_tx_empty(&conn->tx))
+		rd_conn_close(conn);
 	conn_unref(conn);
 }
 
@@ -436,6 +458,15 @@ static void on_poll(uv_poll_t *handle, int status, int events)
 			ssize_t n = rp_rx_read(&conn->rx, conn->fd);
 			if (n == -EAGAIN || n == -EINTR)
 				break;
+			if (n == 0 && !peer_hung_up(conn)) {
+				/* A half-close: the peer sent its last call and
+				 * waits for the replies. Every call that came
+				 * is answered, and the connection closes once
+				 * they are written (conn_process). */
+				conn->eof = conn->peer_shut = true;
+				conn_process(conn);
+				break;
+			}
 			if (n <= 0) {
 				/* Process what arrived before the end of the stream: a
 				 * oneway call followed by a close is still a call. */
@@ -455,11 +486,19 @@ static void on_poll(uv_poll_t *handle, int status, int events)
 		}
 	}
 	/* The peer hung up while we do not read (backpressure, or replies
-	 * held behind a Watch): nothing more of it can be read, and the
+	 * held behind a Watch): nothing of it needs reading any more, and the
 	 * hangup, level-triggered, would wake the loop for ever. Closed as
-	 * at the end of the stream. */
-	if (!conn->closed && (events & UV_DISCONNECT) && !conn->reading)
-		rd_conn_close(conn);
+	 * at the end of the stream. A peer that only shut its writing side
+	 * is read on once we read again (its calls are in the socket, its
+	 * end of stream after them); its hangup is not listened for. */
+	if (!conn->closed && (events & UV_DISCONNECT) && !conn->reading) {
+		if (peer_hung_up(conn)) {
+			rd_conn_close(conn);
+		} else {
+			conn->peer_shut = true;
+			conn_update_events(conn);
+		}
+	}
 	conn_unref(conn);
 }
 
@@ -498,7 +537,7 @@ static void conn_update_events(struct rd_conn *conn)
 	/* A peer that does not read its replies stops being read: backpressure
 	 * keeps our buffers bounded. Too many calls in flight is refused by name
 	 * instead, so a pipelining client learns its limit. */
-	conn->reading = may_read(conn);
+	conn->reading = !conn->eof && may_read(conn);
 	update_partial_timer(conn);
 	/* Replies waiting for the end of the loop iteration are written
 	 * then; the poll waits for writability only once the socket refused
@@ -508,7 +547,11 @@ static void conn_update_events(struct rd_conn *conn)
 		events |= UV_READABLE;
 	if (conn->writing)
 		events |= UV_WRITABLE;
-	events |= UV_DISCONNECT;
+	/* A peer's half-close stays signalled: listening for it after it
+	 * came would wake the loop for ever. A hangup after it shows as a
+	 * failed write. */
+	if (!conn->peer_shut)
+		events |= UV_DISCONNECT;
 	/* Restarting a poll with the same events would cost two epoll_ctl()
 	 * calls per message for nothing. */
 	if (events == conn->events)

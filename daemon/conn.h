@@ -2,7 +2,10 @@
  * over a uv_poll_t, since libuv's pipes cannot pass arbitrary fds. Calls are
  * answered in the order they arrived, whenever each finishes; a connection
  * that closes while calls are in flight stays allocated until they finish
- * and their replies are dropped. */
+ * and their replies are dropped. A peer that shuts only its writing side
+ * (shutdown(SHUT_WR)) still gets the replies of every call it sent: the
+ * connection closes (on_close) once they are written, or when a write
+ * fails because the peer went away meanwhile. */
 #pragma once
 
 #include <stdbool.h>
@@ -30,8 +33,8 @@ struct rd_conn_ops {
 	/* A call arrived; finish it with rd_call_reply() or rd_call_fail(), now
 	 * or later, oneway or not. */
 	void (*on_call)(struct rd_conn *conn, struct rd_call *call);
-	/* The peer went away or the connection broke. Calls in flight still
-	 * finish later. */
+	/* The peer went away, the connection broke, or a peer that shut its
+	 * writing side has every reply. Calls in flight still finish later. */
 	void (*on_close)(struct rd_conn *conn);
 	/* Optional: completes every error this connection's calls fail with,
 	 * before it is sent (what the endpoint knows and the raiser did not). */
@@ -55,6 +58,8 @@ struct rd_conn {
 	bool admin;
 	bool closed;
 	bool reading, writing;
+	bool peer_shut;             /* the peer shut its writing side (seen, maybe not yet read to the end) */
+	bool eof;                   /* its end of stream read: no call comes any more */
 	bool write_blocked;         /* the last write left bytes the socket would not take */
 	bool processing;            /* inside conn_process: no re-entry */
 	unsigned refs;

@@ -2,7 +2,8 @@
  * other a raw Varlink peer (tests/lib/varlink.h) that runs the loop while it
  * waits. Calls are answered in the order they arrived whatever order they
  * finish in; replies to a peer that went away are dropped, the calls still
- * finish safely; the in-flight limit refuses by name; fds travel with their
+ * finish safely; a peer that only shut its writing side gets every reply
+ * before the close; the in-flight limit refuses by name; fds travel with their
  * message; the connection's own calls get their replies, or NULL on a
  * close. */
 #include <check.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include "conn_pair.h"
 #include "unit.h"
@@ -145,6 +147,69 @@ START_TEST(replies_after_the_peer_closed_are_dropped_and_the_calls_still_finish)
 	answer(t.held[1]);
 	conn_pair_pump(&pair);
 	ck_assert_int_eq(pair.closes, 1);
+}
+END_TEST
+
+START_TEST(a_peer_that_shut_its_writing_side_gets_every_reply_then_the_close)
+{
+	const int order[] = { 2, 0, 1 };
+	struct tl_reply r;
+
+	t.hold = true;
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(tl_send(&pair.peer, "test.Echo", NULL, 0, "{\"n\":%d}", i), 0);
+	}
+	ck_assert_int_eq(shutdown(pair.peer.fd, SHUT_WR), 0);
+	conn_pair_pump_until(&pair, &t.nheld, 3);
+	for (int i = 0; i < 50; i++) {
+		conn_pair_pump(&pair);
+	}
+	/* The end of the stream is not the end of the connection. */
+	ck_assert_int_eq(pair.closes, 0);
+	for (int i = 0; i < 3; i++) {
+		answer(t.held[order[i]]);
+		conn_pair_pump(&pair);
+	}
+	for (int i = 0; i < 3; i++) {
+		expect_n(i);
+	}
+	/* Nothing is owed any more: the daemon closes its side. */
+	conn_pair_pump_until(&pair, &pair.closes, 1);
+	ck_assert_int_eq(tl_recv(&pair.peer, &r, 5), -ECONNRESET);
+}
+END_TEST
+
+/* Holds call 0 only: the rest are answered at once and held behind it. */
+static void hold_the_first(struct rd_conn *conn, struct rd_call *call)
+{
+	t.hold = t.calls == 0;
+	on_call(conn, call);
+}
+
+START_TEST(a_half_close_while_regend_does_not_read_still_gets_every_reply)
+{
+	/* More than the answered calls held behind an unanswered one, past
+	 * which regend stops reading (daemon/conn.c's HELD_MAX, 256). */
+	const int n = 400;
+
+	pair.ops.on_call = hold_the_first;
+	for (int i = 0; i < n; i++) {
+		ck_assert_int_eq(tl_send(&pair.peer, "test.Echo", NULL, 0, "{\"n\":%d}", i), 0);
+	}
+	ck_assert_int_eq(shutdown(pair.peer.fd, SHUT_WR), 0);
+	conn_pair_pump_until(&pair, &t.nheld, 1);
+	for (int i = 0; i < 100; i++) {
+		conn_pair_pump(&pair);
+	}
+	ck_assert(!pair.conn->reading);
+	ck_assert_int_lt(t.calls, n);
+	ck_assert_int_eq(pair.closes, 0);
+	answer(t.held[0]);
+	for (int i = 0; i < n; i++) {
+		expect_n(i);
+	}
+	conn_pair_pump_until(&pair, &pair.closes, 1);
+	ck_assert_int_eq(t.calls, n);
 }
 END_TEST
 
@@ -301,6 +366,8 @@ int main(void)
 	tcase_add_test(tc, replies_go_out_in_call_order_whatever_order_calls_finish);
 	tcase_add_test(tc, a_later_reply_waits_for_an_earlier_call);
 	tcase_add_test(tc, replies_after_the_peer_closed_are_dropped_and_the_calls_still_finish);
+	tcase_add_test(tc, a_peer_that_shut_its_writing_side_gets_every_reply_then_the_close);
+	tcase_add_test(tc, a_half_close_while_regend_does_not_read_still_gets_every_reply);
 	tcase_add_test(tc, the_in_flight_limit_refuses_by_name_and_in_order);
 	tcase_add_test(tc, an_fd_travels_with_its_message);
 	tcase_add_test(tc, a_message_whose_fds_were_dropped_is_refused_whole);

@@ -2,11 +2,13 @@
 float64, every error class a client meets, Watch, and reconnects after the
 worker dies."""
 
+import json
 import math
 import os
 import random
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -757,6 +759,48 @@ class Connections(DaemonTest):
         finally:
             for w in watches:
                 w.close()
+
+
+    def half_closed_replies(self, path, calls):
+        """Sends calls (method, parameters) on a raw connection to path,
+        shuts its writing side and reads to the end of the stream: the
+        replies, decoded."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(30)
+            s.connect(path)
+            s.sendall(b"".join(json.dumps({"method": m, "parameters": p}).encode() + b"\0"
+                               for m, p in calls))
+            s.shutdown(socket.SHUT_WR)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            s.close()
+        return [json.loads(m) for m in data.split(b"\0") if m]
+
+    def test_a_half_closed_connection_gets_every_reply(self):
+        """A client that sends its calls and then shuts its writing side
+        (shutdown(SHUT_WR)) gets every reply, then the end of the stream, on
+        a worker socket (GEMMs that finish on the lane's thread, after the
+        end of the stream was read: their replies had been dropped) as on
+        the main socket."""
+        n = 96
+        a, b, d = self.square(n)
+        wire = {"a": a.op.to_wire(), "b": b.op.to_wire(), "d": d.op.to_wire()}
+        worker = self.c.device_info(0)["worker_socket"]
+        replies = self.half_closed_replies(worker, [("io.regen.Compute.Gemm", wire)] * 3)
+        self.assertEqual(len(replies), 3, replies)
+        for r in replies:
+            self.assertNotIn("error", r)
+            self.assertIn("elapsed_us", r["parameters"])
+        self.assertClose(d.read(), reference.gemm(a.read(), b.read(), n, n, n), "f32")
+        replies = self.half_closed_replies(daemon.socket, [("io.regen.Device.Status", {})] * 2)
+        self.assertEqual(len(replies), 2, replies)
+        self.assertEqual([0, 1], [dev["index"] for dev in replies[1]["parameters"]["devices"]])
 
 
 class Jobs(DaemonTest):
