@@ -108,9 +108,10 @@ struct rp_ring_record {
  * of the ring, its work handed to the device, found finished, and its
  * completion published (CLOCK_MONOTONIC nanoseconds, the clock every
  * process of the machine shares; 0 for a stage the record never reached,
- * as for one refused before it ran). For benchmarks and tracing: with the
- * client's own submit and read times it splits a call's added latency
- * into doorbells, launch, device and completion. */
+ * as for one refused before it ran, and finished_ns 0 for one answered
+ * before its work ended: at launch, or past its deadline). For benchmarks
+ * and tracing: with the client's own submit and read times it splits a
+ * call's added latency into doorbells, launch, device and completion. */
 struct rp_ring_timing {
 	uint64_t taken_ns, launched_ns, finished_ns, published_ns;
 };

@@ -378,7 +378,8 @@ REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int de
  * machine): this client wrote it, the worker took it, handed its work to
  * the GPU, found it finished and published its answer, and this client
  * read the answer. Over the ring every stage is known (the worker's are 0
- * for a record refused before it ran); as a Varlink call only
+ * for a record refused before it ran; finished_ns is 0 for one answered
+ * before its work ended, an io.regen.Timeout); as a Varlink call only
  * completed_ns. For benchmarks: the differences say which hand-off costs
  * what. -EINVAL for a bad device. */
 struct regen_call_timing {

@@ -102,8 +102,11 @@ struct rd_op {
 	struct rp_error err;       /* err.name == NULL: success */
 	uint64_t elapsed_us;
 	/* rd_now_ns() when its work was handed to the device and when it was
-	 * found finished (0: never got there); a ring reports them. */
-	uint64_t launched_ns, finished_ns;
+	 * found finished (0: never got there); a ring reports them. Atomic:
+	 * a call answered early (its deadline passed) reads launched_ns on
+	 * the loop thread while the backend's may be writing it. */
+	_Atomic uint64_t launched_ns;
+	uint64_t finished_ns;
 
 	/* Core's use. */
 	void (*done)(struct rd_op *op);

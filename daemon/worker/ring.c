@@ -116,12 +116,19 @@ static void ring_wake_client(struct rd_ring *r)
 		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
+/* How far a record's op had got when its completion is written. */
+enum op_stage {
+	OP_FINISHED,    /* the backend handed it back */
+	OP_LAUNCHED,    /* its work is enqueued (answered at launch) */
+	OP_IN_FLIGHT,   /* answered early (deadline, stop): queued or running */
+};
+
 /* Any thread: writes record seq's completion (with the stage times of op,
- * the backend's, when it ran; at_launch: op's work is only enqueued) and
+ * the backend's, where there is one, as far as stage says it got) and
  * publishes every one that is done in order. A record already answered (at
  * launch, or failed as the worker stops) is not answered twice: false. */
 static bool ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const struct rp_error *err,
-			 const struct rd_op *op, bool at_launch)
+			 const struct rd_op *op, enum op_stage stage)
 {
 	uint32_t mask = r->entries - 1;
 	bool advanced = false;
@@ -132,12 +139,19 @@ static bool ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 		return false;
 	}
 	struct rp_ring_completion *cqe = rp_ring_completion_at(r->base, r->entries, seq);
-	uint64_t elapsed_us = !op ? 0 : at_launch ? rd_compute_launch_us(op) : op->elapsed_us;
+	/* An op answered early may be launched by its lane's thread as this
+	 * reads it: the completion says what was true when it was written. */
+	uint64_t launched_ns = op ? atomic_load_explicit(&op->launched_ns, memory_order_relaxed) : 0;
+	uint64_t elapsed_us = 0;
+	if (op && stage == OP_LAUNCHED)
+		elapsed_us = rd_compute_launch_us(op);
+	else if (op && stage == OP_FINISHED)
+		elapsed_us = op->elapsed_us;
 	rp_ring_complete(cqe, tag, err, elapsed_us);
 	cqe->timing = (struct rp_ring_timing){
 		.taken_ns = r->taken_ns[seq & mask],
-		.launched_ns = op ? op->launched_ns : 0,
-		.finished_ns = op && !at_launch ? op->finished_ns : 0,
+		.launched_ns = launched_ns,
+		.finished_ns = op && stage == OP_FINISHED ? op->finished_ns : 0,
 		.published_ns = rd_now_ns(),
 	};
 	r->state[seq & mask] = SLOT_DONE;
@@ -162,7 +176,7 @@ static bool ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 static void ring_fail(struct rd_ring *r, uint32_t seq, uint64_t tag, struct rp_error *err)
 {
 	rd_session_complete_error(r->session, err);
-	ring_publish(r, seq, tag, err, NULL, false);
+	ring_publish(r, seq, tag, err, NULL, OP_FINISHED);
 	rp_error_clear(err);
 }
 
@@ -172,7 +186,7 @@ static void ring_op_completed(struct rd_op *op)
 	struct ring_op *ro = (struct ring_op *)op;
 
 	rd_session_complete_error(ro->ring->session, &op->err);
-	ring_publish(ro->ring, ro->seq, ro->tag, &op->err, op, false);
+	ring_publish(ro->ring, ro->seq, ro->tag, &op->err, op, OP_FINISHED);
 	ro->published = true;
 }
 
@@ -184,7 +198,7 @@ static void ring_op_launched(struct rd_op *op)
 	struct ring_op *ro = (struct ring_op *)op;
 	static const struct rp_error ok = { 0 };
 
-	if (ring_publish(ro->ring, ro->seq, ro->tag, &ok, op, true))
+	if (ring_publish(ro->ring, ro->seq, ro->tag, &ok, op, OP_LAUNCHED))
 		ro->cc.answered_at_launch = true;
 }
 
@@ -199,7 +213,7 @@ static void ring_op_done(struct rd_op *op)
 
 	if (!ro->published) {
 		rd_session_complete_error(s, &op->err);
-		ring_publish(r, ro->seq, ro->tag, &op->err, op, false);
+		ring_publish(r, ro->seq, ro->tag, &op->err, op, OP_FINISHED);
 	}
 	rd_compute_log_after_launch(&ro->cc);
 	rd_compute_finished(s->worker, &ro->cc);
@@ -211,14 +225,15 @@ static void ring_op_done(struct rd_op *op)
 }
 
 /* The loop thread: the record passed its deadline (health.c). Its
- * completion goes out now; what the backend says later is not published,
- * and the slot is not taken again before the op's done ran. */
+ * completion goes out now, saying whether its work was launched; what the
+ * backend says later is not published, and the slot is not taken again
+ * before the op's done ran. */
 static void ring_answer_early(struct rd_compute_call *cc, struct rp_error *err)
 {
 	struct ring_op *ro = (struct ring_op *)cc;
 
 	rd_session_complete_error(ro->ring->session, err);
-	ring_publish(ro->ring, ro->seq, ro->tag, err, NULL, false);
+	ring_publish(ro->ring, ro->seq, ro->tag, err, &cc->op, OP_IN_FLIGHT);
 }
 
 static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_record *rec)
@@ -439,8 +454,11 @@ void rd_ring_fail_unfinished(struct rd_ring *r, const struct rp_error *err)
 	if (!r)
 		return;
 	for (uint32_t seq = atomic_load_explicit(&r->cq_tail, memory_order_acquire); seq != r->sq_head; seq++) {
+		uint32_t slot = seq & (r->entries - 1);
 		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
-		ring_publish(r, seq, r->tags[seq & (r->entries - 1)], &copy, NULL, false);
+		/* A record whose op is out may have been launched. */
+		const struct rd_op *op = r->held[slot] ? &r->ops[slot].cc.op : NULL;
+		ring_publish(r, seq, r->tags[slot], &copy, op, OP_IN_FLIGHT);
 		rp_error_clear(&copy);
 	}
 }

@@ -580,8 +580,9 @@ class Client:
         """Where ``device``'s last call answered over the ring spent its time
         in the worker: a dict of taken_ns, launched_ns, finished_ns and
         published_ns (CLOCK_MONOTONIC, the clock of time.monotonic_ns(); 0
-        for a stage the record never reached), or None where the lane is on
-        Varlink or has answered nothing."""
+        for a stage the record never reached, finished_ns 0 for a record
+        answered before its work ended, as a Timeout is), or None where the
+        lane is on Varlink or has answered nothing."""
         lane = self._lanes.get(device)
         if lane is None or lane.ring is None or not any(lane.ring.last_timing):
             return None

@@ -87,6 +87,24 @@ class RingTest(unittest.TestCase):
             self.assertEqual(stages, sorted(stages), f"stages out of order: {stages}")
         self.assertIsNone(self.client("varlink").last_timing(0), "Varlink has no stage times")
 
+    def test_a_timed_out_record_says_its_work_was_launched(self):
+        """A record answered io.regen.Timeout (its deadline_ms passed while
+        its GEMM ran) reports when its work was launched, and no finish: it
+        had reported launched_ns 0, as for a record that never ran."""
+        c = self.client("ring")
+        n = 768   # about 0.2 s on the host backend; the deadline is 50 ms
+        a, b, d = self.tensor(c, [n, n]), self.tensor(c, [n, n]), self.tensor(c, [n, n], fill=False)
+        before = time.monotonic_ns()
+        with self.assertRaises(regen.Timeout):
+            c.gemm(a.op, b.op, d.op, deadline_ms=50)
+        after = time.monotonic_ns()
+        t = c.last_timing(0)
+        self.assertNotEqual(t["launched_ns"], 0, f"a launched record's timing: {t}")
+        stages = [before, t["taken_ns"], t["launched_ns"], t["published_ns"], after]
+        self.assertEqual(stages, sorted(stages), f"stages out of order: {stages}")
+        self.assertEqual(t["finished_ns"], 0, f"answered before its work ended: {t}")
+        c.gemm(a.op, b.op, d.op)   # the lane goes on, behind it
+
     def test_errors_are_the_same_on_both_transports(self):
         cv, cr = self.client("varlink"), self.client("ring")
 

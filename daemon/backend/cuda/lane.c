@@ -347,7 +347,7 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		}
 	}
 	if (p->enqueued)
-		op->launched_ns = rd_now_ns();
+		atomic_store_explicit(&op->launched_ns, rd_now_ns(), memory_order_relaxed);
 	/* Its signal_event will fire when the work does: the caller may go on
 	 * (the completer has not seen this op yet, so nothing races). */
 	if (p->r == 0 && p->done && op->signal_event && op->launched)

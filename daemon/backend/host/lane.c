@@ -118,7 +118,7 @@ static void compute_op(struct host_lane *lane, struct rd_op *op)
  * times a ring reports). */
 static void run_op(struct host_lane *lane, struct rd_op *op)
 {
-	op->launched_ns = rd_now_ns();
+	atomic_store_explicit(&op->launched_ns, rd_now_ns(), memory_order_relaxed);
 	compute_op(lane, op);
 	op->finished_ns = rd_now_ns();
 	op->elapsed_us = (op->finished_ns - op->launched_ns) / 1000u;
