@@ -46,8 +46,11 @@ void rc_object_unlink(struct rc_object *obj)
 
 /* Closes the object in its worker, unlinks and frees it (obj is the first
  * member of its buffer or event). An object of a generation that is gone
- * was closed with its generation. */
-static int object_close(struct rc_object *obj, const char *method)
+ * was closed with its generation. keep: when regend could not be told (the
+ * call got no answer: the connection broke, the time ran out), the object
+ * stays as it was, for the caller to close again later, and the -errno is
+ * returned; an answer, an error too, closes it. */
+static int object_close(struct rc_object *obj, const char *method, bool keep)
 {
 	regen_client *c = obj->client;
 	const char *name;
@@ -68,6 +71,10 @@ static int object_close(struct rc_object *obj, const char *method)
 		goto out;
 	}
 	r = rc_call(c, obj->device, method, p, NULL, 0, NULL);
+	if (keep && r < 0 && r != -EREMOTE) {
+		cJSON_Delete(p);
+		return r;
+	}
 	if (r == -EREMOTE) {
 		name = regen_client_error_name(c);
 		if (name != NULL && (strcmp(name, REGEN_ERROR_STALE_GENERATION) == 0 ||
@@ -91,9 +98,9 @@ out:
 
 /* Sends an import (params consumed) and makes the object of `objsize`
  * bytes (a buffer or an event) for the id it answers with; for a buffer
- * (size != NULL) also the size the worker mapped. Should the allocation
- * fail after the import, the worker maps the memory until the connection
- * or the generation ends. */
+ * (size != NULL) also the size the worker mapped. The object is allocated
+ * before the call: an import regend made must never be left without one
+ * to close it by. */
 static int import_object(regen_client *c, int device, const char *method, cJSON *params, const int *fds,
 			 size_t nfds, size_t objsize, struct rc_object **out, uint64_t *size)
 {
@@ -107,9 +114,16 @@ static int import_object(regen_client *c, int device, const char *method, cJSON 
 	if (params == NULL) {
 		return -ENOMEM;
 	}
+	*out = calloc(1, objsize);
+	if (*out == NULL) {
+		cJSON_Delete(params);
+		return -ENOMEM;
+	}
 	r = rc_call(c, device, method, params, fds, nfds, &reply);
 	cJSON_Delete(params);
 	if (r < 0) {
+		free(*out);
+		*out = NULL;
 		return r;
 	}
 	if (size != NULL) {
@@ -122,11 +136,9 @@ static int import_object(regen_client *c, int device, const char *method, cJSON 
 	}
 	cJSON_Delete(reply);
 	if (r < 0) {
+		free(*out);
+		*out = NULL;
 		return rc_malformed_reply(c, method, &err);
-	}
-	*out = calloc(1, objsize);
-	if (*out == NULL) {
-		return -ENOMEM;
 	}
 	rc_object_add(c, *out, device, &rid);
 	return 0;
@@ -203,7 +215,12 @@ REGEN_EXPORT int regen_buffer_import_cuda_ipc(regen_client *c, int device, const
 
 REGEN_EXPORT int regen_buffer_close(regen_buffer *b)
 {
-	return b != NULL ? object_close(&b->obj, RP_MEMORY_CLOSE_BUFFER) : 0;
+	return b != NULL ? object_close(&b->obj, RP_MEMORY_CLOSE_BUFFER, false) : 0;
+}
+
+int rc_buffer_close_or_keep(regen_buffer *b)
+{
+	return b != NULL ? object_close(&b->obj, RP_MEMORY_CLOSE_BUFFER, true) : 0;
 }
 
 REGEN_EXPORT const char *regen_buffer_id(const regen_buffer *b)
@@ -249,7 +266,7 @@ REGEN_EXPORT int regen_event_import_cuda_ipc(regen_client *c, int device, const 
 
 REGEN_EXPORT int regen_event_close(regen_event *ev)
 {
-	return ev != NULL ? object_close(&ev->obj, RP_MEMORY_CLOSE_EVENT) : 0;
+	return ev != NULL ? object_close(&ev->obj, RP_MEMORY_CLOSE_EVENT, false) : 0;
 }
 
 REGEN_EXPORT const char *regen_event_id(const regen_event *ev)

@@ -140,6 +140,13 @@ static struct {
 	/* This process is a fork of the one that made the chunks (set in the
 	 * child, then acted on under the lock: adopt_fork). */
 	bool forked;
+	/* Imports of chunks gone whose close got no answer (the connection
+	 * broke, the time ran out): regend may still map each for this
+	 * process, until its last connection to the worker closes. Closed
+	 * again, oldest first, whenever the pool next calls regend
+	 * (retry_unclosed); forgotten with their generation. */
+	regen_buffer **unclosed;
+	size_t nunclosed, unclosed_cap;
 	struct regen_pool_stats stats;
 } pool = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -151,6 +158,7 @@ static struct {
 };
 
 static void chunk_free(struct chunk *ch);
+static void drop_unclosed(void);
 
 /* ---- fork() ------------------------------------------------------------------
  *
@@ -206,6 +214,7 @@ static void adopt_fork(void)
 		chunk_free(ch);
 	}
 	pool.chunks = NULL;
+	drop_unclosed();
 	memset(&pool.stats, 0, sizeof(pool.stats));
 	pool.stats.size = sizeof(pool.stats);
 	__atomic_add_fetch(&pool.epoch, 1, __ATOMIC_RELEASE);
@@ -464,16 +473,63 @@ static int host_chunk_init(struct chunk *ch, uint64_t want)
 
 /* ---- Chunks and pieces --------------------------------------------------- */
 
-/* Closes the chunk's import in regend. An import of a generation that is
- * gone needs no call (regen_buffer_close knows). */
-static void chunk_unimport(struct chunk *ch)
+/* Frees the imports still on the unclosed list without a call: their
+ * client is gone (closing a bare id only frees it). */
+static void drop_unclosed(void)
 {
-	if (ch->import != NULL) {
-		(void)regen_buffer_close(ch->import);
-		ch->import = NULL;
-		pool.stats.imports--;
-		__atomic_add_fetch(&pool.epoch, 1, __ATOMIC_RELEASE);
+	for (size_t i = 0; i < pool.nunclosed; i++)
+		(void)regen_buffer_close(pool.unclosed[i]);
+	free(pool.unclosed);
+	pool.unclosed = NULL;
+	pool.nunclosed = pool.unclosed_cap = 0;
+	pool.stats.unclosed = 0;
+}
+
+/* Tries the closes that got no answer before, oldest first, until one
+ * gets none again: regend is still out of reach, and the rest wait for
+ * the next try rather than each for its own timeout. */
+static void retry_unclosed(void)
+{
+	size_t done = 0;
+
+	while (done < pool.nunclosed && rc_buffer_close_or_keep(pool.unclosed[done]) == 0)
+		done++;
+	if (done == 0)
+		return;
+	memmove(pool.unclosed, pool.unclosed + done, (pool.nunclosed - done) * sizeof(*pool.unclosed));
+	pool.nunclosed -= done;
+	pool.stats.unclosed = pool.nunclosed;
+}
+
+/* Closes the chunk's import in regend. An import of a generation that is
+ * gone needs no call (regen_buffer_close knows). A close that got no answer
+ * goes on the unclosed list. Whether regend answered (a close, or no call
+ * needed). */
+static bool chunk_unimport(struct chunk *ch)
+{
+	regen_buffer *b = ch->import;
+
+	if (b == NULL)
+		return true;
+	ch->import = NULL;
+	pool.stats.imports--;
+	__atomic_add_fetch(&pool.epoch, 1, __ATOMIC_RELEASE);
+	if (rc_buffer_close_or_keep(b) == 0)
+		return true;
+	if (pool.nunclosed == pool.unclosed_cap) {
+		size_t cap = pool.unclosed_cap ? 2 * pool.unclosed_cap : 8;
+		regen_buffer **grown = realloc(pool.unclosed, cap * sizeof(*grown));
+		if (grown == NULL) {
+			/* One more try, then it is forgotten. */
+			(void)regen_buffer_close(b);
+			return false;
+		}
+		pool.unclosed = grown;
+		pool.unclosed_cap = cap;
 	}
+	pool.unclosed[pool.nunclosed++] = b;
+	pool.stats.unclosed = pool.nunclosed;
+	return false;
 }
 
 static bool fake_cuda(void)
@@ -502,7 +558,10 @@ static void chunk_free(struct chunk *ch)
 
 static void chunk_destroy(struct chunk *ch)
 {
-	chunk_unimport(ch);
+	/* Where regend answered, the closes it did not answer before go
+	 * too. */
+	if (chunk_unimport(ch))
+		retry_unclosed();
 	if (ch->kind == CHUNK_CUDA && !fake_cuda()) {
 		cuda_chunk_finish(ch);
 	} else {
@@ -933,8 +992,12 @@ REGEN_EXPORT int regen_pool_configure(const char *socket_path, uint64_t chunk_by
 		for (ch = pool.chunks; ch != NULL; ch = ch->next) {
 			chunk_unimport(ch);
 		}
+		retry_unclosed();
+		/* What the old regend still did not answer stays there until
+		 * this process's last connection to it closes. */
 		regen_client_destroy(pool.client);
 		pool.client = NULL;
+		drop_unclosed();
 		snprintf(pool.socket_path, sizeof(pool.socket_path), "%s", socket_path);
 	}
 	pthread_mutex_unlock(&pool.lock);
@@ -963,6 +1026,7 @@ REGEN_EXPORT int regen_pool_trim(void)
 	int r;
 
 	lock_pool();
+	retry_unclosed();
 	r = trim_locked();
 	pthread_mutex_unlock(&pool.lock);
 	return r;
@@ -1016,6 +1080,7 @@ static int chunk_import(struct chunk *ch, int device)
 		 * closes a chunk): never for long. */
 		regen_client_set_timeout(pool.client, 10.0);
 	}
+	retry_unclosed();
 	if (ch->kind == CHUNK_HOST) {
 		r = regen_buffer_import_fd(pool.client, device, ch->fd, ch->size, &ch->import);
 	} else {
@@ -1028,6 +1093,11 @@ static int chunk_import(struct chunk *ch, int device)
 		} else {
 			set_error("importing pool chunk %llu: %s", (unsigned long long)ch->serial, strerror(-r));
 		}
+		/* Sent, perhaps made, and never answered: regend may map it
+		 * under an id nobody knows until the generation ends or this
+		 * process's last connection to the worker closes. */
+		if (r == -ECONNRESET || r == -ETIMEDOUT)
+			pool.stats.imports_unanswered++;
 		ch->import = NULL;
 		return r == -ENOENT ? -ECONNREFUSED : r;
 	}
@@ -1100,6 +1170,16 @@ REGEN_EXPORT void regen_pool_note_generation(int regend_device, uint64_t generat
 			chunk_unimport(ch);
 		}
 	}
+	/* Unclosed imports of that generation went with it. */
+	size_t kept = 0;
+	for (size_t i = 0; i < pool.nunclosed; i++) {
+		regen_buffer *b = pool.unclosed[i];
+		if (regen_buffer_device(b) != regend_device || regen_buffer_generation(b) >= generation ||
+		    rc_buffer_close_or_keep(b) < 0)
+			pool.unclosed[kept++] = b;
+	}
+	pool.nunclosed = kept;
+	pool.stats.unclosed = pool.nunclosed;
 	pthread_mutex_unlock(&pool.lock);
 }
 

@@ -82,6 +82,11 @@ struct regen_comm {
 /* objects.c: fills in obj and links it into the client's list; unlinks it. */
 void rc_object_add(regen_client *c, struct rc_object *obj, int device, const struct rp_id *rid);
 void rc_object_unlink(struct rc_object *obj);
+/* regen_buffer_close for the pool: 0 when b is closed (or went with its
+ * generation) and freed; -errno when regend could not be told (no answer:
+ * the connection broke, the time ran out), b kept as it was to be closed
+ * again later. */
+int rc_buffer_close_or_keep(regen_buffer *b);
 
 /* Calls `method` on the main socket (device < 0) or the device's worker
  * socket, connecting (or reconnecting) first when needed. `params` (may be

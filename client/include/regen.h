@@ -479,6 +479,17 @@ struct regen_pool_stats {
 	uint64_t used_bytes;       /* handed out now */
 	uint64_t imports;          /* chunks imported into regend now */
 	uint64_t allocs, frees, import_calls;   /* since the start */
+	/* Imports of freed chunks whose close got no answer (the connection
+	 * broke, the time ran out), now: regend may still map them. Each is
+	 * closed again whenever the pool next calls regend (an import, a
+	 * chunk's close, regen_pool_trim), and forgotten once its generation
+	 * is gone. */
+	uint64_t unclosed;
+	/* Imports sent that got no answer, since the start: regend may have
+	 * made one, under an id the pool never learnt, and maps it until the
+	 * device's generation ends or this process's last connection to its
+	 * worker closes. */
+	uint64_t imports_unanswered;
 };
 REGEN_EXPORT int regen_pool_stats_get(struct regen_pool_stats *out);
 /* The last failure's message ("" if none) and regend's error name (NULL if

@@ -40,7 +40,8 @@ class _Ref(ctypes.Structure):
 class _Stats(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("chunks", ctypes.c_uint64), ("chunk_bytes", ctypes.c_uint64),
                 ("used_bytes", ctypes.c_uint64), ("imports", ctypes.c_uint64), ("allocs", ctypes.c_uint64),
-                ("frees", ctypes.c_uint64), ("import_calls", ctypes.c_uint64)]
+                ("frees", ctypes.c_uint64), ("import_calls", ctypes.c_uint64), ("unclosed", ctypes.c_uint64),
+                ("imports_unanswered", ctypes.c_uint64)]
 
 
 class PoolRef:
@@ -236,7 +237,9 @@ class Pool:
         return self._epoch() if self._epoch is not None else None
 
     def stats(self):
-        """{"chunks", "chunk_bytes", "used_bytes", "imports", "allocs", "frees", "import_calls"}."""
+        """{"chunks", "chunk_bytes", "used_bytes", "imports", "allocs", "frees", "import_calls",
+        "unclosed", "imports_unanswered"} (regen.h's struct regen_pool_stats; a
+        libregen older than a field leaves it 0)."""
         raw = _Stats()
         raw.size = ctypes.sizeof(_Stats)
         self._lib.regen_pool_stats_get(ctypes.byref(raw))

@@ -10,7 +10,9 @@ import errno
 import ctypes
 import os
 import random
+import socket
 import sys
+import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -186,6 +188,79 @@ class PoolTest(unittest.TestCase):
         with self.assertRaises(PoolError) as cm:
             pool.lookup(p, host_device=1)
         self.assertIn("imported into device 0", str(cm.exception))
+
+    def break_the_pools_next_call(self):
+        """Puts a socket of the test's own in place of the pool's connection
+        to device 0's worker (dup2 onto its fd: libregen's client cannot tell)
+        that takes the pool's next call and closes without an answer, as a
+        connection that breaks with a call in flight. The real connection
+        closes; this process keeps another one to the worker (self.c), so
+        what it imported stays in regend. Returns the thread to join."""
+        worker = self.c.device_info(0)["worker_socket"]
+        self.c.call("io.regen.Device.Generation", {}, device=0)   # self.c's own connection
+        theirs = []
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                s = socket.socket(fileno=os.dup(int(name)))
+            except OSError:
+                continue
+            with s:
+                try:
+                    if s.family == socket.AF_UNIX and s.getpeername() == worker:
+                        theirs.append(int(name))
+                except OSError:
+                    pass
+        own = {self.c._workers[0].fileno()}
+        pools = [fd for fd in theirs if fd not in own]
+        self.assertEqual(len(pools), 1, f"the pool's connection among {theirs} (self.c's: {own})")
+        ours, fake = socket.socketpair()
+        os.dup2(ours.fileno(), pools[0])
+        ours.close()
+
+        def take_one_call_and_close():
+            with fake:
+                fake.settimeout(30)
+                fake.recv(65536)
+        t = threading.Thread(target=take_one_call_and_close)
+        t.start()
+        return t
+
+    def test_a_close_that_got_no_answer_is_made_again(self):
+        """A chunk freed while the pool's connection breaks with its close in
+        flight: the import is held as unclosed (stats) and closed at the
+        pool's next call to regend. It had been forgotten, and regend
+        mapped it until this process's last connection to the worker
+        closed."""
+        p = self.alloc(3 * MIB)   # a chunk of its own: closed when freed
+        ref = pool.lookup(p, 0)
+        before = pool.stats()
+        t = self.break_the_pools_next_call()
+        self.free(p)
+        t.join()
+        self.assertEqual(pool.stats()["unclosed"], before["unclosed"] + 1, "the close got no answer")
+        self.assertEqual(pool.stats()["imports"], before["imports"] - 1)
+        q = self.alloc(3 * MIB)
+        pool.lookup(q, 0)         # the pool's next call: the close is made again first
+        self.assertEqual(pool.stats()["unclosed"], 0)
+        with self.assertRaises(regen.NoSuchObject):
+            self.c.close_buffer(ref.buffer)
+
+    def test_an_import_that_got_no_answer_is_counted(self):
+        """An import whose connection breaks before the answer may have been
+        made under an id the pool never learns: counted (imports_unanswered),
+        and the next lookup imports again."""
+        pool.lookup(self.alloc(3 * MIB), 0)   # the pool's connection is up
+        p = self.alloc(3 * MIB)
+        before = pool.stats()
+        t = self.break_the_pools_next_call()
+        with self.assertRaises(regen.ConnectionReset):
+            pool.lookup(p, 0)
+        t.join()
+        after = pool.stats()
+        self.assertEqual(after["imports_unanswered"], before["imports_unanswered"] + 1)
+        self.assertEqual(after["imports"], before["imports"])
+        self.assertIsNotNone(pool.lookup(p, 0))
+        self.assertEqual(pool.stats()["imports"], before["imports"] + 1)
 
     def test_no_cuda_here_says_why(self):
         why = pool.cuda_available()
