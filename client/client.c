@@ -1,5 +1,6 @@
 /* libregen: the client, its connections, calls and errors. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,46 @@
 #include "proto/device.h"
 
 #define DEFAULT_TIMEOUT_S 60.0
+
+unsigned long rc_forks;
+
+static void fork_child(void)
+{
+	rc_forks++;
+}
+
+__attribute__((constructor)) static void client_watch_forks(void)
+{
+	pthread_atfork(NULL, NULL, fork_child);
+}
+
+/* A child shares its parent's sockets and MAP_SHARED rings: a call written
+ * there would interleave with the parent's on the same stream, read the
+ * parent's answers, or move the ring's counters under it, and regend would
+ * take it for the parent's (the peer it knows is the parent's pid). The
+ * child closes only its own copies of the fds and unmaps its own view:
+ * close() and munmap() touch nothing the parent holds. The calls the parent
+ * had queued are lost to the child (their answers go to the parent), and
+ * the objects are the parent process's in regend: bare ids here. */
+void rc_client_forget_parent(regen_client *c)
+{
+	struct rc_object *o;
+
+	for (o = c->objects; o != NULL; o = o->next)
+		o->client = NULL;
+	c->objects = NULL;
+	rc_conn_close(&c->main);
+	for (int i = 0; i < REGEN_DEVICES_MAX; i++) {
+		struct rc_lane *lane = &c->lanes[i];
+		bool outstanding = lane->completed < lane->submitted;
+
+		rc_conn_close(&c->worker[i]);
+		rc_lane_reset(lane);
+		if (outstanding)
+			lane->lost_in_fork = true;
+	}
+	c->forks = rc_forks;
+}
 
 /* A string field of a reply into dst, "" when absent. */
 static void json_str(const cJSON *obj, const char *key, char *dst, size_t size)
@@ -152,6 +193,7 @@ REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **ou
 	}
 	snprintf(c->socket_path, sizeof(c->socket_path), "%s", socket_path);
 	c->timeout_s = DEFAULT_TIMEOUT_S;
+	c->forks = rc_forks;
 	c->transport = rc_transport_from_env();
 	snprintf(c->job, sizeof(c->job), "%s", job != NULL ? job : "");
 	/* The first connection is tried once: a daemon that is not there is
@@ -461,6 +503,7 @@ int rc_call(regen_client *c, int device, const char *method, const cJSON *params
 	if (reply != NULL) {
 		*reply = NULL;
 	}
+	rc_check_fork(c);
 	if (device >= REGEN_DEVICES_MAX) {
 		rc_set_local_error(c, "device %d is past the %d devices libregen reaches", device, REGEN_DEVICES_MAX);
 		return -ENODEV;

@@ -128,6 +128,8 @@ static int collective(regen_client *c, const struct regen_collective_args *a, co
 
 	if (c == NULL || a == NULL || a->comm == NULL || (unsigned)a->op > REGEN_REDUCE_AVG)
 		return -EINVAL;
+	/* In a forked child the parent's communicators are not this client's. */
+	rc_check_fork(c);
 	if (a->comm->obj.client != c) {
 		rc_set_local_error(c, "communicator %s belongs to another client", a->comm->obj.id);
 		return -EINVAL;
@@ -176,12 +178,14 @@ REGEN_EXPORT int regen_comm_broadcast(regen_client *c, const struct regen_collec
 
 static int end(regen_comm *comm, bool destroy, bool abort, uint32_t deadline_ms)
 {
-	regen_client *c = comm->obj.client;
+	regen_client *c;
 	struct rp_comm_end req = { .comm = comm->obj.rid, .abort = abort, .deadline_ms = deadline_ms };
 	const char *method = destroy ? RP_COMM_METHOD_DESTROY : RP_COMM_METHOD_ABORT;
 	cJSON *p;
 	int r;
 
+	rc_check_fork(comm->obj.client);
+	c = comm->obj.client;
 	if (c == NULL)
 		return -ENOTCONN;
 	if (c->known_generation[comm->obj.device] > comm->obj.rid.generation)

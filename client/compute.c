@@ -21,6 +21,11 @@ _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_
 static int check_object(regen_client *c, const char *what, const char *name, const struct rc_object *obj,
 			int *device)
 {
+	if (obj->client == NULL) {
+		rc_set_local_error(c, "%s %s: %s belongs to no client here (its client was destroyed, or it was "
+				      "imported by the parent process before this one was forked)", what, name, obj->id);
+		return -EINVAL;
+	}
 	if (obj->client != c) {
 		rc_set_local_error(c, "%s %s: %s belongs to another client", what, name, obj->id);
 		return -EINVAL;
@@ -89,6 +94,9 @@ static int send_call(regen_client *c, struct rp_compute *call, const struct rege
 	int device = -1, r = 0;
 	uint64_t t;
 
+	/* Before the operands are checked: in a forked child the parent's
+	 * buffers are not this client's any more. */
+	rc_check_fork(c);
 	for (unsigned i = 0; i < call->spec->noperands && r == 0; i++)
 		r = put_operand(c, call, (int)i, tensors[i], &device);
 	if (r == 0)

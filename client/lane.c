@@ -107,6 +107,7 @@ void rc_lane_reset(struct rc_lane *lane)
 		lane->lost_from = keep.lost_from;
 		lane->lost_upto = keep.lost_upto;
 		lane->lost_told = keep.lost_told;
+		lane->lost_in_fork = keep.lost_in_fork;
 	}
 	memcpy(lane->err_name, keep.err_name, sizeof(lane->err_name));
 	lane->err_params = keep.err_params;
@@ -512,6 +513,7 @@ static int reap_upto(regen_client *c, struct rc_lane *lane, int device, uint64_t
 
 int rc_lane_drain(regen_client *c, int device)
 {
+	rc_check_fork(c);
 	return reap_upto(c, &c->lanes[device], device, c->lanes[device].submitted);
 }
 
@@ -521,6 +523,7 @@ int rc_lane_settle(regen_client *c, int device)
 	int64_t deadline = rc_deadline(c->timeout_s);
 	int r;
 
+	rc_check_fork(c);
 	while (lane->ring == NULL && lane->completed < lane->submitted) {
 		r = varlink_reap(c, lane, device, deadline);
 		if (r < 0)
@@ -534,6 +537,7 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 	struct rc_lane *lane = &c->lanes[device];
 	int r;
 
+	rc_check_fork(c);
 	rc_clear_error(c);
 	if (ticket > lane->submitted) {
 		rc_set_local_error(c, "ticket %llu was not handed out on device %d's lane (last %llu)",
@@ -544,9 +548,14 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 	if (r < 0)
 		return r;
 	if (lane->lost_from != 0 && ticket >= lane->lost_from && !(ticket > lane->lost_upto && lane->lost_told)) {
-		rc_set_local_error(c, "calls %llu to %llu were in flight on device %d's lane when its connection broke; "
-				      "they may or may not have run",
-				   (unsigned long long)lane->lost_from, (unsigned long long)lane->lost_upto, device);
+		if (lane->lost_in_fork)
+			rc_set_local_error(c, "calls %llu to %llu on device %d's lane were queued by the parent process "
+					      "before this one was forked: their answers go to the parent",
+					   (unsigned long long)lane->lost_from, (unsigned long long)lane->lost_upto, device);
+		else
+			rc_set_local_error(c, "calls %llu to %llu were in flight on device %d's lane when its connection "
+					      "broke; they may or may not have run",
+					   (unsigned long long)lane->lost_from, (unsigned long long)lane->lost_upto, device);
 		lane->lost_told = true;
 		return -ECONNRESET;
 	}
@@ -628,6 +637,7 @@ int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, u
 		rc_set_local_error(c, "device %d is past the %d devices libregen reaches", device, REGEN_DEVICES_MAX);
 		return -ENODEV;
 	}
+	rc_check_fork(c);
 	lane = &c->lanes[device];
 	/* A lane with calls outstanding keeps its connection: checking it
 	 * would read their replies as a close. A ring's lane busy a moment ago

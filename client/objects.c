@@ -52,10 +52,14 @@ void rc_object_unlink(struct rc_object *obj)
  * returned; an answer, an error too, closes it. */
 static int object_close(struct rc_object *obj, const char *method, bool keep)
 {
-	regen_client *c = obj->client;
+	regen_client *c;
 	const char *name;
 	cJSON *p = NULL;
 	int r = 0;
+
+	/* In a forked child the parent's objects become bare ids here. */
+	rc_check_fork(obj->client);
+	c = obj->client;
 
 	if (c == NULL || c->known_generation[obj->device] > obj->rid.generation) {
 		goto out;

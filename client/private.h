@@ -26,6 +26,7 @@ struct rc_lane {
 	 * and a wait past them once (lost_told). */
 	uint64_t lost_from, lost_upto;
 	bool lost_told;
+	bool lost_in_fork;                /* they were the parent process's (rc_client_forget_parent) */
 	uint64_t last_elapsed_us;
 	struct regen_call_timing last_timing;
 	uint64_t idle_since_ns;           /* when the last answer was read */
@@ -52,7 +53,22 @@ struct regen_client {
 	char job[RP_JOB_MAX + 1];
 	bool job_unsupported;             /* regend knows no SetJob: states none */
 	struct rc_lane lanes[REGEN_DEVICES_MAX];
+	unsigned long forks;              /* rc_forks when this process made it or took it over */
 };
+
+/* Forks of this process's ancestry so far: bumped in every forked child
+ * (pthread_atfork). A client whose count differs was made before a fork:
+ * its connections, rings and objects are the parent's. */
+extern unsigned long rc_forks;
+/* In a forked child: lets go of what the client held for the parent,
+ * writing nothing to it, so that its next call connects as the child. */
+void rc_client_forget_parent(regen_client *c);
+/* Every path that reaches a connection or a ring of c begins here. */
+static inline void rc_check_fork(regen_client *c)
+{
+	if (c != NULL && __builtin_expect(c->forks != rc_forks, 0))
+		rc_client_forget_parent(c);
+}
 
 /* What buffers and events share: an id in one device's worker, made in one
  * generation, open until closed. */

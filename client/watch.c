@@ -12,6 +12,7 @@ struct regen_watcher {
 	struct rp_call call;          /* the last reply: ev's strings point into it */
 	bool have_call;
 	bool ended;                   /* the daemon sent its last reply */
+	unsigned long forks;          /* rc_forks when it was opened */
 	struct regen_watch_event ev;
 };
 
@@ -47,6 +48,7 @@ REGEN_EXPORT int regen_watcher_open(regen_client *c, regen_watcher **out)
 		return -ENOMEM;
 	}
 	w->client = c;
+	w->forks = rc_forks;
 	rc_conn_init(&w->conn);
 	text = rp_build_call(RP_DEVICE_WATCH, NULL, true, false);
 	if (text == NULL) {
@@ -92,6 +94,16 @@ REGEN_EXPORT int regen_watcher_next(regen_watcher *w, double timeout_s, const st
 	if (w->have_call) {
 		rp_call_finish(&w->call);
 		w->have_call = false;
+	}
+	if (w->forks != rc_forks) {
+		/* Its events are the parent's to read: a read here would take
+		 * them from it. Only the child's copy of the socket is closed. */
+		rc_conn_close(&w->conn);
+		w->forks = rc_forks;
+		w->ended = true;
+		rc_set_local_error(c, "this watcher was opened by the parent process before this one was forked: "
+				      "open another");
+		return -ECONNRESET;
 	}
 	if (w->ended) {
 		rc_set_local_error(c, "the daemon ended the Watch stream");

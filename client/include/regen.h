@@ -88,6 +88,19 @@ REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **ou
  * regend when it sees the connection go, and only freed by their close
  * here. Close every watcher first. Accepts NULL. */
 REGEN_EXPORT void regen_client_destroy(regen_client *c);
+/* fork(): a client made before a fork stays the parent's. In the child its
+ * first use (a call, a wait, a close) lets go of the parent's part without
+ * a word to it: it closes the child's copies of the connections and unmaps
+ * its view of each ring, so nothing is written into the parent's streams
+ * or rings and nothing of the parent's is read; the calls the parent had
+ * queued answer regen_wait with -ECONNRESET there (their answers go to the
+ * parent); the parent's buffers, events and communicators become bare ids
+ * (regend ties them to the process that made them): a call naming one is
+ * refused with -EINVAL, a close frees it without a call. The client then
+ * connects afresh, as the child, on its next call: what the child imports
+ * is its own. A watcher opened before the fork answers -ECONNRESET in the
+ * child (open another). The parent's client goes on as before. (The pool
+ * starts afresh in a child too: see client/pool.c.) */
 /* The last named error (NULL after a success). */
 REGEN_EXPORT const char *regen_client_error_name(const regen_client *c);
 REGEN_EXPORT const char *regen_client_error_message(const regen_client *c);
@@ -203,8 +216,9 @@ struct regen_watch_event {
  * errors are the client's). regen_watcher_next waits up to timeout_s
  * (<= 0: forever) for the next event: 0 with *ev set (valid until the next
  * call), -ETIMEDOUT (the subscription stays), -ECONNRESET when the
- * connection ended, -ENODATA after the daemon ended the stream. The first
- * events are the current state of every device. */
+ * connection ended (or in a forked child, when the watcher is the
+ * parent's), -ENODATA after the daemon ended the stream. The first events
+ * are the current state of every device. */
 REGEN_EXPORT int regen_watcher_open(regen_client *c, regen_watcher **out);
 REGEN_EXPORT int regen_watcher_next(regen_watcher *w, double timeout_s, const struct regen_watch_event **ev);
 /* Accepts NULL. */
