@@ -9,11 +9,13 @@ fresh activations that keeps the pool and regend flat.
 Skipped (as a whole) where torch is not importable; the CUDA side of the
 same is tests/gpu/test_regen_torch.py."""
 
+import contextlib
 import math
 import os
 import signal
 import sys
 import time
+import types
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -833,6 +835,74 @@ class BlockImports(unittest.TestCase):
         self.assertEqual(self.released, [])
         self.c._note_generation(0, 2)
         self.assertEqual(self.released, [(b"/torch_rc", 7)])
+
+
+class EventPairs(unittest.TestCase):
+    """The IPC event pairs that "wait" and "events" ordering keep per
+    (device, stream).  They are CUDA's (regend's host backend imports no
+    event): torch.cuda.Event and the client's import_event and close_event
+    are stand-ins here that count what would be imported and closed."""
+
+    def setUp(self):
+        from regen.torch._runtime import EVENT_PAIRS_MAX, Runtime
+        self.max = EVENT_PAIRS_MAX
+        self.rt = Runtime(socket=daemon.socket)
+        self.imported, self.closed = [], []
+
+        def import_event(device, handle):
+            ev = types.SimpleNamespace(id=f"e{device}.1.{len(self.imported)}", generation=1, device=device)
+            self.imported.append(ev.id)
+            return ev
+        self.rt.client.import_event = import_event
+        self.rt.client.close_event = lambda ev: self.closed.append(ev.id)
+
+        class Event:
+            def __init__(self, interprocess=False):
+                pass
+
+            def ipc_handle(self):
+                return bytes(64)
+        self.saved = torch.cuda.Event, torch.cuda.device
+        torch.cuda.Event, torch.cuda.device = Event, lambda index: contextlib.nullcontext()
+
+    def tearDown(self):
+        torch.cuda.Event, torch.cuda.device = self.saved
+        self.rt.close()
+
+    def pair(self, device, stream):
+        return self.rt._events_for(device, types.SimpleNamespace(cuda_stream=stream), device)
+
+    def live(self):
+        return len(self.imported) - len(self.closed)
+
+    def test_a_rank_using_stream_after_stream_holds_a_bounded_number(self):
+        """Two imports per stream ever used had stayed in regend until the
+        process's last connection closed, rt.close() too."""
+        hot = self.pair(0, 1).ids
+        for i in range(10 * self.max):
+            self.pair(0, 1000 + i)
+            self.assertIs(self.pair(0, 1).ids, hot, "the stream in use keeps its pair")
+            self.assertLessEqual(self.live(), 2 * self.max)
+        self.assertEqual(self.live(), 2 * self.max)
+        self.assertNotIn(hot[0].id, self.closed)
+        self.assertEqual(self.rt.counters["event_closes"], len(self.closed))
+        # Each device is bounded on its own.
+        for i in range(3):
+            self.pair(1, 2000 + i)
+        self.assertEqual(self.live(), 2 * (self.max + 3))
+        self.rt.close()
+        self.assertEqual(sorted(self.closed), sorted(self.imported), "rt.close() closes every pair")
+
+    def test_no_close_while_a_batch_waits_for_its_answers(self):
+        """A close drains the lane, whose answers flush() collects: a
+        batch's queued calls hold back the trim until the next sweep."""
+        self.rt._deferred = [("gemm", {}, {})]
+        for i in range(self.max + 4):
+            self.pair(0, 3000 + i)
+        self.assertEqual(self.closed, [])
+        self.rt._deferred = []
+        self.rt.sweep()
+        self.assertEqual(self.live(), 2 * self.max)
 
 
 class Fork(unittest.TestCase):

@@ -32,9 +32,13 @@ Ordering with torch's current stream (CUDA), per configure(ordering=...):
   "auto"   "wait" or "sync", chosen per kind of call (operation and size)
            by the wall time each took lately: both first, then the faster,
            the other tried again now and then.
-docs/torch.md gives the measurements behind the default.
+docs/torch.md gives the measurements behind the default.  "wait" and
+"events" keep a pair of IPC events per (device, stream), imported into
+regend once per generation; past EVENT_PAIRS_MAX streams of one device the
+pair used least lately is closed in regend.
 """
 
+import collections
 import os
 import threading
 import time
@@ -56,6 +60,11 @@ DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # A block import whose pin died is closed after this many operations
 # without use.
 SWEEP_OPS = 32
+# Event pairs kept per regend device: a rank that uses stream after stream
+# (one per micro-batch, say) would otherwise hold two event imports in
+# regend for every stream it ever ordered a call on.  Past this many, the
+# pair used least lately is closed there.
+EVENT_PAIRS_MAX = 16
 # Errors after which the device serves again in a new generation (or the
 # worker is back): the operation is retried when that is safe.
 _RECOVERABLE = (errors.StaleGeneration, errors.DeviceLost, errors.Draining, errors.ConnectionReset,
@@ -188,6 +197,8 @@ class Runtime:
         self._auto = _AutoOrdering()
         self.counters = {"calls": 0, "handoffs": 0, "idle_calls": 0, "retries": 0, "recoveries": 0,
                          "block_imports": 0, "block_closes": 0, "repins": 0, "host_copies": 0, "fallbacks": 0,
+                         # Event pairs' imports closed in regend (EVENT_PAIRS_MAX).
+                         "event_closes": 0,
                          # Where the rank's host time in calls goes: all of
                          # call(), and the part spent in the client's call
                          # (submit and its reply: at launch with a
@@ -213,7 +224,12 @@ class Runtime:
         # Blocks whose close met a broken connection: the worker may still
         # map them, so their pins stay until the generation moves.
         self._unclosed = []
-        self._events = {}          # (regend device, stream handle) -> _EventPair
+        # (regend device, stream handle) -> _EventPair, used least lately first.
+        self._events = collections.OrderedDict()
+        # Events whose close met a broken connection: the worker may still
+        # hold them; closed again with the next evictions, forgotten with
+        # their generation.  (regend device, Event) each.
+        self._unclosed_events = []
         self._generation = {}      # regend device -> newest generation seen
         self._pending = {}         # regend device -> (after event, generation): ordering "events"
         self._batch_depth = 0
@@ -300,6 +316,8 @@ class Runtime:
         for blk in [b for b in self._unclosed if b.device == device and b.buffer.generation < generation]:
             self._unclosed.remove(blk)
             self._unpin(blk)
+        self._unclosed_events = [(d, ev) for d, ev in self._unclosed_events
+                                 if d != device or ev.generation >= generation]
 
     def _seen_generation(self, device, generation):
         if generation > self._generation.get(device, 0):
@@ -458,6 +476,7 @@ class Runtime:
                 if dead and (force or self._tick - blk.last_used >= SWEEP_OPS):
                     del self._blocks[key]
                     self._close_block(blk)
+            self._trim_events()
 
     def live_imports(self):
         """Block imports held now (pool chunks are in regen.pool stats)."""
@@ -470,6 +489,9 @@ class Runtime:
         pair = self._events.get(key)
         if pair is None:
             pair = self._events[key] = _EventPair(local)
+            self._trim_events()
+        else:
+            self._events.move_to_end(key)
         if pair.ids is None or pair.generation < self._generation.get(device, 0):
             # An event is made on the device current when it is first used.
             with torch.cuda.device(local):
@@ -480,6 +502,38 @@ class Runtime:
             pair.generation = before.generation
             self._note_generation(device, before.generation)
         return pair
+
+    def _trim_events(self):
+        """Closes the pairs used least lately past EVENT_PAIRS_MAX per
+        device.  Not while calls are queued unanswered (a batch's): a close
+        waits for the lane's answers, which flush() collects, and the last
+        of them may be ordered on a pair."""
+        if self._deferred:
+            return
+        per_device = collections.Counter(device for device, _ in self._events)
+        for key in list(self._events):
+            if per_device[key[0]] > EVENT_PAIRS_MAX:
+                per_device[key[0]] -= 1
+                self._close_events(key[0], self._events.pop(key).ids)
+        retry, self._unclosed_events = self._unclosed_events, []
+        for device, ev in retry:
+            self._close_events(device, (ev,))
+
+    def _close_events(self, device, events):
+        """Closes a pair's imports in regend (none to close once their
+        generation is gone).  A close that met a broken connection is tried
+        again later: the worker may still hold the event."""
+        for ev in events or ():
+            if ev.generation < self._generation.get(device, 0):
+                continue
+            try:
+                self.client.close_event(ev)
+            except (errors.StaleGeneration, errors.NoSuchObject):
+                pass
+            except errors.Error:
+                self._unclosed_events.append((device, ev))
+            else:
+                self.counters["event_closes"] += 1
 
     # -- calls -----------------------------------------------------------------
 
@@ -835,7 +889,13 @@ class Runtime:
             for key, blk in list(self._blocks.items()):
                 del self._blocks[key]
                 self._close_block(blk)
+            # regend keeps a process's imports while any of its connections
+            # is open (libregen's pool has one of its own): closed, not
+            # only forgotten.
+            for (device, _), pair in self._events.items():
+                self._close_events(device, pair.ids)
             self._events.clear()
+            self._unclosed_events = []
             self.client.close()
 
     # -- statistics --------------------------------------------------------------
