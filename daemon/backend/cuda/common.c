@@ -106,15 +106,13 @@ int cuda_bind(struct cuda_dev *cd, struct rp_error *err)
 	if (bound_index == cd->dev->index && bound_resets == resets)
 		return 0;
 	cudaError_t e = cudaSetDevice(cd->dev->index);
-	if (e == cudaSuccess) {
-		bound_index = cd->dev->index;
-		bound_resets = resets;
-	}
 	if (e != cudaSuccess) {
 		rp_error_set(err, cuda_error_name(e), "cudaSetDevice(%d): %s%s", cd->dev->index, cudaGetErrorString(e),
 			     cuda_mps_hint(e));
 		return -EIO;
 	}
+	bound_index = cd->dev->index;
+	bound_resets = resets;
 	return 0;
 }
 

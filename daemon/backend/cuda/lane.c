@@ -379,11 +379,11 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 		op->finished_ns = rd_now_ns();
 		/* A call behind others waits for them first: only a lone call's
 		 * hand-off is the completer's own. */
-		if (cuda_launch_profiling() && p->alone && op->launched_ns &&
-		    op->finished_ns - op->launched_ns < 1000000) {
+		uint64_t launched = cuda_launch_profiling() && p->alone ? atomic_load(&op->launched_ns) : 0;
+		if (launched && op->finished_ns - launched < 1000000) {
 			struct cuda_launch_profile *pr = &l->profile;
 			pr->completions++;
-			pr->handoff_ns += wait_start > op->launched_ns ? wait_start - op->launched_ns : 0;
+			pr->handoff_ns += wait_start > launched ? wait_start - launched : 0;
 			pr->wait_ns += op->finished_ns - wait_start;
 			pr->queries += queries;
 		}
@@ -539,6 +539,20 @@ static void lane_idle_wait_completer(struct cuda_lane_impl *li)
 		completer_sleep(li);
 }
 
+/* With li->lock held, after a launch by either thread: the call goes to
+ * the completer, and a call queued meanwhile (which waited for this launch
+ * to end) to the launcher, unless the launcher is the one that launched. */
+static void launch_over(struct cuda_lane_impl *li, const struct lane_pending *p)
+{
+	li->launching = false;
+	li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = *p;
+	li->npending++;
+	__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
+	wake_completer(li);
+	if (li->q.count)
+		wake_launcher(li);
+}
+
 static bool launcher_ready(struct cuda_lane_impl *li)
 {
 	return li->q.count && li->npending < RD_CUDA_LANE_DEPTH;
@@ -577,11 +591,7 @@ static void *lane_main(void *arg)
 		struct lane_pending p;
 		lane_launch(l, op, &p);
 		pthread_mutex_lock(&li->lock);
-		li->launching = false;
-		li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
-		li->npending++;
-		__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
-		wake_completer(li);
+		launch_over(li, &p);
 	}
 	li->launcher_done = true;
 	pthread_cond_broadcast(&li->completer_cond);
@@ -734,14 +744,7 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	pthread_mutex_unlock(&li->lock);
 	lane_launch(&li->lane, op, &p);
 	pthread_mutex_lock(&li->lock);
-	li->launching = false;
-	li->pending[(li->pending_head + li->npending) % RD_CUDA_LANE_DEPTH] = p;
-	li->npending++;
-	__atomic_store_n(&li->done_seq, 1, __ATOMIC_RELEASE);
-	wake_completer(li);
-	/* A call queued meanwhile waits for this launch to end. */
-	if (li->q.count)
-		wake_launcher(li);
+	launch_over(li, &p);
 	pthread_mutex_unlock(&li->lock);
 	return true;
 }
