@@ -114,6 +114,16 @@ __global__ void layer_norm_forward(const T *x, int64_t x_ld, const T *w, const T
 	}
 }
 
+/* g rounded once, the same in both passes over a row: left to itself the
+ * compiler fuses the product into g - mean(g) in one pass and not in the
+ * other, and rstd (316 for a row of one element) multiplies the rounding
+ * of the product it kept, where the true difference is 0. */
+template <typename T>
+__device__ __forceinline__ float grad_times_weight(const T *dyr, const T *w, int64_t j)
+{
+	return __fmul_rn(load(dyr, j), load(w, j));
+}
+
 /* d_x = rstd (g - mean(g) - xhat mean(g xhat)) + d_residual, with
  * g = d_y w and xhat = (x - mean) rstd. d_x may be d_residual itself: each
  * element is read and then written by the one thread that owns it. */
@@ -132,7 +142,7 @@ __global__ void layer_norm_backward_dx(const T *dy, int64_t dy_ld, const T *x, i
 		float sg = 0.0f, sgx = 0.0f;
 
 		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-			const float g = load(dyr, j) * load(w, j), xh = (load(xr, j) - mu) * rs;
+			const float g = grad_times_weight(dyr, w, j), xh = (load(xr, j) - mu) * rs;
 			sg += g;
 			sgx += g * xh;
 		}
@@ -140,7 +150,7 @@ __global__ void layer_norm_backward_dx(const T *dy, int64_t dy_ld, const T *x, i
 		const float mean_g = t.x / (float)n, mean_gx = t.y / (float)n;
 
 		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-			const float g = load(dyr, j) * load(w, j), xh = (load(xr, j) - mu) * rs;
+			const float g = grad_times_weight(dyr, w, j), xh = (load(xr, j) - mu) * rs;
 			float v = rs * (g - mean_g - xh * mean_gx);
 			if (resr)
 				v += load(resr, j);

@@ -98,8 +98,15 @@ def main():
     ap.add_argument("--small-iters", type=int, default=500)
     ap.add_argument("--rtt-iters", type=int, default=2000)
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--shapes", default=",".join(label for label, *_ in SHAPES),
+                    help="the large shapes to run, by label, comma-separated ('none': only the small GEMM and the "
+                         "round trips)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    wanted = set() if args.shapes == "none" else set(args.shapes.split(","))
+    unknown = wanted - {label for label, *_ in SHAPES}
+    if unknown:
+        ap.error(f"--shapes: no shape {', '.join(sorted(unknown))}")
 
     # Skips (77) without torch or a CUDA device; keeps memory shareable by CUDA IPC.
     torch = require_torch()
@@ -133,7 +140,7 @@ def main():
 
         transports = ("ring", "varlink")
         rows, prow = [], []
-        for label, m, n, k in SHAPES:
+        for label, m, n, k in (s for s in SHAPES if s[0] in wanted):
             a = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             b = torch.randn(k, n, device=dev, generator=g).to(torch.bfloat16)
             d = torch.empty(m, n, device=dev, dtype=torch.bfloat16)

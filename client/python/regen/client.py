@@ -1041,8 +1041,10 @@ class Client:
         try:
             lane = self._lanes.get(device)
             if wait and (self.transport == "varlink" or
-                         (lane is not None and lane.decided and lane.ring is None and lane.completed == lane.submitted)):
-                # A blocking call on a Varlink lane is one call and its reply.
+                         (lane is not None and lane.decided and lane.ring is None and lane.completed == lane.submitted
+                          and lane.transport_epoch == self._transport_epoch)):
+                # A blocking call on a Varlink lane is one call and its reply
+                # (not once set_transport asked again: _lane picks then).
                 params = {n: o.to_wire() for n, o in given.items()}
                 params.update(scalars)
                 if wait_event is not None:

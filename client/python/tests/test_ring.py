@@ -87,6 +87,27 @@ class RingTest(unittest.TestCase):
             self.assertEqual(stages, sorted(stages), f"stages out of order: {stages}")
         self.assertIsNone(self.client("varlink").last_timing(0), "Varlink has no stage times")
 
+    def test_blocking_calls_follow_a_switch_back_to_the_ring(self):
+        """Blocking calls only, Varlink then the ring: the lane takes the ring
+        again. A blocking call on a lane that had picked Varlink went on over
+        Varlink after set_transport("ring"), so bench_gemm's small calls,
+        timed as the ring's, were Varlink's."""
+        c = self.client("auto")
+        a, b, d = self.tensor(c, [5, 7]), self.tensor(c, [7, 3]), self.tensor(c, [5, 3], fill=False)
+        c.set_transport("varlink")
+        c.gemm(a.op, b.op, d.op, wait=False)   # the lane picks Varlink
+        c.wait(0)
+        self.assertEqual(c.lane_transport(0), "varlink")
+        for transport in ("varlink", "ring", "varlink", "ring"):
+            c.set_transport(transport)
+            before = time.monotonic_ns()
+            c.gemm(a.op, b.op, d.op)
+            t = c.last_timing(0)
+            over_ring = t is not None and t["taken_ns"] > before
+            self.assertEqual(over_ring, transport == "ring", f"{transport}: the worker's stage times {t}")
+        ref = reference.gemm(a.read(), b.read(), 5, 3, 7)
+        self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-5)
+
     def test_a_timed_out_record_says_its_work_was_launched(self):
         """A record answered io.regen.Timeout (its deadline_ms passed while
         its GEMM ran) reports when its work was launched, and no finish: it
