@@ -211,6 +211,7 @@ def train(cfg, mode, args):
         admin = regen.Client(args.socket) if through_regend else None
         rdev = rt.runtime().regend_device(device) if through_regend else None
         losses, times, mem_rank, mem_regend, calls, host_us, reply_us, flush_us = [], [], [], [], [], [], [], []
+        started = []   # wall clock at each step's start, to line steps up with other records
         tokens = cfg["batch"] * cfg["seq"]
         for step in range(args.steps):
             x, y = next(data)
@@ -221,6 +222,7 @@ def train(cfg, mode, args):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
+            started.append(time.time())
             before = rt.stats() if through_regend else None
             with (rt.enable(devices=(device.type,)) if through_regend else contextlib.nullcontext()):
                 logits = model(x)
@@ -246,7 +248,7 @@ def train(cfg, mode, args):
         if admin is not None:
             admin.close()
     steady = times[min(len(times) - 1, 3):] or times
-    out = {"mode": mode, "losses": losses, "step_s": times,
+    out = {"mode": mode, "losses": losses, "step_s": times, "step_started_unix": started,
            "tokens_per_s": tokens * len(steady) / sum(steady), "tokens_per_step": tokens,
            "rank_memory": mem_rank, "regend_memory": mem_regend, "calls_per_step": calls}
     if through_regend:
@@ -259,6 +261,8 @@ def train(cfg, mode, args):
         out["regen_host_ms_per_step"] = sum(host_us[first:]) / 1e3 / max(len(host_us[first:]), 1)
         out["regen_reply_ms_per_step"] = sum(reply_us[first:]) / 1e3 / max(len(reply_us[first:]), 1)
         out["regen_flush_ms_per_step"] = sum(flush_us[first:]) / 1e3 / max(len(flush_us[first:]), 1)
+        # Per step too, beside step_s: which part grows in a slow step.
+        out["regen_host_us"], out["regen_reply_us"], out["regen_flush_us"] = host_us, reply_us, flush_us
         out["steps"] = len(losses)
     return out
 
