@@ -10,12 +10,18 @@ which this run is.
 
     python3 tests/bench/bench_train.py [REGEND] [--full] [--steps N] [--orderings wait,events,sync,auto]
         [--socket PATH] [--json OUT] [--device cpu] [--check] [--kernels stack|block|parts] [--rounds R]
+        [--interleave K]
 
 --rounds R repeats the whole comparison R times (in process, then each
 ordering), each ordering's ratio taken against its own round's in-process
 run: in-process speed itself moves by up to 20% between runs on a shared
 machine, so one in-process run against later regend runs is a noisy ratio.
 The verdict is on the median of the rounds' ratios.
+
+--interleave K trains both models in one process per ordering, in turns of
+K steps (train_gpt.py --mode interleaved): a slow spell of the machine
+then falls on both, and the ratio is the median over pairs of turns of the
+in-process turn's time over the regend turn's.
 
 With --socket it uses a running regend (e.g. one started as an MPS client);
 otherwise it starts one with the CUDA backend.  Each configuration runs in
@@ -52,10 +58,19 @@ def opt(name, default, cast=str):
 KERNELS = opt("--kernels", None)
 
 
+# --interleave K: each ordering's process trains both models in turns of K
+# steps (train_gpt --mode interleaved), its ratio the median of the turns'.
+INTERLEAVE = opt("--interleave", 0, int)
+
+
 def run(socket, mode, ordering, steps, full, env):
+    """train_gpt's results for `mode` (with --interleave, both modes' and
+    the turns' ratios)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         argv = [sys.executable, os.path.join(REPO, "client", "python", "examples", "train_gpt.py"), "--mode", mode,
                 "--steps", str(steps), "--socket", socket, "--json", out.name, "--quiet"]
+        if mode == "interleaved":
+            argv += ["--turn", str(INTERLEAVE)]
         if not full:
             argv.append("--small")
         if CPU:
@@ -68,7 +83,8 @@ def run(socket, mode, ordering, steps, full, env):
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
         if r.returncode != 0:
             raise RunFailed(f"train_gpt.py {mode} {ordering or ''} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
-        return json.load(open(out.name))["runs"][mode]
+        results = json.load(open(out.name))
+        return results if mode == "interleaved" else results["runs"][mode]
 
 
 class RunFailed(Exception):
@@ -78,7 +94,8 @@ class RunFailed(Exception):
 def main():
     positional = [a for i, a in enumerate(sys.argv[1:], 1)
                   if not a.startswith("--") and sys.argv[i - 1] not in ("--steps", "--orderings", "--socket", "--json",
-                                                                       "--device", "--kernels")]
+                                                                       "--device", "--kernels", "--rounds",
+                                                                       "--interleave")]
     steps = opt("--steps", 30, int)
     full = "--full" in sys.argv
     orderings = opt("--orderings", "wait,events,sync,auto").split(",")
@@ -107,6 +124,10 @@ def main():
         failed = []
         for rnd in range(rounds):
             label = f" [round {rnd + 1}]" if rounds > 1 else ""
+            if INTERLEAVE:
+                out["rounds"].append({"regend": {}})
+                run_orderings(socket, orderings, steps, full, env, None, label, rows, out, ratios, failed)
+                continue
             base = run(socket, "torch", None, steps, full, env)
             out["torch"] = base
             out["rounds"].append({"torch": base, "regend": {}})
@@ -115,7 +136,8 @@ def main():
         mode = "MPS" if mps["rank"] or mps["regend"] else "isolated"
         target = 0.95 if mode == "MPS" else 0.8
         print(f"train_gpt.py ({'full' if full else 'small'}, kernels {KERNELS or 'stack'}), {steps} steps, {mode} "
-              f"(target >= {target}){f', {rounds} rounds' if rounds > 1 else ''}")
+              f"(target >= {target}){f', {rounds} rounds' if rounds > 1 else ''}"
+              f"{f', in process and regend in turns of {INTERLEAVE} steps in one process' if INTERLEAVE else ''}")
         print(markdown_table(["run", "tokens/s", "vs in process", "regend calls/step",
                               "of them on an idle rank stream", "hand-offs/step", "context switches/step"], rows))
         # The verdict per ordering against the issue's target, on the median
@@ -153,7 +175,13 @@ def run_orderings(socket, orderings, steps, full, env, base, label, rows, out, r
     for ordering in orderings:
         # One ordering that fails costs its row, not the others' numbers.
         try:
-            r = run(socket, "regend", ordering, steps, full, env)
+            if INTERLEAVE:
+                both = run(socket, "interleaved", ordering, steps, full, env)
+                r, base = both["runs"]["regend"], both["runs"]["torch"]
+                rows.append([f"in process, in turns with ({ordering}){label}", f"{base['tokens_per_s']:.0f}", "1.000",
+                             "-", "-", "-", "-"])
+            else:
+                r = run(socket, "regend", ordering, steps, full, env)
         except RunFailed as e:
             print(e, file=sys.stderr)
             failed.append(ordering)
@@ -163,9 +191,14 @@ def run_orderings(socket, orderings, steps, full, env, base, label, rows, out, r
         per_step_calls = st["calls"] / steps
         handoffs = st["handoffs"] / steps
         idle = st.get("idle_calls", 0) / steps
-        ratio = r["tokens_per_s"] / base["tokens_per_s"]
+        # Interleaved: the median of the pairs of turns, each regend turn
+        # against the in-process turn just before it.
+        ratio = both["turn_ratio_median"] if INTERLEAVE else r["tokens_per_s"] / base["tokens_per_s"]
         out["regend"][ordering] = r
         out["rounds"][-1]["regend"][ordering] = r
+        if INTERLEAVE:
+            out["rounds"][-1].setdefault("torch", {})[ordering] = base
+            out["rounds"][-1].setdefault("turn_ratios", {})[ordering] = both["turn_ratios"]
         ratios[ordering].append(ratio)
         rows.append([f"regend ({ordering}){label}", f"{r['tokens_per_s']:.0f}", f"{ratio:.3f}", f"{per_step_calls:.0f}",
                      f"{idle:.0f}", f"{handoffs:.0f}", f"~{2 * handoffs:.0f}"])

@@ -8,6 +8,8 @@ an injected fault.
     # a quick run, and the same model in process, losses side by side
     python3 client/python/examples/train_gpt.py --small --mode both --steps 30 \\
         --restart-at 10 --fault-at 20 --json /tmp/gpt.json
+    # both in one process, in turns of 5 steps (what bench_train --interleave runs)
+    python3 client/python/examples/train_gpt.py --mode interleaved --turn 5 --steps 60
     # regend's host backend, on the CPU (no GPU needed)
     python3 client/python/examples/train_gpt.py --small --device cpu --dtype f32 --mode both
 
@@ -39,6 +41,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -185,91 +188,141 @@ def regend_memory(client, device):
         return None
 
 
-def train(cfg, mode, args):
-    device = torch.device(args.device)
-    dtype = DTYPES[args.dtype]
-    through_regend = mode == "regend"
-    rt = None
-    scope = contextlib.ExitStack()
-    if through_regend:
-        import regen.torch as rt
-        rt.configure(socket=args.socket, ordering=args.ordering)
-        if device.type == "cuda":
+class Trainer:
+    """One model trained in one mode ("torch": in process; "regend": through
+    regen.torch), a step at a time, inside scope(): the pool and
+    single-threaded backward that the regend mode's allocations need. Two
+    trainers can take turns in one process (--mode interleaved), each
+    inside its own scope for its turn."""
+
+    def __init__(self, cfg, mode, args):
+        self.cfg, self.mode, self.args = cfg, mode, args
+        self.device = torch.device(args.device)
+        self.rt = None
+        if mode == "regend":
+            import regen.torch as rt
+            rt.configure(socket=args.socket, ordering=args.ordering)
+            self.rt = rt
+        self.losses, self.times, self.started = [], [], []   # started: wall clock, to line steps up with other records
+        self.mem_rank, self.mem_regend, self.calls = [], [], []
+        self.host_us, self.reply_us, self.flush_us = [], [], []
+        self.tokens = cfg["batch"] * cfg["seq"]
+        with self.scope():
+            torch.manual_seed(args.seed)
+            self.model = GPT(**cfg).to(device=self.device, dtype=DTYPES[args.dtype])
+            if self.rt is not None:
+                self.model.use_regend(self.rt, args.kernels)
+            else:
+                self.model.set_kernels(attention_in_torch, None)
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.0)
+        self.data = batches(cfg, args.seed + 1, self.device)
+        self.admin = regen.Client(args.socket) if self.rt is not None else None
+        self.rdev = self.rt.runtime().regend_device(self.device) if self.rt is not None else None
+
+    def scope(self):
+        scope = contextlib.ExitStack()
+        if self.rt is not None and self.device.type == "cuda":
             if hasattr(torch.autograd, "set_multithreading_enabled"):
                 scope.enter_context(torch.autograd.set_multithreading_enabled(False))
-            if not args.no_pool:
-                scope.enter_context(rt.pool(device.index))
-    with scope:
-        torch.manual_seed(args.seed)
-        model = GPT(**cfg).to(device=device, dtype=dtype)
-        if through_regend:
-            model.use_regend(rt, args.kernels)
-        else:
-            model.set_kernels(attention_in_torch, None)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-        data = batches(cfg, args.seed + 1, device)
-        admin = regen.Client(args.socket) if through_regend else None
-        rdev = rt.runtime().regend_device(device) if through_regend else None
-        losses, times, mem_rank, mem_regend, calls, host_us, reply_us, flush_us = [], [], [], [], [], [], [], []
-        started = []   # wall clock at each step's start, to line steps up with other records
-        tokens = cfg["batch"] * cfg["seq"]
-        for step in range(args.steps):
-            x, y = next(data)
-            if through_regend and step == args.restart_at:
-                regenctl_restart(admin.socket_path, rdev)
-            if through_regend and step == args.fault_at:
-                admin.inject_fault(rdev, "device_lost")
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            started.append(time.time())
-            before = rt.stats() if through_regend else None
-            with (rt.enable(devices=(device.type,)) if through_regend else contextlib.nullcontext()):
-                logits = model(x)
-                loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), y.reshape(-1))
-                loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            value = loss.item()   # synchronises: the step's time includes its GPU work
-            times.append(time.perf_counter() - t0)
-            losses.append(value)
-            if through_regend:
-                after = rt.stats()
-                calls.append(after["calls"] - before["calls"])
-                host_us.append(after["host_us"] - before["host_us"])
-                reply_us.append(after["reply_us"] - before["reply_us"])
-                flush_us.append(after["flush_us"] - before["flush_us"])
-            if device.type == "cuda":
-                mem_rank.append(torch.cuda.memory_allocated(device))
-            if admin is not None and (step % 5 == 0 or step == args.steps - 1):
-                mem_regend.append(regend_memory(admin, rdev))
-            if not args.quiet:
-                print(f"{mode:6s} step {step:4d}  loss {value:.4f}  {tokens / times[-1]:10.0f} tok/s", flush=True)
-        if admin is not None:
-            admin.close()
-    steady = times[min(len(times) - 1, 3):] or times
-    out = {"mode": mode, "losses": losses, "step_s": times, "step_started_unix": started,
-           "tokens_per_s": tokens * len(steady) / sum(steady), "tokens_per_step": tokens,
-           "rank_memory": mem_rank, "regend_memory": mem_regend, "calls_per_step": calls}
-    if through_regend:
-        st = rt.stats()
-        out["stats"] = st
-        # The rank's host time per step inside regen.torch's calls, the
-        # part of it waiting for the client call's reply, and collecting
-        # queued answers at a run's end (steady steps).
+            if not self.args.no_pool:
+                scope.enter_context(self.rt.pool(self.device.index))
+        return scope
+
+    def step(self):
+        rt, args, device, cfg = self.rt, self.args, self.device, self.cfg
+        step = len(self.losses)
+        x, y = next(self.data)
+        if rt is not None and step == args.restart_at:
+            regenctl_restart(self.admin.socket_path, self.rdev)
+        if rt is not None and step == args.fault_at:
+            self.admin.inject_fault(self.rdev, "device_lost")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        self.started.append(time.time())
+        before = rt.stats() if rt is not None else None
+        with (rt.enable(devices=(device.type,)) if rt is not None else contextlib.nullcontext()):
+            logits = self.model(x)
+            loss = F.cross_entropy(logits.float().view(-1, cfg["vocab"]), y.reshape(-1))
+            loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        value = loss.item()   # synchronises: the step's time includes its GPU work
+        self.times.append(time.perf_counter() - t0)
+        self.losses.append(value)
+        if rt is not None:
+            after = rt.stats()
+            self.calls.append(after["calls"] - before["calls"])
+            self.host_us.append(after["host_us"] - before["host_us"])
+            self.reply_us.append(after["reply_us"] - before["reply_us"])
+            self.flush_us.append(after["flush_us"] - before["flush_us"])
+        if device.type == "cuda":
+            self.mem_rank.append(torch.cuda.memory_allocated(device))
+        if self.admin is not None and (step % 5 == 0 or step == args.steps - 1):
+            self.mem_regend.append(regend_memory(self.admin, self.rdev))
+        if not args.quiet:
+            print(f"{self.mode:6s} step {step:4d}  loss {value:.4f}  {self.tokens / self.times[-1]:10.0f} tok/s",
+                  flush=True)
+
+    def result(self):
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
+        times = self.times
         first = min(len(times) - 1, 3)
-        out["regen_host_ms_per_step"] = sum(host_us[first:]) / 1e3 / max(len(host_us[first:]), 1)
-        out["regen_reply_ms_per_step"] = sum(reply_us[first:]) / 1e3 / max(len(reply_us[first:]), 1)
-        out["regen_flush_ms_per_step"] = sum(flush_us[first:]) / 1e3 / max(len(flush_us[first:]), 1)
-        # Per step too, beside step_s: which part grows in a slow step.
-        out["regen_host_us"], out["regen_reply_us"], out["regen_flush_us"] = host_us, reply_us, flush_us
-        out["steps"] = len(losses)
-    return out
+        steady = times[first:] or times
+        out = {"mode": self.mode, "losses": self.losses, "step_s": times, "step_started_unix": self.started,
+               "tokens_per_s": self.tokens * len(steady) / sum(steady), "tokens_per_step": self.tokens,
+               "rank_memory": self.mem_rank, "regend_memory": self.mem_regend, "calls_per_step": self.calls}
+        if self.rt is not None:
+            out["stats"] = self.rt.stats()
+            # The rank's host time per step inside regen.torch's calls, the
+            # part of it waiting for the client call's reply, and collecting
+            # queued answers at a run's end (steady steps); per step too, to
+            # tell which part grows in a slow step.
+            for key, xs in (("host", self.host_us), ("reply", self.reply_us), ("flush", self.flush_us)):
+                out[f"regen_{key}_ms_per_step"] = sum(xs[first:]) / 1e3 / max(len(xs[first:]), 1)
+                out[f"regen_{key}_us"] = xs
+            out["steps"] = len(self.losses)
+        return out
+
+
+def train(cfg, mode, args):
+    t = Trainer(cfg, mode, args)
+    with t.scope():
+        for _ in range(args.steps):
+            t.step()
+    return t.result()
+
+
+def train_interleaved(cfg, args):
+    """Both modes in this process, taking turns of --turn steps: machine
+    noise that lasts longer than a turn (a shared host's CPUs, clocks) falls
+    on both, where runs in separate processes, one after the other, each
+    meet their own. Returns both runs and, per pair of turns past the first
+    (warm-up), the in-process turn's time over the regend turn's."""
+    trainers = {mode: Trainer(cfg, mode, args) for mode in ("torch", "regend")}
+    turn_ratios = []
+    while len(trainers["regend"].times) < args.steps:
+        n = min(args.turn, args.steps - len(trainers["regend"].times))
+        took = {}
+        for mode, t in trainers.items():
+            with t.scope():
+                for _ in range(n):
+                    t.step()
+            took[mode] = sum(t.times[-n:])
+        if len(trainers["regend"].times) > n or args.steps <= args.turn:
+            turn_ratios.append(took["torch"] / took["regend"])
+    runs = {mode: t.result() for mode, t in trainers.items()}
+    return runs, turn_ratios
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("regend", "torch", "both"), default="regend")
+    p.add_argument("--mode", choices=("regend", "torch", "both", "interleaved"), default="regend",
+                   help="both: in process, then through regend; interleaved: the two in turns of --turn steps, in "
+                        "one process")
+    p.add_argument("--turn", type=int, default=5, help="--mode interleaved: steps in each turn (default 5)")
     p.add_argument("--small", action="store_true", help="a quick model: %s" % SMALL)
     for key in FULL:
         p.add_argument("--" + key, type=int, help="default %d (--small: %d)" % (FULL[key], SMALL[key]))
@@ -295,10 +348,14 @@ def main(argv=None):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     args.socket = args.socket or os.environ.get("REGEN_SOCKET") or regen.DEFAULT_SOCKET
-    modes = ("torch", "regend") if args.mode == "both" else (args.mode,)
+    modes = ("torch", "regend") if args.mode in ("both", "interleaved") else (args.mode,)
     results = {"config": cfg, "args": {k: v for k, v in vars(args).items()}, "runs": {}}
-    for mode in modes:
-        results["runs"][mode] = train(cfg, mode, args)
+    if args.mode == "interleaved":
+        results["runs"], results["turn_ratios"] = train_interleaved(cfg, args)
+        results["turn_ratio_median"] = statistics.median(results["turn_ratios"])
+    else:
+        for mode in modes:
+            results["runs"][mode] = train(cfg, mode, args)
     for mode, r in results["runs"].items():
         print(f"{mode}: {len(r['losses'])} steps, loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}, "
               f"{r['tokens_per_s']:.0f} tokens/s")
@@ -308,6 +365,9 @@ def main(argv=None):
         results["max_loss_difference"] = worst
         results["throughput_ratio"] = b["tokens_per_s"] / a["tokens_per_s"]
         print(f"largest loss difference {worst:.4g}; regend/torch throughput {results['throughput_ratio']:.3f}")
+        if "turn_ratios" in results:
+            print(f"in turns of {args.turn} steps: median of the turns' ratios {results['turn_ratio_median']:.3f} "
+                  f"({len(results['turn_ratios'])} pairs of turns)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
