@@ -47,6 +47,9 @@ const struct rd_option rd_option_table[] = {
 	{ "failed-retry-ms", "failed_retry_ms", "MS", RD_OPT_UINT, USER | RD_OPT_RELOAD, FIELD(failed_retry_ms),
 	  .min = 100, .max = 86400000, .def = "30000",
 	  .help = "first pause before a worker is started again on a failed GPU (doubles, up to 16x)" },
+	{ "worker-start-timeout-ms", "worker_start_timeout_ms", "MS", RD_OPT_UINT, USER | RD_OPT_RELOAD,
+	  FIELD(worker_start_timeout_ms), .min = 1000, .max = 3600000, .def = "120000",
+	  .help = "a worker not ready this long after it started is killed and counted as a failed start" },
 	{ "socket-mode", "socket_mode", "OCTAL", RD_OPT_MODE, USER | RD_OPT_WORKER, FIELD(socket_mode), .def = "0660",
 	  .help = "mode of the sockets regend creates" },
 	/* Workers log too: it travels on their command line, and on SIGHUP. */

@@ -31,6 +31,7 @@ struct rd_options {
 	unsigned heartbeat_ms;         /* no answer to the supervisor this long: unresponsive */
 	unsigned health_period_ms;     /* the worker's context check */
 	unsigned failed_retry_ms;      /* first pause before a worker starts again on a failed GPU */
+	unsigned worker_start_timeout_ms; /* a worker not Ready this long after its start is killed */
 	unsigned socket_mode;
 	int log_level;                 /* enum rd_log_level */
 	unsigned max_connections;      /* per peer uid, on each socket */

@@ -591,6 +591,7 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 	take_sharing(d, ready->sharing);
 	d->up_since_ns = uv_hrtime();
 	d->worker_served = true;
+	uv_timer_stop(&d->start_timer);
 	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
 	heartbeat_start(d);
 	/* The device serves again: the lost worker already gave it its new
@@ -696,10 +697,19 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	unsigned backoff;
 
 	uv_timer_stop(&d->heartbeat_timer);
+	uv_timer_stop(&d->start_timer);
 	d->ping_outstanding = false;
 	fold_worker_counts(d);
 	if (*d->env->stopping)
 		return;
+	/* Killed at its start deadline: that, not the signal, is why. */
+	char timed_out[128];
+	if (d->start_timed_out) {
+		d->start_timed_out = false;
+		snprintf(timed_out, sizeof(timed_out), "worker %d was not ready within %u ms of its start (killed)",
+			 d->worker.pid, d->env->opts->worker_start_timeout_ms);
+		why = timed_out;
+	}
 	if (detaching(d)) {
 		/* No worker, no handle on the GPU, no respawn until Attach. */
 		rd_info("lifecycle", d->index, d->generation, 0, "detached: %s", why);
@@ -755,6 +765,20 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 
 static const struct rd_sv_worker_events worker_events = { on_worker_ready, on_worker_faulted, on_worker_exited };
 
+/* A worker that hangs in its start (a driver that never answers its
+ * init) would hold the device, and READY=1 with it, for ever: past the
+ * deadline it goes the way of a worker that crashed before it served
+ * (backoff, respawn, the reason in Status). */
+static void on_start_timeout(uv_timer_t *t)
+{
+	struct rd_sv_device *d = t->data;
+
+	if (d->worker_served || !rd_sv_worker_running(&d->worker) || *d->env->stopping)
+		return;
+	d->start_timed_out = true;
+	kill_worker(d, "not ready within worker_start_timeout_ms of its start");
+}
+
 static void spawn(struct rd_sv_device *d)
 {
 	struct rd_options wopts = *d->env->opts;
@@ -775,6 +799,8 @@ static void spawn(struct rd_sv_device *d)
 		d->respawns++;
 	d->up_since_ns = uv_hrtime();
 	d->worker_served = false;
+	d->start_timed_out = false;
+	uv_timer_start(&d->start_timer, on_start_timeout, d->env->opts->worker_start_timeout_ms, 0);
 }
 
 /* ---- A detached device's socket ---- */
@@ -865,6 +891,8 @@ void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *en
 	d->respawn_timer.data = d;
 	uv_timer_init(env->loop, &d->heartbeat_timer);
 	d->heartbeat_timer.data = d;
+	uv_timer_init(env->loop, &d->start_timer);
+	d->start_timer.data = d;
 	d->health.ecc_dbe_volatile = d->health.ecc_dbe_aggregate = -1;
 	d->health.retired_pages_pending = d->health.remap_pending = d->health.remap_failed = -1;
 	d->sharing.mps_clients = -1;
@@ -891,6 +919,8 @@ void rd_sv_device_stop(struct rd_sv_device *d, const char *why)
 	uv_close((uv_handle_t *)&d->respawn_timer, NULL);
 	uv_timer_stop(&d->heartbeat_timer);
 	uv_close((uv_handle_t *)&d->heartbeat_timer, NULL);
+	uv_timer_stop(&d->start_timer);
+	uv_close((uv_handle_t *)&d->start_timer, NULL);
 	detached_unlisten(d);
 	/* The worker drains on SIGTERM and exits. */
 	rd_sv_worker_kill(&d->worker, SIGTERM);

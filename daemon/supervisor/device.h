@@ -115,6 +115,8 @@ struct rd_sv_device {
 	uv_timer_t timer;              /* the running operation's deadline */
 	uv_timer_t respawn_timer;      /* the pause before a respawn */
 	uv_timer_t heartbeat_timer;    /* asks the worker for Stats; finds it unresponsive */
+	uv_timer_t start_timer;        /* a starting worker's deadline to report Ready */
+	bool start_timed_out;          /* the last worker was killed at that deadline */
 	uint64_t last_answer_ns;       /* when the worker last answered (or started) */
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */

@@ -14,7 +14,8 @@ timeout and restart it in a loop, the devices that serve with it. READY=1
 comes once every device either serves or has had a worker fail to start;
 Status then shows that device respawning and why, STATUS= names it, and it
 serves once the cause is gone. (READY=1 waited for every device to be
-ready, and never came.)
+ready, and never came.) The same for a worker that hangs in its start:
+worker_start_timeout_ms ends it.
 
 Usage: test_notify.py REGEND [--no-systemd]
 
@@ -82,10 +83,10 @@ class Listener:
             self.poll(min(left, 0.05))
 
 
-def start_notified(daemon):
-    """Starts regend with a NOTIFY_SOCKET of our own; the listener."""
+def start_notified(daemon, env=None):
+    """Starts regend with a NOTIFY_SOCKET of our own (and `env`); the listener."""
     listener = Listener(os.path.join(daemon.dir, "notify"))
-    daemon.start(wait=False, env={"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": str(WATCHDOG_USEC)},
+    daemon.start(wait=False, env={"NOTIFY_SOCKET": listener.path, "WATCHDOG_USEC": str(WATCHDOG_USEC), **(env or {})},
                  wrapper=["/bin/sh", "-c", 'WATCHDOG_PID=$$; export WATCHDOG_PID; exec "$0" "$@"'])
     return listener
 
@@ -120,11 +121,38 @@ def one_device_cannot_start(regend):
     log("one device unable to start: READY=1, the device shown, served later")
 
 
+def one_device_hangs_at_start(regend):
+    """A worker that never reports Ready (its open hangs, as a driver's init
+    may) is killed at worker_start_timeout_ms: READY=1 comes, Status says
+    why the device does not serve, and it serves once its open returns.
+    Without the deadline, READY=1 never came and the device stayed
+    respawning with no reason given."""
+    with Regend(regend, devices=DEVICES, fault_injection=False, start=False,
+                config="worker_start_timeout_ms = 1500\n") as daemon:
+        hang = os.path.join(daemon.dir, "open-hangs")
+        with open(hang + ".1", "w"):
+            pass
+        listener = start_notified(daemon, {"REGEN_HOST_OPEN_HANG_FILE": hang})
+        ready = listener.wait_key("READY", "1", 20)
+        check(ready is not None, "no READY=1 within 20 s while device 1's worker hangs in its start")
+        devs = try_status(daemon.socket)["devices"]
+        log("READY=1 with device 1 hanging at start; Status: %r" % [(d["state"], d["reason"]) for d in devs])
+        check(devs[0]["state"] == "ready", "device 0 after READY=1: %r" % devs[0])
+        check(devs[1]["state"] == "respawning" and "not ready within 1500 ms" in devs[1]["reason"],
+              "device 1 does not say its worker was not ready in time: %r" % devs[1])
+        os.unlink(hang + ".1")
+        wait_for(lambda: all_ready(try_status(daemon.socket), DEVICES), 15, "device 1 to serve once its open returns")
+        daemon.signal(signal.SIGTERM)
+        check(daemon.wait(30) == 0, "regend exit status after SIGTERM")
+    log("one device hanging at start: killed at its deadline, READY=1, the device shown, served later")
+
+
 def main():
     regend = regend_path()
     if "--no-systemd" in sys.argv[2:]:
         skip("regend was built without libsystemd: no sd_notify")
     one_device_cannot_start(regend)
+    one_device_hangs_at_start(regend)
     with Regend(regend, devices=DEVICES, fault_injection=False, start=False) as daemon:
         notify_path = os.path.join(daemon.dir, "notify")
         listener = Listener(notify_path)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "daemon/backend/host/common.h"
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
@@ -40,10 +41,27 @@ static void host_memory(struct rd_device *dev, uint64_t *used, uint64_t *baselin
 	*baseline = 0;   /* open holds nothing: every byte comes from an import or a call */
 }
 
+/* REGEN_HOST_OPEN_HANG_FILE (a test knob): device N's open waits while
+ * the file named by it with ".N" appended exists, as a driver's init that
+ * does not answer would: what worker_start_timeout_ms is for. */
+static void wait_while_told_to_hang(const struct rd_device *dev)
+{
+	const char *base = getenv("REGEN_HOST_OPEN_HANG_FILE");
+	char path[4096];
+
+	if (!base || !*base || snprintf(path, sizeof(path), "%s.%d", base, dev->index) >= (int)sizeof(path))
+		return;
+	while (access(path, F_OK) == 0)
+		usleep(10000);
+}
+
 static int host_open(struct rd_device *dev, struct rp_error *err)
 {
 	struct host_device *h;
-	int r = rd_host_guard_install();
+	int r;
+
+	wait_while_told_to_hang(dev);
+	r = rd_host_guard_install();
 
 	if (r < 0) {
 		rp_error_set(err, RP_ERR_BACKEND, "cannot install the SIGBUS guard: %s", strerror(-r));
