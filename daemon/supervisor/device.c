@@ -742,15 +742,18 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	op_await_worker(d);
 	/* A worker that never served makes no transition (the device was
-	 * respawning already, and Watch heard so): its exit is still why the
-	 * device does not serve, which Status says. Worded to stay true once a
-	 * later worker serves, as a reason does. */
+	 * respawning already): its exit is still why the device does not
+	 * serve, which Status and Watch say. Worded to stay true once a later
+	 * worker serves, as a reason does. */
 	if (!d->worker_served) {
 		char next[48] = "; retried at once";
 
 		if (backoff)
 			snprintf(next, sizeof(next), "; retried after %u ms", backoff);
 		snprintf(d->reason, sizeof(d->reason), "%.200s before it served%s", why, next);
+		/* No transition, but news for a scheduler that watches: why the
+		 * device still does not serve. */
+		events(d)->state_changed(d, false, d->env->data);
 	}
 	if (backoff) {
 		rd_info("lifecycle", d->index, d->generation, 0,

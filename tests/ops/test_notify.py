@@ -27,10 +27,11 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from regend_fixture import Regend, all_ready, check, log, regend_path, skip, try_status, wait_for, TIME_SCALE
+from regend_fixture import Conn, Regend, all_ready, check, log, regend_path, skip, try_status, wait_for, TIME_SCALE
 
 WATCHDOG_USEC = 400000      # regend should ping every 200 ms
 DEVICES = 2
@@ -140,10 +141,32 @@ def one_device_hangs_at_start(regend):
         check(devs[0]["state"] == "ready", "device 0 after READY=1: %r" % devs[0])
         check(devs[1]["state"] == "respawning" and "not ready within 1500 ms" in devs[1]["reason"],
               "device 1 does not say its worker was not ready in time: %r" % devs[1])
+        # systemd reads what regend sends at once; so must this listener from
+        # here on, or regend blocks in sd_notify once the kernel's queue of
+        # datagrams (net.unix.max_dgram_qlen, 10 on some kernels) is full.
+        stop = threading.Event()
+        drain = threading.Thread(target=lambda: [listener.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
+        drain.start()
+        # The next worker hangs too: a Watch hears why, though the state
+        # stays respawning (it heard nothing of a worker lost before it served).
+        watch = Conn(daemon.socket, timeout=15)
+        watch.send("io.regen.Device.Watch", more=True)
+        for _ in range(DEVICES):
+            watch.reply()
+        try:
+            ev = watch.reply()
+        except OSError as e:
+            ev = {"error": repr(e)}
+        check(ev.get("device") == 1 and ev.get("state") == "respawning" and
+              "not ready within 1500 ms" in ev.get("reason", ""),
+              "Watch after device 1's next worker hung: %r" % ev)
+        watch.close()
         os.unlink(hang + ".1")
         wait_for(lambda: all_ready(try_status(daemon.socket), DEVICES), 15, "device 1 to serve once its open returns")
         daemon.signal(signal.SIGTERM)
         check(daemon.wait(30) == 0, "regend exit status after SIGTERM")
+        stop.set()
+        drain.join()
     log("one device hanging at start: killed at its deadline, READY=1, the device shown, served later")
 
 
