@@ -44,6 +44,11 @@ struct rd_buffer {
 	struct rd_object obj;
 	enum rd_buffer_kind kind;
 	uint64_t size;
+	/* ImportBuffer's offset: where the buffer starts in the memory it was
+	 * imported from (set by the worker). That memory starts at least 256
+	 * bytes aligned (an allocation, a VMM mapping, a page), so an element
+	 * is aligned in memory as offset + its offset in the buffer is. */
+	uint64_t offset;
 	/* Address operands are offset from: host pointer (host backend) or
 	 * device pointer (cuda). NULL while the mapping is released. */
 	void *ptr;

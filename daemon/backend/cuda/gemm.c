@@ -344,6 +344,15 @@ static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error
 			return -EIO;
 		}
 		p[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
+		/* The worker refuses these by the buffer's import offset
+		 * (compute.c); this is for whoever drives the backend directly.
+		 * cuBLASLt would find no algorithm and say nothing of which. */
+		size_t elem = rp_dtype_size(c->operands[i].dtype);
+		if (elem && (uintptr_t)p[i] % elem != 0)
+			return rp_error_invalid_operand(err, c->spec->operands[i].name,
+							"misaligned: %s's first element is at an address that is not a "
+							"multiple of %zu, the size of %s",
+							c->spec->operands[i].name, elem, rp_dtype_name(c->operands[i].dtype));
 	}
 	ptr->a = p[RP_GEMM_A];
 	ptr->b = p[RP_GEMM_B];
