@@ -286,6 +286,10 @@ struct rd_device {
 	 * call that needs more fails with io.regen.LimitExceeded {resource:
 	 * "scratch"} before it takes any. */
 	uint64_t max_scratch;
+	/* GEMM plans a backend that caches them keeps at most (gemm_plans_max;
+	 * 0: the backend's default), read at open. The CUDA backend's
+	 * cuBLASLt plans; the host backend plans nothing. */
+	unsigned gemm_plans_max;
 	/* Set by whoever drives the device; a backend calls it (any thread) when
 	 * it finds the context lost or the GPU failed: the core then fails new
 	 * work with DeviceLost and reports the fault to the supervisor. */
