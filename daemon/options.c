@@ -65,6 +65,12 @@ const struct rd_option rd_option_table[] = {
 	{ "max-scratch-mib", "max_scratch_mib", "MIB", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_scratch_mib),
 	  .min = 1, .max = 1048576, .def = "4096",
 	  .help = "scratch one compute call may take (workspaces, host staging); more is LimitExceeded" },
+	/* Read when the worker opens its device (the backend sizes its cache
+	 * then): a restart applies a new value, as for attention's plans,
+	 * whose limit has no key. */
+	{ "gemm-plans-max", "gemm_plans_max", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(gemm_plans_max), .min = 1,
+	  .max = 65536, .def = "256",
+	  .help = "GEMM plans (cuBLASLt) each device keeps cached; the least recently used are destroyed past it" },
 	{ "config", NULL, "PATH", RD_OPT_CONFIG, RD_OPT_CLI, FIELD(config_path), .def = RD_CONFIG_DEFAULT,
 	  .help = "configuration file" },
 	{ "help", NULL, NULL, RD_OPT_HELP, RD_OPT_CLI, .help = "print this help and exit" },

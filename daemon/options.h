@@ -38,6 +38,7 @@ struct rd_options {
 	unsigned max_buffers;          /* per client process, per device */
 	unsigned max_comms;            /* communicators, per client process, per device */
 	uint64_t max_scratch_mib;      /* per compute call */
+	unsigned gemm_plans_max;       /* cached GEMM plans per device (CUDA) */
 	char config_path[256];         /* the file read; "" = none */
 
 	/* Worker processes only: what the supervisor tells the worker it starts. */

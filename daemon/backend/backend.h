@@ -44,6 +44,11 @@ struct rd_buffer {
 	struct rd_object obj;
 	enum rd_buffer_kind kind;
 	uint64_t size;
+	/* ImportBuffer's offset: where the buffer starts in the memory it was
+	 * imported from (set by the worker). That memory starts at least 256
+	 * bytes aligned (an allocation, a VMM mapping, a page), so an element
+	 * is aligned in memory as offset + its offset in the buffer is. */
+	uint64_t offset;
 	/* Address operands are offset from: host pointer (host backend) or
 	 * device pointer (cuda). NULL while the mapping is released. */
 	void *ptr;
@@ -281,6 +286,10 @@ struct rd_device {
 	 * call that needs more fails with io.regen.LimitExceeded {resource:
 	 * "scratch"} before it takes any. */
 	uint64_t max_scratch;
+	/* GEMM plans a backend that caches them keeps at most (gemm_plans_max;
+	 * 0: the backend's default), read at open. The CUDA backend's
+	 * cuBLASLt plans; the host backend plans nothing. */
+	unsigned gemm_plans_max;
 	/* Set by whoever drives the device; a backend calls it (any thread) when
 	 * it finds the context lost or the GPU failed: the core then fails new
 	 * work with DeviceLost and reports the fault to the supervisor. */

@@ -106,6 +106,29 @@ static void on_op_done(struct rd_op *op)
 	free(cc);
 	rd_session_call_finished(s);
 }
+/* The parser held an operand's offset to a multiple of its element size;
+ * a buffer imported at an offset that is not one can still put the
+ * operand's elements at misaligned addresses. cuBLASLt answers those with
+ * no algorithm (a BackendError that names nothing), a kernel with a
+ * misaligned access that costs the context: refused here, by name, the
+ * same on every backend and over both transports (the ring's records come
+ * through here too). */
+static int check_alignment(const struct rp_operand *op, const char *name, const struct rd_buffer *buf,
+			   struct rp_error *err)
+{
+	size_t elem = rp_dtype_size(op->dtype);
+	char id[RP_ID_MAX];
+
+	if (elem == 0 || (buf->offset + op->offset) % elem == 0)
+		return 0;
+	return rp_error_invalid_operand(err, name,
+					"misaligned: buffer %s was imported at offset %llu of its memory, so %s's first "
+					"element (offset %llu in the buffer) is not aligned to %zu bytes, the size of %s; "
+					"import the buffer at an offset that is a multiple of %zu",
+					rp_id_format(&op->buffer, id), (unsigned long long)buf->offset, name,
+					(unsigned long long)op->offset, elem, rp_dtype_name(op->dtype), elem);
+}
+
 static int resolve_operands(struct rd_worker *w, struct rd_op *op, const struct rd_client *who,
 			    struct rp_error *err)
 {
@@ -124,6 +147,9 @@ static int resolve_operands(struct rd_worker *w, struct rd_op *op, const struct 
 			return r;
 		buf = rd_object_buffer(o);
 		r = rp_operand_check_bounds(&c->operands[i], name, buf->size, err);
+		if (r < 0)
+			return r;
+		r = check_alignment(&c->operands[i], name, buf, err);
 		if (r < 0)
 			return r;
 		rd_objects_ref(o);

@@ -52,6 +52,7 @@ void rd_memory_import_buffer(struct rd_call *call)
 		call->raw.fds[req.fd] = -1;   /* the backend owns it now */
 	buf->device = &w->dev;
 	buf->kind = imp.kind;
+	buf->offset = imp.offset;
 	rd_objects_add(&w->objects, &buf->obj, RD_OBJECT_BUFFER, s->client);
 	rd_usage_object_added(s->usage, &buf->obj, RD_OBJECT_BUFFER, buf->size);
 	rd_debug("memory", w->dev.index, rd_worker_generation(w), s->client->peer.pid, "imported %s %s, %llu bytes",

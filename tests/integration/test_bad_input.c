@@ -419,6 +419,97 @@ static int other_main(void *arg)
 	return 0;
 }
 
+/* Imports spare's memfd at `offset` on the raw connection; the buffer id
+ * into id. */
+static void import_at(struct tl_conn *raw, struct tl_buffer *spare, unsigned offset, char *id, size_t size)
+{
+	char msg[256], *reply;
+
+	snprintf(msg, sizeof(msg),
+		 "{\"method\":\"io.regen.Memory.ImportBuffer\",\"parameters\":{\"device\":0,\"kind\":\"host_fd\","
+		 "\"size\":2048,\"offset\":%u,\"fd\":0}}",
+		 offset);
+	ASSERT_EQ(tl_send_text(raw, msg, &spare->mem.fd, 1), 0, "send ImportBuffer");
+	reply = tl_recv_text(raw, 10);
+	cJSON *j = reply ? cJSON_Parse(reply) : NULL;
+	const cJSON *buf = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "parameters"), "buffer");
+	ASSERT(cJSON_IsString(buf), "ImportBuffer at offset %u: %s", offset, reply ? reply : "(no reply)");
+	snprintf(id, size, "%s", buf->valuestring);
+	cJSON_Delete(j);
+	free(reply);
+}
+
+/* A buffer imported at an offset that is not a multiple of an operand's
+ * element size puts the operand's elements at misaligned addresses even
+ * at an offset the parser takes (a multiple of the element size within
+ * the buffer). The CUDA backend used to answer a bf16 GEMM there with
+ * BackendError (cuBLASLt found no algorithm) and the host backend ran it;
+ * both now refuse it with InvalidOperand naming the operand, and D is not
+ * written. A buffer whose import offset keeps the elements aligned
+ * computes. */
+static int misaligned_imports(struct tl_conn *raw, struct tl_buffer *spare)
+{
+	struct {
+		const char *what;
+		unsigned import_offset;
+		const char *dtype, *operand;
+		unsigned off_a, off_b, off_d;
+	} mc[] = {
+		{ "bf16 a in a buffer imported at an odd offset", 1, "bf16", "a", 0, 64, 128 },
+		{ "f16 operands in a buffer imported at offset 3", 3, "f16", "a", 2, 64, 128 },
+		{ "f32 operands in a buffer imported at offset 2", 2, "f32", "a", 0, 64, 128 },
+		{ "f32 operands in a buffer imported at offset 6", 6, "f32", "a", 0, 64, 128 },
+		{ "bf16 operands in a buffer imported at offset 2", 2, "bf16", NULL, 0, 64, 128 },
+		{ "f32 operands in a buffer imported at offset 1024", 1024, "f32", NULL, 0, 64, 128 },
+	};
+	char id[64], msg[1024], *reply, *complaint;
+	int failures = 0;
+
+	for (size_t i = 0; i < sizeof(mc) / sizeof(mc[0]); i++) {
+		unsigned char before[1024];
+		import_at(raw, spare, mc[i].import_offset, id, sizeof(id));
+		/* Poison where d lies, to see it untouched. */
+		unsigned char *d = (unsigned char *)spare->mem.ptr + mc[i].import_offset + mc[i].off_d;
+		memset(d, 0x7f, 64);
+		memcpy(before, spare->mem.ptr + mc[i].import_offset, sizeof(before));
+		snprintf(msg, sizeof(msg),
+			 "{\"method\":\"io.regen.Compute.Gemm\",\"parameters\":{"
+			 "\"a\":{\"buffer\":\"%s\",\"offset\":%u,\"dtype\":\"%s\",\"shape\":[4,4]},"
+			 "\"b\":{\"buffer\":\"%s\",\"offset\":%u,\"dtype\":\"%s\",\"shape\":[4,4]},"
+			 "\"d\":{\"buffer\":\"%s\",\"offset\":%u,\"dtype\":\"%s\",\"shape\":[4,4]}}}",
+			 id, mc[i].off_a, mc[i].dtype, id, mc[i].off_b, mc[i].dtype, id, mc[i].off_d,
+			 mc[i].dtype);
+		ASSERT_EQ(tl_send_text(raw, msg, NULL, 0), 0, "send %s", mc[i].what);
+		reply = tl_recv_text(raw, 10);
+		if (mc[i].operand) {
+			complaint = judge(reply, REGEN_ERROR_INVALID_OPERAND, "operand", mc[i].operand);
+			if (!complaint && (!reply || !strstr(reply, "misaligned")))
+				complaint = strdup("the reason does not say misaligned");
+			if (!complaint && memcmp(before, spare->mem.ptr + mc[i].import_offset, sizeof(before)) != 0)
+				complaint = strdup("the refused call wrote to its buffer");
+		} else {
+			complaint = reply && strstr(reply, "\"error\"") == NULL && strstr(reply, "elapsed_us") != NULL
+					    ? NULL
+					    : strdup("an aligned call failed");
+		}
+		if (complaint) {
+			tl_log("BAD %s: %s\n    %s", mc[i].what, complaint, reply ? reply : "(no reply)");
+			failures++;
+			free(complaint);
+		} else {
+			tl_log("ok  %s: %s", mc[i].what, reply);
+		}
+		free(reply);
+		snprintf(msg, sizeof(msg), "{\"method\":\"io.regen.Memory.CloseBuffer\",\"parameters\":{\"buffer\":\"%s\"}}",
+			 id);
+		ASSERT_EQ(tl_send_text(raw, msg, NULL, 0), 0, "send CloseBuffer");
+		reply = tl_recv_text(raw, 10);
+		ASSERT(reply && strstr(reply, "\"error\"") == NULL, "CloseBuffer %s: %s", id, reply ? reply : "(no reply)");
+		free(reply);
+	}
+	return failures;
+}
+
 /* A message over the size limit, then proof the connection survives. */
 static int oversized(struct tl_conn *raw, const char *where)
 {
@@ -565,6 +656,7 @@ int main(void)
 		}
 		free(text);
 	}
+	failures += misaligned_imports(&worker_raw, &spare);
 	failures += oversized(&main_raw, "main");
 	failures += oversized(&worker_raw, "worker");
 	failures += deep_nesting(&main_raw, "main");

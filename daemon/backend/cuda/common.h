@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 #include <cublasLt.h>
 #include "daemon/backend/backend.h"
+#include "daemon/backend/plan_cache.h"
 #include "daemon/backend/cuda/cuda.h"
 
 /* The scratch size the heuristic is asked with. */
@@ -100,8 +101,9 @@ struct cuda_dev {
 	/* Set at open: what each operation's enqueue function is. */
 	cuda_enqueue_fn *const *enqueue;
 
+	/* gemm.c's plans: bounded (gemm_plans_max), hashed, LRU. */
 	pthread_mutex_t plans_lock;
-	struct cuda_gemm_plan *plans;
+	struct rd_plan_cache plans;
 
 	pthread_mutex_t maps_lock;
 	struct cuda_mapping *maps;

@@ -45,6 +45,15 @@ void *rd_cuda_lane_last_workspace(struct rd_lane *lane);
 /* Distinct imported mappings now held (cuda_ipc dedupes by handle). */
 unsigned rd_cuda_mapping_count(struct rd_device *dev);
 
+/* cuBLASLt GEMM plans cached now (gemm.c): at most the limit below once no
+ * call is planning or enqueueing. */
+unsigned rd_cuda_gemm_plan_count(struct rd_device *dev);
+/* GEMM plans kept per device (default 256, the least recently used that no
+ * call holds destroyed past it; 0 restores the default). The backend's open
+ * starts the cache with dev->gemm_plans_max (the worker's gemm_plans_max);
+ * this changes the limit afterwards, at any time, trimming at once. */
+void rd_cuda_set_gemm_plan_limit(struct rd_device *dev, unsigned plans_max);
+
 /* cuDNN attention plans cached now (attention.c). */
 unsigned rd_cuda_attention_plan_count(struct rd_device *dev);
 /* Attention plans kept per device (default 64, the least recently used

@@ -14,7 +14,24 @@
  * A plan (matmul descriptor, four layouts, the chosen algorithm and its
  * workspace size) is made once per (shape, dtypes, transposes, leading
  * dimensions, epilogue, compute mode, pointer alignments, policy), kept in
- * the registry and rebuilt lazily after a release or reset.
+ * the registry and rebuilt lazily after a release or reset. At most
+ * gemm_plans_max plans stay cached per device (default GEMM_PLANS_MAX;
+ * rd_cuda_set_gemm_plan_limit), in a hashed cache (../plan_cache.c): a
+ * client sending ever new shapes costs a bounded amount of memory, and the
+ * lookup does not slow with the count. Past the limit the least recently
+ * used plans nobody holds are destroyed. A call holds its plan from the
+ * lookup until cublasLtMatmul has returned, no longer: a plan is host
+ * objects only (descriptors, layouts, an algorithm struct) that cuBLASLt
+ * reads while it enqueues, and the kernel it launched does not refer to
+ * them. (This file already relies on that: it rewrites a plan's bias and
+ * aux pointers for each call while earlier calls with that plan may still
+ * run.) So destroying an evicted plan never waits for the GPU, and a call
+ * in flight (enqueued, not finished) holds nothing. When every cached plan
+ * is held (as many lanes inside an enqueue as the limit), a new shape is
+ * still planned and cached over the limit, by at most one plan per lane
+ * enqueueing at that moment, and the first call to let go trims back:
+ * a legal call is never refused because of the cache, and the excess is
+ * bounded by the threads that enqueue.
  *
  * Scratch: each call allocates its own workspace on its lane's stream from
  * the device's pool and frees it there after the matmul (seed 001: concurrent
@@ -29,6 +46,13 @@
 #include <string.h>
 #include "daemon/backend/cuda/common.h"
 #include "proto/errors.h"
+
+/* Plans kept per device unless gemm_plans_max (regend.conf) or
+ * rd_cuda_set_gemm_plan_limit says otherwise. A plan is host memory only
+ * (its struct and cuBLASLt's descriptors); 256 covers a training job's
+ * shapes (each layer's forward and two backward GEMMs, a few dtypes) many
+ * times over. */
+#define GEMM_PLANS_MAX 256
 
 struct gemm_key {
 	int64_t m, n, k;
@@ -53,7 +77,8 @@ struct cuda_gemm_plan {
 	cublasLtMatmulAlgo_t algo;
 	size_t ws_size;
 	struct rd_cuda_plan_info info;
-	struct cuda_gemm_plan *next;
+	/* In cd->plans, under cd->plans_lock; holds its key. */
+	struct rd_plan_entry entry;
 };
 
 static cudaDataType_t cuda_type(int32_t dt)
@@ -242,24 +267,39 @@ static const struct rd_resource_ops plan_ops = {
 void cuda_gemm_plans_init(struct cuda_dev *cd)
 {
 	pthread_mutex_init(&cd->plans_lock, NULL);
-	cd->plans = NULL;
+	/* The worker's gemm_plans_max; a test's rd_cuda_set_gemm_plan_limit
+	 * may change it later. */
+	rd_plan_cache_init(&cd->plans, sizeof(struct gemm_key),
+			   cd->dev->gemm_plans_max ? cd->dev->gemm_plans_max : GEMM_PLANS_MAX);
+}
+
+static struct cuda_gemm_plan *plan_of_entry(struct rd_plan_entry *e)
+{
+	return (struct cuda_gemm_plan *)((char *)e - offsetof(struct cuda_gemm_plan, entry));
+}
+
+/* Plans out of the cache, held by nobody: their descriptors are host
+ * objects no enqueued kernel refers to (see the top of this file), so they
+ * go at once. Outside plans_lock (unregistering takes the registry's). */
+static void plans_free(struct rd_plan_entry *e)
+{
+	while (e) {
+		struct cuda_gemm_plan *p = plan_of_entry(e);
+		e = e->next;
+		rd_resource_unregister(&p->res);
+		pthread_mutex_destroy(&p->lock);
+		free(p);
+	}
 }
 
 void cuda_gemm_plans_finish(struct cuda_dev *cd)
 {
 	pthread_mutex_lock(&cd->plans_lock);
-	struct cuda_gemm_plan *p = cd->plans;
-	cd->plans = NULL;
+	struct rd_plan_entry *all = rd_plan_cache_take_all(&cd->plans);
+	rd_plan_cache_finish(&cd->plans);
 	pthread_mutex_unlock(&cd->plans_lock);
-	/* The list is newest first (pushed at its head): the reverse of
-	 * registration, the order teardown wants. */
-	while (p) {
-		struct cuda_gemm_plan *next = p->next;
-		rd_resource_unregister(&p->res);
-		pthread_mutex_destroy(&p->lock);
-		free(p);
-		p = next;
-	}
+	/* No call is left to hold one: the lanes are gone. */
+	plans_free(all);
 	pthread_mutex_destroy(&cd->plans_lock);
 }
 
@@ -301,28 +341,46 @@ static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const
 	k->policy = (int32_t)cd->policy;
 }
 
-/* Finds or makes the plan (registered, maybe not yet valid). */
+/* Finds or makes the plan for k (registered, maybe not yet valid), held
+ * until plan_put. NULL on ENOMEM. */
 static struct cuda_gemm_plan *plan_get(struct cuda_dev *cd, const struct gemm_key *k)
 {
+	uint64_t h = rd_plan_cache_hash(k, sizeof(*k));
+	struct cuda_gemm_plan *p = NULL;
+	struct rd_plan_entry *doomed = NULL;
+
 	pthread_mutex_lock(&cd->plans_lock);
-	struct cuda_gemm_plan *p;
-	for (p = cd->plans; p; p = p->next) {
-		if (memcmp(&p->key, k, sizeof(*k)) == 0)
-			break;
-	}
-	if (!p) {
+	struct rd_plan_entry *e = rd_plan_cache_get(&cd->plans, k, h);
+	if (e) {
+		p = plan_of_entry(e);
+	} else {
 		p = calloc(1, sizeof(*p));
 		if (p) {
 			p->cd = cd;
 			p->key = *k;
-			pthread_mutex_init(&p->lock, NULL);
-			rd_resource_register(&cd->dev->registry, &p->res, &plan_ops);
-			p->next = cd->plans;
-			cd->plans = p;
+			if (rd_plan_cache_add(&cd->plans, &p->entry, &p->key, h) == 0) {
+				pthread_mutex_init(&p->lock, NULL);
+				rd_resource_register(&cd->dev->registry, &p->res, &plan_ops);
+				doomed = rd_plan_cache_trim(&cd->plans);
+			} else {
+				free(p);
+				p = NULL;
+			}
 		}
 	}
 	pthread_mutex_unlock(&cd->plans_lock);
+	plans_free(doomed);
 	return p;
+}
+
+/* Lets go of a plan plan_get returned; past the limit, the cache trims. */
+static void plan_put(struct cuda_dev *cd, struct cuda_gemm_plan *p)
+{
+	pthread_mutex_lock(&cd->plans_lock);
+	rd_plan_cache_put(&cd->plans, &p->entry);
+	struct rd_plan_entry *doomed = rd_plan_cache_trim(&cd->plans);
+	pthread_mutex_unlock(&cd->plans_lock);
+	plans_free(doomed);
 }
 
 static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error *err)
@@ -344,6 +402,15 @@ static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error
 			return -EIO;
 		}
 		p[i] = (char *)op->buffers[i]->ptr + c->operands[i].offset;
+		/* The worker refuses these by the buffer's import offset
+		 * (compute.c); this is for whoever drives the backend directly.
+		 * cuBLASLt would find no algorithm and say nothing of which. */
+		size_t elem = rp_dtype_size(c->operands[i].dtype);
+		if (elem && (uintptr_t)p[i] % elem != 0)
+			return rp_error_invalid_operand(err, c->spec->operands[i].name,
+							"misaligned: %s's first element is at an address that is not a "
+							"multiple of %zu, the size of %s",
+							c->spec->operands[i].name, elem, rp_dtype_name(c->operands[i].dtype));
 	}
 	ptr->a = p[RP_GEMM_A];
 	ptr->b = p[RP_GEMM_B];
@@ -374,6 +441,7 @@ static int gemm_supported(const struct rp_compute *c, struct rp_error *err)
 	return 0;
 }
 
+/* The plan for op's GEMM, valid and held (plan_put when done). */
 static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *op, struct gemm_ptrs *ptr,
 					    struct rp_error *err)
 {
@@ -388,6 +456,7 @@ static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *o
 	}
 	if (rd_resource_ensure_valid(&p->res)) {
 		cuda_status_to_error(err, "planning the GEMM");
+		plan_put(cd, p);
 		return NULL;
 	}
 	return p;
@@ -412,17 +481,35 @@ int rd_cuda_gemm_plan_info(struct rd_device *dev, struct rd_op *op, struct rd_cu
 	if (!p)
 		return -EIO;
 	*info = p->info;
+	plan_put(cd, p);
 	return 0;
 }
 
-int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
+unsigned rd_cuda_gemm_plan_count(struct rd_device *dev)
+{
+	struct cuda_dev *cd = cuda_dev_of(dev);
+	pthread_mutex_lock(&cd->plans_lock);
+	unsigned n = cd->plans.count;
+	pthread_mutex_unlock(&cd->plans_lock);
+	return n;
+}
+
+void rd_cuda_set_gemm_plan_limit(struct rd_device *dev, unsigned plans_max)
+{
+	struct cuda_dev *cd = cuda_dev_of(dev);
+	pthread_mutex_lock(&cd->plans_lock);
+	rd_plan_cache_set_max(&cd->plans, plans_max ? plans_max : GEMM_PLANS_MAX);
+	struct rd_plan_entry *doomed = rd_plan_cache_trim(&cd->plans);
+	pthread_mutex_unlock(&cd->plans_lock);
+	plans_free(doomed);
+}
+
+/* Enqueues op's matmul with plan p (held). */
+static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gemm_plan *p, const struct gemm_ptrs *pp)
 {
 	struct cuda_dev *cd = lane->cd;
 	const struct rp_gemm *g = &op->compute.gemm;
-	struct gemm_ptrs ptr;
-	struct cuda_gemm_plan *p = gemm_plan_for(cd, op, &ptr, &op->err);
-	if (!p)
-		return -EIO;
+	struct gemm_ptrs ptr = *pp;
 	if (rd_resource_ensure_valid(&cd->handle.res))
 		return cuda_status_to_error(&op->err, "cuBLASLt handle");
 	cuda_launch_mark(lane, CUDA_PHASE_PLAN);
@@ -491,5 +578,17 @@ int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		}
 	}
 	cuda_launch_mark(lane, CUDA_PHASE_FREE);
+	return r;
+}
+
+int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
+{
+	struct gemm_ptrs ptr;
+	struct cuda_gemm_plan *p = gemm_plan_for(lane->cd, op, &ptr, &op->err);
+	if (!p)
+		return -EIO;
+	int r = gemm_launch(lane, op, p, &ptr);
+	/* cublasLtMatmul has returned: the kernel needs nothing of the plan. */
+	plan_put(lane->cd, p);
 	return r;
 }
