@@ -85,8 +85,10 @@ enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16, REGEN_I32 };
  * a $REGEN_JOB that regend would refuse fails the connect with -EINVAL. */
 REGEN_EXPORT int regen_client_connect(const char *socket_path, regen_client **out);
 /* Closes the connections; buffers and events still open are closed by
- * regend when it sees the connection go, and only freed by their close
- * here. Close every watcher first. Accepts NULL. */
+ * regend once this process has no connection left to their device's
+ * worker (another client of this process keeps them open: its ids are the
+ * process's), and only freed by their close here. Close every watcher
+ * first. Accepts NULL. */
 REGEN_EXPORT void regen_client_destroy(regen_client *c);
 /* fork(): a client made before a fork stays the parent's. In the child its
  * first use (a call, a wait, a close) lets go of the parent's part without
