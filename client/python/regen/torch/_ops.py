@@ -17,6 +17,7 @@ current stream.
 """
 
 import math
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -29,8 +30,13 @@ _runtime = None
 
 
 def _rt():
-    from . import runtime
-    return runtime()
+    return _package.runtime()
+
+
+# regen.torch, which imports this module: runtime() is looked up per call
+# (configure() replaces the runtime), and an import statement per call was
+# a measurable part of a small one.
+_package = sys.modules[__name__.rpartition(".")[0]]
 
 
 def _empty(shape, dtype, like):
