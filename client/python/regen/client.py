@@ -629,7 +629,9 @@ class Client:
                 lane.error, lane.error_ticket = e, lane.completed
         else:
             lane.elapsed_us = elapsed
-        lane.idle_since = time.monotonic()
+        # What _lane reads once every answer is in: the time of the last.
+        if lane.completed == lane.submitted:
+            lane.idle_since = time.monotonic()
 
     def _drain(self, device):
         """Reads every answer outstanding on ``device``'s lane, ring or

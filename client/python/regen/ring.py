@@ -94,12 +94,12 @@ def record_struct(layout):
 
 # tag, status, error_len, elapsed_us, error_name; then the error's text
 # (at most ERROR_MAX bytes with its NUL) and the worker's stage times.
-_COMPLETION = struct.Struct("<QIIQ64s")
 ERROR_MAX = 904
-_ERROR_AT = _COMPLETION.size
-# taken_ns, launched_ns, finished_ns, published_ns (struct rp_ring_timing)
-_TIMING = struct.Struct("<4Q")
-_TIMING_AT = _ERROR_AT + ERROR_MAX
+_ERROR_AT = 88
+# A completion read in one unpack_from: tag, status, error_len, elapsed_us,
+# then (past the error's name and text) the stage times: taken_ns,
+# launched_ns, finished_ns, published_ns (struct rp_ring_timing).
+_COMPLETION = struct.Struct(f"<QIIQ64x{ERROR_MAX}x4Q")
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
@@ -271,6 +271,10 @@ class Ring:
         that would not (as libregen's)."""
         ctr = self.ctr
         head = self.cq_head
+        if ctr[CQ_TAIL] != head:
+            # There already (a queued call's, read later): a spin that saw it.
+            self.spin = min(self.spin * 2 + 1e-6, self.spin_max)
+            return
         t0 = time.perf_counter()
         budget = self.spin
         slept = False
@@ -313,15 +317,16 @@ class Ring:
     def reap(self, timeout=None):
         """The oldest outstanding completion: (tag, elapsed_us, error or None)."""
         self._wait_one(timeout)
-        off = HEADER_SIZE + self.entries * RECORD_SIZE + (self.cq_head & self.mask) * COMPLETION_SIZE
-        tag, status, error_len, elapsed_us, _name = _COMPLETION.unpack_from(self.mem, off)
+        head = self.cq_head
+        off = HEADER_SIZE + self.entries * RECORD_SIZE + (head & self.mask) * COMPLETION_SIZE
+        tag, status, error_len, elapsed_us, taken, launched, finished, published = _COMPLETION.unpack_from(self.mem,
+                                                                                                         off)
         err = None
         if status:
-            text = bytes(self.mem[off + _ERROR_AT:off + _ERROR_AT + min(error_len, ERROR_MAX - 1)])
-            err = text
-        self.last_timing = _TIMING.unpack_from(self.mem, off + _TIMING_AT)
-        self.cq_head = (self.cq_head + 1) & 0xFFFFFFFF
-        self.ctr[CQ_HEAD] = self.cq_head
+            err = bytes(self.mem[off + _ERROR_AT:off + _ERROR_AT + min(error_len, ERROR_MAX - 1)])
+        self.last_timing = (taken, launched, finished, published)
+        self.cq_head = head = (head + 1) & 0xFFFFFFFF
+        self.ctr[CQ_HEAD] = head
         return tag, elapsed_us, err
 
 
