@@ -35,6 +35,10 @@ _IDLE_PROBE_S = 0.001
 # (LimitExceeded), and made regend hold ever more replies.
 _VARLINK_QUEUE_MAX = ringmod.ENTRIES
 _OP_NAMES = {name: frozenset(o.name for o in op.operands) for name, op in ops.OPS.items()}
+# Per op: its operands' names in the order of a ring record's slots, and
+# the names of those it requires.
+_SLOT_NAMES = {name: tuple(o.name for o in op.operands) for name, op in ops.OPS.items()}
+_REQUIRED_NAMES = {name: tuple(o.name for o in op.operands if o.required) for name, op in ops.OPS.items()}
 
 
 class _Object:
@@ -625,7 +629,9 @@ class Client:
                 lane.error, lane.error_ticket = e, lane.completed
         else:
             lane.elapsed_us = elapsed
-        lane.idle_since = time.monotonic()
+        # What _lane reads once every answer is in: the time of the last.
+        if lane.completed == lane.submitted:
+            lane.idle_since = time.monotonic()
 
     def _drain(self, device):
         """Reads every answer outstanding on ``device``'s lane, ring or
@@ -682,15 +688,24 @@ class Client:
                 raise
             lane.submitted += 1
             return lane
-        records, held = [], []
-        for spec in op.operands:
-            o = given.get(spec.name)
+        ring = lane.ring
+        bound = ring.bound
+        layout, fields, held = [], [], []
+        for name in _SLOT_NAMES[op_name]:
+            o = given.get(name)
             if o is None:
-                records.append(None)
+                layout.append(None)
+                fields.append(ringmod.NONE)
+                continue
+            b = o.buffer
+            ident = b.id if type(b) is Buffer else _buffer_id(b)
+            index = bound.get(ident)
+            if index is None:
+                index = self._ring_index(device, ring, ident, held)
             else:
-                index = self._ring_index(device, lane.ring, _buffer_id(o.buffer), held)
-                records.append(ringmod.operand_record(o, index))
-        self._ring_submit(device, lane, op_name, records, ringmod.scalars_record(op_name, scalars), wait_event,
+                held.append(index)
+            ringmod.put_operand(layout, fields, o, index)
+        self._ring_submit(device, lane, op_name, layout, fields, ringmod.scalars_record(op_name, scalars), wait_event,
                           signal_event, held)
         return lane
 
@@ -723,7 +738,10 @@ class Client:
         held.append(i)
         return i
 
-    def _ring_submit(self, device, lane, op_name, records, record_scalars, wait_event, signal_event, held):
+    def _ring_submit(self, device, lane, op_name, layout, fields, record_scalars, wait_event, signal_event, held):
+        """Writes the record of a call whose operand slots are in ``layout``
+        and ``fields`` (ring.put_operand, ring.put_slot), ``held`` their
+        indexes, and counts it submitted."""
         ring = lane.ring
         wait_i = (self._ring_index(device, ring, _event_id(wait_event), held) if wait_event is not None
                   else ringmod.NONE)
@@ -733,8 +751,8 @@ class Client:
         while ring.full():
             self._reap(device, lane)
         try:
-            ring.submit(lane.submitted + 1, ringmod.OP_IDS[op_name], flags, epilogue, compute, alignment, wait_i,
-                        signal_i, alpha, beta, scale, deadline_ms, records)
+            ring.submit((lane.submitted + 1, ringmod.OP_IDS[op_name], flags, epilogue, compute, alignment, wait_i,
+                         signal_i, deadline_ms, alpha, beta, scale), tuple(layout), fields)
         except OSError as x:   # the worker's end of the doorbell is gone with it
             raise self._lane_broken(device, lane, "as a call was queued") from x
         lane.submitted += 1
@@ -754,15 +772,22 @@ class Client:
         ring = lane.ring
         if ring is None:
             return None
-        records, held = [], []
+        bound = ring.bound
+        layout, fields, held = [], [], []
         for slot in slots:
             if slot is None:
-                records.append(None)
+                layout.append(None)
+                fields.append(ringmod.NONE)
                 continue
             b, dtype, offset, shape, strides = slot
-            index = self._ring_index(device, ring, _buffer_id(b), held)
-            records.append(ringmod.slot_record(index, dtype, offset, shape, strides))
-        self._ring_submit(device, lane, op_name, records, record_scalars, None, signal_event, held)
+            ident = b.id if type(b) is Buffer else _buffer_id(b)
+            index = bound.get(ident)
+            if index is None:
+                index = self._ring_index(device, ring, ident, held)
+            else:
+                held.append(index)
+            ringmod.put_slot(layout, fields, index, dtype, offset, shape, strides)
+        self._ring_submit(device, lane, op_name, layout, fields, record_scalars, None, signal_event, held)
         return lane.submitted
 
     def call(self, method, parameters=None, device=None, fds=()):
@@ -1017,7 +1042,8 @@ class Client:
         tensors = []
         names = _OP_NAMES[op_name]
         given = {}
-        devices = set()
+        device = None
+        devices = None   # a set, once the operands name more than one device
         for n, x in named.items():
             if n not in names:
                 raise ValueError(f"{method} has no operand {sorted(set(named) - names)}")
@@ -1026,15 +1052,19 @@ class Client:
             o = x if type(x) is Operand else self._operand(x, n, tensors)
             given[n] = o
             b = o.buffer
-            devices.add(b.device if type(b) is Buffer else _id_device(str(b)))
-        for spec in op.operands:
-            if spec.required and spec.name not in given:
-                missing = [s.name for s in op.operands if s.required and s.name not in given]
+            dev = b.device if type(b) is Buffer else _id_device(str(b))
+            if dev != device and dev is not None:
+                if device is None:
+                    device = dev
+                else:
+                    devices = (devices or {device}) | {dev}
+        for name in _REQUIRED_NAMES[op_name]:
+            if name not in given:
+                missing = [n for n in _REQUIRED_NAMES[op_name] if n not in given]
                 raise ValueError(f"{method} needs operand(s) {missing}")
-        devices.discard(None)
-        if len(devices) != 1:
-            raise ValueError(f"{method}: operands must all live on one device, got {sorted(devices) or 'none known'}")
-        device = devices.pop()
+        if device is None or devices is not None:
+            raise ValueError(f"{method}: operands must all live on one device, got "
+                             f"{sorted(devices or ()) or 'none known'}")
         if tensors and wait_event is None:
             _sync_torch(tensors)
         retry = retry and self.auto_reimport and bool(tensors)
@@ -1097,15 +1127,13 @@ class Client:
         before it raises Timeout; past regend's own call_deadline_ms too,
         regend reports the device hung and recovers it (a shorter deadline
         ends only this call); None: regend's default."""
-        trans = {"a": bool(trans_a), "b": bool(trans_b)}
-        named = {}
-        for n, x in (("a", a), ("b", b)):
-            if _is_torch_tensor(x) and x.dim() == 2 and x.stride(-1) != 1 and x.stride(-2) == 1:
-                x = x.t()
-                trans[n] = not trans[n]
-            named[n] = x
-        named.update({"c": c, "d": d, "bias": bias, "aux": aux, "aux_out": aux_out})
-        scalars = {"trans_a": trans["a"], "trans_b": trans["b"], "alpha": _finite("alpha", alpha),
+        trans_a, trans_b = bool(trans_a), bool(trans_b)
+        if type(a) is not Operand and _is_column_major(a):
+            a, trans_a = a.t(), not trans_a
+        if type(b) is not Operand and _is_column_major(b):
+            b, trans_b = b.t(), not trans_b
+        named = {"a": a, "b": b, "c": c, "d": d, "bias": bias, "aux": aux, "aux_out": aux_out}
+        scalars = {"trans_a": trans_a, "trans_b": trans_b, "alpha": _finite("alpha", alpha),
                    "beta": _finite("beta", beta)}
         if epilogue is not None:
             if epilogue not in _EPILOGUES:
@@ -1335,6 +1363,12 @@ def _is_torch_tensor(x):
     # user's) may live in any module.
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _is_column_major(x):
+    """Whether ``x`` is a 2-D torch tensor laid out column-major (a
+    transposed view), which a GEMM takes as its transpose, row-major."""
+    return _is_torch_tensor(x) and x.dim() == 2 and x.stride(-1) != 1 and x.stride(-2) == 1
 
 
 def _untyped_storage(t):

@@ -44,24 +44,62 @@ TRANS_A, TRANS_B, CAUSAL = 0x1, 0x2, 0x4
 _SQ_TAIL, _SQ_HEAD, _SQ_SLEEPING, _CQ_TAIL, _CQ_HEAD, _CQ_WAITING = 64, 128, 132, 192, 256, 260
 SQ_TAIL, SQ_HEAD, SQ_SLEEPING, CQ_TAIL, CQ_HEAD, CQ_WAITING = (o // 4 for o in (
     _SQ_TAIL, _SQ_HEAD, _SQ_SLEEPING, _CQ_TAIL, _CQ_HEAD, _CQ_WAITING))
-# tag, op, flags, epilogue, compute, alignment, reserved0, wait, signal,
-# deadline_ms, reserved1, alpha, beta, scale, reserved2
-_RECORD = struct.Struct("<QHHBBBBIIIIdddQ")
-# index, dtype, rank, reserved, offset, shape[4], strides[4]
-_OPERAND = struct.Struct("<IBBHQ4q4q")
-_ABSENT = _OPERAND.pack(NONE, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+# A record: its header (tag, op, flags, epilogue, compute, alignment,
+# reserved0, wait, signal, deadline_ms, reserved1, alpha, beta, scale,
+# reserved2: 64 bytes), then SLOTS operand slots of 80 bytes (index, dtype,
+# rank, reserved, offset, shape[4], strides[4]).  A record is written by one
+# pack_into of a Struct made for its slots' ranks (record_struct): the
+# reserved fields and the zeros past a shape's or strides' rank are pad
+# bytes there, so the call names only the values.
+_HEADER_FORMAT = "<QHHBBBxIII4xddd8x"
 # Operand slots of a record (proto/compute.h's RP_OP_OPERANDS_MAX).
 SLOTS = 11
-# The absent slots after an op's last: by how many the op has.
-_ABSENTS = [_ABSENT * (SLOTS - n) for n in range(SLOTS + 1)]
+SLOT_SIZE = 80
+# An absent slot: index NONE, the rest zeros.
+_ABSENT_FORMAT = "I76x"
+
+
+def _slot_format(rank):
+    """A present operand of ``rank`` (0 to 4; regend refuses 0) as index,
+    dtype, rank, offset, then the shape's and the strides' ``rank`` values."""
+    pad = 8 * (4 - rank)
+    return f"IBB2xQ{rank}q{pad}x{rank}q{pad}x"
+
+
+_SLOT_FORMATS = [_slot_format(r) for r in range(5)]
+# Per count of absent slots after an op's last: their fields (NONE each).
+_ABSENT_TAILS = [(NONE,) * n for n in range(SLOTS + 1)]
+# record_struct()'s Structs by layout; a handful in use (one per op and
+# pattern of ranks), bounded all the same.
+_RECORD_STRUCTS = {}
+_RECORD_STRUCTS_MAX = 256
+
+
+def record_struct(layout):
+    """The Struct of a whole record whose slots hold, in order, operands of
+    the ranks in ``layout`` (a tuple; None: an absent slot), every slot past
+    them absent.  Its fields: the header's values (no reserved ones), each
+    present slot's index, dtype, rank, offset, shape and strides, an absent
+    slot's NONE."""
+    st = _RECORD_STRUCTS.get(layout)
+    if st is None:
+        formats = [_ABSENT_FORMAT if r is None else _SLOT_FORMATS[r] for r in layout]
+        formats.extend([_ABSENT_FORMAT] * (SLOTS - len(layout)))
+        st = struct.Struct(_HEADER_FORMAT + "".join(formats))
+        if len(_RECORD_STRUCTS) >= _RECORD_STRUCTS_MAX:
+            _RECORD_STRUCTS.clear()
+        _RECORD_STRUCTS[layout] = st
+    return st
+
+
 # tag, status, error_len, elapsed_us, error_name; then the error's text
 # (at most ERROR_MAX bytes with its NUL) and the worker's stage times.
-_COMPLETION = struct.Struct("<QIIQ64s")
 ERROR_MAX = 904
-_ERROR_AT = _COMPLETION.size
-# taken_ns, launched_ns, finished_ns, published_ns (struct rp_ring_timing)
-_TIMING = struct.Struct("<4Q")
-_TIMING_AT = _ERROR_AT + ERROR_MAX
+_ERROR_AT = 88
+# A completion read in one unpack_from: tag, status, error_len, elapsed_us,
+# then (past the error's name and text) the stage times: taken_ns,
+# launched_ns, finished_ns, published_ns (struct rp_ring_timing).
+_COMPLETION = struct.Struct(f"<QIIQ64x{ERROR_MAX}x4Q")
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
@@ -200,27 +238,25 @@ class Ring:
     def full(self):
         return self.sq_tail - self.cq_head >= self.entries
 
-    def submit(self, tag, op_id, flags, epilogue, compute, alignment, wait, signal, alpha, beta, scale, deadline_ms,
-               operands):
-        """Writes one record; ``operands``: (index, dtype, offset, shape,
-        strides) or None per slot."""
-        mem = self.mem
-        base = HEADER_SIZE + (self.sq_tail & self.mask) * RECORD_SIZE
-        _RECORD.pack_into(mem, base, tag, op_id, flags, epilogue, compute, alignment, 0, wait, signal, deadline_ms, 0,
-                          alpha, beta, scale, 0)
-        off = base + 64
-        for o in operands:
-            if o is None:
-                mem[off:off + 80] = _ABSENT
-            else:
-                _OPERAND.pack_into(mem, off, *o)
-            off += 80
-        if len(operands) < SLOTS:
-            mem[off:base + 64 + SLOTS * 80] = _ABSENTS[len(operands)]
-        self.sq_tail = (self.sq_tail + 1) & 0xFFFFFFFF
-        self.ctr[SQ_TAIL] = self.sq_tail
-        self._fence_now()
-        if self.ctr[SQ_SLEEPING]:
+    def submit(self, header, layout, fields):
+        """Writes one record and publishes it.  ``header``: the header's
+        values (tag, op, flags, epilogue, compute, alignment, wait, signal,
+        deadline_ms, alpha, beta, scale); ``layout`` and ``fields``: its
+        operand slots as record_struct() takes them (put_operand and
+        put_slot build them)."""
+        tail = self.sq_tail
+        record_struct(layout).pack_into(self.mem, HEADER_SIZE + (tail & self.mask) * RECORD_SIZE, *header, *fields,
+                                        *_ABSENT_TAILS[SLOTS - len(layout)])
+        self.sq_tail = tail = (tail + 1) & 0xFFFFFFFF
+        ctr = self.ctr
+        ctr[SQ_TAIL] = tail
+        # The locked instruction between publishing and reading the
+        # sleeping flag (the module's docstring); acquire and release
+        # rather than a with block: the fewest Python steps per record.
+        fence = self._fence
+        fence.acquire()
+        fence.release()
+        if ctr[SQ_SLEEPING]:
             try:
                 self.bell.send(b"\0")
             except BlockingIOError:
@@ -235,6 +271,10 @@ class Ring:
         that would not (as libregen's)."""
         ctr = self.ctr
         head = self.cq_head
+        if ctr[CQ_TAIL] != head:
+            # There already (a queued call's, read later): a spin that saw it.
+            self.spin = min(self.spin * 2 + 1e-6, self.spin_max)
+            return
         t0 = time.perf_counter()
         budget = self.spin
         slept = False
@@ -277,20 +317,22 @@ class Ring:
     def reap(self, timeout=None):
         """The oldest outstanding completion: (tag, elapsed_us, error or None)."""
         self._wait_one(timeout)
-        off = HEADER_SIZE + self.entries * RECORD_SIZE + (self.cq_head & self.mask) * COMPLETION_SIZE
-        tag, status, error_len, elapsed_us, _name = _COMPLETION.unpack_from(self.mem, off)
+        head = self.cq_head
+        off = HEADER_SIZE + self.entries * RECORD_SIZE + (head & self.mask) * COMPLETION_SIZE
+        tag, status, error_len, elapsed_us, taken, launched, finished, published = _COMPLETION.unpack_from(self.mem,
+                                                                                                         off)
         err = None
         if status:
-            text = bytes(self.mem[off + _ERROR_AT:off + _ERROR_AT + min(error_len, ERROR_MAX - 1)])
-            err = text
-        self.last_timing = _TIMING.unpack_from(self.mem, off + _TIMING_AT)
-        self.cq_head = (self.cq_head + 1) & 0xFFFFFFFF
-        self.ctr[CQ_HEAD] = self.cq_head
+            err = bytes(self.mem[off + _ERROR_AT:off + _ERROR_AT + min(error_len, ERROR_MAX - 1)])
+        self.last_timing = (taken, launched, finished, published)
+        self.cq_head = head = (head + 1) & 0xFFFFFFFF
+        self.ctr[CQ_HEAD] = head
         return tag, elapsed_us, err
 
 
-def operand_record(op, index):
-    """The fields of a regen.Operand's slot, for _OPERAND.pack_into."""
+def put_operand(layout, fields, op, index):
+    """Appends a regen.Operand's slot (``index``: its buffer's in the id
+    table) to a record's ``layout`` and ``fields`` (Ring.submit)."""
     shape = op.shape
     rank = len(shape)
     dtype = DTYPES.get(op.dtype)
@@ -305,19 +347,21 @@ def operand_record(op, index):
             for i in range(rank - 1, -1, -1):
                 strides[i] = step
                 step *= shape[i] if shape[i] > 0 else 1
-    return slot_record(index, dtype, op.offset, shape, strides)
+    layout.append(rank)
+    fields += (index, dtype, rank, op.offset)
+    fields += shape
+    fields += strides
 
 
-def slot_record(index, dtype, offset, shape, strides):
-    """A slot's fields for _OPERAND.pack_into from values already in the
-    record's terms (a dtype code from DTYPES, the id table's index, shape
-    and strides in elements, of rank 1 to 4)."""
-    pad = _PAD[len(shape)]
-    return (index, dtype, len(shape), 0, offset, *shape, *pad, *strides, *pad)
-
-
-# The zeros after a shape or strides of rank r, to four.
-_PAD = [(0,) * (4 - r) for r in range(5)]
+def put_slot(layout, fields, index, dtype, offset, shape, strides):
+    """Appends a slot from values already in the record's terms (a dtype
+    code from DTYPES, the id table's index, shape and strides in elements,
+    of rank 1 to 4) to a record's ``layout`` and ``fields``."""
+    rank = len(shape)
+    layout.append(rank)
+    fields += (index, dtype, rank, offset)
+    fields += shape
+    fields += strides
 
 
 def scalars_record(op_name, scalars):

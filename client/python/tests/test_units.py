@@ -9,8 +9,10 @@ import re
 import resource
 import signal
 import socket
+import struct
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -130,6 +132,70 @@ class RingCounters(unittest.TestCase):
         self.assertEqual(mem[260:264], (1).to_bytes(4, sys.byteorder))
         self.assertEqual((ring.SQ_HEAD, ring.SQ_SLEEPING, ring.CQ_TAIL, ring.CQ_HEAD), (32, 33, 48, 64))
         ctr.release()
+        mem.close()
+
+
+class RingRecords(unittest.TestCase):
+    # struct rp_ring_record and struct rp_ring_operand (proto/ring.h), field
+    # by field: what a record was written as before one pack_into did it.
+    HEADER = struct.Struct("<QHHBBBBIIIIdddQ")
+    SLOT = struct.Struct("<IBBHQ4q4q")
+
+    def ring_in(self, mem):
+        """A Ring over ``mem`` without a worker (its sleeping flag clear,
+        so no doorbell is rung)."""
+        r = ring.Ring.__new__(ring.Ring)
+        r.mem, r.ctr, r.entries, r.mask, r.sq_tail = mem, ring.counters(mem), 4, 3, 0
+        r._fence, r.bell = threading.Lock(), None
+        return r
+
+    def expected(self, header, slots):
+        tag, op, flags, epilogue, compute, alignment, wait, signal, deadline_ms, alpha, beta, scale = header
+        out = self.HEADER.pack(tag, op, flags, epilogue, compute, alignment, 0, wait, signal, deadline_ms, 0,
+                               alpha, beta, scale, 0)
+        for s in slots + [None] * (ring.SLOTS - len(slots)):
+            if s is None:
+                out += self.SLOT.pack(ring.NONE, *[0] * 12)
+            else:
+                index, dtype, offset, shape, strides = s
+                pad = [0] * (4 - len(shape))
+                out += self.SLOT.pack(index, dtype, len(shape), 0, offset, *shape, *pad, *strides, *pad)
+        return out
+
+    def test_a_record_is_written_as_proto_ring_h_lays_it_out(self):
+        """One pack_into per record (record_struct) writes the bytes the
+        header and each slot packed field by field would: every reserved
+        byte and every element past a rank zero, an absent slot's index
+        NONE and the rest of it zero, over whatever the slot held."""
+        mem = mmap.mmap(-1, ring.ring_size(4))
+        r = self.ring_in(mem)
+        header = (7, 2, 3, 4, 1, 1, 5, ring.NONE, 60000, 0.5, -2.0, 0.125)
+        cases = [
+            [(0, 2, 64, [3, 5], [5, 1]), (1, 0, 0, [5], [1]), None, (2, 1, 8, [2, 3, 4, 5], [60, 20, 5, 1])],
+            [None, (255, 3, 1 << 40, [1, 2, 3], [6, 3, 1]), None],
+            [],
+            [(9, 0, 0, [4, 4], [4, 1])] * ring.SLOTS,
+        ]
+        for n, slots in enumerate(cases):
+            mem[ring.HEADER_SIZE:] = b"\xa5" * (len(mem) - ring.HEADER_SIZE)   # what earlier records left
+            layout, fields = [], []
+            for s in slots:
+                if s is None:
+                    layout.append(None)
+                    fields.append(ring.NONE)
+                else:
+                    ring.put_slot(layout, fields, *s)
+            r.sq_tail = n
+            r.submit(header, tuple(layout), fields)
+            at = ring.HEADER_SIZE + n * ring.RECORD_SIZE
+            want = self.expected(header, slots)
+            self.assertEqual(bytes(mem[at:at + len(want)]), want, f"case {n}")
+            self.assertEqual(r.ctr[ring.SQ_TAIL], n + 1)
+        # An Operand's slot: its default strides row-major.
+        layout, fields = [], []
+        ring.put_operand(layout, fields, regen.Operand("b0.1.1", 16, "bf16", [2, 3, 4]), 6)
+        self.assertEqual((layout, fields), ([3], [6, 2, 3, 16, 2, 3, 4, 12, 4, 1]))
+        r.ctr.release()
         mem.close()
 
 

@@ -86,20 +86,20 @@ def _forward_layer(x2d, params, heads, eps, b, s, w):
     [b * s, w] and what its backward reads."""
     ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b = params
     a1, mean1, rstd1 = _layer_norm(x2d, ln1_w, ln1_b, eps)
-    qkv = _gemm(a1, qkv_w.t(), _empty([b * s, 3 * w], x2d.dtype, x2d), "bias", qkv_b)
+    qkv = _gemm(a1, qkv_w, _empty([b * s, 3 * w], x2d.dtype, x2d), "bias", qkv_b, trans_b=True)
     o, lse = _sdpa_packed_kernel(qkv.view(b, s, 3 * w), heads, True, None)
     o2d = o.view(b * s, w)
-    h = _gemm(o2d, proj_w.t(), _empty([b * s, w], x2d.dtype, x2d), "bias", proj_b, c=x2d)
+    h = _gemm(o2d, proj_w, _empty([b * s, w], x2d.dtype, x2d), "bias", proj_b, c=x2d, trans_b=True)
     a2, mean2, rstd2 = _layer_norm(h, ln2_w, ln2_b, eps)
     hidden = up_w.shape[0]
     u = _empty([b * s, hidden], x2d.dtype, x2d)
     if _keeps_gelu_input(x2d, hidden):
         z = _empty([b * s, hidden], x2d.dtype, x2d)
-        _gemm(a2, up_w.t(), u, "gelu_aux_bias", up_b, aux_out=z)
+        _gemm(a2, up_w, u, "gelu_aux_bias", up_b, aux_out=z, trans_b=True)
     else:
         z = None
-        _gemm(a2, up_w.t(), u, "gelu_bias", up_b)
-    y = _gemm(u, down_w.t(), _empty([b * s, w], x2d.dtype, x2d), "bias", down_b, c=h)
+        _gemm(a2, up_w, u, "gelu_bias", up_b, trans_b=True)
+    y = _gemm(u, down_w, _empty([b * s, w], x2d.dtype, x2d), "bias", down_b, c=h, trans_b=True)
     return y, (x2d, a1, mean1, rstd1, qkv, o2d, lse, h, a2, mean2, rstd2, u, z)
 
 
@@ -117,12 +117,12 @@ def _backward_layer(g, saved, params, heads, b, s, w):
     # ln2, the residual's gradient (g) added in the same call.
     d_h, out[6], out[7] = _layer_norm_backward(d_a2, h, ln2_w, mean2, rstd2, g, True, True)
     # The projection, attention (dq, dk, dv into one d_qkv), qkv.
-    out[4] = _gemm(d_h.t(), o2d, _empty(list(proj_w.shape), proj_w.dtype, proj_w))
+    out[4] = _gemm(d_h, o2d, _empty(list(proj_w.shape), proj_w.dtype, proj_w), trans_a=True)
     out[5] = _column_sums_now(d_h)
     d_o = _gemm(d_h, proj_w, _empty([rows, w], h.dtype, h))
     d_qkv = _sdpa_packed_backward(qkv.view(b, s, 3 * w), o2d.view(b, s, w), lse, d_o.view(b, s, w),
                                   heads, True, None).view(rows, 3 * w)
-    out[2] = _gemm(d_qkv.t(), a1, _empty(list(qkv_w.shape), qkv_w.dtype, qkv_w))
+    out[2] = _gemm(d_qkv, a1, _empty(list(qkv_w.shape), qkv_w.dtype, qkv_w), trans_a=True)
     out[3] = _column_sums_now(d_qkv)
     d_a1 = _gemm(d_qkv, qkv_w, _empty([rows, w], a1.dtype, a1))
     # ln1, h's gradient (the residual) added in the same call.

@@ -17,6 +17,7 @@ current stream.
 """
 
 import math
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -29,8 +30,13 @@ _runtime = None
 
 
 def _rt():
-    from . import runtime
-    return runtime()
+    return _package.runtime()
+
+
+# regen.torch, which imports this module: runtime() is looked up per call
+# (configure() replaces the runtime), and an import statement per call was
+# a measurable part of a small one.
+_package = sys.modules[__name__.rpartition(".")[0]]
 
 
 def _empty(shape, dtype, like):
@@ -145,14 +151,18 @@ def _last_unit(x):
 
 # ---- kernels (run on real tensors) ------------------------------------------
 
-def _gemm(a, b, out, epilogue=None, bias=None, aux=None, c=None, aux_out=None):
-    """out = epilogue(a @ b (+ bias)) (+ c) in regend, a and b 2-D (views as
-    regend takes them, a copy only where neither a tensor nor its transpose
-    is one); ``c`` (out's shape and dtype): a residual added with beta 1;
+def _gemm(a, b, out, epilogue=None, bias=None, aux=None, c=None, aux_out=None, trans_a=False, trans_b=False):
+    """out = epilogue(op(a) @ op(b) (+ bias)) (+ c) in regend, a and b 2-D
+    (views as regend takes them, a copy only where neither a tensor nor its
+    transpose is one), op(x) x's transpose where ``trans_a`` (``trans_b``)
+    says so: ``_gemm(x, w, out, trans_b=True)`` is ``_gemm(x, w.t(), out)``
+    without the view w.t() and its undoing in _gemm_input (two torch calls
+    per GEMM); ``c`` (out's shape and dtype): a residual added with beta 1;
     ``aux_out`` (out's shape and dtype): GELU's input, written by the
     gelu_aux epilogues."""
     aa, ta = _gemm_input(a)
     bb, tb = _gemm_input(b)
+    ta, tb = ta != trans_a, tb != trans_b
     scalars = {"trans_a": ta, "trans_b": tb}
     if epilogue is not None:
         scalars["epilogue"] = epilogue
@@ -205,7 +215,7 @@ def _linear_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor
         if bias is not None:
             out += bias
         return torch.nn.functional.gelu(out, approximate="tanh") if activation == "gelu" else out
-    return _gemm(x, w.t(), out, _EPILOGUE[(activation, bias is not None)], bias)
+    return _gemm(x, w, out, _EPILOGUE[(activation, bias is not None)], bias, trans_b=True)
 
 
 def _check_mlp(x, w1, b1, w2, b2):
@@ -236,8 +246,8 @@ def _mlp_kernel(x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w
         y.copy_(torch.nn.functional.linear(h, w2, b2))
         return y, h
     with _rt().batch():
-        _gemm(x, w1.t(), h, _EPILOGUE[("gelu", b1 is not None)], b1)
-        _gemm(h, w2.t(), y, _EPILOGUE[("none", b2 is not None)], b2)
+        _gemm(x, w1, h, _EPILOGUE[("gelu", b1 is not None)], b1, trans_b=True)
+        _gemm(h, w2, y, _EPILOGUE[("none", b2 is not None)], b2, trans_b=True)
     return y, h
 
 
@@ -404,13 +414,13 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad, z=None):
         return _mlp_backward_in_torch(needs, x, w1, b1, w2, b2, grad)
     with _rt().batch():
         if needs[3]:
-            gw2 = _gemm(grad.t(), h, _empty(list(w2.shape), w2.dtype, w2))
+            gw2 = _gemm(grad, h, _empty(list(w2.shape), w2.dtype, w2), trans_a=True)
         if b2 is not None and needs[4]:
             gb2 = _as_dtype(_column_sums_now(grad), b2.dtype)
         if needs[0] or needs[1] or (b1 is not None and needs[2]):
             if z is None:
-                z = _gemm(x, w1.t(), _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)],
-                          b1)
+                z = _gemm(x, w1, _empty([m, w1.shape[0]], x.dtype, x), _EPILOGUE[("none", b1 is not None)],
+                          b1, trans_b=True)
             if not _keeps_gelu_input(x, w1.shape[0]):
                 # cuBLASLt's DGELU takes aux rows a multiple of 8 elements
                 # apart, as GELU_AUX writes them: GELU's gradient on the
@@ -423,7 +433,7 @@ def _mlp_backward(needs, x, w1, b1, w2, b2, h, grad, z=None):
             if needs[0]:
                 gx = _gemm(dz, w1, _empty(list(x.shape), x.dtype, x))
             if needs[1]:
-                gw1 = _gemm(dz.t(), x, _empty(list(w1.shape), w1.dtype, w1))
+                gw1 = _gemm(dz, x, _empty(list(w1.shape), w1.dtype, w1), trans_a=True)
             if b1 is not None and needs[2]:
                 gb1 = _as_dtype(_column_sums_now(dz), b1.dtype)
     return gx, gw1, gb1, gw2, gb2

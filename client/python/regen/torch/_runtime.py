@@ -674,6 +674,7 @@ class Runtime:
             return False
         self._check_chunks()
         on_cpu = local < 0
+        kept = self._chunks[on_cpu]
         slots = []
         for n in names:
             t = tensors.get(n)
@@ -681,16 +682,30 @@ class Runtime:
                 slots.append(None)
                 continue
             dtype = _RING_DTYPES.get(t.dtype)
-            if dtype is None or t.get_device() != local:
+            shape = t.shape
+            # A record holds rank 4 at most: _call_once's Operand is refused
+            # by name.
+            if dtype is None or t.get_device() != local or len(shape) > 4:
                 return False
+            # The tensor's place from the kept lookup of its pool chunk,
+            # without a call (nearly every tensor of a run); _place where
+            # none holds it.
+            ptr = t.data_ptr()
+            for start, end, buffer in kept:
+                if start <= ptr < end:
+                    offset = ptr - start
+                    break
+            else:
+                found = self._place(t, on_cpu, device)
+                if found is None:
+                    return False
+                buffer, offset = found
             # Shapes and strides go as the tensor has them, as _call_once's
             # Operands carry them: a layout regend cannot take (a GEMM
             # operand whose rows are not contiguous) is its refusal, named,
             # either way; the ops hand GEMMs row-major views (_gemm_input).
-            found = self._place(t, on_cpu, device)
-            if found is None:
-                return False
-            slots.append((found[0], dtype, found[1], t.shape, _strides(t)))
+            # A dimension of size 1 takes _strides' row-major stride.
+            slots.append((buffer, dtype, offset, shape, _strides(t) if 1 in shape else t.stride()))
         pair = None
         if self.ordering == "events" and not on_cpu:
             pair = self._deferred_at[2] if self._deferred else None
