@@ -236,7 +236,9 @@ class Ring:
     # -- records ---------------------------------------------------------------
 
     def full(self):
-        return self.sq_tail - self.cq_head >= self.entries
+        # The counters wrap at 2**32, as the worker's (and libregen's)
+        # uint32_t do: their difference is taken the same way.
+        return (self.sq_tail - self.cq_head) & 0xFFFFFFFF >= self.entries
 
     def submit(self, header, layout, fields):
         """Writes one record and publishes it.  ``header``: the header's

@@ -149,6 +149,19 @@ class RingRecords(unittest.TestCase):
         r._fence, r.bell = threading.Lock(), None
         return r
 
+    def test_full_counts_across_the_counters_wrap(self):
+        """The submission and completion counters wrap at 2**32: a ring
+        whose tail has wrapped and whose head has not is full when
+        ``entries`` records are outstanding (it said not full, and the next
+        record would overwrite a completion not yet read)."""
+        r = self.ring_in(bytearray(ring.ring_size(4)))
+        for head in (0, 2**32 - 2, 2**32 - 1):
+            for outstanding in range(6):
+                r.cq_head = head
+                r.sq_tail = (head + outstanding) & 0xFFFFFFFF
+                self.assertEqual(r.full(), outstanding >= 4, f"head {head}, {outstanding} outstanding")
+        r.ctr.release()
+
     def expected(self, header, slots):
         tag, op, flags, epilogue, compute, alignment, wait, signal, deadline_ms, alpha, beta, scale = header
         out = self.HEADER.pack(tag, op, flags, epilogue, compute, alignment, 0, wait, signal, deadline_ms, 0,
