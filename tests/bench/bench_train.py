@@ -10,7 +10,7 @@ which this run is.
 
     python3 tests/bench/bench_train.py [REGEND] [--full] [--steps N] [--orderings wait,events,sync,auto]
         [--socket PATH] [--json OUT] [--device cpu] [--check] [--kernels stack|block|parts] [--rounds R]
-        [--interleave K]
+        [--interleave K] [--gc-freeze]
 
 --rounds R repeats the whole comparison R times (in process, then each
 ordering), each ordering's ratio taken against its own round's in-process
@@ -71,6 +71,8 @@ def run(socket, mode, ordering, steps, full, env):
                 "--steps", str(steps), "--socket", socket, "--json", out.name, "--quiet"]
         if mode == "interleaved":
             argv += ["--turn", str(INTERLEAVE)]
+        if "--gc-freeze" in sys.argv:
+            argv.append("--gc-freeze")
         if not full:
             argv.append("--small")
         if CPU:
@@ -211,7 +213,8 @@ def run_orderings(socket, orderings, steps, full, env, base, label, rows, out, r
         flush_ms = r.get("regen_flush_ms_per_step", 0)
         print(f"regend ({ordering}){label}: {ratio:.3f} of in process, {handoffs:.0f} hand-offs/step; step {step_ms:.1f} ms, "
               f"in regen.torch calls {host_ms:.1f} ms of it (waiting for replies {reply_ms:.1f} ms), "
-              f"collecting queued answers {flush_ms:.1f} ms", flush=True)
+              f"collecting queued answers {flush_ms:.1f} ms; Python's garbage collector {r.get('gc_ms_per_step', 0):.2f} "
+              f"ms a step (in process {base.get('gc_ms_per_step', 0):.2f})", flush=True)
 
 
 if __name__ == "__main__":

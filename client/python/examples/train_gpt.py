@@ -37,6 +37,7 @@ the rank and in regend.
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -206,6 +207,7 @@ class Trainer:
         self.losses, self.times, self.started = [], [], []   # started: wall clock, to line steps up with other records
         self.mem_rank, self.mem_regend, self.calls = [], [], []
         self.host_us, self.reply_us, self.flush_us = [], [], []
+        self.gc_ms, self.gc_count = [], []   # per step, per generation
         self.tokens = cfg["batch"] * cfg["seq"]
         with self.scope():
             torch.manual_seed(args.seed)
@@ -240,6 +242,7 @@ class Trainer:
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         self.started.append(time.time())
+        gc_before = GC_CLOCK.snapshot()
         before = rt.stats() if rt is not None else None
         with (rt.enable(devices=(device.type,)) if rt is not None else contextlib.nullcontext()):
             logits = self.model(x)
@@ -250,6 +253,9 @@ class Trainer:
         value = loss.item()   # synchronises: the step's time includes its GPU work
         self.times.append(time.perf_counter() - t0)
         self.losses.append(value)
+        gc_after = GC_CLOCK.snapshot()
+        self.gc_ms.append([a - b for a, b in zip(gc_after[0], gc_before[0])])
+        self.gc_count.append([a - b for a, b in zip(gc_after[1], gc_before[1])])
         if rt is not None:
             after = rt.stats()
             self.calls.append(after["calls"] - before["calls"])
@@ -273,7 +279,9 @@ class Trainer:
         steady = times[first:] or times
         out = {"mode": self.mode, "losses": self.losses, "step_s": times, "step_started_unix": self.started,
                "tokens_per_s": self.tokens * len(steady) / sum(steady), "tokens_per_step": self.tokens,
-               "rank_memory": self.mem_rank, "regend_memory": self.mem_regend, "calls_per_step": self.calls}
+               "rank_memory": self.mem_rank, "regend_memory": self.mem_regend, "calls_per_step": self.calls,
+               "gc_ms": self.gc_ms, "gc_count": self.gc_count,
+               "gc_ms_per_step": sum(map(sum, self.gc_ms[first:])) / max(len(self.gc_ms[first:]), 1)}
         if self.rt is not None:
             out["stats"] = self.rt.stats()
             # The rank's host time per step inside regen.torch's calls, the
@@ -287,8 +295,42 @@ class Trainer:
         return out
 
 
+class GcClock:
+    """Time in Python's cyclic garbage collector, by generation (gc.callbacks):
+    a step's Python work that allocates more collects more often, and a
+    full collection walks every tracked object of the process."""
+
+    def __init__(self):
+        self.ms = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._started = None
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase, info):
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            g = info.get("generation", 2)
+            self.ms[g] += (time.perf_counter() - self._started) * 1e3
+            self.count[g] += 1
+            self._started = None
+
+    def snapshot(self):
+        return list(self.ms), list(self.count)
+
+
+GC_CLOCK = GcClock()
+
+
+def frozen_if_asked(args):
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+
+
 def train(cfg, mode, args):
     t = Trainer(cfg, mode, args)
+    frozen_if_asked(args)
     with t.scope():
         for _ in range(args.steps):
             t.step()
@@ -302,6 +344,7 @@ def train_interleaved(cfg, args):
     meet their own. Returns both runs and, per pair of turns past the first
     (warm-up), the in-process turn's time over the regend turn's."""
     trainers = {mode: Trainer(cfg, mode, args) for mode in ("torch", "regend")}
+    frozen_if_asked(args)
     turn_ratios = []
     while len(trainers["regend"].times) < args.steps:
         n = min(args.turn, args.steps - len(trainers["regend"].times))
@@ -340,6 +383,10 @@ def main(argv=None):
                    help="regend mode: all transformer blocks as one operation (rt.transformer_blocks), each block as "
                         "one (rt.transformer_block, LayerNorms in regend), or each as its parts (rt.attention_packed, "
                         "rt.mlp, linears; LayerNorms on the rank)")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="after the models are built, move every object then alive out of the garbage collector's "
+                        "reach (gc.freeze()), as long training runs do: full collections then walk what the steps "
+                        "make, not the whole process")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
