@@ -12,6 +12,7 @@ for one thread: give each thread its own.
 
 import fcntl
 import os
+import struct
 import sys
 import time
 import weakref
@@ -704,9 +705,16 @@ class Client:
                 index = self._ring_index(device, ring, ident, held)
             else:
                 held.append(index)
-            ringmod.put_operand(layout, fields, o, index)
-        self._ring_submit(device, lane, op_name, layout, fields, ringmod.scalars_record(op_name, scalars), wait_event,
-                          signal_event, held)
+            ringmod.put_operand(layout, fields, o, index, name)
+        try:
+            self._ring_submit(device, lane, op_name, layout, fields, ringmod.scalars_record(op_name, scalars),
+                              wait_event, signal_event, held)
+        except struct.error:
+            # Nothing was published: the record's packing stopped first.
+            refusal = ringmod.unpackable(given)
+            if refusal is None:
+                raise
+            raise refusal from None
         return lane
 
     def _ring_index(self, device, ring, ident, held):

@@ -332,15 +332,23 @@ class Ring:
         return tag, elapsed_us, err
 
 
-def put_operand(layout, fields, op, index):
+def put_operand(layout, fields, op, index, name="operand"):
     """Appends a regen.Operand's slot (``index``: its buffer's in the id
-    table) to a record's ``layout`` and ``fields`` (Ring.submit)."""
+    table) to a record's ``layout`` and ``fields`` (Ring.submit).  What a
+    record cannot hold, a rank outside 1 to 4 or strides of another rank, is
+    refused here as regend refuses it on Varlink: InvalidParameter naming
+    ``name``'s field (a value past 64 bits fails the record's packing:
+    unpackable() names it); the rest the worker checks."""
     shape = op.shape
     rank = len(shape)
     dtype = DTYPES.get(op.dtype)
-    if dtype is None or not 1 <= rank <= 4:
-        raise ValueError(f"operand {op!r}: bad dtype or rank")
+    if dtype is None:
+        raise errors.InvalidParameter(parameters={"parameter": f"{name}.dtype"})
+    if not 1 <= rank <= 4:
+        raise errors.InvalidParameter(parameters={"parameter": f"{name}.shape"})
     strides = op.strides
+    if strides is not None and len(strides) != rank:
+        raise errors.InvalidParameter(parameters={"parameter": f"{name}.strides"})
     if strides is None:
         if rank == 2:
             strides = (shape[1], 1)
@@ -353,6 +361,19 @@ def put_operand(layout, fields, op, index):
     fields += (index, dtype, rank, op.offset)
     fields += shape
     fields += strides
+
+
+def unpackable(operands):
+    """The InvalidParameter regend answers on Varlink for the first of
+    ``operands`` (name -> Operand) with a value a record's field cannot hold
+    (an offset outside 0 to 2**64, a dimension or stride outside 64 bits),
+    after Ring.submit's packing refused it; None if none has one."""
+    for name, op in operands.items():
+        for field, values, low, high in (("offset", (op.offset,), 0, 2**64), ("shape", op.shape, -2**63, 2**63),
+                                         ("strides", op.strides or (), -2**63, 2**63)):
+            if any(not low <= v < high for v in values):
+                return errors.InvalidParameter(parameters={"parameter": f"{name}.{field}"})
+    return None
 
 
 def put_slot(layout, fields, index, dtype, offset, shape, strides):

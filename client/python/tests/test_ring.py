@@ -147,6 +147,13 @@ class RingTest(unittest.TestCase):
                 lambda: c.layer_norm(a.op, w.op, a.op),                    # y aliases x
                 lambda: c.layer_norm(a.op, small.op, d.op),                # weight a matrix
                 lambda: c.layer_norm_backward(a.op, a.op, w.op, w.op, w.op, d.op, d_residual=b.op),  # d_residual [5, 4]
+                # What a ring record cannot hold: refused as regend refuses it.
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 0, "f32", [4, 4], [4, 1, 1])),  # strides' rank
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 0, "f32", [1, 1, 1, 4, 4])),   # rank 5
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 0, "f32", [2**70, 4])),        # past 64 bits
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, -4, "f32", [4, 4])),           # offset < 0
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 0, "f32", [4, 4], [-4, 1])),   # stride < 0
+                lambda: c.gemm(a.op, a.op, regen.Operand(d.buffer, 0, "f32", [4, 4], [2**64, 1])),  # stride past 64 bits
             ]
 
         got = {}
