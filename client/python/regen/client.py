@@ -35,11 +35,6 @@ _IDLE_PROBE_S = 0.001
 # Unbounded, a client that never waited was refused past those
 # (LimitExceeded), and made regend hold ever more replies.
 _VARLINK_QUEUE_MAX = ringmod.ENTRIES
-_OP_NAMES = {name: frozenset(o.name for o in op.operands) for name, op in ops.OPS.items()}
-# Per op: its operands' names in the order of a ring record's slots, and
-# the names of those it requires.
-_SLOT_NAMES = {name: tuple(o.name for o in op.operands) for name, op in ops.OPS.items()}
-_REQUIRED_NAMES = {name: tuple(o.name for o in op.operands if o.required) for name, op in ops.OPS.items()}
 
 
 class _Object:
@@ -692,7 +687,7 @@ class Client:
         ring = lane.ring
         bound = ring.bound
         layout, fields, held = [], [], []
-        for name in _SLOT_NAMES[op_name]:
+        for name in ops.SLOT_NAMES[op_name]:
             o = given.get(name)
             if o is None:
                 layout.append(None)
@@ -1048,7 +1043,7 @@ class Client:
         op = ops.OPS[op_name]
         method = op.method
         tensors = []
-        names = _OP_NAMES[op_name]
+        names = ops.NAME_SETS[op_name]
         given = {}
         device = None
         devices = None   # a set, once the operands name more than one device
@@ -1066,9 +1061,9 @@ class Client:
                     device = dev
                 else:
                     devices = (devices or {device}) | {dev}
-        for name in _REQUIRED_NAMES[op_name]:
+        for name in ops.REQUIRED_NAMES[op_name]:
             if name not in given:
-                missing = [n for n in _REQUIRED_NAMES[op_name] if n not in given]
+                missing = [n for n in ops.REQUIRED_NAMES[op_name] if n not in given]
                 raise ValueError(f"{method} needs operand(s) {missing}")
         if device is None or devices is not None:
             raise ValueError(f"{method}: operands must all live on one device, got "

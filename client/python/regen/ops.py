@@ -3,7 +3,7 @@ each operation's method, its operands (in slot order) and its scalars.
 The client builds its calls from this table; tests/test_ops.py holds it to
 the C tables (tests/unit/op_table_json), so the two cannot drift."""
 
-__all__ = ["OPS", "Op", "OperandSpec"]
+__all__ = ["NAME_SETS", "OPS", "Op", "OperandSpec", "REQUIRED_NAMES", "SLOT_NAMES"]
 
 from collections import namedtuple
 
@@ -82,3 +82,10 @@ OPS = {
         (),
     ),
 }
+
+# Per op, read on every call by the client and regen.torch: its operands'
+# names in slot order (a ring record's), the same as a set, and the names
+# of those it requires.
+SLOT_NAMES = {name: tuple(o.name for o in op.operands) for name, op in OPS.items()}
+NAME_SETS = {name: frozenset(names) for name, names in SLOT_NAMES.items()}
+REQUIRED_NAMES = {name: tuple(o.name for o in op.operands if o.required) for name, op in OPS.items()}

@@ -49,7 +49,7 @@ import torch
 
 from .. import errors
 from ..client import Client, Operand, _untyped_storage as _storage
-from ..ops import OPS
+from ..ops import NAME_SETS, REQUIRED_NAMES, SLOT_NAMES
 from ..pool import Pool
 from ..ring import DTYPES as RING_DTYPES, scalars_record
 
@@ -659,10 +659,10 @@ class Runtime:
         pool (copied, and answered), missing or unknown operands, or a
         lane on Varlink; _call_once takes the call then (and raises where
         the call is wrong)."""
-        names = _SLOT_NAMES.get(op)
-        if names is None or self.pool is None or not tensors.keys() <= _SLOT_SETS[op]:
+        names = SLOT_NAMES.get(op)
+        if names is None or self.pool is None or not tensors.keys() <= NAME_SETS[op]:
             return False
-        for n in _REQUIRED[op]:
+        for n in REQUIRED_NAMES[op]:
             if tensors.get(n) is None:
                 return False
         local = tensors[names[0]].get_device()
@@ -929,10 +929,6 @@ class Runtime:
 
 
 _OPS = frozenset({"gemm", "attention", "attention_backward", "layer_norm", "layer_norm_backward"})
-# Per op: its operands in record slot order, as a set, and the required ones.
-_SLOT_NAMES = {name: tuple(s.name for s in OPS[name].operands) for name in _OPS}
-_SLOT_SETS = {name: frozenset(names) for name, names in _SLOT_NAMES.items()}
-_REQUIRED = {name: tuple(s.name for s in OPS[name].operands if s.required) for name in _OPS}
 _RING_DTYPES = {t: RING_DTYPES[n] for t, n in DTYPES.items()}
 _OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v", "y", "mean", "rstd", "d_x", "d_weight", "d_bias"})
 
