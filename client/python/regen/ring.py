@@ -357,10 +357,7 @@ def put_operand(layout, fields, op, index, name="operand"):
             for i in range(rank - 1, -1, -1):
                 strides[i] = step
                 step *= shape[i] if shape[i] > 0 else 1
-    layout.append(rank)
-    fields += (index, dtype, rank, op.offset)
-    fields += shape
-    fields += strides
+    put_slot(layout, fields, index, dtype, op.offset, shape, strides)
 
 
 def unpackable(operands):
