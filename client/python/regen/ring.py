@@ -54,7 +54,6 @@ SQ_TAIL, SQ_HEAD, SQ_SLEEPING, CQ_TAIL, CQ_HEAD, CQ_WAITING = (o // 4 for o in (
 _HEADER_FORMAT = "<QHHBBBxIII4xddd8x"
 # Operand slots of a record (proto/compute.h's RP_OP_OPERANDS_MAX).
 SLOTS = 11
-SLOT_SIZE = 80
 # An absent slot: index NONE, the rest zeros.
 _ABSENT_FORMAT = "I76x"
 
