@@ -26,9 +26,6 @@ from ._runtime import NotSupported, host_empty
 
 __all__ = ["mm", "linear2d", "mlp2d", "sdpa", "sdpa_backward", "sdpa_packed", "HAVE_CUSTOM_OP"]
 
-_runtime = None
-
-
 def _rt():
     return _package.runtime()
 
