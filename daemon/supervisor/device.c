@@ -802,7 +802,6 @@ static void spawn(struct rd_sv_device *d)
 		d->respawns++;
 	d->up_since_ns = uv_hrtime();
 	d->worker_served = false;
-	d->start_timed_out = false;
 	uv_timer_start(&d->start_timer, on_start_timeout, d->env->opts->worker_start_timeout_ms, 0);
 }
 

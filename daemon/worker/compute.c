@@ -106,6 +106,7 @@ static void on_op_done(struct rd_op *op)
 	free(cc);
 	rd_session_call_finished(s);
 }
+
 /* The parser held an operand's offset to a multiple of its element size;
  * a buffer imported at an offset that is not one can still put the
  * operand's elements at misaligned addresses. cuBLASLt answers those with
