@@ -145,7 +145,12 @@ def one_device_hangs_at_start(regend):
         # here on, or regend blocks in sd_notify once the kernel's queue of
         # datagrams (net.unix.max_dgram_qlen, 10 on some kernels) is full.
         stop = threading.Event()
-        drain = threading.Thread(target=lambda: [listener.poll(0.05) for _ in iter(stop.is_set, True)], daemon=True)
+
+        def drain_listener():
+            while not stop.is_set():
+                listener.poll(0.05)
+
+        drain = threading.Thread(target=drain_listener, daemon=True)
         drain.start()
         # The next worker hangs too: a Watch hears why, though the state
         # stays respawning (it heard nothing of a worker lost before it served).
