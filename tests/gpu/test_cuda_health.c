@@ -38,8 +38,12 @@ static bool is_lost(const struct rp_error *err)
 }
 
 /* Injects device_lost and waits until the illegal-address kernel ran out
- * (its stream reports the error), so the next CUDA call of the path under
- * test is the first to meet a faulted context. */
+ * (the event recorded behind it reports the error), so the next CUDA call
+ * of the path under test is the first to meet a faulted context. A fixed
+ * 200 ms was not always enough: on one H200 run the fault took 144 ms to
+ * reach the health watch and lane_create's streams were made before it
+ * had landed. The test's own query is not the backend's: on_fault still
+ * waits for the path under test. */
 static void fault(struct gt *t)
 {
 	struct rp_error err = { 0 };
@@ -48,7 +52,16 @@ static void fault(struct gt *t)
 		printf("  FAIL: inject_fault(device_lost): %s\n", gt_err_message(&err));
 		exit(1);
 	}
-	usleep(200 * 1000);
+	cudaEvent_t landed = cuda_dev_of(&t->dev)->fault.event;
+	double deadline = gt_now() + 10.0;
+	cudaError_t e;
+	while ((e = cudaEventQuery(landed)) == cudaErrorNotReady || e == cudaSuccess) {
+		if (gt_now() > deadline) {
+			printf("  FAIL: the injected fault did not land within 10 s (%s)\n", cudaGetErrorString(e));
+			exit(1);
+		}
+		usleep(1000);
+	}
 }
 
 static void report_path(struct gt *t, const char *path, const struct rp_error *err)
