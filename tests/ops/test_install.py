@@ -10,9 +10,10 @@ machine.
   machine without libcjson-dev (only our .pc on the search path).
 - The installed regend starts as README says on a machine without
   /run/regen: it makes the socket's directory and serves.
-- pip installs client/python (pyproject.toml, pure Python) with Debian's
+- pip installs client/python (pyproject.toml, setup.py) with Debian's
   python3, pip, setuptools and wheel, offline; `import regen` then works
-  and does not import torch.
+  and does not import torch; regen._accel is built where Python's headers
+  are, and meson install puts it beside the package.
 
 Usage: test_install.py BUILD_DIR SOURCE_DIR
 """
@@ -31,6 +32,12 @@ def run(argv, **kw):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300, **kw)
     check(r.returncode == 0, "%s failed (%d): %s%s" % (" ".join(argv), r.returncode, r.stdout[-2000:], r.stderr[-2000:]))
     return r.stdout
+
+
+def clean_env():
+    """The environment without the test run's pointers into the build tree:
+    what is installed must stand alone."""
+    return {k: v for k, v in os.environ.items() if k not in ("REGEN_BUILD_ROOT", "REGEN_PY_ACCEL", "REGEN_LIBREGEN")}
 
 
 def one(pattern, what):
@@ -67,6 +74,14 @@ def main():
                 if name.endswith(".py"):
                     rel = os.path.relpath(os.path.join(root, name), package)
                     check(os.path.exists(os.path.join(installed_pkg, rel)), "meson install left out regen/%s" % rel)
+        # regen._accel beside the package's modules, where the build has
+        # it: the installed package loads it by itself.
+        if os.path.exists(os.path.join(build, "client", "python", "_accel.abi3.so")):
+            accel = one(os.path.join(dest, "**/regen/_accel.abi3.so"), "regen._accel")
+            check(os.path.dirname(accel) == installed_pkg, "regen._accel is not beside the package: %s" % accel)
+            out = run([sys.executable, "-c", "from regen import accel; print(accel.module.__name__)"],
+                      env=dict(clean_env(), PYTHONPATH=os.path.dirname(installed_pkg)))
+            check(out.strip() == "regen._accel", "the installed package did not load regen._accel: %r" % out)
         log("meson install: regend, regenctl, libregen, regen.h, regen.pc, units, Python package")
 
         installed = one(os.path.join(dest, "**/sbin/regend"), "regend")
@@ -97,7 +112,7 @@ def main():
         site = os.path.join(tmp, "site")
         run([py, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--no-index", "--target", site, src])
         out = run([py, "-c", "import regen, sys; print(regen.__version__, 'torch' in sys.modules, regen.Client)"],
-                  env=dict(os.environ, PYTHONPATH=site))
+                  env=dict(clean_env(), PYTHONPATH=site))
         check(out.split()[1] == "False", "import regen imported torch: %s" % out)
         check(os.path.exists(os.path.join(site, "regen", "torch", "_ops.py")), "pip installed no regen.torch")
         # regen.torch needs torch, and says so where torch cannot be imported.
@@ -105,6 +120,14 @@ def main():
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=site))
         check(r.returncode != 0 and "regen.torch needs PyTorch" in r.stderr,
               "import regen.torch without torch: %d %s" % (r.returncode, r.stderr[-500:]))
+        # regen._accel is built where this Python's headers are (Debian's
+        # python3-dev, which scripts/setup-debian installs).
+        include = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"]).strip()
+        if os.path.exists(os.path.join(include, "Python.h")):
+            loaded = run([py, "-c", "from regen import accel; print(accel.module.__name__)"],
+                         env=dict(clean_env(), PYTHONPATH=site))
+            check(loaded.strip() == "regen._accel", "pip built no regen._accel: %r" % loaded)
+            log("pip built regen._accel")
         log("pip install ./client/python with %s: import regen works without torch (%s); regen.torch "
             "asks for it" % (py, out.split()[0]))
     finally:

@@ -17,7 +17,7 @@ import sys
 import time
 import weakref
 
-from . import errors, ops
+from . import accel, errors, ops
 from . import ring as ringmod
 from .varlink import Connection
 
@@ -791,6 +791,39 @@ class Client:
                 held.append(index)
             ringmod.put_slot(layout, fields, index, dtype, offset, shape, strides)
         self._ring_submit(device, lane, op_name, layout, fields, record_scalars, None, signal_event, held)
+        return lane.submitted
+
+    def queue_tensors(self, device, op_name, names, tensors, local, kept, dtypes, record_scalars, signal_event=None):
+        """queue_encoded's work done in C by regen._accel straight from the
+        tensors: ``names`` the op's operand slots in order, ``tensors`` name
+        -> tensor or None, all on torch device ``local`` (-1: host memory)
+        and each inside one of ``kept``'s (start, end, Buffer) chunks,
+        ``dtypes`` torch dtype -> ring dtype code.  Returns the ticket, or
+        None with nothing queued where the accelerator is not loaded, the
+        lane is not on the ring, or an operand is not covered (outside the
+        chunks, its buffer or the signal event not bound on the lane, an
+        unknown dtype, another device, rank over 4): queue_encoded or the
+        op's method takes the call then."""
+        if accel.module is None:
+            return None
+        lane = self._lane(device)
+        ring = lane.ring
+        if ring is None or ring.address is None:
+            return None
+        signal = ringmod.NONE
+        if signal_event is not None:
+            signal = ring.bound.get(_event_id(signal_event))
+            if signal is None:
+                return None
+        while ring.full():
+            self._reap(device, lane)
+        try:
+            if not ring.submit_tensors(lane.submitted + 1, ringmod.OP_IDS[op_name], record_scalars, signal, names,
+                                       tensors, local, kept, ring.bound, dtypes):
+                return None
+        except OSError as x:   # the worker's end of the doorbell is gone with it
+            raise self._lane_broken(device, lane, "as a call was queued") from x
+        lane.submitted += 1
         return lane.submitted
 
     def call(self, method, parameters=None, device=None, fds=()):

@@ -19,6 +19,7 @@ and looking at the other side's sleeping flag.  On other machines the
 client does not use the ring (``supported()``).
 """
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -29,7 +30,7 @@ import struct
 import threading
 import time
 
-from . import errors
+from . import accel, errors
 
 MAGIC = 0x52474E52
 VERSION = 2
@@ -168,14 +169,18 @@ class Ring:
             self.mem = mmap.mmap(fd, size)
             struct.pack_into("<III", self.mem, 0, MAGIC, VERSION, entries)
             self.ctr = counters(self.mem)
+            # The mapping's address for regen._accel (None without it): a
+            # ctypes view holds an export of the mapping, dropped before
+            # it is closed.
+            self._view = ctypes.c_char.from_buffer(self.mem) if accel.module is not None else None
+            self.address = ctypes.addressof(self._view) if self._view is not None else None
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
             try:
                 conn.call("io.regen.Lane.Open", {"entries": entries, "ids": ids, "ring": 0, "doorbell": 1},
                           fds=[fd, theirs.fileno()])
             except BaseException:
                 mine.close()
-                self.ctr.release()
-                self.mem.close()
+                self._unmap()
                 raise
             finally:
                 theirs.close()
@@ -188,8 +193,12 @@ class Ring:
         if self.bell is not None:
             self.bell.close()
             self.bell = None
-            self.ctr.release()
-            self.mem.close()
+            self._unmap()
+
+    def _unmap(self):
+        self.address = self._view = None
+        self.ctr.release()
+        self.mem.close()
 
     def _fence_now(self):
         with self._fence:
@@ -262,6 +271,24 @@ class Ring:
                 self.bell.send(b"\0")
             except BlockingIOError:
                 pass   # a full socket already holds a wake-up
+
+    def submit_tensors(self, tag, op, record_scalars, signal, names, tensors, local, kept, bound, dtypes):
+        """submit() for a chained call regen._accel encodes from its tensors
+        (accel.queue_tensors, which says what it takes); False with nothing
+        written where it does not cover the call.  The caller checked the
+        ring is not full and that ``address`` is set."""
+        tail = self.sq_tail
+        sleeping = accel.module.queue_tensors(self.address, self.entries, tail, tag, op, record_scalars, signal, names,
+                                              tensors, local, kept, bound, dtypes)
+        if sleeping < 0:
+            return False
+        self.sq_tail = (tail + 1) & 0xFFFFFFFF
+        if sleeping:
+            try:
+                self.bell.send(b"\0")
+            except BlockingIOError:
+                pass   # a full socket already holds a wake-up
+        return True
 
     def _wait_one(self, timeout):
         """Until completion cq_head is published: spin a while, then sleep

@@ -53,6 +53,15 @@ def tearDownModule():
         daemon.stop()
 
 
+def accel_expected():
+    """Whether regen.torch's chained calls go through regen._accel here:
+    where meson built it (REGEN_REQUIRE_ACCEL=1), not turned off, on the
+    ring."""
+    from regen import ring
+    return (os.environ.get("REGEN_REQUIRE_ACCEL") == "1" and os.environ.get("REGEN_PY_ACCEL") != "none"
+            and os.environ.get("REGEN_TRANSPORT", "auto") != "varlink" and ring.supported())
+
+
 def maxdiff(a, b):
     return (a.double() - b.double()).abs().max().item()
 
@@ -416,6 +425,9 @@ class Batches(unittest.TestCase):
         after = rtm.stats()
         self.assertEqual(after["chained_calls"] - st["chained_calls"], 2)
         self.assertEqual(after["flushes"] - st["flushes"], 1)
+        # Every operand in the host pool: where regen._accel is loaded and
+        # the lane is on the ring, it encoded both chained calls.
+        self.assertEqual(after["accel_calls"] - st["accel_calls"], 2 if accel_expected() else 0)
         self.assertLess(maxdiff(y, self.want), 1e-4)
         # The MLP's batches, every tensor in the host pool: values and
         # gradients against torch.
@@ -431,6 +443,14 @@ class Batches(unittest.TestCase):
         got = torch.autograd.grad(y, (x, w1, b1, w2, b2), g)
         after = rtm.stats()
         self.assertGreaterEqual(after["chained_calls"] - st["chained_calls"], 5)
+        # The C encoder covers a call whose operands' chunks and buffers the
+        # lane knows already; the first call naming a new one goes through
+        # Python (libregen's lookup, a Bind).
+        accel_calls = after["accel_calls"] - st["accel_calls"]
+        if accel_expected():
+            self.assertGreater(accel_calls, 0)
+        else:
+            self.assertEqual(accel_calls, 0)
         ref = F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
         self.assertLess(maxdiff(y, ref), 1e-4)
         for p, q in zip(got, torch.autograd.grad(ref, (x, w1, b1, w2, b2), g)):

@@ -208,6 +208,9 @@ class Runtime:
                          # regend's lane alone (batch()), and queued
                          # without waiting for their answers.
                          "chained_calls": 0, "flushes": 0,
+                         # Chained calls regen._accel encoded (the C
+                         # encoder; the rest went through Python's).
+                         "accel_calls": 0,
                          # The rank's host time collecting queued answers
                          # (flush(): the worker still launching, or with
                          # "wait" the GPU still running, what was queued).
@@ -675,6 +678,36 @@ class Runtime:
         self._check_chunks()
         on_cpu = local < 0
         kept = self._chunks[on_cpu]
+        pair = None
+        if self.ordering == "events" and not on_cpu:
+            pair = self._deferred_at[2] if self._deferred else None
+            if pair is None:
+                pair = self._events_for(device, self._chained_stream, local)
+        signal = pair.ids[1] if pair is not None else None
+        record = scalars_record(op, scalars)
+        sent = time.perf_counter()
+        # regen._accel's encoder where it covers the call (every operand in
+        # a kept chunk whose buffer the lane has bound), else the loop here.
+        ticket = self.client.queue_tensors(device, op, names, tensors, local, kept, _RING_DTYPES, record, signal)
+        if ticket is None:
+            slots = self._slots(names, tensors, local, kept, on_cpu, device)
+            if slots is None:
+                return False
+            sent = time.perf_counter()
+            ticket = self.client.queue_encoded(device, op, slots, record, signal)
+            if ticket is None:
+                return False
+        else:
+            self.counters["accel_calls"] += 1
+        self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
+        self._deferred.append((op, tensors, scalars))
+        self._deferred_at = (device, self._chained_stream, pair)
+        self.counters["chained_calls"] += 1
+        return True
+
+    def _slots(self, names, tensors, local, kept, on_cpu, device):
+        """A chained call's operand slots for Client.queue_encoded (None
+        where the call cannot be chained)."""
         slots = []
         for n in names:
             t = tensors.get(n)
@@ -686,7 +719,7 @@ class Runtime:
             # A record holds rank 4 at most: _call_once's Operand is refused
             # by name.
             if dtype is None or t.get_device() != local or len(shape) > 4:
-                return False
+                return None
             # The tensor's place from the kept lookup of its pool chunk,
             # without a call (nearly every tensor of a run); _place where
             # none holds it.
@@ -698,7 +731,7 @@ class Runtime:
             else:
                 found = self._place(t, on_cpu, device)
                 if found is None:
-                    return False
+                    return None
                 buffer, offset = found
             # Shapes and strides go as the tensor has them, as _call_once's
             # Operands carry them: a layout regend cannot take (a GEMM
@@ -706,21 +739,7 @@ class Runtime:
             # either way; the ops hand GEMMs row-major views (_gemm_input).
             # A dimension of size 1 takes _strides' row-major stride.
             slots.append((buffer, dtype, offset, shape, _strides(t) if 1 in shape else t.stride()))
-        pair = None
-        if self.ordering == "events" and not on_cpu:
-            pair = self._deferred_at[2] if self._deferred else None
-            if pair is None:
-                pair = self._events_for(device, self._chained_stream, local)
-        sent = time.perf_counter()
-        ticket = self.client.queue_encoded(device, op, slots, scalars_record(op, scalars),
-                                           pair.ids[1] if pair is not None else None)
-        if ticket is None:
-            return False
-        self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
-        self._deferred.append((op, tensors, scalars))
-        self._deferred_at = (device, self._chained_stream, pair)
-        self.counters["chained_calls"] += 1
-        return True
+        return slots
 
     def _call_once(self, op, tensors, scalars):
         """One try of the call; True when the rank's stream was idle (it
