@@ -13,7 +13,8 @@ that of the --calls chained ones, without the run's first call (ordered
 after the rank's stream, answered) and its end (the answers collected).
 Reported: the fastest run's time per call of each path, "encoded" (the
 default where the lane is on the ring: each call encoded onto the ring from
-the tensors) and "client" (the same calls through the client's gemm method,
+the tensors, by regen._accel where it is loaded, and again by the Python
+encoder) and "client" (the same calls through the client's gemm method,
 as on Varlink), and on CUDA F.linear's launch time in the same process and
 the ratio.  --device cpu runs regend's host backend: the Python costs are
 real, the in-process comparison is left out (a CPU F.linear computes).
@@ -87,9 +88,17 @@ def main():
                     elapsed = time.perf_counter() - t
                 return elapsed
 
+            from regen import accel
             rows = []
             results = {}
+            accel_before = runtime.counters["accel_calls"]
             encoded = best_per_call(run_regend, args.calls, args.repeat)
+            accel_share = (runtime.counters["accel_calls"] - accel_before) / (args.calls * args.repeat)
+            # The same calls through the Python encoder (what a machine
+            # without regen._accel runs).
+            loaded, accel.module = accel.module, None
+            encoded_py = best_per_call(run_regend, args.calls, args.repeat) if loaded is not None else encoded
+            accel.module = loaded
             before = runtime.counters["chained_calls"]
             # The client's path: the encoder declines every call.
             runtime._queue_chained = lambda op, tensors, scalars: False
@@ -98,7 +107,11 @@ def main():
             if runtime.client.lane_transport(runtime.regend_device(x.device)) != "ring":
                 print("note: the lane is on Varlink; both paths are the client's")
             results["encoded_us"], results["client_us"] = encoded * 1e6, client * 1e6
-            rows.append(("regen.torch, encoded onto the ring", f"{encoded * 1e6:.1f}", ""))
+            results["encoded_python_us"], results["accel_share"] = encoded_py * 1e6, accel_share
+            rows.append(("regen.torch, encoded onto the ring" + (" (regen._accel)" if loaded is not None else ""),
+                         f"{encoded * 1e6:.1f}", ""))
+            if loaded is not None:
+                rows.append(("regen.torch, encoded onto the ring (Python encoder)", f"{encoded_py * 1e6:.1f}", ""))
             rows.append(("regen.torch, through the client's gemm", f"{client * 1e6:.1f}", ""))
             if cuda:
                 import torch.nn.functional as F
@@ -114,11 +127,12 @@ def main():
                 results["in_process_us"] = local * 1e6
                 results["ratio_encoded"] = local / encoded
                 rows.append(("F.linear in process (launch)", f"{local * 1e6:.1f}", ""))
-                rows[0] = rows[0][:2] + (f"{local / encoded:.2f}",)
-                rows[1] = rows[1][:2] + (f"{local / client:.2f}",)
+                for i, us in enumerate([encoded] + ([encoded_py] if loaded is not None else []) + [client]):
+                    rows[i] = rows[i][:2] + (f"{local / us:.2f}",)
             print(markdown_table(["path", "host µs per call", "in process / it"], rows))
             print(f"chained calls counted: {runtime.counters['chained_calls'] - before} of "
-                  f"{args.calls * args.repeat} in the client's runs")
+                  f"{args.calls * args.repeat} in the client's runs; regen._accel "
+                  f"{'encoded ' + format(accel_share, '.0%') + ' of the first runs' if loaded else 'not loaded'}")
             if args.json:
                 write_json(args.json, {"device": args.device, "calls": args.calls, **results})
     finally:
