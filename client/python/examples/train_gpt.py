@@ -206,7 +206,7 @@ class Trainer:
             self.rt = rt
         self.losses, self.times, self.started = [], [], []   # started: wall clock, to line steps up with other records
         self.mem_rank, self.mem_regend, self.calls = [], [], []
-        self.host_us, self.reply_us, self.flush_us = [], [], []
+        self.host_us, self.reply_us, self.flush_us, self.doorbells = [], [], [], []
         self.gc_ms, self.gc_count = [], []   # per step, per generation
         self.tokens = cfg["batch"] * cfg["seq"]
         with self.scope():
@@ -262,6 +262,7 @@ class Trainer:
             self.host_us.append(after["host_us"] - before["host_us"])
             self.reply_us.append(after["reply_us"] - before["reply_us"])
             self.flush_us.append(after["flush_us"] - before["flush_us"])
+            self.doorbells.append(after["doorbells"] - before["doorbells"])
         if device.type == "cuda":
             self.mem_rank.append(torch.cuda.memory_allocated(device))
         if self.admin is not None and (step % 5 == 0 or step == args.steps - 1):
@@ -291,6 +292,8 @@ class Trainer:
             for key, xs in (("host", self.host_us), ("reply", self.reply_us), ("flush", self.flush_us)):
                 out[f"regen_{key}_ms_per_step"] = sum(xs[first:]) / 1e3 / max(len(xs[first:]), 1)
                 out[f"regen_{key}_us"] = xs
+            # Records that found regend's worker asleep, per step.
+            out["doorbells"] = self.doorbells
             out["steps"] = len(self.losses)
         return out
 

@@ -793,6 +793,11 @@ class Client:
         self._ring_submit(device, lane, op_name, layout, fields, record_scalars, None, signal_event, held)
         return lane.submitted
 
+    def doorbells(self):
+        """Doorbells rung on the lanes' rings open now (a ring opened again
+        counts from 0): how often a record found the worker asleep."""
+        return sum(lane.open_ring.bells for lane in self._lanes.values() if lane.open_ring is not None)
+
     def queue_tensors(self, device, op_name, names, tensors, local, kept, dtypes, record_scalars, signal_event=None):
         """queue_encoded's work done in C by regen._accel straight from the
         tensors: ``names`` the op's operand slots in order, ``tensors`` name

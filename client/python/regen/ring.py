@@ -160,6 +160,9 @@ class Ring:
         # The worker's stage times of the last completion read (taken, launched,
         # finished, published; CLOCK_MONOTONIC ns, as time.monotonic_ns()).
         self.last_timing = (0, 0, 0, 0)
+        # Doorbells rung (the worker said it sleeps when a record was
+        # published): each one a system call here and a wake-up there.
+        self.bells = 0
         self._fence = threading.Lock()
         size = ring_size(entries)
         fd = os.memfd_create("regen-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -267,6 +270,7 @@ class Ring:
         fence.acquire()
         fence.release()
         if ctr[SQ_SLEEPING]:
+            self.bells += 1
             try:
                 self.bell.send(b"\0")
             except BlockingIOError:
@@ -284,6 +288,7 @@ class Ring:
             return False
         self.sq_tail = (tail + 1) & 0xFFFFFFFF
         if sleeping:
+            self.bells += 1
             try:
                 self.bell.send(b"\0")
             except BlockingIOError:

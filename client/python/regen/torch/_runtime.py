@@ -938,6 +938,7 @@ class Runtime:
         with self.lock:
             out = dict(self.counters)
             out["block_imports_live"] = len(self._blocks)
+            out["doorbells"] = self.client.doorbells()
             out["ordering"] = self.ordering
             if self.ordering == "auto":
                 out["auto_us"] = self._auto.table()
