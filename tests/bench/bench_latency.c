@@ -13,8 +13,7 @@
  * pipelined (PIPE calls queued with regen_gemm_submit, then regen_wait;
  * against PIPE launches and one synchronize; the ring's, Varlink's and the
  * in-process rounds taking turns, each after an untimed call of its own),
- * each transport against in process; and in process again as the worker
- * queues a call (pool workspace, a completion event per call).
+ * each transport against in process.
  * Prints markdown tables.
  *
  * Exit codes: 0 done, 1 failure, 2 usage, 77 skipped (no CUDA device). */
@@ -330,28 +329,6 @@ static void run_local_pooled(struct lt *lt, struct gemm *g)
 	CUDA_OK(cudaStreamSynchronize(lt->stream));
 }
 
-/* The pipelined round as the worker queues it: per call, its workspace
- * from the pool, the GEMM, the workspace given back, and an event recorded
- * for its completion. Against the plain round it shows what the worker's
- * per-call stream work costs the GPU, apart from the daemon. */
-#define WORKER_EVENTS 32
-static cudaEvent_t worker_events[WORKER_EVENTS];
-
-static void run_local_pipelined_as_worker(struct lt *lt, struct gemm *g)
-{
-	for (int i = 0; i < PIPE; i++) {
-		void *ws = NULL;
-
-		if (g->ws_size > 0)
-			CUDA_OK(cudaMallocFromPoolAsync(&ws, g->ws_size, lt->pool, lt->stream));
-		local_launch(lt, g, ws, g->ws_size);
-		if (ws != NULL)
-			CUDA_OK(cudaFreeAsync(ws, lt->stream));
-		CUDA_OK(cudaEventRecord(worker_events[i % WORKER_EVENTS], lt->stream));
-	}
-	CUDA_OK(cudaStreamSynchronize(lt->stream));
-}
-
 /* ---- how the end of a call is learned, in process ---- */
 
 /* The worker learns a call ended on a thread other than the one that
@@ -661,9 +638,6 @@ int main(int argc, char **argv)
 		CUDA_OK(cudaMemPoolCreate(&lt.pool, &props));
 		CUDA_OK(cudaMemPoolSetAttribute(lt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
 	}
-	/* As the worker's completion events (daemon/backend/cuda/lane.c). */
-	for (int e = 0; e < WORKER_EVENTS; e++)
-		CUDA_OK(cudaEventCreateWithFlags(&worker_events[e], cudaEventDisableTiming));
 
 	us = malloc(sizeof(double) * (size_t)iters);
 	if (us == NULL) {
@@ -672,7 +646,7 @@ int main(int argc, char **argv)
 
 	static const enum regen_transport transports[2] = { REGEN_TRANSPORT_RING, REGEN_TRANSPORT_VARLINK };
 	struct bench_stats s_t[2];
-	double big_t[2], pipe_t[2][2], pipe_local[2], pipe_as_worker[2];
+	double big_t[2], pipe_t[2][2], pipe_local[2];
 	static const int64_t pipe_shapes[2][3] = { { 8192, 4096, 128 }, { 128, 4096, 16384 } };
 
 	/* ---- latency: 64x64x64 ---- */
@@ -777,7 +751,7 @@ int main(int argc, char **argv)
 		run_regen(c, &pg);
 		run_local(&lt, &pg);
 		check_agree(&pg);
-		double regen_s[2] = { 0, 0 }, local_s = 0, worker_s = 0;
+		double regen_s[2] = { 0, 0 }, local_s = 0;
 
 		for (int t = 0; t < 2; t++) {
 			use_transport(c, &pg, transports[t]);
@@ -804,14 +778,10 @@ int main(int argc, char **argv)
 			t0 = bench_now_s();
 			run_local_pipelined(&lt, &pg);
 			local_s += bench_now_s() - t0;
-			t0 = bench_now_s();
-			run_local_pipelined_as_worker(&lt, &pg);
-			worker_s += bench_now_s() - t0;
 		}
 		for (int t = 0; t < 2; t++)
 			pipe_t[s][t] = regen_s[t] / (PIPE_ROUNDS * PIPE);
 		pipe_local[s] = local_s / (PIPE_ROUNDS * PIPE);
-		pipe_as_worker[s] = worker_s / (PIPE_ROUNDS * PIPE);
 		pipe_launch_us[s] = local_launch_mean_us(&pg);
 		gemm_teardown(&pg);
 	}
@@ -864,10 +834,6 @@ int main(int argc, char **argv)
 		printf("| %lldx%lldx%lld | in process | %.1f | %.1f | 1 |\n", (long long)pipe_shapes[s][0],
 		       (long long)pipe_shapes[s][1], (long long)pipe_shapes[s][2], pipe_local[s] * 1e6,
 		       f / pipe_local[s] * 1e-12);
-		printf("| %lldx%lldx%lld | in process, as the worker queues (pool workspace, an event per call) | %.1f | "
-		       "%.1f | %.3f |\n", (long long)pipe_shapes[s][0], (long long)pipe_shapes[s][1],
-		       (long long)pipe_shapes[s][2], pipe_as_worker[s] * 1e6, f / pipe_as_worker[s] * 1e-12,
-		       pipe_local[s] / pipe_as_worker[s]);
 	}
 	printf("\nin process, host time inside cublasLtMatmul, mean: %.2f µs (%lldx%lldx%lld), %.2f µs (%lldx%lldx%lld)\n",
 	       pipe_launch_us[0], (long long)pipe_shapes[0][0], (long long)pipe_shapes[0][1], (long long)pipe_shapes[0][2],
