@@ -167,6 +167,44 @@ def run_gemms(c):
         ]
     for case in cases:
         guarded(f"gemm {case}", gemm_case, c, **case)
+    for transport in ("ring", "varlink"):
+        guarded(f"gemm on the same tensors ({transport})", repeat_case, c, transport)
+    c.set_transport("auto")
+
+
+def repeat_case(c, transport, calls=6):
+    """The same torch tensors in call after call, fresh values each time
+    (a is a row slice at an offset, b a transposed view, with a bias): from the
+    second call on, where regen._accel is loaded and the lane is on the
+    ring, it encodes the call (the imports found by address), against
+    float64 every time."""
+    from regen import accel
+    c.set_transport(transport)
+    g = fresh_generator()
+    big = randn([300, 256], torch.bfloat16, g)
+    a = big[44:]
+    b_store = randn([384, 256], torch.bfloat16, g)
+    b = b_store.t()
+    bias = randn([384], torch.bfloat16, g)
+    d = torch.empty(256, 384, device=f"cuda:{DEV}", dtype=torch.bfloat16)
+    before = c.accel_calls
+    worst = 0.0
+    for _ in range(calls):
+        for t in (big, b_store, bias):
+            t.copy_(randn(list(t.shape), torch.bfloat16, g))
+        d.fill_(float("nan"))
+        c.gemm(a, b, d, bias=bias, epilogue="bias")
+        ref = a.double() @ b.double() + bias.double()
+        torch.cuda.synchronize()
+        worst = max(worst, rel_err(d, ref))
+    encoded = c.accel_calls - before
+    record(f"gemm on the same tensors x{calls} ({transport}): results", worst <= TOL["bf16"], f"worst rel {worst:.2e}")
+    if accel.module is not None and transport == "ring":
+        record(f"gemm on the same tensors x{calls} ({transport}): regen._accel encoded the later calls",
+               encoded == calls - 1, f"{encoded} of {calls}")
+    else:
+        record(f"gemm on the same tensors x{calls} ({transport}): regen._accel took none", encoded == 0,
+               f"{encoded} of {calls} (accel {'loaded' if accel.module else 'not loaded'})")
 
 
 # -- attention ------------------------------------------------------------------

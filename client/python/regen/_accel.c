@@ -8,7 +8,7 @@
  * published. On the H200 machine those Python steps were most of the 20 µs
  * a call cost the rank. Whatever the fast path does not cover (a tensor
  * outside the kept chunks, an id the lane has not bound, an unknown dtype,
- * another device, rank over 4) makes it return -1 having written nothing,
+ * another device, rank 0 or over 4) makes it return -1 having written nothing,
  * and the Python path takes the call, as it does where this module is
  * missing (pip without a compiler, REGEN_PY_ACCEL=none).
  *
@@ -135,7 +135,9 @@ static int encode_operand(struct operand *op, PyObject *t, long local, PyObject 
 		r = -1;
 		goto out;
 	}
-	if (rank > RANK_MAX)
+	/* Rank 0 and past 4: the Python path's (its refusal, or regend's, by
+	 * name). */
+	if (rank < 1 || rank > RANK_MAX)
 		goto out;
 
 	o = call0(t, s_data_ptr);

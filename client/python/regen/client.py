@@ -301,6 +301,7 @@ class Client:
         if self.transport not in ("auto", "ring", "varlink"):
             raise ValueError(f"transport {self.transport!r} is not 'auto', 'ring' or 'varlink'")
         self._lanes = {}          # device -> _Lane
+        self.accel_calls = 0      # compute calls on torch tensors regen._accel encoded
         self._transport_epoch = 0  # bumped by set_transport
         self.timeout = timeout
         self.auto_reimport = auto_reimport
@@ -316,6 +317,10 @@ class Client:
         self._generations = {}    # device -> last generation seen
         self._buffers = {}        # id -> Buffer
         self._tensor_buffers = {}  # (device, storage data_ptr) -> Buffer
+        # Bumped whenever _tensor_buffers or a generation changes: the
+        # address spans regen._accel looks tensors up in are built again.
+        self._tensor_epoch = getattr(self, "_tensor_epoch", 0) + 1
+        self._spans, self._spans_epoch = {}, None
         self._events = {}         # id -> Event
         # torch IPC counters of imports whose answer was lost: (device,
         # generation then, counter).
@@ -436,6 +441,7 @@ class Client:
         for key, buf in list(self._tensor_buffers.items()):
             if buf.device == device and buf.generation < generation:
                 del self._tensor_buffers[key]
+        self._tensor_epoch += 1
         # A new generation unmapped every older import of the device: what
         # kept their memory alive can go (the ids still raise StaleGeneration).
         for bid, buf in list(self._buffers.items()):
@@ -807,7 +813,7 @@ class Client:
         None with nothing queued where the accelerator is not loaded, the
         lane is not on the ring, or an operand is not covered (outside the
         chunks, its buffer or the signal event not bound on the lane, an
-        unknown dtype, another device, rank over 4): queue_encoded or the
+        unknown dtype, another device, rank 0 or over 4): queue_encoded or the
         op's method takes the call then."""
         if accel.module is None:
             return None
@@ -972,6 +978,7 @@ class Client:
         # the client decrements it when regend unmaps the buffer.
         buf._on_drop = lambda: _release_ipc_counter(*ref_counter)
         self._tensor_buffers[key] = buf
+        self._tensor_epoch += 1
         return buf
 
     def _counter_after_failed_import(self, device, counter, exc):
@@ -1039,6 +1046,7 @@ class Client:
         for key, b in list(self._tensor_buffers.items()):
             if b is buf:
                 del self._tensor_buffers[key]
+                self._tensor_epoch += 1
         buf._drop()
 
     def import_event(self, device, handle_bytes):
@@ -1077,7 +1085,66 @@ class Client:
             return _tensor_operand(self, x, name)
         raise TypeError(f"operand {name} must be a regen.Operand or a torch tensor, not {type(x).__name__}")
 
+    def _tensor_spans(self, device):
+        """[(start, end, Buffer)] of the storages of torch device ``device``
+        imported in the current generation (regen._accel finds a tensor's
+        buffer among them by address), or None where there are none or too
+        many to scan."""
+        if self._spans_epoch != self._tensor_epoch:
+            spans = {}
+            for (dev, base), buf in self._tensor_buffers.items():
+                if not buf.closed and buf.generation >= self._generations.get(dev, 0):
+                    spans.setdefault(dev, []).append((base, base + buf.size, buf))
+            self._spans, self._spans_epoch = spans, self._tensor_epoch
+        found = self._spans.get(device)
+        return found if found is not None and len(found) <= _SPANS_SCANNED_MAX else None
+
+    def _compute_accel(self, op_name, named, scalars, signal_event):
+        """A compute call whose operands are all torch tensors already
+        imported, on a lane on the ring, encoded by regen._accel: (lane,
+        ticket, device) once queued, None with nothing queued (the Python
+        path takes the call, and raises what is wrong with it)."""
+        torch = sys.modules.get("torch")
+        if torch is None or self.transport == "varlink":
+            return None
+        tensor = torch.Tensor
+        local = None
+        tensors = []
+        for x in named.values():
+            if x is None:
+                continue
+            if not isinstance(x, tensor):
+                return None
+            tensors.append(x)
+            if local is None:
+                local = x.get_device()
+        if local is None or local < 0 or not named.keys() <= ops.NAME_SETS[op_name]:
+            return None
+        for name in ops.REQUIRED_NAMES[op_name]:
+            if named.get(name) is None:
+                return None
+        lane = self._lanes.get(local)
+        if lane is None or lane.ring is None or lane.transport_epoch != self._transport_epoch:
+            return None
+        spans = self._tensor_spans(local)
+        if spans is None:
+            return None
+        record = ringmod.scalars_record(op_name, scalars)
+        _sync_torch(tensors)
+        ticket = self.queue_tensors(local, op_name, ops.SLOT_NAMES[op_name], named, local, spans,
+                                    _torch_ring_dtypes(torch), record, signal_event)
+        if ticket is None:
+            return None
+        self.accel_calls += 1
+        return lane, ticket, local
+
     def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True, wait=True):
+        if wait_event is None and accel.module is not None:
+            queued = self._compute_accel(op_name, named, scalars, signal_event)
+            if queued is not None:
+                lane, ticket, device = queued
+                return self._answer(op_name, named, scalars, signal_event, device, lane, ticket,
+                                    retry and self.auto_reimport, wait)
         op = ops.OPS[op_name]
         method = op.method
         tensors = []
@@ -1130,7 +1197,14 @@ class Client:
             if not retry:
                 raise
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False, wait=wait)
-        ticket = lane.submitted
+        return self._answer(op_name, named, scalars, signal_event, device, lane, lane.submitted, retry, wait,
+                            wait_event)
+
+    def _answer(self, op_name, named, scalars, signal_event, device, lane, ticket, retry, wait, wait_event=None):
+        """A queued compute call's ticket (``wait`` False), or its answer:
+        regend's elapsed_us, its error raised, or after a StaleGeneration
+        of its own the call once more (``retry``: its tensors imported
+        again)."""
         if not wait:
             return ticket
         e, at = self._collect(device, lane, ticket)
@@ -1467,6 +1541,23 @@ def _release_ipc_counter(handle, offset):
             torch.cuda.UntypedStorage._release_ipc_counter(handle, offset)
     except Exception:
         pass
+
+
+# Imports of one device scanned by regen._accel at most: past that the
+# Python path's dict lookup per tensor is the faster.
+_SPANS_SCANNED_MAX = 64
+
+
+def _torch_ring_dtypes(torch):
+    """torch dtype -> a ring record's dtype code, made once."""
+    global _TORCH_RING_DTYPES
+    if _TORCH_RING_DTYPES is None:
+        _TORCH_RING_DTYPES = {getattr(torch, name.split(".")[1]): ringmod.DTYPES[code]
+                              for name, code in _TORCH_DTYPES.items()}
+    return _TORCH_RING_DTYPES
+
+
+_TORCH_RING_DTYPES = None
 
 
 def _sync_torch(tensors):

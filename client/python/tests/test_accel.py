@@ -153,6 +153,7 @@ class AccelTest(unittest.TestCase):
             "an unknown dtype": FakeTensor("f64", t.shape, t.stride(), 0, t.data_ptr()),
             "another device": FakeTensor(t.dtype, t.shape, t.stride(), 1, t.data_ptr()),
             "rank 5": FakeTensor(t.dtype, [2] * 5, [1] * 5, 0, t.data_ptr()),
+            "rank 0": FakeTensor(t.dtype, [], [], 0, t.data_ptr()),
             "outside every kept chunk": FakeTensor(t.dtype, t.shape, t.stride(), 0, 4096),
             "strides of another rank": FakeTensor(t.dtype, [2, 2], [1], 0, t.data_ptr()),
             "a shape past 64 bits": FakeTensor(t.dtype, [1 << 64], [1], 0, t.data_ptr()),
