@@ -92,6 +92,21 @@ static int item_int64(PyObject *seq, Py_ssize_t i, int64_t *out)
 	return r;
 }
 
+/* Field i (0: start, 1: end) of a kept span (start, end, buffer): 1 read,
+ * 0 not such a span (the caller falls back), -1 error. */
+static int span_field(PyObject *entry, Py_ssize_t i, unsigned long long *out)
+{
+	if (!entry || !PyTuple_Check(entry) || PyTuple_Size(entry) != 3) {
+		PyErr_Clear();
+		return 0;
+	}
+	unsigned long long v = PyLong_AsUnsignedLongLong(PyTuple_GetItem(entry, i));
+	if (v == (unsigned long long)-1 && PyErr_Occurred())
+		return -1;
+	*out = v;
+	return 1;
+}
+
 static PyObject *call0(PyObject *obj, PyObject *name)
 {
 	return PyObject_CallMethodObjArgs(obj, name, NULL);
@@ -152,30 +167,42 @@ static int encode_operand(struct operand *op, PyObject *t, long local, PyObject 
 		goto out;
 	}
 
-	/* The kept lookups: (start, end, buffer) per pool chunk. */
+	/* The span holding ptr: kept is sorted by start (its spans do not
+	 * overlap), so the last one starting at or below ptr, found by
+	 * bisection. */
 	PyObject *buffer = NULL;
 	unsigned long long start = 0;
-	Py_ssize_t n = PyList_Size(kept);
-	if (n < 0) {
+	Py_ssize_t lo = 0, hi = PyList_Size(kept);
+	if (hi < 0) {
 		r = -1;
 		goto out;
 	}
-	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *entry = PyList_GetItem(kept, i);   /* borrowed */
-		if (!entry || !PyTuple_Check(entry) || PyTuple_Size(entry) != 3) {
-			PyErr_Clear();
+	while (lo < hi) {
+		Py_ssize_t mid = lo + (hi - lo) / 2;
+		unsigned long long s;
+		int k = span_field(PyList_GetItem(kept, mid), 0, &s);
+		if (k <= 0) {
+			r = k;
 			goto out;
 		}
-		unsigned long long s = PyLong_AsUnsignedLongLong(PyTuple_GetItem(entry, 0));
-		unsigned long long e = PyLong_AsUnsignedLongLong(PyTuple_GetItem(entry, 1));
-		if (PyErr_Occurred()) {
-			r = -1;
+		if (s <= ptr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo > 0) {
+		PyObject *entry = PyList_GetItem(kept, lo - 1);
+		unsigned long long s, e;
+		int k = span_field(entry, 0, &s);
+		if (k > 0)
+			k = span_field(entry, 1, &e);
+		if (k <= 0) {
+			r = k;
 			goto out;
 		}
-		if (s <= ptr && ptr < e) {
+		if (ptr < e) {
 			buffer = PyTuple_GetItem(entry, 2);
 			start = s;
-			break;
 		}
 	}
 	if (!buffer)
@@ -250,8 +277,10 @@ out:
  * (flags, epilogue, compute, alignment, alpha, beta, scale, deadline_ms);
  * signal: the signal event's index or NONE; names: the op's operand slots
  * in order; tensors: name -> tensor or None; local: the tensors' device
- * (get_device(), -1 for host memory); kept: [(start, end, buffer)] pool
- * chunks; bound: the lane's id -> index; dtypes: torch dtype -> ring code.
+ * (get_device(), -1 for host memory); kept: [(start, end, buffer)] spans of
+ * memory (pool chunks, imported storages) sorted by start, not overlapping
+ * (a tensor in a span it does not find goes the Python way); bound: the
+ * lane's id -> index; dtypes: torch dtype -> ring code.
  *
  * Returns -1 with nothing written where the fast path does not cover the
  * call, else whether the worker sleeps (ring the doorbell): the record is

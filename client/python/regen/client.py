@@ -488,11 +488,29 @@ class Client:
         self._workers[device] = conn
         return conn
 
+    def _abandon_worker(self, device, conn):
+        """A call on worker connection ``conn`` was interrupted before its
+        reply: the connection must go (the reply would answer the next
+        call).  The worker closes a process's buffers and events with its
+        last connection, so the next one is opened first (best effort),
+        then this one closed: the imports outlive the interruption."""
+        try:
+            if self._workers.get(device) is conn:
+                del self._workers[device]
+                lane = self._lanes.get(device)
+                if lane is not None and lane.conn is conn:
+                    self._drop_lane(device)
+                self._worker(device)
+        except Exception:
+            pass   # the next call connects again; the imports may be gone then
+        finally:
+            conn.close()
+
     def _worker_call(self, device, method, params, fds=()):
         self._settle(device)
         conn = self._worker(device)
         try:
-            return conn.call(method, params, fds)
+            return conn.call(method, params, fds, abandon=lambda: self._abandon_worker(device, conn))
         except errors.ConnectionReset:
             self._workers.pop(device, None)
             self._drop_lane(device)
@@ -1087,17 +1105,18 @@ class Client:
 
     def _tensor_spans(self, device):
         """[(start, end, Buffer)] of the storages of torch device ``device``
-        imported in the current generation (regen._accel finds a tensor's
-        buffer among them by address), or None where there are none or too
-        many to scan."""
+        imported in the current generation, sorted by start (regen._accel
+        finds a tensor's buffer among them by bisection), or None where
+        there are none."""
         if self._spans_epoch != self._tensor_epoch:
             spans = {}
             for (dev, base), buf in self._tensor_buffers.items():
                 if not buf.closed and buf.generation >= self._generations.get(dev, 0):
                     spans.setdefault(dev, []).append((base, base + buf.size, buf))
+            for found in spans.values():
+                found.sort(key=_span_start)
             self._spans, self._spans_epoch = spans, self._tensor_epoch
-        found = self._spans.get(device)
-        return found if found is not None and len(found) <= _SPANS_SCANNED_MAX else None
+        return self._spans.get(device)
 
     def _compute_accel(self, op_name, named, scalars, signal_event):
         """A compute call whose operands are all torch tensors already
@@ -1543,9 +1562,8 @@ def _release_ipc_counter(handle, offset):
         pass
 
 
-# Imports of one device scanned by regen._accel at most: past that the
-# Python path's dict lookup per tensor is the faster.
-_SPANS_SCANNED_MAX = 64
+def _span_start(span):
+    return span[0]
 
 
 def _torch_ring_dtypes(torch):

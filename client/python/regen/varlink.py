@@ -176,9 +176,12 @@ class Connection:
             raise errors.error_from_reply(reply["error"], reply.get("parameters") or {})
         return reply.get("parameters") or {}, bool(reply.get("continues"))
 
-    def call(self, method, parameters=None, fds=()):
+    def call(self, method, parameters=None, fds=(), abandon=None):
         """Send a call and return its reply's parameters.  A timeout closes
-        the connection: a late reply must not answer the next call."""
+        the connection: a late reply must not answer the next call.
+        ``abandon``: called instead of close() when something else (a
+        signal handler's exception) ends the wait; it must close the
+        connection."""
         try:
             self.send(method, parameters, fds)
             params, _ = self.receive()
@@ -194,6 +197,9 @@ class Connection:
             # Anything else between the send and its reply (KeyboardInterrupt,
             # a signal handler's exception): the reply, still to come, would
             # answer the next call on this connection.  It goes with it.
-            self.close()
+            if abandon is None:
+                self.close()
+            else:
+                abandon()
             raise
         return params

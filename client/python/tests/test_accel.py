@@ -66,7 +66,8 @@ class AccelTest(unittest.TestCase):
         # Chunks of "pool" memory and the lane's id table.
         self.kept, self.bound = [], {}
         base = 1 << 40
-        for i in range(4):
+        # Enough spans that finding one takes several bisection steps.
+        for i in range(37):
             start = base + i * (1 << 32) + self.rng.randrange(1 << 20) * 256
             ident = f"b0.1.{self.rng.randrange(1 << 40)}"
             # Buffers as libregen's pool hands them (ids) and as Buffer
@@ -155,6 +156,9 @@ class AccelTest(unittest.TestCase):
             "rank 5": FakeTensor(t.dtype, [2] * 5, [1] * 5, 0, t.data_ptr()),
             "rank 0": FakeTensor(t.dtype, [], [], 0, t.data_ptr()),
             "outside every kept chunk": FakeTensor(t.dtype, t.shape, t.stride(), 0, 4096),
+            "past every kept chunk": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[-1][1] + 64),
+            "at a chunk's end": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[3][1]),
+            "between two chunks": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[20][1] + 4096),
             "strides of another rank": FakeTensor(t.dtype, [2, 2], [1], 0, t.data_ptr()),
             "a shape past 64 bits": FakeTensor(t.dtype, [1 << 64], [1], 0, t.data_ptr()),
         }

@@ -38,6 +38,7 @@ regend once per generation; past EVENT_PAIRS_MAX streams of one device the
 pair used least lately is closed in regend.
 """
 
+import bisect
 import collections
 import os
 import threading
@@ -382,7 +383,8 @@ class Runtime:
             return None
         self._seen_generation(device, ref.generation)
         if self._chunks_epoch is not None:
-            kept.append((ptr - ref.offset, ptr + ref.extent, ref.buffer))
+            # Sorted by start: regen._accel bisects it.
+            bisect.insort(kept, (ptr - ref.offset, ptr + ref.extent, ref.buffer))
         return ref.buffer, ref.offset
 
     def _block_of(self, t, device):
