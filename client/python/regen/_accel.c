@@ -317,20 +317,11 @@ static PyObject *queue_tensors(PyObject *self, PyObject *args)
 		return NULL;
 	}
 
-	struct record rec;
-	memset(&rec, 0, sizeof(rec));
-	rec.tag = tag;
-	rec.op = opcode;
-	rec.flags = flags;
-	rec.epilogue = epilogue;
-	rec.compute = compute;
-	rec.alignment = alignment;
-	rec.wait_event = INDEX_NONE;
-	rec.signal_event = signal;
-	rec.deadline_ms = deadline;
-	rec.alpha = alpha;
-	rec.beta = beta;
-	rec.scale = scale;
+	/* Every member not named here zero (the reserved fields and the pad,
+	 * as the worker requires; the layout has no implicit padding). */
+	struct record rec = { .tag = tag, .op = opcode, .flags = flags, .epilogue = epilogue, .compute = compute,
+			       .alignment = alignment, .wait_event = INDEX_NONE, .signal_event = signal,
+			       .deadline_ms = deadline, .alpha = alpha, .beta = beta, .scale = scale };
 	for (Py_ssize_t i = 0; i < SLOTS; i++)
 		rec.operands[i].index = INDEX_NONE;
 	for (Py_ssize_t i = 0; i < nslots; i++) {
