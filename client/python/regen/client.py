@@ -1155,7 +1155,9 @@ class Client:
         if ticket is None:
             return None
         self.accel_calls += 1
-        return lane, ticket, local
+        # The lane queue_tensors used: its _lane() may have put a new one
+        # in place of an idle lane whose worker had gone.
+        return self._lanes[local], ticket, local
 
     def _compute(self, op_name, named, scalars, wait_event, signal_event, retry=True, wait=True):
         if wait_event is None and accel.module is not None:
