@@ -372,10 +372,5 @@ PyMODINIT_FUNC PyInit__accel(void)
 	s_id = PyUnicode_InternFromString("id");
 	if (!s_data_ptr || !s_get_device || !s_stride || !s_shape || !s_dtype || !s_id)
 		return NULL;
-	PyObject *m = PyModule_Create(&module);
-	if (m && PyModule_AddIntConstant(m, "RECORD_SIZE", RECORD_SIZE) < 0) {
-		Py_DECREF(m);
-		return NULL;
-	}
-	return m;
+	return PyModule_Create(&module);
 }

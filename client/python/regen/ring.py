@@ -270,11 +270,7 @@ class Ring:
         fence.acquire()
         fence.release()
         if ctr[SQ_SLEEPING]:
-            self.bells += 1
-            try:
-                self.bell.send(b"\0")
-            except BlockingIOError:
-                pass   # a full socket already holds a wake-up
+            self._wake()
 
     def submit_tensors(self, tag, op, record_scalars, signal, names, tensors, local, kept, bound, dtypes):
         """submit() for a chained call regen._accel encodes from its tensors
@@ -288,12 +284,17 @@ class Ring:
             return False
         self.sq_tail = (tail + 1) & 0xFFFFFFFF
         if sleeping:
-            self.bells += 1
-            try:
-                self.bell.send(b"\0")
-            except BlockingIOError:
-                pass   # a full socket already holds a wake-up
+            self._wake()
         return True
+
+    def _wake(self):
+        """Rings the doorbell of a worker that said it sleeps (a published
+        record waits for it); OSError where the worker's end is gone."""
+        self.bells += 1
+        try:
+            self.bell.send(b"\0")
+        except BlockingIOError:
+            pass   # a full socket already holds a wake-up
 
     def _wait_one(self, timeout):
         """Until completion cq_head is published: spin a while, then sleep
