@@ -450,20 +450,68 @@ static double local_launch_mean_us(struct gemm *g)
 	return mean;
 }
 
-static void run_regen_pipelined(regen_client *c, struct gemm *g)
+/* Where a pipelined ring round's time goes, call by call: each stage's
+ * moment from the round's first submission, summed over rounds. */
+enum pipe_mark { PM_TAKEN, PM_LAUNCHED, PM_FINISHED, PM_PUBLISHED, PM_COUNT };
+struct pipe_timeline {
+	double us[PIPE][PM_COUNT];
+	int rounds;
+};
+
+static void run_regen_pipelined(regen_client *c, struct gemm *g, struct pipe_timeline *tl)
 {
-	uint64_t t = 0;
+	uint64_t t[PIPE];
+	struct regen_call_timing ct[PIPE];
+	bool timed = tl != NULL;
 	int r;
 
 	for (int i = 0; i < PIPE; i++) {
-		r = regen_gemm_submit(c, &g->args, &t);
+		r = regen_gemm_submit(c, &g->args, &t[i]);
 		if (r < 0) {
 			bench_die_regen(c, "regen_gemm_submit", r);
 		}
 	}
-	r = regen_wait(c, 0, t);
-	if (r < 0) {
-		bench_die_regen(c, "regen_wait", r);
+	/* One wait per call reaps the same completions in the same order as
+	 * one wait for the last, and lets each call's stamps be read. */
+	for (int i = 0; i < PIPE; i++) {
+		r = regen_wait(c, 0, t[i]);
+		if (r < 0) {
+			bench_die_regen(c, "regen_wait", r);
+		}
+		if (timed && (regen_client_last_timing(c, 0, &ct[i]) != 0 || !ct[i].submitted_ns ||
+			      !ct[i].published_ns))
+			timed = false;
+	}
+	if (!timed)
+		return;
+	for (int i = 0; i < PIPE; i++) {
+		const uint64_t at[PM_COUNT] = { ct[i].taken_ns, ct[i].launched_ns, ct[i].finished_ns, ct[i].published_ns };
+		for (int m = 0; m < PM_COUNT; m++)
+			tl->us[i][m] += ((double)at[m] - (double)ct[0].submitted_ns) / 1e3;
+	}
+	tl->rounds++;
+}
+
+static void pipe_timeline_print(const struct pipe_timeline *tl, const int64_t shape[3], double local_us_per_gemm)
+{
+	if (tl->rounds == 0)
+		return;
+	printf("\n%lldx%lldx%lld over the ring, pipelined, call by call (µs from the round's first submission, "
+	       "mean of %d rounds; in process takes %.1f µs per GEMM):\n\n",
+	       (long long)shape[0], (long long)shape[1], (long long)shape[2], tl->rounds, local_us_per_gemm);
+	printf("| call | taken | launched | finished | published | finished - previous finished | launched - previous "
+	       "finished |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+	for (int i = 0; i < PIPE; i++) {
+		double at[PM_COUNT];
+		for (int m = 0; m < PM_COUNT; m++)
+			at[m] = tl->us[i][m] / tl->rounds;
+		if (i == 0) {
+			printf("| %d | %.1f | %.1f | %.1f | %.1f | | |\n", i + 1, at[0], at[1], at[2], at[3]);
+			continue;
+		}
+		double prev_finished = tl->us[i - 1][PM_FINISHED] / tl->rounds;
+		printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", i + 1, at[0], at[1], at[2], at[3],
+		       at[2] - prev_finished, at[1] - prev_finished);
 	}
 }
 
@@ -647,6 +695,7 @@ int main(int argc, char **argv)
 	static const enum regen_transport transports[2] = { REGEN_TRANSPORT_RING, REGEN_TRANSPORT_VARLINK };
 	struct bench_stats s_t[2];
 	double big_t[2], pipe_t[2][2], pipe_local[2];
+	static struct pipe_timeline pipe_tl[2];
 	static const int64_t pipe_shapes[2][3] = { { 8192, 4096, 128 }, { 128, 4096, 16384 } };
 
 	/* ---- latency: 64x64x64 ---- */
@@ -755,7 +804,7 @@ int main(int argc, char **argv)
 
 		for (int t = 0; t < 2; t++) {
 			use_transport(c, &pg, transports[t]);
-			run_regen_pipelined(c, &pg);
+			run_regen_pipelined(c, &pg, NULL);
 		}
 		run_local_pipelined(&lt, &pg);
 		local_launch_mean_us(&pg);
@@ -765,7 +814,7 @@ int main(int argc, char **argv)
 				 * outside the round's time. */
 				use_transport(c, &pg, transports[t]);
 				t0 = bench_now_s();
-				run_regen_pipelined(c, &pg);
+				run_regen_pipelined(c, &pg, transports[t] == REGEN_TRANSPORT_RING ? &pipe_tl[s] : NULL);
 				regen_s[t] += bench_now_s() - t0;
 			}
 			/* Its own untimed call first, as the regend rounds have
@@ -838,6 +887,8 @@ int main(int argc, char **argv)
 	printf("\nin process, host time inside cublasLtMatmul, mean: %.2f µs (%lldx%lldx%lld), %.2f µs (%lldx%lldx%lld)\n",
 	       pipe_launch_us[0], (long long)pipe_shapes[0][0], (long long)pipe_shapes[0][1], (long long)pipe_shapes[0][2],
 	       pipe_launch_us[1], (long long)pipe_shapes[1][0], (long long)pipe_shapes[1][1], (long long)pipe_shapes[1][2]);
+	for (int s = 0; s < 2; s++)
+		pipe_timeline_print(&pipe_tl[s], pipe_shapes[s], pipe_local[s] * 1e6);
 	(void)t_regen;
 	fflush(stdout);
 
