@@ -137,6 +137,10 @@ struct cuda_dev {
 	/* Bumped when a reset starts: an op that began before it and fails
 	 * afterwards does not mark the new context lost. */
 	_Atomic uint64_t resets;
+	/* Launches in progress on the device's lanes (lane.c): completers hold
+	 * their event queries back meanwhile, since each query contends with
+	 * the launch for the context's lock. */
+	_Atomic unsigned launching;
 };
 
 /* Calls a lane may have launched and not yet seen complete. A rank that
