@@ -842,21 +842,15 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		r = -E2BIG;
 		goto out;
 	}
-	void *ws = NULL;
-	cudaError_t e;
-	if (bytes > 0) {
-		if (rd_resource_ensure_valid(&cd->pool.res)) {
-			r = cuda_status_to_error(&op->err, "scratch memory pool");
-			goto out;
-		}
-		e = cudaMallocFromPoolAsync(&ws, bytes, cd->pool.pool, lane->stream);
-		if (e != cudaSuccess) {
-			rp_error_set(&op->err, cuda_error_name(e), "%s scratch of %zu bytes: %s", c.name, bytes,
-				     cudaGetErrorString(e));
-			r = -EIO;
-			goto out;
-		}
+	struct cuda_scratch scratch;
+	char what[64];
+	snprintf(what, sizeof(what), "%s scratch", c.name);
+	if (cuda_scratch_take(lane, bytes, &scratch, what, &op->err)) {
+		r = -EIO;
+		goto out;
 	}
+	void *ws = scratch.ptr;
+	cudaError_t e;
 
 	char why[320] = "";
 	cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
@@ -903,13 +897,10 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 			r = -EIO;
 		}
 	}
-	if (ws) {
-		e = cudaFreeAsync(ws, lane->stream);
-		if (e != cudaSuccess && r == 0) {
-			rp_error_set(&op->err, cuda_error_name(e), "freeing the attention scratch: %s",
-				     cudaGetErrorString(e));
-			r = -EIO;
-		}
+	e = cuda_scratch_give(lane, &scratch);
+	if (e != cudaSuccess && r == 0) {
+		rp_error_set(&op->err, cuda_error_name(e), "freeing the attention scratch: %s", cudaGetErrorString(e));
+		r = -EIO;
 	}
 out:
 	plan_put(at, p);

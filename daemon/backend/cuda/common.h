@@ -183,6 +183,11 @@ struct cuda_lane {
 	uint64_t fault_seen;
 	uint64_t op_resets;                /* cd->resets when the op being launched started */
 	void *last_workspace;
+	/* scratch.c: the block the lane's calls reuse while it is busy. */
+	pthread_mutex_t scratch_lock;
+	void *scratch_kept;
+	size_t scratch_kept_bytes;
+	uint64_t scratch_kept_allocs;
 	/* REGEN_CUDA_LAUNCH_PROFILE: where a launch's time goes, summed over
 	 * the lane's calls by the launching thread (one at a time) and
 	 * printed when the lane goes. */
@@ -196,6 +201,21 @@ struct cuda_lane {
 		uint64_t completions, handoff_ns, wait_ns, queries;
 	} profile;
 };
+
+/* scratch.c: a call's scratch, the lane's kept block or (larger) its own. */
+struct cuda_scratch {
+	void *ptr;
+	bool owned;   /* the call's own: given back to the pool after it */
+};
+int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s, const char *what,
+		      struct rp_error *err);
+/* Stream-ordered after the call's work: enqueue it after that work. */
+cudaError_t cuda_scratch_give(struct cuda_lane *l, struct cuda_scratch *s);
+/* Gives the kept block back to the pool (stream-ordered): with no launch
+ * on the lane under way, or from the lane's release. */
+void cuda_scratch_drop_kept(struct cuda_lane *l);
+/* The context went: the block went with it. */
+void cuda_scratch_forget_kept(struct cuda_lane *l);
 
 struct cuda_mapping {
 	struct rd_resource res;

@@ -38,9 +38,17 @@ enum rd_cuda_algo_policy { RD_CUDA_ALGO_DEFAULT = 0, RD_CUDA_ALGO_PREFER_WORKSPA
 void rd_cuda_set_algo_policy(struct rd_device *dev, enum rd_cuda_algo_policy policy);
 
 /* Device address of the scratch the lane's last GEMM used (NULL if none):
- * per-call memory normally, the one shared buffer with
+ * the lane's own block normally (scratch.c), the one shared buffer with
  * -Ddebug_shared_workspace=true. */
 void *rd_cuda_lane_last_workspace(struct rd_lane *lane);
+/* The block of scratch the lane keeps for its next call (scratch.c): its
+ * size (0 once the lane has been idle a while), and how many blocks the
+ * lane has taken from the pool so far. */
+struct rd_cuda_lane_scratch {
+	size_t kept_bytes;
+	uint64_t kept_allocs;
+};
+void rd_cuda_lane_scratch_info(struct rd_lane *lane, struct rd_cuda_lane_scratch *info);
 
 /* Distinct imported mappings now held (cuda_ipc dedupes by handle). */
 unsigned rd_cuda_mapping_count(struct rd_device *dev);

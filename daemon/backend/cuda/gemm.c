@@ -33,11 +33,12 @@
  * a legal call is never refused because of the cache, and the excess is
  * bounded by the threads that enqueue.
  *
- * Scratch: each call allocates its own workspace on its lane's stream from
- * the device's pool and frees it there after the matmul (seed 001: concurrent
- * GEMMs must never share partial sums). Only -Ddebug_shared_workspace=true
- * makes every call use one cached buffer, to prove the regression test
- * catches the bug. */
+ * Scratch: each call's workspace is taken on its lane's stream from the
+ * device's pool (scratch.c: the lane's own block, reused by its calls one
+ * after the other in stream order while it is busy), so concurrent GEMMs
+ * never share partial sums (seed 001). Only -Ddebug_shared_workspace=true
+ * makes every call on every lane use one buffer, to prove the regression
+ * test catches the bug. */
 #include "regen-config.h"
 
 #include <errno.h>
@@ -516,7 +517,7 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 
 	void *ws = NULL;
 	size_t ws_size = p->ws_size;
-	bool ws_owned = false;
+	struct cuda_scratch scratch = { 0 };
 	cudaError_t e;
 #if REGEN_SHARED_WORKSPACE_DEBUG
 	/* DEBUG ONLY: the bug of seed 001, on purpose. */
@@ -525,17 +526,9 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 	ws = cd->shared_ws.ptr;
 	ws_size = RD_CUDA_WORKSPACE_BYTES;
 #else
-	if (ws_size > 0) {
-		if (rd_resource_ensure_valid(&cd->pool.res))
-			return cuda_status_to_error(&op->err, "scratch memory pool");
-		e = cudaMallocFromPoolAsync(&ws, ws_size, cd->pool.pool, lane->stream);
-		if (e != cudaSuccess) {
-			rp_error_set(&op->err, cuda_error_name(e), "workspace of %zu bytes: %s", ws_size,
-				     cudaGetErrorString(e));
-			return -EIO;
-		}
-		ws_owned = true;
-	}
+	if (cuda_scratch_take(lane, ws_size, &scratch, "workspace", &op->err))
+		return -EIO;
+	ws = scratch.ptr;
 #endif
 	lane->last_workspace = ws;
 	cuda_launch_mark(lane, CUDA_PHASE_SCRATCH);
@@ -570,12 +563,10 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 			     (long long)g->m, (long long)g->n, (long long)g->k, cublasLtGetStatusString(s));
 		r = -EIO;
 	}
-	if (ws_owned) {
-		e = cudaFreeAsync(ws, lane->stream);
-		if (e != cudaSuccess && r == 0) {
-			rp_error_set(&op->err, cuda_error_name(e), "freeing the workspace: %s", cudaGetErrorString(e));
-			r = -EIO;
-		}
+	e = cuda_scratch_give(lane, &scratch);
+	if (e != cudaSuccess && r == 0) {
+		rp_error_set(&op->err, cuda_error_name(e), "freeing the workspace: %s", cudaGetErrorString(e));
+		r = -EIO;
 	}
 	cuda_launch_mark(lane, CUDA_PHASE_FREE);
 	return r;

@@ -65,6 +65,7 @@ static void lane_release(struct rd_resource *res)
 {
 	struct cuda_lane *l = (struct cuda_lane *)res;
 	cudaSetDevice(l->cd->dev->index);
+	cuda_scratch_drop_kept(l);
 	cudaStreamSynchronize(l->stream);
 	cudaStreamSynchronize(l->notify);
 	lane_destroy_events(l);
@@ -76,6 +77,7 @@ static void lane_release(struct rd_resource *res)
 static void lane_invalidate(struct rd_resource *res)
 {
 	struct cuda_lane *l = (struct cuda_lane *)res;
+	cuda_scratch_forget_kept(l);
 	l->stream = l->notify = NULL;
 	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++)
 		l->done[i] = NULL;
@@ -550,6 +552,23 @@ static void lane_idle_wait(struct cuda_lane_impl *li, bool (*ready)(struct cuda_
 		launcher_sleep(li);
 }
 
+/* With li->lock held, as the completer is about to sleep with nothing in
+ * flight: the lane's kept scratch goes back to the pool, so that an idle
+ * lane holds no device memory. It holds the lane's launch meanwhile (a
+ * launch that comes waits, as for any launch under way). */
+static void lane_drop_scratch_idle(struct cuda_lane_impl *li)
+{
+	if (li->launching || li->q.count || li->npending || li->stopping)
+		return;
+	li->launching = true;
+	pthread_mutex_unlock(&li->lock);
+	cuda_scratch_drop_kept(&li->lane);
+	pthread_mutex_lock(&li->lock);
+	li->launching = false;
+	if (li->q.count)
+		wake_launcher(li);
+}
+
 /* The completer's wait: it must not return on `stopping` alone (the
  * launcher may still be draining), only once completer_ready(). */
 static void lane_idle_wait_completer(struct cuda_lane_impl *li)
@@ -559,6 +578,8 @@ static void lane_idle_wait_completer(struct cuda_lane_impl *li)
 	while (rd_now_ns() < until && !__atomic_load_n(&li->done_seq, __ATOMIC_ACQUIRE))
 		__builtin_ia32_pause();
 	pthread_mutex_lock(&li->lock);
+	if (!li->npending && !li->launcher_done)
+		lane_drop_scratch_idle(li);
 	while (!li->npending && !li->launcher_done)
 		completer_sleep(li);
 }
@@ -677,6 +698,7 @@ struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct r
 	l->base.index = index;
 	l->cd = cd;
 	pthread_mutex_init(&li->lock, NULL);
+	pthread_mutex_init(&l->scratch_lock, NULL);
 	pthread_cond_init(&li->launcher_cond, NULL);
 	pthread_cond_init(&li->completer_cond, NULL);
 	rd_resource_register(&dev->registry, &l->base.res, &lane_ops);
@@ -704,6 +726,7 @@ fail:
 	rd_resource_unregister(&l->base.res);
 	pthread_cond_destroy(&li->launcher_cond);
 	pthread_cond_destroy(&li->completer_cond);
+	pthread_mutex_destroy(&l->scratch_lock);
 	pthread_mutex_destroy(&li->lock);
 	free(li);
 	return NULL;
@@ -724,6 +747,7 @@ void cuda_lane_destroy(struct rd_lane *lane)
 	rd_resource_unregister(&l->base.res);
 	pthread_cond_destroy(&li->launcher_cond);
 	pthread_cond_destroy(&li->completer_cond);
+	pthread_mutex_destroy(&l->scratch_lock);
 	pthread_mutex_destroy(&li->lock);
 	free(li->q.ops);
 	free(li);

@@ -1,9 +1,8 @@
 /* LayerNorm and LayerNormBackward on the CUDA backend: regen's own kernels
  * (kernels/layernorm.cu), enqueued on the lane's stream with nothing to
  * wait for on the way. The backward's d_weight and d_bias go through f32
- * partial sums in scratch of the call's own, taken from the device's pool on
- * the lane's stream and given back on it (as a GEMM's workspace is), counted
- * against max_scratch. Registered only where nvcc built the kernels
+ * partial sums in scratch taken from the device's pool on the lane's stream
+ * (scratch.c, as a GEMM's workspace is), counted against max_scratch. Registered only where nvcc built the kernels
  * (REGEN_HAVE_KERNELS); elsewhere the lane answers MethodNotImplemented. */
 #include "regen-config.h"
 
@@ -73,7 +72,7 @@ static int backward(struct cuda_lane *lane, struct rd_op *op, void *const *p)
 	};
 	const size_t bytes = a.d_weight || a.d_bias ? rk_layer_norm_backward_scratch(ln->rows, ln->n) : 0;
 	const uint64_t cap = cd->dev->max_scratch;
-	void *scratch = NULL;
+	struct cuda_scratch scratch = { 0 };
 	cudaError_t e;
 	int r = 0;
 
@@ -84,24 +83,17 @@ static int backward(struct cuda_lane *lane, struct rd_op *op, void *const *p)
 				      (long long)ln->rows, (long long)ln->n, bytes, (unsigned long long)cap);
 		return -E2BIG;
 	}
-	if (bytes > 0) {
-		if (rd_resource_ensure_valid(&cd->pool.res))
-			return cuda_status_to_error(&op->err, "scratch memory pool");
-		e = cudaMallocFromPoolAsync(&scratch, bytes, cd->pool.pool, lane->stream);
-		if (e != cudaSuccess)
-			return launch_failed(op, "LayerNormBackward's scratch", e);
-		a.partial = scratch;
-	}
+	if (cuda_scratch_take(lane, bytes, &scratch, "LayerNormBackward's scratch", &op->err))
+		return -EIO;
+	a.partial = scratch.ptr;
 	cuda_launch_mark(lane, CUDA_PHASE_SCRATCH);
 	e = rk_layer_norm_backward(&a, lane->stream);
 	cuda_launch_mark(lane, CUDA_PHASE_KERNEL);
 	if (e != cudaSuccess)
 		r = launch_failed(op, "launching the LayerNormBackward kernels", e);
-	if (scratch) {
-		e = cudaFreeAsync(scratch, lane->stream);
-		if (e != cudaSuccess && r == 0)
-			r = launch_failed(op, "freeing LayerNormBackward's scratch", e);
-	}
+	e = cuda_scratch_give(lane, &scratch);
+	if (e != cudaSuccess && r == 0)
+		r = launch_failed(op, "freeing LayerNormBackward's scratch", e);
 	cuda_launch_mark(lane, CUDA_PHASE_FREE);
 	return r;
 }
