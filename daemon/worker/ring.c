@@ -208,6 +208,7 @@ static void ring_op_launched(struct rd_op *op)
 }
 
 static void ring_take(struct rd_ring *r);
+static void ring_spin_from_now(struct rd_ring *r);
 static void ring_spin_after_completion(struct rd_ring *r);
 
 /* The loop thread, once the backend finished the op. */
@@ -303,11 +304,8 @@ static void ring_take(struct rd_ring *r)
 		if (taken == TAKE_PER_TURN) {
 			/* More next turn: the spin handle comes back for them. */
 			rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
-			if (!uv_is_active((uv_handle_t *)&r->spin)) {
-				r->last_active_ns = uv_hrtime();
-				r->spun = true;
-				uv_idle_start(&r->spin, on_spin);
-			}
+			if (!uv_is_active((uv_handle_t *)&r->spin))
+				ring_spin_from_now(r);
 			return;
 		}
 		if (avail > r->entries) {
@@ -386,12 +384,18 @@ static void ring_sleep(struct rd_ring *r)
 	if (rp_ring_load(&r->hdr->sq_tail) != r->sq_head) {
 		rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
 		ring_take(r);
-		if (!r->stopped) {
-			r->last_active_ns = uv_hrtime();
-			r->spun = true;
-			uv_idle_start(&r->spin, on_spin);
-		}
+		if (!r->stopped)
+			ring_spin_from_now(r);
 	}
+}
+
+/* The loop looks at the ring from its idle handle, its budget counted
+ * from now. */
+static void ring_spin_from_now(struct rd_ring *r)
+{
+	r->last_active_ns = uv_hrtime();
+	r->spun = true;
+	uv_idle_start(&r->spin, on_spin);
 }
 
 /* A record's op came back (its completion is out): the client answered
@@ -401,12 +405,12 @@ static void ring_spin_after_completion(struct rd_ring *r)
 {
 	if (r->stopped)
 		return;
-	r->last_active_ns = uv_hrtime();
-	if (uv_is_active((uv_handle_t *)&r->spin))
+	if (uv_is_active((uv_handle_t *)&r->spin)) {
+		r->last_active_ns = uv_hrtime();
 		return;
+	}
 	rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
-	r->spun = true;
-	uv_idle_start(&r->spin, on_spin);
+	ring_spin_from_now(r);
 }
 
 static void on_doorbell(uv_poll_t *h, int status, int events)
@@ -429,9 +433,7 @@ static void on_doorbell(uv_poll_t *h, int status, int events)
 	ring_take(r);
 	if (r->stopped)
 		return;
-	r->last_active_ns = uv_hrtime();
-	r->spun = true;
-	uv_idle_start(&r->spin, on_spin);
+	ring_spin_from_now(r);
 }
 
 static void ring_free(struct rd_ring *r)
