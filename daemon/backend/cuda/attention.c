@@ -843,9 +843,7 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		goto out;
 	}
 	struct cuda_scratch scratch;
-	char what[64];
-	snprintf(what, sizeof(what), "%s scratch", c.name);
-	if (cuda_scratch_take(lane, bytes, &scratch, what, &op->err)) {
+	if (cuda_scratch_take(lane, bytes, &scratch, c.name, &op->err)) {
 		r = -EIO;
 		goto out;
 	}

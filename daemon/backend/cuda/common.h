@@ -207,7 +207,8 @@ struct cuda_scratch {
 	void *ptr;
 	bool owned;   /* the call's own: given back to the pool after it */
 };
-int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s, const char *what,
+/* `call` names the call in the error a failure sets ("GEMM"). */
+int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s, const char *call,
 		      struct rp_error *err);
 /* Stream-ordered after the call's work: enqueue it after that work. */
 cudaError_t cuda_scratch_give(struct cuda_lane *l, struct cuda_scratch *s);

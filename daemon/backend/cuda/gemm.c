@@ -526,7 +526,7 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 	ws = cd->shared_ws.ptr;
 	ws_size = RD_CUDA_WORKSPACE_BYTES;
 #else
-	if (cuda_scratch_take(lane, ws_size, &scratch, "workspace", &op->err))
+	if (cuda_scratch_take(lane, ws_size, &scratch, "GEMM", &op->err))
 		return -EIO;
 	ws = scratch.ptr;
 #endif

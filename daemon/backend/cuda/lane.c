@@ -578,8 +578,7 @@ static void lane_idle_wait_completer(struct cuda_lane_impl *li)
 	while (rd_now_ns() < until && !__atomic_load_n(&li->done_seq, __ATOMIC_ACQUIRE))
 		__builtin_ia32_pause();
 	pthread_mutex_lock(&li->lock);
-	if (!li->npending && !li->launcher_done)
-		lane_drop_scratch_idle(li);
+	lane_drop_scratch_idle(li);
 	while (!li->npending && !li->launcher_done)
 		completer_sleep(li);
 }

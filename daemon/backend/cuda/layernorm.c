@@ -83,7 +83,7 @@ static int backward(struct cuda_lane *lane, struct rd_op *op, void *const *p)
 				      (long long)ln->rows, (long long)ln->n, bytes, (unsigned long long)cap);
 		return -E2BIG;
 	}
-	if (cuda_scratch_take(lane, bytes, &scratch, "LayerNormBackward's scratch", &op->err))
+	if (cuda_scratch_take(lane, bytes, &scratch, "LayerNormBackward", &op->err))
 		return -EIO;
 	a.partial = scratch.ptr;
 	cuda_launch_mark(lane, CUDA_PHASE_SCRATCH);

@@ -31,7 +31,7 @@
  * reuses the lane's block. */
 #define CUDA_SCRATCH_KEEP_MAX RD_CUDA_WORKSPACE_BYTES
 
-int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s, const char *what,
+int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s, const char *call,
 		      struct rp_error *err)
 {
 	struct cuda_dev *cd = l->cd;
@@ -68,7 +68,7 @@ int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s,
 	}
 	if (e != cudaSuccess) {
 		s->ptr = NULL;
-		rp_error_set(err, cuda_error_name(e), "%s of %zu bytes: %s", what, bytes, cudaGetErrorString(e));
+		rp_error_set(err, cuda_error_name(e), "%s's scratch of %zu bytes: %s", call, bytes, cudaGetErrorString(e));
 		return -EIO;
 	}
 	return 0;
