@@ -29,6 +29,9 @@ enum rp_op_id {
 	/* io.regen.Comm's calls (proto/comm.h): parsed by this machinery from
 	 * tables of their own, and not in the compute table. */
 	RP_OP_COMM = RP_OP_COUNT,
+	/* io.regen.Program.Run (proto/program.h): a whole program on the lane
+	 * as one call; rd_op.run says which and with what. */
+	RP_OP_PROGRAM,
 };
 
 /* Operand slots, in each table's order. */
@@ -194,6 +197,9 @@ struct rp_compute {
 
 extern const struct rp_op_spec rp_op_gemm, rp_op_attention, rp_op_attention_backward;
 extern const struct rp_op_spec rp_op_layer_norm, rp_op_layer_norm_backward;
+/* io.regen.Program.Run's spec (id RP_OP_PROGRAM, no operands): what the
+ * worker's generic path and the logs know of a Run. */
+extern const struct rp_op_spec rp_op_program_run;
 
 /* The table of every operation, indexed by enum rp_op_id. */
 const struct rp_op_spec *rp_op_get(enum rp_op_id id);

@@ -32,7 +32,7 @@ int rp_id_parse(const char *text, struct rp_id *id)
 	const char *p = text;
 	uint64_t device, generation, serial;
 
-	if (text == NULL || (*p != RP_ID_BUFFER && *p != RP_ID_EVENT && *p != RP_ID_COMM))
+	if (text == NULL || (*p != RP_ID_BUFFER && *p != RP_ID_EVENT && *p != RP_ID_COMM && *p != RP_ID_PROGRAM))
 		return -EINVAL;
 	p++;
 	if (parse_number(&p, UINT32_MAX, &device) < 0 || *p++ != '.')

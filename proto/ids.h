@@ -9,7 +9,9 @@
 
 #define RP_ID_MAX 64
 
-enum rp_id_kind { RP_ID_BUFFER = 'b', RP_ID_EVENT = 'e', RP_ID_COMM = 'c' };
+/* A program's id ("p0.0.4") carries generation 0: its definition outlives
+ * generations, so no generation makes it stale. */
+enum rp_id_kind { RP_ID_BUFFER = 'b', RP_ID_EVENT = 'e', RP_ID_COMM = 'c', RP_ID_PROGRAM = 'p' };
 
 struct rp_id {
 	char kind;             /* enum rp_id_kind */

@@ -18,6 +18,9 @@ static const char *const dtype_names[RP_DTYPE_COUNT + 1] = {
 	[RP_DTYPE_F16] = "f16",
 	[RP_DTYPE_BF16] = "bf16",
 	[RP_DTYPE_I32] = "i32",
+	[RP_DTYPE_F64] = "f64",
+	[RP_DTYPE_I64] = "i64",
+	[RP_DTYPE_U8] = "u8",
 	[RP_DTYPE_COUNT] = NULL,
 };
 
@@ -48,6 +51,11 @@ size_t rp_dtype_size(enum rp_dtype dt)
 	case RP_DTYPE_F16:
 	case RP_DTYPE_BF16:
 		return 2;
+	case RP_DTYPE_F64:
+	case RP_DTYPE_I64:
+		return 8;
+	case RP_DTYPE_U8:
+		return 1;
 	default:
 		return 0;
 	}

@@ -12,10 +12,20 @@
 #define RP_DIM_MAX (INT64_C(1) << 31)
 
 /* i32 is for integer operands only (attention's sequence lengths): an
- * operation's table says which operands take which dtypes. */
-enum rp_dtype { RP_DTYPE_F32 = 0, RP_DTYPE_F16, RP_DTYPE_BF16, RP_DTYPE_I32, RP_DTYPE_COUNT };
-/* The floating-point dtypes are the first RP_DTYPE_FLOATS. */
+ * operation's table says which operands take which dtypes. f64, i64 and u8
+ * (bool) came later, for programs (proto/program.h): the host backend's f64
+ * reference runs, torch's int64 indices, comparisons' results. */
+enum rp_dtype {
+	RP_DTYPE_F32 = 0, RP_DTYPE_F16, RP_DTYPE_BF16, RP_DTYPE_I32, RP_DTYPE_F64, RP_DTYPE_I64, RP_DTYPE_U8,
+	RP_DTYPE_COUNT
+};
+/* The floating-point dtypes of io.regen.Compute are the first
+ * RP_DTYPE_FLOATS (f64 is a program's only). */
 #define RP_DTYPE_FLOATS (RP_DTYPE_BF16 + 1)
+static inline bool rp_dtype_is_float(enum rp_dtype dt)
+{
+	return dt < RP_DTYPE_FLOATS || dt == RP_DTYPE_F64;
+}
 
 const char *rp_dtype_name(enum rp_dtype dt);
 int rp_dtype_from_name(const char *name);       /* -1 when unknown */

@@ -9,6 +9,7 @@
 #include <time.h>
 #include "regen-config.h"
 #include "proto/compute.h"
+#include "proto/program.h"
 #include "proto/ids.h"
 #include "proto/message.h"
 #include "daemon/worker/registry.h"
@@ -90,6 +91,42 @@ struct rd_comm {
 	uid_t key_uid;               /* whose processes may Attach */
 };
 
+/* A program (io.regen.Program, proto/program.h) as a backend keeps it:
+ * made at Define from the checked definition, destroyed at Drop (or when
+ * its owner went) with no Run in flight. What it compiles or captures for
+ * a generation (the CUDA backend's fused modules, scratch, graph execs) is
+ * the backend's, as registry resources of the device: released by
+ * Release, forgotten by a reset, made again on the next Run. The backend
+ * allocates the struct (embedding this one first); the core reads the
+ * counters for Status. */
+struct rd_program {
+	struct rd_device *device;
+	const struct rp_program *def;   /* the core's, outlives this */
+	/* Counters, written by the backend's thread that runs the program,
+	 * read by the loop thread for Status (a torn read of a counter is
+	 * tolerable there). */
+	uint64_t runs;                  /* Runs finished */
+	uint64_t run_us;                /* their time in the backend, summed */
+	uint64_t scratch_bytes;         /* device (or host) memory held for it now */
+	uint64_t modules;               /* compiled modules it holds now */
+	uint64_t kernels;               /* launches one Run makes (fused kernels and library calls) */
+	uint64_t graph_captures;        /* captures (a generation's first Run, a new binding of a library's operand) */
+	uint64_t graph_launches;        /* Runs launched as one graph */
+	uint64_t stream_runs;           /* Runs launched node by node on the stream */
+	char not_captured[160];         /* why Runs are not captured ("" when they are, or nothing was tried) */
+};
+
+/* A Run's bindings, resolved and checked by the core: by the program's
+ * bind_index (proto/program.h), the buffer and the byte offset of each
+ * input, output and inout (NULL for a scalar), and each scalar's value. */
+struct rd_program_run {
+	struct rd_program *prog;
+	int nbound;
+	struct rd_buffer **buffers;
+	uint64_t *offsets;
+	double *scalars;
+};
+
 /* One compute call in flight. The core fills it and calls submit; the
  * backend finishes it with rd_op_complete() from any thread. */
 struct rd_op {
@@ -102,6 +139,8 @@ struct rd_op {
 	/* io.regen.Comm's work (compute.spec->id RP_OP_COMM, compute.comm.kind
 	 * saying which: Init, Destroy or a collective): the communicator. */
 	struct rd_comm *comm;
+	/* io.regen.Program.Run's work (compute.spec->id RP_OP_PROGRAM). */
+	struct rd_program_run *run;
 
 	/* Result, set by the backend before rd_op_complete(). */
 	struct rp_error err;       /* err.name == NULL: success */
@@ -248,6 +287,13 @@ struct rd_backend_ops {
 	/* No call in flight: unregisters (so a valid communicator is released)
 	 * and frees. */
 	void (*comm_close)(struct rd_comm *comm);
+
+	/* Programs (io.regen.Program): made at Define, destroyed with no Run
+	 * in flight; a Run is an op (RP_OP_PROGRAM) submitted on a lane like
+	 * any other. 0 or -errno with err set (create). */
+	int (*program_create)(struct rd_device *dev, const struct rp_program *def, struct rd_program **out,
+			      struct rp_error *err);
+	void (*program_destroy)(struct rd_program *prog);
 
 	/* Bytes the backend holds now, and right after open. */
 	void (*memory)(struct rd_device *dev, uint64_t *used, uint64_t *baseline);
