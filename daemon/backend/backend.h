@@ -336,6 +336,10 @@ struct rd_device {
 	 * 0: the backend's default), read at open. The CUDA backend's
 	 * cuBLASLt plans; the host backend plans nothing. */
 	unsigned gemm_plans_max;
+	/* Where a backend that compiles kernels (the CUDA backend's NVRTC
+	 * modules of programs) keeps them between processes (rtc_cache_dir);
+	 * "": nowhere. Read at open. */
+	char rtc_cache_dir[256];
 	/* Set by whoever drives the device; a backend calls it (any thread) when
 	 * it finds the context lost or the GPU failed: the core then fails new
 	 * work with DeviceLost and reports the fault to the supervisor. */

@@ -32,6 +32,7 @@
 #include "daemon/backend/backend.h"
 #include "daemon/backend/plan_cache.h"
 #include "daemon/backend/cuda/cuda.h"
+#include "daemon/program/plan.h"
 
 /* The scratch size the heuristic is asked with. */
 #define RD_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -308,6 +309,11 @@ struct cuda_driver_api {
 	__typeof__(cuMemUnmap) *MemUnmap;
 	__typeof__(cuMemSetAccess) *MemSetAccess;
 	__typeof__(cuMemRelease) *MemRelease;
+	/* rtc.c: the modules NVRTC compiled. */
+	__typeof__(cuModuleLoadData) *ModuleLoadData;
+	__typeof__(cuModuleGetFunction) *ModuleGetFunction;
+	__typeof__(cuModuleUnload) *ModuleUnload;
+	__typeof__(cuLaunchKernel) *LaunchKernel;
 };
 extern struct cuda_driver_api cuda_drv;
 /* Fills cuda_drv once; 0 or -errno with err set. */
@@ -420,3 +426,42 @@ int cuda_layer_norm_enqueue(struct cuda_lane *lane, struct rd_op *op);
 int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op);
 /* Unregisters and frees the attention state (close: device synchronized). */
 void cuda_attention_finish(struct cuda_dev *cd);
+
+/* ---- rtc.c: the kernels regend writes (daemon/program/), compiled with NVRTC ---- */
+
+/* One step's compiled module (its FUSED, REDUCTION or GATHER kernels), a
+ * registry resource of the device. Its init compiles the step's source for
+ * the device's architecture (or takes the image kept from an earlier
+ * generation, or the on-disk cache's: the device's rtc_cache_dir) and loads
+ * it; release unloads it (cuModuleUnload); a reset forgets it. The image
+ * (CUBIN, host memory) outlives generations; the loaded module never does. */
+struct cuda_rtc_module {
+	struct rd_resource res;
+	struct cuda_dev *cd;
+	const struct rd_prog_step *step;    /* source and kernels: the program's plan, outlives this */
+	CUmodule module;
+	CUfunction fn[RD_PROG_STEP_KERNELS_MAX];
+	unsigned sm_count;                  /* the device's, for the grids */
+	/* Under res.lock. */
+	void *image;
+	size_t image_size;
+	int arch;                           /* what the image is for: 90 for sm_90 */
+	bool image_is_ptx;                  /* the device is newer than NVRTC knows: PTX the driver compiles */
+};
+
+/* Registers m for step (nothing compiled or loaded yet). */
+void cuda_rtc_module_init(struct cuda_dev *cd, struct cuda_rtc_module *m, const struct rd_prog_step *step);
+/* Unregisters m (unloading it if loaded) and frees its image. */
+void cuda_rtc_module_finish(struct cuda_rtc_module *m);
+/* Compiles the image now, if it has none, without touching the context:
+ * Define may call it so that a program's first Run does not wait for
+ * NVRTC. 0, or -errno with err set (io.regen.BackendError with the first
+ * lines of NVRTC's log). */
+int cuda_rtc_module_compile(struct cuda_rtc_module *m, struct rp_error *err);
+/* The module loaded in this generation (compiled first if need be):
+ * m->fn[] valid. 0 or -errno with err set. */
+int cuda_rtc_module_get(struct cuda_rtc_module *m, struct rp_error *err);
+/* Enqueues the step's kernel k on stream, its one parameter args_dev (the
+ * rg_args in device memory, rd_prog_args_fill's layout). Call
+ * cuda_rtc_module_get first. 0 or -EIO with err set. */
+int cuda_rtc_launch(struct cuda_rtc_module *m, int k, cudaStream_t stream, const void *args_dev, struct rp_error *err);

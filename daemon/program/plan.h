@@ -1,0 +1,125 @@
+/* A program's plan for the CUDA backend: the launches of one Run in
+ * program order, where every tensor lives, and the CUDA C of the kernels
+ * regend writes itself.
+ *
+ * From a checked struct rp_program (proto/program.h) rd_prog_plan_build
+ * makes a list of steps, each a contiguous run of nodes in program order:
+ *
+ * - LIBRARY: one compute node (gemm, attention, layer_norm, ...), which the
+ *   executor runs through cuBLASLt, cuDNN or the project's kernels.
+ * - FUSED: pointwise nodes over one iteration domain (their output shape),
+ *   one kernel. A group grows while the next pointwise node has the same
+ *   output shape and reads only what is in memory already or what the group
+ *   produced at the same element index; two accesses of one root inside a
+ *   group, one of them a write, are either the identical view (the same
+ *   thread touches the same element, in program order) or disjoint.
+ * - REDUCTION: one reduction node, with the pointwise nodes just before it
+ *   over its input's shape fused in as a prologue.
+ * - GATHER: an embedding or its backward.
+ *
+ * A tensor produced in a step and read by no later node (an intermediate,
+ * or a view of one, whose root no later node reads) stays in registers;
+ * every other write goes to memory. Materialized intermediate roots live in
+ * one arena, at 256-byte aligned offsets, roots whose step lifetimes do not
+ * overlap sharing bytes: so the steps must run in program order (one
+ * stream, or a graph captured from it), which is also what in-place nodes
+ * need.
+ *
+ * Every generated kernel takes one parameter, `const struct rg_args *a`, in
+ * device memory, laid out as rd_prog_args_fill writes it (the generated
+ * source declares the same struct):
+ *     void *bound[NBOUND];     each bound root's device address (buffer
+ *                              mapping + the Run's offset), by bind_index
+ *     char *arena;             the scratch arena, arena_bytes long
+ *     double scalar[NBOUND];   scalars' values, by bind_index
+ * NBOUND is max(p->nbound, 1). Shapes, strides, offsets and constants are
+ * literals in the source: a program's shapes are static.
+ *
+ * No CUDA here: this builds and is tested without a GPU or a toolkit. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "proto/message.h"
+#include "proto/program.h"
+
+enum rd_prog_step_kind { RD_STEP_LIBRARY = 0, RD_STEP_FUSED, RD_STEP_REDUCTION, RD_STEP_GATHER };
+
+#define RD_PROG_KERNEL_NAME_MAX 64
+/* A step's kernels at most (a leading-axis reduction's partial and final
+ * passes; an embedding backward's zeroing and its rows). */
+#define RD_PROG_STEP_KERNELS_MAX 2
+/* Arena offsets are multiples of this. */
+#define RD_PROG_ARENA_ALIGN 256
+/* An arena_offset[] entry for a tensor whose root is not in the arena (a
+ * bound root, or an intermediate that never leaves registers). */
+#define RD_PROG_NOT_IN_ARENA UINT64_MAX
+
+/* One kernel of a step, launched 1-D: every generated kernel loops over its
+ * blocks of work (blockIdx.x, blockIdx.x + gridDim.x, ...), so any grid
+ * from 1 to `blocks` is correct; rd_prog_kernel_grid picks one. */
+struct rd_prog_kernel {
+	char name[RD_PROG_KERNEL_NAME_MAX];   /* extern "C" __global__ name: "k3_fused_gelu_mul" */
+	unsigned block;                       /* threads per block */
+	uint64_t blocks;                      /* blocks that cover the work once (0: nothing to do, skip) */
+	unsigned blocks_per_sm;               /* the grid's cap, per SM: more adds nothing but launch cost */
+};
+
+struct rd_prog_step {
+	enum rd_prog_step_kind kind;
+	/* Nodes [first_node, first_node + nnodes), program order; a
+	 * REDUCTION's last node is the reduction, the others its prologue. */
+	int first_node, nnodes;
+	/* FUSED, REDUCTION, GATHER: the CUDA C of the step's kernels (one
+	 * translation unit), launched in order; NULL and 0 for LIBRARY. */
+	char *source;
+	size_t source_len;
+	/* FNV-1a of the source text: a module cache's key (with the
+	 * architecture and the compiler's version). */
+	uint64_t source_hash;
+	int nkernels;
+	struct rd_prog_kernel kernels[RD_PROG_STEP_KERNELS_MAX];
+	/* Arena bytes the step uses for itself (a leading reduction's partial
+	 * sums), at this offset; 0 bytes: none. Inside arena_bytes. */
+	uint64_t scratch_offset, scratch_bytes;
+};
+
+struct rd_prog_plan {
+	struct rd_prog_step *steps;
+	int nsteps;
+	/* Per tensor index: the byte offset of the tensor's root in the arena
+	 * (the tensor itself lies root_offset elements further), or
+	 * RD_PROG_NOT_IN_ARENA. */
+	uint64_t *arena_offset;
+	int ntensors;
+	uint64_t arena_bytes;
+	int nbound;                 /* p->nbound: what rg_args holds */
+	uint64_t fused_kernels;     /* kernels over all steps (Status) */
+};
+
+/* Plans p (checked, as rp_program_parse leaves it): groups its nodes into
+ * steps, lays the arena out and writes each step's source. 0, or -ENOMEM
+ * (OutOfMemory) or -EINVAL (BackendError: something the checker should have
+ * refused, named) with err set and *plan zeroed. */
+int rd_prog_plan_build(const struct rp_program *p, struct rd_prog_plan *plan, struct rp_error *err);
+void rd_prog_plan_finish(struct rd_prog_plan *plan);
+
+/* The device address of tensor t for a Run: bound[] the bound roots' base
+ * addresses by bind_index (as in rg_args), arena the arena's base. NULL for
+ * a scalar or an intermediate that is never materialized. */
+void *rd_prog_tensor_address(const struct rd_prog_plan *plan, const struct rp_program *p, int t, void *const *bound,
+			     void *arena);
+
+/* rg_args' size in bytes for the plan, and its contents: bound[] and
+ * scalars[] by bind_index (p->nbound entries each; scalars' slots of bound
+ * and the others' of scalars are ignored). */
+size_t rd_prog_args_size(const struct rd_prog_plan *plan);
+void rd_prog_args_fill(const struct rd_prog_plan *plan, void *dst, void *const *bound, void *arena,
+		       const double *scalars);
+
+/* The grid to launch kernel k with on a device of sm_count SMs. */
+unsigned rd_prog_kernel_grid(const struct rd_prog_kernel *k, unsigned sm_count);
+
+/* For tests and logs: the step kind's name ("fused"). */
+const char *rd_prog_step_kind_name(enum rd_prog_step_kind kind);
