@@ -252,7 +252,7 @@ bool rp_prog_tensor_contiguous(const struct rp_prog_tensor *t);
  * the worker):
  *   {"program": id, "bind": {name: {"buffer": id, "offset"?: bytes}},
  *    "scalars"?: {name: number}, "wait_event"?, "signal_event"?,
- *    "deadline_ms"?}
+ *    "deadline_ms"?, "journal"?: {"buffer", "offset"?}, "seq"?, "retry"?}
  * Every input, output and inout is bound exactly once, every scalar given
  * exactly once, nothing else named. */
 struct rp_prog_binding {
@@ -262,6 +262,13 @@ struct rp_prog_binding {
 
 struct rp_program_run {
 	struct rp_id program;
+	/* A Run that may be retried after a fault (proto/program_journal.h):
+	 * "journal": {buffer, offset}, "seq", "retry"; given together (retry
+	 * optional). */
+	bool has_journal;
+	struct rp_prog_binding journal;
+	uint64_t seq;
+	bool retry;
 	int nbound;
 	struct rp_prog_binding *bind; /* [p->nbound], by bind_index; scalars' entries unused */
 	double *scalars;              /* [p->nbound], by bind_index; only scalars' entries used */

@@ -24,6 +24,9 @@ static const struct rp_field run_fields[] = {
 	{ "wait_event", RP_T_STRING, false },
 	{ "signal_event", RP_T_STRING, false },
 	{ "deadline_ms", RP_T_INT, false },
+	{ "journal", RP_T_OBJECT, false },
+	{ "seq", RP_T_INT, false },
+	{ "retry", RP_T_BOOL, false },
 	{ NULL, 0, false },
 };
 
@@ -117,6 +120,32 @@ static int parse_scalar(const struct rp_program *p, const cJSON *item, struct rp
 	return 0;
 }
 
+/* journal, seq and retry: a journal and a seq together, a retry only with
+ * them; the journal 8-byte aligned (its header's words). */
+static int parse_journal(const cJSON *params, struct rp_program_run *run, struct rp_error *err)
+{
+	const cJSON *j = cJSON_GetObjectItemCaseSensitive(params, "journal");
+	const char *buffer;
+	int r;
+
+	if ((r = rp_params_uint(params, "seq", OFFSET_MAX, 0, &run->seq, err)) < 0 ||
+	    (r = rp_params_bool(params, "retry", false, &run->retry, err)) < 0)
+		return r;
+	run->has_journal = j != NULL && !cJSON_IsNull(j);
+	if (run->has_journal != cJSON_HasObjectItem(params, "seq"))
+		return rp_error_invalid_parameter(err, run->has_journal ? "seq" : "journal");
+	if (run->retry && !run->has_journal)
+		return rp_error_invalid_parameter(err, "retry");
+	if (!run->has_journal)
+		return 0;
+	if (rp_params_check(j, binding_fields, err) < 0 || rp_params_string(j, "buffer", 0, NULL, &buffer, err) < 0 ||
+	    rp_id_parse(buffer, &run->journal.buffer) < 0 || run->journal.buffer.kind != RP_ID_BUFFER)
+		return rp_error_invalid_parameter(err, "journal.buffer");
+	if (rp_params_uint(j, "offset", OFFSET_MAX, 0, &run->journal.offset, err) < 0 || run->journal.offset % 8 != 0)
+		return rp_error_invalid_parameter(err, "journal.offset");
+	return 0;
+}
+
 static int parse(const struct rp_program *p, const cJSON *params, struct rp_program_run *run, bool *seen,
 		 struct rp_error *err)
 {
@@ -124,7 +153,8 @@ static int parse(const struct rp_program *p, const cJSON *params, struct rp_prog
 	int r;
 
 	if ((r = rp_params_check(params, run_fields, err)) < 0 || (r = rp_program_run_id(params, &run->program, err)) < 0 ||
-	    (r = rp_compute_parse_common(params, &run->wait_event, &run->signal_event, &run->deadline_ms, err)) < 0) {
+	    (r = rp_compute_parse_common(params, &run->wait_event, &run->signal_event, &run->deadline_ms, err)) < 0 ||
+	    (r = parse_journal(params, run, err)) < 0) {
 		return r;
 	}
 	bind = cJSON_GetObjectItemCaseSensitive(params, "bind");

@@ -133,7 +133,6 @@ int host_program_create(struct rd_device *dev, const struct rp_program *def, str
 	}
 	pthread_mutex_init(&hp->lock, NULL);
 	hp->base.device = dev;
-	hp->base.def = def;
 	hp->arena_offset = malloc(((size_t)def->ntensors + 1) * sizeof(*hp->arena_offset));
 	hp->addr = calloc((size_t)def->ntensors + 1, sizeof(*hp->addr));
 	hp->check_first = calloc((size_t)def->nnodes + 1, sizeof(*hp->check_first));
