@@ -465,7 +465,9 @@ static int parse_tensor(struct rp_prog_builder *b, const cJSON *j, int i)
 		return rp_prog_param_error(b, "%s.strides", path);
 	}
 	if (t.kind == RP_PT_VIEW) {
-		rp_params_string(j, "base", 0, NULL, &text, b->err);
+		if (rp_params_string(j, "base", 0, NULL, &text, b->err) != 0) {
+			return rp_prog_param_error(b, "%s.base", path);
+		}
 		t.base = rp_prog_tensor_find(b, text);
 		if (t.base < 0) {
 			char label[RP_PROG_NAME_MAX + 64];
@@ -483,8 +485,8 @@ static int parse_tensor(struct rp_prog_builder *b, const cJSON *j, int i)
 		t.dtype = RP_DTYPE_F64;
 	}
 	if (given(j, "dtype")) {
-		rp_params_string(j, "dtype", 0, NULL, &text, b->err);
-		if ((r = rp_dtype_from_name(text)) < 0 || (t.kind == RP_PT_SCALAR && r != RP_DTYPE_F64)) {
+		if (rp_params_string(j, "dtype", 0, NULL, &text, b->err) != 0 || (r = rp_dtype_from_name(text)) < 0 ||
+		    (t.kind == RP_PT_SCALAR && r != RP_DTYPE_F64)) {
 			return rp_prog_param_error(b, "%s.dtype", path);
 		}
 		t.dtype = (enum rp_dtype)r;
