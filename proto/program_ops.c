@@ -198,9 +198,10 @@ int rp_prog_read_attrs(struct rp_prog_builder *b, struct rp_prog_node *n, const 
 			r = rp_params_bool(attrs, "scalar_first", false, &n->pw.scalar_first, b->err);
 		}
 		if (r >= 0) {
-			/* Absent: the last dimension, resolved by the check. */
+			/* Absent: the last dimension, resolved by the check
+			 * (iota's only; 0 for the others). */
 			r = rp_params_uint(attrs, "axis", RP_PROG_RANK_MAX - 1, RP_PROG_RANK_MAX, &axis, b->err);
-			n->pw.axis = (int)axis;
+			n->pw.axis = n->pw.fn == RP_PW_IOTA ? (int)axis : 0;
 		}
 		break;
 	case RP_PC_REDUCTION:
@@ -254,7 +255,8 @@ static int check_pointwise(struct rp_prog_builder *b, int n)
 {
 	const struct rp_prog_node *node = &b->p->nodes[n];
 	const enum rp_pointwise fn = node->pw.fn;
-	const int arity = pw_arity(fn), want = arity - (node->pw.has_scalar ? 1 : 0);
+	/* fill's scalar is its value, not an operand. */
+	const int arity = pw_arity(fn), want = arity - (node->pw.has_scalar && pw_takes_scalar(fn) ? 1 : 0);
 	const struct rp_prog_tensor *out = rp_prog_t(b, node->out[0]);
 	int r;
 
