@@ -808,6 +808,45 @@ START_TEST(views_transpose_slice_and_stride_zero)
 }
 END_TEST
 
+START_TEST(a_chain_through_intermediates_of_every_width)
+{
+	/* y = 0.5 gelu_tanh(x * w + b) with t1 f32, t2 bf16, t3 f64 and y f16:
+	 * each intermediate rounds to its dtype, which the reference does too. */
+	struct prog pg;
+	struct tl_rng r;
+	enum { R = 5, C = 260 };
+	static long double want[R * C];
+
+	tl_rng_init(&r, 11);
+	prog_define(&pg, "{\"tensors\": ["
+			 "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [5, 260]},"
+			 "{\"name\": \"w\", \"kind\": \"input\", \"dtype\": \"bf16\", \"shape\": [260]},"
+			 "{\"name\": \"b\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [5, 1]},"
+			 "{\"name\": \"t1\", \"kind\": \"intermediate\", \"dtype\": \"f32\", \"shape\": [5, 260]},"
+			 "{\"name\": \"t2\", \"kind\": \"intermediate\", \"dtype\": \"bf16\", \"shape\": [5, 260]},"
+			 "{\"name\": \"t3\", \"kind\": \"intermediate\", \"dtype\": \"f64\", \"shape\": [5, 260]},"
+			 "{\"name\": \"y\", \"kind\": \"output\", \"dtype\": \"f16\", \"shape\": [5, 260]}],"
+			 "\"nodes\": ["
+			 "{\"op\": \"mul\", \"inputs\": [\"x\", \"w\"], \"outputs\": [\"t1\"]},"
+			 "{\"op\": \"add\", \"inputs\": [\"t1\", \"b\"], \"outputs\": [\"t2\"]},"
+			 "{\"op\": \"gelu_tanh\", \"inputs\": [\"t2\"], \"outputs\": [\"t3\"]},"
+			 "{\"op\": \"mul\", \"inputs\": [\"t3\"], \"outputs\": [\"y\"], \"attrs\": {\"scalar\": 0.5}}]}");
+	fill_uniform(&pg, "x", &r, -2, 2);
+	fill_uniform(&pg, "w", &r, -2, 2);
+	fill_uniform(&pg, "b", &r, -1, 1);
+	for (int i = 0; i < R; i++)
+		for (int j = 0; j < C; j++) {
+			const long double t1 = stored(RP_DTYPE_F32, (long double)get(&pg, "x", i * C + j) * get(&pg, "w", j));
+			const long double t2 = stored(RP_DTYPE_BF16, t1 + get(&pg, "b", i));
+
+			want[i * C + j] = 0.5L * gelu_tanh_l(t2);
+		}
+	run_ok(&pg);
+	expect_close(&pg, "y", want, 0, "mul, add, gelu_tanh, mul");
+	prog_finish(&pg);
+}
+END_TEST
+
 /* ---- reductions ------------------------------------------------------------------ */
 
 static const char *const red_names[RP_RED_COUNT] = {
@@ -1176,6 +1215,7 @@ Suite *host_program_suite(void)
 	tcase_add_test(tc, broadcasting_and_constants);
 	tcase_add_test(tc, in_place_updates_read_before_they_write);
 	tcase_add_test(tc, views_transpose_slice_and_stride_zero);
+	tcase_add_test(tc, a_chain_through_intermediates_of_every_width);
 	tcase_add_test(tc, every_reduction_both_axes);
 	tcase_add_test(tc, embedding_and_its_backward);
 	tcase_add_test(tc, an_index_out_of_range_refuses_the_run_before_any_write);

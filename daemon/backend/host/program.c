@@ -265,7 +265,7 @@ static int run_nodes(void *arg)
 	struct run_state *st = arg;
 	struct host_program *hp = st->hp;
 	const struct rp_program *def = hp->base.def;
-	void *ws = (char *)hp->arena + hp->workspace_offset;
+	void *ws = hp->workspace_size ? (char *)hp->arena + hp->workspace_offset : NULL;
 	int t[RD_HOST_DATA_TENSORS_MAX];
 	int r;
 
