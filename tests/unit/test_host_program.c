@@ -337,10 +337,10 @@ static double tol_of(enum rp_dtype dt)
 
 /* got against ref, element by element: equal NaN-ness and infinities,
  * integers exactly, floats within tol |ref| + abs. */
-static void expect_close(struct prog *pg, const char *name, const long double *ref, double abs_tol, const char *what)
+static void expect_within(struct prog *pg, const char *name, const long double *ref, double tol, double abs_tol,
+			  const char *what)
 {
 	const struct rp_prog_tensor *t = tensor_of(pg, name);
-	const double tol = tol_of(t->dtype);
 
 	check_written(pg, name);
 	for (int64_t l = 0; l < t->numel; l++) {
@@ -360,6 +360,12 @@ static void expect_close(struct prog *pg, const char *name, const long double *r
 			      name, (long long)l, got, r, rp_dtype_name(t->dtype), tol, abs_tol,
 			      (unsigned long long)tl_seed());
 	}
+}
+
+/* Within an ulp of the output's dtype (tol_of), plus abs_tol. */
+static void expect_close(struct prog *pg, const char *name, const long double *ref, double abs_tol, const char *what)
+{
+	expect_within(pg, name, ref, tol_of(tensor_of(pg, name)->dtype), abs_tol, what);
 }
 
 /* What a value becomes stored in dt (the reference's intermediates). */
@@ -1140,6 +1146,278 @@ START_TEST(mlp_forward_and_backward)
 }
 END_TEST
 
+/* ---- composites, lowered by proto and run as primitives ---------------------------------- */
+
+/* Composites keep their intermediates in f32 (f64 where the data is):
+ * a few roundings of f32 add up to a few of its ulps, against the
+ * magnitude of the terms where they cancel. */
+static double composite_tol(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_F64 ? 1e-12 : 1e-6;
+}
+
+static long double max_abs(const long double *v, int n)
+{
+	long double m = 0;
+
+	for (int i = 0; i < n; i++)
+		m = fabsl(v[i]) > m ? fabsl(v[i]) : m;
+	return m;
+}
+
+START_TEST(rms_norm_and_its_backward)
+{
+	static const enum rp_dtype dts[] = { RP_DTYPE_F64, RP_DTYPE_F32 };
+	enum { R = 4, N = 37 };
+	struct tl_rng r;
+
+	tl_rng_init(&r, 12);
+	for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++) {
+		const enum rp_dtype dt = dts[di];
+		const char *d = rp_dtype_name(dt);
+		const double tol = composite_tol(dt), eps = 1e-5;
+		long double y[R * N], rstd[R], dx[R * N], dw[N], mag_dx = 0;
+		struct jb j = { .n = 0 };
+		struct prog pg;
+
+		jb_add(&j, "{\"tensors\": ["
+			   "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [4, 37]},"
+			   "{\"name\": \"w\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [37]},"
+			   "{\"name\": \"dy\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [4, 37]},"
+			   "{\"name\": \"y\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [4, 37]},"
+			   "{\"name\": \"rstd\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [4]},"
+			   "{\"name\": \"dx\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [4, 37]},"
+			   "{\"name\": \"dw\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [37]}],"
+			   "\"nodes\": ["
+			   "{\"op\": \"rms_norm\", \"inputs\": [\"x\", \"w\"], \"outputs\": [\"y\", \"rstd\"], "
+			   "\"attrs\": {\"eps\": 1e-5}},"
+			   "{\"op\": \"rms_norm_backward\", \"inputs\": [\"dy\", \"x\", \"w\", \"rstd\"], "
+			   "\"outputs\": [\"dx\", \"dw\"]}]}",
+		       d, d, d, d, d, d, d);
+		prog_define(&pg, j.s);
+		fill_uniform(&pg, "x", &r, -2, 2);
+		fill_uniform(&pg, "w", &r, 0.5, 1.5);
+		fill_uniform(&pg, "dy", &r, -1, 1);
+		memset(dw, 0, sizeof(dw));
+		for (int i = 0; i < R; i++) {
+			long double ms = 0, gx = 0;
+
+			for (int c = 0; c < N; c++)
+				ms += (long double)get(&pg, "x", i * N + c) * get(&pg, "x", i * N + c);
+			rstd[i] = 1.0L / sqrtl(ms / N + eps);
+			for (int c = 0; c < N; c++) {
+				const long double xh = get(&pg, "x", i * N + c) * rstd[i];
+
+				y[i * N + c] = xh * get(&pg, "w", c);
+				gx += get(&pg, "dy", i * N + c) * get(&pg, "w", c) * xh;
+				dw[c] += get(&pg, "dy", i * N + c) * xh;
+			}
+			for (int c = 0; c < N; c++) {
+				const long double xh = get(&pg, "x", i * N + c) * rstd[i];
+				const long double g = get(&pg, "dy", i * N + c) * get(&pg, "w", c);
+
+				dx[i * N + c] = rstd[i] * (g - xh * gx / N);
+				mag_dx = fmaxl(mag_dx, rstd[i] * (fabsl(g) + fabsl(xh * gx / N)));
+			}
+		}
+		run_ok(&pg);
+		expect_within(&pg, "y", y, tol, 0, "rms_norm y");
+		expect_within(&pg, "rstd", rstd, tol, 0, "rms_norm rstd");
+		expect_within(&pg, "dx", dx, tol, tol * (double)mag_dx, "rms_norm_backward dx");
+		expect_within(&pg, "dw", dw, tol, tol * (double)max_abs(dw, N) * R, "rms_norm_backward dw");
+		prog_finish(&pg);
+	}
+}
+END_TEST
+
+START_TEST(softmaxes_and_softmax_backward)
+{
+	static const enum rp_dtype dts[] = { RP_DTYPE_F64, RP_DTYPE_F32 };
+	enum { R = 5, N = 300 };
+	struct tl_rng r;
+
+	tl_rng_init(&r, 13);
+	for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++) {
+		const enum rp_dtype dt = dts[di];
+		const char *d = rp_dtype_name(dt);
+		const double tol = composite_tol(dt);
+		static long double y[R * N], ly[R * N], dx[R * N];
+		long double mag = 0;
+		struct jb j = { .n = 0 };
+		struct prog pg;
+
+		jb_add(&j, "{\"tensors\": ["
+			   "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [5, 300]},"
+			   "{\"name\": \"dy\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [5, 300]},"
+			   "{\"name\": \"y\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [5, 300]},"
+			   "{\"name\": \"ly\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [5, 300]},"
+			   "{\"name\": \"dx\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [5, 300]}],"
+			   "\"nodes\": ["
+			   "{\"op\": \"softmax\", \"inputs\": [\"x\"], \"outputs\": [\"y\"]},"
+			   "{\"op\": \"log_softmax\", \"inputs\": [\"x\"], \"outputs\": [\"ly\"]},"
+			   "{\"op\": \"softmax_backward\", \"inputs\": [\"dy\", \"y\"], \"outputs\": [\"dx\"]}]}",
+		       d, d, d, d, d);
+		prog_define(&pg, j.s);
+		/* Large logits: the max must come off first. */
+		fill_uniform(&pg, "x", &r, -30, 90);
+		fill_uniform(&pg, "dy", &r, -1, 1);
+		for (int i = 0; i < R; i++) {
+			long double m = -INFINITY, s = 0;
+
+			for (int c = 0; c < N; c++)
+				m = fmaxl(m, get(&pg, "x", i * N + c));
+			for (int c = 0; c < N; c++)
+				s += expl(get(&pg, "x", i * N + c) - m);
+			for (int c = 0; c < N; c++) {
+				y[i * N + c] = expl(get(&pg, "x", i * N + c) - m) / s;
+				ly[i * N + c] = get(&pg, "x", i * N + c) - m - logl(s);
+			}
+		}
+		run_ok(&pg);
+		/* The backward reads y as the forward stored it. */
+		for (int i = 0; i < R; i++) {
+			long double dot = 0;
+
+			for (int c = 0; c < N; c++)
+				dot += (long double)get(&pg, "dy", i * N + c) * get(&pg, "y", i * N + c);
+			for (int c = 0; c < N; c++) {
+				const long double yv = get(&pg, "y", i * N + c), g = get(&pg, "dy", i * N + c);
+
+				dx[i * N + c] = yv * (g - dot);
+				mag = fmaxl(mag, fabsl(yv) * (fabsl(g) + fabsl(dot)));
+			}
+		}
+		expect_within(&pg, "y", y, tol, 0, "softmax");
+		expect_within(&pg, "ly", ly, tol, tol * 4, "log_softmax");
+		expect_within(&pg, "dx", dx, tol, tol * (double)mag, "softmax_backward");
+		prog_finish(&pg);
+	}
+}
+END_TEST
+
+START_TEST(cross_entropy_and_its_backward)
+{
+	static const enum rp_dtype dts[] = { RP_DTYPE_F64, RP_DTYPE_F32 };
+	enum { R = 6, V = 50 };
+	struct tl_rng r;
+
+	tl_rng_init(&r, 14);
+	for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++) {
+		const enum rp_dtype dt = dts[di];
+		const char *d = rp_dtype_name(dt);
+		const double tol = composite_tol(dt);
+		long double loss[R], lse[R], dl[R * V];
+		int target[R];
+		struct jb j = { .n = 0 };
+		struct prog pg;
+
+		jb_add(&j, "{\"tensors\": ["
+			   "{\"name\": \"logits\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [6, 50]},"
+			   "{\"name\": \"target\", \"kind\": \"input\", \"dtype\": \"i64\", \"shape\": [6]},"
+			   "{\"name\": \"dloss\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [6]},"
+			   "{\"name\": \"loss\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [6]},"
+			   "{\"name\": \"lse\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [6]},"
+			   "{\"name\": \"dlogits\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": [6, 50]}],"
+			   "\"nodes\": ["
+			   "{\"op\": \"cross_entropy\", \"inputs\": [\"logits\", \"target\"], \"outputs\": [\"loss\", \"lse\"]},"
+			   "{\"op\": \"cross_entropy_backward\", \"inputs\": [\"dloss\", \"logits\", \"target\", \"lse\"], "
+			   "\"outputs\": [\"dlogits\"]}]}",
+		       d, d, d, d, d);
+		prog_define(&pg, j.s);
+		fill_uniform(&pg, "logits", &r, -8, 8);
+		fill_uniform(&pg, "dloss", &r, 0.5, 1.5);
+		for (int i = 0; i < R; i++)
+			target[i] = (int)set(&pg, "target", i, i == 2 ? -100 : (double)tl_rng_int(&r, 0, V - 1));
+		for (int i = 0; i < R; i++) {
+			long double m = -INFINITY, s = 0;
+
+			for (int c = 0; c < V; c++)
+				m = fmaxl(m, get(&pg, "logits", i * V + c));
+			for (int c = 0; c < V; c++)
+				s += expl(get(&pg, "logits", i * V + c) - m);
+			lse[i] = m + logl(s);
+			loss[i] = target[i] < 0 ? 0 : lse[i] - get(&pg, "logits", i * V + target[i]);
+			for (int c = 0; c < V; c++)
+				dl[i * V + c] = target[i] < 0 ? 0 : (expl(get(&pg, "logits", i * V + c) - lse[i]) - (c == target[i])) *
+									     get(&pg, "dloss", i);
+		}
+		run_ok(&pg);
+		expect_within(&pg, "lse", lse, tol, 0, "cross_entropy lse");
+		/* lse - logit cancels: against lse's magnitude. */
+		expect_within(&pg, "loss", loss, tol, tol * 16, "cross_entropy loss");
+		expect_within(&pg, "dlogits", dl, tol, tol * 2, "cross_entropy_backward");
+		prog_finish(&pg);
+	}
+}
+END_TEST
+
+START_TEST(adamw_matches_the_textbook_step)
+{
+	/* Three steps of torch.optim.AdamW's update, the step count a scalar
+	 * bound per Run, against the textbook formulas in long double (bias
+	 * corrections applied to m and v) whose state is stored in the
+	 * dtype after each step as the program's is. */
+	static const enum rp_dtype dts[] = { RP_DTYPE_F64, RP_DTYPE_F32 };
+	enum { N = 3 * 300 };
+	const long double lr = 1e-2L, b1 = 0.9L, b2 = 0.99L, eps = 1e-8L, wd = 0.1L;
+	struct tl_rng r;
+
+	tl_rng_init(&r, 15);
+	for (size_t di = 0; di < sizeof(dts) / sizeof(dts[0]); di++) {
+		const enum rp_dtype dt = dts[di];
+		const char *d = rp_dtype_name(dt);
+		const double tol = composite_tol(dt);
+		static long double p[N], m[N], v[N];
+		struct jb j = { .n = 0 };
+		struct prog pg;
+
+		jb_add(&j, "{\"tensors\": ["
+			   "{\"name\": \"p\", \"kind\": \"inout\", \"dtype\": \"%s\", \"shape\": [3, 300]},"
+			   "{\"name\": \"g\", \"kind\": \"input\", \"dtype\": \"%s\", \"shape\": [3, 300]},"
+			   "{\"name\": \"m\", \"kind\": \"inout\", \"dtype\": \"%s\", \"shape\": [3, 300]},"
+			   "{\"name\": \"v\", \"kind\": \"inout\", \"dtype\": \"%s\", \"shape\": [3, 300]},"
+			   "{\"name\": \"step\", \"kind\": \"scalar\"}],"
+			   "\"nodes\": [{\"op\": \"adamw\", \"inputs\": [\"p\", \"g\", \"m\", \"v\"], \"outputs\": [], "
+			   "\"attrs\": {\"lr\": 1e-2, \"beta1\": 0.9, \"beta2\": 0.99, \"eps\": 1e-8, "
+			   "\"weight_decay\": 0.1, \"step\": \"step\"}}]}",
+		       d, d, d, d);
+		prog_define(&pg, j.s);
+		ck_assert(pg.def.updates_in_place);
+		fill_uniform(&pg, "p", &r, -1, 1);
+		for (int l = 0; l < N; l++) {
+			p[l] = get(&pg, "p", l);
+			m[l] = set(&pg, "m", l, 0);
+			v[l] = set(&pg, "v", l, 0);
+		}
+		for (int t = 1; t <= 3; t++) {
+			fill_uniform(&pg, "g", &r, -1, 1);
+			set_scalar(&pg, "step", t);
+			for (int l = 0; l < N; l++) {
+				const long double g = get(&pg, "g", l);
+
+				p[l] *= 1 - lr * wd;
+				m[l] = stored(dt, b1 * m[l] + (1 - b1) * g);
+				v[l] = stored(dt, b2 * v[l] + (1 - b2) * g * g);
+				const long double mh = m[l] / (1 - powl(b1, t)), vh = v[l] / (1 - powl(b2, t));
+				p[l] = stored(dt, p[l] - lr * mh / (sqrtl(vh) + eps));
+			}
+			run_ok(&pg);
+			expect_within(&pg, "m", m, tol, 0, "adamw exp_avg");
+			expect_within(&pg, "v", v, tol, 0, "adamw exp_avg_sq");
+			/* The update's own error is relative to lr. */
+			expect_within(&pg, "p", p, tol, tol * (double)lr * 4, "adamw param");
+			/* Carry on from what the program stored. */
+			for (int l = 0; l < N; l++) {
+				p[l] = get(&pg, "p", l);
+				m[l] = get(&pg, "m", l);
+				v[l] = get(&pg, "v", l);
+			}
+		}
+		prog_finish(&pg);
+	}
+}
+END_TEST
+
 /* ---- scratch and counters -------------------------------------------------------------- */
 
 START_TEST(scratch_is_bounded_counted_and_given_back)
@@ -1221,6 +1499,10 @@ Suite *host_program_suite(void)
 	tcase_add_test(tc, an_index_out_of_range_refuses_the_run_before_any_write);
 	tcase_add_test(tc, an_index_a_node_computes_is_checked_before_its_gather);
 	tcase_add_test(tc, mlp_forward_and_backward);
+	tcase_add_test(tc, rms_norm_and_its_backward);
+	tcase_add_test(tc, softmaxes_and_softmax_backward);
+	tcase_add_test(tc, cross_entropy_and_its_backward);
+	tcase_add_test(tc, adamw_matches_the_textbook_step);
 	tcase_add_test(tc, scratch_is_bounded_counted_and_given_back);
 	suite_add_tcase(s, tc);
 	return s;
