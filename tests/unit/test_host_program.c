@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "daemon/backend/backend.h"
 #include "proto/errors.h"
@@ -298,24 +300,36 @@ static void check_untouched(struct prog *pg, const char *name)
 			      (ssize_t)e - LEAD);
 }
 
+/* Submits a Run on lane; completions so far + 1 is what to wait for. */
+static unsigned submit_run(struct rd_lane *lane, struct rd_op *op, struct rd_program_run *run)
+{
+	unsigned target;
+
+	memset(op, 0, sizeof(*op));
+	op->compute.spec = &rp_op_program_run;
+	op->run = run;
+	pthread_mutex_lock(&H.lock);
+	target = H.completed + 1;
+	pthread_mutex_unlock(&H.lock);
+	ck_assert_int_eq(H.dev.backend->submit(lane, op), 0);
+	return target;
+}
+
+static void wait_completed(unsigned target)
+{
+	pthread_mutex_lock(&H.lock);
+	while (H.completed < target)
+		pthread_cond_wait(&H.cond, &H.lock);
+	pthread_mutex_unlock(&H.lock);
+}
+
 /* Runs the program once; 0, or -1 with pg->err set. */
 static int prog_run(struct prog *pg)
 {
 	struct rd_program_run run = { pg->rp, pg->def.nbound, pg->buffers, pg->offsets, pg->scalars };
 	struct rd_op op;
-	unsigned target;
 
-	memset(&op, 0, sizeof(op));
-	op.compute.spec = &rp_op_program_run;
-	op.run = &run;
-	pthread_mutex_lock(&H.lock);
-	target = H.completed + 1;
-	pthread_mutex_unlock(&H.lock);
-	ck_assert_int_eq(H.dev.backend->submit(H.lane, &op), 0);
-	pthread_mutex_lock(&H.lock);
-	while (H.completed < target)
-		pthread_cond_wait(&H.cond, &H.lock);
-	pthread_mutex_unlock(&H.lock);
+	wait_completed(submit_run(H.lane, &op, &run));
 	rp_error_clear(&pg->err);
 	rp_error_move(&pg->err, &op.err);
 	return pg->err.name ? -1 : 0;
@@ -655,7 +669,9 @@ START_TEST(pointwise_mixed_dtypes_and_casts)
 			 "{\"op\": \"cast\", \"inputs\": [\"l\"], \"outputs\": [\"back\"]}]}");
 	fill_uniform(&pg, "a", &r, -2, 2);
 	fill_uniform(&pg, "b", &r, -2, 2);
-	fill_uniform(&pg, "big", &r, -300, 300);
+	/* Below 189: u8's poison is 0xbd, and a value that is it would read
+	 * as never written. */
+	fill_uniform(&pg, "big", &r, -300, 180);
 	set(&pg, "big", 0, 3e9);      /* past i32: saturates */
 	set(&pg, "big", 1, -7.9);     /* toward zero: -7 */
 	set(&pg, "big", 2, 70000.0);  /* past f16: inf */
@@ -1149,6 +1165,163 @@ START_TEST(mlp_forward_and_backward)
 }
 END_TEST
 
+START_TEST(attention_lengths_are_checked_with_the_tensors_names)
+{
+	/* A padded attention node: its output against reference.c's, then a
+	 * length out of range refused before the neg node before it writes. */
+	enum { B = 2, NH = 2, S = 5, D = 8 };
+	struct tl_attention at = { .b = B, .h = NH, .sq = S, .skv = S, .d = D, .dv = D, .scale = 0.35 };
+	struct prog pg;
+	struct tl_rng r;
+	int32_t lq[B] = { 5, 3 }, lkv[B] = { 4, 5 };
+	double o[B * NH * S * D];
+
+	tl_rng_init(&r, 16);
+	prog_define(&pg, "{\"tensors\": ["
+			 "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [3]},"
+			 "{\"name\": \"q\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [2, 2, 5, 8]},"
+			 "{\"name\": \"k\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [2, 2, 5, 8]},"
+			 "{\"name\": \"v\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [2, 2, 5, 8]},"
+			 "{\"name\": \"lens_q\", \"kind\": \"input\", \"dtype\": \"i32\", \"shape\": [2]},"
+			 "{\"name\": \"lens_kv\", \"kind\": \"input\", \"dtype\": \"i32\", \"shape\": [2]},"
+			 "{\"name\": \"y\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [3]},"
+			 "{\"name\": \"o\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [2, 2, 5, 8]}],"
+			 "\"nodes\": ["
+			 "{\"op\": \"neg\", \"inputs\": [\"x\"], \"outputs\": [\"y\"]},"
+			 "{\"op\": \"attention\", \"name\": \"attn\", \"inputs\": {\"q\": \"q\", \"k\": \"k\", \"v\": \"v\", "
+			 "\"seq_len_q\": \"lens_q\", \"seq_len_kv\": \"lens_kv\"}, \"outputs\": {\"o\": \"o\"}, "
+			 "\"attrs\": {\"scale\": 0.35}}]}");
+	fill_uniform(&pg, "x", &r, -1, 1);
+	fill_uniform(&pg, "q", &r, -1, 1);
+	fill_uniform(&pg, "k", &r, -1, 1);
+	fill_uniform(&pg, "v", &r, -1, 1);
+	for (int b = 0; b < B; b++) {
+		set(&pg, "lens_q", b, lq[b]);
+		set(&pg, "lens_kv", b, lkv[b]);
+	}
+	set(&pg, "lens_kv", 1, 6);
+	ck_assert_int_eq(prog_run(&pg), -1);
+	ck_assert_str_eq(pg.err.name, RP_ERR_INVALID_OPERAND);
+	ck_assert_str_eq(err_param(&pg.err, "operand"), "lens_kv");
+	ck_assert_msg(strstr(err_message(&pg.err), "attn") && strstr(err_message(&pg.err), "seq_len_kv[1] is 6") &&
+			      strstr(err_message(&pg.err), "wrote nothing"),
+		      "%s", err_message(&pg.err));
+	check_untouched(&pg, "y");
+	check_untouched(&pg, "o");
+
+	set(&pg, "lens_kv", 1, lkv[1]);
+	run_ok(&pg);
+	double *q = values(&pg, "q"), *k = values(&pg, "k"), *v = values(&pg, "v"), *got = values(&pg, "o");
+	at.seq_len_q = lq;
+	at.seq_len_kv = lkv;
+	tl_attention_ref(&at, q, k, v, o, NULL, NULL);
+	check_written(&pg, "o");
+	ck_assert_msg(tl_rel_error(got, o, B * NH * S * D) < 1e-5, "attention: relative error %g",
+		      tl_rel_error(got, o, B * NH * S * D));
+	free(q);
+	free(k);
+	free(v);
+	free(got);
+	prog_finish(&pg);
+}
+END_TEST
+
+START_TEST(memory_gone_under_a_run_is_named)
+{
+	/* x's buffer is a memfd cut to nothing after it was mapped: the Run
+	 * touches it under the SIGBUS guard and names x. */
+	struct prog pg;
+	struct bound *b;
+	void *saved;
+	long page = sysconf(_SC_PAGESIZE);
+	int fd;
+
+	prog_define(&pg, "{\"tensors\": ["
+			 "{\"name\": \"w\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [16]},"
+			 "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [16]},"
+			 "{\"name\": \"y\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [16]}],"
+			 "\"nodes\": [{\"op\": \"mul\", \"inputs\": [\"w\", \"x\"], \"outputs\": [\"y\"]}]}");
+	b = bound_of(&pg, "x");
+	saved = b->buf.ptr;
+	fd = memfd_create("x", MFD_CLOEXEC);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, page), 0);
+	b->buf.ptr = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	ck_assert_ptr_ne(b->buf.ptr, MAP_FAILED);
+	b->buf.size = (uint64_t)page;
+	ck_assert_int_eq(ftruncate(fd, 0), 0);
+	ck_assert_int_eq(prog_run(&pg), -1);
+	ck_assert_str_eq(pg.err.name, RP_ERR_INVALID_OPERAND);
+	ck_assert_str_eq(err_param(&pg.err, "operand"), "x");
+	ck_assert_str_eq(err_param(&pg.err, "reason"), "its memory is gone");
+	munmap(b->buf.ptr, (size_t)page);
+	close(fd);
+	b->buf.ptr = saved;
+	/* The worker goes on: the next Run over live memory works. */
+	fill_uniform(&pg, "w", tl_rand(), -1, 1);
+	fill_uniform(&pg, "x", tl_rand(), -1, 1);
+	run_ok(&pg);
+	for (int l = 0; l < 16; l++)
+		ck_assert(get(&pg, "y", l) == (double)((float)get(&pg, "w", l) * (float)get(&pg, "x", l)));
+	prog_finish(&pg);
+}
+END_TEST
+
+START_TEST(runs_on_two_lanes_keep_their_intermediates_apart)
+{
+	/* One program, two bindings, Runs on two lanes at once, many times:
+	 * each output is its own input's, whatever the other lane does with
+	 * the program's arena. */
+	enum { N = 64 * 1024, ROUNDS = 20 };
+	struct prog pg;
+	struct rp_error err = { 0 };
+	struct rd_lane *lane2 = H.dev.backend->lane_create(&H.dev, 1, &err);
+	float *x2 = malloc(N * sizeof(float)), *y2 = malloc(N * sizeof(float));
+	struct rd_buffer bx2 = { .ptr = x2, .size = N * sizeof(float), .kind = RD_BUFFER_LOCAL, .device = &H.dev };
+	struct rd_buffer by2 = { .ptr = y2, .size = N * sizeof(float), .kind = RD_BUFFER_LOCAL, .device = &H.dev };
+
+	ck_assert(lane2 && x2 && y2);
+	prog_define(&pg, "{\"tensors\": ["
+			 "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [65536]},"
+			 "{\"name\": \"t\", \"kind\": \"intermediate\", \"dtype\": \"f32\", \"shape\": [65536]},"
+			 "{\"name\": \"y\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [65536]}],"
+			 "\"nodes\": ["
+			 "{\"op\": \"mul\", \"inputs\": [\"x\"], \"outputs\": [\"t\"], \"attrs\": {\"scalar\": 2}},"
+			 "{\"op\": \"add\", \"inputs\": [\"t\"], \"outputs\": [\"y\"], \"attrs\": {\"scalar\": 1}}]}");
+	struct rd_buffer *buffers2[2];
+	uint64_t offsets2[2] = { 0, 0 };
+	double scalars2[2] = { 0, 0 };
+	buffers2[tensor_of(&pg, "x")->bind_index] = &bx2;
+	buffers2[tensor_of(&pg, "y")->bind_index] = &by2;
+	for (int l = 0; l < N; l++) {
+		set(&pg, "x", l, l);
+		x2[l] = (float)-l;
+	}
+	for (int round = 0; round < ROUNDS; round++) {
+		struct rd_program_run run1 = { pg.rp, pg.def.nbound, pg.buffers, pg.offsets, pg.scalars };
+		struct rd_program_run run2 = { pg.rp, pg.def.nbound, buffers2, offsets2, scalars2 };
+		struct rd_op op1, op2;
+		/* Both are done when the count has grown by two since the
+		 * first was submitted. */
+		const unsigned first = submit_run(H.lane, &op1, &run1);
+
+		submit_run(lane2, &op2, &run2);
+		wait_completed(first + 1);
+		ck_assert_ptr_null(op1.err.name);
+		ck_assert_ptr_null(op2.err.name);
+		for (int l = 0; l < N; l++) {
+			ck_assert_msg(get(&pg, "y", l) == 2.0 * l + 1 && y2[l] == -2.0f * l + 1, "round %d, [%d]: %g and %g",
+				      round, l, get(&pg, "y", l), y2[l]);
+		}
+	}
+	ck_assert_uint_eq(pg.rp->runs, 2 * ROUNDS);
+	prog_finish(&pg);
+	H.dev.backend->lane_destroy(lane2);
+	free(x2);
+	free(y2);
+}
+END_TEST
+
 /* ---- composites, lowered by proto and run as primitives ---------------------------------- */
 
 /* Composites keep their intermediates in f32 (f64 where the data is):
@@ -1508,6 +1681,9 @@ Suite *host_program_suite(void)
 	tcase_add_test(tc, an_index_out_of_range_refuses_the_run_before_any_write);
 	tcase_add_test(tc, an_index_a_node_computes_is_checked_before_its_gather);
 	tcase_add_test(tc, mlp_forward_and_backward);
+	tcase_add_test(tc, attention_lengths_are_checked_with_the_tensors_names);
+	tcase_add_test(tc, memory_gone_under_a_run_is_named);
+	tcase_add_test(tc, runs_on_two_lanes_keep_their_intermediates_apart);
 	tcase_add_test(tc, rms_norm_and_its_backward);
 	tcase_add_test(tc, softmaxes_and_softmax_backward);
 	tcase_add_test(tc, cross_entropy_and_its_backward);
