@@ -1600,6 +1600,96 @@ START_TEST(adamw_matches_the_textbook_step)
 }
 END_TEST
 
+START_TEST(rotary_and_its_backward)
+{
+	/* Rotate-half over x [B, S, H, D] ("bshd"): out = (x1 cos - x2 sin,
+	 * x2 cos + x1 sin), and the backward rotating back. */
+	enum { B = 2, S = 3, NH = 2, D = 8, HALF = D / 2, N = B * S * NH * D };
+	struct prog pg;
+	struct tl_rng r;
+	long double out[N], dx[N];
+
+	tl_rng_init(&r, 17);
+	prog_define(&pg, "{\"tensors\": ["
+			 "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [2, 3, 2, 8]},"
+			 "{\"name\": \"g\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [2, 3, 2, 8]},"
+			 "{\"name\": \"cos\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [3, 4]},"
+			 "{\"name\": \"sin\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [3, 4]},"
+			 "{\"name\": \"out\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [2, 3, 2, 8]},"
+			 "{\"name\": \"dx\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [2, 3, 2, 8]}],"
+			 "\"nodes\": ["
+			 "{\"op\": \"rotary\", \"inputs\": [\"x\", \"cos\", \"sin\"], \"outputs\": [\"out\"]},"
+			 "{\"op\": \"rotary_backward\", \"inputs\": [\"g\", \"cos\", \"sin\"], \"outputs\": [\"dx\"]}]}");
+	fill_uniform(&pg, "x", &r, -2, 2);
+	fill_uniform(&pg, "g", &r, -2, 2);
+	for (int sq = 0; sq < S; sq++)
+		for (int i = 0; i < HALF; i++) {
+			const double th = tl_rng_uniform(&r, -3.2, 3.2);
+			set(&pg, "cos", sq * HALF + i, cos(th));
+			set(&pg, "sin", sq * HALF + i, sin(th));
+		}
+	for (int l = 0; l < N; l += D) {
+		const int sq = (l / (NH * D)) % S;
+
+		for (int i = 0; i < HALF; i++) {
+			const long double c = get(&pg, "cos", sq * HALF + i), sn = get(&pg, "sin", sq * HALF + i);
+			const long double x1 = get(&pg, "x", l + i), x2 = get(&pg, "x", l + HALF + i);
+			const long double g1 = get(&pg, "g", l + i), g2 = get(&pg, "g", l + HALF + i);
+
+			out[l + i] = x1 * c - x2 * sn;
+			out[l + HALF + i] = x2 * c + x1 * sn;
+			dx[l + i] = g1 * c + g2 * sn;
+			dx[l + HALF + i] = g2 * c - g1 * sn;
+		}
+	}
+	run_ok(&pg);
+	/* Two products and a sum in f32: against the terms, |x| <= 2. */
+	expect_within(&pg, "out", out, 1e-6, 4e-7, "rotary");
+	expect_within(&pg, "dx", dx, 1e-6, 4e-7, "rotary_backward");
+	prog_finish(&pg);
+}
+END_TEST
+
+START_TEST(sgd_with_momentum_matches_torch)
+{
+	/* torch.optim.SGD, momentum 0.9, dampening 0, weight decay and
+	 * Nesterov, three steps in f64 against long double. */
+	enum { N = 500 };
+	const long double lr = 0.05L, mom = 0.9L, wd = 0.01L;
+	struct prog pg;
+	struct tl_rng r;
+	long double p[N], buf[N];
+
+	tl_rng_init(&r, 18);
+	prog_define(&pg, "{\"tensors\": ["
+			 "{\"name\": \"p\", \"kind\": \"inout\", \"dtype\": \"f64\", \"shape\": [500]},"
+			 "{\"name\": \"g\", \"kind\": \"input\", \"dtype\": \"f64\", \"shape\": [500]},"
+			 "{\"name\": \"buf\", \"kind\": \"inout\", \"dtype\": \"f64\", \"shape\": [500]},"
+			 "{\"name\": \"lr\", \"kind\": \"scalar\"}],"
+			 "\"nodes\": [{\"op\": \"sgd\", \"inputs\": [\"p\", \"g\", \"buf\"], \"outputs\": [], "
+			 "\"attrs\": {\"lr\": \"lr\", \"momentum\": 0.9, \"weight_decay\": 0.01, \"nesterov\": true}}]}");
+	fill_uniform(&pg, "p", &r, -1, 1);
+	for (int l = 0; l < N; l++) {
+		p[l] = get(&pg, "p", l);
+		buf[l] = set(&pg, "buf", l, 0);
+	}
+	set_scalar(&pg, "lr", (double)lr);
+	for (int t = 0; t < 3; t++) {
+		fill_uniform(&pg, "g", &r, -1, 1);
+		for (int l = 0; l < N; l++) {
+			const long double g = get(&pg, "g", l) + wd * p[l];
+
+			buf[l] = mom * buf[l] + g;
+			p[l] -= lr * (g + mom * buf[l]);
+		}
+		run_ok(&pg);
+		expect_within(&pg, "buf", buf, 1e-12, 1e-12, "sgd momentum_buffer");
+		expect_within(&pg, "p", p, 1e-12, 1e-13, "sgd param");
+	}
+	prog_finish(&pg);
+}
+END_TEST
+
 /* ---- scratch and counters -------------------------------------------------------------- */
 
 START_TEST(scratch_is_bounded_counted_and_given_back)
@@ -1688,6 +1778,8 @@ Suite *host_program_suite(void)
 	tcase_add_test(tc, softmaxes_and_softmax_backward);
 	tcase_add_test(tc, cross_entropy_and_its_backward);
 	tcase_add_test(tc, adamw_matches_the_textbook_step);
+	tcase_add_test(tc, rotary_and_its_backward);
+	tcase_add_test(tc, sgd_with_momentum_matches_torch);
 	tcase_add_test(tc, scratch_is_bounded_counted_and_given_back);
 	suite_add_tcase(s, tc);
 	return s;
