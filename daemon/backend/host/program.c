@@ -199,8 +199,8 @@ static int take_arena(struct host_program *hp, struct rp_error *err)
 				     hp->base.def->name, hp->arena_size);
 		return -ENOMEM;
 	}
-	/* Zeroed once: whatever a definition leaves unwritten reads the
-	 * same every Run. */
+	/* Zeroed when taken: nothing of another program's or an earlier
+	 * allocation's memory shows through an intermediate. */
 	memset(hp->arena, 0, hp->arena_size);
 	hp->base.scratch_bytes = hp->arena_size;
 	atomic_fetch_add(&hd(dev)->scratch_bytes, hp->arena_size);
