@@ -168,7 +168,8 @@ int host_program_create(struct rd_device *dev, const struct rp_program *def, str
 	if (dev->max_scratch && hp->arena_size > dev->max_scratch) {
 		rp_err_limit_exceeded(err, "scratch", (long long)dev->max_scratch,
 				      "program '%s' needs %zu bytes of scratch (%zu for its intermediates, %zu for its "
-				      "largest node's workspace), more than the %llu one call may take (max_scratch_mib)",
+				      "largest node's workspace), more than the %llu one call may take: raise max_scratch_mib or "
+				      "split the program",
 				      def->name, hp->arena_size, intermediates, hp->workspace_size,
 				      (unsigned long long)dev->max_scratch);
 		program_free(hp);
