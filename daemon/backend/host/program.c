@@ -168,7 +168,8 @@ int host_program_create(struct rd_device *dev, const struct rp_program *def, str
 	if (dev->max_scratch && hp->arena_size > dev->max_scratch) {
 		rp_err_limit_exceeded(err, "scratch", (long long)dev->max_scratch,
 				      "program '%s' needs %zu bytes of scratch (%zu for its intermediates, %zu for its "
-				      "largest node's workspace), more than the %llu one call may take (max_scratch_mib)",
+				      "largest node's workspace), more than the %llu one call may take: raise max_scratch_mib or "
+				      "split the program",
 				      def->name, hp->arena_size, intermediates, hp->workspace_size,
 				      (unsigned long long)dev->max_scratch);
 		program_free(hp);
@@ -199,8 +200,8 @@ static int take_arena(struct host_program *hp, struct rp_error *err)
 				     hp->base.def->name, hp->arena_size);
 		return -ENOMEM;
 	}
-	/* Zeroed once: whatever a definition leaves unwritten reads the
-	 * same every Run. */
+	/* Zeroed when taken: nothing of another program's or an earlier
+	 * allocation's memory shows through an intermediate. */
 	memset(hp->arena, 0, hp->arena_size);
 	hp->base.scratch_bytes = hp->arena_size;
 	atomic_fetch_add(&hd(dev)->scratch_bytes, hp->arena_size);
@@ -265,7 +266,7 @@ static int run_nodes(void *arg)
 	struct run_state *st = arg;
 	struct host_program *hp = st->hp;
 	const struct rp_program *def = hp->base.def;
-	void *ws = (char *)hp->arena + hp->workspace_offset;
+	void *ws = hp->workspace_size ? (char *)hp->arena + hp->workspace_offset : NULL;
 	int t[RD_HOST_DATA_TENSORS_MAX];
 	int r;
 
