@@ -93,6 +93,11 @@ struct rd_prog_plan {
 	 * RD_PROG_NOT_IN_ARENA. */
 	uint64_t *arena_offset;
 	int ntensors;
+	/* Per node: whether its outputs are written to memory. A pointwise
+	 * node inside a group may keep its output in registers (read by no
+	 * later step, or overwritten in place later in the group); every other
+	 * node's outputs are always written. */
+	bool *node_stored;
 	uint64_t arena_bytes;
 	int nbound;                 /* p->nbound: what rg_args holds */
 	uint64_t fused_kernels;     /* kernels over all steps (Status) */
