@@ -39,6 +39,7 @@ struct rd_options {
 	unsigned max_comms;            /* communicators, per client process, per device */
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned gemm_plans_max;       /* cached GEMM plans per device (CUDA) */
+	char rtc_cache_dir[256];       /* programs' compiled kernels kept on disk (CUDA); "": not kept */
 	char config_path[256];         /* the file read; "" = none */
 
 	/* Worker processes only: what the supervisor tells the worker it starts. */
