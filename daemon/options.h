@@ -37,6 +37,8 @@ struct rd_options {
 	unsigned max_connections;      /* per peer uid, on each socket */
 	unsigned max_buffers;          /* per client process, per device */
 	unsigned max_comms;            /* communicators, per client process, per device */
+	unsigned max_programs;         /* programs, per client process, per device */
+	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned gemm_plans_max;       /* cached GEMM plans per device (CUDA) */
 	char rtc_cache_dir[256];       /* programs' compiled kernels kept on disk (CUDA); "": not kept */

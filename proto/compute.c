@@ -434,9 +434,7 @@ static unsigned op_fields(const struct rp_op_spec *spec, struct rp_field *fields
 	return n;
 }
 
-/* Everything after the operands' own parsing: one path for a call and for
- * a ring record. */
-static int check(struct rp_compute *c, struct rp_error *err)
+int rp_compute_check_operands(struct rp_compute *c, struct rp_error *err)
 {
 	const struct rp_op_spec *spec = c->spec;
 	int r;
@@ -461,7 +459,16 @@ static int check(struct rp_compute *c, struct rp_error *err)
 			return r;
 		}
 	}
-	return check_placement(c, err);
+	return 0;
+}
+
+/* Everything after the operands' own parsing: one path for a call and for
+ * a ring record. */
+static int check(struct rp_compute *c, struct rp_error *err)
+{
+	int r = rp_compute_check_operands(c, err);
+
+	return r < 0 ? r : check_placement(c, err);
 }
 
 /* deadline_ms: 1 ms to a day, or absent. 0 would be a call that is late
@@ -481,6 +488,18 @@ static int parse_deadline(const cJSON *params, uint32_t *deadline_ms, struct rp_
 	return 0;
 }
 
+int rp_compute_parse_common(const cJSON *params, struct rp_event_ref *wait_event, struct rp_event_ref *signal_event,
+			    uint32_t *deadline_ms, struct rp_error *err)
+{
+	int r;
+
+	if ((r = parse_event(params, "wait_event", wait_event, err)) < 0 ||
+	    (r = parse_event(params, "signal_event", signal_event, err)) < 0) {
+		return r;
+	}
+	return parse_deadline(params, deadline_ms, err);
+}
+
 static int parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_compute *c, struct rp_error *err)
 {
 	struct rp_field fields[FIELDS_MAX];
@@ -497,9 +516,7 @@ static int parse(const struct rp_op_spec *spec, const cJSON *params, struct rp_c
 		}
 		c->present[i] = r == 0;
 	}
-	if ((r = parse_event(params, "wait_event", &c->wait_event, err)) < 0 ||
-	    (r = parse_event(params, "signal_event", &c->signal_event, err)) < 0 ||
-	    (r = parse_deadline(params, &c->deadline_ms, err)) < 0) {
+	if ((r = rp_compute_parse_common(params, &c->wait_event, &c->signal_event, &c->deadline_ms, err)) < 0) {
 		return r;
 	}
 	if ((r = spec->read_scalars(params, c, err)) < 0) {

@@ -176,6 +176,11 @@ struct rp_comm_call {
 extern const struct rp_field rp_compute_common_fields[RP_COMPUTE_COMMON_FIELDS + 1];
 /* The largest deadline_ms a call may name: a day. */
 #define RP_DEADLINE_MS_MAX 86400000u
+/* Reads those fields of a call's parameters (types already checked):
+ * events as event ids, deadline_ms 1 ms to a day (0 when absent).
+ * InvalidParameter naming the field. */
+int rp_compute_parse_common(const cJSON *params, struct rp_event_ref *wait_event, struct rp_event_ref *signal_event,
+			    uint32_t *deadline_ms, struct rp_error *err);
 
 /* One parsed call. operands[] and present[] are indexed by the op's slots. */
 struct rp_compute {
@@ -218,6 +223,15 @@ int rp_compute_parse(const struct rp_op_spec *spec, const cJSON *params, struct 
  * errors. c->spec, operands, present[], events and the op's scalars must be
  * set; derived dimensions are filled. On failure *c is zeroed. */
 int rp_compute_check(struct rp_compute *c, struct rp_error *err);
+
+/* The part of those checks that reads no buffer and no offset: each
+ * operand's rank, strides and dtype, the dtypes operands share, the op's
+ * own check (scalars, shapes; derived dimensions filled), gradients shaped
+ * like their primals. What rp_compute_check adds is where the operands lie
+ * in their buffers; a program's checker (proto/program.h) judges that by
+ * its tensors instead. c->spec, operands (dtype, rank, shape, strides),
+ * present[] and the op's scalars must be set; *c is not zeroed on failure. */
+int rp_compute_check_operands(struct rp_compute *c, struct rp_error *err);
 
 /* The call's parameters as a client sends them: operands by the table,
  * then the scalars the op's encoder writes. NULL on ENOMEM. */

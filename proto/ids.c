@@ -41,8 +41,10 @@ int rp_id_parse(const char *text, struct rp_id *id)
 		return -EINVAL;
 	if (parse_number(&p, UINT64_MAX, &serial) < 0 || *p != '\0')
 		return -EINVAL;
-	/* Generations start at 1: 0 is never a generation anything was made in. */
-	if (generation == 0)
+	/* Generations start at 1: 0 is never a generation anything was made
+	 * in, except a program, whose definition outlives generations and
+	 * whose id always says 0 (ids.h). */
+	if ((generation == 0) != (text[0] == RP_ID_PROGRAM))
 		return -EINVAL;
 	id->kind = text[0];
 	id->device = (uint32_t)device;

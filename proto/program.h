@@ -85,9 +85,11 @@ struct rp_prog_tensor {
 	/* Bound tensors (input, output, inout, scalar): the index in a Run's
 	 * binding table, in definition order; -1 otherwise. */
 	int bind_index;
-	/* Nodes (program order) that first write and last read it (its
-	 * root's lifetime is the union of its views'); -1 when none. */
-	int first_write, last_read;
+	/* Nodes (program order) that first write, last read and last write
+	 * it; -1 when none. A root's are the union of its own and its views'
+	 * (an intermediate's memory is live from first_write to the later of
+	 * last_read and last_write). */
+	int first_write, last_read, last_write;
 };
 
 enum rp_prog_class {
@@ -101,9 +103,16 @@ enum rp_prog_class {
 	RP_PC_COMPOSITE,
 };
 
-/* Pointwise operations. The number after each is its tensor inputs; a
- * binary op may take one tensor and the node's constant scalar instead of
- * its second (or, with scalar_first, its first) input. */
+/* Pointwise operations. A binary op may take one tensor and the node's
+ * constant scalar instead of its second (or, with scalar_first, its first)
+ * input; where may take it instead of b (or, with scalar_first, a).
+ *
+ * Dtypes: arithmetic, the math functions and the gradients read and write
+ * floats (f32, f16, bf16, f64; mixed freely) and compute in f32, or in f64
+ * where the output is f64; comparisons read any dtype and write 1 or 0 in
+ * any; cast reads and writes any (floats to integers truncate toward 0);
+ * where's cond is any dtype, its a, b and output all floats or all
+ * integers; fill and iota write any dtype. */
 enum rp_pointwise {
 	/* binary */
 	RP_PW_ADD = 0, RP_PW_SUB, RP_PW_MUL, RP_PW_DIV, RP_PW_POW, RP_PW_MAXIMUM, RP_PW_MINIMUM,
@@ -129,6 +138,9 @@ enum rp_pointwise {
 	RP_PW_COUNT
 };
 
+/* Floats in, floats out, accumulated in f32 (f64 where the input or the
+ * output is f64). amax is the largest absolute value (what a scaling
+ * factor or a gradient norm's clip reads), max and min the signed ones. */
 enum rp_reduction { RP_RED_SUM = 0, RP_RED_MEAN, RP_RED_MAX, RP_RED_MIN, RP_RED_AMAX, RP_RED_COUNT };
 /* Reduces the last dimension (out: the input's shape without it, or with
  * it as 1), or every dimension but the last (out: [last] or 1s and last). */
@@ -147,6 +159,9 @@ struct rp_prog_node {
 	/* The name the client gave it (or "<client node>.<k>" for a node a
 	 * composite lowered into): errors and Status name it. */
 	char name[RP_PROG_NAME_MAX + 1];
+	/* The index in the definition's nodes[] of the client's node this one
+	 * is or was lowered from: what errors and Status name. */
+	int source;
 	/* Tensor indices; -1 for an absent optional operand. For compute
 	 * nodes, indexed by the compute op's slots (inputs and outputs in the
 	 * one list, as its table orders them: in[] only, nin = noperands). */
@@ -181,7 +196,7 @@ struct rp_prog_op {
 	enum rp_prog_class cls;
 	int fn;                       /* enum rp_pointwise / rp_reduction / rp_gather; rp_op_id for compute */
 	int min_in, max_in;           /* tensor inputs (pointwise: without the scalar) */
-	int nout;
+	int min_out, nout;            /* outputs: at least min_out, at most nout (compute: 0, in in[]) */
 	/* An output may be the very tensor (same root, offset, shape and
 	 * strides) of an input: the op reads each element before it writes
 	 * it. Pointwise ops are; others not. */
@@ -237,7 +252,7 @@ bool rp_prog_tensor_contiguous(const struct rp_prog_tensor *t);
  * the worker):
  *   {"program": id, "bind": {name: {"buffer": id, "offset"?: bytes}},
  *    "scalars"?: {name: number}, "wait_event"?, "signal_event"?,
- *    "deadline_ms"?}
+ *    "deadline_ms"?, "journal"?: {"buffer", "offset"?}, "seq"?, "retry"?}
  * Every input, output and inout is bound exactly once, every scalar given
  * exactly once, nothing else named. */
 struct rp_prog_binding {
@@ -247,6 +262,13 @@ struct rp_prog_binding {
 
 struct rp_program_run {
 	struct rp_id program;
+	/* A Run that may be retried after a fault (proto/program_journal.h):
+	 * "journal": {buffer, offset}, "seq", "retry"; given together (retry
+	 * optional). */
+	bool has_journal;
+	struct rp_prog_binding journal;
+	uint64_t seq;
+	bool retry;
 	int nbound;
 	struct rp_prog_binding *bind; /* [p->nbound], by bind_index; scalars' entries unused */
 	double *scalars;              /* [p->nbound], by bind_index; only scalars' entries used */

@@ -101,12 +101,16 @@ struct rd_comm {
  * counters for Status. */
 struct rd_program {
 	struct rd_device *device;
-	const struct rp_program *def;   /* the core's, outlives this */
+	struct rd_object obj;           /* the core's: its id and owner */
+	/* The checked definition: the core's, freed by the core after
+	 * program_destroy. */
+	struct rp_program *def;
 	/* Counters, written by the backend's thread that runs the program,
 	 * read by the loop thread for Status (a torn read of a counter is
 	 * tolerable there). */
 	uint64_t runs;                  /* Runs finished */
 	uint64_t run_us;                /* their time in the backend, summed */
+	uint64_t launch_ns;             /* CPU time the backend spent launching them, summed */
 	uint64_t scratch_bytes;         /* device (or host) memory held for it now */
 	uint64_t modules;               /* compiled modules it holds now */
 	uint64_t kernels;               /* launches one Run makes (fused kernels and library calls) */
@@ -125,6 +129,16 @@ struct rd_program_run {
 	struct rd_buffer **buffers;
 	uint64_t *offsets;
 	double *scalars;
+	/* A Run with a journal (proto/program_journal.h): the rank's memory
+	 * where the inouts are saved before they are written, the Run's seq,
+	 * and whether it retries a Run a fault interrupted. NULL: none. */
+	struct rd_buffer *journal;
+	uint64_t journal_offset;
+	uint64_t seq;
+	bool retry;
+	/* Set by the backend: the retry found the Run applied already, and
+	 * ran nothing. */
+	bool already_done;
 };
 
 /* One compute call in flight. The core fills it and calls submit; the

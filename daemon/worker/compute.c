@@ -27,9 +27,25 @@ void rd_compute_release(struct rd_worker *w, struct rd_op *op)
 		op->comm->in_flight--;
 		rd_objects_unref(&w->objects, &op->comm->obj);
 	}
+	if (op->run) {
+		struct rd_program_run *run = op->run;
+
+		for (int i = 0; i < run->nbound; i++)
+			if (run->buffers && run->buffers[i])
+				rd_objects_unref(&w->objects, &run->buffers[i]->obj);
+		if (run->journal)
+			rd_objects_unref(&w->objects, &run->journal->obj);
+		if (run->prog)
+			rd_objects_unref(&w->objects, &run->prog->obj);
+		free(run->buffers);
+		free(run->offsets);
+		free(run->scalars);
+		free(run);
+	}
 	memset(op->buffers, 0, sizeof(op->buffers));
 	op->wait_event = op->signal_event = NULL;
 	op->comm = NULL;
+	op->run = NULL;
 }
 
 void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
@@ -45,6 +61,10 @@ void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
 	w->calls_done++;
 	w->calls_failed += failed;
 	w->calls_us += cc->op.elapsed_us;
+	if (cc->op.run && !failed) {
+		cc->op.run->prog->runs++;
+		cc->op.run->prog->run_us += cc->op.elapsed_us;
+	}
 	if (cc->session && cc->session->usage) {
 		cc->session->usage->calls++;
 		cc->session->usage->call_errors += failed;

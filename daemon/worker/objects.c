@@ -10,17 +10,29 @@
 
 static const char id_kinds[RD_OBJECT_KINDS] = {
 	[RD_OBJECT_BUFFER] = RP_ID_BUFFER, [RD_OBJECT_EVENT] = RP_ID_EVENT, [RD_OBJECT_COMM] = RP_ID_COMM,
+	[RD_OBJECT_PROGRAM] = RP_ID_PROGRAM,
 };
 static const char *const kind_names[RD_OBJECT_KINDS] = {
 	[RD_OBJECT_BUFFER] = "buffer", [RD_OBJECT_EVENT] = "event", [RD_OBJECT_COMM] = "communicator",
+	[RD_OBJECT_PROGRAM] = "program",
 };
 static const char *const kind_articles[RD_OBJECT_KINDS] = {
 	[RD_OBJECT_BUFFER] = "a buffer", [RD_OBJECT_EVENT] = "an event", [RD_OBJECT_COMM] = "a communicator",
+	[RD_OBJECT_PROGRAM] = "a program",
 };
 
 enum rd_object_kind rd_object_kind_of(const struct rd_object *o)
 {
-	return o->id.kind == RP_ID_EVENT ? RD_OBJECT_EVENT : o->id.kind == RP_ID_COMM ? RD_OBJECT_COMM : RD_OBJECT_BUFFER;
+	switch (o->id.kind) {
+	case RP_ID_EVENT:
+		return RD_OBJECT_EVENT;
+	case RP_ID_COMM:
+		return RD_OBJECT_COMM;
+	case RP_ID_PROGRAM:
+		return RD_OBJECT_PROGRAM;
+	default:
+		return RD_OBJECT_BUFFER;
+	}
 }
 
 static enum rd_object_kind kind_of(const struct rd_object *o)
@@ -41,6 +53,17 @@ struct rd_event *rd_object_event(struct rd_object *o)
 struct rd_comm *rd_object_comm(struct rd_object *o)
 {
 	return (struct rd_comm *)((char *)o - offsetof(struct rd_comm, obj));
+}
+
+struct rd_program *rd_object_program(struct rd_object *o)
+{
+	return (struct rd_program *)((char *)o - offsetof(struct rd_program, obj));
+}
+
+/* A program's id is stamped with generation 0 and never goes stale. */
+static uint64_t generation_of(const struct rd_objects *t, enum rd_object_kind kind)
+{
+	return kind == RD_OBJECT_PROGRAM ? 0 : atomic_load(&t->device->generation);
 }
 
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev)
@@ -123,7 +146,7 @@ void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_ki
 
 	o->id.kind = id_kinds[kind];
 	o->id.device = (uint32_t)t->device->index;
-	o->id.generation = atomic_load(&t->device->generation);
+	o->id.generation = generation_of(t, kind);
 	o->id.serial = t->next_serial++;
 	o->owner = owner;
 	o->usage = NULL;
@@ -134,13 +157,15 @@ void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_ki
 	t->table[b] = o;
 	t->count[kind]++;
 	owner->count[kind]++;
+	if (kind == RD_OBJECT_PROGRAM)
+		owner->program_nodes += (uint64_t)rd_object_program(o)->def->nnodes;
 }
 
 static int check_id(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind, const char *what,
 		    struct rp_error *err)
 {
 	char text[RP_ID_MAX];
-	uint64_t generation = atomic_load(&t->device->generation);
+	uint64_t generation = generation_of(t, kind);
 
 	/* Formatted only for an error: every record of a ring comes here. */
 	if (id->kind == id_kinds[kind] && id->device == (uint32_t)t->device->index && id->generation == generation)
@@ -206,6 +231,15 @@ void rd_objects_unref(struct rd_objects *t, struct rd_object *o)
 		if (backend->close_event)
 			backend->close_event(rd_object_event(o));
 		break;
+	case RD_OBJECT_PROGRAM: {
+		struct rd_program *p = rd_object_program(o);
+		struct rp_program *def = p->def;
+
+		backend->program_destroy(p);
+		rp_program_finish(def);
+		free(def);
+		break;
+	}
 	default:
 		if (backend->comm_close)
 			backend->comm_close(rd_object_comm(o));
@@ -234,13 +268,19 @@ void rd_objects_close(struct rd_objects *t, struct rd_object *o)
 	t->count[kind]--;
 	if (o->owner)
 		o->owner->count[kind]--;
+	if (o->owner && kind == RD_OBJECT_PROGRAM)
+		o->owner->program_nodes -= (uint64_t)rd_object_program(o)->def->nnodes;
 	o->owner = NULL;
 	rd_objects_unref(t, o);
 }
 
 void rd_objects_close_all(struct rd_objects *t)
 {
-	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++)
-		while (t->table[b])
-			rd_objects_close(t, t->table[b]);
+	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
+		for (struct rd_object *o = t->table[b], *next; o; o = next) {
+			next = o->next_in_table;
+			if (kind_of(o) != RD_OBJECT_PROGRAM)
+				rd_objects_close(t, o);
+		}
+	}
 }

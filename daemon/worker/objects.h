@@ -18,7 +18,7 @@ struct rd_objects {
 	struct rd_device *device;
 	struct rd_object *table[RD_OBJECT_BUCKETS];
 	uint64_t next_serial;
-	unsigned count[3];             /* by rd_object_kind */
+	unsigned count[4];             /* by rd_object_kind */
 	struct rd_client *clients;
 	/* When set: whether a communicator whose process's last connection
 	 * closed stays, without an owner (detached, for io.regen.Comm.Attach). */
@@ -26,7 +26,11 @@ struct rd_objects {
 	void *keep_data;
 };
 
-enum rd_object_kind { RD_OBJECT_BUFFER = 0, RD_OBJECT_EVENT, RD_OBJECT_COMM, RD_OBJECT_KINDS };
+/* Programs (io.regen.Program) are ids like the others, bound to the
+ * process that defined them, except that a generation change neither
+ * closes them nor makes their ids stale: a definition outlives
+ * generations (its compiled forms are the backend's, per generation). */
+enum rd_object_kind { RD_OBJECT_BUFFER = 0, RD_OBJECT_EVENT, RD_OBJECT_COMM, RD_OBJECT_PROGRAM, RD_OBJECT_KINDS };
 
 /* A process with at least one connection to this worker: what ids are
  * bound to (daemon/peer.h says what makes two peers one process). */
@@ -34,6 +38,7 @@ struct rd_client {
 	struct rd_peer peer;
 	unsigned connections;
 	unsigned count[RD_OBJECT_KINDS];   /* objects it holds, by rd_object_kind */
+	uint64_t program_nodes;            /* nodes of the programs it holds (max_program_nodes) */
 	struct rd_client *next;
 };
 
@@ -59,6 +64,7 @@ static inline struct rd_object *rd_event_object(struct rd_event *e)
 struct rd_buffer *rd_object_buffer(struct rd_object *o);
 struct rd_event *rd_object_event(struct rd_object *o);
 struct rd_comm *rd_object_comm(struct rd_object *o);
+struct rd_program *rd_object_program(struct rd_object *o);
 enum rd_object_kind rd_object_kind_of(const struct rd_object *o);
 
 /* Gives the object its id (current generation) and owner and adds it. */
@@ -80,5 +86,6 @@ void rd_objects_adopt(struct rd_objects *t, struct rd_object *o, struct rd_clien
 /* Removes from the table; the backend close happens when no call uses it. */
 void rd_objects_close(struct rd_objects *t, struct rd_object *o);
 
-/* Closes every object (a generation change: all ids go stale at once). */
+/* Closes every object but the programs (a generation change: all their
+ * ids go stale at once). */
 void rd_objects_close_all(struct rd_objects *t);

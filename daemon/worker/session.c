@@ -157,6 +157,10 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Comm.Attach", rd_comm_attach },
 	{ "io.regen.Comm.Abort", rd_comm_abort },
 	{ "io.regen.Comm.Destroy", rd_comm_destroy },
+	{ "io.regen.Program.Define", rd_program_define },
+	{ "io.regen.Program.Run", rd_program_run },
+	{ "io.regen.Program.Drop", rd_program_drop },
+	{ "io.regen.Program.Status", rd_program_status },
 	{ "io.regen.SetJob", method_set_job },
 	{ "io.regen.Device.Generation", method_generation },
 	{ "io.regen.Device.Status", method_main_endpoint },
@@ -170,7 +174,7 @@ static const struct rd_method data_methods[] = {
 /* io.regen.Device is the main socket's: the worker answers only Generation of it
  * (and points the rest there), so it does not claim the interface. */
 static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", "io.regen.Lane",
-					       "io.regen.Comm", NULL };
+					       "io.regen.Comm", "io.regen.Program", NULL };
 
 static void (*find_compute(const char *method))(struct rd_call *call)
 {

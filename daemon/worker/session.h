@@ -55,6 +55,11 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
  * finishes (or cc->finish does). < 0: err set, nothing held, cc freed. */
 int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, struct rd_call *call,
 			   struct rp_error *err);
+/* io.regen.Program (program.c). */
+void rd_program_define(struct rd_call *call);
+void rd_program_run(struct rd_call *call);
+void rd_program_drop(struct rd_call *call);
+void rd_program_status(struct rd_call *call);
 /* Any thread (the backend's op.launched of a Varlink call with a
  * signal_event): the call is answered on the loop thread, before its done. */
 void rd_compute_post_launched(struct rd_op *op);

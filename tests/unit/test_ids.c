@@ -16,6 +16,7 @@ static const struct {
 	{ "b0.1.0", 'b', 0, 1, 0 },
 	{ "b0.3.17", 'b', 0, 3, 17 },
 	{ "e7.12.345", 'e', 7, 12, 345 },
+	{ "p0.0.4", 'p', 0, 0, 4 },          /* programs outlive generations: always 0 */
 	{ "b4294967295.18446744073709551615.18446744073709551615", 'b', UINT32_MAX, UINT64_MAX, UINT64_MAX },
 };
 
@@ -45,6 +46,7 @@ static const char *const bad[] = {
 	"x0.1.2",          /* unknown kind */
 	"B0.1.2",          /* kinds are lower case */
 	"b0.0.1",          /* generations start at 1 */
+	"p0.1.4",          /* but a program's is always 0 */
 	"b00.1.2",         /* leading zeros: one id, one spelling */
 	"b0.01.2",
 	"b0.1.02",

@@ -14,7 +14,8 @@ per thread.
 from .client import DEFAULT_SOCKET, DTYPE_SIZE, Buffer, Client, Comm, Event, Operand, Watch, normalize_ipc_handle
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
+from .program import Program, ProgramBuilder
 
 __version__ = "0.1.0"
 __all__ = ["Client", "Operand", "Buffer", "Event", "Comm", "Watch", "DEFAULT_SOCKET", "DTYPE_SIZE",
-           "normalize_ipc_handle"] + list(_errors_all)
+           "normalize_ipc_handle", "Program", "ProgramBuilder"] + list(_errors_all)

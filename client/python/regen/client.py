@@ -864,6 +864,56 @@ class Client:
             return self._main_call(method, parameters)
         return self._worker_call(device, method, parameters, fds)
 
+    # -- io.regen.Program (worker socket) -----------------------------------
+
+    def define_program(self, device, definition):
+        """Defines a program (a dict as regen.program.ProgramBuilder makes)
+        on ``device``; returns a regen.program.Program. regend checks it
+        whole: a wrong one raises InvalidProgram naming the node and why."""
+        from .program import Program
+        return Program(device, self._worker_call(device, "io.regen.Program.Define", definition, ()), definition)
+
+    def run_program(self, program, bind, scalars=None, wait_event=None, signal_event=None, deadline_ms=None,
+                    journal=None, seq=None, retry=False):
+        """Runs ``program`` once: ``bind`` maps each input, output and inout
+        name to a torch CUDA tensor, an Operand or a (buffer, byte offset)
+        pair, ``scalars`` each scalar name to a number. Returns the reply
+        ({"elapsed_us"}): the work finished, or with ``signal_event`` it is
+        enqueued and the event fires when it finishes. Torch tensors are not
+        synchronized here: order the rank's work with wait_event, or
+        synchronize before. ``journal`` (bound like a tensor, at least
+        ``program.journal_bytes``) and ``seq`` make a Run of a program that
+        updates in place safe to retry after a fault: the retry, with
+        ``retry=True`` and the same seq, applies its updates exactly once
+        (regen.program.run_exactly_once does it all)."""
+        from .program import binding
+        params = {"program": program.id, "bind": {name: binding(self, x) for name, x in bind.items()}}
+        if scalars:
+            params["scalars"] = {k: float(v) for k, v in scalars.items()}
+        if wait_event is not None:
+            params["wait_event"] = str(getattr(wait_event, "id", wait_event))
+        if signal_event is not None:
+            params["signal_event"] = str(getattr(signal_event, "id", signal_event))
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        if journal is not None:
+            params["bind"]["journal"] = binding(self, journal)
+        if seq is not None:
+            params["seq"] = int(seq)
+        if retry:
+            params["retry"] = True
+        return self._worker_call(program.device, "io.regen.Program.Run", params, ())
+
+    def drop_program(self, program):
+        self._worker_call(program.device, "io.regen.Program.Drop", {"program": program.id}, ())
+
+    def program_status(self, device, program=None):
+        """Status of one program, or of every program of this process on
+        ``device``: a list of dicts (runs, run_us, scratch_bytes, modules,
+        kernels, graph_captures, graph_launches, stream_runs, not_captured)."""
+        params = {} if program is None else {"program": program.id}
+        return self._worker_call(device, "io.regen.Program.Status", params, ())["programs"]
+
     # -- io.regen.Device (main socket) -------------------------------------
 
     def status(self):

@@ -13,7 +13,7 @@ __all__ = [
     "InvalidOperand", "NoSuchDevice", "NoSuchObject", "ImportFailed",
     "InvalidMessage", "MessageTooLarge", "LimitExceeded", "Timeout",
     "FaultInjectionDisabled", "WrongEndpoint", "Detached", "BackendError",
-    "CommFailed", "CommTimeout", "CommInFlight", "InvalidJob",
+    "CommFailed", "CommTimeout", "CommInFlight", "InvalidJob", "InvalidProgram",
     "InterfaceNotFound", "MethodNotFound", "MethodNotImplemented",
     "InvalidParameter", "PermissionDenied", "ExpectedMore",
     "error_from_reply",
@@ -178,6 +178,12 @@ class CommInFlight(Error):
 class InvalidJob(Error):
     """SetJob refused the job: ``.reason`` is "empty", "too long" or
     "character"; the connection's job did not change."""
+
+
+@_wire("io.regen.InvalidProgram")
+class InvalidProgram(Error):
+    """Program.Define refused the program: ``.node`` names where ("nodes[3]
+    (fc1)" or "tensors[2] (x)"), ``.reason`` what is wrong."""
 
 
 @_wire("io.regen.BackendError")

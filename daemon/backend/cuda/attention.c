@@ -873,7 +873,7 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	} else {
 		pthread_mutex_lock(&at->exec_lock);
 		s = cudnnSetStream(at->handle.handle, lane->stream);
-		if (s == CUDNN_STATUS_SUCCESS && p->plan.ncandidates > 1)
+		if (s == CUDNN_STATUS_SUCCESS && p->plan.ncandidates > 1 && !lane->capturing)
 			tune_step(lane, at, p, &c, ws);
 		if (s == CUDNN_STATUS_SUCCESS)
 			s = cuda_sdpa_execute(at->handle.handle, &p->plan, p->plan.chosen, c.ptr, c.scale, ws, why,
@@ -884,7 +884,7 @@ int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		if (s == CUDNN_STATUS_SUCCESS && c.key.padded)
 			e = fill_padding(&c, &p->plan, ws, lane->stream);
 #endif
-		if (s == CUDNN_STATUS_SUCCESS && e == cudaSuccess)
+		if (s == CUDNN_STATUS_SUCCESS && e == cudaSuccess && !lane->capturing)
 			e = plan_note_use(at, p, lane->stream);
 		pthread_mutex_unlock(&at->exec_lock);
 		if (s != CUDNN_STATUS_SUCCESS)

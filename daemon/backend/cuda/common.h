@@ -82,9 +82,10 @@ struct cuda_fault {
 typedef int cuda_enqueue_fn(struct cuda_lane *lane, struct rd_op *op);
 
 /* The enqueue table is indexed by the op table's id (proto/compute.h),
- * io.regen.Comm's work (RP_OP_COMM) last: here and in cuda_enqueue_of()
+ * io.regen.Comm's work (RP_OP_COMM) and io.regen.Program.Run's
+ * (RP_OP_PROGRAM) last: here and in cuda_enqueue_of()
  * only, and filled by backend.c. */
-#define CUDA_OP_KINDS (RP_OP_COMM + 1)
+#define CUDA_OP_KINDS (RP_OP_PROGRAM + 1)
 
 struct cuda_gemm_plan;
 struct cuda_mapping;
@@ -189,6 +190,16 @@ struct cuda_lane {
 	void *scratch_kept;
 	size_t scratch_kept_bytes;
 	uint64_t scratch_kept_allocs;
+	/* While a program's steps are enqueued (program.c): the program's own
+	 * workspace, which every call of those steps takes instead of the
+	 * pool's, so that a captured graph holds no block of the lane's
+	 * (seed 001: a graph's scratch is its own). NULL otherwise. */
+	void *scratch_fixed;
+	size_t scratch_fixed_bytes;
+	/* A program's steps are being captured into a graph: the enqueue
+	 * functions do nothing that a capture cannot hold (timing a tuning
+	 * candidate, noting a plan's use by an event queried later). */
+	bool capturing;
 	/* REGEN_CUDA_LAUNCH_PROFILE: where a launch's time goes, summed over
 	 * the lane's calls by the launching thread (one at a time) and
 	 * printed when the lane goes. */
@@ -385,6 +396,13 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op);
 void cuda_gemm_plans_init(struct cuda_dev *cd);
 void cuda_gemm_plans_finish(struct cuda_dev *cd);
 int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op);
+
+/* ---- program.c: io.regen.Program's Runs, as CUDA graphs ------------------ */
+
+int cuda_program_create(struct rd_device *dev, const struct rp_program *def, struct rd_program **out,
+			struct rp_error *err);
+void cuda_program_destroy(struct rd_program *prog);
+int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op);
 
 /* ---- ipc.c ------------------------------------------------------------- */
 

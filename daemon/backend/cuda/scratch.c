@@ -25,6 +25,7 @@
 #include <string.h>
 #include "daemon/backend/cuda/common.h"
 #include "daemon/backend/cuda/cuda.h"
+#include "proto/errors.h"
 
 /* A call that needs more takes a block of its own. GEMM workspaces are at
  * most RD_CUDA_WORKSPACE_BYTES (the heuristic's limit), so every GEMM
@@ -40,6 +41,15 @@ int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s,
 	memset(s, 0, sizeof(*s));
 	if (bytes == 0)
 		return 0;
+	if (l->scratch_fixed) {
+		if (bytes > l->scratch_fixed_bytes) {
+			rp_error_set(err, RP_ERR_BACKEND, "%s needs %zu bytes of scratch; the program's workspace holds %zu",
+				     call, bytes, l->scratch_fixed_bytes);
+			return -ENOSPC;
+		}
+		s->ptr = l->scratch_fixed;
+		return 0;
+	}
 	if (rd_resource_ensure_valid(&cd->pool.res))
 		return cuda_status_to_error(err, "scratch memory pool");
 	if (bytes > CUDA_SCRATCH_KEEP_MAX) {

@@ -5,7 +5,8 @@
  * a GPU. Its "context" can be lost by fault injection, so reset runs for real.
  *
  * This file: the ops table, the simulated context and the lifecycle hooks.
- * Buffers live in buffer.c, lanes in lane.c, communicators in comm.c, the
+ * Buffers live in buffer.c, lanes in lane.c, communicators in comm.c,
+ * programs in program.c (their nodes' math in program_nodes.c), the
  * health watch in health.c. */
 #include <errno.h>
 #include <stdatomic.h>
@@ -161,6 +162,8 @@ const struct rd_backend_ops rd_backend_host = {
 	.comm_abort = host_comm_abort,
 	.comm_status = host_comm_status,
 	.comm_close = host_comm_close,
+	.program_create = host_program_create,
+	.program_destroy = host_program_destroy,
 	.memory = host_memory,
 	.inject_fault = host_inject_fault,
 	.health_start = host_health_start,

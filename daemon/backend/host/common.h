@@ -33,6 +33,10 @@ static inline struct host_device *hd(struct rd_device *dev)
 	return dev->backend_data;
 }
 
+/* Scratch a lane or an idle program keeps between calls; beyond it, a
+ * call's goes when the call is done. */
+#define HOST_SCRATCH_KEEP ((size_t)64 << 20)
+
 /* buffer.c */
 int host_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err);
 void host_close_buffer(struct rd_buffer *buf);
@@ -54,6 +58,13 @@ void host_comm_run(struct rd_op *op);
 /* Waits for every abort still running on an aborter thread (release,
  * reset, close). */
 void host_comm_quiesce(void);
+
+/* program.c: io.regen.Program on the host. */
+int host_program_create(struct rd_device *dev, const struct rp_program *def, struct rd_program **out,
+			struct rp_error *err);
+void host_program_destroy(struct rd_program *prog);
+/* A Run (op->run), on the lane's thread. */
+void host_program_run(struct rd_op *op);
 
 /* health.c */
 void host_health_init(struct rd_device *dev);

@@ -26,9 +26,6 @@ struct host_lane {
 	size_t scratch_size;
 };
 
-/* Scratch a lane keeps between calls; beyond it, a call's goes with it. */
-#define SCRATCH_KEEP ((size_t)64 << 20)
-
 struct guarded_call {
 	const struct rp_compute *c;
 	void **ptr;
@@ -61,6 +58,10 @@ static void compute_op(struct host_lane *lane, struct rd_op *op)
 		host_comm_run(op);
 		return;
 	}
+	if (c->spec->id == RP_OP_PROGRAM) {
+		host_program_run(op);
+		return;
+	}
 	need = rd_host_scratch_size(c);
 
 	for (unsigned i = 0; i < c->spec->noperands; i++)
@@ -85,7 +86,7 @@ static void compute_op(struct host_lane *lane, struct rd_op *op)
 	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size, &op->err };
 	r = rd_host_guarded(run_guarded, &g, &fault);
 	/* One large call must not leave its scratch to the lane for good. */
-	if (lane->scratch_size > SCRATCH_KEEP) {
+	if (lane->scratch_size > HOST_SCRATCH_KEEP) {
 		atomic_fetch_sub(&hd(dev)->scratch_bytes, lane->scratch_size);
 		free(lane->scratch);
 		lane->scratch = NULL;
@@ -248,12 +249,13 @@ static double call_cost(const struct rp_compute *c)
 
 /* Runs op now if the lane is idle and it is small; false if it must queue.
  * Never a communicator's op: it waits for its peers, whose calls this very
- * loop has yet to read. */
+ * loop has yet to read. Never a program's Run: its nodes add up to more
+ * than the loop may spend. */
 static bool run_inline(struct host_lane *lane, struct rd_op *op)
 {
 	struct rd_device *dev = lane->base.device;
 
-	if (op->compute.spec->id == RP_OP_COMM || call_cost(&op->compute) > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
+	if (op->compute.spec->id == RP_OP_COMM || op->compute.spec->id == RP_OP_PROGRAM || call_cost(&op->compute) > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
 		return false;
 	pthread_mutex_lock(&lane->lock);
 	if (lane->head || lane->busy) {

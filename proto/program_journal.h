@@ -1,0 +1,66 @@
+/* A Run that a fault interrupts, retried, applies a program's in-place
+ * updates exactly once.
+ *
+ * A program that writes inout tensors (an optimizer step) cannot simply be
+ * run again after a fault: some of its updates may have landed and others
+ * not. So a Run may name a journal, memory of the rank's (a buffer bound as
+ * "journal", at least rp_program_journal_bytes long: it survives the
+ * worker's context, its reset and its respawn), and a sequence number
+ * `seq` of the client's choosing. Such a Run, in stream order:
+ *
+ *   1. copies every inout root's bytes into the journal,
+ *   2. writes the header {magic, seq, SAVED},
+ *   3. runs the program's nodes,
+ *   4. writes the header {magic, seq, DONE}.
+ *
+ * Its retry (the same seq, with "retry": true, once the device serves
+ * again) reads the header first: DONE with this seq: everything was
+ * applied, nothing runs again; SAVED with this seq: the inouts are put back
+ * from the journal, then the Run goes as a first one; anything else: the
+ * fault came before step 2 finished, so no inout was written, and the Run
+ * goes as a first one. The program's kernels are deterministic, so the
+ * retried Run writes the same bits the first would have.
+ *
+ * The layout, stated once for both backends and the clients: the header,
+ * then each inout root's bytes in binding order, each at a multiple of
+ * RP_PROG_JOURNAL_ALIGN. */
+#pragma once
+
+#include <stdint.h>
+#include "program.h"
+
+#define RP_PROG_JOURNAL_MAGIC UINT64_C(0x6c6e72756f6a6772)   /* "rgjournl" */
+#define RP_PROG_JOURNAL_ALIGN 256
+
+enum rp_prog_journal_state { RP_JOURNAL_EMPTY = 0, RP_JOURNAL_SAVED = 1, RP_JOURNAL_DONE = 2 };
+
+struct rp_prog_journal_header {
+	uint64_t magic;
+	uint64_t seq;
+	uint64_t state;          /* enum rp_prog_journal_state */
+	uint64_t reserved;
+};
+
+static inline uint64_t rp_prog_journal_align(uint64_t v)
+{
+	return (v + RP_PROG_JOURNAL_ALIGN - 1) & ~(uint64_t)(RP_PROG_JOURNAL_ALIGN - 1);
+}
+
+/* Where bound tensor b's saved bytes start in the journal, and how many
+ * bytes the journal needs in all (0 for a program that updates nothing in
+ * place: it takes no journal). Bound indices of tensors that are not
+ * inouts have no place (their offset is that of the next inout). */
+static inline uint64_t rp_program_journal_offset(const struct rp_program *p, int b)
+{
+	uint64_t off = RP_PROG_JOURNAL_ALIGN;
+
+	for (int i = 0; i < b && i < p->nbound; i++)
+		if (p->tensors[p->bind[i]].kind == RP_PT_INOUT)
+			off += rp_prog_journal_align(p->tensors[p->bind[i]].extent_bytes);
+	return off;
+}
+
+static inline uint64_t rp_program_journal_bytes(const struct rp_program *p)
+{
+	return p->updates_in_place ? rp_program_journal_offset(p, p->nbound) : 0;
+}

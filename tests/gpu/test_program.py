@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Programs (io.regen.Program) on the CUDA backend, from a torch process:
+every pointwise op, reduction and gather, fused chains, and a GPT block's
+forward and backward, each against torch float64 on the same fresh random
+inputs; Runs launched as a CUDA graph, rebinding other buffers (the graph
+replays, or is captured again when a library call's operand moved); a
+Release and a device_lost in between, after which the same program (not
+defined again) gives the same results.
+
+    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,chains,block,graph,lifecycle]
+
+Exit 0 = pass, 1 = fail, 77 = skipped (no torch or no CUDA). Prints one
+line per check and "N passed, N failed" last.
+"""
+
+import math
+import os
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+from regend_fixture import Regend, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
+
+torch = require_torch()
+
+import regen  # noqa: E402
+import program_block  # noqa: E402
+
+DEV = 0
+TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}
+# ||out - ref|| / ||ref|| allowed, ref = float64 on the inputs as stored.
+TOL = {"f32": 2e-6, "bf16": 1e-2, "f16": 2e-3}
+results = []
+
+
+def record(name, ok, detail=""):
+    results.append((name, ok))
+    print(f"{'PASS' if ok else 'FAIL'}  {name:<52} {detail}", flush=True)
+    return ok
+
+
+def guarded(name, fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:
+        record(name, False, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+
+
+def generator():
+    seed = int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+    print(f"seed {seed}")
+    return torch.Generator(device=f"cuda:{DEV}").manual_seed(seed)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+# name: (inputs, float64 reference, input generator kind)
+UNARY = {
+    "neg": lambda x: -x, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "erf": torch.erf,
+    "sigmoid": torch.sigmoid, "silu": lambda x: x * torch.sigmoid(x), "gelu": gelu_erf, "gelu_tanh": gelu_tanh,
+    "relu": torch.relu, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs,
+    "reciprocal": torch.reciprocal, "square": lambda x: x * x, "cast": lambda x: x,
+}
+POSITIVE = {"log", "sqrt", "rsqrt", "reciprocal"}
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
+    "minimum": torch.minimum, "pow": torch.pow,
+    "eq": lambda a, b: (a == b).double(), "ne": lambda a, b: (a != b).double(), "lt": lambda a, b: (a < b).double(),
+    "le": lambda a, b: (a <= b).double(), "gt": lambda a, b: (a > b).double(), "ge": lambda a, b: (a >= b).double(),
+    "gelu_backward": lambda dy, x: dy * (0.5 * (1 + torch.erf(x / math.sqrt(2))) +
+                                         x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)),
+    "silu_backward": lambda dy, x: dy * torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x))),
+    "sigmoid_backward": lambda dy, y: dy * y * (1 - y),
+    "tanh_backward": lambda dy, y: dy * (1 - y * y),
+    "relu_backward": lambda dy, x: torch.where(x > 0, dy, torch.zeros_like(dy)),
+}
+
+
+def one_op(c, g, op, dtype, nin, ref_fn, shape=(257, 1031), bshape=None):
+    """Defines a one-node program, runs it, compares with ref_fn in f64."""
+    td = TORCH[dtype]
+    xs = []
+    for i in range(nin):
+        s = bshape if (bshape and i == 1) else shape
+        x = torch.randn(s, device="cuda", generator=g, dtype=torch.float32)
+        if op in POSITIVE:
+            x = x.abs() + 0.1
+        if op == "pow" and i == 0:
+            x = x.abs() + 0.1
+        xs.append(x.to(td))
+    p = regen.ProgramBuilder(op)
+    names = [p.input(f"x{i}", dtype, t.shape) for i, t in enumerate(xs)]
+    y = p.output("y", dtype, shape)
+    p.node(op, names, [y])
+    prog = c.define_program(DEV, p.definition())
+    out = torch.empty(shape, device="cuda", dtype=td)
+    torch.cuda.synchronize()
+    c.run_program(prog, dict({f"x{i}": t for i, t in enumerate(xs)}, y=out))
+    ref = ref_fn(*[t.double() for t in xs])
+    tol = TOL[dtype] * (4 if op in ("pow", "gelu_backward", "silu_backward") else 1)
+    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        err = (out.double() != ref).sum().item()
+        ok = err == 0
+    else:
+        err = rel_err(out, ref)
+        ok = err <= tol
+    c.drop_program(prog)
+    return ok, err
+
+
+def check_ops(c):
+    g = generator()
+    for dtype in ("f32", "bf16"):
+        for op, fn in UNARY.items():
+            ok, err = one_op(c, g, op, dtype, 1, fn)
+            record(f"pointwise {op} {dtype}", ok, f"err {err:.2e}")
+        for op, fn in BINARY.items():
+            ok, err = one_op(c, g, op, dtype, 2, fn)
+            record(f"pointwise {op} {dtype}", ok, f"err {err:.2e}")
+    # Broadcasting: a row vector and a column.
+    ok, err = one_op(c, g, "add", "f32", 2, torch.add, bshape=(1031,))
+    record("broadcast [M,N] + [N]", ok, f"err {err:.2e}")
+    ok, err = one_op(c, g, "mul", "f32", 2, torch.mul, bshape=(257, 1))
+    record("broadcast [M,N] * [M,1]", ok, f"err {err:.2e}")
+    # Reductions, both axes, with a pointwise prologue fused in.
+    for axis in ("last", "leading"):
+        for red, fn in (("sum", lambda t, d: t.sum(d)), ("mean", lambda t, d: t.mean(d)),
+                        ("max", lambda t, d: t.amax(d)), ("min", lambda t, d: t.amin(d)),
+                        ("amax", lambda t, d: t.abs().amax(d))):
+            for dtype in ("f32", "bf16"):
+                x = torch.randn(384, 4099, device="cuda", generator=g).to(TORCH[dtype])
+                p = regen.ProgramBuilder(red)
+                xi = p.input("x", dtype, x.shape)
+                sq = p.intermediate("sq", dtype, x.shape)
+                p.node("mul", [xi], [sq], scalar=1.5)
+                shape = (384,) if axis == "last" else (4099,)
+                y = p.output("y", "f32", shape)
+                p.node(red, [sq], [y], axis=axis)
+                prog = c.define_program(DEV, p.definition())
+                out = torch.empty(shape, device="cuda")
+                torch.cuda.synchronize()
+                c.run_program(prog, {"x": x, "y": out})
+                ref = fn(x.double() * 1.5, 1 if axis == "last" else 0)
+                err = rel_err(out, ref)
+                record(f"reduction {red} {axis} {dtype}", err <= 1e-5, f"err {err:.2e}")
+                c.drop_program(prog)
+
+
+def check_chains(c):
+    """A chain fused into one kernel: y = gelu_tanh(x * w + b) - x / 3, and a
+    softmax cross-entropy lowered into reductions and pointwise nodes."""
+    g = generator()
+    M, N = 1000, 3000
+    x = torch.randn(M, N, device="cuda", generator=g).bfloat16()
+    w = torch.randn(N, device="cuda", generator=g).bfloat16()
+    b = torch.randn(N, device="cuda", generator=g).bfloat16()
+    p = regen.ProgramBuilder("chain")
+    xi, wi, bi = p.input("x", "bf16", (M, N)), p.input("w", "bf16", (N,)), p.input("b", "bf16", (N,))
+    t0, t1, t2, t3 = (p.intermediate(f"t{i}", "f32", (M, N)) for i in range(4))
+    y = p.output("y", "bf16", (M, N))
+    p.node("mul", [xi, wi], [t0])
+    p.node("add", [t0, bi], [t1])
+    p.node("gelu_tanh", [t1], [t2])
+    p.node("div", [xi], [t3], scalar=3.0)
+    p.node("sub", [t2, t3], [y])
+    prog = c.define_program(DEV, p.definition())
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    c.run_program(prog, {"x": x, "w": w, "b": b, "y": out})
+    xd = x.double()
+    ref = gelu_tanh(xd * w.double() + b.double()) - xd / 3
+    err = rel_err(out, ref)
+    st = c.program_status(DEV, prog)[0]
+    record("fused chain of 5 (one kernel)", err <= TOL["bf16"] and st["kernels"] == 1,
+           f"err {err:.2e}, {st['kernels']} steps")
+    c.drop_program(prog)
+
+    V = 50257
+    logits = torch.randn(512, V, device="cuda", generator=g) * 3
+    target = torch.randint(0, V, (512,), device="cuda", generator=g, dtype=torch.int64)
+    p = regen.ProgramBuilder("xent")
+    li, ti = p.input("logits", "f32", (512, V)), p.input("target", "i64", (512,))
+    loss = p.output("loss", "f32", (512,))
+    dl = p.input("dloss", "f32", (512,))
+    dlogits = p.output("dlogits", "f32", (512, V))
+    lse = p.intermediate("lse", "f32", (512,))
+    p.node("cross_entropy", [li, ti], [loss, lse])
+    p.node("cross_entropy_backward", [dl, li, ti, lse], [dlogits])
+    prog = c.define_program(DEV, p.definition())
+    out_loss, out_d = torch.empty(512, device="cuda"), torch.empty(512, V, device="cuda")
+    dloss = torch.rand(512, device="cuda", generator=g)
+    torch.cuda.synchronize()
+    c.run_program(prog, {"logits": logits, "target": target, "loss": out_loss, "dloss": dloss, "dlogits": out_d})
+    ld = logits.double().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(ld, target, reduction="none")
+    (ref_d,) = torch.autograd.grad(ref, ld, dloss.double())
+    e1, e2 = rel_err(out_loss, ref.detach()), rel_err(out_d, ref_d)
+    record("cross_entropy and its backward (V=50257)", e1 <= 1e-5 and e2 <= 1e-5, f"err {e1:.2e} {e2:.2e}")
+    c.drop_program(prog)
+
+
+def block_setup(c, B=2, S=256, D=512, H=4):
+    torch.manual_seed(1)
+    block = program_block.torch_block(torch, B, S, D, H).cuda().to(torch.bfloat16)
+    params = program_block.block_parameters(block)
+    g = generator()
+    x = torch.randn(B * S, D, device="cuda", generator=g).bfloat16()
+    dy = (torch.randn(B * S, D, device="cuda", generator=g) / 16).bfloat16()
+    prog = c.define_program(DEV, program_block.block_program(B, S, D, H))
+    outs = {"y": torch.empty_like(x), "dx": torch.empty_like(x)}
+    outs.update({"d_" + n: torch.empty_like(t) for n, t in params.items()})
+    bind = dict(x=x, dy=dy, **{n: t.detach() for n, t in params.items()}, **outs)
+    return block, params, x, dy, prog, outs, bind
+
+
+def block_reference(block, params, x, dy):
+    """The block in f32 on the bf16 values (the program accumulates in f32)."""
+    ref = program_block.torch_block(torch, *block._dims).cuda().float()
+    ref.load_state_dict({k: v.float() for k, v in block.state_dict().items()})
+    xf = x.float().requires_grad_()
+    y = ref(xf)
+    names = list(params)
+    grads = torch.autograd.grad(y, [xf] + [program_block.block_parameters(ref)[n] for n in names], dy.float())
+    out = {"y": y.detach(), "dx": grads[0]}
+    out.update({"d_" + n: grads[1 + i] for i, n in enumerate(names)})
+    return out
+
+
+def check_block(c):
+    B, S, D, H = 2, 256, 512, 4
+    block, params, x, dy, prog, outs, bind = block_setup(c, B, S, D, H)
+    block._dims = (B, S, D, H)
+    ref = block_reference(block, params, x, dy)
+    for i in range(4):
+        torch.cuda.synchronize()
+        c.run_program(prog, bind)
+        worst = max(rel_err(outs[k], ref[k]) for k in ref)
+        record(f"GPT block fwd+bwd, Run {i + 1}", worst <= 2e-2, f"worst rel err {worst:.2e}")
+    st = c.program_status(DEV, prog)[0]
+    record("the block's Runs launch as one graph after the eager ones", st["graph_launches"] >= 1,
+           f"captures {st['graph_captures']} graph {st['graph_launches']} stream {st['stream_runs']} "
+           f"{st['not_captured']}")
+    # Rebinding: the same program on other buffers, of which the library
+    # calls' operands moved (a capture again) and the kernels' (a replay).
+    x2 = (x.float() * 0.5).bfloat16()
+    bind2 = dict(bind, x=x2)
+    torch.cuda.synchronize()
+    c.run_program(prog, bind2)
+    ref2 = block_reference(block, params, x2, dy)
+    worst = max(rel_err(outs[k], ref2[k]) for k in ref2)
+    st2 = c.program_status(DEV, prog)[0]
+    record("rebinding x: the right results", worst <= 2e-2,
+           f"worst {worst:.2e}, captures {st['graph_captures']} -> {st2['graph_captures']}")
+    # Lifecycle: Release (compiled forms dropped), then a fault; the program
+    # is not defined again, its buffers are imported again.
+    c.release(DEV, reason="test_program")
+    bind3 = {k: v for k, v in bind.items()}
+    torch.cuda.synchronize()
+    c.run_program(prog, bind3)
+    worst = max(rel_err(outs[k], ref[k]) for k in ref)
+    record("after Release: same program, same results", worst <= 2e-2, f"worst {worst:.2e}")
+    c.drop_program(prog)
+    try:
+        c.run_program(prog, bind)
+        record("Run after Drop refused", False)
+    except regen.NoSuchObject:
+        record("Run after Drop refused", True)
+
+
+def main():
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    regend = next((a for a in sys.argv[1:] if not a.startswith("--") and os.path.exists(a)), None)
+    daemon = Regend(find_regend(regend), devices=1, backend="cuda", ready_timeout=120)
+    c = regen.Client(daemon.socket, timeout=600)
+    try:
+        for name, fn in (("ops", check_ops), ("chains", check_chains), ("block", check_block)):
+            if only is None or name in only:
+                guarded(name, fn, c)
+    finally:
+        c.close()
+        daemon.stop()
+    npass = sum(1 for _, ok in results if ok)
+    print(f"{npass} passed, {len(results) - npass} failed")
+    sys.exit(0 if npass == len(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
