@@ -332,6 +332,12 @@ int rp_prog_tensor_add(struct rp_prog_builder *b, const struct rp_prog_tensor *s
 	*t = *src;
 	p->ntensors++;
 	if ((taken = names_add(b, &b->tensor_names, i)) >= 0) {
+		if (b->lowering) {
+			return rp_prog_source_error(b,
+						    "the name %s of a tensor it lowers into is taken by tensors[%d]; "
+						    "rename one of them",
+						    t->name, taken);
+		}
 		return rp_prog_tensor_error(b, i, "tensors[%d] has the same name; tensor names are unique", taken);
 	}
 	t->root = i;
@@ -629,8 +635,17 @@ static int compute_operands(struct rp_prog_builder *b, struct rp_prog_node *n, c
 	return 0;
 }
 
+/* "relu takes 1 input, not 2"; "sgd takes 2 to 3 inputs, not 1". */
+static int count_error(struct rp_prog_builder *b, const char *op, const char *what, int lo, int hi, int given)
+{
+	if (lo == hi) {
+		return rp_prog_source_error(b, "%s takes %d %s%s, not %d", op, lo, what, lo == 1 ? "" : "s", given);
+	}
+	return rp_prog_source_error(b, "%s takes %d to %d %ss, not %d", op, lo, hi, what, given);
+}
+
 /* Other nodes' operands: lists of names, in the op's order; a
- * composite's optional operands may be null or left off the end. */
+ * composite's optional operands may be null (or, last, left off). */
 static int listed_operands(struct rp_prog_builder *b, struct rp_prog_node *n, const cJSON *j, const char *path)
 {
 	const struct rp_prog_op *op = n->op;
@@ -641,10 +656,10 @@ static int listed_operands(struct rp_prog_builder *b, struct rp_prog_node *n, co
 	char where[96];
 
 	if (nin < op->min_in || nin > op->max_in) {
-		return rp_prog_source_error(b, "%s takes %d to %d inputs, not %d", op->name, op->min_in, op->max_in, nin);
+		return count_error(b, op->name, "input", op->min_in, op->max_in, nin);
 	}
 	if (nout < op->min_out || nout > op->nout) {
-		return rp_prog_source_error(b, "%s takes %d to %d outputs, not %d", op->name, op->min_out, op->nout, nout);
+		return count_error(b, op->name, "output", op->min_out, op->nout, nout);
 	}
 	for (int i = 0; i < RP_PROG_NODE_IN_MAX; i++) {
 		n->in[i] = -1;
@@ -654,7 +669,7 @@ static int listed_operands(struct rp_prog_builder *b, struct rp_prog_node *n, co
 	}
 	cJSON_ArrayForEach(item, ins) {
 		snprintf(where, sizeof(where), "%s.inputs[%d]", path, k);
-		if ((r = operand_ref(b, item, where, composite && k >= op->min_in, &n->in[k])) < 0) {
+		if ((r = operand_ref(b, item, where, composite && rp_prog_optional(op, false, k), &n->in[k])) < 0) {
 			return r;
 		}
 		k++;
@@ -662,7 +677,7 @@ static int listed_operands(struct rp_prog_builder *b, struct rp_prog_node *n, co
 	k = 0;
 	cJSON_ArrayForEach(item, outs) {
 		snprintf(where, sizeof(where), "%s.outputs[%d]", path, k);
-		if ((r = operand_ref(b, item, where, composite && k >= op->min_out, &n->out[k])) < 0) {
+		if ((r = operand_ref(b, item, where, composite && rp_prog_optional(op, true, k), &n->out[k])) < 0) {
 			return r;
 		}
 		k++;
@@ -734,7 +749,10 @@ static int parse_node(struct rp_prog_builder *b, const cJSON *j, int i)
 		attrs = NULL;
 	}
 	if (op->cls == RP_PC_COMPOSITE) {
-		return rp_prog_lower(b, &n, attrs, path);
+		b->lowering = true;
+		r = rp_prog_lower(b, &n, attrs, path);
+		b->lowering = false;
+		return r;
 	}
 	if ((r = rp_prog_read_attrs(b, &n, attrs, path)) < 0) {
 		return r;

@@ -47,6 +47,7 @@ struct rp_prog_builder {
 	/* The client's node being parsed or lowered, and the counters of the
 	 * "<node>.<k>" names its lowering gives its tensors and its nodes. */
 	int source;
+	bool lowering;
 	int generated_tensors, generated_nodes;
 	/* The last AdamW's bias corrections, shared with the next one that
 	 * has the same hyperparameters (one optimizer over many tensors
@@ -123,6 +124,8 @@ bool rp_prog_may_alias(const struct rp_prog_node *n, int out_slot, int in_slot);
 
 /* ---- Composites (program_lower.c) ---- */
 
+/* Whether a composite's input (or output) k may be absent (null). */
+bool rp_prog_optional(const struct rp_prog_op *op, bool output, int k);
 /* Lowers node (its op a composite, operands resolved, attrs unread) into
  * primitives appended to the program. */
 int rp_prog_lower(struct rp_prog_builder *b, const struct rp_prog_node *node, const cJSON *attrs, const char *path);

@@ -254,16 +254,6 @@ static int need_stat(struct lower *l, int s, const char *role, int rows)
 	return r;
 }
 
-/* Names the operands a composite takes as given: listed in its node's
- * order. */
-static int need_present(struct lower *l, int t, const char *role)
-{
-	if (t < 0) {
-		return rp_prog_source_error(l->b, "%s needs its %s", l->node->op->name, role);
-	}
-	return 0;
-}
-
 static int read_eps(struct lower *l, const cJSON *attrs, const char *name, double def, double *eps)
 {
 	if (rp_params_double(attrs, name, def, eps, l->b->err) < 0 || !(*eps > 0)) {
@@ -304,7 +294,7 @@ static int lower_rms_norm(struct lower *l, const cJSON *attrs)
 	double eps;
 	int r, sq, ms, ve, rs, xn;
 
-	if ((r = need_present(l, x, "x")) < 0 || (r = need_present(l, y, "y")) < 0 || (r = need_rows(l, x, "x")) < 0 ||
+	if ((r = need_rows(l, x, "x")) < 0 ||
 	    (w >= 0 && (r = need_vector(l, w, "weight", x)) < 0) || (r = need_like(l, y, "y", x, "x")) < 0 ||
 	    (rstd >= 0 && (r = need_stat(l, rstd, "rstd", x)) < 0) ||
 	    (r = read_eps(l, attrs, "eps", 1e-6, &eps)) < 0) {
@@ -338,9 +328,7 @@ static int lower_rms_norm_backward(struct lower *l, const cJSON *attrs)
 	const int dy = n->in[0], x = n->in[1], w = n->in[2], rstd = n->in[3], dx = n->out[0], dw = n->out[1];
 	int r, rs, xh, g, gx, m, t, u, p;
 
-	if ((r = check_attr_names(l, attrs, (const char *const[]){ NULL })) < 0 || (r = need_present(l, dy, "dy")) < 0 ||
-	    (r = need_present(l, x, "x")) < 0 || (r = need_present(l, rstd, "rstd")) < 0 ||
-	    (r = need_rows(l, x, "x")) < 0 || (r = need_like(l, dy, "dy", x, "x")) < 0 ||
+	if ((r = check_attr_names(l, attrs, (const char *const[]){ NULL })) < 0 || (r = need_rows(l, x, "x")) < 0 || (r = need_like(l, dy, "dy", x, "x")) < 0 ||
 	    (w >= 0 && (r = need_vector(l, w, "weight", x)) < 0) || (r = need_stat(l, rstd, "rstd", x)) < 0 ||
 	    (r = need_like(l, dx, "dx", x, "x")) < 0 || (dw >= 0 && (r = need_vector(l, dw, "dweight", x)) < 0)) {
 		return r;
@@ -849,8 +837,7 @@ static int lower_sgd(struct lower *l, const cJSON *attrs)
 	if (rp_params_bool(attrs, "nesterov", false, &nesterov, l->b->err) < 0) {
 		return rp_prog_param_error(l->b, "%s.nesterov", l->path);
 	}
-	if ((r = need_present(l, p, "param")) < 0 || (r = need_present(l, g, "grad")) < 0 ||
-	    (r = need_state(l, p, "param", p, true)) < 0 || (r = need_state(l, g, "grad", p, false)) < 0 ||
+	if ((r = need_state(l, p, "param", p, true)) < 0 || (r = need_state(l, g, "grad", p, false)) < 0 ||
 	    (buf >= 0 && (r = need_state(l, buf, "momentum_buffer", p, true)) < 0)) {
 		return r;
 	}
@@ -873,9 +860,15 @@ static int lower_sgd(struct lower *l, const cJSON *attrs)
 	b2 = -1;
 	if (uses_momentum) {
 		if ((r = hp_op(l, RP_PW_SUB, number(1), damp, &keep)) < 0 || (r = like(l, p, &b1)) < 0 ||
-		    (r = pw_hp(l, RP_PW_MUL, buf, mom, b1)) < 0 || (r = like(l, p, &t2)) < 0 ||
-		    (r = pw_hp(l, RP_PW_MUL, g1, keep, t2)) < 0 || (r = like(l, p, &b2)) < 0 ||
-		    (r = pw(l, RP_PW_ADD, b1, t2, b2)) < 0) {
+		    (r = pw_hp(l, RP_PW_MUL, buf, mom, b1)) < 0) {
+			return r;
+		}
+		t2 = g1;
+		if ((keep.is_tensor || keep.value != 1.0) &&
+		    ((r = like(l, p, &t2)) < 0 || (r = pw_hp(l, RP_PW_MUL, g1, keep, t2)) < 0)) {
+			return r;
+		}
+		if ((r = like(l, p, &b2)) < 0 || (r = pw(l, RP_PW_ADD, b1, t2, b2)) < 0) {
 			return r;
 		}
 		g2 = b2;
@@ -892,6 +885,22 @@ static int lower_sgd(struct lower *l, const cJSON *attrs)
 }
 
 /* ---- The table ----------------------------------------------------------------------------- */
+
+bool rp_prog_optional(const struct rp_prog_op *op, bool output, int k)
+{
+	switch ((enum rp_composite)op->fn) {
+	case RP_CO_RMS_NORM:
+		return k == 1;                    /* weight; rstd */
+	case RP_CO_RMS_NORM_BACKWARD:
+		return output ? k == 1 : k == 2;  /* dweight; weight */
+	case RP_CO_CROSS_ENTROPY:
+		return output && k == 1;          /* lse */
+	case RP_CO_SGD:
+		return !output && k == 2;         /* momentum_buffer */
+	default:
+		return false;
+	}
+}
 
 static const cJSON no_attrs = { .type = cJSON_Object };
 

@@ -254,7 +254,8 @@ static int check_pointwise(struct rp_prog_builder *b, int n)
 {
 	const struct rp_prog_node *node = &b->p->nodes[n];
 	const enum rp_pointwise fn = node->pw.fn;
-	const int arity = pw_arity(fn), want = arity - (node->pw.has_scalar ? 1 : 0);
+	/* fill's scalar is its value, not an operand. */
+	const int arity = pw_arity(fn), want = arity - (node->pw.has_scalar && pw_takes_scalar(fn) ? 1 : 0);
 	const struct rp_prog_tensor *out = rp_prog_t(b, node->out[0]);
 	int r;
 
