@@ -3,14 +3,13 @@
  * inside comments, filtered to identifier characters, and every number is
  * one the checker bounded. Shapes, strides and offsets are literals.
  *
- * Numerics follow torch: every node computes in f32 (f64 where one of its
- * tensors is f64 or an integer, so indices stay exact), reads its inputs
- * converted from their dtype and rounds its result to its output's dtype,
- * in registers too, so a fused chain gives the bits the same chain gives
- * node by node. The formulas are ATen's (gelu, gelu_tanh, silu, the
+ * Numerics follow the contract of proto/program.h (node_ctype says which
+ * type each node computes in): a node reads its inputs converted from their
+ * dtype and rounds its result to its output's dtype, in registers too, so
+ * a fused chain gives the bits the same chain gives node by node. The formulas are ATen's (gelu, gelu_tanh, silu, the
  * *_backward ops, pow's special exponents, NaN-propagating max and min).
- * Reductions accumulate in f32 (f64 for f64 and integer inputs) in a fixed
- * order, with no atomics: the same bits every run. */
+ * Reductions accumulate in f32 (f64 where the input or the output is f64)
+ * in a fixed order, with no atomics: the same bits every run. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -168,7 +167,8 @@ static const char preamble[] =
 	"RG_DEV double rg_f64(unsigned char x) { return x; }\n"
 	"\n"
 	"/* Rounding a computed value to a tensor's dtype, once (f64 to bf16\n"
-	" * directly, not through f32). Integers truncate; u8 is a bool. */\n"
+	" * directly, not through f32). Integers truncate toward 0, saturated to\n"
+	" * their range (the hardware's conversion: NaN is 0). */\n"
 	"template <class To> RG_DEV To rg_cvt(float x);\n"
 	"template <class To> RG_DEV To rg_cvt(double x);\n"
 	"template <> RG_DEV float rg_cvt<float>(float x) { return x; }\n"
@@ -183,8 +183,8 @@ static const char preamble[] =
 	"template <> RG_DEV int rg_cvt<int>(double x) { return (int)x; }\n"
 	"template <> RG_DEV long long rg_cvt<long long>(float x) { return (long long)x; }\n"
 	"template <> RG_DEV long long rg_cvt<long long>(double x) { return (long long)x; }\n"
-	"template <> RG_DEV unsigned char rg_cvt<unsigned char>(float x) { return x != 0.0f; }\n"
-	"template <> RG_DEV unsigned char rg_cvt<unsigned char>(double x) { return x != 0.0; }\n"
+	"template <> RG_DEV unsigned char rg_cvt<unsigned char>(float x) { return x != x || x <= 0.0f ? 0 : x >= 255.0f ? 255 : (unsigned char)x; }\n"
+	"template <> RG_DEV unsigned char rg_cvt<unsigned char>(double x) { return x != x || x <= 0.0 ? 0 : x >= 255.0 ? 255 : (unsigned char)x; }\n"
 	"\n"
 	"/* The math library, by compute type. */\n"
 	"RG_DEV float rg_exp(float x) { return expf(x); }\n"
@@ -286,6 +286,8 @@ static bool needs_f64(enum rp_dtype dt)
 
 /* ---- a step being written ------------------------------------------------ */
 
+enum { VEC_NONE = 0, VEC_FLAT, VEC_ROW };
+
 struct gen {
 	const struct rp_program *p;
 	const struct rd_prog_plan *plan;
@@ -295,7 +297,9 @@ struct gen {
 	/* The iteration domain: a FUSED step's output shape, a reduction's
 	 * input shape. */
 	const struct rp_prog_tensor *dom;
-	int first, last;      /* the pointwise nodes (last < first: none) */
+	const int *pw;        /* the pointwise nodes, in the order they run */
+	int npw;
+	int cur;              /* the position in pw[] being written (npw: the reduction) */
 	int red;              /* the reduction node, or -1 */
 	bool idx64;
 	int vec;              /* elements a thread takes at once on the vector path (1: no such path) */
@@ -305,6 +309,12 @@ struct gen {
 	bool *declared;       /* per tensor: p<t> is declared */
 	bool unplaced;        /* a tensor in memory that the arena has no place for */
 	bool coord_used[RP_PROG_RANK_MAX];   /* the domain's coordinates the element body reads */
+	/* The vector path: per tensor, how a thread's `vec` elements of it
+	 * are one access (VEC_FLAT, VEC_ROW; VEC_NONE: element by element),
+	 * and the coordinates b<d> of the vector's first element it needs. */
+	unsigned char *vmode;
+	bool base_used[RP_PROG_RANK_MAX];
+	int *loaded_as;       /* per tensor read from memory: the tensor of g->mem holding its view */
 	struct rp_error *err;
 };
 
@@ -365,21 +375,26 @@ static bool flat_in_domain(const struct gen *g, int t)
 	return contiguous(x);
 }
 
-/* The latest pointwise node of the step before `node` whose output is the
- * very view t (its value is in v<m>), or -1. */
-static int reg_of(const struct gen *g, int node, int t)
+/* The latest pointwise node of the step before position `pos` whose
+ * output is the very view t (its value is in v<m>), or -1. */
+static int reg_of(const struct gen *g, int pos, int t)
 {
-	for (int m = node - 1; m >= g->first; m--)
-		if (m <= g->last && rd_prog_same_view(g->p, g->p->nodes[m].out[0], t))
-			return m;
+	for (int k = pos - 1; k >= 0; k--)
+		if (rd_prog_same_view(g->p, g->p->nodes[g->pw[k]].out[0], t))
+			return g->pw[k];
 	return -1;
 }
 
+/* Adds t to the loads, once per view: two tensors that are the same view
+ * (cos as two composites name it) load once. */
 static void mem_add(struct gen *g, int t)
 {
 	for (int i = 0; i < g->nmem; i++)
-		if (g->mem[i] == t)
+		if (rd_prog_same_view(g->p, g->mem[i], t)) {
+			g->loaded_as[t] = g->mem[i];
 			return;
+		}
+	g->loaded_as[t] = t;
 	g->mem[g->nmem++] = t;
 }
 
@@ -409,33 +424,40 @@ static void declare_pointer(struct gen *g, int t)
 	out(&g->b, "%s */\n", x->rank ? "]" : "");
 }
 
-/* Coordinates c<d> of the domain's dims [0, ndims) that the element body
- * uses (g->coord_used), from the flat index in `var` over those dims. */
-static void emit_coords(struct gen *g, const char *var, int ndims, const char *ind)
+/* Coordinates <prefix><d> of the domain's dims [0, ndims) marked in used[],
+ * from the flat index in `var` over those dims. */
+static void emit_coords_as(struct gen *g, const char *var, int ndims, const char *ind, const char *prefix,
+			   const bool *used)
 {
 	const struct rp_prog_tensor *d = g->dom;
 	int lowest = ndims;
 	char l[32];
 
 	for (int k = 0; k < ndims; k++)
-		if (g->coord_used[k]) {
+		if (used[k]) {
 			lowest = k;
 			break;
 		}
 	if (lowest == ndims)
 		return;
-	out(&g->b, "%sidx_t q_ = %s;\n", ind, var);
+	out(&g->b, "%sidx_t %sq_ = %s;\n", ind, prefix, var);
 	for (int k = ndims - 1; k > lowest; k--) {
 		if (d->shape[k] == 1)
 			continue;
-		if (g->coord_used[k])
-			out(&g->b, "%sconst idx_t c%d = q_ %% %s;\n", ind, k, lit(d->shape[k], l));
-		out(&g->b, "%sq_ /= %s;\n", ind, lit(d->shape[k], l));
+		if (used[k])
+			out(&g->b, "%sconst idx_t %s%d = %sq_ %% %s;\n", ind, prefix, k, prefix, lit(d->shape[k], l));
+		out(&g->b, "%s%sq_ /= %s;\n", ind, prefix, lit(d->shape[k], l));
 	}
 	if (d->shape[lowest] > 1 && lowest > 0)
-		out(&g->b, "%sconst idx_t c%d = q_ %% %s;\n", ind, lowest, lit(d->shape[lowest], l));
+		out(&g->b, "%sconst idx_t %s%d = %sq_ %% %s;\n", ind, prefix, lowest, prefix, lit(d->shape[lowest], l));
 	else
-		out(&g->b, "%sconst idx_t c%d = q_;\n", ind, lowest);
+		out(&g->b, "%sconst idx_t %s%d = %sq_;\n", ind, prefix, lowest, prefix);
+}
+
+/* The element's coordinates c<d> that the element body reads. */
+static void emit_coords(struct gen *g, const char *var, int ndims, const char *ind)
+{
+	emit_coords_as(g, var, ndims, ind, "c", g->coord_used);
 }
 
 /* Marks the coordinates t's offset in the domain uses. */
@@ -448,9 +470,9 @@ static void use_coords_of(struct gen *g, int t)
 			g->coord_used[g->dom->rank - x->rank + k] = true;
 }
 
-/* t's element offset at the domain's coordinates, t broadcast against the
- * domain (right-aligned; its dims of one element stretch). */
-static void emit_offset(struct gen *g, int t)
+/* t's element offset at the domain's coordinates <prefix><d>, t broadcast
+ * against the domain (right-aligned; its dims of one element stretch). */
+static void emit_offset_at(struct gen *g, int t, const char *prefix)
 {
 	const struct rp_prog_tensor *x = T(g, t);
 	int terms = 0;
@@ -460,12 +482,17 @@ static void emit_offset(struct gen *g, int t)
 		int dd = g->dom->rank - x->rank + k;
 		if (x->shape[k] == 1 || x->strides[k] == 0)
 			continue;
-		out(&g->b, "%sc%d", terms++ ? " + " : "", dd);
+		out(&g->b, "%s%s%d", terms++ ? " + " : "", prefix, dd);
 		if (x->strides[k] != 1)
 			out(&g->b, " * %s", lit(x->strides[k], l));
 	}
 	if (!terms)
 		out(&g->b, "0");
+}
+
+static void emit_offset(struct gen *g, int t)
+{
+	emit_offset_at(g, t, "c");
 }
 
 /* The digit of the flat index `var` for a dim of `size` elements with
@@ -517,27 +544,57 @@ static void emit_flat_offset(struct gen *g, int t, const char *var)
 
 /* ---- pointwise nodes ---------------------------------------------------- */
 
-/* The type a node computes in, torch's way: the promoted type of its
- * tensor inputs (scalars do not promote), f64 if one of them is f64, f32
- * if any is floating; with no floating input (integers only, or none: fill,
- * iota), f64 where the output is f64 or an integer (exact to 2^53), else
- * f32. The output's dtype is a rounding after that, as torch's out=. */
+/* The type a node computes in (proto/program.h): arithmetic, math and
+ * gradients in f32, or f64 where the output is f64; comparisons in f64
+ * where an input is f64 or an integer (exact to 2^53), else f32; cast,
+ * where, fill and iota in f64 where any of their tensors is. Scalars are
+ * values, not tensors: they promote nothing. */
 static const char *node_ctype(const struct gen *g, const struct rp_prog_node *n)
 {
-	bool any_float = false;
+	const enum rp_pointwise fn = n->pw.fn;
+	bool wide_in = false, wide_out = needs_f64(T(g, n->out[0])->dtype);
 
-	for (int i = 0; i < n->nin; i++) {
-		int t = n->in[i];
-		if (t < 0 || is_scalar(g, t))
-			continue;
-		enum rp_dtype dt = T(g, t)->dtype;
-		if (dt == RP_DTYPE_F64)
-			return "double";
-		any_float |= rp_dtype_is_float(dt);
+	for (int i = 0; i < n->nin; i++)
+		if (n->in[i] >= 0 && !is_scalar(g, n->in[i]) && needs_f64(T(g, n->in[i])->dtype))
+			wide_in = true;
+	if (fn >= RP_PW_EQ && fn <= RP_PW_GE)
+		return wide_in ? "double" : "float";
+	if (fn == RP_PW_CAST || fn == RP_PW_WHERE || fn == RP_PW_FILL || fn == RP_PW_IOTA)
+		return wide_in || wide_out ? "double" : "float";
+	return T(g, n->out[0])->dtype == RP_DTYPE_F64 ? "double" : "float";
+}
+
+/* The dim of the domain an iota computed inline counts along, or -1 when
+ * it counts along a dim of one element (always 0). */
+static int inline_iota_dim(const struct gen *g, int t)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->plan->computed_inline[t]];
+	const struct rp_prog_tensor *x = T(g, t);
+
+	if (x->shape[n->pw.axis] == 1)
+		return -1;
+	return g->dom->rank - x->rank + n->pw.axis;
+}
+
+/* The value of tensor t where its iota or fill is computed inline: its
+ * node's value at the element, rounded to t's dtype as a stored one would
+ * be, then read with conv. */
+static void emit_inline_value(struct gen *g, int t, const char *conv)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->plan->computed_inline[t]];
+	const char *ty = ctype(T(g, t)->dtype);
+
+	out(&g->b, "%s(rg_cvt<%s>(double(", conv, ty);
+	if (n->pw.fn == RP_PW_FILL) {
+		out_double(&g->b, n->pw.scalar);
+	} else {
+		int d = inline_iota_dim(g, t);
+		if (d < 0)
+			out(&g->b, "0");
+		else
+			out(&g->b, "c%d", d);
 	}
-	if (any_float)
-		return "float";
-	return needs_f64(T(g, n->out[0])->dtype) ? "double" : "float";
+	out(&g->b, ")))");
 }
 
 /* Input i's value in the compute type c. */
@@ -550,11 +607,15 @@ static void emit_input(struct gen *g, int node, int t, const char *c)
 		out(&g->b, "%s(a->scalar[%d])", c, T(g, t)->bind_index);
 		return;
 	}
-	m = reg_of(g, node, t);
+	if (g->plan->computed_inline[t] >= 0) {
+		emit_inline_value(g, t, conv);
+		return;
+	}
+	m = reg_of(g, g->cur, t);
 	if (m >= 0)
 		out(&g->b, "%s(v%d)", conv, m);
 	else
-		out(&g->b, "%s(m%d)", conv, t);
+		out(&g->b, "%s(m%d)", conv, g->loaded_as[t]);
 }
 
 static void emit_constant(struct gen *g, double v, const char *c)
@@ -791,7 +852,7 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 	for (int i = 0; i < g->nmem; i++) {
 		int t = g->mem[i];
 		const char *ty = ctype(T(g, t)->dtype);
-		if (vec && flat_in_domain(g, t)) {
+		if (vec && g->vmode[t]) {
 			out(&g->b, "%sconst %s m%d = x%d.v[j];\n", ind, ty, t, t);
 		} else if (flat_in_domain(g, t)) {
 			out(&g->b, "%sconst %s m%d = p%d[idx];\n", ind, ty, t, t);
@@ -801,10 +862,12 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 			out(&g->b, "];\n");
 		}
 	}
-	for (int node = g->first; node <= g->last; node++) {
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
 		const struct rp_prog_node *n = &g->p->nodes[node];
 		int o = n->out[0];
 		const char *c = node_ctype(g, n);
+		g->cur = k;
 		emit_node_comment(g, node, ind);
 		out(&g->b, "%sconst %s v%d = rg_cvt<%s>(", ind, ctype(T(g, o)->dtype), node, ctype(T(g, o)->dtype));
 		if (emit_pointwise_expr(g, node, c) < 0) {
@@ -817,7 +880,7 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 		out(&g->b, ");\n");
 		if (!g->plan->node_stored[node])
 			continue;
-		if (vec && flat_in_domain(g, o)) {
+		if (vec && g->vmode[o]) {
 			out(&g->b, "%sy%d.v[j] = v%d;\n", ind, o, node);
 		} else if (flat_in_domain(g, o)) {
 			out(&g->b, "%sp%d[idx] = v%d;\n", ind, o, node);
@@ -837,13 +900,19 @@ static void mark_coords(struct gen *g)
 	for (int i = 0; i < g->nmem; i++)
 		if (!flat_in_domain(g, g->mem[i]))
 			use_coords_of(g, g->mem[i]);
-	for (int node = g->first; node <= g->last; node++) {
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
 		const struct rp_prog_node *n = &g->p->nodes[node];
 		const struct rp_prog_tensor *o = T(g, n->out[0]);
 		if (n->pw.fn == RP_PW_IOTA && n->pw.axis >= 0 && n->pw.axis < o->rank && o->shape[n->pw.axis] > 1)
 			g->coord_used[g->dom->rank - o->rank + n->pw.axis] = true;
 		if (g->plan->node_stored[node] && !flat_in_domain(g, n->out[0]))
 			use_coords_of(g, n->out[0]);
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && g->plan->computed_inline[n->in[i]] >= 0 &&
+			    g->p->nodes[g->plan->computed_inline[n->in[i]]].pw.fn == RP_PW_IOTA &&
+			    inline_iota_dim(g, n->in[i]) >= 0)
+				g->coord_used[inline_iota_dim(g, n->in[i])] = true;
 	}
 	if (g->red >= 0 && g->p->nodes[g->red].red.axis == RP_AXIS_LAST) {
 		const struct rp_prog_tensor *o = T(g, g->p->nodes[g->red].out[0]);
@@ -853,23 +922,15 @@ static void mark_coords(struct gen *g)
 	}
 }
 
-static bool any_coord(const struct gen *g)
-{
-	for (int k = 0; k < RP_PROG_RANK_MAX; k++)
-		if (g->coord_used[k])
-			return true;
-	return false;
-}
-
 /* ---- step setup --------------------------------------------------------- */
 
-static void kernel_name(struct gen *g, char *name, const char *kind, int from, int to, const char *suffix)
+static void kernel_name(struct gen *g, char *name, const char *kind, const int *nodes, int count, const char *suffix)
 {
 	size_t len = (size_t)snprintf(name, RD_PROG_KERNEL_NAME_MAX, "k%d_%s", g->s, kind);
 	size_t room = RD_PROG_KERNEL_NAME_MAX - 1 - strlen(suffix) - 5;
 
-	for (int node = from; node <= to; node++) {
-		const char *op = g->p->nodes[node].op->name;
+	for (int k = 0; k < count; k++) {
+		const char *op = g->p->nodes[nodes[k]].op->name;
 		size_t n = strlen(op);
 		if (len + 1 + n > room) {
 			len += (size_t)snprintf(name + len, RD_PROG_KERNEL_NAME_MAX - len, "_etc");
@@ -892,10 +953,12 @@ static void emit_header(struct gen *g)
 	char name[RP_PROG_NAME_MAX + 1];
 	int nb = g->plan->nbound > 0 ? g->plan->nbound : 1;
 
-	out(&g->b, "/* regend program \"%s\", step %d (%s): nodes %d..%d. Written by regend from the\n"
-		   " * checked program (daemon/program/codegen.c); compiled with NVRTC. */\n",
-	    safe_name(g->p->name, name), g->s, rd_prog_step_kind_name(st->kind), st->first_node,
-	    st->first_node + st->nnodes - 1);
+	out(&g->b, "/* regend program \"%s\", step %d (%s): node%s", safe_name(g->p->name, name), g->s,
+	    rd_prog_step_kind_name(st->kind), st->nnodes > 1 ? "s" : "");
+	for (int k = 0; k < st->nnodes; k++)
+		out(&g->b, "%s %d", k ? "," : "", st->nodes[k]);
+	out(&g->b, ".\n * Written by regend from the checked program (daemon/program/codegen.c);\n"
+		   " * compiled with NVRTC. */\n");
 	out(&g->b, "%s", preamble);
 	out(&g->b, "/* The one parameter of every kernel: daemon/program/plan.h. */\n"
 		   "struct rg_args {\n"
@@ -916,16 +979,17 @@ static void declare_step_pointers(struct gen *g)
 {
 	for (int i = 0; i < g->nmem; i++)
 		declare_pointer(g, g->mem[i]);
-	for (int node = g->first; node <= g->last; node++)
-		if (g->plan->node_stored[node])
-			declare_pointer(g, g->p->nodes[node].out[0]);
+	for (int k = 0; k < g->npw; k++)
+		if (g->plan->node_stored[g->pw[k]])
+			declare_pointer(g, g->p->nodes[g->pw[k]].out[0]);
 }
 
 static bool offsets_fit_int(const struct gen *g)
 {
 	if (numel_of(g->dom) > IDX32_MAX)
 		return false;
-	for (int node = g->first; node <= g->last; node++) {
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
 		const struct rp_prog_node *n = &g->p->nodes[node];
 		if (span_of(T(g, n->out[0])) > IDX32_MAX)
 			return false;
@@ -947,20 +1011,21 @@ static void collect(struct gen *g)
 {
 	const struct rp_program *p = g->p;
 
-	for (int node = g->first; node <= g->last; node++) {
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
 		const struct rp_prog_node *n = &p->nodes[node];
 		for (int i = 0; i < n->nin; i++) {
 			int t = n->in[i];
-			if (t >= 0 && !is_scalar(g, t) && reg_of(g, node, t) < 0)
+			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && reg_of(g, k, t) < 0)
 				mem_add(g, t);
 		}
 	}
-	if (g->red >= 0 && reg_of(g, g->red, p->nodes[g->red].in[0]) < 0)
+	if (g->red >= 0 && reg_of(g, g->npw, p->nodes[g->red].in[0]) < 0)
 		mem_add(g, p->nodes[g->red].in[0]);
 	for (int t = 0; t < p->ntensors; t++) {
 		int root = p->tensors[t].root;
-		for (int node = g->first; node <= g->last; node++)
-			if (g->plan->node_stored[node] && p->tensors[p->nodes[node].out[0]].root == root)
+		for (int k = 0; k < g->npw; k++)
+			if (g->plan->node_stored[g->pw[k]] && p->tensors[p->nodes[g->pw[k]].out[0]].root == root)
 				g->root_written[t] = true;
 		if (g->red >= 0 && p->tensors[p->nodes[g->red].out[0]].root == root)
 			g->root_written[t] = true;
@@ -969,35 +1034,121 @@ static void collect(struct gen *g)
 
 /* ---- FUSED -------------------------------------------------------------------- */
 
-/* Elements per thread on the vector path: 16 bytes of the narrowest flat
- * operand, at most 32 bytes of the widest; 1 when no operand is flat. */
-static int choose_vec(struct gen *g)
+/* Whether t's elements along the domain's last dim are its own last dim,
+ * contiguous: a run of elements of one row of the domain is one run of t. */
+static bool row_contiguous(const struct gen *g, int t)
 {
+	const struct rp_prog_tensor *x = T(g, t), *d = g->dom;
+	int64_t len = d->rank ? d->shape[d->rank - 1] : 1;
+
+	return len > 1 && x->rank >= 1 && x->shape[x->rank - 1] == len && x->strides[x->rank - 1] == 1;
+}
+
+/* Whether t's row runs of `vec` elements start vec-aligned (relative to
+ * the root's start): its other strides and its offset are multiples. */
+static bool row_runs_aligned(const struct gen *g, int t, int vec)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+
+	if (g->dom->shape[g->dom->rank - 1] % vec != 0 || x->root_offset % vec != 0)
+		return false;
+	for (int k = 0; k < x->rank - 1; k++)
+		if (x->shape[k] > 1 && x->strides[k] % vec != 0)
+			return false;
+	return true;
+}
+
+/* The tensors the step moves: read from memory, or stored. */
+static int step_tensors(const struct gen *g, int *list)
+{
+	int n = 0;
+
+	for (int i = 0; i < g->nmem; i++)
+		list[n++] = g->mem[i];
+	for (int k = 0; k < g->npw; k++)
+		if (g->plan->node_stored[g->pw[k]])
+			list[n++] = g->p->nodes[g->pw[k]].out[0];
+	return n;
+}
+
+/* The vector path: `vec` elements a thread takes at once, and which
+ * tensors move as vectors (g->vmode): those flat in the domain, and those
+ * whose rows are contiguous runs when the domain's rows split into whole
+ * vectors. 16 bytes of the narrowest such tensor, at most 32 bytes of the
+ * widest; 1 (no vector path) when none. */
+static void choose_vec(struct gen *g)
+{
+	int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
+	int n = list ? step_tensors(g, list) : 0;
 	size_t lo = 0, hi = 0;
 
-	for (int i = 0; i < g->nmem; i++) {
-		size_t e = rp_dtype_size(T(g, g->mem[i])->dtype);
-		if (!flat_in_domain(g, g->mem[i]))
+	g->vec = 1;
+	for (int i = 0; i < n; i++) {
+		int t = list[i];
+		g->vmode[t] = flat_in_domain(g, t) ? VEC_FLAT : row_contiguous(g, t) ? VEC_ROW : VEC_NONE;
+		if (g->vmode[t] == VEC_NONE)
 			continue;
+		size_t e = rp_dtype_size(T(g, t)->dtype);
 		lo = lo && lo < e ? lo : e;
 		hi = hi > e ? hi : e;
 	}
-	for (int node = g->first; node <= g->last; node++) {
-		int o = g->p->nodes[node].out[0];
-		size_t e = rp_dtype_size(T(g, o)->dtype);
-		if (!g->plan->node_stored[node] || !flat_in_domain(g, o))
-			continue;
-		lo = lo && lo < e ? lo : e;
-		hi = hi > e ? hi : e;
+	if (lo) {
+		int v = (int)(16 / lo);
+		while (v > 1 && (size_t)v * hi > 32)
+			v /= 2;
+		g->vec = v > 8 ? 8 : v;
 	}
-	if (!lo)
-		return 1;
-	int v = (int)(16 / lo);
-	while (v > 1 && (size_t)v * hi > 32)
-		v /= 2;
-	if (v > 8)
-		v = 8;
-	return numel_of(g->dom) >= v ? v : 1;
+	if (numel_of(g->dom) < g->vec)
+		g->vec = 1;
+	bool any = false;
+	for (int i = 0; i < n; i++) {
+		int t = list[i];
+		if (g->vec == 1 || (g->vmode[t] == VEC_ROW && !row_runs_aligned(g, t, g->vec)))
+			g->vmode[t] = VEC_NONE;
+		any |= g->vmode[t] != VEC_NONE;
+		if (g->vmode[t] == VEC_ROW) {
+			const struct rp_prog_tensor *x = T(g, t);
+			for (int k = 0; k < x->rank; k++)
+				if (x->shape[k] > 1 && x->strides[k] != 0)
+					g->base_used[g->dom->rank - x->rank + k] = true;
+		}
+	}
+	if (!any)
+		g->vec = 1;
+	free(list);
+}
+
+/* Whether the vector path's element body reads coordinates: a tensor
+ * moved element by element that is not flat, or an iota computed inline. */
+static bool vector_body_needs_coords(const struct gen *g)
+{
+	for (int i = 0; i < g->nmem; i++)
+		if (!g->vmode[g->mem[i]] && !flat_in_domain(g, g->mem[i]))
+			return true;
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		if (g->plan->node_stored[g->pw[k]] && !g->vmode[n->out[0]] && !flat_in_domain(g, n->out[0]))
+			return true;
+		if (n->pw.fn == RP_PW_IOTA)
+			return true;
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && g->plan->computed_inline[n->in[i]] >= 0)
+				return true;
+	}
+	return false;
+}
+
+/* Where tensor t's vector starts: base for a flat one, its offset at the
+ * vector's first element for the others. */
+static void emit_vector_at(struct gen *g, int t)
+{
+	if (g->vmode[t] == VEC_FLAT) {
+		out(&g->b, "p%d + base", t);
+		return;
+	}
+	out(&g->b, "p%d + (", t);
+	emit_offset_at(g, t, "b");
+	out(&g->b, ")");
 }
 
 static int gen_fused(struct gen *g)
@@ -1007,10 +1158,10 @@ static int gen_fused(struct gen *g)
 	char l[32];
 	int r;
 
-	kernel_name(g, k->name, "fused", g->first, g->last, "");
+	kernel_name(g, k->name, "fused", g->st->nodes, g->st->nnodes, "");
 	k->block = PW_BLOCK;
 	k->blocks_per_sm = PW_BLOCKS_PER_SM;
-	g->vec = choose_vec(g);
+	choose_vec(g);
 	k->blocks = (uint64_t)((n + (int64_t)g->vec * PW_BLOCK - 1) / ((int64_t)g->vec * PW_BLOCK));
 	g->st->nkernels = 1;
 
@@ -1022,55 +1173,65 @@ static int gen_fused(struct gen *g)
 	out(&g->b, "\tconst idx_t stride = (idx_t)gridDim.x * blockDim.x;\n");
 	out(&g->b, "\tidx_t start = 0;\n\n");
 	if (g->vec > 1) {
-		/* Every flat operand vectorized, if every one is aligned to
-		 * its vector: the Run's offsets decide, so the kernel asks. */
-		out(&g->b, "\t/* %d elements at a time where every flat operand is aligned to it. */\n", g->vec);
+		int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
+		if (!list)
+			return -ENOMEM;
+		int nt = step_tensors(g, list);
+		/* The Run's offsets decide whether the bound tensors are
+		 * aligned to their vectors, so the kernel asks. */
+		out(&g->b, "\t/* %d elements at a time where every tensor moved as a vector is aligned to it. */\n",
+		    g->vec);
 		out(&g->b, "\tconst bool vec_ok = true");
-		for (int i = 0; i < g->nmem; i++)
-			if (flat_in_domain(g, g->mem[i]))
-				out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", g->mem[i],
-				    (size_t)g->vec * rp_dtype_size(T(g, g->mem[i])->dtype));
-		for (int node = g->first; node <= g->last; node++) {
-			int o = g->p->nodes[node].out[0];
-			if (g->plan->node_stored[node] && flat_in_domain(g, o))
-				out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", o,
-				    (size_t)g->vec * rp_dtype_size(T(g, o)->dtype));
-		}
+		for (int i = 0; i < nt; i++)
+			if (g->vmode[list[i]])
+				out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", list[i],
+				    (size_t)g->vec * rp_dtype_size(T(g, list[i])->dtype));
 		out(&g->b, ";\n");
 		out(&g->b, "\tif (vec_ok) {\n");
 		out(&g->b, "\t\tfor (idx_t vi = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; vi < n / %d; vi += stride) {\n",
 		    g->vec);
 		out(&g->b, "\t\t\tconst idx_t base = vi * %d;\n", g->vec);
+		emit_coords_as(g, "base", g->dom->rank, "\t\t\t", "b", g->base_used);
 		for (int i = 0; i < g->nmem; i++) {
 			int t = g->mem[i];
-			if (flat_in_domain(g, t))
-				out(&g->b, "\t\t\tconst rg_vec<%s, %d> x%d = *(const rg_vec<%s, %d> *)(p%d + base);\n",
-				    ctype(T(g, t)->dtype), g->vec, t, ctype(T(g, t)->dtype), g->vec, t);
+			const char *ty = ctype(T(g, t)->dtype);
+			if (!g->vmode[t])
+				continue;
+			out(&g->b, "\t\t\tconst rg_vec<%s, %d> x%d = *(const rg_vec<%s, %d> *)(", ty, g->vec, t, ty, g->vec);
+			emit_vector_at(g, t);
+			out(&g->b, ");\n");
 		}
-		for (int node = g->first; node <= g->last; node++) {
+		for (int i = 0; i < g->npw; i++) {
+			const int node = g->pw[i];
 			int o = g->p->nodes[node].out[0];
-			if (g->plan->node_stored[node] && flat_in_domain(g, o))
+			if (g->plan->node_stored[node] && g->vmode[o])
 				out(&g->b, "\t\t\trg_vec<%s, %d> y%d;\n", ctype(T(g, o)->dtype), g->vec, o);
 		}
 		out(&g->b, "#pragma unroll\n");
 		out(&g->b, "\t\t\tfor (int j = 0; j < %d; j++) {\n", g->vec);
-		if (any_coord(g)) {
+		if (vector_body_needs_coords(g)) {
 			out(&g->b, "\t\t\t\tconst idx_t idx = base + j;\n");
 			emit_coords(g, "idx", g->dom->rank, "\t\t\t\t");
 		}
 		r = emit_element(g, true, "\t\t\t\t");
-		if (r < 0)
+		if (r < 0) {
+			free(list);
 			return r;
+		}
 		out(&g->b, "\t\t\t}\n");
-		for (int node = g->first; node <= g->last; node++) {
+		for (int i = 0; i < g->npw; i++) {
+			const int node = g->pw[i];
 			int o = g->p->nodes[node].out[0];
-			if (g->plan->node_stored[node] && flat_in_domain(g, o))
-				out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(p%d + base) = y%d;\n", ctype(T(g, o)->dtype),
-				    g->vec, o, o);
+			if (!g->plan->node_stored[node] || !g->vmode[o])
+				continue;
+			out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(", ctype(T(g, o)->dtype), g->vec);
+			emit_vector_at(g, o);
+			out(&g->b, ") = y%d;\n", o);
 		}
 		out(&g->b, "\t\t}\n");
 		out(&g->b, "\t\tstart = n / %d * %d;\n", g->vec, g->vec);
 		out(&g->b, "\t}\n");
+		free(list);
 	}
 	out(&g->b, "\tfor (idx_t idx = start + (idx_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {\n");
 	emit_coords(g, "idx", g->dom->rank, "\t\t");
@@ -1100,7 +1261,7 @@ static void red_shape_of(const struct rp_program *p, const struct rp_prog_node *
 	rs->last = n->red.axis == RP_AXIS_LAST;
 	rs->cols = x->rank ? x->shape[x->rank - 1] : 1;
 	rs->rows = rs->cols ? numel / rs->cols : 0;
-	rs->acc64 = needs_f64(x->dtype);
+	rs->acc64 = x->dtype == RP_DTYPE_F64 || p->tensors[n->out[0]].dtype == RP_DTYPE_F64;
 	if (rs->last)
 		return;
 	rs->tiles = (rs->cols + COL_TILE - 1) / COL_TILE;
@@ -1124,7 +1285,7 @@ uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct 
 
 	if (st->kind != RD_STEP_REDUCTION)
 		return 0;
-	red_shape_of(p, &p->nodes[st->first_node + st->nnodes - 1], &rs);
+	red_shape_of(p, &p->nodes[st->nodes[st->nnodes - 1]], &rs);
 	if (rs.last || rs.chunks <= 1)
 		return 0;
 	return (uint64_t)rs.chunks * (uint64_t)rs.cols * (rs.acc64 ? 8 : 4);
@@ -1162,7 +1323,7 @@ static const char *red_init(enum rp_reduction fn, bool acc64)
 static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
-	int x = n->in[0], m = reg_of(g, g->red, x);
+	int x = n->in[0], m = reg_of(g, g->npw, x);
 	const char *conv = rs->acc64 ? "rg_f64" : "rg_f32";
 
 	emit_node_comment(g, g->red, ind);
@@ -1170,7 +1331,7 @@ static void emit_accumulate(struct gen *g, const struct red_shape *rs, const cha
 	if (m >= 0)
 		out(&g->b, "v%d", m);
 	else
-		out(&g->b, "m%d", x);
+		out(&g->b, "m%d", g->loaded_as[x]);
 	out(&g->b, ")%s);\n", n->red.fn == RP_RED_AMAX ? ")" : "");
 }
 
@@ -1222,7 +1383,7 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	char l[32], l2[32];
 	int r;
 
-	kernel_name(g, k->name, "reduce", g->first, g->red, "_last");
+	kernel_name(g, k->name, "reduce", g->st->nodes, g->st->nnodes, "_last");
 	g->st->nkernels = 1;
 	k->block = per_warp ? PW_BLOCK : ROW_BLOCK;
 	k->blocks_per_sm = 2048 / k->block;
@@ -1289,7 +1450,7 @@ static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
 	char l[32], l2[32];
 	int r;
 
-	kernel_name(g, k->name, "reduce", g->first, g->red, two_pass ? "_leading_part" : "_leading");
+	kernel_name(g, k->name, "reduce", g->st->nodes, g->st->nnodes, two_pass ? "_leading_part" : "_leading");
 	k->block = COL_TILE * COL_ROW_THREADS;
 	k->blocks_per_sm = 2048 / k->block;
 	k->blocks = (uint64_t)(rs->tiles * rs->chunks);
@@ -1343,7 +1504,7 @@ static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
 	/* The partials, added in chunk order. */
 	k = &g->st->kernels[1];
 	g->st->nkernels = 2;
-	kernel_name(g, k->name, "reduce", g->red, g->red, "_leading_final");
+	kernel_name(g, k->name, "reduce", &g->red, 1, "_leading_final");
 	k->block = PW_BLOCK;
 	k->blocks_per_sm = PW_BLOCKS_PER_SM;
 	k->blocks = (uint64_t)((rs->cols + PW_BLOCK - 1) / PW_BLOCK);
@@ -1427,13 +1588,13 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 	int64_t rows = numel_of(T(g, index)), dim = tt->shape[1], vocab = tt->shape[0];
 	char l[32], l2[32], l3[32];
 
-	kernel_name(g, k->name, "gather", g->st->first_node, g->st->first_node, "");
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, "");
 	g->st->nkernels = 1;
 	k->block = PW_BLOCK;
 	k->blocks_per_sm = PW_BLOCKS_PER_SM;
 	k->blocks = (uint64_t)((rows * dim + PW_BLOCK - 1) / PW_BLOCK);
 	g->root_written[o] = true;
-	emit_node_comment(g, g->st->first_node, "");
+	emit_node_comment(g, g->st->nodes[0], "");
 	out(&g->b, "/* out[i, :] = table[index[i], :]; an index outside [0, %lld) reads as a row of zeros. */\n",
 	    (long long)vocab);
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
@@ -1475,11 +1636,11 @@ static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 		per = EMB_BWD_PER_THREAD;
 	g->root_written[o] = true;
 	g->st->nkernels = 2;
-	kernel_name(g, k->name, "gather", g->st->first_node, g->st->first_node, "_zero");
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, "_zero");
 	k->block = PW_BLOCK;
 	k->blocks_per_sm = PW_BLOCKS_PER_SM;
 	k->blocks = (uint64_t)((vocab * dim + PW_BLOCK - 1) / PW_BLOCK);
-	emit_node_comment(g, g->st->first_node, "");
+	emit_node_comment(g, g->st->nodes[0], "");
 	out(&g->b, "/* d_table = 0, then each index's rows of d_out summed in index order. */\n");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    PW_BLOCK, k->name);
@@ -1494,7 +1655,7 @@ static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 	out(&g->b, "\t}\n}\n\n");
 
 	k = &g->st->kernels[1];
-	kernel_name(g, k->name, "gather", g->st->first_node, g->st->first_node, "_rows");
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, "_rows");
 	k->block = EMB_BLOCK;
 	k->blocks_per_sm = 2048 / EMB_BLOCK;
 	k->blocks = (uint64_t)rows;
@@ -1545,7 +1706,7 @@ static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 
 static int gen_gather(struct gen *g)
 {
-	const struct rp_prog_node *n = &g->p->nodes[g->st->first_node];
+	const struct rp_prog_node *n = &g->p->nodes[g->st->nodes[0]];
 
 	if (n->nin < 2 || n->in[0] < 0 || n->in[1] < 0 || n->nout != 1 || n->out[0] < 0)
 		return -EINVAL;
@@ -1584,29 +1745,29 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
 {
 	struct rd_prog_step *st = &plan->steps[s];
 	struct gen g = { .p = p, .plan = plan, .st = st, .s = s, .red = -1, .vec = 1, .err = err };
-	int last = st->first_node + st->nnodes - 1;
+	int last = st->nnodes ? st->nodes[st->nnodes - 1] : -1;
 	int r = -ENOMEM;
 
 	g.mem = malloc((size_t)(st->nnodes * RP_PROG_NODE_IN_MAX + 1) * sizeof(*g.mem));
 	g.root_written = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.root_written));
 	g.declared = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.declared));
-	if (!g.mem || !g.root_written || !g.declared)
+	g.vmode = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.vmode));
+	g.loaded_as = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.loaded_as));
+	if (!g.mem || !g.root_written || !g.declared || !g.vmode || !g.loaded_as)
 		goto out;
 	switch (st->kind) {
 	case RD_STEP_FUSED:
-		g.first = st->first_node;
-		g.last = last;
-		g.dom = &p->tensors[p->nodes[g.first].out[0]];
+		g.pw = st->nodes;
+		g.npw = st->nnodes;
+		g.dom = &p->tensors[p->nodes[st->nodes[0]].out[0]];
 		break;
 	case RD_STEP_REDUCTION:
-		g.first = st->first_node;
-		g.last = last - 1;
+		g.pw = st->nodes;
+		g.npw = st->nnodes - 1;
 		g.red = last;
 		g.dom = &p->tensors[p->nodes[g.red].in[0]];
 		break;
 	case RD_STEP_GATHER:
-		g.first = 0;
-		g.last = -1;
 		break;
 	default:
 		r = 0;
@@ -1658,5 +1819,7 @@ out:
 	free(g.mem);
 	free(g.root_written);
 	free(g.declared);
+	free(g.vmode);
+	free(g.loaded_as);
 	return r;
 }

@@ -15,14 +15,22 @@ struct access {
 };
 #define NODE_ACCESSES_MAX (RP_PROG_NODE_IN_MAX + RP_PROG_NODE_OUT_MAX)
 
-/* The nodes of the step being grown, and every tensor they touch. */
+/* A step being grown: its nodes in the order they will run, and every
+ * tensor they touch. A closed group (a reduction's, a library call's, a
+ * gather's) takes no more nodes. */
 struct group {
 	enum rd_prog_step_kind kind;
-	int first, count;
+	bool closed;
 	const struct rp_prog_tensor *domain;   /* a FUSED group's output shape */
+	int *nodes;
+	int nnodes, nodes_cap;
 	struct access *acc;
 	int nacc, cap;
 };
+
+/* Groups still open to new nodes wait in a window of this many, in the
+ * order they will run; past it the oldest is emitted. */
+#define WINDOW_MAX 16
 
 const char *rd_prog_step_kind_name(enum rd_prog_step_kind kind)
 {
@@ -74,6 +82,29 @@ static void element_range(const struct rp_prog_tensor *t, int64_t *lo, int64_t *
 		*hi += (t->shape[k] - 1) * t->strides[k];
 }
 
+/* The residues modulo period of t's element offsets, when they form one
+ * interval [*lo, *hi] inside [0, period): dims whose stride is a multiple
+ * of the period add nothing to them, the others at most their span. */
+static bool residues(const struct rp_prog_tensor *t, int64_t period, int64_t *lo, int64_t *hi)
+{
+	int64_t span = 0;
+
+	for (int k = 0; k < t->rank; k++)
+		if (t->shape[k] > 1 && t->strides[k] % period != 0)
+			span += (t->shape[k] - 1) * t->strides[k];
+	*lo = t->root_offset % period;
+	*hi = *lo + span;
+	return *hi < period;
+}
+
+static bool residues_apart(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y, int64_t period)
+{
+	int64_t xlo, xhi, ylo, yhi;
+
+	return period > 1 && residues(x, period, &xlo, &xhi) && residues(y, period, &ylo, &yhi) &&
+	       (xhi < ylo || yhi < xlo);
+}
+
 bool rd_prog_disjoint(const struct rp_program *p, int a, int b)
 {
 	const struct rp_prog_tensor *x = &p->tensors[a], *y = &p->tensors[b];
@@ -85,7 +116,18 @@ bool rd_prog_disjoint(const struct rp_program *p, int a, int b)
 		return true;
 	element_range(x, &xlo, &xhi);
 	element_range(y, &ylo, &yhi);
-	return xhi < ylo || yhi < xlo;
+	if (xhi < ylo || yhi < xlo)
+		return true;
+	/* Interleaved views (a row's two halves, q, k and v as column blocks
+	 * of one qkv): their elements meet no common offset when, modulo
+	 * one of their strides, each covers an interval the other misses. */
+	for (int k = 0; k < x->rank; k++)
+		if (residues_apart(x, y, x->strides[k]))
+			return true;
+	for (int k = 0; k < y->rank; k++)
+		if (residues_apart(x, y, y->strides[k]))
+			return true;
+	return false;
 }
 
 /* Bytes from the root's start past t's last element. */
@@ -104,9 +146,11 @@ static bool is_scalar(const struct rp_program *p, int t)
 	return p->tensors[t].kind == RP_PT_SCALAR;
 }
 
-/* What node n reads and writes in memory (scalars are values in rg_args,
- * not memory). */
-static int node_accesses(const struct rp_program *p, const struct rp_prog_node *n, struct access acc[NODE_ACCESSES_MAX])
+/* What node n reads and writes in memory: not scalars (values in rg_args)
+ * nor tensors computed where they are read (inl, plan.h's
+ * computed_inline). */
+static int node_accesses(const struct rp_program *p, const int *inl, const struct rp_prog_node *n,
+			 struct access acc[NODE_ACCESSES_MAX])
 {
 	int k = 0;
 
@@ -121,19 +165,53 @@ static int node_accesses(const struct rp_program *p, const struct rp_prog_node *
 		}
 	} else {
 		for (int i = 0; i < n->nin && i < RP_PROG_NODE_IN_MAX; i++)
-			if (n->in[i] >= 0 && !is_scalar(p, n->in[i]))
+			if (n->in[i] >= 0 && !is_scalar(p, n->in[i]) && inl[n->in[i]] < 0)
 				acc[k++] = (struct access){ n->in[i], false };
 	}
 	for (int i = 0; i < n->nout && i < RP_PROG_NODE_OUT_MAX; i++)
-		if (n->out[i] >= 0)
+		if (n->out[i] >= 0 && inl[n->out[i]] < 0)
 			acc[k++] = (struct access){ n->out[i], true };
 	return k;
 }
 
-static int group_add(struct group *g, const struct rp_program *p, int node)
+/* Iotas and fills whose output only pointwise nodes read, each as that
+ * very tensor: those readers compute the value where they need it (an
+ * index, a constant), so it never takes memory nor a kernel of its own. */
+static void find_inline(const struct rp_program *p, int *inl)
+{
+	for (int t = 0; t < p->ntensors; t++)
+		inl[t] = -1;
+	for (int i = 0; i < p->nnodes; i++) {
+		const struct rp_prog_node *n = &p->nodes[i];
+		if (n->op->cls != RP_PC_POINTWISE || (n->pw.fn != RP_PW_IOTA && n->pw.fn != RP_PW_FILL))
+			continue;
+		int o = n->out[0];
+		if (p->tensors[o].kind != RP_PT_INTERMEDIATE)
+			continue;
+		bool only_pointwise = true;
+		for (int j = 0; j < p->nnodes && only_pointwise; j++) {
+			const struct rp_prog_node *m = &p->nodes[j];
+			for (int k = 0; k < m->nin && only_pointwise; k++) {
+				int t = m->in[k];
+				if (t >= 0 && p->tensors[t].root == o)
+					only_pointwise = m->op->cls == RP_PC_POINTWISE && rd_prog_same_view(p, t, o);
+			}
+			for (int k = 0; k < m->nout && only_pointwise; k++)
+				if (j != i && m->out[k] >= 0 && p->tensors[m->out[k]].root == o)
+					only_pointwise = false;
+		}
+		if (!only_pointwise)
+			continue;
+		for (int t = 0; t < p->ntensors; t++)
+			if (p->tensors[t].root == o)
+				inl[t] = i;
+	}
+}
+
+static int group_add(struct group *g, const struct rp_program *p, const int *inl, int node)
 {
 	struct access acc[NODE_ACCESSES_MAX];
-	int n = node_accesses(p, &p->nodes[node], acc);
+	int n = node_accesses(p, inl, &p->nodes[node], acc);
 
 	if (g->nacc + n > g->cap) {
 		int cap = g->cap ? g->cap * 2 : 64;
@@ -145,11 +223,17 @@ static int group_add(struct group *g, const struct rp_program *p, int node)
 		g->acc = a;
 		g->cap = cap;
 	}
+	if (g->nnodes == g->nodes_cap) {
+		int cap = g->nodes_cap ? g->nodes_cap * 2 : 8;
+		int *nodes = realloc(g->nodes, (size_t)cap * sizeof(*nodes));
+		if (!nodes)
+			return -ENOMEM;
+		g->nodes = nodes;
+		g->nodes_cap = cap;
+	}
 	memcpy(g->acc + g->nacc, acc, (size_t)n * sizeof(*acc));
 	g->nacc += n;
-	if (g->count == 0)
-		g->first = node;
-	g->count++;
+	g->nodes[g->nnodes++] = node;
 	return 0;
 }
 
@@ -185,7 +269,7 @@ static bool group_may_write(const struct rp_program *p, const struct group *g, i
 
 static bool pointwise_joins(const struct rp_program *p, const struct group *g, const struct rp_prog_node *n)
 {
-	if (n->nout != 1 || n->out[0] < 0 || !rd_prog_same_shape(&p->tensors[n->out[0]], g->domain))
+	if (g->closed || g->kind != RD_STEP_FUSED || !rd_prog_same_shape(&p->tensors[n->out[0]], g->domain))
 		return false;
 	for (int i = 0; i < n->nin; i++)
 		if (n->in[i] >= 0 && !is_scalar(p, n->in[i]) && !group_may_read(p, g, n->in[i]))
@@ -198,21 +282,42 @@ static bool pointwise_joins(const struct rp_program *p, const struct group *g, c
  * reduction kernel, which computes the group's nodes there first. */
 static bool reduction_joins(const struct rp_program *p, const struct group *g, const struct rp_prog_node *n)
 {
-	if (n->nin < 1 || n->in[0] < 0 || n->nout != 1 || n->out[0] < 0)
+	if (g->closed || g->kind != RD_STEP_FUSED || n->nin < 1 || n->in[0] < 0 || n->nout != 1 || n->out[0] < 0)
 		return false;
 	if (!rd_prog_same_shape(&p->tensors[n->in[0]], g->domain))
 		return false;
 	return group_may_read(p, g, n->in[0]) && group_may_write(p, g, n->out[0], false);
 }
 
+/* Whether node n must run after the group: it reads what the group writes,
+ * or writes what the group reads or writes (any overlap). */
+static bool depends_on(const struct rp_program *p, const struct group *g, const struct access *acc, int nacc)
+{
+	for (int i = 0; i < nacc; i++)
+		for (int k = 0; k < g->nacc; k++)
+			if ((acc[i].write || g->acc[k].write) && !rd_prog_disjoint(p, acc[i].tensor, g->acc[k].tensor))
+				return true;
+	return false;
+}
+
+/* Grouping. Nodes are taken in program order; each joins a group of the
+ * window or starts one. A node may run ahead of groups it does not depend
+ * on: it joins the earliest group, at or after the last one it depends on,
+ * that takes it (see pointwise_joins, reduction_joins), else starts a new
+ * one at the end. So a chain over one shape stays one kernel though small
+ * nodes of other shapes (a row's statistic, an iota) sit between its
+ * nodes in the definition; those run first. Library calls and gathers
+ * empty the window: they and everything around them keep program order. */
 struct builder {
 	const struct rp_program *p;
 	struct rd_prog_plan *plan;
 	int cap;
-	struct group g;
+	int norder;
+	struct group window[WINDOW_MAX + 1];   /* one spare past the end */
+	int nwindow;
 };
 
-static int emit_step(struct builder *b, enum rd_prog_step_kind kind, int first, int count)
+static int emit_step(struct builder *b, struct group *g)
 {
 	struct rd_prog_plan *plan = b->plan;
 
@@ -226,29 +331,108 @@ static int emit_step(struct builder *b, enum rd_prog_step_kind kind, int first, 
 	}
 	struct rd_prog_step *s = &plan->steps[plan->nsteps++];
 	memset(s, 0, sizeof(*s));
-	s->kind = kind;
-	s->first_node = first;
-	s->nnodes = count;
+	s->kind = g->kind;
+	/* plan->order has room for every node: nodes[] is set once the
+	 * steps stop moving (plan_finish_order). */
+	s->first_node = g->nodes[0];
+	s->nnodes = g->nnodes;
+	memcpy(plan->order + b->norder, g->nodes, (size_t)g->nnodes * sizeof(int));
+	b->norder += g->nnodes;
 	return 0;
 }
 
-static int close_group(struct builder *b)
+static void group_clear(struct group *g)
 {
-	int r = 0;
-
-	if (b->g.count)
-		r = emit_step(b, b->g.kind, b->g.first, b->g.count);
-	b->g.count = 0;
-	b->g.nacc = 0;
-	b->g.domain = NULL;
-	return r;
+	g->nnodes = 0;
+	g->nacc = 0;
+	g->closed = false;
+	g->domain = NULL;
 }
 
-static int open_group(struct builder *b, enum rd_prog_step_kind kind, int node)
+/* Emits the window's first n groups, in order. */
+static int flush(struct builder *b, int n)
 {
-	b->g.kind = kind;
-	b->g.domain = &b->p->tensors[b->p->nodes[node].out[0]];
-	return group_add(&b->g, b->p, node);
+	for (int i = 0; i < n; i++) {
+		int r = emit_step(b, &b->window[i]);
+		if (r < 0)
+			return r;
+	}
+	/* Keep the groups' buffers: rotate the emptied ones past the end. */
+	for (int i = 0; i < n; i++) {
+		struct group g = b->window[0];
+		memmove(&b->window[0], &b->window[1], (size_t)WINDOW_MAX * sizeof(g));
+		group_clear(&g);
+		b->window[WINDOW_MAX] = g;
+	}
+	b->nwindow -= n;
+	return 0;
+}
+
+/* A new group holding node, at window position `at` (the groups from
+ * there on move one place later). */
+static int open_group(struct builder *b, int at, enum rd_prog_step_kind kind, bool closed, int node)
+{
+	int r;
+
+	if (b->nwindow == WINDOW_MAX) {
+		if ((r = flush(b, 1)) < 0)
+			return r;
+		at = at > 0 ? at - 1 : 0;
+	}
+	/* The spare group past the window's end keeps its buffers. */
+	struct group g = b->window[b->nwindow];
+	memmove(&b->window[at + 1], &b->window[at], (size_t)(b->nwindow - at) * sizeof(g));
+	b->window[at] = g;
+	b->nwindow++;
+	group_clear(&b->window[at]);
+	b->window[at].kind = kind;
+	b->window[at].closed = closed;
+	if (kind == RD_STEP_FUSED)
+		b->window[at].domain = &b->p->tensors[b->p->nodes[node].out[0]];
+	return group_add(&b->window[at], b->p, b->plan->computed_inline, node);
+}
+
+/* Places node in the window: in the earliest group at or after the last
+ * one it depends on that takes it, else in a new group right after that
+ * one (first of all when it depends on none), so that what it does not
+ * depend on runs after it and later nodes find its result in memory. */
+static int place(struct builder *b, int node)
+{
+	const struct rp_program *p = b->p;
+	const struct rp_prog_node *n = &p->nodes[node];
+	struct access acc[NODE_ACCESSES_MAX];
+	int nacc = node_accesses(p, b->plan->computed_inline, n, acc), last_dep = -1, r;
+
+	for (int i = b->nwindow - 1; i >= 0; i--)
+		if (depends_on(p, &b->window[i], acc, nacc)) {
+			last_dep = i;
+			break;
+		}
+	for (int i = last_dep < 0 ? 0 : last_dep; i < b->nwindow; i++) {
+		struct group *g = &b->window[i];
+		if (n->op->cls == RP_PC_POINTWISE && pointwise_joins(p, g, n))
+			return group_add(g, p, b->plan->computed_inline, node);
+		if (n->op->cls == RP_PC_REDUCTION && reduction_joins(p, g, n)) {
+			g->kind = RD_STEP_REDUCTION;
+			g->closed = true;
+			return group_add(g, p, b->plan->computed_inline, node);
+		}
+	}
+	switch (n->op->cls) {
+	case RP_PC_POINTWISE:
+		return open_group(b, last_dep + 1, RD_STEP_FUSED, false, node);
+	case RP_PC_REDUCTION:
+		return open_group(b, last_dep + 1, RD_STEP_REDUCTION, true, node);
+	case RP_PC_GATHER:
+	case RP_PC_COMPUTE:
+		if ((r = flush(b, b->nwindow)) < 0)
+			return r;
+		if ((r = open_group(b, 0, n->op->cls == RP_PC_GATHER ? RD_STEP_GATHER : RD_STEP_LIBRARY, true, node)) < 0)
+			return r;
+		return flush(b, 1);
+	default:
+		return -EINVAL;
+	}
 }
 
 static int group_nodes(struct builder *b, struct rp_error *err)
@@ -258,51 +442,28 @@ static int group_nodes(struct builder *b, struct rp_error *err)
 
 	for (int i = 0; i < p->nnodes && r == 0; i++) {
 		const struct rp_prog_node *n = &p->nodes[i];
-		switch (n->op->cls) {
-		case RP_PC_POINTWISE:
-			if (n->nout != 1 || n->out[0] < 0) {
-				rp_error_set(err, RP_ERR_BACKEND, "program %s: node %d (%s) has no output", p->name, i,
-					     n->op->name);
-				return -EINVAL;
-			}
-			if (b->g.count && pointwise_joins(p, &b->g, n)) {
-				r = group_add(&b->g, p, i);
-				break;
-			}
-			r = close_group(b);
-			if (r == 0)
-				r = open_group(b, RD_STEP_FUSED, i);
-			break;
-		case RP_PC_REDUCTION:
-			if (b->g.count && reduction_joins(p, &b->g, n)) {
-				b->g.kind = RD_STEP_REDUCTION;
-				r = group_add(&b->g, p, i);
-				if (r == 0)
-					r = close_group(b);
-				break;
-			}
-			r = close_group(b);
-			if (r == 0)
-				r = emit_step(b, RD_STEP_REDUCTION, i, 1);
-			break;
-		case RP_PC_GATHER:
-			r = close_group(b);
-			if (r == 0)
-				r = emit_step(b, RD_STEP_GATHER, i, 1);
-			break;
-		case RP_PC_COMPUTE:
-			r = close_group(b);
-			if (r == 0)
-				r = emit_step(b, RD_STEP_LIBRARY, i, 1);
-			break;
-		default:
+		bool one_out = n->nout == 1 && n->out[0] >= 0;
+		if ((n->op->cls == RP_PC_POINTWISE || n->op->cls == RP_PC_REDUCTION || n->op->cls == RP_PC_GATHER) &&
+		    !one_out) {
+			rp_error_set(err, RP_ERR_BACKEND, "program %s: node %d (%s) has no output", p->name, i,
+				     n->op->name);
+			return -EINVAL;
+		}
+		if (n->op->cls == RP_PC_POINTWISE && b->plan->computed_inline[n->out[0]] == i)
+			continue;   /* computed by its readers */
+		r = place(b, i);
+		if (r == -EINVAL) {
 			rp_error_set(err, RP_ERR_BACKEND, "program %s: node %d (%s) is of a class the CUDA backend does not run",
 				     p->name, i, n->op->name);
-			return -EINVAL;
+			return r;
 		}
 	}
 	if (r == 0)
-		r = close_group(b);
+		r = flush(b, b->nwindow);
+	for (int i = 0; i <= WINDOW_MAX; i++) {
+		free(b->window[i].nodes);
+		free(b->window[i].acc);
+	}
 	if (r == -ENOMEM)
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
 	return r;
@@ -311,35 +472,39 @@ static int group_nodes(struct builder *b, struct rp_error *err)
 /* Which outputs go to memory: see node_stored in plan.h. */
 static int decide_stores(const struct rp_program *p, struct rd_prog_plan *plan)
 {
-	int *last_read = malloc((size_t)p->ntensors * sizeof(*last_read));
+	int *last_read = malloc((size_t)(p->ntensors ? p->ntensors : 1) * sizeof(*last_read));
 	struct access acc[NODE_ACCESSES_MAX];
 
 	if (!last_read)
 		return -ENOMEM;
-	/* The last node that reads each root, in memory or not. */
+	/* The last step that reads each root, in memory or not. */
 	for (int t = 0; t < p->ntensors; t++)
 		last_read[t] = -1;
-	for (int i = 0; i < p->nnodes; i++) {
-		int n = node_accesses(p, &p->nodes[i], acc);
-		for (int k = 0; k < n; k++)
-			if (!acc[k].write)
-				last_read[p->tensors[acc[k].tensor].root] = i;
+	for (int s = 0; s < plan->nsteps; s++) {
+		const struct rd_prog_step *st = &plan->steps[s];
+		for (int k = 0; k < st->nnodes; k++) {
+			int n = node_accesses(p, plan->computed_inline, &p->nodes[st->nodes[k]], acc);
+			for (int a = 0; a < n; a++)
+				if (!acc[a].write)
+					last_read[p->tensors[acc[a].tensor].root] = s;
+		}
 	}
 	for (int s = 0; s < plan->nsteps; s++) {
 		const struct rd_prog_step *st = &plan->steps[s];
-		int last = st->first_node + st->nnodes - 1;
-		for (int i = st->first_node; i <= last; i++) {
+		for (int k = 0; k < st->nnodes; k++) {
+			int i = st->nodes[k];
 			const struct rp_prog_node *n = &p->nodes[i];
 			plan->node_stored[i] = true;
 			if (n->op->cls != RP_PC_POINTWISE)
 				continue;
 			int o = n->out[0], root = p->tensors[o].root;
 			bool superseded = false;
-			for (int j = i + 1; j <= last && !superseded; j++)
-				if (p->nodes[j].op->cls == RP_PC_POINTWISE && rd_prog_same_view(p, p->nodes[j].out[0], o))
-					superseded = true;
+			for (int j = k + 1; j < st->nnodes && !superseded; j++) {
+				const struct rp_prog_node *m = &p->nodes[st->nodes[j]];
+				superseded = m->op->cls == RP_PC_POINTWISE && rd_prog_same_view(p, m->out[0], o);
+			}
 			plan->node_stored[i] = !superseded && (p->tensors[root].kind != RP_PT_INTERMEDIATE ||
-							      last_read[root] > last);
+							      last_read[root] > s);
 		}
 	}
 	free(last_read);
@@ -434,8 +599,9 @@ static int lay_out_arena(const struct rp_program *p, struct rd_prog_plan *plan)
 	}
 	for (int s = 0; s < plan->nsteps; s++) {
 		const struct rd_prog_step *st = &plan->steps[s];
-		for (int i = st->first_node; i < st->first_node + st->nnodes; i++) {
-			int n = node_accesses(p, &p->nodes[i], acc);
+		for (int j = 0; j < st->nnodes; j++) {
+			int i = st->nodes[j];
+			int n = node_accesses(p, plan->computed_inline, &p->nodes[i], acc);
 			for (int k = 0; k < n; k++) {
 				int root = p->tensors[acc[k].tensor].root;
 				if (p->tensors[root].kind != RP_PT_INTERMEDIATE)
@@ -485,6 +651,8 @@ void rd_prog_plan_finish(struct rd_prog_plan *plan)
 	free(plan->steps);
 	free(plan->arena_offset);
 	free(plan->node_stored);
+	free(plan->order);
+	free(plan->computed_inline);
 	memset(plan, 0, sizeof(*plan));
 }
 
@@ -498,15 +666,21 @@ int rd_prog_plan_build(const struct rp_program *p, struct rd_prog_plan *plan, st
 	plan->nbound = p->nbound;
 	plan->arena_offset = malloc((size_t)(p->ntensors ? p->ntensors : 1) * sizeof(*plan->arena_offset));
 	plan->node_stored = calloc((size_t)(p->nnodes ? p->nnodes : 1), sizeof(*plan->node_stored));
-	if (!plan->arena_offset || !plan->node_stored) {
+	plan->order = malloc((size_t)(p->nnodes ? p->nnodes : 1) * sizeof(*plan->order));
+	plan->computed_inline = malloc((size_t)(p->ntensors ? p->ntensors : 1) * sizeof(*plan->computed_inline));
+	if (!plan->arena_offset || !plan->node_stored || !plan->order || !plan->computed_inline) {
 		r = -ENOMEM;
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
 		goto fail;
 	}
+	find_inline(p, plan->computed_inline);
 	r = group_nodes(&b, err);
-	free(b.g.acc);
 	if (r < 0)
 		goto fail;
+	for (int s = 0, at = 0; s < plan->nsteps; s++) {
+		plan->steps[s].nodes = plan->order + at;
+		at += plan->steps[s].nnodes;
+	}
 	r = decide_stores(p, plan);
 	if (r == 0)
 		for (int s = 0; s < plan->nsteps; s++)

@@ -331,6 +331,93 @@ START_TEST(wide_indices)
 }
 END_TEST
 
+/* Programs as clients define them, through the parser: the composites'
+ * lowerings (softmax, rms_norm, cross_entropy, rotary, adamw, sgd, and
+ * their backwards) at a model's sizes. */
+static const char *const defined[] = {
+	"{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[1024,4096]},"
+	"{'name':'w','kind':'input','dtype':'bf16','shape':[4096]},"
+	"{'name':'dy','kind':'input','dtype':'bf16','shape':[1024,4096]},"
+	"{'name':'y','kind':'output','dtype':'bf16','shape':[1024,4096]},"
+	"{'name':'rstd','kind':'output','dtype':'f32','shape':[1024,1]},"
+	"{'name':'dx','kind':'output','dtype':'bf16','shape':[1024,4096]},"
+	"{'name':'dw','kind':'output','dtype':'f32','shape':[4096]}],"
+	"'nodes':[{'op':'rms_norm','name':'norm','inputs':['x','w'],'outputs':['y','rstd'],'attrs':{'eps':1e-6}},"
+	"{'op':'rms_norm_backward','name':'norm_bwd','inputs':['dy','x','w','rstd'],'outputs':['dx','dw']}]}",
+
+	"{'tensors':[{'name':'x','kind':'input','dtype':'f32','shape':[8,16,128,128]},"
+	"{'name':'y','kind':'output','dtype':'f32','shape':[8,16,128,128]},"
+	"{'name':'ly','kind':'output','dtype':'bf16','shape':[8,16,128,128]},"
+	"{'name':'dy','kind':'input','dtype':'f32','shape':[8,16,128,128]},"
+	"{'name':'dx','kind':'output','dtype':'f32','shape':[8,16,128,128]},"
+	"{'name':'dlx','kind':'output','dtype':'f32','shape':[8,16,128,128]}],"
+	"'nodes':[{'op':'softmax','inputs':['x'],'outputs':['y']},"
+	"{'op':'log_softmax','inputs':['x'],'outputs':['ly']},"
+	"{'op':'softmax_backward','inputs':['dy','y'],'outputs':['dx']},"
+	"{'op':'log_softmax_backward','inputs':['dy','y'],'outputs':['dlx']}]}",
+
+	"{'tensors':[{'name':'logits','kind':'input','dtype':'bf16','shape':[4096,50304]},"
+	"{'name':'t','kind':'input','dtype':'i64','shape':[4096]},"
+	"{'name':'loss','kind':'output','dtype':'f32','shape':[4096]},"
+	"{'name':'lse','kind':'output','dtype':'f32','shape':[4096,1]},"
+	"{'name':'dloss','kind':'input','dtype':'f32','shape':[4096]},"
+	"{'name':'dlogits','kind':'output','dtype':'bf16','shape':[4096,50304]}],"
+	"'nodes':[{'op':'cross_entropy','name':'ce','inputs':['logits','t'],'outputs':['loss','lse'],"
+	"'attrs':{'ignore_index':-100}},"
+	"{'op':'cross_entropy_backward','name':'ce_bwd','inputs':['dloss','logits','t','lse'],'outputs':['dlogits']}]}",
+
+	"{'tensors':[{'name':'q','kind':'input','dtype':'bf16','shape':[4,1024,16,128]},"
+	"{'name':'cos','kind':'input','dtype':'f32','shape':[1024,64]},"
+	"{'name':'sin','kind':'input','dtype':'f32','shape':[1024,64]},"
+	"{'name':'qr','kind':'output','dtype':'bf16','shape':[4,1024,16,128]},"
+	"{'name':'dq','kind':'output','dtype':'bf16','shape':[4,1024,16,128]}],"
+	"'nodes':[{'op':'rotary','inputs':['q','cos','sin'],'outputs':['qr']},"
+	"{'op':'rotary_backward','inputs':['qr','cos','sin'],'outputs':['dq']}]}",
+
+	"{'tensors':[{'name':'p','kind':'inout','dtype':'f32','shape':[4096,1024]},"
+	"{'name':'g','kind':'input','dtype':'bf16','shape':[4096,1024]},"
+	"{'name':'m','kind':'inout','dtype':'f32','shape':[4096,1024]},"
+	"{'name':'v','kind':'inout','dtype':'f32','shape':[4096,1024]},"
+	"{'name':'b','kind':'inout','dtype':'bf16','shape':[1024]},"
+	"{'name':'gb','kind':'input','dtype':'bf16','shape':[1024]},"
+	"{'name':'mb','kind':'inout','dtype':'f32','shape':[1024]},"
+	"{'name':'lr','kind':'scalar'},{'name':'step','kind':'scalar'}],"
+	"'nodes':[{'op':'adamw','inputs':['p','g','m','v'],'attrs':{'lr':'lr','step':'step','weight_decay':0.1}},"
+	"{'op':'sgd','inputs':['b','gb','mb'],'attrs':{'lr':'lr','momentum':0.9,'nesterov':true}}]}",
+};
+
+static cJSON *json(const char *text)
+{
+	char *s = strdup(text);
+	cJSON *j;
+
+	for (char *p = s; *p; p++)
+		if (*p == '\'')
+			*p = '"';
+	j = cJSON_Parse(s);
+	free(s);
+	ck_assert_msg(j != NULL, "test JSON does not parse: %s", text);
+	return j;
+}
+
+START_TEST(defined_composites)
+{
+	cJSON *params = json(defined[_i]);
+	struct rp_program p;
+	struct rd_prog_plan plan;
+	struct rp_error err = { 0 };
+
+	int r = rp_program_parse(params, &p, &err);
+	ck_assert_msg(r == 0, "the test's program is refused: %s",
+		      err.params ? cJSON_PrintUnformatted(err.params) : "?");
+	ck_assert_int_eq(rd_prog_plan_build(&p, &plan, &err), 0);
+	compile_plan(&plan, "-arch=sm_90");
+	rd_prog_plan_finish(&plan);
+	rp_program_finish(&p);
+	cJSON_Delete(params);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("program_codegen");
@@ -344,6 +431,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, softmax_cross_entropy);
 	tcase_add_test(tc, embeddings);
 	tcase_add_test(tc, wide_indices);
+	tcase_add_loop_test(tc, defined_composites, 0, (int)(sizeof(defined) / sizeof(defined[0])));
 	suite_add_tcase(s, tc);
 	return s;
 }

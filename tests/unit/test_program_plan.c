@@ -36,7 +36,10 @@ static void assert_step(int s, enum rd_prog_step_kind kind, int first, int count
 	ck_assert_msg(plan.steps[s].kind == kind, "step %d is %s, not %s", s, rd_prog_step_kind_name(plan.steps[s].kind),
 		      rd_prog_step_kind_name(kind));
 	ck_assert_int_eq(plan.steps[s].first_node, first);
+	ck_assert_int_eq(plan.steps[s].nodes[0], first);
 	ck_assert_int_eq(plan.steps[s].nnodes, count);
+	for (int k = 1; k < count; k++)
+		ck_assert_int_gt(plan.steps[s].nodes[k], plan.steps[s].nodes[k - 1]);
 }
 
 /* y = gelu((x + bias) * 2) * x - 1: five nodes over one shape, the bias
@@ -169,9 +172,86 @@ START_TEST(reduction_of_other_shape_runs_alone)
 	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LAST, s, z);
 	build();
 
+	/* Independent of the exp, the reduction may run first, and does: a
+	 * new group goes right after the last one it depends on. */
 	ck_assert_int_eq(plan.nsteps, 2);
-	assert_step(0, RD_STEP_FUSED, 0, 1);
-	assert_step(1, RD_STEP_REDUCTION, 1, 1);
+	assert_step(0, RD_STEP_REDUCTION, 1, 1);
+	assert_step(1, RD_STEP_FUSED, 0, 1);
+}
+END_TEST
+
+/* y = exp(x) * rsqrt(v): the [N, 1] rsqrt between the chain's nodes runs
+ * ahead of it, and the chain stays one kernel with exp(x) in registers. */
+START_TEST(small_nodes_run_ahead)
+{
+	pb_init(&b, "ahead");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int v = pb_tensor(&b, "v", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(8, 1));
+	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int r = pb_tensor(&b, "r", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 1));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	pb_pw(&b, RP_PW_EXP, t, x, -1);
+	pb_pw(&b, RP_PW_RSQRT, r, v, -1);
+	pb_pw(&b, RP_PW_MUL, y, t, r, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_FUSED, 1, 1);
+	assert_step(1, RD_STEP_FUSED, 0, 2);
+	ck_assert_int_eq(plan.steps[1].nodes[1], 2);
+	ck_assert(!plan.node_stored[0]);
+	ck_assert(plan.node_stored[1]);
+	ck_assert(plan.arena_offset[t] == RD_PROG_NOT_IN_ARENA);
+	ck_assert(plan.arena_offset[r] != RD_PROG_NOT_IN_ARENA);
+}
+END_TEST
+
+/* A node that depends on a later group waits for it: here the second
+ * exp reads what the reduction wrote. */
+START_TEST(dependencies_keep_their_order)
+{
+	pb_init(&b, "deps");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int s = pb_tensor(&b, "s", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 1));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	pb_pw(&b, RP_PW_EXP, t, x, -1);
+	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LAST, s, t);
+	pb_pw(&b, RP_PW_DIV, y, t, s, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_REDUCTION, 0, 2);
+	assert_step(1, RD_STEP_FUSED, 2, 1);
+	ck_assert(plan.node_stored[0]);   /* the division reads exp(x) again */
+}
+END_TEST
+
+/* One-hot picking as cross_entropy lowers it: the iota is computed where
+ * the comparison reads it, never stored; the pick is the reduction's
+ * prologue: one kernel, no arena. */
+START_TEST(iota_is_computed_inline)
+{
+	pb_init(&b, "pick");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64, 1000));
+	int tgt = pb_tensor(&b, "target", RP_PT_INPUT, RP_DTYPE_I64, PB_DIMS(64, 1));
+	int io = pb_tensor(&b, "io", RP_PT_INTERMEDIATE, RP_DTYPE_I64, PB_DIMS(1000));
+	int hit = pb_tensor(&b, "hit", RP_PT_INTERMEDIATE, RP_DTYPE_U8, PB_DIMS(64, 1000));
+	int pick = pb_tensor(&b, "pick", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(64, 1000));
+	int s = pb_tensor(&b, "s", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(64));
+	pb_iota(&b, io, 0);
+	pb_pw(&b, RP_PW_EQ, hit, io, tgt, -1);
+	pb_where_const(&b, pick, hit, x, 0.0, false);
+	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LAST, s, pick);
+	build();
+
+	ck_assert_int_eq(plan.computed_inline[io], 0);
+	ck_assert_int_eq(plan.computed_inline[hit], -1);
+	ck_assert_int_eq(plan.nsteps, 1);
+	assert_step(0, RD_STEP_REDUCTION, 1, 3);
+	ck_assert_uint_eq(plan.arena_bytes, 0);
+	ck_assert(!plan.node_stored[0]);
+	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "rg_cvt<long long>(double(c1))"));
 }
 END_TEST
 
@@ -241,8 +321,21 @@ START_TEST(disjoint_views_share_a_kernel)
 	pb_pw(&b, RP_PW_NEG, right, x, -1);
 	build();
 
-	/* Interval test: left spans [0, 55], right [8, 63]: they meet, so
-	 * the conservative test splits them. Rows of y interleave. */
+	/* Rows of y interleave (left spans elements 0-55, right 8-63), but
+	 * modulo the row stride 16 left is 0-7 and right 8-15. */
+	ck_assert_int_eq(plan.nsteps, 1);
+	ck_assert(plan.node_stored[0] && plan.node_stored[1]);
+
+	/* Columns 4-11 and 0-7 of each row do meet: two kernels. */
+	rd_prog_plan_finish(&plan);
+	pb_init(&b, "overlapping");
+	x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(4, 8));
+	y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(4, 16));
+	left = pb_view(&b, "left", y, 0, 2, (const int64_t[]){ 4, 8 }, (const int64_t[]){ 16, 1 });
+	right = pb_view(&b, "middle", y, 4, 2, (const int64_t[]){ 4, 8 }, (const int64_t[]){ 16, 1 });
+	pb_pw(&b, RP_PW_EXP, left, x, -1);
+	pb_pw(&b, RP_PW_NEG, right, x, -1);
+	build();
 	ck_assert_int_eq(plan.nsteps, 2);
 
 	rd_prog_plan_finish(&plan);
@@ -501,6 +594,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, reduction_takes_its_prologue);
 	tcase_add_test(tc, prologue_read_later_is_stored);
 	tcase_add_test(tc, reduction_of_other_shape_runs_alone);
+	tcase_add_test(tc, small_nodes_run_ahead);
+	tcase_add_test(tc, dependencies_keep_their_order);
+	tcase_add_test(tc, iota_is_computed_inline);
 	tcase_add_test(tc, in_place_update_is_one_kernel);
 	tcase_add_test(tc, conflicting_views_split);
 	tcase_add_test(tc, disjoint_views_share_a_kernel);
