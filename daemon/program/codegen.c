@@ -1120,20 +1120,35 @@ static void choose_vec(struct gen *g)
 
 /* Whether the vector path's element body reads coordinates: a tensor
  * moved element by element that is not flat, or an iota computed inline. */
+static bool offset_uses_coords(const struct gen *g, int t)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+
+	if (g->vmode[t] || flat_in_domain(g, t))
+		return false;
+	for (int k = 0; k < x->rank; k++)
+		if (x->shape[k] > 1 && x->strides[k] != 0)
+			return true;
+	return false;
+}
+
 static bool vector_body_needs_coords(const struct gen *g)
 {
 	for (int i = 0; i < g->nmem; i++)
-		if (!g->vmode[g->mem[i]] && !flat_in_domain(g, g->mem[i]))
+		if (offset_uses_coords(g, g->mem[i]))
 			return true;
 	for (int k = 0; k < g->npw; k++) {
 		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
-		if (g->plan->node_stored[g->pw[k]] && !g->vmode[n->out[0]] && !flat_in_domain(g, n->out[0]))
+		const struct rp_prog_tensor *o = T(g, n->out[0]);
+		if (g->plan->node_stored[g->pw[k]] && offset_uses_coords(g, n->out[0]))
 			return true;
-		if (n->pw.fn == RP_PW_IOTA)
+		if (n->pw.fn == RP_PW_IOTA && o->shape[n->pw.axis] > 1)
 			return true;
-		for (int i = 0; i < n->nin; i++)
-			if (n->in[i] >= 0 && g->plan->computed_inline[n->in[i]] >= 0)
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
+			if (by >= 0 && g->p->nodes[by].pw.fn == RP_PW_IOTA && inline_iota_dim(g, t) >= 0)
 				return true;
+		}
 	}
 	return false;
 }
