@@ -76,6 +76,10 @@ const struct rd_option rd_option_table[] = {
 	{ "gemm-plans-max", "gemm_plans_max", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(gemm_plans_max), .min = 1,
 	  .max = 65536, .def = "256",
 	  .help = "GEMM plans (cuBLASLt) each device keeps cached; the least recently used are destroyed past it" },
+	/* Read when the worker opens its device. */
+	{ "rtc-cache-dir", "rtc_cache_dir", "PATH", RD_OPT_PATH, USER | RD_OPT_WORKER, FIELD(rtc_cache_dir), .def = "",
+	  .help = "where the CUDA backend keeps programs' compiled kernels between runs (a directory of regend's user "
+		  "that no other may write); empty: nowhere" },
 	{ "config", NULL, "PATH", RD_OPT_CONFIG, RD_OPT_CLI, FIELD(config_path), .def = RD_CONFIG_DEFAULT,
 	  .help = "configuration file" },
 	{ "help", NULL, NULL, RD_OPT_HELP, RD_OPT_CLI, .help = "print this help and exit" },
@@ -179,6 +183,11 @@ int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char 
 
 	switch (opt->type) {
 	case RD_OPT_PATH:
+		/* A path whose default is none may be set back to none. */
+		if (value[0] == '\0' && opt->def && opt->def[0] == '\0') {
+			snprintf(field(o, opt->offset), opt->size, "%s", value);
+			return 0;
+		}
 		if (value[0] != '/' || strlen(value) + 8 >= opt->size) {
 			WHY("expected an absolute path of at most %zu bytes, got '%.100s'", opt->size - 9, value);
 			return -EINVAL;

@@ -41,6 +41,7 @@ struct rd_options {
 	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned gemm_plans_max;       /* cached GEMM plans per device (CUDA) */
+	char rtc_cache_dir[256];       /* programs' compiled kernels kept on disk (CUDA); "": not kept */
 	char config_path[256];         /* the file read; "" = none */
 
 	/* Worker processes only: what the supervisor tells the worker it starts. */

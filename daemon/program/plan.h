@@ -3,19 +3,23 @@
  * regend writes itself.
  *
  * From a checked struct rp_program (proto/program.h) rd_prog_plan_build
- * makes a list of steps, each a contiguous run of nodes in program order:
+ * makes a list of steps, run one after the other:
  *
  * - LIBRARY: one compute node (gemm, attention, layer_norm, ...), which the
  *   executor runs through cuBLASLt, cuDNN or the project's kernels.
  * - FUSED: pointwise nodes over one iteration domain (their output shape),
- *   one kernel. A group grows while the next pointwise node has the same
- *   output shape and reads only what is in memory already or what the group
+ *   one kernel. A node joins a group of its output's shape when it reads
+ *   only what is in memory before the group runs or what the group
  *   produced at the same element index; two accesses of one root inside a
  *   group, one of them a write, are either the identical view (the same
- *   thread touches the same element, in program order) or disjoint.
- * - REDUCTION: one reduction node, with the pointwise nodes just before it
- *   over its input's shape fused in as a prologue.
+ *   thread touches the same element, in order) or disjoint. A node may
+ *   join a group ahead of nodes it does not depend on (plan.c's window), so
+ *   a row statistic or an iota between two nodes of a chain does not cut
+ *   it.
+ * - REDUCTION: one reduction node, with a group over its input's shape
+ *   fused in as its prologue.
  * - GATHER: an embedding or its backward.
+ * Library calls and gathers keep their place in program order.
  *
  * A tensor produced in a step and read by no later node (an intermediate,
  * or a view of one, whose root no later node reads) stays in registers;
@@ -68,9 +72,14 @@ struct rd_prog_kernel {
 
 struct rd_prog_step {
 	enum rd_prog_step_kind kind;
-	/* Nodes [first_node, first_node + nnodes), program order; a
-	 * REDUCTION's last node is the reduction, the others its prologue. */
-	int first_node, nnodes;
+	/* Its nodes in the order they run (a node may run ahead of nodes
+	 * before it in the definition that it does not depend on; each
+	 * dependency keeps its order); a REDUCTION's last node is the
+	 * reduction, the others its prologue. first_node is nodes[0]: a
+	 * LIBRARY or GATHER step's one node. */
+	const int *nodes;
+	int nnodes;
+	int first_node;
 	/* FUSED, REDUCTION, GATHER: the CUDA C of the step's kernels (one
 	 * translation unit), launched in order; NULL and 0 for LIBRARY. */
 	char *source;
@@ -93,6 +102,16 @@ struct rd_prog_plan {
 	 * RD_PROG_NOT_IN_ARENA. */
 	uint64_t *arena_offset;
 	int ntensors;
+	/* Per node: whether its outputs are written to memory. A pointwise
+	 * node inside a group may keep its output in registers (read by no
+	 * later step, or overwritten in place later in the group); every other
+	 * node's outputs are always written. */
+	bool *node_stored;
+	int *order;                 /* every node, step after step: what steps' nodes point into */
+	/* Per tensor: the iota or fill node whose value its readers (all
+	 * pointwise) compute where they read it, or -1. That node is in no
+	 * step, and the tensor never in memory. */
+	int *computed_inline;
 	uint64_t arena_bytes;
 	int nbound;                 /* p->nbound: what rg_args holds */
 	uint64_t fused_kernels;     /* kernels over all steps (Status) */

@@ -238,6 +238,8 @@ int rd_worker_run(const struct rd_options *opts)
 	w->dev.core = w;
 	w->dev.max_scratch = opts->max_scratch_mib << 20;
 	w->dev.gemm_plans_max = opts->gemm_plans_max;
+	_Static_assert(sizeof(w->dev.rtc_cache_dir) == sizeof(opts->rtc_cache_dir), "rtc_cache_dir's size");
+	memcpy(w->dev.rtc_cache_dir, opts->rtc_cache_dir, sizeof(w->dev.rtc_cache_dir));
 	if (rd_backend_load(&w->dev, opts->backend) < 0)
 		return 1;
 	rd_objects_init(&w->objects, &w->dev);

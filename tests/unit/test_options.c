@@ -139,6 +139,7 @@ static const struct {
 	{ "gemm_plans_max", "0" },
 	{ "gemm_plans_max", "65537" },
 	{ "gemm_plans_max", "many" },
+	{ "rtc_cache_dir", "relative/cache" },
 	{ "log_level", "loud" },
 };
 
@@ -192,6 +193,8 @@ static const struct {
 	{ "backend", "host", "host" },
 	{ "admin_group", "root", "root" },
 	{ "admin_group", "", "" },
+	{ "rtc_cache_dir", "/var/cache/regen", "/var/cache/regen" },
+	{ "rtc_cache_dir", "", "" },
 	{ "log_level", "debug", "debug" },
 	{ "log_level", "W", "warn" },
 };
@@ -305,6 +308,7 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_buffers"), "17", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_comms"), "5", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("log_level"), "debug", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("rtc_cache_dir"), "/var/cache/regen/rtc", NULL, 0), 0);
 	sv.worker_device = 3;
 	sv.worker_generation = 12345678901234ull;
 	sv.ctl_fd = 3;

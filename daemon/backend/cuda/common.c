@@ -129,7 +129,8 @@ static void driver_load_once(void)
 #define FN(x) { "cu" #x, offsetof(struct cuda_driver_api, x) }
 		FN(GetErrorString), FN(GetErrorName), FN(MemGetAddressRange), FN(MemImportFromShareableHandle),
 		FN(MemGetAllocationPropertiesFromHandle), FN(MemGetAllocationGranularity), FN(MemAddressReserve),
-		FN(MemAddressFree), FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemRelease),
+		FN(MemAddressFree), FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemRelease), FN(ModuleLoadData),
+		FN(ModuleGetFunction), FN(ModuleUnload), FN(LaunchKernel),
 #undef FN
 	};
 	for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {

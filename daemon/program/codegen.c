@@ -1,0 +1,1840 @@
+/* CUDA C for a plan's FUSED, REDUCTION and GATHER steps, written from the
+ * checked IR alone: op names and tensor names only ever reach the source
+ * inside comments, filtered to identifier characters, and every number is
+ * one the checker bounded. Shapes, strides and offsets are literals.
+ *
+ * Numerics follow the contract of proto/program.h (node_ctype says which
+ * type each node computes in): a node reads its inputs converted from their
+ * dtype and rounds its result to its output's dtype, in registers too, so
+ * a fused chain gives the bits the same chain gives node by node. The formulas are ATen's (gelu, gelu_tanh, silu, the
+ * *_backward ops, pow's special exponents, NaN-propagating max and min).
+ * Reductions accumulate in f32 (f64 where the input or the output is f64)
+ * in a fixed order, with no atomics: the same bits every run. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/program/codegen.h"
+#include "proto/errors.h"
+
+/* Launch shapes. Pointwise kernels: 256 threads, a grid of at most 8
+ * blocks per SM (a full SM), looping over the rest. */
+#define PW_BLOCK 256
+#define PW_BLOCKS_PER_SM 8
+/* Rows up to this long are reduced by one warp each (8 rows a block),
+ * longer ones by a block of ROW_BLOCK threads. */
+#define ROW_WARP_MAX 1024
+#define ROW_BLOCK 512
+/* Leading-axis reductions: a block sums 32 columns over a chunk of rows (8
+ * threads down each column); with several chunks the partial sums go to
+ * the arena and a second kernel adds them in chunk order. Chunks are sized
+ * so that about COL_TARGET_BLOCKS blocks run, each chunk at least
+ * COL_CHUNK_ROWS_MIN rows. */
+#define COL_TILE 32
+#define COL_ROW_THREADS 8
+#define COL_TARGET_BLOCKS 1024
+#define COL_CHUNK_ROWS_MIN 128
+/* Embedding backward: a block per index position, each thread summing up
+ * to EMB_BWD_PER_THREAD columns of the row at once. */
+#define EMB_BLOCK 256
+#define EMB_BWD_PER_THREAD 8
+/* Above this, indices and offsets are 64-bit. */
+#define IDX32_MAX (INT64_C(1) << 30)
+
+/* ---- text ---------------------------------------------------------------- */
+
+struct sbuf {
+	char *p;
+	size_t len, cap;
+	bool failed;
+};
+
+static void sb_vprintf(struct sbuf *b, const char *fmt, va_list ap)
+{
+	va_list aq;
+	int n;
+
+	if (b->failed)
+		return;
+	va_copy(aq, ap);
+	n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, aq);
+	va_end(aq);
+	if (n < 0) {
+		b->failed = true;
+		return;
+	}
+	if (!b->p || b->len + (size_t)n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 4096;
+		while (cap < b->len + (size_t)n + 1)
+			cap *= 2;
+		char *q = realloc(b->p, cap);
+		if (!q) {
+			b->failed = true;
+			return;
+		}
+		b->p = q;
+		b->cap = cap;
+		vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+	}
+	b->len += (size_t)n;
+}
+
+static void __attribute__((format(printf, 2, 3))) out(struct sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	sb_vprintf(b, fmt, ap);
+	va_end(ap);
+}
+
+/* A name from the definition, fit for a comment: identifier characters,
+ * dots, colons and dashes only (no comment can be ended from it). */
+static const char *safe_name(const char *s, char buf[RP_PROG_NAME_MAX + 1])
+{
+	size_t i;
+
+	for (i = 0; s[i] && i < RP_PROG_NAME_MAX; i++) {
+		char c = s[i];
+		bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+			  c == '.' || c == ':' || c == '-';
+		buf[i] = ok ? c : '?';
+	}
+	buf[i] = '\0';
+	return buf;
+}
+
+/* An integer literal, typed wide enough. */
+static const char *lit(int64_t v, char buf[32])
+{
+	if (v >= INT32_MIN && v <= INT32_MAX)
+		snprintf(buf, 32, "%lld", (long long)v);
+	else
+		snprintf(buf, 32, "%lldLL", (long long)v);
+	return buf;
+}
+
+/* A double literal that reads back as exactly v, as short as that allows. */
+static void out_double(struct sbuf *b, double v)
+{
+	char buf[40];
+
+	if (isnan(v)) {
+		out(b, "__longlong_as_double(0x7ff8000000000000LL)");
+		return;
+	}
+	if (isinf(v)) {
+		out(b, v > 0 ? "__longlong_as_double(0x7ff0000000000000LL)" : "__longlong_as_double((long long)0xfff0000000000000ULL)");
+		return;
+	}
+	for (int prec = 15; prec <= 17; prec++) {
+		snprintf(buf, sizeof(buf), "%.*g", prec, v);
+		if (strtod(buf, NULL) == v)
+			break;
+	}
+	out(b, "%s", buf);
+	if (!strpbrk(buf, ".en"))
+		out(b, ".0");
+}
+
+/* ---- what every source starts with ------------------------------------- */
+
+static const char preamble[] =
+	"#include <cuda_fp16.h>\n"
+	"#include <cuda_bf16.h>\n"
+	"\n"
+	"#define RG_DEV __device__ __forceinline__\n"
+	"\n"
+	"/* A vector of N elements, loaded and stored in one access when aligned. */\n"
+	"template <class T, int N> struct alignas(sizeof(T) * N) rg_vec { T v[N]; };\n"
+	"\n"
+	"/* Reading a stored value into the compute type. */\n"
+	"RG_DEV float rg_f32(float x) { return x; }\n"
+	"RG_DEV float rg_f32(double x) { return (float)x; }\n"
+	"RG_DEV float rg_f32(__half x) { return __half2float(x); }\n"
+	"RG_DEV float rg_f32(__nv_bfloat16 x) { return __bfloat162float(x); }\n"
+	"RG_DEV float rg_f32(int x) { return (float)x; }\n"
+	"RG_DEV float rg_f32(long long x) { return (float)x; }\n"
+	"RG_DEV float rg_f32(unsigned char x) { return (float)x; }\n"
+	"RG_DEV double rg_f64(float x) { return x; }\n"
+	"RG_DEV double rg_f64(double x) { return x; }\n"
+	"RG_DEV double rg_f64(__half x) { return __half2float(x); }\n"
+	"RG_DEV double rg_f64(__nv_bfloat16 x) { return __bfloat162float(x); }\n"
+	"RG_DEV double rg_f64(int x) { return x; }\n"
+	"RG_DEV double rg_f64(long long x) { return (double)x; }\n"
+	"RG_DEV double rg_f64(unsigned char x) { return x; }\n"
+	"\n"
+	"/* Rounding a computed value to a tensor's dtype, once (f64 to bf16\n"
+	" * directly, not through f32). Integers truncate toward 0, saturated to\n"
+	" * their range (the hardware's conversion: NaN is 0). */\n"
+	"template <class To> RG_DEV To rg_cvt(float x);\n"
+	"template <class To> RG_DEV To rg_cvt(double x);\n"
+	"template <> RG_DEV float rg_cvt<float>(float x) { return x; }\n"
+	"template <> RG_DEV float rg_cvt<float>(double x) { return (float)x; }\n"
+	"template <> RG_DEV double rg_cvt<double>(float x) { return x; }\n"
+	"template <> RG_DEV double rg_cvt<double>(double x) { return x; }\n"
+	"template <> RG_DEV __half rg_cvt<__half>(float x) { return __float2half_rn(x); }\n"
+	"template <> RG_DEV __half rg_cvt<__half>(double x) { return __double2half(x); }\n"
+	"template <> RG_DEV __nv_bfloat16 rg_cvt<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }\n"
+	"template <> RG_DEV __nv_bfloat16 rg_cvt<__nv_bfloat16>(double x) { return __double2bfloat16(x); }\n"
+	"template <> RG_DEV int rg_cvt<int>(float x) { return (int)x; }\n"
+	"template <> RG_DEV int rg_cvt<int>(double x) { return (int)x; }\n"
+	"template <> RG_DEV long long rg_cvt<long long>(float x) { return (long long)x; }\n"
+	"template <> RG_DEV long long rg_cvt<long long>(double x) { return (long long)x; }\n"
+	"template <> RG_DEV unsigned char rg_cvt<unsigned char>(float x) { return x != x || x <= 0.0f ? 0 : x >= 255.0f ? 255 : (unsigned char)x; }\n"
+	"template <> RG_DEV unsigned char rg_cvt<unsigned char>(double x) { return x != x || x <= 0.0 ? 0 : x >= 255.0 ? 255 : (unsigned char)x; }\n"
+	"\n"
+	"/* The math library, by compute type. */\n"
+	"RG_DEV float rg_exp(float x) { return expf(x); }\n"
+	"RG_DEV double rg_exp(double x) { return exp(x); }\n"
+	"RG_DEV float rg_log(float x) { return logf(x); }\n"
+	"RG_DEV double rg_log(double x) { return log(x); }\n"
+	"RG_DEV float rg_tanh(float x) { return tanhf(x); }\n"
+	"RG_DEV double rg_tanh(double x) { return tanh(x); }\n"
+	"RG_DEV float rg_erf(float x) { return erff(x); }\n"
+	"RG_DEV double rg_erf(double x) { return erf(x); }\n"
+	"RG_DEV float rg_sqrt(float x) { return sqrtf(x); }\n"
+	"RG_DEV double rg_sqrt(double x) { return sqrt(x); }\n"
+	"RG_DEV float rg_rsqrt(float x) { return rsqrtf(x); }\n"
+	"RG_DEV double rg_rsqrt(double x) { return rsqrt(x); }\n"
+	"RG_DEV float rg_abs(float x) { return fabsf(x); }\n"
+	"RG_DEV double rg_abs(double x) { return fabs(x); }\n"
+	"RG_DEV float rg_pow(float x, float y) { return powf(x, y); }\n"
+	"RG_DEV double rg_pow(double x, double y) { return pow(x, y); }\n"
+	"\n"
+	"/* ATen's definitions (torch/aten/src/ATen/native/cuda). */\n"
+	"template <class T> RG_DEV T rg_maximum(T a, T b) { return a != a ? a : b != b ? b : a > b ? a : b; }\n"
+	"template <class T> RG_DEV T rg_minimum(T a, T b) { return a != a ? a : b != b ? b : a < b ? a : b; }\n"
+	"template <class T> RG_DEV T rg_sigmoid(T x) { return T(1) / (T(1) + rg_exp(-x)); }\n"
+	"template <class T> RG_DEV T rg_silu(T x) { return x / (T(1) + rg_exp(-x)); }\n"
+	"template <class T> RG_DEV T rg_relu(T x) { return x <= T(0) ? T(0) : x; }\n"
+	"/* x/2 (1 + erf(x / sqrt 2)) */\n"
+	"template <class T> RG_DEV T rg_gelu(T x) { return x * T(0.5) * (T(1) + rg_erf(x * T(0.70710678118654752440))); }\n"
+	"/* kBeta = sqrt(2) * 2/sqrt(pi) / 2, kKappa = 0.044715 */\n"
+	"template <class T> RG_DEV T rg_gelu_tanh(T x)\n"
+	"{\n"
+	"\tconst T beta = T(0.79788456080286535588), kappa = T(0.044715);\n"
+	"\tconst T inner = beta * (x + kappa * (x * x * x));\n"
+	"\treturn T(0.5) * x * (T(1) + rg_tanh(inner));\n"
+	"}\n"
+	"template <class T> RG_DEV T rg_gelu_backward(T dy, T x)\n"
+	"{\n"
+	"\tconst T beta = T(0.39894228040143267794), alpha = T(0.70710678118654752440);\n"
+	"\tconst T cdf = T(0.5) * (T(1) + rg_erf(x * alpha));\n"
+	"\tconst T pdf = rg_exp(T(-0.5) * x * x) * beta;\n"
+	"\treturn dy * (cdf + x * pdf);\n"
+	"}\n"
+	"template <class T> RG_DEV T rg_gelu_tanh_backward(T dy, T x)\n"
+	"{\n"
+	"\tconst T beta = T(0.79788456080286535588), kappa = T(0.044715);\n"
+	"\tconst T x_sq = x * x, x_cube = x_sq * x;\n"
+	"\tconst T tanh_inner = rg_tanh(beta * (x + kappa * x_cube));\n"
+	"\tconst T left = T(0.5) * x, right = T(1) + tanh_inner;\n"
+	"\tconst T left_derivative = T(0.5) * right;\n"
+	"\tconst T tanh_derivative = T(1) - tanh_inner * tanh_inner;\n"
+	"\tconst T inner_derivative = beta * (T(1) + T(3) * kappa * x_sq);\n"
+	"\tconst T right_derivative = left * tanh_derivative * inner_derivative;\n"
+	"\treturn dy * (left_derivative + right_derivative);\n"
+	"}\n"
+	"template <class T> RG_DEV T rg_silu_backward(T dy, T x)\n"
+	"{\n"
+	"\tconst T sigmoid = T(1) / (T(1) + rg_exp(-x));\n"
+	"\treturn dy * sigmoid * (T(1) + x * (T(1) - sigmoid));\n"
+	"}\n"
+	"template <class T> RG_DEV T rg_sigmoid_backward(T dy, T y) { return dy * (T(1) - y) * y; }\n"
+	"template <class T> RG_DEV T rg_tanh_backward(T dy, T y) { return dy * (T(1) - y * y); }\n"
+	"template <class T> RG_DEV T rg_relu_backward(T dy, T x) { return x <= T(0) ? T(0) : dy; }\n"
+	"\n"
+	"/* Reductions' steps: NaN wins in max and min, as in torch. */\n"
+	"template <class T> RG_DEV T rg_red_sum(T a, T b) { return a + b; }\n"
+	"template <class T> RG_DEV T rg_red_max(T a, T b) { return (a != a || a > b) ? a : b; }\n"
+	"template <class T> RG_DEV T rg_red_min(T a, T b) { return (a != a || a < b) ? a : b; }\n"
+	"\n";
+
+/* ---- dtypes ----------------------------------------------------------------- */
+
+static const char *ctype(enum rp_dtype dt)
+{
+	switch (dt) {
+	case RP_DTYPE_F32:
+		return "float";
+	case RP_DTYPE_F16:
+		return "__half";
+	case RP_DTYPE_BF16:
+		return "__nv_bfloat16";
+	case RP_DTYPE_I32:
+		return "int";
+	case RP_DTYPE_F64:
+		return "double";
+	case RP_DTYPE_I64:
+		return "long long";
+	case RP_DTYPE_U8:
+		return "unsigned char";
+	default:
+		return NULL;
+	}
+}
+
+/* Computing with this dtype takes f64: f64 itself, and integers, which
+ * f32 would round past 2^24. */
+static bool needs_f64(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_F64 || dt == RP_DTYPE_I32 || dt == RP_DTYPE_I64;
+}
+
+/* ---- a step being written ------------------------------------------------ */
+
+enum { VEC_NONE = 0, VEC_FLAT, VEC_ROW };
+
+struct gen {
+	const struct rp_program *p;
+	const struct rd_prog_plan *plan;
+	struct rd_prog_step *st;
+	int s;
+	struct sbuf b;
+	/* The iteration domain: a FUSED step's output shape, a reduction's
+	 * input shape. */
+	const struct rp_prog_tensor *dom;
+	const int *pw;        /* the pointwise nodes, in the order they run */
+	int npw;
+	int cur;              /* the position in pw[] being written (npw: the reduction) */
+	int red;              /* the reduction node, or -1 */
+	bool idx64;
+	int vec;              /* elements a thread takes at once on the vector path (1: no such path) */
+	int *mem;             /* tensors read from memory, each once */
+	int nmem;
+	bool *root_written;   /* per tensor: its root is written by the step */
+	bool *declared;       /* per tensor: p<t> is declared */
+	bool unplaced;        /* a tensor in memory that the arena has no place for */
+	bool coord_used[RP_PROG_RANK_MAX];   /* the domain's coordinates the element body reads */
+	/* The vector path: per tensor, how a thread's `vec` elements of it
+	 * are one access (VEC_FLAT, VEC_ROW; VEC_NONE: element by element),
+	 * and the coordinates b<d> of the vector's first element it needs. */
+	unsigned char *vmode;
+	bool base_used[RP_PROG_RANK_MAX];
+	int *loaded_as;       /* per tensor read from memory: the tensor of g->mem holding its view */
+	struct rp_error *err;
+};
+
+static const struct rp_prog_tensor *T(const struct gen *g, int t)
+{
+	return &g->p->tensors[t];
+}
+
+static bool is_scalar(const struct gen *g, int t)
+{
+	return T(g, t)->kind == RP_PT_SCALAR;
+}
+
+static int64_t numel_of(const struct rp_prog_tensor *t)
+{
+	int64_t n = 1;
+
+	for (int k = 0; k < t->rank; k++)
+		n *= t->shape[k];
+	return n;
+}
+
+/* The largest element offset t reaches past its first element. */
+static int64_t span_of(const struct rp_prog_tensor *t)
+{
+	int64_t s = 0;
+
+	for (int k = 0; k < t->rank; k++)
+		s += (t->shape[k] - 1) * t->strides[k];
+	return s;
+}
+
+static bool contiguous(const struct rp_prog_tensor *t)
+{
+	int64_t expect = 1;
+
+	for (int k = t->rank - 1; k >= 0; k--) {
+		if (t->shape[k] == 1)
+			continue;
+		if (t->strides[k] != expect)
+			return false;
+		expect *= t->shape[k];
+	}
+	return true;
+}
+
+/* t covers the domain element for element, in its order: the element at
+ * flat index idx is t's element idx. */
+static bool flat_in_domain(const struct gen *g, int t)
+{
+	const struct rp_prog_tensor *x = T(g, t), *d = g->dom;
+
+	if (x->rank > d->rank || numel_of(x) != numel_of(d))
+		return false;
+	for (int k = 0; k < x->rank; k++)
+		if (x->shape[k] != d->shape[d->rank - x->rank + k])
+			return false;
+	return contiguous(x);
+}
+
+/* The latest pointwise node of the step before position `pos` whose
+ * output is the very view t (its value is in v<m>), or -1. */
+static int reg_of(const struct gen *g, int pos, int t)
+{
+	for (int k = pos - 1; k >= 0; k--)
+		if (rd_prog_same_view(g->p, g->p->nodes[g->pw[k]].out[0], t))
+			return g->pw[k];
+	return -1;
+}
+
+/* Adds t to the loads, once per view: two tensors that are the same view
+ * (cos as two composites name it) load once. */
+static void mem_add(struct gen *g, int t)
+{
+	for (int i = 0; i < g->nmem; i++)
+		if (rd_prog_same_view(g->p, g->mem[i], t)) {
+			g->loaded_as[t] = g->mem[i];
+			return;
+		}
+	g->loaded_as[t] = t;
+	g->mem[g->nmem++] = t;
+}
+
+/* p<t>: the tensor's first element, typed. */
+static void declare_pointer(struct gen *g, int t)
+{
+	const struct rp_prog_tensor *x = T(g, t), *root = T(g, x->root);
+	const char *ty = ctype(x->dtype);
+	bool ro = !g->root_written[t];
+	uint64_t skip = (uint64_t)x->root_offset * rp_dtype_size(x->dtype);
+	char name[RP_PROG_NAME_MAX + 1];
+
+	if (g->declared[t])
+		return;
+	g->declared[t] = true;
+	out(&g->b, "\t%s%s *%sp%d = (%s%s *)(", ro ? "const " : "", ty, ro ? "__restrict__ " : "", t, ro ? "const " : "",
+	    ty);
+	if (root->kind == RP_PT_INTERMEDIATE && g->plan->arena_offset[t] == RD_PROG_NOT_IN_ARENA)
+		g->unplaced = true;   /* the plan kept it in registers: a planner's bug */
+	if (root->kind == RP_PT_INTERMEDIATE)
+		out(&g->b, "a->arena + %llu", (unsigned long long)(g->plan->arena_offset[t] + skip));
+	else
+		out(&g->b, "(%schar *)a->bound[%d] + %llu", ro ? "const " : "", root->bind_index, (unsigned long long)skip);
+	out(&g->b, ");   /* %s %s", safe_name(x->name, name), rp_dtype_name(x->dtype));
+	for (int k = 0; k < x->rank; k++)
+		out(&g->b, "%s%lld", k ? "x" : " [", (long long)x->shape[k]);
+	out(&g->b, "%s */\n", x->rank ? "]" : "");
+}
+
+/* Coordinates <prefix><d> of the domain's dims [0, ndims) marked in used[],
+ * from the flat index in `var` over those dims. */
+static void emit_coords_as(struct gen *g, const char *var, int ndims, const char *ind, const char *prefix,
+			   const bool *used)
+{
+	const struct rp_prog_tensor *d = g->dom;
+	int lowest = ndims;
+	char l[32];
+
+	for (int k = 0; k < ndims; k++)
+		if (used[k]) {
+			lowest = k;
+			break;
+		}
+	if (lowest == ndims)
+		return;
+	out(&g->b, "%sidx_t %sq_ = %s;\n", ind, prefix, var);
+	for (int k = ndims - 1; k > lowest; k--) {
+		if (d->shape[k] == 1)
+			continue;
+		if (used[k])
+			out(&g->b, "%sconst idx_t %s%d = %sq_ %% %s;\n", ind, prefix, k, prefix, lit(d->shape[k], l));
+		out(&g->b, "%s%sq_ /= %s;\n", ind, prefix, lit(d->shape[k], l));
+	}
+	if (d->shape[lowest] > 1 && lowest > 0)
+		out(&g->b, "%sconst idx_t %s%d = %sq_ %% %s;\n", ind, prefix, lowest, prefix, lit(d->shape[lowest], l));
+	else
+		out(&g->b, "%sconst idx_t %s%d = %sq_;\n", ind, prefix, lowest, prefix);
+}
+
+/* The element's coordinates c<d> that the element body reads. */
+static void emit_coords(struct gen *g, const char *var, int ndims, const char *ind)
+{
+	emit_coords_as(g, var, ndims, ind, "c", g->coord_used);
+}
+
+/* Marks the coordinates t's offset in the domain uses. */
+static void use_coords_of(struct gen *g, int t)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+
+	for (int k = 0; k < x->rank; k++)
+		if (x->shape[k] > 1 && x->strides[k] != 0)
+			g->coord_used[g->dom->rank - x->rank + k] = true;
+}
+
+/* t's element offset at the domain's coordinates <prefix><d>, t broadcast
+ * against the domain (right-aligned; its dims of one element stretch). */
+static void emit_offset_at(struct gen *g, int t, const char *prefix)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+	int terms = 0;
+	char l[32];
+
+	for (int k = 0; k < x->rank; k++) {
+		int dd = g->dom->rank - x->rank + k;
+		if (x->shape[k] == 1 || x->strides[k] == 0)
+			continue;
+		out(&g->b, "%s%s%d", terms++ ? " + " : "", prefix, dd);
+		if (x->strides[k] != 1)
+			out(&g->b, " * %s", lit(x->strides[k], l));
+	}
+	if (!terms)
+		out(&g->b, "0");
+}
+
+static void emit_offset(struct gen *g, int t)
+{
+	emit_offset_at(g, t, "c");
+}
+
+/* The digit of the flat index `var` for a dim of `size` elements with
+ * `below` elements under each step of it, in parentheses: (var / below) %
+ * size, without the modulo for the outermost dim. */
+static void emit_digit(struct gen *g, const char *var, int64_t below, int64_t size, bool outermost)
+{
+	char l[32], l2[32];
+
+	if (outermost && below == 1)
+		out(&g->b, "%s", var);
+	else if (outermost)
+		out(&g->b, "(%s / %s)", var, lit(below, l));
+	else if (below == 1)
+		out(&g->b, "(%s %% %s)", var, lit(size, l));
+	else
+		out(&g->b, "((%s / %s) %% %s)", var, lit(below, l), lit(size, l2));
+}
+
+/* The offset of t's element number `var` (row-major over its shape) with
+ * its strides. */
+static void emit_flat_offset(struct gen *g, int t, const char *var)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+	int64_t below = 1;
+	int terms = 0, lowest = -1;
+	char l[32];
+
+	if (contiguous(x)) {
+		out(&g->b, "%s", var);
+		return;
+	}
+	for (int k = 0; k < x->rank; k++)
+		if (x->shape[k] > 1) {
+			lowest = k;
+			break;
+		}
+	for (int k = x->rank - 1; k >= 0; k--) {
+		if (x->shape[k] > 1 && x->strides[k] != 0) {
+			out(&g->b, "%s", terms++ ? " + " : "");
+			emit_digit(g, var, below, x->shape[k], k == lowest);
+			out(&g->b, " * %s", lit(x->strides[k], l));
+		}
+		below *= x->shape[k];
+	}
+	if (!terms)
+		out(&g->b, "0");
+}
+
+/* ---- pointwise nodes ---------------------------------------------------- */
+
+/* The type a node computes in (proto/program.h): arithmetic, math and
+ * gradients in f32, or f64 where the output is f64; comparisons in f64
+ * where an input is f64 or an integer (exact to 2^53), else f32; cast,
+ * where, fill and iota in f64 where any of their tensors is. Scalars are
+ * values, not tensors: they promote nothing. */
+static const char *node_ctype(const struct gen *g, const struct rp_prog_node *n)
+{
+	const enum rp_pointwise fn = n->pw.fn;
+	bool wide_in = false, wide_out = needs_f64(T(g, n->out[0])->dtype);
+
+	for (int i = 0; i < n->nin; i++)
+		if (n->in[i] >= 0 && !is_scalar(g, n->in[i]) && needs_f64(T(g, n->in[i])->dtype))
+			wide_in = true;
+	if (fn >= RP_PW_EQ && fn <= RP_PW_GE)
+		return wide_in ? "double" : "float";
+	if (fn == RP_PW_CAST || fn == RP_PW_WHERE || fn == RP_PW_FILL || fn == RP_PW_IOTA)
+		return wide_in || wide_out ? "double" : "float";
+	return T(g, n->out[0])->dtype == RP_DTYPE_F64 ? "double" : "float";
+}
+
+/* The dim of the domain an iota computed inline counts along, or -1 when
+ * it counts along a dim of one element (always 0). */
+static int inline_iota_dim(const struct gen *g, int t)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->plan->computed_inline[t]];
+	const struct rp_prog_tensor *x = T(g, t);
+
+	if (x->shape[n->pw.axis] == 1)
+		return -1;
+	return g->dom->rank - x->rank + n->pw.axis;
+}
+
+/* The value of tensor t where its iota or fill is computed inline: its
+ * node's value at the element, rounded to t's dtype as a stored one would
+ * be, then read with conv. */
+static void emit_inline_value(struct gen *g, int t, const char *conv)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->plan->computed_inline[t]];
+	const char *ty = ctype(T(g, t)->dtype);
+
+	out(&g->b, "%s(rg_cvt<%s>(double(", conv, ty);
+	if (n->pw.fn == RP_PW_FILL) {
+		out_double(&g->b, n->pw.scalar);
+	} else {
+		int d = inline_iota_dim(g, t);
+		if (d < 0)
+			out(&g->b, "0");
+		else
+			out(&g->b, "c%d", d);
+	}
+	out(&g->b, ")))");
+}
+
+/* Input i's value in the compute type c. */
+static void emit_input(struct gen *g, int node, int t, const char *c)
+{
+	const char *conv = strcmp(c, "double") == 0 ? "rg_f64" : "rg_f32";
+	int m;
+
+	if (is_scalar(g, t)) {
+		out(&g->b, "%s(a->scalar[%d])", c, T(g, t)->bind_index);
+		return;
+	}
+	if (g->plan->computed_inline[t] >= 0) {
+		emit_inline_value(g, t, conv);
+		return;
+	}
+	m = reg_of(g, g->cur, t);
+	if (m >= 0)
+		out(&g->b, "%s(v%d)", conv, m);
+	else
+		out(&g->b, "%s(m%d)", conv, g->loaded_as[t]);
+}
+
+static void emit_constant(struct gen *g, double v, const char *c)
+{
+	out(&g->b, "%s(", c);
+	out_double(&g->b, v);
+	out(&g->b, ")");
+}
+
+/* The operands of a pointwise node in the order its formula takes them,
+ * its constant scalar in its place: -2 stands for the constant. */
+static int pw_operands(const struct rp_prog_node *n, int ops[4])
+{
+	int k = 0, i = 0;
+
+	if (!n->pw.has_scalar) {
+		for (i = 0; i < n->nin && k < 3; i++)
+			ops[k++] = n->in[i];
+		return k;
+	}
+	if (n->pw.fn == RP_PW_WHERE) {
+		/* (cond, a, constant), or (cond, constant, b) with scalar_first. */
+		ops[k++] = n->nin > 0 ? n->in[0] : -1;
+		if (n->pw.scalar_first)
+			ops[k++] = -2;
+		ops[k++] = n->nin > 1 ? n->in[1] : -1;
+		if (!n->pw.scalar_first)
+			ops[k++] = -2;
+		return k;
+	}
+	if (n->pw.scalar_first)
+		ops[k++] = -2;
+	for (i = 0; i < n->nin && k < 3; i++)
+		ops[k++] = n->in[i];
+	if (!n->pw.scalar_first)
+		ops[k++] = -2;
+	return k;
+}
+
+static void emit_operand(struct gen *g, int node, int op, const char *c)
+{
+	const struct rp_prog_node *n = &g->p->nodes[node];
+
+	if (op == -2)
+		emit_constant(g, n->pw.scalar, c);
+	else
+		emit_input(g, node, op, c);
+}
+
+/* pow with a constant exponent: ATen's special cases (pow_tensor_scalar). */
+static bool emit_pow_special(struct gen *g, int node, int x, double e, const char *c)
+{
+	const char *fmt;
+
+	if (e == 2)
+		fmt = "(X * X)";
+	else if (e == 3)
+		fmt = "(X * X * X)";
+	else if (e == 0.5)
+		fmt = "rg_sqrt(X)";
+	else if (e == -0.5)
+		fmt = "rg_rsqrt(X)";
+	else if (e == -1)
+		fmt = "(C(1) / X)";
+	else if (e == -2)
+		fmt = "(C(1) / (X * X))";
+	else
+		return false;
+	for (const char *f = fmt; *f; f++) {
+		if (*f == 'X')
+			emit_input(g, node, x, c);
+		else if (*f == 'C')
+			out(&g->b, "%s", c);
+		else
+			out(&g->b, "%c", *f);
+	}
+	return true;
+}
+
+static int emit_pointwise_expr(struct gen *g, int node, const char *c)
+{
+	const struct rp_prog_node *n = &g->p->nodes[node];
+	int ops[4], nops = pw_operands(n, ops);
+	const char *infix = NULL, *call = NULL, *cmp = NULL;
+
+	switch (n->pw.fn) {
+	case RP_PW_ADD: infix = "+"; break;
+	case RP_PW_SUB: infix = "-"; break;
+	case RP_PW_MUL: infix = "*"; break;
+	case RP_PW_DIV: infix = "/"; break;
+	case RP_PW_POW:
+		if (n->pw.has_scalar && !n->pw.scalar_first && nops == 2 &&
+		    emit_pow_special(g, node, ops[0], n->pw.scalar, c))
+			return 0;
+		call = "rg_pow";
+		break;
+	case RP_PW_MAXIMUM: call = "rg_maximum"; break;
+	case RP_PW_MINIMUM: call = "rg_minimum"; break;
+	case RP_PW_EQ: cmp = "=="; break;
+	case RP_PW_NE: cmp = "!="; break;
+	case RP_PW_LT: cmp = "<"; break;
+	case RP_PW_LE: cmp = "<="; break;
+	case RP_PW_GT: cmp = ">"; break;
+	case RP_PW_GE: cmp = ">="; break;
+	case RP_PW_NEG: infix = "-"; break;
+	case RP_PW_EXP: call = "rg_exp"; break;
+	case RP_PW_LOG: call = "rg_log"; break;
+	case RP_PW_TANH: call = "rg_tanh"; break;
+	case RP_PW_ERF: call = "rg_erf"; break;
+	case RP_PW_SIGMOID: call = "rg_sigmoid"; break;
+	case RP_PW_SILU: call = "rg_silu"; break;
+	case RP_PW_GELU: call = "rg_gelu"; break;
+	case RP_PW_GELU_TANH: call = "rg_gelu_tanh"; break;
+	case RP_PW_RELU: call = "rg_relu"; break;
+	case RP_PW_SQRT: call = "rg_sqrt"; break;
+	case RP_PW_RSQRT: call = "rg_rsqrt"; break;
+	case RP_PW_ABS: call = "rg_abs"; break;
+	case RP_PW_RECIPROCAL:
+		out(&g->b, "(%s(1) / ", c);
+		emit_operand(g, node, ops[0], c);
+		out(&g->b, ")");
+		return nops == 1 ? 0 : -EINVAL;
+	case RP_PW_SQUARE:
+		out(&g->b, "(");
+		emit_operand(g, node, ops[0], c);
+		out(&g->b, " * ");
+		emit_operand(g, node, ops[0], c);
+		out(&g->b, ")");
+		return nops == 1 ? 0 : -EINVAL;
+	case RP_PW_CAST:
+		emit_operand(g, node, ops[0], c);
+		return nops == 1 ? 0 : -EINVAL;
+	case RP_PW_GELU_BACKWARD: call = "rg_gelu_backward"; break;
+	case RP_PW_GELU_TANH_BACKWARD: call = "rg_gelu_tanh_backward"; break;
+	case RP_PW_SILU_BACKWARD: call = "rg_silu_backward"; break;
+	case RP_PW_SIGMOID_BACKWARD: call = "rg_sigmoid_backward"; break;
+	case RP_PW_TANH_BACKWARD: call = "rg_tanh_backward"; break;
+	case RP_PW_RELU_BACKWARD: call = "rg_relu_backward"; break;
+	case RP_PW_WHERE:
+		if (nops != 3)
+			return -EINVAL;
+		out(&g->b, "(");
+		emit_operand(g, node, ops[0], c);
+		out(&g->b, " != %s(0) ? ", c);
+		emit_operand(g, node, ops[1], c);
+		out(&g->b, " : ");
+		emit_operand(g, node, ops[2], c);
+		out(&g->b, ")");
+		return 0;
+	case RP_PW_FILL:
+		emit_constant(g, n->pw.scalar, c);
+		return 0;
+	case RP_PW_IOTA: {
+		const struct rp_prog_tensor *o = T(g, n->out[0]);
+		int axis = n->pw.axis, dd = g->dom->rank - o->rank + axis;
+		if (axis < 0 || axis >= o->rank)
+			return -EINVAL;
+		if (o->shape[axis] == 1)
+			out(&g->b, "%s(0)", c);
+		else
+			out(&g->b, "%s(c%d)", c, dd);
+		return 0;
+	}
+	default:
+		return -EINVAL;
+	}
+	if (infix && nops == 1) {
+		out(&g->b, "(%s", infix);
+		emit_operand(g, node, ops[0], c);
+		out(&g->b, ")");
+		return 0;
+	}
+	if ((infix || cmp) && nops == 2) {
+		out(&g->b, "(");
+		emit_operand(g, node, ops[0], c);
+		out(&g->b, " %s ", infix ? infix : cmp);
+		emit_operand(g, node, ops[1], c);
+		if (cmp)
+			out(&g->b, " ? %s(1) : %s(0)", c, c);
+		out(&g->b, ")");
+		return 0;
+	}
+	if (call && nops >= 1 && nops <= 2) {
+		out(&g->b, "%s(", call);
+		for (int i = 0; i < nops; i++) {
+			if (i)
+				out(&g->b, ", ");
+			emit_operand(g, node, ops[i], c);
+		}
+		out(&g->b, ")");
+		return 0;
+	}
+	return -EINVAL;
+}
+
+/* The node as the definition wrote it, in a comment: its name, and
+ * out = op(inputs). */
+static void emit_node_comment(struct gen *g, int node, const char *ind)
+{
+	const struct rp_prog_node *n = &g->p->nodes[node];
+	char name[RP_PROG_NAME_MAX + 1];
+	int ops[4], nops = 0;
+
+	out(&g->b, "%s/* node %d \"%s\": ", ind, node, safe_name(n->name, name));
+	for (int i = 0; i < n->nout; i++)
+		out(&g->b, "%s%s", i ? ", " : "", n->out[i] >= 0 ? safe_name(T(g, n->out[i])->name, name) : "-");
+	out(&g->b, " = %s(", n->op->name);
+	if (n->op->cls == RP_PC_POINTWISE) {
+		nops = pw_operands(n, ops);
+	} else {
+		for (int i = 0; i < n->nin && nops < 4; i++)
+			ops[nops++] = n->in[i];
+	}
+	for (int i = 0; i < nops; i++) {
+		out(&g->b, "%s", i ? ", " : "");
+		if (ops[i] == -2)
+			out(&g->b, "%g", n->pw.scalar);
+		else if (ops[i] >= 0)
+			out(&g->b, "%s", safe_name(T(g, ops[i])->name, name));
+	}
+	if (n->op->cls == RP_PC_POINTWISE && n->pw.fn == RP_PW_IOTA)
+		out(&g->b, "axis %d", n->pw.axis);
+	if (n->op->cls == RP_PC_REDUCTION)
+		out(&g->b, ", %s", n->red.axis == RP_AXIS_LAST ? "last" : "leading");
+	out(&g->b, ") */\n");
+}
+
+/* The step's pointwise nodes at one element: its loads, each node's value
+ * (v<node>, in its output's dtype) and the stores of what leaves the step.
+ * `vec`: on the vector path, where flat operands come from and go to the
+ * vectors x<t> and y<t> at element j. Coordinates and idx are set. */
+static int emit_element(struct gen *g, bool vec, const char *ind)
+{
+	for (int i = 0; i < g->nmem; i++) {
+		int t = g->mem[i];
+		const char *ty = ctype(T(g, t)->dtype);
+		if (vec && g->vmode[t]) {
+			out(&g->b, "%sconst %s m%d = x%d.v[j];\n", ind, ty, t, t);
+		} else if (flat_in_domain(g, t)) {
+			out(&g->b, "%sconst %s m%d = p%d[idx];\n", ind, ty, t, t);
+		} else {
+			out(&g->b, "%sconst %s m%d = p%d[", ind, ty, t, t);
+			emit_offset(g, t);
+			out(&g->b, "];\n");
+		}
+	}
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
+		const struct rp_prog_node *n = &g->p->nodes[node];
+		int o = n->out[0];
+		const char *c = node_ctype(g, n);
+		g->cur = k;
+		emit_node_comment(g, node, ind);
+		out(&g->b, "%sconst %s v%d = rg_cvt<%s>(", ind, ctype(T(g, o)->dtype), node, ctype(T(g, o)->dtype));
+		if (emit_pointwise_expr(g, node, c) < 0) {
+			char name[RP_PROG_NAME_MAX + 1];
+			rp_error_set(g->err, RP_ERR_BACKEND,
+				     "program %s: node %d (%s) has operands the code generator does not take",
+				     safe_name(g->p->name, name), node, n->op->name);
+			return -EINVAL;
+		}
+		out(&g->b, ");\n");
+		if (!g->plan->node_stored[node])
+			continue;
+		if (vec && g->vmode[o]) {
+			out(&g->b, "%sy%d.v[j] = v%d;\n", ind, o, node);
+		} else if (flat_in_domain(g, o)) {
+			out(&g->b, "%sp%d[idx] = v%d;\n", ind, o, node);
+		} else {
+			out(&g->b, "%sp%d[", ind, o);
+			emit_offset(g, o);
+			out(&g->b, "] = v%d;\n", node);
+		}
+	}
+	return 0;
+}
+
+/* Which coordinates the element body reads: operands that are not flat,
+ * iotas, and (reductions) the result's place. */
+static void mark_coords(struct gen *g)
+{
+	for (int i = 0; i < g->nmem; i++)
+		if (!flat_in_domain(g, g->mem[i]))
+			use_coords_of(g, g->mem[i]);
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
+		const struct rp_prog_node *n = &g->p->nodes[node];
+		const struct rp_prog_tensor *o = T(g, n->out[0]);
+		if (n->pw.fn == RP_PW_IOTA && n->pw.axis >= 0 && n->pw.axis < o->rank && o->shape[n->pw.axis] > 1)
+			g->coord_used[g->dom->rank - o->rank + n->pw.axis] = true;
+		if (g->plan->node_stored[node] && !flat_in_domain(g, n->out[0]))
+			use_coords_of(g, n->out[0]);
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && g->plan->computed_inline[n->in[i]] >= 0 &&
+			    g->p->nodes[g->plan->computed_inline[n->in[i]]].pw.fn == RP_PW_IOTA &&
+			    inline_iota_dim(g, n->in[i]) >= 0)
+				g->coord_used[inline_iota_dim(g, n->in[i])] = true;
+	}
+	if (g->red >= 0 && g->p->nodes[g->red].red.axis == RP_AXIS_LAST) {
+		const struct rp_prog_tensor *o = T(g, g->p->nodes[g->red].out[0]);
+		for (int k = 0; k < g->dom->rank - 1 && k < o->rank; k++)
+			if (g->dom->shape[k] > 1 && o->strides[k] != 0)
+				g->coord_used[k] = true;
+	}
+}
+
+/* ---- step setup --------------------------------------------------------- */
+
+static void kernel_name(struct gen *g, char *name, const char *kind, const int *nodes, int count, const char *suffix)
+{
+	size_t len = (size_t)snprintf(name, RD_PROG_KERNEL_NAME_MAX, "k%d_%s", g->s, kind);
+	size_t room = RD_PROG_KERNEL_NAME_MAX - 1 - strlen(suffix) - 5;
+
+	for (int k = 0; k < count; k++) {
+		const char *op = g->p->nodes[nodes[k]].op->name;
+		size_t n = strlen(op);
+		if (len + 1 + n > room) {
+			len += (size_t)snprintf(name + len, RD_PROG_KERNEL_NAME_MAX - len, "_etc");
+			break;
+		}
+		name[len++] = '_';
+		for (size_t i = 0; i < n; i++) {
+			char ch = op[i];
+			bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+			name[len++] = ok ? ch : '_';
+		}
+		name[len] = '\0';
+	}
+	snprintf(name + len, RD_PROG_KERNEL_NAME_MAX - len, "%s", suffix);
+}
+
+static void emit_header(struct gen *g)
+{
+	const struct rd_prog_step *st = g->st;
+	char name[RP_PROG_NAME_MAX + 1];
+	int nb = g->plan->nbound > 0 ? g->plan->nbound : 1;
+
+	out(&g->b, "/* regend program \"%s\", step %d (%s): node%s", safe_name(g->p->name, name), g->s,
+	    rd_prog_step_kind_name(st->kind), st->nnodes > 1 ? "s" : "");
+	for (int k = 0; k < st->nnodes; k++)
+		out(&g->b, "%s %d", k ? "," : "", st->nodes[k]);
+	out(&g->b, ".\n * Written by regend from the checked program (daemon/program/codegen.c);\n"
+		   " * compiled with NVRTC. */\n");
+	out(&g->b, "%s", preamble);
+	out(&g->b, "/* The one parameter of every kernel: daemon/program/plan.h. */\n"
+		   "struct rg_args {\n"
+		   "\tvoid *bound[%d];\n"
+		   "\tchar *arena;\n"
+		   "\tdouble scalar[%d];\n"
+		   "};\n\n",
+	    nb, nb);
+}
+
+static void emit_idx_type(struct gen *g)
+{
+	out(&g->b, "\ttypedef %s idx_t;\n", g->idx64 ? "long long" : "int");
+}
+
+/* Pointers for every tensor the step reads from memory or stores. */
+static void declare_step_pointers(struct gen *g)
+{
+	for (int i = 0; i < g->nmem; i++)
+		declare_pointer(g, g->mem[i]);
+	for (int k = 0; k < g->npw; k++)
+		if (g->plan->node_stored[g->pw[k]])
+			declare_pointer(g, g->p->nodes[g->pw[k]].out[0]);
+}
+
+static bool offsets_fit_int(const struct gen *g)
+{
+	if (numel_of(g->dom) > IDX32_MAX)
+		return false;
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
+		const struct rp_prog_node *n = &g->p->nodes[node];
+		if (span_of(T(g, n->out[0])) > IDX32_MAX)
+			return false;
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && span_of(T(g, n->in[i])) > IDX32_MAX)
+				return false;
+	}
+	if (g->red >= 0) {
+		const struct rp_prog_node *n = &g->p->nodes[g->red];
+		if (span_of(T(g, n->in[0])) > IDX32_MAX || span_of(T(g, n->out[0])) > IDX32_MAX)
+			return false;
+	}
+	return true;
+}
+
+/* Collects the loads and marks the written roots for the nodes [first,
+ * last] and the reduction red. */
+static void collect(struct gen *g)
+{
+	const struct rp_program *p = g->p;
+
+	for (int k = 0; k < g->npw; k++) {
+		const int node = g->pw[k];
+		const struct rp_prog_node *n = &p->nodes[node];
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i];
+			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && reg_of(g, k, t) < 0)
+				mem_add(g, t);
+		}
+	}
+	if (g->red >= 0 && reg_of(g, g->npw, p->nodes[g->red].in[0]) < 0)
+		mem_add(g, p->nodes[g->red].in[0]);
+	for (int t = 0; t < p->ntensors; t++) {
+		int root = p->tensors[t].root;
+		for (int k = 0; k < g->npw; k++)
+			if (g->plan->node_stored[g->pw[k]] && p->tensors[p->nodes[g->pw[k]].out[0]].root == root)
+				g->root_written[t] = true;
+		if (g->red >= 0 && p->tensors[p->nodes[g->red].out[0]].root == root)
+			g->root_written[t] = true;
+	}
+}
+
+/* ---- FUSED -------------------------------------------------------------------- */
+
+/* Whether t's elements along the domain's last dim are its own last dim,
+ * contiguous: a run of elements of one row of the domain is one run of t. */
+static bool row_contiguous(const struct gen *g, int t)
+{
+	const struct rp_prog_tensor *x = T(g, t), *d = g->dom;
+	int64_t len = d->rank ? d->shape[d->rank - 1] : 1;
+
+	return len > 1 && x->rank >= 1 && x->shape[x->rank - 1] == len && x->strides[x->rank - 1] == 1;
+}
+
+/* Whether t's row runs of `vec` elements start vec-aligned (relative to
+ * the root's start): its other strides and its offset are multiples. */
+static bool row_runs_aligned(const struct gen *g, int t, int vec)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+
+	if (g->dom->shape[g->dom->rank - 1] % vec != 0 || x->root_offset % vec != 0)
+		return false;
+	for (int k = 0; k < x->rank - 1; k++)
+		if (x->shape[k] > 1 && x->strides[k] % vec != 0)
+			return false;
+	return true;
+}
+
+/* The tensors the step moves: read from memory, or stored. */
+static int step_tensors(const struct gen *g, int *list)
+{
+	int n = 0;
+
+	for (int i = 0; i < g->nmem; i++)
+		list[n++] = g->mem[i];
+	for (int k = 0; k < g->npw; k++)
+		if (g->plan->node_stored[g->pw[k]])
+			list[n++] = g->p->nodes[g->pw[k]].out[0];
+	return n;
+}
+
+/* The vector path: `vec` elements a thread takes at once, and which
+ * tensors move as vectors (g->vmode): those flat in the domain, and those
+ * whose rows are contiguous runs when the domain's rows split into whole
+ * vectors. 16 bytes of the narrowest such tensor, at most 32 bytes of the
+ * widest; 1 (no vector path) when none. */
+static void choose_vec(struct gen *g)
+{
+	int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
+	int n = list ? step_tensors(g, list) : 0;
+	size_t lo = 0, hi = 0;
+
+	g->vec = 1;
+	for (int i = 0; i < n; i++) {
+		int t = list[i];
+		g->vmode[t] = flat_in_domain(g, t) ? VEC_FLAT : row_contiguous(g, t) ? VEC_ROW : VEC_NONE;
+		if (g->vmode[t] == VEC_NONE)
+			continue;
+		size_t e = rp_dtype_size(T(g, t)->dtype);
+		lo = lo && lo < e ? lo : e;
+		hi = hi > e ? hi : e;
+	}
+	if (lo) {
+		int v = (int)(16 / lo);
+		while (v > 1 && (size_t)v * hi > 32)
+			v /= 2;
+		g->vec = v > 8 ? 8 : v;
+	}
+	if (numel_of(g->dom) < g->vec)
+		g->vec = 1;
+	bool any = false;
+	for (int i = 0; i < n; i++) {
+		int t = list[i];
+		if (g->vec == 1 || (g->vmode[t] == VEC_ROW && !row_runs_aligned(g, t, g->vec)))
+			g->vmode[t] = VEC_NONE;
+		any |= g->vmode[t] != VEC_NONE;
+		if (g->vmode[t] == VEC_ROW) {
+			const struct rp_prog_tensor *x = T(g, t);
+			for (int k = 0; k < x->rank; k++)
+				if (x->shape[k] > 1 && x->strides[k] != 0)
+					g->base_used[g->dom->rank - x->rank + k] = true;
+		}
+	}
+	if (!any)
+		g->vec = 1;
+	free(list);
+}
+
+/* Whether the vector path's element body reads coordinates: a tensor
+ * moved element by element that is not flat, or an iota computed inline. */
+static bool offset_uses_coords(const struct gen *g, int t)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+
+	if (g->vmode[t] || flat_in_domain(g, t))
+		return false;
+	for (int k = 0; k < x->rank; k++)
+		if (x->shape[k] > 1 && x->strides[k] != 0)
+			return true;
+	return false;
+}
+
+static bool vector_body_needs_coords(const struct gen *g)
+{
+	for (int i = 0; i < g->nmem; i++)
+		if (offset_uses_coords(g, g->mem[i]))
+			return true;
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		const struct rp_prog_tensor *o = T(g, n->out[0]);
+		if (g->plan->node_stored[g->pw[k]] && offset_uses_coords(g, n->out[0]))
+			return true;
+		if (n->pw.fn == RP_PW_IOTA && o->shape[n->pw.axis] > 1)
+			return true;
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
+			if (by >= 0 && g->p->nodes[by].pw.fn == RP_PW_IOTA && inline_iota_dim(g, t) >= 0)
+				return true;
+		}
+	}
+	return false;
+}
+
+/* Where tensor t's vector starts: base for a flat one, its offset at the
+ * vector's first element for the others. */
+static void emit_vector_at(struct gen *g, int t)
+{
+	if (g->vmode[t] == VEC_FLAT) {
+		out(&g->b, "p%d + base", t);
+		return;
+	}
+	out(&g->b, "p%d + (", t);
+	emit_offset_at(g, t, "b");
+	out(&g->b, ")");
+}
+
+static int gen_fused(struct gen *g)
+{
+	struct rd_prog_kernel *k = &g->st->kernels[0];
+	int64_t n = numel_of(g->dom);
+	char l[32];
+	int r;
+
+	kernel_name(g, k->name, "fused", g->st->nodes, g->st->nnodes, "");
+	k->block = PW_BLOCK;
+	k->blocks_per_sm = PW_BLOCKS_PER_SM;
+	choose_vec(g);
+	k->blocks = (uint64_t)((n + (int64_t)g->vec * PW_BLOCK - 1) / ((int64_t)g->vec * PW_BLOCK));
+	g->st->nkernels = 1;
+
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    PW_BLOCK, k->name);
+	emit_idx_type(g);
+	declare_step_pointers(g);
+	out(&g->b, "\tconst idx_t n = %s;\n", lit(n, l));
+	out(&g->b, "\tconst idx_t stride = (idx_t)gridDim.x * blockDim.x;\n");
+	out(&g->b, "\tidx_t start = 0;\n\n");
+	if (g->vec > 1) {
+		int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
+		if (!list)
+			return -ENOMEM;
+		int nt = step_tensors(g, list);
+		/* The Run's offsets decide whether the bound tensors are
+		 * aligned to their vectors, so the kernel asks. */
+		out(&g->b, "\t/* %d elements at a time where every tensor moved as a vector is aligned to it. */\n",
+		    g->vec);
+		out(&g->b, "\tconst bool vec_ok = true");
+		for (int i = 0; i < nt; i++)
+			if (g->vmode[list[i]])
+				out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", list[i],
+				    (size_t)g->vec * rp_dtype_size(T(g, list[i])->dtype));
+		out(&g->b, ";\n");
+		out(&g->b, "\tif (vec_ok) {\n");
+		out(&g->b, "\t\tfor (idx_t vi = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; vi < n / %d; vi += stride) {\n",
+		    g->vec);
+		out(&g->b, "\t\t\tconst idx_t base = vi * %d;\n", g->vec);
+		emit_coords_as(g, "base", g->dom->rank, "\t\t\t", "b", g->base_used);
+		for (int i = 0; i < g->nmem; i++) {
+			int t = g->mem[i];
+			const char *ty = ctype(T(g, t)->dtype);
+			if (!g->vmode[t])
+				continue;
+			out(&g->b, "\t\t\tconst rg_vec<%s, %d> x%d = *(const rg_vec<%s, %d> *)(", ty, g->vec, t, ty, g->vec);
+			emit_vector_at(g, t);
+			out(&g->b, ");\n");
+		}
+		for (int i = 0; i < g->npw; i++) {
+			const int node = g->pw[i];
+			int o = g->p->nodes[node].out[0];
+			if (g->plan->node_stored[node] && g->vmode[o])
+				out(&g->b, "\t\t\trg_vec<%s, %d> y%d;\n", ctype(T(g, o)->dtype), g->vec, o);
+		}
+		out(&g->b, "#pragma unroll\n");
+		out(&g->b, "\t\t\tfor (int j = 0; j < %d; j++) {\n", g->vec);
+		if (vector_body_needs_coords(g)) {
+			out(&g->b, "\t\t\t\tconst idx_t idx = base + j;\n");
+			emit_coords(g, "idx", g->dom->rank, "\t\t\t\t");
+		}
+		r = emit_element(g, true, "\t\t\t\t");
+		if (r < 0) {
+			free(list);
+			return r;
+		}
+		out(&g->b, "\t\t\t}\n");
+		for (int i = 0; i < g->npw; i++) {
+			const int node = g->pw[i];
+			int o = g->p->nodes[node].out[0];
+			if (!g->plan->node_stored[node] || !g->vmode[o])
+				continue;
+			out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(", ctype(T(g, o)->dtype), g->vec);
+			emit_vector_at(g, o);
+			out(&g->b, ") = y%d;\n", o);
+		}
+		out(&g->b, "\t\t}\n");
+		out(&g->b, "\t\tstart = n / %d * %d;\n", g->vec, g->vec);
+		out(&g->b, "\t}\n");
+		free(list);
+	}
+	out(&g->b, "\tfor (idx_t idx = start + (idx_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {\n");
+	emit_coords(g, "idx", g->dom->rank, "\t\t");
+	r = emit_element(g, false, "\t\t");
+	if (r < 0)
+		return r;
+	out(&g->b, "\t}\n}\n");
+	return 0;
+}
+
+/* ---- REDUCTION ---------------------------------------------------------------- */
+
+struct red_shape {
+	bool last;            /* over the last dim, else over the leading ones */
+	int64_t rows, cols;   /* the input as [rows, cols] */
+	bool acc64;
+	/* Leading: tiles of COL_TILE columns, chunks of rows. */
+	int64_t tiles, chunks, chunk_rows;
+};
+
+static void red_shape_of(const struct rp_program *p, const struct rp_prog_node *n, struct red_shape *rs)
+{
+	const struct rp_prog_tensor *x = &p->tensors[n->in[0]];
+	int64_t numel = numel_of(x);
+
+	memset(rs, 0, sizeof(*rs));
+	rs->last = n->red.axis == RP_AXIS_LAST;
+	rs->cols = x->rank ? x->shape[x->rank - 1] : 1;
+	rs->rows = rs->cols ? numel / rs->cols : 0;
+	rs->acc64 = x->dtype == RP_DTYPE_F64 || p->tensors[n->out[0]].dtype == RP_DTYPE_F64;
+	if (rs->last)
+		return;
+	rs->tiles = (rs->cols + COL_TILE - 1) / COL_TILE;
+	int64_t want = (COL_TARGET_BLOCKS + rs->tiles - 1) / (rs->tiles ? rs->tiles : 1);
+	int64_t most = (rs->rows + COL_CHUNK_ROWS_MIN - 1) / COL_CHUNK_ROWS_MIN;
+	rs->chunks = want < most ? want : most;
+	if (rs->chunks < 1)
+		rs->chunks = 1;
+	rs->chunk_rows = (rs->rows + rs->chunks - 1) / rs->chunks;
+	if (rs->chunk_rows < 1)
+		rs->chunk_rows = 1;
+	rs->chunks = (rs->rows + rs->chunk_rows - 1) / rs->chunk_rows;
+	if (rs->chunks < 1)
+		rs->chunks = 1;
+}
+
+uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct rd_prog_plan *plan, int s)
+{
+	const struct rd_prog_step *st = &plan->steps[s];
+	struct red_shape rs;
+
+	if (st->kind != RD_STEP_REDUCTION)
+		return 0;
+	red_shape_of(p, &p->nodes[st->nodes[st->nnodes - 1]], &rs);
+	if (rs.last || rs.chunks <= 1)
+		return 0;
+	return (uint64_t)rs.chunks * (uint64_t)rs.cols * (rs.acc64 ? 8 : 4);
+}
+
+static const char *red_fn(enum rp_reduction fn)
+{
+	switch (fn) {
+	case RP_RED_SUM:
+	case RP_RED_MEAN:
+		return "rg_red_sum";
+	case RP_RED_MAX:
+	case RP_RED_AMAX:
+		return "rg_red_max";
+	case RP_RED_MIN:
+		return "rg_red_min";
+	default:
+		return NULL;
+	}
+}
+
+static const char *red_init(enum rp_reduction fn, bool acc64)
+{
+	switch (fn) {
+	case RP_RED_MAX:
+		return acc64 ? "-__longlong_as_double(0x7ff0000000000000LL)" : "-__int_as_float(0x7f800000)";
+	case RP_RED_MIN:
+		return acc64 ? "__longlong_as_double(0x7ff0000000000000LL)" : "__int_as_float(0x7f800000)";
+	default:
+		return "0";
+	}
+}
+
+/* acc = step(acc, the element's input value). */
+static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	int x = n->in[0], m = reg_of(g, g->npw, x);
+	const char *conv = rs->acc64 ? "rg_f64" : "rg_f32";
+
+	emit_node_comment(g, g->red, ind);
+	out(&g->b, "%sacc = %s(acc, %s%s(", ind, red_fn(n->red.fn), n->red.fn == RP_RED_AMAX ? "rg_abs(" : "", conv);
+	if (m >= 0)
+		out(&g->b, "v%d", m);
+	else
+		out(&g->b, "m%d", g->loaded_as[x]);
+	out(&g->b, ")%s);\n", n->red.fn == RP_RED_AMAX ? ")" : "");
+}
+
+/* The finished value into the output at its offset (`off`, an expression). */
+static void emit_result_store(struct gen *g, const struct red_shape *rs, const char *value, int64_t count,
+			      const char *ind)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	int o = n->out[0];
+	const char *acc = rs->acc64 ? "double" : "float";
+	char l[32];
+
+	out(&g->b, "%sp%d[off] = rg_cvt<%s>(%s", ind, o, ctype(T(g, o)->dtype), value);
+	if (n->red.fn == RP_RED_MEAN)
+		out(&g->b, " / %s(%s)", acc, lit(count, l));
+	out(&g->b, ");\n");
+}
+
+static void emit_warp_reduce(struct gen *g, const char *fn, const char *var, const char *ind)
+{
+	out(&g->b, "%sfor (int o = 16; o > 0; o /= 2)\n", ind);
+	out(&g->b, "%s\t%s = %s(%s, __shfl_xor_sync(0xffffffffu, %s, o));\n", ind, var, fn, var, var);
+}
+
+/* The output's offset for a row of a last-axis reduction: the row's
+ * coordinates (c0..) with the output's strides. */
+static void emit_row_out_offset(struct gen *g)
+{
+	const struct rp_prog_tensor *o = T(g, g->p->nodes[g->red].out[0]);
+	int terms = 0;
+	char l[32];
+
+	out(&g->b, "const idx_t off = ");
+	for (int k = 0; k < g->dom->rank - 1 && k < o->rank; k++) {
+		if (g->dom->shape[k] == 1 || o->strides[k] == 0)
+			continue;
+		out(&g->b, "%sc%d * %s", terms++ ? " + " : "", k, lit(o->strides[k], l));
+	}
+	out(&g->b, "%s;\n", terms ? "" : "0");
+}
+
+static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
+{
+	struct rd_prog_kernel *k = &g->st->kernels[0];
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	const char *acc = rs->acc64 ? "double" : "float", *fn = red_fn(n->red.fn);
+	bool per_warp = rs->cols <= ROW_WARP_MAX;
+	int rank = g->dom->rank;
+	char l[32], l2[32];
+	int r;
+
+	kernel_name(g, k->name, "reduce", g->st->nodes, g->st->nnodes, "_last");
+	g->st->nkernels = 1;
+	k->block = per_warp ? PW_BLOCK : ROW_BLOCK;
+	k->blocks_per_sm = 2048 / k->block;
+	k->blocks = per_warp ? (uint64_t)(rs->rows + PW_BLOCK / 32 - 1) / (PW_BLOCK / 32) : (uint64_t)rs->rows;
+
+	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order. */\n", per_warp ? "warp" : "block",
+	    (long long)rs->cols, acc);
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    k->block, k->name);
+	emit_idx_type(g);
+	declare_step_pointers(g);
+	declare_pointer(g, n->out[0]);
+	out(&g->b, "\tconst idx_t rows = %s, cols = %s;\n", lit(rs->rows, l), lit(rs->cols, l2));
+	out(&g->b, "\tconst int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
+	if (per_warp) {
+		out(&g->b, "\tfor (idx_t row = (idx_t)blockIdx.x * %d + warp; row < rows; row += (idx_t)gridDim.x * %d) {\n",
+		    PW_BLOCK / 32, PW_BLOCK / 32);
+	} else {
+		out(&g->b, "\t__shared__ %s part[%d];\n", acc, ROW_BLOCK / 32);
+		out(&g->b, "\tfor (idx_t row = blockIdx.x; row < rows; row += gridDim.x) {\n");
+	}
+	emit_coords(g, "row", rank - 1, "\t\t");
+	out(&g->b, "\t\t%s acc = %s;\n", acc, red_init(n->red.fn, rs->acc64));
+	out(&g->b, "\t\tfor (idx_t j = %s; j < cols; j += %s) {\n", per_warp ? "lane" : "threadIdx.x",
+	    per_warp ? "32" : "blockDim.x");
+	if (g->coord_used[rank - 1])
+		out(&g->b, "\t\t\tconst idx_t c%d = j;\n", rank - 1);
+	out(&g->b, "\t\t\tconst idx_t idx = row * cols + j;\n");
+	r = emit_element(g, false, "\t\t\t");
+	if (r < 0)
+		return r;
+	emit_accumulate(g, rs, "\t\t\t");
+	out(&g->b, "\t\t}\n");
+	emit_warp_reduce(g, fn, "acc", "\t\t");
+	if (!per_warp) {
+		out(&g->b, "\t\tif (lane == 0)\n\t\t\tpart[warp] = acc;\n");
+		out(&g->b, "\t\t__syncthreads();\n");
+		out(&g->b, "\t\tif (warp == 0) {\n");
+		out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s(%s);\n", ROW_BLOCK / 32, acc,
+		    red_init(n->red.fn, rs->acc64));
+		emit_warp_reduce(g, fn, "acc", "\t\t\t");
+		out(&g->b, "\t\t}\n");
+	}
+	out(&g->b, "\t\tif (threadIdx.x %% 32 == 0%s) {\n", per_warp ? "" : " && warp == 0");
+	out(&g->b, "\t\t\t");
+	emit_row_out_offset(g);
+	emit_result_store(g, rs, "acc", rs->cols, "\t\t\t");
+	out(&g->b, "\t\t}\n");
+	if (!per_warp)
+		out(&g->b, "\t\t__syncthreads();\n");
+	out(&g->b, "\t}\n}\n");
+	return 0;
+}
+
+static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
+{
+	struct rd_prog_kernel *k = &g->st->kernels[0];
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	const struct rp_prog_tensor *o = T(g, n->out[0]);
+	const char *acc = rs->acc64 ? "double" : "float", *fn = red_fn(n->red.fn);
+	bool two_pass = rs->chunks > 1;
+	int rank = g->dom->rank;
+	int64_t out_stride = o->rank ? o->strides[o->rank - 1] : 0;
+	char l[32], l2[32];
+	int r;
+
+	kernel_name(g, k->name, "reduce", g->st->nodes, g->st->nnodes, two_pass ? "_leading_part" : "_leading");
+	k->block = COL_TILE * COL_ROW_THREADS;
+	k->blocks_per_sm = 2048 / k->block;
+	k->blocks = (uint64_t)(rs->tiles * rs->chunks);
+	g->st->nkernels = 1;
+
+	out(&g->b, "/* Columns %d at a time, %lld rows of %lld in chunks of %lld%s; %s accumulation in a fixed order. */\n",
+	    COL_TILE, (long long)rs->rows, (long long)rs->cols, (long long)rs->chunk_rows,
+	    two_pass ? " (partials to the arena, added by the next kernel)" : "", acc);
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    k->block, k->name);
+	emit_idx_type(g);
+	declare_step_pointers(g);
+	if (two_pass)
+		out(&g->b, "\t%s *part = (%s *)(a->arena + %llu);\n", acc, acc,
+		    (unsigned long long)g->st->scratch_offset);
+	else
+		declare_pointer(g, n->out[0]);
+	out(&g->b, "\tconst idx_t rows = %s, cols = %s;\n", lit(rs->rows, l), lit(rs->cols, l2));
+	out(&g->b, "\tconst int tx = threadIdx.x %% %d, ty = threadIdx.x / %d;\n", COL_TILE, COL_TILE);
+	out(&g->b, "\t__shared__ %s part_sh[%d][%d];\n", acc, COL_ROW_THREADS, COL_TILE + 1);
+	out(&g->b, "\tfor (idx_t b = blockIdx.x; b < %s; b += gridDim.x) {\n", lit(rs->tiles * rs->chunks, l));
+	out(&g->b, "\t\tconst idx_t col = (b %% %s) * %d + tx, chunk = b / %s;\n", lit(rs->tiles, l), COL_TILE, l);
+	out(&g->b, "\t\t%s acc = %s;\n", acc, red_init(n->red.fn, rs->acc64));
+	out(&g->b, "\t\tif (col < cols) {\n");
+	out(&g->b, "\t\t\tconst idx_t end = min(rows, (chunk + 1) * %s);\n", lit(rs->chunk_rows, l));
+	out(&g->b, "\t\t\tfor (idx_t row = chunk * %s + ty; row < end; row += %d) {\n", l, COL_ROW_THREADS);
+	emit_coords(g, "row", rank - 1, "\t\t\t\t");
+	if (g->coord_used[rank - 1])
+		out(&g->b, "\t\t\t\tconst idx_t c%d = col;\n", rank - 1);
+	out(&g->b, "\t\t\t\tconst idx_t idx = row * cols + col;\n");
+	r = emit_element(g, false, "\t\t\t\t");
+	if (r < 0)
+		return r;
+	emit_accumulate(g, rs, "\t\t\t\t");
+	out(&g->b, "\t\t\t}\n\t\t}\n");
+	out(&g->b, "\t\tpart_sh[ty][tx] = acc;\n");
+	out(&g->b, "\t\t__syncthreads();\n");
+	out(&g->b, "\t\tif (ty == 0 && col < cols) {\n");
+	out(&g->b, "\t\t\tfor (int k = 1; k < %d; k++)\n", COL_ROW_THREADS);
+	out(&g->b, "\t\t\t\tacc = %s(acc, part_sh[k][tx]);\n", fn);
+	if (two_pass) {
+		out(&g->b, "\t\t\tpart[chunk * cols + col] = acc;\n");
+	} else {
+		out(&g->b, "\t\t\tconst idx_t off = col * %s;\n", lit(out_stride, l));
+		emit_result_store(g, rs, "acc", rs->rows, "\t\t\t");
+	}
+	out(&g->b, "\t\t}\n\t\t__syncthreads();\n\t}\n}\n\n");
+	if (!two_pass)
+		return 0;
+
+	/* The partials, added in chunk order. */
+	k = &g->st->kernels[1];
+	g->st->nkernels = 2;
+	kernel_name(g, k->name, "reduce", &g->red, 1, "_leading_final");
+	k->block = PW_BLOCK;
+	k->blocks_per_sm = PW_BLOCKS_PER_SM;
+	k->blocks = (uint64_t)((rs->cols + PW_BLOCK - 1) / PW_BLOCK);
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    PW_BLOCK, k->name);
+	emit_idx_type(g);
+	out(&g->b, "\tconst %s *part = (const %s *)(a->arena + %llu);\n", acc, acc,
+	    (unsigned long long)g->st->scratch_offset);
+	g->declared[n->out[0]] = false;
+	declare_pointer(g, n->out[0]);
+	out(&g->b, "\tconst idx_t cols = %s;\n", lit(rs->cols, l));
+	out(&g->b, "\tfor (idx_t col = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += (idx_t)gridDim.x * blockDim.x) {\n");
+	out(&g->b, "\t\t%s acc = part[col];\n", acc);
+	out(&g->b, "\t\tfor (idx_t k = 1; k < %s; k++)\n", lit(rs->chunks, l));
+	out(&g->b, "\t\t\tacc = %s(acc, part[k * cols + col]);\n", fn);
+	out(&g->b, "\t\tconst idx_t off = col * %s;\n", lit(out_stride, l));
+	emit_result_store(g, rs, "acc", rs->rows, "\t\t");
+	out(&g->b, "\t}\n}\n");
+	return 0;
+}
+
+static int gen_reduction(struct gen *g)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	struct red_shape rs;
+
+	if (n->nin < 1 || n->in[0] < 0 || n->nout != 1 || !red_fn(n->red.fn) || T(g, n->in[0])->rank < 1)
+		return -EINVAL;
+	red_shape_of(g->p, n, &rs);
+	if (rs.rows == 0 || rs.cols == 0) {
+		g->st->nkernels = 0;
+		return 0;
+	}
+	return rs.last ? gen_row_reduction(g, &rs) : gen_column_reduction(g, &rs);
+}
+
+/* ---- GATHER --------------------------------------------------------------------- */
+
+/* The output's offset of element (i, d) of an [N, D] view: i row-major over
+ * its leading dims, d along the last. */
+static void emit_rows_offset(struct gen *g, int t, const char *row, const char *col)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+	char l[32];
+	struct rp_prog_tensor lead = *x;
+
+	/* The leading dims as a tensor of their own. */
+	lead.rank = x->rank - 1;
+	out(&g->b, "(");
+	if (lead.rank > 0) {
+		int64_t below = 1;
+		int lowest = -1, terms = 0;
+		for (int k = 0; k < lead.rank; k++)
+			if (lead.shape[k] > 1) {
+				lowest = k;
+				break;
+			}
+		for (int k = lead.rank - 1; k >= 0; k--) {
+			if (lead.shape[k] > 1 && lead.strides[k] != 0) {
+				out(&g->b, "%s", terms++ ? " + " : "");
+				emit_digit(g, row, below, lead.shape[k], k == lowest);
+				out(&g->b, " * %s", lit(lead.strides[k], l));
+			}
+			below *= lead.shape[k];
+		}
+		if (!terms)
+			out(&g->b, "0");
+	} else {
+		out(&g->b, "0");
+	}
+	out(&g->b, ") + %s", col);
+	if (x->strides[x->rank - 1] != 1)
+		out(&g->b, " * %s", lit(x->strides[x->rank - 1], l));
+}
+
+static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
+{
+	struct rd_prog_kernel *k = &g->st->kernels[0];
+	int table = n->in[0], index = n->in[1], o = n->out[0];
+	const struct rp_prog_tensor *tt = T(g, table), *ot = T(g, o);
+	int64_t rows = numel_of(T(g, index)), dim = tt->shape[1], vocab = tt->shape[0];
+	char l[32], l2[32], l3[32];
+
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, "");
+	g->st->nkernels = 1;
+	k->block = PW_BLOCK;
+	k->blocks_per_sm = PW_BLOCKS_PER_SM;
+	k->blocks = (uint64_t)((rows * dim + PW_BLOCK - 1) / PW_BLOCK);
+	g->root_written[o] = true;
+	emit_node_comment(g, g->st->nodes[0], "");
+	out(&g->b, "/* out[i, :] = table[index[i], :]; an index outside [0, %lld) reads as a row of zeros. */\n",
+	    (long long)vocab);
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    PW_BLOCK, k->name);
+	emit_idx_type(g);
+	declare_pointer(g, table);
+	declare_pointer(g, index);
+	declare_pointer(g, o);
+	out(&g->b, "\tconst idx_t n = %s, dim = %s;\n", lit(rows * dim, l), lit(dim, l2));
+	out(&g->b, "\tfor (idx_t e = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (idx_t)gridDim.x * blockDim.x) {\n");
+	out(&g->b, "\t\tconst idx_t i = e / dim, d = e - i * dim;\n");
+	out(&g->b, "\t\tconst long long v = (long long)p%d[", index);
+	emit_flat_offset(g, index, "i");
+	out(&g->b, "];\n");
+	out(&g->b, "\t\tconst %s x = v >= 0 && v < %s ? p%d[v * %s + d * %s] : rg_cvt<%s>(0.0f);\n", ctype(tt->dtype),
+	    lit(vocab, l), table, lit(tt->strides[0], l2), lit(tt->strides[1], l3), ctype(tt->dtype));
+	out(&g->b, "\t\tp%d[", o);
+	emit_rows_offset(g, o, "i", "d");
+	if (ot->dtype == tt->dtype)
+		out(&g->b, "] = x;\n");
+	else
+		out(&g->b, "] = rg_cvt<%s>(rg_f32(x));\n", ctype(ot->dtype));
+	out(&g->b, "\t}\n}\n");
+	return 0;
+}
+
+static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
+{
+	struct rd_prog_kernel *k = &g->st->kernels[0];
+	int dout = n->in[0], index = n->in[1], o = n->out[0];
+	const struct rp_prog_tensor *ot = T(g, o), *dt = T(g, dout);
+	int64_t rows = numel_of(T(g, index)), dim = ot->shape[1], vocab = ot->shape[0];
+	bool acc64 = needs_f64(dt->dtype) || needs_f64(ot->dtype);
+	const char *acc = acc64 ? "double" : "float", *conv = acc64 ? "rg_f64" : "rg_f32";
+	int per = (int)((dim + EMB_BLOCK - 1) / EMB_BLOCK);
+	char l[32], l2[32];
+
+	if (per > EMB_BWD_PER_THREAD)
+		per = EMB_BWD_PER_THREAD;
+	g->root_written[o] = true;
+	g->st->nkernels = 2;
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, "_zero");
+	k->block = PW_BLOCK;
+	k->blocks_per_sm = PW_BLOCKS_PER_SM;
+	k->blocks = (uint64_t)((vocab * dim + PW_BLOCK - 1) / PW_BLOCK);
+	emit_node_comment(g, g->st->nodes[0], "");
+	out(&g->b, "/* d_table = 0, then each index's rows of d_out summed in index order. */\n");
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    PW_BLOCK, k->name);
+	emit_idx_type(g);
+	declare_pointer(g, o);
+	out(&g->b, "\tconst idx_t n = %s, dim = %s;\n", lit(vocab * dim, l), lit(dim, l2));
+	out(&g->b, "\tfor (idx_t e = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (idx_t)gridDim.x * blockDim.x) {\n");
+	out(&g->b, "\t\tconst idx_t v = e / dim, d = e - v * dim;\n");
+	out(&g->b, "\t\tp%d[", o);
+	emit_rows_offset(g, o, "v", "d");
+	out(&g->b, "] = rg_cvt<%s>(0.0f);\n", ctype(ot->dtype));
+	out(&g->b, "\t}\n}\n\n");
+
+	k = &g->st->kernels[1];
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, "_rows");
+	k->block = EMB_BLOCK;
+	k->blocks_per_sm = 2048 / EMB_BLOCK;
+	k->blocks = (uint64_t)rows;
+	memset(g->declared, 0, (size_t)g->p->ntensors * sizeof(*g->declared));
+	out(&g->b, "/* A block per index position i. Only the first position holding a value v writes\n"
+		   " * row v: the sum of d_out's rows at every position holding v, in position\n"
+		   " * order, so the result is the same bits every run without atomics. Finding\n"
+		   " * the first position compares O(N^2) indices over the whole step: fine for a\n"
+		   " * step's tokens for now; a sort by index (CUB's radix sort) would make it\n"
+		   " * O(N log N). */\n");
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    EMB_BLOCK, k->name);
+	emit_idx_type(g);
+	declare_pointer(g, dout);
+	declare_pointer(g, index);
+	declare_pointer(g, o);
+	out(&g->b, "\tconst idx_t rows = %s, dim = %s;\n", lit(rows, l), lit(dim, l2));
+	out(&g->b, "\tfor (idx_t i = blockIdx.x; i < rows; i += gridDim.x) {\n");
+	out(&g->b, "\t\tconst long long v = (long long)p%d[", index);
+	emit_flat_offset(g, index, "i");
+	out(&g->b, "];\n");
+	out(&g->b, "\t\tif (v < 0 || v >= %s)\n\t\t\tcontinue;\n", lit(vocab, l));
+	out(&g->b, "\t\tint seen = 0;\n");
+	out(&g->b, "\t\tfor (idx_t j = threadIdx.x; j < i; j += blockDim.x)\n");
+	out(&g->b, "\t\t\tseen |= (long long)p%d[", index);
+	emit_flat_offset(g, index, "j");
+	out(&g->b, "] == v;\n");
+	out(&g->b, "\t\tif (__syncthreads_or(seen))\n\t\t\tcontinue;\n");
+	out(&g->b, "\t\tfor (idx_t d0 = 0; d0 < dim; d0 += %d) {\n", EMB_BLOCK * per);
+	out(&g->b, "\t\t\t%s acc[%d];\n", acc, per);
+	out(&g->b, "#pragma unroll\n\t\t\tfor (int k = 0; k < %d; k++)\n\t\t\t\tacc[k] = 0;\n", per);
+	out(&g->b, "\t\t\tfor (idx_t j = i; j < rows; j++) {\n");
+	out(&g->b, "\t\t\t\tif ((long long)p%d[", index);
+	emit_flat_offset(g, index, "j");
+	out(&g->b, "] != v)\n\t\t\t\t\tcontinue;\n");
+	out(&g->b, "#pragma unroll\n\t\t\t\tfor (int k = 0; k < %d; k++) {\n", per);
+	out(&g->b, "\t\t\t\t\tconst idx_t d = d0 + k * %d + threadIdx.x;\n", EMB_BLOCK);
+	out(&g->b, "\t\t\t\t\tif (d < dim)\n\t\t\t\t\t\tacc[k] += %s(p%d[", conv, dout);
+	emit_rows_offset(g, dout, "j", "d");
+	out(&g->b, "]);\n\t\t\t\t}\n\t\t\t}\n");
+	out(&g->b, "#pragma unroll\n\t\t\tfor (int k = 0; k < %d; k++) {\n", per);
+	out(&g->b, "\t\t\t\tconst idx_t d = d0 + k * %d + threadIdx.x;\n", EMB_BLOCK);
+	out(&g->b, "\t\t\t\tif (d < dim)\n\t\t\t\t\tp%d[", o);
+	emit_rows_offset(g, o, "v", "d");
+	out(&g->b, "] = rg_cvt<%s>(acc[k]);\n\t\t\t}\n\t\t}\n\t}\n}\n", ctype(ot->dtype));
+	return 0;
+}
+
+static int gen_gather(struct gen *g)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->st->nodes[0]];
+
+	if (n->nin < 2 || n->in[0] < 0 || n->in[1] < 0 || n->nout != 1 || n->out[0] < 0)
+		return -EINVAL;
+	if (n->gather.fn == RP_GATHER_EMBEDDING) {
+		if (T(g, n->in[0])->rank != 2 || T(g, n->out[0])->rank < 2)
+			return -EINVAL;
+		g->idx64 = numel_of(T(g, n->out[0])) > IDX32_MAX || span_of(T(g, n->out[0])) > IDX32_MAX ||
+			   span_of(T(g, n->in[1])) > IDX32_MAX;
+		return gen_embedding(g, n);
+	}
+	if (n->gather.fn == RP_GATHER_EMBEDDING_BACKWARD) {
+		if (T(g, n->out[0])->rank != 2 || T(g, n->in[0])->rank < 2)
+			return -EINVAL;
+		g->idx64 = numel_of(T(g, n->out[0])) > IDX32_MAX || span_of(T(g, n->out[0])) > IDX32_MAX ||
+			   numel_of(T(g, n->in[0])) > IDX32_MAX || span_of(T(g, n->in[0])) > IDX32_MAX ||
+			   span_of(T(g, n->in[1])) > IDX32_MAX;
+		return gen_embedding_backward(g, n);
+	}
+	return -EINVAL;
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+static uint64_t fnv1a(const char *s, size_t n)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= (unsigned char)s[i];
+		h *= UINT64_C(0x100000001b3);
+	}
+	return h;
+}
+
+int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, int s, struct rp_error *err)
+{
+	struct rd_prog_step *st = &plan->steps[s];
+	struct gen g = { .p = p, .plan = plan, .st = st, .s = s, .red = -1, .vec = 1, .err = err };
+	int last = st->nnodes ? st->nodes[st->nnodes - 1] : -1;
+	int r = -ENOMEM;
+
+	g.mem = malloc((size_t)(st->nnodes * RP_PROG_NODE_IN_MAX + 1) * sizeof(*g.mem));
+	g.root_written = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.root_written));
+	g.declared = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.declared));
+	g.vmode = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.vmode));
+	g.loaded_as = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.loaded_as));
+	if (!g.mem || !g.root_written || !g.declared || !g.vmode || !g.loaded_as)
+		goto out;
+	switch (st->kind) {
+	case RD_STEP_FUSED:
+		g.pw = st->nodes;
+		g.npw = st->nnodes;
+		g.dom = &p->tensors[p->nodes[st->nodes[0]].out[0]];
+		break;
+	case RD_STEP_REDUCTION:
+		g.pw = st->nodes;
+		g.npw = st->nnodes - 1;
+		g.red = last;
+		g.dom = &p->tensors[p->nodes[g.red].in[0]];
+		break;
+	case RD_STEP_GATHER:
+		break;
+	default:
+		r = 0;
+		goto out;
+	}
+	if (g.dom) {
+		collect(&g);
+		mark_coords(&g);
+		g.idx64 = !offsets_fit_int(&g);
+	}
+	emit_header(&g);
+	switch (st->kind) {
+	case RD_STEP_FUSED:
+		r = gen_fused(&g);
+		break;
+	case RD_STEP_REDUCTION:
+		r = gen_reduction(&g);
+		break;
+	default:
+		r = gen_gather(&g);
+		break;
+	}
+	if (r == -EINVAL && !err->name) {
+		char name[RP_PROG_NAME_MAX + 1];
+		rp_error_set(err, RP_ERR_BACKEND, "program %s: node %d (%s) has a form the code generator does not take",
+			     safe_name(p->name, name), last, p->nodes[last].op->name);
+	}
+	if (r == 0 && g.unplaced) {
+		char name[RP_PROG_NAME_MAX + 1];
+		rp_error_set(err, RP_ERR_BACKEND, "program %s: step %d reads an intermediate the plan never stores",
+			     safe_name(p->name, name), s);
+		r = -EINVAL;
+	}
+	if (r < 0)
+		goto out;
+	if (g.b.failed) {
+		r = -ENOMEM;
+		goto out;
+	}
+	st->source = g.b.p;
+	st->source_len = g.b.len;
+	st->source_hash = fnv1a(g.b.p, g.b.len);
+	g.b.p = NULL;
+	r = 0;
+out:
+	if (r == -ENOMEM && !err->name)
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to write program %s's kernels", p->name);
+	free(g.b.p);
+	free(g.mem);
+	free(g.root_written);
+	free(g.declared);
+	free(g.vmode);
+	free(g.loaded_as);
+	return r;
+}

@@ -1,0 +1,26 @@
+/* Between plan.c and codegen.c: the CUDA C writer of one step, and the
+ * view relations both need (an access that may use a value in registers,
+ * one that may not). Not for the executor: plan.h is its interface. */
+#pragma once
+
+#include <stdbool.h>
+#include "daemon/program/plan.h"
+
+/* Writes step s's source, kernels and scratch size into plan->steps[s]
+ * (its scratch_offset is the arena layout's, set afterwards). The plan's
+ * grouping and node_stored must be final. 0, or -ENOMEM or -EINVAL with err
+ * set. */
+int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, int s, struct rp_error *err);
+
+/* Tensors a and b are the same elements of the same root in the same
+ * order: one thread that wrote a at an index may read b there from its
+ * registers. */
+bool rd_prog_same_view(const struct rp_program *p, int a, int b);
+/* Tensors a and b share no element (conservatively: their element ranges
+ * in the root do not meet). */
+bool rd_prog_disjoint(const struct rp_program *p, int a, int b);
+/* Same rank and dims. */
+bool rd_prog_same_shape(const struct rp_prog_tensor *a, const struct rp_prog_tensor *b);
+/* Arena bytes step s's kernels need for themselves (before the layout
+ * places them): a leading reduction's partial sums, else 0. */
+uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct rd_prog_plan *plan, int s);

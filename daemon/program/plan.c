@@ -1,0 +1,759 @@
+/* The plan of a program: its nodes grouped into steps, what each step keeps
+ * in registers, and the arena every materialized intermediate lives in.
+ * plan.h says what a step is; codegen.c writes each step's kernels. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/program/codegen.h"
+#include "daemon/program/plan.h"
+#include "proto/errors.h"
+
+/* One tensor a node touches in memory. */
+struct access {
+	int tensor;
+	bool write;
+};
+#define NODE_ACCESSES_MAX (RP_PROG_NODE_IN_MAX + RP_PROG_NODE_OUT_MAX)
+
+/* A step being grown: its nodes in the order they will run, and every
+ * tensor they touch. A closed group (a reduction's, a library call's, a
+ * gather's) takes no more nodes. */
+struct group {
+	enum rd_prog_step_kind kind;
+	bool closed;
+	const struct rp_prog_tensor *domain;   /* a FUSED group's output shape */
+	int *nodes;
+	int nnodes, nodes_cap;
+	struct access *acc;
+	int nacc, cap;
+};
+
+/* Groups still open to new nodes wait in a window of this many, in the
+ * order they will run; past it the oldest is emitted. */
+#define WINDOW_MAX 16
+
+const char *rd_prog_step_kind_name(enum rd_prog_step_kind kind)
+{
+	switch (kind) {
+	case RD_STEP_LIBRARY:
+		return "library";
+	case RD_STEP_FUSED:
+		return "fused";
+	case RD_STEP_REDUCTION:
+		return "reduction";
+	case RD_STEP_GATHER:
+		return "gather";
+	}
+	return "?";
+}
+
+bool rd_prog_same_shape(const struct rp_prog_tensor *a, const struct rp_prog_tensor *b)
+{
+	if (a->rank != b->rank)
+		return false;
+	for (int k = 0; k < a->rank; k++)
+		if (a->shape[k] != b->shape[k])
+			return false;
+	return true;
+}
+
+bool rd_prog_same_view(const struct rp_program *p, int a, int b)
+{
+	const struct rp_prog_tensor *x = &p->tensors[a], *y = &p->tensors[b];
+
+	if (a == b)
+		return true;
+	if (x->root != y->root || x->root_offset != y->root_offset || x->dtype != y->dtype || !rd_prog_same_shape(x, y))
+		return false;
+	/* A dimension of one element is never stepped along: its stride
+	 * says nothing. */
+	for (int k = 0; k < x->rank; k++)
+		if (x->shape[k] > 1 && x->strides[k] != y->strides[k])
+			return false;
+	return true;
+}
+
+/* The first and last element of t in its root. Strides are never negative
+ * (proto/program.h). */
+static void element_range(const struct rp_prog_tensor *t, int64_t *lo, int64_t *hi)
+{
+	*lo = *hi = t->root_offset;
+	for (int k = 0; k < t->rank; k++)
+		*hi += (t->shape[k] - 1) * t->strides[k];
+}
+
+/* The residues modulo period of t's element offsets, when they form one
+ * interval [*lo, *hi] inside [0, period): dims whose stride is a multiple
+ * of the period add nothing to them, the others at most their span. */
+static bool residues(const struct rp_prog_tensor *t, int64_t period, int64_t *lo, int64_t *hi)
+{
+	int64_t span = 0;
+
+	for (int k = 0; k < t->rank; k++)
+		if (t->shape[k] > 1 && t->strides[k] % period != 0)
+			span += (t->shape[k] - 1) * t->strides[k];
+	*lo = t->root_offset % period;
+	*hi = *lo + span;
+	return *hi < period;
+}
+
+static bool residues_apart(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y, int64_t period)
+{
+	int64_t xlo, xhi, ylo, yhi;
+
+	return period > 1 && residues(x, period, &xlo, &xhi) && residues(y, period, &ylo, &yhi) &&
+	       (xhi < ylo || yhi < xlo);
+}
+
+bool rd_prog_disjoint(const struct rp_program *p, int a, int b)
+{
+	const struct rp_prog_tensor *x = &p->tensors[a], *y = &p->tensors[b];
+	int64_t xlo, xhi, ylo, yhi;
+
+	if (x->root != y->root)
+		return true;
+	if (x->numel == 0 || y->numel == 0)
+		return true;
+	element_range(x, &xlo, &xhi);
+	element_range(y, &ylo, &yhi);
+	if (xhi < ylo || yhi < xlo)
+		return true;
+	/* Interleaved views (a row's two halves, q, k and v as column blocks
+	 * of one qkv): their elements meet no common offset when, modulo
+	 * one of their strides, each covers an interval the other misses. */
+	for (int k = 0; k < x->rank; k++)
+		if (residues_apart(x, y, x->strides[k]))
+			return true;
+	for (int k = 0; k < y->rank; k++)
+		if (residues_apart(x, y, y->strides[k]))
+			return true;
+	return false;
+}
+
+/* Bytes from the root's start past t's last element. */
+static uint64_t view_extent_bytes(const struct rp_prog_tensor *t)
+{
+	int64_t lo, hi;
+
+	if (t->numel == 0)
+		return 0;
+	element_range(t, &lo, &hi);
+	return (uint64_t)(hi + 1) * rp_dtype_size(t->dtype);
+}
+
+static bool is_scalar(const struct rp_program *p, int t)
+{
+	return p->tensors[t].kind == RP_PT_SCALAR;
+}
+
+/* What node n reads and writes in memory: not scalars (values in rg_args)
+ * nor tensors computed where they are read (inl, plan.h's
+ * computed_inline). */
+static int node_accesses(const struct rp_program *p, const int *inl, const struct rp_prog_node *n,
+			 struct access acc[NODE_ACCESSES_MAX])
+{
+	int k = 0;
+
+	if (n->op->cls == RP_PC_COMPUTE) {
+		/* Inputs and outputs in one list, by the compute table's slots. */
+		const struct rp_op_spec *spec = n->compute.spec;
+		for (int i = 0; i < n->nin && i < RP_PROG_NODE_IN_MAX; i++) {
+			if (n->in[i] < 0 || is_scalar(p, n->in[i]))
+				continue;
+			bool out = spec && i < (int)spec->noperands && spec->operands[i].role == RP_ROLE_OUT;
+			acc[k++] = (struct access){ n->in[i], out };
+		}
+	} else {
+		for (int i = 0; i < n->nin && i < RP_PROG_NODE_IN_MAX; i++)
+			if (n->in[i] >= 0 && !is_scalar(p, n->in[i]) && inl[n->in[i]] < 0)
+				acc[k++] = (struct access){ n->in[i], false };
+	}
+	for (int i = 0; i < n->nout && i < RP_PROG_NODE_OUT_MAX; i++)
+		if (n->out[i] >= 0 && inl[n->out[i]] < 0)
+			acc[k++] = (struct access){ n->out[i], true };
+	return k;
+}
+
+/* Iotas and fills whose output only pointwise nodes read, each as that
+ * very tensor: those readers compute the value where they need it (an
+ * index, a constant), so it never takes memory nor a kernel of its own. */
+static void find_inline(const struct rp_program *p, int *inl)
+{
+	for (int t = 0; t < p->ntensors; t++)
+		inl[t] = -1;
+	for (int i = 0; i < p->nnodes; i++) {
+		const struct rp_prog_node *n = &p->nodes[i];
+		if (n->op->cls != RP_PC_POINTWISE || (n->pw.fn != RP_PW_IOTA && n->pw.fn != RP_PW_FILL))
+			continue;
+		int o = n->out[0];
+		if (p->tensors[o].kind != RP_PT_INTERMEDIATE)
+			continue;
+		bool only_pointwise = true;
+		for (int j = 0; j < p->nnodes && only_pointwise; j++) {
+			const struct rp_prog_node *m = &p->nodes[j];
+			for (int k = 0; k < m->nin && only_pointwise; k++) {
+				int t = m->in[k];
+				if (t >= 0 && p->tensors[t].root == o)
+					only_pointwise = m->op->cls == RP_PC_POINTWISE && rd_prog_same_view(p, t, o);
+			}
+			for (int k = 0; k < m->nout && only_pointwise; k++)
+				if (j != i && m->out[k] >= 0 && p->tensors[m->out[k]].root == o)
+					only_pointwise = false;
+		}
+		if (!only_pointwise)
+			continue;
+		for (int t = 0; t < p->ntensors; t++)
+			if (p->tensors[t].root == o)
+				inl[t] = i;
+	}
+}
+
+static int group_add(struct group *g, const struct rp_program *p, const int *inl, int node)
+{
+	struct access acc[NODE_ACCESSES_MAX];
+	int n = node_accesses(p, inl, &p->nodes[node], acc);
+
+	if (g->nacc + n > g->cap) {
+		int cap = g->cap ? g->cap * 2 : 64;
+		while (cap < g->nacc + n)
+			cap *= 2;
+		struct access *a = realloc(g->acc, (size_t)cap * sizeof(*a));
+		if (!a)
+			return -ENOMEM;
+		g->acc = a;
+		g->cap = cap;
+	}
+	if (g->nnodes == g->nodes_cap) {
+		int cap = g->nodes_cap ? g->nodes_cap * 2 : 8;
+		int *nodes = realloc(g->nodes, (size_t)cap * sizeof(*nodes));
+		if (!nodes)
+			return -ENOMEM;
+		g->nodes = nodes;
+		g->nodes_cap = cap;
+	}
+	memcpy(g->acc + g->nacc, acc, (size_t)n * sizeof(*acc));
+	g->nacc += n;
+	g->nodes[g->nnodes++] = node;
+	return 0;
+}
+
+/* Whether the group may read tensor t at its elements' own index: nothing
+ * the group wrote overlaps t, unless it wrote exactly t (then the value is
+ * in a register). */
+static bool group_may_read(const struct rp_program *p, const struct group *g, int t)
+{
+	for (int i = 0; i < g->nacc; i++) {
+		const struct access *a = &g->acc[i];
+		if (a->write && !rd_prog_same_view(p, a->tensor, t) && !rd_prog_disjoint(p, a->tensor, t))
+			return false;
+	}
+	return true;
+}
+
+/* Whether a node of the group's domain may write t: what the group touched
+ * of t's root it touched as t exactly (the same thread, the same element,
+ * in program order), or not at all. `same_index`: false for a write at
+ * another index than the element's (a reduction's result), which must then
+ * meet nothing the group touched. */
+static bool group_may_write(const struct rp_program *p, const struct group *g, int t, bool same_index)
+{
+	for (int i = 0; i < g->nacc; i++) {
+		int u = g->acc[i].tensor;
+		if (rd_prog_disjoint(p, u, t))
+			continue;
+		if (!same_index || !rd_prog_same_view(p, u, t))
+			return false;
+	}
+	return true;
+}
+
+static bool pointwise_joins(const struct rp_program *p, const struct group *g, const struct rp_prog_node *n)
+{
+	if (g->closed || g->kind != RD_STEP_FUSED || !rd_prog_same_shape(&p->tensors[n->out[0]], g->domain))
+		return false;
+	for (int i = 0; i < n->nin; i++)
+		if (n->in[i] >= 0 && !is_scalar(p, n->in[i]) && !group_may_read(p, g, n->in[i]))
+			return false;
+	return group_may_write(p, g, n->out[0], true);
+}
+
+/* A reduction takes the group as its prologue when the group runs over its
+ * input's shape: every element of the input is visited once by the
+ * reduction kernel, which computes the group's nodes there first. */
+static bool reduction_joins(const struct rp_program *p, const struct group *g, const struct rp_prog_node *n)
+{
+	if (g->closed || g->kind != RD_STEP_FUSED || n->nin < 1 || n->in[0] < 0 || n->nout != 1 || n->out[0] < 0)
+		return false;
+	if (!rd_prog_same_shape(&p->tensors[n->in[0]], g->domain))
+		return false;
+	return group_may_read(p, g, n->in[0]) && group_may_write(p, g, n->out[0], false);
+}
+
+/* Whether node n must run after the group: it reads what the group writes,
+ * or writes what the group reads or writes (any overlap). */
+static bool depends_on(const struct rp_program *p, const struct group *g, const struct access *acc, int nacc)
+{
+	for (int i = 0; i < nacc; i++)
+		for (int k = 0; k < g->nacc; k++)
+			if ((acc[i].write || g->acc[k].write) && !rd_prog_disjoint(p, acc[i].tensor, g->acc[k].tensor))
+				return true;
+	return false;
+}
+
+/* Grouping. Nodes are taken in program order; each joins a group of the
+ * window or starts one. A node may run ahead of groups it does not depend
+ * on: it joins the earliest group, at or after the last one it depends on,
+ * that takes it (see pointwise_joins, reduction_joins), else starts a new
+ * one at the end. So a chain over one shape stays one kernel though small
+ * nodes of other shapes (a row's statistic, an iota) sit between its
+ * nodes in the definition; those run first. Library calls and gathers
+ * empty the window: they and everything around them keep program order. */
+struct builder {
+	const struct rp_program *p;
+	struct rd_prog_plan *plan;
+	int cap;
+	int norder;
+	struct group window[WINDOW_MAX + 1];   /* one spare past the end */
+	int nwindow;
+};
+
+static int emit_step(struct builder *b, struct group *g)
+{
+	struct rd_prog_plan *plan = b->plan;
+
+	if (plan->nsteps == b->cap) {
+		int cap = b->cap ? b->cap * 2 : 16;
+		struct rd_prog_step *s = realloc(plan->steps, (size_t)cap * sizeof(*s));
+		if (!s)
+			return -ENOMEM;
+		plan->steps = s;
+		b->cap = cap;
+	}
+	struct rd_prog_step *s = &plan->steps[plan->nsteps++];
+	memset(s, 0, sizeof(*s));
+	s->kind = g->kind;
+	/* plan->order has room for every node: nodes[] is set once the
+	 * steps stop moving (plan_finish_order). */
+	s->first_node = g->nodes[0];
+	s->nnodes = g->nnodes;
+	memcpy(plan->order + b->norder, g->nodes, (size_t)g->nnodes * sizeof(int));
+	b->norder += g->nnodes;
+	return 0;
+}
+
+static void group_clear(struct group *g)
+{
+	g->nnodes = 0;
+	g->nacc = 0;
+	g->closed = false;
+	g->domain = NULL;
+}
+
+/* Emits the window's first n groups, in order. */
+static int flush(struct builder *b, int n)
+{
+	for (int i = 0; i < n; i++) {
+		int r = emit_step(b, &b->window[i]);
+		if (r < 0)
+			return r;
+	}
+	/* Keep the groups' buffers: rotate the emptied ones past the end. */
+	for (int i = 0; i < n; i++) {
+		struct group g = b->window[0];
+		memmove(&b->window[0], &b->window[1], (size_t)WINDOW_MAX * sizeof(g));
+		group_clear(&g);
+		b->window[WINDOW_MAX] = g;
+	}
+	b->nwindow -= n;
+	return 0;
+}
+
+/* A new group holding node, at window position `at` (the groups from
+ * there on move one place later). */
+static int open_group(struct builder *b, int at, enum rd_prog_step_kind kind, bool closed, int node)
+{
+	int r;
+
+	if (b->nwindow == WINDOW_MAX) {
+		if ((r = flush(b, 1)) < 0)
+			return r;
+		at = at > 0 ? at - 1 : 0;
+	}
+	/* The spare group past the window's end keeps its buffers. */
+	struct group g = b->window[b->nwindow];
+	memmove(&b->window[at + 1], &b->window[at], (size_t)(b->nwindow - at) * sizeof(g));
+	b->window[at] = g;
+	b->nwindow++;
+	group_clear(&b->window[at]);
+	b->window[at].kind = kind;
+	b->window[at].closed = closed;
+	if (kind == RD_STEP_FUSED)
+		b->window[at].domain = &b->p->tensors[b->p->nodes[node].out[0]];
+	return group_add(&b->window[at], b->p, b->plan->computed_inline, node);
+}
+
+/* Places node in the window: in the earliest group at or after the last
+ * one it depends on that takes it, else in a new group right after that
+ * one (first of all when it depends on none), so that what it does not
+ * depend on runs after it and later nodes find its result in memory. */
+static int place(struct builder *b, int node)
+{
+	const struct rp_program *p = b->p;
+	const struct rp_prog_node *n = &p->nodes[node];
+	struct access acc[NODE_ACCESSES_MAX];
+	int nacc = node_accesses(p, b->plan->computed_inline, n, acc), last_dep = -1, r;
+
+	for (int i = b->nwindow - 1; i >= 0; i--)
+		if (depends_on(p, &b->window[i], acc, nacc)) {
+			last_dep = i;
+			break;
+		}
+	for (int i = last_dep < 0 ? 0 : last_dep; i < b->nwindow; i++) {
+		struct group *g = &b->window[i];
+		if (n->op->cls == RP_PC_POINTWISE && pointwise_joins(p, g, n))
+			return group_add(g, p, b->plan->computed_inline, node);
+		if (n->op->cls == RP_PC_REDUCTION && reduction_joins(p, g, n)) {
+			g->kind = RD_STEP_REDUCTION;
+			g->closed = true;
+			return group_add(g, p, b->plan->computed_inline, node);
+		}
+	}
+	switch (n->op->cls) {
+	case RP_PC_POINTWISE:
+		return open_group(b, last_dep + 1, RD_STEP_FUSED, false, node);
+	case RP_PC_REDUCTION:
+		return open_group(b, last_dep + 1, RD_STEP_REDUCTION, true, node);
+	case RP_PC_GATHER:
+	case RP_PC_COMPUTE:
+		if ((r = flush(b, b->nwindow)) < 0)
+			return r;
+		if ((r = open_group(b, 0, n->op->cls == RP_PC_GATHER ? RD_STEP_GATHER : RD_STEP_LIBRARY, true, node)) < 0)
+			return r;
+		return flush(b, 1);
+	default:
+		return -EINVAL;
+	}
+}
+
+static int group_nodes(struct builder *b, struct rp_error *err)
+{
+	const struct rp_program *p = b->p;
+	int r = 0;
+
+	for (int i = 0; i < p->nnodes && r == 0; i++) {
+		const struct rp_prog_node *n = &p->nodes[i];
+		bool one_out = n->nout == 1 && n->out[0] >= 0;
+		if ((n->op->cls == RP_PC_POINTWISE || n->op->cls == RP_PC_REDUCTION || n->op->cls == RP_PC_GATHER) &&
+		    !one_out) {
+			rp_error_set(err, RP_ERR_BACKEND, "program %s: node %d (%s) has no output", p->name, i,
+				     n->op->name);
+			return -EINVAL;
+		}
+		if (n->op->cls == RP_PC_POINTWISE && b->plan->computed_inline[n->out[0]] == i)
+			continue;   /* computed by its readers */
+		r = place(b, i);
+		if (r == -EINVAL) {
+			rp_error_set(err, RP_ERR_BACKEND, "program %s: node %d (%s) is of a class the CUDA backend does not run",
+				     p->name, i, n->op->name);
+			return r;
+		}
+	}
+	if (r == 0)
+		r = flush(b, b->nwindow);
+	for (int i = 0; i <= WINDOW_MAX; i++) {
+		free(b->window[i].nodes);
+		free(b->window[i].acc);
+	}
+	if (r == -ENOMEM)
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
+	return r;
+}
+
+/* Which outputs go to memory: see node_stored in plan.h. */
+static int decide_stores(const struct rp_program *p, struct rd_prog_plan *plan)
+{
+	int *last_read = malloc((size_t)(p->ntensors ? p->ntensors : 1) * sizeof(*last_read));
+	struct access acc[NODE_ACCESSES_MAX];
+
+	if (!last_read)
+		return -ENOMEM;
+	/* The last step that reads each root, in memory or not. */
+	for (int t = 0; t < p->ntensors; t++)
+		last_read[t] = -1;
+	for (int s = 0; s < plan->nsteps; s++) {
+		const struct rd_prog_step *st = &plan->steps[s];
+		for (int k = 0; k < st->nnodes; k++) {
+			int n = node_accesses(p, plan->computed_inline, &p->nodes[st->nodes[k]], acc);
+			for (int a = 0; a < n; a++)
+				if (!acc[a].write)
+					last_read[p->tensors[acc[a].tensor].root] = s;
+		}
+	}
+	for (int s = 0; s < plan->nsteps; s++) {
+		const struct rd_prog_step *st = &plan->steps[s];
+		for (int k = 0; k < st->nnodes; k++) {
+			int i = st->nodes[k];
+			const struct rp_prog_node *n = &p->nodes[i];
+			plan->node_stored[i] = true;
+			if (n->op->cls != RP_PC_POINTWISE)
+				continue;
+			int o = n->out[0], root = p->tensors[o].root;
+			bool superseded = false;
+			for (int j = k + 1; j < st->nnodes && !superseded; j++) {
+				const struct rp_prog_node *m = &p->nodes[st->nodes[j]];
+				superseded = m->op->cls == RP_PC_POINTWISE && rd_prog_same_view(p, m->out[0], o);
+			}
+			plan->node_stored[i] = !superseded && (p->tensors[root].kind != RP_PT_INTERMEDIATE ||
+							      last_read[root] > s);
+		}
+	}
+	free(last_read);
+	return 0;
+}
+
+/* A block of the arena and the steps it must hold its bytes over. */
+struct arena_item {
+	uint64_t size;
+	int first, last;
+	uint64_t offset;
+	int root;        /* a tensor's root, or -1 - s for step s's own scratch */
+};
+
+static int by_size_desc(const void *x, const void *y)
+{
+	const struct arena_item *a = x, *b = y;
+
+	if (a->size != b->size)
+		return a->size < b->size ? 1 : -1;
+	if (a->first != b->first)
+		return a->first < b->first ? -1 : 1;
+	return a->root < b->root ? -1 : a->root > b->root;
+}
+
+static int by_offset(const void *x, const void *y)
+{
+	const struct arena_item *const *a = x, *const *b = y;
+
+	return (*a)->offset < (*b)->offset ? -1 : (*a)->offset > (*b)->offset;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+/* First fit, largest first: each block goes to the lowest offset where it
+ * meets no placed block whose steps overlap its own. */
+static int place_items(struct arena_item *items, int n, uint64_t *total)
+{
+	struct arena_item **live = malloc((size_t)(n ? n : 1) * sizeof(*live));
+
+	if (!live)
+		return -ENOMEM;
+	qsort(items, (size_t)n, sizeof(*items), by_size_desc);
+	*total = 0;
+	for (int i = 0; i < n; i++) {
+		int nlive = 0;
+		for (int j = 0; j < i; j++)
+			if (items[j].first <= items[i].last && items[i].first <= items[j].last)
+				live[nlive++] = &items[j];
+		qsort(live, (size_t)nlive, sizeof(*live), by_offset);
+		uint64_t at = 0;
+		for (int j = 0; j < nlive; j++) {
+			if (live[j]->offset >= at + items[i].size)
+				break;
+			uint64_t end = live[j]->offset + live[j]->size;
+			if (end > at)
+				at = end;
+		}
+		items[i].offset = at;
+		if (at + items[i].size > *total)
+			*total = at + items[i].size;
+	}
+	free(live);
+	return 0;
+}
+
+static int lay_out_arena(const struct rp_program *p, struct rd_prog_plan *plan)
+{
+	int *first = malloc((size_t)p->ntensors * sizeof(*first));
+	int *last = malloc((size_t)p->ntensors * sizeof(*last));
+	uint64_t *size = calloc((size_t)p->ntensors, sizeof(*size));
+	struct arena_item *items = malloc((size_t)(p->ntensors + plan->nsteps + 1) * sizeof(*items));
+	struct access acc[NODE_ACCESSES_MAX];
+	int nitems = 0, r = -ENOMEM;
+
+	if (!first || !last || !size || !items)
+		goto out;
+	for (int t = 0; t < p->ntensors; t++) {
+		first[t] = -1;
+		last[t] = -1;
+		plan->arena_offset[t] = RD_PROG_NOT_IN_ARENA;
+	}
+	/* A root's bytes: past the furthest of its views. */
+	for (int t = 0; t < p->ntensors; t++) {
+		uint64_t e = view_extent_bytes(&p->tensors[t]);
+		int root = p->tensors[t].root;
+		if (e > size[root])
+			size[root] = e;
+	}
+	for (int s = 0; s < plan->nsteps; s++) {
+		const struct rd_prog_step *st = &plan->steps[s];
+		for (int j = 0; j < st->nnodes; j++) {
+			int i = st->nodes[j];
+			int n = node_accesses(p, plan->computed_inline, &p->nodes[i], acc);
+			for (int k = 0; k < n; k++) {
+				int root = p->tensors[acc[k].tensor].root;
+				if (p->tensors[root].kind != RP_PT_INTERMEDIATE)
+					continue;
+				if (acc[k].write && plan->node_stored[i] && first[root] < 0)
+					first[root] = s;
+				if (s > last[root])
+					last[root] = s;
+			}
+		}
+	}
+	for (int t = 0; t < p->ntensors; t++) {
+		if (first[t] < 0 || size[t] == 0)
+			continue;
+		items[nitems++] = (struct arena_item){ align_up(size[t], RD_PROG_ARENA_ALIGN), first[t], last[t], 0, t };
+	}
+	for (int s = 0; s < plan->nsteps; s++)
+		if (plan->steps[s].scratch_bytes)
+			items[nitems++] = (struct arena_item){
+				align_up(plan->steps[s].scratch_bytes, RD_PROG_ARENA_ALIGN), s, s, 0, -1 - s };
+	r = place_items(items, nitems, &plan->arena_bytes);
+	if (r < 0)
+		goto out;
+	for (int i = 0; i < nitems; i++) {
+		if (items[i].root >= 0)
+			plan->arena_offset[items[i].root] = items[i].offset;
+		else
+			plan->steps[-1 - items[i].root].scratch_offset = items[i].offset;
+	}
+	/* Views share their root's offset. */
+	for (int t = 0; t < p->ntensors; t++)
+		plan->arena_offset[t] = plan->arena_offset[p->tensors[t].root];
+out:
+	free(first);
+	free(last);
+	free(size);
+	free(items);
+	return r;
+}
+
+void rd_prog_plan_finish(struct rd_prog_plan *plan)
+{
+	if (!plan)
+		return;
+	for (int s = 0; s < plan->nsteps; s++)
+		free(plan->steps[s].source);
+	free(plan->steps);
+	free(plan->arena_offset);
+	free(plan->node_stored);
+	free(plan->order);
+	free(plan->computed_inline);
+	memset(plan, 0, sizeof(*plan));
+}
+
+int rd_prog_plan_build(const struct rp_program *p, struct rd_prog_plan *plan, struct rp_error *err)
+{
+	struct builder b = { .p = p, .plan = plan };
+	int r;
+
+	memset(plan, 0, sizeof(*plan));
+	plan->ntensors = p->ntensors;
+	plan->nbound = p->nbound;
+	plan->arena_offset = malloc((size_t)(p->ntensors ? p->ntensors : 1) * sizeof(*plan->arena_offset));
+	plan->node_stored = calloc((size_t)(p->nnodes ? p->nnodes : 1), sizeof(*plan->node_stored));
+	plan->order = malloc((size_t)(p->nnodes ? p->nnodes : 1) * sizeof(*plan->order));
+	plan->computed_inline = malloc((size_t)(p->ntensors ? p->ntensors : 1) * sizeof(*plan->computed_inline));
+	if (!plan->arena_offset || !plan->node_stored || !plan->order || !plan->computed_inline) {
+		r = -ENOMEM;
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
+		goto fail;
+	}
+	find_inline(p, plan->computed_inline);
+	r = group_nodes(&b, err);
+	if (r < 0)
+		goto fail;
+	for (int s = 0, at = 0; s < plan->nsteps; s++) {
+		plan->steps[s].nodes = plan->order + at;
+		at += plan->steps[s].nnodes;
+	}
+	r = decide_stores(p, plan);
+	if (r == 0)
+		for (int s = 0; s < plan->nsteps; s++)
+			plan->steps[s].scratch_bytes = rd_prog_codegen_scratch_bytes(p, plan, s);
+	if (r == 0)
+		r = lay_out_arena(p, plan);
+	if (r < 0) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
+		goto fail;
+	}
+	for (int s = 0; s < plan->nsteps; s++) {
+		if (plan->steps[s].kind == RD_STEP_LIBRARY)
+			continue;
+		r = rd_prog_codegen_step(p, plan, s, err);
+		if (r < 0)
+			goto fail;
+		plan->fused_kernels += (uint64_t)plan->steps[s].nkernels;
+	}
+	return 0;
+fail:
+	rd_prog_plan_finish(plan);
+	return r;
+}
+
+void *rd_prog_tensor_address(const struct rd_prog_plan *plan, const struct rp_program *p, int t, void *const *bound,
+			     void *arena)
+{
+	const struct rp_prog_tensor *x = &p->tensors[t];
+	const struct rp_prog_tensor *root = &p->tensors[x->root];
+	size_t skip = (size_t)x->root_offset * rp_dtype_size(x->dtype);
+
+	if (x->kind == RP_PT_SCALAR)
+		return NULL;
+	if (root->kind == RP_PT_INTERMEDIATE) {
+		if (plan->arena_offset[t] == RD_PROG_NOT_IN_ARENA)
+			return NULL;
+		return (char *)arena + plan->arena_offset[t] + skip;
+	}
+	return (char *)bound[root->bind_index] + skip;
+}
+
+/* rg_args: void *bound[NB]; char *arena; double scalar[NB]. */
+static int args_slots(const struct rd_prog_plan *plan)
+{
+	return plan->nbound > 0 ? plan->nbound : 1;
+}
+
+size_t rd_prog_args_size(const struct rd_prog_plan *plan)
+{
+	return (size_t)args_slots(plan) * (sizeof(void *) + sizeof(double)) + sizeof(void *);
+}
+
+void rd_prog_args_fill(const struct rd_prog_plan *plan, void *dst, void *const *bound, void *arena,
+		       const double *scalars)
+{
+	size_t nb = (size_t)args_slots(plan);
+	char *d = dst;
+
+	memset(d, 0, rd_prog_args_size(plan));
+	if (plan->nbound > 0) {
+		memcpy(d, bound, (size_t)plan->nbound * sizeof(void *));
+		memcpy(d + (nb + 1) * sizeof(void *), scalars, (size_t)plan->nbound * sizeof(double));
+	}
+	memcpy(d + nb * sizeof(void *), &arena, sizeof(void *));
+}
+
+unsigned rd_prog_kernel_grid(const struct rd_prog_kernel *k, unsigned sm_count)
+{
+	uint64_t cap = (uint64_t)k->blocks_per_sm * (sm_count ? sm_count : 1);
+	uint64_t g = k->blocks < cap ? k->blocks : cap;
+
+	/* gridDim.x's limit; every kernel loops over its blocks of work. */
+	if (g > 0x7fffffffu)
+		g = 0x7fffffffu;
+	return (unsigned)g;
+}
