@@ -166,7 +166,12 @@ static int define(struct prog *pg, const char *text, struct rp_error *err)
 	ck_assert_msg(pg->json, "test JSON does not parse: %s", text);
 	int r = rp_program_parse(pg->json, &pg->def, err);
 	ck_assert_msg(r == 0, "Define refused: %s: %s\n%s", err->name, err_message(err), text);
-	return H.dev.backend->program_create(&H.dev, &pg->def, &pg->rp, err);
+	r = H.dev.backend->program_create(&H.dev, &pg->def, &pg->rp, err);
+	/* As the worker does: the definition is the core's, named after
+	 * create. */
+	if (r == 0)
+		pg->rp->def = &pg->def;
+	return r;
 }
 
 /* Parses and makes the program; a buffer per bound tensor, poisoned. */
@@ -1314,7 +1319,7 @@ START_TEST(runs_on_two_lanes_keep_their_intermediates_apart)
 				      round, l, get(&pg, "y", l), y2[l]);
 		}
 	}
-	ck_assert_uint_eq(pg.rp->runs, 2 * ROUNDS);
+	ck_assert_uint_eq(pg.rp->stream_runs, 2 * ROUNDS);
 	prog_finish(&pg);
 	H.dev.backend->lane_destroy(lane2);
 	free(x2);
@@ -1723,11 +1728,11 @@ START_TEST(scratch_is_bounded_counted_and_given_back)
 	prog_define(&pg, def);
 	ck_assert_uint_eq(pg.rp->kernels, 3);
 	ck_assert_str_eq(pg.rp->not_captured, "host backend: no graphs");
-	ck_assert_uint_eq(pg.rp->runs, 0);
+	ck_assert_uint_eq(pg.rp->stream_runs, 0);
 	fill_uniform(&pg, "x", tl_rand(), -1, 1);
 	run_ok(&pg);
 	run_ok(&pg);
-	ck_assert_uint_eq(pg.rp->runs, 2);
+	ck_assert_uint_eq(pg.rp->stream_runs, 2);
 	ck_assert_uint_eq(pg.rp->stream_runs, 2);
 	ck_assert_uint_eq(pg.rp->graph_launches, 0);
 	ck_assert_uint_ge(pg.rp->scratch_bytes, (64 * 64) * (4 + 8));
