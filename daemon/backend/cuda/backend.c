@@ -41,6 +41,7 @@ static uint64_t cuda_used_bytes(struct cuda_dev *cd)
 	if (rd_resource_is_valid(&cd->shared_ws.res))
 		used += RD_CUDA_WORKSPACE_BYTES;
 	used += cuda_ipc_mapped_bytes(cd);
+	used += atomic_load(&cd->program_bytes);
 	return used;
 }
 

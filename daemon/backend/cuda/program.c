@@ -40,9 +40,9 @@
 /* Runs on the stream before the first capture of a generation: the
  * library calls' plans are built and tuned by then. */
 #define PROGRAM_EAGER_RUNS 2
-/* The library calls' workspace inside the arena: GEMMs take at most
- * RD_CUDA_WORKSPACE_BYTES; attention's plans say theirs, checked at the
- * call (a larger one fails by name and the program runs on the stream). */
+/* The library calls' workspace inside the arena, for a program that has
+ * any: GEMMs take at most RD_CUDA_WORKSPACE_BYTES; attention's plans say
+ * theirs, checked at the call (a larger one fails by name). */
 #define PROGRAM_WORKSPACE_BYTES ((size_t)64 << 20)
 
 struct cuda_program;
@@ -54,6 +54,7 @@ struct cuda_program_state {
 	void *arena;                    /* intermediates, then the workspace */
 	size_t arena_bytes;
 	void *workspace;
+	size_t workspace_bytes;
 	void *args;                     /* device copy of the argument block */
 	cudaGraphExec_t exec;
 	uint64_t *exec_key;             /* the library operands' addresses the exec was captured with */
@@ -79,6 +80,7 @@ struct cuda_program {
 	void *args_host;
 	size_t args_bytes, args_kernels;
 	void **bound;
+	size_t workspace_bytes;         /* 0 without library steps */
 	unsigned nkey;                  /* entries of the graph's key */
 	uint64_t *key;                  /* this Run's */
 };
@@ -101,6 +103,7 @@ static void state_free_device(struct cuda_program_state *st, bool release)
 	st->no_capture = false;
 	if (st->exec_key)
 		memset(st->exec_key, 0, st->prog->nkey * sizeof(uint64_t));
+	atomic_fetch_sub(&st->prog->cd->program_bytes, st->prog->base.scratch_bytes);
 	st->prog->base.scratch_bytes = 0;
 }
 
@@ -113,11 +116,12 @@ static int state_init(struct rd_resource *res)
 	e_ = cudaSetDevice(p->cd->dev->index);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("cudaSetDevice");
-	st->arena_bytes = p->plan.arena_bytes + PROGRAM_WORKSPACE_BYTES;
+	st->arena_bytes = p->plan.arena_bytes + p->workspace_bytes;
 	e_ = cudaMalloc(&st->arena, st->arena_bytes);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("the program's arena");
 	st->workspace = (char *)st->arena + p->plan.arena_bytes;
+	st->workspace_bytes = p->workspace_bytes;
 	e_ = cudaMalloc(&st->args, p->args_bytes);
 	if (e_ == cudaSuccess)
 		e_ = cudaEventCreateWithFlags(&st->last_run, cudaEventDisableTiming);
@@ -127,6 +131,7 @@ static int state_init(struct rd_resource *res)
 		return r;
 	}
 	p->base.scratch_bytes = st->arena_bytes + p->args_bytes;
+	atomic_fetch_add(&p->cd->program_bytes, p->base.scratch_bytes);
 	return 0;
 }
 
@@ -164,6 +169,20 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 	if (r < 0)
 		goto fail;
 	p->base.kernels = (uint64_t)p->plan.nsteps;
+	for (int i = 0; i < p->plan.nsteps; i++)
+		if (p->plan.steps[i].kind == RD_STEP_LIBRARY)
+			p->workspace_bytes = PROGRAM_WORKSPACE_BYTES;
+	/* What it holds on the device while it lives: bounded as one call's
+	 * scratch is. */
+	if (dev->max_scratch && p->plan.arena_bytes + p->workspace_bytes > dev->max_scratch) {
+		rp_err_limit_exceeded(err, "scratch", (long long)dev->max_scratch,
+				      "program '%s' needs %llu bytes of device scratch (its intermediates and its "
+				      "library calls' workspace), more than max_scratch_mib allows; raise it or split "
+				      "the program", def->name,
+				      (unsigned long long)(p->plan.arena_bytes + p->workspace_bytes));
+		r = -E2BIG;
+		goto fail;
+	}
 	p->args_kernels = rp_prog_journal_align(rd_prog_args_size(&p->plan));
 	p->args_bytes = p->args_kernels + 2 * sizeof(struct rp_prog_journal_header);
 	p->args_host = calloc(1, p->args_bytes);
@@ -310,7 +329,7 @@ static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *j
 		}
 	}
 	lane->scratch_fixed = st->workspace;
-	lane->scratch_fixed_bytes = PROGRAM_WORKSPACE_BYTES;
+	lane->scratch_fixed_bytes = st->workspace_bytes;
 	for (int i = 0; i < p->plan.nsteps && r == 0; i++) {
 		const struct rd_prog_step *step = &p->plan.steps[i];
 
