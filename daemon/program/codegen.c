@@ -1166,6 +1166,89 @@ static void emit_vector_at(struct gen *g, int t)
 	out(&g->b, ")");
 }
 
+/* vec_ok: every tensor moved as a vector is aligned to it (the Run's
+ * offsets decide for the bound ones, so the kernel asks). */
+static void emit_vec_ok(struct gen *g)
+{
+	int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
+	int nt = list ? step_tensors(g, list) : 0;
+
+	if (!list)
+		g->b.failed = true;
+	out(&g->b, "\t/* %d elements at a time where every tensor moved as a vector is aligned to it. */\n", g->vec);
+	out(&g->b, "\tconst bool vec_ok = true");
+	for (int i = 0; i < nt; i++)
+		if (g->vmode[list[i]])
+			out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", list[i],
+			    (size_t)g->vec * rp_dtype_size(T(g, list[i])->dtype));
+	out(&g->b, ";\n");
+	free(list);
+}
+
+/* The loads of a vector's tensors, at `base` (flat) or the coordinates b<d>. */
+static void emit_vector_loads(struct gen *g, const char *ind)
+{
+	for (int i = 0; i < g->nmem; i++) {
+		int t = g->mem[i];
+		const char *ty = ctype(T(g, t)->dtype);
+		if (!g->vmode[t])
+			continue;
+		out(&g->b, "%sconst rg_vec<%s, %d> x%d = *(const rg_vec<%s, %d> *)(", ind, ty, g->vec, t, ty, g->vec);
+		emit_vector_at(g, t);
+		out(&g->b, ");\n");
+	}
+	for (int i = 0; i < g->npw; i++) {
+		const int node = g->pw[i];
+		int o = g->p->nodes[node].out[0];
+		if (g->plan->node_stored[node] && g->vmode[o])
+			out(&g->b, "%srg_vec<%s, %d> y%d;\n", ind, ctype(T(g, o)->dtype), g->vec, o);
+	}
+}
+
+static void emit_vector_stores(struct gen *g, const char *ind)
+{
+	for (int i = 0; i < g->npw; i++) {
+		const int node = g->pw[i];
+		int o = g->p->nodes[node].out[0];
+		if (!g->plan->node_stored[node] || !g->vmode[o])
+			continue;
+		out(&g->b, "%s*(rg_vec<%s, %d> *)(", ind, ctype(T(g, o)->dtype), g->vec);
+		emit_vector_at(g, o);
+		out(&g->b, ") = y%d;\n", o);
+	}
+}
+
+struct red_shape;
+static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind);
+
+/* A row's elements `vec` at a time: a thread takes vectors first, first + step, ...
+ * of the row (whose coordinates c<d> are set). */
+static int emit_row_vectors(struct gen *g, const struct red_shape *rs, const char *first, const char *step)
+{
+	int rank = g->dom->rank, r;
+
+	out(&g->b, "\t\tfor (idx_t jv = %s; jv < cols / %d; jv += %s) {\n", first, g->vec, step);
+	out(&g->b, "\t\t\tconst idx_t jb = jv * %d, base = row * cols + jb;\n", g->vec);
+	for (int d = 0; d < rank - 1; d++)
+		if (g->base_used[d])
+			out(&g->b, "\t\t\tconst idx_t b%d = c%d;\n", d, d);
+	if (g->base_used[rank - 1])
+		out(&g->b, "\t\t\tconst idx_t b%d = jb;\n", rank - 1);
+	emit_vector_loads(g, "\t\t\t");
+	out(&g->b, "#pragma unroll\n");
+	out(&g->b, "\t\t\tfor (int j = 0; j < %d; j++) {\n", g->vec);
+	if (g->coord_used[rank - 1] && vector_body_needs_coords(g))
+		out(&g->b, "\t\t\t\tconst idx_t c%d = jb + j;\n", rank - 1);
+	r = emit_element(g, true, "\t\t\t\t");
+	if (r < 0)
+		return r;
+	emit_accumulate(g, rs, "\t\t\t\t");
+	out(&g->b, "\t\t\t}\n");
+	emit_vector_stores(g, "\t\t\t");
+	out(&g->b, "\t\t}\n");
+	return 0;
+}
+
 static int gen_fused(struct gen *g)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
@@ -1188,40 +1271,13 @@ static int gen_fused(struct gen *g)
 	out(&g->b, "\tconst idx_t stride = (idx_t)gridDim.x * blockDim.x;\n");
 	out(&g->b, "\tidx_t start = 0;\n\n");
 	if (g->vec > 1) {
-		int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
-		if (!list)
-			return -ENOMEM;
-		int nt = step_tensors(g, list);
-		/* The Run's offsets decide whether the bound tensors are
-		 * aligned to their vectors, so the kernel asks. */
-		out(&g->b, "\t/* %d elements at a time where every tensor moved as a vector is aligned to it. */\n",
-		    g->vec);
-		out(&g->b, "\tconst bool vec_ok = true");
-		for (int i = 0; i < nt; i++)
-			if (g->vmode[list[i]])
-				out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", list[i],
-				    (size_t)g->vec * rp_dtype_size(T(g, list[i])->dtype));
-		out(&g->b, ";\n");
+		emit_vec_ok(g);
 		out(&g->b, "\tif (vec_ok) {\n");
 		out(&g->b, "\t\tfor (idx_t vi = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; vi < n / %d; vi += stride) {\n",
 		    g->vec);
 		out(&g->b, "\t\t\tconst idx_t base = vi * %d;\n", g->vec);
 		emit_coords_as(g, "base", g->dom->rank, "\t\t\t", "b", g->base_used);
-		for (int i = 0; i < g->nmem; i++) {
-			int t = g->mem[i];
-			const char *ty = ctype(T(g, t)->dtype);
-			if (!g->vmode[t])
-				continue;
-			out(&g->b, "\t\t\tconst rg_vec<%s, %d> x%d = *(const rg_vec<%s, %d> *)(", ty, g->vec, t, ty, g->vec);
-			emit_vector_at(g, t);
-			out(&g->b, ");\n");
-		}
-		for (int i = 0; i < g->npw; i++) {
-			const int node = g->pw[i];
-			int o = g->p->nodes[node].out[0];
-			if (g->plan->node_stored[node] && g->vmode[o])
-				out(&g->b, "\t\t\trg_vec<%s, %d> y%d;\n", ctype(T(g, o)->dtype), g->vec, o);
-		}
+		emit_vector_loads(g, "\t\t\t");
 		out(&g->b, "#pragma unroll\n");
 		out(&g->b, "\t\t\tfor (int j = 0; j < %d; j++) {\n", g->vec);
 		if (vector_body_needs_coords(g)) {
@@ -1229,24 +1285,13 @@ static int gen_fused(struct gen *g)
 			emit_coords(g, "idx", g->dom->rank, "\t\t\t\t");
 		}
 		r = emit_element(g, true, "\t\t\t\t");
-		if (r < 0) {
-			free(list);
+		if (r < 0)
 			return r;
-		}
 		out(&g->b, "\t\t\t}\n");
-		for (int i = 0; i < g->npw; i++) {
-			const int node = g->pw[i];
-			int o = g->p->nodes[node].out[0];
-			if (!g->plan->node_stored[node] || !g->vmode[o])
-				continue;
-			out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(", ctype(T(g, o)->dtype), g->vec);
-			emit_vector_at(g, o);
-			out(&g->b, ") = y%d;\n", o);
-		}
+		emit_vector_stores(g, "\t\t\t");
 		out(&g->b, "\t\t}\n");
 		out(&g->b, "\t\tstart = n / %d * %d;\n", g->vec, g->vec);
 		out(&g->b, "\t}\n");
-		free(list);
 	}
 	out(&g->b, "\tfor (idx_t idx = start + (idx_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {\n");
 	emit_coords(g, "idx", g->dom->rank, "\t\t");
@@ -1400,12 +1445,19 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 
 	kernel_name(g, k->name, "reduce", g->st->nodes, g->st->nnodes, "_last");
 	g->st->nkernels = 1;
+	choose_vec(g);
+	if (g->vec > 1 && rs->cols % g->vec != 0)
+		g->vec = 1;
+	/* The vectors' coordinates b<d> of a row are the row's own. */
+	for (int d = 0; d < rank - 1 && g->vec > 1; d++)
+		g->coord_used[d] |= g->base_used[d];
 	k->block = per_warp ? PW_BLOCK : ROW_BLOCK;
 	k->blocks_per_sm = 2048 / k->block;
 	k->blocks = per_warp ? (uint64_t)(rs->rows + PW_BLOCK / 32 - 1) / (PW_BLOCK / 32) : (uint64_t)rs->rows;
 
-	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order. */\n", per_warp ? "warp" : "block",
-	    (long long)rs->cols, acc);
+	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order (%s). */\n",
+	    per_warp ? "warp" : "block", (long long)rs->cols, acc,
+	    g->vec > 1 ? "one order where the tensors are aligned to their vectors, another where not" : "one order");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    k->block, k->name);
 	emit_idx_type(g);
@@ -1413,6 +1465,8 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	declare_pointer(g, n->out[0]);
 	out(&g->b, "\tconst idx_t rows = %s, cols = %s;\n", lit(rs->rows, l), lit(rs->cols, l2));
 	out(&g->b, "\tconst int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
+	if (g->vec > 1)
+		emit_vec_ok(g);
 	if (per_warp) {
 		out(&g->b, "\tfor (idx_t row = (idx_t)blockIdx.x * %d + warp; row < rows; row += (idx_t)gridDim.x * %d) {\n",
 		    PW_BLOCK / 32, PW_BLOCK / 32);
@@ -1422,6 +1476,13 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	}
 	emit_coords(g, "row", rank - 1, "\t\t");
 	out(&g->b, "\t\t%s acc = %s;\n", acc, red_init(n->red.fn, rs->acc64));
+	if (g->vec > 1) {
+		out(&g->b, "\t\tif (vec_ok) {\n");
+		r = emit_row_vectors(g, rs, per_warp ? "lane" : "threadIdx.x", per_warp ? "32" : "blockDim.x");
+		if (r < 0)
+			return r;
+		out(&g->b, "\t\t} else {\n");
+	}
 	out(&g->b, "\t\tfor (idx_t j = %s; j < cols; j += %s) {\n", per_warp ? "lane" : "threadIdx.x",
 	    per_warp ? "32" : "blockDim.x");
 	if (g->coord_used[rank - 1])
@@ -1432,6 +1493,8 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 		return r;
 	emit_accumulate(g, rs, "\t\t\t");
 	out(&g->b, "\t\t}\n");
+	if (g->vec > 1)
+		out(&g->b, "\t\t}\n");
 	emit_warp_reduce(g, fn, "acc", "\t\t");
 	if (!per_warp) {
 		out(&g->b, "\t\tif (lane == 0)\n\t\t\tpart[warp] = acc;\n");
