@@ -1749,6 +1749,26 @@ static void emit_rows_offset(struct gen *g, int t, const char *row, const char *
 		out(&g->b, " * %s", lit(x->strides[x->rank - 1], l));
 }
 
+/* Elements of a row an embedding copies at once: 16 bytes, when the table
+ * and the output have one dtype, contiguous rows that split into whole
+ * vectors, and vector-aligned row starts; 1 otherwise. */
+static int embedding_vec(const struct gen *g, int table, int o)
+{
+	const struct rp_prog_tensor *tt = T(g, table), *ot = T(g, o);
+	int vec = (int)(16 / rp_dtype_size(tt->dtype));
+	int64_t dim = tt->shape[1];
+
+	if (vec > 8)
+		vec = 8;
+	if (tt->dtype != ot->dtype || tt->strides[1] != 1 || ot->strides[ot->rank - 1] != 1 || dim % vec != 0 ||
+	    tt->strides[0] % vec != 0)
+		return 1;
+	for (int k = 0; k < ot->rank - 1; k++)
+		if (ot->shape[k] > 1 && ot->strides[k] % vec != 0)
+			return 1;
+	return vec;
+}
+
 static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
@@ -1773,7 +1793,30 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 	declare_pointer(g, index);
 	declare_pointer(g, o);
 	out(&g->b, "\tconst idx_t n = %s, dim = %s;\n", lit(rows * dim, l), lit(dim, l2));
-	out(&g->b, "\tfor (idx_t e = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (idx_t)gridDim.x * blockDim.x) {\n");
+	out(&g->b, "\tidx_t start = 0;\n");
+	int vec = embedding_vec(g, table, o);
+	if (vec > 1) {
+		const char *ty = ctype(tt->dtype);
+		out(&g->b, "\t/* Rows %d elements at a time where both rows are aligned to it. */\n", vec);
+		out(&g->b, "\tif ((unsigned long long)p%d %% %zu == 0 && (unsigned long long)p%d %% %zu == 0) {\n", table,
+		    (size_t)vec * rp_dtype_size(tt->dtype), o, (size_t)vec * rp_dtype_size(ot->dtype));
+		out(&g->b, "\t\tfor (idx_t e = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n / %d; e += (idx_t)gridDim.x * blockDim.x) {\n",
+		    vec);
+		out(&g->b, "\t\t\tconst idx_t i = e / %s, d = (e - i * %s) * %d;\n", lit(dim / vec, l), l, vec);
+		out(&g->b, "\t\t\tconst long long v = (long long)p%d[", index);
+		emit_flat_offset(g, index, "i");
+		out(&g->b, "];\n");
+		out(&g->b, "\t\t\trg_vec<%s, %d> x;\n", ty, vec);
+		out(&g->b, "\t\t\tif (v >= 0 && v < %s)\n", lit(vocab, l));
+		out(&g->b, "\t\t\t\tx = *(const rg_vec<%s, %d> *)(p%d + v * %s + d);\n", ty, vec, table,
+		    lit(tt->strides[0], l2));
+		out(&g->b, "\t\t\telse\n#pragma unroll\n\t\t\t\tfor (int j = 0; j < %d; j++)\n", vec);
+		out(&g->b, "\t\t\t\t\tx.v[j] = rg_cvt<%s>(0.0f);\n", ty);
+		out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(p%d + ", ty, vec, o);
+		emit_rows_offset(g, o, "i", "d");
+		out(&g->b, ") = x;\n\t\t}\n\t\tstart = n;\n\t}\n");
+	}
+	out(&g->b, "\tfor (idx_t e = start + (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (idx_t)gridDim.x * blockDim.x) {\n");
 	out(&g->b, "\t\tconst idx_t i = e / dim, d = e - i * dim;\n");
 	out(&g->b, "\t\tconst long long v = (long long)p%d[", index);
 	emit_flat_offset(g, index, "i");
