@@ -35,7 +35,7 @@
 #define COL_TILE 32
 #define COL_ROW_THREADS 8
 #define COL_TARGET_BLOCKS 1024
-#define COL_CHUNK_ROWS_MIN 128
+#define COL_CHUNK_ROWS_MIN 64
 /* Embedding backward: a block per index position, each thread summing up
  * to EMB_BWD_PER_THREAD columns of the row at once. */
 #define EMB_BLOCK 256
@@ -1153,6 +1153,32 @@ static bool vector_body_needs_coords(const struct gen *g)
 	return false;
 }
 
+/* Whether the vector path's element body reads coordinate c<d>. */
+static bool vector_body_reads_coord(const struct gen *g, int d)
+{
+	for (int i = 0; i < g->nmem + g->npw; i++) {
+		int t = i < g->nmem ? g->mem[i] : g->p->nodes[g->pw[i - g->nmem]].out[0];
+		const struct rp_prog_tensor *x = T(g, t);
+		int k = x->rank - g->dom->rank + d;
+		if (i >= g->nmem && !g->plan->node_stored[g->pw[i - g->nmem]])
+			continue;
+		if (offset_uses_coords(g, t) && k >= 0 && x->shape[k] > 1 && x->strides[k] != 0)
+			return true;
+	}
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		const struct rp_prog_tensor *o = T(g, n->out[0]);
+		if (n->pw.fn == RP_PW_IOTA && o->shape[n->pw.axis] > 1 && g->dom->rank - o->rank + n->pw.axis == d)
+			return true;
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
+			if (by >= 0 && g->p->nodes[by].pw.fn == RP_PW_IOTA && inline_iota_dim(g, t) == d)
+				return true;
+		}
+	}
+	return false;
+}
+
 /* Where tensor t's vector starts: base for a flat one, its offset at the
  * vector's first element for the others. */
 static void emit_vector_at(struct gen *g, int t)
@@ -1164,6 +1190,89 @@ static void emit_vector_at(struct gen *g, int t)
 	out(&g->b, "p%d + (", t);
 	emit_offset_at(g, t, "b");
 	out(&g->b, ")");
+}
+
+/* vec_ok: every tensor moved as a vector is aligned to it (the Run's
+ * offsets decide for the bound ones, so the kernel asks). */
+static void emit_vec_ok(struct gen *g)
+{
+	int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
+	int nt = list ? step_tensors(g, list) : 0;
+
+	if (!list)
+		g->b.failed = true;
+	out(&g->b, "\t/* %d elements at a time where every tensor moved as a vector is aligned to it. */\n", g->vec);
+	out(&g->b, "\tconst bool vec_ok = true");
+	for (int i = 0; i < nt; i++)
+		if (g->vmode[list[i]])
+			out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", list[i],
+			    (size_t)g->vec * rp_dtype_size(T(g, list[i])->dtype));
+	out(&g->b, ";\n");
+	free(list);
+}
+
+/* The loads of a vector's tensors, at `base` (flat) or the coordinates b<d>. */
+static void emit_vector_loads(struct gen *g, const char *ind)
+{
+	for (int i = 0; i < g->nmem; i++) {
+		int t = g->mem[i];
+		const char *ty = ctype(T(g, t)->dtype);
+		if (!g->vmode[t])
+			continue;
+		out(&g->b, "%sconst rg_vec<%s, %d> x%d = *(const rg_vec<%s, %d> *)(", ind, ty, g->vec, t, ty, g->vec);
+		emit_vector_at(g, t);
+		out(&g->b, ");\n");
+	}
+	for (int i = 0; i < g->npw; i++) {
+		const int node = g->pw[i];
+		int o = g->p->nodes[node].out[0];
+		if (g->plan->node_stored[node] && g->vmode[o])
+			out(&g->b, "%srg_vec<%s, %d> y%d;\n", ind, ctype(T(g, o)->dtype), g->vec, o);
+	}
+}
+
+static void emit_vector_stores(struct gen *g, const char *ind)
+{
+	for (int i = 0; i < g->npw; i++) {
+		const int node = g->pw[i];
+		int o = g->p->nodes[node].out[0];
+		if (!g->plan->node_stored[node] || !g->vmode[o])
+			continue;
+		out(&g->b, "%s*(rg_vec<%s, %d> *)(", ind, ctype(T(g, o)->dtype), g->vec);
+		emit_vector_at(g, o);
+		out(&g->b, ") = y%d;\n", o);
+	}
+}
+
+struct red_shape;
+static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind, const char *var);
+
+/* A row's elements `vec` at a time: a thread takes vectors first, first + step, ...
+ * of the row (whose coordinates c<d> are set). */
+static int emit_row_vectors(struct gen *g, const struct red_shape *rs, const char *first, const char *step)
+{
+	int rank = g->dom->rank, r;
+
+	out(&g->b, "\t\tfor (idx_t jv = %s; jv < cols / %d; jv += %s) {\n", first, g->vec, step);
+	out(&g->b, "\t\t\tconst idx_t jb = jv * %d, base = row * cols + jb;\n", g->vec);
+	for (int d = 0; d < rank - 1; d++)
+		if (g->base_used[d])
+			out(&g->b, "\t\t\tconst idx_t b%d = c%d;\n", d, d);
+	if (g->base_used[rank - 1])
+		out(&g->b, "\t\t\tconst idx_t b%d = jb;\n", rank - 1);
+	emit_vector_loads(g, "\t\t\t");
+	out(&g->b, "#pragma unroll\n");
+	out(&g->b, "\t\t\tfor (int j = 0; j < %d; j++) {\n", g->vec);
+	if (g->coord_used[rank - 1] && vector_body_reads_coord(g, rank - 1))
+		out(&g->b, "\t\t\t\tconst idx_t c%d = jb + j;\n", rank - 1);
+	r = emit_element(g, true, "\t\t\t\t");
+	if (r < 0)
+		return r;
+	emit_accumulate(g, rs, "\t\t\t\t", "acc");
+	out(&g->b, "\t\t\t}\n");
+	emit_vector_stores(g, "\t\t\t");
+	out(&g->b, "\t\t}\n");
+	return 0;
 }
 
 static int gen_fused(struct gen *g)
@@ -1188,40 +1297,13 @@ static int gen_fused(struct gen *g)
 	out(&g->b, "\tconst idx_t stride = (idx_t)gridDim.x * blockDim.x;\n");
 	out(&g->b, "\tidx_t start = 0;\n\n");
 	if (g->vec > 1) {
-		int *list = malloc((size_t)(g->nmem + g->npw + 1) * sizeof(*list));
-		if (!list)
-			return -ENOMEM;
-		int nt = step_tensors(g, list);
-		/* The Run's offsets decide whether the bound tensors are
-		 * aligned to their vectors, so the kernel asks. */
-		out(&g->b, "\t/* %d elements at a time where every tensor moved as a vector is aligned to it. */\n",
-		    g->vec);
-		out(&g->b, "\tconst bool vec_ok = true");
-		for (int i = 0; i < nt; i++)
-			if (g->vmode[list[i]])
-				out(&g->b, " &&\n\t\t(unsigned long long)p%d %% %zu == 0", list[i],
-				    (size_t)g->vec * rp_dtype_size(T(g, list[i])->dtype));
-		out(&g->b, ";\n");
+		emit_vec_ok(g);
 		out(&g->b, "\tif (vec_ok) {\n");
 		out(&g->b, "\t\tfor (idx_t vi = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; vi < n / %d; vi += stride) {\n",
 		    g->vec);
 		out(&g->b, "\t\t\tconst idx_t base = vi * %d;\n", g->vec);
 		emit_coords_as(g, "base", g->dom->rank, "\t\t\t", "b", g->base_used);
-		for (int i = 0; i < g->nmem; i++) {
-			int t = g->mem[i];
-			const char *ty = ctype(T(g, t)->dtype);
-			if (!g->vmode[t])
-				continue;
-			out(&g->b, "\t\t\tconst rg_vec<%s, %d> x%d = *(const rg_vec<%s, %d> *)(", ty, g->vec, t, ty, g->vec);
-			emit_vector_at(g, t);
-			out(&g->b, ");\n");
-		}
-		for (int i = 0; i < g->npw; i++) {
-			const int node = g->pw[i];
-			int o = g->p->nodes[node].out[0];
-			if (g->plan->node_stored[node] && g->vmode[o])
-				out(&g->b, "\t\t\trg_vec<%s, %d> y%d;\n", ctype(T(g, o)->dtype), g->vec, o);
-		}
+		emit_vector_loads(g, "\t\t\t");
 		out(&g->b, "#pragma unroll\n");
 		out(&g->b, "\t\t\tfor (int j = 0; j < %d; j++) {\n", g->vec);
 		if (vector_body_needs_coords(g)) {
@@ -1229,24 +1311,13 @@ static int gen_fused(struct gen *g)
 			emit_coords(g, "idx", g->dom->rank, "\t\t\t\t");
 		}
 		r = emit_element(g, true, "\t\t\t\t");
-		if (r < 0) {
-			free(list);
+		if (r < 0)
 			return r;
-		}
 		out(&g->b, "\t\t\t}\n");
-		for (int i = 0; i < g->npw; i++) {
-			const int node = g->pw[i];
-			int o = g->p->nodes[node].out[0];
-			if (!g->plan->node_stored[node] || !g->vmode[o])
-				continue;
-			out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(", ctype(T(g, o)->dtype), g->vec);
-			emit_vector_at(g, o);
-			out(&g->b, ") = y%d;\n", o);
-		}
+		emit_vector_stores(g, "\t\t\t");
 		out(&g->b, "\t\t}\n");
 		out(&g->b, "\t\tstart = n / %d * %d;\n", g->vec, g->vec);
 		out(&g->b, "\t}\n");
-		free(list);
 	}
 	out(&g->b, "\tfor (idx_t idx = start + (idx_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += stride) {\n");
 	emit_coords(g, "idx", g->dom->rank, "\t\t");
@@ -1280,7 +1351,11 @@ static void red_shape_of(const struct rp_program *p, const struct rp_prog_node *
 	if (rs->last)
 		return;
 	rs->tiles = (rs->cols + COL_TILE - 1) / COL_TILE;
-	int64_t want = (COL_TARGET_BLOCKS + rs->tiles - 1) / (rs->tiles ? rs->tiles : 1);
+	/* Chunks for the widest tiles (8 columns a thread, the vector
+	 * path's), which the scalar path shares so that both sum each column
+	 * in one order. */
+	int64_t wide = (rs->cols + COL_TILE * 8 - 1) / (COL_TILE * 8);
+	int64_t want = (COL_TARGET_BLOCKS + wide - 1) / (wide ? wide : 1);
 	int64_t most = (rs->rows + COL_CHUNK_ROWS_MIN - 1) / COL_CHUNK_ROWS_MIN;
 	rs->chunks = want < most ? want : most;
 	if (rs->chunks < 1)
@@ -1335,14 +1410,15 @@ static const char *red_init(enum rp_reduction fn, bool acc64)
 }
 
 /* acc = step(acc, the element's input value). */
-static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind)
+static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind, const char *var)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
 	int x = n->in[0], m = reg_of(g, g->npw, x);
 	const char *conv = rs->acc64 ? "rg_f64" : "rg_f32";
 
 	emit_node_comment(g, g->red, ind);
-	out(&g->b, "%sacc = %s(acc, %s%s(", ind, red_fn(n->red.fn), n->red.fn == RP_RED_AMAX ? "rg_abs(" : "", conv);
+	out(&g->b, "%s%s = %s(%s, %s%s(", ind, var, red_fn(n->red.fn), var, n->red.fn == RP_RED_AMAX ? "rg_abs(" : "",
+	    conv);
 	if (m >= 0)
 		out(&g->b, "v%d", m);
 	else
@@ -1400,12 +1476,19 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 
 	kernel_name(g, k->name, "reduce", g->st->nodes, g->st->nnodes, "_last");
 	g->st->nkernels = 1;
+	choose_vec(g);
+	if (g->vec > 1 && rs->cols % g->vec != 0)
+		g->vec = 1;
+	/* The vectors' coordinates b<d> of a row are the row's own. */
+	for (int d = 0; d < rank - 1 && g->vec > 1; d++)
+		g->coord_used[d] |= g->base_used[d];
 	k->block = per_warp ? PW_BLOCK : ROW_BLOCK;
 	k->blocks_per_sm = 2048 / k->block;
 	k->blocks = per_warp ? (uint64_t)(rs->rows + PW_BLOCK / 32 - 1) / (PW_BLOCK / 32) : (uint64_t)rs->rows;
 
-	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order. */\n", per_warp ? "warp" : "block",
-	    (long long)rs->cols, acc);
+	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order (%s). */\n",
+	    per_warp ? "warp" : "block", (long long)rs->cols, acc,
+	    g->vec > 1 ? "one order where the tensors are aligned to their vectors, another where not" : "one order");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    k->block, k->name);
 	emit_idx_type(g);
@@ -1413,6 +1496,8 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	declare_pointer(g, n->out[0]);
 	out(&g->b, "\tconst idx_t rows = %s, cols = %s;\n", lit(rs->rows, l), lit(rs->cols, l2));
 	out(&g->b, "\tconst int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
+	if (g->vec > 1)
+		emit_vec_ok(g);
 	if (per_warp) {
 		out(&g->b, "\tfor (idx_t row = (idx_t)blockIdx.x * %d + warp; row < rows; row += (idx_t)gridDim.x * %d) {\n",
 		    PW_BLOCK / 32, PW_BLOCK / 32);
@@ -1422,6 +1507,13 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	}
 	emit_coords(g, "row", rank - 1, "\t\t");
 	out(&g->b, "\t\t%s acc = %s;\n", acc, red_init(n->red.fn, rs->acc64));
+	if (g->vec > 1) {
+		out(&g->b, "\t\tif (vec_ok) {\n");
+		r = emit_row_vectors(g, rs, per_warp ? "lane" : "threadIdx.x", per_warp ? "32" : "blockDim.x");
+		if (r < 0)
+			return r;
+		out(&g->b, "\t\t} else {\n");
+	}
 	out(&g->b, "\t\tfor (idx_t j = %s; j < cols; j += %s) {\n", per_warp ? "lane" : "threadIdx.x",
 	    per_warp ? "32" : "blockDim.x");
 	if (g->coord_used[rank - 1])
@@ -1430,8 +1522,10 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	r = emit_element(g, false, "\t\t\t");
 	if (r < 0)
 		return r;
-	emit_accumulate(g, rs, "\t\t\t");
+	emit_accumulate(g, rs, "\t\t\t", "acc");
 	out(&g->b, "\t\t}\n");
+	if (g->vec > 1)
+		out(&g->b, "\t\t}\n");
 	emit_warp_reduce(g, fn, "acc", "\t\t");
 	if (!per_warp) {
 		out(&g->b, "\t\tif (lane == 0)\n\t\t\tpart[warp] = acc;\n");
@@ -1453,15 +1547,82 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	return 0;
 }
 
+/* One pass of a leading-axis reduction over a tile of `width` columns,
+ * a thread taking `per` consecutive columns (vec > 1: as one vector) down
+ * its rows of the chunk; then the 8 threads of a column combined in order.
+ * The order of every column's sum is the same whatever per is. */
+static int emit_column_tile(struct gen *g, const struct red_shape *rs, int per, const char *ind)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	const char *acc = rs->acc64 ? "double" : "float", *fn = red_fn(n->red.fn);
+	const struct rp_prog_tensor *o = T(g, n->out[0]);
+	int64_t out_stride = o->rank ? o->strides[o->rank - 1] : 0, tiles = (rs->cols + COL_TILE * per - 1) / (COL_TILE * per);
+	int rank = g->dom->rank, r;
+	bool vec = per > 1, two_pass = rs->chunks > 1;
+	char in2[24], in3[24], in4[24], l[32], l2[32];
+
+	snprintf(in2, sizeof(in2), "%s\t", ind);
+	snprintf(in3, sizeof(in3), "%s\t\t", ind);
+	snprintf(in4, sizeof(in4), "%s\t\t\t", ind);
+	out(&g->b, "%sfor (idx_t b = blockIdx.x; b < %s; b += gridDim.x) {\n", ind, lit(tiles * rs->chunks, l));
+	out(&g->b, "%sconst idx_t col0 = (b %% %s) * %d + tx * %d, chunk = b / %s;\n", in2, lit(tiles, l),
+	    COL_TILE * per, per, l);
+	out(&g->b, "%s%s acc[%d];\n", in2, acc, per);
+	out(&g->b, "#pragma unroll\n%sfor (int j = 0; j < %d; j++)\n%s\tacc[j] = %s;\n", in2, per, in2,
+	    red_init(n->red.fn, rs->acc64));
+	out(&g->b, "%sif (col0 < cols) {\n", in2);
+	out(&g->b, "%sconst idx_t end = min(rows, (chunk + 1) * %s);\n", in3, lit(rs->chunk_rows, l2));
+	out(&g->b, "%sfor (idx_t row = chunk * %s + ty; row < end; row += %d) {\n", in3, l2, COL_ROW_THREADS);
+	emit_coords(g, "row", rank - 1, in4);
+	if (vec) {
+		out(&g->b, "%sconst idx_t base = row * cols + col0;\n", in4);
+		for (int d = 0; d < rank - 1; d++)
+			if (g->base_used[d])
+				out(&g->b, "%sconst idx_t b%d = c%d;\n", in4, d, d);
+		if (g->base_used[rank - 1])
+			out(&g->b, "%sconst idx_t b%d = col0;\n", in4, rank - 1);
+		emit_vector_loads(g, in4);
+	}
+	out(&g->b, "#pragma unroll\n%sfor (int j = 0; j < %d; j++) {\n", in4, per);
+	char in5[32];
+	snprintf(in5, sizeof(in5), "%s\t", in4);
+	if (g->coord_used[rank - 1] && (!vec || vector_body_reads_coord(g, rank - 1)))
+		out(&g->b, "%sconst idx_t c%d = col0 + j;\n", in5, rank - 1);
+	if (!vec)
+		out(&g->b, "%sconst idx_t idx = row * cols + col0 + j;\n", in5);
+	r = emit_element(g, vec, in5);
+	if (r < 0)
+		return r;
+	emit_accumulate(g, rs, in5, "acc[j]");
+	out(&g->b, "%s}\n", in4);
+	if (vec)
+		emit_vector_stores(g, in4);
+	out(&g->b, "%s}\n%s}\n", in3, in2);
+	out(&g->b, "#pragma unroll\n%sfor (int j = 0; j < %d; j++)\n%s\tpart_sh[ty][tx * %d + j] = acc[j];\n", in2, per,
+	    in2, per);
+	out(&g->b, "%s__syncthreads();\n", in2);
+	out(&g->b, "%sif (ty == 0 && col0 < cols) {\n", in2);
+	out(&g->b, "#pragma unroll\n%sfor (int j = 0; j < %d; j++) {\n", in3, per);
+	out(&g->b, "%s%s s = part_sh[0][tx * %d + j];\n", in4, acc, per);
+	out(&g->b, "%sfor (int k = 1; k < %d; k++)\n%s\ts = %s(s, part_sh[k][tx * %d + j]);\n", in4, COL_ROW_THREADS,
+	    in4, fn, per);
+	if (two_pass) {
+		out(&g->b, "%spart[chunk * cols + col0 + j] = s;\n", in4);
+	} else {
+		out(&g->b, "%sconst idx_t off = (col0 + j) * %s;\n", in4, lit(out_stride, l));
+		emit_result_store(g, rs, "s", rs->rows, in4);
+	}
+	out(&g->b, "%s}\n%s}\n%s__syncthreads();\n%s}\n", in3, in2, in2, ind);
+	return 0;
+}
+
 static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
-	const struct rp_prog_tensor *o = T(g, n->out[0]);
 	const char *acc = rs->acc64 ? "double" : "float", *fn = red_fn(n->red.fn);
 	bool two_pass = rs->chunks > 1;
 	int rank = g->dom->rank;
-	int64_t out_stride = o->rank ? o->strides[o->rank - 1] : 0;
 	char l[32], l2[32];
 	int r;
 
@@ -1470,10 +1631,16 @@ static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
 	k->blocks_per_sm = 2048 / k->block;
 	k->blocks = (uint64_t)(rs->tiles * rs->chunks);
 	g->st->nkernels = 1;
+	choose_vec(g);
+	if (g->vec > 1 && rs->cols % g->vec != 0)
+		g->vec = 1;
+	for (int d = 0; d < rank - 1 && g->vec > 1; d++)
+		g->coord_used[d] |= g->base_used[d];
 
-	out(&g->b, "/* Columns %d at a time, %lld rows of %lld in chunks of %lld%s; %s accumulation in a fixed order. */\n",
+	out(&g->b, "/* Columns %d at a time, %lld rows of %lld in chunks of %lld%s; %s accumulation in a fixed order%s. */\n",
 	    COL_TILE, (long long)rs->rows, (long long)rs->cols, (long long)rs->chunk_rows,
-	    two_pass ? " (partials to the arena, added by the next kernel)" : "", acc);
+	    two_pass ? " (partials to the arena, added by the next kernel)" : "", acc,
+	    g->vec > 1 ? ", the same whether or not the vector path runs" : "");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    k->block, k->name);
 	emit_idx_type(g);
@@ -1485,34 +1652,21 @@ static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
 		declare_pointer(g, n->out[0]);
 	out(&g->b, "\tconst idx_t rows = %s, cols = %s;\n", lit(rs->rows, l), lit(rs->cols, l2));
 	out(&g->b, "\tconst int tx = threadIdx.x %% %d, ty = threadIdx.x / %d;\n", COL_TILE, COL_TILE);
-	out(&g->b, "\t__shared__ %s part_sh[%d][%d];\n", acc, COL_ROW_THREADS, COL_TILE + 1);
-	out(&g->b, "\tfor (idx_t b = blockIdx.x; b < %s; b += gridDim.x) {\n", lit(rs->tiles * rs->chunks, l));
-	out(&g->b, "\t\tconst idx_t col = (b %% %s) * %d + tx, chunk = b / %s;\n", lit(rs->tiles, l), COL_TILE, l);
-	out(&g->b, "\t\t%s acc = %s;\n", acc, red_init(n->red.fn, rs->acc64));
-	out(&g->b, "\t\tif (col < cols) {\n");
-	out(&g->b, "\t\t\tconst idx_t end = min(rows, (chunk + 1) * %s);\n", lit(rs->chunk_rows, l));
-	out(&g->b, "\t\t\tfor (idx_t row = chunk * %s + ty; row < end; row += %d) {\n", l, COL_ROW_THREADS);
-	emit_coords(g, "row", rank - 1, "\t\t\t\t");
-	if (g->coord_used[rank - 1])
-		out(&g->b, "\t\t\t\tconst idx_t c%d = col;\n", rank - 1);
-	out(&g->b, "\t\t\t\tconst idx_t idx = row * cols + col;\n");
-	r = emit_element(g, false, "\t\t\t\t");
-	if (r < 0)
-		return r;
-	emit_accumulate(g, rs, "\t\t\t\t");
-	out(&g->b, "\t\t\t}\n\t\t}\n");
-	out(&g->b, "\t\tpart_sh[ty][tx] = acc;\n");
-	out(&g->b, "\t\t__syncthreads();\n");
-	out(&g->b, "\t\tif (ty == 0 && col < cols) {\n");
-	out(&g->b, "\t\t\tfor (int k = 1; k < %d; k++)\n", COL_ROW_THREADS);
-	out(&g->b, "\t\t\t\tacc = %s(acc, part_sh[k][tx]);\n", fn);
-	if (two_pass) {
-		out(&g->b, "\t\t\tpart[chunk * cols + col] = acc;\n");
+	out(&g->b, "\t__shared__ %s part_sh[%d][%d];\n", acc, COL_ROW_THREADS, COL_TILE * g->vec + 1);
+	if (g->vec > 1) {
+		emit_vec_ok(g);
+		out(&g->b, "\tif (vec_ok) {\n");
+		if ((r = emit_column_tile(g, rs, g->vec, "\t\t")) < 0)
+			return r;
+		out(&g->b, "\t} else {\n");
+		if ((r = emit_column_tile(g, rs, 1, "\t\t")) < 0)
+			return r;
+		out(&g->b, "\t}\n}\n\n");
 	} else {
-		out(&g->b, "\t\t\tconst idx_t off = col * %s;\n", lit(out_stride, l));
-		emit_result_store(g, rs, "acc", rs->rows, "\t\t\t");
+		if ((r = emit_column_tile(g, rs, 1, "\t")) < 0)
+			return r;
+		out(&g->b, "}\n\n");
 	}
-	out(&g->b, "\t\t}\n\t\t__syncthreads();\n\t}\n}\n\n");
 	if (!two_pass)
 		return 0;
 
@@ -1535,7 +1689,7 @@ static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
 	out(&g->b, "\t\t%s acc = part[col];\n", acc);
 	out(&g->b, "\t\tfor (idx_t k = 1; k < %s; k++)\n", lit(rs->chunks, l));
 	out(&g->b, "\t\t\tacc = %s(acc, part[k * cols + col]);\n", fn);
-	out(&g->b, "\t\tconst idx_t off = col * %s;\n", lit(out_stride, l));
+	out(&g->b, "\t\tconst idx_t off = col * %s;\n", lit(T(g, n->out[0])->rank ? T(g, n->out[0])->strides[T(g, n->out[0])->rank - 1] : 0, l));
 	emit_result_store(g, rs, "acc", rs->rows, "\t\t");
 	out(&g->b, "\t}\n}\n");
 	return 0;
@@ -1595,6 +1749,26 @@ static void emit_rows_offset(struct gen *g, int t, const char *row, const char *
 		out(&g->b, " * %s", lit(x->strides[x->rank - 1], l));
 }
 
+/* Elements of a row an embedding copies at once: 16 bytes, when the table
+ * and the output have one dtype, contiguous rows that split into whole
+ * vectors, and vector-aligned row starts; 1 otherwise. */
+static int embedding_vec(const struct gen *g, int table, int o)
+{
+	const struct rp_prog_tensor *tt = T(g, table), *ot = T(g, o);
+	int vec = (int)(16 / rp_dtype_size(tt->dtype));
+	int64_t dim = tt->shape[1];
+
+	if (vec > 8)
+		vec = 8;
+	if (tt->dtype != ot->dtype || tt->strides[1] != 1 || ot->strides[ot->rank - 1] != 1 || dim % vec != 0 ||
+	    tt->strides[0] % vec != 0)
+		return 1;
+	for (int k = 0; k < ot->rank - 1; k++)
+		if (ot->shape[k] > 1 && ot->strides[k] % vec != 0)
+			return 1;
+	return vec;
+}
+
 static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
@@ -1619,7 +1793,30 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 	declare_pointer(g, index);
 	declare_pointer(g, o);
 	out(&g->b, "\tconst idx_t n = %s, dim = %s;\n", lit(rows * dim, l), lit(dim, l2));
-	out(&g->b, "\tfor (idx_t e = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (idx_t)gridDim.x * blockDim.x) {\n");
+	out(&g->b, "\tidx_t start = 0;\n");
+	int vec = embedding_vec(g, table, o);
+	if (vec > 1) {
+		const char *ty = ctype(tt->dtype);
+		out(&g->b, "\t/* Rows %d elements at a time where both rows are aligned to it. */\n", vec);
+		out(&g->b, "\tif ((unsigned long long)p%d %% %zu == 0 && (unsigned long long)p%d %% %zu == 0) {\n", table,
+		    (size_t)vec * rp_dtype_size(tt->dtype), o, (size_t)vec * rp_dtype_size(ot->dtype));
+		out(&g->b, "\t\tfor (idx_t e = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n / %d; e += (idx_t)gridDim.x * blockDim.x) {\n",
+		    vec);
+		out(&g->b, "\t\t\tconst idx_t i = e / %s, d = (e - i * %s) * %d;\n", lit(dim / vec, l), l, vec);
+		out(&g->b, "\t\t\tconst long long v = (long long)p%d[", index);
+		emit_flat_offset(g, index, "i");
+		out(&g->b, "];\n");
+		out(&g->b, "\t\t\trg_vec<%s, %d> x;\n", ty, vec);
+		out(&g->b, "\t\t\tif (v >= 0 && v < %s)\n", lit(vocab, l));
+		out(&g->b, "\t\t\t\tx = *(const rg_vec<%s, %d> *)(p%d + v * %s + d);\n", ty, vec, table,
+		    lit(tt->strides[0], l2));
+		out(&g->b, "\t\t\telse\n#pragma unroll\n\t\t\t\tfor (int j = 0; j < %d; j++)\n", vec);
+		out(&g->b, "\t\t\t\t\tx.v[j] = rg_cvt<%s>(0.0f);\n", ty);
+		out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(p%d + ", ty, vec, o);
+		emit_rows_offset(g, o, "i", "d");
+		out(&g->b, ") = x;\n\t\t}\n\t\tstart = n;\n\t}\n");
+	}
+	out(&g->b, "\tfor (idx_t e = start + (idx_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (idx_t)gridDim.x * blockDim.x) {\n");
 	out(&g->b, "\t\tconst idx_t i = e / dim, d = e - i * dim;\n");
 	out(&g->b, "\t\tconst long long v = (long long)p%d[", index);
 	emit_flat_offset(g, index, "i");

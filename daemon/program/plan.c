@@ -389,13 +389,32 @@ static int open_group(struct builder *b, int at, enum rd_prog_step_kind kind, bo
 	b->window[at].closed = closed;
 	if (kind == RD_STEP_FUSED)
 		b->window[at].domain = &b->p->tensors[b->p->nodes[node].out[0]];
+	else if (kind == RD_STEP_REDUCTION)
+		b->window[at].domain = &b->p->tensors[b->p->nodes[node].in[0]];
 	return group_add(&b->window[at], b->p, b->plan->computed_inline, node);
 }
 
+static int64_t group_size(const struct group *g)
+{
+	return g->domain ? g->domain->numel : INT64_MAX;
+}
+
+/* Where a new group of `size` elements goes: after the last group it
+ * depends on, and after every group no larger than it, so that the window
+ * runs small work (a row's statistics, a scalar's bias correction) before
+ * the large groups that read it, which can then take more nodes. */
+static int new_group_place(const struct builder *b, int last_dep, int64_t size)
+{
+	int at = last_dep + 1;
+
+	for (int i = b->nwindow - 1; i >= at; i--)
+		if (group_size(&b->window[i]) <= size)
+			return i + 1;
+	return at;
+}
+
 /* Places node in the window: in the earliest group at or after the last
- * one it depends on that takes it, else in a new group right after that
- * one (first of all when it depends on none), so that what it does not
- * depend on runs after it and later nodes find its result in memory. */
+ * one it depends on that takes it, else in a new group (new_group_place). */
 static int place(struct builder *b, int node)
 {
 	const struct rp_program *p = b->p;
@@ -420,9 +439,11 @@ static int place(struct builder *b, int node)
 	}
 	switch (n->op->cls) {
 	case RP_PC_POINTWISE:
-		return open_group(b, last_dep + 1, RD_STEP_FUSED, false, node);
+		return open_group(b, new_group_place(b, last_dep, p->tensors[n->out[0]].numel), RD_STEP_FUSED, false,
+				  node);
 	case RP_PC_REDUCTION:
-		return open_group(b, last_dep + 1, RD_STEP_REDUCTION, true, node);
+		return open_group(b, new_group_place(b, last_dep, p->tensors[n->in[0]].numel), RD_STEP_REDUCTION, true,
+				  node);
 	case RP_PC_GATHER:
 	case RP_PC_COMPUTE:
 		if ((r = flush(b, b->nwindow)) < 0)
