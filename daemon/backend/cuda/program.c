@@ -152,6 +152,19 @@ static const struct rd_resource_ops state_ops = {
 	.kind = "program", .init = state_init, .release = state_release, .invalidate = state_invalidate,
 };
 
+/* The host part, once nothing of it is registered. */
+static void program_free(struct cuda_program *p)
+{
+	rd_prog_plan_finish(&p->plan);
+	free(p->args_host);
+	free(p->bound);
+	free(p->modules);
+	free(p->key);
+	free(p->state.exec_key);
+	pthread_mutex_destroy(&p->lock);
+	free(p);
+}
+
 int cuda_program_create(struct rd_device *dev, const struct rp_program *def, struct rd_program **out,
 			struct rp_error *err)
 {
@@ -213,14 +226,7 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 	*out = &p->base;
 	return 0;
 fail:
-	rd_prog_plan_finish(&p->plan);
-	free(p->args_host);
-	free(p->bound);
-	free(p->modules);
-	free(p->key);
-	free(p->state.exec_key);
-	pthread_mutex_destroy(&p->lock);
-	free(p);
+	program_free(p);
 	return r;
 }
 
@@ -234,14 +240,7 @@ void cuda_program_destroy(struct rd_program *prog)
 	for (int i = 0; i < p->plan.nsteps; i++)
 		if (p->plan.steps[i].kind != RD_STEP_LIBRARY)
 			cuda_rtc_module_finish(&p->modules[i]);
-	rd_prog_plan_finish(&p->plan);
-	free(p->args_host);
-	free(p->bound);
-	free(p->modules);
-	free(p->key);
-	free(p->state.exec_key);
-	pthread_mutex_destroy(&p->lock);
-	free(p);
+	program_free(p);
 }
 
 /* One library step (a compute node) as the enqueue functions of
