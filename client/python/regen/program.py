@@ -173,7 +173,10 @@ def run_exactly_once(client, program, bind, journal, seq, scalars=None, timeout=
             gen = e.parameters.get("generation") if isinstance(e.parameters, dict) else None
             want = (gen + 1) if isinstance(gen, int) and isinstance(e, (errors.DeviceLost, errors.Draining)) \
                 else (gen or 0)
-            _wait_serving(client, program.device, want, deadline)
+            gen = _wait_serving(client, program.device, want, deadline)
+            # Imports of earlier generations are gone there: forget them
+            # here, so that binding imports again.
+            client._note_generation(program.device, gen)
         except errors.NoSuchObject as e:
             if str(e.parameters.get("id")) != program.id or program.definition is None:
                 raise
