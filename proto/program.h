@@ -253,6 +253,12 @@ void rp_program_finish(struct rp_program *p);
 
 /* Bytes a tensor's dtype takes; 8 for scalars (f64). */
 size_t rp_prog_tensor_elem_size(const struct rp_prog_tensor *t);
+/* Whether two tensors have no element in common: other roots, element
+ * ranges apart, or interleaved views (a row's two halves; q, k and v as
+ * column blocks of one qkv) whose offsets, modulo one of their strides,
+ * cover intervals the other misses. Conservative: false may still be
+ * disjoint. */
+bool rp_prog_disjoint(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y);
 /* Whether the tensor's strides are contiguous row-major. */
 bool rp_prog_tensor_contiguous(const struct rp_prog_tensor *t);
 

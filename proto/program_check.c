@@ -54,13 +54,59 @@ static void node_operands(const struct rp_prog_node *n, struct operands *o)
 	}
 }
 
-/* Whether two tensors share memory: one root and element ranges that meet
- * (conservative: two interleaved views with disjoint elements count as
- * overlapping). */
+/* The residues modulo period of t's element offsets, when they form one
+ * interval [*lo, *hi] inside [0, period): dims whose stride is a multiple
+ * of the period add nothing to them, the others at most their span. */
+static bool residues(const struct rp_prog_tensor *t, int64_t period, int64_t *lo, int64_t *hi)
+{
+	int64_t span = 0;
+
+	for (int k = 0; k < t->rank; k++)
+		if (t->shape[k] > 1 && t->strides[k] % period != 0)
+			span += (t->shape[k] - 1) * t->strides[k];
+	*lo = t->root_offset % period;
+	*hi = *lo + span;
+	return *hi < period;
+}
+
+static bool residues_apart(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y, int64_t period)
+{
+	int64_t xlo, xhi, ylo, yhi;
+
+	return period > 1 && residues(x, period, &xlo, &xhi) && residues(y, period, &ylo, &yhi) &&
+	       (xhi < ylo || yhi < xlo);
+}
+
+bool rp_prog_disjoint(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y)
+{
+	int64_t xlo, xhi, ylo, yhi;
+
+	if (x->root != y->root)
+		return true;
+	if (x->numel == 0 || y->numel == 0)
+		return true;
+	xlo = x->root_offset;
+	xhi = xlo + rp_prog_span(x);
+	ylo = y->root_offset;
+	yhi = ylo + rp_prog_span(y);
+	if (xhi < ylo || yhi < xlo)
+		return true;
+	/* Interleaved views (a row's two halves, q, k and v as column blocks
+	 * of one qkv): their elements meet no common offset when, modulo
+	 * one of their strides, each covers an interval the other misses. */
+	for (int k = 0; k < x->rank; k++)
+		if (residues_apart(x, y, x->strides[k]))
+			return true;
+	for (int k = 0; k < y->rank; k++)
+		if (residues_apart(x, y, y->strides[k]))
+			return true;
+	return false;
+}
+
+/* Whether two tensors share memory. */
 static bool overlap(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y)
 {
-	return x->root == y->root && x->root_offset <= y->root_offset + rp_prog_span(y) &&
-	       y->root_offset <= x->root_offset + rp_prog_span(x);
+	return !rp_prog_disjoint(x, y);
 }
 
 /* The very same tensor: same elements in the same order. */

@@ -82,52 +82,9 @@ static void element_range(const struct rp_prog_tensor *t, int64_t *lo, int64_t *
 		*hi += (t->shape[k] - 1) * t->strides[k];
 }
 
-/* The residues modulo period of t's element offsets, when they form one
- * interval [*lo, *hi] inside [0, period): dims whose stride is a multiple
- * of the period add nothing to them, the others at most their span. */
-static bool residues(const struct rp_prog_tensor *t, int64_t period, int64_t *lo, int64_t *hi)
-{
-	int64_t span = 0;
-
-	for (int k = 0; k < t->rank; k++)
-		if (t->shape[k] > 1 && t->strides[k] % period != 0)
-			span += (t->shape[k] - 1) * t->strides[k];
-	*lo = t->root_offset % period;
-	*hi = *lo + span;
-	return *hi < period;
-}
-
-static bool residues_apart(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y, int64_t period)
-{
-	int64_t xlo, xhi, ylo, yhi;
-
-	return period > 1 && residues(x, period, &xlo, &xhi) && residues(y, period, &ylo, &yhi) &&
-	       (xhi < ylo || yhi < xlo);
-}
-
 bool rd_prog_disjoint(const struct rp_program *p, int a, int b)
 {
-	const struct rp_prog_tensor *x = &p->tensors[a], *y = &p->tensors[b];
-	int64_t xlo, xhi, ylo, yhi;
-
-	if (x->root != y->root)
-		return true;
-	if (x->numel == 0 || y->numel == 0)
-		return true;
-	element_range(x, &xlo, &xhi);
-	element_range(y, &ylo, &yhi);
-	if (xhi < ylo || yhi < xlo)
-		return true;
-	/* Interleaved views (a row's two halves, q, k and v as column blocks
-	 * of one qkv): their elements meet no common offset when, modulo
-	 * one of their strides, each covers an interval the other misses. */
-	for (int k = 0; k < x->rank; k++)
-		if (residues_apart(x, y, x->strides[k]))
-			return true;
-	for (int k = 0; k < y->rank; k++)
-		if (residues_apart(x, y, y->strides[k]))
-			return true;
-	return false;
+	return rp_prog_disjoint(&p->tensors[a], &p->tensors[b]);
 }
 
 /* Bytes from the root's start past t's last element. */

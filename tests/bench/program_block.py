@@ -79,8 +79,8 @@ def block_program(B, S, D, H, dtype="bf16"):
     dln2y = t("dln2y", (T, D))
     p.node("gemm", {"a": dpre, "b": w["w1"], "d": dln2y}, name="fc1_dgrad")
     dh = t("dh", (T, D))
-    p.node("layer_norm_backward", {"dy": dln2y, "x": h, "weight": w["ln2_w"], "mean": mean2, "rstd": rstd2,
-                                   "dx": dh, "d_weight": g["ln2_w"], "d_bias": g["ln2_b"], "d_residual": dy},
+    p.node("layer_norm_backward", {"d_y": dln2y, "x": h, "weight": w["ln2_w"], "mean": mean2, "rstd": rstd2,
+                                   "d_x": dh, "d_weight": g["ln2_w"], "d_bias": g["ln2_b"], "d_residual": dy},
            name="ln2_bwd")
     datt = t("datt", (T, D))
     p.node("gemm", {"a": dh, "b": w["w_o"], "d": datt}, name="proj_dgrad")
@@ -91,14 +91,14 @@ def block_program(B, S, D, H, dtype="bf16"):
     dq = p.view("dq", dqkv, (B, H, S, Dh), qkv_strides, 0)
     dk = p.view("dk", dqkv, (B, H, S, Dh), qkv_strides, D)
     dv = p.view("dv", dqkv, (B, H, S, Dh), qkv_strides, 2 * D)
-    p.node("attention_backward", {"q": q, "k": k, "v": v, "o": o, "do": do, "stats": stats, "dq": dq, "dk": dk,
-                                  "dv": dv}, name="attn_bwd", causal=True)
+    p.node("attention_backward", {"q": q, "k": k, "v": v, "o": o, "d_o": do, "stats": stats, "d_q": dq, "d_k": dk,
+                                  "d_v": dv}, name="attn_bwd", causal=True)
     p.node("gemm", {"a": dqkv, "b": ln1y, "d": g["w_qkv"]}, name="qkv_wgrad", trans_a=True)
     p.node("sum", [dqkv], [g["b_qkv"]], name="qkv_bgrad", axis="leading")
     dln1y = t("dln1y", (T, D))
     p.node("gemm", {"a": dqkv, "b": w["w_qkv"], "d": dln1y}, name="qkv_dgrad")
-    p.node("layer_norm_backward", {"dy": dln1y, "x": x, "weight": w["ln1_w"], "mean": mean1, "rstd": rstd1,
-                                   "dx": dx, "d_weight": g["ln1_w"], "d_bias": g["ln1_b"], "d_residual": dh},
+    p.node("layer_norm_backward", {"d_y": dln1y, "x": x, "weight": w["ln1_w"], "mean": mean1, "rstd": rstd1,
+                                   "d_x": dx, "d_weight": g["ln1_w"], "d_bias": g["ln1_b"], "d_residual": dh},
            name="ln1_bwd")
     return p.definition()
 

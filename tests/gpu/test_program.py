@@ -141,7 +141,7 @@ def check_ops(c):
                 x = torch.randn(384, 4099, device="cuda", generator=g).to(TORCH[dtype])
                 p = regen.ProgramBuilder(red)
                 xi = p.input("x", dtype, x.shape)
-                sq = p.intermediate("sq", dtype, x.shape)
+                sq = p.intermediate("sq", "f32", x.shape)
                 p.node("mul", [xi], [sq], scalar=1.5)
                 shape = (384,) if axis == "last" else (4099,)
                 y = p.output("y", "f32", shape)
@@ -286,7 +286,7 @@ def check_faults(c):
     import threading
     import time
     from regen.program import run_exactly_once
-    shapes = [(4096, 4096), (4096,), (8192, 2048)]
+    shapes = [(8192, 8192), (8192,), (16384, 4096)]
 
     def train(faults):
         g = torch.Generator(device="cuda").manual_seed(5)
@@ -307,7 +307,7 @@ def check_faults(c):
             r = random.Random(3)
             admin = regen.Client(c_socket[0], timeout=60)
             while not stop.is_set():
-                time.sleep(r.uniform(0.2, 1.5))
+                time.sleep(r.uniform(0.005, 0.08))
                 try:
                     admin.inject_fault(DEV, "device_lost")
                     injected[0] += 1
