@@ -117,7 +117,9 @@ struct rd_sv_device {
 	uv_timer_t heartbeat_timer;    /* asks the worker for Stats; finds it unresponsive */
 	uv_timer_t start_timer;        /* a starting worker's deadline to report Ready */
 	bool start_timed_out;          /* the last worker was killed at that deadline */
-	uint64_t last_answer_ns;       /* when the worker last answered (or started) */
+	uint64_t last_answer_ns;       /* when the worker last answered (or started), moved on by the
+					* supervisor's own lateness (device.c) */
+	uint64_t last_tick_ns;         /* the heartbeat's last tick */
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
 	struct rd_sv_health health;
