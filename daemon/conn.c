@@ -128,6 +128,7 @@ static void conn_process(struct rd_conn *conn);
 static void conn_write(struct rd_conn *conn);
 static void conn_serve(struct rd_conn *conn);
 static void conn_unref(struct rd_conn *conn);
+static bool take_turn(struct rd_conn *conn, bool take);
 
 /* ---- The loop's turns ---- */
 
@@ -148,35 +149,44 @@ static void on_turn_end(uv_check_t *check)
 	l->turn_left = TURN_BUDGET;
 }
 
-static struct rd_conn *dequeue(struct rd_conn_loop *l)
+/* Takes conn off the run queue, where prev (NULL: none) is before it. */
+static void unqueue(struct rd_conn_loop *l, struct rd_conn *prev, struct rd_conn *conn)
 {
-	struct rd_conn *conn = l->run_head;
-
-	if (!conn)
-		return NULL;
-	l->run_head = conn->run_next;
-	if (!l->run_head)
-		l->run_tail = NULL;
+	if (prev)
+		prev->run_next = conn->run_next;
+	else
+		l->run_head = conn->run_next;
+	if (l->run_tail == conn)
+		l->run_tail = prev;
 	conn->run_next = NULL;
 	conn->queued = false;
-	return conn;
 }
 
 /* The start of a turn: the connections on the run queue are served in
- * order, each once, as far as the turn's budget goes; one with messages
- * left goes to the back again. The queue's reference to each is dropped
- * once it is off the queue. */
+ * order, each once, as far as the turn's budget goes. One served with
+ * messages left goes to the back; one whose uid's share of the turn is
+ * spent keeps its place, ahead of those served, so that the connections
+ * of one uid take turns too. The queue's reference to a connection is
+ * dropped once it is off the queue. */
 static void on_turn(uv_idle_t *idle)
 {
 	struct rd_conn_loop *l = idle->data;
-	struct rd_conn *last = l->run_tail, *conn;
-	bool was_last = false;
+	struct rd_conn *last = l->run_tail, *prev = NULL, *conn = l->run_head;
 
-	while (!was_last && l->turn_left > 0 && (conn = dequeue(l))) {
-		was_last = conn == last;
-		if (!conn->closed)
-			conn_serve(conn);
-		conn_unref(conn);
+	while (conn && l->turn_left > 0) {
+		bool was_last = conn == last;
+
+		if (conn->closed || take_turn(conn, false)) {
+			unqueue(l, prev, conn);
+			if (!conn->closed)
+				conn_serve(conn);
+			conn_unref(conn);
+		} else {
+			prev = conn;
+		}
+		if (was_last)
+			break;
+		conn = prev ? prev->run_next : l->run_head;
 	}
 	if (!l->run_head)
 		uv_idle_stop(idle);
