@@ -881,7 +881,7 @@ static void detached_accept(int fd, void *data)
 static void detached_listen(struct rd_sv_device *d)
 {
 	const struct rd_options *o = d->env->opts;
-	int r = rd_listener_open(&d->detached_listener, d->env->loop, d->worker_socket, o->socket_mode,
+	int r = rd_listener_open(&d->detached_listener, d->env->loop, d->env->socket_dir, d->worker_socket, o->socket_mode,
 				 o->have_socket_gid ? o->socket_gid : (gid_t)-1, -1, detached_accept, d);
 
 	if (r < 0)

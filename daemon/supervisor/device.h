@@ -63,6 +63,7 @@ struct rd_sv_device_events {
 /* What every device reads and the supervisor owns. */
 struct rd_sv_device_env {
 	uv_loop_t *loop;
+	int socket_dir;                         /* where the sockets are (daemon/socket_dir.h); -1: none */
 	const char *exe;                        /* regend itself, run again as a worker */
 	const struct rd_options *opts;          /* the live settings */
 	const uint64_t *epoch;                  /* the node's, which every worker answers in Generation */

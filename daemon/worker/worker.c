@@ -12,6 +12,7 @@
 #include "daemon/backend/health.h"
 #include "daemon/backend/load.h"
 #include "daemon/log.h"
+#include "daemon/socket_dir.h"
 #include "daemon/worker/session.h"
 #include "daemon/worker/worker.h"
 #include "proto/errors.h"
@@ -269,8 +270,15 @@ int rd_worker_run(const struct rd_options *opts)
 		return unusable ? RD_WORKER_EXIT_DEVICE_FAILED : 1;
 	}
 	rd_worker_socket_path(opts, w->dev.index, w->socket_path, sizeof(w->socket_path));
-	r = rd_listener_open(&w->listener, w->loop, w->socket_path, opts->socket_mode,
+	char why[512];
+	int dir = rd_socket_dir_open(w->socket_path, why, sizeof(why));
+	if (dir < 0) {
+		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "refusing to serve: %s", why);
+		return 1;
+	}
+	r = rd_listener_open(&w->listener, w->loop, dir, w->socket_path, opts->socket_mode,
 			     opts->have_socket_gid ? opts->socket_gid : (gid_t)-1, -1, rd_session_accept, w);
+	close(dir);
 	if (r < 0) {
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "cannot listen on %s: %s", w->socket_path,
 		       strerror(-r));
