@@ -655,6 +655,18 @@ void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...)
 	rd_call_fail(call, &err);
 }
 
+void rd_call_close_fds(struct rd_call *call)
+{
+	for (size_t i = 0; i < call->raw.nfds && i < RP_FDS_MAX; i++) {
+		if (call->raw.fds[i] >= 0)
+			close(call->raw.fds[i]);
+		call->raw.fds[i] = -1;
+	}
+	call->raw.nfds = 0;
+	call_release(call, 0, call->held_fds);
+	conn_account(call->conn);
+}
+
 static struct rd_call *call_new(struct rd_conn *conn)
 {
 	struct rd_call *call = calloc(1, sizeof(*call));

@@ -124,6 +124,10 @@ void rd_call_fail(struct rd_call *call, struct rp_error *err);
 /* Convenience: rp_error_set + rd_call_fail. */
 void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Closes the fds that came with the call (a method that takes none):
+ * they no longer count against its uid. */
+void rd_call_close_fds(struct rd_call *call);
+
 /* Writes what is answered now rather than at the end of the loop
  * iteration (replies are batched there): for a loop about to stop. */
 void rd_conn_flush(struct rd_conn *conn);
