@@ -887,9 +887,9 @@ static void conn_serve(struct rd_conn *conn)
 		    reads == READS_PER_TURN || !take_turn(conn, false))
 			break;
 		if (!conn_read(conn)) {
-			/* The end of the stream is handled (and closes) there. */
-			if (conn->eof)
-				conn_process(conn);
+			/* What this read brought, and the end of the stream
+			 * (which closes there). */
+			conn_process(conn);
 			break;
 		}
 	}

@@ -390,6 +390,16 @@ START_TEST(a_turn_hands_a_client_connection_sixteen_messages)
 }
 END_TEST
 
+/* Not one turn later: a wake-up more per call is latency on every call. */
+START_TEST(a_call_is_handed_over_in_the_turn_that_reads_it)
+{
+	send_burst(1);
+	conn_pair_pump(&pair);
+	ck_assert_int_eq(t.calls, 1);
+	expect_n(0);
+}
+END_TEST
+
 START_TEST(a_control_channel_is_handed_everything_it_sent)
 {
 	rd_conn_make_control(pair.conn);
@@ -424,6 +434,7 @@ int main(void)
 	tcase_add_test(tc, a_bad_message_is_answered_and_the_connection_goes_on);
 	tcase_add_test(tc, an_outgoing_call_gets_its_reply_or_null_on_close);
 	tcase_add_test(tc, a_turn_hands_a_client_connection_sixteen_messages);
+	tcase_add_test(tc, a_call_is_handed_over_in_the_turn_that_reads_it);
 	tcase_add_test(tc, a_control_channel_is_handed_everything_it_sent);
 	suite_add_tcase(s, tc);
 	return unit_run(s);
