@@ -238,6 +238,7 @@ int rd_worker_run(const struct rd_options *opts)
 	w->dev.post_completion = post_completion;
 	w->dev.core = w;
 	w->dev.max_scratch = opts->max_scratch_mib << 20;
+	w->dev.call_deadline_ms = opts->call_deadline_ms;
 	w->dev.gemm_plans_max = opts->gemm_plans_max;
 	if (rd_backend_load(&w->dev, opts->backend) < 0)
 		return 1;
