@@ -38,6 +38,8 @@ struct rd_options {
 	unsigned max_buffers;          /* per client process, per device */
 	unsigned max_comms;            /* communicators, per client process, per device */
 	uint64_t max_scratch_mib;      /* per compute call */
+	unsigned max_ring_entries;     /* entries of every ring of a uid together, per device */
+	uint64_t max_import_gib;       /* bytes imported by a uid together, per device, in GiB */
 	unsigned gemm_plans_max;       /* cached GEMM plans per device (CUDA) */
 	char config_path[256];         /* the file read; "" = none */
 
