@@ -5,7 +5,14 @@
  * and their replies are dropped. A peer that shuts only its writing side
  * (shutdown(SHUT_WR)) still gets the replies of every call it sent: the
  * connection closes (on_close) once they are written, or when a write
- * fails because the peer went away meanwhile. */
+ * fails because the peer went away meanwhile.
+ *
+ * No client can take the loop: each turn of it serves a connection, a uid
+ * and all clients together a bounded number of messages, round robin, and
+ * what a uid's connections hold (messages received and not handled, calls
+ * not answered, replies not sent, the fds in them) is one budget per uid
+ * (conn.c says how much). A control channel (rd_conn_make_control) is
+ * served ahead of clients and outside every budget. */
 #pragma once
 
 #include <stdbool.h>
@@ -19,11 +26,15 @@
 
 struct rd_conn;
 struct rd_reply_item;
+struct rd_conn_loop;
+struct rd_conn_user;
 
 struct rd_call {
 	struct rd_conn *conn;
 	struct rp_call msg;         /* method, params, flags */
 	struct rp_msg raw;          /* text and the fds that came with it */
+	size_t held_bytes;          /* what it counts against its uid's budget while unanswered */
+	unsigned held_fds;
 	bool finished;              /* the last reply is queued */
 	struct rd_reply_item *replies, *replies_tail;
 	struct rd_call *next;
@@ -61,7 +72,10 @@ struct rd_conn {
 	bool peer_shut;             /* the peer shut its writing side (seen, maybe not yet read to the end) */
 	bool eof;                   /* its end of stream read: no call comes any more */
 	bool write_blocked;         /* the last write left bytes the socket would not take */
+	bool peer_gone;             /* the peer closed its socket: what it sent is handled, nothing more is sent */
 	bool processing;            /* inside conn_process: no re-entry */
+	bool control;               /* regend's own channel (rd_conn_make_control): no budget, never waits */
+	bool queued;                /* on the loop's run queue: messages wait for a turn */
 	unsigned refs;
 	unsigned in_flight;         /* calls received and not yet freed: running, or answered behind one running */
 	unsigned unfinished;        /* calls received and not answered */
@@ -72,6 +86,16 @@ struct rd_conn {
 	uint64_t partial_offset;    /* where in the stream that message began */
 	struct rd_call *calls, *calls_tail;
 	struct rd_pending_out *out, *out_tail;
+	/* The budgets (conn.c): the loop's turns, the uid's share. */
+	struct rd_conn_loop *sched;
+	struct rd_conn_user *user;     /* NULL for a control channel */
+	struct rd_conn *run_next, *user_next;
+	uint64_t turn;                 /* the turn turn_used counts in */
+	unsigned turn_used;
+	size_t calls_bytes;            /* held by calls not answered and replies held behind one */
+	unsigned calls_fds;
+	size_t counted_bytes, counted_rx; /* what the uid's budget has of this connection */
+	unsigned counted_fds;
 	const struct rd_conn_ops *ops;
 	void *data;
 	struct rd_conn *next;       /* owner's list */
@@ -79,6 +103,11 @@ struct rd_conn {
 
 /* Takes ownership of fd (a connected stream socket). */
 int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *data, struct rd_conn **out);
+/* The peer is regend itself (the supervisor's and a worker's ends of a
+ * control channel): served whenever it has something, ahead of clients,
+ * and counted in no uid's budget, so that no client can delay a heartbeat.
+ * Right after rd_conn_new. */
+void rd_conn_make_control(struct rd_conn *conn);
 /* Stops reading and writing and closes the socket; on_close follows. */
 void rd_conn_close(struct rd_conn *conn);
 /* A reference that keeps the connection's memory (closed or not) until
@@ -94,6 +123,10 @@ void rd_call_reply(struct rd_call *call, cJSON *params, bool continues);
 void rd_call_fail(struct rd_call *call, struct rp_error *err);
 /* Convenience: rp_error_set + rd_call_fail. */
 void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Closes the fds that came with the call (a method that takes none):
+ * they no longer count against its uid. */
+void rd_call_close_fds(struct rd_call *call);
 
 /* Writes what is answered now rather than at the end of the loop
  * iteration (replies are batched there): for a loop about to stop. */

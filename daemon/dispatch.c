@@ -77,6 +77,12 @@ void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call)
 {
 	const char *method = call->msg.method;
 	const char *dot = strrchr(method, '.');
+	const struct rd_method *m;
+
+	for (m = ep->methods; m->name && strcmp(m->name, method) != 0; m++)
+		;
+	if (!m->name || !m->takes_fds)
+		rd_call_close_fds(call);
 
 	if (strcmp(method, "org.varlink.service.GetInfo") == 0) {
 		get_info(ep, call);
@@ -86,9 +92,7 @@ void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call)
 		get_interface_description(ep, call);
 		return;
 	}
-	for (const struct rd_method *m = ep->methods; m->name; m++) {
-		if (strcmp(m->name, method) != 0)
-			continue;
+	if (m->name) {
 		if (m->admin && !call->conn->admin) {
 			struct rp_error err = { 0 };
 			rp_error_set(&err, RP_ERR_NOT_PERMITTED,

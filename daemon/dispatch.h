@@ -1,7 +1,10 @@
 /* Method tables: one per endpoint (the main socket, a worker socket, the
  * worker's control channel). Dispatch answers org.varlink.service itself and
  * refuses, with their named errors, unknown interfaces and methods, admin
- * methods from non-admins, and "more"-only methods called without it. */
+ * methods from non-admins, and "more"-only methods called without it.
+ * Before any method runs, the fds that came with a call are closed unless
+ * its method takes fds: a call that waits (behind a long one on a lane)
+ * holds no fd it will never use. */
 #pragma once
 
 #include <stdbool.h>
@@ -13,6 +16,7 @@ struct rd_method {
 	void (*fn)(struct rd_call *call);
 	bool admin;
 	bool needs_more;
+	bool takes_fds;                   /* reads call->raw.fds; for every other method they are closed first */
 };
 
 struct rd_endpoint {
@@ -20,7 +24,7 @@ struct rd_endpoint {
 	const char *const *interfaces;    /* served here, for GetInfo; NULL terminated */
 	/* Methods that another table names (the compute ops of
 	 * proto/compute.h): the handler for one that is not in `methods`,
-	 * or NULL. Such methods need no admin and no "more". */
+	 * or NULL. Such methods need no admin and no "more", and take no fds. */
 	void (*(*find)(const char *method))(struct rd_call *call);
 };
 

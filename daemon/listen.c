@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "daemon/listen.h"
 #include "daemon/log.h"
+#include "daemon/socket_dir.h"
 
 /* How long accepting pauses when the process is out of fds: a pending
  * connection keeps the socket readable, so retrying at once would spin. */
@@ -63,30 +64,67 @@ static void on_listen_poll(uv_poll_t *handle, int status, int events)
 	}
 }
 
-/* The socket's directory, made when missing (and its parents), 0755: a
- * fresh machine has no /run/regen until a unit or tmpfiles.d makes it. */
-static int make_parent(const char *path)
-{
-	char dir[108];
-
-	snprintf(dir, sizeof(dir), "%s", path);
-	for (char *p = dir + 1; (p = strchr(p, '/')); p++) {
-		*p = '\0';
-		if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-			return -errno;
-		*p = '/';
-	}
-	return 0;
-}
-
-int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, const char *path, unsigned mode, gid_t group,
-		     int inherited_fd, void (*on_accept)(int fd, void *data), void *data)
+/* Binds path, whose last component is name in dir, with mode: the umask
+ * makes the mode as bind() makes the file, so it is never there with
+ * another. bind() takes no directory fd, and a socket keeps the path it was
+ * bound with as its name (clients read it back with getpeername), so the
+ * path is bound and the directory asked afterwards whether the socket is in
+ * it: nobody but regend can put a name there, so it is ours unless the
+ * path no longer leads to that directory. */
+static int bind_in(int fd, int dir, const char *path, const char *name, unsigned mode)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	struct stat st;
+	mode_t old;
+	int r;
+
+	if (strlen(path) >= sizeof(addr.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(addr.sun_path, path);
+	old = umask(~mode & 0777);
+	r = bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ? -errno : 0;
+	umask(old);
+	if (r == 0 && (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISSOCK(st.st_mode))) {
+		rd_err("listen", -1, 0, 0, "%s is no longer in the socket directory regend checked: not listening there",
+		       path);
+		r = -EXDEV;
+	}
+	return r;
+}
+
+/* A socket nobody answers on is a leftover of an earlier run: removed. One
+ * that answers is another regend's; any other file is not ours to remove. */
+static int clear_leftover(int dir, const char *path, const char *name)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct stat st;
+	int probe;
+
+	if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISSOCK(st.st_mode))
+		return -EEXIST;
+	if (strlen(path) >= sizeof(addr.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(addr.sun_path, path);
+	probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
+		close(probe);
+		return -EADDRINUSE;
+	}
+	if (probe >= 0)
+		close(probe);
+	return unlinkat(dir, name, 0) < 0 && errno != ENOENT ? -errno : 0;
+}
+
+int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, int dir, const char *path, unsigned mode, gid_t group,
+		     int inherited_fd, void (*on_accept)(int fd, void *data), void *data)
+{
+	const char *name = rd_socket_dir_name(path);
 	int fd, r;
 
 	memset(l, 0, sizeof(*l));
+	l->dir = -1;
 	l->on_accept = on_accept;
 	l->data = data;
 	snprintf(l->path, sizeof(l->path), "%s", path);
@@ -97,34 +135,29 @@ int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, const char *path, u
 			return -errno;
 		goto poll;
 	}
-	if (strlen(path) >= sizeof(addr.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(addr.sun_path, path);
-	r = make_parent(path);
-	if (r < 0)
-		return r;
-	if (lstat(path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode))
-			return -EEXIST;
-		/* A socket nobody answers on is a leftover of an earlier run. */
-		int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof(addr)) == 0) {
-			close(probe);
-			return -EADDRINUSE;
-		}
-		if (probe >= 0)
-			close(probe);
-		unlink(path);
-	}
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
+	if (dir < 0)
+		return -EBADF;
+	l->dir = fcntl(dir, F_DUPFD_CLOEXEC, 3);
+	if (l->dir < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || chmod(path, mode) < 0 ||
-	    (group != (gid_t)-1 && chown(path, (uid_t)-1, group) < 0) || listen(fd, SOMAXCONN) < 0) {
+	r = clear_leftover(l->dir, path, name);
+	if (r < 0)
+		goto fail_dir;
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
 		r = -errno;
+		goto fail_dir;
+	}
+	r = bind_in(fd, l->dir, path, name, mode);
+	if (r == 0 && group != (gid_t)-1 && fchownat(l->dir, name, (uid_t)-1, group, AT_SYMLINK_NOFOLLOW) < 0)
+		r = -errno;
+	if (r == 0 && listen(fd, SOMAXCONN) < 0)
+		r = -errno;
+	if (r < 0) {
 		close(fd);
-		unlink(path);
-		return r;
+		if (r != -EXDEV)
+			unlinkat(l->dir, name, 0);
+		goto fail_dir;
 	}
 	l->owns_path = true;
 poll:
@@ -132,9 +165,9 @@ poll:
 	r = uv_poll_init(loop, &l->poll, fd);
 	if (r < 0) {
 		if (l->owns_path)
-			unlink(path);
+			unlinkat(l->dir, name, 0);
 		close(fd);
-		return r;
+		goto fail_dir;
 	}
 	l->poll.data = l;
 	uv_timer_init(loop, &l->pause);
@@ -142,6 +175,12 @@ poll:
 	l->open = true;
 	uv_poll_start(&l->poll, UV_READABLE, on_listen_poll);
 	return 0;
+
+fail_dir:
+	if (l->dir >= 0)
+		close(l->dir);
+	l->dir = -1;
+	return r;
 }
 
 static void on_listener_closed(uv_handle_t *handle)
@@ -150,6 +189,9 @@ static void on_listener_closed(uv_handle_t *handle)
 
 	close(l->fd);
 	l->fd = -1;
+	if (l->dir >= 0)
+		close(l->dir);
+	l->dir = -1;
 }
 
 void rd_listener_close(struct rd_listener *l)
@@ -157,8 +199,10 @@ void rd_listener_close(struct rd_listener *l)
 	if (!l->open)
 		return;
 	l->open = false;
+	/* Only what is still the socket this listener bound: a name in the
+	 * directory it checked, not whatever the path leads to now. */
 	if (l->owns_path)
-		unlink(l->path);
+		unlinkat(l->dir, rd_socket_dir_name(l->path), 0);
 	uv_poll_stop(&l->poll);
 	uv_timer_stop(&l->pause);
 	uv_close((uv_handle_t *)&l->pause, NULL);

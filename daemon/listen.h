@@ -9,7 +9,8 @@
 struct rd_listener {
 	uv_poll_t poll;
 	int fd;
-	char path[108];
+	int dir;             /* the socket's directory (daemon/socket_dir.h), ours: a dup */
+	char path[108];      /* for the log */
 	bool owns_path;      /* bound by us: unlinked on close */
 	bool open;
 	void (*on_accept)(int fd, void *data);
@@ -22,8 +23,10 @@ struct rd_listener {
 };
 
 /* inherited_fd >= 0: use it (already bound and listening). Otherwise bind
- * path (a stale socket there is replaced; any other file is an error), set
- * mode and, when group != (gid_t)-1, the group. */
-int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, const char *path, unsigned mode, gid_t group,
+ * path's last component in dir, the checked directory of path
+ * (rd_socket_dir_open): a stale socket there is replaced, any other file
+ * is an error. The socket is made with mode (umask around bind) and, when
+ * group != (gid_t)-1, given the group in that directory, never by name. */
+int rd_listener_open(struct rd_listener *l, uv_loop_t *loop, int dir, const char *path, unsigned mode, gid_t group,
 		     int inherited_fd, void (*on_accept)(int fd, void *data), void *data);
 void rd_listener_close(struct rd_listener *l);

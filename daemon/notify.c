@@ -43,6 +43,11 @@ void rd_notify_stopping(void)
 }
 
 #if REGEN_HAVE_SYSTEMD
+/* A timer of the supervisor's loop, not a thread of its own: WATCHDOG=1
+ * says that loop turns, which a thread could not. Clients cannot delay it:
+ * the loop runs its timers at the start of every turn, and a turn serves
+ * clients a bounded number of messages (daemon/conn.c), so the ping is at
+ * most one turn late however many clients call. */
 static void on_watchdog(uv_timer_t *t)
 {
 	sd_notify(0, "WATCHDOG=1");

@@ -40,6 +40,8 @@ struct rd_options {
 	unsigned max_programs;         /* programs, per client process, per device */
 	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */
 	uint64_t max_scratch_mib;      /* per compute call */
+	unsigned max_ring_entries;     /* entries of every ring of a uid together, per device */
+	uint64_t max_import_gib;       /* bytes imported by a uid together, per device, in GiB */
 	unsigned gemm_plans_max;       /* cached GEMM plans per device (CUDA) */
 	char rtc_cache_dir[256];       /* programs' compiled kernels kept on disk (CUDA); "": not kept */
 	char config_path[256];         /* the file read; "" = none */

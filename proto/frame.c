@@ -140,6 +140,12 @@ static int buf_append(struct rp_rx *rx, const char *p, size_t n)
 	return 0;
 }
 
+/* The memory a queued message holds, for rx->held_bytes. */
+static size_t item_bytes(const struct rp_rx_item *item)
+{
+	return sizeof(*item) + (item->msg.text != NULL ? item->msg.len + 1 : 0);
+}
+
 /* The NUL of the current message arrived: queue it (or its TOO_LARGE
  * report) and start the next one at stream offset `next_offset`. */
 static int complete(struct rp_rx *rx, uint64_t next_offset)
@@ -177,6 +183,8 @@ static int complete(struct rp_rx *rx, uint64_t next_offset)
 	else
 		rx->head = item;
 	rx->tail = item;
+	rx->held_bytes += item_bytes(item);
+	rx->held_fds += item->msg.nfds;
 
 	rx->len = 0;
 	if (rx->cap > BUF_KEEP) {
@@ -367,6 +375,8 @@ int rp_rx_next(struct rp_rx *rx, struct rp_msg *msg)
 	rx->head = item->next;
 	if (rx->head == NULL)
 		rx->tail = NULL;
+	rx->held_bytes -= item_bytes(item);
+	rx->held_fds -= item->msg.nfds;
 	*msg = item->msg;
 	result = item->result;
 	free(item);
@@ -437,6 +447,7 @@ int rp_tx_push(struct rp_tx *tx, const char *text, size_t len, const int *fds, s
 		tx->head = item;
 	tx->tail = item;
 	tx->queued_bytes += item->len;
+	tx->held_bytes += sizeof(*item) + item->len;
 	return 0;
 
 error:
@@ -509,6 +520,7 @@ int rp_tx_flush(struct rp_tx *tx, int sock)
 			tx->head = item->next;
 			if (tx->head == NULL)
 				tx->tail = NULL;
+			tx->held_bytes -= sizeof(*item) + item->len;
 			free(item);
 			item = tx->head;
 		}

@@ -27,6 +27,10 @@ struct rp_rx {
 	struct rp_fd_batch *batches; /* fds waiting for their message */
 	size_t nbatches;
 	struct rp_rx_item *head, *tail; /* complete messages not yet popped */
+	/* What those messages hold: their memory (text and bookkeeping) and
+	 * fds. A server counts them against the peer's budget (daemon/conn.c):
+	 * received and not yet handled is still held. */
+	size_t held_bytes, held_fds;
 };
 
 void rp_rx_init(struct rp_rx *rx);
@@ -90,7 +94,8 @@ int rp_rx_next(struct rp_rx *rx, struct rp_msg *msg);
 struct rp_tx_item;
 struct rp_tx {
 	struct rp_tx_item *head, *tail;
-	size_t queued_bytes;
+	size_t queued_bytes;        /* bytes still to go on the wire */
+	size_t held_bytes;          /* memory of the queued messages, bookkeeping included */
 };
 
 void rp_tx_init(struct rp_tx *tx);

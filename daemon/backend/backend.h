@@ -186,6 +186,7 @@ struct rd_op {
 	void *userdata;
 	struct rd_op *next;
 	uint64_t submitted_ns;
+	uint64_t work_ns;          /* the backend's estimate of its work while it waits or runs (host) */
 };
 
 /* CLOCK_MONOTONIC in nanoseconds: comparable across the processes of the
@@ -350,6 +351,11 @@ struct rd_device {
 	 * call that needs more fails with io.regen.LimitExceeded {resource:
 	 * "scratch"} before it takes any. */
 	uint64_t max_scratch;
+	/* regend's own call deadline (call_deadline_ms): a call still running
+	 * this long after it was submitted makes the device hung. A backend
+	 * that can tell a call would not finish in it refuses the call. 0: no
+	 * deadline. */
+	unsigned call_deadline_ms;
 	/* GEMM plans a backend that caches them keeps at most (gemm_plans_max;
 	 * 0: the backend's default), read at open. The CUDA backend's
 	 * cuBLASLt plans; the host backend plans nothing. */

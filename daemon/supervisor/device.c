@@ -521,12 +521,35 @@ static void unresponsive(struct rd_sv_device *d, uint64_t silent_ms)
 	kill_worker(d, why);
 }
 
+/* The supervisor judges a worker's silence only over time it was there to
+ * hear an answer. A tick later than its interval says the supervisor's own
+ * loop stalled (a long turn, the machine swapped or stopped it): an answer
+ * may be in the channel, unread, and the heartbeat's clock ran on without
+ * it. The lateness moves the last answer on by as much, so that a stalled
+ * judge never kills workers that answered in time (issue 30: a client's
+ * flood stalled the supervisor and every worker was killed as silent). */
+static void forgive_own_lateness(struct rd_sv_device *d, uint64_t now, uint64_t interval_ms)
+{
+	uint64_t since_tick = now - d->last_tick_ns, interval_ns = interval_ms * 1000000u;
+
+	d->last_tick_ns = now;
+	if (since_tick <= interval_ns + interval_ns / 2)
+		return;
+	d->last_answer_ns += since_tick - interval_ns;
+	if (d->last_answer_ns > now)
+		d->last_answer_ns = now;
+	rd_debug("lifecycle", d->index, d->generation, 0,
+		 "the heartbeat ticked %llu ms late: the supervisor's loop stalled, not counted as the worker's silence",
+		 (unsigned long long)((since_tick - interval_ns) / 1000000u));
+}
+
 static void on_heartbeat(uv_timer_t *t)
 {
 	struct rd_sv_device *d = t->data;
 	uint64_t now = uv_hrtime(), interval = heartbeat_interval_ms(d);
-	uint64_t silent_ms = (now - d->last_answer_ns) / 1000000u;
 
+	forgive_own_lateness(d, now, uv_timer_get_repeat(t));
+	uint64_t silent_ms = (now - d->last_answer_ns) / 1000000u;
 	if (!d->worker.ctl || d->state == RP_STATE_UNRESPONSIVE || d->state == RP_STATE_FAILED ||
 	    d->state == RP_STATE_RESPAWNING)
 		return;
@@ -560,7 +583,7 @@ static void heartbeat_start(struct rd_sv_device *d)
 {
 	uint64_t interval = heartbeat_interval_ms(d);
 
-	d->last_answer_ns = uv_hrtime();
+	d->last_answer_ns = d->last_tick_ns = uv_hrtime();
 	d->ping_outstanding = false;
 	uv_timer_start(&d->heartbeat_timer, on_heartbeat, interval, interval);
 }
@@ -858,7 +881,7 @@ static void detached_accept(int fd, void *data)
 static void detached_listen(struct rd_sv_device *d)
 {
 	const struct rd_options *o = d->env->opts;
-	int r = rd_listener_open(&d->detached_listener, d->env->loop, d->worker_socket, o->socket_mode,
+	int r = rd_listener_open(&d->detached_listener, d->env->loop, d->env->socket_dir, d->worker_socket, o->socket_mode,
 				 o->have_socket_gid ? o->socket_gid : (gid_t)-1, -1, detached_accept, d);
 
 	if (r < 0)

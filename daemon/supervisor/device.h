@@ -63,6 +63,7 @@ struct rd_sv_device_events {
 /* What every device reads and the supervisor owns. */
 struct rd_sv_device_env {
 	uv_loop_t *loop;
+	int socket_dir;                         /* where the sockets are (daemon/socket_dir.h); -1: none */
 	const char *exe;                        /* regend itself, run again as a worker */
 	const struct rd_options *opts;          /* the live settings */
 	const uint64_t *epoch;                  /* the node's, which every worker answers in Generation */
@@ -117,7 +118,9 @@ struct rd_sv_device {
 	uv_timer_t heartbeat_timer;    /* asks the worker for Stats; finds it unresponsive */
 	uv_timer_t start_timer;        /* a starting worker's deadline to report Ready */
 	bool start_timed_out;          /* the last worker was killed at that deadline */
-	uint64_t last_answer_ns;       /* when the worker last answered (or started) */
+	uint64_t last_answer_ns;       /* when the worker last answered (or started), moved on by the
+					* supervisor's own lateness (device.c) */
+	uint64_t last_tick_ns;         /* the heartbeat's last tick */
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
 	struct rd_sv_health health;

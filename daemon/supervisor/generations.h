@@ -9,15 +9,21 @@
  * So the supervisor keeps the epoch and every device's generation in a
  * file beside its socket (<socket>.generations: regend's runtime
  * directory, which lives until reboot) and a new regend goes on from there,
- * one generation later than the last it served. */
+ * one generation later than the last it served. The file is read and
+ * written in the socket's checked directory (daemon/socket_dir.h), made
+ * anew under a name of its own (O_EXCL) and renamed over the old. */
 #pragma once
 
 #include <stdint.h>
 
-/* Reads the file for `socket_path` (absent, unreadable, not ours or
- * malformed: nothing changes, the counts start at 1): *epoch and each of
- * the n generations become one more than the file's. */
-void rd_sv_generations_load(const char *socket_path, uint64_t *epoch, uint64_t *generations, int n);
+/* Reads the file for the socket named socket_name in dir (absent,
+ * unreadable, not ours or malformed: nothing changes, the counts start at
+ * 1): *epoch and each of the n generations become one more than the
+ * file's. Something there that is not a regular file (a FIFO, a device, a
+ * directory) is refused: -EINVAL with why filled, and regend does not
+ * start (it would wait on a FIFO for ever). */
+int rd_sv_generations_load(int dir, const char *socket_name, uint64_t *epoch, uint64_t *generations, int n, char *why,
+			   size_t why_size);
 /* Writes the counts (atomically: a new file renamed over the old). A
  * failure is logged once; regend serves on. */
-void rd_sv_generations_save(const char *socket_path, uint64_t epoch, const uint64_t *generations, int n);
+void rd_sv_generations_save(int dir, const char *socket_name, uint64_t epoch, const uint64_t *generations, int n);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/notify.h"
+#include "daemon/socket_dir.h"
 #include "daemon/supervisor/generations.h"
 #include "daemon/supervisor/methods.h"
 #include "daemon/supervisor/session.h"
@@ -26,7 +27,7 @@ static void save_generations(struct rd_supervisor *sv)
 
 	for (int i = 0; i < sv->ndevices; i++)
 		g[i] = sv->devices[i].generation;
-	rd_sv_generations_save(sv->opts.socket_path, sv->watch.epoch, g, sv->ndevices);
+	rd_sv_generations_save(sv->socket_dir, rd_socket_dir_name(sv->opts.socket_path), sv->watch.epoch, g, sv->ndevices);
 }
 
 /* Every transition: a bump takes the node's epoch with it (and every worker
@@ -240,16 +241,17 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		return 1;
 	}
 #endif
-	r = rd_listener_open(&sv->listener, sv->loop, opts->socket_path, opts->socket_mode,
-			     opts->have_socket_gid ? opts->socket_gid : (gid_t)-1, listen_fd, rd_sv_session_accept, sv);
-	if (r < 0) {
-		rd_err("supervisor", -1, 0, 0, "cannot listen on %s: %s", opts->socket_path, strerror(-r));
+	/* Its sockets and state go in a directory nobody else can change, or
+	 * regend does not start. */
+	char why[512];
+	sv->socket_dir = rd_socket_dir_open(opts->socket_path, why, sizeof(why));
+	if (sv->socket_dir < 0) {
+		rd_err("supervisor", -1, 0, 0, "refusing to start: %s", why);
 		return 1;
 	}
-	rd_info("supervisor", -1, 0, 0, "listening on %s; %d %s device(s)", opts->socket_path, sv->ndevices, backend);
-
 	sv->device_env = (struct rd_sv_device_env){
 		.loop = sv->loop,
+		.socket_dir = sv->socket_dir,
 		.exe = sv->exe,
 		.opts = &sv->opts,
 		.epoch = &sv->watch.epoch,
@@ -262,9 +264,21 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		rd_sv_device_init(&sv->devices[i], &sv->device_env, i, backend);
 		generations[i] = sv->devices[i].generation;
 	}
-	rd_sv_generations_load(sv->opts.socket_path, &sv->watch.epoch, generations, sv->ndevices);
+	if (rd_sv_generations_load(sv->socket_dir, rd_socket_dir_name(sv->opts.socket_path), &sv->watch.epoch,
+				   generations, sv->ndevices, why, sizeof(why)) < 0) {
+		rd_err("supervisor", -1, 0, 0, "refusing to start: %s", why);
+		return 1;
+	}
 	for (int i = 0; i < sv->ndevices; i++)
 		sv->devices[i].generation = generations[i];
+	r = rd_listener_open(&sv->listener, sv->loop, sv->socket_dir, opts->socket_path, opts->socket_mode,
+			     opts->have_socket_gid ? opts->socket_gid : (gid_t)-1, listen_fd, rd_sv_session_accept, sv);
+	if (r < 0) {
+		rd_err("supervisor", -1, 0, 0, "cannot listen on %s: %s", opts->socket_path, strerror(-r));
+		return 1;
+	}
+	rd_info("supervisor", -1, 0, 0, "listening on %s; %d %s device(s)", opts->socket_path, sv->ndevices, backend);
+
 	save_generations(sv);
 	for (int i = 0; i < sv->ndevices; i++)
 		rd_sv_device_start(&sv->devices[i]);

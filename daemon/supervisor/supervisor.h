@@ -21,6 +21,7 @@ struct rd_supervisor {
 	int argc;                           /* the command line, read again on SIGHUP */
 	char **argv;
 	char exe[PATH_MAX];
+	int socket_dir;                     /* the sockets' checked directory (daemon/socket_dir.h) */
 	struct rd_listener listener;
 	struct rd_conn *sessions;           /* the main socket's connections */
 	struct rd_sv_device devices[RD_DEVICES_MAX];

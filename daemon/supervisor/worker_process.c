@@ -171,6 +171,7 @@ int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_
 		return 0;
 	}
 	w->ctl->admin = true;
+	rd_conn_make_control(w->ctl);
 	rd_debug("lifecycle", w->device, 0, 0, "started worker %d", w->pid);
 	return 0;
 }

@@ -340,7 +340,12 @@ int rd_control_open(struct rd_worker *w, int ctl_fd)
 	w->drain_timer.data = w;
 	if (ctl_fd < 0)
 		return -EBADF;
-	return rd_conn_new(w->loop, ctl_fd, &ctl_ops, w, &w->ctl);
+	int r = rd_conn_new(w->loop, ctl_fd, &ctl_ops, w, &w->ctl);
+	if (r < 0)
+		return r;
+	/* The supervisor's heartbeat is answered whatever clients send. */
+	rd_conn_make_control(w->ctl);
+	return 0;
 }
 
 void rd_control_ready(struct rd_worker *w)

@@ -33,6 +33,21 @@ void rd_memory_import_buffer(struct rd_call *call)
 				      (int)s->client->peer.pid, s->client->count[RD_OBJECT_BUFFER], w->dev.index);
 		goto fail;
 	}
+	/* Each import is mapped into this worker: its address space is
+	 * shared by every user, so a uid's imports together are bounded,
+	 * whatever their files hold (a sparse memfd of 128 TiB holds
+	 * nothing). */
+	uint64_t uid_bytes = rd_objects_import_bytes_of_uid(&w->objects, s->client->peer.uid);
+	uint64_t uid_max = w->opts->max_import_gib << 30;
+	if (req.size > uid_max || uid_bytes > uid_max - req.size) {
+		rp_err_limit_exceeded(&err, "import bytes", (long long)uid_max,
+				      "uid %u's imports on device %d would span %llu bytes with this one of %llu, more "
+				      "than max_import_gib (%llu GiB); close some",
+				      (unsigned)s->client->peer.uid, w->dev.index,
+				      (unsigned long long)(uid_bytes + req.size), (unsigned long long)req.size,
+				      (unsigned long long)w->opts->max_import_gib);
+		goto fail;
+	}
 	if (rp_import_buffer_check_source(&req, call->raw.fds, call->raw.nfds, &err) < 0)
 		goto fail;
 	imp.kind = (enum rd_buffer_kind)req.kind;

@@ -109,6 +109,26 @@ unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid)
 	return n;
 }
 
+uint64_t rd_objects_import_bytes_of_uid(const struct rd_objects *t, uid_t uid)
+{
+	uint64_t n = 0;
+
+	for (const struct rd_client *c = t->clients; c; c = c->next)
+		if (c->peer.uid == uid)
+			n += c->import_bytes;
+	return n;
+}
+
+unsigned rd_objects_ring_entries_of_uid(const struct rd_objects *t, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct rd_client *c = t->clients; c; c = c->next)
+		if (c->peer.uid == uid)
+			n += c->ring_entries;
+	return n;
+}
+
 void rd_objects_client_put(struct rd_objects *t, struct rd_client *c)
 {
 	if (--c->connections)
@@ -159,6 +179,8 @@ void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_ki
 	owner->count[kind]++;
 	if (kind == RD_OBJECT_PROGRAM)
 		owner->program_nodes += (uint64_t)rd_object_program(o)->def->nnodes;
+	if (kind == RD_OBJECT_BUFFER)
+		owner->import_bytes += rd_object_buffer(o)->size;
 }
 
 static int check_id(struct rd_objects *t, const struct rp_id *id, enum rd_object_kind kind, const char *what,
@@ -251,6 +273,8 @@ void rd_objects_adopt(struct rd_objects *t, struct rd_object *o, struct rd_clien
 {
 	o->owner = owner;
 	owner->count[kind_of(o)]++;
+	if (kind_of(o) == RD_OBJECT_BUFFER)
+		owner->import_bytes += rd_object_buffer(o)->size;
 }
 
 void rd_objects_close(struct rd_objects *t, struct rd_object *o)
@@ -266,10 +290,13 @@ void rd_objects_close(struct rd_objects *t, struct rd_object *o)
 	o->closing = true;
 	rd_usage_object_closed(o, kind, kind == RD_OBJECT_BUFFER ? rd_object_buffer(o)->size : 0);
 	t->count[kind]--;
-	if (o->owner)
+	if (o->owner) {
 		o->owner->count[kind]--;
-	if (o->owner && kind == RD_OBJECT_PROGRAM)
-		o->owner->program_nodes -= (uint64_t)rd_object_program(o)->def->nnodes;
+		if (kind == RD_OBJECT_PROGRAM)
+			o->owner->program_nodes -= (uint64_t)rd_object_program(o)->def->nnodes;
+		if (kind == RD_OBJECT_BUFFER)
+			o->owner->import_bytes -= rd_object_buffer(o)->size;
+	}
 	o->owner = NULL;
 	rd_objects_unref(t, o);
 }

@@ -39,6 +39,10 @@ struct rd_client {
 	unsigned connections;
 	unsigned count[RD_OBJECT_KINDS];   /* objects it holds, by rd_object_kind */
 	uint64_t program_nodes;            /* nodes of the programs it holds (max_program_nodes) */
+	/* What counts against its uid's limits (max_import_gib,
+	 * max_ring_entries): the bytes its buffers span, its rings' entries. */
+	uint64_t import_bytes;
+	unsigned ring_entries;
 	struct rd_client *next;
 };
 
@@ -47,6 +51,9 @@ void rd_objects_init(struct rd_objects *t, struct rd_device *dev);
 struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_peer *peer);
 /* Connections of every process of this uid. */
 unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid);
+/* The bytes every process of this uid imported, and its rings' entries. */
+uint64_t rd_objects_import_bytes_of_uid(const struct rd_objects *t, uid_t uid);
+unsigned rd_objects_ring_entries_of_uid(const struct rd_objects *t, uid_t uid);
 /* Drops one connection; with the last one, the client's objects are closed
  * (each as its calls finish), except a communicator that t->keep keeps: it
  * is left in the table without an owner. */

@@ -474,6 +474,10 @@ void rd_ring_destroy(struct rd_ring *r)
 {
 	if (!r)
 		return;
+	/* Before its session lets its process go: its entries no longer count
+	 * for the uid (its memory goes once the handles closed). */
+	if (r->session->client)
+		r->session->client->ring_entries -= r->entries;
 	rd_ring_stop(r);
 	r->destroyed = true;
 	if (r->handles == 0)
@@ -599,6 +603,17 @@ void rd_ring_open(struct rd_call *call)
 				      (unsigned)entries);
 		goto fail;
 	}
+	/* Each entry holds a call's state in this worker (kilobytes): a uid's
+	 * rings together are bounded, not only each one. */
+	unsigned uid_entries = rd_objects_ring_entries_of_uid(&w->objects, s->client->peer.uid);
+	if (uid_entries + entries > w->opts->max_ring_entries) {
+		rp_err_limit_exceeded(&err, "ring entries", w->opts->max_ring_entries,
+				      "uid %u's rings on device %d hold %u entries; %u more would pass max_ring_entries "
+				      "(%u); close a lane or open a smaller ring",
+				      (unsigned)s->client->peer.uid, w->dev.index, uid_entries, (unsigned)entries,
+				      w->opts->max_ring_entries);
+		goto fail;
+	}
 	r = calloc(1, sizeof(*r));
 	if (!r) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for a ring");
@@ -637,6 +652,7 @@ void rd_ring_open(struct rd_call *call)
 	r->handles = 2;
 	uv_poll_start(&r->poll, UV_READABLE, on_doorbell);
 	s->ring = r;
+	s->client->ring_entries += r->entries;
 	rd_debug("ring", w->dev.index, rd_worker_generation(w), s->conn->peer.pid, "ring of %u entries, %u ids",
 		 r->entries, r->nids);
 	cJSON *reply = cJSON_CreateObject();

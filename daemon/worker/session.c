@@ -146,11 +146,11 @@ static void method_main_endpoint(struct rd_call *call)
 }
 
 static const struct rd_method data_methods[] = {
-	{ "io.regen.Memory.ImportBuffer", rd_memory_import_buffer },
+	{ "io.regen.Memory.ImportBuffer", rd_memory_import_buffer, .takes_fds = true },
 	{ "io.regen.Memory.CloseBuffer", rd_memory_close_buffer },
 	{ "io.regen.Memory.ImportEvent", rd_memory_import_event },
 	{ "io.regen.Memory.CloseEvent", rd_memory_close_event },
-	{ "io.regen.Lane.Open", rd_ring_open },
+	{ "io.regen.Lane.Open", rd_ring_open, .takes_fds = true },
 	{ "io.regen.Lane.Bind", rd_ring_bind },
 	{ "io.regen.Comm.GetUniqueId", rd_comm_get_unique_id },
 	{ "io.regen.Comm.Init", rd_comm_init },

@@ -12,6 +12,7 @@
 #include "daemon/backend/health.h"
 #include "daemon/backend/load.h"
 #include "daemon/log.h"
+#include "daemon/socket_dir.h"
 #include "daemon/worker/session.h"
 #include "daemon/worker/worker.h"
 #include "proto/errors.h"
@@ -237,6 +238,7 @@ int rd_worker_run(const struct rd_options *opts)
 	w->dev.post_completion = post_completion;
 	w->dev.core = w;
 	w->dev.max_scratch = opts->max_scratch_mib << 20;
+	w->dev.call_deadline_ms = opts->call_deadline_ms;
 	w->dev.gemm_plans_max = opts->gemm_plans_max;
 	_Static_assert(sizeof(w->dev.rtc_cache_dir) == sizeof(opts->rtc_cache_dir), "rtc_cache_dir's size");
 	memcpy(w->dev.rtc_cache_dir, opts->rtc_cache_dir, sizeof(w->dev.rtc_cache_dir));
@@ -271,8 +273,15 @@ int rd_worker_run(const struct rd_options *opts)
 		return unusable ? RD_WORKER_EXIT_DEVICE_FAILED : 1;
 	}
 	rd_worker_socket_path(opts, w->dev.index, w->socket_path, sizeof(w->socket_path));
-	r = rd_listener_open(&w->listener, w->loop, w->socket_path, opts->socket_mode,
+	char why[512];
+	int dir = rd_socket_dir_open(w->socket_path, why, sizeof(why));
+	if (dir < 0) {
+		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "refusing to serve: %s", why);
+		return 1;
+	}
+	r = rd_listener_open(&w->listener, w->loop, dir, w->socket_path, opts->socket_mode,
 			     opts->have_socket_gid ? opts->socket_gid : (gid_t)-1, -1, rd_session_accept, w);
+	close(dir);
 	if (r < 0) {
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "cannot listen on %s: %s", w->socket_path,
 		       strerror(-r));

@@ -275,6 +275,7 @@ static void main_start(void)
 	sv->ndevices = MAIN_DEVICES;
 	sv->device_env = (struct rd_sv_device_env){
 		.loop = &loop,
+		.socket_dir = -1,
 		.exe = sv->exe,
 		.opts = &sv->opts,
 		.epoch = &sv->watch.epoch,

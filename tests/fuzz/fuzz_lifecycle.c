@@ -386,6 +386,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	rd_options_defaults(&S.opts);
 	S.env = (struct rd_sv_device_env){
 		.loop = &S.loop,
+		.socket_dir = -1,
 		.exe = "/nonexistent/regend",
 		.opts = &S.opts,
 		.epoch = &S.epoch,

@@ -236,6 +236,17 @@ static void spawn(struct tl_daemon *d, int log_flags)
 		unsetenv("LISTEN_PID");
 		unsetenv("WATCHDOG_USEC");
 		unsetenv("WATCHDOG_PID");
+		if (o->notify_socket != NULL) {
+			char pid[24], usec[24];
+
+			snprintf(pid, sizeof(pid), "%d", (int)getpid());
+			snprintf(usec, sizeof(usec), "%lu", o->watchdog_usec);
+			setenv("NOTIFY_SOCKET", o->notify_socket, 1);
+			if (o->watchdog_usec > 0) {
+				setenv("WATCHDOG_USEC", usec, 1);
+				setenv("WATCHDOG_PID", pid, 1);
+			}
+		}
 		if (getenv("REGEN_DEBUG") == NULL) {
 			setenv("REGEN_DEBUG", o->debug != NULL ? o->debug : "I", 1);
 		}

@@ -22,6 +22,11 @@ struct tl_daemon_opts {
 	 * client is pid 0 to it (what a daemon in a container sees of the
 	 * host's processes); the test exits 77 where it may not unshare. */
 	bool pid_namespace;
+	/* systemd's notify protocol as a unit with WatchdogSec= sees it:
+	 * NOTIFY_SOCKET (a datagram socket the test bound), WATCHDOG_USEC and
+	 * WATCHDOG_PID (regend's own pid). NULL: not under systemd. */
+	const char *notify_socket;
+	unsigned long watchdog_usec;
 };
 
 struct tl_daemon {

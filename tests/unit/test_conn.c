@@ -5,7 +5,9 @@
  * finish safely; a peer that only shut its writing side gets every reply
  * before the close; the in-flight limit refuses by name; fds travel with their
  * message; the connection's own calls get their replies, or NULL on a
- * close. */
+ * close; one turn of the loop hands a client connection at most 16
+ * messages (daemon/conn.c's CONN_SLICE), the rest in the turns after, and
+ * a control channel all it has. */
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -356,6 +358,63 @@ START_TEST(an_outgoing_call_gets_its_reply_or_null_on_close)
 }
 END_TEST
 
+/* What a connection sent at once: 100 calls in one write. */
+static void send_burst(int n)
+{
+	char text[128], burst[100 * 64];
+	size_t len = 0;
+
+	for (int i = 0; i < n; i++) {
+		int k = snprintf(text, sizeof(text), "{\"method\":\"test.Echo\",\"parameters\":{\"n\":%d}}", i);
+		memcpy(burst + len, text, (size_t)k + 1);
+		len += (size_t)k + 1;
+	}
+	ck_assert_int_eq(tl_send_bytes(&pair.peer, burst, len, NULL, 0), 0);
+}
+
+START_TEST(a_turn_hands_a_client_connection_sixteen_messages)
+{
+	send_burst(100);
+	/* The first turn that sees the socket readable. */
+	for (int i = 0; i < 100 && t.calls == 0; i++) {
+		conn_pair_pump(&pair);
+		if (t.calls == 0)
+			usleep(1000);
+	}
+	ck_assert_int_eq(t.calls, 16);
+	conn_pair_pump(&pair);
+	ck_assert_int_eq(t.calls, 32);
+	conn_pair_pump_until(&pair, &t.calls, 100);
+	for (int i = 0; i < 100; i++)
+		expect_n(i);
+}
+END_TEST
+
+/* Not one turn later: a wake-up more per call is latency on every call. */
+START_TEST(a_call_is_handed_over_in_the_turn_that_reads_it)
+{
+	send_burst(1);
+	conn_pair_pump(&pair);
+	ck_assert_int_eq(t.calls, 1);
+	expect_n(0);
+}
+END_TEST
+
+START_TEST(a_control_channel_is_handed_everything_it_sent)
+{
+	rd_conn_make_control(pair.conn);
+	send_burst(100);
+	for (int i = 0; i < 100 && t.calls == 0; i++) {
+		conn_pair_pump(&pair);
+		if (t.calls == 0)
+			usleep(1000);
+	}
+	ck_assert_int_eq(t.calls, 100);
+	for (int i = 0; i < 100; i++)
+		expect_n(i);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("conn");
@@ -374,6 +433,9 @@ int main(void)
 	tcase_add_test(tc, a_oneway_call_gets_no_reply);
 	tcase_add_test(tc, a_bad_message_is_answered_and_the_connection_goes_on);
 	tcase_add_test(tc, an_outgoing_call_gets_its_reply_or_null_on_close);
+	tcase_add_test(tc, a_turn_hands_a_client_connection_sixteen_messages);
+	tcase_add_test(tc, a_call_is_handed_over_in_the_turn_that_reads_it);
+	tcase_add_test(tc, a_control_channel_is_handed_everything_it_sent);
 	suite_add_tcase(s, tc);
 	return unit_run(s);
 }

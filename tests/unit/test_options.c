@@ -136,6 +136,10 @@ static const struct {
 	{ "max_buffers", "18446744073709551617" },
 	{ "max_comms", "0" },
 	{ "max_comms", "65537" },
+	{ "max_ring_entries", "0" },
+	{ "max_ring_entries", "16777217" },
+	{ "max_import_gib", "0" },
+	{ "max_import_gib", "131073" },
 	{ "gemm_plans_max", "0" },
 	{ "gemm_plans_max", "65537" },
 	{ "gemm_plans_max", "many" },
@@ -236,6 +240,8 @@ START_TEST(the_defaults_are_the_documented_ones)
 	ck_assert_uint_eq(o.max_connections, 256);
 	ck_assert_uint_eq(o.max_buffers, 4096);
 	ck_assert_uint_eq(o.max_comms, 64);
+	ck_assert_uint_eq(o.max_ring_entries, 16384);
+	ck_assert_uint_eq(o.max_import_gib, 1024);
 	ck_assert_uint_eq(o.gemm_plans_max, 256);
 	ck_assert_str_eq(o.config_path, "");
 	ck_assert_int_eq(o.worker_device, -1);

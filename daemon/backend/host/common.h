@@ -26,6 +26,13 @@ struct host_device {
 	atomic_uint_fast64_t mapped_bytes;
 	atomic_uint_fast64_t scratch_bytes;
 	struct host_health health;
+	/* The deadline's budget (lane.c): the reference math's pace, measured
+	 * at open, the CPUs the lanes share, and the work of every lane
+	 * submitted and not finished, in nanoseconds at that pace (only the
+	 * loop thread adds, lanes subtract). */
+	double ns_per_mac;
+	unsigned cpus;
+	atomic_uint_fast64_t backlog_ns;
 };
 
 static inline struct host_device *hd(struct rd_device *dev)
@@ -45,6 +52,8 @@ void host_close_buffer(struct rd_buffer *buf);
 struct rd_lane *host_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err);
 void host_lane_destroy(struct rd_lane *base);
 int host_submit(struct rd_lane *base, struct rd_op *op);
+/* Measures the reference math's pace for the deadline's budget (at open). */
+void host_lane_calibrate(struct rd_device *dev);
 
 /* comm.c: communicators among connections to this worker. */
 int host_comm_unique_id(struct rd_device *dev, unsigned char id[RP_COMM_ID_SIZE], struct rp_error *err);

@@ -1,9 +1,22 @@
 /* Host lanes: one thread each, running its ops in order with the reference
  * math of math.c; a small call finding its lane idle runs on the submitting
  * thread instead (run_inline). A lane's scratch grows to its largest
- * call's need. */
+ * call's need.
+ *
+ * The deadline's budget: regend counts the device as hung when a call is
+ * still running call_deadline_ms after it was submitted, and respawns the
+ * worker, every user's ids and calls with it. A call that needs little
+ * memory and much time (attention over stride-0 K/V of 2^22 keys: minutes)
+ * would do that at will. So each call's work is estimated as it is
+ * submitted: its multiply-adds at the pace the reference math showed at
+ * open, behind the work queued on its lane, with the work of every lane
+ * shared among the CPUs. A call that would not finish within half of
+ * call_deadline_ms is refused (io.regen.LimitExceeded {resource: "work",
+ * limit: call_deadline_ms}); half, because the pace is measured on a small
+ * GEMM that fits the caches and larger calls run slower. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +34,14 @@ struct host_lane {
 	pthread_cond_t cond;
 	struct rd_op *head, *tail;
 	bool busy;                     /* an op is running (on the lane's thread or inline) */
+	uint64_t backlog_ns;           /* work_ns of its ops submitted and not finished */
 	bool stop;
 	void *scratch;                 /* grows to the largest call's need */
 	size_t scratch_size;
 };
+
+/* Scratch a lane keeps between calls; beyond it, a call's goes with it. */
+#define SCRATCH_KEEP ((size_t)64 << 20)
 
 struct guarded_call {
 	const struct rp_compute *c;
@@ -58,10 +75,6 @@ static void compute_op(struct host_lane *lane, struct rd_op *op)
 		host_comm_run(op);
 		return;
 	}
-	if (c->spec->id == RP_OP_PROGRAM) {
-		host_program_run(op);
-		return;
-	}
 	need = rd_host_scratch_size(c);
 
 	for (unsigned i = 0; i < c->spec->noperands; i++)
@@ -86,7 +99,7 @@ static void compute_op(struct host_lane *lane, struct rd_op *op)
 	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size, &op->err };
 	r = rd_host_guarded(run_guarded, &g, &fault);
 	/* One large call must not leave its scratch to the lane for good. */
-	if (lane->scratch_size > HOST_SCRATCH_KEEP) {
+	if (lane->scratch_size > SCRATCH_KEEP) {
 		atomic_fetch_sub(&hd(dev)->scratch_bytes, lane->scratch_size);
 		free(lane->scratch);
 		lane->scratch = NULL;
@@ -125,6 +138,108 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	op->elapsed_us = (op->finished_ns - op->launched_ns) / 1000u;
 }
 
+/* An exp() of the softmax, in multiply-adds of the reference math. */
+#define EXP_MACS 8.0
+
+/* Multiply-adds of a call, roughly: what decides whether it may run on
+ * the submitting thread, and its share of the deadline's budget. 0: not
+ * one of the compute table's (a communicator's or a program's: theirs
+ * are bounded elsewhere). */
+static double call_cost(const struct rp_compute *c)
+{
+	const struct rp_attention *a = &c->attention;
+	double scores = (double)a->batch * a->heads * a->seq_q * a->seq_kv;
+
+	switch (c->spec->id) {
+	case RP_OP_GEMM:
+		return (double)c->gemm.m * (double)c->gemm.n * (double)c->gemm.k;
+	case RP_OP_ATTENTION:
+		return scores * (a->head_dim + a->head_dim_v + EXP_MACS);
+	case RP_OP_ATTENTION_BACKWARD:
+		return 2.0 * scores * (a->head_dim + a->head_dim_v + EXP_MACS);
+	case RP_OP_LAYER_NORM:
+		return 8.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
+	case RP_OP_LAYER_NORM_BACKWARD:
+		return 16.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
+	default:
+		return 0;
+	}
+}
+
+void host_lane_calibrate(struct rd_device *dev)
+{
+	enum { N = 64 };
+	static float a[N * N], b[N * N], d[N * N];
+	const struct rp_operand m = { .dtype = RP_DTYPE_F32, .rank = 2, .shape = { N, N }, .strides = { N, 1 } };
+	struct rp_compute c = {
+		.spec = &rp_op_gemm,
+		.operands = { [RP_GEMM_A] = m, [RP_GEMM_B] = m, [RP_GEMM_D] = m },
+		.present = { [RP_GEMM_A] = true, [RP_GEMM_B] = true, [RP_GEMM_D] = true },
+		.gemm = { .alpha = 1, .m = N, .n = N, .k = N },
+	};
+	void *ptr[RP_OP_OPERANDS_MAX] = { [RP_GEMM_A] = a, [RP_GEMM_B] = b, [RP_GEMM_D] = d };
+	uint64_t best = UINT64_MAX;
+	cpu_set_t set;
+
+	/* The fastest of a few: the pace this machine allows at best. */
+	for (int i = 0; i < 5; i++) {
+		uint64_t t0 = rd_now_ns();
+		rd_host_run(&c, ptr, NULL, 0);
+		uint64_t t = rd_now_ns() - t0;
+		best = t < best ? t : best;
+	}
+	hd(dev)->ns_per_mac = (double)best / ((double)N * N * N);
+	hd(dev)->cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
+	if (!hd(dev)->cpus)
+		hd(dev)->cpus = 1;
+}
+
+/* Refuses op when the work of the lanes, its own with it, would keep it
+ * running past regend's deadline; else counts its work in. */
+static int take_budget(struct host_lane *lane, struct rd_op *op)
+{
+	struct rd_device *dev = lane->base.device;
+	struct host_device *h = hd(dev);
+	uint64_t budget_ns = (uint64_t)dev->call_deadline_ms * 1000000u / 2, ahead, all;
+
+	op->work_ns = (uint64_t)(call_cost(&op->compute) * h->ns_per_mac);
+	if (!op->work_ns)
+		return 0;
+	pthread_mutex_lock(&lane->lock);
+	ahead = lane->backlog_ns;
+	all = atomic_load(&h->backlog_ns);
+	/* At worst it runs while every CPU is busy with all the lanes' work
+	 * (all / cpus), and alone the rest of its lane's. */
+	double finish_ns = (double)(all + op->work_ns) / h->cpus + (double)(ahead + op->work_ns);
+	if (dev->call_deadline_ms && finish_ns > (double)budget_ns) {
+		pthread_mutex_unlock(&lane->lock);
+		rp_err_limit_exceeded(&op->err, "work", dev->call_deadline_ms,
+				      "%s would take about %.0f s on the host backend (%.3g multiply-adds, behind %.0f s "
+				      "of work queued on %s lane and %.0f s on device %d's %u CPUs), past half of the "
+				      "%u ms within which every call must finish (call_deadline_ms); split it into smaller "
+				      "calls",
+				      op->compute.spec->method, (double)op->work_ns / 1e9, call_cost(&op->compute),
+				      (double)ahead / 1e9, "its", (double)all / 1e9, dev->index, h->cpus,
+				      dev->call_deadline_ms);
+		op->work_ns = 0;
+		return -E2BIG;
+	}
+	lane->backlog_ns += op->work_ns;
+	atomic_fetch_add(&h->backlog_ns, op->work_ns);
+	pthread_mutex_unlock(&lane->lock);
+	return 0;
+}
+
+/* Its work is done (or never ran): out of the budget. Under lane->lock. */
+static void return_budget(struct host_lane *lane, struct rd_op *op)
+{
+	if (!op->work_ns)
+		return;
+	lane->backlog_ns -= op->work_ns;
+	atomic_fetch_sub(&hd(lane->base.device)->backlog_ns, op->work_ns);
+	op->work_ns = 0;
+}
+
 static void *lane_thread(void *arg)
 {
 	struct host_lane *lane = arg;
@@ -161,6 +276,7 @@ static void *lane_thread(void *arg)
 		}
 		pthread_mutex_lock(&lane->lock);
 		lane->busy = false;
+		return_budget(lane, op);
 		pthread_mutex_unlock(&lane->lock);
 		rd_op_complete(op);
 	}
@@ -222,26 +338,6 @@ void host_lane_destroy(struct rd_lane *base)
 	free(lane);
 }
 
-/* Multiply-adds of a call, roughly: what decides whether it may run on
- * the submitting thread. */
-static double call_cost(const struct rp_compute *c)
-{
-	const struct rp_attention *a = &c->attention;
-
-	switch (c->spec->id) {
-	case RP_OP_GEMM:
-		return (double)c->gemm.m * (double)c->gemm.n * (double)c->gemm.k;
-	case RP_OP_ATTENTION:
-		return (double)a->batch * a->heads * a->seq_q * a->seq_kv * (a->head_dim + a->head_dim_v);
-	case RP_OP_LAYER_NORM:
-		return 8.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
-	case RP_OP_LAYER_NORM_BACKWARD:
-		return 16.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
-	default:
-		return 2.0 * a->batch * a->heads * a->seq_q * a->seq_kv * (a->head_dim + a->head_dim_v);
-	}
-}
-
 /* A call this small (a 32^3 GEMM: tens of microseconds) runs on the
  * submitting thread, the worker's loop, when its lane is idle: two thread
  * hand-offs (to the lane and back) would cost more than the call. */
@@ -249,13 +345,14 @@ static double call_cost(const struct rp_compute *c)
 
 /* Runs op now if the lane is idle and it is small; false if it must queue.
  * Never a communicator's op: it waits for its peers, whose calls this very
- * loop has yet to read. Never a program's Run: its nodes add up to more
- * than the loop may spend. */
+ * loop has yet to read. */
 static bool run_inline(struct host_lane *lane, struct rd_op *op)
 {
 	struct rd_device *dev = lane->base.device;
 
-	if (op->compute.spec->id == RP_OP_COMM || op->compute.spec->id == RP_OP_PROGRAM || call_cost(&op->compute) > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
+	double cost = call_cost(&op->compute);
+
+	if (cost == 0 || cost > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
 		return false;
 	pthread_mutex_lock(&lane->lock);
 	if (lane->head || lane->busy) {
@@ -284,6 +381,9 @@ int host_submit(struct rd_lane *base, struct rd_op *op)
 	op->lane = base;
 	if (run_inline(lane, op))
 		return 0;
+	r = take_budget(lane, op);
+	if (r < 0)
+		return r;
 	op->next = NULL;
 	pthread_mutex_lock(&lane->lock);
 	if (lane->tail)
