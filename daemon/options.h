@@ -116,7 +116,7 @@ int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_p
 void rd_options_usage(FILE *f);
 
 /* A worker's command line: every option handed on to workers, with its value. */
-#define RD_ARGV_MAX 48
+#define RD_ARGV_MAX 64
 struct rd_argv {
 	char *argv[RD_ARGV_MAX];
 	char text[2048];

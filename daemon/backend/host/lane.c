@@ -40,9 +40,6 @@ struct host_lane {
 	size_t scratch_size;
 };
 
-/* Scratch a lane keeps between calls; beyond it, a call's goes with it. */
-#define SCRATCH_KEEP ((size_t)64 << 20)
-
 struct guarded_call {
 	const struct rp_compute *c;
 	void **ptr;
@@ -75,6 +72,10 @@ static void compute_op(struct host_lane *lane, struct rd_op *op)
 		host_comm_run(op);
 		return;
 	}
+	if (c->spec->id == RP_OP_PROGRAM) {
+		host_program_run(op);
+		return;
+	}
 	need = rd_host_scratch_size(c);
 
 	for (unsigned i = 0; i < c->spec->noperands; i++)
@@ -99,7 +100,7 @@ static void compute_op(struct host_lane *lane, struct rd_op *op)
 	struct guarded_call g = { c, ptr, lane->scratch, lane->scratch_size, &op->err };
 	r = rd_host_guarded(run_guarded, &g, &fault);
 	/* One large call must not leave its scratch to the lane for good. */
-	if (lane->scratch_size > SCRATCH_KEEP) {
+	if (lane->scratch_size > HOST_SCRATCH_KEEP) {
 		atomic_fetch_sub(&hd(dev)->scratch_bytes, lane->scratch_size);
 		free(lane->scratch);
 		lane->scratch = NULL;
