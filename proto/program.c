@@ -1,13 +1,9 @@
 /* io.regen.Program.Define: the definition parsed into tensors and nodes,
  * its composites lowered into primitives, and the whole checked before
- * anything is kept (proto/program.h says what is checked).
- *
- * Program order is the only order: a node reads what the nodes before it
- * wrote (or what the caller bound), so a cycle cannot be written down at
- * all; what can be written is a read before any write, which the flow
- * check refuses, a node reading its own output among it. The op table and
- * each op's own rules are program_ops.c's; the composites'
- * lowering program_lower.c's. */
+ * anything is kept (proto/program.h says what is checked). This file
+ * reads the definition; the op table and each op's own rules are
+ * program_ops.c's, the composites' lowering program_lower.c's, the check
+ * of the whole program_check.c's. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -222,17 +218,6 @@ bool rp_prog_tensor_contiguous(const struct rp_prog_tensor *t)
 	return true;
 }
 
-/* The index of a tensor's last element from its first: 0 for one element. */
-static int64_t span_of(const struct rp_prog_tensor *t)
-{
-	int64_t span = 0;
-
-	for (int i = 0; i < t->rank; i++) {
-		span += (t->shape[i] - 1) * t->strides[i];
-	}
-	return span;
-}
-
 static bool is_bound(enum rp_prog_tensor_kind kind)
 {
 	return kind == RP_PT_INPUT || kind == RP_PT_OUTPUT || kind == RP_PT_INOUT || kind == RP_PT_SCALAR;
@@ -298,7 +283,7 @@ static int derive_view(struct rp_prog_builder *b, int i)
 {
 	struct rp_prog_tensor *t = rp_prog_t(b, i);
 	const struct rp_prog_tensor *base = rp_prog_t(b, t->base);
-	int64_t span = span_of(t), base_span = span_of(base), last;
+	int64_t span = rp_prog_span(t), base_span = rp_prog_span(base), last;
 
 	if (t->dtype != base->dtype) {
 		return rp_prog_tensor_error(b, i, "a view is %s but its base %s is %s; a view has its base's dtype",
@@ -351,7 +336,7 @@ int rp_prog_tensor_add(struct rp_prog_builder *b, const struct rp_prog_tensor *s
 	if ((r = derive_layout(b, i, strides_given)) < 0 || (t->kind == RP_PT_VIEW && (r = derive_view(b, i)) < 0)) {
 		return r;
 	}
-	t->extent_bytes = (uint64_t)(t->root_offset + span_of(t) + 1) * rp_prog_tensor_elem_size(t);
+	t->extent_bytes = (uint64_t)(t->root_offset + rp_prog_span(t) + 1) * rp_prog_tensor_elem_size(t);
 	if (is_bound(t->kind)) {
 		if (p->nbound == RP_PROG_BOUND_MAX) {
 			return limit(b, "bound tensors", RP_PROG_BOUND_MAX, " (inputs, outputs, inouts and scalars together)");
@@ -465,7 +450,9 @@ static int parse_tensor(struct rp_prog_builder *b, const cJSON *j, int i)
 		return rp_prog_param_error(b, "%s.strides", path);
 	}
 	if (t.kind == RP_PT_VIEW) {
-		rp_params_string(j, "base", 0, NULL, &text, b->err);
+		if (rp_params_string(j, "base", 0, NULL, &text, b->err) != 0) {
+			return rp_prog_param_error(b, "%s.base", path);
+		}
 		t.base = rp_prog_tensor_find(b, text);
 		if (t.base < 0) {
 			char label[RP_PROG_NAME_MAX + 64];
@@ -483,8 +470,8 @@ static int parse_tensor(struct rp_prog_builder *b, const cJSON *j, int i)
 		t.dtype = RP_DTYPE_F64;
 	}
 	if (given(j, "dtype")) {
-		rp_params_string(j, "dtype", 0, NULL, &text, b->err);
-		if ((r = rp_dtype_from_name(text)) < 0 || (t.kind == RP_PT_SCALAR && r != RP_DTYPE_F64)) {
+		if (rp_params_string(j, "dtype", 0, NULL, &text, b->err) != 0 || (r = rp_dtype_from_name(text)) < 0 ||
+		    (t.kind == RP_PT_SCALAR && r != RP_DTYPE_F64)) {
 			return rp_prog_param_error(b, "%s.dtype", path);
 		}
 		t.dtype = (enum rp_dtype)r;
@@ -649,7 +636,8 @@ static int count_error(struct rp_prog_builder *b, const char *op, const char *wh
 static int listed_operands(struct rp_prog_builder *b, struct rp_prog_node *n, const cJSON *j, const char *path)
 {
 	const struct rp_prog_op *op = n->op;
-	const cJSON *ins = cJSON_GetObjectItemCaseSensitive(j, "inputs"), *outs = cJSON_GetObjectItemCaseSensitive(j, "outputs");
+	const cJSON *ins = cJSON_GetObjectItemCaseSensitive(j, "inputs");
+	const cJSON *outs = cJSON_GetObjectItemCaseSensitive(j, "outputs");
 	int nin = cJSON_GetArraySize(ins), nout = cJSON_GetArraySize(outs), k = 0, r;
 	bool composite = op->cls == RP_PC_COMPOSITE;
 	const cJSON *item;
@@ -761,242 +749,6 @@ static int parse_node(struct rp_prog_builder *b, const cJSON *j, int i)
 	return r < 0 ? r : 0;
 }
 
-/* ---- The whole ---------------------------------------------------------------------- */
-
-/* A node's operands as reads and writes, with the slot each came from
- * (the compute table's slot; else the position in in[] or out[]). */
-struct operands {
-	int read[RP_PROG_NODE_IN_MAX], read_slot[RP_PROG_NODE_IN_MAX], nread;
-	int write[RP_PROG_NODE_IN_MAX], write_slot[RP_PROG_NODE_IN_MAX], nwrite;
-};
-
-static void node_operands(const struct rp_prog_node *n, struct operands *o)
-{
-	o->nread = o->nwrite = 0;
-	if (n->op->cls == RP_PC_COMPUTE) {
-		for (int s = 0; s < n->nin; s++) {
-			if (n->in[s] < 0) {
-				continue;
-			}
-			if (n->compute.spec->operands[s].role == RP_ROLE_OUT) {
-				o->write_slot[o->nwrite] = s;
-				o->write[o->nwrite++] = n->in[s];
-			} else {
-				o->read_slot[o->nread] = s;
-				o->read[o->nread++] = n->in[s];
-			}
-		}
-		return;
-	}
-	for (int s = 0; s < n->nin; s++) {
-		if (n->in[s] >= 0) {
-			o->read_slot[o->nread] = s;
-			o->read[o->nread++] = n->in[s];
-		}
-	}
-	for (int s = 0; s < n->nout; s++) {
-		if (n->out[s] >= 0) {
-			o->write_slot[o->nwrite] = s;
-			o->write[o->nwrite++] = n->out[s];
-		}
-	}
-}
-
-/* Whether two tensors share memory: one root and element ranges that meet
- * (conservative: two interleaved views with disjoint elements count as
- * overlapping). */
-static bool overlap(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y)
-{
-	return x->root == y->root && x->root_offset <= y->root_offset + span_of(y) &&
-	       y->root_offset <= x->root_offset + span_of(x);
-}
-
-/* The very same tensor: same elements in the same order. */
-static bool same_tensor(const struct rp_prog_tensor *x, const struct rp_prog_tensor *y)
-{
-	if (x->root != y->root || x->root_offset != y->root_offset || x->rank != y->rank) {
-		return false;
-	}
-	for (int i = 0; i < x->rank; i++) {
-		if (x->shape[i] != y->shape[i] || (x->shape[i] > 1 && x->strides[i] != y->strides[i])) {
-			return false;
-		}
-	}
-	return true;
-}
-
-/* A written tensor gives every element its own address: with the
- * dimensions of size > 1 ordered by stride, each stride steps over the
- * whole extent of the ones inside it. */
-static int check_own_addresses(struct rp_prog_builder *b, int n, int ti)
-{
-	const struct rp_prog_tensor *t = rp_prog_t(b, ti);
-	int64_t stride[RP_PROG_RANK_MAX], size[RP_PROG_RANK_MAX], reach = 1;
-	int k = 0;
-
-	for (int i = 0; i < t->rank; i++) {
-		if (t->shape[i] > 1) {
-			stride[k] = t->strides[i];
-			size[k++] = t->shape[i];
-		}
-	}
-	for (int i = 1; i < k; i++) {
-		for (int j = i; j > 0 && stride[j] < stride[j - 1]; j--) {
-			int64_t s = stride[j], z = size[j];
-
-			stride[j] = stride[j - 1];
-			size[j] = size[j - 1];
-			stride[j - 1] = s;
-			size[j - 1] = z;
-		}
-	}
-	for (int i = 0; i < k; i++) {
-		if (stride[i] == 0) {
-			return rp_prog_node_error(b, n,
-						  "writes %s through a broadcast dimension (stride 0, size %" PRId64
-						  "): its elements would share one address; write a tensor whose every "
-						  "element has its own",
-						  t->name, size[i]);
-		}
-		if (stride[i] < reach) {
-			return rp_prog_node_error(b, n,
-						  "writes %s, whose strides make elements share memory (stride %" PRId64
-						  " where at least %" PRId64 " is needed)",
-						  t->name, stride[i], reach);
-		}
-		reach = stride[i] * size[i];   /* within the span's bound: no overflow */
-	}
-	return 0;
-}
-
-static int check_reads(struct rp_prog_builder *b, int n, const struct operands *o, const bool *written,
-		       const struct operands *self)
-{
-	for (int i = 0; i < o->nread; i++) {
-		const struct rp_prog_tensor *t = rp_prog_t(b, o->read[i]);
-		const struct rp_prog_tensor *root = rp_prog_t(b, t->root);
-		bool own = false;
-
-		if (written[t->root] || root->kind == RP_PT_INPUT || root->kind == RP_PT_INOUT ||
-		    root->kind == RP_PT_SCALAR) {
-			continue;
-		}
-		for (int w = 0; w < self->nwrite; w++) {
-			own = own || rp_prog_t(b, self->write[w])->root == t->root;
-		}
-		if (own) {
-			return rp_prog_node_error(b, n,
-						  "reads %s, its own output, which no node before it wrote; a node reads "
-						  "what earlier nodes wrote",
-						  t->name);
-		}
-		return rp_prog_node_error(b, n,
-					  "reads %s before any node writes it; nodes run in program order, each "
-					  "reading what the nodes before it wrote (or the inputs)",
-					  t->name);
-	}
-	return 0;
-}
-
-static int check_writes(struct rp_prog_builder *b, int n, const struct operands *o)
-{
-	const struct rp_prog_node *node = &b->p->nodes[n];
-	int r;
-
-	for (int w = 0; w < o->nwrite; w++) {
-		const struct rp_prog_tensor *t = rp_prog_t(b, o->write[w]);
-		const struct rp_prog_tensor *root = rp_prog_t(b, t->root);
-
-		if (root->kind == RP_PT_INPUT || root->kind == RP_PT_SCALAR) {
-			return rp_prog_node_error(b, n,
-						  "writes %s%s%s, %s, which is read only; declare a tensor the program "
-						  "updates in place as inout",
-						  t->name, t != root ? ", a view of " : "", t != root ? root->name : "",
-						  root->kind == RP_PT_INPUT ? "an input" : "a scalar");
-		}
-		if ((r = check_own_addresses(b, n, o->write[w])) < 0) {
-			return r;
-		}
-		for (int i = 0; i < o->nread; i++) {
-			const struct rp_prog_tensor *x = rp_prog_t(b, o->read[i]);
-
-			if (!overlap(t, x) || (rp_prog_may_alias(node, o->write_slot[w], o->read_slot[i]) && same_tensor(t, x))) {
-				continue;
-			}
-			return rp_prog_node_error(b, n,
-						  "writes %s, which shares memory with its input %s; an output may not "
-						  "overlap an input%s",
-						  t->name, x->name,
-						  rp_prog_may_alias(node, o->write_slot[w], o->read_slot[i])
-							  ? " unless it is the very same tensor (same elements, same order)"
-							  : "");
-		}
-		for (int v = 0; v < w; v++) {
-			if (overlap(t, rp_prog_t(b, o->write[v]))) {
-				return rp_prog_node_error(b, n, "its outputs %s and %s share memory", rp_prog_t(b, o->write[v])->name,
-							  t->name);
-			}
-		}
-	}
-	return 0;
-}
-
-static void note_access(struct rp_prog_builder *b, int n, const struct operands *o, bool *written)
-{
-	for (int i = 0; i < o->nread; i++) {
-		struct rp_prog_tensor *t = rp_prog_t(b, o->read[i]);
-
-		t->last_read = n;
-		rp_prog_t(b, t->root)->last_read = n;
-	}
-	for (int w = 0; w < o->nwrite; w++) {
-		struct rp_prog_tensor *t = rp_prog_t(b, o->write[w]), *root = rp_prog_t(b, t->root);
-
-		if (t->first_write < 0) {
-			t->first_write = n;
-		}
-		if (root->first_write < 0) {
-			root->first_write = n;
-		}
-		t->last_write = root->last_write = n;
-		written[t->root] = true;
-		b->p->updates_in_place = b->p->updates_in_place || root->kind == RP_PT_INOUT;
-	}
-}
-
-static int check_program(struct rp_prog_builder *b)
-{
-	struct rp_program *p = b->p;
-	struct operands o;
-	bool *written = calloc((size_t)p->ntensors + 1, sizeof(*written));
-	int r = 0;
-
-	if (written == NULL) {
-		return -ENOMEM;
-	}
-	for (int n = 0; n < p->nnodes && r == 0; n++) {
-		b->source = p->nodes[n].source;
-		if ((r = rp_prog_check_node(b, n)) < 0) {
-			break;
-		}
-		node_operands(&p->nodes[n], &o);
-		if ((r = check_reads(b, n, &o, written, &o)) < 0 || (r = check_writes(b, n, &o)) < 0) {
-			break;
-		}
-		note_access(b, n, &o, written);
-	}
-	for (int t = 0; t < p->ntensors && r == 0; t++) {
-		if (p->tensors[t].kind == RP_PT_OUTPUT && !written[t]) {
-			r = rp_prog_tensor_error(b, t, "is an output but no node writes it");
-		}
-		if (p->tensors[t].kind == RP_PT_INTERMEDIATE) {
-			p->intermediate_bytes += p->tensors[t].extent_bytes;
-		}
-	}
-	free(written);
-	return r;
-}
-
 static const struct rp_field program_fields[] = {
 	{ "name", RP_T_STRING, false },
 	{ "tensors", RP_T_ARRAY, true },
@@ -1047,7 +799,7 @@ static int parse(struct rp_prog_builder *b, const cJSON *params)
 			return r;
 		}
 	}
-	if ((r = check_program(b)) < 0) {
+	if ((r = rp_prog_check(b)) < 0) {
 		return r;
 	}
 	p->definition = cJSON_Duplicate(params, true);

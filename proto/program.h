@@ -239,7 +239,15 @@ const struct rp_prog_op *rp_prog_op_find(const char *name);
  * io.regen.InvalidProgram {node, reason} for a program that is well formed
  * but wrong (a node index and name, or "tensors[i]"), LimitExceeded
  * {resource} past the limits above. 0, or -EINVAL/-E2BIG with err set and
- * *p zeroed. */
+ * *p zeroed; -ENOMEM with err unset (the caller answers OutOfMemory,
+ * naming its device). Composites' operands, in order (docs/protocol.md
+ * has their attrs): rms_norm (x, weight?) -> (y, rstd?); rms_norm_backward
+ * (dy, x, weight|null, rstd) -> (dx, dweight?); softmax, log_softmax (x) ->
+ * (y); softmax_backward, log_softmax_backward (dy, y) -> (dx);
+ * cross_entropy (logits, target) -> (loss, lse?); cross_entropy_backward
+ * (dloss, logits, target, lse) -> (dlogits); rotary, rotary_backward (x,
+ * cos, sin) -> (out); adamw (param, grad, exp_avg, exp_avg_sq) -> ();
+ * sgd (param, grad, momentum_buffer?) -> (). */
 int rp_program_parse(const cJSON *params, struct rp_program *p, struct rp_error *err);
 void rp_program_finish(struct rp_program *p);
 
@@ -279,6 +287,9 @@ struct rp_program_run {
 /* The run's program id alone (the worker looks the program up before it
  * parses the rest). */
 int rp_program_run_id(const cJSON *params, struct rp_id *id, struct rp_error *err);
+/* 0, or -EINVAL with err set (InvalidParameter "bind.<name>",
+ * "scalars.<name>", "program", ...; InvalidOperand naming a tensor whose
+ * offset is misaligned) and *run zeroed; -ENOMEM with err unset. */
 int rp_program_run_parse(const struct rp_program *p, const cJSON *params, struct rp_program_run *run,
 			 struct rp_error *err);
 void rp_program_run_finish(struct rp_program_run *run);

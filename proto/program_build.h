@@ -2,9 +2,9 @@
  * program under construction, how errors name its nodes and tensors, and
  * how a composite adds the tensors and nodes it lowers into.
  *
- * program.c parses the definition and checks the whole; program_ops.c holds
- * the op table and each primitive's own rules; program_lower.c lowers each
- * composite into primitives. */
+ * program.c parses the definition; program_ops.c holds the op table and
+ * each primitive's own rules; program_lower.c lowers each composite into
+ * primitives; program_check.c checks the whole. */
 #pragma once
 
 #include <stdbool.h>
@@ -94,6 +94,23 @@ int rp_prog_tensor_add(struct rp_prog_builder *b, const struct rp_prog_tensor *t
 /* Appends a node with the op and the operands set by the caller, name and
  * source filled. Its index, or -E2BIG with the error set. */
 int rp_prog_node_add(struct rp_prog_builder *b, const struct rp_prog_node *n);
+
+/* The index of a tensor's last element from its first in its memory: 0
+ * for one element. */
+static inline int64_t rp_prog_span(const struct rp_prog_tensor *t)
+{
+	int64_t span = 0;
+
+	for (int i = 0; i < t->rank; i++) {
+		span += (t->shape[i] - 1) * t->strides[i];
+	}
+	return span;
+}
+
+/* The check of the whole program once lowered (program_check.c): each
+ * node's rules, reads after writes, placement, lifetimes, the
+ * intermediates' bytes. */
+int rp_prog_check(struct rp_prog_builder *b);
 
 /* ---- What composites lower with (program_lower.c) ---- */
 

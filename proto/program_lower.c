@@ -328,9 +328,10 @@ static int lower_rms_norm_backward(struct lower *l, const cJSON *attrs)
 	const int dy = n->in[0], x = n->in[1], w = n->in[2], rstd = n->in[3], dx = n->out[0], dw = n->out[1];
 	int r, rs, xh, g, gx, m, t, u, p;
 
-	if ((r = check_attr_names(l, attrs, (const char *const[]){ NULL })) < 0 || (r = need_rows(l, x, "x")) < 0 || (r = need_like(l, dy, "dy", x, "x")) < 0 ||
-	    (w >= 0 && (r = need_vector(l, w, "weight", x)) < 0) || (r = need_stat(l, rstd, "rstd", x)) < 0 ||
-	    (r = need_like(l, dx, "dx", x, "x")) < 0 || (dw >= 0 && (r = need_vector(l, dw, "dweight", x)) < 0)) {
+	if ((r = check_attr_names(l, attrs, (const char *const[]){ NULL })) < 0 || (r = need_rows(l, x, "x")) < 0 ||
+	    (r = need_like(l, dy, "dy", x, "x")) < 0 || (w >= 0 && (r = need_vector(l, w, "weight", x)) < 0) ||
+	    (r = need_stat(l, rstd, "rstd", x)) < 0 || (r = need_like(l, dx, "dx", x, "x")) < 0 ||
+	    (dw >= 0 && (r = need_vector(l, dw, "dweight", x)) < 0)) {
 		return r;
 	}
 	if (dw >= 0 && w < 0) {
@@ -433,7 +434,9 @@ static int need_targets(struct lower *l, int logits, int target, double *ignore,
 					    shape_of(l, logits, a));
 	}
 	if ((tg->dtype != RP_DTYPE_I32 && tg->dtype != RP_DTYPE_I64) || tg->rank != 1 || tg->shape[0] != lg->shape[0]) {
-		return rp_prog_source_error(l->b, "%s's target %s is %s %s but must be i32 or i64 [%" PRId64 "], one class per row of %s %s",
+		return rp_prog_source_error(l->b,
+					    "%s's target %s is %s %s but must be i32 or i64 [%" PRId64
+					    "], one class per row of %s %s",
 					    l->node->op->name, tg->name, rp_dtype_name(tg->dtype), shape_of(l, target, a),
 					    lg->shape[0], lg->name, shape_of(l, logits, c));
 	}

@@ -198,9 +198,10 @@ int rp_prog_read_attrs(struct rp_prog_builder *b, struct rp_prog_node *n, const 
 			r = rp_params_bool(attrs, "scalar_first", false, &n->pw.scalar_first, b->err);
 		}
 		if (r >= 0) {
-			/* Absent: the last dimension, resolved by the check. */
+			/* Absent: the last dimension, resolved by the check
+			 * (iota's only; 0 for the others). */
 			r = rp_params_uint(attrs, "axis", RP_PROG_RANK_MAX - 1, RP_PROG_RANK_MAX, &axis, b->err);
-			n->pw.axis = (int)axis;
+			n->pw.axis = n->pw.fn == RP_PW_IOTA ? (int)axis : 0;
 		}
 		break;
 	case RP_PC_REDUCTION:

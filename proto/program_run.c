@@ -88,8 +88,8 @@ static int parse_binding(const struct rp_program *p, const cJSON *item, struct r
 			   cJSON_IsString(param) && strcmp(param->valuestring, "parameters") != 0 ? param->valuestring : NULL);
 	}
 	b = &run->bind[i];
-	rp_params_string(item, "buffer", 0, NULL, &buffer, err);
-	if (rp_id_parse(buffer, &b->buffer) < 0 || b->buffer.kind != RP_ID_BUFFER) {
+	if (rp_params_string(item, "buffer", 0, NULL, &buffer, err) != 0 || rp_id_parse(buffer, &b->buffer) < 0 ||
+	    b->buffer.kind != RP_ID_BUFFER) {
 		return bad(err, "bind", item->string, "buffer");
 	}
 	if (rp_params_uint(item, "offset", OFFSET_MAX, 0, &offset, err) < 0) {

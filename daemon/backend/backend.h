@@ -117,6 +117,10 @@ struct rd_program {
 	uint64_t graph_captures;        /* captures (a generation's first Run, a new binding of a library's operand) */
 	uint64_t graph_launches;        /* Runs launched as one graph */
 	uint64_t stream_runs;           /* Runs launched node by node on the stream */
+	/* Retries of Runs with a journal (proto/program_journal.h): those
+	 * that found their Run applied whole, and those that put the inouts
+	 * back from the journal before running again. */
+	uint64_t retries_applied, retries_restored;
 	char not_captured[160];         /* why Runs are not captured ("" when they are, or nothing was tried) */
 };
 

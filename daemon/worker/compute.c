@@ -55,16 +55,16 @@ void rd_compute_finished(struct rd_worker *w, struct rd_compute_call *cc)
 	/* Before the references go: finish settles the communicator op holds. */
 	if (cc->finish)
 		cc->finish(cc);
+	if (cc->op.run && !failed) {
+		cc->op.run->prog->runs++;
+		cc->op.run->prog->run_us += cc->op.elapsed_us;
+	}
 	rd_compute_release(w, &cc->op);
 	rd_health_call_finished(w, cc);
 	/* Counted here, where Varlink calls and ring records both end. */
 	w->calls_done++;
 	w->calls_failed += failed;
 	w->calls_us += cc->op.elapsed_us;
-	if (cc->op.run && !failed) {
-		cc->op.run->prog->runs++;
-		cc->op.run->prog->run_us += cc->op.elapsed_us;
-	}
 	if (cc->session && cc->session->usage) {
 		cc->session->usage->calls++;
 		cc->session->usage->call_errors += failed;

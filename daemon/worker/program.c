@@ -285,6 +285,8 @@ static cJSON *program_status(const struct rd_program *p)
 	cJSON_AddNumberToObject(o, "graph_captures", (double)p->graph_captures);
 	cJSON_AddNumberToObject(o, "graph_launches", (double)p->graph_launches);
 	cJSON_AddNumberToObject(o, "stream_runs", (double)p->stream_runs);
+	cJSON_AddNumberToObject(o, "retries_applied", (double)p->retries_applied);
+	cJSON_AddNumberToObject(o, "retries_restored", (double)p->retries_restored);
 	cJSON_AddStringToObject(o, "not_captured", p->not_captured);
 	return o;
 }

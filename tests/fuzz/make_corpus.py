@@ -539,3 +539,94 @@ lnb_ops = [(0, F32, 0, [6, 40]), (0, F32, 4096, [6, 40]), (1, F32, 0, [40]), (1,
            (1, F32, 512, [6]), (1, F32, 1024, [6, 40]), (1, F32, 2048, [40]), None, (1, F32, 1024, [6, 40])]
 write('ring', 'layer-norm-backward-in-place', record(4, lnb_ops))
 write('ring', 'layer-norm-backward-eps', record(4, lnb_ops, scale=1e-5))
+
+# io.regen.Program: [define, run] as fuzz_program.c reads them; valid
+# programs of each op class and composite, and edges around each rule.
+def tensor(name, kind, dtype=None, shape=None, **more):
+    t = {'name': name, 'kind': kind}
+    if dtype is not None:
+        t['dtype'] = dtype
+    if shape is not None:
+        t['shape'] = shape
+    t.update(more)
+    return t
+
+def node(op, inputs, outputs=None, name=None, attrs=None):
+    n = {'op': op, 'inputs': inputs}
+    if outputs is not None:
+        n['outputs'] = outputs
+    if name is not None:
+        n['name'] = name
+    if attrs is not None:
+        n['attrs'] = attrs
+    return n
+
+def bind(*names, scalars=None):
+    r = {'program': 'p0.0.1', 'bind': {n: {'buffer': 'b0.1.%d' % (i + 1)} for i, n in enumerate(names)}}
+    if scalars:
+        r['scalars'] = scalars
+    return r
+
+mlp = {'name': 'mlp', 'tensors': [
+    tensor('x', 'input', 'bf16', [8, 16]), tensor('w', 'input', 'bf16', [32, 16]),
+    tensor('h', 'intermediate', 'bf16', [8, 32]), tensor('g', 'intermediate', 'bf16', [8, 32]),
+    tensor('lr', 'scalar'), tensor('y', 'output', 'f32', [8, 32]), tensor('ht', 'view', base='h', shape=[32, 8], strides=[1, 32])],
+    'nodes': [node('gemm', {'a': 'x', 'b': 'w'}, {'d': 'h'}, 'fc', {'trans_b': True}),
+              node('gelu_tanh', ['h'], ['g']), node('mul', ['g', 'lr'], ['y']),
+              node('add', ['y'], ['y'], attrs={'scalar': 1.0})]}
+norms = {'tensors': [
+    tensor('x', 'input', 'f32', [4, 6]), tensor('w', 'input', 'f32', [6]), tensor('y', 'output', 'f32', [4, 6]),
+    tensor('r', 'output', 'f32', [4]), tensor('dy', 'input', 'f32', [4, 6]), tensor('dx', 'output', 'f32', [4, 6]),
+    tensor('dw', 'output', 'f32', [6]), tensor('s', 'output', 'bf16', [4, 6])],
+    'nodes': [node('rms_norm', ['x', 'w'], ['y', 'r'], 'norm', {'eps': 1e-6}),
+              node('rms_norm_backward', ['dy', 'x', 'w', 'r'], ['dx', 'dw'], 'normb'),
+              node('softmax', ['x'], ['s'], 'sm')]}
+ce = {'tensors': [
+    tensor('logits', 'input', 'bf16', [4, 10]), tensor('t', 'input', 'i64', [4]), tensor('loss', 'output', 'f32', [4]),
+    tensor('lse', 'output', 'f32', [4]), tensor('dl', 'output', 'bf16', [4, 10]), tensor('one', 'intermediate', 'f32', [4])],
+    'nodes': [node('cross_entropy', ['logits', 't'], ['loss', 'lse'], 'ce'), node('fill', [], ['one'], attrs={'scalar': 1}),
+              node('cross_entropy_backward', ['one', 'logits', 't', 'lse'], ['dl'], 'ceb', {'ignore_index': -1})]}
+rope = {'tensors': [
+    tensor('x', 'inout', 'bf16', [2, 5, 3, 8]), tensor('cos', 'input', 'f32', [5, 4]), tensor('sin', 'input', 'f32', [5, 4])],
+    'nodes': [node('rotary', ['x', 'cos', 'sin'], ['x'], 'rope'),
+              node('rotary_backward', ['x', 'cos', 'sin'], ['x'], 'ropeb', {'layout': 'bshd'})]}
+adamw = {'tensors': [
+    tensor('p', 'inout', 'f32', [10]), tensor('g', 'input', 'bf16', [10]), tensor('m', 'inout', 'f32', [10]),
+    tensor('v', 'inout', 'f32', [10]), tensor('p2', 'inout', 'f32', [3]), tensor('g2', 'input', 'f32', [3]),
+    tensor('b2', 'inout', 'f32', [3]), tensor('step', 'scalar'), tensor('lr', 'scalar')],
+    'nodes': [node('adamw', ['p', 'g', 'm', 'v'], [], 'opt', {'lr': 'lr', 'step': 'step', 'weight_decay': 0.1}),
+              node('sgd', ['p2', 'g2', 'b2'], None, 'sgd', {'lr': 'lr', 'momentum': 0.9, 'nesterov': True})]}
+gather = {'tensors': [
+    tensor('tab', 'input', 'f32', [10, 4]), tensor('ix', 'input', 'i32', [2, 3]), tensor('e', 'output', 'f32', [2, 3, 4]),
+    tensor('dt', 'output', 'f32', [10, 4]), tensor('red', 'output', 'f32', [2, 3]), tensor('col', 'intermediate', 'f32', [3]),
+    tensor('tot', 'output', 'f32', []), tensor('io', 'output', 'i64', [2, 3]), tensor('c', 'output', 'u8', [2, 3, 4])],
+    'nodes': [node('embedding', ['tab', 'ix'], ['e']), node('embedding_backward', ['e', 'ix'], ['dt']),
+              node('amax', ['e'], ['red']), node('mean', ['red'], ['col'], attrs={'axis': 'leading'}),
+              node('sum', ['col'], ['tot'], attrs={'axis': 'last'}),
+              node('iota', [], ['io'], attrs={'axis': 1}), node('gt', ['e', 'tot'], ['c'])]}
+programs = {
+    'mlp': [mlp, bind('x', 'w', 'y', scalars={'lr': 0.5})],
+    'mlp-run-missing': [mlp, bind('x', 'w', scalars={'lr': 0.5})],
+    'mlp-run-misaligned': [mlp, dict(bind('x', 'w', 'y', scalars={'lr': 1}),
+                                     bind={'x': {'buffer': 'b0.1.1', 'offset': 3}, 'w': {'buffer': 'b0.1.2'},
+                                           'y': {'buffer': 'b0.1.3'}})],
+    'norms': [norms, bind('x', 'w', 'y', 'r', 'dy', 'dx', 'dw', 's')],
+    'cross-entropy': [ce, bind('logits', 't', 'loss', 'lse', 'dl')],
+    'rotary': [rope, bind('x', 'cos', 'sin')],
+    'optimizers': [adamw, bind('p', 'g', 'm', 'v', 'p2', 'g2', 'b2', scalars={'step': 1, 'lr': 1e-3})],
+    'gather': [gather, bind('tab', 'ix', 'e', 'dt', 'red', 'tot', 'io', 'c')],
+    'read-before-write': [{'tensors': [tensor('h', 'intermediate', 'f32', [2]), tensor('y', 'output', 'f32', [2])],
+                           'nodes': [node('relu', ['h'], ['y']), node('fill', [], ['h'], attrs={'scalar': 0})]}],
+    'alias': [{'tensors': [tensor('m', 'inout', 'f32', [4, 4]), tensor('mt', 'view', base='m', shape=[4, 4], strides=[1, 4])],
+               'nodes': [node('neg', ['m'], ['mt'])]}],
+    'broadcast-write': [{'tensors': [tensor('y', 'output', 'f32', [3]),
+                                     tensor('yb', 'view', base='y', shape=[4, 3], strides=[0, 1])],
+                         'nodes': [node('fill', [], ['yb'], attrs={'scalar': 1})]}],
+    'view-outside': [{'tensors': [tensor('x', 'input', 'f32', [4]), tensor('v', 'view', base='x', offset=2, shape=[3])],
+                      'nodes': []}],
+    'unknown-op': [{'tensors': [], 'nodes': [node('conv2d', [], [])]}],
+    'empty-strings': [{'tensors': [tensor('v', 'view', '', [1], base='')], 'nodes': [{'op': ''}]}],
+    'huge': [{'tensors': [tensor('h', 'input', 'u8', [2147483648, 2147483648, 2147483648])], 'nodes': []}],
+}
+for name, p in programs.items():
+    write('program', name + '.json', dump(p))

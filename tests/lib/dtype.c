@@ -10,14 +10,63 @@
 #define POISON_F16 0x7ebdu
 #define POISON_BF16 0x7fbdu
 
+#define POISON_F64 0x7ff80000000badbaull
+/* Integers have no NaN: a value no test draws. */
+#define POISON_I32 INT32_C(-0x5badbad)
+#define POISON_I64 INT64_C(-0x5badbad5badbad)
+#define POISON_U8 0xbdu
+
 double tl_dtype_eps(enum rp_dtype dt)
 {
-	return dt == RP_DTYPE_F32 ? ldexp(1, -23) : dt == RP_DTYPE_F16 ? ldexp(1, -10) : ldexp(1, -7);
+	switch (dt) {
+	case RP_DTYPE_F32:
+		return ldexp(1, -23);
+	case RP_DTYPE_F16:
+		return ldexp(1, -10);
+	case RP_DTYPE_F64:
+		return ldexp(1, -52);
+	case RP_DTYPE_I32:
+	case RP_DTYPE_I64:
+	case RP_DTYPE_U8:
+		return 0;
+	default:
+		return ldexp(1, -7);
+	}
 }
 
 double tl_dtype_quantum(enum rp_dtype dt)
 {
-	return dt == RP_DTYPE_F32 ? ldexp(1, -149) : dt == RP_DTYPE_F16 ? ldexp(1, -24) : ldexp(1, -133);
+	switch (dt) {
+	case RP_DTYPE_F32:
+		return ldexp(1, -149);
+	case RP_DTYPE_F16:
+		return ldexp(1, -24);
+	case RP_DTYPE_F64:
+		return ldexp(1, -1074);
+	case RP_DTYPE_I32:
+	case RP_DTYPE_I64:
+	case RP_DTYPE_U8:
+		return 0;
+	default:
+		return ldexp(1, -133);
+	}
+}
+
+/* Integers as stored from a double: truncated toward zero, saturated,
+ * NaN 0 (what a float-to-integer cast does in regen). */
+static int64_t int_of(double v, int64_t lo, int64_t hi)
+{
+	if (isnan(v)) {
+		return 0;
+	}
+	v = trunc(v);
+	if (v <= (double)lo) {
+		return lo;
+	}
+	if (v >= (double)hi) {
+		return hi;
+	}
+	return (int64_t)v;
 }
 
 static uint16_t f32_to_bf16(float f)
@@ -98,7 +147,27 @@ double tl_load(enum rp_dtype dt, const void *base, size_t i)
 {
 	float f;
 	uint16_t h;
+	double d;
+	int32_t i32;
+	int64_t i64;
+	uint8_t u8;
 
+	switch (dt) {
+	case RP_DTYPE_F64:
+		memcpy(&d, (const char *)base + 8 * i, 8);
+		return d;
+	case RP_DTYPE_I32:
+		memcpy(&i32, (const char *)base + 4 * i, 4);
+		return i32;
+	case RP_DTYPE_I64:
+		memcpy(&i64, (const char *)base + 8 * i, 8);
+		return (double)i64;
+	case RP_DTYPE_U8:
+		memcpy(&u8, (const char *)base + i, 1);
+		return u8;
+	default:
+		break;
+	}
 	if (dt == RP_DTYPE_F32) {
 		memcpy(&f, (const char *)base + 4 * i, 4);
 		return f;
@@ -111,7 +180,29 @@ double tl_store(enum rp_dtype dt, void *base, size_t i, double v)
 {
 	float f = (float)v;
 	uint16_t h;
+	int32_t i32;
+	int64_t i64;
+	uint8_t u8;
 
+	switch (dt) {
+	case RP_DTYPE_F64:
+		memcpy((char *)base + 8 * i, &v, 8);
+		return v;
+	case RP_DTYPE_I32:
+		i32 = (int32_t)int_of(v, INT32_MIN, INT32_MAX);
+		memcpy((char *)base + 4 * i, &i32, 4);
+		return i32;
+	case RP_DTYPE_I64:
+		i64 = int_of(v, INT64_MIN, INT64_MAX);
+		memcpy((char *)base + 8 * i, &i64, 8);
+		return (double)i64;
+	case RP_DTYPE_U8:
+		u8 = (uint8_t)int_of(v, 0, UINT8_MAX);
+		memcpy((char *)base + i, &u8, 1);
+		return u8;
+	default:
+		break;
+	}
 	if (dt == RP_DTYPE_F32) {
 		memcpy((char *)base + 4 * i, &f, 4);
 	} else {
@@ -125,9 +216,21 @@ void tl_poison(enum rp_dtype dt, void *base, size_t count)
 {
 	const uint32_t p32 = POISON_F32;
 	const uint16_t p16 = dt == RP_DTYPE_F16 ? POISON_F16 : POISON_BF16;
+	const uint64_t p64 = POISON_F64;
+	const int32_t pi32 = POISON_I32;
+	const int64_t pi64 = POISON_I64;
+	const uint8_t pu8 = POISON_U8;
 
 	for (size_t i = 0; i < count; i++) {
-		if (dt == RP_DTYPE_F32) {
+		if (dt == RP_DTYPE_F64) {
+			memcpy((char *)base + 8 * i, &p64, 8);
+		} else if (dt == RP_DTYPE_I32) {
+			memcpy((char *)base + 4 * i, &pi32, 4);
+		} else if (dt == RP_DTYPE_I64) {
+			memcpy((char *)base + 8 * i, &pi64, 8);
+		} else if (dt == RP_DTYPE_U8) {
+			memcpy((char *)base + i, &pu8, 1);
+		} else if (dt == RP_DTYPE_F32) {
 			memcpy((char *)base + 4 * i, &p32, 4);
 		} else {
 			memcpy((char *)base + 2 * i, &p16, 2);
@@ -139,7 +242,27 @@ bool tl_is_poison(enum rp_dtype dt, const void *base, size_t i)
 {
 	uint32_t x32;
 	uint16_t x16;
+	uint64_t x64;
+	int32_t i32;
+	int64_t i64;
+	uint8_t u8;
 
+	switch (dt) {
+	case RP_DTYPE_F64:
+		memcpy(&x64, (const char *)base + 8 * i, 8);
+		return x64 == POISON_F64;
+	case RP_DTYPE_I32:
+		memcpy(&i32, (const char *)base + 4 * i, 4);
+		return i32 == POISON_I32;
+	case RP_DTYPE_I64:
+		memcpy(&i64, (const char *)base + 8 * i, 8);
+		return i64 == POISON_I64;
+	case RP_DTYPE_U8:
+		memcpy(&u8, (const char *)base + i, 1);
+		return u8 == POISON_U8;
+	default:
+		break;
+	}
 	if (dt == RP_DTYPE_F32) {
 		memcpy(&x32, (const char *)base + 4 * i, 4);
 		return x32 == POISON_F32;

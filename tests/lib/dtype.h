@@ -1,14 +1,16 @@
 /* Elements as the tests store and read them, independent of the code under
  * test: f32, f16 and bf16 to and from double, rounding to nearest even, and
- * the NaN that marks an element nobody may write. Sizes and names are
- * proto's (rp_dtype_size, rp_dtype_name). */
+ * the NaN that marks an element nobody may write; f64 as is, and i32, i64
+ * and u8 truncated toward zero and saturated (their poison a value no test
+ * draws). Sizes and names are proto's (rp_dtype_size, rp_dtype_name). */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
 #include "proto/operand.h"
 
-/* Relative spacing of the type: 2^-23, 2^-10, 2^-7. */
+/* Relative spacing of the type: 2^-23, 2^-10, 2^-7, 2^-52 (f64); 0 for
+ * integers. */
 double tl_dtype_eps(enum rp_dtype dt);
 /* Spacing of its smallest (subnormal) values: the rounding error a result
  * near zero may carry whatever its magnitude. */

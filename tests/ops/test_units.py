@@ -109,7 +109,7 @@ def config_checks(regend, sysd, tmp):
                 lines.append(line)
     expected = {"socket", "backend", "devices", "admin_group", "drain_deadline_ms", "fault_injection",
                 "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers", "max_comms",
-                "max_scratch_mib", "gemm_plans_max"}
+                "max_scratch_mib", "gemm_plans_max", "max_programs", "max_program_nodes", "rtc_cache_dir"}
     check(set(keys) == expected, "regend.conf documents keys %r, want %r" % (sorted(keys), sorted(expected)))
     full = os.path.join(tmp, "regend-all-keys.conf")
     with open(full, "w") as f:

@@ -596,6 +596,11 @@ static const struct bad_case bad_cases[] = {
 	  PARAM, "tensors[0].shape", NULL },
 	{ "unknown dtype", "{'tensors':[{'name':'h','kind':'input','dtype':'f8','shape':[3]}],'nodes':[]}",
 	  PARAM, "tensors[0].dtype", NULL },
+	{ "empty dtype", "{'tensors':[{'name':'h','kind':'input','dtype':'','shape':[3]}],'nodes':[]}",
+	  PARAM, "tensors[0].dtype", NULL },
+	{ "empty base", "{'tensors':[{'name':'v','kind':'view','base':'','shape':[3]}],'nodes':[]}",
+	  PARAM, "tensors[0].base", NULL },
+	{ "empty op", "{'tensors':[],'nodes':[{'op':''}]}", PARAM, "nodes[0].op", NULL },
 	{ "unknown kind", "{'tensors':[{'name':'h','kind':'weight','dtype':'f32','shape':[3]}],'nodes':[]}",
 	  PARAM, "tensors[0].kind", NULL },
 	{ "unknown tensor field", "{'tensors':[{'name':'h','kind':'input','dtype':'f32','shape':[3],'device':0}],'nodes':[]}",
@@ -1063,6 +1068,8 @@ START_TEST(run_refuses_what_the_program_does_not_say)
 	run_bad(&p, "{'program':'p0.0.7','bind':{'x':'b0.1.1','p':{'buffer':'b0.1.2'},'y':{'buffer':'b0.1.3'}},"
 		"'scalars':{'lr':1}}", RP_ERR_INVALID_PARAMETER, "parameter", "bind.x");
 	run_bad(&p, "{'program':'p0.0.7','bind':{'x':{'buffer':'e0.1.1'},'p':{'buffer':'b0.1.2'},'y':{'buffer':'b0.1.3'}},"
+		"'scalars':{'lr':1}}", RP_ERR_INVALID_PARAMETER, "parameter", "bind.x.buffer");
+	run_bad(&p, "{'program':'p0.0.7','bind':{'x':{'buffer':''},'p':{'buffer':'b0.1.2'},'y':{'buffer':'b0.1.3'}},"
 		"'scalars':{'lr':1}}", RP_ERR_INVALID_PARAMETER, "parameter", "bind.x.buffer");
 	run_bad(&p, "{'program':'p0.0.7','bind':{'x':{'buffer':'b0.1.1','offset':-2},'p':{'buffer':'b0.1.2'},"
 		"'y':{'buffer':'b0.1.3'}},'scalars':{'lr':1}}", RP_ERR_INVALID_PARAMETER, "parameter", "bind.x.offset");

@@ -897,7 +897,7 @@ class Client:
         if deadline_ms is not None:
             params["deadline_ms"] = int(deadline_ms)
         if journal is not None:
-            params["bind"]["journal"] = binding(self, journal)
+            params["journal"] = binding(self, journal)
         if seq is not None:
             params["seq"] = int(seq)
         if retry:

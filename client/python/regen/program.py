@@ -15,7 +15,7 @@ reason of anything wrong (io.regen.InvalidProgram)."""
 
 import time
 
-from . import errors
+from . import errors, ops
 
 __all__ = ["ProgramBuilder", "Program", "run_exactly_once"]
 
@@ -70,9 +70,16 @@ class ProgramBuilder:
         """``inputs``: a list of tensor names (None for an absent optional
         one), or, for the compute ops (gemm, attention, layer_norm, ...), a
         dict from the op's operand names to tensors, outputs included."""
-        n = {"op": op, "inputs": inputs if isinstance(inputs, dict) else list(inputs)}
-        if outputs is not None:
-            n["outputs"] = list(outputs)
+        if isinstance(inputs, dict):
+            # The compute ops' operands by name, split into inputs and
+            # outputs as their table (regen.ops, from proto/) says.
+            out = {o.name for o in ops.OPS[op].operands if o.output} if op in ops.OPS else set()
+            n = {"op": op, "inputs": {k: v for k, v in inputs.items() if k not in out},
+                 "outputs": {k: v for k, v in inputs.items() if k in out}}
+        else:
+            n = {"op": op, "inputs": list(inputs)}
+            if outputs is not None:
+                n["outputs"] = list(outputs)
         if name is not None:
             n["name"] = name
         if attrs:
@@ -156,16 +163,20 @@ def run_exactly_once(client, program, bind, journal, seq, scalars=None, timeout=
     deadline = time.monotonic() + timeout
     attempt = 0
     while True:
-        b = bind() if callable(bind) else bind
-        j = journal() if callable(journal) else journal
         try:
+            # Inside: binding may import again, which a fault can fail too.
+            b = bind() if callable(bind) else bind
+            j = journal() if callable(journal) else journal
             client.run_program(program, b, scalars, journal=j, seq=seq, retry=attempt > 0)
             return attempt + 1
         except _RECOVERABLE as e:
             gen = e.parameters.get("generation") if isinstance(e.parameters, dict) else None
             want = (gen + 1) if isinstance(gen, int) and isinstance(e, (errors.DeviceLost, errors.Draining)) \
                 else (gen or 0)
-            _wait_serving(client, program.device, want, deadline)
+            gen = _wait_serving(client, program.device, want, deadline)
+            # Imports of earlier generations are gone there: forget them
+            # here, so that binding imports again.
+            client._note_generation(program.device, gen)
         except errors.NoSuchObject as e:
             if str(e.parameters.get("id")) != program.id or program.definition is None:
                 raise

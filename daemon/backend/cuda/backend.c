@@ -27,6 +27,7 @@ static cuda_enqueue_fn *const enqueue_table[CUDA_OP_KINDS] = {
 #if REGEN_HAVE_NCCL
 	[RP_OP_COMM] = cuda_comm_enqueue,
 #endif
+	[RP_OP_PROGRAM] = cuda_program_enqueue,
 };
 
 static uint64_t cuda_used_bytes(struct cuda_dev *cd)
@@ -40,6 +41,7 @@ static uint64_t cuda_used_bytes(struct cuda_dev *cd)
 	if (rd_resource_is_valid(&cd->shared_ws.res))
 		used += RD_CUDA_WORKSPACE_BYTES;
 	used += cuda_ipc_mapped_bytes(cd);
+	used += atomic_load(&cd->program_bytes);
 	return used;
 }
 
@@ -310,6 +312,8 @@ static const struct rd_backend_ops rd_backend_cuda = {
 #endif
 	.release = cuda_release,
 	.reset = cuda_reset,
+	.program_create = cuda_program_create,
+	.program_destroy = cuda_program_destroy,
 	.memory = cuda_memory,
 	.inject_fault = cuda_inject_fault,
 	.health_start = cuda_health_start,

@@ -143,6 +143,8 @@ struct cuda_dev {
 	 * their event queries back meanwhile, since each query contends with
 	 * the launch for the context's lock. */
 	_Atomic unsigned launching;
+	/* Device memory programs hold (program.c: arenas, argument blocks). */
+	_Atomic uint64_t program_bytes;
 };
 
 /* Calls a lane may have launched and not yet seen complete. A rank that

@@ -32,6 +32,7 @@
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/program_nodes.h"
 #include "proto/errors.h"
+#include "proto/program_journal.h"
 
 #define ARENA_ALIGN 64
 
@@ -167,7 +168,8 @@ int host_program_create(struct rd_device *dev, const struct rp_program *def, str
 	if (dev->max_scratch && hp->arena_size > dev->max_scratch) {
 		rp_err_limit_exceeded(err, "scratch", (long long)dev->max_scratch,
 				      "program '%s' needs %zu bytes of scratch (%zu for its intermediates, %zu for its "
-				      "largest node's workspace), more than the %llu one call may take (max_scratch_mib)",
+				      "largest node's workspace), more than the %llu one call may take: raise max_scratch_mib or "
+				      "split the program",
 				      def->name, hp->arena_size, intermediates, hp->workspace_size,
 				      (unsigned long long)dev->max_scratch);
 		program_free(hp);
@@ -198,8 +200,8 @@ static int take_arena(struct host_program *hp, struct rp_error *err)
 				     hp->base.def->name, hp->arena_size);
 		return -ENOMEM;
 	}
-	/* Zeroed once: whatever a definition leaves unwritten reads the
-	 * same every Run. */
+	/* Zeroed when taken: nothing of another program's or an earlier
+	 * allocation's memory shows through an intermediate. */
 	memset(hp->arena, 0, hp->arena_size);
 	hp->base.scratch_bytes = hp->arena_size;
 	atomic_fetch_add(&hd(dev)->scratch_bytes, hp->arena_size);
@@ -264,7 +266,7 @@ static int run_nodes(void *arg)
 	struct run_state *st = arg;
 	struct host_program *hp = st->hp;
 	const struct rp_program *def = hp->base.def;
-	void *ws = (char *)hp->arena + hp->workspace_offset;
+	void *ws = hp->workspace_size ? (char *)hp->arena + hp->workspace_offset : NULL;
 	int t[RD_HOST_DATA_TENSORS_MAX];
 	int r;
 
@@ -277,6 +279,16 @@ static int run_nodes(void *arg)
 	}
 	for (int k = 0; k < def->nnodes; k++) {
 		st->node = k;
+		/* A fault (an injected device_lost) ends the Run between two
+		 * nodes, as a real one ends a graph between two kernels: what
+		 * the nodes before wrote stays written. */
+		if (atomic_load(&hd(hp->base.device)->lost)) {
+			rp_error_set(st->err, RP_ERR_DEVICE_LOST,
+				     "device %d lost its context during program '%s', before node %d '%s'; %s",
+				     hp->base.device->index, def->name, k, def->nodes[k].name,
+				     k ? OUTCOME_PART : OUTCOME_NOTHING);
+			return -EIO;
+		}
 		if (!hp->check_first[k] && rd_host_node_data_tensors(def, k, t) > 0) {
 			r = rd_host_node_check(def, k, hp->addr, k ? OUTCOME_PART : OUTCOME_NOTHING, st->err);
 			if (r < 0)
@@ -338,9 +350,78 @@ static void report(const struct run_state *st, const struct rd_program_run *run,
 	}
 }
 
+/* The journal's copies of the inouts (proto/program_journal.h): saved
+ * before the first node, put back by a retry of a Run that saved them. */
+static void journal_copy(const struct host_program *hp, const struct rd_program_run *run, char *journal, bool save)
+{
+	const struct rp_program *def = hp->base.def;
+
+	for (int b = 0; b < def->nbound; b++) {
+		const struct rp_prog_tensor *t = &def->tensors[def->bind[b]];
+		char *slot = journal + rp_program_journal_offset(def, b);
+		char *mem = (char *)run->buffers[b]->ptr + run->offsets[b];
+
+		if (t->kind == RP_PT_INOUT)
+			memcpy(save ? slot : mem, save ? mem : slot, t->extent_bytes);
+	}
+}
+
+static void journal_mark(char *journal, uint64_t seq, enum rp_prog_journal_state state)
+{
+	struct rp_prog_journal_header h = { RP_PROG_JOURNAL_MAGIC, seq, state, 0 };
+
+	memcpy(journal, &h, sizeof(h));
+}
+
+/* A retry: 1 when the Run it retries was applied whole; 0 to run (the
+ * inouts put back where it had saved them). */
+static int journal_recover(struct host_program *hp, const struct rd_program_run *run, char *journal)
+{
+	struct rp_prog_journal_header h;
+
+	memcpy(&h, journal, sizeof(h));
+	if (h.magic != RP_PROG_JOURNAL_MAGIC || h.seq != run->seq)
+		return 0;
+	if (h.state == RP_JOURNAL_DONE) {
+		hp->base.retries_applied++;
+		return 1;
+	}
+	if (h.state == RP_JOURNAL_SAVED) {
+		journal_copy(hp, run, journal, false);
+		hp->base.retries_restored++;
+	}
+	return 0;
+}
+
+struct journaled_run {
+	struct run_state *st;
+	const struct rd_program_run *run;
+	char *journal;
+};
+
+/* The nodes, and around them what a journal asks; under the SIGBUS guard
+ * like every touch of client memory. */
+static int run_journaled(void *arg)
+{
+	struct journaled_run *jr = arg;
+	struct host_program *hp = jr->st->hp;
+	int r;
+
+	if (jr->journal && jr->run->retry && journal_recover(hp, jr->run, jr->journal) > 0)
+		return 1;
+	if (jr->journal) {
+		journal_copy(hp, jr->run, jr->journal, true);
+		journal_mark(jr->journal, jr->run->seq, RP_JOURNAL_SAVED);
+	}
+	r = run_nodes(jr->st);
+	if (r == 0 && jr->journal)
+		journal_mark(jr->journal, jr->run->seq, RP_JOURNAL_DONE);
+	return r;
+}
+
 void host_program_run(struct rd_op *op)
 {
-	const struct rd_program_run *run = op->run;
+	struct rd_program_run *run = op->run;
 	struct host_program *hp = (struct host_program *)run->prog;
 	struct run_state st = { hp, &op->err, -1 };
 	const uint64_t start = rd_now_ns();
@@ -352,13 +433,20 @@ void host_program_run(struct rd_op *op)
 	if (r == 0)
 		r = resolve(hp, run, &op->err);
 	if (r == 0) {
-		r = rd_host_guarded(run_nodes, &st, &fault);
+		struct journaled_run jr = {
+			&st, run, run->journal ? (char *)run->journal->ptr + run->journal_offset : NULL,
+		};
+
+		r = rd_host_guarded(run_journaled, &jr, &fault);
+		if (r > 0) {
+			run->already_done = true;
+			r = 0;
+		}
 		if (r < 0 && !op->err.name)
 			report(&st, run, r, fault, &op->err);
 	}
 	trim_arena(hp);
-	hp->base.runs++;
 	hp->base.stream_runs++;
-	hp->base.run_us += (rd_now_ns() - start) / 1000u;
+	hp->base.launch_ns += rd_now_ns() - start;
 	pthread_mutex_unlock(&hp->lock);
 }

@@ -319,20 +319,18 @@ static int run_pointwise(const struct rp_program *p, const struct rp_prog_node *
 		for (int d = 0; d < rank; d++)
 			in[i].strides[d] = d < lead || t->shape[d - lead] == 1 ? 0 : t->strides[d - lead];
 	}
-	/* The arguments in the function's order, the constant in its place. */
+	/* The arguments in the function's order, the constant in its place:
+	 * a binary op's second (first with scalar_first), where's b (a), or
+	 * fill's only one. */
+	int scalar_at = -1;
+
 	if (n->pw.has_scalar) {
 		for (int t = 0; t < CHUNK; t++)
 			scalar[t] = n->pw.scalar;
-		if (n->pw.scalar_first)
-			args[k++] = scalar;
-		for (int i = 0; i < ntensor; i++)
-			args[k++] = buf[i];
-		if (!n->pw.scalar_first)
-			args[k++] = scalar;
-	} else {
-		for (int i = 0; i < ntensor; i++)
-			args[k++] = buf[i];
+		scalar_at = fn == RP_PW_WHERE ? (n->pw.scalar_first ? 1 : 2) : n->pw.scalar_first ? 0 : ntensor;
 	}
+	for (int i = 0; k < ntensor + (scalar_at >= 0); k++)
+		args[k] = k == scalar_at ? scalar : buf[i++];
 
 	const int64_t inner = shape[rank - 1];
 	const int64_t outer = numel_of(o, o->rank) / inner;

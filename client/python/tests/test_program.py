@@ -1,0 +1,313 @@
+"""io.regen.Program against a real regend (host backend): a program defined
+once and run per step, its numbers against float64, what Define and Run
+refuse and how they name it, that a program is its process's alone, that
+its definition outlives a generation change, its limits, and 100 AdamW
+steps with device_lost faults injected at random points ending bit-identical
+to the same steps without faults."""
+
+import math
+import os
+import random
+import struct
+import sys
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
+import regen  # noqa: E402
+from regen.host import HostTensor  # noqa: E402
+from regen.program import run_exactly_once  # noqa: E402
+from regend_fixture import Regend, find_regend  # noqa: E402
+
+daemon = None
+
+
+def setUpModule():
+    global daemon
+    if not find_regend():
+        raise unittest.SkipTest("no regend (pass --regend or set REGEN_BUILD_ROOT)")
+    daemon = Regend(devices=1, extra=["--max-programs", "4"])
+
+
+def tearDownModule():
+    if daemon is not None:
+        daemon.stop()
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def mlp_definition(M, K, N):
+    """y = gelu_tanh(x w1^T + b1) w2^T, and the sum of y's rows."""
+    p = regen.ProgramBuilder("mlp")
+    x, w1, b1, w2 = p.input("x", "f32", (M, K)), p.input("w1", "f32", (N, K)), p.input("b1", "f32", (N,)), \
+        p.input("w2", "f32", (K, N))
+    h, a = p.intermediate("h", "f32", (M, N)), p.intermediate("a", "f32", (M, N))
+    y, s = p.output("y", "f32", (M, K)), p.output("s", "f32", (K,))
+    p.node("gemm", {"a": x, "b": w1, "bias": b1, "d": h}, name="fc1", trans_b=True, epilogue="bias")
+    p.node("gelu_tanh", [h], [a], name="act")
+    p.node("gemm", {"a": a, "b": w2, "d": y}, name="fc2", trans_b=True)
+    p.node("sum", [y], [s], name="colsum", axis="leading")
+    return p.definition()
+
+
+class ProgramTest(unittest.TestCase):
+    def setUp(self):
+        self.c = regen.Client(daemon.socket, timeout=60)
+        self.rng = random.Random(self.id() + str(os.getpid()))
+        self.tensors = []
+
+    def tearDown(self):
+        self.c.close()
+        for t in self.tensors:
+            t.close()
+
+    def tensor(self, shape, fill=True, dtype="f32"):
+        t = HostTensor.random(shape, dtype, self.rng) if fill else HostTensor(shape, dtype)
+        t.import_into(self.c, 0)
+        self.tensors.append(t)
+        return t
+
+    def test_mlp_against_float64(self):
+        M, K, N = 7, 12, 9
+        t = {n: self.tensor(s) for n, s in (("x", (M, K)), ("w1", (N, K)), ("b1", (N,)), ("w2", (K, N)))}
+        t["y"], t["s"] = self.tensor((M, K), False), self.tensor((K,), False)
+        prog = self.c.define_program(0, mlp_definition(M, K, N))
+        self.assertEqual(prog.bound, ["x", "w1", "b1", "w2", "y", "s"])
+        for run in range(3):
+            t["x"].write([self.rng.uniform(-1, 1) for _ in range(M * K)])
+            self.c.run_program(prog, {n: v.op for n, v in t.items()})
+            x, w1, b1, w2 = (t[n].read() for n in ("x", "w1", "b1", "w2"))
+            ref = []
+            for i in range(M):
+                a = [gelu_tanh(sum(x[i * K + k] * w1[j * K + k] for k in range(K)) + b1[j]) for j in range(N)]
+                ref.append([sum(a[j] * w2[o * N + j] for j in range(N)) for o in range(K)])
+            y, s = t["y"].read(), t["s"].read()
+            for i in range(M):
+                for o in range(K):
+                    self.assertAlmostEqual(y[i * K + o], ref[i][o], delta=1e-5 * (1 + abs(ref[i][o])))
+            for o in range(K):
+                want = sum(ref[i][o] for i in range(M))
+                self.assertAlmostEqual(s[o], want, delta=1e-5 * (1 + abs(want)))
+        st = self.c.program_status(0, prog)[0]
+        self.assertEqual((st["runs"], st["nodes"], st["name"]), (3, 4, "mlp"))
+        self.c.drop_program(prog)
+
+    def test_define_names_the_node_and_why(self):
+        p = regen.ProgramBuilder("bad")
+        x, y = p.input("x", "f32", (4, 8)), p.output("y", "f32", (4, 9))
+        p.node("relu", [x], [y], name="act")
+        with self.assertRaises(regen.InvalidProgram) as e:
+            self.c.define_program(0, p.definition())
+        self.assertIn("act", e.exception.parameters["node"])
+        # Read before anything wrote it.
+        p = regen.ProgramBuilder("bad2")
+        x, t, y = p.input("x", "f32", (4,)), p.intermediate("t", "f32", (4,)), p.output("y", "f32", (4,))
+        p.node("add", [x, t], [y], name="early")
+        p.node("exp", [x], [t], name="late")
+        with self.assertRaises(regen.InvalidProgram) as e:
+            self.c.define_program(0, p.definition())
+        self.assertIn("early", e.exception.parameters["node"])
+        with self.assertRaises(regen.InvalidParameter):
+            self.c.define_program(0, {"tensors": [], "nodes": [{"op": "frobnicate"}], "extra": 1})
+
+    def test_run_checks_every_binding(self):
+        x, y, small = self.tensor((16,)), self.tensor((16,), False), self.tensor((15,), False)
+        p = regen.ProgramBuilder("neg")
+        p.input("x", "f32", (16,))
+        p.output("y", "f32", (16,))
+        p.node("neg", ["x"], ["y"])
+        prog = self.c.define_program(0, p.definition())
+        before = y.read()
+        with self.assertRaises(regen.InvalidParameter):
+            self.c.run_program(prog, {"x": x.op})                      # y not bound
+        with self.assertRaises(regen.InvalidParameter):
+            self.c.run_program(prog, {"x": x.op, "y": y.op, "z": y.op})   # no tensor z
+        with self.assertRaises(regen.InvalidOperand):
+            self.c.run_program(prog, {"x": x.op, "y": small.op})      # 60 bytes for 64
+        with self.assertRaises(regen.InvalidOperand):
+            self.c.run_program(prog, {"x": x.op, "y": (y.buffer, 4)})   # past the end
+        self.assertEqual(y.read(), before, "a refused Run wrote something")
+        self.c.run_program(prog, {"x": x.op, "y": y.op})
+        self.assertEqual(y.read(), [-v for v in x.read()])
+        self.c.drop_program(prog)
+        with self.assertRaises(regen.NoSuchObject):
+            self.c.run_program(prog, {"x": x.op, "y": y.op})
+
+    def test_a_program_is_its_process_alone(self):
+        p = regen.ProgramBuilder("mine")
+        p.input("x", "f32", (4,))
+        p.output("y", "f32", (4,))
+        p.node("exp", ["x"], ["y"])
+        prog = self.c.define_program(0, p.definition())
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                other = regen.Client(daemon.socket, timeout=30)
+                try:
+                    other.drop_program(prog)
+                except regen.NoSuchObject:
+                    try:
+                        other.program_status(0, prog)
+                    except regen.NoSuchObject:
+                        code = 0 if other.program_status(0) == [] else 2
+            finally:
+                os.write(w, bytes([code]))
+                os._exit(0)
+        os.waitpid(pid, 0)
+        self.assertEqual(os.read(r, 1), b"\0", "another process named this process's program")
+        os.close(r)
+        os.close(w)
+        self.assertEqual(len(self.c.program_status(0, prog)), 1)
+        self.c.drop_program(prog)
+
+    def test_a_definition_outlives_a_generation(self):
+        p = regen.ProgramBuilder("keep")
+        p.input("x", "f32", (8,))
+        p.output("y", "f32", (8,))
+        p.node("mul", ["x"], ["y"], scalar=3.0)
+        prog = self.c.define_program(0, p.definition())
+        x, y = self.tensor((8,)), self.tensor((8,), False)
+        self.c.run_program(prog, {"x": x.op, "y": y.op})
+        self.c.release(0, reason="test_program")
+        # Old buffer ids are stale; the program id is not.
+        with self.assertRaises(regen.StaleGeneration):
+            self.c.run_program(prog, {"x": x.op, "y": y.op})
+        x.import_into(self.c, 0)
+        y.import_into(self.c, 0)
+        y.write([0.0] * 8)
+        self.c.run_program(prog, {"x": x.op, "y": y.op})
+        self.assertEqual(y.read(), [struct.unpack("f", struct.pack("f", 3.0 * v))[0] for v in x.read()])
+        self.c.drop_program(prog)
+
+    def test_max_programs(self):
+        p = regen.ProgramBuilder("n")
+        p.input("x", "f32", (2,))
+        p.output("y", "f32", (2,))
+        p.node("neg", ["x"], ["y"])
+        progs = [self.c.define_program(0, p.definition()) for _ in range(4)]
+        with self.assertRaises(regen.LimitExceeded) as e:
+            self.c.define_program(0, p.definition())
+        self.assertEqual(e.exception.parameters.get("resource"), "programs")
+        self.c.drop_program(progs[0])
+        progs[0] = self.c.define_program(0, p.definition())
+        for q in progs:
+            self.c.drop_program(q)
+
+
+def adamw_definition(shapes):
+    p = regen.ProgramBuilder("adamw")
+    step, lr = p.scalar("step"), p.scalar("lr")
+    for i, s in enumerate(shapes):
+        w, g = p.inout(f"w{i}", "f32", s), p.input(f"g{i}", "f32", s)
+        m, v = p.inout(f"m{i}", "f32", s), p.inout(f"v{i}", "f32", s)
+        p.node("adamw", [w, g, m, v], [], name=f"opt{i}", lr=lr, step=step, weight_decay=0.01)
+    return p.definition()
+
+
+class ExactlyOnceTest(unittest.TestCase):
+    """100 AdamW steps through one program with a journal, device_lost
+    injected at random points of random steps, end bit-identical to the
+    same 100 steps without a fault."""
+
+    SHAPES = [(256, 256), (256,), (512, 128)]
+    STEPS = 100
+    # Gradients: a few blobs made once and taken in turn (the same in
+    # both trainings), so that the device, not Python, takes the time and
+    # the faults land inside Runs.
+    BLOBS = 5
+
+    def train(self, faults):
+        c = regen.Client(daemon.socket, timeout=60)
+        rng = random.Random(7)
+        state = {}
+        for i, s in enumerate(self.SHAPES):
+            n = math.prod(s)
+            state[f"w{i}"] = HostTensor(s)
+            state[f"w{i}"].write([rng.uniform(-1, 1) for _ in range(n)])
+            state[f"m{i}"], state[f"v{i}"], state[f"g{i}"] = HostTensor(s), HostTensor(s), HostTensor(s)
+            for k in ("m", "v"):
+                state[f"{k}{i}"].write([0.0] * n)
+        prog = c.define_program(0, adamw_definition(self.SHAPES))
+        self.assertGreater(prog.journal_bytes, 0)
+        journal = HostTensor((prog.journal_bytes // 4,))
+        gen = {"seen": None}
+
+        def bind():
+            # A fault made every import stale: import again once per
+            # generation.
+            now = c.generation()["devices"][0]["generation"]
+            if gen["seen"] != now:
+                for t in list(state.values()) + [journal]:
+                    t.import_into(c, 0)
+                gen["seen"] = now
+            return {n: t.op for n, t in state.items()}
+
+        from regen.host import pack
+        blobs = []
+        for b in range(self.BLOBS):
+            grng = random.Random(1000 + b)
+            blobs.append([pack("f32", [grng.gauss(0, 1) for _ in range(math.prod(s))]) for s in self.SHAPES])
+        stop = threading.Event()
+        injected = [0]
+
+        def injector():
+            r = random.Random(11)
+            admin = regen.Client(daemon.socket, timeout=60)
+            while not stop.is_set():
+                time.sleep(r.uniform(0.01, 0.15))
+                try:
+                    admin.inject_fault(0, "device_lost")
+                    injected[0] += 1
+                except regen.Error:
+                    pass
+            admin.close()
+
+        th = threading.Thread(target=injector) if faults else None
+        if th:
+            th.start()
+        attempts = 0
+        try:
+            for step in range(1, self.STEPS + 1):
+                for i in range(len(self.SHAPES)):
+                    os.pwrite(state[f"g{i}"].fd, blobs[step % self.BLOBS][i], 0)
+                attempts += run_exactly_once(c, prog, bind, lambda: journal.op, seq=step,
+                                             scalars={"step": step, "lr": 1e-2})
+        finally:
+            stop.set()
+            if th:
+                th.join()
+        out = {n: t.read() for n, t in state.items() if not n.startswith("g")}
+        st = c.program_status(0, prog)[0]
+        c.close()
+        for t in list(state.values()) + [journal]:
+            t.close()
+        return out, attempts, injected[0], st
+
+    def test_faults_change_no_bit(self):
+        clean, attempts, _, _ = self.train(faults=False)
+        self.assertEqual(attempts, self.STEPS)
+        faulted, attempts, injected, st = self.train(faults=True)
+        self.assertGreater(injected, 3, "too few faults landed to mean anything")
+        self.assertGreater(attempts, self.STEPS, "no Run was interrupted and retried")
+        # Some fault landed inside a Run, after it had saved the state:
+        # its retry had to put the state back (what makes this test fail
+        # where a retry simply runs again).
+        self.assertGreater(st["retries_restored"], 0, f"no retry restored the journal ({st})")
+        for name in clean:
+            # Compared bit for bit, as bytes (a list diff of this size would
+            # take unittest minutes to print).
+            a, b = struct.pack(f"{len(clean[name])}f", *clean[name]), struct.pack(f"{len(faulted[name])}f", *faulted[name])
+            differ = sum(1 for i in range(0, len(a), 4) if a[i:i + 4] != b[i:i + 4])
+            self.assertEqual(differ, 0, f"{name}: {differ} elements differ after {injected} faults "
+                                        f"({st['retries_restored']} retries restored the journal)")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,562 @@
+/* Programs on the CUDA backend: a Run is one call on the lane, its steps
+ * (daemon/program/plan.h: library calls through the same enqueue functions
+ * as io.regen.Compute's, and kernels regend wrote and compiled with NVRTC)
+ * launched as one CUDA graph.
+ *
+ * What a program holds on the device is one registry resource per program,
+ * its generation state: the arena (intermediates and the library calls'
+ * workspace: the graph's own memory, seed 001), the argument block its
+ * kernels read the Run's addresses and scalars from, the loaded kernels,
+ * and the graph exec. Release destroys them (the registry walks backwards,
+ * so before the pool and the handles they were built on), a reset forgets
+ * them, and the next Run makes them again; the plan and the kernels'
+ * compiled images are host memory and outlive generations.
+ *
+ * Rebinding without capturing again: the kernels read every address from
+ * the argument block, which each Run writes before it launches the graph,
+ * so a Run that binds other buffers replays the same graph. The library
+ * calls (cuBLASLt, cuDNN) take their pointers at capture: their bound
+ * operands' addresses are the graph's key, and a Run that changes one
+ * captures again and updates the exec in place (cudaGraphExecUpdate). A
+ * training loop binds the same weights and activations step after step.
+ *
+ * The first Runs of a generation go on the stream, step by step: they build
+ * the library calls' plans (cuBLASLt's heuristic, cuDNN's graphs and their
+ * tuning), which a capture must not do. A capture that fails leaves the
+ * program on the stream for the generation, with why in not_captured.
+ *
+ * Runs of one program on two lanes share its arena: a Run waits for the
+ * program's last Run, on whichever lane that was. */
+#include "regen-config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/backend/cuda/common.h"
+#include "proto/errors.h"
+#include "proto/program_journal.h"
+
+/* Runs on the stream before the first capture of a generation: the
+ * library calls' plans are built and tuned by then. */
+#define PROGRAM_EAGER_RUNS 2
+/* The library calls' workspace inside the arena, for a program that has
+ * any: GEMMs take at most RD_CUDA_WORKSPACE_BYTES; attention's plans say
+ * theirs, checked at the call (a larger one fails by name). */
+#define PROGRAM_WORKSPACE_BYTES ((size_t)64 << 20)
+
+struct cuda_program;
+
+/* The device part of a program, for one generation. */
+struct cuda_program_state {
+	struct rd_resource res;
+	struct cuda_program *prog;
+	void *arena;                    /* intermediates, then the workspace */
+	size_t arena_bytes;
+	void *workspace;
+	size_t workspace_bytes;
+	void *args;                     /* device copy of the argument block */
+	cudaGraphExec_t exec;
+	uint64_t *exec_key;             /* the library operands' addresses the exec was captured with */
+	unsigned runs;                  /* Runs this generation */
+	bool no_capture;                /* a capture failed this generation */
+	cudaEvent_t last_run;           /* recorded after each Run */
+	struct cuda_lane *last_lane;
+};
+
+struct cuda_program {
+	struct rd_program base;
+	struct cuda_dev *cd;
+	struct rd_prog_plan plan;       /* host: outlives generations */
+	/* By step: the modules of the steps regend writes (registry
+	 * resources, registered before the state, so released after it). */
+	struct cuda_rtc_module *modules;
+	struct cuda_program_state state;
+	pthread_mutex_t lock;           /* one Run enqueued at a time */
+	/* The argument block as each Run fills it (host side), and the bound
+	 * roots' addresses it is filled from. After the kernels' part
+	 * (args_kernels bytes), the two journal headers a Run with a journal
+	 * writes (SAVED, DONE), copied from there on the device. */
+	void *args_host;
+	size_t args_bytes, args_kernels;
+	void **bound;
+	size_t workspace_bytes;         /* 0 without library steps */
+	unsigned nkey;                  /* entries of the graph's key */
+	uint64_t *key;                  /* this Run's */
+};
+
+static void state_free_device(struct cuda_program_state *st, bool release)
+{
+	if (release) {
+		if (st->exec)
+			cudaGraphExecDestroy(st->exec);
+		if (st->last_run)
+			cudaEventDestroy(st->last_run);
+		cudaFree(st->arena);
+		cudaFree(st->args);
+	}
+	st->exec = NULL;
+	st->last_run = NULL;
+	st->arena = st->workspace = st->args = NULL;
+	st->last_lane = NULL;
+	st->runs = 0;
+	st->no_capture = false;
+	if (st->exec_key)
+		memset(st->exec_key, 0, st->prog->nkey * sizeof(uint64_t));
+	atomic_fetch_sub(&st->prog->cd->program_bytes, st->prog->base.scratch_bytes);
+	st->prog->base.scratch_bytes = 0;
+}
+
+static int state_init(struct rd_resource *res)
+{
+	struct cuda_program_state *st = (struct cuda_program_state *)res;
+	struct cuda_program *p = st->prog;
+	cudaError_t e_;
+
+	e_ = cudaSetDevice(p->cd->dev->index);
+	if (e_ != cudaSuccess)
+		return STATUS_CUDA("cudaSetDevice");
+	st->arena_bytes = p->plan.arena_bytes + p->workspace_bytes;
+	e_ = cudaMalloc(&st->arena, st->arena_bytes);
+	if (e_ != cudaSuccess)
+		return STATUS_CUDA("the program's arena");
+	st->workspace = (char *)st->arena + p->plan.arena_bytes;
+	st->workspace_bytes = p->workspace_bytes;
+	e_ = cudaMalloc(&st->args, p->args_bytes);
+	if (e_ == cudaSuccess)
+		e_ = cudaEventCreateWithFlags(&st->last_run, cudaEventDisableTiming);
+	if (e_ != cudaSuccess) {
+		int r = STATUS_CUDA("the program's argument block");
+		state_free_device(st, true);
+		return r;
+	}
+	p->base.scratch_bytes = st->arena_bytes + p->args_bytes;
+	atomic_fetch_add(&p->cd->program_bytes, p->base.scratch_bytes);
+	return 0;
+}
+
+static void state_release(struct rd_resource *res)
+{
+	struct cuda_program_state *st = (struct cuda_program_state *)res;
+
+	cudaSetDevice(st->prog->cd->dev->index);
+	state_free_device(st, true);
+}
+
+static void state_invalidate(struct rd_resource *res)
+{
+	state_free_device((struct cuda_program_state *)res, false);
+}
+
+static const struct rd_resource_ops state_ops = {
+	.kind = "program", .init = state_init, .release = state_release, .invalidate = state_invalidate,
+};
+
+/* The host part, once nothing of it is registered. */
+static void program_free(struct cuda_program *p)
+{
+	rd_prog_plan_finish(&p->plan);
+	free(p->args_host);
+	free(p->bound);
+	free(p->modules);
+	free(p->key);
+	free(p->state.exec_key);
+	pthread_mutex_destroy(&p->lock);
+	free(p);
+}
+
+int cuda_program_create(struct rd_device *dev, const struct rp_program *def, struct rd_program **out,
+			struct rp_error *err)
+{
+	struct cuda_program *p = calloc(1, sizeof(*p));
+	int r;
+
+	if (!p) {
+		rp_err_out_of_memory(err, dev->index, "no host memory for the program");
+		return -ENOMEM;
+	}
+	p->cd = cuda_dev_of(dev);
+	p->base.device = dev;
+	pthread_mutex_init(&p->lock, NULL);
+	r = rd_prog_plan_build(def, &p->plan, err);
+	if (r < 0)
+		goto fail;
+	p->base.kernels = (uint64_t)p->plan.nsteps;
+	for (int i = 0; i < p->plan.nsteps; i++)
+		if (p->plan.steps[i].kind == RD_STEP_LIBRARY)
+			p->workspace_bytes = PROGRAM_WORKSPACE_BYTES;
+	/* What it holds on the device while it lives: bounded as one call's
+	 * scratch is. */
+	if (dev->max_scratch && p->plan.arena_bytes + p->workspace_bytes > dev->max_scratch) {
+		rp_err_limit_exceeded(err, "scratch", (long long)dev->max_scratch,
+				      "program '%s' needs %llu bytes of device scratch (its intermediates and its "
+				      "library calls' workspace), more than max_scratch_mib allows; raise it or split "
+				      "the program", def->name,
+				      (unsigned long long)(p->plan.arena_bytes + p->workspace_bytes));
+		r = -E2BIG;
+		goto fail;
+	}
+	p->args_kernels = rp_prog_journal_align(rd_prog_args_size(&p->plan));
+	p->args_bytes = p->args_kernels + 2 * sizeof(struct rp_prog_journal_header);
+	p->args_host = calloc(1, p->args_bytes);
+	p->bound = calloc((size_t)def->nbound + 1, sizeof(void *));
+	p->modules = calloc((size_t)p->plan.nsteps + 1, sizeof(*p->modules));
+	/* The journal's address and the inouts' (its copies take them at
+	 * capture), then the library calls' operands'. */
+	p->nkey = 1;
+	for (int b = 0; b < def->nbound; b++)
+		p->nkey += def->tensors[def->bind[b]].kind == RP_PT_INOUT;
+	for (int i = 0; i < p->plan.nsteps; i++)
+		if (p->plan.steps[i].kind == RD_STEP_LIBRARY)
+			p->nkey += (unsigned)def->nodes[p->plan.steps[i].first_node].compute.spec->noperands;
+	p->key = calloc((size_t)p->nkey + 1, sizeof(uint64_t));
+	p->state.exec_key = calloc((size_t)p->nkey + 1, sizeof(uint64_t));
+	if (!p->args_host || !p->bound || !p->modules || !p->key || !p->state.exec_key) {
+		rp_err_out_of_memory(err, dev->index, "no host memory for the program");
+		r = -ENOMEM;
+		goto fail;
+	}
+	/* Compiled when the first Run needs them, on the lane's thread: a
+	 * compile takes far longer than the worker's loop may wait. */
+	for (int i = 0; i < p->plan.nsteps; i++)
+		if (p->plan.steps[i].kind != RD_STEP_LIBRARY)
+			cuda_rtc_module_init(p->cd, &p->modules[i], &p->plan.steps[i]);
+	p->state.prog = p;
+	rd_resource_register(&dev->registry, &p->state.res, &state_ops);
+	*out = &p->base;
+	return 0;
+fail:
+	program_free(p);
+	return r;
+}
+
+void cuda_program_destroy(struct rd_program *prog)
+{
+	struct cuda_program *p = (struct cuda_program *)prog;
+
+	if (!p)
+		return;
+	rd_resource_unregister(&p->state.res);
+	for (int i = 0; i < p->plan.nsteps; i++)
+		if (p->plan.steps[i].kind != RD_STEP_LIBRARY)
+			cuda_rtc_module_finish(&p->modules[i]);
+	program_free(p);
+}
+
+/* One library step (a compute node) as the enqueue functions of
+ * io.regen.Compute take it: each operand's tensor as a buffer of its own
+ * whose memory starts where the tensor does. */
+static int enqueue_library(struct cuda_lane *lane, struct cuda_program *p, const struct rp_prog_node *node,
+			   struct rp_error *err)
+{
+	struct rd_buffer views[RP_OP_OPERANDS_MAX];
+	struct rd_op op;
+	int r;
+
+	memset(&op, 0, sizeof(op));
+	op.compute = node->compute;
+	op.lane = &lane->base;
+	for (unsigned s = 0; s < node->compute.spec->noperands; s++) {
+		if (!node->compute.present[s] || node->in[s] < 0)
+			continue;
+		memset(&views[s], 0, sizeof(views[s]));
+		views[s].ptr = rd_prog_tensor_address(&p->plan, p->base.def, node->in[s], p->bound, p->state.arena);
+		views[s].size = p->base.def->tensors[node->in[s]].extent_bytes;
+		op.compute.operands[s].offset = 0;
+		op.buffers[s] = &views[s];
+	}
+	cuda_enqueue_fn *enqueue = cuda_enqueue_of(lane->cd, &op);
+	if (!enqueue) {
+		rp_error_set(err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s (node %s)",
+			     node->compute.spec->method, node->name);
+		return -EOPNOTSUPP;
+	}
+	r = enqueue(lane, &op);
+	if (r < 0) {
+		rp_error_move(err, &op.err);
+		if (!err->name)
+			rp_error_set(err, RP_ERR_BACKEND, "node %s failed", node->name);
+	}
+	rp_error_clear(&op.err);
+	return r;
+}
+
+/* The journal's copies: each inout root to its place (save) or back
+ * (restore). */
+static cudaError_t journal_copy(struct cuda_lane *lane, struct cuda_program *p, char *journal, bool save)
+{
+	const struct rp_program *def = p->base.def;
+	cudaError_t e = cudaSuccess;
+
+	for (int b = 0; b < def->nbound && e == cudaSuccess; b++) {
+		const struct rp_prog_tensor *t = &def->tensors[def->bind[b]];
+		char *slot = journal + rp_program_journal_offset(def, b);
+
+		if (t->kind != RP_PT_INOUT)
+			continue;
+		e = cudaMemcpyAsync(save ? slot : p->bound[b], save ? p->bound[b] : slot, t->extent_bytes,
+				    cudaMemcpyDeviceToDevice, lane->stream);
+	}
+	return e;
+}
+
+static cudaError_t journal_mark(struct cuda_lane *lane, struct cuda_program *p, char *journal,
+				enum rp_prog_journal_state state)
+{
+	const char *src = (const char *)p->state.args + p->args_kernels +
+			  (state == RP_JOURNAL_DONE ? sizeof(struct rp_prog_journal_header) : 0);
+
+	return cudaMemcpyAsync(journal, src, sizeof(struct rp_prog_journal_header), cudaMemcpyDeviceToDevice,
+			       lane->stream);
+}
+
+/* Every step, in order, on the lane's stream (captured or not); with a
+ * journal, the inouts saved and the header marked around them. */
+static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *journal, struct rp_error *err)
+{
+	struct cuda_program_state *st = &p->state;
+	cudaError_t e = cudaSuccess;
+	int r = 0;
+
+	if (journal) {
+		e = journal_copy(lane, p, journal, true);
+		if (e == cudaSuccess)
+			e = journal_mark(lane, p, journal, RP_JOURNAL_SAVED);
+		if (e != cudaSuccess) {
+			rp_error_set(err, cuda_error_name(e), "saving the inouts to the journal: %s", cudaGetErrorString(e));
+			return -EIO;
+		}
+	}
+	lane->scratch_fixed = st->workspace;
+	lane->scratch_fixed_bytes = st->workspace_bytes;
+	for (int i = 0; i < p->plan.nsteps && r == 0; i++) {
+		const struct rd_prog_step *step = &p->plan.steps[i];
+
+		if (step->kind == RD_STEP_LIBRARY) {
+			r = enqueue_library(lane, p, &p->base.def->nodes[step->first_node], err);
+			continue;
+		}
+		for (int k = 0; k < step->nkernels && r == 0; k++)
+			if (step->kernels[k].blocks)
+				r = cuda_rtc_launch(&p->modules[i], k, lane->stream, st->args, err);
+	}
+	lane->scratch_fixed = NULL;
+	lane->scratch_fixed_bytes = 0;
+	if (r == 0 && journal && (e = journal_mark(lane, p, journal, RP_JOURNAL_DONE)) != cudaSuccess) {
+		rp_error_set(err, cuda_error_name(e), "marking the journal done: %s", cudaGetErrorString(e));
+		r = -EIO;
+	}
+	return r;
+}
+
+/* A retried Run: what the journal's header says of the Run it retries.
+ * Waits for the lane's earlier work (a retry comes after a fault: there
+ * is little). 1: applied already; 0: go on (the inouts put back where the
+ * Run had saved them). */
+static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char *journal, uint64_t seq,
+			   struct rp_error *err)
+{
+	struct rp_prog_journal_header h;
+	cudaError_t e = cudaMemcpyAsync(&h, journal, sizeof(h), cudaMemcpyDeviceToHost, lane->stream);
+
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(lane->stream);
+	if (e != cudaSuccess) {
+		rp_error_set(err, cuda_error_name(e), "reading the journal: %s", cudaGetErrorString(e));
+		return -EIO;
+	}
+	if (h.magic != RP_PROG_JOURNAL_MAGIC || h.seq != seq)
+		return 0;
+	if (h.state == RP_JOURNAL_DONE) {
+		p->base.retries_applied++;
+		return 1;
+	}
+	if (h.state == RP_JOURNAL_SAVED) {
+		e = journal_copy(lane, p, journal, false);
+		if (e != cudaSuccess) {
+			rp_error_set(err, cuda_error_name(e), "putting the inouts back from the journal: %s",
+				     cudaGetErrorString(e));
+			return -EIO;
+		}
+		p->base.retries_restored++;
+	}
+	return 0;
+}
+
+/* The graph's key: the addresses of the library steps' operands, which
+ * their calls take at capture. */
+static void fill_key(struct cuda_program *p, const char *journal)
+{
+	const struct rp_program *def = p->base.def;
+	unsigned n = 0;
+
+	p->key[n++] = (uint64_t)(uintptr_t)journal;
+	for (int b = 0; b < def->nbound; b++)
+		if (def->tensors[def->bind[b]].kind == RP_PT_INOUT)
+			p->key[n++] = journal ? (uint64_t)(uintptr_t)p->bound[b] : 0;
+	for (int i = 0; i < p->plan.nsteps; i++) {
+		const struct rd_prog_step *step = &p->plan.steps[i];
+		const struct rp_prog_node *node = &def->nodes[step->first_node];
+
+		if (step->kind != RD_STEP_LIBRARY)
+			continue;
+		for (unsigned s = 0; s < node->compute.spec->noperands && n < p->nkey; s++)
+			p->key[n++] = node->in[s] < 0 ? 0
+					: (uint64_t)(uintptr_t)rd_prog_tensor_address(&p->plan, def, node->in[s],
+										      p->bound, p->state.arena);
+	}
+}
+
+/* The modules of this generation, loaded (compiled first where need be)
+ * before anything is enqueued: a capture must not compile. */
+static int load_modules(struct cuda_program *p, struct rp_error *err)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < p->plan.nsteps; i++) {
+		if (p->plan.steps[i].kind == RD_STEP_LIBRARY)
+			continue;
+		if (cuda_rtc_module_get(&p->modules[i], err) < 0)
+			return -EIO;
+		n++;
+	}
+	p->base.modules = n;
+	return 0;
+}
+
+static int capture(struct cuda_lane *lane, struct cuda_program *p, char *journal, struct rp_error *err)
+{
+	struct cuda_program_state *st = &p->state;
+	cudaGraph_t graph = NULL;
+	cudaError_t e;
+	int r;
+
+	e = cudaStreamBeginCapture(lane->stream, cudaStreamCaptureModeThreadLocal);
+	if (e != cudaSuccess)
+		goto fail_cuda;
+	lane->capturing = true;
+	r = enqueue_steps(lane, p, journal, err);
+	lane->capturing = false;
+	e = cudaStreamEndCapture(lane->stream, &graph);
+	if (r < 0) {
+		if (graph)
+			cudaGraphDestroy(graph);
+		/* What failed in capture may run on the stream. */
+		snprintf(p->base.not_captured, sizeof(p->base.not_captured), "capture failed: %s",
+			 err->params ? cJSON_GetStringValue(cJSON_GetObjectItem(err->params, "message")) : "?");
+		rp_error_clear(err);
+		(void)cudaGetLastError();
+		return 1;
+	}
+	if (e != cudaSuccess)
+		goto fail_cuda;
+	if (st->exec) {
+		cudaGraphExecUpdateResultInfo info;
+		if (cudaGraphExecUpdate(st->exec, graph, &info) != cudaSuccess) {
+			(void)cudaGetLastError();
+			cudaGraphExecDestroy(st->exec);
+			st->exec = NULL;
+		}
+	}
+	if (!st->exec)
+		e = cudaGraphInstantiateWithFlags(&st->exec, graph, 0);
+	cudaGraphDestroy(graph);
+	if (e != cudaSuccess)
+		goto fail_cuda;
+	memcpy(st->exec_key, p->key, p->nkey * sizeof(uint64_t));
+	p->base.graph_captures++;
+	return 0;
+fail_cuda:
+	snprintf(p->base.not_captured, sizeof(p->base.not_captured), "capture failed: %s", cudaGetErrorString(e));
+	(void)cudaGetLastError();
+	return 1;
+}
+
+int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
+{
+	struct rd_program_run *run = op->run;
+	struct cuda_program *p = (struct cuda_program *)run->prog;
+	struct cuda_program_state *st = &p->state;
+	const struct rp_program *def = p->base.def;
+	char *journal = run->journal ? (char *)run->journal->ptr + run->journal_offset : NULL;
+	uint64_t t0 = rd_now_ns();
+	cudaError_t e;
+	int r = 0;
+
+	for (int i = 0; i < run->nbound; i++)
+		if (run->buffers[i] && rd_resource_ensure_valid(&run->buffers[i]->res))
+			return cuda_status_to_error(&op->err, "restoring a buffer mapping");
+	if (run->journal && rd_resource_ensure_valid(&run->journal->res))
+		return cuda_status_to_error(&op->err, "restoring the journal's mapping");
+	journal = run->journal ? (char *)run->journal->ptr + run->journal_offset : NULL;
+	pthread_mutex_lock(&p->lock);
+	if (rd_resource_ensure_valid(&st->res)) {
+		r = cuda_status_to_error(&op->err, "the program's device state");
+		goto out;
+	}
+	if (st->last_lane && st->last_lane != lane) {
+		e = cudaStreamWaitEvent(lane->stream, st->last_run, 0);
+		if (e != cudaSuccess)
+			goto fail_cuda;
+	}
+	for (int i = 0; i < run->nbound; i++)
+		p->bound[i] = run->buffers[i] ? (char *)run->buffers[i]->ptr + run->offsets[i] : NULL;
+	rd_prog_args_fill(&p->plan, p->args_host, p->bound, st->arena, run->scalars);
+	if (journal) {
+		struct rp_prog_journal_header *h = (void *)((char *)p->args_host + p->args_kernels);
+
+		h[0] = (struct rp_prog_journal_header){ RP_PROG_JOURNAL_MAGIC, run->seq, RP_JOURNAL_SAVED, 0 };
+		h[1] = (struct rp_prog_journal_header){ RP_PROG_JOURNAL_MAGIC, run->seq, RP_JOURNAL_DONE, 0 };
+	}
+	r = load_modules(p, &op->err);
+	if (r == 0 && journal && run->retry) {
+		r = journal_recover(lane, p, journal, run->seq, &op->err);
+		if (r > 0) {
+			run->already_done = true;
+			r = 0;
+			goto out;
+		}
+	}
+	if (r < 0)
+		goto out;
+	/* From pageable memory: the copy is staged before the call returns,
+	 * so the next Run may write the block at once. */
+	e = cudaMemcpyAsync(st->args, p->args_host, p->args_bytes, cudaMemcpyHostToDevice, lane->stream);
+	if (e != cudaSuccess)
+		goto fail_cuda;
+
+	fill_key(p, journal);
+	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture &&
+	    (!st->exec || memcmp(st->exec_key, p->key, p->nkey * sizeof(uint64_t)) != 0)) {
+		r = capture(lane, p, journal, &op->err);
+		if (r > 0) {
+			st->no_capture = true;
+			r = 0;
+		}
+	}
+	if (r == 0 && st->exec && !st->no_capture &&
+	    memcmp(st->exec_key, p->key, p->nkey * sizeof(uint64_t)) == 0) {
+		e = cudaGraphLaunch(st->exec, lane->stream);
+		if (e != cudaSuccess)
+			goto fail_cuda;
+		p->base.graph_launches++;
+	} else if (r == 0) {
+		r = enqueue_steps(lane, p, journal, &op->err);
+		p->base.stream_runs++;
+	}
+	if (r == 0) {
+		e = cudaEventRecord(st->last_run, lane->stream);
+		if (e != cudaSuccess)
+			goto fail_cuda;
+		st->last_lane = lane;
+		st->runs++;
+	}
+out:
+	p->base.launch_ns += rd_now_ns() - t0;
+	pthread_mutex_unlock(&p->lock);
+	return r;
+fail_cuda:
+	rp_error_set(&op->err, cuda_error_name(e), "program %s: %s", def->name, cudaGetErrorString(e));
+	pthread_mutex_unlock(&p->lock);
+	return -EIO;
+}
