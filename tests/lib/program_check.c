@@ -1,0 +1,493 @@
+/* Programs and their checks: see program_check.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/backend/host/program_nodes.h"
+#include "tests/lib/program_check.h"
+#include "tests/lib/rand.h"
+
+const struct tl_prog_case tl_prog_cases[] = {
+	{ "chain over a bias, bf16",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[1000,1024]},"
+	  "{'name':'b','kind':'input','dtype':'bf16','shape':[1024]},"
+	  "{'name':'h','kind':'intermediate','dtype':'f32','shape':[1000,1024]},"
+	  "{'name':'g','kind':'intermediate','dtype':'f32','shape':[1000,1024]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[1000,1024]},"
+	  "{'name':'dg','kind':'output','dtype':'bf16','shape':[1000,1024]}],"
+	  "'nodes':[{'op':'add','inputs':['x','b'],'outputs':['h']},"
+	  "{'op':'gelu','inputs':['h'],'outputs':['g']},"
+	  "{'op':'mul','inputs':['g'],'outputs':['y'],'attrs':{'scalar':0.5}},"
+	  "{'op':'gelu_backward','inputs':['y','h'],'outputs':['dg']}]}",
+	  -3, 3, 0 },
+	{ "every unary op, f32",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'f32','shape':[77,131]},"
+	  "{'name':'a','kind':'intermediate','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y1','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y2','kind':'output','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y3','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y4','kind':'output','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y5','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y6','kind':'output','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y7','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y8','kind':'output','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y9','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y10','kind':'output','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y11','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y12','kind':'output','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y13','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y14','kind':'output','dtype':'f32','shape':[77,131]},"
+	  "{'name':'y15','kind':'output','dtype':'f32','shape':[77,131]},{'name':'y16','kind':'output','dtype':'f32','shape':[77,131]}],"
+	  "'nodes':[{'op':'abs','inputs':['x'],'outputs':['a']},"
+	  "{'op':'neg','inputs':['x'],'outputs':['y1']},{'op':'exp','inputs':['x'],'outputs':['y2']},"
+	  "{'op':'log','inputs':['a'],'outputs':['y3']},{'op':'tanh','inputs':['x'],'outputs':['y4']},"
+	  "{'op':'erf','inputs':['x'],'outputs':['y5']},{'op':'sigmoid','inputs':['x'],'outputs':['y6']},"
+	  "{'op':'silu','inputs':['x'],'outputs':['y7']},{'op':'gelu','inputs':['x'],'outputs':['y8']},"
+	  "{'op':'gelu_tanh','inputs':['x'],'outputs':['y9']},{'op':'relu','inputs':['x'],'outputs':['y10']},"
+	  "{'op':'sqrt','inputs':['a'],'outputs':['y11']},{'op':'rsqrt','inputs':['a'],'outputs':['y12']},"
+	  "{'op':'reciprocal','inputs':['x'],'outputs':['y13']},{'op':'square','inputs':['x'],'outputs':['y14']},"
+	  "{'op':'pow','inputs':['a'],'outputs':['y15'],'attrs':{'scalar':1.7}},"
+	  "{'op':'pow','inputs':['a'],'outputs':['y16'],'attrs':{'scalar':-0.5}}]}",
+	  -3, 3, 0 },
+	{ "binary ops, gradients, comparisons and where, f16 and f64",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'f16','shape':[64,96]},"
+	  "{'name':'z','kind':'input','dtype':'f64','shape':[64,96]},"
+	  "{'name':'s','kind':'scalar'},"
+	  "{'name':'y1','kind':'output','dtype':'f64','shape':[64,96]},{'name':'y2','kind':'output','dtype':'f16','shape':[64,96]},"
+	  "{'name':'y3','kind':'output','dtype':'f32','shape':[64,96]},{'name':'y4','kind':'output','dtype':'f64','shape':[64,96]},"
+	  "{'name':'y5','kind':'output','dtype':'f32','shape':[64,96]},{'name':'y6','kind':'output','dtype':'f32','shape':[64,96]},"
+	  "{'name':'y7','kind':'output','dtype':'f32','shape':[64,96]},{'name':'y8','kind':'output','dtype':'f32','shape':[64,96]},"
+	  "{'name':'y9','kind':'output','dtype':'f32','shape':[64,96]},{'name':'y10','kind':'output','dtype':'f32','shape':[64,96]},"
+	  "{'name':'c1','kind':'output','dtype':'u8','shape':[64,96]},{'name':'c2','kind':'output','dtype':'f32','shape':[64,96]},"
+	  "{'name':'w','kind':'output','dtype':'f16','shape':[64,96]},{'name':'mx','kind':'output','dtype':'f32','shape':[64,96]}],"
+	  "'nodes':[{'op':'add','inputs':['x','z'],'outputs':['y1']},{'op':'sub','inputs':['z','x'],'outputs':['y2']},"
+	  "{'op':'mul','inputs':['x','s'],'outputs':['y3']},{'op':'div','inputs':['z','x'],'outputs':['y4']},"
+	  "{'op':'gelu_tanh_backward','inputs':['x','z'],'outputs':['y5']},"
+	  "{'op':'silu_backward','inputs':['x','z'],'outputs':['y6']},"
+	  "{'op':'sigmoid_backward','inputs':['x','z'],'outputs':['y7']},"
+	  "{'op':'tanh_backward','inputs':['x','z'],'outputs':['y8']},"
+	  "{'op':'relu_backward','inputs':['x','z'],'outputs':['y9']},"
+	  "{'op':'sub','inputs':['x'],'outputs':['y10'],'attrs':{'scalar':1.5,'scalar_first':true}},"
+	  "{'op':'gt','inputs':['x','z'],'outputs':['c1']},{'op':'le','inputs':['x'],'outputs':['c2'],'attrs':{'scalar':0.25}},"
+	  "{'op':'where','inputs':['c1','x'],'outputs':['w'],'attrs':{'scalar':-7}},"
+	  "{'op':'maximum','inputs':['x','z'],'outputs':['mx']}]}",
+	  -2, 2, 0 },
+	{ "broadcasts, a transposed input, a strided output view, iota and fill",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'f32','shape':[6,7,8]},"
+	  "{'name':'col','kind':'input','dtype':'bf16','shape':[6,1,8]},"
+	  "{'name':'r0','kind':'input','dtype':'f32','shape':[]},"
+	  "{'name':'m','kind':'input','dtype':'f32','shape':[8,7,6]},"
+	  "{'name':'mt','kind':'view','base':'m','shape':[6,7,8],'strides':[1,6,42]},"
+	  "{'name':'big','kind':'output','dtype':'f32','shape':[6,7,20]},"
+	  "{'name':'mid','kind':'view','base':'big','shape':[6,7,8],'strides':[140,20,1],'offset':5},"
+	  "{'name':'io','kind':'intermediate','dtype':'i64','shape':[7,1]},"
+	  "{'name':'iof','kind':'intermediate','dtype':'f32','shape':[7,1]},"
+	  "{'name':'t1','kind':'intermediate','dtype':'f32','shape':[6,7,8]},"
+	  "{'name':'t2','kind':'intermediate','dtype':'f32','shape':[6,7,8]},"
+	  "{'name':'f','kind':'output','dtype':'bf16','shape':[6,7,8]}],"
+	  "'nodes':[{'op':'mul','inputs':['x','col'],'outputs':['t1']},"
+	  "{'op':'iota','outputs':['io'],'attrs':{'axis':0}},"
+	  "{'op':'cast','inputs':['io'],'outputs':['iof']},"
+	  "{'op':'add','inputs':['t1','iof'],'outputs':['t2']},"
+	  "{'op':'sub','inputs':['t2','mt'],'outputs':['mid']},"
+	  "{'op':'fill','outputs':['f'],'attrs':{'scalar':0.1}},"
+	  "{'op':'div','inputs':['mid','r0'],'outputs':['mid']}]}",
+	  0.5, 2, 0 },
+	{ "every reduction over rows, short and long, with a prologue",
+	  "{'tensors':[{'name':'a','kind':'input','dtype':'bf16','shape':[64,100]},"
+	  "{'name':'b','kind':'input','dtype':'f32','shape':[8,50000]},"
+	  "{'name':'sa','kind':'intermediate','dtype':'f32','shape':[64,100]},"
+	  "{'name':'r1','kind':'output','dtype':'f32','shape':[64]},{'name':'r2','kind':'output','dtype':'bf16','shape':[64,1]},"
+	  "{'name':'r3','kind':'output','dtype':'f32','shape':[64]},{'name':'r4','kind':'output','dtype':'f32','shape':[64]},"
+	  "{'name':'r5','kind':'output','dtype':'f32','shape':[64]},"
+	  "{'name':'q1','kind':'output','dtype':'f32','shape':[8]},{'name':'q2','kind':'output','dtype':'f64','shape':[8,1]},"
+	  "{'name':'q3','kind':'output','dtype':'f32','shape':[8]},{'name':'q4','kind':'output','dtype':'f32','shape':[8]},"
+	  "{'name':'q5','kind':'output','dtype':'f32','shape':[8]}],"
+	  "'nodes':[{'op':'mul','inputs':['a','a'],'outputs':['sa']},"
+	  "{'op':'sum','inputs':['sa'],'outputs':['r1']},{'op':'mean','inputs':['a'],'outputs':['r2']},"
+	  "{'op':'max','inputs':['a'],'outputs':['r3']},{'op':'min','inputs':['a'],'outputs':['r4']},"
+	  "{'op':'amax','inputs':['a'],'outputs':['r5']},"
+	  "{'op':'sum','inputs':['b'],'outputs':['q1']},{'op':'mean','inputs':['b'],'outputs':['q2']},"
+	  "{'op':'max','inputs':['b'],'outputs':['q3']},{'op':'min','inputs':['b'],'outputs':['q4']},"
+	  "{'op':'amax','inputs':['b'],'outputs':['q5']}]}",
+	  -2, 2, 0 },
+	{ "every reduction over leading dims, one pass and two",
+	  "{'tensors':[{'name':'a','kind':'input','dtype':'f32','shape':[3,20,10]},"
+	  "{'name':'b','kind':'input','dtype':'bf16','shape':[20000,300]},"
+	  "{'name':'r1','kind':'output','dtype':'f32','shape':[10]},{'name':'r2','kind':'output','dtype':'f32','shape':[1,1,10]},"
+	  "{'name':'r3','kind':'output','dtype':'f32','shape':[10]},{'name':'r4','kind':'output','dtype':'f32','shape':[10]},"
+	  "{'name':'r5','kind':'output','dtype':'f32','shape':[10]},"
+	  "{'name':'q1','kind':'output','dtype':'f32','shape':[300]},{'name':'q2','kind':'output','dtype':'bf16','shape':[1,300]},"
+	  "{'name':'q3','kind':'output','dtype':'f32','shape':[300]},{'name':'q4','kind':'output','dtype':'f32','shape':[300]},"
+	  "{'name':'q5','kind':'output','dtype':'f32','shape':[300]}],"
+	  "'nodes':[{'op':'sum','inputs':['a'],'outputs':['r1'],'attrs':{'axis':'leading'}},"
+	  "{'op':'mean','inputs':['a'],'outputs':['r2'],'attrs':{'axis':'leading'}},"
+	  "{'op':'max','inputs':['a'],'outputs':['r3'],'attrs':{'axis':'leading'}},"
+	  "{'op':'min','inputs':['a'],'outputs':['r4'],'attrs':{'axis':'leading'}},"
+	  "{'op':'amax','inputs':['a'],'outputs':['r5'],'attrs':{'axis':'leading'}},"
+	  "{'op':'sum','inputs':['b'],'outputs':['q1'],'attrs':{'axis':'leading'}},"
+	  "{'op':'mean','inputs':['b'],'outputs':['q2'],'attrs':{'axis':'leading'}},"
+	  "{'op':'max','inputs':['b'],'outputs':['q3'],'attrs':{'axis':'leading'}},"
+	  "{'op':'min','inputs':['b'],'outputs':['q4'],'attrs':{'axis':'leading'}},"
+	  "{'op':'amax','inputs':['b'],'outputs':['q5'],'attrs':{'axis':'leading'}}]}",
+	  -2, 2, 0 },
+	{ "softmax, log_softmax and their backwards",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[4,8,64,129]},"
+	  "{'name':'dy','kind':'input','dtype':'bf16','shape':[4,8,64,129]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[4,8,64,129]},"
+	  "{'name':'ly','kind':'output','dtype':'f32','shape':[4,8,64,129]},"
+	  "{'name':'dx','kind':'output','dtype':'bf16','shape':[4,8,64,129]},"
+	  "{'name':'dlx','kind':'output','dtype':'f32','shape':[4,8,64,129]}],"
+	  "'nodes':[{'op':'softmax','inputs':['x'],'outputs':['y']},{'op':'log_softmax','inputs':['x'],'outputs':['ly']},"
+	  "{'op':'softmax_backward','inputs':['dy','y'],'outputs':['dx']},"
+	  "{'op':'log_softmax_backward','inputs':['dy','ly'],'outputs':['dlx']}]}",
+	  -4, 4, 0 },
+	{ "cross_entropy and its backward",
+	  "{'tensors':[{'name':'logits','kind':'input','dtype':'bf16','shape':[300,5003]},"
+	  "{'name':'t','kind':'input','dtype':'i64','shape':[300]},"
+	  "{'name':'loss','kind':'output','dtype':'f32','shape':[300]},"
+	  "{'name':'lse','kind':'output','dtype':'f32','shape':[300,1]},"
+	  "{'name':'dloss','kind':'input','dtype':'f32','shape':[300]},"
+	  "{'name':'dlogits','kind':'output','dtype':'bf16','shape':[300,5003]}],"
+	  "'nodes':[{'op':'cross_entropy','inputs':['logits','t'],'outputs':['loss','lse'],'attrs':{'ignore_index':7}},"
+	  "{'op':'cross_entropy_backward','inputs':['dloss','logits','t','lse'],'outputs':['dlogits']}]}",
+	  -4, 4, 5003 },
+	{ "rms_norm and its backward",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[256,2048]},"
+	  "{'name':'w','kind':'input','dtype':'bf16','shape':[2048]},"
+	  "{'name':'dy','kind':'input','dtype':'bf16','shape':[256,2048]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[256,2048]},"
+	  "{'name':'rstd','kind':'output','dtype':'f32','shape':[256,1]},"
+	  "{'name':'dx','kind':'output','dtype':'bf16','shape':[256,2048]},"
+	  "{'name':'dw','kind':'output','dtype':'f32','shape':[2048]}],"
+	  "'nodes':[{'op':'rms_norm','inputs':['x','w'],'outputs':['y','rstd'],'attrs':{'eps':1e-6}},"
+	  "{'op':'rms_norm_backward','inputs':['dy','x','w','rstd'],'outputs':['dx','dw']}]}",
+	  -2, 2, 0 },
+	{ "rotary and its backward",
+	  "{'tensors':[{'name':'q','kind':'input','dtype':'bf16','shape':[2,128,4,64]},"
+	  "{'name':'cos','kind':'input','dtype':'f32','shape':[128,32]},"
+	  "{'name':'sin','kind':'input','dtype':'f32','shape':[128,32]},"
+	  "{'name':'qr','kind':'output','dtype':'bf16','shape':[2,128,4,64]},"
+	  "{'name':'dq','kind':'output','dtype':'bf16','shape':[2,128,4,64]}],"
+	  "'nodes':[{'op':'rotary','inputs':['q','cos','sin'],'outputs':['qr']},"
+	  "{'op':'rotary_backward','inputs':['qr','cos','sin'],'outputs':['dq']}]}",
+	  -1, 1, 0 },
+	{ "adamw and sgd, in place",
+	  "{'tensors':[{'name':'p','kind':'inout','dtype':'f32','shape':[1000,33]},"
+	  "{'name':'g','kind':'input','dtype':'bf16','shape':[1000,33]},"
+	  "{'name':'m','kind':'inout','dtype':'f32','shape':[1000,33]},"
+	  "{'name':'v','kind':'inout','dtype':'f32','shape':[1000,33]},"
+	  "{'name':'b','kind':'inout','dtype':'bf16','shape':[777]},"
+	  "{'name':'gb','kind':'input','dtype':'bf16','shape':[777]},"
+	  "{'name':'mb','kind':'inout','dtype':'f32','shape':[777]},"
+	  "{'name':'lr','kind':'scalar'},{'name':'step','kind':'scalar'}],"
+	  "'nodes':[{'op':'adamw','inputs':['p','g','m','v'],'attrs':{'lr':'lr','step':'step','weight_decay':0.1}},"
+	  "{'op':'sgd','inputs':['b','gb','mb'],'attrs':{'lr':'lr','momentum':0.9,'nesterov':true}}]}",
+	  0.01, 1, 0 },
+	{ "embedding and its backward, repeated indices",
+	  "{'tensors':[{'name':'wte','kind':'input','dtype':'bf16','shape':[50,96]},"
+	  "{'name':'ids','kind':'input','dtype':'i32','shape':[4,100]},"
+	  "{'name':'e','kind':'output','dtype':'bf16','shape':[4,100,96]},"
+	  "{'name':'de','kind':'input','dtype':'bf16','shape':[400,96]},"
+	  "{'name':'dwte','kind':'output','dtype':'f32','shape':[50,96]}],"
+	  "'nodes':[{'op':'embedding','inputs':['wte','ids'],'outputs':['e']},"
+	  "{'op':'embedding_backward','inputs':['de','ids'],'outputs':['dwte']}]}",
+	  -1, 1, 50 },
+};
+
+const size_t tl_prog_ncases = sizeof(tl_prog_cases) / sizeof(tl_prog_cases[0]);
+
+/* ---- elements of every dtype ---------------------------------------------- */
+
+static double half_bits_to_double(uint16_t h)
+{
+	int s = h >> 15, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+	double v = e == 0 ? ldexp((double)f, -24) : e == 31 ? (f ? NAN : INFINITY) : ldexp((double)(f | 0x400), e - 25);
+
+	return s ? -v : v;
+}
+
+static double load_elem(enum rp_dtype dt, const void *base, size_t i)
+{
+	const char *p = (const char *)base + i * rp_dtype_size(dt);
+	float f;
+	double d;
+	uint16_t h;
+	uint32_t u;
+	int32_t i32;
+	int64_t i64;
+
+	switch (dt) {
+	case RP_DTYPE_F32:
+		memcpy(&f, p, 4);
+		return f;
+	case RP_DTYPE_F64:
+		memcpy(&d, p, 8);
+		return d;
+	case RP_DTYPE_F16:
+		memcpy(&h, p, 2);
+		return half_bits_to_double(h);
+	case RP_DTYPE_BF16:
+		memcpy(&h, p, 2);
+		u = (uint32_t)h << 16;
+		memcpy(&f, &u, 4);
+		return f;
+	case RP_DTYPE_I32:
+		memcpy(&i32, p, 4);
+		return i32;
+	case RP_DTYPE_I64:
+		memcpy(&i64, p, 8);
+		return (double)i64;
+	default:
+		return *(const unsigned char *)p;
+	}
+}
+
+/* v must be exact in dt: a multiple of 1/64 under 256 in magnitude is in
+ * every float dtype, an integer in every integer one. */
+static void store_exact(enum rp_dtype dt, void *base, size_t i, double v)
+{
+	char *p = (char *)base + i * rp_dtype_size(dt);
+	float f = (float)v;
+	uint32_t u;
+	uint16_t h;
+	int32_t i32 = (int32_t)v;
+	int64_t i64 = (int64_t)v;
+	unsigned char u8 = (unsigned char)v;
+
+	memcpy(&u, &f, 4);
+	switch (dt) {
+	case RP_DTYPE_F32:
+		memcpy(p, &f, 4);
+		break;
+	case RP_DTYPE_F64:
+		memcpy(p, &v, 8);
+		break;
+	case RP_DTYPE_BF16:
+		h = (uint16_t)(u >> 16);
+		memcpy(p, &h, 2);
+		break;
+	case RP_DTYPE_F16:
+		h = (uint16_t)((u >> 16) & 0x8000);
+		if (f != 0)
+			h |= (uint16_t)(((((u >> 23) & 0xff) - 127 + 15) << 10) | ((u >> 13) & 0x3ff));
+		memcpy(p, &h, 2);
+		break;
+	case RP_DTYPE_I32:
+		memcpy(p, &i32, 4);
+		break;
+	case RP_DTYPE_I64:
+		memcpy(p, &i64, 8);
+		break;
+	default:
+		memcpy(p, &u8, 1);
+		break;
+	}
+}
+
+static void fill_random(struct tl_rng *rng, enum rp_dtype dt, void *base, size_t n, double lo, double hi)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (rp_dtype_is_float(dt))
+			store_exact(dt, base, i, (double)tl_rng_int(rng, (int64_t)ceil(lo * 64), (int64_t)ceil(hi * 64) - 1) / 64);
+		else
+			store_exact(dt, base, i, (double)tl_rng_int(rng, (int64_t)lo, (int64_t)hi - 1));
+	}
+}
+
+/* Outputs start as a pattern no result of these programs has: a NaN of
+ * our own for floats, 0xa5 bytes for integers. */
+static const unsigned char poison_bytes[RP_DTYPE_COUNT][8] = {
+	[RP_DTYPE_F32] = { 0xad, 0xde, 0xc1, 0x7f },
+	[RP_DTYPE_F16] = { 0xad, 0x7d },
+	[RP_DTYPE_BF16] = { 0xad, 0x7f },
+	[RP_DTYPE_F64] = { 0xad, 0x0b, 0xed, 0x5e, 0xad, 0xde, 0xf4, 0x7f },
+	[RP_DTYPE_I32] = { 0xa5, 0xa5, 0xa5, 0xa5 },
+	[RP_DTYPE_I64] = { 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5 },
+	[RP_DTYPE_U8] = { 0xa5 },
+};
+
+static void poison(enum rp_dtype dt, void *base, size_t count)
+{
+	size_t e = rp_dtype_size(dt);
+
+	for (size_t i = 0; i < count; i++)
+		memcpy((char *)base + i * e, poison_bytes[dt], e);
+}
+
+static bool is_poison(enum rp_dtype dt, const void *base, size_t i)
+{
+	size_t e = rp_dtype_size(dt);
+
+	return memcmp((const char *)base + i * e, poison_bytes[dt], e) == 0;
+}
+
+/* Relative to the tensor's norm: a few roundings of its dtype; f32's
+ * allows for long sums accumulated in f32. */
+static double tolerance(enum rp_dtype dt)
+{
+	switch (dt) {
+	case RP_DTYPE_BF16:
+		return 1e-2;
+	case RP_DTYPE_F16:
+		return 2e-3;
+	case RP_DTYPE_F32:
+		return 1e-4;
+	case RP_DTYPE_F64:
+		return 1e-10;
+	default:
+		return 0;
+	}
+}
+
+/* ---- programs -------------------------------------------------------------- */
+
+static cJSON *json(const char *text)
+{
+	char *s = strdup(text);
+	cJSON *j;
+
+	if (!s)
+		return NULL;
+	for (char *p = s; *p; p++)
+		if (*p == '\'')
+			*p = '"';
+	j = cJSON_Parse(s);
+	free(s);
+	return j;
+}
+
+static const char *message_of(const struct rp_error *err)
+{
+	const char *m = err->params ? cJSON_GetStringValue(cJSON_GetObjectItem(err->params, "message")) : NULL;
+
+	return m ? m : err->name ? err->name : "?";
+}
+
+bool tl_prog_is_result(const struct tl_prog *t, int r)
+{
+	const struct rp_prog_tensor *x = &t->p.tensors[r];
+
+	return x->root == r && (x->kind == RP_PT_OUTPUT || x->kind == RP_PT_INOUT);
+}
+
+int tl_prog_open(struct tl_prog *t, const struct tl_prog_case *c, uint64_t salt, char *why, size_t why_size)
+{
+	struct rp_error err = { 0 };
+	cJSON *params = json(c->json);
+	struct tl_rng rng;
+	int n;
+
+	memset(t, 0, sizeof(*t));
+	if (!params || rp_program_parse(params, &t->p, &err) < 0) {
+		snprintf(why, why_size, "the program is refused: %s", message_of(&err));
+		rp_error_clear(&err);
+		cJSON_Delete(params);
+		return -1;
+	}
+	cJSON_Delete(params);
+	if (rd_prog_plan_build(&t->p, &t->plan, &err) < 0) {
+		snprintf(why, why_size, "no plan: %s", message_of(&err));
+		rp_error_clear(&err);
+		return -1;
+	}
+	n = t->p.ntensors;
+	t->root_bytes = calloc((size_t)n, sizeof(size_t));
+	t->initial = calloc((size_t)n, sizeof(void *));
+	t->ref = calloc((size_t)n, sizeof(void *));
+	t->scalars = calloc((size_t)t->p.nbound + 1, sizeof(double));
+	for (int i = 0; i < n; i++) {
+		int root = t->p.tensors[i].root;
+		if (t->p.tensors[i].extent_bytes > t->root_bytes[root])
+			t->root_bytes[root] = t->p.tensors[i].extent_bytes;
+	}
+	tl_rng_init(&rng, salt);
+	for (int i = 0; i < n; i++) {
+		const struct rp_prog_tensor *x = &t->p.tensors[i];
+		size_t bytes = t->root_bytes[i] ? t->root_bytes[i] : 8, count = bytes / rp_dtype_size(x->dtype);
+		if (x->root != i)
+			continue;
+		if (x->kind == RP_PT_SCALAR) {
+			/* An optimizer's step counts from 1; the others (lr) are small. */
+			t->scalars[x->bind_index] = strcmp(x->name, "step") == 0 ? 3 : (double)tl_rng_int(&rng, 6, 64) / 64;
+			continue;
+		}
+		t->ref[i] = malloc(bytes);
+		if (x->kind == RP_PT_INTERMEDIATE)
+			continue;
+		t->initial[i] = malloc(bytes);
+		if (x->kind == RP_PT_OUTPUT)
+			poison(x->dtype, t->initial[i], count);
+		else if (rp_dtype_is_float(x->dtype))
+			fill_random(&rng, x->dtype, t->initial[i], count, c->lo, c->hi);
+		else
+			fill_random(&rng, x->dtype, t->initial[i], count, 0, (double)(c->int_hi ? c->int_hi : 16));
+	}
+	return 0;
+}
+
+void tl_prog_close(struct tl_prog *t)
+{
+	for (int i = 0; i < t->p.ntensors && t->ref; i++) {
+		free(t->initial[i]);
+		free(t->ref[i]);
+	}
+	free(t->root_bytes);
+	free(t->initial);
+	free(t->ref);
+	free(t->scalars);
+	rd_prog_plan_finish(&t->plan);
+	rp_program_finish(&t->p);
+}
+
+int tl_prog_reference(struct tl_prog *t)
+{
+	void **addr = calloc((size_t)t->p.ntensors, sizeof(void *));
+	size_t ws = 0;
+	void *workspace;
+	int r = 0;
+
+	if (!addr)
+		return -ENOMEM;
+	for (int i = 0; i < t->p.ntensors; i++)
+		if (t->p.tensors[i].root == i && t->initial[i])
+			memcpy(t->ref[i], t->initial[i], t->root_bytes[i]);
+	for (int i = 0; i < t->p.ntensors; i++) {
+		const struct rp_prog_tensor *x = &t->p.tensors[i], *root = &t->p.tensors[x->root];
+		char *base = root->kind == RP_PT_SCALAR ? (char *)&t->scalars[root->bind_index] : t->ref[x->root];
+		addr[i] = base + (size_t)x->root_offset * rp_dtype_size(x->dtype);
+	}
+	for (int i = 0; i < t->p.nnodes; i++) {
+		size_t w = rd_host_node_workspace(&t->p, i);
+		ws = w > ws ? w : ws;
+	}
+	workspace = malloc(ws ? ws : 1);
+	for (int i = 0; i < t->p.nnodes && r == 0; i++)
+		r = rd_host_node_run(&t->p, i, addr, workspace, ws);
+	free(workspace);
+	free(addr);
+	return r;
+}
+
+bool tl_prog_compare(const struct tl_prog *t, int r, const void *got, char *msg, size_t msg_size)
+{
+	const struct rp_prog_tensor *x = &t->p.tensors[r];
+	size_t count = t->root_bytes[r] / rp_dtype_size(x->dtype);
+	unsigned long special = 0, untouched = 0, integers = 0;
+	double num = 0, den = 0;
+
+	for (size_t i = 0; i < count; i++) {
+		double g = load_elem(x->dtype, got, i), w = load_elem(x->dtype, t->ref[r], i);
+		if (is_poison(x->dtype, t->ref[r], i) != is_poison(x->dtype, got, i)) {
+			untouched++;
+		} else if (isnan(w) || isnan(g) || isinf(w) || isinf(g)) {
+			special += !(isnan(w) && isnan(g)) && w != g;
+		} else if (!rp_dtype_is_float(x->dtype)) {
+			integers += g != w;
+		} else {
+			num += (g - w) * (g - w);
+			den += w * w;
+		}
+	}
+	double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	bool ok = rel <= tolerance(x->dtype) && !special && !untouched && !integers;
+	snprintf(msg, msg_size,
+		 "%s (%s, %zu elements): relative error %.3g (tolerance %.3g), %lu NaN or infinities not the reference's, "
+		 "%lu elements written that should not be or not written that should, %lu integers wrong",
+		 x->name, rp_dtype_name(x->dtype), count, rel, tolerance(x->dtype), special, untouched, integers);
+	return ok;
+}

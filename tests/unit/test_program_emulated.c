@@ -1,0 +1,164 @@
+/* The kernels daemon/program/ writes, run without a GPU: each step's
+ * source compiled as C++ behind tests/unit/program_emulator.hpp (the host
+ * playing the GPU: blocks in turn, a block's threads as coroutines switched
+ * at __syncthreads and at shuffles) and launched as the executor launches it,
+ * against the host backend's reference on random inputs
+ * (tests/lib/program_check.h: the same programs the GPU test runs). Every
+ * program twice: with memory aligned to the kernels' vectors (their
+ * vector paths) and one element off (their scalar paths), on grids of one
+ * and two SMs' worth of blocks (the kernels loop over the rest).
+ *
+ * What this cannot see: the GPU's own math library (the host's libm stands
+ * in, within the tolerances), its memory model, and speed. The GPU test
+ * (tests/gpu/test_program_kernels.c) checks those on a GPU.
+ *
+ * Needs a C++ compiler (REGEN_TEST_CXX) and the toolkit's cuda_bf16.h
+ * (REGEN_TEST_CUDA_INCLUDE); skipped (exit 77) without them. */
+#include <check.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "daemon/program/plan.h"
+#include "tests/lib/program_check.h"
+#include "tests/lib/rand.h"
+#include "tests/unit/unit.h"
+
+static const char *cxx, *cuda_include, *emulator;
+static char workdir[] = "/tmp/regen-emulated-XXXXXX";
+
+typedef int emulate_fn(void *kernel, const void *args, unsigned grid, unsigned block);
+
+/* The step's kernels as a shared object of the host: its path, or NULL
+ * after failing the test with the compiler's output. */
+static void *load_step(const struct rd_prog_step *st, char *so, size_t so_size)
+{
+	char src[4200], *cmd = NULL;
+	FILE *f;
+
+	snprintf(src, sizeof(src), "%s/%016llx.cpp", workdir, (unsigned long long)st->source_hash);
+	snprintf(so, so_size, "%s/%016llx.so", workdir, (unsigned long long)st->source_hash);
+	if (access(so, R_OK) != 0) {
+		f = fopen(src, "w");
+		ck_assert_ptr_nonnull(f);
+		fprintf(f, "#include \"%s\"\n%s\nRG_EMULATOR_LAUNCHER\n", emulator, st->source);
+		fclose(f);
+		ck_assert_int_ge(asprintf(&cmd, "'%s' -std=c++17 -O1 -w -U_FORTIFY_SOURCE -fPIC -shared -I'%s' '%s' -o '%s' 2>&1",
+					  cxx, cuda_include, src, so), 0);
+		int r = system(cmd);
+		ck_assert_msg(r == 0, "%s does not compile on the host (%d): %s", st->kernels[0].name, r, cmd);
+		free(cmd);
+	}
+	void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+	ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+	return h;
+}
+
+/* One run of the program's kernels over host memory: `skew` elements off
+ * their vectors' alignment, grids for `sms` SMs. */
+static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsigned sms)
+{
+	struct tl_prog t;
+	char why[256], msg[512], so[4200];
+	int n;
+
+	ck_assert_msg(tl_prog_open(&t, c, salt, why, sizeof(why)) == 0, "%s: %s", c->name, why);
+	ck_assert_int_eq(tl_prog_reference(&t), 0);
+	n = t.p.ntensors;
+	void **mem = calloc((size_t)n, sizeof(void *)), **bound = calloc((size_t)t.p.nbound + 1, sizeof(void *));
+	void **blocks = calloc((size_t)n, sizeof(void *));
+	for (int i = 0; i < n; i++) {
+		const struct rp_prog_tensor *x = &t.p.tensors[i];
+		if (x->root != i || !t.initial[i])
+			continue;
+		blocks[i] = aligned_alloc(256, (t.root_bytes[i] + 8 * skew + 256) / 256 * 256);
+		mem[i] = (char *)blocks[i] + skew * rp_dtype_size(x->dtype);
+		memcpy(mem[i], t.initial[i], t.root_bytes[i]);
+		bound[x->bind_index] = mem[i];
+	}
+	void *arena = aligned_alloc(256, t.plan.arena_bytes + 256);
+	memset(arena, 0xcd, t.plan.arena_bytes + 256);   /* what an arena holds before: not zeros */
+	void *args = malloc(rd_prog_args_size(&t.plan));
+	rd_prog_args_fill(&t.plan, args, bound, arena, t.scalars);
+
+	for (int s = 0; s < t.plan.nsteps; s++) {
+		const struct rd_prog_step *st = &t.plan.steps[s];
+		ck_assert_msg(st->kind != RD_STEP_LIBRARY, "%s: step %d is a library call", c->name, s);
+		void *h = load_step(st, so, sizeof(so));
+		emulate_fn *emulate = (emulate_fn *)dlsym(h, "rg_emulate");
+		ck_assert_ptr_nonnull(emulate);
+		for (int k = 0; k < st->nkernels; k++) {
+			void *fn = dlsym(h, st->kernels[k].name);
+			unsigned grid = rd_prog_kernel_grid(&st->kernels[k], sms);
+			ck_assert_msg(fn != NULL, "%s is not in step %d's object", st->kernels[k].name, s);
+			if (grid)
+				ck_assert_int_eq(emulate(fn, args, grid, st->kernels[k].block), 0);
+		}
+		dlclose(h);
+	}
+	for (int i = 0; i < n; i++) {
+		if (!tl_prog_is_result(&t, i))
+			continue;
+		bool ok = tl_prog_compare(&t, i, mem[i], msg, sizeof(msg));
+		ck_assert_msg(ok, "%s (%s, %u SMs): %s", c->name, skew ? "one element off" : "aligned", sms, msg);
+	}
+	for (int i = 0; i < n; i++)
+		free(blocks[i]);
+	free(blocks);
+	free(mem);
+	free(bound);
+	free(arena);
+	free(args);
+	tl_prog_close(&t);
+}
+
+START_TEST(kernels_match_the_reference)
+{
+	const struct tl_prog_case *c = &tl_prog_cases[_i];
+
+	run(c, (uint64_t)_i + 1, 0, 2);
+	run(c, (uint64_t)_i + 100, 1, 1);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("program_emulated");
+	TCase *tc = tcase_create("emulated");
+
+	tcase_set_timeout(tc, 600);
+	tcase_add_loop_test(tc, kernels_match_the_reference, 0, (int)tl_prog_ncases);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	char probe[4200];
+	int r;
+
+	cxx = getenv("REGEN_TEST_CXX");
+	cuda_include = getenv("REGEN_TEST_CUDA_INCLUDE");
+	emulator = getenv("REGEN_TEST_EMULATOR");
+	if (!cxx || !*cxx || !cuda_include || !emulator) {
+		printf("skipped: no C++ compiler, toolkit include folder or emulator named (REGEN_TEST_CXX, "
+		       "REGEN_TEST_CUDA_INCLUDE, REGEN_TEST_EMULATOR; meson sets them)\n");
+		return 77;
+	}
+	snprintf(probe, sizeof(probe), "%s/cuda_bf16.h", cuda_include);
+	if (access(probe, R_OK) != 0) {
+		printf("skipped: no %s\n", probe);
+		return 77;
+	}
+	if (!mkdtemp(workdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	tl_rand_init();
+	r = unit_run(suite());
+	snprintf(probe, sizeof(probe), "rm -rf '%s'", workdir);
+	if (system(probe) != 0)
+		fprintf(stderr, "could not remove %s\n", workdir);
+	return r;
+}
