@@ -358,11 +358,14 @@ static void journal_copy(const struct host_program *hp, const struct rd_program_
 
 	for (int b = 0; b < def->nbound; b++) {
 		const struct rp_prog_tensor *t = &def->tensors[def->bind[b]];
-		char *slot = journal + rp_program_journal_offset(def, b);
-		char *mem = (char *)run->buffers[b]->ptr + run->offsets[b];
+		char *slot, *mem;
 
-		if (t->kind == RP_PT_INOUT)
-			memcpy(save ? slot : mem, save ? mem : slot, t->extent_bytes);
+		/* Scalars have no buffer, inputs and outputs no place. */
+		if (t->kind != RP_PT_INOUT)
+			continue;
+		slot = journal + rp_program_journal_offset(def, b);
+		mem = (char *)run->buffers[b]->ptr + run->offsets[b];
+		memcpy(save ? slot : mem, save ? mem : slot, t->extent_bytes);
 	}
 }
 
