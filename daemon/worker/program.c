@@ -106,16 +106,6 @@ static int find_program(struct rd_worker *w, struct rd_session *s, const struct 
 	return r;
 }
 
-static void run_free(struct rd_program_run *run)
-{
-	if (!run)
-		return;
-	free(run->buffers);
-	free(run->offsets);
-	free(run->scalars);
-	free(run);
-}
-
 /* A Run's journal (proto/program_journal.h): the program must update
  * something in place, and the buffer hold rp_program_journal_bytes. */
 static int bind_journal(struct rd_worker *w, struct rd_session *s, const struct rp_program *def,
@@ -210,8 +200,12 @@ void rd_program_run(struct rd_call *call)
 
 	if (!cc || !run) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the run");
+		free(run);
 		goto fail;
 	}
+	/* The op owns the run from here: rd_compute_release frees it, and
+	 * drops what it holds, whatever is filled in by then. */
+	cc->op.run = run;
 	if (rp_program_run_id(call->msg.params, &id, &err) < 0 || find_program(w, s, &id, &prog, &err) < 0 ||
 	    rp_program_run_parse(prog->def, call->msg.params, &req, &err) < 0)
 		goto fail;
@@ -221,13 +215,11 @@ void rd_program_run(struct rd_call *call)
 	run->buffers = calloc((size_t)run->nbound + 1, sizeof(*run->buffers));
 	run->offsets = calloc((size_t)run->nbound + 1, sizeof(*run->offsets));
 	run->scalars = calloc((size_t)run->nbound + 1, sizeof(*run->scalars));
-	cc->op.run = run;
-	run = NULL;
-	if (!cc->op.run->buffers || !cc->op.run->offsets || !cc->op.run->scalars) {
+	if (!run->buffers || !run->offsets || !run->scalars) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the run's bindings");
 		goto fail;
 	}
-	if (bind_buffers(w, s, prog->def, &req, cc->op.run, &err) < 0)
+	if (bind_buffers(w, s, prog->def, &req, run, &err) < 0)
 		goto fail;
 	cc->op.compute.spec = &rp_op_program_run;
 	cc->op.compute.wait_event = req.wait_event;
@@ -245,7 +237,6 @@ fail:
 	if (cc)
 		rd_compute_release(w, &cc->op);
 	free(cc);
-	run_free(run);
 	rd_call_fail(call, &err);
 }
 
