@@ -756,6 +756,21 @@ static const struct rp_field program_fields[] = {
 	{ NULL, 0, false },
 };
 
+static int compare_bound_names(const void *a, const void *b, void *program)
+{
+	const struct rp_program *p = program;
+
+	return strcmp(p->tensors[p->bind[*(const int *)a]].name, p->tensors[p->bind[*(const int *)b]].name);
+}
+
+static void sort_bound_by_name(struct rp_program *p)
+{
+	for (int i = 0; i < p->nbound; i++) {
+		p->bound_by_name[i] = i;
+	}
+	qsort_r(p->bound_by_name, (size_t)p->nbound, sizeof(int), compare_bound_names, p);
+}
+
 static int parse(struct rp_prog_builder *b, const cJSON *params)
 {
 	struct rp_program *p = b->p;
@@ -802,6 +817,7 @@ static int parse(struct rp_prog_builder *b, const cJSON *params)
 	if ((r = rp_prog_check(b)) < 0) {
 		return r;
 	}
+	sort_bound_by_name(p);
 	p->definition = cJSON_Duplicate(params, true);
 	return p->definition ? 0 : -ENOMEM;
 }

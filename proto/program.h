@@ -212,6 +212,9 @@ struct rp_program {
 	/* Bound tensors in binding order (bind[i] is a tensor index). */
 	int bind[RP_PROG_BOUND_MAX];
 	int nbound;
+	/* The same bound indexes, sorted by their tensors' names: a Run names
+	 * up to RP_PROG_BOUND_MAX tensors, each found by a binary search. */
+	int bound_by_name[RP_PROG_BOUND_MAX];
 	/* Whether any node writes an inout tensor (the optimizer): a Run
 	 * retried after a fault must then not apply it twice. */
 	bool updates_in_place;

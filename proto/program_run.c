@@ -56,13 +56,21 @@ int rp_program_run_id(const cJSON *params, struct rp_id *id, struct rp_error *er
 	return 0;
 }
 
-/* The bound tensor named so, or -1 (a linear walk: at most
- * RP_PROG_BOUND_MAX names, each looked up once per Run). */
+/* The bound tensor named so, or -1. */
 static int bound_find(const struct rp_program *p, const char *name)
 {
-	for (int i = 0; i < p->nbound; i++) {
-		if (strcmp(p->tensors[p->bind[i]].name, name) == 0) {
+	int lo = 0, hi = p->nbound - 1;
+
+	while (lo <= hi) {
+		const int mid = lo + (hi - lo) / 2, i = p->bound_by_name[mid];
+		const int c = strcmp(name, p->tensors[p->bind[i]].name);
+		if (c == 0) {
 			return i;
+		}
+		if (c < 0) {
+			hi = mid - 1;
+		} else {
+			lo = mid + 1;
 		}
 	}
 	return -1;
