@@ -143,6 +143,9 @@ struct rd_program_run {
 	/* Set by the backend: the retry found the Run applied already, and
 	 * ran nothing. */
 	bool already_done;
+	/* The backend's: where the Run's kernels report a bad index (the
+	 * cuda backend's struct rd_prog_fault). */
+	void *fault;
 };
 
 /* One compute call in flight. The core fills it and calls submit; the

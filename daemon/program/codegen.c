@@ -968,11 +968,25 @@ static void emit_header(struct gen *g)
 		   " * compiled with NVRTC. */\n");
 	out(&g->b, "%s", preamble);
 	out(&g->b, "/* The one parameter of every kernel: daemon/program/plan.h. */\n"
+		   "struct rg_fault { unsigned int raised; int node; long long position, value, reserved; };\n"
 		   "struct rg_args {\n"
 		   "\tvoid *bound[%d];\n"
 		   "\tchar *arena;\n"
+		   "\tstruct rg_fault *fault;\n"
 		   "\tdouble scalar[%d];\n"
-		   "};\n\n",
+		   "};\n\n"
+		   "/* The first index outside its table, noted in the arena (the report\n"
+		   " * kernel hands it to the Run). */\n"
+		   "RG_DEV void rg_raise(const struct rg_args *a, unsigned long long at, int node, long long position,\n"
+		   "\t\t     long long value)\n"
+		   "{\n"
+		   "\tstruct rg_fault *f = (struct rg_fault *)(a->arena + at);\n"
+		   "\tif (atomicCAS(&f->raised, 0u, 1u) == 0u) {\n"
+		   "\t\tf->node = node;\n"
+		   "\t\tf->position = position;\n"
+		   "\t\tf->value = value;\n"
+		   "\t}\n"
+		   "}\n\n",
 	    nb, nb);
 }
 
@@ -1833,6 +1847,38 @@ static void emit_rows_offset(struct gen *g, int t, const char *row, const char *
 		out(&g->b, " * %s", lit(x->strides[x->rank - 1], l));
 }
 
+/* rg_raise for this step's node at flat index position `pos`. */
+static void emit_raise(struct gen *g, const char *ind, const char *pos)
+{
+	out(&g->b, "%srg_raise(a, %lluull, %d, (long long)%s, v);\n", ind, (unsigned long long)g->plan->fault_offset,
+	    g->st->nodes[0], pos);
+}
+
+/* Kernel k of a gather step: one thread hands a fault its step's kernels
+ * noted to the Run (the first of the Run's, when several steps noted one)
+ * and clears the note for the next Run. */
+static int emit_report_kernel(struct gen *g, int k)
+{
+	struct rd_prog_kernel *kr = &g->st->kernels[k];
+	unsigned long long at = (unsigned long long)g->plan->fault_offset;
+
+	kernel_name(g, kr->name, "gather", g->st->nodes, 1, "_report");
+	g->st->nkernels = k + 1;
+	kr->block = 32;
+	kr->blocks_per_sm = 1;
+	kr->blocks = 1;
+	out(&g->b, "\n/* The first index outside the table, handed to the Run. */\n");
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(32) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    kr->name);
+	out(&g->b, "\tstruct rg_fault *f = (struct rg_fault *)(a->arena + %lluull);\n", at);
+	out(&g->b, "\tif (threadIdx.x != 0 || !f->raised)\n\t\treturn;\n");
+	out(&g->b, "\tif (a->fault && !a->fault->raised) {\n");
+	out(&g->b, "\t\ta->fault->node = f->node;\n\t\ta->fault->position = f->position;\n");
+	out(&g->b, "\t\ta->fault->value = f->value;\n\t\t__threadfence_system();\n\t\ta->fault->raised = 1;\n\t}\n");
+	out(&g->b, "\tf->raised = 0;\n}\n");
+	return 0;
+}
+
 /* Elements of a row an embedding copies at once: 16 bytes, when the table
  * and the output have one dtype, contiguous rows that split into whole
  * vectors, and vector-aligned row starts; 1 otherwise. */
@@ -1868,7 +1914,7 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 	k->blocks = (uint64_t)((rows * dim + PW_BLOCK - 1) / PW_BLOCK);
 	g->root_written[o] = true;
 	emit_node_comment(g, g->st->nodes[0], "");
-	out(&g->b, "/* out[i, :] = table[index[i], :]; an index outside [0, %lld) reads as a row of zeros. */\n",
+	out(&g->b, "/* out[i, :] = table[index[i], :]; an index outside [0, %lld) reads as a row of zeros and is reported. */\n",
 	    (long long)vocab);
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    PW_BLOCK, k->name);
@@ -1894,8 +1940,10 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 		out(&g->b, "\t\t\tif (v >= 0 && v < %s)\n", lit(vocab, l));
 		out(&g->b, "\t\t\t\tx = *(const rg_vec<%s, %d> *)(p%d + v * %s + d);\n", ty, vec, table,
 		    lit(tt->strides[0], l2));
-		out(&g->b, "\t\t\telse\n#pragma unroll\n\t\t\t\tfor (int j = 0; j < %d; j++)\n", vec);
-		out(&g->b, "\t\t\t\t\tx.v[j] = rg_cvt<%s>(0.0f);\n", ty);
+		out(&g->b, "\t\t\telse {\n");
+		emit_raise(g, "\t\t\t\t", "i");
+		out(&g->b, "#pragma unroll\n\t\t\t\tfor (int j = 0; j < %d; j++)\n", vec);
+		out(&g->b, "\t\t\t\t\tx.v[j] = rg_cvt<%s>(0.0f);\n\t\t\t}\n", ty);
 		out(&g->b, "\t\t\t*(rg_vec<%s, %d> *)(p%d + ", ty, vec, o);
 		emit_rows_offset(g, o, "i", "d");
 		out(&g->b, ") = x;\n\t\t}\n\t\tstart = n;\n\t}\n");
@@ -1905,6 +1953,8 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 	out(&g->b, "\t\tconst long long v = (long long)p%d[", index);
 	emit_flat_offset(g, index, "i");
 	out(&g->b, "];\n");
+	out(&g->b, "\t\tif ((v < 0 || v >= %s) && d == 0)\n", lit(vocab, l));
+	emit_raise(g, "\t\t\t", "i");
 	out(&g->b, "\t\tconst %s x = v >= 0 && v < %s ? p%d[v * %s + d * %s] : rg_cvt<%s>(0.0f);\n", ctype(tt->dtype),
 	    lit(vocab, l), table, lit(tt->strides[0], l2), lit(tt->strides[1], l3), ctype(tt->dtype));
 	out(&g->b, "\t\tp%d[", o);
@@ -1914,7 +1964,7 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 	else
 		out(&g->b, "] = rg_cvt<%s>(rg_f32(x));\n", ctype(ot->dtype));
 	out(&g->b, "\t}\n}\n");
-	return 0;
+	return emit_report_kernel(g, 1);
 }
 
 static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
@@ -1937,7 +1987,7 @@ static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 	k->blocks_per_sm = PW_BLOCKS_PER_SM;
 	k->blocks = (uint64_t)((vocab * dim + PW_BLOCK - 1) / PW_BLOCK);
 	emit_node_comment(g, g->st->nodes[0], "");
-	out(&g->b, "/* d_table = 0, then each index's rows of d_out summed in index order. */\n");
+	out(&g->b, "/* d_table = 0, then each index's rows of d_out summed in index order; an index outside the table adds to no row and is reported. */\n");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    PW_BLOCK, k->name);
 	emit_idx_type(g);
@@ -1973,7 +2023,10 @@ static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 	out(&g->b, "\t\tconst long long v = (long long)p%d[", index);
 	emit_flat_offset(g, index, "i");
 	out(&g->b, "];\n");
-	out(&g->b, "\t\tif (v < 0 || v >= %s)\n\t\t\tcontinue;\n", lit(vocab, l));
+	out(&g->b, "\t\tif (v < 0 || v >= %s) {\n", lit(vocab, l));
+	out(&g->b, "\t\t\tif (threadIdx.x == 0)\n");
+	emit_raise(g, "\t\t\t\t", "i");
+	out(&g->b, "\t\t\tcontinue;\n\t\t}\n");
 	out(&g->b, "\t\tint seen = 0;\n");
 	out(&g->b, "\t\tfor (idx_t j = threadIdx.x; j < i; j += blockDim.x)\n");
 	out(&g->b, "\t\t\tseen |= (long long)p%d[", index);
@@ -1997,7 +2050,7 @@ static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 	out(&g->b, "\t\t\t\tif (d < dim)\n\t\t\t\t\tp%d[", o);
 	emit_rows_offset(g, o, "v", "d");
 	out(&g->b, "] = rg_cvt<%s>(acc[k]);\n\t\t\t}\n\t\t}\n\t}\n}\n", ctype(ot->dtype));
-	return 0;
+	return emit_report_kernel(g, 2);
 }
 
 static int gen_gather(struct gen *g)

@@ -665,6 +665,12 @@ int rd_prog_plan_build(const struct rp_program *p, struct rd_prog_plan *plan, st
 			plan->steps[s].scratch_bytes = rd_prog_codegen_scratch_bytes(p, plan, s);
 	if (r == 0)
 		r = lay_out_arena(p, plan);
+	plan->fault_offset = RD_PROG_NOT_IN_ARENA;
+	for (int s = 0; r == 0 && s < plan->nsteps; s++)
+		if (plan->steps[s].kind == RD_STEP_GATHER && plan->fault_offset == RD_PROG_NOT_IN_ARENA) {
+			plan->fault_offset = plan->arena_bytes;
+			plan->arena_bytes += RD_PROG_ARENA_ALIGN;
+		}
 	if (r < 0) {
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
 		goto fail;
@@ -708,11 +714,11 @@ static int args_slots(const struct rd_prog_plan *plan)
 
 size_t rd_prog_args_size(const struct rd_prog_plan *plan)
 {
-	return (size_t)args_slots(plan) * (sizeof(void *) + sizeof(double)) + sizeof(void *);
+	return (size_t)args_slots(plan) * (sizeof(void *) + sizeof(double)) + 2 * sizeof(void *);
 }
 
 void rd_prog_args_fill(const struct rd_prog_plan *plan, void *dst, void *const *bound, void *arena,
-		       const double *scalars)
+		       struct rd_prog_fault *fault, const double *scalars)
 {
 	size_t nb = (size_t)args_slots(plan);
 	char *d = dst;
@@ -720,9 +726,10 @@ void rd_prog_args_fill(const struct rd_prog_plan *plan, void *dst, void *const *
 	memset(d, 0, rd_prog_args_size(plan));
 	if (plan->nbound > 0) {
 		memcpy(d, bound, (size_t)plan->nbound * sizeof(void *));
-		memcpy(d + (nb + 1) * sizeof(void *), scalars, (size_t)plan->nbound * sizeof(double));
+		memcpy(d + (nb + 2) * sizeof(void *), scalars, (size_t)plan->nbound * sizeof(double));
 	}
 	memcpy(d + nb * sizeof(void *), &arena, sizeof(void *));
+	memcpy(d + (nb + 1) * sizeof(void *), &fault, sizeof(void *));
 }
 
 unsigned rd_prog_kernel_grid(const struct rd_prog_kernel *k, unsigned sm_count)

@@ -35,6 +35,8 @@
  *     void *bound[NBOUND];     each bound root's device address (buffer
  *                              mapping + the Run's offset), by bind_index
  *     char *arena;             the scratch arena, arena_bytes long
+ *     struct rd_prog_fault *fault;   where the Run's first bad index is
+ *                              reported (host memory the device maps)
  *     double scalar[NBOUND];   scalars' values, by bind_index
  * NBOUND is max(p->nbound, 1). Shapes, strides, offsets and constants are
  * literals in the source: a program's shapes are static.
@@ -52,8 +54,8 @@ enum rd_prog_step_kind { RD_STEP_LIBRARY = 0, RD_STEP_FUSED, RD_STEP_REDUCTION, 
 
 #define RD_PROG_KERNEL_NAME_MAX 64
 /* A step's kernels at most (a leading-axis reduction's partial and final
- * passes; an embedding backward's zeroing and its rows). */
-#define RD_PROG_STEP_KERNELS_MAX 2
+ * passes; an embedding backward's zeroing, its rows and its report). */
+#define RD_PROG_STEP_KERNELS_MAX 3
 /* Arena offsets are multiples of this. */
 #define RD_PROG_ARENA_ALIGN 256
 /* An arena_offset[] entry for a tensor whose root is not in the arena (a
@@ -113,9 +115,26 @@ struct rd_prog_plan {
 	 * step, and the tensor never in memory. */
 	int *computed_inline;
 	uint64_t arena_bytes;
+	/* With embedding steps: where in the arena their kernels note the
+	 * first index outside the table (a struct rd_prog_fault, zeroed when
+	 * the arena is made and by each step's report kernel, which copies a
+	 * raised one to rg_args.fault). RD_PROG_NOT_IN_ARENA without. */
+	uint64_t fault_offset;
 	int nbound;                 /* p->nbound: what rg_args holds */
 	uint64_t fused_kernels;     /* kernels over all steps (Status) */
 };
+
+/* What a Run's kernels report: the first index found outside its table
+ * (which read as a row of zeros, or added to no row). The generated
+ * source declares the same layout as struct rg_fault. */
+struct rd_prog_fault {
+	uint32_t raised;            /* 0: nothing to report */
+	int32_t node;
+	int64_t position;           /* flat, in the index tensor's elements */
+	int64_t value;
+	uint64_t reserved;
+};
+_Static_assert(sizeof(struct rd_prog_fault) == 32, "rg_fault's layout");
 
 /* Plans p (checked, as rp_program_parse leaves it): groups its nodes into
  * steps, lays the arena out and writes each step's source. 0, or -ENOMEM
@@ -135,7 +154,7 @@ void *rd_prog_tensor_address(const struct rd_prog_plan *plan, const struct rp_pr
  * and the others' of scalars are ignored). */
 size_t rd_prog_args_size(const struct rd_prog_plan *plan);
 void rd_prog_args_fill(const struct rd_prog_plan *plan, void *dst, void *const *bound, void *arena,
-		       const double *scalars);
+		       struct rd_prog_fault *fault, const double *scalars);
 
 /* The grid to launch kernel k with on a device of sm_count SMs. */
 unsigned rd_prog_kernel_grid(const struct rd_prog_kernel *k, unsigned sm_count);

@@ -7,7 +7,7 @@ replays, or is captured again when a library call's operand moved); a
 Release and a device_lost in between, after which the same program (not
 defined again) gives the same results.
 
-    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,chains,block,graph,lifecycle]
+    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,gather,chains,block,faults]
 
 Exit 0 = pass, 1 = fail, 77 = skipped (no torch or no CUDA). Prints one
 line per check and "N passed, N failed" last.
@@ -154,6 +154,58 @@ def check_ops(c):
                 err = rel_err(out, ref)
                 record(f"reduction {red} {axis} {dtype}", err <= 1e-5, f"err {err:.2e}")
                 c.drop_program(prog)
+
+
+def check_gather(c):
+    """Embedding and its backward against torch in f64, with repeated
+    indices; then an index outside the table: the Run fails with
+    InvalidOperand naming the index tensor, its place and value (the host
+    backend refuses the same Run before it runs), and the next Run with
+    good indices is right again (the kernels' note is cleared)."""
+    g = generator()
+    V, D, B, S = 1000, 256, 4, 512
+    p = regen.ProgramBuilder("embed")
+    wte = p.input("wte", "bf16", (V, D))
+    ids = p.input("ids", "i64", (B, S))
+    e = p.output("e", "bf16", (B, S, D))
+    de = p.input("de", "bf16", (B * S, D))
+    dwte = p.output("dwte", "f32", (V, D))
+    p.node("embedding", [wte, ids], [e])
+    p.node("embedding_backward", [de, ids], [dwte])
+    prog = c.define_program(DEV, p.definition())
+    w = torch.randn(V, D, device="cuda", generator=g).to(torch.bfloat16)
+    d_e = torch.randn(B * S, D, device="cuda", generator=g).to(torch.bfloat16)
+    out_e = torch.empty(B, S, D, device="cuda", dtype=torch.bfloat16)
+    out_dw = torch.empty(V, D, device="cuda")
+
+    def run(index):
+        torch.cuda.synchronize()
+        c.run_program(prog, {"wte": w, "ids": index, "e": out_e, "de": d_e, "dwte": out_dw})
+
+    def check(index, what):
+        run(index)
+        ref_e = w.double()[index]
+        ref_dw = torch.zeros(V, D, dtype=torch.float64, device="cuda").index_add_(
+            0, index.reshape(-1), d_e.double())
+        ok_e = torch.equal(out_e, ref_e.to(torch.bfloat16))
+        err = rel_err(out_dw, ref_dw)
+        record(f"gather embedding, {what}", ok_e, "rows copied exactly" if ok_e else "rows differ")
+        record(f"gather embedding_backward, {what}", err <= 1e-6, f"err {err:.2e}")
+
+    index = torch.randint(0, V // 10, (B, S), device="cuda", generator=g)   # many repeats
+    check(index, "repeated indices")
+    bad = index.clone()
+    where = (int(torch.randint(0, B, (1,), generator=g, device="cuda")), int(torch.randint(0, S, (1,), generator=g, device="cuda")))
+    bad[where] = V + 3
+    try:
+        run(bad)
+        record("gather: an index outside the table is refused", False, "the Run succeeded")
+    except regen.InvalidOperand as x:
+        text = str(x)
+        ok = x.parameters.get("operand") == "ids" and f"[{where[0]}, {where[1]}]" in text and str(V + 3) in text
+        record("gather: an index outside the table is refused", ok, text[:160])
+    check(index, "after a bad index")
+    c.drop_program(prog)
 
 
 def check_chains(c):
@@ -367,7 +419,7 @@ def main():
     c = regen.Client(daemon.socket, timeout=600)
     c_socket[0] = daemon.socket
     try:
-        for name, fn in (("ops", check_ops), ("chains", check_chains), ("block", check_block),
+        for name, fn in (("ops", check_ops), ("gather", check_gather), ("chains", check_chains), ("block", check_block),
                          ("faults", check_faults)):
             if only is None or name in only:
                 guarded(name, fn, c)

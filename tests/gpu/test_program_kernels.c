@@ -105,7 +105,7 @@ static int run_device(struct run *r, struct rp_error *err)
 		CUDA_OK(cudaMemcpy(r->dev[i], r->t.initial[i], r->t.root_bytes[i], cudaMemcpyHostToDevice));
 		bound[r->t.p.tensors[i].bind_index] = r->dev[i];
 	}
-	rd_prog_args_fill(&r->t.plan, args, bound, r->arena, r->t.scalars);
+	rd_prog_args_fill(&r->t.plan, args, bound, r->arena, NULL, r->t.scalars);
 	CUDA_OK(cudaMemcpy(r->args_dev, args, args_size, cudaMemcpyHostToDevice));
 	for (int s = 0; s < r->t.plan.nsteps && rc == 0; s++) {
 		rc = cuda_rtc_module_get(&r->mods[s], err);

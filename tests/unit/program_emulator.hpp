@@ -105,6 +105,19 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int lane_mask)
 	return r;
 }
 
+/* One thread runs at a time, switched only at barriers: plain code is
+ * atomic here. */
+static inline unsigned atomicCAS(unsigned *p, unsigned expected, unsigned desired)
+{
+	unsigned old = *p;
+
+	if (old == expected)
+		*p = desired;
+	return old;
+}
+
+static inline void __threadfence_system() {}
+
 // What follows the step's source: the launcher the test calls.
 #define RG_EMULATOR_LAUNCHER                                                                              \
 	static void (*rg_fn)(const rg_args *);                                                            \

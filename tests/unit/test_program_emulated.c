@@ -55,9 +55,43 @@ static void *load_step(const struct rd_prog_step *st, char *so, size_t so_size)
 	return h;
 }
 
+/* The program's first embedding node (forward or backward). */
+static int gather_node(const struct rp_program *p)
+{
+	for (int i = 0; i < p->nnodes; i++)
+		if (p->nodes[i].op->cls == RP_PC_GATHER)
+			return i;
+	ck_abort_msg("program %s has no embedding", p->name);
+	return -1;
+}
+
+/* Rows of the node's table. */
+static int64_t gather_rows(const struct rp_program *p, int node)
+{
+	const struct rp_prog_node *n = &p->nodes[node];
+
+	return p->tensors[n->gather.fn == RP_GATHER_EMBEDDING ? n->in[0] : n->out[0]].shape[0];
+}
+
+/* Index tensor x's element at flat position `where` (its root at base). */
+static void set_index(void *base, const struct rp_prog_tensor *x, int64_t where, int64_t value)
+{
+	int64_t off = x->root_offset, rest = where;
+
+	for (int d = x->rank - 1; d >= 0; d--) {
+		off += (rest % x->shape[d]) * x->strides[d];
+		rest /= x->shape[d];
+	}
+	if (x->dtype == RP_DTYPE_I64)
+		((int64_t *)base)[off] = value;
+	else
+		((int32_t *)base)[off] = (int32_t)value;
+}
+
 /* One run of the program's kernels over host memory: `skew` elements off
- * their vectors' alignment, grids for `sms` SMs. */
-static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsigned sms)
+ * their vectors' alignment, grids for `sms` SMs. With `bad`: one index
+ * made bad (*bad says where), which the run must report, not compare. */
+static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsigned sms, struct rd_prog_fault *bad)
 {
 	struct tl_prog t;
 	char why[256], msg[512], so[4200];
@@ -79,8 +113,21 @@ static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsi
 	}
 	void *arena = aligned_alloc(256, t.plan.arena_bytes + 256);
 	memset(arena, 0xcd, t.plan.arena_bytes + 256);   /* what an arena holds before: not zeros */
+	if (t.plan.fault_offset != RD_PROG_NOT_IN_ARENA)
+		memset((char *)arena + t.plan.fault_offset, 0, sizeof(struct rd_prog_fault));
+	struct rd_prog_fault fault = { 0 };
 	void *args = malloc(rd_prog_args_size(&t.plan));
-	rd_prog_args_fill(&t.plan, args, bound, arena, t.scalars);
+	rd_prog_args_fill(&t.plan, args, bound, arena, &fault, t.scalars);
+	if (bad) {
+		/* One index outside the table, at a random place. */
+		int node = gather_node(&t.p), index = t.p.nodes[node].in[1];
+		int64_t vocab = gather_rows(&t.p, node), where = tl_rng_int(tl_rand(), 0, t.p.tensors[index].numel - 1);
+		int64_t value = tl_rand_int(0, 1) ? vocab + tl_rand_int(0, 4) : -1 - tl_rand_int(0, 4);
+		set_index(mem[t.p.tensors[index].root], &t.p.tensors[index], where, value);
+		bad->node = node;
+		bad->position = where;
+		bad->value = value;
+	}
 
 	for (int s = 0; s < t.plan.nsteps; s++) {
 		const struct rd_prog_step *st = &t.plan.steps[s];
@@ -97,7 +144,17 @@ static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsi
 		}
 		dlclose(h);
 	}
-	for (int i = 0; i < n; i++) {
+	if (bad) {
+		ck_assert_msg(fault.raised, "%s: an index outside the table was not reported", c->name);
+		ck_assert_int_eq(fault.node, bad->node);
+		ck_assert_int_eq(fault.position, bad->position);
+		ck_assert_int_eq(fault.value, bad->value);
+		ck_assert_uint_eq(((struct rd_prog_fault *)((char *)arena + t.plan.fault_offset))->raised, 0);
+	} else {
+		ck_assert_msg(!fault.raised, "%s: a bad index reported (node %d, position %lld, value %lld) with none",
+			      c->name, fault.node, (long long)fault.position, (long long)fault.value);
+	}
+	for (int i = 0; i < n && !bad; i++) {
 		if (!tl_prog_is_result(&t, i))
 			continue;
 		bool ok = tl_prog_compare(&t, i, mem[i], msg, sizeof(msg));
@@ -117,8 +174,28 @@ START_TEST(kernels_match_the_reference)
 {
 	const struct tl_prog_case *c = &tl_prog_cases[_i];
 
-	run(c, (uint64_t)_i + 1, 0, 2);
-	run(c, (uint64_t)_i + 100, 1, 1);
+	run(c, (uint64_t)_i + 1, 0, 2, NULL);
+	run(c, (uint64_t)_i + 100, 1, 1, NULL);
+}
+END_TEST
+
+/* An index outside its table, in every program with an embedding (its
+ * forward or backward first): the first step's report names the node,
+ * the position and the value, and the arena's note is clear after. */
+START_TEST(bad_index_is_reported)
+{
+	int found = 0;
+
+	for (size_t i = 0; i < tl_prog_ncases; i++) {
+		if (!strstr(tl_prog_cases[i].json, "'embedding"))
+			continue;
+		for (unsigned skew = 0; skew < 2; skew++) {
+			struct rd_prog_fault bad = { 0 };
+			run(&tl_prog_cases[i], 500 + i, skew, 1 + skew, &bad);
+		}
+		found++;
+	}
+	ck_assert_int_gt(found, 0);
 }
 END_TEST
 
@@ -129,6 +206,7 @@ static Suite *suite(void)
 
 	tcase_set_timeout(tc, 600);
 	tcase_add_loop_test(tc, kernels_match_the_reference, 0, (int)tl_prog_ncases);
+	tcase_add_test(tc, bad_index_is_reported);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -493,11 +493,17 @@ START_TEST(gather_steps)
 	ck_assert_int_eq(plan.nsteps, 2);
 	assert_step(0, RD_STEP_GATHER, 0, 1);
 	assert_step(1, RD_STEP_GATHER, 1, 1);
-	ck_assert_int_eq(plan.steps[0].nkernels, 1);
-	ck_assert_int_eq(plan.steps[1].nkernels, 2);
+	ck_assert_int_eq(plan.steps[0].nkernels, 2);
+	ck_assert_str_eq(plan.steps[0].kernels[1].name, "k0_gather_embedding_report");
+	ck_assert_int_eq(plan.steps[1].nkernels, 3);
 	ck_assert_str_eq(plan.steps[1].kernels[0].name, "k1_gather_embedding_backward_zero");
 	ck_assert_str_eq(plan.steps[1].kernels[1].name, "k1_gather_embedding_backward_rows");
 	ck_assert_uint_eq(plan.steps[1].kernels[1].blocks, 8192);
+	ck_assert_str_eq(plan.steps[1].kernels[2].name, "k1_gather_embedding_backward_report");
+	/* One note of a bad index for both, past everything else in the arena. */
+	ck_assert_uint_ne(plan.fault_offset, RD_PROG_NOT_IN_ARENA);
+	ck_assert_uint_eq(plan.fault_offset % RD_PROG_ARENA_ALIGN, 0);
+	ck_assert_uint_le(plan.fault_offset + sizeof(struct rd_prog_fault), plan.arena_bytes);
 }
 END_TEST
 
@@ -537,11 +543,11 @@ START_TEST(args_layout)
 	build();
 
 	ck_assert_int_eq(plan.nbound, 3);
-	ck_assert_uint_eq(rd_prog_args_size(&plan), 3 * 8 + 8 + 3 * 8);
+	ck_assert_uint_eq(rd_prog_args_size(&plan), 3 * 8 + 8 + 8 + 3 * 8);
 	void *bound[3] = { (void *)0x1000, NULL, (void *)0x3000 };
 	double scalars[3] = { 0, 0.5, 0 };
-	unsigned char buf[56];
-	rd_prog_args_fill(&plan, buf, bound, (void *)0x7000, scalars);
+	unsigned char buf[64];
+	rd_prog_args_fill(&plan, buf, bound, (void *)0x7000, (struct rd_prog_fault *)0x9000, scalars);
 	void *p;
 	double d;
 	memcpy(&p, buf, 8);
@@ -550,7 +556,9 @@ START_TEST(args_layout)
 	ck_assert_ptr_eq(p, (void *)0x3000);
 	memcpy(&p, buf + 24, 8);
 	ck_assert_ptr_eq(p, (void *)0x7000);
-	memcpy(&d, buf + 32 + 8, 8);
+	memcpy(&p, buf + 32, 8);
+	ck_assert_ptr_eq(p, (void *)0x9000);
+	memcpy(&d, buf + 40 + 8, 8);
 	ck_assert(d == 0.5);
 	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "void *bound[3];"));
 	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "double scalar[3];"));

@@ -184,6 +184,9 @@ struct cuda_lane {
 	cudaStream_t notify;
 	cudaEvent_t done[RD_CUDA_LANE_DEPTH];
 	unsigned next_done;
+	/* By done[] slot: where a program Run's kernels report a bad index
+	 * (host memory the device maps; read once the call's event fired). */
+	struct rd_prog_fault *faults, *faults_dev;
 	uint64_t fault_seen;
 	uint64_t op_resets;                /* cd->resets when the op being launched started */
 	void *last_workspace;
@@ -405,6 +408,9 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 			struct rp_error *err);
 void cuda_program_destroy(struct rd_program *prog);
 int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op);
+/* The completer's, once a Run's work finished: turns a bad index its
+ * kernels reported into the call's error. */
+void cuda_program_completed(struct rd_op *op);
 
 /* ---- ipc.c ------------------------------------------------------------- */
 

@@ -26,6 +26,9 @@ static void lane_destroy_events(struct cuda_lane *l)
 			cudaEventDestroy(l->done[i]);
 		l->done[i] = NULL;
 	}
+	if (l->faults)
+		cudaFreeHost(l->faults);
+	l->faults = l->faults_dev = NULL;
 }
 
 static int lane_init(struct rd_resource *res)
@@ -55,6 +58,17 @@ static int lane_init(struct rd_resource *res)
 			return STATUS_CUDA("cudaEventCreateWithFlags");
 		}
 	}
+	e_ = cudaHostAlloc((void **)&l->faults, RD_CUDA_LANE_DEPTH * sizeof(*l->faults), cudaHostAllocMapped);
+	if (e_ == cudaSuccess)
+		e_ = cudaHostGetDevicePointer((void **)&l->faults_dev, l->faults, 0);
+	if (e_ != cudaSuccess) {
+		lane_destroy_events(l);
+		cudaStreamDestroy(l->notify);
+		cudaStreamDestroy(l->stream);
+		l->stream = l->notify = NULL;
+		return STATUS_CUDA("cudaHostAlloc(the lane's fault reports)");
+	}
+	memset(l->faults, 0, RD_CUDA_LANE_DEPTH * sizeof(*l->faults));
 	pthread_mutex_lock(&l->cd->fault_lock);
 	l->fault_seen = l->cd->fault_seq;
 	pthread_mutex_unlock(&l->cd->fault_lock);
@@ -81,6 +95,7 @@ static void lane_invalidate(struct rd_resource *res)
 	l->stream = l->notify = NULL;
 	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++)
 		l->done[i] = NULL;
+	l->faults = l->faults_dev = NULL;
 }
 
 static const struct rd_resource_ops lane_ops = {
@@ -437,6 +452,8 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 	if (op->comm)
 		cuda_comm_completed(op);
 #endif
+	if (op->run && p->done)
+		cuda_program_completed(op);
 	op->elapsed_us = (rd_now_ns() - p->t0) / 1000;
 	rd_op_complete(op);
 }

@@ -125,6 +125,10 @@ static int state_init(struct rd_resource *res)
 	e_ = cudaMalloc(&st->args, p->args_bytes);
 	if (e_ == cudaSuccess)
 		e_ = cudaEventCreateWithFlags(&st->last_run, cudaEventDisableTiming);
+	/* The embedding steps' note of a bad index starts clear; their report
+	 * kernels clear it after each Run. */
+	if (e_ == cudaSuccess && p->plan.fault_offset != RD_PROG_NOT_IN_ARENA)
+		e_ = cudaMemset((char *)st->arena + p->plan.fault_offset, 0, sizeof(struct rd_prog_fault));
 	if (e_ != cudaSuccess) {
 		int r = STATUS_CUDA("the program's argument block");
 		state_free_device(st, true);
@@ -472,6 +476,46 @@ fail_cuda:
 	return 1;
 }
 
+/* After the Run's work finished: a bad index its kernels reported fails
+ * the call, named as the host backend names it (which refuses the Run
+ * before it runs; here the rows read as zeros and the outputs are
+ * written). */
+void cuda_program_completed(struct rd_op *op)
+{
+	struct rd_program_run *run = op->run;
+	const struct rd_prog_fault *f = run->fault;
+	const struct rp_program *def = run->prog->def;
+
+	if (!f || !__atomic_load_n(&f->raised, __ATOMIC_ACQUIRE) || op->err.name)
+		return;
+	if (f->node < 0 || f->node >= def->nnodes || def->nodes[f->node].nin < 2) {
+		rp_error_set(&op->err, RP_ERR_BACKEND, "program %s: a kernel reported a bad index at node %d", def->name,
+			     f->node);
+		return;
+	}
+	const struct rp_prog_node *n = &def->nodes[f->node];
+	const bool forward = n->gather.fn == RP_GATHER_EMBEDDING;
+	const struct rp_prog_tensor *table = &def->tensors[forward ? n->in[0] : n->out[0]];
+	const struct rp_prog_tensor *index = &def->tensors[n->in[1]];
+	char pos[RP_PROG_RANK_MAX * 24] = "";
+	size_t len = 0;
+	int64_t rest = f->position, coord[RP_PROG_RANK_MAX];
+
+	for (int d = index->rank - 1; d >= 0; d--) {
+		coord[d] = index->shape[d] ? rest % index->shape[d] : 0;
+		rest = index->shape[d] ? rest / index->shape[d] : 0;
+	}
+	for (int d = 0; d < index->rank && len < sizeof(pos); d++)
+		len += (size_t)snprintf(pos + len, sizeof(pos) - len, "%s%lld", d ? ", " : "[", (long long)coord[d]);
+	if (index->rank && len < sizeof(pos))
+		snprintf(pos + len, sizeof(pos) - len, "]");
+	rp_error_invalid_operand(&op->err, index->name,
+				 "%s%s is %lld, outside [0, %lld): the rows of '%s' (node '%s', %s); the Run %s and "
+				 "wrote its outputs",
+				 index->name, pos, (long long)f->value, (long long)table->shape[0], table->name, n->name,
+				 n->op->name, forward ? "read a row of zeros for it" : "added its gradient to no row");
+}
+
 int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 {
 	struct rd_program_run *run = op->run;
@@ -501,7 +545,12 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	}
 	for (int i = 0; i < run->nbound; i++)
 		p->bound[i] = run->buffers[i] ? (char *)run->buffers[i]->ptr + run->offsets[i] : NULL;
-	rd_prog_args_fill(&p->plan, p->args_host, p->bound, st->arena, run->scalars);
+	/* The lane's report slot for this call: the completion event's, so
+	 * that no later call on the lane takes it before this one is read. */
+	run->fault = &lane->faults[lane->next_done];
+	memset(run->fault, 0, sizeof(struct rd_prog_fault));
+	rd_prog_args_fill(&p->plan, p->args_host, p->bound, st->arena, lane->faults_dev + lane->next_done,
+			  run->scalars);
 	if (journal) {
 		struct rp_prog_journal_header *h = (void *)((char *)p->args_host + p->args_kernels);
 
