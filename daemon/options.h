@@ -39,6 +39,8 @@ struct rd_options {
 	unsigned max_comms;            /* communicators, per client process, per device */
 	unsigned max_programs;         /* programs, per client process, per device */
 	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */
+	unsigned max_uid_programs;     /* programs of every process of a uid together, per device */
+	unsigned max_uid_program_nodes; /* and their nodes, after lowering */
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned max_ring_entries;     /* entries of every ring of a uid together, per device */
 	uint64_t max_import_gib;       /* bytes imported by a uid together, per device, in GiB */
