@@ -20,6 +20,7 @@
 #include "daemon/conn.h"
 #include "daemon/listen.h"
 #include "daemon/options.h"
+#include "daemon/worker/comm_owners.h"
 #include "daemon/worker/objects.h"
 #include "daemon/worker/usage.h"
 
@@ -72,6 +73,7 @@ struct rd_worker {
 	struct rd_device dev;
 	struct rd_objects objects;
 	struct rd_usage_table usage;    /* what each job uses (usage.h) */
+	struct rd_comm_owners comm_owners;  /* whose the unique ids it made are (comm_owners.h) */
 	struct rd_listener listener;
 	char socket_path[108];
 	struct rd_conn *ctl;            /* to the supervisor */
