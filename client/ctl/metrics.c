@@ -60,7 +60,8 @@ static void per_device(FILE *f, const cJSON *devices, const char *name, const ch
 }
 
 /* One sample per job of each device (DeviceInfo.jobs), labelled with the
- * job and where it comes from. The label is client_job, not job: job is
+ * job and where it comes from, and a stated job with the uid that stated
+ * it (the same words from two uids are two jobs). The label is client_job, not job: job is
  * the label Prometheus gives every series of a scrape (the scrape job's
  * name), and a series' own would be renamed exported_job. A job is any
  * string an older or another regend may send: label_value escapes it. */
@@ -76,7 +77,7 @@ static void per_job(FILE *f, const cJSON *devices, const char *name, const char 
 		if (!cJSON_IsNumber(index))
 			continue;
 		cJSON_ArrayForEach(j, field(d, "jobs")) {
-			const cJSON *v = field(j, key);
+			const cJSON *v = field(j, key), *uid = field(j, "uid");
 
 			if (!cJSON_IsNumber(v))
 				continue;
@@ -87,6 +88,8 @@ static void per_job(FILE *f, const cJSON *devices, const char *name, const char 
 			label_value(f, cJSON_GetStringValue(field(j, "job")));
 			fputs("\",job_source=\"", f);
 			label_value(f, cJSON_GetStringValue(field(j, "source")));
+			if (cJSON_IsNumber(uid))
+				fprintf(f, "\",uid=\"%.0f", uid->valuedouble);
 			fprintf(f, "\"} %.17g\n", v->valuedouble);
 		}
 	}
