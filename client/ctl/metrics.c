@@ -1,7 +1,9 @@
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include "client/ctl/metrics.h"
+#include "proto/text.h"
 
 /* The states of io.regen.Device.State: each device has one series per
  * state, 1 for the one it is in, so that a query need not know them. */
@@ -9,18 +11,16 @@ static const char *const states[] = {
 	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
 };
 
-/* A label value as the format wants it: backslash, double quote and line
- * feed escaped. */
+/* A label value as the format wants it (backslash, double quote and line
+ * feed escaped), and what a terminal would act on as the text escape's own
+ * characters (proto/text.h): the file is read by people too. */
 static void label_value(FILE *f, const char *s)
 {
-	for (; s && *s; s++) {
-		if (*s == '\\' || *s == '"')
-			fprintf(f, "\\%c", *s);
-		else if (*s == '\n')
-			fputs("\\n", f);
-		else
-			fputc(*s, f);
-	}
+	char *escaped = rp_text_escape_dup(s, RP_TEXT_LABEL);
+
+	if (escaped)
+		fputs(escaped, f);
+	free(escaped);
 }
 
 static const cJSON *field(const cJSON *o, const char *name)
