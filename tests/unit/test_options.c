@@ -243,6 +243,8 @@ START_TEST(the_defaults_are_the_documented_ones)
 	ck_assert_uint_eq(o.max_ring_entries, 16384);
 	ck_assert_uint_eq(o.max_import_gib, 1024);
 	ck_assert_uint_eq(o.max_uid_programs, 256);
+	ck_assert_uint_eq(o.hang_cooldown_ms, 60000);
+	ck_assert_str_eq(o.worker_charged, "");
 	ck_assert_uint_eq(o.max_uid_program_nodes, 262144);
 	ck_assert_uint_eq(o.gemm_plans_max, 256);
 	ck_assert_str_eq(o.config_path, "");
