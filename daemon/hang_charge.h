@@ -30,6 +30,8 @@
 #define RD_HANG_CHARGES_MAX 256
 /* The cool-down doubles up to 2^(RD_HANG_STRIKES_MAX - 1) times the first. */
 #define RD_HANG_STRIKES_MAX 7
+/* The longest text of one charge, its comma included. */
+#define RD_HANG_CHARGE_TEXT_MAX 48
 
 struct rd_hang_charge {
 	uid_t uid;

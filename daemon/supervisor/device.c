@@ -995,14 +995,15 @@ void rd_sv_device_tell_charges(struct rd_sv_device *d)
 {
 	/* The whole table, however long: the command line holds the newest
 	 * that fit. */
-	char *text = malloc(RD_HANG_CHARGES_MAX * 48 + 1);
+	size_t size = RD_HANG_CHARGES_MAX * RD_HANG_CHARGE_TEXT_MAX + 1;
+	char *text = malloc(size);
 	cJSON *params;
 
 	if (!d->env->hang_charges || !text) {
 		free(text);
 		return;
 	}
-	rd_hang_charges_format(d->env->hang_charges, uv_hrtime(), text, RD_HANG_CHARGES_MAX * 48 + 1);
+	rd_hang_charges_format(d->env->hang_charges, uv_hrtime(), text, size);
 	params = cJSON_CreateObject();
 	cJSON_AddStringToObject(params, "charges", text);
 	free(text);
