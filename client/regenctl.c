@@ -18,6 +18,7 @@
 #include "client/ctl/metrics.h"
 #include "client/ctl/targets.h"
 #include "proto/job.h"
+#include "proto/text.h"
 
 enum {
 	EXIT_OK = 0,
@@ -252,6 +253,20 @@ static int exit_code(int r, const char *name)
 	}
 }
 
+/* A string from regend as a terminal shows it (proto/text.h): its text
+ * comes from clients too (a restart's reason), and no line feed or
+ * terminal sequence of theirs reaches whoever runs regenctl. One of four
+ * buffers, used in turn. */
+static const char *shown(const char *s)
+{
+	static char bufs[4][1024];
+	static unsigned next;
+	char *b = bufs[next++ % 4];
+
+	rp_text_escape(s, RP_TEXT_LINE, b, sizeof(bufs[0]));
+	return b;
+}
+
 /* Reports a failed call on stderr and picks the exit status. */
 static int fail(regen_client *c, const char *what, int r)
 {
@@ -259,22 +274,25 @@ static int fail(regen_client *c, const char *what, int r)
 	const char *msg = regen_client_error_message(c);
 
 	if (r == -EREMOTE && name != NULL) {
-		fprintf(stderr, "regenctl: %s: %s%s%s\n", what, name, msg ? ": " : "", msg ? msg : "");
+		fprintf(stderr, "regenctl: %s: %s%s%s\n", what, shown(name), msg ? ": " : "", msg ? shown(msg) : "");
 	} else if (msg != NULL) {
-		fprintf(stderr, "regenctl: %s: %s (%s)\n", what, strerror(-r), msg);
+		fprintf(stderr, "regenctl: %s: %s (%s)\n", what, strerror(-r), shown(msg));
 	} else {
 		fprintf(stderr, "regenctl: %s: %s\n", what, strerror(-r));
 	}
 	return exit_code(r, name);
 }
 
-/* Prints and frees one line of JSON (NULL: out of memory, nothing). */
+/* Prints and frees one line of JSON (NULL: out of memory, nothing), what
+ * a terminal would act on escaped in its strings. */
 static void print_line(char *text)
 {
-	if (text != NULL) {
-		puts(text);
-		free(text);
-	}
+	char *safe = text != NULL ? rp_text_escape_dup(text, RP_TEXT_JSON) : NULL;
+
+	if (safe != NULL)
+		puts(safe);
+	free(safe);
+	free(text);
 	fflush(stdout);
 }
 
@@ -309,9 +327,9 @@ static void health_cells(const struct regen_device_info *d, char (*cell)[128])
 			snprintf(cell[j], 128, "-");
 		return;
 	}
-	snprintf(cell[0], 128, "%s", d->health_source[0] ? d->health_source : "-");
-	snprintf(cell[1], 128, "%s", d->uuid[0] ? d->uuid : "-");
-	snprintf(cell[2], 128, "%s", d->pci_bus_id[0] ? d->pci_bus_id : "-");
+	snprintf(cell[0], 128, "%s", d->health_source[0] ? shown(d->health_source) : "-");
+	snprintf(cell[1], 128, "%s", d->uuid[0] ? shown(d->uuid) : "-");
+	snprintf(cell[2], 128, "%s", d->pci_bus_id[0] ? shown(d->pci_bus_id) : "-");
 	if (d->last_xid) {
 		time_t t = (time_t)(d->last_xid_unix_ms / 1000);
 		struct tm tm;
@@ -370,13 +388,13 @@ static int cmd_status(regen_client *c, const struct command *cmd, const struct o
 
 		snprintf(row[0], 128, "%d", d->index);
 		snprintf(row[1], 128, "%llu", (unsigned long long)d->generation);
-		snprintf(row[2], 128, "%s", d->state[0] ? d->state : "-");
-		snprintf(row[3], 128, "%s", d->backend[0] ? d->backend : "-");
+		snprintf(row[2], 128, "%s", d->state[0] ? shown(d->state) : "-");
+		snprintf(row[3], 128, "%s", d->backend[0] ? shown(d->backend) : "-");
 		snprintf(row[4], 128, "%lld", (long long)d->worker_pid);
 		snprintf(row[5], 128, "%llu", (unsigned long long)d->respawns);
 		snprintf(row[6], 128, "%llu", (unsigned long long)d->memory_used);
 		snprintf(row[7], 128, "%llu", (unsigned long long)d->memory_baseline);
-		snprintf(row[8], 128, "%s", d->worker_socket[0] ? d->worker_socket : "-");
+		snprintf(row[8], 128, "%s", d->worker_socket[0] ? shown(d->worker_socket) : "-");
 		health_cells(d, row + 9);
 		/* SHARING: "mps" (no isolation between the worker and the ranks)
 		 * or "isolated"; "-" before a worker said. */
@@ -424,7 +442,7 @@ static int cmd_generation(regen_client *c, const struct command *cmd, const stru
 		for (i = 0; i < regen_status_device_count(st); i++) {
 			const struct regen_device_info *d = regen_status_device(st, i);
 
-			printf("%-6d  %-10llu  %s\n", d->index, (unsigned long long)d->generation, d->state);
+			printf("%-6d  %-10llu  %s\n", d->index, (unsigned long long)d->generation, shown(d->state));
 		}
 	}
 	regen_status_free(st);
@@ -511,11 +529,11 @@ static void waiter_progress(struct waiter *wt, const struct regen_watch_event *e
 	} else if (strcmp(s, "respawning") == 0 && strcmp(wt->o->command, "attach") == 0) {
 		fprintf(stderr, "device %d: attaching: a new worker starts\n", ev->device);
 	} else if (strcmp(s, "respawning") == 0 || strcmp(s, "unresponsive") == 0) {
-		fprintf(stderr, "device %d: worker killed, respawning: %s\n", ev->device, ev->reason);
+		fprintf(stderr, "device %d: worker killed, respawning: %s\n", ev->device, shown(ev->reason));
 	} else if (strcmp(s, "ready") == 0) {
 		fprintf(stderr, "device %d: ready in generation %llu\n", ev->device, (unsigned long long)ev->generation);
 	} else {
-		fprintf(stderr, "device %d: %s: %s\n", ev->device, s, ev->reason);
+		fprintf(stderr, "device %d: %s: %s\n", ev->device, shown(s), shown(ev->reason));
 	}
 }
 
@@ -640,7 +658,7 @@ static void waiter_report(const struct waiter *wt, const struct opts *o, double 
 				if (strcmp(o->command, "attach") == 0) {
 					printf(" (attached: a new worker)\n");
 				} else {
-					printf(" (worker killed and respawned: %s)\n", wt->why[i]);
+					printf(" (worker killed and respawned: %s)\n", shown(wt->why[i]));
 				}
 				break;
 			default:
@@ -748,7 +766,7 @@ static void print_lifecycle_reply(const struct command *cmd, const struct opts *
 
 		if (cJSON_IsNumber(index) && targeted(o, (int)index->valuedouble))
 			printf("device %d: generation %.0f, %s\n", (int)index->valuedouble,
-			       cJSON_IsNumber(gen) ? gen->valuedouble : 0, state ? state : "?");
+			       cJSON_IsNumber(gen) ? gen->valuedouble : 0, state ? shown(state) : "?");
 	}
 	if (cJSON_IsNumber(elapsed) && elapsed->valuedouble > 0)
 		printf("%s took %.3f ms\n", cmd->name, elapsed->valuedouble / 1000.0);
@@ -906,7 +924,7 @@ static int on_event(const struct regen_watch_event *ev, void *userdata)
 	} else {
 		printf("epoch %llu device %d generation %llu state %s reason %s\n",
 		       (unsigned long long)ev->epoch, ev->device, (unsigned long long)ev->generation,
-		       ev->state[0] ? ev->state : "-", ev->reason[0] ? ev->reason : "-");
+		       ev->state[0] ? shown(ev->state) : "-", ev->reason[0] ? shown(ev->reason) : "-");
 		fflush(stdout);
 	}
 	if (strcmp(ev->reason, "subscribed") != 0) {
@@ -1019,9 +1037,9 @@ static int cmd_health(regen_client *c, const struct command *cmd, const struct o
 			cJSON_AddStringToObject(e, "reason", d->reason);
 			cJSON_AddItemToArray(arr, e);
 		} else {
-			printf("device %d: %s (%s, generation %llu%s%s)\n", d->index, verdict_name(v), d->state,
+			printf("device %d: %s (%s, generation %llu%s%s)\n", d->index, verdict_name(v), shown(d->state),
 			       (unsigned long long)d->generation, v != EXIT_OK && d->reason[0] ? ": " : "",
-			       v != EXIT_OK ? d->reason : "");
+			       v != EXIT_OK ? shown(d->reason) : "");
 		}
 	}
 	if (o->json) {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "daemon/log.h"
+#include "proto/text.h"
 
 #define TOPICS_MAX 16
 
@@ -91,37 +92,10 @@ int rd_log_enabled(enum rd_log_level level, const char *topic)
 	return (int)level <= log_state.default_level;
 }
 
-/* A message may carry what a client sent (a restart's reason, a method
- * name): a newline in it would forge a log line, a terminal escape would
- * reach whoever reads the journal. Control characters become \n, \t or
- * \xNN; everything else is kept. Returns the new length. */
-static size_t escape_controls(char *text, size_t len, size_t size)
-{
-	char out[1024];
-	size_t o = 0;
-
-	for (size_t i = 0; i < len && o + 5 < sizeof(out); i++) {
-		unsigned char c = (unsigned char)text[i];
-
-		if (c >= 0x20 && c != 0x7f) {
-			out[o++] = (char)c;
-		} else if (c == '\n' || c == '\t' || c == '\r') {
-			out[o++] = '\\';
-			out[o++] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
-		} else {
-			o += (size_t)snprintf(out + o, sizeof(out) - o, "\\x%02x", c);
-		}
-	}
-	if (o >= size)
-		o = size - 1;
-	memcpy(text, out, o);
-	return o;
-}
-
 void rd_log_write(enum rd_log_level level, const char *topic, int device, uint64_t generation, pid_t client,
 		  const char *fmt, ...)
 {
-	char line[1024];
+	char line[1024], message[1024];
 	int n, head;
 	va_list ap;
 
@@ -140,14 +114,14 @@ void rd_log_write(enum rd_log_level level, const char *topic, int device, uint64
 		n += snprintf(line + n, sizeof(line) - n, " client=%d", (int)client);
 	if (n < (int)sizeof(line))
 		n += snprintf(line + n, sizeof(line) - n, ": ");
-	head = n < (int)sizeof(line) ? n : (int)sizeof(line) - 1;
+	head = n < (int)sizeof(line) - 2 ? n : (int)sizeof(line) - 2;
+	/* A message may carry what a client sent (a restart's reason, a
+	 * method name): a line feed in it would forge a log line, a terminal
+	 * sequence would reach whoever reads the journal. */
 	va_start(ap, fmt);
-	if (n < (int)sizeof(line))
-		n += vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+	vsnprintf(message, sizeof(message), fmt, ap);
 	va_end(ap);
-	if (n >= (int)sizeof(line) - 1)
-		n = sizeof(line) - 2;
-	n = head + (int)escape_controls(line + head, (size_t)(n - head), sizeof(line) - 1 - (size_t)head);
+	n = head + (int)rp_text_escape(message, RP_TEXT_LINE, line + head, sizeof(line) - 1 - (size_t)head);
 	line[n++] = '\n';
 	ssize_t w = write(STDERR_FILENO, line, n);
 	(void)w;

@@ -40,6 +40,10 @@ const struct rd_option rd_option_table[] = {
 	  .min = 1, .max = 86400000, .def = "60000",
 	  .help = "a compute call's deadline when it names none; past it (and past a call's own) the device counts as "
 		  "hung" },
+	{ "hang-cooldown-ms", "hang_cooldown_ms", "MS", RD_OPT_UINT, USER | RD_OPT_RELOAD, FIELD(hang_cooldown_ms),
+	  .min = 0, .max = 86400000, .def = "60000",
+	  .help = "a uid whose compute call hung a device has its compute calls refused this long, doubling with "
+		  "each hang within a cool-down of the last (up to 64x); 0: no cool-down" },
 	{ "heartbeat-ms", "heartbeat_ms", "MS", RD_OPT_UINT, USER | RD_OPT_RELOAD, FIELD(heartbeat_ms), .min = 100,
 	  .max = 600000, .def = "2000", .help = "a worker that answers no heartbeat this long is unresponsive: respawned" },
 	{ "health-period-ms", "health_period_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(health_period_ms),
@@ -67,6 +71,12 @@ const struct rd_option rd_option_table[] = {
 	{ "max-program-nodes", "max_program_nodes", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_program_nodes),
 	  .min = 1, .max = 16777216, .def = "65536",
 	  .help = "nodes of all the programs one client process holds on a device, counted after lowering" },
+	{ "max-uid-programs", "max_uid_programs", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_uid_programs),
+	  .min = 1, .max = 16777216, .def = "256",
+	  .help = "programs the processes of one uid define together, per device" },
+	{ "max-uid-program-nodes", "max_uid_program_nodes", "N", RD_OPT_UINT, USER | RD_OPT_WORKER,
+	  FIELD(max_uid_program_nodes), .min = 1, .max = 268435456, .def = "262144",
+	  .help = "nodes of all the programs the processes of one uid hold on a device together, after lowering" },
 	{ "max-ring-entries", "max_ring_entries", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_ring_entries),
 	  .min = 1, .max = 16777216, .def = "16384",
 	  .help = "entries of a uid's lane rings (io.regen.Lane) together, per device: each holds a call's state" },
@@ -97,6 +107,8 @@ const struct rd_option rd_option_table[] = {
 	  FIELD(worker_generation), .min = 1, .max = UINT64_MAX, .help = "the generation to serve" },
 	{ "epoch", NULL, "E", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(worker_epoch),
 	  .min = 1, .max = UINT64_MAX, .help = "the node's epoch now" },
+	{ "charged", NULL, "LIST", RD_OPT_TEXT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(worker_charged),
+	  .help = "the uids cooling down after a hang: uid:ms_left:cooldown_ms:strikes,..." },
 	{ "ctl-fd", NULL, "FD", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(ctl_fd), .min = 0,
 	  .max = 1024, .help = "the control channel to the supervisor" },
 	{ NULL },
@@ -201,6 +213,13 @@ int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char 
 		snprintf(field(o, opt->offset), opt->size, "%s", value);
 		return 0;
 	case RD_OPT_CONFIG:
+		snprintf(field(o, opt->offset), opt->size, "%s", value);
+		return 0;
+	case RD_OPT_TEXT:
+		if (strlen(value) >= opt->size) {
+			WHY("expected at most %zu bytes, got %zu", opt->size - 1, strlen(value));
+			return -EINVAL;
+		}
 		snprintf(field(o, opt->offset), opt->size, "%s", value);
 		return 0;
 	case RD_OPT_CHOICE:
@@ -315,6 +334,9 @@ int rd_option_format(const struct rd_options *o, const struct rd_option *opt, ch
 		v = load_int(o, opt);
 		snprintf(buf, size, "%s", v >= 0 && v < 5 ? log_levels[v] : "info");
 		return 0;
+	case RD_OPT_TEXT:
+		snprintf(buf, size, "%s", (const char *)cfield(o, opt->offset));
+		return buf[0] ? 0 : 1;
 	case RD_OPT_HELP:
 	case RD_OPT_VERSION:
 		break;

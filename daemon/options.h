@@ -28,6 +28,7 @@ struct rd_options {
 	bool fault_injection;
 	unsigned drain_deadline_ms;
 	unsigned call_deadline_ms;     /* a compute call's deadline when it names none */
+	unsigned hang_cooldown_ms;     /* a uid whose call hung a device: its first cool-down (hang_charge.h) */
 	unsigned heartbeat_ms;         /* no answer to the supervisor this long: unresponsive */
 	unsigned health_period_ms;     /* the worker's context check */
 	unsigned failed_retry_ms;      /* first pause before a worker starts again on a failed GPU */
@@ -39,6 +40,8 @@ struct rd_options {
 	unsigned max_comms;            /* communicators, per client process, per device */
 	unsigned max_programs;         /* programs, per client process, per device */
 	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */
+	unsigned max_uid_programs;     /* programs of every process of a uid together, per device */
+	unsigned max_uid_program_nodes; /* and their nodes, after lowering */
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned max_ring_entries;     /* entries of every ring of a uid together, per device */
 	uint64_t max_import_gib;       /* bytes imported by a uid together, per device, in GiB */
@@ -50,6 +53,7 @@ struct rd_options {
 	int worker_device;             /* < 0: this process is the supervisor */
 	uint64_t worker_generation;
 	uint64_t worker_epoch;         /* the node's epoch when the worker starts */
+	char worker_charged[256];      /* the uids cooling down after a hang (daemon/hang_charge.h) */
 	int ctl_fd;
 };
 
@@ -71,6 +75,7 @@ enum rd_option_type {
 	RD_OPT_BOOL,       /* file: true/false/yes/no/1/0; command line: a flag without value */
 	RD_OPT_GROUP,      /* a group name, looked up now; empty = none */
 	RD_OPT_LOG_LEVEL,  /* error, warn, info, debug, trace (or E W I D T) */
+	RD_OPT_TEXT,       /* internal: text the worker checks itself, up to the field's size */
 	RD_OPT_CONFIG,     /* --config: read before the rest of the command line */
 	RD_OPT_HELP,
 	RD_OPT_VERSION,

@@ -74,28 +74,34 @@ static bool alive(int pidfd)
 	return syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) == 0 || errno == EPERM;
 }
 
-/* The digits after "job_" at a path component's start, up to its end. */
-static bool slurm_job(const char *line, char *out, size_t len)
+static bool component_end(char c)
+{
+	return c == '/' || c == '\0' || c == '\n';
+}
+
+/* The digits after "job_" at a path component's start, up to its end.
+ * Returns where the component ends, or NULL. */
+static const char *slurm_job(const char *line, char *out, size_t len)
 {
 	for (const char *p = strstr(line, "/job_"); p; p = strstr(p + 1, "/job_")) {
 		size_t n = strspn(p + 5, "0123456789");
 
-		if (n > 0 && n < 24 && (p[5 + n] == '/' || p[5 + n] == '\0' || p[5 + n] == '\n')) {
+		if (n > 0 && n < 24 && component_end(p[5 + n])) {
 			snprintf(out, len, "slurm:%.*s", (int)n, p + 5);
-			return true;
+			return p + 5 + n;
 		}
 	}
-	return false;
+	return NULL;
 }
 
 /* "pod" and a UUID (36 characters, '_' for '-' under the systemd driver)
- * in a kubepods path. */
-static bool k8s_pod(const char *line, char *out, size_t len)
+ * in a kubepods path. Returns where its component ends, or NULL. */
+static const char *k8s_pod(const char *line, char *out, size_t len)
 {
 	const char *end = strchr(line, '\n');
 
 	if (!strstr(line, "kubepods") || (end && strstr(line, "kubepods") > end))
-		return false;
+		return NULL;
 	for (const char *p = strstr(line, "pod"); p && (!end || p < end); p = strstr(p + 1, "pod")) {
 		char uid[37];
 
@@ -106,17 +112,58 @@ static bool k8s_pod(const char *line, char *out, size_t len)
 		for (int i = 0; i < 36; i++)
 			uid[i] = uid[i] == '_' ? '-' : uid[i];
 		snprintf(out, len, "pod:%s", uid);
-		return true;
+		for (p += 39; !component_end(*p); p++)
+			;
+		return p;
 	}
-	return false;
+	return NULL;
 }
 
-void rd_peer_job_from_cgroup(const char *text, char *out, size_t len)
+void rd_peer_job_from_cgroup(const char *text, char *out, size_t len,
+			     bool (*trusted)(const char *line, size_t path_end))
 {
 	out[0] = '\0';
-	for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
-		if (slurm_job(line, out, len) || k8s_pod(line, out, len))
+	for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+		const char *end = slurm_job(line, out, len);
+
+		if (!end)
+			end = k8s_pod(line, out, len);
+		if (end && (!trusted || trusted(line, (size_t)(end - line))))
 			return;
+		out[0] = '\0';
+	}
+}
+
+/* Whether the cgroup directory a job was read from is root's: a scheduler
+ * (slurmstepd, the kubelet) makes its jobs' cgroups as root, while one a
+ * user made in a subtree delegated to it (systemd's user@.service, a
+ * container's) is the user's, whatever its name says. line is
+ * "HIERARCHY:CONTROLLERS:PATH", cut at path_end after the job's component;
+ * the directory is looked for where cgroup v2 (unified or hybrid) and v1
+ * mount it. Not found: not trusted. */
+static bool job_dir_is_roots(const char *line, size_t path_end)
+{
+	const char *controllers = strchr(line, ':'), *path;
+	char dir[PATH_MAX], mount[96];
+	struct stat st;
+
+	if (!controllers || !(path = strchr(controllers + 1, ':')) || (size_t)(++path - line) > path_end)
+		return false;
+	controllers++;
+	for (int i = 0; i < 2; i++) {
+		if (path - controllers == 1)
+			snprintf(mount, sizeof(mount), "%s", i == 0 ? "/sys/fs/cgroup/unified" : "/sys/fs/cgroup");
+		else if (i == 0)
+			snprintf(mount, sizeof(mount), "/sys/fs/cgroup/%.*s", (int)(path - controllers - 1),
+				 strncmp(controllers, "name=", 5) == 0 ? controllers + 5 : controllers);
+		else
+			break;
+		if (snprintf(dir, sizeof(dir), "%s%.*s", mount, (int)(line + path_end - path), path) >= (int)sizeof(dir))
+			return false;
+		if (lstat(dir, &st) == 0)
+			return S_ISDIR(st.st_mode) && st.st_uid == 0;
+	}
+	return false;
 }
 
 static void read_job(pid_t pid, char *out, size_t len)
@@ -135,7 +182,7 @@ static void read_job(pid_t pid, char *out, size_t len)
 	if (n <= 0)
 		return;
 	text[n] = '\0';
-	rd_peer_job_from_cgroup(text, out, len);
+	rd_peer_job_from_cgroup(text, out, len, job_dir_is_roots);
 }
 
 void rd_peer_read(int fd, struct rd_peer *peer)

@@ -43,8 +43,13 @@ void rd_peer_read(int fd, struct rd_peer *peer);
  * .../kubepods.../pod<uid>/... (the systemd driver writes
  * kubepods-<qos>-pod<uid with _ for ->.slice). Writes "slurm:<id>",
  * "pod:<uid>", or "" when neither is there. The kernel keeps the cgroup,
- * so a client cannot claim another job's. */
-void rd_peer_job_from_cgroup(const char *text, char *out, size_t len);
+ * and `trusted` (NULL: every line) is asked of the line the job was found
+ * in, with the length of its path up to the end of the job's component:
+ * regend asks whether that directory is root's, so that a cgroup a user
+ * made and named job_N in a subtree delegated to it (systemd's
+ * user@.service) names no job, and no client can claim another job's. */
+void rd_peer_job_from_cgroup(const char *text, char *out, size_t len,
+			     bool (*trusted)(const char *line, size_t path_end));
 
 /* The same process: ids one imported, the other may name. */
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b);

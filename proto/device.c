@@ -254,7 +254,8 @@ cJSON *rp_device_jobs_encode(const struct rp_device_job *jobs, size_t n)
 		}
 		/* The array holds o from here. */
 		ok = source && cJSON_AddStringToObject(o, "job", or_empty(j->job)) &&
-		     cJSON_AddStringToObject(o, "source", source);
+		     cJSON_AddStringToObject(o, "source", source) &&
+		     (!j->has_uid || cJSON_AddNumberToObject(o, "uid", (double)j->uid));
 		for (size_t k = 0; ok && k < sizeof(counts) / sizeof(counts[0]); k++)
 			ok = cJSON_AddNumberToObject(o, counts[k].name, (double)counts[k].v) != NULL;
 		if (!ok)
@@ -290,6 +291,14 @@ static int job_decode(const cJSON *o, size_t i, struct rp_device_job *j, struct 
 	if (s < 0)
 		return refuse(err, prefix, "source");
 	j->source = (enum rp_job_source)s;
+	if (cJSON_HasObjectItem(o, "uid")) {
+		uint64_t uid;
+
+		if (get_uint(o, prefix, "uid", UINT32_MAX, &uid, err) < 0)
+			return -EINVAL;
+		j->has_uid = true;
+		j->uid = (uint32_t)uid;
+	}
 	for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
 		if (get_uint(o, prefix, counts[k].name, UINT64_MAX, counts[k].v, err) < 0)
 			return -EINVAL;

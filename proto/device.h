@@ -85,6 +85,8 @@ struct rp_device_counters {
 struct rp_device_job {
 	const char *job;                /* "" for sources none and other */
 	enum rp_job_source source;
+	bool has_uid;                   /* source client: the uid that stated it */
+	uint32_t uid;
 	uint64_t sessions, buffers, buffer_bytes, events, in_flight;   /* now */
 	uint64_t calls, call_errors;    /* while the job was listed */
 };

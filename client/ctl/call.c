@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "client/ctl/call.h"
+#include "proto/text.h"
 
 /* The largest reply regenctl takes, as libregen. */
 #define REPLY_MAX (16u << 20)
@@ -141,7 +142,7 @@ int ctl_call(const char *socket_path, const char *method, const char *params_jso
 	r = send_all(fd, text, strlen(text) + 1);
 	while (r == 0) {
 		cJSON *reply, *error, *rparams;
-		char *line;
+		char *line, *printed;
 		bool continues;
 
 		r = read_message(fd, &buf, &have, &cap, deadline, &len);
@@ -158,10 +159,17 @@ int ctl_call(const char *socket_path, const char *method, const char *params_jso
 		error = cJSON_GetObjectItemCaseSensitive(reply, "error");
 		rparams = cJSON_GetObjectItemCaseSensitive(reply, "parameters");
 		continues = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply, "continues"));
-		line = rparams ? cJSON_PrintUnformatted(rparams) : NULL;
+		/* What a terminal would act on, escaped (proto/text.h): regend's
+		 * replies carry clients' words. */
+		printed = rparams ? cJSON_PrintUnformatted(rparams) : NULL;
+		line = printed ? rp_text_escape_dup(printed, RP_TEXT_JSON) : NULL;
+		free(printed);
 		if (cJSON_IsString(error)) {
+			char name[256];
+
 			snprintf(err_name, err_len, "%s", error->valuestring);
-			fprintf(stderr, "regenctl: call: %s %s\n", error->valuestring, line ? line : "{}");
+			rp_text_escape(error->valuestring, RP_TEXT_LINE, name, sizeof(name));
+			fprintf(stderr, "regenctl: call: %s %s\n", name, line ? line : "{}");
 			r = -EREMOTE;
 		} else {
 			printf("%s\n", line ? line : "{}");

@@ -1,7 +1,9 @@
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include "client/ctl/metrics.h"
+#include "proto/text.h"
 
 /* The states of io.regen.Device.State: each device has one series per
  * state, 1 for the one it is in, so that a query need not know them. */
@@ -9,18 +11,16 @@ static const char *const states[] = {
 	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
 };
 
-/* A label value as the format wants it: backslash, double quote and line
- * feed escaped. */
+/* A label value as the format wants it (backslash, double quote and line
+ * feed escaped), and what a terminal would act on as the text escape's own
+ * characters (proto/text.h): the file is read by people too. */
 static void label_value(FILE *f, const char *s)
 {
-	for (; s && *s; s++) {
-		if (*s == '\\' || *s == '"')
-			fprintf(f, "\\%c", *s);
-		else if (*s == '\n')
-			fputs("\\n", f);
-		else
-			fputc(*s, f);
-	}
+	char *escaped = rp_text_escape_dup(s, RP_TEXT_LABEL);
+
+	if (escaped)
+		fputs(escaped, f);
+	free(escaped);
 }
 
 static const cJSON *field(const cJSON *o, const char *name)
@@ -60,7 +60,8 @@ static void per_device(FILE *f, const cJSON *devices, const char *name, const ch
 }
 
 /* One sample per job of each device (DeviceInfo.jobs), labelled with the
- * job and where it comes from. The label is client_job, not job: job is
+ * job and where it comes from, and a stated job with the uid that stated
+ * it (the same words from two uids are two jobs). The label is client_job, not job: job is
  * the label Prometheus gives every series of a scrape (the scrape job's
  * name), and a series' own would be renamed exported_job. A job is any
  * string an older or another regend may send: label_value escapes it. */
@@ -76,7 +77,7 @@ static void per_job(FILE *f, const cJSON *devices, const char *name, const char 
 		if (!cJSON_IsNumber(index))
 			continue;
 		cJSON_ArrayForEach(j, field(d, "jobs")) {
-			const cJSON *v = field(j, key);
+			const cJSON *v = field(j, key), *uid = field(j, "uid");
 
 			if (!cJSON_IsNumber(v))
 				continue;
@@ -87,6 +88,8 @@ static void per_job(FILE *f, const cJSON *devices, const char *name, const char 
 			label_value(f, cJSON_GetStringValue(field(j, "job")));
 			fputs("\",job_source=\"", f);
 			label_value(f, cJSON_GetStringValue(field(j, "source")));
+			if (cJSON_IsNumber(uid))
+				fprintf(f, "\",uid=\"%.0f", uid->valuedouble);
 			fprintf(f, "\"} %.17g\n", v->valuedouble);
 		}
 	}

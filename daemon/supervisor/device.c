@@ -679,12 +679,17 @@ static void fail(struct rd_sv_device *d, const char *what)
 	start_settled(d);
 }
 
-static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health)
+static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health,
+			      int64_t uid)
 {
 	struct rd_sv_device *d = data;
 	char why[192];
 
 	take_health(d, health);
+	/* Charged before the worker is replaced: its successor starts with the
+	 * charge. */
+	if (kind == RD_SV_FAULT_HUNG && uid >= 0 && d->env->events->hang_of_uid)
+		d->env->events->hang_of_uid(d, (uid_t)uid, reason, d->env->data);
 	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNRESPONSIVE)
 		return;    /* the worker is on its way out */
 	d->counters.faults++;
@@ -814,6 +819,9 @@ static void spawn(struct rd_sv_device *d)
 	wopts.worker_device = d->index;
 	wopts.worker_generation = d->generation;
 	wopts.worker_epoch = *d->env->epoch;
+	if (d->env->hang_charges)
+		rd_hang_charges_format(d->env->hang_charges, uv_hrtime(), wopts.worker_charged,
+				       sizeof(wopts.worker_charged));
 	if (rd_sv_worker_spawn(&d->worker, d->env->exe, &wopts) < 0) {
 		snprintf(d->reason, sizeof(d->reason),
 			 "cannot start a worker process (the log says why); retried after %d ms", RESPAWN_BACKOFF_MAX_MS);
@@ -981,6 +989,25 @@ void rd_sv_device_reload(struct rd_sv_device *d)
 	/* A worker without a channel starts with the reloaded values on its
 	 * command line. */
 	rd_sv_worker_call(&d->worker, "io.regen.Worker.Reload", params, true, NULL, NULL);
+}
+
+void rd_sv_device_tell_charges(struct rd_sv_device *d)
+{
+	/* The whole table, however long: the command line holds the newest
+	 * that fit. */
+	size_t size = RD_HANG_CHARGES_MAX * RD_HANG_CHARGE_TEXT_MAX + 1;
+	char *text = malloc(size);
+	cJSON *params;
+
+	if (!d->env->hang_charges || !text) {
+		free(text);
+		return;
+	}
+	rd_hang_charges_format(d->env->hang_charges, uv_hrtime(), text, size);
+	params = cJSON_CreateObject();
+	cJSON_AddStringToObject(params, "charges", text);
+	free(text);
+	rd_sv_worker_call(&d->worker, "io.regen.Worker.Charged", params, true, NULL, NULL);
 }
 
 bool rd_sv_device_serving(const struct rd_sv_device *d)

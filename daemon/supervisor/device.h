@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
+#include "daemon/hang_charge.h"
 #include "daemon/listen.h"
 #include "daemon/options.h"
 #include "proto/device.h"
@@ -58,6 +59,9 @@ struct rd_sv_device_events {
 	/* d's part of a request given to rd_sv_device_enqueue ended; failure
 	 * is NULL on success. */
 	void (*request_finished)(struct rd_sv_device *d, void *request, const char *failure, void *data);
+	/* d's worker reports that a call of uid's hung (reason: its words);
+	 * the worker is being replaced. May be NULL. */
+	void (*hang_of_uid)(struct rd_sv_device *d, uid_t uid, const char *reason, void *data);
 };
 
 /* What every device reads and the supervisor owns. */
@@ -68,6 +72,9 @@ struct rd_sv_device_env {
 	const struct rd_options *opts;          /* the live settings */
 	const uint64_t *epoch;                  /* the node's, which every worker answers in Generation */
 	const bool *stopping;                   /* regend is stopping: nothing is respawned */
+	/* The uids cooling down after a hang (daemon/hang_charge.h): a new
+	 * worker starts with them; NULL: none. */
+	const struct rd_hang_charges *hang_charges;
 	const struct rd_sv_device_events *events;
 	void *data;
 };
@@ -163,6 +170,9 @@ void rd_sv_device_tell_epoch(struct rd_sv_device *d);
 /* Hands the running worker, if any, what SIGHUP reloaded of its options
  * (the live ones now in env->opts). */
 void rd_sv_device_reload(struct rd_sv_device *d);
+/* Hands the running worker, if any, the uids cooling down now (a worker
+ * without a channel starts with them on its command line). */
+void rd_sv_device_tell_charges(struct rd_sv_device *d);
 /* Ready, with a control channel to its worker. */
 bool rd_sv_device_serving(const struct rd_sv_device *d);
 /* A call to the worker (params consumed); -ENOTCONN while there is none. */

@@ -82,10 +82,27 @@ static void on_start_settled(struct rd_sv_device *d, void *data)
 	rd_notify_ready();
 }
 
+/* A call of uid's hung d: a strike, and its compute calls refused on every
+ * device for the cool-down (daemon/hang_charge.h). */
+static void on_hang_of_uid(struct rd_sv_device *d, uid_t uid, const char *reason, void *data)
+{
+	struct rd_supervisor *sv = data;
+	const struct rd_hang_charge *c = rd_hang_charge(&sv->hang_charges, uid, sv->opts.hang_cooldown_ms, uv_hrtime());
+
+	if (!c)
+		return;
+	rd_warn("lifecycle", d->index, d->generation, 0,
+		"uid %u charged with the hang (%s): strike %u, its compute calls refused on every device for %llu ms",
+		(unsigned)uid, reason, c->strikes, (unsigned long long)c->cooldown_ms);
+	for (int i = 0; i < sv->ndevices; i++)
+		rd_sv_device_tell_charges(&sv->devices[i]);
+}
+
 static const struct rd_sv_device_events device_events = {
 	.state_changed = on_state_changed,
 	.start_settled = on_start_settled,
 	.request_finished = rd_sv_request_finished,
+	.hang_of_uid = on_hang_of_uid,
 };
 
 /* ---- Signals ---- */
@@ -256,6 +273,7 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		.opts = &sv->opts,
 		.epoch = &sv->watch.epoch,
 		.stopping = &sv->stopping,
+		.hang_charges = &sv->hang_charges,
 		.events = &device_events,
 		.data = sv,
 	};

@@ -56,13 +56,17 @@ static void ctl_faulted(struct rd_call *call)
 	const char *reason = NULL;
 	struct rp_error err = { 0 };
 	int kind = RD_SV_FAULT_LOST;
+	uint64_t uid;
+	int has_uid;
 
 	rp_params_string(call->msg.params, "reason", 200, "device fault", &reason, &err);
 	rp_error_clear(&err);
 	rp_params_enum(call->msg.params, "kind", kinds, RD_SV_FAULT_LOST, &kind, &err);
 	rp_error_clear(&err);
+	has_uid = rp_params_uint(call->msg.params, "uid", UINT32_MAX, 0, &uid, &err);
+	rp_error_clear(&err);
 	w->events->faulted(w->data, (enum rd_sv_fault)kind, reason ? reason : "device fault",
-			   cJSON_GetObjectItemCaseSensitive(call->msg.params, "health"));
+			   cJSON_GetObjectItemCaseSensitive(call->msg.params, "health"), has_uid == 0 ? (int64_t)uid : -1);
 	rd_call_reply(call, NULL, false);
 }
 

@@ -29,8 +29,9 @@ struct rd_sv_worker_events {
 	/* The worker listens on its socket and its backend is open. */
 	void (*ready)(void *data, const struct rd_sv_worker_ready *ready);
 	/* The worker found a fault (reason: what it saw). health: its Health
-	 * then, NULL when absent. */
-	void (*faulted)(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health);
+	 * then, NULL when absent. uid: a hung call's uid, which the
+	 * supervisor charges (daemon/hang_charge.h); -1: nobody's. */
+	void (*faulted)(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health, int64_t uid);
 	/* The process is gone; why: "worker exited (signal 9)". Its control
 	 * channel is closed by then, and every call on it got reply NULL.
 	 * device_failed: it exited with RD_WORKER_EXIT_DEVICE_FAILED

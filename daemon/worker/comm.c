@@ -9,7 +9,7 @@
  * CommTimeout; a drain aborts every communicator with calls in flight; a
  * process that goes away aborts its communicators, except keyed healthy
  * ones, which stay detached until a process of the same user attaches or
- * the generation ends. */
+ * the generation ends. Who may join with a unique id: comm_owners.h. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +72,7 @@ void rd_comm_get_unique_id(struct rd_call *call)
 		rd_call_fail(call, &err);
 		return;
 	}
+	rd_comm_owners_made(&w->comm_owners, rd_session_of(call)->client->peer.uid, id);
 	rd_call_reply(call, rp_comm_unique_id_reply_encode(id), false);
 }
 
@@ -90,6 +91,29 @@ static struct rd_comm *find_key(struct rd_worker *w, const char *key, uid_t uid)
 		}
 	}
 	return NULL;
+}
+
+/* Whose `id` is here: the uid this worker made it for, else the uid of a
+ * communicator that joined with it. 0 and *uid, or -ENOENT: nobody's
+ * yet. */
+static int owner_of_unique_id(struct rd_worker *w, const unsigned char id[RP_COMM_ID_SIZE], uid_t *uid)
+{
+	if (rd_comm_owners_find(&w->comm_owners, id, uid) == 0)
+		return 0;
+	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
+		for (struct rd_object *o = w->objects.table[b]; o; o = o->next_in_table) {
+			const struct rd_comm *comm;
+
+			if (rd_object_kind_of(o) != RD_OBJECT_COMM || o->closing)
+				continue;
+			comm = rd_object_comm(o);
+			if (memcmp(comm->unique_id, id, RP_COMM_ID_SIZE) == 0) {
+				*uid = comm->key_uid;
+				return 0;
+			}
+		}
+	}
+	return -ENOENT;
 }
 
 static void reply_comm(struct rd_call *call, const struct rd_comm *comm, bool collectives)
@@ -143,11 +167,21 @@ void rd_comm_init(struct rd_call *call)
 	struct rp_comm_init req;
 	struct rd_comm *comm = NULL;
 	struct rd_compute_call *cc;
+	uid_t owner;
 
 	if (!comm_supported(w, call))
 		return;
 	if (rp_comm_init_decode(call->msg.params, &req, &err) < 0 || rd_worker_refuse_if_not_ready(w, &err) < 0)
 		goto fail;
+	if (owner_of_unique_id(w, req.unique_id, &owner) == 0 && owner != s->client->peer.uid) {
+		/* Neither the owner's uid nor anything of its communicator is
+		 * told: only that the id is not the caller's to join. */
+		rp_err_not_permitted(&err, call->msg.method,
+				     "this unique id belongs to another user's communicator on device %d: a "
+				     "communicator's ranks are all of one uid; ask your own rank 0 for its id",
+				     w->dev.index);
+		goto fail;
+	}
 	if (req.has_key && find_key(w, req.key, s->client->peer.uid)) {
 		rp_error_set(&err, RP_ERR_INVALID_PARAMETER,
 			     "key \"%s\" already names a communicator of this user on device %d: Attach it, or Destroy "
@@ -179,6 +213,7 @@ void rd_comm_init(struct rd_call *call)
 	comm->has_key = req.has_key;
 	snprintf(comm->key, sizeof(comm->key), "%s", req.key);
 	comm->key_uid = s->client->peer.uid;
+	memcpy(comm->unique_id, req.unique_id, RP_COMM_ID_SIZE);
 	rd_objects_add(&w->objects, &comm->obj, RD_OBJECT_COMM, s->client);
 	rd_objects_ref(&comm->obj);
 	comm->in_flight++;

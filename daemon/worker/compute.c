@@ -195,6 +195,29 @@ static int resolve_event(struct rd_worker *w, const struct rp_event_ref *ref, co
 	return 0;
 }
 
+/* A uid whose call hung a device of this node (daemon/hang_charge.h): no
+ * compute work of its until its cool-down ends. A communicator's calls
+ * pass: theirs end with the communicator at their deadline, never with
+ * the device. */
+static int refuse_if_cooling_down(struct rd_worker *w, const struct rd_session *s, const struct rd_op *op,
+				  struct rp_error *err)
+{
+	const struct rd_hang_charge *c;
+	uint64_t now = uv_hrtime();
+
+	if (op->compute.spec->id == RP_OP_COMM || !s->client ||
+	    !(c = rd_hang_charges_find(&w->hang_charges, s->client->peer.uid, now)))
+		return 0;
+	rp_err_limit_exceeded(err, "hang cool-down", (long long)c->cooldown_ms,
+			      "a compute call of uid %u ran past regend's deadline on a device of this node, which "
+			      "was reset for every user (strike %u): uid %u's compute calls are refused on every "
+			      "device for %.1f s more (hang_cooldown_ms, doubling with each hang soon after the "
+			      "last); split the work into calls that finish well within call_deadline_ms (%u ms)",
+			      (unsigned)c->uid, c->strikes, (unsigned)c->uid, (double)(c->until_ns - now) / 1e9,
+			      w->opts->call_deadline_ms);
+	return -EAGAIN;
+}
+
 int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct rp_error *err)
 {
 	struct rd_worker *w = s->worker;
@@ -202,6 +225,8 @@ int rd_compute_submit(struct rd_session *s, struct rd_compute_call *cc, struct r
 	int r;
 
 	r = rd_worker_refuse_if_not_ready(w, err);
+	if (r == 0)
+		r = refuse_if_cooling_down(w, s, op, err);
 	if (r == 0)
 		r = resolve_operands(w, op, s->client, err);
 	if (r == 0)

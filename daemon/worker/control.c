@@ -303,6 +303,22 @@ static void ctl_inject_fault(struct rd_call *call)
 		rd_call_fail(call, &err);
 		return;
 	}
+	/* The call that hangs next did not cause it: nobody is charged. */
+	if (strcmp(kind, "hang") == 0)
+		w->hang_injected = true;
+	rd_call_reply(call, NULL, false);
+}
+
+/* The supervisor's table of uids cooling down after a hang
+ * (daemon/hang_charge.h), whole, whenever it changes. */
+static void ctl_charged(struct rd_call *call)
+{
+	struct rd_worker *w = worker_of(call);
+	const char *text = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(call->msg.params, "charges"));
+
+	if (!text || rd_hang_charges_parse(&w->hang_charges, text, uv_hrtime()) < 0)
+		rd_warn("worker", w->dev.index, rd_worker_generation(w), 0, "Charged: '%s' is not a list of charges",
+			text ? text : "(none)");
 	rd_call_reply(call, NULL, false);
 }
 
@@ -314,6 +330,7 @@ static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.Stats", ctl_stats },
 	{ "io.regen.Worker.InjectFault", ctl_inject_fault },
 	{ "io.regen.Worker.Reload", ctl_reload },
+	{ "io.regen.Worker.Charged", ctl_charged },
 	{ NULL },
 };
 static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };
@@ -360,12 +377,14 @@ void rd_control_ready(struct rd_worker *w)
 	rd_conn_call(w->ctl, "io.regen.Worker.Ready", p, true, NULL, NULL);
 }
 
-void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason)
+void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason, int64_t uid)
 {
 	if (w->ctl) {
 		cJSON *p = cJSON_CreateObject();
 		cJSON_AddStringToObject(p, "reason", reason);
 		cJSON_AddStringToObject(p, "kind", rd_fault_kind_name(kind));
+		if (uid >= 0)
+			cJSON_AddNumberToObject(p, "uid", (double)uid);
 		cJSON_AddItemToObject(p, "health", rd_health_json(w));
 		rd_conn_call(w->ctl, "io.regen.Worker.Faulted", p, true, NULL, NULL);
 	}

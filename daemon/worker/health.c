@@ -116,7 +116,11 @@ static void hung(struct rd_worker *w, struct rd_compute_call *cc, uint64_t now)
 	cc->timed_out = false;
 	snprintf(reason, sizeof(reason), "hung: %s from pid %d on lane %u passed its deadline of %llu ms",
 		 spec->name, pid, lane, (unsigned long long)limit_ms);
-	rd_worker_fault(w, RD_FAULT_HUNG, reason);
+	/* Charged to the uid whose call it was (daemon/hang_charge.h), unless
+	 * a fault injected on purpose made it hang. */
+	rd_worker_fault_hung(w, reason,
+			     !w->hang_injected && cc->session && cc->session->client ?
+				     (int64_t)cc->session->client->peer.uid : -1);
 }
 
 static void on_deadline(uv_timer_t *t)

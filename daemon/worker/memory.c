@@ -37,7 +37,7 @@ void rd_memory_import_buffer(struct rd_call *call)
 	 * shared by every user, so a uid's imports together are bounded,
 	 * whatever their files hold (a sparse memfd of 128 TiB holds
 	 * nothing). */
-	uint64_t uid_bytes = rd_objects_import_bytes_of_uid(&w->objects, s->client->peer.uid);
+	uint64_t uid_bytes = rd_objects_use_of_uid(&w->objects, s->client->peer.uid).import_bytes;
 	uint64_t uid_max = w->opts->max_import_gib << 30;
 	if (req.size > uid_max || uid_bytes > uid_max - req.size) {
 		rp_err_limit_exceeded(&err, "import bytes", (long long)uid_max,

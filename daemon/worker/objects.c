@@ -99,34 +99,20 @@ struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_pe
 	return c;
 }
 
-unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid)
+struct rd_uid_use rd_objects_use_of_uid(const struct rd_objects *t, uid_t uid)
 {
-	unsigned n = 0;
+	struct rd_uid_use use = { 0 };
 
-	for (const struct rd_client *c = t->clients; c; c = c->next)
-		if (c->peer.uid == uid)
-			n += c->connections;
-	return n;
-}
-
-uint64_t rd_objects_import_bytes_of_uid(const struct rd_objects *t, uid_t uid)
-{
-	uint64_t n = 0;
-
-	for (const struct rd_client *c = t->clients; c; c = c->next)
-		if (c->peer.uid == uid)
-			n += c->import_bytes;
-	return n;
-}
-
-unsigned rd_objects_ring_entries_of_uid(const struct rd_objects *t, uid_t uid)
-{
-	unsigned n = 0;
-
-	for (const struct rd_client *c = t->clients; c; c = c->next)
-		if (c->peer.uid == uid)
-			n += c->ring_entries;
-	return n;
+	for (const struct rd_client *c = t->clients; c; c = c->next) {
+		if (c->peer.uid != uid)
+			continue;
+		use.connections += c->connections;
+		use.import_bytes += c->import_bytes;
+		use.ring_entries += c->ring_entries;
+		use.programs += c->count[RD_OBJECT_PROGRAM];
+		use.program_nodes += c->program_nodes;
+	}
+	return use;
 }
 
 void rd_objects_client_put(struct rd_objects *t, struct rd_client *c)

@@ -46,14 +46,31 @@ struct rd_client {
 	struct rd_client *next;
 };
 
+/* What every process of one uid holds in this worker together: what the
+ * per-uid limits are held to. */
+struct rd_uid_use {
+	unsigned connections;
+	uint64_t import_bytes;          /* max_import_gib */
+	unsigned ring_entries;          /* max_ring_entries */
+	unsigned programs;              /* max_uid_programs */
+	uint64_t program_nodes;         /* max_uid_program_nodes */
+};
+
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev);
 
 struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_peer *peer);
+/* The sums of every process of this uid. */
+struct rd_uid_use rd_objects_use_of_uid(const struct rd_objects *t, uid_t uid);
 /* Connections of every process of this uid. */
-unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid);
-/* The bytes every process of this uid imported, and its rings' entries. */
-uint64_t rd_objects_import_bytes_of_uid(const struct rd_objects *t, uid_t uid);
-unsigned rd_objects_ring_entries_of_uid(const struct rd_objects *t, uid_t uid);
+static inline unsigned rd_objects_connections_of_uid(const struct rd_objects *t, uid_t uid)
+{
+	return rd_objects_use_of_uid(t, uid).connections;
+}
+/* Its rings' entries (ring.c's question). */
+static inline unsigned rd_objects_ring_entries_of_uid(const struct rd_objects *t, uid_t uid)
+{
+	return rd_objects_use_of_uid(t, uid).ring_entries;
+}
 /* Drops one connection; with the last one, the client's objects are closed
  * (each as its calls finish), except a communicator that t->keep keeps: it
  * is left in the table without an owner. */

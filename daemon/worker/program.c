@@ -25,20 +25,44 @@ static int not_implemented(struct rd_call *call, struct rp_error *err)
 	return -ENOSYS;
 }
 
+/* Per process (max_programs, max_program_nodes), and per uid, all its
+ * processes together (max_uid_programs, max_uid_program_nodes): each
+ * program's lowered nodes are held in this worker for every user to
+ * share, and a uid with many processes would multiply a process's
+ * bound. */
 static int check_limits(struct rd_worker *w, const struct rd_client *c, const struct rp_program *def,
 			struct rp_error *err)
 {
-	if (c->count[RD_OBJECT_PROGRAM] >= w->opts->max_programs) {
-		rp_err_limit_exceeded(err, "programs", w->opts->max_programs,
+	const struct rd_options *o = w->opts;
+	struct rd_uid_use uid = rd_objects_use_of_uid(&w->objects, c->peer.uid);
+	uint64_t nodes = (uint64_t)def->nnodes;
+
+	if (c->count[RD_OBJECT_PROGRAM] >= o->max_programs) {
+		rp_err_limit_exceeded(err, "programs", o->max_programs,
 				      "process %d already has %u programs on device %d (max_programs): Drop one first",
 				      (int)c->peer.pid, c->count[RD_OBJECT_PROGRAM], w->dev.index);
 		return -E2BIG;
 	}
-	if (c->program_nodes + (uint64_t)def->nnodes > w->opts->max_program_nodes) {
-		rp_err_limit_exceeded(err, "program nodes", w->opts->max_program_nodes,
+	if (c->program_nodes + nodes > o->max_program_nodes) {
+		rp_err_limit_exceeded(err, "program nodes", o->max_program_nodes,
 				      "process %d holds programs of %llu nodes on device %d and this one has %d "
 				      "(max_program_nodes): Drop one first",
 				      (int)c->peer.pid, (unsigned long long)c->program_nodes, w->dev.index, def->nnodes);
+		return -E2BIG;
+	}
+	if (uid.programs >= o->max_uid_programs) {
+		rp_err_limit_exceeded(err, "programs per uid", o->max_uid_programs,
+				      "uid %u's processes already have %u programs on device %d together "
+				      "(max_uid_programs): Drop one first",
+				      (unsigned)c->peer.uid, uid.programs, w->dev.index);
+		return -E2BIG;
+	}
+	if (uid.program_nodes + nodes > o->max_uid_program_nodes) {
+		rp_err_limit_exceeded(err, "program nodes per uid", o->max_uid_program_nodes,
+				      "uid %u's processes hold programs of %llu nodes on device %d together and this one "
+				      "has %d (max_uid_program_nodes): Drop one first",
+				      (unsigned)c->peer.uid, (unsigned long long)uid.program_nodes, w->dev.index,
+				      def->nnodes);
 		return -E2BIG;
 	}
 	return 0;

@@ -103,7 +103,7 @@ static int session_count_job(struct rd_session *s)
 {
 	const char *job;
 	enum rp_job_source source = rd_job_of(s->conn, &job);
-	struct rd_usage *u = rd_usage_get(&s->worker->usage, source, job);
+	struct rd_usage *u = rd_usage_get(&s->worker->usage, source, job, s->conn->peer.uid);
 
 	if (!u)
 		return -ENOMEM;

@@ -4,15 +4,30 @@
 #include "daemon/worker/usage.h"
 #include "proto/device.h"
 
-static struct rd_usage *find(struct rd_usage_table *t, enum rp_job_source source, const char *job)
+static bool named(enum rp_job_source source)
+{
+	return source == RP_JOB_CGROUP || source == RP_JOB_CLIENT;
+}
+
+static struct rd_usage *find(struct rd_usage_table *t, enum rp_job_source source, const char *job, uid_t uid)
 {
 	for (struct rd_usage *u = t->list; u; u = u->next)
-		if (u->source == source && strcmp(u->job, job) == 0)
+		if (u->source == source && strcmp(u->job, job) == 0 && (source != RP_JOB_CLIENT || u->uid == uid))
 			return u;
 	return NULL;
 }
 
-struct rd_usage *rd_usage_get(struct rd_usage_table *t, enum rp_job_source source, const char *job)
+/* Named entries a session of uid made. */
+static unsigned named_by(const struct rd_usage_table *t, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct rd_usage *u = t->list; u; u = u->next)
+		n += named(u->source) && u->uid == uid;
+	return n;
+}
+
+struct rd_usage *rd_usage_get(struct rd_usage_table *t, enum rp_job_source source, const char *job, uid_t uid)
 {
 	struct rd_usage *u;
 
@@ -20,13 +35,14 @@ struct rd_usage *rd_usage_get(struct rd_usage_table *t, enum rp_job_source sourc
 		source = RP_JOB_NONE;
 		job = "";
 	}
-	u = find(t, source, job);
-	/* Past the limit a new job counts with the others: what clients
-	 * state cannot grow the list (nor the metrics' labels) without bound. */
-	if (!u && source != RP_JOB_NONE && t->named >= RD_USAGE_JOBS_MAX) {
+	u = find(t, source, job, uid);
+	/* Past the limits a new job counts with the others: what clients
+	 * state cannot grow the list (nor the metrics' labels) without bound,
+	 * nor one uid take every entry. */
+	if (!u && named(source) && (t->named >= RD_USAGE_JOBS_MAX || named_by(t, uid) >= RD_USAGE_JOBS_PER_UID)) {
 		source = RP_JOB_OTHER;
 		job = "";
-		u = find(t, source, job);
+		u = find(t, source, job, uid);
 	}
 	if (!u) {
 		u = calloc(1, sizeof(*u));
@@ -34,10 +50,11 @@ struct rd_usage *rd_usage_get(struct rd_usage_table *t, enum rp_job_source sourc
 			return NULL;
 		u->table = t;
 		u->source = source;
+		u->uid = uid;
 		snprintf(u->job, sizeof(u->job), "%s", job);
 		u->next = t->list;
 		t->list = u;
-		if (source == RP_JOB_CGROUP || source == RP_JOB_CLIENT)
+		if (named(source))
 			t->named++;
 	}
 	u->refs++;
@@ -57,7 +74,7 @@ void rd_usage_put(struct rd_usage *u)
 			break;
 		}
 	}
-	if (u->source == RP_JOB_CGROUP || u->source == RP_JOB_CLIENT)
+	if (named(u->source))
 		t->named--;
 	free(u);
 }
@@ -102,6 +119,8 @@ cJSON *rd_usage_json(const struct rd_usage_table *t)
 		jobs[n++] = (struct rp_device_job){
 			.job = u->job,
 			.source = u->source,
+			.has_uid = u->source == RP_JOB_CLIENT,
+			.uid = (uint32_t)u->uid,
 			.sessions = u->sessions,
 			.buffers = u->buffers,
 			.buffer_bytes = u->buffer_bytes,

@@ -4,10 +4,13 @@
  * moving when the client states another; an import counts in the job of
  * the session that made it until it is closed. A job's entry lives while
  * a session or an import counts in it, so a job whose clients left leaves
- * nothing behind. At most RD_USAGE_JOBS_MAX jobs get an entry of their own;
- * the rest count together as `other`, and sessions without a job as
- * `none`, so that the list stays bounded whatever clients state. All on
- * the worker's loop thread. */
+ * nothing behind. A stated job (RP_JOB_CLIENT) is its uid's: the same
+ * words from two uids are two entries, so that nobody's work counts under
+ * another user's job. At most RD_USAGE_JOBS_MAX jobs get an entry of their
+ * own, at most RD_USAGE_JOBS_PER_UID of them made by one uid; the rest
+ * count together as `other`, and sessions without a job as `none`, so that
+ * the list stays bounded whatever clients state and no uid fills it for
+ * the others. All on the worker's loop thread. */
 #pragma once
 
 #include <stdint.h>
@@ -16,6 +19,7 @@
 #include "proto/job.h"
 
 #define RD_USAGE_JOBS_MAX 64
+#define RD_USAGE_JOBS_PER_UID 8
 
 struct rd_usage_table;
 
@@ -25,6 +29,7 @@ struct rd_usage {
 	unsigned refs;                  /* sessions and objects that count in it */
 	enum rp_job_source source;
 	char job[RP_JOB_MAX + 1];       /* "" for none and other */
+	uid_t uid;                      /* whose session made it: a stated job's owner */
 	uint64_t sessions, buffers, buffer_bytes, events, in_flight;
 	uint64_t calls, call_errors;
 };
@@ -34,9 +39,10 @@ struct rd_usage_table {
 	unsigned named;                 /* entries of a job of their own (not none, not other) */
 };
 
-/* The entry of `job` from `source` (RP_JOB_NONE: job ignored), made when
- * there is none, with a reference for the caller; NULL on ENOMEM. */
-struct rd_usage *rd_usage_get(struct rd_usage_table *t, enum rp_job_source source, const char *job);
+/* The entry of `job` from `source` (RP_JOB_NONE: job ignored) for a
+ * session of uid, made when there is none, with a reference for the
+ * caller; NULL on ENOMEM. */
+struct rd_usage *rd_usage_get(struct rd_usage_table *t, enum rp_job_source source, const char *job, uid_t uid);
 /* Drops a reference; the last one removes the entry. Accepts NULL. */
 void rd_usage_put(struct rd_usage *u);
 

@@ -66,9 +66,8 @@ void rd_compute_post_launched(struct rd_op *op)
 /* Any thread: the backend found the context lost or the GPU failed, or the
  * core a hung call. Reported once until a reset, except that a failed GPU
  * is told even after a loss was: it changes what the supervisor does. */
-static void on_fault(struct rd_device *dev, enum rd_fault_kind kind, const char *reason)
+static void fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason, int64_t uid)
 {
-	struct rd_worker *w = worker_of_device(dev);
 	bool worse;
 
 	pthread_mutex_lock(&w->lock);
@@ -76,15 +75,26 @@ static void on_fault(struct rd_device *dev, enum rd_fault_kind kind, const char 
 	if ((!w->fault_pending && !w->fault_reported) || worse) {
 		snprintf(w->fault_reason, sizeof(w->fault_reason), "%s", reason);
 		w->fault_kind = kind;
+		w->fault_uid = uid;
 		w->fault_pending = true;
 	}
 	pthread_mutex_unlock(&w->lock);
 	uv_async_send(&w->wakeup);
 }
 
+static void on_fault(struct rd_device *dev, enum rd_fault_kind kind, const char *reason)
+{
+	fault(worker_of_device(dev), kind, reason, -1);
+}
+
 void rd_worker_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason)
 {
-	on_fault(&w->dev, kind, reason);
+	fault(w, kind, reason, -1);
+}
+
+void rd_worker_fault_hung(struct rd_worker *w, const char *reason, int64_t uid)
+{
+	fault(w, RD_FAULT_HUNG, reason, uid);
 }
 
 static void on_wakeup(uv_async_t *a)
@@ -93,7 +103,8 @@ static void on_wakeup(uv_async_t *a)
 	struct rd_op *op, *launched;
 	char reason[sizeof(w->fault_reason)];
 	enum rd_fault_kind kind = RD_FAULT_LOST;
-	bool fault = false;
+	int64_t uid = -1;
+	bool faulted = false;
 
 	pthread_mutex_lock(&w->lock);
 	op = w->done_head;
@@ -104,18 +115,19 @@ static void on_wakeup(uv_async_t *a)
 		w->fault_pending = false;
 		w->fault_reported = true;
 		w->reported_kind = kind = w->fault_kind;
-		fault = true;
+		uid = w->fault_uid;
+		faulted = true;
 		snprintf(reason, sizeof(reason), "%s", w->fault_reason);
 	}
 	pthread_mutex_unlock(&w->lock);
 
-	if (fault) {
+	if (faulted) {
 		/* New work fails fast until the supervisor resets us. */
 		if (w->state == RD_WORKER_READY || w->state == RD_WORKER_DRAINING)
 			w->state = RD_WORKER_LOST;
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "device fault (%s): %s", rd_fault_kind_name(kind),
 		       reason);
-		rd_control_report_fault(w, kind, reason);
+		rd_control_report_fault(w, kind, reason, uid);
 	}
 	/* An op launched and done in one wake-up is answered before its done
 	 * frees it: a launch is always posted before its completion. */
@@ -226,6 +238,9 @@ int rd_worker_run(const struct rd_options *opts)
 	w->opts = &own_opts;
 	opts = w->opts;
 	w->epoch = opts->worker_epoch;
+	if (rd_hang_charges_parse(&w->hang_charges, opts->worker_charged, uv_hrtime()) < 0)
+		rd_warn("worker", opts->worker_device, 0, 0, "--charged '%s' is not a list of charges: none taken",
+			opts->worker_charged);
 	w->loop = uv_default_loop();
 	signal(SIGPIPE, SIG_IGN);
 	prctl(PR_SET_PDEATHSIG, SIGTERM);

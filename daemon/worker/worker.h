@@ -18,8 +18,10 @@
 #include <uv.h>
 #include "daemon/backend/backend.h"
 #include "daemon/conn.h"
+#include "daemon/hang_charge.h"
 #include "daemon/listen.h"
 #include "daemon/options.h"
+#include "daemon/worker/comm_owners.h"
 #include "daemon/worker/objects.h"
 #include "daemon/worker/usage.h"
 
@@ -72,6 +74,11 @@ struct rd_worker {
 	struct rd_device dev;
 	struct rd_objects objects;
 	struct rd_usage_table usage;    /* what each job uses (usage.h) */
+	struct rd_comm_owners comm_owners;  /* whose the unique ids it made are (comm_owners.h) */
+	/* The uids cooling down after a hang, as the supervisor last said:
+	 * their compute calls are refused (compute.c). */
+	struct rd_hang_charges hang_charges;
+	bool hang_injected;             /* InjectFault "hang": the hang to come is nobody's */
 	struct rd_listener listener;
 	char socket_path[108];
 	struct rd_conn *ctl;            /* to the supervisor */
@@ -103,6 +110,9 @@ struct rd_worker {
 	struct rd_op *done_head, *done_tail;
 	struct rd_op *launched_head, *launched_tail;   /* Varlink calls to answer at launch */
 	char fault_reason[160];
+	/* A hung call's uid, which the supervisor charges (daemon/hang_charge.h);
+	 * -1: nobody's (not a hang, or one that fault injection caused). */
+	int64_t fault_uid;
 	enum rd_fault_kind fault_kind;
 	bool fault_pending, fault_reported;
 	enum rd_fault_kind reported_kind;
@@ -122,6 +132,8 @@ void rd_worker_call_finished(struct rd_worker *w);
 void rd_worker_begin_stop(struct rd_worker *w, const char *why);
 /* A fault found on the loop thread (a hung call): as a backend's. */
 void rd_worker_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason);
+/* The same for a call of uid's that hung (uid < 0: nobody's). */
+void rd_worker_fault_hung(struct rd_worker *w, const char *reason, int64_t uid);
 
 /* health.c */
 void rd_health_init(struct rd_worker *w);
@@ -144,6 +156,6 @@ void rd_session_accept(int fd, void *worker);
 int rd_control_open(struct rd_worker *w, int ctl_fd);
 /* Tells the supervisor the worker serves, and how much memory it holds. */
 void rd_control_ready(struct rd_worker *w);
-void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason);
+void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason, int64_t uid);
 /* A drain in progress ends when the last call in flight finished. */
 void rd_control_maybe_finish_drain(struct rd_worker *w);

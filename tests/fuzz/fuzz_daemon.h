@@ -128,7 +128,8 @@ unsigned fz_ctl_next_serial(void);
 /* The worker says Ready / Faulted on its channel (no-op without one);
  * health: its io.regen.Device.Health, or NULL. */
 void fz_worker_ready(struct fz_worker *fw, const cJSON *health);
-void fz_worker_faulted(struct fz_worker *fw, enum rd_sv_fault kind, const char *reason, const cJSON *health);
+void fz_worker_faulted(struct fz_worker *fw, enum rd_sv_fault kind, const char *reason, const cJSON *health,
+		       int64_t uid);
 /* The oldest call gets reply (NULL: as if the channel closed); returns
  * false when none waits. reply is borrowed. */
 bool fz_worker_answer(struct fz_worker *fw, const struct rp_call *reply);

@@ -290,7 +290,7 @@ static void event(uint8_t op, struct fz_bytes *b)
 		arg = fz_u8(b);
 		if (fw->running && fw->ready && !fw->killed)
 			fz_worker_faulted(fw, (enum rd_sv_fault)(arg % 3), reasons[(arg >> 2) & 3],
-					  arg & 0x10 ? S.health : NULL);
+					  arg & 0x10 ? S.health : NULL, arg & 0x20 ? 1000 : -1);
 		break;
 	}
 	case 5:

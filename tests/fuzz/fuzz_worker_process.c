@@ -151,10 +151,11 @@ void fz_worker_ready(struct fz_worker *fw, const cJSON *health)
 	fw->w->events->ready(fw->w->data, &ready);
 }
 
-void fz_worker_faulted(struct fz_worker *fw, enum rd_sv_fault kind, const char *reason, const cJSON *health)
+void fz_worker_faulted(struct fz_worker *fw, enum rd_sv_fault kind, const char *reason, const cJSON *health,
+		       int64_t uid)
 {
 	if (fw->channel)
-		fw->w->events->faulted(fw->w->data, kind, reason, health);
+		fw->w->events->faulted(fw->w->data, kind, reason, health, uid);
 }
 
 unsigned fz_ctl_next_serial(void)

@@ -225,9 +225,12 @@ def test_metrics_escaping(regenctl, d):
     Status from elsewhere may hold: every sample stays one line of the
     format and every label reads back as it was."""
     hostile = ['say "hi"', "back\\slash\\", "two\nlines", '\\"\n', "} 1\nregen_up 0", ""]
+    # What a terminal acts on reads back as the text escape's characters
+    # (proto/text.h): the file is read by people too.
+    terminal = {"\x1b[2J": "\\x1b[2J", "a\u009bb\x7f": "a\\u009bb\\x7f", "\u202eevil": "\\u202eevil"}
     devs = [device(0, "ready")]
     devs[0]["jobs"] = [{"job": j, "source": "client", "sessions": i + 1, "buffers": 0, "buffer_bytes": 0, "events": 0,
-                        "in_flight": 0, "calls": 7, "call_errors": 0} for i, j in enumerate(hostile)]
+                        "in_flight": 0, "calls": 7, "call_errors": 0} for i, j in enumerate(hostile + list(terminal))]
     devs[0]["jobs"].append({"job": "", "source": 'no"ne\n', "sessions": 9, "buffers": 0, "buffer_bytes": 0,
                             "events": 0, "in_flight": 0, "calls": 0, "call_errors": 0})
     path = os.path.join(d.dir, "scripted-jobs.sock")
@@ -243,6 +246,10 @@ def test_metrics_escaping(regenctl, d):
         check(dev(s, "regen_job_sessions", 0, client_job=j, job_source="client") == i + 1,
               "job %r does not read back: %s" % (j, out))
     check(dev(s, "regen_job_sessions", 0, client_job="", job_source='no"ne\n') == 9, "source does not read back")
+    for i, (j, shown) in enumerate(terminal.items()):
+        check(dev(s, "regen_job_sessions", 0, client_job=shown, job_source="client") == len(hostile) + i + 1,
+              "job %r does not read back as %r: %s" % (j, shown, out))
+    check(not any(c in out for c in "\x1b\x7f\u009b\u202e"), "raw terminal characters in the metrics: %r" % out)
     check(s[("regen_up", frozenset())] == 1 and sum(1 for n, _ in s if n == "regen_up") == 1,
           "a job string made a sample of its own: %s" % out)
     log("metrics: %d hostile job strings escaped as the format says" % len(hostile))

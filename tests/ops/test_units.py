@@ -110,7 +110,8 @@ def config_checks(regend, sysd, tmp):
     expected = {"socket", "backend", "devices", "admin_group", "drain_deadline_ms", "fault_injection",
                 "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers", "max_comms",
                 "max_ring_entries", "max_import_gib", "max_scratch_mib", "gemm_plans_max", "max_programs",
-                "max_program_nodes", "rtc_cache_dir"}
+                "max_program_nodes", "max_uid_programs", "max_uid_program_nodes", "rtc_cache_dir",
+                "hang_cooldown_ms"}
     check(set(keys) == expected, "regend.conf documents keys %r, want %r" % (sorted(keys), sorted(expected)))
     full = os.path.join(tmp, "regend-all-keys.conf")
     with open(full, "w") as f:

@@ -13,7 +13,16 @@
  *   connections; process B of the same uid is refused a third with
  *   LimitExceeded {resource: "ring entries", limit: 2048}; root opens one;
  *   once one of A's connections closes, B's ring opens. (Before: 256 rings
- *   of 1024 entries, about 1 GiB of the worker, for one uid.) */
+ *   of 1024 entries, about 1 GiB of the worker, for one uid.)
+ * - Programs, with --max-uid-programs 3 --max-uid-program-nodes 40 (the
+ *   per-process limits at their defaults, 64 and 65536): A defines two
+ *   programs of 10 nodes; B defines one, and a fourth of the uid is
+ *   LimitExceeded {resource: "programs per uid", limit: 3}; root defines
+ *   one beside them; once A dropped one, B's program of 25 nodes (45 with
+ *   the uid's 20) is LimitExceeded {resource: "program nodes per uid",
+ *   limit: 40} and one of 20 is taken. (Before: programs and their nodes
+ *   were bounded per process alone; a uid with N processes held N times
+ *   as much.) */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -93,6 +102,30 @@ static void open_ring(struct ring *g, uint32_t entries, struct tl_reply *r)
 	tl_call(&g->conn, r, 10, fds, 2, "io.regen.Lane.Open", "{\"entries\":%u,\"ring\":0,\"doorbell\":1}", entries);
 }
 
+/* Program.Define of a chain of `nodes` negations x -> t1 -> ... -> y. */
+static void define_chain(struct tl_conn *c, int nodes, struct tl_reply *r)
+{
+	char tensors[16384], chain[16384];
+	size_t t = 0, n = 0;
+
+	t += (size_t)snprintf(tensors + t, sizeof(tensors) - t,
+			      "{\"name\":\"x\",\"kind\":\"input\",\"dtype\":\"f32\",\"shape\":[4]},"
+			      "{\"name\":\"y\",\"kind\":\"output\",\"dtype\":\"f32\",\"shape\":[4]}");
+	for (int i = 1; i < nodes; i++)
+		t += (size_t)snprintf(tensors + t, sizeof(tensors) - t,
+				      ",{\"name\":\"t%d\",\"kind\":\"intermediate\",\"dtype\":\"f32\",\"shape\":[4]}", i);
+	for (int i = 0; i < nodes; i++) {
+		char in[16], out[16];
+
+		snprintf(in, sizeof(in), i == 0 ? "x" : "t%d", i);
+		snprintf(out, sizeof(out), i == nodes - 1 ? "y" : "t%d", i + 1);
+		n += (size_t)snprintf(chain + n, sizeof(chain) - n, "%s{\"op\":\"neg\",\"inputs\":[\"%s\"],\"outputs\":[\"%s\"]}",
+				      i ? "," : "", in, out);
+	}
+	ASSERT(t < sizeof(tensors) && n < sizeof(chain), "a chain of %d nodes does not fit", nodes);
+	tl_call(c, r, 30, NULL, 0, "io.regen.Program.Define", "{\"tensors\":[%s],\"nodes\":[%s]}", tensors, chain);
+}
+
 static void close_ring(struct ring *g)
 {
 	tl_conn_close(&g->conn);
@@ -134,6 +167,19 @@ static int process_a(void *arg)
 	step_done();
 	step_wait(to_a[0]);
 	close_ring(&g[1]);
+	for (int i = 0; i < 2; i++) {
+		define_chain(&c, 10, &r);
+		ASSERT_REPLY_OK(&r, "A's program %d of 10 nodes", i);
+		if (i == 0)
+			snprintf(id, sizeof(id), "%s", tl_reply_str(&r, "program"));
+		tl_reply_finish(&r);
+	}
+	step_done();
+	step_wait(to_a[0]);
+	tl_call_ok(&c, &r, "io.regen.Program.Drop", "{\"program\":\"%s\"}", id);
+	tl_reply_finish(&r);
+	step_done();
+	step_wait(to_a[0]);
 	tl_conn_close(&c);
 	return 0;
 }
@@ -170,6 +216,22 @@ static int process_b(void *arg)
 	tl_reply_finish(&r);
 	close_ring(&g);
 	step_done();
+	step_wait(to_b[0]);
+	define_chain(&c, 10, &r);
+	ASSERT_REPLY_OK(&r, "B's program beside A's two (the uid's third)");
+	tl_reply_finish(&r);
+	define_chain(&c, 1, &r);
+	expect_limit(&r, "programs per uid", 3, "B's second program, the uid's fourth");
+	tl_reply_finish(&r);
+	step_done();
+	step_wait(to_b[0]);
+	define_chain(&c, 25, &r);
+	expect_limit(&r, "program nodes per uid", 40, "B's program of 25 nodes beside the uid's 20");
+	tl_reply_finish(&r);
+	define_chain(&c, 20, &r);
+	ASSERT_REPLY_OK(&r, "B's program of 20 nodes beside the uid's 20");
+	tl_reply_finish(&r);
+	step_done();
 	tl_conn_close(&c);
 	return 0;
 }
@@ -177,7 +239,7 @@ static int process_b(void *arg)
 int main(void)
 {
 	static const char *const extra[] = { "--socket-mode", "0666", "--max-import-gib", "1", "--max-ring-entries", "2048",
-					     NULL };
+					     "--max-uid-programs", "3", "--max-uid-program-nodes", "40", NULL };
 	struct tl_conn c;
 	struct tl_reply r;
 	struct ring g;
@@ -206,6 +268,13 @@ int main(void)
 	close_ring(&g);
 	step(to_a[1]);                 /* A closes one */
 	step(to_b[1]);                 /* B's ring opens */
+	step(to_a[1]);                 /* A defines two programs of 10 nodes */
+	step(to_b[1]);                 /* B defines one; a fourth is refused */
+	define_chain(&c, 10, &r);
+	ASSERT_REPLY_OK(&r, "root's program beside nobody's three");
+	tl_reply_finish(&r);
+	step(to_a[1]);                 /* A drops one */
+	step(to_b[1]);                 /* B: 25 nodes refused, 20 taken */
 	ASSERT_EQ(write(to_a[1], "x", 1), 1, "A's last step");
 	tl_conn_close(&c);
 	ASSERT_EQ(tl_wait(a, 30), 0, "process A");

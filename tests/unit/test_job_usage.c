@@ -127,15 +127,15 @@ START_TEST(a_job_is_listed_while_a_session_or_an_import_counts_in_it)
 	rd_objects_init(&objects, &dev);
 	proc = rd_objects_client_get(&objects, &peer);
 
-	a = rd_usage_get(&t, RP_JOB_CLIENT, "train-7");
-	none = rd_usage_get(&t, RP_JOB_NONE, "ignored");
-	ck_assert_ptr_eq(rd_usage_get(&t, RP_JOB_CLIENT, "train-7"), a);
+	a = rd_usage_get(&t, RP_JOB_CLIENT, "train-7", 1000);
+	none = rd_usage_get(&t, RP_JOB_NONE, "ignored", 1000);
+	ck_assert_ptr_eq(rd_usage_get(&t, RP_JOB_CLIENT, "train-7", 1000), a);
 	rd_usage_put(a);
 	ck_assert_str_eq(none->job, "");
 	ck_assert_uint_eq(t.named, 1);
 	/* The same words from the cgroup are another entry: a stated job
 	 * never counts as the kernel's. */
-	b = rd_usage_get(&t, RP_JOB_CGROUP, "train-7");
+	b = rd_usage_get(&t, RP_JOB_CGROUP, "train-7", 1000);
 	ck_assert_ptr_ne(a, b);
 	ck_assert_uint_eq(t.named, 2);
 	rd_usage_put(b);
@@ -167,6 +167,66 @@ START_TEST(a_job_is_listed_while_a_session_or_an_import_counts_in_it)
 }
 END_TEST
 
+START_TEST(a_stated_job_is_its_uid_s_own)
+{
+	struct rd_usage_table t = { 0 };
+	struct rd_usage *mine, *theirs, *cgroup_a, *cgroup_b;
+	cJSON *json, *e;
+	int with_uid = 0;
+
+	/* Another uid stating the same words is another job: its work never
+	 * counts under the first's. */
+	mine = rd_usage_get(&t, RP_JOB_CLIENT, "train-7", 1000);
+	theirs = rd_usage_get(&t, RP_JOB_CLIENT, "train-7", 1001);
+	ck_assert_ptr_ne(mine, theirs);
+	ck_assert_ptr_eq(rd_usage_get(&t, RP_JOB_CLIENT, "train-7", 1000), mine);
+	rd_usage_put(mine);
+	/* The kernel's word (a cgroup) is one job whoever's process is in it. */
+	cgroup_a = rd_usage_get(&t, RP_JOB_CGROUP, "slurm:42", 1000);
+	cgroup_b = rd_usage_get(&t, RP_JOB_CGROUP, "slurm:42", 0);
+	ck_assert_ptr_eq(cgroup_a, cgroup_b);
+	json = rd_usage_json(&t);
+	cJSON_ArrayForEach(e, json) {
+		const cJSON *uid = cJSON_GetObjectItem(e, "uid");
+		bool client = strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "source")), "client") == 0;
+
+		ck_assert(client == (uid != NULL));
+		with_uid += client && ((int)uid->valuedouble == 1000 || (int)uid->valuedouble == 1001);
+	}
+	ck_assert_int_eq(with_uid, 2);
+	cJSON_Delete(json);
+	rd_usage_put(mine);
+	rd_usage_put(theirs);
+	rd_usage_put(cgroup_a);
+	rd_usage_put(cgroup_b);
+	ck_assert_ptr_null(t.list);
+}
+END_TEST
+
+START_TEST(one_uid_makes_at_most_its_share_of_the_jobs)
+{
+	struct rd_usage_table t = { 0 };
+	struct rd_usage *u[RD_USAGE_JOBS_PER_UID + 2], *other_uid;
+	char name[16];
+
+	for (int i = 0; i < RD_USAGE_JOBS_PER_UID + 2; i++) {
+		snprintf(name, sizeof(name), "job-%d", i);
+		u[i] = rd_usage_get(&t, i % 2 ? RP_JOB_CLIENT : RP_JOB_CGROUP, name, 1000);
+		ck_assert_int_eq(u[i]->source,
+				 i >= RD_USAGE_JOBS_PER_UID ? RP_JOB_OTHER : i % 2 ? RP_JOB_CLIENT : RP_JOB_CGROUP);
+	}
+	ck_assert_uint_eq(t.named, RD_USAGE_JOBS_PER_UID);
+	/* Another uid still gets entries of its own. */
+	other_uid = rd_usage_get(&t, RP_JOB_CLIENT, "job-0", 1001);
+	ck_assert_int_eq(other_uid->source, RP_JOB_CLIENT);
+	rd_usage_put(other_uid);
+	for (int i = 0; i < RD_USAGE_JOBS_PER_UID + 2; i++)
+		rd_usage_put(u[i]);
+	ck_assert_ptr_null(t.list);
+	ck_assert_uint_eq(t.named, 0);
+}
+END_TEST
+
 START_TEST(jobs_past_the_limit_count_together_as_other)
 {
 	struct rd_usage_table t = { 0 };
@@ -174,18 +234,19 @@ START_TEST(jobs_past_the_limit_count_together_as_other)
 	char name[16];
 	cJSON *json;
 
+	/* Each uid under its own share: the table's bound. */
 	for (int i = 0; i < RD_USAGE_JOBS_MAX; i++) {
 		snprintf(name, sizeof(name), "job-%d", i);
-		u[i] = rd_usage_get(&t, i % 2 ? RP_JOB_CLIENT : RP_JOB_CGROUP, name);
+		u[i] = rd_usage_get(&t, i % 2 ? RP_JOB_CLIENT : RP_JOB_CGROUP, name, 2000 + i);
 		ck_assert_int_eq(u[i]->source, i % 2 ? RP_JOB_CLIENT : RP_JOB_CGROUP);
 	}
-	other = rd_usage_get(&t, RP_JOB_CLIENT, "one-more");
-	other2 = rd_usage_get(&t, RP_JOB_CGROUP, "slurm:1");
+	other = rd_usage_get(&t, RP_JOB_CLIENT, "one-more", 1000);
+	other2 = rd_usage_get(&t, RP_JOB_CGROUP, "slurm:1", 1001);
 	ck_assert_int_eq(other->source, RP_JOB_OTHER);
 	ck_assert_ptr_eq(other, other2);
 	ck_assert_str_eq(other->job, "");
 	/* A job listed already keeps its own entry. */
-	again = rd_usage_get(&t, RP_JOB_CLIENT, "job-1");
+	again = rd_usage_get(&t, RP_JOB_CLIENT, "job-1", 2001);
 	ck_assert_ptr_eq(again, u[1]);
 	rd_usage_put(again);
 	json = rd_usage_json(&t);
@@ -193,7 +254,7 @@ START_TEST(jobs_past_the_limit_count_together_as_other)
 	cJSON_Delete(json);
 	/* Room again: a new job gets its own entry. */
 	rd_usage_put(u[0]);
-	again = rd_usage_get(&t, RP_JOB_CLIENT, "one-more");
+	again = rd_usage_get(&t, RP_JOB_CLIENT, "one-more", 1000);
 	ck_assert_int_eq(again->source, RP_JOB_CLIENT);
 	rd_usage_put(again);
 	rd_usage_put(other);
@@ -214,15 +275,16 @@ START_TEST(jobs_encode_and_decode)
 		  .events = 1, .in_flight = 4, .calls = 5, .call_errors = 1 },
 		{ .job = "", .source = RP_JOB_NONE, .sessions = 1 },
 		{ .job = NULL, .source = RP_JOB_OTHER, .calls = 9 },
+		{ .job = "train-7", .source = RP_JOB_CLIENT, .has_uid = true, .uid = 65534, .sessions = 1 },
 	};
 	struct rp_device_job *out;
 	struct rp_error err = { 0 };
 	size_t n;
-	cJSON *a = rp_device_jobs_encode(in, 3);
+	cJSON *a = rp_device_jobs_encode(in, 4);
 
 	ck_assert_ptr_nonnull(a);
 	ck_assert_int_eq(rp_device_jobs_decode(a, 8, &out, &n, &err), 0);
-	ck_assert_uint_eq(n, 3);
+	ck_assert_uint_eq(n, 4);
 	ck_assert_str_eq(out[0].job, "slurm:4242");
 	ck_assert_int_eq(out[0].source, RP_JOB_CGROUP);
 	ck_assert_uint_eq(out[0].buffer_bytes, 1ull << 40);
@@ -232,6 +294,8 @@ START_TEST(jobs_encode_and_decode)
 	ck_assert_str_eq(out[2].job, "");
 	ck_assert_int_eq(out[2].source, RP_JOB_OTHER);
 	ck_assert_uint_eq(out[2].calls, 9);
+	ck_assert(!out[0].has_uid && !out[2].has_uid);
+	ck_assert(out[3].has_uid && out[3].uid == 65534 && out[3].source == RP_JOB_CLIENT);
 	free(out);
 	/* More than the reader takes. */
 	ck_assert_int_eq(rp_device_jobs_decode(a, 2, &out, &n, &err), -EINVAL);
@@ -285,6 +349,8 @@ int main(void)
 	tcase_add_test(tc, the_rule_refuses_with_a_named_error_that_says_why);
 	tcase_add_test(tc, the_cgroup_names_the_connection_and_both_are_described);
 	tcase_add_test(tc, a_job_is_listed_while_a_session_or_an_import_counts_in_it);
+	tcase_add_test(tc, a_stated_job_is_its_uid_s_own);
+	tcase_add_test(tc, one_uid_makes_at_most_its_share_of_the_jobs);
 	tcase_add_test(tc, jobs_past_the_limit_count_together_as_other);
 	tcase_add_test(tc, jobs_encode_and_decode);
 	tcase_add_test(tc, a_malformed_job_entry_is_named);

@@ -138,6 +138,10 @@ static const struct {
 	{ "max_comms", "65537" },
 	{ "max_ring_entries", "0" },
 	{ "max_ring_entries", "16777217" },
+	{ "max_uid_programs", "0" },
+	{ "max_uid_program_nodes", "268435457" },
+	{ "hang_cooldown_ms", "86400001" },
+	{ "hang_cooldown_ms", "-1" },
 	{ "max_import_gib", "0" },
 	{ "max_import_gib", "131073" },
 	{ "gemm_plans_max", "0" },
@@ -242,6 +246,10 @@ START_TEST(the_defaults_are_the_documented_ones)
 	ck_assert_uint_eq(o.max_comms, 64);
 	ck_assert_uint_eq(o.max_ring_entries, 16384);
 	ck_assert_uint_eq(o.max_import_gib, 1024);
+	ck_assert_uint_eq(o.max_uid_programs, 256);
+	ck_assert_uint_eq(o.hang_cooldown_ms, 60000);
+	ck_assert_str_eq(o.worker_charged, "");
+	ck_assert_uint_eq(o.max_uid_program_nodes, 262144);
 	ck_assert_uint_eq(o.gemm_plans_max, 256);
 	ck_assert_str_eq(o.config_path, "");
 	ck_assert_int_eq(o.worker_device, -1);

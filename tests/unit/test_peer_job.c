@@ -2,6 +2,7 @@
  * and the kubelet's pod UID (cgroupfs and systemd drivers, v1 and v2), and
  * nothing from paths that only look alike. */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/peer.h"
@@ -32,7 +33,7 @@ START_TEST(test_cases)
 	char job[64];
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		rd_peer_job_from_cgroup(cases[i].cgroup, job, sizeof(job));
+		rd_peer_job_from_cgroup(cases[i].cgroup, job, sizeof(job), NULL);
 		ck_assert_msg(strcmp(job, cases[i].job) == 0, "%s -> '%s', want '%s'", cases[i].cgroup, job, cases[i].job);
 	}
 }
@@ -42,8 +43,44 @@ START_TEST(test_truncates)
 {
 	char job[8];
 
-	rd_peer_job_from_cgroup("0::/slurm/job_123456789/step_0\n", job, sizeof(job));
+	rd_peer_job_from_cgroup("0::/slurm/job_123456789/step_0\n", job, sizeof(job), NULL);
 	ck_assert_str_eq(job, "slurm:1");
+}
+END_TEST
+
+/* What the trust is asked: the line, cut after the job's component. */
+static char asked[8][256];
+static int nasked;
+
+static bool trust_only_slurm_scope(const char *line, size_t path_end)
+{
+	snprintf(asked[nasked++ % 8], sizeof(asked[0]), "%.*s", (int)path_end, line);
+	return strncmp(line, "0::/system.slice/slurmstepd.scope/", 34) == 0;
+}
+
+START_TEST(test_an_untrusted_directory_names_no_job)
+{
+	char job[64];
+
+	nasked = 0;
+	rd_peer_job_from_cgroup("0::/user.slice/user-1000.slice/user@1000.service/app.slice/job_4242/x\n", job,
+				sizeof(job), trust_only_slurm_scope);
+	ck_assert_str_eq(job, "");
+	ck_assert_int_eq(nasked, 1);
+	ck_assert_str_eq(asked[0], "0::/user.slice/user-1000.slice/user@1000.service/app.slice/job_4242");
+	/* A later line that is trusted still names it. */
+	nasked = 0;
+	rd_peer_job_from_cgroup("4:pids:/user/job_1\n0::/system.slice/slurmstepd.scope/job_77/step_0\n", job,
+				sizeof(job), trust_only_slurm_scope);
+	ck_assert_str_eq(job, "slurm:77");
+	ck_assert_int_eq(nasked, 2);
+	ck_assert_str_eq(asked[0], "4:pids:/user/job_1");
+	ck_assert_str_eq(asked[1], "0::/system.slice/slurmstepd.scope/job_77");
+	nasked = 0;
+	rd_peer_job_from_cgroup("4:cpu:/kubepods/burstable/pod12345678-1234-1234-1234-123456789abc/deadbeef\n", job,
+				sizeof(job), trust_only_slurm_scope);
+	ck_assert_str_eq(job, "");
+	ck_assert_str_eq(asked[0], "4:cpu:/kubepods/burstable/pod12345678-1234-1234-1234-123456789abc");
 }
 END_TEST
 
@@ -56,6 +93,7 @@ int main(void)
 
 	tcase_add_test(tc, test_cases);
 	tcase_add_test(tc, test_truncates);
+	tcase_add_test(tc, test_an_untrusted_directory_names_no_job);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
