@@ -23,12 +23,6 @@
  * blocks per SM (a full SM), looping over the rest. */
 #define PW_BLOCK 256
 #define PW_BLOCKS_PER_SM 8
-/* Vectors a thread of a flat pointwise kernel loads before it computes and
- * stores any: the loads of one iteration cannot pass the stores of the one
- * before (the compiler cannot tell the tensors apart), so without this a
- * thread has one vector of each input in flight, too few to cover the
- * memory's latency. */
-#define PW_UNROLL 4
 /* Rows up to this long are reduced by one warp each (8 rows a block),
  * longer ones by a block of ROW_BLOCK threads. */
 #define ROW_WARP_MAX 1024
@@ -309,7 +303,6 @@ struct gen {
 	int red;              /* the reduction node, or -1 */
 	bool idx64;
 	int vec;              /* elements a thread takes at once on the vector path (1: no such path) */
-	const char *vsub;     /* on the vector path, which of a thread's vectors: "" (one), "[u]" (unrolled) */
 	int *mem;             /* tensors read from memory, each once */
 	int nmem;
 	bool *root_written;   /* per tensor: its root is written by the step */
@@ -860,7 +853,7 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 		int t = g->mem[i];
 		const char *ty = ctype(T(g, t)->dtype);
 		if (vec && g->vmode[t]) {
-			out(&g->b, "%sconst %s m%d = x%d%s.v[j];\n", ind, ty, t, t, g->vsub);
+			out(&g->b, "%sconst %s m%d = x%d.v[j];\n", ind, ty, t, t);
 		} else if (flat_in_domain(g, t)) {
 			out(&g->b, "%sconst %s m%d = p%d[idx];\n", ind, ty, t, t);
 		} else {
@@ -888,7 +881,7 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 		if (!g->plan->node_stored[node])
 			continue;
 		if (vec && g->vmode[o]) {
-			out(&g->b, "%sy%d%s.v[j] = v%d;\n", ind, o, g->vsub, node);
+			out(&g->b, "%sy%d.v[j] = v%d;\n", ind, o, node);
 		} else if (flat_in_domain(g, o)) {
 			out(&g->b, "%sp%d[idx] = v%d;\n", ind, o, node);
 		} else {
@@ -1296,76 +1289,6 @@ static int emit_row_vectors(struct gen *g, const struct red_shape *rs, const cha
 	return 0;
 }
 
-/* Whether every tensor the vector path moves is flat in the domain (so a
- * vector's place is base, whatever its coordinates). */
-static bool all_vectors_flat(const struct gen *g)
-{
-	for (int t = 0; t < g->p->ntensors; t++)
-		if (g->vmode[t] && g->vmode[t] != VEC_FLAT)
-			return false;
-	return true;
-}
-
-/* The vector path of a flat kernel, PW_UNROLL vectors a thread at a time:
- * vectors v0, v0 + stride, ... of every input loaded first, then computed,
- * then stored. Sets start past the vectors. */
-static int emit_flat_unrolled(struct gen *g)
-{
-	const int U = PW_UNROLL;
-	int r;
-
-	out(&g->b, "\t\tconst idx_t nv = n / %d;\n", g->vec);
-	out(&g->b, "\t\tfor (idx_t v0 = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; v0 < nv; v0 += stride * %d) {\n", U);
-	for (int i = 0; i < g->nmem; i++) {
-		int t = g->mem[i];
-		const char *ty = ctype(T(g, t)->dtype);
-		if (g->vmode[t])
-			out(&g->b, "\t\t\trg_vec<%s, %d> x%d[%d];\n", ty, g->vec, t, U);
-	}
-	for (int i = 0; i < g->npw; i++) {
-		int o = g->p->nodes[g->pw[i]].out[0];
-		if (g->plan->node_stored[g->pw[i]] && g->vmode[o])
-			out(&g->b, "\t\t\trg_vec<%s, %d> y%d[%d];\n", ctype(T(g, o)->dtype), g->vec, o, U);
-	}
-	out(&g->b, "#pragma unroll\n\t\t\tfor (int u = 0; u < %d; u++) {\n", U);
-	out(&g->b, "\t\t\t\tconst idx_t base = (v0 + u * stride) * %d;\n", g->vec);
-	out(&g->b, "\t\t\t\tif (v0 + u * stride < nv) {\n");
-	for (int i = 0; i < g->nmem; i++) {
-		int t = g->mem[i];
-		const char *ty = ctype(T(g, t)->dtype);
-		if (g->vmode[t])
-			out(&g->b, "\t\t\t\t\tx%d[u] = *(const rg_vec<%s, %d> *)(p%d + base);\n", t, ty, g->vec, t);
-	}
-	out(&g->b, "\t\t\t\t} else {\n");
-	for (int i = 0; i < g->nmem; i++) {
-		int t = g->mem[i];
-		if (g->vmode[t])
-			out(&g->b, "\t\t\t\t\tx%d[u] = {};\n", t);
-	}
-	out(&g->b, "\t\t\t\t}\n\t\t\t}\n");
-	out(&g->b, "#pragma unroll\n\t\t\tfor (int u = 0; u < %d; u++) {\n", U);
-	out(&g->b, "#pragma unroll\n\t\t\t\tfor (int j = 0; j < %d; j++) {\n", g->vec);
-	g->vsub = "[u]";
-	r = emit_element(g, true, "\t\t\t\t\t");
-	g->vsub = "";
-	if (r < 0)
-		return r;
-	out(&g->b, "\t\t\t\t}\n\t\t\t}\n");
-	out(&g->b, "#pragma unroll\n\t\t\tfor (int u = 0; u < %d; u++) {\n", U);
-	out(&g->b, "\t\t\t\tconst idx_t base = (v0 + u * stride) * %d;\n", g->vec);
-	out(&g->b, "\t\t\t\tif (v0 + u * stride < nv) {\n");
-	for (int i = 0; i < g->npw; i++) {
-		const int node = g->pw[i];
-		int o = g->p->nodes[node].out[0];
-		if (g->plan->node_stored[node] && g->vmode[o])
-			out(&g->b, "\t\t\t\t\t*(rg_vec<%s, %d> *)(p%d + base) = y%d[u];\n", ctype(T(g, o)->dtype), g->vec,
-			    o, o);
-	}
-	out(&g->b, "\t\t\t\t}\n\t\t\t}\n\t\t}\n");
-	out(&g->b, "\t\tstart = nv * %d;\n", g->vec);
-	return 0;
-}
-
 static int gen_fused(struct gen *g)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
@@ -1387,14 +1310,7 @@ static int gen_fused(struct gen *g)
 	out(&g->b, "\tconst idx_t n = %s;\n", lit(n, l));
 	out(&g->b, "\tconst idx_t stride = (idx_t)gridDim.x * blockDim.x;\n");
 	out(&g->b, "\tidx_t start = 0;\n\n");
-	if (g->vec > 1 && all_vectors_flat(g) && !vector_body_needs_coords(g)) {
-		emit_vec_ok(g);
-		out(&g->b, "\tif (vec_ok) {\n");
-		r = emit_flat_unrolled(g);
-		if (r < 0)
-			return r;
-		out(&g->b, "\t}\n");
-	} else if (g->vec > 1) {
+	if (g->vec > 1) {
 		emit_vec_ok(g);
 		out(&g->b, "\tif (vec_ok) {\n");
 		out(&g->b, "\t\tfor (idx_t vi = (idx_t)blockIdx.x * blockDim.x + threadIdx.x; vi < n / %d; vi += stride) {\n",
@@ -2093,7 +2009,7 @@ static uint64_t fnv1a(const char *s, size_t n)
 int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, int s, struct rp_error *err)
 {
 	struct rd_prog_step *st = &plan->steps[s];
-	struct gen g = { .p = p, .plan = plan, .st = st, .s = s, .red = -1, .vec = 1, .vsub = "", .err = err };
+	struct gen g = { .p = p, .plan = plan, .st = st, .s = s, .red = -1, .vec = 1, .err = err };
 	int last = st->nnodes ? st->nodes[st->nnodes - 1] : -1;
 	int r = -ENOMEM;
 
