@@ -735,7 +735,7 @@ void rd_prog_args_fill(const struct rd_prog_plan *plan, void *dst, void *const *
 unsigned rd_prog_kernel_grid(const struct rd_prog_kernel *k, unsigned sm_count)
 {
 	uint64_t cap = (uint64_t)k->blocks_per_sm * (sm_count ? sm_count : 1);
-	uint64_t g = k->blocks < cap ? k->blocks : cap;
+	uint64_t g = k->blocks_per_sm == RD_PROG_GRID_UNCAPPED || k->blocks < cap ? k->blocks : cap;
 
 	/* gridDim.x's limit; every kernel loops over its blocks of work. */
 	if (g > 0x7fffffffu)

@@ -69,8 +69,9 @@ struct rd_prog_kernel {
 	char name[RD_PROG_KERNEL_NAME_MAX];   /* extern "C" __global__ name: "k3_fused_gelu_mul" */
 	unsigned block;                       /* threads per block */
 	uint64_t blocks;                      /* blocks that cover the work once (0: nothing to do, skip) */
-	unsigned blocks_per_sm;               /* the grid's cap, per SM: more adds nothing but launch cost */
+	unsigned blocks_per_sm;               /* the grid's cap, per SM (RD_PROG_GRID_UNCAPPED: none) */
 };
+#define RD_PROG_GRID_UNCAPPED 0u
 
 struct rd_prog_step {
 	enum rd_prog_step_kind kind;

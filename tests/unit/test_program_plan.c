@@ -563,6 +563,10 @@ START_TEST(args_layout)
 	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "void *bound[3];"));
 	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "double scalar[3];"));
 
+	/* A fused pointwise kernel's grid covers its work once. */
+	ck_assert_uint_eq(plan.steps[0].kernels[0].blocks_per_sm, RD_PROG_GRID_UNCAPPED);
+	struct rd_prog_kernel whole = { .blocks = 100000, .blocks_per_sm = RD_PROG_GRID_UNCAPPED };
+	ck_assert_uint_eq(rd_prog_kernel_grid(&whole, 132), 100000);
 	struct rd_prog_kernel k = { .blocks = 100000, .blocks_per_sm = 8 };
 	ck_assert_uint_eq(rd_prog_kernel_grid(&k, 132), 1056);
 	k.blocks = 10;

@@ -201,6 +201,7 @@ struct cuda_lane {
 	 * (seed 001: a graph's scratch is its own). NULL otherwise. */
 	void *scratch_fixed;
 	size_t scratch_fixed_bytes;
+	size_t scratch_fixed_wanted;   /* what a call found scratch_fixed too small for */
 	/* A program's steps are being captured into a graph: the enqueue
 	 * functions do nothing that a capture cannot hold (timing a tuning
 	 * candidate, noting a plan's use by an event queried later). */

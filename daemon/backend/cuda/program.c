@@ -40,9 +40,10 @@
 /* Runs on the stream before the first capture of a generation: the
  * library calls' plans are built and tuned by then. */
 #define PROGRAM_EAGER_RUNS 2
-/* The library calls' workspace inside the arena, for a program that has
- * any: GEMMs take at most RD_CUDA_WORKSPACE_BYTES; attention's plans say
- * theirs, checked at the call (a larger one fails by name). */
+/* The library calls' workspace, for a program that has any, to start
+ * with: GEMMs take at most RD_CUDA_WORKSPACE_BYTES; attention's plans say
+ * theirs when they are built (the eager Runs), and a call that needs more
+ * grows it then (workspace_grow), within max_scratch. */
 #define PROGRAM_WORKSPACE_BYTES ((size_t)64 << 20)
 
 struct cuda_program;
@@ -93,6 +94,7 @@ static void state_free_device(struct cuda_program_state *st, bool release)
 		if (st->last_run)
 			cudaEventDestroy(st->last_run);
 		cudaFree(st->arena);
+		cudaFree(st->workspace);
 		cudaFree(st->args);
 	}
 	st->exec = NULL;
@@ -116,12 +118,19 @@ static int state_init(struct rd_resource *res)
 	e_ = cudaSetDevice(p->cd->dev->index);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("cudaSetDevice");
-	st->arena_bytes = p->plan.arena_bytes + p->workspace_bytes;
-	e_ = cudaMalloc(&st->arena, st->arena_bytes);
+	st->arena_bytes = p->plan.arena_bytes;
+	e_ = cudaMalloc(&st->arena, st->arena_bytes ? st->arena_bytes : 1);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("the program's arena");
-	st->workspace = (char *)st->arena + p->plan.arena_bytes;
 	st->workspace_bytes = p->workspace_bytes;
+	if (st->workspace_bytes) {
+		e_ = cudaMalloc(&st->workspace, st->workspace_bytes);
+		if (e_ != cudaSuccess) {
+			int r = STATUS_CUDA("the program's workspace");
+			state_free_device(st, true);
+			return r;
+		}
+	}
 	e_ = cudaMalloc(&st->args, p->args_bytes);
 	if (e_ == cudaSuccess)
 		e_ = cudaEventCreateWithFlags(&st->last_run, cudaEventDisableTiming);
@@ -134,7 +143,7 @@ static int state_init(struct rd_resource *res)
 		state_free_device(st, true);
 		return r;
 	}
-	p->base.scratch_bytes = st->arena_bytes + p->args_bytes;
+	p->base.scratch_bytes = st->arena_bytes + st->workspace_bytes + p->args_bytes;
 	atomic_fetch_add(&p->cd->program_bytes, p->base.scratch_bytes);
 	return 0;
 }
@@ -314,6 +323,50 @@ static cudaError_t journal_mark(struct cuda_lane *lane, struct cuda_program *p, 
 			       lane->stream);
 }
 
+/* A library call of an eager Run needs more workspace than the program
+ * has: the workspace grows to it (within max_scratch), once the lane's
+ * work so far, which may use the old one, is done. Graphs captured before
+ * took the old one's address: they go. */
+static int workspace_grow(struct cuda_lane *lane, struct cuda_program *p, size_t wanted, struct rp_error *err)
+{
+	struct cuda_program_state *st = &p->state;
+	const struct rd_device *dev = p->base.device;
+	size_t bytes = (wanted + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+	cudaError_t e;
+	void *ws;
+
+	if (dev->max_scratch && p->plan.arena_bytes + bytes > dev->max_scratch) {
+		rp_error_clear(err);
+		rp_err_limit_exceeded(err, "scratch", (long long)dev->max_scratch,
+				      "program '%s' needs %zu bytes of workspace for its library calls besides %llu of "
+				      "intermediates, more than max_scratch_mib allows; raise it or split the program",
+				      p->base.def->name, bytes, (unsigned long long)p->plan.arena_bytes);
+		return -E2BIG;
+	}
+	e = cudaStreamSynchronize(lane->stream);
+	if (e == cudaSuccess)
+		e = cudaMalloc(&ws, bytes);
+	if (e != cudaSuccess) {
+		rp_error_clear(err);
+		rp_error_set(err, cuda_error_name(e), "growing program %s's workspace to %zu bytes: %s",
+			     p->base.def->name, bytes, cudaGetErrorString(e));
+		return -ENOMEM;
+	}
+	rp_error_clear(err);
+	cudaFree(st->workspace);
+	atomic_fetch_add(&p->cd->program_bytes, bytes - st->workspace_bytes);
+	p->base.scratch_bytes += bytes - st->workspace_bytes;
+	st->workspace = ws;
+	st->workspace_bytes = p->workspace_bytes = bytes;
+	lane->scratch_fixed = ws;
+	lane->scratch_fixed_bytes = bytes;
+	if (st->exec) {
+		cudaGraphExecDestroy(st->exec);
+		st->exec = NULL;
+	}
+	return 0;
+}
+
 /* Every step, in order, on the lane's stream (captured or not); with a
  * journal, the inouts saved and the header marked around them. */
 static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *journal, struct rp_error *err)
@@ -337,7 +390,13 @@ static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *j
 		const struct rd_prog_step *step = &p->plan.steps[i];
 
 		if (step->kind == RD_STEP_LIBRARY) {
+			lane->scratch_fixed_wanted = 0;
 			r = enqueue_library(lane, p, &p->base.def->nodes[step->first_node], err);
+			if (r < 0 && lane->scratch_fixed_wanted && !lane->capturing) {
+				r = workspace_grow(lane, p, lane->scratch_fixed_wanted, err);
+				if (r == 0)
+					r = enqueue_library(lane, p, &p->base.def->nodes[step->first_node], err);
+			}
 			continue;
 		}
 		for (int k = 0; k < step->nkernels && r == 0; k++)

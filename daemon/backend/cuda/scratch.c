@@ -43,6 +43,7 @@ int cuda_scratch_take(struct cuda_lane *l, size_t bytes, struct cuda_scratch *s,
 		return 0;
 	if (l->scratch_fixed) {
 		if (bytes > l->scratch_fixed_bytes) {
+			l->scratch_fixed_wanted = bytes;
 			rp_error_set(err, RP_ERR_BACKEND, "%s needs %zu bytes of scratch; the program's workspace holds %zu",
 				     call, bytes, l->scratch_fixed_bytes);
 			return -ENOSPC;
