@@ -113,6 +113,9 @@ class Program:
         # run again).
         self.journal_bytes = reply.get("journal_bytes", 0)
         self.bound = list(reply.get("bound", ()))
+        # Where each bound name lies in binding order: a Run over the
+        # ring names its tensors so (proto/ring.h).
+        self.positions = {name: i for i, name in enumerate(self.bound)}
 
     def __repr__(self):
         return f"<regen.Program {self.id} on device {self.device}: {self.nodes} nodes>"
