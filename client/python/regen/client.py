@@ -901,10 +901,10 @@ class Client:
         program that updates in place safe to retry after a fault: the
         retry, with ``retry=True`` and the same seq, applies its updates
         exactly once (regen.program.run_exactly_once does it all)."""
-        from .program import binding
+        from .program import bound_at
         device = program.device
-        binds = {name: binding(self, x) for name, x in bind.items()}
-        journal = binding(self, journal) if journal is not None else None
+        binds = {name: bound_at(self, x) for name, x in bind.items()}
+        journal = bound_at(self, journal) if journal is not None else None
         wait_id = str(getattr(wait_event, "id", wait_event)) if wait_event is not None else None
         signal_id = str(getattr(signal_event, "id", signal_event)) if signal_event is not None else None
         lane = self._lane(device)
@@ -921,7 +921,8 @@ class Client:
             # More ids than the lane's table holds: a Varlink call, once
             # the ring's calls are answered (their error waits for wait()).
             self._drain(device)
-        params = {"program": program.id, "bind": binds}
+        params = {"program": program.id,
+                  "bind": {name: {"buffer": ident, "offset": offset} for name, (ident, offset) in binds.items()}}
         if scalars:
             params["scalars"] = {k: float(v) for k, v in scalars.items()}
         if wait_id is not None:
@@ -931,7 +932,7 @@ class Client:
         if deadline_ms is not None:
             params["deadline_ms"] = int(deadline_ms)
         if journal is not None:
-            params["journal"] = journal
+            params["journal"] = {"buffer": journal[0], "offset": journal[1]}
         if seq is not None:
             params["seq"] = int(seq)
         if retry:
@@ -945,45 +946,48 @@ class Client:
                   retry):
         """Queues a Run on the lane's ring: its ticket (a Run of n records
         takes n tickets, its own the last), or None with nothing queued where
-        it names more ids than the lane's id table holds. What a record
-        cannot say is refused here as regend refuses it on Varlink: a name
-        the program does not bind, an absent seq or journal beside the
-        other (a record's 0 means none), values past a field's width."""
+        it names more ids than the lane's id table holds. ``binds``: name ->
+        (buffer id, offset), ``journal`` likewise. What a record cannot say
+        is refused here as regend refuses it on Varlink: a name the program
+        does not bind, an absent seq or journal beside the other (a record's
+        0 means none), values past a field's width."""
         ring = lane.ring
-        needed = {program.id, *(b["buffer"] for b in binds.values())}
-        needed.update(x for x in (wait_id, signal_id, journal and journal["buffer"]) if x)
-        if len(needed) > ring.nids:
-            return None
+        if len(binds) + 4 > ring.nids:
+            needed = {program.id, *(ident for ident, _ in binds.values())}
+            needed.update(x for x in (wait_id, signal_id, journal and journal[0]) if x)
+            if len(needed) > ring.nids:
+                return None
         if (journal is None) != (seq is None):
             raise errors.InvalidParameter(parameters={"parameter": "journal" if journal is None else "seq"})
         positions = program.positions
-        bindings, values = [], []
-        for name in binds:
-            if name not in positions:
-                raise errors.InvalidParameter(parameters={"parameter": f"bind.{name}"})
+        values = []
         for name, v in (scalars or {}).items():
-            if name not in positions:
+            pos = positions.get(name)
+            if pos is None:
                 raise errors.InvalidParameter(parameters={"parameter": f"scalars.{name}"})
-            values.append((positions[name], float(v)))
+            values.append((pos, float(v)))
         held = []
         index = ring.bound.get
         program_i = self._ring_index(device, ring, program.id, held)
-        for name, b in binds.items():
-            ident = b["buffer"]
+        bindings = []
+        for name, (ident, offset) in binds.items():
+            pos = positions.get(name)
+            if pos is None:
+                raise errors.InvalidParameter(parameters={"parameter": f"bind.{name}"})
             i = index(ident)
             if i is None:
                 i = self._ring_index(device, ring, ident, held)
             else:
                 held.append(i)
-            bindings.append((positions[name], i, b["offset"]))
+            bindings.append((pos, i, offset))
         wait_i = self._ring_index(device, ring, wait_id, held) if wait_id is not None else ringmod.NONE
         signal_i = self._ring_index(device, ring, signal_id, held) if signal_id is not None else ringmod.NONE
-        journal_i = self._ring_index(device, ring, journal["buffer"], held) if journal is not None else ringmod.NONE
+        journal_i = self._ring_index(device, ring, journal[0], held) if journal is not None else ringmod.NONE
         deadline = ringmod._deadline({"deadline_ms": deadline_ms})
         try:
             records = ringmod.run_record_bytes(lane.submitted + 1, ring.sq_tail, ringmod.RUN_RETRY if retry else 0,
                                                wait_i, signal_i, deadline, program_i, journal_i,
-                                               journal["offset"] if journal is not None else 0,
+                                               journal[1] if journal is not None else 0,
                                                int(seq) if seq is not None else 0, bindings, values)
         except struct.error:
             raise _unpackable_run(binds, journal, seq) from None
@@ -1601,10 +1605,10 @@ def _unpackable_run(binds, journal, seq):
     """The InvalidParameter regend answers on Varlink for the first value of
     a Run that a record's field cannot hold (an offset or a seq outside 0
     to 2**64), after the packing refused it."""
-    for name, b in binds.items():
-        if not 0 <= b["offset"] < 2**64:
+    for name, (_, offset) in binds.items():
+        if not 0 <= offset < 2**64:
             return errors.InvalidParameter(parameters={"parameter": f"bind.{name}.offset"})
-    if journal is not None and not 0 <= journal["offset"] < 2**64:
+    if journal is not None and not 0 <= journal[1] < 2**64:
         return errors.InvalidParameter(parameters={"parameter": "journal.offset"})
     return errors.InvalidParameter(parameters={"parameter": "seq"})
 

@@ -121,18 +121,18 @@ class Program:
         return f"<regen.Program {self.id} on device {self.device}: {self.nodes} nodes>"
 
 
-def binding(client, x):
-    """A Run's binding from a torch CUDA tensor (its storage imported once),
-    an Operand-like (``.buffer``, ``.offset``) or a (buffer id, byte offset)
-    pair."""
-    if hasattr(x, "untyped_storage") and getattr(x, "is_cuda", False):
-        buf = client.import_tensor(x)
-        return {"buffer": str(buf.id), "offset": x.storage_offset() * x.element_size()}
-    if isinstance(x, tuple):
+def bound_at(client, x):
+    """Where a Run's binding lies, (buffer id, byte offset): a torch CUDA
+    tensor (its storage imported once), an Operand-like (``.buffer``,
+    ``.offset``) or a (buffer or buffer id, byte offset) pair."""
+    if type(x) is tuple:
         buf, offset = x
+    elif hasattr(x, "untyped_storage") and getattr(x, "is_cuda", False):
+        return str(client.import_tensor(x).id), x.storage_offset() * x.element_size()
     else:
         buf, offset = x.buffer, getattr(x, "offset", 0)
-    return {"buffer": str(getattr(buf, "id", buf)), "offset": int(offset)}
+    return str(getattr(buf, "id", buf)), int(offset)
+
 
 
 # Errors after which the device serves again, in a new generation or a new

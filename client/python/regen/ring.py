@@ -121,8 +121,6 @@ CONTINUATIONS_MAX = 16
 BOUND_MAX = 1024
 _RUN_HEADER = struct.Struct("<QHHHHIIIIIHHQQ8x")
 _CONTINUATION_HEADER = struct.Struct("<QHHI")
-_BINDING = struct.Struct("<IIQ")
-_SCALAR = struct.Struct("<I4xd")
 
 
 def run_records(entries):
@@ -140,17 +138,33 @@ def run_record_bytes(tag, head, flags, wait, signal, deadline_ms, program, journ
     position, value); ``head`` the number the Run's own record gets in the
     ring (its continuations name it), ``tag`` its tag (continuation k gets
     tag + k).  Values a field cannot hold fail the packing (struct.error)."""
-    entries = [_BINDING.pack(*b) for b in bindings]
-    entries += [_SCALAR.pack(*sc) for sc in scalars]
-    n = run_records(len(entries))
-    out = [_RUN_HEADER.pack(tag, OP_PROGRAM, flags, n - 1, 0, wait, signal, deadline_ms, program, journal,
-                            len(bindings), len(scalars), journal_offset, seq)
-           + b"".join(entries[:RUN_ENTRIES])]
+    nb, ns = len(bindings), len(scalars)
+    flat = [v for b in bindings for v in b]
+    flat += [v for sc in scalars for v in sc]
+    entries = _entries_struct(nb, ns).pack(*flat)
+    n = run_records(nb + ns)
+    out = [_RUN_HEADER.pack(tag, OP_PROGRAM, flags, n - 1, 0, wait, signal, deadline_ms, program, journal, nb, ns,
+                            journal_offset, seq) + entries[:RUN_ENTRIES * 16]]
     for part in range(1, n):
-        at = RUN_ENTRIES + (part - 1) * CONTINUATION_ENTRIES
+        at = (RUN_ENTRIES + (part - 1) * CONTINUATION_ENTRIES) * 16
         out.append(_CONTINUATION_HEADER.pack(tag + part, OP_CONTINUATION, part, head)
-                   + b"".join(entries[at:at + CONTINUATION_ENTRIES]))
+                   + entries[at:at + CONTINUATION_ENTRIES * 16])
     return [rec + bytes(RECORD_SIZE - len(rec)) for rec in out]
+
+
+# _entries_struct()'s Structs by counts (a handful in use: one per program).
+_ENTRY_STRUCTS = {}
+
+
+def _entries_struct(nbind, nscalars):
+    """The Struct of a Run's entries: ``nbind`` bindings (bound, buffer,
+    offset), then ``nscalars`` scalars (bound, 4 reserved bytes, value)."""
+    st = _ENTRY_STRUCTS.get((nbind, nscalars))
+    if st is None:
+        if len(_ENTRY_STRUCTS) >= _RECORD_STRUCTS_MAX:
+            _ENTRY_STRUCTS.clear()
+        st = _ENTRY_STRUCTS[(nbind, nscalars)] = struct.Struct("<" + "IIQ" * nbind + "I4xd" * nscalars)
+    return st
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
