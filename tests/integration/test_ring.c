@@ -1297,8 +1297,9 @@ static void a_run_waits_for_its_continuations(void)
 }
 
 /* A record behind a hung device is answered with io.regen.Timeout in its
- * completion once its deadline_ms passed, as a Varlink call is; the device
- * then goes through its respawn. Last: device 1 is hung. */
+ * completion once its deadline_ms passed, as a Varlink call is, and so is a
+ * program's Run behind it, its continuation completed as its part; the
+ * device then goes through its respawn. Last: device 1 is hung. */
 static void a_hung_record_times_out(void)
 {
 	regen_client *c = tl_client_connect(&daemon_);
@@ -1309,11 +1310,15 @@ static void a_hung_record_times_out(void)
 	char name[64];
 	cJSON *params = NULL;
 	double t0;
+	char *def = pairs_definition(40);
+	regen_program *prog;
 
 	tl_buffer_create(c, 1, 1 << 16, &b);
+	ASSERT_REGEN_OK(c, regen_program_define(c, 1, def, &prog), "Define on device 1");
 	raw_setup_on(&r, 1, 8);
 	raw_open(&r);
 	raw_bind(&r, 0, regen_buffer_id(b.buf));
+	raw_bind(&r, 1, regen_program_id(prog));
 	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
 	small_gemm(&rec, 42);
 	rec.deadline_ms = 300;
@@ -1329,8 +1334,35 @@ static void a_hung_record_times_out(void)
 	       cqe.error);
 	ASSERT(tl_now() - t0 < 2, "the Timeout came %.2f s after the record", tl_now() - t0);
 	cJSON_Delete(params);
+	params = NULL;
+
+	/* A Run of 81 entries (a record and a continuation) behind it. */
+	struct rp_ring_binding bind[80];
+	struct rp_ring_scalar scalar = { .bound = 80, .value = 2.0 };
+	struct rp_ring_run_call call = {
+		.program = 1, .wait_event = RP_RING_NONE, .signal_event = RP_RING_NONE, .journal = RP_RING_NONE,
+		.deadline_ms = 300, .bind = bind, .nbind = 80, .scalars = &scalar, .nscalars = 1,
+	};
+	union rp_ring_slot recs[2];
+	for (int i = 0; i < 80; i++)
+		bind[i] = (struct rp_ring_binding){ .bound = (uint32_t)i, .buffer = 0, .offset = 64u * (uint32_t)i };
+	uint32_t head = r.sq_tail;
+	for (unsigned k = 0; k < 2; k++)
+		rp_ring_encode_run(&call, 50, head, k, &recs[k]);
+	t0 = tl_now();
+	raw_write(&r, recs, 2, 2);
+	raw_complete_within(&r, 10, &cqe);
+	tl_log("measured: hung Run (deadline_ms 300) completed after %.0f ms: %s", (tl_now() - t0) * 1e3, cqe.error);
+	ASSERT_UINT_EQ(cqe.tag, 50, "the hung Run's tag");
+	ASSERT_EQ(rp_ring_completion_error(&cqe, name, &params), 1, "the hung Run failed");
+	ASSERT_STR_EQ(name, "io.regen.Timeout", "%s", cqe.error);
+	ASSERT(strstr(cqe.error, "io.regen.Program.Run") != NULL, "the Timeout names the Run: %s", cqe.error);
+	cJSON_Delete(params);
+	expect_continuation(&r, 51, head, "the hung Run's continuation");
 	raw_close(&r);
 	tl_buffer_free(&b);
+	regen_program_drop(prog);
+	free(def);
 	regen_client_destroy(c);
 }
 
