@@ -337,10 +337,6 @@ static void ring_break(struct rd_ring *r, const char *why)
 	rd_conn_close(r->session->conn);
 }
 
-/* Takes every record the client published, as far as completion slots
- * allow. */
-static void on_spin(uv_idle_t *h);
-
 /* How many records the one at sq_head (its copy) takes: a Run's with its
  * continuations, where their count may be waited for (a Run whose count may
  * not is taken alone, and refused). */
