@@ -313,6 +313,10 @@ void rd_program_status(struct rd_call *call)
 
 	if (rp_params_check(call->msg.params, fields, &err) < 0)
 		goto fail;
+	/* A Run over the ring is answered in its completion before the loop
+	 * counts it: a Status asked after that answer counts it too, as it
+	 * would a Varlink Run's. */
+	rd_worker_finish_posted(w);
 	reply = cJSON_CreateObject();
 	list = cJSON_AddArrayToObject(reply, "programs");
 	if (cJSON_HasObjectItem(call->msg.params, "program")) {

@@ -311,6 +311,22 @@ class RingRunTest(unittest.TestCase):
         self.assertEqual(seen[0]["ring"], ("InvalidParameter", {"parameter": "bind.y69"}))
         self.assertEqual(seen[2]["ring"][0], "InvalidOperand")
 
+    def test_status_counts_every_run_answered(self):
+        """A Run over the ring is answered in its completion before the
+        worker's loop counts it: Status, asked after the answer, counts it
+        all the same (it did not, now and then, under load)."""
+        c = self.clients["ring"]
+        p = regen.ProgramBuilder("count")
+        p.input("x", "f32", (4,))
+        p.output("y", "f32", (4,))
+        p.node("neg", ["x"], ["y"])
+        prog = c.define_program(0, p.definition())
+        x, y = self.host(4), self.host(4, False)
+        bind = {"x": (x.import_into(c, 0), 0), "y": (y.import_into(c, 0), 0)}
+        for n in range(1, 301):
+            c.run_program(prog, bind)
+            self.assertEqual(c.program_status(0, prog)[0]["runs"], n)
+
     def test_queued_runs_answer_in_order(self):
         c = self.clients["ring"]
         prog = c.define_program(0, wide_definition(self.PAIRS))
