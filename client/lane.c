@@ -1,7 +1,9 @@
-/* libregen: a device's lane, the worker connection's compute calls, over
- * the lane's ring (io.regen.Lane, proto/ring.h) where the worker offers one
- * and the transport allows, else as Varlink calls. Calls may be queued
- * without waiting (tickets); either way their answers are read in order.
+/* libregen: a device's lane, the worker connection's compute calls and
+ * program Runs, over the lane's ring (io.regen.Lane, proto/ring.h) where
+ * the worker offers one and the transport allows, else as Varlink calls.
+ * Calls may be queued without waiting (tickets: one per ring record, so a
+ * Run that spans continuations takes one per record and answers at its
+ * last); either way their answers are read in order.
  *
  * The ring: a sealed memfd holding both rings, a datagram socket pair for
  * doorbells, and the id table the worker keeps for the lane, which this
@@ -40,6 +42,10 @@ struct rc_ring {
 	uint32_t nids, next_victim;
 	struct rp_id *bound;          /* what each index of the worker's id table holds */
 	uint64_t *submitted_ns;       /* per slot: when its record was written */
+	/* Per slot: the number of the Run's record that the record there
+	 * continues (RP_RING_NONE: a record of its own), as its completion
+	 * must say. */
+	uint32_t *continues;
 	uint64_t spin_max_ns, spin_ns;
 };
 
@@ -85,6 +91,7 @@ static void ring_free(struct rc_ring *r)
 		close(r->doorbell);
 	free(r->bound);
 	free(r->submitted_ns);
+	free(r->continues);
 	free(r);
 }
 
@@ -169,8 +176,10 @@ static int ring_open(regen_client *c, struct rc_conn *conn, int64_t deadline, st
 	r->spin_ns = r->spin_max_ns / 2;
 	r->bound = calloc(r->nids, sizeof(*r->bound));
 	r->submitted_ns = calloc(r->entries, sizeof(*r->submitted_ns));
+	r->continues = calloc(r->entries, sizeof(*r->continues));
 	memfd = memfd_create("regen-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (r->bound == NULL || r->submitted_ns == NULL || memfd < 0 || ftruncate(memfd, (off_t)r->size) < 0 ||
+	if (r->bound == NULL || r->submitted_ns == NULL || r->continues == NULL || memfd < 0 ||
+	    ftruncate(memfd, (off_t)r->size) < 0 ||
 	    fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
 	    socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0) {
 		ret = -errno;
@@ -256,11 +265,12 @@ static int lane_setup(regen_client *c, int device, int64_t deadline)
 	return 0;
 }
 
-/* Indexes the record being built holds already (its earlier operands'):
- * none of them may be taken back for a later one, or the record would name
- * the later buffer in both places. */
+/* Indexes the record being built holds already (its earlier operands'),
+ * each once: none of them may be taken back for a later one, or the record
+ * would name the later buffer in both places. `index` has room for every
+ * id the record names. */
 struct held_indexes {
-	uint32_t index[RP_OP_OPERANDS_MAX + 2];
+	uint32_t *index;
 	unsigned count;
 };
 
@@ -273,10 +283,17 @@ static bool is_held(const struct held_indexes *held, uint32_t index)
 	return false;
 }
 
+static void hold(struct held_indexes *held, uint32_t index)
+{
+	if (!is_held(held, index))
+		held->index[held->count++] = index;
+}
+
 /* The index that holds rid, bound now if none does. An index is taken
  * back from another id only when no record is outstanding (a queued record
  * names its buffers by index until the worker takes it), and never one the
- * record being built holds. */
+ * record being built holds: -ENOSPC, nothing bound, where it holds them
+ * all (a Run that names more ids than the table has). */
 static int ring_index(regen_client *c, struct rc_lane *lane, int device, const struct rp_id *rid, int64_t deadline,
 		      struct held_indexes *held, uint32_t *out)
 {
@@ -292,19 +309,21 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 		if (b->kind == rid->kind && b->serial == rid->serial && b->generation == rid->generation &&
 		    b->device == rid->device) {
 			*out = i;
-			held->index[held->count++] = i;
+			hold(held, i);
 			return 0;
 		}
 		if (b->kind == 0 && free_index == RP_RING_NONE)
 			free_index = i;
 	}
+	if (free_index == RP_RING_NONE && held->count >= r->nids)
+		return -ENOSPC;
 	if (free_index == RP_RING_NONE) {
 		/* Answered, their first error kept for the caller's wait: this
 		 * call is not theirs to fail. */
 		ret = rc_lane_drain(c, device);
 		if (ret < 0)
 			return ret;
-		/* held has fewer entries than the table: this ends. */
+		/* held has fewer entries than the table (each once): this ends. */
 		do
 			free_index = r->next_victim++ % r->nids;
 		while (is_held(held, free_index));
@@ -319,7 +338,7 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 		return ret;
 	r->bound[free_index] = *rid;
 	*out = free_index;
-	held->index[held->count++] = free_index;
+	hold(held, free_index);
 	return 0;
 }
 
@@ -415,11 +434,23 @@ static int ring_wait_one(struct rc_ring *r, int sock, int64_t deadline)
 	return 0;
 }
 
-/* Reads one completion (the oldest outstanding), noting its error. */
+/* A completion that breaks the protocol: the lane goes with its
+ * connection. */
+static int ring_protocol_error(regen_client *c, struct rc_lane *lane, int device)
+{
+	rc_conn_close(&c->worker[device]);
+	rc_lane_reset(lane);
+	return -EPROTO;
+}
+
+/* Reads one completion (the oldest outstanding), noting its error. A Run's
+ * continuation's answers nothing (its Run's record, read just before it,
+ * did) and must name the Run it was written for. */
 static int ring_reap(regen_client *c, struct rc_lane *lane, int device, int64_t deadline)
 {
 	struct rc_ring *r = lane->ring;
 	struct rp_ring_completion cqe;
+	uint32_t slot = r->cq_head & (r->entries - 1), number = r->cq_head;
 	char name[64];
 	cJSON *params = NULL;
 	int ret = ring_wait_one(r, c->worker[device].fd, deadline);
@@ -427,33 +458,37 @@ static int ring_reap(regen_client *c, struct rc_lane *lane, int device, int64_t 
 	if (ret < 0)
 		return lane_broken(c, device, ret);
 	memcpy(&cqe, rp_ring_completion_at(r->base, r->entries, r->cq_head), sizeof(cqe));
-	lane->last_timing = (struct regen_call_timing){
-		.submitted_ns = r->submitted_ns[r->cq_head & (r->entries - 1)],
-		.taken_ns = cqe.timing.taken_ns,
-		.launched_ns = cqe.timing.launched_ns,
-		.finished_ns = cqe.timing.finished_ns,
-		.published_ns = cqe.timing.published_ns,
-		.completed_ns = now_ns(),
-	};
 	r->cq_head++;
 	rp_ring_store(&r->hdr->cq_head, r->cq_head);
 	lane->completed++;
 	if (cqe.tag != lane->completed) {
 		rc_set_local_error(c, "device %d's worker completed record %llu where %llu was next", device,
 				   (unsigned long long)cqe.tag, (unsigned long long)lane->completed);
-		rc_conn_close(&c->worker[device]);
-		rc_lane_reset(lane);
-		return -EPROTO;
+		return ring_protocol_error(c, lane, device);
 	}
 	ret = rp_ring_completion_error(&cqe, name, &params);
 	if (ret < 0) {
 		rc_set_local_error(c, "device %d's worker wrote a malformed completion", device);
-		rc_conn_close(&c->worker[device]);
-		rc_lane_reset(lane);
-		return -EPROTO;
+		return ring_protocol_error(c, lane, device);
+	}
+	if (ret == 2) {
+		if (r->continues[slot] == RP_RING_NONE || cqe.head != r->continues[slot]) {
+			rc_set_local_error(c, "device %d's worker completed record %u as a part of record %u, which it is not",
+					   device, number, cqe.head);
+			return ring_protocol_error(c, lane, device);
+		}
+		return 0;
 	}
 	if (ret > 0)
 		lane_note_error(lane, name, params);
+	lane->last_timing = (struct regen_call_timing){
+		.submitted_ns = r->submitted_ns[slot],
+		.taken_ns = cqe.timing.taken_ns,
+		.launched_ns = cqe.timing.launched_ns,
+		.finished_ns = cqe.timing.finished_ns,
+		.published_ns = cqe.timing.published_ns,
+		.completed_ns = now_ns(),
+	};
 	lane->last_elapsed_us = cqe.elapsed_us;
 	lane->idle_since_ns = now_ns();
 	cJSON_Delete(params);
@@ -569,13 +604,28 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 	return 0;
 }
 
+/* Publishes the records written from sq_tail on, `n` of them together (a
+ * Run's with its continuations: the worker never sees one in part), and
+ * rings a sleeping worker's doorbell. */
+static void ring_publish(struct rc_ring *r, uint32_t n)
+{
+	r->sq_tail += n;
+	rp_ring_store(&r->hdr->sq_tail, r->sq_tail);
+	rp_ring_fence();
+	if (rp_ring_flag(&r->hdr->sq_sleeping)) {
+		char b = 0;
+		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	}
+}
+
 /* Where a record waits for room: the oldest completion is read first. */
 static int ring_submit(regen_client *c, struct rc_lane *lane, int device, const struct rp_compute *call,
 		       int64_t deadline)
 {
 	struct rc_ring *r = lane->ring;
 	uint32_t index_of[RP_OP_OPERANDS_MAX], wait = RP_RING_NONE, signal = RP_RING_NONE;
-	struct held_indexes held = { .count = 0 };
+	uint32_t held_storage[RP_OP_OPERANDS_MAX + 2];
+	struct held_indexes held = { .index = held_storage, .count = 0 };
 	int ret;
 
 	for (unsigned i = 0; i < RP_OP_OPERANDS_MAX; i++) {
@@ -596,24 +646,78 @@ static int ring_submit(regen_client *c, struct rc_lane *lane, int device, const 
 			return ret;
 	}
 	r->submitted_ns[r->sq_tail & (r->entries - 1)] = now_ns();
+	r->continues[r->sq_tail & (r->entries - 1)] = RP_RING_NONE;
 	rp_ring_encode(call, index_of, wait, signal, lane->submitted + 1,
 		       rp_ring_record_at(r->base, r->entries, r->sq_tail));
-	r->sq_tail++;
-	rp_ring_store(&r->hdr->sq_tail, r->sq_tail);
-	rp_ring_fence();
-	if (rp_ring_flag(&r->hdr->sq_sleeping)) {
-		char b = 0;
-		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-	}
+	ring_publish(r, 1);
 	lane->submitted++;
 	return 0;
 }
 
-static int varlink_submit(regen_client *c, struct rc_lane *lane, int device, const struct rp_compute *call,
+/* A Run's records: its own and the continuations its bindings and scalars
+ * need, written into the next slots and published together. -ENOSPC with
+ * nothing written where the Run names more ids than the id table holds. */
+static int ring_submit_run(regen_client *c, struct rc_lane *lane, int device, const struct rc_run *run,
+			   int64_t deadline)
+{
+	struct rc_ring *r = lane->ring;
+	const unsigned n = RP_RING_RUN_RECORDS(run->nbind + run->nscalars);
+	struct rp_ring_binding *bind = calloc((size_t)run->nbind + 1, sizeof(*bind));
+	struct rp_ring_scalar *scalars = calloc((size_t)run->nscalars + 1, sizeof(*scalars));
+	uint32_t *held_storage = calloc((size_t)run->nbind + 4, sizeof(*held_storage));
+	struct held_indexes held = { .index = held_storage, .count = 0 };
+	struct rp_ring_run_call call = {
+		.wait_event = RP_RING_NONE, .signal_event = RP_RING_NONE, .journal = RP_RING_NONE,
+		.deadline_ms = run->deadline_ms, .journal_offset = run->journal_offset, .seq = run->seq,
+		.retry = run->retry, .bind = bind, .nbind = run->nbind, .scalars = scalars, .nscalars = run->nscalars,
+	};
+	int ret;
+
+	if (bind == NULL || scalars == NULL || held_storage == NULL) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	if ((ret = ring_index(c, lane, device, &run->program->obj.rid, deadline, &held, &call.program)) < 0)
+		goto out;
+	for (unsigned i = 0; i < run->nbind; i++) {
+		bind[i].bound = run->bind[i].bound;
+		bind[i].offset = run->bind[i].offset;
+		if ((ret = ring_index(c, lane, device, &run->bind[i].buffer, deadline, &held, &bind[i].buffer)) < 0)
+			goto out;
+	}
+	for (unsigned i = 0; i < run->nscalars; i++)
+		scalars[i] = (struct rp_ring_scalar){ .bound = run->scalars[i].bound, .value = run->scalars[i].value };
+	if ((run->wait_event.kind &&
+	     (ret = ring_index(c, lane, device, &run->wait_event, deadline, &held, &call.wait_event)) < 0) ||
+	    (run->signal_event.kind &&
+	     (ret = ring_index(c, lane, device, &run->signal_event, deadline, &held, &call.signal_event)) < 0) ||
+	    (run->has_journal && (ret = ring_index(c, lane, device, &run->journal, deadline, &held, &call.journal)) < 0))
+		goto out;
+	while (r->sq_tail + n - r->cq_head > r->entries) {
+		if ((ret = ring_reap(c, lane, device, deadline)) < 0)
+			goto out;
+	}
+	for (unsigned part = 0; part < n; part++) {
+		uint32_t slot = (r->sq_tail + part) & (r->entries - 1);
+
+		r->submitted_ns[slot] = now_ns();
+		r->continues[slot] = part ? r->sq_tail : RP_RING_NONE;
+		rp_ring_encode_run(&call, lane->submitted + 1, r->sq_tail, part,
+				   (union rp_ring_slot *)rp_ring_record_at(r->base, r->entries, r->sq_tail + part));
+	}
+	ring_publish(r, n);
+	lane->submitted += n;
+out:
+	free(bind);
+	free(scalars);
+	free(held_storage);
+	return ret;
+}
+
+static int varlink_submit(regen_client *c, struct rc_lane *lane, int device, const char *method, cJSON *params,
 			  int64_t deadline)
 {
-	cJSON *params = rp_compute_to_json(call);
-	char *text = params ? rp_build_call(call->spec->method, params, false, false) : NULL;
+	char *text = params ? rp_build_call(method, params, false, false) : NULL;
 	int r;
 
 	cJSON_Delete(params);
@@ -627,9 +731,42 @@ static int varlink_submit(regen_client *c, struct rc_lane *lane, int device, con
 	return 0;
 }
 
-int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, uint64_t *ticket)
+/* A Run the ring cannot carry (more ids than its table), on a ring's lane:
+ * after every call outstanding is answered, one Varlink call and its reply,
+ * counted as a ticket answered at once, its error kept for the wait. */
+static int varlink_run_now(regen_client *c, struct rc_lane *lane, int device, const struct rc_run *run,
+			   int64_t deadline)
 {
-	int64_t deadline = rc_deadline(c->timeout_s);
+	cJSON *params = rc_run_params(run), *reply = NULL, *err_params;
+	int r = rc_lane_drain(c, device);
+
+	if (r < 0 || params == NULL) {
+		cJSON_Delete(params);
+		return r < 0 ? r : -ENOMEM;
+	}
+	r = rc_exchange(c, &c->worker[device], "io.regen.Program.Run", params, NULL, 0, deadline, &reply);
+	cJSON_Delete(params);
+	if (r < 0 && r != -EREMOTE)
+		return r;
+	lane->submitted++;
+	lane->completed++;
+	if (r == -EREMOTE) {
+		err_params = c->err_params ? cJSON_Parse(c->err_params) : NULL;
+		lane_note_error(lane, c->err_name, err_params);
+		cJSON_Delete(err_params);
+	} else {
+		const cJSON *e = cJSON_GetObjectItemCaseSensitive(reply, "elapsed_us");
+		lane->last_elapsed_us = cJSON_IsNumber(e) && e->valuedouble >= 0 ? (uint64_t)e->valuedouble : 0;
+		lane->last_timing = (struct regen_call_timing){ .completed_ns = now_ns() };
+	}
+	cJSON_Delete(reply);
+	return 0;
+}
+
+/* The device's lane, ready for a call: its connection checked when idle,
+ * its transport picked. */
+static int lane_ready(regen_client *c, int device, int64_t deadline, struct rc_lane **out)
+{
 	struct rc_lane *lane;
 	int r;
 
@@ -657,7 +794,40 @@ int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, u
 			return r;
 	}
 	rc_clear_error(c);
-	r = lane->ring ? ring_submit(c, lane, device, call, deadline) : varlink_submit(c, lane, device, call, deadline);
+	*out = lane;
+	return 0;
+}
+
+int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, uint64_t *ticket)
+{
+	int64_t deadline = rc_deadline(c->timeout_s);
+	struct rc_lane *lane;
+	int r = lane_ready(c, device, deadline, &lane);
+
+	if (r < 0)
+		return r;
+	r = lane->ring ? ring_submit(c, lane, device, call, deadline)
+		       : varlink_submit(c, lane, device, call->spec->method, rp_compute_to_json(call), deadline);
+	if (r == 0 && ticket != NULL)
+		*ticket = lane->submitted;
+	return r;
+}
+
+int rc_lane_submit_run(regen_client *c, int device, const struct rc_run *run, uint64_t *ticket)
+{
+	int64_t deadline = rc_deadline(c->timeout_s);
+	struct rc_lane *lane;
+	int r = lane_ready(c, device, deadline, &lane);
+
+	if (r < 0)
+		return r;
+	if (lane->ring) {
+		r = ring_submit_run(c, lane, device, run, deadline);
+		if (r == -ENOSPC)
+			r = varlink_run_now(c, lane, device, run, deadline);
+	} else {
+		r = varlink_submit(c, lane, device, "io.regen.Program.Run", rc_run_params(run), deadline);
+	}
 	if (r == 0 && ticket != NULL)
 		*ticket = lane->submitted;
 	return r;

@@ -89,6 +89,43 @@ struct regen_event {
 	struct rc_object obj;
 };
 
+/* A program: its id (generation 0: it outlives generations) and what
+ * Define answered. */
+struct regen_program {
+	struct rc_object obj;
+	char **bound;                     /* the bound tensors' names, in binding order */
+	uint32_t nbound;
+	uint64_t journal_bytes;
+};
+
+/* A program's Run as program.c hands it to the lane (lane.c): the ids it
+ * names, and its bindings and scalars by bound position. */
+struct rc_run_binding {
+	uint32_t bound;
+	struct rp_id buffer;
+	uint64_t offset;
+};
+struct rc_run_scalar {
+	uint32_t bound;
+	double value;
+};
+struct rc_run {
+	const struct regen_program *program;
+	struct rp_id wait_event, signal_event;   /* kind 0: none */
+	uint32_t deadline_ms;
+	bool has_journal;
+	struct rp_id journal;
+	uint64_t journal_offset, seq;
+	bool retry;
+	const struct rc_run_binding *bind;
+	unsigned nbind;
+	const struct rc_run_scalar *scalars;
+	unsigned nscalars;
+};
+/* The Run's parameters as an io.regen.Program.Run call carries them
+ * (program.c). NULL on ENOMEM. */
+cJSON *rc_run_params(const struct rc_run *run);
+
 struct regen_comm {
 	struct rc_object obj;
 	uint32_t rank, nranks;
@@ -133,6 +170,10 @@ enum regen_transport rc_transport_from_env(void);
 /* Queues a parsed call on the device's lane; *ticket (may be NULL) names it. */
 struct rp_compute;
 int rc_lane_submit(regen_client *c, int device, const struct rp_compute *call, uint64_t *ticket);
+/* Queues a program's Run on the device's lane: the ring's records, or the
+ * Varlink call (also where the Run names more ids than the ring's id table
+ * holds: then after the lane's outstanding calls, answered at once). */
+int rc_lane_submit_run(regen_client *c, int device, const struct rc_run *run, uint64_t *ticket);
 /* Reads answers up to ticket; the first error among them, named. */
 int rc_lane_wait(regen_client *c, int device, uint64_t ticket);
 /* Reads the answers of Varlink calls still outstanding on the lane, keeping

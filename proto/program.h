@@ -302,3 +302,34 @@ int rp_program_run_id(const cJSON *params, struct rp_id *id, struct rp_error *er
 int rp_program_run_parse(const struct rp_program *p, const cJSON *params, struct rp_program_run *run,
 			 struct rp_error *err);
 void rp_program_run_finish(struct rp_program_run *run);
+/* The Run's parameters as a client sends them (tests, tools): what
+ * rp_program_run_parse reads back into *run. NULL on ENOMEM. */
+cJSON *rp_program_run_to_json(const struct rp_program *p, const struct rp_program_run *run);
+
+/* The steps of a Run's parse, one set of checks for every transport:
+ * rp_program_run_parse walks a Varlink call's parameters through them, a
+ * ring's decoder (proto/ring.h, rp_ring_decode_run) its records. Bound
+ * tensors are named by their position i in p->bind (0 <= i < p->nbound;
+ * the caller refuses a name or position that binds nothing); seen[] marks
+ * the positions given so far. Errors as rp_program_run_parse's. */
+/* run's tables for p, and seen[]: 0, or -ENOMEM with *run zeroed. */
+int rp_program_run_alloc(const struct rp_program *p, struct rp_program_run *run, bool **seen);
+/* Binds position i (an input, output or inout, not given before) to
+ * buffer at offset: InvalidParameter "bind.<name>" (a scalar, or given
+ * twice), "bind.<name>.buffer" (not a buffer id), "bind.<name>.offset"
+ * (past 2^53); InvalidOperand naming the tensor for a misaligned offset. */
+int rp_program_run_bind(const struct rp_program *p, int i, const struct rp_id *buffer, uint64_t offset,
+			struct rp_program_run *run, bool *seen, struct rp_error *err);
+/* Gives scalar position i its value: InvalidParameter "scalars.<name>"
+ * for a tensor that is no scalar, one given twice, or a value not finite. */
+int rp_program_run_scalar(const struct rp_program *p, int i, double value, struct rp_program_run *run, bool *seen,
+			  struct rp_error *err);
+/* The journal (buffer, offset) where has_journal, the seq where has_seq,
+ * retry: InvalidParameter "seq" (past 2^53, or missing beside a journal),
+ * "journal" (a seq without one), "retry" (without a journal),
+ * "journal.buffer", "journal.offset" (past 2^53 or not 8-byte aligned). */
+int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const struct rp_id *buffer, uint64_t offset,
+			   bool has_seq, uint64_t seq, bool retry, struct rp_error *err);
+/* Every position given: else InvalidParameter naming the first missing
+ * ("bind.<name>" or "scalars.<name>"). */
+int rp_program_run_complete(const struct rp_program *p, const bool *seen, struct rp_error *err);

@@ -2,7 +2,10 @@
  * every bound tensor named once (buffers for inputs, outputs and inouts,
  * numbers for scalars), nothing else named, and the events and deadline
  * every call takes. Buffers are resolved and checked against their extents
- * by the worker; this file sees only ids and offsets. */
+ * by the worker; this file sees only ids and offsets. The checks of each
+ * binding, scalar and journal are the rp_program_run_* steps, which a
+ * ring's records (ring_run.c) go through as well: one set of rules and
+ * errors for both transports. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -76,15 +79,118 @@ static int bound_find(const struct rp_program *p, const char *name)
 	return -1;
 }
 
+/* ---- The checks every parser of a Run goes through (program.h) ----------------------- */
+
+int rp_program_run_alloc(const struct rp_program *p, struct rp_program_run *run, bool **seen)
+{
+	/* One entry at least: calloc(0) may give NULL. */
+	const size_t n = p->nbound > 0 ? (size_t)p->nbound : 1;
+
+	memset(run, 0, sizeof(*run));
+	run->bind = calloc(n, sizeof(*run->bind));
+	run->scalars = calloc(n, sizeof(*run->scalars));
+	*seen = calloc(n, sizeof(**seen));
+	if (run->bind == NULL || run->scalars == NULL || *seen == NULL) {
+		free(*seen);
+		*seen = NULL;
+		rp_program_run_finish(run);
+		return -ENOMEM;
+	}
+	run->nbound = p->nbound;
+	return 0;
+}
+
+int rp_program_run_bind(const struct rp_program *p, int i, const struct rp_id *buffer, uint64_t offset,
+			struct rp_program_run *run, bool *seen, struct rp_error *err)
+{
+	const struct rp_prog_tensor *t = &p->tensors[p->bind[i]];
+	struct rp_prog_binding *b = &run->bind[i];
+	char id[RP_ID_MAX];
+	size_t elem;
+
+	/* seen[] also refuses a name given twice (cJSON would take the
+	 * first, another parser the last). */
+	if (t->kind == RP_PT_SCALAR || seen[i]) {
+		return bad(err, "bind", t->name, NULL);
+	}
+	if (buffer->kind != RP_ID_BUFFER) {
+		return bad(err, "bind", t->name, "buffer");
+	}
+	if (offset > OFFSET_MAX) {
+		return bad(err, "bind", t->name, "offset");
+	}
+	elem = rp_prog_tensor_elem_size(t);
+	if (offset % elem != 0) {
+		return rp_error_invalid_operand(err, t->name,
+						"misaligned: offset %" PRIu64 " into buffer %s is not a multiple of %zu, the size of %s",
+						offset, rp_id_format(buffer, id), elem, rp_dtype_name(t->dtype));
+	}
+	b->buffer = *buffer;
+	b->offset = offset;
+	seen[i] = true;
+	return 0;
+}
+
+int rp_program_run_scalar(const struct rp_program *p, int i, double value, struct rp_program_run *run, bool *seen,
+			  struct rp_error *err)
+{
+	const struct rp_prog_tensor *t = &p->tensors[p->bind[i]];
+
+	if (t->kind != RP_PT_SCALAR || seen[i] || !isfinite(value)) {
+		return bad(err, "scalars", t->name, NULL);
+	}
+	run->scalars[i] = value;
+	seen[i] = true;
+	return 0;
+}
+
+/* A journal and a seq together, a retry only with them; the journal
+ * 8-byte aligned (its header's words). */
+int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const struct rp_id *buffer, uint64_t offset,
+			   bool has_seq, uint64_t seq, bool retry, struct rp_error *err)
+{
+	if (seq > OFFSET_MAX)
+		return rp_error_invalid_parameter(err, "seq");
+	if (has_journal != has_seq)
+		return rp_error_invalid_parameter(err, has_journal ? "seq" : "journal");
+	if (retry && !has_journal)
+		return rp_error_invalid_parameter(err, "retry");
+	run->has_journal = has_journal;
+	run->seq = seq;
+	run->retry = retry;
+	if (!has_journal)
+		return 0;
+	if (buffer->kind != RP_ID_BUFFER)
+		return rp_error_invalid_parameter(err, "journal.buffer");
+	if (offset > OFFSET_MAX || offset % 8 != 0)
+		return rp_error_invalid_parameter(err, "journal.offset");
+	run->journal.buffer = *buffer;
+	run->journal.offset = offset;
+	return 0;
+}
+
+int rp_program_run_complete(const struct rp_program *p, const bool *seen, struct rp_error *err)
+{
+	for (int i = 0; i < p->nbound; i++) {
+		if (!seen[i]) {
+			const struct rp_prog_tensor *t = &p->tensors[p->bind[i]];
+
+			return bad(err, t->kind == RP_PT_SCALAR ? "scalars" : "bind", t->name, NULL);
+		}
+	}
+	return 0;
+}
+
+/* ---- Varlink's parameters --------------------------------------------------------------- */
+
 static int parse_binding(const struct rp_program *p, const cJSON *item, struct rp_program_run *run, bool *seen,
 			 struct rp_error *err)
 {
 	const int i = bound_find(p, item->string);
 	const struct rp_prog_tensor *t = i >= 0 ? &p->tensors[p->bind[i]] : NULL;
-	struct rp_prog_binding *b;
-	const char *buffer;
+	struct rp_id buffer = { 0 };
+	const char *text;
 	uint64_t offset;
-	size_t elem;
 
 	if (t == NULL || t->kind == RP_PT_SCALAR || seen[i]) {
 		return bad(err, "bind", item->string, NULL);
@@ -95,23 +201,16 @@ static int parse_binding(const struct rp_program *p, const cJSON *item, struct r
 		return bad(err, "bind", item->string,
 			   cJSON_IsString(param) && strcmp(param->valuestring, "parameters") != 0 ? param->valuestring : NULL);
 	}
-	b = &run->bind[i];
-	if (rp_params_string(item, "buffer", 0, NULL, &buffer, err) != 0 || rp_id_parse(buffer, &b->buffer) < 0 ||
-	    b->buffer.kind != RP_ID_BUFFER) {
+	/* The kind is looked at here too, so that a binding wrong twice is
+	 * refused for its buffer first, as the shared check orders it. */
+	if (rp_params_string(item, "buffer", 0, NULL, &text, err) != 0 || rp_id_parse(text, &buffer) < 0 ||
+	    buffer.kind != RP_ID_BUFFER) {
 		return bad(err, "bind", item->string, "buffer");
 	}
 	if (rp_params_uint(item, "offset", OFFSET_MAX, 0, &offset, err) < 0) {
 		return bad(err, "bind", item->string, "offset");
 	}
-	elem = rp_prog_tensor_elem_size(t);
-	if (offset % elem != 0) {
-		return rp_error_invalid_operand(err, t->name,
-						"misaligned: offset %" PRIu64 " into buffer %s is not a multiple of %zu, the size of %s",
-						offset, buffer, elem, rp_dtype_name(t->dtype));
-	}
-	b->offset = offset;
-	seen[i] = true;
-	return 0;
+	return rp_program_run_bind(p, i, &buffer, offset, run, seen, err);
 }
 
 static int parse_scalar(const struct rp_program *p, const cJSON *item, struct rp_program_run *run, bool *seen,
@@ -119,39 +218,39 @@ static int parse_scalar(const struct rp_program *p, const cJSON *item, struct rp
 {
 	const int i = bound_find(p, item->string);
 
-	if (i < 0 || p->tensors[p->bind[i]].kind != RP_PT_SCALAR || seen[i] || !cJSON_IsNumber(item) ||
-	    !isfinite(item->valuedouble)) {
+	if (i < 0 || !cJSON_IsNumber(item)) {
 		return bad(err, "scalars", item->string, NULL);
 	}
-	run->scalars[i] = item->valuedouble;
-	seen[i] = true;
-	return 0;
+	return rp_program_run_scalar(p, i, item->valuedouble, run, seen, err);
 }
 
-/* journal, seq and retry: a journal and a seq together, a retry only with
- * them; the journal 8-byte aligned (its header's words). */
 static int parse_journal(const cJSON *params, struct rp_program_run *run, struct rp_error *err)
 {
 	const cJSON *j = cJSON_GetObjectItemCaseSensitive(params, "journal");
-	const char *buffer;
+	const bool has_journal = j != NULL && !cJSON_IsNull(j);
+	struct rp_id buffer = { 0 };
+	uint64_t seq, offset = 0;
+	const char *text;
+	bool retry;
 	int r;
 
-	if ((r = rp_params_uint(params, "seq", OFFSET_MAX, 0, &run->seq, err)) < 0 ||
-	    (r = rp_params_bool(params, "retry", false, &run->retry, err)) < 0)
+	if ((r = rp_params_uint(params, "seq", OFFSET_MAX, 0, &seq, err)) < 0 ||
+	    (r = rp_params_bool(params, "retry", false, &retry, err)) < 0)
 		return r;
-	run->has_journal = j != NULL && !cJSON_IsNull(j);
-	if (run->has_journal != cJSON_HasObjectItem(params, "seq"))
-		return rp_error_invalid_parameter(err, run->has_journal ? "seq" : "journal");
-	if (run->retry && !run->has_journal)
-		return rp_error_invalid_parameter(err, "retry");
-	if (!run->has_journal)
-		return 0;
-	if (rp_params_check(j, binding_fields, err) < 0 || rp_params_string(j, "buffer", 0, NULL, &buffer, err) < 0 ||
-	    rp_id_parse(buffer, &run->journal.buffer) < 0 || run->journal.buffer.kind != RP_ID_BUFFER)
-		return rp_error_invalid_parameter(err, "journal.buffer");
-	if (rp_params_uint(j, "offset", OFFSET_MAX, 0, &run->journal.offset, err) < 0 || run->journal.offset % 8 != 0)
-		return rp_error_invalid_parameter(err, "journal.offset");
-	return 0;
+	/* What the journal's object holds is read only where the rest
+	 * allows a journal: the shared checks come first. */
+	if (has_journal != cJSON_HasObjectItem(params, "seq") || (retry && !has_journal))
+		return rp_program_run_journal(run, has_journal, &buffer, 0, cJSON_HasObjectItem(params, "seq"), seq,
+					      retry, err);
+	if (has_journal) {
+		if (rp_params_check(j, binding_fields, err) < 0 ||
+		    rp_params_string(j, "buffer", 0, NULL, &text, err) < 0 || rp_id_parse(text, &buffer) < 0 ||
+		    buffer.kind != RP_ID_BUFFER)
+			return rp_error_invalid_parameter(err, "journal.buffer");
+		if (rp_params_uint(j, "offset", OFFSET_MAX, 0, &offset, err) < 0)
+			return rp_error_invalid_parameter(err, "journal.offset");
+	}
+	return rp_program_run_journal(run, has_journal, &buffer, offset, has_journal, seq, retry, err);
 }
 
 static int parse(const struct rp_program *p, const cJSON *params, struct rp_program_run *run, bool *seen,
@@ -167,8 +266,6 @@ static int parse(const struct rp_program *p, const cJSON *params, struct rp_prog
 	}
 	bind = cJSON_GetObjectItemCaseSensitive(params, "bind");
 	scalars = cJSON_GetObjectItemCaseSensitive(params, "scalars");
-	/* seen[] also refuses a name given twice (cJSON would take the
-	 * first, another parser the last). */
 	cJSON_ArrayForEach(item, bind) {
 		if ((r = parse_binding(p, item, run, seen, err)) < 0) {
 			return r;
@@ -179,40 +276,65 @@ static int parse(const struct rp_program *p, const cJSON *params, struct rp_prog
 			return r;
 		}
 	}
-	for (int i = 0; i < p->nbound; i++) {
-		if (!seen[i]) {
-			const struct rp_prog_tensor *t = &p->tensors[p->bind[i]];
-
-			return bad(err, t->kind == RP_PT_SCALAR ? "scalars" : "bind", t->name, NULL);
-		}
-	}
-	return 0;
+	return rp_program_run_complete(p, seen, err);
 }
 
 int rp_program_run_parse(const struct rp_program *p, const cJSON *params, struct rp_program_run *run,
 			 struct rp_error *err)
 {
-	/* One entry at least: calloc(0) may give NULL. */
-	const size_t n = p->nbound > 0 ? (size_t)p->nbound : 1;
 	bool *seen;
-	int r;
+	int r = rp_program_run_alloc(p, run, &seen);
 
-	memset(run, 0, sizeof(*run));
-	run->bind = calloc(n, sizeof(*run->bind));
-	run->scalars = calloc(n, sizeof(*run->scalars));
-	seen = calloc(n, sizeof(*seen));
-	if (run->bind == NULL || run->scalars == NULL || seen == NULL) {
-		free(seen);
-		rp_program_run_finish(run);
-		return -ENOMEM;
+	if (r < 0) {
+		return r;
 	}
-	run->nbound = p->nbound;
 	r = parse(p, params, run, seen, err);
 	free(seen);
 	if (r < 0) {
 		rp_program_run_finish(run);
 	}
 	return r;
+}
+
+cJSON *rp_program_run_to_json(const struct rp_program *p, const struct rp_program_run *run)
+{
+	cJSON *params = cJSON_CreateObject(), *bind = NULL, *scalars = NULL;
+	char id[RP_ID_MAX];
+
+	if (params == NULL)
+		return NULL;
+	cJSON_AddStringToObject(params, "program", rp_id_format(&run->program, id));
+	bind = cJSON_AddObjectToObject(params, "bind");
+	for (int i = 0; i < p->nbound && bind != NULL; i++) {
+		const struct rp_prog_tensor *t = &p->tensors[p->bind[i]];
+		cJSON *b;
+
+		if (t->kind == RP_PT_SCALAR) {
+			if (scalars == NULL)
+				scalars = cJSON_AddObjectToObject(params, "scalars");
+			cJSON_AddNumberToObject(scalars, t->name, run->scalars[i]);
+			continue;
+		}
+		b = cJSON_AddObjectToObject(bind, t->name);
+		cJSON_AddStringToObject(b, "buffer", rp_id_format(&run->bind[i].buffer, id));
+		cJSON_AddNumberToObject(b, "offset", (double)run->bind[i].offset);
+	}
+	if (run->wait_event.present)
+		cJSON_AddStringToObject(params, "wait_event", rp_id_format(&run->wait_event.id, id));
+	if (run->signal_event.present)
+		cJSON_AddStringToObject(params, "signal_event", rp_id_format(&run->signal_event.id, id));
+	if (run->deadline_ms)
+		cJSON_AddNumberToObject(params, "deadline_ms", run->deadline_ms);
+	if (run->has_journal) {
+		cJSON *j = cJSON_AddObjectToObject(params, "journal");
+
+		cJSON_AddStringToObject(j, "buffer", rp_id_format(&run->journal.buffer, id));
+		cJSON_AddNumberToObject(j, "offset", (double)run->journal.offset);
+		cJSON_AddNumberToObject(params, "seq", (double)run->seq);
+		if (run->retry)
+			cJSON_AddTrueToObject(params, "retry");
+	}
+	return params;
 }
 
 void rp_program_run_finish(struct rp_program_run *run)

@@ -222,14 +222,16 @@ void rp_ring_complete(struct rp_ring_completion *cqe, uint64_t tag, const struct
 
 	cqe->tag = tag;
 	cqe->elapsed_us = elapsed_us;
+	cqe->head = 0;
+	cqe->reserved = 0;
 	if (err == NULL || err->name == NULL) {
-		cqe->status = 0;
+		cqe->status = RP_RING_STATUS_OK;
 		cqe->error_len = 0;
 		cqe->error_name[0] = '\0';
 		cqe->error[0] = '\0';
 		return;
 	}
-	cqe->status = 1;
+	cqe->status = RP_RING_STATUS_ERROR;
 	snprintf(cqe->error_name, sizeof(cqe->error_name), "%s", err->name);
 	text = rp_build_error(err);
 	if (text != NULL && strlen(text) >= RP_RING_ERROR_MAX && err->params != NULL) {
@@ -259,6 +261,13 @@ void rp_ring_complete(struct rp_ring_completion *cqe, uint64_t tag, const struct
 	cqe->error_len = (uint32_t)strlen(cqe->error);
 }
 
+void rp_ring_complete_continuation(struct rp_ring_completion *cqe, uint64_t tag, uint32_t head)
+{
+	rp_ring_complete(cqe, tag, NULL, 0);
+	cqe->status = RP_RING_STATUS_CONTINUATION;
+	cqe->head = head;
+}
+
 int rp_ring_completion_error(const struct rp_ring_completion *cqe, char name[64], cJSON **params)
 {
 	struct rp_call reply = { 0 };
@@ -267,10 +276,12 @@ int rp_ring_completion_error(const struct rp_ring_completion *cqe, char name[64]
 
 	*params = NULL;
 	name[0] = '\0';
-	if (cqe->status == 0)
+	if (cqe->status == RP_RING_STATUS_OK)
 		return 0;
+	if (cqe->status == RP_RING_STATUS_CONTINUATION)
+		return 2;
 	len = strnlen(cqe->error, sizeof(cqe->error));
-	if (cqe->status != 1 || len == sizeof(cqe->error))
+	if (cqe->status != RP_RING_STATUS_ERROR || len == sizeof(cqe->error))
 		return -EPROTO;
 	if (rp_call_parse(cqe->error, len, &reply, &perr) < 0 || reply.error == NULL || reply.method != NULL) {
 		rp_error_clear(&perr);

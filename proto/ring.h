@@ -1,8 +1,8 @@
 /* The data-plane fast path of a lane (io.regen.Lane): a submission ring and
  * a completion ring in one memfd the client shares with its worker, binary
- * records that name buffers and events by their index in the lane's id
- * table (filled over Varlink with io.regen.Lane.Bind), and doorbells on a
- * datagram socket pair. One format for daemon and clients.
+ * records that name buffers, events and programs by their index in the
+ * lane's id table (filled over Varlink with io.regen.Lane.Bind), and
+ * doorbells on a datagram socket pair. One format for daemon and clients.
  *
  * The memfd holds, at offset 0, struct rp_ring_header (RP_RING_HEADER_SIZE
  * bytes), then `entries` submission records of RP_RING_RECORD_SIZE bytes,
@@ -30,12 +30,16 @@
 #include "compute.h"
 #include "ids.h"
 #include "message.h"
+#include "program.h"
 
 #define RP_RING_MAGIC 0x52474e52u       /* "RNGR" little-endian */
 /* 2: eleven operand slots (attention's seq_len_q and seq_len_kv), where
  * version 1 had nine and left the bytes after them to padding; and the
- * worker's stage times at the end of each completion. */
-#define RP_RING_VERSION 2
+ * worker's stage times at the end of each completion.
+ * 3: io.regen.Program.Run as records (struct rp_ring_run and its
+ * continuations), a continuation's completion (status 2, its `head`), and
+ * so the error text 8 bytes shorter. */
+#define RP_RING_VERSION 3
 #define RP_RING_ENTRIES_MIN 2
 #define RP_RING_ENTRIES_MAX 1024        /* a power of two in between */
 #define RP_RING_IDS_DEFAULT 256
@@ -44,7 +48,7 @@
 #define RP_RING_HEADER_SIZE 4096
 #define RP_RING_RECORD_SIZE 1024
 #define RP_RING_COMPLETION_SIZE 1024
-#define RP_RING_ERROR_MAX 904           /* the error's Varlink text, NUL included */
+#define RP_RING_ERROR_MAX 896           /* the error's Varlink text, NUL included */
 
 /* Each counter on a cache line of its own: the side that writes it is the
  * only one that moves the line. The counters and flags are atomic: the
@@ -104,6 +108,97 @@ struct rp_ring_record {
 	uint8_t pad[RP_RING_RECORD_SIZE - 64 - RP_OP_OPERANDS_MAX * sizeof(struct rp_ring_operand)];
 };
 
+/* io.regen.Program.Run as records: the Run's own record (op RP_OP_PROGRAM)
+ * and, where its bindings and scalars do not fit in it, `continuations`
+ * records right after it in the ring (op RP_RING_CONTINUATION), which carry
+ * the rest. Bindings come first, then scalars, as one list of entries: the
+ * Run's record holds entries 0 .. RP_RING_RUN_ENTRIES - 1, continuation k
+ * (1-based) the next RP_RING_CONTINUATION_ENTRIES. A Run names exactly the
+ * continuations its entries need (rp_ring_run_records), and the client
+ * publishes them with the Run's record (one store of sq_tail for all): the
+ * worker takes a Run only once all its records are published and their
+ * completion slots free, copies them all out of shared memory, and only
+ * then looks at them. Every record still gets a completion in record order:
+ * the Run's says what the Run answered, each continuation's has status
+ * RP_RING_STATUS_CONTINUATION and names the Run's record (`head`). A record
+ * taken alone that is a continuation is refused (InvalidParameter "op").
+ *
+ * A bound tensor is named by its position in Define's `bound` (binding
+ * order), a program, buffers and events by id table index. */
+#define RP_RING_CONTINUATION 0xffffu      /* the op of a Run's continuation record */
+#define RP_RING_RUN_RETRY 0x1u             /* flags of a Run: retry (with a journal) */
+
+/* An input, output or inout bound to a buffer. */
+struct rp_ring_binding {
+	uint32_t bound;                  /* position in Define's bound list */
+	uint32_t buffer;                 /* id table index of a buffer */
+	uint64_t offset;                 /* bytes */
+};
+
+/* A scalar's value. */
+struct rp_ring_scalar {
+	uint32_t bound;
+	uint32_t reserved;
+	double value;                    /* finite */
+};
+
+union rp_ring_run_entry {
+	struct rp_ring_binding binding;
+	struct rp_ring_scalar scalar;
+};
+
+#define RP_RING_RUN_HEADER_SIZE 64
+#define RP_RING_CONTINUATION_HEADER_SIZE 16
+#define RP_RING_RUN_ENTRIES ((RP_RING_RECORD_SIZE - RP_RING_RUN_HEADER_SIZE) / sizeof(union rp_ring_run_entry))
+#define RP_RING_CONTINUATION_ENTRIES \
+	((RP_RING_RECORD_SIZE - RP_RING_CONTINUATION_HEADER_SIZE) / sizeof(union rp_ring_run_entry))
+
+/* The Run's own record. Where a field is as a call's record, it lies where
+ * a call's record has it (tag, op, flags, the events, deadline_ms). */
+struct rp_ring_run {
+	uint64_t tag;                    /* the client's, echoed in the completion */
+	uint16_t op;                     /* RP_OP_PROGRAM */
+	uint16_t flags;                  /* RP_RING_RUN_RETRY */
+	uint16_t continuations;          /* records after this one that carry its entries */
+	uint16_t reserved0;
+	uint32_t wait_event, signal_event;   /* indexes, or RP_RING_NONE */
+	uint32_t deadline_ms;            /* 0: the worker's default; at most RP_DEADLINE_MS_MAX */
+	uint32_t program;                /* index of the program's id */
+	uint32_t journal;                /* index of the journal's buffer, or RP_RING_NONE: none */
+	uint16_t nbind, nscalars;        /* entries: nbind bindings, then nscalars scalars */
+	uint64_t journal_offset;         /* bytes, 8-byte aligned; 0 without a journal */
+	uint64_t seq;                    /* with a journal; 0 without */
+	uint64_t reserved1;
+	union rp_ring_run_entry entries[RP_RING_RUN_ENTRIES];
+};
+
+/* A record that carries more of a Run's entries. */
+struct rp_ring_continuation {
+	uint64_t tag;                    /* its own (it has its own completion) */
+	uint16_t op;                     /* RP_RING_CONTINUATION */
+	uint16_t part;                   /* 1 for the record right after the Run's, then 2, ... */
+	uint32_t head;                   /* the number of the Run's record (its sq_tail before it) */
+	union rp_ring_run_entry entries[RP_RING_CONTINUATION_ENTRIES];
+};
+
+/* Records a Run of `entries` bindings and scalars takes. */
+#define RP_RING_RUN_RECORDS(entries)                                                              \
+	((entries) <= RP_RING_RUN_ENTRIES ? 1u                                                    \
+					  : 1u + (unsigned)(((entries) - RP_RING_RUN_ENTRIES +     \
+							     RP_RING_CONTINUATION_ENTRIES - 1) /   \
+							    RP_RING_CONTINUATION_ENTRIES))
+/* A Run names each bound tensor once: no more entries than a program binds. */
+#define RP_RING_RUN_CONTINUATIONS_MAX (RP_RING_RUN_RECORDS(RP_PROG_BOUND_MAX) - 1)
+
+/* A slot of the submission ring, whichever record it holds (op says which;
+ * it lies at the same offset in all). */
+union rp_ring_slot {
+	struct rp_ring_record call;
+	struct rp_ring_run run;
+	struct rp_ring_continuation continuation;
+	uint8_t bytes[RP_RING_RECORD_SIZE];
+};
+
 /* Where a record's time went, on the worker's side: when it was taken out
  * of the ring, its work handed to the device, found finished, and its
  * completion published (CLOCK_MONOTONIC nanoseconds, the clock every
@@ -116,16 +211,23 @@ struct rp_ring_timing {
 	uint64_t taken_ns, launched_ns, finished_ns, published_ns;
 };
 
+/* A completion's status. */
+#define RP_RING_STATUS_OK 0
+#define RP_RING_STATUS_ERROR 1
+#define RP_RING_STATUS_CONTINUATION 2    /* a Run's continuation: the Run's record answers */
+
 /* The outcome of record n, in completion slot n. */
 struct rp_ring_completion {
 	uint64_t tag;
-	uint32_t status;                 /* 0: success, 1: error */
+	uint32_t status;                 /* RP_RING_STATUS_* */
 	uint32_t error_len;              /* bytes of `error` before its NUL */
 	uint64_t elapsed_us;             /* as a Varlink reply's */
 	char error_name[64];             /* "io.regen.StaleGeneration", NUL-terminated */
 	/* The error as a Varlink reply carries it, {"error":...,"parameters":
 	 * {...}}, NUL-terminated; long strings in it are cut to fit. */
 	char error[RP_RING_ERROR_MAX];
+	uint32_t head;                   /* a continuation's: the number of its Run's record */
+	uint32_t reserved;
 	struct rp_ring_timing timing;
 };
 
@@ -135,6 +237,37 @@ _Static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
 _Static_assert(sizeof(struct rp_ring_operand) == 80, "operand layout");
 _Static_assert(sizeof(struct rp_ring_record) == RP_RING_RECORD_SIZE, "record layout");
 _Static_assert(sizeof(struct rp_ring_completion) == RP_RING_COMPLETION_SIZE, "completion layout");
+_Static_assert(offsetof(struct rp_ring_completion, error) == 88 && offsetof(struct rp_ring_completion, head) == 984 &&
+		       offsetof(struct rp_ring_completion, timing) == 992,
+	       "completion fields");
+_Static_assert(sizeof(union rp_ring_run_entry) == 16 && sizeof(struct rp_ring_binding) == 16 &&
+		       sizeof(struct rp_ring_scalar) == 16 && offsetof(struct rp_ring_binding, offset) == 8 &&
+		       offsetof(struct rp_ring_scalar, value) == 8,
+	       "Run entry layout");
+_Static_assert(offsetof(struct rp_ring_run, entries) == RP_RING_RUN_HEADER_SIZE && RP_RING_RUN_ENTRIES == 60 &&
+		       sizeof(struct rp_ring_run) == RP_RING_RECORD_SIZE,
+	       "Run record layout");
+_Static_assert(offsetof(struct rp_ring_run, wait_event) == offsetof(struct rp_ring_record, wait_event) &&
+		       offsetof(struct rp_ring_run, signal_event) == offsetof(struct rp_ring_record, signal_event) &&
+		       offsetof(struct rp_ring_run, deadline_ms) == offsetof(struct rp_ring_record, deadline_ms) &&
+		       offsetof(struct rp_ring_run, flags) == offsetof(struct rp_ring_record, flags) &&
+		       offsetof(struct rp_ring_run, continuations) == 12 && offsetof(struct rp_ring_run, program) == 28 &&
+		       offsetof(struct rp_ring_run, journal) == 32 && offsetof(struct rp_ring_run, nbind) == 36 &&
+		       offsetof(struct rp_ring_run, nscalars) == 38 &&
+		       offsetof(struct rp_ring_run, journal_offset) == 40 && offsetof(struct rp_ring_run, seq) == 48,
+	       "Run record fields");
+_Static_assert(offsetof(struct rp_ring_continuation, entries) == RP_RING_CONTINUATION_HEADER_SIZE &&
+		       offsetof(struct rp_ring_continuation, part) == 10 &&
+		       offsetof(struct rp_ring_continuation, head) == 12 && RP_RING_CONTINUATION_ENTRIES == 63 &&
+		       sizeof(struct rp_ring_continuation) == RP_RING_RECORD_SIZE,
+	       "continuation record layout");
+_Static_assert(offsetof(struct rp_ring_run, op) == offsetof(struct rp_ring_record, op) &&
+		       offsetof(struct rp_ring_continuation, op) == offsetof(struct rp_ring_record, op) &&
+		       sizeof(union rp_ring_slot) == RP_RING_RECORD_SIZE,
+	       "every record says its op in the same place");
+_Static_assert(RP_RING_RUN_CONTINUATIONS_MAX == 16 && RP_RING_RUN_RECORDS(60) == 1 && RP_RING_RUN_RECORDS(61) == 2 &&
+		       RP_RING_RUN_RECORDS(123) == 2 && RP_RING_RUN_RECORDS(124) == 3,
+	       "records a Run takes");
 
 /* Bytes of the memfd for `entries` (0 when entries is not a power of two
  * in range). */
@@ -206,9 +339,66 @@ void rp_ring_encode(const struct rp_compute *c, const uint32_t index_of[RP_OP_OP
 /* Writes a completion: success (err NULL or unnamed) or the error, its
  * Varlink text cut to fit RP_RING_ERROR_MAX. */
 void rp_ring_complete(struct rp_ring_completion *cqe, uint64_t tag, const struct rp_error *err, uint64_t elapsed_us);
+/* Writes the completion of a Run's continuation: status
+ * RP_RING_STATUS_CONTINUATION, head the number of the Run's record. */
+void rp_ring_complete_continuation(struct rp_ring_completion *cqe, uint64_t tag, uint32_t head);
 
 /* The error a completion carries (clients; cqe copied out of the ring
  * first), as a Varlink reply would give it: its name into name[64] and its
  * parameters (*params, the caller's to delete). 0 for a success, 1 for an
- * error, -EPROTO when the completion is malformed. */
+ * error, 2 for a continuation's (cqe->head names its Run's record, whose
+ * completion answers), -EPROTO when the completion is malformed. */
 int rp_ring_completion_error(const struct rp_ring_completion *cqe, char name[64], cJSON **params);
+
+/* ---- io.regen.Program.Run in records (ring_run.c) ---- */
+
+/* The worker, with a Run's record copied out, before it waits for the
+ * records the Run says follow: 0 when they may be waited for (at most
+ * RP_RING_RUN_CONTINUATIONS_MAX, and with the Run's own no more than a ring
+ * of `ring_entries` holds, as they could never all be published), else
+ * InvalidParameter "continuations". */
+int rp_ring_run_check_span(const struct rp_ring_run *run, uint32_t ring_entries, struct rp_error *err);
+
+/* The program id a Run's record names through ids (nids entries; kind 0:
+ * not bound). 0, or InvalidParameter "program" for an index that holds no
+ * program id. */
+int rp_ring_run_program(const struct rp_ring_run *run, const struct rp_id *ids, uint32_t nids, struct rp_id *program,
+			struct rp_error *err);
+
+/* A Run's records, recs[0] the Run's own and recs[1 ..] its continuations
+ * (1 + recs[0].run.continuations, all copied out of shared memory; head the
+ * number of recs[0]), decoded against the program p they run into *run:
+ * what rp_program_run_parse makes of the same Run's parameters, through the
+ * same checks with the same errors (program_run.c states them once). What
+ * only records can get wrong: InvalidParameter "reserved", "flags",
+ * "continuations" (not the number its entries need), "nbind" or "nscalars"
+ * (past RP_PROG_BOUND_MAX together), "continuations[k]" (continuation k's
+ * op, part or head is not this Run's), "bind[i]" or "scalars[i]" (position
+ * i binds nothing in p), "bind.<name>.buffer" and "journal.buffer" (an
+ * index that holds no buffer id), "wait_event" and "signal_event" (one that
+ * holds no event id); a journal is given by its index, and a seq without
+ * one is InvalidParameter "journal" as Varlink's. 0, or -EINVAL with err
+ * set and *run zeroed; -ENOMEM with err unset. */
+int rp_ring_decode_run(const union rp_ring_slot *recs, uint32_t head, const struct rp_id *ids, uint32_t nids,
+		       const struct rp_program *p, struct rp_program_run *run, struct rp_error *err);
+
+/* A Run as a client writes it: the program, events and journal by id table
+ * index (RP_RING_NONE: no event, no journal), its bindings and scalars by
+ * bound position. */
+struct rp_ring_run_call {
+	uint32_t program, wait_event, signal_event, journal;
+	uint32_t deadline_ms;
+	uint64_t journal_offset, seq;
+	bool retry;
+	const struct rp_ring_binding *bind;
+	unsigned nbind;
+	const struct rp_ring_scalar *scalars;
+	unsigned nscalars;
+};
+
+/* Writes record `part` of the Run (0 its own, then its continuations;
+ * RP_RING_RUN_RECORDS(nbind + nscalars) in all, nbind + nscalars at most
+ * RP_PROG_BOUND_MAX): tag `tag + part`, `head` the number the Run's own
+ * record gets in the ring. */
+void rp_ring_encode_run(const struct rp_ring_run_call *call, uint64_t tag, uint32_t head, unsigned part,
+			union rp_ring_slot *rec);

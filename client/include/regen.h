@@ -404,6 +404,62 @@ struct regen_call_timing {
 };
 REGEN_EXPORT int regen_client_last_timing(const regen_client *c, int device, struct regen_call_timing *timing);
 
+/* Programs (io.regen.Program; docs/protocol.md): a DAG of operations over
+ * named tensors, defined once and run per step by one call on the device's
+ * lane, in order with its other calls. `definition` is Define's parameters
+ * as JSON text ({"name", "tensors": [...], "nodes": [...]}); regend checks
+ * it whole and refuses a wrong one with REGEN_ERROR_INVALID_PROGRAM, which
+ * names the node and why. A program is this process's, like a buffer, and
+ * outlives generations. Drop forgets it in regend (after the lane's queued
+ * calls) and frees it; NULL is fine. */
+typedef struct regen_program regen_program;
+REGEN_EXPORT int regen_program_define(regen_client *c, int device, const char *definition, regen_program **out);
+REGEN_EXPORT int regen_program_drop(regen_program *p);
+REGEN_EXPORT const char *regen_program_id(const regen_program *p);
+REGEN_EXPORT int regen_program_device(const regen_program *p);
+/* Bytes of the journal a retried Run of it needs (0: it updates nothing in
+ * place, and a plain Run may simply run again after a fault). */
+REGEN_EXPORT uint64_t regen_program_journal_bytes(const regen_program *p);
+
+/* A Run: every input, output and inout bound by name to a buffer of this
+ * client on the program's device and a byte offset (a multiple of the
+ * tensor's element size), every scalar given a finite value; events and
+ * deadline_ms as the compute calls'. A program that updates in place is
+ * retried after a fault exactly once with journal (at least
+ * regen_program_journal_bytes, 8-byte aligned at journal_offset), seq (the
+ * caller's number for the Run, the same on its retry) and, on the retry,
+ * retry = true; journal NULL: none (seq 0, retry false). Names the program
+ * does not bind, objects of another client or device, offsets or seq past
+ * 2^53 and values not finite are refused here (-EINVAL, unsent); the rest
+ * regend checks, on either transport alike. A Run takes the ring's record
+ * and, past 60 bindings and scalars, continuation records after it: its
+ * ticket is that of its last record. */
+struct regen_program_binding {
+	const char *name;
+	regen_buffer *buffer;
+	uint64_t offset;                   /* bytes */
+};
+struct regen_program_scalar {
+	const char *name;
+	double value;
+};
+struct regen_program_run_args {
+	regen_program *program;
+	const struct regen_program_binding *bind;
+	size_t nbind;
+	const struct regen_program_scalar *scalars;
+	size_t nscalars;
+	const regen_event *wait_event, *signal_event;
+	uint32_t deadline_ms;              /* 0: regend's default */
+	regen_buffer *journal;             /* NULL: none */
+	uint64_t journal_offset;
+	uint64_t seq;
+	bool retry;
+};
+REGEN_EXPORT int regen_program_run(regen_client *c, const struct regen_program_run_args *args);
+REGEN_EXPORT int regen_program_run_submit(regen_client *c, const struct regen_program_run_args *args,
+					  uint64_t *ticket);
+
 /* How compute calls reach a worker: over the lane's shared-memory ring
  * (io.regen.Lane) where the worker offers it, else as Varlink calls
  * (auto, the default); or forced to one (ring fails with -EPROTONOSUPPORT

@@ -6,8 +6,11 @@
  * outputs and inouts to the caller's buffers, each checked against its
  * buffer's extent before anything reaches the backend, and goes down the
  * same path as every compute call (compute.c): its deadline, the health
- * watch, the lane, the reply. The program and the buffers stay open until
- * the Run finished, whatever Drop or CloseBuffer say meanwhile. */
+ * watch, the lane, the reply. A Run that comes as ring records (ring.c) is
+ * decoded into the same struct rp_program_run a call's parameters become
+ * and goes through the same rd_program_run_prepare. The program and the
+ * buffers stay open until the Run finished, whatever Drop or CloseBuffer
+ * say meanwhile. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,8 +122,8 @@ fail:
 	rd_call_fail(call, &err);
 }
 
-static int find_program(struct rd_worker *w, struct rd_session *s, const struct rp_id *id, struct rd_program **out,
-			struct rp_error *err)
+int rd_program_find(struct rd_worker *w, struct rd_session *s, const struct rp_id *id, struct rd_program **out,
+		    struct rp_error *err)
 {
 	struct rd_object *o;
 	int r = rd_objects_find(&w->objects, id, RD_OBJECT_PROGRAM, s->client, "program", &o, err);
@@ -211,28 +214,19 @@ static int bind_buffers(struct rd_worker *w, struct rd_session *s, const struct 
 	return bind_journal(w, s, def, req, run, err);
 }
 
-void rd_program_run(struct rd_call *call)
+int rd_program_run_prepare(struct rd_session *s, struct rd_program *prog, const struct rp_program_run *req,
+			   struct rd_compute_call *cc, struct rp_error *err)
 {
-	struct rd_session *s = rd_session_of(call);
 	struct rd_worker *w = s->worker;
-	struct rp_error err = { 0 };
-	struct rp_program_run req = { 0 };
-	struct rd_compute_call *cc = calloc(1, sizeof(*cc));
 	struct rd_program_run *run = calloc(1, sizeof(*run));
-	struct rd_program *prog = NULL;
-	struct rp_id id;
 
-	if (!cc || !run) {
-		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the run");
-		free(run);
-		goto fail;
+	if (!run) {
+		rp_err_out_of_memory(err, w->dev.index, "no host memory for the run");
+		return -ENOMEM;
 	}
 	/* The op owns the run from here: rd_compute_release frees it, and
 	 * drops what it holds, whatever is filled in by then. */
 	cc->op.run = run;
-	if (rp_program_run_id(call->msg.params, &id, &err) < 0 || find_program(w, s, &id, &prog, &err) < 0 ||
-	    rp_program_run_parse(prog->def, call->msg.params, &req, &err) < 0)
-		goto fail;
 	rd_objects_ref(&prog->obj);
 	run->prog = prog;
 	run->nbound = prog->def->nbound;
@@ -240,15 +234,37 @@ void rd_program_run(struct rd_call *call)
 	run->offsets = calloc((size_t)run->nbound + 1, sizeof(*run->offsets));
 	run->scalars = calloc((size_t)run->nbound + 1, sizeof(*run->scalars));
 	if (!run->buffers || !run->offsets || !run->scalars) {
-		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the run's bindings");
+		rp_err_out_of_memory(err, w->dev.index, "no host memory for the run's bindings");
+		return -ENOMEM;
+	}
+	int r = bind_buffers(w, s, prog->def, req, run, err);
+	if (r < 0)
+		return r;
+	cc->op.compute.spec = &rp_op_program_run;
+	cc->op.compute.wait_event = req->wait_event;
+	cc->op.compute.signal_event = req->signal_event;
+	cc->op.compute.deadline_ms = req->deadline_ms;
+	return 0;
+}
+
+void rd_program_run(struct rd_call *call)
+{
+	struct rd_session *s = rd_session_of(call);
+	struct rd_worker *w = s->worker;
+	struct rp_error err = { 0 };
+	struct rp_program_run req = { 0 };
+	struct rd_compute_call *cc = calloc(1, sizeof(*cc));
+	struct rd_program *prog = NULL;
+	struct rp_id id;
+
+	if (!cc) {
+		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the run");
 		goto fail;
 	}
-	if (bind_buffers(w, s, prog->def, &req, run, &err) < 0)
+	if (rp_program_run_id(call->msg.params, &id, &err) < 0 || rd_program_find(w, s, &id, &prog, &err) < 0 ||
+	    rp_program_run_parse(prog->def, call->msg.params, &req, &err) < 0 ||
+	    rd_program_run_prepare(s, prog, &req, cc, &err) < 0)
 		goto fail;
-	cc->op.compute.spec = &rp_op_program_run;
-	cc->op.compute.wait_event = req.wait_event;
-	cc->op.compute.signal_event = req.signal_event;
-	cc->op.compute.deadline_ms = req.deadline_ms;
 	if (req.signal_event.present)
 		cc->op.launched = rd_compute_post_launched;
 	rp_program_run_finish(&req);
@@ -261,6 +277,8 @@ fail:
 	if (cc)
 		rd_compute_release(w, &cc->op);
 	free(cc);
+	if (!err.name)
+		rp_err_out_of_memory(&err, w->dev.index, "no host memory for the run");
 	rd_call_fail(call, &err);
 }
 
@@ -274,7 +292,7 @@ void rd_program_drop(struct rd_call *call)
 	struct rp_id id;
 
 	if (rp_params_check(call->msg.params, fields, &err) < 0 || rp_program_run_id(call->msg.params, &id, &err) < 0 ||
-	    find_program(w, s, &id, &prog, &err) < 0) {
+	    rd_program_find(w, s, &id, &prog, &err) < 0) {
 		rd_call_fail(call, &err);
 		return;
 	}
@@ -319,10 +337,14 @@ void rd_program_status(struct rd_call *call)
 
 	if (rp_params_check(call->msg.params, fields, &err) < 0)
 		goto fail;
+	/* A Run over the ring is answered in its completion before the loop
+	 * counts it: a Status asked after that answer counts it too, as it
+	 * would a Varlink Run's. */
+	rd_worker_finish_posted(w);
 	reply = cJSON_CreateObject();
 	list = cJSON_AddArrayToObject(reply, "programs");
 	if (cJSON_HasObjectItem(call->msg.params, "program")) {
-		if (rp_program_run_id(call->msg.params, &id, &err) < 0 || find_program(w, s, &id, &prog, &err) < 0) {
+		if (rp_program_run_id(call->msg.params, &id, &err) < 0 || rd_program_find(w, s, &id, &prog, &err) < 0) {
 			cJSON_Delete(reply);
 			goto fail;
 		}

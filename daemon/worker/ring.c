@@ -8,10 +8,15 @@
  * to every check a Varlink call is (rp_ring_decode, rd_compute_submit), its
  * indexes resolved through the lane's id table, whose ids were checked when
  * they were bound and are resolved again, for this process and this
- * generation, with every record. A completion is written by whichever
+ * generation, with every record. A program's Run spans its own record and
+ * its continuations: it is taken once all of them are published (until
+ * then the loop waits, asleep, for the doorbell that publishes the rest),
+ * all are copied out, decoded into the struct rp_program_run a Varlink
+ * Run's parameters become (rp_ring_decode_run) and prepared by the same
+ * rd_program_run_prepare. A completion is written by whichever
  * thread finishes the record (the lane's, or the loop for a refusal) and
- * published in record order: a slot's state is the worker's own, never the
- * client's.
+ * published in record order, a Run's continuations' right after the Run's
+ * own: a slot's state is the worker's own, never the client's.
  *
  * Doorbells: the client's end of a datagram socket pair wakes the loop
  * (uv_poll); after a wake-up, a record taken or a record's op back, the
@@ -90,6 +95,15 @@ struct rd_ring {
 	bool spun;                   /* the loop is spinning since a record or a wake-up */
 	struct rp_id *ids;
 	uint32_t nids;
+	/* Per slot: the continuations of the Run whose own record it holds
+	 * (their completions go out with its own). */
+	uint16_t *continuations;
+	/* Where a Run's records are copied out of shared memory. */
+	union rp_ring_slot *copies;
+	/* Records the Run at sq_head needs published before it is taken (0:
+	 * none waits): a ring that has those published in part has nothing to
+	 * take yet, and the loop sleeps. */
+	uint32_t waiting_for;
 };
 
 /* A record on its way: the call the backend finishes (with its deadline)
@@ -160,6 +174,14 @@ static bool ring_publish(struct rd_ring *r, uint32_t seq, uint64_t tag, const st
 		.published_ns = rd_now_ns(),
 	};
 	r->state[seq & mask] = SLOT_DONE;
+	for (uint32_t k = 1; k <= r->continuations[seq & mask]; k++) {
+		uint32_t slot = (seq + k) & mask;
+
+		cqe = rp_ring_completion_at(r->base, r->entries, seq + k);
+		rp_ring_complete_continuation(cqe, r->tags[slot], seq);
+		cqe->timing = (struct rp_ring_timing){ .taken_ns = r->taken_ns[slot], .published_ns = rd_now_ns() };
+		r->state[slot] = SLOT_DONE;
+	}
 	uint32_t tail = atomic_load_explicit(&r->cq_tail, memory_order_relaxed);
 	while (r->state[tail & mask] == SLOT_DONE) {
 		r->state[tail & mask] = SLOT_FREE;
@@ -245,18 +267,49 @@ static void ring_answer_early(struct rd_compute_call *cc, struct rp_error *err)
 	ring_publish(ro->ring, ro->seq, ro->tag, err, &cc->op, OP_IN_FLIGHT);
 }
 
-static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_record *rec)
+/* A Run's records (copied out) into cc's op, as a Varlink Run's parameters
+ * become it in rd_program_run: the program looked up for the caller, the
+ * records decoded against it, the same preparation. What is held on
+ * failure stays on cc's op. */
+static int ring_prepare_run(struct rd_ring *r, uint32_t seq, const union rp_ring_slot *recs, struct rd_compute_call *cc,
+			    struct rp_error *err)
+{
+	struct rp_program_run req = { 0 };
+	struct rd_program *prog;
+	struct rp_id id;
+	int ret;
+
+	if ((ret = rp_ring_run_check_span(&recs[0].run, r->entries, err)) < 0 ||
+	    (ret = rp_ring_run_program(&recs[0].run, r->ids, r->nids, &id, err)) < 0 ||
+	    (ret = rd_program_find(r->worker, r->session, &id, &prog, err)) < 0)
+		return ret;
+	ret = rp_ring_decode_run(recs, seq, r->ids, r->nids, prog->def, &req, err);
+	if (ret == 0)
+		ret = rd_program_run_prepare(r->session, prog, &req, cc, err);
+	else if (!err->name)
+		rp_err_out_of_memory(err, r->worker->dev.index, "no host memory for the run");
+	rp_program_run_finish(&req);
+	return ret;
+}
+
+static void ring_submit(struct rd_ring *r, uint32_t seq, const union rp_ring_slot *recs)
 {
 	struct rp_error err = { 0 };
 	/* ring_take saw the slot's op free: its done ran. */
 	struct ring_op *ro = &r->ops[seq & (r->entries - 1)];
+	int ret;
 
 	memset(ro, 0, sizeof(*ro));
 	ro->ring = r;
 	ro->seq = seq;
-	ro->tag = rec->tag;
-	if (rp_ring_decode(rec, r->ids, r->nids, &ro->cc.op.compute, &err) < 0) {
-		ring_fail(r, seq, rec->tag, &err);
+	ro->tag = recs[0].call.tag;
+	if (recs[0].call.op == RP_OP_PROGRAM)
+		ret = ring_prepare_run(r, seq, recs, &ro->cc, &err);
+	else
+		ret = rp_ring_decode(&recs[0].call, r->ids, r->nids, &ro->cc.op.compute, &err);
+	if (ret < 0) {
+		rd_compute_release(r->worker, &ro->cc.op);
+		ring_fail(r, seq, ro->tag, &err);
 		return;
 	}
 	ro->cc.op.done = ring_op_done;
@@ -266,7 +319,7 @@ static void ring_submit(struct rd_ring *r, uint32_t seq, const struct rp_ring_re
 	ro->cc.op.userdata = ro;
 	ro->cc.answer_early = ring_answer_early;
 	if (rd_compute_submit(r->session, &ro->cc, &err) < 0) {
-		ring_fail(r, seq, rec->tag, &err);
+		ring_fail(r, seq, ro->tag, &err);
 		return;
 	}
 	r->held[seq & (r->entries - 1)] = 1;
@@ -284,6 +337,32 @@ static void ring_break(struct rd_ring *r, const char *why)
 	rd_conn_close(r->session->conn);
 }
 
+/* How many records the one at sq_head (its copy) takes: a Run's with its
+ * continuations, where their count may be waited for (a Run whose count may
+ * not is taken alone, and refused). */
+static uint32_t record_span(const struct rd_ring *r, const union rp_ring_slot *rec)
+{
+	struct rp_error ignored = { 0 };
+
+	if (rec->call.op != RP_OP_PROGRAM || rp_ring_run_check_span(&rec->run, r->entries, &ignored) < 0) {
+		rp_error_clear(&ignored);
+		return 1;
+	}
+	return 1u + rec->run.continuations;
+}
+
+/* Whether the slots of records sq_head .. sq_head + span - 1 are free:
+ * their completions read by the client, no op of theirs still out. */
+static bool slots_free(const struct rd_ring *r, uint32_t published, uint32_t span)
+{
+	if (r->sq_head + span - 1 - published >= r->entries)
+		return false;
+	for (uint32_t k = 0; k < span; k++)
+		if (r->held[(r->sq_head + k) & (r->entries - 1)])
+			return false;
+	return true;
+}
+
 /* Takes every record the client published, as far as completion slots
  * allow. */
 static void on_spin(uv_idle_t *h);
@@ -292,10 +371,11 @@ static void ring_take(struct rd_ring *r)
 {
 	for (unsigned taken = 0; !r->stopped; taken++) {
 		uint32_t published = atomic_load_explicit(&r->cq_tail, memory_order_acquire);
-		uint32_t tail, seq, avail;
-		struct rp_ring_record rec;
+		uint32_t tail, seq, avail, span;
+		const uint32_t mask = r->entries - 1;
 
-		if (r->sq_head - published >= r->entries || r->held[r->sq_head & (r->entries - 1)])
+		r->waiting_for = 0;
+		if (!slots_free(r, published, 1))
 			return;   /* the next slot's record is still in flight */
 		tail = rp_ring_load(&r->hdr->sq_tail);
 		avail = tail - r->sq_head;
@@ -313,13 +393,31 @@ static void ring_take(struct rd_ring *r)
 			return;
 		}
 		/* The client may rewrite the slot while we look: look at a copy. */
-		memcpy(&rec, rp_ring_record_at(r->base, r->entries, r->sq_head), sizeof(rec));
-		seq = r->sq_head++;
+		memcpy(&r->copies[0], rp_ring_record_at(r->base, r->entries, r->sq_head), sizeof(r->copies[0]));
+		span = record_span(r, &r->copies[0]);
+		if (avail < span) {
+			/* A Run's continuations are not all published: taken
+			 * once they are (their publication rings the doorbell
+			 * of a loop asleep). */
+			r->waiting_for = span;
+			return;
+		}
+		if (!slots_free(r, published, span))
+			return;
+		for (uint32_t k = 1; k < span; k++)
+			memcpy(&r->copies[k], rp_ring_record_at(r->base, r->entries, r->sq_head + k),
+			       sizeof(r->copies[k]));
+		seq = r->sq_head;
+		r->sq_head += span;
 		rp_ring_store(&r->hdr->sq_head, r->sq_head);
 		pthread_mutex_lock(&r->lock);
-		r->state[seq & (r->entries - 1)] = SLOT_RUNNING;
-		r->tags[seq & (r->entries - 1)] = rec.tag;
-		r->taken_ns[seq & (r->entries - 1)] = rd_now_ns();
+		uint64_t taken_ns = rd_now_ns();
+		for (uint32_t k = 0; k < span; k++) {
+			r->state[(seq + k) & mask] = SLOT_RUNNING;
+			r->tags[(seq + k) & mask] = r->copies[k].call.tag;
+			r->taken_ns[(seq + k) & mask] = taken_ns;
+			r->continuations[(seq + k) & mask] = k == 0 ? (uint16_t)(span - 1) : 0;
+		}
 		pthread_mutex_unlock(&r->lock);
 		uint64_t now = uv_hrtime();
 		/* Found while spinning: spinning pays, spin longer next time. */
@@ -329,7 +427,7 @@ static void ring_take(struct rd_ring *r)
 				r->spin_ns = r->spin_max_ns;
 		}
 		r->last_active_ns = now;
-		ring_submit(r, seq, &rec);
+		ring_submit(r, seq, r->copies);
 	}
 }
 
@@ -381,7 +479,10 @@ static void ring_sleep(struct rd_ring *r)
 	r->spun = false;
 	rp_ring_flag_set(&r->hdr->sq_sleeping, 1);
 	rp_ring_fence();
-	if (rp_ring_load(&r->hdr->sq_tail) != r->sq_head) {
+	/* A Run published in part is nothing to take: the loop sleeps until
+	 * the rest comes (with its doorbell), rather than spin on it. */
+	uint32_t avail = rp_ring_load(&r->hdr->sq_tail) - r->sq_head;
+	if (avail != 0 && avail >= r->waiting_for) {
 		rp_ring_flag_set(&r->hdr->sq_sleeping, 0);
 		ring_take(r);
 		if (!r->stopped)
@@ -449,6 +550,8 @@ static void ring_free(struct rd_ring *r)
 	free(r->ops);
 	free(r->held);
 	free(r->ids);
+	free(r->continuations);
+	free(r->copies);
 	free(r);
 }
 
@@ -633,7 +736,9 @@ void rd_ring_open(struct rd_call *call)
 	r->ops = calloc(entries, sizeof(*r->ops));
 	r->held = calloc(entries, 1);
 	r->ids = calloc(nids, sizeof(*r->ids));
-	if (!r->state || !r->tags || !r->taken_ns || !r->ops || !r->held || !r->ids) {
+	r->continuations = calloc(entries, sizeof(*r->continuations));
+	r->copies = calloc(RP_RING_RUN_CONTINUATIONS_MAX + 1, sizeof(*r->copies));
+	if (!r->state || !r->tags || !r->taken_ns || !r->ops || !r->held || !r->ids || !r->continuations || !r->copies) {
 		rp_err_out_of_memory(&err, w->dev.index, "no host memory for a ring");
 		goto fail;
 	}
@@ -669,6 +774,20 @@ fail:
 	if (r)
 		ring_free(r);
 	rd_call_fail(call, &err);
+}
+
+/* What an id names in the table: an event, a program (a Run's), or else
+ * a buffer (an id of another kind is refused as no buffer's). */
+static enum rd_object_kind bindable_kind(const struct rp_id *id)
+{
+	switch (id->kind) {
+	case RP_ID_EVENT:
+		return RD_OBJECT_EVENT;
+	case RP_ID_PROGRAM:
+		return RD_OBJECT_PROGRAM;
+	default:
+		return RD_OBJECT_BUFFER;
+	}
 }
 
 void rd_ring_bind(struct rd_call *call)
@@ -719,8 +838,7 @@ void rd_ring_bind(struct rd_call *call)
 			rp_error_invalid_parameter(&err, "ids");
 			goto fail;
 		}
-		if (rd_objects_find(&w->objects, id, id->kind == RP_ID_EVENT ? RD_OBJECT_EVENT : RD_OBJECT_BUFFER,
-				    s->client, "ids", &o, &err) < 0)
+		if (rd_objects_find(&w->objects, id, bindable_kind(id), s->client, "ids", &o, &err) < 0)
 			goto fail;
 	}
 	memcpy(&s->ring->ids[index], ids, (size_t)count * sizeof(*ids));

@@ -7,6 +7,8 @@
 #include "daemon/conn.h"
 #include "daemon/worker/worker.h"
 
+struct rp_program_run;
+
 struct rd_session {
 	struct rd_session *next;        /* the worker's list */
 	struct rd_worker *worker;
@@ -58,6 +60,17 @@ int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, str
 /* io.regen.Program (program.c). */
 void rd_program_define(struct rd_call *call);
 void rd_program_run(struct rd_call *call);
+/* The caller's program of that id: 0, or NoSuchObject (or StaleGeneration,
+ * for another device's) in err. */
+int rd_program_find(struct rd_worker *w, struct rd_session *s, const struct rp_id *id, struct rd_program **out,
+		    struct rp_error *err);
+/* A Run of prog, as parsed from either transport (req), into cc's op: every
+ * binding and the journal resolved for the session's process and checked
+ * against its buffer (each held), the op's spec, events and deadline set;
+ * cc->op.launched, done and the submit are the caller's. 0, or < 0 with err
+ * set; what is held stays on cc->op either way (rd_compute_release). */
+int rd_program_run_prepare(struct rd_session *s, struct rd_program *prog, const struct rp_program_run *req,
+			   struct rd_compute_call *cc, struct rp_error *err);
 void rd_program_drop(struct rd_call *call);
 void rd_program_status(struct rd_call *call);
 /* Any thread (the backend's op.launched of a Varlink call with a

@@ -29,14 +29,16 @@ static struct rd_worker *worker_of_device(struct rd_device *dev)
 	return dev->core;
 }
 
-/* Any thread. */
+/* Any thread. The op's own answer (a ring record's completion) goes out
+ * under the lock that queues its done: whoever saw that answer and then
+ * asks the loop (rd_worker_finish_posted) finds the op queued. */
 static void post_completion(struct rd_device *dev, struct rd_op *op)
 {
 	struct rd_worker *w = worker_of_device(dev);
 
+	pthread_mutex_lock(&w->lock);
 	if (op->completed)
 		op->completed(op);
-	pthread_mutex_lock(&w->lock);
 	op->next = NULL;
 	if (w->done_tail)
 		w->done_tail->next = op;
@@ -97,20 +99,39 @@ void rd_worker_fault_hung(struct rd_worker *w, const char *reason, int64_t uid)
 	fault(w, RD_FAULT_HUNG, reason, uid);
 }
 
-static void on_wakeup(uv_async_t *a)
+void rd_worker_finish_posted(struct rd_worker *w)
 {
-	struct rd_worker *w = a->data;
 	struct rd_op *op, *launched;
-	char reason[sizeof(w->fault_reason)];
-	enum rd_fault_kind kind = RD_FAULT_LOST;
-	int64_t uid = -1;
-	bool faulted = false;
 
 	pthread_mutex_lock(&w->lock);
 	op = w->done_head;
 	w->done_head = w->done_tail = NULL;
 	launched = w->launched_head;
 	w->launched_head = w->launched_tail = NULL;
+	pthread_mutex_unlock(&w->lock);
+	/* An op launched and done in one wake-up is answered before its done
+	 * frees it: a launch is always posted before its completion. */
+	while (launched) {
+		struct rd_op *next = launched->launched_next;
+		rd_compute_launched(launched);
+		launched = next;
+	}
+	while (op) {
+		struct rd_op *next = op->next;
+		op->done(op);
+		op = next;
+	}
+}
+
+static void on_wakeup(uv_async_t *a)
+{
+	struct rd_worker *w = a->data;
+	char reason[sizeof(w->fault_reason)];
+	enum rd_fault_kind kind = RD_FAULT_LOST;
+	int64_t uid = -1;
+	bool faulted = false;
+
+	pthread_mutex_lock(&w->lock);
 	if (w->fault_pending) {
 		w->fault_pending = false;
 		w->fault_reported = true;
@@ -129,18 +150,7 @@ static void on_wakeup(uv_async_t *a)
 		       reason);
 		rd_control_report_fault(w, kind, reason, uid);
 	}
-	/* An op launched and done in one wake-up is answered before its done
-	 * frees it: a launch is always posted before its completion. */
-	while (launched) {
-		struct rd_op *next = launched->launched_next;
-		rd_compute_launched(launched);
-		launched = next;
-	}
-	while (op) {
-		struct rd_op *next = op->next;
-		op->done(op);
-		op = next;
-	}
+	rd_worker_finish_posted(w);
 }
 
 int rd_worker_refuse_if_not_ready(struct rd_worker *w, struct rp_error *err)

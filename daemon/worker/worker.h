@@ -127,6 +127,12 @@ uint64_t rd_worker_generation(const struct rd_worker *w);
 int rd_worker_refuse_if_not_ready(struct rd_worker *w, struct rp_error *err);
 /* A call finished: a drain or a stop waiting for it may go on. */
 void rd_worker_call_finished(struct rd_worker *w);
+/* The loop thread: finishes now the ops the backend's threads handed back
+ * (answers at launch, then each op's done), as the wake-up they posted
+ * would. A ring's record is answered in its completion before its done
+ * runs: what counts it (a program's runs and time) is up to date once this
+ * ran. */
+void rd_worker_finish_posted(struct rd_worker *w);
 /* Stops serving: no new connections, calls in flight get the drain
  * deadline, then the process leaves. */
 void rd_worker_begin_stop(struct rd_worker *w, const char *why);

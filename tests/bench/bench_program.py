@@ -16,7 +16,11 @@ run on one GPU:
    bandwidth, measured in the same run by torch's own device-to-device copy.
 
     python3 tests/bench/bench_program.py [REGEND] [--dims 1024,2048] [--batch 8] [--seq 1024]
-        [--iters 50] [--rounds 3] [--socket PATH] [--json OUT]
+        [--iters 50] [--rounds 3] [--socket PATH] [--json OUT] [--transport auto|ring|varlink]
+
+--transport: how the client sends each Run (the lane's ring, a Varlink call,
+or auto: the ring where the worker offers it). The host backend's per-Run
+client cost on each is tests/bench/bench_host.py's.
 
 Exit 77 without a GPU or torch.
 """
@@ -45,6 +49,7 @@ SEQ = opt("--seq", 1024, int)
 ITERS = opt("--iters", 50, int)
 ROUNDS = opt("--rounds", 3, int)
 REGEND = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else None
+TRANSPORT = opt("--transport", "auto")
 
 
 def timed(fn, iters):
@@ -176,8 +181,9 @@ def bandwidth(client):
 
 def main():
     daemon = Daemon(opt("--socket", None), REGEND, "cuda")
-    client = regen.Client(daemon.socket, timeout=600)
-    results = {"card": torch.cuda.get_device_name(), "blocks": [], "launch": None, "bandwidth": None}
+    client = regen.Client(daemon.socket, timeout=600, transport=TRANSPORT)
+    results = {"card": torch.cuda.get_device_name(), "transport": TRANSPORT, "blocks": [], "launch": None,
+               "bandwidth": None}
     try:
         for D in DIMS:
             results["blocks"].append(block_case(client, D))

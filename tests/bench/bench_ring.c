@@ -10,7 +10,13 @@
  *   on the same memory in this process; p50/p99 and what regend adds;
  * - throughput: L lanes (threads, a client each) of tiny GEMMs (8^3 f32),
  *   for S seconds each way: queued W at a time (regen_gemm_submit, then
- *   regen_wait on the last), and one blocking call at a time.
+ *   regen_wait on the last), and one blocking call at a time;
+ * - program Runs (io.regen.Program.Run) on each transport, a program of 2
+ *   bindings and one of 142 bindings and scalars (a ring record and two
+ *   continuations): this client's CPU per Run queued (regen_program_run_
+ *   submit, 16 at a time: encoding and sending) and per blocking Run (the
+ *   wait's spin included), and the blocking Run's wall time; transports in
+ *   turns over 5 rounds, medians.
  * Prints markdown tables. Exit codes: 0 done, 1 failure, 2 usage. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -244,6 +250,158 @@ static double throughput(int lanes, enum regen_transport transport, int window, 
 	return (double)total / (t1 - t0);
 }
 
+/* ---- program Runs ---- */
+
+#define WIDE_PAIRS 70
+#define RUN_ROUNDS 5
+#define RUN_BATCH 16
+
+/* The calling thread's CPU seconds. */
+static double thread_cpu(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A program of `pairs` pairs y<i> = -x<i> (f32 [16]), or with scalars
+ * y<i> = x<i> * a + b, as Define's JSON. */
+static char *run_program_text(int pairs, bool scalars)
+{
+	size_t size = 256 + (size_t)pairs * 400, n = 0;
+	char *t = malloc(size);
+
+	n += (size_t)snprintf(t + n, size - n, "{\"tensors\":[");
+	for (int i = 0; i < pairs; i++)
+		n += (size_t)snprintf(t + n, size - n,
+				      "%s{\"name\":\"x%d\",\"kind\":\"input\",\"dtype\":\"f32\",\"shape\":[16]},"
+				      "{\"name\":\"y%d\",\"kind\":\"output\",\"dtype\":\"f32\",\"shape\":[16]}",
+				      i ? "," : "", i, i);
+	if (scalars) {
+		for (int i = 0; i < pairs; i++)
+			n += (size_t)snprintf(t + n, size - n,
+					      ",{\"name\":\"t%d\",\"kind\":\"intermediate\",\"dtype\":\"f32\",\"shape\":[16]}",
+					      i);
+		n += (size_t)snprintf(t + n, size - n,
+				      ",{\"name\":\"a\",\"kind\":\"scalar\"},{\"name\":\"b\",\"kind\":\"scalar\"}");
+	}
+	n += (size_t)snprintf(t + n, size - n, "],\"nodes\":[");
+	for (int i = 0; i < pairs; i++) {
+		if (scalars)
+			n += (size_t)snprintf(t + n, size - n,
+					      "%s{\"op\":\"mul\",\"inputs\":[\"x%d\",\"a\"],\"outputs\":[\"t%d\"]},"
+					      "{\"op\":\"add\",\"inputs\":[\"t%d\",\"b\"],\"outputs\":[\"y%d\"]}",
+					      i ? "," : "", i, i, i, i);
+		else
+			n += (size_t)snprintf(t + n, size - n,
+					      "%s{\"op\":\"neg\",\"inputs\":[\"x%d\"],\"outputs\":[\"y%d\"]}",
+					      i ? "," : "", i, i);
+	}
+	snprintf(t + n, size - n, "]}");
+	return t;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void program_runs(regen_client *c, long iters, double *us)
+{
+	static const struct {
+		const char *name;
+		int pairs;
+		bool scalars;
+	} cases[] = { { "1 node, 2 bindings", 1, false }, { "140 nodes, 142 bindings and scalars", WIDE_PAIRS, true } };
+	static const enum regen_transport transports[2] = { REGEN_TRANSPORT_RING, REGEN_TRANSPORT_VARLINK };
+	long per_round = iters / RUN_ROUNDS;
+
+	printf("\nprogram Runs, one client; %d rounds of %ld Runs each way, the transports in turns; medians of the "
+	       "rounds (CPU: this thread's)\n\n", RUN_ROUNDS, per_round);
+	printf("| program | transport | CPU µs per Run queued | CPU µs per blocking Run | blocking Run p50 µs | p99 µs |\n"
+	       "|---|---|---:|---:|---:|---:|\n");
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		char *def = run_program_text(cases[k].pairs, cases[k].scalars);
+		struct regen_program_binding bind[2 * WIDE_PAIRS];
+		char names[2 * WIDE_PAIRS][8];
+		struct regen_program_scalar sc[2] = { { "a", 1.5 }, { "b", -0.5 } };
+		regen_buffer *xb, *yb;
+		regen_program *prog;
+		double queued[2][RUN_ROUNDS], blocking[2][RUN_ROUNDS];
+		double *walls[2] = { malloc(sizeof(double) * (size_t)iters), malloc(sizeof(double) * (size_t)iters) };
+		struct bench_stats st[2];
+		int fx = memfd_create("bench-x", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		int fy = memfd_create("bench-y", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+		if (fx < 0 || fy < 0 || ftruncate(fx, 1 << 16) < 0 || ftruncate(fy, 1 << 16) < 0)
+			bench_die("memfd: %s", strerror(errno));
+		check(c, regen_buffer_import_fd(c, 0, fx, 1 << 16, &xb), "import");
+		check(c, regen_buffer_import_fd(c, 0, fy, 1 << 16, &yb), "import");
+		check(c, regen_program_define(c, 0, def, &prog), "regen_program_define");
+		for (int i = 0; i < cases[k].pairs; i++) {
+			snprintf(names[2 * i], sizeof(names[0]), "x%d", i);
+			snprintf(names[2 * i + 1], sizeof(names[0]), "y%d", i);
+			bind[2 * i] = (struct regen_program_binding){ names[2 * i], xb, 64u * (unsigned)i };
+			bind[2 * i + 1] = (struct regen_program_binding){ names[2 * i + 1], yb, 64u * (unsigned)i };
+		}
+		struct regen_program_run_args a = {
+			.program = prog, .bind = bind, .nbind = 2 * (size_t)cases[k].pairs,
+			.scalars = cases[k].scalars ? sc : NULL, .nscalars = cases[k].scalars ? 2 : 0,
+		};
+		for (int r = 0; r < RUN_ROUNDS; r++) {
+			for (int t = 0; t < 2; t++) {
+				uint64_t ticket = 0;
+				double cpu0, cpu;
+
+				regen_client_set_transport(c, transports[t]);
+				for (int w = 0; w < (r ? 2 : 200); w++)
+					check(c, regen_program_run(c, &a), "warm-up Run");
+				if (regen_client_transport(c, 0) != transports[t])
+					bench_die("the lane did not take the transport asked for");
+				cpu = 0;
+				for (long done = 0; done < per_round; done += RUN_BATCH) {
+					cpu0 = thread_cpu();
+					for (int q = 0; q < RUN_BATCH; q++)
+						check(c, regen_program_run_submit(c, &a, &ticket), "regen_program_run_submit");
+					cpu += thread_cpu() - cpu0;
+					check(c, regen_wait(c, 0, ticket), "regen_wait");
+				}
+				queued[t][r] = cpu / (double)((per_round + RUN_BATCH - 1) / RUN_BATCH * RUN_BATCH) * 1e6;
+				cpu0 = thread_cpu();
+				for (long i = 0; i < per_round; i++) {
+					double t0 = bench_now_s();
+					check(c, regen_program_run(c, &a), "regen_program_run");
+					walls[t][r * per_round + i] = (bench_now_s() - t0) * 1e6;
+				}
+				blocking[t][r] = (thread_cpu() - cpu0) / (double)per_round * 1e6;
+			}
+		}
+		for (int t = 0; t < 2; t++) {
+			memcpy(us, walls[t], sizeof(double) * (size_t)(RUN_ROUNDS * per_round));
+			st[t] = bench_summarize(us, (size_t)(RUN_ROUNDS * per_round));
+			printf("| %s | %s | %.1f | %.1f | %.1f | %.1f |\n", cases[k].name, t ? "Varlink" : "ring",
+			       median(queued[t], RUN_ROUNDS), median(blocking[t], RUN_ROUNDS), st[t].p50, st[t].p99);
+			free(walls[t]);
+		}
+		fflush(stdout);
+		check(c, regen_program_drop(prog), "regen_program_drop");
+		regen_buffer_close(xb);
+		regen_buffer_close(yb);
+		close(fx);
+		close(fy);
+		free(def);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	const char *regend = NULL;
@@ -325,6 +483,7 @@ int main(int argc, char **argv)
 		printf("| %s | %s | %.0f | %.1f |\n", runs[i].name, what, rate, cpu_per_call_us);
 		fflush(stdout);
 	}
+	program_runs(c, iters, us);
 	free(us);
 	regen_client_destroy(c);
 	return 0;

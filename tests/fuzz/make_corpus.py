@@ -540,6 +540,43 @@ lnb_ops = [(0, F32, 0, [6, 40]), (0, F32, 4096, [6, 40]), (1, F32, 0, [40]), (1,
 write('ring', 'layer-norm-backward-in-place', record(4, lnb_ops))
 write('ring', 'layer-norm-backward-eps', record(4, lnb_ops, scale=1e-5))
 
+# io.regen.Program.Run as ring records (version 3): the Run's own record and
+# its continuations, against fuzz_ring.c's program (70 pairs x<i> -> y<i>,
+# the second pair f16, then scalars a and b: 142 bound tensors) and its id
+# table (buffers at 0, 1 and 4, events at 2 and 5, the program at 7).
+RUN_ENTRIES, CONTINUATION_ENTRIES = 60, 63
+def run_records(entries, flags=0, journal=NONE, journal_offset=0, seq=0, program=7, wait=NONE,
+                continuations=None, head=0xfffffff0):
+    binds = [e for e in entries if e[0] == 'b']
+    scalars = [e for e in entries if e[0] == 's']
+    packed = [struct.pack('<IIQ', pos, buf, off) for _, pos, buf, off in binds]
+    packed += [struct.pack('<I4xd', pos, v) for _, pos, v in scalars]
+    n = 1 if len(packed) <= RUN_ENTRIES else \
+        1 + (len(packed) - RUN_ENTRIES + CONTINUATION_ENTRIES - 1) // CONTINUATION_ENTRIES
+    recs = [struct.pack('<QHHHHIIIIIHHQQ8x', 500, 6, flags, n - 1 if continuations is None else continuations, 0,
+                        wait, NONE, 0, program, journal, len(binds), len(scalars), journal_offset, seq)
+            + b''.join(packed[:RUN_ENTRIES])]
+    for part in range(1, n):
+        at = RUN_ENTRIES + (part - 1) * CONTINUATION_ENTRIES
+        recs.append(struct.pack('<QHHI', 500 + part, 0xffff, part, head)
+                    + b''.join(packed[at:at + CONTINUATION_ENTRIES]))
+    return [r + bytes(RECORD_SIZE - len(r)) for r in recs]
+run_entries = [('b', i, i % 2, 16 * (i // 2)) for i in range(140)] + [('s', 140, 0.5), ('s', 141, -3.0)]
+write('ring', 'run-whole', b''.join(run_records(run_entries)))
+write('ring', 'run-journal-retry', b''.join(run_records(run_entries, flags=1, journal=4, journal_offset=64, seq=9)))
+write('ring', 'run-seq-without-journal', b''.join(run_records(run_entries, seq=9)))
+write('ring', 'run-event', b''.join(run_records(run_entries, wait=2)))
+torn = run_records(run_entries)
+torn[2] = torn[2][:10] + struct.pack('<H', 3) + torn[2][12:]
+write('ring', 'run-torn-continuation', b''.join(torn))
+write('ring', 'run-continuation-of-another-head', b''.join(run_records(run_entries, head=7)))
+write('ring', 'run-span-past-the-ring', b''.join(run_records(run_entries, continuations=40)))
+write('ring', 'run-a-binding-twice', b''.join(run_records(run_entries[:3] + [('b', 0, 0, 0)] + run_entries[4:])))
+write('ring', 'run-f16-misaligned', b''.join(run_records(run_entries[:2] + [('b', 2, 0, 1)] + run_entries[3:])))
+write('ring', 'run-scalar-nan', b''.join(run_records(run_entries[:-1] + [('s', 141, float('nan'))])))
+write('ring', 'run-one-record', b''.join(run_records(run_entries[:60])))
+write('ring', 'continuation-alone', run_records(run_entries)[1])
+
 # io.regen.Program: [define, run] as fuzz_program.c reads them; valid
 # programs of each op class and composite, and edges around each rule.
 def tensor(name, kind, dtype=None, shape=None, **more):

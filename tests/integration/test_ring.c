@@ -871,9 +871,435 @@ static void a_flooding_ring_does_not_starve_others(void)
 	regen_client_destroy(c);
 }
 
+/* ---- program Runs over the ring ---- */
+
+/* A program of `pairs` pairs y<i> = x<i> * s (f32 [16] each) and the
+ * scalar s: 2 * pairs + 1 bound tensors, x0, y0, x1, y1, ..., s. */
+#define RUN_N 16
+static char *pairs_definition(int pairs)
+{
+	cJSON *d = cJSON_CreateObject(), *tensors = cJSON_AddArrayToObject(d, "tensors"),
+	      *nodes = cJSON_AddArrayToObject(d, "nodes");
+	char name[16];
+	int n = RUN_N;
+
+	for (int i = 0; i < pairs; i++) {
+		for (int io = 0; io < 2; io++) {
+			cJSON *t = cJSON_CreateObject();
+
+			snprintf(name, sizeof(name), "%c%d", io ? 'y' : 'x', i);
+			cJSON_AddStringToObject(t, "name", name);
+			cJSON_AddStringToObject(t, "kind", io ? "output" : "input");
+			cJSON_AddStringToObject(t, "dtype", "f32");
+			cJSON_AddItemToObject(t, "shape", cJSON_CreateIntArray(&n, 1));
+			cJSON_AddItemToArray(tensors, t);
+		}
+		cJSON *node = cJSON_CreateObject(), *in = cJSON_AddArrayToObject(node, "inputs"),
+		      *out = cJSON_AddArrayToObject(node, "outputs");
+		cJSON_AddStringToObject(node, "op", "mul");
+		snprintf(name, sizeof(name), "x%d", i);
+		cJSON_AddItemToArray(in, cJSON_CreateString(name));
+		cJSON_AddItemToArray(in, cJSON_CreateString("s"));
+		snprintf(name, sizeof(name), "y%d", i);
+		cJSON_AddItemToArray(out, cJSON_CreateString(name));
+		cJSON_AddItemToArray(nodes, node);
+	}
+	cJSON *sc = cJSON_CreateObject();
+	cJSON_AddStringToObject(sc, "name", "s");
+	cJSON_AddStringToObject(sc, "kind", "scalar");
+	cJSON_AddItemToArray(tensors, sc);
+	char *text = cJSON_PrintUnformatted(d);
+	cJSON_Delete(d);
+	return text;
+}
+
+/* Bindings of the pairs program: x<i> in xs[i % nx] and y<i> in ys[i % ny]
+ * (each RUN_N floats apart, past the buffers' earlier pairs). */
+struct pairs_run {
+	char names[2 * 200][16];
+	struct regen_program_binding bind[2 * 200];
+	struct regen_program_scalar scalar;
+	struct regen_program_run_args args;
+};
+
+static void pairs_run(struct pairs_run *pr, regen_program *prog, int pairs, struct tl_buffer *xs, int nx,
+		      struct tl_buffer *ys, int ny, double s)
+{
+	memset(pr, 0, sizeof(*pr));
+	for (int i = 0; i < pairs; i++) {
+		for (int io = 0; io < 2; io++) {
+			int k = 2 * i + io;
+
+			snprintf(pr->names[k], sizeof(pr->names[k]), "%c%d", io ? 'y' : 'x', i);
+			pr->bind[k] = (struct regen_program_binding){
+				.name = pr->names[k], .buffer = io ? ys[i % ny].buf : xs[i % nx].buf,
+				.offset = (uint64_t)(i / (io ? ny : nx)) * RUN_N * sizeof(float),
+			};
+		}
+	}
+	pr->scalar = (struct regen_program_scalar){ .name = "s", .value = s };
+	pr->args = (struct regen_program_run_args){
+		.program = prog, .bind = pr->bind, .nbind = (size_t)2 * pairs, .scalars = &pr->scalar, .nscalars = 1,
+	};
+}
+
+/* y<i> is x<i> * s, each product rounded once to f32 (the host backend's
+ * reference math: a double product, rounded). */
+static void expect_pairs(int pairs, struct tl_buffer *xs, int nx, struct tl_buffer *ys, int ny, double s,
+			 const char *what)
+{
+	for (int i = 0; i < pairs; i++) {
+		const float *x = (const float *)xs[i % nx].mem.ptr + (size_t)(i / nx) * RUN_N;
+		const float *y = (const float *)ys[i % ny].mem.ptr + (size_t)(i / ny) * RUN_N;
+
+		for (int e = 0; e < RUN_N; e++)
+			ASSERT(y[e] == (float)((double)x[e] * s), "%s: y%d[%d] = %.9g, x * s = %.9g", what, i, e,
+			       (double)y[e], (double)(float)((double)x[e] * s));
+	}
+}
+
+/* A Run with more bindings than one record holds (130 pairs and a scalar:
+ * 261 entries, a record and four continuations) over the ring and over
+ * Varlink: the same outputs, bit for bit, and x * s rounded once; the same
+ * refusals with the same errors; queued Runs answered in order; a Run that
+ * names more ids than the lane's id table goes as a Varlink call and gives
+ * the same outputs. */
+#define PAIRS 130
+static void program_runs_alike_on_both_transports(void)
+{
+	regen_client *cl[2] = { tl_client_connect(&daemon_), tl_client_connect(&daemon_) };
+	const enum regen_transport transports[2] = { REGEN_TRANSPORT_VARLINK, REGEN_TRANSPORT_RING };
+	char *def = pairs_definition(PAIRS);
+	static struct pairs_run pr;
+	struct tl_buffer xs[2][3], ys[2][2];
+	regen_program *prog[2];
+	char err[2][1024];
+	float *outs[2];
+
+	for (int t = 0; t < 2; t++) {
+		ASSERT_REGEN_OK(cl[t], regen_client_set_transport(cl[t], transports[t]));
+		ASSERT_REGEN_OK(cl[t], regen_program_define(cl[t], 0, def, &prog[t]), "Define");
+		for (int i = 0; i < 3; i++)
+			tl_buffer_create(cl[t], 0, 64 * RUN_N * sizeof(float), &xs[t][i]);
+		for (int i = 0; i < 2; i++)
+			tl_buffer_create(cl[t], 0, 96 * RUN_N * sizeof(float), &ys[t][i]);
+		for (int i = 0; i < 3; i++) {
+			if (t == 0)
+				tl_fill_random(NULL, RP_DTYPE_F32, xs[0][i].mem.ptr, 64 * RUN_N, -4, 4, NULL);
+			else
+				memcpy(xs[1][i].mem.ptr, xs[0][i].mem.ptr, 64 * RUN_N * sizeof(float));
+		}
+		pairs_run(&pr, prog[t], PAIRS, xs[t], 3, ys[t], 2, 0.3);
+		ASSERT_REGEN_OK(cl[t], regen_program_run(cl[t], &pr.args), "a Run of 261 entries");
+		ASSERT_EQ(regen_client_transport(cl[t], 0), transports[t], "the lane's transport");
+		expect_pairs(PAIRS, xs[t], 3, ys[t], 2, 0.3, t ? "ring" : "Varlink");
+	}
+	for (int i = 0; i < 2; i++) {
+		outs[0] = (float *)ys[0][i].mem.ptr;
+		outs[1] = (float *)ys[1][i].mem.ptr;
+		ASSERT(memcmp(outs[0], outs[1], 65 * RUN_N * sizeof(float)) == 0, "y buffer %d differs by transport", i);
+	}
+
+	/* Refusals: the same error, parameters and all, both ways. */
+	for (int k = 0; k < 4; k++) {
+		int r[2];
+
+		for (int t = 0; t < 2; t++) {
+			pairs_run(&pr, prog[t], PAIRS, xs[t], 3, ys[t], 2, 0.3);
+			if (k == 0)
+				pr.args.nbind--;                     /* y129 unbound */
+			else if (k == 1)
+				pr.bind[7].offset += 2;              /* y3 misaligned */
+			else if (k == 2)
+				pr.bind[9].offset = 1 << 20;         /* y4 past its buffer */
+			else
+				pr.args.deadline_ms = 86400001;      /* past a day */
+			r[t] = regen_program_run(cl[t], &pr.args);
+			last_error(cl[t], err[t], sizeof(err[t]));
+			for (int i = 0; i < 3; i++)
+				replace_all(err[t], regen_buffer_id(xs[t][i].buf), "X");
+			for (int i = 0; i < 2; i++)
+				replace_all(err[t], regen_buffer_id(ys[t][i].buf), "Y");
+			replace_all(err[t], regen_program_id(prog[t]), "P");
+		}
+		ASSERT_EQ(r[0], -EREMOTE, "refusal %d over Varlink: %s", k, err[0]);
+		ASSERT_EQ(r[1], r[0], "refusal %d over the ring: %s (Varlink: %s)", k, err[1], err[0]);
+		ASSERT_STR_EQ(err[1], err[0], "refusal %d: the ring's error differs from Varlink's", k);
+	}
+	ASSERT(strstr(err[0], "deadline_ms") != NULL, "%s", err[0]);
+	/* What cannot be named is refused here, unsent, both ways. */
+	for (int t = 0; t < 2; t++) {
+		pairs_run(&pr, prog[t], PAIRS, xs[t], 3, ys[t], 2, 0.3);
+		pr.bind[0].name = "nope";
+		ASSERT_EQ(regen_program_run(cl[t], &pr.args), -EINVAL, "a name the program does not bind");
+		pairs_run(&pr, prog[t], PAIRS, xs[t], 3, ys[t], 2, NAN);
+		ASSERT_EQ(regen_program_run(cl[t], &pr.args), -EINVAL, "a NaN scalar");
+	}
+
+	/* Ten Runs queued without waiting, each with its own scale: the last
+	 * one's outputs stand, and the lane answers in order. */
+	for (int t = 0; t < 2; t++) {
+		uint64_t ticket = 0, before = 0;
+		for (int k = 1; k <= 10; k++) {
+			pairs_run(&pr, prog[t], PAIRS, xs[t], 3, ys[t], 2, 0.5 * k);
+			ASSERT_REGEN_OK(cl[t], regen_program_run_submit(cl[t], &pr.args, &ticket), "queued Run %d", k);
+			ASSERT_UINT_GT(ticket, before, "tickets grow");
+			before = ticket;
+		}
+		ASSERT_REGEN_OK(cl[t], regen_wait(cl[t], 0, ticket), "ten queued Runs");
+		expect_pairs(PAIRS, xs[t], 3, ys[t], 2, 5.0, t ? "the ring's last queued Run" : "Varlink's last queued Run");
+	}
+
+	/* Every tensor in a buffer of its own: 261 ids, past the 256 of the
+	 * lane's id table. The ring's lane sends it as a Varlink call. */
+	static struct tl_buffer own_x[PAIRS], own_y[PAIRS];
+	for (int i = 0; i < PAIRS; i++) {
+		tl_buffer_create(cl[1], 0, RUN_N * sizeof(float), &own_x[i]);
+		tl_buffer_create(cl[1], 0, RUN_N * sizeof(float), &own_y[i]);
+		tl_fill_random(NULL, RP_DTYPE_F32, own_x[i].mem.ptr, RUN_N, -4, 4, NULL);
+	}
+	pairs_run(&pr, prog[1], PAIRS, own_x, PAIRS, own_y, PAIRS, -1.25);
+	ASSERT_REGEN_OK(cl[1], regen_program_run(cl[1], &pr.args), "a Run of more ids than the table holds");
+	expect_pairs(PAIRS, own_x, PAIRS, own_y, PAIRS, -1.25, "a Run past the id table");
+	ASSERT_EQ(regen_client_transport(cl[1], 0), REGEN_TRANSPORT_RING, "the lane stays on the ring");
+	pairs_run(&pr, prog[1], PAIRS, xs[1], 3, ys[1], 2, 2.0);
+	ASSERT_REGEN_OK(cl[1], regen_program_run(cl[1], &pr.args), "the ring again after it");
+	expect_pairs(PAIRS, xs[1], 3, ys[1], 2, 2.0, "the ring again");
+	for (int i = 0; i < PAIRS; i++) {
+		tl_buffer_free(&own_x[i]);
+		tl_buffer_free(&own_y[i]);
+	}
+
+	for (int t = 0; t < 2; t++) {
+		ASSERT_REGEN_OK(cl[t], regen_program_drop(prog[t]), "Drop");
+		for (int i = 0; i < 3; i++)
+			tl_buffer_free(&xs[t][i]);
+		for (int i = 0; i < 2; i++)
+			tl_buffer_free(&ys[t][i]);
+		regen_client_destroy(cl[t]);
+	}
+	free(def);
+}
+
+/* CPU seconds a process has used (user and system). */
+static double cpu_seconds(pid_t pid)
+{
+	char path[64], buf[1024];
+	unsigned long utime = 0, stime = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	ASSERT(f != NULL, "no %s", path);
+	ASSERT(fgets(buf, sizeof(buf), f) != NULL, "read %s", path);
+	fclose(f);
+	/* The fields after the command's closing parenthesis: 14 and 15. */
+	const char *p = strrchr(buf, ')');
+	ASSERT(p != NULL && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) == 2,
+	       "parse %s", path);
+	return (double)(utime + stime) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static pid_t worker_pid(int device)
+{
+	struct tl_conn m;
+	struct tl_device dev;
+
+	ASSERT_EQ(tl_conn_open(&m, daemon_.sock), 0, "connect");
+	tl_device_status(&m, device, &dev);
+	tl_conn_close(&m);
+	return (pid_t)dev.worker_pid;
+}
+
+/* Writes records recs[0 .. n) from sq_tail on and publishes the first
+ * `publish` of them (the rest stays written, unpublished). */
+static void raw_write(struct raw_ring *r, const union rp_ring_slot *recs, unsigned n, unsigned publish)
+{
+	for (unsigned k = 0; k < n; k++)
+		memcpy(rp_ring_record_at(r->base, r->entries, r->sq_tail + k), &recs[k], sizeof(recs[k]));
+	r->sq_tail += publish;
+	rp_ring_store(&rp_ring_header(r->base)->sq_tail, r->sq_tail);
+	rp_ring_fence();
+	(void)send(r->bell[0], "", 1, MSG_DONTWAIT);
+}
+
+/* Publishes more of what raw_write wrote. */
+static void raw_publish(struct raw_ring *r, unsigned more)
+{
+	r->sq_tail += more;
+	rp_ring_store(&rp_ring_header(r->base)->sq_tail, r->sq_tail);
+	rp_ring_fence();
+	(void)send(r->bell[0], "", 1, MSG_DONTWAIT);
+}
+
+/* A continuation's completion: status 2, naming its Run's record. */
+static void expect_continuation(struct raw_ring *r, uint64_t tag, uint32_t head, const char *what)
+{
+	struct rp_ring_completion cqe;
+	char name[64];
+	cJSON *params = NULL;
+
+	raw_complete(r, &cqe);
+	ASSERT_UINT_EQ(cqe.tag, tag, "%s: the continuation's tag", what);
+	ASSERT_EQ(rp_ring_completion_error(&cqe, name, &params), 2, "%s: not a continuation's completion: %s", what,
+		  cqe.error);
+	ASSERT_UINT_EQ(cqe.head, head, "%s: the Run it continues", what);
+}
+
+struct other_process {
+	const char *program;
+};
+
+/* Another process of this uid: it cannot bind the program to its own id
+ * table, nor run it; an index that holds no program is refused as one. */
+static int another_process_names_the_program(void *arg)
+{
+	const struct other_process *o = arg;
+	struct raw_ring r;
+	struct tl_reply rep;
+	union rp_ring_slot rec;
+	struct rp_ring_completion cqe;
+	char name[64];
+	cJSON *params = NULL;
+	struct tl_memfd m;
+	char buf[RP_ID_MAX];
+
+	raw_setup(&r, 4);
+	raw_open(&r);
+	tl_call(&r.conn, &rep, 10, NULL, 0, "io.regen.Lane.Bind", "{\"index\":0,\"ids\":[\"%s\"]}", o->program);
+	ASSERT_REPLY_ERROR(&rep, "io.regen.NoSuchObject", "another process's program bound");
+	tl_reply_finish(&rep);
+	tl_call(&r.conn, &rep, 10, NULL, 0, "io.regen.Program.Run", "{\"program\":\"%s\",\"bind\":{}}", o->program);
+	ASSERT_REPLY_ERROR(&rep, "io.regen.NoSuchObject", "another process's program run");
+	tl_reply_finish(&rep);
+	/* Its own buffer where a program goes. */
+	tl_memfd_create(&m, 4096);
+	ASSERT_EQ(tl_import_memfd(&r.conn, 0, m.fd, 4096, buf, &rep), 0, "import");
+	tl_reply_finish(&rep);
+	raw_bind(&r, 1, buf);
+	struct rp_ring_run_call call = { .program = 1, .wait_event = RP_RING_NONE, .signal_event = RP_RING_NONE,
+					 .journal = RP_RING_NONE };
+	for (uint32_t program = 0; program < 3; program++) {   /* unbound, a buffer, past the table's use */
+		call.program = program == 2 ? 4000 : program;
+		rp_ring_encode_run(&call, 7 + program, r.sq_tail, 0, &rec);
+		raw_write(&r, &rec, 1, 1);
+		raw_complete(&r, &cqe);
+		ASSERT_EQ(rp_ring_completion_error(&cqe, name, &params), 1, "program index %u accepted", call.program);
+		ASSERT_STR_EQ(name, "org.varlink.service.InvalidParameter", "%s", cqe.error);
+		ASSERT(strstr(cqe.error, "\"program\"") != NULL, "%s", cqe.error);
+		cJSON_Delete(params);
+		params = NULL;
+	}
+	raw_close(&r);
+	tl_memfd_destroy(&m);
+	return 0;
+}
+
+/* A Run driven by hand: taken only once its continuations are all
+ * published (the worker sleeps meanwhile instead of spinning on it), then
+ * its completion and one per continuation in record order; a continuation
+ * torn (another part) refuses its Run by name; a span past the ring is
+ * refused, and a continuation that comes alone is no call; another process
+ * cannot name the program. */
+static void a_run_waits_for_its_continuations(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	char *def = pairs_definition(PAIRS);
+	regen_program *prog;
+	struct tl_buffer bx, by;
+	struct raw_ring r;
+	union rp_ring_slot recs[RP_RING_RUN_CONTINUATIONS_MAX + 1];
+	struct rp_ring_binding bind[2 * PAIRS];
+	struct rp_ring_scalar scalar = { .bound = 2 * PAIRS, .value = 1.5 };
+	struct rp_ring_run_call call = {
+		.program = 1, .wait_event = RP_RING_NONE, .signal_event = RP_RING_NONE, .journal = RP_RING_NONE,
+		.bind = bind, .nbind = 2 * PAIRS, .scalars = &scalar, .nscalars = 1,
+	};
+	unsigned n = RP_RING_RUN_RECORDS(2 * PAIRS + 1);
+	pid_t worker = worker_pid(0);
+
+	ASSERT_REGEN_OK(c, regen_program_define(c, 0, def, &prog), "Define");
+	tl_buffer_create(c, 0, PAIRS * RUN_N * sizeof(float), &bx);
+	tl_buffer_create(c, 0, PAIRS * RUN_N * sizeof(float), &by);
+	tl_fill_random(NULL, RP_DTYPE_F32, bx.mem.ptr, PAIRS * RUN_N, -4, 4, NULL);
+	for (int i = 0; i < PAIRS; i++) {
+		bind[2 * i] = (struct rp_ring_binding){ .bound = 2 * i, .buffer = 0, .offset = i * RUN_N * 4 };
+		bind[2 * i + 1] = (struct rp_ring_binding){ .bound = 2 * i + 1, .buffer = 2, .offset = i * RUN_N * 4 };
+	}
+	raw_setup(&r, 8);
+	raw_open(&r);
+	raw_bind(&r, 0, regen_buffer_id(bx.buf));
+	raw_bind(&r, 1, regen_program_id(prog));
+	raw_bind(&r, 2, regen_buffer_id(by.buf));
+
+	/* The Run's own record published alone: nothing is taken. */
+	ASSERT_EQ(n, 5, "261 entries take five records");
+	for (unsigned k = 0; k < n; k++)
+		rp_ring_encode_run(&call, 100, r.sq_tail, k, &recs[k]);
+	raw_write(&r, recs, n, 1);
+	double cpu0 = cpu_seconds(worker), t0 = tl_now();
+	usleep(400 * 1000);
+	double cpu = cpu_seconds(worker) - cpu0, wall = tl_now() - t0;
+	tl_log("measured: the worker used %.0f ms of CPU in %.0f ms waiting for a Run's continuations", cpu * 1e3,
+	       wall * 1e3);
+	ASSERT_UINT_EQ(rp_ring_load(&rp_ring_header(r.base)->cq_tail), 0, "a Run taken before its continuations");
+	ASSERT_UINT_EQ(rp_ring_load(&rp_ring_header(r.base)->sq_head), 0, "a Run taken before its continuations");
+	ASSERT(cpu < 0.25 * wall, "the worker spun %.0f ms of %.0f ms on a Run published in part", cpu * 1e3,
+	       wall * 1e3);
+	raw_publish(&r, 1);   /* one continuation more: still not whole */
+	usleep(50 * 1000);
+	ASSERT_UINT_EQ(rp_ring_load(&rp_ring_header(r.base)->cq_tail), 0, "a Run taken with one continuation of four");
+	raw_publish(&r, n - 2);
+	expect_completion(&r, 100, NULL, "the Run, once whole");
+	for (unsigned k = 1; k < n; k++)
+		expect_continuation(&r, 100 + k, 0, "the Run's continuation");
+	expect_pairs(PAIRS, &bx, 1, &by, 1, 1.5, "the Run by hand");
+
+	/* A torn continuation: its part says 3 where 2 goes. */
+	uint32_t head = r.sq_tail;
+	for (unsigned k = 0; k < n; k++)
+		rp_ring_encode_run(&call, 200, head, k, &recs[k]);
+	recs[2].continuation.part = 3;
+	raw_write(&r, recs, n, n);
+	expect_completion(&r, 200, "org.varlink.service.InvalidParameter", "a torn continuation");
+	for (unsigned k = 1; k < n; k++)
+		expect_continuation(&r, 200 + k, head, "a torn Run's continuation");
+
+	/* A span the ring cannot hold: refused alone; a lone continuation is
+	 * refused as no call. */
+	head = r.sq_tail;
+	for (unsigned k = 0; k < n; k++)
+		rp_ring_encode_run(&call, 300, head, k, &recs[k]);
+	recs[0].run.continuations = 8;
+	raw_write(&r, recs, 2, 2);
+	expect_completion(&r, 300, "org.varlink.service.InvalidParameter", "a Run of nine records on a ring of eight");
+	expect_completion(&r, 301, "org.varlink.service.InvalidParameter", "a continuation alone");
+
+	/* The ring serves on. */
+	head = r.sq_tail;
+	scalar.value = -0.75;
+	for (unsigned k = 0; k < n; k++)
+		rp_ring_encode_run(&call, 400, head, k, &recs[k]);
+	raw_write(&r, recs, n, n);
+	expect_completion(&r, 400, NULL, "a Run after the refusals");
+	for (unsigned k = 1; k < n; k++)
+		expect_continuation(&r, 400 + k, head, "its continuation");
+	expect_pairs(PAIRS, &bx, 1, &by, 1, -0.75, "a Run after the refusals");
+
+	struct other_process o = { .program = regen_program_id(prog) };
+	ASSERT_EQ(tl_wait(tl_fork(another_process_names_the_program, &o, 60), 60), 0, "another process");
+	raw_close(&r);
+	ASSERT_REGEN_OK(c, regen_program_drop(prog), "Drop");
+	tl_buffer_free(&bx);
+	tl_buffer_free(&by);
+	regen_client_destroy(c);
+	free(def);
+}
+
 /* A record behind a hung device is answered with io.regen.Timeout in its
- * completion once its deadline_ms passed, as a Varlink call is; the device
- * then goes through its respawn. Last: device 1 is hung. */
+ * completion once its deadline_ms passed, as a Varlink call is, and so is a
+ * program's Run behind it, its continuation completed as its part; the
+ * device then goes through its respawn. Last: device 1 is hung. */
 static void a_hung_record_times_out(void)
 {
 	regen_client *c = tl_client_connect(&daemon_);
@@ -884,11 +1310,15 @@ static void a_hung_record_times_out(void)
 	char name[64];
 	cJSON *params = NULL;
 	double t0;
+	char *def = pairs_definition(40);
+	regen_program *prog;
 
 	tl_buffer_create(c, 1, 1 << 16, &b);
+	ASSERT_REGEN_OK(c, regen_program_define(c, 1, def, &prog), "Define on device 1");
 	raw_setup_on(&r, 1, 8);
 	raw_open(&r);
 	raw_bind(&r, 0, regen_buffer_id(b.buf));
+	raw_bind(&r, 1, regen_program_id(prog));
 	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
 	small_gemm(&rec, 42);
 	rec.deadline_ms = 300;
@@ -904,8 +1334,35 @@ static void a_hung_record_times_out(void)
 	       cqe.error);
 	ASSERT(tl_now() - t0 < 2, "the Timeout came %.2f s after the record", tl_now() - t0);
 	cJSON_Delete(params);
+	params = NULL;
+
+	/* A Run of 81 entries (a record and a continuation) behind it. */
+	struct rp_ring_binding bind[80];
+	struct rp_ring_scalar scalar = { .bound = 80, .value = 2.0 };
+	struct rp_ring_run_call call = {
+		.program = 1, .wait_event = RP_RING_NONE, .signal_event = RP_RING_NONE, .journal = RP_RING_NONE,
+		.deadline_ms = 300, .bind = bind, .nbind = 80, .scalars = &scalar, .nscalars = 1,
+	};
+	union rp_ring_slot recs[2];
+	for (int i = 0; i < 80; i++)
+		bind[i] = (struct rp_ring_binding){ .bound = (uint32_t)i, .buffer = 0, .offset = 64u * (uint32_t)i };
+	uint32_t head = r.sq_tail;
+	for (unsigned k = 0; k < 2; k++)
+		rp_ring_encode_run(&call, 50, head, k, &recs[k]);
+	t0 = tl_now();
+	raw_write(&r, recs, 2, 2);
+	raw_complete_within(&r, 10, &cqe);
+	tl_log("measured: hung Run (deadline_ms 300) completed after %.0f ms: %s", (tl_now() - t0) * 1e3, cqe.error);
+	ASSERT_UINT_EQ(cqe.tag, 50, "the hung Run's tag");
+	ASSERT_EQ(rp_ring_completion_error(&cqe, name, &params), 1, "the hung Run failed");
+	ASSERT_STR_EQ(name, "io.regen.Timeout", "%s", cqe.error);
+	ASSERT(strstr(cqe.error, "io.regen.Program.Run") != NULL, "the Timeout names the Run: %s", cqe.error);
+	cJSON_Delete(params);
+	expect_continuation(&r, 51, head, "the hung Run's continuation");
 	raw_close(&r);
 	tl_buffer_free(&b);
+	regen_program_drop(prog);
+	free(def);
 	regen_client_destroy(c);
 }
 
@@ -926,6 +1383,8 @@ int main(void)
 	bad_setups_are_refused_by_name();
 	bad_records_get_named_errors();
 	a_flooding_ring_does_not_starve_others();
+	program_runs_alike_on_both_transports();
+	a_run_waits_for_its_continuations();
 	a_hung_record_times_out();
 	tl_daemon_stop(&daemon_);
 	tl_log("ok");

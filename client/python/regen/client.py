@@ -623,8 +623,9 @@ class Client:
     def _reap(self, device, lane):
         """Reads the oldest outstanding answer, keeping the first error."""
         try:
+            continued = False
             if lane.ring is not None:
-                tag, elapsed, err = lane.ring.reap(self.timeout)
+                tag, elapsed, err, continued = lane.ring.reap(self.timeout)
                 lane.completed += 1
                 if tag != lane.completed:
                     raise errors.ProtocolError(parameters={
@@ -647,7 +648,9 @@ class Client:
             self._note_error(device, e)
             if lane.error is None:
                 lane.error, lane.error_ticket = e, lane.completed
-        else:
+        elif not continued:
+            # A Run's continuations answer nothing: its time is its own
+            # record's, read just before them.
             lane.elapsed_us = elapsed
         # What _lane reads once every answer is in: the time of the last.
         if lane.completed == lane.submitted:
@@ -689,6 +692,20 @@ class Client:
         e, lane.error = lane.error, None
         return e, lane.error_ticket
 
+    def _queue_varlink(self, device, lane, method, params):
+        """Sends a call on a Varlink lane without waiting for its answer;
+        its ticket."""
+        while lane.submitted - lane.completed >= _VARLINK_QUEUE_MAX:
+            self._reap(device, lane)
+        try:
+            lane.conn.send(method, params)
+        except errors.ConnectionReset:
+            self._workers.pop(device, None)
+            self._drop_lane(device)
+            raise
+        lane.submitted += 1
+        return lane.submitted
+
     def _submit(self, device, op_name, op, given, scalars, wait_event, signal_event):
         lane = self._lane(device)
         if lane.ring is None:
@@ -698,15 +715,7 @@ class Client:
                 params["wait_event"] = _event_id(wait_event)
             if signal_event is not None:
                 params["signal_event"] = _event_id(signal_event)
-            while lane.submitted - lane.completed >= _VARLINK_QUEUE_MAX:
-                self._reap(device, lane)
-            try:
-                lane.conn.send(op.method, params)
-            except errors.ConnectionReset:
-                self._workers.pop(device, None)
-                self._drop_lane(device)
-                raise
-            lane.submitted += 1
+            self._queue_varlink(device, lane, op.method, params)
             return lane
         ring = lane.ring
         bound = ring.bound
@@ -874,38 +883,134 @@ class Client:
         return Program(device, self._worker_call(device, "io.regen.Program.Define", definition, ()), definition)
 
     def run_program(self, program, bind, scalars=None, wait_event=None, signal_event=None, deadline_ms=None,
-                    journal=None, seq=None, retry=False):
-        """Runs ``program`` once: ``bind`` maps each input, output and inout
-        name to a torch CUDA tensor, an Operand or a (buffer, byte offset)
-        pair, ``scalars`` each scalar name to a number. Returns the reply
-        ({"elapsed_us"}): the work finished, or with ``signal_event`` it is
-        enqueued and the event fires when it finishes. Torch tensors are not
-        synchronized here: order the rank's work with wait_event, or
-        synchronize before. ``journal`` (bound like a tensor, at least
-        ``program.journal_bytes``) and ``seq`` make a Run of a program that
-        updates in place safe to retry after a fault: the retry, with
-        ``retry=True`` and the same seq, applies its updates exactly once
-        (regen.program.run_exactly_once does it all)."""
-        from .program import binding
-        params = {"program": program.id, "bind": {name: binding(self, x) for name, x in bind.items()}}
+                    journal=None, seq=None, retry=False, wait=True):
+        """Runs ``program`` once, on its device's lane in order with the
+        lane's other calls: over the lane's ring where it has one (the Run's
+        record and, for many bindings, its continuations), else as a Varlink
+        call. ``bind`` maps each input, output and inout name to a torch
+        CUDA tensor, an Operand or a (buffer, byte offset) pair, ``scalars``
+        each scalar name to a number. Returns the reply ({"elapsed_us"}):
+        the work finished, or with ``signal_event`` it is enqueued and the
+        event fires when it finishes; with ``wait=False``, the Run's ticket
+        at once (wait() reads its answer), as the compute calls' (a Run that
+        must go as a blocking Varlink call on a ring's lane, one naming more
+        ids than the lane's id table holds, has been answered by then).
+        Torch tensors are not synchronized here: order the rank's work with
+        wait_event, or synchronize before. ``journal`` (bound like a tensor,
+        at least ``program.journal_bytes``) and ``seq`` make a Run of a
+        program that updates in place safe to retry after a fault: the
+        retry, with ``retry=True`` and the same seq, applies its updates
+        exactly once (regen.program.run_exactly_once does it all)."""
+        from .program import bound_at
+        device = program.device
+        binds = {name: bound_at(self, x) for name, x in bind.items()}
+        journal = bound_at(self, journal) if journal is not None else None
+        wait_id = str(getattr(wait_event, "id", wait_event)) if wait_event is not None else None
+        signal_id = str(getattr(signal_event, "id", signal_event)) if signal_event is not None else None
+        lane = self._lane(device)
+        if lane.ring is not None:
+            ticket = self._ring_run(device, lane, program, binds, scalars, wait_id, signal_id, deadline_ms, journal,
+                                    seq, retry)
+            if ticket is not None:
+                if not wait:
+                    return ticket
+                e, _ = self._collect(device, lane, ticket)
+                if e is not None:
+                    raise e
+                return {"elapsed_us": lane.elapsed_us}
+            # More ids than the lane's table holds: a Varlink call, once
+            # the ring's calls are answered (their error waits for wait()).
+            self._drain(device)
+        params = {"program": program.id,
+                  "bind": {name: {"buffer": ident, "offset": offset} for name, (ident, offset) in binds.items()}}
         if scalars:
             params["scalars"] = {k: float(v) for k, v in scalars.items()}
-        if wait_event is not None:
-            params["wait_event"] = str(getattr(wait_event, "id", wait_event))
-        if signal_event is not None:
-            params["signal_event"] = str(getattr(signal_event, "id", signal_event))
+        if wait_id is not None:
+            params["wait_event"] = wait_id
+        if signal_id is not None:
+            params["signal_event"] = signal_id
         if deadline_ms is not None:
             params["deadline_ms"] = int(deadline_ms)
         if journal is not None:
-            params["journal"] = binding(self, journal)
+            params["journal"] = {"buffer": journal[0], "offset": journal[1]}
         if seq is not None:
             params["seq"] = int(seq)
         if retry:
             params["retry"] = True
-        return self._worker_call(program.device, "io.regen.Program.Run", params, ())
+        if not wait and lane.ring is None:
+            return self._queue_varlink(device, lane, "io.regen.Program.Run", params)
+        reply = self._worker_call(device, "io.regen.Program.Run", params, ())
+        return reply if wait else lane.submitted
+
+    def _ring_run(self, device, lane, program, binds, scalars, wait_id, signal_id, deadline_ms, journal, seq,
+                  retry):
+        """Queues a Run on the lane's ring: its ticket (a Run of n records
+        takes n tickets, its own the last), or None with nothing queued where
+        it names more ids than the lane's id table holds. ``binds``: name ->
+        (buffer id, offset), ``journal`` likewise. What a record cannot say
+        is refused here as regend refuses it on Varlink: a name the program
+        does not bind, an absent seq or journal beside the other (a record's
+        0 means none), values past a field's width."""
+        ring = lane.ring
+        if len(binds) + 4 > ring.nids:
+            needed = {program.id, *(ident for ident, _ in binds.values())}
+            needed.update(x for x in (wait_id, signal_id, journal and journal[0]) if x)
+            if len(needed) > ring.nids:
+                return None
+        if (journal is None) != (seq is None):
+            raise errors.InvalidParameter(parameters={"parameter": "journal" if journal is None else "seq"})
+        positions = program.positions
+        values = []
+        for name, v in (scalars or {}).items():
+            pos = positions.get(name)
+            if pos is None:
+                raise errors.InvalidParameter(parameters={"parameter": f"scalars.{name}"})
+            values.append((pos, float(v)))
+        held = []
+        index = ring.bound.get
+        program_i = self._ring_index(device, ring, program.id, held)
+        bindings = []
+        for name, (ident, offset) in binds.items():
+            pos = positions.get(name)
+            if pos is None:
+                raise errors.InvalidParameter(parameters={"parameter": f"bind.{name}"})
+            i = index(ident)
+            if i is None:
+                i = self._ring_index(device, ring, ident, held)
+            else:
+                held.append(i)
+            bindings.append((pos, i, offset))
+        wait_i = self._ring_index(device, ring, wait_id, held) if wait_id is not None else ringmod.NONE
+        signal_i = self._ring_index(device, ring, signal_id, held) if signal_id is not None else ringmod.NONE
+        journal_i = self._ring_index(device, ring, journal[0], held) if journal is not None else ringmod.NONE
+        deadline = ringmod._deadline({"deadline_ms": deadline_ms})
+        try:
+            records = ringmod.run_record_bytes(lane.submitted + 1, ring.sq_tail, ringmod.RUN_RETRY if retry else 0,
+                                               wait_i, signal_i, deadline, program_i, journal_i,
+                                               journal[1] if journal is not None else 0,
+                                               int(seq) if seq is not None else 0, bindings, values)
+        except struct.error:
+            raise _unpackable_run(binds, journal, seq) from None
+        while not ring.room(len(records)):
+            self._reap(device, lane)
+        # The records name the ring's number of the Run's own record: the
+        # reaps above moved nothing of the submission side.
+        try:
+            ring.submit_records(records)
+        except OSError as x:   # the worker's end of the doorbell is gone with it
+            raise self._lane_broken(device, lane, "as a Run was queued") from x
+        lane.submitted += len(records)
+        return lane.submitted
 
     def drop_program(self, program):
+        # A queued Run names it: that Run is taken first (as a queued call's
+        # answer is read first), and its index is not given to another id
+        # while one might.
+        self._drain(program.device)
         self._worker_call(program.device, "io.regen.Program.Drop", {"program": program.id}, ())
+        lane = self._lanes.get(program.device)
+        if lane is not None and lane.open_ring is not None:
+            lane.open_ring.forget(program.id)
 
     def program_status(self, device, program=None):
         """Status of one program, or of every program of this process on
@@ -1494,6 +1599,18 @@ def _handle_hex(handle, what):
     if len(raw) != 64:
         raise ValueError(f"a {what} is 64 bytes, got {len(raw)}")
     return raw.hex()
+
+
+def _unpackable_run(binds, journal, seq):
+    """The InvalidParameter regend answers on Varlink for the first value of
+    a Run that a record's field cannot hold (an offset or a seq outside 0
+    to 2**64), after the packing refused it."""
+    for name, (_, offset) in binds.items():
+        if not 0 <= offset < 2**64:
+            return errors.InvalidParameter(parameters={"parameter": f"bind.{name}.offset"})
+    if journal is not None and not 0 <= journal[1] < 2**64:
+        return errors.InvalidParameter(parameters={"parameter": "journal.offset"})
+    return errors.InvalidParameter(parameters={"parameter": "seq"})
 
 
 def _put_deadline(scalars, deadline_ms):

@@ -113,23 +113,26 @@ class Program:
         # run again).
         self.journal_bytes = reply.get("journal_bytes", 0)
         self.bound = list(reply.get("bound", ()))
+        # Where each bound name lies in binding order: a Run over the
+        # ring names its tensors so (proto/ring.h).
+        self.positions = {name: i for i, name in enumerate(self.bound)}
 
     def __repr__(self):
         return f"<regen.Program {self.id} on device {self.device}: {self.nodes} nodes>"
 
 
-def binding(client, x):
-    """A Run's binding from a torch CUDA tensor (its storage imported once),
-    an Operand-like (``.buffer``, ``.offset``) or a (buffer id, byte offset)
-    pair."""
-    if hasattr(x, "untyped_storage") and getattr(x, "is_cuda", False):
-        buf = client.import_tensor(x)
-        return {"buffer": str(buf.id), "offset": x.storage_offset() * x.element_size()}
-    if isinstance(x, tuple):
+def bound_at(client, x):
+    """Where a Run's binding lies, (buffer id, byte offset): a torch CUDA
+    tensor (its storage imported once), an Operand-like (``.buffer``,
+    ``.offset``) or a (buffer or buffer id, byte offset) pair."""
+    if type(x) is tuple:
         buf, offset = x
+    elif hasattr(x, "untyped_storage") and getattr(x, "is_cuda", False):
+        return str(client.import_tensor(x).id), x.storage_offset() * x.element_size()
     else:
         buf, offset = x.buffer, getattr(x, "offset", 0)
-    return {"buffer": str(getattr(buf, "id", buf)), "offset": int(offset)}
+    return str(getattr(buf, "id", buf)), int(offset)
+
 
 
 # Errors after which the device serves again, in a new generation or a new

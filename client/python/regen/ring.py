@@ -33,7 +33,7 @@ import time
 from . import accel, errors
 
 MAGIC = 0x52474E52
-VERSION = 2
+VERSION = 3
 HEADER_SIZE = 4096
 RECORD_SIZE = 1024
 COMPLETION_SIZE = 1024
@@ -93,13 +93,78 @@ def record_struct(layout):
 
 
 # tag, status, error_len, elapsed_us, error_name; then the error's text
-# (at most ERROR_MAX bytes with its NUL) and the worker's stage times.
-ERROR_MAX = 904
+# (at most ERROR_MAX bytes with its NUL), a continuation's head and the
+# worker's stage times.
+ERROR_MAX = 896
 _ERROR_AT = 88
 # A completion read in one unpack_from: tag, status, error_len, elapsed_us,
-# then (past the error's name and text) the stage times: taken_ns,
-# launched_ns, finished_ns, published_ns (struct rp_ring_timing).
-_COMPLETION = struct.Struct(f"<QIIQ64x{ERROR_MAX}x4Q")
+# then (past the error's name and text) head (a continuation's: the number
+# of its Run's record) and the stage times: taken_ns, launched_ns,
+# finished_ns, published_ns (struct rp_ring_timing).
+_COMPLETION = struct.Struct(f"<QIIQ64x{ERROR_MAX}xI4x4Q")
+STATUS_OK, STATUS_ERROR, STATUS_CONTINUATION = 0, 1, 2
+
+# io.regen.Program.Run as records (proto/ring.h): the Run's own record, a
+# 64-byte header (tag, op, flags, continuations, reserved0, wait, signal,
+# deadline_ms, program, journal, nbind, nscalars, journal_offset, seq,
+# reserved1) and RUN_ENTRIES entries of 16 bytes; where they do not fit,
+# continuation records right after it, a 16-byte header (tag, op, part,
+# head) and CONTINUATION_ENTRIES entries. Entries: the bindings (bound
+# position, buffer index, offset), then the scalars (bound position, 4
+# reserved bytes, value).
+OP_PROGRAM = 6
+OP_CONTINUATION = 0xFFFF
+RUN_RETRY = 0x1
+RUN_ENTRIES = 60
+CONTINUATION_ENTRIES = 63
+CONTINUATIONS_MAX = 16
+BOUND_MAX = 1024
+_RUN_HEADER = struct.Struct("<QHHHHIIIIIHHQQ8x")
+_CONTINUATION_HEADER = struct.Struct("<QHHI")
+
+
+def run_records(entries):
+    """Records a Run of ``entries`` bindings and scalars takes."""
+    if entries <= RUN_ENTRIES:
+        return 1
+    return 1 + (entries - RUN_ENTRIES + CONTINUATION_ENTRIES - 1) // CONTINUATION_ENTRIES
+
+
+def run_record_bytes(tag, head, flags, wait, signal, deadline_ms, program, journal, journal_offset, seq, bindings,
+                     scalars):
+    """The records of a Run, each RECORD_SIZE bytes, as proto/ring.h lays
+    them out (rp_ring_encode_run writes the same bytes): ``bindings`` a list
+    of (bound position, buffer index, offset), ``scalars`` of (bound
+    position, value); ``head`` the number the Run's own record gets in the
+    ring (its continuations name it), ``tag`` its tag (continuation k gets
+    tag + k).  Values a field cannot hold fail the packing (struct.error)."""
+    nb, ns = len(bindings), len(scalars)
+    flat = [v for b in bindings for v in b]
+    flat += [v for sc in scalars for v in sc]
+    entries = _entries_struct(nb, ns).pack(*flat)
+    n = run_records(nb + ns)
+    out = [_RUN_HEADER.pack(tag, OP_PROGRAM, flags, n - 1, 0, wait, signal, deadline_ms, program, journal, nb, ns,
+                            journal_offset, seq) + entries[:RUN_ENTRIES * 16]]
+    for part in range(1, n):
+        at = (RUN_ENTRIES + (part - 1) * CONTINUATION_ENTRIES) * 16
+        out.append(_CONTINUATION_HEADER.pack(tag + part, OP_CONTINUATION, part, head)
+                   + entries[at:at + CONTINUATION_ENTRIES * 16])
+    return [rec + bytes(RECORD_SIZE - len(rec)) for rec in out]
+
+
+# _entries_struct()'s Structs by counts (a handful in use: one per program).
+_ENTRY_STRUCTS = {}
+
+
+def _entries_struct(nbind, nscalars):
+    """The Struct of a Run's entries: ``nbind`` bindings (bound, buffer,
+    offset), then ``nscalars`` scalars (bound, 4 reserved bytes, value)."""
+    st = _ENTRY_STRUCTS.get((nbind, nscalars))
+    if st is None:
+        if len(_ENTRY_STRUCTS) >= _RECORD_STRUCTS_MAX:
+            _ENTRY_STRUCTS.clear()
+        st = _ENTRY_STRUCTS[(nbind, nscalars)] = struct.Struct("<" + "IIQ" * nbind + "I4xd" * nscalars)
+    return st
 
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
 OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
@@ -155,6 +220,9 @@ class Ring:
         self.bound = {}          # id text -> index
         self.by_index = [None] * ids
         self.next_victim = 0
+        # Per slot: the number of the Run's record that the record there
+        # continues (None: a record of its own), as its completion must say.
+        self.continues = [None] * entries
         self.spin_max = _spin_max()
         self.spin = self.spin_max / 2
         # The worker's stage times of the last completion read (taken, launched,
@@ -260,12 +328,36 @@ class Ring:
         tail = self.sq_tail
         record_struct(layout).pack_into(self.mem, HEADER_SIZE + (tail & self.mask) * RECORD_SIZE, *header, *fields,
                                         *_ABSENT_TAILS[SLOTS - len(layout)])
+        self.continues[tail & self.mask] = None
         self.sq_tail = tail = (tail + 1) & 0xFFFFFFFF
         ctr = self.ctr
         ctr[SQ_TAIL] = tail
         # The locked instruction between publishing and reading the
         # sleeping flag (the module's docstring); acquire and release
         # rather than a with block: the fewest Python steps per record.
+        fence = self._fence
+        fence.acquire()
+        fence.release()
+        if ctr[SQ_SLEEPING]:
+            self._wake()
+
+    def room(self, records):
+        """Whether ``records`` more fit before a completion must be read."""
+        return (self.sq_tail - self.cq_head) & 0xFFFFFFFF <= self.entries - records
+
+    def submit_records(self, records):
+        """Writes whole records (RECORD_SIZE bytes each, a Run's and its
+        continuations: run_record_bytes) into the next slots and publishes
+        them together, with one store of the submission counter, so that
+        the worker never sees a Run in part.  The caller checked room()."""
+        tail = self.sq_tail
+        for k, rec in enumerate(records):
+            at = HEADER_SIZE + ((tail + k) & self.mask) * RECORD_SIZE
+            self.mem[at:at + RECORD_SIZE] = rec
+            self.continues[(tail + k) & self.mask] = tail if k else None
+        self.sq_tail = tail = (tail + len(records)) & 0xFFFFFFFF
+        ctr = self.ctr
+        ctr[SQ_TAIL] = tail
         fence = self._fence
         fence.acquire()
         fence.release()
@@ -282,6 +374,7 @@ class Ring:
                                               tensors, local, kept, bound, dtypes)
         if sleeping < 0:
             return False
+        self.continues[tail & self.mask] = None
         self.sq_tail = (tail + 1) & 0xFFFFFFFF
         if sleeping:
             self._wake()
@@ -349,19 +442,31 @@ class Ring:
             self.spin = min(self.spin * 2 + 1e-6, self.spin_max)
 
     def reap(self, timeout=None):
-        """The oldest outstanding completion: (tag, elapsed_us, error or None)."""
+        """The oldest outstanding completion: (tag, elapsed_us, error or
+        None, continued).  ``continued``: the completion of a Run's
+        continuation, which answers nothing of its own (the Run's record's
+        did, just before it); it must name the Run this side wrote it for,
+        else ProtocolError."""
         self._wait_one(timeout)
         head = self.cq_head
-        off = HEADER_SIZE + self.entries * RECORD_SIZE + (head & self.mask) * COMPLETION_SIZE
-        tag, status, error_len, elapsed_us, taken, launched, finished, published = _COMPLETION.unpack_from(self.mem,
-                                                                                                         off)
+        slot = head & self.mask
+        off = HEADER_SIZE + self.entries * RECORD_SIZE + slot * COMPLETION_SIZE
+        (tag, status, error_len, elapsed_us, run_head, taken, launched, finished,
+         published) = _COMPLETION.unpack_from(self.mem, off)
+        continues = self.continues[slot]
+        self.cq_head = (head + 1) & 0xFFFFFFFF
+        self.ctr[CQ_HEAD] = self.cq_head
+        if status == STATUS_CONTINUATION:
+            if continues is None or run_head != continues:
+                raise errors.ProtocolError(parameters={
+                    "message": f"completion {head} says it continues record {run_head}, which this client did "
+                               f"not write it for"})
+            return tag, None, None, True
         err = None
         if status:
             err = bytes(self.mem[off + _ERROR_AT:off + _ERROR_AT + min(error_len, ERROR_MAX - 1)])
         self.last_timing = (taken, launched, finished, published)
-        self.cq_head = head = (head + 1) & 0xFFFFFFFF
-        self.ctr[CQ_HEAD] = head
-        return tag, elapsed_us, err
+        return tag, elapsed_us, err, False
 
 
 def put_operand(layout, fields, op, index, name="operand"):

@@ -1,9 +1,10 @@
 """io.regen.Program against a real regend (host backend): a program defined
 once and run per step, its numbers against float64, what Define and Run
 refuse and how they name it, that a program is its process's alone, that
-its definition outlives a generation change, its limits, and 100 AdamW
-steps with device_lost faults injected at random points ending bit-identical
-to the same steps without faults."""
+its definition outlives a generation change, its limits; a Run over the
+lane's ring against the same over Varlink; and 100 AdamW steps with
+device_lost faults injected at random points ending bit-identical to the
+same steps without faults, on either transport."""
 
 import math
 import os
@@ -201,6 +202,203 @@ class ProgramTest(unittest.TestCase):
             self.c.drop_program(q)
 
 
+def wide_definition(pairs):
+    """y<i> = x<i> * a + tanh(x<i>) * b for each pair (f32 [16]): 2 * pairs
+    + 2 bound tensors, more than one ring record's worth."""
+    p = regen.ProgramBuilder("wide")
+    a, b = p.scalar("a"), p.scalar("b")
+    for i in range(pairs):
+        x, y = p.input(f"x{i}", "f32", (16,)), p.output(f"y{i}", "f32", (16,))
+        u, t, v = (p.intermediate(f"{n}{i}", "f32", (16,)) for n in "utv")
+        p.node("mul", [x, a], [u])
+        p.node("tanh", [x], [t])
+        p.node("mul", [t, b], [v])
+        p.node("add", [u, v], [y])
+    return p.definition()
+
+
+class RingRunTest(unittest.TestCase):
+    """A Run over the lane's ring against the same Run over Varlink: a
+    program of 142 bound tensors (a record and two continuations) gives the
+    same bits both ways and float64's numbers within f32's rounding; both
+    refuse alike; queued Runs; a Run naming more ids than the id table; and
+    another process cannot name the program through its own id table."""
+
+    PAIRS = 70
+    N = 16
+
+    def setUp(self):
+        self.rng = random.Random(self.id() + str(os.getpid()) + str(time.time()))
+        self.clients = {t: regen.Client(daemon.socket, timeout=60, transport=t) for t in ("ring", "varlink")}
+        self.tensors = []
+
+    def tearDown(self):
+        for c in self.clients.values():
+            c.close()
+        for t in self.tensors:
+            t.close()
+
+    def host(self, n, fill=True):
+        t = HostTensor((n,))
+        if fill:
+            t.write([self.rng.uniform(-3, 3) for _ in range(n)])
+        self.tensors.append(t)
+        return t
+
+    def bindings(self, c, xs, y):
+        """x<i> in xs[i % 3] and y<i> in y, each 64 bytes past the last."""
+        xb = [x.import_into(c, 0) for x in xs]
+        yb = y.import_into(c, 0)
+        bind = {}
+        for i in range(self.PAIRS):
+            bind[f"x{i}"] = (xb[i % 3], 64 * (i // 3))
+            bind[f"y{i}"] = (yb, 64 * i)
+        return bind
+
+    def expect(self, xs, y, a, b):
+        got = y.read()
+        x = [xs[i % 3].read()[16 * (i // 3):16 * (i // 3 + 1)] for i in range(self.PAIRS)]
+        for i in range(self.PAIRS):
+            for e in range(self.N):
+                want = x[i][e] * a + math.tanh(x[i][e]) * b
+                self.assertAlmostEqual(got[16 * i + e], want, delta=1e-6 * (1 + abs(want)), msg=f"y{i}[{e}]")
+
+    def test_many_bindings_alike_on_both_transports(self):
+        definition = wide_definition(self.PAIRS)
+        xs = [self.host(16 * ((self.PAIRS + 2) // 3)) for _ in range(3)]
+        ys = {t: self.host(16 * self.PAIRS, False) for t in self.clients}
+        a, b = self.rng.uniform(-2, 2), self.rng.uniform(-2, 2)
+        results = {}
+        for t, c in self.clients.items():
+            prog = c.define_program(0, definition)
+            self.assertEqual(len(prog.bound), 2 * self.PAIRS + 2)
+            c.run_program(prog, self.bindings(c, xs, ys[t]), {"a": a, "b": b})
+            self.assertEqual(c.lane_transport(0), t)
+            self.assertEqual(c.program_status(0, prog)[0]["runs"], 1)
+            results[t] = ys[t].read()
+            self.expect(xs, ys[t], a, b)
+        self.assertEqual(struct.pack(f"{len(results['ring'])}f", *results["ring"]),
+                         struct.pack(f"{len(results['varlink'])}f", *results["varlink"]),
+                         "the ring's Run and Varlink's differ")
+
+    def test_refusals_alike_on_both_transports(self):
+        definition = wide_definition(self.PAIRS)
+        xs = [self.host(16 * ((self.PAIRS + 2) // 3)) for _ in range(3)]
+        y = self.host(16 * self.PAIRS, False)
+        seen = {}
+        for t, c in self.clients.items():
+            prog = c.define_program(0, definition)
+            bind = self.bindings(c, xs, y)
+            cases = [
+                ({k: v for k, v in bind.items() if k != "y69"}, {"a": 1, "b": 1}, {}),     # y69 unbound
+                (bind, {"a": 1}, {}),                                                       # b missing
+                (dict(bind, y3=(bind["y3"][0], 2)), {"a": 1, "b": 1}, {}),                  # misaligned
+                (dict(bind, y5=(bind["y5"][0], 1 << 20)), {"a": 1, "b": 1}, {}),            # past the end
+                (bind, {"a": 1, "b": 1}, {"deadline_ms": 86400001}),                       # past a day
+                (dict(bind, nope=bind["x0"]), {"a": 1, "b": 1}, {}),                        # no such tensor
+                (bind, {"a": 1, "b": 1, "y0": 2}, {}),                                      # y0 is no scalar
+                (bind, {"a": 1, "b": 1}, {"seq": 3}),                                      # a seq, no journal
+            ]
+            for n, (bd, sc, extra) in enumerate(cases):
+                with self.assertRaises(regen.Error, msg=f"{t} case {n}") as e:
+                    c.run_program(prog, bd, sc, **extra)
+                params = dict(e.exception.parameters)
+                params.pop("message", None)
+                params.pop("reason", None)
+                seen.setdefault(n, {})[t] = (type(e.exception).__name__, params)
+        for n, by in seen.items():
+            self.assertEqual(by["ring"], by["varlink"], f"case {n}")
+        self.assertEqual(seen[0]["ring"], ("InvalidParameter", {"parameter": "bind.y69"}))
+        self.assertEqual(seen[2]["ring"][0], "InvalidOperand")
+
+    def test_status_counts_every_run_answered(self):
+        """A Run over the ring is answered in its completion before the
+        worker's loop counts it: Status, asked after the answer, counts it
+        all the same (it did not, now and then, under load)."""
+        c = self.clients["ring"]
+        p = regen.ProgramBuilder("count")
+        p.input("x", "f32", (4,))
+        p.output("y", "f32", (4,))
+        p.node("neg", ["x"], ["y"])
+        prog = c.define_program(0, p.definition())
+        x, y = self.host(4), self.host(4, False)
+        bind = {"x": (x.import_into(c, 0), 0), "y": (y.import_into(c, 0), 0)}
+        for n in range(1, 301):
+            c.run_program(prog, bind)
+            self.assertEqual(c.program_status(0, prog)[0]["runs"], n)
+
+    def test_queued_runs_answer_in_order(self):
+        c = self.clients["ring"]
+        prog = c.define_program(0, wide_definition(self.PAIRS))
+        xs = [self.host(16 * ((self.PAIRS + 2) // 3)) for _ in range(3)]
+        y = self.host(16 * self.PAIRS, False)
+        bind = self.bindings(c, xs, y)
+        tickets = [c.run_program(prog, bind, {"a": k, "b": 0.5}, wait=False) for k in range(1, 9)]
+        self.assertEqual(tickets, sorted(tickets))
+        self.assertEqual(tickets[1] - tickets[0], 3, "a Run of three records takes three tickets")
+        c.wait(0)
+        self.expect(xs, y, 8, 0.5)
+        # One refused among them: the wait names it; the rest ran.
+        for k in range(1, 5):
+            c.run_program(prog, bind if k != 2 else {n: v for n, v in bind.items() if n != "y0"}, {"a": k, "b": 1},
+                          wait=False)
+        with self.assertRaises(regen.InvalidParameter) as e:
+            c.wait(0)
+        self.assertEqual(e.exception.parameters["parameter"], "bind.y0")
+        self.expect(xs, y, 4, 1)
+
+    def test_a_run_past_the_id_table_goes_as_a_call(self):
+        """A lane whose table holds four ids, a Run that names five (its
+        program, three buffers of x, one of y): it cannot go on the ring and
+        goes as a Varlink call after what the ring holds; the lane stays on
+        the ring."""
+        c = self.clients["ring"]
+        prog = c.define_program(0, wide_definition(self.PAIRS))
+        xs = [self.host(16 * ((self.PAIRS + 2) // 3)) for _ in range(3)]
+        y = self.host(16 * self.PAIRS, False)
+        bind = self.bindings(c, xs, y)
+        c.run_program(prog, bind, {"a": 1, "b": 1})
+        c._lanes[0].ring.nids = 4
+        c.run_program(prog, bind, {"a": 2, "b": 3})
+        self.expect(xs, y, 2, 3)
+        self.assertEqual(c.lane_transport(0), "ring")
+        self.assertEqual(c.program_status(0, prog)[0]["runs"], 2)
+
+    def test_another_process_cannot_name_the_program(self):
+        c = self.clients["ring"]
+        p = regen.ProgramBuilder("mine")
+        p.input("x", "f32", (4,))
+        p.output("y", "f32", (4,))
+        p.node("exp", ["x"], ["y"])
+        prog = c.define_program(0, p.definition())
+        x, y = self.host(4), self.host(4, False)
+        c.run_program(prog, {"x": (x.import_into(c, 0), 0), "y": (y.import_into(c, 0), 0)})
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                other = regen.Client(daemon.socket, timeout=30, transport="ring")
+                bx, by = x.import_into(other, 0), y.import_into(other, 0)
+                try:
+                    other.run_program(prog, {"x": (bx, 0), "y": (by, 0)})
+                except regen.NoSuchObject as e:
+                    if e.parameters.get("id") == prog.id and other.lane_transport(0) == "ring":
+                        try:
+                            other.call("io.regen.Lane.Bind", {"index": 0, "ids": [prog.id]}, device=0)
+                        except regen.NoSuchObject:
+                            code = 0
+            finally:
+                os.write(w, bytes([code]))
+                os._exit(0)
+        os.waitpid(pid, 0)
+        self.assertEqual(os.read(r, 1), b"\0", "another process named this process's program on its ring")
+        os.close(r)
+        os.close(w)
+        c.run_program(prog, {"x": (x.import_into(c, 0), 0), "y": (y.import_into(c, 0), 0)})
+        self.assertEqual(c.program_status(0, prog)[0]["runs"], 2)
+
+
 def adamw_definition(shapes):
     p = regen.ProgramBuilder("adamw")
     step, lr = p.scalar("step"), p.scalar("lr")
@@ -211,10 +409,13 @@ def adamw_definition(shapes):
     return p.definition()
 
 
-class ExactlyOnceTest(unittest.TestCase):
+class ExactlyOnce:
     """100 AdamW steps through one program with a journal, device_lost
     injected at random points of random steps, end bit-identical to the
-    same 100 steps without a fault."""
+    same 100 steps without a fault: over the lane's ring and over Varlink
+    (TRANSPORT)."""
+
+    TRANSPORT = None
 
     SHAPES = [(256, 256), (256,), (512, 128)]
     STEPS = 100
@@ -224,7 +425,7 @@ class ExactlyOnceTest(unittest.TestCase):
     BLOBS = 5
 
     def train(self, faults):
-        c = regen.Client(daemon.socket, timeout=60)
+        c = regen.Client(daemon.socket, timeout=60, transport=self.TRANSPORT)
         rng = random.Random(7)
         state = {}
         for i, s in enumerate(self.SHAPES):
@@ -283,6 +484,7 @@ class ExactlyOnceTest(unittest.TestCase):
             stop.set()
             if th:
                 th.join()
+        self.assertEqual(c.lane_transport(0), self.TRANSPORT, "the Runs' transport")
         out = {n: t.read() for n, t in state.items() if not n.startswith("g")}
         st = c.program_status(0, prog)[0]
         c.close()
@@ -307,6 +509,14 @@ class ExactlyOnceTest(unittest.TestCase):
             differ = sum(1 for i in range(0, len(a), 4) if a[i:i + 4] != b[i:i + 4])
             self.assertEqual(differ, 0, f"{name}: {differ} elements differ after {injected} faults "
                                         f"({st['retries_restored']} retries restored the journal)")
+
+
+class ExactlyOnceRingTest(ExactlyOnce, unittest.TestCase):
+    TRANSPORT = "ring"
+
+
+class ExactlyOnceVarlinkTest(ExactlyOnce, unittest.TestCase):
+    TRANSPORT = "varlink"
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ class RingRecords(unittest.TestCase):
         so no doorbell is rung)."""
         r = ring.Ring.__new__(ring.Ring)
         r.mem, r.ctr, r.entries, r.mask, r.sq_tail = mem, ring.counters(mem), 4, 3, 0
-        r._fence, r.bell = threading.Lock(), None
+        r._fence, r.bell, r.continues = threading.Lock(), None, [None] * 4
         return r
 
     def test_full_counts_across_the_counters_wrap(self):
@@ -210,6 +210,59 @@ class RingRecords(unittest.TestCase):
         self.assertEqual((layout, fields), ([3], [6, 2, 3, 16, 2, 3, 4, 12, 4, 1]))
         r.ctr.release()
         mem.close()
+
+
+class RunRecords(unittest.TestCase):
+    """A program Run's records (regen.ring.run_record_bytes) are the bytes
+    proto/ring.h lays out: packed field by field here, and written by the
+    C encoder (rp_ring_encode_run, printed by tests/unit/ring_run_json of
+    the build)."""
+
+    RUN = struct.Struct("<QHHHHIIIIIHHQQQ")
+    CONTINUATION = struct.Struct("<QHHI")
+    BINDING = struct.Struct("<IIQ")
+    SCALAR = struct.Struct("<IId")
+
+    def canonical(self):
+        """ring_run_json.c's Run, in regen.ring's terms."""
+        bindings = [(i, i % 3, 64 * i) for i in range(130)]
+        scalars = [(130, 0.5), (131, -2.25), (132, 1e300)]
+        return ring.run_record_bytes(1000, 4294967294, ring.RUN_RETRY, 5, ring.NONE, 250, 7, 4, 4096, 17, bindings,
+                                     scalars)
+
+    def test_records_are_laid_out_field_by_field(self):
+        records = self.canonical()
+        self.assertEqual([len(r) for r in records], [ring.RECORD_SIZE] * 3)
+        entries = [self.BINDING.pack(i, i % 3, 64 * i) for i in range(130)]
+        entries += [self.SCALAR.pack(130 + k, 0, v) for k, v in enumerate((0.5, -2.25, 1e300))]
+        want = [self.RUN.pack(1000, 6, 1, 2, 0, 5, ring.NONE, 250, 7, 4, 130, 3, 4096, 17, 0) + b"".join(entries[:60])]
+        want.append(self.CONTINUATION.pack(1001, 0xFFFF, 1, 4294967294) + b"".join(entries[60:123]))
+        want.append(self.CONTINUATION.pack(1002, 0xFFFF, 2, 4294967294) + b"".join(entries[123:]))
+        for k, (got, w) in enumerate(zip(records, want)):
+            self.assertEqual(got, w + bytes(ring.RECORD_SIZE - len(w)), f"record {k}")
+        self.assertEqual(ring.run_records(60), 1)
+        self.assertEqual(ring.run_records(61), 2)
+        self.assertEqual(ring.run_records(124), 3)
+        self.assertEqual(ring.run_records(ring.BOUND_MAX), ring.CONTINUATIONS_MAX + 1)
+
+    def test_records_are_the_c_encoders(self):
+        import json
+        import subprocess
+        root = os.environ.get("REGEN_BUILD_ROOT")
+        exe = os.path.join(root, "tests", "unit", "ring_run_json") if root else None
+        if not exe or not os.access(exe, os.X_OK):
+            raise unittest.SkipTest("no built tests/unit/ring_run_json (set REGEN_BUILD_ROOT)")
+        c = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
+        self.assertEqual((c["version"], c["record_size"], c["run_entries"], c["continuation_entries"],
+                          c["continuations_max"], c["op_program"], c["op_continuation"], c["error_max"]),
+                         (ring.VERSION, ring.RECORD_SIZE, ring.RUN_ENTRIES, ring.CONTINUATION_ENTRIES,
+                          ring.CONTINUATIONS_MAX, ring.OP_PROGRAM, ring.OP_CONTINUATION, ring.ERROR_MAX))
+        # Where the completion's head and stage times lie, as the reader
+        # unpacks them.
+        self.assertEqual(c["completion_head"], ring._ERROR_AT + ring.ERROR_MAX)
+        self.assertEqual(c["completion_timing"], ring._COMPLETION.size - 32)
+        self.assertEqual(ring._COMPLETION.size, ring.COMPLETION_SIZE)
+        self.assertEqual([r.hex() for r in self.canonical()], c["records"])
 
 
 class IpcHandles(unittest.TestCase):
