@@ -763,7 +763,7 @@ static int compare_bound_names(const void *a, const void *b, void *program)
 	return strcmp(p->tensors[p->bind[*(const int *)a]].name, p->tensors[p->bind[*(const int *)b]].name);
 }
 
-static void sort_bound_by_name(struct rp_program *p)
+void rp_program_index_bound(struct rp_program *p)
 {
 	for (int i = 0; i < p->nbound; i++) {
 		p->bound_by_name[i] = i;
@@ -817,7 +817,7 @@ static int parse(struct rp_prog_builder *b, const cJSON *params)
 	if ((r = rp_prog_check(b)) < 0) {
 		return r;
 	}
-	sort_bound_by_name(p);
+	rp_program_index_bound(p);
 	p->definition = cJSON_Duplicate(params, true);
 	return p->definition ? 0 : -ENOMEM;
 }

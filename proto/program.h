@@ -213,7 +213,8 @@ struct rp_program {
 	int bind[RP_PROG_BOUND_MAX];
 	int nbound;
 	/* The same bound indexes, sorted by their tensors' names: a Run names
-	 * up to RP_PROG_BOUND_MAX tensors, each found by a binary search. */
+	 * up to RP_PROG_BOUND_MAX tensors, each found by a binary search.
+	 * Made by rp_program_index_bound (parse calls it). */
 	int bound_by_name[RP_PROG_BOUND_MAX];
 	/* Whether any node writes an inout tensor (the optimizer): a Run
 	 * retried after a fault must then not apply it twice. */
@@ -252,6 +253,9 @@ const struct rp_prog_op *rp_prog_op_find(const char *name);
  * cos, sin) -> (out); adamw (param, grad, exp_avg, exp_avg_sq) -> ();
  * sgd (param, grad, momentum_buffer?) -> (). */
 int rp_program_parse(const cJSON *params, struct rp_program *p, struct rp_error *err);
+/* Sorts bound_by_name from bind[] and the tensors' names: for a program
+ * made or changed other than by rp_program_parse. */
+void rp_program_index_bound(struct rp_program *p);
 void rp_program_finish(struct rp_program *p);
 
 /* Bytes a tensor's dtype takes; 8 for scalars (f64). */

@@ -275,6 +275,7 @@ void pb_finish(struct pb *b)
 		if (t->kind == RP_PT_INTERMEDIATE)
 			p->intermediate_bytes += t->extent_bytes;
 	}
+	rp_program_index_bound(p);
 	for (int i = 0; i < p->nnodes; i++) {
 		const struct rp_prog_node *n = &b->nodes[i];
 		for (int k = 0; k < n->nin; k++) {

@@ -245,6 +245,7 @@ START_TEST(every_size_round_trips)
 		prog.bind[n - 1] = prog.bind[LR];
 		s.scalars[0].bound = n - 1;
 		prog.nbound = (int)n;
+		rp_program_index_bound(&prog);
 		s.call.journal = RP_RING_NONE;
 		s.call.journal_offset = s.call.seq = 0;
 		s.call.retry = false;
@@ -258,6 +259,7 @@ START_TEST(every_size_round_trips)
 		rp_program_run_finish(&run);
 		prog.nbound = saved;
 		prog.bind[n - 1] = saved_bind;
+		rp_program_index_bound(&prog);
 	}
 }
 END_TEST
