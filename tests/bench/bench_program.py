@@ -63,6 +63,19 @@ def timed(fn, iters):
     return (time.perf_counter() - t0) / iters
 
 
+def timed_program(client, queue, iters):
+    """Seconds per Run of Runs queued back to back (the rank goes on while
+    they run, as it does with a graph's replay), the last one's end
+    included."""
+    queue()
+    client.wait(0)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        queue()
+    client.wait(0)
+    return (time.perf_counter() - t0) / iters
+
+
 def block_case(client, D):
     B, S, H = BATCH, SEQ, D // 128
     torch.manual_seed(D)
@@ -106,6 +119,9 @@ def block_case(client, D):
     def run():
         client.run_program(prog, bind)
 
+    def run_queued():
+        client.run_program(prog, bind, wait=False)
+
     for _ in range(4):   # eager Runs, then the capture
         run()
     # Numbers first: the program against the in-process graph's.
@@ -124,8 +140,9 @@ def block_case(client, D):
         t_eager = timed(step, ITERS)
         t_graph = timed(graph.replay, ITERS)
         t_compile = timed(step_compiled, ITERS)
-        t_prog = timed(run, ITERS)
-        rows.append((t_eager, t_graph, t_compile, t_prog))
+        t_prog = timed_program(client, run_queued, ITERS)
+        t_blocking = timed(run, ITERS)
+        rows.append((t_eager, t_graph, t_compile, t_prog, t_blocking))
     st = client.program_status(0, prog)[0]
     client.drop_program(prog)
     return {"D": D, "B": B, "S": S, "H": H, "rows": rows, "worst_rel_err": worst, "status": st}
@@ -154,8 +171,14 @@ def launch_cost(client):
             client.run_program(prog, {"x": x, "y": y})
         after = client.program_status(0, prog)[0]
         runs = after["runs"] - before["runs"]
+        # The client's CPU per queued Run (its Python and the ring record).
+        c0 = time.process_time()
+        for _ in range(500):
+            client.run_program(prog, {"x": x, "y": y}, wait=False)
+        client_us = (time.process_time() - c0) / 500 * 1e6
+        client.wait(0)
         out.append({"nodes": n, "launch_us": (after["launch_us"] - before["launch_us"]) / runs,
-                    "kernels": after["kernels"], "graph_launches": after["graph_launches"]})
+                    "client_us": client_us, "kernels": after["kernels"], "graph_launches": after["graph_launches"]})
         client.drop_program(prog)
     return out
 
@@ -168,10 +191,7 @@ def bandwidth(client):
     for _ in range(4):
         client.run_program(prog, {"x": x, "y": y})
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        client.run_program(prog, {"x": x, "y": y})
-    t_prog = (time.perf_counter() - t0) / 10
+    t_prog = timed_program(client, lambda: client.run_program(prog, {"x": x, "y": y}, wait=False), 10)
     t_copy = timed(lambda: y.copy_(x), 10)
     st = client.program_status(0, prog)[0]
     client.drop_program(prog)
@@ -195,15 +215,17 @@ def main():
     print(f"card: {results['card']}")
     table = []
     for b in results["blocks"]:
-        med = [statistics.median(r[i] for r in b["rows"]) * 1e3 for i in range(4)]
+        med = [statistics.median(r[i] for r in b["rows"]) * 1e3 for i in range(5)]
         ratios = [r[1] / r[3] for r in b["rows"]]
         table.append([f"d{b['D']} B{b['B']} S{b['S']}", f"{med[0]:.3f}", f"{med[1]:.3f}", f"{med[2]:.3f}",
-                      f"{med[3]:.3f}", " ".join(f"{x:.3f}" for x in ratios), f"{b['worst_rel_err']:.2e}",
-                      f"{b['status']['graph_launches']}/{b['status']['runs']}"])
-    print(markdown_table(["block fwd+bwd", "eager ms", "graph ms", "compile ms", "regend ms",
-                          "graph/regend per round", "max rel err", "graph Runs"], table))
-    print(markdown_table(["nodes", "launch µs per Run", "kernels", "graph launches"],
-                         [[x["nodes"], f"{x['launch_us']:.1f}", x["kernels"], x["graph_launches"]]
+                      f"{med[3]:.3f}", f"{med[4]:.3f}", " ".join(f"{x:.3f}" for x in ratios),
+                      f"{b['worst_rel_err']:.2e}", f"{b['status']['graph_launches']}/{b['status']['runs']}"])
+    print(markdown_table(["block fwd+bwd", "eager ms", "graph ms", "compile ms", "regend ms (queued)",
+                          "regend ms (blocking)", "graph/regend per round", "max rel err", "graph Runs"], table))
+    print(markdown_table(["nodes", "worker launch µs per Run", "client CPU µs per queued Run", "kernels",
+                          "graph launches"],
+                         [[x["nodes"], f"{x['launch_us']:.1f}", f"{x['client_us']:.1f}", x["kernels"],
+                           x["graph_launches"]]
                           for x in results["launch"]]))
     bw = results["bandwidth"]
     print(f"fused chain of 8 pointwise ops, 1 GiB in and out: {bw['program_GBps']:.0f} GB/s; torch copy "
