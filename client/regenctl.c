@@ -30,6 +30,7 @@ enum {
 	EXIT_DEGRADED = 6,
 	EXIT_FAULTED = 7,
 	EXIT_FAILED = 8,
+	EXIT_UNSUPPORTED = 9,
 };
 
 #define DEFAULT_TIMEOUT_S 60.0
@@ -102,8 +103,8 @@ static const struct command commands[] = {
 	  OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_DEADLINE, true, VERB_DETACH },
 	{ "attach", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]", "bring detached devices back, new generation",
 	  LIFECYCLE_OPTS, true, VERB_ATTACH },
-	{ "health", cmd_health, "", "exit 0 when every device is ready, else 6 degraded, 7 faulted, 8 failed", 0, false,
-	  VERB_NONE },
+	{ "health", cmd_health, "", "exit 0 when every device is ready, else 6 degraded, 7 faulted, 8 failed, "
+	  "9 unsupported", 0, false, VERB_NONE },
 	{ "metrics", cmd_metrics, "", "Prometheus text format (node_exporter's textfile collector)", 0, false,
 	  VERB_NONE },
 	{ "call", NULL, "METHOD [JSON] [--more]", "one raw Varlink call on regend's socket; prints each reply", OPT_MORE,
@@ -199,7 +200,10 @@ static void usage(FILE *f)
 		"     or its GPU waits for a reset (retired pages or remapped rows pending)\n"
 		"  7  faulted: a device faulted or its worker is unresponsive\n"
 		"  8  failed: a device failed (needs a GPU reset or fell off the bus), or a row\n"
-		"     remapping failed\n",
+		"     remapping failed\n"
+		"  9  unsupported: the node's software cannot drive a device (the NVIDIA driver is\n"
+		"     missing or too old for the CUDA runtime, the GPU is older than regen\n"
+		"     supports, the CUDA backend is not installed): status names what to install\n",
 		REGEN_DEFAULT_SOCKET);
 }
 
@@ -956,6 +960,9 @@ static int device_verdict(const struct regen_device_info *d)
 {
 	const char *s = d->state;
 
+	if (strcmp(s, "unsupported") == 0) {
+		return EXIT_UNSUPPORTED;
+	}
 	if (strcmp(s, "failed") == 0 || (REGEN_HAS_FIELD(d, remap_failed) && d->has_health && d->remap_failed == 1)) {
 		return EXIT_FAILED;
 	}
@@ -980,6 +987,8 @@ static const char *verdict_name(int v)
 		return "faulted";
 	case EXIT_FAILED:
 		return "failed";
+	case EXIT_UNSUPPORTED:
+		return "unsupported";
 	}
 	return "unreachable";
 }

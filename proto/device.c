@@ -10,6 +10,7 @@
 
 static const char *const state_names[] = {
 	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
+	"unsupported",
 };
 
 const char *rp_state_name(enum rp_state state)

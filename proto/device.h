@@ -38,6 +38,7 @@ enum rp_state {
 	RP_STATE_UNRESPONSIVE,  /* the worker answers no heartbeat: it is killed and respawned */
 	RP_STATE_FAILED,        /* the GPU needs a reset or fell off the bus: no worker until a later try */
 	RP_STATE_DETACHED,      /* an admin took it out (Detach): no worker, no handle, until Attach */
+	RP_STATE_UNSUPPORTED,   /* the node's software cannot drive it (driver, CUDA backend): no worker until a later try */
 	RP_STATE_COUNT,
 };
 

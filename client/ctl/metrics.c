@@ -7,6 +7,7 @@
  * state, 1 for the one it is in, so that a query need not know them. */
 static const char *const states[] = {
 	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
+	"unsupported",
 };
 
 /* A label value as the format wants it: backslash, double quote and line

@@ -261,7 +261,10 @@ void rd_health_unknown(struct rd_health *h);
 struct rd_backend_ops {
 	const char *name;
 	/* Once per worker process, before any other op. Registers the device-level
-	 * resources. 0 or -errno with err set. */
+	 * resources. 0 or -errno with err set. -ENOTSUP: the node's software
+	 * cannot drive the device (a driver missing or older than the runtime,
+	 * a GPU older than regen supports), which err's message names: the
+	 * device is unsupported, not failed. */
 	int (*open)(struct rd_device *dev, struct rp_error *err);
 	/* Process exit: release everything still held. */
 	void (*close)(struct rd_device *dev);

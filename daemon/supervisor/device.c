@@ -185,8 +185,12 @@ static void take_health(struct rd_sv_device *d, const cJSON *health)
 	h->known = true;
 	snprintf(h->source, sizeof(h->source), "%s", in.source);
 	snprintf(h->detail, sizeof(h->detail), "%s", in.detail);
-	snprintf(h->uuid, sizeof(h->uuid), "%s", in.uuid);
-	snprintf(h->pci_bus_id, sizeof(h->pci_bus_id), "%s", in.pci_bus_id);
+	/* A worker that could not open the GPU does not know it: the one
+	 * before it did, and the GPU is still the same. */
+	if (in.uuid[0] || !h->uuid[0])
+		snprintf(h->uuid, sizeof(h->uuid), "%s", in.uuid);
+	if (in.pci_bus_id[0] || !h->pci_bus_id[0])
+		snprintf(h->pci_bus_id, sizeof(h->pci_bus_id), "%s", in.pci_bus_id);
 	/* A new worker has seen no XID yet: the last one stays known. */
 	if (in.last_xid) {
 		h->last_xid = in.last_xid;
@@ -551,7 +555,7 @@ static void on_heartbeat(uv_timer_t *t)
 	forgive_own_lateness(d, now, uv_timer_get_repeat(t));
 	uint64_t silent_ms = (now - d->last_answer_ns) / 1000000u;
 	if (!d->worker.ctl || d->state == RP_STATE_UNRESPONSIVE || d->state == RP_STATE_FAILED ||
-	    d->state == RP_STATE_RESPAWNING)
+	    d->state == RP_STATE_UNSUPPORTED || d->state == RP_STATE_RESPAWNING)
 		return;
 	/* heartbeat_ms changed (SIGHUP): the timer goes at the new pace from
 	 * now and the silence is counted afresh. The verdict below holds the
@@ -648,20 +652,22 @@ static unsigned failed_backoff_ms(const struct rd_sv_device *d)
 	return ms > 86400000u ? 86400000u : (unsigned)ms;
 }
 
-/* The GPU needs a reset or is gone: no worker helps now. The device says
- * so (state failed, with why and when the next try comes), every queued
- * request ends, the worker goes, and the next one starts after a pause
- * that doubles with each failure in a row: no respawn loop onto a GPU that
- * is not there. */
-static void fail(struct rd_sv_device *d, const char *what)
+/* The GPU needs a reset or is gone (state failed), or the node's software
+ * cannot drive it (unsupported: the driver, the CUDA backend): no worker
+ * helps now. The device says so (the state, with why and when the next
+ * try comes), every queued request ends, the worker goes, and the next one
+ * starts after a pause that doubles with each failure in a row: no
+ * respawn loop onto a GPU that is not there, or that nothing here can
+ * drive until the driver or the packages change. */
+static void fail_as(struct rd_sv_device *d, enum rp_state state, const char *what)
 {
-	char why[192];
+	char why[RD_SV_REASON_MAX];
 	unsigned backoff;
 	struct rd_sv_op *op;
 
 	d->failed_streak++;
 	backoff = failed_backoff_ms(d);
-	snprintf(why, sizeof(why), "failed: %.140s (next try in %u ms)", what, backoff);
+	snprintf(why, sizeof(why), "%s: %.260s (next try in %u ms)", rp_state_name(state), what, backoff);
 	rd_err("lifecycle", d->index, d->generation, 0, "%s", why);
 	uv_timer_stop(&d->timer);
 	while ((op = d->ops)) {
@@ -670,7 +676,8 @@ static void fail(struct rd_sv_device *d, const char *what)
 			events(d)->request_finished(d, op->request, why, d->env->data);
 		free(op);
 	}
-	transition(d, RP_STATE_FAILED, d->state != RP_STATE_RESPAWNING && d->state != RP_STATE_FAILED, why);
+	transition(d, state,
+		   d->state != RP_STATE_RESPAWNING && d->state != RP_STATE_FAILED && d->state != RP_STATE_UNSUPPORTED, why);
 	uv_timer_stop(&d->heartbeat_timer);
 	if (rd_sv_worker_running(&d->worker))
 		kill_worker(d, why);    /* its exit starts the pause */
@@ -679,13 +686,18 @@ static void fail(struct rd_sv_device *d, const char *what)
 	start_settled(d);
 }
 
+static void fail(struct rd_sv_device *d, const char *what)
+{
+	fail_as(d, RP_STATE_FAILED, what);
+}
+
 static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health)
 {
 	struct rd_sv_device *d = data;
 	char why[192];
 
 	take_health(d, health);
-	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNRESPONSIVE)
+	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNSUPPORTED || d->state == RP_STATE_UNRESPONSIVE)
 		return;    /* the worker is on its way out */
 	d->counters.faults++;
 	if (kind == RD_SV_FAULT_FAILED) {
@@ -714,15 +726,27 @@ static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *rea
 	}
 }
 
-static void on_worker_exited(void *data, const char *why, bool device_failed)
+/* Kept until the worker's exit, which says the same in its status. */
+static void on_worker_cannot_serve(void *data, enum rd_sv_exit how, const char *reason, const cJSON *health)
 {
 	struct rd_sv_device *d = data;
+
+	take_health(d, health);
+	snprintf(d->cannot_serve, sizeof(d->cannot_serve), "%s", reason);
+}
+
+static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
+{
+	struct rd_sv_device *d = data;
+	char cannot_serve[sizeof(d->cannot_serve)];
 	unsigned backoff;
 
 	uv_timer_stop(&d->heartbeat_timer);
 	uv_timer_stop(&d->start_timer);
 	d->ping_outstanding = false;
 	fold_worker_counts(d);
+	snprintf(cannot_serve, sizeof(cannot_serve), "%s", d->cannot_serve);
+	d->cannot_serve[0] = '\0';
 	if (*d->env->stopping)
 		return;
 	/* Killed at its start deadline: that, not the signal, is why. */
@@ -743,13 +767,18 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 		return;
 	}
 	rd_warn("lifecycle", d->index, d->generation, 0, "%s", why);
-	if (d->state == RP_STATE_FAILED) {
-		/* Killed by fail(): the pause starts now. */
+	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNSUPPORTED) {
+		/* Killed by fail_as(): the pause starts now. */
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, failed_backoff_ms(d), 0);
 		return;
 	}
-	if (device_failed) {
-		fail(d, "the worker cannot open the device (its log says why)");
+	if (how == RD_SV_EXIT_UNSUPPORTED) {
+		fail_as(d, RP_STATE_UNSUPPORTED,
+			cannot_serve[0] ? cannot_serve : "the worker cannot drive the device (its log says why)");
+		return;
+	}
+	if (how == RD_SV_EXIT_DEVICE_FAILED) {
+		fail(d, cannot_serve[0] ? cannot_serve : "the worker cannot open the device (its log says why)");
 		return;
 	}
 	/* A worker found unresponsive, or replaced for a hang, keeps that as
@@ -789,7 +818,12 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	start_settled(d);
 }
 
-static const struct rd_sv_worker_events worker_events = { on_worker_ready, on_worker_faulted, on_worker_exited };
+static const struct rd_sv_worker_events worker_events = {
+	.ready = on_worker_ready,
+	.faulted = on_worker_faulted,
+	.exited = on_worker_exited,
+	.cannot_serve = on_worker_cannot_serve,
+};
 
 /* A worker that hangs in its start (a driver that never answers its
  * init) would hold the device, and READY=1 with it, for ever: past the

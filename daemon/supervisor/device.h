@@ -123,6 +123,7 @@ struct rd_sv_device {
 	uint64_t last_tick_ns;         /* the heartbeat's last tick */
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
+	char cannot_serve[RD_SV_REASON_MAX - 64]; /* why the running worker will exit unserved, as it said */
 	struct rd_sv_health health;
 	struct rd_sv_sharing sharing;
 	/* io.regen.Device.Counters: the lifecycle counts are the supervisor's;

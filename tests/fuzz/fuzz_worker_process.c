@@ -228,5 +228,5 @@ void fz_worker_exit(struct fz_worker *fw, int signal, bool device_failed)
 		snprintf(why, sizeof(why), "worker exited (signal %d)", signal);
 	else
 		snprintf(why, sizeof(why), "worker exited (status %d)", device_failed ? RD_WORKER_EXIT_DEVICE_FAILED : 1);
-	fw->w->events->exited(fw->w->data, why, device_failed);
+	fw->w->events->exited(fw->w->data, why, device_failed ? RD_SV_EXIT_DEVICE_FAILED : RD_SV_EXIT_OTHER);
 }

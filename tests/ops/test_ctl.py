@@ -6,7 +6,7 @@ metrics, restart --wait's progress and its --timeout.
 - call METHOD [JSON] prints each reply, follows `more`, names errors, and
   exits as the other commands do;
 - health's exit status alone says the node's state (0 ok, 6 degraded, 7
-  faulted, 8 failed, 5 unreachable), for every state a regend can report
+  faulted, 8 failed, 9 unsupported, 5 unreachable), for every state a regend can report
   (a scripted regend answers with each), and on a real regend: ready, a
   device draining, a GPU that fell off the bus;
 - metrics prints Prometheus text exposition format, parsed here line by
@@ -133,6 +133,7 @@ def test_health_scripted(regenctl, d):
         ([device(0, "unresponsive")], 7, "faulted"),
         ([device(0, "failed"), device(1, "faulted")], 8, "failed"),
         ([device(0, "ready", {"remap_failed": True})], 8, "failed"),
+        ([device(0, "unsupported"), device(1, "failed")], 9, "unsupported"),
     ]
     for i, (devices, want, word) in enumerate(cases):
         # A path of its own per case: a listener of an earlier case, still
@@ -151,7 +152,7 @@ def test_health_scripted(regenctl, d):
             os.unlink(path)
     rc, out, err = run(regenctl, None, "--socket", path, "health")
     check(rc == 5, "health without regend: exit %d" % rc)
-    log("health: %d scripted cases and no regend: exit 0, 6, 7, 8, 5" % len(cases))
+    log("health: %d scripted cases and no regend: exit 0, 6, 7, 8, 9, 5" % len(cases))
 
 
 def gemms(d, dev_index, count, job=None):

@@ -37,9 +37,10 @@ START_TEST(state_names)
 	/* The IDL's order: io.regen.Device.State. */
 	static const char *const idl[] = {
 		"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
+		"unsupported",
 	};
 
-	ck_assert_int_eq(RP_STATE_COUNT, 9);
+	ck_assert_int_eq(RP_STATE_COUNT, 10);
 	for (int i = 0; i < RP_STATE_COUNT; i++) {
 		ck_assert_str_eq(rp_state_name((enum rp_state)i), idl[i]);
 		ck_assert_int_eq(rp_state_from_name(idl[i]), i);
