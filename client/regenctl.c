@@ -376,7 +376,11 @@ static int cmd_status(regen_client *c, const struct command *cmd, const struct o
 		snprintf(row[1], 128, "%llu", (unsigned long long)d->generation);
 		snprintf(row[2], 128, "%s", d->state[0] ? d->state : "-");
 		snprintf(row[3], 128, "%s", d->backend[0] ? d->backend : "-");
-		snprintf(row[4], 128, "%lld", (long long)d->worker_pid);
+		/* No worker runs (detached, failed, between two): "-". */
+		if (d->worker_pid > 0)
+			snprintf(row[4], 128, "%lld", (long long)d->worker_pid);
+		else
+			snprintf(row[4], 128, "-");
 		snprintf(row[5], 128, "%llu", (unsigned long long)d->respawns);
 		snprintf(row[6], 128, "%llu", (unsigned long long)d->memory_used);
 		snprintf(row[7], 128, "%llu", (unsigned long long)d->memory_baseline);

@@ -1074,7 +1074,10 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 		.state = d->state,
 		.backend = d->backend,
 		.worker_socket = d->worker_socket,
-		.worker_pid = d->worker.pid,
+		/* A worker that exited is no worker of the device's: a detached,
+		 * failed or respawning device names none (its pid may be another
+		 * process's by now). */
+		.worker_pid = rd_sv_worker_running(&d->worker) ? d->worker.pid : 0,
 		.respawns = d->respawns,
 		.memory_used = d->memory_used,
 		.memory_baseline = d->memory_baseline,

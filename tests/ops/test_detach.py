@@ -103,6 +103,11 @@ def main():
         check(s["state"] == "detached" and s["generation"] == gen + 1 and "nvidia-smi -r" in s["reason"],
               "Status after detach: %s" % s)
         check(not pid_alive(before[1]), "device 1's worker %d still runs" % before[1])
+        # No worker runs: Status names none, not the one that exited.
+        check(s["worker_pid"] == 0, "Status after detach names worker %d, which exited" % s["worker_pid"])
+        rc, out, err = run(regenctl, d, "status")
+        row = [l.split() for l in out.splitlines() if l.split()[:1] == ["1"]]
+        check(rc == 0 and row and row[0][4] == "-", "regenctl status shows a worker of the detached device: %s" % out)
         check(sorted(workers(d)) == [0, 2], "worker processes after detach: %s" % workers(d))
         seen = []
         while not seen or seen[-1] != ("detached", 1):

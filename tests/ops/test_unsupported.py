@@ -39,6 +39,7 @@ def check_unsupported(regenctl, d, dev, words):
     for w in words:
         check(w in dev["reason"], "the reason does not say %r: %r" % (w, dev["reason"]))
     check("its log says why" not in dev["reason"], "the reason sends the reader to the log: %r" % dev["reason"])
+    check(dev["worker_pid"] == 0, "Status names worker %d, which exited" % dev["worker_pid"])
     check(isinstance(dev.get("health"), dict) and dev["health"].get("source") == "unavailable",
           "Status has no health object for it: %r" % dev)
     rc, out, err = run(regenctl, d, "health")
