@@ -62,6 +62,7 @@ struct opts {
 	long deadline_ms;
 	long count;
 	const char *kind;
+	long xid;                /* inject-fault xid's number */
 	const char *command;     /* its name, for messages */
 	const char *method, *params;   /* call's */
 };
@@ -111,12 +112,16 @@ static const struct command commands[] = {
 	  false, VERB_NONE },
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
 	  false, VERB_NONE },
-	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
-	  "KIND: crash, device_lost or hang; needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
+	{ "inject-fault", cmd_inject_fault, "[--device N] KIND [XID]",
+	  "KIND: crash, device_lost, hang, or xid with its number (the host backend reports it as NVML would); "
+	  "needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
-static const char *const fault_kinds[] = { "crash", "device_lost", "hang", NULL };
+/* io.regen.Device.InjectFault's kinds. */
+static const char *const fault_kinds[] = { "crash", "device_lost", "hang", "xid", NULL };
+/* The XIDs InjectFault takes (its `xid` parameter). */
+#define XID_MAX 65535
 
 /* The command-line spelling of each OPT_* bit, for usage errors. */
 static const char *option_name(unsigned bit)
@@ -944,14 +949,27 @@ static int cmd_watch(regen_client *c, const struct command *cmd, const struct op
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	int device = o->device < 0 ? 0 : o->device;
+	bool xid = strcmp(o->kind, "xid") == 0;
+	char params[96], *reply = NULL;
 	int r;
 
-	r = regen_inject_fault(c, device, o->kind);
+	/* libregen's regen_inject_fault has no XID: the call itself. */
+	if (xid) {
+		snprintf(params, sizeof(params), "{\"device\":%d,\"kind\":\"xid\",\"xid\":%ld}", device, o->xid);
+		r = regen_call(c, -1, "io.regen.Device.InjectFault", params, NULL, 0, &reply);
+		free(reply);
+	} else {
+		r = regen_inject_fault(c, device, o->kind);
+	}
 	if (r < 0) {
 		return fail(c, cmd->name, r);
 	}
-	if (o->json) {
+	if (o->json && xid) {
+		printf("{\"device\":%d,\"kind\":\"xid\",\"xid\":%ld}\n", device, o->xid);
+	} else if (o->json) {
 		printf("{\"device\":%d,\"kind\":\"%s\"}\n", device, o->kind);
+	} else if (xid) {
+		printf("device %d: injected XID %ld\n", device, o->xid);
 	} else {
 		printf("device %d: injected %s\n", device, o->kind);
 	}
@@ -1245,10 +1263,22 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 		o->params = npos == 2 ? positional[1] : NULL;
 		npos = 0;
 	}
-	/* inject-fault's KIND may come as its argument. */
-	if ((cmd->options & OPT_KIND) && npos == 1 && o->kind == NULL) {
+	/* inject-fault's KIND may come as its argument, and xid's number
+	 * after it. */
+	if ((cmd->options & OPT_KIND) && npos >= 1 && o->kind == NULL) {
 		o->kind = positional[0];
-		npos = 0;
+		positional++;
+		npos--;
+	}
+	if ((cmd->options & OPT_KIND) && o->kind != NULL && strcmp(o->kind, "xid") == 0) {
+		if (npos == 0) {
+			return usage_error("%s xid: which XID? e.g. 'regenctl inject-fault xid 79'", cmd->name);
+		}
+		if (!parse_long(positional[0], 1, &o->xid) || o->xid > XID_MAX) {
+			return usage_error("%s xid: not an XID (1 to %d): '%s'", cmd->name, XID_MAX, positional[0]);
+		}
+		positional++;
+		npos--;
 	}
 	if (npos > 0) {
 		return usage_error("unexpected argument '%s'", positional[0]);
@@ -1274,10 +1304,10 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 	}
 	if (cmd->options & OPT_KIND) {
 		if (o->kind == NULL) {
-			return usage_error("%s: which fault? crash, device_lost or hang", cmd->name);
+			return usage_error("%s: which fault? crash, device_lost, hang or xid N", cmd->name);
 		}
 		if (!known_fault(o->kind)) {
-			return usage_error("%s: unknown kind '%s' (crash, device_lost, hang)", cmd->name, o->kind);
+			return usage_error("%s: unknown kind '%s' (crash, device_lost, hang, xid N)", cmd->name, o->kind);
 		}
 	}
 	return EXIT_OK;

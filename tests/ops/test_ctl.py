@@ -11,7 +11,8 @@ metrics, restart --wait's progress and its --timeout.
   device draining, a GPU that fell off the bus;
 - metrics prints Prometheus text exposition format, parsed here line by
   line by the format's grammar, with numbers that follow what happened:
-  calls, their time, live imports, restarts, faults, the last XID, and per
+  calls, their time, live imports, restarts, faults, the last XID (injected
+  with `regenctl inject-fault xid 79`), and per
   job (the job a connection stated) its connections, imports and calls;
   a job string with a double quote, a backslash or a line feed (which no
   regend sends, but Status may come from anywhere) is escaped, not broken;
@@ -175,7 +176,13 @@ def test_metrics(regenctl, d):
     conn, fd, mm = gemms(d, 0, 5, job="train-7")
     # The next heartbeat carries the counts: Status asks the workers afresh.
     call(d.socket, "io.regen.Device.Restart", {"device": 1})
-    call(d.socket, "io.regen.Device.InjectFault", {"device": 2, "kind": "xid", "xid": 79})
+    # An XID as NVML would report it, from the command line (the IDL has
+    # the kind; regenctl refused it as unknown).
+    for bad in (["xid"], ["xid", "0"], ["xid", "65536"], ["xid", "79x"], ["crash", "79"]):
+        rc, out, err = run(regenctl, d, "inject-fault", "--device", "2", *bad)
+        check(rc == 2, "inject-fault %s: exit %d, wanted 2: %s" % (bad, rc, err))
+    rc, out, err = run(regenctl, d, "inject-fault", "--device", "2", "xid", "79")
+    check(rc == 0 and out.strip() == "device 2: injected XID 79", "inject-fault xid 79: exit %d %r %s" % (rc, out, err))
     wait_for(lambda: call(d.socket, "io.regen.Device.Status")["devices"][2]["state"] == "failed", 20, "failed")
     rc, out, err = run(regenctl, d, "metrics")
     check(rc == 0, "metrics: exit %d" % rc)
