@@ -928,21 +928,78 @@ static int on_event(const struct regen_watch_event *ev, void *userdata)
 	return (ws->o->given & OPT_COUNT) && ws->changes >= ws->o->count;
 }
 
+/* The Watch ended because regend went away (stopped, restarting, its
+ * socket not there yet), not because of the watch. */
+static bool regend_gone(regen_client *c, int r)
+{
+	const char *name = regen_client_error_name(c);
+
+	if (r == -EREMOTE)
+		return name != NULL && strcmp(name, REGEN_ERROR_DRAINING) == 0;
+	return r == -ECONNRESET || r == -ENODATA || r == -ECONNREFUSED || r == -ENOENT || r == -EPIPE ||
+	       r == -ENOTCONN;
+}
+
+/* Follows regend across its restarts, as --wait does: when the Watch ends
+ * with regend (SIGTERM's io.regen.Draining, a closed connection), it says
+ * so on stderr and subscribes again once regend is back; the new
+ * subscription's first events say where every device stands then. */
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o)
 {
+	double deadline = o->timeout_set ? now_s() + o->timeout : 0;
 	struct watch_state ws = { .o = o };
+	const struct regen_watch_event *ev;
+	regen_watcher *w = NULL;
+	bool away = false;
 	int r;
 
 	if ((o->given & OPT_COUNT) && o->count == 0) {
 		return EXIT_OK;
 	}
-	r = regen_watch_full(c, 0, o->timeout_set ? o->timeout : 0, on_event, &ws);
-	if (r == -ETIMEDOUT && !(o->given & OPT_COUNT)) {
-		return EXIT_OK;
-	}
-	if (r < 0) {
+	for (;;) {
+		if (w == NULL) {
+			r = regen_watcher_open(c, &w);
+			if (r == 0 && away) {
+				fprintf(stderr, "regenctl: watch: regend is back; watching again\n");
+				away = false;
+			}
+		}
+		if (w != NULL) {
+			r = regen_watcher_next(w, deadline > 0 ? wait_left(deadline) : 0, &ev);
+		}
+		if (r == 0) {
+			if (on_event(ev, &ws)) {
+				break;
+			}
+			continue;
+		}
+		if (r != -ETIMEDOUT && regend_gone(c, r)) {
+			regen_watcher_close(w);
+			w = NULL;
+			if (!away) {
+				fprintf(stderr, "regenctl: watch: regend went away (%s); watching again when it is back\n",
+					regen_client_error_message(c) ? regen_client_error_message(c) : strerror(-r));
+				away = true;
+			}
+			if (deadline > 0 && now_s() >= deadline) {
+				r = -ETIMEDOUT;
+			} else {
+				usleep(100000);
+				continue;
+			}
+		}
+		regen_watcher_close(w);
+		if (r == -ETIMEDOUT && !(o->given & OPT_COUNT)) {
+			return EXIT_OK;
+		}
+		if (r == -ETIMEDOUT) {
+			fprintf(stderr, "regenctl: watch: %ld of %ld transition(s) within %.1f s\n", ws.changes, o->count,
+				o->timeout);
+			return EXIT_TIMEOUT;
+		}
 		return fail(c, cmd->name, r);
 	}
+	regen_watcher_close(w);
 	return EXIT_OK;
 }
 
