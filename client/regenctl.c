@@ -85,6 +85,24 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_health(regen_client *c, const struct command *cmd, const struct opts *o);
+/* The node's name as dcgm-exporter labels its series (Hostname): $NODE_NAME
+ * where it is set (a Kubernetes pod's, from the downward API, as
+ * dcgm-exporter reads it), else the host name. */
+static const char *metrics_hostname(void)
+{
+	static char name[256];
+	const char *node = getenv("NODE_NAME");
+
+	if (node != NULL && node[0] != '\0') {
+		return node;
+	}
+	if (gethostname(name, sizeof(name) - 1) < 0) {
+		return "";
+	}
+	name[sizeof(name) - 1] = '\0';
+	return name;
+}
+
 static int cmd_metrics(regen_client *c, const struct command *cmd, const struct opts *o);
 
 #define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_WAIT)
@@ -1152,7 +1170,7 @@ static int cmd_metrics(regen_client *c, const struct command *cmd, const struct 
 		fprintf(stderr, "regenctl: metrics: regend's reply is not a JSON object\n");
 		return EXIT_ERROR;
 	}
-	ctl_metrics_write(stdout, status);
+	ctl_metrics_write(stdout, status, metrics_hostname());
 	fflush(stdout);
 	cJSON_Delete(status);
 	return EXIT_OK;

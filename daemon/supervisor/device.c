@@ -307,6 +307,7 @@ void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const ch
 static void kill_worker(struct rd_sv_device *d, const char *why)
 {
 	rd_warn("lifecycle", d->index, d->generation, 0, "killing worker %d: %s", d->worker.pid, why);
+	d->worker_told_to_exit = true;
 	rd_sv_worker_kill(&d->worker, SIGKILL);
 }
 
@@ -428,6 +429,7 @@ static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, vo
 		 * and is killed if it does not within the lifecycle timeout. */
 		op->step = OP_APPLYING;
 		uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
+		d->worker_told_to_exit = true;
 		rd_sv_worker_kill(&d->worker, SIGTERM);
 		return;
 	}
@@ -781,6 +783,12 @@ static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
 		fail(d, cannot_serve[0] ? cannot_serve : "the worker cannot open the device (its log says why)");
 		return;
 	}
+	/* A fault of the device's worker, as a lost context is: one that had
+	 * served and died unasked (a crash: a signal regend did not send, an
+	 * exit of its own), or stopped answering. A hung call was counted
+	 * when the worker reported it; a start that failed is no fault. */
+	if ((d->worker_served && !d->worker_told_to_exit) || d->state == RP_STATE_UNRESPONSIVE)
+		d->counters.faults++;
 	/* A worker found unresponsive, or replaced for a hang, keeps that as
 	 * the reason; any other loss is the exit. */
 	bump_for_lost_worker(d, d->state == RP_STATE_UNRESPONSIVE ? NULL : why);
@@ -859,6 +867,7 @@ static void spawn(struct rd_sv_device *d)
 		d->respawns++;
 	d->up_since_ns = uv_hrtime();
 	d->worker_served = false;
+	d->worker_told_to_exit = false;
 	uv_timer_start(&d->start_timer, on_start_timeout, d->env->opts->worker_start_timeout_ms, 0);
 }
 
@@ -982,6 +991,7 @@ void rd_sv_device_stop(struct rd_sv_device *d, const char *why)
 	uv_close((uv_handle_t *)&d->start_timer, NULL);
 	detached_unlisten(d);
 	/* The worker drains on SIGTERM and exits. */
+	d->worker_told_to_exit = true;
 	rd_sv_worker_kill(&d->worker, SIGTERM);
 }
 

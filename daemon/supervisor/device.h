@@ -111,6 +111,7 @@ struct rd_sv_device {
 	unsigned crash_streak;         /* workers in a row lost within a minute of coming up (device.c) */
 	uint64_t up_since_ns;          /* when the worker last started or reported Ready; 0 before the first */
 	bool worker_served;            /* the last worker started reported Ready */
+	bool worker_told_to_exit;      /* the supervisor signalled the last worker (its exit is no crash) */
 	bool start_settled;            /* the first start is over (rd_sv_device_events.start_settled) */
 	struct rd_sv_op *ops;          /* the first runs, the rest wait */
 	uv_timer_t timer;              /* the running operation's deadline */
