@@ -1167,6 +1167,7 @@ static int cmd_metrics(regen_client *c, const struct command *cmd, const struct 
 	free(reply);
 	if (!cJSON_IsObject(status)) {
 		cJSON_Delete(status);
+		print_regen_down();
 		fprintf(stderr, "regenctl: metrics: regend's reply is not a JSON object\n");
 		return EXIT_ERROR;
 	}

@@ -164,11 +164,16 @@ def analyze_checks(regend, sysd, source, analyze, tmp):
         skip("systemd-analyze verify does not work in this container: %s" % r.stderr.strip()[-400:])
 
     units = []
-    for name in ("regend.service", "regend.socket"):
+    # The metrics script, as the install makes it: executable.
+    script = os.path.join(tmp, "regen-metrics-textfile")
+    shutil.copy(os.path.join(sysd, "regen-metrics-textfile"), script)
+    os.chmod(script, 0o755)
+    for name in ("regend.service", "regend.socket", "regen-metrics.service", "regen-metrics.timer"):
         with open(os.path.join(sysd, name)) as f:
             text = f.read()
-        # The installed path does not exist in a build tree.
-        text = re.sub(r"^ExecStart=(\S+)", "ExecStart=" + regend, text, flags=re.M)
+        # The installed paths do not exist in a build tree.
+        exe = script if name.startswith("regen-metrics") else regend
+        text = re.sub(r"^ExecStart=(\S+)", "ExecStart=" + exe, text, flags=re.M)
         path = os.path.join(tmp, name)
         with open(path, "w") as f:
             f.write(text)
