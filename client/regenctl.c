@@ -316,12 +316,12 @@ static void print_status_json(const regen_status *st)
 	print_line(regen_status_to_json(st));
 }
 
-static void count_cell(char *cell, int64_t v)
+static void count_cell(char *cell, size_t size, int64_t v)
 {
 	if (v < 0)
-		snprintf(cell, 128, "?");
+		snprintf(cell, size, "?");
 	else
-		snprintf(cell, 128, "%lld", (long long)v);
+		snprintf(cell, size, "%lld", (long long)v);
 }
 
 /* HEALTH, UUID, PCI, LAST_XID (number@UTC time), ECC_DBE (since the driver
@@ -350,8 +350,8 @@ static void health_cells(const struct regen_device_info *d, char (*cell)[128])
 	} else {
 		snprintf(cell[3], 128, "-");
 	}
-	count_cell(v, d->ecc_dbe_volatile);
-	count_cell(a, d->ecc_dbe_aggregate);
+	count_cell(v, sizeof(v), d->ecc_dbe_volatile);
+	count_cell(a, sizeof(a), d->ecc_dbe_aggregate);
 	snprintf(cell[4], 128, "%s/%s", v, a);
 	snprintf(cell[5], 128, "%s%s%s", d->retired_pages_pending == 1 ? "retire," : "",
 		 d->remap_pending == 1 ? "remap," : "", d->remap_failed == 1 ? "remap-failed," : "");
