@@ -47,6 +47,9 @@ const char *rp_state_name(enum rp_state state);
 /* The state of that name, -1 when there is none. */
 int rp_state_from_name(const char *name);
 
+/* The most MIG devices one GPU holds (7 on A100, H100, B200), with room. */
+#define RP_MIG_DEVICES_MAX 8
+
 /* io.regen.Device.Health: what the worker's backend knows of the GPU. For
  * the encoder a NULL string is ""; -1 is unknown (left out on the wire). */
 struct rp_device_health {
@@ -59,6 +62,10 @@ struct rp_device_health {
 	const char *last_xid_text;
 	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
 	int retired_pages_pending, remap_pending, remap_failed;   /* 1, 0, -1 unknown */
+	bool has_minor_number;          /* the GPU's device node is /dev/nvidia<minor_number> */
+	uint32_t minor_number;
+	size_t nmig;                    /* its MIG devices' UUIDs (MIG on); 0: none, or not known */
+	const char *mig_devices[RP_MIG_DEVICES_MAX];
 };
 
 /* io.regen.Device.Sharing: how the worker's context shares its GPU with

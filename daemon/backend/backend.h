@@ -9,6 +9,7 @@
 #include <time.h>
 #include "regen-config.h"
 #include "proto/compute.h"
+#include "proto/device.h"
 #include "proto/program.h"
 #include "proto/ids.h"
 #include "proto/message.h"
@@ -252,6 +253,9 @@ struct rd_health {
 	int retired_pages_pending;     /* 1 yes, 0 no, -1 unknown: page retirement waits for a GPU reset */
 	int remap_pending;             /* row remapping waits for a GPU reset */
 	int remap_failed;              /* a row could not be remapped: the GPU needs service */
+	int minor_number;              /* /dev/nvidia<minor_number>; -1 unknown */
+	unsigned nmig;                 /* MIG devices (MIG on), their UUIDs */
+	char mig_devices[RP_MIG_DEVICES_MAX][96];
 	struct rd_sharing sharing;     /* not health, but known to the same code and copied with it */
 };
 

@@ -49,6 +49,7 @@ void rd_health_unknown(struct rd_health *h)
 	snprintf(h->source, sizeof(h->source), "unavailable");
 	h->ecc_dbe_volatile = h->ecc_dbe_aggregate = -1;
 	h->retired_pages_pending = h->remap_pending = h->remap_failed = -1;
+	h->minor_number = -1;
 	h->sharing.mps_clients = -1;
 }
 

@@ -202,6 +202,15 @@ static void take_health(struct rd_sv_device *d, const cJSON *health)
 	h->retired_pages_pending = in.retired_pages_pending;
 	h->remap_pending = in.remap_pending;
 	h->remap_failed = in.remap_failed;
+	/* As the UUID: what a worker that could not open the GPU does not know
+	 * stays what the one before it said. */
+	if (in.has_minor_number || in.uuid[0]) {
+		h->has_minor_number = in.has_minor_number;
+		h->minor_number = in.minor_number;
+		h->nmig = 0;
+		for (size_t i = 0; i < in.nmig && i < RP_MIG_DEVICES_MAX; i++)
+			snprintf(h->mig_devices[h->nmig++], sizeof(h->mig_devices[0]), "%s", in.mig_devices[i]);
+	}
 }
 
 /* A worker's io.regen.Device.Sharing (NULL: it sent none). MPS is a mode
@@ -1131,6 +1140,11 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 			.retired_pages_pending = d->health.retired_pages_pending,
 			.remap_pending = d->health.remap_pending,
 			.remap_failed = d->health.remap_failed,
+			.has_minor_number = d->health.has_minor_number,
+			.minor_number = d->health.minor_number,
+			.nmig = d->health.nmig,
 		},
 	};
+	for (unsigned i = 0; i < d->health.nmig; i++)
+		out->health.mig_devices[i] = d->health.mig_devices[i];
 }

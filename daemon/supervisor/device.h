@@ -84,6 +84,10 @@ struct rd_sv_health {
 	int64_t last_xid_unix_ms;
 	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
 	int retired_pages_pending, remap_pending, remap_failed;
+	bool has_minor_number;
+	uint32_t minor_number;
+	unsigned nmig;
+	char mig_devices[RP_MIG_DEVICES_MAX][96];
 };
 
 /* What the last worker said of how its context shares the GPU
