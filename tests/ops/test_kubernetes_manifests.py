@@ -100,6 +100,8 @@ def render(text, ctx):
                 out.append(t[1])
             continue
         expr = t[1]
+        if expr.startswith("/*") and expr.endswith("*/"):
+            continue
         if expr.startswith("if "):
             value = evaluate(ctx, expr[3:])
             stack.append(bool(value))
