@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regenctl: look at and steer regend from a shell or a scheduler. */
 #include <errno.h>
 #include <getopt.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device's replies: the device list and Watch's events. */
 #include <errno.h>
 #include <math.h>

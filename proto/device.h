@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device's replies as structs: the device list that Status,
  * Generation, Release, Reset and Restart answer with, and Watch's events,
  * each encoded and decoded in one place.

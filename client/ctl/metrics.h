@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regenctl metrics: a Status reply as Prometheus text exposition format
  * (version 0.0.4), for node_exporter's textfile collector or a scrape
  * through a small wrapper. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Which devices a regenctl lifecycle command means: --all, --device LIST
  * (indices, ranges, GPU UUIDs, PCI bus ids, as Status reports them) or
  * --job (the GPUs the scheduler gave the job, from its environment). */

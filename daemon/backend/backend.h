@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The ops table through which the worker core drives a backend (host or
  * cuda). The core knows nothing else about a backend; only daemon/backend/cuda/
  * include CUDA headers. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The XID table and the health record every backend fills. Meanings follow
  * NVIDIA's XID catalog; the action is regend's: an XID that may be another
  * process's own error is recorded only, one that spoils every context on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend is a module, backend-cuda.so, that only a worker whose
  * backend is cuda loads (as PipeWire loads its plugins): the supervisor
  * and host workers then never map the CUDA libraries (~150 MB resident

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Gives a worker's device its backend by name. */
 #pragma once
 

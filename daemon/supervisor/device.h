@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One device, as the supervisor holds it: its state and generation, its
  * queue of lifecycle operations, and its worker process, respawned (with a
  * growing pause when it keeps dying) whenever it is lost, and watched by a

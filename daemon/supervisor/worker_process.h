@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A device's worker process, as the supervisor runs it: started with a
  * command line built from the option table, its control channel (a
  * socketpair on the worker's fd 3 that speaks io.regen.Worker, see

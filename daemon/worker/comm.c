@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Comm on a worker socket: communicators as objects of the
  * worker's table (ids owned by the process that made them, stamped with
  * the generation) over the backend's communicators (registry resources).

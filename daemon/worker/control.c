@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The control channel: the supervisor's verbs to this worker (io.regen.Worker:
  * Drain, Release, Reset, Stats, InjectFault, Reload) and what the worker reports
  * upward (Ready, Faulted). Stats is also the supervisor's heartbeat: it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The worker's health monitor: faults found without waiting for a call.
  *
  * - The backend's health watch (a thread of its own: on CUDA a query of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The worker process: opens its device's backend, serves its socket, hands
  * completions and faults from backend threads to the loop, and stops. */
 #include "regen-config.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A worker process: owns one device (its backend context and resource
  * registry), serves Memory and Compute on its own socket, and obeys the
  * supervisor's lifecycle verbs on the control channel (fd --ctl-fd).

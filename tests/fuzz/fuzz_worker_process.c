@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/supervisor/worker_process.h without processes: the supervisor's
  * device code (device.c) runs unchanged on top, and the harness plays each
  * worker. What the real file does at each point is said beside it. */

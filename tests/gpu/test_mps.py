@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regend under CUDA MPS (issue 13, item 3c), with an MPS control daemon of
 the test's own (a private pipe and log directory; `nvidia-cuda-mps-control
 -f`, stopped with `quit` at the end).  Each check prints PASS/FAIL; the last

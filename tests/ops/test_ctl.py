@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regenctl for the people who run regend: --version, call, health,
 metrics, restart --wait's progress and its --timeout.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Only a CUDA worker maps the CUDA libraries.
 
 The CUDA backend is a module (backend-cuda.so) that a worker loads when its

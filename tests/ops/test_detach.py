@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Detach and attach: a device taken out of regend and brought back.
 
 - regenctl detach --device N drains the device; its worker exits and regend

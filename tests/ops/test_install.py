@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What `meson install` and `pip install ./client/python` give a fresh
 machine.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Events carry the job: a lifecycle request from a process in a Slurm
 job's cgroup (.../job_N/...) records "slurm:N" in its reason, which Status,
 every Watch event of the change and the log show; a process outside any

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """`regenctl restart --job` in a pod, whichever way the NVIDIA device plugin
 hands the pod its GPUs.
 

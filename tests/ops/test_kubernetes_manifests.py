@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The Kubernetes deployment as files: they parse, say what the docs say,
 and the Helm chart renders what the plain manifest holds.
 

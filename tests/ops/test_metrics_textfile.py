@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The metrics for node_exporter's textfile collector say when regend is down.
 
 regen-metrics-textfile (run by regen-metrics.timer) writes `regenctl

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """How the worker's context shares its GPU (io.regen.Device.Sharing), on the
 host backend, where nothing is shared:
 

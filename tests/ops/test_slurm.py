@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The Slurm examples find regenctl where it is installed and tell the
 truth when they drain a node.
 

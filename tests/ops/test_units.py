@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The systemd units, tmpfiles/sysusers snippets and the shipped
 regend.conf, as the build generated them.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A device the node's software cannot drive is `unsupported`, and says why.
 
 1. The CUDA backend's module is not installed (REGEN_BACKEND_DIR names an

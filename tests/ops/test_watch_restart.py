@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regenctl watch follows regend across a restart of regend.
 
 `regenctl watch` runs while regend stops (SIGTERM: its Watch ends with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device's codecs (proto/device.h): the device list of Status,
  * Generation and the lifecycle replies, and Watch's events. What the daemon
  * encodes a client decodes to the same struct; a reply that lacks a field

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend on top: the ops table the worker drives, the module's
  * entry point, and the lifecycle hooks (open, close, release, reset,
  * memory, fault injection). Lanes live in lane.c, GEMM in gemm.c,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend's health watch: faults found without waiting for a call.
  *
  * The context check: a thread asks the context every period_ms whether it

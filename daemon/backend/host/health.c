@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend's health watch: what the CUDA backend's is on a GPU,
  * over the simulated context. A thread looks every period_ms, without
  * waiting for a call, for a lost context (InjectFault device_lost) and for

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Slurm epilog: after a job, drain what its ranks left behind (killed ranks'
 # calls in flight, imported buffers), release every CUDA resource and return
 # the device memory, so the next job starts from a clean generation. Only

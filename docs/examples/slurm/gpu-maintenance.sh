@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # GPU maintenance on one Slurm node: take GPUs out of regend so that a GPU
 # reset (`nvidia-smi -r`) or a driver upgrade can go ahead, then bring them
 # back. Without this, regend's worker holds each GPU open and the reset

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Slurm prolog: give the job a fresh generation of its own GPUs, and only
 # those: regenctl --job reads SLURM_JOB_GPUS (the GPUs Slurm gave the job on
 # this node), so the jobs beside it on a shared node are not disturbed. A job
