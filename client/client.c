@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: the client, its connections, calls and errors. */
 #include <errno.h>
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: communicators (io.regen.Comm). A communicator is an object of
  * the client's list like a buffer (one device, one generation); the
  * collectives are encoded by proto/comm.h's tables, the ones the worker

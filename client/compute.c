@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: the compute calls. Each fills the operation's descriptor of
  * proto/compute.h by the op table's slots, and the table's encoder writes
  * the call: the same table the daemon parses it with. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One blocking Varlink connection of libregen: connect with a deadline,
  * send a call (with fds), receive replies. Private to libregen. */
 #pragma once

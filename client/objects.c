@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: buffers and events imported into a device's worker
  * (io.regen.Memory). Both are objects with an id of one generation; they
  * share one list, one import path and one close path. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: a memory pool that regend maps once per chunk.
  *
  * Chunks are CUDA VMM allocations (cuMemCreate) exportable as POSIX file

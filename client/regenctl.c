@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regenctl: look at and steer regend from a shell or a scheduler. */
 #include <errno.h>
 #include <getopt.h>
@@ -31,6 +32,7 @@ enum {
 	EXIT_DEGRADED = 6,
 	EXIT_FAULTED = 7,
 	EXIT_FAILED = 8,
+	EXIT_UNSUPPORTED = 9,
 };
 
 #define DEFAULT_TIMEOUT_S 60.0
@@ -62,6 +64,7 @@ struct opts {
 	long deadline_ms;
 	long count;
 	const char *kind;
+	long xid;                /* inject-fault xid's number */
 	const char *command;     /* its name, for messages */
 	const char *method, *params;   /* call's */
 };
@@ -84,6 +87,24 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_health(regen_client *c, const struct command *cmd, const struct opts *o);
+/* The node's name as dcgm-exporter labels its series (Hostname): $NODE_NAME
+ * where it is set (a Kubernetes pod's, from the downward API, as
+ * dcgm-exporter reads it), else the host name. */
+static const char *metrics_hostname(void)
+{
+	static char name[256];
+	const char *node = getenv("NODE_NAME");
+
+	if (node != NULL && node[0] != '\0') {
+		return node;
+	}
+	if (gethostname(name, sizeof(name) - 1) < 0) {
+		return "";
+	}
+	name[sizeof(name) - 1] = '\0';
+	return name;
+}
+
 static int cmd_metrics(regen_client *c, const struct command *cmd, const struct opts *o);
 
 #define LIFECYCLE_OPTS (OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_WAIT)
@@ -103,20 +124,24 @@ static const struct command commands[] = {
 	  OPT_DEVICE | OPT_ALL | OPT_JOB | OPT_REASON | OPT_DEADLINE, true, VERB_DETACH },
 	{ "attach", cmd_lifecycle, "TARGET [--reason TEXT] [--wait]", "bring detached devices back, new generation",
 	  LIFECYCLE_OPTS, true, VERB_ATTACH },
-	{ "health", cmd_health, "", "exit 0 when every device is ready, else 6 degraded, 7 faulted, 8 failed", 0, false,
-	  VERB_NONE },
+	{ "health", cmd_health, "", "exit 0 when every device is ready, else 6 degraded, 7 faulted, 8 failed, "
+	  "9 unsupported", 0, false, VERB_NONE },
 	{ "metrics", cmd_metrics, "", "Prometheus text format (node_exporter's textfile collector)", 0, false,
 	  VERB_NONE },
 	{ "call", NULL, "METHOD [JSON] [--more]", "one raw Varlink call on regend's socket; prints each reply", OPT_MORE,
 	  false, VERB_NONE },
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
 	  false, VERB_NONE },
-	{ "inject-fault", cmd_inject_fault, "[--device N] KIND",
-	  "KIND: crash, device_lost or hang; needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
+	{ "inject-fault", cmd_inject_fault, "[--device N] KIND [XID]",
+	  "KIND: crash, device_lost, hang, or xid with its number (the host backend reports it as NVML would); "
+	  "needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
-static const char *const fault_kinds[] = { "crash", "device_lost", "hang", NULL };
+/* io.regen.Device.InjectFault's kinds. */
+static const char *const fault_kinds[] = { "crash", "device_lost", "hang", "xid", NULL };
+/* The XIDs InjectFault takes (its `xid` parameter). */
+#define XID_MAX 65535
 
 /* The command-line spelling of each OPT_* bit, for usage errors. */
 static const char *option_name(unsigned bit)
@@ -165,10 +190,13 @@ static void usage(FILE *f)
 		"\n"
 		"TARGET (one of them; there is no default):\n"
 		"  --device LIST   devices by index (0,1 or 0-3), GPU UUID (GPU-..., HOST-N on the\n"
-		"                  host backend) or PCI bus id (0000:65:00.0), as status shows them\n"
+		"                  host backend), MIG device (MIG-..., GPU:MIG: its GPU) or PCI bus\n"
+		"                  id (0000:65:00.0), as status shows them\n"
 		"  --job           the job's own GPUs: SLURM_STEP_GPUS, SLURM_JOB_GPUS,\n"
-		"                  NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set;\n"
-		"                  a job without GPUs has nothing to do (exit 0)\n"
+		"                  NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, the first set\n"
+		"                  (a folder of GPUs, or void with /dev/nvidiaN nodes: the\n"
+		"                  device plugin's volume-mounts and CDI); a job without GPUs\n"
+		"                  has nothing to do (exit 0)\n"
 		"  --all           every device of the node, other jobs' too\n"
 		"\n"
 		"Options:\n"
@@ -200,7 +228,10 @@ static void usage(FILE *f)
 		"     or its GPU waits for a reset (retired pages or remapped rows pending)\n"
 		"  7  faulted: a device faulted or its worker is unresponsive\n"
 		"  8  failed: a device failed (needs a GPU reset or fell off the bus), or a row\n"
-		"     remapping failed\n",
+		"     remapping failed\n"
+		"  9  unsupported: the node's software cannot drive a device (the NVIDIA driver is\n"
+		"     missing or too old for the CUDA runtime, the GPU is older than regen\n"
+		"     supports, the CUDA backend is not installed): status names what to install\n",
 		REGEN_DEFAULT_SOCKET);
 }
 
@@ -307,12 +338,12 @@ static void print_status_json(const regen_status *st)
 	print_line(regen_status_to_json(st));
 }
 
-static void count_cell(char *cell, int64_t v)
+static void count_cell(char *cell, size_t size, int64_t v)
 {
 	if (v < 0)
-		snprintf(cell, 128, "?");
+		snprintf(cell, size, "?");
 	else
-		snprintf(cell, 128, "%lld", (long long)v);
+		snprintf(cell, size, "%lld", (long long)v);
 }
 
 /* HEALTH, UUID, PCI, LAST_XID (number@UTC time), ECC_DBE (since the driver
@@ -341,8 +372,8 @@ static void health_cells(const struct regen_device_info *d, char (*cell)[128])
 	} else {
 		snprintf(cell[3], 128, "-");
 	}
-	count_cell(v, d->ecc_dbe_volatile);
-	count_cell(a, d->ecc_dbe_aggregate);
+	count_cell(v, sizeof(v), d->ecc_dbe_volatile);
+	count_cell(a, sizeof(a), d->ecc_dbe_aggregate);
 	snprintf(cell[4], 128, "%s/%s", v, a);
 	snprintf(cell[5], 128, "%s%s%s", d->retired_pages_pending == 1 ? "retire," : "",
 		 d->remap_pending == 1 ? "remap," : "", d->remap_failed == 1 ? "remap-failed," : "");
@@ -390,7 +421,11 @@ static int cmd_status(regen_client *c, const struct command *cmd, const struct o
 		snprintf(row[1], 128, "%llu", (unsigned long long)d->generation);
 		snprintf(row[2], 128, "%s", d->state[0] ? shown(d->state) : "-");
 		snprintf(row[3], 128, "%s", d->backend[0] ? shown(d->backend) : "-");
-		snprintf(row[4], 128, "%lld", (long long)d->worker_pid);
+		/* No worker runs (detached, failed, between two): "-". */
+		if (d->worker_pid > 0)
+			snprintf(row[4], 128, "%lld", (long long)d->worker_pid);
+		else
+			snprintf(row[4], 128, "-");
 		snprintf(row[5], 128, "%llu", (unsigned long long)d->respawns);
 		snprintf(row[6], 128, "%llu", (unsigned long long)d->memory_used);
 		snprintf(row[7], 128, "%llu", (unsigned long long)d->memory_baseline);
@@ -933,35 +968,105 @@ static int on_event(const struct regen_watch_event *ev, void *userdata)
 	return (ws->o->given & OPT_COUNT) && ws->changes >= ws->o->count;
 }
 
+/* The Watch ended because regend went away (stopped, restarting, its
+ * socket not there yet), not because of the watch. */
+static bool regend_gone(regen_client *c, int r)
+{
+	const char *name = regen_client_error_name(c);
+
+	if (r == -EREMOTE)
+		return name != NULL && strcmp(name, REGEN_ERROR_DRAINING) == 0;
+	return r == -ECONNRESET || r == -ENODATA || r == -ECONNREFUSED || r == -ENOENT || r == -EPIPE ||
+	       r == -ENOTCONN;
+}
+
+/* Follows regend across its restarts, as --wait does: when the Watch ends
+ * with regend (SIGTERM's io.regen.Draining, a closed connection), it says
+ * so on stderr and subscribes again once regend is back; the new
+ * subscription's first events say where every device stands then. */
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o)
 {
+	double deadline = o->timeout_set ? now_s() + o->timeout : 0;
 	struct watch_state ws = { .o = o };
+	const struct regen_watch_event *ev;
+	regen_watcher *w = NULL;
+	bool away = false;
 	int r;
 
 	if ((o->given & OPT_COUNT) && o->count == 0) {
 		return EXIT_OK;
 	}
-	r = regen_watch_full(c, 0, o->timeout_set ? o->timeout : 0, on_event, &ws);
-	if (r == -ETIMEDOUT && !(o->given & OPT_COUNT)) {
-		return EXIT_OK;
-	}
-	if (r < 0) {
+	for (;;) {
+		if (w == NULL) {
+			r = regen_watcher_open(c, &w);
+			if (r == 0 && away) {
+				fprintf(stderr, "regenctl: watch: regend is back; watching again\n");
+				away = false;
+			}
+		}
+		if (w != NULL) {
+			r = regen_watcher_next(w, deadline > 0 ? wait_left(deadline) : 0, &ev);
+		}
+		if (r == 0) {
+			if (on_event(ev, &ws)) {
+				break;
+			}
+			continue;
+		}
+		if (r != -ETIMEDOUT && regend_gone(c, r)) {
+			regen_watcher_close(w);
+			w = NULL;
+			if (!away) {
+				fprintf(stderr, "regenctl: watch: regend went away (%s); watching again when it is back\n",
+					regen_client_error_message(c) ? regen_client_error_message(c) : strerror(-r));
+				away = true;
+			}
+			if (deadline > 0 && now_s() >= deadline) {
+				r = -ETIMEDOUT;
+			} else {
+				usleep(100000);
+				continue;
+			}
+		}
+		regen_watcher_close(w);
+		if (r == -ETIMEDOUT && !(o->given & OPT_COUNT)) {
+			return EXIT_OK;
+		}
+		if (r == -ETIMEDOUT) {
+			fprintf(stderr, "regenctl: watch: %ld of %ld transition(s) within %.1f s\n", ws.changes, o->count,
+				o->timeout);
+			return EXIT_TIMEOUT;
+		}
 		return fail(c, cmd->name, r);
 	}
+	regen_watcher_close(w);
 	return EXIT_OK;
 }
 
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	int device = o->device < 0 ? 0 : o->device;
+	bool xid = strcmp(o->kind, "xid") == 0;
+	char params[96], *reply = NULL;
 	int r;
 
-	r = regen_inject_fault(c, device, o->kind);
+	/* libregen's regen_inject_fault has no XID: the call itself. */
+	if (xid) {
+		snprintf(params, sizeof(params), "{\"device\":%d,\"kind\":\"xid\",\"xid\":%ld}", device, o->xid);
+		r = regen_call(c, -1, "io.regen.Device.InjectFault", params, NULL, 0, &reply);
+		free(reply);
+	} else {
+		r = regen_inject_fault(c, device, o->kind);
+	}
 	if (r < 0) {
 		return fail(c, cmd->name, r);
 	}
-	if (o->json) {
+	if (o->json && xid) {
+		printf("{\"device\":%d,\"kind\":\"xid\",\"xid\":%ld}\n", device, o->xid);
+	} else if (o->json) {
 		printf("{\"device\":%d,\"kind\":\"%s\"}\n", device, o->kind);
+	} else if (xid) {
+		printf("device %d: injected XID %ld\n", device, o->xid);
 	} else {
 		printf("device %d: injected %s\n", device, o->kind);
 	}
@@ -974,6 +1079,9 @@ static int device_verdict(const struct regen_device_info *d)
 {
 	const char *s = d->state;
 
+	if (strcmp(s, "unsupported") == 0) {
+		return EXIT_UNSUPPORTED;
+	}
 	if (strcmp(s, "failed") == 0 || (REGEN_HAS_FIELD(d, remap_failed) && d->has_health && d->remap_failed == 1)) {
 		return EXIT_FAILED;
 	}
@@ -998,6 +1106,8 @@ static const char *verdict_name(int v)
 		return "faulted";
 	case EXIT_FAILED:
 		return "failed";
+	case EXIT_UNSUPPORTED:
+		return "unsupported";
 	}
 	return "unreachable";
 }
@@ -1079,10 +1189,11 @@ static int cmd_metrics(regen_client *c, const struct command *cmd, const struct 
 	free(reply);
 	if (!cJSON_IsObject(status)) {
 		cJSON_Delete(status);
+		print_regen_down();
 		fprintf(stderr, "regenctl: metrics: regend's reply is not a JSON object\n");
 		return EXIT_ERROR;
 	}
-	ctl_metrics_write(stdout, status);
+	ctl_metrics_write(stdout, status, metrics_hostname());
 	fflush(stdout);
 	cJSON_Delete(status);
 	return EXIT_OK;
@@ -1250,10 +1361,22 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 		o->params = npos == 2 ? positional[1] : NULL;
 		npos = 0;
 	}
-	/* inject-fault's KIND may come as its argument. */
-	if ((cmd->options & OPT_KIND) && npos == 1 && o->kind == NULL) {
+	/* inject-fault's KIND may come as its argument, and xid's number
+	 * after it. */
+	if ((cmd->options & OPT_KIND) && npos >= 1 && o->kind == NULL) {
 		o->kind = positional[0];
-		npos = 0;
+		positional++;
+		npos--;
+	}
+	if ((cmd->options & OPT_KIND) && o->kind != NULL && strcmp(o->kind, "xid") == 0) {
+		if (npos == 0) {
+			return usage_error("%s xid: which XID? e.g. 'regenctl inject-fault xid 79'", cmd->name);
+		}
+		if (!parse_long(positional[0], 1, &o->xid) || o->xid > XID_MAX) {
+			return usage_error("%s xid: not an XID (1 to %d): '%s'", cmd->name, XID_MAX, positional[0]);
+		}
+		positional++;
+		npos--;
 	}
 	if (npos > 0) {
 		return usage_error("unexpected argument '%s'", positional[0]);
@@ -1279,10 +1402,10 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 	}
 	if (cmd->options & OPT_KIND) {
 		if (o->kind == NULL) {
-			return usage_error("%s: which fault? crash, device_lost or hang", cmd->name);
+			return usage_error("%s: which fault? crash, device_lost, hang or xid N", cmd->name);
 		}
 		if (!known_fault(o->kind)) {
-			return usage_error("%s: unknown kind '%s' (crash, device_lost, hang)", cmd->name, o->kind);
+			return usage_error("%s: unknown kind '%s' (crash, device_lost, hang, xid N)", cmd->name, o->kind);
 		}
 	}
 	return EXIT_OK;

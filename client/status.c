@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: io.regen.Device's calls on the main socket (Status, Generation,
  * Release, Reset, Restart, InjectFault) and the status object they answer
  * with. */

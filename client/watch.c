@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: io.regen.Device.Watch, on a connection of its own: a call with
  * "more", then one reply per event. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A Varlink connection on the libuv loop: framing and fds (proto/frame.h)
  * over a uv_poll_t, since libuv's pipes cannot pass arbitrary fds. Calls are
  * answered in the order they arrived, whenever each finishes; a connection

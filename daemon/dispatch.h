@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Method tables: one per endpoint (the main socket, a worker socket, the
  * worker's control channel). Dispatch answers org.varlink.service itself and
  * refuses, with their named errors, unknown interfaces and methods, admin

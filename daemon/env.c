@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tuning knobs from the environment (env.h). */
 #include <stdlib.h>
 #include "daemon/env.h"

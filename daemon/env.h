@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tuning knobs read from the environment, parsed one way wherever they are
  * read. Each caller reads its knob once and keeps the value. */
 #pragma once

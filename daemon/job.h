@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Which job a connection works for. Two words may name it: the kernel's
  * (the client's cgroup, rd_peer.job, read at connect) and the client's own
  * (io.regen.SetJob, kept in rd_conn.job for the connection). The cgroup's

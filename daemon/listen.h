@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A listening Unix socket on the loop: bound here, or inherited from
  * systemd's socket activation. */
 #pragma once

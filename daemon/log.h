@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One logging facility for regend, by level and topic, switched at run time
  * by REGEN_DEBUG (read once): "W" sets the default level, "I,worker:D,conn:T"
  * sets it per topic. Levels E W I D T. Every line names the process role,

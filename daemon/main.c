@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regend: the supervisor, or (with the internal --worker) one device's worker. */
 #include <stdlib.h>
 #include "daemon/log.h"

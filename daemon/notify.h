@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* systemd's notify protocol (Type=notify) through libsystemd where present;
  * each call does nothing without it or outside systemd. */
 #pragma once

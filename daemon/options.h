@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regend's settings: defaults, then the configuration file, then the
  * command line. One table (options.c) writes each option once: its flag and
  * its key, its type and range, where it may be given, whether SIGHUP applies

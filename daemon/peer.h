@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Who is at the other end of a connection, as the kernel told us when it
  * connected: what ids are bound to and what rights are decided on. Nothing
  * in it comes from the peer's own words.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The directory regend's sockets and state files live in: the main
  * socket's own (/run/regen). Whoever can change what is in it can put a
  * socket of theirs where a worker's goes and receive clients' memfds, or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // Kernels of the backend's lifecycle: fault injection (illegal address,
 // spin) and the canary that proves a context healthy after a reset.
 #include "kernels.h"

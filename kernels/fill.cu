@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // Fills and comparisons for the GPU tests (and anyone needing
 // reproducible random device data).
 #include <cuda_fp16.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Kernels regen launches itself: fills and comparisons for the GPU tests,
  * the canary the backend runs after a reset, the fault-injection kernels
  * (illegal address, spin), attention's sequence-length helpers, and

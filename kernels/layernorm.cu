@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // LayerNorm and its backward on the CUDA backend (io.regen.Compute.LayerNorm
 // and LayerNormBackward), f32 statistics and sums whatever the storage type.
 //

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // Attention with sequence lengths on the CUDA backend: the lengths a client
 // hands over, bounded before cuDNN reads them, and the padding rows of the
 // outputs written as the protocol defines them (cuDNN leaves o's undefined).

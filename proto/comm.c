@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Comm: the collectives' tables and the codecs of the other
  * methods. */
 #include <errno.h>

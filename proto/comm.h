@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Comm's messages: the collectives as op tables (the machinery of
  * compute.h parses and checks them: operands, events, deadline), and the
  * codecs of GetUniqueId, Init, Attach, Abort and Destroy.

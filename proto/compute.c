@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The table machinery of io.regen.Compute: what every operation's call
  * goes through, driven by its struct rp_op_spec. The checks that belong to
  * one operation alone live beside its table (compute_gemm.c,

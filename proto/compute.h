@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Compute: one table per operation.
  *
  * Each operation (Gemm, Attention, AttentionBackward, LayerNorm,

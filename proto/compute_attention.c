@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Compute.Attention and AttentionBackward: scaled dot-product
  * attention and its gradients.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the operations' own checks (compute_gemm.c, compute_attention.c,
  * compute_layernorm.c) share with the table machinery (compute.c): shapes in reasons. */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Compute.Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias),
  * or for dgelu (alpha op(A) op(B) + beta C) * GELU'(aux); gelu_aux and
  * gelu_aux_bias also write GELU's input to aux_out.

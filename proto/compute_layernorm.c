@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Compute.LayerNorm and LayerNormBackward: layer normalization
  * over the last dimension, as torch.nn.functional.layer_norm with
  * normalized_shape [n], and its gradients.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device's replies: the device list and Watch's events. */
 #include <errno.h>
 #include <math.h>
@@ -10,6 +11,7 @@
 
 static const char *const state_names[] = {
 	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
+	"unsupported",
 };
 
 const char *rp_state_name(enum rp_state state)
@@ -109,9 +111,19 @@ cJSON *rp_device_health_encode(const struct rp_device_health *h)
 	    cJSON_AddStringToObject(o, "last_xid_text", or_empty(h->last_xid_text)) == NULL ||
 	    !add_known(o, "ecc_dbe_volatile", h->ecc_dbe_volatile) || !add_known(o, "ecc_dbe_aggregate", h->ecc_dbe_aggregate) ||
 	    !add_tristate(o, "retired_pages_pending", h->retired_pages_pending) ||
-	    !add_tristate(o, "remap_pending", h->remap_pending) || !add_tristate(o, "remap_failed", h->remap_failed)) {
+	    !add_tristate(o, "remap_pending", h->remap_pending) || !add_tristate(o, "remap_failed", h->remap_failed) ||
+	    (h->has_minor_number && cJSON_AddNumberToObject(o, "minor_number", h->minor_number) == NULL)) {
 		cJSON_Delete(o);
 		return NULL;
+	}
+	if (h->nmig) {
+		cJSON *mig = cJSON_AddArrayToObject(o, "mig_devices");
+		for (size_t i = 0; mig != NULL && i < h->nmig && i < RP_MIG_DEVICES_MAX; i++)
+			cJSON_AddItemToArray(mig, cJSON_CreateString(or_empty(h->mig_devices[i])));
+		if (mig == NULL || cJSON_GetArraySize(mig) != (int)(h->nmig < RP_MIG_DEVICES_MAX ? h->nmig : RP_MIG_DEVICES_MAX)) {
+			cJSON_Delete(o);
+			return NULL;
+		}
 	}
 	return o;
 }
@@ -163,6 +175,25 @@ static int health_decode(const cJSON *o, const char *device_prefix, struct rp_de
 	    get_tristate(o, prefix, "remap_failed", &h->remap_failed, err) < 0)
 		return -EINVAL;
 	h->last_xid = (uint32_t)xid;
+	if (cJSON_HasObjectItem(o, "minor_number")) {
+		uint64_t minor;
+
+		if (get_uint(o, prefix, "minor_number", UINT32_MAX, &minor, err) < 0)
+			return -EINVAL;
+		h->has_minor_number = true;
+		h->minor_number = (uint32_t)minor;
+	}
+	if (cJSON_HasObjectItem(o, "mig_devices")) {
+		const cJSON *mig = cJSON_GetObjectItemCaseSensitive(o, "mig_devices"), *u;
+
+		if (!cJSON_IsArray(mig) || cJSON_GetArraySize(mig) > RP_MIG_DEVICES_MAX)
+			return refuse(err, prefix, "mig_devices");
+		cJSON_ArrayForEach(u, mig) {
+			if (!cJSON_IsString(u))
+				return refuse(err, prefix, "mig_devices");
+			h->mig_devices[h->nmig++] = u->valuestring;
+		}
+	}
 	return 0;
 }
 

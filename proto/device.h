@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device's replies as structs: the device list that Status,
  * Generation, Release, Reset and Restart answer with, and Watch's events,
  * each encoded and decoded in one place.
@@ -38,6 +39,7 @@ enum rp_state {
 	RP_STATE_UNRESPONSIVE,  /* the worker answers no heartbeat: it is killed and respawned */
 	RP_STATE_FAILED,        /* the GPU needs a reset or fell off the bus: no worker until a later try */
 	RP_STATE_DETACHED,      /* an admin took it out (Detach): no worker, no handle, until Attach */
+	RP_STATE_UNSUPPORTED,   /* the node's software cannot drive it (driver, CUDA backend): no worker until a later try */
 	RP_STATE_COUNT,
 };
 
@@ -45,6 +47,9 @@ enum rp_state {
 const char *rp_state_name(enum rp_state state);
 /* The state of that name, -1 when there is none. */
 int rp_state_from_name(const char *name);
+
+/* The most MIG devices one GPU holds (7 on A100, H100, B200), with room. */
+#define RP_MIG_DEVICES_MAX 8
 
 /* io.regen.Device.Health: what the worker's backend knows of the GPU. For
  * the encoder a NULL string is ""; -1 is unknown (left out on the wire). */
@@ -58,6 +63,10 @@ struct rp_device_health {
 	const char *last_xid_text;
 	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
 	int retired_pages_pending, remap_pending, remap_failed;   /* 1, 0, -1 unknown */
+	bool has_minor_number;          /* the GPU's device node is /dev/nvidia<minor_number> */
+	uint32_t minor_number;
+	size_t nmig;                    /* its MIG devices' UUIDs (MIG on); 0: none, or not known */
+	const char *mig_devices[RP_MIG_DEVICES_MAX];
 };
 
 /* io.regen.Device.Sharing: how the worker's context shares its GPU with

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Embeds the .varlink interface definitions into C for GetInterfaceDescription."""
 import json
 import os

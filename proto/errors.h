@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Error names on the wire. Keep in step with proto/idl/io.regen.varlink
  * (tests/unit/test_idl.c holds them to it); the constructors, which take
  * each error's own parameters, are generated from it (errors_gen.h). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Varlink framing: NUL-terminated JSON messages on a Unix stream socket,
  * with SCM_RIGHTS fds on the first byte of the message that uses them.
  *

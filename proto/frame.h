@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Varlink framing over a Unix stream socket: NUL-terminated messages, with
  * file descriptors as SCM_RIGHTS on the first byte of the message that
  * references them. One implementation for daemon and client. */

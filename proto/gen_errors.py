@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Generates, from the errors of proto/idl/io.regen.varlink, one C
 constructor per error whose parameters are the IDL's own, in the IDL's
 order (message last, as a printf format), and a table of each error's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bytes as hex text and back: the one codec behind the 64-byte CUDA IPC
  * handles (memory.h) and NCCL's 128-byte unique ids (comm.h). */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The Varlink interface definitions (the .varlink files in proto/idl), embedded at build
  * time for org.varlink.service.GetInterfaceDescription. */
 #pragma once

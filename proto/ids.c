@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Object ids on the wire: "<kind><device>.<generation>.<serial>". */
 #include <errno.h>
 #include <inttypes.h>

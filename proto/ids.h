@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Object ids on the wire: "<kind><device>.<generation>.<serial>", e.g.
  * "b0.3.17" is buffer 17 of device 0 made in generation 3 (kinds: b buffer,
  * e event, c communicator). The generation

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The rule for a stated job, and the names of a job's sources. */
 #include <errno.h>
 #include <string.h>

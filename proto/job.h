@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A job a client names: the rule for a job a client states on its
  * connection (io.regen.SetJob), which regend enforces and regenctl checks
  * before it connects, and where a connection's job comes from. */

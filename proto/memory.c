@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Memory's messages: ImportBuffer, CloseBuffer, ImportEvent and
  * CloseEvent, and the hex handle codec. */
 #include <errno.h>

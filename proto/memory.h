@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Memory's messages as structs: the parameters and replies of
  * ImportBuffer, CloseBuffer, ImportEvent and CloseEvent, each encoded and
  * decoded in one place, and the hex form of the 64-byte CUDA IPC handles.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Varlink messages: parsing calls and replies, building them, and the
  * errors that go on the wire. */
 #include <errno.h>

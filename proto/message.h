@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Varlink messages: calls, replies and errors, parsed and built with cJSON. */
 #pragma once
 

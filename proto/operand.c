@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tensor operands: parsing io.regen.Operand, and the bytes it touches. */
 #include <errno.h>
 #include <inttypes.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tensor operands: dtype, shape, strides and the bytes they touch. */
 #pragma once
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Typed access to call parameters, each error naming the parameter. */
 #include <errno.h>
 #include <math.h>

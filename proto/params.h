@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Typed access to call parameters. Every getter names the parameter in its
  * error (org.varlink.service.InvalidParameter {parameter}), so a client
  * learns exactly which field was wrong. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Ring records and completions (ring.h): a record becomes a struct
  * rp_compute and goes through rp_compute_check, the checks a Varlink call
  * goes through; a completion carries an error as Varlink would send it. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regenctl call: one raw Varlink call on a socket, every reply printed as
  * it comes (one JSON line of its parameters), following "continues" when
  * the call asked for more. Debian 12's systemd has no varlinkctl. */

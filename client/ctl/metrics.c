@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
  * state, 1 for the one it is in, so that a query need not know them. */
 static const char *const states[] = {
 	"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
+	"unsupported",
 };
 
 /* A label value as the format wants it (backslash, double quote and line
@@ -33,11 +35,32 @@ static void header(FILE *f, const char *name, const char *type, const char *help
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A device's labels, on every series of it: regend's index (device), and
+ * the labels dcgm-exporter puts on the same GPU's series, named and
+ * written as it writes them (gpu: the index nvidia-smi and DCGM give the
+ * GPU, which regend's equals under the unit's CUDA_DEVICE_ORDER=PCI_BUS_ID;
+ * UUID; pci_bus_id; Hostname), so that a query joins the two on any of
+ * them. dcgm-exporter's own `device` label is the device node (nvidia0):
+ * join on UUID or gpu, never on device. Empty where no worker said yet. */
+static void device_labels(FILE *f, const cJSON *d, const char *hostname)
+{
+	const cJSON *h = field(d, "health");
+	int index = (int)cJSON_GetNumberValue(field(d, "index"));
+
+	fprintf(f, "device=\"%d\",gpu=\"%d\",UUID=\"", index, index);
+	label_value(f, cJSON_GetStringValue(field(h, "uuid")));
+	fputs("\",pci_bus_id=\"", f);
+	label_value(f, cJSON_GetStringValue(field(h, "pci_bus_id")));
+	fputs("\",Hostname=\"", f);
+	label_value(f, hostname);
+	fputc('"', f);
+}
+
 /* One sample per device that has the field (a number, or a bool as 0/1);
  * sub: the object inside DeviceInfo it lives in (NULL: DeviceInfo), scale
  * multiplies it (µs to seconds). */
-static void per_device(FILE *f, const cJSON *devices, const char *name, const char *type, const char *help,
-		       const char *sub, const char *key, double scale)
+static void per_device(FILE *f, const cJSON *devices, const char *hostname, const char *name, const char *type,
+		       const char *help, const char *sub, const char *key, double scale)
 {
 	const cJSON *d;
 	bool any = false;
@@ -55,7 +78,9 @@ static void per_device(FILE *f, const cJSON *devices, const char *name, const ch
 			fprintf(f, "# HELP %.*s %s\n# TYPE %.*s %s\n", (int)len, name, help, (int)len, name, type);
 		}
 		any = true;
-		fprintf(f, "%s{device=\"%d\"} %.17g\n", name, (int)index->valuedouble, x);
+		fprintf(f, "%s{", name);
+		device_labels(f, d, hostname);
+		fprintf(f, "} %.17g\n", x);
 	}
 }
 
@@ -65,8 +90,8 @@ static void per_device(FILE *f, const cJSON *devices, const char *name, const ch
  * the label Prometheus gives every series of a scrape (the scrape job's
  * name), and a series' own would be renamed exported_job. A job is any
  * string an older or another regend may send: label_value escapes it. */
-static void per_job(FILE *f, const cJSON *devices, const char *name, const char *type, const char *help,
-		    const char *key)
+static void per_job(FILE *f, const cJSON *devices, const char *hostname, const char *name, const char *type,
+		    const char *help, const char *key)
 {
 	const cJSON *d, *j;
 	bool any = false;
@@ -84,7 +109,9 @@ static void per_job(FILE *f, const cJSON *devices, const char *name, const char 
 			if (!any)
 				header(f, name, type, help);
 			any = true;
-			fprintf(f, "%s{device=\"%d\",client_job=\"", name, (int)index->valuedouble);
+			fprintf(f, "%s{", name);
+			device_labels(f, d, hostname);
+			fputs(",client_job=\"", f);
 			label_value(f, cJSON_GetStringValue(field(j, "job")));
 			fputs("\",job_source=\"", f);
 			label_value(f, cJSON_GetStringValue(field(j, "source")));
@@ -95,7 +122,7 @@ static void per_job(FILE *f, const cJSON *devices, const char *name, const char 
 	}
 }
 
-void ctl_metrics_write(FILE *f, const cJSON *status)
+void ctl_metrics_write(FILE *f, const cJSON *status, const char *hostname)
 {
 	const cJSON *devices = field(status, "devices"), *epoch = field(status, "epoch"), *d;
 
@@ -105,84 +132,85 @@ void ctl_metrics_write(FILE *f, const cJSON *status)
 		header(f, "regen_epoch", "gauge", "The node's epoch: up by one with every generation change.");
 		fprintf(f, "regen_epoch %.17g\n", epoch->valuedouble);
 	}
-	header(f, "regen_device_info", "gauge", "1 per device, with its backend, UUID and PCI bus id.");
+	header(f, "regen_device_info", "gauge", "1 per device, with its backend.");
 	cJSON_ArrayForEach(d, devices) {
-		const cJSON *h = field(d, "health");
-
-		fprintf(f, "regen_device_info{device=\"%d\",backend=\"", (int)cJSON_GetNumberValue(field(d, "index")));
+		fputs("regen_device_info{", f);
+		device_labels(f, d, hostname);
+		fputs(",backend=\"", f);
 		label_value(f, cJSON_GetStringValue(field(d, "backend")));
-		fputs("\",uuid=\"", f);
-		label_value(f, cJSON_GetStringValue(field(h, "uuid")));
-		fputs("\",pci_bus_id=\"", f);
-		label_value(f, cJSON_GetStringValue(field(h, "pci_bus_id")));
 		fputs("\"} 1\n", f);
 	}
 	header(f, "regen_device_state", "gauge", "1 for the state the device is in, 0 for the others.");
 	cJSON_ArrayForEach(d, devices) {
 		const char *state = cJSON_GetStringValue(field(d, "state"));
 
-		for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
-			fprintf(f, "regen_device_state{device=\"%d\",state=\"%s\"} %d\n",
-				(int)cJSON_GetNumberValue(field(d, "index")), states[i], state && !strcmp(state, states[i]));
+		for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
+			fputs("regen_device_state{", f);
+			device_labels(f, d, hostname);
+			fprintf(f, ",state=\"%s\"} %d\n", states[i], state && !strcmp(state, states[i]));
+		}
 	}
-	per_device(f, devices, "regen_device_generation", "gauge",
+	per_device(f, devices, hostname, "regen_device_generation", "gauge",
 		   "The device's generation: up by one per release, reset, restart and respawn.", NULL, "generation", 1);
-	per_device(f, devices, "regen_device_respawns_total", "counter", "Worker processes replaced.", NULL, "respawns", 1);
-	per_device(f, devices, "regen_device_releases_total", "counter", "Releases that completed.", "counters",
+	per_device(f, devices, hostname, "regen_device_respawns_total", "counter", "Worker processes replaced.", NULL, "respawns", 1);
+	per_device(f, devices, hostname, "regen_device_releases_total", "counter", "Releases that completed.", "counters",
 		   "releases", 1);
-	per_device(f, devices, "regen_device_resets_total", "counter",
+	per_device(f, devices, hostname, "regen_device_resets_total", "counter",
 		   "Resets that completed (a fault's own reset too).", "counters", "resets", 1);
-	per_device(f, devices, "regen_device_restarts_total", "counter", "Restarts that completed.", "counters",
+	per_device(f, devices, hostname, "regen_device_restarts_total", "counter", "Restarts that completed.", "counters",
 		   "restarts", 1);
-	per_device(f, devices, "regen_device_faults_total", "counter",
-		   "Faults its workers reported: lost context, hung call, failed GPU.", "counters", "faults", 1);
-	per_device(f, devices, "regen_device_last_xid", "gauge", "The last XID seen while regend watched (0: none).",
+	per_device(f, devices, hostname, "regen_device_faults_total", "counter",
+		   "Faults: a lost context, a hung call, a failed GPU (as its workers reported them), a worker that "
+		   "crashed or stopped answering.", "counters", "faults", 1);
+	per_device(f, devices, hostname, "regen_device_last_xid", "gauge", "The last XID seen while regend watched (0: none).",
 		   "health", "last_xid", 1);
-	per_device(f, devices, "regen_device_last_xid_timestamp_seconds", "gauge",
+	per_device(f, devices, hostname, "regen_device_last_xid_timestamp_seconds", "gauge",
 		   "When the last XID came, in seconds since the Unix epoch (0: none).", "health", "last_xid_unix_ms",
 		   1e-3);
-	per_device(f, devices, "regen_device_ecc_dbe_volatile", "gauge",
+	/* Counts that only go up (the volatile one starts again at 0 when the
+	 * driver reloads, which rate() takes as a counter reset). */
+	per_device(f, devices, hostname, "regen_device_ecc_dbe_volatile_total", "counter",
 		   "Uncorrected ECC errors since the driver loaded.", "health", "ecc_dbe_volatile", 1);
-	per_device(f, devices, "regen_device_ecc_dbe_aggregate", "gauge", "Uncorrected ECC errors over the GPU's life.",
-		   "health", "ecc_dbe_aggregate", 1);
-	per_device(f, devices, "regen_device_remap_failed", "gauge", "1: a row remapping failed, the GPU needs service.",
+	per_device(f, devices, hostname, "regen_device_ecc_dbe_aggregate_total", "counter",
+		   "Uncorrected ECC errors over the GPU's life.", "health", "ecc_dbe_aggregate", 1);
+	per_device(f, devices, hostname, "regen_device_remap_failed", "gauge", "1: a row remapping failed, the GPU needs service.",
 		   "health", "remap_failed", 1);
-	per_device(f, devices, "regen_device_mps", "gauge",
+	per_device(f, devices, hostname, "regen_device_mps", "gauge",
 		   "1: the worker's context is an MPS client (a fatal fault in any client of the GPU reaches every "
 		   "client); 0: isolated.",
 		   "sharing", "mps", 1);
-	per_device(f, devices, "regen_device_memory_used_bytes", "gauge", "Memory the worker holds now.", NULL,
+	per_device(f, devices, hostname, "regen_device_memory_used_bytes", "gauge", "Memory the worker holds now.", NULL,
 		   "memory_used", 1);
-	per_device(f, devices, "regen_device_memory_baseline_bytes", "gauge",
+	per_device(f, devices, hostname, "regen_device_memory_baseline_bytes", "gauge",
 		   "Memory the worker held right after it started.", NULL, "memory_baseline", 1);
-	per_device(f, devices, "regen_device_calls_total", "counter", "Compute calls finished.", "counters", "calls", 1);
-	per_device(f, devices, "regen_device_call_errors_total", "counter",
+	per_device(f, devices, hostname, "regen_device_calls_total", "counter", "Compute calls finished.", "counters", "calls", 1);
+	per_device(f, devices, hostname, "regen_device_call_errors_total", "counter",
 		   "Compute calls that failed or passed their deadline.", "counters", "call_errors", 1);
 	/* The latency as a summary without quantiles: _sum / _count over an
 	 * interval is the mean time of the calls that finished in it. */
-	per_device(f, devices, "regen_device_call_seconds_sum", "summary",
+	per_device(f, devices, hostname, "regen_device_call_seconds_sum", "summary",
 		   "Time the finished compute calls spent in the backend.", "counters", "call_us", 1e-6);
-	per_device(f, devices, "regen_device_call_seconds_count", "", NULL, "counters", "calls", 1);
-	per_device(f, devices, "regen_device_calls_in_flight", "gauge", "Compute calls in flight.", "counters",
+	per_device(f, devices, hostname, "regen_device_call_seconds_count", "", NULL, "counters", "calls", 1);
+	per_device(f, devices, hostname, "regen_device_calls_in_flight", "gauge", "Compute calls in flight.", "counters",
 		   "in_flight", 1);
-	per_device(f, devices, "regen_device_buffers", "gauge", "Buffers imported now (live imports).", "counters",
+	per_device(f, devices, hostname, "regen_device_buffers", "gauge", "Buffers imported now (live imports).", "counters",
 		   "buffers", 1);
-	per_device(f, devices, "regen_device_events", "gauge", "Events imported now.", "counters", "events", 1);
-	per_device(f, devices, "regen_device_connections", "gauge", "Client connections to the worker.", "counters",
+	per_device(f, devices, hostname, "regen_device_events", "gauge", "Events imported now.", "counters", "events", 1);
+	per_device(f, devices, hostname, "regen_device_connections", "gauge", "Client connections to the worker.", "counters",
 		   "connections", 1);
 	/* Per job: bounded by the jobs with a live connection or import (a
 	 * worker tells at most 64 apart; the rest are job_source "other"). */
-	per_job(f, devices, "regen_job_sessions", "gauge",
+	per_job(f, devices, hostname, "regen_job_sessions", "gauge",
 		"Connections of the job's clients to the device's worker (the jobs attached to it).", "sessions");
-	per_job(f, devices, "regen_job_buffers", "gauge", "Buffers the job's clients imported, now (live imports).",
+	per_job(f, devices, hostname, "regen_job_buffers", "gauge", "Buffers the job's clients imported, now (live imports).",
 		"buffers");
-	per_job(f, devices, "regen_job_buffer_bytes", "gauge", "Bytes of the buffers the job's clients imported, now.",
+	per_job(f, devices, hostname, "regen_job_buffer_bytes", "gauge", "Bytes of the buffers the job's clients imported, now.",
 		"buffer_bytes");
-	per_job(f, devices, "regen_job_events", "gauge", "Events the job's clients imported, now.", "events");
-	per_job(f, devices, "regen_job_calls_in_flight", "gauge", "The job's compute calls in flight.", "in_flight");
-	per_job(f, devices, "regen_job_calls_total", "counter",
+	per_job(f, devices, hostname, "regen_job_events", "gauge", "Events the job's clients imported, now.", "events");
+	per_job(f, devices, hostname, "regen_job_calls_in_flight", "gauge", "The job's compute calls in flight.", "in_flight");
+	per_job(f, devices, hostname, "regen_job_calls_total", "counter",
 		"The job's compute calls finished since it was last seen on the device.", "calls");
-	per_job(f, devices, "regen_job_call_errors_total", "counter",
+	per_job(f, devices, hostname, "regen_job_call_errors_total", "counter",
 		"The job's compute calls that failed or passed their deadline, since it was last seen on the device.",
 		"call_errors");
 }

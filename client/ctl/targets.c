@@ -1,9 +1,12 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <cjson/cJSON.h>
 #include "client/ctl/targets.h"
 
 /* The variables a job's GPUs come from, in the order they are trusted.
@@ -26,13 +29,19 @@ static bool all_digits(const char *s, size_t n)
 	return true;
 }
 
-/* "N" or "N-M": 1 with the bounds set; 0 when the item is not one. */
+/* "N" or "N-M": 1 with the bounds set; 0 when the item is not one. A MIG
+ * device by index, "GPU:MIG" (the device plugin's index strategy), is a
+ * part of GPU N: N. */
 static int index_range(const char *item, long *lo, long *hi)
 {
-	const char *dash = strchr(item, '-');
+	const char *dash = strchr(item, '-'), *colon = strchr(item, ':');
 	size_t n = strlen(item);
 
 	if (all_digits(item, n)) {
+		*lo = *hi = strtol(item, NULL, 10);
+		return 1;
+	}
+	if (colon && all_digits(item, (size_t)(colon - item)) && all_digits(colon + 1, strlen(colon + 1))) {
 		*lo = *hi = strtol(item, NULL, 10);
 		return 1;
 	}
@@ -132,12 +141,44 @@ int ctl_targets_check(const char *list, char *msg, size_t len)
 	return 0;
 }
 
-/* The device a UUID or PCI bus id names, -1 when none. */
+/* The device whose health (io.regen.Device.Health, in the reply as JSON)
+ * says `key` is `item`: a MIG device's UUID in mig_devices, a minor number
+ * in minor_number. -1 when none. */
+static int lookup_health(const regen_status *st, const char *key, const char *item, long number)
+{
+	char *text = regen_status_to_json(st);
+	cJSON *reply = text ? cJSON_Parse(text) : NULL, *d;
+	int found = -1;
+
+	free(text);
+	cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(reply, "devices")) {
+		const cJSON *h = cJSON_GetObjectItemCaseSensitive(d, "health"), *v = cJSON_GetObjectItemCaseSensitive(h, key);
+		const cJSON *index = cJSON_GetObjectItemCaseSensitive(d, "index"), *u;
+		bool match = false;
+
+		if (item)
+			cJSON_ArrayForEach(u, v) match = match || (cJSON_IsString(u) && strcasecmp(u->valuestring, item) == 0);
+		else
+			match = cJSON_IsNumber(v) && (long)v->valuedouble == number;
+		if (match && cJSON_IsNumber(index)) {
+			found = (int)index->valuedouble;
+			break;
+		}
+	}
+	cJSON_Delete(reply);
+	return found;
+}
+
+/* The device a UUID, a MIG device's UUID or a PCI bus id names, -1 when
+ * none. A MIG device names the GPU it is a part of: regend serves whole
+ * GPUs, so its restart is the GPU's. */
 static int lookup(const regen_status *st, const char *item)
 {
 	unsigned d[4];
 	bool pci = parse_pci(item, &d[0], &d[1], &d[2], &d[3]);
 
+	if (strncasecmp(item, "MIG-", 4) == 0)
+		return lookup_health(st, "mig_devices", item, 0);
 	for (int i = 0; i < regen_status_device_count(st); i++) {
 		const struct regen_device_info *dev = regen_status_device(st, i);
 
@@ -180,7 +221,9 @@ int ctl_targets_from_list(regen_client *c, const char *list, struct ctl_targets 
 			return r;
 		index = lookup(st, item);
 		if (index < 0 || index >= REGEN_DEVICES_MAX) {
-			snprintf(msg, len, "no device has the UUID or PCI bus id '%s' ('regenctl status' lists them)", item);
+			snprintf(msg, len, strncasecmp(item, "MIG-", 4) == 0 ?
+					   "no GPU has the MIG device '%s' ('regenctl --json status' lists them)" :
+					   "no device has the UUID or PCI bus id '%s' ('regenctl status' lists them)", item);
 			regen_status_free(st);
 			return -ENODEV;
 		}
@@ -189,6 +232,84 @@ int ctl_targets_from_list(regen_client *c, const char *list, struct ctl_targets 
 	}
 	regen_status_free(st);
 	return 0;
+}
+
+/* The NVIDIA device plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES
+ * names a folder (/var/run/nvidia-container-devices) that holds one entry
+ * per GPU of the container, named by its UUID (or index, or MIG device).
+ * Their names, as a --device list, in list. */
+static int list_folder(const char *dir, char *list, size_t size, char *msg, size_t len)
+{
+	struct dirent **names = NULL;
+	int n = scandir(dir, &names, NULL, alphasort), r = 0;
+	size_t used = 0;
+
+	if (n < 0) {
+		snprintf(msg, len, "cannot read the folder of the job's GPUs %s: %s", dir, strerror(errno));
+		return -ENODEV;
+	}
+	list[0] = '\0';
+	for (int i = 0; i < n; i++) {
+		const char *name = names[i]->d_name;
+
+		if (name[0] != '.' && r == 0) {
+			int w = snprintf(list + used, size - used, "%s%s", used ? "," : "", name);
+			if (w < 0 || (size_t)w >= size - used) {
+				snprintf(msg, len, "%s lists more GPUs than regenctl takes", dir);
+				r = -EINVAL;
+			} else {
+				used += (size_t)w;
+			}
+		}
+		free(names[i]);
+	}
+	free(names);
+	return r;
+}
+
+/* CDI (the device plugin's cdi-annotations and cdi-cri strategies): the
+ * container's environment says NVIDIA_VISIBLE_DEVICES=void (the CDI spec
+ * sets it, so the older hook does nothing) and the GPUs are the device
+ * nodes the spec put in the container, /dev/nvidia<minor>. Those the
+ * container has, by minor number, as regend's devices. REGEN_DEV_DIR
+ * stands for /dev in tests. 0 with t->count 0 when there is none (the job
+ * has no GPU). */
+static int from_device_nodes(regen_client *c, struct ctl_targets *t, char *msg, size_t len)
+{
+	const char *dev = getenv("REGEN_DEV_DIR") && getenv("REGEN_DEV_DIR")[0] ? getenv("REGEN_DEV_DIR") : "/dev";
+	regen_status *st = NULL;
+	struct dirent **names = NULL;
+	int n = scandir(dev, &names, NULL, alphasort), r = 0;
+	size_t used = strlen(t->from);
+
+	for (int i = 0; i < n; i++) {
+		const char *name = names[i]->d_name;
+
+		if (r == 0 && strncmp(name, "nvidia", 6) == 0 && all_digits(name + 6, strlen(name + 6))) {
+			long minor = strtol(name + 6, NULL, 10);
+			int index;
+
+			if (!st && (r = regen_generation_get(c, &st)) < 0)
+				break;
+			index = lookup_health(st, "minor_number", NULL, minor);
+			if (index < 0 || index >= REGEN_DEVICES_MAX) {
+				snprintf(msg, len, "the container's %s/%s is no GPU regend serves (its minor number %ld is "
+					 "none of regenctl --json status's minor_number)", dev, name, minor);
+				r = -ENODEV;
+			} else {
+				t->count += !t->want[index];
+				t->want[index] = true;
+				used += (size_t)snprintf(t->from + used, used < sizeof(t->from) ? sizeof(t->from) - used : 0,
+							 "%s%s/%s", t->count == 1 ? " (CDI): " : ",", dev, name);
+				if (used >= sizeof(t->from))
+					used = sizeof(t->from) - 1;
+			}
+		}
+		free(names[i]);
+	}
+	free(names);
+	regen_status_free(st);
+	return r;
 }
 
 int ctl_targets_from_job(regen_client *c, struct ctl_targets *t, char *msg, size_t len)
@@ -209,11 +330,21 @@ int ctl_targets_from_job(regen_client *c, struct ctl_targets *t, char *msg, size
 		return 0;
 	}
 	snprintf(t->from, sizeof(t->from), "%s=%.160s", name, value);
+	if (strcmp(name, "NVIDIA_VISIBLE_DEVICES") == 0 && strcmp(value, "void") == 0)
+		return from_device_nodes(c, t, msg, len);
 	if (!value[0] || strcmp(value, "none") == 0 || strcmp(value, "void") == 0 || strcmp(value, "NoDevFiles") == 0)
 		return 0;
 	if (strcmp(value, "all") == 0) {
 		t->all = true;
 		return 0;
+	}
+	if (strcmp(name, "NVIDIA_VISIBLE_DEVICES") == 0 && value[0] == '/') {
+		char list[4096];
+		int r = list_folder(value, list, sizeof(list), msg, len);
+
+		if (r < 0 || !list[0])
+			return r;
+		return ctl_targets_from_list(c, list, t, msg, len);
 	}
 	return ctl_targets_from_list(c, value, t, msg, len);
 }

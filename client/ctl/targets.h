@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Which devices a regenctl lifecycle command means: --all, --device LIST
  * (indices, ranges, GPU UUIDs, PCI bus ids, as Status reports them) or
  * --job (the GPUs the scheduler gave the job, from its environment). */
@@ -24,9 +25,12 @@ int ctl_targets_check(const char *list, char *msg, size_t len);
 int ctl_targets_from_list(regen_client *c, const char *list, struct ctl_targets *t, char *msg, size_t len);
 
 /* Fills t from the job's environment: SLURM_STEP_GPUS, SLURM_JOB_GPUS,
- * NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, the first that is set.
- * 0 with t->count 0 when the job has no GPU (none set, or "none"/"void"/
- * empty): nothing to do. */
+ * NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, the first that is set, as
+ * the NVIDIA device plugin's strategies give it: UUIDs or indices
+ * (envvar), a folder of them (volume-mounts), "void" with the GPUs'
+ * device nodes in the container (CDI), MIG devices (by UUID or GPU:MIG
+ * index: their GPU). 0 with t->count 0 when the job has no GPU (none set,
+ * "none", empty, "void" without device nodes): nothing to do. */
 int ctl_targets_from_job(regen_client *c, struct ctl_targets *t, char *msg, size_t len);
 
 /* Device i is targeted. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: the client library of regend.
  *
  * A regen_client holds one connection to regend's main socket (control:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regen demo: a GEMM and an attention forward through regend, checked
 against float64, then a restart and what it means for a client's ids.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pyproject.toml has the package's metadata; this adds regen._accel, the
 optional C encoder of regen.torch's chained calls (regen/_accel.c, the
 stable ABI: one build for every CPython from 3.7 on). Where it cannot be

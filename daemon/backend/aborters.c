@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Aborter threads (aborters.h): a list of them under the set's own lock,
  * each marking itself done as its last act so that a reap joins only those
  * that will not block it. */

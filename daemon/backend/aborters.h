@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Aborter threads: an end that may take long (an ncclCommAbort whose peers
  * or device may be gone, or the host backend's stand-in for one) runs on a
  * thread of its own, so that whoever asks for it (the loop, a lane, a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The ops table through which the worker core drives a backend (host or
  * cuda). The core knows nothing else about a backend; only daemon/backend/cuda/
  * include CUDA headers. */
@@ -9,6 +10,7 @@
 #include <time.h>
 #include "regen-config.h"
 #include "proto/compute.h"
+#include "proto/device.h"
 #include "proto/program.h"
 #include "proto/ids.h"
 #include "proto/message.h"
@@ -256,6 +258,9 @@ struct rd_health {
 	int retired_pages_pending;     /* 1 yes, 0 no, -1 unknown: page retirement waits for a GPU reset */
 	int remap_pending;             /* row remapping waits for a GPU reset */
 	int remap_failed;              /* a row could not be remapped: the GPU needs service */
+	int minor_number;              /* /dev/nvidia<minor_number>; -1 unknown */
+	unsigned nmig;                 /* MIG devices (MIG on), their UUIDs */
+	char mig_devices[RP_MIG_DEVICES_MAX][96];
 	struct rd_sharing sharing;     /* not health, but known to the same code and copied with it */
 };
 
@@ -265,7 +270,10 @@ void rd_health_unknown(struct rd_health *h);
 struct rd_backend_ops {
 	const char *name;
 	/* Once per worker process, before any other op. Registers the device-level
-	 * resources. 0 or -errno with err set. */
+	 * resources. 0 or -errno with err set. -ENOTSUP: the node's software
+	 * cannot drive the device (a driver missing or older than the runtime,
+	 * a GPU older than regen supports), which err's message names: the
+	 * device is unsupported, not failed. */
 	int (*open)(struct rd_device *dev, struct rp_error *err);
 	/* Process exit: release everything still held. */
 	void (*close)(struct rd_device *dev);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The XID table and the health record every backend fills. Meanings follow
  * NVIDIA's XID catalog; the action is regend's: an XID that may be another
  * process's own error is recorded only, one that spoils every context on
@@ -49,6 +50,7 @@ void rd_health_unknown(struct rd_health *h)
 	snprintf(h->source, sizeof(h->source), "unavailable");
 	h->ecc_dbe_volatile = h->ecc_dbe_aggregate = -1;
 	h->retired_pages_pending = h->remap_pending = h->remap_failed = -1;
+	h->minor_number = -1;
 	h->sharing.mps_clients = -1;
 }
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every backend shares about a device's health: the XID table (what an
  * XID means and what regend does about it) and the health record's
  * defaults. No CUDA here: the host backend simulates XIDs through the same

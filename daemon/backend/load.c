@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend is a module, backend-cuda.so, that only a worker whose
  * backend is cuda loads (as PipeWire loads its plugins): the supervisor
  * and host workers then never map the CUDA libraries (~150 MB resident
@@ -23,7 +24,6 @@
 #include "daemon/log.h"
 
 #if REGEN_HAVE_CUDA
-#define LOG_ERR(dev, ...) rd_err("worker", (dev)->index, (uint64_t)atomic_load(&(dev)->generation), 0, __VA_ARGS__)
 
 /* The directories to try, in order; returns how many. */
 static int module_dirs(char dirs[][PATH_MAX])
@@ -50,7 +50,7 @@ static int module_dirs(char dirs[][PATH_MAX])
 	return n;
 }
 
-static int load_cuda(struct rd_device *dev)
+static int load_cuda(struct rd_device *dev, char *why, size_t size)
 {
 	char dirs[2][PATH_MAX], path[PATH_MAX + 32];
 	int n = module_dirs(dirs);
@@ -62,8 +62,12 @@ static int load_cuda(struct rd_device *dev)
 			break;
 	}
 	if (i == n) {
-		LOG_ERR(dev, "cannot load the cuda backend: no backend-cuda.so in %s%s%s", dirs[0], n > 1 ? " or " : "",
-			n > 1 ? dirs[1] : "");
+		/* Installed from packages, the module is a package of its own,
+		 * so that a node without CUDA installs the rest. */
+		snprintf(why, size,
+			 "the CUDA backend is not installed: no backend-cuda.so in %s%s%s (install the regen-cuda package, "
+			 "or build regen where the CUDA toolkit is)",
+			 dirs[0], n > 1 ? " or " : "", n > 1 ? dirs[1] : "");
 		return -ENOENT;
 	}
 	/* Never closed: the CUDA libraries it brings do not unload cleanly,
@@ -72,18 +76,19 @@ static int load_cuda(struct rd_device *dev)
 	if (!module) {
 		/* dlerror() names the library that failed, the module itself or
 		 * one it needs (libcudart, libcublasLt...), and why. */
-		LOG_ERR(dev, "cannot load the cuda backend %s: %s", path, dlerror());
+		snprintf(why, size, "cannot load the CUDA backend %s: %s (the CUDA 13 runtime, cuBLASLt, cuDNN 9 and NVRTC "
+			 "must be installed: README, Platforms)", path, dlerror());
 		return -ELIBACC;
 	}
 	rd_backend_entry_fn *entry = (rd_backend_entry_fn *)dlsym(module, "rd_backend_cuda_entry");
 	if (!entry) {
-		LOG_ERR(dev, "cannot load the cuda backend: %s has no rd_backend_cuda_entry", path);
+		snprintf(why, size, "cannot load the CUDA backend: %s has no rd_backend_cuda_entry", path);
 		return -ELIBBAD;
 	}
 	const struct rd_backend_ops *ops = entry(REGEN_VERSION);
 	if (!ops) {
-		LOG_ERR(dev, "cannot load the cuda backend: %s was built for another regen version than %s", path,
-			REGEN_VERSION);
+		snprintf(why, size, "cannot load the CUDA backend: %s was built for another regen version than %s "
+			 "(install regen and regen-cuda of the same version)", path, REGEN_VERSION);
 		return -ELIBBAD;
 	}
 	rd_debug("worker", dev->index, (uint64_t)atomic_load(&dev->generation), 0, "cuda backend from %s", path);
@@ -92,11 +97,11 @@ static int load_cuda(struct rd_device *dev)
 }
 #endif
 
-int rd_backend_load(struct rd_device *dev, const char *name)
+int rd_backend_load(struct rd_device *dev, const char *name, char *why, size_t size)
 {
 #if REGEN_HAVE_CUDA
 	if (strcmp(name, "cuda") == 0)
-		return load_cuda(dev);
+		return load_cuda(dev, why, size);
 #endif
 	dev->backend = &rd_backend_host;
 	return 0;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The bounded plan cache: see plan_cache.h for the contract. */
 #include <errno.h>
 #include <stdlib.h>

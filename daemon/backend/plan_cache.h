@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A bounded cache of plans (the CUDA backend's cuBLASLt GEMM plans), keyed
  * by a fixed-size byte key. A client that sends ever new shapes must not
  * grow the daemon without bound nor make every later call slower, so:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -185,8 +186,12 @@ static void take_health(struct rd_sv_device *d, const cJSON *health)
 	h->known = true;
 	snprintf(h->source, sizeof(h->source), "%s", in.source);
 	snprintf(h->detail, sizeof(h->detail), "%s", in.detail);
-	snprintf(h->uuid, sizeof(h->uuid), "%s", in.uuid);
-	snprintf(h->pci_bus_id, sizeof(h->pci_bus_id), "%s", in.pci_bus_id);
+	/* A worker that could not open the GPU does not know it: the one
+	 * before it did, and the GPU is still the same. */
+	if (in.uuid[0] || !h->uuid[0])
+		snprintf(h->uuid, sizeof(h->uuid), "%s", in.uuid);
+	if (in.pci_bus_id[0] || !h->pci_bus_id[0])
+		snprintf(h->pci_bus_id, sizeof(h->pci_bus_id), "%s", in.pci_bus_id);
 	/* A new worker has seen no XID yet: the last one stays known. */
 	if (in.last_xid) {
 		h->last_xid = in.last_xid;
@@ -198,6 +203,15 @@ static void take_health(struct rd_sv_device *d, const cJSON *health)
 	h->retired_pages_pending = in.retired_pages_pending;
 	h->remap_pending = in.remap_pending;
 	h->remap_failed = in.remap_failed;
+	/* As the UUID: what a worker that could not open the GPU does not know
+	 * stays what the one before it said. */
+	if (in.has_minor_number || in.uuid[0]) {
+		h->has_minor_number = in.has_minor_number;
+		h->minor_number = in.minor_number;
+		h->nmig = 0;
+		for (size_t i = 0; i < in.nmig && i < RP_MIG_DEVICES_MAX; i++)
+			snprintf(h->mig_devices[h->nmig++], sizeof(h->mig_devices[0]), "%s", in.mig_devices[i]);
+	}
 }
 
 /* A worker's io.regen.Device.Sharing (NULL: it sent none). MPS is a mode
@@ -303,6 +317,7 @@ void rd_sv_device_enqueue(struct rd_sv_device *d, enum rd_sv_verb verb, const ch
 static void kill_worker(struct rd_sv_device *d, const char *why)
 {
 	rd_warn("lifecycle", d->index, d->generation, 0, "killing worker %d: %s", d->worker.pid, why);
+	d->worker_told_to_exit = true;
 	rd_sv_worker_kill(&d->worker, SIGKILL);
 }
 
@@ -424,6 +439,7 @@ static void on_drain_reply(struct rd_conn *conn, const struct rp_call *reply, vo
 		 * and is killed if it does not within the lifecycle timeout. */
 		op->step = OP_APPLYING;
 		uv_timer_start(&d->timer, on_op_timeout, LIFECYCLE_TIMEOUT_MS, 0);
+		d->worker_told_to_exit = true;
 		rd_sv_worker_kill(&d->worker, SIGTERM);
 		return;
 	}
@@ -551,7 +567,7 @@ static void on_heartbeat(uv_timer_t *t)
 	forgive_own_lateness(d, now, uv_timer_get_repeat(t));
 	uint64_t silent_ms = (now - d->last_answer_ns) / 1000000u;
 	if (!d->worker.ctl || d->state == RP_STATE_UNRESPONSIVE || d->state == RP_STATE_FAILED ||
-	    d->state == RP_STATE_RESPAWNING)
+	    d->state == RP_STATE_UNSUPPORTED || d->state == RP_STATE_RESPAWNING)
 		return;
 	/* heartbeat_ms changed (SIGHUP): the timer goes at the new pace from
 	 * now and the silence is counted afresh. The verdict below holds the
@@ -648,20 +664,22 @@ static unsigned failed_backoff_ms(const struct rd_sv_device *d)
 	return ms > 86400000u ? 86400000u : (unsigned)ms;
 }
 
-/* The GPU needs a reset or is gone: no worker helps now. The device says
- * so (state failed, with why and when the next try comes), every queued
- * request ends, the worker goes, and the next one starts after a pause
- * that doubles with each failure in a row: no respawn loop onto a GPU that
- * is not there. */
-static void fail(struct rd_sv_device *d, const char *what)
+/* The GPU needs a reset or is gone (state failed), or the node's software
+ * cannot drive it (unsupported: the driver, the CUDA backend): no worker
+ * helps now. The device says so (the state, with why and when the next
+ * try comes), every queued request ends, the worker goes, and the next one
+ * starts after a pause that doubles with each failure in a row: no
+ * respawn loop onto a GPU that is not there, or that nothing here can
+ * drive until the driver or the packages change. */
+static void fail_as(struct rd_sv_device *d, enum rp_state state, const char *what)
 {
-	char why[192];
+	char why[RD_SV_REASON_MAX];
 	unsigned backoff;
 	struct rd_sv_op *op;
 
 	d->failed_streak++;
 	backoff = failed_backoff_ms(d);
-	snprintf(why, sizeof(why), "failed: %.140s (next try in %u ms)", what, backoff);
+	snprintf(why, sizeof(why), "%s: %.260s (next try in %u ms)", rp_state_name(state), what, backoff);
 	rd_err("lifecycle", d->index, d->generation, 0, "%s", why);
 	uv_timer_stop(&d->timer);
 	while ((op = d->ops)) {
@@ -670,13 +688,19 @@ static void fail(struct rd_sv_device *d, const char *what)
 			events(d)->request_finished(d, op->request, why, d->env->data);
 		free(op);
 	}
-	transition(d, RP_STATE_FAILED, d->state != RP_STATE_RESPAWNING && d->state != RP_STATE_FAILED, why);
+	transition(d, state,
+		   d->state != RP_STATE_RESPAWNING && d->state != RP_STATE_FAILED && d->state != RP_STATE_UNSUPPORTED, why);
 	uv_timer_stop(&d->heartbeat_timer);
 	if (rd_sv_worker_running(&d->worker))
 		kill_worker(d, why);    /* its exit starts the pause */
 	else
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, backoff, 0);
 	start_settled(d);
+}
+
+static void fail(struct rd_sv_device *d, const char *what)
+{
+	fail_as(d, RP_STATE_FAILED, what);
 }
 
 static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health,
@@ -690,7 +714,7 @@ static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *rea
 	 * charge. */
 	if (kind == RD_SV_FAULT_HUNG && uid >= 0 && d->env->events->hang_of_uid)
 		d->env->events->hang_of_uid(d, (uid_t)uid, reason, d->env->data);
-	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNRESPONSIVE)
+	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNSUPPORTED || d->state == RP_STATE_UNRESPONSIVE)
 		return;    /* the worker is on its way out */
 	d->counters.faults++;
 	if (kind == RD_SV_FAULT_FAILED) {
@@ -719,15 +743,27 @@ static void on_worker_faulted(void *data, enum rd_sv_fault kind, const char *rea
 	}
 }
 
-static void on_worker_exited(void *data, const char *why, bool device_failed)
+/* Kept until the worker's exit, which says the same in its status. */
+static void on_worker_cannot_serve(void *data, enum rd_sv_exit how, const char *reason, const cJSON *health)
 {
 	struct rd_sv_device *d = data;
+
+	take_health(d, health);
+	snprintf(d->cannot_serve, sizeof(d->cannot_serve), "%s", reason);
+}
+
+static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
+{
+	struct rd_sv_device *d = data;
+	char cannot_serve[sizeof(d->cannot_serve)];
 	unsigned backoff;
 
 	uv_timer_stop(&d->heartbeat_timer);
 	uv_timer_stop(&d->start_timer);
 	d->ping_outstanding = false;
 	fold_worker_counts(d);
+	snprintf(cannot_serve, sizeof(cannot_serve), "%s", d->cannot_serve);
+	d->cannot_serve[0] = '\0';
 	if (*d->env->stopping)
 		return;
 	/* Killed at its start deadline: that, not the signal, is why. */
@@ -748,15 +784,26 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 		return;
 	}
 	rd_warn("lifecycle", d->index, d->generation, 0, "%s", why);
-	if (d->state == RP_STATE_FAILED) {
-		/* Killed by fail(): the pause starts now. */
+	if (d->state == RP_STATE_FAILED || d->state == RP_STATE_UNSUPPORTED) {
+		/* Killed by fail_as(): the pause starts now. */
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, failed_backoff_ms(d), 0);
 		return;
 	}
-	if (device_failed) {
-		fail(d, "the worker cannot open the device (its log says why)");
+	if (how == RD_SV_EXIT_UNSUPPORTED) {
+		fail_as(d, RP_STATE_UNSUPPORTED,
+			cannot_serve[0] ? cannot_serve : "the worker cannot drive the device (its log says why)");
 		return;
 	}
+	if (how == RD_SV_EXIT_DEVICE_FAILED) {
+		fail(d, cannot_serve[0] ? cannot_serve : "the worker cannot open the device (its log says why)");
+		return;
+	}
+	/* A fault of the device's worker, as a lost context is: one that had
+	 * served and died unasked (a crash: a signal regend did not send, an
+	 * exit of its own), or stopped answering. A hung call was counted
+	 * when the worker reported it; a start that failed is no fault. */
+	if ((d->worker_served && !d->worker_told_to_exit) || d->state == RP_STATE_UNRESPONSIVE)
+		d->counters.faults++;
 	/* A worker found unresponsive, or replaced for a hang, keeps that as
 	 * the reason; any other loss is the exit. */
 	bump_for_lost_worker(d, d->state == RP_STATE_UNRESPONSIVE ? NULL : why);
@@ -794,7 +841,12 @@ static void on_worker_exited(void *data, const char *why, bool device_failed)
 	start_settled(d);
 }
 
-static const struct rd_sv_worker_events worker_events = { on_worker_ready, on_worker_faulted, on_worker_exited };
+static const struct rd_sv_worker_events worker_events = {
+	.ready = on_worker_ready,
+	.faulted = on_worker_faulted,
+	.exited = on_worker_exited,
+	.cannot_serve = on_worker_cannot_serve,
+};
 
 /* A worker that hangs in its start (a driver that never answers its
  * init) would hold the device, and READY=1 with it, for ever: past the
@@ -833,6 +885,7 @@ static void spawn(struct rd_sv_device *d)
 		d->respawns++;
 	d->up_since_ns = uv_hrtime();
 	d->worker_served = false;
+	d->worker_told_to_exit = false;
 	uv_timer_start(&d->start_timer, on_start_timeout, d->env->opts->worker_start_timeout_ms, 0);
 }
 
@@ -956,6 +1009,7 @@ void rd_sv_device_stop(struct rd_sv_device *d, const char *why)
 	uv_close((uv_handle_t *)&d->start_timer, NULL);
 	detached_unlisten(d);
 	/* The worker drains on SIGTERM and exits. */
+	d->worker_told_to_exit = true;
 	rd_sv_worker_kill(&d->worker, SIGTERM);
 }
 
@@ -1067,7 +1121,10 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 		.state = d->state,
 		.backend = d->backend,
 		.worker_socket = d->worker_socket,
-		.worker_pid = d->worker.pid,
+		/* A worker that exited is no worker of the device's: a detached,
+		 * failed or respawning device names none (its pid may be another
+		 * process's by now). */
+		.worker_pid = rd_sv_worker_running(&d->worker) ? d->worker.pid : 0,
 		.respawns = d->respawns,
 		.memory_used = d->memory_used,
 		.memory_baseline = d->memory_baseline,
@@ -1111,6 +1168,11 @@ void rd_sv_device_info(const struct rd_sv_device *d, struct rp_device_info *out)
 			.retired_pages_pending = d->health.retired_pages_pending,
 			.remap_pending = d->health.remap_pending,
 			.remap_failed = d->health.remap_failed,
+			.has_minor_number = d->health.has_minor_number,
+			.minor_number = d->health.minor_number,
+			.nmig = d->health.nmig,
 		},
 	};
+	for (unsigned i = 0; i < d->health.nmig; i++)
+		out->health.mig_devices[i] = d->health.mig_devices[i];
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One device, as the supervisor holds it: its state and generation, its
  * queue of lifecycle operations, and its worker process, respawned (with a
  * growing pause when it keeps dying) whenever it is lost, and watched by a
@@ -91,6 +92,10 @@ struct rd_sv_health {
 	int64_t last_xid_unix_ms;
 	int64_t ecc_dbe_volatile, ecc_dbe_aggregate;
 	int retired_pages_pending, remap_pending, remap_failed;
+	bool has_minor_number;
+	uint32_t minor_number;
+	unsigned nmig;
+	char mig_devices[RP_MIG_DEVICES_MAX][96];
 };
 
 /* What the last worker said of how its context shares the GPU
@@ -118,6 +123,7 @@ struct rd_sv_device {
 	unsigned crash_streak;         /* workers in a row lost within a minute of coming up (device.c) */
 	uint64_t up_since_ns;          /* when the worker last started or reported Ready; 0 before the first */
 	bool worker_served;            /* the last worker started reported Ready */
+	bool worker_told_to_exit;      /* the supervisor signalled the last worker (its exit is no crash) */
 	bool start_settled;            /* the first start is over (rd_sv_device_events.start_settled) */
 	struct rd_sv_op *ops;          /* the first runs, the rest wait */
 	uv_timer_t timer;              /* the running operation's deadline */
@@ -130,6 +136,7 @@ struct rd_sv_device {
 	uint64_t last_tick_ns;         /* the heartbeat's last tick */
 	bool ping_outstanding;
 	unsigned failed_streak;        /* failures of the GPU in a row: the pause before the next try doubles */
+	char cannot_serve[RD_SV_REASON_MAX - 64]; /* why the running worker will exit unserved, as it said */
 	struct rd_sv_health health;
 	struct rd_sv_sharing sharing;
 	/* io.regen.Device.Counters: the lifecycle counts are the supervisor's;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Generations that outlive regend itself.
  *
  * A client holds ids stamped with the generation they were made in and

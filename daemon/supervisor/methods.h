@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device on the main socket: Status, Generation, Watch, and for
  * admins Release, Reset, Restart and InjectFault; Memory and Compute calls
  * are answered with where they belong (io.regen.WrongEndpoint). A client's

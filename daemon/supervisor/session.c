@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "daemon/dispatch.h"
 #include "daemon/job.h"
 #include "daemon/log.h"

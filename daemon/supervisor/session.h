@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The main socket's sessions: a connection accepted is a session, admin or
  * not by its peer's credentials (decided at accept, and again on SIGHUP),
  * and refused when its uid already holds max_connections. Calls go to the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The supervisor: the process systemd starts. It never touches CUDA. It owns
  * the main socket and its sessions (session.c), the io.regen.Device methods
  * served there (methods.c), the node epoch and the Watch subscribers

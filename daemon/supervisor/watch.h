@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The node's epoch and the io.regen.Device.Watch subscribers. The epoch goes
  * up by one with any device's generation, here and nowhere else; every
  * subscriber hears of every state transition of every device (the state

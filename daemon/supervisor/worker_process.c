@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -70,9 +71,28 @@ static void ctl_faulted(struct rd_call *call)
 	rd_call_reply(call, NULL, false);
 }
 
+static void ctl_cannot_serve(struct rd_call *call)
+{
+	static const char *const kinds[] = { "unsupported", "failed", NULL };
+	struct rd_sv_worker *w = call->conn->data;
+	const char *reason = NULL;
+	struct rp_error err = { 0 };
+	int kind = 0;
+
+	rp_params_string(call->msg.params, "reason", 300, "", &reason, &err);
+	rp_error_clear(&err);
+	rp_params_enum(call->msg.params, "kind", kinds, 0, &kind, &err);
+	rp_error_clear(&err);
+	if (w->events->cannot_serve && reason && reason[0])
+		w->events->cannot_serve(w->data, kind == 0 ? RD_SV_EXIT_UNSUPPORTED : RD_SV_EXIT_DEVICE_FAILED, reason,
+					cJSON_GetObjectItemCaseSensitive(call->msg.params, "health"));
+	rd_call_reply(call, NULL, false);
+}
+
 static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.Ready", ctl_ready },
 	{ "io.regen.Worker.Faulted", ctl_faulted },
+	{ "io.regen.Worker.CannotServe", ctl_cannot_serve },
 	{ NULL },
 };
 static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };
@@ -103,6 +123,7 @@ static void free_process(uv_handle_t *h)
 static void on_process_exit(uv_process_t *proc, int64_t status, int signal)
 {
 	struct rd_sv_worker *w = proc->data;
+	enum rd_sv_exit how = RD_SV_EXIT_OTHER;
 	char why[96];
 
 	if (w->proc == proc)
@@ -110,13 +131,19 @@ static void on_process_exit(uv_process_t *proc, int64_t status, int signal)
 	uv_close((uv_handle_t *)proc, free_process);
 	if (w->ctl)
 		rd_conn_close(w->ctl);
+	if (!signal && status == RD_WORKER_EXIT_DEVICE_FAILED)
+		how = RD_SV_EXIT_DEVICE_FAILED;
+	else if (!signal && status == RD_WORKER_EXIT_UNSUPPORTED)
+		how = RD_SV_EXIT_UNSUPPORTED;
 	if (signal)
 		snprintf(why, sizeof(why), "worker exited (signal %d)", signal);
-	else if (status == RD_WORKER_EXIT_DEVICE_FAILED)
+	else if (how == RD_SV_EXIT_DEVICE_FAILED)
 		snprintf(why, sizeof(why), "worker exited: its device is unusable");
+	else if (how == RD_SV_EXIT_UNSUPPORTED)
+		snprintf(why, sizeof(why), "worker exited: the node's software cannot drive its device");
 	else
 		snprintf(why, sizeof(why), "worker exited (status %lld)", (long long)status);
-	w->events->exited(w->data, why, !signal && status == RD_WORKER_EXIT_DEVICE_FAILED);
+	w->events->exited(w->data, why, how);
 }
 
 int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts)

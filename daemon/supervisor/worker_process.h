@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A device's worker process, as the supervisor runs it: started with a
  * command line built from the option table, its control channel (a
  * socketpair on the worker's fd 3 that speaks io.regen.Worker, see
@@ -24,6 +25,13 @@ struct rd_sv_worker_ready {
 /* io.regen.Worker.FaultKind. */
 enum rd_sv_fault { RD_SV_FAULT_LOST = 0, RD_SV_FAULT_HUNG, RD_SV_FAULT_FAILED };
 
+/* How a worker's process ended, from its exit status (daemon/worker/worker.h). */
+enum rd_sv_exit {
+	RD_SV_EXIT_OTHER = 0,         /* a crash, a signal, any other status */
+	RD_SV_EXIT_DEVICE_FAILED,     /* RD_WORKER_EXIT_DEVICE_FAILED: the device is unusable */
+	RD_SV_EXIT_UNSUPPORTED,       /* RD_WORKER_EXIT_UNSUPPORTED: the node's software cannot drive it */
+};
+
 
 struct rd_sv_worker_events {
 	/* The worker listens on its socket and its backend is open. */
@@ -34,9 +42,13 @@ struct rd_sv_worker_events {
 	void (*faulted)(void *data, enum rd_sv_fault kind, const char *reason, const cJSON *health, int64_t uid);
 	/* The process is gone; why: "worker exited (signal 9)". Its control
 	 * channel is closed by then, and every call on it got reply NULL.
-	 * device_failed: it exited with RD_WORKER_EXIT_DEVICE_FAILED
-	 * (daemon/worker/worker.h): its device is unusable. */
-	void (*exited)(void *data, const char *why, bool device_failed);
+	 * how: what its exit status says of the device. */
+	void (*exited)(void *data, const char *why, enum rd_sv_exit how);
+	/* Before a worker exits without serving because of its device
+	 * (io.regen.Worker.CannotServe), why in words a person can act on:
+	 * how is RD_SV_EXIT_UNSUPPORTED or RD_SV_EXIT_DEVICE_FAILED, as its
+	 * exit status will say. health: NULL when absent. May be NULL. */
+	void (*cannot_serve)(void *data, enum rd_sv_exit how, const char *reason, const cJSON *health);
 };
 
 struct rd_sv_worker {

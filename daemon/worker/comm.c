@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Comm on a worker socket: communicators as objects of the
  * worker's table (ids owned by the process that made them, stamped with
  * the generation) over the backend's communicators (registry resources).
@@ -476,7 +477,8 @@ bool rd_comm_keep_detached(struct rd_object *o, void *worker)
 
 static void abort_each(struct rd_worker *w, bool only_busy, const char *why)
 {
-	if (!w->dev.backend->comm_abort)
+	/* No backend yet: a worker that could not load one holds nothing. */
+	if (!w->dev.backend || !w->dev.backend->comm_abort)
 		return;
 	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
 		for (struct rd_object *o = w->objects.table[b]; o; o = o->next_in_table) {

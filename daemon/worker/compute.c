@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Compute on a worker socket: every operation of the op table
  * (proto/compute.h), and io.regen.Comm's collectives (proto/comm.h),
  * through one path. The call is parsed and checked, each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The control channel: the supervisor's verbs to this worker (io.regen.Worker:
  * Drain, Release, Reset, Stats, InjectFault, Reload) and what the worker reports
  * upward (Ready, Faulted). Stats is also the supervisor's heartbeat: it
@@ -6,6 +7,7 @@
  * move the device to the generation the supervisor names; every verb that
  * carries the node's epoch updates the one the worker reports. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include "daemon/log.h"
 #include "daemon/worker/session.h"
 #include "daemon/worker/worker.h"
+#include "proto/device.h"
 #include "proto/errors.h"
 #include "proto/params.h"
 
@@ -375,6 +378,55 @@ void rd_control_ready(struct rd_worker *w)
 	cJSON_AddItemToObject(p, "health", rd_health_json(w));
 	add_sharing(w, p);
 	rd_conn_call(w->ctl, "io.regen.Worker.Ready", p, true, NULL, NULL);
+}
+
+static void on_cannot_serve_heard(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	*(bool *)userdata = true;
+}
+
+static void on_cannot_serve_deadline(uv_timer_t *t)
+{
+	*(bool *)t->data = true;
+}
+
+void rd_control_cannot_serve(struct rd_worker *w, const char *kind, const char *reason)
+{
+	/* The supervisor hears it before it sees the exit: without an answer
+	 * (a supervisor stuck or gone) the exit status alone must do. */
+	enum { HEARD_WITHIN_MS = 3000 };
+	struct rd_health h;
+	bool heard = false;
+	uv_timer_t deadline;
+
+	if (!w->ctl)
+		return;
+	/* No backend opened, so nothing is known of the GPU; the health says
+	 * why, where Status shows it. */
+	rd_health_unknown(&h);
+	snprintf(h.detail, sizeof(h.detail), "%s", reason);
+	struct rp_device_health out = {
+		.source = h.source,
+		.detail = h.detail,
+		.ecc_dbe_volatile = -1,
+		.ecc_dbe_aggregate = -1,
+		.retired_pages_pending = -1,
+		.remap_pending = -1,
+		.remap_failed = -1,
+	};
+	cJSON *p = cJSON_CreateObject();
+	cJSON_AddStringToObject(p, "kind", kind);
+	cJSON_AddStringToObject(p, "reason", reason);
+	cJSON_AddItemToObject(p, "health", rp_device_health_encode(&out));
+	if (rd_conn_call(w->ctl, "io.regen.Worker.CannotServe", p, false, on_cannot_serve_heard, &heard) < 0)
+		return;
+	uv_timer_init(w->loop, &deadline);
+	deadline.data = &heard;
+	uv_timer_start(&deadline, on_cannot_serve_deadline, HEARD_WITHIN_MS, 0);
+	while (!heard && uv_run(w->loop, UV_RUN_ONCE))
+		;
+	uv_close((uv_handle_t *)&deadline, NULL);
+	uv_run(w->loop, UV_RUN_NOWAIT);
 }
 
 void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason, int64_t uid)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The worker's health monitor: faults found without waiting for a call.
  *
  * - The backend's health watch (a thread of its own: on CUDA a query of the
@@ -242,7 +243,12 @@ cJSON *rd_health_json(struct rd_worker *w)
 		.retired_pages_pending = h.retired_pages_pending,
 		.remap_pending = h.remap_pending,
 		.remap_failed = h.remap_failed,
+		.has_minor_number = h.minor_number >= 0,
+		.minor_number = h.minor_number >= 0 ? (uint32_t)h.minor_number : 0,
+		.nmig = h.nmig < RP_MIG_DEVICES_MAX ? h.nmig : RP_MIG_DEVICES_MAX,
 	};
+	for (size_t i = 0; i < out.nmig; i++)
+		out.mig_devices[i] = h.mig_devices[i];
 	return rp_device_health_encode(&out);
 }
 

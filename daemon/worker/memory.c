@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Memory on a worker socket: imports of buffers and events, and
  * their close. Parameters and replies go through proto/memory.h's codecs;
  * an import's id is the caller's alone (objects.c). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The worker's table of the ids it handed out (buffers, events and
  * communicators: one table and one code path for all), with their owners. An id names an
  * object only for the process that imported it, and only in the generation

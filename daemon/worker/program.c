@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program on a worker socket: Define, Run, Drop, Status.
  *
  * A program is an id of the process that defined it (objects.c), checked

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The resource registry: see registry.h for the contract. */
 #include <stdlib.h>
 #include "daemon/worker/registry.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The resource registry of one device (seed 000, with its review folded in).
  *
  * Every native object the worker makes (lane queues and streams, library

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Connections to the worker socket: accept, the method table, the lane,
  * the one place every error a client gets is completed, and the close. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A connection to a worker socket: one client process's lane. Its calls run
  * in order on the lane (a CUDA stream on the cuda backend); the session
  * lives until the connection closed and its last call finished. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What each job uses of the worker's device now (io.regen.Device.Job): the
  * connections of its clients, what they imported and their calls. A
  * session counts in the job that names its connection (daemon/job.h),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The worker process: opens its device's backend, serves its socket, hands
  * completions and faults from backend threads to the loop, and stops. */
 #include "regen-config.h"
@@ -267,13 +268,6 @@ int rd_worker_run(const struct rd_options *opts)
 	w->dev.gemm_plans_max = opts->gemm_plans_max;
 	_Static_assert(sizeof(w->dev.rtc_cache_dir) == sizeof(opts->rtc_cache_dir), "rtc_cache_dir's size");
 	memcpy(w->dev.rtc_cache_dir, opts->rtc_cache_dir, sizeof(w->dev.rtc_cache_dir));
-	if (rd_backend_load(&w->dev, opts->backend) < 0)
-		return 1;
-	rd_objects_init(&w->objects, &w->dev);
-	w->objects.keep = rd_comm_keep_detached;
-	w->objects.keep_data = w;
-	rd_health_init(w);
-
 	uv_async_init(w->loop, &w->wakeup, on_wakeup);
 	w->wakeup.data = w;
 	uv_timer_init(w->loop, &w->drain_timer);
@@ -283,22 +277,46 @@ int rd_worker_run(const struct rd_options *opts)
 	w->sigterm.data = w;
 	uv_signal_start(&w->sigterm, on_sigterm, SIGTERM);
 
+	char why[512];
+	/* The channel first: a backend that cannot be loaded is told to the
+	 * supervisor, in words Status shows. */
 	if (rd_control_open(w, opts->ctl_fd) < 0) {
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "no control channel");
 		return 1;
 	}
+	if (rd_backend_load(&w->dev, opts->backend, why, sizeof(why)) < 0) {
+		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "cannot serve: %s", why);
+		rd_control_cannot_serve(w, "unsupported", why);
+		return RD_WORKER_EXIT_UNSUPPORTED;
+	}
+	rd_objects_init(&w->objects, &w->dev);
+	w->objects.keep = rd_comm_keep_detached;
+	w->objects.keep_data = w;
+	rd_health_init(w);
+
 	r = w->dev.backend->open(&w->dev, &err);
 	if (r < 0) {
 		cJSON *m = err.params ? cJSON_GetObjectItem(err.params, "message") : NULL;
+		snprintf(why, sizeof(why), "%s", cJSON_IsString(m) ? m->valuestring : strerror(-r));
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "cannot open the %s backend: %s",
-		       w->dev.backend->name, cJSON_IsString(m) ? m->valuestring : strerror(-r));
+		       w->dev.backend->name, why);
+		/* -ENOTSUP: the backend says the node's software cannot drive
+		 * the device (backend.h); a device lost or not there is a
+		 * failed GPU; anything else a start that failed, tried again. */
 		bool unusable = err.name && (strcmp(err.name, RP_ERR_DEVICE_LOST) == 0 ||
 					     strcmp(err.name, RP_ERR_NO_SUCH_DEVICE) == 0);
 		rp_error_clear(&err);
-		return unusable ? RD_WORKER_EXIT_DEVICE_FAILED : 1;
+		if (r == -ENOTSUP) {
+			rd_control_cannot_serve(w, "unsupported", why);
+			return RD_WORKER_EXIT_UNSUPPORTED;
+		}
+		if (unusable) {
+			rd_control_cannot_serve(w, "failed", why);
+			return RD_WORKER_EXIT_DEVICE_FAILED;
+		}
+		return 1;
 	}
 	rd_worker_socket_path(opts, w->dev.index, w->socket_path, sizeof(w->socket_path));
-	char why[512];
 	int dir = rd_socket_dir_open(w->socket_path, why, sizeof(why));
 	if (dir < 0) {
 		rd_err("worker", w->dev.index, rd_worker_generation(w), 0, "refusing to serve: %s", why);

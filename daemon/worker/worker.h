@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A worker process: owns one device (its backend context and resource
  * registry), serves Memory and Compute on its own socket, and obeys the
  * supervisor's lifecycle verbs on the control channel (fd --ctl-fd).
@@ -39,6 +40,11 @@ struct rd_session;
  * device is unusable (gone, needing a GPU reset, not there): the supervisor
  * treats it as a failed GPU, not as a crash to respawn at once. */
 #define RD_WORKER_EXIT_DEVICE_FAILED 3
+/* ... because the node's software cannot drive it: no CUDA backend module,
+ * a library it needs missing, a driver older than the CUDA runtime, a GPU
+ * older than regen supports. The supervisor shows the device unsupported
+ * and tries again after a pause, as for a failed GPU. */
+#define RD_WORKER_EXIT_UNSUPPORTED 4
 
 /* A compute call the worker runs, a Varlink call or a ring record: the op
  * the backend finishes, and what the core keeps beside it. */
@@ -162,6 +168,11 @@ void rd_session_accept(int fd, void *worker);
 int rd_control_open(struct rd_worker *w, int ctl_fd);
 /* Tells the supervisor the worker serves, and how much memory it holds. */
 void rd_control_ready(struct rd_worker *w);
+/* Tells the supervisor why this worker exits without serving
+ * (io.regen.Worker.CannotServe; kind "unsupported" or "failed"), and waits
+ * (a few seconds at most) until it has heard: the exit status that follows
+ * says the same, the reason is what Status shows. */
+void rd_control_cannot_serve(struct rd_worker *w, const char *kind, const char *reason);
 void rd_control_report_fault(struct rd_worker *w, enum rd_fault_kind kind, const char *reason, int64_t uid);
 /* A drain in progress ends when the last call in flight finished. */
 void rd_control_maybe_finish_drain(struct rd_worker *w);

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared pieces of the Python benchmarks: timing statistics, a regend to
 talk to, and markdown/JSON output."""
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """AllReduce through regend (io.regen.Comm, NCCL in regend's workers)
 against torch.distributed's NCCL on the same GPUs, in the same run, on the
 same tensors; bandwidth reported as nccl-tests reports it.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Attention through regend (CUDA backend: cuDNN's fused attention) against
 torch's scaled_dot_product_attention with each of its backends (flash,
 cuDNN, memory-efficient), forward and backward, in the same process on the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the C benchmarks share: a regend child of their own (started in a
  * fresh temporary directory, its output in a log there, always stopped and
  * the directory removed at exit), a death that says whose, a clock, and

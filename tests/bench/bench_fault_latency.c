@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* How long the driver takes to report a fault, with no regend in between:
  * the floor under issue 10's "fault -> Watch event" budget.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """GEMM through regend (CUDA backend) against torch.matmul in the same
 process, on the same bf16 tensors.
 

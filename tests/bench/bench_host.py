@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Control-plane and small-GEMM latency through regend's host backend: what
 the protocol, the sockets and the Python client cost, with no GPU at all.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_latency: what a GEMM through regend costs over the same GEMM run
  * in-process with cuBLASLt.
  *

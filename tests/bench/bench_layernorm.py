@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """LayerNorm through regend (CUDA backend: kernels/layernorm.cu) against
 torch's own (F.layer_norm and aten.native_layer_norm_backward), forward and
 backward, in the same process on the same tensors.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Programs (io.regen.Program) against the in-process alternatives, in one
 run on one GPU:
 

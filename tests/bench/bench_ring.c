@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_ring: compute calls over a lane's ring against the same calls over
  * Varlink and against the same math run in this process, on the host
  * backend (no GPU).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The rank's host time per regen.torch call inside a run of calls (a
 batch's later calls, queued on regend's lane without waiting), against the
 host time of launching the same GEMM in process (F.linear with its bias).

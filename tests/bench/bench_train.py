@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Issue 13's benchmark: tokens/s of client/python/examples/train_gpt.py
 through regend (regen.torch) against the same model in process, for each
 ordering ("wait", "events", "sync", "auto"), and the hand-offs per step (a regend

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Where a train_gpt step's time goes on the rank's thread, in process and
 through regend, in the same run: forward, loss, backward, optimizer, then
 waiting for the GPU (loss.item()), medians over the steady steps.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_varlink: what a trivial Varlink call on a worker socket costs
  * against a bare AF_UNIX echo of the same bytes, in the same run.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A pre-LayerNorm GPT block's forward and backward as one io.regen.Program,
 and the same block written in torch as a user writes it, for the program
 benchmark (bench_program.py) and the GPU test that checks its numbers

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The stub backend of the daemon fuzz targets: what the worker core asks of
  * a backend, with allocations in place of memory and a queue in place of a
  * device. It keeps counts the harnesses hold the core to. */

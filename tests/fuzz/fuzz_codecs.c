@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The io.regen.Memory and io.regen.Device codecs (proto/memory.h,
  * proto/device.h): any JSON through one decoder (the first input byte picks
  * it). Invariants: a refusal is a named error that can be sent; what a

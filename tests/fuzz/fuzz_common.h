@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the libFuzzer targets: invariant checks that abort (a crash to
  * libFuzzer) with a message saying which rule broke. */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Compute parameter validation: any JSON as the parameters of
  * Gemm (FUZZ_GEMM), Attention (FUZZ_ATTENTION), AttentionBackward
  * (FUZZ_ATTENTION_BACKWARD), LayerNorm (FUZZ_LAYER_NORM) or

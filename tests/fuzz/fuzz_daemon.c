@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every reply of the daemon must be, read from the IDL itself: the
  * error declarations of every interface (io.regen's and org.varlink.service's
  * among them) give each error's name and parameters, and a reply is held to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the fuzz targets that reach the daemon (objects, resolution,
  * dispatch, lifecycle): a reader of fuzz bytes, the stub backend
  * (fuzz_backend.c), the check that a reply is what the IDL promises

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Dispatch: the bytes as a client's stream of Varlink messages into a real
  * connection (daemon/conn.c) of each of regend's endpoints in turn, set up
  * in this process (fuzz_inproc.c): a worker socket, with the worker's own

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Framing: arbitrary bytes, split into arbitrary chunks, some with fds, go
  * through rp_rx_feed; every message popped goes through rp_call_parse.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regend's two endpoints in the fuzzing process, on one libuv loop, each
  * reached over a socketpair through its real accept function:
  *

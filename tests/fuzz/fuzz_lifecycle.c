@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The supervisor's per-device lifecycle state machine
  * (daemon/supervisor/device.c) driven by events decoded from the bytes, on
  * two devices, with the worker processes played by the harness

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Message parsing: any bytes as one message's text through rp_call_parse,
  * as the daemon and libregen see them after framing. A call or reply that
  * parses is rebuilt with the builders and must parse back the same; every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The worker's object table (daemon/worker/objects.c): a sequence of
  * operations decoded from the bytes on one struct rd_objects, over the stub
  * backend, beside a model of what it should hold.

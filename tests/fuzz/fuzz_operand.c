@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Operand: any JSON under params.x through rp_operand_parse, and
  * what the daemon then does with an accepted operand (extent, bounds
  * against a buffer size taken from the input, numel, to_json).

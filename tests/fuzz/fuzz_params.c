@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Parameter tables: any JSON checked with rp_params_check against the
  * field tables of every method regend serves (as the IDL declares them;
  * the first input byte picks the table), then read with the typed getters.

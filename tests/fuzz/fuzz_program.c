@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program: any JSON as Define's parameters, and as a Run's
  * against the program Define accepted. The input is [define, run] (or
  * [define], or define alone).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Operand resolution: one compute call, its parameters from the bytes, sent
  * on a real connection to a worker set up in this process (fuzz_inproc.c),
  * so that the worker's own path runs it: rp_compute_parse, then

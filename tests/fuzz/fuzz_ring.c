@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Lane records: any bytes as a submission record (proto/ring.h),
  * decoded as the worker decodes the copy it takes out of shared memory,
  * against an id table with buffers, events, a program and holes. A refusal

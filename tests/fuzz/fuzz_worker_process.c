@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/supervisor/worker_process.h without processes: the supervisor's
  * device code (device.c) runs unchanged on top, and the harness plays each
  * worker. What the real file does at each point is said beside it. */
@@ -229,5 +230,5 @@ void fz_worker_exit(struct fz_worker *fw, int signal, bool device_failed)
 		snprintf(why, sizeof(why), "worker exited (signal %d)", signal);
 	else
 		snprintf(why, sizeof(why), "worker exited (status %d)", device_failed ? RD_WORKER_EXIT_DEVICE_FAILED : 1);
-	fw->w->events->exited(fw->w->data, why, device_failed);
+	fw->w->events->exited(fw->w->data, why, device_failed ? RD_SV_EXIT_DEVICE_FAILED : RD_SV_EXIT_OTHER);
 }

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes the hand-made seeds of tests/fuzz/corpus/<target>/: valid calls
 from the IDL and edge cases around each rule. libFuzzer's own finds are
 merged in by `scripts/fuzz --merge`. Run from anywhere; rewrites only the

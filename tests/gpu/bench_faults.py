@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Issue 10's time budgets on a GPU (a benchmark, not a timed test): regend
 with the CUDA backend, a rank that holds its own tensors, and one Watch
 subscription whose events are stamped as they arrive.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers of the GPU tests: see gpu_common.h. */
 #include "gpu_common.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the GPU test programs: a device driven the way the worker core
  * drives it (registry, post_completion, on_fault), device matrices wrapped as
  * buffers, host conversions and references. Exit codes: 0 pass, 1 fail,

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs every GPU test program of a build directory and prints a summary.
 # Usage: tests/gpu/run-all.sh [BUILD_DIR] [LOG_DIR]
 # Exit status: 0 when none failed (skips allowed), 1 otherwise.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Attention through rd_backend_cuda (cuDNN's fused attention) from C, as
  * the worker core drives it: the forward against a float64 host reference
  * on the same bf16 inputs (o and stats; causal, grouped-query), the

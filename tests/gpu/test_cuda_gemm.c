@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GEMM through rd_backend_cuda against a float64 host reference: every
  * dtype (f32, tf32, f16, bf16, and bf16/f16 inputs with f32 output) x
  * transposes x alpha/beta with C x bias/GELU epilogues x tight/padded

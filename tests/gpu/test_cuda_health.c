@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Faults found on every path of the CUDA backend, and without a call (issue
  * 10, parts 1 to 3). Each scenario runs in a process of its own, forked
  * before anything touches CUDA, since a fault spoils the process's context:

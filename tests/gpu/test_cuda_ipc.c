@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Imports through rd_backend_cuda from another process. A child forked
  * before the parent touches CUDA allocates and fills memory, exports it as a
  * cudaIpcMemHandle_t and as a CUDA VMM POSIX fd (sent with SCM_RIGHTS), and

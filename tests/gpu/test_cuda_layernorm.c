@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* LayerNorm and LayerNormBackward through rd_backend_cuda (kernels/
  * layernorm.cu) from C, as the worker core drives it: each call's
  * descriptor goes through rp_compute_check (the parser's checks and derived

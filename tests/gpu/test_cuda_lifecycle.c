@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The lifecycle of rd_backend_cuda, driven the way the worker core drives it
  * (registry walk, then the backend hook). Each scenario runs in its own
  * process, forked before anything touches CUDA, so one that leaves the

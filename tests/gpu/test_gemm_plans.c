@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend's GEMM plan cache stays within its limit
  * (gemm_plans_max, which the backend's open takes from the worker; here a
  * small one set with rd_cuda_set_gemm_plan_limit, which sets the same

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """GPU lifecycle: release returns device memory, reset recovers from a real
 illegal-address fault, and 100 release + 100 reset cycles leak nothing.
 

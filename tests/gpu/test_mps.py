@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regend under CUDA MPS (issue 13, item 3c), with an MPS control daemon of
 the test's own (a private pipe and log directory; `nvidia-cuda-mps-control
 -f`, stopped with `quit` at the end).  Each check prints PASS/FAIL; the last
@@ -45,7 +46,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
+sys.path.insert(0, os.path.join(REPO, "tests", "ops"))
 from regend_fixture import Conn, Regend, call, find_regend, require_torch  # noqa: E402
+from ctl import dev as sample_of, parse_metrics  # noqa: E402
 
 require_torch()
 
@@ -212,7 +215,8 @@ def check_on(regend, build, mps):
         rows = [line.split() for line in regenctl(build, d, "status").splitlines()]
         record("on: regenctl status says mps", len(rows) == 2 and rows[0][-1] == "SHARING" and rows[1][-1] == "mps",
                str(rows[-1:]))
-        record("on: metrics regen_device_mps 1", 'regen_device_mps{device="0"} 1' in regenctl(build, d, "metrics"))
+        record("on: metrics regen_device_mps 1",
+               sample_of(parse_metrics(regenctl(build, d, "metrics"))[0], "regen_device_mps", 0) == 1)
         record("on: the log warns once", d.log_text().count(WARN_ON) == 1, "%d warnings" % d.log_text().count(WARN_ON))
 
         generation = call(d.socket, "io.regen.Device.Status")["devices"][0]["generation"]

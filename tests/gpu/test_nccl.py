@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """NCCL communicators in regend on one GPU (nranks = 1), driven by a torch
 process whose CUDA tensors regend imports by CUDA IPC:
 

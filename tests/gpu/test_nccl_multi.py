@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """One communicator of N ranks over N GPUs through regend: N client
 processes (this script again, with --rank R), rank R on GPU R and on the
 worker of regend's device R; rank 0's unique id handed to the others

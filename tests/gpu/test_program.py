@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Programs (io.regen.Program) on the CUDA backend, from a torch process:
 every pointwise op, reduction and gather, fused chains, and a GPT block's
 forward and backward, each against torch float64 on the same fresh random

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The kernels daemon/program/ writes for a program's FUSED, REDUCTION and
  * GATHER steps, compiled and loaded by cuda/rtc.c and launched one after
  * the other as the executor launches them (the executor's own tests run

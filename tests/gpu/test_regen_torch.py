@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regen.torch on a GPU, against regend with the CUDA backend (issue 13,
 items 2-5).  Each check prints PASS/FAIL; the last line is "N passed, N
 failed".

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch and regend on one GPU: a torch process shares its CUDA tensors with
 regend by CUDA IPC (regen.Client.import_tensor), runs GEMMs there and checks
 them against torch float64 on the same fresh random inputs, and attention

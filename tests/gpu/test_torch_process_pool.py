@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regen.torch's whole-process pool on a GPU (issue 13, item 2: "or for the
 whole process"): every CUDA allocation of the process from libregen's pool
 (regen.torch.use_pool_for_process(), REGEN_TORCH_POOL=process).  Each

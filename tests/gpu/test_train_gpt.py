@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Issue 13, item 6, on a GPU: client/python/examples/train_gpt.py trained
 through regend (regen.torch) and in process from the same seed, with
 `regenctl restart --wait` before one step and an injected device_lost

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Seed 001's regression: concurrent GEMMs on separate lanes (streams) must
  * never share scratch. Each case runs every lane's GEMM once alone (the
  * serial reference), then 48 rounds in which all lanes run their GEMMs at

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bad input, sent raw over the sockets (our own writes, not libregen's):
  * each message in the table is answered with its named error, the
  * connection keeps serving afterwards (framing allows it in every case

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen's communicators (regen_comm_*) against a real regend on the host
  * backend: two ranks (two clients on two threads) join, reduce, gather and
  * broadcast with results checked; Init without its peer times out by name;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Eight client processes run GEMMs (f32, f16, bf16; transposes; alpha,
  * beta with C; strided rows; epilogues, dgelu's among them), attention
  * forward + backward (with and without sequence lengths) and LayerNorm

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The node's epoch on the worker sockets: io.regen.Device.Generation on a
  * device's worker socket reports the same epoch (and generation) as the
  * main socket, at start, after a Restart of one device, after a Restart of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Faults: a worker that crashes (InjectFault crash: SIGABRT), a worker
  * killed with SIGKILL (pid from Status), a lost context (device_lost), a
  * hung call ended by a Restart with a short deadline, and a fault found

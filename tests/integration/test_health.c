@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Faults found without waiting for a call, and a Watch that tells the truth
  * (issue 10), on the host backend: regend runs with a 500 ms heartbeat and a
  * 500 ms first pause before a failed GPU is tried again.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A client states its job through libregen: $REGEN_JOB at connect (a bad
  * one fails the connect with -EINVAL, before any connection), and
  * regen_client_set_job at any time, on the main connection and on the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen's io.regen.Memory calls against a real regend with the host
  * backend: a host_fd buffer's id, generation and size; the CUDA kinds
  * (cuda_ipc, cuda_fd) and ImportEvent refused by that backend with the

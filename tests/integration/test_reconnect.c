@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen's reconnects. A call in flight when its worker dies returns
  * -ECONNRESET (not a timeout); the next call reconnects to the respawned
  * worker (re-reading Status) and gets io.regen.StaleGeneration for the old

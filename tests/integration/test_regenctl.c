@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regenctl against a real regend: the status table and JSON, generation,
  * lifecycle verbs with --wait, watch, and the documented exit codes:
  * 0 ok, 1 error, 2 usage, 3 timeout, 4 not permitted, 5 unreachable. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Restart during traffic. Six client processes loop on checked GEMMs on
  * both devices while `regenctl restart --all --wait` (and then a restart of
  * one device with a short drain deadline) runs in another process. Every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Lane, the ring beside a lane's connection: libregen picks it
  * where the worker offers it; a call gets the same answer over the ring as
  * over Varlink, errors named alike with the same parameters; queued calls

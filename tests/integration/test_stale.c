@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Stale ids: a buffer imported in one generation, used after a Release of
  * its device, is refused with io.regen.StaleGeneration carrying the
  * device's current generation. A device not released keeps its ids. */

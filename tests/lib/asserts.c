@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The assertions' failure paths; see asserts.h. */
 #include <stdarg.h>
 #include <stdlib.h>

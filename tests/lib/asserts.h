@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one assertion style of the test programs that start regend (Check
  * stays for the unit tests): typed assertions that print the expression,
  * both values, the file and line, and an optional printf-style message

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tests through libregen; see client.h. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tests through libregen, on top of the rest of tests/lib: a client of the
  * test's daemon, its Status, memfd buffers imported into a worker, and GEMM,
  * attention and LayerNorm cases run through regend and checked against the float64

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regend for a test; see daemon.h. */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one way a test starts regend: the binary of this build, in a fresh
  * temp dir of its own (socket, worker sockets, an empty configuration file
  * so that the host's never leaks in, the log), ready only when every device

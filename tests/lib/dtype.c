@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Elements; see dtype.h. Written apart from the daemon's conversions so that
  * a test does not read results through the code it checks. */
 #include <math.h>

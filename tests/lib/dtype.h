@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Elements as the tests store and read them, independent of the code under
  * test: f32, f16 and bf16 to and from double, rounding to nearest even, and
  * the NaN that marks an element nobody may write; f64 as is, and i32, i64

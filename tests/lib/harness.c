@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The test process; see harness.h. */
 #include <errno.h>
 #include <fcntl.h>

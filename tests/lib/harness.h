@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The test process: one overall time limit, failures that say where and
  * why, forked helper processes and programs run with their output captured.
  *

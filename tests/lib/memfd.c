@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host memory; see memfd.h. */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host memory a test shares with a worker: a memfd, mapped. */
 #pragma once
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* /proc and identities; see proc.h. */
 #include <dirent.h>
 #include <errno.h>

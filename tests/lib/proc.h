@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What a test reads about a process from /proc, and the identities a
  * permission test takes on. */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Programs and their checks: see program_check.h. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Programs whose generated kernels the tests check, and how: each one's
  * definition and input ranges, its bound memory filled with fresh random
  * values, the host backend's reference run (every node in double, rounded

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Random test data; see rand.h. */
 #include <errno.h>
 #include <stdio.h>

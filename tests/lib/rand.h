@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Random test data. One seed per test program, from $REGEN_TEST_SEED or the
  * clock, printed once at start: REGEN_TEST_SEED=<seed> replays a run.
  * Streams are derived from it with a salt (a case, a thread, the n-th

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """N ranks of one job as N processes, for the multi-rank GPU tests and
 benchmarks (tests/gpu/test_nccl_multi.py, tests/bench/bench_allreduce.py).
 

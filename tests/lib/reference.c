@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* float64 references; see reference.h. */
 #include <math.h>
 #include <stdio.h>

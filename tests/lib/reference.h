@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* float64 references for GEMM, attention and LayerNorm, written once for every test
  * that checks a result (unit tests of the host math, integration tests
  * through regend). Inputs are dense row-major arrays of the values as

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one way a Python test starts regend, as tests/lib/daemon.c is for C.
 
 Standard library only, so every test can use it wherever regend builds: the

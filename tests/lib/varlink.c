@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A raw Varlink peer; see varlink.h. */
 #include <errno.h>
 #include <poll.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A raw Varlink peer for tests: calls written as JSON text, replies read
  * with proto/'s framing (fds as SCM_RIGHTS), and bytes sent exactly as given
  * where a test means to be malformed. Every wait has a deadline (scaled,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the tests of regenctl share: running it against a test regend, and
 reading what `regenctl metrics` prints."""
 import os

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regenctl for the people who run regend: --version, call, health,
 metrics, restart --wait's progress and its --timeout.
 
@@ -6,12 +7,13 @@ metrics, restart --wait's progress and its --timeout.
 - call METHOD [JSON] prints each reply, follows `more`, names errors, and
   exits as the other commands do;
 - health's exit status alone says the node's state (0 ok, 6 degraded, 7
-  faulted, 8 failed, 5 unreachable), for every state a regend can report
+  faulted, 8 failed, 9 unsupported, 5 unreachable), for every state a regend can report
   (a scripted regend answers with each), and on a real regend: ready, a
   device draining, a GPU that fell off the bus;
 - metrics prints Prometheus text exposition format, parsed here line by
   line by the format's grammar, with numbers that follow what happened:
-  calls, their time, live imports, restarts, faults, the last XID, and per
+  calls, their time, live imports, restarts, faults, the last XID (injected
+  with `regenctl inject-fault xid 79`), and per
   job (the job a connection stated) its connections, imports and calls;
   a job string with a double quote, a backslash or a line feed (which no
   regend sends, but Status may come from anywhere) is escaped, not broken;
@@ -133,6 +135,7 @@ def test_health_scripted(regenctl, d):
         ([device(0, "unresponsive")], 7, "faulted"),
         ([device(0, "failed"), device(1, "faulted")], 8, "failed"),
         ([device(0, "ready", {"remap_failed": True})], 8, "failed"),
+        ([device(0, "unsupported"), device(1, "failed")], 9, "unsupported"),
     ]
     for i, (devices, want, word) in enumerate(cases):
         # A path of its own per case: a listener of an earlier case, still
@@ -151,7 +154,7 @@ def test_health_scripted(regenctl, d):
             os.unlink(path)
     rc, out, err = run(regenctl, None, "--socket", path, "health")
     check(rc == 5, "health without regend: exit %d" % rc)
-    log("health: %d scripted cases and no regend: exit 0, 6, 7, 8, 5" % len(cases))
+    log("health: %d scripted cases and no regend: exit 0, 6, 7, 8, 9, 5" % len(cases))
 
 
 def gemms(d, dev_index, count, job=None):
@@ -174,12 +177,33 @@ def test_metrics(regenctl, d):
     conn, fd, mm = gemms(d, 0, 5, job="train-7")
     # The next heartbeat carries the counts: Status asks the workers afresh.
     call(d.socket, "io.regen.Device.Restart", {"device": 1})
-    call(d.socket, "io.regen.Device.InjectFault", {"device": 2, "kind": "xid", "xid": 79})
+    # An XID as NVML would report it, from the command line (the IDL has
+    # the kind; regenctl refused it as unknown).
+    for bad in (["xid"], ["xid", "0"], ["xid", "65536"], ["xid", "79x"], ["crash", "79"]):
+        rc, out, err = run(regenctl, d, "inject-fault", "--device", "2", *bad)
+        check(rc == 2, "inject-fault %s: exit %d, wanted 2: %s" % (bad, rc, err))
+    rc, out, err = run(regenctl, d, "inject-fault", "--device", "2", "xid", "79")
+    check(rc == 0 and out.strip() == "device 2: injected XID 79", "inject-fault xid 79: exit %d %r %s" % (rc, out, err))
     wait_for(lambda: call(d.socket, "io.regen.Device.Status")["devices"][2]["state"] == "failed", 20, "failed")
-    rc, out, err = run(regenctl, d, "metrics")
+    rc, out, err = run(regenctl, d, "metrics", env={"NODE_NAME": "gpu-node-17"})
     check(rc == 0, "metrics: exit %d" % rc)
     s, types = parse_metrics(out)
     check(s[("regen_up", frozenset())] == 1, "regen_up")
+    # Every series of a device carries what dcgm-exporter labels the GPU
+    # with, as Status says it: a query joins the two on UUID, gpu,
+    # pci_bus_id or Hostname (NODE_NAME, as dcgm-exporter reads it).
+    status = {x["index"]: x for x in call(d.socket, "io.regen.Device.Status")["devices"]}
+    for (name, labels), _ in s.items():
+        l = dict(labels)
+        if "device" not in l:
+            continue
+        h = status[int(l["device"])]["health"]
+        want = {"gpu": l["device"], "UUID": h["uuid"], "pci_bus_id": h["pci_bus_id"], "Hostname": "gpu-node-17"}
+        check(all(l.get(k) == v for k, v in want.items()), "%s%s lacks dcgm-exporter's labels %s" % (name, l, want))
+    check(types["regen_device_ecc_dbe_volatile_total"] == "counter" and
+          types["regen_device_ecc_dbe_aggregate_total"] == "counter" and types["regen_device_faults_total"] == "counter",
+          "ECC and fault counts are not typed counter: %s" % types)
+    check(all(t == "counter" for n, t in types.items() if n.endswith("_total")), "a _total that is no counter: %s" % types)
     check(dev(s, "regen_device_calls_total", 0) == 5, "calls_total of device 0: %s" % dev(s, "regen_device_calls_total", 0))
     check(dev(s, "regen_device_call_seconds_count", 0) == 5 and dev(s, "regen_device_call_seconds_sum", 0) > 0,
           "call latency summary of device 0")
@@ -197,7 +221,7 @@ def test_metrics(regenctl, d):
     check(dev(s, "regen_device_state", 2, state="failed") == 1 and dev(s, "regen_device_state", 2, state="ready") == 0,
           "state of device 2")
     check(dev(s, "regen_device_memory_used_bytes", 0) is not None, "memory_used")
-    check(dev(s, "regen_device_info", 3, uuid="HOST-3") == 1, "device_info of device 3")
+    check(dev(s, "regen_device_info", 3, UUID="HOST-3", backend="host") == 1, "device_info of device 3")
     check(types["regen_device_calls_total"] == "counter", "calls_total is no counter")
     job = {"client_job": "train-7", "job_source": "client"}
     check(dev(s, "regen_job_sessions", 0, **job) == 1 and dev(s, "regen_job_buffers", 0, **job) == 1 and
@@ -214,10 +238,24 @@ def test_metrics(regenctl, d):
     nsamples = len(s)
     rc, out, err = run(regenctl, d, "health")
     check(rc == 8 and "device 2: failed" in out, "health with a GPU off the bus: exit %d %s" % (rc, out))
+    # A worker that crashes counts as a fault; a restart does not.
+    faults = {i: dev(s, "regen_device_faults_total", i) for i in (1, 3)}
+    gen3 = call(d.socket, "io.regen.Device.Status")["devices"][3]["generation"]
+    rc, out, err = run(regenctl, d, "inject-fault", "--device", "3", "crash")
+    check(rc == 0, "inject-fault crash: exit %d %s" % (rc, err))
+    wait_for(lambda: (lambda x: x["state"] == "ready" and x["generation"] > gen3)(
+        call(d.socket, "io.regen.Device.Status")["devices"][3]), 20, "device 3 back after its worker crashed")
+    call(d.socket, "io.regen.Device.Restart", {"device": 1})
+    s, types = parse_metrics(run(regenctl, d, "metrics")[1])
+    check(dev(s, "regen_device_faults_total", 3) == faults[3] + 1,
+          "a crashed worker is no fault: faults_total of device 3 %s, was %s" % (dev(s, "regen_device_faults_total", 3),
+                                                                               faults[3]))
+    check(dev(s, "regen_device_faults_total", 1) == faults[1], "a restart counted as a fault")
     rc, out, err = run(regenctl, None, "--socket", os.path.join(d.dir, "nope.sock"), "metrics")
     s, types = parse_metrics(out)
     check(rc == 5 and s[("regen_up", frozenset())] == 0, "metrics without regend: exit %d, %s" % (rc, out))
-    log("metrics: %d samples in the exposition format, following calls, imports, restarts, an XID" % nsamples)
+    log("metrics: %d samples in the exposition format, with dcgm-exporter's labels, following calls, imports, "
+        "restarts, an XID, a crash" % nsamples)
 
 
 def test_metrics_escaping(regenctl, d):

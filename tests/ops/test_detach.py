@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Detach and attach: a device taken out of regend and brought back.
 
 - regenctl detach --device N drains the device; its worker exits and regend
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from regend_fixture import (Conn, Regend, TIME_SCALE, VarlinkError, call, check, host_buffer, log, operand, pid_alive,
                             regend_path, wait_for)
-from ctl import generations, run
+from ctl import dev, generations, parse_metrics, run
 
 
 def workers(d):
@@ -103,6 +104,11 @@ def main():
         check(s["state"] == "detached" and s["generation"] == gen + 1 and "nvidia-smi -r" in s["reason"],
               "Status after detach: %s" % s)
         check(not pid_alive(before[1]), "device 1's worker %d still runs" % before[1])
+        # No worker runs: Status names none, not the one that exited.
+        check(s["worker_pid"] == 0, "Status after detach names worker %d, which exited" % s["worker_pid"])
+        rc, out, err = run(regenctl, d, "status")
+        row = [l.split() for l in out.splitlines() if l.split()[:1] == ["1"]]
+        check(rc == 0 and row and row[0][4] == "-", "regenctl status shows a worker of the detached device: %s" % out)
         check(sorted(workers(d)) == [0, 2], "worker processes after detach: %s" % workers(d))
         seen = []
         while not seen or seen[-1] != ("detached", 1):
@@ -127,7 +133,8 @@ def main():
         rc, out, err = run(regenctl, d, "health")
         check(rc == 6 and "device 1: degraded (detached" in out, "health: %d %s" % (rc, out))
         rc, out, err = run(regenctl, d, "metrics")
-        check('regen_device_state{device="1",state="detached"} 1' in out, "metrics lack the detached state")
+        check(dev(parse_metrics(out)[0], "regen_device_state", 1, state="detached") == 1,
+              "metrics lack the detached state")
         check(generations(d)[0] == 1 and generations(d)[2] == 1, "detach of device 1 touched the others")
         log("calls, Restart, InjectFault of a detached device: io.regen.Detached; health 6; metrics")
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What `meson install` and `pip install ./client/python` give a fresh
 machine.
 
@@ -57,11 +58,15 @@ def main():
                               ("**/pkgconfig/regen.pc", "regen.pc"), ("**/systemd/system/regend.service", "unit"),
                               ("**/regen/__init__.py", "Python package"), ("**/regen/ops.py", "Python op table"),
                               ("**/regen/pool.py", "Python pool binding"),
-                              ("**/regen/torch/__init__.py", "regen.torch")) + (
+                              ("**/regen/torch/__init__.py", "regen.torch"),
+                              ("**/systemd/system/regen-metrics.timer", "the metrics timer"),
+                              ("**/regen/regen-metrics-textfile", "the metrics script")) + (
                                   (("**/man8/regend.8", "regend(8)"), ("**/man5/regend.conf.5", "regend.conf(5)"),
                                    ("**/man1/regenctl.1", "regenctl(1)"))
                                   if os.path.isdir(os.path.join(build, "docs", "man")) else ()):
             one(os.path.join(dest, pattern), what)
+        check(os.access(one(os.path.join(dest, "**/regen/regen-metrics-textfile"), "the metrics script"), os.X_OK),
+              "the metrics script is installed without its x bit")
         if os.path.exists(os.path.join(build, "daemon", "backend", "cuda", "backend-cuda.so")):
             one(os.path.join(dest, "**/regen/backend-cuda.so"), "CUDA backend module")
         # Every module of the package, not a list kept by hand: meson

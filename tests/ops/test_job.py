@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Events carry the job: a lifecycle request from a process in a Slurm
 job's cgroup (.../job_N/...) records "slurm:N" in its reason, which Status,
 every Watch event of the change and the log show; a process outside any
@@ -19,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from regend_fixture import Conn, Regend, call, check, log, regend_path, skip, wait_for
+from ctl import dev, parse_metrics
 
 # Runs in the job's cgroup: a worker connection that states another job,
 # held until stdin closes.
@@ -104,8 +106,8 @@ def main():
                       "Status jobs: %s" % jobs)
                 m = subprocess.run([regenctl, "--socket", d.socket, "metrics"], capture_output=True, text=True,
                                    timeout=60).stdout
-                check('regen_job_sessions{device="0",client_job="slurm:4242",job_source="cgroup"} 1' in m and
-                      "mine" not in m, "metrics:\n%s" % m)
+                check(dev(parse_metrics(m)[0], "regen_job_sessions", 0, client_job="slurm:4242",
+                          job_source="cgroup") == 1 and "mine" not in m, "metrics:\n%s" % m)
             finally:
                 child.stdin.close()
                 child.wait(timeout=30)

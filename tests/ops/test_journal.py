@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regend's log lines in the journal carry their priority.
 
 systemd connects a service's stderr to journald and says so in

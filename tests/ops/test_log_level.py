@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """log_level reaches the workers, at start and on SIGHUP. It was a key of
 the file alone, never handed on: every worker logged at info whatever
 regend.conf said, and a reload changed only the supervisor's level.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The man pages say what the programs do: every option `regend --help`
 lists is in regend(8), every key the shipped regend.conf documents is in
 regend.conf(5), every command `regenctl --help` lists is in regenctl(1);

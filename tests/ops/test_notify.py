@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """regend's sd_notify protocol, as systemd's Type=notify service sees it.
 
 A datagram socket stands in for systemd's NOTIFY_SOCKET. On a start where

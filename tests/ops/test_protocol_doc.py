@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """docs/protocol.md stays in step with the IDL (proto/idl/*.varlink, the
 source of truth): every method, as `Interface.Method`, and every error, by
 its full name, of every public interface appears in the document.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A worker that keeps crashing is respawned after a growing pause, however
 long each one lived: one that crashes 2.5 s after it serves, four times in a
 row, waits 200, 400, 800, then 1600 ms for its successor. The crash streak

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Restart scope: a lifecycle command names its devices.
 
 - release, reset, restart without --device, --job or --all: usage error

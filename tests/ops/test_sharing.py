@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """How the worker's context shares its GPU (io.regen.Device.Sharing), on the
 host backend, where nothing is shared:
 
@@ -26,7 +27,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from regend_fixture import Regend, call, check, log, regend_path, wait_for
-from ctl import run
+from ctl import dev as sample_of, parse_metrics, run
 
 
 def environ(pid):
@@ -82,8 +83,10 @@ def main():
         check(all(line.split()[-1] == "isolated" for line in lines[1:]) and len(lines) == 3,
               "SHARING is not `isolated` on every device: %s" % out)
         rc, out, err = run(regenctl, d, "metrics")
-        check(rc == 0 and 'regen_device_mps{device="0"} 0\n' in out and 'regen_device_mps{device="1"} 0\n' in out
-              and "# TYPE regen_device_mps gauge\n" in out, "metrics lack regen_device_mps 0: %s" % out)
+        samples, types = parse_metrics(out)
+        check(rc == 0 and sample_of(samples, "regen_device_mps", 0) == 0 and
+              sample_of(samples, "regen_device_mps", 1) == 0
+              and types.get("regen_device_mps") == "gauge", "metrics lack regen_device_mps 0: %s" % out)
         rc, out, err = run(regenctl, d, "--json", "status")
         check(rc == 0 and '"sharing":{"mps":false' in out, "--json status lacks sharing: %s" % out)
         check("MPS client" not in d.log_text(),

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """SIGHUP that lowers heartbeat_ms 4 times (2000 to 500): the workers stay
 (same generations, same pids). The heartbeat timer kept its old interval
 while the verdict took the new heartbeat_ms, so every healthy worker read as

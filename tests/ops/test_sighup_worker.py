@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """SIGHUP reaches the running workers: max_connections and
 drain_deadline_ms, which a worker applies itself (its socket's connection
 limit; how long it lets calls in flight finish when it stops), take their

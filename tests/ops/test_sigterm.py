@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """SIGTERM with calls in flight: regend stops accepting, every call that was
 sent gets a reply (its result, or io.regen.Draining), none hangs, and regend
 exits 0 with its workers gone.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Socket activation, as regend.socket does it: systemd-socket-activate binds
 the socket, starts regend on the first connection with the listening socket
 as fd 3 (LISTEN_FDS=1, LISTEN_PID), and regend serves on it.

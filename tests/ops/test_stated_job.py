@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A client states its job (io.regen.SetJob), and metrics carry the job.
 
 - A job stated on the main socket names the caller in a lifecycle reason:

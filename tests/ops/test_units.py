@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The systemd units, tmpfiles/sysusers snippets and the shipped
 regend.conf, as the build generated them.
 
@@ -6,10 +7,14 @@ regend.conf, as the build generated them.
    the socket's path, mode and group, /run/regen, group regen, ...).
 2. regend accepts the shipped regend.conf, and with every key uncommented
    (each commented line shows a key's default).
-3. `systemd-analyze verify` finds nothing to say about the units (with
+3. io.regen.Comm has landed: the unit and the docs say what NCCL needs
+   under the unit now (they said it "will need" it "when it lands"), and
+   the drop-in they name (docs/examples/systemd/regend-nccl-network.conf)
+   opens it: AF_INET, AF_INET6, AF_NETLINK, IPAddressDeny reset.
+4. `systemd-analyze verify` finds nothing to say about the units (with
    ExecStart pointed at the built regend, as the installed path does not
-   exist here). Exit 77 (skipped) for this part where systemd-analyze is
-   absent or cannot run in this container.
+   exist here), with that drop-in too. Exit 77 (skipped) for this part
+   where systemd-analyze is absent or cannot run in this container.
 
 Usage: test_units.py REGEND BUILD_SYSTEMD_DIR DEFAULT_SOCKET [SYSTEMD_ANALYZE]
 """
@@ -87,6 +92,31 @@ def static_checks(sysd, default_socket):
     log("units say what the docs say")
 
 
+NCCL_DROPIN = os.path.join("docs", "examples", "systemd", "regend-nccl-network.conf")
+
+
+def nccl_checks(sysd, source):
+    """What the unit and the docs say of NCCL is what is so now."""
+    future = re.compile(r"(NCCL|Comm)[^\n]{0,80}(will need|when it lands|when[^\n]{0,40}land)|"
+                        r"(will need|when[^\n]{0,40}land)[^\n]{0,80}(NCCL|Comm)", re.I | re.S)
+    for path in [os.path.join(sysd, "regend.service"), os.path.join(source, "README.md")] + \
+            [os.path.join(source, "docs", f) for f in sorted(os.listdir(os.path.join(source, "docs")))
+             if f.endswith(".md")]:
+        text = re.sub(r"\s*\n\s*#?\s*", " ", open(path).read())
+        m = future.search(text)
+        check(not m, "%s still speaks of NCCL as to come: %r" % (path, m and m.group(0)))
+    service = open(os.path.join(sysd, "regend.service")).read()
+    check("regend-nccl-network.conf" in service, "the unit does not name the NCCL drop-in")
+    check("regend-nccl-network.conf" in open(os.path.join(source, "docs", "operations.md")).read(),
+          "docs/operations.md does not name the NCCL drop-in")
+    dropin = read_unit(os.path.join(source, NCCL_DROPIN))
+    families = " ".join(dropin.get(("Service", "RestrictAddressFamilies"), [])).split()
+    for family in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"):
+        check(family in families, "the NCCL drop-in does not allow %s: %r" % (family, families))
+    check(dropin.get(("Service", "IPAddressDeny")) == [""], "the NCCL drop-in does not reset IPAddressDeny")
+    log("NCCL: the unit and the docs say what it needs now; the drop-in opens it")
+
+
 def config_checks(regend, sysd, tmp):
     conf = os.path.join(sysd, "regend.conf")
     r = subprocess.run([regend, "--config", conf, "--version"], capture_output=True, text=True, timeout=30)
@@ -121,7 +151,7 @@ def config_checks(regend, sysd, tmp):
     log("regend accepts regend.conf, and every key in it uncommented")
 
 
-def analyze_checks(regend, sysd, analyze, tmp):
+def analyze_checks(regend, sysd, source, analyze, tmp):
     if not analyze or not os.access(analyze, os.X_OK):
         skip("systemd-analyze not found: units not verified")
     # Can systemd-analyze verify anything here? A trivial unit tells.
@@ -136,15 +166,23 @@ def analyze_checks(regend, sysd, analyze, tmp):
         skip("systemd-analyze verify does not work in this container: %s" % r.stderr.strip()[-400:])
 
     units = []
-    for name in ("regend.service", "regend.socket"):
+    # The metrics script, as the install makes it: executable.
+    script = os.path.join(tmp, "regen-metrics-textfile")
+    shutil.copy(os.path.join(sysd, "regen-metrics-textfile"), script)
+    os.chmod(script, 0o755)
+    for name in ("regend.service", "regend.socket", "regen-metrics.service", "regen-metrics.timer"):
         with open(os.path.join(sysd, name)) as f:
             text = f.read()
-        # The installed path does not exist in a build tree.
-        text = re.sub(r"^ExecStart=(\S+)", "ExecStart=" + regend, text, flags=re.M)
+        # The installed paths do not exist in a build tree.
+        exe = script if name.startswith("regen-metrics") else regend
+        text = re.sub(r"^ExecStart=(\S+)", "ExecStart=" + exe, text, flags=re.M)
         path = os.path.join(tmp, name)
         with open(path, "w") as f:
             f.write(text)
         units.append(path)
+    # The NCCL drop-in, where systemd reads drop-ins of the unit's folder.
+    os.makedirs(os.path.join(tmp, "regend.service.d"))
+    shutil.copy(os.path.join(source, NCCL_DROPIN), os.path.join(tmp, "regend.service.d", "nccl-network.conf"))
     r = subprocess.run([analyze, "verify", "--man=no"] + units, capture_output=True, text=True, timeout=120,
                        cwd=tmp)
     complaints = [l for l in (r.stdout + r.stderr).splitlines() if tmp in l or "regend." in l]
@@ -161,11 +199,14 @@ def main():
         fail("usage: test_units.py REGEND BUILD_SYSTEMD_DIR DEFAULT_SOCKET [SYSTEMD_ANALYZE]")
     sysd, default_socket = sys.argv[2], sys.argv[3]
     analyze = sys.argv[4] if len(sys.argv) > 4 else ""
+    source = os.environ.get("REGEN_TEST_SOURCE_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                        "..", "..")
     tmp = tempfile.mkdtemp(prefix="rg-units-")
     try:
         static_checks(sysd, default_socket)
+        nccl_checks(sysd, source)
         config_checks(regend, sysd, tmp)
-        analyze_checks(regend, sysd, analyze, tmp)
+        analyze_checks(regend, sysd, source, analyze, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log("ok")

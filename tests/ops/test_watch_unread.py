@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Watches whose client never reads: regend stops reading such a peer, but
 events go on coming with every lifecycle change, and any uid may hold 64
 Watches. A watcher that leaves more than 256 KiB of events unread is dropped

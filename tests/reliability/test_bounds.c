@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bounded memory: no client can make regend hold without bound.
  *
  * - Calls pipelined behind one that never ends: a client opens a Watch (a

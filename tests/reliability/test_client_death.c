@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A client that dies mid-call leaves nothing behind in the worker.
  *
  * - One client imports buffers, pipelines GEMMs and is SIGKILLed while

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A call keeps no fd its method does not take.
  *
  * As uid nobody, a client of device 0's worker socket starts a GEMM that

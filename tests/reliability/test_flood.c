@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A flood of cheap calls from a second uid must not take the node down.
  *
  * regend runs under a stand-in for systemd's notify socket with a watchdog

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One client cannot use another's buffers, even by guessing their ids.
  *
  * Process A imports buffers on both devices. Process B (same uid, another

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Exhaustion: each limit refuses by name what is over it and nothing else.
  *
  * regend --max-connections 8 --max-buffers 16 --max-comms 3:

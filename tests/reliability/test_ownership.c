@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Ids are bound to credentials that cannot be forged or recycled
  * (docs/protocol.md, "Who may name an id").
  *

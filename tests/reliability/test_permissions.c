@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Who may do what, and what the sockets let through.
  *
  * - The sockets get the mode and group regend was told (--socket-mode 0660

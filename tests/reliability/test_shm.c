@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared memory never crashes a worker.
  *
  * The attack: import a memfd, shrink it with ftruncate, call Gemm on it;

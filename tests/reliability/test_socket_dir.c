@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regend's socket directory is regend's: it uses one only when nobody else
  * can change what is in it, and refuses to start, saying why, otherwise.
  *

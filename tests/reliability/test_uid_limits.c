@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What one uid may hold in a worker is bounded per uid, not only per
  * process or connection.
  *

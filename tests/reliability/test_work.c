@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A call that cannot finish within regend's call deadline is refused
  * before it runs, rather than run until the device counts as hung and
  * every user's worker state is lost.

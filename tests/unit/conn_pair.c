@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A connection and its peer; see conn_pair.h. */
 #include <check.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A daemon connection and its peer on one thread, for the unit tests of
  * conn and dispatch: one end of a socketpair is an rd_conn on a libuv loop,
  * the other a raw Varlink peer (tests/lib/varlink.h) that runs the loop

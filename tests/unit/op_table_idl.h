@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An op table held to its method in the IDL, for test_idl (io.regen.Compute)
  * and test_comm_codec (io.regen.Comm): the method's parameters are exactly
  * the table's (operands, scalars, the fields every call takes), with the

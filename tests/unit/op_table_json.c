@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prints proto's op tables as JSON, so that clients written in other
  * languages can be held to them (client/python/tests/test_ops.py compares
  * regen/ops.py with this). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hand-built checked programs: see prog_builder.h. */
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Checked programs built by hand for the planner's tests, filled as the
  * checker (proto/program*.c) leaves them: roots, offsets, element counts,
  * extents, binding indices and first writes / last reads derived by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // The host as a GPU for regend's generated kernels (daemon/program/codegen.c),
 // for test_program_emulated: compiled as C++ in front of a step's source,
 // it runs a kernel's blocks one after the other, each block's threads as

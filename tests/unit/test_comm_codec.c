@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Comm's messages (proto/comm.h): the collectives' tables held to
  * the IDL as the compute tables are, what a collective's parse refuses, the
  * checks that need the communicator, and the codecs of GetUniqueId, Init,

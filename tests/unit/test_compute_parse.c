@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Compute parameters into descriptors: what is accepted, what is
  * derived from it, and, for each way a call can be wrong, the exact error a
  * client gets and the operand or parameter it names.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/conn.c on a socketpair: one end is an rd_conn on a libuv loop, the
  * other a raw Varlink peer (tests/lib/varlink.h) that runs the loop while it
  * waits. Calls are answered in the order they arrived whatever order they

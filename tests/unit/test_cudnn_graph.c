@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The attention graphs of daemon/backend/cuda/cudnn_graph.c against cuDNN
  * itself, without a GPU. Since 9.8 cuDNN builds execution plans for a
  * described device (a device-properties descriptor; here an H200's): its

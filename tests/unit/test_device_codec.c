@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device's codecs (proto/device.h): the device list of Status,
  * Generation and the lifecycle replies, and Watch's events. What the daemon
  * encodes a client decodes to the same struct; a reply that lacks a field
@@ -37,9 +38,10 @@ START_TEST(state_names)
 	/* The IDL's order: io.regen.Device.State. */
 	static const char *const idl[] = {
 		"ready", "draining", "released", "faulted", "resetting", "respawning", "unresponsive", "failed", "detached",
+		"unsupported",
 	};
 
-	ck_assert_int_eq(RP_STATE_COUNT, 9);
+	ck_assert_int_eq(RP_STATE_COUNT, 10);
 	for (int i = 0; i < RP_STATE_COUNT; i++) {
 		ck_assert_str_eq(rp_state_name((enum rp_state)i), idl[i]);
 		ck_assert_int_eq(rp_state_from_name(idl[i]), i);
@@ -121,6 +123,7 @@ START_TEST(health_round_trip)
 		.source = "nvml", .detail = "", .uuid = "GPU-1234", .pci_bus_id = "0000:3b:00.0", .last_xid = 79,
 		.last_xid_unix_ms = 1700000000123, .last_xid_text = "GPU has fallen off the bus", .ecc_dbe_volatile = 2,
 		.ecc_dbe_aggregate = -1, .retired_pages_pending = 1, .remap_pending = 0, .remap_failed = -1,
+		.has_minor_number = true, .minor_number = 3, .nmig = 2, .mig_devices = { "MIG-aa", "MIG-bb" },
 	};
 	p = rp_status_encode(&in);
 	ck_assert_ptr_nonnull(p);
@@ -143,9 +146,25 @@ START_TEST(health_round_trip)
 	ck_assert_int_eq(out.devices[0].health.retired_pages_pending, 1);
 	ck_assert_int_eq(out.devices[0].health.remap_pending, 0);
 	ck_assert_int_eq(out.devices[0].health.remap_failed, -1);
+	/* What names the GPU in a container: its minor number, its MIG
+	 * devices; absent where not known. */
+	ck_assert(out.devices[0].health.has_minor_number);
+	ck_assert_uint_eq(out.devices[0].health.minor_number, 3);
+	ck_assert_uint_eq(out.devices[0].health.nmig, 2);
+	ck_assert_str_eq(out.devices[0].health.mig_devices[0], "MIG-aa");
+	ck_assert_str_eq(out.devices[0].health.mig_devices[1], "MIG-bb");
 	rp_status_finish(&out);
 
 	/* A wrong field inside is named with its path. */
+	cJSON_ReplaceItemInObject(h, "mig_devices", cJSON_CreateString("MIG-aa"));
+	ck_assert_int_lt(rp_status_decode(p, &out, &err), 0);
+	assert_invalid_parameter(&err, "devices[0].health.mig_devices");
+	cJSON_DeleteItemFromObject(h, "mig_devices");
+	cJSON_DeleteItemFromObject(h, "minor_number");
+	ck_assert_int_eq(rp_status_decode(p, &out, &err), 0);
+	ck_assert(!out.devices[0].health.has_minor_number);
+	ck_assert_uint_eq(out.devices[0].health.nmig, 0);
+	rp_status_finish(&out);
 	cJSON_ReplaceItemInObject(h, "remap_pending", cJSON_CreateNumber(1));
 	ck_assert_int_lt(rp_status_decode(p, &out, &err), 0);
 	assert_invalid_parameter(&err, "devices[0].health.remap_pending");

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/dispatch.c behind a real connection (conn_pair.h): a method table
  * of its own, with an admin method, a "more"-only method and a `find` hook
  * for methods another table names. Unknown interfaces and methods get

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen's REGEN_ERROR_* constants (client/include/regen.h) and the IDL
  * agree: every error proto/idl/io.regen.varlink declares has a constant
  * spelling its full name, every constant names an error that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Varlink framing: NUL-terminated messages, split and glued in any way the
  * stream likes, fds on the first byte of their message, size limits that
  * keep memory bounded and the connection alive. */

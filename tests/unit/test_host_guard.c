@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend's second line against client memory that vanishes:
  * SIGBUS on a guarded access returns to the guard, names the address, and
  * leaves the process and the next guarded call fine; outside a guard

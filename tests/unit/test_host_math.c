@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend's reference math, checked against double precision.
  *
  * Every run draws fresh random inputs (the seed is printed at start and in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Programs on the host backend, end to end below the worker: definitions
  * parsed, lowered and checked by proto (rp_program_parse), made by the
  * backend's program_create, run as RP_OP_PROGRAM ops on a lane, and every

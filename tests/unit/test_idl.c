@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The embedded Varlink interface definitions (what GetInterfaceDescription
  * returns) and the error names in proto/errors.h must agree: every error we
  * send is declared, as "error <Short>", in the interface its name is in. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Object ids: "<kind><device>.<generation>.<serial>", parsed strictly so
  * that one id has exactly one spelling. */
 #include <check.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A client's job: the rule a stated job must follow (proto/job.c), which
  * job names a connection when its cgroup and its words differ
  * (daemon/job.c), what each job uses of a worker and how long it is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen against a fake regend (a thread serving one socket as main and
  * worker socket, recording every call): what each call puts on the wire
  * (events, cuda_fd imports, wait/signal events on compute calls), what it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Memory's codecs (proto/memory.h): the hex handle codec, and the
  * parameters and replies of ImportBuffer, ImportEvent, CloseBuffer and
  * CloseEvent. What one side encodes the other decodes to the same struct;

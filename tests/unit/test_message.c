@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Varlink messages: what a call or reply may look like, how a bad one is
  * refused (io.regen.InvalidMessage with a reason a person can act on), and
  * what the builders put on the wire. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/worker/objects.c: the worker's table of ids. An id names an
  * object for the process that made it (its pid, uid and start time: a
  * recycled pid is another process) and only in its generation; another

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tensor operands: parsing io.regen.Operand, the bytes an operand touches,
  * and the check against its buffer that runs before any work starts. */
 #include <check.h>

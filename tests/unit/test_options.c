@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The option table: a value is checked by the same rule whether it comes on
  * the command line or from the configuration file (same verdict, same
  * words, nothing changed by a refused value); the defaults are the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Call parameters: the schema check and the typed getters. Every refusal is
  * org.varlink.service.InvalidParameter naming the parameter, so a client
  * learns exactly which field was wrong. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The job a client runs for, read from its /proc/PID/cgroup: Slurm's job_N
  * and the kubelet's pod UID (cgroupfs and systemd drivers, v1 and v2), and
  * nothing from paths that only look alike. */

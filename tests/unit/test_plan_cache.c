@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The bounded plan cache (daemon/backend/plan_cache.c), which keeps the
  * CUDA backend's GEMM plans: never more than its limit once nobody holds
  * an entry, the least recently used leave first, a held entry never

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen's pool without a daemon: host chunks carved, aligned and
  * coalesced; a chunk of its own for a big request; hostile arguments
  * refused with the errno regen.h names; the CUDA side, on a machine without

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen's pool as the process's whole CUDA allocator
  * (regen_pool_set_process_allocator), without a GPU: $REGEN_POOL_FAKE_CUDA=1
  * makes its CUDA chunks memfds, so that the bookkeeping torch relies on is

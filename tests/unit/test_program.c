@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program's Define and Run parameters (proto/program.h): every op
  * accepted with a valid example; each rule refused with the error a client
  * gets, naming the node or tensor it is about; each composite lowered into

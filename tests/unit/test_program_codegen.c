@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Every kind of kernel the code generator writes (daemon/program/codegen.c)
  * compiles with NVRTC for sm_90, no GPU needed: each pointwise op in each
  * dtype, constants and scalars, broadcasts and strided views, iotas,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The kernels daemon/program/ writes, run without a GPU: each step's
  * source compiled as C++ behind tests/unit/program_emulator.hpp (the host
  * playing the GPU: blocks in turn, a block's threads as coroutines switched

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the composites of io.regen.Program lower into computes what they
  * are documented to: each composite's primitives are run by a plain f64
  * interpreter (below: views, broadcasting, every pointwise op, the

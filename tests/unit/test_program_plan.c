@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend's plan of a program (daemon/program/plan.h), no GPU
  * needed: which nodes one kernel takes, what stays in registers, where
  * each materialized intermediate lives in the arena and when two share

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The registry's contract: creation registers, ensure_valid builds lazily
  * and once, release and invalidate walk in reverse registration order and
  * never mix their callbacks. */

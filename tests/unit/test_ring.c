@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* proto/ring.c: a record written by rp_ring_encode decodes into the
  * descriptor it came from (every op's, LayerNorm's eps in the scale); what a record may not say (another op's flags or
  * scalars, reserved bits, operand slots past the op's, unbound indexes,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/supervisor/watch.c on real connections: every watcher hears every
  * announcement; a watcher whose connection breaks while an announcement is
  * being written (its close drops it from the list being walked) costs the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every Check program of tests/unit ends with: run the suite, exit 0
  * when every test passed. */
 #pragma once

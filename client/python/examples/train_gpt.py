@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A GPT trained on synthetic data whose GEMMs and attention all run in
 regend (regen.torch), or in process for comparison, through a restart and
 an injected fault.

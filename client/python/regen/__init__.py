@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen: a pure-Python client of regend, the per-node CUDA work daemon.
 
     import regen

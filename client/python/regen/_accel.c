@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* regen._accel: regen.torch's chained call encoded onto a lane's ring in C.
  *
  * One call of queue_tensors() does what Runtime._queue_chained's loop over

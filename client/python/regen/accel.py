@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The optional C encoder of regen.torch's chained calls (regen/_accel.c).
 
 ``module`` is the loaded extension, or None where there is none: the

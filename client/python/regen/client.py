@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The regend client: lifecycle calls on the main socket, imports and compute
 on each device's worker socket.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Matching a process's CUDA device to regend's device index by identity
 (UUID, then PCI bus id), so that CUDA_VISIBLE_DEVICES may differ between a
 rank and regend.  Standard library only: regen.torch feeds it torch's device

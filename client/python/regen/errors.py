@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exceptions: one class per Varlink error regend can send.
 
 Every error a reply carries becomes an instance of the class registered for

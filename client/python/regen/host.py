@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host-backend tensors: a memfd holding one tensor, with its values
 readable and writable from Python (stdlib only), for tests, demos and
 benchmarks against ``regend --backend host``."""

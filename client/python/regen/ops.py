@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The compute operations, as proto/compute.h's op tables define them:
 each operation's method, its operands (in slot order) and its scalars.
 The client builds its calls from this table; tests/test_ops.py holds it to

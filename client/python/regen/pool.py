@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libregen's memory pool, through ctypes: memory that regend maps once per
 chunk (client/pool.c; include/regen.h says the contract).
 

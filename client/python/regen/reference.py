@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 references in pure Python (small shapes only) and error norms,
 for checking regend's results without numpy or torch."""
 

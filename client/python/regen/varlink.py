@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A blocking Varlink connection over a Unix socket, with fd passing.
 
 Each message is one JSON object followed by a NUL byte.  File descriptors

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Run the Python client's tests against a real regend (host backend).
 
     python3 client/python/tests/run.py --regend build-py/daemon/regend [-v] [unittest args]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen._accel (regen/_accel.c), the C encoder of regen.torch's chained
 calls, against the client's Python encoder (ring.record_struct, whose bytes
 the worker's tests hold to proto/ring.h): the same record, byte for byte,

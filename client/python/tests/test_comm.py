@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """io.regen.Comm on the host backend against a real regend: the control
 plane of communicators (Init's rendezvous, deadlines, abort in flight,
 Destroy, stale generations, re-attach by key, hostile input) and the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python client against a real regend (host backend): numerics against
 float64, every error class a client meets, Watch, and reconnects after the
 worker dies."""

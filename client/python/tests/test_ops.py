@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen/ops.py is proto's op tables as the C side defines them: printed by
 tests/unit/op_table_json of the build, compared here field by field."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libregen's pool (client/pool.c) through regen.pool, against a real regend
 (host backend): host chunks imported once each whatever the number of
 allocations in them, GEMMs on pool memory by buffer id and offset, a chunk

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """io.regen.Program against a real regend (host backend): a program defined
 once and run per step, its numbers against float64, what Define and Run
 refuse and how they name it, that a program is its process's alone, that

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A client that reaches regend's sockets at another path than regend's own
 (a pod that mounts /run/regen elsewhere): Status names the worker socket
 as regend sees it, and the client finds it beside the main socket it used.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python client on a lane's ring (io.regen.Lane) against a real regend
 (host backend): it is picked where offered, answers and errors are the
 Varlink path's, queued calls (wait=False) complete in order, and a restart's

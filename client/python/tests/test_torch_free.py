@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What regen.torch rests on that needs no torch and no GPU: `import regen`
 never imports torch (a poisoned torch on the path proves it), regen.torch
 says it needs torch where torch is missing, and devices are matched by

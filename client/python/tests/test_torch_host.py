@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen.torch on CPU tensors against a real regend (host backend): the
 operations and their gradients against torch's own, the custom ops under
 FakeTensor (no call made), enable()'s routing and fallbacks, retries

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Client pieces that need no daemon: error classes against the IDL, handle
 normalisation, host dtype conversions, operand wire form, the references."""
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Attention on the CUDA backend: cuDNN's fused flash attention (the graphs
  * of cudnn_graph.c), forward and backward, bf16 and f16.
  *

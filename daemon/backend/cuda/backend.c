@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend on top: the ops table the worker drives, the module's
  * entry point, and the lifecycle hooks (open, close, release, reset,
  * memory, fault injection). Lanes live in lane.c, GEMM in gemm.c,
@@ -45,10 +46,49 @@ static uint64_t cuda_used_bytes(struct cuda_dev *cd)
 	return used;
 }
 
+/* The oldest GPU regen's kernels are built for (kernels/meson.build). */
+#define MIN_COMPUTE_CAPABILITY 80
+
+/* The errors of a driver that cannot serve this runtime: the node's
+ * software, not the GPU, is what must change. */
+static bool driver_mismatch(cudaError_t e)
+{
+	return e == cudaErrorInsufficientDriver || e == cudaErrorSystemDriverMismatch ||
+	       e == cudaErrorCompatNotSupportedOnDevice || e == cudaErrorStubLibrary;
+}
+
+/* Says which, in words that name what to install: the device is then
+ * unsupported (backend.h's -ENOTSUP), not failed. */
+static int driver_unsupported(struct rp_error *err, const char *what, cudaError_t e)
+{
+	int driver = 0, runtime = 0;
+
+	cudaDriverGetVersion(&driver);
+	cudaRuntimeGetVersion(&runtime);
+	if (e == cudaErrorStubLibrary)
+		rp_error_set(err, RP_ERR_BACKEND, "%s: %s: the CUDA toolkit's stub libcuda.so was loaded, not the NVIDIA "
+			     "driver's: take the toolkit's stubs folder out of the library path", what, cudaGetErrorString(e));
+	else if (driver == 0)
+		rp_error_set(err, RP_ERR_BACKEND, "%s: %s: no NVIDIA driver is installed (no libcuda.so.1 found): install "
+			     "a driver for CUDA %d.%d or newer (README, Platforms)", what, cudaGetErrorString(e),
+			     runtime / 1000, runtime % 1000 / 10);
+	else if (driver < runtime)
+		rp_error_set(err, RP_ERR_BACKEND, "%s: %s: the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d "
+			     "runtime regen's CUDA backend uses: upgrade the driver (README, Platforms)", what,
+			     cudaGetErrorString(e), driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+	else
+		rp_error_set(err, RP_ERR_BACKEND, "%s: %s: the NVIDIA driver's libraries (CUDA %d.%d) do not fit its "
+			     "loaded kernel module or this GPU: reload the driver (or reboot) after a driver upgrade",
+			     what, cudaGetErrorString(e), driver / 1000, driver % 1000 / 10);
+	return -ENOTSUP;
+}
+
 static int cuda_open(struct rd_device *dev, struct rp_error *err)
 {
-	int count = 0;
+	int count = 0, major = 0, minor = 0;
 	cudaError_t e = cudaGetDeviceCount(&count);
+	if (driver_mismatch(e))
+		return driver_unsupported(err, "cudaGetDeviceCount", e);
 	if (e != cudaSuccess) {
 		rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
 		return -ENODEV;
@@ -57,6 +97,14 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 		rp_error_set(err, RP_ERR_NO_SUCH_DEVICE, "CUDA device %d does not exist (%d visible)", dev->index,
 			     count);
 		return -ENODEV;
+	}
+	if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev->index) == cudaSuccess &&
+	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev->index) == cudaSuccess &&
+	    major * 10 + minor < MIN_COMPUTE_CAPABILITY) {
+		rp_error_set(err, RP_ERR_BACKEND, "CUDA device %d has compute capability %d.%d; regen needs %d.%d or "
+			     "newer (its kernels are built for sm_%d and up: README, Platforms)", dev->index, major, minor,
+			     MIN_COMPUTE_CAPABILITY / 10, MIN_COMPUTE_CAPABILITY % 10, MIN_COMPUTE_CAPABILITY);
+		return -ENOTSUP;
 	}
 	struct cuda_dev *cd = calloc(1, sizeof(*cd));
 	if (!cd) {
@@ -71,6 +119,13 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 		goto fail;
 	/* The primary context, created now so open reports a broken device. */
 	e = cudaFree(NULL);
+	if (driver_mismatch(e)) {
+		int r = driver_unsupported(err, "creating the context", e);
+		dev->backend_data = NULL;
+		pthread_mutex_destroy(&cd->fault_lock);
+		free(cd);
+		return r;
+	}
 	if (e != cudaSuccess) {
 		rp_error_set(err, cuda_error_name(e), "creating the context of device %d: %s%s", dev->index,
 			     cudaGetErrorString(e), cuda_mps_hint(e));

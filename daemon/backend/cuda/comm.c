@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Communicators on the CUDA backend: NCCL, one rank per communicator, made
  * in non-blocking mode (ncclCommInitRankConfig with blocking = 0) so that
  * nothing regend does waits on a peer without also watching for an abort.

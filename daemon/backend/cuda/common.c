@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every file of the CUDA backend uses: error mapping, the thread-local
  * status init callbacks leave, binding a thread to the device, the driver
  * entry points, marking the device lost, and operands' device addresses. */

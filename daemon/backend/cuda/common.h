@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the files of daemon/backend/cuda/ share: the device and lane structs,
  * the error mapping and the thread-local status of init callbacks, binding,
  * the driver entry points, and each file's functions that another calls.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend's public face: the one entry point of its module, and
  * what the GPU tests may call on a device it opened. Everything else is
  * internal to daemon/backend/cuda/ (common.h). No CUDA header here: a test

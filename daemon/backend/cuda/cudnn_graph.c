@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The SDPA graphs of cudnn_graph.h, op for op as cudnn-frontend (1.x, for
  * cuDNN 9.19) builds them in its CompositeSDPANode and
  * CompositeSDPABackwardNode: the fused engines match on this shape, data

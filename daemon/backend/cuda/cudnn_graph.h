@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuDNN's fused scaled-dot-product attention, driven from C through the
  * backend API (cudnn_graph.h). cuDNN has no single "attention" call that
  * masks: the fused flash-attention engines recognise a graph of backend

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The device-level resources every lane shares: the scratch pool (GEMM
  * workspaces, attention scratch), the cuBLASLt handle, the one shared
  * workspace of -Ddebug_shared_workspace=true, and the fault-injection state

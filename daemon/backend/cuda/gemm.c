@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GEMM through cuBLASLt.
  *
  * regen's operands are row-major. A row-major [r, c] matrix with leading

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend's health watch: faults found without waiting for a call.
  *
  * The context check: a thread asks the context every period_ms whether it
@@ -87,6 +88,12 @@ struct nv_api {
 	 * the layout of nvmlProcessInfo_t, which changed between versions,
 	 * is not needed. */
 	nv_return (*DeviceGetMPSComputeRunningProcesses_v3)(nv_device dev, unsigned *count, void *infos);
+	/* Optional too: what names the GPU in a container (its device node's
+	 * minor number, its MIG devices' UUIDs). */
+	nv_return (*DeviceGetMinorNumber)(nv_device dev, unsigned *minor);
+	nv_return (*DeviceGetMigMode)(nv_device dev, unsigned *current, unsigned *pending);
+	nv_return (*DeviceGetMaxMigDeviceCount)(nv_device dev, unsigned *count);
+	nv_return (*DeviceGetMigDeviceHandleByIndex)(nv_device dev, unsigned index, nv_device *mig);
 };
 
 /* ---- State ------------------------------------------------------------------ */
@@ -266,6 +273,14 @@ static int nvml_load(struct cuda_health *h, char *why, size_t size)
 	memcpy(&h->nv.DeviceGetComputeMode, &p, sizeof(p));
 	p = dlsym(h->lib, "nvmlDeviceGetMPSComputeRunningProcesses_v3");
 	memcpy(&h->nv.DeviceGetMPSComputeRunningProcesses_v3, &p, sizeof(p));
+	p = dlsym(h->lib, "nvmlDeviceGetMinorNumber");
+	memcpy(&h->nv.DeviceGetMinorNumber, &p, sizeof(p));
+	p = dlsym(h->lib, "nvmlDeviceGetMigMode");
+	memcpy(&h->nv.DeviceGetMigMode, &p, sizeof(p));
+	p = dlsym(h->lib, "nvmlDeviceGetMaxMigDeviceCount");
+	memcpy(&h->nv.DeviceGetMaxMigDeviceCount, &p, sizeof(p));
+	p = dlsym(h->lib, "nvmlDeviceGetMigDeviceHandleByIndex");
+	memcpy(&h->nv.DeviceGetMigDeviceHandleByIndex, &p, sizeof(p));
 	nv_return r = h->nv.Init_v2();
 	if (r != NV_SUCCESS) {
 		snprintf(why, size, "nvmlInit: %s", nv_error(h, r));
@@ -360,6 +375,36 @@ static void nvml_event(struct cuda_health *h, const struct nv_event_data *ev)
 	}
 }
 
+/* What a container sees of the GPU, for `regenctl restart --job` in one:
+ * its device node's minor number (CDI gives a container /dev/nvidia<minor>)
+ * and, with MIG on, its MIG devices' UUIDs (the device plugin names MIG
+ * devices). Left unknown where this NVML cannot say. */
+static void nvml_names(struct cuda_health *h)
+{
+	unsigned minor = 0, current = 0, pending = 0, max = 0;
+	bool has_minor = h->nv.DeviceGetMinorNumber && h->nv.DeviceGetMinorNumber(h->nvdev, &minor) == NV_SUCCESS;
+	char mig[RP_MIG_DEVICES_MAX][96];
+	unsigned nmig = 0;
+
+	if (h->nv.DeviceGetMigMode && h->nv.DeviceGetMaxMigDeviceCount && h->nv.DeviceGetMigDeviceHandleByIndex &&
+	    h->nv.DeviceGetMigMode(h->nvdev, &current, &pending) == NV_SUCCESS && current == 1 &&
+	    h->nv.DeviceGetMaxMigDeviceCount(h->nvdev, &max) == NV_SUCCESS) {
+		for (unsigned i = 0; i < max && nmig < RP_MIG_DEVICES_MAX; i++) {
+			nv_device m;
+
+			/* An index without a MIG device answers NOT_FOUND: skipped. */
+			if (h->nv.DeviceGetMigDeviceHandleByIndex(h->nvdev, i, &m) == NV_SUCCESS &&
+			    h->nv.DeviceGetUUID(m, mig[nmig], sizeof(mig[nmig])) == NV_SUCCESS && mig[nmig][0])
+				nmig++;
+		}
+	}
+	pthread_mutex_lock(&h->lock);
+	h->info.minor_number = has_minor ? (int)minor : -1;
+	h->info.nmig = nmig;
+	memcpy(h->info.mig_devices, mig, sizeof(mig[0]) * nmig);
+	pthread_mutex_unlock(&h->lock);
+}
+
 /* Finds the device NVML's way (by PCI bus id: NVML's indices need not be
  * CUDA's) and subscribes to its events. */
 static int nvml_attach(struct cuda_health *h, char *why, size_t size)
@@ -380,6 +425,7 @@ static int nvml_attach(struct cuda_health *h, char *why, size_t size)
 		snprintf(h->info.uuid, sizeof(h->info.uuid), "%s", uuid);
 		pthread_mutex_unlock(&h->lock);
 	}
+	nvml_names(h);
 	unsigned long long supported = 0, want = NV_EVENT_XID_CRITICAL | NV_EVENT_DOUBLE_BIT_ECC;
 	r = h->nv.DeviceGetSupportedEventTypes(h->nvdev, &supported);
 	if (r == NV_SUCCESS)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Imported memory and events.
  *
  * cuda_ipc: a cudaIpcMemHandle_t names one allocation of the exporting

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Lanes: one connection's ordered work on a CUDA stream of its own. A
  * launcher thread takes the lane's ops in order and enqueues them without
  * waiting (at most RD_CUDA_LANE_DEPTH in flight); a call that finds its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* LayerNorm and LayerNormBackward on the CUDA backend: regen's own kernels
  * (kernels/layernorm.cu), enqueued on the lane's stream with nothing to
  * wait for on the way. The backward's d_weight and d_bias go through f32

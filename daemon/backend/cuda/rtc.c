@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The kernels regend writes for programs (daemon/program/codegen.c),
  * compiled with NVRTC and loaded with the driver API, as registry
  * resources (common.h, struct cuda_rtc_module).

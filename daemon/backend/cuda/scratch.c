@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A call's scratch (a GEMM's workspace, attention's, LayerNormBackward's
  * partial sums), taken from the device's pool stream-ordered on the call's
  * lane.

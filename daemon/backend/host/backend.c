@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend: buffers are client memfds mapped into the worker, compute
  * is the reference math in math.c on one thread per lane. It is the
  * default without a GPU, so that the whole control plane, lifecycle and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host buffers: client memfds (or regular files) mapped into the worker. A
  * buffer owns its fd, so a release unmaps it for good; its id is stale
  * afterwards. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Communicators on the host backend: the ranks of one communicator are
  * connections to this worker (one regend, one device index), and the
  * collectives run over the clients' host memory. It exists so that the

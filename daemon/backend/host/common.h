@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the files of daemon/backend/host/ share: the device state, and each
  * file's functions that backend.c puts in the ops table. */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Client memory can vanish under a mapping (a file truncated behind our
  * back): touching it then raises SIGBUS, which would kill the worker and
  * every client of its device. Accesses to client memory run inside a

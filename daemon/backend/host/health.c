@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend's health watch: what the CUDA backend's is on a GPU,
  * over the simulated context. A thread looks every period_ms, without
  * waiting for a call, for a lost context (InjectFault device_lost) and for
@@ -6,6 +7,7 @@
  * XIDs and failed GPUs runs and is tested without a GPU. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "daemon/backend/health.h"
@@ -87,6 +89,15 @@ void host_health_init(struct rd_device *dev)
 	snprintf(hh->info.pci_bus_id, sizeof(hh->info.pci_bus_id), "0000FFFF:%02X:00.0", dev->index & 0xff);
 	hh->info.ecc_dbe_volatile = hh->info.ecc_dbe_aggregate = 0;
 	hh->info.retired_pages_pending = hh->info.remap_pending = hh->info.remap_failed = 0;
+	/* Its "device node" is its index, as /dev/nvidiaN's minor is a GPU's. */
+	hh->info.minor_number = dev->index;
+	/* MIG devices, for tests of what names a GPU through one
+	 * (REGEN_HOST_MIG_DEVICES=N: N per simulated GPU, MIG-HOST-<index>-<k>). */
+	const char *mig = getenv("REGEN_HOST_MIG_DEVICES");
+	long nmig = mig ? strtol(mig, NULL, 10) : 0;
+	for (long k = 0; k < nmig && k < RP_MIG_DEVICES_MAX; k++)
+		snprintf(hh->info.mig_devices[hh->info.nmig++], sizeof(hh->info.mig_devices[0]), "MIG-HOST-%d-%ld",
+			 dev->index, k);
 	/* No GPU context, so nothing to share: an MPS pipe directory in the
 	 * environment (which Status shows beside this) changes nothing here. */
 	hh->info.sharing.known = true;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host lanes: one thread each, running its ops in order with the reference
  * math of math.c; a small call finding its lane idle runs on the submitting
  * thread instead (run_inline). A lane's scratch grows to its largest

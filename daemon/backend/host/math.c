@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Reference GEMM, attention and LayerNorm for the host backend.
  *
  * Everything accumulates in f32 whatever the storage type, like the GPU

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Reference math for the host backend: GEMM, attention and LayerNorm in C, f32
  * accumulation whatever the storage type. Inputs are validated descriptors
  * (proto/compute.h) with their buffers resolved to host pointers. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Programs on the host backend (io.regen.Program, proto/program.h): a Run
  * interprets the checked definition node by node, in program order, on
  * its lane's thread, with the reference math of program_nodes.c. No

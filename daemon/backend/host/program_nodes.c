@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Reference math of a program's nodes on the host; see program_nodes.h.
  *
  * Pointwise, reduction and gather nodes compute in double whatever the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend's reference math for one node of a program
  * (proto/program.h): compute nodes through math.c, pointwise, reduction
  * and gather nodes here, every value in double whatever its storage.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Slurm epilog: after a job, drain what its ranks left behind (killed ranks'
 # calls in flight, imported buffers), release every CUDA resource and return
 # the device memory, so the next job starts from a clean generation. Only
@@ -8,8 +9,8 @@
 # drains the node.
 #
 # regenctl exit codes: 0 ok, 1 error, 2 usage, 3 timeout, 4 not permitted,
-# 5 regend unreachable.
-REGENCTL=${REGENCTL:-/usr/bin/regenctl}
+# 5 regend unreachable. The drain reason says which, with regenctl's own
+# words where it gave some.
 TIMEOUT=${REGEN_RESTART_TIMEOUT:-60}
 NODE=$(hostname -s)
 # slurmd runs this outside the job's cgroup, so regend cannot tell the job
@@ -29,8 +30,32 @@ drain() {
 	exit 1
 }
 
-"$REGENCTL" restart --job --reason "$REASON" --wait --timeout "$TIMEOUT"
+# regenctl: $REGENCTL where the site sets it, else the one on PATH, else
+# where the packages (/usr/bin) or a source install (/usr/local/bin) put it:
+# slurmd's PATH for prolog and epilog may hold neither.
+find_regenctl() {
+	if [ -n "${REGENCTL:-}" ]; then
+		[ -x "$REGENCTL" ] && { echo "$REGENCTL"; return 0; }
+		echo "REGENCTL=$REGENCTL is not an executable file"
+		return 1
+	fi
+	for c in "$(command -v regenctl 2>/dev/null)" /usr/bin/regenctl /usr/local/bin/regenctl; do
+		[ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
+	done
+	echo "regenctl not found (not on PATH, not in /usr/bin or /usr/local/bin): install regen, or set REGENCTL"
+	return 1
+}
+
+REGENCTL=$(find_regenctl) || drain "$REGENCTL"
+ERR=$(mktemp) || drain "mktemp failed"
+trap 'rm -f "$ERR"' EXIT
+
+# regenctl's last line on stderr: its own words on what failed.
+said() { tail -n 1 "$ERR" | cut -c 1-200; }
+
+"$REGENCTL" restart --job --reason "$REASON" --wait --timeout "$TIMEOUT" 2>"$ERR"
 rc=$?
+cat "$ERR" >&2
 case $rc in
 0)
 	exit 0 ;;
@@ -45,7 +70,7 @@ case $rc in
 4)
 	drain "regenctl restart not permitted: the epilog must run as root or in admin_group" ;;
 2)
-	drain "epilog script bug: regenctl usage error" ;;
+	drain "epilog script bug: regenctl usage error: $(said)" ;;
 *)
-	drain "regenctl restart failed (exit $rc) after job ${SLURM_JOB_ID:-?}; see journalctl -u regend" ;;
+	drain "regenctl restart failed (exit $rc) after job ${SLURM_JOB_ID:-?}: $(said)" ;;
 esac

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # GPU maintenance on one Slurm node: take GPUs out of regend so that a GPU
 # reset (`nvidia-smi -r`) or a driver upgrade can go ahead, then bring them
 # back. Without this, regend's worker holds each GPU open and the reset
@@ -14,7 +15,6 @@
 # generation); resume the node. A failure leaves the node drained with a
 # reason that says where it stopped.
 set -u
-REGENCTL=${REGENCTL:-/usr/bin/regenctl}
 NODE=${NODE:-$(hostname -s)}
 DEVICES=$1
 shift
@@ -22,6 +22,24 @@ REASON="gpu maintenance of $DEVICES: $*"
 
 log() { logger -t regen-maintenance -- "$*" 2>/dev/null; echo "regen-maintenance: $*" >&2; }
 stop() { scontrol update nodename="$NODE" state=drain reason="regen: $1" 2>/dev/null; log "$1"; exit 1; }
+
+# regenctl: $REGENCTL where the site sets it, else the one on PATH, else
+# where the packages (/usr/bin) or a source install (/usr/local/bin) put it:
+# slurmd's PATH for prolog and epilog may hold neither.
+find_regenctl() {
+	if [ -n "${REGENCTL:-}" ]; then
+		[ -x "$REGENCTL" ] && { echo "$REGENCTL"; return 0; }
+		echo "REGENCTL=$REGENCTL is not an executable file"
+		return 1
+	fi
+	for c in "$(command -v regenctl 2>/dev/null)" /usr/bin/regenctl /usr/local/bin/regenctl; do
+		[ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
+	done
+	echo "regenctl not found (not on PATH, not in /usr/bin or /usr/local/bin): install regen, or set REGENCTL"
+	return 1
+}
+
+REGENCTL=$(find_regenctl) || stop "$REGENCTL"
 
 scontrol update nodename="$NODE" state=drain reason="$REASON"
 while [ -n "$(squeue -h -w "$NODE" -o %i 2>/dev/null)" ]; do

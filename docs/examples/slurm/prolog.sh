@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Slurm prolog: give the job a fresh generation of its own GPUs, and only
 # those: regenctl --job reads SLURM_JOB_GPUS (the GPUs Slurm gave the job on
 # this node), so the jobs beside it on a shared node are not disturbed. A job
@@ -9,8 +10,8 @@
 # cannot serve a clean generation.
 #
 # regenctl exit codes: 0 ok, 1 error, 2 usage, 3 timeout, 4 not permitted,
-# 5 regend unreachable.
-REGENCTL=${REGENCTL:-/usr/bin/regenctl}
+# 5 regend unreachable. The drain reason says which, with regenctl's own
+# words where it gave some.
 TIMEOUT=${REGEN_RESTART_TIMEOUT:-60}
 NODE=$(hostname -s)
 # slurmd runs this outside the job's cgroup, so regend cannot tell the job
@@ -31,8 +32,34 @@ drain() {
 	exit 1
 }
 
+# regenctl: $REGENCTL where the site sets it, else the one on PATH, else
+# where the packages (/usr/bin) or a source install (/usr/local/bin) put it:
+# slurmd's PATH for prolog and epilog may hold neither.
+find_regenctl() {
+	if [ -n "${REGENCTL:-}" ]; then
+		[ -x "$REGENCTL" ] && { echo "$REGENCTL"; return 0; }
+		echo "REGENCTL=$REGENCTL is not an executable file"
+		return 1
+	fi
+	for c in "$(command -v regenctl 2>/dev/null)" /usr/bin/regenctl /usr/local/bin/regenctl; do
+		[ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
+	done
+	echo "regenctl not found (not on PATH, not in /usr/bin or /usr/local/bin): install regen, or set REGENCTL"
+	return 1
+}
+
+REGENCTL=$(find_regenctl) || drain "$REGENCTL"
+ERR=$(mktemp) || drain "mktemp failed"
+trap 'rm -f "$ERR"' EXIT
+
+# regenctl's last line on stderr: its own words on what failed.
+said() { tail -n 1 "$ERR" | cut -c 1-200; }
+
 restart() {
-	"$REGENCTL" restart --job --reason "$REASON" --wait --timeout "$TIMEOUT"
+	"$REGENCTL" restart --job --reason "$REASON" --wait --timeout "$TIMEOUT" 2>"$ERR"
+	rc=$?
+	cat "$ERR" >&2
+	return $rc
 }
 
 restart
@@ -48,7 +75,7 @@ case $rc in
 	restart
 	rc=$?
 	[ $rc -eq 0 ] && exit 0
-	drain "restart after a service restart failed (regenctl exit $rc)" ;;
+	drain "restart after a service restart failed (regenctl exit $rc): $(said)" ;;
 3)
 	drain "devices not ready in a new generation within ${TIMEOUT}s" ;;
 4)
@@ -56,7 +83,7 @@ case $rc in
 	# node is drained all the same because the job cannot get clean GPUs.
 	drain "regenctl restart not permitted: the prolog must run as root or in admin_group" ;;
 2)
-	drain "prolog script bug: regenctl usage error" ;;
+	drain "prolog script bug: regenctl usage error: $(said)" ;;
 *)
-	drain "regenctl restart failed (exit $rc); see journalctl -u regend" ;;
+	drain "regenctl restart failed (exit $rc): $(said)" ;;
 esac

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Load benchmark: N client processes x M mixed calls against a running
  * regend (host backend), with io.regen.Device.Restart of every device once
  * a second from another process.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen.torch: matmul, linear and attention in regend, with autograd, on
 torch's current stream, through restarts and faults.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A pre-LayerNorm transformer block as one regen.torch operation:
 
     h = x + proj(attention(qkv(ln1(x))))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """torch's view of a CUDA device (UUID, PCI bus id) matched to regend's."""
 
 import torch

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen.torch's operations as torch.library custom ops (namespace
 ``regen``): torch.ops.regen.mm, linear, sdpa and sdpa_backward, each with a
 fake (meta) implementation, so FakeTensor and torch.compile see their

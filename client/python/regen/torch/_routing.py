@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen.torch.enable(): torch.matmul (and ``@``), F.linear and
 F.scaled_dot_product_attention sent to regend inside a scope, through a
 TorchFunctionMode.  What regend does not run (other dtypes or devices,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The runtime behind regen.torch's operations: one regen.Client for the
 process, the memory regend reads tensors from, the ordering with torch's
 streams, the device map, and recovery after a generation change.
