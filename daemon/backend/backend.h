@@ -14,7 +14,7 @@
 #include "proto/program.h"
 #include "proto/ids.h"
 #include "proto/message.h"
-#include "daemon/worker/registry.h"
+#include "daemon/registry.h"
 
 struct rd_device;
 struct rd_lane;

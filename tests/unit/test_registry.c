@@ -5,7 +5,7 @@
 #include <check.h>
 #include <pthread.h>
 #include <string.h>
-#include "daemon/worker/registry.h"
+#include "daemon/registry.h"
 
 struct probe {
 	struct rd_resource res;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The resource registry: see registry.h for the contract. */
 #include <stdlib.h>
-#include "daemon/worker/registry.h"
+#include "daemon/registry.h"
 
 void rd_registry_init(struct rd_registry *reg, int device)
 {
