@@ -15,6 +15,16 @@ static bool serves_interface(const struct rd_endpoint *ep, const char *iface, si
 	return false;
 }
 
+/* A method of the IDL's in an interface that a public socket serves and
+ * this endpoint does not. */
+static bool served_elsewhere(const struct rd_endpoint *ep, const char *method)
+{
+	const struct rp_interface *iface = rp_method_interface(method);
+
+	return iface && (iface->served & (RP_SERVED_MAIN | RP_SERVED_WORKER)) &&
+	       !serves_interface(ep, iface->name, strlen(iface->name));
+}
+
 static void get_info(const struct rd_endpoint *ep, struct rd_call *call)
 {
 	static const struct rp_field fields[] = { { NULL } };
@@ -113,6 +123,10 @@ void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call)
 	void (*fn)(struct rd_call *) = ep->find ? ep->find(method) : NULL;
 	if (fn) {
 		fn(call);
+		return;
+	}
+	if (ep->elsewhere && served_elsewhere(ep, method)) {
+		ep->elsewhere(call);
 		return;
 	}
 	if (!dot || dot == method || !serves_interface(ep, method, (size_t)(dot - method))) {

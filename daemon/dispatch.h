@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Method tables: one per endpoint (the main socket, a worker socket, the
- * worker's control channel). Dispatch answers org.varlink.service itself and
+ * worker's control channel). Dispatch answers org.varlink.service itself,
+ * sends a method another socket serves to `elsewhere`, and
  * refuses, with their named errors, unknown interfaces and methods, admin
  * methods from non-admins, and "more"-only methods called without it.
  * Before any method runs, the fds that came with a call are closed unless
@@ -27,6 +28,11 @@ struct rd_endpoint {
 	 * proto/compute.h): the handler for one that is not in `methods`,
 	 * or NULL. Such methods need no admin and no "more", and take no fds. */
 	void (*(*find)(const char *method))(struct rd_call *call);
+	/* Answers a method that the IDL (proto/idl.h) declares for another
+	 * public socket, in an interface this endpoint does not serve: says
+	 * where it is served (io.regen.WrongEndpoint). NULL: such a method is
+	 * InterfaceNotFound here, as any other. */
+	void (*elsewhere)(struct rd_call *call);
 };
 
 void rd_dispatch(const struct rd_endpoint *ep, struct rd_call *call);

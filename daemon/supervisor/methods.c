@@ -6,6 +6,7 @@
 #include "daemon/log.h"
 #include "daemon/supervisor/methods.h"
 #include "proto/errors.h"
+#include "proto/idl.h"
 #include "proto/params.h"
 
 /* The longest deadline_ms a Restart may ask for, as for drain_deadline_ms. */
@@ -424,7 +425,7 @@ static void method_set_job(struct rd_call *call)
 			 rd_job_describe(conn, job, sizeof(job))[0] ? job : "none");
 }
 
-/* Memory and Compute belong on the worker's socket: say where. */
+/* The data plane's methods belong on the device's worker socket: say where. */
 static void method_wrong_endpoint(struct rd_call *call)
 {
 	const struct rd_supervisor *sv = supervisor_of(call);
@@ -451,16 +452,10 @@ static const struct rd_method main_methods[] = {
 	{ "io.regen.Device.Detach", method_detach, true },
 	{ "io.regen.Device.Attach", method_attach, true },
 	{ "io.regen.Device.InjectFault", method_inject_fault, true },
-	{ "io.regen.Memory.ImportBuffer", method_wrong_endpoint },
-	{ "io.regen.Memory.CloseBuffer", method_wrong_endpoint },
-	{ "io.regen.Memory.ImportEvent", method_wrong_endpoint },
-	{ "io.regen.Memory.CloseEvent", method_wrong_endpoint },
-	{ "io.regen.Compute.Gemm", method_wrong_endpoint },
-	{ "io.regen.Compute.Attention", method_wrong_endpoint },
-	{ "io.regen.Compute.AttentionBackward", method_wrong_endpoint },
-	{ "io.regen.Compute.LayerNorm", method_wrong_endpoint },
-	{ "io.regen.Compute.LayerNormBackward", method_wrong_endpoint },
 	{ NULL },
 };
-static const char *const main_interfaces[] = { "io.regen", "io.regen.Device", NULL };
-const struct rd_endpoint rd_sv_main_endpoint = { main_methods, main_interfaces };
+/* What the IDL serves on a worker socket (Memory, Compute, Lane, Comm,
+ * Program) is answered with where. */
+const struct rd_endpoint rd_sv_main_endpoint = {
+	.methods = main_methods, .interfaces = rp_main_interfaces, .elsewhere = method_wrong_endpoint
+};

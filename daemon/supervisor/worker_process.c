@@ -9,6 +9,7 @@
 #include "daemon/log.h"
 #include "daemon/supervisor/worker_process.h"
 #include "daemon/worker/worker.h"
+#include "proto/idl.h"
 #include "proto/params.h"
 
 /* The worker's end of the control channel: stdio[3] below. */
@@ -95,8 +96,7 @@ static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.CannotServe", ctl_cannot_serve },
 	{ NULL },
 };
-static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };
-static const struct rd_endpoint ctl_endpoint = { ctl_methods, ctl_interfaces };
+static const struct rd_endpoint ctl_endpoint = { ctl_methods, rp_control_interfaces };
 
 static void ctl_on_call(struct rd_conn *conn, struct rd_call *call)
 {

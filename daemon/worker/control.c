@@ -18,6 +18,7 @@
 #include "daemon/worker/worker.h"
 #include "proto/device.h"
 #include "proto/errors.h"
+#include "proto/idl.h"
 #include "proto/params.h"
 
 static struct rd_worker *worker_of(const struct rd_call *call)
@@ -336,8 +337,7 @@ static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.Charged", ctl_charged },
 	{ NULL },
 };
-static const char *const ctl_interfaces[] = { "io.regen.Worker", NULL };
-static const struct rd_endpoint ctl_endpoint = { ctl_methods, ctl_interfaces, NULL };
+static const struct rd_endpoint ctl_endpoint = { ctl_methods, rp_control_interfaces, NULL };
 
 static void ctl_on_call(struct rd_conn *conn, struct rd_call *call)
 {

@@ -11,6 +11,7 @@
 #include "proto/comm.h"
 #include "proto/compute.h"
 #include "proto/errors.h"
+#include "proto/idl.h"
 
 static void session_maybe_free(struct rd_session *s)
 {
@@ -164,25 +165,21 @@ static const struct rd_method data_methods[] = {
 	{ "io.regen.Program.Status", rd_program_status },
 	{ "io.regen.SetJob", method_set_job },
 	{ "io.regen.Device.Generation", method_generation },
-	{ "io.regen.Device.Status", method_main_endpoint },
-	{ "io.regen.Device.Watch", method_main_endpoint },
-	{ "io.regen.Device.Release", method_main_endpoint },
-	{ "io.regen.Device.Reset", method_main_endpoint },
-	{ "io.regen.Device.Restart", method_main_endpoint },
-	{ "io.regen.Device.InjectFault", method_main_endpoint },
 	{ NULL },
 };
-/* io.regen.Device is the main socket's: the worker answers only Generation of it
- * (and points the rest there), so it does not claim the interface. */
-static const char *const data_interfaces[] = { "io.regen", "io.regen.Memory", "io.regen.Compute", "io.regen.Lane",
-					       "io.regen.Comm", "io.regen.Program", NULL };
 
 static void (*find_compute(const char *method))(struct rd_call *call)
 {
 	return rp_op_find(method) || rp_comm_op_find(method) ? rd_compute_call : NULL;
 }
 
-static const struct rd_endpoint data_endpoint = { data_methods, data_interfaces, find_compute };
+/* io.regen.Device is the main socket's: the worker answers only Generation
+ * of it and points the rest there (elsewhere), so it does not claim the
+ * interface. */
+static const struct rd_endpoint data_endpoint = {
+	.methods = data_methods, .interfaces = rp_worker_interfaces, .find = find_compute,
+	.elsewhere = method_main_endpoint
+};
 
 static void data_on_call(struct rd_conn *conn, struct rd_call *call)
 {

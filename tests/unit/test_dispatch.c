@@ -62,8 +62,22 @@ static void (*find(const char *method))(struct rd_call *call)
 	return NULL;
 }
 
+/* Where the IDL serves a method another socket serves. */
+static void elsewhere(struct rd_call *call)
+{
+	cJSON *reply = cJSON_CreateObject();
+
+	handled++;
+	snprintf(handled_method, sizeof(handled_method), "%s", call->msg.method);
+	cJSON_AddStringToObject(reply, "elsewhere", call->msg.method);
+	rd_call_reply(call, reply, false);
+}
+
 static const struct rd_endpoint endpoint = { .methods = methods, .interfaces = interfaces, .find = find };
 static const struct rd_endpoint endpoint_without_find = { .methods = methods, .interfaces = interfaces };
+static const struct rd_endpoint endpoint_with_elsewhere = {
+	.methods = methods, .interfaces = interfaces, .find = find, .elsewhere = elsewhere
+};
 static const struct rd_endpoint *ep;
 
 static void on_call(struct rd_conn *conn, struct rd_call *call)
@@ -282,6 +296,40 @@ START_TEST(a_table_method_wins_over_the_find_hook)
 }
 END_TEST
 
+/* What the IDL declares for the other public socket goes to `elsewhere`
+ * (the table and the hook first); what it declares for no socket a client
+ * reaches, or does not declare, stays a named Varlink error. */
+START_TEST(a_method_served_on_another_socket_goes_elsewhere)
+{
+	static const char *const other_socket[] = { "io.regen.Memory.ImportBuffer", "io.regen.Lane.Open",
+						    "io.regen.Comm.Init", "io.regen.Program.Run" };
+	struct tl_reply r;
+
+	ep = &endpoint_with_elsewhere;
+	pair.conn->admin = false;
+	for (size_t i = 0; i < sizeof(other_socket) / sizeof(other_socket[0]); i++) {
+		call(other_socket[i], NULL, &r);
+		ck_assert_msg(r.error == NULL, "%s: %s", other_socket[i], tl_reply_describe(&r));
+		ck_assert_str_eq(tl_reply_str(&r, "elsewhere"), other_socket[i]);
+		tl_reply_finish(&r);
+	}
+	/* The hook claims Gemm: it wins. */
+	call("io.regen.Compute.Gemm", NULL, &r);
+	ck_assert_str_eq(tl_reply_str(&r, "handled"), "io.regen.Compute.Gemm");
+	tl_reply_finish(&r);
+	/* Not in the IDL. */
+	call("io.regen.Memory.Frobnicate", NULL, &r);
+	expect_error(&r, "org.varlink.service.InterfaceNotFound", "{\"interface\":\"io.regen.Memory\"}");
+	/* The control channel's: no client reaches them anywhere. */
+	call("io.regen.Worker.Drain", NULL, &r);
+	expect_error(&r, "org.varlink.service.InterfaceNotFound", "{\"interface\":\"io.regen.Worker\"}");
+	/* An interface served here: its unknown method is unknown, not elsewhere. */
+	call("io.regen.Device.Frobnicate", NULL, &r);
+	expect_error(&r, "org.varlink.service.MethodNotFound", "{\"method\":\"io.regen.Device.Frobnicate\"}");
+	ck_assert_int_eq(handled, (int)(sizeof(other_socket) / sizeof(other_socket[0])) + 1);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("dispatch");
@@ -297,6 +345,7 @@ int main(void)
 	tcase_add_test(tc, get_interface_description_serves_what_this_endpoint_serves);
 	tcase_add_test(tc, the_find_hook_serves_methods_of_another_table);
 	tcase_add_test(tc, a_table_method_wins_over_the_find_hook);
+	tcase_add_test(tc, a_method_served_on_another_socket_goes_elsewhere);
 	suite_add_tcase(s, tc);
 	return unit_run(s);
 }

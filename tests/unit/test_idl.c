@@ -209,6 +209,93 @@ START_TEST(every_op_table_matches_its_method)
 }
 END_TEST
 
+/* The methods embed_idl.py listed for an interface are the ones its text
+ * declares, and each is found back by name. */
+START_TEST(every_interface_lists_its_methods)
+{
+	const struct rp_interface *iface = &rp_interfaces[_i];
+	unsigned declared = 0, listed = 0;
+
+	for (const char *line = iface->description; line != NULL && *line != '\0';) {
+		if (strncmp(line, "method ", 7) == 0) {
+			char full[160];
+			bool found = false;
+
+			snprintf(full, sizeof(full), "%s.%.*s", iface->name, (int)strcspn(line + 7, " ("), line + 7);
+			for (const char *const *m = iface->methods; *m; m++)
+				found = found || strcmp(*m, full) == 0;
+			ck_assert_msg(found, "%s is declared but not listed", full);
+			ck_assert_ptr_eq(rp_method_interface(full), iface);
+			declared++;
+		}
+		line = strchr(line, '\n');
+		if (line != NULL)
+			line++;
+	}
+	for (const char *const *m = iface->methods; *m; m++)
+		listed++;
+	ck_assert_uint_eq(listed, declared);
+	ck_assert_ptr_null(rp_method_interface("io.regen.Compute.Convolve"));
+	ck_assert_ptr_null(rp_method_interface("io.regen.Compute"));
+}
+END_TEST
+
+static bool listed_in(const char *const *names, const char *name)
+{
+	for (; *names; names++)
+		if (strcmp(*names, name) == 0)
+			return true;
+	return false;
+}
+
+/* Every io.regen interface says where it is served, and the endpoints'
+ * lists are those sentences: the data plane on the worker socket, the
+ * lifecycle on the main socket, the control channel apart. */
+START_TEST(every_interface_is_served_somewhere)
+{
+	static const struct {
+		const char *name;
+		unsigned served;
+	} want[] = {
+		{ "io.regen", RP_SERVED_MAIN | RP_SERVED_WORKER },
+		{ "io.regen.Device", RP_SERVED_MAIN },
+		{ "io.regen.Memory", RP_SERVED_WORKER },
+		{ "io.regen.Compute", RP_SERVED_WORKER },
+		{ "io.regen.Lane", RP_SERVED_WORKER },
+		{ "io.regen.Comm", RP_SERVED_WORKER },
+		{ "io.regen.Program", RP_SERVED_WORKER },
+		{ "io.regen.Worker", RP_SERVED_CONTROL },
+	};
+
+	for (size_t i = 0; i < rp_interfaces_count; i++) {
+		const struct rp_interface *iface = &rp_interfaces[i];
+
+		if (strcmp(iface->name, "org.varlink.service") == 0)
+			continue;
+		ck_assert_msg(iface->served != 0, "%s is served nowhere", iface->name);
+		ck_assert_msg(listed_in(rp_main_interfaces, iface->name) == !!(iface->served & RP_SERVED_MAIN), "%s",
+			      iface->name);
+		ck_assert_msg(listed_in(rp_worker_interfaces, iface->name) == !!(iface->served & RP_SERVED_WORKER),
+			      "%s", iface->name);
+		ck_assert_msg(listed_in(rp_control_interfaces, iface->name) == !!(iface->served & RP_SERVED_CONTROL),
+			      "%s", iface->name);
+	}
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		const struct rp_interface *iface = NULL;
+
+		for (size_t j = 0; j < rp_interfaces_count; j++)
+			if (strcmp(rp_interfaces[j].name, want[i].name) == 0)
+				iface = &rp_interfaces[j];
+		ck_assert_msg(iface != NULL, "%s missing", want[i].name);
+		ck_assert_msg(iface->served == want[i].served, "%s is served at %#x, not %#x", want[i].name,
+			      iface->served, want[i].served);
+	}
+	/* The op tables' methods are served where the worker dispatches them. */
+	for (int id = 0; id < RP_OP_COUNT; id++)
+		ck_assert(rp_method_interface(rp_op_get((enum rp_op_id)id)->method)->served & RP_SERVED_WORKER);
+}
+END_TEST
+
 static Suite *idl_suite(void)
 {
 	Suite *s = suite_create("idl");
@@ -220,6 +307,8 @@ static Suite *idl_suite(void)
 	tcase_add_test(tc, the_table_covers_errors_h);
 	tcase_add_test(tc, every_declared_error_has_a_name);
 	tcase_add_loop_test(tc, every_op_table_matches_its_method, 0, RP_OP_COUNT);
+	tcase_add_loop_test(tc, every_interface_lists_its_methods, 0, (int)rp_interfaces_count);
+	tcase_add_test(tc, every_interface_is_served_somewhere);
 	suite_add_tcase(s, tc);
 	return s;
 }
