@@ -6,9 +6,11 @@
  * rp_op_spec: its method, its operands (name, role, rank, dtypes, which
  * operand's dtype or shape it shares), its scalar parameters, and one
  * function for what a table cannot say (the shape relations among
- * operands, options that depend on each other). The parser, the worker's
- * operand resolution, both backends' dispatch and the clients walk the same
- * table: a new operation is one table entry plus its kernels.
+ * operands, options that depend on each other), and where a ring record
+ * carries its scalars. The parser, the ring's codec, the worker's operand
+ * resolution, both backends' dispatch and the clients (regen/ops.py is
+ * generated from it) walk the same table: a new operation is one table
+ * entry plus its kernels (docs/testing.md, "Adding an operation").
  *
  * Parsing checks everything a client can get wrong without looking at a
  * buffer (the worker checks the bounds once it has resolved the ids), and
@@ -18,6 +20,8 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <cjson/cJSON.h>
 #include "ids.h"
 #include "message.h"
@@ -77,6 +81,28 @@ struct rp_operand_spec {
 	int may_alias;               /* an output: the one input it may alias exactly, or RP_NO_SLOT */
 };
 
+/* Where a ring record (proto/ring.h) carries one of an op's scalars. The
+ * record's scalar fields are shared by every op: each op names the ones
+ * it uses, and a record whose other fields are not 0 is refused. */
+enum rp_ring_field {
+	RP_RING_FIELD_FLAG = 0,      /* a bit of `flags` (`flag`): a bool */
+	RP_RING_FIELD_EPILOGUE,      /* the byte fields: an enum */
+	RP_RING_FIELD_COMPUTE,
+	RP_RING_FIELD_ALIGNMENT,
+	RP_RING_FIELD_ALPHA,         /* the doubles */
+	RP_RING_FIELD_BETA,
+	RP_RING_FIELD_SCALE,
+	RP_RING_FIELDS
+};
+
+struct rp_op_ring_scalar {
+	const char *name;            /* what refusals name: the call's parameter ("trans_a", "eps") */
+	enum rp_ring_field field;
+	uint16_t flag;               /* RP_RING_FIELD_FLAG: the bit (RP_RING_TRANS_A) */
+	size_t offset;               /* the value in struct rp_compute: a bool, an enum or a double */
+	const char *const *choices;  /* an enum's names, in its order (NULL terminated); else NULL */
+};
+
 struct rp_compute;
 
 struct rp_op_spec {
@@ -97,6 +123,9 @@ struct rp_op_spec {
 	int (*check)(struct rp_compute *c, struct rp_error *err);
 	/* Writes the op's scalars into a call's parameters (clients). */
 	void (*encode)(const struct rp_compute *c, cJSON *params);
+	/* Its scalars in a ring record (proto/ring.c reads and writes them by
+	 * this list alone), NULL-name terminated. */
+	const struct rp_op_ring_scalar *ring_scalars;
 };
 
 /* DGELU: GELU's gradient, D = (alpha op(A) op(B) + beta C) * GELU'(aux).

@@ -22,6 +22,7 @@
 #include "compute.h"
 #include "compute_check.h"
 #include "errors.h"
+#include "ring.h"
 
 #define ATT_DTYPES RP_DTYPES_ANY
 #define STATS_DTYPES RP_DTYPE_BIT(RP_DTYPE_F32)
@@ -239,6 +240,16 @@ static void attention_encode(const struct rp_compute *c, cJSON *params)
 	}
 }
 
+/* Both directions' records: scale 0 is the default (1/sqrt(D)). */
+#define AT(field) offsetof(struct rp_compute, attention.field)
+static const struct rp_op_ring_scalar attention_ring_scalars[] = {
+	{ "causal", RP_RING_FIELD_FLAG, RP_RING_CAUSAL, AT(causal), NULL },
+	{ "causal_alignment", RP_RING_FIELD_ALIGNMENT, 0, AT(alignment), alignment_names },
+	{ "scale", RP_RING_FIELD_SCALE, 0, AT(scale), NULL },
+	{ NULL },
+};
+#undef AT
+
 const struct rp_op_spec rp_op_attention = {
 	.id = RP_OP_ATTENTION,
 	.method = "io.regen.Compute.Attention",
@@ -249,6 +260,7 @@ const struct rp_op_spec rp_op_attention = {
 	.read_scalars = attention_read_scalars,
 	.check = attention_check,
 	.encode = attention_encode,
+	.ring_scalars = attention_ring_scalars,
 };
 
 const struct rp_op_spec rp_op_attention_backward = {
@@ -261,4 +273,5 @@ const struct rp_op_spec rp_op_attention_backward = {
 	.read_scalars = attention_read_scalars,
 	.check = attention_backward_check,
 	.encode = attention_encode,
+	.ring_scalars = attention_ring_scalars,
 };

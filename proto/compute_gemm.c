@@ -17,6 +17,7 @@
 #include "compute.h"
 #include "compute_check.h"
 #include "errors.h"
+#include "ring.h"
 
 static const struct rp_operand_spec gemm_operands[RP_GEMM_OPERANDS] = {
 	[RP_GEMM_A] = { "a", RP_ROLE_IN, true, 2, "a matrix", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true, RP_NO_SLOT },
@@ -238,6 +239,19 @@ static void gemm_encode(const struct rp_compute *c, cJSON *params)
 	}
 }
 
+#define AT(field) offsetof(struct rp_compute, gemm.field)
+static const struct rp_op_ring_scalar gemm_ring_scalars[] = {
+	{ "trans_a", RP_RING_FIELD_FLAG, RP_RING_TRANS_A, AT(trans_a), NULL },
+	{ "trans_b", RP_RING_FIELD_FLAG, RP_RING_TRANS_B, AT(trans_b), NULL },
+	/* No defaults: a record always carries them (1 and 0 written). */
+	{ "alpha", RP_RING_FIELD_ALPHA, 0, AT(alpha), NULL },
+	{ "beta", RP_RING_FIELD_BETA, 0, AT(beta), NULL },
+	{ "epilogue", RP_RING_FIELD_EPILOGUE, 0, AT(epilogue), epilogue_names },
+	{ "compute", RP_RING_FIELD_COMPUTE, 0, AT(compute), compute_names },
+	{ NULL },
+};
+#undef AT
+
 const struct rp_op_spec rp_op_gemm = {
 	.id = RP_OP_GEMM,
 	.method = "io.regen.Compute.Gemm",
@@ -248,4 +262,5 @@ const struct rp_op_spec rp_op_gemm = {
 	.read_scalars = gemm_read_scalars,
 	.check = gemm_check,
 	.encode = gemm_encode,
+	.ring_scalars = gemm_ring_scalars,
 };

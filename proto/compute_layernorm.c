@@ -172,6 +172,14 @@ static void no_encode(const struct rp_compute *c, cJSON *params)
 	(void)params;
 }
 
+/* eps travels as the record's scale, 0 the default; the backward's record
+ * carries it too, so that one that is not 0 is refused by name (the
+ * backward's check). */
+static const struct rp_op_ring_scalar layer_norm_ring_scalars[] = {
+	{ "eps", RP_RING_FIELD_SCALE, 0, offsetof(struct rp_compute, layer_norm.eps), NULL },
+	{ NULL },
+};
+
 const struct rp_op_spec rp_op_layer_norm = {
 	.id = RP_OP_LAYER_NORM,
 	.method = "io.regen.Compute.LayerNorm",
@@ -182,6 +190,7 @@ const struct rp_op_spec rp_op_layer_norm = {
 	.read_scalars = layer_norm_read_scalars,
 	.check = layer_norm_check,
 	.encode = layer_norm_encode,
+	.ring_scalars = layer_norm_ring_scalars,
 };
 
 const struct rp_op_spec rp_op_layer_norm_backward = {
@@ -194,4 +203,5 @@ const struct rp_op_spec rp_op_layer_norm_backward = {
 	.read_scalars = no_read_scalars,
 	.check = layer_norm_backward_check,
 	.encode = no_encode,
+	.ring_scalars = layer_norm_ring_scalars,
 };

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Ring records and completions (ring.h): a record becomes a struct
  * rp_compute and goes through rp_compute_check, the checks a Varlink call
- * goes through; a completion carries an error as Varlink would send it. */
+ * goes through; a completion carries an error as Varlink would send it.
+ * Which of a record's scalar fields an op takes, and where they go, is the
+ * op table's (rp_op_spec.ring_scalars): nothing here is op by op. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,17 +24,95 @@ size_t rp_ring_size(uint32_t entries)
 	return RP_RING_HEADER_SIZE + (size_t)entries * (RP_RING_RECORD_SIZE + RP_RING_COMPLETION_SIZE);
 }
 
-/* The flags each operation takes. */
-static uint16_t op_flags(enum rp_op_id op)
+/* A record's scalar fields: where each lies, and what a refusal names it
+ * by when its op does not take it. */
+static const struct {
+	size_t offset;               /* of a byte (the enums) or a double; flags apart */
+	const char *name;
+} fields[RP_RING_FIELDS] = {
+	[RP_RING_FIELD_FLAG] = { offsetof(struct rp_ring_record, flags), "flags" },
+	[RP_RING_FIELD_EPILOGUE] = { offsetof(struct rp_ring_record, epilogue), "epilogue" },
+	[RP_RING_FIELD_COMPUTE] = { offsetof(struct rp_ring_record, compute), "compute" },
+	[RP_RING_FIELD_ALIGNMENT] = { offsetof(struct rp_ring_record, alignment), "causal_alignment" },
+	[RP_RING_FIELD_ALPHA] = { offsetof(struct rp_ring_record, alpha), "alpha" },
+	[RP_RING_FIELD_BETA] = { offsetof(struct rp_ring_record, beta), "beta" },
+	[RP_RING_FIELD_SCALE] = { offsetof(struct rp_ring_record, scale), "scale" },
+};
+
+static bool is_byte(enum rp_ring_field f)
 {
-	switch (op) {
-	case RP_OP_GEMM:
-		return RP_RING_TRANS_A | RP_RING_TRANS_B;
-	case RP_OP_ATTENTION:
-	case RP_OP_ATTENTION_BACKWARD:
-		return RP_RING_CAUSAL;
-	default:
-		return 0;
+	return f == RP_RING_FIELD_EPILOGUE || f == RP_RING_FIELD_COMPUTE || f == RP_RING_FIELD_ALIGNMENT;
+}
+
+/* The enums of struct rp_compute are stored as unsigned-sized values. */
+_Static_assert(sizeof(enum rp_epilogue) == sizeof(unsigned) && sizeof(enum rp_compute_mode) == sizeof(unsigned) &&
+		       sizeof(enum rp_causal_alignment) == sizeof(unsigned),
+	       "enums are unsigned-sized");
+
+/* Whether the record's field f (not the flags) holds anything but 0. */
+static bool field_set(const struct rp_ring_record *rec, enum rp_ring_field f)
+{
+	const char *at = (const char *)rec + fields[f].offset;
+	double d;
+
+	if (is_byte(f))
+		return *(const uint8_t *)at != 0;
+	memcpy(&d, at, sizeof(d));
+	return d != 0.0;
+}
+
+/* The record's scalars into c, by the op's list: a field the op does not
+ * take must be 0, and a flag it does not take unset, as a call may not
+ * carry another operation's parameters. */
+static int decode_scalars(const struct rp_ring_record *rec, struct rp_compute *c, struct rp_error *err)
+{
+	unsigned taken = 1u << RP_RING_FIELD_FLAG;
+	uint16_t flags = 0;
+	const struct rp_op_ring_scalar *rs;
+
+	for (rs = c->spec->ring_scalars; rs && rs->name; rs++) {
+		if (rs->field == RP_RING_FIELD_FLAG)
+			flags |= rs->flag;
+		else
+			taken |= 1u << rs->field;
+	}
+	if (rec->flags & ~flags)
+		return rp_error_invalid_parameter(err, "flags");
+	for (int f = 0; f < RP_RING_FIELDS; f++)
+		if (!(taken & (1u << f)) && field_set(rec, (enum rp_ring_field)f))
+			return rp_error_invalid_parameter(err, fields[f].name);
+	for (rs = c->spec->ring_scalars; rs && rs->name; rs++) {
+		const char *from = (const char *)rec + fields[rs->field].offset;
+		char *to = (char *)c + rs->offset;
+
+		if (rs->field == RP_RING_FIELD_FLAG) {
+			*(bool *)to = (rec->flags & rs->flag) != 0;
+		} else if (is_byte(rs->field)) {
+			unsigned v = *(const uint8_t *)from;
+			memcpy(to, &v, sizeof(v));
+		} else {
+			memcpy(to, from, sizeof(double));
+		}
+	}
+	return 0;
+}
+
+static void encode_scalars(const struct rp_compute *c, struct rp_ring_record *rec)
+{
+	for (const struct rp_op_ring_scalar *rs = c->spec->ring_scalars; rs && rs->name; rs++) {
+		const char *from = (const char *)c + rs->offset;
+		char *to = (char *)rec + fields[rs->field].offset;
+
+		if (rs->field == RP_RING_FIELD_FLAG) {
+			if (*(const bool *)from)
+				rec->flags |= rs->flag;
+		} else if (is_byte(rs->field)) {
+			unsigned v;
+			memcpy(&v, from, sizeof(v));
+			*(uint8_t *)to = (uint8_t)v;
+		} else {
+			memcpy(to, from, sizeof(double));
+		}
 	}
 }
 
@@ -85,8 +165,6 @@ static int decode(const struct rp_ring_record *rec, const struct rp_id *ids, uin
 	c->spec = spec;
 	if (rec->reserved0 || rec->reserved1 || rec->reserved2)
 		return rp_error_invalid_parameter(err, "reserved");
-	if (rec->flags & ~op_flags(spec->id))
-		return rp_error_invalid_parameter(err, "flags");
 	for (unsigned i = 0; i < RP_OP_OPERANDS_MAX; i++) {
 		const struct rp_ring_operand *ro = &rec->operands[i];
 
@@ -105,42 +183,7 @@ static int decode(const struct rp_ring_record *rec, const struct rp_id *ids, uin
 	if (rec->deadline_ms > RP_DEADLINE_MS_MAX)
 		return rp_error_invalid_parameter(err, "deadline_ms");
 	c->deadline_ms = rec->deadline_ms;
-	/* The scalars of the other operations must be 0, as a call may not
-	 * carry another operation's parameters. */
-	switch (spec->id) {
-	case RP_OP_GEMM:
-		if (rec->alignment || rec->scale != 0.0)
-			return rp_error_invalid_parameter(err, rec->alignment ? "causal_alignment" : "scale");
-		c->gemm.trans_a = rec->flags & RP_RING_TRANS_A;
-		c->gemm.trans_b = rec->flags & RP_RING_TRANS_B;
-		c->gemm.alpha = rec->alpha;
-		c->gemm.beta = rec->beta;
-		c->gemm.epilogue = (enum rp_epilogue)rec->epilogue;
-		c->gemm.compute = (enum rp_compute_mode)rec->compute;
-		break;
-	case RP_OP_ATTENTION:
-	case RP_OP_ATTENTION_BACKWARD:
-		if (rec->epilogue || rec->compute || rec->alpha != 0.0 || rec->beta != 0.0)
-			return rp_error_invalid_parameter(err, rec->epilogue ? "epilogue" : rec->compute ? "compute"
-									     : rec->alpha != 0.0 ? "alpha" : "beta");
-		c->attention.causal = rec->flags & RP_RING_CAUSAL;
-		c->attention.alignment = (enum rp_causal_alignment)rec->alignment;
-		c->attention.scale = rec->scale;
-		break;
-	case RP_OP_LAYER_NORM:
-	case RP_OP_LAYER_NORM_BACKWARD:
-		if (rec->epilogue || rec->compute || rec->alignment || rec->alpha != 0.0 || rec->beta != 0.0)
-			return rp_error_invalid_parameter(err, rec->epilogue ? "epilogue" : rec->compute ? "compute"
-							       : rec->alignment ? "causal_alignment"
-							       : rec->alpha != 0.0 ? "alpha" : "beta");
-		/* LayerNorm's eps travels as the scale: 0 is the default. The
-		 * backward takes none, and its check refuses one. */
-		c->layer_norm.eps = rec->scale;
-		break;
-	default:
-		return rp_error_invalid_parameter(err, "op");
-	}
-	return 0;
+	return decode_scalars(rec, c, err);
 }
 
 int rp_ring_decode(const struct rp_ring_record *rec, const struct rp_id *ids, uint32_t nids, struct rp_compute *c,
@@ -183,19 +226,7 @@ void rp_ring_encode(const struct rp_compute *c, const uint32_t index_of[RP_OP_OP
 			ro->strides[d] = op->strides[d];
 		}
 	}
-	if (c->spec->id == RP_OP_GEMM) {
-		rec->flags = (uint16_t)((c->gemm.trans_a ? RP_RING_TRANS_A : 0) | (c->gemm.trans_b ? RP_RING_TRANS_B : 0));
-		rec->alpha = c->gemm.alpha;
-		rec->beta = c->gemm.beta;
-		rec->epilogue = (uint8_t)c->gemm.epilogue;
-		rec->compute = (uint8_t)c->gemm.compute;
-	} else if (c->spec->id == RP_OP_LAYER_NORM || c->spec->id == RP_OP_LAYER_NORM_BACKWARD) {
-		rec->scale = c->layer_norm.eps;
-	} else {
-		rec->flags = c->attention.causal ? RP_RING_CAUSAL : 0;
-		rec->alignment = (uint8_t)c->attention.alignment;
-		rec->scale = c->attention.scale;
-	}
+	encode_scalars(c, rec);
 }
 
 /* Cuts every string parameter to `keep` characters. */

@@ -89,10 +89,11 @@ struct rp_ring_operand {
 };
 
 /* One call: what a parsed struct rp_compute carries, with buffers and
- * events by index. Scalars that the op does not take must be 0. */
+ * events by index. Scalars that the op does not take must be 0; which it
+ * takes, and in which field, its op table says (rp_op_spec.ring_scalars). */
 struct rp_ring_record {
 	uint64_t tag;                    /* the client's, echoed in the completion */
-	uint16_t op;                     /* enum rp_op_id: 0 Gemm ... 4 LayerNormBackward */
+	uint16_t op;                     /* enum rp_op_id (proto/compute.h) */
 	uint16_t flags;                  /* RP_RING_* */
 	uint8_t epilogue;                /* Gemm: enum rp_epilogue */
 	uint8_t compute;                 /* Gemm: enum rp_compute_mode */

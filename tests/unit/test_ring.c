@@ -511,6 +511,40 @@ START_TEST(completions_carry_the_varlink_error)
 }
 END_TEST
 
+/* Every scalar a call of the op may carry has its place in a record (or
+ * a record could not say what the call says), named as the call names it,
+ * of the kind its type needs (a bool a flag, an enum names), each field
+ * taken once. */
+START_TEST(every_scalar_has_a_place_in_a_record)
+{
+	const struct rp_op_spec *spec = rp_op_get((enum rp_op_id)_i);
+	unsigned fields = 0;
+	uint16_t flags = 0;
+
+	ck_assert_ptr_nonnull(spec->ring_scalars);
+	for (const struct rp_field *f = spec->scalars; f->name; f++) {
+		const struct rp_op_ring_scalar *rs = spec->ring_scalars;
+
+		while (rs->name && strcmp(rs->name, f->name) != 0)
+			rs++;
+		ck_assert_msg(rs->name != NULL, "%s: scalar %s has no place in a ring record", spec->name, f->name);
+		ck_assert_msg((rs->field == RP_RING_FIELD_FLAG) == (f->type == RP_T_BOOL), "%s.%s", spec->name, f->name);
+		ck_assert_msg((rs->choices != NULL) == (f->type == RP_T_STRING), "%s.%s", spec->name, f->name);
+	}
+	for (const struct rp_op_ring_scalar *rs = spec->ring_scalars; rs->name; rs++) {
+		if (rs->field == RP_RING_FIELD_FLAG) {
+			ck_assert_msg(rs->flag != 0 && !(flags & rs->flag), "%s.%s: flag %#x", spec->name, rs->name, rs->flag);
+			flags |= rs->flag;
+		} else {
+			ck_assert_msg(!(fields & (1u << rs->field)), "%s.%s: field %d taken twice", spec->name, rs->name,
+				      rs->field);
+			fields |= 1u << rs->field;
+		}
+		ck_assert_uint_lt(rs->offset, sizeof(struct rp_compute));
+	}
+}
+END_TEST
+
 static Suite *ring_suite(void)
 {
 	Suite *s = suite_create("ring");
@@ -525,6 +559,7 @@ static Suite *ring_suite(void)
 	tcase_add_test(tc, layer_norm_records);
 	tcase_add_loop_test(tc, bad_records_are_refused_by_name, 0, sizeof(bads) / sizeof(bads[0]));
 	tcase_add_test(tc, completions_carry_the_varlink_error);
+	tcase_add_loop_test(tc, every_scalar_has_a_place_in_a_record, 0, RP_OP_COUNT);
 	suite_add_tcase(s, tc);
 	return s;
 }
