@@ -1688,6 +1688,22 @@ START_TEST(half_types_round_to_nearest_random)
 }
 END_TEST
 
+/* The host backend has an entry for every operation of the op table: an
+ * empty call of each (every dimension 0) has its cost, scratch and memory
+ * check answered, not a missing entry's crash. An op added without its
+ * host kernels fails here. */
+START_TEST(every_op_of_the_table_has_host_kernels)
+{
+	struct rp_compute call = { .spec = rp_op_get((enum rp_op_id)_i) };
+	void *p[RP_OP_OPERANDS_MAX] = { 0 };
+
+	ck_assert_ptr_nonnull(call.spec);
+	ck_assert(rd_host_macs(&call) == 0.0);
+	ck_assert_uint_eq(rd_host_scratch_size(&call), 0);
+	ck_assert_int_eq(rd_host_check(&call, p, NULL), 0);
+}
+END_TEST
+
 static Suite *host_math_suite(void)
 {
 	Suite *s = suite_create("host_math");
@@ -1726,6 +1742,10 @@ static Suite *host_math_suite(void)
 	tcase_add_test(ln, layer_norm_backward_matches_reference);
 	tcase_add_test(ln, layer_norm_backward_matches_finite_differences);
 	suite_add_tcase(s, ln);
+
+	TCase *table = tcase_create("table");
+	tcase_add_loop_test(table, every_op_of_the_table_has_host_kernels, 0, RP_OP_COUNT);
+	suite_add_tcase(s, table);
 	return s;
 }
 

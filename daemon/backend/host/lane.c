@@ -144,34 +144,6 @@ static void run_op(struct host_lane *lane, struct rd_op *op)
 	op->elapsed_us = (op->finished_ns - op->launched_ns) / 1000u;
 }
 
-/* An exp() of the softmax, in multiply-adds of the reference math. */
-#define EXP_MACS 8.0
-
-/* Multiply-adds of a call, roughly: what decides whether it may run on
- * the submitting thread, and its share of the deadline's budget. 0: not
- * one of the compute table's (a communicator's or a program's: theirs
- * are bounded elsewhere). */
-static double call_cost(const struct rp_compute *c)
-{
-	const struct rp_attention *a = &c->attention;
-	double scores = (double)a->batch * a->heads * a->seq_q * a->seq_kv;
-
-	switch (c->spec->id) {
-	case RP_OP_GEMM:
-		return (double)c->gemm.m * (double)c->gemm.n * (double)c->gemm.k;
-	case RP_OP_ATTENTION:
-		return scores * (a->head_dim + a->head_dim_v + EXP_MACS);
-	case RP_OP_ATTENTION_BACKWARD:
-		return 2.0 * scores * (a->head_dim + a->head_dim_v + EXP_MACS);
-	case RP_OP_LAYER_NORM:
-		return 8.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
-	case RP_OP_LAYER_NORM_BACKWARD:
-		return 16.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
-	default:
-		return 0;
-	}
-}
-
 void host_lane_calibrate(struct rd_device *dev)
 {
 	enum { N = 64 };
@@ -216,7 +188,7 @@ static int take_budget(struct host_lane *lane, struct rd_op *op)
 	struct host_device *h = hd(dev);
 	uint64_t budget_ns = (uint64_t)dev->call_deadline_ms * 1000000u / 2, ahead, all;
 
-	op->work_ns = (uint64_t)(call_cost(&op->compute) * h->ns_per_mac);
+	op->work_ns = (uint64_t)(rd_host_macs(&op->compute) * h->ns_per_mac);
 	if (!op->work_ns)
 		return 0;
 	pthread_mutex_lock(&lane->lock);
@@ -232,7 +204,7 @@ static int take_budget(struct host_lane *lane, struct rd_op *op)
 				      "of work queued on %s lane and %.0f s on device %d's %u CPUs), past half of the "
 				      "%u ms within which every call must finish (call_deadline_ms); split it into smaller "
 				      "calls",
-				      op->compute.spec->method, (double)op->work_ns / 1e9, call_cost(&op->compute),
+				      op->compute.spec->method, (double)op->work_ns / 1e9, rd_host_macs(&op->compute),
 				      (double)ahead / 1e9, "its", (double)all / 1e9, dev->index, h->cpus,
 				      dev->call_deadline_ms);
 		op->work_ns = 0;
@@ -364,7 +336,7 @@ static bool run_inline(struct host_lane *lane, struct rd_op *op)
 {
 	struct rd_device *dev = lane->base.device;
 
-	double cost = call_cost(&op->compute);
+	double cost = rd_host_macs(&op->compute);
 
 	if (cost == 0 || cost > INLINE_COST_MAX || atomic_load(&hd(dev)->hang) || atomic_load(&hd(dev)->lost))
 		return false;

@@ -831,19 +831,52 @@ static int check_lengths(const struct rp_compute *c, void *const *ptr, int slot_
 	return 0;
 }
 
-int rd_host_check(const struct rp_compute *c, void *const *ptr, struct rp_error *err)
+static int attention_check(const struct rp_compute *c, void *const *ptr, struct rp_error *err)
 {
-	switch (c->spec->id) {
-	case RP_OP_ATTENTION:
-		return c->attention.padded ? check_lengths(c, ptr, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV, err) : 0;
-	case RP_OP_ATTENTION_BACKWARD:
-		return c->attention.padded ? check_lengths(c, ptr, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, err) : 0;
-	default:
-		return 0;
-	}
+	return c->attention.padded ? check_lengths(c, ptr, RP_ATT_SEQ_LEN_Q, RP_ATT_SEQ_LEN_KV, err) : 0;
+}
+
+static int attention_backward_check(const struct rp_compute *c, void *const *ptr, struct rp_error *err)
+{
+	return c->attention.padded ? check_lengths(c, ptr, RP_ATB_SEQ_LEN_Q, RP_ATB_SEQ_LEN_KV, err) : 0;
 }
 
 /* ---- one entry per operation ------------------------------------------------ */
+
+/* An exp() of the softmax, in multiply-adds of the reference math. */
+#define EXP_MACS 8.0
+
+static double gemm_macs(const struct rp_compute *c)
+{
+	return (double)c->gemm.m * (double)c->gemm.n * (double)c->gemm.k;
+}
+
+static double attention_scores(const struct rp_attention *a)
+{
+	return (double)a->batch * a->heads * a->seq_q * a->seq_kv;
+}
+
+static double attention_macs(const struct rp_compute *c)
+{
+	const struct rp_attention *a = &c->attention;
+
+	return attention_scores(a) * (a->head_dim + a->head_dim_v + EXP_MACS);
+}
+
+static double attention_backward_macs(const struct rp_compute *c)
+{
+	return 2.0 * attention_macs(c);
+}
+
+static double layer_norm_macs(const struct rp_compute *c)
+{
+	return 8.0 * (double)c->layer_norm.rows * (double)c->layer_norm.n;
+}
+
+static double layer_norm_backward_macs(const struct rp_compute *c)
+{
+	return 2.0 * layer_norm_macs(c);
+}
 
 static size_t no_scratch(const struct rp_compute *c)
 {
@@ -855,16 +888,33 @@ static int gemm_entry(const struct rp_compute *c, void *const *ptr, void *scratc
 	return gemm(c, ptr);
 }
 
+/* What the host backend knows of each operation of the op table. */
 static const struct {
+	/* Its work, in multiply-adds, roughly: the lanes' deadline budget. */
+	double (*macs)(const struct rp_compute *c);
+	/* What lives in the operands' memory; NULL: nothing to check. */
+	int (*check)(const struct rp_compute *c, void *const *ptr, struct rp_error *err);
 	size_t (*scratch_size)(const struct rp_compute *c);
 	int (*run)(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size);
 } kernels[RP_OP_COUNT] = {
-	[RP_OP_GEMM] = { no_scratch, gemm_entry },
-	[RP_OP_ATTENTION] = { attention_scratch_size, attention },
-	[RP_OP_ATTENTION_BACKWARD] = { attention_backward_scratch_size, attention_backward },
-	[RP_OP_LAYER_NORM] = { layer_norm_scratch_size, layer_norm },
-	[RP_OP_LAYER_NORM_BACKWARD] = { layer_norm_backward_scratch_size, layer_norm_backward },
+	[RP_OP_GEMM] = { gemm_macs, NULL, no_scratch, gemm_entry },
+	[RP_OP_ATTENTION] = { attention_macs, attention_check, attention_scratch_size, attention },
+	[RP_OP_ATTENTION_BACKWARD] = { attention_backward_macs, attention_backward_check,
+				       attention_backward_scratch_size, attention_backward },
+	[RP_OP_LAYER_NORM] = { layer_norm_macs, NULL, layer_norm_scratch_size, layer_norm },
+	[RP_OP_LAYER_NORM_BACKWARD] = { layer_norm_backward_macs, NULL, layer_norm_backward_scratch_size,
+					layer_norm_backward },
 };
+
+double rd_host_macs(const struct rp_compute *c)
+{
+	return c->spec->id < RP_OP_COUNT ? kernels[c->spec->id].macs(c) : 0.0;
+}
+
+int rd_host_check(const struct rp_compute *c, void *const *ptr, struct rp_error *err)
+{
+	return kernels[c->spec->id].check ? kernels[c->spec->id].check(c, ptr, err) : 0;
+}
 
 size_t rd_host_scratch_size(const struct rp_compute *c)
 {

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Reference math for the host backend: GEMM, attention and LayerNorm in C, f32
  * accumulation whatever the storage type. Inputs are validated descriptors
- * (proto/compute.h) with their buffers resolved to host pointers. */
+ * (proto/compute.h) with their buffers resolved to host pointers. math.c
+ * holds one table with an entry per operation of the op table: its work,
+ * what it checks in memory, its scratch and its kernel. */
 #pragma once
 
 #include <stddef.h>
@@ -38,3 +40,9 @@ int rd_host_check(const struct rp_compute *c, void *const *ptr, struct rp_error 
 /* Scratch one call needs, in bytes, so the caller can take it from its
  * lane's arena rather than malloc per call. */
 size_t rd_host_scratch_size(const struct rp_compute *c);
+
+/* Multiply-adds of a call, roughly (an exp counted as 8): what decides
+ * whether it may run on the submitting thread, and its share of the
+ * deadline's budget. 0 for what is not the compute table's (a
+ * communicator's or a program's work: bounded elsewhere). */
+double rd_host_macs(const struct rp_compute *c);
