@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""regen/ops.py is proto's op tables as the C side defines them: printed by
-tests/unit/op_table_json of the build, compared here field by field."""
+"""regen/ops.py is proto's op tables as the C side defines them: generated
+by the build (client/python/gen_ops.py from proto/ops.json, which
+proto/op_table_json prints), the copy in the tree must be the build's, and
+its fields are the C tables' field by field."""
 
 import json
 import os
@@ -10,25 +12,49 @@ import unittest
 from regen import ops
 
 
-def c_tables():
+def build_root():
     root = os.environ.get("REGEN_BUILD_ROOT")
-    exe = os.path.join(root, "tests", "unit", "op_table_json") if root else None
-    if not exe or not os.access(exe, os.X_OK):
-        raise unittest.SkipTest("no built tests/unit/op_table_json (set REGEN_BUILD_ROOT)")
+    if not root or not os.path.isdir(root):
+        raise unittest.SkipTest("no build tree (set REGEN_BUILD_ROOT)")
+    return root
+
+
+def c_tables():
+    exe = os.path.join(build_root(), "proto", "op-table-json")
+    if not os.access(exe, os.X_OK):
+        raise unittest.SkipTest("no built proto/op-table-json")
     return json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
 
 
 class OpTables(unittest.TestCase):
+    def test_the_tree_holds_the_generated_file(self):
+        generated = os.path.join(build_root(), "client", "python", "ops.py")
+        if not os.path.exists(generated):
+            raise unittest.SkipTest("the build did not generate client/python/ops.py")
+        with open(generated, encoding="utf-8") as f:
+            want = f.read()
+        with open(ops.__file__, encoding="utf-8") as f:
+            got = f.read()
+        self.assertTrue(got == want, "%s is not what the build generated from the op tables (%s): run "
+                        "`ninja -C <build> update-ops-py` and commit it" % (ops.__file__, generated))
+
     def test_the_python_table_is_the_c_table(self):
         c = c_tables()
         self.assertEqual(sorted(c), sorted(ops.OPS))
         for name, op in ops.OPS.items():
             with self.subTest(op=name):
+                self.assertEqual(op.id, c[name]["id"])
                 self.assertEqual(op.method, c[name]["method"])
                 self.assertEqual([tuple(o) for o in op.operands],
                                  [(o["name"], o["output"], o["required"], o["rank"], tuple(o["dtypes"]))
                                   for o in c[name]["operands"]])
                 self.assertEqual(list(op.scalars), [(s["name"], s["type"]) for s in c[name]["scalars"]])
+                self.assertEqual(op.choices, {s["name"]: tuple(s["choices"]) for s in c[name]["scalars"]
+                                              if "choices" in s})
+                self.assertEqual([tuple(r) for r in op.ring],
+                                 [(r["name"], r["field"], r["flag"]) for r in c[name]["ring"]])
+        # Ring op ids are the table's positions: 0, 1, ... in order.
+        self.assertEqual(sorted(op.id for op in ops.OPS.values()), list(range(len(ops.OPS))))
 
     def test_calls_are_checked_against_the_table(self):
         import regen

@@ -51,7 +51,7 @@ import torch
 
 from .. import errors
 from ..client import Client, Operand, _untyped_storage as _storage
-from ..ops import NAME_SETS, REQUIRED_NAMES, SLOT_NAMES
+from ..ops import NAME_SETS, OPS, REQUIRED_NAMES, SLOT_NAMES
 from ..pool import Pool
 from ..ring import DTYPES as RING_DTYPES, scalars_record
 
@@ -850,7 +850,7 @@ class Runtime:
         # Outputs regend wrote into copies (CPU tensors from outside the
         # host pool) go back where the caller wants them.
         for name, used in copies.items():
-            if name in _OUTPUT_NAMES:
+            if name in _OUTPUT_NAMES[op]:
                 tensors[name].copy_(used)
         return idle
 
@@ -951,9 +951,10 @@ class Runtime:
             return out
 
 
-_OPS = frozenset({"gemm", "attention", "attention_backward", "layer_norm", "layer_norm_backward"})
+_OPS = frozenset(OPS)
 _RING_DTYPES = {t: RING_DTYPES[n] for t, n in DTYPES.items()}
-_OUTPUT_NAMES = frozenset({"d", "o", "stats", "d_q", "d_k", "d_v", "y", "mean", "rstd", "d_x", "d_weight", "d_bias"})
+# Per op, the operands it writes.
+_OUTPUT_NAMES = {name: frozenset(o.name for o in op.operands if o.output) for name, op in OPS.items()}
 
 
 class _Batch:
