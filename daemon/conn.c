@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "daemon/conn.h"
 #include "daemon/log.h"
+#include "daemon/options.h"
 #include "proto/errors.h"
 
 /* More than this many bytes waiting to go out and we stop reading: a client
@@ -97,21 +98,15 @@ static bool may_read(const struct rd_conn *conn)
 }
 
 /* A message begun and not ended within this long closes the connection: a
- * peer cannot hold a buffer by sending a byte now and then.
- * REGEN_MESSAGE_TIMEOUT_MS, read once, overrides it (tests). */
-#define PARTIAL_TIMEOUT_MS 30000
+ * peer cannot hold a buffer by sending a byte now and then
+ * (message_timeout_ms). */
+static unsigned partial_timeout = RD_MESSAGE_TIMEOUT_MS_DEFAULT;
 
-static unsigned partial_timeout_ms(void)
+void rd_conn_set_message_timeout(unsigned ms)
 {
-	static unsigned ms;
-
-	if (!ms) {
-		const char *env = getenv("REGEN_MESSAGE_TIMEOUT_MS");
-		long v = env ? strtol(env, NULL, 10) : 0;
-		ms = v > 0 && v < 3600000 ? (unsigned)v : PARTIAL_TIMEOUT_MS;
-	}
-	return ms;
+	partial_timeout = ms ? ms : RD_MESSAGE_TIMEOUT_MS_DEFAULT;
 }
+
 struct rd_reply_item {
 	char *text;
 	size_t bytes;               /* counted in its connection's calls_bytes */
@@ -950,7 +945,7 @@ static void on_partial_timeout(uv_timer_t *t)
 	struct rd_conn *conn = t->data;
 
 	rd_warn("conn", -1, 0, conn->peer.pid, "closing: a message begun %u ms ago has not ended",
-		partial_timeout_ms());
+		partial_timeout);
 	rd_conn_close(conn);
 }
 
@@ -969,7 +964,7 @@ static void update_partial_timer(struct rd_conn *conn)
 	if (uv_is_active((uv_handle_t *)&conn->partial_timer) && conn->partial_offset == conn->rx.buf_offset)
 		return;
 	conn->partial_offset = conn->rx.buf_offset;
-	uv_timer_start(&conn->partial_timer, on_partial_timeout, partial_timeout_ms(), 0);
+	uv_timer_start(&conn->partial_timer, on_partial_timeout, partial_timeout, 0);
 }
 
 static void conn_update_events(struct rd_conn *conn)

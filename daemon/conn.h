@@ -144,6 +144,11 @@ void rd_conn_refuse(struct rd_conn *conn, const char *resource, unsigned limit);
  * regend counts them per uid on every socket (max_connections). */
 unsigned rd_conns_of_uid(const struct rd_conn *list, uid_t uid);
 
+/* How long a message may take from its first byte to its end, counted
+ * while the connection is read (message_timeout_ms); past it the
+ * connection is closed. For the whole process, set once at its start. */
+void rd_conn_set_message_timeout(unsigned ms);
+
 /* Last words before the process exits with calls still running: every
  * unfinished call gets a copy of err, and the replies are written out
  * (waiting at most timeout_ms for the peer to take them). The calls' owners

@@ -1,15 +1,44 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Tuning knobs from the environment (env.h). */
+/* The environment variables regend reads that are not options (env.h). */
 #include <stdlib.h>
 #include "daemon/env.h"
 
-/* A spin or a wait longer than this is a mistake, not a setting. */
-#define ENV_US_MAX 10000000
+const struct rd_env_info rd_env_table[RD_ENV_VARS] = {
+	[RD_ENV_DEBUG] = { "REGEN_DEBUG", false, "E|W|I|D|T[,topic:LEVEL...]",
+			   "log levels, per topic (lifecycle, conn, worker, ...); wins over log_level" },
+	[RD_ENV_BACKEND_DIR] = { "REGEN_BACKEND_DIR", true, "DIR",
+				 "a CUDA worker loads backend-cuda.so from DIR only (a build tree's)" },
+	[RD_ENV_HANG_SECONDS] = { "REGEN_HANG_SECONDS", true, "S",
+				  "how long an injected hang's kernel spins on a CUDA worker (default 600)" },
+	[RD_ENV_HOST_NS_PER_MAC] = { "REGEN_HOST_NS_PER_MAC", true, "NS",
+				     "the pace the host backend's work estimate assumes, instead of the one it "
+				     "measured at open (to let a call through that then hangs)" },
+	[RD_ENV_HOST_COMM_ABORT_MS] = { "REGEN_HOST_COMM_ABORT_MS", true, "MS",
+					"every communicator abort on the host backend takes this long (0-60000), as "
+					"an ncclCommAbort whose peer is gone may" },
+	[RD_ENV_HOST_OPEN_HANG_FILE] = { "REGEN_HOST_OPEN_HANG_FILE", true, "PATH",
+					 "device N's open on the host backend waits while PATH.N exists, as a driver "
+					 "init that does not return" },
+	[RD_ENV_HOST_MIG_DEVICES] = { "REGEN_HOST_MIG_DEVICES", true, "N",
+				      "each simulated GPU of the host backend reports N MIG devices "
+				      "(MIG-HOST-<index>-<k>) in its health, as NVML does on a MIG-partitioned GPU" },
+};
 
-uint64_t rd_env_us_as_ns(const char *name, uint64_t fallback)
+const char *rd_env(enum rd_env_var var)
 {
-	const char *env = getenv(name);
-	long v = env ? strtol(env, NULL, 10) : -1;
+	const char *v = getenv(rd_env_table[var].name);
 
-	return v >= 0 && v <= ENV_US_MAX ? (uint64_t)v * 1000u : fallback;
+	return v && *v ? v : NULL;
+}
+
+double rd_env_number(enum rd_env_var var, double min, double max, double fallback)
+{
+	const char *text = rd_env(var);
+	char *end;
+	double v;
+
+	if (!text)
+		return fallback;
+	v = strtod(text, &end);
+	return *end == '\0' && v >= min && v <= max ? v : fallback;
 }

@@ -5,16 +5,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
+#include "daemon/env.h"
 #include "daemon/log.h"
 #include "daemon/options.h"
 #include "regen-config.h"
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
 #define FIELD(name) .offset = offsetof(struct rd_options, name), .size = sizeof(((struct rd_options *)0)->name)
 #define GROUP_FIELDS(name, gid, have) \
 	FIELD(name), .gid_offset = offsetof(struct rd_options, gid), .have_offset = offsetof(struct rd_options, have)
 #define USER (RD_OPT_CLI | RD_OPT_FILE)
 
 static const char *const backends[] = { "host", "cuda", "auto", NULL };
+static const char *const wakes[] = { "spin", "launch", NULL };
 static const char *const log_levels[] = { "error", "warn", "info", "debug", "trace", NULL };
 
 /* Every option, once. A worker reads no configuration file: what it needs
@@ -97,6 +102,39 @@ const struct rd_option rd_option_table[] = {
 	{ "rtc-cache-dir", "rtc_cache_dir", "PATH", RD_OPT_PATH, USER | RD_OPT_WORKER, FIELD(rtc_cache_dir), .def = "",
 	  .help = "where the CUDA backend keeps programs' compiled kernels between runs (a directory of regend's user "
 		  "that no other may write); empty: nowhere" },
+	/* Tuning. Each is also set by its environment variable (between the
+	 * file and the command line), as before it was an option. */
+	{ "message-timeout-ms", "message_timeout_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(message_timeout_ms),
+	  .env = "REGEN_MESSAGE_TIMEOUT_MS", .min = 1, .max = 3600000, .def = STR(RD_MESSAGE_TIMEOUT_MS_DEFAULT),
+	  .help = "a message begun must end within this, counted while regend reads the connection; else it is "
+		  "closed" },
+	{ "ring-spin-us", "ring_spin_us", "US|auto", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(ring_spin_us),
+	  .env = "REGEN_RING_SPIN_US", .min = 0, .max = 10000000, .or_auto = true, .def = "auto",
+	  .help = "how long a worker watches a lane's ring after a record before it sleeps on the doorbell, at "
+		  "most; auto: 1000, or 10 with fewer than four CPUs" },
+	{ "cuda-spin-us", "cuda_spin_us", "US", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(cuda_spin_us),
+	  .env = "REGEN_CUDA_SPIN_US", .min = 0, .max = 10000000, .def = STR(RD_CUDA_SPIN_US_DEFAULT),
+	  .help = "how long a CUDA lane's completer polls a call's completion before it sleeps" },
+	{ "cuda-wake", "cuda_wake", "spin|launch", RD_OPT_CHOICE, USER | RD_OPT_WORKER, FIELD(cuda_wake),
+	  .env = "REGEN_CUDA_WAKE", .choices = wakes, .def = "spin",
+	  .help = "spin: a CUDA completer arms its wake-up when it stops spinning; launch: with every call (to "
+		  "measure against)" },
+	{ "cuda-inline-launch", "cuda_inline_launch", NULL, RD_OPT_BOOL, USER | RD_OPT_WORKER,
+	  FIELD(cuda_inline_launch), .env = "REGEN_CUDA_INLINE_LAUNCH", .def = "true",
+	  .help = "a GEMM that finds its CUDA lane idle is launched by the worker's loop itself, not handed to the "
+		  "lane's thread" },
+	{ "cuda-launch-profile", "cuda_launch_profile", NULL, RD_OPT_BOOL, USER | RD_OPT_WORKER,
+	  FIELD(cuda_launch_profile), .env = "REGEN_CUDA_LAUNCH_PROFILE", .def = "false",
+	  .help = "each CUDA lane sums where its launches spend their time and prints the means when it goes" },
+	{ "reset-retry-ms", "reset_retry_ms", "MS|auto", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(reset_retry_ms),
+	  .env = "REGEN_RESET_RETRY_MS", .min = 0, .max = 60000, .or_auto = true, .def = "auto",
+	  .help = "how long a CUDA reset retries making the new context; auto: 25 after a sticky error, else 250" },
+	{ "attention-autotune", "attention_autotune", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(attention_autotune),
+	  .env = "REGEN_ATTENTION_AUTOTUNE", .min = 0, .max = 16, .def = "0",
+	  .help = "attention configurations a CUDA worker times on each new problem's first calls and picks the "
+		  "fastest of; 0 or 1: none, the heuristics' first" },
+	{ "nvml", "nvml", NULL, RD_OPT_BOOL, USER | RD_OPT_WORKER, FIELD(nvml), .env = "REGEN_NVML", .def = "true",
+	  .help = "a CUDA worker watches its GPU's XIDs, ECC and row remapping through NVML" },
 	{ "config", NULL, "PATH", RD_OPT_CONFIG, RD_OPT_CLI, FIELD(config_path), .def = RD_CONFIG_DEFAULT,
 	  .help = "configuration file" },
 	{ "help", NULL, NULL, RD_OPT_HELP, RD_OPT_CLI, .help = "print this help and exit" },
@@ -193,6 +231,14 @@ static int find_choice(const char *const *choices, const char *value)
 	return -1;
 }
 
+/* 1, 0, or -1 when the text is neither. */
+static int parse_bool(const char *text)
+{
+	static const char *const yes[] = { "true", "yes", "1", NULL }, *const no[] = { "false", "no", "0", NULL };
+
+	return find_choice(yes, text) >= 0 ? 1 : find_choice(no, text) >= 0 ? 0 : -1;
+}
+
 #define WHY(...) (why ? snprintf(why, why_size, __VA_ARGS__) : 0)
 
 int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char *value, char *why, size_t why_size)
@@ -232,8 +278,12 @@ int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char 
 		snprintf(field(o, opt->offset), opt->size, "%s", value);
 		return 0;
 	case RD_OPT_UINT:
+		if (opt->or_auto && strcmp(value, "auto") == 0) {
+			store_uint(o, opt, (unsigned long long)-1);
+			return 0;
+		}
 		if (parse_number(value, 10, opt->max, &v) < 0 || v < opt->min) {
-			WHY("expected %llu..%llu, got '%.100s'", opt->min, opt->max, value);
+			WHY("expected %llu..%llu%s, got '%.100s'", opt->min, opt->max, opt->or_auto ? " or auto" : "", value);
 			return -EINVAL;
 		}
 		store_uint(o, opt, v);
@@ -255,9 +305,8 @@ int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char 
 		store_uint(o, opt, v);
 		return 0;
 	case RD_OPT_BOOL: {
-		static const char *const yes[] = { "true", "yes", "1", NULL }, *const no[] = { "false", "no", "0", NULL };
-		bool b = find_choice(yes, value) >= 0;
-		if (!b && find_choice(no, value) < 0) {
+		int b = parse_bool(value);
+		if (b < 0) {
 			WHY("expected true or false, got '%.100s'", value);
 			return -EINVAL;
 		}
@@ -310,7 +359,9 @@ int rd_option_format(const struct rd_options *o, const struct rd_option *opt, ch
 		return 0;
 	case RD_OPT_UINT:
 		v = load_int(o, opt);
-		if (opt->size == sizeof(uint64_t))
+		if (opt->or_auto && v < 0)
+			snprintf(buf, size, "auto");
+		else if (opt->size == sizeof(uint64_t))
 			snprintf(buf, size, "%llu", (unsigned long long)v);
 		else
 			snprintf(buf, size, "%lld", v);
@@ -325,9 +376,11 @@ int rd_option_format(const struct rd_options *o, const struct rd_option *opt, ch
 	case RD_OPT_MODE:
 		snprintf(buf, size, "0%o", (unsigned)load_int(o, opt));
 		return 0;
-	case RD_OPT_BOOL:
-		snprintf(buf, size, "%s", *(const bool *)cfield(o, opt->offset) ? "true" : "false");
-		return *(const bool *)cfield(o, opt->offset) ? 0 : 1;
+	case RD_OPT_BOOL: {
+		bool b = *(const bool *)cfield(o, opt->offset);
+		snprintf(buf, size, "%s", b ? "true" : "false");
+		return b == (opt->def && parse_bool(opt->def) == 1) ? 1 : 0;
+	}
 	case RD_OPT_GROUP:
 		snprintf(buf, size, "%s", (const char *)cfield(o, opt->offset));
 		return *(const bool *)cfield(o, opt->have_offset) ? 0 : 1;
@@ -369,10 +422,13 @@ void rd_options_usage(FILE *f)
 	EACH_OPTION(opt) {
 		if (!opt->flag || (opt->where & RD_OPT_INTERNAL))
 			continue;
-		snprintf(left, sizeof(left), "--%s%s%s", opt->flag, opt->arg ? " " : "", opt->arg ? opt->arg : "");
+		snprintf(left, sizeof(left), "--%s%s%s", opt->flag, opt->arg ? " " : opt->type == RD_OPT_BOOL ? "[=BOOL]" : "",
+			 opt->arg ? opt->arg : "");
 		def[0] = '\0';
-		if (opt->def && *opt->def && opt->type != RD_OPT_BOOL)
-			snprintf(def, sizeof(def), " (default %s)", opt->def);
+		if (opt->def && *opt->def)
+			snprintf(def, sizeof(def), " (default %s%s%s)", opt->def, opt->env ? "; " : "", opt->env ? opt->env : "");
+		else if (opt->env)
+			snprintf(def, sizeof(def), " (%s)", opt->env);
 		fprintf(f, "  %-26s %s%s\n", left, opt->help, def);
 	}
 	fprintf(f, "\nEach option is also a key of the configuration file (--drain-deadline-ms: drain_deadline_ms;\n"
@@ -386,12 +442,20 @@ void rd_options_usage(FILE *f)
 		snprintf(left, sizeof(left), "%s = %s", opt->key, opt->arg);
 		fprintf(f, "  %-26s %s (default %s)\n", left, opt->help, opt->def);
 	}
-	fprintf(f, "\nLogs go to stderr; REGEN_DEBUG=E|W|I|D|T[,topic:LEVEL...] sets the levels.\n");
+	fprintf(f, "\nAn option that names a variable (REGEN_RING_SPIN_US) may be set in the environment too; the\n"
+		   "command line wins over it, and it over the file. Logs go to stderr. The environment also holds:\n");
+	for (int i = 0; i < RD_ENV_VARS; i++)
+		if (!rd_env_table[i].test)
+			fprintf(f, "  %s=%s\n      %s\n", rd_env_table[i].name, rd_env_table[i].value, rd_env_table[i].help);
+	fprintf(f, "Test knobs (tests only, never in production):\n");
+	for (int i = 0; i < RD_ENV_VARS; i++)
+		if (rd_env_table[i].test)
+			fprintf(f, "  %s=%s\n      %s\n", rd_env_table[i].name, rd_env_table[i].value, rd_env_table[i].help);
 }
 
 int rd_options_parse(struct rd_options *o, int argc, char **argv)
 {
-	struct option longopts[64];
+	struct option longopts[96];
 	char why[256];
 	int n = 0, c;
 
@@ -400,8 +464,10 @@ int rd_options_parse(struct rd_options *o, int argc, char **argv)
 			continue;
 		if (n == (int)(sizeof(longopts) / sizeof(longopts[0])) - 1)
 			return -ENOSPC;
-		longopts[n++] = (struct option){ opt->flag, opt->arg ? required_argument : no_argument, NULL,
-						 256 + (int)(opt - rd_option_table) };
+		longopts[n++] = (struct option){ opt->flag,
+						 opt->arg ? required_argument
+							  : opt->type == RD_OPT_BOOL ? optional_argument : no_argument,
+						 NULL, 256 + (int)(opt - rd_option_table) };
 	}
 	longopts[n] = (struct option){ NULL, 0, NULL, 0 };
 	optind = 1;
@@ -421,7 +487,7 @@ int rd_options_parse(struct rd_options *o, int argc, char **argv)
 		case RD_OPT_CONFIG:
 			break;   /* read before the command line, by rd_options_load */
 		default:
-			if (rd_option_set(o, opt, opt->arg ? optarg : "true", why, sizeof(why)) < 0) {
+			if (rd_option_set(o, opt, optarg ? optarg : "true", why, sizeof(why)) < 0) {
 				fprintf(stderr, "regend: --%s: %s\n", opt->flag, why);
 				return -EINVAL;
 			}
@@ -503,6 +569,25 @@ int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_p
 	return errors ? -EINVAL : 0;
 }
 
+int rd_options_read_env(struct rd_options *o)
+{
+	char why[256];
+	int errors = 0;
+
+	EACH_OPTION(opt) {
+		const char *value = opt->env ? getenv(opt->env) : NULL;
+
+		/* Set empty is unset, as a shell's VAR= leaves it. */
+		if (!value || !*value)
+			continue;
+		if (rd_option_set(o, opt, value, why, sizeof(why)) < 0) {
+			fprintf(stderr, "regend: %s: %s\n", opt->env, why);
+			errors++;
+		}
+	}
+	return errors ? -EINVAL : 0;
+}
+
 int rd_options_load(struct rd_options *o, int argc, char **argv)
 {
 	const char *path = RD_CONFIG_DEFAULT;
@@ -524,7 +609,7 @@ int rd_options_load(struct rd_options *o, int argc, char **argv)
 	}
 	if (path) {
 		r = rd_options_read_file(o, path, explicit_path);
-		if (r < 0)
+		if (r < 0 || rd_options_read_env(o) < 0)
 			return -EINVAL;
 	}
 	return rd_options_parse(o, argc, argv);
@@ -542,6 +627,15 @@ int rd_options_worker_argv(const struct rd_options *o, const char *exe, struct r
 
 		if (!(opt->where & RD_OPT_WORKER) || rd_option_format(o, opt, value, sizeof(value)) != 0)
 			continue;
+		if (opt->type == RD_OPT_BOOL) {
+			/* One word: --flag=false, for a flag whose default is true. */
+			len = snprintf(out->text + used, sizeof(out->text) - used, "--%s=%s", opt->flag, value);
+			if (n + 2 > RD_ARGV_MAX || len < 0 || (size_t)len + 1 >= sizeof(out->text) - used)
+				return -ENOSPC;
+			out->argv[n++] = out->text + used;
+			used += (size_t)len + 1;
+			continue;
+		}
 		len = snprintf(out->text + used, sizeof(out->text) - used, "--%s%c%s", opt->flag, '\0', value);
 		if (n + 3 > RD_ARGV_MAX || len < 0 || (size_t)len + 1 >= sizeof(out->text) - used)
 			return -ENOSPC;
@@ -621,4 +715,22 @@ int rd_worker_socket_path(const struct rd_options *o, int device, char *buf, siz
 {
 	int n = snprintf(buf, size, "%s.dev%d", o->socket_path, device);
 	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
+}
+
+cJSON *rd_options_to_json(const struct rd_options *o)
+{
+	cJSON *all = cJSON_CreateObject();
+
+	EACH_OPTION(opt) {
+		char value[256];
+
+		if (!opt->key || (opt->where & RD_OPT_INTERNAL))
+			continue;
+		rd_option_format(o, opt, value, sizeof(value));
+		if (!all || !cJSON_AddStringToObject(all, opt->key, value)) {
+			cJSON_Delete(all);
+			return NULL;
+		}
+	}
+	return all;
 }

@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* regend's settings: defaults, then the configuration file, then the
- * command line. One table (options.c) writes each option once: its flag and
- * its key, its type and range, where it may be given, whether SIGHUP applies
- * it, its default and its help. The command line, the file, --help, the
- * worker's command line and the SIGHUP reload all read that table, so a
- * value is checked by the same rule whichever way it comes in. */
+ * environment (an option that names a variable: REGEN_RING_SPIN_US), then
+ * the command line. One table (options.c) writes each option once: its flag,
+ * its key and its variable, its type and range, where it may be given,
+ * whether SIGHUP applies it, its default and its help. The command line, the
+ * file, the environment, --help, the worker's command line, the SIGHUP reload
+ * and Status all read that table, so a value is checked by the same rule
+ * whichever way it comes in. The environment variables that are not
+ * options (the log's, the test knobs) are env.h's. */
 #pragma once
 
 #include <stdbool.h>
@@ -15,6 +18,12 @@
 
 #define RD_DEVICES_MAX 64
 #define RD_CONFIG_DEFAULT "/etc/regen/regend.conf"
+
+/* Defaults that code runs with where no option table is at hand (a unit
+ * test of conn.c, a test that drives a backend itself and leaves
+ * rd_device.options NULL): the table's default texts are made of these. */
+#define RD_MESSAGE_TIMEOUT_MS_DEFAULT 30000
+#define RD_CUDA_SPIN_US_DEFAULT 200
 
 struct rd_options {
 	char socket_path[108];
@@ -50,6 +59,18 @@ struct rd_options {
 	char rtc_cache_dir[256];       /* programs' compiled kernels kept on disk (CUDA); "": not kept */
 	char config_path[256];         /* the file read; "" = none */
 
+	/* Tuning: what the defaults were measured for, changed to measure
+	 * against or on a machine unlike those. */
+	unsigned message_timeout_ms;   /* a message begun must end within this (conn.c) */
+	int ring_spin_us;              /* a lane's ring watched after a record (worker/ring.c); -1: auto */
+	unsigned cuda_spin_us;         /* a CUDA completer polls a call's event this long before it sleeps */
+	char cuda_wake[8];             /* "spin": a wake-up armed when the completer stops spinning; "launch": with each call */
+	bool cuda_inline_launch;       /* a GEMM finding its lane idle is launched by the worker's loop itself */
+	bool cuda_launch_profile;      /* each lane sums its launches' phases and prints them when it goes */
+	int reset_retry_ms;            /* a CUDA reset's retries of the new context; -1: auto */
+	unsigned attention_autotune;   /* attention configurations timed per new problem (0, 1: none) */
+	bool nvml;                     /* a CUDA worker watches the GPU through NVML */
+
 	/* Worker processes only: what the supervisor tells the worker it starts. */
 	int worker_device;             /* < 0: this process is the supervisor */
 	uint64_t worker_generation;
@@ -73,7 +94,7 @@ enum rd_option_type {
 	RD_OPT_UINT,       /* decimal, min..max, into an int, unsigned or uint64_t */
 	RD_OPT_DEVICES,    /* 1..RD_DEVICES_MAX, or "auto" (or empty) for every device found */
 	RD_OPT_MODE,       /* octal file mode, 0..0777 */
-	RD_OPT_BOOL,       /* file: true/false/yes/no/1/0; command line: a flag without value */
+	RD_OPT_BOOL,       /* true/false/yes/no/1/0; on the command line --flag alone is true, --flag=false */
 	RD_OPT_GROUP,      /* a group name, looked up now; empty = none */
 	RD_OPT_LOG_LEVEL,  /* error, warn, info, debug, trace (or E W I D T) */
 	RD_OPT_TEXT,       /* internal: text the worker checks itself, up to the field's size */
@@ -91,9 +112,11 @@ struct rd_option {
 	size_t offset, size;       /* the field in struct rd_options */
 	size_t gid_offset, have_offset;  /* RD_OPT_GROUP: where the gid and whether there is one go */
 	unsigned long long min, max;     /* RD_OPT_UINT */
+	bool or_auto;              /* RD_OPT_UINT into an int: "auto" (stored as -1) is a value too */
 	const char *const *choices;      /* RD_OPT_CHOICE: NULL terminated */
 	const char *def;           /* the default, as text; NULL: none (zero) */
 	const char *help;
+	const char *env;           /* the environment variable that sets it too; NULL: none */
 };
 
 /* The table, ended by an entry with neither flag nor key. */
@@ -105,27 +128,37 @@ const struct rd_option *rd_option_by_key(const char *key);
  * nothing changes, returns -EINVAL (-ENOENT: no such group) and `why` (may
  * be NULL) says what was expected: the same words whichever way it came in. */
 int rd_option_set(struct rd_options *o, const struct rd_option *opt, const char *value, char *why, size_t why_size);
-/* The value as text that rd_option_set takes back. Returns 1 (and "") for an
- * option that is not set (no group, a false flag): nothing to hand on. */
+/* The value as text that rd_option_set takes back. Returns 1 for an option
+ * that is not set ("" for no group, a flag at its default): nothing to hand
+ * on. */
 int rd_option_format(const struct rd_options *o, const struct rd_option *opt, char *buf, size_t size);
 
 void rd_options_defaults(struct rd_options *o);
 /* Defaults, then the configuration file (--config PATH, else
- * RD_CONFIG_DEFAULT when it exists), then the command line. Returns 0,
- * 1 for --help/--version (printed), or -EINVAL after printing what was wrong. */
+ * RD_CONFIG_DEFAULT when it exists), then the environment, then the command
+ * line; a worker (--worker) reads neither file nor environment: its
+ * command line carries everything. Returns 0, 1 for --help/--version
+ * (printed), or -EINVAL after printing what was wrong. */
 int rd_options_load(struct rd_options *o, int argc, char **argv);
 /* The command line alone over what *o holds. */
 int rd_options_parse(struct rd_options *o, int argc, char **argv);
 /* Reads `key = value` lines into *o. explicit: a missing file is an error. */
 int rd_options_read_file(struct rd_options *o, const char *path, bool explicit_path);
-/* --help, from the table. */
+/* The options named in the environment, over what *o holds. -EINVAL after
+ * printing what was wrong ("regend: REGEN_RING_SPIN_US: expected ..."). */
+int rd_options_read_env(struct rd_options *o);
+/* --help, from the table (and env.h's for the rest of the environment). */
 void rd_options_usage(FILE *f);
+/* Every option a person may set, by its configuration-file key, with its
+ * value in force as rd_option_format writes it (an unset group ""): what
+ * Status reports. NULL on ENOMEM. */
+struct cJSON *rd_options_to_json(const struct rd_options *o);
 
 /* A worker's command line: every option handed on to workers, with its value. */
-#define RD_ARGV_MAX 64
+#define RD_ARGV_MAX 128
 struct rd_argv {
 	char *argv[RD_ARGV_MAX];
-	char text[2048];
+	char text[4096];
 };
 /* argv[0] = exe, then --flag value for each RD_OPT_WORKER option that is set
  * in *o, NULL terminated. -ENOSPC if it does not fit. */

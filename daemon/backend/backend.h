@@ -19,6 +19,7 @@
 struct rd_device;
 struct rd_lane;
 struct rd_op;
+struct rd_options;
 
 /* RD_BUFFER_LOCAL: memory the worker process allocated itself (tests). */
 enum rd_buffer_kind { RD_BUFFER_HOST_FD = 0, RD_BUFFER_CUDA_IPC, RD_BUFFER_CUDA_FD, RD_BUFFER_LOCAL };
@@ -376,6 +377,10 @@ struct rd_device {
 	 * modules of programs) keeps them between processes (rtc_cache_dir);
 	 * "": nowhere. Read at open. */
 	char rtc_cache_dir[256];
+	/* regend's options (daemon/options.h), for the backend's tuning ones
+	 * (cuda_spin_us, nvml, ...), read at open; NULL where a test drives
+	 * the backend itself: every option's default. */
+	const struct rd_options *options;
 	/* Set by whoever drives the device; a backend calls it (any thread) when
 	 * it finds the context lost or the GPU failed: the core then fails new
 	 * work with DeviceLost and reports the fault to the supervisor. */

@@ -7,7 +7,7 @@
  * function, rd_backend_cuda_entry (an rd_backend_entry_fn).
  *
  * Where the module is looked for: only in $REGEN_BACKEND_DIR when that is
- * set (tests); else in backend/cuda/ beside the running executable, which
+ * set (a test knob, env.h); else in backend/cuda/ beside the running executable, which
  * is where the build tree has it, and then in REGEN_BACKEND_MODULE_DIR,
  * where meson installs it (<prefix>/<libdir>/regen). */
 #include "regen-config.h"
@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "daemon/backend/load.h"
+#include "daemon/env.h"
 #include "daemon/log.h"
 
 #if REGEN_HAVE_CUDA
@@ -28,11 +29,11 @@
 /* The directories to try, in order; returns how many. */
 static int module_dirs(char dirs[][PATH_MAX])
 {
-	const char *env = getenv("REGEN_BACKEND_DIR");
+	const char *env = rd_env(RD_ENV_BACKEND_DIR);
 	char exe[PATH_MAX];
 	int n = 0;
 
-	if (env && env[0]) {
+	if (env) {
 		snprintf(dirs[n++], PATH_MAX, "%s", env);
 		return n;
 	}

@@ -77,6 +77,19 @@ static const struct rp_field no_fields[] = { { NULL } };
 
 /* ---- Status and Generation ---- */
 
+/* Status's reply: the devices, and the options in force. */
+static cJSON *status_reply(const struct rd_supervisor *sv)
+{
+	cJSON *reply = status_json(sv, false, 0);
+	cJSON *options = rd_options_to_json(&sv->opts);
+
+	if (reply && options)
+		cJSON_AddItemToObject(reply, "options", options);
+	else
+		cJSON_Delete(options);
+	return reply;
+}
+
 /* A Status asks every worker that serves and answers its heartbeat for
  * fresh memory and health numbers, and waits for them at most
  * STATUS_WAIT_MS: a worker that stopped answering never holds Status up
@@ -101,7 +114,7 @@ static void gather_answer(struct status_gather *g)
 		return;
 	g->answered = true;
 	uv_timer_stop(&g->timer);
-	rd_call_reply(g->call, status_json(supervisor_of(g->call), false, 0), false);
+	rd_call_reply(g->call, status_reply(supervisor_of(g->call)), false);
 }
 
 static void status_gathered(void *data)
@@ -128,7 +141,7 @@ static void method_status(struct rd_call *call)
 		return;
 	g = calloc(1, sizeof(*g));
 	if (!g) {
-		rd_call_reply(call, status_json(sv, false, 0), false);
+		rd_call_reply(call, status_reply(sv), false);
 		return;
 	}
 	g->call = call;

@@ -25,7 +25,7 @@
  * idle, how long adapts: a spin
  * that found the next record doubles it, one that ran out halves it, a
  * doorbell that came within the longest spin sets it to twice the gap (at
- * most REGEN_RING_SPIN_US; by default 1 ms where there are four CPUs or
+ * most ring_spin_us; by default 1 ms where there are four CPUs or
  * more, and 10 µs below, where a spinning loop takes the CPU the client
  * needs to write the record it waits for). */
 #include <errno.h>
@@ -40,8 +40,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
-#include "daemon/env.h"
 #include "daemon/log.h"
+#include "daemon/options.h"
 #include "daemon/worker/session.h"
 #include "proto/errors.h"
 #include "proto/params.h"
@@ -50,7 +50,7 @@
 /* How long the loop keeps looking after the last record at most (with
  * four CPUs or more, and fewer), and how much of that it spends inside one
  * idle callback before it lets the loop poll its other handles.
- * REGEN_RING_SPIN_US overrides the first. */
+ * ring_spin_us (REGEN_RING_SPIN_US) overrides the first. */
 #define SPIN_MAX_NS 1000000
 #define SPIN_MAX_FEW_CPUS_NS 10000
 #define SPIN_SLICE_NS 5000
@@ -116,14 +116,12 @@ struct ring_op {
 	bool published;
 };
 
-static uint64_t spin_max_ns(void)
+/* ring_spin_us; auto by the CPUs. */
+static uint64_t spin_max_ns(const struct rd_options *opts)
 {
-	static uint64_t ns = UINT64_MAX;
-
-	if (ns == UINT64_MAX)
-		ns = rd_env_us_as_ns("REGEN_RING_SPIN_US",
-				     sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? SPIN_MAX_NS : SPIN_MAX_FEW_CPUS_NS);
-	return ns;
+	if (opts->ring_spin_us >= 0)
+		return (uint64_t)opts->ring_spin_us * 1000u;
+	return sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? SPIN_MAX_NS : SPIN_MAX_FEW_CPUS_NS;
 }
 
 static void ring_wake_client(struct rd_ring *r)
@@ -728,7 +726,7 @@ void rd_ring_open(struct rd_call *call)
 	r->worker = w;
 	r->entries = (uint32_t)entries;
 	r->nids = (uint32_t)nids;
-	r->spin_max_ns = spin_max_ns();
+	r->spin_max_ns = spin_max_ns(r->worker->opts);
 	r->spin_ns = r->spin_max_ns / 2;
 	r->state = calloc(entries, 1);
 	r->tags = calloc(entries, sizeof(*r->tags));

@@ -268,6 +268,7 @@ int rd_worker_run(const struct rd_options *opts)
 	w->dev.gemm_plans_max = opts->gemm_plans_max;
 	_Static_assert(sizeof(w->dev.rtc_cache_dir) == sizeof(opts->rtc_cache_dir), "rtc_cache_dir's size");
 	memcpy(w->dev.rtc_cache_dir, opts->rtc_cache_dir, sizeof(w->dev.rtc_cache_dir));
+	w->dev.options = opts;
 	uv_async_init(w->loop, &w->wakeup, on_wakeup);
 	w->wakeup.data = w;
 	uv_timer_init(w->loop, &w->drain_timer);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """The man pages say what the programs do: every option `regend --help`
-lists is in regend(8), every key the shipped regend.conf documents is in
+lists is in regend(8), and every environment variable it names (the
+tuning options', the log's, the test knobs), every key the shipped regend.conf documents is in
 regend.conf(5), every command `regenctl --help` lists is in regenctl(1);
 the pages were built (scdoc) and `meson install` installs them.
 
@@ -36,6 +37,10 @@ def main():
     src8 = read(os.path.join(source, "docs", "man", "regend.8.scd"))
     missing = [o for o in options if "*%s*" % o not in src8]
     check(not missing, "regend(8) lacks %s" % missing)
+    variables = sorted(set(re.findall(r"\b(REGEN_[A-Z_]+[A-Z])\b", help_text)))
+    check(len(variables) >= 10, "regend --help names %d environment variables: %r" % (len(variables), variables))
+    missing = [v for v in variables if "*%s*" % v not in src8]
+    check(not missing, "regend(8) lacks %s" % missing)
 
     conf = read(os.path.join(source, "systemd", "regend.conf"))
     keys = sorted(set(re.findall(r"^#?([a-z_]+) =", conf, re.M)))
@@ -48,8 +53,8 @@ def main():
     src1 = read(os.path.join(source, "docs", "man", "regenctl.1.scd"))
     missing = [c for c in commands if "*%s*" % c not in src1]
     check(not missing, "regenctl(1) lacks %s" % missing)
-    log("man pages: %d regend options, %d regend.conf keys, %d regenctl commands documented"
-        % (len(options), len(keys), len(commands)))
+    log("man pages: %d regend options, %d environment variables, %d regend.conf keys, %d regenctl commands "
+        "documented" % (len(options), len(variables), len(keys), len(commands)))
     return 0
 
 

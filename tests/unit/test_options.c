@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <cjson/cJSON.h>
+#include "daemon/env.h"
 #include "daemon/log.h"
 #include "daemon/options.h"
 #include "regen-config.h"
@@ -54,15 +56,23 @@ static void snapshot(const struct rd_options *o, char *buf, size_t size)
 	}
 }
 
+/* --flag value, or --flag=value for a flag (a bool) */
 static int parse_cli(struct rd_options *o, const char *flag, const char *value, char *err, size_t size)
 {
+	const struct rd_option *opt = rd_option_table;
 	char arg[128];
 	char *argv[] = { "regend", arg, (char *)value, NULL };
-	int r;
+	int argc = value ? 3 : 2, r;
 
+	while ((opt->flag || opt->key) && !(opt->flag && strcmp(opt->flag, flag) == 0))
+		opt++;
 	snprintf(arg, sizeof(arg), "--%s", flag);
+	if (value && opt->type == RD_OPT_BOOL) {
+		snprintf(arg, sizeof(arg), "--%s=%s", flag, value);
+		argc = 2;
+	}
 	capture_begin();
-	r = rd_options_parse(o, value ? 3 : 2, argv);
+	r = rd_options_parse(o, argc, argv);
 	capture_end(err, size);
 	return r;
 }
@@ -150,6 +160,15 @@ static const struct {
 	{ "gemm_plans_max", "many" },
 	{ "rtc_cache_dir", "relative/cache" },
 	{ "log_level", "loud" },
+	{ "message_timeout_ms", "0" },
+	{ "ring_spin_us", "10000001" },
+	{ "ring_spin_us", "soon" },
+	{ "cuda_spin_us", "-1" },
+	{ "cuda_wake", "sometimes" },
+	{ "cuda_inline_launch", "maybe" },
+	{ "reset_retry_ms", "60001" },
+	{ "attention_autotune", "17" },
+	{ "nvml", "off" },
 };
 
 START_TEST(a_bad_value_gets_the_same_error_on_the_command_line_and_in_the_file)
@@ -206,6 +225,14 @@ static const struct {
 	{ "rtc_cache_dir", "", "" },
 	{ "log_level", "debug", "debug" },
 	{ "log_level", "W", "warn" },
+	{ "ring_spin_us", "auto", "auto" },
+	{ "ring_spin_us", "0", "0" },
+	{ "reset_retry_ms", "auto", "auto" },
+	{ "cuda_wake", "launch", "launch" },
+	{ "cuda_inline_launch", "no", "false" },
+	{ "cuda_launch_profile", "1", "true" },
+	{ "nvml", "false", "false" },
+	{ "attention_autotune", "4", "4" },
 };
 
 START_TEST(a_good_value_means_the_same_on_the_command_line_and_in_the_file)
@@ -252,6 +279,13 @@ START_TEST(the_defaults_are_the_documented_ones)
 	ck_assert_str_eq(o.worker_charged, "");
 	ck_assert_uint_eq(o.max_uid_program_nodes, 262144);
 	ck_assert_uint_eq(o.gemm_plans_max, 256);
+	ck_assert_uint_eq(o.message_timeout_ms, RD_MESSAGE_TIMEOUT_MS_DEFAULT);
+	ck_assert_int_eq(o.ring_spin_us, -1);
+	ck_assert_uint_eq(o.cuda_spin_us, RD_CUDA_SPIN_US_DEFAULT);
+	ck_assert_str_eq(o.cuda_wake, "spin");
+	ck_assert(o.cuda_inline_launch && !o.cuda_launch_profile && o.nvml);
+	ck_assert_int_eq(o.reset_retry_ms, -1);
+	ck_assert_uint_eq(o.attention_autotune, 0);
 	ck_assert_str_eq(o.config_path, "");
 	ck_assert_int_eq(o.worker_device, -1);
 	ck_assert_int_eq(o.ctl_fd, -1);
@@ -324,6 +358,10 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("max_comms"), "5", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("log_level"), "debug", NULL, 0), 0);
 	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("rtc_cache_dir"), "/var/cache/regen/rtc", NULL, 0), 0);
+	/* Flags whose default is true travel as --flag=false. */
+	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("nvml"), "false", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("cuda_launch_profile"), "true", NULL, 0), 0);
+	ck_assert_int_eq(rd_option_set(&sv, rd_option_by_key("ring_spin_us"), "50", NULL, 0), 0);
 	sv.worker_device = 3;
 	sv.worker_generation = 12345678901234ull;
 	sv.ctl_fd = 3;
@@ -347,6 +385,8 @@ START_TEST(the_workers_command_line_parses_back_to_the_same_settings)
 	ck_assert(!wk.have_socket_gid);
 	/* Workers log too (they logged at info whatever log_level said). */
 	ck_assert_int_eq(wk.log_level, RD_LOG_DEBUG);
+	ck_assert(!wk.nvml && wk.cuda_launch_profile && wk.cuda_inline_launch);
+	ck_assert_int_eq(wk.ring_spin_us, 50);
 	for (int i = 0; i < argc; i++)
 		ck_assert_msg(strcmp(args.argv[i], "--socket-group") != 0, "an unset group is handed on");
 }
@@ -476,6 +516,136 @@ START_TEST(help_lists_every_option_a_person_may_give)
 }
 END_TEST
 
+/* Sets (or, value NULL, unsets) each of the variables. */
+static void set_env(const char *const *pairs)
+{
+	for (; pairs[0]; pairs += 2) {
+		if (pairs[1])
+			setenv(pairs[0], pairs[1], 1);
+		else
+			unsetenv(pairs[0]);
+	}
+}
+
+/* The environment sets an option between the file and the command line,
+ * by the same rule and with the same words; empty is unset; a worker reads
+ * none of it (its command line carries what the supervisor read). */
+START_TEST(the_environment_sets_an_option_between_the_file_and_the_command_line)
+{
+	static const char *const set[] = { "REGEN_RING_SPIN_US", "70", "REGEN_CUDA_WAKE", "launch", "REGEN_NVML", "0",
+					   "REGEN_MESSAGE_TIMEOUT_MS", "", NULL };
+	static const char *const unset[] = { "REGEN_RING_SPIN_US", NULL, "REGEN_CUDA_WAKE", NULL, "REGEN_NVML", NULL,
+					     "REGEN_MESSAGE_TIMEOUT_MS", NULL, NULL };
+	char path[64], config[80], err[1024];
+	struct rd_options o;
+	FILE *f;
+	int fd, r;
+
+	snprintf(path, sizeof(path), "/tmp/regen-test-options-XXXXXX");
+	fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	f = fdopen(fd, "w");
+	fputs("ring_spin_us = 60\ncuda_spin_us = 5\nnvml = true\n", f);
+	fclose(f);
+	snprintf(config, sizeof(config), "--config=%s", path);
+
+	set_env(set);
+	char *argv[] = { "regend", config, "--cuda-wake", "spin", NULL };
+	capture_begin();
+	r = rd_options_load(&o, 4, argv);
+	capture_end(err, sizeof(err));
+	ck_assert_msg(r == 0, "%d: %s", r, err);
+	ck_assert_int_eq(o.ring_spin_us, 70);                 /* the environment over the file */
+	ck_assert_uint_eq(o.cuda_spin_us, 5);                 /* the file where the environment says nothing */
+	ck_assert_str_eq(o.cuda_wake, "spin");                /* the command line over the environment */
+	ck_assert(!o.nvml);
+	ck_assert_uint_eq(o.message_timeout_ms, RD_MESSAGE_TIMEOUT_MS_DEFAULT);   /* empty: unset */
+
+	/* A worker: its command line alone. */
+	char *worker_argv[] = { "regend", "--worker", "0", NULL };
+	ck_assert_int_eq(rd_options_load(&o, 3, worker_argv), 0);
+	ck_assert_int_eq(o.ring_spin_us, -1);
+	ck_assert(o.nvml);
+
+	/* A bad value is refused by the option's rule, naming the variable. */
+	setenv("REGEN_ATTENTION_AUTOTUNE", "many", 1);
+	capture_begin();
+	r = rd_options_load(&o, 2, argv);
+	capture_end(err, sizeof(err));
+	unsetenv("REGEN_ATTENTION_AUTOTUNE");
+	ck_assert_int_eq(r, -EINVAL);
+	ck_assert_msg(strstr(err, "regend: REGEN_ATTENTION_AUTOTUNE: expected 0..16, got 'many'"), "%s", err);
+	set_env(unset);
+	unlink(path);
+}
+END_TEST
+
+/* What Status reports: every option a person may set, by its key, with
+ * the value in force as the file takes it back; nothing internal. */
+START_TEST(status_reports_every_settable_option)
+{
+	struct rd_options o;
+	cJSON *all;
+	unsigned keys = 0;
+
+	rd_options_defaults(&o);
+	ck_assert_int_eq(rd_option_set(&o, rd_option_by_key("attention_autotune"), "3", NULL, 0), 0);
+	all = rd_options_to_json(&o);
+	ck_assert_ptr_nonnull(all);
+	for (const struct rd_option *opt = rd_option_table; opt->flag || opt->key; opt++) {
+		const cJSON *v;
+		char want[256];
+
+		if (!opt->key || (opt->where & RD_OPT_INTERNAL)) {
+			if (opt->flag)
+				ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(all, opt->flag));
+			continue;
+		}
+		v = cJSON_GetObjectItemCaseSensitive(all, opt->key);
+		ck_assert_msg(cJSON_IsString(v), "%s missing", opt->key);
+		rd_option_format(&o, opt, want, sizeof(want));
+		ck_assert_str_eq(v->valuestring, want);
+		keys++;
+	}
+	ck_assert_int_eq(cJSON_GetArraySize(all), (int)keys);
+	ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(all, "attention_autotune")->valuestring, "3");
+	ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(all, "ring_spin_us")->valuestring, "auto");
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(all, "worker"));
+	cJSON_Delete(all);
+}
+END_TEST
+
+/* An option's variable is REGEN_ and its key in capitals, settable by a
+ * person (in the file too); no variable is named twice, here or in env.h's
+ * table of the rest. */
+START_TEST(each_variable_is_named_once)
+{
+	unsigned n = 0;
+
+	for (const struct rd_option *opt = rd_option_table; opt->flag || opt->key; opt++) {
+		char want[96];
+		size_t i;
+
+		if (!opt->env)
+			continue;
+		ck_assert_msg(opt->key && opt->flag && !(opt->where & RD_OPT_INTERNAL), "%s", opt->env);
+		snprintf(want, sizeof(want), "REGEN_%s", opt->key);
+		for (i = 6; want[i]; i++)
+			want[i] = (char)(want[i] >= 'a' && want[i] <= 'z' ? want[i] - 'a' + 'A' : want[i]);
+		ck_assert_str_eq(opt->env, want);
+		for (int v = 0; v < RD_ENV_VARS; v++)
+			ck_assert_str_ne(rd_env_table[v].name, opt->env);
+		n++;
+	}
+	ck_assert_uint_ge(n, 9);
+	for (int v = 0; v < RD_ENV_VARS; v++) {
+		ck_assert_msg(strncmp(rd_env_table[v].name, "REGEN_", 6) == 0 && rd_env_table[v].help, "entry %d", v);
+		for (int w = 0; w < v; w++)
+			ck_assert_str_ne(rd_env_table[v].name, rd_env_table[w].name);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("options");
@@ -491,6 +661,9 @@ int main(void)
 	tcase_add_test(tc, sighup_applies_the_reloadable_keys_and_names_the_others);
 	tcase_add_test(tc, sighup_reaches_a_running_workers_options);
 	tcase_add_test(tc, help_lists_every_option_a_person_may_give);
+	tcase_add_test(tc, the_environment_sets_an_option_between_the_file_and_the_command_line);
+	tcase_add_test(tc, status_reports_every_settable_option);
+	tcase_add_test(tc, each_variable_is_named_once);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

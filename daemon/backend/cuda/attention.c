@@ -30,7 +30,7 @@
  * outputs' padding rows (o 0, stats -inf, gradients 0), which cuDNN
  * leaves undefined. Two small launches per call, only with lengths.
  *
- * Autotuning (REGEN_ATTENTION_AUTOTUNE=N, N from 2 to 16; off by default):
+ * Autotuning (attention_autotune = N, N from 2 to 16; off by default):
  * a new problem's plan is built from the first N engine configurations
  * cuda_sdpa_plan_build lists that finalize (the heuristics' ranking, then
  * a sweep of the engines' knobs; each compiles its kernels). Its first
@@ -118,7 +118,7 @@ struct cuda_attention {
 	struct attention_plan *retired;
 	unsigned plans_max;
 	/* Configurations a new problem's plan is timed among (1: none timed);
-	 * REGEN_ATTENTION_AUTOTUNE, or rd_cuda_set_attention_autotune. */
+	 * attention_autotune, or rd_cuda_set_attention_autotune. */
 	unsigned tune_candidates;
 };
 
@@ -426,14 +426,13 @@ out:
 
 static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* REGEN_ATTENTION_AUTOTUNE: how many configurations to time, 1 (off)
- * unless it names 2 to CUDA_SDPA_CANDIDATES_MAX. */
-static unsigned autotune_from_env(void)
+/* attention_autotune: how many configurations to time, 1 (off) unless it
+ * names 2 to CUDA_SDPA_CANDIDATES_MAX. */
+static unsigned autotune_candidates(const struct cuda_dev *cd)
 {
-	const char *env = getenv("REGEN_ATTENTION_AUTOTUNE");
-	long n = env ? strtol(env, NULL, 10) : 0;
+	unsigned n = cd->tuning.attention_autotune;
 
-	return n < 2 ? 1u : n > CUDA_SDPA_CANDIDATES_MAX ? CUDA_SDPA_CANDIDATES_MAX : (unsigned)n;
+	return n < 2 ? 1u : n > CUDA_SDPA_CANDIDATES_MAX ? CUDA_SDPA_CANDIDATES_MAX : n;
 }
 
 /* The device's attention state, made (and its handle registered) on first
@@ -451,7 +450,7 @@ static struct cuda_attention *attention_of(struct cuda_dev *cd)
 			at->cd = cd;
 			at->handle.cd = cd;
 			at->plans_max = ATTENTION_PLANS_MAX;
-			at->tune_candidates = autotune_from_env();
+			at->tune_candidates = autotune_candidates(cd);
 			pthread_mutex_init(&at->exec_lock, NULL);
 			pthread_mutex_init(&at->lock, NULL);
 			rd_resource_register(&cd->dev->registry, &at->handle.res, &handle_ops);

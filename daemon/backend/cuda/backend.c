@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 #include "daemon/backend/cuda/common.h"
+#include "daemon/env.h"
+#include "daemon/options.h"
 #include "proto/errors.h"
 #if REGEN_HAVE_KERNELS
 #include "kernels/kernels.h"
@@ -83,6 +85,26 @@ static int driver_unsupported(struct rp_error *err, const char *what, cudaError_
 	return -ENOTSUP;
 }
 
+/* The options this backend reads (daemon/options.h), or their defaults
+ * where a test drives it without any. */
+static void read_tuning(struct cuda_dev *cd, const struct rd_options *o)
+{
+	struct cuda_tuning *t = &cd->tuning;
+
+	if (!o) {
+		*t = (struct cuda_tuning){ .spin_ns = RD_CUDA_SPIN_US_DEFAULT * 1000ull, .inline_launch = true,
+					   .reset_retry_ms = -1, .nvml = true };
+		return;
+	}
+	t->spin_ns = (uint64_t)o->cuda_spin_us * 1000u;
+	t->wake_at_launch = strcmp(o->cuda_wake, "launch") == 0;
+	t->inline_launch = o->cuda_inline_launch;
+	t->launch_profile = o->cuda_launch_profile;
+	t->reset_retry_ms = o->reset_retry_ms;
+	t->attention_autotune = o->attention_autotune;
+	t->nvml = o->nvml;
+}
+
 static int cuda_open(struct rd_device *dev, struct rp_error *err)
 {
 	int count = 0, major = 0, minor = 0;
@@ -114,6 +136,7 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 	cd->dev = dev;
 	dev->backend_data = cd;
 	cd->enqueue = enqueue_table;
+	read_tuning(cd, dev->options);
 	pthread_mutex_init(&cd->fault_lock, NULL);
 	if (cuda_bind(cd, err))
 		goto fail;
@@ -220,13 +243,13 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 	cudaError_t e = cudaSuccess;
 	int attempts;
 	/* The first call on the new primary context can find the device busy
-	 * while the old one is torn down: retry a little (REGEN_RESET_RETRY_MS,
+	 * while the old one is torn down: retry a little (reset_retry_ms,
 	 * default 250 ms). On driver 580 after an illegal address it stays
-	 * busy for this process: then only a new worker process helps. */
-	const char *env = getenv("REGEN_RESET_RETRY_MS");
-	/* After a sticky error one try tells: waiting longer has never helped,
-	 * and the respawn the failure leads to is what costs the rank time. */
-	int max_attempts = (env ? atoi(env) : cuda_error_is_sticky(sync) ? 25 : 250) / 25;
+	 * busy for this process: then only a new worker process helps. After
+	 * a sticky error one try tells: waiting longer has never helped, and
+	 * the respawn the failure leads to is what costs the rank time. */
+	int retry_ms = cd->tuning.reset_retry_ms >= 0 ? cd->tuning.reset_retry_ms : cuda_error_is_sticky(sync) ? 25 : 250;
+	int max_attempts = retry_ms / 25;
 	if (max_attempts < 1)
 		max_attempts = 1;
 	for (attempts = 1; attempts <= max_attempts; attempts++) {
@@ -320,10 +343,7 @@ static int cuda_inject_fault(struct rd_device *dev, const char *kind, struct rp_
 		s = cd->fault.lost_stream;
 		e = rk_illegal_address(s);
 	} else {
-		const char *env = getenv("REGEN_HANG_SECONDS");
-		double seconds = env ? strtod(env, NULL) : 600.0;
-		if (!(seconds > 0))
-			seconds = 600.0;
+		double seconds = rd_env_number(RD_ENV_HANG_SECONDS, 1e-3, 1e7, 600.0);
 		*(volatile int *)cd->fault.flag_host = 0;
 		e = rk_spin(cd->fault.flag_dev, (uint64_t)(seconds * 1e9), cd->fault.stream);
 	}

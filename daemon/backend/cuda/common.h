@@ -8,11 +8,21 @@
  * scratch pool, imported mappings, events) is a registry resource of
  * dev->registry.
  *
- * Who calls whom, downwards only: backend.c (the ops table, the lifecycle
- * hooks) calls the others; lane.c reaches the per-operation enqueue
- * functions (gemm.c, attention.c, layernorm.c) through cuda_dev.enqueue only; health.c
- * (the context check and NVML) runs threads of its own; every file calls
- * common.c.
+ * Who calls whom, downwards only (a layer calls the ones below it, never
+ * one above; up the stack only through the pointers the core set, such as
+ * rd_device.on_fault):
+ *   backend.c   the ops table and the lifecycle hooks: calls the rest;
+ *   lane.c      lanes: each call's enqueue function through
+ *               cuda_dev.enqueue, then the completion hooks of comm.c and
+ *               program.c, and scratch.c's kept blocks;
+ *   gemm.c attention.c layernorm.c comm.c program.c
+ *               the operations: attention.c calls cudnn_graph.c, program.c
+ *               rtc.c, the others scratch.c (a launch's phases are marked
+ *               in the lane's own struct, cuda_launch_mark);
+ *   health.c ipc.c device.c
+ *               the context check and NVML (threads of their own), imports,
+ *               device-level resources: for backend.c;
+ *   cudnn_graph.c rtc.c scratch.c, and common.c under everything.
  *
  * Faults: every failed path (an import, a lane, a plan or handle, an
  * allocation, a call's completion) ends in cuda_check_failure(), which
@@ -103,6 +113,17 @@ struct cuda_dev {
 	enum rd_cuda_algo_policy policy;
 	/* Set at open: what each operation's enqueue function is. */
 	cuda_enqueue_fn *const *enqueue;
+	/* The tuning options (rd_device.options, or their defaults where a
+	 * test drives the backend itself), read at open. */
+	struct cuda_tuning {
+		uint64_t spin_ns;            /* cuda_spin_us */
+		bool wake_at_launch;         /* cuda_wake = launch */
+		bool inline_launch;          /* cuda_inline_launch */
+		bool launch_profile;         /* cuda_launch_profile */
+		int reset_retry_ms;          /* reset_retry_ms; -1: auto */
+		unsigned attention_autotune; /* attention_autotune */
+		bool nvml;                   /* nvml */
+	} tuning;
 
 	/* gemm.c's plans: bounded (gemm_plans_max), hashed, LRU. */
 	pthread_mutex_t plans_lock;
@@ -159,7 +180,7 @@ struct cuda_dev {
 #define RD_CUDA_LANE_DEPTH 64
 
 /* A lane's stream state; its threads and queue are lane.c's own. */
-/* The phases of a launch that REGEN_CUDA_LAUNCH_PROFILE times (a lane's
+/* The phases of a launch that cuda_launch_profile times (a lane's
  * enqueue function marks its own with cuda_launch_mark). */
 enum cuda_launch_phase {
 	CUDA_PHASE_BIND,        /* refusal check, cudaSetDevice */
@@ -207,7 +228,7 @@ struct cuda_lane {
 	 * functions do nothing that a capture cannot hold (timing a tuning
 	 * candidate, noting a plan's use by an event queried later). */
 	bool capturing;
-	/* REGEN_CUDA_LAUNCH_PROFILE: where a launch's time goes, summed over
+	/* cuda_launch_profile: where a launch's time goes, summed over
 	 * the lane's calls by the launching thread (one at a time) and
 	 * printed when the lane goes. */
 	struct cuda_launch_profile {
@@ -279,12 +300,10 @@ static inline cuda_enqueue_fn *cuda_enqueue_of(const struct cuda_dev *cd, const 
 	return id < CUDA_OP_KINDS ? cd->enqueue[id] : NULL;
 }
 
-bool cuda_launch_profiling(void);
-
-/* Adds the time since the last mark to `phase` (profiling only). */
+/* Adds the time since the last mark to `phase` (cuda_launch_profile only). */
 static inline void cuda_launch_mark(struct cuda_lane *l, enum cuda_launch_phase phase)
 {
-	if (!cuda_launch_profiling())
+	if (!l->cd->tuning.launch_profile)
 		return;
 	uint64_t now = rd_now_ns();
 	l->profile.cur[phase] += now - l->profile.last_ns;

@@ -69,7 +69,7 @@ unsigned rd_cuda_attention_plan_count(struct rd_device *dev);
  * evicted past it; 0 restores the default). */
 void rd_cuda_set_attention_plan_limit(struct rd_device *dev, unsigned plans_max);
 /* How many engine configurations a new attention problem's plan is timed
- * among on its first call (REGEN_ATTENTION_AUTOTUNE's setting; 0 or 1:
+ * among on its first call (the attention_autotune option's setting; 0 or 1:
  * none, the heuristics' first). Applies to plans built afterwards. */
 void rd_cuda_set_attention_autotune(struct rd_device *dev, unsigned candidates);
 /* The most recently used attention plan: how many candidates it still

@@ -584,8 +584,8 @@ int cuda_health_start(struct rd_device *dev, unsigned period_ms, struct rp_error
 	h->checker_running = true;
 	set_detail(h, "NVML is being loaded");
 	/* NVML is optional: without its thread the context check still runs. */
-	if (getenv("REGEN_NO_NVML")) {
-		set_detail(h, "REGEN_NO_NVML is set");
+	if (!cuda_dev_of(dev)->tuning.nvml) {
+		set_detail(h, "nvml = false in regend's options");
 	} else if ((r = pthread_create(&h->nvml_thread, NULL, nvml_main, h)) == 0) {
 		h->nvml_running = true;
 	} else {

@@ -17,7 +17,6 @@
 #include <sys/prctl.h>
 #include <time.h>
 #include "daemon/backend/cuda/common.h"
-#include "daemon/env.h"
 #include "proto/errors.h"
 
 static void lane_destroy_events(struct cuda_lane *l)
@@ -163,9 +162,8 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
  * enqueued by the completer itself when it stops spinning, so a call that
  * finishes within the spin costs no more than its event record (a host
  * function and a cross-stream wait are two more driver calls per launch);
- * REGEN_CUDA_WAKE=launch enqueues one with every call instead (to measure
- * against). REGEN_CUDA_SPIN_US sets the spin (default LANE_SPIN_NS). */
-#define LANE_SPIN_NS 200000
+ * cuda_wake = launch enqueues one with every call instead (to measure
+ * against). cuda_spin_us sets the spin. */
 #define LANE_POLL_MS 2
 /* How long a completer holds its next event query back at most while a
  * launch is in progress on its device. A query takes the context's lock,
@@ -176,25 +174,6 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
  * while the next is being launched is seen at most this much later; its
  * GPU is busy with the next meanwhile. */
 #define LANE_QUERY_HOLDOFF_NS 20000
-static bool wake_armed_at_launch(void)
-{
-	static int at_launch = -1;
-
-	if (at_launch < 0) {
-		const char *env = getenv("REGEN_CUDA_WAKE");
-		at_launch = env && strcmp(env, "launch") == 0;
-	}
-	return at_launch;
-}
-
-static uint64_t lane_spin_ns(void)
-{
-	static uint64_t ns = UINT64_MAX;
-
-	if (ns == UINT64_MAX)
-		ns = rd_env_us_as_ns("REGEN_CUDA_SPIN_US", LANE_SPIN_NS);
-	return ns;
-}
 
 /* Runs on CUDA's callback thread once a lane's notify stream reaches it
  * (after a call's completion event): wakes the completers. It must not
@@ -232,8 +211,8 @@ static void lane_arm_wake(struct cuda_lane *l, cudaEvent_t done)
 static cudaError_t lane_wait(struct cuda_lane *l, cudaEvent_t done, uint64_t *queries)
 {
 	struct cuda_dev *cd = l->cd;
-	uint64_t last_query = rd_now_ns(), spin_until = last_query + lane_spin_ns();
-	bool armed = wake_armed_at_launch();
+	uint64_t last_query = rd_now_ns(), spin_until = last_query + cd->tuning.spin_ns;
+	bool armed = cd->tuning.wake_at_launch;
 
 	for (;;) {
 		if (atomic_load_explicit(&cd->launching, memory_order_relaxed) &&
@@ -286,22 +265,13 @@ struct lane_pending {
 	bool alone;                /* the only call in flight when the completer took it */
 };
 
-bool cuda_launch_profiling(void)
-{
-	static int on = -1;
-
-	if (on < 0)
-		on = getenv("REGEN_CUDA_LAUNCH_PROFILE") != NULL;
-	return on;
-}
-
 static void lane_profile_print(const struct cuda_lane *l)
 {
 	const struct cuda_launch_profile *pr = &l->profile;
 	char line[512];
 	int n = 0;
 
-	if (!cuda_launch_profiling() || pr->calls == 0)
+	if (!l->cd->tuning.launch_profile || pr->calls == 0)
 		return;
 	for (int i = 0; i < CUDA_LAUNCH_PHASES && n >= 0 && (size_t)n < sizeof(line); i++)
 		n += snprintf(line + n, sizeof(line) - (size_t)n, " %s %.2f", cuda_launch_phase_names[i],
@@ -369,9 +339,9 @@ static void lane_launch_counted(struct cuda_lane *l, struct rd_op *op, struct la
 		p->done = l->done[l->next_done];
 		l->next_done = (l->next_done + 1) % RD_CUDA_LANE_DEPTH;
 		cudaError_t e = cudaEventRecord(p->done, l->stream);
-		if (e == cudaSuccess && wake_armed_at_launch())
+		if (e == cudaSuccess && cd->tuning.wake_at_launch)
 			e = cudaStreamWaitEvent(l->notify, p->done, 0);
-		if (e == cudaSuccess && wake_armed_at_launch())
+		if (e == cudaSuccess && cd->tuning.wake_at_launch)
 			e = cudaLaunchHostFunc(l->notify, host_done_cb, cd);
 		if (e != cudaSuccess) {
 			p->done = NULL;
@@ -385,7 +355,7 @@ static void lane_launch_counted(struct cuda_lane *l, struct rd_op *op, struct la
 	 * (the completer has not seen this op yet, so nothing races). */
 	if (p->r == 0 && p->done && op->signal_event && op->launched)
 		op->launched(op);
-	if (cuda_launch_profiling()) {
+	if (cd->tuning.launch_profile) {
 		/* A launch that built a plan (milliseconds to seconds) would hide
 		 * the steady state in the means: counted apart. */
 		cuda_launch_mark(l, CUDA_PHASE_RECORD);
@@ -421,7 +391,7 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 		op->finished_ns = rd_now_ns();
 		/* A call behind others waits for them first: only a lone call's
 		 * hand-off is the completer's own. */
-		uint64_t launched = cuda_launch_profiling() && p->alone ? atomic_load(&op->launched_ns) : 0;
+		uint64_t launched = l->cd->tuning.launch_profile && p->alone ? atomic_load(&op->launched_ns) : 0;
 		if (launched && op->finished_ns - launched < 1000000) {
 			struct cuda_launch_profile *pr = &l->profile;
 			pr->completions++;
@@ -770,24 +740,12 @@ void cuda_lane_destroy(struct rd_lane *lane)
 	free(li);
 }
 
-/* Whether a call finding its lane idle is launched on the submitting
- * thread (the worker's loop) instead of handed to the launcher: one thread
- * hand-off less per call. REGEN_CUDA_INLINE_LAUNCH=0 turns it off (to
- * measure against). */
-static bool inline_launch(void)
-{
-	static int on = -1;
-
-	if (on < 0) {
-		const char *env = getenv("REGEN_CUDA_INLINE_LAUNCH");
-		on = !(env && strcmp(env, "0") == 0);
-	}
-	return on;
-}
-
 /* Launches op on this thread if the lane is idle: nothing queued, nothing
  * being launched, room among the calls in flight. Its completion goes to
- * the completer as the launcher's do. */
+ * the completer as the launcher's do. Launched on the submitting thread
+ * (the worker's loop) instead of handed to the launcher: one thread
+ * hand-off less per call (cuda_inline_launch = false turns it off, to
+ * measure against). */
 static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 {
 	struct lane_pending p;
@@ -798,7 +756,7 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	 * heartbeat to find the loop stuck and kill the worker, seen on the
 	 * H200): on the lane's thread, never the worker's loop. A GEMM's plan
 	 * is a cuBLASLt heuristic query, microseconds to milliseconds. */
-	if (!inline_launch() || op->comm || op->compute.spec->id != RP_OP_GEMM)
+	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM)
 		return false;
 	pthread_mutex_lock(&li->lock);
 	if (li->stopping || li->launching || li->q.count || li->npending == RD_CUDA_LANE_DEPTH) {

@@ -18,6 +18,7 @@
 #include "daemon/backend/host/common.h"
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
+#include "daemon/env.h"
 #include "proto/errors.h"
 
 /* ---- The simulated context ---- */
@@ -48,10 +49,10 @@ static void host_memory(struct rd_device *dev, uint64_t *used, uint64_t *baselin
  * does not answer would: what worker_start_timeout_ms is for. */
 static void wait_while_told_to_hang(const struct rd_device *dev)
 {
-	const char *base = getenv("REGEN_HOST_OPEN_HANG_FILE");
+	const char *base = rd_env(RD_ENV_HOST_OPEN_HANG_FILE);
 	char path[4096];
 
-	if (!base || !*base || snprintf(path, sizeof(path), "%s.%d", base, dev->index) >= (int)sizeof(path))
+	if (!base || snprintf(path, sizeof(path), "%s.%d", base, dev->index) >= (int)sizeof(path))
 		return;
 	while (access(path, F_OK) == 0)
 		usleep(10000);

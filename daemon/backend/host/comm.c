@@ -42,6 +42,7 @@
 #include "daemon/backend/host/common.h"
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
+#include "daemon/env.h"
 #include "proto/comm.h"
 #include "proto/errors.h"
 
@@ -104,12 +105,8 @@ static unsigned abort_ms(void)
 	/* Aborters read it at once: atomic, each would store the same. */
 	static _Atomic int ms = -1;
 
-	if (atomic_load(&ms) < 0) {
-		const char *env = getenv("REGEN_HOST_COMM_ABORT_MS");
-		long v = env ? strtol(env, NULL, 10) : 0;
-
-		atomic_store(&ms, v < 0 ? 0 : v > ABORT_MS_MAX ? ABORT_MS_MAX : (int)v);
-	}
+	if (atomic_load(&ms) < 0)
+		atomic_store(&ms, (int)rd_env_number(RD_ENV_HOST_COMM_ABORT_MS, 0, ABORT_MS_MAX, 0));
 	return (unsigned)atomic_load(&ms);
 }
 

@@ -12,6 +12,7 @@
 #include <time.h>
 #include "daemon/backend/health.h"
 #include "daemon/backend/host/common.h"
+#include "daemon/env.h"
 #include "proto/errors.h"
 
 void host_report_lost(struct rd_device *dev, enum rd_fault_kind kind, const char *reason)
@@ -92,9 +93,9 @@ void host_health_init(struct rd_device *dev)
 	/* Its "device node" is its index, as /dev/nvidiaN's minor is a GPU's. */
 	hh->info.minor_number = dev->index;
 	/* MIG devices, for tests of what names a GPU through one
-	 * (REGEN_HOST_MIG_DEVICES=N: N per simulated GPU, MIG-HOST-<index>-<k>). */
-	const char *mig = getenv("REGEN_HOST_MIG_DEVICES");
-	long nmig = mig ? strtol(mig, NULL, 10) : 0;
+	 * (REGEN_HOST_MIG_DEVICES=N, a test knob: N per simulated GPU,
+	 * MIG-HOST-<index>-<k>). */
+	long nmig = (long)rd_env_number(RD_ENV_HOST_MIG_DEVICES, 0, RP_MIG_DEVICES_MAX, 0);
 	for (long k = 0; k < nmig && k < RP_MIG_DEVICES_MAX; k++)
 		snprintf(hh->info.mig_devices[hh->info.nmig++], sizeof(hh->info.mig_devices[0]), "MIG-HOST-%d-%ld",
 			 dev->index, k);

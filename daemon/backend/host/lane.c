@@ -16,7 +16,7 @@
  * limit: call_deadline_ms}); half, because the pace is measured on a small
  * GEMM that fits the caches and larger calls run slower. An estimate can
  * still be wrong: a call that hangs the device anyway is charged to its
- * uid (daemon/hang_charge.h). REGEN_HOST_NS_PER_MAC (a test knob) sets the
+ * uid (daemon/hang_charge.h). REGEN_HOST_NS_PER_MAC (a test knob, env.h) sets the
  * pace the estimate assumes instead of the measured one, so that tests can
  * make such a call. */
 #include <errno.h>
@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "daemon/backend/host/common.h"
+#include "daemon/env.h"
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
 #include "proto/errors.h"
@@ -166,15 +167,7 @@ void host_lane_calibrate(struct rd_device *dev)
 		uint64_t t = rd_now_ns() - t0;
 		best = t < best ? t : best;
 	}
-	hd(dev)->ns_per_mac = (double)best / ((double)N * N * N);
-	const char *knob = getenv("REGEN_HOST_NS_PER_MAC");
-	if (knob && *knob) {
-		char *end;
-		double pace = strtod(knob, &end);
-
-		if (*end == '\0' && pace > 0 && pace < 1e6)
-			hd(dev)->ns_per_mac = pace;
-	}
+	hd(dev)->ns_per_mac = rd_env_number(RD_ENV_HOST_NS_PER_MAC, 1e-12, 1e6, (double)best / ((double)N * N * N));
 	hd(dev)->cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? (unsigned)CPU_COUNT(&set) : 1;
 	if (!hd(dev)->cpus)
 		hd(dev)->cpus = 1;
