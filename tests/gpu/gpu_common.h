@@ -15,6 +15,7 @@
 #include "daemon/backend/backend.h"
 #include "daemon/backend/cuda/cuda.h"
 #include "kernels/kernels.h"
+#include "tests/lib/expect.h"
 
 #define GT_SKIP 77
 
@@ -39,20 +40,11 @@ struct gt {
 };
 
 /* 0 when a CUDA device is usable, else prints why and returns GT_SKIP. */
-/* A check that goes on: "ok:" or "FAIL:" and the message on stdout; the
- * failures are counted in gt_failures, a test's exit status. */
+/* A check that goes on (tests/lib/expect.h): "ok:" or "FAIL file:line:"
+ * and the message on stdout; the failures are counted in gt_failures, a
+ * test's exit status. */
 extern int gt_failures;
-#define GT_CHECK(cond, ...)                     \
-	do {                                    \
-		if (cond) {                     \
-			printf("  ok: ");       \
-		} else {                        \
-			printf("  FAIL: ");     \
-			gt_failures++;          \
-		}                               \
-		printf(__VA_ARGS__);            \
-		printf("\n");                   \
-	} while (0)
+#define GT_CHECK(cond, ...) TL_EXPECT(gt_failures, cond, __VA_ARGS__)
 
 int gt_have_gpu(void);
 /* Registry, callbacks, the CUDA backend's open on device 0. Exits 1 on failure. */

@@ -15,20 +15,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-from regend_fixture import Regend, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
+from regend_fixture import Regend, expect as check, expect_failures as failures, find_regend, require_torch, \
+    torch_rel_error as rel_err  # noqa: E402
 
 torch = require_torch()
 
 import regen  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
 
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:

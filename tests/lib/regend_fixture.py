@@ -72,6 +72,26 @@ def check(cond, msg):
         fail(msg)
 
 
+# The check that goes on, for scripts that run every case and report them
+# all (the GPU scripts): prints "ok   what" or "FAIL what" and remembers the
+# failures; the script's exit status is expect_status().
+expect_failures = []
+
+
+def expect(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        expect_failures.append(what)
+    return bool(cond)
+
+
+def expect_status():
+    """1 when an expect() failed (each named on stdout), else 0."""
+    for what in expect_failures:
+        print("FAIL " + what, flush=True)
+    return 1 if expect_failures else 0
+
+
 def find_regend(arg=None):
     """The regend to run: `arg` (a path given on the command line), else the
     runner's REGEND, else $REGEND, else daemon/regend under $REGEN_BUILD_ROOT,
