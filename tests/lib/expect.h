@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The assertion that goes on, beside asserts.h's that end the test: for
  * test programs that run every case and report them all (the GPU tests),
  * where one failure must not hide the next. Prints "  ok: message" or

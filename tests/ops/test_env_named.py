@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Every environment variable of regen is named in one place.
 
 1. regend's: each "REGEN_..." string in daemon/ is an option's variable or

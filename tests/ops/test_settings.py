@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Every setting is an option: the configuration file, the environment
 (an option's REGEN_ variable) and the command line set it, in that order
 of strength, by the same rule; Status reports the values in force; the
