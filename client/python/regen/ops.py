@@ -3,7 +3,8 @@ each operation's method, its operands (in slot order) and its scalars.
 The client builds its calls from this table; tests/test_ops.py holds it to
 the C tables (tests/unit/op_table_json), so the two cannot drift."""
 
-__all__ = ["NAME_SETS", "OPS", "Op", "OperandSpec", "REQUIRED_NAMES", "SLOT_NAMES"]
+__all__ = ["NAME_SETS", "OPS", "Op", "OperandSpec", "REQUIRED_NAMES", "SLOT_NAMES", "OP_IDS", "DTYPE_CODES",
+           "EPILOGUE_CODES", "COMPUTE_CODES", "ALIGNMENT_CODES"]
 
 from collections import namedtuple
 
@@ -89,3 +90,15 @@ OPS = {
 SLOT_NAMES = {name: tuple(o.name for o in op.operands) for name, op in OPS.items()}
 NAME_SETS = {name: frozenset(names) for name, names in SLOT_NAMES.items()}
 REQUIRED_NAMES = {name: tuple(o.name for o in op.operands if o.required) for name, op in OPS.items()}
+
+# What a call says in a ring record's terms (proto/ring.h, libregen's
+# struct regen_record_call): the op by its id (enum rp_op_id), dtypes,
+# epilogues, compute modes and causal alignments by their codes (proto/
+# operand.h, proto/compute.h).
+# TODO(facts-once): generate these from the op table and the enums with the
+# rest of this module.
+OP_IDS = {"gemm": 0, "attention": 1, "attention_backward": 2, "layer_norm": 3, "layer_norm_backward": 4}
+DTYPE_CODES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
+EPILOGUE_CODES = {"none": 0, "bias": 1, "gelu": 2, "gelu_bias": 3, "dgelu": 4, "gelu_aux": 5, "gelu_aux_bias": 6}
+COMPUTE_CODES = {"f32": 0, "tf32": 1}
+ALIGNMENT_CODES = {"top_left": 0, "bottom_right": 1}
