@@ -267,6 +267,8 @@ static int lane_setup(regen_client *c, int device, int64_t deadline)
 	return 0;
 }
 
+static int lane_broken(regen_client *c, int device, int r);
+
 /* Indexes the record being built holds already (its earlier operands'),
  * each once: none of them may be taken back for a later one, or the record
  * would name the later buffer in both places. `index` has room for every
@@ -336,6 +338,13 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 	cJSON_AddItemToArray(ids, cJSON_CreateString(rp_id_format(rid, text)));
 	ret = rc_exchange(c, &c->worker[device], "io.regen.Lane.Bind", params, NULL, 0, deadline, NULL);
 	cJSON_Delete(params);
+	/* A Bind that met the connection gone (the worker crashed, or an
+	 * earlier failure closed it): the lane goes with it, as when a wait
+	 * meets it, and its calls outstanding are told of. Kept, it had no
+	 * connection and kept its records outstanding, so no later call
+	 * connected again: each failed with -ENOTCONN. */
+	if (ret < 0 && ret != -EREMOTE)
+		return lane_broken(c, device, ret);
 	if (ret < 0)
 		return ret;
 	r->bound[free_index] = *rid;

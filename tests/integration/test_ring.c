@@ -1229,6 +1229,52 @@ static void record_calls_run_on_both_transports(void)
 	}
 }
 
+/* A call queued behind a hang, the worker crashed; the next call names an
+ * id the lane has not bound: its Bind meets the connection gone. The call
+ * says so (-ECONNRESET, the lost call told of) and the lane starts afresh:
+ * the one after it binds on a new connection. The lane had kept the dead
+ * connection with its record outstanding, and every later call failed
+ * with -ENOTCONN, for good. */
+static void a_bind_that_meets_the_worker_gone_starts_the_lane_afresh(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct regen_record_call call = { .op = 0, .alpha = 1.0 };
+	struct tl_buffer b;
+	struct regen_gemm_args g;
+	uint64_t gen, lost = 0, ticket;
+	char ghost[64];
+	regen_status *st;
+	int r;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, 1, 1 << 16, &b);
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, b.buf, 0, 4, 4);
+	tensor2(&g.b, b.buf, 256, 4, 4);
+	tensor2(&g.d, b.buf, 512, 4, 4);
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g), "before the crash");
+	st = tl_status(c);
+	gen = tl_status_device(st, 1)->generation;
+	regen_status_free(st);
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &lost), "queued behind the hang");
+	usleep(200000);
+	(void)regen_inject_fault(c, 1, "crash");
+	tl_wait_generation(c, 1, gen, 30);
+	snprintf(ghost, sizeof(ghost), "b1.%llu.999999", (unsigned long long)gen + 1);
+	call.operands[0] = call.operands[1] = call.operands[3] = record_matrix(ghost, 0, 4, 4);
+	r = regen_record_submit(c, 1, &call, &ticket);
+	ASSERT_EQ(r, -ECONNRESET, "the Bind on the dead connection: %d (%s)", r,
+		  regen_client_error_message(c) ? regen_client_error_message(c) : "-");
+	r = regen_record_submit(c, 1, &call, &ticket);
+	ASSERT_EQ(r, -EREMOTE, "the Bind again, on a new connection: %d (%s)", r,
+		  regen_client_error_message(c) ? regen_client_error_message(c) : "-");
+	ASSERT_STR_EQ(regen_client_error_name(c), REGEN_ERROR_NO_SUCH_OBJECT, "a made-up id");
+	ASSERT_EQ(regen_wait(c, 1, lost), -ECONNRESET, "the lost call's wait");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
 /* CPU seconds a process has used (user and system). */
 static double cpu_seconds(pid_t pid)
 {
@@ -1524,6 +1570,7 @@ int main(void)
 	a_full_id_table_keeps_a_records_own_indexes();
 	a_full_table_keeps_a_queued_error_for_the_wait();
 	a_crash_with_a_ring_call_in_flight_is_told();
+	a_bind_that_meets_the_worker_gone_starts_the_lane_afresh();
 	a_switch_with_calls_outstanding_applies_after_them();
 	a_lane_closed_under_its_records_tells_of_them();
 	completions_carry_stage_times();
