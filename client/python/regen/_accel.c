@@ -136,8 +136,10 @@ static PyObject *connect_(PyObject *self, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "sdz", &socket, &timeout, &job))
 		return NULL;
-	if (lib_handle == NULL)
-		return client_of(NULL), NULL;
+	if (lib_handle == NULL) {
+		PyErr_SetString(PyExc_RuntimeError, "regen._accel: libregen is not loaded (load())");
+		return NULL;
+	}
 	Py_BEGIN_ALLOW_THREADS
 	r = lib.connect(socket, &c);
 	if (r == 0) {
