@@ -73,6 +73,7 @@ void rc_clear_error(regen_client *c)
 	c->err_message[0] = '\0';
 	free(c->err_params);
 	c->err_params = NULL;
+	c->err_ticket = 0;
 }
 
 void rc_set_local_error(regen_client *c, const char *fmt, ...)

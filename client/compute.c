@@ -4,9 +4,12 @@
  * the call: the same table the daemon parses it with. */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include "private.h"
 #include "proto/compute.h"
+#include "proto/ring.h"
 
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
 		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_I32 == (int)RP_DTYPE_I32 &&
@@ -16,6 +19,7 @@ _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_
 		       (int)REGEN_EPILOGUE_GELU_AUX_BIAS == (int)RP_EPILOGUE_GELU_AUX_BIAS &&
 		       RP_EPILOGUE_LAST == RP_EPILOGUE_GELU_AUX_BIAS,
 	       "libregen's dtypes and epilogues are the protocol's");
+_Static_assert(REGEN_RECORD_OPERANDS == RP_OP_OPERANDS_MAX, "a record call has the record's slots");
 
 /* Every buffer and event a call names belongs to this client and lives on
  * one device (*device, -1 before the first). */
@@ -280,4 +284,120 @@ REGEN_EXPORT int regen_layer_norm_backward_submit(regen_client *c, const struct 
 						  uint64_t *ticket)
 {
 	return ticket != NULL ? layer_norm_backward(c, a, ticket) : -EINVAL;
+}
+
+/* A refusal made here that regend would make of the same call, named as
+ * regend names it. */
+static int refuse_named(regen_client *c, struct rp_error *err)
+{
+	rc_set_remote_error(c, err->name, err->params);
+	rp_error_clear(err);
+	return -EINVAL;
+}
+
+/* The record a call in its terms makes, its ids at indexes 0 .. 10 (the
+ * slots) and 11, 12 (the events) of `ids`. What a record cannot hold is
+ * refused as the worker's decoding of it would (an op, a rank, a field of
+ * a byte past 255), an id that parses to no buffer or event as regend's
+ * parsing of the same call. */
+static int record_of(const struct regen_record_call *call, struct rp_ring_record *rec,
+		     struct rp_id ids[RP_OP_OPERANDS_MAX + 2], struct rp_error *err)
+{
+	const struct rp_op_spec *spec = call->op <= UINT16_MAX ? rp_op_get((enum rp_op_id)call->op) : NULL;
+	const char *events[2] = { call->wait_event, call->signal_event };
+	const char *event_names[2] = { "wait_event", "signal_event" };
+
+	memset(rec, 0, offsetof(struct rp_ring_record, pad));
+	memset(ids, 0, (RP_OP_OPERANDS_MAX + 2) * sizeof(*ids));
+	if (spec == NULL)
+		return rp_error_invalid_parameter(err, "op");
+	if (call->flags > UINT16_MAX)
+		return rp_error_invalid_parameter(err, "flags");
+	if (call->epilogue > UINT8_MAX || call->compute > UINT8_MAX || call->alignment > UINT8_MAX)
+		return rp_error_invalid_parameter(err, call->epilogue > UINT8_MAX ? "epilogue"
+						       : call->compute > UINT8_MAX ? "compute" : "causal_alignment");
+	rec->op = (uint16_t)call->op;
+	rec->flags = (uint16_t)call->flags;
+	rec->epilogue = (uint8_t)call->epilogue;
+	rec->compute = (uint8_t)call->compute;
+	rec->alignment = (uint8_t)call->alignment;
+	rec->alpha = call->alpha;
+	rec->beta = call->beta;
+	rec->scale = call->scale;
+	rec->deadline_ms = call->deadline_ms;
+	for (unsigned i = 0; i < RP_OP_OPERANDS_MAX; i++) {
+		const struct regen_record_operand *o = &call->operands[i];
+		struct rp_ring_operand *ro = &rec->operands[i];
+		const char *name = i < spec->noperands ? spec->operands[i].name : "operands";
+
+		ro->index = RP_RING_NONE;
+		if (o->buffer == NULL)
+			continue;
+		if (i >= spec->noperands)
+			return rp_error_invalid_parameter(err, "operands");
+		if (rp_id_parse(o->buffer, &ids[i]) < 0 || ids[i].kind != RP_ID_BUFFER)
+			return rp_error_invalid_operand(err, name, "'%.80s' is not a buffer id (like b0.1.3)", o->buffer);
+		if ((unsigned)o->dtype > REGEN_I32) {
+			char field[96];
+
+			snprintf(field, sizeof(field), "%s.dtype", name);
+			return rp_error_invalid_parameter(err, field);
+		}
+		ro->index = i;
+		ro->dtype = (uint8_t)o->dtype;
+		/* Past a record's ranks: 0, which its decoding refuses by name. */
+		ro->rank = o->rank <= RP_RANK_MAX ? (uint8_t)o->rank : 0;
+		ro->offset = o->offset;
+		for (unsigned d = 0; d < ro->rank; d++) {
+			ro->shape[d] = o->shape[d];
+			ro->strides[d] = o->strides[d];
+		}
+	}
+	rec->wait_event = rec->signal_event = RP_RING_NONE;
+	for (unsigned e = 0; e < 2; e++) {
+		struct rp_id *id = &ids[RP_OP_OPERANDS_MAX + e];
+
+		if (events[e] == NULL)
+			continue;
+		if (rp_id_parse(events[e], id) < 0 || id->kind != RP_ID_EVENT)
+			return rp_error_invalid_parameter(err, event_names[e]);
+		*(e ? &rec->signal_event : &rec->wait_event) = RP_OP_OPERANDS_MAX + e;
+	}
+	return 0;
+}
+
+/* The op's own floating scalars must be numbers JSON can say: over Varlink
+ * a NaN or an infinity would arrive as absent (its default, silently), and
+ * the worker refuses them in a record. Refused here on either transport,
+ * as regend's check names them. */
+static int check_finite(const struct rp_compute *call, struct rp_error *err)
+{
+	switch (call->spec->id) {
+	case RP_OP_GEMM:
+		if (!isfinite(call->gemm.alpha) || !isfinite(call->gemm.beta))
+			return rp_error_invalid_parameter(err, isfinite(call->gemm.alpha) ? "beta" : "alpha");
+		return 0;
+	case RP_OP_LAYER_NORM:
+	case RP_OP_LAYER_NORM_BACKWARD:
+		return isfinite(call->layer_norm.eps) ? 0 : rp_error_invalid_parameter(err, "eps");
+	default:
+		return isfinite(call->attention.scale) ? 0 : rp_error_invalid_parameter(err, "scale");
+	}
+}
+
+REGEN_EXPORT int regen_record_submit(regen_client *c, int device, const struct regen_record_call *call,
+				     uint64_t *ticket)
+{
+	struct rp_id ids[RP_OP_OPERANDS_MAX + 2];
+	struct rp_ring_record rec;
+	struct rp_compute desc;
+	struct rp_error err = { 0 };
+
+	if (c == NULL || call == NULL || ticket == NULL)
+		return -EINVAL;
+	rc_check_fork(c);
+	if (record_of(call, &rec, ids, &err) < 0 ||
+	    rp_ring_decode_fields(&rec, ids, RP_OP_OPERANDS_MAX + 2, &desc, &err) < 0 || check_finite(&desc, &err) < 0)
+		return refuse_named(c, &err);
+	return rc_lane_submit(c, device, &desc, ticket);
 }

@@ -118,6 +118,7 @@ void rc_lane_reset(struct rc_lane *lane)
 	}
 	memcpy(lane->err_name, keep.err_name, sizeof(lane->err_name));
 	lane->err_params = keep.err_params;
+	lane->err_ticket = keep.err_ticket;
 }
 
 void rc_lane_finish(struct rc_lane *lane)
@@ -135,6 +136,7 @@ static void lane_note_error(struct rc_lane *lane, const char *name, const cJSON 
 		return;
 	snprintf(lane->err_name, sizeof(lane->err_name), "%s", name);
 	lane->err_params = params ? cJSON_Duplicate(params, true) : NULL;
+	lane->err_ticket = lane->completed;
 }
 
 /* Whether the worker serves io.regen.Lane: its GetInfo says so. */
@@ -265,6 +267,8 @@ static int lane_setup(regen_client *c, int device, int64_t deadline)
 	return 0;
 }
 
+static int lane_broken(regen_client *c, int device, int r);
+
 /* Indexes the record being built holds already (its earlier operands'),
  * each once: none of them may be taken back for a later one, or the record
  * would name the later buffer in both places. `index` has room for every
@@ -334,6 +338,13 @@ static int ring_index(regen_client *c, struct rc_lane *lane, int device, const s
 	cJSON_AddItemToArray(ids, cJSON_CreateString(rp_id_format(rid, text)));
 	ret = rc_exchange(c, &c->worker[device], "io.regen.Lane.Bind", params, NULL, 0, deadline, NULL);
 	cJSON_Delete(params);
+	/* A Bind that met the connection gone (the worker crashed, or an
+	 * earlier failure closed it): the lane goes with it, as when a wait
+	 * meets it, and its calls outstanding are told of. Kept, it had no
+	 * connection and kept its records outstanding, so no later call
+	 * connected again: each failed with -ENOTCONN. */
+	if (ret < 0 && ret != -EREMOTE)
+		return lane_broken(c, device, ret);
 	if (ret < 0)
 		return ret;
 	r->bound[free_index] = *rid;
@@ -596,6 +607,7 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 	}
 	if (lane->err_name[0] != '\0') {
 		rc_set_remote_error(c, lane->err_name, lane->err_params);
+		c->err_ticket = lane->err_ticket;
 		lane->err_name[0] = '\0';
 		cJSON_Delete(lane->err_params);
 		lane->err_params = NULL;
@@ -607,7 +619,7 @@ int rc_lane_wait(regen_client *c, int device, uint64_t ticket)
 /* Publishes the records written from sq_tail on, `n` of them together (a
  * Run's with its continuations: the worker never sees one in part), and
  * rings a sleeping worker's doorbell. */
-static void ring_publish(struct rc_ring *r, uint32_t n)
+static void ring_publish(regen_client *c, struct rc_ring *r, uint32_t n)
 {
 	r->sq_tail += n;
 	rp_ring_store(&r->hdr->sq_tail, r->sq_tail);
@@ -615,6 +627,7 @@ static void ring_publish(struct rc_ring *r, uint32_t n)
 	if (rp_ring_flag(&r->hdr->sq_sleeping)) {
 		char b = 0;
 		(void)send(r->doorbell, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+		c->doorbells++;
 	}
 }
 
@@ -649,7 +662,7 @@ static int ring_submit(regen_client *c, struct rc_lane *lane, int device, const 
 	r->continues[r->sq_tail & (r->entries - 1)] = RP_RING_NONE;
 	rp_ring_encode(call, index_of, wait, signal, lane->submitted + 1,
 		       rp_ring_record_at(r->base, r->entries, r->sq_tail));
-	ring_publish(r, 1);
+	ring_publish(c, r, 1);
 	lane->submitted++;
 	return 0;
 }
@@ -677,7 +690,7 @@ static int ring_submit_run(regen_client *c, struct rc_lane *lane, int device, co
 		ret = -ENOMEM;
 		goto out;
 	}
-	if ((ret = ring_index(c, lane, device, &run->program->obj.rid, deadline, &held, &call.program)) < 0)
+	if ((ret = ring_index(c, lane, device, &run->program, deadline, &held, &call.program)) < 0)
 		goto out;
 	for (unsigned i = 0; i < run->nbind; i++) {
 		bind[i].bound = run->bind[i].bound;
@@ -705,7 +718,7 @@ static int ring_submit_run(regen_client *c, struct rc_lane *lane, int device, co
 		rp_ring_encode_run(&call, lane->submitted + 1, r->sq_tail, part,
 				   (union rp_ring_slot *)rp_ring_record_at(r->base, r->entries, r->sq_tail + part));
 	}
-	ring_publish(r, n);
+	ring_publish(c, r, n);
 	lane->submitted += n;
 out:
 	free(bind);
@@ -857,6 +870,27 @@ REGEN_EXPORT int regen_wait(regen_client *c, int device, uint64_t ticket)
 	if (c == NULL || device < 0 || device >= REGEN_DEVICES_MAX)
 		return -EINVAL;
 	return rc_lane_wait(c, device, ticket);
+}
+
+REGEN_EXPORT uint64_t regen_client_error_ticket(const regen_client *c)
+{
+	return c != NULL ? c->err_ticket : 0;
+}
+
+REGEN_EXPORT int regen_client_tickets(const regen_client *c, int device, uint64_t *submitted, uint64_t *completed)
+{
+	if (c == NULL || device < 0 || device >= REGEN_DEVICES_MAX)
+		return -EINVAL;
+	if (submitted != NULL)
+		*submitted = c->lanes[device].submitted;
+	if (completed != NULL)
+		*completed = c->lanes[device].completed;
+	return 0;
+}
+
+REGEN_EXPORT uint64_t regen_client_doorbells(const regen_client *c)
+{
+	return c != NULL ? c->doorbells : 0;
 }
 
 REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int device)

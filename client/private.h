@@ -33,6 +33,7 @@ struct rc_lane {
 	uint64_t idle_since_ns;           /* when the last answer was read */
 	char err_name[128];               /* the first error since the last wait */
 	cJSON *err_params;
+	uint64_t err_ticket;              /* the call it answered */
 };
 
 struct regen_client {
@@ -44,6 +45,7 @@ struct regen_client {
 	char err_name[128];
 	char err_message[512];
 	char *err_params;                 /* JSON text, malloc'ed */
+	uint64_t err_ticket;              /* the call whose error regen_wait returned; 0: none */
 	/* The newest generation seen per device (Status, Watch, imports, errors). */
 	uint64_t known_generation[REGEN_DEVICES_MAX];
 	struct rc_object *objects;        /* open buffers, events and communicators, so destroy can detach them */
@@ -54,6 +56,7 @@ struct regen_client {
 	char job[RP_JOB_MAX + 1];
 	bool job_unsupported;             /* regend knows no SetJob: states none */
 	struct rc_lane lanes[REGEN_DEVICES_MAX];
+	uint64_t doorbells;               /* rung on the lanes' rings */
 	unsigned long forks;              /* rc_forks when this process made it or took it over */
 };
 
@@ -100,18 +103,21 @@ struct regen_program {
 };
 
 /* A program's Run as program.c hands it to the lane (lane.c): the ids it
- * names, and its bindings and scalars by bound position. */
+ * names, and its bindings and scalars by bound position and by name (a
+ * Varlink call names them). */
 struct rc_run_binding {
 	uint32_t bound;
+	const char *name;
 	struct rp_id buffer;
 	uint64_t offset;
 };
 struct rc_run_scalar {
 	uint32_t bound;
+	const char *name;
 	double value;
 };
 struct rc_run {
-	const struct regen_program *program;
+	struct rp_id program;
 	struct rp_id wait_event, signal_event;   /* kind 0: none */
 	uint32_t deadline_ms;
 	bool has_journal;

@@ -5,9 +5,11 @@
  * name as a Varlink call (lane.c picks, as for compute calls). */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "private.h"
+#include "proto/program.h"
 
 static void program_free(struct regen_program *p)
 {
@@ -188,7 +190,8 @@ static int put_run(regen_client *c, const struct regen_program_run_args *a, stru
 					   (unsigned long long)b->offset);
 			return -EINVAL;
 		}
-		bind[i] = (struct rc_run_binding){ .bound = (uint32_t)pos, .buffer = b->buffer->obj.rid, .offset = b->offset };
+		bind[i] = (struct rc_run_binding){ .bound = (uint32_t)pos, .name = p->bound[pos], .buffer = b->buffer->obj.rid,
+						    .offset = b->offset };
 		next = (uint32_t)pos + 1;
 	}
 	for (size_t i = 0; i < a->nscalars; i++) {
@@ -204,7 +207,7 @@ static int put_run(regen_client *c, const struct regen_program_run_args *a, stru
 			rc_set_local_error(c, "scalar %s must be finite", s->name);
 			return -EINVAL;
 		}
-		scalars[i] = (struct rc_run_scalar){ .bound = (uint32_t)pos, .value = s->value };
+		scalars[i] = (struct rc_run_scalar){ .bound = (uint32_t)pos, .name = p->bound[pos], .value = s->value };
 		next = (uint32_t)pos + 1;
 	}
 	if (a->seq > EXACT_MAX || a->journal_offset > EXACT_MAX) {
@@ -216,7 +219,7 @@ static int put_run(regen_client *c, const struct regen_program_run_args *a, stru
 	    (a->journal && check_object(c, p, &a->journal->obj, "buffer", "journal") < 0))
 		return -EINVAL;
 	*run = (struct rc_run){
-		.program = p, .deadline_ms = a->deadline_ms, .has_journal = a->journal != NULL,
+		.program = p->obj.rid, .deadline_ms = a->deadline_ms, .has_journal = a->journal != NULL,
 		.journal_offset = a->journal_offset, .seq = a->seq, .retry = a->retry, .bind = bind,
 		.nbind = (unsigned)a->nbind, .scalars = scalars, .nscalars = (unsigned)a->nscalars,
 	};
@@ -275,15 +278,14 @@ REGEN_EXPORT int regen_program_run(regen_client *c, const struct regen_program_r
 
 cJSON *rc_run_params(const struct rc_run *run)
 {
-	const struct regen_program *p = run->program;
 	cJSON *params = cJSON_CreateObject(), *bind, *scalars = NULL;
 	char id[RP_ID_MAX];
 
-	if (params == NULL || cJSON_AddStringToObject(params, "program", p->obj.id) == NULL ||
+	if (params == NULL || cJSON_AddStringToObject(params, "program", rp_id_format(&run->program, id)) == NULL ||
 	    (bind = cJSON_AddObjectToObject(params, "bind")) == NULL)
 		goto fail;
 	for (unsigned i = 0; i < run->nbind; i++) {
-		cJSON *b = cJSON_AddObjectToObject(bind, p->bound[run->bind[i].bound]);
+		cJSON *b = cJSON_AddObjectToObject(bind, run->bind[i].name);
 
 		if (b == NULL || cJSON_AddStringToObject(b, "buffer", rp_id_format(&run->bind[i].buffer, id)) == NULL ||
 		    cJSON_AddNumberToObject(b, "offset", (double)run->bind[i].offset) == NULL)
@@ -292,7 +294,7 @@ cJSON *rc_run_params(const struct rc_run *run)
 	if (run->nscalars && (scalars = cJSON_AddObjectToObject(params, "scalars")) == NULL)
 		goto fail;
 	for (unsigned i = 0; i < run->nscalars; i++)
-		if (cJSON_AddNumberToObject(scalars, p->bound[run->scalars[i].bound], run->scalars[i].value) == NULL)
+		if (cJSON_AddNumberToObject(scalars, run->scalars[i].name, run->scalars[i].value) == NULL)
 			goto fail;
 	if ((run->wait_event.kind &&
 	     cJSON_AddStringToObject(params, "wait_event", rp_id_format(&run->wait_event, id)) == NULL) ||
@@ -317,4 +319,117 @@ cJSON *rc_run_params(const struct rc_run *run)
 fail:
 	cJSON_Delete(params);
 	return NULL;
+}
+
+/* InvalidParameter naming `what`, as regend refuses the same Run. */
+static int refuse_parameter(regen_client *c, const char *what)
+{
+	struct rp_error err = { 0 };
+
+	rp_error_invalid_parameter(&err, what);
+	rc_set_remote_error(c, err.name, err.params);
+	rp_error_clear(&err);
+	return -EINVAL;
+}
+
+/* "list.name.field" (field NULL: "list.name"), as regend names a Run's
+ * parameters. */
+static int refuse_field(regen_client *c, const char *list, const char *name, const char *field)
+{
+	char path[RP_PROG_NAME_MAX * 2 + 32];
+
+	snprintf(path, sizeof(path), "%s.%.*s%s%s", list, RP_PROG_NAME_MAX * 2, name, field ? "." : "",
+		 field ? field : "");
+	return refuse_parameter(c, path);
+}
+
+/* An id of `kind` from text, or regend's refusal of it (`what` names the
+ * parameter). */
+static int parse_id(regen_client *c, const char *text, char kind, const char *what, struct rp_id *out)
+{
+	if (rp_id_parse(text, out) == 0 && out->kind == kind)
+		return 0;
+	return refuse_parameter(c, what);
+}
+
+REGEN_EXPORT int regen_record_run_submit(regen_client *c, int device, const struct regen_record_run *a,
+					 uint64_t *ticket)
+{
+	struct rc_run_binding *bind = NULL;
+	struct rc_run_scalar *scalars = NULL;
+	struct rc_run run = { 0 };
+	int r = -EINVAL;
+
+	if (c == NULL || a == NULL || ticket == NULL || a->program == NULL || (a->nbind && a->bind == NULL) ||
+	    (a->nscalars && a->scalars == NULL))
+		return -EINVAL;
+	rc_check_fork(c);
+	if (a->nbind + a->nscalars > RP_PROG_BOUND_MAX) {
+		rc_set_local_error(c, "a Run names at most %d tensors and scalars, not %zu", RP_PROG_BOUND_MAX,
+				   a->nbind + a->nscalars);
+		return -EINVAL;
+	}
+	bind = calloc(a->nbind + 1, sizeof(*bind));
+	scalars = calloc(a->nscalars + 1, sizeof(*scalars));
+	if (bind == NULL || scalars == NULL) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (parse_id(c, a->program, RP_ID_PROGRAM, "program", &run.program) < 0)
+		goto out;
+	for (size_t i = 0; i < a->nbind; i++) {
+		const struct regen_record_binding *b = &a->bind[i];
+
+		if (b->name == NULL || b->buffer == NULL) {
+			rc_set_local_error(c, "binding %zu has no name or no buffer", i);
+			goto out;
+		}
+		if (rp_id_parse(b->buffer, &bind[i].buffer) < 0 || bind[i].buffer.kind != RP_ID_BUFFER) {
+			r = refuse_field(c, "bind", b->name, "buffer");
+			goto out;
+		}
+		if (b->offset > EXACT_MAX) {
+			r = refuse_field(c, "bind", b->name, "offset");
+			goto out;
+		}
+		bind[i].bound = b->bound;
+		bind[i].name = b->name;
+		bind[i].offset = b->offset;
+	}
+	for (size_t i = 0; i < a->nscalars; i++) {
+		const struct regen_record_scalar *s = &a->scalars[i];
+
+		if (s->name == NULL) {
+			rc_set_local_error(c, "scalar %zu has no name", i);
+			goto out;
+		}
+		/* JSON has no words for a NaN or an infinity. */
+		if (!isfinite(s->value)) {
+			r = refuse_field(c, "scalars", s->name, NULL);
+			goto out;
+		}
+		scalars[i] = (struct rc_run_scalar){ .bound = s->bound, .name = s->name, .value = s->value };
+	}
+	if ((a->wait_event && parse_id(c, a->wait_event, RP_ID_EVENT, "wait_event", &run.wait_event) < 0) ||
+	    (a->signal_event && parse_id(c, a->signal_event, RP_ID_EVENT, "signal_event", &run.signal_event) < 0) ||
+	    (a->journal && parse_id(c, a->journal, RP_ID_BUFFER, "journal.buffer", &run.journal) < 0))
+		goto out;
+	if (a->journal_offset > EXACT_MAX || a->seq > EXACT_MAX) {
+		r = refuse_parameter(c, a->seq > EXACT_MAX ? "seq" : "journal.offset");
+		goto out;
+	}
+	run.deadline_ms = a->deadline_ms;
+	run.has_journal = a->journal != NULL;
+	run.journal_offset = a->journal_offset;
+	run.seq = a->seq;
+	run.retry = a->retry;
+	run.bind = bind;
+	run.nbind = (unsigned)a->nbind;
+	run.scalars = scalars;
+	run.nscalars = (unsigned)a->nscalars;
+	r = rc_lane_submit_run(c, device, &run, ticket);
+out:
+	free(bind);
+	free(scalars);
+	return r;
 }

@@ -88,6 +88,10 @@ int main(void)
 			cJSON_AddItemToArray(ring, o);
 		}
 	}
+	/* The dtypes' codes (enum rp_dtype: a ring record's operand dtype). */
+	cJSON *dtypes = cJSON_AddObjectToObject(all, "_dtypes");
+	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++)
+		cJSON_AddNumberToObject(dtypes, rp_dtype_name((enum rp_dtype)dt), dt);
 	text = cJSON_Print(all);
 	puts(text);
 	free(text);

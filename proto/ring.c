@@ -186,18 +186,24 @@ static int decode(const struct rp_ring_record *rec, const struct rp_id *ids, uin
 	return decode_scalars(rec, c, err);
 }
 
-int rp_ring_decode(const struct rp_ring_record *rec, const struct rp_id *ids, uint32_t nids, struct rp_compute *c,
-		   struct rp_error *err)
+int rp_ring_decode_fields(const struct rp_ring_record *rec, const struct rp_id *ids, uint32_t nids,
+			  struct rp_compute *c, struct rp_error *err)
 {
 	int r;
 
 	memset(c, 0, sizeof(*c));
 	r = decode(rec, ids, nids, c, err);
-	if (r < 0) {
+	if (r < 0)
 		memset(c, 0, sizeof(*c));
-		return r;
-	}
-	return rp_compute_check(c, err);
+	return r;
+}
+
+int rp_ring_decode(const struct rp_ring_record *rec, const struct rp_id *ids, uint32_t nids, struct rp_compute *c,
+		   struct rp_error *err)
+{
+	int r = rp_ring_decode_fields(rec, ids, nids, c, err);
+
+	return r < 0 ? r : rp_compute_check(c, err);
 }
 
 void rp_ring_encode(const struct rp_compute *c, const uint32_t index_of[RP_OP_OPERANDS_MAX], uint32_t wait,

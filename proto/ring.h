@@ -330,6 +330,12 @@ static inline void rp_ring_fence(void)
  * with err set (and *c zeroed). */
 int rp_ring_decode(const struct rp_ring_record *rec, const struct rp_id *ids, uint32_t nids, struct rp_compute *c,
 		   struct rp_error *err);
+/* rp_ring_decode without rp_compute_check: what a record's fields say,
+ * for a client that takes calls in the record's terms (libregen's
+ * regen_record_submit) and leaves the checks to the worker, as for any
+ * call it sends. */
+int rp_ring_decode_fields(const struct rp_ring_record *rec, const struct rp_id *ids, uint32_t nids,
+			  struct rp_compute *c, struct rp_error *err);
 
 /* A record of a descriptor (clients): index_of[slot] is the id table index
  * of each present operand's buffer, wait/signal those of the events (or

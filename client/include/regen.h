@@ -472,6 +472,81 @@ REGEN_EXPORT int regen_client_set_transport(regen_client *c, enum regen_transpor
  * compute call. */
 REGEN_EXPORT enum regen_transport regen_client_transport(const regen_client *c, int device);
 
+/* Calls and Runs in the ring record's terms (proto/ring.h), their
+ * buffers, events and programs named by id: for a binding of another
+ * language that makes a record's fields itself and keeps its objects as
+ * ids (the Python client's regen._accel). libregen binds the ids on the
+ * device's lane as for the calls above and queues the call or Run there
+ * (the ring's records, or the Varlink call: the same descriptor either
+ * way); regend checks every field. What a record cannot say is refused
+ * here, unsent, with the error regend names it by (regen_client_error_name:
+ * InvalidParameter naming the field, InvalidOperand for an id that names no
+ * buffer) and -EINVAL. Objects of another device are regend's to refuse. */
+#define REGEN_RECORD_OPERANDS 11
+
+struct regen_record_operand {
+	const char *buffer;                /* the buffer's id ("b0.3.17"); NULL: the slot is empty */
+	enum regen_dtype dtype;
+	uint32_t rank;                     /* 1 to 4 */
+	uint64_t offset;                   /* bytes */
+	int64_t shape[4];
+	int64_t strides[4];                /* elements, as given (no contiguous default) */
+};
+
+struct regen_record_call {
+	uint32_t op;                       /* 0 Gemm, 1 Attention, 2 AttentionBackward, 3 LayerNorm, 4 LayerNormBackward */
+	uint32_t flags;                    /* Gemm: 1 trans_a, 2 trans_b; attention: 4 causal */
+	uint32_t epilogue;                 /* Gemm: enum regen_epilogue */
+	uint32_t compute;                  /* Gemm: 0 f32, 1 tf32 */
+	uint32_t alignment;                /* attention: enum regen_causal_alignment */
+	double alpha, beta;                /* Gemm (no defaults: 1 and 0 are given) */
+	double scale;                      /* attention: 0 = 1/sqrt(D); LayerNorm: eps, 0 = 1e-5 */
+	uint32_t deadline_ms;              /* 0: regend's default */
+	const char *wait_event, *signal_event;   /* ids; NULL: none */
+	struct regen_record_operand operands[REGEN_RECORD_OPERANDS];   /* by the op's slots */
+};
+REGEN_EXPORT int regen_record_submit(regen_client *c, int device, const struct regen_record_call *call,
+				     uint64_t *ticket);
+
+/* A Run's bindings and scalars by their position in the program's binding
+ * order (Define's `bound`) and by name (a Varlink call names them). */
+struct regen_record_binding {
+	uint32_t bound;
+	const char *name;
+	const char *buffer;                /* id */
+	uint64_t offset;                   /* bytes */
+};
+struct regen_record_scalar {
+	uint32_t bound;
+	const char *name;
+	double value;                      /* finite */
+};
+struct regen_record_run {
+	const char *program;               /* id ("p0.0.4") */
+	const struct regen_record_binding *bind;
+	size_t nbind;
+	const struct regen_record_scalar *scalars;
+	size_t nscalars;
+	const char *wait_event, *signal_event;   /* ids; NULL: none */
+	uint32_t deadline_ms;              /* 0: regend's default */
+	const char *journal;               /* a buffer's id; NULL: none (seq 0, retry false) */
+	uint64_t journal_offset, seq;
+	bool retry;
+};
+REGEN_EXPORT int regen_record_run_submit(regen_client *c, int device, const struct regen_record_run *run,
+					 uint64_t *ticket);
+
+/* The ticket of the call whose error the last regen_wait returned: the
+ * first among the calls it waited for, which need not be the one it named
+ * (0 after a wait that returned no call's error). */
+REGEN_EXPORT uint64_t regen_client_error_ticket(const regen_client *c);
+/* The device's lane: tickets handed out, and answers read (its calls
+ * answered so far, in order). -EINVAL for a bad device. */
+REGEN_EXPORT int regen_client_tickets(const regen_client *c, int device, uint64_t *submitted, uint64_t *completed);
+/* Doorbells this client rang on its lanes' rings: records that found the
+ * worker asleep (each a system call here and a wake-up there). */
+REGEN_EXPORT uint64_t regen_client_doorbells(const regen_client *c);
+
 /* The pool: memory that regend maps once per chunk (client/pool.c).
  *
  * Chunks are CUDA VMM allocations exported as POSIX fds (or, for the host

@@ -75,12 +75,13 @@ def ring_stages(c, call, iters, device):
 def client_split(torch, c, a, b, d, iters):
     """p50/p99 of the parts of one small Client.gemm(a, b, d) on torch
     tensors, each timed alone: where the Python client's own cost goes."""
-    from regen import client as cl
-    ops = [cl._tensor_operand(c, t, n) for t, n in ((a, "a"), (b, "b"), (d, "d"))]
+    from regen.torch import _tensors as cl
+    tensors = cl.imports_of(c)
+    ops = [tensors.operand(t, n) for t, n in ((a, "a"), (b, "b"), (d, "d"))]
     stream = torch.cuda.current_stream(a.device)
     parts = (
-        ("the three operands from torch tensors (_tensor_operand)",
-         lambda: [cl._tensor_operand(c, t, n) for t, n in ((a, "a"), (b, "b"), (d, "d"))]),
+        ("the three operands from torch tensors (TensorImports.operand)",
+         lambda: [tensors.operand(t, n) for t, n in ((a, "a"), (b, "b"), (d, "d"))]),
         ("torch.cuda.current_stream(device)", lambda: torch.cuda.current_stream(a.device)),
         ("Stream.synchronize() of the idle current stream", stream.synchronize),
         ("the client's torch sync (_sync_torch)", lambda: cl._sync_torch([a, b, d])),

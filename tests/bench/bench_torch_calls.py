@@ -13,10 +13,10 @@ from regen.torch.pool() (CUDA) or libregen's host pool (CPU); the time is
 that of the --calls chained ones, without the run's first call (ordered
 after the rank's stream, answered) and its end (the answers collected).
 Reported: the fastest run's time per call of each path, "encoded" (the
-default where the lane is on the ring: each call encoded onto the ring from
-the tensors, by regen._accel where it is loaded, and again by the Python
-encoder) and "client" (the same calls through the client's gemm method,
-as on Varlink), and on CUDA F.linear's launch time in the same process and
+default where the lane is on the ring: each call handed to libregen's ring
+straight from the tensors, which regen._accel reads, and again with its
+operands resolved in Python, Client.queue_encoded) and "client" (the same
+calls through the client's gemm method, as on Varlink), and on CUDA F.linear's launch time in the same process and
 the ratio.  --device cpu runs regend's host backend: the Python costs are
 real, the in-process comparison is left out (a CPU F.linear computes).
 Exit 77 without torch, or on --device cuda without a GPU.
@@ -90,16 +90,20 @@ def main():
                 return elapsed
 
             from regen import accel
+            # The module (regen.torch's attribute of that name is the runtime).
+            runtime_module = sys.modules["regen.torch._runtime"]
             rows = []
             results = {}
             accel_before = runtime.counters["accel_calls"]
             encoded = best_per_call(run_regend, args.calls, args.repeat)
             accel_share = (runtime.counters["accel_calls"] - accel_before) / (args.calls * args.repeat)
-            # The same calls through the Python encoder (what a machine
-            # without regen._accel runs).
-            loaded, accel.module = accel.module, None
+            # The same calls with their operands resolved in Python
+            # (Client.queue_encoded: what a call whose tensors regen._accel
+            # does not cover takes).
+            loaded = accel.ring()
+            reads, runtime_module.queue_tensors = runtime_module.queue_tensors, lambda *a, **k: None
             encoded_py = best_per_call(run_regend, args.calls, args.repeat) if loaded is not None else encoded
-            accel.module = loaded
+            runtime_module.queue_tensors = reads
             before = runtime.counters["chained_calls"]
             # The client's path: the encoder declines every call.
             runtime._queue_chained = lambda op, tensors, scalars: False
@@ -109,10 +113,10 @@ def main():
                 print("note: the lane is on Varlink; both paths are the client's")
             results["encoded_us"], results["client_us"] = encoded * 1e6, client * 1e6
             results["encoded_python_us"], results["accel_share"] = encoded_py * 1e6, accel_share
-            rows.append(("regen.torch, encoded onto the ring" + (" (regen._accel)" if loaded is not None else ""),
-                         f"{encoded * 1e6:.1f}", ""))
+            rows.append(("regen.torch, onto the ring" + (" (regen._accel reads the tensors)" if loaded is not None
+                                                          else ""), f"{encoded * 1e6:.1f}", ""))
             if loaded is not None:
-                rows.append(("regen.torch, encoded onto the ring (Python encoder)", f"{encoded_py * 1e6:.1f}", ""))
+                rows.append(("regen.torch, onto the ring (operands resolved in Python)", f"{encoded_py * 1e6:.1f}", ""))
             rows.append(("regen.torch, through the client's gemm", f"{client * 1e6:.1f}", ""))
             if cuda:
                 import torch.nn.functional as F
@@ -133,7 +137,7 @@ def main():
             print(markdown_table(["path", "host µs per call", "in process / it"], rows))
             print(f"chained calls counted: {runtime.counters['chained_calls'] - before} of "
                   f"{args.calls * args.repeat} in the client's runs; regen._accel "
-                  f"{'encoded ' + format(accel_share, '.0%') + ' of the first runs' if loaded else 'not loaded'}")
+                  f"{'read ' + format(accel_share, '.0%') + ' of the first runs' if loaded else 'not loaded'}")
             if args.json:
                 write_json(args.json, {"device": args.device, "calls": args.calls, **results})
     finally:

@@ -23,6 +23,7 @@
 #include "proto/ring.h"
 #include "tests/lib/client.h"
 #include "tests/lib/dtype.h"
+#include "tests/lib/reference.h"
 #include "tests/lib/varlink.h"
 
 static struct tl_daemon daemon_;
@@ -1082,6 +1083,199 @@ static void program_runs_alike_on_both_transports(void)
 	free(def);
 }
 
+/* ---- calls and Runs in the record's terms (regen_record_submit) ---- */
+
+static struct regen_record_operand record_matrix(const char *buffer, uint64_t offset, int64_t rows, int64_t cols)
+{
+	return (struct regen_record_operand){
+		.buffer = buffer, .dtype = REGEN_F32, .rank = 2, .offset = offset,
+		.shape = { rows, cols }, .strides = { cols, 1 },
+	};
+}
+
+/* D = alpha A B^T + beta C over ids: the record's terms, both transports. */
+static struct regen_record_call record_gemm(const char *buffer, int m, int n, int k)
+{
+	struct regen_record_call call = { .op = 0, .flags = 2, .alpha = 1.5, .beta = 0.5 };
+
+	call.operands[0] = record_matrix(buffer, 0, m, k);
+	call.operands[1] = record_matrix(buffer, 4096, n, k);
+	call.operands[2] = record_matrix(buffer, 8192, m, n);
+	call.operands[3] = record_matrix(buffer, 12288, m, n);
+	return call;
+}
+
+static void expect_named(regen_client *c, int r, const char *name, const char *param, const char *what)
+{
+	char err[1024];
+
+	last_error(c, err, sizeof(err));
+	ASSERT_EQ(r, -EINVAL, "%s: refused here (%s)", what, err);
+	ASSERT_STR_EQ(regen_client_error_name(c) ? regen_client_error_name(c) : "(none)", name, "%s: %s", what, err);
+	ASSERT(strstr(err, param) != NULL, "%s: the error names %s: %s", what, param, err);
+}
+
+/* A call in the record's terms, its buffers and events by id, gives what
+ * the math says on either transport; what a record cannot say is refused
+ * here by the name regend gives it; a queued call's error names its
+ * ticket; a Run in the record's terms runs as regen_program_run's. */
+static void record_calls_run_on_both_transports(void)
+{
+	const enum regen_transport transports[2] = { REGEN_TRANSPORT_VARLINK, REGEN_TRANSPORT_RING };
+	const int m = 7, n = 5, k = 9;
+
+	for (int t = 0; t < 2; t++) {
+		regen_client *c = tl_client_connect(&daemon_);
+		struct tl_buffer b;
+		double a[7 * 9], bt[5 * 9], cc[7 * 5], want[7 * 5], got[7 * 5];
+		uint64_t ticket, tickets[3], submitted, completed;
+		struct regen_record_call call;
+		char id[64];
+
+		ASSERT_REGEN_OK(c, regen_client_set_transport(c, transports[t]));
+		tl_buffer_create(c, 0, 1 << 16, &b);
+		snprintf(id, sizeof(id), "%s", regen_buffer_id(b.buf));
+		float *mem = (float *)b.mem.ptr;
+		tl_fill_random(NULL, RP_DTYPE_F32, mem, (size_t)m * k, -1, 1, a);
+		tl_fill_random(NULL, RP_DTYPE_F32, mem + 1024, (size_t)n * k, -1, 1, bt);
+		tl_fill_random(NULL, RP_DTYPE_F32, mem + 2048, (size_t)m * n, -1, 1, cc);
+		call = record_gemm(id, m, n, k);
+		ASSERT_REGEN_OK(c, regen_record_submit(c, 0, &call, &ticket), "a GEMM in the record's terms");
+		ASSERT_REGEN_OK(c, regen_wait(c, 0, ticket), "its answer");
+		ASSERT_EQ(regen_client_transport(c, 0), transports[t], "the lane's transport");
+		struct tl_gemm g = { .m = m, .n = n, .k = k, .trans_b = true, .alpha = 1.5, .beta = 0.5 };
+		tl_gemm_ref(&g, a, bt, cc, NULL, want, NULL);
+		for (int i = 0; i < m * n; i++)
+			got[i] = mem[3072 + i];
+		ASSERT(tl_rel_error(got, want, (size_t)m * n) <= 1e-6, "transport %d: D against float64: %.3g", t,
+		       tl_rel_error(got, want, (size_t)m * n));
+
+		/* Refused here, named as regend names them. */
+		call = record_gemm(id, m, n, k);
+		call.operands[3].rank = 5;
+		expect_named(c, regen_record_submit(c, 0, &call, &ticket), REGEN_ERROR_INVALID_PARAMETER, "d.shape",
+			     "rank 5");
+		call = record_gemm("e0.1.1", m, n, k);
+		expect_named(c, regen_record_submit(c, 0, &call, &ticket), REGEN_ERROR_INVALID_OPERAND, "is not a buffer id",
+			     "an event's id for a buffer");
+		call = record_gemm(id, m, n, k);
+		call.alpha = NAN;
+		expect_named(c, regen_record_submit(c, 0, &call, &ticket), REGEN_ERROR_INVALID_PARAMETER, "alpha",
+			     "alpha NaN");
+		call = record_gemm(id, m, n, k);
+		call.wait_event = id;
+		expect_named(c, regen_record_submit(c, 0, &call, &ticket), REGEN_ERROR_INVALID_PARAMETER, "wait_event",
+			     "a buffer's id for an event");
+		call = record_gemm(id, m, n, k);
+		call.op = 99;
+		expect_named(c, regen_record_submit(c, 0, &call, &ticket), REGEN_ERROR_INVALID_PARAMETER, "\"op\"",
+			     "no such op");
+		struct regen_record_call ln = { .op = 3, .scale = NAN };
+		ln.operands[0] = record_matrix(id, 0, m, k);
+		expect_named(c, regen_record_submit(c, 0, &ln, &ticket), REGEN_ERROR_INVALID_PARAMETER, "eps",
+			     "LayerNorm's eps NaN");
+
+		/* Three queued, the second past the buffer's end: the wait's
+		 * error is the second's, and says so. */
+		for (int i = 0; i < 3; i++) {
+			call = record_gemm(id, m, n, k);
+			if (i == 1)
+				call.operands[3].offset = (1 << 16) - 64;
+			ASSERT_REGEN_OK(c, regen_record_submit(c, 0, &call, &tickets[i]), "queued %d", i);
+		}
+		ASSERT_EQ(regen_wait(c, 0, tickets[2]), -EREMOTE, "the second's error at the wait");
+		ASSERT_STR_EQ(regen_client_error_name(c), REGEN_ERROR_INVALID_OPERAND, "past the end");
+		ASSERT_UINT_EQ(regen_client_error_ticket(c), tickets[1], "the error names the second's ticket");
+		ASSERT_REGEN_OK(c, regen_client_tickets(c, 0, &submitted, &completed));
+		ASSERT_UINT_EQ(submitted, tickets[2], "tickets handed out");
+		ASSERT_UINT_EQ(completed, tickets[2], "answers read");
+
+		/* A Run by ids and positions: y0 = x0 * s, y1 = x1 * s. */
+		char *def = pairs_definition(2);
+		regen_program *prog;
+		ASSERT_REGEN_OK(c, regen_program_define(c, 0, def, &prog), "Define");
+		free(def);
+		struct tl_buffer xs, ys;
+		tl_buffer_create(c, 0, 2 * RUN_N * sizeof(float), &xs);
+		tl_buffer_create(c, 0, 2 * RUN_N * sizeof(float), &ys);
+		tl_fill_random(NULL, RP_DTYPE_F32, xs.mem.ptr, 2 * RUN_N, -4, 4, NULL);
+		/* Define's binding order: x0, y0, x1, y1, s (the tensors' order). */
+		const struct regen_record_binding bind[4] = {
+			{ 0, "x0", regen_buffer_id(xs.buf), 0 }, { 1, "y0", regen_buffer_id(ys.buf), 0 },
+			{ 2, "x1", regen_buffer_id(xs.buf), RUN_N * sizeof(float) },
+			{ 3, "y1", regen_buffer_id(ys.buf), RUN_N * sizeof(float) },
+		};
+		const struct regen_record_scalar s = { 4, "s", -0.75 };
+		struct regen_record_run run = {
+			.program = regen_program_id(prog), .bind = bind, .nbind = 4, .scalars = &s, .nscalars = 1,
+		};
+		ASSERT_REGEN_OK(c, regen_record_run_submit(c, 0, &run, &ticket), "a Run in the record's terms");
+		ASSERT_REGEN_OK(c, regen_wait(c, 0, ticket), "its answer");
+		expect_pairs(2, &xs, 1, &ys, 1, -0.75, t ? "a record Run over the ring" : "a record Run over Varlink");
+		run.program = regen_buffer_id(xs.buf);
+		expect_named(c, regen_record_run_submit(c, 0, &run, &ticket), REGEN_ERROR_INVALID_PARAMETER,
+			     "\"program\"", "a buffer's id for the program");
+		run.program = regen_program_id(prog);
+		struct regen_record_binding far[4];
+		memcpy(far, bind, sizeof(far));
+		far[2].offset = (UINT64_C(1) << 53) + 8;
+		run.bind = far;
+		expect_named(c, regen_record_run_submit(c, 0, &run, &ticket), REGEN_ERROR_INVALID_PARAMETER,
+			     "bind.x1.offset", "an offset past 2^53");
+		ASSERT_REGEN_OK(c, regen_program_drop(prog), "Drop");
+		tl_buffer_free(&xs);
+		tl_buffer_free(&ys);
+		tl_buffer_free(&b);
+		regen_client_destroy(c);
+	}
+}
+
+/* A call queued behind a hang, the worker crashed; the next call names an
+ * id the lane has not bound: its Bind meets the connection gone. The call
+ * says so (-ECONNRESET, the lost call told of) and the lane starts afresh:
+ * the one after it binds on a new connection. The lane had kept the dead
+ * connection with its record outstanding, and every later call failed
+ * with -ENOTCONN, for good. */
+static void a_bind_that_meets_the_worker_gone_starts_the_lane_afresh(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct regen_record_call call = { .op = 0, .alpha = 1.0 };
+	struct tl_buffer b;
+	struct regen_gemm_args g;
+	uint64_t gen, lost = 0, ticket;
+	char ghost[64];
+	regen_status *st;
+	int r;
+
+	ASSERT_REGEN_OK(c, regen_client_set_transport(c, REGEN_TRANSPORT_RING));
+	tl_buffer_create(c, 1, 1 << 16, &b);
+	memset(&g, 0, sizeof(g));
+	tensor2(&g.a, b.buf, 0, 4, 4);
+	tensor2(&g.b, b.buf, 256, 4, 4);
+	tensor2(&g.d, b.buf, 512, 4, 4);
+	ASSERT_REGEN_OK(c, regen_gemm(c, &g), "before the crash");
+	st = tl_status(c);
+	gen = tl_status_device(st, 1)->generation;
+	regen_status_free(st);
+	ASSERT_REGEN_OK(c, regen_inject_fault(c, 1, "hang"));
+	ASSERT_REGEN_OK(c, regen_gemm_submit(c, &g, &lost), "queued behind the hang");
+	usleep(200000);
+	(void)regen_inject_fault(c, 1, "crash");
+	tl_wait_generation(c, 1, gen, 30);
+	snprintf(ghost, sizeof(ghost), "b1.%llu.999999", (unsigned long long)gen + 1);
+	call.operands[0] = call.operands[1] = call.operands[3] = record_matrix(ghost, 0, 4, 4);
+	r = regen_record_submit(c, 1, &call, &ticket);
+	ASSERT_EQ(r, -ECONNRESET, "the Bind on the dead connection: %d (%s)", r,
+		  regen_client_error_message(c) ? regen_client_error_message(c) : "-");
+	r = regen_record_submit(c, 1, &call, &ticket);
+	ASSERT_EQ(r, -EREMOTE, "the Bind again, on a new connection: %d (%s)", r,
+		  regen_client_error_message(c) ? regen_client_error_message(c) : "-");
+	ASSERT_STR_EQ(regen_client_error_name(c), REGEN_ERROR_NO_SUCH_OBJECT, "a made-up id");
+	ASSERT_EQ(regen_wait(c, 1, lost), -ECONNRESET, "the lost call's wait");
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
 /* CPU seconds a process has used (user and system). */
 static double cpu_seconds(pid_t pid)
 {
@@ -1377,6 +1571,7 @@ int main(void)
 	a_full_id_table_keeps_a_records_own_indexes();
 	a_full_table_keeps_a_queued_error_for_the_wait();
 	a_crash_with_a_ring_call_in_flight_is_told();
+	a_bind_that_meets_the_worker_gone_starts_the_lane_afresh();
 	a_switch_with_calls_outstanding_applies_after_them();
 	a_lane_closed_under_its_records_tells_of_them();
 	completions_carry_stage_times();
@@ -1385,6 +1580,7 @@ int main(void)
 	bad_records_get_named_errors();
 	a_flooding_ring_does_not_starve_others();
 	program_runs_alike_on_both_transports();
+	record_calls_run_on_both_transports();
 	a_run_waits_for_its_continuations();
 	a_hung_record_times_out();
 	tl_daemon_stop(&daemon_);

@@ -114,6 +114,9 @@ def main():
             skip("%s lacks pip, setuptools or wheel (scripts/setup-debian installs them)" % py)
         src = os.path.join(tmp, "src")
         shutil.copytree(os.path.join(source, "client", "python"), src, ignore=shutil.ignore_patterns("tests", "__pycache__"))
+        # regen._accel takes libregen's header from beside the package, as in
+        # a checkout (client/include).
+        shutil.copytree(os.path.join(source, "client", "include"), os.path.join(tmp, "include"))
         site = os.path.join(tmp, "site")
         run([py, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--no-index", "--target", site, src])
         out = run([py, "-c", "import regen, sys; print(regen.__version__, 'torch' in sys.modules, regen.Client)"],

@@ -8,8 +8,8 @@
     c.gemm(x, w, y)                    # y = x @ w, on regend's device
     c.restart(reason="rank 3 failed")  # new generation; old ids raise StaleGeneration
 
-Stdlib only; torch is imported only when tensors are passed.  One Client
-per thread.
+Stdlib only (regen.torch brings torch tensors in); with libregen and
+regen._accel, compute calls take the ring.  One Client per thread.
 """
 
 from .client import DEFAULT_SOCKET, DTYPE_SIZE, Buffer, Client, Comm, Event, Operand, Watch, normalize_ipc_handle

@@ -1,22 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The optional C encoder of regen.torch's chained calls (regen/_accel.c).
+"""regen._accel (regen/_accel.c), the binding that puts the Python client's
+lanes on libregen's ring, and the libregen it drives.
 
-``module`` is the loaded extension, or None where there is none: the
-client's Python encoder does the same work, a few µs slower per call.  It is
-found, in order:
+``module`` is the extension, or None where there is none; ``ring()`` is
+the extension with libregen loaded into it, or None where either is
+missing: the client then speaks Varlink alone.  The extension is found, in
+order:
 
 - at $REGEN_PY_ACCEL, a path to the built module (an error if it does not
-  load: a test that names it must not pass on the Python path);
-  REGEN_PY_ACCEL=none turns it off (to test or measure the Python path);
+  load: a test that names it must not pass on Varlink);
+  REGEN_PY_ACCEL=none turns it off (to test or measure the Varlink path);
 - as regen._accel beside this package (``meson install``, and
-  ``pip install`` where a C compiler and Python's headers are there);
+  ``pip install`` where a C compiler, Python's headers and libregen's
+  header are there);
 - as client/python/_accel.abi3.so under $REGEN_BUILD_ROOT (a build tree's,
   for the tests and benchmarks run from a checkout).
+
+libregen is the one regen.pool loads (regen.pool.find_libregen): the pool
+and the lanes share it.
 """
 
 import importlib.machinery
 import importlib.util
 import os
+
+from .pool import find_libregen
 
 SUFFIX = "_accel.abi3.so"
 
@@ -29,7 +37,7 @@ def _from_file(path):
     return mod
 
 
-def _load():
+def _extension():
     given = os.environ.get("REGEN_PY_ACCEL")
     if given == "none":
         return None
@@ -54,4 +62,28 @@ def _load():
     return None
 
 
-module = _load()
+def _load_libregen():
+    if module is None:
+        return None
+    path = find_libregen()
+    if path is None:
+        return None
+    try:
+        module.load(path)
+    except ImportError:
+        if os.environ.get("REGEN_PY_ACCEL") not in (None, "", "none"):
+            raise
+        return None
+    return module
+
+
+module = _extension()
+_ring = None
+
+
+def ring():
+    """The extension with libregen loaded (on first use), or None."""
+    global _ring
+    if _ring is None:
+        _ring = _load_libregen() or False
+    return _ring or None

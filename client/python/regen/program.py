@@ -13,11 +13,14 @@ the handle Define gives back.
 regend checks the whole definition at Define and names the node and the
 reason of anything wrong (io.regen.InvalidProgram)."""
 
+import errno
 import time
 
-from . import errors, ops
+from . import accel, errors, ops
+from .compute import record_deadline
+from .objects import tensor_imports
 
-__all__ = ["ProgramBuilder", "Program", "run_exactly_once"]
+__all__ = ["ProgramBuilder", "Program", "Programs", "run_exactly_once"]
 
 
 class ProgramBuilder:
@@ -122,17 +125,151 @@ class Program:
 
 
 def bound_at(client, x):
-    """Where a Run's binding lies, (buffer id, byte offset): a torch CUDA
-    tensor (its storage imported once), an Operand-like (``.buffer``,
-    ``.offset``) or a (buffer or buffer id, byte offset) pair."""
+    """Where a Run's binding lies, (buffer id, byte offset): an Operand-like
+    (``.buffer``, ``.offset``), a (buffer or buffer id, byte offset) pair,
+    or a torch CUDA tensor (its storage imported once, by regen.torch)."""
     if type(x) is tuple:
         buf, offset = x
-    elif hasattr(x, "untyped_storage") and getattr(x, "is_cuda", False):
-        return str(client.import_tensor(x).id), x.storage_offset() * x.element_size()
-    else:
+    elif hasattr(x, "buffer"):
         buf, offset = x.buffer, getattr(x, "offset", 0)
+    else:
+        tensors = tensor_imports(client)
+        if tensors is None or not tensors.is_tensor(x):
+            raise TypeError(f"a binding is an Operand, a (buffer, offset) pair or a torch tensor, not "
+                            f"{type(x).__name__}")
+        return tensors.bound_at(x)
     return str(getattr(buf, "id", buf)), int(offset)
 
+
+class Programs:
+    """The programs part of :class:`regen.Client` (io.regen.Program, on
+    the worker socket; libregen's program.c)."""
+
+    def define_program(self, device, definition):
+        """Defines a program (a dict as ProgramBuilder makes) on ``device``;
+        returns a Program. regend checks it whole: a wrong one raises
+        InvalidProgram naming the node and why."""
+        return Program(device, self._worker_call(device, "io.regen.Program.Define", definition, ()), definition)
+
+    def run_program(self, program, bind, scalars=None, wait_event=None, signal_event=None, deadline_ms=None,
+                    journal=None, seq=None, retry=False, wait=True):
+        """Runs ``program`` once, on its device's lane in order with the
+        lane's other calls: over the lane's ring where it has one (the Run's
+        record and, for many bindings, its continuations; a Run naming more
+        ids than the lane's id table holds goes as a Varlink call there,
+        answered before it returns), else as a Varlink call. ``bind`` maps
+        each input, output and inout name to a torch CUDA tensor, an Operand
+        or a (buffer, byte offset) pair, ``scalars`` each scalar name to a
+        number. Returns the reply ({"elapsed_us"}): the work finished, or
+        with ``signal_event`` it is enqueued and the event fires when it
+        finishes; with ``wait=False``, the Run's ticket at once (wait()
+        reads its answer), as the compute calls'.
+        Torch tensors are not synchronized here: order the rank's work with
+        wait_event, or synchronize before. ``journal`` (bound like a tensor,
+        at least ``program.journal_bytes``) and ``seq`` make a Run of a
+        program that updates in place safe to retry after a fault: the
+        retry, with ``retry=True`` and the same seq, applies its updates
+        exactly once (run_exactly_once does it all)."""
+        device = program.device
+        binds = {name: bound_at(self, x) for name, x in bind.items()}
+        journal = bound_at(self, journal) if journal is not None else None
+        wait_id = str(getattr(wait_event, "id", wait_event)) if wait_event is not None else None
+        signal_id = str(getattr(signal_event, "id", signal_event)) if signal_event is not None else None
+        lane = self._lane(device)
+        if lane.ring:
+            ticket = self._queue_run(device, lane, program, binds, scalars, wait_id, signal_id, deadline_ms, journal,
+                                     seq, retry)
+            if ticket is not None:
+                if not wait:
+                    return ticket
+                e, _ = self._collect(device, lane, ticket)
+                if e is not None:
+                    raise e
+                return {"elapsed_us": lane.elapsed_us}
+        params = {"program": program.id,
+                  "bind": {name: {"buffer": ident, "offset": offset} for name, (ident, offset) in binds.items()}}
+        if scalars:
+            params["scalars"] = {k: float(v) for k, v in scalars.items()}
+        if wait_id is not None:
+            params["wait_event"] = wait_id
+        if signal_id is not None:
+            params["signal_event"] = signal_id
+        if deadline_ms is not None:
+            params["deadline_ms"] = int(deadline_ms)
+        if journal is not None:
+            params["journal"] = {"buffer": journal[0], "offset": journal[1]}
+        if seq is not None:
+            params["seq"] = int(seq)
+        if retry:
+            params["retry"] = True
+        if not wait:
+            return self._queue_varlink(device, lane, "io.regen.Program.Run", params)
+        return self._worker_call(device, "io.regen.Program.Run", params, ())
+
+    def _queue_run(self, device, lane, program, binds, scalars, wait_id, signal_id, deadline_ms, journal, seq,
+                   retry):
+        """Queues a Run on the lane's ring (libregen writes its record and
+        continuations, or sends it as a Varlink call where it names more
+        ids than the lane's id table holds): its ticket (a Run of n records
+        takes n tickets, its own the last), or None where the worker offers
+        no ring (the lane took Varlink). ``binds``: name -> (buffer id,
+        offset), ``journal`` likewise. What a record cannot say is refused
+        here as regend refuses it on Varlink: a name the program does not
+        bind, an absent seq or journal beside the other (a record's 0 means
+        none), values past a field's width."""
+        if (journal is None) != (seq is None):
+            raise errors.InvalidParameter(parameters={"parameter": "journal" if journal is None else "seq"})
+        positions = program.positions
+        bindings = []
+        for name, (ident, offset) in binds.items():
+            pos = positions.get(name)
+            if pos is None:
+                raise errors.InvalidParameter(parameters={"parameter": f"bind.{name}"})
+            bindings.append((pos, name, ident, offset))
+        values = []
+        for name, v in (scalars or {}).items():
+            pos = positions.get(name)
+            if pos is None:
+                raise errors.InvalidParameter(parameters={"parameter": f"scalars.{name}"})
+            values.append((pos, name, float(v)))
+        deadline = record_deadline(deadline_ms)
+        journal_id, journal_offset = journal if journal is not None else (None, 0)
+        seq = int(seq) if seq is not None else 0
+        run = accel.module.run
+
+        def queue(client):
+            r = run(client, device, program.id, bindings, values, wait_id, signal_id, deadline, journal_id,
+                    journal_offset, seq, bool(retry))
+            if r == -errno.ERANGE:
+                raise _unpackable_run(binds, journal, seq)
+            return r
+
+        return self._ring_queue(device, lane, queue)
+
+    def drop_program(self, program):
+        # A queued Run names it: that Run is taken first (as a queued call's
+        # answer is read first).
+        self._drain(program.device)
+        self._worker_call(program.device, "io.regen.Program.Drop", {"program": program.id}, ())
+
+    def program_status(self, device, program=None):
+        """Status of one program, or of every program of this process on
+        ``device``: a list of dicts (runs, run_us, scratch_bytes, modules,
+        kernels, graph_captures, graph_launches, stream_runs, not_captured)."""
+        params = {} if program is None else {"program": program.id}
+        return self._worker_call(device, "io.regen.Program.Status", params, ())["programs"]
+
+
+def _unpackable_run(binds, journal, seq):
+    """The InvalidParameter regend answers on Varlink for the first value of
+    a Run that a record's field cannot hold (an offset or a seq outside 0
+    to 2**64)."""
+    for name, (_, offset) in binds.items():
+        if not 0 <= offset < 2**64:
+            return errors.InvalidParameter(parameters={"parameter": f"bind.{name}.offset"})
+    if journal is not None and not 0 <= journal[1] < 2**64:
+        return errors.InvalidParameter(parameters={"parameter": "journal.offset"})
+    return errors.InvalidParameter(parameters={"parameter": "seq"})
 
 
 # Errors after which the device serves again, in a new generation or a new

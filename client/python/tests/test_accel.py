@@ -1,30 +1,53 @@
 # SPDX-License-Identifier: Apache-2.0
-"""regen._accel (regen/_accel.c), the C encoder of regen.torch's chained
-calls, against the client's Python encoder (ring.record_struct, whose bytes
-the worker's tests hold to proto/ring.h): the same record, byte for byte,
-for random operands; the submission counter published and the worker's
-sleeping flag returned; and every case it does not cover refused with -1
-and nothing written.  No regend and no torch: tensors are stand-ins with
-the attributes the encoder reads.  Skipped where the module was not built,
-unless REGEN_REQUIRE_ACCEL=1 (meson sets it where it built the module)."""
+"""regen._accel (regen/_accel.c), the binding that hands libregen the
+Python client's calls in the ring record's terms, against a real regend
+(host backend): GEMMs whose operands it reads from stand-in tensors lying
+at random places in many spans of memory come out as float64 says; every
+case it does not cover answers 0 with nothing queued; values a record
+cannot hold answer -ERANGE; arguments of the wrong kind raise.  No torch:
+tensors are stand-ins with the attributes the binding reads, over memfds
+the host backend maps.  Skipped where the module was not built, unless
+REGEN_REQUIRE_ACCEL=1 (meson sets it where it built the module)."""
 
-import ctypes
+import errno
 import os
 import random
-import struct
 import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from regen import accel, ops, ring  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
+import regen  # noqa: E402
+from regen import accel, ops, reference  # noqa: E402
+from regen.compute import scalars_record  # noqa: E402
+from regen.host import HostTensor  # noqa: E402
+from regend_fixture import Regend, find_regend  # noqa: E402
 
-ENTRIES = 8
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3}
+NAMES = ops.SLOT_NAMES["gemm"]
+SPAN = 1 << 16          # bytes of each span (a HostTensor of 16384 f32)
+SPANS = 37              # enough that finding one takes several bisection steps
+
+daemon = None
+
+
+def setUpModule():
+    global daemon
+    if accel.ring() is None and os.environ.get("REGEN_REQUIRE_ACCEL") != "1":
+        raise unittest.SkipTest("regen._accel (or libregen) was not found")
+    if not find_regend():
+        raise unittest.SkipTest("no regend (pass --regend or set REGEN_BUILD_ROOT)")
+    daemon = Regend(devices=1)
+
+
+def tearDownModule():
+    if daemon is not None:
+        daemon.stop()
 
 
 class FakeTensor:
-    """What queue_tensors reads of a torch tensor."""
+    """What submit_tensors reads of a torch tensor."""
 
     def __init__(self, dtype, shape, strides, device, ptr):
         self.dtype, self.shape, self._strides, self._device, self._ptr = dtype, tuple(shape), tuple(strides), device, ptr
@@ -44,151 +67,160 @@ class Broken(FakeTensor):
         raise RuntimeError("data_ptr failed")
 
 
-def row_major_for_ones(shape, strides):
-    """The strides regend wants: a dimension of size 1 takes the row-major
-    stride (torch lets it have any)."""
-    out, step = list(strides), 1
-    for i in range(len(shape) - 1, -1, -1):
-        if shape[i] == 1:
-            out[i] = step
-        step *= max(shape[i], 1)
-    return out
-
-
-@unittest.skipIf(accel.module is None and os.environ.get("REGEN_REQUIRE_ACCEL") != "1",
-                 "regen._accel was not built (Python's headers missing?)")
 class AccelTest(unittest.TestCase):
     def setUp(self):
-        self.assertIsNotNone(accel.module, "REGEN_REQUIRE_ACCEL=1 but regen._accel did not load")
+        self.assertIsNotNone(accel.ring(), "REGEN_REQUIRE_ACCEL=1 but regen._accel or libregen did not load")
         self.rng = random.Random(os.environ.get("REGEN_TEST_SEED", None) or self.id())
-        self.size = ring.ring_size(ENTRIES)
-        self.mem = (ctypes.c_char * self.size)()
-        self.addr = ctypes.addressof(self.mem)
-        # Chunks of "pool" memory and the lane's id table.
-        self.kept, self.bound = [], {}
-        base = 1 << 40
-        # Enough spans that finding one takes several bisection steps.
-        for i in range(37):
-            start = base + i * (1 << 32) + self.rng.randrange(1 << 20) * 256
-            ident = f"b0.1.{self.rng.randrange(1 << 40)}"
+        self.c = regen.Client(daemon.socket, timeout=30)
+        self.lib = accel.module.connect(daemon.socket, 30.0, None)
+        # Spans of "address space", each a HostTensor imported into regend,
+        # at made-up addresses far apart; a tensor at address p of span
+        # (start, end, buffer) lies at byte p - start of the buffer.
+        self.hosts, self.kept = [], []
+        start = 1 << 40
+        for i in range(SPANS):
+            h = HostTensor([SPAN // 4])
+            buf = h.import_into(self.c, 0)
+            self.hosts.append(h)
             # Buffers as libregen's pool hands them (ids) and as Buffer
-            # objects (with .id): both are taken.
-            buf = ident if i % 2 == 0 else type("Buf", (), {"id": ident})()
-            self.kept.append((start, start + (1 << 30), buf))
-            self.bound[ident] = self.rng.randrange(0, 256)
+            # objects: both are taken.
+            self.kept.append((start, start + SPAN, buf.id if i % 2 == 0 else buf))
+            start += SPAN + self.rng.randrange(1, 1 << 20) * 256
 
-    def random_tensor(self, device=0):
-        rank = self.rng.randint(1, 4)
-        shape = [self.rng.choice([1, self.rng.randint(2, 4096)]) for _ in range(rank)]
-        strides = [self.rng.randint(0, 1 << 20) for _ in range(rank)]
-        start, end, _ = self.rng.choice(self.kept)
-        ptr = start + self.rng.randrange(0, 1 << 29) * 2
-        return FakeTensor(self.rng.choice(list(DTYPES)), shape, strides, device, ptr)
+    def tearDown(self):
+        self.lib = None
+        self.c.close()
+        for h in self.hosts:
+            h.close()
 
-    def python_record(self, tag, op, record, signal, names, tensors):
-        """The record as the client's Python path writes it."""
-        layout, fields = [], []
-        for n in names:
-            t = tensors.get(n)
-            if t is None:
-                layout.append(None)
-                fields.append(ring.NONE)
-                continue
-            ptr = t.data_ptr()
-            for start, end, buf in self.kept:
-                if start <= ptr < end:
-                    break
-            ident = buf if isinstance(buf, str) else buf.id
-            ring.put_slot(layout, fields, self.bound[ident], DTYPES[t.dtype], ptr - start, t.shape,
-                          row_major_for_ones(t.shape, t.stride()))
-        flags, epilogue, compute, alignment, alpha, beta, scale, deadline = record
-        out = bytearray(ring.RECORD_SIZE)
-        ring.record_struct(tuple(layout)).pack_into(
-            out, 0, tag, ring.OP_IDS[op], flags, epilogue, compute, alignment, ring.NONE, signal, deadline, alpha,
-            beta, scale, *fields, *([ring.NONE] * (ring.SLOTS - len(layout))))
-        return bytes(out)
+    def tickets(self):
+        return accel.module.tickets(self.lib, 0)
 
-    def queue(self, tail, tag, op, record, signal, names, tensors, local=0):
-        return accel.module.queue_tensors(self.addr, ENTRIES, tail, tag, ring.OP_IDS[op], record, signal, names,
-                                          tensors, local, self.kept, self.bound, DTYPES)
+    def place(self, nbytes, i):
+        """A 16-byte aligned place in span i with room for nbytes: its
+        address."""
+        offset = self.rng.randrange(0, (SPAN - nbytes) // 16) * 16
+        return self.kept[i][0] + offset
 
-    def random_call(self):
-        op = self.rng.choice(sorted(ops.SLOT_NAMES))
-        names = ops.SLOT_NAMES[op]
-        tensors = {n: (self.random_tensor() if self.rng.random() < 0.7 else None) for n in names}
-        record = (self.rng.randrange(8), self.rng.randrange(7), self.rng.randrange(2), self.rng.randrange(2),
-                  self.rng.uniform(-4, 4), self.rng.uniform(-4, 4), self.rng.uniform(0, 2),
-                  self.rng.randrange(1 << 32))
-        signal = self.rng.choice([ring.NONE, self.rng.randrange(256)])
-        return op, names, tensors, record, signal
+    def matrix(self, rows, cols, i):
+        """A stand-in f32 tensor of [rows, cols], row-major, somewhere in
+        span i, filled with random values; its values as a list."""
+        ptr = self.place(4 * rows * cols, i)
+        values = [self.rng.uniform(-1, 1) for _ in range(rows * cols)]
+        host = self.hosts[i]
+        offset = ptr - self.kept[i][0]
+        whole = host.read()
+        whole[offset // 4:offset // 4 + rows * cols] = values
+        host.write(whole)
+        return FakeTensor("f32", (rows, cols), (cols, 1), 0, ptr), values, (i, offset)
 
-    def test_records_match_the_python_encoder(self):
-        words = memoryview(self.mem).cast("B").cast("I")
-        for i in range(300):
-            op, names, tensors, record, signal = self.random_call()
-            tail = self.rng.choice([i, 0xFFFFFFFF, self.rng.randrange(1 << 32)])
-            tag = self.rng.randrange(1 << 64)
-            sleeping = self.rng.randrange(2)
-            words[ring.SQ_SLEEPING] = sleeping
-            r = self.queue(tail, tag, op, record, signal, names, tensors)
-            self.assertEqual(r, sleeping, "the worker's sleeping flag comes back")
-            at = ring.HEADER_SIZE + (tail & (ENTRIES - 1)) * ring.RECORD_SIZE
-            written = bytes(self.mem[at:at + ring.RECORD_SIZE])
-            expected = self.python_record(tag, op, record, signal, names, tensors)
-            self.assertEqual(written, expected, f"record {i} ({op}) differs from the Python encoder's")
-            self.assertEqual(words[ring.SQ_TAIL], (tail + 1) & 0xFFFFFFFF, "the submission counter is published")
-        words.release()
+    def test_gemms_read_from_tensors_in_many_spans(self):
+        record = scalars_record("gemm", {"alpha": 1.0, "beta": 0.0})
+        for k in range(20):
+            m, n, kk = self.rng.randint(1, 9), self.rng.randint(1, 9), self.rng.randint(1, 9)
+            ia, ib, id_ = self.rng.sample(range(SPANS), 3)
+            a, av, _ = self.matrix(m, kk, ia)
+            b, bv, _ = self.matrix(kk, n, ib)
+            d, _, (di, doff) = self.matrix(m, n, id_)
+            ticket = accel.module.submit_tensors(self.lib, 0, ops.OP_IDS["gemm"], record, None, NAMES,
+                                                 {"a": a, "b": b, "d": d}, 0, self.kept, {"f32": 0})
+            self.assertGreater(ticket, 0, f"call {k}: queued")
+            self.assertGreaterEqual(accel.module.wait(self.lib, 0, ticket), 0, accel.module.error(self.lib))
+            got = self.hosts[di].read()[doff // 4:doff // 4 + m * n]
+            want = reference.gemm(av, bv, m, n, kk)
+            self.assertLessEqual(reference.rel_error(got, want), 1e-5, f"call {k}: D of [{m}, {kk}] @ [{kk}, {n}]")
 
-    def test_uncovered_calls_write_nothing(self):
-        op, names = "gemm", ops.SLOT_NAMES["gemm"]
-        record = (0, 0, 0, 0, 1.0, 0.0, 0.0, 0)
+    def test_a_dimension_of_one_takes_the_row_major_stride(self):
+        """torch lets a dimension of size 1 have any stride; regend wants
+        the row-major one there, which the binding puts in its place."""
+        a, av, _ = self.matrix(1, 5, 0)
+        a._strides = (12345, 1)
+        b, bv, _ = self.matrix(5, 3, 1)
+        d, _, (di, doff) = self.matrix(1, 3, 2)
+        record = scalars_record("gemm", {})
+        ticket = accel.module.submit_tensors(self.lib, 0, ops.OP_IDS["gemm"], record, None, NAMES,
+                                             {"a": a, "b": b, "d": d}, 0, self.kept, {"f32": 0})
+        self.assertGreaterEqual(accel.module.wait(self.lib, 0, ticket), 0, accel.module.error(self.lib))
+        got = self.hosts[di].read()[doff // 4:doff // 4 + 3]
+        self.assertLessEqual(reference.rel_error(got, reference.gemm(av, bv, 1, 3, 5)), 1e-5)
+
+    def test_uncovered_calls_queue_nothing(self):
+        record = scalars_record("gemm", {})
+        t = FakeTensor("f32", (4, 4), (4, 1), 0, self.kept[5][0] + 64)
 
         def call_with(bad):
-            tensors = {"a": self.random_tensor(), "b": self.random_tensor(), "d": bad}
-            before = bytes(self.mem)
-            r = self.queue(3, 4, op, record, ring.NONE, names, tensors)
-            self.assertEqual(bytes(self.mem), before, "nothing written")
+            before = self.tickets()
+            r = accel.module.submit_tensors(self.lib, 0, ops.OP_IDS["gemm"], record, None, NAMES,
+                                            {"a": t, "b": t, "d": bad}, 0, self.kept, {"f32": 0})
+            self.assertEqual(self.tickets(), before, "nothing queued")
             return r
 
-        t = self.random_tensor()
         cases = {
             "an unknown dtype": FakeTensor("f64", t.shape, t.stride(), 0, t.data_ptr()),
             "another device": FakeTensor(t.dtype, t.shape, t.stride(), 1, t.data_ptr()),
             "rank 5": FakeTensor(t.dtype, [2] * 5, [1] * 5, 0, t.data_ptr()),
             "rank 0": FakeTensor(t.dtype, [], [], 0, t.data_ptr()),
-            "outside every kept chunk": FakeTensor(t.dtype, t.shape, t.stride(), 0, 4096),
-            "past every kept chunk": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[-1][1] + 64),
-            "at a chunk's end": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[3][1]),
-            "between two chunks": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[20][1] + 4096),
+            "outside every span": FakeTensor(t.dtype, t.shape, t.stride(), 0, 4096),
+            "past every span": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[-1][1] + 64),
+            "at a span's end": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[3][1]),
+            "between two spans": FakeTensor(t.dtype, t.shape, t.stride(), 0, self.kept[20][1] + 16),
             "strides of another rank": FakeTensor(t.dtype, [2, 2], [1], 0, t.data_ptr()),
             "a shape past 64 bits": FakeTensor(t.dtype, [1 << 64], [1], 0, t.data_ptr()),
         }
         for what, bad in cases.items():
             with self.subTest(what):
-                self.assertEqual(call_with(bad), -1)
+                self.assertEqual(call_with(bad), 0)
         with self.subTest("an error raised by the tensor"):
             with self.assertRaises(RuntimeError):
                 call_with(Broken(t.dtype, t.shape, t.stride(), 0, t.data_ptr()))
-        with self.subTest("a buffer the lane has not bound"):
-            del self.bound[next(iter(self.bound))]
-            self.kept = self.kept[:1]
-            self.assertEqual(call_with(self.random_tensor()), -1)
+
+    def test_what_a_record_cannot_hold_is_erange(self):
+        record = scalars_record("gemm", {})
+        buf = self.kept[1][2]
+        good = (buf, DTYPES["f32"], 0, [4, 4], [4, 1])
+        cases = {
+            "rank 5": (buf, 0, 0, [1, 1, 1, 4, 4], None),
+            "rank 0": (buf, 0, 0, [], None),
+            "strides of another rank": (buf, 0, 0, [4, 4], [4, 1, 1]),
+            "a negative offset": (buf, 0, -4, [4, 4], None),
+            "an offset past 64 bits": (buf, 0, 1 << 64, [4, 4], None),
+            "a dimension past 64 bits": (buf, 0, 0, [1 << 63, 4], None),
+            "a stride past 64 bits": (buf, 0, 0, [4, 4], [1 << 64, 1]),
+        }
+        for what, bad in cases.items():
+            with self.subTest(what):
+                before = self.tickets()
+                slots = [good, good, None, bad]
+                self.assertEqual(accel.module.submit(self.lib, 0, ops.OP_IDS["gemm"], record, None, None, slots),
+                                 -errno.ERANGE)
+                self.assertEqual(self.tickets(), before, "nothing queued")
+
+    def test_libregens_refusals_are_named(self):
+        """What libregen refuses before anything is sent comes back as
+        -EINVAL with regend's name for it (error())."""
+        record = scalars_record("gemm", {})
+        buf = self.kept[1][2]
+        good = (buf, 0, 0, [4, 4], None)
+        r = accel.module.submit(self.lib, 0, 99, record, None, None, [good, good, None, good])
+        self.assertEqual(r, -errno.EINVAL)
+        name, params, _, _ = accel.module.error(self.lib)
+        self.assertEqual((name, '"op"' in params), ("org.varlink.service.InvalidParameter", True), params)
+        r = accel.module.submit(self.lib, 0, 0, record, "b0.1.1", None, [good, good, None, good])
+        self.assertEqual(r, -errno.EINVAL)
+        self.assertIn("wait_event", accel.module.error(self.lib)[1])
 
     def test_bad_arguments_are_refused(self):
-        names = ops.SLOT_NAMES["gemm"]
-        record = (0, 0, 0, 0, 1.0, 0.0, 0.0, 0)
-        with self.assertRaises(ValueError):   # no ring
-            accel.module.queue_tensors(0, ENTRIES, 0, 1, 0, record, ring.NONE, names, {}, 0, self.kept, self.bound,
-                                       DTYPES)
-        with self.assertRaises(ValueError):   # entries not a power of two
-            accel.module.queue_tensors(self.addr, 6, 0, 1, 0, record, ring.NONE, names, {}, 0, self.kept,
-                                       self.bound, DTYPES)
+        record = scalars_record("gemm", {})
         with self.assertRaises(ValueError):   # more operands than a record holds
-            accel.module.queue_tensors(self.addr, ENTRIES, 0, 1, 0, record, ring.NONE, ("a",) * 12, {}, 0,
-                                       self.kept, self.bound, DTYPES)
+            accel.module.submit_tensors(self.lib, 0, 0, record, None, ("a",) * 12, {}, 0, self.kept, {"f32": 0})
+        with self.assertRaises(ValueError):
+            accel.module.submit(self.lib, 0, 0, record, None, None, [None] * 12)
         with self.assertRaises(TypeError):
-            accel.module.queue_tensors(self.addr, ENTRIES, 0, 1, 0, record, ring.NONE, list(names), {}, 0,
-                                       self.kept, self.bound, DTYPES)
+            accel.module.submit_tensors(self.lib, 0, 0, record, None, list(NAMES), {}, 0, self.kept, {"f32": 0})
+        with self.assertRaises(TypeError):
+            accel.module.submit(self.lib, 0, 0, record, None, None, {"a": None})
+        with self.assertRaises(TypeError):   # an id that is no text
+            accel.module.submit(self.lib, 0, 0, record, None, None, [(7, 0, 0, [4, 4], None)])
 
 
 if __name__ == "__main__":

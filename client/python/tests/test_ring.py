@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
 import regen  # noqa: E402
-from regen import reference, ring  # noqa: E402
+from regen import lane, reference  # noqa: E402
 from regen.host import HostTensor  # noqa: E402
 from regend_fixture import Regend, find_regend  # noqa: E402
 
@@ -25,7 +25,7 @@ def setUpModule():
     global daemon
     if not find_regend():
         raise unittest.SkipTest("no regend (pass --regend or set REGEN_BUILD_ROOT)")
-    if not ring.supported():
+    if not lane.ring_supported():
         raise unittest.SkipTest("this machine does not use the ring")
     daemon = Regend(devices=1)
 

@@ -58,9 +58,9 @@ def accel_expected():
     """Whether regen.torch's chained calls go through regen._accel here:
     where meson built it (REGEN_REQUIRE_ACCEL=1), not turned off, on the
     ring."""
-    from regen import ring
+    from regen import lane
     return (os.environ.get("REGEN_REQUIRE_ACCEL") == "1" and os.environ.get("REGEN_PY_ACCEL") != "none"
-            and os.environ.get("REGEN_TRANSPORT", "auto") != "varlink" and ring.supported())
+            and os.environ.get("REGEN_TRANSPORT", "auto") != "varlink" and lane.ring_supported())
 
 
 def maxdiff(a, b):
@@ -790,7 +790,7 @@ class ClientTensors(unittest.TestCase):
     asked a tensor for before it took it for one."""
 
     def test_tensors_are_taken_for_tensors(self):
-        from regen.client import _is_torch_tensor
+        from regen.torch._tensors import _is_torch_tensor
 
         class Mine(torch.Tensor):
             pass
@@ -809,8 +809,8 @@ class ClientTensors(unittest.TestCase):
             self.assertFalse(c.close_tensor(x, device=0))
         finally:
             c.close()
-        from regen.client import _untyped_storage
-        self.assertEqual(_untyped_storage(x[1:]).data_ptr(), x.data_ptr())
+        from regen.torch._tensors import untyped_storage
+        self.assertEqual(untyped_storage(x[1:]).data_ptr(), x.data_ptr())
 
 
 class BlockImports(unittest.TestCase):
@@ -826,16 +826,16 @@ class BlockImports(unittest.TestCase):
             return (0, b"\x02c" + bytes(64), 4096, 0, b"/torch_rc", 7, b"", False)
 
     def setUp(self):
-        from regen import client as client_mod
+        from regen.torch import _tensors as client_mod
         self.mod = client_mod
-        self.saved = client_mod._release_ipc_counter
+        self.saved = client_mod.release_ipc_counter
         self.released = []
-        client_mod._release_ipc_counter = lambda h, o: self.released.append((h, o))
+        client_mod.release_ipc_counter = lambda h, o: self.released.append((h, o))
         self.c = regen.Client("/nonexistent.sock")
         self.c._note_generation(0, 1)
 
     def tearDown(self):
-        self.mod._release_ipc_counter = self.saved
+        self.mod.release_ipc_counter = self.saved
 
     def import_block(self, exc):
         def call(device, method, params, fds=()):

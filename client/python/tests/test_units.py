@@ -4,23 +4,20 @@ normalisation, host dtype conversions, operand wire form, the references."""
 
 import errno
 import math
-import mmap
 import os
 import re
 import resource
 import signal
 import socket
-import struct
 import sys
 import tempfile
-import threading
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import regen  # noqa: E402
-from regen import errors, host, reference, ring, varlink  # noqa: E402
+from regen import errors, host, reference, varlink  # noqa: E402
+import tensor_glue  # noqa: E402
 
 IDL_DIR = os.path.join(HERE, "..", "..", "..", "proto", "idl")
 
@@ -79,191 +76,6 @@ class ErrorClasses(unittest.TestCase):
         self.assertTrue(issubclass(regen.ConnectionReset, ConnectionError))
         self.assertTrue(issubclass(regen.Unavailable, ConnectionError))
         self.assertTrue(issubclass(regen.ConnectionReset, regen.Error))
-
-
-class RingCounters(unittest.TestCase):
-    def test_a_counter_is_never_seen_half_written(self):
-        """The ring's counters are read by another process while they are
-        written: a reader sees the old value or the new, never a mix.
-        struct.pack_into zero-fills before it writes, so the worker saw a
-        submission counter of 0 and closed the lane; a counter going from
-        0x00ffffff to 0x01000000 changes every byte."""
-        old, new = 0x00FFFFFF, 0x01000000
-        mem = mmap.mmap(-1, ring.HEADER_SIZE)
-        ctr = ring.counters(mem)
-        ctr[ring.SQ_TAIL] = old
-        stop = 4   # a word of the header's padding (offset 16): the reader says when it is done
-        pid = os.fork()
-        if pid == 0:
-            try:
-                until = time.monotonic() + 30
-                while not ctr[stop] and time.monotonic() < until:
-                    for _ in range(500):
-                        ctr[ring.SQ_TAIL] = new
-                        ctr[ring.SQ_TAIL] = old
-            finally:
-                os._exit(0)
-        seen, torn, reads = set(), {}, 0
-        try:
-            # At least half a second, and until the writer was seen at work.
-            start = time.monotonic()
-            while time.monotonic() - start < 0.5 or (len(seen) < 2 and time.monotonic() - start < 10):
-                for _ in range(500):
-                    v = ctr[ring.SQ_TAIL]
-                    if v == old or v == new:
-                        seen.add(v)
-                    else:
-                        torn[v] = torn.get(v, 0) + 1
-                reads += 500
-        finally:
-            ctr[stop] = 1
-            os.waitpid(pid, 0)
-        self.assertEqual(torn, {}, f"{reads} reads")
-        self.assertEqual(seen, {old, new})
-        ctr.release()
-        mem.close()
-
-    def test_counters_are_the_header_fields(self):
-        """The words counters() gives sit where struct rp_ring_header has
-        them (proto/ring.h; tests/unit/test_ring.c checks the C side)."""
-        mem = mmap.mmap(-1, ring.HEADER_SIZE)
-        ctr = ring.counters(mem)
-        ctr[ring.SQ_TAIL], ctr[ring.CQ_WAITING] = 0x01020304, 1
-        self.assertEqual(mem[64:68], (0x01020304).to_bytes(4, sys.byteorder))
-        self.assertEqual(mem[260:264], (1).to_bytes(4, sys.byteorder))
-        self.assertEqual((ring.SQ_HEAD, ring.SQ_SLEEPING, ring.CQ_TAIL, ring.CQ_HEAD), (32, 33, 48, 64))
-        ctr.release()
-        mem.close()
-
-
-class RingRecords(unittest.TestCase):
-    # struct rp_ring_record and struct rp_ring_operand (proto/ring.h), field
-    # by field: what a record was written as before one pack_into did it.
-    HEADER = struct.Struct("<QHHBBBBIIIIdddQ")
-    SLOT = struct.Struct("<IBBHQ4q4q")
-
-    def ring_in(self, mem):
-        """A Ring over ``mem`` without a worker (its sleeping flag clear,
-        so no doorbell is rung)."""
-        r = ring.Ring.__new__(ring.Ring)
-        r.mem, r.ctr, r.entries, r.mask, r.sq_tail = mem, ring.counters(mem), 4, 3, 0
-        r._fence, r.bell, r.continues = threading.Lock(), None, [None] * 4
-        return r
-
-    def test_full_counts_across_the_counters_wrap(self):
-        """The submission and completion counters wrap at 2**32: a ring
-        whose tail has wrapped and whose head has not is full when
-        ``entries`` records are outstanding (it said not full, and the next
-        record would overwrite a completion not yet read)."""
-        r = self.ring_in(bytearray(ring.ring_size(4)))
-        for head in (0, 2**32 - 2, 2**32 - 1):
-            for outstanding in range(6):
-                r.cq_head = head
-                r.sq_tail = (head + outstanding) & 0xFFFFFFFF
-                self.assertEqual(r.full(), outstanding >= 4, f"head {head}, {outstanding} outstanding")
-        r.ctr.release()
-
-    def expected(self, header, slots):
-        tag, op, flags, epilogue, compute, alignment, wait, signal, deadline_ms, alpha, beta, scale = header
-        out = self.HEADER.pack(tag, op, flags, epilogue, compute, alignment, 0, wait, signal, deadline_ms, 0,
-                               alpha, beta, scale, 0)
-        for s in slots + [None] * (ring.SLOTS - len(slots)):
-            if s is None:
-                out += self.SLOT.pack(ring.NONE, *[0] * 12)
-            else:
-                index, dtype, offset, shape, strides = s
-                pad = [0] * (4 - len(shape))
-                out += self.SLOT.pack(index, dtype, len(shape), 0, offset, *shape, *pad, *strides, *pad)
-        return out
-
-    def test_a_record_is_written_as_proto_ring_h_lays_it_out(self):
-        """One pack_into per record (record_struct) writes the bytes the
-        header and each slot packed field by field would: every reserved
-        byte and every element past a rank zero, an absent slot's index
-        NONE and the rest of it zero, over whatever the slot held."""
-        mem = mmap.mmap(-1, ring.ring_size(4))
-        r = self.ring_in(mem)
-        header = (7, 2, 3, 4, 1, 1, 5, ring.NONE, 60000, 0.5, -2.0, 0.125)
-        cases = [
-            [(0, 2, 64, [3, 5], [5, 1]), (1, 0, 0, [5], [1]), None, (2, 1, 8, [2, 3, 4, 5], [60, 20, 5, 1])],
-            [None, (255, 3, 1 << 40, [1, 2, 3], [6, 3, 1]), None],
-            [],
-            [(9, 0, 0, [4, 4], [4, 1])] * ring.SLOTS,
-        ]
-        for n, slots in enumerate(cases):
-            mem[ring.HEADER_SIZE:] = b"\xa5" * (len(mem) - ring.HEADER_SIZE)   # what earlier records left
-            layout, fields = [], []
-            for s in slots:
-                if s is None:
-                    layout.append(None)
-                    fields.append(ring.NONE)
-                else:
-                    ring.put_slot(layout, fields, *s)
-            r.sq_tail = n
-            r.submit(header, tuple(layout), fields)
-            at = ring.HEADER_SIZE + n * ring.RECORD_SIZE
-            want = self.expected(header, slots)
-            self.assertEqual(bytes(mem[at:at + len(want)]), want, f"case {n}")
-            self.assertEqual(r.ctr[ring.SQ_TAIL], n + 1)
-        # An Operand's slot: its default strides row-major.
-        layout, fields = [], []
-        ring.put_operand(layout, fields, regen.Operand("b0.1.1", 16, "bf16", [2, 3, 4]), 6)
-        self.assertEqual((layout, fields), ([3], [6, 2, 3, 16, 2, 3, 4, 12, 4, 1]))
-        r.ctr.release()
-        mem.close()
-
-
-class RunRecords(unittest.TestCase):
-    """A program Run's records (regen.ring.run_record_bytes) are the bytes
-    proto/ring.h lays out: packed field by field here, and written by the
-    C encoder (rp_ring_encode_run, printed by tests/unit/ring_run_json of
-    the build)."""
-
-    RUN = struct.Struct("<QHHHHIIIIIHHQQQ")
-    CONTINUATION = struct.Struct("<QHHI")
-    BINDING = struct.Struct("<IIQ")
-    SCALAR = struct.Struct("<IId")
-
-    def canonical(self):
-        """ring_run_json.c's Run, in regen.ring's terms."""
-        bindings = [(i, i % 3, 64 * i) for i in range(130)]
-        scalars = [(130, 0.5), (131, -2.25), (132, 1e300)]
-        return ring.run_record_bytes(1000, 4294967294, ring.RUN_RETRY, 5, ring.NONE, 250, 7, 4, 4096, 17, bindings,
-                                     scalars)
-
-    def test_records_are_laid_out_field_by_field(self):
-        records = self.canonical()
-        self.assertEqual([len(r) for r in records], [ring.RECORD_SIZE] * 3)
-        entries = [self.BINDING.pack(i, i % 3, 64 * i) for i in range(130)]
-        entries += [self.SCALAR.pack(130 + k, 0, v) for k, v in enumerate((0.5, -2.25, 1e300))]
-        want = [self.RUN.pack(1000, 6, 1, 2, 0, 5, ring.NONE, 250, 7, 4, 130, 3, 4096, 17, 0) + b"".join(entries[:60])]
-        want.append(self.CONTINUATION.pack(1001, 0xFFFF, 1, 4294967294) + b"".join(entries[60:123]))
-        want.append(self.CONTINUATION.pack(1002, 0xFFFF, 2, 4294967294) + b"".join(entries[123:]))
-        for k, (got, w) in enumerate(zip(records, want)):
-            self.assertEqual(got, w + bytes(ring.RECORD_SIZE - len(w)), f"record {k}")
-        self.assertEqual(ring.run_records(60), 1)
-        self.assertEqual(ring.run_records(61), 2)
-        self.assertEqual(ring.run_records(124), 3)
-        self.assertEqual(ring.run_records(ring.BOUND_MAX), ring.CONTINUATIONS_MAX + 1)
-
-    def test_records_are_the_c_encoders(self):
-        import json
-        import subprocess
-        root = os.environ.get("REGEN_BUILD_ROOT")
-        exe = os.path.join(root, "tests", "unit", "ring_run_json") if root else None
-        if not exe or not os.access(exe, os.X_OK):
-            raise unittest.SkipTest("no built tests/unit/ring_run_json (set REGEN_BUILD_ROOT)")
-        c = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
-        self.assertEqual((c["version"], c["record_size"], c["run_entries"], c["continuation_entries"],
-                          c["continuations_max"], c["op_program"], c["op_continuation"], c["error_max"]),
-                         (ring.VERSION, ring.RECORD_SIZE, ring.RUN_ENTRIES, ring.CONTINUATION_ENTRIES,
-                          ring.CONTINUATIONS_MAX, ring.OP_PROGRAM, ring.OP_CONTINUATION, ring.ERROR_MAX))
-        # Where the completion's head and stage times lie, as the reader
-        # unpacks them.
-        self.assertEqual(c["completion_head"], ring._ERROR_AT + ring.ERROR_MAX)
-        self.assertEqual(c["completion_timing"], ring._COMPLETION.size - 32)
-        self.assertEqual(ring._COMPLETION.size, ring.COMPLETION_SIZE)
-        self.assertEqual([r.hex() for r in self.canonical()], c["records"])
 
 
 class IpcHandles(unittest.TestCase):
@@ -540,13 +352,13 @@ class TensorMapping(unittest.TestCase):
     """import_tensor and tensor operands, with the sockets replaced by a log."""
 
     def setUp(self):
-        from regen import client as client_mod
+        client_mod = tensor_glue.load()
         self.mod = client_mod
-        self.saved = (client_mod._sync_torch, client_mod._release_ipc_counter, client_mod._is_torch_tensor)
+        self.saved = (client_mod._sync_torch, client_mod.release_ipc_counter, client_mod._is_torch_tensor)
         self.released = []
         client_mod._sync_torch = lambda tensors: None
         client_mod._is_torch_tensor = lambda x: isinstance(x, _FakeTensor)
-        client_mod._release_ipc_counter = lambda h, o: self.released.append((h, o))
+        client_mod.release_ipc_counter = lambda h, o: self.released.append((h, o))
         # What goes on the wire as Varlink calls (the ring's records are
         # test_ring.py's).
         self.c = regen.Client("/nonexistent.sock", transport="varlink")
@@ -567,7 +379,7 @@ class TensorMapping(unittest.TestCase):
         self.c._worker_call = worker_call
 
     def tearDown(self):
-        self.mod._sync_torch, self.mod._release_ipc_counter, self.mod._is_torch_tensor = self.saved
+        self.mod._sync_torch, self.mod.release_ipc_counter, self.mod._is_torch_tensor = self.saved
 
     def test_import_tensor_once_per_storage(self):
         st = _FakeStorage(0x1000, 4096)

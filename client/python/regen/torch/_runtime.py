@@ -50,10 +50,11 @@ import weakref
 import torch
 
 from .. import errors
-from ..client import Client, Operand, _untyped_storage as _storage
-from ..ops import NAME_SETS, OPS, REQUIRED_NAMES, SLOT_NAMES
+from ..client import Client, Operand
+from ..compute import scalars_record
+from ..ops import DTYPE_CODES, NAME_SETS, OPS, REQUIRED_NAMES, SLOT_NAMES
 from ..pool import Pool
-from ..ring import DTYPES as RING_DTYPES, scalars_record
+from ._tensors import imports_of, queue_tensors, release_ipc_counter, untyped_storage as _storage
 
 __all__ = ["Runtime", "WorkLost", "RecoveryFailed", "NotSupported", "PoolTooLate", "ORDERINGS"]
 
@@ -425,7 +426,7 @@ class Runtime:
                 # An expandable segment: CUDA IPC cannot share it; regen.torch.pool() can.
                 raise NotSupported(parameters={"message": f"{e}; or allocate it under regen.torch.pool()"}) from e
         except BaseException as e:
-            self.client._counter_after_failed_import(device, counter, e)
+            imports_of(self.client).counter_after_failed_import(device, counter, e)
             raise
         self._note_generation(device, buf.generation)
         blk = _Block(buf, base, size, device)
@@ -689,9 +690,9 @@ class Runtime:
         signal = pair.ids[1] if pair is not None else None
         record = scalars_record(op, scalars)
         sent = time.perf_counter()
-        # regen._accel's encoder where it covers the call (every operand in
-        # a kept chunk whose buffer the lane has bound), else the loop here.
-        ticket = self.client.queue_tensors(device, op, names, tensors, local, kept, _RING_DTYPES, record, signal)
+        # regen._accel reads the tensors where it covers the call (every
+        # operand in a kept chunk), else the loop here resolves them.
+        ticket = queue_tensors(self.client, device, op, names, tensors, local, kept, _RING_DTYPES, record, signal)
         if ticket is None:
             slots = self._slots(names, tensors, local, kept, on_cpu, device)
             if slots is None:
@@ -952,7 +953,7 @@ class Runtime:
 
 
 _OPS = frozenset(OPS)
-_RING_DTYPES = {t: RING_DTYPES[n] for t, n in DTYPES.items()}
+_RING_DTYPES = {t: DTYPE_CODES[n] for t, n in DTYPES.items()}
 # Per op, the operands it writes.
 _OUTPUT_NAMES = {name: frozenset(o.name for o in op.operands if o.output) for name, op in OPS.items()}
 
@@ -1031,8 +1032,7 @@ def _strides(t):
 
 
 def _release_counter(counter):
-    from ..client import _release_ipc_counter
-    _release_ipc_counter(*counter)
+    release_ipc_counter(*counter)
 
 
 _host_pool_lock = threading.Lock()

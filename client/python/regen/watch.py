@@ -1,0 +1,62 @@
+"""io.regen.Device.Watch (libregen's watch.c): generation changes as they
+happen, on a connection of their own."""
+
+from . import errors
+from .varlink import Connection
+
+__all__ = ["Watch", "WatchCalls"]
+
+
+class Watch:
+    """Generation changes as they happen, on a connection of its own.  The
+    first event is the current state of each device (reason "subscribed");
+    iterate, or call ``next(timeout)``.  Close it (or use ``with``) when done."""
+
+    def __init__(self, socket_path, timeout=None):
+        self._conn = Connection(socket_path, timeout=timeout)
+        self._conn.send("io.regen.Device.Watch", more=True)
+        self._done = False
+
+    def next(self, timeout=None):
+        """The next event (a dict: epoch, device, generation, state, reason).
+        Raises TimeoutError after ``timeout`` seconds (the watch stays open),
+        StopIteration when regend ends the stream, ConnectionReset if it broke."""
+        if self._done:
+            raise StopIteration
+        self._conn.settimeout(timeout)
+        try:
+            params, continues = self._conn.receive()
+        except errors.Error:
+            # An error reply ends the call (LimitExceeded, Draining): the
+            # next next() is StopIteration, not a wait for ever.
+            self._done = True
+            raise
+        if not continues:
+            self._done = True
+        return params
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        return self.next()
+
+    def close(self):
+        self._done = True
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class WatchCalls:
+    """The watch part of :class:`regen.Client`."""
+
+    def watch(self, timeout=None):
+        """A :class:`Watch` on its own connection, subscribed when this returns."""
+        return Watch(self.socket_path, timeout=timeout)
