@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: a device's lane, the worker connection's compute calls and
  * program Runs, over the lane's ring (io.regen.Lane, proto/ring.h) where
  * the worker offers one and the transport allows, else as Varlink calls.

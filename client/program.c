@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libregen: programs (io.regen.Program). A program is defined once from
  * Define's parameters and run per step on its device's lane: its bindings
  * and scalars are named by the tensors' names, which Define's reply lists in

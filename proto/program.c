@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program.Define: the definition parsed into tensors and nodes,
  * its composites lowered into primitives, and the whole checked before
  * anything is kept (proto/program.h says what is checked). This file

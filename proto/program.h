@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program: a DAG of operations over symbolic tensors, defined once
  * and run per step by one call.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the parts of io.regen.Program's Define share, and no one else: the
  * program under construction, how errors name its nodes and tensors, and
  * how a composite adds the tensors and nodes it lowers into.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program.Define's check of the whole, once every composite is
  * lowered: each node's own rules (program_ops.c), then the flow of data
  * through the program, in program order.

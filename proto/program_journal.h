@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A Run that a fault interrupts, retried, applies a program's in-place
  * updates exactly once.
  *

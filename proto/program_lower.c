@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Composites, lowered at Define into the primitives a backend runs:
  * pointwise chains, row reductions and views, with the intermediates they
  * need named "<node>.<k>". A composite checks its own operands first, so

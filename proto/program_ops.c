@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The ops a program may name, and each primitive's own rules: how many
  * operands, which dtypes, which shapes, which attrs (proto/program.h).
  * Compute ops are io.regen.Compute's, checked by its tables

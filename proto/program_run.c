@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program.Run's parameters, parsed against the program they run:
  * every bound tensor named once (buffers for inputs, outputs and inouts,
  * numbers for scalars), nothing else named, and the events and deadline

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The data-plane fast path of a lane (io.regen.Lane): a submission ring and
  * a completion ring in one memfd the client shares with its worker, binary
  * records that name buffers, events and programs by their index in the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Program.Run as ring records (ring.h): a Run's own record and its
  * continuations become the struct rp_program_run that rp_program_run_parse
  * makes of a Varlink call's parameters, through the same steps

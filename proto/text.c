@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Escaping a peer's text for people to read (text.h). */
 #include <stdint.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Text a client (or any peer) wrote, made safe to show: on a terminal, in a
  * log line, inside JSON that a person reads. What it escapes is what a
  * terminal or a reader would act on instead of showing: C0 control

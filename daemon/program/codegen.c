@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CUDA C for a plan's FUSED, REDUCTION and GATHER steps, written from the
  * checked IR alone: op names and tensor names only ever reach the source
  * inside comments, filtered to identifier characters, and every number is

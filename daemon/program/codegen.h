@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Between plan.c and codegen.c: the CUDA C writer of one step, and the
  * view relations both need (an access that may use a value in registers,
  * one that may not). Not for the executor: plan.h is its interface. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The plan of a program: its nodes grouped into steps, what each step keeps
  * in registers, and the arena every materialized intermediate lives in.
  * plan.h says what a step is; codegen.c writes each step's kernels. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A program's plan for the CUDA backend: the launches of one Run in
  * program order, where every tensor lives, and the CUDA C of the kernels
  * regend writes itself.

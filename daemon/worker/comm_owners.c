@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
 #include <string.h>
 #include "daemon/worker/comm_owners.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Whose a communicator's unique id is, on this worker: the rule that binds
  * io.regen.Comm's membership to uids.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Lane on a worker socket: a lane's submission and completion
  * rings in a memfd the client shares (proto/ring.h), beside the lane's
  * Varlink connection, which stays its identity, its lifetime and its error

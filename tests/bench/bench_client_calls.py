@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The Python client's own cost per call, queued (wait=False) on the host
 backend: this thread's CPU time per call, and with --callgrind the
 instructions per call, counted by valgrind's callgrind over the calls alone.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A communicator's ranks are all of one uid: another user who learns a
  * unique id (it travels between ranks in the clear: a store, a file, the
  * environment) cannot join with it.

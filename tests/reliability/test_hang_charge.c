@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A hang is charged to the uid that caused it, so that it cannot be
  * repeated at will.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A job is bound to the uids entitled to it: another user can neither put
  * its work under someone's job nor push someone's job out of the table,
  * nor restart a job's devices.
@@ -135,7 +136,9 @@ static void stated_jobs(void)
 	jobs = jobs_of_device_0();
 	mine = job_entry(jobs, "train-7", "client", 0);
 	theirs = job_entry(jobs, "train-7", "client", NOBODY);
-	tl_log("device 0's jobs: %s", cJSON_PrintUnformatted(jobs));
+	char *text = cJSON_PrintUnformatted(jobs);
+	tl_log("device 0's jobs: %s", text ? text : "?");
+	free(text);
 	ASSERT(mine && count_of(mine, "buffers") == 1 && count_of(mine, "sessions") == 1,
 	       "root's train-7 counts %ld buffers and %ld sessions (nobody's work counted as root's job?)",
 	       count_of(mine, "buffers"), count_of(mine, "sessions"));

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Text a client sends never reaches a person's terminal as anything but
  * text: no terminal sequence, no C1 control, no character that reorders a
  * line, no line of its own.

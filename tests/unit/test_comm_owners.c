@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Whose a unique id is (daemon/worker/comm_owners.c): an id is the uid's it
  * was made for; a uid keeps its last RD_COMM_OWNERS_PER_UID; with the table
  * full, a new id pushes out the oldest id of the uid that has most, so that

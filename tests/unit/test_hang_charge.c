@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A hang charged to its uid (daemon/hang_charge.c): strikes double the
  * cool-down up to 64 times, a quiet time as long as the last cool-down
  * forgets them, the table stays bounded, and its text (a worker's

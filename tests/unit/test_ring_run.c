@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* proto/ring_run.c: a program's Run as ring records. A Run written by
  * rp_ring_encode_run decodes into the struct rp_program_run that Varlink's
  * parser makes of the same Run's parameters, whatever its size (one record,

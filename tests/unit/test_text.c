@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A peer's text made safe to show (proto/text.c): what a terminal or a
  * reader would act on is escaped, in each output's own syntax, and
  * everything else is kept. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Communicators, io.regen.Comm on the worker socket (libregen's comm.c):
 NCCL on the CUDA backend; on the host backend the ranks are connections to
 one worker (the control plane's tests, not the GPU path)."""

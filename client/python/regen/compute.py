@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compute calls (libregen's compute.c): GEMM, attention and LayerNorm with
 their backward passes, each built by the op table (regen.ops, proto's) from
 Operands, and queued on the device's lane: over the ring in the record's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A client's connections to regend (libregen's client.c): the main socket
 for lifecycle calls, one worker socket per device for the rest, opened on
 first use; the job stated on each; raw calls; and what errors and replies

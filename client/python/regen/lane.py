@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A device's lane (libregen's lane.c): the compute calls and program Runs
 of a client on one device, answered in order, counted by tickets, the first
 error among them kept for the wait that reads it.

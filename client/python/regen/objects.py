@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What regend names for this process (libregen's objects.c): buffers and
 events imported into a device's worker, each an id that lives in one
 generation, open until closed; their imports and closes (io.regen.Memory).

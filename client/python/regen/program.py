@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """io.regen.Program from Python: a definition built tensor by tensor and node
 by node (the JSON that io.regen.Program.Define takes, proto/program.h), and
 the handle Define gives back.

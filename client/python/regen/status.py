@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """io.regen.Device on the main socket (libregen's status.c): the node's
 devices, their generations, and the lifecycle verbs."""
 

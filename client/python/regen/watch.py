@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """io.regen.Device.Watch (libregen's watch.c): generation changes as they
 happen, on a connection of their own."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """regen.torch's tensor glue (regen/torch/_tensors.py) for the tests that
 drive regen.Client with stand-in tensors.  The glue imports no torch
 itself; where torch is missing, regen.torch's __init__ (which needs torch)

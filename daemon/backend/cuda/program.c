@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Programs on the CUDA backend: a Run is one call on the lane, its steps
  * (daemon/program/plan.h: library calls through the same enqueue functions
  * as io.regen.Compute's, and kernels regend wrote and compiled with NVRTC)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Torch tensors in regen.Client's calls: a tensor's storage imported into
 regend by CUDA IPC (once per generation), a tensor as an Operand, the
 ordering with torch's current streams, and the calls whose operands are
