@@ -40,6 +40,8 @@ class OpTables(unittest.TestCase):
 
     def test_the_python_table_is_the_c_table(self):
         c = c_tables()
+        # The dtypes' codes ride beside the ops (a ring record's operand dtype).
+        self.assertEqual(ops.DTYPE_CODES, c.pop("_dtypes"))
         self.assertEqual(sorted(c), sorted(ops.OPS))
         for name, op in ops.OPS.items():
             with self.subTest(op=name):
