@@ -64,8 +64,10 @@ def main():
         second.argv[second.argv.index("--socket") + 1] = sock
         second.socket = sock
         time.sleep(0.3)
-        second.start()
+        # Counted before the start: watch may subscribe again before
+        # start() returns (a slow, sanitized regend says it is ready late).
         nsub = len([l for l in out.lines if "reason subscribed" in l])
+        second.start()
         out.wait(lambda l: len([x for x in out.lines if "reason subscribed" in x]) > nsub, 20,
                  "a second subscription to the new regend")
         call(sock, "io.regen.Device.Restart", {"device": 0, "reason": "after"})
