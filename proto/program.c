@@ -849,3 +849,20 @@ void rp_program_finish(struct rp_program *p)
 	cJSON_Delete(p->definition);
 	memset(p, 0, sizeof(*p));
 }
+
+/* "[1, 3]": the multi-index of row-major position l in t. */
+void rp_prog_format_position(const struct rp_prog_tensor *t, int64_t l, char *out, size_t size)
+{
+	int64_t idx[RP_PROG_RANK_MAX];
+	size_t len = 0;
+
+	for (int d = t->rank - 1; d >= 0; d--) {
+		idx[d] = l % t->shape[d];
+		l /= t->shape[d];
+	}
+	out[0] = '\0';
+	for (int d = 0; d < t->rank && len < size; d++)
+		len += (size_t)snprintf(out + len, size - len, "%s%lld", d ? ", " : "[", (long long)idx[d]);
+	if (t->rank && len < size)
+		snprintf(out + len, size - len, "]");
+}

@@ -257,6 +257,9 @@ int rp_program_parse(const cJSON *params, struct rp_program *p, struct rp_error 
 /* Sorts bound_by_name from bind[] and the tensors' names: for a program
  * made or changed other than by rp_program_parse. */
 void rp_program_index_bound(struct rp_program *p);
+/* "[1, 3]": the multi-index of row-major position l in tensor t, for
+ * error messages (an index outside its table). */
+void rp_prog_format_position(const struct rp_prog_tensor *t, int64_t l, char *out, size_t size);
 void rp_program_finish(struct rp_program *p);
 
 /* Bytes a tensor's dtype takes; 8 for scalars (f64). */

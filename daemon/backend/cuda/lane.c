@@ -34,6 +34,7 @@ static void lane_destroy_events(struct cuda_lane *l)
 static int lane_init(struct rd_resource *res)
 {
 	struct cuda_lane *l = (struct cuda_lane *)res;
+	const char *what;
 	cudaError_t e_ = cudaSetDevice(l->cd->dev->index);
 	if (e_ != cudaSuccess)
 		return STATUS_CUDA("cudaSetDevice");
@@ -51,28 +52,28 @@ static int lane_init(struct rd_resource *res)
 	for (int i = 0; i < RD_CUDA_LANE_DEPTH; i++) {
 		e_ = cudaEventCreateWithFlags(&l->done[i], cudaEventDisableTiming);
 		if (e_ != cudaSuccess) {
-			lane_destroy_events(l);
-			cudaStreamDestroy(l->notify);
-			cudaStreamDestroy(l->stream);
-			l->stream = l->notify = NULL;
-			return STATUS_CUDA("cudaEventCreateWithFlags");
+			what = "cudaEventCreateWithFlags";
+			goto fail;
 		}
 	}
 	e_ = cudaHostAlloc((void **)&l->faults, RD_CUDA_LANE_DEPTH * sizeof(*l->faults), cudaHostAllocMapped);
 	if (e_ == cudaSuccess)
 		e_ = cudaHostGetDevicePointer((void **)&l->faults_dev, l->faults, 0);
 	if (e_ != cudaSuccess) {
-		lane_destroy_events(l);
-		cudaStreamDestroy(l->notify);
-		cudaStreamDestroy(l->stream);
-		l->stream = l->notify = NULL;
-		return STATUS_CUDA("cudaHostAlloc(the lane's fault reports)");
+		what = "cudaHostAlloc(the lane's fault reports)";
+		goto fail;
 	}
 	memset(l->faults, 0, RD_CUDA_LANE_DEPTH * sizeof(*l->faults));
 	pthread_mutex_lock(&l->cd->fault_lock);
 	l->fault_seen = l->cd->fault_seq;
 	pthread_mutex_unlock(&l->cd->fault_lock);
 	return 0;
+fail:
+	lane_destroy_events(l);
+	cudaStreamDestroy(l->notify);
+	cudaStreamDestroy(l->stream);
+	l->stream = l->notify = NULL;
+	return STATUS_CUDA(what);
 }
 
 static void lane_release(struct rd_resource *res)

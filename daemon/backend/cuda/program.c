@@ -557,18 +557,9 @@ void cuda_program_completed(struct rd_op *op)
 	const bool forward = n->gather.fn == RP_GATHER_EMBEDDING;
 	const struct rp_prog_tensor *table = &def->tensors[forward ? n->in[0] : n->out[0]];
 	const struct rp_prog_tensor *index = &def->tensors[n->in[1]];
-	char pos[RP_PROG_RANK_MAX * 24] = "";
-	size_t len = 0;
-	int64_t rest = f->position, coord[RP_PROG_RANK_MAX];
+	char pos[RP_PROG_RANK_MAX * 24];
 
-	for (int d = index->rank - 1; d >= 0; d--) {
-		coord[d] = index->shape[d] ? rest % index->shape[d] : 0;
-		rest = index->shape[d] ? rest / index->shape[d] : 0;
-	}
-	for (int d = 0; d < index->rank && len < sizeof(pos); d++)
-		len += (size_t)snprintf(pos + len, sizeof(pos) - len, "%s%lld", d ? ", " : "[", (long long)coord[d]);
-	if (index->rank && len < sizeof(pos))
-		snprintf(pos + len, sizeof(pos) - len, "]");
+	rp_prog_format_position(index, f->position, pos, sizeof(pos));
 	rp_error_invalid_operand(&op->err, index->name,
 				 "%s%s is %lld, outside [0, %lld): the rows of '%s' (node '%s', %s); the Run %s and "
 				 "wrote its outputs",

@@ -524,23 +524,6 @@ static int64_t read_index(const struct embedding *e, void *const *addr, int64_t 
 	return v;
 }
 
-/* "[1, 3]": the multi-index of row-major position l in t. */
-static void format_position(const struct rp_prog_tensor *t, int64_t l, char *out, size_t size)
-{
-	int64_t idx[RP_PROG_RANK_MAX];
-	size_t len = 0;
-
-	for (int d = t->rank - 1; d >= 0; d--) {
-		idx[d] = l % t->shape[d];
-		l /= t->shape[d];
-	}
-	out[0] = '\0';
-	for (int d = 0; d < t->rank && len < size; d++)
-		len += (size_t)snprintf(out + len, size - len, "%s%lld", d ? ", " : "[", (long long)idx[d]);
-	if (t->rank && len < size)
-		snprintf(out + len, size - len, "]");
-}
-
 static int check_indices(const struct rp_program *p, const struct rp_prog_node *n, void *const *addr,
 			 const char *outcome, struct rp_error *err)
 {
@@ -552,7 +535,7 @@ static int check_indices(const struct rp_program *p, const struct rp_prog_node *
 
 		if (v >= 0 && v < e.V)
 			continue;
-		format_position(e.index, i, pos, sizeof(pos));
+		rp_prog_format_position(e.index, i, pos, sizeof(pos));
 		return rp_error_invalid_operand(err, e.index->name,
 						"%s%s is %lld, outside [0, %lld): the rows of '%s' (node '%s', %s); %s",
 						e.index->name, pos, (long long)v, (long long)e.V, e.table->name, n->name,
