@@ -13,9 +13,10 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 
+# regend_fixture first: it points regen at the build of the regend named on the command line.
+from regend_fixture import Regend, find_regend, require_torch  # noqa: E402,F401
 import regen  # noqa: E402
 from regen.varlink import Connection  # noqa: E402
-from regend_fixture import Regend, find_regend, require_torch  # noqa: E402,F401
 
 
 def percentile(xs, p):

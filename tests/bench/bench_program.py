@@ -210,10 +210,11 @@ def main():
             results["blocks"].append(block_case(client, D))
         results["launch"] = launch_cost(client)
         results["bandwidth"] = bandwidth(client)
+        results["route"] = client.lane_transport(0)
     finally:
         client.close()
         daemon.close()
-    print(f"card: {results['card']}")
+    print(f"card: {results['card']}; Runs went by {results.get('route')} (transport {TRANSPORT})")
     table = []
     for b in results["blocks"]:
         med = [statistics.median(r[i] for r in b["rows"]) * 1e3 for i in range(5)]

@@ -53,6 +53,27 @@ TIME_SCALE = _multiplier()
 REGEND = None
 
 
+def _build_root_of_regend_argument():
+    """The build tree of a regend named on the command line
+    (BUILD/daemon/regend), so that regen's libregen and regen._accel come
+    from the same build as the daemon the test starts: without it a copied
+    build tree (the GPU machine's) left the Python lanes on Varlink and a
+    forced ring refused.  $REGEN_BUILD_ROOT, where set, wins."""
+    if os.environ.get("REGEN_BUILD_ROOT"):
+        return
+    for arg in sys.argv[1:]:
+        path = os.path.abspath(arg)
+        daemon_dir = os.path.dirname(path)
+        if os.path.basename(path) == "regend" and os.path.basename(daemon_dir) == "daemon" and \
+                os.access(path, os.X_OK):
+            os.environ["REGEN_BUILD_ROOT"] = os.path.dirname(daemon_dir)
+            return
+
+
+# Before anything imports regen (regen.accel looks once, at import).
+_build_root_of_regend_argument()
+
+
 def log(*args):
     print("[%.3f]" % (time.monotonic() % 1000), *args, file=sys.stderr, flush=True)
 
