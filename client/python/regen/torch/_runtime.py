@@ -217,7 +217,14 @@ class Runtime:
                          # The rank's host time collecting queued answers
                          # (flush(): the worker still launching, or with
                          # "wait" the GPU still running, what was queued).
-                         "flush_us": 0.0}
+                         "flush_us": 0.0,
+                         # torch.compile(backend="regen"): program Runs,
+                         # their definitions (again after a worker was
+                         # replaced), and rank steps with GPU work between
+                         # two Runs (a segment that regend refused runs
+                         # on the rank: fallback_segments).
+                         "program_runs": 0, "program_defines": 0, "rank_steps": 0, "fallback_segments": 0}
+        self._programs = {}   # (graph key, regend device) -> regen.Program
         _live_runtimes.add(self)
 
     def _fresh_state(self):
@@ -854,6 +861,84 @@ class Runtime:
             if name in _OUTPUT_NAMES[op]:
                 tensors[name].copy_(used)
         return idle
+
+    def run_program(self, key, definition, tensors, scalars=None):
+        """Runs a compiled graph's segment (io.regen.Program ``definition``,
+        defined once per regend device under ``key``) with its bound
+        tensors (name -> torch tensor, all on one device), on torch's
+        current stream: it waits for what the rank queued, and the rank's
+        stream waits for it ("events") or the call waits for it (the other
+        orderings).  A fault retries it after the new generation (the Run
+        writes only its outputs, so it may run again), defining the program
+        again where its worker was replaced."""
+        with self.lock:
+            entered = time.perf_counter()
+            attempts, deadline = 0, None
+            while True:
+                try:
+                    self._run_program_once(key, definition, tensors, scalars)
+                    break
+                except _RECOVERABLE as e:
+                    attempts += 1
+                    if deadline is None:
+                        deadline = time.monotonic() + self.recovery_timeout
+                    self._recover(e, tensors, attempts, deadline)
+                    self.counters["retries"] += 1
+                except errors.NoSuchObject:
+                    # A new worker knows no program of ours: define again.
+                    attempts += 1
+                    if attempts > 3:
+                        raise
+                    for k in [k for k in self._programs if k[0] == key]:
+                        del self._programs[k]
+            self.counters["program_runs"] += 1
+            self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
+
+    def _run_program_once(self, key, definition, tensors, scalars):
+        first = next(iter(tensors.values()))
+        tdev = first.device
+        if tdev.type != "cuda":
+            raise NotSupported(parameters={"message": "regen.torch: compiled graphs run on CUDA tensors"})
+        if torch.cuda.is_current_stream_capturing():
+            raise NotSupported(parameters={
+                "message": "regen.torch: a compiled graph's program cannot be captured into a CUDA graph"})
+        self.flush()
+        stream = torch.cuda.current_stream(tdev)
+        device = self.regend_device(tdev)
+        program = self._programs.get((key, device))
+        if program is None:
+            program = self.client.define_program(device, definition)
+            self._programs[(key, device)] = program
+            self.counters["program_defines"] += 1
+        if self.pool is not None:
+            self._check_chunks()
+        bind = {}
+        for name, t in tensors.items():
+            bind[name] = self._place(t, False, device)
+        pair = self._events_for(device, stream, tdev.index)
+        kw = {}
+        idle = stream.query()
+        if not idle:
+            pair.before.record(stream)
+            kw["wait_event"] = pair.ids[0]
+            self.counters["handoffs"] += 1
+        else:
+            self.counters["idle_calls"] += 1
+        events = self.ordering == "events"
+        if events:
+            kw["signal_event"] = pair.ids[1]
+        sent = time.perf_counter()
+        self.client.run_program(program, bind, scalars, **kw)
+        self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
+        if events:
+            self._follow(device, stream, pair)
+
+    def rank_work_between_programs(self, fallback=False):
+        """A compiled graph ran GPU work of its own on the rank between two
+        of its segments (counted; a refused segment counts as a fallback)."""
+        self.counters["rank_steps"] += 1
+        if fallback:
+            self.counters["fallback_segments"] += 1
 
     def _recover(self, err, tensors, attempts, deadline):
         """Wait until the device serves again, forget what the old
