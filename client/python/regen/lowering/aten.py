@@ -86,6 +86,23 @@ def copy(b, op):
     b.node("cast", [b.read(src)], [b.write(dst)])
 
 
+@handles("aten.cat.default")
+def cat(b, op):
+    """Each input copied into its slice of the output."""
+    ins, y = op.a["tensors"], out(op)
+    need(all(isinstance(v, Val) for v in ins), "cat of something other than tensors")
+    need(y.dtype is not None and all(v.dtype is not None for v in ins), "cat of a dtype programs do not take")
+    r = len(y.shape)
+    dim = op.a.get("dim", 0) % r
+    parts = [v for v in ins if v.numel > 0]
+    need(all(len(v.shape) == r for v in parts), "cat of tensors of another rank")
+    whole = b.write(y)
+    at = 0
+    for v in parts:
+        b.node("cast", [b.read(v)], [b.view_named(whole, v.shape, y.strides, at * y.strides[dim])])
+        at += v.shape[dim]
+
+
 # ---- pointwise -------------------------------------------------------------
 
 UNARY = {
@@ -252,11 +269,18 @@ def reduce(b, op):
     if dims == [r - 1]:
         b.node(fn, [src], [_out_as(b, y, x.shape[:-1])], axis="last")
         return
-    if dims == list(range(r - 1)):
-        b.node(fn, [src], [_out_as(b, y, x.shape[-1:])], axis="leading")
+    k = len(dims)
+    if dims == list(range(k)):
+        # The first k dims: [prod(first k), prod(rest)], all but the last.
+        lead, rest = math.prod(x.shape[:k]), math.prod(x.shape[k:])
+        b.node(fn, [b.view_named(src, [lead, rest], [rest, 1])], [_out_as(b, y, [rest])], axis="leading")
         return
-    raise Unsupported(f"{op.target} over dims {dims} of a rank-{r} tensor (programs reduce the last dim or all "
-                      "but the last)")
+    if dims == list(range(r - k, r)):
+        lead, rest = math.prod(x.shape[:r - k]), math.prod(x.shape[r - k:])
+        b.node(fn, [b.view_named(src, [lead, rest], [rest, 1])], [_out_as(b, y, [lead])], axis="last")
+        return
+    raise Unsupported(f"{op.target} over dims {dims} of a rank-{r} tensor (programs reduce leading or trailing "
+                      "dims)")
 
 
 def _out_as(b, y, shape):
@@ -309,19 +333,33 @@ def mm(b, op):
 
 # ---- layer norm ---------------------------------------------------------------
 
+def _even_rows(v):
+    """The row stride of v [..., n] read as [rows, n], or None."""
+    n = v.shape[-1]
+    if not (v.strides[-1] == 1 or n == 1):
+        return None
+    lead = [(d, st) for d, st in zip(v.shape[:-1], v.strides[:-1]) if d > 1]
+    row_stride = lead[-1][1] if lead else n
+    step = row_stride
+    for d, st in reversed(lead):
+        if st != step:
+            return None
+        step = st * d
+    return row_stride if row_stride >= n else None
+
+
 def _rows(b, v, write=False):
-    """v [..., n] as the norms take it, [rows, n] with rows strided."""
+    """v [..., n] as the norms take it, [rows, n] with rows strided; a
+    read of other strides is copied to a contiguous scratch first."""
     need(len(v.shape) >= 1, "a rank-0 tensor where rows are wanted")
     n = v.shape[-1]
     rows = math.prod(v.shape[:-1])
-    need(v.strides[-1] == 1 or n == 1, "rows whose last stride is not 1")
-    lead = [(d, s) for d, s in zip(v.shape[:-1], v.strides[:-1]) if d > 1]
-    row_stride = lead[-1][1] if lead else n
-    step = row_stride
-    for d, s in reversed(lead):
-        need(s == step, "rows that are not evenly strided")
-        step = s * d
-    need(row_stride >= n, "rows that overlap")
+    row_stride = _even_rows(v)
+    if row_stride is None:
+        need(not write, "rows that are not evenly strided")
+        copy = b.scratch(v.dtype, v.shape)
+        b.node("cast", [b.read(v)], [copy])
+        return b.view_named(copy, [rows, n], [n, 1])
     name = b.write(v) if write else b.read(v)
     if len(v.shape) == 2 and v.strides[0] == row_stride:
         return name
@@ -533,9 +571,13 @@ def nll_loss_backward(b, op):
     need(reduction in (1, 2), "nll_loss without a reduction")
     grad_logp = out(op)
     users = grad_logp.users
-    need(len(users) == 1 and users[0].target == "aten._log_softmax_backward_data.default" and
-         users[0].a.get("grad_output") is grad_logp and users[0].a.get("output") is logp and
-         not grad_logp.is_output, "nll_loss_backward not followed by log_softmax's backward alone")
+    need(len(users) == 1 and not grad_logp.is_output,
+         f"nll_loss_backward's gradient is read by {[u.target for u in users]}"
+         f"{' and returned' if grad_logp.is_output else ''}, not by log_softmax's backward alone")
+    need(users[0].target == "aten._log_softmax_backward_data.default" and users[0].a.get("grad_output") is grad_logp,
+         f"nll_loss_backward is followed by {users[0].target}, not log_softmax's backward")
+    need(users[0].a.get("output") is logp, f"log_softmax's backward reads {users[0].a.get('output')!r}, not the "
+         f"log-probabilities {logp!r} the loss read")
     consumer = users[0]
     dx = out(consumer)
     need(len(logp.shape) == 2 and logp.is_contiguous() and dx.is_contiguous(), "nll_loss of other than [N, C]")

@@ -13,6 +13,7 @@ defined on first use per device and again after its worker was replaced.
 """
 
 import operator
+import os
 import threading
 import weakref
 
@@ -162,6 +163,13 @@ class CompiledGraph:
             self._plan_frees()
         with _lock:
             _graphs.append(weakref.ref(self))
+            serial = len(_graphs)
+        dump = os.environ.get("REGEN_COMPILE_DUMP")
+        if dump:
+            # The graph as AOTAutograd gave it, for reading beside explain().
+            os.makedirs(dump, exist_ok=True)
+            with open(os.path.join(dump, f"{serial:03d}_{kind}.py"), "w") as f:
+                f.write(gm.code)
 
     def _plan_frees(self):
         """After each step, the Vals no later step reads and the graph does
