@@ -13,11 +13,14 @@ data, bf16, AdamW (fused) on the rank:
 
 Prints tokens/s per path, regen's against the best in-process path, the
 hand-offs, program Runs and rank steps per training step, and the largest
-difference between regen's losses and eager's over the timed steps.
+difference between regen's losses and eager's over the timed steps.  Each
+path trains in a process of its own (its memory its own); regen's takes
+every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
+--pool none keeps torch's allocator, whose blocks are imported).
 
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
-        [--paths eager,inductor,regen] [--ordering events] [--json OUT]
+        [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--json OUT]
 """
 
 import json
@@ -56,6 +59,9 @@ PATHS = opt("--paths", "eager,inductor,regen").split(",")
 ORDERING = opt("--ordering", "events")
 JSON_OUT = opt("--json", None)
 SOCKET = opt("--socket", None)
+POOL = opt("--pool", "process")
+ONE = opt("--one", None)          # model,d,path: this process trains that one path
+RESULT = opt("--result", None)
 REGEND = sys.argv[1] if len(sys.argv) > 1 else None
 
 
@@ -93,41 +99,75 @@ def train(name, D, path):
     elapsed = time.perf_counter() - t0
     result = {"path": path, "tokens_per_s": BATCH * SEQ * STEPS / elapsed, "step_ms": elapsed / STEPS * 1e3,
               "warmup_s": warm_s, "losses": [x.float().item() for x in losses],
-              "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+              "peak_gib": _peak_gib()}
     if before is not None:
         after = rt.stats()
         for k in ("program_runs", "handoffs", "rank_steps", "fallback_segments", "idle_calls"):
             result[k + "_per_step"] = (after[k] - before.get(k, 0)) / STEPS
         result["explain"] = rt.explain(show=False)
+        result["programs"] = rt.runtime().client.program_status(0)
     del fn, model, optimizer, batches
     torch._dynamo.reset()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     return result
+
+
+def _peak_gib():
+    """torch's allocator's peak; with libregen's pool as the process's
+    allocator torch keeps no statistics: the device's use then."""
+    try:
+        return torch.cuda.max_memory_allocated() / 2**30
+    except RuntimeError:
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**30
+
+
+def one():
+    name, D, path = ONE.split(",")
+    if path == "regen":
+        rt.configure(socket=SOCKET, ordering=ORDERING)
+    try:
+        r = train(name, int(D), path)
+    except Exception as e:   # reported, and the other paths still run
+        import traceback
+        traceback.print_exc()
+        r = {"path": path, "error": f"{type(e).__name__}: {e}"[:400]}
+    with open(RESULT, "w") as f:
+        json.dump(r, f, default=str)
+
+
+def run_path(name, D, path, socket):
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as res:
+        env = dict(os.environ)
+        if path == "regen" and POOL == "process":
+            env["REGEN_TORCH_POOL"] = "process"
+        cmd = [sys.executable, os.path.abspath(__file__), REGEND or "", "--one", f"{name},{D},{path}",
+               "--result", res.name, "--seq", str(SEQ), "--batch", str(BATCH), "--layers", str(LAYERS),
+               "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING]
+        if socket:
+            cmd += ["--socket", socket]
+        rc = subprocess.call(cmd, env=env)
+        try:
+            with open(res.name) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {"path": path, "error": f"the process training it exited {rc} with no result"}
 
 
 def main():
     daemon = Daemon(SOCKET, REGEND, "cuda") if "regen" in PATHS else None
-    if daemon is not None:
-        rt.configure(socket=daemon.socket, ordering=ORDERING)
     rows, out = [], {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "seq": SEQ, "batch": BATCH,
-                     "layers": LAYERS, "vocab": VOCAB, "steps": STEPS, "ordering": ORDERING, "runs": []}
+                     "layers": LAYERS, "vocab": VOCAB, "steps": STEPS, "ordering": ORDERING, "pool": POOL,
+                     "runs": []}
     try:
         for name in MODELS:
             for D in DIMS:
                 res = {}
                 for path in PATHS:
-                    try:
-                        res[path] = train(name, D, path)
-                    except Exception as e:   # a path that fails is reported, the others still run
-                        import traceback
-                        traceback.print_exc()
-                        res[path] = {"path": path, "error": f"{type(e).__name__}: {e}"[:400]}
-                        torch._dynamo.reset()
-                        torch.cuda.empty_cache()
-                    r = res[path]
+                    res[path] = r = run_path(name, D, path, daemon.socket if daemon else None)
                     print(f"{name} d{D} {path}: " + (f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.2f} ms a step, "
-                                                       f"warm-up {r['warmup_s']:.1f} s, peak {r['peak_gib']:.1f} GiB"
+                                                       f"warm-up {r['warmup_s']:.1f} s, peak {r['peak_gib'] or 0:.1f} GiB"
                                                        if "error" not in r else r["error"]), flush=True)
                 out["runs"].append({"model": name, "d": D, "results": res})
                 best = max((res[p]["tokens_per_s"] for p in ("eager", "inductor") if p in res and
@@ -149,7 +189,7 @@ def main():
         if daemon is not None:
             daemon.close()
     print(f"card: {out['card']}, torch {out['torch']}; B{BATCH} S{SEQ}, {LAYERS} layers, vocab {VOCAB}, bf16, "
-          f"AdamW fused; {STEPS} timed steps after {WARMUP}; ordering {ORDERING}")
+          f"AdamW fused; {STEPS} timed steps after {WARMUP}; ordering {ORDERING}; regen's pool {POOL}")
     print(markdown_table(["model", "d", "eager tok/s", "inductor tok/s", "regen tok/s", "regen / best in process",
                           "hand-offs a step", "Runs a step", "rank steps a step", "max loss diff vs eager"], rows))
     for run in out["runs"]:
@@ -162,10 +202,16 @@ def main():
                   f"{rep['handoffs']} hand-off(s); on the rank: " +
                   "; ".join(f"{n}x {w}" for w, n in sorted(kept.items(), key=lambda kv: -kv[1])
                             if not (w or "").startswith("a view of a tensor the rank holds")))
+        for p in g.get("programs", []):
+            runs = max(p.get("runs", 0), 1)
+            print(f"  program {p.get('name')}: {p.get('nodes')} nodes, {p.get('runs')} Runs, "
+                  f"{p.get('run_us', 0) / runs:.0f} us a Run, {p.get('kernels')} kernels, graph "
+                  f"{p.get('graph_captures')} captures {p.get('graph_launches')} launches, {p.get('stream_runs')} "
+                  f"on the stream ({p.get('not_captured') or '-'}), launch {p.get('launch_us', 0):.0f} us")
     if JSON_OUT:
         with open(JSON_OUT, "w") as f:
             json.dump(out, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
-    main()
+    one() if ONE else main()

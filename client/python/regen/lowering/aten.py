@@ -103,6 +103,33 @@ def cat(b, op):
         at += v.shape[dim]
 
 
+@handles("aten.slice_backward.default", "aten.select_backward.default")
+def into_zeros(b, op):
+    """The gradient of a slice or a select: zeros, and the gradient copied
+    into the part that was taken."""
+    g, y = op.a["grad_output"], out(op)
+    need(isinstance(g, Val) and g.dtype is not None and y.dtype is not None, f"{op.target} of another dtype")
+    need(list(op.a["input_sizes"]) == list(y.shape), f"{op.target}: sizes")
+    r = len(y.shape)
+    dim = op.a["dim"] % r
+    whole = b.write(y)
+    b.node("fill", [], [whole], scalar=0.0)
+    if op.target == "aten.select_backward.default":
+        index = op.a["index"] % y.shape[dim]
+        shape = y.shape[:dim] + y.shape[dim + 1:]
+        strides = y.strides[:dim] + y.strides[dim + 1:]
+        b.node("cast", [b.read(g)], [b.view_named(whole, shape, strides, index * y.strides[dim])])
+        return
+    start, end, step = op.a.get("start") or 0, op.a.get("end"), op.a.get("step", 1)
+    size = y.shape[dim]
+    start = start + size if start < 0 else start
+    need(0 <= start <= size and step >= 1, f"{op.target}: a slice from {start} in steps of {step}")
+    strides = list(y.strides)
+    strides[dim] *= step
+    del end
+    b.node("cast", [b.read(g)], [b.view_named(whole, g.shape, strides, start * y.strides[dim])])
+
+
 # ---- pointwise -------------------------------------------------------------
 
 UNARY = {
@@ -576,8 +603,10 @@ def nll_loss_backward(b, op):
          f"{' and returned' if grad_logp.is_output else ''}, not by log_softmax's backward alone")
     need(users[0].target == "aten._log_softmax_backward_data.default" and users[0].a.get("grad_output") is grad_logp,
          f"nll_loss_backward is followed by {users[0].target}, not log_softmax's backward")
-    need(users[0].a.get("output") is logp, f"log_softmax's backward reads {users[0].a.get('output')!r}, not the "
-         f"log-probabilities {logp!r} the loss read")
+    read = users[0].a.get("output")
+    need(isinstance(read, Val) and (read.storage, read.offset, read.shape, read.strides) ==
+         (logp.storage, logp.offset, logp.shape, logp.strides),
+         f"log_softmax's backward reads {read!r}, not the log-probabilities {logp!r} the loss read")
     consumer = users[0]
     dx = out(consumer)
     need(len(logp.shape) == 2 and logp.is_contiguous() and dx.is_contiguous(), "nll_loss of other than [N, C]")

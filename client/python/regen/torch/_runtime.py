@@ -892,6 +892,11 @@ class Runtime:
                     for k in [k for k in self._programs if k[0] == key]:
                         del self._programs[k]
             self.counters["program_runs"] += 1
+            # A Run touches many blocks: it sweeps as often as a call does,
+            # so blocks whose tensors are gone are let go.
+            self._tick += 1
+            if self._tick % SWEEP_OPS == 0 and not self._deferred:
+                self.sweep()
             self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
 
     def _run_program_once(self, key, definition, tensors, scalars):
