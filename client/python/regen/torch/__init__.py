@@ -37,10 +37,11 @@ from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runt
 from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
 from ._compile import explain, register as _register_backend
+from . import optim
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
            "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
-           "BLOCK_PARAMETERS", "explain",
+           "BLOCK_PARAMETERS", "explain", "optim",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
 

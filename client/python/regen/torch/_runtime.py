@@ -225,6 +225,7 @@ class Runtime:
                          # on the rank: fallback_segments).
                          "program_runs": 0, "program_defines": 0, "rank_steps": 0, "fallback_segments": 0}
         self._programs = {}   # (graph key, regend device) -> regen.Program
+        self._program_seq = 0  # the seq of the last Run with a journal
         _live_runtimes.add(self)
 
     def _fresh_state(self):
@@ -862,21 +863,27 @@ class Runtime:
                 tensors[name].copy_(used)
         return idle
 
-    def run_program(self, key, definition, tensors, scalars=None):
-        """Runs a compiled graph's segment (io.regen.Program ``definition``,
-        defined once per regend device under ``key``) with its bound
-        tensors (name -> torch tensor, all on one device), on torch's
-        current stream: it waits for what the rank queued, and the rank's
-        stream waits for it ("events") or the call waits for it (the other
-        orderings).  A fault retries it after the new generation (the Run
-        writes only its outputs, so it may run again), defining the program
-        again where its worker was replaced."""
+    def run_program(self, key, definition, tensors, scalars=None, journal=None):
+        """Runs an io.regen.Program ``definition``, defined once per regend
+        device under ``key`` (again where its worker was replaced), with
+        its bound tensors (name -> torch tensor, all on one device: CUDA on
+        torch's current stream, or CPU tensors in the host pool for the host
+        backend) and scalars.  It waits for what the rank queued, and the
+        rank's stream waits for it ("events") or the call for its end (the
+        other orderings).  After a generation change it waits for the device
+        and runs again.  A program that updates tensors in place (an
+        optimizer step) passes ``journal``, a function of the Program giving
+        a tensor of at least its journal_bytes: the retry then applies the
+        update exactly once (io.regen.Program.Run's journal, seq, retry).
+        Returns the Program."""
         with self.lock:
             entered = time.perf_counter()
             attempts, deadline = 0, None
+            self._program_seq += 1
+            seq = self._program_seq if journal is not None else None
             while True:
                 try:
-                    self._run_program_once(key, definition, tensors, scalars)
+                    program = self._run_program_once(key, definition, tensors, scalars, journal, seq, attempts > 0)
                     break
                 except _RECOVERABLE as e:
                     attempts += 1
@@ -898,17 +905,17 @@ class Runtime:
             if self._tick % SWEEP_OPS == 0 and not self._deferred:
                 self.sweep()
             self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
+            return program
 
-    def _run_program_once(self, key, definition, tensors, scalars):
+    def _run_program_once(self, key, definition, tensors, scalars, journal, seq, retry):
         first = next(iter(tensors.values()))
         tdev = first.device
-        if tdev.type != "cuda":
-            raise NotSupported(parameters={"message": "regen.torch: compiled graphs run on CUDA tensors"})
-        if torch.cuda.is_current_stream_capturing():
+        on_cpu = tdev.type == "cpu"
+        if not on_cpu and torch.cuda.is_current_stream_capturing():
             raise NotSupported(parameters={
-                "message": "regen.torch: a compiled graph's program cannot be captured into a CUDA graph"})
+                "message": "regen.torch: a program Run cannot be captured into a CUDA graph"})
         self.flush()
-        stream = torch.cuda.current_stream(tdev)
+        stream = None if on_cpu else torch.cuda.current_stream(tdev)
         device = self.regend_device(tdev)
         program = self._programs.get((key, device))
         if program is None:
@@ -917,26 +924,40 @@ class Runtime:
             self.counters["program_defines"] += 1
         if self.pool is not None:
             self._check_chunks()
-        bind = {}
-        for name, t in tensors.items():
-            bind[name] = self._place(t, False, device)
-        pair = self._events_for(device, stream, tdev.index)
+
+        def place(name, t):
+            if t.device != tdev:
+                raise ValueError(f"regen.torch: a program's tensors are on one device; {name} is on {t.device}, "
+                                 f"not {tdev}")
+            found = self._place(t, on_cpu, device)
+            if found is None:
+                raise NotSupported(parameters={
+                    "message": f"regen.torch: {name} is CPU memory outside the host pool (regen.torch.host_empty): "
+                               "a program binds tensors where they are"})
+            return found
+        bind = {name: place(name, t) for name, t in tensors.items()}
         kw = {}
-        idle = stream.query()
-        if not idle:
-            pair.before.record(stream)
-            kw["wait_event"] = pair.ids[0]
-            self.counters["handoffs"] += 1
-        else:
-            self.counters["idle_calls"] += 1
-        events = self.ordering == "events"
-        if events:
-            kw["signal_event"] = pair.ids[1]
+        if journal is not None:
+            kw.update(journal=place("the journal", journal(program)), seq=seq, retry=retry)
+        events = False
+        pair = None
+        if stream is not None:
+            pair = self._events_for(device, stream, tdev.index)
+            if not stream.query():
+                pair.before.record(stream)
+                kw["wait_event"] = pair.ids[0]
+                self.counters["handoffs"] += 1
+            else:
+                self.counters["idle_calls"] += 1
+            events = self.ordering == "events"
+            if events:
+                kw["signal_event"] = pair.ids[1]
         sent = time.perf_counter()
         self.client.run_program(program, bind, scalars, **kw)
         self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
         if events:
             self._follow(device, stream, pair)
+        return program
 
     def rank_work_between_programs(self, fallback=False):
         """A compiled graph ran GPU work of its own on the rank between two
