@@ -7,8 +7,12 @@ AdamW three ways from the same initial weights and data: in float32 (the
 reference), eager in bf16, and compiled with backend="regen" in bf16.  Each
 loss and each gradient of the compiled model must be as close to float32's
 as eager bf16's is (within 2x, or 1e-3), and explain() must show program
-segments that regend ran.  Each check prints PASS/FAIL; the last line is
-"N passed, N failed".
+segments that regend ran.  Then faults in the middle of compiled training
+(a device_lost between the forward and backward Runs of a step, and a
+`regenctl restart` before a step's forward): the faulted steps cost at
+most a second more and every loss and parameter ends as in the same steps
+without faults.  Each check prints PASS/FAIL; the last line is "N passed, N
+failed".
 
     python3 tests/gpu/test_compile.py [REGEND] [--steps N] [--models gpt,llama,encoder] [--dims D]
 
@@ -28,6 +32,7 @@ from regend_fixture import Regend, gpu_script_args, require_torch  # noqa: E402
 
 torch = require_torch()
 
+import regen  # noqa: E402
 import regen.torch as rt  # noqa: E402
 import models  # noqa: E402
 
@@ -106,6 +111,62 @@ def check_model(name, steps):
     return reports
 
 
+def train_with_faults(name, steps, faults, admin):
+    """(losses, parameters, slowest step's seconds, slowest faulted step's
+    seconds) of ``steps`` compiled AdamW steps, with faults {step: kind}:
+    "device_lost" is injected once the step's forward has run (between its
+    two Runs), "restart" before the step."""
+    import time
+    vocab, seq, layers, heads, batch = 512, 128, 2, max(2, D // 64), 4
+    model = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
+    compiled = torch.compile(model, backend="regen", dynamic=False)
+    o = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, plain, faulted = [], 0.0, 0.0
+    for step in range(steps):
+        idx, tgt = models.batch(vocab, batch, seq, step)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        kind = faults.get(step)
+        if kind == "restart":
+            admin.restart(0, reason="test_compile")
+        o.zero_grad(set_to_none=True)
+        loss = compiled(idx, tgt)
+        if kind == "device_lost":
+            torch.cuda.synchronize()
+            gen = admin.generation()["devices"][0]["generation"]
+            admin.inject_fault(0, "device_lost")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and admin.generation()["devices"][0]["generation"] <= gen:
+                time.sleep(0.01)
+        loss.backward()
+        o.step()
+        losses.append(loss.float().item())
+        took = time.perf_counter() - t0
+        if kind:
+            faulted = max(faulted, took)
+        elif step > 1:
+            plain = max(plain, took)
+    params = [p.detach().float().clone() for p in model.parameters()]
+    torch._dynamo.reset()
+    return losses, params, plain, faulted
+
+
+def check_faults(name, admin):
+    steps = 6
+    before = rt.stats()
+    base = train_with_faults(name, steps, {}, admin)
+    hit = train_with_faults(name, steps, {2: "device_lost", 4: "restart"}, admin)
+    after = rt.stats()
+    worst_loss = max(abs(a - b) / abs(b) for a, b in zip(hit[0], base[0]))
+    worst_param = max(rel(a, b) for a, b in zip(hit[1], base[1]))
+    record(f"{name}: a device_lost between a step's Runs and a restart before one: same losses and weights",
+           worst_loss <= 1e-3 and worst_param <= 1e-3,
+           f"worst loss {worst_loss:.1e}, worst parameter {worst_param:.1e}, "
+           f"{after['retries'] - before['retries']} retries, {after['recoveries'] - before['recoveries']} recoveries")
+    record(f"{name}: a faulted step costs at most 1 s more", hit[3] - hit[2] <= 1.0,
+           f"slowest faulted step {hit[3]:.2f} s, slowest plain step {hit[2]:.2f} s")
+
+
 def main():
     regend, steps = gpu_script_args(3)
     daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120)
@@ -118,6 +179,14 @@ def main():
                 traceback.print_exc()
                 record(f"{name}: compiled training", False, f"{type(e).__name__}: {e}"[:300])
                 torch._dynamo.reset()
+        admin = regen.Client(daemon.socket, timeout=120)
+        try:
+            check_faults(MODELS[0], admin)
+        except Exception as e:
+            traceback.print_exc()
+            record(f"{MODELS[0]}: faults in compiled training", False, f"{type(e).__name__}: {e}"[:300])
+        finally:
+            admin.close()
     finally:
         failed = sum(1 for _, ok in results if not ok)
         if failed:
