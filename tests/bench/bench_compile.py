@@ -20,7 +20,11 @@ every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
 
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
-        [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--json OUT]
+        [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--optimizer torch|regen]
+        [--mps] [--json OUT]
+
+--mps: under a private CUDA MPS control daemon (started here, quit at the
+end): every path, regend's worker included, an MPS client.
 """
 
 import json
@@ -63,6 +67,12 @@ ORDERING = opt("--ordering", "events")
 JSON_OUT = opt("--json", None)
 SOCKET = opt("--socket", None)
 POOL = opt("--pool", "process")
+# regen's path with torch's fused AdamW on the rank ("torch"), or with
+# regen.torch.optim.AdamW, its step one program Run in regend ("regen").
+OPTIMIZER = opt("--optimizer", "torch")
+MPS = "--mps" in sys.argv
+if MPS:
+    sys.argv.remove("--mps")
 ONE = opt("--one", None)          # model,d,path: this process trains that one path
 RESULT = opt("--result", None)
 REGEND = sys.argv[1] if len(sys.argv) > 1 else None
@@ -71,7 +81,10 @@ REGEND = sys.argv[1] if len(sys.argv) > 1 else None
 def train(name, D, path):
     heads = D // 64
     model = models.build(name, VOCAB, SEQ, D, LAYERS, heads, dtype=torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if path == "regen" and OPTIMIZER == "regen":
+        optimizer = rt.optim.AdamW(model.parameters(), lr=1e-4)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     if path == "eager":
         fn = model
     elif path == "inductor":
@@ -154,7 +167,8 @@ def run_path(name, D, path, socket):
             env["REGEN_TORCH_POOL"] = "process"
         cmd = [sys.executable, os.path.abspath(__file__), REGEND or "", "--one", f"{name},{D},{path}",
                "--result", res.name, "--seq", str(SEQ), "--batch", str(BATCH), "--layers", str(LAYERS),
-               "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING]
+               "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING,
+               "--optimizer", OPTIMIZER]
         if socket:
             cmd += ["--socket", socket]
         rc = subprocess.call(cmd, env=env)
@@ -165,11 +179,39 @@ def run_path(name, D, path, socket):
             return {"path": path, "error": f"the process training it exited {rc} with no result"}
 
 
+def start_mps():
+    """A private MPS control daemon: its pipe and log folders in the
+    environment every process started from here on inherits."""
+    import subprocess
+    import tempfile
+    base = tempfile.mkdtemp(prefix="regen-mps-")
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(base, "pipe")
+    os.environ["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(base, "log")
+    os.makedirs(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
+    os.makedirs(os.environ["CUDA_MPS_LOG_DIRECTORY"])
+    subprocess.check_call(["nvidia-cuda-mps-control", "-d"])
+
+
+def stop_mps():
+    import subprocess
+    subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", check=False)
+
+
 def main():
+    if MPS:
+        start_mps()
+    try:
+        _main()
+    finally:
+        if MPS:
+            stop_mps()
+
+
+def _main():
     daemon = Daemon(SOCKET, REGEND, "cuda") if "regen" in PATHS else None
     rows, out = [], {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "seq": SEQ, "batch": BATCH,
                      "layers": LAYERS, "vocab": VOCAB, "steps": STEPS, "ordering": ORDERING, "pool": POOL,
-                     "runs": []}
+                     "mps": MPS, "optimizer": OPTIMIZER, "runs": []}
     try:
         for name in MODELS:
             for D in DIMS:
@@ -199,7 +241,8 @@ def main():
         if daemon is not None:
             daemon.close()
     print(f"card: {out['card']}, torch {out['torch']}; B{BATCH} S{SEQ}, {LAYERS} layers, vocab {VOCAB}, bf16, "
-          f"AdamW fused; {STEPS} timed steps after {WARMUP}; ordering {ORDERING}; regen's pool {POOL}")
+          f"AdamW fused; {STEPS} timed steps after {WARMUP}; ordering {ORDERING}; regen's pool {POOL}"
+          f"{'; under MPS' if MPS else ''}")
     print(markdown_table(["model", "d", "eager tok/s", "inductor tok/s", "regen tok/s", "regen / best in process",
                           "hand-offs a step", "Runs a step", "rank steps a step", "max loss diff vs eager"], rows))
     for run in out["runs"]:

@@ -891,6 +891,11 @@ class Runtime:
                         deadline = time.monotonic() + self.recovery_timeout
                     self._recover(e, tensors, attempts, deadline)
                     self.counters["retries"] += 1
+                except errors.OutOfMemory as e:
+                    # As torch's own kernels would say it: training loops
+                    # catch torch.cuda.OutOfMemoryError to shrink a batch.
+                    oom = getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
+                    raise oom(f"regend ran out of memory for a program Run: {e}") from e
                 except errors.NoSuchObject:
                     # A new worker knows no program of ours: define again.
                     attempts += 1
