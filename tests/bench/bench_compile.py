@@ -35,20 +35,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _harness import Daemon, markdown_table, require_torch  # noqa: E402
+from regend_fixture import take_option as opt  # noqa: E402
 
 torch = require_torch()
 
 import models  # noqa: E402
 import regen.torch as rt  # noqa: E402
-
-
-def opt(name, default):
-    if name in sys.argv:
-        i = sys.argv.index(name)
-        value = sys.argv[i + 1]
-        del sys.argv[i:i + 2]
-        return value
-    return default
 
 
 MODELS = opt("--models", "gpt,llama,encoder").split(",")

@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench"))
-from regend_fixture import Regend, gpu_script_args, require_torch  # noqa: E402
+from regend_fixture import Regend, gpu_script_args, require_torch, take_option as opt  # noqa: E402
 
 torch = require_torch()
 
@@ -42,15 +42,6 @@ results = []
 def record(name, ok, detail=""):
     results.append((name, ok))
     print(f"{'PASS' if ok else 'FAIL'}  {name:60s} {detail}", flush=True)
-
-
-def opt(name, default):
-    if name in sys.argv:
-        i = sys.argv.index(name)
-        value = sys.argv[i + 1]
-        del sys.argv[i:i + 2]
-        return value
-    return default
 
 
 MODELS = opt("--models", "gpt,llama,encoder").split(",")
