@@ -735,6 +735,22 @@ class Optimizer(unittest.TestCase):
         self.assertGreaterEqual(after["retries"] - before["retries"], 1)
         self.assertEqual(float(opt_mine.state[mine[0]]["step"]), 12.0)
 
+    def test_a_dropped_optimizer_drops_its_program(self):
+        import gc
+        import regen.torch.optim as ropt
+
+        def adamw_programs():
+            return [p for p in rt.runtime().client.program_status(0) if p["name"] == "adamw"]
+        had = len(adamw_programs())
+        p = torch.nn.Parameter(rt.host_empty([5], torch.float32).fill_(1.0))
+        opt = ropt.AdamW([p], lr=0.1)
+        p.grad = rt.host_empty([5], torch.float32).fill_(0.5)
+        opt.step()
+        self.assertEqual(len(adamw_programs()), had + 1)
+        del opt
+        gc.collect()
+        self.assertEqual(len(adamw_programs()), had)
+
     def test_state_dict_round_trip(self):
         import regen.torch.optim as ropt
         p = torch.nn.Parameter(rt.host_empty([6], torch.float32).copy_(torch.arange(6.0)))

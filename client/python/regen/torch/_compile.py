@@ -12,6 +12,7 @@ on torch's current stream (ordered by the runtime's IPC events), each
 defined on first use per device and again after its worker was replaced.
 """
 
+import itertools
 import operator
 import os
 import threading
@@ -36,6 +37,9 @@ _DROPPED = ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default
 
 _lock = threading.Lock()
 _graphs = []   # weak references to every CompiledGraph, for explain()
+# Each compiled graph's programs are keyed by its own serial, never by an
+# id() that a later object may take once it is gone.
+_serials = itertools.count(1)
 
 
 class _Symbolic(Exception):
@@ -156,19 +160,20 @@ class CompiledGraph:
         except _Symbolic as e:
             self.graph, self.steps = None, None
             self.why_eager = f"{e}: the graph runs on the rank (compile with dynamic=False)"
-        self.programs = {}       # (segment index, regend device) -> Program
+        self.serial = next(_serials)
         self.failed = {}         # segment index -> why regend refused it
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if self.steps is not None:
             self._plan_frees()
         with _lock:
             _graphs.append(weakref.ref(self))
-            serial = len(_graphs)
+        # Its programs go with it (a recompile, torch._dynamo.reset()).
+        weakref.finalize(self, forget_programs, self.serial)
         dump = os.environ.get("REGEN_COMPILE_DUMP")
         if dump:
             # The graph as AOTAutograd gave it, for reading beside explain().
             os.makedirs(dump, exist_ok=True)
-            with open(os.path.join(dump, f"{serial:03d}_{kind}.py"), "w") as f:
+            with open(os.path.join(dump, f"{self.serial:03d}_{kind}.py"), "w") as f:
                 f.write(gm.code)
 
     def _plan_frees(self):
@@ -270,7 +275,7 @@ class CompiledGraph:
             env[v.id] = torch.empty_strided(v.shape, v.strides, dtype=_torch_dtype(v),
                                             device=device_tensor.device if device_tensor is not None else "cuda")
         try:
-            rt.run_program((id(self), seg.index), seg.definition, binds)
+            rt.run_program((("graph", self.serial), seg.index), seg.definition, binds)
         except errors.InvalidProgram as e:
             # regend refused what the lowering wrote: this segment runs on
             # the rank from now on, and explain() says why.
@@ -303,6 +308,16 @@ class CompiledGraph:
                     rank.append({"op": op.target, "why": s.reasons.get(op.index)})
         return {"kind": self.kind, "calls": self.calls, "eager": None, "segments": segs, "rank": rank,
                 "handoffs": handoffs}
+
+
+def forget_programs(serial, kind="graph"):
+    """Drops a compiled graph's (or an optimizer's) programs in regend."""
+    try:
+        from . import _runtime as current   # the process's Runtime, or None: none is made for this
+        if current is not None:
+            current.forget_programs((kind, serial))
+    except Exception:   # at interpreter exit, or with regend gone: nothing left to drop
+        pass
 
 
 def _same_layout(t, v):

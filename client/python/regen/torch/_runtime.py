@@ -964,6 +964,19 @@ class Runtime:
             self._follow(device, stream, pair)
         return program
 
+    def forget_programs(self, owner):
+        """Drops in regend the programs run under keys (owner, ...): a
+        compiled graph or an optimizer that is gone (a recompile, a
+        torch._dynamo.reset()), so that they neither count against the
+        process's programs nor stay defined."""
+        with self.lock:
+            for k in [k for k in self._programs if isinstance(k[0], tuple) and k[0][0] == owner]:
+                program = self._programs.pop(k)
+                try:
+                    self.client.drop_program(program)
+                except (errors.Error, OSError):
+                    pass   # its generation or its worker is gone: so is the program
+
     def rank_work_between_programs(self, fallback=False):
         """A compiled graph ran GPU work of its own on the rank between two
         of its segments (counted; a refused segment counts as a fallback)."""

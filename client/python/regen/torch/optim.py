@@ -14,8 +14,12 @@ never half.  Learning rates may change between steps (schedulers): each
 group's lr and step count are scalars of the Run, not of the definition.
 """
 
+import itertools
+import weakref
+
 import torch
 
+_serials = itertools.count(1)
 __all__ = ["AdamW"]
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -35,6 +39,9 @@ class AdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self._journal = None
         self._definitions = {}   # the parameters' layout and constants -> the program's definition
+        self._serial = next(_serials)
+        from ._compile import forget_programs
+        weakref.finalize(self, forget_programs, self._serial, "optimizer")
 
     def _definition(self, groups):
         """The program for these groups' parameters (shapes, dtypes) and
@@ -109,7 +116,7 @@ class AdamW(torch.optim.Optimizer):
         if not groups:
             return loss
         self._device = groups[0][1][0].device
-        key = ("adamw", id(self), tuple(key))
+        key = (("optimizer", self._serial), tuple(key))
         definition = self._definitions.get(key)
         if definition is None:
             definition = self._definitions[key] = self._definition(groups)
