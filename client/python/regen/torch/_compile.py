@@ -162,6 +162,7 @@ class CompiledGraph:
             self.why_eager = f"{e}: the graph runs on the rank (compile with dynamic=False)"
         self.serial = next(_serials)
         self.failed = {}         # segment index -> why regend refused it
+        self.relaid = 0          # segment runs on the rank: inputs laid out otherwise than traced
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if self.steps is not None:
             self._plan_frees()
@@ -255,11 +256,12 @@ class CompiledGraph:
         device_tensor = None
         for name, v in seg.inputs:
             t = env[v.id]
-            if tuple(t.shape) != v.shape or (t.numel() > 1 and tuple(t.stride()) != v.strides and
-                                             not _same_layout(t, v)):
-                raise errors.ProtocolError(parameters={
-                    "message": f"regen.torch: a compiled graph's input {name} arrived as {list(t.shape)} strides "
-                               f"{list(t.stride())}, traced as {list(v.shape)} strides {list(v.strides)}"})
+            if tuple(t.shape) != v.shape or (t.numel() > 1 and not _same_layout(t, v)):
+                # Not as traced (the program's tensors have the trace's
+                # strides): this call runs the segment on the rank.
+                self.relaid += 1
+                self._run_rank(rt, sorted(seg.ops, key=lambda o: o.index), env, True)
+                return
             binds[name] = t
             device_tensor = t
         roots = {}
@@ -307,7 +309,7 @@ class CompiledGraph:
                 for op in s.ops:
                     rank.append({"op": op.target, "why": s.reasons.get(op.index)})
         return {"kind": self.kind, "calls": self.calls, "eager": None, "segments": segs, "rank": rank,
-                "handoffs": handoffs}
+                "handoffs": handoffs, "relaid": self.relaid}
 
 
 def forget_programs(serial, kind="graph"):
@@ -359,6 +361,8 @@ def explain(show=True):
         for i, r in enumerate(reports):
             print(f"graph {i} ({r['kind']}, {r['calls']} calls): {len(r['segments'])} program segment(s), "
                   f"{len(r['rank'])} op(s) on the rank, {r['handoffs']} hand-off(s) per call")
+            if r.get("relaid"):
+                print(f"  {r['relaid']} segment run(s) on the rank: inputs arrived laid out otherwise than traced")
             if r["eager"]:
                 print(f"  all on the rank: {r['eager']}")
             for s in r["segments"]:
