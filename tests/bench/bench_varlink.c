@@ -421,6 +421,17 @@ static void print_drift(long per_round, const struct drift *de, const struct dri
 	       fmax(dv[0].worst, dv[1].worst) / fmax(de[0].worst, de[1].worst));
 }
 
+/* Issue 30's target: within 2x of the echo at any run length, the run's
+ * p50 and the worst block's. */
+static void print_target(double run_ratio, const struct drift *de, const struct drift *dv)
+{
+	double block_ratio = fmax(dv[0].worst, dv[1].worst) / fmax(de[0].worst, de[1].worst);
+
+	printf("\nissue 30's target (Generation within 2x of the echo at any run length: the run's p50 %.2fx, "
+	       "the worst block %.2fx): %s\n",
+	       run_ratio, block_ratio, run_ratio <= 2 && block_ratio <= 2 ? "met" : "missed");
+}
+
 static void print_where_row(const char *path, const struct where *w)
 {
 	double n = (double)w->calls, wall = w->wall_s * 1e6 / n, server = w->server_cpu_ns / 1e3 / n,
@@ -522,6 +533,7 @@ int main(int argc, char **argv)
 	printf("\nGeneration / echo: p50 %.2fx, mean %.2fx\n", sv.p50 / se.p50, sv.mean / se.mean);
 	print_drift(iters / 2, de, dv);
 	print_where(&we, &wv);
+	print_target(sv.p50 / se.p50, de, dv);
 	if (do_strace) {
 		char s1[512], s2[512];
 
