@@ -92,7 +92,7 @@ struct rd_comm {
 	bool has_key;
 	char key[129];
 	uid_t key_uid;               /* whose it is: its ranks' uid, who may Attach */
-	unsigned char unique_id[RP_COMM_ID_SIZE];  /* the id its Init named (worker/comm_owners.h) */
+	unsigned char unique_id[RP_COMM_ID_SIZE];  /* the id its Init named (daemon/comm_owners.h) */
 };
 
 /* A program (io.regen.Program, proto/program.h) as a backend keeps it:

@@ -841,11 +841,19 @@ static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
 	start_settled(d);
 }
 
+static uid_t on_worker_comm_owner(void *data, uid_t uid, const unsigned char id[RP_COMM_ID_SIZE])
+{
+	struct rd_sv_device *d = data;
+
+	return rd_comm_owners_claim(d->env->comm_owners, uid, id);
+}
+
 static const struct rd_sv_worker_events worker_events = {
 	.ready = on_worker_ready,
 	.faulted = on_worker_faulted,
 	.exited = on_worker_exited,
 	.cannot_serve = on_worker_cannot_serve,
+	.comm_owner = on_worker_comm_owner,
 };
 
 /* A worker that hangs in its start (a driver that never answers its

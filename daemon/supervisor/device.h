@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
+#include "daemon/comm_owners.h"
 #include "daemon/hang_charge.h"
 #include "daemon/listen.h"
 #include "daemon/options.h"
@@ -76,6 +77,9 @@ struct rd_sv_device_env {
 	/* The uids cooling down after a hang (daemon/hang_charge.h): a new
 	 * worker starts with them; NULL: none. */
 	const struct rd_hang_charges *hang_charges;
+	/* Whose each communicator unique id is, node-wide
+	 * (daemon/comm_owners.h): the devices' workers ask. */
+	struct rd_comm_owners *comm_owners;
 	const struct rd_sv_device_events *events;
 	void *data;
 };

@@ -9,6 +9,8 @@
 #include "daemon/log.h"
 #include "daemon/supervisor/worker_process.h"
 #include "daemon/worker/worker.h"
+#include "proto/comm.h"
+#include "proto/errors.h"
 #include "proto/idl.h"
 #include "proto/params.h"
 
@@ -25,7 +27,7 @@ void rd_sv_worker_init(struct rd_sv_worker *w, uv_loop_t *loop, int device, cons
 	w->data = data;
 }
 
-/* ---- What the worker calls: io.regen.Worker.Ready and Faulted ---- */
+/* ---- What the worker calls: io.regen.Worker.Ready, Faulted, CannotServe, CommOwner ---- */
 
 static void ctl_ready(struct rd_call *call)
 {
@@ -90,8 +92,33 @@ static void ctl_cannot_serve(struct rd_call *call)
 	rd_call_reply(call, NULL, false);
 }
 
+static void ctl_comm_owner(struct rd_call *call)
+{
+	struct rd_sv_worker *w = call->conn->data;
+	unsigned char id[RP_COMM_ID_SIZE];
+	struct rp_error err = { 0 };
+	const char *hex = NULL;
+	uint64_t uid;
+	cJSON *reply;
+
+	if (rp_params_string(call->msg.params, "unique_id", RP_COMM_ID_HEX_LEN, NULL, &hex, &err) < 0 ||
+	    rp_comm_id_from_hex(hex, id) < 0 || rp_params_uint(call->msg.params, "uid", UINT32_MAX, 0, &uid, &err) != 0) {
+		rp_error_clear(&err);
+		rd_call_failf(call, RP_ERR_INVALID_PARAMETER, "CommOwner needs a unique_id and a uid");
+		return;
+	}
+	if (!w->events->comm_owner) {
+		rd_call_failf(call, RP_ERR_NOT_PERMITTED, "the supervisor keeps no communicator ids");
+		return;
+	}
+	reply = cJSON_CreateObject();
+	cJSON_AddNumberToObject(reply, "uid", (double)w->events->comm_owner(w->data, (uid_t)uid, id));
+	rd_call_reply(call, reply, false);
+}
+
 static const struct rd_method ctl_methods[] = {
 	{ "io.regen.Worker.Ready", ctl_ready },
+	{ "io.regen.Worker.CommOwner", ctl_comm_owner },
 	{ "io.regen.Worker.Faulted", ctl_faulted },
 	{ "io.regen.Worker.CannotServe", ctl_cannot_serve },
 	{ NULL },

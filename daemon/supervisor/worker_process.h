@@ -9,9 +9,11 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 #include "daemon/conn.h"
 #include "daemon/options.h"
+#include "proto/compute.h"
 
 /* What a worker's Ready carries. */
 struct rd_sv_worker_ready {
@@ -49,6 +51,11 @@ struct rd_sv_worker_events {
 	 * how is RD_SV_EXIT_UNSUPPORTED or RD_SV_EXIT_DEVICE_FAILED, as its
 	 * exit status will say. health: NULL when absent. May be NULL. */
 	void (*cannot_serve)(void *data, enum rd_sv_exit how, const char *reason, const cJSON *health);
+	/* Whose a communicator's unique id is on the node, asked by the
+	 * worker for a process of uid that made or joins with it
+	 * (io.regen.Worker.CommOwner, daemon/comm_owners.h). May be NULL:
+	 * the worker is refused. */
+	uid_t (*comm_owner)(void *data, uid_t uid, const unsigned char id[RP_COMM_ID_SIZE]);
 };
 
 struct rd_sv_worker {

@@ -22,7 +22,6 @@
 #include "daemon/hang_charge.h"
 #include "daemon/listen.h"
 #include "daemon/options.h"
-#include "daemon/worker/comm_owners.h"
 #include "daemon/worker/objects.h"
 #include "daemon/worker/usage.h"
 
@@ -80,7 +79,6 @@ struct rd_worker {
 	struct rd_device dev;
 	struct rd_objects objects;
 	struct rd_usage_table usage;    /* what each job uses (usage.h) */
-	struct rd_comm_owners comm_owners;  /* whose the unique ids it made are (comm_owners.h) */
 	/* The uids cooling down after a hang, as the supervisor last said:
 	 * their compute calls are refused (compute.c). */
 	struct rd_hang_charges hang_charges;
