@@ -487,7 +487,7 @@ struct cuda_rtc_module {
 	struct cuda_dev *cd;
 	const struct rd_prog_step *step;    /* source and kernels: the program's plan, outlives this */
 	CUmodule module;
-	CUfunction fn[RD_PROG_STEP_KERNELS_MAX];
+	CUfunction *fn;                     /* step->nkernels of them (made by the first init) */
 	unsigned sm_count;                  /* the device's, for the grids */
 	/* Under res.lock. */
 	void *image;

@@ -377,7 +377,8 @@ static const char *cu_error_string(CUresult r)
 static void forget(struct cuda_rtc_module *m)
 {
 	m->module = NULL;
-	memset(m->fn, 0, sizeof(m->fn));
+	if (m->fn)
+		memset(m->fn, 0, (size_t)m->step->nkernels * sizeof(*m->fn));
 }
 
 static int module_init(struct rd_resource *res)
@@ -390,6 +391,8 @@ static int module_init(struct rd_resource *res)
 	r = image_ensure(m);
 	if (r < 0)
 		return r;
+	if (!m->fn && !(m->fn = calloc((size_t)st->nkernels + 1, sizeof(*m->fn))))
+		return cuda_status_set(RP_ERR_OUT_OF_MEMORY, "no host memory for %s's functions", st->kernels[0].name);
 	if (cuda_driver_load(&err) < 0) {
 		const char *msg = err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : NULL;
 		r = cuda_status_set(RP_ERR_BACKEND, "%s", msg ? msg : "the driver's entry points could not be loaded");
@@ -454,7 +457,9 @@ void cuda_rtc_module_finish(struct cuda_rtc_module *m)
 		return;
 	rd_resource_unregister(&m->res);
 	free(m->image);
+	free(m->fn);
 	m->image = NULL;
+	m->fn = NULL;
 	m->cd = NULL;
 }
 
