@@ -150,6 +150,8 @@ const struct rd_option rd_option_table[] = {
 	  .help = "the uids cooling down after a hang: uid:ms_left:cooldown_ms:strikes,..." },
 	{ "ctl-fd", NULL, "FD", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(ctl_fd), .min = 0,
 	  .max = 1024, .help = "the control channel to the supervisor" },
+	{ "programs-fd", NULL, "FD", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(programs_fd),
+	  .min = 0, .max = 1024, .help = "the programs to define again before serving (their processes' ids kept)" },
 	{ NULL },
 };
 
@@ -411,6 +413,7 @@ void rd_options_defaults(struct rd_options *o)
 	o->worker_generation = 1;
 	o->worker_epoch = 1;
 	o->ctl_fd = -1;
+	o->programs_fd = -1;
 }
 
 void rd_options_usage(FILE *f)
@@ -626,6 +629,9 @@ int rd_options_worker_argv(const struct rd_options *o, const char *exe, struct r
 		int len;
 
 		if (!(opt->where & RD_OPT_WORKER) || rd_option_format(o, opt, value, sizeof(value)) != 0)
+			continue;
+		/* An internal fd of -1 is none: not passed. */
+		if ((opt->where & RD_OPT_INTERNAL) && value[0] == '-')
 			continue;
 		if (opt->type == RD_OPT_BOOL) {
 			/* One word: --flag=false, for a flag whose default is true. */

@@ -77,6 +77,7 @@ struct rd_options {
 	uint64_t worker_epoch;         /* the node's epoch when the worker starts */
 	char worker_charged[256];      /* the uids cooling down after a hang (daemon/hang_charge.h) */
 	int ctl_fd;
+	int programs_fd;               /* the programs to define before serving (supervisor/kept_programs.h); -1: none */
 };
 
 /* Where an option may be given, and what becomes of it. */

@@ -72,6 +72,32 @@ static int check_limits(struct rd_worker *w, const struct rd_client *c, const st
 	return 0;
 }
 
+int rd_program_add(struct rd_worker *w, struct rd_client *owner, struct rp_program *def, uint64_t serial,
+		   struct rd_program **out, struct rp_error *err)
+{
+	struct rd_program *prog = NULL;
+
+	if (!w->dev.backend->program_create) {
+		rp_err_backend_error(err, w->dev.index, "the %s backend runs no programs", w->dev.backend->name);
+		return -ENOSYS;
+	}
+	if (check_limits(w, owner, def, err) < 0)
+		return -E2BIG;
+	if (w->dev.backend->program_create(&w->dev, def, &prog, err) < 0) {
+		if (!err->name)
+			rp_err_backend_error(err, w->dev.index, "the backend could not take the program");
+		return -EIO;
+	}
+	prog->device = &w->dev;
+	prog->def = def;
+	if (serial)
+		rd_objects_add_as(&w->objects, &prog->obj, RD_OBJECT_PROGRAM, owner, serial);
+	else
+		rd_objects_add(&w->objects, &prog->obj, RD_OBJECT_PROGRAM, owner);
+	*out = prog;
+	return 0;
+}
+
 void rd_program_define(struct rd_call *call)
 {
 	struct rd_session *s = rd_session_of(call);
@@ -89,20 +115,16 @@ void rd_program_define(struct rd_call *call)
 		not_implemented(call, &err);
 		goto fail;
 	}
-	if (rp_program_parse(call->msg.params, def, &err) < 0 || check_limits(w, s->client, def, &err) < 0)
+	if (rp_program_parse(call->msg.params, def, &err) < 0 ||
+	    rd_program_add(w, s->client, def, 0, &prog, &err) < 0)
 		goto fail;
-	if (w->dev.backend->program_create(&w->dev, def, &prog, &err) < 0) {
-		if (!err.name)
-			rp_err_backend_error(&err, w->dev.index, "the backend could not take the program");
-		goto fail;
-	}
-	prog->device = &w->dev;
-	prog->def = def;
-	rd_objects_add(&w->objects, &prog->obj, RD_OBJECT_PROGRAM, s->client);
 	rp_id_format(&prog->obj.id, id);
 	rd_debug("program", w->dev.index, rd_worker_generation(w), s->client->peer.pid,
 		 "defined %s '%s': %d nodes, %d tensors, %llu bytes of intermediates", id,
 		 def->name, def->nnodes, def->ntensors, (unsigned long long)def->intermediate_bytes);
+	/* Told before the reply goes: a worker that dies after its caller
+	 * heard of the program leaves it to the next (program_keep.c). */
+	rd_program_keep(w, prog, s->client, call->raw.text, call->raw.len);
 
 	cJSON *reply = cJSON_CreateObject();
 	cJSON *bound = cJSON_AddArrayToObject(reply, "bound");

@@ -333,8 +333,8 @@ def check_block(c):
 def check_faults(c):
     """100 AdamW steps through one program with a journal, device_lost
     injected at random points of random steps, bit-identical to the same
-    steps without faults (the worker may respawn: the program is defined
-    again by run_exactly_once)."""
+    steps without faults (the worker may respawn: its program comes back
+    under its id, and the Run is retried by run_exactly_once)."""
     import random
     import threading
     import time
