@@ -817,6 +817,15 @@ static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
 	if (backoff > RESPAWN_BACKOFF_MAX_MS)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	op_await_worker(d);
+	/* A worker handed kept programs that died before it served may have
+	 * died of one of them: the next starts without, rather than in a
+	 * loop (their processes define them again on NoSuchObject). */
+	if (!d->worker_served && d->kept_programs.count) {
+		rd_warn("lifecycle", d->index, d->generation, 0,
+			"the %u programs kept for the worker are forgotten: it exited before it served",
+			d->kept_programs.count);
+		rd_sv_kept_programs_finish(&d->kept_programs);
+	}
 	/* A worker that never served makes no transition (the device was
 	 * respawning already): its exit is still why the device does not
 	 * serve, which Status and Watch say. Worded to stay true once a later

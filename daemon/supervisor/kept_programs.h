@@ -15,7 +15,10 @@
  *
  * Bounded by the worker's own limits, checked again here: max_programs and
  * max_program_nodes per process, max_uid_programs and max_uid_program_nodes
- * per uid (the worker refused whatever went past them at Define). */
+ * per uid (the worker refused whatever went past them at Define). A worker
+ * that exits before it served, having been handed programs, may have died
+ * of one of them: the device forgets them all, so that no definition keeps
+ * a device from serving (device.c). */
 #pragma once
 
 #include <stddef.h>
