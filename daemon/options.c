@@ -83,6 +83,14 @@ const struct rd_option rd_option_table[] = {
 	{ "max-uid-program-nodes", "max_uid_program_nodes", "N", RD_OPT_UINT, USER | RD_OPT_WORKER,
 	  FIELD(max_uid_program_nodes), .min = 1, .max = 268435456, .def = "262144",
 	  .help = "nodes of all the programs the processes of one uid hold on a device together, after lowering" },
+	{ "max-uid-compile-ms", "max_uid_compile_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_uid_compile_ms),
+	  .min = 1, .max = 86400000, .def = "600000",
+	  .help = "NVRTC time compiling the kernels of one uid's programs may take per device, a budget given back at "
+		  "this many ms an hour; a compile past it is stopped, its Run LimitExceeded" },
+	{ "max-uid-module-mib", "max_uid_module_mib", "MIB", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_uid_module_mib),
+	  .min = 1, .max = 1048576, .def = "1024",
+	  .help = "compiled kernels (their images, in the worker's memory and loaded on the device) the programs of "
+		  "one uid hold together per device" },
 	{ "max-ring-entries", "max_ring_entries", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_ring_entries),
 	  .min = 1, .max = 16777216, .def = "16384",
 	  .help = "entries of a uid's lane rings (io.regen.Lane) together, per device: each holds a call's state" },

@@ -52,6 +52,8 @@ struct rd_options {
 	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */
 	unsigned max_uid_programs;     /* programs of every process of a uid together, per device */
 	unsigned max_uid_program_nodes; /* and their nodes, after lowering */
+	unsigned max_uid_compile_ms;   /* NVRTC time a uid's programs may take per device, refilled per hour */
+	unsigned max_uid_module_mib;   /* compiled kernels a uid's programs hold per device */
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned max_ring_entries;     /* entries of every ring of a uid together, per device */
 	uint64_t max_import_gib;       /* bytes imported by a uid together, per device, in GiB */

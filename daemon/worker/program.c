@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/log.h"
+#include "daemon/program/compile_budget.h"
 #include "daemon/worker/session.h"
 #include "proto/errors.h"
 #include "proto/program.h"
@@ -72,11 +73,34 @@ static int check_limits(struct rd_worker *w, const struct rd_client *c, const st
 	return 0;
 }
 
+/* The uid's compile account on this device, made on its first program. */
+static struct rd_compile_account *compile_account(struct rd_worker *w, uid_t uid, struct rp_error *err)
+{
+	struct rd_compile_account *a;
+
+	for (a = w->compile_accounts; a; a = a->next)
+		if (a->uid == uid)
+			return a;
+	a = malloc(sizeof(*a));
+	if (!a) {
+		rp_err_out_of_memory(err, w->dev.index, "no host memory for the program");
+		return NULL;
+	}
+	rd_compile_account_init(a, uid, w->dev.index, (uint64_t)w->opts->max_uid_compile_ms * 1000000,
+				(uint64_t)w->opts->max_uid_module_mib << 20, rd_compile_clock_ns());
+	a->next = w->compile_accounts;
+	w->compile_accounts = a;
+	return a;
+}
+
 int rd_program_add(struct rd_worker *w, struct rd_client *owner, struct rp_program *def, uint64_t serial,
 		   struct rd_program **out, struct rp_error *err)
 {
 	struct rd_program *prog = NULL;
+	struct rd_compile_account *account = compile_account(w, owner->peer.uid, err);
 
+	if (!account)
+		return -ENOMEM;
 	if (!w->dev.backend->program_create) {
 		rp_err_backend_error(err, w->dev.index, "the %s backend runs no programs", w->dev.backend->name);
 		return -ENOSYS;
@@ -90,6 +114,7 @@ int rd_program_add(struct rd_worker *w, struct rd_client *owner, struct rp_progr
 	}
 	prog->device = &w->dev;
 	prog->def = def;
+	prog->compile = account;
 	if (serial)
 		rd_objects_add_as(&w->objects, &prog->obj, RD_OBJECT_PROGRAM, owner, serial);
 	else
@@ -337,6 +362,8 @@ static cJSON *program_status(const struct rd_program *p)
 	cJSON_AddNumberToObject(o, "launch_us", (double)p->launch_ns / 1e3);
 	cJSON_AddNumberToObject(o, "scratch_bytes", (double)p->scratch_bytes);
 	cJSON_AddNumberToObject(o, "modules", (double)p->modules);
+	cJSON_AddNumberToObject(o, "module_bytes", (double)p->module_bytes);
+	cJSON_AddNumberToObject(o, "compile_us", (double)p->compile_us);
 	cJSON_AddNumberToObject(o, "kernels", (double)p->kernels);
 	cJSON_AddNumberToObject(o, "graph_captures", (double)p->graph_captures);
 	cJSON_AddNumberToObject(o, "graph_launches", (double)p->graph_launches);

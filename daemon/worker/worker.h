@@ -108,6 +108,10 @@ struct rd_worker {
 	/* Processes whose programs came back from an earlier worker before
 	 * they connected, watched until they do or exit (program_keep.c). */
 	struct rd_kept_owner *kept_owners;
+	/* What compiling programs' kernels may still cost each uid that
+	 * defined one (daemon/program/compile_budget.h); kept for the
+	 * worker's life, so that a Drop gives back no compile time. */
+	struct rd_compile_account *compile_accounts;
 	unsigned next_lane;
 
 	struct rd_call *drain_call;     /* the supervisor's Drain, while it waits */

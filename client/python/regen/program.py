@@ -257,7 +257,8 @@ class Programs:
     def program_status(self, device, program=None):
         """Status of one program, or of every program of this process on
         ``device``: a list of dicts (runs, run_us, scratch_bytes, modules,
-        kernels, graph_captures, graph_launches, stream_runs, not_captured)."""
+        module_bytes, compile_us, kernels, graph_captures, graph_launches,
+        stream_runs, not_captured)."""
         params = {} if program is None else {"program": program.id}
         return self._worker_call(device, "io.regen.Program.Status", params, ())["programs"]
 
