@@ -1097,6 +1097,24 @@ void rd_conn_close(struct rd_conn *conn)
 	conn_unref(conn);
 }
 
+void rd_conn_read_rest(struct rd_conn *conn)
+{
+	conn->refs++;
+	while (!conn->closed && !conn->eof && may_read(conn)) {
+		ssize_t n = rp_rx_read(&conn->rx, conn->fd);
+
+		if (n == -EINTR)
+			continue;
+		if (n <= 0) {
+			conn->eof = conn->peer_shut = conn->peer_gone = true;
+			break;
+		}
+		conn_process(conn);
+	}
+	conn_process(conn);
+	conn_unref(conn);
+}
+
 void rd_conn_hold(struct rd_conn *conn)
 {
 	conn->refs++;
@@ -1119,6 +1137,12 @@ void rd_conn_flush(struct rd_conn *conn)
 
 int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool oneway, rd_reply_cb cb, void *userdata)
 {
+	return rd_conn_call_fds(conn, method, params, NULL, 0, oneway, cb, userdata);
+}
+
+int rd_conn_call_fds(struct rd_conn *conn, const char *method, cJSON *params, const int *fds, size_t nfds, bool oneway,
+		     rd_reply_cb cb, void *userdata)
+{
 	char *text;
 	int r;
 
@@ -1140,7 +1164,7 @@ int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool o
 		p->cb = cb;
 		p->userdata = userdata;
 	}
-	r = rp_tx_push(&conn->tx, text, strlen(text), NULL, 0);
+	r = rp_tx_push(&conn->tx, text, strlen(text), fds, nfds);
 	free(text);
 	if (r < 0) {
 		/* Not sent: no reply will come for it, and a callback waiting

@@ -231,6 +231,29 @@ bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b)
 	       a->pidfs_inode == b->pidfs_inode && a->token == b->token;
 }
 
+int rd_peer_open_process(const struct rd_peer *peer)
+{
+	int pidfd;
+	bool same;
+
+	if (peer->token || peer->pid <= 0)
+		return -ESRCH;
+	pidfd = (int)syscall(SYS_pidfd_open, peer->pid, 0);
+	if (pidfd < 0) {
+		if (errno == ESRCH)
+			return -ESRCH;
+		/* No pidfd: the start time alone says whether it is the one. */
+		return start_time_of(peer->pid) == peer->start_time ? -errno : -ESRCH;
+	}
+	/* Read while the pidfd holds the process, as rd_peer_read does. */
+	same = peer->pidfs_inode ? pidfs_inode(pidfd) == peer->pidfs_inode : start_time_of(peer->pid) == peer->start_time;
+	if (!same || !alive(pidfd)) {
+		close(pidfd);
+		return -ESRCH;
+	}
+	return pidfd;
+}
+
 /* Whether gid is among the socket peer's supplementary groups, all of
  * them: the kernel says how many bytes they take (ERANGE) and is asked
  * again with that room, bounded by what a process may have. A connected

@@ -241,8 +241,10 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 	/* Compiled when the first Run needs them, on the lane's thread: a
 	 * compile takes far longer than the worker's loop may wait. */
 	for (int i = 0; i < p->plan.nsteps; i++)
-		if (p->plan.steps[i].kind != RD_STEP_LIBRARY)
+		if (p->plan.steps[i].kind != RD_STEP_LIBRARY) {
 			cuda_rtc_module_init(p->cd, &p->modules[i], &p->plan.steps[i]);
+			p->modules[i].prog = &p->base;
+		}
 	p->state.prog = p;
 	rd_resource_register(&dev->registry, &p->state.res, &state_ops);
 	*out = &p->base;
