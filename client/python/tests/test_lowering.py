@@ -307,6 +307,48 @@ class HostRunTest(unittest.TestCase):
         finally:
             r.close()
 
+    def test_reductions_views_and_softmax(self):
+        B, T, D = 3, 4, 5
+        g = Builder()
+        x = g.input((B, T, D))
+        xt = g.op("aten.permute.default", [g.val((T, B, D), of=x, strides=(D, T * D, 1))], self=x, dims=[1, 0, 2])
+        e = g.op("aten.exp.default", [g.val((T, B, D))], self=xt)         # a permuted view read in place
+        m_lead = g.op("aten.mean.dim", [g.val((D,))], self=e, dim=[0, 1], keepdim=False)
+        m_last = g.op("aten.amax.default", [g.val((T, B, 1))], self=e, dim=[-1], keepdim=True)
+        m_first = g.op("aten.sum.dim_IntList", [g.val((B, D))], self=e, dim=[0], keepdim=False)
+        sm = g.op("aten._softmax.default", [g.val((T, B, D))], self=e, dim=2, half_to_float=False)
+        dy = g.input((T, B, D))
+        dsm = g.op("aten._softmax_backward_data.default", [g.val((T, B, D))], grad_output=dy, output=sm, dim=2,
+                   input_dtype=None)
+        steps = partition(g.graph([m_lead, m_last, m_first, dsm]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        r = HostRunner(self.c, steps)
+        try:
+            xs, dys = self.rand(B * T * D), self.rand(T * B * D)
+            r.give(x, xs)
+            r.give(dy, dys)
+            r.run()
+            ev = {(t, b, d): math.exp(xs[b * T * D + t * D + d]) for t in range(T) for b in range(B) for d in range(D)}
+            self.close(r.read(m_lead), [sum(ev[t, b, d] for t in range(T) for b in range(B)) / (T * B)
+                                        for d in range(D)], 1e-5, "mean over the leading dims")
+            self.close(r.read(m_last), [max(ev[t, b, d] for d in range(D)) for t in range(T) for b in range(B)],
+                       1e-5, "amax over the last dim")
+            self.close(r.read(m_first), [sum(ev[t, b, d] for t in range(T)) for b in range(B) for d in range(D)],
+                       1e-5, "sum over the first dim")
+            want = []
+            for t in range(T):
+                for b in range(B):
+                    row = [ev[t, b, d] for d in range(D)]
+                    mx = max(row)
+                    ex = [math.exp(v - mx) for v in row]
+                    y = [v / sum(ex) for v in ex]
+                    dyr = dys[(t * B + b) * D:(t * B + b + 1) * D]
+                    dot = sum(a * c for a, c in zip(y, dyr))
+                    want += [y[d] * (dyr[d] - dot) for d in range(D)]
+            self.close(r.read(dsm), want, 1e-5, "softmax backward")
+        finally:
+            r.close()
+
 
 if __name__ == "__main__":
     unittest.main()
