@@ -27,13 +27,35 @@ static bool is_float(const cJSON *item)
 	return cJSON_IsNumber(item) && isfinite(item->valuedouble);
 }
 
+/* The non-finite values a RP_T_REAL may spell, and what they stand for. */
+static bool special_real(const cJSON *item, double *v)
+{
+	const char *s = cJSON_GetStringValue(item);
+
+	if (s == NULL)
+		return false;
+	if (strcmp(s, "inf") == 0)
+		*v = INFINITY;
+	else if (strcmp(s, "-inf") == 0)
+		*v = -INFINITY;
+	else if (strcmp(s, "nan") == 0)
+		*v = NAN;
+	else
+		return false;
+	return true;
+}
+
 static bool type_ok(const cJSON *item, enum rp_type type)
 {
+	double v;
+
 	switch (type) {
 	case RP_T_INT:
 		return is_integer(item);
 	case RP_T_FLOAT:
 		return is_float(item);
+	case RP_T_REAL:
+		return is_float(item) || special_real(item, &v);
 	case RP_T_BOOL:
 		return cJSON_IsBool(item);
 	case RP_T_STRING:
@@ -128,6 +150,23 @@ int rp_params_double(const cJSON *params, const char *name, double def, double *
 		return rp_error_invalid_parameter(err, name);
 	*out = item->valuedouble;
 	return 0;
+}
+
+int rp_params_real(const cJSON *params, const char *name, double def, double *out, struct rp_error *err)
+{
+	const cJSON *item = lookup(params, name);
+
+	if (item == NULL) {
+		*out = def;
+		return 1;
+	}
+	if (is_float(item)) {
+		*out = item->valuedouble;
+		return 0;
+	}
+	if (special_real(item, out))
+		return 0;
+	return rp_error_invalid_parameter(err, name);
 }
 
 int rp_params_bool(const cJSON *params, const char *name, bool def, bool *out, struct rp_error *err)

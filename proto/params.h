@@ -12,6 +12,7 @@
 enum rp_type {
 	RP_T_INT,      /* JSON number holding an integer (|v| <= 2^53) */
 	RP_T_FLOAT,    /* any finite JSON number */
+	RP_T_REAL,     /* a finite JSON number, or "inf", "-inf" or "nan" (JSON has no such numbers) */
 	RP_T_BOOL,
 	RP_T_STRING,
 	RP_T_OBJECT,
@@ -34,6 +35,8 @@ int rp_params_check(const cJSON *params, const struct rp_field *fields, struct r
  * -EINVAL with err set when present but of the wrong type or out of range. */
 int rp_params_uint(const cJSON *params, const char *name, uint64_t max, uint64_t def, uint64_t *out, struct rp_error *err);
 int rp_params_double(const cJSON *params, const char *name, double def, double *out, struct rp_error *err);
+/* A number RP_T_REAL admits: the strings "inf", "-inf" and "nan" too. */
+int rp_params_real(const cJSON *params, const char *name, double def, double *out, struct rp_error *err);
 int rp_params_bool(const cJSON *params, const char *name, bool def, bool *out, struct rp_error *err);
 /* *out points into params (no copy); empty strings are refused; max_len
  * bounds strlen (0: no bound). */

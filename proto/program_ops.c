@@ -131,13 +131,14 @@ static bool pw_takes_scalar(enum rp_pointwise fn)
 	return pw_arity(fn) >= 2 && !(fn >= RP_PW_GELU_BACKWARD && fn <= RP_PW_RELU_BACKWARD);
 }
 
+/* A pointwise op's constant may be infinite or NaN ("-inf" for a mask). */
 static const struct rp_field pw_scalar_fields[] = {
-	{ "scalar", RP_T_FLOAT, false },
+	{ "scalar", RP_T_REAL, false },
 	{ "scalar_first", RP_T_BOOL, false },
 	{ NULL, 0, false },
 };
 static const struct rp_field fill_fields[] = {
-	{ "scalar", RP_T_FLOAT, true },
+	{ "scalar", RP_T_REAL, true },
 	{ NULL, 0, false },
 };
 static const struct rp_field iota_fields[] = {
@@ -193,7 +194,7 @@ int rp_prog_read_attrs(struct rp_prog_builder *b, struct rp_prog_node *n, const 
 		break;
 	case RP_PC_POINTWISE:
 		n->pw.fn = (enum rp_pointwise)n->op->fn;
-		r = rp_params_double(attrs, "scalar", 0.0, &n->pw.scalar, b->err);
+		r = rp_params_real(attrs, "scalar", 0.0, &n->pw.scalar, b->err);
 		n->pw.has_scalar = r == 0;
 		if (r >= 0) {
 			r = rp_params_bool(attrs, "scalar_first", false, &n->pw.scalar_first, b->err);

@@ -66,6 +66,10 @@ static void check_getters(const cJSON *params, const struct rp_field *f)
 		r = rp_params_double(params, f->name, 0.5, &d, &err);
 		FZ_CHECK(absent ? r == 1 : (r == 0 && isfinite(d)), "float %s read as %d", f->name, r);
 		break;
+	case RP_T_REAL:
+		r = rp_params_real(params, f->name, 0.5, &d, &err);
+		FZ_CHECK(absent ? r == 1 : r == 0, "real %s read as %d", f->name, r);
+		break;
 	case RP_T_BOOL:
 		r = rp_params_bool(params, f->name, false, &b, &err);
 		FZ_CHECK(absent ? r == 1 : r == 0, "bool %s read as %d", f->name, r);

@@ -4,6 +4,7 @@
  * learns exactly which field was wrong. */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +121,41 @@ START_TEST(absent_gives_the_default)
 }
 END_TEST
 
+/* RP_T_REAL: a finite number, or "inf", "-inf", "nan" as strings (a
+ * program's constants: a mask's -inf); any other string, a JSON 1e999 and
+ * a bool are refused by name. */
+START_TEST(real_takes_the_spelled_non_finite_values)
+{
+	static const struct rp_field fields[] = { { "a", RP_T_REAL, false }, { "b", RP_T_REAL, false },
+						  { "c", RP_T_REAL, false }, { "d", RP_T_REAL, false },
+						  { NULL, 0, false } };
+	struct rp_error err = { 0 };
+	cJSON *ok = json("{\"a\":\"-inf\",\"b\":\"inf\",\"c\":\"nan\",\"d\":2.5}");
+	cJSON *bad = json("{\"a\":\"Infinity\",\"b\":-1e999,\"c\":true}");
+	double d;
+
+	ck_assert_int_eq(rp_params_check(ok, fields, &err), 0);
+	ck_assert_int_eq(rp_params_real(ok, "a", 0, &d, &err), 0);
+	ck_assert(isinf(d) && d < 0);
+	ck_assert_int_eq(rp_params_real(ok, "b", 0, &d, &err), 0);
+	ck_assert(isinf(d) && d > 0);
+	ck_assert_int_eq(rp_params_real(ok, "c", 0, &d, &err), 0);
+	ck_assert(isnan(d));
+	ck_assert_int_eq(rp_params_real(ok, "d", 0, &d, &err), 0);
+	ck_assert(d == 2.5);
+	ck_assert_int_eq(rp_params_real(ok, "absent", 7, &d, &err), 1);
+	ck_assert(d == 7);
+	for (const char *const *name = (const char *const[]){ "a", "b", "c", NULL }; *name; name++) {
+		ck_assert_int_eq(rp_params_real(bad, *name, 0, &d, &err), -EINVAL);
+		assert_invalid_parameter(&err, *name);
+	}
+	ck_assert_int_lt(rp_params_check(bad, fields, &err), 0);
+	rp_error_clear(&err);
+	cJSON_Delete(ok);
+	cJSON_Delete(bad);
+}
+END_TEST
+
 START_TEST(double_bool_string_enum_getters)
 {
 	static const char *const modes[] = { "f32", "tf32", NULL };
@@ -231,6 +267,7 @@ static Suite *params_suite(void)
 	tcase_add_test(tc, uint_stops_at_two_to_the_53);
 	tcase_add_test(tc, absent_gives_the_default);
 	tcase_add_test(tc, double_bool_string_enum_getters);
+	tcase_add_test(tc, real_takes_the_spelled_non_finite_values);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("check");

@@ -15,13 +15,22 @@ regend checks the whole definition at Define and names the node and the
 reason of anything wrong (io.regen.InvalidProgram)."""
 
 import errno
+import math
 import time
 
 from . import accel, errors, ops
 from .compute import record_deadline
 from .objects import tensor_imports
 
-__all__ = ["ProgramBuilder", "Program", "Programs", "run_exactly_once"]
+__all__ = ["ProgramBuilder", "Program", "Programs", "run_exactly_once", "attr_value"]
+
+
+def attr_value(v):
+    """An attr as Define takes it: JSON has no infinities or NaN, so a
+    non-finite float is spelled "inf", "-inf" or "nan" (a mask's -inf)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
 
 
 class ProgramBuilder:
@@ -87,7 +96,7 @@ class ProgramBuilder:
         if name is not None:
             n["name"] = name
         if attrs:
-            n["attrs"] = attrs
+            n["attrs"] = {k: attr_value(v) for k, v in attrs.items()}
         self.nodes.append(n)
         return n
 

@@ -154,14 +154,14 @@ class PartitionTest(unittest.TestCase):
         g = Builder()
         x, other = g.input((4, 4)), g.input((2, 4, 4))
         a = g.op("aten.exp.default", [g.val((4, 4))], self=x)
-        unrelated = g.op("aten.bmm.default", [g.val((2, 4, 4))], self=other, mat2=other)
-        b = g.op("aten.bmm.default", [g.val((1, 4, 4))], self=a, mat2=a)   # reads the segment: a hand-off
-        c = g.op("aten.neg.default", [g.val((1, 4, 4))], self=b)
+        unrelated = g.op("aten.cumsum.default", [g.val((2, 4, 4))], self=other, dim=1)
+        b = g.op("aten.cumsum.default", [g.val((4, 4))], self=a, dim=0)   # reads the segment: a hand-off
+        c = g.op("aten.neg.default", [g.val((4, 4))], self=b)
         steps = partition(g.graph([c, unrelated]), HANDLERS)
         shape = [(type(s).__name__, [o.target.split(".")[1] for o in s.ops]) for s in steps]
-        self.assertEqual(shape, [("RankStep", ["bmm"]), ("Segment", ["exp"]), ("RankStep", ["bmm"]),
+        self.assertEqual(shape, [("RankStep", ["cumsum"]), ("Segment", ["exp"]), ("RankStep", ["cumsum"]),
                                  ("Segment", ["neg"])])
-        self.assertEqual(steps[2].reasons[2], "no program op for aten.bmm.default")
+        self.assertEqual(steps[2].reasons[2], "no program op for aten.cumsum.default")
         # a leaves the first segment for the rank's bmm: an output, not scratch.
         self.assertEqual([v.id for v in steps[1].exports], [a.id])
 
@@ -346,6 +346,45 @@ class HostRunTest(unittest.TestCase):
                     dot = sum(a * c for a, c in zip(y, dyr))
                     want += [y[d] * (dyr[d] - dot) for d in range(D)]
             self.close(r.read(dsm), want, 1e-5, "softmax backward")
+        finally:
+            r.close()
+
+    def test_attention_written_by_hand(self):
+        """minGPT's attention: q @ k^T (a batched GEMM of a transposed view),
+        scaled, masked with -inf, softmax, @ v: one segment."""
+        BH, T, Dh = 3, 5, 4
+        g = Builder()
+        q, k, v, keep = g.input((BH, T, Dh)), g.input((BH, T, Dh)), g.input((BH, T, Dh)), g.input((T, T))
+        kt = g.op("aten.transpose.int", [g.val((BH, Dh, T), of=k, strides=(T * Dh, 1, Dh))], self=k, dim0=1,
+                  dim1=2)
+        s_ = g.op("aten.bmm.default", [g.val((BH, T, T))], self=q, mat2=kt)
+        s2 = g.op("aten.mul.Tensor", [g.val((BH, T, T))], self=s_, other=0.5)
+        hidden = g.op("aten.eq.Scalar", [g.val((T, T), "u8")], self=keep, other=0.0)
+        masked = g.op("aten.masked_fill.Scalar", [g.val((BH, T, T))], self=s2, mask=hidden, value=float("-inf"))
+        p = g.op("aten._softmax.default", [g.val((BH, T, T))], self=masked, dim=-1, half_to_float=False)
+        o = g.op("aten.bmm.default", [g.val((BH, T, Dh))], self=p, mat2=v)
+        steps = partition(g.graph([o]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        nodes = [n for n in segments(steps)[0].definition["nodes"]]
+        self.assertEqual(sum(n["op"] == "gemm" for n in nodes), 2 * BH)
+        self.assertIn("-inf", [n.get("attrs", {}).get("scalar") for n in nodes])
+        r = HostRunner(self.c, steps)
+        try:
+            qs, ks, vs = self.rand(BH * T * Dh), self.rand(BH * T * Dh), self.rand(BH * T * Dh)
+            keeps = [1.0 if j <= i else 0.0 for i in range(T) for j in range(T)]
+            for val, vals in ((q, qs), (k, ks), (v, vs), (keep, keeps)):
+                r.give(val, vals)
+            r.run()
+            want = []
+            for h in range(BH):
+                for i in range(T):
+                    sc = [sum(qs[(h * T + i) * Dh + d] * ks[(h * T + j) * Dh + d] for d in range(Dh)) * 0.5
+                          if j <= i else -math.inf for j in range(T)]
+                    m = max(sc)
+                    e = [math.exp(x - m) for x in sc]
+                    pr = [x / sum(e) for x in e]
+                    want += [sum(pr[j] * vs[(h * T + j) * Dh + d] for j in range(T)) for d in range(Dh)]
+            self.close(r.read(o), want, 1e-5, "attention")
         finally:
             r.close()
 

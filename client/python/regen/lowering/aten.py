@@ -198,7 +198,6 @@ def _binary(b, op, fn, x, other, y, floats=True):
         b.node(fn, ins, [b.write(y)])
     else:
         need(is_scalar(other), f"{op.target}: its other operand is {type(other).__name__}")
-        need(math.isfinite(float(other)), f"{op.target}: a scalar that is not finite")
         b.node(fn, [b.read(x)], [b.write(y)], scalar=float(other), scalar_first=True if reverse else None)
 
 
@@ -227,6 +226,17 @@ def binary(b, op):
 @handles(*COMPARE)
 def compare(b, op):
     _binary(b, op, COMPARE[op.target], op.a["self"], op.a["other"], out(op), floats=False)
+
+
+@handles("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def masked_fill(b, op):
+    x, mask, value, y = op.a["self"], op.a["mask"], op.a["value"], out(op)
+    need(isinstance(mask, Val) and isinstance(x, Val), "masked_fill without tensors")
+    if isinstance(value, Val):
+        b.node("where", [b.read(mask), b.read(value), b.read(x)], [b.write(y)])
+        return
+    need(is_scalar(value) or isinstance(value, bool), f"masked_fill with {value!r}")
+    b.node("where", [b.read(mask), b.read(x)], [b.write(y)], scalar=float(value), scalar_first=True)
 
 
 @handles("aten.where.self")
@@ -326,13 +336,9 @@ def _gemm_operand(b, v):
     """(program tensor, transposed): v as the GEMM takes an operand, row
     major with unit column stride, itself or its transpose."""
     need(len(v.shape) == 2, f"a GEMM operand of rank {len(v.shape)}")
-    r, c = v.shape
-    s0, s1 = v.strides
-    if (s1 == 1 or c == 1) and (s0 >= c or r == 1):
-        return b.read(v), False
-    if (s0 == 1 or r == 1) and (s1 >= r or c == 1):
-        return b.view(v, [c, r], [s1, s0]), True
-    raise Unsupported("a GEMM operand that is neither row nor column major")
+    if _transposed(v.shape, v.strides):
+        return b.view(v, [v.shape[1], v.shape[0]], [v.strides[1], v.strides[0]]), True
+    return b.read(v), False
 
 
 @handles("aten.mm.default", "aten.addmm.default")
@@ -356,6 +362,50 @@ def mm(b, op):
         params["bias"] = b.read(bias)
         attrs["epilogue"] = "bias"
     b.node("gemm", params, **attrs)
+
+
+BMM_BATCHES_MAX = 256
+
+
+def _transposed(shape, strides):
+    """Whether a 2-D operand is the GEMM's as its transpose (column major);
+    Unsupported where it is neither row nor column major."""
+    r, c = shape
+    s0, s1 = strides
+    if (s1 == 1 or c == 1) and (s0 >= c or r == 1):
+        return False
+    if (s0 == 1 or r == 1) and (s1 >= r or c == 1):
+        return True
+    raise Unsupported("a GEMM operand that is neither row nor column major")
+
+
+def _gemm_slice(b, name, shape, strides, offset):
+    """(program tensor, transposed) for one batch's 2-D matrix of a batched
+    operand (name: its program tensor)."""
+    if _transposed(shape, strides):
+        return b.view_named(name, [shape[1], shape[0]], [strides[1], strides[0]], offset), True
+    return b.view_named(name, list(shape), list(strides), offset), False
+
+
+@handles("aten.bmm.default")
+def bmm(b, op):
+    """One GEMM node a batch entry, over views of the operands."""
+    a, m2, d = op.a["self"], op.a["mat2"], out(op)
+    need(len(a.shape) == 3 and len(m2.shape) == 3 and len(d.shape) == 3, "bmm of other than [B, M, K] @ [B, K, N]")
+    need_float(a, m2, d)
+    need(a.dtype == m2.dtype and a.dtype in ("bf16", "f16", "f32"), f"a GEMM of {a.dtype} and {m2.dtype}")
+    need(d.is_contiguous() and d.offset == 0, "a batched GEMM output that is not contiguous")
+    batches = a.shape[0]
+    need(batches <= BMM_BATCHES_MAX, f"bmm of {batches} batches (programs write one GEMM a batch, at most "
+         f"{BMM_BATCHES_MAX})")
+    for v in (a, m2):
+        _transposed(v.shape[1:], v.strides[1:])   # refuses before anything is written
+    an, mn, dn = b.read(a), b.read(m2), b.write(d)
+    for i in range(batches):
+        aa, ta = _gemm_slice(b, an, a.shape[1:], a.strides[1:], i * a.strides[0])
+        bb, tb = _gemm_slice(b, mn, m2.shape[1:], m2.strides[1:], i * m2.strides[0])
+        dd = b.view_named(dn, d.shape[1:], d.strides[1:], i * d.strides[0])
+        b.node("gemm", {"a": aa, "b": bb, "d": dd}, trans_a=ta or None, trans_b=tb or None)
 
 
 # ---- layer norm ---------------------------------------------------------------

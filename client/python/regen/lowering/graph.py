@@ -285,7 +285,8 @@ class _Builder:
             n["inputs"] = list(inputs)
             if outputs is not None:
                 n["outputs"] = list(outputs)
-        attrs = {k: v for k, v in attrs.items() if v is not None}
+        from ..program import attr_value
+        attrs = {k: attr_value(v) for k, v in attrs.items() if v is not None}
         if attrs:
             n["attrs"] = attrs
         self.nodes.append(n)
