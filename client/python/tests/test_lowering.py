@@ -388,6 +388,37 @@ class HostRunTest(unittest.TestCase):
         finally:
             r.close()
 
+    def test_layer_norm_without_a_weight_forward_and_backward(self):
+        M, K = 4, 6
+        g = Builder()
+        x, dy = g.input((M, K)), g.input((M, K))
+        y, mean, rstd = g.op("aten.native_layer_norm.default", [g.val((M, K)), g.val((M, 1)), g.val((M, 1))],
+                             input=x, normalized_shape=[K], weight=None, bias=None, eps=1e-5)
+        dx, _, _ = g.op("aten.native_layer_norm_backward.default", [g.val((M, K)), None, None], grad_out=dy,
+                        input=x, normalized_shape=[K], mean=mean, rstd=rstd, weight=None, bias=None,
+                        output_mask=[True, False, False])
+        steps = partition(g.graph([y, dx]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        r = HostRunner(self.c, steps)
+        try:
+            xs, dys = self.rand(M * K), self.rand(M * K)
+            r.give(x, xs)
+            r.give(dy, dys)
+            r.run()
+            wy, wdx = [], []
+            for i in range(M):
+                row, drow = xs[i * K:(i + 1) * K], dys[i * K:(i + 1) * K]
+                mu = sum(row) / K
+                rs = 1 / math.sqrt(sum((v - mu) ** 2 for v in row) / K + 1e-5)
+                xh = [(v - mu) * rs for v in row]
+                wy += xh
+                md, mdx = sum(drow) / K, sum(a * b for a, b in zip(drow, xh)) / K
+                wdx += [rs * (drow[k] - md - xh[k] * mdx) for k in range(K)]
+            self.close(r.read(y), wy, 1e-5, "y")
+            self.close(r.read(dx), wdx, 1e-4, "dx")
+        finally:
+            r.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -443,20 +443,30 @@ def _rows(b, v, write=False):
     return b.view_named(name, [rows, n], [row_stride, 1])
 
 
+def _weight(b, w, x):
+    """LayerNorm's weight, or ones where the layer has none
+    (elementwise_affine=False): the program's layer_norm takes one."""
+    if w is not None:
+        return b.read(w)
+    ones = b.scratch(x.dtype, [x.shape[-1]])
+    b.node("fill", [], [ones], scalar=1.0)
+    return ones
+
+
 @handles("aten.native_layer_norm.default")
 def layer_norm(b, op):
     x, w, bias = op.a["input"], op.a["weight"], op.a["bias"]
     need(len(op.a["normalized_shape"]) == 1, "layer_norm over more than the last dimension")
-    need(isinstance(w, Val), "layer_norm without a weight")
     need_float(x, w)
-    need(w.dtype == x.dtype and (bias is None or bias.dtype == x.dtype), "layer_norm's weight in another dtype")
-    need(w.is_contiguous() and (bias is None or bias.is_contiguous()), "layer_norm's weight is strided")
+    need((w is None or w.dtype == x.dtype) and (bias is None or bias.dtype == x.dtype),
+         "layer_norm's weight in another dtype")
+    need((w is None or w.is_contiguous()) and (bias is None or bias.is_contiguous()), "layer_norm's weight is strided")
     y, mean, rstd = op.outs[0], op.outs[1], op.outs[2]
     need(isinstance(y, Val) and y.is_contiguous(), "layer_norm's output is strided")
     rows = x.numel // x.shape[-1]
     for s in (mean, rstd):
         need(not isinstance(s, Val) or (s.dtype == "f32" and s.is_contiguous()), "layer_norm's statistics")
-    params = {"x": _rows(b, x), "weight": b.read(w), "bias": b.read(bias) if bias is not None else None,
+    params = {"x": _rows(b, x), "weight": _weight(b, w, x), "bias": b.read(bias) if bias is not None else None,
               "y": _rows(b, y, write=True)}
     for key, s in (("mean", mean), ("rstd", rstd)):
         if isinstance(s, Val):
@@ -468,17 +478,16 @@ def layer_norm(b, op):
 def layer_norm_backward(b, op):
     dy, x, mean, rstd, w = op.a["grad_out"], op.a["input"], op.a["mean"], op.a["rstd"], op.a["weight"]
     need(len(op.a["normalized_shape"]) == 1, "layer_norm over more than the last dimension")
-    need(isinstance(w, Val), "layer_norm without a weight")
     need_float(dy, x, w)
     dx, dw, db = (op.outs + [None, None, None])[:3]
     need(isinstance(dx, Val) and dx.is_contiguous(), "layer_norm_backward without d_x, or strided")
     rows = x.numel // x.shape[-1]
     for s in (mean, rstd):
         need(s.dtype == "f32" and s.is_contiguous() and s.numel == rows, "layer_norm's statistics")
-    need(w.is_contiguous(), "layer_norm's weight is strided")
+    need(w is None or w.is_contiguous(), "layer_norm's weight is strided")
     for g in (dw, db):
-        need(not isinstance(g, Val) or (g.is_contiguous() and g.dtype == w.dtype), "a strided weight gradient")
-    params = {"d_y": _rows(b, dy), "x": _rows(b, x), "weight": b.read(w),
+        need(not isinstance(g, Val) or (g.is_contiguous() and g.dtype == (w or x).dtype), "a strided weight gradient")
+    params = {"d_y": _rows(b, dy), "x": _rows(b, x), "weight": _weight(b, w, x),
               "mean": b.view_named(b.read(mean), [rows], [1]), "rstd": b.view_named(b.read(rstd), [rows], [1]),
               "d_x": _rows(b, dx, write=True)}
     if isinstance(dw, Val):
