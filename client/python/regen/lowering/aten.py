@@ -246,6 +246,38 @@ def where(b, op):
     b.node("where", [b.read(cond), b.read(x), b.read(other)], [b.write(y)])
 
 
+# ---- dropout ---------------------------------------------------------------------
+
+@handles("aten.native_dropout.default")
+def dropout(b, op):
+    """The mask drawn in regend (dropout_mask: Philox from the Run's seed,
+    the same on a retried Run), then the kept values scaled."""
+    x, p, train = op.a["input"], op.a["p"], op.a.get("train", True)
+    y, mask = out(op, 0), out(op, 1)
+    need_float(x, y)
+    need(is_scalar(p) and 0 <= p < 1, f"dropout with p={p!r}")
+    need(mask.shape == x.shape and mask.dtype is not None, "dropout's mask")
+    keep = b.write(mask)
+    if not train or p == 0:
+        b.node("fill", [], [keep], scalar=1.0)
+        b.node("cast", [b.read(x)], [b.write(y)])
+        return
+    b.node("dropout_mask", [b.seed()], [keep], p=float(p), stream=b.next_stream())
+    scaled = b.scratch("f32", x.shape)
+    b.node("mul", [b.read(x)], [scaled], scalar=1.0 / (1.0 - float(p)))
+    b.node("where", [keep, scaled], [b.write(y)], scalar=0.0)
+
+
+@handles("aten.native_dropout_backward.default")
+def dropout_backward(b, op):
+    g, mask, scale, dx = op.a["grad_output"], op.a["mask"], op.a["scale"], out(op)
+    need_float(g, dx)
+    need(is_scalar(scale), f"dropout's backward with scale {scale!r}")
+    scaled = b.scratch("f32", g.shape)
+    b.node("mul", [b.read(g)], [scaled], scalar=float(scale))
+    b.node("where", [b.read(mask), scaled], [b.write(dx)], scalar=0.0)
+
+
 # ---- tensors made from nothing ------------------------------------------------
 
 @handles("aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.zeros_like.default",

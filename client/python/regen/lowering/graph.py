@@ -162,6 +162,7 @@ class Segment:
         self.exports = []
         self.dummies = []
         self.consts = []
+        self.scalars = []   # names of the scalars a Run gives ("seed": a fresh random integer)
 
 
 class _Builder:
@@ -180,6 +181,8 @@ class _Builder:
         self.counter = 0
         self.dummies = []
         self.consts = []
+        self.scalar_names = []   # scalars each Run gives (the seed)
+        self.streams = 0
 
     # -- names -------------------------------------------------------------
 
@@ -264,6 +267,19 @@ class _Builder:
     def scratch(self, dtype, shape):
         return self._add({"name": self._fresh("x"), "kind": "intermediate", "dtype": dtype, "shape": list(shape)})
 
+    def seed(self):
+        """The segment's seed: a scalar tensor each Run gives afresh
+        (Segment.scalars), the same again when a Run is retried."""
+        if "seed" not in self.scalar_names:
+            self._add({"name": "seed", "kind": "scalar", "dtype": "f64", "shape": []})
+            self.scalar_names.append("seed")
+        return "seed"
+
+    def next_stream(self):
+        """A number of its own for each random draw of the segment."""
+        self.streams += 1
+        return self.streams - 1
+
     def dummy(self, v):
         """An output the rank must hold that nothing in regend writes."""
         if isinstance(v, Val):
@@ -316,6 +332,7 @@ class _Builder:
         seg.inputs = [(self.name_of[v.id], v) for v in self.external.values()]
         seg.dummies = [v for v in self.dummies if v.id in used_after]
         seg.consts = self.consts
+        seg.scalars = list(self.scalar_names)
         seg.definition = {"name": f"regen_compiled_{seg.index}", "tensors": self.tensors, "nodes": self.nodes}
         return seg
 
@@ -365,11 +382,12 @@ def partition(graph, handlers, name="graph"):
             if b is None:
                 b = _Builder(graph, nseg)
             mark = (len(b.tensors), len(b.nodes), dict(b.name_of), dict(b.roots), dict(b.made), dict(b.external),
-                    set(b.absorbed), len(b.dummies), len(b.consts), b.counter)
+                    set(b.absorbed), len(b.dummies), len(b.consts), b.counter, list(b.scalar_names), b.streams)
             try:
                 handler(b, op)
             except Unsupported as e:
-                (nt, nn, b.name_of, b.roots, b.made, b.external, b.absorbed, nd, nc, b.counter) = mark
+                (nt, nn, b.name_of, b.roots, b.made, b.external, b.absorbed, nd, nc, b.counter, b.scalar_names,
+                 b.streams) = mark
                 del b.tensors[nt:], b.nodes[nn:], b.dummies[nd:], b.consts[nc:]
                 reason = str(e)
             else:

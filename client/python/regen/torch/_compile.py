@@ -276,8 +276,11 @@ class CompiledGraph:
         for v in seg.dummies:
             env[v.id] = torch.empty_strided(v.shape, v.strides, dtype=_torch_dtype(v),
                                             device=device_tensor.device if device_tensor is not None else "cuda")
+        # A fresh seed a call for the segment's random draws (dropout), from
+        # torch's generator: torch.manual_seed makes a run repeat.
+        scalars = {name: float(torch.randint(0, 2**53, (1,)).item()) for name in seg.scalars} or None
         try:
-            rt.run_program((("graph", self.serial), seg.index), seg.definition, binds)
+            rt.run_program((("graph", self.serial), seg.index), seg.definition, binds, scalars)
         except errors.InvalidProgram as e:
             # regend refused what the lowering wrote: this segment runs on
             # the rank from now on, and explain() says why.
