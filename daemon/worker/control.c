@@ -326,7 +326,44 @@ static void ctl_charged(struct rd_call *call)
 	rd_call_reply(call, NULL, false);
 }
 
+/* The supervisor's question before it keeps CUDA memory for a rank. */
+static void ctl_check_export(struct rd_call *call)
+{
+	static const struct rp_field fields[] = {
+		{ "kind", RP_T_STRING, true },
+		{ "fd", RP_T_INT, true },
+		{ "size", RP_T_INT, true },
+		{ NULL },
+	};
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+	const char *kind = NULL;
+	uint64_t fd = 0, size = 0;
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0 ||
+	    rp_params_string(call->msg.params, "kind", 16, NULL, &kind, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "fd", RP_FDS_MAX - 1, 0, &fd, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "size", UINT64_C(1) << 48, 0, &size, &err) < 0)
+		goto fail;
+	if (strcmp(kind, "cuda_fd") != 0 || fd >= call->raw.nfds || call->raw.fds[fd] < 0) {
+		rp_err_import_failed(&err, kind, "CheckExport takes a cuda_fd passed with the call");
+		goto fail;
+	}
+	if (!w->dev.backend->check_export) {
+		rp_err_import_failed(&err, kind, "the %s backend holds no CUDA memory: keep host memory (host_fd)",
+				     w->dev.backend->name);
+		goto fail;
+	}
+	if (w->dev.backend->check_export(&w->dev, call->raw.fds[fd], size, &err) < 0)
+		goto fail;
+	rd_call_reply(call, NULL, false);
+	return;
+fail:
+	rd_call_fail(call, &err);
+}
+
 static const struct rd_method ctl_methods[] = {
+	{ "io.regen.Worker.CheckExport", ctl_check_export, .takes_fds = true },
 	{ "io.regen.Worker.Drain", ctl_drain },
 	{ "io.regen.Worker.Epoch", ctl_epoch },
 	{ "io.regen.Worker.Release", ctl_release },
