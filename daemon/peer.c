@@ -225,6 +225,12 @@ void rd_peer_read(int fd, struct rd_peer *peer)
 		peer->token = atomic_fetch_add(&next_token, 1);
 }
 
+bool rd_peer_alive(const struct rd_peer *peer)
+{
+	return peer->pid > 0 && peer->token == 0 && peer->start_time != 0 &&
+	       start_time_of(peer->pid) == peer->start_time;
+}
+
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b)
 {
 	return a->uid == b->uid && a->gid == b->gid && a->pid == b->pid && a->start_time == b->start_time &&

@@ -54,6 +54,10 @@ void rd_peer_job_from_cgroup(const char *text, char *out, size_t len,
 
 /* The same process: ids one imported, the other may name. */
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b);
+/* Whether the process is still there: its pid names a process that
+ * started when it did. False for a peer bound to its connection (its pid
+ * unseen or gone when it connected). */
+bool rd_peer_alive(const struct rd_peer *peer);
 
 /* Root, or the admin group as the peer's primary or supplementary group
  * at connect time (a process that dropped the group is not an admin).

@@ -34,6 +34,9 @@ struct rd_kept_set {
 	 * still has a connection to the main socket. */
 	struct rd_peer holder;
 	bool held;
+	/* Not held, and no worker runs work its holder submitted any more
+	 * (take_back_settle found none): a TakeBack need not look again. */
+	bool settled;
 	uint32_t lease_ms;
 	uint64_t expires_ns;          /* uv_hrtime() when the lease ends, while not held */
 	uint64_t expires_unix_ms;
@@ -181,6 +184,7 @@ static bool process_connected(const struct rd_conn *sessions, const struct rd_pe
 static void hold(struct rd_kept *k, struct rd_kept_set *s, const struct rd_conn *conn, const struct rd_conn *sessions)
 {
 	s->holder = conn->peer;
+	s->settled = false;
 	if (process_connected(sessions, &conn->peer)) {
 		s->held = true;
 		arm_lease_timer(k);
@@ -580,7 +584,130 @@ void rd_kept_commit(struct rd_call *call)
 	rd_call_reply(call, reply, false);
 }
 
+/* The TakeBack of a set whose holder is gone waits until no worker holds a
+ * connection of that process any more: a Run it queued just before it died
+ * still runs there (a lane runs what was sent or published before its
+ * close), and a rank that took the memory back before it finished would
+ * read the step as not done and apply it a second time. At most
+ * call_deadline_ms: past it, a call of the process has hung its device,
+ * which the device's own deadline handles. */
+#define SETTLE_POLL_MS 5
+
+struct take_back_wait {
+	struct rd_call *call;
+	struct rd_peer holder;
+	unsigned asked;                /* answers still to come this round */
+	bool busy;                     /* some worker still holds the process's connections */
+	uint64_t deadline_ns;
+	uv_timer_t timer;
+};
+
+static void take_back_now(struct rd_call *call);
+static void settle_ask(struct take_back_wait *t);
+
+static void wait_free(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void settle_done(struct take_back_wait *t)
+{
+	struct rd_supervisor *sv = supervisor_of(t->call);
+
+	for (struct rd_kept_set *s = sv->kept.sets; s; s = s->next)
+		if (!s->held && rd_peer_same_process(&s->holder, &t->holder))
+			s->settled = true;
+	take_back_now(t->call);
+	uv_close((uv_handle_t *)&t->timer, wait_free);
+}
+
+static void on_settle_poll(uv_timer_t *timer)
+{
+	settle_ask(timer->data);
+}
+
+static void on_process_sessions(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct take_back_wait *t = userdata;
+
+	(void)conn;
+	/* A worker gone (no reply) holds nothing of anyone's any more. */
+	if (reply && !reply->error) {
+		const cJSON *n = cJSON_GetObjectItemCaseSensitive(reply->params, "sessions");
+		const cJSON *alive = cJSON_GetObjectItemCaseSensitive(reply->params, "alive");
+		if (cJSON_GetNumberValue(n) > 0 && !cJSON_IsTrue(alive))
+			t->busy = true;
+	}
+	if (--t->asked)
+		return;
+	if (t->busy && uv_hrtime() < t->deadline_ns) {
+		uv_timer_start(&t->timer, on_settle_poll, SETTLE_POLL_MS, 0);
+		return;
+	}
+	if (t->busy)
+		rd_warn("keep", -1, 0, t->call->conn->peer.pid,
+			"process %d's work still runs after call_deadline_ms; its memory is taken back anyway",
+			(int)t->holder.pid);
+	settle_done(t);
+}
+
+static void settle_ask(struct take_back_wait *t)
+{
+	struct rd_supervisor *sv = supervisor_of(t->call);
+
+	t->busy = false;
+	t->asked = 1;   /* this function's own, so that no answer ends the round early */
+	for (int i = 0; i < sv->ndevices; i++) {
+		if (!rd_sv_device_serving(&sv->devices[i]))
+			continue;
+		cJSON *p = cJSON_CreateObject();
+		cJSON_AddNumberToObject(p, "pid", t->holder.pid);
+		cJSON_AddNumberToObject(p, "uid", t->holder.uid);
+		cJSON_AddNumberToObject(p, "gid", t->holder.gid);
+		cJSON_AddNumberToObject(p, "start_time", (double)t->holder.start_time);
+		cJSON_AddNumberToObject(p, "pidfs_inode", (double)t->holder.pidfs_inode);
+		if (rd_sv_device_call(&sv->devices[i], "io.regen.Worker.ProcessSessions", p, on_process_sessions, t) == 0)
+			t->asked++;
+	}
+	on_process_sessions(NULL, NULL, t);
+}
+
 void rd_kept_take_back(struct rd_call *call)
+{
+	struct rd_supervisor *sv = supervisor_of(call);
+	struct rp_error err = { 0 };
+	struct rp_keep_select req;
+	struct rd_kept_set *set;
+	char job[RP_JOB_MAX + 1];
+	uid_t uid;
+
+	if (rp_keep_take_back_decode(call->msg.params, &req, &err) < 0 || resolve_job(call, &req.key, job, &err) < 0 ||
+	    resolve_uid(call, &req, &uid, &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	set = find_set(&sv->kept, uid, job, req.key.rank);
+	/* A holder whose pid regend never saw cannot be asked about: its
+	 * memory goes back as it is. */
+	if (!set || set->held || set->settled || set->holder.token != 0 || set->holder.pid <= 0) {
+		take_back_now(call);
+		return;
+	}
+	struct take_back_wait *t = calloc(1, sizeof(*t));
+	if (!t) {
+		take_back_now(call);
+		return;
+	}
+	t->call = call;
+	t->holder = set->holder;
+	t->deadline_ns = uv_hrtime() + (uint64_t)sv->opts.call_deadline_ms * 1000000u;
+	uv_timer_init(sv->loop, &t->timer);
+	t->timer.data = t;
+	settle_ask(t);
+}
+
+/* TakeBack, once no worker runs the holder's work any more. */
+static void take_back_now(struct rd_call *call)
 {
 	struct rd_supervisor *sv = supervisor_of(call);
 	struct rp_error err = { 0 };
