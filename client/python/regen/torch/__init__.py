@@ -36,12 +36,14 @@ from ..pool import Pool
 from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, WorkLost, host_empty
 from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
+from ._keep import Kept, keep, restore
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
            "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
            "BLOCK_PARAMETERS",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
+__all__ += ["keep", "restore", "Kept"]
 
 _lock = threading.Lock()
 _runtime = None
