@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -334,6 +335,27 @@ static void fail_no_such(struct rd_call *call, const char *job, const uint32_t *
 
 /* ---- Keep ---- */
 
+/* Kept fds of every uid together stay under half the supervisor's fd
+ * limit: the rest is for connections (and their fds in flight), so that
+ * keeping cannot starve the main socket of accepts. */
+static unsigned kept_fds_max(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > UINT32_MAX)
+		return UINT32_MAX / 2;
+	return (unsigned)(rl.rlim_cur / 2);
+}
+
+static unsigned kept_fds(const struct rd_kept *k)
+{
+	unsigned n = 0;
+
+	for (const struct rd_kept_set *s = k->sets; s; s = s->next)
+		n += set_names(s);
+	return n;
+}
+
 /* A Keep whose memory is checked (a CUDA export by its device's worker),
  * or about to be entered. */
 struct keep_pending {
@@ -374,6 +396,13 @@ static void keep_enter(struct keep_pending *p)
 				      "uid %u keeps %u names already, max_kept (%u): drop some (io.regen.Keep.Drop, "
 				      "regenctl drop)",
 				      (unsigned)uid, names, k->opts->max_kept);
+		goto fail;
+	}
+	if (!old && kept_fds(k) + 1 > kept_fds_max()) {
+		rp_err_limit_exceeded(&err, "kept names", kept_fds_max(),
+				      "regend holds %u kept fds, half its fd limit (LimitNOFILE): every uid's kept memory "
+				      "together; raise the limit or drop some",
+				      kept_fds(k));
 		goto fail;
 	}
 	if (p->req.size > max_bytes || bytes > max_bytes - p->req.size) {
