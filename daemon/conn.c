@@ -575,7 +575,8 @@ static void call_append_reply(struct rd_call *call, char *text, const int *fds, 
 			close(fds[i]);
 		return;
 	}
-	memcpy(r->fds, fds, nfds * sizeof(*fds));
+	for (size_t i = 0; i < nfds; i++)
+		r->fds[i] = fds[i];
 	r->nfds = nfds;
 	r->text = text;
 	r->bytes = sizeof(*r) + strlen(text) + 1;
