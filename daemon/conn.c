@@ -1138,6 +1138,24 @@ void rd_conn_close(struct rd_conn *conn)
 	conn_unref(conn);
 }
 
+void rd_conn_read_rest(struct rd_conn *conn)
+{
+	conn->refs++;
+	while (!conn->closed && !conn->eof && may_read(conn)) {
+		ssize_t n = rp_rx_read(&conn->rx, conn->fd);
+
+		if (n == -EINTR)
+			continue;
+		if (n <= 0) {
+			conn->eof = conn->peer_shut = conn->peer_gone = true;
+			break;
+		}
+		conn_process(conn);
+	}
+	conn_process(conn);
+	conn_unref(conn);
+}
+
 void rd_conn_hold(struct rd_conn *conn)
 {
 	conn->refs++;

@@ -111,6 +111,10 @@ int rd_conn_new(uv_loop_t *loop, int fd, const struct rd_conn_ops *ops, void *da
 void rd_conn_make_control(struct rd_conn *conn);
 /* Stops reading and writing and closes the socket; on_close follows. */
 void rd_conn_close(struct rd_conn *conn);
+/* Reads and handles now whatever the peer wrote and this side has not
+ * read yet, up to its end: for a peer known gone (a worker whose exit the
+ * supervisor saw before its last words), so that those are heard. */
+void rd_conn_read_rest(struct rd_conn *conn);
 /* A reference that keeps the connection's memory (closed or not) until
  * released: for what outlives its close (a worker's session with ring
  * records still in flight, which hold no call of it). */
@@ -141,7 +145,8 @@ void rd_conn_flush(struct rd_conn *conn);
 /* Makes a call on this connection (we are the client side, e.g. the
  * supervisor on a worker's control channel). params consumed. */
 int rd_conn_call(struct rd_conn *conn, const char *method, cJSON *params, bool oneway, rd_reply_cb cb, void *userdata);
-/* The same with fds sent along (duplicated: the caller keeps its own). */
+/* The same with fds, which go with the call's first byte (each is dup'ed:
+ * the caller keeps its own). */
 int rd_conn_call_fds(struct rd_conn *conn, const char *method, cJSON *params, const int *fds, size_t nfds, bool oneway,
 		     rd_reply_cb cb, void *userdata);
 

@@ -83,6 +83,14 @@ const struct rd_option rd_option_table[] = {
 	{ "max-uid-program-nodes", "max_uid_program_nodes", "N", RD_OPT_UINT, USER | RD_OPT_WORKER,
 	  FIELD(max_uid_program_nodes), .min = 1, .max = 268435456, .def = "262144",
 	  .help = "nodes of all the programs the processes of one uid hold on a device together, after lowering" },
+	{ "max-uid-compile-ms", "max_uid_compile_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_uid_compile_ms),
+	  .min = 1, .max = 86400000, .def = "600000",
+	  .help = "NVRTC time compiling the kernels of one uid's programs may take per device, a budget given back at "
+		  "this many ms an hour; a compile past it is stopped, its Run LimitExceeded" },
+	{ "max-uid-module-mib", "max_uid_module_mib", "MIB", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_uid_module_mib),
+	  .min = 1, .max = 1048576, .def = "1024",
+	  .help = "compiled kernels (their images, in the worker's memory and loaded on the device) the programs of "
+		  "one uid hold together per device" },
 	{ "max-ring-entries", "max_ring_entries", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_ring_entries),
 	  .min = 1, .max = 16777216, .def = "16384",
 	  .help = "entries of a uid's lane rings (io.regen.Lane) together, per device: each holds a call's state" },
@@ -160,6 +168,8 @@ const struct rd_option rd_option_table[] = {
 	  .help = "the uids cooling down after a hang: uid:ms_left:cooldown_ms:strikes,..." },
 	{ "ctl-fd", NULL, "FD", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(ctl_fd), .min = 0,
 	  .max = 1024, .help = "the control channel to the supervisor" },
+	{ "programs-fd", NULL, "FD", RD_OPT_UINT, RD_OPT_CLI | RD_OPT_INTERNAL | RD_OPT_WORKER, FIELD(programs_fd),
+	  .min = 0, .max = 1024, .help = "the programs to define again before serving (their processes' ids kept)" },
 	{ NULL },
 };
 
@@ -421,6 +431,7 @@ void rd_options_defaults(struct rd_options *o)
 	o->worker_generation = 1;
 	o->worker_epoch = 1;
 	o->ctl_fd = -1;
+	o->programs_fd = -1;
 }
 
 void rd_options_usage(FILE *f)
@@ -636,6 +647,9 @@ int rd_options_worker_argv(const struct rd_options *o, const char *exe, struct r
 		int len;
 
 		if (!(opt->where & RD_OPT_WORKER) || rd_option_format(o, opt, value, sizeof(value)) != 0)
+			continue;
+		/* An internal fd of -1 is none: not passed. */
+		if ((opt->where & RD_OPT_INTERNAL) && value[0] == '-')
 			continue;
 		if (opt->type == RD_OPT_BOOL) {
 			/* One word: --flag=false, for a flag whose default is true. */

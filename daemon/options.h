@@ -52,6 +52,8 @@ struct rd_options {
 	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */
 	unsigned max_uid_programs;     /* programs of every process of a uid together, per device */
 	unsigned max_uid_program_nodes; /* and their nodes, after lowering */
+	unsigned max_uid_compile_ms;   /* NVRTC time a uid's programs may take per device, refilled per hour */
+	unsigned max_uid_module_mib;   /* compiled kernels a uid's programs hold per device */
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned max_ring_entries;     /* entries of every ring of a uid together, per device */
 	uint64_t max_import_gib;       /* bytes imported by a uid together, per device, in GiB */
@@ -80,6 +82,7 @@ struct rd_options {
 	uint64_t worker_epoch;         /* the node's epoch when the worker starts */
 	char worker_charged[256];      /* the uids cooling down after a hang (daemon/hang_charge.h) */
 	int ctl_fd;
+	int programs_fd;               /* the programs to define before serving (supervisor/kept_programs.h); -1: none */
 };
 
 /* Where an option may be given, and what becomes of it. */

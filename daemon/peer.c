@@ -225,16 +225,34 @@ void rd_peer_read(int fd, struct rd_peer *peer)
 		peer->token = atomic_fetch_add(&next_token, 1);
 }
 
-bool rd_peer_alive(const struct rd_peer *peer)
-{
-	return peer->pid > 0 && peer->token == 0 && peer->start_time != 0 &&
-	       start_time_of(peer->pid) == peer->start_time;
-}
 
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b)
 {
 	return a->uid == b->uid && a->gid == b->gid && a->pid == b->pid && a->start_time == b->start_time &&
 	       a->pidfs_inode == b->pidfs_inode && a->token == b->token;
+}
+
+int rd_peer_open_process(const struct rd_peer *peer)
+{
+	int pidfd;
+	bool same;
+
+	if (peer->token || peer->pid <= 0)
+		return -ESRCH;
+	pidfd = (int)syscall(SYS_pidfd_open, peer->pid, 0);
+	if (pidfd < 0) {
+		if (errno == ESRCH)
+			return -ESRCH;
+		/* No pidfd: the start time alone says whether it is the one. */
+		return start_time_of(peer->pid) == peer->start_time ? -errno : -ESRCH;
+	}
+	/* Read while the pidfd holds the process, as rd_peer_read does. */
+	same = peer->pidfs_inode ? pidfs_inode(pidfd) == peer->pidfs_inode : start_time_of(peer->pid) == peer->start_time;
+	if (!same || !alive(pidfd)) {
+		close(pidfd);
+		return -ESRCH;
+	}
+	return pidfd;
 }
 
 /* Whether gid is among the socket peer's supplementary groups, all of
@@ -275,4 +293,14 @@ bool rd_peer_is_admin(const struct rd_peer *peer, int fd, gid_t admin_gid, bool 
 		if (peer->groups[i] == admin_gid)
 			return true;
 	return false;
+}
+
+bool rd_peer_alive(const struct rd_peer *peer)
+{
+	int pidfd = rd_peer_open_process(peer);
+
+	if (pidfd >= 0)
+		close(pidfd);
+	/* Another error: there, but it cannot be watched. */
+	return pidfd != -ESRCH;
 }

@@ -54,6 +54,12 @@ void rd_peer_job_from_cgroup(const char *text, char *out, size_t len,
 
 /* The same process: ids one imported, the other may name. */
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b);
+/* A pidfd of the very process `peer` names (readable once it exits): a
+ * pid that now names another process, or none, is -ESRCH; a peer bound to
+ * its connection (token) is -ESRCH too, its connection being gone. Another
+ * -errno (no pidfd_open: Linux before 5.3) when the process is there but
+ * cannot be watched. */
+int rd_peer_open_process(const struct rd_peer *peer);
 /* Whether the process is still there: its pid names a process that
  * started when it did. False for a peer bound to its connection (its pid
  * unseen or gone when it connected). */

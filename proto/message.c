@@ -182,7 +182,8 @@ const char *rp_text_refusal(const char *text, size_t n)
 	int depth = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		size_t len = utf8_sequence(s + i, n - i);
+		/* ASCII, nearly every byte of a message, without a call. */
+		size_t len = s[i] < 0x80 ? 1 : utf8_sequence(s + i, n - i);
 
 		if (len == 0)
 			return "not valid UTF-8";
@@ -410,11 +411,22 @@ static bool add_params(cJSON *root, const cJSON *params)
 static char *keep_utf8(char *text)
 {
 	const unsigned char *s = (const unsigned char *)text;
-	size_t n, r = 0, w = 0;
+	size_t n, r = 0, w;
 
 	if (text == NULL)
 		return NULL;
 	n = strlen(text);
+	/* Every reply passes here and nearly all are whole: nothing moves
+	 * before the first byte dropped, and ASCII needs no call. */
+	while (r < n) {
+		size_t len = s[r] < 0x80 ? 1 : utf8_sequence(s + r, n - r);
+		if (len == 0)
+			break;
+		r += len;
+	}
+	if (r == n)
+		return text;
+	w = r;
 	while (r < n) {
 		size_t len = utf8_sequence(s + r, n - r);
 		if (len == 0) {

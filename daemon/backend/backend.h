@@ -16,6 +16,8 @@
 #include "proto/message.h"
 #include "daemon/registry.h"
 
+struct rd_compile_account;
+
 struct rd_device;
 struct rd_lane;
 struct rd_op;
@@ -92,7 +94,7 @@ struct rd_comm {
 	bool has_key;
 	char key[129];
 	uid_t key_uid;               /* whose it is: its ranks' uid, who may Attach */
-	unsigned char unique_id[RP_COMM_ID_SIZE];  /* the id its Init named (worker/comm_owners.h) */
+	unsigned char unique_id[RP_COMM_ID_SIZE];  /* the id its Init named (daemon/comm_owners.h) */
 };
 
 /* A program (io.regen.Program, proto/program.h) as a backend keeps it:
@@ -126,6 +128,13 @@ struct rd_program {
 	 * back from the journal before running again. */
 	uint64_t retries_applied, retries_restored;
 	char not_captured[160];         /* why Runs are not captured ("" when they are, or nothing was tried) */
+	/* What compiling its kernels is charged to: its owner's uid's account
+	 * on this device (daemon/program/compile_budget.h), the core's, set
+	 * before its first Run; NULL: nothing charged. A backend that compiles
+	 * charges NVRTC's time and the images it keeps, and counts them: */
+	struct rd_compile_account *compile;
+	uint64_t compile_us;            /* compiling its kernels took, in this worker */
+	uint64_t module_bytes;          /* compiled kernels it holds now */
 };
 
 /* A Run's bindings, resolved and checked by the core: by the program's

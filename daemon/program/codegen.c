@@ -43,10 +43,15 @@
 #define COL_ROW_THREADS 8
 #define COL_TARGET_BLOCKS 1024
 #define COL_CHUNK_ROWS_MIN 64
-/* Embedding backward: a block per index position, each thread summing up
- * to EMB_BWD_PER_THREAD columns of the row at once. */
+/* Embedding backward: positions sorted by index in tiles of EMB_SORT_TILE
+ * keys (a block of EMB_SORT_BLOCK threads each), then each index's rows
+ * summed by blocks of EMB_BLOCK columns. */
+#define EMB_SORT_TILE 1024
+#define EMB_SORT_BLOCK 256
 #define EMB_BLOCK 256
-#define EMB_BWD_PER_THREAD 8
+/* A step's kernels, but for an embedding backward's (emb_sort_of): a
+ * leading reduction's two, an embedding's gather and its report. */
+#define STEP_KERNELS_MAX 2
 /* Above this, indices and offsets are 64-bit. */
 #define IDX32_MAX (INT64_C(1) << 30)
 
@@ -1389,11 +1394,62 @@ static void red_shape_of(const struct rp_program *p, const struct rp_prog_node *
 		rs->chunks = 1;
 }
 
+/* An embedding backward's sort (emb_sort_of): its keys and its passes. */
+struct emb_sort {
+	int64_t rows;           /* index positions */
+	int64_t padded;         /* rows up to whole tiles */
+	int pbits;              /* a key's low bits: the position */
+	int passes;             /* merge passes after the tiles are sorted */
+	int64_t chunks;         /* the rows kernel's column blocks per key */
+};
+
+static int bits_for(int64_t max)
+{
+	int b = 1;
+
+	while (b < 63 && (max >> b) != 0)
+		b++;
+	return b;
+}
+
+/* 0, or -EINVAL where a key (row, position) takes more than 63 bits. */
+static int emb_sort_of(const struct rp_program *p, const struct rp_prog_node *n, struct emb_sort *es)
+{
+	const struct rp_prog_tensor *index = &p->tensors[n->in[1]], *o = &p->tensors[n->out[0]];
+
+	es->rows = 1;
+	for (int k = 0; k < index->rank; k++)
+		es->rows *= index->shape[k];
+	es->padded = (es->rows + EMB_SORT_TILE - 1) / EMB_SORT_TILE * EMB_SORT_TILE;
+	es->pbits = bits_for(es->rows - 1);
+	es->passes = 0;
+	for (int64_t run = EMB_SORT_TILE; run < es->padded; run *= 2)
+		es->passes++;
+	es->chunks = (o->shape[1] + EMB_BLOCK - 1) / EMB_BLOCK;
+	return bits_for(o->shape[0] - 1) + es->pbits > 63 ? -EINVAL : 0;
+}
+
+static bool is_embedding_backward(const struct rp_program *p, const struct rd_prog_step *st)
+{
+	return st->kind == RD_STEP_GATHER && st->nnodes == 1 &&
+	       p->nodes[st->nodes[0]].gather.fn == RP_GATHER_EMBEDDING_BACKWARD;
+}
+
+/* The sort's two buffers of keys, one after the other. */
+static uint64_t emb_sort_scratch(const struct emb_sort *es)
+{
+	return 2 * (uint64_t)es->padded * sizeof(uint64_t);
+}
+
 uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct rd_prog_plan *plan, int s)
 {
 	const struct rd_prog_step *st = &plan->steps[s];
 	struct red_shape rs;
 
+	if (is_embedding_backward(p, st)) {
+		struct emb_sort es;
+		return emb_sort_of(p, &p->nodes[st->nodes[0]], &es) == 0 ? emb_sort_scratch(&es) : 0;
+	}
 	if (st->kind != RD_STEP_REDUCTION)
 		return 0;
 	red_shape_of(p, &p->nodes[st->nodes[st->nnodes - 1]], &rs);
@@ -1890,27 +1946,87 @@ static int gen_embedding(struct gen *g, const struct rp_prog_node *n)
 	return emit_report_kernel(g, 1);
 }
 
+/* Merge pass `pass` (from 1) of the tiles' sorted runs: runs of
+ * EMB_SORT_TILE << (pass - 1) keys merged pairwise from one buffer into the
+ * other. A block writes a tile of the output: the merge path (the keys it
+ * takes from each run) found for the tile's first and last outputs, those
+ * keys brought into shared memory, each thread merging its share after its
+ * own search there: O(rows) a pass. */
+static void emit_merge_kernel(struct gen *g, const struct emb_sort *es, int pass, struct rd_prog_kernel *k)
+{
+	uint64_t base = g->st->scratch_offset, half = (uint64_t)es->padded * sizeof(uint64_t);
+	int per = EMB_SORT_TILE / EMB_SORT_BLOCK;
+	char suffix[24], l[32], l2[32];
+
+	snprintf(suffix, sizeof(suffix), "_merge%d", pass);
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, suffix);
+	k->block = EMB_SORT_BLOCK;
+	k->blocks_per_sm = PW_BLOCKS_PER_SM;
+	k->blocks = (uint64_t)(es->padded / EMB_SORT_TILE);
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    EMB_SORT_BLOCK, k->name);
+	emit_idx_type(g);
+	out(&g->b, "\tconst unsigned long long *src = (const unsigned long long *)(a->arena + %lluull);\n",
+	    (unsigned long long)(base + (pass % 2 ? 0 : half)));
+	out(&g->b, "\tunsigned long long *dst = (unsigned long long *)(a->arena + %lluull);\n",
+	    (unsigned long long)(base + (pass % 2 ? half : 0)));
+	out(&g->b, "\tconst idx_t n = %s, run = %s;\n", lit(es->padded, l), lit((int64_t)EMB_SORT_TILE << (pass - 1), l2));
+	out(&g->b, "\t__shared__ unsigned long long sh[%d];\n\t__shared__ idx_t cut[2];\n", EMB_SORT_TILE);
+	out(&g->b, "\tfor (idx_t t = blockIdx.x; t < n / %d; t += gridDim.x) {\n", EMB_SORT_TILE);
+	out(&g->b, "\t\tconst idx_t out0 = t * %d, pair = out0 / (2 * run) * (2 * run);\n", EMB_SORT_TILE);
+	out(&g->b, "\t\tconst idx_t na = n - pair < run ? n - pair : run;\n");
+	out(&g->b, "\t\tconst idx_t nb = n - pair - na < run ? n - pair - na : run;\n");
+	out(&g->b, "\t\tconst unsigned long long *A = src + pair, *B = A + na;\n");
+	out(&g->b, "\t\tconst idx_t d0 = out0 - pair;\n");
+	out(&g->b, "\t\tif (threadIdx.x < 2)\n");
+	out(&g->b, "\t\t\tcut[threadIdx.x] = (idx_t)rg_merge_split(A, na, B, nb, d0 + (idx_t)threadIdx.x * %d);\n",
+	    EMB_SORT_TILE);
+	out(&g->b, "\t\t__syncthreads();\n");
+	out(&g->b, "\t\tconst int la = (int)(cut[1] - cut[0]), lb = %d - la;\n", EMB_SORT_TILE);
+	out(&g->b, "\t\tconst idx_t a0 = cut[0], b0 = d0 - a0;\n");
+	out(&g->b, "\t\tfor (int e = threadIdx.x; e < %d; e += blockDim.x)\n", EMB_SORT_TILE);
+	out(&g->b, "\t\t\tsh[e] = e < la ? A[a0 + e] : B[b0 + e - la];\n");
+	out(&g->b, "\t\t__syncthreads();\n");
+	out(&g->b, "\t\tconst int d = threadIdx.x * %d;\n", per);
+	out(&g->b, "\t\tint i = (int)rg_merge_split(sh, la, sh + la, lb, d), j = d - i;\n");
+	out(&g->b, "#pragma unroll\n\t\tfor (int k = 0; k < %d; k++) {\n", per);
+	out(&g->b, "\t\t\tconst bool from_a = i < la && (j >= lb || sh[i] <= sh[la + j]);\n");
+	out(&g->b, "\t\t\tdst[out0 + d + k] = from_a ? sh[i++] : sh[la + j++];\n\t\t}\n");
+	out(&g->b, "\t\t__syncthreads();\n\t}\n}\n\n");
+}
+
+/* d_table = 0; then the positions sorted by (index, position) as 64-bit
+ * keys, unique, so that any correct sort gives the one order: tiles sorted
+ * in shared memory, then merged pairwise (O(N log N) in all, no atomics);
+ * then each key's rows of d_out summed in position order by the blocks that
+ * find its first key. The same bits every run. */
 static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
 	int dout = n->in[0], index = n->in[1], o = n->out[0];
 	const struct rp_prog_tensor *ot = T(g, o), *dt = T(g, dout);
-	int64_t rows = numel_of(T(g, index)), dim = ot->shape[1], vocab = ot->shape[0];
+	int64_t dim = ot->shape[1], vocab = ot->shape[0];
 	bool acc64 = needs_f64(dt->dtype) || needs_f64(ot->dtype);
 	const char *acc = acc64 ? "double" : "float", *conv = acc64 ? "rg_f64" : "rg_f32";
-	int per = (int)((dim + EMB_BLOCK - 1) / EMB_BLOCK);
-	char l[32], l2[32];
+	uint64_t keys = g->st->scratch_offset;
+	struct emb_sort es;
+	char l[32], l2[32], l3[32];
 
-	if (per > EMB_BWD_PER_THREAD)
-		per = EMB_BWD_PER_THREAD;
+	if (emb_sort_of(g->p, n, &es) < 0) {
+		rp_error_set(g->err, RP_ERR_BACKEND,
+			     "embedding_backward over %lld positions of a table of %lld rows: a (row, position) key "
+			     "takes more than 63 bits",
+			     (long long)es.rows, (long long)vocab);
+		return -EINVAL;
+	}
 	g->root_written[o] = true;
-	g->st->nkernels = 2;
+	g->st->nkernels = 4 + es.passes;
 	kernel_name(g, k->name, "gather", g->st->nodes, 1, "_zero");
 	k->block = PW_BLOCK;
 	k->blocks_per_sm = PW_BLOCKS_PER_SM;
 	k->blocks = (uint64_t)((vocab * dim + PW_BLOCK - 1) / PW_BLOCK);
 	emit_node_comment(g, g->st->nodes[0], "");
-	out(&g->b, "/* d_table = 0, then each index's rows of d_out summed in index order; an index outside the table adds to no row and is reported. */\n");
+	out(&g->b, "/* d_table = 0, then each index's rows of d_out summed in position order; an index outside the table adds to no row and is reported. */\n");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    PW_BLOCK, k->name);
 	emit_idx_type(g);
@@ -1923,57 +2039,96 @@ static int gen_embedding_backward(struct gen *g, const struct rp_prog_node *n)
 	out(&g->b, "] = rg_cvt<%s>(0.0f);\n", ctype(ot->dtype));
 	out(&g->b, "\t}\n}\n\n");
 
+	out(&g->b, "/* How many of the first d keys of the merge of A and B come from A (a tie\n"
+		   " * takes A's first). */\n");
+	out(&g->b, "RG_DEV long long rg_merge_split(const unsigned long long *A, long long na, const unsigned long long *B,\n"
+		   "\t\t\t\t  long long nb, long long d)\n{\n");
+	out(&g->b, "\tlong long lo = d > nb ? d - nb : 0, hi = d < na ? d : na;\n");
+	out(&g->b, "\twhile (lo < hi) {\n\t\tconst long long mid = (lo + hi) / 2;\n");
+	out(&g->b, "\t\tif (A[mid] <= B[d - 1 - mid])\n\t\t\tlo = mid + 1;\n\t\telse\n\t\t\thi = mid;\n\t}\n");
+	out(&g->b, "\treturn lo;\n}\n\n");
+
+	/* Each tile of positions as keys, sorted (bitonic, in shared memory). */
 	k = &g->st->kernels[1];
+	kernel_name(g, k->name, "gather", g->st->nodes, 1, "_sort");
+	k->block = EMB_SORT_BLOCK;
+	k->blocks_per_sm = PW_BLOCKS_PER_SM;
+	k->blocks = (uint64_t)(es.padded / EMB_SORT_TILE);
+	memset(g->declared, 0, (size_t)g->p->ntensors * sizeof(*g->declared));
+	out(&g->b, "/* Key (index << %d) | position, or ~0 (last) past the positions and for an index\n"
+		   " * outside the table, which is reported; each tile of %d keys sorted. */\n",
+	    es.pbits, EMB_SORT_TILE);
+	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
+	    EMB_SORT_BLOCK, k->name);
+	emit_idx_type(g);
+	declare_pointer(g, index);
+	out(&g->b, "\tunsigned long long *keys = (unsigned long long *)(a->arena + %lluull);\n", (unsigned long long)keys);
+	out(&g->b, "\tconst idx_t rows = %s, tiles = %s;\n", lit(es.rows, l), lit(es.padded / EMB_SORT_TILE, l2));
+	out(&g->b, "\t__shared__ unsigned long long sh[%d];\n", EMB_SORT_TILE);
+	out(&g->b, "\tfor (idx_t t = blockIdx.x; t < tiles; t += gridDim.x) {\n");
+	out(&g->b, "\t\tfor (int e = threadIdx.x; e < %d; e += blockDim.x) {\n", EMB_SORT_TILE);
+	out(&g->b, "\t\t\tconst idx_t i = t * %d + e;\n", EMB_SORT_TILE);
+	out(&g->b, "\t\t\tunsigned long long key = ~0ull;\n");
+	out(&g->b, "\t\t\tif (i < rows) {\n");
+	out(&g->b, "\t\t\t\tconst long long v = (long long)p%d[", index);
+	emit_flat_offset(g, index, "i");
+	out(&g->b, "];\n");
+	out(&g->b, "\t\t\t\tif (v >= 0 && v < %s)\n", lit(vocab, l));
+	out(&g->b, "\t\t\t\t\tkey = (unsigned long long)v << %d | (unsigned long long)i;\n", es.pbits);
+	out(&g->b, "\t\t\t\telse\n");
+	emit_raise(g, "\t\t\t\t\t", "i");
+	out(&g->b, "\t\t\t}\n\t\t\tsh[e] = key;\n\t\t}\n\t\t__syncthreads();\n");
+	out(&g->b, "\t\tfor (int size = 2; size <= %d; size <<= 1)\n", EMB_SORT_TILE);
+	out(&g->b, "\t\t\tfor (int half = size >> 1; half > 0; half >>= 1) {\n");
+	out(&g->b, "\t\t\t\tfor (int e = threadIdx.x; e < %d; e += blockDim.x) {\n", EMB_SORT_TILE / 2);
+	out(&g->b, "\t\t\t\t\tconst int lo = e / half * 2 * half + e %% half, hi = lo + half;\n");
+	out(&g->b, "\t\t\t\t\tconst unsigned long long x = sh[lo], y = sh[hi];\n");
+	out(&g->b, "\t\t\t\t\tif ((x > y) == ((lo & size) == 0)) {\n");
+	out(&g->b, "\t\t\t\t\t\tsh[lo] = y;\n\t\t\t\t\t\tsh[hi] = x;\n\t\t\t\t\t}\n\t\t\t\t}\n");
+	out(&g->b, "\t\t\t\t__syncthreads();\n\t\t\t}\n");
+	out(&g->b, "\t\tfor (int e = threadIdx.x; e < %d; e += blockDim.x)\n", EMB_SORT_TILE);
+	out(&g->b, "\t\t\tkeys[t * %d + e] = sh[e];\n", EMB_SORT_TILE);
+	out(&g->b, "\t\t__syncthreads();\n\t}\n}\n\n");
+
+	for (int pass = 1; pass <= es.passes; pass++)
+		emit_merge_kernel(g, &es, pass, &g->st->kernels[1 + pass]);
+	if (es.passes % 2)
+		keys += (uint64_t)es.padded * sizeof(uint64_t);
+
+	k = &g->st->kernels[2 + es.passes];
 	kernel_name(g, k->name, "gather", g->st->nodes, 1, "_rows");
 	k->block = EMB_BLOCK;
 	k->blocks_per_sm = 2048 / EMB_BLOCK;
-	k->blocks = (uint64_t)rows;
+	k->blocks = (uint64_t)(es.padded * es.chunks);
 	memset(g->declared, 0, (size_t)g->p->ntensors * sizeof(*g->declared));
-	out(&g->b, "/* A block per index position i. Only the first position holding a value v writes\n"
-		   " * row v: the sum of d_out's rows at every position holding v, in position\n"
-		   " * order, so the result is the same bits every run without atomics. Finding\n"
-		   " * the first position compares O(N^2) indices over the whole step: fine for a\n"
-		   " * step's tokens for now; a sort by index (CUB's radix sort) would make it\n"
-		   " * O(N log N). */\n");
+	out(&g->b, "/* A block per sorted key and %d columns: where the key is its index's first,\n"
+		   " * the index's rows of d_out summed in position order (the keys' order). */\n",
+	    EMB_BLOCK);
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    EMB_BLOCK, k->name);
 	emit_idx_type(g);
 	declare_pointer(g, dout);
-	declare_pointer(g, index);
 	declare_pointer(g, o);
-	out(&g->b, "\tconst idx_t rows = %s, dim = %s;\n", lit(rows, l), lit(dim, l2));
-	out(&g->b, "\tfor (idx_t i = blockIdx.x; i < rows; i += gridDim.x) {\n");
-	out(&g->b, "\t\tconst long long v = (long long)p%d[", index);
-	emit_flat_offset(g, index, "i");
-	out(&g->b, "];\n");
-	out(&g->b, "\t\tif (v < 0 || v >= %s) {\n", lit(vocab, l));
-	out(&g->b, "\t\t\tif (threadIdx.x == 0)\n");
-	emit_raise(g, "\t\t\t\t", "i");
-	out(&g->b, "\t\t\tcontinue;\n\t\t}\n");
-	out(&g->b, "\t\tint seen = 0;\n");
-	out(&g->b, "\t\tfor (idx_t j = threadIdx.x; j < i; j += blockDim.x)\n");
-	out(&g->b, "\t\t\tseen |= (long long)p%d[", index);
-	emit_flat_offset(g, index, "j");
-	out(&g->b, "] == v;\n");
-	out(&g->b, "\t\tif (__syncthreads_or(seen))\n\t\t\tcontinue;\n");
-	out(&g->b, "\t\tfor (idx_t d0 = 0; d0 < dim; d0 += %d) {\n", EMB_BLOCK * per);
-	out(&g->b, "\t\t\t%s acc[%d];\n", acc, per);
-	out(&g->b, "#pragma unroll\n\t\t\tfor (int k = 0; k < %d; k++)\n\t\t\t\tacc[k] = 0;\n", per);
-	out(&g->b, "\t\t\tfor (idx_t j = i; j < rows; j++) {\n");
-	out(&g->b, "\t\t\t\tif ((long long)p%d[", index);
-	emit_flat_offset(g, index, "j");
-	out(&g->b, "] != v)\n\t\t\t\t\tcontinue;\n");
-	out(&g->b, "#pragma unroll\n\t\t\t\tfor (int k = 0; k < %d; k++) {\n", per);
-	out(&g->b, "\t\t\t\t\tconst idx_t d = d0 + k * %d + threadIdx.x;\n", EMB_BLOCK);
-	out(&g->b, "\t\t\t\t\tif (d < dim)\n\t\t\t\t\t\tacc[k] += %s(p%d[", conv, dout);
-	emit_rows_offset(g, dout, "j", "d");
-	out(&g->b, "]);\n\t\t\t\t}\n\t\t\t}\n");
-	out(&g->b, "#pragma unroll\n\t\t\tfor (int k = 0; k < %d; k++) {\n", per);
-	out(&g->b, "\t\t\t\tconst idx_t d = d0 + k * %d + threadIdx.x;\n", EMB_BLOCK);
-	out(&g->b, "\t\t\t\tif (d < dim)\n\t\t\t\t\tp%d[", o);
+	out(&g->b, "\tconst unsigned long long *keys = (const unsigned long long *)(a->arena + %lluull);\n",
+	    (unsigned long long)keys);
+	out(&g->b, "\tconst idx_t n = %s, dim = %s, chunks = %s;\n", lit(es.padded, l), lit(dim, l2), lit(es.chunks, l3));
+	out(&g->b, "\tfor (idx_t w = blockIdx.x; w < n * chunks; w += gridDim.x) {\n");
+	out(&g->b, "\t\tconst idx_t s = w / chunks, d = (w - s * chunks) * %d + threadIdx.x;\n", EMB_BLOCK);
+	out(&g->b, "\t\tconst long long v = (long long)(keys[s] >> %d);\n", es.pbits);
+	out(&g->b, "\t\tif (v >= %s || (s > 0 && (long long)(keys[s - 1] >> %d) == v) || d >= dim)\n",
+	    lit(vocab, l), es.pbits);
+	out(&g->b, "\t\t\tcontinue;\n");
+	out(&g->b, "\t\t%s acc = 0;\n", acc);
+	out(&g->b, "\t\tfor (idx_t j = s; j < n && (long long)(keys[j] >> %d) == v; j++) {\n", es.pbits);
+	out(&g->b, "\t\t\tconst idx_t i = (idx_t)(keys[j] & %lluull);\n",
+	    (unsigned long long)((UINT64_C(1) << es.pbits) - 1));
+	out(&g->b, "\t\t\tacc += %s(p%d[", conv, dout);
+	emit_rows_offset(g, dout, "i", "d");
+	out(&g->b, "]);\n\t\t}\n");
+	out(&g->b, "\t\tp%d[", o);
 	emit_rows_offset(g, o, "v", "d");
-	out(&g->b, "] = rg_cvt<%s>(acc[k]);\n\t\t\t}\n\t\t}\n\t}\n}\n", ctype(ot->dtype));
-	return emit_report_kernel(g, 2);
+	out(&g->b, "] = rg_cvt<%s>(acc);\n\t}\n}\n", ctype(ot->dtype));
+	return emit_report_kernel(g, 3 + es.passes);
 }
 
 static int gen_gather(struct gen *g)
@@ -1992,9 +2147,12 @@ static int gen_gather(struct gen *g)
 	if (n->gather.fn == RP_GATHER_EMBEDDING_BACKWARD) {
 		if (T(g, n->out[0])->rank != 2 || T(g, n->in[0])->rank < 2)
 			return -EINVAL;
-		g->idx64 = numel_of(T(g, n->out[0])) > IDX32_MAX || span_of(T(g, n->out[0])) > IDX32_MAX ||
-			   numel_of(T(g, n->in[0])) > IDX32_MAX || span_of(T(g, n->in[0])) > IDX32_MAX ||
-			   span_of(T(g, n->in[1])) > IDX32_MAX;
+		struct emb_sort es;
+		if (emb_sort_of(g->p, n, &es) == 0 && es.padded * es.chunks > IDX32_MAX)
+			g->idx64 = true;
+		g->idx64 |= numel_of(T(g, n->out[0])) > IDX32_MAX || span_of(T(g, n->out[0])) > IDX32_MAX ||
+			    numel_of(T(g, n->in[0])) > IDX32_MAX || span_of(T(g, n->in[0])) > IDX32_MAX ||
+			    span_of(T(g, n->in[1])) > IDX32_MAX;
 		return gen_embedding_backward(g, n);
 	}
 	return -EINVAL;
@@ -2018,7 +2176,8 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
 	struct rd_prog_step *st = &plan->steps[s];
 	struct gen g = { .p = p, .plan = plan, .st = st, .s = s, .red = -1, .vec = 1, .err = err };
 	int last = st->nnodes ? st->nodes[st->nnodes - 1] : -1;
-	int r = -ENOMEM;
+	int r = -ENOMEM, cap = STEP_KERNELS_MAX;
+	struct emb_sort es;
 
 	g.mem = malloc((size_t)(st->nnodes * RP_PROG_NODE_IN_MAX + 1) * sizeof(*g.mem));
 	g.root_written = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.root_written));
@@ -2045,6 +2204,11 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
 		r = 0;
 		goto out;
 	}
+	if (is_embedding_backward(p, st) && emb_sort_of(p, &p->nodes[st->nodes[0]], &es) == 0)
+		cap = 4 + es.passes;
+	st->kernels = calloc((size_t)cap, sizeof(*st->kernels));
+	if (!st->kernels)
+		goto out;
 	if (g.dom) {
 		collect(&g);
 		mark_coords(&g);

@@ -23,5 +23,6 @@ bool rd_prog_disjoint(const struct rp_program *p, int a, int b);
 /* Same rank and dims. */
 bool rd_prog_same_shape(const struct rp_prog_tensor *a, const struct rp_prog_tensor *b);
 /* Arena bytes step s's kernels need for themselves (before the layout
- * places them): a leading reduction's partial sums, else 0. */
+ * places them): a leading reduction's partial sums, an embedding
+ * backward's sort keys, else 0. */
 uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct rd_prog_plan *plan, int s);

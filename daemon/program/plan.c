@@ -625,8 +625,10 @@ void rd_prog_plan_finish(struct rd_prog_plan *plan)
 {
 	if (!plan)
 		return;
-	for (int s = 0; s < plan->nsteps; s++)
+	for (int s = 0; s < plan->nsteps; s++) {
 		free(plan->steps[s].source);
+		free(plan->steps[s].kernels);
+	}
 	free(plan->steps);
 	free(plan->arena_offset);
 	free(plan->node_stored);

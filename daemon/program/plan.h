@@ -19,7 +19,9 @@
  *   it.
  * - REDUCTION: one reduction node, with a group over its input's shape
  *   fused in as its prologue.
- * - GATHER: an embedding or its backward.
+ * - GATHER: an embedding or its backward (which sorts the positions by
+ *   index, then sums each index's rows in position order: deterministic,
+ *   O(N log N) in the N positions).
  * Library calls and gathers keep their place in program order.
  *
  * A tensor produced in a step and read by no later node (an intermediate,
@@ -54,9 +56,6 @@
 enum rd_prog_step_kind { RD_STEP_LIBRARY = 0, RD_STEP_FUSED, RD_STEP_REDUCTION, RD_STEP_GATHER };
 
 #define RD_PROG_KERNEL_NAME_MAX 64
-/* A step's kernels at most (a leading-axis reduction's partial and final
- * passes; an embedding backward's zeroing, its rows and its report). */
-#define RD_PROG_STEP_KERNELS_MAX 3
 /* Arena offsets are multiples of this. */
 #define RD_PROG_ARENA_ALIGN 256
 /* An arena_offset[] entry for a tensor whose root is not in the arena (a
@@ -91,8 +90,12 @@ struct rd_prog_step {
 	/* FNV-1a of the source text: a module cache's key (with the
 	 * architecture and the compiler's version). */
 	uint64_t source_hash;
+	/* Launched in order: one for most steps; a leading-axis reduction's
+	 * partial and final passes; an embedding's gather and its report; an
+	 * embedding backward's zeroing, its sort (a pass per doubling of its
+	 * positions past 1024), its rows and its report. */
 	int nkernels;
-	struct rd_prog_kernel kernels[RD_PROG_STEP_KERNELS_MAX];
+	struct rd_prog_kernel *kernels;
 	/* Arena bytes the step uses for itself (a leading reduction's partial
 	 * sums), at this offset; 0 bytes: none. Inside arena_bytes. */
 	uint64_t scratch_offset, scratch_bytes;

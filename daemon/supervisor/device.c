@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/supervisor/device.h"
 #include "proto/errors.h"
@@ -816,6 +817,15 @@ static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
 	if (backoff > RESPAWN_BACKOFF_MAX_MS)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	op_await_worker(d);
+	/* A worker handed kept programs that died before it served may have
+	 * died of one of them: the next starts without, rather than in a
+	 * loop (their processes define them again on NoSuchObject). */
+	if (!d->worker_served && d->kept_programs.count) {
+		rd_warn("lifecycle", d->index, d->generation, 0,
+			"the %u programs kept for the worker are forgotten: it exited before it served",
+			d->kept_programs.count);
+		rd_sv_kept_programs_finish(&d->kept_programs);
+	}
 	/* A worker that never served makes no transition (the device was
 	 * respawning already): its exit is still why the device does not
 	 * serve, which Status and Watch say. Worded to stay true once a later
@@ -841,11 +851,43 @@ static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
 	start_settled(d);
 }
 
+static uid_t on_worker_comm_owner(void *data, uid_t uid, const unsigned char id[RP_COMM_ID_SIZE])
+{
+	struct rd_sv_device *d = data;
+
+	return rd_comm_owners_claim(d->env->comm_owners, uid, id);
+}
+
+static void on_program_kept(void *data, const struct rd_sv_program_kept *kept)
+{
+	struct rd_sv_device *d = data;
+	int r;
+
+	if (*d->env->stopping)
+		return;
+	r = rd_sv_kept_programs_add(&d->kept_programs, kept->id, &kept->owner, kept->nodes, kept->message, kept->len,
+				    d->env->opts);
+	if (r < 0)
+		rd_warn("lifecycle", d->index, d->generation, kept->owner.pid,
+			"program %s is not kept for the next worker: %s", kept->id,
+			r == -E2BIG ? "past a program limit (the worker's options changed?)" : strerror(-r));
+}
+
+static void on_program_forgotten(void *data, const char *id)
+{
+	struct rd_sv_device *d = data;
+
+	rd_sv_kept_programs_forget(&d->kept_programs, id);
+}
+
 static const struct rd_sv_worker_events worker_events = {
 	.ready = on_worker_ready,
 	.faulted = on_worker_faulted,
 	.exited = on_worker_exited,
 	.cannot_serve = on_worker_cannot_serve,
+	.comm_owner = on_worker_comm_owner,
+	.program_kept = on_program_kept,
+	.program_forgotten = on_program_forgotten,
 };
 
 /* A worker that hangs in its start (a driver that never answers its
@@ -865,6 +907,7 @@ static void on_start_timeout(uv_timer_t *t)
 static void spawn(struct rd_sv_device *d)
 {
 	struct rd_options wopts = *d->env->opts;
+	int r;
 
 	/* The worker runs the backend "auto" resolved to, in our generation. */
 	snprintf(wopts.backend, sizeof(wopts.backend), "%s", d->backend);
@@ -874,7 +917,19 @@ static void spawn(struct rd_sv_device *d)
 	if (d->env->hang_charges)
 		rd_hang_charges_format(d->env->hang_charges, uv_hrtime(), wopts.worker_charged,
 				       sizeof(wopts.worker_charged));
-	if (rd_sv_worker_spawn(&d->worker, d->env->exe, &wopts) < 0) {
+	/* Without the memfd the worker starts with no programs: their
+	 * processes define them again on NoSuchObject. */
+	int programs = -1;
+	if (d->kept_programs.count && (programs = rd_sv_kept_programs_memfd(&d->kept_programs)) < 0) {
+		rd_warn("lifecycle", d->index, d->generation, 0,
+			"cannot hand the next worker the %u programs defined on the device: %s",
+			d->kept_programs.count, strerror(-programs));
+		programs = -1;
+	}
+	r = rd_sv_worker_spawn(&d->worker, d->env->exe, &wopts, programs);
+	if (programs >= 0)
+		close(programs);
+	if (r < 0) {
 		snprintf(d->reason, sizeof(d->reason),
 			 "cannot start a worker process (the log says why); retried after %d ms", RESPAWN_BACKOFF_MAX_MS);
 		uv_timer_start(&d->respawn_timer, on_respawn_timer, RESPAWN_BACKOFF_MAX_MS, 0);
@@ -971,6 +1026,7 @@ void rd_sv_device_init(struct rd_sv_device *d, const struct rd_sv_device_env *en
 	snprintf(d->reason, sizeof(d->reason), "started");
 	rd_worker_socket_path(env->opts, index, d->worker_socket, sizeof(d->worker_socket));
 	rd_sv_worker_init(&d->worker, env->loop, index, &worker_events, d);
+	rd_sv_kept_programs_init(&d->kept_programs);
 	uv_timer_init(env->loop, &d->timer);
 	d->timer.data = d;
 	uv_timer_init(env->loop, &d->respawn_timer);
@@ -1008,6 +1064,7 @@ void rd_sv_device_stop(struct rd_sv_device *d, const char *why)
 	uv_timer_stop(&d->start_timer);
 	uv_close((uv_handle_t *)&d->start_timer, NULL);
 	detached_unlisten(d);
+	rd_sv_kept_programs_finish(&d->kept_programs);
 	/* The worker drains on SIGTERM and exits. */
 	d->worker_told_to_exit = true;
 	rd_sv_worker_kill(&d->worker, SIGTERM);

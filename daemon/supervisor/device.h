@@ -14,8 +14,9 @@
  * cleanup that never leaks vendor state. A worker that reports a hung call
  * is respawned at once; one that reports its GPU failed (or cannot open
  * it) leaves the device `failed`, and the next worker starts only after a
- * pause that doubles with each failure. docs/lifecycle.md tells it for
- * people.
+ * pause that doubles with each failure. Every worker starts with the
+ * programs its predecessors were told to define (kept_programs.h).
+ * docs/lifecycle.md tells it for people.
  *
  * Every change of state goes through one function, which bumps the
  * generation when the change comes with one, and reports it once: Watch
@@ -29,10 +30,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
+#include "daemon/comm_owners.h"
 #include "daemon/hang_charge.h"
 #include "daemon/listen.h"
 #include "daemon/options.h"
 #include "proto/device.h"
+#include "daemon/supervisor/kept_programs.h"
 #include "daemon/supervisor/worker_process.h"
 
 /* The longest reason a device keeps: a verb, the caller's pid and job (its
@@ -76,6 +79,9 @@ struct rd_sv_device_env {
 	/* The uids cooling down after a hang (daemon/hang_charge.h): a new
 	 * worker starts with them; NULL: none. */
 	const struct rd_hang_charges *hang_charges;
+	/* Whose each communicator unique id is, node-wide
+	 * (daemon/comm_owners.h): the devices' workers ask. */
+	struct rd_comm_owners *comm_owners;
 	const struct rd_sv_device_events *events;
 	void *data;
 };
@@ -150,6 +156,9 @@ struct rd_sv_device {
 	cJSON *jobs_json;
 	struct rp_device_job *jobs;
 	size_t njobs;
+	/* The programs its workers were told to define, which the next
+	 * worker defines again before it serves (kept_programs.h). */
+	struct rd_sv_kept_programs kept_programs;
 	/* While detached: the worker socket's path, where every call gets
 	 * io.regen.Detached, and its connections. */
 	struct rd_listener detached_listener;

@@ -277,6 +277,7 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 		.epoch = &sv->watch.epoch,
 		.stopping = &sv->stopping,
 		.hang_charges = &sv->hang_charges,
+		.comm_owners = &sv->comm_owners,
 		.events = &device_events,
 		.data = sv,
 	};

@@ -31,6 +31,7 @@ struct rd_supervisor {
 	struct rd_sv_device_env device_env;
 	struct rd_sv_watch watch;           /* the epoch and the Watch subscribers */
 	struct rd_hang_charges hang_charges;  /* uids whose calls hung a device (daemon/hang_charge.h) */
+	struct rd_comm_owners comm_owners;    /* whose each communicator unique id is (daemon/comm_owners.h) */
 	struct rd_kept kept;                /* memory kept for ranks (io.regen.Keep) */
 	uv_signal_t sigterm, sigint, sighup;
 	uv_timer_t stop_timer;

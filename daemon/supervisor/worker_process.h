@@ -9,9 +9,12 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 #include "daemon/conn.h"
 #include "daemon/options.h"
+#include "proto/compute.h"
+#include "daemon/supervisor/kept_programs.h"
 
 /* What a worker's Ready carries. */
 struct rd_sv_worker_ready {
@@ -33,6 +36,15 @@ enum rd_sv_exit {
 };
 
 
+/* What a worker's KeepProgram carries (kept_programs.h). */
+struct rd_sv_program_kept {
+	const char *id;
+	struct rd_sv_program_owner owner;
+	unsigned nodes;
+	const char *message;        /* the Define call's text, len bytes, no NUL inside */
+	size_t len;
+};
+
 struct rd_sv_worker_events {
 	/* The worker listens on its socket and its backend is open. */
 	void (*ready)(void *data, const struct rd_sv_worker_ready *ready);
@@ -49,6 +61,16 @@ struct rd_sv_worker_events {
 	 * how is RD_SV_EXIT_UNSUPPORTED or RD_SV_EXIT_DEVICE_FAILED, as its
 	 * exit status will say. health: NULL when absent. May be NULL. */
 	void (*cannot_serve)(void *data, enum rd_sv_exit how, const char *reason, const cJSON *health);
+	/* Whose a communicator's unique id is on the node, asked by the
+	 * worker for a process of uid that made or joins with it
+	 * (io.regen.Worker.CommOwner, daemon/comm_owners.h). May be NULL:
+	 * the worker is refused. */
+	uid_t (*comm_owner)(void *data, uid_t uid, const unsigned char id[RP_COMM_ID_SIZE]);
+	/* A process defined a program the worker asks to be kept for the
+	 * next worker (io.regen.Worker.KeepProgram), and one it let go
+	 * (ForgetProgram). */
+	void (*program_kept)(void *data, const struct rd_sv_program_kept *kept);
+	void (*program_forgotten)(void *data, const char *id);
 };
 
 struct rd_sv_worker {
@@ -65,8 +87,11 @@ struct rd_sv_worker {
 void rd_sv_worker_init(struct rd_sv_worker *w, uv_loop_t *loop, int device, const struct rd_sv_worker_events *events,
 		       void *data);
 /* Starts exe as a worker with wopts (worker_device, worker_generation and
- * the rest; ctl_fd is set here). Returns 0, or -errno when no process runs. */
-int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts);
+ * the rest; ctl_fd and programs_fd are set here). programs_fd: the
+ * programs it defines before it serves (rd_sv_kept_programs_memfd), or -1;
+ * the caller keeps and closes it. Returns 0, or -errno when no process
+ * runs. */
+int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts, int programs_fd);
 bool rd_sv_worker_running(const struct rd_sv_worker *w);
 /* Sends signum to the running process, if any; exited follows. */
 void rd_sv_worker_kill(struct rd_sv_worker *w, int signum);

@@ -10,7 +10,8 @@
  * CommTimeout; a drain aborts every communicator with calls in flight; a
  * process that goes away aborts its communicators, except keyed healthy
  * ones, which stay detached until a process of the same user attaches or
- * the generation ends. Who may join with a unique id: comm_owners.h. */
+ * the generation ends. Who may join with a unique id: daemon/comm_owners.h,
+ * which the supervisor keeps and this file asks. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "daemon/worker/session.h"
 #include "proto/comm.h"
 #include "proto/errors.h"
+#include "proto/params.h"
 
 static bool comm_supported(struct rd_worker *w, struct rd_call *call)
 {
@@ -60,6 +62,111 @@ static int comm_healthy(struct rd_worker *w, struct rd_comm *comm, struct rp_err
 	return r;
 }
 
+/* ---- Whose a unique id is: the supervisor's word (daemon/comm_owners.h) ---- */
+
+/* A call that waits for the supervisor to say whose its unique id is;
+ * then() goes on with it once the answer came. Only this file answers it
+ * meanwhile, so the call is there when the answer comes (a connection
+ * keeps its unanswered calls; the session stays while calls are in
+ * flight). */
+struct owner_ask {
+	struct rd_call *call;
+	struct rd_session *session;
+	unsigned char id[RP_COMM_ID_SIZE];
+	void (*then)(struct rd_call *call, const unsigned char id[RP_COMM_ID_SIZE], uid_t owner);
+};
+
+/* Without the supervisor no id can be checked: the worker is on its way
+ * out (its supervisor gone or going), and the device comes back with a
+ * new one. */
+static void fail_unasked(struct rd_call *call, struct rd_worker *w, const char *why)
+{
+	struct rp_error err = { 0 };
+
+	rp_err_draining(&err, w->dev.index, (long long)rd_worker_generation(w),
+			"the supervisor, which says whose each communicator unique id is on this node, %s: call "
+			"again once the device serves again", why);
+	rd_call_fail(call, &err);
+}
+
+static void on_owner_answer(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct owner_ask *a = userdata;
+	struct rd_session *s = a->session;
+	struct rd_worker *w = s->worker;
+	struct rp_error err = { 0 };
+	uint64_t owner;
+
+	if (!reply || reply->error || rp_params_uint(reply->params, "uid", UINT32_MAX, 0, &owner, &err) != 0) {
+		rp_error_clear(&err);
+		fail_unasked(a->call, w, reply ? "gave no owner" : "went away before it answered");
+	} else if (s->closed) {
+		/* Nobody waits for it, and nothing should be made for a gone
+		 * process: the reply is dropped with the connection. */
+		fail_unasked(a->call, w, "answered after the caller went away");
+	} else {
+		a->then(a->call, a->id, (uid_t)owner);
+	}
+	rd_session_call_finished(s);
+	free(a);
+}
+
+/* Asks the supervisor whose `id` is for the caller's uid (binding it to
+ * that uid if nobody's yet); then(call, id, owner) goes on. The call
+ * counts as in flight meanwhile: a drain waits for the answer. */
+static void ask_owner(struct rd_call *call, const unsigned char id[RP_COMM_ID_SIZE],
+		      void (*then)(struct rd_call *call, const unsigned char id[RP_COMM_ID_SIZE], uid_t owner))
+{
+	struct rd_session *s = rd_session_of(call);
+	struct rd_worker *w = s->worker;
+	char hex[RP_COMM_ID_HEX_LEN + 1];
+	struct owner_ask *a;
+	cJSON *p;
+
+	if (!w->ctl) {
+		fail_unasked(call, w, "is not connected");
+		return;
+	}
+	a = calloc(1, sizeof(*a));
+	p = cJSON_CreateObject();
+	if (!a || !p || !cJSON_AddStringToObject(p, "unique_id", rp_comm_id_to_hex(id, hex)) ||
+	    !cJSON_AddNumberToObject(p, "uid", (double)s->client->peer.uid)) {
+		struct rp_error err = { 0 };
+
+		free(a);
+		cJSON_Delete(p);
+		rp_err_out_of_memory(&err, w->dev.index, "no host memory to ask whose the unique id is");
+		rd_call_fail(call, &err);
+		return;
+	}
+	a->call = call;
+	a->session = s;
+	memcpy(a->id, id, RP_COMM_ID_SIZE);
+	a->then = then;
+	if (rd_conn_call(w->ctl, "io.regen.Worker.CommOwner", p, false, on_owner_answer, a) < 0) {
+		free(a);
+		fail_unasked(call, w, "could not be asked");
+		return;
+	}
+	rd_session_call_started(s);
+}
+
+/* The supervisor holds the new id for the caller's uid: it may go out. */
+static void unique_id_owned(struct rd_call *call, const unsigned char id[RP_COMM_ID_SIZE], uid_t owner)
+{
+	struct rd_worker *w = rd_session_of(call)->worker;
+	struct rp_error err = { 0 };
+
+	if (owner != rd_session_of(call)->client->peer.uid) {
+		/* 128 random bytes another uid already joined with: never
+		 * seen, and never handed out. */
+		rp_err_backend_error(&err, w->dev.index, "the new unique id is already another user's; ask for another");
+		rd_call_fail(call, &err);
+		return;
+	}
+	rd_call_reply(call, rp_comm_unique_id_reply_encode(id), false);
+}
+
 void rd_comm_get_unique_id(struct rd_call *call)
 {
 	struct rd_worker *w = rd_session_of(call)->worker;
@@ -73,8 +180,9 @@ void rd_comm_get_unique_id(struct rd_call *call)
 		rd_call_fail(call, &err);
 		return;
 	}
-	rd_comm_owners_made(&w->comm_owners, rd_session_of(call)->client->peer.uid, id);
-	rd_call_reply(call, rp_comm_unique_id_reply_encode(id), false);
+	/* Bound to the caller's uid on every device before the caller has
+	 * it: no other user can be first to join with it anywhere. */
+	ask_owner(call, id, unique_id_owned);
 }
 
 /* A communicator (attached or detached) keyed `key` for uid. */
@@ -94,13 +202,10 @@ static struct rd_comm *find_key(struct rd_worker *w, const char *key, uid_t uid)
 	return NULL;
 }
 
-/* Whose `id` is here: the uid this worker made it for, else the uid of a
- * communicator that joined with it. 0 and *uid, or -ENOENT: nobody's
- * yet. */
-static int owner_of_unique_id(struct rd_worker *w, const unsigned char id[RP_COMM_ID_SIZE], uid_t *uid)
+/* The uid of a communicator of this worker's that joined with `id`: 0
+ * and *uid, or -ENOENT (then the supervisor knows). */
+static int local_owner_of_unique_id(struct rd_worker *w, const unsigned char id[RP_COMM_ID_SIZE], uid_t *uid)
 {
-	if (rd_comm_owners_find(&w->comm_owners, id, uid) == 0)
-		return 0;
 	for (unsigned b = 0; b < RD_OBJECT_BUCKETS; b++) {
 		for (struct rd_object *o = w->objects.table[b]; o; o = o->next_in_table) {
 			const struct rd_comm *comm;
@@ -160,7 +265,21 @@ static void init_finished(struct rd_compute_call *cc)
 	}
 }
 
-void rd_comm_init(struct rd_call *call)
+static void refuse_not_owner(struct rd_call *call, struct rd_worker *w)
+{
+	struct rp_error err = { 0 };
+
+	/* Neither the owner's uid nor anything of its communicator is told:
+	 * only that the id is not the caller's to join. */
+	rp_err_not_permitted(&err, call->msg.method,
+			     "this unique id belongs to another user's communicator on this node (device %d asked): "
+			     "a communicator's ranks are all of one uid; ask your own rank 0 for its id",
+			     w->dev.index);
+	rd_call_fail(call, &err);
+}
+
+/* Init, once the unique id is known to be the caller's. */
+static void init_join(struct rd_call *call)
 {
 	struct rd_session *s = rd_session_of(call);
 	struct rd_worker *w = s->worker;
@@ -168,21 +287,11 @@ void rd_comm_init(struct rd_call *call)
 	struct rp_comm_init req;
 	struct rd_comm *comm = NULL;
 	struct rd_compute_call *cc;
-	uid_t owner;
 
-	if (!comm_supported(w, call))
-		return;
+	/* Read again: the call's parameters outlive the supervisor's
+	 * answer, the worker's state may not have. */
 	if (rp_comm_init_decode(call->msg.params, &req, &err) < 0 || rd_worker_refuse_if_not_ready(w, &err) < 0)
 		goto fail;
-	if (owner_of_unique_id(w, req.unique_id, &owner) == 0 && owner != s->client->peer.uid) {
-		/* Neither the owner's uid nor anything of its communicator is
-		 * told: only that the id is not the caller's to join. */
-		rp_err_not_permitted(&err, call->msg.method,
-				     "this unique id belongs to another user's communicator on device %d: a "
-				     "communicator's ranks are all of one uid; ask your own rank 0 for its id",
-				     w->dev.index);
-		goto fail;
-	}
 	if (req.has_key && find_key(w, req.key, s->client->peer.uid)) {
 		rp_error_set(&err, RP_ERR_INVALID_PARAMETER,
 			     "key \"%s\" already names a communicator of this user on device %d: Attach it, or Destroy "
@@ -236,6 +345,38 @@ void rd_comm_init(struct rd_call *call)
 	return;
 fail:
 	rd_call_fail(call, &err);
+}
+
+static void init_owned(struct rd_call *call, const unsigned char id[RP_COMM_ID_SIZE], uid_t owner)
+{
+	struct rd_session *s = rd_session_of(call);
+
+	if (owner != s->client->peer.uid)
+		refuse_not_owner(call, s->worker);
+	else
+		init_join(call);
+}
+
+void rd_comm_init(struct rd_call *call)
+{
+	struct rd_session *s = rd_session_of(call);
+	struct rd_worker *w = s->worker;
+	struct rp_error err = { 0 };
+	struct rp_comm_init req;
+	uid_t owner;
+
+	if (!comm_supported(w, call))
+		return;
+	if (rp_comm_init_decode(call->msg.params, &req, &err) < 0 || rd_worker_refuse_if_not_ready(w, &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	/* A rank of a communicator this worker holds: its uid says. Else the
+	 * node's table, which binds an id nobody holds yet to the caller. */
+	if (local_owner_of_unique_id(w, req.unique_id, &owner) == 0)
+		init_owned(call, req.unique_id, owner);
+	else
+		ask_owner(call, req.unique_id, init_owned);
 }
 
 void rd_comm_attach(struct rd_call *call)

@@ -81,13 +81,18 @@ void rd_objects_init(struct rd_objects *t, struct rd_device *dev)
 	t->next_serial = 1 + (base & ((UINT64_C(1) << 40) - 1));
 }
 
-struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_peer *peer)
+static struct rd_client *client_find(struct rd_objects *t, const struct rd_peer *peer)
 {
-	struct rd_client *c;
-
-	for (c = t->clients; c; c = c->next)
+	for (struct rd_client *c = t->clients; c; c = c->next)
 		if (rd_peer_same_process(&c->peer, peer))
-			break;
+			return c;
+	return NULL;
+}
+
+struct rd_client *rd_objects_client_keep(struct rd_objects *t, const struct rd_peer *peer)
+{
+	struct rd_client *c = client_find(t, peer);
+
 	if (!c) {
 		c = calloc(1, sizeof(*c));
 		if (!c)
@@ -96,8 +101,31 @@ struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_pe
 		c->next = t->clients;
 		t->clients = c;
 	}
+	return c;
+}
+
+struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_peer *peer)
+{
+	struct rd_client *c = rd_objects_client_keep(t, peer);
+
+	if (!c)
+		return NULL;
+	/* A client kept for it holds the identity an earlier worker read:
+	 * this connection's says the rest (its groups, its job). */
+	if (c->connections == 0)
+		c->peer = *peer;
 	c->connections++;
 	return c;
+}
+
+void rd_objects_client_gone(struct rd_objects *t, const struct rd_peer *peer)
+{
+	struct rd_client *c = client_find(t, peer);
+
+	if (c && c->connections == 0) {
+		c->connections = 1;
+		rd_objects_client_put(t, c);
+	}
 }
 
 struct rd_uid_use rd_objects_use_of_uid(const struct rd_objects *t, uid_t uid)
@@ -149,12 +177,20 @@ static unsigned bucket(uint64_t serial)
 
 void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner)
 {
+	rd_objects_add_as(t, o, kind, owner, t->next_serial);
+}
+
+void rd_objects_add_as(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner,
+		       uint64_t serial)
+{
 	unsigned b;
 
 	o->id.kind = id_kinds[kind];
 	o->id.device = (uint32_t)t->device->index;
 	o->id.generation = generation_of(t, kind);
-	o->id.serial = t->next_serial++;
+	o->id.serial = serial;
+	if (serial >= t->next_serial)
+		t->next_serial = serial + 1;
 	o->owner = owner;
 	o->usage = NULL;
 	o->core_refs = 1;   /* the table's */
@@ -285,6 +321,8 @@ void rd_objects_close(struct rd_objects *t, struct rd_object *o)
 			o->owner->import_bytes -= rd_object_buffer(o)->size;
 	}
 	o->owner = NULL;
+	if (t->closed)
+		t->closed(o, t->closed_data);
 	rd_objects_unref(t, o);
 }
 

@@ -25,6 +25,9 @@ struct rd_objects {
 	 * closed stays, without an owner (detached, for io.regen.Comm.Attach). */
 	bool (*keep)(struct rd_object *o, void *data);
 	void *keep_data;
+	/* When set: told of every object as it leaves the table. */
+	void (*closed)(struct rd_object *o, void *data);
+	void *closed_data;
 };
 
 /* Programs (io.regen.Program) are ids like the others, bound to the
@@ -60,6 +63,14 @@ struct rd_uid_use {
 void rd_objects_init(struct rd_objects *t, struct rd_device *dev);
 
 struct rd_client *rd_objects_client_get(struct rd_objects *t, const struct rd_peer *peer);
+/* The process's client without a connection of its own yet: for objects
+ * given back to it (a respawned worker's programs, program_keep.c) before
+ * it connects. Its first connection (rd_objects_client_get) takes it over
+ * with the peer it read. NULL: no memory. */
+struct rd_client *rd_objects_client_keep(struct rd_objects *t, const struct rd_peer *peer);
+/* A process without a connection is gone: its client, if any is left,
+ * goes with its objects, as with its last connection. */
+void rd_objects_client_gone(struct rd_objects *t, const struct rd_peer *peer);
 /* The sums of every process of this uid. */
 struct rd_uid_use rd_objects_use_of_uid(const struct rd_objects *t, uid_t uid);
 /* Connections of every process of this uid. */
@@ -94,6 +105,10 @@ enum rd_object_kind rd_object_kind_of(const struct rd_object *o);
 
 /* Gives the object its id (current generation) and owner and adds it. */
 void rd_objects_add(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner);
+/* The same with the serial an earlier worker gave it (a program defined
+ * again after a respawn keeps its id); later ids are past it. */
+void rd_objects_add_as(struct rd_objects *t, struct rd_object *o, enum rd_object_kind kind, struct rd_client *owner,
+		       uint64_t serial);
 
 /* Resolves an id of `kind` for process `who`. Errors (err set, -errno
  * returned): io.regen.StaleGeneration when the id is from another

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/log.h"
+#include "daemon/program/compile_budget.h"
 #include "daemon/worker/session.h"
 #include "proto/errors.h"
 #include "proto/program.h"
@@ -72,6 +73,56 @@ static int check_limits(struct rd_worker *w, const struct rd_client *c, const st
 	return 0;
 }
 
+/* The uid's compile account on this device, made on its first program. */
+static struct rd_compile_account *compile_account(struct rd_worker *w, uid_t uid, struct rp_error *err)
+{
+	struct rd_compile_account *a;
+
+	for (a = w->compile_accounts; a; a = a->next)
+		if (a->uid == uid)
+			return a;
+	a = malloc(sizeof(*a));
+	if (!a) {
+		rp_err_out_of_memory(err, w->dev.index, "no host memory for the program");
+		return NULL;
+	}
+	rd_compile_account_init(a, uid, w->dev.index, (uint64_t)w->opts->max_uid_compile_ms * 1000000,
+				(uint64_t)w->opts->max_uid_module_mib << 20, rd_compile_clock_ns());
+	a->next = w->compile_accounts;
+	w->compile_accounts = a;
+	return a;
+}
+
+int rd_program_add(struct rd_worker *w, struct rd_client *owner, struct rp_program *def, uint64_t serial,
+		   struct rd_program **out, struct rp_error *err)
+{
+	struct rd_program *prog = NULL;
+	struct rd_compile_account *account = compile_account(w, owner->peer.uid, err);
+
+	if (!account)
+		return -ENOMEM;
+	if (!w->dev.backend->program_create) {
+		rp_err_backend_error(err, w->dev.index, "the %s backend runs no programs", w->dev.backend->name);
+		return -ENOSYS;
+	}
+	if (check_limits(w, owner, def, err) < 0)
+		return -E2BIG;
+	if (w->dev.backend->program_create(&w->dev, def, &prog, err) < 0) {
+		if (!err->name)
+			rp_err_backend_error(err, w->dev.index, "the backend could not take the program");
+		return -EIO;
+	}
+	prog->device = &w->dev;
+	prog->def = def;
+	prog->compile = account;
+	if (serial)
+		rd_objects_add_as(&w->objects, &prog->obj, RD_OBJECT_PROGRAM, owner, serial);
+	else
+		rd_objects_add(&w->objects, &prog->obj, RD_OBJECT_PROGRAM, owner);
+	*out = prog;
+	return 0;
+}
+
 void rd_program_define(struct rd_call *call)
 {
 	struct rd_session *s = rd_session_of(call);
@@ -89,20 +140,16 @@ void rd_program_define(struct rd_call *call)
 		not_implemented(call, &err);
 		goto fail;
 	}
-	if (rp_program_parse(call->msg.params, def, &err) < 0 || check_limits(w, s->client, def, &err) < 0)
+	if (rp_program_parse(call->msg.params, def, &err) < 0 ||
+	    rd_program_add(w, s->client, def, 0, &prog, &err) < 0)
 		goto fail;
-	if (w->dev.backend->program_create(&w->dev, def, &prog, &err) < 0) {
-		if (!err.name)
-			rp_err_backend_error(&err, w->dev.index, "the backend could not take the program");
-		goto fail;
-	}
-	prog->device = &w->dev;
-	prog->def = def;
-	rd_objects_add(&w->objects, &prog->obj, RD_OBJECT_PROGRAM, s->client);
 	rp_id_format(&prog->obj.id, id);
 	rd_debug("program", w->dev.index, rd_worker_generation(w), s->client->peer.pid,
 		 "defined %s '%s': %d nodes, %d tensors, %llu bytes of intermediates", id,
 		 def->name, def->nnodes, def->ntensors, (unsigned long long)def->intermediate_bytes);
+	/* Told before the reply goes: a worker that dies after its caller
+	 * heard of the program leaves it to the next (program_keep.c). */
+	rd_program_keep(w, prog, s->client, call->raw.text, call->raw.len);
 
 	cJSON *reply = cJSON_CreateObject();
 	cJSON *bound = cJSON_AddArrayToObject(reply, "bound");
@@ -315,6 +362,8 @@ static cJSON *program_status(const struct rd_program *p)
 	cJSON_AddNumberToObject(o, "launch_us", (double)p->launch_ns / 1e3);
 	cJSON_AddNumberToObject(o, "scratch_bytes", (double)p->scratch_bytes);
 	cJSON_AddNumberToObject(o, "modules", (double)p->modules);
+	cJSON_AddNumberToObject(o, "module_bytes", (double)p->module_bytes);
+	cJSON_AddNumberToObject(o, "compile_us", (double)p->compile_us);
 	cJSON_AddNumberToObject(o, "kernels", (double)p->kernels);
 	cJSON_AddNumberToObject(o, "graph_captures", (double)p->graph_captures);
 	cJSON_AddNumberToObject(o, "graph_launches", (double)p->graph_launches);

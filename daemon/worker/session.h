@@ -60,6 +60,26 @@ int rd_compute_submit_call(struct rd_session *s, struct rd_compute_call *cc, str
 			   struct rp_error *err);
 /* io.regen.Program (program.c). */
 void rd_program_define(struct rd_call *call);
+/* A checked program of owner's, within its process's and uid's limits,
+ * given to the backend and to the table: under a new id, or with the serial
+ * an earlier worker gave it (serial != 0). 0: *out holds def; < 0: err set,
+ * def still the caller's. */
+int rd_program_add(struct rd_worker *w, struct rd_client *owner, struct rp_program *def, uint64_t serial,
+		   struct rd_program **out, struct rp_error *err);
+/* The programs that outlive this worker (program_keep.c). A program just
+ * defined, its Define call's text as the client sent it: the supervisor
+ * keeps it for the next worker (a process bound to its connection has no
+ * next, and nothing is kept of it). */
+void rd_program_keep(struct rd_worker *w, const struct rd_program *prog, const struct rd_client *owner,
+		     const char *message, size_t len);
+/* Defines again, before the worker serves, the programs the supervisor
+ * kept (--programs-fd): each for its process, under its id, if that
+ * process is still there; the others are forgotten. Watches each owner
+ * with no connection yet, and lets its programs go when it exits. Tells
+ * the supervisor of every program this worker lets go from then on. */
+void rd_program_keep_start(struct rd_worker *w, int fd);
+/* Lets go of the owners' watches (the worker stops). */
+void rd_program_keep_stop(struct rd_worker *w);
 void rd_program_run(struct rd_call *call);
 /* The caller's program of that id: 0, or NoSuchObject (or StaleGeneration,
  * for another device's) in err. */

@@ -317,6 +317,8 @@ int rd_worker_run(const struct rd_options *opts)
 		}
 		return 1;
 	}
+	/* The programs of earlier workers, back before anyone can ask. */
+	rd_program_keep_start(w, opts->programs_fd);
 	rd_worker_socket_path(opts, w->dev.index, w->socket_path, sizeof(w->socket_path));
 	int dir = rd_socket_dir_open(w->socket_path, why, sizeof(why));
 	if (dir < 0) {
@@ -339,6 +341,7 @@ int rd_worker_run(const struct rd_options *opts)
 
 	rd_listener_close(&w->listener);
 	rd_health_stop(w);
+	rd_program_keep_stop(w);
 	w->dev.backend->close(&w->dev);
 	uv_walk(w->loop, walk_close, NULL);
 	uv_run(w->loop, UV_RUN_DEFAULT);

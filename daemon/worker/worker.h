@@ -7,8 +7,9 @@
  * worker.c (the process: start, loop, completions, faults, stop),
  * session.c (a connection to the worker socket: one lane), memory.c
  * (io.regen.Memory), compute.c (io.regen.Compute), control.c (the
- * supervisor's verbs), objects.c (the ids handed out), usage.c (what each
- * job uses of the device), health.c (faults
+ * supervisor's verbs), objects.c (the ids handed out), program.c and
+ * program_keep.c (io.regen.Program, and the programs that outlive the
+ * worker), usage.c (what each job uses of the device), health.c (faults
  * found without waiting for a call: the backend's health watch, calls past
  * their deadline). */
 #pragma once
@@ -22,7 +23,6 @@
 #include "daemon/hang_charge.h"
 #include "daemon/listen.h"
 #include "daemon/options.h"
-#include "daemon/worker/comm_owners.h"
 #include "daemon/worker/objects.h"
 #include "daemon/worker/usage.h"
 
@@ -35,6 +35,7 @@ enum rd_worker_state {
 };
 
 struct rd_session;
+struct rd_kept_owner;
 
 /* The worker's exit status when it could not open its device because the
  * device is unusable (gone, needing a GPU reset, not there): the supervisor
@@ -80,7 +81,6 @@ struct rd_worker {
 	struct rd_device dev;
 	struct rd_objects objects;
 	struct rd_usage_table usage;    /* what each job uses (usage.h) */
-	struct rd_comm_owners comm_owners;  /* whose the unique ids it made are (comm_owners.h) */
 	/* The uids cooling down after a hang, as the supervisor last said:
 	 * their compute calls are refused (compute.c). */
 	struct rd_hang_charges hang_charges;
@@ -103,6 +103,13 @@ struct rd_worker {
 	bool health_started;
 	struct rd_session *sessions;
 	unsigned nsessions;
+	/* Processes whose programs came back from an earlier worker before
+	 * they connected, watched until they do or exit (program_keep.c). */
+	struct rd_kept_owner *kept_owners;
+	/* What compiling programs' kernels may still cost each uid that
+	 * defined one (daemon/program/compile_budget.h); kept for the
+	 * worker's life, so that a Drop gives back no compile time. */
+	struct rd_compile_account *compile_accounts;
 	unsigned next_lane;
 
 	struct rd_call *drain_call;     /* the supervisor's Drain, while it waits */

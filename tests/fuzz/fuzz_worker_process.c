@@ -68,7 +68,7 @@ void rd_sv_worker_init(struct rd_sv_worker *w, uv_loop_t *loop, int device, cons
 }
 
 /* The real one starts a process with a control channel on a socketpair. */
-int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts)
+int rd_sv_worker_spawn(struct rd_sv_worker *w, const char *exe, const struct rd_options *wopts, int programs_fd)
 {
 	struct fz_worker *fw = fz_worker_of(w);
 

@@ -6,9 +6,10 @@ forward and backward, each against torch float64 on the same fresh random
 inputs; Runs launched as a CUDA graph, rebinding other buffers (the graph
 replays, or is captured again when a library call's operand moved); a
 Release and a device_lost in between, after which the same program (not
-defined again) gives the same results.
+defined again) gives the same results; and the bounds on what compiling a
+uid's programs may cost (max_uid_compile_ms, max_uid_module_mib).
 
-    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,gather,chains,block,faults]
+    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,gather,chains,block,faults,compile_limits]
 
 Exit 0 = pass, 1 = fail, 77 = skipped (no torch or no CUDA). Prints one
 line per check and "N passed, N failed" last.
@@ -262,6 +263,78 @@ def check_chains(c):
     c.drop_program(prog)
 
 
+def check_compile_limits(c):
+    """What compiling a uid's programs may cost on a device: with
+    max_uid_compile_ms 1 the first Run that needs NVRTC is stopped and
+    refused (LimitExceeded, compile time per uid) and so is the next (what
+    it took is owed); with max_uid_module_mib 1 copies of one program each
+    hold their own image until the uid's bytes would pass 1 MiB, that Run
+    is refused (compiled module bytes per uid), and a Drop gives the bytes
+    back. Each refused Run wrote nothing."""
+    def chain(p):
+        x = p.input("x", "f32", (256, 1024))
+        t = [p.intermediate(f"t{i}", "f32", (256, 1024)) for i in range(6)]
+        y = p.output("y", "f32", (256, 1024))
+        for op, a, b in (("gelu", x, t[0]), ("tanh", t[0], t[1]), ("sigmoid", t[1], t[2]), ("exp", t[2], t[3]),
+                         ("erf", t[3], t[4]), ("silu", t[4], t[5])):
+            p.node(op, [a], [b])
+        p.node("mul", [t[5], x], [y])
+
+    def definition(name):
+        p = regen.ProgramBuilder(name)
+        chain(p)
+        return p.definition()
+
+    x = torch.randn(256, 1024, device="cuda")
+    for extra, resource, what in ((("--max-uid-compile-ms", "1"), "compile time per uid", "compile time"),
+                                  (("--max-uid-module-mib", "1"), "compiled module bytes per uid", "module bytes")):
+        daemon = Regend(find_regend(c_regend[0]), devices=1, backend="cuda", ready_timeout=120, extra=extra)
+        lc = regen.Client(daemon.socket, timeout=600)
+        held, refused = [], None
+        try:
+            for k in range(400):
+                prog = lc.define_program(DEV, definition(f"copy{k}"))
+                y = torch.full((256, 1024), 7.0, device="cuda")
+                torch.cuda.synchronize()
+                try:
+                    lc.run_program(prog, {"x": x, "y": y})
+                except regen.LimitExceeded as e:
+                    torch.cuda.synchronize()
+                    refused = (e, prog, bool(torch.all(y == 7.0)))
+                    break
+                held.append(prog)
+            if refused is None:
+                record(f"compile limits: {what} refused", False, f"{len(held)} programs compiled, none refused")
+                continue
+            e, prog, untouched = refused
+            ok = e.parameters.get("resource") == resource and untouched
+            record(f"compile limits: {what} refused", ok,
+                   f"after {len(held)} programs: {e.parameters.get('resource')}, limit {e.parameters.get('limit')}, "
+                   f"output {'untouched' if untouched else 'WRITTEN'}")
+            if resource == "compile time per uid":
+                try:
+                    lc.run_program(prog, {"x": x, "y": y})
+                    record("compile limits: the owed compile time refuses the next Run", False, "it ran")
+                except regen.LimitExceeded as e2:
+                    record("compile limits: the owed compile time refuses the next Run",
+                           e2.parameters.get("resource") == resource)
+            else:
+                st = lc.program_status(DEV, held[0])[0]
+                lc.drop_program(held[0])
+                lc.run_program(prog, {"x": x, "y": y})
+                torch.cuda.synchronize()
+                ref = x.double()
+                for fn in (gelu_erf, torch.tanh, torch.sigmoid, torch.exp, torch.erf, lambda v: v * torch.sigmoid(v)):
+                    ref = fn(ref)
+                ref = ref * x.double()
+                err = rel_err(y, ref)
+                record("compile limits: a Drop gives module bytes back", err <= 1e-5,
+                       f"a program held {st['module_bytes']} bytes, compiled in {st['compile_us']} us; err {err:.2e}")
+        finally:
+            lc.close()
+            daemon.stop()
+
+
 def block_setup(c, B=2, S=256, D=512, H=4):
     torch.manual_seed(1)
     block = program_block.torch_block(torch, B, S, D, H).cuda().to(torch.bfloat16)
@@ -333,8 +406,8 @@ def check_block(c):
 def check_faults(c):
     """100 AdamW steps through one program with a journal, device_lost
     injected at random points of random steps, bit-identical to the same
-    steps without faults (the worker may respawn: the program is defined
-    again by run_exactly_once)."""
+    steps without faults (the worker may respawn: its program comes back
+    under its id, and the Run is retried by run_exactly_once)."""
     import random
     import threading
     import time
@@ -410,6 +483,7 @@ def check_faults(c):
 
 
 c_socket = [None]
+c_regend = [None]
 FAULTS = 6
 
 
@@ -419,9 +493,10 @@ def main():
     daemon = Regend(find_regend(regend), devices=1, backend="cuda", ready_timeout=120)
     c = regen.Client(daemon.socket, timeout=600)
     c_socket[0] = daemon.socket
+    c_regend[0] = regend
     try:
         for name, fn in (("ops", check_ops), ("gather", check_gather), ("chains", check_chains), ("block", check_block),
-                         ("faults", check_faults)):
+                         ("faults", check_faults), ("compile_limits", check_compile_limits)):
             if only is None or name in only:
                 guarded(name, fn, c)
     finally:

@@ -188,6 +188,13 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "'nodes':[{'op':'embedding','inputs':['wte','ids'],'outputs':['e']},"
 	  "{'op':'embedding_backward','inputs':['de','ids'],'outputs':['dwte']}]}",
 	  -1, 1, 50 },
+	{ "embedding backward over 4500 strided positions, i64, sorted in three merge passes",
+	  "{'tensors':[{'name':'ids','kind':'input','dtype':'i64','shape':[1500,6]},"
+	  "{'name':'idt','kind':'view','base':'ids','shape':[3,1500],'strides':[2,6]},"
+	  "{'name':'de','kind':'input','dtype':'f16','shape':[3,1500,40]},"
+	  "{'name':'dwte','kind':'output','dtype':'bf16','shape':[37,40]}],"
+	  "'nodes':[{'op':'embedding_backward','inputs':['de','idt'],'outputs':['dwte']}]}",
+	  -1, 1, 37 },
 };
 
 const size_t tl_prog_ncases = sizeof(tl_prog_cases) / sizeof(tl_prog_cases[0]);

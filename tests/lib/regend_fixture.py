@@ -113,6 +113,17 @@ def expect_status():
     return 1 if expect_failures else 0
 
 
+def take_option(name, default):
+    """The value after ``name`` on the command line, taken out of sys.argv
+    (so that what is left is positional: the regend first), or default."""
+    if name in sys.argv:
+        i = sys.argv.index(name)
+        value = sys.argv[i + 1]
+        del sys.argv[i:i + 2]
+        return value
+    return default
+
+
 def find_regend(arg=None):
     """The regend to run: `arg` (a path given on the command line), else the
     runner's REGEND, else $REGEND, else daemon/regend under $REGEN_BUILD_ROOT,

@@ -13,9 +13,19 @@
  * uid nobody's rank 0 with an id of its own, and root's rank 1 is
  * refused as well (the rule binds ids to a uid, not to privilege).
  *
+ * Then across devices (the daemon has two): root's id from device 0's
+ * worker, nobody's Init with it on device 1 is NotPermitted and root's is
+ * let in (its lone rank's deadline passes: CommTimeout); an id made
+ * elsewhere that root's rank 0 joined with on device 0, likewise refused
+ * to nobody on device 1; and nobody's id from device 1's worker is
+ * refused to root on device 0.
+ *
  * Before issue 30, nobody's Init joined root's communicator as rank 1
  * (success), its AllReduce read and wrote root's ranks' data, and root's
- * own rank 1 was refused ("rank 1 already joined this unique id"). */
+ * own rank 1 was refused ("rank 1 already joined this unique id"). Until
+ * the supervisor kept the ids (branch varlink-loop), each worker knew only
+ * its own: on device 1 nobody's Init with root's id was let in and waited
+ * for the rendezvous. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,22 +60,45 @@ static void joined(struct tl_conn *c, char *comm, size_t size, const char *who)
 	tl_reply_finish(&r);
 }
 
-/* Init as rank `rank`, expected to be refused at once. */
-static void refused(const char *unique_id, int rank, const char *who)
+/* Init as rank `rank` on `device`, expected to be refused at once. */
+static void refused_on(int device, const char *unique_id, int rank, const char *who)
 {
 	struct tl_conn c;
 	struct tl_reply r;
 	double t0;
 
-	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, device)), "connect");
 	t0 = tl_now();
 	init(&c, unique_id, rank, 20000);
 	ASSERT_EQ(tl_recv(&c, &r, tl_timeout(30)), 0, "%s: no reply to Init", who);
-	tl_log("%s's Init of rank %d: %s after %.0f ms", who, rank, tl_reply_describe(&r), (tl_now() - t0) * 1e3);
+	tl_log("%s's Init of rank %d on device %d: %s after %.0f ms", who, rank, device, tl_reply_describe(&r),
+	       (tl_now() - t0) * 1e3);
 	ASSERT_REPLY_ERROR(&r, "io.regen.NotPermitted", "%s joined another uid's communicator", who);
 	ASSERT(tl_reply_str(&r, "method") && strcmp(tl_reply_str(&r, "method"), "io.regen.Comm.Init") == 0, "%s",
 	       tl_reply_describe(&r));
 	ASSERT_DOUBLE_LT(tl_now() - t0, tl_timeout(1), "the refusal waited for the rendezvous");
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
+}
+
+static void refused(const char *unique_id, int rank, const char *who)
+{
+	refused_on(0, unique_id, rank, who);
+}
+
+/* Init as rank `rank` on `device`, let in: its lone rank waits for the
+ * others (on the host backend a communicator's ranks share one device)
+ * until its deadline, CommTimeout, never NotPermitted. */
+static void let_in_on(int device, const char *unique_id, int rank, const char *who)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, device)), "connect");
+	init(&c, unique_id, rank, 300);
+	ASSERT_EQ(tl_recv(&c, &r, tl_timeout(30)), 0, "%s: no reply to Init", who);
+	tl_log("%s's Init of rank %d on device %d: %s", who, rank, device, tl_reply_describe(&r));
+	ASSERT_REPLY_ERROR(&r, "io.regen.CommTimeout", "%s's lone rank", who);
 	tl_reply_finish(&r);
 	tl_conn_close(&c);
 }
@@ -181,6 +214,72 @@ static int nobody_rank_0(void *arg)
 	return 0;
 }
 
+static int nobody_unique_id_on_device_1(void *arg)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	const char *id;
+	int *to_root = arg;
+
+	tl_become_nobody(0, false);
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 1)), "connect");
+	tl_call_ok(&c, &r, "io.regen.Comm.GetUniqueId", NULL);
+	id = tl_reply_str(&r, "unique_id");
+	ASSERT_EQ(write(to_root[1], id, strlen(id) + 1), (ssize_t)strlen(id) + 1, "hand the id");
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
+	return 0;
+}
+
+static int nobody_joins_on_device_1(void *arg)
+{
+	tl_become_nobody(0, false);
+	refused_on(1, arg, 1, "uid nobody");
+	return 0;
+}
+
+/* A unique id is one uid's on every device: the worker that made it or
+ * saw the first join is not the only one that knows. */
+static void across_devices(void)
+{
+	struct tl_conn c;
+	struct tl_reply r;
+	char unique_id[300];
+	int pipefd[2];
+	pid_t nobody;
+
+	tl_log("root's id from device 0's worker, joined with on device 1");
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	tl_call_ok(&c, &r, "io.regen.Comm.GetUniqueId", NULL);
+	snprintf(unique_id, sizeof(unique_id), "%s", tl_reply_str(&r, "unique_id"));
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
+	ASSERT_EQ(tl_wait(tl_fork(nobody_joins_on_device_1, unique_id, 0), 30), 0, "uid nobody's Init on device 1");
+	let_in_on(1, unique_id, 1, "root");
+
+	tl_log("an id made elsewhere, root first to join with it on device 0, then on device 1");
+	for (int i = 0; i < 256; i++)
+		unique_id[i] = "0123456789abcdef"[rand() % 16];
+	unique_id[256] = '\0';
+	ASSERT_OK(tl_conn_open(&c, tl_daemon_worker_socket(&daemon_, 0)), "connect");
+	init(&c, unique_id, 0, 3000);
+	usleep(200000);
+	ASSERT_EQ(tl_wait(tl_fork(nobody_joins_on_device_1, unique_id, 0), 30), 0, "uid nobody's Init on device 1");
+	ASSERT_EQ(tl_recv(&c, &r, tl_timeout(60)), 0, "no reply to root's Init");
+	ASSERT_REPLY_ERROR(&r, "io.regen.CommTimeout", "root's lone rank 0");
+	tl_reply_finish(&r);
+	tl_conn_close(&c);
+
+	tl_log("nobody's id from device 1's worker, joined with by root on device 0");
+	ASSERT_EQ(pipe(pipefd), 0, "pipe");
+	nobody = tl_fork(nobody_unique_id_on_device_1, pipefd, 0);
+	ASSERT(read(pipefd[0], unique_id, sizeof(unique_id)) > 256, "nobody's id");
+	ASSERT_EQ(tl_wait(nobody, 30), 0, "uid nobody's GetUniqueId");
+	refused_on(0, unique_id, 1, "root");
+	close(pipefd[0]);
+	close(pipefd[1]);
+}
+
 int main(void)
 {
 	static const char *const extra[] = { "--socket-mode", "0666", NULL };
@@ -213,6 +312,7 @@ int main(void)
 	usleep(200000);
 	refused(unique_id, 1, "root");
 	ASSERT_EQ(tl_wait(nobody, 60), 0, "uid nobody's rank 0");
+	across_devices();
 	tl_log("PASS");
 	return 0;
 }

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Whose a unique id is (daemon/worker/comm_owners.c): an id is the uid's it
- * was made for; a uid keeps its last RD_COMM_OWNERS_PER_UID; with the table
- * full, a new id pushes out the oldest id of the uid that has most, so that
- * uids asking for many ids cannot push out another's few. */
+/* Whose a unique id is (daemon/comm_owners.c): an id is the uid's it was
+ * made for, or the uid's that first joined with it; a uid keeps its last
+ * RD_COMM_OWNERS_PER_UID; with the table full, a new id pushes out the
+ * oldest id of the uid that has most, so that uids asking for many ids
+ * cannot push out another's few. */
 #include <check.h>
 #include <errno.h>
 #include <string.h>
-#include "daemon/worker/comm_owners.h"
+#include "daemon/comm_owners.h"
 #include "unit.h"
 
 /* An id told apart by (uid, n). */
@@ -86,6 +87,32 @@ START_TEST(uids_that_ask_most_cannot_push_out_another_s_few)
 }
 END_TEST
 
+START_TEST(the_first_to_join_holds_an_id_made_elsewhere)
+{
+	unsigned char id[RP_COMM_ID_SIZE];
+
+	memset(&table, 0, sizeof(table));
+	/* Made by a worker for 1000: whoever joins next, it stays 1000's. */
+	id_of(1000, 1, id);
+	rd_comm_owners_made(&table, 1000, id);
+	ck_assert_uint_eq(rd_comm_owners_claim(&table, 1001, id), 1000);
+	ck_assert_uint_eq(rd_comm_owners_claim(&table, 1000, id), 1000);
+	/* Made elsewhere: the first to join holds it, for everyone after. */
+	id_of(7, 7, id);
+	ck_assert_uint_eq(rd_comm_owners_claim(&table, 1001, id), 1001);
+	ck_assert_uint_eq(rd_comm_owners_claim(&table, 1000, id), 1001);
+	ck_assert(known(&table, 1000, 1));
+	/* A join counts against the joiner's ids like a making does. */
+	for (unsigned n = 0; n < RD_COMM_OWNERS_PER_UID; n++) {
+		id_of(1001, 100 + n, id);
+		ck_assert_uint_eq(rd_comm_owners_claim(&table, 1001, id), 1001);
+	}
+	ck_assert(known(&table, 1000, 1));
+	id_of(7, 7, id);
+	ck_assert_int_eq(rd_comm_owners_find(&table, id, &(uid_t){ 0 }), -ENOENT);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("comm_owners");
@@ -94,6 +121,7 @@ int main(void)
 	tcase_add_test(tc, an_id_is_the_uid_s_it_was_made_for);
 	tcase_add_test(tc, a_uid_keeps_its_last_ids);
 	tcase_add_test(tc, uids_that_ask_most_cannot_push_out_another_s_few);
+	tcase_add_test(tc, the_first_to_join_holds_an_id_made_elsewhere);
 	suite_add_tcase(s, tc);
 	return unit_run(s);
 }

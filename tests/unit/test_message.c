@@ -311,6 +311,37 @@ START_TEST(builders_write_compact_json)
 }
 END_TEST
 
+/* A string cut to a bounded buffer may end in half a character: the
+ * builders drop the stray bytes and keep every whole character around
+ * them, so what goes out is UTF-8 a peer can decode. */
+START_TEST(half_characters_are_dropped_whole_ones_kept)
+{
+	static const struct {
+		const char *in, *out;
+	} cases[] = {
+		{ "plain ascii", "plain ascii" },
+		{ "caf\xc3\xa9 \xe2\x82\xac", "caf\xc3\xa9 \xe2\x82\xac" },
+		{ "cut \xe2\x82", "cut " },
+		{ "\xc3\xa9\xe2\x82\xc3\xbc" " and on", "\xc3\xa9\xc3\xbc" " and on" },
+		{ "\xff\xfe", "" },
+		{ "a\xf0\x9f\x98\x80\x80" "b\xed\xa0\x80" "c", "a\xf0\x9f\x98\x80" "bc" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		cJSON *params = cJSON_CreateObject();
+		char want[128], *text;
+
+		cJSON_AddStringToObject(params, "reason", cases[i].in);
+		text = rp_build_reply(params, false);
+		snprintf(want, sizeof(want), "{\"parameters\":{\"reason\":\"%s\"}}", cases[i].out);
+		ck_assert_str_eq(text, want);
+		ck_assert_ptr_null(rp_text_refusal(text, strlen(text)));
+		free(text);
+		cJSON_Delete(params);
+	}
+}
+END_TEST
+
 START_TEST(built_messages_parse_back)
 {
 	cJSON *params = cJSON_CreateObject();
@@ -350,6 +381,7 @@ static Suite *message_suite(void)
 	tcase_add_test(tc, errors_carry_a_message_and_their_parameters);
 	tcase_add_test(tc, builders_write_compact_json);
 	tcase_add_test(tc, built_messages_parse_back);
+	tcase_add_test(tc, half_characters_are_dropped_whole_ones_kept);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -306,6 +306,11 @@ START_TEST(embeddings)
 	int e = pb_tensor(&b, "e2", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(24, 16));
 	int ev = pb_view(&b, "ev", e, 8, 2, (const int64_t[]){ 24, 8 }, (const int64_t[]){ 16, 1 });
 	pb_embedding(&b, ev, table, idt);
+	/* A backward over 6000 positions: its sort merges in three passes. */
+	int ids3 = pb_tensor(&b, "ids3", RP_PT_INPUT, RP_DTYPE_I32, PB_DIMS(3, 2000));
+	int de3 = pb_tensor(&b, "de3", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(6000, 64));
+	int dt3 = pb_tensor(&b, "dt3", RP_PT_OUTPUT, RP_DTYPE_F64, PB_DIMS(500, 64));
+	pb_embedding_backward(&b, dt3, de3, ids3);
 	build_and_compile();
 }
 END_TEST
@@ -328,6 +333,27 @@ START_TEST(wide_indices)
 	compile_plan(&plan, "-arch=sm_90");
 	/* And for the A100's architecture. */
 	compile_plan(&plan, "-arch=sm_80");
+	rd_prog_plan_finish(&plan);
+}
+END_TEST
+
+/* An embedding backward past 2^30 elements of d_out: its sort's and rows'
+ * indices are 64-bit too. */
+START_TEST(wide_embedding_backward)
+{
+	pb_init(&b, "wide_embed");
+	int ids = pb_tensor(&b, "ids", RP_PT_INPUT, RP_DTYPE_I64, PB_DIMS(1 << 17));
+	int de = pb_tensor(&b, "de", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(1 << 17, 1 << 14));
+	int dt = pb_tensor(&b, "dwte", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(50304, 1 << 14));
+	pb_embedding_backward(&b, dt, de, ids);
+	pb_finish(&b);
+
+	struct rd_prog_plan plan;
+	struct rp_error err = { 0 };
+	ck_assert_int_eq(rd_prog_plan_build(&b.p, &plan, &err), 0);
+	ck_assert_int_eq(plan.steps[0].nkernels, 4 + 7);
+	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "typedef long long idx_t;"));
+	compile_plan(&plan, "-arch=sm_90");
 	rd_prog_plan_finish(&plan);
 }
 END_TEST
@@ -432,6 +458,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, softmax_cross_entropy);
 	tcase_add_test(tc, embeddings);
 	tcase_add_test(tc, wide_indices);
+	tcase_add_test(tc, wide_embedding_backward);
 	tcase_add_loop_test(tc, defined_composites, 0, (int)(sizeof(defined) / sizeof(defined[0])));
 	suite_add_tcase(s, tc);
 	return s;

@@ -496,11 +496,20 @@ START_TEST(gather_steps)
 	assert_step(1, RD_STEP_GATHER, 1, 1);
 	ck_assert_int_eq(plan.steps[0].nkernels, 2);
 	ck_assert_str_eq(plan.steps[0].kernels[1].name, "k0_gather_embedding_report");
-	ck_assert_int_eq(plan.steps[1].nkernels, 3);
+	/* The backward sorts 8192 positions: tiles of 1024, merged in three
+	 * passes (2048, 4096, 8192), through two buffers of 64-bit keys. */
+	ck_assert_int_eq(plan.steps[1].nkernels, 7);
 	ck_assert_str_eq(plan.steps[1].kernels[0].name, "k1_gather_embedding_backward_zero");
-	ck_assert_str_eq(plan.steps[1].kernels[1].name, "k1_gather_embedding_backward_rows");
-	ck_assert_uint_eq(plan.steps[1].kernels[1].blocks, 8192);
-	ck_assert_str_eq(plan.steps[1].kernels[2].name, "k1_gather_embedding_backward_report");
+	ck_assert_str_eq(plan.steps[1].kernels[1].name, "k1_gather_embedding_backward_sort");
+	ck_assert_uint_eq(plan.steps[1].kernels[1].blocks, 8);
+	ck_assert_str_eq(plan.steps[1].kernels[2].name, "k1_gather_embedding_backward_merge1");
+	ck_assert_str_eq(plan.steps[1].kernels[4].name, "k1_gather_embedding_backward_merge3");
+	ck_assert_uint_eq(plan.steps[1].kernels[4].blocks, 8);
+	ck_assert_str_eq(plan.steps[1].kernels[5].name, "k1_gather_embedding_backward_rows");
+	ck_assert_uint_eq(plan.steps[1].kernels[5].blocks, 8192 * 3);
+	ck_assert_str_eq(plan.steps[1].kernels[6].name, "k1_gather_embedding_backward_report");
+	ck_assert_uint_eq(plan.steps[1].scratch_bytes, 2 * 8192 * 8);
+	ck_assert_uint_eq(plan.steps[0].scratch_bytes, 0);
 	/* One note of a bad index for both, past everything else in the arena. */
 	ck_assert_uint_ne(plan.fault_offset, RD_PROG_NOT_IN_ARENA);
 	ck_assert_uint_eq(plan.fault_offset % RD_PROG_ARENA_ALIGN, 0);

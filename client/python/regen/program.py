@@ -105,8 +105,9 @@ class Program:
 
     def __init__(self, device, reply, definition=None):
         self.device = device
-        # Kept to define it again where its worker was replaced (a respawn
-        # loses the definitions a worker held).
+        # Kept to define it again where regend lost it: a restart of regend
+        # itself (a respawned worker gets its definitions back from the
+        # supervisor, under the same id).
         self.definition = definition
         self.id = reply["program"]
         self.nodes = reply.get("nodes")
@@ -256,7 +257,8 @@ class Programs:
     def program_status(self, device, program=None):
         """Status of one program, or of every program of this process on
         ``device``: a list of dicts (runs, run_us, scratch_bytes, modules,
-        kernels, graph_captures, graph_launches, stream_runs, not_captured)."""
+        module_bytes, compile_us, kernels, graph_captures, graph_launches,
+        stream_runs, not_captured)."""
         params = {} if program is None else {"program": program.id}
         return self._worker_call(device, "io.regen.Program.Status", params, ())["programs"]
 
@@ -297,10 +299,11 @@ def _wait_serving(client, device, after, deadline):
 def run_exactly_once(client, program, bind, journal, seq, scalars=None, timeout=120.0):
     """Runs ``program`` with its in-place updates applied exactly once,
     whatever faults come in between: after a fault it waits for the device
-    to serve again, defines the program again if its worker was replaced,
-    binds again (``bind`` and ``journal`` may be callables returning them,
-    for buffers that must be imported again) and retries with the same
-    ``seq``. Returns the number of attempts it took."""
+    to serve again, defines the program again if regend lost it (its own
+    restart; a respawned worker keeps it), binds again (``bind`` and
+    ``journal`` may be callables returning them, for buffers that must be
+    imported again) and retries with the same ``seq``. Returns the number of
+    attempts it took."""
     deadline = time.monotonic() + timeout
     attempt = 0
     while True:

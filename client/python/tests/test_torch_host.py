@@ -676,6 +676,92 @@ class Lifecycle(unittest.TestCase):
         self.assertNotEqual(self.admin.device_info(0)["worker_pid"], pid)
 
 
+class Optimizer(unittest.TestCase):
+    """regen.torch.optim.AdamW: its step is one program Run over every
+    parameter, the same update as torch.optim.AdamW's (two groups, a
+    learning rate changed between steps as a scheduler does), and an update
+    that a fault interrupts (device_lost, a restart, a worker crash, each
+    right before a step) lands exactly once: the parameters stay equal to
+    torch's step after step."""
+
+    SHAPES = [(16, 8), (8,), (4, 4, 3)]
+
+    def setUp(self):
+        self.admin = regen.Client(daemon.socket, timeout=30)
+
+    def tearDown(self):
+        self.admin.close()
+
+    def test_adamw_steps_equal_torchs_through_faults(self):
+        import regen.torch.optim as ropt
+        torch.manual_seed(21)
+        init = [torch.randn(s) for s in self.SHAPES]
+        ref = [torch.nn.Parameter(t.clone()) for t in init]
+        mine = [torch.nn.Parameter(rt.host_empty(list(t.shape), t.dtype).copy_(t)) for t in init]
+        groups = lambda ps: [{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0, "lr": 3e-2}]
+        opt_ref = torch.optim.AdamW(groups(ref), lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+        opt_mine = ropt.AdamW(groups(mine), lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+        faults = {3: "device_lost", 6: "restart", 9: "crash"}
+        before = rt.stats()
+        for step in range(12):
+            for r, m in zip(ref, mine):
+                g = torch.randn(r.shape)
+                r.grad = g.clone()
+                m.grad = rt.host_empty(list(g.shape), g.dtype).copy_(g)
+            if step == 7:
+                for o in (opt_ref, opt_mine):
+                    o.param_groups[0]["lr"] *= 0.5
+            kind = faults.get(step)
+            if kind == "restart":
+                self.admin.restart(0, reason="test_torch_host optimizer")
+            elif kind is not None:
+                gen = self.admin.generation()["devices"][0]["generation"]
+                self.admin.inject_fault(0, kind)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    try:
+                        if self.admin.generation()["devices"][0]["generation"] > gen:
+                            break
+                    except regen.Error:
+                        pass
+                    time.sleep(0.02)
+            opt_ref.step()
+            opt_mine.step()
+            for i, (r, m) in enumerate(zip(ref, mine)):
+                self.assertLess(maxdiff(m, r), 1e-5, f"step {step}, parameter {i}")
+                self.assertLess(maxdiff(opt_mine.state[m]["exp_avg_sq"], opt_ref.state[r]["exp_avg_sq"]), 1e-6)
+        after = rt.stats()
+        self.assertEqual(after["program_runs"] - before["program_runs"], 12)
+        self.assertGreaterEqual(after["retries"] - before["retries"], 1)
+        self.assertEqual(float(opt_mine.state[mine[0]]["step"]), 12.0)
+
+    def test_a_dropped_optimizer_drops_its_program(self):
+        import gc
+        import regen.torch.optim as ropt
+
+        def adamw_programs():
+            return [p for p in rt.runtime().client.program_status(0) if p["name"] == "adamw"]
+        had = len(adamw_programs())
+        p = torch.nn.Parameter(rt.host_empty([5], torch.float32).fill_(1.0))
+        opt = ropt.AdamW([p], lr=0.1)
+        p.grad = rt.host_empty([5], torch.float32).fill_(0.5)
+        opt.step()
+        self.assertEqual(len(adamw_programs()), had + 1)
+        del opt
+        gc.collect()
+        self.assertEqual(len(adamw_programs()), had)
+
+    def test_state_dict_round_trip(self):
+        import regen.torch.optim as ropt
+        p = torch.nn.Parameter(rt.host_empty([6], torch.float32).copy_(torch.arange(6.0)))
+        opt = ropt.AdamW([p], lr=0.1)
+        p.grad = rt.host_empty([6], torch.float32).fill_(1.0)
+        opt.step()
+        sd = opt.state_dict()
+        self.assertEqual(float(sd["state"][0]["step"]), 1.0)
+        self.assertLess(maxdiff(sd["state"][0]["exp_avg"], torch.full([6], 0.1)), 1e-6)
+
+
 class Training(unittest.TestCase):
     """A small transformer block trained in regend and in process from the
     same seed: the loss curves agree through a restart and a device_lost."""

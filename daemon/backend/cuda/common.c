@@ -17,6 +17,7 @@ static __thread struct cuda_status last_status;
 int cuda_status_set(const char *name, const char *fmt, ...)
 {
 	va_list ap;
+	rp_error_clear(&last_status.whole);
 	last_status.name = name;
 	va_start(ap, fmt);
 	vsnprintf(last_status.message, sizeof(last_status.message), fmt, ap);
@@ -24,8 +25,25 @@ int cuda_status_set(const char *name, const char *fmt, ...)
 	return strcmp(name, RP_ERR_OUT_OF_MEMORY) == 0 ? -ENOMEM : -EIO;
 }
 
+int cuda_status_keep(struct rp_error *err)
+{
+	const char *name = err->name ? err->name : RP_ERR_BACKEND;
+	int r = strcmp(name, RP_ERR_OUT_OF_MEMORY) == 0 ? -ENOMEM : strcmp(name, RP_ERR_LIMIT_EXCEEDED) == 0 ? -EDQUOT : -EIO;
+
+	rp_error_clear(&last_status.whole);
+	rp_error_move(&last_status.whole, err);
+	last_status.name = name;
+	snprintf(last_status.message, sizeof(last_status.message), "(kept whole)");
+	return r;
+}
+
 int cuda_status_to_error(struct rp_error *err, const char *what)
 {
+	if (last_status.whole.name) {
+		rp_error_move(err, &last_status.whole);
+		last_status.name = NULL;
+		return -EIO;
+	}
 	if (!last_status.name) {
 		rp_error_set(err, RP_ERR_BACKEND, "%s failed", what);
 		return -EIO;

@@ -43,6 +43,7 @@
 #include "daemon/backend/backend.h"
 #include "daemon/backend/plan_cache.h"
 #include "daemon/backend/cuda/cuda.h"
+#include "daemon/program/compile_budget.h"
 #include "daemon/program/plan.h"
 
 /* The scratch size the heuristic is asked with. */
@@ -55,6 +56,7 @@ struct cuda_lane;
 struct cuda_status {
 	const char *name;     /* RP_ERR_* */
 	char message[256];
+	struct rp_error whole;   /* an error kept with its parameters (cuda_status_keep), else empty */
 };
 
 struct cuda_pool {
@@ -315,7 +317,12 @@ static inline void cuda_launch_mark(struct cuda_lane *l, enum cuda_launch_phase 
 /* Thread-local record of the last failure an init callback saw, since
  * rd_resource_ensure_valid() can only return -errno. */
 int cuda_status_set(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* err from the last status, prefixed with what was being done. */
+/* Keeps err whole (its parameters too: a LimitExceeded's resource and
+ * limit) as the status; err is left empty. Returns -EIO (-ENOMEM for
+ * OutOfMemory, -EDQUOT for LimitExceeded). */
+int cuda_status_keep(struct rp_error *err);
+/* err from the last status, prefixed with what was being done (a status
+ * kept whole is given as it is). */
 int cuda_status_to_error(struct rp_error *err, const char *what);
 /* The status of a failed runtime call, from a local `e_` of the caller. */
 #define STATUS_CUDA(call) cuda_status_set(cuda_error_name(e_), "%s: %s", call, cudaGetErrorString(e_))
@@ -488,11 +495,15 @@ struct cuda_rtc_module {
 	struct cuda_dev *cd;
 	const struct rd_prog_step *step;    /* source and kernels: the program's plan, outlives this */
 	CUmodule module;
-	CUfunction fn[RD_PROG_STEP_KERNELS_MAX];
+	CUfunction *fn;                     /* step->nkernels of them (made by the first init) */
 	unsigned sm_count;                  /* the device's, for the grids */
+	/* The program it is a step of: its compile account (its owner's
+	 * uid's) and its counters. NULL: nothing charged or counted. */
+	struct rd_program *prog;
 	/* Under res.lock. */
 	void *image;
 	size_t image_size;
+	struct rd_compile_account *held;    /* what the image's bytes are held against */
 	int arch;                           /* what the image is for: 90 for sm_90 */
 	bool image_is_ptx;                  /* the device is newer than NVRTC knows: PTX the driver compiles */
 };

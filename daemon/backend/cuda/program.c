@@ -46,6 +46,12 @@
  * theirs when they are built (the eager Runs), and a call that needs more
  * grows it then (workspace_grow), within max_scratch. */
 #define PROGRAM_WORKSPACE_BYTES ((size_t)64 << 20)
+/* A program whose library operands move between Runs (fresh activations
+ * at new addresses each step) is captured again each time; past this many
+ * captures, when they come in more than half its Runs, it runs on the
+ * stream instead: the launches alone cost less than a capture, an exec
+ * update and a graph launch. */
+#define PROGRAM_RECAPTURES_MAX 4
 
 struct cuda_program;
 
@@ -61,7 +67,8 @@ struct cuda_program_state {
 	cudaGraphExec_t exec;
 	uint64_t *exec_key;             /* the library operands' addresses the exec was captured with */
 	unsigned runs;                  /* Runs this generation */
-	bool no_capture;                /* a capture failed this generation */
+	unsigned captures;              /* captures this generation */
+	bool no_capture;                /* a capture failed, or captures came too often, this generation */
 	cudaEvent_t last_run;           /* recorded after each Run */
 	struct cuda_lane *last_lane;
 };
@@ -103,6 +110,7 @@ static void state_free_device(struct cuda_program_state *st, bool release)
 	st->arena = st->workspace = st->args = NULL;
 	st->last_lane = NULL;
 	st->runs = 0;
+	st->captures = 0;
 	st->no_capture = false;
 	if (st->exec_key)
 		memset(st->exec_key, 0, st->prog->nkey * sizeof(uint64_t));
@@ -233,8 +241,10 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 	/* Compiled when the first Run needs them, on the lane's thread: a
 	 * compile takes far longer than the worker's loop may wait. */
 	for (int i = 0; i < p->plan.nsteps; i++)
-		if (p->plan.steps[i].kind != RD_STEP_LIBRARY)
+		if (p->plan.steps[i].kind != RD_STEP_LIBRARY) {
 			cuda_rtc_module_init(p->cd, &p->modules[i], &p->plan.steps[i]);
+			p->modules[i].prog = &p->base;
+		}
 	p->state.prog = p;
 	rd_resource_register(&dev->registry, &p->state.res, &state_ops);
 	*out = &p->base;
@@ -626,8 +636,17 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		goto fail_cuda;
 
 	fill_key(p, journal);
+	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && st->exec &&
+	    memcmp(st->exec_key, p->key, p->nkey * sizeof(uint64_t)) != 0 && st->captures >= PROGRAM_RECAPTURES_MAX &&
+	    st->captures * 2 > st->runs - PROGRAM_EAGER_RUNS) {
+		st->no_capture = true;
+		snprintf(p->base.not_captured, sizeof(p->base.not_captured),
+			 "its operands moved in %u of its last %u Runs (each a new capture): it runs on the stream",
+			 st->captures, st->runs - PROGRAM_EAGER_RUNS);
+	}
 	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture &&
 	    (!st->exec || memcmp(st->exec_key, p->key, p->nkey * sizeof(uint64_t)) != 0)) {
+		st->captures++;
 		r = capture(lane, p, journal, &op->err);
 		if (r > 0) {
 			st->no_capture = true;

@@ -18,9 +18,10 @@
  * (owned by its user, writable by nobody else), since what it holds runs
  * in the daemon's context; otherwise it is not used.
  *
- * Left for later: NVRTC's time and memory are not bounded (a compile runs
- * with the module's lock held, under a second for the kernels written
- * today); nvrtcSetFlowCallback could cancel one past a deadline. */
+ * What compiles cost is bounded per uid (daemon/program/compile_budget.h):
+ * NVRTC's time, charged as it runs and stopped where the owner's budget
+ * runs out (rtc_compile.c), and the images the uid's programs hold, an
+ * image from the disk cache included. */
 #include "regen-config.h"
 
 #include <dlfcn.h>
@@ -35,6 +36,7 @@
 #include <unistd.h>
 #include <nvrtc.h>
 #include "daemon/backend/cuda/common.h"
+#include "daemon/backend/cuda/rtc_compile.h"
 #include "proto/errors.h"
 
 /* What NVRTC is, found once: its version, the architectures it compiles
@@ -255,75 +257,21 @@ static void cache_store(const struct cuda_rtc_module *m, const char *dir)
 
 /* ---- compiling ---------------------------------------------------------- */
 
-/* The first lines of NVRTC's log, enough to act on, as one line each
- * separated by " | ". */
-static void log_head(const char *log, char *buf, size_t size)
-{
-	size_t n = 0;
-	int lines = 0;
-
-	buf[0] = '\0';
-	for (const char *p = log; *p && lines < 6 && n + 4 < size; lines++) {
-		const char *e = strchr(p, '\n');
-		size_t len = e ? (size_t)(e - p) : strlen(p);
-		if (len == 0) {
-			p = e ? e + 1 : p + len;
-			continue;
-		}
-		n += (size_t)snprintf(buf + n, size - n, "%s%.*s", n ? " | " : "", (int)len, p);
-		if (n >= size)
-			break;
-		p = e ? e + 1 : p + len;
-	}
-}
-
-/* NVRTC on m's source, for m->arch: m->image. 0, or -EIO with the status
- * set (the log's first lines). */
+/* NVRTC on m's source, for m->arch, charged to its program's owner:
+ * m->image. 0, or -errno with the status set. */
 static int rtc_compile(struct cuda_rtc_module *m)
 {
-	const struct rd_prog_step *st = m->step;
-	char arch_opt[32], head[200];
-	const char *opts[4];
-	nvrtcProgram prog;
-	nvrtcResult r;
-	size_t n = 0;
-	int nopts = 0;
+	struct rd_compile_account *account = m->prog ? m->prog->compile : NULL;
+	struct rp_error err = { 0 };
+	uint64_t spent_ns = 0;
+	int r;
 
-	snprintf(arch_opt, sizeof(arch_opt), "-arch=%s_%d", m->image_is_ptx ? "compute" : "sm", m->arch);
-	opts[nopts++] = arch_opt;
-	opts[nopts++] = "-default-device";
-	opts[nopts++] = "--std=c++17";
-	if (nvrtc_info.include[0])
-		opts[nopts++] = nvrtc_info.include;
-	r = nvrtcCreateProgram(&prog, st->source, st->kernels[0].name, 0, NULL, NULL);
-	if (r != NVRTC_SUCCESS)
-		return cuda_status_set(r == NVRTC_ERROR_OUT_OF_MEMORY ? RP_ERR_OUT_OF_MEMORY : RP_ERR_BACKEND,
-				       "nvrtcCreateProgram(%s): %s", st->kernels[0].name, nvrtcGetErrorString(r));
-	r = nvrtcCompileProgram(prog, nopts, opts);
-	if (r != NVRTC_SUCCESS) {
-		char *log = NULL;
-		if (nvrtcGetProgramLogSize(prog, &n) == NVRTC_SUCCESS && (log = calloc(1, n + 1)))
-			nvrtcGetProgramLog(prog, log);
-		log_head(log ? log : "", head, sizeof(head));
-		free(log);
-		nvrtcDestroyProgram(&prog);
-		return cuda_status_set(RP_ERR_BACKEND, "NVRTC %d.%d could not compile %s for %s_%d (%s%s): %s",
-				       nvrtc_info.major, nvrtc_info.minor, st->kernels[0].name,
-				       m->image_is_ptx ? "compute" : "sm", m->arch, nvrtcGetErrorString(r),
-				       nvrtc_info.include[0] ? "" : "; no cuda_bf16.h was found beside NVRTC", head);
-	}
-	r = m->image_is_ptx ? nvrtcGetPTXSize(prog, &n) : nvrtcGetCUBINSize(prog, &n);
-	void *img = r == NVRTC_SUCCESS && n ? malloc(n) : NULL;
-	if (img)
-		r = m->image_is_ptx ? nvrtcGetPTX(prog, img) : nvrtcGetCUBIN(prog, img);
-	nvrtcDestroyProgram(&prog);
-	if (!img || r != NVRTC_SUCCESS) {
-		free(img);
-		return cuda_status_set(img ? RP_ERR_BACKEND : RP_ERR_OUT_OF_MEMORY, "NVRTC's image of %s: %s",
-				       st->kernels[0].name, r != NVRTC_SUCCESS ? nvrtcGetErrorString(r) : "no memory");
-	}
-	m->image = img;
-	m->image_size = n;
+	r = cuda_rtc_compile(m->step, m->arch, m->image_is_ptx, nvrtc_info.include, account, &m->image,
+			     &m->image_size, &spent_ns, &err);
+	if (m->prog)
+		m->prog->compile_us += spent_ns / 1000;
+	if (r < 0)
+		return cuda_status_keep(&err);
 	return 0;
 }
 
@@ -350,12 +298,24 @@ static int image_ensure(struct cuda_rtc_module *m)
 		return cuda_status_set(RP_ERR_BACKEND, "NVRTC %d.%d compiles for no architecture up to the device's sm_%d%d",
 				       nvrtc_info.major, nvrtc_info.minor, cc_major, cc_minor);
 	dir = cache_dir(m->cd);
-	if (dir && cache_load(m, dir))
-		return 0;
-	int r = rtc_compile(m);
-	if (r == 0 && dir)
+	bool cached = dir && cache_load(m, dir);
+	int r = cached ? 0 : rtc_compile(m);
+	if (r < 0)
+		return r;
+	/* Held against the owner's uid while the program keeps it. */
+	struct rp_error err = { 0 };
+	if (rd_compile_hold(m->prog ? m->prog->compile : NULL, m->image_size, &err) < 0) {
+		free(m->image);
+		m->image = NULL;
+		m->image_size = 0;
+		return cuda_status_keep(&err);
+	}
+	m->held = m->prog ? m->prog->compile : NULL;
+	if (m->prog)
+		m->prog->module_bytes += m->image_size;
+	if (!cached && dir)
 		cache_store(m, dir);
-	return r;
+	return 0;
 }
 
 /* ---- the resource ------------------------------------------------------- */
@@ -377,7 +337,8 @@ static const char *cu_error_string(CUresult r)
 static void forget(struct cuda_rtc_module *m)
 {
 	m->module = NULL;
-	memset(m->fn, 0, sizeof(m->fn));
+	if (m->fn)
+		memset(m->fn, 0, (size_t)m->step->nkernels * sizeof(*m->fn));
 }
 
 static int module_init(struct rd_resource *res)
@@ -390,6 +351,8 @@ static int module_init(struct rd_resource *res)
 	r = image_ensure(m);
 	if (r < 0)
 		return r;
+	if (!m->fn && !(m->fn = calloc((size_t)st->nkernels + 1, sizeof(*m->fn))))
+		return cuda_status_set(RP_ERR_OUT_OF_MEMORY, "no host memory for %s's functions", st->kernels[0].name);
 	if (cuda_driver_load(&err) < 0) {
 		const char *msg = err.params ? cJSON_GetStringValue(cJSON_GetObjectItem(err.params, "message")) : NULL;
 		r = cuda_status_set(RP_ERR_BACKEND, "%s", msg ? msg : "the driver's entry points could not be loaded");
@@ -453,8 +416,15 @@ void cuda_rtc_module_finish(struct cuda_rtc_module *m)
 	if (!m->cd)
 		return;
 	rd_resource_unregister(&m->res);
+	if (m->image) {
+		rd_compile_release(m->held, m->image_size);
+		if (m->prog)
+			m->prog->module_bytes -= m->image_size;
+	}
 	free(m->image);
+	free(m->fn);
 	m->image = NULL;
+	m->fn = NULL;
 	m->cd = NULL;
 }
 

@@ -217,7 +217,15 @@ class Runtime:
                          # The rank's host time collecting queued answers
                          # (flush(): the worker still launching, or with
                          # "wait" the GPU still running, what was queued).
-                         "flush_us": 0.0}
+                         "flush_us": 0.0,
+                         # torch.compile(backend="regen"): program Runs,
+                         # their definitions (again after a worker was
+                         # replaced), and rank steps with GPU work between
+                         # two Runs (a segment that regend refused runs
+                         # on the rank: fallback_segments).
+                         "program_runs": 0, "program_defines": 0, "rank_steps": 0, "fallback_segments": 0}
+        self._programs = {}   # (graph key, regend device) -> regen.Program
+        self._program_seq = 0  # the seq of the last Run with a journal
         _live_runtimes.add(self)
 
     def _fresh_state(self):
@@ -854,6 +862,127 @@ class Runtime:
             if name in _OUTPUT_NAMES[op]:
                 tensors[name].copy_(used)
         return idle
+
+    def run_program(self, key, definition, tensors, scalars=None, journal=None):
+        """Runs an io.regen.Program ``definition``, defined once per regend
+        device under ``key`` (again where its worker was replaced), with
+        its bound tensors (name -> torch tensor, all on one device: CUDA on
+        torch's current stream, or CPU tensors in the host pool for the host
+        backend) and scalars.  It waits for what the rank queued, and the
+        rank's stream waits for it ("events") or the call for its end (the
+        other orderings).  After a generation change it waits for the device
+        and runs again.  A program that updates tensors in place (an
+        optimizer step) passes ``journal``, a function of the Program giving
+        a tensor of at least its journal_bytes: the retry then applies the
+        update exactly once (io.regen.Program.Run's journal, seq, retry).
+        Returns the Program."""
+        with self.lock:
+            entered = time.perf_counter()
+            attempts, deadline = 0, None
+            self._program_seq += 1
+            seq = self._program_seq if journal is not None else None
+            while True:
+                try:
+                    program = self._run_program_once(key, definition, tensors, scalars, journal, seq, attempts > 0)
+                    break
+                except _RECOVERABLE as e:
+                    attempts += 1
+                    if deadline is None:
+                        deadline = time.monotonic() + self.recovery_timeout
+                    self._recover(e, tensors, attempts, deadline)
+                    self.counters["retries"] += 1
+                except errors.OutOfMemory as e:
+                    # As torch's own kernels would say it: training loops
+                    # catch torch.cuda.OutOfMemoryError to shrink a batch.
+                    oom = getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
+                    raise oom(f"regend ran out of memory for a program Run: {e}") from e
+                except errors.NoSuchObject:
+                    # A new worker knows no program of ours: define again.
+                    attempts += 1
+                    if attempts > 3:
+                        raise
+                    for k in [k for k in self._programs if k[0] == key]:
+                        del self._programs[k]
+            self.counters["program_runs"] += 1
+            # A Run touches many blocks: it sweeps as often as a call does,
+            # so blocks whose tensors are gone are let go.
+            self._tick += 1
+            if self._tick % SWEEP_OPS == 0 and not self._deferred:
+                self.sweep()
+            self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
+            return program
+
+    def _run_program_once(self, key, definition, tensors, scalars, journal, seq, retry):
+        first = next(iter(tensors.values()))
+        tdev = first.device
+        on_cpu = tdev.type == "cpu"
+        if not on_cpu and torch.cuda.is_current_stream_capturing():
+            raise NotSupported(parameters={
+                "message": "regen.torch: a program Run cannot be captured into a CUDA graph"})
+        self.flush()
+        stream = None if on_cpu else torch.cuda.current_stream(tdev)
+        device = self.regend_device(tdev)
+        program = self._programs.get((key, device))
+        if program is None:
+            program = self.client.define_program(device, definition)
+            self._programs[(key, device)] = program
+            self.counters["program_defines"] += 1
+        if self.pool is not None:
+            self._check_chunks()
+
+        def place(name, t):
+            if t.device != tdev:
+                raise ValueError(f"regen.torch: a program's tensors are on one device; {name} is on {t.device}, "
+                                 f"not {tdev}")
+            found = self._place(t, on_cpu, device)
+            if found is None:
+                raise NotSupported(parameters={
+                    "message": f"regen.torch: {name} is CPU memory outside the host pool (regen.torch.host_empty): "
+                               "a program binds tensors where they are"})
+            return found
+        bind = {name: place(name, t) for name, t in tensors.items()}
+        kw = {}
+        if journal is not None:
+            kw.update(journal=place("the journal", journal(program)), seq=seq, retry=retry)
+        events = False
+        pair = None
+        if stream is not None:
+            pair = self._events_for(device, stream, tdev.index)
+            if not stream.query():
+                pair.before.record(stream)
+                kw["wait_event"] = pair.ids[0]
+                self.counters["handoffs"] += 1
+            else:
+                self.counters["idle_calls"] += 1
+            events = self.ordering == "events"
+            if events:
+                kw["signal_event"] = pair.ids[1]
+        sent = time.perf_counter()
+        self.client.run_program(program, bind, scalars, **kw)
+        self.counters["reply_us"] += (time.perf_counter() - sent) * 1e6
+        if events:
+            self._follow(device, stream, pair)
+        return program
+
+    def forget_programs(self, owner):
+        """Drops in regend the programs run under keys (owner, ...): a
+        compiled graph or an optimizer that is gone (a recompile, a
+        torch._dynamo.reset()), so that they neither count against the
+        process's programs nor stay defined."""
+        with self.lock:
+            for k in [k for k in self._programs if isinstance(k[0], tuple) and k[0][0] == owner]:
+                program = self._programs.pop(k)
+                try:
+                    self.client.drop_program(program)
+                except (errors.Error, OSError):
+                    pass   # its generation or its worker is gone: so is the program
+
+    def rank_work_between_programs(self, fallback=False):
+        """A compiled graph ran GPU work of its own on the rank between two
+        of its segments (counted; a refused segment counts as a fallback)."""
+        self.counters["rank_steps"] += 1
+        if fallback:
+            self.counters["fallback_segments"] += 1
 
     def _recover(self, err, tensors, attempts, deadline):
         """Wait until the device serves again, forget what the old

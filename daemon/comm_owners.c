@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
 #include <string.h>
-#include "daemon/worker/comm_owners.h"
+#include "daemon/comm_owners.h"
 
 /* How many ids uid has, and its oldest. */
 static unsigned count_of(const struct rd_comm_owners *t, uid_t uid, int *oldest)
@@ -61,4 +61,14 @@ int rd_comm_owners_find(const struct rd_comm_owners *t, const unsigned char id[R
 		}
 	}
 	return -ENOENT;
+}
+
+uid_t rd_comm_owners_claim(struct rd_comm_owners *t, uid_t uid, const unsigned char id[RP_COMM_ID_SIZE])
+{
+	uid_t owner;
+
+	if (rd_comm_owners_find(t, id, &owner) == 0)
+		return owner;
+	rd_comm_owners_made(t, uid, id);
+	return uid;
 }

@@ -1,0 +1,625 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ATen ops written as io.regen.Program nodes: one handler per op name.
+
+A handler checks everything first and raises Unsupported (with the reason
+explain() shows) before it writes anything; then it asks the builder for
+the program tensors of what the op reads and writes (b.read, b.write) and
+adds nodes.  Views cost nothing: a view of what the segment made is a
+program view of the same memory (b.alias); a view of a tensor the rank
+holds stays on the rank (free there too) and is bound as it is.
+"""
+
+import math
+
+from .graph import Unsupported, Val, contiguous_strides
+
+__all__ = ["HANDLERS", "VIEW_OPS"]
+
+HANDLERS = {}
+
+
+def handles(*targets):
+    def register(fn):
+        for t in targets:
+            HANDLERS[t] = fn
+        return fn
+    return register
+
+
+FLOATS = ("f32", "bf16", "f16", "f64")
+
+
+def need(cond, why):
+    if not cond:
+        raise Unsupported(why)
+
+
+def need_float(*vals):
+    for v in vals:
+        if isinstance(v, Val):
+            need(v.dtype in FLOATS, f"{v!r}: the op computes on floats, this is {v.dtype}")
+
+
+def is_scalar(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def out(op, i=0):
+    v = op.outs[i] if i < len(op.outs) else None
+    need(isinstance(v, Val), f"{op.target}: output {i} is not a tensor")
+    return v
+
+
+# ---- views -------------------------------------------------------------------
+
+VIEW_OPS = (
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.permute.default",
+    "aten.t.default", "aten.transpose.int", "aten.expand.default", "aten.slice.Tensor", "aten.select.int",
+    "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
+    "aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int", "aten.alias.default",
+    "aten.detach.default", "aten.as_strided.default", "aten.narrow.default", "aten.unflatten.int",
+    "aten.flatten.using_ints", "aten.diagonal.default", "aten.chunk.default",
+)
+
+
+@handles(*VIEW_OPS)
+def view(b, op):
+    src = op.a.get("self")
+    need(isinstance(src, Val), f"{op.target}: no tensor to view")
+    need(src.id in b.made, "a view of a tensor the rank holds: the rank makes it (no GPU work)")
+    outs = op.out_vals()
+    for v in outs:
+        need(v.storage == src.storage, f"{op.target} copied instead of viewing")
+    for v in outs:
+        b.alias(v)
+
+
+# ---- copies and casts ------------------------------------------------------
+
+@handles("aten.clone.default", "aten._to_copy.default", "prims.convert_element_type.default",
+         "aten.contiguous.default", "aten.lift_fresh_copy.default")
+def copy(b, op):
+    src, dst = op.a.get("self", op.a.get("a")), out(op)
+    need(isinstance(src, Val), f"{op.target}: no tensor to copy")
+    need(src.dtype is not None and dst.dtype is not None, f"{op.target}: a dtype programs do not take")
+    need(dst.shape == src.shape, f"{op.target}: the shape changes")
+    b.node("cast", [b.read(src)], [b.write(dst)])
+
+
+@handles("aten.cat.default")
+def cat(b, op):
+    """Each input copied into its slice of the output."""
+    ins, y = op.a["tensors"], out(op)
+    need(all(isinstance(v, Val) for v in ins), "cat of something other than tensors")
+    need(y.dtype is not None and all(v.dtype is not None for v in ins), "cat of a dtype programs do not take")
+    r = len(y.shape)
+    dim = op.a.get("dim", 0) % r
+    parts = [v for v in ins if v.numel > 0]
+    need(all(len(v.shape) == r for v in parts), "cat of tensors of another rank")
+    whole = b.write(y)
+    at = 0
+    for v in parts:
+        b.node("cast", [b.read(v)], [b.view_named(whole, v.shape, y.strides, at * y.strides[dim])])
+        at += v.shape[dim]
+
+
+@handles("aten.slice_backward.default", "aten.select_backward.default")
+def into_zeros(b, op):
+    """The gradient of a slice or a select: zeros, and the gradient copied
+    into the part that was taken."""
+    g, y = op.a["grad_output"], out(op)
+    need(isinstance(g, Val) and g.dtype is not None and y.dtype is not None, f"{op.target} of another dtype")
+    need(list(op.a["input_sizes"]) == list(y.shape), f"{op.target}: sizes")
+    r = len(y.shape)
+    dim = op.a["dim"] % r
+    whole = b.write(y)
+    b.node("fill", [], [whole], scalar=0.0)
+    if op.target == "aten.select_backward.default":
+        index = op.a["index"] % y.shape[dim]
+        shape = y.shape[:dim] + y.shape[dim + 1:]
+        strides = y.strides[:dim] + y.strides[dim + 1:]
+        b.node("cast", [b.read(g)], [b.view_named(whole, shape, strides, index * y.strides[dim])])
+        return
+    start, end, step = op.a.get("start") or 0, op.a.get("end"), op.a.get("step", 1)
+    size = y.shape[dim]
+    start = start + size if start < 0 else start
+    need(0 <= start <= size and step >= 1, f"{op.target}: a slice from {start} in steps of {step}")
+    strides = list(y.strides)
+    strides[dim] *= step
+    del end
+    b.node("cast", [b.read(g)], [b.view_named(whole, g.shape, strides, start * y.strides[dim])])
+
+
+# ---- pointwise -------------------------------------------------------------
+
+UNARY = {
+    "aten.neg.default": "neg", "aten.exp.default": "exp", "aten.log.default": "log", "aten.tanh.default": "tanh",
+    "aten.erf.default": "erf", "aten.sigmoid.default": "sigmoid", "aten.silu.default": "silu",
+    "aten.relu.default": "relu", "aten.sqrt.default": "sqrt", "aten.rsqrt.default": "rsqrt",
+    "aten.abs.default": "abs", "aten.reciprocal.default": "reciprocal",
+}
+
+
+@handles(*UNARY)
+def unary(b, op):
+    x, y = op.a["self"], out(op)
+    need_float(x, y)
+    b.node(UNARY[op.target], [b.read(x)], [b.write(y)])
+
+
+@handles("aten.gelu.default")
+def gelu(b, op):
+    x, y = op.a["self"], out(op)
+    need_float(x, y)
+    form = op.a.get("approximate", "none")
+    need(form in ("none", "tanh"), f"gelu approximate={form!r}")
+    b.node("gelu_tanh" if form == "tanh" else "gelu", [b.read(x)], [b.write(y)])
+
+
+BACKWARD = {
+    "aten.gelu_backward.default": None, "aten.silu_backward.default": "silu_backward",
+    "aten.sigmoid_backward.default": "sigmoid_backward", "aten.tanh_backward.default": "tanh_backward",
+    "aten.threshold_backward.default": "relu_backward",
+}
+
+
+@handles(*BACKWARD)
+def activation_backward(b, op):
+    dy = op.a["grad_output"]
+    x = op.a.get("self", op.a.get("output"))
+    dx = out(op)
+    need_float(dy, x, dx)
+    name = BACKWARD[op.target]
+    if op.target == "aten.gelu_backward.default":
+        form = op.a.get("approximate", "none")
+        need(form in ("none", "tanh"), f"gelu_backward approximate={form!r}")
+        name = "gelu_tanh_backward" if form == "tanh" else "gelu_backward"
+    if op.target == "aten.threshold_backward.default":
+        need(op.a.get("threshold") == 0, "threshold_backward with a threshold other than 0")
+    b.node(name, [b.read(dy), b.read(x)], [b.write(dx)])
+
+
+BINARY = {
+    "aten.add.Tensor": "add", "aten.add.Scalar": "add", "aten.sub.Tensor": "sub", "aten.sub.Scalar": "sub",
+    "aten.mul.Tensor": "mul", "aten.mul.Scalar": "mul", "aten.div.Tensor": "div", "aten.div.Scalar": "div",
+    "aten.maximum.default": "maximum", "aten.minimum.default": "minimum",
+    "aten.pow.Tensor_Tensor": "pow", "aten.pow.Tensor_Scalar": "pow",
+    "aten.rsub.Scalar": "sub", "aten.rsub.Tensor": "sub",
+}
+COMPARE = {f"aten.{c}.{k}": c for c in ("eq", "ne", "lt", "le", "gt", "ge") for k in ("Tensor", "Scalar")}
+
+
+def _binary(b, op, fn, x, other, y, floats=True):
+    reverse = op.target.startswith("aten.rsub")
+    if floats:
+        need_float(x, other, y)
+    if isinstance(other, Val):
+        ins = [b.read(other), b.read(x)] if reverse else [b.read(x), b.read(other)]
+        b.node(fn, ins, [b.write(y)])
+    else:
+        need(is_scalar(other), f"{op.target}: its other operand is {type(other).__name__}")
+        need(math.isfinite(float(other)), f"{op.target}: a scalar that is not finite")
+        b.node(fn, [b.read(x)], [b.write(y)], scalar=float(other), scalar_first=True if reverse else None)
+
+
+@handles(*BINARY)
+def binary(b, op):
+    x, other, y = op.a["self"], op.a.get("other", op.a.get("exponent")), out(op)
+    need(isinstance(x, Val), f"{op.target}: its first operand is not a tensor")
+    fn = BINARY[op.target]
+    if op.target.startswith("aten.div"):
+        need(op.a.get("rounding_mode") is None, "div with a rounding mode")
+    alpha = op.a.get("alpha", 1)
+    if alpha != 1:
+        need(fn in ("add", "sub") and isinstance(other, Val) and is_scalar(alpha), f"{op.target} alpha={alpha}")
+        need_float(x, other, y)
+        scaled = b.scratch(y.dtype if y.dtype != "bf16" else "f32", other.shape)
+        b.node("mul", [b.read(other)], [scaled], scalar=float(alpha))
+        b.node(fn, [scaled, b.read(x)] if op.target.startswith("aten.rsub") else [b.read(x), scaled], [b.write(y)])
+        return
+    if fn == "pow" and not isinstance(other, Val) and other == 2:
+        need_float(x, y)
+        b.node("square", [b.read(x)], [b.write(y)])
+        return
+    _binary(b, op, fn, x, other, y)
+
+
+@handles(*COMPARE)
+def compare(b, op):
+    _binary(b, op, COMPARE[op.target], op.a["self"], op.a["other"], out(op), floats=False)
+
+
+@handles("aten.where.self")
+def where(b, op):
+    cond, x, other, y = op.a["condition"], op.a["self"], op.a["other"], out(op)
+    need(isinstance(cond, Val) and isinstance(x, Val) and isinstance(other, Val), "where with a scalar")
+    b.node("where", [b.read(cond), b.read(x), b.read(other)], [b.write(y)])
+
+
+# ---- tensors made from nothing ------------------------------------------------
+
+@handles("aten.full.default", "aten.zeros.default", "aten.ones.default", "aten.zeros_like.default",
+         "aten.ones_like.default", "aten.full_like.default", "aten.scalar_tensor.default", "aten.new_zeros.default",
+         "aten.new_ones.default", "aten.new_full.default")
+def fill(b, op):
+    y = out(op)
+    need(y.dtype is not None, f"{op.target}: a dtype programs do not take")
+    name = op.target.split(".")[1]
+    if name.startswith(("zeros", "new_zeros")):
+        value = 0.0
+    elif name.startswith(("ones", "new_ones")):
+        value = 1.0
+    else:
+        value = op.a.get("fill_value", op.a.get("s"))
+    need(is_scalar(value) or isinstance(value, bool), f"{op.target}: fill value {value!r}")
+    b.node("fill", [], [b.write(y)], scalar=float(value))
+
+
+@handles("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def arange(b, op):
+    y = out(op)
+    need(op.a.get("start", 0) == 0 and op.a.get("step", 1) == 1, "arange not from 0 in steps of 1")
+    need(len(y.shape) == 1 and y.dtype is not None, "arange of a dtype programs do not take")
+    b.node("iota", [], [b.write(y)], axis=0)
+
+
+# ---- reductions --------------------------------------------------------------
+
+REDUCE = {"aten.sum.dim_IntList": "sum", "aten.sum.default": "sum", "aten.mean.dim": "mean",
+          "aten.amax.default": "amax", "aten.mean.default": "mean"}
+
+
+@handles(*REDUCE)
+def reduce(b, op):
+    x, y = op.a["self"], out(op)
+    need_float(x, y)
+    need(op.a.get("dtype") is None or y.dtype in FLOATS, f"{op.target} with dtype")
+    r = len(x.shape)
+    need(r > 0, "a reduction of a rank-0 tensor")
+    dims = op.a.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(r))
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = sorted({d % r for d in dims})
+    fn = REDUCE[op.target]
+    src = b.read(x) if x.is_contiguous() else None
+    if src is None:
+        # The reductions read rows of memory in order: a strided input is
+        # copied first.
+        src = b.scratch(x.dtype, x.shape)
+        b.node("cast", [b.read(x)], [src])
+    if dims == list(range(r)):
+        # A whole reduction: the flat view's last (only) dimension.
+        b.node(fn, [b.view_named(src, [x.numel], [1])], [_out_as(b, y, [])], axis="last")
+        return
+    if dims == [r - 1]:
+        b.node(fn, [src], [_out_as(b, y, x.shape[:-1])], axis="last")
+        return
+    k = len(dims)
+    if dims == list(range(k)):
+        # The first k dims: [prod(first k), prod(rest)], all but the last.
+        lead, rest = math.prod(x.shape[:k]), math.prod(x.shape[k:])
+        b.node(fn, [b.view_named(src, [lead, rest], [rest, 1])], [_out_as(b, y, [rest])], axis="leading")
+        return
+    if dims == list(range(r - k, r)):
+        lead, rest = math.prod(x.shape[:r - k]), math.prod(x.shape[r - k:])
+        b.node(fn, [b.view_named(src, [lead, rest], [rest, 1])], [_out_as(b, y, [lead])], axis="last")
+        return
+    raise Unsupported(f"{op.target} over dims {dims} of a rank-{r} tensor (programs reduce leading or trailing "
+                      "dims)")
+
+
+def _out_as(b, y, shape):
+    """The program tensor for output y, viewed with ``shape`` (y's own
+    shape with its kept dims dropped)."""
+    name = b.write(y)
+    if list(y.shape) == list(shape):
+        return name
+    need(y.is_contiguous(), "a strided reduction output")
+    return b.view_named(name, shape, contiguous_strides(shape))
+
+
+# ---- GEMM ---------------------------------------------------------------------
+
+def _gemm_operand(b, v):
+    """(program tensor, transposed): v as the GEMM takes an operand, row
+    major with unit column stride, itself or its transpose."""
+    need(len(v.shape) == 2, f"a GEMM operand of rank {len(v.shape)}")
+    r, c = v.shape
+    s0, s1 = v.strides
+    if (s1 == 1 or c == 1) and (s0 >= c or r == 1):
+        return b.read(v), False
+    if (s0 == 1 or r == 1) and (s1 >= r or c == 1):
+        return b.view(v, [c, r], [s1, s0]), True
+    raise Unsupported("a GEMM operand that is neither row nor column major")
+
+
+@handles("aten.mm.default", "aten.addmm.default")
+def mm(b, op):
+    a, m2, d = op.a.get("mat1", op.a["self"]), op.a.get("mat2"), out(op)
+    need_float(a, m2, d)
+    need(a.dtype == m2.dtype and a.dtype in ("bf16", "f16", "f32"), f"a GEMM of {a.dtype} and {m2.dtype}")
+    need(d.is_contiguous() and d.offset == 0, "a GEMM output that is not contiguous")
+    bias = None
+    if op.target == "aten.addmm.default":
+        bias = op.a["self"]
+        need(op.a.get("beta", 1) == 1 and op.a.get("alpha", 1) == 1, "addmm with beta or alpha")
+        need(isinstance(bias, Val) and bias.shape == (d.shape[1],) and bias.strides == (1,),
+             "addmm whose bias is not a contiguous row")
+        need(bias.dtype == d.dtype, "addmm whose bias has another dtype")
+    aa, ta = _gemm_operand(b, a)
+    bb, tb = _gemm_operand(b, m2)
+    params = {"a": aa, "b": bb, "d": b.write(d)}
+    attrs = {"trans_a": ta or None, "trans_b": tb or None}
+    if bias is not None:
+        params["bias"] = b.read(bias)
+        attrs["epilogue"] = "bias"
+    b.node("gemm", params, **attrs)
+
+
+# ---- layer norm ---------------------------------------------------------------
+
+def _even_rows(v):
+    """The row stride of v [..., n] read as [rows, n], or None."""
+    n = v.shape[-1]
+    if not (v.strides[-1] == 1 or n == 1):
+        return None
+    lead = [(d, st) for d, st in zip(v.shape[:-1], v.strides[:-1]) if d > 1]
+    row_stride = lead[-1][1] if lead else n
+    step = row_stride
+    for d, st in reversed(lead):
+        if st != step:
+            return None
+        step = st * d
+    return row_stride if row_stride >= n else None
+
+
+def _rows(b, v, write=False):
+    """v [..., n] as the norms take it, [rows, n] with rows strided; a
+    read of other strides is copied to a contiguous scratch first."""
+    need(len(v.shape) >= 1, "a rank-0 tensor where rows are wanted")
+    n = v.shape[-1]
+    rows = math.prod(v.shape[:-1])
+    row_stride = _even_rows(v)
+    if row_stride is None:
+        need(not write, "rows that are not evenly strided")
+        copy = b.scratch(v.dtype, v.shape)
+        b.node("cast", [b.read(v)], [copy])
+        return b.view_named(copy, [rows, n], [n, 1])
+    name = b.write(v) if write else b.read(v)
+    if len(v.shape) == 2 and v.strides[0] == row_stride:
+        return name
+    return b.view_named(name, [rows, n], [row_stride, 1])
+
+
+@handles("aten.native_layer_norm.default")
+def layer_norm(b, op):
+    x, w, bias = op.a["input"], op.a["weight"], op.a["bias"]
+    need(len(op.a["normalized_shape"]) == 1, "layer_norm over more than the last dimension")
+    need(isinstance(w, Val), "layer_norm without a weight")
+    need_float(x, w)
+    need(w.dtype == x.dtype and (bias is None or bias.dtype == x.dtype), "layer_norm's weight in another dtype")
+    need(w.is_contiguous() and (bias is None or bias.is_contiguous()), "layer_norm's weight is strided")
+    y, mean, rstd = op.outs[0], op.outs[1], op.outs[2]
+    need(isinstance(y, Val) and y.is_contiguous(), "layer_norm's output is strided")
+    rows = x.numel // x.shape[-1]
+    for s in (mean, rstd):
+        need(not isinstance(s, Val) or (s.dtype == "f32" and s.is_contiguous()), "layer_norm's statistics")
+    params = {"x": _rows(b, x), "weight": b.read(w), "bias": b.read(bias) if bias is not None else None,
+              "y": _rows(b, y, write=True)}
+    for key, s in (("mean", mean), ("rstd", rstd)):
+        if isinstance(s, Val):
+            params[key] = b.view_named(b.write(s), [rows], [1])
+    b.node("layer_norm", params, eps=float(op.a["eps"]))
+
+
+@handles("aten.native_layer_norm_backward.default")
+def layer_norm_backward(b, op):
+    dy, x, mean, rstd, w = op.a["grad_out"], op.a["input"], op.a["mean"], op.a["rstd"], op.a["weight"]
+    need(len(op.a["normalized_shape"]) == 1, "layer_norm over more than the last dimension")
+    need(isinstance(w, Val), "layer_norm without a weight")
+    need_float(dy, x, w)
+    dx, dw, db = (op.outs + [None, None, None])[:3]
+    need(isinstance(dx, Val) and dx.is_contiguous(), "layer_norm_backward without d_x, or strided")
+    rows = x.numel // x.shape[-1]
+    for s in (mean, rstd):
+        need(s.dtype == "f32" and s.is_contiguous() and s.numel == rows, "layer_norm's statistics")
+    need(w.is_contiguous(), "layer_norm's weight is strided")
+    for g in (dw, db):
+        need(not isinstance(g, Val) or (g.is_contiguous() and g.dtype == w.dtype), "a strided weight gradient")
+    params = {"d_y": _rows(b, dy), "x": _rows(b, x), "weight": b.read(w),
+              "mean": b.view_named(b.read(mean), [rows], [1]), "rstd": b.view_named(b.read(rstd), [rows], [1]),
+              "d_x": _rows(b, dx, write=True)}
+    if isinstance(dw, Val):
+        params["d_weight"] = b.write(dw)
+    if isinstance(db, Val):
+        params["d_bias"] = b.write(db)
+    b.node("layer_norm_backward", params)
+
+
+# ---- attention -------------------------------------------------------------------
+
+ATTENTION = ("aten._scaled_dot_product_flash_attention.default",
+             "aten._scaled_dot_product_efficient_attention.default",
+             "aten._scaled_dot_product_cudnn_attention.default")
+ATTENTION_BACKWARD = ("aten._scaled_dot_product_flash_attention_backward.default",
+                      "aten._scaled_dot_product_efficient_attention_backward.default",
+                      "aten._scaled_dot_product_cudnn_attention_backward.default")
+
+
+def _att_operand(v, what):
+    need(isinstance(v, Val) and len(v.shape) == 4, f"attention's {what} is not [B, H, S, D]")
+    need(v.dtype in ("bf16", "f16"), f"attention's {what} is {v.dtype} (bf16 or f16 only)")
+    need(v.strides[-1] == 1, f"attention's {what} has a last stride other than 1")
+
+
+def _att_common(op, q, k, v):
+    for x, what in ((q, "query"), (k, "key"), (v, "value")):
+        _att_operand(x, what)
+    need(not op.a.get("dropout_p"), "attention with dropout")
+    need(op.a.get("attn_bias") is None, "attention with a bias or mask")
+    causal = bool(op.a.get("is_causal", False))
+    need(not causal or q.shape[2] == k.shape[2], "causal attention with Sq != Skv (alignment)")
+    scale = op.a.get("scale")
+    need(scale is None or is_scalar(scale), "attention scale")
+    return {"causal": causal or None, "scale": None if scale is None else float(scale)}
+
+
+def _stats_view(b, lse, shape, write):
+    need(isinstance(lse, Val) and lse.dtype == "f32" and len(lse.shape) >= 3, "attention's log-sum-exp")
+    B, H, S = shape
+    need(lse.shape[0] == B and lse.shape[1] == H and lse.shape[2] >= S, "attention's log-sum-exp shape")
+    name = b.write(lse) if write else b.read(lse)
+    return b.view_named(name, [B, H, S], [lse.strides[0], lse.strides[1], lse.strides[2]])
+
+
+@handles(*ATTENTION)
+def attention(b, op):
+    q, k, v = op.a["query"], op.a["key"], op.a["value"]
+    attrs = _att_common(op, q, k, v)
+    o = out(op)
+    _att_operand(o, "output")
+    lse = op.outs[1] if len(op.outs) > 1 else None
+    params = {"q": b.read(q), "k": b.read(k), "v": b.read(v), "o": b.write(o)}
+    if isinstance(lse, Val) and lse.numel > 0:
+        params["stats"] = _stats_view(b, lse, q.shape[:3], write=True)
+    b.node("attention", params, **attrs)
+    for extra in op.outs[2:] + ([lse] if isinstance(lse, Val) and lse.numel == 0 else []):
+        b.dummy(extra) if isinstance(extra, Val) else b.const(extra)
+
+
+@handles(*ATTENTION_BACKWARD)
+def attention_backward(b, op):
+    do = op.a.get("grad_out", op.a.get("grad_out_"))
+    q, k, v, o, lse = op.a["query"], op.a["key"], op.a["value"], op.a["out"], op.a["logsumexp"]
+    attrs = _att_common(op, q, k, v)
+    _att_operand(o, "output")
+    _att_operand(do, "output's gradient")
+    dq, dk, dv = op.outs[0], op.outs[1], op.outs[2]
+    for g, what in ((dq, "d_q"), (dk, "d_k"), (dv, "d_v")):
+        _att_operand(g, what)
+    if len(op.outs) > 3 and isinstance(op.outs[3], Val):
+        need(op.outs[3].numel == 0, "attention's bias gradient")
+        b.dummy(op.outs[3])
+    b.node("attention_backward", {"q": b.read(q), "k": b.read(k), "v": b.read(v), "o": b.read(o),
+                                  "d_o": b.read(do), "stats": _stats_view(b, lse, q.shape[:3], write=False),
+                                  "d_q": b.write(dq), "d_k": b.write(dk), "d_v": b.write(dv)}, **attrs)
+
+
+# ---- embedding -------------------------------------------------------------------
+
+@handles("aten.embedding.default")
+def embedding(b, op):
+    table, index, rows = op.a["weight"], op.a["indices"], out(op)
+    need(op.a.get("padding_idx", -1) == -1 and not op.a.get("scale_grad_by_freq") and not op.a.get("sparse"),
+         "embedding with padding_idx, scale_grad_by_freq or sparse")
+    need(index.dtype in ("i64", "i32"), f"embedding indices of {index.dtype}")
+    need(table.is_contiguous() and rows.is_contiguous(), "a strided embedding table")
+    b.node("embedding", [b.read(table), b.read(index)], [b.write(rows)])
+
+
+@handles("aten.embedding_dense_backward.default")
+def embedding_backward(b, op):
+    grad, index, table_grad = op.a["grad_output"], op.a["indices"], out(op)
+    need(op.a.get("padding_idx", -1) == -1 and not op.a.get("scale_grad_by_freq"),
+         "embedding backward with padding_idx or scale_grad_by_freq")
+    need(index.dtype in ("i64", "i32"), f"embedding indices of {index.dtype}")
+    need(grad.is_contiguous() and table_grad.is_contiguous(), "a strided embedding gradient")
+    b.node("embedding_backward", [b.read(grad), b.read(index)], [b.write(table_grad)])
+
+
+# ---- softmax and the loss --------------------------------------------------------
+
+def _last_dim(op, x):
+    d = op.a.get("dim")
+    need(isinstance(d, int) and d % len(x.shape) == len(x.shape) - 1, "softmax over a dim other than the last")
+
+
+@handles("aten._log_softmax.default", "aten._softmax.default")
+def softmax(b, op):
+    x, y = op.a["self"], out(op)
+    need_float(x, y)
+    _last_dim(op, x)
+    need(x.is_contiguous() and y.is_contiguous(), "a strided softmax")
+    b.node("log_softmax" if "log" in op.target else "softmax", [b.read(x)], [b.write(y)])
+
+
+@handles("aten._log_softmax_backward_data.default", "aten._softmax_backward_data.default")
+def softmax_backward(b, op):
+    dy, y, dx = op.a["grad_output"], op.a["output"], out(op)
+    need_float(dy, y, dx)
+    _last_dim(op, y)
+    need(dy.is_contiguous() and y.is_contiguous(), "a strided softmax")
+    name = "log_softmax_backward" if "log" in op.target else "softmax_backward"
+    b.node(name, [b.read(dy), b.read(y)], [b.write(dx)])
+
+
+def _scalar_scratch(b, dtype):
+    root = b.scratch(dtype, [1])
+    return b.view_named(root, [], [])
+
+
+@handles("aten.nll_loss_forward.default")
+def nll_loss(b, op):
+    """Of log-probabilities: the row loss is cross_entropy's on them (their
+    log-sum-exp is 0), summed and divided by the rows kept."""
+    logp, target = op.a["self"], op.a["target"]
+    need(op.a.get("weight") is None, "nll_loss with class weights")
+    reduction = op.a.get("reduction", 1)
+    need(reduction in (1, 2), "nll_loss without a reduction")
+    need(len(logp.shape) == 2 and logp.is_contiguous(), "nll_loss of other than [N, C]")
+    need(target.dtype in ("i64", "i32") and target.is_contiguous(), "nll_loss targets")
+    need_float(logp)
+    loss, total = out(op, 0), out(op, 1)
+    ignore = float(op.a.get("ignore_index", -100))
+    n = logp.shape[0]
+    rows = b.scratch("f32", [n])
+    b.node("cross_entropy", [b.read(logp), b.read(target)], [rows, None], ignore_index=ignore)
+    kept = b.scratch("f32", [n])
+    b.node("ne", [b.read(target)], [kept], scalar=ignore)
+    b.node("sum", [kept], [b.write(total)], axis="last")
+    if reduction == 2:
+        b.node("sum", [rows], [b.write(loss)], axis="last")
+        return
+    s = _scalar_scratch(b, "f32")
+    b.node("sum", [rows], [s], axis="last")
+    b.node("div", [s, b.read(total)], [b.write(loss)])
+
+
+@handles("aten.nll_loss_backward.default")
+def nll_loss_backward(b, op):
+    """With the log_softmax backward that reads it: softmax minus one-hot,
+    times the loss's gradient over the rows kept, as cross_entropy_backward
+    writes it (log-probabilities in, their log-sum-exp 0)."""
+    g, logp, target, total = op.a["grad_output"], op.a["self"], op.a["target"], op.a["total_weight"]
+    need(op.a.get("weight") is None, "nll_loss with class weights")
+    reduction = op.a.get("reduction", 1)
+    need(reduction in (1, 2), "nll_loss without a reduction")
+    grad_logp = out(op)
+    users = grad_logp.users
+    need(len(users) == 1 and not grad_logp.is_output,
+         f"nll_loss_backward's gradient is read by {[u.target for u in users]}"
+         f"{' and returned' if grad_logp.is_output else ''}, not by log_softmax's backward alone")
+    need(users[0].target == "aten._log_softmax_backward_data.default" and users[0].a.get("grad_output") is grad_logp,
+         f"nll_loss_backward is followed by {users[0].target}, not log_softmax's backward")
+    read = users[0].a.get("output")
+    need(isinstance(read, Val) and (read.storage, read.offset, read.shape, read.strides) ==
+         (logp.storage, logp.offset, logp.shape, logp.strides),
+         f"log_softmax's backward reads {read!r}, not the log-probabilities {logp!r} the loss read")
+    consumer = users[0]
+    dx = out(consumer)
+    need(len(logp.shape) == 2 and logp.is_contiguous() and dx.is_contiguous(), "nll_loss of other than [N, C]")
+    need(target.dtype in ("i64", "i32") and target.is_contiguous(), "nll_loss targets")
+    ignore = float(op.a.get("ignore_index", -100))
+    n = logp.shape[0]
+    dl = b.scratch("f32", [n])
+    if reduction == 1:
+        b.node("div", [b.read(g), b.read(total)], [dl])
+    else:
+        b.node("cast", [b.read(g)], [dl])
+    zero = b.scratch("f32", [n])
+    b.node("fill", [], [zero], scalar=0.0)
+    b.node("cross_entropy_backward", [dl, b.read(logp), b.read(target), zero], [b.write(dx)], ignore_index=ignore)
+    b.absorb(consumer)
+    b.dummy(grad_logp)

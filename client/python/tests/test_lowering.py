@@ -1,0 +1,354 @@
+# SPDX-License-Identifier: Apache-2.0
+"""regen.lowering (the torch.compile backend's splitting of ATen graphs into
+io.regen.Program segments), without torch: graphs built by hand as
+AOTAutograd would give them, split, and each segment defined and run on a
+real regend (host backend) against float64 references with fresh random
+inputs; and what stays on the rank, where, and why."""
+
+import math
+import os
+import random
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
+import regen  # noqa: E402
+from regen.host import HostTensor  # noqa: E402
+from regen.lowering import HANDLERS, VIEW_OPS, Graph, Op, RankStep, Segment, Val, contiguous_strides, \
+    partition  # noqa: E402
+from regend_fixture import Regend, find_regend  # noqa: E402
+
+daemon = None
+
+
+def setUpModule():
+    global daemon
+    if find_regend():
+        daemon = Regend(devices=1)
+
+
+def tearDownModule():
+    if daemon is not None:
+        daemon.stop()
+
+
+class Builder:
+    """A graph as AOTAutograd hands it over: tensors with their memory."""
+
+    def __init__(self):
+        self.n = 0
+        self.ops = []
+        self.inputs = []
+
+    def val(self, shape, dtype="f32", of=None, strides=None, offset=0):
+        self.n += 1
+        shape = tuple(shape)
+        if of is None:
+            return Val(self.n, shape, strides or contiguous_strides(shape), dtype, 4, ("mem", self.n),
+                       math.prod(shape), offset)
+        return Val(self.n, shape, strides or contiguous_strides(shape), dtype, 4, of.storage, of.storage_numel,
+                   offset)
+
+    def input(self, shape, dtype="f32"):
+        v = self.val(shape, dtype)
+        self.inputs.append(v)
+        return v
+
+    def op(*args, **a):
+        # (builder, target, outs): positional only, so that the ATen
+        # argument "self" may be given by name.
+        builder, target, outs = args
+        builder.ops.append(Op(len(builder.ops), target, a, outs))
+        return outs[0] if len(outs) == 1 else outs
+
+    def graph(self, outputs):
+        return Graph(self.inputs, self.ops, outputs)
+
+
+class HostRunner:
+    """Runs the steps as regen.torch does, with host memory: the rank's
+    views by their offsets, each segment defined once and Run."""
+
+    def __init__(self, client, steps):
+        self.c, self.steps = client, steps
+        self.env = {}        # Val id -> (HostTensor holding its memory, element offset)
+        self.keep = []
+
+    def tensor(self, numel, dtype):
+        t = HostTensor([numel], dtype)
+        t.import_into(self.c, 0)
+        self.keep.append(t)
+        return t
+
+    def give(self, v, values):
+        t = self.tensor(v.storage_numel, v.dtype)
+        t.write(values)
+        self.env[v.id] = (t, v.offset)
+
+    def run(self):
+        for step in self.steps:
+            if isinstance(step, RankStep):
+                for op in step.ops:
+                    assert op.target in VIEW_OPS, f"the rank would run {op.target}: {step.reasons[op.index]}"
+                    src = op.a["self"]
+                    for o in op.out_vals():
+                        self.env[o.id] = (self.env[src.id][0], o.offset)
+                continue
+            prog = self.c.define_program(0, step.definition)
+            bind, roots = {}, {}
+            for name, v in step.inputs:
+                t, off = self.env[v.id]
+                bind[name] = (t.buffer, off * 4)
+            for name, dtype, shape, storage in step.outputs:
+                t = self.tensor(math.prod(shape), dtype)
+                roots[storage] = t
+                bind[name] = (t.buffer, 0)
+            self.c.run_program(prog, bind)
+            for v in step.exports:
+                self.env[v.id] = (roots[v.storage], v.offset)
+            self.c.drop_program(prog)
+
+    def read(self, v):
+        t, off = self.env[v.id]
+        flat = t.read()
+        out = []
+        for idx in range(math.prod(v.shape)):
+            at, rest = off, idx
+            for d, s in zip(reversed(v.shape), reversed(v.strides)):
+                at += (rest % d) * s
+                rest //= d
+            out.append(flat[at])
+        return out
+
+    def close(self):
+        for t in self.keep:
+            t.close()
+
+
+def segments(steps):
+    return [s for s in steps if isinstance(s, Segment)]
+
+
+class PartitionTest(unittest.TestCase):
+    """Where ops go, without a daemon."""
+
+    def test_views_of_the_ranks_tensors_run_before_the_segment(self):
+        g = Builder()
+        x, w = g.input((4, 8)), g.input((6, 8))
+        wt = g.op("aten.t.default", [g.val((8, 6), of=w, strides=(1, 8))], self=w)
+        y = g.op("aten.mm.default", [g.val((4, 6))], self=x, mat2=wt)
+        z = g.op("aten.relu.default", [g.val((4, 6))], self=y)
+        steps = partition(g.graph([z]), HANDLERS)
+        self.assertEqual([type(s).__name__ for s in steps], ["RankStep", "Segment"])
+        self.assertIn("rank holds", steps[0].reasons[0])
+        seg = steps[1]
+        self.assertEqual([n["op"] for n in seg.definition["nodes"]], ["gemm", "relu"])
+        kinds = {t["name"]: t["kind"] for t in seg.definition["tensors"]}
+        # y is the program's own; z leaves it.
+        self.assertEqual(sorted(kinds.values()), ["input", "input", "intermediate", "output", "view"])
+        self.assertEqual([v.id for v in seg.exports], [z.id])
+
+    def test_rank_work_reading_the_segment_splits_it_and_other_rank_work_moves_before(self):
+        g = Builder()
+        x, other = g.input((4, 4)), g.input((2, 4, 4))
+        a = g.op("aten.exp.default", [g.val((4, 4))], self=x)
+        unrelated = g.op("aten.bmm.default", [g.val((2, 4, 4))], self=other, mat2=other)
+        b = g.op("aten.bmm.default", [g.val((1, 4, 4))], self=a, mat2=a)   # reads the segment: a hand-off
+        c = g.op("aten.neg.default", [g.val((1, 4, 4))], self=b)
+        steps = partition(g.graph([c, unrelated]), HANDLERS)
+        shape = [(type(s).__name__, [o.target.split(".")[1] for o in s.ops]) for s in steps]
+        self.assertEqual(shape, [("RankStep", ["bmm"]), ("Segment", ["exp"]), ("RankStep", ["bmm"]),
+                                 ("Segment", ["neg"])])
+        self.assertEqual(steps[2].reasons[2], "no program op for aten.bmm.default")
+        # a leaves the first segment for the rank's bmm: an output, not scratch.
+        self.assertEqual([v.id for v in steps[1].exports], [a.id])
+
+    def test_unsupported_forms_stay_on_the_rank_with_their_reason(self):
+        g = Builder()
+        x = g.input((4, 6, 8))
+        s = g.op("aten.sum.dim_IntList", [g.val((4, 8))], self=x, dim=[1], keepdim=False)
+        d = g.op("aten.div.Tensor_mode", [g.val((4, 6, 8))], self=x, other=x, rounding_mode="floor")
+        steps = partition(g.graph([s, d]), HANDLERS)
+        self.assertEqual(len(steps), 1)
+        self.assertIn("over dims [1]", steps[0].reasons[0])
+        self.assertIn("no program op", steps[0].reasons[1])
+
+    def test_a_failed_handler_leaves_nothing_behind(self):
+        g = Builder()
+        x = g.input((4, 8))
+        y = g.op("aten.exp.default", [g.val((4, 8))], self=x)
+        bad = g.op("aten.gelu.default", [g.val((4, 8))], self=y, approximate="erfc")
+        z = g.op("aten.neg.default", [g.val((4, 8))], self=y)
+        steps = partition(g.graph([z, bad]), HANDLERS)
+        seg = segments(steps)[0]
+        self.assertEqual([n["op"] for n in seg.definition["nodes"]], ["exp"])
+        names = [t["name"] for t in seg.definition["tensors"]]
+        self.assertEqual(len(names), len(set(names)))
+
+
+@unittest.skipIf(not find_regend(), "no regend (pass --regend or set REGEN_BUILD_ROOT)")
+class HostRunTest(unittest.TestCase):
+    """Segments run on regend's host backend against float64."""
+
+    def setUp(self):
+        self.c = regen.Client(daemon.socket, timeout=60)
+        self.rng = random.Random(self.id() + str(os.getpid()))
+
+    def tearDown(self):
+        self.c.close()
+
+    def rand(self, n, lo=-1.0, hi=1.0):
+        return [self.rng.uniform(lo, hi) for _ in range(n)]
+
+    def close(self, got, want, tol, what):
+        self.assertEqual(len(got), len(want), what)
+        for i, (a, b) in enumerate(zip(got, want)):
+            self.assertLessEqual(abs(a - b), tol * (1 + abs(b)), f"{what}[{i}]: {a} != {b}")
+
+    def test_linear_gelu_loss_forward_in_one_segment(self):
+        M, K, N = 6, 8, 5
+        g = Builder()
+        x, w, bias = g.input((M, K)), g.input((N, K)), g.input((N,))
+        lw, lb, target = g.input((K,)), g.input((K,)), g.input((M,), "i32")
+        y, mean, rstd = g.op("aten.native_layer_norm.default", [g.val((M, K)), g.val((M, 1)), g.val((M, 1))],
+                             input=x, normalized_shape=[K], weight=lw, bias=lb, eps=1e-5)
+        wt = g.op("aten.t.default", [g.val((K, N), of=w, strides=(1, K))], self=w)
+        h = g.op("aten.addmm.default", [g.val((M, N))], self=bias, mat1=y, mat2=wt)
+        a = g.op("aten.gelu.default", [g.val((M, N))], self=h, approximate="tanh")
+        ls = g.op("aten._log_softmax.default", [g.val((M, N))], self=a, dim=1, half_to_float=False)
+        loss, total = g.op("aten.nll_loss_forward.default", [g.val(()), g.val(())], self=ls, target=target,
+                           weight=None, reduction=1, ignore_index=-100)
+        colsum = g.op("aten.sum.dim_IntList", [g.val((N,))], self=a, dim=[0], keepdim=False)
+        steps = partition(g.graph([loss, colsum, ls, mean, rstd]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        r = HostRunner(self.c, steps)
+        try:
+            xs, ws, bs, lws, lbs = self.rand(M * K), self.rand(N * K), self.rand(N), self.rand(K, 0.5, 1.5), \
+                self.rand(K)
+            targets = [self.rng.randrange(N) for _ in range(M)]
+            targets[2] = -100   # ignored
+            for v, vals in ((x, xs), (w, ws), (bias, bs), (lw, lws), (lb, lbs), (target, targets)):
+                r.give(v, vals)
+            r.run()
+            # float64 reference
+            ref_ls, ref_a, ref_mean, ref_rstd = [], [], [], []
+            for i in range(M):
+                row = xs[i * K:(i + 1) * K]
+                mu = sum(row) / K
+                var = sum((v - mu) ** 2 for v in row) / K
+                rs = 1 / math.sqrt(var + 1e-5)
+                ref_mean.append(mu)
+                ref_rstd.append(rs)
+                yn = [(row[k] - mu) * rs * lws[k] + lbs[k] for k in range(K)]
+                hh = [sum(yn[k] * ws[j * K + k] for k in range(K)) + bs[j] for j in range(N)]
+                aa = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in hh]
+                m = max(aa)
+                lse = m + math.log(sum(math.exp(v - m) for v in aa))
+                ref_a.append(aa)
+                ref_ls.append([v - lse for v in aa])
+            kept = [i for i in range(M) if targets[i] != -100]
+            ref_loss = -sum(ref_ls[i][targets[i]] for i in kept) / len(kept)
+            self.close(r.read(loss), [ref_loss], 1e-4, "loss")
+            self.close(r.read(ls), [v for row in ref_ls for v in row], 1e-4, "log_softmax")
+            self.close(r.read(colsum), [sum(ref_a[i][j] for i in range(M)) for j in range(N)], 1e-4, "sum")
+            self.close(r.read(mean), ref_mean, 1e-4, "mean")
+            self.close(r.read(rstd), ref_rstd, 1e-4, "rstd")
+        finally:
+            r.close()
+
+    def test_loss_backward_pattern_cat_and_slice_backward(self):
+        M, N = 5, 7
+        g = Builder()
+        ls, target, g0, total = g.input((M, N)), g.input((M,), "i32"), g.input(()), g.input(())
+        gl = g.op("aten.nll_loss_backward.default", [g.val((M, N))], grad_output=g0, self=ls, target=target,
+                  weight=None, reduction=1, ignore_index=-100, total_weight=total)
+        dx = g.op("aten._log_softmax_backward_data.default", [g.val((M, N))], grad_output=gl, output=ls, dim=1,
+                  input_dtype=None)
+        half = g.op("aten.slice.Tensor", [g.val((M, 3), of=dx, strides=(N, 1))], self=dx, dim=1, start=0, end=3)
+        back = g.op("aten.slice_backward.default", [g.val((M, N))], grad_output=half, input_sizes=[M, N], dim=1,
+                    start=0, end=3, step=1)
+        both = g.op("aten.cat.default", [g.val((M, 2 * N))], tensors=[dx, back], dim=1)
+        row = g.op("aten.select_backward.default", [g.val((3, M, N))], grad_output=dx, input_sizes=[3, M, N],
+                   dim=0, index=1)
+        steps = partition(g.graph([both, row, dx]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        self.assertNotIn("log_softmax_backward", [n["op"] for n in segments(steps)[0].definition["nodes"]])
+        r = HostRunner(self.c, steps)
+        try:
+            logits = self.rand(M * N, -3, 3)
+            lsv = []
+            for i in range(M):
+                rowv = logits[i * N:(i + 1) * N]
+                lse = math.log(sum(math.exp(v) for v in rowv))
+                lsv += [v - lse for v in rowv]
+            targets = [self.rng.randrange(N) for _ in range(M)]
+            targets[1] = -100
+            kept = sum(1 for t in targets if t != -100)
+            gv = self.rng.uniform(0.5, 2.0)
+            for v, vals in ((ls, lsv), (target, targets), (g0, [gv]), (total, [float(kept)])):
+                r.give(v, vals)
+            r.run()
+            want = []
+            for i in range(M):
+                for j in range(N):
+                    if targets[i] == -100:
+                        want.append(0.0)
+                    else:
+                        want.append((math.exp(lsv[i * N + j]) - (1.0 if j == targets[i] else 0.0)) * gv / kept)
+            self.close(r.read(dx), want, 1e-5, "d logits")
+            cat_want = []
+            for i in range(M):
+                d = want[i * N:(i + 1) * N]
+                cat_want += d + [d[j] if j < 3 else 0.0 for j in range(N)]
+            self.close(r.read(both), cat_want, 1e-5, "cat")
+            self.close(r.read(row), [0.0] * (M * N) + want + [0.0] * (M * N), 1e-5, "select_backward")
+        finally:
+            r.close()
+
+    def test_reductions_views_and_softmax(self):
+        B, T, D = 3, 4, 5
+        g = Builder()
+        x = g.input((B, T, D))
+        xt = g.op("aten.permute.default", [g.val((T, B, D), of=x, strides=(D, T * D, 1))], self=x, dims=[1, 0, 2])
+        e = g.op("aten.exp.default", [g.val((T, B, D))], self=xt)         # a permuted view read in place
+        m_lead = g.op("aten.mean.dim", [g.val((D,))], self=e, dim=[0, 1], keepdim=False)
+        m_last = g.op("aten.amax.default", [g.val((T, B, 1))], self=e, dim=[-1], keepdim=True)
+        m_first = g.op("aten.sum.dim_IntList", [g.val((B, D))], self=e, dim=[0], keepdim=False)
+        sm = g.op("aten._softmax.default", [g.val((T, B, D))], self=e, dim=2, half_to_float=False)
+        dy = g.input((T, B, D))
+        dsm = g.op("aten._softmax_backward_data.default", [g.val((T, B, D))], grad_output=dy, output=sm, dim=2,
+                   input_dtype=None)
+        steps = partition(g.graph([m_lead, m_last, m_first, dsm]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        r = HostRunner(self.c, steps)
+        try:
+            xs, dys = self.rand(B * T * D), self.rand(T * B * D)
+            r.give(x, xs)
+            r.give(dy, dys)
+            r.run()
+            ev = {(t, b, d): math.exp(xs[b * T * D + t * D + d]) for t in range(T) for b in range(B) for d in range(D)}
+            self.close(r.read(m_lead), [sum(ev[t, b, d] for t in range(T) for b in range(B)) / (T * B)
+                                        for d in range(D)], 1e-5, "mean over the leading dims")
+            self.close(r.read(m_last), [max(ev[t, b, d] for d in range(D)) for t in range(T) for b in range(B)],
+                       1e-5, "amax over the last dim")
+            self.close(r.read(m_first), [sum(ev[t, b, d] for t in range(T)) for b in range(B) for d in range(D)],
+                       1e-5, "sum over the first dim")
+            want = []
+            for t in range(T):
+                for b in range(B):
+                    row = [ev[t, b, d] for d in range(D)]
+                    mx = max(row)
+                    ex = [math.exp(v - mx) for v in row]
+                    y = [v / sum(ex) for v in ex]
+                    dyr = dys[(t * B + b) * D:(t * B + b + 1) * D]
+                    dot = sum(a * c for a, c in zip(y, dyr))
+                    want += [y[d] * (dyr[d] - dot) for d in range(D)]
+            self.close(r.read(dsm), want, 1e-5, "softmax backward")
+        finally:
+            r.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Training throughput of models written as their users write them
+(tests/bench/models: a nanoGPT GPT, a Llama-style decoder,
+torch.nn.TransformerEncoder), three ways in one process, same seed and
+data, bf16, AdamW (fused) on the rank:
+
+  eager     the model as it is
+  inductor  torch.compile(model) (Inductor, torch's default backend)
+  regen     torch.compile(model, backend="regen", dynamic=False): the
+            forward and backward graphs as io.regen.Program segments in
+            regend
+
+Prints tokens/s per path, regen's against the best in-process path, the
+hand-offs, program Runs and rank steps per training step, and the largest
+difference between regen's losses and eager's over the timed steps.  Each
+path trains in a process of its own (its memory its own); regen's takes
+every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
+--pool none keeps torch's allocator, whose blocks are imported).
+
+    python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
+        [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
+        [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--optimizer torch|regen]
+        [--mps] [--json OUT]
+
+--mps: under a private CUDA MPS control daemon (started here, quit at the
+end): every path, regend's worker included, an MPS client.
+"""
+
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _harness import Daemon, markdown_table, require_torch  # noqa: E402
+from regend_fixture import take_option as opt  # noqa: E402
+
+torch = require_torch()
+
+import models  # noqa: E402
+import regen.torch as rt  # noqa: E402
+
+
+MODELS = opt("--models", "gpt,llama,encoder").split(",")
+DIMS = [int(x) for x in opt("--dims", "1024").split(",")]
+SEQ = int(opt("--seq", "1024"))
+BATCH = int(opt("--batch", "8"))
+LAYERS = int(opt("--layers", "4"))
+# nanoGPT's default: GPT-2's 50257 padded to a multiple of 64 "for
+# efficiency" (an odd row length leaves every row of the logits misaligned
+# for torch's kernels and cuBLAS; Inductor pads such strides itself).
+VOCAB = int(opt("--vocab", "50304"))
+STEPS = int(opt("--steps", "20"))
+WARMUP = int(opt("--warmup", "3"))
+PATHS = opt("--paths", "eager,inductor,regen").split(",")
+ORDERING = opt("--ordering", "events")
+JSON_OUT = opt("--json", None)
+SOCKET = opt("--socket", None)
+POOL = opt("--pool", "process")
+# regen's path with torch's fused AdamW on the rank ("torch"), or with
+# regen.torch.optim.AdamW, its step one program Run in regend ("regen").
+OPTIMIZER = opt("--optimizer", "torch")
+MPS = "--mps" in sys.argv
+if MPS:
+    sys.argv.remove("--mps")
+ONE = opt("--one", None)          # model,d,path: this process trains that one path
+RESULT = opt("--result", None)
+REGEND = sys.argv[1] if len(sys.argv) > 1 else None
+
+
+def train(name, D, path):
+    heads = D // 64
+    model = models.build(name, VOCAB, SEQ, D, LAYERS, heads, dtype=torch.bfloat16)
+    if path == "regen" and OPTIMIZER == "regen":
+        optimizer = rt.optim.AdamW(model.parameters(), lr=1e-4)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if path == "eager":
+        fn = model
+    elif path == "inductor":
+        fn = torch.compile(model)
+    else:
+        fn = torch.compile(model, backend="regen", dynamic=False)
+    batches = [models.batch(VOCAB, BATCH, SEQ, s) for s in range(WARMUP + STEPS)]
+    losses = []
+
+    def step(i):
+        idx, tgt = batches[i]
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(idx, tgt)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    t0 = time.perf_counter()
+    for i in range(WARMUP):
+        losses.append(step(i))
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    before = dict(rt.stats()) if path == "regen" else None
+    status_before = rt.runtime().client.program_status(0) if path == "regen" else None
+    t0 = time.perf_counter()
+    for i in range(WARMUP, WARMUP + STEPS):
+        losses.append(step(i))
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    result = {"path": path, "tokens_per_s": BATCH * SEQ * STEPS / elapsed, "step_ms": elapsed / STEPS * 1e3,
+              "warmup_s": warm_s, "losses": [x.float().item() for x in losses],
+              "peak_gib": _peak_gib()}
+    if before is not None:
+        after = rt.stats()
+        for k in ("program_runs", "handoffs", "rank_steps", "fallback_segments", "idle_calls"):
+            result[k + "_per_step"] = (after[k] - before.get(k, 0)) / STEPS
+        result["explain"] = rt.explain(show=False)
+        # Each program's counters over the timed steps alone.
+        then = {p["program"]: p for p in status_before}
+        result["programs"] = []
+        for p in rt.runtime().client.program_status(0):
+            old = then.get(p["program"], {})
+            result["programs"].append({k: (v - old.get(k, 0) if isinstance(v, (int, float)) and k != "nodes" else v)
+                                       for k, v in p.items()})
+    del fn, model, optimizer, batches
+    torch._dynamo.reset()
+    return result
+
+
+def _peak_gib():
+    """torch's allocator's peak; with libregen's pool as the process's
+    allocator torch keeps no statistics: the device's use then."""
+    try:
+        return torch.cuda.max_memory_allocated() / 2**30
+    except RuntimeError:
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**30
+
+
+def one():
+    name, D, path = ONE.split(",")
+    if path == "regen":
+        rt.configure(socket=SOCKET, ordering=ORDERING)
+    try:
+        r = train(name, int(D), path)
+    except Exception as e:   # reported, and the other paths still run
+        import traceback
+        traceback.print_exc()
+        r = {"path": path, "error": f"{type(e).__name__}: {e}"[:400]}
+    with open(RESULT, "w") as f:
+        json.dump(r, f, default=str)
+
+
+def run_path(name, D, path, socket):
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as res:
+        env = dict(os.environ)
+        if path == "regen" and POOL == "process":
+            env["REGEN_TORCH_POOL"] = "process"
+        cmd = [sys.executable, os.path.abspath(__file__), REGEND or "", "--one", f"{name},{D},{path}",
+               "--result", res.name, "--seq", str(SEQ), "--batch", str(BATCH), "--layers", str(LAYERS),
+               "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING,
+               "--optimizer", OPTIMIZER]
+        if socket:
+            cmd += ["--socket", socket]
+        rc = subprocess.call(cmd, env=env)
+        try:
+            with open(res.name) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {"path": path, "error": f"the process training it exited {rc} with no result"}
+
+
+def start_mps():
+    """A private MPS control daemon: its pipe and log folders in the
+    environment every process started from here on inherits."""
+    import subprocess
+    import tempfile
+    base = tempfile.mkdtemp(prefix="regen-mps-")
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(base, "pipe")
+    os.environ["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(base, "log")
+    os.makedirs(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
+    os.makedirs(os.environ["CUDA_MPS_LOG_DIRECTORY"])
+    subprocess.check_call(["nvidia-cuda-mps-control", "-d"])
+
+
+def stop_mps():
+    import subprocess
+    subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", check=False)
+
+
+def main():
+    if MPS:
+        start_mps()
+    try:
+        _main()
+    finally:
+        if MPS:
+            stop_mps()
+
+
+def _main():
+    daemon = Daemon(SOCKET, REGEND, "cuda") if "regen" in PATHS else None
+    rows, out = [], {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "seq": SEQ, "batch": BATCH,
+                     "layers": LAYERS, "vocab": VOCAB, "steps": STEPS, "ordering": ORDERING, "pool": POOL,
+                     "mps": MPS, "optimizer": OPTIMIZER, "runs": []}
+    try:
+        for name in MODELS:
+            for D in DIMS:
+                res = {}
+                for path in PATHS:
+                    res[path] = r = run_path(name, D, path, daemon.socket if daemon else None)
+                    print(f"{name} d{D} {path}: " + (f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.2f} ms a step, "
+                                                       f"warm-up {r['warmup_s']:.1f} s, peak {r['peak_gib'] or 0:.1f} GiB"
+                                                       if "error" not in r else r["error"]), flush=True)
+                out["runs"].append({"model": name, "d": D, "results": res})
+                best = max((res[p]["tokens_per_s"] for p in ("eager", "inductor") if p in res and
+                            "tokens_per_s" in res[p]), default=None)
+                g = res.get("regen", {})
+                e = res.get("eager", {})
+                diff = None
+                if "losses" in g and "losses" in e:
+                    diff = max(abs(a - b) / abs(b) for a, b in zip(g["losses"], e["losses"]))
+                rows.append([name, f"d{D}"] +
+                            [f"{res[p]['tokens_per_s']:.0f}" if "tokens_per_s" in res.get(p, {}) else "-"
+                             for p in ("eager", "inductor", "regen")] +
+                            [f"{g['tokens_per_s'] / best:.3f}" if best and "tokens_per_s" in g else "-",
+                             f"{g.get('handoffs_per_step', 0):.1f}" if "tokens_per_s" in g else "-",
+                             f"{g.get('program_runs_per_step', 0):.1f}" if "tokens_per_s" in g else "-",
+                             f"{g.get('rank_steps_per_step', 0):.1f}" if "tokens_per_s" in g else "-",
+                             f"{diff:.1e}" if diff is not None else "-"])
+    finally:
+        if daemon is not None:
+            daemon.close()
+    print(f"card: {out['card']}, torch {out['torch']}; B{BATCH} S{SEQ}, {LAYERS} layers, vocab {VOCAB}, bf16, "
+          f"AdamW fused; {STEPS} timed steps after {WARMUP}; ordering {ORDERING}; regen's pool {POOL}"
+          f"{'; under MPS' if MPS else ''}")
+    print(markdown_table(["model", "d", "eager tok/s", "inductor tok/s", "regen tok/s", "regen / best in process",
+                          "hand-offs a step", "Runs a step", "rank steps a step", "max loss diff vs eager"], rows))
+    for run in out["runs"]:
+        g = run["results"].get("regen", {})
+        for rep in g.get("explain", []):
+            kept = {}
+            for x in rep["rank"]:
+                kept[x["why"]] = kept.get(x["why"], 0) + 1
+            print(f"{run['model']} d{run['d']} {rep['kind']}: {len(rep['segments'])} segment(s), "
+                  f"{rep['handoffs']} hand-off(s); on the rank: " +
+                  "; ".join(f"{n}x {w}" for w, n in sorted(kept.items(), key=lambda kv: -kv[1])
+                            if not (w or "").startswith("a view of a tensor the rank holds")))
+        for p in g.get("programs", []):
+            runs = max(p.get("runs", 0), 1)
+            print(f"  program {p.get('name')} over the timed steps: {p.get('nodes')} nodes, {p.get('runs')} Runs, "
+                  f"{p.get('run_us', 0) / runs:.0f} us a Run from arrival to done, the worker's launch "
+                  f"{p.get('launch_us', 0) / runs:.0f} us a Run; graph {p.get('graph_captures')} captures "
+                  f"{p.get('graph_launches')} launches, {p.get('stream_runs')} on the stream "
+                  f"({p.get('not_captured') or '-'})")
+    if JSON_OUT:
+        with open(JSON_OUT, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    one() if ONE else main()

@@ -1,0 +1,24 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Models written the way their users write them, for the compile
+benchmark and tests: build(name, ...) -> (module, batch maker)."""
+
+import torch
+
+from .encoder import EncoderLM
+from .gpt import GPT
+from .llama import Llama
+
+MODELS = {"gpt": GPT, "llama": Llama, "encoder": EncoderLM}
+
+
+def build(name, vocab, seq, d, layers, heads, device="cuda", dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    model = MODELS[name](vocab, seq, d, layers, heads)
+    return model.to(device=device, dtype=dtype)
+
+
+def batch(vocab, batch_size, seq, step, device="cuda"):
+    """Fixed data per step: the same for every path compared."""
+    g = torch.Generator(device="cpu").manual_seed(1000 + step)
+    idx = torch.randint(0, vocab, (batch_size, seq + 1), generator=g)
+    return idx[:, :-1].to(device), idx[:, 1:].contiguous().to(device)
