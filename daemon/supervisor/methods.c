@@ -83,7 +83,7 @@ static cJSON *status_reply(const struct rd_supervisor *sv)
 	cJSON *reply = status_json(sv, false, 0);
 	cJSON *options = rd_options_to_json(&sv->opts);
 
-	cJSON *kept = rd_kept_list_json(&sv->kept, NULL, NULL);
+	cJSON *kept = rd_sv_keep_list_json(&sv->keep, NULL, NULL);
 
 	if (reply && options)
 		cJSON_AddItemToObject(reply, "options", options);
@@ -471,11 +471,11 @@ static const struct rd_method main_methods[] = {
 	{ "io.regen.Device.Detach", method_detach, true },
 	{ "io.regen.Device.Attach", method_attach, true },
 	{ "io.regen.Device.InjectFault", method_inject_fault, true },
-	{ "io.regen.Keep.Keep", rd_kept_keep, .takes_fds = true },
-	{ "io.regen.Keep.Commit", rd_kept_commit },
-	{ "io.regen.Keep.TakeBack", rd_kept_take_back },
-	{ "io.regen.Keep.Drop", rd_kept_drop },
-	{ "io.regen.Keep.List", rd_kept_list },
+	{ "io.regen.Keep.Keep", rd_sv_keep_keep, .takes_fds = true },
+	{ "io.regen.Keep.Commit", rd_sv_keep_commit },
+	{ "io.regen.Keep.TakeBack", rd_sv_keep_take_back },
+	{ "io.regen.Keep.Drop", rd_sv_keep_drop },
+	{ "io.regen.Keep.List", rd_sv_keep_list },
 	{ NULL },
 };
 /* What the IDL serves on a worker socket (Memory, Compute, Lane, Comm,

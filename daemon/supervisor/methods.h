@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device on the main socket: Status, Generation, Watch, and for
- * admins Release, Reset, Restart and InjectFault; io.regen.Keep (kept.c);
+ * admins Release, Reset, Restart and InjectFault; io.regen.Keep (keep.c);
  * Memory and Compute calls
  * are answered with where they belong (io.regen.WrongEndpoint). A client's
  * Release/Reset/Restart is a request over one or every device, answered

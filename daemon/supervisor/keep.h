@@ -24,36 +24,36 @@
 #include "daemon/options.h"
 #include "proto/keep.h"
 
-struct rd_kept_set;
+struct kept_set;
 
-struct rd_kept {
+struct rd_sv_keep {
 	uv_loop_t *loop;
 	const struct rd_options *opts;   /* live: SIGHUP changes the limits and the lease */
-	struct rd_kept_set *sets;
+	struct kept_set *sets;
 	uv_timer_t lease_timer;          /* the soonest lease end */
 	bool closed;
 };
 
-void rd_kept_init(struct rd_kept *k, uv_loop_t *loop, const struct rd_options *opts);
+void rd_sv_keep_init(struct rd_sv_keep *k, uv_loop_t *loop, const struct rd_options *opts);
 /* regend stops: every fd is closed (the memory is freed unless a process
  * still maps it). */
-void rd_kept_close(struct rd_kept *k);
+void rd_sv_keep_close(struct rd_sv_keep *k);
 
 /* A main-socket connection closed: the sets its process held, if the
  * process has no other connection among `sessions` (linked by next, this
  * one no longer among them), start their leases. */
-void rd_kept_connection_closed(struct rd_kept *k, const struct rd_conn *conn, const struct rd_conn *sessions);
+void rd_sv_keep_connection_closed(struct rd_sv_keep *k, const struct rd_conn *conn, const struct rd_conn *sessions);
 
 /* Every name kept, or those of job (NULL: any) and uid (NULL: any), as
  * io.regen.Keep.Kept objects. NULL on ENOMEM. */
-cJSON *rd_kept_list_json(const struct rd_kept *k, const char *job, const uid_t *uid);
+cJSON *rd_sv_keep_list_json(const struct rd_sv_keep *k, const char *job, const uid_t *uid);
 
 /* What a uid keeps now, held or leased (its limits' counts). */
-void rd_kept_use_of_uid(const struct rd_kept *k, uid_t uid, uint64_t *bytes, unsigned *names);
+void rd_sv_keep_use_of_uid(const struct rd_sv_keep *k, uid_t uid, uint64_t *bytes, unsigned *names);
 
 /* The io.regen.Keep methods. call->conn->data is the struct rd_supervisor. */
-void rd_kept_keep(struct rd_call *call);
-void rd_kept_commit(struct rd_call *call);
-void rd_kept_take_back(struct rd_call *call);
-void rd_kept_drop(struct rd_call *call);
-void rd_kept_list(struct rd_call *call);
+void rd_sv_keep_keep(struct rd_call *call);
+void rd_sv_keep_commit(struct rd_call *call);
+void rd_sv_keep_take_back(struct rd_call *call);
+void rd_sv_keep_drop(struct rd_call *call);
+void rd_sv_keep_list(struct rd_call *call);

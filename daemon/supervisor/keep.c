@@ -10,12 +10,12 @@
 #include <unistd.h>
 #include "daemon/job.h"
 #include "daemon/log.h"
-#include "daemon/supervisor/kept.h"
+#include "daemon/supervisor/keep.h"
 #include "daemon/supervisor/supervisor.h"
 #include "proto/errors.h"
 
-struct rd_kept_name {
-	struct rd_kept_name *next;
+struct kept_name {
+	struct kept_name *next;
 	char name[RP_KEPT_NAME_MAX + 1];
 	enum rp_memory_kind kind;
 	int device;                   /* cuda_fd's; -1 for host_fd */
@@ -24,8 +24,8 @@ struct rd_kept_name {
 	uint64_t kept_unix_ms;
 };
 
-struct rd_kept_set {
-	struct rd_kept_set *next;
+struct kept_set {
+	struct kept_set *next;
 	uid_t uid;
 	char job[RP_JOB_MAX + 1];
 	uint32_t rank;
@@ -41,7 +41,7 @@ struct rd_kept_set {
 	uint32_t lease_ms;
 	uint64_t expires_ns;          /* uv_hrtime() when the lease ends, while not held */
 	uint64_t expires_unix_ms;
-	struct rd_kept_name *names;
+	struct kept_name *names;
 };
 
 static struct rd_supervisor *supervisor_of(const struct rd_call *call)
@@ -57,29 +57,29 @@ static uint64_t unix_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static uint64_t set_bytes(const struct rd_kept_set *s)
+static uint64_t set_bytes(const struct kept_set *s)
 {
 	uint64_t bytes = 0;
 
-	for (const struct rd_kept_name *n = s->names; n; n = n->next)
+	for (const struct kept_name *n = s->names; n; n = n->next)
 		bytes += n->size;
 	return bytes;
 }
 
-static unsigned set_names(const struct rd_kept_set *s)
+static unsigned set_names(const struct kept_set *s)
 {
 	unsigned count = 0;
 
-	for (const struct rd_kept_name *n = s->names; n; n = n->next)
+	for (const struct kept_name *n = s->names; n; n = n->next)
 		count++;
 	return count;
 }
 
-void rd_kept_use_of_uid(const struct rd_kept *k, uid_t uid, uint64_t *bytes, unsigned *names)
+void rd_sv_keep_use_of_uid(const struct rd_sv_keep *k, uid_t uid, uint64_t *bytes, unsigned *names)
 {
 	*bytes = 0;
 	*names = 0;
-	for (const struct rd_kept_set *s = k->sets; s; s = s->next) {
+	for (const struct kept_set *s = k->sets; s; s = s->next) {
 		if (s->uid != uid)
 			continue;
 		*bytes += set_bytes(s);
@@ -87,23 +87,23 @@ void rd_kept_use_of_uid(const struct rd_kept *k, uid_t uid, uint64_t *bytes, uns
 	}
 }
 
-static struct rd_kept_set *find_set(const struct rd_kept *k, uid_t uid, const char *job, uint32_t rank)
+static struct kept_set *find_set(const struct rd_sv_keep *k, uid_t uid, const char *job, uint32_t rank)
 {
-	for (struct rd_kept_set *s = k->sets; s; s = s->next)
+	for (struct kept_set *s = k->sets; s; s = s->next)
 		if (s->uid == uid && s->rank == rank && strcmp(s->job, job) == 0)
 			return s;
 	return NULL;
 }
 
-static struct rd_kept_name *find_name(const struct rd_kept_set *s, const char *name)
+static struct kept_name *find_name(const struct kept_set *s, const char *name)
 {
-	for (struct rd_kept_name *n = s->names; n; n = n->next)
+	for (struct kept_name *n = s->names; n; n = n->next)
 		if (strcmp(n->name, name) == 0)
 			return n;
 	return NULL;
 }
 
-static void name_free(struct rd_kept_name *n)
+static void name_free(struct kept_name *n)
 {
 	if (n->fd >= 0)
 		close(n->fd);
@@ -111,15 +111,15 @@ static void name_free(struct rd_kept_name *n)
 }
 
 /* Unlinks and frees the set with every name in it. */
-static void set_free(struct rd_kept *k, struct rd_kept_set *set)
+static void set_free(struct rd_sv_keep *k, struct kept_set *set)
 {
-	for (struct rd_kept_set **p = &k->sets; *p; p = &(*p)->next) {
+	for (struct kept_set **p = &k->sets; *p; p = &(*p)->next) {
 		if (*p == set) {
 			*p = set->next;
 			break;
 		}
 	}
-	for (struct rd_kept_name *n = set->names, *next; n; n = next) {
+	for (struct kept_name *n = set->names, *next; n; n = next) {
 		next = n->next;
 		name_free(n);
 	}
@@ -131,13 +131,13 @@ static void set_free(struct rd_kept *k, struct rd_kept_set *set)
 static void on_lease_end(uv_timer_t *t);
 
 /* The timer waits for the soonest lease end, or for nothing. */
-static void arm_lease_timer(struct rd_kept *k)
+static void arm_lease_timer(struct rd_sv_keep *k)
 {
 	uint64_t soonest = UINT64_MAX, now = uv_hrtime();
 
 	if (k->closed)
 		return;
-	for (const struct rd_kept_set *s = k->sets; s; s = s->next)
+	for (const struct kept_set *s = k->sets; s; s = s->next)
 		if (!s->held && s->expires_ns < soonest)
 			soonest = s->expires_ns;
 	if (soonest == UINT64_MAX) {
@@ -149,10 +149,10 @@ static void arm_lease_timer(struct rd_kept *k)
 
 static void on_lease_end(uv_timer_t *t)
 {
-	struct rd_kept *k = t->data;
+	struct rd_sv_keep *k = t->data;
 	uint64_t now = uv_hrtime();
 
-	for (struct rd_kept_set *s = k->sets, *next; s; s = next) {
+	for (struct kept_set *s = k->sets, *next; s; s = next) {
 		next = s->next;
 		if (s->held || s->expires_ns > now)
 			continue;
@@ -164,7 +164,7 @@ static void on_lease_end(uv_timer_t *t)
 	arm_lease_timer(k);
 }
 
-static void start_lease(struct rd_kept *k, struct rd_kept_set *s)
+static void start_lease(struct rd_sv_keep *k, struct kept_set *s)
 {
 	s->held = false;
 	s->expires_ns = uv_hrtime() + (uint64_t)s->lease_ms * 1000000u;
@@ -182,7 +182,7 @@ static bool process_connected(const struct rd_conn *sessions, const struct rd_pe
 
 /* The caller's process holds the set from now on; if it is already gone
  * (its connection closed while its call was answered), the lease runs. */
-static void hold(struct rd_kept *k, struct rd_kept_set *s, const struct rd_conn *conn, const struct rd_conn *sessions)
+static void hold(struct rd_sv_keep *k, struct kept_set *s, const struct rd_conn *conn, const struct rd_conn *sessions)
 {
 	s->holder = conn->peer;
 	s->settled = false;
@@ -194,11 +194,11 @@ static void hold(struct rd_kept *k, struct rd_kept_set *s, const struct rd_conn 
 	}
 }
 
-void rd_kept_connection_closed(struct rd_kept *k, const struct rd_conn *conn, const struct rd_conn *sessions)
+void rd_sv_keep_connection_closed(struct rd_sv_keep *k, const struct rd_conn *conn, const struct rd_conn *sessions)
 {
 	if (process_connected(sessions, &conn->peer))
 		return;
-	for (struct rd_kept_set *s = k->sets; s; s = s->next) {
+	for (struct kept_set *s = k->sets; s; s = s->next) {
 		if (!s->held || !rd_peer_same_process(&s->holder, &conn->peer))
 			continue;
 		rd_info("keep", -1, 0, conn->peer.pid, "%s/%" PRIu32 " (uid %u): its process is gone; kept for %" PRIu32
@@ -208,7 +208,7 @@ void rd_kept_connection_closed(struct rd_kept *k, const struct rd_conn *conn, co
 	}
 }
 
-void rd_kept_init(struct rd_kept *k, uv_loop_t *loop, const struct rd_options *opts)
+void rd_sv_keep_init(struct rd_sv_keep *k, uv_loop_t *loop, const struct rd_options *opts)
 {
 	memset(k, 0, sizeof(*k));
 	k->loop = loop;
@@ -219,7 +219,7 @@ void rd_kept_init(struct rd_kept *k, uv_loop_t *loop, const struct rd_options *o
 	uv_unref((uv_handle_t *)&k->lease_timer);
 }
 
-void rd_kept_close(struct rd_kept *k)
+void rd_sv_keep_close(struct rd_sv_keep *k)
 {
 	if (k->closed)
 		return;
@@ -231,7 +231,7 @@ void rd_kept_close(struct rd_kept *k)
 
 /* ---- Listing ---- */
 
-static void fill_kept(const struct rd_kept_set *s, const struct rd_kept_name *n, struct rp_kept *out)
+static void fill_kept(const struct kept_set *s, const struct kept_name *n, struct rp_kept *out)
 {
 	memset(out, 0, sizeof(*out));
 	snprintf(out->job, sizeof(out->job), "%s", s->job);
@@ -253,7 +253,7 @@ static void fill_kept(const struct rd_kept_set *s, const struct rd_kept_name *n,
 	out->kept_unix_ms = n->kept_unix_ms;
 }
 
-static cJSON *kept_json(const struct rd_kept_set *s, const struct rd_kept_name *n)
+static cJSON *kept_json(const struct kept_set *s, const struct kept_name *n)
 {
 	struct rp_kept kept;
 
@@ -261,14 +261,14 @@ static cJSON *kept_json(const struct rd_kept_set *s, const struct rd_kept_name *
 	return rp_kept_encode(&kept);
 }
 
-cJSON *rd_kept_list_json(const struct rd_kept *k, const char *job, const uid_t *uid)
+cJSON *rd_sv_keep_list_json(const struct rd_sv_keep *k, const char *job, const uid_t *uid)
 {
 	cJSON *list = cJSON_CreateArray();
 
-	for (const struct rd_kept_set *s = k->sets; list && s; s = s->next) {
+	for (const struct kept_set *s = k->sets; list && s; s = s->next) {
 		if ((job && strcmp(job, s->job) != 0) || (uid && *uid != s->uid))
 			continue;
-		for (const struct rd_kept_name *n = s->names; n; n = n->next) {
+		for (const struct kept_name *n = s->names; n; n = n->next) {
 			cJSON *o = kept_json(s, n);
 			if (!o || !cJSON_AddItemToArray(list, o)) {
 				cJSON_Delete(o);
@@ -347,11 +347,11 @@ static unsigned kept_fds_max(void)
 	return (unsigned)(rl.rlim_cur / 2);
 }
 
-static unsigned kept_fds(const struct rd_kept *k)
+static unsigned kept_fds(const struct rd_sv_keep *k)
 {
 	unsigned n = 0;
 
-	for (const struct rd_kept_set *s = k->sets; s; s = s->next)
+	for (const struct kept_set *s = k->sets; s; s = s->next)
 		n += set_names(s);
 	return n;
 }
@@ -378,15 +378,15 @@ static void keep_enter(struct keep_pending *p)
 {
 	struct rd_call *call = p->call;
 	struct rd_supervisor *sv = supervisor_of(call);
-	struct rd_kept *k = &sv->kept;
+	struct rd_sv_keep *k = &sv->keep;
 	uid_t uid = call->conn->peer.uid;
 	struct rp_error err = { 0 };
-	struct rd_kept_set *set = find_set(k, uid, p->job, p->req.key.rank);
-	struct rd_kept_name *old = set ? find_name(set, p->req.key.name) : NULL;
+	struct kept_set *set = find_set(k, uid, p->job, p->req.key.rank);
+	struct kept_name *old = set ? find_name(set, p->req.key.name) : NULL;
 	uint64_t bytes, max_bytes = k->opts->max_kept_gib << 30;
 	unsigned names;
 
-	rd_kept_use_of_uid(k, uid, &bytes, &names);
+	rd_sv_keep_use_of_uid(k, uid, &bytes, &names);
 	if (old) {
 		bytes -= old->size;
 		names--;
@@ -412,7 +412,7 @@ static void keep_enter(struct keep_pending *p)
 				      (unsigned)uid, bytes, p->req.size, k->opts->max_kept_gib);
 		goto fail;
 	}
-	struct rd_kept_name *n = calloc(1, sizeof(*n));
+	struct kept_name *n = calloc(1, sizeof(*n));
 	if (!n) {
 		rp_err_out_of_memory(&err, -1, "no memory for the kept name");
 		goto fail;
@@ -438,7 +438,7 @@ static void keep_enter(struct keep_pending *p)
 	p->fd = -1;
 	n->kept_unix_ms = unix_ms();
 	if (old) {
-		for (struct rd_kept_name **q = &set->names; *q; q = &(*q)->next) {
+		for (struct kept_name **q = &set->names; *q; q = &(*q)->next) {
 			if (*q == old) {
 				*q = old->next;
 				break;
@@ -515,10 +515,10 @@ static int check_host_fd(int fd, uint64_t size, struct rp_error *err)
 	return 0;
 }
 
-void rd_kept_keep(struct rd_call *call)
+void rd_sv_keep_keep(struct rd_call *call)
 {
 	struct rd_supervisor *sv = supervisor_of(call);
-	struct rd_kept *k = &sv->kept;
+	struct rd_sv_keep *k = &sv->keep;
 	struct rp_error err = { 0 };
 	struct keep_pending *p = calloc(1, sizeof(*p));
 
@@ -586,26 +586,26 @@ fail:
 
 /* ---- Commit, TakeBack, Drop, List ---- */
 
-void rd_kept_commit(struct rd_call *call)
+void rd_sv_keep_commit(struct rd_call *call)
 {
 	struct rd_supervisor *sv = supervisor_of(call);
 	struct rp_error err = { 0 };
 	struct rp_keep_commit req;
-	struct rd_kept_set *set;
+	struct kept_set *set;
 	char job[RP_JOB_MAX + 1];
 
 	if (rp_keep_commit_decode(call->msg.params, &req, &err) < 0 || resolve_job(call, &req.key, job, &err) < 0) {
 		rd_call_fail(call, &err);
 		return;
 	}
-	set = find_set(&sv->kept, call->conn->peer.uid, job, req.key.rank);
+	set = find_set(&sv->keep, call->conn->peer.uid, job, req.key.rank);
 	if (!set) {
 		fail_no_such(call, job, &req.key.rank, NULL, call->conn->peer.uid);
 		return;
 	}
 	set->has_step = true;
 	set->step = req.step;
-	hold(&sv->kept, set, call->conn, sv->sessions);
+	hold(&sv->keep, set, call->conn, sv->sessions);
 	rd_trace("keep", -1, 0, call->conn->peer.pid, "%s/%" PRIu32 " committed step %" PRIu64, job, set->rank,
 		 req.step);
 	cJSON *reply = cJSON_CreateObject();
@@ -643,7 +643,7 @@ static void settle_done(struct take_back_wait *t)
 {
 	struct rd_supervisor *sv = supervisor_of(t->call);
 
-	for (struct rd_kept_set *s = sv->kept.sets; s; s = s->next)
+	for (struct kept_set *s = sv->keep.sets; s; s = s->next)
 		if (!s->held && rd_peer_same_process(&s->holder, &t->holder))
 			s->settled = true;
 	take_back_now(t->call);
@@ -701,12 +701,12 @@ static void settle_ask(struct take_back_wait *t)
 	on_process_sessions(NULL, NULL, t);
 }
 
-void rd_kept_take_back(struct rd_call *call)
+void rd_sv_keep_take_back(struct rd_call *call)
 {
 	struct rd_supervisor *sv = supervisor_of(call);
 	struct rp_error err = { 0 };
 	struct rp_keep_select req;
-	struct rd_kept_set *set;
+	struct kept_set *set;
 	char job[RP_JOB_MAX + 1];
 	uid_t uid;
 
@@ -715,7 +715,7 @@ void rd_kept_take_back(struct rd_call *call)
 		rd_call_fail(call, &err);
 		return;
 	}
-	set = find_set(&sv->kept, uid, job, req.key.rank);
+	set = find_set(&sv->keep, uid, job, req.key.rank);
 	/* A holder whose pid regend never saw cannot be asked about: its
 	 * memory goes back as it is. */
 	if (!set || set->held || set->settled || set->holder.token != 0 || set->holder.pid <= 0) {
@@ -741,8 +741,8 @@ static void take_back_now(struct rd_call *call)
 	struct rd_supervisor *sv = supervisor_of(call);
 	struct rp_error err = { 0 };
 	struct rp_keep_select req;
-	struct rd_kept_set *set;
-	struct rd_kept_name *n;
+	struct kept_set *set;
+	struct kept_name *n;
 	char job[RP_JOB_MAX + 1];
 	uid_t uid;
 	int r;
@@ -752,13 +752,13 @@ static void take_back_now(struct rd_call *call)
 		rd_call_fail(call, &err);
 		return;
 	}
-	set = find_set(&sv->kept, uid, job, req.key.rank);
+	set = find_set(&sv->keep, uid, job, req.key.rank);
 	n = set ? find_name(set, req.key.name) : NULL;
 	if (!n) {
 		fail_no_such(call, job, &req.key.rank, req.key.name, uid);
 		return;
 	}
-	hold(&sv->kept, set, call->conn, sv->sessions);
+	hold(&sv->keep, set, call->conn, sv->sessions);
 	cJSON *reply = cJSON_CreateObject();
 	cJSON *kept = kept_json(set, n);
 	if (!reply || !kept) {
@@ -780,10 +780,10 @@ static void take_back_now(struct rd_call *call)
 	}
 }
 
-void rd_kept_drop(struct rd_call *call)
+void rd_sv_keep_drop(struct rd_call *call)
 {
 	struct rd_supervisor *sv = supervisor_of(call);
-	struct rd_kept *k = &sv->kept;
+	struct rd_sv_keep *k = &sv->keep;
 	struct rp_error err = { 0 };
 	struct rp_keep_select req;
 	uint64_t bytes = 0;
@@ -794,12 +794,12 @@ void rd_kept_drop(struct rd_call *call)
 		rd_call_fail(call, &err);
 		return;
 	}
-	for (struct rd_kept_set *s = k->sets, *next; s; s = next) {
+	for (struct kept_set *s = k->sets, *next; s; s = next) {
 		next = s->next;
 		if (s->uid != uid || strcmp(s->job, req.key.job) != 0 || (req.key.has_rank && s->rank != req.key.rank))
 			continue;
-		for (struct rd_kept_name **q = &s->names; *q;) {
-			struct rd_kept_name *n = *q;
+		for (struct kept_name **q = &s->names; *q;) {
+			struct kept_name *n = *q;
 			if (req.key.has_name && strcmp(n->name, req.key.name) != 0) {
 				q = &n->next;
 				continue;
@@ -822,7 +822,7 @@ void rd_kept_drop(struct rd_call *call)
 	rd_call_reply(call, reply, false);
 }
 
-void rd_kept_list(struct rd_call *call)
+void rd_sv_keep_list(struct rd_call *call)
 {
 	struct rd_supervisor *sv = supervisor_of(call);
 	struct rp_error err = { 0 };
@@ -834,7 +834,7 @@ void rd_kept_list(struct rd_call *call)
 		return;
 	}
 	uid = req.uid;
-	cJSON *list = rd_kept_list_json(&sv->kept, req.key.has_job ? req.key.job : NULL, req.has_uid ? &uid : NULL);
+	cJSON *list = rd_sv_keep_list_json(&sv->keep, req.key.has_job ? req.key.job : NULL, req.has_uid ? &uid : NULL);
 	cJSON *reply = cJSON_CreateObject();
 	if (!list || !reply) {
 		cJSON_Delete(list);
