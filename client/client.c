@@ -425,6 +425,12 @@ int rc_ensure_worker(regen_client *c, int device, int64_t deadline)
 int rc_exchange(regen_client *c, struct rc_conn *conn, const char *method, const cJSON *params,
 		const int *fds, size_t nfds, int64_t deadline, cJSON **reply)
 {
+	return rc_exchange_fd(c, conn, method, params, fds, nfds, deadline, reply, NULL);
+}
+
+int rc_exchange_fd(regen_client *c, struct rc_conn *conn, const char *method, const cJSON *params,
+		   const int *fds, size_t nfds, int64_t deadline, cJSON **reply, int *reply_fd)
+{
 	struct rp_msg msg = { 0 };
 	struct rp_call call = { 0 };
 	struct rp_error perr = { 0 };
@@ -473,6 +479,12 @@ int rc_exchange(regen_client *c, struct rc_conn *conn, const char *method, const
 			goto out;
 		}
 	}
+	if (reply_fd != NULL) {
+		*reply_fd = msg.nfds > 0 ? msg.fds[0] : -1;
+		if (msg.nfds > 0) {
+			msg.fds[0] = -1;
+		}
+	}
 	r = 0;
 	goto out;
 broken:
@@ -497,6 +509,12 @@ out:
 
 int rc_call(regen_client *c, int device, const char *method, const cJSON *params,
 	    const int *fds, size_t nfds, cJSON **reply)
+{
+	return rc_call_fd(c, device, method, params, fds, nfds, reply, NULL);
+}
+
+int rc_call_fd(regen_client *c, int device, const char *method, const cJSON *params,
+	       const int *fds, size_t nfds, cJSON **reply, int *reply_fd)
 {
 	int64_t deadline = rc_deadline(c->timeout_s);
 	struct rc_conn *conn;
@@ -527,7 +545,7 @@ int rc_call(regen_client *c, int device, const char *method, const cJSON *params
 		}
 		return r;
 	}
-	return rc_exchange(c, conn, method, params, fds, nfds, deadline, reply);
+	return rc_exchange_fd(c, conn, method, params, fds, nfds, deadline, reply, reply_fd);
 }
 
 REGEN_EXPORT int regen_hello(regen_client *c, struct regen_info *out)

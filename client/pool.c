@@ -87,6 +87,8 @@ struct chunk {
 	struct piece *pieces;
 	regen_buffer *import;            /* NULL until imported in the device's current generation */
 	int import_device;               /* regend's index of the import */
+	/* Memory taken back (regen_pool_adopt): all of it in use, for good. */
+	bool adopted;
 };
 
 #ifdef REGEN_POOL_CUDA
@@ -102,6 +104,7 @@ struct driver {
 	__typeof__(cuMemSetAccess) *MemSetAccess;
 	__typeof__(cuMemGetAllocationGranularity) *MemGetAllocationGranularity;
 	__typeof__(cuMemExportToShareableHandle) *MemExportToShareableHandle;
+	__typeof__(cuMemImportFromShareableHandle) *MemImportFromShareableHandle;
 	__typeof__(cuMemGetAddressRange) *MemGetAddressRange;
 	__typeof__(cuCtxGetCurrent) *CtxGetCurrent;
 	__typeof__(cuCtxPushCurrent) *CtxPushCurrent;
@@ -281,7 +284,7 @@ static void driver_load_once(void)
 #define FN(x) { "cu" #x, offsetof(struct driver, x) }
 		FN(Init), FN(GetErrorString), FN(MemCreate), FN(MemRelease), FN(MemAddressReserve), FN(MemAddressFree),
 		FN(MemMap), FN(MemUnmap), FN(MemSetAccess), FN(MemGetAllocationGranularity),
-		FN(MemExportToShareableHandle), FN(MemGetAddressRange), FN(CtxGetCurrent), FN(CtxPushCurrent),
+		FN(MemExportToShareableHandle), FN(MemImportFromShareableHandle), FN(MemGetAddressRange), FN(CtxGetCurrent), FN(CtxPushCurrent),
 		FN(CtxPopCurrent), FN(DeviceGetCount), FN(DeviceGet), FN(DevicePrimaryCtxRetain),
 		FN(DevicePrimaryCtxRelease), FN(CtxSynchronize),
 #undef FN
@@ -417,6 +420,66 @@ fail_release:
 	return -EIO;
 }
 
+/* Memory a dead process kept (its VMM export, taken back from regend),
+ * mapped read/write for `device` at a new address. Takes fd on success. */
+static int cuda_chunk_adopt(struct chunk *ch, int device, int fd, uint64_t bytes)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc access;
+	size_t gran = 0;
+	CUdeviceptr base = 0;
+	CUresult r;
+
+	if (!driver_load()) {
+		return -ENODEV;
+	}
+	r = pool.drv.MemImportFromShareableHandle(&ch->handle, (void *)(uintptr_t)fd,
+						  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemImportFromShareableHandle: %s (is the fd a CUDA VMM export?)", cu_error(r));
+		return -EINVAL;
+	}
+	prop_for(&prop, device);
+	r = pool.drv.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r != CUDA_SUCCESS || gran == 0) {
+		set_error("cuMemGetAllocationGranularity on device %d: %s", device, cu_error(r));
+		goto fail_release;
+	}
+	ch->size = round_up(bytes, gran);
+	r = pool.drv.MemAddressReserve(&base, ch->size, gran, 0, 0);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemAddressReserve of %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
+		goto fail_release;
+	}
+	r = pool.drv.MemMap(base, ch->size, 0, ch->handle, 0);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemMap of the kept %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
+		goto fail_free;
+	}
+	memset(&access, 0, sizeof(access));
+	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	access.location.id = device;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = pool.drv.MemSetAccess(base, ch->size, &access, 1);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemSetAccess: %s", cu_error(r));
+		goto fail_unmap;
+	}
+	ch->kind = CHUNK_CUDA;
+	ch->device = device;
+	ch->base = (char *)(uintptr_t)base;
+	ch->fd = fd;
+	return 0;
+
+fail_unmap:
+	pool.drv.MemUnmap(base, ch->size);
+fail_free:
+	pool.drv.MemAddressFree(base, ch->size);
+fail_release:
+	pool.drv.MemRelease(ch->handle);
+	return -EIO;
+}
+
 static void cuda_chunk_finish(struct chunk *ch)
 {
 	CUdeviceptr base = (CUdeviceptr)(uintptr_t)ch->base;
@@ -430,6 +493,15 @@ static int cuda_chunk_init(struct chunk *ch, int device, uint64_t want)
 {
 	(void)ch;
 	(void)want;
+	set_error("libregen was built without the CUDA headers: no CUDA pool (device %d)", device);
+	return -ENOTSUP;
+}
+
+static int cuda_chunk_adopt(struct chunk *ch, int device, int fd, uint64_t bytes)
+{
+	(void)ch;
+	(void)fd;
+	(void)bytes;
 	set_error("libregen was built without the CUDA headers: no CUDA pool (device %d)", device);
 	return -ENOTSUP;
 }
@@ -816,7 +888,7 @@ static void pool_free(const void *ptr, enum chunk_kind kind, void *stream)
 		return;
 	}
 	ch = chunk_of(ptr, &link);
-	if (ch == NULL || ch->kind != kind) {
+	if (ch == NULL || ch->kind != kind || ch->adopted) {
 		return;
 	}
 	offset = (uint64_t)((const char *)ptr - ch->base);
@@ -885,7 +957,7 @@ static int trim_locked(void)
 	int r = 0;
 
 	while ((ch = *link) != NULL) {
-		if (ch->kind != CHUNK_CUDA || ch->device < 0 || ch->device >= REGEN_DEVICES_MAX) {
+		if (ch->kind != CHUNK_CUDA || ch->adopted || ch->device < 0 || ch->device >= REGEN_DEVICES_MAX) {
 			link = &ch->next;
 			continue;
 		}
@@ -1062,25 +1134,35 @@ static int regend_device_of(const struct chunk *ch, int host_device)
 	return pool.device_map[ch->device] > 0 ? pool.device_map[ch->device] - 1 : ch->device;
 }
 
+/* The pool's own client, connected on first use. */
+static int pool_client(void)
+{
+	int r;
+
+	if (pool.client != NULL)
+		return 0;
+	r = regen_client_connect(pool.socket_path[0] != '\0' ? pool.socket_path : NULL, &pool.client);
+	if (r < 0) {
+		set_error("connecting to regend at %s: %s",
+			  pool.socket_path[0] != '\0' ? pool.socket_path : "the default socket", strerror(-r));
+		/* Not -ENOENT, which a lookup returns for memory not in the
+		 * pool: regend is not there (yet). */
+		return r == -ENOENT ? -ECONNREFUSED : r;
+	}
+	/* The pool calls regend from inside torch's allocator (a free that
+	 * closes a chunk): never for long. */
+	regen_client_set_timeout(pool.client, 10.0);
+	return 0;
+}
+
 /* Imports the chunk into regend's `device` (its whole extent, from the
  * kept fd). */
 static int chunk_import(struct chunk *ch, int device)
 {
-	int r;
+	int r = pool_client();
 
-	if (pool.client == NULL) {
-		r = regen_client_connect(pool.socket_path[0] != '\0' ? pool.socket_path : NULL, &pool.client);
-		if (r < 0) {
-			set_error("connecting to regend at %s: %s",
-				  pool.socket_path[0] != '\0' ? pool.socket_path : "the default socket", strerror(-r));
-			/* Not -ENOENT, which a lookup returns for memory not in the
-			 * pool: regend is not there (yet). */
-			return r == -ENOENT ? -ECONNREFUSED : r;
-		}
-		/* The pool calls regend from inside torch's allocator (a free that
-		 * closes a chunk): never for long. */
-		regen_client_set_timeout(pool.client, 10.0);
-	}
+	if (r < 0)
+		return r;
 	retry_unclosed();
 	if (ch->kind == CHUNK_HOST) {
 		r = regen_buffer_import_fd(pool.client, device, ch->fd, ch->size, &ch->import);
@@ -1286,4 +1368,130 @@ REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint6
 	(void)size;
 	return -ENOTSUP;
 #endif
+}
+
+/* ---- Kept state ---------------------------------------------------------- */
+
+/* How regend keeps the chunk's memory: a memfd (the host's, or a fake CUDA
+ * chunk's) as host_fd; a VMM export as cuda_fd. */
+static enum regen_memory_kind chunk_memory_kind(const struct chunk *ch)
+{
+	return ch->kind == CHUNK_CUDA && !fake_cuda() ? REGEN_MEMORY_CUDA_FD : REGEN_MEMORY_HOST_FD;
+}
+
+REGEN_EXPORT int regen_pool_chunk_of(const void *ptr, struct regen_pool_chunk *out)
+{
+	struct chunk *ch;
+	int r = 0;
+
+	if (out == NULL || out->size < sizeof(*out)) {
+		return -EINVAL;
+	}
+	lock_pool();
+	ch = chunk_of(ptr, NULL);
+	if (ch == NULL) {
+		r = -ENOENT;
+	} else {
+		out->chunk = ch->serial;
+		out->offset = (uint64_t)((const char *)ptr - ch->base);
+		out->bytes = ch->size;
+		out->device = ch->kind == CHUNK_CUDA ? ch->device : -1;
+		out->kind = chunk_memory_kind(ch);
+	}
+	pthread_mutex_unlock(&pool.lock);
+	return r;
+}
+
+REGEN_EXPORT int regen_pool_keep(const void *ptr, const char *job, uint32_t rank, const char *name,
+				 uint32_t lease_ms)
+{
+	struct regen_keep_args args = { .job = job, .rank = rank, .name = name, .lease_ms = lease_ms };
+	struct chunk *ch;
+	int r;
+
+	lock_pool();
+	ch = chunk_of(ptr, NULL);
+	if (ch == NULL) {
+		set_error("%p is not memory of the pool", ptr);
+		r = -ENOENT;
+		goto out;
+	}
+	r = pool_client();
+	if (r < 0) {
+		goto out;
+	}
+	args.kind = chunk_memory_kind(ch);
+	args.fd = ch->fd;
+	args.bytes = ch->size;
+	args.device = args.kind == REGEN_MEMORY_CUDA_FD ? regend_device_of(ch, -1) : -1;
+	r = regen_keep(pool.client, &args, NULL);
+	if (r == -EREMOTE) {
+		set_error("%s", regen_client_error_message(pool.client));
+		snprintf(pool_error_name, sizeof(pool_error_name), "%s", regen_client_error_name(pool.client));
+	} else if (r < 0) {
+		set_error("keeping pool chunk %llu: %s", (unsigned long long)ch->serial,
+			  regen_client_error_message(pool.client) ? regen_client_error_message(pool.client)
+								    : strerror(-r));
+	}
+out:
+	pthread_mutex_unlock(&pool.lock);
+	return r;
+}
+
+REGEN_EXPORT int regen_pool_adopt(int fd, enum regen_memory_kind kind, int device, uint64_t bytes, void **base)
+{
+	struct chunk *ch;
+	int r;
+
+	if (fd < 0 || base == NULL || bytes == 0 || bytes > REQUEST_MAX || device >= REGEN_DEVICES_MAX ||
+	    (kind != REGEN_MEMORY_HOST_FD && kind != REGEN_MEMORY_CUDA_FD) ||
+	    (kind == REGEN_MEMORY_CUDA_FD && device < 0)) {
+		return -EINVAL;
+	}
+	lock_pool();
+	ch = calloc(1, sizeof(*ch));
+	if (ch == NULL || (ch->pieces = calloc(1, sizeof(*ch->pieces))) == NULL) {
+		free(ch);
+		set_error("out of host memory");
+		r = -ENOMEM;
+		goto out;
+	}
+	ch->fd = -1;
+	ch->import_device = -1;
+	if (kind == REGEN_MEMORY_CUDA_FD) {
+		r = cuda_chunk_adopt(ch, device, fd, bytes);
+	} else if (device >= 0 && !fake_cuda()) {
+		set_error("host memory (a memfd) for CUDA device %d: only with REGEN_POOL_FAKE_CUDA=1", device);
+		r = -EINVAL;
+	} else {
+		void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		r = p == MAP_FAILED ? -errno : 0;
+		if (r < 0) {
+			set_error("mapping the kept memfd: %s", strerror(-r));
+		} else {
+			ch->kind = device >= 0 ? CHUNK_CUDA : CHUNK_HOST;
+			ch->device = device;
+			ch->base = p;
+			ch->size = bytes;
+			ch->fd = fd;
+		}
+	}
+	if (r < 0) {
+		free(ch->pieces);
+		free(ch);
+		goto out;
+	}
+	ch->adopted = true;
+	ch->pieces->size = ch->size;
+	ch->pieces->used = true;
+	ch->used = ch->size;
+	ch->serial = pool.next_serial++;
+	ch->next = pool.chunks;
+	pool.chunks = ch;
+	pool.stats.chunks++;
+	pool.stats.chunk_bytes += ch->size;
+	*base = ch->base;
+out:
+	pthread_mutex_unlock(&pool.lock);
+	return r;
 }

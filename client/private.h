@@ -154,9 +154,15 @@ int rc_buffer_close_or_keep(regen_buffer *b);
  * reply's parameters, a cJSON object the caller deletes. */
 int rc_call(regen_client *c, int device, const char *method, const cJSON *params,
 	    const int *fds, size_t nfds, cJSON **reply);
+/* The same, and the first fd that came with the reply into *reply_fd
+ * (-1 when none came; the caller owns it). */
+int rc_call_fd(regen_client *c, int device, const char *method, const cJSON *params,
+	       const int *fds, size_t nfds, cJSON **reply, int *reply_fd);
 /* The same on a connection the caller holds, with a deadline. */
 int rc_exchange(regen_client *c, struct rc_conn *conn, const char *method, const cJSON *params,
 		const int *fds, size_t nfds, int64_t deadline, cJSON **reply);
+int rc_exchange_fd(regen_client *c, struct rc_conn *conn, const char *method, const cJSON *params,
+		   const int *fds, size_t nfds, int64_t deadline, cJSON **reply, int *reply_fd);
 void rc_clear_error(regen_client *c);
 /* Records a failure made on this side: message only, no name. */
 void rc_set_local_error(regen_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -19,6 +19,7 @@
 #include "client/ctl/metrics.h"
 #include "client/ctl/targets.h"
 #include "proto/job.h"
+#include "proto/keep.h"
 #include "proto/text.h"
 
 enum {
@@ -49,6 +50,7 @@ enum {
 	OPT_KIND = 1 << 6,
 	OPT_JOB = 1 << 7,
 	OPT_MORE = 1 << 8,
+	OPT_UID = 1 << 9,
 };
 
 struct opts {
@@ -67,6 +69,12 @@ struct opts {
 	long xid;                /* inject-fault xid's number */
 	const char *command;     /* its name, for messages */
 	const char *method, *params;   /* call's */
+	/* kept's and drop's: the job, the rank (-1: every one), the name
+	 * (NULL: every one), and --uid (-1: the caller's own). */
+	const char *kept_job;
+	long kept_rank;
+	const char *kept_name;
+	long uid;
 };
 
 enum verb { VERB_NONE = 0, VERB_RELEASE, VERB_RESET, VERB_RESTART, VERB_DETACH, VERB_ATTACH };
@@ -87,6 +95,8 @@ static int cmd_lifecycle(regen_client *c, const struct command *cmd, const struc
 static int cmd_watch(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o);
 static int cmd_health(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_kept(regen_client *c, const struct command *cmd, const struct opts *o);
+static int cmd_drop(regen_client *c, const struct command *cmd, const struct opts *o);
 /* The node's name as dcgm-exporter labels its series (Hostname): $NODE_NAME
  * where it is set (a Kubernetes pod's, from the downward API, as
  * dcgm-exporter reads it), else the host name. */
@@ -132,6 +142,11 @@ static const struct command commands[] = {
 	  false, VERB_NONE },
 	{ "watch", cmd_watch, "[--count N]", "print the current state, then one line per state transition", OPT_COUNT,
 	  false, VERB_NONE },
+	{ "kept", cmd_kept, "[JOB]", "memory regend keeps for ranks (io.regen.Keep): job, rank, name, uid, bytes, step, "
+	  "held by which process or until when", 0, false, VERB_NONE },
+	{ "drop", cmd_drop, "JOB [RANK [NAME]] [--uid UID]",
+	  "free kept memory now: a name, a rank's set or the job's; another uid's with --uid (admin)", OPT_UID, false,
+	  VERB_NONE },
 	{ "inject-fault", cmd_inject_fault, "[--device N] KIND [XID]",
 	  "KIND: crash, device_lost, hang, or xid with its number (the host backend reports it as NVML would); "
 	  "needs regend --enable-fault-injection", OPT_DEVICE | OPT_KIND, true, VERB_NONE },
@@ -165,6 +180,8 @@ static const char *option_name(unsigned bit)
 		return "--job";
 	case OPT_MORE:
 		return "--more";
+	case OPT_UID:
+		return "--uid";
 	}
 	return "?";
 }
@@ -210,6 +227,7 @@ static void usage(FILE *f)
 		"  --timeout S     give up after S seconds (default 60; watch: no limit)\n"
 		"  --count N       watch: exit after N transitions\n"
 		"  --more          call: ask for more replies and print each until the last\n"
+		"  --uid UID       drop: another uid's kept memory (admin)\n"
 		"  --version       regenctl's version\n"
 		"  -h, --help      this text\n"
 		"\n"
@@ -1043,6 +1061,127 @@ static int cmd_watch(regen_client *c, const struct command *cmd, const struct op
 	return EXIT_OK;
 }
 
+/* ---- Kept state ---- */
+
+/* Seconds until a lease ends, from its end in Unix milliseconds. */
+static double seconds_left(int64_t end_unix_ms)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ((double)end_unix_ms - ((double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6)) / 1e3;
+}
+
+static int cmd_kept(regen_client *c, const struct command *cmd, const struct opts *o)
+{
+	enum { NCOL = 10 };
+	static const char *const head[NCOL] = {
+		"JOB", "RANK", "NAME", "UID", "KIND", "DEVICE", "BYTES", "STEP", "HELD_BY", "LEASE_LEFT",
+	};
+	regen_kept_list *list = NULL;
+	char (*cells)[NCOL][128];
+	int width[NCOL] = { 0 };
+	size_t i, n;
+	int j, r;
+
+	if (o->json) {
+		cJSON *p = cJSON_CreateObject();
+		char *params, *reply = NULL;
+
+		if (o->kept_job != NULL)
+			cJSON_AddStringToObject(p, "job", o->kept_job);
+		params = cJSON_PrintUnformatted(p);
+		cJSON_Delete(p);
+		r = regen_call(c, -1, RP_KEEP_LIST, params, NULL, 0, &reply);
+		free(params);
+		if (r < 0)
+			return fail(c, cmd->name, r);
+		print_line(reply);
+		return EXIT_OK;
+	}
+	r = regen_keep_list(c, o->kept_job, &list);
+	if (r < 0)
+		return fail(c, cmd->name, r);
+	n = regen_kept_list_count(list);
+	cells = calloc(n + 1, sizeof(*cells));
+	if (cells == NULL) {
+		regen_kept_list_free(list);
+		return EXIT_ERROR;
+	}
+	for (j = 0; j < NCOL; j++)
+		snprintf(cells[0][j], sizeof(cells[0][j]), "%s", head[j]);
+	for (i = 0; i < n; i++) {
+		const struct regen_kept *k = regen_kept_list_get(list, i);
+		char (*row)[128] = cells[i + 1];
+
+		snprintf(row[0], 128, "%s", shown(k->job));
+		snprintf(row[1], 128, "%u", k->rank);
+		snprintf(row[2], 128, "%s", shown(k->name));
+		snprintf(row[3], 128, "%u", k->uid);
+		snprintf(row[4], 128, "%s", k->kind == REGEN_MEMORY_CUDA_FD ? "cuda_fd" : "host_fd");
+		if (k->device >= 0)
+			snprintf(row[5], 128, "%d", k->device);
+		else
+			snprintf(row[5], 128, "-");
+		snprintf(row[6], 128, "%llu", (unsigned long long)k->bytes);
+		if (k->has_step)
+			snprintf(row[7], 128, "%llu", (unsigned long long)k->step);
+		else
+			snprintf(row[7], 128, "-");
+		/* Held: by which process ("held" where its pid is not seen);
+		 * else how long its lease has left. */
+		if (k->held && k->holder_pid > 0)
+			snprintf(row[8], 128, "pid %lld", (long long)k->holder_pid);
+		else
+			snprintf(row[8], 128, "%s", k->held ? "held" : "-");
+		if (k->held || k->expires_unix_ms < 0)
+			snprintf(row[9], 128, "-");
+		else
+			snprintf(row[9], 128, "%.1fs", fmax(seconds_left(k->expires_unix_ms), 0.0));
+	}
+	for (j = 0; j < NCOL; j++)
+		for (i = 0; i <= n; i++)
+			if ((int)strlen(cells[i][j]) > width[j])
+				width[j] = (int)strlen(cells[i][j]);
+	for (i = 0; i <= n; i++)
+		for (j = 0; j < NCOL; j++)
+			printf("%-*s%s", j == NCOL - 1 ? 0 : width[j], cells[i][j], j == NCOL - 1 ? "\n" : "  ");
+	free(cells);
+	regen_kept_list_free(list);
+	return EXIT_OK;
+}
+
+static int cmd_drop(regen_client *c, const struct command *cmd, const struct opts *o)
+{
+	cJSON *p = cJSON_CreateObject(), *rep;
+	char *params, *reply = NULL;
+	int r;
+
+	cJSON_AddStringToObject(p, "job", o->kept_job);
+	if (o->kept_rank >= 0)
+		cJSON_AddNumberToObject(p, "rank", (double)o->kept_rank);
+	if (o->kept_name != NULL)
+		cJSON_AddStringToObject(p, "name", o->kept_name);
+	if (o->uid >= 0)
+		cJSON_AddNumberToObject(p, "uid", (double)o->uid);
+	params = cJSON_PrintUnformatted(p);
+	cJSON_Delete(p);
+	r = regen_call(c, -1, RP_KEEP_DROP, params, NULL, 0, &reply);
+	free(params);
+	if (r < 0)
+		return fail(c, cmd->name, r);
+	if (o->json) {
+		print_line(reply);
+		return EXIT_OK;
+	}
+	rep = cJSON_Parse(reply);
+	free(reply);
+	printf("dropped %.0f name(s), %.0f bytes\n", cJSON_GetNumberValue(cJSON_GetObjectItem(rep, "names")),
+	       cJSON_GetNumberValue(cJSON_GetObjectItem(rep, "bytes")));
+	cJSON_Delete(rep);
+	return EXIT_OK;
+}
+
 static int cmd_inject_fault(regen_client *c, const struct command *cmd, const struct opts *o)
 {
 	int device = o->device < 0 ? 0 : o->device;
@@ -1330,6 +1469,11 @@ static int parse_option(int opt, const char *arg, struct opts *o)
 	case OPT_KIND:
 		o->kind = arg;
 		break;
+	case OPT_UID:
+		if (!parse_long(arg, 0, &o->uid) || o->uid >= UINT32_MAX) {
+			return usage_error("--uid: not a uid: '%s'", arg);
+		}
+		break;
 	}
 	o->given |= (unsigned)opt;
 	return EXIT_OK;
@@ -1377,6 +1521,34 @@ static int check_command(const struct command *cmd, struct opts *o, const char *
 		}
 		positional++;
 		npos--;
+	}
+	/* kept's JOB; drop's JOB [RANK [NAME]]. */
+	if (cmd->run == cmd_kept || cmd->run == cmd_drop) {
+		struct rp_error err = { 0 };
+		int most = cmd->run == cmd_kept ? 1 : 3;
+
+		if (cmd->run == cmd_drop && npos == 0) {
+			return usage_error("drop: which job? 'regenctl drop JOB [RANK [NAME]]' (kept lists them)");
+		}
+		if (npos > most) {
+			return usage_error("unexpected argument '%s'", positional[most]);
+		}
+		if (npos >= 1 && rp_job_check(positional[0], &err) < 0) {
+			rp_error_clear(&err);
+			return usage_error("%s: not a job: '%s' (1-64 of A-Z a-z 0-9 . _ - : / @ + =)", cmd->name,
+					   positional[0]);
+		}
+		if (npos >= 2 && (!parse_long(positional[1], 0, &o->kept_rank) || o->kept_rank > RP_KEPT_RANK_MAX)) {
+			return usage_error("%s: not a rank: '%s'", cmd->name, positional[1]);
+		}
+		if (npos >= 3 && rp_kept_name_check(positional[2], &err) < 0) {
+			rp_error_clear(&err);
+			return usage_error("%s: not a kept name: '%s' (1-64 of A-Z a-z 0-9 _ . : -)", cmd->name,
+					   positional[2]);
+		}
+		o->kept_job = npos >= 1 ? positional[0] : NULL;
+		o->kept_name = npos >= 3 ? positional[2] : NULL;
+		npos = 0;
 	}
 	if (npos > 0) {
 		return usage_error("unexpected argument '%s'", positional[0]);
@@ -1429,11 +1601,12 @@ int main(int argc, char **argv)
 		{ "kind", required_argument, NULL, OPT_KIND },
 		{ "job", no_argument, NULL, OPT_JOB },
 		{ "more", no_argument, NULL, OPT_MORE },
+		{ "uid", required_argument, NULL, OPT_UID },
 		{ "version", no_argument, NULL, LONG_VERSION },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct opts o = { .device = -1 };
+	struct opts o = { .device = -1, .kept_rank = -1, .uid = -1 };
 	const struct command *cmd;
 	const char *positional[4];
 	int npos = 0, opt, r, rc;

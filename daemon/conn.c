@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -110,6 +111,8 @@ void rd_conn_set_message_timeout(unsigned ms)
 struct rd_reply_item {
 	char *text;
 	size_t bytes;               /* counted in its connection's calls_bytes */
+	int fds[RP_FDS_MAX];        /* sent with it (rd_call_reply_fds): ours, closed once queued */
+	size_t nfds;
 	struct rd_reply_item *next;
 };
 
@@ -472,6 +475,8 @@ static void schedule_write(struct rd_conn *conn)
 static void free_reply(struct rd_conn *conn, struct rd_reply_item *r)
 {
 	conn->calls_bytes -= r->bytes;
+	for (size_t i = 0; i < r->nfds; i++)
+		close(r->fds[i]);
 	free(r->text);
 	free(r);
 }
@@ -499,7 +504,7 @@ static void move_call_replies(struct rd_conn *conn, struct rd_call *call)
 
 	while ((r = call->replies)) {
 		call->replies = r->next;
-		if (!conn->closed && rp_tx_push(&conn->tx, r->text, strlen(r->text), NULL, 0) < 0)
+		if (!conn->closed && rp_tx_push(&conn->tx, r->text, strlen(r->text), r->fds, r->nfds) < 0)
 			rd_warn("conn", -1, 0, conn->peer.pid, "dropping reply: out of memory");
 		free_reply(conn, r);
 	}
@@ -552,18 +557,27 @@ static void conn_flush_calls(struct rd_conn *conn)
 	conn_write(conn);
 }
 
-/* Takes text (may be NULL: nothing to send). */
-static void call_append_reply(struct rd_call *call, char *text)
+/* Takes text (may be NULL: nothing to send) and the fds (dups of the
+ * caller's, closed here when the reply cannot be queued). */
+static void call_append_reply(struct rd_call *call, char *text, const int *fds, size_t nfds)
 {
 	struct rd_reply_item *r;
 
-	if (!text)
+	if (!text) {
+		for (size_t i = 0; i < nfds; i++)
+			close(fds[i]);
 		return;
+	}
 	r = calloc(1, sizeof(*r));
 	if (!r) {
 		free(text);
+		for (size_t i = 0; i < nfds; i++)
+			close(fds[i]);
 		return;
 	}
+	for (size_t i = 0; i < nfds; i++)
+		r->fds[i] = fds[i];
+	r->nfds = nfds;
 	r->text = text;
 	r->bytes = sizeof(*r) + strlen(text) + 1;
 	call->conn->calls_bytes += r->bytes;
@@ -585,15 +599,17 @@ static void call_finish(struct rd_call *call)
 	call_release(call, call->held_bytes - CALL_BYTES, call->held_fds);
 }
 
-static void call_queue_text(struct rd_call *call, char *text, bool last)
+static void call_queue_text(struct rd_call *call, char *text, bool last, const int *fds, size_t nfds)
 {
 	struct rd_conn *conn = call->conn;
 
 	if (call->finished) {
 		free(text);
+		for (size_t i = 0; i < nfds; i++)
+			close(fds[i]);
 		return;
 	}
-	call_append_reply(call, text);
+	call_append_reply(call, text, fds, nfds);
 	if (last)
 		call_finish(call);
 	/* Moving the replies may free the call and, on a closed connection,
@@ -620,7 +636,32 @@ void rd_call_reply(struct rd_call *call, cJSON *params, bool continues)
 		text = rp_build_reply(params, continues);
 	}
 	cJSON_Delete(params);
-	call_queue_text(call, text, !continues);
+	call_queue_text(call, text, !continues, NULL, 0);
+}
+
+int rd_call_reply_fds(struct rd_call *call, cJSON *params, const int *fds, size_t nfds)
+{
+	int mine[RP_FDS_MAX];
+	size_t n;
+
+	if (nfds > RP_FDS_MAX) {
+		cJSON_Delete(params);
+		return -EINVAL;
+	}
+	for (n = 0; n < nfds; n++) {
+		mine[n] = fcntl(fds[n], F_DUPFD_CLOEXEC, 0);
+		if (mine[n] < 0) {
+			int e = errno;
+			while (n > 0)
+				close(mine[--n]);
+			cJSON_Delete(params);
+			return -e;
+		}
+	}
+	char *text = call->msg.oneway ? NULL : rp_build_reply(params, false);
+	cJSON_Delete(params);
+	call_queue_text(call, text, true, mine, nfds);
+	return 0;
 }
 
 void rd_call_fail(struct rd_call *call, struct rp_error *err)
@@ -635,7 +676,7 @@ void rd_call_fail(struct rd_call *call, struct rp_error *err)
 		rd_debug("conn", -1, 0, call->conn->peer.pid, "%s -> %s",
 			 call->msg.method ? call->msg.method : "(unparsed)", err->name);
 	rp_error_clear(err);
-	call_queue_text(call, text, true);
+	call_queue_text(call, text, true, NULL, 0);
 }
 
 void rd_call_failf(struct rd_call *call, const char *name, const char *fmt, ...)
@@ -1222,7 +1263,7 @@ void rd_conn_fail_unfinished(struct rd_conn *conn, const struct rp_error *err, i
 			continue;
 		struct rp_error copy = { .name = err->name, .params = cJSON_Duplicate(err->params, true) };
 		if (!call->msg.oneway)
-			call_append_reply(call, rp_build_error(&copy));
+			call_append_reply(call, rp_build_error(&copy), NULL, 0);
 		rp_error_clear(&copy);
 		call->finished = true;
 	}

@@ -124,6 +124,11 @@ void rd_conn_release(struct rd_conn *conn);
 /* Queues a reply (params consumed; NULL = {}). continues = more replies
  * follow (only for calls with "more"). For oneway calls nothing is sent. */
 void rd_call_reply(struct rd_call *call, cJSON *params, bool continues);
+/* Queues the last reply (params consumed) with fds that go with it
+ * (SCM_RIGHTS): each is duplicated now, so the caller keeps its own.
+ * 0, or -errno (EINVAL: more than RP_FDS_MAX; EMFILE...) with nothing
+ * queued and the call unanswered. */
+int rd_call_reply_fds(struct rd_call *call, cJSON *params, const int *fds, size_t nfds);
 /* Queues an error reply and finishes the call; err is cleared. */
 void rd_call_fail(struct rd_call *call, struct rp_error *err);
 /* Convenience: rp_error_set + rd_call_fail. */

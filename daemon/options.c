@@ -97,6 +97,16 @@ const struct rd_option rd_option_table[] = {
 	{ "max-import-gib", "max_import_gib", "GIB", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_import_gib),
 	  .min = 1, .max = 131072, .def = "1024",
 	  .help = "GiB a uid's imported buffers may span together, per device (each is mapped into the worker)" },
+	{ "max-kept-gib", "max_kept_gib", "GIB", RD_OPT_UINT, USER | RD_OPT_RELOAD, FIELD(max_kept_gib), .min = 0,
+	  .max = 131072, .def = "1024",
+	  .help = "GiB of memory a uid's ranks may have regend keep for them together (io.regen.Keep), held or leased; "
+		  "0: none" },
+	{ "max-kept", "max_kept", "N", RD_OPT_UINT, USER | RD_OPT_RELOAD, FIELD(max_kept), .min = 0, .max = 65536,
+	  .def = "1024", .help = "names a uid may have kept together (each holds one file descriptor in regend)" },
+	{ "keep-lease-ms", "keep_lease_ms", "MS", RD_OPT_UINT, USER | RD_OPT_RELOAD, FIELD(keep_lease_ms), .min = 0,
+	  .max = 86400000, .def = "300000",
+	  .help = "how long kept memory outlives the last process that held it before it is freed, at most and by "
+		  "default" },
 	{ "max-scratch-mib", "max_scratch_mib", "MIB", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_scratch_mib),
 	  .min = 1, .max = 1048576, .def = "4096",
 	  .help = "scratch one compute call may take (workspaces, host staging); more is LimitExceeded" },

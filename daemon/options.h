@@ -57,6 +57,9 @@ struct rd_options {
 	uint64_t max_scratch_mib;      /* per compute call */
 	unsigned max_ring_entries;     /* entries of every ring of a uid together, per device */
 	uint64_t max_import_gib;       /* bytes imported by a uid together, per device, in GiB */
+	uint64_t max_kept_gib;         /* bytes kept (io.regen.Keep) by a uid together, on the node, in GiB */
+	unsigned max_kept;             /* names kept by a uid together, on the node */
+	unsigned keep_lease_ms;        /* how long a kept set outlives the last process that held it, at most */
 	unsigned gemm_plans_max;       /* cached GEMM plans per device (CUDA) */
 	char rtc_cache_dir[256];       /* programs' compiled kernels kept on disk (CUDA); "": not kept */
 	char config_path[256];         /* the file read; "" = none */

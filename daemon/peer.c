@@ -225,6 +225,7 @@ void rd_peer_read(int fd, struct rd_peer *peer)
 		peer->token = atomic_fetch_add(&next_token, 1);
 }
 
+
 bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b)
 {
 	return a->uid == b->uid && a->gid == b->gid && a->pid == b->pid && a->start_time == b->start_time &&
@@ -292,4 +293,14 @@ bool rd_peer_is_admin(const struct rd_peer *peer, int fd, gid_t admin_gid, bool 
 		if (peer->groups[i] == admin_gid)
 			return true;
 	return false;
+}
+
+bool rd_peer_alive(const struct rd_peer *peer)
+{
+	int pidfd = rd_peer_open_process(peer);
+
+	if (pidfd >= 0)
+		close(pidfd);
+	/* Another error: there, but it cannot be watched. */
+	return pidfd != -ESRCH;
 }

@@ -60,6 +60,10 @@ bool rd_peer_same_process(const struct rd_peer *a, const struct rd_peer *b);
  * -errno (no pidfd_open: Linux before 5.3) when the process is there but
  * cannot be watched. */
 int rd_peer_open_process(const struct rd_peer *peer);
+/* Whether the process is still there: its pid names a process that
+ * started when it did. False for a peer bound to its connection (its pid
+ * unseen or gone when it connected). */
+bool rd_peer_alive(const struct rd_peer *peer);
 
 /* Root, or the admin group as the peer's primary or supplementary group
  * at connect time (a process that dropped the group is not an admin).

@@ -122,6 +122,99 @@ static void per_job(FILE *f, const cJSON *devices, const char *hostname, const c
 	}
 }
 
+/* What regend keeps for one rank's set (io.regen.Keep: a uid's job and
+ * rank), summed over its names. */
+struct kept_set {
+	const char *job;
+	double rank, uid, bytes, names, step, expires_ms;
+	bool has_step, held, has_expires;
+};
+
+enum kept_value { KEPT_BYTES, KEPT_NAMES, KEPT_HELD, KEPT_STEP, KEPT_EXPIRES };
+
+/* The sets of Status's `kept`, one per (job, rank, uid): n of them into a
+ * malloc'ed array (NULL when there is none). */
+static struct kept_set *kept_sets(const cJSON *kept, size_t *n)
+{
+	size_t cap = (size_t)cJSON_GetArraySize(kept);
+	struct kept_set *sets = cap ? calloc(cap, sizeof(*sets)) : NULL;
+	const cJSON *k;
+
+	*n = 0;
+	if (sets == NULL)
+		return NULL;
+	cJSON_ArrayForEach(k, kept) {
+		const char *job = cJSON_GetStringValue(field(k, "job"));
+		const cJSON *rank = field(k, "rank"), *uid = field(k, "uid"), *size = field(k, "size");
+		const cJSON *step = field(k, "step"), *expires = field(k, "expires_unix_ms");
+		struct kept_set *s = NULL;
+
+		if (job == NULL || !cJSON_IsNumber(rank) || !cJSON_IsNumber(uid) || !cJSON_IsNumber(size))
+			continue;
+		for (size_t i = 0; i < *n && s == NULL; i++)
+			if (sets[i].rank == rank->valuedouble && sets[i].uid == uid->valuedouble && !strcmp(sets[i].job, job))
+				s = &sets[i];
+		if (s == NULL) {
+			s = &sets[(*n)++];
+			s->job = job;
+			s->rank = rank->valuedouble;
+			s->uid = uid->valuedouble;
+		}
+		s->bytes += size->valuedouble;
+		s->names++;
+		s->held = cJSON_IsTrue(field(k, "held"));
+		s->has_step = cJSON_IsNumber(step);
+		s->step = s->has_step ? step->valuedouble : 0;
+		s->has_expires = cJSON_IsNumber(expires);
+		s->expires_ms = s->has_expires ? expires->valuedouble : 0;
+	}
+	return sets;
+}
+
+/* One sample per kept set, labelled with its job (client_job, as per_job
+ * says why), rank and uid; a set without the value (no step committed,
+ * no lease running) has none. */
+static void per_kept_set(FILE *f, const struct kept_set *sets, size_t n, const char *hostname, const char *name,
+			 const char *help, enum kept_value what)
+{
+	bool any = false;
+
+	for (size_t i = 0; i < n; i++) {
+		const struct kept_set *s = &sets[i];
+		double v;
+
+		switch (what) {
+		case KEPT_BYTES:
+			v = s->bytes;
+			break;
+		case KEPT_NAMES:
+			v = s->names;
+			break;
+		case KEPT_HELD:
+			v = s->held;
+			break;
+		case KEPT_STEP:
+			if (!s->has_step)
+				continue;
+			v = s->step;
+			break;
+		default:
+			if (!s->has_expires)
+				continue;
+			v = s->expires_ms * 1e-3;
+			break;
+		}
+		if (!any)
+			header(f, name, "gauge", help);
+		any = true;
+		fprintf(f, "%s{client_job=\"", name);
+		label_value(f, s->job);
+		fprintf(f, "\",rank=\"%.0f\",uid=\"%.0f\",Hostname=\"", s->rank, s->uid);
+		label_value(f, hostname);
+		fprintf(f, "\"} %.17g\n", v);
+	}
+}
+
 void ctl_metrics_write(FILE *f, const cJSON *status, const char *hostname)
 {
 	const cJSON *devices = field(status, "devices"), *epoch = field(status, "epoch"), *d;
@@ -213,4 +306,22 @@ void ctl_metrics_write(FILE *f, const cJSON *status, const char *hostname)
 	per_job(f, devices, hostname, "regen_job_call_errors_total", "counter",
 		"The job's compute calls that failed or passed their deadline, since it was last seen on the device.",
 		"call_errors");
+	/* Kept state: per set, the node's (the supervisor holds it, no
+	 * device's worker). */
+	size_t nsets = 0;
+	struct kept_set *sets = kept_sets(field(status, "kept"), &nsets);
+	per_kept_set(f, sets, nsets, hostname, "regen_kept_bytes",
+		     "Bytes regend keeps for the rank (io.regen.Keep), held or leased; counted against its uid.",
+		     KEPT_BYTES);
+	per_kept_set(f, sets, nsets, hostname, "regen_kept_names", "Names (memory fds) kept for the rank.", KEPT_NAMES);
+	per_kept_set(f, sets, nsets, hostname, "regen_kept_held",
+		     "1: a live process of the rank holds its kept memory; 0: its process is gone and the lease runs.",
+		     KEPT_HELD);
+	per_kept_set(f, sets, nsets, hostname, "regen_kept_step", "The last completed step the rank committed.",
+		     KEPT_STEP);
+	per_kept_set(f, sets, nsets, hostname, "regen_kept_lease_end_timestamp_seconds",
+		     "When the lease of kept memory no process holds ends (it is freed then), in seconds since the Unix "
+		     "epoch.",
+		     KEPT_EXPIRES);
+	free(sets);
 }

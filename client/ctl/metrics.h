@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <cjson/cJSON.h>
 
-/* Writes every metric of the reply (io.regen.Device.Status's parameters)
- * to f. Fields a regend does not send (an older one, a device without
+/* Writes every metric of the reply (io.regen.Device.Status's parameters,
+ * its devices and what it keeps for ranks) to f. Fields a regend does not send (an older one, a device without
  * health yet) are left out, never written as 0. hostname: the node's name
  * as dcgm-exporter gives it (its Hostname label). */
 void ctl_metrics_write(FILE *f, const cJSON *status, const char *hostname);

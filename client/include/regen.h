@@ -653,6 +653,105 @@ REGEN_EXPORT int regen_pool_cuda_available(void);
  * tensor uses. */
 REGEN_EXPORT int regen_cuda_address_range(const void *ptr, uint64_t *base, uint64_t *size);
 
+/* Kept state (io.regen.Keep): memory regend holds for a rank, so that a new
+ * process of the same job and rank takes it back after the rank's process
+ * died, and resumes from it instead of from a checkpoint. The memory is the
+ * rank's own (a memfd, or a CUDA VMM allocation exported as a POSIX fd):
+ * regend holds its fd under a key (job, rank, name) of the caller's uid.
+ * The set of a job and rank is held while the process that last kept,
+ * committed or took back in it has this client's main connection (or
+ * another of its own) open; when the process goes, a lease of lease_ms
+ * starts, and at its end regend lets the memory go. docs/protocol.md, "Kept
+ * state", says it all. job NULL: the job that names the connection (its
+ * cgroup's, or the one it stated; REGEN_ERROR_INVALID_JOB when there is
+ * none). */
+enum regen_memory_kind { REGEN_MEMORY_HOST_FD = 0, REGEN_MEMORY_CUDA_FD };
+
+/* One kept name, as regend lists it. */
+struct regen_kept {
+	size_t size;               /* sizeof the struct: set by the caller where it passes one */
+	char job[65];
+	uint32_t rank;
+	char name[65];
+	uint32_t uid;
+	enum regen_memory_kind kind;
+	int device;                /* cuda_fd: regend's device; -1 for host_fd */
+	uint64_t bytes;
+	bool has_step;             /* a step was committed (regen_keep_commit) */
+	uint64_t step;
+	bool held;                 /* a live process holds the set */
+	int64_t holder_pid;        /* as regend sees it; 0: none, or unseen */
+	uint32_t lease_ms;
+	int64_t expires_unix_ms;   /* when the lease ends; -1 while held */
+	int64_t kept_unix_ms;
+};
+
+struct regen_keep_args {
+	const char *job;           /* NULL: the connection's job */
+	uint32_t rank;
+	const char *name;          /* 1 to 64 bytes of A-Z a-z 0-9 _ . : - */
+	enum regen_memory_kind kind;
+	/* host_fd: a memfd made with MFD_ALLOW_SEALING, exactly `bytes` long
+	 * (regend seals it against shrinking and growing); cuda_fd: a VMM
+	 * export of exactly `bytes` on regend's `device`. The caller keeps its
+	 * own fd. */
+	int fd;
+	uint64_t bytes;
+	int device;                /* cuda_fd: regend's device; host_fd: -1 */
+	uint32_t lease_ms;         /* 0: regend's keep_lease_ms (also the most) */
+};
+/* Keeps the memory (a name kept before in the set is replaced). out (may
+ * be NULL; set its size) receives what regend lists. */
+REGEN_EXPORT int regen_keep(regen_client *c, const struct regen_keep_args *args, struct regen_kept *out);
+/* Records `step` as the set's last completed step, once its writes are
+ * done (the stream synchronised): for a rank that updates its state with
+ * its own kernels. A Run of io.regen.Program with a journal records its
+ * own (docs/protocol.md). */
+REGEN_EXPORT int regen_keep_commit(regen_client *c, const char *job, uint32_t rank, uint64_t step);
+/* Takes back one name of the caller's uid's set: *fd is the memory's fd
+ * (the caller's to map and close), out (may be NULL; set its size) what
+ * regend lists of it. The name stays kept, and this process holds the set
+ * from now on. REGEN_ERROR_NO_SUCH_OBJECT when nothing is kept under it. */
+REGEN_EXPORT int regen_keep_take_back(regen_client *c, const char *job, uint32_t rank, const char *name,
+				      struct regen_kept *out, int *fd);
+/* Frees kept memory now: the name, the set (name NULL), or every set of
+ * the job (rank < 0, name NULL). *names and *bytes (may be NULL): what was
+ * dropped. */
+REGEN_EXPORT int regen_keep_drop(regen_client *c, const char *job, int64_t rank, const char *name, uint64_t *names,
+				 uint64_t *bytes);
+/* Every name kept on the node (job NULL) or of the job. */
+typedef struct regen_kept_list regen_kept_list;
+REGEN_EXPORT int regen_keep_list(regen_client *c, const char *job, regen_kept_list **out);
+REGEN_EXPORT size_t regen_kept_list_count(const regen_kept_list *l);
+REGEN_EXPORT const struct regen_kept *regen_kept_list_get(const regen_kept_list *l, size_t i);
+/* Accepts NULL. */
+REGEN_EXPORT void regen_kept_list_free(regen_kept_list *l);
+
+/* The pool's side of kept state. regen_pool_chunk_of says which chunk holds
+ * ptr: its serial (for a caller that keeps each chunk once), ptr's offset
+ * in it, its size and device (the local CUDA ordinal; -1 for host memory).
+ * regen_pool_keep keeps that whole chunk under (job, rank, name) on the
+ * pool's own connection. regen_pool_adopt maps memory taken back
+ * (regen_keep_take_back) as a chunk of this process's pool, and takes the
+ * fd: *base is its address, tensors are found at their offsets from it,
+ * and regen_pool_lookup imports it into regend as any chunk. device: the
+ * local CUDA ordinal (-1: host memory); kind: how the fd maps (a host_fd
+ * with a device is a chunk of $REGEN_POOL_FAKE_CUDA's memfd CUDA). On
+ * failure the fd stays the caller's. The chunk stays until the process
+ * exits: nothing is carved from it, no free reaches it. */
+struct regen_pool_chunk {
+	size_t size;               /* set by the caller: sizeof(struct regen_pool_chunk) */
+	uint64_t chunk;
+	uint64_t offset;
+	uint64_t bytes;
+	int device;
+	enum regen_memory_kind kind;   /* what regen_pool_keep keeps it as */
+};
+REGEN_EXPORT int regen_pool_chunk_of(const void *ptr, struct regen_pool_chunk *out);
+REGEN_EXPORT int regen_pool_keep(const void *ptr, const char *job, uint32_t rank, const char *name,
+				 uint32_t lease_ms);
+REGEN_EXPORT int regen_pool_adopt(int fd, enum regen_memory_kind kind, int device, uint64_t bytes, void **base);
+
 /* Communicators (io.regen.Comm): NCCL on the CUDA backend; on the host
  * backend the ranks are connections to one worker (tests the control
  * plane, not the GPU path). */

@@ -291,6 +291,11 @@ struct rd_backend_ops {
 	int (*import_buffer)(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err);
 	/* Unregisters (releasing the mapping) and frees. */
 	void (*close_buffer)(struct rd_buffer *buf);
+	/* Whether fd is an export of exactly `size` bytes of this device's
+	 * memory, in the backend's kind (io.regen.Keep's cuda_fd), without
+	 * keeping anything of it. NULL: the backend has no such memory. 0, or
+	 * -errno with err set (io.regen.ImportFailed). */
+	int (*check_export)(struct rd_device *dev, int fd, uint64_t size, struct rp_error *err);
 	/* NULL when the backend has no events: ImportEvent answers MethodNotImplemented. */
 	int (*import_event)(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err);
 	void (*close_event)(struct rd_event *ev);

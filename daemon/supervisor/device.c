@@ -1131,6 +1131,16 @@ int rd_sv_device_call(struct rd_sv_device *d, const char *method, cJSON *params,
 	return rd_sv_worker_call(&d->worker, method, params, false, cb, userdata);
 }
 
+int rd_sv_device_call_fds(struct rd_sv_device *d, const char *method, cJSON *params, const int *fds, size_t nfds,
+			  rd_reply_cb cb, void *userdata)
+{
+	if (!d->worker.ctl) {
+		cJSON_Delete(params);
+		return -ENOTCONN;
+	}
+	return rd_conn_call_fds(d->worker.ctl, method, params, fds, nfds, false, cb, userdata);
+}
+
 struct memory_refresh {
 	struct rd_sv_device *d;
 	void (*done)(void *data);

@@ -193,6 +193,9 @@ void rd_sv_device_tell_charges(struct rd_sv_device *d);
 bool rd_sv_device_serving(const struct rd_sv_device *d);
 /* A call to the worker (params consumed); -ENOTCONN while there is none. */
 int rd_sv_device_call(struct rd_sv_device *d, const char *method, cJSON *params, rd_reply_cb cb, void *userdata);
+/* The same with fds sent along (duplicated: the caller keeps its own). */
+int rd_sv_device_call_fds(struct rd_sv_device *d, const char *method, cJSON *params, const int *fds, size_t nfds,
+			  rd_reply_cb cb, void *userdata);
 /* Asks a serving worker that answers its heartbeat for fresh memory and
  * health numbers; done(data) follows, with or without them. -EAGAIN (not
  * serving, or behind with its heartbeat), -ENOMEM: done never comes. */

@@ -77,16 +77,22 @@ static const struct rp_field no_fields[] = { { NULL } };
 
 /* ---- Status and Generation ---- */
 
-/* Status's reply: the devices, and the options in force. */
+/* Status's reply: the devices, the options in force, and what is kept. */
 static cJSON *status_reply(const struct rd_supervisor *sv)
 {
 	cJSON *reply = status_json(sv, false, 0);
 	cJSON *options = rd_options_to_json(&sv->opts);
 
+	cJSON *kept = rd_sv_keep_list_json(&sv->keep, NULL, NULL);
+
 	if (reply && options)
 		cJSON_AddItemToObject(reply, "options", options);
 	else
 		cJSON_Delete(options);
+	if (reply && kept)
+		cJSON_AddItemToObject(reply, "kept", kept);
+	else
+		cJSON_Delete(kept);
 	return reply;
 }
 
@@ -465,6 +471,11 @@ static const struct rd_method main_methods[] = {
 	{ "io.regen.Device.Detach", method_detach, true },
 	{ "io.regen.Device.Attach", method_attach, true },
 	{ "io.regen.Device.InjectFault", method_inject_fault, true },
+	{ "io.regen.Keep.Keep", rd_sv_keep_keep, .takes_fds = true },
+	{ "io.regen.Keep.Commit", rd_sv_keep_commit },
+	{ "io.regen.Keep.TakeBack", rd_sv_keep_take_back },
+	{ "io.regen.Keep.Drop", rd_sv_keep_drop },
+	{ "io.regen.Keep.List", rd_sv_keep_list },
 	{ NULL },
 };
 /* What the IDL serves on a worker socket (Memory, Compute, Lane, Comm,

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* io.regen.Device on the main socket: Status, Generation, Watch, and for
- * admins Release, Reset, Restart and InjectFault; Memory and Compute calls
+ * admins Release, Reset, Restart and InjectFault; io.regen.Keep (keep.c);
+ * Memory and Compute calls
  * are answered with where they belong (io.regen.WrongEndpoint). A client's
  * Release/Reset/Restart is a request over one or every device, answered
  * when each device's part has finished. */

@@ -23,6 +23,7 @@ static void on_close(struct rd_conn *conn)
 			break;
 		}
 	}
+	rd_sv_keep_connection_closed(&sv->keep, conn, sv->sessions);
 	rd_debug("conn", -1, 0, conn->peer.pid, "client gone");
 }
 

@@ -133,6 +133,7 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 		rd_sv_device_stop(&sv->devices[i], "regend is stopping");
 	rd_sv_watch_end(&sv->watch);
 	rd_sv_sessions_close(sv);
+	rd_sv_keep_close(&sv->keep);
 	uv_close((uv_handle_t *)&sv->sigterm, NULL);
 	uv_close((uv_handle_t *)&sv->sigint, NULL);
 	uv_close((uv_handle_t *)&sv->sighup, NULL);
@@ -239,6 +240,7 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 	sv->argv = argv;
 	sv->loop = uv_default_loop();
 	rd_sv_watch_init(&sv->watch);
+	rd_sv_keep_init(&sv->keep, sv->loop, &sv->opts);
 	len = readlink("/proc/self/exe", sv->exe, sizeof(sv->exe) - 1);
 	if (len <= 0) {
 		rd_err("supervisor", -1, 0, 0, "cannot find my own executable: %s", strerror(errno));

@@ -2,8 +2,8 @@
 /* The supervisor: the process systemd starts. It never touches CUDA. It owns
  * the main socket and its sessions (session.c), the io.regen.Device methods
  * served there (methods.c), the node epoch and the Watch subscribers
- * (watch.c), and one device per GPU (device.c), each with its worker
- * process (worker_process.c). This file starts and stops them, handles the
+ * (watch.c), the memory kept for ranks (keep.c), and one device per GPU
+ * (device.c), each with its worker process (worker_process.c). This file starts and stops them, handles the
  * signals, and hears what the devices report. */
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "daemon/listen.h"
 #include "daemon/options.h"
 #include "daemon/supervisor/device.h"
+#include "daemon/supervisor/keep.h"
 #include "daemon/supervisor/watch.h"
 
 struct rd_supervisor {
@@ -31,6 +32,7 @@ struct rd_supervisor {
 	struct rd_sv_watch watch;           /* the epoch and the Watch subscribers */
 	struct rd_hang_charges hang_charges;  /* uids whose calls hung a device (daemon/hang_charge.h) */
 	struct rd_comm_owners comm_owners;    /* whose each communicator unique id is (daemon/comm_owners.h) */
+	struct rd_sv_keep keep;             /* memory kept for ranks (io.regen.Keep) */
 	uv_signal_t sigterm, sigint, sighup;
 	uv_timer_t stop_timer;
 	bool stopping;

@@ -326,7 +326,82 @@ static void ctl_charged(struct rd_call *call)
 	rd_call_reply(call, NULL, false);
 }
 
+/* The supervisor's question before it keeps CUDA memory for a rank. */
+static void ctl_check_export(struct rd_call *call)
+{
+	static const struct rp_field fields[] = {
+		{ "kind", RP_T_STRING, true },
+		{ "fd", RP_T_INT, true },
+		{ "size", RP_T_INT, true },
+		{ NULL },
+	};
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+	const char *kind = NULL;
+	uint64_t fd = 0, size = 0;
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0 ||
+	    rp_params_string(call->msg.params, "kind", 16, NULL, &kind, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "fd", RP_FDS_MAX - 1, 0, &fd, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "size", UINT64_C(1) << 48, 0, &size, &err) < 0)
+		goto fail;
+	if (strcmp(kind, "cuda_fd") != 0 || fd >= call->raw.nfds || call->raw.fds[fd] < 0) {
+		rp_err_import_failed(&err, kind, "CheckExport takes a cuda_fd passed with the call");
+		goto fail;
+	}
+	if (!w->dev.backend->check_export) {
+		rp_err_import_failed(&err, kind, "the %s backend holds no CUDA memory: keep host memory (host_fd)",
+				     w->dev.backend->name);
+		goto fail;
+	}
+	if (w->dev.backend->check_export(&w->dev, call->raw.fds[fd], size, &err) < 0)
+		goto fail;
+	rd_call_reply(call, NULL, false);
+	return;
+fail:
+	rd_call_fail(call, &err);
+}
+
+static void ctl_process_sessions(struct rd_call *call)
+{
+	static const struct rp_field fields[] = {
+		{ "pid", RP_T_INT, true },
+		{ "uid", RP_T_INT, true },
+		{ "gid", RP_T_INT, true },
+		{ "start_time", RP_T_INT, true },
+		{ "pidfs_inode", RP_T_INT, true },
+		{ NULL },
+	};
+	struct rd_worker *w = worker_of(call);
+	struct rp_error err = { 0 };
+	struct rd_peer peer = { 0 };
+	uint64_t pid = 0, uid = 0, gid = 0;
+	unsigned sessions = 0;
+
+	if (rp_params_check(call->msg.params, fields, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "pid", INT32_MAX, 0, &pid, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "uid", UINT32_MAX, 0, &uid, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "gid", UINT32_MAX, 0, &gid, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "start_time", UINT64_MAX, 0, &peer.start_time, &err) < 0 ||
+	    rp_params_uint(call->msg.params, "pidfs_inode", UINT64_MAX, 0, &peer.pidfs_inode, &err) < 0) {
+		rd_call_fail(call, &err);
+		return;
+	}
+	peer.pid = (pid_t)pid;
+	peer.uid = (uid_t)uid;
+	peer.gid = (gid_t)gid;
+	for (const struct rd_session *s = w->sessions; s; s = s->next)
+		if (rd_peer_same_process(&s->conn->peer, &peer))
+			sessions++;
+	cJSON *reply = cJSON_CreateObject();
+	cJSON_AddNumberToObject(reply, "sessions", sessions);
+	cJSON_AddBoolToObject(reply, "alive", rd_peer_alive(&peer));
+	rd_call_reply(call, reply, false);
+}
+
 static const struct rd_method ctl_methods[] = {
+	{ "io.regen.Worker.ProcessSessions", ctl_process_sessions },
+	{ "io.regen.Worker.CheckExport", ctl_check_export, .takes_fds = true },
 	{ "io.regen.Worker.Drain", ctl_drain },
 	{ "io.regen.Worker.Epoch", ctl_epoch },
 	{ "io.regen.Worker.Release", ctl_release },

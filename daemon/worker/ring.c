@@ -88,6 +88,10 @@ struct rd_ring {
 	uv_idle_t spin;
 	unsigned handles;            /* open uv handles */
 	bool stopped;                /* no more records taken */
+	/* The connection closed: the records published before it (up to
+	 * final_tail) are still taken, and run, then the ring stops. */
+	bool closing;
+	uint32_t final_tail;
 	bool destroyed;              /* the session is gone: free once the handles closed */
 	/* When a record was last taken or a record's op last came back: a
 	 * client that waits for its calls submits the next soon after. */
@@ -366,7 +370,7 @@ static bool slots_free(const struct rd_ring *r, uint32_t published, uint32_t spa
  * allow. */
 static void on_spin(uv_idle_t *h);
 
-static void ring_take(struct rd_ring *r)
+static void ring_take_published(struct rd_ring *r)
 {
 	for (unsigned taken = 0; !r->stopped; taken++) {
 		uint32_t published = atomic_load_explicit(&r->cq_tail, memory_order_acquire);
@@ -376,7 +380,7 @@ static void ring_take(struct rd_ring *r)
 		r->waiting_for = 0;
 		if (!slots_free(r, published, 1))
 			return;   /* the next slot's record is still in flight */
-		tail = rp_ring_load(&r->hdr->sq_tail);
+		tail = r->closing ? r->final_tail : rp_ring_load(&r->hdr->sq_tail);
 		avail = tail - r->sq_head;
 		if (avail == 0)
 			return;
@@ -428,6 +432,15 @@ static void ring_take(struct rd_ring *r)
 		r->last_active_ns = now;
 		ring_submit(r, seq, r->copies);
 	}
+}
+
+/* A closing ring stops once it took every record published before the
+ * close, or finds the last Run's continuations never came. */
+static void ring_take(struct rd_ring *r)
+{
+	ring_take_published(r);
+	if (r->closing && !r->stopped && (r->sq_head == r->final_tail || r->waiting_for))
+		rd_ring_stop(r);
 }
 
 /* While records are in flight the loop spins as long as it may: their
@@ -570,6 +583,29 @@ void rd_ring_stop(struct rd_ring *r)
 	uv_idle_stop(&r->spin);
 	uv_close((uv_handle_t *)&r->spin, on_handle_closed);
 	uv_close((uv_handle_t *)&r->poll, on_handle_closed);
+}
+
+void rd_ring_finish(struct rd_ring *r)
+{
+	if (!r)
+		return;
+	if (r->stopped || r->handles == 0 || uv_is_closing((uv_handle_t *)&r->poll)) {
+		rd_ring_stop(r);
+		return;
+	}
+	/* What the client published before its connection closed is work it
+	 * submitted: a rank killed right after it published an optimizer
+	 * step's Run still has that step applied, whole, as a Varlink call
+	 * sent before the close is. Later records are never taken: the
+	 * counter is read once, now. No doorbell wakes the loop any more. */
+	r->final_tail = rp_ring_load(&r->hdr->sq_tail);
+	r->closing = true;
+	uv_poll_stop(&r->poll);
+	if (r->final_tail - r->sq_head > r->entries) {
+		rd_ring_stop(r);
+		return;
+	}
+	ring_take(r);
 }
 
 void rd_ring_destroy(struct rd_ring *r)

@@ -211,8 +211,7 @@ static void data_on_close(struct rd_conn *conn)
 	struct rd_session *s = conn->data;
 
 	s->closed = true;
-	if (s->ring)
-		rd_ring_stop(s->ring);
+	rd_ring_finish(s->ring);
 	rd_debug("conn", s->worker->dev.index, rd_worker_generation(s->worker), conn->peer.pid, "client gone");
 	session_maybe_free(s);
 }

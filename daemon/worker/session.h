@@ -120,8 +120,12 @@ void rd_session_complete_error(struct rd_session *s, struct rp_error *err);
 /* io.regen.Lane (ring.c): the lane's submission and completion rings. */
 void rd_ring_open(struct rd_call *call);
 void rd_ring_bind(struct rd_call *call);
-/* The connection closed: the ring takes no more records. */
+/* The ring takes no more records (its handles close). */
 void rd_ring_stop(struct rd_ring *ring);
+/* The connection closed: the records published before now are taken and
+ * run (their completions written to the ring as ever), then the ring
+ * stops. Accepts NULL. */
+void rd_ring_finish(struct rd_ring *ring);
 /* The session goes: the ring's memory and doorbell with it (after its
  * handles closed). Accepts NULL. */
 void rd_ring_destroy(struct rd_ring *ring);

@@ -682,6 +682,62 @@ static void expect_completion(struct raw_ring *r, uint64_t tag, const char *erro
 	cJSON_Delete(params);
 }
 
+/* A record published before the lane's connection closed still runs: a
+ * rank killed right after it published (an optimizer step's Run, say) has
+ * that work done, as a Varlink call it sent would be. The record is
+ * published while the worker sleeps, with no doorbell, and the connection
+ * closed at once: only the close can make the worker look. Before, the
+ * ring stopped at the close and the GEMM never ran. */
+static void records_published_before_the_close_run(void)
+{
+	regen_client *c = tl_client_connect(&daemon_);
+	struct tl_buffer b;
+	struct raw_ring r;
+	struct rp_ring_record rec;
+	float *a, *bm, *d;
+	double until;
+
+	tl_buffer_create(c, 0, 4096, &b);
+	a = (float *)b.mem.ptr;
+	bm = a + 16;
+	d = a + 32;
+	for (int i = 0; i < 16; i++) {
+		a[i] = (float)(i + 1);
+		bm[i] = i % 5 == 0 ? 2.0f : 0.0f;   /* twice the identity */
+		d[i] = -1.0f;
+	}
+	raw_setup(&r, 8);
+	raw_open(&r);
+	raw_bind(&r, 0, regen_buffer_id(b.buf));
+	until = tl_now() + tl_timeout(10);
+	while (rp_ring_load(&rp_ring_header(r.base)->sq_sleeping) != 1)
+		ASSERT(tl_now() < until, "the worker never said it sleeps");
+	small_gemm(&rec, 77);
+	memcpy(rp_ring_record_at(r.base, r.entries, r.sq_tail), &rec, sizeof(rec));
+	rp_ring_store(&rp_ring_header(r.base)->sq_tail, ++r.sq_tail);
+	rp_ring_fence();
+	tl_conn_close(&r.conn);
+	until = tl_now() + tl_timeout(10);
+	while (rp_ring_load(&rp_ring_header(r.base)->cq_tail) == 0)
+		ASSERT(tl_now() < until, "the record published before the close never completed");
+	for (int i = 0; i < 16; i++)
+		ASSERT(d[i] == 2.0f * a[i], "D[%d] is %g, not %g: the GEMM did not run", i, (double)d[i],
+		       2.0 * (double)a[i]);
+	struct rp_ring_completion cqe;
+	char name[64];
+	cJSON *params = NULL;
+	memcpy(&cqe, rp_ring_completion_at(r.base, r.entries, 0), sizeof(cqe));
+	ASSERT_UINT_EQ(cqe.tag, 77, "the completion's tag");
+	ASSERT_EQ(rp_ring_completion_error(&cqe, name, &params), 0, "the record failed: %s", cqe.error);
+	cJSON_Delete(params);
+	munmap(r.base, rp_ring_size(r.entries));
+	close(r.memfd);
+	close(r.bell[0]);
+	close(r.bell[1]);
+	tl_buffer_free(&b);
+	regen_client_destroy(c);
+}
+
 static void bad_records_get_named_errors(void)
 {
 	regen_client *c = tl_client_connect(&daemon_);
@@ -1578,6 +1634,7 @@ int main(void)
 	restart_fails_records_with_stale_generation();
 	bad_setups_are_refused_by_name();
 	bad_records_get_named_errors();
+	records_published_before_the_close_run();
 	a_flooding_ring_does_not_starve_others();
 	program_runs_alike_on_both_transports();
 	record_calls_run_on_both_transports();

@@ -111,7 +111,7 @@ START_TEST(the_interfaces_we_serve_are_embedded)
 {
 	static const char *const names[] = {
 		"org.varlink.service", "io.regen", "io.regen.Device", "io.regen.Memory", "io.regen.Compute",
-		"io.regen.Worker", "io.regen.Comm",
+		"io.regen.Worker", "io.regen.Comm", "io.regen.Keep",
 	};
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

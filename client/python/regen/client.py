@@ -7,7 +7,8 @@ its own module: connection.py (the sockets, the job, raw calls,
 generations), status.py and watch.py (io.regen.Device), objects.py
 (buffers and events), compute.py (GEMM, attention, LayerNorm), lane.py (a
 device's lane: libregen's ring through regen._accel, or Varlink calls),
-program.py (io.regen.Program) and comm.py (io.regen.Comm).  Torch tensors
+program.py (io.regen.Program), comm.py (io.regen.Comm) and keep.py
+(io.regen.Keep: kept state).  Torch tensors
 are regen.torch's (regen/torch/_tensors.py): the client takes them where
 it takes Operands, and imports no torch.
 
@@ -17,6 +18,7 @@ A Client is for one thread: give each thread its own.
 from .comm import Comm, Comms
 from .compute import DTYPE_SIZE, Compute, Operand
 from .connection import DEFAULT_SOCKET, Connections
+from .keep import KeepCalls
 from .lane import Lanes
 from .objects import Buffer, Event, Objects, normalize_ipc_handle
 from .program import Programs
@@ -27,7 +29,7 @@ __all__ = ["Client", "Operand", "Buffer", "Event", "Comm", "Watch", "DEFAULT_SOC
            "normalize_ipc_handle"]
 
 
-class Client(Connections, StatusCalls, WatchCalls, Objects, Lanes, Compute, Programs, Comms):
+class Client(Connections, StatusCalls, WatchCalls, Objects, Lanes, Compute, Programs, Comms, KeepCalls):
     """Talks to one regend.  ``socket_path`` defaults to $REGEN_SOCKET, then
     /run/regen/regend.sock.  ``timeout`` (seconds, None = wait forever)
     bounds each call; a call that times out closes its connection.

@@ -131,7 +131,14 @@ class Connections:
 
     # -- the main socket -------------------------------------------------------
 
-    def _main_call(self, method, params=None):
+    def _main_call(self, method, params=None, fds=()):
+        reply, got = self._main_call_with_fds(method, params, fds)
+        for fd in got:
+            os.close(fd)
+        return reply
+
+    def _main_call_with_fds(self, method, params=None, fds=()):
+        """A call on the main socket: (reply, [fds that came with it])."""
         if self._main is None or not self._main.alive():
             if self._main is not None:
                 self._main.close()
@@ -142,12 +149,12 @@ class Connections:
                 self._main = None
                 raise
         try:
-            reply = self._main.call(method, params)
+            reply, got = self._main.call_with_fds(method, params, fds)
         except errors.ConnectionReset:
             self._main = None
             raise
         self._note_devices(reply)
-        return reply
+        return reply, got
 
     def _note_devices(self, reply):
         for d in reply.get("devices", ()) or ():
@@ -231,9 +238,7 @@ class Connections:
         """A raw Varlink call: on the main socket, or on ``device``'s worker
         socket.  Returns the reply's parameters; errors raise as usual."""
         if device is None:
-            if fds:
-                raise ValueError("the main socket takes no file descriptors")
-            return self._main_call(method, parameters)
+            return self._main_call(method, parameters, fds)
         return self._worker_call(device, method, parameters, fds)
 
     # -- generations -----------------------------------------------------------

@@ -45,6 +45,14 @@ class _Stats(ctypes.Structure):
                 ("imports_unanswered", ctypes.c_uint64)]
 
 
+class _Chunk(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("chunk", ctypes.c_uint64), ("offset", ctypes.c_uint64),
+                ("bytes", ctypes.c_uint64), ("device", ctypes.c_int), ("kind", ctypes.c_int)]
+
+
+_KINDS = ("host_fd", "cuda_fd")
+
+
 class PoolRef:
     """Where a pointer lives in regend: ``buffer`` (the chunk's id),
     ``offset`` (bytes), ``device`` and ``generation`` of the import,
@@ -147,6 +155,17 @@ class Pool:
         lib.regen_cuda_address_range.restype = ctypes.c_int
         lib.regen_cuda_address_range.argtypes = [_VOIDP, ctypes.POINTER(ctypes.c_uint64),
                                                  ctypes.POINTER(ctypes.c_uint64)]
+        # Kept state; a libregen older than it has none (keep_available()).
+        self._keep = hasattr(lib, "regen_pool_keep") and hasattr(lib, "regen_pool_adopt")
+        if self._keep:
+            lib.regen_pool_chunk_of.restype = ctypes.c_int
+            lib.regen_pool_chunk_of.argtypes = [_VOIDP, ctypes.POINTER(_Chunk)]
+            lib.regen_pool_keep.restype = ctypes.c_int
+            lib.regen_pool_keep.argtypes = [_VOIDP, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p,
+                                            ctypes.c_uint32]
+            lib.regen_pool_adopt.restype = ctypes.c_int
+            lib.regen_pool_adopt.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint64,
+                                             ctypes.POINTER(_VOIDP)]
 
     @classmethod
     def get(cls):
@@ -284,3 +303,41 @@ class Pool:
         if r < 0:
             self._fail(r, f"finding the CUDA allocation of {ptr:#x}")
         return base.value, size.value
+
+    # -- kept state (io.regen.Keep) -----------------------------------------
+
+    def keep_available(self):
+        """Whether this libregen keeps pool memory (regen_pool_keep)."""
+        return self._keep
+
+    def chunk_of(self, ptr):
+        """{"chunk", "offset", "bytes", "device", "kind"} of the chunk that
+        holds ``ptr`` (``device`` the local CUDA ordinal, -1 for host
+        memory; ``kind`` how regend keeps it), or None when ``ptr`` is not
+        pool memory."""
+        raw = _Chunk()
+        raw.size = ctypes.sizeof(_Chunk)
+        r = self._lib.regen_pool_chunk_of(ptr, ctypes.byref(raw))
+        if r == -errno.ENOENT:
+            return None
+        if r < 0:
+            self._fail(r, f"finding the pool chunk of {ptr:#x}")
+        return {"chunk": raw.chunk, "offset": raw.offset, "bytes": raw.bytes, "device": raw.device,
+                "kind": _KINDS[raw.kind]}
+
+    def keep(self, ptr, rank, name, job=None, lease_ms=0):
+        """Keeps the whole chunk that holds ``ptr`` under (job, rank, name),
+        on the pool's own connection (io.regen.Keep.Keep)."""
+        r = self._lib.regen_pool_keep(ptr, job.encode() if job else None, int(rank), name.encode(), int(lease_ms))
+        if r < 0:
+            self._fail(r, f"keeping the pool chunk of {ptr:#x} as {name}")
+
+    def adopt(self, fd, kind, size, device=-1):
+        """Maps memory taken back (Client.take_back's fd, which it takes) as
+        a chunk of this process's pool: its address.  ``device``: the local
+        CUDA ordinal it belongs to (-1: host memory)."""
+        base = _VOIDP()
+        r = self._lib.regen_pool_adopt(int(fd), _KINDS.index(kind), int(device), int(size), ctypes.byref(base))
+        if r < 0:
+            self._fail(r, "mapping kept memory")
+        return base.value

@@ -3,11 +3,14 @@
 
 Each message is one JSON object followed by a NUL byte.  File descriptors
 ride as SCM_RIGHTS on the first byte of the message that names them, so a
-message with fds goes out with one sendmsg() for its head.
+message with fds goes out with one sendmsg() for its head; a reply's
+(io.regen.Keep.TakeBack's) come the same way, and call_with_fds() hands
+them over.
 """
 
 import array
 import json
+import os
 import select
 import socket
 import time
@@ -18,6 +21,9 @@ __all__ = ["Connection", "MAX_MESSAGE"]
 
 # regend refuses messages over 1 MiB; replies are far smaller.
 MAX_MESSAGE = 1 << 20
+# The most fds one message carries (proto/frame.h's RP_FDS_MAX).
+FDS_MAX = 16
+_FDS_SPACE = socket.CMSG_SPACE(FDS_MAX * array.array("i").itemsize)
 
 
 class Connection:
@@ -26,6 +32,7 @@ class Connection:
     def __init__(self, path, timeout=None):
         self.path = path
         self._buf = bytearray()
+        self._fds = []            # received with the bytes in _buf, not yet handed over
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             self._sock.settimeout(timeout)
@@ -46,12 +53,18 @@ class Connection:
         return self._sock.fileno() if self._sock else -1
 
     def close(self):
+        self._close_fds()
         if self._sock is not None:
             try:
                 self._sock.close()
             finally:
                 self._sock = None
                 self._buf.clear()
+
+    def _close_fds(self):
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
 
     def alive(self):
         """False if the peer has closed the connection (or it broke) while
@@ -154,11 +167,16 @@ class Connection:
             if self._sock is None:
                 raise self._broken("waiting for a reply (already closed)")
             try:
-                chunk = self._sock.recv(65536)
+                chunk, anc, _, _ = self._sock.recvmsg(65536, _FDS_SPACE, getattr(socket, "MSG_CMSG_CLOEXEC", 0))
             except socket.timeout:
                 raise
             except OSError as e:
                 raise self._broken("waiting for a reply", e) from e
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+                    self._fds.extend(fds)
             if not chunk:
                 raise self._broken("waiting for a reply (the peer closed it)")
             self._buf += chunk
@@ -182,7 +200,16 @@ class Connection:
         the connection: a late reply must not answer the next call.
         ``abandon``: called instead of close() when something else (a
         signal handler's exception) ends the wait; it must close the
-        connection."""
+        connection.  fds that came with the reply are closed."""
+        params, got = self.call_with_fds(method, parameters, fds, abandon)
+        for fd in got:
+            os.close(fd)
+        return params
+
+    def call_with_fds(self, method, parameters=None, fds=(), abandon=None):
+        """As call(), and the fds that came with the reply, the caller's to
+        close: (parameters, [fd, ...])."""
+        self._close_fds()   # left by a reply that was not ours to take
         try:
             self.send(method, parameters, fds)
             params, _ = self.receive()
@@ -203,4 +230,5 @@ class Connection:
             else:
                 abandon()
             raise
-        return params
+        got, self._fds = self._fds, []
+        return params, got

@@ -373,6 +373,7 @@ static const struct rd_backend_ops rd_backend_cuda = {
 	.close = cuda_close,
 	.import_buffer = cuda_import_buffer,
 	.close_buffer = cuda_close_buffer,
+	.check_export = cuda_check_export,
 	.import_event = cuda_import_event,
 	.close_event = cuda_close_event,
 	.lane_create = cuda_lane_create,

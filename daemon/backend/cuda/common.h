@@ -445,6 +445,7 @@ void cuda_program_completed(struct rd_op *op);
 void cuda_ipc_init(struct cuda_dev *cd);
 int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err);
 void cuda_close_buffer(struct rd_buffer *buf);
+int cuda_check_export(struct rd_device *dev, int fd, uint64_t size, struct rp_error *err);
 int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err);
 void cuda_close_event(struct rd_event *ev);
 uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);

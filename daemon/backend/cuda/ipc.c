@@ -282,6 +282,76 @@ static struct cuda_buffer *buffer_new(struct cuda_dev *cd, enum rd_buffer_kind k
 	return b;
 }
 
+/* Kept memory's size counts against its uid, so it must be the size the
+ * rank says. The driver gives no allocation's size from a handle; but a
+ * mapping longer than the allocation fails, and allocations come in
+ * granules: `size` maps and `size` plus one granule does not. */
+int cuda_check_export(struct rd_device *dev, int fd, uint64_t size, struct rp_error *err)
+{
+	struct cuda_dev *cd = cuda_dev_of(dev);
+	CUmemGenericAllocationHandle alloc = 0;
+	CUmemAllocationProp prop;
+	CUdeviceptr base = 0;
+	size_t gran = 0;
+	CUresult r;
+	int ret = -EINVAL;
+
+	if (cuda_refuse_if_lost(cd, err))
+		return -EIO;
+	if (cuda_bind(cd, err))
+		return -EIO;
+	r = cuda_drv.MemImportFromShareableHandle(&alloc, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS) {
+		rp_err_import_failed(err, "cuda_fd", "cuMemImportFromShareableHandle: %s (is the fd a CUDA VMM export?)",
+				     cu_error_string(r));
+		return -EINVAL;
+	}
+	memset(&prop, 0, sizeof(prop));
+	r = cuda_drv.MemGetAllocationPropertiesFromHandle(&prop, alloc);
+	if (r == CUDA_SUCCESS)
+		r = cuda_drv.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+	if (r != CUDA_SUCCESS || gran == 0) {
+		rp_err_import_failed(err, "cuda_fd", "reading the allocation's properties: %s", cu_error_string(r));
+		goto out_release;
+	}
+	if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != dev->index) {
+		rp_err_import_failed(err, "cuda_fd", "the allocation lives on device %d, not on device %d",
+				     prop.location.id, dev->index);
+		goto out_release;
+	}
+	if (size % gran != 0) {
+		rp_err_import_failed(err, "cuda_fd", "%llu bytes is not a whole number of granules (%zu bytes): an "
+				     "allocation's size is", (unsigned long long)size, gran);
+		goto out_release;
+	}
+	r = cuda_drv.MemAddressReserve(&base, size + gran, gran, 0, 0);
+	if (r != CUDA_SUCCESS) {
+		rp_err_import_failed(err, "cuda_fd", "cuMemAddressReserve of %llu bytes: %s",
+				     (unsigned long long)(size + gran), cu_error_string(r));
+		goto out_release;
+	}
+	r = cuda_drv.MemMap(base, size, 0, alloc, 0);
+	if (r != CUDA_SUCCESS) {
+		rp_err_import_failed(err, "cuda_fd", "the allocation is smaller than %llu bytes (cuMemMap: %s)",
+				     (unsigned long long)size, cu_error_string(r));
+		goto out_free;
+	}
+	cuda_drv.MemUnmap(base, size);
+	r = cuda_drv.MemMap(base, size + gran, 0, alloc, 0);
+	if (r == CUDA_SUCCESS) {
+		cuda_drv.MemUnmap(base, size + gran);
+		rp_err_import_failed(err, "cuda_fd", "the allocation is larger than %llu bytes: keep it whole, with "
+				     "its size", (unsigned long long)size);
+		goto out_free;
+	}
+	ret = 0;
+out_free:
+	cuda_drv.MemAddressFree(base, size + gran);
+out_release:
+	cuda_drv.MemRelease(alloc);
+	return ret;
+}
+
 int cuda_import_buffer(struct rd_device *dev, struct rd_import *req, struct rd_buffer **out, struct rp_error *err)
 {
 	struct cuda_dev *cd = cuda_dev_of(dev);
