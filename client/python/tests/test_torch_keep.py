@@ -90,5 +90,18 @@ class TorchKeepTest(unittest.TestCase):
         self.assertIn("not in libregen's pool", str(e.exception))
 
 
+class ExampleTest(unittest.TestCase):
+    def test_the_kill_and_resume_example_runs(self):
+        """client/python/examples/train_keep.py --demo, as its docstring
+        says to run it (here on the CPU and the host backend)."""
+        example = os.path.join(HERE, "..", "examples", "train_keep.py")
+        env = dict(os.environ, REGEN_SOCKET=daemon.socket)
+        p = subprocess.run([sys.executable, example, "--demo", "--device", "cpu"], capture_output=True, text=True,
+                           env=env, timeout=300 * TIME_SCALE)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("resumed at step", p.stdout)
+        self.assertIn("final weights bit-identical", p.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()
