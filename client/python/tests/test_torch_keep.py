@@ -95,7 +95,8 @@ class ExampleTest(unittest.TestCase):
         """client/python/examples/train_keep.py --demo, as its docstring
         says to run it (here on the CPU and the host backend)."""
         example = os.path.join(HERE, "..", "examples", "train_keep.py")
-        env = dict(os.environ, REGEN_SOCKET=daemon.socket)
+        # This checkout's regen, not one installed on the machine.
+        env = dict(os.environ, REGEN_SOCKET=daemon.socket, PYTHONPATH=os.path.dirname(HERE))
         p = subprocess.run([sys.executable, example, "--demo", "--device", "cpu"], capture_output=True, text=True,
                            env=env, timeout=300 * TIME_SCALE)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
