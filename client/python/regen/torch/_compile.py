@@ -265,17 +265,18 @@ class CompiledGraph:
             binds[name] = t
             device_tensor = t
         roots = {}
-        for name, dtype, shape, storage in seg.outputs:
-            like = device_tensor
-            t = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=like.device if like is not None else "cuda")
-            roots[storage] = t
-            binds[name] = t
+        device = device_tensor.device if device_tensor is not None else torch.device("cuda",
+                                                                                       torch.cuda.current_device())
+        with _outputs_pool(device):
+            for name, dtype, shape, storage in seg.outputs:
+                t = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+                roots[storage] = t
+                binds[name] = t
         for v in seg.exports:
             root = roots[v.storage]
             env[v.id] = root.as_strided(v.shape, v.strides, v.offset)
         for v in seg.dummies:
-            env[v.id] = torch.empty_strided(v.shape, v.strides, dtype=_torch_dtype(v),
-                                            device=device_tensor.device if device_tensor is not None else "cuda")
+            env[v.id] = torch.empty_strided(v.shape, v.strides, dtype=_torch_dtype(v), device=device)
         # A fresh seed a call for the segment's random draws (dropout), from
         # torch's generator: torch.manual_seed makes a run repeat.
         scalars = {name: float(torch.randint(0, 2**53, (1,)).item()) for name in seg.scalars} or None
@@ -313,6 +314,41 @@ class CompiledGraph:
                     rank.append({"op": op.target, "why": s.reasons.get(op.index)})
         return {"kind": self.kind, "calls": self.calls, "eager": None, "segments": segs, "rank": rank,
                 "handoffs": handoffs, "relaid": self.relaid}
+
+
+_no_pool = set()   # devices whose outputs cannot come from regen.torch.pool() (torch < 2.5, no libregen)
+
+
+def _outputs_pool(device):
+    """Where a segment's outputs are allocated: regen.torch.pool()'s memory
+    for the device (mapped by regend once per chunk: no block import, and
+    torch's allocator statistics and OutOfMemoryError as for any tensor),
+    whichever thread runs the graph (autograd's backward thread too); the
+    current allocator where that pool is not to be had."""
+    import contextlib
+    if device.type != "cuda" or device.index in _no_pool:
+        return contextlib.nullcontext()
+    from . import pool
+    try:
+        scope = pool(device.index)
+        scope.__enter__()
+    except Exception:
+        _no_pool.add(device.index)
+        return contextlib.nullcontext()
+    return _Entered(scope)
+
+
+class _Entered:
+    """A context manager already entered: leaving it leaves the scope."""
+
+    def __init__(self, scope):
+        self.scope = scope
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return self.scope.__exit__(*exc)
 
 
 def forget_programs(serial, kind="graph"):
