@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Kernels regen launches itself: fills and comparisons for the GPU tests,
  * the canary the backend runs after a reset, the fault-injection kernels
- * (illegal address, spin), attention's sequence-length helpers, and
- * LayerNorm forward and backward. Plain C API; every function enqueues on
+ * (illegal address, spin), attention's sequence-length helpers,
+ * LayerNorm forward and backward, and FP8's quantize and scale update. Plain C API; every function enqueues on
  * `stream` and returns the launch's cudaError_t (cudaGetLastError after the
  * launch), so callers check each one. */
 #pragma once
@@ -131,6 +131,36 @@ struct rk_layer_norm_backward {
 };
 size_t rk_layer_norm_backward_scratch(int64_t rows, int64_t n);
 cudaError_t rk_layer_norm_backward(const struct rk_layer_norm_backward *args, cudaStream_t stream);
+
+/* FP8 (kernels/fp8.cu). Quantize and TransposeQuantize: y (optional) and
+ * y_t (optional) = fp8(x * *scale), round to nearest even, saturating;
+ * *amax (optional) = max |x|. x [rows, cols] of `dtype`, rows x_ld apart;
+ * y rows y_ld apart; y_t [cols, rows], rows y_t_ld apart. e5m2 picks the
+ * format (else e4m3). rows and cols each below 2^31 * 32 (the grid's). */
+struct rk_quantize {
+	enum rk_dtype dtype;
+	int e5m2;
+	int64_t rows, cols, x_ld, y_ld, y_t_ld;
+	const void *x;
+	const float *scale;
+	void *y, *y_t;
+	float *amax;
+};
+cudaError_t rk_quantize(const struct rk_quantize *args, cudaStream_t stream);
+
+/* ScaleUpdate over n columns of a [history, n] amax history (rows *_ld
+ * apart; out may be the input), scale_out = scaled_max / amax (the
+ * column's max, or row 0 when most_recent) or the old scale, FLT_MAX for
+ * an infinite quotient; scale_inv (optional) its reciprocal. scaled_max is
+ * fp8_max * 2^-margin, in f32. */
+struct rk_scale_update {
+	int64_t history, n, history_ld, history_out_ld;
+	int most_recent;
+	float scaled_max;
+	const float *amax_history, *scale;
+	float *amax_history_out, *scale_out, *scale_inv;
+};
+cudaError_t rk_scale_update(const struct rk_scale_update *args, cudaStream_t stream);
 
 /* Runs a small kernel with a known answer on `stream`, copies it back and
  * checks it; synchronises the stream. cudaSuccess when the answer was right,

@@ -2,7 +2,7 @@
 /* The table machinery of io.regen.Compute: what every operation's call
  * goes through, driven by its struct rp_op_spec. The checks that belong to
  * one operation alone live beside its table (compute_gemm.c,
- * compute_attention.c, compute_layernorm.c). */
+ * compute_attention.c, compute_layernorm.c, compute_fp8.c). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -28,6 +28,9 @@ static const struct rp_op_spec *const ops[RP_OP_COUNT] = {
 	[RP_OP_ATTENTION_BACKWARD] = &rp_op_attention_backward,
 	[RP_OP_LAYER_NORM] = &rp_op_layer_norm,
 	[RP_OP_LAYER_NORM_BACKWARD] = &rp_op_layer_norm_backward,
+	[RP_OP_QUANTIZE] = &rp_op_quantize,
+	[RP_OP_TRANSPOSE_QUANTIZE] = &rp_op_transpose_quantize,
+	[RP_OP_SCALE_UPDATE] = &rp_op_scale_update,
 };
 
 const struct rp_op_spec *rp_op_get(enum rp_op_id id)

@@ -2,7 +2,7 @@
 /* io.regen.Compute: one table per operation.
  *
  * Each operation (Gemm, Attention, AttentionBackward, LayerNorm,
- * LayerNormBackward) is one struct
+ * LayerNormBackward, Quantize, TransposeQuantize, ScaleUpdate) is one struct
  * rp_op_spec: its method, its operands (name, role, rank, dtypes, which
  * operand's dtype or shape it shares), its scalar parameters, and one
  * function for what a table cannot say (the shape relations among
@@ -30,6 +30,7 @@
 
 enum rp_op_id {
 	RP_OP_GEMM = 0, RP_OP_ATTENTION, RP_OP_ATTENTION_BACKWARD, RP_OP_LAYER_NORM, RP_OP_LAYER_NORM_BACKWARD,
+	RP_OP_QUANTIZE, RP_OP_TRANSPOSE_QUANTIZE, RP_OP_SCALE_UPDATE,
 	RP_OP_COUNT,
 	/* io.regen.Comm's calls (proto/comm.h): parsed by this machinery from
 	 * tables of their own, and not in the compute table. */
@@ -41,8 +42,11 @@ enum rp_op_id {
 
 /* Operand slots, in each table's order. */
 /* aux came after bias, and aux_out after aux, so that the slots before each
- * kept their numbers. */
-enum { RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_AUX, RP_GEMM_AUX_OUT, RP_GEMM_OPERANDS };
+ * kept their numbers; FP8's scales and amax came last for the same reason. */
+enum {
+	RP_GEMM_A = 0, RP_GEMM_B, RP_GEMM_C, RP_GEMM_D, RP_GEMM_BIAS, RP_GEMM_AUX, RP_GEMM_AUX_OUT, RP_GEMM_A_SCALE,
+	RP_GEMM_B_SCALE, RP_GEMM_D_SCALE, RP_GEMM_AMAX_D, RP_GEMM_OPERANDS
+};
 /* The sequence lengths come last in both attention tables, so that the
  * slots before them kept their numbers (ring records name operands by
  * slot). */
@@ -60,10 +64,19 @@ enum {
 	RP_LNB_DY = 0, RP_LNB_X, RP_LNB_WEIGHT, RP_LNB_MEAN, RP_LNB_RSTD, RP_LNB_DX, RP_LNB_DWEIGHT, RP_LNB_DBIAS,
 	RP_LNB_DRESIDUAL, RP_LNB_OPERANDS
 };
+/* Quantize and TransposeQuantize (proto/compute_fp8.c): y_t only in the
+ * latter, where y is optional. */
+enum { RP_QUANT_X = 0, RP_QUANT_SCALE, RP_QUANT_Y, RP_QUANT_AMAX, RP_QUANT_Y_T, RP_QUANT_OPERANDS };
+/* ScaleUpdate: each output may be its input itself (an update in place). */
+enum {
+	RP_SCU_AMAX_HISTORY = 0, RP_SCU_SCALE, RP_SCU_AMAX_HISTORY_OUT, RP_SCU_SCALE_OUT, RP_SCU_SCALE_INV,
+	RP_SCU_OPERANDS
+};
 #define RP_OP_OPERANDS_MAX 11
 
 #define RP_DTYPE_BIT(dt) (1u << (dt))
 #define RP_DTYPES_ANY (RP_DTYPE_BIT(RP_DTYPE_F32) | RP_DTYPE_BIT(RP_DTYPE_F16) | RP_DTYPE_BIT(RP_DTYPE_BF16))
+#define RP_DTYPES_FP8 (RP_DTYPE_BIT(RP_DTYPE_E4M3) | RP_DTYPE_BIT(RP_DTYPE_E5M2))
 #define RP_NO_SLOT (-1)
 
 enum rp_operand_role { RP_ROLE_IN = 0, RP_ROLE_OUT };
@@ -146,7 +159,9 @@ struct rp_event_ref {
 
 /* Gemm: D = epilogue(alpha op(A) op(B) + beta C + bias), or with dgelu
  * (alpha op(A) op(B) + beta C) * GELU'(aux); gelu_aux and gelu_aux_bias
- * write GELU's input to aux_out besides. */
+ * write GELU's input to aux_out besides. With FP8 inputs (proto/compute_gemm.c)
+ * op(A) op(B) is of the dequantized inputs, a_scale A and b_scale B; an FP8
+ * D stores d_scale times the result, whose amax goes to amax_d. */
 struct rp_gemm {
 	bool trans_a, trans_b;
 	double alpha, beta;          /* defaults 1 and 0 */
@@ -178,6 +193,28 @@ struct rp_layer_norm {
 /* The longest row a LayerNorm takes: what the backends size their per-row
  * scratch and per-column partial sums by. */
 #define RP_LAYER_NORM_N_MAX 65536
+
+/* Quantize and TransposeQuantize: y = fp8(x * scale), rounded to nearest
+ * even and saturated to the FP8 dtype's largest finite value; amax =
+ * max |x|. x [rows, cols]; TransposeQuantize's y_t is [cols, rows]. */
+struct rp_quantize {
+	int64_t rows, cols;          /* derived */
+};
+
+/* ScaleUpdate: Transformer Engine's delayed-scaling step over N scales
+ * with histories of H amaxes (proto/compute_fp8.c). */
+enum rp_amax_compute { RP_AMAX_COMPUTE_MAX = 0, RP_AMAX_COMPUTE_MOST_RECENT };
+enum rp_fp8_format { RP_FP8_E4M3 = 0, RP_FP8_E5M2 };
+static inline enum rp_dtype rp_fp8_format_dtype(enum rp_fp8_format f)
+{
+	return f == RP_FP8_E5M2 ? RP_DTYPE_E5M2 : RP_DTYPE_E4M3;
+}
+struct rp_scale_update {
+	enum rp_fp8_format format;   /* the FP8 dtype whose largest value the scale aims at */
+	enum rp_amax_compute amax_compute;
+	double margin;               /* scale = fp8_max * 2^-margin / amax */
+	int64_t history, n;          /* derived: H and N */
+};
 
 /* io.regen.Comm's calls that run on a lane (proto/comm.h). */
 enum rp_comm_kind {
@@ -226,12 +263,15 @@ struct rp_compute {
 		struct rp_gemm gemm;
 		struct rp_attention attention;
 		struct rp_layer_norm layer_norm;
+		struct rp_quantize quantize;
+		struct rp_scale_update scale_update;
 		struct rp_comm_call comm;
 	};
 };
 
 extern const struct rp_op_spec rp_op_gemm, rp_op_attention, rp_op_attention_backward;
 extern const struct rp_op_spec rp_op_layer_norm, rp_op_layer_norm_backward;
+extern const struct rp_op_spec rp_op_quantize, rp_op_transpose_quantize, rp_op_scale_update;
 /* io.regen.Program.Run's spec (id RP_OP_PROGRAM, no operands): what the
  * worker's generic path and the logs know of a Run. */
 extern const struct rp_op_spec rp_op_program_run;

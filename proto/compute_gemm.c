@@ -9,7 +9,21 @@
  * one, dgelu needs aux and aux needs dgelu, gelu_aux(_bias) needs aux_out
  * and aux_out needs one of them, tf32 only multiplies f32. Inputs
  * share a dtype, outputs share one; D may be wider than A and B (bf16 in,
- * f32 out), as cuBLASLt allows. */
+ * f32 out), as cuBLASLt allows.
+ *
+ * FP8 (check_fp8): A and B in e4m3 or e5m2, not both e5m2 (cuBLASLt has no
+ * such kernel), each with its scale, an f32 [1] in the rank's memory that
+ * turns stored values into real ones (cuBLASLt's A and B scales, Transformer
+ * Engine's scale_inv); op(A) op(B) is then of those real values. D in bf16,
+ * f16 or f32, or in FP8 with d_scale (f32 [1], multiplying the result into
+ * D's range) and optionally amax_d (f32 [1]: the largest |result| before
+ * d_scale, written by the GEMM itself). The layout is cuBLASLt's only FP8
+ * one on Hopper (its "TN"): A [M, K] and B [N, K], both K-contiguous, so
+ * trans_a false and trans_b true; TransposeQuantize gives the other layout
+ * of an operand. Epilogues none, bias, gelu and gelu_bias; a bias takes D's
+ * dtype, bf16 or f16; no C with an FP8 D. Because dtype relations differ
+ * with FP8, the table shares no dtype among Gemm's operands: check_dtypes
+ * says it, with the table machinery's words. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -19,19 +33,28 @@
 #include "errors.h"
 #include "ring.h"
 
+#define ANY_OR_FP8 (RP_DTYPES_ANY | RP_DTYPES_FP8)
+#define F32 RP_DTYPE_BIT(RP_DTYPE_F32)
+#define SCALAR "a vector [1] of f32"
+
 static const struct rp_operand_spec gemm_operands[RP_GEMM_OPERANDS] = {
-	[RP_GEMM_A] = { "a", RP_ROLE_IN, true, 2, "a matrix", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true, RP_NO_SLOT },
-	[RP_GEMM_B] = { "b", RP_ROLE_IN, true, 2, "a matrix", RP_DTYPES_ANY, RP_GEMM_A, RP_NO_SLOT, true, RP_NO_SLOT },
-	[RP_GEMM_C] = { "c", RP_ROLE_IN, false, 2, "a matrix", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, true, RP_NO_SLOT },
-	[RP_GEMM_D] = { "d", RP_ROLE_OUT, true, 2, "a matrix", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true, RP_GEMM_C },
-	[RP_GEMM_BIAS] = { "bias", RP_ROLE_IN, false, 1, "a vector of N", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, false,
+	[RP_GEMM_A] = { "a", RP_ROLE_IN, true, 2, "a matrix", ANY_OR_FP8, RP_NO_SLOT, RP_NO_SLOT, true, RP_NO_SLOT },
+	[RP_GEMM_B] = { "b", RP_ROLE_IN, true, 2, "a matrix", ANY_OR_FP8, RP_NO_SLOT, RP_NO_SLOT, true, RP_NO_SLOT },
+	[RP_GEMM_C] = { "c", RP_ROLE_IN, false, 2, "a matrix", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true, RP_NO_SLOT },
+	[RP_GEMM_D] = { "d", RP_ROLE_OUT, true, 2, "a matrix", ANY_OR_FP8, RP_NO_SLOT, RP_NO_SLOT, true, RP_GEMM_C },
+	[RP_GEMM_BIAS] = { "bias", RP_ROLE_IN, false, 1, "a vector of N", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, false,
 			   RP_NO_SLOT },
 	/* dgelu's GELU input of the forward pass, laid out as D is. */
-	[RP_GEMM_AUX] = { "aux", RP_ROLE_IN, false, 2, "a matrix [M, N]", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT, true,
+	[RP_GEMM_AUX] = { "aux", RP_ROLE_IN, false, 2, "a matrix [M, N]", RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, true,
 			  RP_NO_SLOT },
 	/* gelu_aux's GELU input, written for a later dgelu, laid out as D is. */
-	[RP_GEMM_AUX_OUT] = { "aux_out", RP_ROLE_OUT, false, 2, "a matrix [M, N]", RP_DTYPES_ANY, RP_GEMM_D, RP_NO_SLOT,
-			      true, RP_NO_SLOT },
+	[RP_GEMM_AUX_OUT] = { "aux_out", RP_ROLE_OUT, false, 2, "a matrix [M, N]", RP_DTYPES_ANY, RP_NO_SLOT,
+			      RP_NO_SLOT, true, RP_NO_SLOT },
+	/* FP8: the scales, and the output's amax. */
+	[RP_GEMM_A_SCALE] = { "a_scale", RP_ROLE_IN, false, 1, SCALAR, F32, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_GEMM_B_SCALE] = { "b_scale", RP_ROLE_IN, false, 1, SCALAR, F32, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_GEMM_D_SCALE] = { "d_scale", RP_ROLE_IN, false, 1, SCALAR, F32, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT },
+	[RP_GEMM_AMAX_D] = { "amax_d", RP_ROLE_OUT, false, 1, SCALAR, F32, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT },
 };
 
 static const struct rp_field gemm_scalars[] = {
@@ -205,11 +228,158 @@ static int check_options(const struct rp_compute *c, struct rp_error *err)
 	return 0;
 }
 
+/* The table machinery's refusal for two operands that must share a
+ * dtype, in its words. */
+static int same_dtype(const struct rp_compute *c, int slot, int like, struct rp_error *err)
+{
+	const struct rp_operand *op = rp_compute_operand(c, slot), *ref = rp_compute_operand(c, like);
+	const char *name = gemm_operands[slot].name, *ref_name = gemm_operands[like].name;
+
+	if (op && ref && op->dtype != ref->dtype) {
+		return rp_error_invalid_operand(err, name, "%s is %s but %s is %s: they must share a dtype", name,
+						rp_dtype_name(op->dtype), ref_name, rp_dtype_name(ref->dtype));
+	}
+	return 0;
+}
+
+static bool is_fp8_at(const struct rp_compute *c, int slot)
+{
+	return c->present[slot] && rp_dtype_is_fp8(c->operands[slot].dtype);
+}
+
+/* A scale or amax: present exactly when wanted, and one element. */
+static int check_scale(const struct rp_compute *c, int slot, bool wanted, const char *why_wanted,
+		       const char *why_not, struct rp_error *err)
+{
+	const char *name = gemm_operands[slot].name;
+	const struct rp_operand *op = rp_compute_operand(c, slot);
+
+	if (wanted && !op) {
+		return rp_error_invalid_operand(err, name, "no %s was given, but %s", name, why_wanted);
+	}
+	if (!wanted && op) {
+		return rp_error_invalid_operand(err, name, "%s was given, but %s", name, why_not);
+	}
+	if (op && op->shape[0] != 1) {
+		return rp_error_invalid_operand(err, name,
+						"%s is %s but must be [1]: one f32 for the whole tensor (per-tensor "
+						"scaling)",
+						name, rp_operand_shape_text(op).s);
+	}
+	return 0;
+}
+
+/* FP8 inputs: their pairing, layout, scales, output and epilogue. */
+static int check_fp8(const struct rp_compute *c, struct rp_error *err)
+{
+	const struct rp_gemm *g = &c->gemm;
+	const enum rp_dtype da = c->operands[RP_GEMM_A].dtype, db = c->operands[RP_GEMM_B].dtype;
+	const enum rp_dtype dd = c->operands[RP_GEMM_D].dtype;
+	const bool fp8_d = rp_dtype_is_fp8(dd);
+	int r;
+
+	if (rp_dtype_is_fp8(da) != rp_dtype_is_fp8(db)) {
+		const char *q = rp_dtype_is_fp8(da) ? "b" : "a";
+
+		return rp_error_invalid_operand(err, q,
+						"a is %s but b is %s: an FP8 GEMM takes both inputs in FP8; quantize %s "
+						"first (io.regen.Compute.Quantize)",
+						rp_dtype_name(da), rp_dtype_name(db), q);
+	}
+	if (da == RP_DTYPE_E5M2 && db == RP_DTYPE_E5M2) {
+		return rp_error_invalid_operand(err, "b",
+						"a and b are both e5m2, which cuBLASLt does not multiply; take one in e4m3 "
+						"(Transformer Engine's HYBRID: e4m3 weights and activations, e5m2 "
+						"gradients)");
+	}
+	if (g->trans_a || !g->trans_b) {
+		const char *q = g->trans_a ? "a" : "b";
+
+		return rp_error_invalid_operand(err, q,
+						"trans_a is %s and trans_b %s, but an FP8 GEMM takes A [M, K] and B [N, K], "
+						"both K-contiguous (trans_a false, trans_b true: the one FP8 layout "
+						"cuBLASLt has on Hopper); give %s in the other layout "
+						"(io.regen.Compute.TransposeQuantize writes both)",
+						g->trans_a ? "true" : "false", g->trans_b ? "true" : "false", q);
+	}
+	if ((r = check_scale(c, RP_GEMM_A_SCALE, true, "a is FP8: pass its scale, an f32 [1] that turns its stored "
+				     "values into real ones (1 / the scale it was quantized with)", NULL, err)) < 0 ||
+	    (r = check_scale(c, RP_GEMM_B_SCALE, true, "b is FP8: pass its scale, an f32 [1] that turns its stored "
+				     "values into real ones (1 / the scale it was quantized with)", NULL, err)) < 0 ||
+	    (r = check_scale(c, RP_GEMM_D_SCALE, fp8_d, "d is FP8: pass the f32 [1] that scales the result into "
+				     "d's range", "d is not FP8; d_scale is for an FP8 d", err)) < 0 ||
+	    (r = check_scale(c, RP_GEMM_AMAX_D, c->present[RP_GEMM_AMAX_D] && fp8_d, NULL,
+			     "d is not FP8; amax_d is written for an FP8 d, whose next scale it decides", err)) < 0) {
+		return r;
+	}
+	if (g->epilogue != RP_EPILOGUE_NONE && g->epilogue != RP_EPILOGUE_BIAS && g->epilogue != RP_EPILOGUE_GELU &&
+	    g->epilogue != RP_EPILOGUE_GELU_BIAS) {
+		return rp_error_invalid_operand(err, "a",
+						"a is %s and epilogue is %s; an FP8 GEMM takes epilogue none, bias, gelu "
+						"or gelu_bias",
+						rp_dtype_name(da), epilogue_names[g->epilogue]);
+	}
+	if (fp8_d && c->present[RP_GEMM_C]) {
+		return rp_error_invalid_operand(err, "c",
+						"d is %s and a c was given; an FP8 GEMM adds no c into an FP8 d: write "
+						"d in bf16, f16 or f32 to accumulate",
+						rp_dtype_name(dd));
+	}
+	if (c->present[RP_GEMM_BIAS] && (fp8_d || dd == RP_DTYPE_F32)) {
+		return rp_error_invalid_operand(err, "bias",
+						"d is %s and a bias was given; an FP8 GEMM adds a bias only into a bf16 or "
+						"f16 d (of d's dtype)",
+						rp_dtype_name(dd));
+	}
+	return 0;
+}
+
+/* Inputs share a dtype, and so do D and what is laid out as D (C, bias,
+ * aux, aux_out); with FP8 inputs check_fp8 says the rest. */
+static int check_dtypes(const struct rp_compute *c, struct rp_error *err)
+{
+	const bool fp8_in = is_fp8_at(c, RP_GEMM_A) || is_fp8_at(c, RP_GEMM_B);
+	int r;
+
+	if (fp8_in) {
+		if ((r = check_fp8(c, err)) < 0) {
+			return r;
+		}
+	} else {
+		if ((r = same_dtype(c, RP_GEMM_B, RP_GEMM_A, err)) < 0) {
+			return r;
+		}
+		if (is_fp8_at(c, RP_GEMM_D)) {
+			return rp_error_invalid_operand(err, "d",
+							"d is %s but a and b are %s: an FP8 d needs FP8 inputs (quantize "
+							"them, io.regen.Compute.Quantize)",
+							rp_dtype_name(c->operands[RP_GEMM_D].dtype),
+							rp_dtype_name(c->operands[RP_GEMM_A].dtype));
+		}
+		for (int s = RP_GEMM_A_SCALE; s <= RP_GEMM_AMAX_D; s++) {
+			if (c->present[s]) {
+				return rp_error_invalid_operand(err, gemm_operands[s].name,
+								"%s was given but a and b are %s; scales and amax are "
+								"for FP8 inputs",
+								gemm_operands[s].name,
+								rp_dtype_name(c->operands[RP_GEMM_A].dtype));
+			}
+		}
+	}
+	if ((r = same_dtype(c, RP_GEMM_C, RP_GEMM_D, err)) < 0 || (r = same_dtype(c, RP_GEMM_BIAS, RP_GEMM_D, err)) < 0 ||
+	    (r = same_dtype(c, RP_GEMM_AUX, RP_GEMM_D, err)) < 0 ||
+	    (r = same_dtype(c, RP_GEMM_AUX_OUT, RP_GEMM_D, err)) < 0) {
+		return r;
+	}
+	return 0;
+}
+
 static int gemm_check(struct rp_compute *c, struct rp_error *err)
 {
 	int r;
 
-	if ((r = check_scalars(&c->gemm, err)) < 0 || (r = check_shapes(c, err)) < 0) {
+	if ((r = check_scalars(&c->gemm, err)) < 0 || (r = check_dtypes(c, err)) < 0 ||
+	    (r = check_shapes(c, err)) < 0) {
 		return r;
 	}
 	return check_options(c, err);

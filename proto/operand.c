@@ -22,6 +22,8 @@ static const char *const dtype_names[RP_DTYPE_COUNT + 1] = {
 	[RP_DTYPE_F64] = "f64",
 	[RP_DTYPE_I64] = "i64",
 	[RP_DTYPE_U8] = "u8",
+	[RP_DTYPE_E4M3] = "e4m3",
+	[RP_DTYPE_E5M2] = "e5m2",
 	[RP_DTYPE_COUNT] = NULL,
 };
 
@@ -56,6 +58,8 @@ size_t rp_dtype_size(enum rp_dtype dt)
 	case RP_DTYPE_I64:
 		return 8;
 	case RP_DTYPE_U8:
+	case RP_DTYPE_E4M3:
+	case RP_DTYPE_E5M2:
 		return 1;
 	default:
 		return 0;

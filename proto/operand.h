@@ -15,9 +15,14 @@
 /* i32 is for integer operands only (attention's sequence lengths): an
  * operation's table says which operands take which dtypes. f64, i64 and u8
  * (bool) came later, for programs (proto/program.h): the host backend's f64
- * reference runs, torch's int64 indices, comparisons' results. */
+ * reference runs, torch's int64 indices, comparisons' results. e4m3 and
+ * e5m2 are the FP8 formats (OCP's E4M3 "fn": no infinities, one NaN, 448
+ * the largest; E5M2: IEEE-like, 57344 the largest), storage only: the FP8
+ * GEMM's inputs and output and the quantize ops' outputs, never arithmetic
+ * of a program's pointwise ops. */
 enum rp_dtype {
 	RP_DTYPE_F32 = 0, RP_DTYPE_F16, RP_DTYPE_BF16, RP_DTYPE_I32, RP_DTYPE_F64, RP_DTYPE_I64, RP_DTYPE_U8,
+	RP_DTYPE_E4M3, RP_DTYPE_E5M2,
 	RP_DTYPE_COUNT
 };
 /* The floating-point dtypes of io.regen.Compute are the first
@@ -26,6 +31,16 @@ enum rp_dtype {
 static inline bool rp_dtype_is_float(enum rp_dtype dt)
 {
 	return dt < RP_DTYPE_FLOATS || dt == RP_DTYPE_F64;
+}
+/* FP8: floats to a GEMM and the quantize ops, to nothing else. */
+static inline bool rp_dtype_is_fp8(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_E4M3 || dt == RP_DTYPE_E5M2;
+}
+/* The largest finite value of an FP8 dtype (0 for any other). */
+static inline double rp_fp8_max(enum rp_dtype dt)
+{
+	return dt == RP_DTYPE_E4M3 ? 448.0 : dt == RP_DTYPE_E5M2 ? 57344.0 : 0.0;
 }
 
 const char *rp_dtype_name(enum rp_dtype dt);

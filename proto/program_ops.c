@@ -26,6 +26,9 @@ static const struct rp_prog_op ops[] = {
 	COMPUTE("attention_backward", RP_OP_ATTENTION_BACKWARD),
 	COMPUTE("layer_norm", RP_OP_LAYER_NORM),
 	COMPUTE("layer_norm_backward", RP_OP_LAYER_NORM_BACKWARD),
+	COMPUTE("quantize", RP_OP_QUANTIZE),
+	COMPUTE("transpose_quantize", RP_OP_TRANSPOSE_QUANTIZE),
+	COMPUTE("scale_update", RP_OP_SCALE_UPDATE),
 
 	PW("add", RP_PW_ADD, 1, 2), PW("sub", RP_PW_SUB, 1, 2), PW("mul", RP_PW_MUL, 1, 2),
 	PW("div", RP_PW_DIV, 1, 2), PW("pow", RP_PW_POW, 1, 2), PW("maximum", RP_PW_MAXIMUM, 1, 2),
@@ -486,8 +489,30 @@ static int check_compute(struct rp_prog_builder *b, int n)
 	return r;
 }
 
+/* FP8 tensors are storage for the compute ops that take them (a GEMM, the
+ * quantize ops): no pointwise op, reduction or gather computes on them. */
+static int check_no_fp8(struct rp_prog_builder *b, int n)
+{
+	const struct rp_prog_node *node = &b->p->nodes[n];
+
+	for (int i = 0; i < node->nin + node->nout; i++) {
+		int t = i < node->nin ? node->in[i] : node->out[i - node->nin];
+
+		if (t >= 0 && rp_dtype_is_fp8(rp_prog_t(b, t)->dtype)) {
+			return rp_prog_node_error(b, n,
+						  "%s does not take %s, which is %s: FP8 tensors are the operands of "
+						  "gemm, quantize and transpose_quantize only",
+						  node->op->name, rp_prog_t(b, t)->name, dtype_of(rp_prog_t(b, t)));
+		}
+	}
+	return 0;
+}
+
 int rp_prog_check_node(struct rp_prog_builder *b, int n)
 {
+	if (b->p->nodes[n].op->cls != RP_PC_COMPUTE && check_no_fp8(b, n) < 0) {
+		return -EINVAL;
+	}
 	switch (b->p->nodes[n].op->cls) {
 	case RP_PC_COMPUTE:
 		return check_compute(b, n);

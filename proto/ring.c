@@ -46,7 +46,8 @@ static bool is_byte(enum rp_ring_field f)
 
 /* The enums of struct rp_compute are stored as unsigned-sized values. */
 _Static_assert(sizeof(enum rp_epilogue) == sizeof(unsigned) && sizeof(enum rp_compute_mode) == sizeof(unsigned) &&
-		       sizeof(enum rp_causal_alignment) == sizeof(unsigned),
+		       sizeof(enum rp_causal_alignment) == sizeof(unsigned) && sizeof(enum rp_fp8_format) == sizeof(unsigned) &&
+		       sizeof(enum rp_amax_compute) == sizeof(unsigned),
 	       "enums are unsigned-sized");
 
 /* Whether the record's field f (not the flags) holds anything but 0. */

@@ -96,15 +96,15 @@ struct rp_ring_record {
 	uint64_t tag;                    /* the client's, echoed in the completion */
 	uint16_t op;                     /* enum rp_op_id (proto/compute.h) */
 	uint16_t flags;                  /* RP_RING_* */
-	uint8_t epilogue;                /* Gemm: enum rp_epilogue */
-	uint8_t compute;                 /* Gemm: enum rp_compute_mode */
+	uint8_t epilogue;                /* Gemm: enum rp_epilogue; ScaleUpdate: enum rp_fp8_format */
+	uint8_t compute;                 /* Gemm: enum rp_compute_mode; ScaleUpdate: enum rp_amax_compute */
 	uint8_t alignment;               /* attention: enum rp_causal_alignment */
 	uint8_t reserved0;
 	uint32_t wait_event, signal_event;   /* indexes, or RP_RING_NONE */
 	uint32_t deadline_ms;            /* 0: the worker's default; at most RP_DEADLINE_MS_MAX */
 	uint32_t reserved1;
 	double alpha, beta;              /* Gemm (no defaults: 1 and 0 are written) */
-	double scale;                    /* attention: 0 = 1/sqrt(D); LayerNorm: eps, 0 = 1e-5 */
+	double scale;                    /* attention: 0 = 1/sqrt(D); LayerNorm: eps, 0 = 1e-5; ScaleUpdate: margin */
 	uint64_t reserved2;
 	struct rp_ring_operand operands[RP_OP_OPERANDS_MAX];   /* by the op's slots */
 	uint8_t pad[RP_RING_RECORD_SIZE - 64 - RP_OP_OPERANDS_MAX * sizeof(struct rp_ring_operand)];

@@ -16,6 +16,9 @@
 #define POISON_I32 INT32_C(-0x5badbad)
 #define POISON_I64 INT64_C(-0x5badbad5badbad)
 #define POISON_U8 0xbdu
+/* FP8 has one NaN pattern a side (E4M3) or a few (E5M2); the negative one
+ * nothing regen writes for an input that is not a negative NaN. */
+#define POISON_FP8 0xffu
 
 double tl_dtype_eps(enum rp_dtype dt)
 {
@@ -30,6 +33,10 @@ double tl_dtype_eps(enum rp_dtype dt)
 	case RP_DTYPE_I64:
 	case RP_DTYPE_U8:
 		return 0;
+	case RP_DTYPE_E4M3:
+		return ldexp(1, -3);
+	case RP_DTYPE_E5M2:
+		return ldexp(1, -2);
 	default:
 		return ldexp(1, -7);
 	}
@@ -48,6 +55,10 @@ double tl_dtype_quantum(enum rp_dtype dt)
 	case RP_DTYPE_I64:
 	case RP_DTYPE_U8:
 		return 0;
+	case RP_DTYPE_E4M3:
+		return ldexp(1, -9);
+	case RP_DTYPE_E5M2:
+		return ldexp(1, -16);
 	default:
 		return ldexp(1, -133);
 	}
@@ -144,6 +155,53 @@ static double f16_to_double(uint16_t h)
 	return (h & 0x8000) ? -v : v;
 }
 
+/* FP8 from its bit fields: sign, exponent (bias 7 or 15), mantissa (3 or
+ * 2 bits), subnormals at exponent 0. */
+double tl_fp8_decode(enum rp_dtype dt, uint8_t b)
+{
+	const int mbits = dt == RP_DTYPE_E4M3 ? 3 : 2, bias = dt == RP_DTYPE_E4M3 ? 7 : 15;
+	const int exp = (b & 0x7f) >> mbits, man = b & ((1 << mbits) - 1);
+	double v;
+
+	if (dt == RP_DTYPE_E4M3 && (b & 0x7f) == 0x7f) {
+		return NAN;
+	}
+	if (dt == RP_DTYPE_E5M2 && exp == 31) {
+		v = man ? NAN : INFINITY;
+	} else if (exp == 0) {
+		v = ldexp(man, 1 - bias - mbits);
+	} else {
+		v = ldexp(man + (1 << mbits), exp - bias - mbits);
+	}
+	return (b & 0x80) ? -v : v;
+}
+
+/* The nearest of all finite codes, found by looking at every one; a tie
+ * goes to the code with an even mantissa; beyond the largest, the largest
+ * (saturation); NaN the canonical NaN. Slow and obviously right. */
+uint8_t tl_fp8_encode(enum rp_dtype dt, double v)
+{
+	uint8_t best = 0;
+	double best_err = INFINITY;
+
+	if (isnan(v)) {
+		return (signbit(v) ? 0x80 : 0) | 0x7f;
+	}
+	for (int c = 0; c < 256; c++) {
+		double x = tl_fp8_decode(dt, (uint8_t)c), e;
+
+		if (!isfinite(x) || (x == 0 && signbit(x) != signbit(v))) {
+			continue;
+		}
+		e = fabs(x - v);
+		if (e < best_err || (e == best_err && (c & 1) == 0)) {
+			best = (uint8_t)c;
+			best_err = e;
+		}
+	}
+	return best;
+}
+
 double tl_load(enum rp_dtype dt, const void *base, size_t i)
 {
 	float f;
@@ -166,6 +224,9 @@ double tl_load(enum rp_dtype dt, const void *base, size_t i)
 	case RP_DTYPE_U8:
 		memcpy(&u8, (const char *)base + i, 1);
 		return u8;
+	case RP_DTYPE_E4M3:
+	case RP_DTYPE_E5M2:
+		return tl_fp8_decode(dt, ((const uint8_t *)base)[i]);
 	default:
 		break;
 	}
@@ -201,6 +262,10 @@ double tl_store(enum rp_dtype dt, void *base, size_t i, double v)
 		u8 = (uint8_t)int_of(v, 0, UINT8_MAX);
 		memcpy((char *)base + i, &u8, 1);
 		return u8;
+	case RP_DTYPE_E4M3:
+	case RP_DTYPE_E5M2:
+		((uint8_t *)base)[i] = tl_fp8_encode(dt, v);
+		return tl_load(dt, base, i);
 	default:
 		break;
 	}
@@ -231,6 +296,8 @@ void tl_poison(enum rp_dtype dt, void *base, size_t count)
 			memcpy((char *)base + 8 * i, &pi64, 8);
 		} else if (dt == RP_DTYPE_U8) {
 			memcpy((char *)base + i, &pu8, 1);
+		} else if (rp_dtype_is_fp8(dt)) {
+			((uint8_t *)base)[i] = POISON_FP8;
 		} else if (dt == RP_DTYPE_F32) {
 			memcpy((char *)base + 4 * i, &p32, 4);
 		} else {
@@ -261,6 +328,9 @@ bool tl_is_poison(enum rp_dtype dt, const void *base, size_t i)
 	case RP_DTYPE_U8:
 		memcpy(&u8, (const char *)base + i, 1);
 		return u8 == POISON_U8;
+	case RP_DTYPE_E4M3:
+	case RP_DTYPE_E5M2:
+		return ((const uint8_t *)base)[i] == POISON_FP8;
 	default:
 		break;
 	}

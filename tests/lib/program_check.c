@@ -307,6 +307,8 @@ static const unsigned char poison_bytes[RP_DTYPE_COUNT][8] = {
 	[RP_DTYPE_I32] = { 0xa5, 0xa5, 0xa5, 0xa5 },
 	[RP_DTYPE_I64] = { 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5 },
 	[RP_DTYPE_U8] = { 0xa5 },
+	[RP_DTYPE_E4M3] = { 0xff },
+	[RP_DTYPE_E5M2] = { 0xff },
 };
 
 static void poison(enum rp_dtype dt, void *base, size_t count)

@@ -904,6 +904,244 @@ START_TEST(layer_norm_backward_refuses)
 }
 END_TEST
 
+/* ---- FP8: Gemm, Quantize, TransposeQuantize, ScaleUpdate ---------------------------- */
+
+/* D[64, 48] = A[64, 32] B[48, 32]^T in e4m3, scales beside the data. */
+static const char fp8_gemm_base[] =
+	"{'a': {'buffer': 'b0.1.1', 'dtype': 'e4m3', 'shape': [64, 32]},"
+	" 'b': {'buffer': 'b0.1.2', 'dtype': 'e4m3', 'shape': [48, 32]}, 'trans_b': true,"
+	" 'd': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [64, 48]},"
+	" 'a_scale': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [1]},"
+	" 'b_scale': {'buffer': 'b0.1.4', 'offset': 4, 'dtype': 'f32', 'shape': [1]}}";
+
+#define FP8_D "'d': {'buffer': 'b0.1.3', 'dtype': 'e4m3', 'shape': [64, 48]}"
+#define D_SCALE "'d_scale': {'buffer': 'b0.1.4', 'offset': 8, 'dtype': 'f32', 'shape': [1]}"
+#define AMAX_D "'amax_d': {'buffer': 'b0.1.4', 'offset': 12, 'dtype': 'f32', 'shape': [1]}"
+
+static const struct gemm_ok fp8_gemm_ok_cases[] = {
+	{ "e4m3 x e4m3 into bf16", NULL, 64, 48, 32 },
+	{ "e5m2 x e4m3 (a gradient times a weight) into f32",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'e5m2', 'shape': [64, 32]},"
+	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]}}", 64, 48, 32 },
+	{ "into e4m3 with its scale and amax", "{" FP8_D ", " D_SCALE ", " AMAX_D "}", 64, 48, 32 },
+	{ "into e5m2 without amax",
+	  "{'d': {'buffer': 'b0.1.3', 'dtype': 'e5m2', 'shape': [64, 48]}, " D_SCALE "}", 64, 48, 32 },
+	{ "bf16 bias and gelu",
+	  "{'bias': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [48]}, 'epilogue': 'gelu_bias'}", 64, 48, 32 },
+	{ "accumulating into c", "{'c': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [64, 48]}, 'beta': 1}", 64, 48,
+	  32 },
+};
+
+START_TEST(fp8_gemm_accepts)
+{
+	const struct gemm_ok *gc = &fp8_gemm_ok_cases[_i];
+	cJSON *params = patched(fp8_gemm_base, gc->patch);
+	struct rp_error err = { 0 };
+	struct rp_compute c;
+	int r = rp_compute_parse(&rp_op_gemm, params, &c, &err);
+
+	ck_assert_msg(r == 0, "%s: refused with %s %s", gc->what, err.name ? err.name : "?",
+		      err.params ? cJSON_PrintUnformatted(err.params) : "");
+	ck_assert_int_eq(c.gemm.m, gc->m);
+	ck_assert_int_eq(c.gemm.n, gc->n);
+	ck_assert_int_eq(c.gemm.k, gc->k);
+	cJSON_Delete(params);
+}
+END_TEST
+
+static const struct bad_case fp8_gemm_bad_cases[] = {
+	{ "e4m3 a with a bf16 b", "{'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [48, 32]}}",
+	  RP_ERR_INVALID_OPERAND, "b", "both inputs in FP8" },
+	{ "both e5m2",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'e5m2', 'shape': [64, 32]},"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'e5m2', 'shape': [48, 32]}}", RP_ERR_INVALID_OPERAND, "b", "e5m2" },
+	{ "no a_scale", "{'a_scale': null}", RP_ERR_INVALID_OPERAND, "a_scale", "no a_scale was given" },
+	{ "no b_scale", "{'b_scale': null}", RP_ERR_INVALID_OPERAND, "b_scale", "no b_scale was given" },
+	{ "an FP8 d without d_scale", "{" FP8_D "}", RP_ERR_INVALID_OPERAND, "d_scale", "no d_scale was given" },
+	{ "d_scale for a bf16 d", "{" D_SCALE "}", RP_ERR_INVALID_OPERAND, "d_scale", "not FP8" },
+	{ "amax_d for a bf16 d", "{" AMAX_D "}", RP_ERR_INVALID_OPERAND, "amax_d", "not FP8" },
+	{ "a scale of two elements",
+	  "{'a_scale': {'buffer': 'b0.1.4', 'offset': 16, 'dtype': 'f32', 'shape': [2]}}", RP_ERR_INVALID_OPERAND,
+	  "a_scale", "must be [1]" },
+	{ "an f16 scale", "{'a_scale': {'buffer': 'b0.1.4', 'offset': 16, 'dtype': 'f16', 'shape': [1]}}",
+	  RP_ERR_INVALID_OPERAND, "a_scale", "must be f32" },
+	{ "b not transposed", "{'b': {'buffer': 'b0.1.2', 'dtype': 'e4m3', 'shape': [32, 48]}, 'trans_b': false}",
+	  RP_ERR_INVALID_OPERAND, "b", "TransposeQuantize" },
+	{ "a transposed", "{'a': {'buffer': 'b0.1.1', 'dtype': 'e4m3', 'shape': [32, 64]}, 'trans_a': true}",
+	  RP_ERR_INVALID_OPERAND, "a", "trans_a false, trans_b true" },
+	{ "an FP8 d from bf16 inputs",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [64, 32]},"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [48, 32]}, 'a_scale': null, 'b_scale': null, " FP8_D "}",
+	  RP_ERR_INVALID_OPERAND, "d", "needs FP8 inputs" },
+	{ "scales for bf16 inputs",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [64, 32]},"
+	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [48, 32]}}", RP_ERR_INVALID_OPERAND, "a_scale",
+	  "for FP8 inputs" },
+	{ "c into an FP8 d",
+	  "{" FP8_D ", " D_SCALE ", 'c': {'buffer': 'b0.1.6', 'dtype': 'bf16', 'shape': [64, 48]}, 'beta': 1}",
+	  RP_ERR_INVALID_OPERAND, "c", "no c into an FP8 d" },
+	{ "a bias into an f32 d",
+	  "{'d': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]},"
+	  " 'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}", RP_ERR_INVALID_OPERAND,
+	  "bias", "bf16 or f16 d" },
+	{ "an f32 bias into a bf16 d", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}",
+	  RP_ERR_INVALID_OPERAND, "bias", "must share a dtype" },
+	{ "dgelu", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'bf16', 'shape': [64, 48]}, 'epilogue': 'dgelu'}",
+	  RP_ERR_INVALID_OPERAND, "a", "epilogue none, bias, gelu or gelu_bias" },
+	{ "amax_d overlapping d_scale",
+	  "{" FP8_D ", " D_SCALE ", 'amax_d': {'buffer': 'b0.1.4', 'offset': 8, 'dtype': 'f32', 'shape': [1]}}",
+	  RP_ERR_INVALID_OPERAND, "amax_d", "overlaps d_scale" },
+	{ "an FP8 c", "{'c': {'buffer': 'b0.1.6', 'dtype': 'e4m3', 'shape': [64, 48]}, 'beta': 1}",
+	  RP_ERR_INVALID_OPERAND, "c", "must be f32 or f16 or bf16" },
+};
+
+START_TEST(fp8_gemm_refuses)
+{
+	struct rp_compute c;
+
+	expect_bad(fp8_gemm_base, &fp8_gemm_bad_cases[_i], gemm_parse_any, &c, sizeof(c));
+}
+END_TEST
+
+static int quantize_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_compute_parse(&rp_op_quantize, p, d, e);
+}
+
+static int transpose_quantize_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_compute_parse(&rp_op_transpose_quantize, p, d, e);
+}
+
+static int scale_update_parse_any(const cJSON *p, void *d, struct rp_error *e)
+{
+	return rp_compute_parse(&rp_op_scale_update, p, d, e);
+}
+
+static const char quantize_base[] =
+	"{'x': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [24, 40], 'strides': [48, 1]},"
+	" 'scale': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [1]},"
+	" 'y': {'buffer': 'b0.1.3', 'dtype': 'e4m3', 'shape': [24, 40]},"
+	" 'amax': {'buffer': 'b0.1.2', 'offset': 4, 'dtype': 'f32', 'shape': [1]}}";
+
+static const char transpose_quantize_base[] =
+	"{'x': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [24, 40]},"
+	" 'scale': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [1]},"
+	" 'y': {'buffer': 'b0.1.3', 'dtype': 'e5m2', 'shape': [24, 40]},"
+	" 'y_t': {'buffer': 'b0.1.4', 'dtype': 'e5m2', 'shape': [40, 24]}}";
+
+static const char scale_update_base[] =
+	"{'amax_history': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [16, 6]},"
+	" 'scale': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [6]},"
+	" 'amax_history_out': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [16, 6]},"
+	" 'scale_out': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [6]},"
+	" 'scale_inv': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [6]},"
+	" 'fp8_dtype': 'e5m2', 'amax_compute': 'most_recent', 'margin': 1}";
+
+START_TEST(fp8_ops_accept_and_derive)
+{
+	struct rp_error err = { 0 };
+	struct rp_compute c;
+	cJSON *p;
+
+	p = patched(quantize_base, NULL);
+	ck_assert_int_eq(rp_compute_parse(&rp_op_quantize, p, &c, &err), 0);
+	ck_assert_int_eq(c.quantize.rows, 24);
+	ck_assert_int_eq(c.quantize.cols, 40);
+	cJSON_Delete(p);
+
+	p = patched(transpose_quantize_base, "{'y': null, 'amax': {'buffer': 'b0.1.2', 'offset': 4, 'dtype': 'f32', 'shape': [1]}}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_transpose_quantize, p, &c, &err), 0);
+	ck_assert(!c.present[RP_QUANT_Y] && c.present[RP_QUANT_Y_T] && c.present[RP_QUANT_AMAX]);
+	cJSON_Delete(p);
+
+	/* In place, every option set. */
+	p = patched(scale_update_base, NULL);
+	ck_assert_msg(rp_compute_parse(&rp_op_scale_update, p, &c, &err) == 0, "%s",
+		      err.params ? cJSON_PrintUnformatted(err.params) : "?");
+	ck_assert_int_eq(c.scale_update.history, 16);
+	ck_assert_int_eq(c.scale_update.n, 6);
+	ck_assert_int_eq(c.scale_update.format, RP_FP8_E5M2);
+	ck_assert_int_eq(c.scale_update.amax_compute, RP_AMAX_COMPUTE_MOST_RECENT);
+	ck_assert(c.scale_update.margin == 1.0);
+	cJSON_Delete(p);
+
+	/* Defaults: e4m3, max, margin 0. */
+	p = patched(scale_update_base, "{'fp8_dtype': null, 'amax_compute': null, 'margin': null}");
+	ck_assert_int_eq(rp_compute_parse(&rp_op_scale_update, p, &c, &err), 0);
+	ck_assert_int_eq(c.scale_update.format, RP_FP8_E4M3);
+	ck_assert_int_eq(c.scale_update.amax_compute, RP_AMAX_COMPUTE_MAX);
+	ck_assert(c.scale_update.margin == 0.0);
+	cJSON_Delete(p);
+}
+END_TEST
+
+static const struct bad_case quantize_bad_cases[] = {
+	{ "a bf16 y", "{'y': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [24, 40]}}", RP_ERR_INVALID_OPERAND, "y",
+	  "must be e4m3 or e5m2" },
+	{ "an e4m3 x", "{'x': {'buffer': 'b0.1.1', 'dtype': 'e4m3', 'shape': [24, 40]}}", RP_ERR_INVALID_OPERAND, "x",
+	  NULL },
+	{ "no scale", "{'scale': null}", RP_ERR_INVALID_PARAMETER, "scale", NULL },
+	{ "a scale of x's shape", "{'scale': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [24]}}",
+	  RP_ERR_INVALID_OPERAND, "scale", "must be [1]" },
+	{ "y not x's shape", "{'y': {'buffer': 'b0.1.3', 'dtype': 'e4m3', 'shape': [40, 24]}}", RP_ERR_INVALID_OPERAND,
+	  "y", "shaped like x" },
+	{ "amax on the scale", "{'amax': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [1]}}", RP_ERR_INVALID_OPERAND,
+	  "amax", "overlaps scale" },
+	{ "a y_t", "{'y_t': {'buffer': 'b0.1.4', 'dtype': 'e4m3', 'shape': [40, 24]}}", RP_ERR_INVALID_PARAMETER, "y_t",
+	  NULL },
+};
+
+static const struct bad_case transpose_quantize_bad_cases[] = {
+	{ "no y_t", "{'y_t': null}", RP_ERR_INVALID_PARAMETER, "y_t", NULL },
+	{ "y_t not transposed", "{'y_t': {'buffer': 'b0.1.4', 'dtype': 'e5m2', 'shape': [24, 40]}}",
+	  RP_ERR_INVALID_OPERAND, "y_t", "x transposed" },
+	{ "y and y_t of two dtypes", "{'y_t': {'buffer': 'b0.1.4', 'dtype': 'e4m3', 'shape': [40, 24]}}",
+	  RP_ERR_INVALID_OPERAND, "y", "must share a dtype" },
+};
+
+static const struct bad_case scale_update_bad_cases[] = {
+	{ "an unknown fp8_dtype", "{'fp8_dtype': 'e3m4'}", RP_ERR_INVALID_PARAMETER, "fp8_dtype", NULL },
+	{ "an unknown amax_compute", "{'amax_compute': 'mean'}", RP_ERR_INVALID_PARAMETER, "amax_compute", NULL },
+	{ "an infinite margin", "{'margin': 1e999}", RP_ERR_INVALID_PARAMETER, "margin", NULL },
+	{ "a margin past 126", "{'margin': 127}", RP_ERR_INVALID_PARAMETER, "margin", NULL },
+	{ "a scale per row", "{'scale': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [16]},"
+	  " 'scale_out': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [16]}}", RP_ERR_INVALID_OPERAND, "scale",
+	  "one scale per column" },
+	{ "a history rolled into other strides",
+	  "{'amax_history_out': {'buffer': 'b0.1.1', 'dtype': 'f32', 'shape': [16, 6], 'strides': [8, 1]}}",
+	  RP_ERR_INVALID_OPERAND, "amax_history", "only exactly" },
+	{ "scale_inv on the scale", "{'scale_inv': {'buffer': 'b0.1.2', 'dtype': 'f32', 'shape': [6]}}",
+	  RP_ERR_INVALID_OPERAND, "scale_inv", "overlaps" },
+	{ "an f16 history", "{'amax_history': {'buffer': 'b0.1.1', 'dtype': 'f16', 'shape': [16, 6]}}",
+	  RP_ERR_INVALID_OPERAND, "amax_history", "must be f32" },
+};
+
+START_TEST(quantize_refuses)
+{
+	struct rp_compute c;
+
+	expect_bad(quantize_base, &quantize_bad_cases[_i], quantize_parse_any, &c, sizeof(c));
+}
+END_TEST
+
+START_TEST(transpose_quantize_refuses)
+{
+	struct rp_compute c;
+
+	expect_bad(transpose_quantize_base, &transpose_quantize_bad_cases[_i], transpose_quantize_parse_any, &c,
+		   sizeof(c));
+}
+END_TEST
+
+START_TEST(scale_update_refuses)
+{
+	struct rp_compute c;
+
+	expect_bad(scale_update_base, &scale_update_bad_cases[_i], scale_update_parse_any, &c, sizeof(c));
+}
+END_TEST
+
 #define N(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 static Suite *compute_parse_suite(void)
@@ -936,6 +1174,15 @@ static Suite *compute_parse_suite(void)
 	tcase_add_test(ln, layer_norm_backward_accepts_and_derives);
 	tcase_add_loop_test(ln, layer_norm_backward_refuses, 0, N(layer_norm_backward_bad_cases));
 	suite_add_tcase(s, ln);
+
+	TCase *fp8 = tcase_create("fp8");
+	tcase_add_loop_test(fp8, fp8_gemm_accepts, 0, N(fp8_gemm_ok_cases));
+	tcase_add_loop_test(fp8, fp8_gemm_refuses, 0, N(fp8_gemm_bad_cases));
+	tcase_add_test(fp8, fp8_ops_accept_and_derive);
+	tcase_add_loop_test(fp8, quantize_refuses, 0, N(quantize_bad_cases));
+	tcase_add_loop_test(fp8, transpose_quantize_refuses, 0, N(transpose_quantize_bad_cases));
+	tcase_add_loop_test(fp8, scale_update_refuses, 0, N(scale_update_bad_cases));
+	suite_add_tcase(s, fp8);
 	return s;
 }
 

@@ -495,6 +495,11 @@ static const struct bad_case bad_cases[] = {
 	{ "null operand of a primitive", "{'tensors':[" T_X "," T_Y "],'nodes':[{'op':'add','inputs':['x',null],"
 	  "'outputs':['y']}]}", PARAM, "nodes[0].inputs[1]", NULL },
 	/* Dtypes. */
+	{ "an FP8 input to arithmetic", "{'tensors':[" T_Y ",{'name':'q','kind':'input','dtype':'e4m3','shape':[3]}],"
+	  "'nodes':[{'op':'exp','name':'e','inputs':['q'],'outputs':['y']}]}", IP, "nodes[0] (e)",
+	  "operands of gemm, quantize and transpose_quantize only" },
+	{ "a cast to FP8", "{'tensors':[" T_X ",{'name':'q','kind':'output','dtype':'e5m2','shape':[4,3]}],"
+	  "'nodes':[{'op':'cast','name':'c','inputs':['x'],'outputs':['q']}]}", IP, "nodes[0] (c)", "cast does not take q" },
 	{ "integer input to arithmetic", "{'tensors':[" T_Y ",{'name':'i','kind':'input','dtype':'i32','shape':[3]}],"
 	  "'nodes':[{'op':'exp','name':'e','inputs':['i'],'outputs':['y']}]}", IP, "nodes[0] (e)", "cast it first" },
 	{ "integer output of arithmetic", "{'tensors':[" T_X ",{'name':'y','kind':'output','dtype':'u8','shape':[4,3]}],"

@@ -16,7 +16,7 @@ from .objects import Buffer, buffer_id, event_id, tensor_imports
 
 __all__ = ["Compute", "Operand", "DTYPE_SIZE", "scalars_record"]
 
-DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
+DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "e4m3": 1, "e5m2": 1}
 _EPILOGUES = tuple(ops.EPILOGUE_CODES)
 _TRANS_A, _TRANS_B, _CAUSAL = 0x1, 0x2, 0x4
 
@@ -24,7 +24,7 @@ _TRANS_A, _TRANS_B, _CAUSAL = 0x1, 0x2, 0x4
 class Operand:
     """A tensor inside an imported buffer: ``buffer`` (a Buffer or an id),
     ``offset`` in bytes, ``dtype`` ("f32", "f16", "bf16"; "i32" for
-    attention's sequence lengths), ``shape`` and
+    attention's sequence lengths; "e4m3", "e5m2" for FP8), ``shape`` and
     ``strides`` in elements (None = row-major contiguous)."""
 
     __slots__ = ("buffer", "offset", "dtype", "shape", "strides")

@@ -25,13 +25,17 @@ OPS = {
     'gemm': Op(
         'gemm', 'io.regen.Compute.Gemm',
         (
-            OperandSpec('a', False, True, 2, ('f32', 'f16', 'bf16')),
-            OperandSpec('b', False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec('a', False, True, 2, ('f32', 'f16', 'bf16', 'e4m3', 'e5m2')),
+            OperandSpec('b', False, True, 2, ('f32', 'f16', 'bf16', 'e4m3', 'e5m2')),
             OperandSpec('c', False, False, 2, ('f32', 'f16', 'bf16')),
-            OperandSpec('d', True, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec('d', True, True, 2, ('f32', 'f16', 'bf16', 'e4m3', 'e5m2')),
             OperandSpec('bias', False, False, 1, ('f32', 'f16', 'bf16')),
             OperandSpec('aux', False, False, 2, ('f32', 'f16', 'bf16')),
             OperandSpec('aux_out', True, False, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec('a_scale', False, False, 1, ('f32',)),
+            OperandSpec('b_scale', False, False, 1, ('f32',)),
+            OperandSpec('d_scale', False, False, 1, ('f32',)),
+            OperandSpec('amax_d', True, False, 1, ('f32',)),
         ),
         (
             ('trans_a', 'bool'),
@@ -150,6 +154,58 @@ OPS = {
             RingScalar('eps', 'scale', 0),
         ),
     ),
+    'quantize': Op(
+        'quantize', 'io.regen.Compute.Quantize',
+        (
+            OperandSpec('x', False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec('scale', False, True, 1, ('f32',)),
+            OperandSpec('y', True, True, 2, ('e4m3', 'e5m2')),
+            OperandSpec('amax', True, False, 1, ('f32',)),
+        ),
+        (),
+        5,
+        {},
+        (),
+    ),
+    'transpose_quantize': Op(
+        'transpose_quantize', 'io.regen.Compute.TransposeQuantize',
+        (
+            OperandSpec('x', False, True, 2, ('f32', 'f16', 'bf16')),
+            OperandSpec('scale', False, True, 1, ('f32',)),
+            OperandSpec('y', True, False, 2, ('e4m3', 'e5m2')),
+            OperandSpec('amax', True, False, 1, ('f32',)),
+            OperandSpec('y_t', True, True, 2, ('e4m3', 'e5m2')),
+        ),
+        (),
+        6,
+        {},
+        (),
+    ),
+    'scale_update': Op(
+        'scale_update', 'io.regen.Compute.ScaleUpdate',
+        (
+            OperandSpec('amax_history', False, True, 2, ('f32',)),
+            OperandSpec('scale', False, True, 1, ('f32',)),
+            OperandSpec('amax_history_out', True, True, 2, ('f32',)),
+            OperandSpec('scale_out', True, True, 1, ('f32',)),
+            OperandSpec('scale_inv', True, False, 1, ('f32',)),
+        ),
+        (
+            ('fp8_dtype', 'string'),
+            ('amax_compute', 'string'),
+            ('margin', 'float'),
+        ),
+        7,
+        {
+            'fp8_dtype': ('e4m3', 'e5m2'),
+            'amax_compute': ('max', 'most_recent'),
+        },
+        (
+            RingScalar('fp8_dtype', 'epilogue', 0),
+            RingScalar('amax_compute', 'compute', 0),
+            RingScalar('margin', 'scale', 0),
+        ),
+    ),
 }
 
 # Per op, read on every call by the client and regen.torch: its operands'
@@ -166,4 +222,4 @@ OP_IDS = {name: op.id for name, op in OPS.items()}
 EPILOGUE_CODES = {n: i for i, n in enumerate(OPS["gemm"].choices["epilogue"])}
 COMPUTE_CODES = {n: i for i, n in enumerate(OPS["gemm"].choices["compute"])}
 ALIGNMENT_CODES = {n: i for i, n in enumerate(OPS["attention"].choices["causal_alignment"])}
-DTYPE_CODES = {'f32': 0, 'f16': 1, 'bf16': 2, 'i32': 3, 'f64': 4, 'i64': 5, 'u8': 6}
+DTYPE_CODES = {'f32': 0, 'f16': 1, 'bf16': 2, 'i32': 3, 'f64': 4, 'i64': 5, 'u8': 6, 'e4m3': 7, 'e5m2': 8}

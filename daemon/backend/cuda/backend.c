@@ -27,6 +27,9 @@ static cuda_enqueue_fn *const enqueue_table[CUDA_OP_KINDS] = {
 	[RP_OP_ATTENTION_BACKWARD] = cuda_attention_enqueue,
 	[RP_OP_LAYER_NORM] = cuda_layer_norm_enqueue,
 	[RP_OP_LAYER_NORM_BACKWARD] = cuda_layer_norm_enqueue,
+	[RP_OP_QUANTIZE] = cuda_fp8_enqueue,
+	[RP_OP_TRANSPOSE_QUANTIZE] = cuda_fp8_enqueue,
+	[RP_OP_SCALE_UPDATE] = cuda_fp8_enqueue,
 #if REGEN_HAVE_NCCL
 	[RP_OP_COMM] = cuda_comm_enqueue,
 #endif

@@ -476,6 +476,10 @@ void cuda_comm_finish(struct cuda_dev *cd);
 
 int cuda_layer_norm_enqueue(struct cuda_lane *lane, struct rd_op *op);
 
+/* ---- fp8.c: Quantize, TransposeQuantize, ScaleUpdate (kernels/fp8.cu) ---------- */
+
+int cuda_fp8_enqueue(struct cuda_lane *lane, struct rd_op *op);
+
 /* ---- attention.c: forward and backward, through cuDNN ---------------------- */
 
 int cuda_attention_enqueue(struct cuda_lane *lane, struct rd_op *op);

@@ -34,6 +34,21 @@
  * a legal call is never refused because of the cache, and the excess is
  * bounded by the threads that enqueue.
  *
+ * FP8 (proto/compute_gemm.c): A and B in e4m3 or e5m2 with per-tensor
+ * scales, which cuBLASLt reads from device memory (its A scale is our
+ * b_scale, its B scale our a_scale: the operands swap over as above).
+ * cuBLASLt's FP8 kernels on Hopper take only its "TN" layout, A transposed
+ * and B not; ours, row-major D = A B^T with A [M, K] and B [N, K], is exactly
+ * that once swapped (its A = our B read column-major [K, N], transposed),
+ * which is why the protocol takes FP8 only with trans_a false and trans_b
+ * true and TransposeQuantize gives the other layout: nothing is transposed
+ * here. Fast accumulation stays off (the default, set anyway): FP8 sums are
+ * promoted to f32 as cuBLASLt goes. An FP8 D takes d_scale and, when given,
+ * amax_d (AMAX_D_POINTER: the GEMM computes it); its C layout is bf16
+ * (cuBLASLt's table has no FP8 C) and never read, the protocol giving no C
+ * and so beta 0 (gemm_resolve points it at A). Scale and amax pointers are set per call, beside the bias
+ * pointer, with stand-ins of their alignment at planning.
+ *
  * Scratch: each call's workspace is taken on its lane's stream from the
  * device's pool (scratch.c: the lane's own block, reused by its calls one
  * after the other in stream order while it is busy), so concurrent GEMMs
@@ -59,7 +74,8 @@
 struct gemm_key {
 	int64_t m, n, k;
 	int64_t lda, ldb, ldc, ldd, ldaux;
-	int32_t dtype_ab, dtype_cd;
+	int32_t dtype_ab, dtype_b, dtype_cd;   /* dtype_ab: A's (and B's, but for FP8) */
+	int32_t fp8_amax;
 	int32_t trans_a, trans_b;
 	int32_t epilogue, compute;
 	int32_t align_a, align_b, align_c, align_d, align_bias, align_aux;
@@ -88,6 +104,8 @@ static cudaDataType_t cuda_type(int32_t dt)
 	switch (dt) {
 	case RP_DTYPE_F16: return CUDA_R_16F;
 	case RP_DTYPE_BF16: return CUDA_R_16BF;
+	case RP_DTYPE_E4M3: return CUDA_R_8F_E4M3;
+	case RP_DTYPE_E5M2: return CUDA_R_8F_E5M2;
 	default: return CUDA_R_32F;
 	}
 }
@@ -139,7 +157,11 @@ static int plan_init(struct rd_resource *res)
 	if (rd_resource_ensure_valid(&cd->handle.res))
 		return -EIO;   /* the handle's init left its status */
 
-	cudaDataType_t tab = cuda_type(k->dtype_ab), tcd = cuda_type(k->dtype_cd);
+	cudaDataType_t ta_type = cuda_type(k->dtype_ab), tb_type = cuda_type(k->dtype_b), tcd = cuda_type(k->dtype_cd);
+	const bool fp8 = rp_dtype_is_fp8((enum rp_dtype)k->dtype_ab);
+	const bool fp8_d = rp_dtype_is_fp8((enum rp_dtype)k->dtype_cd);
+	/* cuBLASLt has no FP8 C: an FP8 D's C (never read) is bf16. */
+	cudaDataType_t tc = fp8_d ? CUDA_R_16BF : tcd;
 	cublasComputeType_t ct = k->compute == RP_COMPUTE_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 	LT(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F));
 	cublasOperation_t ta = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;   /* cuBLASLt's A is our B */
@@ -157,6 +179,20 @@ static int plan_init(struct rd_resource *res)
 	default: break;
 	}
 	LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+	if (fp8) {
+		/* Stand-ins: the real pointers are set per call (gemm_launch). */
+		const void *stand_in = (const void *)(uintptr_t)256;
+		int8_t fast_accum = 0;
+		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)));
+		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in, sizeof(stand_in)));
+		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in, sizeof(stand_in)));
+		if (fp8_d)
+			LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &stand_in,
+							  sizeof(stand_in)));
+		if (k->fp8_amax)
+			LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &stand_in,
+							  sizeof(stand_in)));
+	}
 	if (k->epilogue == RP_EPILOGUE_BIAS || k->epilogue == RP_EPILOGUE_GELU_BIAS ||
 	    k->epilogue == RP_EPILOGUE_GELU_AUX_BIAS) {
 		int32_t bt = (int32_t)tcd;
@@ -181,9 +217,9 @@ static int plan_init(struct rd_resource *res)
 	uint64_t a_cols = k->trans_b ? (uint64_t)k->n : (uint64_t)k->k;
 	uint64_t b_rows = k->trans_a ? (uint64_t)k->m : (uint64_t)k->k;
 	uint64_t b_cols = k->trans_a ? (uint64_t)k->k : (uint64_t)k->m;
-	LT(cublasLtMatrixLayoutCreate(&p->la, tab, a_rows, a_cols, k->ldb));
-	LT(cublasLtMatrixLayoutCreate(&p->lb, tab, b_rows, b_cols, k->lda));
-	LT(cublasLtMatrixLayoutCreate(&p->lc, tcd, (uint64_t)k->n, (uint64_t)k->m, k->ldc));
+	LT(cublasLtMatrixLayoutCreate(&p->la, tb_type, a_rows, a_cols, k->ldb));
+	LT(cublasLtMatrixLayoutCreate(&p->lb, ta_type, b_rows, b_cols, k->lda));
+	LT(cublasLtMatrixLayoutCreate(&p->lc, tc, (uint64_t)k->n, (uint64_t)k->m, k->ldc));
 	LT(cublasLtMatrixLayoutCreate(&p->ld, tcd, (uint64_t)k->n, (uint64_t)k->m, k->ldd));
 
 	LT(cublasLtMatmulPreferenceCreate(&pref));
@@ -310,6 +346,8 @@ void cuda_gemm_plans_finish(struct cuda_dev *cd)
 struct gemm_ptrs {
 	const void *a, *b, *c, *bias;
 	void *d, *aux;
+	const void *a_scale, *b_scale, *d_scale;   /* FP8's, else NULL */
+	void *amax_d;
 };
 
 static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const struct gemm_ptrs *ptr,
@@ -326,6 +364,8 @@ static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const
 	k->ldd = c->operands[RP_GEMM_D].strides[0];
 	k->ldc = c->present[RP_GEMM_C] ? c->operands[RP_GEMM_C].strides[0] : k->ldd;
 	k->dtype_ab = (int32_t)c->operands[RP_GEMM_A].dtype;
+	k->dtype_b = (int32_t)c->operands[RP_GEMM_B].dtype;
+	k->fp8_amax = c->present[RP_GEMM_AMAX_D];
 	k->dtype_cd = (int32_t)c->operands[RP_GEMM_D].dtype;
 	k->trans_a = g->trans_a;
 	k->trans_b = g->trans_b;
@@ -418,8 +458,46 @@ static int gemm_resolve(struct rd_op *op, struct gemm_ptrs *ptr, struct rp_error
 	ptr->b = p[RP_GEMM_B];
 	ptr->d = p[RP_GEMM_D];
 	ptr->c = c->present[RP_GEMM_C] ? p[RP_GEMM_C] : ptr->d;
+	/* An FP8 D's C is never read (beta is 0), but cuBLAS takes neither
+	 * NULL nor D itself there (D would be C in place with another type):
+	 * any other device address does, A's (PyTorch's scaled_gemm passes a
+	 * dummy the same way). */
+	if (rp_dtype_is_fp8(c->operands[RP_GEMM_D].dtype))
+		ptr->c = ptr->a;
 	ptr->bias = p[RP_GEMM_BIAS];
 	ptr->aux = c->present[RP_GEMM_AUX] ? p[RP_GEMM_AUX] : p[RP_GEMM_AUX_OUT];
+	ptr->a_scale = p[RP_GEMM_A_SCALE];
+	ptr->b_scale = p[RP_GEMM_B_SCALE];
+	ptr->d_scale = p[RP_GEMM_D_SCALE];
+	ptr->amax_d = p[RP_GEMM_AMAX_D];
+	return 0;
+}
+
+/* cuBLASLt's FP8 kernels read 16-byte rows: the FP8 matrices' row strides
+ * a multiple of 16 elements and their first elements 16-byte aligned. */
+static int fp8_aligned(const struct rp_compute *c, const struct gemm_ptrs *ptr, struct rp_error *err)
+{
+	const int slots[3] = { RP_GEMM_A, RP_GEMM_B, RP_GEMM_D };
+	const void *at[3] = { ptr->a, ptr->b, ptr->d };
+
+	for (int i = 0; i < 3; i++) {
+		const struct rp_operand *op = &c->operands[slots[i]];
+		const char *name = c->spec->operands[slots[i]].name;
+
+		if (!rp_dtype_is_fp8(op->dtype))
+			continue;
+		if (op->strides[0] % 16 != 0)
+			return rp_error_invalid_operand(err, name,
+							"%s's row stride is %lld elements; cuBLASLt's FP8 GEMM needs it a "
+							"multiple of 16 (pad %s's rows)",
+							name, (long long)op->strides[0], name);
+		if ((uintptr_t)at[i] % 16 != 0)
+			return rp_error_invalid_operand(err, name,
+							"%s's first element is not 16-byte aligned; cuBLASLt's FP8 GEMM "
+							"needs it so (its buffer's import offset plus its offset a multiple "
+							"of 16)",
+							name);
+	}
 	return 0;
 }
 
@@ -447,7 +525,7 @@ static int gemm_supported(const struct rp_compute *c, struct rp_error *err)
 static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *op, struct gemm_ptrs *ptr,
 					    struct rp_error *err)
 {
-	if (gemm_supported(&op->compute, err) || gemm_resolve(op, ptr, err))
+	if (gemm_supported(&op->compute, err) || gemm_resolve(op, ptr, err) || fp8_aligned(&op->compute, ptr, err))
 		return NULL;
 	struct gemm_key key;
 	gemm_key_make(cd, &op->compute, ptr, &key);
@@ -540,6 +618,19 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 	pthread_mutex_lock(&p->lock);
 	if (ptr.bias)
 		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr.bias, sizeof(ptr.bias));
+	/* cuBLASLt's A is our B: their scales swap over too. */
+	if (ptr.b_scale && s == CUBLAS_STATUS_SUCCESS)
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ptr.b_scale,
+						   sizeof(ptr.b_scale));
+	if (ptr.a_scale && s == CUBLAS_STATUS_SUCCESS)
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ptr.a_scale,
+						   sizeof(ptr.a_scale));
+	if (ptr.d_scale && s == CUBLAS_STATUS_SUCCESS)
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &ptr.d_scale,
+						   sizeof(ptr.d_scale));
+	if (ptr.amax_d && s == CUBLAS_STATUS_SUCCESS)
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &ptr.amax_d,
+						   sizeof(ptr.amax_d));
 	if (ptr.aux && s == CUBLAS_STATUS_SUCCESS) {
 		/* aux's leading dimension is the plan's (it is in the key);
 		 * set again beside the pointer, so that the descriptor holds

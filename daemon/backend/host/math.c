@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/backend/host/fp8.h"
 #include "daemon/backend/host/math.h"
 
 /* ---- storage conversions ------------------------------------------------ */
@@ -885,7 +886,27 @@ static size_t no_scratch(const struct rp_compute *c)
 
 static int gemm_entry(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
 {
-	return gemm(c, ptr);
+	return rp_dtype_is_fp8(c->operands[RP_GEMM_A].dtype) ? rd_host_fp8_gemm(c, ptr) : gemm(c, ptr);
+}
+
+static double quantize_macs(const struct rp_compute *c)
+{
+	return 2.0 * (double)c->quantize.rows * (double)c->quantize.cols;
+}
+
+static double scale_update_macs(const struct rp_compute *c)
+{
+	return 2.0 * (double)c->scale_update.history * (double)c->scale_update.n;
+}
+
+static int quantize_entry(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
+{
+	return rd_host_quantize(c, ptr);
+}
+
+static int scale_update_entry(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size)
+{
+	return rd_host_scale_update(c, ptr);
 }
 
 /* What the host backend knows of each operation of the op table. */
@@ -897,13 +918,16 @@ static const struct {
 	size_t (*scratch_size)(const struct rp_compute *c);
 	int (*run)(const struct rp_compute *c, void *const *ptr, void *scratch, size_t scratch_size);
 } kernels[RP_OP_COUNT] = {
-	[RP_OP_GEMM] = { gemm_macs, NULL, no_scratch, gemm_entry },
+	[RP_OP_GEMM] = { gemm_macs, rd_host_fp8_check_scales, no_scratch, gemm_entry },
 	[RP_OP_ATTENTION] = { attention_macs, attention_check, attention_scratch_size, attention },
 	[RP_OP_ATTENTION_BACKWARD] = { attention_backward_macs, attention_backward_check,
 				       attention_backward_scratch_size, attention_backward },
 	[RP_OP_LAYER_NORM] = { layer_norm_macs, NULL, layer_norm_scratch_size, layer_norm },
 	[RP_OP_LAYER_NORM_BACKWARD] = { layer_norm_backward_macs, NULL, layer_norm_backward_scratch_size,
 					layer_norm_backward },
+	[RP_OP_QUANTIZE] = { quantize_macs, rd_host_fp8_check_scales, no_scratch, quantize_entry },
+	[RP_OP_TRANSPOSE_QUANTIZE] = { quantize_macs, rd_host_fp8_check_scales, no_scratch, quantize_entry },
+	[RP_OP_SCALE_UPDATE] = { scale_update_macs, NULL, no_scratch, scale_update_entry },
 };
 
 double rd_host_macs(const struct rp_compute *c)

@@ -861,11 +861,12 @@ static int validate_compute(const struct rp_program *p, const struct rp_prog_nod
 		if (n->compute.present[slot] != (t >= 0))
 			return refuse(err, n, "operand %s is %s but %s a tensor", spec->operands[slot].name,
 				      n->compute.present[slot] ? "present" : "absent", t >= 0 ? "names" : "names no");
-		/* math.c loads and stores these four only. */
+		/* math.c and fp8.c load and store these only. */
 		if (t >= 0 && p->tensors[t].dtype != RP_DTYPE_F32 && p->tensors[t].dtype != RP_DTYPE_F16 &&
-		    p->tensors[t].dtype != RP_DTYPE_BF16 && p->tensors[t].dtype != RP_DTYPE_I32)
+		    p->tensors[t].dtype != RP_DTYPE_BF16 && p->tensors[t].dtype != RP_DTYPE_I32 &&
+		    !rp_dtype_is_fp8(p->tensors[t].dtype))
 			return refuse(err, n, "operand %s ('%s') is %s; the host's compute math takes f32, f16, "
-				      "bf16 (and i32 lengths)", spec->operands[slot].name, p->tensors[t].name,
+				      "bf16, e4m3, e5m2 (and i32 lengths)", spec->operands[slot].name, p->tensors[t].name,
 				      rp_dtype_name(p->tensors[t].dtype));
 	}
 	return 0;

@@ -1,0 +1,337 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* FP8 through rd_backend_cuda from C, as the worker core drives it (each
+ * descriptor through rp_compute_check, then the lane): Quantize and
+ * TransposeQuantize byte for byte against tests/lib's own codec of the f32
+ * product (bf16, f16, f32 inputs; e4m3, e5m2; padded rows; odd shapes),
+ * amax exactly; the cuBLASLt FP8 GEMM (e4m3 x e4m3, e5m2 x e4m3; into bf16,
+ * f32 and e4m3 with d_scale and amax_d) against float64 of the dequantized
+ * operands; ScaleUpdate in place, bit for bit against the host backend's
+ * (Transformer Engine's formula); an FP8 row stride cuBLASLt cannot take
+ * refused by name. Fresh random inputs (seed printed; REGEN_TEST_SEED
+ * repeats it). Exit 77 without a GPU. */
+#include "gpu_common.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon/backend/host/fp8.h"
+#include "proto/errors.h"
+#include "tests/lib/dtype.h"
+#include "tests/lib/rand.h"
+
+static void put(struct rd_op *op, int slot, struct gt_mat *m, uint32_t serial)
+{
+	gt_operand(&op->compute.operands[slot], m);
+	op->compute.operands[slot].buffer.serial = serial;
+	op->compute.present[slot] = true;
+	op->buffers[slot] = m->buf;
+}
+
+static void vec_alloc(struct gt *t, struct gt_mat *m, int64_t n)
+{
+	gt_mat_alloc(t, m, RP_DTYPE_F32, 1, n, n);
+	m->is_vector = true;
+}
+
+static bool checked(struct rd_op *op, const char *label)
+{
+	struct rp_error err = { 0 };
+	bool ok = rp_compute_check(&op->compute, &err) == 0;
+
+	if (!ok) {
+		gt_failures++;
+		printf("  FAIL: %s: refused by the parser: %s: %s\n", label, err.name, gt_err_message(&err));
+	}
+	rp_error_clear(&err);
+	return ok;
+}
+
+static void *download(const struct gt_mat *m)
+{
+	void *h = malloc(m->bytes);
+	if (!h)
+		exit(1);
+	if (cudaMemcpy(h, m->ptr, m->bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+		exit(1);
+	return h;
+}
+
+static void upload(struct gt_mat *m, const void *h)
+{
+	if (cudaMemcpy(m->ptr, h, m->bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+		exit(1);
+}
+
+static void set_f32(struct gt_mat *m, float v)
+{
+	upload(m, &v);
+}
+
+static float get_f32(const struct gt_mat *m)
+{
+	float v;
+	if (cudaMemcpy(&v, m->ptr, 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+		exit(1);
+	return v;
+}
+
+/* Random FP8 bytes over [-2^e, 2^e) values for e in [-3, 6]. */
+static void fill_fp8(struct gt_mat *m, struct tl_rng *r)
+{
+	uint8_t *h = malloc(m->bytes);
+	for (size_t i = 0; i < m->bytes; i++)
+		h[i] = tl_fp8_encode(m->dt, ldexp(tl_rng_uniform(r, -1, 1), (int)tl_rng_int(r, -3, 6)));
+	upload(m, h);
+	free(h);
+}
+
+static void quantize_case(struct gt *t, struct rd_lane *lane, enum rp_dtype xt, enum rp_dtype yt, int64_t rows,
+			  int64_t cols, int64_t pad, struct tl_rng *r, uint64_t *seed)
+{
+	struct gt_mat x, s, y, yt_, amax;
+	struct rd_op op;
+	char label[128];
+
+	snprintf(label, sizeof(label), "quantize %s -> %s [%lld, %lld] pad %lld", rp_dtype_name(xt), rp_dtype_name(yt),
+		 (long long)rows, (long long)cols, (long long)pad);
+	gt_mat_alloc(t, &x, xt, rows, cols, cols + pad);
+	gt_mat_alloc(t, &y, yt, rows, cols, cols + pad);
+	gt_mat_alloc(t, &yt_, yt, cols, rows, rows + pad);
+	vec_alloc(t, &s, 1);
+	vec_alloc(t, &amax, 1);
+	gt_mat_fill(&x, ++*seed, 1);
+	const float scale = (float)ldexp(tl_rng_uniform(r, 0.5, 1), (int)tl_rng_int(r, -2, 9));
+	set_f32(&s, scale);
+	memset(&op, 0, sizeof(op));
+	op.compute.spec = &rp_op_transpose_quantize;
+	put(&op, RP_QUANT_X, &x, 1);
+	put(&op, RP_QUANT_SCALE, &s, 2);
+	put(&op, RP_QUANT_Y, &y, 3);
+	put(&op, RP_QUANT_AMAX, &amax, 4);
+	put(&op, RP_QUANT_Y_T, &yt_, 5);
+	if (checked(&op, label) && gt_run(t, lane, &op, 30) == 0) {
+		double *hx = gt_mat_download(&x);
+		uint8_t *hy = download(&y), *hyt = download(&yt_);
+		unsigned long wrong = 0;
+		double want_amax = 0;
+
+		for (int64_t i = 0; i < rows; i++) {
+			for (int64_t j = 0; j < cols; j++) {
+				const float v = (float)hx[i * (cols + pad) + j];
+				const uint8_t want = tl_fp8_encode(yt, (double)(v * scale));
+
+				wrong += hy[i * (cols + pad) + j] != want;
+				wrong += hyt[j * (rows + pad) + i] != want;
+				want_amax = fmax(want_amax, fabs(v));
+			}
+		}
+		GT_CHECK(wrong == 0, "%s: %lu bytes differ from the reference", label, wrong);
+		GT_CHECK(get_f32(&amax) == (float)want_amax, "%s: amax %g, want %g", label, (double)get_f32(&amax),
+			 want_amax);
+		free(hx);
+		free(hy);
+		free(hyt);
+	} else {
+		GT_CHECK(0, "%s: %s", label, gt_err_message(&op.err));
+	}
+	gt_mat_free(t, &x);
+	gt_mat_free(t, &y);
+	gt_mat_free(t, &yt_);
+	gt_mat_free(t, &s);
+	gt_mat_free(t, &amax);
+}
+
+static void gemm_case(struct gt *t, struct rd_lane *lane, enum rp_dtype at, enum rp_dtype bt, enum rp_dtype dt,
+		      int64_t M, int64_t N, int64_t K, struct tl_rng *r)
+{
+	struct gt_mat a, b, d, sa, sb, sd, amax;
+	struct rd_op op;
+	char label[128];
+	const bool fp8_d = rp_dtype_is_fp8(dt);
+	const int64_t lda = (K + 31) / 16 * 16;
+
+	snprintf(label, sizeof(label), "gemm %s x %s -> %s [%lld, %lld, %lld]", rp_dtype_name(at), rp_dtype_name(bt),
+		 rp_dtype_name(dt), (long long)M, (long long)N, (long long)K);
+	gt_mat_alloc(t, &a, at, M, K, lda);
+	gt_mat_alloc(t, &b, bt, N, K, K);
+	gt_mat_alloc(t, &d, dt, M, N, fp8_d ? (N + 15) / 16 * 16 : N);
+	vec_alloc(t, &sa, 1);
+	vec_alloc(t, &sb, 1);
+	vec_alloc(t, &sd, 1);
+	vec_alloc(t, &amax, 1);
+	fill_fp8(&a, r);
+	fill_fp8(&b, r);
+	const float scale_a = (float)tl_rng_uniform(r, 0.01, 1), scale_b = (float)tl_rng_uniform(r, 0.01, 1);
+	set_f32(&sa, scale_a);
+	set_f32(&sb, scale_b);
+	uint8_t *ha = download(&a), *hb = download(&b);
+	double *ref = malloc((size_t)(M * N) * sizeof(double)), ref_amax = 0;
+	for (int64_t i = 0; i < M; i++) {
+		for (int64_t j = 0; j < N; j++) {
+			double acc = 0;
+			for (int64_t q = 0; q < K; q++)
+				acc += tl_fp8_decode(at, ha[i * lda + q]) * tl_fp8_decode(bt, hb[j * K + q]);
+			ref[i * N + j] = acc * scale_a * scale_b;
+			ref_amax = fmax(ref_amax, fabs(ref[i * N + j]));
+		}
+	}
+	const float scale_d = fp8_d ? (float)(rp_fp8_max(dt) / 2 / ref_amax) : 1.0f;
+	set_f32(&sd, scale_d);
+	memset(&op, 0, sizeof(op));
+	op.compute.spec = &rp_op_gemm;
+	put(&op, RP_GEMM_A, &a, 1);
+	put(&op, RP_GEMM_B, &b, 2);
+	put(&op, RP_GEMM_D, &d, 3);
+	put(&op, RP_GEMM_A_SCALE, &sa, 4);
+	put(&op, RP_GEMM_B_SCALE, &sb, 5);
+	if (fp8_d) {
+		put(&op, RP_GEMM_D_SCALE, &sd, 6);
+		put(&op, RP_GEMM_AMAX_D, &amax, 7);
+	}
+	op.compute.gemm = (struct rp_gemm){ .trans_b = true, .alpha = 1.0 };
+	if (checked(&op, label) && gt_run(t, lane, &op, 60) == 0) {
+		unsigned char *hd = download(&d);
+		double worst = 0, num = 0, den = 0;
+
+		for (int64_t i = 0; i < M; i++) {
+			for (int64_t j = 0; j < N; j++) {
+				const double got = tl_load(dt, hd, (size_t)(i * d.ld + j)), want = ref[i * N + j] * scale_d;
+
+				if (fp8_d)   /* one rounding of e4m3: within an ulp, 2^-3 relative */
+					worst = fmax(worst, fabs(got - want) / (fabs(want) * 0x1p-3 + 0x1p-9));
+				num += (got - want) * (got - want);
+				den += want * want;
+			}
+		}
+		if (fp8_d) {
+			GT_CHECK(worst <= 1.0, "%s: an element is %.3g ulps off", label, worst);
+			GT_CHECK(fabs(get_f32(&amax) - ref_amax) <= 1e-5 * ref_amax, "%s: amax_d %g, want %g", label,
+				 (double)get_f32(&amax), ref_amax);
+		} else {
+			const double tol = dt == RP_DTYPE_F32 ? 1e-5 : 1e-2;
+			GT_CHECK(sqrt(num / den) <= tol, "%s: relative error %.3g > %.3g", label, sqrt(num / den), tol);
+		}
+		free(hd);
+	} else {
+		GT_CHECK(0, "%s: %s", label, gt_err_message(&op.err));
+	}
+	free(ha);
+	free(hb);
+	free(ref);
+	struct gt_mat *all[] = { &a, &b, &d, &sa, &sb, &sd, &amax };
+	for (size_t i = 0; i < 7; i++)
+		gt_mat_free(t, all[i]);
+}
+
+static void scale_update_case(struct gt *t, struct rd_lane *lane, int64_t H, int64_t N, bool recent, struct tl_rng *r)
+{
+	struct gt_mat h, s, si;
+	struct rd_op op;
+	char label[96];
+
+	snprintf(label, sizeof(label), "scale_update [%lld, %lld]%s", (long long)H, (long long)N,
+		 recent ? " most_recent" : "");
+	gt_mat_alloc(t, &h, RP_DTYPE_F32, H, N, N);
+	vec_alloc(t, &s, N);
+	vec_alloc(t, &si, N);
+	float *hh = malloc(h.bytes), *hs = malloc(s.bytes), *want_si = malloc(s.bytes);
+	for (int64_t i = 0; i < H * N; i++)
+		hh[i] = i % N == 0 ? 0.0f : (float)ldexp(tl_rng_uniform(r, 0, 1), (int)tl_rng_int(r, -130, 20));
+	for (int64_t n = 0; n < N; n++)
+		hs[n] = (float)tl_rng_uniform(r, 0.5, 100);
+	upload(&h, hh);
+	upload(&s, hs);
+	memset(&op, 0, sizeof(op));
+	op.compute.spec = &rp_op_scale_update;
+	put(&op, RP_SCU_AMAX_HISTORY, &h, 1);
+	put(&op, RP_SCU_SCALE, &s, 2);
+	put(&op, RP_SCU_AMAX_HISTORY_OUT, &h, 1);
+	put(&op, RP_SCU_SCALE_OUT, &s, 2);
+	put(&op, RP_SCU_SCALE_INV, &si, 3);
+	op.compute.scale_update = (struct rp_scale_update){ .format = RP_FP8_E4M3, .margin = 1,
+							   .amax_compute = recent ? RP_AMAX_COMPUTE_MOST_RECENT
+									     : RP_AMAX_COMPUTE_MAX };
+	if (checked(&op, label)) {
+		/* The host backend's answer, in place on host copies. */
+		void *p[RP_OP_OPERANDS_MAX] = { hh, hs, hh, hs, want_si };
+		rd_host_scale_update(&op.compute, p);
+		if (gt_run(t, lane, &op, 30) == 0) {
+			float *gh = download(&h), *gs = download(&s), *gsi = download(&si);
+			GT_CHECK(memcmp(gh, hh, h.bytes) == 0, "%s: history differs from the host's", label);
+			GT_CHECK(memcmp(gs, hs, s.bytes) == 0, "%s: scales differ from the host's", label);
+			GT_CHECK(memcmp(gsi, want_si, s.bytes) == 0, "%s: scale_inv differs from the host's", label);
+			free(gh);
+			free(gs);
+			free(gsi);
+		} else {
+			GT_CHECK(0, "%s: %s", label, gt_err_message(&op.err));
+		}
+	}
+	free(hh);
+	free(hs);
+	free(want_si);
+	gt_mat_free(t, &h);
+	gt_mat_free(t, &s);
+	gt_mat_free(t, &si);
+}
+
+/* A row stride cuBLASLt's FP8 kernels cannot read, refused by name. */
+static void refusal(struct gt *t, struct rd_lane *lane)
+{
+	struct gt_mat a, b, d, sa, sb;
+	struct rd_op op;
+
+	gt_mat_alloc(t, &a, RP_DTYPE_E4M3, 32, 40, 40);
+	gt_mat_alloc(t, &b, RP_DTYPE_E4M3, 32, 40, 48);
+	gt_mat_alloc(t, &d, RP_DTYPE_BF16, 32, 32, 32);
+	vec_alloc(t, &sa, 1);
+	vec_alloc(t, &sb, 1);
+	memset(&op, 0, sizeof(op));
+	op.compute.spec = &rp_op_gemm;
+	put(&op, RP_GEMM_A, &a, 1);
+	put(&op, RP_GEMM_B, &b, 2);
+	put(&op, RP_GEMM_D, &d, 3);
+	put(&op, RP_GEMM_A_SCALE, &sa, 4);
+	put(&op, RP_GEMM_B_SCALE, &sb, 5);
+	op.compute.gemm = (struct rp_gemm){ .trans_b = true, .alpha = 1.0 };
+	if (checked(&op, "a row stride of 40")) {
+		GT_CHECK(gt_run(t, lane, &op, 30) != 0 && strcmp(gt_err_name(&op), RP_ERR_INVALID_OPERAND) == 0,
+			 "an FP8 a with a row stride of 40 is refused with InvalidOperand (got %s)", gt_err_name(&op));
+	}
+	struct gt_mat *all[] = { &a, &b, &d, &sa, &sb };
+	for (size_t i = 0; i < 5; i++)
+		gt_mat_free(t, all[i]);
+}
+
+int main(void)
+{
+	if (gt_have_gpu())
+		return GT_SKIP;
+	struct gt t;
+	uint64_t seed;
+	struct rd_lane *lane = gt_start(&t, "test_cuda_fp8", &seed);
+	struct tl_rng r;
+
+	tl_rng_init(&r, seed);
+	quantize_case(&t, lane, RP_DTYPE_BF16, RP_DTYPE_E4M3, 1, 1, 0, &r, &seed);
+	quantize_case(&t, lane, RP_DTYPE_F16, RP_DTYPE_E5M2, 33, 47, 3, &r, &seed);
+	quantize_case(&t, lane, RP_DTYPE_F32, RP_DTYPE_E4M3, 1000, 2049, 0, &r, &seed);
+	quantize_case(&t, lane, RP_DTYPE_BF16, RP_DTYPE_E4M3, 4096, 768, 16, &r, &seed);
+	gemm_case(&t, lane, RP_DTYPE_E4M3, RP_DTYPE_E4M3, RP_DTYPE_BF16, 128, 96, 64, &r);
+	gemm_case(&t, lane, RP_DTYPE_E5M2, RP_DTYPE_E4M3, RP_DTYPE_F32, 256, 128, 512, &r);
+	gemm_case(&t, lane, RP_DTYPE_E4M3, RP_DTYPE_E4M3, RP_DTYPE_E4M3, 512, 256, 1024, &r);
+	gemm_case(&t, lane, RP_DTYPE_E4M3, RP_DTYPE_E5M2, RP_DTYPE_BF16, 33, 48, 80, &r);
+	scale_update_case(&t, lane, 1, 5, false, &r);
+	scale_update_case(&t, lane, 1024, 37, false, &r);
+	scale_update_case(&t, lane, 300, 8, true, &r);
+	refusal(&t, lane);
+	t.dev.backend->lane_destroy(lane);
+	gt_close(&t);
+	if (gt_failures) {
+		printf("test_cuda_fp8: %d failures (seed %llu)\n", gt_failures, (unsigned long long)seed);
+		return 1;
+	}
+	printf("test_cuda_fp8: PASS\n");
+	return 0;
+}
