@@ -34,6 +34,19 @@ def tearDownModule():
         daemon.stop()
 
 
+ITEMSIZE = {"f32": 4, "i32": 4, "u8": 1, "bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
+
+
+def e4m3_value(code):
+    """The real value of an E4M3 (fn) byte: sign, 4 exponent bits (bias 7),
+    3 mantissa bits; exponent 0 subnormal; 0x7f and 0xff NaN."""
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> 3) & 0xF, code & 7
+    if e == 0:
+        return sign * m / 8 * 2.0 ** -6
+    return sign * (1 + m / 8) * 2.0 ** (e - 7)
+
+
 class Builder:
     """A graph as AOTAutograd hands it over: tensors with their memory."""
 
@@ -45,10 +58,11 @@ class Builder:
     def val(self, shape, dtype="f32", of=None, strides=None, offset=0):
         self.n += 1
         shape = tuple(shape)
+        size = ITEMSIZE[dtype]
         if of is None:
-            return Val(self.n, shape, strides or contiguous_strides(shape), dtype, 4, ("mem", self.n),
+            return Val(self.n, shape, strides or contiguous_strides(shape), dtype, size, ("mem", self.n),
                        math.prod(shape), offset)
-        return Val(self.n, shape, strides or contiguous_strides(shape), dtype, 4, of.storage, of.storage_numel,
+        return Val(self.n, shape, strides or contiguous_strides(shape), dtype, size, of.storage, of.storage_numel,
                    offset)
 
     def input(self, shape, dtype="f32"):
@@ -84,7 +98,10 @@ class HostRunner:
 
     def give(self, v, values):
         t = self.tensor(v.storage_numel, v.dtype)
-        t.write(values)
+        if v.dtype in ("e4m3", "e5m2"):
+            os.pwrite(t.fd, bytes(values), 0)      # the bytes themselves
+        else:
+            t.write(values)
         self.env[v.id] = (t, v.offset)
 
     def run(self):
@@ -100,7 +117,7 @@ class HostRunner:
             bind, roots = {}, {}
             for name, v in step.inputs:
                 t, off = self.env[v.id]
-                bind[name] = (t.buffer, off * 4)
+                bind[name] = (t.buffer, off * v.itemsize)
             for name, dtype, shape, storage in step.outputs:
                 t = self.tensor(math.prod(shape), dtype)
                 roots[storage] = t
@@ -416,6 +433,33 @@ class HostRunTest(unittest.TestCase):
                 wdx += [rs * (drow[k] - md - xh[k] * mdx) for k in range(K)]
             self.close(r.read(y), wy, 1e-5, "y")
             self.close(r.read(dx), wdx, 1e-4, "dx")
+        finally:
+            r.close()
+
+    def test_scaled_mm_fp8(self):
+        """torch._scaled_mm (FP8 e4m3, TN, per-tensor scales, a bias) as
+        regend's FP8 GEMM: against float64 of the dequantized operands."""
+        M, K, N = 4, 16, 8
+        g = Builder()
+        a, bt, sa, sb, bias = g.input((M, K), "e4m3"), g.input((N, K), "e4m3"), g.input(()), g.input(()), \
+            g.input((N,), "f32")
+        b_ = g.op("aten.t.default", [g.val((K, N), "e4m3", of=bt, strides=(1, K))], self=bt)
+        d = g.op("aten._scaled_mm.default", [g.val((M, N))], self=a, mat2=b_, scale_a=sa, scale_b=sb, bias=None,
+                 scale_result=None, out_dtype=None, use_fast_accum=False)
+        steps = partition(g.graph([d]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        r = HostRunner(self.c, steps)
+        try:
+            codes = [c for c in range(256) if c not in (0x7F, 0xFF)]
+            ac = [self.rng.choice(codes) for _ in range(M * K)]
+            bc = [self.rng.choice(codes) for _ in range(N * K)]
+            s_a, s_b = self.rng.uniform(0.01, 0.1), self.rng.uniform(0.01, 0.1)
+            for v, vals in ((a, ac), (bt, bc), (sa, [s_a]), (sb, [s_b]), (bias, self.rand(N))):
+                r.give(v, vals)
+            r.run()
+            want = [sum(e4m3_value(ac[i * K + k]) * e4m3_value(bc[j * K + k]) for k in range(K)) * s_a * s_b
+                    for i in range(M) for j in range(N)]
+            self.close(r.read(d), want, 1e-5, "scaled_mm")
         finally:
             r.close()
 

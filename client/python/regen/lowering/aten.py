@@ -440,6 +440,34 @@ def bmm(b, op):
         b.node("gemm", {"a": aa, "b": bb, "d": dd}, trans_a=ta or None, trans_b=tb or None)
 
 
+@handles("aten._scaled_mm.default")
+def scaled_mm(b, op):
+    """torch._scaled_mm: FP8 a [M, K] row major times b [K, N] column major
+    (cuBLASLt's TN, the only FP8 layout regend takes), per-tensor scales
+    that turn stored values into real ones (as regend's a_scale and
+    b_scale), an optional bias, and for an FP8 result its scale."""
+    a, m2, d = op.a["self"], op.a["mat2"], out(op)
+    sa, sb, bias, sd = op.a["scale_a"], op.a["scale_b"], op.a.get("bias"), op.a.get("scale_result")
+    need(a.dtype in ("e4m3", "e5m2") and m2.dtype in ("e4m3", "e5m2"), f"_scaled_mm of {a.dtype} and {m2.dtype}")
+    need(not _transposed(a.shape, a.strides) and _transposed(m2.shape, m2.strides),
+         "_scaled_mm whose a is not row major or whose b is not column major (regend's FP8 GEMM is TN)")
+    for sc in (sa, sb) + ((sd,) if sd is not None else ()):
+        need(isinstance(sc, Val) and sc.numel == 1 and sc.dtype == "f32", "_scaled_mm with other than one f32 scale "
+             "a tensor (block scales are not taken)")
+    need(d.is_contiguous() and d.offset == 0, "_scaled_mm into a strided result")
+    params = {"a": b.read(a), "b": b.view(m2, [m2.shape[1], m2.shape[0]], [m2.strides[1], m2.strides[0]]),
+              "d": b.write(d), "a_scale": b.view(sa, [1], [1]), "b_scale": b.view(sb, [1], [1])}
+    attrs = {"trans_b": True}
+    if sd is not None and d.dtype in ("e4m3", "e5m2"):
+        params["d_scale"] = b.view(sd, [1], [1])
+    if bias is not None:
+        need(bias.shape == (d.shape[1],) and bias.strides == (1,), "_scaled_mm whose bias is not a row")
+        need(d.dtype in ("bf16", "f16"), f"_scaled_mm with a bias into {d.dtype} (regend adds one into bf16 or f16)")
+        params["bias"] = b.read(bias)
+        attrs["epilogue"] = "bias"
+    b.node("gemm", params, **attrs)
+
+
 # ---- layer norm ---------------------------------------------------------------
 
 def _even_rows(v):

@@ -30,6 +30,11 @@ PROGRAM_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "b
                   torch.int64: "i64", torch.int32: "i32", torch.bool: "u8", torch.uint8: "u8"}
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
                 "i64": torch.int64, "i32": torch.int32, "u8": torch.uint8}
+# FP8 where this torch has it (2.1 and later).
+for _name, _attr in (("e4m3", "float8_e4m3fn"), ("e5m2", "float8_e5m2")):
+    if hasattr(torch, _attr):
+        PROGRAM_DTYPES[getattr(torch, _attr)] = _name
+        TORCH_DTYPES[_name] = getattr(torch, _attr)
 
 # Checks of metadata the trace already fixed: nothing to run.
 _DROPPED = ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
