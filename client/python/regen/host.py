@@ -31,14 +31,16 @@ def _f16_rounded(value):
 
 
 def pack(dtype, values):
-    """Bytes of ``values`` (floats; integers for "i32") as ``dtype``
-    ("f32", "f16", "bf16", "i32"), each rounded to nearest even, a float
+    """Bytes of ``values`` (floats; integers for "i32" and "u8") as ``dtype``
+    ("f32", "f16", "bf16", "i32", "u8"), each rounded to nearest even, a float
     past the type's range becoming an infinity of its sign (as torch
     converts)."""
     if dtype == "f32":
         return array.array("f", values).tobytes()
     if dtype == "i32":
         return array.array("i", [int(x) for x in values]).tobytes()
+    if dtype == "u8":
+        return bytes(int(x) for x in values)
     if dtype == "f16":
         try:
             return struct.pack(f"<{len(values)}e", *values)
@@ -51,11 +53,13 @@ def pack(dtype, values):
 
 
 def unpack(dtype, data):
-    """Floats (integers for "i32") from bytes of ``dtype``."""
+    """Floats (integers for "i32" and "u8") from bytes of ``dtype``."""
     if dtype == "f32":
         return array.array("f", data).tolist()
     if dtype == "i32":
         return array.array("i", data).tolist()
+    if dtype == "u8":
+        return list(data)
     if dtype == "f16":
         return list(struct.unpack(f"<{len(data) // 2}e", data))
     if dtype == "bf16":
