@@ -92,6 +92,10 @@ int main(void)
 	cJSON *dtypes = cJSON_AddObjectToObject(all, "_dtypes");
 	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++)
 		cJSON_AddNumberToObject(dtypes, rp_dtype_name((enum rp_dtype)dt), dt);
+	/* And their sizes in bytes (what a client allocates and offsets by). */
+	cJSON *sizes = cJSON_AddObjectToObject(all, "_dtype_sizes");
+	for (int dt = 0; dt < RP_DTYPE_COUNT; dt++)
+		cJSON_AddNumberToObject(sizes, rp_dtype_name((enum rp_dtype)dt), (double)rp_dtype_size((enum rp_dtype)dt));
 	text = cJSON_Print(all);
 	puts(text);
 	free(text);

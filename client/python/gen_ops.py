@@ -24,7 +24,7 @@ proto/ops.json); do not edit: `ninja -C build update-ops-py` writes it
 again, and tests/test_ops.py fails while it differs from the build's."""
 
 __all__ = ["NAME_SETS", "OPS", "Op", "OperandSpec", "REQUIRED_NAMES", "RingScalar", "SLOT_NAMES", "OP_IDS",
-           "DTYPE_CODES", "EPILOGUE_CODES", "COMPUTE_CODES", "ALIGNMENT_CODES"]
+           "DTYPE_CODES", "DTYPE_SIZES", "EPILOGUE_CODES", "COMPUTE_CODES", "ALIGNMENT_CODES"]
 
 from collections import namedtuple
 
@@ -86,8 +86,9 @@ def main():
     with open(src, encoding="utf-8") as f:
         table = json.load(f)
     dtypes = table.pop("_dtypes")
+    sizes = table.pop("_dtype_sizes")
     text = (HEADER + "OPS = {\n" + "".join(op_text(name, op) for name, op in table.items()) + "}\n" + FOOTER +
-            f"DTYPE_CODES = {dtypes!r}\n")
+            f"DTYPE_CODES = {dtypes!r}\nDTYPE_SIZES = {sizes!r}\n")
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
 

@@ -16,7 +16,11 @@ from .objects import Buffer, buffer_id, event_id, tensor_imports
 
 __all__ = ["Compute", "Operand", "DTYPE_SIZE", "scalars_record"]
 
-DTYPE_SIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "e4m3": 1, "e5m2": 1}
+# Every dtype's size, from the proto's table (regen/ops.py).
+DTYPE_SIZE = dict(ops.DTYPE_SIZES)
+# The dtypes a compute call's operand may have (f64, i64 and u8 are
+# programs' alone): those some op's table names.
+OPERAND_DTYPES = frozenset(dt for op in ops.OPS.values() for o in op.operands for dt in o.dtypes)
 _EPILOGUES = tuple(ops.EPILOGUE_CODES)
 _TRANS_A, _TRANS_B, _CAUSAL = 0x1, 0x2, 0x4
 
@@ -30,8 +34,8 @@ class Operand:
     __slots__ = ("buffer", "offset", "dtype", "shape", "strides")
 
     def __init__(self, buffer, offset=0, dtype="f32", shape=(), strides=None):
-        if dtype not in DTYPE_SIZE:
-            raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPE_SIZE)}")
+        if dtype not in OPERAND_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {sorted(OPERAND_DTYPES)}")
         self.buffer = buffer
         self.offset = int(offset)
         self.dtype = dtype

@@ -9,7 +9,7 @@ proto/ops.json); do not edit: `ninja -C build update-ops-py` writes it
 again, and tests/test_ops.py fails while it differs from the build's."""
 
 __all__ = ["NAME_SETS", "OPS", "Op", "OperandSpec", "REQUIRED_NAMES", "RingScalar", "SLOT_NAMES", "OP_IDS",
-           "DTYPE_CODES", "EPILOGUE_CODES", "COMPUTE_CODES", "ALIGNMENT_CODES"]
+           "DTYPE_CODES", "DTYPE_SIZES", "EPILOGUE_CODES", "COMPUTE_CODES", "ALIGNMENT_CODES"]
 
 from collections import namedtuple
 
@@ -223,3 +223,4 @@ EPILOGUE_CODES = {n: i for i, n in enumerate(OPS["gemm"].choices["epilogue"])}
 COMPUTE_CODES = {n: i for i, n in enumerate(OPS["gemm"].choices["compute"])}
 ALIGNMENT_CODES = {n: i for i, n in enumerate(OPS["attention"].choices["causal_alignment"])}
 DTYPE_CODES = {'f32': 0, 'f16': 1, 'bf16': 2, 'i32': 3, 'f64': 4, 'i64': 5, 'u8': 6, 'e4m3': 7, 'e5m2': 8}
+DTYPE_SIZES = {'f32': 4, 'f16': 2, 'bf16': 2, 'i32': 4, 'f64': 8, 'i64': 8, 'u8': 1, 'e4m3': 1, 'e5m2': 1}

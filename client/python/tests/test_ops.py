@@ -42,6 +42,7 @@ class OpTables(unittest.TestCase):
         c = c_tables()
         # The dtypes' codes ride beside the ops (a ring record's operand dtype).
         self.assertEqual(ops.DTYPE_CODES, c.pop("_dtypes"))
+        self.assertEqual(ops.DTYPE_SIZES, c.pop("_dtype_sizes"))
         self.assertEqual(sorted(c), sorted(ops.OPS))
         for name, op in ops.OPS.items():
             with self.subTest(op=name):
