@@ -21,7 +21,8 @@
  *   the node's attrs, checked by the same read_scalars/check.
  * - pointwise: one output element from the same-index elements of its
  *   inputs, broadcast NumPy's way (right-aligned, a dim of 1 stretches), and
- *   at most one constant scalar.
+ *   at most one constant scalar; or made from the element's place alone
+ *   (fill, iota, and dropout_mask, whose one input is a Run's seed).
  * - reduction: sum, mean, max, min or amax over the last dimension ("last")
  *   or over every dimension but the last ("leading").
  * - gather: embedding rows by index, and its deterministic backward.
