@@ -28,6 +28,11 @@ _Static_assert(NAME_SLOTS >= 2 * (RP_PROG_TENSORS_MAX + RP_PROG_NODES_MAX), "nam
 
 static const char *const kind_names[] = { "input", "output", "inout", "scalar", "intermediate", "view", NULL };
 
+const char *rp_prog_kind_name(enum rp_prog_tensor_kind kind)
+{
+	return (unsigned)kind < RP_PT_KINDS ? kind_names[kind] : "?";
+}
+
 /* ---- Errors ---------------------------------------------------------------------- */
 
 static int invalid_program(struct rp_error *err, const char *node, const char *reason)
@@ -623,13 +628,18 @@ static int compute_operands(struct rp_prog_builder *b, struct rp_prog_node *n, c
 	return 0;
 }
 
-/* "relu takes 1 input, not 2"; "sgd takes 2 to 3 inputs, not 1". */
-static int count_error(struct rp_prog_builder *b, const char *op, const char *what, int lo, int hi, int given)
+/* "relu takes 1 input, not 2"; "sgd takes 2 to 3 inputs, not 1";
+ * "dropout_mask takes 1 input, not 0: [seed] -> [mask], ...". */
+static int count_error(struct rp_prog_builder *b, const struct rp_prog_op *op, const char *what, int lo, int hi,
+		       int given)
 {
+	const char *sep = op->operands ? ": " : "", *usage = op->operands ? op->operands : "";
+
 	if (lo == hi) {
-		return rp_prog_source_error(b, "%s takes %d %s%s, not %d", op, lo, what, lo == 1 ? "" : "s", given);
+		return rp_prog_source_error(b, "%s takes %d %s%s, not %d%s%s", op->name, lo, what, lo == 1 ? "" : "s",
+					    given, sep, usage);
 	}
-	return rp_prog_source_error(b, "%s takes %d to %d %ss, not %d", op, lo, hi, what, given);
+	return rp_prog_source_error(b, "%s takes %d to %d %ss, not %d%s%s", op->name, lo, hi, what, given, sep, usage);
 }
 
 /* Other nodes' operands: lists of names, in the op's order; a
@@ -645,10 +655,10 @@ static int listed_operands(struct rp_prog_builder *b, struct rp_prog_node *n, co
 	char where[96];
 
 	if (nin < op->min_in || nin > op->max_in) {
-		return count_error(b, op->name, "input", op->min_in, op->max_in, nin);
+		return count_error(b, op, "input", op->min_in, op->max_in, nin);
 	}
 	if (nout < op->min_out || nout > op->nout) {
-		return count_error(b, op->name, "output", op->min_out, op->nout, nout);
+		return count_error(b, op, "output", op->min_out, op->nout, nout);
 	}
 	for (int i = 0; i < RP_PROG_NODE_IN_MAX; i++) {
 		n->in[i] = -1;

@@ -21,7 +21,8 @@
  *   the node's attrs, checked by the same read_scalars/check.
  * - pointwise: one output element from the same-index elements of its
  *   inputs, broadcast NumPy's way (right-aligned, a dim of 1 stretches), and
- *   at most one constant scalar.
+ *   at most one constant scalar; or made from the element's place alone
+ *   (fill, iota, and dropout_mask, whose one input is a Run's seed).
  * - reduction: sum, mean, max, min or amax over the last dimension ("last")
  *   or over every dimension but the last ("leading").
  * - gather: embedding rows by index, and its deterministic backward.
@@ -86,6 +87,9 @@ struct rp_prog_tensor {
 	/* Bound tensors (input, output, inout, scalar): the index in a Run's
 	 * binding table, in definition order; -1 otherwise. */
 	int bind_index;
+	/* A scalar that a dropout_mask reads as its seed (derived by the
+	 * checker): a Run gives it an integer in [0, 2^53). */
+	bool seed;
 	/* Nodes (program order) that first write, last read and last write
 	 * it; -1 when none. A root's are the union of its own and its views'
 	 * (an intermediate's memory is live from first_write to the later of
@@ -113,7 +117,7 @@ enum rp_prog_class {
  * where the output is f64; comparisons read any dtype and write 1 or 0 in
  * any; cast reads and writes any (floats to integers truncate toward 0);
  * where's cond is any dtype, its a, b and output all floats or all
- * integers; fill and iota write any dtype. */
+ * integers; fill, iota and dropout_mask write any dtype. */
 enum rp_pointwise {
 	/* binary */
 	RP_PW_ADD = 0, RP_PW_SUB, RP_PW_MUL, RP_PW_DIV, RP_PW_POW, RP_PW_MAXIMUM, RP_PW_MINIMUM,
@@ -136,6 +140,10 @@ enum rp_pointwise {
 	/* no tensor input */
 	RP_PW_FILL,                /* the scalar */
 	RP_PW_IOTA,                /* the element's index along dim `axis` */
+	/* (seed): 1 where the element's draw from seed and `stream` is at
+	 * least p, else 0 (proto/philox.h). Its one input is a scalar tensor,
+	 * the seed, an integer a Run gives. */
+	RP_PW_DROPOUT_MASK,
 	RP_PW_COUNT
 };
 
@@ -181,6 +189,8 @@ struct rp_prog_node {
 			bool scalar_first;     /* scalar OP x rather than x OP scalar */
 			double scalar;
 			int axis;              /* IOTA: the dimension counted */
+			double p;              /* DROPOUT_MASK: the probability of a 0, in [0, 1) */
+			uint32_t stream;       /* DROPOUT_MASK: which of a seed's masks */
 		} pw;
 		struct {
 			enum rp_reduction fn;
@@ -202,6 +212,10 @@ struct rp_prog_op {
 	 * strides) of an input: the op reads each element before it writes
 	 * it. Pointwise ops are; others not. */
 	bool in_place;
+	/* Its operands by name, for an error about their count where the
+	 * count alone would not tell what is missing ("[seed] -> [mask]");
+	 * NULL otherwise. */
+	const char *operands;
 };
 
 struct rp_program {
@@ -329,7 +343,8 @@ int rp_program_run_alloc(const struct rp_program *p, struct rp_program_run *run,
 int rp_program_run_bind(const struct rp_program *p, int i, const struct rp_id *buffer, uint64_t offset,
 			struct rp_program_run *run, bool *seen, struct rp_error *err);
 /* Gives scalar position i its value: InvalidParameter "scalars.<name>"
- * for a tensor that is no scalar, one given twice, or a value not finite. */
+ * for a tensor that is no scalar, one given twice, a value not finite, or
+ * a seed (rp_prog_tensor.seed) that is not an integer in [0, 2^53). */
 int rp_program_run_scalar(const struct rp_program *p, int i, double value, struct rp_program_run *run, bool *seen,
 			  struct rp_error *err);
 /* The journal (buffer, offset) where has_journal, the seq where has_seq,

@@ -150,3 +150,5 @@ int rp_prog_lower(struct rp_prog_builder *b, const struct rp_prog_node *node, co
 
 /* Shapes in reasons: "[2, 3]". */
 const char *rp_prog_shape(const struct rp_prog_tensor *t, char buf[96]);
+/* "input", "scalar", ...: the kind as a definition spells it. */
+const char *rp_prog_kind_name(enum rp_prog_tensor_kind kind);

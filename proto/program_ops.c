@@ -19,6 +19,9 @@
 #define RED(n, fn) { n, RP_PC_REDUCTION, fn, 1, 1, 1, 1, false }
 #define GATHER(n, fn) { n, RP_PC_GATHER, fn, 2, 2, 1, 1, false }
 #define COMPOSITE(n, fn, lo, hi, olo, ohi) { n, RP_PC_COMPOSITE, fn, lo, hi, olo, ohi, false }
+/* A pointwise op that makes a tensor from a seed (no element of its input
+ * is read at the output's index): errors about its count name it. */
+#define SEEDED(n, fn, usage) { n, RP_PC_POINTWISE, fn, 1, 1, 1, 1, true, usage }
 
 static const struct rp_prog_op ops[] = {
 	COMPUTE("gemm", RP_OP_GEMM),
@@ -45,6 +48,7 @@ static const struct rp_prog_op ops[] = {
 	PW("tanh_backward", RP_PW_TANH_BACKWARD, 2, 2), PW("relu_backward", RP_PW_RELU_BACKWARD, 2, 2),
 	PW("where", RP_PW_WHERE, 2, 3),
 	PW("fill", RP_PW_FILL, 0, 0), PW("iota", RP_PW_IOTA, 0, 0),
+	SEEDED("dropout_mask", RP_PW_DROPOUT_MASK, "[seed] -> [mask], seed a scalar tensor (an integer given at Run)"),
 
 	RED("sum", RP_RED_SUM), RED("mean", RP_RED_MEAN), RED("max", RP_RED_MAX), RED("min", RP_RED_MIN),
 	RED("amax", RP_RED_AMAX),
@@ -93,7 +97,7 @@ enum pw_dtypes {
 	PW_COMPARE,    /* any in, any out (1 or 0) */
 	PW_ANY,        /* cast: any to any */
 	PW_SELECT,     /* where: cond any; a, b, out all floats or all integers */
-	PW_MAKE,       /* fill, iota: any out */
+	PW_MAKE,       /* fill, iota, dropout_mask: any out */
 };
 
 static int pw_arity(enum rp_pointwise fn)
@@ -107,7 +111,7 @@ static int pw_arity(enum rp_pointwise fn)
 	if (fn == RP_PW_FILL || fn == RP_PW_IOTA) {
 		return 0;
 	}
-	return 1;
+	return 1;   /* unary ops, and dropout_mask's seed */
 }
 
 static enum pw_dtypes pw_dtypes(enum rp_pointwise fn)
@@ -122,6 +126,7 @@ static enum pw_dtypes pw_dtypes(enum rp_pointwise fn)
 		return PW_SELECT;
 	case RP_PW_FILL:
 	case RP_PW_IOTA:
+	case RP_PW_DROPOUT_MASK:
 		return PW_MAKE;
 	default:
 		return PW_FLOATS;
@@ -148,6 +153,11 @@ static const struct rp_field iota_fields[] = {
 	{ "axis", RP_T_INT, false },
 	{ NULL, 0, false },
 };
+static const struct rp_field dropout_fields[] = {
+	{ "p", RP_T_FLOAT, true },
+	{ "stream", RP_T_INT, false },
+	{ NULL, 0, false },
+};
 static const struct rp_field reduction_fields[] = {
 	{ "axis", RP_T_STRING, false },
 	{ NULL, 0, false },
@@ -172,12 +182,31 @@ static const struct rp_field *attr_fields(const struct rp_prog_node *n)
 		if (n->op->fn == RP_PW_IOTA) {
 			return iota_fields;
 		}
+		if (n->op->fn == RP_PW_DROPOUT_MASK) {
+			return dropout_fields;
+		}
 		return pw_takes_scalar((enum rp_pointwise)n->op->fn) ? pw_scalar_fields : no_fields;
 	case RP_PC_REDUCTION:
 		return reduction_fields;
 	default:
 		return no_fields;
 	}
+}
+
+/* p in [0, 1): 1 would drop everything (and scale by 1 / (1 - p) = inf).
+ * stream below 2^32, the counter's third word. */
+static int read_dropout(struct rp_prog_node *n, const cJSON *attrs, struct rp_error *err)
+{
+	uint64_t stream;
+
+	if (rp_params_double(attrs, "p", 0, &n->pw.p, err) < 0 || !(n->pw.p >= 0 && n->pw.p < 1)) {
+		return rp_error_invalid_parameter(err, "p");
+	}
+	if (rp_params_uint(attrs, "stream", UINT32_MAX, 0, &stream, err) < 0) {
+		return -EINVAL;
+	}
+	n->pw.stream = (uint32_t)stream;
+	return 0;
 }
 
 int rp_prog_read_attrs(struct rp_prog_builder *b, struct rp_prog_node *n, const cJSON *attrs, const char *path)
@@ -207,6 +236,9 @@ int rp_prog_read_attrs(struct rp_prog_builder *b, struct rp_prog_node *n, const 
 			 * (iota's only; 0 for the others). */
 			r = rp_params_uint(attrs, "axis", RP_PROG_RANK_MAX - 1, RP_PROG_RANK_MAX, &axis, b->err);
 			n->pw.axis = n->pw.fn == RP_PW_IOTA ? (int)axis : 0;
+		}
+		if (r >= 0 && n->pw.fn == RP_PW_DROPOUT_MASK) {
+			r = read_dropout(n, attrs, b->err);
 		}
 		break;
 	case RP_PC_REDUCTION:
@@ -256,6 +288,22 @@ static const char *dtype_of(const struct rp_prog_tensor *t)
 	return rp_dtype_name(t->dtype);
 }
 
+/* dropout_mask's input is its seed: a scalar tensor itself (a view of one
+ * would be read as a tensor), which a Run must then give as an integer. */
+static int check_seed(struct rp_prog_builder *b, int n)
+{
+	struct rp_prog_tensor *seed = rp_prog_t(b, b->p->nodes[n].in[0]);
+
+	if (seed->kind != RP_PT_SCALAR) {
+		return rp_prog_node_error(b, n,
+					  "its seed %s is a tensor of kind %s, but must be one of kind scalar (an "
+					  "integer in [0, 2^53) given at each Run)",
+					  seed->name, rp_prog_kind_name(seed->kind));
+	}
+	seed->seed = true;
+	return 0;
+}
+
 static int check_pointwise(struct rp_prog_builder *b, int n)
 {
 	const struct rp_prog_node *node = &b->p->nodes[n];
@@ -271,6 +319,9 @@ static int check_pointwise(struct rp_prog_builder *b, int n)
 	}
 	if (node->pw.scalar_first && !node->pw.has_scalar) {
 		return rp_prog_node_error(b, n, "scalar_first is set but no scalar is given");
+	}
+	if (fn == RP_PW_DROPOUT_MASK && (r = check_seed(b, n)) < 0) {
+		return r;
 	}
 	for (int i = 0; i < node->nin; i++) {
 		if ((r = check_broadcast(b, n, rp_prog_t(b, node->in[i]), out)) < 0) {

@@ -16,6 +16,7 @@
 
 #include "errors.h"
 #include "params.h"
+#include "philox.h"
 #include "program.h"
 
 /* JSON's exact integers: no byte offset goes past them. */
@@ -138,6 +139,11 @@ int rp_program_run_scalar(const struct rp_program *p, int i, double value, struc
 	const struct rp_prog_tensor *t = &p->tensors[p->bind[i]];
 
 	if (t->kind != RP_PT_SCALAR || seen[i] || !isfinite(value)) {
+		return bad(err, "scalars", t->name, NULL);
+	}
+	/* A seed is a Philox key (proto/philox.h): a fraction or a value past
+	 * f64's exact integers would stand for another seed. */
+	if (t->seed && !(value >= 0 && value < RP_DROPOUT_SEED_LIMIT && value == trunc(value))) {
 		return bad(err, "scalars", t->name, NULL);
 	}
 	run->scalars[i] = value;

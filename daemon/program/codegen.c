@@ -19,6 +19,7 @@
 #include <string.h>
 #include "daemon/program/codegen.h"
 #include "proto/errors.h"
+#include "proto/philox.h"
 
 /* Launch shapes. Pointwise kernels: 256 threads; gathers a grid of at
  * most 8 blocks per SM (a full SM), looping over the rest. A fused
@@ -263,6 +264,31 @@ static const char preamble[] =
 	"template <class T> RG_DEV T rg_red_sum(T a, T b) { return a + b; }\n"
 	"template <class T> RG_DEV T rg_red_max(T a, T b) { return (a != a || a > b) ? a : b; }\n"
 	"template <class T> RG_DEV T rg_red_min(T a, T b) { return (a != a || a < b) ? a : b; }\n"
+	"\n"
+	"/* dropout_mask's draw (proto/philox.h, the host's rp_dropout_keep, bit for\n"
+	" * bit): Philox4x32-10's word 0 at counter (i, i >> 32, stream, 0) under\n"
+	" * the seed's halves, kept where word >> 8 >= threshold = ceil(p 2^24). A\n"
+	" * seed a Run would refuse reads as 0, as on the host. */\n"
+	"RG_DEV bool rg_dropout_keep(double seed_value, unsigned int stream, unsigned long long i, unsigned int threshold)\n"
+	"{\n"
+	"\tconst unsigned long long seed =\n"
+	"\t\tseed_value >= 0.0 && seed_value < 9007199254740992.0 ? (unsigned long long)seed_value : 0ull;\n"
+	"\tunsigned int c0 = (unsigned int)i, c1 = (unsigned int)(i >> 32), c2 = stream, c3 = 0u;\n"
+	"\tunsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);\n"
+	"#pragma unroll\n"
+	"\tfor (int r = 0; r < 10; r++) {\n"
+	"\t\tconst unsigned long long p0 = 0xD2511F53ull * c0, p1 = 0xCD9E8D57ull * c2;\n"
+	"\t\tif (r > 0) {\n"
+	"\t\t\tk0 += 0x9E3779B9u;\n"
+	"\t\t\tk1 += 0xBB67AE85u;\n"
+	"\t\t}\n"
+	"\t\tc0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0;\n"
+	"\t\tc1 = (unsigned int)p1;\n"
+	"\t\tc2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1;\n"
+	"\t\tc3 = (unsigned int)p0;\n"
+	"\t}\n"
+	"\treturn c0 >> 8 >= threshold;\n"
+	"}\n"
 	"\n";
 
 /* ---- dtypes ----------------------------------------------------------------- */
@@ -315,6 +341,9 @@ struct gen {
 	int red;              /* the reduction node, or -1 */
 	bool idx64;
 	int vec;              /* elements a thread takes at once on the vector path (1: no such path) */
+	/* The element body being written is the vector path's: the element's
+	 * flat index in the domain is base + j there, idx on the scalar path. */
+	bool in_vector;
 	int *mem;             /* tensors read from memory, each once */
 	int nmem;
 	bool *root_written;   /* per tensor: its root is written by the step */
@@ -559,7 +588,7 @@ static void emit_flat_offset(struct gen *g, int t, const char *var)
 /* The type a node computes in (proto/program.h): arithmetic, math and
  * gradients in f32, or f64 where the output is f64; comparisons in f64
  * where an input is f64 or an integer (exact to 2^53), else f32; cast,
- * where, fill and iota in f64 where any of their tensors is. Scalars are
+ * where, fill, iota and dropout_mask in f64 where any of their tensors is. Scalars are
  * values, not tensors: they promote nothing. */
 static const char *node_ctype(const struct gen *g, const struct rp_prog_node *n)
 {
@@ -571,7 +600,7 @@ static const char *node_ctype(const struct gen *g, const struct rp_prog_node *n)
 			wide_in = true;
 	if (fn >= RP_PW_EQ && fn <= RP_PW_GE)
 		return wide_in ? "double" : "float";
-	if (fn == RP_PW_CAST || fn == RP_PW_WHERE || fn == RP_PW_FILL || fn == RP_PW_IOTA)
+	if (fn == RP_PW_CAST || fn == RP_PW_WHERE || fn == RP_PW_FILL || fn == RP_PW_IOTA || fn == RP_PW_DROPOUT_MASK)
 		return wide_in || wide_out ? "double" : "float";
 	return T(g, n->out[0])->dtype == RP_DTYPE_F64 ? "double" : "float";
 }
@@ -588,9 +617,70 @@ static int inline_iota_dim(const struct gen *g, int t)
 	return g->dom->rank - x->rank + n->pw.axis;
 }
 
-/* The value of tensor t where its iota or fill is computed inline: its
- * node's value at the element, rounded to t's dtype as a stored one would
- * be, then read with conv. */
+/* Whether the value maker node n (an iota, a dropout_mask) gives tensor t
+ * (its output, or that view read where it is computed inline) at the
+ * domain's element reads the domain's coordinate d: an iota's dim, if it
+ * has more than one element; every dim of more than one element of a
+ * mask (its flat index). */
+static bool maker_reads_coord(const struct gen *g, const struct rp_prog_node *n, int t, int d)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+	int k = d - (g->dom->rank - x->rank);
+
+	if (n->op->cls != RP_PC_POINTWISE || k < 0 || k >= x->rank || x->shape[k] == 1)
+		return false;
+	if (n->pw.fn == RP_PW_IOTA)
+		return k == n->pw.axis;
+	return n->pw.fn == RP_PW_DROPOUT_MASK && !flat_in_domain(g, t);
+}
+
+/* Whether a node of the step, or an iota or mask one of them computes
+ * inline, reads coordinate d for its value. */
+static bool makers_read_coord(const struct gen *g, int d)
+{
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		if (maker_reads_coord(g, n, n->out[0], d))
+			return true;
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
+			if (by >= 0 && maker_reads_coord(g, &g->p->nodes[by], t, d))
+				return true;
+		}
+	}
+	return false;
+}
+
+/* dropout_mask node n's draw for tensor t (its output, or that view read
+ * inline) at the domain's element: true where kept. Its flat index is
+ * row-major over t's shape: the domain's own where t covers the domain,
+ * else from the coordinates. */
+static void emit_dropout_keep(struct gen *g, const struct rp_prog_node *n, int t)
+{
+	const struct rp_prog_tensor *x = T(g, t);
+	int64_t below = 1;
+	int terms = 0;
+
+	out(&g->b, "rg_dropout_keep(a->scalar[%d], %uu, ", T(g, n->in[0])->bind_index, (unsigned)n->pw.stream);
+	if (flat_in_domain(g, t)) {
+		out(&g->b, "(unsigned long long)(%s), %uu)", g->in_vector ? "base + j" : "idx",
+		    (unsigned)rp_dropout_threshold(n->pw.p));
+		return;
+	}
+	for (int k = x->rank - 1; k >= 0; k--) {
+		if (x->shape[k] > 1) {
+			out(&g->b, "%s(unsigned long long)c%d", terms++ ? " + " : "", g->dom->rank - x->rank + k);
+			if (below > 1)
+				out(&g->b, " * %lluull", (unsigned long long)below);
+		}
+		below *= x->shape[k];
+	}
+	out(&g->b, "%s, %uu)", terms ? "" : "0ull", (unsigned)rp_dropout_threshold(n->pw.p));
+}
+
+/* The value of tensor t where its iota, fill or dropout_mask is computed
+ * inline: its node's value at the element, rounded to t's dtype as a
+ * stored one would be, then read with conv. */
 static void emit_inline_value(struct gen *g, int t, const char *conv)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->plan->computed_inline[t]];
@@ -599,6 +689,10 @@ static void emit_inline_value(struct gen *g, int t, const char *conv)
 	out(&g->b, "%s(rg_cvt<%s>(double(", conv, ty);
 	if (n->pw.fn == RP_PW_FILL) {
 		out_double(&g->b, n->pw.scalar);
+	} else if (n->pw.fn == RP_PW_DROPOUT_MASK) {
+		out(&g->b, "(");
+		emit_dropout_keep(g, n, t);
+		out(&g->b, " ? 1 : 0)");
 	} else {
 		int d = inline_iota_dim(g, t);
 		if (d < 0)
@@ -791,6 +885,13 @@ static int emit_pointwise_expr(struct gen *g, int node, const char *c)
 			out(&g->b, "%s(c%d)", c, dd);
 		return 0;
 	}
+	case RP_PW_DROPOUT_MASK:
+		if (n->nin != 1 || !is_scalar(g, n->in[0]))
+			return -EINVAL;
+		out(&g->b, "(");
+		emit_dropout_keep(g, n, n->out[0]);
+		out(&g->b, " ? %s(1) : %s(0))", c, c);
+		return 0;
 	default:
 		return -EINVAL;
 	}
@@ -850,6 +951,11 @@ static void emit_node_comment(struct gen *g, int node, const char *ind)
 	}
 	if (n->op->cls == RP_PC_POINTWISE && n->pw.fn == RP_PW_IOTA)
 		out(&g->b, "axis %d", n->pw.axis);
+	if (n->op->cls == RP_PC_POINTWISE && n->pw.fn == RP_PW_DROPOUT_MASK) {
+		out(&g->b, ", p ");
+		out_double(&g->b, n->pw.p);
+		out(&g->b, ", stream %u", (unsigned)n->pw.stream);
+	}
 	if (n->op->cls == RP_PC_REDUCTION)
 		out(&g->b, ", %s", n->red.axis == RP_AXIS_LAST ? "last" : "leading");
 	out(&g->b, ") */\n");
@@ -861,6 +967,7 @@ static void emit_node_comment(struct gen *g, int node, const char *ind)
  * vectors x<t> and y<t> at element j. Coordinates and idx are set. */
 static int emit_element(struct gen *g, bool vec, const char *ind)
 {
+	g->in_vector = vec;
 	for (int i = 0; i < g->nmem; i++) {
 		int t = g->mem[i];
 		const char *ty = ctype(T(g, t)->dtype);
@@ -915,17 +1022,12 @@ static void mark_coords(struct gen *g)
 	for (int k = 0; k < g->npw; k++) {
 		const int node = g->pw[k];
 		const struct rp_prog_node *n = &g->p->nodes[node];
-		const struct rp_prog_tensor *o = T(g, n->out[0]);
-		if (n->pw.fn == RP_PW_IOTA && n->pw.axis >= 0 && n->pw.axis < o->rank && o->shape[n->pw.axis] > 1)
-			g->coord_used[g->dom->rank - o->rank + n->pw.axis] = true;
 		if (g->plan->node_stored[node] && !flat_in_domain(g, n->out[0]))
 			use_coords_of(g, n->out[0]);
-		for (int i = 0; i < n->nin; i++)
-			if (n->in[i] >= 0 && g->plan->computed_inline[n->in[i]] >= 0 &&
-			    g->p->nodes[g->plan->computed_inline[n->in[i]]].pw.fn == RP_PW_IOTA &&
-			    inline_iota_dim(g, n->in[i]) >= 0)
-				g->coord_used[inline_iota_dim(g, n->in[i])] = true;
 	}
+	for (int d = 0; d < g->dom->rank; d++)
+		if (makers_read_coord(g, d))
+			g->coord_used[d] = true;
 	if (g->red >= 0 && g->p->nodes[g->red].red.axis == RP_AXIS_LAST) {
 		const struct rp_prog_tensor *o = T(g, g->p->nodes[g->red].out[0]);
 		for (int k = 0; k < g->dom->rank - 1 && k < o->rank; k++)
@@ -1145,7 +1247,7 @@ static void choose_vec(struct gen *g)
 }
 
 /* Whether the vector path's element body reads coordinates: a tensor
- * moved element by element that is not flat, or an iota computed inline. */
+ * moved element by element that is not flat, an iota or a mask. */
 static bool offset_uses_coords(const struct gen *g, int t)
 {
 	const struct rp_prog_tensor *x = T(g, t);
@@ -1165,17 +1267,12 @@ static bool vector_body_needs_coords(const struct gen *g)
 			return true;
 	for (int k = 0; k < g->npw; k++) {
 		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
-		const struct rp_prog_tensor *o = T(g, n->out[0]);
 		if (g->plan->node_stored[g->pw[k]] && offset_uses_coords(g, n->out[0]))
 			return true;
-		if (n->pw.fn == RP_PW_IOTA && o->shape[n->pw.axis] > 1)
-			return true;
-		for (int i = 0; i < n->nin; i++) {
-			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
-			if (by >= 0 && g->p->nodes[by].pw.fn == RP_PW_IOTA && inline_iota_dim(g, t) >= 0)
-				return true;
-		}
 	}
+	for (int d = 0; d < g->dom->rank; d++)
+		if (makers_read_coord(g, d))
+			return true;
 	return false;
 }
 
@@ -1191,18 +1288,7 @@ static bool vector_body_reads_coord(const struct gen *g, int d)
 		if (offset_uses_coords(g, t) && k >= 0 && x->shape[k] > 1 && x->strides[k] != 0)
 			return true;
 	}
-	for (int k = 0; k < g->npw; k++) {
-		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
-		const struct rp_prog_tensor *o = T(g, n->out[0]);
-		if (n->pw.fn == RP_PW_IOTA && o->shape[n->pw.axis] > 1 && g->dom->rank - o->rank + n->pw.axis == d)
-			return true;
-		for (int i = 0; i < n->nin; i++) {
-			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
-			if (by >= 0 && g->p->nodes[by].pw.fn == RP_PW_IOTA && inline_iota_dim(g, t) == d)
-				return true;
-		}
-	}
-	return false;
+	return makers_read_coord(g, d);
 }
 
 /* Where tensor t's vector starts: base for a flat one, its offset at the

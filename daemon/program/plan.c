@@ -132,16 +132,18 @@ static int node_accesses(const struct rp_program *p, const int *inl, const struc
 	return k;
 }
 
-/* Iotas and fills whose output only pointwise nodes read, each as that
- * very tensor: those readers compute the value where they need it (an
- * index, a constant), so it never takes memory nor a kernel of its own. */
+/* Iotas, fills and dropout masks whose output only pointwise nodes read,
+ * each as that very tensor: those readers compute the value where they
+ * need it (an index, a constant, a draw from the Run's seed), so it never
+ * takes memory nor a kernel of its own. */
 static void find_inline(const struct rp_program *p, int *inl)
 {
 	for (int t = 0; t < p->ntensors; t++)
 		inl[t] = -1;
 	for (int i = 0; i < p->nnodes; i++) {
 		const struct rp_prog_node *n = &p->nodes[i];
-		if (n->op->cls != RP_PC_POINTWISE || (n->pw.fn != RP_PW_IOTA && n->pw.fn != RP_PW_FILL))
+		if (n->op->cls != RP_PC_POINTWISE ||
+		    (n->pw.fn != RP_PW_IOTA && n->pw.fn != RP_PW_FILL && n->pw.fn != RP_PW_DROPOUT_MASK))
 			continue;
 		int o = n->out[0];
 		if (p->tensors[o].kind != RP_PT_INTERMEDIATE)

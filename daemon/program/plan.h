@@ -115,9 +115,9 @@ struct rd_prog_plan {
 	 * node's outputs are always written. */
 	bool *node_stored;
 	int *order;                 /* every node, step after step: what steps' nodes point into */
-	/* Per tensor: the iota or fill node whose value its readers (all
-	 * pointwise) compute where they read it, or -1. That node is in no
-	 * step, and the tensor never in memory. */
+	/* Per tensor: the iota, fill or dropout_mask node whose value its
+	 * readers (all pointwise) compute where they read it, or -1. That node
+	 * is in no step, and the tensor never in memory. */
 	int *computed_inline;
 	uint64_t arena_bytes;
 	/* With embedding steps: where in the arena their kernels note the

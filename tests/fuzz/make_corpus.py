@@ -642,7 +642,21 @@ gather = {'tensors': [
               node('amax', ['e'], ['red']), node('mean', ['red'], ['col'], attrs={'axis': 'leading'}),
               node('sum', ['col'], ['tot'], attrs={'axis': 'last'}),
               node('iota', [], ['io'], attrs={'axis': 1}), node('gt', ['e', 'tot'], ['c'])]}
+dropout = {'tensors': [
+    tensor('seed', 'scalar'), tensor('x', 'input', 'bf16', [4, 6]), tensor('k', 'intermediate', 'bf16', [4, 6]),
+    tensor('y', 'output', 'bf16', [4, 6]), tensor('m', 'output', 'u8', [6, 4]),
+    tensor('mt', 'view', base='m', shape=[4, 6], strides=[1, 4])],
+    'nodes': [node('dropout_mask', ['seed'], ['k'], 'drop', {'p': 0.1}), node('mul', ['x', 'k'], ['y']),
+              node('dropout_mask', ['seed'], ['mt'], 'mask', {'p': 0.5, 'stream': 4294967295})]}
 programs = {
+    'dropout': [dropout, bind('x', 'y', 'm', scalars={'seed': 9007199254740991})],
+    'dropout-run-fractional-seed': [dropout, bind('x', 'y', 'm', scalars={'seed': 0.5})],
+    'dropout-seed-not-scalar': [{'tensors': [tensor('s', 'input', 'f64', []), tensor('y', 'output', 'u8', [3])],
+                                 'nodes': [node('dropout_mask', ['s'], ['y'], attrs={'p': 0.2})]}],
+    'dropout-no-seed': [{'tensors': [tensor('y', 'output', 'f32', [3])],
+                         'nodes': [node('dropout_mask', [], ['y'], attrs={'p': 0.2})]}],
+    'dropout-p-one': [{'tensors': [tensor('s', 'scalar'), tensor('y', 'output', 'f32', [3])],
+                       'nodes': [node('dropout_mask', ['s'], ['y'], attrs={'p': 1})]}],
     'mlp': [mlp, bind('x', 'w', 'y', scalars={'lr': 0.5})],
     'mlp-run-missing': [mlp, bind('x', 'w', scalars={'lr': 0.5})],
     'mlp-run-misaligned': [mlp, dict(bind('x', 'w', 'y', scalars={'lr': 1}),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Programs (io.regen.Program) on the CUDA backend, from a torch process:
-every pointwise op, reduction and gather, fused chains, and a GPT block's
+every pointwise op, reduction and gather, fused chains, dropout masks
+against a Philox reference bit for bit, and a GPT block's
 forward and backward, each against torch float64 on the same fresh random
 inputs; Runs launched as a CUDA graph, rebinding other buffers (the graph
 replays, or is captured again when a library call's operand moved); a
@@ -9,7 +10,7 @@ Release and a device_lost in between, after which the same program (not
 defined again) gives the same results; and the bounds on what compiling a
 uid's programs may cost (max_uid_compile_ms, max_uid_module_mib).
 
-    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,gather,chains,block,faults,compile_limits]
+    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,gather,chains,dropout,block,faults,compile_limits]
 
 Exit 0 = pass, 1 = fail, 77 = skipped (no torch or no CUDA). Prints one
 line per check and "N passed, N failed" last.
@@ -263,6 +264,88 @@ def check_chains(c):
     c.drop_program(prog)
 
 
+def philox_word0(seed, stream, i):
+    """Philox4x32-10's first word (Random123) at counters (i, i >> 32,
+    stream, 0) under the key (seed, seed >> 32), for a tensor of indices i,
+    in int64 arithmetic (a product's low 64 bits are the unsigned ones)."""
+    m = 0xFFFFFFFF
+    c0, c1 = i & m, (i >> 32) & m
+    c2, c3 = torch.full_like(i, stream), torch.zeros_like(i)
+    k0, k1 = seed & m, seed >> 32
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        p0, p1 = c0 * 0xD2511F53, c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = ((p1 >> 32) & m) ^ c1 ^ k0, p1 & m, ((p0 >> 32) & m) ^ c3 ^ k1, p0 & m
+    return c0
+
+
+def dropout_reference(seed, stream, p, shape):
+    """docs/protocol.md's mask: 1 where (w >> 8) 2^-24 >= p."""
+    n = math.prod(shape)
+    w = philox_word0(seed, stream, torch.arange(n, device="cuda", dtype=torch.int64))
+    return ((w >> 8).double() * 2.0 ** -24 >= p).to(torch.uint8).reshape(shape)
+
+
+def check_dropout(c):
+    """dropout_mask on the CUDA backend: the stored mask is the documented
+    Philox draw bit for bit (a reference in torch, itself checked against
+    Random123's known answer); y = x * mask / (1 - p) and its backward,
+    their masks drawn inline, are the same mask's; a new seed each Run,
+    through the eager Runs and the graph's replays; the zeros a fraction p."""
+    zero = philox_word0(0, 0, torch.zeros(1, device="cuda", dtype=torch.int64)).item()
+    record("dropout: the torch reference is Philox4x32-10", zero == 0x6627e8d5, f"word 0 {zero:08x}")
+    g = generator()
+    M, N, P = 1024, 4099, 0.1
+    scale = 1.0 / (1.0 - P)
+    x = torch.randn(M, N, device="cuda", generator=g).bfloat16()
+    dy = torch.randn(M, N, device="cuda", generator=g).bfloat16()
+    p = regen.ProgramBuilder("dropout")
+    seed = p.scalar("seed")
+    xi, dyi = p.input("x", "bf16", (M, N)), p.input("dy", "bf16", (M, N))
+    k, k2 = p.intermediate("k", "bf16", (M, N)), p.intermediate("k2", "bf16", (M, N))
+    t, t2 = p.intermediate("t", "f32", (M, N)), p.intermediate("t2", "f32", (M, N))
+    m, y, dx = p.output("m", "u8", (M, N)), p.output("y", "bf16", (M, N)), p.output("dx", "bf16", (M, N))
+    p.node("dropout_mask", [seed], [m], p=P, stream=3)
+    p.node("dropout_mask", [seed], [k], p=P, stream=3)
+    p.node("mul", [xi, k], [t])
+    p.node("mul", [t], [y], scalar=scale)
+    p.node("dropout_mask", [seed], [k2], p=P, stream=3)
+    p.node("mul", [dyi, k2], [t2])
+    p.node("mul", [t2], [dx], scalar=scale)
+    prog = c.define_program(DEV, p.definition())
+    out_m = torch.empty(M, N, device="cuda", dtype=torch.uint8)
+    out_y, out_dx = torch.empty_like(x), torch.empty_like(dy)
+    bind = {"x": x, "dy": dy, "m": out_m, "y": out_y, "dx": out_dx}
+    torch.cuda.synchronize()
+    seeds = [0, (1 << 53) - 1] + [int.from_bytes(os.urandom(7), "little") & ((1 << 53) - 1) for _ in range(4)]
+    for s in seeds:
+        c.run_program(prog, bind, {"seed": s})
+        torch.cuda.synchronize()
+        ref = dropout_reference(s, 3, P, (M, N))
+        wrong = (out_m != ref).sum().item()
+        want_y = (x.float() * ref.float() * scale).bfloat16()
+        want_dx = (dy.float() * ref.float() * scale).bfloat16()
+        y_wrong = (out_y.view(torch.int16) != want_y.view(torch.int16)).sum().item()
+        dx_wrong = (out_dx.view(torch.int16) != want_dx.view(torch.int16)).sum().item()
+        zeros = (out_m == 0).sum().item()
+        sd = math.sqrt(M * N * P * (1 - P))
+        record(f"dropout seed {s}: mask, y, dx bit for bit", wrong == 0 and y_wrong == 0 and dx_wrong == 0 and
+               abs(zeros - M * N * P) <= 5 * sd,
+               f"{wrong} mask, {y_wrong} y, {dx_wrong} dx elements differ; {zeros} zeros of {M * N}")
+    try:
+        c.run_program(prog, bind, {"seed": 0.5})
+        record("dropout: a fractional seed is refused", False, "accepted")
+    except regen.InvalidParameter as e:
+        record("dropout: a fractional seed is refused", e.parameters.get("parameter") == "scalars.seed",
+               str(e.parameters))
+    st = c.program_status(DEV, prog)[0]
+    record("dropout: Runs past the eager ones replay a graph", st["graph_launches"] >= 1,
+           f"kernels {st['kernels']}, captures {st['graph_captures']}, graph {st['graph_launches']}, "
+           f"stream {st['stream_runs']}")
+    c.drop_program(prog)
+
+
 def check_compile_limits(c):
     """What compiling a uid's programs may cost on a device: with
     max_uid_compile_ms 1 the first Run that needs NVRTC is stopped and
@@ -495,8 +578,9 @@ def main():
     c_socket[0] = daemon.socket
     c_regend[0] = regend
     try:
-        for name, fn in (("ops", check_ops), ("gather", check_gather), ("chains", check_chains), ("block", check_block),
-                         ("faults", check_faults), ("compile_limits", check_compile_limits)):
+        for name, fn in (("ops", check_ops), ("gather", check_gather), ("chains", check_chains),
+                         ("dropout", check_dropout), ("block", check_block), ("faults", check_faults),
+                         ("compile_limits", check_compile_limits)):
             if only is None or name in only:
                 guarded(name, fn, c)
     finally:

@@ -393,6 +393,19 @@ int main(void)
 		  "'nodes':[{'op':'mul','inputs':['x'],'outputs':['h'],'attrs':{'scalar':2}},"
 		  "{'op':'add','inputs':['h','z'],'outputs':['y']}]}",
 		  3.0 * 16384 * 16384 * 2);
+	/* Dropout as a model writes it: a Philox draw per element (ten rounds
+	 * of two 32x32 products) on top of the traffic, which may make the
+	 * kernel bound by its arithmetic rather than its memory. */
+	bandwidth(&t, "y = x * dropout_mask(p 0.1) / 0.9, the mask drawn inline, bf16",
+		  "{'tensors':[{'name':'seed','kind':'scalar'},"
+		  "{'name':'x','kind':'input','dtype':'bf16','shape':[16384,16384]},"
+		  "{'name':'k','kind':'intermediate','dtype':'bf16','shape':[16384,16384]},"
+		  "{'name':'h','kind':'intermediate','dtype':'f32','shape':[16384,16384]},"
+		  "{'name':'y','kind':'output','dtype':'bf16','shape':[16384,16384]}],"
+		  "'nodes':[{'op':'dropout_mask','inputs':['seed'],'outputs':['k'],'attrs':{'p':0.1}},"
+		  "{'op':'mul','inputs':['x','k'],'outputs':['h']},"
+		  "{'op':'mul','inputs':['h'],'outputs':['y'],'attrs':{'scalar':1.1111111111111112}}]}",
+		  2.0 * 16384 * 16384 * 2);
 	bandwidth(&t, "gelu, f32",
 		  "{'tensors':[{'name':'x','kind':'input','dtype':'f32','shape':[8192,16384]},"
 		  "{'name':'y','kind':'output','dtype':'f32','shape':[8192,16384]}],"

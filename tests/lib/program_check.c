@@ -88,6 +88,38 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'fill','outputs':['f'],'attrs':{'scalar':0.1}},"
 	  "{'op':'div','inputs':['mid','r0'],'outputs':['mid']}]}",
 	  0.5, 2, 0 },
+	{ "dropout masks: stored, through a transposed view, drawn inline in a chain, broadcast, in reductions' "
+	  "prologues, rank 0; every mask read exactly (integers, sums in f64)",
+	  "{'tensors':[{'name':'seed','kind':'scalar'},"
+	  "{'name':'x','kind':'input','dtype':'bf16','shape':[48,1000]},"
+	  "{'name':'m','kind':'output','dtype':'u8','shape':[48,1000]},"
+	  "{'name':'mem','kind':'output','dtype':'u8','shape':[1000,48]},"
+	  "{'name':'mt','kind':'view','base':'mem','shape':[48,1000],'strides':[1,48]},"
+	  "{'name':'k','kind':'intermediate','dtype':'bf16','shape':[48,1000]},"
+	  "{'name':'t','kind':'intermediate','dtype':'f32','shape':[48,1000]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[48,1000]},"
+	  "{'name':'ki','kind':'output','dtype':'i32','shape':[48,1000]},"
+	  "{'name':'kr','kind':'intermediate','dtype':'f32','shape':[48,1]},"
+	  "{'name':'mb','kind':'output','dtype':'u8','shape':[48,1000]},"
+	  "{'name':'kl','kind':'intermediate','dtype':'f16','shape':[48,1000]},"
+	  "{'name':'rl','kind':'output','dtype':'f64','shape':[48]},"
+	  "{'name':'rc','kind':'output','dtype':'f64','shape':[1000]},"
+	  "{'name':'m0','kind':'output','dtype':'f64','shape':[]},"
+	  "{'name':'mi','kind':'output','dtype':'i64','shape':[7,3]}],"
+	  "'nodes':[{'op':'dropout_mask','inputs':['seed'],'outputs':['m'],'attrs':{'p':0.1}},"
+	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['mt'],'attrs':{'p':0.5,'stream':1}},"
+	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['k'],'attrs':{'p':0.1,'stream':2}},"
+	  "{'op':'mul','inputs':['x','k'],'outputs':['t']},"
+	  "{'op':'mul','inputs':['t'],'outputs':['y'],'attrs':{'scalar':1.1111111111111112}},"
+	  "{'op':'cast','inputs':['k'],'outputs':['ki']},"
+	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['kr'],'attrs':{'p':0.25,'stream':3}},"
+	  "{'op':'cast','inputs':['kr'],'outputs':['mb']},"
+	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['kl'],'attrs':{'p':0.3,'stream':4}},"
+	  "{'op':'sum','inputs':['kl'],'outputs':['rl']},"
+	  "{'op':'sum','inputs':['kl'],'outputs':['rc'],'attrs':{'axis':'leading'}},"
+	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['m0'],'attrs':{'p':0.5,'stream':5}},"
+	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['mi'],'attrs':{'p':0.5,'stream':4294967295}}]}",
+	  -2, 2, 0 },
 	{ "every reduction over rows, short and long, with a prologue",
 	  "{'tensors':[{'name':'a','kind':'input','dtype':'bf16','shape':[64,100]},"
 	  "{'name':'b','kind':'input','dtype':'f32','shape':[8,50000]},"
@@ -412,8 +444,14 @@ int tl_prog_open(struct tl_prog *t, const struct tl_prog_case *c, uint64_t salt,
 		if (x->root != i)
 			continue;
 		if (x->kind == RP_PT_SCALAR) {
-			/* An optimizer's step counts from 1; the others (lr) are small. */
-			t->scalars[x->bind_index] = strcmp(x->name, "step") == 0 ? 3 : (double)tl_rng_int(&rng, 6, 64) / 64;
+			/* An optimizer's step counts from 1; a dropout seed is an
+			 * integer below 2^53; the others (lr) are small. */
+			if (strcmp(x->name, "step") == 0)
+				t->scalars[x->bind_index] = 3;
+			else if (x->seed)
+				t->scalars[x->bind_index] = (double)(tl_rng_next(&rng) >> 11);
+			else
+				t->scalars[x->bind_index] = (double)tl_rng_int(&rng, 6, 64) / 64;
 			continue;
 		}
 		t->ref[i] = malloc(bytes);

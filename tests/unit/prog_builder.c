@@ -46,6 +46,7 @@ static const struct rp_prog_op pw_ops[RP_PW_COUNT] = {
 	PW(RP_PW_WHERE, "where", 2, 3),
 	PW(RP_PW_FILL, "fill", 0, 0),
 	PW(RP_PW_IOTA, "iota", 0, 0),
+	PW(RP_PW_DROPOUT_MASK, "dropout_mask", 1, 1),
 };
 #undef PW
 
@@ -185,6 +186,16 @@ int pb_iota(struct pb *b, int out, int axis)
 	int i = pb_pw(b, RP_PW_IOTA, out, -1);
 
 	b->nodes[i].pw.axis = axis;
+	return i;
+}
+
+int pb_dropout_mask(struct pb *b, int out, int seed, double p, uint32_t stream)
+{
+	int i = pb_pw(b, RP_PW_DROPOUT_MASK, out, seed, -1);
+
+	b->nodes[i].pw.p = p;
+	b->nodes[i].pw.stream = stream;
+	b->tensors[seed].seed = true;
 	return i;
 }
 

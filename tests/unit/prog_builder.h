@@ -38,6 +38,8 @@ int pb_pw_const(struct pb *b, enum rp_pointwise fn, int out, int x, double c, bo
 int pb_where_const(struct pb *b, int out, int cond, int x, double c, bool scalar_first);
 int pb_fill(struct pb *b, int out, double c);
 int pb_iota(struct pb *b, int out, int axis);
+/* A mask drawn from a scalar seed (pb_scalar). */
+int pb_dropout_mask(struct pb *b, int out, int seed, double p, uint32_t stream);
 int pb_reduce(struct pb *b, enum rp_reduction fn, enum rp_reduce_axis axis, int out, int in);
 int pb_embedding(struct pb *b, int out, int table, int index);
 int pb_embedding_backward(struct pb *b, int d_table, int d_out, int index);

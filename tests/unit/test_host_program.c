@@ -32,6 +32,7 @@
 
 #include "daemon/backend/backend.h"
 #include "proto/errors.h"
+#include "proto/philox.h"
 #include "proto/program.h"
 #include "tests/lib/dtype.h"
 #include "tests/lib/rand.h"
@@ -411,7 +412,7 @@ static const char *const pw_names[RP_PW_COUNT] = {
 	[RP_PW_GELU_BACKWARD] = "gelu_backward", [RP_PW_GELU_TANH_BACKWARD] = "gelu_tanh_backward",
 	[RP_PW_SILU_BACKWARD] = "silu_backward", [RP_PW_SIGMOID_BACKWARD] = "sigmoid_backward",
 	[RP_PW_TANH_BACKWARD] = "tanh_backward", [RP_PW_RELU_BACKWARD] = "relu_backward", [RP_PW_WHERE] = "where",
-	[RP_PW_FILL] = "fill", [RP_PW_IOTA] = "iota",
+	[RP_PW_FILL] = "fill", [RP_PW_IOTA] = "iota", [RP_PW_DROPOUT_MASK] = "dropout_mask",
 };
 
 /* Tensor inputs of each function (without a constant). */
@@ -552,6 +553,10 @@ START_TEST(every_pointwise_op_matches_long_double)
 		op = rp_prog_op_find(pw_names[fn]);
 		ck_assert_msg(op && op->cls == RP_PC_POINTWISE && op->fn == fn, "op '%s' is not pointwise %d", pw_names[fn],
 			      fn);
+		/* A mask has no formula to hold it to: the dropout_mask tests
+		 * below check its statistics and its indexing. */
+		if (fn == RP_PW_DROPOUT_MASK)
+			continue;
 		for (size_t di = 0; di < sizeof(float_dtypes) / sizeof(float_dtypes[0]); di++) {
 			const enum rp_dtype dt = float_dtypes[di];
 			const enum rp_dtype out_dt = pw_is_comparison(fn) ? RP_DTYPE_U8 : dt;
@@ -874,6 +879,156 @@ START_TEST(a_chain_through_intermediates_of_every_width)
 		}
 	run_ok(&pg);
 	expect_close(&pg, "y", want, 0, "mul, add, gelu_tanh, mul");
+	prog_finish(&pg);
+}
+END_TEST
+
+/* ---- dropout_mask ---------------------------------------------------------------- */
+
+/* A seed as a Run gives it: a fresh integer below 2^53. */
+static double fresh_seed(void)
+{
+	return (double)(tl_rng_next(tl_rand()) >> 11);
+}
+
+/* Zeros of a mask of n elements with drop probability p: binomial, within
+ * five standard deviations (a false alarm about once in 1.7 million). */
+static void expect_binomial(int64_t zeros, int64_t n, double p, const char *what)
+{
+	const double mean = (double)n * p, sd = sqrt((double)n * p * (1 - p));
+
+	ck_assert_msg(fabs((double)zeros - mean) <= 5 * sd + 1,
+		      "%s: %lld zeros of %lld, want %.1f +- %.1f (5 sd; seed %llu)", what, (long long)zeros,
+		      (long long)n, mean, 5 * sd, (unsigned long long)tl_seed());
+}
+
+/* Every element 0 or 1, element l (row-major in the output's shape, its
+ * strides whatever they are) the draw proto/philox.h defines; the zeros a
+ * fraction p of them. */
+static void expect_mask(struct prog *pg, const char *name, double seed, uint32_t stream, double p, const char *what)
+{
+	const struct rp_prog_tensor *t = tensor_of(pg, name);
+	const uint32_t threshold = rp_dropout_threshold(p);
+	int64_t zeros = 0;
+
+	check_written(pg, name);
+	for (int64_t l = 0; l < t->numel; l++) {
+		const double v = get(pg, name, l);
+		const bool keep = rp_dropout_keep((uint64_t)seed, stream, (uint64_t)l, threshold);
+
+		ck_assert_msg(v == (keep ? 1.0 : 0.0), "%s: %s[%lld] = %g, want %d (seed %llu)", what, name, (long long)l,
+			      v, keep, (unsigned long long)tl_seed());
+		zeros += v == 0.0;
+	}
+	expect_binomial(zeros, t->numel, p, what);
+}
+
+START_TEST(dropout_mask_drops_a_fraction_p)
+{
+	static const char *const shapes[] = { "[1000]", "[3, 70, 300]", "[256, 1024]", "[]" };
+	static const enum rp_dtype dtypes[] = { RP_DTYPE_U8, RP_DTYPE_F32, RP_DTYPE_BF16, RP_DTYPE_I64 };
+	static const double ps[] = { 0, 0.1, 0.5, 0.9, 0.999 };
+
+	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+		for (size_t pi = 0; pi < sizeof(ps) / sizeof(ps[0]); pi++) {
+			const enum rp_dtype dt = dtypes[(si + pi) % 4];
+			const uint32_t stream = (uint32_t)tl_rand_int(0, 3);
+			const double seed = fresh_seed();
+			struct jb j = { .n = 0 };
+			struct prog pg;
+			char what[96];
+
+			jb_add(&j, "{\"tensors\": [{\"name\": \"seed\", \"kind\": \"scalar\"},"
+				   "{\"name\": \"m\", \"kind\": \"output\", \"dtype\": \"%s\", \"shape\": %s}],"
+				   "\"nodes\": [{\"op\": \"dropout_mask\", \"inputs\": [\"seed\"], \"outputs\": [\"m\"],"
+				   "\"attrs\": {\"p\": %.17g, \"stream\": %u}}]}",
+			       rp_dtype_name(dt), shapes[si], ps[pi], stream);
+			prog_define(&pg, j.s);
+			set_scalar(&pg, "seed", seed);
+			run_ok(&pg);
+			snprintf(what, sizeof(what), "p %g, %s %s", ps[pi], rp_dtype_name(dt), shapes[si]);
+			expect_mask(&pg, "m", seed, stream, ps[pi], what);
+			prog_finish(&pg);
+		}
+}
+END_TEST
+
+/* A mask written through a transposed view is indexed by the view's own
+ * row-major order, not by memory: the same mask a contiguous tensor of
+ * its shape gets. */
+START_TEST(dropout_mask_indexes_its_output_row_major)
+{
+	const double seed = fresh_seed();
+	struct prog pg;
+
+	prog_define(&pg, "{\"tensors\": [{\"name\": \"seed\", \"kind\": \"scalar\"},"
+			 "{\"name\": \"mem\", \"kind\": \"output\", \"dtype\": \"u8\", \"shape\": [8, 300]},"
+			 "{\"name\": \"mt\", \"kind\": \"view\", \"base\": \"mem\", \"shape\": [300, 8], "
+			 "\"strides\": [1, 300]},"
+			 "{\"name\": \"flat\", \"kind\": \"output\", \"dtype\": \"f16\", \"shape\": [300, 8]}],"
+			 "\"nodes\": [{\"op\": \"dropout_mask\", \"inputs\": [\"seed\"], \"outputs\": [\"mt\"],"
+			 "\"attrs\": {\"p\": 0.3, \"stream\": 9}},"
+			 "{\"op\": \"dropout_mask\", \"inputs\": [\"seed\"], \"outputs\": [\"flat\"],"
+			 "\"attrs\": {\"p\": 0.3, \"stream\": 9}}]}");
+	set_scalar(&pg, "seed", seed);
+	run_ok(&pg);
+	expect_mask(&pg, "flat", seed, 9, 0.3, "contiguous");
+	for (int64_t r = 0; r < 300; r++)
+		for (int64_t c = 0; c < 8; c++)
+			ck_assert_msg(get(&pg, "mem", c * 300 + r) == get(&pg, "flat", r * 8 + c),
+				      "the transposed mask's [%lld, %lld] is not the contiguous one's", (long long)r,
+				      (long long)c);
+	prog_finish(&pg);
+}
+END_TEST
+
+/* Two streams of a seed, and two seeds, draw independent masks (they
+ * agree where two fair coins would: half the time); the same seed and
+ * stream draw the same mask at every Run, as a Run retried after a fault
+ * must. */
+START_TEST(dropout_masks_differ_by_seed_and_stream_and_repeat)
+{
+	enum { N = 1 << 16 };
+	const double a = fresh_seed(), b = a == 0 ? 1 : a - 1;
+	struct prog pg;
+	double *m[3], *again[3];
+	static const char *const names[3] = { "m0", "m1", "m2" };
+
+	prog_define(&pg, "{\"tensors\": [{\"name\": \"s1\", \"kind\": \"scalar\"}, {\"name\": \"s2\", \"kind\": \"scalar\"},"
+			 "{\"name\": \"m0\", \"kind\": \"output\", \"dtype\": \"u8\", \"shape\": [256, 256]},"
+			 "{\"name\": \"m1\", \"kind\": \"output\", \"dtype\": \"u8\", \"shape\": [256, 256]},"
+			 "{\"name\": \"m2\", \"kind\": \"output\", \"dtype\": \"u8\", \"shape\": [256, 256]}],"
+			 "\"nodes\": [{\"op\": \"dropout_mask\", \"inputs\": [\"s1\"], \"outputs\": [\"m0\"], \"attrs\": {\"p\": 0.5}},"
+			 "{\"op\": \"dropout_mask\", \"inputs\": [\"s1\"], \"outputs\": [\"m1\"], "
+			 "\"attrs\": {\"p\": 0.5, \"stream\": 1}},"
+			 "{\"op\": \"dropout_mask\", \"inputs\": [\"s2\"], \"outputs\": [\"m2\"], \"attrs\": {\"p\": 0.5}}]}");
+	set_scalar(&pg, "s1", a);
+	set_scalar(&pg, "s2", b);
+	run_ok(&pg);
+	for (int k = 0; k < 3; k++)
+		m[k] = values(&pg, names[k]);
+	int64_t same_stream = 0, same_seed = 0;
+	for (int64_t l = 0; l < N; l++) {
+		same_stream += m[0][l] == m[1][l];
+		same_seed += m[0][l] == m[2][l];
+	}
+	expect_binomial(same_stream, N, 0.5, "streams 0 and 1 of one seed agree");
+	expect_binomial(same_seed, N, 0.5, "seeds a and a - 1 agree");
+
+	/* Again, poisoned first: every bit the same. Then s2 = s1: m2 is m0. */
+	for (int k = 0; k < 3; k++)
+		tl_poison(RP_DTYPE_U8, bound_of(&pg, names[k])->buf.ptr, bound_of(&pg, names[k])->elems);
+	set_scalar(&pg, "s2", a);
+	run_ok(&pg);
+	for (int k = 0; k < 3; k++)
+		again[k] = values(&pg, names[k]);
+	ck_assert_msg(memcmp(m[0], again[0], N * sizeof(double)) == 0, "a second Run drew another m0");
+	ck_assert_msg(memcmp(m[1], again[1], N * sizeof(double)) == 0, "a second Run drew another m1");
+	ck_assert_msg(memcmp(m[0], again[2], N * sizeof(double)) == 0, "one seed and stream drew two masks");
+	for (int k = 0; k < 3; k++) {
+		free(m[k]);
+		free(again[k]);
+	}
 	prog_finish(&pg);
 }
 END_TEST
@@ -1772,6 +1927,9 @@ Suite *host_program_suite(void)
 	tcase_add_test(tc, in_place_updates_read_before_they_write);
 	tcase_add_test(tc, views_transpose_slice_and_stride_zero);
 	tcase_add_test(tc, a_chain_through_intermediates_of_every_width);
+	tcase_add_test(tc, dropout_mask_drops_a_fraction_p);
+	tcase_add_test(tc, dropout_mask_indexes_its_output_row_major);
+	tcase_add_test(tc, dropout_masks_differ_by_seed_and_stream_and_repeat);
 	tcase_add_test(tc, every_reduction_both_axes);
 	tcase_add_test(tc, embedding_and_its_backward);
 	tcase_add_test(tc, an_index_out_of_range_refuses_the_run_before_any_write);

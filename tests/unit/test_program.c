@@ -218,6 +218,7 @@ static const struct ok_case ok_cases[] = {
 	{ "where", PROG("", "{'op':'where','inputs':['c','a','b'],'outputs':['y']}") },
 	{ "fill", PROG("", "{'op':'fill','outputs':['yi'],'attrs':{'scalar':-3}}") },
 	{ "iota", PROG("", "{'op':'iota','outputs':['yi'],'attrs':{'axis':0}}") },
+	{ "dropout_mask", PROG("", "{'op':'dropout_mask','inputs':['s'],'outputs':['yu'],'attrs':{'p':0.1,'stream':3}}") },
 	{ "sum", PROG("", "{'op':'sum','inputs':['a'],'outputs':['r']}") },
 	{ "mean", PROG(",{'name':'col','kind':'output','dtype':'f32','shape':[3]}",
 		       "{'op':'mean','inputs':['a'],'outputs':['col'],'attrs':{'axis':'leading'}}") },
@@ -318,7 +319,7 @@ START_TEST(the_table_covers_every_primitive)
 		"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "neg", "exp",
 		"log", "tanh", "erf", "sigmoid", "silu", "gelu", "gelu_tanh", "relu", "sqrt", "rsqrt", "abs",
 		"reciprocal", "square", "cast", "gelu_backward", "gelu_tanh_backward", "silu_backward",
-		"sigmoid_backward", "tanh_backward", "relu_backward", "where", "fill", "iota",
+		"sigmoid_backward", "tanh_backward", "relu_backward", "where", "fill", "iota", "dropout_mask",
 	};
 	static const char *const reductions[RP_RED_COUNT] = { "sum", "mean", "max", "min", "amax" };
 
@@ -532,6 +533,30 @@ static const struct bad_case bad_cases[] = {
 	  "'nodes':[{'op':'sum','name':'s','inputs':['s'],'outputs':['r']}]}", IP, "nodes[0] (s)", "nothing to reduce" },
 	{ "iota along a missing axis", "{'tensors':[{'name':'y','kind':'output','dtype':'i32','shape':[4]}],"
 	  "'nodes':[{'op':'iota','name':'i','outputs':['y'],'attrs':{'axis':1}}]}", IP, "nodes[0] (i)", "axis 1" },
+	{ "dropout_mask without a seed", "{'tensors':[" T_Y "],'nodes':[{'op':'dropout_mask','name':'drop',"
+	  "'inputs':[],'outputs':['y'],'attrs':{'p':0.1}}]}", IP, "nodes[0] (drop)",
+	  "dropout_mask takes 1 input, not 0: [seed] -> [mask], seed a scalar tensor" },
+	{ "dropout_mask seeded by an input tensor", "{'tensors':[" T_Y ",{'name':'sd','kind':'input','dtype':'f64','shape':[]}],"
+	  "'nodes':[{'op':'dropout_mask','name':'drop','inputs':['sd'],'outputs':['y'],'attrs':{'p':0.1}}]}", IP,
+	  "nodes[0] (drop)", "its seed sd is a tensor of kind input, but must be one of kind scalar" },
+	{ "dropout_mask seeded by a view of a scalar", "{'tensors':[" T_Y ",{'name':'s','kind':'scalar'},"
+	  "{'name':'sv','kind':'view','base':'s','shape':[]}],"
+	  "'nodes':[{'op':'dropout_mask','name':'drop','inputs':['sv'],'outputs':['y'],'attrs':{'p':0.1}}]}", IP,
+	  "nodes[0] (drop)", "its seed sv is a tensor of kind view" },
+	{ "dropout_mask with p 1", "{'tensors':[" T_Y ",{'name':'s','kind':'scalar'}],'nodes':[{'op':'dropout_mask',"
+	  "'inputs':['s'],'outputs':['y'],'attrs':{'p':1}}]}", PARAM, "nodes[0].attrs.p", NULL },
+	{ "dropout_mask with a negative p", "{'tensors':[" T_Y ",{'name':'s','kind':'scalar'}],'nodes':[{'op':'dropout_mask',"
+	  "'inputs':['s'],'outputs':['y'],'attrs':{'p':-0.1}}]}", PARAM, "nodes[0].attrs.p", NULL },
+	{ "dropout_mask with p as a string", "{'tensors':[" T_Y ",{'name':'s','kind':'scalar'}],'nodes':[{'op':'dropout_mask',"
+	  "'inputs':['s'],'outputs':['y'],'attrs':{'p':'nan'}}]}", PARAM, "nodes[0].attrs.p", NULL },
+	{ "dropout_mask without p", "{'tensors':[" T_Y ",{'name':'s','kind':'scalar'}],'nodes':[{'op':'dropout_mask',"
+	  "'inputs':['s'],'outputs':['y']}]}", PARAM, "nodes[0].attrs.p", NULL },
+	{ "dropout_mask with a stream past 32 bits", "{'tensors':[" T_Y ",{'name':'s','kind':'scalar'}],"
+	  "'nodes':[{'op':'dropout_mask','inputs':['s'],'outputs':['y'],'attrs':{'p':0.5,'stream':4294967296}}]}",
+	  PARAM, "nodes[0].attrs.stream", NULL },
+	{ "dropout_mask with a negative stream", "{'tensors':[" T_Y ",{'name':'s','kind':'scalar'}],"
+	  "'nodes':[{'op':'dropout_mask','inputs':['s'],'outputs':['y'],'attrs':{'p':0.5,'stream':-1}}]}",
+	  PARAM, "nodes[0].attrs.stream", NULL },
 	{ "embedding rows of a wrong shape", "{'tensors':[" T_X ",{'name':'ix','kind':'input','dtype':'i32','shape':[5]},"
 	  "{'name':'e','kind':'output','dtype':'f32','shape':[4,3]}],'nodes':[{'op':'embedding','name':'emb',"
 	  "'inputs':['x','ix'],'outputs':['e']}]}", IP, "nodes[0] (emb)", "[N, 3]" },
@@ -1106,6 +1131,45 @@ START_TEST(run_refuses_what_the_program_does_not_say)
 }
 END_TEST
 
+/* A dropout_mask's seed is an integer in [0, 2^53) at every Run (the
+ * Philox key), refused by name otherwise; other scalars take any finite
+ * number. */
+START_TEST(run_takes_a_seed_only_as_an_integer)
+{
+	static const char *const program =
+		"{'tensors':[{'name':'seed','kind':'scalar'},{'name':'lr','kind':'scalar'},"
+		"{'name':'m','kind':'output','dtype':'u8','shape':[8]}],"
+		"'nodes':[{'op':'dropout_mask','inputs':['seed'],'outputs':['m'],'attrs':{'p':0.25}}]}";
+	static const char *const bad[] = { "0.5", "-1", "9007199254740992", "1e300", "'7'" };
+	static const char *const good[] = { "0", "1", "123456789", "9007199254740991" };
+	struct rp_program p;
+	struct rp_program_run run;
+	struct rp_error err = { 0 };
+	char params[256];
+
+	define_ok(program, &p);
+	ck_assert(p.tensors[0].seed);
+	ck_assert(!p.tensors[1].seed);
+	for (size_t i = 0; i < N(bad); i++) {
+		snprintf(params, sizeof(params), "{'program':'p0.0.1','bind':{'m':{'buffer':'b0.1.1'}},"
+			 "'scalars':{'seed':%s,'lr':0.5}}", bad[i]);
+		run_bad(&p, params, RP_ERR_INVALID_PARAMETER, "parameter", "scalars.seed");
+	}
+	for (size_t i = 0; i < N(good); i++) {
+		cJSON *j;
+
+		snprintf(params, sizeof(params), "{'program':'p0.0.1','bind':{'m':{'buffer':'b0.1.1'}},"
+			 "'scalars':{'seed':%s,'lr':0.5}}", good[i]);
+		j = json(params);
+		ck_assert_msg(rp_program_run_parse(&p, j, &run, &err) == 0, "%s refused", params);
+		ck_assert(run.scalars[0] == strtod(good[i], NULL));
+		rp_program_run_finish(&run);
+		cJSON_Delete(j);
+	}
+	rp_program_finish(&p);
+}
+END_TEST
+
 START_TEST(program_run_spec_is_the_runs)
 {
 	ck_assert_int_eq(rp_op_program_run.id, RP_OP_PROGRAM);
@@ -1142,6 +1206,7 @@ static Suite *program_suite(void)
 	suite_add_tcase(s, lower);
 	tcase_add_test(run, run_binds_every_bound_tensor);
 	tcase_add_test(run, run_refuses_what_the_program_does_not_say);
+	tcase_add_test(run, run_takes_a_seed_only_as_an_integer);
 	tcase_add_test(run, program_run_spec_is_the_runs);
 	suite_add_tcase(s, run);
 	return s;

@@ -200,6 +200,68 @@ START_TEST(constants_scalars_casts)
 }
 END_TEST
 
+/* dropout masks: stored (u8, and f32 through a transposed view), computed
+ * inline where a fused chain reads them (the vector path), broadcast
+ * along a row, in a reduction's prologue over either axis, of rank 0, and
+ * past 2^30 elements (64-bit flat indices). */
+START_TEST(dropout_masks)
+{
+	pb_init(&b, "dropout");
+	int seed = pb_scalar(&b, "seed");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64, 1024));
+	int m = pb_tensor(&b, "m", RP_PT_OUTPUT, RP_DTYPE_U8, PB_DIMS(64, 1024));
+	pb_dropout_mask(&b, m, seed, 0.1, 0);
+	int mem = pb_tensor(&b, "mem", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(1024, 64));
+	int mt = pb_view(&b, "mt", mem, 0, 2, (const int64_t[]){ 64, 1024 }, (const int64_t[]){ 1, 64 });
+	pb_dropout_mask(&b, mt, seed, 0.5, 1);
+	/* y = x * mask / (1 - p), the mask never stored. */
+	int k = pb_tensor(&b, "k", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(64, 1024));
+	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(64, 1024));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(64, 1024));
+	pb_dropout_mask(&b, k, seed, 0.1, 2);
+	pb_pw(&b, RP_PW_MUL, t, x, k, -1);
+	pb_pw_const(&b, RP_PW_MUL, y, t, 1 / 0.9, false);
+	/* A mask per row, broadcast along it. */
+	int kr = pb_tensor(&b, "kr", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(64, 1));
+	int yr = pb_tensor(&b, "yr", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(64, 1024));
+	pb_dropout_mask(&b, kr, seed, 0.25, 3);
+	pb_pw(&b, RP_PW_MUL, yr, x, kr, -1);
+	/* Reductions of a masked x, over rows and over columns. */
+	int kl = pb_tensor(&b, "kl", RP_PT_INTERMEDIATE, RP_DTYPE_F16, PB_DIMS(64, 1024));
+	int xl = pb_tensor(&b, "xl", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(64, 1024));
+	int rl = pb_tensor(&b, "rl", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(64));
+	int rc = pb_tensor(&b, "rc", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(1024));
+	pb_dropout_mask(&b, kl, seed, 0.3, 4);
+	pb_pw(&b, RP_PW_MUL, xl, x, kl, -1);
+	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LAST, rl, xl);
+	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LEADING, rc, xl);
+	/* Rank 0, in f64 and i64. */
+	int m0 = pb_tensor(&b, "m0", RP_PT_OUTPUT, RP_DTYPE_F64, 0, NULL);
+	int mi = pb_tensor(&b, "mi", RP_PT_OUTPUT, RP_DTYPE_I64, PB_DIMS(7, 3));
+	pb_dropout_mask(&b, m0, seed, 0.5, 5);
+	pb_dropout_mask(&b, mi, seed, 0.5, 6);
+	build_and_compile();
+
+	/* Past 2^30 elements. */
+	pb_init(&b, "dropout_wide");
+	seed = pb_scalar(&b, "seed");
+	x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(1 << 16, 1 << 15));
+	k = pb_tensor(&b, "k", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(1 << 16, 1 << 15));
+	y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(1 << 16, 1 << 15));
+	pb_dropout_mask(&b, k, seed, 0.1, 0);
+	pb_pw(&b, RP_PW_MUL, y, x, k, -1);
+	pb_finish(&b);
+
+	struct rd_prog_plan plan;
+	struct rp_error err = { 0 };
+	ck_assert_int_eq(rd_prog_plan_build(&b.p, &plan, &err), 0);
+	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "typedef long long idx_t;"));
+	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "(unsigned long long)(base + j)"));
+	compile_plan(&plan, "-arch=sm_90");
+	rd_prog_plan_finish(&plan);
+}
+END_TEST
+
 /* Broadcasts of every kind, a transposed input, a strided output view,
  * an offset view, a rank-0 input. */
 START_TEST(broadcasts_and_views)
@@ -454,6 +516,7 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, every_pointwise_op, 0, (int)(sizeof(dtypes) / sizeof(dtypes[0])));
 	tcase_add_test(tc, constants_scalars_casts);
 	tcase_add_test(tc, broadcasts_and_views);
+	tcase_add_test(tc, dropout_masks);
 	tcase_add_loop_test(tc, every_reduction, 0, (int)(sizeof(reds) / sizeof(reds[0])));
 	tcase_add_test(tc, softmax_cross_entropy);
 	tcase_add_test(tc, embeddings);

@@ -256,6 +256,44 @@ START_TEST(iota_is_computed_inline)
 }
 END_TEST
 
+/* Dropout as a model writes it, y = x * mask / (1 - p) forward and dx =
+ * dy * mask / (1 - p) backward from the same seed and stream: each mask
+ * is drawn where it is read, so neither takes memory nor a kernel; the
+ * seed is the Run's scalar. */
+START_TEST(dropout_mask_is_computed_inline)
+{
+	pb_init(&b, "dropout");
+	int seed = pb_scalar(&b, "seed");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64, 1000));
+	int dy = pb_tensor(&b, "dy", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64, 1000));
+	int k = pb_tensor(&b, "k", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(64, 1000));
+	int k2 = pb_tensor(&b, "k2", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(64, 1000));
+	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(64, 1000));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(64, 1000));
+	int s = pb_tensor(&b, "s", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(64));
+	int dx = pb_tensor(&b, "dx", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(64, 1000));
+	pb_dropout_mask(&b, k, seed, 0.1, 7);
+	pb_pw(&b, RP_PW_MUL, t, x, k, -1);
+	pb_pw_const(&b, RP_PW_MUL, y, t, 1 / 0.9, false);
+	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LAST, s, t);
+	pb_dropout_mask(&b, k2, seed, 0.1, 7);
+	pb_pw(&b, RP_PW_MUL, dx, dy, k2, -1);
+	build();
+
+	ck_assert_int_eq(plan.computed_inline[k], 0);
+	ck_assert_int_eq(plan.computed_inline[k2], 4);
+	ck_assert_uint_eq(plan.arena_bytes, 0);
+	for (int st = 0; st < plan.nsteps; st++) {
+		for (int i = 0; i < plan.steps[st].nnodes; i++)
+			ck_assert(plan.steps[st].nodes[i] != 0 && plan.steps[st].nodes[i] != 4);
+		/* The mask's flat index is the domain's: no coordinates. */
+		ck_assert_msg(strstr(plan.steps[st].source, "rg_dropout_keep(a->scalar[0], 7u, (unsigned long long)(idx), "
+						      "1677722u)"),
+			      "step %d draws no mask:\n%s", st, plan.steps[st].source);
+	}
+}
+END_TEST
+
 /* An optimizer's in-place update: w = w - lr * g, m = 0.9 m + g, all one
  * kernel over the parameter's shape, each inout written once. */
 START_TEST(in_place_update_is_one_kernel)
@@ -619,6 +657,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, small_nodes_run_ahead);
 	tcase_add_test(tc, dependencies_keep_their_order);
 	tcase_add_test(tc, iota_is_computed_inline);
+	tcase_add_test(tc, dropout_mask_is_computed_inline);
 	tcase_add_test(tc, in_place_update_is_one_kernel);
 	tcase_add_test(tc, conflicting_views_split);
 	tcase_add_test(tc, disjoint_views_share_a_kernel);

@@ -204,6 +204,113 @@ class ProgramTest(unittest.TestCase):
             self.c.drop_program(q)
 
 
+def philox4x32_10(counter, key):
+    """Philox4x32-10 from its paper (Salmon et al., SC11), written here apart
+    from regend's own (proto/philox.c): the reference dropout_mask's masks
+    are held to."""
+    m = 0xFFFFFFFF
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & m, p1 & m, ((p0 >> 32) ^ c3 ^ k1) & m, p0 & m
+    return c0, c1, c2, c3
+
+
+def dropout_mask(seed, stream, p, n):
+    """docs/protocol.md's rule: element i is kept where (w >> 8) 2^-24 >= p,
+    w the first word at counter (i, i >> 32, stream, 0) under the seed."""
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+    return [1.0 if (philox4x32_10((i & 0xFFFFFFFF, i >> 32, stream, 0), key)[0] >> 8) * 2.0 ** -24 >= p else 0.0
+            for i in range(n)]
+
+
+class DropoutTest(unittest.TestCase):
+    """dropout_mask over the wire, on the Run's transport: the masks are
+    the documented draw (an independent Philox here, itself held to
+    Random123's known answer), the same for the same seed at every Run, and
+    a seed that is not an integer in [0, 2^53) is refused by name."""
+
+    N = 3000
+
+    def setUp(self):
+        self.c = regen.Client(daemon.socket, timeout=60)
+        self.rng = random.Random(self.id() + str(os.getpid()) + str(time.time()))
+        self.tensors = []
+
+    def tearDown(self):
+        self.c.close()
+        for t in self.tensors:
+            t.close()
+
+    def test_the_reference_is_philox(self):
+        self.assertEqual(philox4x32_10((0, 0, 0, 0), (0, 0)), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8))
+        self.assertEqual(philox4x32_10((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0)),
+                         (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))
+
+    def test_masks_are_the_documented_draw(self):
+        p = regen.ProgramBuilder("dropout")
+        seed = p.scalar("seed")
+        x = p.input("x", "f32", (3, self.N // 3))
+        k = p.intermediate("k", "f32", (3, self.N // 3))
+        m, y = p.output("m", "u8", (3, self.N // 3)), p.output("y", "f32", (3, self.N // 3))
+        p.node("dropout_mask", [seed], [m], p=0.3, stream=5)
+        p.node("dropout_mask", [seed], [k], p=0.1)
+        p.node("mul", [x, k], [y], name="drop")
+        prog = self.c.define_program(0, p.definition())
+        xt, yt = self.tensor_of(True), self.tensor_of(False)
+        mt = self.mask_tensor()
+        bind = {"x": xt.op, "m": (mt.buffer, 0), "y": yt.op}
+        for s in (0, self.rng.randrange(1 << 53), (1 << 53) - 1):
+            self.c.run_program(prog, bind, {"seed": s})
+            self.assertEqual(self.bytes_of(mt), dropout_mask(s, 5, 0.3, self.N), f"seed {s}")
+            keep = dropout_mask(s, 0, 0.1, self.N)
+            self.assertEqual(yt.read(), [v * k for v, k in zip(xt.read(), keep)], f"seed {s}")
+        before = self.bytes_of(mt)
+        for bad in (0.5, -1, float(1 << 53)):
+            with self.assertRaises(regen.InvalidParameter) as e:
+                self.c.run_program(prog, bind, {"seed": bad})
+            self.assertEqual(e.exception.parameters["parameter"], "scalars.seed")
+        self.assertEqual(self.bytes_of(mt), before, "a refused Run wrote a mask")
+        self.c.drop_program(prog)
+
+    def test_define_names_a_bad_seed_and_p(self):
+        p = regen.ProgramBuilder("bad")
+        x, m = p.input("x", "f64", ()), p.output("m", "u8", (4,))
+        p.node("dropout_mask", [x], [m], name="drop", p=0.5)
+        with self.assertRaises(regen.InvalidProgram) as e:
+            self.c.define_program(0, p.definition())
+        self.assertIn("drop", e.exception.parameters["node"])
+        self.assertIn("seed x", e.exception.parameters["reason"])
+        p = regen.ProgramBuilder("bad")
+        s, m = p.scalar("s"), p.output("m", "u8", (4,))
+        p.node("dropout_mask", [s], [m], p=1.0)
+        with self.assertRaises(regen.InvalidParameter) as e:
+            self.c.define_program(0, p.definition())
+        self.assertEqual(e.exception.parameters["parameter"], "nodes[0].attrs.p")
+
+    def tensor_of(self, fill):
+        t = HostTensor((3, self.N // 3))
+        if fill:
+            t.write([self.rng.uniform(-2, 2) for _ in range(self.N)])
+        t.import_into(self.c, 0)
+        self.tensors.append(t)
+        return t
+
+    def mask_tensor(self):
+        """N bytes for a u8 mask (HostTensor holds floats and i32)."""
+        t = HostTensor((self.N // 4,), "i32")
+        t.import_into(self.c, 0)
+        self.tensors.append(t)
+        return t
+
+    @staticmethod
+    def bytes_of(t):
+        return [float(b) for b in os.pread(t.fd, t.nbytes, 0)]
+
+
 def wide_definition(pairs):
     """y<i> = x<i> * a + tanh(x<i>) * b for each pair (f32 [16]): 2 * pairs
     + 2 bound tensors, more than one ring record's worth."""

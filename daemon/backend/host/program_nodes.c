@@ -27,6 +27,7 @@
 #include "daemon/backend/host/math.h"
 #include "daemon/backend/host/program_nodes.h"
 #include "proto/errors.h"
+#include "proto/philox.h"
 
 #define CHUNK 256
 
@@ -169,7 +170,7 @@ static int pw_arity(enum rp_pointwise fn)
 		return 2;
 	if (fn == RP_PW_WHERE)
 		return 3;
-	return fn == RP_PW_FILL ? 1 : 0;
+	return fn == RP_PW_FILL || fn == RP_PW_DROPOUT_MASK ? 1 : 0;   /* the constant; the seed */
 }
 
 /* sqrt(2/pi) and the cubic's coefficient of GELU's tanh form, as torch's
@@ -278,6 +279,7 @@ static void pw_apply(enum rp_pointwise fn, int64_t m, const double *const *a, do
 	case RP_PW_WHERE: EACH(x[t] != 0.0 ? y[t] : z[t]);
 	case RP_PW_FILL: EACH(x[t]);
 	case RP_PW_IOTA:
+	case RP_PW_DROPOUT_MASK:
 	case RP_PW_COUNT:
 		break;
 	}
@@ -336,6 +338,17 @@ static int run_pointwise(const struct rp_program *p, const struct rp_prog_node *
 	const int64_t inner = shape[rank - 1];
 	const int64_t outer = numel_of(o, o->rank) / inner;
 	const int last = rank - 1;
+	/* dropout_mask draws from the seed its input holds. */
+	uint64_t seed = 0;
+	uint32_t threshold = 0;
+
+	if (fn == RP_PW_DROPOUT_MASK) {
+		double value;
+
+		memcpy(&value, addr[n->in[0]], sizeof(value));
+		seed = rp_dropout_seed(value);
+		threshold = rp_dropout_threshold(n->pw.p);
+	}
 
 	for (int64_t row = 0; row < outer; row++) {
 		int64_t obase = 0, ibase[RP_PROG_NODE_IN_MAX] = { 0 };
@@ -356,6 +369,10 @@ static int run_pointwise(const struct rp_program *p, const struct rp_prog_node *
 				const int axis = n->pw.axis;
 				for (int64_t t = 0; t < m; t++)
 					res[t] = o->rank == 0 ? 0.0 : axis == last ? (double)(j0 + t) : (double)idx[axis];
+			} else if (fn == RP_PW_DROPOUT_MASK) {
+				/* The element's flat row-major index: rows run in order. */
+				for (int64_t t = 0; t < m; t++)
+					res[t] = rp_dropout_keep(seed, n->pw.stream, (uint64_t)(row * inner + j0 + t), threshold);
 			} else {
 				pw_apply(fn, m, args, res);
 			}
@@ -802,6 +819,8 @@ static int validate_pointwise(const struct rp_program *p, const struct rp_prog_n
 			      (unsigned)n->pw.fn < RP_PW_COUNT ? pw_arity(n->pw.fn) : -1);
 	if (n->pw.fn == RP_PW_IOTA && o->rank > 0 && (n->pw.axis < 0 || n->pw.axis >= o->rank))
 		return refuse(err, n, "axis %d of a rank-%d output", n->pw.axis, o->rank);
+	if (n->pw.fn == RP_PW_DROPOUT_MASK && (n->nin != 1 || p->tensors[n->in[0]].kind != RP_PT_SCALAR))
+		return refuse(err, n, "seed '%s' is not a scalar", p->tensors[n->in[0]].name);
 	for (int i = 0; i < n->nin; i++) {
 		const struct rp_prog_tensor *t = &p->tensors[n->in[i]];
 		const int lead = o->rank - t->rank;
