@@ -85,8 +85,8 @@ class HostRunner:
     """Runs the steps as regen.torch does, with host memory: the rank's
     views by their offsets, each segment defined once and Run."""
 
-    def __init__(self, client, steps):
-        self.c, self.steps = client, steps
+    def __init__(self, client, steps, seed=12345):
+        self.c, self.steps, self.seed = client, steps, seed
         self.env = {}        # Val id -> (HostTensor holding its memory, element offset)
         self.keep = []
 
@@ -122,7 +122,7 @@ class HostRunner:
                 t = self.tensor(math.prod(shape), dtype)
                 roots[storage] = t
                 bind[name] = (t.buffer, 0)
-            self.c.run_program(prog, bind)
+            self.c.run_program(prog, bind, {name: float(self.seed) for name in step.scalars} or None)
             for v in step.exports:
                 self.env[v.id] = (roots[v.storage], v.offset)
             self.c.drop_program(prog)
@@ -462,6 +462,39 @@ class HostRunTest(unittest.TestCase):
             self.close(r.read(d), want, 1e-5, "scaled_mm")
         finally:
             r.close()
+
+    def test_dropout_forward_and_backward(self):
+        """native_dropout's mask drawn in regend from the Run's seed (the
+        same seed, the same mask), the kept values scaled, and its backward."""
+        M, N, p = 64, 96, 0.3
+        g = Builder()
+        x, dy = g.input((M, N)), g.input((M, N))
+        y, mask = g.op("aten.native_dropout.default", [g.val((M, N)), g.val((M, N), "u8")], input=x, p=p, train=True)
+        dx = g.op("aten.native_dropout_backward.default", [g.val((M, N))], grad_output=dy, mask=mask,
+                  scale=1 / (1 - p))
+        steps = partition(g.graph([y, mask, dx]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        self.assertEqual(segments(steps)[0].scalars, ["seed"])
+        xs, dys = self.rand(M * N), self.rand(M * N)
+        masks = []
+        for seed in (7, 7, 8):
+            r = HostRunner(self.c, steps, seed=seed)
+            try:
+                r.give(x, xs)
+                r.give(dy, dys)
+                r.run()
+                ks = r.read(mask)
+                masks.append(ks)
+                self.assertTrue(all(k in (0, 1) for k in ks))
+                self.close(r.read(y), [xv / (1 - p) if k else 0.0 for xv, k in zip(xs, ks)], 1e-6, "y")
+                self.close(r.read(dx), [d / (1 - p) if k else 0.0 for d, k in zip(dys, ks)], 1e-6, "dx")
+            finally:
+                r.close()
+        dropped = masks[0].count(0) / (M * N)
+        sigma = math.sqrt(p * (1 - p) / (M * N))
+        self.assertLess(abs(dropped - p), 5 * sigma, f"{dropped:.3f} of the values dropped, not {p}")
+        self.assertEqual(masks[0], masks[1], "the same seed drew another mask")
+        self.assertNotEqual(masks[0], masks[2], "another seed drew the same mask")
 
 
 if __name__ == "__main__":
