@@ -342,7 +342,10 @@ START_TEST(scale_update_is_transformer_engines)
 			 recent ? ", \"amax_compute\": \"most_recent\"" : "", e5m2 ? ", \"fp8_dtype\": \"e5m2\"" : "");
 		call_parse(&k, &rp_op_scale_update, params);
 		if (in_place) {
-			/* One array for each input and its output. */
+			/* One array for each input and its output (the outputs' own,
+			 * made by call_parse, go). */
+			free(k.ptr[RP_SCU_AMAX_HISTORY_OUT]);
+			free(k.ptr[RP_SCU_SCALE_OUT]);
 			k.ptr[RP_SCU_AMAX_HISTORY_OUT] = k.ptr[RP_SCU_AMAX_HISTORY];
 			k.ptr[RP_SCU_SCALE_OUT] = k.ptr[RP_SCU_SCALE];
 		}
@@ -358,7 +361,8 @@ START_TEST(scale_update_is_transformer_engines)
 								  : (float)ldexp(tl_rng_uniform(&r, 0, 1), (int)tl_rng_int(&r, -140, 20));
 			}
 		}
-		memcpy(old_hist, hist, (size_t)(H * (N + 2)) * sizeof(float));
+		/* The history's extent: its last row ends at column N, without the padding. */
+		memcpy(old_hist, hist, k.bytes[RP_SCU_AMAX_HISTORY]);
 		memcpy(old_scale, scale, (size_t)N * sizeof(float));
 		call_run(&k);
 		const float *hout = k.ptr[RP_SCU_AMAX_HISTORY_OUT], *sout = k.ptr[RP_SCU_SCALE_OUT];
