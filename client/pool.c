@@ -354,14 +354,49 @@ static void prop_for(CUmemAllocationProp *prop, int device)
 	prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
 
+/* Reserves ch->size bytes of address space aligned to gran, maps ch->handle
+ * there and makes it read/write for `device`: the base, or 0 with nothing
+ * left reserved or mapped (the handle stays the caller's). */
+static CUdeviceptr map_for_device(struct chunk *ch, int device, size_t gran)
+{
+	CUmemAccessDesc access;
+	CUdeviceptr base = 0;
+	CUresult r;
+
+	r = pool.drv.MemAddressReserve(&base, ch->size, gran, 0, 0);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemAddressReserve of %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
+		return 0;
+	}
+	r = pool.drv.MemMap(base, ch->size, 0, ch->handle, 0);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemMap of %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
+		goto fail_free;
+	}
+	memset(&access, 0, sizeof(access));
+	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	access.location.id = device;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	r = pool.drv.MemSetAccess(base, ch->size, &access, 1);
+	if (r != CUDA_SUCCESS) {
+		set_error("cuMemSetAccess: %s", cu_error(r));
+		pool.drv.MemUnmap(base, ch->size);
+		goto fail_free;
+	}
+	return base;
+
+fail_free:
+	pool.drv.MemAddressFree(base, ch->size);
+	return 0;
+}
+
 /* A VMM allocation of at least `want` bytes on `device`, mapped read/write
  * for it and exported as an fd. */
 static int cuda_chunk_init(struct chunk *ch, int device, uint64_t want)
 {
 	CUmemAllocationProp prop;
-	CUmemAccessDesc access;
 	size_t gran = 0;
-	CUdeviceptr base = 0;
+	CUdeviceptr base;
 	int fd = -1;
 	CUresult r;
 
@@ -380,29 +415,16 @@ static int cuda_chunk_init(struct chunk *ch, int device, uint64_t want)
 		set_error("cuMemCreate of %llu bytes on device %d: %s", (unsigned long long)ch->size, device, cu_error(r));
 		return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
 	}
-	r = pool.drv.MemAddressReserve(&base, ch->size, gran, 0, 0);
-	if (r != CUDA_SUCCESS) {
-		set_error("cuMemAddressReserve of %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
+	base = map_for_device(ch, device, gran);
+	if (!base) {
 		goto fail_release;
-	}
-	r = pool.drv.MemMap(base, ch->size, 0, ch->handle, 0);
-	if (r != CUDA_SUCCESS) {
-		set_error("cuMemMap: %s", cu_error(r));
-		goto fail_free;
-	}
-	memset(&access, 0, sizeof(access));
-	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	access.location.id = device;
-	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	r = pool.drv.MemSetAccess(base, ch->size, &access, 1);
-	if (r != CUDA_SUCCESS) {
-		set_error("cuMemSetAccess: %s", cu_error(r));
-		goto fail_unmap;
 	}
 	r = pool.drv.MemExportToShareableHandle(&fd, ch->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 	if (r != CUDA_SUCCESS || fd < 0) {
 		set_error("cuMemExportToShareableHandle: %s", cu_error(r));
-		goto fail_unmap;
+		pool.drv.MemUnmap(base, ch->size);
+		pool.drv.MemAddressFree(base, ch->size);
+		goto fail_release;
 	}
 	(void)fcntl(fd, F_SETFD, FD_CLOEXEC);
 	ch->kind = CHUNK_CUDA;
@@ -411,10 +433,6 @@ static int cuda_chunk_init(struct chunk *ch, int device, uint64_t want)
 	ch->fd = fd;
 	return 0;
 
-fail_unmap:
-	pool.drv.MemUnmap(base, ch->size);
-fail_free:
-	pool.drv.MemAddressFree(base, ch->size);
 fail_release:
 	pool.drv.MemRelease(ch->handle);
 	return -EIO;
@@ -425,9 +443,8 @@ fail_release:
 static int cuda_chunk_adopt(struct chunk *ch, int device, int fd, uint64_t bytes)
 {
 	CUmemAllocationProp prop;
-	CUmemAccessDesc access;
 	size_t gran = 0;
-	CUdeviceptr base = 0;
+	CUdeviceptr base;
 	CUresult r;
 
 	if (!driver_load()) {
@@ -446,24 +463,9 @@ static int cuda_chunk_adopt(struct chunk *ch, int device, int fd, uint64_t bytes
 		goto fail_release;
 	}
 	ch->size = round_up(bytes, gran);
-	r = pool.drv.MemAddressReserve(&base, ch->size, gran, 0, 0);
-	if (r != CUDA_SUCCESS) {
-		set_error("cuMemAddressReserve of %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
+	base = map_for_device(ch, device, gran);
+	if (!base) {
 		goto fail_release;
-	}
-	r = pool.drv.MemMap(base, ch->size, 0, ch->handle, 0);
-	if (r != CUDA_SUCCESS) {
-		set_error("cuMemMap of the kept %llu bytes: %s", (unsigned long long)ch->size, cu_error(r));
-		goto fail_free;
-	}
-	memset(&access, 0, sizeof(access));
-	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	access.location.id = device;
-	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	r = pool.drv.MemSetAccess(base, ch->size, &access, 1);
-	if (r != CUDA_SUCCESS) {
-		set_error("cuMemSetAccess: %s", cu_error(r));
-		goto fail_unmap;
 	}
 	ch->kind = CHUNK_CUDA;
 	ch->device = device;
@@ -471,10 +473,6 @@ static int cuda_chunk_adopt(struct chunk *ch, int device, int fd, uint64_t bytes
 	ch->fd = fd;
 	return 0;
 
-fail_unmap:
-	pool.drv.MemUnmap(base, ch->size);
-fail_free:
-	pool.drv.MemAddressFree(base, ch->size);
 fail_release:
 	pool.drv.MemRelease(ch->handle);
 	return -EIO;
