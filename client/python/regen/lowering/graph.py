@@ -255,9 +255,7 @@ class _Builder:
     def view(self, of, shape, strides, offset=0):
         """A view of program tensor for Val ``of`` with other shape and
         strides (elements), ``offset`` elements further in."""
-        base = self.read(of)
-        return self._add({"name": self._fresh("w"), "kind": "view", "base": base, "shape": list(shape),
-                          "strides": list(strides), "offset": offset})
+        return self.view_named(self.read(of), shape, strides, offset)
 
     def view_named(self, base, shape, strides, offset=0):
         """A view of program tensor ``base`` (a name)."""
@@ -426,7 +424,8 @@ def partition(graph, handlers, name="graph"):
                 if v.is_output or any(step_of_op.get(u.index, i) != i for u in v.users):
                     used_after.add(vid)
             seg = s.finish(used_after)
-            seg.ops.extend(graph.ops[j] for j in sorted(s.absorbed))
+            seg.ops.extend(graph.ops[j] for j in s.absorbed)
+            seg.ops.sort(key=lambda o: o.index)   # graph order: how the rank runs them if regend will not
             out.append(seg)
         else:
             out.append(s)

@@ -217,8 +217,7 @@ class CompiledGraph:
             if isinstance(step, Segment) and step.index not in self.failed:
                 self._run_segment(rt, step, env)
             else:
-                ops = step.ops if isinstance(step, RankStep) else sorted(step.ops, key=lambda o: o.index)
-                self._run_rank(rt, ops, env, isinstance(step, Segment))
+                self._run_rank(rt, step.ops, env, isinstance(step, Segment))
             for vid in self.frees[i]:
                 env.pop(vid, None)
         return [self._value(v, env) for v in self.graph.outputs]
@@ -265,7 +264,7 @@ class CompiledGraph:
                 # Not as traced (the program's tensors have the trace's
                 # strides): this call runs the segment on the rank.
                 self.relaid += 1
-                self._run_rank(rt, sorted(seg.ops, key=lambda o: o.index), env, True)
+                self._run_rank(rt, seg.ops, env, True)
                 return
             binds[name] = t
             device_tensor = t
@@ -293,7 +292,7 @@ class CompiledGraph:
             self.failed[seg.index] = f"regend refused the program: {e}"
             for v in seg.exports:
                 env.pop(v.id, None)
-            self._run_rank(rt, sorted(seg.ops, key=lambda o: o.index), env, True)
+            self._run_rank(rt, seg.ops, env, True)
 
     # -- reporting -----------------------------------------------------------
 
