@@ -685,37 +685,52 @@ fail:
 	return NULL;
 }
 
-/* First fit in the chunk: the offset of a used piece of `size` bytes, or
- * -1. A pending piece serves only an allocation on its own stream. */
+/* Whether piece p may serve an allocation on `stream`: free, and not
+ * pending on another stream. */
+static bool piece_serves(const struct piece *p, uint64_t size, void *stream)
+{
+	return !p->used && p->size >= size && (!p->pending || p->stream == stream);
+}
+
+/* Takes `size` bytes at the start of free piece p (the rest stays free as
+ * p was): the offset, or -1 without host memory for the rest. */
+static int64_t piece_take(struct chunk *ch, struct piece *p, uint64_t size)
+{
+	struct piece *rest;
+
+	if (p->size > size) {
+		rest = calloc(1, sizeof(*rest));
+		if (rest == NULL) {
+			return -1;
+		}
+		rest->offset = p->offset + size;
+		rest->size = p->size - size;
+		rest->pending = p->pending;
+		rest->stream = p->stream;
+		rest->prev = p;
+		rest->next = p->next;
+		if (p->next != NULL) {
+			p->next->prev = rest;
+		}
+		p->next = rest;
+		p->size = size;
+	}
+	p->used = true;
+	p->pending = false;
+	ch->used += size;
+	return (int64_t)p->offset;
+}
+
+/* First fit in a fresh chunk: the offset of a used piece of `size` bytes,
+ * or -1. */
 static int64_t chunk_carve(struct chunk *ch, uint64_t size, void *stream)
 {
-	struct piece *p, *rest;
+	struct piece *p;
 
 	for (p = ch->pieces; p != NULL; p = p->next) {
-		if (p->used || p->size < size || (p->pending && p->stream != stream)) {
-			continue;
+		if (piece_serves(p, size, stream)) {
+			return piece_take(ch, p, size);
 		}
-		if (p->size > size) {
-			rest = calloc(1, sizeof(*rest));
-			if (rest == NULL) {
-				return -1;
-			}
-			rest->offset = p->offset + size;
-			rest->size = p->size - size;
-			rest->pending = p->pending;
-			rest->stream = p->stream;
-			rest->prev = p;
-			rest->next = p->next;
-			if (p->next != NULL) {
-				p->next->prev = rest;
-			}
-			p->next = rest;
-			p->size = size;
-		}
-		p->used = true;
-		p->pending = false;
-		ch->used += size;
-		return (int64_t)p->offset;
 	}
 	return -1;
 }
@@ -780,21 +795,41 @@ static struct chunk *chunk_of(const void *ptr, struct chunk ***link)
 
 static int trim_locked(void);
 
-/* The first chunk of `kind` on `device` with room for `want` bytes for an
- * allocation on `stream`: its offset in *out, or NULL. */
+/* Where an allocation of `want` bytes on `stream` goes among the chunks
+ * of `kind` on `device`: the smallest free piece that serves it (best fit,
+ * as torch's caching allocator does), its chunk returned and its offset in
+ * *off; NULL if none. First fit fragments a training loop's memory without
+ * bound: the small allocations at the start of a step would carve up the
+ * chunk that last step's largest tensor left free, and that tensor would
+ * need a new chunk each step. For the same reason a small request never
+ * splits a chunk made for a big one. */
 static struct chunk *carve_any(enum chunk_kind kind, int device, uint64_t want, void *stream, int64_t *off)
 {
-	struct chunk *ch;
+	const bool small = want <= chunk_bytes() / 2;
+	struct chunk *ch, *best_ch = NULL;
+	struct piece *p, *best = NULL;
 
 	for (ch = pool.chunks; ch != NULL; ch = ch->next) {
-		if (ch->kind == kind && ch->device == device && ch->size - ch->used >= want) {
-			*off = chunk_carve(ch, want, stream);
-			if (*off >= 0) {
-				return ch;
+		if (ch->kind != kind || ch->device != device || ch->size - ch->used < want ||
+		    (small && ch->size != chunk_bytes())) {
+			continue;
+		}
+		for (p = ch->pieces; p != NULL; p = p->next) {
+			if (piece_serves(p, want, stream) && (best == NULL || p->size < best->size)) {
+				best = p;
+				best_ch = ch;
+				if (p->size == want) {
+					goto found;
+				}
 			}
 		}
 	}
-	return NULL;
+	if (best == NULL) {
+		return NULL;
+	}
+found:
+	*off = piece_take(best_ch, best, want);
+	return *off >= 0 ? best_ch : NULL;
 }
 
 static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size, void *stream)

@@ -10,6 +10,9 @@
  *  - pieces freed side by side on one stream coalesce, on two streams not;
  *  - empty chunks are kept (a big request's too, and reused) until a trim
  *    gives them back; a failed chunk creation is not needed to see that;
+ *  - a training loop's pattern holds its memory flat: the smallest free
+ *    piece serves (best fit) and a small request never splits a big
+ *    request's chunk;
  *  - switched off (under a MemPool, the default) nothing of this: frees are
  *    not ordered and an empty chunk goes at once; switching off trims;
  *  - hostile frees change nothing. */
@@ -155,6 +158,50 @@ START_TEST(test_empty_chunks_are_kept_until_a_trim)
 }
 END_TEST
 
+/* A step of training, over and over: small tensors that outlive the step
+ * (a gradient, a saved activation) allocated while last step's largest
+ * tensor (the logits) is free, then that tensor again. First fit put each
+ * step's small tensors into the logits' chunk, and the logits into a new
+ * chunk every step. */
+START_TEST(test_a_training_loop_holds_its_memory_flat)
+{
+	start(1);
+	struct regen_pool_stats before = stats(), warm = before;
+	char *held[2] = { NULL, NULL };
+
+	for (int step = 0; step < 20; step++) {
+		char *small = regen_pool_alloc(64 * 1024, 0, S1);
+		char *mid = regen_pool_alloc(1 * MIB, 0, S1);
+		char *logits = regen_pool_alloc(5 * MIB, 0, S1);
+		char *grad = regen_pool_alloc(6 * MIB, 0, S1);
+
+		ck_assert_ptr_nonnull(small);
+		ck_assert_ptr_nonnull(mid);
+		ck_assert_ptr_nonnull(logits);
+		ck_assert_ptr_nonnull(grad);
+		regen_pool_free(grad, 6 * MIB, 0, S1);
+		regen_pool_free(logits, 5 * MIB, 0, S1);
+		regen_pool_free(mid, 1 * MIB, 0, S1);
+		if (held[0] != NULL) {
+			regen_pool_free(held[0], 64 * 1024, 0, S1);
+		}
+		held[0] = held[1];
+		held[1] = small;
+		if (step == 2) {
+			warm = stats();
+		}
+		if (step > 2) {
+			ck_assert_uint_eq(stats().chunk_bytes, warm.chunk_bytes);
+		}
+	}
+	ck_assert_uint_le(warm.chunk_bytes - before.chunk_bytes, 4 * MIB + 5 * MIB + 6 * MIB);
+	regen_pool_free(held[0], 64 * 1024, 0, S1);
+	regen_pool_free(held[1], 64 * 1024, 0, S1);
+	ck_assert_int_eq(regen_pool_trim(), 0);
+	ck_assert_uint_eq(stats().chunk_bytes, before.chunk_bytes);
+}
+END_TEST
+
 START_TEST(test_off_frees_are_not_ordered_and_chunks_go)
 {
 	start(0);
@@ -221,6 +268,7 @@ static Suite *pool_process_suite(void)
 	tcase_add_test(tc, test_a_free_is_taken_again_only_on_its_stream);
 	tcase_add_test(tc, test_frees_coalesce_on_one_stream_only);
 	tcase_add_test(tc, test_empty_chunks_are_kept_until_a_trim);
+	tcase_add_test(tc, test_a_training_loop_holds_its_memory_flat);
 	tcase_add_test(tc, test_off_frees_are_not_ordered_and_chunks_go);
 	tcase_add_test(tc, test_switching_off_trims);
 	tcase_add_test(tc, test_hostile_frees_change_nothing);
