@@ -360,11 +360,14 @@ static int lower_rms_norm_backward(struct lower *l, const cJSON *attrs)
 }
 
 /* softmax (x) -> y and log_softmax (x) -> y over the last dimension:
- * the row's max subtracted first. */
+ * the row's max subtracted first. log_softmax's y = x - (max + log(sum))
+ * reads x again rather than x - max: that one stays in the sum's
+ * registers, where a later reader would make the sum's pass write it (a
+ * row of the logits' size, in the accumulator's dtype, for nothing). */
 static int lower_softmax(struct lower *l, const cJSON *attrs, bool log)
 {
 	const int x = l->node->in[0], y = l->node->out[0];
-	int r, m, s0, e, s, ls;
+	int r, m, s0, e, s, ls, shift;
 
 	if ((r = check_attr_names(l, attrs, (const char *const[]){ NULL })) < 0 || (r = need_rows(l, x, "x")) < 0 ||
 	    (r = need_like(l, y, "y", x, "x")) < 0) {
@@ -380,10 +383,11 @@ static int lower_softmax(struct lower *l, const cJSON *attrs, bool log)
 	if (!log) {
 		return pw(l, RP_PW_DIV, e, s, y);
 	}
-	if ((r = row_stat(l, l->acc, x, &ls)) < 0 || (r = pw(l, RP_PW_LOG, s, -1, ls)) < 0) {
+	if ((r = row_stat(l, l->acc, x, &ls)) < 0 || (r = pw(l, RP_PW_LOG, s, -1, ls)) < 0 ||
+	    (r = row_stat(l, l->acc, x, &shift)) < 0 || (r = pw(l, RP_PW_ADD, m, ls, shift)) < 0) {
 		return r;
 	}
-	return pw(l, RP_PW_SUB, s0, ls, y);
+	return pw(l, RP_PW_SUB, x, shift, y);
 }
 
 /* softmax_backward (dy, y) -> dx = y * (dy - sum(dy * y));

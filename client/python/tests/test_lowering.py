@@ -275,6 +275,29 @@ class HostRunTest(unittest.TestCase):
         finally:
             r.close()
 
+    def test_nll_loss_target_outside_the_classes_is_refused_by_name(self):
+        M, N = 4, 6
+        g = Builder()
+        ls, target = g.input((M, N)), g.input((M,), "i32")
+        loss, total = g.op("aten.nll_loss_forward.default", [g.val(()), g.val(())], self=ls, target=target,
+                           weight=None, reduction=1, ignore_index=-100)
+        steps = partition(g.graph([loss, total]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        # Each row's log-probability is read alone, not the whole row.
+        ops = [n["op"] for n in segments(steps)[0].definition["nodes"]]
+        self.assertIn("embedding", ops)
+        self.assertNotIn("cross_entropy", ops)
+        for bad in (N, -1):
+            r = HostRunner(self.c, steps)
+            try:
+                r.give(ls, self.rand(M * N, -3, 0))
+                r.give(target, [0, bad, 2, -100])
+                with self.assertRaises(regen.errors.InvalidOperand) as cm:
+                    r.run()
+                self.assertIn("outside", str(cm.exception))
+            finally:
+                r.close()
+
     def test_loss_backward_pattern_cat_and_slice_backward(self):
         M, N = 5, 7
         g = Builder()

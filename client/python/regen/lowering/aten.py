@@ -681,8 +681,13 @@ def _scalar_scratch(b, dtype):
 
 @handles("aten.nll_loss_forward.default")
 def nll_loss(b, op):
-    """Of log-probabilities: the row loss is cross_entropy's on them (their
-    log-sum-exp is 0), summed and divided by the rows kept."""
+    """Of log-probabilities: each row's loss is minus its target's
+    log-probability, picked by a gather (the log-probabilities seen as rows
+    of one element, row i * C + target), 0 where the target is
+    ignore_index; summed and divided by the rows kept.  One element a row
+    is read, not the row: the log-probabilities are as large as the logits.
+    A target outside [0, C) (other than ignore_index) is a bad index the
+    gather reports by name, as torch's kernel asserts."""
     logp, target = op.a["self"], op.a["target"]
     need(op.a.get("weight") is None, "nll_loss with class weights")
     reduction = op.a.get("reduction", 1)
@@ -692,11 +697,38 @@ def nll_loss(b, op):
     need_float(logp)
     loss, total = out(op, 0), out(op, 1)
     ignore = float(op.a.get("ignore_index", -100))
-    n = logp.shape[0]
+    n, c = logp.shape
+    # The index in f64 (exact below 2**53; programs compute on floats),
+    # cast to i64 for the gather.
+    t = b.read(target)
+    keep = b.scratch("u8", [n])
+    b.node("ne", [t], [keep], scalar=ignore)
+    tf = b.scratch("f64", [n])
+    b.node("cast", [t], [tf])
+    row = b.scratch("f64", [n])
+    b.node("iota", [], [row], axis=0)
+    start = b.scratch("f64", [n])
+    b.node("mul", [row], [start], scalar=float(c))
+    index = b.scratch("f64", [n])
+    b.node("add", [start, tf], [index])
+    for cmp, bound in (("ge", 0.0), ("lt", float(c))):
+        inside = b.scratch("u8", [n])
+        b.node(cmp, [t], [inside], scalar=bound)
+        checked = b.scratch("f64", [n])
+        b.node("where", [inside, index], [checked], scalar=-1.0)
+        index = checked
+    kept_index = b.scratch("f64", [n])
+    b.node("where", [keep, index], [kept_index], scalar=0.0)
+    safe = b.scratch("i64", [n])
+    b.node("cast", [kept_index], [safe])
+    picked = b.scratch(logp.dtype, [n, 1])
+    b.node("embedding", [b.view(logp, [n * c, 1], [1, 1]), safe], [picked])
+    minus = b.scratch("f32", [n])
+    b.node("neg", [b.view_named(picked, [n], [1])], [minus])
     rows = b.scratch("f32", [n])
-    b.node("cross_entropy", [b.read(logp), b.read(target)], [rows, None], ignore_index=ignore)
+    b.node("where", [keep, minus], [rows], scalar=0.0)
     kept = b.scratch("f32", [n])
-    b.node("ne", [b.read(target)], [kept], scalar=ignore)
+    b.node("cast", [keep], [kept])
     b.node("sum", [kept], [b.write(total)], axis="last")
     if reduction == 2:
         b.node("sum", [rows], [b.write(loss)], axis="last")
