@@ -6,6 +6,11 @@
 const struct rd_env_info rd_env_table[RD_ENV_VARS] = {
 	[RD_ENV_DEBUG] = { "REGEN_DEBUG", false, "E|W|I|D|T[,topic:LEVEL...]",
 			   "log levels, per topic (lifecycle, conn, worker, ...); wins over log_level" },
+	[RD_ENV_PROGRAM_TRACE] = { "REGEN_PROGRAM_TRACE", false, "PATH",
+				   "a CUDA worker launches every program Run step by step (no CUDA graphs) and "
+				   "times each step past the first two Runs "
+				   "(CPU to enqueue, GPU to run; the Run waits for its work, so the rank loses its "
+				   "lead) and writes the averages to PATH.<pid>.<program> every 10 such Runs" },
 	[RD_ENV_BACKEND_DIR] = { "REGEN_BACKEND_DIR", true, "DIR",
 				 "a CUDA worker loads backend-cuda.so from DIR only (a build tree's)" },
 	[RD_ENV_HANG_SECONDS] = { "REGEN_HANG_SECONDS", true, "S",

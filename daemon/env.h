@@ -10,6 +10,7 @@
 
 enum rd_env_var {
 	RD_ENV_DEBUG = 0,            /* REGEN_DEBUG: the log's levels per topic */
+	RD_ENV_PROGRAM_TRACE,        /* REGEN_PROGRAM_TRACE: programs' per-step times, to a file */
 	/* Test knobs: only tests set them (docs/testing.md). */
 	RD_ENV_BACKEND_DIR,
 	RD_ENV_HANG_SECONDS,

@@ -21,7 +21,13 @@ every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
         [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--optimizer torch|regen]
-        [--mps] [--json OUT]
+        [--mps] [--profile DIR] [--json OUT]
+
+--profile DIR: where each path's GPU time goes, instead of how fast it
+trains (the timings then mean little): eager's and Inductor's kernels
+through torch.profiler over 3 more steps, each kernel's total a step, in
+DIR/<model>-d<D>-<path>.txt; regen's programs step by step through the
+worker's REGEN_PROGRAM_TRACE, in DIR/trace.*.
 
 --mps: under a private CUDA MPS control daemon (started here, quit at the
 end): every path, regend's worker included, an MPS client.
@@ -65,6 +71,9 @@ OPTIMIZER = opt("--optimizer", "torch")
 MPS = "--mps" in sys.argv
 if MPS:
     sys.argv.remove("--mps")
+PROFILE = opt("--profile", None)
+if PROFILE:
+    PROFILE = os.path.abspath(PROFILE)
 ONE = opt("--one", None)          # model,d,path: this process trains that one path
 RESULT = opt("--result", None)
 REGEND = sys.argv[1] if len(sys.argv) > 1 else None
@@ -99,6 +108,7 @@ def train(name, D, path):
         losses.append(step(i))
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
+    used_warm = _device_used_gib()
     before = dict(rt.stats()) if path == "regen" else None
     status_before = rt.runtime().client.program_status(0) if path == "regen" else None
     t0 = time.perf_counter()
@@ -108,7 +118,9 @@ def train(name, D, path):
     elapsed = time.perf_counter() - t0
     result = {"path": path, "tokens_per_s": BATCH * SEQ * STEPS / elapsed, "step_ms": elapsed / STEPS * 1e3,
               "warmup_s": warm_s, "losses": [x.float().item() for x in losses],
-              "peak_gib": _peak_gib()}
+              "peak_gib": _peak_gib(), "device_used_gib": [used_warm, _device_used_gib()]}
+    if PROFILE and path != "regen":
+        _profile_kernels(step, f"{name}-d{D}-{path}")
     if before is not None:
         after = rt.stats()
         for k in ("program_runs", "handoffs", "rank_steps", "fallback_segments", "idle_calls"):
@@ -119,11 +131,37 @@ def train(name, D, path):
         result["programs"] = []
         for p in rt.runtime().client.program_status(0):
             old = then.get(p["program"], {})
-            result["programs"].append({k: (v - old.get(k, 0) if isinstance(v, (int, float)) and k != "nodes" else v)
+            result["programs"].append({k: (v - old.get(k, 0) if isinstance(v, (int, float)) and k not in ("nodes", "scratch_bytes") else v)
                                        for k, v in p.items()})
     del fn, model, optimizer, batches
     torch._dynamo.reset()
     return result
+
+
+def _device_used_gib():
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+def _profile_kernels(step, label, steps=3):
+    """Each kernel's GPU time a step, over `steps` more steps."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step(0)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = e.cuda_time_total
+        if us:
+            rows.append((us / steps, e.count // steps, e.key))
+    rows.sort(reverse=True)
+    with open(os.path.join(PROFILE, label + ".txt"), "w") as f:
+        f.write(f"# {label}: GPU us a step {sum(r[0] for r in rows):.0f}\n# us_per_step calls_per_step kernel\n")
+        for us, n, key in rows:
+            f.write(f"{us:.1f} {n} {key[:160]}\n")
 
 
 def _peak_gib():
@@ -163,7 +201,14 @@ def run_path(name, D, path, socket):
                "--optimizer", OPTIMIZER]
         if socket:
             cmd += ["--socket", socket]
+        if PROFILE:
+            cmd += ["--profile", PROFILE]
         rc = subprocess.call(cmd, env=env)
+        if PROFILE and path == "regen":
+            # The worker's traces of this model's programs, by model.
+            import glob
+            for f in glob.glob(os.path.join(PROFILE, "trace.*")):
+                os.rename(f, os.path.join(PROFILE, f"{name}-d{D}-regen.{f.rsplit('.', 1)[-1]}.txt"))
         try:
             with open(res.name) as f:
                 return json.load(f)
@@ -200,6 +245,9 @@ def main():
 
 
 def _main():
+    if PROFILE:
+        os.makedirs(PROFILE, exist_ok=True)
+        os.environ["REGEN_PROGRAM_TRACE"] = os.path.join(os.path.abspath(PROFILE), "trace")
     daemon = Daemon(SOCKET, REGEND, "cuda") if "regen" in PATHS else None
     rows, out = [], {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "seq": SEQ, "batch": BATCH,
                      "layers": LAYERS, "vocab": VOCAB, "steps": STEPS, "ordering": ORDERING, "pool": POOL,
@@ -211,7 +259,9 @@ def _main():
                 for path in PATHS:
                     res[path] = r = run_path(name, D, path, daemon.socket if daemon else None)
                     print(f"{name} d{D} {path}: " + (f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.2f} ms a step, "
-                                                       f"warm-up {r['warmup_s']:.1f} s, peak {r['peak_gib'] or 0:.1f} GiB"
+                                                       f"warm-up {r['warmup_s']:.1f} s, peak {r['peak_gib'] or 0:.1f} GiB, "
+                                                       f"device use {r['device_used_gib'][0]:.1f} GiB after the "
+                                                       f"warm-up, {r['device_used_gib'][1]:.1f} at the end"
                                                        if "error" not in r else r["error"]), flush=True)
                 out["runs"].append({"model": name, "d": D, "results": res})
                 best = max((res[p]["tokens_per_s"] for p in ("eager", "inductor") if p in res and
@@ -252,7 +302,8 @@ def _main():
             print(f"  program {p.get('name')} over the timed steps: {p.get('nodes')} nodes, {p.get('runs')} Runs, "
                   f"{p.get('run_us', 0) / runs:.0f} us a Run from arrival to done, the worker's launch "
                   f"{p.get('launch_us', 0) / runs:.0f} us a Run; graph {p.get('graph_captures')} captures "
-                  f"{p.get('graph_launches')} launches, {p.get('stream_runs')} on the stream "
+                  f"{p.get('graph_launches')} launches, {p.get('stream_runs')} on the stream, "
+                  f"{(p.get('scratch_bytes') or 0) / 2**20:.0f} MiB of scratch "
                   f"({p.get('not_captured') or '-'})")
     if JSON_OUT:
         with open(JSON_OUT, "w") as f:

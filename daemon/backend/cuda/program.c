@@ -17,9 +17,12 @@
  * the argument block, which each Run writes before it launches the graph,
  * so a Run that binds other buffers replays the same graph. The library
  * calls (cuBLASLt, cuDNN) take their pointers at capture: their bound
- * operands' addresses are the graph's key, and a Run that changes one
- * captures again and updates the exec in place (cudaGraphExecUpdate). A
- * training loop binds the same weights and activations step after step.
+ * operands' addresses are the graph's key. A program keeps the execs of
+ * its last PROGRAM_EXECS keys: a training loop binds the same weights and
+ * activations step after step, or a few sets of them in turn (an
+ * allocator that hands out two buffers alternately); a Run with a new key
+ * captures again into the least recently used exec (cudaGraphExecUpdate,
+ * else a new instantiation).
  *
  * The first Runs of a generation go on the stream, step by step: they build
  * the library calls' plans (cuBLASLt's heuristic, cuDNN's graphs and their
@@ -34,7 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "daemon/backend/cuda/common.h"
+#include "daemon/env.h"
 #include "proto/errors.h"
 #include "proto/program_journal.h"
 
@@ -52,6 +57,8 @@
  * stream instead: the launches alone cost less than a capture, an exec
  * update and a graph launch. */
 #define PROGRAM_RECAPTURES_MAX 4
+/* Graph execs kept per program, each for one key. */
+#define PROGRAM_EXECS 4
 
 struct cuda_program;
 
@@ -64,13 +71,28 @@ struct cuda_program_state {
 	void *workspace;
 	size_t workspace_bytes;
 	void *args;                     /* device copy of the argument block */
-	cudaGraphExec_t exec;
-	uint64_t *exec_key;             /* the library operands' addresses the exec was captured with */
+	/* By key (the library operands' addresses each was captured with);
+	 * exec NULL: free. */
+	struct program_exec {
+		cudaGraphExec_t exec;
+		uint64_t *key;
+		uint64_t used;          /* the Run that last launched it */
+	} execs[PROGRAM_EXECS];
 	unsigned runs;                  /* Runs this generation */
 	unsigned captures;              /* captures this generation */
 	bool no_capture;                /* a capture failed, or captures came too often, this generation */
 	cudaEvent_t last_run;           /* recorded after each Run */
 	struct cuda_lane *last_lane;
+	cudaEvent_t *trace_marks;       /* REGEN_PROGRAM_TRACE: before the first step, after each */
+};
+
+/* REGEN_PROGRAM_TRACE: per step, over the Runs launched step by step,
+ * the CPU time its enqueue took and the GPU time between the marks around
+ * it. Host memory: outlives generations. */
+struct program_trace {
+	uint64_t *cpu_ns;
+	double *gpu_ms;
+	unsigned runs;
 };
 
 struct cuda_program {
@@ -92,28 +114,36 @@ struct cuda_program {
 	size_t workspace_bytes;         /* 0 without library steps */
 	unsigned nkey;                  /* entries of the graph's key */
 	uint64_t *key;                  /* this Run's */
+	struct program_trace *trace;    /* NULL unless REGEN_PROGRAM_TRACE is set */
 };
 
 static void state_free_device(struct cuda_program_state *st, bool release)
 {
 	if (release) {
-		if (st->exec)
-			cudaGraphExecDestroy(st->exec);
+		for (int i = 0; i < PROGRAM_EXECS; i++)
+			if (st->execs[i].exec)
+				cudaGraphExecDestroy(st->execs[i].exec);
 		if (st->last_run)
 			cudaEventDestroy(st->last_run);
+		for (int i = 0; st->trace_marks && i <= st->prog->plan.nsteps; i++)
+			if (st->trace_marks[i])
+				cudaEventDestroy(st->trace_marks[i]);
 		cudaFree(st->arena);
 		cudaFree(st->workspace);
 		cudaFree(st->args);
 	}
-	st->exec = NULL;
+	for (int i = 0; i < PROGRAM_EXECS; i++) {
+		st->execs[i].exec = NULL;
+		st->execs[i].used = 0;
+	}
 	st->last_run = NULL;
+	free(st->trace_marks);
+	st->trace_marks = NULL;
 	st->arena = st->workspace = st->args = NULL;
 	st->last_lane = NULL;
 	st->runs = 0;
 	st->captures = 0;
 	st->no_capture = false;
-	if (st->exec_key)
-		memset(st->exec_key, 0, st->prog->nkey * sizeof(uint64_t));
 	atomic_fetch_sub(&st->prog->cd->program_bytes, st->prog->base.scratch_bytes);
 	st->prog->base.scratch_bytes = 0;
 }
@@ -145,6 +175,11 @@ static int state_init(struct rd_resource *res)
 		e_ = cudaEventCreateWithFlags(&st->last_run, cudaEventDisableTiming);
 	/* The embedding steps' note of a bad index starts clear; their report
 	 * kernels clear it after each Run. */
+	if (e_ == cudaSuccess && p->trace) {
+		st->trace_marks = calloc((size_t)p->plan.nsteps + 1, sizeof(cudaEvent_t));
+		for (int i = 0; st->trace_marks && i <= p->plan.nsteps && e_ == cudaSuccess; i++)
+			e_ = cudaEventCreate(&st->trace_marks[i]);
+	}
 	if (e_ == cudaSuccess && p->plan.fault_offset != RD_PROG_NOT_IN_ARENA)
 		e_ = cudaMemset((char *)st->arena + p->plan.fault_offset, 0, sizeof(struct rd_prog_fault));
 	if (e_ != cudaSuccess) {
@@ -182,7 +217,13 @@ static void program_free(struct cuda_program *p)
 	free(p->bound);
 	free(p->modules);
 	free(p->key);
-	free(p->state.exec_key);
+	for (int i = 0; i < PROGRAM_EXECS; i++)
+		free(p->state.execs[i].key);
+	if (p->trace) {
+		free(p->trace->cpu_ns);
+		free(p->trace->gpu_ms);
+		free(p->trace);
+	}
 	pthread_mutex_destroy(&p->lock);
 	free(p);
 }
@@ -232,8 +273,22 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 		if (p->plan.steps[i].kind == RD_STEP_LIBRARY)
 			p->nkey += (unsigned)def->nodes[p->plan.steps[i].first_node].compute.spec->noperands;
 	p->key = calloc((size_t)p->nkey + 1, sizeof(uint64_t));
-	p->state.exec_key = calloc((size_t)p->nkey + 1, sizeof(uint64_t));
-	if (!p->args_host || !p->bound || !p->modules || !p->key || !p->state.exec_key) {
+	bool keys = true;
+	for (int i = 0; i < PROGRAM_EXECS; i++)
+		keys = (p->state.execs[i].key = calloc((size_t)p->nkey + 1, sizeof(uint64_t))) != NULL && keys;
+	if (rd_env(RD_ENV_PROGRAM_TRACE)) {
+		p->trace = calloc(1, sizeof(*p->trace));
+		if (p->trace) {
+			p->trace->cpu_ns = calloc((size_t)p->plan.nsteps + 1, sizeof(uint64_t));
+			p->trace->gpu_ms = calloc((size_t)p->plan.nsteps + 1, sizeof(double));
+		}
+		if (!p->trace || !p->trace->cpu_ns || !p->trace->gpu_ms) {
+			rp_err_out_of_memory(err, dev->index, "no host memory for the program's trace");
+			r = -ENOMEM;
+			goto fail;
+		}
+	}
+	if (!p->args_host || !p->bound || !p->modules || !p->key || !keys) {
 		rp_err_out_of_memory(err, dev->index, "no host memory for the program");
 		r = -ENOMEM;
 		goto fail;
@@ -371,10 +426,11 @@ static int workspace_grow(struct cuda_lane *lane, struct cuda_program *p, size_t
 	st->workspace_bytes = p->workspace_bytes = bytes;
 	lane->scratch_fixed = ws;
 	lane->scratch_fixed_bytes = bytes;
-	if (st->exec) {
-		cudaGraphExecDestroy(st->exec);
-		st->exec = NULL;
-	}
+	for (int i = 0; i < PROGRAM_EXECS; i++)
+		if (st->execs[i].exec) {
+			cudaGraphExecDestroy(st->execs[i].exec);
+			st->execs[i].exec = NULL;
+		}
 	return 0;
 }
 
@@ -397,8 +453,13 @@ static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *j
 	}
 	lane->scratch_fixed = st->workspace;
 	lane->scratch_fixed_bytes = st->workspace_bytes;
+	/* Not the first Runs: they build the library calls' plans. */
+	const bool traced = st->trace_marks && !lane->capturing && st->runs >= PROGRAM_EAGER_RUNS;
+	if (traced)
+		cudaEventRecord(st->trace_marks[0], lane->stream);
 	for (int i = 0; i < p->plan.nsteps && r == 0; i++) {
 		const struct rd_prog_step *step = &p->plan.steps[i];
+		const uint64_t t0 = traced ? rd_now_ns() : 0;
 
 		if (step->kind == RD_STEP_LIBRARY) {
 			lane->scratch_fixed_wanted = 0;
@@ -408,11 +469,15 @@ static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *j
 				if (r == 0)
 					r = enqueue_library(lane, p, &p->base.def->nodes[step->first_node], err);
 			}
-			continue;
+		} else {
+			for (int k = 0; k < step->nkernels && r == 0; k++)
+				if (step->kernels[k].blocks)
+					r = cuda_rtc_launch(&p->modules[i], k, lane->stream, st->args, err);
 		}
-		for (int k = 0; k < step->nkernels && r == 0; k++)
-			if (step->kernels[k].blocks)
-				r = cuda_rtc_launch(&p->modules[i], k, lane->stream, st->args, err);
+		if (traced) {
+			p->trace->cpu_ns[i] += rd_now_ns() - t0;
+			cudaEventRecord(st->trace_marks[i + 1], lane->stream);
+		}
 	}
 	lane->scratch_fixed = NULL;
 	lane->scratch_fixed_bytes = 0;
@@ -498,9 +563,12 @@ static int load_modules(struct cuda_program *p, struct rp_error *err)
 	return 0;
 }
 
-static int capture(struct cuda_lane *lane, struct cuda_program *p, char *journal, struct rp_error *err)
+/* Captures the Run's steps into x (an exec there is updated in place when
+ * the new graph allows, else replaced). 0, 1: the capture failed (what
+ * failed may run on the stream), or -errno. */
+static int capture(struct cuda_lane *lane, struct cuda_program *p, char *journal, struct program_exec *x,
+		   struct rp_error *err)
 {
-	struct cuda_program_state *st = &p->state;
 	cudaGraph_t graph = NULL;
 	cudaError_t e;
 	int r;
@@ -524,20 +592,22 @@ static int capture(struct cuda_lane *lane, struct cuda_program *p, char *journal
 	}
 	if (e != cudaSuccess)
 		goto fail_cuda;
-	if (st->exec) {
+	if (x->exec) {
 		cudaGraphExecUpdateResultInfo info;
-		if (cudaGraphExecUpdate(st->exec, graph, &info) != cudaSuccess) {
+		if (cudaGraphExecUpdate(x->exec, graph, &info) != cudaSuccess) {
 			(void)cudaGetLastError();
-			cudaGraphExecDestroy(st->exec);
-			st->exec = NULL;
+			cudaGraphExecDestroy(x->exec);
+			x->exec = NULL;
 		}
 	}
-	if (!st->exec)
-		e = cudaGraphInstantiateWithFlags(&st->exec, graph, 0);
+	if (!x->exec)
+		e = cudaGraphInstantiateWithFlags(&x->exec, graph, 0);
 	cudaGraphDestroy(graph);
-	if (e != cudaSuccess)
+	if (e != cudaSuccess) {
+		x->exec = NULL;
 		goto fail_cuda;
-	memcpy(st->exec_key, p->key, p->nkey * sizeof(uint64_t));
+	}
+	memcpy(x->key, p->key, p->nkey * sizeof(uint64_t));
 	p->base.graph_captures++;
 	return 0;
 fail_cuda:
@@ -575,6 +645,76 @@ void cuda_program_completed(struct rd_op *op)
 				 "wrote its outputs",
 				 index->name, pos, (long long)f->value, (long long)table->shape[0], table->name, n->name,
 				 n->op->name, forward ? "read a row of zeros for it" : "added its gradient to no row");
+}
+
+/* The exec captured with this Run's key, or NULL. */
+static struct program_exec *exec_of_key(struct cuda_program *p)
+{
+	for (int i = 0; i < PROGRAM_EXECS; i++) {
+		struct program_exec *x = &p->state.execs[i];
+		if (x->exec && memcmp(x->key, p->key, p->nkey * sizeof(uint64_t)) == 0)
+			return x;
+	}
+	return NULL;
+}
+
+/* Where a new key's capture goes: a free slot, else the least recently
+ * launched exec. */
+static struct program_exec *exec_to_replace(struct cuda_program_state *st)
+{
+	struct program_exec *oldest = &st->execs[0];
+
+	for (int i = 0; i < PROGRAM_EXECS; i++) {
+		if (!st->execs[i].exec)
+			return &st->execs[i];
+		if (st->execs[i].used < oldest->used)
+			oldest = &st->execs[i];
+	}
+	return oldest;
+}
+
+/* A Run traced step by step: wait for it, add its steps' GPU times, and
+ * every 10 such Runs write the averages where REGEN_PROGRAM_TRACE says. */
+static void trace_collect(struct cuda_program *p)
+{
+	struct program_trace *tr = p->trace;
+	const struct rp_program *def = p->base.def;
+	cudaEvent_t *marks = p->state.trace_marks;
+	const int n = p->plan.nsteps;
+	char path[4096];
+
+	if (cudaEventSynchronize(marks[n]) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		float ms = 0;
+		if (cudaEventElapsedTime(&ms, marks[i], marks[i + 1]) == cudaSuccess)
+			tr->gpu_ms[i] += ms;
+	}
+	if (++tr->runs % 10)
+		return;
+	snprintf(path, sizeof(path), "%s.%d.%s", rd_env(RD_ENV_PROGRAM_TRACE), (int)getpid(), def->name);
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return;
+	double cpu = 0, gpu = 0;
+	fprintf(f, "# program %s: %d steps, %d nodes; averages over %u Runs launched step by step\n", def->name, n,
+		def->nnodes, tr->runs);
+	fprintf(f, "# step kind kernels nodes cpu_us gpu_us first_node op\n");
+	for (int i = 0; i < n; i++) {
+		const struct rd_prog_step *step = &p->plan.steps[i];
+		const struct rp_prog_node *node = &def->nodes[step->first_node];
+		const double c = (double)tr->cpu_ns[i] / tr->runs / 1e3, g = tr->gpu_ms[i] / tr->runs * 1e3;
+
+		cpu += c;
+		gpu += g;
+		fprintf(f, "%d %s %d %d %.1f %.1f %s %s\n", i, rd_prog_step_kind_name(step->kind),
+			step->kind == RD_STEP_LIBRARY ? 1 : step->nkernels, step->nnodes, c, g, node->name,
+			step->kind == RD_STEP_LIBRARY ? node->compute.spec->method : node->op->name);
+	}
+	fprintf(f, "# total cpu_us %.1f gpu_us %.1f\n", cpu, gpu);
+	fclose(f);
 }
 
 int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
@@ -636,32 +776,39 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		goto fail_cuda;
 
 	fill_key(p, journal);
-	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && st->exec &&
-	    memcmp(st->exec_key, p->key, p->nkey * sizeof(uint64_t)) != 0 && st->captures >= PROGRAM_RECAPTURES_MAX &&
-	    st->captures * 2 > st->runs - PROGRAM_EAGER_RUNS) {
-		st->no_capture = true;
-		snprintf(p->base.not_captured, sizeof(p->base.not_captured),
-			 "its operands moved in %u of its last %u Runs (each a new capture): it runs on the stream",
-			 st->captures, st->runs - PROGRAM_EAGER_RUNS);
-	}
-	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture &&
-	    (!st->exec || memcmp(st->exec_key, p->key, p->nkey * sizeof(uint64_t)) != 0)) {
-		st->captures++;
-		r = capture(lane, p, journal, &op->err);
-		if (r > 0) {
+	struct program_exec *x = NULL;
+	/* A traced program runs every Run step by step, to be timed. */
+	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && !st->trace_marks) {
+		x = exec_of_key(p);
+		if (!x && st->captures >= PROGRAM_RECAPTURES_MAX && st->captures * 2 > st->runs - PROGRAM_EAGER_RUNS) {
 			st->no_capture = true;
-			r = 0;
+			snprintf(p->base.not_captured, sizeof(p->base.not_captured),
+				 "its operands moved to a new set of addresses in %u of its last %u Runs (each a new "
+				 "capture; the last %d sets are kept): it runs on the stream",
+				 st->captures, st->runs - PROGRAM_EAGER_RUNS, PROGRAM_EXECS);
+		} else if (!x) {
+			x = exec_to_replace(st);
+			st->captures++;
+			r = capture(lane, p, journal, x, &op->err);
+			if (r != 0 || !x->exec)
+				x = NULL;
+			if (r > 0) {
+				st->no_capture = true;
+				r = 0;
+			}
 		}
 	}
-	if (r == 0 && st->exec && !st->no_capture &&
-	    memcmp(st->exec_key, p->key, p->nkey * sizeof(uint64_t)) == 0) {
-		e = cudaGraphLaunch(st->exec, lane->stream);
+	if (r == 0 && x) {
+		e = cudaGraphLaunch(x->exec, lane->stream);
 		if (e != cudaSuccess)
 			goto fail_cuda;
+		x->used = st->runs + 1;
 		p->base.graph_launches++;
 	} else if (r == 0) {
 		r = enqueue_steps(lane, p, journal, &op->err);
 		p->base.stream_runs++;
+		if (r == 0 && st->trace_marks && st->runs >= PROGRAM_EAGER_RUNS)
+			trace_collect(p);
 	}
 	if (r == 0) {
 		e = cudaEventRecord(st->last_run, lane->stream);

@@ -166,6 +166,10 @@ class CompiledGraph:
             self.graph, self.steps = None, None
             self.why_eager = f"{e}: the graph runs on the rank (compile with dynamic=False)"
         self.serial = next(_serials)
+        for s in self.steps or ():
+            if isinstance(s, Segment):
+                # Named for what it is in Status, metrics and traces.
+                s.definition["name"] = f"compiled{self.serial}_{kind}_{s.index}"
         self.failed = {}         # segment index -> why regend refused it
         self.relaid = 0          # segment runs on the rank: inputs laid out otherwise than traced
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
