@@ -298,6 +298,29 @@ class HostRunTest(unittest.TestCase):
             finally:
                 r.close()
 
+    def test_a_cast_of_a_reshape_is_written_in_the_shape_it_was_made(self):
+        M, N = 4, 6
+        g = Builder()
+        x = g.input((M, N))
+        a = g.op("aten.mul.Tensor", [g.val((M, N))], self=x, other=3.0)
+        flat = g.op("aten.view.default", [g.val((M * N,), of=a)], self=a, size=[M * N])
+        y = g.op("aten._to_copy.default", [g.val((M * N,), "bf16")], self=flat, dtype="bf16")
+        steps = partition(g.graph([y]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        d = segments(steps)[0].definition
+        tensors = {t["name"]: t for t in d["tensors"]}
+        cast = [n for n in d["nodes"] if n["op"] == "cast"][0]
+        # The cast runs over [M, N], as the mul that makes its input does.
+        self.assertEqual(tensors[cast["outputs"][0]]["shape"], [M, N])
+        r = HostRunner(self.c, steps)
+        try:
+            xs = self.rand(M * N)
+            r.give(x, xs)
+            r.run()
+            self.close(r.read(y), [3 * v for v in xs], 1e-2, "cast")
+        finally:
+            r.close()
+
     def test_loss_backward_pattern_cat_and_slice_backward(self):
         M, N = 5, 7
         g = Builder()

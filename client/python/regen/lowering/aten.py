@@ -83,7 +83,26 @@ def copy(b, op):
     need(isinstance(src, Val), f"{op.target}: no tensor to copy")
     need(src.dtype is not None and dst.dtype is not None, f"{op.target}: a dtype programs do not take")
     need(dst.shape == src.shape, f"{op.target}: the shape changes")
+    base = _reshaped_from(b, src)
+    if base is not None and dst.owns_storage():
+        # A cast of a reshape (the loss's gradient [N, V] as [B, S, V]):
+        # written in the shape of what the segment made, so that it joins
+        # the kernel that makes it and that tensor stays in registers.
+        b.node("cast", [b.read(base)], [b.view_named(b.write(dst), base.shape, contiguous_strides(base.shape))])
+        return
     b.node("cast", [b.read(src)], [b.write(dst)])
+
+
+def _reshaped_from(b, v):
+    """The tensor of this segment that contiguous Val ``v`` reshapes (the
+    same memory, every element, in order; another shape), or None."""
+    root = b.roots.get(v.storage)
+    base = root[1] if root else None
+    if base is None or base.shape == v.shape or base.id not in b.name_of:
+        return None
+    if not (v.owns_storage() and base.owns_storage() and v.numel == base.numel):
+        return None
+    return base
 
 
 @handles("aten.cat.default")
