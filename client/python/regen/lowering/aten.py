@@ -83,6 +83,8 @@ def copy(b, op):
     need(isinstance(src, Val), f"{op.target}: no tensor to copy")
     need(src.dtype is not None and dst.dtype is not None, f"{op.target}: a dtype programs do not take")
     need(dst.shape == src.shape, f"{op.target}: the shape changes")
+    if _cast_into_softmax(b, src, dst):
+        return
     base = _reshaped_from(b, src)
     if base is not None and dst.owns_storage():
         # A cast of a reshape (the loss's gradient [N, V] as [B, S, V]):
@@ -91,6 +93,47 @@ def copy(b, op):
         b.node("cast", [b.read(base)], [b.view_named(b.write(dst), base.shape, contiguous_strides(base.shape))])
         return
     b.node("cast", [b.read(src)], [b.write(dst)])
+
+
+FLOATS = ("f32", "f16", "bf16", "f64")
+
+
+def _cast_into_softmax(b, src, dst):
+    """A cast read by a softmax alone, through reshapes (a model's
+    ``logits.float().view(-1, V)`` before its loss): the softmax reads the
+    cast's input and writes its own dtype (it computes in f32 either way),
+    and the cast's output, as large as the logits in f32, is never
+    written.  False where that does not apply."""
+    if src.dtype not in FLOATS or dst.dtype not in FLOATS or not src.is_contiguous():
+        return False
+    chain, v = [], dst
+    while True:
+        if v.is_output or len(v.users) != 1:
+            return False
+        user = v.users[0]
+        if user.target in ("aten._log_softmax.default", "aten._softmax.default") and user.a.get("self") is v:
+            break
+        outs = user.out_vals()
+        if user.target not in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default") or \
+                user.a.get("self") is not v or len(outs) != 1:
+            return False
+        chain.append(user)
+        v = outs[0]
+        if not (v.offset == 0 and v.is_contiguous() and v.numel == src.numel):
+            return False
+    y = user.outs[0]
+    d = user.a.get("dim")
+    if not (isinstance(y, Val) and y.dtype in FLOATS and isinstance(d, int) and d % len(v.shape) == len(v.shape) - 1
+            and y.is_contiguous()):
+        return False
+    x = b.read(src) if v.shape == src.shape else b.view(src, v.shape, contiguous_strides(v.shape))
+    b.node("log_softmax" if "log" in user.target else "softmax", [x], [b.write(y)])
+    b.made[dst.id] = dst
+    for op in chain:
+        b.made[op.out_vals()[0].id] = op.out_vals()[0]
+        b.absorb(op)
+    b.absorb(user)
+    return True
 
 
 def _reshaped_from(b, v):
