@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compute calls (libregen's compute.c): GEMM, attention and LayerNorm with
-their backward passes, FP8's quantizations and delayed-scaling update, each built by the op table (regen.ops, proto's) from
-Operands, and queued on the device's lane: over the ring in the record's
-terms (regen.lane, libregen), or as a Varlink call.
+their backward passes, FP8's quantizations and delayed-scaling update,
+each built by the op table (regen.ops, proto's) from Operands, and queued
+on the device's lane: over the ring in the record's terms (regen.lane,
+libregen), or as a Varlink call.
 
 Operands that are torch tensors are resolved by regen.torch
 (regen/torch/_tensors.py); this module knows no torch.

@@ -289,8 +289,9 @@ def _backward_definition(m, n, k, xdt, wdt, bdt, dy_strides, recipe, need_dx, ne
     hist, scale, new_hist, new_scale, inv = _update_nodes(b, "bwd", 1, fmt, recipe)
     dyq = b.intermediate("grad_output.fp8", fmt, [m, n])
     dyt = b.intermediate("grad_output.fp8_t", fmt, [n, m])
-    b.node("transpose_quantize", {"x": dy, "scale": _element(b, "scale.grad_output", new_scale, 0), "y": dyq, "y_t": dyt,
-                                  "amax": _element(b, "amax.grad_output", new_hist, 0)}, name="quantize.grad_output")
+    b.node("transpose_quantize", {"x": dy, "scale": _element(b, "scale.grad_output", new_scale, 0), "y": dyq,
+                                  "y_t": dyt, "amax": _element(b, "amax.grad_output", new_hist, 0)},
+           name="quantize.grad_output")
     if need_dx:
         dx = b.output("grad_input", xdt, [m, k])
         b.node("gemm", {"a": dyq, "b": wt, "d": dx, "a_scale": inv,
