@@ -450,10 +450,7 @@ class Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
     def forward(self, x):
-        recipe = get_fp8_recipe()
-        if recipe is None:
-            return _package.linear(x, self.weight, self.bias)
-        return _fp8_linear(x, self.weight, self.bias, self, recipe)
+        return _forward(self, x)
 
     # -- the scaling state -------------------------------------------------------
 
@@ -523,5 +520,10 @@ class Linear(torch.nn.Module):
 
 
 @_compile_disabled
-def _fp8_linear(x, weight, bias, layer, recipe):
-    return _Fp8LinearFunction.apply(x, weight, bias, layer, recipe)
+def _forward(layer, x):
+    """The layer's forward, whole, outside torch.compile's graphs: the
+    scope is this thread's state, which a graph must not bake in."""
+    recipe = get_fp8_recipe()
+    if recipe is None:
+        return _package.linear(x, layer.weight, layer.bias)
+    return _Fp8LinearFunction.apply(x, layer.weight, layer.bias, layer, recipe)
