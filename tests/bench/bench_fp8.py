@@ -6,7 +6,7 @@
     python3 tests/bench/bench_fp8.py [path/to/regend] [--socket PATH] [--part gemm|gpt|both]
                                      [--iters 20] [--repeat 3] [--steps 30] [--warmup 5]
                                      [--layers 8] [--width 2048] [--heads 16] [--seq 2048] [--batch 4]
-                                     [--json out.json]
+                                     [--pool process|none] [--ordering events|wait] [--json out.json]
 
 gemm: an 8192^3 FP8 GEMM, a e4m3 [M, K] times b e4m3 [N, K] (TN, per-tensor
 scales, f32 accumulation without cuBLASLt's fast accumulation, d bf16),
@@ -31,7 +31,8 @@ FP8 run's mean loss over the last 10 steps against bf16's (target: within
 
 --pool process (the default) makes every CUDA allocation libregen's pool
 (regen.torch.use_pool_for_process(): no block imports); --pool none leaves
-torch's allocator. Exit 77 without torch, a GPU, or FP8 (sm_89 or later,
+torch's allocator. --ordering (default "events": the rank's stream waits
+for regend's Runs on the GPU, the host runs ahead) is regen.torch's. Exit 77 without torch, a GPU, or FP8 (sm_89 or later,
 torch with float8_e4m3fn and _scaled_mm).
 """
 
@@ -214,6 +215,8 @@ def main():
     p.add_argument("--socket")
     p.add_argument("--part", choices=("gemm", "gpt", "both"), default="both")
     p.add_argument("--pool", choices=("process", "none"), default="process")
+    p.add_argument("--ordering", choices=("events", "wait", "sync", "auto"), default="events",
+                   help="regen.torch's ordering with the rank's stream (docs/torch.md)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
@@ -243,7 +246,7 @@ def main():
     daemon = Daemon(args.socket, args.regend, "cuda")
     out = {"args": vars(args), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     try:
-        rt.configure(socket=daemon.socket)
+        rt.configure(socket=daemon.socket, ordering=args.ordering)
         if args.part in ("gemm", "both"):
             c = regen.Client(daemon.socket, timeout=300)
             try:
