@@ -13,6 +13,9 @@
 
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
 		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_I32 == (int)RP_DTYPE_I32 &&
+		       (int)REGEN_E4M3 == (int)RP_DTYPE_E4M3 && (int)REGEN_E5M2 == (int)RP_DTYPE_E5M2 &&
+		       (int)REGEN_FP8_E5M2 == (int)RP_FP8_E5M2 &&
+		       (int)REGEN_AMAX_COMPUTE_MOST_RECENT == (int)RP_AMAX_COMPUTE_MOST_RECENT &&
 		       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS &&
 		       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU &&
 		       (int)REGEN_EPILOGUE_GELU_AUX == (int)RP_EPILOGUE_GELU_AUX &&
@@ -20,6 +23,13 @@ _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_
 		       RP_EPILOGUE_LAST == RP_EPILOGUE_GELU_AUX_BIAS,
 	       "libregen's dtypes and epilogues are the protocol's");
 _Static_assert(REGEN_RECORD_OPERANDS == RP_OP_OPERANDS_MAX, "a record call has the record's slots");
+
+/* The dtypes a compute call's operand may have (f64, i64 and u8 are
+ * programs' alone): an operation's table says which operands take which. */
+static bool compute_dtype(unsigned dtype)
+{
+	return dtype <= REGEN_I32 || dtype == REGEN_E4M3 || dtype == REGEN_E5M2;
+}
 
 /* Every buffer and event a call names belongs to this client and lives on
  * one device (*device, -1 before the first). */
@@ -58,7 +68,7 @@ static int put_operand(regen_client *c, struct rp_compute *call, int slot, const
 	}
 	if (check_object(c, "operand", name, &t->buffer->obj, device) < 0)
 		return -EINVAL;
-	if ((unsigned)t->dtype > REGEN_I32 || t->rank < 1 || t->rank > RP_RANK_MAX) {
+	if (!compute_dtype((unsigned)t->dtype) || t->rank < 1 || t->rank > RP_RANK_MAX) {
 		rc_set_local_error(c, "operand %s: bad dtype or rank", name);
 		return -EINVAL;
 	}
@@ -137,7 +147,9 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
 		[RP_GEMM_A] = g ? &g->a : NULL, [RP_GEMM_B] = g ? &g->b : NULL, [RP_GEMM_C] = g ? g->c : NULL,
 		[RP_GEMM_D] = g ? &g->d : NULL, [RP_GEMM_BIAS] = g ? g->bias : NULL, [RP_GEMM_AUX] = g ? g->aux : NULL,
-		[RP_GEMM_AUX_OUT] = g ? g->aux_out : NULL,
+		[RP_GEMM_AUX_OUT] = g ? g->aux_out : NULL, [RP_GEMM_A_SCALE] = g ? g->a_scale : NULL,
+		[RP_GEMM_B_SCALE] = g ? g->b_scale : NULL, [RP_GEMM_D_SCALE] = g ? g->d_scale : NULL,
+		[RP_GEMM_AMAX_D] = g ? g->amax_d : NULL,
 	};
 
 	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_AUX_BIAS)
@@ -286,6 +298,88 @@ REGEN_EXPORT int regen_layer_norm_backward_submit(regen_client *c, const struct 
 	return ticket != NULL ? layer_norm_backward(c, a, ticket) : -EINVAL;
 }
 
+static int quantize(regen_client *c, const struct regen_quantize_args *a, uint64_t *ticket)
+{
+	struct rp_compute call = { .spec = &rp_op_quantize };
+
+	if (c == NULL || a == NULL)
+		return -EINVAL;
+	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
+		[RP_QUANT_X] = &a->x, [RP_QUANT_SCALE] = &a->scale, [RP_QUANT_Y] = &a->y, [RP_QUANT_AMAX] = a->amax,
+	};
+	call.deadline_ms = a->deadline_ms;
+	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
+}
+
+REGEN_EXPORT int regen_quantize(regen_client *c, const struct regen_quantize_args *a)
+{
+	return quantize(c, a, NULL);
+}
+
+REGEN_EXPORT int regen_quantize_submit(regen_client *c, const struct regen_quantize_args *a, uint64_t *ticket)
+{
+	return ticket != NULL ? quantize(c, a, ticket) : -EINVAL;
+}
+
+static int transpose_quantize(regen_client *c, const struct regen_transpose_quantize_args *a, uint64_t *ticket)
+{
+	struct rp_compute call = { .spec = &rp_op_transpose_quantize };
+
+	if (c == NULL || a == NULL)
+		return -EINVAL;
+	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
+		[RP_QUANT_X] = &a->x, [RP_QUANT_SCALE] = &a->scale, [RP_QUANT_Y] = a->y, [RP_QUANT_AMAX] = a->amax,
+		[RP_QUANT_Y_T] = &a->y_t,
+	};
+	call.deadline_ms = a->deadline_ms;
+	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
+}
+
+REGEN_EXPORT int regen_transpose_quantize(regen_client *c, const struct regen_transpose_quantize_args *a)
+{
+	return transpose_quantize(c, a, NULL);
+}
+
+REGEN_EXPORT int regen_transpose_quantize_submit(regen_client *c, const struct regen_transpose_quantize_args *a,
+						 uint64_t *ticket)
+{
+	return ticket != NULL ? transpose_quantize(c, a, ticket) : -EINVAL;
+}
+
+static int scale_update(regen_client *c, const struct regen_scale_update_args *a, uint64_t *ticket)
+{
+	struct rp_compute call = { .spec = &rp_op_scale_update };
+
+	if (c == NULL || a == NULL)
+		return -EINVAL;
+	if (refuse_unless_finite(c, "margin", a->margin) < 0)
+		return -EINVAL;
+	/* Values past the enums go to regend, which refuses them by name. */
+	const struct regen_tensor *tensors[RP_OP_OPERANDS_MAX] = {
+		[RP_SCU_AMAX_HISTORY] = &a->amax_history, [RP_SCU_SCALE] = &a->scale,
+		[RP_SCU_AMAX_HISTORY_OUT] = &a->amax_history_out, [RP_SCU_SCALE_OUT] = &a->scale_out,
+		[RP_SCU_SCALE_INV] = a->scale_inv,
+	};
+	call.scale_update = (struct rp_scale_update){
+		.format = (enum rp_fp8_format)a->fp8_format,
+		.amax_compute = (enum rp_amax_compute)a->amax_compute,
+		.margin = a->margin,
+	};
+	call.deadline_ms = a->deadline_ms;
+	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
+}
+
+REGEN_EXPORT int regen_scale_update(regen_client *c, const struct regen_scale_update_args *a)
+{
+	return scale_update(c, a, NULL);
+}
+
+REGEN_EXPORT int regen_scale_update_submit(regen_client *c, const struct regen_scale_update_args *a,
+					   uint64_t *ticket)
+{
+	return ticket != NULL ? scale_update(c, a, ticket) : -EINVAL;
+}
+
 /* A refusal made here that regend would make of the same call, named as
  * regend names it. */
 static int refuse_named(regen_client *c, struct rp_error *err)
@@ -337,7 +431,7 @@ static int record_of(const struct regen_record_call *call, struct rp_ring_record
 			return rp_error_invalid_parameter(err, "operands");
 		if (rp_id_parse(o->buffer, &ids[i]) < 0 || ids[i].kind != RP_ID_BUFFER)
 			return rp_error_invalid_operand(err, name, "'%.80s' is not a buffer id (like b0.1.3)", o->buffer);
-		if ((unsigned)o->dtype > REGEN_I32) {
+		if (!compute_dtype((unsigned)o->dtype)) {
 			char field[96];
 
 			snprintf(field, sizeof(field), "%s.dtype", name);
@@ -380,6 +474,11 @@ static int check_finite(const struct rp_compute *call, struct rp_error *err)
 	case RP_OP_LAYER_NORM:
 	case RP_OP_LAYER_NORM_BACKWARD:
 		return isfinite(call->layer_norm.eps) ? 0 : rp_error_invalid_parameter(err, "eps");
+	case RP_OP_QUANTIZE:
+	case RP_OP_TRANSPOSE_QUANTIZE:
+		return 0;
+	case RP_OP_SCALE_UPDATE:
+		return isfinite(call->scale_update.margin) ? 0 : rp_error_invalid_parameter(err, "margin");
 	default:
 		return isfinite(call->attention.scale) ? 0 : rp_error_invalid_parameter(err, "scale");
 	}

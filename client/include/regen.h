@@ -79,8 +79,13 @@ typedef struct regen_watcher regen_watcher;
 /* Devices libregen reaches: indexes 0 .. REGEN_DEVICES_MAX - 1. */
 #define REGEN_DEVICES_MAX 64
 
-/* REGEN_I32 only where a call says so (attention's sequence lengths). */
-enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16, REGEN_I32 };
+/* REGEN_I32 only where a call says so (attention's sequence lengths).
+ * REGEN_E4M3 and REGEN_E5M2 are the FP8 formats (one byte; E4M3 as torch's
+ * float8_e4m3fn, largest 448, no infinities; E5M2 as float8_e5m2, largest
+ * 57344), where a call says so: regen_gemm's a, b and d, the quantize
+ * calls' outputs. (Codes 4 to 6 are f64, i64 and u8, which only programs
+ * take.) */
+enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16, REGEN_I32, REGEN_E4M3 = 7, REGEN_E5M2 = 8 };
 
 /* socket_path NULL: $REGEN_SOCKET, else the built-in default. When
  * $REGEN_JOB is set, the client states it as its job (regen_client_set_job);
@@ -311,6 +316,22 @@ struct regen_gemm_args {
 	const struct regen_tensor *aux;    /* NULL: none; REGEN_EPILOGUE_DGELU's pre-activation */
 	uint32_t deadline_ms;              /* 0: regend's default */
 	const struct regen_tensor *aux_out;   /* NULL: none; written by REGEN_EPILOGUE_GELU_AUX(_BIAS) */
+	/* FP8 (docs/protocol.md, io.regen.Compute.Gemm): a and b in REGEN_E4M3
+	 * or REGEN_E5M2 (not both E5M2), a [M, K] and b [N, K] both
+	 * K-contiguous (trans_a false, trans_b true: the one FP8 layout of
+	 * cuBLASLt), each with its scale: REGEN_F32 [1] tensors in the rank's
+	 * memory that turn stored values into real ones (1 / the scale they
+	 * were quantized with: regen_scale_update's scale_inv). op(A) op(B) is
+	 * then of those real values, accumulated in f32. d in bf16, f16 or
+	 * f32, or in FP8 with d_scale (F32 [1]): d = fp8(d_scale * result),
+	 * and amax_d (F32 [1]) receives max |result| before d_scale, written by
+	 * the GEMM itself. Epilogues none, bias, gelu, gelu_bias (a bias only
+	 * into a bf16 or f16 d, of its dtype); no c into an FP8 d. A scale
+	 * missing, not [1], or given where no FP8 operand needs it is refused
+	 * with REGEN_ERROR_INVALID_OPERAND naming it; the host backend also
+	 * refuses a scale that is 0, negative, infinite or NaN (the CUDA
+	 * backend does not read scales before the GEMM runs). All NULL: none. */
+	const struct regen_tensor *a_scale, *b_scale, *d_scale, *amax_d;
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 
@@ -375,6 +396,72 @@ struct regen_layer_norm_backward_args {
 };
 REGEN_EXPORT int regen_layer_norm_backward(regen_client *c, const struct regen_layer_norm_backward_args *args);
 
+/* FP8 quantization (io.regen.Compute.Quantize): y = fp8(x * scale), the
+ * f32 product rounded to nearest even and saturated to y's largest finite
+ * value (448 for E4M3, 57344 for E5M2), NaN kept. x [rows, cols] in f32,
+ * f16 or bf16 (rows may be padded: strides {ld, 1}); scale REGEN_F32 [1]
+ * (stored = real * scale, Transformer Engine's scale); y [rows, cols] in
+ * REGEN_E4M3 or REGEN_E5M2. amax (REGEN_F32 [1]) receives max |x| (NaN
+ * ignored): point it at row 0 of the tensor's column of an amax history
+ * (regen_scale_update). The host backend refuses a scale that is 0,
+ * negative, infinite or NaN (REGEN_ERROR_INVALID_OPERAND naming it). */
+struct regen_quantize_args {
+	struct regen_tensor x, scale, y;
+	const struct regen_tensor *amax;           /* NULL: not wanted */
+	const regen_event *wait_event, *signal_event;
+	uint32_t deadline_ms;                      /* 0: regend's default */
+};
+REGEN_EXPORT int regen_quantize(regen_client *c, const struct regen_quantize_args *args);
+
+/* Quantize that writes y_t [cols, rows], y transposed, and y itself when
+ * given (io.regen.Compute.TransposeQuantize): the two layouts an FP8 GEMM's
+ * operand may be needed in, since FP8 GEMMs take only K-contiguous
+ * operands (a weight [N, K] is b of the forward GEMM and, as y_t [K, N],
+ * b of the input gradient's). y and y_t share a dtype. */
+struct regen_transpose_quantize_args {
+	struct regen_tensor x, scale, y_t;
+	const struct regen_tensor *y;              /* NULL: only the transpose */
+	const struct regen_tensor *amax;           /* NULL: not wanted */
+	const regen_event *wait_event, *signal_event;
+	uint32_t deadline_ms;                      /* 0: regend's default */
+};
+REGEN_EXPORT int regen_transpose_quantize(regen_client *c, const struct regen_transpose_quantize_args *args);
+
+/* Which amax of a history decides the next scale: its largest, or its
+ * newest (row 0). */
+enum regen_amax_compute { REGEN_AMAX_COMPUTE_MAX = 0, REGEN_AMAX_COMPUTE_MOST_RECENT };
+/* The FP8 format whose largest value a scale aims at. */
+enum regen_fp8_format { REGEN_FP8_E4M3 = 0, REGEN_FP8_E5M2 };
+
+/* Transformer Engine's delayed-scaling update over N tensors' scaling
+ * state at once (io.regen.Compute.ScaleUpdate). amax_history REGEN_F32
+ * [H, N] (rows may be padded): column i is tensor i's last H amaxes, row 0
+ * the newest (this step's, written by the quantize calls or regen_gemm's
+ * amax_d); scale REGEN_F32 [N]. Per column: amax = its largest value
+ * (REGEN_AMAX_COMPUTE_MAX) or its row 0 (MOST_RECENT); the column rolled
+ * into amax_history_out (row i takes row i + 1, the last row the old row
+ * 0, row 0 zeroed for the next amax); scale_out = fp8_max * 2^-margin /
+ * amax where amax is finite and positive, else the old scale (FLT_MAX
+ * where the quotient overflows); scale_inv (optional) = 1 / scale_out,
+ * what regen_gemm's a_scale and b_scale take. fp8_max: 448 (E4M3) or
+ * 57344 (E5M2; Transformer Engine's HYBRID updates its gradients' scales
+ * so). amax_history_out may be amax_history and scale_out scale, exactly
+ * (the same buffer, offset, shape and strides): the update in place. The
+ * state is tensors in the rank's memory, so a restart or a respawn of
+ * regend's worker loses none of it; an update in place is not safe to run
+ * twice (a retry after a fault would roll the history again): run it out
+ * of place, or as a program node with a journal (regen_program_run). */
+struct regen_scale_update_args {
+	struct regen_tensor amax_history, scale, amax_history_out, scale_out;
+	const struct regen_tensor *scale_inv;      /* NULL: not wanted */
+	enum regen_fp8_format fp8_format;          /* 0: E4M3 */
+	enum regen_amax_compute amax_compute;      /* 0: max */
+	double margin;                             /* |margin| <= 126 (regend refuses others); not finite: -EINVAL here */
+	const regen_event *wait_event, *signal_event;
+	uint32_t deadline_ms;                      /* 0: regend's default */
+};
+REGEN_EXPORT int regen_scale_update(regen_client *c, const struct regen_scale_update_args *args);
+
 /* Queued calls: each returns once the call is on its way, with a ticket
  * that names it on its device's lane; regen_wait(c, device, ticket) then
  * waits until it and every call queued before it on that lane are
@@ -388,6 +475,11 @@ REGEN_EXPORT int regen_attention_backward_submit(regen_client *c, const struct r
 REGEN_EXPORT int regen_layer_norm_submit(regen_client *c, const struct regen_layer_norm_args *args, uint64_t *ticket);
 REGEN_EXPORT int regen_layer_norm_backward_submit(regen_client *c, const struct regen_layer_norm_backward_args *args,
 						  uint64_t *ticket);
+REGEN_EXPORT int regen_quantize_submit(regen_client *c, const struct regen_quantize_args *args, uint64_t *ticket);
+REGEN_EXPORT int regen_transpose_quantize_submit(regen_client *c, const struct regen_transpose_quantize_args *args,
+						 uint64_t *ticket);
+REGEN_EXPORT int regen_scale_update_submit(regen_client *c, const struct regen_scale_update_args *args,
+					   uint64_t *ticket);
 REGEN_EXPORT int regen_wait(regen_client *c, int device, uint64_t ticket);
 /* The elapsed_us regend gave the device's last answered call. */
 REGEN_EXPORT uint64_t regen_client_last_elapsed_us(const regen_client *c, int device);
@@ -494,13 +586,14 @@ struct regen_record_operand {
 };
 
 struct regen_record_call {
-	uint32_t op;                       /* 0 Gemm, 1 Attention, 2 AttentionBackward, 3 LayerNorm, 4 LayerNormBackward */
+	uint32_t op;                       /* 0 Gemm, 1 Attention, 2 AttentionBackward, 3 LayerNorm, 4 LayerNormBackward,
+					    * 5 Quantize, 6 TransposeQuantize, 7 ScaleUpdate */
 	uint32_t flags;                    /* Gemm: 1 trans_a, 2 trans_b; attention: 4 causal */
-	uint32_t epilogue;                 /* Gemm: enum regen_epilogue */
-	uint32_t compute;                  /* Gemm: 0 f32, 1 tf32 */
+	uint32_t epilogue;                 /* Gemm: enum regen_epilogue; ScaleUpdate: enum regen_fp8_format */
+	uint32_t compute;                  /* Gemm: 0 f32, 1 tf32; ScaleUpdate: enum regen_amax_compute */
 	uint32_t alignment;                /* attention: enum regen_causal_alignment */
 	double alpha, beta;                /* Gemm (no defaults: 1 and 0 are given) */
-	double scale;                      /* attention: 0 = 1/sqrt(D); LayerNorm: eps, 0 = 1e-5 */
+	double scale;                      /* attention: 0 = 1/sqrt(D); LayerNorm: eps, 0 = 1e-5; ScaleUpdate: margin */
 	uint32_t deadline_ms;              /* 0: regend's default */
 	const char *wait_event, *signal_event;   /* ids; NULL: none */
 	struct regen_record_operand operands[REGEN_RECORD_OPERANDS];   /* by the op's slots */

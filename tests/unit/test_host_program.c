@@ -1243,6 +1243,87 @@ START_TEST(an_index_a_node_computes_is_checked_before_its_gather)
 }
 END_TEST
 
+START_TEST(a_bad_fp8_scale_refuses_the_run_by_name)
+{
+	/* Scales the Run is given are checked before any node writes (y =
+	 * neg(x) comes first); one a node computes (a scale update that keeps
+	 * a bad old scale, its history empty) when its quantization's turn
+	 * comes. Either way the error names the tensor and the node. */
+	static const double bad[] = { 0.0, -1.0, INFINITY, NAN };
+	struct prog pg;
+
+	prog_define(&pg, "{\"tensors\": ["
+			 "{\"name\": \"x\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [2, 16]},"
+			 "{\"name\": \"s\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [1]},"
+			 "{\"name\": \"sb\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [1]},"
+			 "{\"name\": \"hist\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [3, 1]},"
+			 "{\"name\": \"old\", \"kind\": \"input\", \"dtype\": \"f32\", \"shape\": [1]},"
+			 "{\"name\": \"y\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [2, 16]},"
+			 "{\"name\": \"q\", \"kind\": \"output\", \"dtype\": \"e4m3\", \"shape\": [2, 16]},"
+			 "{\"name\": \"hist2\", \"kind\": \"intermediate\", \"dtype\": \"f32\", \"shape\": [3, 1]},"
+			 "{\"name\": \"fresh\", \"kind\": \"intermediate\", \"dtype\": \"f32\", \"shape\": [1]},"
+			 "{\"name\": \"q2\", \"kind\": \"output\", \"dtype\": \"e4m3\", \"shape\": [2, 16]},"
+			 "{\"name\": \"d\", \"kind\": \"output\", \"dtype\": \"f32\", \"shape\": [2, 2]}],"
+			 "\"nodes\": ["
+			 "{\"op\": \"neg\", \"inputs\": [\"x\"], \"outputs\": [\"y\"]},"
+			 "{\"op\": \"quantize\", \"name\": \"qx\", \"inputs\": {\"x\": \"x\", \"scale\": \"s\"}, "
+			 "\"outputs\": {\"y\": \"q\"}},"
+			 "{\"op\": \"scale_update\", \"inputs\": {\"amax_history\": \"hist\", \"scale\": \"old\"}, "
+			 "\"outputs\": {\"amax_history_out\": \"hist2\", \"scale_out\": \"fresh\"}},"
+			 "{\"op\": \"quantize\", \"name\": \"q_fresh\", \"inputs\": {\"x\": \"x\", \"scale\": \"fresh\"}, "
+			 "\"outputs\": {\"y\": \"q2\"}},"
+			 "{\"op\": \"gemm\", \"name\": \"mm\", \"inputs\": {\"a\": \"q\", \"b\": \"q2\", \"a_scale\": \"s\", "
+			 "\"b_scale\": \"sb\"}, \"outputs\": {\"d\": \"d\"}, \"attrs\": {\"trans_b\": true}}]}");
+	fill_uniform(&pg, "x", tl_rand(), -1, 1);
+	for (int i = 0; i < 3; i++)
+		set(&pg, "hist", i, 0.0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *const given[] = { "s", "sb" };
+		const char *const node[] = { "qx", "mm" };
+
+		for (int g = 0; g < 2; g++) {
+			/* Outputs poisoned again: the last case's Run wrote some. */
+			for (int k = 0; k < 4; k++) {
+				const char *const out[] = { "y", "q", "q2", "d" };
+				struct bound *b = bound_of(&pg, out[k]);
+
+				tl_poison(b->t->dtype, b->buf.ptr, b->elems);
+			}
+			set(&pg, "s", 0, g == 0 ? bad[i] : 2.0);
+			set(&pg, "sb", 0, g == 1 ? bad[i] : 0.5);
+			set(&pg, "old", 0, 1.0);
+			ck_assert_int_eq(prog_run(&pg), -1);
+			ck_assert_str_eq(pg.err.name, RP_ERR_INVALID_OPERAND);
+			ck_assert_str_eq(err_param(&pg.err, "operand"), given[g]);
+			ck_assert_msg(strstr(err_message(&pg.err), "finite and positive") &&
+					      strstr(err_message(&pg.err), node[g]) &&
+					      strstr(err_message(&pg.err), "wrote nothing"),
+				      "%s", err_message(&pg.err));
+			check_untouched(&pg, "y");
+			check_untouched(&pg, "q");
+		}
+		/* The update makes an infinite old scale FLT_MAX (Transformer
+		 * Engine's rule), which quantizes: no refusal to see there. */
+		if (isinf(bad[i]))
+			continue;
+		set(&pg, "s", 0, 2.0);
+		set(&pg, "sb", 0, 0.5);
+		set(&pg, "old", 0, bad[i]);
+		ck_assert_int_eq(prog_run(&pg), -1);
+		ck_assert_str_eq(err_param(&pg.err, "operand"), "fresh");
+		ck_assert_msg(strstr(err_message(&pg.err), "q_fresh") && strstr(err_message(&pg.err), "stopped"), "%s",
+			      err_message(&pg.err));
+		check_untouched(&pg, "q2");
+		check_untouched(&pg, "d");
+	}
+	set(&pg, "old", 0, 1.0);
+	run_ok(&pg);
+	check_written(&pg, "q2");
+	check_written(&pg, "d");
+	prog_finish(&pg);
+}
+END_TEST
+
 /* ---- compute nodes: a small MLP forward and backward --------------------------------- */
 
 START_TEST(mlp_forward_and_backward)
@@ -1934,6 +2015,7 @@ Suite *host_program_suite(void)
 	tcase_add_test(tc, embedding_and_its_backward);
 	tcase_add_test(tc, an_index_out_of_range_refuses_the_run_before_any_write);
 	tcase_add_test(tc, an_index_a_node_computes_is_checked_before_its_gather);
+	tcase_add_test(tc, a_bad_fp8_scale_refuses_the_run_by_name);
 	tcase_add_test(tc, mlp_forward_and_backward);
 	tcase_add_test(tc, attention_lengths_are_checked_with_the_tensors_names);
 	tcase_add_test(tc, memory_gone_under_a_run_is_named);

@@ -586,6 +586,112 @@ START_TEST(layer_norm_on_the_wire)
 }
 END_TEST
 
+/* FP8 on the wire: Gemm's scale and amax operands by name with FP8
+ * dtypes, Quantize's and TransposeQuantize's operands (y optional in the
+ * latter), ScaleUpdate's scalars only where they are not regend's defaults;
+ * a margin JSON cannot say, and a dtype no compute call takes (f64's code),
+ * are refused here, unsent. */
+START_TEST(fp8_on_the_wire)
+{
+	struct regen_gemm_args g = { 0 };
+	struct regen_quantize_args q = { 0 };
+	struct regen_transpose_quantize_args t = { 0 };
+	struct regen_scale_update_args u = { 0 };
+	struct regen_tensor one = { 0 }, vec = { 0 }, hist = { 0 };
+	regen_buffer *buf = NULL;
+	const struct call *call;
+	const cJSON *operand;
+	regen_client *c;
+	int before;
+
+	fake_start(QUIRK_NONE);
+	c = connect_fake();
+	ck_assert_int_eq(regen_buffer_import_fd(c, 0, memfd(), 1 << 20, &buf), 0);
+	one = (struct regen_tensor){ .buffer = buf, .offset = 65536, .dtype = REGEN_F32, .rank = 1, .shape = { 1 } };
+	tensor(&g.a, buf, 16);
+	g.a.dtype = REGEN_E4M3;
+	tensor(&g.b, buf, 16);
+	g.b.dtype = REGEN_E5M2;
+	g.b.offset = 4096;
+	g.trans_b = true;
+	tensor(&g.d, buf, 16);
+	g.d.dtype = REGEN_E4M3;
+	g.d.offset = 8192;
+	g.a_scale = g.b_scale = g.d_scale = g.amax_d = &one;
+	ck_assert_int_eq(regen_gemm(c, &g), 0);
+	call = last_call("io.regen.Compute.Gemm");
+	ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call->params, "a"), "dtype")
+				 ->valuestring, "e4m3");
+	ck_assert_str_eq(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(call->params, "b"), "dtype")
+				 ->valuestring, "e5m2");
+	for (int i = 0; i < 4; i++) {
+		static const char *const names[] = { "a_scale", "b_scale", "d_scale", "amax_d" };
+
+		operand = cJSON_GetObjectItemCaseSensitive(call->params, names[i]);
+		ck_assert_msg(operand != NULL, "%s not sent", names[i]);
+		ck_assert_int_eq((int)cJSON_GetObjectItemCaseSensitive(operand, "offset")->valuedouble, 65536);
+	}
+
+	tensor(&q.x, buf, 8);
+	tensor(&q.y, buf, 8);
+	q.y.dtype = REGEN_E4M3;
+	q.y.offset = 4096;
+	q.scale = one;
+	ck_assert_int_eq(regen_quantize(c, &q), 0);
+	call = last_call("io.regen.Compute.Quantize");
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "amax"));
+	ck_assert_int_eq(cJSON_GetArraySize(call->params), 3);
+
+	t.x = q.x;
+	t.y_t = q.y;
+	t.scale = one;
+	t.amax = &one;
+	ck_assert_int_eq(regen_transpose_quantize(c, &t), 0);
+	call = last_call("io.regen.Compute.TransposeQuantize");
+	ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(call->params, "y_t"));
+	ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(call->params, "amax"));
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "y"));
+
+	hist = (struct regen_tensor){ .buffer = buf, .dtype = REGEN_F32, .rank = 2, .shape = { 4, 3 } };
+	vec = (struct regen_tensor){ .buffer = buf, .offset = 1024, .dtype = REGEN_F32, .rank = 1, .shape = { 3 } };
+	u.amax_history = u.amax_history_out = hist;
+	u.scale = u.scale_out = vec;
+	ck_assert_int_eq(regen_scale_update(c, &u), 0);
+	call = last_call("io.regen.Compute.ScaleUpdate");
+	/* e4m3, max and margin 0 are regend's defaults: not sent. */
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "fp8_dtype"));
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "amax_compute"));
+	ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(call->params, "margin"));
+	ck_assert_int_eq(cJSON_GetArraySize(call->params), 4);
+	u.fp8_format = REGEN_FP8_E5M2;
+	u.amax_compute = REGEN_AMAX_COMPUTE_MOST_RECENT;
+	u.margin = -2;
+	u.scale_inv = &vec;
+	ck_assert_int_eq(regen_scale_update(c, &u), 0);
+	call = last_call("io.regen.Compute.ScaleUpdate");
+	ck_assert_str_eq(param_str(call, "fp8_dtype"), "e5m2");
+	ck_assert_str_eq(param_str(call, "amax_compute"), "most_recent");
+	ck_assert(param_num(call, "margin") == -2);
+	ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(call->params, "scale_inv"));
+
+	before = count_calls();
+	u.margin = NAN;
+	ck_assert_int_eq(regen_scale_update(c, &u), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(regen_client_error_message(c), "margin"));
+	u.margin = 0;
+	q.y.dtype = (enum regen_dtype)4;   /* f64: programs' alone */
+	ck_assert_int_eq(regen_quantize(c, &q), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(regen_client_error_message(c), "operand y"));
+	ck_assert_int_eq(count_calls(), before);
+	ck_assert_int_eq(regen_scale_update_submit(c, &u, NULL), -EINVAL);
+	ck_assert_int_eq(regen_quantize(c, NULL), -EINVAL);
+	ck_assert_int_eq(regen_transpose_quantize(NULL, &t), -EINVAL);
+	regen_buffer_close(buf);
+	regen_client_destroy(c);
+	fake_stop();
+}
+END_TEST
+
 /* Scalars JSON cannot say (NaN, infinities) are refused here, unsent: over
  * Varlink they would arrive as absent and take the default. A negative
  * attention scale is sent, for regend to refuse by name. */
@@ -904,6 +1010,7 @@ static Suite *libregen_suite(void)
 	tcase_add_test(tc, events_on_the_wire);
 	tcase_add_test(tc, events_refused_on_this_side);
 	tcase_add_test(tc, layer_norm_on_the_wire);
+	tcase_add_test(tc, fp8_on_the_wire);
 	tcase_add_test(tc, scalars_json_cannot_say_are_refused);
 	tcase_add_test(tc, cuda_fd_import);
 	tcase_add_test(tc, malformed_import_reply_is_refused);

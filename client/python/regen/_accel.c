@@ -461,7 +461,8 @@ static int tensor_operand(struct held *h, struct regen_record_operand *op, PyObj
 	long dtype = PyLong_AsLong(code);
 	if (dtype == -1 && PyErr_Occurred())
 		return -1;
-	if (dtype < 0 || dtype > REGEN_I32)
+	/* A compute call's dtypes (f64, i64 and u8 are programs' alone). */
+	if (dtype < 0 || (dtype > REGEN_I32 && dtype != REGEN_E4M3 && dtype != REGEN_E5M2))
 		return 0;
 
 	o = call0(t, s_get_device);

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compute calls (libregen's compute.c): GEMM, attention and LayerNorm with
-their backward passes, each built by the op table (regen.ops, proto's) from
-Operands, and queued on the device's lane: over the ring in the record's
-terms (regen.lane, libregen), or as a Varlink call.
+their backward passes, FP8's quantizations and delayed-scaling update,
+each built by the op table (regen.ops, proto's) from Operands, and queued
+on the device's lane: over the ring in the record's terms (regen.lane,
+libregen), or as a Varlink call.
 
 Operands that are torch tensors are resolved by regen.torch
 (regen/torch/_tensors.py); this module knows no torch.
@@ -22,6 +23,8 @@ DTYPE_SIZE = dict(ops.DTYPE_SIZES)
 # programs' alone): those some op's table names.
 OPERAND_DTYPES = frozenset(dt for op in ops.OPS.values() for o in op.operands for dt in o.dtypes)
 _EPILOGUES = tuple(ops.EPILOGUE_CODES)
+_SCU_FORMATS = ops.OPS["scale_update"].choices["fp8_dtype"]
+_SCU_AMAX = ops.OPS["scale_update"].choices["amax_compute"]
 _TRANS_A, _TRANS_B, _CAUSAL = 0x1, 0x2, 0x4
 
 
@@ -228,7 +231,7 @@ class Compute:
 
     def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
              epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None, deadline_ms=None,
-             aux_out=None):
+             aux_out=None, a_scale=None, b_scale=None, d_scale=None, amax_d=None):
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias"; GELU is the tanh approximation).  With
         ``epilogue="dgelu"``, a GELU layer's backward: D = (alpha * op(A) @
@@ -250,7 +253,14 @@ class Compute:
         ``deadline_ms`` (every compute call): how long the call may run
         before it raises Timeout; past regend's own call_deadline_ms too,
         regend reports the device hung and recovers it (a shorter deadline
-        ends only this call); None: regend's default."""
+        ends only this call); None: regend's default.
+        FP8 (docs/protocol.md): ``a`` and ``b`` in "e4m3" or "e5m2" (not
+        both e5m2; torch's float8_e4m3fn and float8_e5m2), a [M, K] and b
+        [N, K] (``trans_b=True``), each with its scale, ``a_scale`` and
+        ``b_scale``: f32 [1] operands that turn stored values into real
+        ones (1 / the scale they were quantized with: scale_update's
+        scale_inv); ``d`` in bf16, f16, f32, or FP8 with ``d_scale`` (f32
+        [1]), and then ``amax_d`` (f32 [1]) receives max |result|."""
         trans_a, trans_b = bool(trans_a), bool(trans_b)
         if type(a) is not Operand or type(b) is not Operand:
             glue = tensor_imports(self)
@@ -259,7 +269,8 @@ class Compute:
                     a, trans_a = a.t(), not trans_a
                 if type(b) is not Operand and glue.is_column_major(b):
                     b, trans_b = b.t(), not trans_b
-        named = {"a": a, "b": b, "c": c, "d": d, "bias": bias, "aux": aux, "aux_out": aux_out}
+        named = {"a": a, "b": b, "c": c, "d": d, "bias": bias, "aux": aux, "aux_out": aux_out, "a_scale": a_scale,
+                 "b_scale": b_scale, "d_scale": d_scale, "amax_d": amax_d}
         scalars = {"trans_a": trans_a, "trans_b": trans_b, "alpha": _finite("alpha", alpha),
                    "beta": _finite("beta", beta)}
         if epilogue is not None:
@@ -328,6 +339,56 @@ class Compute:
         return self._compute("layer_norm_backward", named, scalars, wait_event, signal_event, wait=wait)
 
 
+    def quantize(self, x, scale, y, amax=None, wait_event=None, signal_event=None, wait=True, deadline_ms=None):
+        """y = fp8(x * scale): x [rows, cols] in f32, f16 or bf16 (rows may
+        be padded), ``scale`` an f32 [1] (stored = real * scale), y [rows,
+        cols] in "e4m3" or "e5m2", the f32 product rounded to nearest even
+        and saturated to y's largest finite value; ``amax`` (f32 [1],
+        optional) receives max |x|: point it at row 0 of the tensor's
+        column of an amax history (scale_update)."""
+        scalars = {}
+        _put_deadline(scalars, deadline_ms)
+        named = {"x": x, "scale": scale, "y": y, "amax": amax}
+        return self._compute("quantize", named, scalars, wait_event, signal_event, wait=wait)
+
+    def transpose_quantize(self, x, scale, y_t, y=None, amax=None, wait_event=None, signal_event=None, wait=True,
+                           deadline_ms=None):
+        """quantize() that writes ``y_t`` [cols, rows], y transposed, and
+        ``y`` itself when given: the other layout an FP8 GEMM's operand may
+        need (FP8 GEMMs take K-contiguous operands only)."""
+        scalars = {}
+        _put_deadline(scalars, deadline_ms)
+        named = {"x": x, "scale": scale, "y": y, "amax": amax, "y_t": y_t}
+        return self._compute("transpose_quantize", named, scalars, wait_event, signal_event, wait=wait)
+
+    def scale_update(self, amax_history, scale, amax_history_out, scale_out, scale_inv=None, fp8_dtype=None,
+                     amax_compute=None, margin=None, wait_event=None, signal_event=None, wait=True,
+                     deadline_ms=None):
+        """Transformer Engine's delayed-scaling update over N tensors:
+        ``amax_history`` f32 [H, N] (column i tensor i's amaxes, row 0 the
+        newest), ``scale`` f32 [N]; the columns rolled into
+        ``amax_history_out`` (row 0 zeroed), ``scale_out`` = fp8_max *
+        2^-margin / amax (the column's max, or with ``amax_compute=
+        "most_recent"`` its row 0) where amax is finite and positive, else
+        the old scale; ``scale_inv`` (optional) = 1 / scale_out.
+        ``fp8_dtype`` "e4m3" (None: regend's default, 448) or "e5m2"
+        (57344). Each output may be its input itself (the update in place;
+        not safe to run twice: a retry would roll the history again)."""
+        scalars = {}
+        for name, value, names in (("fp8_dtype", fp8_dtype, ops.OPS["scale_update"].choices["fp8_dtype"]),
+                                   ("amax_compute", amax_compute, ops.OPS["scale_update"].choices["amax_compute"])):
+            if value is not None:
+                if value not in names:
+                    raise ValueError(f"{name} {value!r} is not one of {names}")
+                scalars[name] = value
+        if margin is not None:
+            scalars["margin"] = _finite("margin", margin)
+        _put_deadline(scalars, deadline_ms)
+        named = {"amax_history": amax_history, "scale": scale, "amax_history_out": amax_history_out,
+                 "scale_out": scale_out, "scale_inv": scale_inv}
+        return self._compute("scale_update", named, scalars, wait_event, signal_event, wait=wait)
+
+
 def _params(given, scalars, wait_event, signal_event):
     """A call's parameters as Varlink carries them."""
     params = {n: o.to_wire() for n, o in given.items()}
@@ -371,6 +432,14 @@ def scalars_record(op_name, scalars):
     if op_name in ("layer_norm", "layer_norm_backward"):
         # LayerNorm's eps travels as the record's scale.
         return (0, 0, 0, 0, 0.0, 0.0, _record_scale(scalars.get("eps")), deadline)
+    if op_name in ("quantize", "transpose_quantize"):
+        return (0, 0, 0, 0, 0.0, 0.0, 0.0, deadline)
+    if op_name == "scale_update":
+        # Its enums ride in the epilogue and compute bytes, its margin in
+        # the scale (0: regend's default, as an absent margin).
+        return (0, _SCU_FORMATS.index(scalars.get("fp8_dtype", "e4m3")),
+                _SCU_AMAX.index(scalars.get("amax_compute", "max")), 0, 0.0, 0.0,
+                float(scalars.get("margin", 0.0)), deadline)
     flags = _CAUSAL if scalars.get("causal") else 0
     return (flags, 0, 0, ops.ALIGNMENT_CODES[scalars.get("causal_alignment", "top_left")], 0.0, 0.0,
             _record_scale(scalars.get("scale")), deadline)

@@ -11,6 +11,7 @@ import random
 import struct
 
 from .client import DTYPE_SIZE, Operand
+from .reference import fp8_decode, fp8_encode
 
 __all__ = ["HostTensor", "pack", "unpack", "random_values"]
 
@@ -32,15 +33,18 @@ def _f16_rounded(value):
 
 def pack(dtype, values):
     """Bytes of ``values`` (floats; integers for "i32" and "u8") as ``dtype``
-    ("f32", "f16", "bf16", "i32", "u8"), each rounded to nearest even, a float
-    past the type's range becoming an infinity of its sign (as torch
-    converts)."""
+    ("f32", "f16", "bf16", "i32", "u8", "e4m3", "e5m2"), each rounded to
+    nearest even, a float past the type's range becoming an infinity of its
+    sign (as torch converts; FP8 saturates to its largest value instead, as
+    torch's float8 training casts do)."""
     if dtype == "f32":
         return array.array("f", values).tobytes()
     if dtype == "i32":
         return array.array("i", [int(x) for x in values]).tobytes()
     if dtype == "u8":
         return bytes(int(x) for x in values)
+    if dtype in ("e4m3", "e5m2"):
+        return bytes(fp8_encode(dtype, float(x)) for x in values)
     if dtype == "f16":
         try:
             return struct.pack(f"<{len(values)}e", *values)
@@ -60,6 +64,8 @@ def unpack(dtype, data):
         return array.array("i", data).tolist()
     if dtype == "u8":
         return list(data)
+    if dtype in ("e4m3", "e5m2"):
+        return [fp8_decode(dtype, b) for b in data]
     if dtype == "f16":
         return list(struct.unpack(f"<{len(data) // 2}e", data))
     if dtype == "bf16":

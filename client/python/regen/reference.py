@@ -2,10 +2,11 @@
 """Float64 references in pure Python (small shapes only) and error norms,
 for checking regend's results without numpy or torch."""
 
+import bisect
 import math
 
 __all__ = ["gemm", "attention", "attention_backward", "layer_norm", "layer_norm_backward", "gelu_tanh", "dgelu_tanh",
-           "rel_error", "max_error"]
+           "rel_error", "max_error", "fp8_decode", "fp8_encode", "FP8_MAX"]
 
 
 def gelu_tanh(x):
@@ -177,6 +178,49 @@ def layer_norm_backward(d_y, x, weight, mean, rstd, rows, n, d_residual=None):
             d_weight[j] += dy[j] * xhat[j]
             d_bias[j] += dy[j]
     return d_x, d_weight, d_bias
+
+
+# FP8 (OCP's E4M3 "fn": no infinities, NaN 0x7f/0xff; E5M2: IEEE-like),
+# written from the formats' fields, apart from regend's codecs.
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+_FP8_FIELDS = {"e4m3": (4, 3, 7), "e5m2": (5, 2, 15)}
+
+
+def fp8_decode(dtype, code):
+    """The value of FP8 byte ``code`` of ``dtype`` ("e4m3", "e5m2")."""
+    e_bits, m_bits, bias = _FP8_FIELDS[dtype]
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> m_bits) & ((1 << e_bits) - 1), code & ((1 << m_bits) - 1)
+    if dtype == "e4m3" and e == 15 and m == 7:
+        return math.nan
+    if dtype == "e5m2" and e == 31:
+        return sign * math.inf if m == 0 else math.nan
+    if e == 0:
+        return sign * m * 2.0 ** (1 - bias - m_bits)
+    return sign * (1 + m / 2.0 ** m_bits) * 2.0 ** (e - bias)
+
+
+_FP8_POSITIVE = {dt: [fp8_decode(dt, c) for c in range(0x7f if dt == "e4m3" else 0x7c)] for dt in _FP8_FIELDS}
+
+
+def fp8_encode(dtype, value):
+    """The byte ``value`` rounds to: nearest, ties to the even code,
+    saturated to the largest finite value (infinities too), NaN the
+    canonical 0x7f with its sign: torch's float8 training casts
+    (``x.clamp(-max, max).to(float8)``) and cuda_fp8.h's __NV_SATFINITE."""
+    sign = 0x80 if math.copysign(1.0, value) < 0 else 0
+    if math.isnan(value):
+        return sign | 0x7f
+    values = _FP8_POSITIVE[dtype]
+    a = abs(value)
+    if a >= values[-1]:
+        return sign | (len(values) - 1)
+    hi = bisect.bisect_left(values, a)
+    if values[hi] == a:
+        return sign | hi
+    below, above = a - values[hi - 1], values[hi] - a
+    code = hi - 1 if below < above or (below == above and (hi - 1) % 2 == 0) else hi
+    return sign | code
 
 
 def rel_error(out, ref):

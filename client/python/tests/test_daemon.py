@@ -10,6 +10,7 @@ import random
 import resource
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -503,6 +504,76 @@ class LayerNorm(DaemonTest):
                 self.assertEqual([t.read() for t in (d_y, d_x, dw, y)], before, "nothing written")
         # The lane still serves.
         self.forward(2, 5, "f32")
+
+
+def f32(v):
+    """v rounded to f32, as Python's float."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+class Fp8(DaemonTest):
+    """Client.quantize, transpose_quantize, scale_update and an FP8 gemm on
+    either transport: the bytes against regen.reference's codec of the f32
+    product, the GEMM against float64 of the dequantized operands, the
+    update against Transformer Engine's formula, and a bad scale refused
+    by name."""
+
+    def scalar(self, value):
+        t = self.tensor([1], fill=False)
+        t.write([value])
+        return t
+
+    def test_a_forward_and_its_scale_update(self):
+        m, n, k, h = 6, 5, 16, 3
+        x, w = self.tensor([m, k]), self.tensor([n, k])
+        hist = self.tensor([h, 2], fill=False)
+        hist.write([0.5, 2.0, 4.0, 1.0, 0.0, 0.25])
+        scale = self.tensor([2], fill=False)
+        scale.write([1.0, 1.0])
+        inv = self.tensor([2], fill=False)
+        self.c.scale_update(hist.op, scale.op, hist.op, scale.op, scale_inv=inv.op, margin=1)
+        sx, sw = scale.read()
+        # max of each column, margin 1: 448 / 2 / amax, in f32.
+        self.assertEqual((sx, sw), (f32(224.0 / 4.0), f32(224.0 / 2.0)))
+        self.assertEqual(inv.read(), [f32(1.0 / sx), f32(1.0 / sw)])
+        # Rolled: row 1 takes row 2, row 2 the old row 0, row 0 zeroed.
+        self.assertEqual(hist.read(), [0.0, 0.0, 0.0, 0.25, 0.5, 2.0])
+        xq, wq, wt = (self.tensor([m, k], "e4m3", fill=False), self.tensor([n, k], "e4m3", fill=False),
+                      self.tensor([k, n], "e4m3", fill=False))
+        ax, aw = self.tensor([1], fill=False), self.tensor([1], fill=False)
+        self.c.quantize(x.op, regen.Operand(scale.buffer, 0, "f32", [1]), xq.op, amax=ax.op)
+        self.c.transpose_quantize(w.op, regen.Operand(scale.buffer, 4, "f32", [1]), wt.op, y=wq.op, amax=aw.op)
+        xs, ws = x.read(), w.read()
+        self.assertEqual(ax.read(), [max(abs(v) for v in xs)])
+        self.assertEqual(aw.read(), [max(abs(v) for v in ws)])
+        want_x = [reference.fp8_encode("e4m3", f32(v * sx)) for v in xs]
+        self.assertEqual(list(os.pread(xq.fd, xq.nbytes, 0)), want_x)
+        wq_bytes = list(os.pread(wq.fd, wq.nbytes, 0))
+        wt_bytes = list(os.pread(wt.fd, wt.nbytes, 0))
+        self.assertEqual(wt_bytes, [wq_bytes[j * k + i] for i in range(k) for j in range(n)], "y_t is y transposed")
+        y = self.tensor([m, n], fill=False)
+        ix, iw = regen.Operand(inv.buffer, 0, "f32", [1]), regen.Operand(inv.buffer, 4, "f32", [1])
+        self.c.gemm(xq.op, wq.op, y.op, trans_b=True, a_scale=ix, b_scale=iw)
+        ref = reference.gemm(xq.read(), wq.read(), m, n, k, trans_b=True,
+                             alpha=inv.read()[0] * inv.read()[1])
+        self.assertClose(y.read(), ref, "f32", "FP8 GEMM")
+        # Against x @ w.T itself: FP8's own error, a few percent.
+        exact = reference.gemm(xs, ws, m, n, k, trans_b=True)
+        self.assertLess(reference.rel_error(y.read(), exact), 0.1)
+
+    def test_a_bad_scale_is_refused_by_name(self):
+        x, y = self.tensor([4, 8]), self.tensor([4, 8], "e4m3", fill=False)
+        for bad in (0.0, math.nan, math.inf, -2.0):
+            e = outcome_of(self.c.quantize, x.op, self.scalar(bad).op, y.op)
+            self.assertIsInstance(e, regen.InvalidOperand, f"scale {bad}")
+            self.assertEqual(e.parameters["operand"], "scale")
+        e = outcome_of(self.c.quantize, x.op, self.scalar(1.0).op, self.tensor([4, 8], fill=False).op)
+        self.assertIsInstance(e, regen.InvalidOperand)
+        self.assertEqual(e.parameters["operand"], "y", "an f32 y")
+        with self.assertRaises(ValueError):
+            self.c.scale_update(x.op, x.op, x.op, x.op, fp8_dtype="e3m4")
+        with self.assertRaises(ValueError):
+            self.c.scale_update(x.op, x.op, x.op, x.op, margin=math.nan)
 
 
 class Errors(DaemonTest):

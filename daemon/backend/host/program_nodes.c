@@ -710,6 +710,21 @@ int rd_host_node_data_tensors(const struct rp_program *p, int node, int *t)
 		t[1] = n->in[RP_ATB_SEQ_LEN_KV];
 		return 2;
 	}
+	/* FP8's scales: the host backend refuses one that is 0, negative,
+	 * infinite or NaN (rd_host_fp8_check_scales), in a program as in a
+	 * call. */
+	if (n->compute.spec->id == RP_OP_QUANTIZE || n->compute.spec->id == RP_OP_TRANSPOSE_QUANTIZE) {
+		t[0] = n->in[RP_QUANT_SCALE];
+		return 1;
+	}
+	if (n->compute.spec->id == RP_OP_GEMM) {
+		int count = 0;
+
+		for (int slot = RP_GEMM_A_SCALE; slot <= RP_GEMM_D_SCALE; slot++)
+			if (n->compute.present[slot] && n->in[slot] >= 0)
+				t[count++] = n->in[slot];
+		return count;
+	}
 	return 0;
 }
 

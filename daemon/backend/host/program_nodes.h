@@ -27,10 +27,10 @@ int rd_host_node_validate(const struct rp_program *p, int node, struct rp_error 
 size_t rd_host_node_workspace(const struct rp_program *p, int node);
 
 /* The tensors whose values can make the node refuse the Run (a gather's
- * index, a padded attention's sequence lengths), at most
+ * index, a padded attention's sequence lengths, FP8's scales), at most
  * RD_HOST_DATA_TENSORS_MAX, into t[]; returns how many (0: the node has
  * no check below). */
-#define RD_HOST_DATA_TENSORS_MAX 2
+#define RD_HOST_DATA_TENSORS_MAX 3
 int rd_host_node_data_tensors(const struct rp_program *p, int node, int *t);
 
 /* The tensors the node writes (a compute node's output slots, the others'

@@ -14,6 +14,8 @@ torch's current stream, through restarts and faults.
     a = rt.attention_packed(qkv, heads, is_causal=True)   # attention on a fused qkv projection, in place
     y = rt.transformer_block(x, *block_params, heads)  # a whole pre-LayerNorm GPT block, one run each way
     y = rt.transformer_blocks(x, [block_params, ...], heads)  # a stack of them, still one run each way
+    with rt.fp8_autocast(recipe=rt.fp8.DelayedScaling()):    # rt.fp8.Linear's GEMMs in FP8 in regend
+        y = layer(x)
 
 The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
 sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
@@ -38,6 +40,8 @@ from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
 from ._compile import explain, register as _register_backend
 from . import optim
+from . import fp8
+from .fp8 import fp8_autocast
 from ._keep import Kept, keep, restore
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
@@ -45,7 +49,7 @@ __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool
            "BLOCK_PARAMETERS", "explain", "optim",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
-__all__ += ["keep", "restore", "Kept"]
+__all__ += ["keep", "restore", "Kept", "fp8", "fp8_autocast"]
 
 _lock = threading.Lock()
 _runtime = None

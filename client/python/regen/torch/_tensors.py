@@ -56,8 +56,8 @@ class TensorImports:
     def operand(self, t, name):
         dtype = _tensor_dtype(t)
         if dtype is None:
-            raise TypeError(f"operand {name}: regend takes f32, f16, bf16 (and int32 sequence lengths) tensors, "
-                            f"not {t.dtype}")
+            raise TypeError(f"operand {name}: regend takes f32, f16, bf16, float8_e4m3fn and float8_e5m2 (and int32 "
+                            f"sequence lengths) tensors, not {t.dtype}")
         offset = t.storage_offset() * t.element_size()
         # The storage's start without making a storage object (a call's worth
         # of the client's own cost): an import found for it is the one to use.
@@ -253,7 +253,9 @@ def untyped_storage(t):
     return get() if get is not None else t.storage().untyped()
 
 
-_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.int32": "i32"}
+# torch's float8 dtypes (2.1 and later) are regend's FP8 ones.
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.int32": "i32",
+                 "torch.float8_e4m3fn": "e4m3", "torch.float8_e5m2": "e5m2"}
 
 
 def _tensor_dtype(t):
@@ -295,7 +297,7 @@ def _torch_dtype_codes(torch):
     global _TORCH_DTYPE_CODES
     if _TORCH_DTYPE_CODES is None:
         _TORCH_DTYPE_CODES = {getattr(torch, name.split(".")[1]): DTYPE_CODES[code]
-                              for name, code in _TORCH_DTYPES.items()}
+                              for name, code in _TORCH_DTYPES.items() if hasattr(torch, name.split(".")[1])}
     return _TORCH_DTYPE_CODES
 
 

@@ -1,0 +1,529 @@
+# SPDX-License-Identifier: Apache-2.0
+"""FP8 training through regend, as Transformer Engine's delayed scaling.
+
+    import regen.torch as rt
+    from regen.torch import fp8
+
+    layer = fp8.Linear(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    recipe = fp8.DelayedScaling(amax_history_len=16, amax_compute_algo="max", margin=0,
+                                fp8_format=fp8.Format.HYBRID)
+    with rt.fp8_autocast(enabled=True, recipe=recipe):
+        y = layer(x)                 # FP8 GEMM in regend; outside the scope, regend's bf16 GEMM
+    y.float().sum().backward()      # the gradients' GEMMs in FP8 too (e5m2 gradients with HYBRID)
+
+A Linear's FP8 scaling state is the rank's tensors, buffers of the module
+(so state_dict(), rt.keep() and a checkpoint carry it): per direction an
+amax history [amax_history_len, n] and a scale [n] (forward: the input's and
+the weight's, n = 2; backward: the output gradient's, n = 1), f32. regend
+reads and updates them where they are, so a restart or a fault of regend's
+worker loses none of it, and each pass's update lands exactly once.
+
+Each pass is one io.regen.Program Run (regen.torch's run_program, on
+torch's current stream), eager, one hand-off:
+
+  forward   ScaleUpdate of the forward state (Transformer Engine's
+            amax_and_scale_update: the history's max, or its newest, and
+            the margin, into a new scale; the history rolled), both
+            TransposeQuantizes (the input and the weight into e4m3 and e4m3
+            transposed, their amax into the history's row 0), the FP8 GEMM
+            y = x @ w.T with the new scales' inverses, the bias;
+  backward  ScaleUpdate of the backward state, TransposeQuantize of the
+            output gradient (e5m2 with HYBRID, e4m3 with E4M3), the two FP8
+            GEMMs dx = dy @ w (w's transposed copy from the forward) and
+            dw = dy.T @ x (x's), the bias gradient summed in f32.
+
+The updates are computed into the program's own memory and assigned to the
+state as its last nodes, and every Run names a journal: a Run a fault cuts
+is retried once the device serves again and applies the update once, never
+twice or half (io.regen.Program.Run's journal); a Run regend refuses (a bad
+scale: 0, negative, infinite or NaN, which the host backend checks) leaves
+the state as it was. The scales' inverses each pass used are fresh tensors
+(``layer.fp8_scale_inv_fwd``, ``fp8_scale_inv_bwd``), kept for the backward,
+so a second forward before a backward changes nothing the first needs.
+
+FP8 tensors are torch's float8_e4m3fn / float8_e5m2 where torch has them
+(2.1 and later), uint8 storage of the same bytes otherwise (torch 1.13).
+docs/torch.md ("FP8") says what the CUDA backend needs (dimensions
+multiples of 16) and how this meets torch.compile.
+"""
+
+import contextlib
+import enum
+import math
+import sys
+import threading
+
+import torch
+
+from .. import ProgramBuilder
+from ._runtime import NotSupported, host_empty
+
+__all__ = ["Format", "DelayedScaling", "fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "Linear",
+           "FP8_STORAGE_DTYPES"]
+
+_package = sys.modules[__name__.rpartition(".")[0]]
+
+# torch's FP8 dtypes where it has them; uint8 holds the same bytes where it
+# does not (torch 1.13).
+FP8_STORAGE_DTYPES = {name: getattr(torch, attr, torch.uint8)
+                      for name, attr in (("e4m3", "float8_e4m3fn"), ("e5m2", "float8_e5m2"))}
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# cuBLASLt's FP8 kernels want 16-byte rows (docs/protocol.md, Gemm's FP8).
+_CUDA_MULTIPLE = 16
+
+
+class Format(enum.Enum):
+    """Which FP8 format each pass quantizes to (Transformer Engine's
+    recipe.Format): E4M3 everywhere, or HYBRID, E4M3 forward (activations
+    and weights) and E5M2 backward (gradients: more range, less
+    precision). All-E5M2 is not offered: cuBLASLt has no GEMM of two E5M2
+    operands."""
+    E4M3 = ("e4m3", "e4m3")
+    HYBRID = ("e4m3", "e5m2")
+
+    @property
+    def forward(self):
+        return self.value[0]
+
+    @property
+    def backward(self):
+        return self.value[1]
+
+
+class DelayedScaling:
+    """Transformer Engine's delayed-scaling recipe: each tensor's scale for
+    this step comes from the amaxes of earlier steps, ``scale = fp8_max *
+    2^-margin / amax``, amax the largest of the last ``amax_history_len``
+    (``amax_compute_algo="max"``) or the newest (``"most_recent"``)."""
+
+    __slots__ = ("margin", "fp8_format", "amax_history_len", "amax_compute_algo")
+
+    def __init__(self, margin=0, fp8_format=Format.HYBRID, amax_history_len=1024, amax_compute_algo="max"):
+        if isinstance(fp8_format, str):
+            fp8_format = Format.__members__.get(fp8_format.upper(), fp8_format)
+        if not isinstance(fp8_format, Format):
+            raise ValueError(f"fp8_format {fp8_format!r}: Format.E4M3 or Format.HYBRID (no E5M2 forward: "
+                             "cuBLASLt multiplies no two E5M2 operands)")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) \
+                or abs(margin) > 126:
+            raise ValueError(f"margin {margin!r}: a finite number of binades, |margin| <= 126")
+        if isinstance(amax_history_len, bool) or not isinstance(amax_history_len, int) or amax_history_len < 1:
+            raise ValueError(f"amax_history_len {amax_history_len!r}: a whole number >= 1")
+        if amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError(f"amax_compute_algo {amax_compute_algo!r}: 'max' or 'most_recent' (a callable, "
+                             "as Transformer Engine allows, cannot run in regend)")
+        self.margin = float(margin)
+        self.fp8_format = fp8_format
+        self.amax_history_len = amax_history_len
+        self.amax_compute_algo = amax_compute_algo
+
+    def _key(self):
+        return (self.fp8_format.value, self.margin, self.amax_compute_algo)
+
+    def __repr__(self):
+        return (f"DelayedScaling(margin={self.margin:g}, fp8_format=Format.{self.fp8_format.name}, "
+                f"amax_history_len={self.amax_history_len}, amax_compute_algo={self.amax_compute_algo!r})")
+
+
+_autocast = threading.local()
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled=True, recipe=None, fp8_recipe=None):
+    """Inside the scope (this thread's), regen.torch.fp8 layers run their
+    GEMMs in FP8 with ``recipe`` (a DelayedScaling; None: the default one;
+    ``fp8_recipe`` is Transformer Engine's name for it). Scopes nest; the
+    innermost decides. The backward of a forward made inside runs in FP8
+    too, wherever it runs."""
+    recipe = recipe if recipe is not None else fp8_recipe
+    if recipe is not None and not isinstance(recipe, DelayedScaling):
+        raise TypeError(f"recipe must be a regen.torch.fp8.DelayedScaling, not {type(recipe).__name__}")
+    stack = getattr(_autocast, "stack", None)
+    if stack is None:
+        stack = _autocast.stack = []
+    stack.append((bool(enabled), recipe or DelayedScaling()))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def is_fp8_enabled():
+    stack = getattr(_autocast, "stack", None)
+    return bool(stack) and stack[-1][0]
+
+
+def get_fp8_recipe():
+    """The recipe of the innermost enabled scope, or None."""
+    stack = getattr(_autocast, "stack", None)
+    return stack[-1][1] if stack and stack[-1][0] else None
+
+
+# ---- tensors where regend binds them ------------------------------------------
+
+def _empty(shape, dtype, like):
+    if like.device.type == "cpu":
+        return host_empty(shape, dtype)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def _in_host_pool(t):
+    """Whether CPU tensor ``t`` lies whole in libregen's host pool (a
+    program Run binds CPU tensors there only); a local lookup, no call."""
+    pool = _package.runtime().pool
+    if pool is None:
+        return False
+    chunk = pool.chunk_of(t.data_ptr())
+    return chunk is not None and chunk["device"] == -1 and \
+        chunk["offset"] + _extent(t) * t.element_size() <= chunk["bytes"]
+
+
+def _extent(t):
+    """Elements from t's first to one past its last."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+
+
+def _bindable(t):
+    """``t`` where a Run can bind it: itself on the GPU or in the host pool,
+    else a copy into the host pool (a CPU tensor from elsewhere)."""
+    if t is None or t.device.type != "cpu" or _in_host_pool(t):
+        return t
+    copy = host_empty(list(t.shape), t.dtype)
+    copy.copy_(t)
+    return copy
+
+
+def _rows(t, cols):
+    """``t`` as [rows, cols] with unit column stride (a view where it can
+    be, else a copy on the rank)."""
+    t2 = t.reshape(-1, cols)
+    if t2.stride(-1) != 1 or (t2.shape[0] > 1 and t2.stride(0) < cols):
+        _package.runtime().rank_work()
+        t2 = t2.contiguous()
+    return t2
+
+
+def _strides(t):
+    """Row-major strides where a dimension is 1 (torch gives such a
+    dimension any stride; a program's tensor wants the row-major one)."""
+    return [t.stride(0) if t.shape[0] > 1 else t.shape[1], 1]
+
+
+def _dtype_of(name, t):
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
+        raise TypeError(f"regen.torch.fp8: {name} is {t.dtype}; FP8 layers take float32, float16 or bfloat16")
+    return dt
+
+
+# ---- the two programs -----------------------------------------------------------
+
+def _update_nodes(b, state, n, fp8_dtype, recipe):
+    """The delayed-scaling update of one direction's state: into the
+    program's memory first, assigned to the state (inouts) by the Run's
+    last nodes (_assign_nodes), so a node refused midway leaves the state
+    as it was."""
+    h = recipe.amax_history_len
+    hist = b.inout(f"{state}.amax_history", "f32", [h, n])
+    scale = b.inout(f"{state}.scale", "f32", [n])
+    new_hist = b.intermediate(f"{state}.amax_history.new", "f32", [h, n])
+    new_scale = b.intermediate(f"{state}.scale.new", "f32", [n])
+    inv = b.output(f"{state}.scale_inv", "f32", [n])
+    b.node("scale_update", {"amax_history": hist, "scale": scale, "amax_history_out": new_hist,
+                            "scale_out": new_scale, "scale_inv": inv}, name=f"{state}.update",
+           fp8_dtype=fp8_dtype, amax_compute=recipe.amax_compute_algo, margin=recipe.margin)
+    return hist, scale, new_hist, new_scale, inv
+
+
+def _assign_nodes(b, state, hist, scale, new_hist, new_scale):
+    b.node("cast", [new_hist], [hist], name=f"{state}.assign_history")
+    b.node("cast", [new_scale], [scale], name=f"{state}.assign_scale")
+
+
+def _element(b, name, base, i):
+    return b.view(name, base, [1], [1], i)
+
+
+def _forward_definition(m, n, k, xdt, wdt, bdt, x_strides, w_strides, recipe):
+    """y = x @ w.T (+ bias) in FP8: the update, x and w quantized (each
+    also transposed, for the backward's GEMMs), the GEMM."""
+    b = ProgramBuilder("fp8_linear_forward")
+    fmt = recipe.fp8_format.forward
+    x = b.input("input", xdt, [m, k], x_strides)
+    w = b.input("weight", wdt, [n, k], w_strides)
+    bias = b.input("bias", bdt, [n]) if bdt is not None else None
+    hist, scale, new_hist, new_scale, inv = _update_nodes(b, "fwd", 2, fmt, recipe)
+    y = b.output("output", xdt, [m, n])
+    xq = b.intermediate("input.fp8", fmt, [m, k])
+    wq = b.intermediate("weight.fp8", fmt, [n, k])
+    xt = b.output("input.fp8_t", fmt, [k, m])
+    wt = b.output("weight.fp8_t", fmt, [k, n])
+    for i, (src, q, t, what) in enumerate(((x, xq, xt, "input"), (w, wq, wt, "weight"))):
+        b.node("transpose_quantize", {"x": src, "scale": _element(b, f"scale.{what}", new_scale, i),
+                                      "y": q, "y_t": t, "amax": _element(b, f"amax.{what}", new_hist, i)},
+               name=f"quantize.{what}")
+    gemm = {"a": xq, "b": wq, "d": y, "a_scale": _element(b, "scale_inv.input", inv, 0),
+            "b_scale": _element(b, "scale_inv.weight", inv, 1)}
+    # The GEMM adds a bias of the output's dtype into bf16 or f16; another
+    # is one pointwise add after it.
+    fused = bias is not None and xdt in ("bf16", "f16") and bdt == xdt
+    if fused:
+        gemm["bias"] = bias
+    b.node("gemm", gemm, name="gemm", trans_b=True, **({"epilogue": "bias"} if fused else {}))
+    if bias is not None and not fused:
+        b.node("add", [y, bias], [y], name="bias")
+    _assign_nodes(b, "fwd", hist, scale, new_hist, new_scale)
+    return b.definition()
+
+
+def _backward_definition(m, n, k, xdt, wdt, bdt, dy_strides, recipe, need_dx, need_dw):
+    """dx = dy @ w and dw = dy.T @ x in FP8 from the forward's transposed
+    copies, dy quantized (and transposed) after its update; the bias
+    gradient summed over the rows in f32."""
+    b = ProgramBuilder("fp8_linear_backward")
+    fmt, fwd = recipe.fp8_format.backward, recipe.fp8_format.forward
+    dy = b.input("grad_output", xdt, [m, n], dy_strides)
+    xt = b.input("input.fp8_t", fwd, [k, m])
+    wt = b.input("weight.fp8_t", fwd, [k, n])
+    fwd_inv = b.input("fwd.scale_inv", "f32", [2])
+    hist, scale, new_hist, new_scale, inv = _update_nodes(b, "bwd", 1, fmt, recipe)
+    dyq = b.intermediate("grad_output.fp8", fmt, [m, n])
+    dyt = b.intermediate("grad_output.fp8_t", fmt, [n, m])
+    b.node("transpose_quantize", {"x": dy, "scale": _element(b, "scale.grad_output", new_scale, 0), "y": dyq,
+                                  "y_t": dyt, "amax": _element(b, "amax.grad_output", new_hist, 0)},
+           name="quantize.grad_output")
+    if need_dx:
+        dx = b.output("grad_input", xdt, [m, k])
+        b.node("gemm", {"a": dyq, "b": wt, "d": dx, "a_scale": inv,
+                        "b_scale": _element(b, "fwd.scale_inv.weight", fwd_inv, 1)}, name="gemm.grad_input",
+               trans_b=True)
+    if need_dw:
+        dw = b.output("grad_weight", wdt, [n, k])
+        b.node("gemm", {"a": dyt, "b": xt, "d": dw, "a_scale": inv,
+                        "b_scale": _element(b, "fwd.scale_inv.input", fwd_inv, 0)}, name="gemm.grad_weight",
+               trans_b=True)
+    if bdt is not None:
+        db = b.output("grad_bias", bdt, [n])
+        b.node("sum", [dy], [db], name="grad_bias", axis="leading")
+    _assign_nodes(b, "bwd", hist, scale, new_hist, new_scale)
+    return b.definition()
+
+
+_definitions = {}
+
+
+def _definition(key, make, *args):
+    d = _definitions.get(key)
+    if d is None:
+        d = _definitions[key] = make(*args)
+    return d
+
+
+class _Fp8LinearFunction(torch.autograd.Function):
+    """The FP8 Linear's two passes, one program Run each."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer, recipe):
+        n, k = weight.shape
+        xdt, wdt = _dtype_of("input", x), _dtype_of("weight", weight)
+        bdt = _dtype_of("bias", bias) if bias is not None else None
+        if x.shape[-1] != k:
+            raise ValueError(f"regen.torch.fp8.Linear: input's last dimension is {x.shape[-1]}, the layer takes {k}")
+        x2 = _rows(x, k)
+        m = x2.shape[0]
+        _check_cuda_shape(x, m, n, k)
+        state = layer._fp8_state(recipe, weight.device)
+        x2, w, b = _bindable(x2), _bindable(weight), _bindable(bias)
+        fmt = recipe.fp8_format.forward
+        y = _empty([m, n], x.dtype, x)
+        xt = _empty([k, m], FP8_STORAGE_DTYPES[fmt], x)
+        wt = _empty([k, n], FP8_STORAGE_DTYPES[fmt], x)
+        inv = _empty([2], torch.float32, x)
+        key = ("forward", m, n, k, xdt, wdt, bdt, tuple(_strides(x2)), tuple(_strides(w)), recipe._key(),
+               recipe.amax_history_len)
+        definition = _definition(key, _forward_definition, m, n, k, xdt, wdt, bdt, _strides(x2), _strides(w),
+                                 recipe)
+        tensors = {"input": x2, "weight": w, "fwd.amax_history": state["fp8_amax_history_fwd"],
+                   "fwd.scale": state["fp8_scale_fwd"], "fwd.scale_inv": inv, "output": y, "input.fp8_t": xt,
+                   "weight.fp8_t": wt}
+        if b is not None:
+            tensors["bias"] = b
+        _package.runtime().run_program(("fp8_linear", key), definition, tensors, journal=layer._fp8_journal)
+        layer.fp8_scale_inv_fwd = inv
+        ctx.save_for_backward(xt, wt, inv)
+        ctx.layer, ctx.recipe = layer, recipe
+        ctx.shapes = (m, n, k, xdt, wdt, bdt, x.shape)
+        return y.view(*x.shape[:-1], n)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xt, wt, fwd_inv = ctx.saved_tensors
+        m, n, k, xdt, wdt, bdt, x_shape = ctx.shapes
+        layer, recipe = ctx.layer, ctx.recipe
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_db = bdt is not None and ctx.needs_input_grad[2]
+        if grad.dtype != _DTYPE_TORCH[xdt]:
+            _package.runtime().rank_work()
+            grad = grad.to(_DTYPE_TORCH[xdt])
+        dy = _bindable(_rows(grad, n))
+        state = layer._fp8_state(recipe, xt.device)
+        like = xt
+        dx = _empty([m, k], _DTYPE_TORCH[xdt], like) if need_dx else None
+        dw = _empty([n, k], _DTYPE_TORCH[wdt], like) if need_dw else None
+        db = _empty([n], _DTYPE_TORCH[bdt], like) if need_db else None
+        inv = _empty([1], torch.float32, like)
+        key = ("backward", m, n, k, xdt, wdt, bdt if need_db else None, tuple(_strides(dy)), recipe._key(),
+               recipe.amax_history_len, need_dx, need_dw)
+        definition = _definition(key, _backward_definition, m, n, k, xdt, wdt, bdt if need_db else None,
+                                 _strides(dy), recipe, need_dx, need_dw)
+        tensors = {"grad_output": dy, "input.fp8_t": xt, "weight.fp8_t": wt, "fwd.scale_inv": fwd_inv,
+                   "bwd.amax_history": state["fp8_amax_history_bwd"], "bwd.scale": state["fp8_scale_bwd"],
+                   "bwd.scale_inv": inv}
+        for name, t in (("grad_input", dx), ("grad_weight", dw), ("grad_bias", db)):
+            if t is not None:
+                tensors[name] = t
+        _package.runtime().run_program(("fp8_linear", key), definition, tensors, journal=layer._fp8_journal)
+        layer.fp8_scale_inv_bwd = inv
+        return (dx.view(x_shape) if dx is not None else None), dw, db, None, None
+
+
+_DTYPE_TORCH = {v: k for k, v in _DTYPES.items()}
+
+
+def _check_cuda_shape(x, m, n, k):
+    """The CUDA backend's FP8 GEMMs take rows of 16-byte multiples (the
+    host backend any): named here, before anything runs."""
+    if x.device.type != "cuda":
+        return
+    for name, v in (("rows of the input (its leading dimensions multiplied)", m), ("out_features", n),
+                    ("in_features", k)):
+        if v % _CUDA_MULTIPLE:
+            raise NotSupported(parameters={"message": f"regen.torch.fp8.Linear on CUDA: {name} is {v}, not a "
+                                           f"multiple of {_CUDA_MULTIPLE} (cuBLASLt's FP8 GEMMs take 16-byte rows)"})
+
+
+def _compile_disabled(fn):
+    """fn, left out of torch.compile's graphs (a graph break): its Runs
+    are regend's, not ATen ops the compile backend can lower (docs/torch.md,
+    FP8)."""
+    try:
+        from torch._dynamo import disable
+    except Exception:   # torch < 2.0: no dynamo, nothing to keep out of
+        return fn
+    return disable(fn)
+
+
+_STATE = (("fp8_amax_history_fwd", 2, True), ("fp8_scale_fwd", 2, False), ("fp8_amax_history_bwd", 1, True),
+          ("fp8_scale_bwd", 1, False))
+
+
+class Linear(torch.nn.Module):
+    """torch.nn.Linear whose GEMMs run in FP8 in regend inside
+    fp8_autocast (in its dtype, through regend's GEMM, outside): weight
+    [out_features, in_features] and bias [out_features] as nn.Linear's
+    (initialised alike), and the FP8 scaling state as buffers, made at the
+    first FP8 forward with the recipe's history length (a later recipe of
+    another length keeps the newest amaxes, as Transformer Engine does):
+    ``fp8_amax_history_fwd`` [H, 2] and ``fp8_scale_fwd`` [2] (the input's
+    and the weight's), ``fp8_amax_history_bwd`` [H, 1] and
+    ``fp8_scale_bwd`` [1] (the output gradient's), f32; on the CPU (regend's
+    host backend) in libregen's host pool."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        for name, _, _ in _STATE:
+            self.register_buffer(name, None)
+        self.fp8_scale_inv_fwd = self.fp8_scale_inv_bwd = None
+        self._journal = None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        torch.nn.Linear.reset_parameters(self)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def forward(self, x):
+        return _forward(self, x)
+
+    # -- the scaling state -------------------------------------------------------
+
+    def _state_tensor(self, shape, device, fill):
+        t = host_empty(list(shape), torch.float32) if device.type == "cpu" else \
+            torch.empty(list(shape), dtype=torch.float32, device=device)
+        return t.fill_(fill)
+
+    def _fp8_state(self, recipe, device):
+        """The four state buffers, made (history zeros, scales ones: the
+        first step quantizes with scale 1, as Transformer Engine's), grown
+        or cut to the recipe's history length, and checked: f32, on the
+        weight's device, contiguous, in the host pool on the CPU (a Run
+        updates them in place: moved there, once, where they are not)."""
+        h = recipe.amax_history_len
+        state = {}
+        for name, n, is_history in _STATE:
+            t = self._buffers.get(name)
+            want = [h, n] if is_history else [n]
+            if t is None:
+                t = self._state_tensor(want, device, 0.0 if is_history else 1.0)
+            else:
+                if t.dtype != torch.float32:
+                    raise TypeError(f"regen.torch.fp8.Linear: {name} is {t.dtype}; the FP8 scaling state is "
+                                    "float32 (load it as saved, or leave it out of a conversion)")
+                if t.device != device:
+                    raise ValueError(f"regen.torch.fp8.Linear: {name} is on {t.device}, the weight on {device}")
+                if is_history and list(t.shape) != want and t.dim() == 2 and t.shape[1] == n:
+                    # Transformer Engine's way: the newest rows kept, zeros
+                    # after them.
+                    grown = self._state_tensor(want, device, 0.0)
+                    rows = min(h, t.shape[0])
+                    grown[:rows].copy_(t[:rows])
+                    t = grown
+                if list(t.shape) != want:
+                    raise ValueError(f"regen.torch.fp8.Linear: {name} is {list(t.shape)}, not {want}")
+                if not t.is_contiguous() or (t.device.type == "cpu" and not _in_host_pool(t)):
+                    moved = self._state_tensor(want, device, 0.0)
+                    moved.copy_(t)
+                    t = moved
+            self._buffers[name] = t
+            state[name] = t
+        return state
+
+    def _fp8_journal(self, program):
+        """The rank's memory a Run's journal lies in (one per layer: its
+        Runs go one at a time), grown as needed."""
+        need = max(program.journal_bytes, 8)
+        j = self._journal
+        device = self.weight.device
+        if j is None or j.numel() < need or j.device != device:
+            j = host_empty([need], torch.uint8) if device.type == "cpu" else \
+                torch.empty(need, dtype=torch.uint8, device=device)
+            self._journal = j
+        return j
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # State saved after FP8 steps into a layer that has taken none: made
+        # first (on the weight's device, where Runs want it), then loaded.
+        for name, _, _ in _STATE:
+            src = state_dict.get(prefix + name)
+            if src is not None and self._buffers.get(name) is None:
+                self._buffers[name] = self._state_tensor(src.shape, self.weight.device, 0.0)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+@_compile_disabled
+def _forward(layer, x):
+    """The layer's forward, whole, outside torch.compile's graphs: the
+    scope is this thread's state, which a graph must not bake in."""
+    recipe = get_fp8_recipe()
+    if recipe is None:
+        return _package.linear(x, layer.weight, layer.bias)
+    return _Fp8LinearFunction.apply(x, layer.weight, layer.bias, layer, recipe)

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""FP8 through regend against FP8 and bf16 in process, in the same run
+(issue 34's targets, docs/performance.md):
+
+    python3 tests/bench/bench_fp8.py [path/to/regend] [--socket PATH] [--part gemm|gpt|both]
+                                     [--iters 20] [--repeat 3] [--steps 30] [--warmup 5]
+                                     [--layers 8] [--width 2048] [--heads 16] [--seq 2048] [--batch 4]
+                                     [--pool process|none] [--ordering events|wait] [--json out.json]
+
+gemm: an 8192^3 FP8 GEMM, a e4m3 [M, K] times b e4m3 [N, K] (TN, per-tensor
+scales, f32 accumulation without cuBLASLt's fast accumulation, d bf16),
+through regend (Client.gemm with a_scale and b_scale on the same torch
+tensors, --iters calls queued with wait=False and one wait) against
+torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=bf16,
+use_fast_accum=False) in process (--iters launches and one synchronize):
+each the fastest of --repeat batches, their TFLOP/s and the ratio (target
+>= 0.97). Both results are first checked against float64 of the
+dequantized operands.
+
+gpt: tests/bench/models' nanoGPT GPT (bf16, AdamW on the rank) three ways
+on the same batches from the same seed: "bf16" in process (torch's
+nn.Linear), "bf16-regend" (the blocks' Linears as regen.torch.fp8.Linear
+outside fp8_autocast: regend's bf16 GEMMs), and "fp8" (the same inside
+rt.fp8_autocast(recipe=DelayedScaling(HYBRID, --history, "max")): each
+Linear's forward and backward one FP8 program Run in regend). The LM head
+(tied to the embedding), attention, LayerNorms and the loss stay in torch.
+Tokens/s over the steps after --warmup; the losses side by side, and the
+FP8 run's mean loss over the last 10 steps against bf16's (target: within
+--loss-tolerance, relative) at >= 1.3x bf16's tokens/s.
+
+--pool process (the default) makes every CUDA allocation libregen's pool
+(regen.torch.use_pool_for_process(): no block imports); --pool none leaves
+torch's allocator. --ordering (default "events": the rank's stream waits
+for regend's Runs on the GPU, the host runs ahead) is regen.torch's. Exit 77 without torch, a GPU, or FP8 (sm_89 or later,
+torch with float8_e4m3fn and _scaled_mm).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import Daemon, markdown_table, regen, require_torch, write_json  # noqa: E402
+
+
+def batch_seconds(run, sync, iters, repeat):
+    """The fastest of `repeat` batches of `iters` runs, per run, after two
+    untimed ones."""
+    run()
+    run()
+    sync()
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(iters):
+            run()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return best / iters
+
+
+def bench_gemm(torch, rt, c, args):
+    m = n = k = 8192
+    dev = torch.device("cuda", 0)
+    g = torch.Generator(device=dev).manual_seed(34)
+    e4m3 = torch.float8_e4m3fn
+    # Values spread over the format's range, as a scaled tensor's are.
+    a = (torch.randn(m, k, device=dev, generator=g) * 64).to(e4m3)
+    b = (torch.randn(n, k, device=dev, generator=g) * 64).to(e4m3)
+    sa = torch.full([1], 1 / 64, device=dev, dtype=torch.float32)
+    sb = torch.full([1], 1 / 32, device=dev, dtype=torch.float32)
+    d_regend = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+
+    def scaled_mm():
+        return torch._scaled_mm(a, b.t(), scale_a=sa.reshape(()), scale_b=sb.reshape(()), out_dtype=torch.bfloat16,
+                                use_fast_accum=False)
+
+    # regend's operands made once (the calls then cost the lane, not the
+    # tensors' lookup), as bench_layernorm does: pool memory where the
+    # process allocates from libregen's pool (its chunk's import), else
+    # the tensor's block imported by CUDA IPC.
+    ops, imported = {}, []
+    for name, t, dt in (("a", a, "e4m3"), ("b", b, "e4m3"), ("d", d_regend, "bf16"), ("a_scale", sa, "f32"),
+                        ("b_scale", sb, "f32")):
+        ref = rt.runtime().pool.lookup(t.data_ptr()) if rt.process_pool_enabled() else None
+        if ref is not None:
+            ops[name] = regen.Operand(ref.buffer, ref.offset, dt, list(t.shape))
+        else:
+            buf = c.import_tensor(t)
+            imported.append(t)
+            ops[name] = regen.Operand(buf.id, t.storage_offset() * t.element_size(), dt, list(t.shape))
+
+    def regend_gemm(wait=False):
+        c.gemm(ops["a"], ops["b"], ops["d"], trans_b=True, a_scale=ops["a_scale"], b_scale=ops["b_scale"],
+               wait=wait)
+
+    regend_gemm(wait=True)
+    d_torch = scaled_mm()
+    torch.cuda.synchronize()
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double()).t()
+    errs = {name: ((got.double() - ref).norm() / ref.norm()).item()
+            for name, got in (("regend", d_regend), ("torch._scaled_mm", d_torch))}
+    del ref
+    t_regend = batch_seconds(regend_gemm, lambda: c.wait(0), args.iters, args.repeat)
+    t_torch = batch_seconds(scaled_mm, torch.cuda.synchronize, args.iters, args.repeat)
+    flops = 2.0 * m * n * k
+    ratio = t_torch / t_regend
+    print(f"\nFP8 GEMM 8192^3, e4m3 x e4m3 -> bf16, per-tensor scales, no fast accumulation, "
+          f"{torch.cuda.get_device_name(0)}; pipelined batches of {args.iters}, transport "
+          f"{c.lane_transport(0)}")
+    print(markdown_table(["path", "µs / GEMM", "TFLOP/s", "rel error vs f64 of the dequantized operands"],
+                         [["regend (Client.gemm, wait=False)", f"{t_regend * 1e6:.1f}",
+                           f"{flops / t_regend / 1e12:.0f}", f"{errs['regend']:.2e}"],
+                          ["torch._scaled_mm in process", f"{t_torch * 1e6:.1f}", f"{flops / t_torch / 1e12:.0f}",
+                           f"{errs['torch._scaled_mm']:.2e}"]]))
+    verdict = "PASS" if ratio >= 0.97 else "FAIL"
+    print(f"regend / in process: {ratio:.3f} (target >= 0.97: {verdict})")
+    for t in imported:
+        c.close_tensor(t)
+    return {"regend_s": t_regend, "torch_s": t_torch, "ratio": ratio, "rel_err": errs, "verdict": verdict}
+
+
+def fp8_linears(torch, rt, model):
+    """The blocks' nn.Linears as regen.torch.fp8.Linear with the same
+    weights (the LM head, tied to the embedding, stays)."""
+    for block in model.transformer.h:
+        for parent in (block.attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    new = rt.fp8.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                        device=child.weight.device, dtype=child.weight.dtype)
+                    with torch.no_grad():
+                        new.weight.copy_(child.weight)
+                        if child.bias is not None:
+                            new.bias.copy_(child.bias)
+                    setattr(parent, name, new)
+    return model
+
+
+def train(torch, rt, models, mode, args):
+    model = models.build("gpt", args.vocab, args.seq, args.width, args.layers, args.heads, seed=0)
+    if mode != "bf16":
+        fp8_linears(torch, rt, model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+    recipe = rt.fp8.DelayedScaling(fp8_format=rt.fp8.Format.HYBRID, amax_history_len=args.history,
+                                   amax_compute_algo="max")
+    losses, times = [], []
+    before = rt.stats()
+    for step in range(args.steps):
+        idx, targets = models.batch(args.vocab, args.batch, args.seq, step)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        if mode == "fp8":
+            with rt.fp8_autocast(recipe=recipe):
+                loss = model(idx, targets)
+        else:
+            loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        losses.append(loss.item())
+        print(f"  {mode:12s} step {step:3d} loss {losses[-1]:.4f} {times[-1] * 1e3:8.1f} ms", flush=True)
+    after = rt.stats()
+    timed = times[args.warmup:]
+    tokens = args.batch * args.seq
+    result = {"losses": losses, "step_s": timed, "tokens_per_s": tokens * len(timed) / sum(timed),
+              "median_step_ms": statistics.median(timed) * 1e3,
+              "program_runs": after.get("program_runs", 0) - before.get("program_runs", 0),
+              "handoffs": after.get("handoffs", 0) - before.get("handoffs", 0)}
+    del model, opt
+    return result
+
+
+def bench_gpt(torch, rt, args):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models
+    results = {}
+    for mode in ("bf16", "bf16-regend", "fp8"):
+        results[mode] = train(torch, rt, models, mode, args)
+        if rt.process_pool_enabled():
+            rt.empty_cache()
+        else:
+            torch.cuda.empty_cache()
+    base = results["bf16"]
+    tail = min(10, args.steps)
+    rows = []
+    for mode, r in results.items():
+        mean_tail = statistics.fmean(r["losses"][-tail:])
+        r["loss_tail"] = mean_tail
+        rows.append([mode, f"{r['tokens_per_s']:.0f}", f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}",
+                     f"{r['median_step_ms']:.1f}", f"{mean_tail:.4f}", f"{r['losses'][-1]:.4f}",
+                     str(r["program_runs"] // max(1, args.steps))])
+    print(f"\nGPT {args.layers} layers, width {args.width}, {args.heads} heads, sequence {args.seq}, batch "
+          f"{args.batch}, bf16, AdamW; {args.steps} steps, tokens/s over the last {args.steps - args.warmup}; "
+          f"{torch.cuda.get_device_name(0)}")
+    print(markdown_table(["mode", "tokens/s", "vs bf16", "median step ms", f"mean loss, last {tail}", "last loss",
+                          "program Runs / step"], rows))
+    speed = results["fp8"]["tokens_per_s"] / base["tokens_per_s"]
+    drift = abs(results["fp8"]["loss_tail"] - base["loss_tail"]) / abs(base["loss_tail"])
+    verdict = "PASS" if speed >= 1.3 and drift <= args.loss_tolerance else "FAIL"
+    print(f"fp8 through regend / bf16 in process: {speed:.3f}x tokens/s (target >= 1.3), mean loss of the last "
+          f"{tail} steps {drift:.4f} apart, relative (tolerance {args.loss_tolerance}): {verdict}")
+    return {"results": results, "speed": speed, "loss_drift": drift, "verdict": verdict}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("regend", nargs="?")
+    p.add_argument("--socket")
+    p.add_argument("--part", choices=("gemm", "gpt", "both"), default="both")
+    p.add_argument("--pool", choices=("process", "none"), default="process")
+    p.add_argument("--ordering", choices=("events", "wait", "sync", "auto"), default="events",
+                   help="regen.torch's ordering with the rank's stream (docs/torch.md)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--history", type=int, default=1024, help="the recipe's amax_history_len")
+    p.add_argument("--loss-tolerance", type=float, default=0.02)
+    p.add_argument("--json")
+    args = p.parse_args()
+    if args.steps <= args.warmup:
+        p.error("--steps must be more than --warmup")
+    torch = require_torch()
+    if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+        print(f"SKIP: torch {torch.__version__} has no float8_e4m3fn or _scaled_mm")
+        return 77
+    if torch.cuda.get_device_capability(0) < (8, 9):
+        print(f"SKIP: {torch.cuda.get_device_name(0)} has no FP8 GEMMs (sm_89 or later)")
+        return 77
+    import regen.torch as rt
+    if args.pool == "process":
+        rt.use_pool_for_process()
+    daemon = Daemon(args.socket, args.regend, "cuda")
+    out = {"args": vars(args), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    try:
+        rt.configure(socket=daemon.socket, ordering=args.ordering)
+        if args.part in ("gemm", "both"):
+            c = regen.Client(daemon.socket, timeout=300)
+            try:
+                out["gemm"] = bench_gemm(torch, rt, c, args)
+            finally:
+                c.close()
+        if args.part in ("gpt", "both"):
+            out["gpt"] = bench_gpt(torch, rt, args)
+        write_json(args.json, out)
+    finally:
+        daemon.close()
+    verdicts = [out[k]["verdict"] for k in ("gemm", "gpt") if k in out]
+    return 0 if all(v == "PASS" for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
