@@ -119,7 +119,8 @@ const struct rd_option rd_option_table[] = {
 	/* Read when the worker opens its device. */
 	{ "rtc-cache-dir", "rtc_cache_dir", "PATH", RD_OPT_PATH, USER | RD_OPT_WORKER, FIELD(rtc_cache_dir), .def = "",
 	  .help = "where the CUDA backend keeps programs' compiled kernels between runs (a directory of regend's user "
-		  "that no other may write); empty: nowhere" },
+		  "that no other may write); empty: systemd's cache directory ending in /rtc where the unit made one "
+		  "(CacheDirectory=regen/rtc), else nowhere" },
 	/* Tuning. Each is also set by its environment variable (between the
 	 * file and the command line), as before it was an option. */
 	{ "message-timeout-ms", "message_timeout_ms", "MS", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(message_timeout_ms),
@@ -609,6 +610,29 @@ int rd_options_read_env(struct rd_options *o)
 	return errors ? -EINVAL : 0;
 }
 
+/* rtc_cache_dir set nowhere: the unit's cache directory for it, when
+ * systemd made one (CacheDirectory=regen/rtc puts ".../rtc" among
+ * $CACHE_DIRECTORY's colon-separated paths), so that a worker started
+ * after a fault loads the programs' kernels instead of compiling them
+ * again while the ranks wait. */
+static void rtc_cache_dir_from_systemd(struct rd_options *o)
+{
+	const char *dirs = getenv("CACHE_DIRECTORY");
+
+	if (o->rtc_cache_dir[0] || !dirs)
+		return;
+	for (const char *p = dirs; *p;) {
+		const char *end = strchrnul(p, ':');
+		size_t n = (size_t)(end - p);
+		if (n > 4 && n < sizeof(o->rtc_cache_dir) && !memcmp(end - 4, "/rtc", 4)) {
+			memcpy(o->rtc_cache_dir, p, n);
+			o->rtc_cache_dir[n] = '\0';
+			return;
+		}
+		p = *end ? end + 1 : end;
+	}
+}
+
 int rd_options_load(struct rd_options *o, int argc, char **argv)
 {
 	const char *path = RD_CONFIG_DEFAULT;
@@ -633,7 +657,10 @@ int rd_options_load(struct rd_options *o, int argc, char **argv)
 		if (r < 0 || rd_options_read_env(o) < 0)
 			return -EINVAL;
 	}
-	return rd_options_parse(o, argc, argv);
+	r = rd_options_parse(o, argc, argv);
+	if (r == 0 && path)
+		rtc_cache_dir_from_systemd(o);
+	return r;
 }
 
 int rd_options_worker_argv(const struct rd_options *o, const char *exe, struct rd_argv *out)

@@ -14,6 +14,8 @@ stops regend with words that name the variable.
 2. REGEN_ATTENTION_AUTOTUNE=lots: regend exits 2 saying
    "REGEN_ATTENTION_AUTOTUNE: expected 0..16".
 3. A SIGHUP that changes a reloadable key (heartbeat_ms) shows in Status.
+4. rtc_cache_dir set nowhere is systemd's $CACHE_DIRECTORY entry ending in
+   /rtc (the shipped unit's CacheDirectory=regen regen/rtc); the file wins.
 
 Usage: test_settings.py REGEND
 """
@@ -68,6 +70,17 @@ def main():
         d.signal(signal.SIGHUP)
         wait_for(lambda: options(d)["options"].get("heartbeat_ms") == "3000", 10, "heartbeat_ms 3000 in Status")
         log("a reloaded key shows in Status")
+
+    # rtc_cache_dir set nowhere: the unit's cache directory for it
+    # (CacheDirectory=regen regen/rtc); set in the file: the file's.
+    cache = {"CACHE_DIRECTORY": "/var/cache/regen:/var/cache/regen/rtc"}
+    with Regend(regend, devices=1, env=cache) as d:
+        got = options(d)["options"].get("rtc_cache_dir")
+        check(got == "/var/cache/regen/rtc", "rtc_cache_dir from systemd's CACHE_DIRECTORY: %r" % got)
+    with Regend(regend, devices=1, config="rtc_cache_dir = /srv/rtc\n", env=cache) as d:
+        got = options(d)["options"].get("rtc_cache_dir")
+        check(got == "/srv/rtc", "rtc_cache_dir from the file, over systemd's: %r" % got)
+    log("rtc_cache_dir: systemd's cache directory for it where nothing sets it")
 
     bad = dict(os.environ, REGEN_ATTENTION_AUTOTUNE="lots")
     r = subprocess.run([regend, "--backend", "host", "--config", "/dev/null", "--socket", "/tmp/regen-test-no.sock"],
