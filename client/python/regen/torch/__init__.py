@@ -14,6 +14,8 @@ torch's current stream, through restarts and faults.
     a = rt.attention_packed(qkv, heads, is_causal=True)   # attention on a fused qkv projection, in place
     y = rt.transformer_block(x, *block_params, heads)  # a whole pre-LayerNorm GPT block, one run each way
     y = rt.transformer_blocks(x, [block_params, ...], heads)  # a stack of them, still one run each way
+    fc, ln = rt.nn.Linear(2048, 8192), rt.nn.LayerNorm(2048)   # nn.Modules as te.Linear, te.LayerNorm, and
+    layer = rt.nn.TransformerLayer(2048, 8192, 16)             # te.TransformerLayer; torch.autocast as torch's
 
 The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
 sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
@@ -37,12 +39,13 @@ from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runt
 from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
 from ._compile import explain, register as _register_backend
-from . import optim
+from ._norm import layer_norm
+from . import nn, optim
 from ._keep import Kept, keep, restore
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
            "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
-           "BLOCK_PARAMETERS", "explain", "optim",
+           "BLOCK_PARAMETERS", "explain", "optim", "nn", "layer_norm",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
 __all__ += ["keep", "restore", "Kept"]

@@ -23,6 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import _autocast
 from ._runtime import NotSupported, host_empty
 
 __all__ = ["mm", "linear2d", "mlp2d", "sdpa", "sdpa_backward", "sdpa_packed", "HAVE_CUSTOM_OP"]
@@ -655,6 +656,34 @@ else:
 
 # ---- the public functions (torch's signatures) ------------------------------------
 
+def _autocasting(op, *names):
+    """The public function's tensor arguments ``names`` as torch's autocast
+    would hand torch's ``op`` its own (regen/torch/_autocast.py), and the
+    function run with autocast off; nothing changes where autocast is off
+    for the first argument's device type."""
+    import functools
+    import inspect
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            first = args[0] if args else kwargs.get(names[0])
+            if not isinstance(first, torch.Tensor) or not _autocast.state(first.device.type)[0]:
+                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            given = [bound.arguments.get(n) for n in names]
+            for n, t in zip(names, _autocast.cast(op, *given)):
+                if n in bound.arguments:
+                    bound.arguments[n] = t
+            with _autocast.off(first.device.type):
+                return fn(*bound.args, **bound.kwargs)
+        return run
+    return wrap
+
+
+@_autocasting("matmul", "a", "b")
 def matmul(a, b):
     """torch.matmul through regend: 1-D and 2-D operands, and a left
     operand of any rank against a 2-D right one (its leading dimensions
@@ -674,6 +703,7 @@ def matmul(a, b):
     return mm(a.reshape(-1, a.shape[-1]), b).reshape(*lead, b.shape[-1])
 
 
+@_autocasting("linear", "x", "weight", "bias")
 def linear(x, weight, bias=None, activation=None):
     """F.linear through regend (y = x @ weight.T + bias), with an optional
     fused activation: "gelu" (tanh approximation, F.gelu(approximate="tanh"))."""
@@ -687,6 +717,7 @@ def linear(x, weight, bias=None, activation=None):
     return out.reshape(*lead, weight.shape[0])
 
 
+@_autocasting("linear", "x", "w1", "b1", "w2", "b2")
 def mlp(x, w1, b1, w2, b2):
     """A transformer's MLP, F.linear(F.gelu(F.linear(x, w1, b1),
     approximate="tanh"), w2, b2), as one operation: forward two GEMMs with
@@ -702,6 +733,7 @@ def mlp(x, w1, b1, w2, b2):
     return mlp2d(x.reshape(-1, x.shape[-1]), w1, b1, w2, b2).reshape(*lead, w2.shape[0])
 
 
+@_autocasting("sdpa_packed", "qkv")
 def attention_packed(qkv, heads, is_causal=False, scale=None):
     """Attention over a fused qkv projection's output [B, S, 3 * H * D]
     (q, k and v side by side in its last dimension, each H heads of D, as
@@ -717,6 +749,7 @@ def attention_packed(qkv, heads, is_causal=False, scale=None):
     return sdpa_packed(qkv, int(heads), bool(is_causal), None if scale is None else float(scale))
 
 
+@_autocasting("sdpa", "query", "key", "value")
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """F.scaled_dot_product_attention through regend (cuDNN's fused flash
