@@ -77,6 +77,7 @@ def main():
                 if name.endswith(".py"):
                     rel = os.path.relpath(os.path.join(root, name), package)
                     check(os.path.exists(os.path.join(installed_pkg, rel)), "meson install left out regen/%s" % rel)
+        check(os.path.exists(os.path.join(installed_pkg, "py.typed")), "meson install left out regen/py.typed")
         # regen._accel beside the package's modules, where the build has
         # it: the installed package loads it by itself.
         if os.path.exists(os.path.join(build, "client", "python", "_accel.abi3.so")):

@@ -6,7 +6,8 @@
   python3-mesonpy), offline, from a copy of the tree.
 - It is tagged abi3 (regen._accel is built for the stable ABI) and holds
   libregen inside the package (regen/libregen.so.0, cJSON linked in: it
-  needs no libcjson), regen._accel and every module of the package.
+  needs no libcjson), regen._accel, py.typed and every module of the
+  package.
 - Installed alone into a fresh virtual environment (--no-deps, --no-index;
   the system's site-packages only for Debian's torch), with nothing of this
   checkout or its build reachable: `import regen` does not import torch,
@@ -111,7 +112,7 @@ def main():
         with zipfile.ZipFile(wheel) as z:
             names = set(z.namelist())
             z.extractall(os.path.join(tmp, "unpacked"))
-        for need in ("regen/libregen.so.0", "regen/_accel.abi3.so", "regen/ops.py"):
+        for need in ("regen/libregen.so.0", "regen/_accel.abi3.so", "regen/ops.py", "regen/py.typed"):
             check(need in names, "the wheel lacks %s" % need)
         package = os.path.join(source, "client", "python", "regen")
         for root, _, files in os.walk(package):
@@ -121,7 +122,7 @@ def main():
                     check(rel in names, "the wheel left out %s" % rel)
         needed = run(["readelf", "-d", os.path.join(tmp, "unpacked", "regen", "libregen.so.0")])
         check("cjson" not in needed.lower(), "the wheel's libregen needs a libcjson of the machine: %s" % needed)
-        log("pip wheel: %s (libregen with cJSON inside, regen._accel)" % os.path.basename(wheel))
+        log("pip wheel: %s (libregen with cJSON inside, regen._accel, py.typed)" % os.path.basename(wheel))
 
         venv = os.path.join(tmp, "venv")
         # The system's site-packages for Debian's torch only: the wheel is

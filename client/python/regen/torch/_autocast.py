@@ -23,7 +23,7 @@ casts, as torch's: a float32 weight's gradient comes back float32.
 
 import contextlib
 import threading
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +36,12 @@ _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)
 def state(device_type: str) -> Tuple[bool, Optional[torch.dtype]]:
     """(enabled, dtype) of this thread's autocast for ``device_type``."""
     if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4: one API per device type
+        # (Typed as Any: torch < 2.4's stubs know the one-argument-less form.)
+        enabled_for: Any = torch.is_autocast_enabled
+        dtype_for: Any = getattr(torch, "get_autocast_dtype")
         try:
-            if torch.is_autocast_enabled(device_type):
-                return True, torch.get_autocast_dtype(device_type)
+            if enabled_for(device_type):
+                return True, dtype_for(device_type)
         except (RuntimeError, TypeError):
             pass
         return False, None

@@ -23,6 +23,8 @@ hidden width off 8 on CUDA) it is recomputed there (one GEMM), as rt.mlp
 does.
 """
 
+from typing import Sequence
+
 import torch
 
 from . import _autocast
@@ -171,8 +173,11 @@ class _Blocks(torch.autograd.Function):
             return (g.view(b, s, w), None, None, None, *[gp if n else None for gp, n in zip(grads, needs)])
 
 
-def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
-                      up_weight, up_bias, down_weight, down_bias, heads, eps=1e-5):
+def transformer_block(x: torch.Tensor, ln1_weight: torch.Tensor, ln1_bias: torch.Tensor, qkv_weight: torch.Tensor,
+                      qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+                      ln2_weight: torch.Tensor, ln2_bias: torch.Tensor, up_weight: torch.Tensor,
+                      up_bias: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor, heads: int,
+                      eps: float = 1e-5) -> torch.Tensor:
     """A pre-LayerNorm GPT block (causal attention over ``heads`` heads,
     GELU with the tanh approximation) on x [B, S, W], forward and backward
     each as one run of regend calls (one hand-off each way).  The weights
@@ -201,7 +206,8 @@ def _run_blocks(x, layers, heads, eps):
     return _Blocks.apply(x, int(heads), float(eps), len(layers), *[p for params in layers for p in params])
 
 
-def transformer_blocks(x, layers, heads, eps=1e-5):
+def transformer_blocks(x: torch.Tensor, layers: Sequence[Sequence[torch.Tensor]], heads: int,
+                       eps: float = 1e-5) -> torch.Tensor:
     """Blocks as transformer_block's, one after another on x [B, S, W]
     (``layers``: a sequence of each block's 12 parameters, in
     BLOCK_PARAMETERS order): the whole stack's forward is one run of regend

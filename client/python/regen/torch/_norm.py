@@ -81,8 +81,8 @@ def _layer_norm_now(x: torch.Tensor, shape: Tuple[int, ...], weight: Optional[to
     if x2d.stride(-1) != 1 or x2d.stride(0) < n:
         _rt().rank_work()
         x2d = x2d.contiguous()
-    w = None if weight is None else weight.reshape(n)
-    b = None if bias is None else bias.reshape(n)
+    w: Optional[torch.Tensor] = None if weight is None else weight.reshape(n)
+    b: Optional[torch.Tensor] = None if bias is None else bias.reshape(n)
     if w is not None and w.dtype != x.dtype:
         _rt().rank_work()
         w = w.to(x.dtype)
@@ -101,7 +101,8 @@ def layer_norm(input: torch.Tensor, normalized_shape: Union[int, Sequence[int]],
     dtype torch's layer_norm computes in there."""
     shape = (int(normalized_shape),) if isinstance(normalized_shape, int) else tuple(int(d) for d in normalized_shape)
     if _autocast.state(input.device.type)[0]:
-        input, weight, bias = _autocast.cast("layer_norm", input, weight, bias)
-        with _autocast.off(input.device.type):
-            return _layer_norm_now(input, shape, weight, bias, eps)
+        x, w, b = _autocast.cast("layer_norm", input, weight, bias)
+        assert x is not None
+        with _autocast.off(x.device.type):
+            return _layer_norm_now(x, shape, w, b, eps)
     return _layer_norm_now(input, shape, weight, bias, eps)

@@ -46,6 +46,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Sequence
 
 import torch
 
@@ -1129,7 +1130,7 @@ class _Batch:
             rt.lock.release()
 
 
-_live_runtimes = weakref.WeakSet()
+_live_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
 
 def _after_fork_in_child():
@@ -1179,7 +1180,7 @@ def _release_counter(counter):
 _host_pool_lock = threading.Lock()
 
 
-def host_empty(shape, dtype):
+def host_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor in libregen's host pool (memfd chunks
     regend's host backend maps): what regen.torch allocates outputs of CPU
     operations in."""

@@ -24,11 +24,11 @@ than GELU.  A layer that needs another GEMM (FP8, regen.torch.fp8) is a
 subclass that overrides ``forward``.
 """
 
-from typing import Optional, Union, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
-from ._block import transformer_block
+from ._block import transformer_blocks
 from ._norm import layer_norm
 from ._ops import linear
 from ._runtime import NotSupported
@@ -95,13 +95,13 @@ class TransformerLayer(torch.nn.Module):
         self.num_attention_heads = num_attention_heads
         self.layernorm_epsilon = layernorm_epsilon
         self.attn_input_format = attn_input_format
-        kw = {"device": device, "dtype": params_dtype}
-        self.ln1 = LayerNorm(hidden_size, eps=layernorm_epsilon, **kw)
-        self.qkv = Linear(hidden_size, 3 * hidden_size, **kw)
-        self.proj = Linear(hidden_size, hidden_size, **kw)
-        self.ln2 = LayerNorm(hidden_size, eps=layernorm_epsilon, **kw)
-        self.up = Linear(hidden_size, ffn_hidden_size, **kw)
-        self.down = Linear(ffn_hidden_size, hidden_size, **kw)
+        dev, dt = device, params_dtype
+        self.ln1 = LayerNorm(hidden_size, eps=layernorm_epsilon, device=dev, dtype=dt)
+        self.qkv = Linear(hidden_size, 3 * hidden_size, device=dev, dtype=dt)
+        self.proj = Linear(hidden_size, hidden_size, device=dev, dtype=dt)
+        self.ln2 = LayerNorm(hidden_size, eps=layernorm_epsilon, device=dev, dtype=dt)
+        self.up = Linear(hidden_size, ffn_hidden_size, device=dev, dtype=dt)
+        self.down = Linear(ffn_hidden_size, hidden_size, device=dev, dtype=dt)
 
     def parameters_in_order(self) -> Sequence[torch.Tensor]:
         """The 12 parameters in regen.torch.BLOCK_PARAMETERS order."""
@@ -113,7 +113,7 @@ class TransformerLayer(torch.nn.Module):
             raise ValueError(f"TransformerLayer takes [S, B, W] ('sbhd') or [B, S, W] ('bshd'), got "
                              f"{list(hidden_states.shape)}")
         x = hidden_states.transpose(0, 1) if self.attn_input_format == "sbhd" else hidden_states
-        y = transformer_block(x, *self.parameters_in_order(), self.num_attention_heads, self.layernorm_epsilon)
+        y = transformer_blocks(x, [self.parameters_in_order()], self.num_attention_heads, self.layernorm_epsilon)
         return y.transpose(0, 1) if self.attn_input_format == "sbhd" else y
 
     def extra_repr(self) -> str:
