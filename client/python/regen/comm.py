@@ -3,7 +3,7 @@
 NCCL on the CUDA backend; on the host backend the ranks are connections to
 one worker (the control plane's tests, not the GPU path)."""
 
-from typing import Any, List, Optional, Union
+from typing import List, Optional, Union
 
 from ._parts import ClientPart, EventLike, OperandLike
 from .connection import id_device

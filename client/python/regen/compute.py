@@ -9,7 +9,7 @@ Operands that are torch tensors are resolved by regen.torch
 """
 
 import errno
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence
 
 from . import accel, errors, ops
 from ._parts import JSON, ClientPart, EventLike, OperandLike

@@ -17,7 +17,7 @@ reason of anything wrong (io.regen.InvalidProgram)."""
 import errno
 import math
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from . import accel, errors, ops
 from ._parts import JSON, ClientPart, EventLike
