@@ -58,7 +58,9 @@ def main():
                               ("**/regen/pool.py", "Python pool binding"),
                               ("**/regen/torch/__init__.py", "regen.torch"),
                               ("**/systemd/system/regen-metrics.timer", "the metrics timer"),
-                              ("**/regen/regen-metrics-textfile", "the metrics script")) + (
+                              ("**/regen/regen-metrics-textfile", "the metrics script"),
+                              ("**/bin/regen-nvrx-health", "regen-nvrx-health"),
+                              ("**/systemd/system/regen-nvrx-health.service", "the NVRx health check's unit")) + (
                                   (("**/man8/regend.8", "regend(8)"), ("**/man5/regend.conf.5", "regend.conf(5)"),
                                    ("**/man1/regenctl.1", "regenctl(1)"))
                                   if os.path.isdir(os.path.join(build, "docs", "man")) else ()):

@@ -7,7 +7,7 @@
 - It is tagged abi3 (regen._accel is built for the stable ABI) and holds
   libregen inside the package (regen/libregen.so.0, cJSON linked in: it
   needs no libcjson), regen._accel, py.typed and every module of the
-  package.
+  package, and declares the command regen-nvrx-health.
 - Installed alone into a fresh virtual environment (--no-deps, --no-index;
   the system's site-packages only for Debian's torch), with nothing of this
   checkout or its build reachable: `import regen` does not import torch,
@@ -111,9 +111,13 @@ def main():
               "the wheel is tagged %s, not cpXY-abi3-linux_*" % "-".join(tag))
         with zipfile.ZipFile(wheel) as z:
             names = set(z.namelist())
+            entry_points = next((z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")), "")
             z.extractall(os.path.join(tmp, "unpacked"))
-        for need in ("regen/libregen.so.0", "regen/_accel.abi3.so", "regen/ops.py", "regen/py.typed"):
+        for need in ("regen/libregen.so.0", "regen/_accel.abi3.so", "regen/ops.py", "regen/py.typed",
+                     "regen/nvrx.py"):
             check(need in names, "the wheel lacks %s" % need)
+        check("regen-nvrx-health = regen.nvrx:main" in entry_points,
+              "the wheel declares no regen-nvrx-health command: %r" % entry_points)
         package = os.path.join(source, "client", "python", "regen")
         for root, _, files in os.walk(package):
             for name in files:
@@ -130,6 +134,8 @@ def main():
         run([py, "-m", "venv", "--system-site-packages", venv])
         vpy = os.path.join(venv, "bin", "python")
         run([vpy, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel])
+        out = run([os.path.join(venv, "bin", "regen-nvrx-health"), "--help"], env=clean_env(), cwd=tmp)
+        check("NVRx" in out, "regen-nvrx-health --help: %r" % out)
         site = run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"]).strip()
         env = clean_env()
         out = run([vpy, "-I", "-c", "import sys; sys.modules['torch'] = None; import regen; print(regen.__file__)"],
