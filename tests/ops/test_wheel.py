@@ -9,8 +9,8 @@
   needs no libcjson), regen._accel, py.typed and every module of the
   package, and declares the command regen-nvrx-health.
 - Installed alone into a fresh virtual environment (--no-deps, --no-index;
-  the system's site-packages only for Debian's torch), with nothing of this
-  checkout or its build reachable: `import regen` does not import torch,
+  the building Python's site-packages after its own, for torch alone),
+  with nothing of this checkout or its build reachable: `import regen` does not import torch,
   regen finds the libregen inside itself and loads regen._accel, a call
   goes over libregen's ring to a host-backend regend, regen.torch's linear
   runs there on libregen's pool against torch's own, and rt.pool() serves a
@@ -92,10 +92,12 @@ def clean_env():
 
 def main():
     regend, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    py = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-    for module, package in (("mesonpy", "python3-mesonpy"), ("venv", "python3-venv"), ("pip", "python3-pip")):
-        if subprocess.run([py, "-c", "import " + module], capture_output=True).returncode != 0:
-            skip("%s has no %s (Debian: %s; scripts/setup-debian installs it)" % (py, module, package))
+    py = next((p for p in (shutil.which("python3"), "/usr/bin/python3", sys.executable)
+               if p and subprocess.run([p, "-c", "import mesonpy, venv, ensurepip, pip"],
+                                       capture_output=True).returncode == 0), None)
+    if py is None:
+        skip("no Python here has meson-python, venv and pip (Debian: python3-mesonpy, python3-venv, python3-pip; "
+             "scripts/setup-debian installs them)")
     tmp = tempfile.mkdtemp(prefix="regen-wheel-")
     try:
         src = os.path.join(tmp, "src")
@@ -129,10 +131,15 @@ def main():
         log("pip wheel: %s (libregen with cJSON inside, regen._accel, py.typed)" % os.path.basename(wheel))
 
         venv = os.path.join(tmp, "venv")
-        # The system's site-packages for Debian's torch only: the wheel is
-        # installed into the environment, which comes first.
-        run([py, "-m", "venv", "--system-site-packages", venv])
+        run([py, "-m", "venv", venv])
         vpy = os.path.join(venv, "bin", "python")
+        # The building Python's site-packages after the environment's own,
+        # for its torch alone (Debian's python3-torch, or a venv's): the
+        # wheel, installed into the environment, comes first.
+        theirs = run([py, "-c", "import site; print('\\n'.join(site.getsitepackages()))"])
+        ours = run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
+        with open(os.path.join(ours, "zz-building-python.pth"), "w") as f:
+            f.write(theirs)
         run([vpy, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel])
         out = run([os.path.join(venv, "bin", "regen-nvrx-health"), "--help"], env=clean_env(), cwd=tmp)
         check("NVRx" in out, "regen-nvrx-health --help: %r" % out)
