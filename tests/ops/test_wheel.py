@@ -30,7 +30,9 @@ import zipfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from regend_fixture import TIME_SCALE, Regend, check, log, skip
 
-# What runs inside the virtual environment: argv[1] is regend's socket.
+# What runs inside the virtual environment: argv[1] is a host regend's
+# socket, argv[2] the environment's site-packages, argv[3] a CUDA regend's
+# socket where this machine has a GPU.
 INSIDE = r'''
 import os, sys
 site = sys.argv[2]
@@ -57,13 +59,15 @@ stats = rt.stats()
 assert stats["calls"] == 1 and stats["pool"]["chunks"] >= 1 and stats["host_copies"] == 0, stats
 assert stats["doorbells"] >= 1, "the call did not take libregen's ring: %r" % stats
 print("wheel: rt.linear in regend over libregen's ring on its host pool, error %.2e against float64" % err)
-if torch.cuda.is_available() and hasattr(torch.cuda, "MemPool"):
+if len(sys.argv) > 3:
+    rt.configure(socket=sys.argv[3])
     with rt.pool():
         a = torch.randn(256, 128, device="cuda")
     b = torch.randn(64, 128, device="cuda")
     got = rt.linear(a, b)
     err = (got.double() - a.double() @ b.double().t()).abs().max().item()
     assert err < 1e-2, "rt.linear on CUDA in rt.pool() memory: %g" % err
+    assert rt.stats()["pool"]["chunks"] >= 1, rt.stats()
     print("wheel: rt.pool() served a CUDA tensor regend computed on, error %.2e" % err)
 else:
     try:
@@ -154,11 +158,18 @@ def main():
               "import regen.torch without torch: %d %s" % (r.returncode, r.stderr[-500:]))
         if subprocess.run([vpy, "-c", "import torch"], capture_output=True).returncode != 0:
             skip("the wheel built and installed; %s has no torch for the rest (Debian: python3-torch)" % py)
+        # A GPU with torch.cuda.MemPool: rt.pool() against a CUDA regend too.
+        gpu = subprocess.run([vpy, "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() and "
+                              "hasattr(torch.cuda, 'MemPool') else 1)"], capture_output=True).returncode == 0
+        script = os.path.join(tmp, "inside.py")
+        with open(script, "w") as f:
+            f.write(INSIDE)
         with Regend(regend, devices=1) as d:
-            script = os.path.join(tmp, "inside.py")
-            with open(script, "w") as f:
-                f.write(INSIDE)
-            out = run([vpy, "-I", script, d.socket, site], env=env, cwd=tmp)
+            if gpu:
+                with Regend(regend, devices=1, backend="cuda", ready_timeout=120) as g:
+                    out = run([vpy, "-I", script, d.socket, site, g.socket], env=env, cwd=tmp)
+            else:
+                out = run([vpy, "-I", script, d.socket, site], env=env, cwd=tmp)
             for line in out.splitlines():
                 log(line)
         log("pip install of the wheel alone: regen, libregen's ring and pool, regen.torch against a host regend")
