@@ -3,9 +3,9 @@
 """Writes regen/ops.py, the Python client's copy of proto's op tables, from
 the JSON the build prints of them (proto/op_table_json.c).
 
-The build generates it (and installs that one); the copy in the source
-tree is what `pip install ./client/python` and the tests running from
-the tree import, and test_ops.py fails while it differs from the build's.
+The build generates it (and installs that one, as the wheel holds it);
+the copy in the source tree is what the tests and scripts running from the
+tree import, and test_ops.py fails while it differs from the build's.
 `ninja -C build update-ops-py` writes the build's over it.
 
 Usage: gen_ops.py OPS.json OUT.py

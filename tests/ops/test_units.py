@@ -172,11 +172,12 @@ def analyze_checks(regend, sysd, source, analyze, tmp):
     script = os.path.join(tmp, "regen-metrics-textfile")
     shutil.copy(os.path.join(sysd, "regen-metrics-textfile"), script)
     os.chmod(script, 0o755)
-    for name in ("regend.service", "regend.socket", "regen-metrics.service", "regen-metrics.timer"):
+    for name in ("regend.service", "regend.socket", "regen-metrics.service", "regen-metrics.timer",
+                 "regen-nvrx-health.service"):
         with open(os.path.join(sysd, name)) as f:
             text = f.read()
         # The installed paths do not exist in a build tree.
-        exe = script if name.startswith("regen-metrics") else regend
+        exe = script if name.startswith(("regen-metrics", "regen-nvrx")) else regend
         text = re.sub(r"^ExecStart=(\S+)", "ExecStart=" + exe, text, flags=re.M)
         path = os.path.join(tmp, name)
         with open(path, "w") as f:

@@ -10,9 +10,8 @@ order:
 - at $REGEN_PY_ACCEL, a path to the built module (an error if it does not
   load: a test that names it must not pass on Varlink);
   REGEN_PY_ACCEL=none turns it off (to test or measure the Varlink path);
-- as regen._accel beside this package (``meson install``, and
-  ``pip install`` where a C compiler, Python's headers and libregen's
-  header are there);
+- as regen._accel beside this package (``meson install``, the wheel,
+  Debian's python3-regen);
 - as client/python/_accel.abi3.so under $REGEN_BUILD_ROOT (a build tree's,
   for the tests and benchmarks run from a checkout).
 

@@ -3,6 +3,9 @@
 NCCL on the CUDA backend; on the host backend the ranks are connections to
 one worker (the control plane's tests, not the GPU path)."""
 
+from typing import List, Optional, Union
+
+from ._parts import ClientPart, EventLike, OperandLike
 from .connection import id_device
 from .objects import _Object, event_id, tensor_imports
 
@@ -19,7 +22,8 @@ class Comm(_Object):
 
     __slots__ = ("rank", "nranks", "key", "collectives")
 
-    def __init__(self, id, device, generation, rank, nranks, key=None, collectives=None):
+    def __init__(self, id: str, device: int, generation: int, rank: int, nranks: int, key: Optional[str] = None,
+                 collectives: Optional[List[str]] = None) -> None:
         super().__init__(id, device, generation)
         self.rank = rank
         self.nranks = nranks
@@ -39,10 +43,10 @@ def _comm_device(comm):
     return comm.device if isinstance(comm, Comm) else id_device(str(comm))
 
 
-class Comms:
+class Comms(ClientPart):
     """The communicators part of :class:`regen.Client`."""
 
-    def comm_unique_id(self, device=0):
+    def comm_unique_id(self, device: int = 0) -> str:
         """A new unique id (256 hex digits) for rank 0 to hand to the others."""
         return self._worker_call(device, "io.regen.Comm.GetUniqueId", {})["unique_id"]
 
@@ -52,7 +56,8 @@ class Comms:
         self._note_generation(device, comm.generation)
         return comm
 
-    def comm_init(self, unique_id, rank, nranks, device=0, key=None, deadline_ms=None):
+    def comm_init(self, unique_id: str, rank: int, nranks: int, device: int = 0, key: Optional[str] = None,
+                  deadline_ms: Optional[int] = None) -> Comm:
         """Joins rank ``rank`` of ``nranks``; returns once every rank joined
         (CommTimeout after ``deadline_ms``).  ``key`` lets a later process of
         this user take the communicator back (comm_attach)."""
@@ -63,7 +68,7 @@ class Comms:
             params["deadline_ms"] = int(deadline_ms)
         return self._comm_reply(device, self._worker_call(device, "io.regen.Comm.Init", params), key)
 
-    def comm_attach(self, key, device=0):
+    def comm_attach(self, key: str, device: int = 0) -> Comm:
         """Takes back the detached communicator ``key`` names (its process
         gone); ``comm.collectives`` says how many it ran."""
         return self._comm_reply(device, self._worker_call(device, "io.regen.Comm.Attach", {"key": key}), key)
@@ -90,32 +95,39 @@ class Comms:
             tensor_imports(self).sync(tensors)
         return self._worker_call(device, method, params).get("elapsed_us")
 
-    def comm_all_reduce(self, comm, send, recv, op="sum", wait_event=None, signal_event=None, deadline_ms=None):
+    def comm_all_reduce(self, comm: Union[Comm, str], send: OperandLike, recv: OperandLike, op: str = "sum",
+                        wait_event: EventLike = None, signal_event: EventLike = None,
+                        deadline_ms: Optional[int] = None) -> Optional[int]:
         """recv = send reduced over the ranks (op: sum, max, avg); recv may be send."""
         scalars = {} if op == "sum" else {"op": op}
         return self._collective("all_reduce", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
 
-    def comm_all_gather(self, comm, send, recv, wait_event=None, signal_event=None, deadline_ms=None):
+    def comm_all_gather(self, comm: Union[Comm, str], send: OperandLike, recv: OperandLike,
+                        wait_event: EventLike = None, signal_event: EventLike = None,
+                        deadline_ms: Optional[int] = None) -> Optional[int]:
         """recv [nranks * n] = every rank's send [n], in rank order."""
         return self._collective("all_gather", comm, send, recv, {}, wait_event, signal_event, deadline_ms)
 
-    def comm_reduce_scatter(self, comm, send, recv, op="sum", wait_event=None, signal_event=None,
-                            deadline_ms=None):
+    def comm_reduce_scatter(self, comm: Union[Comm, str], send: OperandLike, recv: OperandLike, op: str = "sum",
+                            wait_event: EventLike = None, signal_event: EventLike = None,
+                            deadline_ms: Optional[int] = None) -> Optional[int]:
         """recv [n] = this rank's block of send [nranks * n], reduced."""
         scalars = {} if op == "sum" else {"op": op}
         return self._collective("reduce_scatter", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
 
-    def comm_broadcast(self, comm, send, recv, root, wait_event=None, signal_event=None, deadline_ms=None):
+    def comm_broadcast(self, comm: Union[Comm, str], send: OperandLike, recv: OperandLike, root: int,
+                       wait_event: EventLike = None, signal_event: EventLike = None,
+                       deadline_ms: Optional[int] = None) -> Optional[int]:
         """recv = root's send on every rank."""
         return self._collective("broadcast", comm, send, recv, {"root": int(root)}, wait_event, signal_event,
                                 deadline_ms)
 
-    def comm_abort(self, comm):
+    def comm_abort(self, comm: Union[Comm, str]) -> None:
         """Stops the communicator now: its calls in flight and later ones fail
         with CommFailed (reason "aborted").  The id stays until comm_destroy."""
         self._worker_call(_comm_device(comm), "io.regen.Comm.Abort", {"comm": _comm_id(comm)})
 
-    def comm_destroy(self, comm, abort=False, deadline_ms=None):
+    def comm_destroy(self, comm: Union[Comm, str], abort: bool = False, deadline_ms: Optional[int] = None) -> None:
         """Finalizes and destroys (a healthy one; its peers finalize too) or
         frees it; CommInFlight with calls in flight unless ``abort``."""
         params = {"comm": _comm_id(comm)}

@@ -10,8 +10,10 @@ Operands that are torch tensors are resolved by regen.torch
 """
 
 import errno
+from typing import Any, List, Optional, Sequence
 
 from . import accel, errors, ops
+from ._parts import JSON, ClientPart, EventLike, OperandLike
 from .connection import id_device
 from .objects import Buffer, buffer_id, event_id, tensor_imports
 
@@ -36,17 +38,19 @@ class Operand:
 
     __slots__ = ("buffer", "offset", "dtype", "shape", "strides")
 
-    def __init__(self, buffer, offset=0, dtype="f32", shape=(), strides=None):
+    def __init__(self, buffer: Any, offset: int = 0, dtype: str = "f32", shape: Sequence[int] = (),
+                 strides: Optional[Sequence[int]] = None) -> None:
         if dtype not in OPERAND_DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {sorted(OPERAND_DTYPES)}")
         self.buffer = buffer
         self.offset = int(offset)
         self.dtype = dtype
         self.shape = [int(x) for x in shape]
-        self.strides = None if strides is None else [int(x) for x in strides]
+        self.strides: Optional[List[int]] = None if strides is None else [int(x) for x in strides]
 
     @classmethod
-    def trusted(cls, buffer, offset, dtype, shape, strides):
+    def trusted(cls, buffer: Any, offset: int, dtype: str, shape: List[int],
+                strides: Optional[List[int]]) -> "Operand":
         """An Operand from fields already of the right types (a known dtype,
         int offset, lists of ints), as regen.torch builds them per call:
         without the constructor's conversions.  regend checks every operand
@@ -56,32 +60,32 @@ class Operand:
         return o
 
     @property
-    def device(self):
+    def device(self) -> Optional[int]:
         if isinstance(self.buffer, Buffer):
             return self.buffer.device
         return id_device(str(self.buffer))
 
-    def to_wire(self):
-        w = {"buffer": buffer_id(self.buffer), "dtype": self.dtype, "shape": self.shape}
+    def to_wire(self) -> JSON:
+        w: JSON = {"buffer": buffer_id(self.buffer), "dtype": self.dtype, "shape": self.shape}
         if self.offset:
             w["offset"] = self.offset
         if self.strides is not None:
             w["strides"] = self.strides
         return w
 
-    def transposed(self):
+    def transposed(self) -> "Operand":
         """The same memory seen as its transpose (2-D only); strides swap."""
         if len(self.shape) != 2:
             raise ValueError("transposed() needs a 2-D operand")
         st = self.strides or [self.shape[1], 1]
         return Operand(self.buffer, self.offset, self.dtype, self.shape[::-1], st[::-1])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Operand({buffer_id(self.buffer)!r}, offset={self.offset}, dtype={self.dtype!r}, "
                 f"shape={self.shape}, strides={self.strides})")
 
 
-class Compute:
+class Compute(ClientPart):
     """The compute part of :class:`regen.Client`."""
 
     def _operand(self, x, name, tensors):
@@ -186,7 +190,8 @@ class Compute:
 
         return self._ring_queue(device, lane, queue)
 
-    def queue_encoded(self, device, op_name, slots, record_scalars, signal_event=None):
+    def queue_encoded(self, device: int, op_name: str, slots: Sequence[Optional[tuple]], record_scalars: tuple,
+                      signal_event: EventLike = None) -> Optional[int]:
         """Queues one compute call on ``device``'s ring without waiting for
         its answer (as ``wait=False``), its operands given already in the
         record's terms: ``slots`` has, per operand slot of the op (ops.OPS
@@ -229,9 +234,12 @@ class Compute:
             return self._compute(op_name, named, scalars, wait_event, signal_event, retry=False)
         raise e
 
-    def gemm(self, a, b, d, c=None, bias=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-             epilogue=None, tf32=False, wait_event=None, signal_event=None, wait=True, aux=None, deadline_ms=None,
-             aux_out=None, a_scale=None, b_scale=None, d_scale=None, amax_d=None):
+    def gemm(self, a: OperandLike, b: OperandLike, d: OperandLike, c: OperandLike = None, bias: OperandLike = None,
+             trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
+             epilogue: Optional[str] = None, tf32: bool = False, wait_event: EventLike = None,
+             signal_event: EventLike = None, wait: bool = True, aux: OperandLike = None,
+             deadline_ms: Optional[int] = None, aux_out: OperandLike = None, a_scale: OperandLike = None,
+             b_scale: OperandLike = None, d_scale: OperandLike = None, amax_d: OperandLike = None) -> int:
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias"; GELU is the tanh approximation).  With
         ``epilogue="dgelu"``, a GELU layer's backward: D = (alpha * op(A) @
@@ -282,8 +290,11 @@ class Compute:
         _put_deadline(scalars, deadline_ms)
         return self._compute("gemm", named, scalars, wait_event, signal_event, wait=wait)
 
-    def attention(self, q, k, v, o, stats=None, scale=None, causal=False, causal_alignment=None,
-                  wait_event=None, signal_event=None, wait=True, seq_len_q=None, seq_len_kv=None, deadline_ms=None):
+    def attention(self, q: OperandLike, k: OperandLike, v: OperandLike, o: OperandLike, stats: OperandLike = None,
+                  scale: Optional[float] = None, causal: bool = False, causal_alignment: Optional[str] = None,
+                  wait_event: EventLike = None, signal_event: EventLike = None, wait: bool = True,
+                  seq_len_q: OperandLike = None, seq_len_kv: OperandLike = None,
+                  deadline_ms: Optional[int] = None) -> int:
         """o = softmax(scale * q k^T [causal mask]) v; q [B, H, Sq, D],
         k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv], o [B, H, Sq, Dv] with H a
         multiple of Hkv (grouped-query attention); ``causal_alignment``
@@ -297,9 +308,12 @@ class Compute:
         named = {"q": q, "k": k, "v": v, "o": o, "stats": stats, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         return self._compute("attention", named, scalars, wait_event, signal_event, wait=wait)
 
-    def attention_backward(self, q, k, v, o, d_o, stats, d_q, d_k, d_v, scale=None, causal=False,
-                           causal_alignment=None, wait_event=None, signal_event=None, wait=True, seq_len_q=None,
-                           seq_len_kv=None, deadline_ms=None):
+    def attention_backward(self, q: OperandLike, k: OperandLike, v: OperandLike, o: OperandLike, d_o: OperandLike,
+                           stats: OperandLike, d_q: OperandLike, d_k: OperandLike, d_v: OperandLike,
+                           scale: Optional[float] = None, causal: bool = False,
+                           causal_alignment: Optional[str] = None, wait_event: EventLike = None,
+                           signal_event: EventLike = None, wait: bool = True, seq_len_q: OperandLike = None,
+                           seq_len_kv: OperandLike = None, deadline_ms: Optional[int] = None) -> int:
         """Gradients of attention: writes d_q, d_k, d_v from the forward's
         q, k, v, o, stats and the incoming d_o; ``seq_len_q`` and
         ``seq_len_kv`` as the forward's (rows past them written 0)."""
@@ -309,30 +323,35 @@ class Compute:
                  "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         return self._compute("attention_backward", named, scalars, wait_event, signal_event, wait=wait)
 
-    def layer_norm(self, x, weight, y, bias=None, mean=None, rstd=None, eps=None, wait_event=None,
-                   signal_event=None, wait=True, deadline_ms=None):
+    def layer_norm(self, x: OperandLike, weight: OperandLike, y: OperandLike, bias: OperandLike = None,
+                   mean: OperandLike = None, rstd: OperandLike = None, eps: Optional[float] = None,
+                   wait_event: EventLike = None, signal_event: EventLike = None, wait: bool = True,
+                   deadline_ms: Optional[int] = None) -> int:
         """y = (x - mean) * rstd * weight + bias over each row of x [rows, n]
         (torch's F.layer_norm(x, [n], weight, bias, eps)), the statistics in
         f32; weight and bias [n] and y [rows, n] of x's dtype; ``mean`` and
         ``rstd`` (f32 [rows], optional) receive each row's statistics for
         layer_norm_backward.  ``eps``: None is regend's 1e-5; else finite
         and > 0.  Rows may be padded (row stride >= n)."""
-        scalars = {}
+        scalars: JSON = {}
         if eps is not None:
             scalars["eps"] = _finite("eps", eps)
         _put_deadline(scalars, deadline_ms)
         named = {"x": x, "weight": weight, "bias": bias, "y": y, "mean": mean, "rstd": rstd}
         return self._compute("layer_norm", named, scalars, wait_event, signal_event, wait=wait)
 
-    def layer_norm_backward(self, d_y, x, weight, mean, rstd, d_x, d_weight=None, d_bias=None, d_residual=None,
-                            wait_event=None, signal_event=None, wait=True, deadline_ms=None):
+    def layer_norm_backward(self, d_y: OperandLike, x: OperandLike, weight: OperandLike, mean: OperandLike,
+                            rstd: OperandLike, d_x: OperandLike, d_weight: OperandLike = None,
+                            d_bias: OperandLike = None, d_residual: OperandLike = None, wait_event: EventLike = None,
+                            signal_event: EventLike = None, wait: bool = True,
+                            deadline_ms: Optional[int] = None) -> int:
         """Gradients of layer_norm from the forward's x, weight, mean, rstd
         and the incoming d_y: writes d_x (plus ``d_residual``, the gradient
         arriving through a residual connection, when given; d_x may be
         d_residual itself), and when given ``d_weight`` = sum over rows of
         d_y * (x - mean) * rstd and ``d_bias`` = sum over rows of d_y
         (weight's dtype, summed in f32)."""
-        scalars = {}
+        scalars: JSON = {}
         _put_deadline(scalars, deadline_ms)
         named = {"d_y": d_y, "x": x, "weight": weight, "mean": mean, "rstd": rstd, "d_x": d_x,
                  "d_weight": d_weight, "d_bias": d_bias, "d_residual": d_residual}

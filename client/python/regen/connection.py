@@ -14,15 +14,18 @@ between two calls) is replaced before the next call is sent.
 import os
 import time
 import weakref
+from types import TracebackType
+from typing import Any, Optional, Sequence, Type
 
 from . import errors
+from ._parts import JSON, ClientPart
 from .varlink import Connection
 
 __all__ = ["Connections", "DEFAULT_SOCKET"]
 
 DEFAULT_SOCKET = "/run/regen/regend.sock"
 
-_live_clients = weakref.WeakSet()
+_live_clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _after_fork_in_child():
@@ -42,22 +45,23 @@ def id_device(ident):
         return None
 
 
-class Connections:
+class Connections(ClientPart):
     """The connections part of :class:`regen.Client`: sockets, the job,
     raw calls and generations.  The other parts (objects, compute, lanes,
     programs, communicators) keep their own state, set up by their
     ``_init_*`` and forgotten by their ``_forget_*``."""
 
-    def __init__(self, socket_path=None, timeout=None, auto_reimport=False, reconnect_wait=10.0, transport=None,
-                 job=None):
+    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = None,
+                 auto_reimport: bool = False, reconnect_wait: float = 10.0, transport: Optional[str] = None,
+                 job: Optional[str] = None) -> None:
         self.socket_path = socket_path or os.environ.get("REGEN_SOCKET") or DEFAULT_SOCKET
-        self.job = job if job is not None else (os.environ.get("REGEN_JOB") or None)
+        self.job: Optional[str] = job if job is not None else (os.environ.get("REGEN_JOB") or None)
         self._job_unsupported = False
         self.timeout = timeout
         self.auto_reimport = auto_reimport
         self.reconnect_wait = reconnect_wait
-        self._main = None
-        self._workers = {}        # device -> Connection
+        self._main: Optional[Connection] = None
+        self._workers: "dict[int, Connection]" = {}
         self._init_lanes(transport)
         self._forget_objects()
         _live_clients.add(self)
@@ -72,7 +76,7 @@ class Connections:
         self.close()
         self._forget_objects()
 
-    def close(self):
+    def close(self) -> None:
         """Close every connection.  Imported buffers stay valid in regend
         until this process exits, closes them or their generation ends."""
         if self._main is not None:
@@ -83,10 +87,11 @@ class Connections:
         self._workers.clear()
         self._close_lanes()
 
-    def __enter__(self):
+    def __enter__(self) -> "Connections":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self.close()
 
     # -- the job ---------------------------------------------------------------
@@ -104,7 +109,7 @@ class Connections:
             conn.close()
             raise
 
-    def set_job(self, job):
+    def set_job(self, job: Optional[str]) -> JSON:
         """States ``job`` (1 to 64 bytes of A-Z a-z 0-9 and . _ - : / @ + =,
         the first a letter or a digit; None forgets it) as the job this
         client works for, at once on the main connection and on every
@@ -234,7 +239,8 @@ class Connections:
             self._note_error(device, e)
             raise
 
-    def call(self, method, parameters=None, device=None, fds=()):
+    def call(self, method: str, parameters: Optional[JSON] = None, device: Optional[int] = None,
+             fds: Sequence[int] = ()) -> JSON:
         """A raw Varlink call: on the main socket, or on ``device``'s worker
         socket.  Returns the reply's parameters; errors raise as usual."""
         if device is None:

@@ -8,6 +8,8 @@ is ``.name``, the reply's parameters ``.parameters``, and each parameter is
 also an attribute: ``except regen.StaleGeneration as e: e.generation``.
 """
 
+from typing import TYPE_CHECKING, Any, Dict, Optional, Type
+
 __all__ = [
     "Error", "ConnectionReset", "Unavailable", "ProtocolError",
     "StaleGeneration", "DeviceLost", "Draining", "NotPermitted", "OutOfMemory",
@@ -20,16 +22,17 @@ __all__ = [
     "error_from_reply",
 ]
 
-_by_name = {}
+_by_name: Dict[str, Type["Error"]] = {}
 
 
 class Error(Exception):
     """A call failed.  ``name`` is the Varlink error name (None for errors
     raised on this side of the socket), ``parameters`` its parameters."""
 
-    name = None
+    name: Optional[str] = None
 
-    def __init__(self, name=None, parameters=None, message=None):
+    def __init__(self, name: Optional[str] = None, parameters: Optional[Dict[str, Any]] = None,
+                 message: Optional[str] = None) -> None:
         self.name = name if name is not None else type(self).name
         self.parameters = dict(parameters or {})
         if message is None:
@@ -41,6 +44,10 @@ class Error(Exception):
             if key.isidentifier() and not hasattr(type(self), key) and key not in self.__dict__:
                 setattr(self, key, value)
         super().__init__(self._text())
+
+    if TYPE_CHECKING:
+        # A parameter of the reply is an attribute (e.generation).
+        def __getattr__(self, name: str) -> Any: ...
 
     def _text(self):
         # Parameters the message already spells out are not repeated.
@@ -222,7 +229,7 @@ class ExpectedMore(Error):
     pass
 
 
-def error_from_reply(name, parameters):
+def error_from_reply(name: str, parameters: Optional[Dict[str, Any]]) -> Error:
     """The exception for a reply's ``error`` name and ``parameters``."""
     cls = _by_name.get(name, Error)
     return cls(name, parameters)

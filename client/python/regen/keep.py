@@ -24,6 +24,9 @@ program updates in place with a journal, the journal's header
 
 import os
 import struct
+from typing import Any, List, Optional, Tuple
+
+from ._parts import JSON, ClientPart
 
 __all__ = ["KeepCalls", "journal_header", "JOURNAL_HEADER_BYTES"]
 
@@ -33,7 +36,7 @@ _JOURNAL_STATES = {0: "empty", 1: "saved", 2: "done"}
 JOURNAL_HEADER_BYTES = 32
 
 
-def journal_header(data):
+def journal_header(data: Any) -> Tuple[str, Optional[int]]:
     """What a program's journal (its first JOURNAL_HEADER_BYTES bytes) says
     of the last Run that named it: ("done", seq) the Run of seq applied
     whole; ("saved", seq) cut by a fault of the worker after it saved the
@@ -45,12 +48,12 @@ def journal_header(data):
     return _JOURNAL_STATES[state], seq
 
 
-class KeepCalls:
+class KeepCalls(ClientPart):
     """The kept-state part of :class:`regen.Client`."""
 
     @staticmethod
-    def _key(job, rank=None, name=None):
-        params = {}
+    def _key(job: Optional[str], rank: Optional[int] = None, name: Optional[str] = None) -> JSON:
+        params: JSON = {}
         if job is not None:
             params["job"] = str(job)
         if rank is not None:
@@ -59,7 +62,8 @@ class KeepCalls:
             params["name"] = str(name)
         return params
 
-    def keep(self, rank, name, fd, size=None, kind="host_fd", device=None, job=None, lease_ms=None):
+    def keep(self, rank: int, name: str, fd: int, size: Optional[int] = None, kind: str = "host_fd",
+             device: Optional[int] = None, job: Optional[str] = None, lease_ms: Optional[int] = None) -> JSON:
         """Keeps the memory of ``fd`` (the caller keeps its fd) under (job,
         rank, name); a name kept before in the set is replaced.  host_fd: a
         memfd made with MFD_ALLOW_SEALING (regend seals it against
@@ -79,7 +83,7 @@ class KeepCalls:
             params["lease_ms"] = int(lease_ms)
         return self._main_call("io.regen.Keep.Keep", params, (fd,))["kept"]
 
-    def commit(self, rank, step, job=None):
+    def commit(self, rank: int, step: int, job: Optional[str] = None) -> List[str]:
         """Records ``step`` as the set's last completed step, once its
         writes are done (for state the rank updates with its own kernels:
         after its stream is synchronised).  Returns the names in the set."""
@@ -87,7 +91,7 @@ class KeepCalls:
         params["step"] = int(step)
         return self._main_call("io.regen.Keep.Commit", params)["names"]
 
-    def take_back(self, rank, name, job=None, uid=None):
+    def take_back(self, rank: int, name: str, job: Optional[str] = None, uid: Optional[int] = None) -> Tuple[JSON, int]:
         """Takes back one name: (kept, fd), the fd the caller's to map and
         close.  The name stays kept and this process holds the set from now
         on.  :class:`regen.NoSuchObject` when nothing is kept under it;
@@ -103,7 +107,7 @@ class KeepCalls:
             os.close(extra)
         return reply["kept"], fds[0]
 
-    def drop(self, job, rank=None, name=None, uid=None):
+    def drop(self, job: str, rank: Optional[int] = None, name: Optional[str] = None, uid: Optional[int] = None) -> JSON:
         """Frees kept memory now: one name, one set (no name) or every set
         of the job.  {"names", "bytes"} dropped."""
         params = self._key(job, rank, name)
@@ -111,7 +115,7 @@ class KeepCalls:
             params["uid"] = int(uid)
         return self._main_call("io.regen.Keep.Drop", params)
 
-    def kept(self, job=None, uid=None):
+    def kept(self, job: Optional[str] = None, uid: Optional[int] = None) -> List[JSON]:
         """Every name kept on the node, or those of ``job`` and ``uid``."""
         params = self._key(job)
         if uid is not None:

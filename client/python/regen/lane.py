@@ -20,8 +20,10 @@ one never finds it handed out again.
 import errno
 import os
 import time
+from typing import Dict, Optional
 
 from . import accel, errors
+from ._parts import ClientPart
 
 __all__ = ["Lane", "Lanes", "ring_supported", "QUEUE_MAX"]
 
@@ -85,7 +87,7 @@ class Lane:
         return self.varlink_submitted > self.varlink_completed
 
 
-class Lanes:
+class Lanes(ClientPart):
     """The lanes part of :class:`regen.Client`: a lane per device, the
     transport, and the waits."""
 
@@ -206,7 +208,7 @@ class Lanes:
                                    None) from None
         return self._ring_client
 
-    def set_transport(self, transport):
+    def set_transport(self, transport: str) -> None:
         """"auto", "ring" or "varlink" from the next call on (a lane with
         calls outstanding switches after them).  A connection keeps the ring
         it opened for when it is wanted again."""
@@ -217,7 +219,7 @@ class Lanes:
         # outstanding (_lane).
         self._transport_epoch += 1
 
-    def lane_transport(self, device):
+    def lane_transport(self, device: int) -> Optional[str]:
         """"ring" or "varlink": what ``device``'s lane uses now (None before
         its first compute call)."""
         lane = self._lanes.get(device)
@@ -227,7 +229,7 @@ class Lanes:
             return None   # picks again on its next call
         return "ring" if lane.ring else "varlink"
 
-    def last_timing(self, device):
+    def last_timing(self, device: int) -> Optional[Dict[str, int]]:
         """Where ``device``'s last call answered over the ring spent its time
         in the worker: a dict of taken_ns, launched_ns, finished_ns and
         published_ns (CLOCK_MONOTONIC, the clock of time.monotonic_ns(); 0
@@ -242,7 +244,7 @@ class Lanes:
             return None
         return dict(zip(("taken_ns", "launched_ns", "finished_ns", "published_ns"), t))
 
-    def doorbells(self):
+    def doorbells(self) -> int:
         """Doorbells rung on the lanes' rings: how often a record found the
         worker asleep."""
         return accel.module.doorbells(self._ring_client) if self._ring_client is not None else 0
@@ -388,7 +390,7 @@ class Lanes:
             lane.error = None
         return e, at
 
-    def wait(self, device, ticket=None):
+    def wait(self, device: int, ticket: Optional[int] = None) -> Optional[int]:
         """Waits for the calls queued on ``device``'s lane (with
         ``wait=False``) up to ``ticket`` (default: all); raises the first
         error among them.  Returns the elapsed_us of the last one answered."""

@@ -11,8 +11,10 @@ are tensors are resolved there; this module knows no torch.
 import fcntl
 import importlib
 import sys
+from typing import Any, Callable, Optional, Union
 
 from . import errors
+from ._parts import JSON, ClientPart
 from .connection import id_device
 
 __all__ = ["Objects", "Buffer", "Event", "normalize_ipc_handle"]
@@ -24,13 +26,13 @@ class _Object:
 
     __slots__ = ("id", "device", "generation", "closed")
 
-    def __init__(self, id, device, generation):
+    def __init__(self, id: str, device: int, generation: int) -> None:
         self.id = id
         self.device = device
         self.generation = generation
         self.closed = False
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.id
 
     def _state(self):
@@ -44,12 +46,12 @@ class Buffer(_Object):
 
     __slots__ = ("size", "kind", "keepalive", "_on_drop")
 
-    def __init__(self, id, device, generation, size, kind, keepalive=None):
+    def __init__(self, id: str, device: int, generation: int, size: int, kind: str, keepalive: Any = None) -> None:
         super().__init__(id, device, generation)
         self.size = size
         self.kind = kind
         self.keepalive = keepalive
-        self._on_drop = None
+        self._on_drop: Optional[Callable[[], None]] = None
 
     def _drop(self):
         """regend maps this memory no more: let it go."""
@@ -73,11 +75,11 @@ class Event(_Object):
         return f"<regen.Event {self.id} dev={self.device} gen={self.generation}{self._state()}>"
 
 
-def buffer_id(buf):
+def buffer_id(buf: Union[Buffer, str]) -> str:
     return buf.id if isinstance(buf, Buffer) else str(buf)
 
 
-def event_id(ev):
+def event_id(ev: Union["Event", str]) -> str:
     return ev.id if isinstance(ev, Event) else str(ev)
 
 
@@ -97,7 +99,7 @@ def tensor_imports(client, create=True):
     return tensors
 
 
-class Objects:
+class Objects(ClientPart):
     """The objects part of :class:`regen.Client`: imports, closes, and the
     generations they live in."""
 
@@ -137,7 +139,7 @@ class Objects:
             params["offset"] = int(offset)
         return self._import(device, params, fds=[fd])
 
-    def import_memfd(self, device, fd, size, offset=0):
+    def import_memfd(self, device: int, fd: int, size: int, offset: int = 0) -> Buffer:
         """Map ``size`` bytes at ``offset`` of a memfd the caller owns (host
         backend), made with os.MFD_ALLOW_SEALING: it is sealed against
         shrinking here (F_SEAL_SHRINK), which regend requires so that the
@@ -149,13 +151,14 @@ class Objects:
             pass  # regend refuses it with ImportFailed, which says why
         return self._import_fd(device, "host_fd", fd, size, offset)
 
-    def import_cuda_fd(self, device, fd, size, offset=0):
+    def import_cuda_fd(self, device: int, fd: int, size: int, offset: int = 0) -> Buffer:
         """Map [offset, offset+size) of a CUDA VMM allocation exported as a
         POSIX file descriptor (cuMemExportToShareableHandle).  The fd is
         passed with SCM_RIGHTS; the caller may close its copy afterwards."""
         return self._import_fd(device, "cuda_fd", fd, size, offset)
 
-    def import_cuda_ipc(self, device, handle_bytes, offset, size, keepalive=None):
+    def import_cuda_ipc(self, device: int, handle_bytes: Union[bytes, str], offset: int, size: int,
+                        keepalive: Any = None) -> Buffer:
         """Map [offset, offset+size) of the allocation a cudaIpcMemHandle_t
         names.  ``handle_bytes``: the 64-byte handle, torch's versioned
         shareable handle (a version byte, b"c", then the 64 bytes), or 128
@@ -165,7 +168,7 @@ class Objects:
                   "offset": int(offset), "handle": handle}
         return self._import(device, params, keepalive=keepalive)
 
-    def import_tensor(self, tensor, device=None):
+    def import_tensor(self, tensor: Any, device: Optional[int] = None) -> Buffer:
         """Share a torch CUDA tensor's storage with regend by CUDA IPC.  The
         Buffer covers the whole storage and keeps ``tensor`` alive until it
         is closed.  A storage already imported in the current generation is
@@ -180,7 +183,7 @@ class Objects:
             raise TypeError("import_tensor needs a CUDA tensor; for host memory use import_memfd")
         return tensors.import_tensor(tensor, device)
 
-    def close_tensor(self, tensor, device=None):
+    def close_tensor(self, tensor: Any, device: Optional[int] = None) -> bool:
         """Close the buffer import_tensor (or a GEMM on the tensor) made for
         this tensor's storage, if any; returns whether there was one."""
         tensors = tensor_imports(self, create=False)
@@ -204,7 +207,7 @@ class Objects:
         forget(obj)
         return reply
 
-    def close_buffer(self, buffer):
+    def close_buffer(self, buffer: Union[Buffer, str]) -> JSON:
         """Unmap a buffer in regend, then drop what kept its memory alive.
         After a ConnectionReset the buffer is kept: the worker may still map it."""
         bid = buffer_id(buffer)
@@ -219,7 +222,7 @@ class Objects:
             self._tensors.forget_buffer(buf)
         buf._drop()
 
-    def import_event(self, device, handle_bytes):
+    def import_event(self, device: int, handle_bytes: Union[bytes, str]) -> "Event":
         """Import a cudaIpcEventHandle_t (64 bytes, or 128 hex digits) of an
         event created with interprocess=True; returns an :class:`Event` for
         the ``wait_event``/``signal_event`` of compute calls."""
@@ -230,7 +233,7 @@ class Objects:
         self._events[ev.id] = ev
         return ev
 
-    def close_event(self, event):
+    def close_event(self, event: Union["Event", str]) -> JSON:
         """Forget an event in regend (an Event or its id)."""
         eid = event_id(event)
         return self._close("io.regen.Memory.CloseEvent", "event", eid, self._events.get(eid), self._forget_event)
@@ -258,7 +261,7 @@ def _handle_hex(handle, what):
     return raw.hex()
 
 
-def normalize_ipc_handle(handle):
+def normalize_ipc_handle(handle: Union[bytes, bytearray, memoryview, str]) -> str:
     """128 hex digits of a cudaIpcMemHandle_t from what torch or CUDA gives."""
     if isinstance(handle, str):
         return _handle_hex(handle, "cudaIpcMemHandle_t")

@@ -75,7 +75,10 @@ class PoolRef:
 
 
 def find_libregen():
-    """The path of libregen.so to load, or None."""
+    """The path of libregen.so to load, or None: $REGEN_LIBREGEN ("none":
+    none), a build tree's ($REGEN_BUILD_ROOT), the one inside this package
+    (the wheel's, regen/libregen.so.0: it speaks this package's protocol),
+    else the system's (libregen0, meson install)."""
     given = os.environ.get("REGEN_LIBREGEN")
     if given == "none":
         return None
@@ -86,6 +89,9 @@ def find_libregen():
             path = os.path.join(root, "client", "libregen.so")
             if os.path.exists(path):
                 return path
+    inside = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libregen.so.0")
+    if os.path.exists(inside):
+        return inside
     found = ctypes.util.find_library("regen")
     if found:
         return found

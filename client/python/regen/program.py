@@ -17,15 +17,17 @@ reason of anything wrong (io.regen.InvalidProgram)."""
 import errno
 import math
 import time
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from . import accel, errors, ops
+from ._parts import JSON, ClientPart, EventLike
 from .compute import record_deadline
 from .objects import tensor_imports
 
 __all__ = ["ProgramBuilder", "Program", "Programs", "run_exactly_once", "attr_value"]
 
 
-def attr_value(v):
+def attr_value(v: Any) -> Any:
     """An attr as Define takes it: JSON has no infinities or NaN, so a
     non-finite float is spelled "inf", "-inf" or "nan" (a mask's -inf)."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -37,11 +39,11 @@ class ProgramBuilder:
     """Collects tensors and nodes in program order. Every method that makes
     a tensor returns its name, which nodes take."""
 
-    def __init__(self, name=None):
+    def __init__(self, name: Optional[str] = None) -> None:
         self.name = name
-        self.tensors = []
-        self.nodes = []
-        self._names = set()
+        self.tensors: List[JSON] = []
+        self.nodes: List[JSON] = []
+        self._names: set = set()
 
     def _tensor(self, name, kind, dtype, shape, strides=None, **extra):
         if name in self._names:
@@ -54,32 +56,34 @@ class ProgramBuilder:
         self.tensors.append(t)
         return name
 
-    def input(self, name, dtype, shape, strides=None):
+    def input(self, name: str, dtype: str, shape: Sequence[int], strides: Optional[Sequence[int]] = None) -> str:
         return self._tensor(name, "input", dtype, shape, strides)
 
-    def output(self, name, dtype, shape, strides=None):
+    def output(self, name: str, dtype: str, shape: Sequence[int], strides: Optional[Sequence[int]] = None) -> str:
         return self._tensor(name, "output", dtype, shape, strides)
 
-    def inout(self, name, dtype, shape, strides=None):
+    def inout(self, name: str, dtype: str, shape: Sequence[int], strides: Optional[Sequence[int]] = None) -> str:
         """A bound tensor the program reads and updates in place (weights,
         optimizer state)."""
         return self._tensor(name, "inout", dtype, shape, strides)
 
-    def scalar(self, name):
+    def scalar(self, name: str) -> str:
         """A value given with each Run (``scalars={name: value}``)."""
         return self._tensor(name, "scalar", "f64", ())
 
-    def intermediate(self, name, dtype, shape):
+    def intermediate(self, name: str, dtype: str, shape: Sequence[int]) -> str:
         return self._tensor(name, "intermediate", dtype, shape)
 
-    def view(self, name, base, shape, strides, offset=0, dtype=None):
+    def view(self, name: str, base: str, shape: Sequence[int], strides: Sequence[int], offset: int = 0,
+             dtype: Optional[str] = None) -> str:
         """Another shape and strides (elements) over ``base``'s memory,
         ``offset`` elements in; the dtype is the base's."""
         if dtype is None:
             dtype = next(t["dtype"] for t in self.tensors if t["name"] == base)
         return self._tensor(name, "view", dtype, shape, strides, base=base, offset=offset)
 
-    def node(self, op, inputs, outputs=None, name=None, **attrs):
+    def node(self, op: str, inputs: Union[Sequence[Optional[str]], Mapping[str, Optional[str]]],
+             outputs: Optional[Sequence[str]] = None, name: Optional[str] = None, **attrs: Any) -> JSON:
         """``inputs``: a list of tensor names (None for an absent optional
         one), or, for the compute ops (gemm, attention, layer_norm, ...), a
         dict from the op's operand names to tensors, outputs included."""
@@ -87,7 +91,7 @@ class ProgramBuilder:
             # The compute ops' operands by name, split into inputs and
             # outputs as their table (regen.ops, from proto/) says.
             out = {o.name for o in ops.OPS[op].operands if o.output} if op in ops.OPS else set()
-            n = {"op": op, "inputs": {k: v for k, v in inputs.items() if k not in out},
+            n: JSON = {"op": op, "inputs": {k: v for k, v in inputs.items() if k not in out},
                  "outputs": {k: v for k, v in inputs.items() if k in out}}
         else:
             n = {"op": op, "inputs": list(inputs)}
@@ -100,8 +104,8 @@ class ProgramBuilder:
         self.nodes.append(n)
         return n
 
-    def definition(self):
-        d = {"tensors": self.tensors, "nodes": self.nodes}
+    def definition(self) -> JSON:
+        d: JSON = {"tensors": self.tensors, "nodes": self.nodes}
         if self.name is not None:
             d["name"] = self.name
         return d
@@ -112,7 +116,7 @@ class Program:
     (nodes after lowering, tensors, scratch_bytes, bound: the names a Run
     binds or gives as scalars)."""
 
-    def __init__(self, device, reply, definition=None):
+    def __init__(self, device: int, reply: JSON, definition: Optional[JSON] = None) -> None:
         self.device = device
         # Kept to define it again where regend lost it: a restart of regend
         # itself (a respawned worker gets its definitions back from the
@@ -131,7 +135,7 @@ class Program:
         # ring names its tensors so (proto/ring.h).
         self.positions = {name: i for i, name in enumerate(self.bound)}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<regen.Program {self.id} on device {self.device}: {self.nodes} nodes>"
 
 
@@ -152,18 +156,20 @@ def bound_at(client, x):
     return str(getattr(buf, "id", buf)), int(offset)
 
 
-class Programs:
+class Programs(ClientPart):
     """The programs part of :class:`regen.Client` (io.regen.Program, on
     the worker socket; libregen's program.c)."""
 
-    def define_program(self, device, definition):
+    def define_program(self, device: int, definition: JSON) -> Program:
         """Defines a program (a dict as ProgramBuilder makes) on ``device``;
         returns a Program. regend checks it whole: a wrong one raises
         InvalidProgram naming the node and why."""
         return Program(device, self._worker_call(device, "io.regen.Program.Define", definition, ()), definition)
 
-    def run_program(self, program, bind, scalars=None, wait_event=None, signal_event=None, deadline_ms=None,
-                    journal=None, seq=None, retry=False, wait=True):
+    def run_program(self, program: Program, bind: Mapping[str, Any], scalars: Optional[Mapping[str, float]] = None,
+                    wait_event: EventLike = None, signal_event: EventLike = None, deadline_ms: Optional[int] = None,
+                    journal: Any = None, seq: Optional[int] = None, retry: bool = False,
+                    wait: bool = True) -> Union[JSON, int]:
         """Runs ``program`` once, on its device's lane in order with the
         lane's other calls: over the lane's ring where it has one (the Run's
         record and, for many bindings, its continuations; a Run naming more
@@ -257,18 +263,18 @@ class Programs:
 
         return self._ring_queue(device, lane, queue)
 
-    def drop_program(self, program):
+    def drop_program(self, program: Program) -> None:
         # A queued Run names it: that Run is taken first (as a queued call's
         # answer is read first).
         self._drain(program.device)
         self._worker_call(program.device, "io.regen.Program.Drop", {"program": program.id}, ())
 
-    def program_status(self, device, program=None):
+    def program_status(self, device: int, program: Optional[Program] = None) -> List[JSON]:
         """Status of one program, or of every program of this process on
         ``device``: a list of dicts (runs, run_us, scratch_bytes, modules,
         module_bytes, compile_us, kernels, graph_captures, graph_launches,
         stream_runs, not_captured)."""
-        params = {} if program is None else {"program": program.id}
+        params: JSON = {} if program is None else {"program": program.id}
         return self._worker_call(device, "io.regen.Program.Status", params, ())["programs"]
 
 
@@ -305,7 +311,8 @@ def _wait_serving(client, device, after, deadline):
         time.sleep(0.02)
 
 
-def run_exactly_once(client, program, bind, journal, seq, scalars=None, timeout=120.0):
+def run_exactly_once(client: Any, program: Program, bind: Any, journal: Any, seq: int,
+                     scalars: Optional[Mapping[str, float]] = None, timeout: float = 120.0) -> int:
     """Runs ``program`` with its in-place updates applied exactly once,
     whatever faults come in between: after a fault it waits for the device
     to serve again, defines the program again if regend lost it (its own

@@ -16,6 +16,8 @@ torch's current stream, through restarts and faults.
     y = rt.transformer_blocks(x, [block_params, ...], heads)  # a stack of them, still one run each way
     with rt.fp8_autocast(recipe=rt.fp8.DelayedScaling()):    # rt.fp8.Linear's GEMMs in FP8 in regend
         y = layer(x)
+    fc, ln = rt.nn.Linear(2048, 8192), rt.nn.LayerNorm(2048)   # nn.Modules as te.Linear, te.LayerNorm, and
+    layer = rt.nn.TransformerLayer(2048, 8192, 16)             # te.TransformerLayer; torch.autocast as torch's
 
 The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
 sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
@@ -33,35 +35,38 @@ except ImportError as _e:  # pragma: no cover - exercised where torch is missing
 import contextlib
 import os
 import threading
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 from ..pool import Pool
 from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, WorkLost, host_empty
 from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
 from ._compile import explain, register as _register_backend
-from . import optim
+from ._norm import layer_norm
+from . import nn, optim
 from . import fp8
 from .fp8 import fp8_autocast
 from ._keep import Kept, keep, restore
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
            "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
-           "BLOCK_PARAMETERS", "explain", "optim",
+           "BLOCK_PARAMETERS", "explain", "optim", "nn", "layer_norm",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
 __all__ += ["keep", "restore", "Kept", "fp8", "fp8_autocast"]
 
 _lock = threading.Lock()
-_runtime = None
-_config = {}
-_pools = {}
+_runtime: Optional[Runtime] = None
+_config: Dict[str, Any] = {}
+_pools: Dict[int, Any] = {}
 # The CUDAPluggableAllocator that is torch's current allocator, once
 # use_pool_for_process() made it so (kept alive with the process).
-_process_allocator = None
+_process_allocator: Any = None
 
 
-def configure(socket=None, ordering=None, timeout=None, recovery_timeout=None, host_device=0, device_map=None,
-              retry=True):
+def configure(socket: Optional[str] = None, ordering: Optional[str] = None, timeout: Optional[float] = None,
+              recovery_timeout: Optional[float] = None, host_device: int = 0,
+              device_map: Optional[Mapping[int, int]] = None, retry: bool = True) -> Runtime:
     """Set up the process's runtime (before the first operation, or again
     to replace it).  ``socket``: regend's main socket ($REGEN_SOCKET, else
     /run/regen/regend.sock).  ``ordering``: "wait" (default), "events",
@@ -81,7 +86,7 @@ def configure(socket=None, ordering=None, timeout=None, recovery_timeout=None, h
     return _runtime
 
 
-def runtime():
+def runtime() -> Runtime:
     """The process's Runtime (made with configure()'s settings on first use)."""
     global _runtime
     rt = _runtime
@@ -104,7 +109,7 @@ def _allocator():
     return CUDAPluggableAllocator(rt.pool.path, "regen_pool_alloc", "regen_pool_free")
 
 
-def use_pool_for_process():
+def use_pool_for_process() -> None:
     """Allocate every CUDA tensor of this process from libregen's pool
     (memory regend maps once per chunk): torch's current allocator becomes
     a CUDAPluggableAllocator whose alloc and free are libregen's, for every
@@ -143,7 +148,9 @@ def use_pool_for_process():
         why = pool_.cuda_available()
         if why is not None:
             raise NotSupported(parameters={"message": f"regen.torch.use_pool_for_process(): {why}"})
-        from torch.cuda.memory import CUDAPluggableAllocator, change_current_allocator
+        # Any: torch < 2.1's stubs have neither.
+        memory: Any = _torch.cuda.memory
+        CUDAPluggableAllocator, change_current_allocator = memory.CUDAPluggableAllocator, memory.change_current_allocator
         allocator = CUDAPluggableAllocator(pool_.path, "regen_pool_alloc", "regen_pool_free")
         pool_.set_process_allocator(True)
         try:
@@ -156,13 +163,13 @@ def use_pool_for_process():
         _process_allocator = allocator
 
 
-def process_pool_enabled():
+def process_pool_enabled() -> bool:
     """Whether every CUDA allocation of the process comes from libregen's
     pool (use_pool_for_process())."""
     return _process_allocator is not None
 
 
-def empty_cache():
+def empty_cache() -> None:
     """Give libregen's pool's empty CUDA chunks back to the driver (after
     synchronising the devices it has chunks on), as torch.cuda.empty_cache()
     does for torch's allocator; it is what frees cached memory once
@@ -173,7 +180,7 @@ def empty_cache():
 
 
 @contextlib.contextmanager
-def pool(device=None):
+def pool(device: Optional[int] = None) -> Iterator[Any]:
     """Allocate the CUDA tensors made inside the scope from memory regend
     maps once per chunk (a torch.cuda.MemPool over libregen's pool): the
     operations need no import for them.  The MemPool is one per device and
@@ -190,16 +197,17 @@ def pool(device=None):
         raise NotSupported(parameters={"message": "regen.torch.pool() needs torch.cuda.MemPool (torch >= 2.5)"})
     dev = _torch.cuda.current_device() if device is None else _torch.device("cuda", device).index
     runtime().regend_device(_torch.device("cuda", dev))
+    cuda: Any = _torch.cuda   # torch < 2.5's stubs have no MemPool
     with _lock:
         mp = _pools.get(dev)
         if mp is None:
-            mp = _pools[dev] = _torch.cuda.MemPool(_allocator().allocator())
-    with _torch.cuda.use_mem_pool(mp, device=dev):
+            mp = _pools[dev] = cuda.MemPool(_allocator().allocator())
+    with cuda.use_mem_pool(mp, device=dev):
         yield mp
 
 
 @contextlib.contextmanager
-def enable(devices=("cuda",), ops=("matmul", "linear", "sdpa")):
+def enable(devices: Sequence[str] = ("cuda",), ops: Sequence[str] = ("matmul", "linear", "sdpa")) -> Iterator[None]:
     """Inside the scope, torch.matmul (and ``@``), F.linear and
     F.scaled_dot_product_attention run in regend where regend can run them,
     in torch elsewhere (counted in stats()["fallbacks"]).  ``devices``: the
@@ -209,7 +217,7 @@ def enable(devices=("cuda",), ops=("matmul", "linear", "sdpa")):
         yield
 
 
-def stats():
+def stats() -> Dict[str, Any]:
     """Counters of the runtime: calls, handoffs (rank -> regend -> rank; two
     context switches each when the rank has GPU work between them),
     idle_calls (calls that found the rank's stream idle: no hand-off), retries,
@@ -218,7 +226,7 @@ def stats():
     return runtime().stats()
 
 
-def sweep(force=True):
+def sweep(force: bool = True) -> None:
     """Close the block imports whose pinned storage is gone (all of them
     with force; the runtime also does it every few operations)."""
     runtime().sweep(force=force)
@@ -243,7 +251,7 @@ def _driver_mps(index):
         return None
 
 
-def mps_mode():
+def mps_mode() -> Dict[str, Any]:
     """Whether this process and regend's workers run under CUDA MPS.
 
     ``rank``: this process's contexts are MPS clients; asked of the driver

@@ -23,8 +23,11 @@ hidden width off 8 on CUDA) it is recomputed there (one GEMM), as rt.mlp
 does.
 """
 
+from typing import Sequence
+
 import torch
 
+from . import _autocast
 from ._ops import (_column_sums_now, _empty, _gemm, _keeps_gelu_input, _mlp_backward, _mode_off, _rt,
                    _sdpa_packed_backward, _sdpa_packed_kernel)
 
@@ -170,8 +173,11 @@ class _Blocks(torch.autograd.Function):
             return (g.view(b, s, w), None, None, None, *[gp if n else None for gp, n in zip(grads, needs)])
 
 
-def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
-                      up_weight, up_bias, down_weight, down_bias, heads, eps=1e-5):
+def transformer_block(x: torch.Tensor, ln1_weight: torch.Tensor, ln1_bias: torch.Tensor, qkv_weight: torch.Tensor,
+                      qkv_bias: torch.Tensor, proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+                      ln2_weight: torch.Tensor, ln2_bias: torch.Tensor, up_weight: torch.Tensor,
+                      up_bias: torch.Tensor, down_weight: torch.Tensor, down_bias: torch.Tensor, heads: int,
+                      eps: float = 1e-5) -> torch.Tensor:
     """A pre-LayerNorm GPT block (causal attention over ``heads`` heads,
     GELU with the tanh approximation) on x [B, S, W], forward and backward
     each as one run of regend calls (one hand-off each way).  The weights
@@ -179,12 +185,29 @@ def transformer_block(x, ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight
     device."""
     params = (ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias, ln2_weight, ln2_bias,
               up_weight, up_bias, down_weight, down_bias)
+    return _run_blocks(x, [params], heads, eps)
+
+
+def _run_blocks(x, layers, heads, eps):
+    """The blocks' one autograd node, inside torch.autocast with x and
+    every parameter in the dtype autocast gives a linear layer there (the
+    blocks' GEMMs; LayerNorm's statistics are f32 in regend either way), so
+    the output is in that dtype too, where torch's unfused layers would
+    give float32 from a residual sum that promotes."""
+    device_type = x.device.type
+    if _autocast.state(device_type)[0]:
+        dtype = _autocast.compute_dtype("linear", x, layers[0][2], layers[0][3])
+        if dtype is not None:
+            x, layers = _autocast.cast_to(dtype, x), [_autocast.cast_to(dtype, *params) for params in layers]
+        with _autocast.off(device_type):
+            return _run_blocks(x, layers, heads, eps)
     with _mode_off():
-        _check(x, [params], int(heads))
-    return _Blocks.apply(x, int(heads), float(eps), 1, *params)
+        _check(x, layers, int(heads))
+    return _Blocks.apply(x, int(heads), float(eps), len(layers), *[p for params in layers for p in params])
 
 
-def transformer_blocks(x, layers, heads, eps=1e-5):
+def transformer_blocks(x: torch.Tensor, layers: Sequence[Sequence[torch.Tensor]], heads: int,
+                       eps: float = 1e-5) -> torch.Tensor:
     """Blocks as transformer_block's, one after another on x [B, S, W]
     (``layers``: a sequence of each block's 12 parameters, in
     BLOCK_PARAMETERS order): the whole stack's forward is one run of regend
@@ -196,6 +219,4 @@ def transformer_blocks(x, layers, heads, eps=1e-5):
     layers = [tuple(params) for params in layers]
     if not layers:
         return x
-    with _mode_off():
-        _check(x, layers, int(heads))
-    return _Blocks.apply(x, int(heads), float(eps), len(layers), *[p for params in layers for p in params])
+    return _run_blocks(x, layers, heads, eps)

@@ -29,6 +29,8 @@ import mmap
 import os
 import struct
 
+from typing import Any, Dict, List, Optional, Tuple
+
 import torch
 
 from .. import errors
@@ -41,7 +43,7 @@ _INDEX = "index"
 _INDEX_HALF = 1 << 20
 # Chunks taken back in this process: their pool serial -> their kept name,
 # so that keeping them again keeps them under the same names.
-_adopted = {}
+_adopted: Dict[int, str] = {}
 
 
 def _split(key):
@@ -88,14 +90,15 @@ def _values(optimizer, memory):
 class Kept:
     """What keep() kept: commit() marks each completed step."""
 
-    def __init__(self, rt, job, rank, optimizer, index_fd):
+    def __init__(self, rt: Any, job: Optional[str], rank: int, optimizer: Optional[torch.optim.Optimizer],
+                 index_fd: int) -> None:
         self._rt, self.job, self.rank = rt, job, rank
         self._optimizer = optimizer
         self._index = mmap.mmap(index_fd, 8 + 2 * _INDEX_HALF)
         os.close(index_fd)
         self._base = json.loads(_read_index(self._index))
 
-    def commit(self, step):
+    def commit(self, step: int) -> None:
         """Step `step` is done: once the device finished it, the optimizer's
         values go into the index with the step (what restore() returns), and
         regend records the step (Status, regenctl kept)."""
@@ -126,7 +129,8 @@ def _write_index(m, data):
     struct.pack_into("<Q", m, 0, other)
 
 
-def keep(model, optimizer=None, key=None, lease_ms=None):
+def keep(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+         key: Optional[Tuple[Optional[str], int]] = None, lease_ms: Optional[int] = None) -> Kept:
     """Has regend keep the model's parameters and buffers and the
     optimizer's state under ``key`` = (job, rank) (job None: the job that
     names the rank's connection).  Call it once the optimizer has its state
@@ -134,7 +138,7 @@ def keep(model, optimizer=None, key=None, lease_ms=None):
     rt = _runtime()
     job, rank = _split(key)
     entries, chunks = {}, {}
-    candidates = [("param", n, p) for n, p in model.named_parameters()]
+    candidates: List[Tuple[str, str, torch.Tensor]] = [("param", n, p) for n, p in model.named_parameters()]
     candidates += [("buffer", n, b) for n, b in model.named_buffers() if b is not None]
     candidates += [("state", e, v) for e, v in _optimizer_state(optimizer) if torch.is_tensor(v)]
     for kind, name, t in candidates:
@@ -176,7 +180,8 @@ def _chunk_tensor(base, nbytes, device):
     return torch.as_tensor(_Memory(), device=f"cuda:{device}")
 
 
-def restore(model, optimizer=None, key=None):
+def restore(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+            key: Optional[Tuple[Optional[str], int]] = None) -> Optional[int]:
     """Takes back what keep() kept under ``key`` into a freshly built model
     and optimizer: parameters, buffers and optimizer state become views of
     the kept memory at its new addresses (no copy).  Returns the last

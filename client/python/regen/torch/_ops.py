@@ -19,10 +19,11 @@ current stream.
 
 import math
 import sys
-from typing import Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 import torch
 
+from . import _autocast
 from ._runtime import NotSupported, host_empty
 
 __all__ = ["mm", "linear2d", "mlp2d", "sdpa", "sdpa_backward", "sdpa_packed", "HAVE_CUSTOM_OP"]
@@ -76,7 +77,7 @@ def _gemm_input(x):
 
 
 _ONES_KEPT = 16
-_ones = {}
+_ones: Dict[tuple, torch.Tensor] = {}
 
 
 def _ones_row(m, like):
@@ -455,12 +456,14 @@ def _mlp_backward_in_torch(needs, x, w1, b1, w2, b2, grad):
 HAVE_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
 
 if HAVE_CUSTOM_OP:
-    _mm_op = torch.library.custom_op("regen::mm", _mm_kernel, mutates_args=())
-    _linear_op = torch.library.custom_op("regen::linear", _linear_kernel, mutates_args=())
-    _sdpa_op = torch.library.custom_op("regen::sdpa", _sdpa_kernel, mutates_args=())
-    _mlp_op = torch.library.custom_op("regen::mlp", _mlp_kernel, mutates_args=())
-    _sdpa_packed_op = torch.library.custom_op("regen::sdpa_packed", _sdpa_packed_kernel, mutates_args=())
-    _sdpa_backward_op = torch.library.custom_op("regen::sdpa_backward", _sdpa_backward_kernel, mutates_args=())
+    # Typed as Any: torch < 2.4's stubs have no custom_op.
+    _custom_op: Any = getattr(torch.library, "custom_op")
+    _mm_op = _custom_op("regen::mm", _mm_kernel, mutates_args=())
+    _linear_op = _custom_op("regen::linear", _linear_kernel, mutates_args=())
+    _sdpa_op = _custom_op("regen::sdpa", _sdpa_kernel, mutates_args=())
+    _mlp_op = _custom_op("regen::mlp", _mlp_kernel, mutates_args=())
+    _sdpa_packed_op = _custom_op("regen::sdpa_packed", _sdpa_packed_kernel, mutates_args=())
+    _sdpa_backward_op = _custom_op("regen::sdpa_backward", _sdpa_backward_kernel, mutates_args=())
     _mm_op.register_fake(_mm_fake)
     _linear_op.register_fake(_linear_fake)
     _sdpa_op.register_fake(_sdpa_fake)
@@ -655,7 +658,38 @@ else:
 
 # ---- the public functions (torch's signatures) ------------------------------------
 
-def matmul(a, b):
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def _autocasting(op: str, *names: str) -> Callable[[_Function], _Function]:
+    """The public function's tensor arguments ``names`` as torch's autocast
+    would hand torch's ``op`` its own (regen/torch/_autocast.py), and the
+    function run with autocast off; nothing changes where autocast is off
+    for the first argument's device type."""
+    import functools
+    import inspect
+
+    def wrap(fn: _Function) -> _Function:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            first = args[0] if args else kwargs.get(names[0])
+            if not isinstance(first, torch.Tensor) or not _autocast.state(first.device.type)[0]:
+                return fn(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            given = [bound.arguments.get(n) for n in names]
+            for n, t in zip(names, _autocast.cast(op, *given)):
+                if n in bound.arguments:
+                    bound.arguments[n] = t
+            with _autocast.off(first.device.type):
+                return fn(*bound.args, **bound.kwargs)
+        return run  # type: ignore[return-value]
+    return wrap
+
+
+@_autocasting("matmul", "a", "b")
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch.matmul through regend: 1-D and 2-D operands, and a left
     operand of any rank against a 2-D right one (its leading dimensions
     flattened into one GEMM).  A batched right operand raises NotSupported."""
@@ -674,7 +708,9 @@ def matmul(a, b):
     return mm(a.reshape(-1, a.shape[-1]), b).reshape(*lead, b.shape[-1])
 
 
-def linear(x, weight, bias=None, activation=None):
+@_autocasting("linear", "x", "weight", "bias")
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None) -> torch.Tensor:
     """F.linear through regend (y = x @ weight.T + bias), with an optional
     fused activation: "gelu" (tanh approximation, F.gelu(approximate="tanh"))."""
     activation = activation or "none"
@@ -687,7 +723,9 @@ def linear(x, weight, bias=None, activation=None):
     return out.reshape(*lead, weight.shape[0])
 
 
-def mlp(x, w1, b1, w2, b2):
+@_autocasting("linear", "x", "w1", "b1", "w2", "b2")
+def mlp(x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+        b2: Optional[torch.Tensor]) -> torch.Tensor:
     """A transformer's MLP, F.linear(F.gelu(F.linear(x, w1, b1),
     approximate="tanh"), w2, b2), as one operation: forward two GEMMs with
     GELU in the first one's epilogue, backward all five gradients in regend
@@ -702,7 +740,9 @@ def mlp(x, w1, b1, w2, b2):
     return mlp2d(x.reshape(-1, x.shape[-1]), w1, b1, w2, b2).reshape(*lead, w2.shape[0])
 
 
-def attention_packed(qkv, heads, is_causal=False, scale=None):
+@_autocasting("sdpa_packed", "qkv")
+def attention_packed(qkv: torch.Tensor, heads: int, is_causal: bool = False,
+                     scale: Optional[float] = None) -> torch.Tensor:
     """Attention over a fused qkv projection's output [B, S, 3 * H * D]
     (q, k and v side by side in its last dimension, each H heads of D, as
     ``proj(x).view(B, S, 3, H, D)`` splits it), returning [B, S, H * D]:
@@ -717,8 +757,11 @@ def attention_packed(qkv, heads, is_causal=False, scale=None):
     return sdpa_packed(qkv, int(heads), bool(is_causal), None if scale is None else float(scale))
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+@_autocasting("sdpa", "query", "key", "value")
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
     """F.scaled_dot_product_attention through regend (cuDNN's fused flash
     attention on the CUDA backend): q [B, H, Sq, D], k [B, Hkv, Skv, D],
     v [B, Hkv, Skv, Dv].  No attn_mask and no dropout (NotSupported);

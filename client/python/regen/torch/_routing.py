@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import _ops
+from . import _autocast, _ops
 from ._runtime import DTYPES, NotSupported
 
 _SDPA = getattr(F, "scaled_dot_product_attention", None)
@@ -31,6 +31,14 @@ def _tensors_ok(tensors, devices):
     return dev is not None
 
 
+def _one_dtype(op, *tensors):
+    """Whether the tensors meet regend's operation in one dtype: theirs, or
+    the one torch's autocast gives ``op`` here."""
+    if len({t.dtype for t in tensors}) == 1:
+        return True
+    return _autocast.compute_dtype(op, *tensors) is not None
+
+
 class RegendMode(TorchFunctionMode):
     """What enable() pushes.  ``devices``: the torch device types sent to
     regend ("cuda"; add "cpu" for regend's host backend)."""
@@ -45,7 +53,7 @@ class RegendMode(TorchFunctionMode):
         try:
             if "matmul" in self.ops and func in _MATMULS and not kwargs.get("out") and len(args) == 2:
                 a, b = args
-                if _tensors_ok((a, b), self.devices) and a.dtype == b.dtype and b.dim() <= 2:
+                if _tensors_ok((a, b), self.devices) and _one_dtype("matmul", a, b) and b.dim() <= 2:
                     return _ops.matmul(a, b)
             elif "linear" in self.ops and func in _LINEARS:
                 # F.linear(input, weight, bias=None), any of them by name.
@@ -53,7 +61,7 @@ class RegendMode(TorchFunctionMode):
                 bound.update(kwargs)
                 x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
                 if (len(bound) == len(args) + len(kwargs) and set(bound) <= {"input", "weight", "bias"} and
-                        _tensors_ok((x, w, bias), self.devices) and w is not None and x.dtype == w.dtype):
+                        _tensors_ok((x, w, bias), self.devices) and w is not None and _one_dtype("linear", x, w)):
                     return _ops.linear(x, w, bias)
             elif "sdpa" in self.ops and _SDPA is not None and func is _SDPA:
                 routed = self._sdpa(args, kwargs)
@@ -73,12 +81,12 @@ class RegendMode(TorchFunctionMode):
         if set(bound) - set(names):
             return None
         q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
-        if not _tensors_ok((q, k, v), self.devices) or not (q.dtype == k.dtype == v.dtype):
+        if not _tensors_ok((q, k, v), self.devices) or not _one_dtype("sdpa", q, k, v):
             return None
         if bound.get("attn_mask") is not None or bound.get("dropout_p", 0.0) or q.dim() != 4:
             return None
         # cuDNN's attention (the CUDA backend) takes bf16 and f16 only.
-        if q.device.type == "cuda" and q.dtype == torch.float32:
+        if q.device.type == "cuda" and (_autocast.compute_dtype("sdpa", q, k, v) or q.dtype) == torch.float32:
             return None
         return _ops.scaled_dot_product_attention(q, k, v, is_causal=bool(bound.get("is_causal", False)),
                                                  scale=bound.get("scale"),

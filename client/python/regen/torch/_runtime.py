@@ -46,6 +46,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Sequence
 
 import torch
 
@@ -96,6 +97,14 @@ class PoolTooLate(errors.Error, RuntimeError):
     (or import regen.torch with the variable set) before any CUDA work."""
 
     name = "io.regen.torch.PoolTooLate"
+
+
+def out_of_memory(e, what):
+    """regend's io.regen.OutOfMemory as torch's own kernels say it
+    (torch.cuda.OutOfMemoryError, a RuntimeError, since torch 1.13;
+    RuntimeError before): training loops catch it to shrink a batch."""
+    oom = getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
+    return oom(f"regend ran out of memory for {what}: {e}")
 
 
 class NotSupported(errors.Error, NotImplementedError):
@@ -592,13 +601,15 @@ class Runtime:
         except _RECOVERABLE as e:
             self._redo(e, deferred)
             return
-        except BaseException:
+        except BaseException as e:
             # A call among them was refused; the others were answered at
             # launch and may still run: the rank's stream waits for them
             # all the same, or its next kernels could reuse memory they
             # still write once the caller carries on.
             if pair is not None:
                 self._follow(device, stream, pair)
+            if isinstance(e, errors.OutOfMemory):
+                raise out_of_memory(e, "a batch's call") from e
             raise
         finally:
             self.counters["flush_us"] += (time.perf_counter() - entered) * 1e6
@@ -647,8 +658,13 @@ class Runtime:
             except _RECOVERABLE as e:
                 # Calls queued before this one (a batch's) go again first.
                 calls, self._deferred, self._deferred_at = self._deferred + [(op, tensors, scalars)], [], None
-                self._redo(e, calls)
+                try:
+                    self._redo(e, calls)
+                except errors.OutOfMemory as oom:
+                    raise out_of_memory(oom, op) from oom
                 idle = False
+            except errors.OutOfMemory as e:
+                raise out_of_memory(e, op) from e
             self.counters["calls"] += 1
             # A call that found the rank's stream idle follows the last
             # regend call with no rank GPU work between: the same hand-off.
@@ -892,10 +908,7 @@ class Runtime:
                     self._recover(e, tensors, attempts, deadline)
                     self.counters["retries"] += 1
                 except errors.OutOfMemory as e:
-                    # As torch's own kernels would say it: training loops
-                    # catch torch.cuda.OutOfMemoryError to shrink a batch.
-                    oom = getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
-                    raise oom(f"regend ran out of memory for a program Run: {e}") from e
+                    raise out_of_memory(e, "a program Run") from e
                 except errors.NoSuchObject:
                     # A new worker knows no program of ours: define again.
                     attempts += 1
@@ -1117,7 +1130,7 @@ class _Batch:
             rt.lock.release()
 
 
-_live_runtimes = weakref.WeakSet()
+_live_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
 
 def _after_fork_in_child():
@@ -1167,7 +1180,7 @@ def _release_counter(counter):
 _host_pool_lock = threading.Lock()
 
 
-def host_empty(shape, dtype):
+def host_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor in libregen's host pool (memfd chunks
     regend's host backend maps): what regen.torch allocates outputs of CPU
     operations in."""

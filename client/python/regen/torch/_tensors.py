@@ -270,7 +270,7 @@ def _tensor_dtype(t):
     return name
 
 
-_DTYPES_BY_TORCH = {}
+_DTYPES_BY_TORCH: dict = {}
 
 
 def release_ipc_counter(handle, offset):
@@ -331,4 +331,4 @@ def _sync_torch(tensors):
         stream.synchronize()
 
 
-_CURRENT_STREAMS = {}
+_CURRENT_STREAMS: dict = {}

@@ -17,6 +17,8 @@ group's lr and step count are scalars of the Run, not of the definition.
 import itertools
 import weakref
 
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
 import torch
 
 _serials = itertools.count(1)
@@ -26,7 +28,8 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 class AdamW(torch.optim.Optimizer):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -38,7 +41,7 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self._journal = None
-        self._definitions = {}   # the parameters' layout and constants -> the program's definition
+        self._definitions: Dict[Any, Any] = {}   # the parameters' layout and constants -> the program's definition
         self._serial = next(_serials)
         from ._compile import forget_programs
         weakref.finalize(self, forget_programs, self._serial, "optimizer")
@@ -81,12 +84,15 @@ class AdamW(torch.optim.Optimizer):
         return j
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        groups, tensors, scalars, key = [], {}, {}, []
+        groups: List[Any] = []
+        tensors: Dict[str, torch.Tensor] = {}
+        scalars: Dict[str, float] = {}
+        key: Any = []
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
