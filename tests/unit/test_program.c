@@ -858,7 +858,7 @@ static const struct lowering lowerings[] = {
 	  "mul mul mean mul sub mul" },
 	{ PROG("", "{'op':'softmax','name':'n','inputs':['a'],'outputs':['y']}"), "max sub exp sum div" },
 	{ PROG("", "{'op':'softmax_backward','name':'n','inputs':['a','a'],'outputs':['y']}"), "mul sum sub mul" },
-	{ PROG("", "{'op':'log_softmax','name':'n','inputs':['a'],'outputs':['y']}"), "max sub exp sum log sub" },
+	{ PROG("", "{'op':'log_softmax','name':'n','inputs':['a'],'outputs':['y']}"), "max sub exp sum log add sub" },
 	{ PROG("", "{'op':'log_softmax_backward','name':'n','inputs':['a','a'],'outputs':['y']}"), "sum exp mul sub" },
 	{ PROG(",{'name':'t','kind':'input','dtype':'i32','shape':[4]},{'name':'lse','kind':'output','dtype':'f32','shape':[4]}",
 	       "{'op':'cross_entropy','name':'n','inputs':['a','t'],'outputs':['r','lse']}"),
