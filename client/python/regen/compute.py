@@ -10,7 +10,7 @@ Operands that are torch tensors are resolved by regen.torch
 """
 
 import errno
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import accel, errors, ops
 from ._parts import JSON, ClientPart, EventLike, OperandLike
@@ -358,31 +358,36 @@ class Compute(ClientPart):
         return self._compute("layer_norm_backward", named, scalars, wait_event, signal_event, wait=wait)
 
 
-    def quantize(self, x, scale, y, amax=None, wait_event=None, signal_event=None, wait=True, deadline_ms=None):
+    def quantize(self, x: OperandLike, scale: OperandLike, y: OperandLike, amax: OperandLike = None,
+                 wait_event: EventLike = None, signal_event: EventLike = None, wait: bool = True,
+                 deadline_ms: Optional[int] = None) -> int:
         """y = fp8(x * scale): x [rows, cols] in f32, f16 or bf16 (rows may
         be padded), ``scale`` an f32 [1] (stored = real * scale), y [rows,
         cols] in "e4m3" or "e5m2", the f32 product rounded to nearest even
         and saturated to y's largest finite value; ``amax`` (f32 [1],
         optional) receives max |x|: point it at row 0 of the tensor's
         column of an amax history (scale_update)."""
-        scalars = {}
+        scalars: Dict[str, Any] = {}
         _put_deadline(scalars, deadline_ms)
         named = {"x": x, "scale": scale, "y": y, "amax": amax}
         return self._compute("quantize", named, scalars, wait_event, signal_event, wait=wait)
 
-    def transpose_quantize(self, x, scale, y_t, y=None, amax=None, wait_event=None, signal_event=None, wait=True,
-                           deadline_ms=None):
+    def transpose_quantize(self, x: OperandLike, scale: OperandLike, y_t: OperandLike, y: OperandLike = None,
+                           amax: OperandLike = None, wait_event: EventLike = None, signal_event: EventLike = None,
+                           wait: bool = True, deadline_ms: Optional[int] = None) -> int:
         """quantize() that writes ``y_t`` [cols, rows], y transposed, and
         ``y`` itself when given: the other layout an FP8 GEMM's operand may
         need (FP8 GEMMs take K-contiguous operands only)."""
-        scalars = {}
+        scalars: Dict[str, Any] = {}
         _put_deadline(scalars, deadline_ms)
         named = {"x": x, "scale": scale, "y": y, "amax": amax, "y_t": y_t}
         return self._compute("transpose_quantize", named, scalars, wait_event, signal_event, wait=wait)
 
-    def scale_update(self, amax_history, scale, amax_history_out, scale_out, scale_inv=None, fp8_dtype=None,
-                     amax_compute=None, margin=None, wait_event=None, signal_event=None, wait=True,
-                     deadline_ms=None):
+    def scale_update(self, amax_history: OperandLike, scale: OperandLike, amax_history_out: OperandLike,
+                     scale_out: OperandLike, scale_inv: OperandLike = None, fp8_dtype: Optional[str] = None,
+                     amax_compute: Optional[str] = None, margin: Optional[float] = None,
+                     wait_event: EventLike = None, signal_event: EventLike = None, wait: bool = True,
+                     deadline_ms: Optional[int] = None) -> int:
         """Transformer Engine's delayed-scaling update over N tensors:
         ``amax_history`` f32 [H, N] (column i tensor i's amaxes, row 0 the
         newest), ``scale`` f32 [N]; the columns rolled into

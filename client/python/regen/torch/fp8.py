@@ -52,6 +52,7 @@ import enum
 import math
 import sys
 import threading
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 
@@ -129,7 +130,8 @@ _autocast = threading.local()
 
 
 @contextlib.contextmanager
-def fp8_autocast(enabled=True, recipe=None, fp8_recipe=None):
+def fp8_autocast(enabled: bool = True, recipe: Optional["DelayedScaling"] = None,
+                 fp8_recipe: Optional["DelayedScaling"] = None) -> Iterator[None]:
     """Inside the scope (this thread's), regen.torch.fp8 layers run their
     GEMMs in FP8 with ``recipe`` (a DelayedScaling; None: the default one;
     ``fp8_recipe`` is Transformer Engine's name for it). Scopes nest; the
@@ -309,7 +311,7 @@ def _backward_definition(m, n, k, xdt, wdt, bdt, dy_strides, recipe, need_dx, ne
     return b.definition()
 
 
-_definitions = {}
+_definitions: Dict[Any, Any] = {}
 
 
 def _definition(key, make, *args):
