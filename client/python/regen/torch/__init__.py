@@ -38,14 +38,14 @@ from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
 from ._compile import explain, register as _register_backend
 from . import optim
-from ._keep import Kept, keep, restore
+from ._keep import Kept, Torn, keep, last_put_back, restore
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
            "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
            "BLOCK_PARAMETERS", "explain", "optim",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
-__all__ += ["keep", "restore", "Kept"]
+__all__ += ["keep", "restore", "Kept", "Torn", "last_put_back"]
 
 _lock = threading.Lock()
 _runtime = None
