@@ -6,7 +6,7 @@ in libregen's host pool, regen.torch.restore() at its start and keep() +
 commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
 
     keep_torch_rank.py SOCKET JOB STEPS OUT [--die STEP WHERE] [--opt adam|adamw]
-                       [--no-snapshot] [--width W] [--layers L]
+                       [--no-snapshot] [--width W] [--layers L] [--meta]
 
 --die: SIGKILL itself at STEP, WHERE one of
   before_step   after the forward and backward, before opt.step()
@@ -16,7 +16,8 @@ commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
                 the commit
   mid_forward   after the BatchNorm wrote its statistics
   after_commit  right after the commit
-OUT: the final state (torch.save).  Prints "resume START put_back WHAT
+--meta: the model is built on the meta device for restore() (built again
+for real when nothing is kept).  OUT: the final state (torch.save).  Prints "resume START put_back WHAT
 ptrs_in_pool BOOL" first, then "step N" as each step commits.
 """
 
@@ -58,14 +59,16 @@ def cut_torch_adam_in_half():
     adam_module.adam = half
 
 
-def build(width, layers):
+def build(width, layers, device=None):
     torch.manual_seed(0)
-    mods = [torch.nn.Linear(32, width), torch.nn.BatchNorm1d(width), torch.nn.Tanh()]
+    mods = [torch.nn.Linear(32, width, device=device), torch.nn.BatchNorm1d(width, device=device), torch.nn.Tanh()]
     for _ in range(layers):
-        mods += [torch.nn.Linear(width, width), torch.nn.Tanh()]
-    mods.append(torch.nn.Linear(width, 8))
+        mods += [torch.nn.Linear(width, width, device=device), torch.nn.Tanh()]
+    mods.append(torch.nn.Linear(width, 8, device=device))
     model = torch.nn.Sequential(*mods)
-    model.register_buffer("seen", torch.zeros(4))
+    model.register_buffer("seen", torch.zeros(4, device=device))
+    if device == "meta":
+        return model
     for p in model.parameters():
         p.data = into_pool(p.data)
     for name, b in list(model.named_buffers()):
@@ -80,20 +83,26 @@ def main():
         if "--die" in sys.argv else (None, None)
     kind, snapshot = arg("--opt", "adam"), "--no-snapshot" not in sys.argv
     rt.configure(socket=sock, host_device=0)
-    model = build(arg("--width", 64, int), arg("--layers", 1, int))
-    if kind == "adamw":
-        import regen.torch.optim as ropt
-        opt = ropt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    else:
+
+    def optimizer(model):
+        if kind == "adamw":
+            import regen.torch.optim as ropt
+            return ropt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         # The update a parameter at a time (torch 1.13's default on the
         # CPU; torch 2's foreach path would make one call of it).
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+        return torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+    shape = (arg("--width", 64, int), arg("--layers", 1, int))
+    model = build(*shape, device="meta" if "--meta" in sys.argv else None)
+    opt = optimizer(model)
     key = (job, 0)
     try:
         start = rt.restore(model, opt, key=key)
     except rt.Torn as e:
         print(f"torn {e}", flush=True)
         sys.exit(3)
+    if start is None and "--meta" in sys.argv:
+        model = build(*shape)
+        opt = optimizer(model)
     pool = Pool.get()
     in_pool = all(pool.chunk_of(t.data_ptr()) is not None for t in list(model.parameters()) +
                   list(model.buffers()))

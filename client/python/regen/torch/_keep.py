@@ -500,9 +500,33 @@ def _put_back(layout, commit, memory, views, marks):
     return done
 
 
+def _bind_parameters(model, optimizer, views):
+    """Each parameter becomes a view of kept memory: its .data, or, for a
+    model built on the meta device (which allocates nothing: the rank needs
+    no second copy of what comes back), a new Parameter in its place in
+    every module that holds it and in the optimizer's param_groups."""
+    swaps = {}
+    for name, p in model.named_parameters():
+        view = views[f"param:{name}"]
+        if p.device.type != "meta":
+            p.data = view
+        else:
+            swaps[id(p)] = torch.nn.Parameter(view, requires_grad=p.requires_grad)
+    if not swaps:
+        return
+    for module in model.modules():
+        for attr, p in list(module._parameters.items()):
+            if p is not None and id(p) in swaps:
+                module._parameters[attr] = swaps[id(p)]
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            group["params"] = [swaps.get(id(p), p) for p in group["params"]]
+
+
 def restore(model, optimizer=None, key=None):
     """Takes back what keep() kept under ``key`` into a freshly built model
-    and optimizer: parameters, buffers and optimizer state become views of
+    and optimizer (built on the meta device, it allocates nothing; or
+    anywhere): parameters, buffers and optimizer state become views of
     the kept memory at its new addresses (no copy), holding the last
     committed step whatever instant the rank died at (put back from the
     twin or the journal where it died inside a step).  Returns that step,
@@ -543,8 +567,7 @@ def restore(model, optimizer=None, key=None):
     views = {entry: view(spec) for entry, spec in layout["tensors"].items()}
     marks = views["mark:"].tolist()
     put_back = _put_back(layout, commit, memory, views, marks)
-    for name, p in model.named_parameters():
-        p.data = views[f"param:{name}"]
+    _bind_parameters(model, optimizer, views)
     for name, b in model.named_buffers():
         module_name, _, attr = name.rpartition(".")
         model.get_submodule(module_name)._buffers[attr] = views[f"buffer:{name}"]
