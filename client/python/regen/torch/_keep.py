@@ -410,9 +410,15 @@ def keep(model, optimizer=None, key=None, lease_ms=None, snapshot=True):
             raise errors.Error(parameters={
                 "message": f"{entry} is not in libregen's pool: build the model under regen.torch.pool() "
                            "or after regen.torch.use_pool_for_process()"})
-        chunk = _adopted.get(where["chunk"], f"chunk-{where['chunk']}")
+        chunk = _adopted.get(where["chunk"])
+        if chunk is None:
+            chunk = f"chunk-{where['chunk']}"
+            if chunk not in chunks:
+                rt.pool.keep(t.data_ptr(), rank, chunk, job=job, lease_ms=lease_ms or 0)
+        # A chunk taken back is kept already, under its name, and held by
+        # this process since: no second Keep (and no second check of it by
+        # regend's worker) on the way to a resumed step.
         if chunk not in chunks:
-            rt.pool.keep(t.data_ptr(), rank, chunk, job=job, lease_ms=lease_ms or 0)
             chunks[chunk] = {"kind": where["kind"], "bytes": where["bytes"], "device": where["device"]}
         entries[entry] = {"chunk": chunk, "offset": where["offset"], "dtype": str(t.dtype)[len("torch."):],
                           "shape": list(t.shape), "stride": list(t.stride())}
