@@ -79,8 +79,8 @@ class TorchKeepTest(unittest.TestCase):
         self.jobs.add(job)
         return job
 
-    def rank(self, job, out, *extra, steps=None):
-        p = subprocess.run([sys.executable, os.path.join(HERE, "keep_torch_rank.py"), daemon.socket, job,
+    def rank(self, job, out, *extra, steps=None, socket=None):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "keep_torch_rank.py"), socket or daemon.socket, job,
                             str(steps or self.STEPS), out] + list(extra), capture_output=True, text=True,
                            timeout=120 * TIME_SCALE)
         return p.returncode, p.stdout, p.stderr
@@ -133,6 +133,54 @@ class TorchKeepTest(unittest.TestCase):
             code, out, err = self.rank(job, run, "--no-snapshot")
             self.assertEqual(code, 3, f"{out} {err}")
             self.assertIn("died inside opt.step() of step 5", out)
+
+    def test_a_restart_of_regend_between_the_kill_and_the_resume(self):
+        """Killed inside torch's Adam; then regend itself SIGKILLed and
+        started again, its kept state coming back through the fd store
+        (tests/lib/fd_store.py stands in for systemd's): the rank resumes
+        from the twin as if regend had never stopped."""
+        from fd_store import FdStore
+        with tempfile.TemporaryDirectory() as tmp:
+            ref, run = self.reference(tmp, "restart-ref"), os.path.join(tmp, "run.pt")
+            with Regend(devices=1, start=False) as own:
+                store = FdStore(own.dir)
+                own.start(**store.start_args())
+                job = f"restart-{os.getpid()}"
+                code, out, err = self.rank(job, run, "--die", "5", "mid_step", socket=own.socket)
+                self.assertEqual(code, -signal.SIGKILL, err)
+                own.kill()
+                own.start(**store.start_args())
+                code, out, err = self.rank(job, run, socket=own.socket)
+                self.assertEqual(code, 0, f"{err}\n{own.log_tail()}")
+                self.assertTrue(out.startswith("resume 4 put_back twin"), f"{out} {err}")
+                store.close()
+            same_state(self, ref, run, "killed inside torch's Adam, regend restarted before the resume")
+
+    def test_a_device_lost_between_the_kill_and_the_resume(self):
+        """Killed inside torch's Adam; then a device_lost in regend (its
+        worker's context reset): kept memory is the rank's, held by the
+        supervisor, and the rank resumes from the twin."""
+        import regen
+        with tempfile.TemporaryDirectory() as tmp:
+            ref, run = self.reference(tmp, "lost-ref"), os.path.join(tmp, "run.pt")
+            job = self.job("lost")
+            code, out, err = self.rank(job, run, "--die", "5", "mid_step")
+            self.assertEqual(code, -signal.SIGKILL, err)
+            admin = regen.Client(daemon.socket, timeout=30)
+            gen = admin.generation()["devices"][0]["generation"]
+            admin.inject_fault(0, "device_lost")
+            deadline = time.monotonic() + 30 * TIME_SCALE
+            while time.monotonic() < deadline:
+                d = admin.generation()["devices"][0]
+                if d["generation"] > gen and d["state"] == "ready":
+                    break
+                time.sleep(0.02)
+            admin.close()
+            self.assertGreater(d["generation"], gen, "the device_lost moved no generation")
+            code, out, err = self.rank(job, run)
+            self.assertEqual(code, 0, err)
+            self.assertTrue(out.startswith("resume 4 put_back twin"), f"{out} {err}")
+            same_state(self, ref, run, "killed inside torch's Adam, a device_lost before the resume")
 
     def test_a_kill_after_regends_adamw_is_put_back_from_the_journal(self):
         """regen.torch.optim.AdamW's Run of step 5 applied (its journal DONE)

@@ -529,6 +529,23 @@ def _bind_parameters(model, optimizer, views):
             group["params"] = [swaps.get(id(p), p) for p in group["params"]]
 
 
+def _take_back(rt, rank, name, job):
+    """TakeBack, waiting while regend cannot hand the memory yet: a CUDA
+    name kept across regend's own restart is checked by its device's worker
+    first, which is Draining until the device serves (at most the runtime's
+    recovery_timeout)."""
+    import time
+    deadline = time.monotonic() + rt.recovery_timeout
+    while True:
+        try:
+            with rt.lock:
+                return rt.client.take_back(rank, name, job=job)
+        except errors.Draining:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def restore(model, optimizer=None, key=None):
     """Takes back what keep() kept under ``key`` into a freshly built model
     and optimizer (built on the meta device, it allocates nothing; or
@@ -542,8 +559,7 @@ def restore(model, optimizer=None, key=None):
     rt = _runtime()
     job, rank = _split(key)
     try:
-        with rt.lock:
-            kept, fd = rt.client.take_back(rank, _INDEX, job=job)
+        kept, fd = _take_back(rt, rank, _INDEX, job)
     except errors.NoSuchObject:
         return None
     with mmap.mmap(fd, kept["size"]) as m:
@@ -560,8 +576,7 @@ def restore(model, optimizer=None, key=None):
         return None
     memory = {}
     for name, c in layout["chunks"].items():
-        with rt.lock:
-            k, cfd = rt.client.take_back(rank, name, job=job)
+        k, cfd = _take_back(rt, rank, name, job)
         addr = rt.pool.adopt(cfd, k["kind"], k["size"], c["device"])
         _adopted[rt.pool.chunk_of(addr)["chunk"]] = name
         memory[name] = _chunk_tensor(addr, k["size"], c["device"])
