@@ -6,7 +6,7 @@ new process within 2 s of that process's start, and its next 100 steps are
 bit-identical to a rank never killed; keeping state costs a step under 1%.
 
     python3 tests/bench/bench_keep.py [REGEND] [--gib auto|N] [--width 16384] [--tokens 2048]
-        [--snapshot on|off] [--cost-steps 20] [--seed S] [--skip-cost] [--json OUT]
+        [--snapshot on|off] [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart] [--json OUT]
 
 The rank (this script with --rank): a stack of square fp32 Linear layers
 (--width; as many as make --gib of parameters and Adam's two moments,
@@ -36,8 +36,11 @@ What it does, with one regend (CUDA backend, fault injection on):
    first step ready; target: ready within 2 s); it trains and is killed
    again at a random moment; regend's device then has a device_lost (its
    worker's context reset: kept memory is the rank's, held by regend's
-   supervisor as fds, and survives it); a third process resumes and trains
-   100 steps.  Then a rank never killed trains as many steps from the
+   supervisor as fds, and survives it), and regend itself is SIGKILLed and
+   started again, its kept state coming back through the fd store
+   (tests/lib/fd_store.py passes the fds back as systemd does; each CUDA
+   name is checked by the new worker at its TakeBack; --no-regend-restart
+   leaves this out); a third process resumes and trains 100 steps.  Then a rank never killed trains as many steps from the
    start: every loss the killed ranks printed, and a checksum of every
    parameter and moment at the end (per tensor), must be the never-killed
    rank's bit for bit.
@@ -275,6 +278,7 @@ def wait_serving(client, after, timeout=180):
 
 
 def main():
+    from fd_store import FdStore
     from regend_fixture import Regend, expect, expect_status, find_regend, require_torch
     torch = require_torch()
     positional = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and
@@ -299,9 +303,18 @@ def main():
     print(f"{report['device']}: {layers} layers of {width}x{width} fp32, Adam: {held:.1f} GiB of parameters and "
           f"moments kept{' with a twin as large' if snapshot == 'on' else ''}", flush=True)
 
-    with Regend(regend, devices=1, backend="cuda", ready_timeout=180,
+    restart_regend = "--no-regend-restart" not in sys.argv
+    with Regend(regend, devices=1, backend="cuda", start=False,
                 extra=["--max-kept-gib", str(int(3 * held) + 8)]) as d:
+        store = FdStore(d.dir)
+        d.start(ready_timeout=180, **store.start_args())
         admin = regen.Client(d.socket, timeout=120)
+
+        def drop(job):
+            """Frees a job's kept memory: regend's fds, and the fd store's
+            copies, which regend has the store close before it answers."""
+            admin.drop(job)
+            store.pump()
 
         def rank(*args):
             return [sys.executable, os.path.abspath(__file__), "--rank", "--socket", d.socket, "--width", str(width),
@@ -311,7 +324,7 @@ def main():
             r = Rank(env, rank("--role", "cost", "--job", "bench-keep-cost",
                                "--cost-steps", str(opt("--cost-steps", 20, int))))
             code, err = r.finish()
-            admin.drop("bench-keep-cost")
+            drop("bench-keep-cost")
             if not expect(code == 0 and "cost" in r.result, f"the cost rank ran (exit {code})"):
                 print(err[-4000:])
                 return expect_status()
@@ -353,6 +366,16 @@ def main():
                 admin.inject_fault(0, "device_lost")
                 gen = wait_serving(admin, gen)
                 print(f"device_lost in regend: device 0 serves again at generation {gen}", flush=True)
+            if device_lost and restart_regend:
+                before = len(admin.kept(job=job))
+                admin.close()
+                d.kill()
+                t = time.monotonic()
+                d.start(ready_timeout=180, **store.start_args())
+                admin = regen.Client(d.socket, timeout=120)
+                after = len(admin.kept(job=job))
+                expect(after == before, f"regend SIGKILLed and started again in {time.monotonic() - t:.1f} s: "
+                                        f"{after} of {before} kept names back through the fd store")
             more = ["--more", "100"] if cycle == 2 else ["--steps", "1000000"]
             r = Rank(env, rank("--job", job, *more))
             while r.ready is None and r.line() is not None:
@@ -362,9 +385,12 @@ def main():
                 print(r.finish()[1][-4000:])
                 return expect_status()
             phases = r.ready["ready"]
-            resumes.append({"cycle": cycle, "after_device_lost": device_lost, "start": r.ready["start"],
+            resumes.append({"cycle": cycle, "after_device_lost": device_lost,
+                            "after_regend_restart": device_lost and restart_regend, "start": r.ready["start"],
                             "put_back": r.ready["put_back"], "phases_s": phases})
-            print(f"resume {cycle}{' after a device_lost' if device_lost else ''}: step {r.ready['start']} "
+            after = (" after a device_lost" + (" and a restart of regend" if restart_regend else "")) if device_lost \
+                else ""
+            print(f"resume {cycle}{after}: step {r.ready['start']} "
                   f"(put back: {r.ready['put_back']}), ready {phases['ready']:.3f} s after the process's start "
                   f"(target 2 s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), flush=True)
             if cycle == 1:
@@ -381,12 +407,12 @@ def main():
                     print(err[-4000:])
                     return expect_status()
                 final, final_sums = max(r.losses), r.result["checksum"]
-        admin.drop(job)
+        drop(job)
 
         # The rank never killed, as many steps.
         r = Rank(env, rank("--job", job + "-ref", "--steps", str(final)))
         code, err = r.finish()
-        admin.drop(job + "-ref")
+        drop(job + "-ref")
         if not expect(code == 0 and "checksum" in r.result, f"the rank never killed trained {final} steps"):
             print(err[-4000:])
             return expect_status()
@@ -402,6 +428,8 @@ def main():
         report["steps_compared"] = len(printed)
         ready = max(x["phases_s"]["ready"] for x in resumes)
         print(f"resume: ready at most {ready:.3f} s after the new process's start (target 2 s)", flush=True)
+        admin.close()
+        store.close()
     out = opt("--json", None)
     if out:
         with open(out, "w") as f:
