@@ -21,5 +21,7 @@ int main(int argc, char **argv)
 	rd_conn_set_message_timeout(opts.message_timeout_ms);
 	if (opts.worker_device >= 0)
 		return rd_worker_run(&opts);
-	return rd_supervisor_run(&opts, rd_notify_listen_fd(), argc, argv);
+	struct rd_passed_fds passed;
+	rd_passed_fds_take(&passed);
+	return rd_supervisor_run(&opts, &passed, argc, argv);
 }

@@ -22,6 +22,12 @@ struct kept_name {
 	uint64_t size;
 	int fd;                       /* what keeps the memory alive */
 	uint64_t kept_unix_ms;
+	/* Its record and fd in the fd store (-1, 0: none). */
+	int slot;
+	uint64_t serial;
+	/* A cuda_fd that regend's restart brought back is checked by its
+	 * device's worker before it is taken back. */
+	bool checked;
 };
 
 struct kept_set {
@@ -42,6 +48,7 @@ struct kept_set {
 	uint64_t expires_ns;          /* uv_hrtime() when the lease ends, while not held */
 	uint64_t expires_unix_ms;
 	struct kept_name *names;
+	int slot;                     /* its record in the fd store's index, or -1 */
 };
 
 static struct rd_supervisor *supervisor_of(const struct rd_call *call)
@@ -103,8 +110,63 @@ static struct kept_name *find_name(const struct kept_set *s, const char *name)
 	return NULL;
 }
 
-static void name_free(struct kept_name *n)
+/* ---- The fd store's copy (keep_store.h) ---- */
+
+static void store_set(struct rd_sv_keep *k, struct kept_set *s)
 {
+	struct rd_keep_record r = { .type = RD_KEEP_RECORD_SET };
+
+	if (!k->store.on)
+		return;
+	if (s->slot < 0)
+		s->slot = rd_keep_store_slot(&k->store);
+	if (s->slot < 0) {
+		rd_warn("keep", -1, 0, 0, "the fd store's index is full: %s/%" PRIu32 " does not outlive a restart of regend",
+			s->job, s->rank);
+		return;
+	}
+	r.uid = (uint32_t)s->uid;
+	r.rank = s->rank;
+	snprintf(r.job, sizeof(r.job), "%s", s->job);
+	r.lease_ms = s->lease_ms;
+	r.flags = (s->held ? RD_KEEP_RECORD_HELD : 0) | (s->has_step ? RD_KEEP_RECORD_HAS_STEP : 0);
+	r.step = s->step;
+	r.expires_unix_ms = s->held ? 0 : s->expires_unix_ms;
+	r.holder_pid = (int32_t)s->holder.pid;
+	rd_keep_store_write(&k->store, s->slot, &r);
+}
+
+static void store_name(struct rd_sv_keep *k, const struct kept_set *s, struct kept_name *n)
+{
+	struct rd_keep_record r = { .type = RD_KEEP_RECORD_NAME };
+
+	if (!k->store.on || !n->serial)
+		return;
+	if (n->slot < 0)
+		n->slot = rd_keep_store_slot(&k->store);
+	if (n->slot < 0) {
+		rd_warn("keep", -1, 0, 0, "the fd store's index is full: %s/%" PRIu32 "/%s does not outlive a restart of "
+			"regend", s->job, s->rank, n->name);
+		return;
+	}
+	r.uid = (uint32_t)s->uid;
+	r.rank = s->rank;
+	snprintf(r.job, sizeof(r.job), "%s", s->job);
+	snprintf(r.name, sizeof(r.name), "%s", n->name);
+	r.kind = (uint32_t)n->kind;
+	r.device = n->device;
+	r.size = n->size;
+	r.serial = n->serial;
+	r.kept_unix_ms = n->kept_unix_ms;
+	rd_keep_store_write(&k->store, n->slot, &r);
+}
+
+/* The record first: a regend killed in between finds an fd no record
+ * names, which it frees. */
+static void name_free(struct rd_sv_keep *k, struct kept_name *n)
+{
+	rd_keep_store_release(&k->store, n->slot);
+	rd_keep_store_remove_fd(&k->store, n->serial);
 	if (n->fd >= 0)
 		close(n->fd);
 	free(n);
@@ -121,8 +183,9 @@ static void set_free(struct rd_sv_keep *k, struct kept_set *set)
 	}
 	for (struct kept_name *n = set->names, *next; n; n = next) {
 		next = n->next;
-		name_free(n);
+		name_free(k, n);
 	}
+	rd_keep_store_release(&k->store, set->slot);
 	free(set);
 }
 
@@ -169,6 +232,7 @@ static void start_lease(struct rd_sv_keep *k, struct kept_set *s)
 	s->held = false;
 	s->expires_ns = uv_hrtime() + (uint64_t)s->lease_ms * 1000000u;
 	s->expires_unix_ms = unix_ms() + s->lease_ms;
+	store_set(k, s);
 	arm_lease_timer(k);
 }
 
@@ -188,6 +252,7 @@ static void hold(struct rd_sv_keep *k, struct kept_set *s, const struct rd_conn 
 	s->settled = false;
 	if (process_connected(sessions, &conn->peer)) {
 		s->held = true;
+		store_set(k, s);
 		arm_lease_timer(k);
 	} else {
 		start_lease(k, s);
@@ -215,6 +280,7 @@ void rd_sv_keep_init(struct rd_sv_keep *k, uv_loop_t *loop, const struct rd_opti
 	k->opts = opts;
 	uv_timer_init(loop, &k->lease_timer);
 	k->lease_timer.data = k;
+	k->store.index_fd = -1;
 	/* A lease does not keep regend running. */
 	uv_unref((uv_handle_t *)&k->lease_timer);
 }
@@ -224,6 +290,8 @@ void rd_sv_keep_close(struct rd_sv_keep *k)
 	if (k->closed)
 		return;
 	k->closed = true;
+	/* First: what the manager keeps stays there for the next start. */
+	rd_keep_store_close(&k->store);
 	while (k->sets)
 		set_free(k, k->sets);
 	uv_close((uv_handle_t *)&k->lease_timer, NULL);
@@ -338,13 +406,22 @@ static void fail_no_such(struct rd_call *call, const char *job, const uint32_t *
 /* Kept fds of every uid together stay under half the supervisor's fd
  * limit: the rest is for connections (and their fds in flight), so that
  * keeping cannot starve the main socket of accepts. */
-static unsigned kept_fds_max(void)
+static unsigned nofile_half(void)
 {
 	struct rlimit rl;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > UINT32_MAX)
 		return UINT32_MAX / 2;
 	return (unsigned)(rl.rlim_cur / 2);
+}
+
+/* ... and within what the service manager's fd store takes, where it
+ * keeps them across a restart. */
+static unsigned kept_fds_max(const struct rd_sv_keep *k)
+{
+	unsigned half = nofile_half(), store = rd_keep_store_max_names(&k->store);
+
+	return store < half ? store : half;
 }
 
 static unsigned kept_fds(const struct rd_sv_keep *k)
@@ -398,10 +475,11 @@ static void keep_enter(struct keep_pending *p)
 				      (unsigned)uid, names, k->opts->max_kept);
 		goto fail;
 	}
-	if (!old && kept_fds(k) + 1 > kept_fds_max()) {
-		rp_err_limit_exceeded(&err, "kept names", kept_fds_max(),
-				      "regend holds %u kept fds, half its fd limit (LimitNOFILE): every uid's kept memory "
-				      "together; raise the limit or drop some",
+	if (!old && kept_fds(k) + 1 > kept_fds_max(k)) {
+		rp_err_limit_exceeded(&err, "kept names", kept_fds_max(k),
+				      "regend holds %u kept fds, half its fd limit (LimitNOFILE) or what the fd store "
+				      "takes (FileDescriptorStoreMax= less one): every uid's kept memory together; raise "
+				      "the limit or drop some",
 				      kept_fds(k));
 		goto fail;
 	}
@@ -425,6 +503,7 @@ static void keep_enter(struct keep_pending *p)
 			goto fail;
 		}
 		set->uid = uid;
+		set->slot = -1;
 		snprintf(set->job, sizeof(set->job), "%s", p->job);
 		set->rank = p->req.key.rank;
 		set->next = k->sets;
@@ -437,6 +516,9 @@ static void keep_enter(struct keep_pending *p)
 	n->fd = p->fd;
 	p->fd = -1;
 	n->kept_unix_ms = unix_ms();
+	n->checked = true;
+	n->slot = -1;
+	n->serial = rd_keep_store_add_fd(&k->store, n->fd);
 	if (old) {
 		for (struct kept_name **q = &set->names; *q; q = &(*q)->next) {
 			if (*q == old) {
@@ -444,11 +526,12 @@ static void keep_enter(struct keep_pending *p)
 				break;
 			}
 		}
-		name_free(old);
+		name_free(k, old);
 	}
 	n->next = set->names;
 	set->names = n;
 	set->lease_ms = p->lease_ms;
+	store_name(k, set, n);
 	hold(k, set, call->conn, sv->sessions);
 	rd_info("keep", n->device, 0, call->conn->peer.pid, "uid %u keeps %s/%" PRIu32 "/%s: %s, %" PRIu64 " bytes%s",
 		(unsigned)uid, set->job, set->rank, n->name, rp_memory_kind_name(n->kind), n->size,
@@ -584,6 +667,135 @@ fail:
 		pending_free(p);
 }
 
+/* ---- Restart: what the fd store kept ---- */
+
+static bool restore_set(struct rd_sv_keep *k, const struct rd_keep_record *r)
+{
+	uint64_t now = unix_ms(), left;
+	struct kept_set *s;
+
+	if (find_set(k, (uid_t)r->uid, r->job, r->rank)) {
+		rd_warn("keep", -1, 0, 0, "the fd store's index names %s/%" PRIu32 " of uid %u twice: the second is refused",
+			r->job, r->rank, (unsigned)r->uid);
+		return false;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return false;
+	s->uid = (uid_t)r->uid;
+	snprintf(s->job, sizeof(s->job), "%.*s", RP_JOB_MAX, r->job);
+	s->rank = r->rank;
+	s->has_step = r->flags & RD_KEEP_RECORD_HAS_STEP;
+	s->step = s->has_step ? r->step : 0;
+	s->slot = -1;
+	/* No worker of this regend runs anything of the holder's. */
+	s->settled = true;
+	s->lease_ms = r->lease_ms < k->opts->keep_lease_ms ? r->lease_ms : k->opts->keep_lease_ms;
+	/* A held set's holder lost its connection with regend, not its life:
+	 * the whole lease to come back. A leased one keeps its end, never
+	 * past a whole lease from now. */
+	left = s->lease_ms;
+	if (!(r->flags & RD_KEEP_RECORD_HELD))
+		left = r->expires_unix_ms <= now ? 0 : r->expires_unix_ms - now < left ? r->expires_unix_ms - now : left;
+	s->held = false;
+	s->expires_ns = uv_hrtime() + left * 1000000u;
+	s->expires_unix_ms = now + left;
+	s->next = k->sets;
+	k->sets = s;
+	store_set(k, s);
+	return true;
+}
+
+/* A host_fd is what the record says: a memfd of its size, sealed as Keep
+ * sealed it (so the size stays what is counted). A cuda_fd's worker
+ * checks it at its first TakeBack. */
+static const char *restored_fd_refusal(const struct rd_sv_keep *k, const struct rd_keep_record *r, int fd)
+{
+	struct stat st;
+	int seals;
+
+	if (fd < 0)
+		return "its fd did not come back from the store";
+	if (fstat(fd, &st) < 0)
+		return "its fd cannot be read";
+	if (r->kind == RP_MEMORY_CUDA_FD)
+		return r->device < k->ndevices ? NULL : "its device is not one this regend serves";
+	seals = fcntl(fd, F_GET_SEALS);
+	if (!S_ISREG(st.st_mode) || seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+		return "its fd is not a memfd sealed against shrinking and growing";
+	if ((uint64_t)st.st_size != r->size)
+		return "its memfd's size is not the record's";
+	return NULL;
+}
+
+static bool restore_name(struct rd_sv_keep *k, const struct rd_keep_record *r, int fd)
+{
+	struct kept_set *s = find_set(k, (uid_t)r->uid, r->job, r->rank);
+	const char *why = NULL;
+	struct kept_name *n;
+
+	if (!s)
+		why = "no record of its set";
+	else if (find_name(s, r->name))
+		why = "its name is in the index twice";
+	else if (kept_fds(k) + 1 > kept_fds_max(k))
+		why = "regend holds as many kept fds as it may (LimitNOFILE, FileDescriptorStoreMax=)";
+	else
+		why = restored_fd_refusal(k, r, fd);
+	if (why) {
+		rd_warn("keep", r->device, 0, 0, "%s/%" PRIu32 "/%s (uid %u) from the fd store is refused: %s; freed", r->job,
+			r->rank, r->name, (unsigned)r->uid, why);
+		return false;
+	}
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		return false;
+	snprintf(n->name, sizeof(n->name), "%.*s", RP_KEPT_NAME_MAX, r->name);
+	n->kind = (enum rp_memory_kind)r->kind;
+	n->device = r->device;
+	n->size = r->size;
+	n->fd = fd;
+	n->kept_unix_ms = r->kept_unix_ms;
+	n->slot = -1;
+	n->serial = r->serial;
+	n->checked = r->kind != RP_MEMORY_CUDA_FD;
+	n->next = s->names;
+	s->names = n;
+	store_name(k, s, n);
+	return true;
+}
+
+static bool restore_record(const struct rd_keep_record *r, int fd, void *data)
+{
+	struct rd_sv_keep *k = data;
+
+	return r->type == RD_KEEP_RECORD_SET ? restore_set(k, r) : restore_name(k, r, fd);
+}
+
+void rd_sv_keep_restore(struct rd_sv_keep *k, struct rd_passed_fds *passed, int ndevices)
+{
+	unsigned sets = 0, names = 0;
+	uint64_t bytes = 0;
+
+	k->ndevices = ndevices;
+	rd_keep_store_open(&k->store, passed, nofile_half(), restore_record, k);
+	/* A set whose every name was refused is not kept. */
+	for (struct kept_set *s = k->sets, *next; s; s = next) {
+		next = s->next;
+		if (!s->names) {
+			set_free(k, s);
+			continue;
+		}
+		sets++;
+		names += set_names(s);
+		bytes += set_bytes(s);
+	}
+	if (sets)
+		rd_info("keep", -1, 0, 0, "kept across regend's restart: %u set(s), %u name(s), %" PRIu64 " bytes", sets,
+			names, bytes);
+	arm_lease_timer(k);
+}
+
 /* ---- Commit, TakeBack, Drop, List ---- */
 
 void rd_sv_keep_commit(struct rd_call *call)
@@ -633,6 +845,7 @@ struct take_back_wait {
 
 static void take_back_now(struct rd_call *call);
 static void settle_ask(struct take_back_wait *t);
+static void check_restored(struct rd_call *call, struct kept_set *set, struct kept_name *n);
 
 static void wait_free(uv_handle_t *h)
 {
@@ -735,6 +948,106 @@ void rd_sv_keep_take_back(struct rd_call *call)
 	settle_ask(t);
 }
 
+/* A cuda_fd regend's restart brought back: its device's worker checks it
+ * (as it checked it at Keep) before it goes to anyone; the TakeBack goes
+ * on once it did. */
+struct restored_check {
+	struct rd_call *call;
+	struct rd_sv_keep *k;
+	uint64_t serial;
+};
+
+static struct kept_name *name_of_serial(struct rd_sv_keep *k, uint64_t serial, struct kept_set **set)
+{
+	for (struct kept_set *s = k->sets; s; s = s->next) {
+		for (struct kept_name *n = s->names; n; n = n->next) {
+			if (n->serial == serial) {
+				*set = s;
+				return n;
+			}
+		}
+	}
+	return NULL;
+}
+
+static void on_restored_checked(struct rd_conn *conn, const struct rp_call *reply, void *userdata)
+{
+	struct restored_check *c = userdata;
+	struct rp_error err = { 0 };
+	struct kept_set *set = NULL;
+	struct kept_name *n = name_of_serial(c->k, c->serial, &set);
+
+	(void)conn;
+	if (n && !reply) {
+		rp_err_draining(&err, n->device, 0,
+				"device %d's worker went away while it checked the memory; take it back again once the "
+				"device serves", n->device);
+	} else if (n && reply->error) {
+		const cJSON *m = cJSON_GetObjectItemCaseSensitive(reply->params, "message");
+		rd_warn("keep", n->device, 0, 0, "%s/%" PRIu32 "/%s (uid %u), kept across regend's restart, is refused by "
+			"device %d's worker (%s): freed", set->job, set->rank, n->name, (unsigned)set->uid, n->device,
+			cJSON_IsString(m) ? m->valuestring : reply->error);
+		rp_err_import_failed(&err, "cuda_fd", "device %d's worker refused the memory kept across regend's restart "
+				     "(%s): it is freed", n->device, cJSON_IsString(m) ? m->valuestring : reply->error);
+		for (struct kept_name **q = &set->names; *q; q = &(*q)->next) {
+			if (*q == n) {
+				*q = n->next;
+				break;
+			}
+		}
+		name_free(c->k, n);
+		if (!set->names)
+			set_free(c->k, set);
+		arm_lease_timer(c->k);
+	} else if (n) {
+		n->checked = true;
+	}
+	if (err.name)
+		rd_call_fail(c->call, &err);
+	else
+		take_back_now(c->call);   /* gone meanwhile: NoSuchObject */
+	free(c);
+}
+
+static void check_restored(struct rd_call *call, struct kept_set *set, struct kept_name *n)
+{
+	struct rd_supervisor *sv = supervisor_of(call);
+	struct rp_error err = { 0 };
+	struct rd_sv_device *d = n->device >= 0 && n->device < sv->ndevices ? &sv->devices[n->device] : NULL;
+	struct restored_check *c = NULL;
+
+	(void)set;
+	if (!d || !rd_sv_device_serving(d)) {
+		rp_err_draining(&err, n->device, d ? (long long)d->generation : 0,
+				"device %d is not serving: its worker checks the CUDA memory kept across regend's "
+				"restart before it is taken back; take it back once the device serves", n->device);
+		rd_call_fail(call, &err);
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	cJSON *params = cJSON_CreateObject();
+	if (!c || !params) {
+		free(c);
+		cJSON_Delete(params);
+		rp_err_out_of_memory(&err, -1, "no memory for the check");
+		rd_call_fail(call, &err);
+		return;
+	}
+	c->call = call;
+	c->k = &sv->keep;
+	c->serial = n->serial;
+	cJSON_AddStringToObject(params, "kind", "cuda_fd");
+	cJSON_AddNumberToObject(params, "fd", 0);
+	cJSON_AddNumberToObject(params, "size", (double)n->size);
+	if (rd_sv_device_call_fds(d, "io.regen.Worker.CheckExport", params, &n->fd, 1, on_restored_checked, c) < 0) {
+		free(c);
+		rp_err_draining(&err, d->index, (long long)d->generation,
+				"the control channel to device %d's worker is gone; take it back again once it serves",
+				d->index);
+		rd_call_fail(call, &err);
+	}
+}
+
 /* TakeBack, once no worker runs the holder's work any more. */
 static void take_back_now(struct rd_call *call)
 {
@@ -756,6 +1069,10 @@ static void take_back_now(struct rd_call *call)
 	n = set ? find_name(set, req.key.name) : NULL;
 	if (!n) {
 		fail_no_such(call, job, &req.key.rank, req.key.name, uid);
+		return;
+	}
+	if (!n->checked) {
+		check_restored(call, set, n);
 		return;
 	}
 	hold(&sv->keep, set, call->conn, sv->sessions);
@@ -807,7 +1124,7 @@ void rd_sv_keep_drop(struct rd_call *call)
 			*q = n->next;
 			names++;
 			bytes += n->size;
-			name_free(n);
+			name_free(k, n);
 		}
 		if (!s->names)
 			set_free(k, s);

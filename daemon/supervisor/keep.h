@@ -21,7 +21,9 @@
 #include <sys/types.h>
 #include <uv.h>
 #include "daemon/conn.h"
+#include "daemon/notify.h"
 #include "daemon/options.h"
+#include "daemon/supervisor/keep_store.h"
 #include "proto/keep.h"
 
 struct kept_set;
@@ -31,12 +33,22 @@ struct rd_sv_keep {
 	const struct rd_options *opts;   /* live: SIGHUP changes the limits and the lease */
 	struct kept_set *sets;
 	uv_timer_t lease_timer;          /* the soonest lease end */
+	struct rd_keep_store store;      /* the service manager's copy, for regend's restart */
+	int ndevices;
 	bool closed;
 };
 
 void rd_sv_keep_init(struct rd_sv_keep *k, uv_loop_t *loop, const struct rd_options *opts);
+/* Before the main socket serves: opens the fd store (keep_store.h) and
+ * keeps again what regend's last run left there, each record and fd
+ * checked (a host_fd's size and seals now, a cuda_fd's by its device's
+ * worker at its first TakeBack); what fails is freed, and the log says
+ * why. Sets held when regend stopped start their lease now (their
+ * holders' connections went with it), leased ones keep their end. */
+void rd_sv_keep_restore(struct rd_sv_keep *k, struct rd_passed_fds *passed, int ndevices);
 /* regend stops: every fd is closed (the memory is freed unless a process
- * still maps it). */
+ * still maps it, or the service manager's fd store keeps it for the next
+ * start). */
 void rd_sv_keep_close(struct rd_sv_keep *k);
 
 /* A main-socket connection closed: the sets its process held, if the

@@ -132,8 +132,11 @@ static void on_stop_signal(uv_signal_t *sig, int signum)
 	for (int i = 0; i < sv->ndevices; i++)
 		rd_sv_device_stop(&sv->devices[i], "regend is stopping");
 	rd_sv_watch_end(&sv->watch);
-	rd_sv_sessions_close(sv);
+	/* Before the sessions: their close must not start the leases of
+	 * the sets they hold in what the fd store keeps for the next start
+	 * (a restart is not their holders' end). */
 	rd_sv_keep_close(&sv->keep);
+	rd_sv_sessions_close(sv);
 	uv_close((uv_handle_t *)&sv->sigterm, NULL);
 	uv_close((uv_handle_t *)&sv->sigint, NULL);
 	uv_close((uv_handle_t *)&sv->sighup, NULL);
@@ -224,14 +227,14 @@ static void take_activated_path(struct rd_supervisor *sv, int fd)
 	}
 }
 
-int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, char **argv)
+int rd_supervisor_run(const struct rd_options *opts, struct rd_passed_fds *passed, int argc, char **argv)
 {
 	/* The one supervisor: its handles live as long as the loop runs. */
 	static struct rd_supervisor supervisor;
 	struct rd_supervisor *sv = &supervisor;
 	const char *backend;
 	ssize_t len;
-	int r;
+	int listen_fd, r;
 
 	memset(sv, 0, sizeof(*sv));
 	sv->opts = *opts;
@@ -252,6 +255,7 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 	/* Socket activation: the socket is where the socket unit put it, which
 	 * may not be where the configuration says. Workers put theirs beside
 	 * the one clients connect to. */
+	listen_fd = rd_passed_fds_listen_fd(passed);
 	if (listen_fd >= 0)
 		take_activated_path(sv, listen_fd);
 	sv->ndevices = count_devices(opts, &backend);
@@ -293,6 +297,10 @@ int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, ch
 	}
 	for (int i = 0; i < sv->ndevices; i++)
 		sv->devices[i].generation = generations[i];
+	/* What regend kept for ranks before its restart, before anyone can
+	 * ask for it. */
+	rd_sv_keep_restore(&sv->keep, passed, sv->ndevices);
+	rd_passed_fds_close(passed);
 	r = rd_listener_open(&sv->listener, sv->loop, sv->socket_dir, opts->socket_path, opts->socket_mode,
 			     opts->have_socket_gid ? opts->socket_gid : (gid_t)-1, listen_fd, rd_sv_session_accept, sv);
 	if (r < 0) {

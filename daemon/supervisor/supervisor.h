@@ -12,6 +12,7 @@
 #include <uv.h>
 #include "daemon/conn.h"
 #include "daemon/listen.h"
+#include "daemon/notify.h"
 #include "daemon/options.h"
 #include "daemon/supervisor/device.h"
 #include "daemon/supervisor/keep.h"
@@ -38,7 +39,8 @@ struct rd_supervisor {
 	bool stopping;
 };
 
-/* Runs until SIGTERM/SIGINT. listen_fd >= 0: an already listening socket
- * (socket activation). argv is kept to re-read the configuration on SIGHUP
- * with the same command-line overrides. Returns the process exit code. */
-int rd_supervisor_run(const struct rd_options *opts, int listen_fd, int argc, char **argv);
+/* Runs until SIGTERM/SIGINT. passed: what the service manager passed (an
+ * already listening socket of socket activation; what the fd store kept),
+ * taken. argv is kept to re-read the configuration on SIGHUP with the same
+ * command-line overrides. Returns the process exit code. */
+int rd_supervisor_run(const struct rd_options *opts, struct rd_passed_fds *passed, int argc, char **argv);

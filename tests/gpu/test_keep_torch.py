@@ -9,9 +9,10 @@ start (the issue's target: within 2 s) and the cost of a step's commit.
     python3 tests/gpu/test_keep_torch.py [REGEND] [--steps N] [--kills K] [--width W]
 
 The rank is this script with --rank (deterministic data, kernels and
-algorithms).  A kill that lands inside opt.step() leaves an update half
-applied, which no commit describes (docs/torch.md, "Kept state"): the
-script says where the kills landed, so such a failure reads as that.
+algorithms).  A kill that lands inside opt.step(), or after it before its
+commit, is put back from keep()'s twin of the parameters and Adam's state
+(docs/torch.md, "Kept state"): each resume line says what it put back.
+tests/bench/bench_keep.py is the same at the issue's size, with the costs.
 Exit 0 pass, 1 fail, 77 skipped (no torch, no CUDA, no regend).
 """
 
@@ -48,7 +49,7 @@ def rank_main():
     key = (job, 0)
     start = rt.restore(model, adam, key=key)
     kept = rt.keep(model, adam, key=key) if start is not None else None
-    print(f"resume {start} after {time.time() - t_start:.3f} s", flush=True)
+    print(f"resume {start} after {time.time() - t_start:.3f} s put_back {rt.last_put_back(key)}", flush=True)
     commit_s = 0.0
     for step in range((start or 0) + 1, steps + 1):
         g = torch.Generator(device="cuda").manual_seed(step)

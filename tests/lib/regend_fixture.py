@@ -328,7 +328,7 @@ class Regend:
     """
 
     def __init__(self, regend=None, devices=2, backend="host", fault_injection=True, extra=(), config="",
-                 start=True, wait=True, ready_timeout=30.0, env=None, wrapper=()):
+                 start=True, wait=True, ready_timeout=30.0, env=None, wrapper=(), pass_fds=()):
         self.path = regend or find_regend()
         if not self.path:
             raise RuntimeError("no regend: pass its path, or set REGEND or REGEN_BUILD_ROOT")
@@ -350,19 +350,19 @@ class Regend:
         self.pid = None
         self._log = None
         if start:
-            self.start(wait=wait, ready_timeout=ready_timeout, env=env, wrapper=wrapper)
+            self.start(wait=wait, ready_timeout=ready_timeout, env=env, wrapper=wrapper, pass_fds=pass_fds)
 
-    def start(self, wait=True, ready_timeout=30.0, env=None, wrapper=()):
+    def start(self, wait=True, ready_timeout=30.0, env=None, wrapper=(), pass_fds=()):
         """Starts regend, behind `wrapper` (a command that execs the rest,
-        e.g. systemd-socket-activate) with `env` added; waits until every
-        device is ready unless wait=False."""
+        e.g. systemd-socket-activate) with `env` added and `pass_fds` open
+        in it; waits until every device is ready unless wait=False."""
         full_env = {k: v for k, v in os.environ.items() if k not in _MANAGER_ENV}
         full_env.update(env or {})
         argv = list(wrapper) + self.argv
         self._log = open(self.log_path, "ab")
         log("starting:", " ".join(argv))
         self.proc = subprocess.Popen(argv, env=full_env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, pass_fds=tuple(pass_fds))
         self.pid = self.proc.pid
         if wait:
             try:

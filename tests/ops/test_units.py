@@ -63,7 +63,7 @@ def static_checks(sysd, default_socket):
                        ("LockPersonality", "yes"), ("MemoryDenyWriteExecute", "no"),
                        ("RuntimeDirectoryPreserve", "yes"), ("Group", "regen"),
                        ("CapabilityBoundingSet", "CAP_CHOWN"), ("PrivateMounts", "yes"), ("IPAddressDeny", "any"),
-                       ("MemoryMax", "64G"), ("TasksMax", "4096")]:
+                       ("MemoryMax", "64G"), ("TasksMax", "4096"), ("FileDescriptorStoreMax", "32769")]:
         want(service, "regend.service", "Service", key, value)
     for dev in ["/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "char-nvidia-frontend rw", "char-nvidia-uvm rw"]:
         want(service, "regend.service", "Service", "DeviceAllow", dev)

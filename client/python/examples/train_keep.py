@@ -71,9 +71,9 @@ def child(args):
         opt.zero_grad(set_to_none=True)
         kept.commit(step)
         if step == args.die_at:
-            # A crash right after a committed step (with torch's own
-            # optimizer a kill inside opt.step() leaves an update half
-            # applied: regen.torch.optim.AdamW's journal is the cure).
+            # A crash right after a committed step (a kill inside
+            # opt.step() resumes from the same step: keep() puts the
+            # state back from its twin).
             os.kill(os.getpid(), signal.SIGKILL)
         if step % 50 == 0:
             print(f"step {step}: loss {loss.item():.5f}", flush=True)

@@ -28,12 +28,15 @@ from typing import Any, List, Optional, Tuple
 
 from ._parts import JSON, ClientPart
 
-__all__ = ["KeepCalls", "journal_header", "JOURNAL_HEADER_BYTES"]
+__all__ = ["KeepCalls", "journal_header", "journal_layout", "JOURNAL_HEADER_BYTES"]
 
 # proto/program_journal.h: {magic, seq, state, reserved}, little-endian u64s.
 _JOURNAL_MAGIC = 0x6c6e72756f6a6772
 _JOURNAL_STATES = {0: "empty", 1: "saved", 2: "done"}
 JOURNAL_HEADER_BYTES = 32
+# proto/program_journal.h: each inout's saved bytes start at a multiple of
+# this, after the header's own RP_PROG_JOURNAL_ALIGN bytes.
+_JOURNAL_ALIGN = 256
 
 
 def journal_header(data: Any) -> Tuple[str, Optional[int]]:
@@ -46,6 +49,45 @@ def journal_header(data: Any) -> Tuple[str, Optional[int]]:
     if magic != _JOURNAL_MAGIC or state not in (1, 2):
         return "empty", None
     return _JOURNAL_STATES[state], seq
+
+
+def _align(n):
+    return (n + _JOURNAL_ALIGN - 1) // _JOURNAL_ALIGN * _JOURNAL_ALIGN
+
+
+_BOUND_KINDS = ("input", "output", "inout", "scalar")
+
+
+def journal_layout(definition, bound=None):
+    """Where a Run with a journal saves each inout of the program
+    ``definition`` (as io.regen.Program.Define takes it): {name: (offset,
+    bytes)} in the journal, as proto/program_journal.h lays it out (the
+    header, then each inout root's bytes in binding order, each at a
+    multiple of 256).  ``bound``: Define's reply's binding order; by
+    default the order the definition declares its bound tensors in, which
+    is Define's.  A rank that finds its journal SAVED or DONE by a Run it
+    must undo copies these bytes back into its tensors."""
+    from .ops import DTYPE_SIZES
+    tensors = {t["name"]: t for t in definition["tensors"]}
+    if bound is None:
+        bound = [t["name"] for t in definition["tensors"] if t["kind"] in _BOUND_KINDS]
+    out, offset = {}, _JOURNAL_ALIGN
+    for name in bound:
+        t = tensors.get(name)
+        if t is None or t["kind"] != "inout":
+            continue
+        shape = t["shape"]
+        strides = t.get("strides")
+        if strides is None:
+            strides, step = [], 1
+            for n in reversed(shape):
+                strides.insert(0, step)
+                step *= n
+        span = sum((n - 1) * s for n, s in zip(shape, strides))
+        nbytes = (span + 1) * DTYPE_SIZES[t["dtype"]]
+        out[name] = (offset, nbytes)
+        offset += _align(nbytes)
+    return out
 
 
 class KeepCalls(ClientPart):

@@ -1,14 +1,24 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """A torch rank for test_torch_keep.py, on the CPU and regend's host
-backend: a small MLP and Adam, its tensors in libregen's host pool,
-regen.torch.restore() at its start and keep() + commit() as it trains.
+backend: an MLP with a BatchNorm (buffers its forward writes), its tensors
+in libregen's host pool, regen.torch.restore() at its start and keep() +
+commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
 
-    keep_torch_rank.py SOCKET JOB STEPS OUT [--die STEP WHERE]
+    keep_torch_rank.py SOCKET JOB STEPS OUT [--die STEP WHERE] [--opt adam|adamw]
+                       [--no-snapshot] [--width W] [--layers L] [--meta]
 
---die: SIGKILL itself at STEP, WHERE "before_step" (after the forward and
-backward, before opt.step()) or "after_commit".  OUT: the final state
-(torch.save).  Prints "resume START ptrs_in_pool BOOL" first.
+--die: SIGKILL itself at STEP, WHERE one of
+  before_step   after the forward and backward, before opt.step()
+  mid_step      inside torch's Adam: half the parameters updated (torch's
+                own update, cut short by the kill), the rest not
+  after_step    opt.step() done (a Run of regend's AdamW applied), before
+                the commit
+  mid_forward   after the BatchNorm wrote its statistics
+  after_commit  right after the commit
+--meta: the model is built on the meta device for restore() (built again
+for real when nothing is kept).  OUT: the final state (torch.save).  Prints "resume START put_back WHAT
+ptrs_in_pool BOOL" first, then "step N" as each step commits.
 """
 
 import os
@@ -24,50 +34,113 @@ from regen.pool import Pool  # noqa: E402
 
 
 def into_pool(t):
-    return rt.host_empty(t.shape, t.dtype).copy_(t)
+    return rt.host_empty(list(t.shape), t.dtype).copy_(t)
+
+
+def arg(name, default, cast=str):
+    return cast(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def cut_torch_adam_in_half():
+    """torch's own Adam update, of the first half of the parameters, then
+    the kill: the kept memory holds half an update."""
+    import torch.optim.adam as adam_module
+    whole = adam_module.adam
+
+    def half(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *args, **kwargs):
+        n = len(params) // 2
+        whole(params[:n], grads[:n], exp_avgs[:n], exp_avg_sqs[:n], max_exp_avg_sqs[:n], state_steps[:n],
+              *args, **kwargs)
+        die()
+    adam_module.adam = half
+
+
+def build(width, layers, device=None):
+    torch.manual_seed(0)
+    mods = [torch.nn.Linear(32, width, device=device), torch.nn.BatchNorm1d(width, device=device), torch.nn.Tanh()]
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width, device=device), torch.nn.Tanh()]
+    mods.append(torch.nn.Linear(width, 8, device=device))
+    model = torch.nn.Sequential(*mods)
+    model.register_buffer("seen", torch.zeros(4, device=device))
+    if device == "meta":
+        return model
+    for p in model.parameters():
+        p.data = into_pool(p.data)
+    for name, b in list(model.named_buffers()):
+        module_name, _, attr = name.rpartition(".")
+        model.get_submodule(module_name)._buffers[attr] = into_pool(b)
+    return model
 
 
 def main():
     sock, job, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    die = (int(sys.argv[sys.argv.index("--die") + 1]), sys.argv[sys.argv.index("--die") + 2]) \
+    die_at = (int(sys.argv[sys.argv.index("--die") + 1]), sys.argv[sys.argv.index("--die") + 2]) \
         if "--die" in sys.argv else (None, None)
+    kind, snapshot = arg("--opt", "adam"), "--no-snapshot" not in sys.argv
     rt.configure(socket=sock, host_device=0)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    model.register_buffer("seen", torch.zeros(4))
-    for p in model.parameters():
-        p.data = into_pool(p.data)
-    model.seen = into_pool(model.seen)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def optimizer(model):
+        if kind == "adamw":
+            import regen.torch.optim as ropt
+            return ropt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        # The update a parameter at a time (torch 1.13's default on the
+        # CPU; torch 2's foreach path would make one call of it).
+        return torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+    shape = (arg("--width", 64, int), arg("--layers", 1, int))
+    model = build(*shape, device="meta" if "--meta" in sys.argv else None)
+    opt = optimizer(model)
     key = (job, 0)
-    start = rt.restore(model, opt, key=key)
+    try:
+        start = rt.restore(model, opt, key=key)
+    except rt.Torn as e:
+        print(f"torn {e}", flush=True)
+        sys.exit(3)
+    if start is None and "--meta" in sys.argv:
+        model = build(*shape)
+        opt = optimizer(model)
     pool = Pool.get()
-    in_pool = all(pool.chunk_of(t.data_ptr()) is not None for t in list(model.parameters()) + [model.seen])
-    kept = rt.keep(model, opt, key=key) if start is not None else None
-    print(f"resume {start} ptrs_in_pool {in_pool}", flush=True)
+    in_pool = all(pool.chunk_of(t.data_ptr()) is not None for t in list(model.parameters()) +
+                  list(model.buffers()))
+    kept = rt.keep(model, opt, key=key, snapshot=snapshot) if start is not None else None
+    print(f"resume {start} put_back {rt.last_put_back(key)} ptrs_in_pool {in_pool}", flush=True)
     for step in range((start or 0) + 1, steps + 1):
+        if die_at == (step, "mid_forward"):
+            model[2].register_forward_hook(lambda *_: die())
         g = torch.Generator().manual_seed(step)
         x = torch.randn(16, 32, generator=g)
         loss = model(x).square().mean()
         loss.backward()
-        if die == (step, "before_step"):
-            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "adamw":
+            for p in model.parameters():
+                p.grad = into_pool(p.grad)
+        if die_at == (step, "before_step"):
+            die()
+        if die_at == (step, "mid_step"):
+            cut_torch_adam_in_half()
         opt.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
         model.seen += 1
+        if die_at == (step, "after_step"):
+            die()
         if kept is None:
             # Adam made its moments with torch's allocator: into the pool,
             # where keep() can hand them to regend.
             for state in opt.state.values():
                 for k, v in state.items():
-                    if torch.is_tensor(v) and v.dim() > 0:
+                    if torch.is_tensor(v) and v.dim() > 0 and pool.chunk_of(v.data_ptr()) is None:
                         state[k] = into_pool(v)
-            kept = rt.keep(model, opt, key=key)
+            kept = rt.keep(model, opt, key=key, snapshot=snapshot)
         kept.commit(step)
-        if die == (step, "after_commit"):
-            os.kill(os.getpid(), signal.SIGKILL)
+        print(f"step {step}", flush=True)
+        if die_at == (step, "after_commit"):
+            die()
     state = {f"p{i}": p.detach().clone() for i, p in enumerate(model.parameters())}
-    state["seen"] = model.seen.clone()
+    state.update({f"b.{n}": b.clone() for n, b in model.named_buffers()})
     for i, p in enumerate(model.parameters()):
         for k, v in opt.state[p].items():
             state[f"s{i}.{k}"] = v.clone() if torch.is_tensor(v) else torch.tensor(v)

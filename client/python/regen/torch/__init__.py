@@ -46,14 +46,14 @@ from ._norm import layer_norm
 from . import nn, optim
 from . import fp8
 from .fp8 import fp8_autocast
-from ._keep import Kept, keep, restore
+from ._keep import Kept, Torn, keep, last_put_back, restore
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
            "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
            "BLOCK_PARAMETERS", "explain", "optim", "nn", "layer_norm",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
-__all__ += ["keep", "restore", "Kept", "fp8", "fp8_autocast"]
+__all__ += ["keep", "restore", "Kept", "Torn", "last_put_back", "fp8", "fp8_autocast"]
 
 _lock = threading.Lock()
 _runtime: Optional[Runtime] = None

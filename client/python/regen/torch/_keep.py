@@ -7,9 +7,11 @@ whose process dies resumes from them in seconds instead of from a checkpoint.
     model, opt = build()                       # freshly built, on CUDA
     key = (os.environ["SLURM_JOB_ID"], rank)
     start = rt.restore(model, opt, key=key) or 0   # None: nothing kept
-    kept = rt.keep(model, opt, key=key)        # after the optimizer has its state
+    kept = rt.keep(model, opt, key=key) if start else None
     for step in range(start + 1, steps + 1):
         ...; opt.step(); opt.zero_grad()
+        if kept is None:
+            kept = rt.keep(model, opt, key=key)   # once the optimizer has its state
         kept.commit(step)
 
 keep() hands regend the pool chunks that hold the parameters, buffers and
@@ -18,9 +20,25 @@ rt.use_pool_for_process() or rt.pool()), and an index of where each tensor
 is.  restore() takes them back, maps them at new addresses and makes the
 parameters, buffers and state views of them: no copy.  commit() marks a
 completed step (after synchronising the device), with the optimizer's CPU
-scalars (Adam's step).  A kill inside opt.step() can leave an update half
-applied, which no commit describes: docs/torch.md says how programs with a
-journal avoid it.
+scalars (Adam's step).
+
+A kill at any instant resumes from a complete step, the last committed:
+
+- torch's own optimizer (snapshot=True): each commit starts a copy of the
+  optimizer's parameters and state into a twin of them, on a side stream,
+  beside the next step's forward and backward; opt.step() waits for it and
+  marks the kept memory as being updated.  A rank killed inside opt.step()
+  (or after it, before its commit) is put back from the twin.  Costs the
+  twin's memory and one copy a step that the forward hides;
+- regen.torch.optim.AdamW: its program's journal holds the parameters and
+  moments before its Run; the journal's header says which Run the memory
+  holds, and a Run past the last commit is put back from it.  No twin;
+- the buffers (a BatchNorm's statistics, written by the forward): a copy
+  at each commit, in stream order before the next forward.
+
+Three marks in kept memory say where the state stands: the step the twin
+holds whole, the step the buffers' copy holds, and the step whose update
+began (written on the stream before the optimizer's kernels).
 """
 
 import ctypes
@@ -29,7 +47,7 @@ import mmap
 import os
 import struct
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -38,12 +56,33 @@ from .. import errors
 __all__ = ["keep", "restore", "Kept"]
 
 _INDEX = "index"
-# The index memfd: a header naming the live half (8 bytes), then two halves
-# a commit writes in turn, so a kill mid-write leaves the other whole.
-_INDEX_HALF = 1 << 20
+# The index memfd: two JSON records, each in two halves written in turn
+# (so a kill mid-write leaves the other whole), each half led by its
+# length; which half is live is the u64 at the record's selector.  The
+# layout (chunks, tensors, twins) is written by keep(); the commit record
+# (step, the optimizer's CPU values, the journal's Run) by every commit,
+# small.  Memory is taken only where written.
+_LAYOUT_SELECT, _COMMIT_SELECT = 0, 8
+_COMMIT_AT, _COMMIT_HALF = 4096, 1 << 20
+_LAYOUT_AT, _LAYOUT_HALF = _COMMIT_AT + 2 * _COMMIT_HALF, 32 << 20
+_INDEX_BYTES = _LAYOUT_AT + 2 * _LAYOUT_HALF
+_VERSION = 2
+# The marks: the step the twin holds whole, the step the buffers' copy
+# holds, the step whose update began; -1 none.
+_MARK_TWIN, _MARK_BUFFERS, _MARK_DIRTY = 0, 1, 2
 # Chunks taken back in this process: their pool serial -> their kept name,
 # so that keeping them again keeps them under the same names.
 _adopted: Dict[int, str] = {}
+# What restore() made of a key's kept memory, for the keep() that follows
+# it: its twins, marks and journal, and the step.
+_restored: Dict[Any, Any] = {}
+# What the last restore() of a key put back: "twin", "journal" or None.
+_put_backs: Dict[Any, Optional[str]] = {}
+
+
+class Torn(errors.Error):
+    """The kept memory holds no complete step: the rank died inside an
+    update that nothing can put back (keep(snapshot=False))."""
 
 
 def _split(key):
@@ -87,87 +126,334 @@ def _values(optimizer, memory):
     return out
 
 
+def _journaled(optimizer):
+    """Whether the optimizer's step is a program Run with a journal whose
+    Runs it numbers (regen.torch.optim.AdamW)."""
+    return optimizer is not None and hasattr(optimizer, "journal_seq") and hasattr(optimizer, "journal_layout")
+
+
+# ---- The index ----
+
+def _read_record(m, select, at, half):
+    (live,) = struct.unpack_from("<Q", m, select)
+    start = at + (live & 1) * half
+    (length,) = struct.unpack_from("<Q", m, start)
+    if length > half - 8:
+        raise errors.Error(parameters={"message": "the kept index is damaged (a record longer than its half)"})
+    return json.loads(bytes(m[start + 8:start + 8 + length]))
+
+
+def _write_record(m, select, at, half, record):
+    data = json.dumps(record, separators=(",", ":")).encode()
+    if len(data) + 8 > half:
+        raise ValueError(f"the index of kept tensors takes {len(data)} bytes, more than {half - 8}")
+    (live,) = struct.unpack_from("<Q", m, select)
+    other = (live + 1) & 1
+    start = at + other * half
+    m[start + 8:start + 8 + len(data)] = data
+    struct.pack_into("<Q", m, start, len(data))
+    # The switch last: until it is written the live half is the old one.
+    struct.pack_into("<Q", m, select, other)
+
+
+def _new_index():
+    fd = os.memfd_create("regen-kept-index", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, _INDEX_BYTES)
+    return fd
+
+
+# ---- Memory ----
+
+def _empty_like(t):
+    """A twin of t in memory keep() can hand regend: libregen's pool (on
+    CUDA under rt.use_pool_for_process() or rt.pool(); the host pool on
+    the CPU)."""
+    if t.device.type == "cpu":
+        from ._runtime import host_empty
+        return host_empty(list(t.shape), t.dtype)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _marks_on(device):
+    if device.type == "cpu":
+        from ._runtime import host_empty
+        m = host_empty([4], torch.int64)
+    else:
+        m = torch.empty(4, dtype=torch.int64, device=device)
+    return m.fill_(-1)
+
+
+def _copy_all(dst, src):
+    """dst[i].copy_(src[i]) for each, in as few launches as torch has."""
+    if not dst:
+        return
+    foreach_copy = getattr(torch, "_foreach_copy_", None)
+    if foreach_copy is not None and all(d.device.type == "cuda" for d in dst):
+        foreach_copy(dst, src)
+        return
+    for d, s in zip(dst, src):
+        d.copy_(s)
+
+
 class Kept:
     """What keep() kept: commit() marks each completed step."""
 
-    def __init__(self, rt: Any, job: Optional[str], rank: int, optimizer: Optional[torch.optim.Optimizer],
-                 index_fd: int) -> None:
+    def __init__(self, rt: Any, job: Optional[str], rank: int, model: torch.nn.Module,
+                 optimizer: Any, index_fd: int, layout: Any, live: Any, step: Optional[int],
+                 views: Any, journal: Any) -> None:
         self._rt, self.job, self.rank = rt, job, rank
         self._optimizer = optimizer
-        self._index = mmap.mmap(index_fd, 8 + 2 * _INDEX_HALF)
+        self._index = mmap.mmap(index_fd, _INDEX_BYTES)
         os.close(index_fd)
-        self._base = json.loads(_read_index(self._index))
+        self._layout = layout
+        self.mode = layout["mode"]
+        self.step = step
+        self._live = live                  # entry -> the live tensor
+        self._views = views                # entry -> twin, marks, journal
+        self._marks = views["mark:"]
+        self._device = self._marks.device
+        self._twin = [(views[t], live[e]) for e, t in layout["twins"].items()]
+        self._buffer_twins = [(views[t], live[e]) for e, t in layout["buffer_twins"].items()]
+        self._side = None
+        if self._device.type == "cuda" and self._twin:
+            self._side = torch.cuda.Stream(self._device)
+        self._hook = None
+        if optimizer is not None and self.mode in ("twin", "none"):
+            self._hook = _install_step_hook(optimizer, self)
+        self._journal_seq, self._journal_entries = journal
+        if self.mode == "journal":
+            optimizer.before_run[:] = [f for f in optimizer.before_run if not getattr(f, "_regen_kept", False)]
+            optimizer.before_run.append(self._before_run)
+
+    def _before_run(self, optimizer):
+        """regen's AdamW is about to Run: where it saves what, if that
+        changed (another program), goes into the index first, so that a
+        restore puts that Run back right."""
+        entries = _journal_entries(optimizer, self._live)
+        if entries != self._journal_entries:
+            self._journal_entries = entries
+            self._write_commit(self.step)
+
+    _before_run._regen_kept = True  # type: ignore[attr-defined]
+
+    def _write_commit(self, step):
+        record = _commit_record(self._optimizer, self._layout, self._views, step, self._journal_seq,
+                                self._journal_entries)
+        _write_record(self._index, _COMMIT_SELECT, _COMMIT_AT, _COMMIT_HALF, record)
+
+    def _stream(self):
+        return torch.cuda.current_stream(self._device) if self._device.type == "cuda" else None
+
+    def _before_step(self):
+        """opt.step() is about to write: the twin of the last commit must be
+        whole first, and the marks say an update began."""
+        if self.step is None:
+            return
+        main = self._stream()
+        if main is not None and self._side is not None:
+            main.wait_stream(self._side)
+        self._marks[_MARK_DIRTY:_MARK_DIRTY + 1].fill_(self.step + 1)
+
+    def _snapshot(self):
+        """Copies of the committed state: the buffers on the rank's stream
+        (before its next forward writes them), the twin on a side stream
+        beside the next forward and backward (opt.step() waits for it)."""
+        step = self.step
+        if self._buffer_twins:
+            _copy_all([d for d, _ in self._buffer_twins], [s for _, s in self._buffer_twins])
+            self._marks[_MARK_BUFFERS:_MARK_BUFFERS + 1].fill_(step)
+        if not self._twin:
+            return
+        if self._side is None:
+            _copy_all([d for d, _ in self._twin], [s for _, s in self._twin])
+            self._marks[_MARK_TWIN:_MARK_TWIN + 1].fill_(step)
+            return
+        self._side.wait_stream(self._stream())
+        with torch.cuda.stream(self._side):
+            _copy_all([d for d, _ in self._twin], [s for _, s in self._twin])
+            self._marks[_MARK_TWIN:_MARK_TWIN + 1].fill_(step)
 
     def commit(self, step: int) -> None:
         """Step `step` is done: once the device finished it, the optimizer's
-        values go into the index with the step (what restore() returns), and
-        regend records the step (Status, regenctl kept)."""
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        self._base["values"] = _values(self._optimizer, self._base["tensors"])
-        self._base["step"] = int(step)
-        _write_index(self._index, json.dumps(self._base).encode())
+        values go into the index with the step (what restore() returns),
+        regend records the step (Status, regenctl kept), and the copies of
+        this step's state start (the twin, the buffers)."""
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        if self.mode == "journal":
+            self._journal_seq = self._optimizer.journal_seq
+        self._write_commit(int(step))
         with self._rt.lock:
             self._rt.client.commit(self.rank, step, job=self.job)
+        self.step = int(step)
+        self._snapshot()
+
+    def close(self) -> None:
+        """Stops marking opt.step() (the memory stays kept)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
 
-def _read_index(m):
-    (half,) = struct.unpack_from("<Q", m, 0)
-    start = 8 + (half & 1) * _INDEX_HALF
-    (length,) = struct.unpack_from("<Q", m, start)
-    return bytes(m[start + 8:start + 8 + length])
+def _journal_entries(optimizer, live):
+    """Where the optimizer's Run to come saves each kept tensor in its
+    journal: [[entry, offset, bytes]]."""
+    by_ptr = {t.data_ptr(): e for e, t in live.items()}
+    out = []
+    for t, offset, nbytes in optimizer.journal_layout:
+        entry = by_ptr.get(t.data_ptr())
+        if entry is None:
+            raise errors.Error(parameters={
+                "message": "regen.torch.keep: the optimizer updates a tensor that is not kept: keep() again"})
+        out.append([entry, offset, nbytes])
+    return out
 
 
-def _write_index(m, data):
-    if len(data) + 8 > _INDEX_HALF:
-        raise ValueError(f"the index of kept tensors takes {len(data)} bytes, more than {_INDEX_HALF - 8}")
-    (half,) = struct.unpack_from("<Q", m, 0)
-    other = (half + 1) & 1
-    start = 8 + other * _INDEX_HALF
-    m[start + 8:start + 8 + len(data)] = data
-    struct.pack_into("<Q", m, start, len(data))
-    struct.pack_into("<Q", m, 0, other)
+def _commit_record(optimizer, layout, views, step, journal_seq, journal_entries):
+    """What a commit writes: the step, the optimizer's CPU values, and for
+    a journal the Run the memory holds and where the Run after it saves
+    each kept tensor (so that a restore puts that Run back)."""
+    record = {"step": step, "values": _values(optimizer, layout["tensors"])}
+    if layout["mode"] == "journal":
+        journal = views["journal:"]
+        if optimizer._journal is None or optimizer._journal.data_ptr() != journal.data_ptr():
+            raise errors.Error(parameters={
+                "message": "regen.torch.keep: the optimizer's journal moved (its program changed): keep() again "
+                           "after this step"})
+        record["journal_seq"] = journal_seq
+        record["journal_layout"] = journal_entries
+    return record
 
 
-def keep(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-         key: Optional[Tuple[Optional[str], int]] = None, lease_ms: Optional[int] = None) -> Kept:
+class _Hook:
+    def __init__(self, remove):
+        self.remove = remove
+
+
+def _install_step_hook(optimizer, kept):
+    """kept._before_step() before every opt.step(): torch's step pre-hook
+    where there is one (torch 2), else the instance's step wrapped. One per
+    optimizer: a later keep() takes it over."""
+    optimizer._regen_kept = kept
+    if getattr(optimizer, "_regen_kept_hooked", False):
+        return _Hook(lambda: setattr(optimizer, "_regen_kept", None))
+
+    def pre(*_):
+        k = getattr(optimizer, "_regen_kept", None)
+        if k is not None:
+            k._before_step()
+
+    if hasattr(optimizer, "register_step_pre_hook"):
+        optimizer.register_step_pre_hook(pre)
+    else:
+        step = optimizer.step
+
+        def stepping(*args, **kwargs):
+            pre()
+            return step(*args, **kwargs)
+        optimizer.step = stepping
+    optimizer._regen_kept_hooked = True
+    return _Hook(lambda: setattr(optimizer, "_regen_kept", None))
+
+
+def _candidates(model, optimizer):
+    """(entry, tensor) of what is kept: parameters, buffers, the
+    optimizer's tensor state on a device or in the pool."""
+    out = [(f"param:{n}", p) for n, p in model.named_parameters()]
+    out += [(f"buffer:{n}", b) for n, b in model.named_buffers() if b is not None]
+    out += [(f"state:{e}", v) for e, v in _optimizer_state(optimizer) if torch.is_tensor(v)]
+    return out
+
+
+def keep(model: torch.nn.Module, optimizer: Any = None,
+         key: Optional[Tuple[Optional[str], int]] = None, lease_ms: Optional[int] = None,
+         snapshot: bool = True) -> Kept:
     """Has regend keep the model's parameters and buffers and the
     optimizer's state under ``key`` = (job, rank) (job None: the job that
     names the rank's connection).  Call it once the optimizer has its state
-    (after a first step, or after restore()).  Returns a Kept."""
+    (after a first step, or after restore()).  ``snapshot``: True (the
+    default) makes a kill at any instant resume from the last commit
+    (regen.torch.optim.AdamW through its journal, torch's optimizers
+    through a twin of their parameters and state); False keeps no twin, and
+    restore() of a rank killed inside opt.step() raises Torn.  Returns a
+    Kept."""
     rt = _runtime()
     job, rank = _split(key)
+    prev = _restored.pop((job, rank), None)
+    mode = "none" if not snapshot else "journal" if _journaled(optimizer) else "twin"
+    live = {}
+    for entry, t in _candidates(model, optimizer):
+        if entry.startswith("state:") and t.device.type == "cpu" and rt.pool.chunk_of(t.data_ptr()) is None:
+            continue   # a value, in the index
+        live[entry] = t
+    device = next((t.device for t in live.values()), torch.device("cpu"))
+    # The twins: of what opt.step() writes (the optimizer's parameters and
+    # state) where the optimizer has no journal, and of the buffers always.
+    opt_params = {id(p) for g in optimizer.param_groups for p in g["params"]} if optimizer is not None else set()
+    named = dict(model.named_parameters())
+    twin_of = [e for e, t in live.items()
+               if mode == "twin" and (e.startswith("state:") or (e.startswith("param:") and
+                                                                 id(named[e[len("param:"):]]) in opt_params))]
+    buffer_of = [e for e in live if e.startswith("buffer:")]
+    views = {}
+    old = prev["views"] if prev else {}
+    for prefix, wanted in (("twin:", twin_of), ("buffer_twin:", buffer_of)):
+        for e in wanted:
+            t, name = live[e], prefix + e
+            o = old.get(name)
+            views[name] = o if o is not None and o.shape == t.shape and o.dtype == t.dtype and \
+                o.device == t.device else _empty_like(t)
+    views["mark:"] = old.get("mark:") if old.get("mark:") is not None else _marks_on(device)
+    if mode == "journal":
+        if optimizer._journal is None:
+            raise errors.Error(parameters={"message": "regen.torch.keep: keep() a regen.torch.optim.AdamW after its "
+                                                      "first step (its journal is made there)"})
+        views["journal:"] = optimizer._journal
     entries, chunks = {}, {}
-    candidates: List[Tuple[str, str, torch.Tensor]] = [("param", n, p) for n, p in model.named_parameters()]
-    candidates += [("buffer", n, b) for n, b in model.named_buffers() if b is not None]
-    candidates += [("state", e, v) for e, v in _optimizer_state(optimizer) if torch.is_tensor(v)]
-    for kind, name, t in candidates:
+    for entry, t in list(live.items()) + list(views.items()):
         where = rt.pool.chunk_of(t.data_ptr()) if t.numel() else None
         if where is None:
-            if kind == "state" and t.device.type == "cpu":
-                continue   # a value, in the index
             raise errors.Error(parameters={
-                "message": f"{kind} {name} is not in libregen's pool: build the model under regen.torch.pool() "
+                "message": f"{entry} is not in libregen's pool: build the model under regen.torch.pool() "
                            "or after regen.torch.use_pool_for_process()"})
-        chunk = _adopted.get(where["chunk"], f"chunk-{where['chunk']}")
+        chunk = _adopted.get(where["chunk"])
+        if chunk is None:
+            chunk = f"chunk-{where['chunk']}"
+            if chunk not in chunks:
+                rt.pool.keep(t.data_ptr(), rank, chunk, job=job, lease_ms=lease_ms or 0)
+        # A chunk taken back is kept already, under its name, and held by
+        # this process since: no second Keep (and no second check of it by
+        # regend's worker) on the way to a resumed step.
         if chunk not in chunks:
-            rt.pool.keep(t.data_ptr(), rank, chunk, job=job, lease_ms=lease_ms or 0)
             chunks[chunk] = {"kind": where["kind"], "bytes": where["bytes"], "device": where["device"]}
-        entries[f"{kind}:{name}"] = {"chunk": chunk, "offset": where["offset"],
-                                     "dtype": str(t.dtype)[len("torch."):], "shape": list(t.shape),
-                                     "stride": list(t.stride())}
-    base = {"version": 1, "chunks": chunks, "tensors": entries, "values": _values(optimizer, entries), "step": 0}
-    fd = os.memfd_create("regen-kept-index", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, 8 + 2 * _INDEX_HALF)
-    with mmap.mmap(fd, 8 + 2 * _INDEX_HALF) as m:
-        _write_index(m, json.dumps(base).encode())
+        entries[entry] = {"chunk": chunk, "offset": where["offset"], "dtype": str(t.dtype)[len("torch."):],
+                          "shape": list(t.shape), "stride": list(t.stride())}
+    layout = {"version": _VERSION, "mode": mode, "chunks": chunks, "tensors": entries,
+              "twins": {e: "twin:" + e for e in twin_of}, "buffer_twins": {e: "buffer_twin:" + e for e in buffer_of}}
+    step = prev["step"] if prev else None
+    journal = (None, None)
+    if mode == "journal":
+        # After a restore the optimizer has made no Run yet: the Run to
+        # come is laid out as the one before the kill.
+        journal = (prev["journal_seq"], prev["journal_layout"]) if prev else \
+            (optimizer.journal_seq, _journal_entries(optimizer, live))
+    fd = _new_index()
+    with mmap.mmap(fd, _INDEX_BYTES) as m:
+        _write_record(m, _LAYOUT_SELECT, _LAYOUT_AT, _LAYOUT_HALF, layout)
+        _write_record(m, _COMMIT_SELECT, _COMMIT_AT, _COMMIT_HALF,
+                      _commit_record(optimizer, layout, views, step, *journal))
     with rt.lock:
         job = rt.client.keep(rank, _INDEX, fd, job=job, lease_ms=lease_ms)["job"]
         # Names an earlier keep() made that this one no longer needs.
         for k in rt.client.kept(job=job, uid=os.getuid()):
             if k["rank"] == rank and k["name"] != _INDEX and k["name"] not in chunks:
                 rt.client.drop(job, rank, k["name"])
-    return Kept(rt, job, rank, optimizer, fd)
+    kept = Kept(rt, job, rank, model, optimizer, fd, layout, live, step, views, journal)
+    if step is not None:
+        # The copies of the step restore() came back at, which its kill
+        # may have left behind.
+        kept._snapshot()
+    return kept
 
 
 def _chunk_tensor(base, nbytes, device):
@@ -180,27 +466,124 @@ def _chunk_tensor(base, nbytes, device):
     return torch.as_tensor(_Memory(), device=f"cuda:{device}")
 
 
-def restore(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+def _journal_state(journal):
+    from ..keep import JOURNAL_HEADER_BYTES, journal_header
+    return journal_header(bytes(journal[:JOURNAL_HEADER_BYTES].cpu().tolist()))
+
+
+def _put_back(layout, commit, memory, views, marks):
+    """Makes the kept memory hold the committed step whatever instant the
+    rank died at: returns what was put back ("twin", "journal", or None)."""
+    step = commit["step"]
+    done = None
+    mode = layout["mode"]
+    if mode in ("twin", "none") and marks[_MARK_DIRTY] > step:
+        if mode == "none" or marks[_MARK_TWIN] != step:
+            raise Torn(parameters={
+                "message": f"the rank died inside opt.step() of step {step + 1}: its kept memory holds no complete "
+                           "step (keep(..., snapshot=True) keeps a twin to put it back from); load a checkpoint"})
+        for entry, twin in layout["twins"].items():
+            views[entry].copy_(views[twin])
+        done = "twin"
+    if mode == "journal":
+        journal = views["journal:"]
+        state, seq = _journal_state(journal)
+        committed = commit.get("journal_seq", 0)
+        if state in ("saved", "done") and seq == committed + 1:
+            # A Run past the commit (applied, or cut by a fault): its
+            # inouts as they were before it, from the journal.
+            for entry, offset, nbytes in commit.get("journal_layout", []):
+                spec = layout["tensors"][entry]
+                dst = memory[spec["chunk"]][spec["offset"]:spec["offset"] + nbytes]
+                dst.copy_(journal[offset:offset + nbytes])
+            done = "journal"
+        elif state != "empty" and seq != committed:
+            raise Torn(parameters={
+                "message": f"the optimizer's journal holds Run {seq}, the last commit Run {committed}: more than one "
+                           "step past it, which the journal cannot put back (commit after every opt.step())"})
+    if marks[_MARK_BUFFERS] == step:
+        for entry, twin in layout["buffer_twins"].items():
+            views[entry].copy_(views[twin])
+    # Whole again: a kill from here on finds no update begun (one before
+    # this line puts back again, from the same twin or journal).
+    views["mark:"][_MARK_DIRTY:_MARK_DIRTY + 1].fill_(step)
+    if views["mark:"].device.type == "cuda":
+        torch.cuda.synchronize(views["mark:"].device)
+    return done
+
+
+def _bind_parameters(model, optimizer, views):
+    """Each parameter becomes a view of kept memory: its .data, or, for a
+    model built on the meta device (which allocates nothing: the rank needs
+    no second copy of what comes back), a new Parameter in its place in
+    every module that holds it and in the optimizer's param_groups."""
+    swaps = {}
+    for name, p in model.named_parameters():
+        view = views[f"param:{name}"]
+        if p.device.type != "meta":
+            p.data = view
+        else:
+            swaps[id(p)] = torch.nn.Parameter(view, requires_grad=p.requires_grad)
+    if not swaps:
+        return
+    for module in model.modules():
+        for attr, p in list(module._parameters.items()):
+            if p is not None and id(p) in swaps:
+                module._parameters[attr] = swaps[id(p)]
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            group["params"] = [swaps.get(id(p), p) for p in group["params"]]
+
+
+def _take_back(rt, rank, name, job):
+    """TakeBack, waiting while regend cannot hand the memory yet: a CUDA
+    name kept across regend's own restart is checked by its device's worker
+    first, which is Draining until the device serves (at most the runtime's
+    recovery_timeout)."""
+    import time
+    deadline = time.monotonic() + rt.recovery_timeout
+    while True:
+        try:
+            with rt.lock:
+                return rt.client.take_back(rank, name, job=job)
+        except errors.Draining:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def restore(model: torch.nn.Module, optimizer: Any = None,
             key: Optional[Tuple[Optional[str], int]] = None) -> Optional[int]:
     """Takes back what keep() kept under ``key`` into a freshly built model
-    and optimizer: parameters, buffers and optimizer state become views of
-    the kept memory at its new addresses (no copy).  Returns the last
-    committed step (0 before the first commit), or None when nothing is
-    kept (the model is left as it was)."""
+    and optimizer (built on the meta device, it allocates nothing; or
+    anywhere): parameters, buffers and optimizer state become views of
+    the kept memory at its new addresses (no copy), holding the last
+    committed step whatever instant the rank died at (put back from the
+    twin or the journal where it died inside a step).  Returns that step,
+    or None when nothing is kept or nothing was committed since keep() (the
+    model is left as it was).  Raises Torn when the memory holds no
+    complete step (keep(snapshot=False) and a kill inside opt.step())."""
     rt = _runtime()
     job, rank = _split(key)
     try:
-        with rt.lock:
-            kept, fd = rt.client.take_back(rank, _INDEX, job=job)
+        kept, fd = _take_back(rt, rank, _INDEX, job)
     except errors.NoSuchObject:
         return None
     with mmap.mmap(fd, kept["size"]) as m:
-        index = json.loads(_read_index(m))
+        if kept["size"] != _INDEX_BYTES:
+            raise errors.Error(parameters={"message": f"the kept index of {key} is of another layout "
+                                                      f"({kept['size']} bytes): drop it (regenctl drop)"})
+        layout = _read_record(m, _LAYOUT_SELECT, _LAYOUT_AT, _LAYOUT_HALF)
+        commit = _read_record(m, _COMMIT_SELECT, _COMMIT_AT, _COMMIT_HALF)
     os.close(fd)
+    if layout.get("version") != _VERSION:
+        raise errors.Error(parameters={"message": f"the kept index of {key} is version {layout.get('version')}, not "
+                                                  f"{_VERSION}: drop it (regenctl drop)"})
+    if commit["step"] is None:
+        return None
     memory = {}
-    for name, c in index["chunks"].items():
-        with rt.lock:
-            k, cfd = rt.client.take_back(rank, name, job=job)
+    for name, c in layout["chunks"].items():
+        k, cfd = _take_back(rt, rank, name, job)
         addr = rt.pool.adopt(cfd, k["kind"], k["size"], c["device"])
         _adopted[rt.pool.chunk_of(addr)["chunk"]] = name
         memory[name] = _chunk_tensor(addr, k["size"], c["device"])
@@ -209,21 +592,33 @@ def restore(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] =
         flat = memory[spec["chunk"]][spec["offset"]:].view(getattr(torch, spec["dtype"]))
         return flat.as_strided(spec["shape"], spec["stride"])
 
-    tensors = index["tensors"]
-    for name, p in model.named_parameters():
-        p.data = view(tensors[f"param:{name}"])
+    views = {entry: view(spec) for entry, spec in layout["tensors"].items()}
+    marks = views["mark:"].tolist()
+    put_back = _put_back(layout, commit, memory, views, marks)
+    _bind_parameters(model, optimizer, views)
     for name, b in model.named_buffers():
         module_name, _, attr = name.rpartition(".")
-        model.get_submodule(module_name)._buffers[attr] = view(tensors[f"buffer:{name}"])
+        model.get_submodule(module_name)._buffers[attr] = views[f"buffer:{name}"]
     if optimizer is not None:
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        for entry, spec in tensors.items():
+        for entry in layout["tensors"]:
             if entry.startswith("state:"):
                 i, k = entry[len("state:"):].split(".", 1)
-                optimizer.state[params[int(i)]][k] = view(spec)
-        for entry, v in index["values"].items():
+                optimizer.state[params[int(i)]][k] = views[entry]
+        for entry, v in commit["values"].items():
             i, k = entry.split(".", 1)
             value = torch.tensor(v["value"], dtype=getattr(torch, v["dtype"])) if "dtype" in v else v["value"]
             optimizer.state[params[int(i)]][k] = value
-    # The index's step: the one its values (Adam's step) are of.
-    return int(index.get("step", 0))
+        if layout["mode"] == "journal":
+            optimizer._journal = views["journal:"]
+            optimizer.journal_seq = commit.get("journal_seq", 0)
+    _restored[(job, rank)] = {"step": commit["step"], "views": views, "journal_seq": commit.get("journal_seq", 0),
+                              "journal_layout": commit.get("journal_layout", [])}
+    _put_backs[(job, rank)] = put_back
+    return int(commit["step"])
+
+
+def last_put_back(key: Optional[Tuple[Optional[str], int]]) -> Optional[str]:
+    """What the last restore() of key put back: "twin" or "journal" (the
+    rank died inside a step, or after it before its commit), or None."""
+    return _put_backs.get(_split(key))

@@ -879,7 +879,7 @@ class Runtime:
                 tensors[name].copy_(used)
         return idle
 
-    def run_program(self, key, definition, tensors, scalars=None, journal=None):
+    def run_program(self, key, definition, tensors, scalars=None, journal=None, seq=None):
         """Runs an io.regen.Program ``definition``, defined once per regend
         device under ``key`` (again where its worker was replaced), with
         its bound tensors (name -> torch tensor, all on one device: CUDA on
@@ -890,13 +890,18 @@ class Runtime:
         and runs again.  A program that updates tensors in place (an
         optimizer step) passes ``journal``, a function of the Program giving
         a tensor of at least its journal_bytes: the retry then applies the
-        update exactly once (io.regen.Program.Run's journal, seq, retry).
-        Returns the Program."""
+        update exactly once (io.regen.Program.Run's journal, seq, retry);
+        ``seq``, the Run's number, is the caller's where it numbers the Runs
+        on its journal itself (an optimizer's steps, which kept state reads
+        back from the journal), else the runtime's.  Returns the Program."""
         with self.lock:
             entered = time.perf_counter()
             attempts, deadline = 0, None
             self._program_seq += 1
-            seq = self._program_seq if journal is not None else None
+            if journal is None:
+                seq = None
+            elif seq is None:
+                seq = self._program_seq
             while True:
                 try:
                     program = self._run_program_once(key, definition, tensors, scalars, journal, seq, attempts > 0)

@@ -12,6 +12,11 @@ tensor AdamW node per parameter), with a journal, so that a Run a fault
 interrupts is applied exactly once after the new generation: never twice,
 never half.  Learning rates may change between steps (schedulers): each
 group's lr and step count are scalars of the Run, not of the definition.
+
+The Runs on the journal are numbered by the optimizer (its ``journal_seq``,
+the Runs it made), so that regen.torch.keep() reads from the journal's
+header which step the kept memory holds, and puts back a step its process
+died after and never committed (docs/torch.md, "Kept state").
 """
 
 import itertools
@@ -41,6 +46,15 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self._journal = None
+        # The Runs made on the journal (each Run's seq is one more); where
+        # the Run to come (then the last one) saves each inout: [(tensor,
+        # offset, bytes)]; what is called with the optimizer before each
+        # Run, once both say the Run to come (regen.torch.keep records the
+        # layout there when it changes).
+        self.journal_seq = 0
+        self.journal_layout: List[Any] = []
+        self.before_run: List[Callable[..., Any]] = []
+        self._layouts: Dict[Any, Any] = {}
         self._definitions: Dict[Any, Any] = {}   # the parameters' layout and constants -> the program's definition
         self._serial = next(_serials)
         from ._compile import forget_programs
@@ -127,7 +141,16 @@ class AdamW(torch.optim.Optimizer):
         if definition is None:
             definition = self._definitions[key] = self._definition(groups)
         from . import runtime
-        runtime().run_program(key, definition, tensors, scalars, journal=self._journal_for)
+        layout = self._layouts.get(key)
+        if layout is None:
+            from ..keep import journal_layout
+            layout = self._layouts[key] = journal_layout(definition)
+        self.journal_layout = [(tensors[name], offset, nbytes) for name, (offset, nbytes) in layout.items()]
+        for f in self.before_run:
+            f(self)
+        seq = self.journal_seq + 1
+        runtime().run_program(key, definition, tensors, scalars, journal=self._journal_for, seq=seq)
+        self.journal_seq = seq
         for group, params in groups:
             for p in params:
                 self.state[p]["step"] += 1
