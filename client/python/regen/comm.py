@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Communicators, io.regen.Comm on the worker socket (libregen's comm.c):
 NCCL on the CUDA backend; on the host backend the ranks are connections to
-one worker (the control plane's tests, not the GPU path)."""
+the workers of one regend, one per device or several on one (the control
+plane's tests, not the GPU path)."""
 
 from .connection import id_device
 from .objects import _Object, event_id, tensor_imports
@@ -9,7 +10,7 @@ from .objects import _Object, event_id, tensor_imports
 __all__ = ["Comm", "Comms"]
 
 _COMM_METHODS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
-                 "broadcast": "Broadcast"}
+                 "broadcast": "Broadcast", "all_to_all": "AllToAll", "send": "Send", "recv": "Recv"}
 
 
 class Comm(_Object):
@@ -73,12 +74,16 @@ class Comms:
         tensors = []
         send = self._operand(send, "send", tensors)
         recv = self._operand(recv, "recv", tensors)
-        if send is None or recv is None:
-            raise ValueError(f"{method} needs send and recv")
+        if (send is None and kind != "recv") or (recv is None and kind != "send"):
+            raise ValueError(f"{method} needs {'send' if send is None else 'recv'}")
         device = _comm_device(comm)
         if device is None:
             raise ValueError(f"{method}: {comm!r} is not a communicator id")
-        params = {"comm": _comm_id(comm), "send": send.to_wire(), "recv": recv.to_wire()}
+        params = {"comm": _comm_id(comm)}
+        if send is not None:
+            params["send"] = send.to_wire()
+        if recv is not None:
+            params["recv"] = recv.to_wire()
         params.update(scalars)
         if wait_event is not None:
             params["wait_event"] = event_id(wait_event)
@@ -91,7 +96,8 @@ class Comms:
         return self._worker_call(device, method, params).get("elapsed_us")
 
     def comm_all_reduce(self, comm, send, recv, op="sum", wait_event=None, signal_event=None, deadline_ms=None):
-        """recv = send reduced over the ranks (op: sum, max, avg); recv may be send."""
+        """recv = send reduced over the ranks (op: sum, max, min, prod, avg);
+        recv may be send."""
         scalars = {} if op == "sum" else {"op": op}
         return self._collective("all_reduce", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
 
@@ -108,6 +114,20 @@ class Comms:
     def comm_broadcast(self, comm, send, recv, root, wait_event=None, signal_event=None, deadline_ms=None):
         """recv = root's send on every rank."""
         return self._collective("broadcast", comm, send, recv, {"root": int(root)}, wait_event, signal_event,
+                                deadline_ms)
+
+    def comm_all_to_all(self, comm, send, recv, wait_event=None, signal_event=None, deadline_ms=None):
+        """recv [nranks * n]: block k is rank k's block ``rank`` of its send."""
+        return self._collective("all_to_all", comm, send, recv, {}, wait_event, signal_event, deadline_ms)
+
+    def comm_send(self, comm, send, peer, wait_event=None, signal_event=None, deadline_ms=None):
+        """Sends ``send`` to rank ``peer`` (its matching comm_recv takes it)."""
+        return self._collective("send", comm, send, None, {"peer": int(peer)}, wait_event, signal_event,
+                                deadline_ms)
+
+    def comm_recv(self, comm, recv, peer, wait_event=None, signal_event=None, deadline_ms=None):
+        """Receives into ``recv`` what rank ``peer`` sends with comm_send."""
+        return self._collective("recv", comm, None, recv, {"peer": int(peer)}, wait_event, signal_event,
                                 deadline_ms)
 
     def comm_abort(self, comm):
