@@ -640,14 +640,24 @@ static bool agree_locked(struct host_group *g)
 	return true;
 }
 
+/* With the lock: the group fails when a rank the call needs has left
+ * (destroyed its communicator): nothing will come from it. */
+static bool fail_if_left_locked(struct host_group *g, int rank)
+{
+	if (rank < 0 || g->shm->ranks[rank].present)
+		return false;
+	host_group_fail_locked(g, "rank %d destroyed its communicator", rank);
+	return true;
+}
+
 static bool arrivals_past(struct host_group *g, void *arg)
 {
-	return g->shm->arrivals_done > *(uint64_t *)arg;
+	return g->shm->arrivals_done > *(uint64_t *)arg || fail_if_left_locked(g, host_group_absent_locked(g));
 }
 
 static bool steps_past(struct host_group *g, void *arg)
 {
-	return g->shm->steps > *(uint64_t *)arg;
+	return g->shm->steps > *(uint64_t *)arg || fail_if_left_locked(g, host_group_absent_locked(g));
 }
 
 /* Posts this rank's step and waits until every rank has; *step is the
@@ -658,7 +668,7 @@ static int arrive(struct host_group *g, uint32_t rank, const struct host_group_p
 	int r = -EIO;
 
 	host_group_lock(g);
-	if (!host_group_failed(g)) {
+	if (!fail_if_left_locked(g, host_group_absent_locked(g)) && !host_group_failed(g)) {
 		*step = shm->steps;
 		shm->ranks[rank].post = *post;
 		if (++shm->arrived == shm->nranks && agree_locked(g)) {
@@ -666,6 +676,8 @@ static int arrive(struct host_group *g, uint32_t rank, const struct host_group_p
 			host_group_wake_locked(g);
 		}
 		r = host_group_wait_locked(g, arrivals_past, step);
+		if (r == 0 && host_group_failed(g))
+			r = -EIO;
 	}
 	host_group_unlock(g);
 	return r;
@@ -686,6 +698,8 @@ static int depart(struct host_group *g, uint64_t step)
 		host_group_wake_locked(g);
 	}
 	r = host_group_wait_locked(g, steps_past, &step);
+	if (r == 0 && host_group_failed(g))
+		r = -EIO;
 	host_group_unlock(g);
 	return r;
 }
@@ -742,9 +756,13 @@ struct p2p {
 	char *data;
 };
 
+/* This rank's channel is free: its last chunk taken (or its receiver
+ * left, which fails the group: nobody will take it). */
 static bool channel_idle(struct host_group *g, void *arg)
 {
-	return g->shm->ranks[*(uint32_t *)arg].p2p.state == HOST_P2P_IDLE;
+	const struct host_group_p2p *ch = &g->shm->ranks[*(uint32_t *)arg].p2p;
+
+	return ch->state == HOST_P2P_IDLE || fail_if_left_locked(g, (int)ch->dst);
 }
 
 static bool chunk_for_me(struct host_group *g, void *arg)
@@ -752,7 +770,7 @@ static bool chunk_for_me(struct host_group *g, void *arg)
 	const struct p2p *m = arg;
 	const struct host_group_p2p *ch = &g->shm->ranks[m->peer].p2p;
 
-	return ch->state == HOST_P2P_POSTED && ch->dst == m->rank;
+	return (ch->state == HOST_P2P_POSTED && ch->dst == m->rank) || fail_if_left_locked(g, (int)m->peer);
 }
 
 static int copy_out(void *arg)
@@ -789,6 +807,8 @@ static int run_send(struct host_comm *hc, struct host_group *g, struct rd_op *op
 		m.bytes = m.total - m.off < cap ? m.total - m.off : cap;
 		host_group_lock(g);
 		r = host_group_wait_locked(g, channel_idle, &m.rank);
+		if (r == 0 && (host_group_failed(g) || fail_if_left_locked(g, (int)m.peer)))
+			r = -EIO;
 		host_group_unlock(g);
 		if (r < 0 || guarded(g, copy_out, &m) < 0)
 			return -EIO;
@@ -819,6 +839,8 @@ static int run_recv(struct host_comm *hc, struct host_group *g, struct rd_op *op
 	do {
 		host_group_lock(g);
 		r = host_group_wait_locked(g, chunk_for_me, &m);
+		if (r == 0 && !(ch->state == HOST_P2P_POSTED && ch->dst == m.rank))
+			r = -EIO;
 		if (r == 0 && (ch->dtype != m.dtype || ch->count != m.count || ch->offset != m.off)) {
 			host_group_fail_locked(g, "mismatch: rank %u sends %llu %s to rank %u, which receives %llu %s",
 					       m.peer, (unsigned long long)ch->count, rp_dtype_name((enum rp_dtype)ch->dtype),
@@ -839,6 +861,25 @@ static int run_recv(struct host_comm *hc, struct host_group *g, struct rd_op *op
 }
 
 /* ---- Work on a lane ---- */
+
+/* Waits until the receiver took this rank's last Send, or the group
+ * failed (Destroy's deadline aborts it: the wait is bounded). */
+static void flush(struct host_comm *hc)
+{
+	struct host_group *g;
+	uint32_t rank = hc->base.rank;
+
+	pthread_mutex_lock(&hc->busy);
+	pthread_mutex_lock(&state_lock);
+	g = atomic_load(&hc->state) == COMM_LIVE ? hc->group : NULL;
+	pthread_mutex_unlock(&state_lock);
+	if (g) {
+		host_group_lock(g);
+		host_group_wait_locked(g, channel_idle, &rank);
+		host_group_unlock(g);
+	}
+	pthread_mutex_unlock(&hc->busy);
+}
 
 static void run_call(struct host_comm *hc, struct rd_op *op)
 {
@@ -882,8 +923,11 @@ void host_comm_run(struct rd_op *op)
 		join(hc, op);
 		break;
 	case RP_COMM_DESTROY:
-		/* Healthy: "finalize" here, on the caller's lane; else its
-		 * aborter ends it. */
+		/* Healthy: "finalize" here, on the caller's lane (its last
+		 * Send delivered first, as ncclCommFinalize flushes); else
+		 * its aborter ends it. */
+		if (!broken(hc))
+			flush(hc);
 		if (broken(hc))
 			start_abort(hc, "destroyed");
 		else

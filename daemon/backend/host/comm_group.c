@@ -410,6 +410,18 @@ int host_group_wait_locked(struct host_group *g, bool (*done)(struct host_group 
 
 /* ---- Joining and leaving ---- */
 
+int host_group_absent_locked(const struct host_group *g)
+{
+	const struct host_group_shm *shm = g->shm;
+
+	if (shm->members == shm->nranks)
+		return -1;
+	for (uint32_t k = 0; k < shm->nranks; k++)
+		if (!shm->ranks[k].present)
+			return (int)k;
+	return -1;
+}
+
 int host_group_join_locked(struct host_group *g, uint32_t rank, uint32_t nranks, char *why, size_t why_size)
 {
 	struct host_group_shm *shm = g->shm;
@@ -444,7 +456,9 @@ void host_group_leave_locked(struct host_group *g, uint32_t rank, const char *wh
 		shm->members--;
 	}
 	check_peers_locked(g);
-	if (shm->members > 0)
+	/* A collective under way can never complete now; the others learn
+	 * of it when they next need the rank (host_group_absent_locked). */
+	if (shm->members > 0 && shm->arrived > 0)
 		host_group_fail_locked(g, "rank %u %s", rank, why);
 	else
 		host_group_wake_locked(g);

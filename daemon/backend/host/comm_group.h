@@ -128,9 +128,12 @@ int host_group_wait_locked(struct host_group *g, bool (*done)(struct host_group 
 /* With the lock: joins rank (0), or refuses with why (-EINVAL: the
  * group's nranks differ, the rank joined already, the group failed). */
 int host_group_join_locked(struct host_group *g, uint32_t rank, uint32_t nranks, char *why, size_t why_size);
-/* With the lock: the rank leaves; peers still in it fail, as their next
- * collective could never complete. The last one out removes the name. */
+/* With the lock: the rank leaves (a collective under way fails, as it
+ * could never complete; the others fail when they next need the rank).
+ * The last one out removes the name. */
 void host_group_leave_locked(struct host_group *g, uint32_t rank, const char *why);
+/* With the lock, once every rank joined: a rank that left, or -1. */
+int host_group_absent_locked(const struct host_group *g);
 
 /* A rank's collective staging slot and its p2p slot, slot_bytes each. */
 static inline char *host_group_slot(const struct host_group *g, uint32_t rank)
