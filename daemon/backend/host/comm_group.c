@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "daemon/backend/host/comm_group.h"
+#include "daemon/env.h"
 #include "daemon/socket_dir.h"
 
 #define GROUP_MAGIC 0x7267636du          /* "rgcm" */
@@ -92,7 +93,10 @@ static size_t table_bytes(uint32_t nranks)
 static size_t slot_bytes_for(uint32_t nranks)
 {
 	size_t s = GROUP_STAGING_BYTES / nranks;
+	double told = rd_env_number(RD_ENV_HOST_COMM_SLOT_BYTES, 64, (double)SLOT_MAX_BYTES, 0);
 
+	if (told >= 64)
+		return (size_t)told & ~(size_t)63;
 	if (s < SLOT_MIN_BYTES)
 		s = SLOT_MIN_BYTES;
 	if (s > SLOT_MAX_BYTES)
