@@ -14,6 +14,7 @@ torch's current stream, through restarts and faults.
     a = rt.attention_packed(qkv, heads, is_causal=True)   # attention on a fused qkv projection, in place
     y = rt.transformer_block(x, *block_params, heads)  # a whole pre-LayerNorm GPT block, one run each way
     y = rt.transformer_blocks(x, [block_params, ...], heads)  # a stack of them, still one run each way
+    torch.distributed.init_process_group(backend="regen")   # collectives on regend's communicators
 
 The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
 sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
@@ -45,7 +46,7 @@ __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool
            "BLOCK_PARAMETERS", "explain", "optim",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
-__all__ += ["keep", "restore", "Kept"]
+__all__ += ["keep", "restore", "Kept", "ProcessGroupRegen"]
 
 _lock = threading.Lock()
 _runtime = None
@@ -290,3 +291,7 @@ _pool_from_environment()
 
 # torch.compile(model, backend="regen") (regen.torch._compile).
 _register_backend()
+
+# torch.distributed's backend "regen" (regen.torch._dist).
+from ._dist import ProcessGroupRegen, register as _register_dist  # noqa: E402
+_register_dist()
