@@ -92,7 +92,7 @@ def _work_from_future(fut):
     return _PyWork(fut)
 
 
-_WorkBase = getattr(dist, "Work", None) or getattr(dist, "_Work")
+_WorkBase = getattr(dist, "_Work", None) or dist.Work
 
 
 class _PyWork(_WorkBase):
