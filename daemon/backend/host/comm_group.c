@@ -33,10 +33,8 @@
 /* The unique id's bytes the file is named after. */
 #define NAME_ID_BYTES 16
 
-/* The directory groups are made in (-1: anonymous memory), and the name
- * they start with (the main socket's). */
+/* The directory groups are made in (-1: anonymous memory). */
 static int groups_dir = -1;
-static char groups_prefix[64];
 /* This worker's handles; lock order: groups_lock, then a group's. */
 static pthread_mutex_t groups_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct host_group *groups;
@@ -72,7 +70,6 @@ int host_groups_open(const char *socket_path, char *why, size_t why_size)
 	if (dir < 0)
 		return dir;
 	groups_dir = dir;
-	snprintf(groups_prefix, sizeof(groups_prefix), "%s", rd_socket_dir_name(socket_path));
 	return 0;
 }
 
@@ -128,7 +125,7 @@ static int fill(struct host_group_shm *shm, const unsigned char id[RP_COMM_ID_SI
 
 static void name_of(const unsigned char id[RP_COMM_ID_SIZE], char *name, size_t size)
 {
-	int n = snprintf(name, size, "%s.comm-", groups_prefix);
+	int n = snprintf(name, size, "regen.comm-");
 
 	for (int i = 0; i < NAME_ID_BYTES && n + 2 < (int)size; i++)
 		n += snprintf(name + n, size - (size_t)n, "%02x", id[i]);

@@ -5,11 +5,14 @@
  * several ranks on one worker share one mapping.
  *
  * The memory is a file in regend's socket directory, named after the
- * unique id's first 16 bytes (<socket>.comm-<32 hex digits>) and made
- * 0600 by the first worker to join; the others open it and compare the
- * whole id. The last rank to leave removes the name. A worker that drives
- * the backend without regend's options (a test) keeps its groups in
- * anonymous memory, seen by its own ranks alone.
+ * unique id's first 16 bytes (regen.comm-<32 hex digits>) and made 0600 by
+ * the first worker to join; the others open it and compare the whole id.
+ * The last rank to leave removes the name. Two regends that share a socket
+ * directory share their host communicators too: the host backend's stand-in
+ * for the network between nodes (tests/ops/test_netns.py runs two in two
+ * network namespaces so). A worker that drives the backend without
+ * regend's options (a test) keeps its groups in anonymous memory, seen by
+ * its own ranks alone.
  *
  * In it: a robust process-shared mutex (a worker that dies holding it fails
  * the group instead of hanging it), a futex word every change bumps and
