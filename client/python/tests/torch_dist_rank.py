@@ -34,7 +34,24 @@ import regen.torch  # noqa: E402,F401 - registers the backend
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 SEED = int(os.environ.get("TEST_SEED", "1"))
+# TEST_DEVICE=cuda: every tensor on the rank's GPU (cuda:LOCAL_RANK, or
+# cuda:0 where CUDA_VISIBLE_DEVICES shows the rank its GPU alone), and the
+# twin of DDP on NCCL instead of gloo (tests/gpu/test_torch_dist_gpu.py).
+if os.environ.get("TEST_DEVICE", "cpu") == "cuda":
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    DEV = torch.device("cuda", local if torch.cuda.device_count() > local else 0)
+    torch.cuda.set_device(DEV)
+else:
+    DEV = torch.device("cpu")
 checks = []
+
+
+def zeros(*shape, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype, device=DEV)
+
+
+def full(shape, value):
+    return torch.full(shape, value, device=DEV)
 
 
 def check(name, ok, **detail):
@@ -50,10 +67,12 @@ def every_rank(shape, dtype, salt):
     """Every rank's input for one check, the same in every process."""
     g = torch.Generator().manual_seed(SEED * 1000 + salt)
     if dtype in (torch.int64, torch.int32):
-        return [torch.randint(-20, 20, shape, generator=g, dtype=dtype) for _ in range(WORLD)]
-    if dtype == torch.bool:
-        return [torch.rand(shape, generator=g) > 0.7 for _ in range(WORLD)]
-    return [torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) for _ in range(WORLD)]
+        xs = [torch.randint(-20, 20, shape, generator=g, dtype=dtype) for _ in range(WORLD)]
+    elif dtype == torch.bool:
+        xs = [torch.rand(shape, generator=g) > 0.7 for _ in range(WORLD)]
+    else:
+        xs = [torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) for _ in range(WORLD)]
+    return [x.to(DEV) for x in xs]
 
 
 def reference(xs, op):
@@ -96,20 +115,20 @@ def collectives():
     check("all_reduce async", close(t, reference(xs, dist.ReduceOp.SUM), 1e-6))
     # all_gather (a list) and into one tensor.
     xs = every_rank((4, 3), torch.float32, 100)
-    outs = [torch.zeros(4, 3) for _ in range(WORLD)]
+    outs = [zeros(4, 3) for _ in range(WORLD)]
     dist.all_gather(outs, xs[RANK])
     check("all_gather", all(torch.equal(o, x) for o, x in zip(outs, xs)))
-    into = torch.zeros(WORLD * 4, 3)
+    into = zeros(WORLD * 4, 3)
     gather_into = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
     gather_into(into, xs[RANK])
     check("all_gather_into_tensor", torch.equal(into, torch.cat(xs)))
     # reduce_scatter (a list) and from one tensor.
     xs = every_rank((WORLD * 6,), torch.float32, 101)
-    out = torch.zeros(6)
+    out = zeros(6)
     dist.reduce_scatter(out, list(xs[RANK].chunk(WORLD)))
     want = reference(xs, dist.ReduceOp.SUM)[RANK * 6:(RANK + 1) * 6]
     check("reduce_scatter", close(out, want, 1e-6))
-    out = torch.zeros(6)
+    out = zeros(6)
     scatter_from = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
     scatter_from(out, xs[RANK].clone())
     check("reduce_scatter_tensor", close(out, want, 1e-6))
@@ -123,30 +142,30 @@ def collectives():
     t = xs[RANK].clone()
     dist.reduce(t, dst=0)
     check("reduce", RANK != 0 or close(t, reference(xs, dist.ReduceOp.SUM), 1e-6))
-    g = [torch.zeros(5) for _ in range(WORLD)] if RANK == 0 else None
+    g = [zeros(5) for _ in range(WORLD)] if RANK == 0 else None
     dist.gather(xs[RANK], g, dst=0)
     check("gather", RANK != 0 or all(torch.equal(a, b) for a, b in zip(g, xs)))
-    t = torch.zeros(5)
+    t = zeros(5)
     dist.scatter(t, list(xs) if RANK == 0 else None, src=0)
     check("scatter", torch.equal(t, xs[RANK]))
     # all_to_all_single: even, then uneven splits (rank r sends k + r + 1
     # rows to rank k).
     xs = every_rank((WORLD * 2, 3), torch.float32, 104)
-    out = torch.zeros(WORLD * 2, 3)
+    out = zeros(WORLD * 2, 3)
     dist.all_to_all_single(out, xs[RANK])
     check("all_to_all_single", torch.equal(out, torch.cat([x[RANK * 2:RANK * 2 + 2] for x in xs])))
-    sends = [[torch.full((k + r + 1, 2), float(100 * r + k)) for k in range(WORLD)] for r in range(WORLD)]
+    sends = [[full((k + r + 1, 2), float(100 * r + k)) for k in range(WORLD)] for r in range(WORLD)]
     inp = torch.cat(sends[RANK])
-    out = torch.zeros(sum(RANK + r + 1 for r in range(WORLD)), 2)
+    out = zeros(sum(RANK + r + 1 for r in range(WORLD)), 2)
     dist.all_to_all_single(out, inp, output_split_sizes=[RANK + r + 1 for r in range(WORLD)],
                            input_split_sizes=[k + RANK + 1 for k in range(WORLD)])
     check("all_to_all_single uneven", torch.equal(out, torch.cat([sends[r][RANK] for r in range(WORLD)])))
-    outs = [torch.zeros(RANK + r + 1, 2) for r in range(WORLD)]
+    outs = [zeros(RANK + r + 1, 2) for r in range(WORLD)]
     dist.all_to_all(outs, list(sends[RANK]))
     check("all_to_all", all(torch.equal(o, sends[r][RANK]) for r, o in enumerate(outs)))
     # send and recv around a ring (even ranks send first).
     xs = every_rank((11,), torch.int64, 105)
-    t = torch.zeros(11, dtype=torch.int64)
+    t = zeros(11, dtype=torch.int64)
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     if RANK % 2 == 0:
         dist.send(xs[RANK], nxt)
@@ -159,9 +178,9 @@ def collectives():
     check("barrier", True)
 
 
-def ddp(gloo):
-    """The same model trained through "regen" and through gloo: the
-    parameters agree after every step."""
+def ddp(twin_group):
+    """The same model trained through "regen" and through gloo (NCCL on
+    GPUs): the parameters agree after every step."""
     torch.manual_seed(SEED)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
     twin = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
@@ -171,22 +190,26 @@ def ddp(gloo):
         for p, q in zip(model.parameters(), twin.parameters()):
             p.add_(0.01 * RANK)
             q.add_(0.01 * RANK)
-    a = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)
-    b = torch.nn.parallel.DistributedDataParallel(twin, process_group=gloo, bucket_cap_mb=0.001)
+    model.to(DEV)
+    twin.to(DEV)
+    ids = [DEV.index] if DEV.type == "cuda" else None
+    a = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=0.001)
+    b = torch.nn.parallel.DistributedDataParallel(twin, device_ids=ids, process_group=twin_group, bucket_cap_mb=0.001)
     oa = torch.optim.SGD(a.parameters(), lr=0.05)
     ob = torch.optim.SGD(b.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(SEED * 7 + RANK)
     worst = 0.0
     for step in range(6):
-        x = torch.randn(8, 16, generator=g)
-        y = torch.randn(8, 4, generator=g)
+        x = torch.randn(8, 16, generator=g).to(DEV)
+        y = torch.randn(8, 4, generator=g).to(DEV)
         for net, opt in ((a, oa), (b, ob)):
             opt.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()
             opt.step()
         for p, q in zip(model.parameters(), twin.parameters()):
             worst = max(worst, float((p - q).abs().max()))
-    check("ddp equals gloo", worst < 1e-5, worst=worst)
+    # fp32 sums of the same terms, in another order on NCCL's ring.
+    check("ddp equals gloo", worst < (1e-5 if DEV.type == "cpu" else 1e-4), worst=worst)
     # Every rank holds the same parameters.
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     outs = [torch.zeros_like(flat) for _ in range(WORLD)]
@@ -195,7 +218,7 @@ def ddp(gloo):
 
 
 def fault():
-    t = torch.ones(64)
+    t = torch.ones(64, device=DEV)
     dist.all_reduce(t)
     ready = OUT + f".ready{RANK}"
     open(ready, "w").close()
@@ -204,7 +227,7 @@ def fault():
         # Until the test made this rank's device lose its context.
         while not os.path.exists(OUT + ".lost"):
             time.sleep(0.01)
-    t = torch.ones(64)
+    t = torch.ones(64, device=DEV)
     err = None
     try:
         dist.all_reduce(t)
@@ -219,32 +242,34 @@ def fault():
     if RANK != victim:
         check("noticed within 1 s", ended - lost < 1.0, seconds=ended - lost)
     start = time.monotonic()
-    t = torch.full((64,), float(RANK + 1))
+    t = full((64,), float(RANK + 1))
     dist.all_reduce(t)
     rebuilt = time.monotonic() - start
-    check("rebuilt", torch.equal(t, torch.full((64,), float(WORLD * (WORLD + 1) // 2))), seconds=rebuilt)
+    check("rebuilt", torch.equal(t, full((64,), float(WORLD * (WORLD + 1) // 2))), seconds=rebuilt)
     pg = dist.distributed_c10d._get_default_group()
     check("built afresh", not any(pg.reattached.values()))
 
 
 def reattach(second):
     pg = dist.distributed_c10d._get_default_group()
-    t = torch.full((4,), float(RANK + 1))
+    t = full((4,), float(RANK + 1))
     dist.all_reduce(t)
-    check("all_reduce", torch.equal(t, torch.full((4,), float(WORLD * (WORLD + 1) // 2))))
+    check("all_reduce", torch.equal(t, full((4,), float(WORLD * (WORLD + 1) // 2))))
     check("re-attached" if second else "made", all(pg.reattached.values()) == second, reattached=pg.reattached)
 
 
 def main():
-    dist.init_process_group("regen", rank=RANK, world_size=WORLD, timeout=timedelta(seconds=60))
+    # TEST_BACKEND: "regen", or torch 2.x's device-mapped "cuda:regen".
+    dist.init_process_group(os.environ.get("TEST_BACKEND", "regen"), rank=RANK, world_size=WORLD,
+                            timeout=timedelta(seconds=int(os.environ.get("TEST_TIMEOUT_S", "60"))))
     pg = dist.distributed_c10d._get_default_group()
-    check("a regen group", type(pg).__name__ == "ProcessGroupRegen" and dist.get_backend() == "regen",
+    check("a regen group", type(pg).__name__ == "ProcessGroupRegen" and "regen" in str(dist.get_backend()),
           backend=str(dist.get_backend()))
     try:
         if MODE == "collectives":
-            gloo = dist.new_group(backend="gloo")
+            twin = dist.new_group(backend="gloo" if DEV.type == "cpu" else "nccl")
             collectives()
-            ddp(gloo)
+            ddp(twin)
         elif MODE == "fault":
             fault()
         elif MODE.startswith("reattach"):

@@ -373,7 +373,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
         counts = [int(store.get(f"{base}/attached/{r}")) for r in range(n)]
         if counts[0] >= 0 and all(c == counts[0] for c in counts):
             self.reattached[device] = True
-            return attached
+            return self._noted(attached, device, kind)
         if attached is not None:
             self._client.comm_destroy(attached, abort=True)
         if me == 0:
@@ -391,6 +391,16 @@ class ProcessGroupRegen(dist.ProcessGroup):
                           "cannot be re-attached after a restart", stacklevel=2)
             comm = self._client.comm_init(uid, me, n, device=device, deadline_ms=self._deadline_ms)
         self.reattached[device] = False
+        return self._noted(comm, device, kind)
+
+    def _noted(self, comm, device, kind):
+        """regen.torch's imports (CUDA) learn the communicator's
+        generation: those of an older one are made again."""
+        if kind == "cuda":
+            from . import runtime
+            rt = runtime()
+            with rt.lock:
+                rt._seen_generation(device, comm.generation)
         return comm
 
     def _call(self, device, kind, method, *args, **kw):
@@ -410,9 +420,11 @@ class ProcessGroupRegen(dist.ProcessGroup):
     # -- staging and ordering -------------------------------------------------------
 
     def _prepare(self, tensors):
-        """(device, kind, cuda device or None) of the call's tensors, which
-        must be on one device; for CUDA, the event regend's work waits for
-        (the rank's current stream) is recorded now, at issue."""
+        """(device, kind, cuda device or None, ordering) of the call's
+        tensors, which must be on one device. For CUDA the rank's current
+        stream is recorded now, at issue, on the (device, stream)'s IPC
+        event that regend's work will wait for; ordering is (stream, local
+        index) then, None where the stream was idle."""
         devs = {t.device for t in tensors}
         if len(devs) != 1:
             raise ValueError(f"regen process group: a call's tensors must be on one device, got {sorted(map(str, devs))}")
@@ -425,15 +437,14 @@ class ProcessGroupRegen(dist.ProcessGroup):
         rt = runtime()
         device = rt.regend_device(d)
         stream = torch.cuda.current_stream(d)
-        wait_event = None
+        ordering = None
         with rt.lock:
             if rt.ordering == "sync":
                 stream.synchronize()
             elif not stream.query():
-                pair = rt._events_for(device, stream, d.index)
-                pair.before.record(stream)
-                wait_event = pair.ids[0]
-        return device, "cuda", d, wait_event
+                rt._events_for(device, stream, d.index).before.record(stream)
+                ordering = (stream, d.index)
+        return device, "cuda", d, ordering
 
     def _cuda_operand(self, t, device):
         from . import runtime
@@ -449,9 +460,15 @@ class ProcessGroupRegen(dist.ProcessGroup):
             if t.dtype not in _DTYPES:
                 raise NotImplementedError(f"regen process group: {t.dtype} is not a dtype regend's communicators "
                                           "carry (float32/16, bfloat16, float64, int32/64, uint8, bool)")
-        device, kind, cuda, wait_event = self._prepare(tensors)
-        io = _CudaIO(self, device, cuda, wait_event) if cuda is not None else _HostIO(self, device)
-        return self._submit(lambda: body(io, device, kind), result, cuda)
+        device, kind, cuda, ordering = self._prepare(tensors)
+        io = _CudaIO(self, device, cuda, ordering) if cuda is not None else _HostIO(self, device)
+
+        def run():
+            # The communicator first: a rebuild after a fault learns the
+            # device's new generation before the operands are placed.
+            self._comm(device, kind)
+            body(io, device, kind)
+        return self._submit(run, result, cuda)
 
     # -- collectives ------------------------------------------------------------------
 
@@ -678,7 +695,7 @@ class _HostIO:
 
     def __init__(self, pg, device):
         self.pg, self.device = pg, device
-        self.staging = pg._staging.setdefault(device, _Staging())
+        self.staging = None  # taken at the first operand, on the group's thread
         self.retired = []    # stagings outgrown during the call: operands still name them
         self.plan = []       # (staging, tensor or None, offset, n, dtype)
         self.at = 0
@@ -692,6 +709,8 @@ class _HostIO:
         """An offset for n elements; a bigger memfd where the current one
         is full (the earlier operands keep theirs until done())."""
         nbytes = n * torch.empty((), dtype=dtype).element_size()
+        if self.staging is None:
+            self.staging = self.pg._staging.setdefault(self.device, _Staging())
         if self.staging.buffer is not None and self.at + nbytes > self.staging.size:
             self.retired.append(self.staging)
             bigger = _Staging()
@@ -756,8 +775,8 @@ class _CudaIO:
     group's thread makes itself (a contiguous copy, a packed buffer) is
     synchronised on its stream before regend reads it."""
 
-    def __init__(self, pg, device, cuda, wait_event):
-        self.pg, self.device, self.cuda, self.wait_event = pg, device, cuda, wait_event
+    def __init__(self, pg, device, cuda, ordering):
+        self.pg, self.device, self.cuda, self.ordering = pg, device, cuda, ordering
         self.copies = []
         self.made_here = False
         self.last = None
@@ -787,13 +806,20 @@ class _CudaIO:
         return self._operand(self.last)
 
     def events(self):
-        # The first call of the Work waits for the rank's stream; regend's
-        # lane keeps the rest in order after it.
+        # The first call of the Work waits for the rank's stream (the event
+        # recorded at issue; its import made again here where the device's
+        # generation moved since); regend's lane keeps the rest in order.
         if self.made_here:
             torch.cuda.current_stream(self.cuda).synchronize()
             self.made_here = False
-        ev, self.wait_event = self.wait_event, None
-        return {"wait_event": ev} if ev is not None else {}
+        if self.ordering is None:
+            return {}
+        stream, local = self.ordering
+        self.ordering = None
+        from . import runtime
+        rt = runtime()
+        with rt.lock:
+            return {"wait_event": rt._events_for(self.device, stream, local).ids[0]}
 
     def done(self):
         for t, c in self.copies:
