@@ -13,6 +13,8 @@
 
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
 		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_I32 == (int)RP_DTYPE_I32 &&
+		       (int)REGEN_F64 == (int)RP_DTYPE_F64 && (int)REGEN_I64 == (int)RP_DTYPE_I64 &&
+		       (int)REGEN_U8 == (int)RP_DTYPE_U8 &&
 		       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS &&
 		       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU &&
 		       (int)REGEN_EPILOGUE_GELU_AUX == (int)RP_EPILOGUE_GELU_AUX &&
