@@ -12,8 +12,9 @@ gloo, the parameters compared after every step. MODE "fault": every rank
 waits in an all_reduce while the test makes the last rank's device lose its
 context; the others' fail by name (their time to notice written out), the
 next all_reduce builds the communicator again on every rank (timed). MODE
-"reattach": one all_reduce, then exit (the communicators detach); run again,
-the group re-attaches them. Writes a JSON object of what it saw to OUT."""
+"reattach1": one all_reduce, then rank 0 ends with an exception and the
+others without a word (the communicators detach); "reattach2", run again,
+re-attaches them. Writes a JSON object of what it saw to OUT."""
 
 import json
 import os
@@ -279,8 +280,11 @@ def main():
     with open(OUT, "w") as f:
         json.dump(checks, f)
     if MODE == "reattach1":
-        # Exit without destroying: the communicators detach for the next
-        # process of this rank.
+        # The job fails: rank 0 with an exception (its group leaves its
+        # communicators detached at exit), the others killed (os._exit:
+        # nothing runs). Their next processes re-attach.
+        if RANK == 0:
+            raise RuntimeError("the job failed (as the test wants)")
         os._exit(0)
     dist.destroy_process_group()
 

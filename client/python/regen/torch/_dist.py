@@ -40,6 +40,7 @@ import itertools
 import mmap
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -182,10 +183,13 @@ class _Staging:
 
 
 def _shutdown_at_exit(ref):
+    """A process that ends well destroys its communicators; one that ends
+    with an exception leaves them detached in regend (keyed), for its next
+    process to re-attach (a crash or a signal leaves them so anyway)."""
     pg = ref()
     if pg is not None:
         try:
-            pg.shutdown()
+            pg.shutdown(destroy=getattr(sys, "last_value", None) is None)
         except Exception:  # noqa: BLE001 - the process is ending
             pass
 
@@ -283,10 +287,11 @@ class ProcessGroupRegen(dist.ProcessGroup):
             else:
                 fut.set_result(result)
 
-    def shutdown(self):
+    def shutdown(self, destroy=True):
         """Ends the group's thread and destroys its communicators (torch 2.x
-        calls it at destroy_process_group; the process's exit otherwise).
-        Calling it again does nothing."""
+        calls it at destroy_process_group; the process's exit otherwise);
+        with ``destroy`` false they are left detached (keyed) for a later
+        process of the job. Calling it again does nothing."""
         if self._thread is None:
             return
         self._queue.put(None)
@@ -296,6 +301,8 @@ class ProcessGroupRegen(dist.ProcessGroup):
         # with torch's own references, before the interpreter's teardown.
         self._store = None
         for dev, comm in list(self._comms.items()):
+            if not destroy and dev not in self._broken:
+                continue
             try:
                 self._client.comm_destroy(comm, abort=dev in self._broken)
             except errors.Error:
