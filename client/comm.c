@@ -11,7 +11,8 @@
 #include "proto/comm.h"
 
 _Static_assert(REGEN_COMM_UNIQUE_ID_BYTES == RP_COMM_ID_SIZE, "a unique id is the protocol's");
-_Static_assert((int)REGEN_REDUCE_AVG == (int)RP_REDUCE_AVG, "libregen's reductions are the protocol's");
+_Static_assert((int)REGEN_REDUCE_PROD == (int)RP_REDUCE_PROD && (int)REGEN_REDUCE_AVG == (int)RP_REDUCE_AVG,
+	       "libregen's reductions are the protocol's");
 
 static bool device_ok(int device)
 {
@@ -94,7 +95,7 @@ static int put_tensor(regen_client *c, const regen_comm *comm, const struct rege
 		      struct rp_operand *op)
 {
 	if (t->buffer == NULL || t->buffer->obj.client != c || t->buffer->obj.device != comm->obj.device ||
-	    (unsigned)t->dtype > REGEN_BF16 || t->rank != 1) {
+	    (unsigned)t->dtype > REGEN_U8 || t->rank != 1) {
 		rc_set_local_error(c, "%s must be a rank-1 tensor in a buffer of this client on device %d", name,
 				   comm->obj.device);
 		return -EINVAL;
@@ -127,7 +128,11 @@ static int collective(regen_client *c, const struct regen_collective_args *a, co
 	cJSON *params;
 	int r;
 
-	if (c == NULL || a == NULL || a->comm == NULL || (unsigned)a->op > REGEN_REDUCE_AVG)
+	bool sends = spec != &rp_comm_recv, receives = spec != &rp_comm_send;
+	/* Send's and Recv's one operand is the op's slot 0 (RP_COMM_PEER_BUF). */
+	int send_slot = RP_COMM_SEND, recv_slot = spec == &rp_comm_recv ? RP_COMM_PEER_BUF : RP_COMM_RECV;
+
+	if (c == NULL || a == NULL || a->comm == NULL || (unsigned)a->op > REGEN_REDUCE_PROD)
 		return -EINVAL;
 	/* In a forked child the parent's communicators are not this client's. */
 	rc_check_fork(c);
@@ -135,20 +140,21 @@ static int collective(regen_client *c, const struct regen_collective_args *a, co
 		rc_set_local_error(c, "communicator %s belongs to another client", a->comm->obj.id);
 		return -EINVAL;
 	}
-	if ((r = put_tensor(c, a->comm, &a->send, "send", &call.operands[RP_COMM_SEND])) < 0 ||
-	    (r = put_tensor(c, a->comm, &a->recv, "recv", &call.operands[RP_COMM_RECV])) < 0 ||
+	if ((sends && (r = put_tensor(c, a->comm, &a->send, "send", &call.operands[send_slot])) < 0) ||
+	    (receives && (r = put_tensor(c, a->comm, &a->recv, "recv", &call.operands[recv_slot])) < 0) ||
 	    (r = put_event(c, a->comm, a->wait_event, &call.wait_event)) < 0 ||
 	    (r = put_event(c, a->comm, a->signal_event, &call.signal_event)) < 0)
 		return r;
-	call.present[RP_COMM_SEND] = call.present[RP_COMM_RECV] = true;
+	call.present[send_slot] = sends;
+	call.present[recv_slot] = receives;
 	call.deadline_ms = a->deadline_ms;
 	call.comm.comm = a->comm->obj.rid;
 	call.comm.op = (enum rp_reduce_op)a->op;
 	call.comm.root = a->root;
-	call.comm.kind = spec == &rp_comm_all_reduce	   ? RP_COMM_ALL_REDUCE
-			 : spec == &rp_comm_all_gather	   ? RP_COMM_ALL_GATHER
-			 : spec == &rp_comm_reduce_scatter ? RP_COMM_REDUCE_SCATTER
-							   : RP_COMM_BROADCAST;
+	call.comm.peer = a->peer;
+	for (int k = RP_COMM_ALL_REDUCE; k < RP_COMM_KINDS; k++)
+		if (rp_comm_op_get((enum rp_comm_kind)k) == spec)
+			call.comm.kind = (enum rp_comm_kind)k;
 	params = rp_compute_to_json(&call);
 	if (params == NULL)
 		return -ENOMEM;
@@ -175,6 +181,21 @@ REGEN_EXPORT int regen_comm_reduce_scatter(regen_client *c, const struct regen_c
 REGEN_EXPORT int regen_comm_broadcast(regen_client *c, const struct regen_collective_args *a)
 {
 	return collective(c, a, &rp_comm_broadcast);
+}
+
+REGEN_EXPORT int regen_comm_all_to_all(regen_client *c, const struct regen_collective_args *a)
+{
+	return collective(c, a, &rp_comm_all_to_all);
+}
+
+REGEN_EXPORT int regen_comm_send(regen_client *c, const struct regen_collective_args *a)
+{
+	return collective(c, a, &rp_comm_send);
+}
+
+REGEN_EXPORT int regen_comm_recv(regen_client *c, const struct regen_collective_args *a)
+{
+	return collective(c, a, &rp_comm_recv);
 }
 
 static int end(regen_comm *comm, bool destroy, bool abort, uint32_t deadline_ms)

@@ -16,6 +16,8 @@ _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_
 		       (int)REGEN_E4M3 == (int)RP_DTYPE_E4M3 && (int)REGEN_E5M2 == (int)RP_DTYPE_E5M2 &&
 		       (int)REGEN_FP8_E5M2 == (int)RP_FP8_E5M2 &&
 		       (int)REGEN_AMAX_COMPUTE_MOST_RECENT == (int)RP_AMAX_COMPUTE_MOST_RECENT &&
+		       (int)REGEN_F64 == (int)RP_DTYPE_F64 && (int)REGEN_I64 == (int)RP_DTYPE_I64 &&
+		       (int)REGEN_U8 == (int)RP_DTYPE_U8 &&
 		       (int)REGEN_EPILOGUE_GELU_BIAS == (int)RP_EPILOGUE_GELU_BIAS &&
 		       (int)REGEN_EPILOGUE_DGELU == (int)RP_EPILOGUE_DGELU &&
 		       (int)REGEN_EPILOGUE_GELU_AUX == (int)RP_EPILOGUE_GELU_AUX &&

@@ -21,6 +21,9 @@ const struct rd_env_info rd_env_table[RD_ENV_VARS] = {
 	[RD_ENV_HOST_COMM_ABORT_MS] = { "REGEN_HOST_COMM_ABORT_MS", true, "MS",
 					"every communicator abort on the host backend takes this long (0-60000), as "
 					"an ncclCommAbort whose peer is gone may" },
+	[RD_ENV_HOST_COMM_SLOT_BYTES] = { "REGEN_HOST_COMM_SLOT_BYTES", true, "BYTES",
+					  "each rank's staging slot of a host communicator (64-4194304, rounded down "
+					  "to 64) instead of 64 MiB / nranks, so that small messages take many steps" },
 	[RD_ENV_HOST_OPEN_HANG_FILE] = { "REGEN_HOST_OPEN_HANG_FILE", true, "PATH",
 					 "device N's open on the host backend waits while PATH.N exists, as a driver "
 					 "init that does not return" },

@@ -15,22 +15,33 @@
 /* ---- The collectives ------------------------------------------------------------ */
 
 /* recv may be send only where the op runs in place element by element
- * (AllReduce, Broadcast); an AllGather or ReduceScatter whose recv shares
- * bytes with send is refused. */
-#define SEND(dims) { "send", RP_ROLE_IN, true, 1, dims, RP_DTYPES_ANY, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT }
-#define RECV(dims, alias) { "recv", RP_ROLE_OUT, true, 1, dims, RP_DTYPES_ANY, RP_COMM_SEND, RP_NO_SLOT, false, alias }
+ * (AllReduce, Broadcast); an AllGather, ReduceScatter or AllToAll whose
+ * recv shares bytes with send is refused. Send and Recv have their one
+ * operand in slot RP_COMM_PEER_BUF. */
+#define SEND(dims) { "send", RP_ROLE_IN, true, 1, dims, RP_DTYPES_COMM, RP_NO_SLOT, RP_NO_SLOT, false, RP_NO_SLOT }
+#define RECV(dims, alias, like) { "recv", RP_ROLE_OUT, true, 1, dims, RP_DTYPES_COMM, like, RP_NO_SLOT, false, alias }
 
 static const struct rp_operand_spec in_place_operands[RP_COMM_OPERANDS] = {
 	[RP_COMM_SEND] = SEND("[n]"),
-	[RP_COMM_RECV] = RECV("[n]", RP_COMM_SEND),
+	[RP_COMM_RECV] = RECV("[n]", RP_COMM_SEND, RP_COMM_SEND),
 };
 static const struct rp_operand_spec gather_operands[RP_COMM_OPERANDS] = {
 	[RP_COMM_SEND] = SEND("[n]"),
-	[RP_COMM_RECV] = RECV("[nranks * n]", RP_NO_SLOT),
+	[RP_COMM_RECV] = RECV("[nranks * n]", RP_NO_SLOT, RP_COMM_SEND),
 };
 static const struct rp_operand_spec scatter_operands[RP_COMM_OPERANDS] = {
 	[RP_COMM_SEND] = SEND("[nranks * n]"),
-	[RP_COMM_RECV] = RECV("[n]", RP_NO_SLOT),
+	[RP_COMM_RECV] = RECV("[n]", RP_NO_SLOT, RP_COMM_SEND),
+};
+static const struct rp_operand_spec all_to_all_operands[RP_COMM_OPERANDS] = {
+	[RP_COMM_SEND] = SEND("[nranks * n]"),
+	[RP_COMM_RECV] = RECV("[nranks * n]", RP_NO_SLOT, RP_COMM_SEND),
+};
+static const struct rp_operand_spec send_operands[1] = {
+	[RP_COMM_PEER_BUF] = SEND("[n]"),
+};
+static const struct rp_operand_spec recv_operands[1] = {
+	[RP_COMM_PEER_BUF] = RECV("[n]", RP_NO_SLOT, RP_NO_SLOT),
 };
 
 static const struct rp_field reduce_scalars[] = {
@@ -47,13 +58,18 @@ static const struct rp_field broadcast_scalars[] = {
 	{ "root", RP_T_INT, true },
 	{ NULL, 0, false },
 };
+static const struct rp_field peer_scalars[] = {
+	{ "comm", RP_T_STRING, true },
+	{ "peer", RP_T_INT, true },
+	{ NULL, 0, false },
+};
 
 /* In enum rp_reduce_op order. */
-static const char *const reduce_names[] = { "sum", "max", "avg", NULL };
+static const char *const reduce_names[] = { "sum", "max", "avg", "min", "prod", NULL };
 
 const char *rp_reduce_op_name(enum rp_reduce_op op)
 {
-	return (unsigned)op <= RP_REDUCE_AVG ? reduce_names[op] : NULL;
+	return (unsigned)op <= RP_REDUCE_PROD ? reduce_names[op] : NULL;
 }
 
 static int parse_comm(const cJSON *params, struct rp_comm_call *cc, struct rp_error *err)
@@ -77,6 +93,40 @@ static int same_length(struct rp_compute *c, struct rp_error *err)
 	return 0;
 }
 
+/* An average of integers would round where NCCL's rounds differently (or
+ * refuses): the integers take sum, max, min and prod. */
+static int op_fits_dtype(const struct rp_compute *c, struct rp_error *err)
+{
+	enum rp_dtype dt = c->operands[RP_COMM_SEND].dtype;
+
+	if (c->comm.op == RP_REDUCE_AVG && !rp_dtype_is_float(dt)) {
+		rp_error_invalid_parameter(err, "op");
+		rp_error_add_str(err, "message", "op avg needs a floating-point dtype: reduce integers with sum and "
+						 "divide, or convert them first");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int all_reduce_check(struct rp_compute *c, struct rp_error *err)
+{
+	int r = same_length(c, err);
+
+	return r < 0 ? r : op_fits_dtype(c, err);
+}
+
+static int all_to_all_check(struct rp_compute *c, struct rp_error *err)
+{
+	return same_length(c, err);
+}
+
+/* Send's and Recv's one operand has every shape: the peer's must match,
+ * which only the peers can tell. */
+static int peer_check(struct rp_compute *c, struct rp_error *err)
+{
+	return 0;
+}
+
 static int read_reduce(const cJSON *params, struct rp_compute *c, enum rp_comm_kind kind, struct rp_error *err)
 {
 	int op, r;
@@ -97,6 +147,39 @@ static int all_reduce_read(const cJSON *params, struct rp_compute *c, struct rp_
 static int reduce_scatter_read(const cJSON *params, struct rp_compute *c, struct rp_error *err)
 {
 	return read_reduce(params, c, RP_COMM_REDUCE_SCATTER, err);
+}
+
+static int all_to_all_read(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+{
+	c->comm.kind = RP_COMM_ALL_TO_ALL;
+	return parse_comm(params, &c->comm, err);
+}
+
+static int read_peer(const cJSON *params, struct rp_compute *c, enum rp_comm_kind kind, struct rp_error *err)
+{
+	uint64_t peer = 0;
+	int r;
+
+	c->comm.kind = kind;
+	if ((r = parse_comm(params, &c->comm, err)) < 0)
+		return r;
+	r = rp_params_uint(params, "peer", RP_COMM_RANKS_MAX - 1, 0, &peer, err);
+	if (r < 0)
+		return r;
+	if (r == 1)
+		return rp_error_invalid_parameter(err, "peer");
+	c->comm.peer = (uint32_t)peer;
+	return 0;
+}
+
+static int send_read(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+{
+	return read_peer(params, c, RP_COMM_P2P_SEND, err);
+}
+
+static int recv_read(const cJSON *params, struct rp_compute *c, struct rp_error *err)
+{
+	return read_peer(params, c, RP_COMM_P2P_RECV, err);
 }
 
 static int all_gather_read(const cJSON *params, struct rp_compute *c, struct rp_error *err)
@@ -129,6 +212,11 @@ static int lengths_checked_by_the_worker(struct rp_compute *c, struct rp_error *
 	return 0;
 }
 
+static int reduce_scatter_check(struct rp_compute *c, struct rp_error *err)
+{
+	return op_fits_dtype(c, err);
+}
+
 static void encode_comm(const struct rp_compute *c, cJSON *params)
 {
 	char id[RP_ID_MAX];
@@ -139,6 +227,8 @@ static void encode_comm(const struct rp_compute *c, cJSON *params)
 		cJSON_AddStringToObject(params, "op", reduce_names[c->comm.op]);
 	if (c->comm.kind == RP_COMM_BROADCAST)
 		cJSON_AddNumberToObject(params, "root", c->comm.root);
+	if (c->comm.kind == RP_COMM_P2P_SEND || c->comm.kind == RP_COMM_P2P_RECV)
+		cJSON_AddNumberToObject(params, "peer", c->comm.peer);
 }
 
 #define COLLECTIVE(var, short, lower, ops, scalars_, read_, check_)                                                   \
@@ -146,7 +236,7 @@ static void encode_comm(const struct rp_compute *c, cJSON *params)
 		.id = RP_OP_COMM,                                                                              \
 		.method = "io.regen.Comm." short,                                                              \
 		.name = lower,                                                                                 \
-		.noperands = RP_COMM_OPERANDS,                                                                 \
+		.noperands = sizeof(ops) / sizeof((ops)[0]),                                                   \
 		.operands = ops,                                                                               \
 		.scalars = scalars_,                                                                           \
 		.read_scalars = read_,                                                                         \
@@ -155,13 +245,17 @@ static void encode_comm(const struct rp_compute *c, cJSON *params)
 	}
 
 COLLECTIVE(rp_comm_all_reduce, "AllReduce", "all_reduce", in_place_operands, reduce_scalars, all_reduce_read,
-	   same_length);
+	   all_reduce_check);
 COLLECTIVE(rp_comm_all_gather, "AllGather", "all_gather", gather_operands, gather_scalars, all_gather_read,
 	   lengths_checked_by_the_worker);
 COLLECTIVE(rp_comm_reduce_scatter, "ReduceScatter", "reduce_scatter", scatter_operands, reduce_scalars,
-	   reduce_scatter_read, lengths_checked_by_the_worker);
+	   reduce_scatter_read, reduce_scatter_check);
 COLLECTIVE(rp_comm_broadcast, "Broadcast", "broadcast", in_place_operands, broadcast_scalars, broadcast_read,
 	   same_length);
+COLLECTIVE(rp_comm_all_to_all, "AllToAll", "all_to_all", all_to_all_operands, gather_scalars, all_to_all_read,
+	   all_to_all_check);
+COLLECTIVE(rp_comm_send, "Send", "send", send_operands, peer_scalars, send_read, peer_check);
+COLLECTIVE(rp_comm_recv, "Recv", "recv", recv_operands, peer_scalars, recv_read, peer_check);
 
 static const struct rp_field no_fields[] = { { NULL, 0, false } };
 
@@ -177,6 +271,9 @@ static const struct rp_op_spec *const collectives[] = {
 	[RP_COMM_ALL_GATHER] = &rp_comm_all_gather,
 	[RP_COMM_REDUCE_SCATTER] = &rp_comm_reduce_scatter,
 	[RP_COMM_BROADCAST] = &rp_comm_broadcast,
+	[RP_COMM_ALL_TO_ALL] = &rp_comm_all_to_all,
+	[RP_COMM_P2P_SEND] = &rp_comm_send,
+	[RP_COMM_P2P_RECV] = &rp_comm_recv,
 };
 
 const struct rp_op_spec *rp_comm_op_get(enum rp_comm_kind kind)
@@ -199,7 +296,7 @@ int64_t rp_comm_count(const struct rp_compute *c)
 	return c->operands[slot].shape[0];
 }
 
-int rp_comm_check_ranks(const struct rp_compute *c, uint32_t nranks, struct rp_error *err)
+int rp_comm_check_ranks(const struct rp_compute *c, uint32_t rank, uint32_t nranks, struct rp_error *err)
 {
 	const struct rp_operand *s = &c->operands[RP_COMM_SEND], *r = &c->operands[RP_COMM_RECV];
 	int64_t want;
@@ -225,6 +322,19 @@ int rp_comm_check_ranks(const struct rp_compute *c, uint32_t nranks, struct rp_e
 	case RP_COMM_BROADCAST:
 		if (c->comm.root >= nranks)
 			return rp_error_invalid_parameter(err, "root");
+		return 0;
+	case RP_COMM_ALL_TO_ALL:
+		if (s->shape[0] % nranks != 0)
+			return rp_error_invalid_operand(err, "send",
+							"send is %s but the communicator has %u ranks: send and recv "
+							"must be nranks blocks of one length",
+							rp_operand_shape_text(s).s, nranks);
+		return 0;
+	case RP_COMM_P2P_SEND:
+	case RP_COMM_P2P_RECV:
+		/* To itself a rank would wait for itself: NCCL hangs there. */
+		if (c->comm.peer >= nranks || c->comm.peer == rank)
+			return rp_error_invalid_parameter(err, "peer");
 		return 0;
 	default:
 		return 0;

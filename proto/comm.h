@@ -4,7 +4,7 @@
  * codecs of GetUniqueId, Init, Attach, Abort and Destroy.
  *
  * A collective's operands are rank-1 contiguous tensors `send` and `recv`
- * of one dtype. What parsing alone can check it checks (the shapes of
+ * of one dtype (Send has only send, Recv only recv). What parsing alone can check it checks (the shapes of
  * AllReduce and Broadcast agree, recv is send only where the op runs in
  * place, the reduction, the root's range); what needs the communicator
  * (nranks, rank) rp_comm_check_ranks says once the worker resolved it, and
@@ -30,10 +30,13 @@
 /* A re-attach key: 1 to this many printable ASCII characters, no space. */
 #define RP_COMM_KEY_MAX 128
 
-/* Operand slots of every collective. */
+/* Operand slots of every collective; Send and Recv have one operand, send
+ * or recv, in slot RP_COMM_PEER_BUF. */
 enum { RP_COMM_SEND = 0, RP_COMM_RECV, RP_COMM_OPERANDS };
+#define RP_COMM_PEER_BUF 0
 
-extern const struct rp_op_spec rp_comm_all_reduce, rp_comm_all_gather, rp_comm_reduce_scatter, rp_comm_broadcast;
+extern const struct rp_op_spec rp_comm_all_reduce, rp_comm_all_gather, rp_comm_reduce_scatter, rp_comm_broadcast,
+	rp_comm_all_to_all, rp_comm_send, rp_comm_recv;
 /* Tags for the lane work of Init and Destroy (no operands; never parsed
  * through the table): what logs and the deadline watch name. */
 extern const struct rp_op_spec rp_comm_init_op, rp_comm_destroy_op;
@@ -41,21 +44,25 @@ extern const struct rp_op_spec rp_comm_init_op, rp_comm_destroy_op;
 /* The collective's table by method name ("io.regen.Comm.AllReduce"); NULL
  * when none. */
 const struct rp_op_spec *rp_comm_op_find(const char *method);
-/* By kind: RP_COMM_ALL_REDUCE .. RP_COMM_BROADCAST; NULL otherwise. */
+/* By kind: RP_COMM_ALL_REDUCE .. RP_COMM_P2P_RECV; NULL otherwise. */
 const struct rp_op_spec *rp_comm_op_get(enum rp_comm_kind kind);
-/* "sum", "max", "avg". */
+/* "sum", "max", "avg", "min", "prod". */
 const char *rp_reduce_op_name(enum rp_reduce_op op);
-/* Whether the call is a collective (not Init or Destroy). */
+/* Whether the call is a collective or a Send or Recv (not Init or
+ * Destroy): what a communicator counts and its peers must match. */
 static inline bool rp_comm_is_collective(const struct rp_compute *c)
 {
 	return c->spec && c->spec->id == RP_OP_COMM && c->comm.kind >= RP_COMM_ALL_REDUCE;
 }
 
 /* What the communicator decides: AllGather's recv is nranks times send,
- * ReduceScatter's send nranks times recv, Broadcast's root below nranks.
- * InvalidOperand {operand} or InvalidParameter {root}; 0 when they agree. */
-int rp_comm_check_ranks(const struct rp_compute *c, uint32_t nranks, struct rp_error *err);
-/* Elements each rank sends: send's length, or recv's for ReduceScatter. */
+ * ReduceScatter's send nranks times recv, AllToAll's send nranks blocks,
+ * Broadcast's root below nranks, a Send's or Recv's peer below nranks and
+ * not `rank` itself. InvalidOperand {operand} or InvalidParameter {root,
+ * peer}; 0 when they agree. */
+int rp_comm_check_ranks(const struct rp_compute *c, uint32_t rank, uint32_t nranks, struct rp_error *err);
+/* Elements each rank sends: send's length, or recv's for ReduceScatter
+ * (AllToAll: all nranks blocks; Send and Recv: their one operand's). */
 int64_t rp_comm_count(const struct rp_compute *c);
 
 /* 256 hex digits, either case, into 128 bytes; 0 or -EINVAL. */

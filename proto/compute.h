@@ -76,6 +76,11 @@ enum {
 
 #define RP_DTYPE_BIT(dt) (1u << (dt))
 #define RP_DTYPES_ANY (RP_DTYPE_BIT(RP_DTYPE_F32) | RP_DTYPE_BIT(RP_DTYPE_F16) | RP_DTYPE_BIT(RP_DTYPE_BF16))
+/* What a communicator carries: the floats, f64 and the integers (NCCL's
+ * own types); fp8 is not among them. */
+#define RP_DTYPES_COMM                                                                                 \
+	(RP_DTYPES_ANY | RP_DTYPE_BIT(RP_DTYPE_F64) | RP_DTYPE_BIT(RP_DTYPE_I32) | RP_DTYPE_BIT(RP_DTYPE_I64) | \
+	 RP_DTYPE_BIT(RP_DTYPE_U8))
 #define RP_DTYPES_FP8 (RP_DTYPE_BIT(RP_DTYPE_E4M3) | RP_DTYPE_BIT(RP_DTYPE_E5M2))
 #define RP_NO_SLOT (-1)
 
@@ -219,9 +224,9 @@ struct rp_scale_update {
 /* io.regen.Comm's calls that run on a lane (proto/comm.h). */
 enum rp_comm_kind {
 	RP_COMM_INIT = 0, RP_COMM_DESTROY, RP_COMM_ALL_REDUCE, RP_COMM_ALL_GATHER, RP_COMM_REDUCE_SCATTER,
-	RP_COMM_BROADCAST, RP_COMM_KINDS
+	RP_COMM_BROADCAST, RP_COMM_ALL_TO_ALL, RP_COMM_P2P_SEND, RP_COMM_P2P_RECV, RP_COMM_KINDS
 };
-enum rp_reduce_op { RP_REDUCE_SUM = 0, RP_REDUCE_MAX, RP_REDUCE_AVG };
+enum rp_reduce_op { RP_REDUCE_SUM = 0, RP_REDUCE_MAX, RP_REDUCE_AVG, RP_REDUCE_MIN, RP_REDUCE_PROD };
 #define RP_COMM_ID_SIZE 128        /* ncclUniqueId */
 
 struct rp_comm_call {
@@ -229,6 +234,7 @@ struct rp_comm_call {
 	struct rp_id comm;           /* collectives and Destroy */
 	enum rp_reduce_op op;        /* AllReduce, ReduceScatter */
 	uint32_t root;               /* Broadcast */
+	uint32_t peer;               /* Send, Recv: the other rank */
 	/* Init */
 	uint32_t rank, nranks;
 	unsigned char unique_id[RP_COMM_ID_SIZE];

@@ -79,13 +79,15 @@ typedef struct regen_watcher regen_watcher;
 /* Devices libregen reaches: indexes 0 .. REGEN_DEVICES_MAX - 1. */
 #define REGEN_DEVICES_MAX 64
 
-/* REGEN_I32 only where a call says so (attention's sequence lengths).
- * REGEN_E4M3 and REGEN_E5M2 are the FP8 formats (one byte; E4M3 as torch's
- * float8_e4m3fn, largest 448, no infinities; E5M2 as float8_e5m2, largest
- * 57344), where a call says so: regen_gemm's a, b and d, the quantize
- * calls' outputs. (Codes 4 to 6 are f64, i64 and u8, which only programs
- * take.) */
-enum regen_dtype { REGEN_F32 = 0, REGEN_F16, REGEN_BF16, REGEN_I32, REGEN_E4M3 = 7, REGEN_E5M2 = 8 };
+/* REGEN_I32 only where a call says so (attention's sequence lengths, a
+ * communicator's); REGEN_F64, REGEN_I64 and REGEN_U8 a communicator's only
+ * (programs take them too). REGEN_E4M3 and REGEN_E5M2 are the FP8 formats
+ * (one byte; E4M3 as torch's float8_e4m3fn, largest 448, no infinities;
+ * E5M2 as float8_e5m2, largest 57344), where a call says so: regen_gemm's
+ * a, b and d, the quantize calls' outputs. */
+enum regen_dtype {
+	REGEN_F32 = 0, REGEN_F16, REGEN_BF16, REGEN_I32, REGEN_F64, REGEN_I64, REGEN_U8, REGEN_E4M3 = 7, REGEN_E5M2 = 8
+};
 
 /* socket_path NULL: $REGEN_SOCKET, else the built-in default. When
  * $REGEN_JOB is set, the client states it as its job (regen_client_set_job);
@@ -846,13 +848,14 @@ REGEN_EXPORT int regen_pool_keep(const void *ptr, const char *job, uint32_t rank
 REGEN_EXPORT int regen_pool_adopt(int fd, enum regen_memory_kind kind, int device, uint64_t bytes, void **base);
 
 /* Communicators (io.regen.Comm): NCCL on the CUDA backend; on the host
- * backend the ranks are connections to one worker (tests the control
- * plane, not the GPU path). */
+ * backend the ranks are connections to the workers of one regend (tests
+ * the control plane, not the GPU path). */
 typedef struct regen_comm regen_comm;
 
 #define REGEN_COMM_UNIQUE_ID_BYTES 128
 
-enum regen_reduce_op { REGEN_REDUCE_SUM = 0, REGEN_REDUCE_MAX, REGEN_REDUCE_AVG };
+/* avg: floating-point dtypes only. */
+enum regen_reduce_op { REGEN_REDUCE_SUM = 0, REGEN_REDUCE_MAX, REGEN_REDUCE_AVG, REGEN_REDUCE_MIN, REGEN_REDUCE_PROD };
 
 /* A new unique id for rank 0 to hand to the other ranks. */
 REGEN_EXPORT int regen_comm_unique_id(regen_client *c, int device, unsigned char id[REGEN_COMM_UNIQUE_ID_BYTES]);
@@ -871,12 +874,13 @@ REGEN_EXPORT int regen_comm_init(regen_client *c, const struct regen_comm_init_a
 REGEN_EXPORT int regen_comm_attach(regen_client *c, int device, const char *key, regen_comm **out);
 
 /* send and recv: rank-1 contiguous tensors (strides ignored) of one dtype
- * on the communicator's device. */
+ * on the communicator's device (Send takes send alone, Recv recv alone). */
 struct regen_collective_args {
 	regen_comm *comm;
 	struct regen_tensor send, recv;
 	enum regen_reduce_op op;           /* AllReduce, ReduceScatter */
 	uint32_t root;                     /* Broadcast */
+	uint32_t peer;                     /* Send, Recv: the other rank */
 	uint32_t deadline_ms;              /* 0: regend's default */
 	const regen_event *wait_event, *signal_event;
 };
@@ -884,6 +888,12 @@ REGEN_EXPORT int regen_comm_all_reduce(regen_client *c, const struct regen_colle
 REGEN_EXPORT int regen_comm_all_gather(regen_client *c, const struct regen_collective_args *args);
 REGEN_EXPORT int regen_comm_reduce_scatter(regen_client *c, const struct regen_collective_args *args);
 REGEN_EXPORT int regen_comm_broadcast(regen_client *c, const struct regen_collective_args *args);
+/* recv [nranks * n]: block k is rank k's block `rank` of its send. */
+REGEN_EXPORT int regen_comm_all_to_all(regen_client *c, const struct regen_collective_args *args);
+/* send to rank `peer`; its k-th Recv from this rank takes this rank's k-th
+ * Send to it (same length and dtype). */
+REGEN_EXPORT int regen_comm_send(regen_client *c, const struct regen_collective_args *args);
+REGEN_EXPORT int regen_comm_recv(regen_client *c, const struct regen_collective_args *args);
 /* Stops it now: calls in flight and later ones fail with CommFailed. */
 REGEN_EXPORT int regen_comm_abort(regen_comm *comm);
 /* Ends it in the worker (finalize + destroy, or with `abort` an abort even

@@ -444,7 +444,8 @@ int rd_comm_resolve(struct rd_worker *w, struct rd_op *op, const struct rd_clien
 				   "communicator %s has not finished its Init", id);
 		return -EAGAIN;
 	}
-	if ((r = comm_healthy(w, comm, err)) < 0 || (r = rp_comm_check_ranks(&op->compute, comm->nranks, err)) < 0)
+	if ((r = comm_healthy(w, comm, err)) < 0 ||
+	    (r = rp_comm_check_ranks(&op->compute, comm->rank, comm->nranks, err)) < 0)
 		return r;
 	rd_objects_ref(&comm->obj);
 	comm->in_flight++;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libregen's communicators (regen_comm_*) against a real regend on the host
- * backend: two ranks (two clients on two threads) join, reduce, gather and
- * broadcast with results checked; Init without its peer times out by name;
+ * backend: two ranks (two clients on two threads, rank r on device r's
+ * worker) join, reduce, gather, broadcast, exchange blocks (AllToAll),
+ * send and receive, and take the integer minimum, with results checked; Init without its peer times out by name;
  * an abort ends a call in flight; a restart makes the ids stale and Init
  * works again; a keyed communicator is re-attached by a later process. The
  * host backend's communicators test the control plane, not the GPU path. */
@@ -24,6 +25,11 @@ static struct regen_tensor vec(struct tl_buffer *b, uint64_t offset, int64_t n)
 	return (struct regen_tensor){ .buffer = b->buf, .offset = offset, .dtype = REGEN_F32, .rank = 1, .shape = { n } };
 }
 
+static struct regen_tensor vec_i64(struct tl_buffer *b, uint64_t offset, int64_t n)
+{
+	return (struct regen_tensor){ .buffer = b->buf, .offset = offset, .dtype = REGEN_I64, .rank = 1, .shape = { n } };
+}
+
 struct rank {
 	int r;
 	int result;                 /* 0: all checks passed */
@@ -34,14 +40,14 @@ static void *rank_main(void *arg)
 {
 	struct rank *rk = arg;
 	regen_client *c = tl_client_connect(&daemon_);
-	struct regen_comm_init_args ia = { .device = 0, .unique_id = uid, .rank = (uint32_t)rk->r, .nranks = 2,
+	struct regen_comm_init_args ia = { .device = rk->r, .unique_id = uid, .rank = (uint32_t)rk->r, .nranks = 2,
 					   .deadline_ms = 20000 };
 	regen_comm *comm = NULL;
 	struct tl_buffer b;
 	float *f;
 
 	rk->result = -1;
-	tl_buffer_create(c, 0, 4 * N * 4, &b);
+	tl_buffer_create(c, rk->r, 4 * N * 4, &b);
 	f = (float *)b.mem.ptr;
 	if (regen_comm_init(c, &ia, &comm) < 0) {
 		snprintf(rk->why, sizeof(rk->why), "init: %s", regen_client_error_message(c));
@@ -80,6 +86,46 @@ static void *rank_main(void *arg)
 	}
 	if (f[5] != 105.0f) {
 		snprintf(rk->why, sizeof(rk->why), "broadcast[5] = %g, want 105", f[5]);
+		goto out;
+	}
+	/* AllToAll: block k of recv is rank k's block r of its send. */
+	for (int i = 0; i < N; i++)
+		f[i] = (float)(i + 1000 * rk->r);
+	struct regen_collective_args t = { .comm = comm, .send = vec(&b, 0, N), .recv = vec(&b, N * 4, N) };
+	if (regen_comm_all_to_all(c, &t) < 0) {
+		snprintf(rk->why, sizeof(rk->why), "all_to_all: %s", regen_client_error_message(c));
+		goto out;
+	}
+	for (int i = 0; i < N; i++) {
+		float want = (float)(rk->r * (N / 2) + i % (N / 2) + 1000 * (i / (N / 2)));
+		if (f[N + i] != want) {
+			snprintf(rk->why, sizeof(rk->why), "all_to_all[%d] = %g, want %g", i, f[N + i], want);
+			goto out;
+		}
+	}
+	/* Rank 0 sends its first 8 elements to rank 1. */
+	struct regen_collective_args p = { .comm = comm, .send = vec(&b, 0, 8), .recv = vec(&b, 3 * N * 4, 8),
+					   .peer = (uint32_t)(1 - rk->r) };
+	if ((rk->r == 0 ? regen_comm_send(c, &p) : regen_comm_recv(c, &p)) < 0) {
+		snprintf(rk->why, sizeof(rk->why), "send/recv: %s", regen_client_error_message(c));
+		goto out;
+	}
+	if (rk->r == 1 && f[3 * N + 7] != 7.0f) {
+		snprintf(rk->why, sizeof(rk->why), "recv[7] = %g, want 7", f[3 * N + 7]);
+		goto out;
+	}
+	/* The integers' minimum, exact. */
+	int64_t *q = (int64_t *)b.mem.ptr;
+	for (int i = 0; i < 4; i++)
+		q[i] = rk->r ? -(int64_t)i * 3000000000LL : (int64_t)i;
+	struct regen_collective_args m = { .comm = comm, .send = vec_i64(&b, 0, 4), .recv = vec_i64(&b, 64, 4),
+					   .op = REGEN_REDUCE_MIN };
+	if (regen_comm_all_reduce(c, &m) < 0) {
+		snprintf(rk->why, sizeof(rk->why), "all_reduce min i64: %s", regen_client_error_message(c));
+		goto out;
+	}
+	if (q[8 + 3] != -9000000000LL) {
+		snprintf(rk->why, sizeof(rk->why), "min[3] = %lld, want -9000000000", (long long)q[8 + 3]);
 		goto out;
 	}
 	rk->result = 0;

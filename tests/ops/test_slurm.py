@@ -13,7 +13,9 @@ truth when they drain a node.
   carries regenctl's own words (the error's name), not a pointer to
   regend's journal;
 - gpu-maintenance.sh detaches, runs its command, attaches and resumes the
-  node, with regenctl found the same way.
+  node, with regenctl found the same way;
+- restart-job.sh, through `srun` (a stand-in that runs the command once,
+  as on a one-node allocation), restarts the step's own GPUs and no other.
 
 `scontrol` and `squeue` are stand-ins that record what they were asked.
 
@@ -66,6 +68,8 @@ def main():
         for folder in (bindir, bare):
             stub(folder, "scontrol", 'echo "$@" >> %s\n' % record)
             stub(folder, "squeue", "exit 0\n")
+        # srun on a one-node allocation: its options, then the command, once.
+        stub(bindir, "srun", 'while [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
 
         for name in ("prolog.sh", "epilog.sh"):
             before = generations(d)
@@ -99,6 +103,14 @@ def main():
         check(rc == 0 and "state=resume" in asked and generations(d)[1] > before[1],
               "gpu-maintenance.sh: exit %d, scontrol %r, generations %s -> %s" % (rc, asked, before, generations(d)))
         log("gpu-maintenance.sh: detach, command, attach, resume")
+
+        before = generations(d)
+        rc, err, asked = script(source, "restart-job.sh", bindir, record, {"SLURM_STEP_GPUS": "0,2",
+                                                                          "SLURM_JOB_NUM_NODES": "1"})
+        after = generations(d)
+        check(rc == 0 and after[0] > before[0] and after[2] > before[2] and after[1] == before[1] and
+              after[3] == before[3], "restart-job.sh: exit %d, generations %s -> %s" % (rc, before, after))
+        log("restart-job.sh: the step's GPUs restarted, the others untouched")
     return 0
 
 

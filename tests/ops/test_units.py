@@ -7,10 +7,13 @@ regend.conf, as the build generated them.
    the socket's path, mode and group, /run/regen, group regen, ...).
 2. regend accepts the shipped regend.conf, and with every key uncommented
    (each commented line shows a key's default).
-3. io.regen.Comm has landed: the unit and the docs say what NCCL needs
-   under the unit now (they said it "will need" it "when it lands"), and
-   the drop-in they name (docs/examples/systemd/regend-nccl-network.conf)
-   opens it: AF_INET, AF_INET6, AF_NETLINK, IPAddressDeny reset.
+3. io.regen.Comm has landed: the unit opens exactly what NCCL's bootstrap
+   and transports need (AF_UNIX AF_INET AF_INET6 AF_NETLINK and no other
+   family, no IPAddressDeny, the InfiniBand verbs devices and rdma_cm), the
+   unit and the docs say so now (they said it "will need" it "when it
+   lands"), and the drop-in they name for a node without communicators
+   (docs/examples/systemd/regend-unix-only.conf) takes it back to AF_UNIX
+   and IPAddressDeny=any.
 4. `systemd-analyze verify` finds nothing to say about the units (with
    ExecStart pointed at the built regend, as the installed path does not
    exist here), with that drop-in too. Exit 77 (skipped) for this part
@@ -58,11 +61,11 @@ def static_checks(sysd, default_socket):
     for key, value in [("Type", "notify"), ("NotifyAccess", "main"), ("Restart", "on-failure"),
                        ("WatchdogSec", "30s"), ("KillMode", "mixed"), ("NoNewPrivileges", "yes"),
                        ("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
-                       ("DevicePolicy", "closed"), ("RestrictAddressFamilies", "AF_UNIX"),
+                       ("DevicePolicy", "closed"),
                        ("SystemCallFilter", "@system-service"), ("SystemCallArchitectures", "native"),
                        ("LockPersonality", "yes"), ("MemoryDenyWriteExecute", "no"),
                        ("RuntimeDirectoryPreserve", "yes"), ("Group", "regen"),
-                       ("CapabilityBoundingSet", "CAP_CHOWN"), ("PrivateMounts", "yes"), ("IPAddressDeny", "any"),
+                       ("CapabilityBoundingSet", "CAP_CHOWN"), ("PrivateMounts", "yes"),
                        ("MemoryMax", "64G"), ("TasksMax", "4096"), ("FileDescriptorStoreMax", "32769")]:
         want(service, "regend.service", "Service", key, value)
     for dev in ["/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "char-nvidia-frontend rw", "char-nvidia-uvm rw"]:
@@ -92,7 +95,11 @@ def static_checks(sysd, default_socket):
     log("units say what the docs say")
 
 
-NCCL_DROPIN = os.path.join("docs", "examples", "systemd", "regend-nccl-network.conf")
+UNIX_ONLY_DROPIN = os.path.join("docs", "examples", "systemd", "regend-unix-only.conf")
+# What NCCL's bootstrap (TCP on the node's interface, the interfaces found
+# over netlink) and its transports (TCP sockets, InfiniBand verbs) need.
+NCCL_FAMILIES = ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"]
+NCCL_DEVICES = ["char-infiniband_verbs rw", "/dev/infiniband/rdma_cm rw"]
 
 
 def nccl_checks(sysd, source):
@@ -105,16 +112,29 @@ def nccl_checks(sysd, source):
         text = re.sub(r"\s*\n\s*#?\s*", " ", open(path).read())
         m = future.search(text)
         check(not m, "%s still speaks of NCCL as to come: %r" % (path, m and m.group(0)))
+    unit = read_unit(os.path.join(sysd, "regend.service"))
+    families = unit.get(("Service", "RestrictAddressFamilies"), [])
+    check(families == [" ".join(NCCL_FAMILIES)],
+          "the unit's address families are %r, want exactly %r" % (families, NCCL_FAMILIES))
+    check(("Service", "IPAddressDeny") not in unit, "the unit denies IP traffic, which NCCL's peers need")
+    check(("Service", "PrivateNetwork") not in unit, "PrivateNetwork= would cut NCCL off from the node's network")
+    for dev in NCCL_DEVICES:
+        want(unit, "regend.service", "Service", "DeviceAllow", dev)
     service = open(os.path.join(sysd, "regend.service")).read()
-    check("regend-nccl-network.conf" in service, "the unit does not name the NCCL drop-in")
-    check("regend-nccl-network.conf" in open(os.path.join(source, "docs", "operations.md")).read(),
-          "docs/operations.md does not name the NCCL drop-in")
-    dropin = read_unit(os.path.join(source, NCCL_DROPIN))
-    families = " ".join(dropin.get(("Service", "RestrictAddressFamilies"), [])).split()
-    for family in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"):
-        check(family in families, "the NCCL drop-in does not allow %s: %r" % (family, families))
-    check(dropin.get(("Service", "IPAddressDeny")) == [""], "the NCCL drop-in does not reset IPAddressDeny")
-    log("NCCL: the unit and the docs say what it needs now; the drop-in opens it")
+    ops = open(os.path.join(source, "docs", "operations.md")).read()
+    check("regend-unix-only.conf" in service, "the unit does not name the drop-in for nodes without communicators")
+    check("regend-unix-only.conf" in ops, "docs/operations.md does not name the unix-only drop-in")
+    for word in ("AF_NETLINK", "rdma_cm", "bootstrap"):
+        check(word in ops, "docs/operations.md does not say why the unit opens %s" % word)
+    dropin = read_unit(os.path.join(source, UNIX_ONLY_DROPIN))
+    check(dropin.get(("Service", "RestrictAddressFamilies")) == ["", "AF_UNIX"],
+          "the unix-only drop-in does not take the families back to AF_UNIX: %r"
+          % dropin.get(("Service", "RestrictAddressFamilies")))
+    check(dropin.get(("Service", "IPAddressDeny")) == ["any"], "the unix-only drop-in does not deny IP")
+    check("" in dropin.get(("Service", "DeviceAllow"), []) and
+          not any("infiniband" in d for d in dropin.get(("Service", "DeviceAllow"), [])),
+          "the unix-only drop-in keeps /dev/infiniband")
+    log("NCCL: the unit opens what it needs and no more; the docs say why; the drop-in closes it again")
 
 
 def config_checks(regend, sysd, tmp):
@@ -183,9 +203,9 @@ def analyze_checks(regend, sysd, source, analyze, tmp):
         with open(path, "w") as f:
             f.write(text)
         units.append(path)
-    # The NCCL drop-in, where systemd reads drop-ins of the unit's folder.
+    # The unix-only drop-in, where systemd reads drop-ins of the unit's folder.
     os.makedirs(os.path.join(tmp, "regend.service.d"))
-    shutil.copy(os.path.join(source, NCCL_DROPIN), os.path.join(tmp, "regend.service.d", "nccl-network.conf"))
+    shutil.copy(os.path.join(source, UNIX_ONLY_DROPIN), os.path.join(tmp, "regend.service.d", "unix-only.conf"))
     r = subprocess.run([analyze, "verify", "--man=no"] + units, capture_output=True, text=True, timeout=120,
                        cwd=tmp)
     complaints = [l for l in (r.stdout + r.stderr).splitlines() if tmp in l or "regend." in l]

@@ -44,6 +44,7 @@ static void assert_error(struct rp_error *err, const char *name, const char *key
 
 static const struct rp_op_spec *const specs[] = {
 	&rp_comm_all_reduce, &rp_comm_all_gather, &rp_comm_reduce_scatter, &rp_comm_broadcast,
+	&rp_comm_all_to_all, &rp_comm_send, &rp_comm_recv,
 };
 
 /* Each collective's parameters in the IDL are exactly its table's, with
@@ -125,8 +126,21 @@ static const struct parse_case parse_cases[] = {
 	/* In place: recv is send. */
 	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"max\",\"send\":" OP(B0, 0, "bf16", 8) ",\"recv\":" OP(B0, 0, "bf16", 8) "}" },
 	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"avg\",\"send\":" OP(B0, 0, "f16", 8) ",\"recv\":" OP(B0, 64, "f16", 8) "}" },
-	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"min\",\"send\":" OP(B0, 0, "f32", 8) ",\"recv\":" OP(B1, 0, "f32", 8) "}",
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"min\",\"send\":" OP(B0, 0, "f32", 8) ",\"recv\":" OP(B1, 0, "f32", 8) "}" },
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"prod\",\"send\":" OP(B0, 0, "i64", 8) ",\"recv\":" OP(B1, 0, "i64", 8) "}" },
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "f64", 8) ",\"recv\":" OP(B0, 0, "f64", 8) "}" },
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"max\",\"send\":" OP(B0, 0, "i32", 8) ",\"recv\":" OP(B1, 0, "i32", 8) "}" },
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "u8", 8) ",\"recv\":" OP(B1, 0, "u8", 8) "}" },
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"band\",\"send\":" OP(B0, 0, "f32", 8) ",\"recv\":" OP(B1, 0, "f32", 8) "}",
 	  RP_ERR_INVALID_PARAMETER, "parameter", "op" },
+	/* An average of integers is refused: NCCL would round its own way. */
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"op\":\"avg\",\"send\":" OP(B0, 0, "i64", 8) ",\"recv\":" OP(B1, 0, "i64", 8) "}",
+	  RP_ERR_INVALID_PARAMETER, "parameter", "op" },
+	{ &rp_comm_reduce_scatter, "{\"comm\":\"c0.1.5\",\"op\":\"avg\",\"send\":" OP(B0, 0, "i32", 16) ",\"recv\":" OP(B1, 0, "i32", 8) "}",
+	  RP_ERR_INVALID_PARAMETER, "parameter", "op" },
+	/* fp8 is not a communicator's dtype. */
+	{ &rp_comm_all_reduce, "{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "e4m3", 8) ",\"recv\":" OP(B1, 0, "e4m3", 8) "}",
+	  RP_ERR_INVALID_OPERAND, "operand", "send" },
 	{ &rp_comm_all_reduce, "{\"comm\":\"b0.1.5\",\"send\":" OP(B0, 0, "f32", 8) ",\"recv\":" OP(B1, 0, "f32", 8) "}",
 	  RP_ERR_INVALID_PARAMETER, "parameter", "comm" },
 	{ &rp_comm_all_reduce, "{\"send\":" OP(B0, 0, "f32", 8) ",\"recv\":" OP(B1, 0, "f32", 8) "}",
@@ -160,6 +174,20 @@ static const struct parse_case parse_cases[] = {
 	  RP_ERR_INVALID_PARAMETER, "parameter", "root" },
 	{ &rp_comm_broadcast, "{\"comm\":\"c0.1.5\",\"root\":-1,\"send\":" OP(B0, 0, "f32", 4) ",\"recv\":" OP(B1, 0, "f32", 4) "}",
 	  RP_ERR_INVALID_PARAMETER, "parameter", "root" },
+	{ &rp_comm_all_to_all, "{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "i64", 16) ",\"recv\":" OP(B1, 0, "i64", 16) "}" },
+	{ &rp_comm_all_to_all, "{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "f32", 16) ",\"recv\":" OP(B1, 0, "f32", 8) "}",
+	  RP_ERR_INVALID_OPERAND, "operand", "recv" },
+	{ &rp_comm_all_to_all, "{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "f32", 16) ",\"recv\":" OP(B0, 0, "f32", 16) "}",
+	  RP_ERR_INVALID_OPERAND, "operand", "recv" },
+	{ &rp_comm_send, "{\"comm\":\"c0.1.5\",\"peer\":1,\"send\":" OP(B0, 0, "bf16", 16) "}" },
+	{ &rp_comm_recv, "{\"comm\":\"c0.1.5\",\"peer\":0,\"recv\":" OP(B0, 0, "bf16", 16) "}" },
+	{ &rp_comm_send, "{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "f32", 16) "}",
+	  RP_ERR_INVALID_PARAMETER, "parameter", "peer" },
+	/* Send takes no recv, Recv no send. */
+	{ &rp_comm_send, "{\"comm\":\"c0.1.5\",\"peer\":1,\"send\":" OP(B0, 0, "f32", 16) ",\"recv\":" OP(B1, 0, "f32", 16) "}",
+	  RP_ERR_INVALID_PARAMETER, "parameter", "recv" },
+	{ &rp_comm_recv, "{\"comm\":\"c0.1.5\",\"peer\":1,\"send\":" OP(B0, 0, "f32", 16) "}",
+	  RP_ERR_INVALID_PARAMETER, NULL, NULL },
 	{ &rp_comm_broadcast, "{\"comm\":\"c0.1.5\",\"root\":65536,\"send\":" OP(B0, 0, "f32", 4) ",\"recv\":" OP(B1, 0, "f32", 4) "}",
 	  RP_ERR_INVALID_PARAMETER, "parameter", "root" },
 };
@@ -185,6 +213,7 @@ START_TEST(collectives_parse)
 		ck_assert_int_eq(c2.comm.kind, c.comm.kind);
 		ck_assert_int_eq(c2.comm.op, c.comm.op);
 		ck_assert_uint_eq(c2.comm.root, c.comm.root);
+		ck_assert_uint_eq(c2.comm.peer, c.comm.peer);
 		ck_assert_int_eq(rp_comm_count(&c2), rp_comm_count(&c));
 		cJSON_Delete(again);
 	} else {
@@ -205,24 +234,44 @@ START_TEST(the_communicator_decides_lengths_and_root)
 	p = json("{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "f32", 4) ",\"recv\":" OP(B1, 0, "f32", 16) "}");
 	ck_assert_int_eq(rp_compute_parse(&rp_comm_all_gather, p, &c, &err), 0);
 	ck_assert_int_eq(rp_comm_count(&c), 4);
-	ck_assert_int_eq(rp_comm_check_ranks(&c, 4, &err), 0);
-	ck_assert_int_lt(rp_comm_check_ranks(&c, 2, &err), 0);
+	ck_assert_int_eq(rp_comm_check_ranks(&c, 0, 4, &err), 0);
+	ck_assert_int_lt(rp_comm_check_ranks(&c, 0, 2, &err), 0);
 	assert_error(&err, RP_ERR_INVALID_OPERAND, "operand", "recv");
 	cJSON_Delete(p);
 
 	p = json("{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "f32", 16) ",\"recv\":" OP(B1, 0, "f32", 8) "}");
 	ck_assert_int_eq(rp_compute_parse(&rp_comm_reduce_scatter, p, &c, &err), 0);
 	ck_assert_int_eq(rp_comm_count(&c), 8);
-	ck_assert_int_eq(rp_comm_check_ranks(&c, 2, &err), 0);
-	ck_assert_int_lt(rp_comm_check_ranks(&c, 1, &err), 0);
+	ck_assert_int_eq(rp_comm_check_ranks(&c, 0, 2, &err), 0);
+	ck_assert_int_lt(rp_comm_check_ranks(&c, 0, 1, &err), 0);
 	assert_error(&err, RP_ERR_INVALID_OPERAND, "operand", "send");
 	cJSON_Delete(p);
 
 	p = json("{\"comm\":\"c0.1.5\",\"root\":1,\"send\":" OP(B0, 0, "f32", 4) ",\"recv\":" OP(B1, 0, "f32", 4) "}");
 	ck_assert_int_eq(rp_compute_parse(&rp_comm_broadcast, p, &c, &err), 0);
-	ck_assert_int_eq(rp_comm_check_ranks(&c, 2, &err), 0);
-	ck_assert_int_lt(rp_comm_check_ranks(&c, 1, &err), 0);
+	ck_assert_int_eq(rp_comm_check_ranks(&c, 0, 2, &err), 0);
+	ck_assert_int_lt(rp_comm_check_ranks(&c, 0, 1, &err), 0);
 	assert_error(&err, RP_ERR_INVALID_PARAMETER, "parameter", "root");
+	cJSON_Delete(p);
+
+	/* AllToAll: nranks blocks of one length. */
+	p = json("{\"comm\":\"c0.1.5\",\"send\":" OP(B0, 0, "f32", 12) ",\"recv\":" OP(B1, 0, "f32", 12) "}");
+	ck_assert_int_eq(rp_compute_parse(&rp_comm_all_to_all, p, &c, &err), 0);
+	ck_assert_int_eq(rp_comm_count(&c), 12);
+	ck_assert_int_eq(rp_comm_check_ranks(&c, 0, 3, &err), 0);
+	ck_assert_int_lt(rp_comm_check_ranks(&c, 0, 5, &err), 0);
+	assert_error(&err, RP_ERR_INVALID_OPERAND, "operand", "send");
+	cJSON_Delete(p);
+
+	/* A peer below nranks, and not the caller. */
+	p = json("{\"comm\":\"c0.1.5\",\"peer\":1,\"recv\":" OP(B0, 0, "f32", 4) "}");
+	ck_assert_int_eq(rp_compute_parse(&rp_comm_recv, p, &c, &err), 0);
+	ck_assert_int_eq(rp_comm_count(&c), 4);
+	ck_assert_int_eq(rp_comm_check_ranks(&c, 0, 2, &err), 0);
+	ck_assert_int_lt(rp_comm_check_ranks(&c, 1, 2, &err), 0);
+	assert_error(&err, RP_ERR_INVALID_PARAMETER, "parameter", "peer");
+	ck_assert_int_lt(rp_comm_check_ranks(&c, 0, 1, &err), 0);
+	assert_error(&err, RP_ERR_INVALID_PARAMETER, "parameter", "peer");
 	cJSON_Delete(p);
 }
 END_TEST

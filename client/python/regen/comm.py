@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Communicators, io.regen.Comm on the worker socket (libregen's comm.c):
 NCCL on the CUDA backend; on the host backend the ranks are connections to
-one worker (the control plane's tests, not the GPU path)."""
+the workers of one regend, one per device or several on one (the control
+plane's tests, not the GPU path)."""
 
 from typing import List, Optional, Union
 
@@ -12,7 +13,7 @@ from .objects import _Object, event_id, tensor_imports
 __all__ = ["Comm", "Comms"]
 
 _COMM_METHODS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
-                 "broadcast": "Broadcast"}
+                 "broadcast": "Broadcast", "all_to_all": "AllToAll", "send": "Send", "recv": "Recv"}
 
 
 class Comm(_Object):
@@ -78,12 +79,16 @@ class Comms(ClientPart):
         tensors = []
         send = self._operand(send, "send", tensors)
         recv = self._operand(recv, "recv", tensors)
-        if send is None or recv is None:
-            raise ValueError(f"{method} needs send and recv")
+        if (send is None and kind != "recv") or (recv is None and kind != "send"):
+            raise ValueError(f"{method} needs {'send' if send is None else 'recv'}")
         device = _comm_device(comm)
         if device is None:
             raise ValueError(f"{method}: {comm!r} is not a communicator id")
-        params = {"comm": _comm_id(comm), "send": send.to_wire(), "recv": recv.to_wire()}
+        params = {"comm": _comm_id(comm)}
+        if send is not None:
+            params["send"] = send.to_wire()
+        if recv is not None:
+            params["recv"] = recv.to_wire()
         params.update(scalars)
         if wait_event is not None:
             params["wait_event"] = event_id(wait_event)
@@ -98,7 +103,8 @@ class Comms(ClientPart):
     def comm_all_reduce(self, comm: Union[Comm, str], send: OperandLike, recv: OperandLike, op: str = "sum",
                         wait_event: EventLike = None, signal_event: EventLike = None,
                         deadline_ms: Optional[int] = None) -> Optional[int]:
-        """recv = send reduced over the ranks (op: sum, max, avg); recv may be send."""
+        """recv = send reduced over the ranks (op: sum, max, min, prod, avg);
+        recv may be send."""
         scalars = {} if op == "sum" else {"op": op}
         return self._collective("all_reduce", comm, send, recv, scalars, wait_event, signal_event, deadline_ms)
 
@@ -120,6 +126,24 @@ class Comms(ClientPart):
                        deadline_ms: Optional[int] = None) -> Optional[int]:
         """recv = root's send on every rank."""
         return self._collective("broadcast", comm, send, recv, {"root": int(root)}, wait_event, signal_event,
+                                deadline_ms)
+
+    def comm_all_to_all(self, comm: Union[Comm, str], send: OperandLike, recv: OperandLike,
+                        wait_event: EventLike = None, signal_event: EventLike = None,
+                        deadline_ms: Optional[int] = None) -> Optional[int]:
+        """recv [nranks * n]: block k is rank k's block ``rank`` of its send."""
+        return self._collective("all_to_all", comm, send, recv, {}, wait_event, signal_event, deadline_ms)
+
+    def comm_send(self, comm: Union[Comm, str], send: OperandLike, peer: int, wait_event: EventLike = None,
+                  signal_event: EventLike = None, deadline_ms: Optional[int] = None) -> Optional[int]:
+        """Sends ``send`` to rank ``peer`` (its matching comm_recv takes it)."""
+        return self._collective("send", comm, send, None, {"peer": int(peer)}, wait_event, signal_event,
+                                deadline_ms)
+
+    def comm_recv(self, comm: Union[Comm, str], recv: OperandLike, peer: int, wait_event: EventLike = None,
+                  signal_event: EventLike = None, deadline_ms: Optional[int] = None) -> Optional[int]:
+        """Receives into ``recv`` what rank ``peer`` sends with comm_send."""
+        return self._collective("recv", comm, None, recv, {"peer": int(peer)}, wait_event, signal_event,
                                 deadline_ms)
 
     def comm_abort(self, comm: Union[Comm, str]) -> None:

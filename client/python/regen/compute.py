@@ -21,9 +21,12 @@ __all__ = ["Compute", "Operand", "DTYPE_SIZE", "scalars_record"]
 
 # Every dtype's size, from the proto's table (regen/ops.py).
 DTYPE_SIZE = dict(ops.DTYPE_SIZES)
-# The dtypes a compute call's operand may have (f64, i64 and u8 are
-# programs' alone): those some op's table names.
-OPERAND_DTYPES = frozenset(dt for op in ops.OPS.values() for o in op.operands for dt in o.dtypes)
+# The dtypes a communicator's operands may have (proto/compute.h's
+# RP_DTYPES_COMM).
+COMM_DTYPES = frozenset(("f32", "f16", "bf16", "f64", "i32", "i64", "u8"))
+# The dtypes an operand may have: those some op's table names, and a
+# communicator's.
+OPERAND_DTYPES = frozenset(dt for op in ops.OPS.values() for o in op.operands for dt in o.dtypes) | COMM_DTYPES
 _EPILOGUES = tuple(ops.EPILOGUE_CODES)
 _SCU_FORMATS = ops.OPS["scale_update"].choices["fp8_dtype"]
 _SCU_AMAX = ops.OPS["scale_update"].choices["amax_compute"]

@@ -32,15 +32,19 @@ def _f16_rounded(value):
 
 
 def pack(dtype, values):
-    """Bytes of ``values`` (floats; integers for "i32" and "u8") as ``dtype``
-    ("f32", "f16", "bf16", "i32", "u8", "e4m3", "e5m2"), each rounded to
-    nearest even, a float past the type's range becoming an infinity of its
-    sign (as torch converts; FP8 saturates to its largest value instead, as
-    torch's float8 training casts do)."""
+    """Bytes of ``values`` (floats; integers for "i32", "i64" and "u8") as
+    ``dtype`` ("f32", "f16", "bf16", "f64", "i32", "i64", "u8", "e4m3",
+    "e5m2"), each rounded to nearest even, a float past the type's range
+    becoming an infinity of its sign (as torch converts; FP8 saturates to its
+    largest value instead, as torch's float8 training casts do)."""
     if dtype == "f32":
         return array.array("f", values).tobytes()
+    if dtype == "f64":
+        return array.array("d", values).tobytes()
     if dtype == "i32":
         return array.array("i", [int(x) for x in values]).tobytes()
+    if dtype == "i64":
+        return array.array("q", [int(x) for x in values]).tobytes()
     if dtype == "u8":
         return bytes(int(x) for x in values)
     if dtype in ("e4m3", "e5m2"):
@@ -57,11 +61,15 @@ def pack(dtype, values):
 
 
 def unpack(dtype, data):
-    """Floats (integers for "i32" and "u8") from bytes of ``dtype``."""
+    """Floats (integers for "i32", "i64" and "u8") from bytes of ``dtype``."""
     if dtype == "f32":
         return array.array("f", data).tolist()
+    if dtype == "f64":
+        return array.array("d", data).tolist()
     if dtype == "i32":
         return array.array("i", data).tolist()
+    if dtype == "i64":
+        return array.array("q", data).tolist()
     if dtype == "u8":
         return list(data)
     if dtype in ("e4m3", "e5m2"):

@@ -326,7 +326,7 @@ class CommTest(unittest.TestCase):
         with self.assertRaises(regen.InvalidParameter):
             self.c.comm_broadcast(comm, x.op, y.op, root=1)
         with self.assertRaises(regen.InvalidParameter):
-            self.c.comm_all_reduce(comm, x.op, y.op, op="min")
+            self.c.comm_all_reduce(comm, x.op, y.op, op="bxor")
         with self.assertRaises(regen.InvalidOperand):
             self.c.comm_all_reduce(comm, x.op, regen.Operand(y.buffer, 0, "f16", [8]))
         self.assertEqual(y.read(), [5.0] * 8)

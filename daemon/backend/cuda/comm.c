@@ -523,12 +523,38 @@ static int init(struct cuda_comm *c, struct rd_op *op)
 
 static ncclDataType_t nccl_dtype(enum rp_dtype dt)
 {
-	return dt == RP_DTYPE_F16 ? ncclFloat16 : dt == RP_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
+	switch (dt) {
+	case RP_DTYPE_F16:
+		return ncclFloat16;
+	case RP_DTYPE_BF16:
+		return ncclBfloat16;
+	case RP_DTYPE_F64:
+		return ncclFloat64;
+	case RP_DTYPE_I32:
+		return ncclInt32;
+	case RP_DTYPE_I64:
+		return ncclInt64;
+	case RP_DTYPE_U8:
+		return ncclUint8;
+	default:
+		return ncclFloat32;
+	}
 }
 
 static ncclRedOp_t nccl_op(enum rp_reduce_op op)
 {
-	return op == RP_REDUCE_MAX ? ncclMax : op == RP_REDUCE_AVG ? ncclAvg : ncclSum;
+	switch (op) {
+	case RP_REDUCE_MAX:
+		return ncclMax;
+	case RP_REDUCE_AVG:
+		return ncclAvg;
+	case RP_REDUCE_MIN:
+		return ncclMin;
+	case RP_REDUCE_PROD:
+		return ncclProd;
+	default:
+		return ncclSum;
+	}
 }
 
 static void *operand_ptr(const struct rd_op *op, int slot)
@@ -536,12 +562,30 @@ static void *operand_ptr(const struct rd_op *op, int slot)
 	return (char *)op->buffers[slot]->ptr + op->compute.operands[slot].offset;
 }
 
+/* AllToAll as NCCL writes it: a group of a Send and a Recv per peer
+ * (itself too: NCCL pairs them within the group). */
+static ncclResult_t all_to_all(struct cuda_comm *c, struct cuda_lane *l, const char *send, char *recv, size_t n,
+			       ncclDataType_t dt, size_t es)
+{
+	ncclResult_t r = ncclGroupStart(), end;
+
+	for (uint32_t k = 0; r == ncclSuccess && k < c->base.nranks; k++) {
+		r = ncclSend(send + k * n * es, n, dt, (int)k, c->nc, l->stream);
+		if (r == ncclSuccess)
+			r = ncclRecv(recv + k * n * es, n, dt, (int)k, c->nc, l->stream);
+	}
+	end = ncclGroupEnd();
+	return r != ncclSuccess ? r : end;
+}
+
 static int collective(struct cuda_comm *c, struct cuda_lane *l, struct rd_op *op)
 {
 	const struct rp_compute *cp = &op->compute;
-	ncclDataType_t dt = nccl_dtype(cp->operands[RP_COMM_SEND].dtype);
+	enum rp_dtype dtype = cp->operands[RP_COMM_SEND].dtype;
+	ncclDataType_t dt = nccl_dtype(dtype);
 	size_t n = (size_t)rp_comm_count(cp);
-	void *send = operand_ptr(op, RP_COMM_SEND), *recv = operand_ptr(op, RP_COMM_RECV);
+	bool p2p = cp->comm.kind == RP_COMM_P2P_SEND || cp->comm.kind == RP_COMM_P2P_RECV;
+	void *send = p2p ? NULL : operand_ptr(op, RP_COMM_SEND), *recv = p2p ? NULL : operand_ptr(op, RP_COMM_RECV);
 	const char *what = cp->spec->method;
 	ncclResult_t r;
 
@@ -560,6 +604,15 @@ static int collective(struct cuda_comm *c, struct cuda_lane *l, struct rd_op *op
 		break;
 	case RP_COMM_REDUCE_SCATTER:
 		r = ncclReduceScatter(send, recv, n, dt, nccl_op(cp->comm.op), c->nc, l->stream);
+		break;
+	case RP_COMM_ALL_TO_ALL:
+		r = all_to_all(c, l, send, recv, n / c->base.nranks, dt, rp_dtype_size(dtype));
+		break;
+	case RP_COMM_P2P_SEND:
+		r = ncclSend(operand_ptr(op, RP_COMM_PEER_BUF), n, dt, (int)cp->comm.peer, c->nc, l->stream);
+		break;
+	case RP_COMM_P2P_RECV:
+		r = ncclRecv(operand_ptr(op, RP_COMM_PEER_BUF), n, dt, (int)cp->comm.peer, c->nc, l->stream);
 		break;
 	default:
 		r = ncclBroadcast(send, recv, n, dt, (int)cp->comm.root, c->nc, l->stream);

@@ -15,10 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "daemon/backend/host/comm_group.h"
 #include "daemon/backend/host/common.h"
 #include "daemon/backend/host/guard.h"
 #include "daemon/backend/host/math.h"
 #include "daemon/env.h"
+#include "daemon/options.h"
 #include "proto/errors.h"
 
 /* ---- The simulated context ---- */
@@ -70,8 +72,18 @@ static int host_open(struct rd_device *dev, struct rp_error *err)
 		rp_error_set(err, RP_ERR_BACKEND, "cannot install the SIGBUS guard: %s", strerror(-r));
 		return -EIO;
 	}
+	/* Communicators' groups are shared with the other devices' workers
+	 * through regend's socket directory; without regend's options (a
+	 * test driving the backend) they stay in this process. */
+	char why[256];
+	r = host_groups_open(dev->options ? dev->options->socket_path : NULL, why, sizeof(why));
+	if (r < 0) {
+		rp_error_set(err, RP_ERR_BACKEND, "communicators: %s", why);
+		return -EIO;
+	}
 	h = calloc(1, sizeof(*h));
 	if (!h) {
+		host_groups_close();
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for the device");
 		return -ENOMEM;
 	}
@@ -88,6 +100,7 @@ static void host_close(struct rd_device *dev)
 	host_health_finish(dev);
 	rd_registry_release(&dev->registry);
 	host_comm_quiesce();
+	host_groups_close();
 }
 
 static int host_release(struct rd_device *dev, struct rp_error *err)

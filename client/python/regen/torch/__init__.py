@@ -18,6 +18,7 @@ torch's current stream, through restarts and faults.
         y = layer(x)
     fc, ln = rt.nn.Linear(2048, 8192), rt.nn.LayerNorm(2048)   # nn.Modules as te.Linear, te.LayerNorm, and
     layer = rt.nn.TransformerLayer(2048, 8192, 16)             # te.TransformerLayer; torch.autocast as torch's
+    torch.distributed.init_process_group(backend="regen")   # collectives on regend's communicators
 
 The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
 sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
@@ -53,7 +54,7 @@ __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool
            "BLOCK_PARAMETERS", "explain", "optim", "nn", "layer_norm",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
-__all__ += ["keep", "restore", "Kept", "Torn", "last_put_back", "fp8", "fp8_autocast"]
+__all__ += ["keep", "restore", "Kept", "Torn", "last_put_back", "fp8", "fp8_autocast", "ProcessGroupRegen"]
 
 _lock = threading.Lock()
 _runtime: Optional[Runtime] = None
@@ -302,3 +303,7 @@ _pool_from_environment()
 
 # torch.compile(model, backend="regen") (regen.torch._compile).
 _register_backend()
+
+# torch.distributed's backend "regen" (regen.torch._dist).
+from ._dist import ProcessGroupRegen, register as _register_dist  # noqa: E402
+_register_dist()
