@@ -313,7 +313,8 @@ def operand(buffer, offset, shape, dtype="f32"):
 
 # What a service manager hands a process: never to a regend under test
 # unless the test says so.
-_MANAGER_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+_MANAGER_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
+                "CACHE_DIRECTORY")
 
 
 class Regend:
@@ -346,6 +347,14 @@ class Regend:
         if fault_injection:
             self.argv.append("--enable-fault-injection")
         self.argv += list(extra)
+        # As the shipped unit (CacheDirectory=regen regen/rtc): the kernels a
+        # CUDA worker compiles for programs kept where a worker started after
+        # a fault finds them.
+        self.cache_env = {}
+        if backend == "cuda":
+            rtc = os.path.join(self.dir, "cache", "rtc")
+            os.makedirs(rtc, mode=0o700)
+            self.cache_env = {"CACHE_DIRECTORY": rtc}
         self.proc = None
         self.pid = None
         self._log = None
@@ -357,6 +366,7 @@ class Regend:
         e.g. systemd-socket-activate) with `env` added and `pass_fds` open
         in it; waits until every device is ready unless wait=False."""
         full_env = {k: v for k, v in os.environ.items() if k not in _MANAGER_ENV}
+        full_env.update(self.cache_env)
         full_env.update(env or {})
         argv = list(wrapper) + self.argv
         self._log = open(self.log_path, "ab")
