@@ -45,6 +45,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Any, Optional
 from datetime import timedelta
 
 import torch
@@ -217,7 +218,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
     the module's doc).  Made by init_process_group(backend="regen") and
     new_group(backend="regen"); ``socket`` is regend's ($REGEN_SOCKET)."""
 
-    def __init__(self, store, rank, size, timeout=None, socket=None):
+    def __init__(self, store: Any, rank: int, size: int, timeout: Any = None, socket: Optional[str] = None) -> None:
         try:
             super().__init__(rank, size)
         except TypeError:
@@ -240,19 +241,19 @@ class ProcessGroupRegen(dist.ProcessGroup):
 
     # -- what torch asks of a process group ------------------------------------
 
-    def getBackendName(self):
+    def getBackendName(self) -> str:
         return BACKEND_NAME
 
     def _get_backend_name(self):
         return BACKEND_NAME
 
-    def name(self):
+    def name(self) -> str:
         return BACKEND_NAME
 
-    def size(self):
+    def size(self) -> int:
         return self._size
 
-    def rank(self):
+    def rank(self) -> int:
         return self._rank
 
     # -- the calls' thread --------------------------------------------------------
@@ -287,7 +288,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
             else:
                 fut.set_result(result)
 
-    def shutdown(self, destroy=True):
+    def shutdown(self, destroy: bool = True) -> None:
         """Ends the group's thread and destroys its communicators (torch 2.x
         calls it at destroy_process_group; the process's exit otherwise);
         with ``destroy`` false they are left detached (keyed) for a later
@@ -479,7 +480,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
 
     # -- collectives ------------------------------------------------------------------
 
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def body(io, device, kind):
@@ -489,10 +490,10 @@ class ProcessGroupRegen(dist.ProcessGroup):
                 io.done()
         return self._run(tensors, body, tensors)
 
-    def allreduce_coalesced(self, tensors, opts=None):
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
 
         def body(io, device, kind):
@@ -502,7 +503,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
                 io.done()
         return self._run(tensors, body, tensors)
 
-    def allgather(self, output_tensors, input_tensors, opts=None):
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         def body(io, device, kind):
             for outs, t in zip(output_tensors, input_tensors):
                 src = io.input(t)
@@ -522,7 +523,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
             io.done()
         return self._run([output, input], body, [output])
 
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         def body(io, device, kind):
             for out, inp in zip(outputs, inputs):
                 src = io.input(inp)
@@ -531,7 +532,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
                 io.done()
         return self._run(list(outputs) + list(inputs), body, list(outputs))
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def body(io, device, kind):
@@ -555,7 +556,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
             io.done()
         return self._run([output, input], body, [output])
 
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def body(io, device, kind):
@@ -567,7 +568,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
                 io.done()
         return self._run(list(outputs) + list(inputs), body, list(outputs))
 
-    def reduce(self, tensors, opts=None):
+    def reduce(self, tensors: Any, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
 
@@ -581,7 +582,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
                     t.copy_(io.result().view_as(t))
         return self._run(tensors, body, tensors)
 
-    def gather(self, output_tensors, input_tensors, opts=None):
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
 
         def body(io, device, kind):
@@ -597,7 +598,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
         outs = [o for lst in output_tensors for o in lst]
         return self._run(list(input_tensors) + outs, body, output_tensors)
 
-    def scatter(self, output_tensors, input_tensors, opts=None):
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         root = opts.rootRank if opts is not None else 0
 
         def body(io, device, kind):
@@ -614,7 +615,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
         ins = [x for lst in input_tensors for x in lst]
         return self._run(list(output_tensors) + ins, body, output_tensors)
 
-    def barrier(self, opts=None):
+    def barrier(self, opts: Any = None) -> Any:
         device = getattr(opts, "device", None) if opts is not None else None
         ids = getattr(opts, "device_ids", None) if opts is not None else None
         if ids:
@@ -647,7 +648,8 @@ class ProcessGroupRegen(dist.ProcessGroup):
         flat = io.result()
         return [flat[k * width:k * width + recv_counts[k]] for k in range(self._size)]
 
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+    def alltoall_base(self,
+            output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, opts: Any = None) -> Any:
         def body(io, device, kind):
             if not output_split_sizes and not input_split_sizes:
                 src = io.input(input)
@@ -667,7 +669,7 @@ class ProcessGroupRegen(dist.ProcessGroup):
             output.copy_(torch.cat(got).view_as(output))
         return self._run([output, input], body, [output])
 
-    def alltoall(self, output_tensors, input_tensors, opts=None):
+    def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
         def body(io, device, kind):
             sends = [x.reshape(-1) for x in input_tensors]
             got = self._padded_all_to_all(io, device, kind, sends, [o.numel() for o in output_tensors],
@@ -676,21 +678,21 @@ class ProcessGroupRegen(dist.ProcessGroup):
                 o.copy_(g.view_as(o))
         return self._run(list(output_tensors) + list(input_tensors), body, output_tensors)
 
-    def send(self, tensors, dst, tag=0):
+    def send(self, tensors: Any, dst: Any, tag: Any = 0) -> Any:
         def body(io, device, kind):
             for t in tensors:
                 self._call(device, kind, "comm_send", io.input(t), dst, **io.events())
                 io.done()
         return self._run(tensors, body, tensors)
 
-    def recv(self, tensors, src, tag=0):
+    def recv(self, tensors: Any, src: Any, tag: Any = 0) -> Any:
         def body(io, device, kind):
             for t in tensors:
                 self._call(device, kind, "comm_recv", io.output(t), src, **io.events())
                 io.done()
         return self._run(tensors, body, tensors)
 
-    def recv_anysource(self, tensors, tag=0):
+    def recv_anysource(self, tensors: Any, tag: Any = 0) -> Any:
         raise NotImplementedError("regen process group: recv from any source is not supported (NCCL has none "
                                   "either); name the source rank")
 
