@@ -509,6 +509,44 @@ class HostRunTest(unittest.TestCase):
         finally:
             r.close()
 
+    def test_layer_norm_backward_takes_the_residual_gradient(self):
+        M, K = 4, 6
+        g = Builder()
+        x, dy, w, res = g.input((M, K)), g.input((M, K)), g.input((K,)), g.input((M, K))
+        y, mean, rstd = g.op("aten.native_layer_norm.default", [g.val((M, K)), g.val((M, 1)), g.val((M, 1))],
+                             input=x, normalized_shape=[K], weight=w, bias=None, eps=1e-5)
+        dx, dw, _ = g.op("aten.native_layer_norm_backward.default", [g.val((M, K)), g.val((K,)), None],
+                         grad_out=dy, input=x, normalized_shape=[K], mean=mean, rstd=rstd, weight=w, bias=None,
+                         output_mask=[True, True, False])
+        total = g.op("aten.add.Tensor", [g.val((M, K))], self=res, other=dx)
+        steps = partition(g.graph([y, total, dw]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        nodes = segments(steps)[0].definition["nodes"]
+        # The add is LayerNormBackward's d_residual, not a node of its own.
+        self.assertNotIn("add", [n["op"] for n in nodes])
+        self.assertIn("d_residual", [n for n in nodes if n["op"] == "layer_norm_backward"][0]["inputs"])
+        r = HostRunner(self.c, steps)
+        try:
+            xs, dys, ws, rs_ = self.rand(M * K), self.rand(M * K), self.rand(K, 0.5, 1.5), self.rand(M * K)
+            for v, vals in ((x, xs), (dy, dys), (w, ws), (res, rs_)):
+                r.give(v, vals)
+            r.run()
+            want, wdw = [], [0.0] * K
+            for i in range(M):
+                row, drow = xs[i * K:(i + 1) * K], dys[i * K:(i + 1) * K]
+                mu = sum(row) / K
+                rs = 1 / math.sqrt(sum((v - mu) ** 2 for v in row) / K + 1e-5)
+                xh = [(v - mu) * rs for v in row]
+                gw = [drow[k] * ws[k] for k in range(K)]
+                mg, mgx = sum(gw) / K, sum(a * b for a, b in zip(gw, xh)) / K
+                want += [rs * (gw[k] - mg - xh[k] * mgx) + rs_[i * K + k] for k in range(K)]
+                for k in range(K):
+                    wdw[k] += drow[k] * xh[k]
+            self.close(r.read(total), want, 1e-4, "d_x + residual")
+            self.close(r.read(dw), wdw, 1e-4, "d_weight")
+        finally:
+            r.close()
+
     def test_scaled_mm_fp8(self):
         """torch._scaled_mm (FP8 e4m3, TN, per-tensor scales, a bias) as
         regend's FP8 GEMM: against float64 of the dequantized operands."""

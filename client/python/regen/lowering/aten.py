@@ -610,13 +610,44 @@ def layer_norm_backward(b, op):
     for g in (dw, db):
         need(not isinstance(g, Val) or (g.is_contiguous() and g.dtype == (w or x).dtype), "a strided weight gradient")
     params = {"d_y": _rows(b, dy), "x": _rows(b, x), "weight": _weight(b, w, x),
-              "mean": b.view_named(b.read(mean), [rows], [1]), "rstd": b.view_named(b.read(rstd), [rows], [1]),
-              "d_x": _rows(b, dx, write=True)}
+              "mean": b.view_named(b.read(mean), [rows], [1]), "rstd": b.view_named(b.read(rstd), [rows], [1])}
+    summed = _residual_sum(b, dx)
+    if summed is not None:
+        # d_x + the gradient through the residual connection, in one pass.
+        residual, total, add = summed
+        params["d_residual"] = _rows(b, residual)
+        params["d_x"] = _rows(b, total, write=True)
+        b.made[dx.id] = dx
+        b.absorb(add)
+    else:
+        params["d_x"] = _rows(b, dx, write=True)
     if isinstance(dw, Val):
         params["d_weight"] = b.write(dw)
     if isinstance(db, Val):
         params["d_bias"] = b.write(db)
     b.node("layer_norm_backward", params)
+
+
+def _residual_sum(b, dx):
+    """(residual, total, add) where LayerNorm's d_x is read by one add
+    alone, total = d_x + residual, the residual already made (before the
+    norm's backward, in this segment or by the rank) and all three of one
+    shape, dtype and contiguous layout: LayerNormBackward's d_residual
+    writes the sum itself.  None otherwise."""
+    if dx.is_output or len(dx.users) != 1:
+        return None
+    add = dx.users[0]
+    if add.target != "aten.add.Tensor" or add.a.get("alpha", 1) != 1:
+        return None
+    a, c = add.a.get("self"), add.a.get("other")
+    residual = c if a is dx else a if c is dx else None
+    total = add.outs[0] if add.outs else None
+    if not (isinstance(residual, Val) and residual is not dx and isinstance(total, Val)):
+        return None
+    if residual.producer is not None and residual.id not in b.made:
+        return None
+    same = all(v.shape == dx.shape and v.dtype == dx.dtype and v.is_contiguous() for v in (residual, total))
+    return (residual, total, add) if same else None
 
 
 # ---- attention -------------------------------------------------------------------
