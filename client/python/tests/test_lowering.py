@@ -547,6 +547,38 @@ class HostRunTest(unittest.TestCase):
         finally:
             r.close()
 
+    def test_pointwise_over_three_dims_runs_in_the_rows_frame(self):
+        B, S, H = 2, 3, 4
+        g = Builder()
+        x, w, rs = g.input((B, S, H)), g.input((H,)), g.input((B, S, 1))
+        a = g.op("aten.mul.Tensor", [g.val((B, S, H))], self=x, other=rs)
+        c = g.op("aten.mul.Tensor", [g.val((B, S, H))], self=a, other=w)
+        d = g.op("aten.gelu.default", [g.val((B, S, H))], self=c, approximate="tanh")
+        m = g.op("aten.sum.dim_IntList", [g.val((B, S))], self=d, dim=[2], keepdim=False)
+        col = g.op("aten.sum.dim_IntList", [g.val((H,))], self=d, dim=[0, 1], keepdim=False)
+        steps = partition(g.graph([d, m, col]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        dfn = segments(steps)[0].definition
+        tensors = {t["name"]: t for t in dfn["tensors"]}
+        # Every pointwise node and both reductions see [B*S, H] (or H, or
+        # [B*S, 1]): one shape the program's kernels group by.
+        for n in dfn["nodes"]:
+            shape = tensors[n["inputs"][0]]["shape"]
+            self.assertIn(shape, ([B * S, H], [B * S, 1], [H]), n)
+        r = HostRunner(self.c, steps)
+        try:
+            xs, ws, rss = self.rand(B * S * H), self.rand(H, 0.5, 1.5), self.rand(B * S, 0.5, 2)
+            for v, vals in ((x, xs), (w, ws), (rs, rss)):
+                r.give(v, vals)
+            r.run()
+            gl = lambda v: 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))  # noqa: E731
+            want = [gl(xs[i * H + k] * rss[i] * ws[k]) for i in range(B * S) for k in range(H)]
+            self.close(r.read(d), want, 1e-5, "gelu(x * rs * w)")
+            self.close(r.read(m), [sum(want[i * H:(i + 1) * H]) for i in range(B * S)], 1e-5, "row sums")
+            self.close(r.read(col), [sum(want[i * H + k] for i in range(B * S)) for k in range(H)], 1e-5, "col sums")
+        finally:
+            r.close()
+
     def test_scaled_mm_fp8(self):
         """torch._scaled_mm (FP8 e4m3, TN, per-tensor scales, a bias) as
         regend's FP8 GEMM: against float64 of the dequantized operands."""

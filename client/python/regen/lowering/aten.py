@@ -92,7 +92,7 @@ def copy(b, op):
         # the kernel that makes it and that tensor stays in registers.
         b.node("cast", [b.read(base)], [b.view_named(b.write(dst), base.shape, contiguous_strides(base.shape))])
         return
-    b.node("cast", [b.read(src)], [b.write(dst)])
+    _pointwise(b, "cast", [src], dst)
 
 
 FLOATS = ("f32", "f16", "bf16", "f64")
@@ -202,11 +202,48 @@ UNARY = {
 }
 
 
+def _frame_of(v, y):
+    """(shape, strides) of Val ``v`` in y's frame: y's leading dims as one,
+    [rows, last] (v like y, or a row statistic [..., 1]) or v's last dim
+    alone (v broadcast over every row); None where v does not fit."""
+    r = len(y.shape)
+    pad = r - len(v.shape)
+    if pad < 0:
+        return None
+    shape = (1,) * pad + tuple(v.shape)
+    strides = (0,) * pad + tuple(v.strides)
+    if all(d == 1 for d in shape[:-1]):
+        return [shape[-1]], [strides[-1] if shape[-1] > 1 else 1]
+    if shape[:-1] != tuple(y.shape[:-1]) or shape[-1] not in (1, y.shape[-1]):
+        return None
+    for i in range(r - 2):
+        if shape[i] > 1 and strides[i] != strides[i + 1] * shape[i + 1]:
+            return None
+    rows = math.prod(shape[:-1])
+    return [rows, shape[-1]], [strides[r - 2], strides[-1] if shape[-1] > 1 else 1]
+
+
+def _pointwise(b, fn, ins, y, **attrs):
+    """A pointwise node of Vals ``ins`` into Val ``y``.  Over three dims or
+    more it runs in y's frame, [rows, last]: the same shape as the GEMMs'
+    outputs and the reductions' inputs the model's views go between, so
+    that the chain fuses with them (the program's kernels group nodes of
+    one shape)."""
+    if len(y.shape) >= 3 and y.is_contiguous():
+        frames = [_frame_of(v, y) for v in ins]
+        if all(f is not None for f in frames):
+            names = [b.view_named(b.read(v), *f) for v, f in zip(ins, frames)]
+            rows, last = math.prod(y.shape[:-1]), y.shape[-1]
+            b.node(fn, names, [b.view_named(b.write(y), [rows, last], [last, 1])], **attrs)
+            return
+    b.node(fn, [b.read(v) for v in ins], [b.write(y)], **attrs)
+
+
 @handles(*UNARY)
 def unary(b, op):
     x, y = op.a["self"], out(op)
     need_float(x, y)
-    b.node(UNARY[op.target], [b.read(x)], [b.write(y)])
+    _pointwise(b, UNARY[op.target], [x], y)
 
 
 @handles("aten.gelu.default")
@@ -215,7 +252,7 @@ def gelu(b, op):
     need_float(x, y)
     form = op.a.get("approximate", "none")
     need(form in ("none", "tanh"), f"gelu approximate={form!r}")
-    b.node("gelu_tanh" if form == "tanh" else "gelu", [b.read(x)], [b.write(y)])
+    _pointwise(b, "gelu_tanh" if form == "tanh" else "gelu", [x], y)
 
 
 BACKWARD = {
@@ -238,7 +275,7 @@ def activation_backward(b, op):
         name = "gelu_tanh_backward" if form == "tanh" else "gelu_backward"
     if op.target == "aten.threshold_backward.default":
         need(op.a.get("threshold") == 0, "threshold_backward with a threshold other than 0")
-    b.node(name, [b.read(dy), b.read(x)], [b.write(dx)])
+    _pointwise(b, name, [dy, x], dx)
 
 
 BINARY = {
@@ -256,11 +293,10 @@ def _binary(b, op, fn, x, other, y, floats=True):
     if floats:
         need_float(x, other, y)
     if isinstance(other, Val):
-        ins = [b.read(other), b.read(x)] if reverse else [b.read(x), b.read(other)]
-        b.node(fn, ins, [b.write(y)])
+        _pointwise(b, fn, [other, x] if reverse else [x, other], y)
     else:
         need(is_scalar(other), f"{op.target}: its other operand is {type(other).__name__}")
-        b.node(fn, [b.read(x)], [b.write(y)], scalar=float(other), scalar_first=True if reverse else None)
+        _pointwise(b, fn, [x], y, scalar=float(other), scalar_first=True if reverse else None)
 
 
 @handles(*BINARY)
@@ -280,7 +316,7 @@ def binary(b, op):
         return
     if fn == "pow" and not isinstance(other, Val) and other == 2:
         need_float(x, y)
-        b.node("square", [b.read(x)], [b.write(y)])
+        _pointwise(b, "square", [x], y)
         return
     _binary(b, op, fn, x, other, y)
 
@@ -295,17 +331,17 @@ def masked_fill(b, op):
     x, mask, value, y = op.a["self"], op.a["mask"], op.a["value"], out(op)
     need(isinstance(mask, Val) and isinstance(x, Val), "masked_fill without tensors")
     if isinstance(value, Val):
-        b.node("where", [b.read(mask), b.read(value), b.read(x)], [b.write(y)])
+        _pointwise(b, "where", [mask, value, x], y)
         return
     need(is_scalar(value) or isinstance(value, bool), f"masked_fill with {value!r}")
-    b.node("where", [b.read(mask), b.read(x)], [b.write(y)], scalar=float(value), scalar_first=True)
+    _pointwise(b, "where", [mask, x], y, scalar=float(value), scalar_first=True)
 
 
 @handles("aten.where.self")
 def where(b, op):
     cond, x, other, y = op.a["condition"], op.a["self"], op.a["other"], out(op)
     need(isinstance(cond, Val) and isinstance(x, Val) and isinstance(other, Val), "where with a scalar")
-    b.node("where", [b.read(cond), b.read(x), b.read(other)], [b.write(y)])
+    _pointwise(b, "where", [cond, x, other], y)
 
 
 # ---- dropout ---------------------------------------------------------------------
@@ -398,7 +434,10 @@ def reduce(b, op):
         b.node(fn, [b.view_named(src, [x.numel], [1])], [_out_as(b, y, [])], axis="last")
         return
     if dims == [r - 1]:
-        b.node(fn, [src], [_out_as(b, y, x.shape[:-1])], axis="last")
+        # Over three dims or more, in the pointwise nodes' frame: [rows, last].
+        rows = math.prod(x.shape[:-1])
+        flat = b.view_named(src, [rows, x.shape[-1]], [x.shape[-1], 1]) if r >= 3 else src
+        b.node(fn, [flat], [_out_as(b, y, [rows] if r >= 3 else x.shape[:-1])], axis="last")
         return
     k = len(dims)
     if dims == list(range(k)):
