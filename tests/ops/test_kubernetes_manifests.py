@@ -12,7 +12,8 @@ and the Helm chart renders what the plain manifest holds.
 - regend's DaemonSet: the NVIDIA runtime and NVIDIA_VISIBLE_DEVICES=all
   give it the node's driver and GPUs, and it takes no nvidia.com/gpu; its
   socket is in the /run/regen it shares; the socket plugin mounts that
-  folder read-only as regen.io/socket; its probes are regenctl's.
+  folder read-only as regen.io/socket; its probes are regenctl's; NVRx's
+  health check (regen-nvrx-health) runs beside it, its socket there too.
 - deploy/Containerfile: no NVIDIA driver in the image (the toolkit mounts
   the host's), the variables that ask for it, the groups with the gids the
   pods name, regend as the entry point.
@@ -266,6 +267,16 @@ def main():
         command = regend[probe]["exec"]["command"]
         check(command[0] == "regenctl" and sock in command, "%s: %s" % (probe, command))
     check(regend["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}, "regend's capabilities")
+    # NVRx's node health check beside regend, its socket where the pods
+    # that have regen.io/socket see regend's.
+    nvrx = byname["nvrx-health"]
+    nargs = nvrx["args"]
+    check(nvrx["command"] == ["regen-nvrx-health"] and nvrx["image"] == regend["image"],
+          "the NVRx health check's container: %s" % nvrx)
+    check(nargs[nargs.index("--regend-socket") + 1] == sock and
+          os.path.dirname(nargs[nargs.index("--socket") + 1]) == os.path.dirname(sock) and
+          {m["name"]: m["mountPath"] for m in nvrx["volumeMounts"]}.get("run-regen") == os.path.dirname(sock),
+          "the NVRx health check's sockets: %s" % nargs)
     log("DaemonSet: NVIDIA runtime, all GPUs without taking any, the socket folder shared read-only")
 
     # The image.
@@ -278,8 +289,9 @@ def main():
           "the image does not ask the toolkit for the driver")
     gids = dict(re.findall(r"^ARG (REGEN(?:_ADMIN)?_GID)=(\d+)$", cf, re.M))
     check(gids == {"REGEN_GID": "970", "REGEN_ADMIN_GID": "971"}, "the image's gids: %s" % gids)
-    for pkg in ("regen_", "libregen0_", "regen-cuda_"):
+    for pkg in ("regen_", "libregen0_", "regen-cuda_", "python3-regen_"):
         check("/src/%s*.deb" % pkg in cf, "the image does not install the %s package" % pkg.rstrip("_"))
+    check("python3-grpcio" in installs, "the image lacks python3-grpcio (regen-nvrx-health)")
     check('ENTRYPOINT ["/usr/sbin/regend"]' in cf and '"--socket", "/run/regen/regend.sock"' in cf, "entry point")
     log("Containerfile: the host's driver, the gids 970/971, regend")
 
