@@ -120,7 +120,9 @@ struct rtc_cache_header {
 };
 
 /* The cache directory when it is safe to load from: a directory of the
- * daemon's own user that nobody else may write. NULL otherwise (told once). */
+ * daemon's own user that nobody else may write (made, 0700, where its
+ * parent is and it is not: a container's cache volume). NULL otherwise
+ * (told once). */
 static const char *cache_dir(const struct cuda_dev *cd)
 {
 	static _Atomic bool warned;
@@ -129,6 +131,8 @@ static const char *cache_dir(const struct cuda_dev *cd)
 
 	if (!dir[0])
 		return NULL;
+	if (stat(dir, &st) != 0 && errno == ENOENT)
+		(void)mkdir(dir, 0700);
 	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
 		if (!atomic_exchange(&warned, true))
 			fprintf(stderr,
