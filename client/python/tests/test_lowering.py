@@ -579,6 +579,24 @@ class HostRunTest(unittest.TestCase):
         finally:
             r.close()
 
+    def test_the_rows_frame_skips_dims_of_one_element(self):
+        # [B, 1, H] whose dim of one element has a stride of no meaning:
+        # the rows step by the outer dim's.
+        B, H = 3, 4
+        g = Builder()
+        x0 = g.input((B, H))
+        x = g.op("aten.unsqueeze.default", [g.val((B, 1, H), of=x0, strides=(H, 7, 1))], self=x0, dim=1)
+        y = g.op("aten.neg.default", [g.val((B, 1, H))], self=x)
+        steps = partition(g.graph([y]), HANDLERS)
+        r = HostRunner(self.c, steps)
+        try:
+            xs = self.rand(B * H)
+            r.give(x0, xs)
+            r.run()
+            self.close(r.read(y), [-v for v in xs], 1e-6, "neg")
+        finally:
+            r.close()
+
     def test_scaled_mm_fp8(self):
         """torch._scaled_mm (FP8 e4m3, TN, per-tensor scales, a bias) as
         regend's FP8 GEMM: against float64 of the dequantized operands."""

@@ -95,9 +95,6 @@ def copy(b, op):
     _pointwise(b, "cast", [src], dst)
 
 
-FLOATS = ("f32", "f16", "bf16", "f64")
-
-
 def _cast_into_softmax(b, src, dst):
     """A cast read by a softmax alone, through reshapes (a model's
     ``logits.float().view(-1, V)`` before its loss): the softmax reads the
@@ -216,11 +213,10 @@ def _frame_of(v, y):
         return [shape[-1]], [strides[-1] if shape[-1] > 1 else 1]
     if shape[:-1] != tuple(y.shape[:-1]) or shape[-1] not in (1, y.shape[-1]):
         return None
-    for i in range(r - 2):
-        if shape[i] > 1 and strides[i] != strides[i + 1] * shape[i + 1]:
-            return None
-    rows = math.prod(shape[:-1])
-    return [rows, shape[-1]], [strides[r - 2], strides[-1] if shape[-1] > 1 else 1]
+    row_stride = _lead_stride(shape, strides)
+    if row_stride is None:
+        return None
+    return [math.prod(shape[:-1]), shape[-1]], [row_stride, strides[-1] if shape[-1] > 1 else 1]
 
 
 def _pointwise(b, fn, ins, y, **attrs):
@@ -571,19 +567,31 @@ def scaled_mm(b, op):
 
 # ---- layer norm ---------------------------------------------------------------
 
+def _lead_stride(shape, strides):
+    """The stride of the leading dims (all but the last) read as one: the
+    innermost's, where each outer one steps over the whole of the inner
+    (dims of one element do not count); None where they do not collapse,
+    or are all of one element."""
+    lead = [(d, st) for d, st in zip(shape[:-1], strides[:-1]) if d > 1]
+    if not lead:
+        return None
+    step = lead[-1][1]
+    for d, st in reversed(lead):
+        if st != step:
+            return None
+        step = st * d
+    return lead[-1][1]
+
+
 def _even_rows(v):
     """The row stride of v [..., n] read as [rows, n], or None."""
     n = v.shape[-1]
     if not (v.strides[-1] == 1 or n == 1):
         return None
-    lead = [(d, st) for d, st in zip(v.shape[:-1], v.strides[:-1]) if d > 1]
-    row_stride = lead[-1][1] if lead else n
-    step = row_stride
-    for d, st in reversed(lead):
-        if st != step:
-            return None
-        step = st * d
-    return row_stride if row_stride >= n else None
+    if all(d == 1 for d in v.shape[:-1]):
+        return n
+    row_stride = _lead_stride(v.shape, v.strides)
+    return row_stride if row_stride is not None and row_stride >= n else None
 
 
 def _rows(b, v, write=False):
