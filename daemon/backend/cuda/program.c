@@ -117,12 +117,22 @@ struct cuda_program {
 	struct program_trace *trace;    /* NULL unless REGEN_PROGRAM_TRACE is set */
 };
 
+/* Forgets every graph exec; `destroy`: in this generation's context,
+ * which still holds them. */
+static void execs_forget(struct cuda_program_state *st, bool destroy)
+{
+	for (int i = 0; i < PROGRAM_EXECS; i++) {
+		if (destroy && st->execs[i].exec)
+			cudaGraphExecDestroy(st->execs[i].exec);
+		st->execs[i].exec = NULL;
+		st->execs[i].used = 0;
+	}
+}
+
 static void state_free_device(struct cuda_program_state *st, bool release)
 {
+	execs_forget(st, release);
 	if (release) {
-		for (int i = 0; i < PROGRAM_EXECS; i++)
-			if (st->execs[i].exec)
-				cudaGraphExecDestroy(st->execs[i].exec);
 		if (st->last_run)
 			cudaEventDestroy(st->last_run);
 		for (int i = 0; st->trace_marks && i <= st->prog->plan.nsteps; i++)
@@ -131,10 +141,6 @@ static void state_free_device(struct cuda_program_state *st, bool release)
 		cudaFree(st->arena);
 		cudaFree(st->workspace);
 		cudaFree(st->args);
-	}
-	for (int i = 0; i < PROGRAM_EXECS; i++) {
-		st->execs[i].exec = NULL;
-		st->execs[i].used = 0;
 	}
 	st->last_run = NULL;
 	free(st->trace_marks);
@@ -426,11 +432,7 @@ static int workspace_grow(struct cuda_lane *lane, struct cuda_program *p, size_t
 	st->workspace_bytes = p->workspace_bytes = bytes;
 	lane->scratch_fixed = ws;
 	lane->scratch_fixed_bytes = bytes;
-	for (int i = 0; i < PROGRAM_EXECS; i++)
-		if (st->execs[i].exec) {
-			cudaGraphExecDestroy(st->execs[i].exec);
-			st->execs[i].exec = NULL;
-		}
+	execs_forget(st, true);
 	return 0;
 }
 
