@@ -721,20 +721,6 @@ static int64_t piece_take(struct chunk *ch, struct piece *p, uint64_t size)
 	return (int64_t)p->offset;
 }
 
-/* First fit in a fresh chunk: the offset of a used piece of `size` bytes,
- * or -1. */
-static int64_t chunk_carve(struct chunk *ch, uint64_t size, void *stream)
-{
-	struct piece *p;
-
-	for (p = ch->pieces; p != NULL; p = p->next) {
-		if (piece_serves(p, size, stream)) {
-			return piece_take(ch, p, size);
-		}
-	}
-	return -1;
-}
-
 /* Merges piece b (which follows a) into a. */
 static void piece_merge(struct piece *a, struct piece *b)
 {
@@ -869,7 +855,8 @@ static void *pool_alloc(enum chunk_kind kind, int device, uint64_t size, void *s
 		if (ch == NULL) {
 			return NULL;
 		}
-		off = chunk_carve(ch, want, stream);
+		/* A fresh chunk: one free piece, at least `want` bytes. */
+		off = piece_take(ch, ch->pieces, want);
 		if (off < 0) {
 			pool.chunks = ch->next;   /* chunk_create put it first */
 			chunk_destroy(ch);
