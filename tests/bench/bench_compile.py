@@ -170,8 +170,7 @@ def _peak_gib():
     try:
         return torch.cuda.max_memory_allocated() / 2**30
     except RuntimeError:
-        free, total = torch.cuda.mem_get_info()
-        return (total - free) / 2**30
+        return _device_used_gib()
 
 
 def one():
