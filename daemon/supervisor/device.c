@@ -629,10 +629,14 @@ static void on_worker_ready(void *data, const struct rd_sv_worker_ready *ready)
 	d->memory_baseline = ready->memory_baseline;
 	take_health(d, ready->health);
 	take_sharing(d, ready->sharing);
+	/* Until now up_since_ns was the spawn: how long a worker takes to
+	 * serve is most of what a fault costs a rank. */
+	uint64_t started_ms = (uv_hrtime() - d->up_since_ns) / 1000000u;
 	d->up_since_ns = uv_hrtime();
 	d->worker_served = true;
 	uv_timer_stop(&d->start_timer);
-	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend)", d->worker.pid, d->backend);
+	rd_info("lifecycle", d->index, d->generation, 0, "worker %d ready (%s backend) %llu ms after its spawn",
+		d->worker.pid, d->backend, (unsigned long long)started_ms);
 	heartbeat_start(d);
 	/* The device serves again: the lost worker already gave it its new
 	 * generation, and its reason stays the one that made it respawn. */
@@ -813,7 +817,10 @@ static void on_worker_exited(void *data, const char *why, enum rd_sv_exit how)
 		d->crash_streak++;
 	else
 		d->crash_streak = 0;
-	backoff = d->crash_streak ? 100u << (d->crash_streak < 6 ? d->crash_streak : 6) : 0;
+	/* One loss is not a loop: its successor starts at once, as the rank
+	 * whose step it cost waits for it. From the second in a row: 200 ms,
+	 * doubling. */
+	backoff = d->crash_streak >= 2 ? 200u << (d->crash_streak < 7 ? d->crash_streak - 2 : 5) : 0;
 	if (backoff > RESPAWN_BACKOFF_MAX_MS)
 		backoff = RESPAWN_BACKOFF_MAX_MS;
 	op_await_worker(d);

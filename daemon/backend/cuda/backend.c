@@ -242,16 +242,24 @@ static int reset_context(struct rd_device *dev, struct cuda_dev *cd, struct rp_e
 	uint64_t t0 = rd_now_ns();
 	cudaSetDevice(dev->index);
 	cudaError_t sync = cudaDeviceSynchronize();   /* the sticky error when lost; ends a hang otherwise */
+	/* CUDA's word on a sticky error: the process must be terminated and
+	 * relaunched. cudaDeviceReset and the new context's first call cost
+	 * ~95 ms on driver 580 and then fail anyway: fail at once, and the
+	 * respawn that follows is what the rank waits for (an explicit
+	 * reset_retry_ms still tries, for a driver that behaves otherwise). */
+	if (cuda_error_is_sticky(sync) && cd->tuning.reset_retry_ms < 0) {
+		rp_error_set(err, RP_ERR_DEVICE_LOST,
+			     "device %d's context is lost (%s, sticky): only a new worker process gets a new one",
+			     dev->index, cudaGetErrorName(sync));
+		return -EIO;
+	}
 	cudaError_t rst = cudaDeviceReset();
 	cudaError_t e = cudaSuccess;
 	int attempts;
 	/* The first call on the new primary context can find the device busy
 	 * while the old one is torn down: retry a little (reset_retry_ms,
-	 * default 250 ms). On driver 580 after an illegal address it stays
-	 * busy for this process: then only a new worker process helps. After
-	 * a sticky error one try tells: waiting longer has never helped, and
-	 * the respawn the failure leads to is what costs the rank time. */
-	int retry_ms = cd->tuning.reset_retry_ms >= 0 ? cd->tuning.reset_retry_ms : cuda_error_is_sticky(sync) ? 25 : 250;
+	 * default 250 ms). */
+	int retry_ms = cd->tuning.reset_retry_ms >= 0 ? cd->tuning.reset_retry_ms : 250;
 	int max_attempts = retry_ms / 25;
 	if (max_attempts < 1)
 		max_attempts = 1;
