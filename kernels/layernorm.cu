@@ -10,6 +10,16 @@
 // have. d_weight and d_bias: blocks of 32 columns by a chunk of rows write
 // f32 partial sums into the caller's scratch, and a second kernel adds up
 // each column's chunks. No atomics: the same inputs give the same bits.
+//
+// Rows of 16-byte vectors (n a multiple of 32 vectors of 16 bytes, at most
+// 1024 of them, every row 16-byte aligned: a model's widths) take the
+// vectorised kernels instead: a group of threads per row, each thread one
+// 16-byte vector of the row held in registers, so x (and d_y) is read from
+// memory once; several rows per block at a time. The backward's d_weight
+// and d_bias sums ride along in each thread's registers over the block's
+// rows, one partial row per block (scratch), added up by the same second
+// kernel: d_y and x are read once in all, where the scalar kernels read
+// them twice and 2-byte loads kept them at a quarter of the bandwidth.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "kernels.h"
@@ -50,6 +60,64 @@ __device__ __forceinline__ void store(__half *p, int64_t i, float v)
 __device__ __forceinline__ void store(__nv_bfloat16 *p, int64_t i, float v)
 {
 	p[i] = __float2bfloat16_rn(v);
+}
+
+/* The vectorised kernels: 16 bytes a thread, FUSED_THREADS a block (more
+ * when a row needs more), at most FUSED_BLOCKS_MAX blocks (each one partial
+ * row of d_weight and d_bias for the second pass to add). */
+constexpr int VEC_BYTES = 16;
+constexpr int FUSED_THREADS = 256;
+constexpr int FUSED_BLOCKS_MAX = 512;
+constexpr int FUSED_GROUPS_MAX = FUSED_THREADS / 32;
+
+template <typename T>
+__host__ __device__ constexpr int vec_len()
+{
+	return VEC_BYTES / (int)sizeof(T);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T *p, float (&out)[V])
+{
+	const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+	const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+	for (int i = 0; i < V; i++)
+		out[i] = load(e, i);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T *p, const float (&v)[V])
+{
+	uint4 raw;
+	T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+	for (int i = 0; i < V; i++)
+		store(e, i, v[i]);
+	*reinterpret_cast<uint4 *>(p) = raw;
+}
+
+/* The sums of v.x and v.y over the threads of this row's group (threadIdx.y;
+ * blockDim.x threads, a multiple of 32), in each of them. Every thread of
+ * the block calls it together (its barriers); sh holds a float2 per warp
+ * of each group. */
+__device__ float2 group_sum2(float2 v, float2 (*sh)[32])
+{
+	for (int o = 16; o > 0; o >>= 1) {
+		v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+		v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+	}
+	const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+	__syncthreads();
+	if (lane == 0)
+		sh[threadIdx.y][warp] = v;
+	__syncthreads();
+	v = lane < warps ? sh[threadIdx.y][lane] : make_float2(0.0f, 0.0f);
+	for (int o = 16; o > 0; o >>= 1) {
+		v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+		v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+	}
+	return v;
 }
 
 /* The sums of v.x and v.y over the block, in every thread. blockDim.x is a
@@ -160,6 +228,142 @@ __global__ void layer_norm_backward_dx(const T *dy, int64_t dy_ld, const T *x, i
 	}
 }
 
+/* The forward, a row a group (threadIdx.y), its x in registers: the same
+ * arithmetic as layer_norm_forward's, x read once. */
+template <typename T>
+__global__ void __launch_bounds__(1024) layer_norm_forward_vec(const T *x, int64_t x_ld, const T *w, const T *b,
+							       T *y, int64_t y_ld, float *mean_out, float *rstd_out,
+							       int64_t rows, int64_t n, float eps)
+{
+	constexpr int V = vec_len<T>();
+	__shared__ float2 sh[FUSED_GROUPS_MAX][32];
+	const int64_t col = (int64_t)threadIdx.x * V;
+	float wv[V], bv[V];
+
+	load_vec(w + col, wv);
+	if (b)
+		load_vec(b + col, bv);
+	for (int64_t base = (int64_t)blockIdx.x * blockDim.y; base < rows; base += (int64_t)gridDim.x * blockDim.y) {
+		const int64_t r = base + threadIdx.y;
+		const bool active = r < rows;
+		float xv[V], s = 0.0f;
+
+		if (active) {
+			load_vec(x + r * x_ld + col, xv);
+#pragma unroll
+			for (int i = 0; i < V; i++)
+				s += xv[i];
+		}
+		const float mean = group_sum2(make_float2(s, 0.0f), sh).x / (float)n;
+		float q = 0.0f;
+
+		if (active) {
+#pragma unroll
+			for (int i = 0; i < V; i++) {
+				const float d = xv[i] - mean;
+				q += d * d;
+			}
+		}
+		const float var = group_sum2(make_float2(q, 0.0f), sh).x / (float)n;
+		const float rstd = 1.0f / sqrtf(var + eps);
+
+		if (!active)
+			continue;
+#pragma unroll
+		for (int i = 0; i < V; i++) {
+			xv[i] = (xv[i] - mean) * rstd * wv[i];
+			if (b)
+				xv[i] += bv[i];
+		}
+		store_vec(y + r * y_ld + col, xv);
+		if (threadIdx.x == 0) {
+			if (mean_out)
+				mean_out[r] = mean;
+			if (rstd_out)
+				rstd_out[r] = rstd;
+		}
+	}
+}
+
+/* d_x as layer_norm_backward_dx computes it, a row a group, d_y and x read
+ * once into registers; with part_w and part_b, this block's sums over its
+ * rows of d_y xhat and of d_y (the groups' added up in group order through
+ * buf, n floats of shared memory) into row blockIdx.x of each. */
+template <typename T>
+__global__ void __launch_bounds__(1024) layer_norm_backward_vec(const T *dy, int64_t dy_ld, const T *x, int64_t x_ld,
+								const T *w, const float *mean, const float *rstd, T *dx,
+								int64_t dx_ld, const T *res, int64_t res_ld,
+								float *part_w, float *part_b, int64_t rows, int64_t n)
+{
+	constexpr int V = vec_len<T>();
+	__shared__ float2 sh[FUSED_GROUPS_MAX][32];
+	extern __shared__ float buf[];
+	const int64_t col = (int64_t)threadIdx.x * V;
+	float wv[V], acc_w[V], acc_b[V];
+
+	load_vec(w + col, wv);
+#pragma unroll
+	for (int i = 0; i < V; i++)
+		acc_w[i] = acc_b[i] = 0.0f;
+	for (int64_t base = (int64_t)blockIdx.x * blockDim.y; base < rows; base += (int64_t)gridDim.x * blockDim.y) {
+		const int64_t r = base + threadIdx.y;
+		const bool active = r < rows;
+		float g[V], xh[V], sg = 0.0f, sgx = 0.0f, rs = 0.0f;
+
+		if (active) {
+			float d[V];
+			const float mu = mean[r];
+			rs = rstd[r];
+			load_vec(dy + r * dy_ld + col, d);
+			load_vec(x + r * x_ld + col, xh);
+#pragma unroll
+			for (int i = 0; i < V; i++) {
+				xh[i] = (xh[i] - mu) * rs;
+				g[i] = __fmul_rn(d[i], wv[i]);
+				sg += g[i];
+				sgx += g[i] * xh[i];
+				acc_w[i] += d[i] * xh[i];
+				acc_b[i] += d[i];
+			}
+		}
+		const float2 t = group_sum2(make_float2(sg, sgx), sh);
+		const float mean_g = t.x / (float)n, mean_gx = t.y / (float)n;
+
+		if (!active)
+			continue;
+		if (res) {
+			float rv[V];
+			load_vec(res + r * res_ld + col, rv);
+#pragma unroll
+			for (int i = 0; i < V; i++)
+				g[i] = rs * (g[i] - mean_g - xh[i] * mean_gx) + rv[i];
+		} else {
+#pragma unroll
+			for (int i = 0; i < V; i++)
+				g[i] = rs * (g[i] - mean_g - xh[i] * mean_gx);
+		}
+		store_vec(dx + r * dx_ld + col, g);
+	}
+	if (!part_w)
+		return;
+#pragma unroll
+	for (int pass = 0; pass < 2; pass++) {
+		const float *acc = pass ? acc_b : acc_w;
+		for (unsigned group = 0; group < blockDim.y; group++) {
+			if (threadIdx.y == group) {
+#pragma unroll
+				for (int i = 0; i < V; i++)
+					buf[col + i] = group ? buf[col + i] + acc[i] : acc[i];
+			}
+			__syncthreads();
+		}
+		float *part = (pass ? part_b : part_w) + (int64_t)blockIdx.x * n;
+		for (int64_t j = (int64_t)threadIdx.y * blockDim.x + threadIdx.x; j < n; j += (int64_t)blockDim.x * blockDim.y)
+			part[j] = buf[j];
+		__syncthreads();
+	}
+}
+
 /* Block (cols, chunk): the sums over the chunk's rows of d_y xhat and of
  * d_y for 32 columns, into part_w[chunk][col] and part_b[chunk][col]. */
 template <typename T>
@@ -193,23 +397,38 @@ __global__ void layer_norm_backward_partial(const T *dy, int64_t dy_ld, const T 
 	}
 }
 
-/* Each column's chunks added up, in chunk order. */
+/* Each column's chunks added up: a block of 32 columns by REDUCE_ROWS
+ * threads, each thread summing every REDUCE_ROWS-th chunk, then the
+ * threads' sums in thread order (the same bits every time). */
+constexpr int REDUCE_ROWS = 16;
+
 template <typename T>
 __global__ void layer_norm_backward_reduce(const float *part_w, const float *part_b, int64_t chunks, int64_t n, T *dw,
 					   T *db)
 {
-	for (int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; col < n;
-	     col += (int64_t)gridDim.x * blockDim.x) {
-		float sw = 0.0f, sb = 0.0f;
-		for (int64_t c = 0; c < chunks; c++) {
+	__shared__ float2 sh[REDUCE_ROWS][PARTIAL_COLS + 1];
+	const int64_t col = (int64_t)blockIdx.x * PARTIAL_COLS + threadIdx.x;
+	float sw = 0.0f, sb = 0.0f;
+
+	if (col < n) {
+		for (int64_t c = threadIdx.y; c < chunks; c += REDUCE_ROWS) {
 			sw += part_w[c * n + col];
 			sb += part_b[c * n + col];
 		}
-		if (dw)
-			store(dw, col, sw);
-		if (db)
-			store(db, col, sb);
 	}
+	sh[threadIdx.y][threadIdx.x] = make_float2(sw, sb);
+	__syncthreads();
+	if (threadIdx.y != 0 || col >= n)
+		return;
+	float2 s = sh[0][threadIdx.x];
+	for (int k = 1; k < REDUCE_ROWS; k++) {
+		s.x += sh[k][threadIdx.x].x;
+		s.y += sh[k][threadIdx.x].y;
+	}
+	if (dw)
+		store(dw, col, s.x);
+	if (db)
+		store(db, col, s.y);
 }
 
 /* Threads of a row's block: about 8 columns each, 32 to 1024. */
@@ -238,6 +457,29 @@ int64_t chunks_for(int64_t rows)
 	return (rows + c - 1) / c;
 }
 
+/* The vectorised kernels' shape for rows of n of T: threads of a row
+ * (x), rows at once (y); false where they do not apply (n not a multiple
+ * of 32 vectors, more than 1024 vectors, or a row not 16-byte aligned). */
+template <typename T>
+bool vec_shape(int64_t n, const void *const *ptrs, const int64_t *lds, int count, dim3 *block)
+{
+	constexpr int V = vec_len<T>();
+	if (n % (32 * V) != 0 || n / V > 1024)
+		return false;
+	for (int i = 0; i < count; i++)
+		if (ptrs[i] && (((uintptr_t)ptrs[i] % VEC_BYTES) != 0 || lds[i] % V != 0))
+			return false;
+	const unsigned threads = (unsigned)(n / V);
+	*block = dim3(threads, threads < FUSED_THREADS ? FUSED_THREADS / threads : 1);
+	return true;
+}
+
+unsigned vec_blocks(int64_t rows, unsigned rows_at_once)
+{
+	const int64_t b = (rows + rows_at_once - 1) / rows_at_once;
+	return (unsigned)(b < FUSED_BLOCKS_MAX ? b : FUSED_BLOCKS_MAX);
+}
+
 template <typename T>
 cudaError_t forward(const struct rk_layer_norm *a, cudaStream_t stream)
 {
@@ -246,6 +488,15 @@ cudaError_t forward(const struct rk_layer_norm *a, cudaStream_t stream)
 	 * call left (a scratch allocation that ran out) is read off first, so
 	 * that it is not reported as this launch's. */
 	(void)cudaGetLastError();
+	const void *ptrs[] = { a->x, a->y, a->weight, a->bias };
+	const int64_t lds[] = { a->x_ld, a->y_ld, 0, 0 };
+	dim3 block;
+	if (vec_shape<T>(a->n, ptrs, lds, 4, &block)) {
+		layer_norm_forward_vec<T><<<vec_blocks(a->rows, block.y), block, 0, stream>>>(
+			(const T *)a->x, a->x_ld, (const T *)a->weight, (const T *)a->bias, (T *)a->y, a->y_ld, a->mean,
+			a->rstd, a->rows, a->n, a->eps);
+		return cudaGetLastError();
+	}
 	layer_norm_forward<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
 		(const T *)a->x, a->x_ld, (const T *)a->weight, (const T *)a->bias, (T *)a->y, a->y_ld, a->mean, a->rstd,
 		a->rows, a->n, a->eps);
@@ -256,24 +507,43 @@ template <typename T>
 cudaError_t backward(const struct rk_layer_norm_backward *a, cudaStream_t stream)
 {
 	(void)cudaGetLastError();   /* as in forward() */
+	const bool sums = a->d_weight || a->d_bias;
+	const void *ptrs[] = { a->d_y, a->x, a->d_x, a->d_residual, a->weight };
+	const int64_t lds[] = { a->d_y_ld, a->x_ld, a->d_x_ld, a->d_residual_ld, 0 };
+	dim3 block;
+	cudaError_t e;
+	if (vec_shape<T>(a->n, ptrs, lds, 5, &block)) {
+		const unsigned blocks = vec_blocks(a->rows, block.y);
+		float *part_w = sums ? a->partial : nullptr, *part_b = sums ? a->partial + (int64_t)blocks * a->n : nullptr;
+		layer_norm_backward_vec<T><<<blocks, block, sums ? (size_t)a->n * sizeof(float) : 0, stream>>>(
+			(const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, (const T *)a->weight, a->mean, a->rstd,
+			(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, part_w, part_b, a->rows, a->n);
+		e = cudaGetLastError();
+		if (e != cudaSuccess || !sums)
+			return e;
+		layer_norm_backward_reduce<T>
+			<<<(unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS), dim3(PARTIAL_COLS, REDUCE_ROWS), 0, stream>>>(
+				part_w, part_b, blocks, a->n, (T *)a->d_weight, (T *)a->d_bias);
+		return cudaGetLastError();
+	}
 	layer_norm_backward_dx<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
 		(const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, (const T *)a->weight, a->mean, a->rstd,
 		(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, a->rows, a->n);
-	cudaError_t e = cudaGetLastError();
-	if (e != cudaSuccess || (!a->d_weight && !a->d_bias))
+	e = cudaGetLastError();
+	if (e != cudaSuccess || !sums)
 		return e;
 	const int64_t chunk_rows = chunk_rows_for(a->rows), chunks = chunks_for(a->rows);
 	float *part_w = a->partial, *part_b = a->partial + chunks * a->n;
 	const dim3 grid((unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS), (unsigned)chunks);
-	const dim3 block(PARTIAL_COLS, PARTIAL_ROWS);
-	layer_norm_backward_partial<T><<<grid, block, 0, stream>>>((const T *)a->d_y, a->d_y_ld, (const T *)a->x,
+	layer_norm_backward_partial<T><<<grid, dim3(PARTIAL_COLS, PARTIAL_ROWS), 0, stream>>>((const T *)a->d_y, a->d_y_ld, (const T *)a->x,
 								   a->x_ld, a->mean, a->rstd, part_w, part_b, a->rows,
 								   a->n, chunk_rows);
 	e = cudaGetLastError();
 	if (e != cudaSuccess)
 		return e;
-	layer_norm_backward_reduce<T><<<(unsigned)((a->n + 255) / 256), 256, 0, stream>>>(
-		part_w, part_b, chunks, a->n, (T *)a->d_weight, (T *)a->d_bias);
+	layer_norm_backward_reduce<T>
+		<<<(unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS), dim3(PARTIAL_COLS, REDUCE_ROWS), 0, stream>>>(
+			part_w, part_b, chunks, a->n, (T *)a->d_weight, (T *)a->d_bias);
 	return cudaGetLastError();
 }
 
@@ -283,7 +553,11 @@ extern "C" size_t rk_layer_norm_backward_scratch(int64_t rows, int64_t n)
 {
 	if (rows < 1 || n < 1 || n > RK_LAYER_NORM_N_MAX)
 		return 0;
-	return 2 * (size_t)chunks_for(rows) * (size_t)n * sizeof(float);
+	/* The scalar kernels' chunks or the vectorised kernels' blocks, the
+	 * more of the two (at most one a row either way). */
+	const int64_t vec = rows < FUSED_BLOCKS_MAX ? rows : FUSED_BLOCKS_MAX;
+	const int64_t parts = chunks_for(rows) > vec ? chunks_for(rows) : vec;
+	return 2 * (size_t)parts * (size_t)n * sizeof(float);
 }
 
 extern "C" cudaError_t rk_layer_norm(const struct rk_layer_norm *a, cudaStream_t stream)

@@ -4,7 +4,9 @@
  * descriptor goes through rp_compute_check (the parser's checks and derived
  * sizes), then the lane. For f32, f16 and bf16 and several shapes (one row
  * of one element, odd lengths, n = 2048, n = 8192 (1024 threads a row), the
- * longest row, padded rows): the forward's y, mean and rstd against a
+ * longest row, padded rows), through the scalar kernels and the vectorised
+ * ones (rows of 16-byte vectors: n = 768 with padded rows, 1024 over 4099
+ * rows, 2048, bf16's 8192): the forward's y, mean and rstd against a
  * float64 reference on the inputs as
  * stored, y's row padding untouched; the backward's d_x (with d_residual
  * beside it and in place of it), d_weight and d_bias against float64 from
@@ -422,6 +424,7 @@ int main(void)
 		{ 7, 33, 33, 1e-5 },        /* less than a warp's columns each */
 		{ 33, 768, 800, 1e-3 },     /* padded rows */
 		{ 130, 2048, 2048, 1e-5 },  /* GPT width; more rows than a chunk */
+		{ 4099, 1024, 1024, 1e-5 }, /* vectorised: each block many rows, the last rows a part of a block's */
 		{ 257, 2048, 2051, 1e-5 },  /* n = 2048 with an odd row stride */
 		{ 9, 8192, 8200, 1e-5 },    /* 1024 threads a row (row_threads' most), padded rows */
 		{ 2, 65536, 65536, 1e-5 },  /* the longest row */
@@ -430,6 +433,7 @@ int main(void)
 		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 			run_case(&t, lane, dts[d], shapes[s].rows, shapes[s].n, shapes[s].ld, shapes[s].eps, &seed);
 	refusals(&t, lane, &seed);
+	timing(&t, RP_DTYPE_BF16, 8192, 1024, &seed);
 	timing(&t, RP_DTYPE_BF16, 8192, 2048, &seed);
 	timing(&t, RP_DTYPE_F32, 8192, 2048, &seed);
 	t.dev.backend->lane_destroy(lane);
