@@ -10,7 +10,7 @@ const struct rd_env_info rd_env_table[RD_ENV_VARS] = {
 				   "a CUDA worker launches every program Run step by step (no CUDA graphs) and "
 				   "times each step past the first two Runs "
 				   "(CPU to enqueue, GPU to run; the Run waits for its work, so the rank loses its "
-				   "lead) and writes the averages to PATH.<pid>.<program> every 10 such Runs" },
+				   "lead) and writes the averages to PATH.<pid>.<program> after each of the first 10 such Runs, then every 10" },
 	[RD_ENV_BACKEND_DIR] = { "REGEN_BACKEND_DIR", true, "DIR",
 				 "a CUDA worker loads backend-cuda.so from DIR only (a build tree's)" },
 	[RD_ENV_HANG_SECONDS] = { "REGEN_HANG_SECONDS", true, "S",

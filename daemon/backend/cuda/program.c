@@ -676,7 +676,8 @@ static struct program_exec *exec_to_replace(struct cuda_program_state *st)
 }
 
 /* A Run traced step by step: wait for it, add its steps' GPU times, and
- * every 10 such Runs write the averages where REGEN_PROGRAM_TRACE says. */
+ * write the averages where REGEN_PROGRAM_TRACE says: after each of the
+ * first 10 such Runs (a short benchmark gets a file too), then every 10. */
 static void trace_collect(struct cuda_program *p)
 {
 	struct program_trace *tr = p->trace;
@@ -694,7 +695,7 @@ static void trace_collect(struct cuda_program *p)
 		if (cudaEventElapsedTime(&ms, marks[i], marks[i + 1]) == cudaSuccess)
 			tr->gpu_ms[i] += ms;
 	}
-	if (++tr->runs % 10)
+	if (++tr->runs > 10 && tr->runs % 10)
 		return;
 	snprintf(path, sizeof(path), "%s.%d.%s", rd_env(RD_ENV_PROGRAM_TRACE), (int)getpid(), def->name);
 	FILE *f = fopen(path, "w");
