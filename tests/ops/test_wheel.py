@@ -17,7 +17,11 @@
   CUDA tensor where this machine has CUDA and torch.cuda.MemPool (else it
   says what it needs).
 
-Usage: test_wheel.py REGEND SOURCE_DIR
+Usage: test_wheel.py REGEND SOURCE_DIR [--wheel WHEEL]
+
+--wheel: a wheel built elsewhere (`pip wheel .` on a machine with
+meson-python) is checked and installed instead of building one: the GPU
+machine, which has torch and CUDA but no meson-python, runs the rest.
 """
 import glob
 import os
@@ -96,22 +100,27 @@ def clean_env():
 
 def main():
     regend, source = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    prebuilt = os.path.abspath(sys.argv[sys.argv.index("--wheel") + 1]) if "--wheel" in sys.argv else None
+    needs = "venv, ensurepip, pip" if prebuilt else "mesonpy, venv, ensurepip, pip"
     py = next((p for p in (shutil.which("python3"), "/usr/bin/python3", sys.executable)
-               if p and subprocess.run([p, "-c", "import mesonpy, venv, ensurepip, pip"],
-                                       capture_output=True).returncode == 0), None)
+               if p and subprocess.run([p, "-c", "import " + needs], capture_output=True).returncode == 0), None)
     if py is None:
         skip("no Python here has meson-python, venv and pip (Debian: python3-mesonpy, python3-venv, python3-pip; "
              "scripts/setup-debian installs them)")
     tmp = tempfile.mkdtemp(prefix="regen-wheel-")
     try:
-        src = os.path.join(tmp, "src")
-        shutil.copytree(source, src, symlinks=True,
-                        ignore=shutil.ignore_patterns("build*", ".git", ".device", ".mesonpy*", "__pycache__", "dist"))
-        dist = os.path.join(tmp, "dist")
-        run([py, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", dist, src])
-        wheels = glob.glob(os.path.join(dist, "regen-*.whl"))
-        check(len(wheels) == 1, "pip wheel made %r" % wheels)
-        wheel = wheels[0]
+        if prebuilt:
+            wheel = prebuilt
+        else:
+            src = os.path.join(tmp, "src")
+            shutil.copytree(source, src, symlinks=True,
+                            ignore=shutil.ignore_patterns("build*", ".git", ".device", ".mesonpy*", "__pycache__",
+                                                          "dist"))
+            dist = os.path.join(tmp, "dist")
+            run([py, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", dist, src])
+            wheels = glob.glob(os.path.join(dist, "regen-*.whl"))
+            check(len(wheels) == 1, "pip wheel made %r" % wheels)
+            wheel = wheels[0]
         tag = os.path.basename(wheel)[:-4].split("-")[-3:]
         check(tag[1] == "abi3" and tag[0].startswith("cp3") and tag[2].startswith("linux_"),
               "the wheel is tagged %s, not cpXY-abi3-linux_*" % "-".join(tag))
