@@ -98,9 +98,11 @@ __device__ __forceinline__ void store_vec(T *p, const float (&v)[V])
 }
 
 /* The sums of v.x and v.y over the threads of this row's group (threadIdx.y;
- * blockDim.x threads, a multiple of 32), in each of them. Every thread of
- * the block calls it together (its barriers); sh holds a float2 per warp
- * of each group. */
+ * blockDim.x threads, a multiple of 32: every warp whole, as the shuffles'
+ * full mask needs), in each of them; the scalar kernels' group is their
+ * block. Every thread of the block calls it together (its barriers); sh
+ * holds a float2 per warp of each group. The first barrier keeps a warp
+ * from writing sh while another still reads the sums of the call before. */
 __device__ float2 group_sum2(float2 v, float2 (*sh)[32])
 {
 	for (int o = 16; o > 0; o >>= 1) {
@@ -120,27 +122,13 @@ __device__ float2 group_sum2(float2 v, float2 (*sh)[32])
 	return v;
 }
 
-/* The sums of v.x and v.y over the block, in every thread. blockDim.x is a
- * multiple of 32 (every warp whole, as the shuffles' full mask needs); sh
- * holds one float2 per warp. The first barrier keeps a warp from writing sh
- * while another still reads the sums of the call before. */
-__device__ float2 block_sum2(float2 v, float2 *sh)
+/* A row's statistics, where the caller wants them. */
+__device__ __forceinline__ void store_stats(float *mean_out, float *rstd_out, int64_t r, float mean, float rstd)
 {
-	for (int o = 16; o > 0; o >>= 1) {
-		v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
-		v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
-	}
-	const unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-	__syncthreads();
-	if (lane == 0)
-		sh[warp] = v;
-	__syncthreads();
-	v = lane < warps ? sh[lane] : make_float2(0.0f, 0.0f);
-	for (int o = 16; o > 0; o >>= 1) {
-		v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
-		v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
-	}
-	return v;
+	if (mean_out)
+		mean_out[r] = mean;
+	if (rstd_out)
+		rstd_out[r] = rstd;
 }
 
 /* Two passes over the row for the statistics, the variance from the
@@ -149,7 +137,7 @@ template <typename T>
 __global__ void layer_norm_forward(const T *x, int64_t x_ld, const T *w, const T *b, T *y, int64_t y_ld,
 				   float *mean_out, float *rstd_out, int64_t rows, int64_t n, float eps)
 {
-	__shared__ float2 sh[32];
+	__shared__ float2 sh[1][32];
 
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const T *xr = x + r * x_ld;
@@ -158,14 +146,14 @@ __global__ void layer_norm_forward(const T *x, int64_t x_ld, const T *w, const T
 
 		for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
 			s += load(xr, j);
-		const float mean = block_sum2(make_float2(s, 0.0f), sh).x / (float)n;
+		const float mean = group_sum2(make_float2(s, 0.0f), sh).x / (float)n;
 		float q = 0.0f;
 
 		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
 			const float d = load(xr, j) - mean;
 			q += d * d;
 		}
-		const float var = block_sum2(make_float2(q, 0.0f), sh).x / (float)n;
+		const float var = group_sum2(make_float2(q, 0.0f), sh).x / (float)n;
 		const float rstd = 1.0f / sqrtf(var + eps);
 
 		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -174,12 +162,8 @@ __global__ void layer_norm_forward(const T *x, int64_t x_ld, const T *w, const T
 				v += load(b, j);
 			store(yr, j, v);
 		}
-		if (threadIdx.x == 0) {
-			if (mean_out)
-				mean_out[r] = mean;
-			if (rstd_out)
-				rstd_out[r] = rstd;
-		}
+		if (threadIdx.x == 0)
+			store_stats(mean_out, rstd_out, r, mean, rstd);
 	}
 }
 
@@ -201,7 +185,7 @@ __global__ void layer_norm_backward_dx(const T *dy, int64_t dy_ld, const T *x, i
 				       const float *mean, const float *rstd, T *dx, int64_t dx_ld, const T *res,
 				       int64_t res_ld, int64_t rows, int64_t n)
 {
-	__shared__ float2 sh[32];
+	__shared__ float2 sh[1][32];
 
 	for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
 		const T *dyr = dy + r * dy_ld, *xr = x + r * x_ld;
@@ -215,7 +199,7 @@ __global__ void layer_norm_backward_dx(const T *dy, int64_t dy_ld, const T *x, i
 			sg += g;
 			sgx += g * xh;
 		}
-		const float2 t = block_sum2(make_float2(sg, sgx), sh);
+		const float2 t = group_sum2(make_float2(sg, sgx), sh);
 		const float mean_g = t.x / (float)n, mean_gx = t.y / (float)n;
 
 		for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -276,12 +260,8 @@ __global__ void __launch_bounds__(1024) layer_norm_forward_vec(const T *x, int64
 				xv[i] += bv[i];
 		}
 		store_vec(y + r * y_ld + col, xv);
-		if (threadIdx.x == 0) {
-			if (mean_out)
-				mean_out[r] = mean;
-			if (rstd_out)
-				rstd_out[r] = rstd;
-		}
+		if (threadIdx.x == 0)
+			store_stats(mean_out, rstd_out, r, mean, rstd);
 	}
 }
 
