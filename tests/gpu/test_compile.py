@@ -7,7 +7,11 @@ AdamW three ways from the same initial weights and data: in float32 (the
 reference), eager in bf16, and compiled with backend="regen" in bf16.  Each
 loss and each gradient of the compiled model must be as close to float32's
 as eager bf16's is (within 2x, or 1e-3), and explain() must show program
-segments that regend ran.  Then faults in the middle of compiled training
+segments that regend ran.  Guards as torch's own backends have them: a new
+batch size compiles new graphs and programs (dynamic=False), the first
+size again reuses its own, each size's losses as eager's.  torch.autocast:
+an f32 model compiled under autocast(bf16) trains as close to f32 as eager
+under autocast does.  Then faults in the middle of compiled training
 (a device_lost between the forward and backward Runs of a step, and a
 `regenctl restart` before a step's forward): the faulted steps cost at
 most a second more and every loss and parameter ends as in the same steps
@@ -102,6 +106,71 @@ def check_model(name, steps):
     return reports
 
 
+def _programs():
+    return {p["program"] for p in rt.runtime().client.program_status(0)}
+
+
+def check_recompile(name):
+    vocab, seq, layers, heads = 512, 128, 2, max(2, D // 64)
+    torch._dynamo.reset()
+    eager = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
+    mine = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
+    compiled = torch.compile(mine, backend="regen", dynamic=False)
+    start = _programs()
+    seen, worst = [], 0.0
+    for i, batch in enumerate((4, 2, 4, 2)):
+        idx, tgt = models.batch(vocab, batch, seq, i)
+        losses = []
+        for m, fn in ((eager, eager), (mine, compiled)):
+            m.zero_grad(set_to_none=True)
+            loss = fn(idx, tgt)
+            loss.backward()
+            losses.append(loss.float().item())
+        worst = max(worst, abs(losses[1] - losses[0]) / abs(losses[0]))
+        seen.append(len(_programs() - start))
+    # Batch 4 defines the forward's and backward's programs, batch 2 its
+    # own pair, and neither size again defines any.
+    record(f"{name}: a new batch size compiles anew, an old one reuses its programs (dynamic=False)",
+           seen[0] >= 2 and seen[1] > seen[0] and seen[3] == seen[2] == seen[1] and worst <= 5e-3,
+           f"new programs after each call {seen}, worst loss against eager {worst:.1e}")
+    torch._dynamo.reset()
+
+
+def check_autocast(name, steps=2):
+    vocab, seq, layers, heads, batch = 512, 128, 2, max(2, D // 64), 4
+    torch._dynamo.reset()
+    ref, eager, mine = (models.build(name, vocab, seq, D, layers, heads, dtype=torch.float32) for _ in range(3))
+    compiled = torch.compile(mine, backend="regen", dynamic=False)
+    before = dict(rt.stats())
+    ok, worst_loss, worst_grad, bad = True, 0.0, 0.0, []
+    for step in range(steps):
+        idx, tgt = models.batch(vocab, batch, seq, step)
+        losses = []
+        for m, fn, cast in ((ref, ref, False), (eager, eager, True), (mine, compiled, True)):
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cast):
+                loss = fn(idx, tgt)
+            loss.backward()
+            losses.append(loss.float().item())
+        e_loss = abs(losses[1] - losses[0]) / abs(losses[0])
+        c_loss = abs(losses[2] - losses[0]) / abs(losses[0])
+        worst_loss = max(worst_loss, c_loss)
+        ok = ok and c_loss <= max(2 * e_loss, 1e-3)
+        for (pn, p32), pe, pc in zip(ref.named_parameters(), eager.parameters(), mine.parameters()):
+            if p32.grad is None:
+                continue
+            ee, ce = rel(pe.grad, p32.grad), rel(pc.grad, p32.grad)
+            worst_grad = max(worst_grad, ce)
+            if ce > max(2 * ee, 1e-3) and ce > 2e-2:
+                bad.append(f"{pn}: {ce:.2e} (eager {ee:.2e})")
+    runs = rt.stats()["program_runs"] - before.get("program_runs", 0)
+    record(f"{name}: an f32 model under torch.autocast(bf16), compiled, as close to f32 as eager autocast",
+           ok and not bad and runs > 0,
+           f"worst loss {worst_loss:.2e}, worst gradient {worst_grad:.2e}, {runs} Runs"
+           f"{'; ' + '; '.join(bad[:3]) if bad else ''}")
+    torch._dynamo.reset()
+
+
 def train_with_faults(name, steps, faults, admin):
     """(losses, parameters, slowest step's seconds, slowest faulted step's
     seconds) of ``steps`` compiled AdamW steps, with faults {step: kind}:
@@ -169,6 +238,13 @@ def main():
             except Exception as e:
                 traceback.print_exc()
                 record(f"{name}: compiled training", False, f"{type(e).__name__}: {e}"[:300])
+                torch._dynamo.reset()
+        for check in (check_recompile, check_autocast):
+            try:
+                check(MODELS[0])
+            except Exception as e:
+                traceback.print_exc()
+                record(f"{MODELS[0]}: {check.__name__}", False, f"{type(e).__name__}: {e}"[:300])
                 torch._dynamo.reset()
         admin = regen.Client(daemon.socket, timeout=120)
         try:
