@@ -149,8 +149,12 @@ enum rp_pointwise {
 
 /* Floats in, floats out, accumulated in f32 (f64 where the input or the
  * output is f64). amax is the largest absolute value (what a scaling
- * factor or a gradient norm's clip reads), max and min the signed ones. */
-enum rp_reduction { RP_RED_SUM = 0, RP_RED_MEAN, RP_RED_MAX, RP_RED_MIN, RP_RED_AMAX, RP_RED_COUNT };
+ * factor or a gradient norm's clip reads), max and min the signed ones.
+ * logsumexp is log(sum(exp(x))) in one pass (the running max and the sum
+ * scaled to it, online, as a softmax's normalizer wants it: the max
+ * pass and the sum pass over the logits in one read); the last
+ * dimension only. */
+enum rp_reduction { RP_RED_SUM = 0, RP_RED_MEAN, RP_RED_MAX, RP_RED_MIN, RP_RED_AMAX, RP_RED_LOGSUMEXP, RP_RED_COUNT };
 /* Reduces the last dimension (out: the input's shape without it, or with
  * it as 1), or every dimension but the last (out: [last] or 1s and last). */
 enum rp_reduce_axis { RP_AXIS_LAST = 0, RP_AXIS_LEADING };

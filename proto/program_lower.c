@@ -359,35 +359,29 @@ static int lower_rms_norm_backward(struct lower *l, const cJSON *attrs)
 	return pw(l, RP_PW_MUL, u, rs, dx);
 }
 
-/* softmax (x) -> y and log_softmax (x) -> y over the last dimension:
- * the row's max subtracted first. log_softmax's y = x - (max + log(sum))
- * reads x again rather than x - max: that one stays in the sum's
- * registers, where a later reader would make the sum's pass write it (a
- * row of the logits' size, in the accumulator's dtype, for nothing). */
+/* softmax (x) -> y = exp(x - lse) and log_softmax (x) -> y = x - lse over
+ * the last dimension, lse the row's logsumexp: one pass over x for it
+ * (the running max and the sum scaled to it, online), one for y. */
 static int lower_softmax(struct lower *l, const cJSON *attrs, bool log)
 {
 	const int x = l->node->in[0], y = l->node->out[0];
-	int r, m, s0, e, s, ls, shift;
+	int r, lse, shifted;
 
 	if ((r = check_attr_names(l, attrs, (const char *const[]){ NULL })) < 0 || (r = need_rows(l, x, "x")) < 0 ||
 	    (r = need_like(l, y, "y", x, "x")) < 0) {
 		return r;
 	}
 	l->acc = acc_of(l, (int[]){ x, y }, 2);
-	if ((r = row_stat(l, l->acc, x, &m)) < 0 || (r = reduce(l, RP_RED_MAX, RP_AXIS_LAST, x, m)) < 0 ||
-	    (r = like(l, x, &s0)) < 0 || (r = pw(l, RP_PW_SUB, x, m, s0)) < 0 || (r = like(l, x, &e)) < 0 ||
-	    (r = pw(l, RP_PW_EXP, s0, -1, e)) < 0 || (r = row_stat(l, l->acc, x, &s)) < 0 ||
-	    (r = reduce(l, RP_RED_SUM, RP_AXIS_LAST, e, s)) < 0) {
+	if ((r = row_stat(l, l->acc, x, &lse)) < 0 || (r = reduce(l, RP_RED_LOGSUMEXP, RP_AXIS_LAST, x, lse)) < 0) {
 		return r;
 	}
-	if (!log) {
-		return pw(l, RP_PW_DIV, e, s, y);
+	if (log) {
+		return pw(l, RP_PW_SUB, x, lse, y);
 	}
-	if ((r = row_stat(l, l->acc, x, &ls)) < 0 || (r = pw(l, RP_PW_LOG, s, -1, ls)) < 0 ||
-	    (r = row_stat(l, l->acc, x, &shift)) < 0 || (r = pw(l, RP_PW_ADD, m, ls, shift)) < 0) {
+	if ((r = like(l, x, &shifted)) < 0 || (r = pw(l, RP_PW_SUB, x, lse, shifted)) < 0) {
 		return r;
 	}
-	return pw(l, RP_PW_SUB, x, shift, y);
+	return pw(l, RP_PW_EXP, shifted, -1, y);
 }
 
 /* softmax_backward (dy, y) -> dx = y * (dy - sum(dy * y));
@@ -490,7 +484,7 @@ static int lower_cross_entropy(struct lower *l, const cJSON *attrs)
 	const struct rp_prog_node *n = l->node;
 	const int logits = n->in[0], target = n->in[1], loss = n->out[0], lse = n->out[1];
 	double ignore;
-	int r, tc, m, s0, e, s, ls, lt, oh, picked, pk, raw, valid, lv;
+	int r, tc, lt, oh, picked, pk, raw, valid, lv;
 
 	if ((r = check_attr_names(l, attrs, (const char *const[]){ "ignore_index", NULL })) < 0 ||
 	    (r = need_targets(l, logits, target, &ignore, attrs)) < 0 || (r = need_stat(l, loss, "loss", logits)) < 0 ||
@@ -498,26 +492,22 @@ static int lower_cross_entropy(struct lower *l, const cJSON *attrs)
 		return r;
 	}
 	l->acc = acc_of(l, (int[]){ logits }, 1);
-	if ((r = target_column(l, target, &tc)) < 0 || (r = row_stat(l, l->acc, logits, &m)) < 0 ||
-	    (r = reduce(l, RP_RED_MAX, RP_AXIS_LAST, logits, m)) < 0 || (r = like(l, logits, &s0)) < 0 ||
-	    (r = pw(l, RP_PW_SUB, logits, m, s0)) < 0 || (r = like(l, logits, &e)) < 0 ||
-	    (r = pw(l, RP_PW_EXP, s0, -1, e)) < 0 || (r = row_stat(l, l->acc, logits, &s)) < 0 ||
-	    (r = reduce(l, RP_RED_SUM, RP_AXIS_LAST, e, s)) < 0 || (r = row_stat(l, l->acc, logits, &ls)) < 0 ||
-	    (r = pw(l, RP_PW_LOG, s, -1, ls)) < 0) {
+	/* The row's logsumexp, in one pass (into lse where it is wanted). */
+	r = lse >= 0 ? keep_dim(l, lse, 2, &lt) : row_stat(l, l->acc, logits, &lt);
+	if (r < 0 || (r = target_column(l, target, &tc)) < 0 ||
+	    (r = reduce(l, RP_RED_LOGSUMEXP, RP_AXIS_LAST, logits, lt)) < 0) {
 		return r;
 	}
 	/* The logit of the target's class: the row's sum where the one-hot
 	 * is 1 (where, not a product, so that an inf elsewhere in the row
 	 * does not make it NaN). */
-	r = lse >= 0 ? keep_dim(l, lse, 2, &lt) : row_stat(l, l->acc, logits, &lt);
-	if (r < 0 || (r = one_hot(l, logits, tc, RP_DTYPE_U8, &oh)) < 0 || (r = like(l, logits, &picked)) < 0 ||
+	if ((r = one_hot(l, logits, tc, RP_DTYPE_U8, &oh)) < 0 || (r = like(l, logits, &picked)) < 0 ||
 	    (r = where_else(l, oh, logits, 0.0, picked)) < 0 || (r = row_stat(l, l->acc, logits, &pk)) < 0 ||
 	    (r = reduce(l, RP_RED_SUM, RP_AXIS_LAST, picked, pk)) < 0 || (r = row_stat(l, l->acc, logits, &raw)) < 0 ||
 	    (r = kept_rows(l, tc, ignore, &valid)) < 0 || (r = keep_dim(l, loss, 2, &lv)) < 0) {
 		return r;
 	}
-	/* The outputs last: lse, then the loss. */
-	if ((r = pw(l, RP_PW_ADD, ls, m, lt)) < 0 || (r = pw(l, RP_PW_SUB, lt, pk, raw)) < 0) {
+	if ((r = pw(l, RP_PW_SUB, lt, pk, raw)) < 0) {
 		return r;
 	}
 	return where_else(l, valid, raw, 0.0, lv);

@@ -51,7 +51,7 @@ static const struct rp_prog_op ops[] = {
 	SEEDED("dropout_mask", RP_PW_DROPOUT_MASK, "[seed] -> [mask], seed a scalar tensor (an integer given at Run)"),
 
 	RED("sum", RP_RED_SUM), RED("mean", RP_RED_MEAN), RED("max", RP_RED_MAX), RED("min", RP_RED_MIN),
-	RED("amax", RP_RED_AMAX),
+	RED("amax", RP_RED_AMAX), RED("logsumexp", RP_RED_LOGSUMEXP),
 
 	GATHER("embedding", RP_GATHER_EMBEDDING),
 	GATHER("embedding_backward", RP_GATHER_EMBEDDING_BACKWARD),
@@ -415,6 +415,9 @@ static int check_reduction(struct rp_prog_builder *b, int n)
 		return rp_prog_node_error(b, n, "%s reduces floats, but %s is %s", node->op->name,
 					  is_integer(in->dtype) ? in->name : out->name,
 					  dtype_of(is_integer(in->dtype) ? in : out));
+	}
+	if (node->red.fn == RP_RED_LOGSUMEXP && node->red.axis != RP_AXIS_LAST) {
+		return rp_prog_node_error(b, n, "logsumexp reduces the last dimension only, not every dimension but the last");
 	}
 	if (node->red.axis == RP_AXIS_LAST) {
 		/* [.., n] -> [..] or [.., 1] */

@@ -264,6 +264,49 @@ static const char preamble[] =
 	"template <class T> RG_DEV T rg_red_sum(T a, T b) { return a + b; }\n"
 	"template <class T> RG_DEV T rg_red_max(T a, T b) { return (a != a || a > b) ? a : b; }\n"
 	"template <class T> RG_DEV T rg_red_min(T a, T b) { return (a != a || a < b) ? a : b; }\n"
+	"/* logsumexp online: m the running max, s the sum of exp(x - m) so far\n"
+	" * (proto/program.h); the host's acc_add, step for step. */\n"
+	"template <class T> struct rg_lse { T m, s; };\n"
+	"RG_DEV rg_lse<float> rg_lse_start(float) { return rg_lse<float>{ -__int_as_float(0x7f800000), 0.0f }; }\n"
+	"RG_DEV rg_lse<double> rg_lse_start(double)\n"
+	"{\n"
+	"\treturn rg_lse<double>{ -__longlong_as_double(0x7ff0000000000000LL), 0.0 };\n"
+	"}\n"
+	"template <class T> RG_DEV rg_lse<T> rg_lse_add(rg_lse<T> a, T x)\n"
+	"{\n"
+	"\tif (x != x || a.m != a.m)\n"
+	"\t\treturn rg_lse<T>{ x != x ? x : a.m, a.s };\n"
+	"\tif (x == a.m)\n"
+	"\t\treturn rg_lse<T>{ a.m, a.s + T(1) };\n"
+	"\tif (x > a.m)\n"
+	"\t\treturn rg_lse<T>{ x, a.s * rg_exp(a.m - x) + T(1) };\n"
+	"\treturn rg_lse<T>{ a.m, a.s + rg_exp(x - a.m) };\n"
+	"}\n"
+	"template <class T> RG_DEV rg_lse<T> rg_red_lse(rg_lse<T> a, rg_lse<T> b)\n"
+	"{\n"
+	"\tif (a.m != a.m || b.m != b.m)\n"
+	"\t\treturn a.m != a.m ? a : b;\n"
+	"\tif (b.s == T(0))\n"
+	"\t\treturn a;\n"
+	"\tif (a.s == T(0))\n"
+	"\t\treturn b;\n"
+	"\tif (a.m == b.m)\n"
+	"\t\treturn rg_lse<T>{ a.m, a.s + b.s };\n"
+	"\treturn a.m > b.m ? rg_lse<T>{ a.m, a.s + b.s * rg_exp(b.m - a.m) }\n"
+	"\t\t\t : rg_lse<T>{ b.m, b.s + a.s * rg_exp(a.m - b.m) };\n"
+	"}\n"
+	"template <class T> RG_DEV T rg_lse_result(rg_lse<T> a)\n"
+	"{\n"
+	"\t/* NaN, and an infinite max (m - m is NaN), are the answer. */\n"
+	"\treturn a.m != a.m || a.m - a.m != T(0) ? a.m : a.m + rg_log(a.s);\n"
+	"}\n"
+	"/* A warp's shuffle of an accumulator, whatever it holds. */\n"
+	"RG_DEV float rg_shfl_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }\n"
+	"RG_DEV double rg_shfl_xor(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }\n"
+	"template <class T> RG_DEV rg_lse<T> rg_shfl_xor(rg_lse<T> v, int o)\n"
+	"{\n"
+	"\treturn rg_lse<T>{ rg_shfl_xor(v.m, o), rg_shfl_xor(v.s, o) };\n"
+	"}\n"
 	"\n"
 	"/* dropout_mask's draw (proto/philox.h, the host's rp_dropout_keep, bit for\n"
 	" * bit): Philox4x32-10's word 0 at counter (i, i >> 32, stream, 0) under\n"
@@ -1555,14 +1598,26 @@ static const char *red_fn(enum rp_reduction fn)
 		return "rg_red_max";
 	case RP_RED_MIN:
 		return "rg_red_min";
+	case RP_RED_LOGSUMEXP:
+		return "rg_red_lse";
 	default:
 		return NULL;
 	}
 }
 
+/* The accumulator's type: a float or double, or logsumexp's pair of them. */
+static const char *acc_type(enum rp_reduction fn, bool acc64)
+{
+	if (fn == RP_RED_LOGSUMEXP)
+		return acc64 ? "rg_lse<double>" : "rg_lse<float>";
+	return acc64 ? "double" : "float";
+}
+
 static const char *red_init(enum rp_reduction fn, bool acc64)
 {
 	switch (fn) {
+	case RP_RED_LOGSUMEXP:
+		return acc64 ? "rg_lse_start(0.0)" : "rg_lse_start(0.0f)";
 	case RP_RED_MAX:
 		return acc64 ? "-__longlong_as_double(0x7ff0000000000000LL)" : "-__int_as_float(0x7f800000)";
 	case RP_RED_MIN:
@@ -1580,8 +1635,8 @@ static void emit_accumulate(struct gen *g, const struct red_shape *rs, const cha
 	const char *conv = rs->acc64 ? "rg_f64" : "rg_f32";
 
 	emit_node_comment(g, g->red, ind);
-	out(&g->b, "%s%s = %s(%s, %s%s(", ind, var, red_fn(n->red.fn), var, n->red.fn == RP_RED_AMAX ? "rg_abs(" : "",
-	    conv);
+	out(&g->b, "%s%s = %s(%s, %s%s(", ind, var, n->red.fn == RP_RED_LOGSUMEXP ? "rg_lse_add" : red_fn(n->red.fn), var,
+	    n->red.fn == RP_RED_AMAX ? "rg_abs(" : "", conv);
 	if (m >= 0)
 		out(&g->b, "v%d", m);
 	else
@@ -1598,7 +1653,8 @@ static void emit_result_store(struct gen *g, const struct red_shape *rs, const c
 	const char *acc = rs->acc64 ? "double" : "float";
 	char l[32];
 
-	out(&g->b, "%sp%d[off] = rg_cvt<%s>(%s", ind, o, ctype(T(g, o)->dtype), value);
+	out(&g->b, "%sp%d[off] = rg_cvt<%s>(%s%s%s", ind, o, ctype(T(g, o)->dtype),
+	    n->red.fn == RP_RED_LOGSUMEXP ? "rg_lse_result(" : "", value, n->red.fn == RP_RED_LOGSUMEXP ? ")" : "");
 	if (n->red.fn == RP_RED_MEAN)
 		out(&g->b, " / %s(%s)", acc, lit(count, l));
 	out(&g->b, ");\n");
@@ -1607,7 +1663,7 @@ static void emit_result_store(struct gen *g, const struct red_shape *rs, const c
 static void emit_warp_reduce(struct gen *g, const char *fn, const char *var, const char *ind)
 {
 	out(&g->b, "%sfor (int o = 16; o > 0; o /= 2)\n", ind);
-	out(&g->b, "%s\t%s = %s(%s, __shfl_xor_sync(0xffffffffu, %s, o));\n", ind, var, fn, var, var);
+	out(&g->b, "%s\t%s = %s(%s, rg_shfl_xor(%s, o));\n", ind, var, fn, var, var);
 }
 
 /* The output's offset for a row of a last-axis reduction: the row's
@@ -1631,7 +1687,7 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
-	const char *acc = rs->acc64 ? "double" : "float", *fn = red_fn(n->red.fn);
+	const char *acc = acc_type(n->red.fn, rs->acc64), *fn = red_fn(n->red.fn);
 	bool per_warp = rs->cols <= ROW_WARP_MAX;
 	int rank = g->dom->rank;
 	char l[32], l2[32];
@@ -1694,8 +1750,7 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 		out(&g->b, "\t\tif (lane == 0)\n\t\t\tpart[warp] = acc;\n");
 		out(&g->b, "\t\t__syncthreads();\n");
 		out(&g->b, "\t\tif (warp == 0) {\n");
-		out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s(%s);\n", ROW_BLOCK / 32, acc,
-		    red_init(n->red.fn, rs->acc64));
+		out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, red_init(n->red.fn, rs->acc64));
 		emit_warp_reduce(g, fn, "acc", "\t\t\t");
 		out(&g->b, "\t\t}\n");
 	}
@@ -1866,6 +1921,8 @@ static int gen_reduction(struct gen *g)
 	if (n->nin < 1 || n->in[0] < 0 || n->nout != 1 || !red_fn(n->red.fn) || T(g, n->in[0])->rank < 1)
 		return -EINVAL;
 	red_shape_of(g->p, n, &rs);
+	if (n->red.fn == RP_RED_LOGSUMEXP && !rs.last)
+		return -EINVAL;   /* the check refuses it (proto/program_ops.c) */
 	if (rs.rows == 0 || rs.cols == 0) {
 		g->st->nkernels = 0;
 		return 0;

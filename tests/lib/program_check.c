@@ -120,7 +120,7 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['m0'],'attrs':{'p':0.5,'stream':5}},"
 	  "{'op':'dropout_mask','inputs':['seed'],'outputs':['mi'],'attrs':{'p':0.5,'stream':4294967295}}]}",
 	  -2, 2, 0 },
-	{ "every reduction over rows, short and long, with a prologue",
+	{ "every reduction over rows, short and long, with a prologue (logsumexp's online pairs too)",
 	  "{'tensors':[{'name':'a','kind':'input','dtype':'bf16','shape':[64,100]},"
 	  "{'name':'b','kind':'input','dtype':'f32','shape':[8,50000]},"
 	  "{'name':'sa','kind':'intermediate','dtype':'f32','shape':[64,100]},"
@@ -129,14 +129,16 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'name':'r5','kind':'output','dtype':'f32','shape':[64]},"
 	  "{'name':'q1','kind':'output','dtype':'f32','shape':[8]},{'name':'q2','kind':'output','dtype':'f64','shape':[8,1]},"
 	  "{'name':'q3','kind':'output','dtype':'f32','shape':[8]},{'name':'q4','kind':'output','dtype':'f32','shape':[8]},"
-	  "{'name':'q5','kind':'output','dtype':'f32','shape':[8]}],"
+	  "{'name':'q5','kind':'output','dtype':'f32','shape':[8]},"
+	  "{'name':'r6','kind':'output','dtype':'f32','shape':[64]},{'name':'q6','kind':'output','dtype':'f32','shape':[8,1]}],"
 	  "'nodes':[{'op':'mul','inputs':['a','a'],'outputs':['sa']},"
 	  "{'op':'sum','inputs':['sa'],'outputs':['r1']},{'op':'mean','inputs':['a'],'outputs':['r2']},"
 	  "{'op':'max','inputs':['a'],'outputs':['r3']},{'op':'min','inputs':['a'],'outputs':['r4']},"
 	  "{'op':'amax','inputs':['a'],'outputs':['r5']},"
 	  "{'op':'sum','inputs':['b'],'outputs':['q1']},{'op':'mean','inputs':['b'],'outputs':['q2']},"
 	  "{'op':'max','inputs':['b'],'outputs':['q3']},{'op':'min','inputs':['b'],'outputs':['q4']},"
-	  "{'op':'amax','inputs':['b'],'outputs':['q5']}]}",
+	  "{'op':'amax','inputs':['b'],'outputs':['q5']},"
+	  "{'op':'logsumexp','inputs':['a'],'outputs':['r6']},{'op':'logsumexp','inputs':['b'],'outputs':['q6']}]}",
 	  -2, 2, 0 },
 	{ "every reduction over leading dims, one pass and two",
 	  "{'tensors':[{'name':'a','kind':'input','dtype':'f32','shape':[3,20,10]},"

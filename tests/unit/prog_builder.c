@@ -56,6 +56,7 @@ static const struct rp_prog_op red_ops[RP_RED_COUNT] = {
 	[RP_RED_MAX] = { "max", RP_PC_REDUCTION, RP_RED_MAX, 1, 1, 1, false },
 	[RP_RED_MIN] = { "min", RP_PC_REDUCTION, RP_RED_MIN, 1, 1, 1, false },
 	[RP_RED_AMAX] = { "amax", RP_PC_REDUCTION, RP_RED_AMAX, 1, 1, 1, false },
+	[RP_RED_LOGSUMEXP] = { "logsumexp", RP_PC_REDUCTION, RP_RED_LOGSUMEXP, 1, 1, 1, false },
 };
 static const struct rp_prog_op op_embedding = { "embedding", RP_PC_GATHER, RP_GATHER_EMBEDDING, 2, 2, 1, false };
 static const struct rp_prog_op op_embedding_backward = { "embedding_backward", RP_PC_GATHER,

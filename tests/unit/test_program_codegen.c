@@ -289,7 +289,8 @@ START_TEST(broadcasts_and_views)
 }
 END_TEST
 
-static const enum rp_reduction reds[] = { RP_RED_SUM, RP_RED_MEAN, RP_RED_MAX, RP_RED_MIN, RP_RED_AMAX };
+static const enum rp_reduction reds[] = { RP_RED_SUM,  RP_RED_MEAN, RP_RED_MAX,
+					   RP_RED_MIN,  RP_RED_AMAX, RP_RED_LOGSUMEXP };
 
 /* Each reduction over short rows (a warp a row), long rows (a block a
  * row), few leading rows (one pass) and many (two), with a prologue. */
@@ -298,7 +299,8 @@ START_TEST(every_reduction)
 	enum rp_reduction fn = reds[_i];
 	int64_t shapes[4][2] = { { 64, 100 }, { 8, 50000 }, { 64, 10 }, { 20000, 300 } };
 	pb_init(&b, "reductions");
-	for (int i = 0; i < 4; i++) {
+	/* logsumexp: the last axis only. */
+	for (int i = 0; i < (fn == RP_RED_LOGSUMEXP ? 2 : 4); i++) {
 		enum rp_reduce_axis axis = i < 2 ? RP_AXIS_LAST : RP_AXIS_LEADING;
 		int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, 2, shapes[i]);
 		int sq = pb_tensor(&b, "sq", RP_PT_INTERMEDIATE, RP_DTYPE_F32, 2, shapes[i]);

