@@ -12,9 +12,10 @@ failed".
             output's and the gradients' dtypes what torch's own layers give
             (linear bf16, layer_norm float32 on CUDA), values within
             bfloat16 of float64; a routed F.linear under rt.enable()
-  oom       a Linear whose output is larger than the GPU's whole memory: torch.cuda.OutOfMemoryError from
-            regend's OutOfMemory, or torch's own allocator's first (either
-            is torch's error), and the next operation works
+  oom       a Linear whose output is larger than the GPU's whole memory:
+            torch.cuda.OutOfMemoryError from regend's OutOfMemory, or
+            torch's own allocator's first (either is torch's error), and
+            the next operation works
 
     python3 tests/gpu/test_torch_nn.py [REGEND]
 
