@@ -5,30 +5,45 @@ optimizer state, SIGKILLed at a random moment of training, resumes in a
 new process within 2 s of that process's start, and its next 100 steps are
 bit-identical to a rank never killed; keeping state costs a step under 1%.
 
-    python3 tests/bench/bench_keep.py [REGEND] [--gib auto|N] [--width 16384] [--tokens 2048]
-        [--snapshot on|off] [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart] [--json OUT]
+    python3 tests/bench/bench_keep.py [REGEND] [--optimizer regen|torch] [--gib auto|N] [--width 16384]
+        [--tokens 2048] [--snapshot on|off] [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart]
+        [--json OUT]
 
 The rank (this script with --rank): a stack of square fp32 Linear layers
 (--width; as many as make --gib of parameters and Adam's two moments,
-12 bytes a parameter), torch's fused Adam, deterministic data (a seed a
-step), kernels and algorithms; every CUDA allocation from libregen's pool
+12 bytes a parameter), deterministic data (a seed a step), kernels and
+algorithms; every CUDA allocation from libregen's pool
 (regen.torch.use_pool_for_process), regen.torch.keep() once the optimizer
-has its state, commit() after each step.  With --snapshot on (the
-default) keep() holds a twin of the parameters and moments (the same
-bytes again: a kill inside opt.step() is put back from it), so --gib auto
-takes what fits the card beside the twin, the gradients and the
-activations: about 54 GiB on an H200, 28 on an H100; --snapshot off keeps
-no twin (60 GiB fit an H200; a kill inside opt.step() is then refused as
-rt.Torn and the run says so).
+has its state, commit() after each step.  The optimizer:
+
+- --optimizer regen (the default): regen.torch.optim.AdamW, its step one
+  program Run in regend with a journal; keep() keeps no twin (a Run past
+  the last commit is put back from the journal).  The journal is the
+  optimizer's own, kept or not (it makes a Run a fault of regend's cuts
+  land exactly once): it holds the parameters and moments before each Run,
+  the same bytes again, copied in stream order before the update;
+- --optimizer torch: torch's fused Adam; with --snapshot on (the default)
+  keep() holds a twin of the parameters and moments (the same bytes again,
+  copied at each commit on a side stream: a kill inside opt.step() is put
+  back from it); --snapshot off keeps none (a kill inside opt.step() is
+  then refused as rt.Torn and the run says so).
+
+Either way the state is there twice (journal or twin), so --gib auto
+takes what fits the card beside the second copy, the gradients and the
+activations: about 31 GiB on an H100, 56 on an H200 (60, the issue's, fit
+only with torch's optimizer and --snapshot off).
 
 What it does, with one regend (CUDA backend, fault injection on):
 
-1. cost: one rank, same process, same steps: --cost-steps steps without
-   keeping, as many keeping (keep() then a commit a step: the device
-   synchronised, the index written, regend told, the twin copied on a side
-   stream beside the next forward and backward, opt.step() waiting for
-   it), as many without again; each step timed to the device's end.  The
-   cost is the kept steps' median over the others' (target: under 1%).
+1. cost: one rank, same process, same optimizer: blocks of --cost-steps
+   steps without keeping and keeping (keep() then a commit a step: the
+   device synchronised, the index written, regend told; with torch's
+   optimizer the twin copied on a side stream beside the next forward and
+   backward, opt.step() waiting for it), three of each, alternating, each
+   block timed from its start to the device's end (one synchronisation a
+   block without keeping, so that the commits' own are counted).  The
+   cost is the kept blocks' median step over the others' (target: under
+   1%).
 2. kill and resume: a rank trains and is SIGKILLed at a random moment of a
    random early step; a new process resumes (restore() into a model built
    on the meta device, keep()) and reports each phase from its start (the
@@ -83,17 +98,23 @@ def build(torch, width, layers, device):
     return model
 
 
-def optimizer(torch, model):
-    """torch's fused Adam: no temporaries the size of the parameters, and
-    its step count a tensor on the device (kept with the moments). Over a
-    model on the meta device (which fused refuses at construction) it is
-    made unfused and fused() after restore() gave it real parameters."""
+def optimizer(torch, model, kind="torch"):
+    """regen.torch.optim.AdamW (kind "regen"), or torch's fused Adam: no
+    temporaries the size of the parameters, and its step count a tensor on
+    the device (kept with the moments). Over a model on the meta device
+    (which fused refuses at construction) it is made unfused and fused()
+    after restore() gave it real parameters."""
+    if kind == "regen":
+        import regen.torch as rt
+        return rt.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     if next(model.parameters()).device.type == "meta":
         return torch.optim.Adam(model.parameters(), lr=1e-4, foreach=False)
     return torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
 
 
-def fused(adam):
+def fused(torch, adam):
+    if not isinstance(adam, torch.optim.Adam):
+        return adam
     for group in adam.param_groups:
         group["foreach"], group["fused"] = None, True
     return adam
@@ -134,6 +155,7 @@ def rank_main():
     role, job = opt("--role", "train"), opt("--job", "bench-keep")
     width, layers, tokens = opt("--width", 16384, int), opt("--layers", 1, int), opt("--tokens", 2048, int)
     snapshot = opt("--snapshot", "on") == "on"
+    kind = opt("--optimizer", "regen")
     key = (job, 0)
 
     def batch(step):
@@ -149,36 +171,38 @@ def rank_main():
 
     if role == "cost":
         model = build(torch, width, layers, "cuda")
-        adam = optimizer(torch, model)
+        adam = optimizer(torch, model, kind)
         n = opt("--cost-steps", 20, int)
         step = 0
 
         def block(kept):
+            """The mean step of n, to the device's end."""
             nonlocal step
-            times = []
+            torch.cuda.synchronize()
+            t = time.perf_counter()
             for _ in range(n):
                 step += 1
-                t = time.perf_counter()
                 train_step(model, adam, step)
                 if kept is not None:
                     kept.commit(step)   # synchronises the device
-                else:
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t)
-            return times
-        block(None)   # warm up: cuBLAS, the pool, Adam's state
-        off1 = block(None)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t) / n
+        block(None)   # warm up: cuBLAS, the pool, the optimizer's state (and program)
         t = time.perf_counter()
         kept = rt.keep(model, adam, key=key, snapshot=snapshot)
         keep_s = time.perf_counter() - t
-        on = block(kept)
         kept.close()
-        off2 = block(None)
-        print(json.dumps({"cost": {"off_s": off1 + off2, "on_s": on, "keep_s": keep_s}}), flush=True)
+        off, on = [], []
+        for _ in range(3):
+            off.append(block(None))
+            kept = rt.keep(model, adam, key=key, snapshot=snapshot)
+            on.append(block(kept))
+            kept.close()
+        print(json.dumps({"cost": {"off_s": off, "on_s": on, "keep_s": keep_s}}), flush=True)
         return
 
     model = build(torch, width, layers, "meta")
-    adam = optimizer(torch, model)
+    adam = optimizer(torch, model, kind)
     try:
         start = rt.restore(model, adam, key=key)
     except rt.Torn as e:
@@ -188,9 +212,9 @@ def rank_main():
     kept = None
     if start is None:
         model = build(torch, width, layers, "cuda")
-        adam = optimizer(torch, model)
+        adam = optimizer(torch, model, kind)
     else:
-        fused(adam)
+        fused(torch, adam)
         kept = rt.keep(model, adam, key=key, snapshot=snapshot)
     phases["keep"] = time.time() - t0
     x = batch((start or 0) + 1)
@@ -254,14 +278,15 @@ class Rank:
         return self.finish()
 
 
-def fitting_gib(torch, snapshot):
-    """The GiB of parameters and moments that fit the card beside the twin
-    (the same again), the gradients (a third) and some 12 GiB of
-    activations, contexts (the rank's, regend's worker's) and slack; at most
-    60 (the issue's target)."""
+def fitting_gib(torch, twice):
+    """The GiB of parameters and moments that fit the card beside their
+    second copy where there is one (``twice``: the journal, or the twin),
+    the gradients (a third) and some 6 GiB of activations (2.5 at the
+    default width and tokens), contexts (the rank's, regend's worker's) and
+    slack; at most 60 (the issue's target)."""
     total = torch.cuda.get_device_properties(0).total_memory / GIB
-    per = (2 if snapshot else 1) + 1 / 3
-    return max(1, min(60, int((total - 12) / per)))
+    per = (2 if twice else 1) + 1 / 3
+    return max(1, min(60, int((total - 6) / per)))
 
 
 def wait_serving(client, after, timeout=180):
@@ -290,8 +315,12 @@ def main():
     import regen
     build_root = os.path.dirname(os.path.dirname(regend))
     snapshot = opt("--snapshot", "on")
+    kind = opt("--optimizer", "regen")
+    if kind not in ("regen", "torch"):
+        print(f"--optimizer {kind}: regen (regen.torch.optim.AdamW) or torch (torch's fused Adam)")
+        return 2
     gib = opt("--gib", "auto")
-    gib = fitting_gib(torch, snapshot == "on") if gib == "auto" else float(gib)
+    gib = fitting_gib(torch, kind == "regen" or snapshot == "on") if gib == "auto" else float(gib)
     width, tokens = opt("--width", 16384, int), opt("--tokens", 2048, int)
     layers = max(1, round(gib * GIB / (12 * width * width)))
     held = layers * 12 * width * width / GIB
@@ -299,9 +328,11 @@ def main():
     env = dict(os.environ, REGEN_BUILD_ROOT=build_root,
                REGEN_LIBREGEN=os.environ.get("REGEN_LIBREGEN", os.path.join(build_root, "client", "libregen.so")))
     report = {"device": torch.cuda.get_device_name(0), "gib": held, "layers": layers, "width": width,
-              "tokens": tokens, "snapshot": snapshot}
+              "tokens": tokens, "optimizer": kind, "snapshot": snapshot}
+    second = " (regen's AdamW, its journal as large)" if kind == "regen" else \
+        " (torch's fused Adam) with a twin as large" if snapshot == "on" else " (torch's fused Adam), no twin"
     print(f"{report['device']}: {layers} layers of {width}x{width} fp32, Adam: {held:.1f} GiB of parameters and "
-          f"moments kept{' with a twin as large' if snapshot == 'on' else ''}", flush=True)
+          f"moments kept{second}", flush=True)
 
     restart_regend = "--no-regend-restart" not in sys.argv
     with Regend(regend, devices=1, backend="cuda", start=False,
@@ -318,7 +349,8 @@ def main():
 
         def rank(*args):
             return [sys.executable, os.path.abspath(__file__), "--rank", "--socket", d.socket, "--width", str(width),
-                    "--layers", str(layers), "--tokens", str(tokens), "--snapshot", snapshot] + list(args)
+                    "--layers", str(layers), "--tokens", str(tokens), "--snapshot", snapshot,
+                    "--optimizer", kind] + list(args)
 
         if "--skip-cost" not in sys.argv:
             r = Rank(env, rank("--role", "cost", "--job", "bench-keep-cost",
@@ -333,7 +365,8 @@ def main():
             cost = on / off - 1
             report["cost"] = {"step_ms_without": off * 1e3, "step_ms_keeping": on * 1e3, "cost": cost,
                               "keep_s": c["keep_s"]}
-            print(f"cost: a step {off * 1e3:.2f} ms without keeping, {on * 1e3:.2f} ms keeping: "
+            print(f"cost: a step {off * 1e3:.2f} ms without keeping, {on * 1e3:.2f} ms keeping (medians of 3 "
+                  f"blocks of {opt('--cost-steps', 20, int)}): "
                   f"{100 * cost:+.2f}% (target under 1%); keep() itself {c['keep_s']:.2f} s", flush=True)
 
         job = "bench-keep"

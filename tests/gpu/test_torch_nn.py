@@ -12,9 +12,10 @@ failed".
             output's and the gradients' dtypes what torch's own layers give
             (linear bf16, layer_norm float32 on CUDA), values within
             bfloat16 of float64; a routed F.linear under rt.enable()
-  oom       a Linear larger than the GPU: torch.cuda.OutOfMemoryError from
-            regend's OutOfMemory, or torch's own allocator's first (either
-            is torch's error), and the next operation works
+  oom       a Linear whose output is larger than the GPU's whole memory:
+            torch.cuda.OutOfMemoryError from regend's OutOfMemory, or
+            torch's own allocator's first (either is torch's error), and
+            the next operation works
 
     python3 tests/gpu/test_torch_nn.py [REGEND]
 
@@ -145,8 +146,11 @@ def autocast():
 
 
 def oom():
-    free, _ = torch.cuda.mem_get_info()
-    side = int(math.sqrt(free / 2 / 2)) + 4096   # a bf16 output larger than what is free
+    _, total = torch.cuda.mem_get_info()
+    # A bf16 output (side x side, 2 bytes each) larger than the whole GPU,
+    # not only than what is free (regend's worker may have more free).
+    side = math.isqrt(total // 2) + 4096
+    assert side * side * 2 > total
     x = torch.randn(side, 64, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(side, 64, device="cuda", dtype=torch.bfloat16)
     try:

@@ -133,6 +133,8 @@ def main():
             check(need in names, "the wheel lacks %s" % need)
         check("regen-nvrx-health = regen.nvrx:main" in entry_points,
               "the wheel declares no regen-nvrx-health command: %r" % entry_points)
+        check("[torch_dynamo_backends]" in entry_points and "regen = regen.torch._compile:backend" in entry_points,
+              "the wheel declares no torch.compile backend \"regen\" (torch_dynamo_backends): %r" % entry_points)
         package = os.path.join(source, "client", "python", "regen")
         for root, _, files in os.walk(package):
             for name in files:

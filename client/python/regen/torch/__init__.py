@@ -42,12 +42,12 @@ from ..pool import Pool
 from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, WorkLost, host_empty
 from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
-from ._compile import explain, register as _register_backend
 from ._norm import layer_norm
 from . import nn, optim
 from . import fp8
 from .fp8 import fp8_autocast
 from ._keep import Kept, Torn, keep, last_put_back, restore
+from ._on_import import when_imported as _when_imported
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
            "matmul", "linear", "mlp", "attention_packed", "transformer_block", "transformer_blocks",
@@ -301,9 +301,32 @@ def _pool_from_environment():
 _pool_from_environment()
 
 
-# torch.compile(model, backend="regen") (regen.torch._compile).
-_register_backend()
+def _register_compile_backend():
+    from ._compile import register
+    register()
 
-# torch.distributed's backend "regen" (regen.torch._dist).
-from ._dist import ProcessGroupRegen, register as _register_dist  # noqa: E402
-_register_dist()
+
+def _register_process_group():
+    from ._dist import register
+    register()
+
+
+# torch.compile(model, backend="regen") (regen.torch._compile) and
+# torch.distributed's backend "regen" (regen.torch._dist), registered when
+# torch imports torch._dynamo (torch.compile does) and torch.distributed:
+# importing torch._dynamo takes seconds on torch 2.x, which a rank that
+# never compiles (one resuming from kept state) must not pay here.
+_when_imported("torch._dynamo", _register_compile_backend)
+_when_imported("torch.distributed", _register_process_group)
+
+
+def __getattr__(name: str) -> Any:
+    """explain and ProcessGroupRegen, imported on first use (they import
+    torch.fx and torch.distributed)."""
+    if name == "explain":
+        from ._compile import explain
+        return explain
+    if name == "ProcessGroupRegen":
+        from ._dist import ProcessGroupRegen
+        return ProcessGroupRegen
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -422,12 +422,15 @@ def explain(show=True):
 
 
 def register():
-    """Registers "regen" with torch._dynamo (once)."""
+    """Registers "regen" with torch._dynamo (once).  regen.torch calls it
+    when torch._dynamo is imported (regen.torch._on_import), not at its own
+    import; an installed wheel's entry point (group torch_dynamo_backends)
+    names the backend too, which torch loads on lookup: a name torch found
+    there (an EntryPoint in _BACKENDS) is left to it."""
     try:
-        from torch._dynamo.backends.registry import _BACKENDS, register_backend
+        from torch._dynamo.backends import registry
     except ImportError:   # pragma: no cover - a torch without dynamo
         return False
-    if "regen" not in _BACKENDS:
-        register_backend(compiler_fn=backend, name="regen")
+    if "regen" not in registry._BACKENDS and "regen" not in getattr(registry, "_COMPILER_FNS", {}):
+        registry.register_backend(compiler_fn=backend, name="regen")
     return True
-

@@ -57,6 +57,7 @@ from typing import Any, Dict, Iterator, Optional
 import torch
 
 from .. import ProgramBuilder
+from ._on_import import when_imported
 from ._runtime import NotSupported, host_empty
 
 __all__ = ["Format", "DelayedScaling", "fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "Linear",
@@ -404,17 +405,6 @@ def _check_cuda_shape(x, m, n, k):
                                            f"multiple of {_CUDA_MULTIPLE} (cuBLASLt's FP8 GEMMs take 16-byte rows)"})
 
 
-def _compile_disabled(fn):
-    """fn, left out of torch.compile's graphs (a graph break): its Runs
-    are regend's, not ATen ops the compile backend can lower (docs/torch.md,
-    FP8)."""
-    try:
-        from torch._dynamo import disable
-    except Exception:   # torch < 2.0: no dynamo, nothing to keep out of
-        return fn
-    return disable(fn)
-
-
 _STATE = (("fp8_amax_history_fwd", 2, True), ("fp8_scale_fwd", 2, False), ("fp8_amax_history_bwd", 1, True),
           ("fp8_scale_bwd", 1, False))
 
@@ -521,11 +511,25 @@ class Linear(torch.nn.Module):
                                       error_msgs)
 
 
-@_compile_disabled
 def _forward(layer, x):
-    """The layer's forward, whole, outside torch.compile's graphs: the
-    scope is this thread's state, which a graph must not bake in."""
+    """The layer's forward, whole, outside torch.compile's graphs (once
+    torch._dynamo is imported, _keep_out_of_graphs makes it so): the scope
+    is this thread's state, which a graph must not bake in."""
     recipe = get_fp8_recipe()
     if recipe is None:
         return _package.linear(x, layer.weight, layer.bias)
     return _Fp8LinearFunction.apply(x, layer.weight, layer.bias, layer, recipe)
+
+
+def _keep_out_of_graphs():
+    """_forward, left out of torch.compile's graphs (a graph break): its
+    Runs are regend's, not ATen ops the compile backend can lower
+    (docs/torch.md, FP8).  Done when torch._dynamo is imported, not at
+    regen.torch's import (seconds on torch 2.x); Linear.forward looks
+    _forward up at each call, as dynamo does when it traces it."""
+    global _forward
+    from torch._dynamo import disable
+    _forward = disable(_forward)
+
+
+when_imported("torch._dynamo", _keep_out_of_graphs)
