@@ -992,6 +992,9 @@ static const struct bad_case fp8_gemm_bad_cases[] = {
 	  "{'d': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]},"
 	  " 'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}", RP_ERR_INVALID_OPERAND,
 	  "bias", "bf16 or f16 d" },
+	{ "a bias into an FP8 d",
+	  "{" FP8_D ", " D_SCALE ", 'bias': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [48]}, 'epilogue': 'bias'}",
+	  RP_ERR_INVALID_OPERAND, "bias", "bf16 or f16 d" },
 	{ "an f32 bias into a bf16 d", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}",
 	  RP_ERR_INVALID_OPERAND, "bias", "must share a dtype" },
 	{ "dgelu", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'bf16', 'shape': [64, 48]}, 'epilogue': 'dgelu'}",
