@@ -17,7 +17,8 @@
  * Engine's scale_inv); op(A) op(B) is then of those real values. D in bf16,
  * f16 or f32, or in FP8 with d_scale (f32 [1], multiplying the result into
  * D's range) and optionally amax_d (f32 [1]: the largest |result| before
- * d_scale, written by the GEMM itself). The layout is cuBLASLt's only FP8
+ * d_scale, written by the GEMM itself); e5m2 only with an e5m2 input
+ * (cuBLASLt has no e4m3 x e4m3 -> e5m2 kernel). The layout is cuBLASLt's only FP8
  * one on Hopper (its "TN"): A [M, K] and B [N, K], both K-contiguous, so
  * trans_a false and trans_b true; TransposeQuantize gives the other layout
  * of an operand. Epilogues none, bias, gelu and gelu_bias; a bias takes D's
@@ -291,6 +292,13 @@ static int check_fp8(const struct rp_compute *c, struct rp_error *err)
 						"a and b are both e5m2, which cuBLASLt does not multiply; take one in e4m3 "
 						"(Transformer Engine's HYBRID: e4m3 weights and activations, e5m2 "
 						"gradients)");
+	}
+	/* cuBLASLt's FP8 table: an e5m2 D only from an e5m2 input. */
+	if (dd == RP_DTYPE_E5M2 && da == RP_DTYPE_E4M3 && db == RP_DTYPE_E4M3) {
+		return rp_error_invalid_operand(err, "d",
+						"a and b are e4m3 and d is e5m2, which cuBLASLt does not write from two "
+						"e4m3 inputs; write d in e4m3, bf16, f16 or f32, or take one input in "
+						"e5m2");
 	}
 	if (g->trans_a || !g->trans_b) {
 		const char *q = g->trans_a ? "a" : "b";

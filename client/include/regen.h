@@ -324,8 +324,10 @@ struct regen_gemm_args {
 	 * cuBLASLt), each with its scale: REGEN_F32 [1] tensors in the rank's
 	 * memory that turn stored values into real ones (1 / the scale they
 	 * were quantized with: regen_scale_update's scale_inv). op(A) op(B) is
-	 * then of those real values, accumulated in f32. d in bf16, f16 or
-	 * f32, or in FP8 with d_scale (F32 [1]): d = fp8(d_scale * result),
+	 * then of those real values, accumulated in f32 (FP8's partial sums
+	 * narrower first: docs/protocol.md). d in bf16, f16 or f32, or in FP8
+	 * with d_scale (F32 [1]; E5M2 only from an E5M2 input): d =
+	 * fp8(d_scale * result),
 	 * and amax_d (F32 [1]) receives max |result| before d_scale, written by
 	 * the GEMM itself. Epilogues none, bias, gelu, gelu_bias (a bias only
 	 * into a bf16 or f16 d, of its dtype); no c into an FP8 d. A scale

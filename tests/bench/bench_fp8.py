@@ -30,8 +30,8 @@ FP8 run's mean loss over the last 10 steps against bf16's (target: within
 --loss-tolerance, relative) at >= 1.3x bf16's tokens/s.
 
 --pool process (the default) makes every CUDA allocation libregen's pool
-(regen.torch.use_pool_for_process(): no block imports); --pool none leaves
-torch's allocator. --ordering (default "events": the rank's stream waits
+(REGEN_TORCH_POOL=process as regen.torch is imported, before torch
+initialises CUDA: no block imports); --pool none leaves torch's allocator. --ordering (default "events": the rank's stream waits
 for regend's Runs on the GPU, the host runs ahead) is regen.torch's. Exit 77 without torch, a GPU, or FP8 (sm_89 or later,
 torch with float8_e4m3fn and _scaled_mm).
 """
@@ -237,12 +237,14 @@ def main():
     if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
         print(f"SKIP: torch {torch.__version__} has no float8_e4m3fn or _scaled_mm")
         return 77
+    # The pool is the process's allocator only if chosen before torch
+    # initialises CUDA (the capability check below does): as regen.torch is
+    # imported, as bench_compile.py has it.
+    os.environ["REGEN_TORCH_POOL"] = "process" if args.pool == "process" else "scoped"
+    import regen.torch as rt
     if torch.cuda.get_device_capability(0) < (8, 9):
         print(f"SKIP: {torch.cuda.get_device_name(0)} has no FP8 GEMMs (sm_89 or later)")
         return 77
-    import regen.torch as rt
-    if args.pool == "process":
-        rt.use_pool_for_process()
     daemon = Daemon(args.socket, args.regend, "cuda")
     out = {"args": vars(args), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     try:

@@ -924,8 +924,13 @@ static const struct gemm_ok fp8_gemm_ok_cases[] = {
 	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'e5m2', 'shape': [64, 32]},"
 	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]}}", 64, 48, 32 },
 	{ "into e4m3 with its scale and amax", "{" FP8_D ", " D_SCALE ", " AMAX_D "}", 64, 48, 32 },
-	{ "into e5m2 without amax",
-	  "{'d': {'buffer': 'b0.1.3', 'dtype': 'e5m2', 'shape': [64, 48]}, " D_SCALE "}", 64, 48, 32 },
+	{ "e5m2 x e4m3 into e5m2 without amax",
+	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'e5m2', 'shape': [64, 32]},"
+	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'e5m2', 'shape': [64, 48]}, " D_SCALE "}", 64, 48, 32 },
+	{ "e4m3 x e5m2 into f16 with an f16 bias",
+	  "{'b': {'buffer': 'b0.1.2', 'dtype': 'e5m2', 'shape': [48, 32]},"
+	  " 'd': {'buffer': 'b0.1.3', 'dtype': 'f16', 'shape': [64, 48]},"
+	  " 'bias': {'buffer': 'b0.1.5', 'dtype': 'f16', 'shape': [48]}, 'epilogue': 'bias'}", 64, 48, 32 },
 	{ "bf16 bias and gelu",
 	  "{'bias': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [48]}, 'epilogue': 'gelu_bias'}", 64, 48, 32 },
 	{ "accumulating into c", "{'c': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [64, 48]}, 'beta': 1}", 64, 48,
@@ -955,6 +960,9 @@ static const struct bad_case fp8_gemm_bad_cases[] = {
 	{ "both e5m2",
 	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'e5m2', 'shape': [64, 32]},"
 	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'e5m2', 'shape': [48, 32]}}", RP_ERR_INVALID_OPERAND, "b", "e5m2" },
+	{ "e4m3 x e4m3 into e5m2 (no cuBLASLt kernel)",
+	  "{'d': {'buffer': 'b0.1.3', 'dtype': 'e5m2', 'shape': [64, 48]}, " D_SCALE "}", RP_ERR_INVALID_OPERAND, "d",
+	  "does not write from two e4m3 inputs" },
 	{ "no a_scale", "{'a_scale': null}", RP_ERR_INVALID_OPERAND, "a_scale", "no a_scale was given" },
 	{ "no b_scale", "{'b_scale': null}", RP_ERR_INVALID_OPERAND, "b_scale", "no b_scale was given" },
 	{ "an FP8 d without d_scale", "{" FP8_D "}", RP_ERR_INVALID_OPERAND, "d_scale", "no d_scale was given" },
@@ -984,6 +992,9 @@ static const struct bad_case fp8_gemm_bad_cases[] = {
 	  "{'d': {'buffer': 'b0.1.3', 'dtype': 'f32', 'shape': [64, 48]},"
 	  " 'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}", RP_ERR_INVALID_OPERAND,
 	  "bias", "bf16 or f16 d" },
+	{ "a bias into an FP8 d",
+	  "{" FP8_D ", " D_SCALE ", 'bias': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [48]}, 'epilogue': 'bias'}",
+	  RP_ERR_INVALID_OPERAND, "bias", "bf16 or f16 d" },
 	{ "an f32 bias into a bf16 d", "{'bias': {'buffer': 'b0.1.5', 'dtype': 'f32', 'shape': [48]}, 'epilogue': 'bias'}",
 	  RP_ERR_INVALID_OPERAND, "bias", "must share a dtype" },
 	{ "dgelu", "{'aux': {'buffer': 'b0.1.6', 'dtype': 'bf16', 'shape': [64, 48]}, 'epilogue': 'dgelu'}",

@@ -308,7 +308,10 @@ START_TEST(fp8_gemm_matches_f64_of_the_dequantized_operands)
 
 	tl_rng_init(&r, 3);
 	for (int o = 0; o < 5; o++) {
-		check_fp8_gemm(&r, RP_DTYPE_E4M3, RP_DTYPE_E4M3, outs[o], false);
+		/* No e5m2 from two e4m3: refused, as cuBLASLt has no such kernel
+		 * (test_compute_parse). */
+		if (outs[o] != RP_DTYPE_E5M2)
+			check_fp8_gemm(&r, RP_DTYPE_E4M3, RP_DTYPE_E4M3, outs[o], false);
 		check_fp8_gemm(&r, RP_DTYPE_E5M2, RP_DTYPE_E4M3, outs[o], false);
 		check_fp8_gemm(&r, RP_DTYPE_E4M3, RP_DTYPE_E5M2, outs[o], false);
 	}

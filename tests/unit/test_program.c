@@ -513,6 +513,13 @@ static const struct bad_case bad_cases[] = {
 	{ "gemm of f64", "{'tensors':[{'name':'x','kind':'input','dtype':'f64','shape':[4,4]},"
 	  "{'name':'y','kind':'output','dtype':'f64','shape':[4,4]}],'nodes':[{'op':'gemm','name':'fc',"
 	  "'inputs':{'a':'x','b':'x'},'outputs':{'d':'y'}}]}", IP, "nodes[0] (fc)", "operand a (tensor x): a is f64" },
+	/* What the protocol would pass on to cuBLASLt, which has no kernel for it
+	 * (proto/compute_gemm.c's check_fp8, at define time as for Compute). */
+	{ "FP8 gemm of two e4m3 into e5m2", "{'tensors':[{'name':'q','kind':'input','dtype':'e4m3','shape':[16,32]},"
+	  "{'name':'s','kind':'input','dtype':'f32','shape':[1]},"
+	  "{'name':'g','kind':'output','dtype':'e5m2','shape':[16,16]}],'nodes':[{'op':'gemm','name':'fc',"
+	  "'inputs':{'a':'q','b':'q','a_scale':'s','b_scale':'s','d_scale':'s'},'outputs':{'d':'g'},"
+	  "'attrs':{'trans_b':true}}]}", IP, "nodes[0] (fc)", "operand d (tensor g): a and b are e4m3 and d is e5m2" },
 	{ "embedding index of floats", "{'tensors':[" T_X "," T_Y ",{'name':'ix','kind':'input','dtype':'f32','shape':[4]}],"
 	  "'nodes':[{'op':'embedding','name':'emb','inputs':['x','ix'],'outputs':['y']}]}", IP, "nodes[0] (emb)",
 	  "must be i32 or i64" },

@@ -271,7 +271,8 @@ class Compute(ClientPart):
         ``b_scale``: f32 [1] operands that turn stored values into real
         ones (1 / the scale they were quantized with: scale_update's
         scale_inv); ``d`` in bf16, f16, f32, or FP8 with ``d_scale`` (f32
-        [1]), and then ``amax_d`` (f32 [1]) receives max |result|."""
+        [1]; e5m2 only from an e5m2 input), and then ``amax_d`` (f32 [1])
+        receives max |result|."""
         trans_a, trans_b = bool(trans_a), bool(trans_b)
         if type(a) is not Operand or type(b) is not Operand:
             glue = tensor_imports(self)

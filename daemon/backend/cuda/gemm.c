@@ -46,8 +46,16 @@
  * promoted to f32 as cuBLASLt goes. An FP8 D takes d_scale and, when given,
  * amax_d (AMAX_D_POINTER: the GEMM computes it); its C layout is bf16
  * (cuBLASLt's table has no FP8 C) and never read, the protocol giving no C
- * and so beta 0 (gemm_resolve points it at A). Scale and amax pointers are set per call, beside the bias
- * pointer, with stand-ins of their alignment at planning.
+ * and so beta 0 (gemm_resolve points it at A). Scale and amax pointers are
+ * set per call, beside the bias pointer, with 256-byte aligned stand-ins at
+ * planning. cuBLASLt (since 12.9.1; CUDA 13's) takes them only 16-byte
+ * aligned: cublasLtMatmul answers NOT_SUPPORTED for a scale at 4 bytes past
+ * such an address, which its heuristic, given the stand-ins, cannot see.
+ * The protocol takes a scale at any f32 address (Transformer Engine's
+ * scale_inv[i], a program's view of one element of a ScaleUpdate's
+ * scale_inv), so such a scalar goes through a 16-byte slot of the call's
+ * scratch, after its workspace: copied in before the matmul (a scale) or
+ * out after it (amax_d), on the lane's stream (stage_scalars).
  *
  * Scratch: each call's workspace is taken on its lane's stream from the
  * device's pool (scratch.c: the lane's own block, reused by its calls one
@@ -584,6 +592,49 @@ void rd_cuda_set_gemm_plan_limit(struct rd_device *dev, unsigned plans_max)
 	plans_free(doomed);
 }
 
+/* The scalars cuBLASLt's FP8 GEMM reads or writes through a pointer, each
+ * staged in a slot of its own when its address is not 16-byte aligned (see
+ * the top of this file). */
+#define FP8_SCALAR_ALIGN 16
+enum { STAGE_A_SCALE, STAGE_B_SCALE, STAGE_D_SCALE, STAGE_AMAX_D, STAGE_SLOTS };
+#define STAGE_BYTES ((size_t)STAGE_SLOTS * FP8_SCALAR_ALIGN)
+
+static bool scalar_misaligned(const void *p)
+{
+	return p && (uintptr_t)p % FP8_SCALAR_ALIGN != 0;
+}
+
+static bool needs_staging(const struct gemm_ptrs *ptr)
+{
+	return scalar_misaligned(ptr->a_scale) || scalar_misaligned(ptr->b_scale) ||
+	       scalar_misaligned(ptr->d_scale) || scalar_misaligned(ptr->amax_d);
+}
+
+/* The misaligned scales copied into their slots (16-byte aligned, at
+ * `slots`) and ptr pointed there; amax_d pointed at its slot, its own
+ * address left in *amax_out for stage_amax_out (NULL: not staged). */
+static cudaError_t stage_scalars(struct cuda_lane *lane, char *slots, struct gemm_ptrs *ptr, void **amax_out)
+{
+	const void **scales[] = { [STAGE_A_SCALE] = &ptr->a_scale, [STAGE_B_SCALE] = &ptr->b_scale,
+				  [STAGE_D_SCALE] = &ptr->d_scale };
+	cudaError_t e = cudaSuccess;
+
+	*amax_out = NULL;
+	for (int i = 0; i < STAGE_AMAX_D && e == cudaSuccess; i++) {
+		char *slot = slots + (size_t)i * FP8_SCALAR_ALIGN;
+
+		if (!scalar_misaligned(*scales[i]))
+			continue;
+		e = cudaMemcpyAsync(slot, *scales[i], sizeof(float), cudaMemcpyDeviceToDevice, lane->stream);
+		*scales[i] = slot;
+	}
+	if (scalar_misaligned(ptr->amax_d)) {
+		*amax_out = ptr->amax_d;
+		ptr->amax_d = slots + (size_t)STAGE_AMAX_D * FP8_SCALAR_ALIGN;
+	}
+	return e;
+}
+
 /* Enqueues op's matmul with plan p (held). */
 static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gemm_plan *p, const struct gemm_ptrs *pp)
 {
@@ -597,6 +648,9 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 	void *ws = NULL;
 	size_t ws_size = p->ws_size;
 	struct cuda_scratch scratch = { 0 };
+	const bool staged = needs_staging(&ptr);
+	char *slots = NULL;
+	void *amax_out = NULL;
 	cudaError_t e;
 #if REGEN_SHARED_WORKSPACE_DEBUG
 	/* DEBUG ONLY: the bug of seed 001, on purpose. */
@@ -604,10 +658,16 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 		return cuda_status_to_error(&op->err, "shared workspace");
 	ws = cd->shared_ws.ptr;
 	ws_size = RD_CUDA_WORKSPACE_BYTES;
+	if (staged && cuda_scratch_take(lane, STAGE_BYTES, &scratch, "GEMM", &op->err))
+		return -EIO;
+	slots = scratch.ptr;
 #else
-	if (cuda_scratch_take(lane, ws_size, &scratch, "GEMM", &op->err))
+	/* The slots after the workspace, 256-byte aligned as a workspace is. */
+	const size_t slots_at = (ws_size + 255) & ~(size_t)255;
+	if (cuda_scratch_take(lane, staged ? slots_at + STAGE_BYTES : ws_size, &scratch, "GEMM", &op->err))
 		return -EIO;
 	ws = scratch.ptr;
+	slots = staged ? (char *)scratch.ptr + slots_at : NULL;
 #endif
 	lane->last_workspace = ws;
 	cuda_launch_mark(lane, CUDA_PHASE_SCRATCH);
@@ -615,6 +675,12 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 	float alpha = (float)g->alpha;
 	float beta = op->compute.present[RP_GEMM_C] ? (float)g->beta : 0.0f;
 	cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+	if (staged && (e = stage_scalars(lane, slots, &ptr, &amax_out)) != cudaSuccess) {
+		rp_error_set(&op->err, cuda_error_name(e), "staging an FP8 scale at a 16-byte aligned address: %s",
+			     cudaGetErrorString(e));
+		cuda_scratch_give(lane, &scratch);
+		return -EIO;
+	}
 	pthread_mutex_lock(&p->lock);
 	if (ptr.bias)
 		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr.bias, sizeof(ptr.bias));
@@ -653,6 +719,12 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 		 * synchronisation that follows tells. */
 		rp_error_set(&op->err, cublas_error_name(s), "cublasLtMatmul (m=%lld n=%lld k=%lld): %s",
 			     (long long)g->m, (long long)g->n, (long long)g->k, cublasLtGetStatusString(s));
+		r = -EIO;
+	} else if (amax_out &&
+		   (e = cudaMemcpyAsync(amax_out, ptr.amax_d, sizeof(float), cudaMemcpyDeviceToDevice, lane->stream)) !=
+			   cudaSuccess) {
+		rp_error_set(&op->err, cuda_error_name(e), "copying amax_d out of its 16-byte aligned slot: %s",
+			     cudaGetErrorString(e));
 		r = -EIO;
 	}
 	e = cuda_scratch_give(lane, &scratch);
