@@ -158,7 +158,7 @@ def config_checks(regend, sysd, tmp):
             else:
                 lines.append(line)
     expected = {"socket", "backend", "devices", "admin_group", "drain_deadline_ms", "fault_injection",
-                "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers", "max_comms",
+                "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers", "max_events", "max_comms",
                 "max_ring_entries", "max_import_gib", "max_kept_gib", "max_kept", "keep_lease_ms", "max_scratch_mib", "gemm_plans_max", "max_programs",
                 "max_program_nodes", "max_uid_programs", "max_uid_program_nodes", "max_uid_compile_ms",
                 "max_uid_module_mib", "rtc_cache_dir",
