@@ -70,6 +70,8 @@ const struct rd_option rd_option_table[] = {
 	  .help = "connections per uid, on each socket" },
 	{ "max-buffers", "max_buffers", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_buffers), .min = 1,
 	  .max = 100000000, .def = "4096", .help = "imported buffers per client process and device" },
+	{ "max-events", "max_events", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_events), .min = 1,
+	  .max = 100000000, .def = "4096", .help = "imported events (io.regen.Memory.ImportEvent) per client process and device" },
 	{ "max-comms", "max_comms", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_comms), .min = 1, .max = 65536,
 	  .def = "64", .help = "communicators (io.regen.Comm) per client process and device" },
 	{ "max-programs", "max_programs", "N", RD_OPT_UINT, USER | RD_OPT_WORKER, FIELD(max_programs), .min = 1,

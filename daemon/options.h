@@ -47,6 +47,7 @@ struct rd_options {
 	int log_level;                 /* enum rd_log_level */
 	unsigned max_connections;      /* per peer uid, on each socket */
 	unsigned max_buffers;          /* per client process, per device */
+	unsigned max_events;           /* imported events, per client process, per device */
 	unsigned max_comms;            /* communicators, per client process, per device */
 	unsigned max_programs;         /* programs, per client process, per device */
 	unsigned max_program_nodes;    /* nodes of those programs together, after lowering */

@@ -126,6 +126,14 @@ void rd_memory_import_event(struct rd_call *call)
 		rp_error_add_str(&err, "method", call->msg.method);
 		goto fail;
 	}
+	/* Each event is a driver object of this worker's, open until closed:
+	 * a process holds a bounded number, as it does buffers. */
+	if (s->client->count[RD_OBJECT_EVENT] >= w->opts->max_events) {
+		rp_err_limit_exceeded(&err, "events", w->opts->max_events,
+				      "process %d already has %u events on device %d (max_events): close one first",
+				      (int)s->client->peer.pid, s->client->count[RD_OBJECT_EVENT], w->dev.index);
+		goto fail;
+	}
 	if (rd_worker_refuse_if_not_ready(w, &err) < 0 || w->dev.backend->import_event(&w->dev, req.handle, &ev, &err) < 0)
 		goto fail;
 	ev->device = &w->dev;

@@ -15,18 +15,6 @@
 #include <string.h>
 #include "proto/errors.h"
 
-static unsigned failures;
-
-#define CHECK(cond, ...)                                                                             \
-	do {                                                                                         \
-		if (!(cond)) {                                                                       \
-			failures++;                                                                  \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);                                  \
-			printf(__VA_ARGS__);                                                         \
-			printf("\n");                                                                \
-		}                                                                                    \
-	} while (0)
-
 /* A [B, H, S, D] tensor (BHSD, contiguous) as a matrix of B*H*S rows. */
 struct tensor {
 	struct gt_mat m;
@@ -215,7 +203,7 @@ static void check_forward(struct att *a, const char *label, double tol)
 		}
 	}
 	double e_o = sqrt(num_o / den_o), e_l = sqrt(num_l / den_l);
-	CHECK(nans == 0 && e_o < tol && e_l < tol, "%s: o rel %.3g, stats rel %.3g, %lu not finite (tol %.0e)", label,
+	GT_CHECK(nans == 0 && e_o < tol && e_l < tol, "%s: o rel %.3g, stats rel %.3g, %lu not finite (tol %.0e)", label,
 	      e_o, e_l, nans, tol);
 	printf("  %s: o rel %.2e, stats rel %.2e\n", label, e_o, e_l);
 	free(q);
@@ -240,7 +228,7 @@ static void check_backward_written(struct att *a, const char *label)
 			bad += !isfinite(x[j]);
 			norm += x[j] * x[j];
 		}
-		CHECK(bad == 0 && norm > 0, "%s: %s has %lu elements not finite, norm %.3g", label, names[i], bad, sqrt(norm));
+		GT_CHECK(bad == 0 && norm > 0, "%s: %s has %lu elements not finite, norm %.3g", label, names[i], bad, sqrt(norm));
 		free(x);
 	}
 }
@@ -303,32 +291,33 @@ int main(void)
 	att_alloc(&t, &a, &causal_gqa, &seed);
 	forward_op(&op, &a);
 	double t1 = gt_now();
-	CHECK(run(&t, lane, &op, "forward") == 0, "forward bf16 B2 H4/2 S128 D64 causal failed");
+	GT_CHECK(run(&t, lane, &op, "forward") == 0, "forward bf16 B2 H4/2 S128 D64 causal failed");
 	printf("  first forward (handle and plan built): %.0f ms\n", (gt_now() - t1) * 1e3);
 	check_forward(&a, "forward bf16 B2 H4/2 S128 D64 causal", 1e-2);
 	struct plan_census c = census(&t);
-	CHECK(c.plans == 1 && c.valid == 1 && c.inits == 1 && c.handles == 1,
+	GT_CHECK(c.plans == 1 && c.valid == 1 && c.inits == 1 && c.handles == 1,
 	      "after one forward: %u plans (%u valid, %llu inits), %u handles", c.plans, c.valid,
 	      (unsigned long long)c.inits, c.handles);
 	gt_mat_poison(&a.o.m);
 	forward_op(&op, &a);
 	t1 = gt_now();
-	CHECK(run(&t, lane, &op, "forward again") == 0, "second forward failed");
+	GT_CHECK(run(&t, lane, &op, "forward again") == 0, "second forward failed");
 	printf("  second forward (plan cached): %.2f ms\n", (gt_now() - t1) * 1e3);
 	c = census(&t);
-	CHECK(c.plans == 1 && c.inits == 1, "the same problem again built another plan: %u plans, %llu inits", c.plans,
+	GT_CHECK(c.plans == 1 && c.inits == 1, "the same problem again built another plan: %u plans, %llu inits", c.plans,
 	      (unsigned long long)c.inits);
 	backward_op(&op, &a);
-	CHECK(run(&t, lane, &op, "backward") == 0, "backward failed");
+	GT_CHECK(run(&t, lane, &op, "backward") == 0, "backward failed");
 	check_backward_written(&a, "backward bf16 B2 H4/2 S128 D64 causal");
-	CHECK(rd_cuda_attention_plan_count(&t.dev) == 2, "forward + backward: %u plans", rd_cuda_attention_plan_count(&t.dev));
+	GT_CHECK(rd_cuda_attention_plan_count(&t.dev) == 2, "forward + backward: %u plans",
+		 rd_cuda_attention_plan_count(&t.dev));
 
 	/* Refusals by name; the lane serves on. */
 	struct att f32;
 	const struct problem f32p = { RP_DTYPE_F32, 1, 2, 2, 64, 64, 64, false };
 	att_alloc(&t, &f32, &f32p, &seed);
 	forward_op(&op, &f32);
-	CHECK(gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_INVALID_OPERAND) == 0 &&
+	GT_CHECK(gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_INVALID_OPERAND) == 0 &&
 		      strstr(gt_err_message(&op.err), "bf16 or f16"),
 	      "f32 attention: %s: %s", gt_err_name(&op), gt_err_message(&op.err));
 	rp_error_clear(&op.err);
@@ -339,7 +328,7 @@ int main(void)
 	const struct problem oddp = { RP_DTYPE_BF16, 1, 2, 2, 64, 64, 36, false };
 	att_alloc(&t, &odd, &oddp, &seed);
 	forward_op(&op, &odd);
-	CHECK(gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_INVALID_OPERAND) == 0 &&
+	GT_CHECK(gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_INVALID_OPERAND) == 0 &&
 		      strstr(gt_err_message(&op.err), "multiple"),
 	      "head dim 36: %s: %s", gt_err_name(&op), gt_err_message(&op.err));
 	printf("  head dim 36: %s\n", gt_err_message(&op.err));
@@ -348,7 +337,7 @@ int main(void)
 	const struct problem widep = { RP_DTYPE_BF16, 1, 2, 2, 64, 64, 264, false };
 	att_alloc(&t, &odd, &widep, &seed);
 	backward_op(&op, &odd);
-	CHECK(gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_INVALID_OPERAND) == 0 &&
+	GT_CHECK(gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_INVALID_OPERAND) == 0 &&
 		      strstr(gt_err_message(&op.err), "256"),
 	      "backward head dim 264: %s: %s", gt_err_name(&op), gt_err_message(&op.err));
 	printf("  backward head dim 264: %s\n", gt_err_message(&op.err));
@@ -362,37 +351,37 @@ int main(void)
 	backward_op(&op, &a);
 	bool refused = gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_LIMIT_EXCEEDED) == 0;
 	cJSON *res = op.err.params ? cJSON_GetObjectItem(op.err.params, "resource") : NULL;
-	CHECK(refused && cJSON_IsString(res) && strcmp(res->valuestring, "scratch") == 0,
+	GT_CHECK(refused && cJSON_IsString(res) && strcmp(res->valuestring, "scratch") == 0,
 	      "backward over a 1 KiB scratch cap: %s: %s", gt_err_name(&op), gt_err_message(&op.err));
 	rp_error_clear(&op.err);
 	t.dev.max_scratch = max_scratch;
 
 	/* Release: plans and handle torn down, rebuilt by the next call. */
 	unsigned n = rd_registry_release(&t.dev.registry);
-	CHECK(t.dev.backend->release(&t.dev, &err) == 0, "release: %s", gt_err_message(&err));
+	GT_CHECK(t.dev.backend->release(&t.dev, &err) == 0, "release: %s", gt_err_message(&err));
 	c = census(&t);
-	CHECK(c.valid == 0 && c.handles_valid == 0, "after release %u resources: %u plans valid, handle valid %u", n,
+	GT_CHECK(c.valid == 0 && c.handles_valid == 0, "after release %u resources: %u plans valid, handle valid %u", n,
 	      c.valid, c.handles_valid);
 	gt_mat_poison(&a.o.m);
 	forward_op(&op, &a);
-	CHECK(run(&t, lane, &op, "forward after release") == 0, "forward after release failed");
+	GT_CHECK(run(&t, lane, &op, "forward after release") == 0, "forward after release failed");
 	check_forward(&a, "forward after release", 1e-2);
 	c = census(&t);
-	CHECK(c.valid == 1 && c.handles_valid == 1, "after release and a forward: %u plans valid, handle valid %u", c.valid,
+	GT_CHECK(c.valid == 1 && c.handles_valid == 1, "after release and a forward: %u plans valid, handle valid %u", c.valid,
 	      c.handles_valid);
 
 	/* Reset: forgotten, not destroyed; the device's memory went with the
 	 * context, so the tensors are made again. */
 	rd_registry_invalidate(&t.dev.registry);
-	CHECK(t.dev.backend->reset(&t.dev, &err) == 0, "reset: %s", gt_err_message(&err));
+	GT_CHECK(t.dev.backend->reset(&t.dev, &err) == 0, "reset: %s", gt_err_message(&err));
 	att_free(&t, &a);
 	cudaGetLastError();   /* freeing the old context's memory failed, as it must */
 	att_alloc(&t, &a, &causal_gqa, &seed);
 	forward_op(&op, &a);
-	CHECK(run(&t, lane, &op, "forward after reset") == 0, "forward after reset failed");
+	GT_CHECK(run(&t, lane, &op, "forward after reset") == 0, "forward after reset failed");
 	check_forward(&a, "forward after reset", 1e-2);
 	backward_op(&op, &a);
-	CHECK(run(&t, lane, &op, "backward after reset") == 0, "backward after reset failed");
+	GT_CHECK(run(&t, lane, &op, "backward after reset") == 0, "backward after reset failed");
 	check_backward_written(&a, "backward after reset");
 	att_free(&t, &a);
 
@@ -406,34 +395,34 @@ int main(void)
 	att_alloc(&t, &a, &tuned, &seed);
 	forward_op(&op, &a);
 	t1 = gt_now();
-	CHECK(run(&t, lane, &op, "autotuned forward") == 0, "autotuned forward failed");
+	GT_CHECK(run(&t, lane, &op, "autotuned forward") == 0, "autotuned forward failed");
 	printf("  autotuned first forward (candidates built and run timed): %.0f ms\n", (gt_now() - t1) * 1e3);
 	check_forward(&a, "autotuned forward bf16 B2 H4 S256 D64", 1e-2);
 	unsigned kept = 0;
 	int index = -1, index_again = -1;
 	long long engine = -1;
-	CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index, &engine) == 0 && kept >= 1 && index >= 0,
+	GT_CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index, &engine) == 0 && kept >= 1 && index >= 0,
 	      "after the first autotuned call: %u candidates, index %d", kept, index);
 	printf("  candidates after the first call: %u\n", kept);
 	gt_mat_poison(&a.o.m);
 	forward_op(&op, &a);
-	CHECK(run(&t, lane, &op, "autotuned forward, second call") == 0, "second autotuned forward failed");
+	GT_CHECK(run(&t, lane, &op, "autotuned forward, second call") == 0, "second autotuned forward failed");
 	check_forward(&a, "autotuned forward, second call", 1e-2);
-	CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index, &engine) == 0 && kept == 1 && index >= 0,
+	GT_CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index, &engine) == 0 && kept == 1 && index >= 0,
 	      "after the second autotuned call: %u candidates left, index %d", kept, index);
 	printf("  autotuning kept configuration %d (engine %lld)\n", index, engine);
 	n = rd_registry_release(&t.dev.registry);
-	CHECK(t.dev.backend->release(&t.dev, &err) == 0, "release: %s", gt_err_message(&err));
+	GT_CHECK(t.dev.backend->release(&t.dev, &err) == 0, "release: %s", gt_err_message(&err));
 	gt_mat_poison(&a.o.m);
 	forward_op(&op, &a);
-	CHECK(run(&t, lane, &op, "autotuned forward after release") == 0, "autotuned forward after release failed");
+	GT_CHECK(run(&t, lane, &op, "autotuned forward after release") == 0, "autotuned forward after release failed");
 	check_forward(&a, "autotuned forward after release", 1e-2);
-	CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index_again, &engine) == 0 && kept == 1 &&
+	GT_CHECK(rd_cuda_attention_plan_choice(&t.dev, &kept, &index_again, &engine) == 0 && kept == 1 &&
 		      index_again == index,
 	      "after a release the tuned plan came back as configuration %d (%u candidates), not %d", index_again, kept,
 	      index);
 	backward_op(&op, &a);
-	CHECK(run(&t, lane, &op, "autotuned backward") == 0, "autotuned backward failed");
+	GT_CHECK(run(&t, lane, &op, "autotuned backward") == 0, "autotuned backward failed");
 	check_backward_written(&a, "autotuned backward");
 	att_free(&t, &a);
 	rd_cuda_set_attention_autotune(&t.dev, 0);
@@ -447,18 +436,18 @@ int main(void)
 		snprintf(label, sizeof(label), "forward f16 S%lld", (long long)s);
 		att_alloc(&t, &x, &p, &seed);
 		forward_op(&op, &x);
-		CHECK(run(&t, lane, &op, label) == 0, "%s failed", label);
+		GT_CHECK(run(&t, lane, &op, label) == 0, "%s failed", label);
 		check_forward(&x, label, 3e-3);
 		att_free(&t, &x);
 	}
 	c = census(&t);
-	CHECK(rd_cuda_attention_plan_count(&t.dev) == 2 && c.plans == 2,
+	GT_CHECK(rd_cuda_attention_plan_count(&t.dev) == 2 && c.plans == 2,
 	      "with room for 2 plans: %u cached, %u registered", rd_cuda_attention_plan_count(&t.dev), c.plans);
 	rd_cuda_set_attention_plan_limit(&t.dev, 0);
 
 	t.dev.backend->lane_destroy(lane);
 	gt_close(&t);
-	printf("test_cuda_attention: %.1f s, %u failed\n", gt_now() - t0, failures);
-	printf("%s: test_cuda_attention\n", failures ? "FAIL" : "PASS");
-	return failures ? 1 : 0;
+	printf("test_cuda_attention: %.1f s, %d failed\n", gt_now() - t0, gt_failures);
+	printf("%s: test_cuda_attention\n", gt_failures ? "FAIL" : "PASS");
+	return gt_failures ? 1 : 0;
 }

@@ -20,6 +20,7 @@ CUDA).  Prints one line per check and "N passed, N failed" last.
 
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -535,6 +536,47 @@ def event_chain_case(c):
         c.close_tensor(t)
 
 
+def event_limit_case(regend):
+    """A process holds at most max_events imported events per device: each
+    is a driver event the worker opened (cuIpcOpenEventHandle) and keeps
+    until it is closed, and before issue 30's last audit nothing bounded
+    them. regend --max-events 4: four import, the 5th is LimitExceeded
+    {events, 4} and opens nothing; another process imports beside it; a
+    close frees a slot."""
+    daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120, extra=["--max-events", "4"])
+    try:
+        c = regen.Client(daemon.socket, timeout=120)
+        events = [torch.cuda.Event(interprocess=True) for _ in range(6)]
+        for ev in events:
+            ev.record()
+        torch.cuda.synchronize()
+        handles = [ev.ipc_handle() for ev in events]
+        held = [c.import_event(DEV, h) for h in handles[:4]]
+        refused = None
+        try:
+            held.append(c.import_event(DEV, handles[4]))
+        except regen.LimitExceeded as e:
+            refused = e
+        record("the 5th event of a process is LimitExceeded {events, 4} (--max-events 4)",
+               refused is not None and refused.parameters.get("resource") == "events"
+               and refused.parameters.get("limit") == 4, repr(refused))
+        code = ("import sys, regen; c = regen.Client(sys.argv[1], timeout=60); "
+                "c.import_event(%d, sys.argv[2]); print('ok')" % DEV)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(regen.__file__))))
+        other = subprocess.run([sys.executable, "-c", code, daemon.socket, bytes(handles[5]).hex()],
+                               capture_output=True, text=True, timeout=120, env=env)
+        record("another process imports an event beside the full one", other.stdout.strip() == "ok",
+               (other.stdout + other.stderr)[-300:])
+        c.close_event(held.pop())
+        held.append(c.import_event(DEV, handles[4]))
+        record("a closed event frees a slot", len(held) == 4)
+        for e in held:
+            c.close_event(e)
+        c.close()
+    finally:
+        daemon.stop()
+
+
 # -- lifecycle ------------------------------------------------------------------
 
 def snapshot(tensors):
@@ -641,7 +683,7 @@ def lifecycle_case(c, kind):
     attention_case(c, 1, 4, 128, 128, 64, 64, "bf16", causal=True)
 
 
-PARTS = ("gemm", "events", "attention", "varlen", "lifecycle")
+PARTS = ("gemm", "events", "event_limit", "attention", "varlen", "lifecycle")
 
 
 def main():
@@ -675,6 +717,8 @@ def main():
                 c.set_transport(transport)
                 guarded(f"wait/signal events ({transport})", event_chain_case, c)
             c.set_transport("auto")
+        if "event_limit" in only:
+            guarded("event limit", event_limit_case, regend)
         for part, run in (("attention", run_attention), ("varlen", run_varlen_attention)):
             if part in only:
                 guarded(part, run, c)

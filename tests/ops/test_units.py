@@ -5,7 +5,8 @@ regend.conf, as the build generated them.
 
 1. What the docs promise is in the files (Type=notify, NotifyAccess=main,
    the socket's path, mode and group, /run/regen, group regen, ...).
-2. regend accepts the shipped regend.conf, and with every key uncommented
+2. The shipped regend.conf names every key of the option table (the keys
+   Status reports), and regend accepts it, and with every key uncommented
    (each commented line shows a key's default).
 3. io.regen.Comm has landed: the unit opens exactly what NCCL's bootstrap
    and transports need (AF_UNIX AF_INET AF_INET6 AF_NETLINK and no other
@@ -29,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from regend_fixture import check, fail, log, regend_path, skip
+from regend_fixture import Regend, call, check, fail, log, regend_path, skip
 
 
 def read_unit(path):
@@ -157,14 +158,12 @@ def config_checks(regend, sysd, tmp):
                 lines.append("%s = %s\n" % (key, value))
             else:
                 lines.append(line)
-    expected = {"socket", "backend", "devices", "admin_group", "drain_deadline_ms", "fault_injection",
-                "log_level", "socket_mode", "socket_group", "max_connections", "max_buffers", "max_comms",
-                "max_ring_entries", "max_import_gib", "max_kept_gib", "max_kept", "keep_lease_ms", "max_scratch_mib", "gemm_plans_max", "max_programs",
-                "max_program_nodes", "max_uid_programs", "max_uid_program_nodes", "max_uid_compile_ms",
-                "max_uid_module_mib", "rtc_cache_dir",
-                "hang_cooldown_ms", "message_timeout_ms", "ring_spin_us", "cuda_spin_us", "cuda_wake",
-                "cuda_inline_launch", "cuda_launch_profile", "reset_retry_ms", "attention_autotune", "nvml"}
-    check(set(keys) == expected, "regend.conf documents keys %r, want %r" % (sorted(keys), sorted(expected)))
+    # Every key of the option table, as Status reports them: the shipped
+    # file names each one, so a new option cannot be left out of it.
+    with Regend(regend, devices=1) as d:
+        expected = set(call(d.socket, "io.regen.Device.Status")["options"])
+    check(set(keys) == expected, "regend.conf documents keys %r; the option table has %r" % (sorted(set(keys) - expected),
+          sorted(expected - set(keys))))
     full = os.path.join(tmp, "regend-all-keys.conf")
     with open(full, "w") as f:
         f.writelines(lines)

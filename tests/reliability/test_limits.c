@@ -4,9 +4,10 @@
  * regend --max-connections 8 --max-buffers 16 --max-comms 3:
  * - connections: 8 on the main socket work; the 9th from the same uid gets
  *   io.regen.LimitExceeded {resource: "connections", limit: 8} and is
- *   closed; the 8 keep working; closing one frees a slot; another uid is
- *   not counted against this one (when run as root). The same on a worker
- *   socket, where the count is per client process.
+ *   closed; the 8 keep working; closing one frees a slot; another process
+ *   of the same uid is refused too, another uid is not counted against
+ *   this one (when run as root). The same on a worker socket, where the
+ *   count is per uid as well: a uid's processes together.
  * - buffers: 16 imports on a device work, the 17th is LimitExceeded
  *   {resource: "buffers"}; the 16 still compute, another process and the
  *   other device are not affected, and closing one frees a slot.
@@ -86,11 +87,20 @@ static void connect_refused(const char *path)
 
 static int other_uid_connects(void *arg)
 {
+	const char *path = arg;
 	struct tl_conn c;
 
 	tl_become_nobody(0, false);
-	connect_served(&c, daemon_.sock, false);
+	connect_served(&c, path, strcmp(path, daemon_.sock) != 0);
 	tl_conn_close(&c);
+	return 0;
+}
+
+/* Another process of the same uid: its connection counts against the
+ * uid's, on either socket. */
+static int same_uid_refused(void *arg)
+{
+	connect_refused(arg);
 	return 0;
 }
 
@@ -107,8 +117,11 @@ static void connections(const char *path, bool worker)
 		tl_call_ok(&c[i], &r, worker ? "io.regen.Device.Generation" : "io.regen.Device.Status", NULL);
 		tl_reply_finish(&r);
 	}
-	if (!worker && geteuid() == 0)
-		ASSERT_EQ(tl_wait(tl_fork(other_uid_connects, NULL, 0), 30), 0, "another uid was refused");
+	ASSERT_EQ(tl_wait(tl_fork(same_uid_refused, (void *)path, 0), 30), 0,
+		  "another process of the same uid was not refused on %s: the count is per uid", path);
+	if (geteuid() == 0)
+		ASSERT_EQ(tl_wait(tl_fork(other_uid_connects, (void *)path, 0), 30), 0, "another uid was refused on %s",
+			  path);
 	/* A slot comes back once regend has seen the close. */
 	tl_conn_close(&c[0]);
 	double deadline = tl_now() + 5;
@@ -132,8 +145,9 @@ static void connections(const char *path, bool worker)
 	}
 	for (int i = 0; i < MAX_CONN; i++)
 		tl_conn_close(&c[i]);
-	tl_log("%s: %d connections served, the next refused with LimitExceeded and closed, the %d unaffected, "
-	       "a closed one's slot reused", path, MAX_CONN, MAX_CONN);
+	tl_log("%s: %d connections served, the next refused with LimitExceeded and closed (from this process and "
+	       "another of its uid), the %d unaffected, another uid served, a closed one's slot reused", path, MAX_CONN,
+	       MAX_CONN);
 }
 
 static int other_process_imports(void *arg)

@@ -145,6 +145,8 @@ static const struct {
 	{ "max_buffers", "0" },
 	{ "max_buffers", "100000001" },
 	{ "max_buffers", "18446744073709551617" },
+	{ "max_events", "0" },
+	{ "max_events", "100000001" },
 	{ "max_comms", "0" },
 	{ "max_comms", "65537" },
 	{ "max_ring_entries", "0" },
@@ -271,6 +273,7 @@ START_TEST(the_defaults_are_the_documented_ones)
 	ck_assert_int_eq(o.log_level, RD_LOG_INFO);
 	ck_assert_uint_eq(o.max_connections, 256);
 	ck_assert_uint_eq(o.max_buffers, 4096);
+	ck_assert_uint_eq(o.max_events, 4096);
 	ck_assert_uint_eq(o.max_comms, 64);
 	ck_assert_uint_eq(o.max_ring_entries, 16384);
 	ck_assert_uint_eq(o.max_import_gib, 1024);

@@ -15,14 +15,16 @@
  *   lane.c      lanes: each call's enqueue function through
  *               cuda_dev.enqueue, then the completion hooks of comm.c and
  *               program.c, and scratch.c's kept blocks;
- *   gemm.c attention.c layernorm.c comm.c program.c
+ *   gemm.c attention.c layernorm.c fp8.c comm.c program.c
  *               the operations: attention.c calls cudnn_graph.c, program.c
- *               rtc.c, the others scratch.c (a launch's phases are marked
- *               in the lane's own struct, cuda_launch_mark);
+ *               rtc.c, gemm.c attention.c and layernorm.c scratch.c (a
+ *               launch's phases are marked in the lane's own struct,
+ *               cuda_launch_mark);
  *   health.c ipc.c device.c
  *               the context check and NVML (threads of their own), imports,
  *               device-level resources: for backend.c;
- *   cudnn_graph.c rtc.c scratch.c, and common.c under everything.
+ *   cudnn_graph.c rtc.c (over rtc_compile.c: NVRTC) scratch.c, and
+ *               common.c under everything.
  *
  * Faults: every failed path (an import, a lane, a plan or handle, an
  * allocation, a call's completion) ends in cuda_check_failure(), which
