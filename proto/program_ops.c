@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,7 +14,6 @@
 #include "params.h"
 #include "program_build.h"
 
-#define COMPUTE(n, id) { n, RP_PC_COMPUTE, id, 0, 0, 0, 0, false }
 /* Pointwise: inputs counted without the scalar; in place. */
 #define PW(n, fn, lo, hi) { n, RP_PC_POINTWISE, fn, lo, hi, 1, 1, true }
 #define RED(n, fn) { n, RP_PC_REDUCTION, fn, 1, 1, 1, 1, false }
@@ -24,15 +24,6 @@
 #define SEEDED(n, fn, usage) { n, RP_PC_POINTWISE, fn, 1, 1, 1, 1, true, usage }
 
 static const struct rp_prog_op ops[] = {
-	COMPUTE("gemm", RP_OP_GEMM),
-	COMPUTE("attention", RP_OP_ATTENTION),
-	COMPUTE("attention_backward", RP_OP_ATTENTION_BACKWARD),
-	COMPUTE("layer_norm", RP_OP_LAYER_NORM),
-	COMPUTE("layer_norm_backward", RP_OP_LAYER_NORM_BACKWARD),
-	COMPUTE("quantize", RP_OP_QUANTIZE),
-	COMPUTE("transpose_quantize", RP_OP_TRANSPOSE_QUANTIZE),
-	COMPUTE("scale_update", RP_OP_SCALE_UPDATE),
-
 	PW("add", RP_PW_ADD, 1, 2), PW("sub", RP_PW_SUB, 1, 2), PW("mul", RP_PW_MUL, 1, 2),
 	PW("div", RP_PW_DIV, 1, 2), PW("pow", RP_PW_POW, 1, 2), PW("maximum", RP_PW_MAXIMUM, 1, 2),
 	PW("minimum", RP_PW_MINIMUM, 1, 2), PW("eq", RP_PW_EQ, 1, 2), PW("ne", RP_PW_NE, 1, 2),
@@ -70,8 +61,25 @@ static const struct rp_prog_op ops[] = {
 	COMPOSITE("sgd", RP_CO_SGD, 2, 3, 0, 0),
 };
 
+/* Every io.regen.Compute op is a program op of its name: made from the
+ * compute table (proto/compute.h) at first use, not listed again here. */
+static struct rp_prog_op compute_ops[RP_OP_COUNT];
+static pthread_once_t compute_ops_once = PTHREAD_ONCE_INIT;
+
+static void compute_ops_make(void)
+{
+	for (int id = 0; id < RP_OP_COUNT; id++) {
+		compute_ops[id] = (struct rp_prog_op){ rp_op_get((enum rp_op_id)id)->name, RP_PC_COMPUTE, id, 0, 0, 0, 0,
+						       false };
+	}
+}
+
 const struct rp_prog_op *rp_prog_op_of(enum rp_prog_class cls, int fn)
 {
+	if (cls == RP_PC_COMPUTE) {
+		pthread_once(&compute_ops_once, compute_ops_make);
+		return fn >= 0 && fn < RP_OP_COUNT ? &compute_ops[fn] : NULL;
+	}
 	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
 		if (ops[i].cls == cls && ops[i].fn == fn) {
 			return &ops[i];
@@ -82,7 +90,16 @@ const struct rp_prog_op *rp_prog_op_of(enum rp_prog_class cls, int fn)
 
 const struct rp_prog_op *rp_prog_op_find(const char *name)
 {
-	for (size_t i = 0; name && i < sizeof(ops) / sizeof(ops[0]); i++) {
+	if (!name) {
+		return NULL;
+	}
+	pthread_once(&compute_ops_once, compute_ops_make);
+	for (int id = 0; id < RP_OP_COUNT; id++) {
+		if (strcmp(compute_ops[id].name, name) == 0) {
+			return &compute_ops[id];
+		}
+	}
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
 		if (strcmp(ops[i].name, name) == 0) {
 			return &ops[i];
 		}
