@@ -13,8 +13,12 @@
    (CI: no NVIDIA driver at all; a node with a driver older than CUDA
    13.0's): `unsupported`, with a reason that names the driver. Where the
    GPU serves instead, that is checked and said.
+3. The module under a driver older than the CUDA runtime (old_driver's
+   libcuda.so.1, which says CUDA 12.4, first on LD_LIBRARY_PATH, on any
+   machine): `unsupported`, the reason naming the driver's CUDA version,
+   the runtime's, and the upgrade; not a GPU that fell off the bus.
 
-Usage: test_unsupported.py REGEND REGENCTL MODULE|none
+Usage: test_unsupported.py REGEND REGENCTL MODULE|none [OLD_DRIVER]
 """
 import json
 import os
@@ -65,6 +69,12 @@ def main():
     regend = regend_path()
     regenctl = os.path.abspath(sys.argv[2])
     module = sys.argv[3] if len(sys.argv) > 3 else "none"
+    old_driver = os.path.abspath(sys.argv[4]) if len(sys.argv) > 4 else None
+    # meson puts the stand-in's folder on LD_LIBRARY_PATH (it is a library
+    # the test names): only case 3 may load it, the others the machine's.
+    old_dir = os.path.dirname(old_driver) if old_driver else None
+    os.environ["LD_LIBRARY_PATH"] = ":".join(p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":")
+                                             if p and os.path.abspath(p) != old_dir)
     if module == "none":
         skip("this build has no CUDA backend: --backend cuda is refused at start")
 
@@ -85,6 +95,17 @@ def main():
         else:
             check_unsupported(regenctl, d, dev, ["driver"])
             log("the driver cannot serve the CUDA runtime: unsupported: %s" % dev["reason"])
+
+    if old_driver:
+        with Regend(regend, devices=1, backend="cuda", fault_injection=False, start=False) as d:
+            path = ":".join(filter(None, [old_dir, os.environ["LD_LIBRARY_PATH"]]))
+            d.start(wait=False, env={"REGEN_BACKEND_DIR": os.path.dirname(os.path.abspath(module)),
+                                     "LD_LIBRARY_PATH": path})
+            dev = wait_for(lambda: settled(d), 60, "device 0's first start to end")
+            check_unsupported(regenctl, d, dev, ["the NVIDIA driver supports CUDA 12.4, older than the CUDA ",
+                                                 "upgrade the driver"])
+            check("fell off the bus" not in dev["reason"], "a driver too old reads as a dead GPU: %r" % dev["reason"])
+            log("a driver older than the runtime: unsupported: %s" % dev["reason"])
     log("PASS")
     return 0
 

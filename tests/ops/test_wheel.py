@@ -6,7 +6,8 @@
   python3-mesonpy), offline, from a copy of the tree.
 - It is tagged abi3 (regen._accel is built for the stable ABI) and holds
   libregen inside the package (regen/libregen.so.0, cJSON linked in: it
-  needs no libcjson), regen._accel, py.typed and every module of the
+  needs no libcjson, and cJSON's MIT notice is regen/LICENSE.cJSON; the
+  Apache-2.0 LICENSE is in its metadata), regen._accel, py.typed and every module of the
   package, and declares the command regen-nvrx-health.
 - Installed alone into a fresh virtual environment (--no-deps, --no-index;
   the building Python's site-packages after its own, for torch alone),
@@ -141,6 +142,15 @@ def main():
                 if name.endswith(".py"):
                     rel = "regen/" + os.path.relpath(os.path.join(root, name), package)
                     check(rel in names, "the wheel left out %s" % rel)
+        # The licences: regen's in the metadata, and cJSON's MIT notice
+        # beside the libregen it is compiled into.
+        def unpacked(name):
+            with open(os.path.join(tmp, "unpacked", name)) as f:
+                return f.read()
+        licence = next((n for n in names if n.endswith(".dist-info/LICENSE")), None)
+        check(licence and "Apache License" in unpacked(licence), "the wheel's metadata carries no Apache-2.0 LICENSE")
+        check("regen/LICENSE.cJSON" in names and "Dave Gamble" in unpacked("regen/LICENSE.cJSON"),
+              "the wheel's libregen has cJSON inside but the wheel lacks cJSON's MIT notice (regen/LICENSE.cJSON)")
         needed = run(["readelf", "-d", os.path.join(tmp, "unpacked", "regen", "libregen.so.0")])
         check("cjson" not in needed.lower(), "the wheel's libregen needs a libcjson of the machine: %s" % needed)
         log("pip wheel: %s (libregen with cJSON inside, regen._accel, py.typed)" % os.path.basename(wheel))
