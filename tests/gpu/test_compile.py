@@ -57,6 +57,24 @@ def rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def against_f32(losses, ref, eager, mine):
+    """How the compiled model's loss (losses[2]) and gradients compare with
+    float32's (losses[0], ref) next to eager bf16's (losses[1], eager):
+    (its loss's relative error, whether within 2x eager's or 1e-3, the
+    gradients past 2x eager's error and 2e-2, the worst gradient error)."""
+    e_loss = abs(losses[1] - losses[0]) / abs(losses[0])
+    c_loss = abs(losses[2] - losses[0]) / abs(losses[0])
+    bad, worst = [], 0.0
+    for (pn, p32), pe, pc in zip(ref.named_parameters(), eager.parameters(), mine.parameters()):
+        if p32.grad is None:
+            continue
+        ee, ce = rel(pe.grad, p32.grad), rel(pc.grad, p32.grad)
+        worst = max(worst, ce)
+        if ce > max(2 * ee, 1e-3) and ce > 2e-2:
+            bad.append(f"{pn}: {ce:.2e} (eager {ee:.2e})")
+    return c_loss, c_loss <= max(2 * e_loss, 1e-3), bad, worst
+
+
 def check_model(name, steps):
     vocab, seq, layers, heads, batch = 512, 128, 2, max(2, D // 64), 4
     ref = models.build(name, vocab, seq, D, layers, heads, dtype=torch.float32)
@@ -75,18 +93,8 @@ def check_model(name, steps):
             loss = fn(idx, tgt)
             loss.backward()
             losses.append(loss.float().item())
-        e_loss = abs(losses[1] - losses[0]) / abs(losses[0])
-        c_loss = abs(losses[2] - losses[0]) / abs(losses[0])
-        worst_loss = max(worst_loss, c_loss)
-        step_ok = c_loss <= max(2 * e_loss, 1e-3)
-        grads_bad = []
-        for (pn, p32), pe, pc in zip(ref.named_parameters(), eager.parameters(), mine.parameters()):
-            if p32.grad is None:
-                continue
-            ee, ce = rel(pe.grad, p32.grad), rel(pc.grad, p32.grad)
-            worst_grad = max(worst_grad, ce)
-            if ce > max(2 * ee, 1e-3) and ce > 2e-2:
-                grads_bad.append(f"{pn}: {ce:.2e} (eager {ee:.2e})")
+        c_loss, step_ok, grads_bad, grad = against_f32(losses, ref, eager, mine)
+        worst_loss, worst_grad = max(worst_loss, c_loss), max(worst_grad, grad)
         step_ok = step_ok and not grads_bad
         ok = ok and step_ok
         print(f"  {name} step {step}: loss f32 {losses[0]:.5f} eager {losses[1]:.5f} regen {losses[2]:.5f}"
@@ -152,17 +160,9 @@ def check_autocast(name, steps=2):
                 loss = fn(idx, tgt)
             loss.backward()
             losses.append(loss.float().item())
-        e_loss = abs(losses[1] - losses[0]) / abs(losses[0])
-        c_loss = abs(losses[2] - losses[0]) / abs(losses[0])
-        worst_loss = max(worst_loss, c_loss)
-        ok = ok and c_loss <= max(2 * e_loss, 1e-3)
-        for (pn, p32), pe, pc in zip(ref.named_parameters(), eager.parameters(), mine.parameters()):
-            if p32.grad is None:
-                continue
-            ee, ce = rel(pe.grad, p32.grad), rel(pc.grad, p32.grad)
-            worst_grad = max(worst_grad, ce)
-            if ce > max(2 * ee, 1e-3) and ce > 2e-2:
-                bad.append(f"{pn}: {ce:.2e} (eager {ee:.2e})")
+        c_loss, loss_ok, grads_bad, grad = against_f32(losses, ref, eager, mine)
+        worst_loss, worst_grad = max(worst_loss, c_loss), max(worst_grad, grad)
+        ok, bad = ok and loss_ok, bad + grads_bad
     runs = rt.stats()["program_runs"] - before.get("program_runs", 0)
     record(f"{name}: an f32 model under torch.autocast(bf16), compiled, as close to f32 as eager autocast",
            ok and not bad and runs > 0,
