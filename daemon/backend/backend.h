@@ -127,7 +127,7 @@ struct rd_program {
 	 * that found their Run applied whole, and those that put the inouts
 	 * back from the journal before running again. */
 	uint64_t retries_applied, retries_restored;
-	char not_captured[160];         /* why Runs are not captured ("" when they are, or nothing was tried) */
+	char not_captured[400];         /* why Runs are not captured ("" when they are, or nothing was tried) */
 	/* What compiling its kernels is charged to: its owner's uid's account
 	 * on this device (daemon/program/compile_budget.h), the core's, set
 	 * before its first Run; NULL: nothing charged. A backend that compiles

@@ -548,6 +548,57 @@ static void fill_key(struct cuda_program *p, const char *journal)
 	}
 }
 
+/* What key entry k stands for, into out (as fill_key lays the key out). */
+static void key_entry_name(const struct cuda_program *p, unsigned k, char *out, size_t size)
+{
+	const struct rp_program *def = p->base.def;
+	unsigned n = 0;
+
+	if (k == n++) {
+		snprintf(out, size, "the journal");
+		return;
+	}
+	for (int b = 0; b < def->nbound; b++)
+		if (def->tensors[def->bind[b]].kind == RP_PT_INOUT && k == n++) {
+			snprintf(out, size, "inout '%s'", def->tensors[def->bind[b]].name);
+			return;
+		}
+	for (int i = 0; i < p->plan.nsteps; i++) {
+		const struct rd_prog_step *step = &p->plan.steps[i];
+		const struct rp_prog_node *node = &def->nodes[step->first_node];
+
+		if (step->kind != RD_STEP_LIBRARY)
+			continue;
+		for (unsigned s = 0; s < node->compute.spec->noperands; s++)
+			if (k == n++) {
+				snprintf(out, size, "'%s' (%s of node '%s')",
+					 node->in[s] < 0 ? "-" : def->tensors[node->in[s]].name,
+					 node->compute.spec->operands[s].name, node->name);
+				return;
+			}
+	}
+	snprintf(out, size, "key entry %u", k);
+}
+
+/* The first entry of this Run's key that differs from the key of the exec
+ * launched last: what moved, for not_captured. */
+static void first_moved(const struct cuda_program *p, char *out, size_t size)
+{
+	const struct program_exec *last = NULL;
+
+	for (int i = 0; i < PROGRAM_EXECS; i++)
+		if (p->state.execs[i].exec && (!last || p->state.execs[i].used > last->used))
+			last = &p->state.execs[i];
+	snprintf(out, size, "?");
+	if (!last)
+		return;
+	for (unsigned k = 0; k < p->nkey; k++)
+		if (last->key[k] != p->key[k]) {
+			key_entry_name(p, k, out, size);
+			return;
+		}
+}
+
 /* The modules of this generation, loaded (compiled first where need be)
  * before anything is enqueued: a capture must not compile. */
 static int load_modules(struct cuda_program *p, struct rp_error *err)
@@ -784,11 +835,15 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && !st->trace_marks) {
 		x = exec_of_key(p);
 		if (!x && st->captures >= PROGRAM_RECAPTURES_MAX && st->captures * 2 > st->runs - PROGRAM_EAGER_RUNS) {
+			char moved[160];
+
+			first_moved(p, moved, sizeof(moved));
 			st->no_capture = true;
 			snprintf(p->base.not_captured, sizeof(p->base.not_captured),
 				 "its operands moved to a new set of addresses in %u of its last %u Runs (each a new "
-				 "capture; the last %d sets are kept): it runs on the stream",
-				 st->captures, st->runs - PROGRAM_EAGER_RUNS, PROGRAM_EXECS);
+				 "capture; the last %d sets are kept; the first to move this time: %s): it runs on "
+				 "the stream",
+				 st->captures, st->runs - PROGRAM_EAGER_RUNS, PROGRAM_EXECS, moved);
 		} else if (!x) {
 			x = exec_to_replace(st);
 			st->captures++;
