@@ -53,21 +53,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, gpu_script_args, libregen_for, require_torch  # noqa: E402
+from regend_fixture import Regend, gpu_script_args, libregen_for, record, record_width, require_torch, \
+    summary  # noqa: E402
 
 torch = require_torch()
 
 import regen  # noqa: E402
 
-results = []
+record_width(58)
 DEV = 0
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<58} {detail}", flush=True)
-    return ok
 
 
 def check(name, fn):
@@ -509,10 +504,7 @@ def main():
         raise
     else:
         daemon.stop()
-    passed = sum(1 for _, ok in results if ok)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return summary()
 
 
 if __name__ == "__main__":
