@@ -19,13 +19,12 @@ line per check and "N passed, N failed" last.
 import math
 import os
 import sys
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
-from regend_fixture import Regend, find_regend, record, record_width, require_torch, summary, \
+from regend_fixture import Regend, find_regend, guarded, record, record_width, require_torch, summary, \
     torch_rel_error as rel_err  # noqa: E402
 
 torch = require_torch()
@@ -38,14 +37,6 @@ TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f6
 # ||out - ref|| / ||ref|| allowed, ref = float64 on the inputs as stored.
 TOL = {"f32": 2e-6, "bf16": 1e-2, "f16": 2e-3}
 record_width(52)
-
-
-def guarded(name, fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        record(name, False, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
 
 
 def generator():

@@ -23,13 +23,12 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-from regend_fixture import Regend, failed_count, find_regend, record, record_width, require_torch, \
-    summary, torch_rel_error as rel_err  # noqa: E402
+from regend_fixture import Regend, failed_count, find_regend, guarded, record, record_width, \
+    require_torch, summary, torch_rel_error as rel_err  # noqa: E402
 
 # Skips (77) without torch or a CUDA device; keeps memory shareable by CUDA IPC.
 torch = require_torch()
@@ -42,16 +41,6 @@ TOL = {"f32": 1e-5, "tf32": 1e-3, "bf16": 1e-2, "f16": 1e-2}
 TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 record_width(52)
-
-
-def guarded(name, fn, /, *args, **kwargs):
-    """fn(*args, **kwargs), whose exception, if it raises one, is the failed
-    check `name` (with its traceback): the checks after it still run."""
-    try:
-        fn(*args, **kwargs)
-    except Exception as e:
-        record(name, False, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
 
 
 def fresh_generator():

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -121,6 +122,20 @@ def record(name, ok, detail=""):
 def failed_count():
     """How many record() calls failed so far (a script prints regend's log when any did)."""
     return sum(1 for _, ok in _records if not ok)
+
+
+def guarded(name, fn, /, *args, **kwargs):
+    """fn(*args, **kwargs), a case that records its own checks; an exception
+    out of it is the failed check `name`, and the cases after it still run.
+    An AssertionError is the case's own verdict: its message is the detail.
+    Any other exception is a crash: its traceback is printed too."""
+    try:
+        fn(*args, **kwargs)
+    except AssertionError as e:
+        record(name, False, str(e))
+    except Exception as e:
+        record(name, False, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
 
 
 def summary():
