@@ -304,7 +304,7 @@ def wait_serving(client, after, timeout=180):
 
 def main():
     from fd_store import FdStore
-    from regend_fixture import Regend, expect, expect_status, find_regend, require_torch
+    from regend_fixture import Regend, find_regend, record, require_torch, summary
     torch = require_torch()
     positional = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and
                   not sys.argv[i - 1].startswith("--")]
@@ -357,9 +357,9 @@ def main():
                                "--cost-steps", str(opt("--cost-steps", 20, int))))
             code, err = r.finish()
             drop("bench-keep-cost")
-            if not expect(code == 0 and "cost" in r.result, f"the cost rank ran (exit {code})"):
+            if not record(f"the cost rank ran (exit {code})", code == 0 and "cost" in r.result):
                 print(err[-4000:])
-                return expect_status()
+                return summary()
             c = r.result["cost"]
             off, on = statistics.median(c["off_s"]), statistics.median(c["on_s"])
             cost = on / off - 1
@@ -375,7 +375,7 @@ def main():
         def killed(r, what):
             code, err = r.kill()
             printed.update(r.losses)
-            if not expect(code == -signal.SIGKILL, f"{what}: SIGKILLed (exit {code})"):
+            if not record(f"{what}: SIGKILLed (exit {code})", code == -signal.SIGKILL):
                 print(err[-4000:])
             return max(r.losses) if r.losses else None
 
@@ -383,9 +383,9 @@ def main():
         # random early step.
         r = Rank(env, rank("--job", job, "--steps", "1000000"))
         step_at = rng.randint(3, 8)
-        if not expect(r.until_step(step_at), f"the first rank reached step {step_at}"):
+        if not record(f"the first rank reached step {step_at}", r.until_step(step_at)):
             print(r.finish()[1][-4000:])
-            return expect_status()
+            return summary()
         t = time.monotonic()
         r.until_step(step_at + 1)
         step_s = time.monotonic() - t
@@ -407,16 +407,16 @@ def main():
                 d.start(ready_timeout=180, **store.start_args())
                 admin = regen.Client(d.socket, timeout=120)
                 after = len(admin.kept(job=job))
-                expect(after == before, f"regend SIGKILLed and started again in {time.monotonic() - t:.1f} s: "
-                                        f"{after} of {before} kept names back through the fd store")
+                record(f"regend SIGKILLed and started again in {time.monotonic() - t:.1f} s: "
+                       f"{after} of {before} kept names back through the fd store", after == before)
             more = ["--more", "100"] if cycle == 2 else ["--steps", "1000000"]
             r = Rank(env, rank("--job", job, *more))
             while r.ready is None and r.line() is not None:
                 pass
-            if not expect(r.ready is not None and r.ready["start"] is not None,
-                          f"resume {cycle}{' after a device_lost' if device_lost else ''}: {r.result}"):
+            if not record(f"resume {cycle}{' after a device_lost' if device_lost else ''}: {r.result}",
+                          r.ready is not None and r.ready["start"] is not None):
                 print(r.finish()[1][-4000:])
-                return expect_status()
+                return summary()
             phases = r.ready["ready"]
             resumes.append({"cycle": cycle, "after_device_lost": device_lost,
                             "after_regend_restart": device_lost and restart_regend, "start": r.ready["start"],
@@ -428,17 +428,18 @@ def main():
                   f"(target 2 s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), flush=True)
             if cycle == 1:
                 step_at = r.ready["start"] + rng.randint(2, 10)
-                if not expect(r.until_step(step_at), f"the resumed rank reached step {step_at}"):
+                if not record(f"the resumed rank reached step {step_at}", r.until_step(step_at)):
                     print(r.finish()[1][-4000:])
-                    return expect_status()
+                    return summary()
                 time.sleep(rng.uniform(0, step_s))
                 killed(r, "the resumed rank")
             else:
                 code, err = r.finish()
                 printed.update(r.losses)
-                if not expect(code == 0 and "checksum" in r.result, f"the last rank trained 100 steps (exit {code})"):
+                if not record(f"the last rank trained 100 steps (exit {code})",
+                              code == 0 and "checksum" in r.result):
                     print(err[-4000:])
-                    return expect_status()
+                    return summary()
                 final, final_sums = max(r.losses), r.result["checksum"]
         drop(job)
 
@@ -446,17 +447,17 @@ def main():
         r = Rank(env, rank("--job", job + "-ref", "--steps", str(final)))
         code, err = r.finish()
         drop(job + "-ref")
-        if not expect(code == 0 and "checksum" in r.result, f"the rank never killed trained {final} steps"):
+        if not record(f"the rank never killed trained {final} steps", code == 0 and "checksum" in r.result):
             print(err[-4000:])
-            return expect_status()
+            return summary()
         differ = [s for s in sorted(printed) if printed[s] != r.losses.get(s)]
-        expect(not differ, f"every loss the killed ranks printed ({len(printed)} steps, the last 100 after the "
-                           f"second resume) is the never-killed rank's bit for bit" +
-               (f"; differ at steps {differ[:10]}" if differ else ""))
+        record(f"every loss the killed ranks printed ({len(printed)} steps, the last 100 after the "
+               f"second resume) is the never-killed rank's bit for bit" +
+               (f"; differ at steps {differ[:10]}" if differ else ""), not differ)
         bad = [i for i, (a, b) in enumerate(zip(final_sums, r.result["checksum"])) if a != b]
-        expect(not bad and len(final_sums) == len(r.result["checksum"]),
-               f"every parameter and moment after step {final} is the never-killed rank's bit for bit"
-               + (f"; tensors {bad[:10]} differ" if bad else ""))
+        record(f"every parameter and moment after step {final} is the never-killed rank's bit for bit"
+               + (f"; tensors {bad[:10]} differ" if bad else ""),
+               not bad and len(final_sums) == len(r.result["checksum"]))
         report["resumes"] = resumes
         report["steps_compared"] = len(printed)
         ready = max(x["phases_s"]["ready"] for x in resumes)
@@ -467,7 +468,7 @@ def main():
     if out:
         with open(out, "w") as f:
             json.dump(report, f, indent=2)
-    return expect_status()
+    return summary()
 
 
 if __name__ == "__main__":

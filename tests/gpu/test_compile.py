@@ -32,7 +32,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench"))
-from regend_fixture import Regend, gpu_script_args, require_torch, take_option as opt  # noqa: E402
+from regend_fixture import Regend, failed_count, gpu_script_args, record, record_width, require_torch, \
+    summary, take_option as opt  # noqa: E402
 
 torch = require_torch()
 
@@ -40,12 +41,7 @@ import regen  # noqa: E402
 import regen.torch as rt  # noqa: E402
 import models  # noqa: E402
 
-results = []
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:60s} {detail}", flush=True)
+record_width(60)
 
 
 MODELS = opt("--models", "gpt,llama,encoder").split(",")
@@ -255,14 +251,11 @@ def main():
         finally:
             admin.close()
     finally:
-        failed = sum(1 for _, ok in results if not ok)
-        if failed:
+        if failed_count():
             print("--- regend log (tail) ---")
             print(daemon.log_tail(40))
         daemon.stop()
-    passed = sum(1 for _, ok in results if ok)
-    print(f"{passed} passed, {len(results) - passed} failed")
-    return 0 if results and passed == len(results) else 1
+    return summary()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-from regend_fixture import Regend, expect as check, expect_failures as failures, find_regend, require_torch, \
+from regend_fixture import Regend, failed_count, find_regend, record, require_torch, summary, \
     torch_rel_error as rel_err  # noqa: E402
 
 torch = require_torch()
@@ -68,7 +68,7 @@ def main():
         rank = Rank()
         rank.reimport(c)
         err = rank.gemm(c)
-        check(err < 1e-5, f"first GEMM right (rel err {err:.2e})")
+        record(f"first GEMM right (rel err {err:.2e})", err < 1e-5)
 
         # 1. Release: memory back to the post-start baseline, next call rebuilds.
         before = info(c)
@@ -78,19 +78,20 @@ def main():
         print(f"memory: baseline {after['memory_baseline']} B, used before release {before['memory_used']} B, "
               f"after release {after['memory_used']} B")
         base = after["memory_baseline"]
-        check(abs(after["memory_used"] - base) <= 0.01 * max(base, 1) + (2 << 20),
-              "release returns device memory to within 1% of the baseline")
-        check(after["generation"] == before["generation"] + 1, "release bumps the generation")
+        record("release returns device memory to within 1% of the baseline",
+               abs(after["memory_used"] - base) <= 0.01 * max(base, 1) + (2 << 20))
+        record("release bumps the generation", after["generation"] == before["generation"] + 1)
         n = rank.a.shape[0]
         try:
             # The id itself, not the tensor: the client would re-import a tensor.
             c.gemm(regen.Operand(old_a.id, 0, "f32", [n, n]), rank.b, rank.d)
-            check(False, "an old id after release is refused")
+            record("an old id after release is refused", False)
         except regen.StaleGeneration as e:
-            check(e.parameters.get("generation") == after["generation"], "old id -> StaleGeneration with the new generation")
+            record("old id -> StaleGeneration with the new generation",
+                   e.parameters.get("generation") == after["generation"])
         rank.reimport(c)
         err = rank.gemm(c)
-        check(err < 1e-5, f"GEMM after release rebuilds lazily and is right (rel err {err:.2e})")
+        record(f"GEMM after release rebuilds lazily and is right (rel err {err:.2e})", err < 1e-5)
 
         # 2. A real fault: an illegal-address kernel in the worker.
         checksum = (rank.a.double().sum().item(), rank.b.double().sum().item())
@@ -113,15 +114,15 @@ def main():
                 print(f"     waiting: {type(e).__name__}: {e}")
                 time.sleep(0.01)
         st = info(c)
-        check(first_served is not None and err < 1e-5,
-              f"served again after the fault: first right call {first_served if first_served is None else round(first_served * 1000, 1)} ms "
-              f"after InjectFault (generation {g0} -> {st['generation']}, respawns {st['respawns']}, reason '{st['reason']}')")
-        check(st["generation"] > g0, "the fault bumped the generation")
-        check((rank.a.double().sum().item(), rank.b.double().sum().item()) == checksum,
-              "the rank's own tensors are intact through the daemon's fault")
+        record(f"served again after the fault: first right call {first_served if first_served is None else round(first_served * 1000, 1)} ms "
+               f"after InjectFault (generation {g0} -> {st['generation']}, respawns {st['respawns']}, reason '{st['reason']}')",
+               first_served is not None and err < 1e-5)
+        record("the fault bumped the generation", st["generation"] > g0)
+        record("the rank's own tensors are intact through the daemon's fault",
+               (rank.a.double().sum().item(), rank.b.double().sum().item()) == checksum)
         x = rank.a @ rank.b
         torch.cuda.synchronize()
-        check(rel_err(x, rank.ref) < 1e-3, "the rank's own CUDA context is healthy (torch matmul right)")
+        record("the rank's own CUDA context is healthy (torch matmul right)", rel_err(x, rank.ref) < 1e-3)
 
         # 3. Cycles: no leak in worker RSS, fds or device memory.
         samples = []
@@ -131,7 +132,7 @@ def main():
                 rank.reimport(c)
                 err = rank.gemm(c)
                 if err > 1e-5:
-                    check(False, f"{kind} cycle {i}: GEMM wrong (rel err {err:.2e})")
+                    record(f"{kind} cycle {i}: GEMM wrong (rel err {err:.2e})", False)
                     break
                 d = info(c)
                 pid = d["worker_pid"]
@@ -140,20 +141,20 @@ def main():
             last = [s for s in samples if s[0] == kind][-1]
             print(f"{kind}: after cycle 10: RSS {first[2]} KiB, fds {first[3]}, device used {first[4]} B; "
                   f"after cycle {cycles}: RSS {last[2]} KiB, fds {last[3]}, device used {last[4]} B, respawns {last[6]}")
-            check(last[2] - first[2] < 16 * 1024, f"{kind}: worker RSS flat over {cycles} cycles ({last[2] - first[2]:+d} KiB)")
-            check(last[3] <= first[3] + 2, f"{kind}: worker fds flat ({first[3]} -> {last[3]})")
-            check(abs(last[4] - first[4]) <= 0.01 * max(first[4], 1) + (2 << 20),
-                  f"{kind}: device memory flat ({first[4]} -> {last[4]} B)")
+            record(f"{kind}: worker RSS flat over {cycles} cycles ({last[2] - first[2]:+d} KiB)",
+                   last[2] - first[2] < 16 * 1024)
+            record(f"{kind}: worker fds flat ({first[3]} -> {last[3]})", last[3] <= first[3] + 2)
+            record(f"{kind}: device memory flat ({first[4]} -> {last[4]} B)",
+                   abs(last[4] - first[4]) <= 0.01 * max(first[4], 1) + (2 << 20))
         with open(os.path.join(os.environ.get("OUT", daemon.dir), "lifecycle_cycles.tsv"), "w") as f:
             f.write("kind\tcycle\trss_kib\tfds\tmemory_used\tmemory_baseline\trespawns\n")
             for s in samples:
                 f.write("\t".join(map(str, s)) + "\n")
     finally:
-        if failures:
+        if failed_count():
             print(daemon.log_text()[-6000:])
         daemon.stop()
-    print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
-    return 1 if failures else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "ops"))
-from regend_fixture import Conn, Regend, call, find_regend, require_torch  # noqa: E402
+from regend_fixture import Conn, Regend, call, find_regend, record, record_width, require_torch, \
+    summary  # noqa: E402
 from ctl import dev as sample_of, parse_metrics  # noqa: E402
 
 require_torch()
@@ -87,13 +88,7 @@ out["seconds_after_fault"] = time.monotonic() - t0
 print("RESULT " + json.dumps(out), flush=True)
 """
 
-results = []
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<70} {detail}", flush=True)
-    return ok
+record_width(70)
 
 
 def sharing(d):
@@ -274,16 +269,12 @@ def main():
         # This machine cannot run an MPS control daemon (a sandbox, the
         # driver's utilities missing their server): nothing to hold to it.
         print("SKIP (MPS part): %s" % e)
-        passed = sum(ok for _, ok in results)
-        print(f"{passed} passed, {len(results) - passed} failed")
-        return 77 if passed == len(results) else 1
+        return 77 if summary() == 0 else 1
     try:
         check_on(regend, build, mps)
     finally:
         mps.stop()
-    passed = sum(ok for _, ok in results)
-    print(f"{passed} passed, {len(results) - passed} failed")
-    return 0 if passed == len(results) else 1
+    return summary()
 
 
 if __name__ == "__main__":

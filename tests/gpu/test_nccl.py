@@ -38,7 +38,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-from regend_fixture import Regend, SKIP, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
+from regend_fixture import Regend, SKIP, find_regend, record, require_torch, summary, \
+    torch_rel_error as rel_err  # noqa: E402
 
 torch = require_torch()
 
@@ -47,13 +48,6 @@ import regen  # noqa: E402
 DEV = 0
 TOL = {"f32": 1e-6, "f16": 1e-3, "bf16": 1e-2}
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-results = []
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<56} {detail}", flush=True)
-    return ok
 
 
 def fresh(n, dtype):
@@ -356,9 +350,7 @@ def main():
         c.close()
     finally:
         daemon.stop()
-    failed = sum(1 for _, ok in results if not ok)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

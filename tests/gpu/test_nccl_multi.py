@@ -39,7 +39,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-from regend_fixture import Regend, SKIP, find_regend, require_torch  # noqa: E402
+from regend_fixture import Regend, SKIP, find_regend, record, record_width, require_torch, summary  # noqa: E402
 import ranks  # noqa: E402
 
 torch = require_torch()
@@ -238,7 +238,8 @@ def main():
     gpus = ranks.gpu_count()
     daemon = Regend(find_regend(args.regend), devices=gpus, backend="cuda", ready_timeout=120)
     store = tempfile.mkdtemp(prefix="regen-nccl-multi-")
-    failed = passed = 0
+    # A line is "PASS  rank N: <check, 52 columns> <detail>".
+    record_width(len("rank 0: ") + 52)
     try:
         c = regen.Client(daemon.socket, timeout=120)
         try:
@@ -254,19 +255,14 @@ def main():
                                          env={"NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")}), args.timeout)
         for rank, (code, lines) in enumerate(outs):
             for r in lines:
-                ok = r.get("ok")
-                passed += bool(ok)
-                failed += not ok
-                print(f"{'PASS' if ok else 'FAIL'}  rank {rank}: {r.get('check', '?'):<52} "
-                      f"{ {k: v for k, v in r.items() if k not in ('check', 'ok')} }")
+                record(f"rank {rank}: {r.get('check', '?')}", r.get("ok"),
+                       {k: v for k, v in r.items() if k not in ('check', 'ok')})
             if code != 0 or not lines:
-                failed += 1
-                print(f"FAIL  rank {rank} exited {code}")
+                record(f"rank {rank} exited {code}", False)
     finally:
         daemon.stop()
         shutil.rmtree(store, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed or not passed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ REPO = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "ops"))
-from regend_fixture import SKIP, Regend, expect, expect_status, find_regend, log  # noqa: E402
+from regend_fixture import SKIP, Regend, find_regend, log, record, summary  # noqa: E402
 from test_netns import Namespaces  # noqa: E402
 
 # What two nodes share: a socket network, nothing else.
@@ -93,8 +93,8 @@ def main():
                 t.start()
             for t in ts:
                 t.join(180)
-            if not expect(all(comms), f"Init across the namespaces (errors: {errors})"):
-                return expect_status()
+            if not record(f"Init across the namespaces (errors: {errors})", all(comms)):
+                return summary()
             xs, ys = [], []
             for r in range(2):
                 torch.cuda.set_device(r)
@@ -122,9 +122,9 @@ def main():
                 t.join(180)
             for r in range(2):
                 torch.cuda.synchronize(r)
-                expect(done[r] is True, f"rank {r}: AllReduce and AllGather ran ({done[r]})")
-                expect(bool((xs[r] == 3.0).all()), f"rank {r}: AllReduce over the veth is right")
-                expect(bool((ys[r] == 3.0).all()), f"rank {r}: AllGather over the veth is right")
+                record(f"rank {r}: AllReduce and AllGather ran ({done[r]})", done[r] is True)
+                record(f"rank {r}: AllReduce over the veth is right", bool((xs[r] == 3.0).all()))
+                record(f"rank {r}: AllGather over the veth is right", bool((ys[r] == 3.0).all()))
             # A peer's abort: the other's next collective fails by name.
             clients[1].comm_abort(comms[1])
             try:
@@ -132,9 +132,9 @@ def main():
                                                                    "f32", [N]),
                                            regen.Operand(clients[0].import_tensor(xs[0], device=0), 0, "f32", [N]),
                                            deadline_ms=20000)
-                expect(False, "rank 0's AllReduce after rank 1's abort failed")
+                record("rank 0's AllReduce after rank 1's abort failed", False)
             except (regen.CommFailed, regen.CommTimeout) as e:
-                expect(True, f"rank 0's AllReduce after rank 1's abort failed by name ({type(e).__name__})")
+                record(f"rank 0's AllReduce after rank 1's abort failed by name ({type(e).__name__})", True)
             for r in range(2):
                 clients[r].comm_destroy(comms[r], abort=True)
                 clients[r].close()
@@ -142,7 +142,7 @@ def main():
             for d in daemons:
                 if d.proc is not None:
                     d.stop()
-    return expect_status()
+    return summary()
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ line per check and "N passed, N failed" last.
 import math
 import os
 import sys
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
-from regend_fixture import Regend, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
+from regend_fixture import Regend, find_regend, guarded, record, record_width, require_torch, summary, \
+    torch_rel_error as rel_err  # noqa: E402
 
 torch = require_torch()
 
@@ -36,21 +36,7 @@ DEV = 0
 TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}
 # ||out - ref|| / ||ref|| allowed, ref = float64 on the inputs as stored.
 TOL = {"f32": 2e-6, "bf16": 1e-2, "f16": 2e-3}
-results = []
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<52} {detail}", flush=True)
-    return ok
-
-
-def guarded(name, fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:
-        record(name, False, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
+record_width(52)
 
 
 def generator():
@@ -586,9 +572,7 @@ def main():
     finally:
         c.close()
         daemon.stop()
-    npass = sum(1 for _, ok in results if ok)
-    print(f"{npass} passed, {len(results) - npass} failed")
-    sys.exit(0 if npass == len(results) else 1)
+    sys.exit(summary())
 
 
 if __name__ == "__main__":

@@ -47,37 +47,21 @@ import math
 import os
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, gpu_script_args, libregen_for, require_torch  # noqa: E402
+from regend_fixture import Regend, gpu_script_args, guarded, libregen_for, record, record_width, \
+    require_torch, summary  # noqa: E402
 
 torch = require_torch()
 
 import regen  # noqa: E402
 
-results = []
+record_width(58)
 DEV = 0
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<58} {detail}", flush=True)
-    return ok
-
-
-def check(name, fn):
-    try:
-        fn()
-    except AssertionError as e:
-        record(name, False, str(e))
-    except Exception as e:
-        record(name, False, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
 
 
 def rel(a, b):
@@ -492,27 +476,24 @@ def main():
         why = rt.runtime().pool.cuda_available() if rt.runtime().pool else "libregen not found"
         record("libregen's CUDA pool is available", why is None, why or "")
         torch.manual_seed(0)
-        check("device", lambda: device_map(rt, daemon))
-        check("ops", lambda: ops(rt))
-        check("pool", lambda: pool_imports(rt))
-        check("blocks", lambda: block_imports(rt))
-        check("ordering", lambda: ordering(rt, daemon))
-        check("chained", lambda: chained(rt, daemon))
-        check("deferred", lambda: deferred(rt, daemon))
-        check("compile", lambda: compiled(rt))
-        check("capture", lambda: capture(rt))
-        check("flat", lambda: flat(rt, steps))
-        check("lifecycle", lambda: lifecycle(rt, daemon))
-        check("mps", lambda: mps(rt))
+        guarded("device", lambda: device_map(rt, daemon))
+        guarded("ops", lambda: ops(rt))
+        guarded("pool", lambda: pool_imports(rt))
+        guarded("blocks", lambda: block_imports(rt))
+        guarded("ordering", lambda: ordering(rt, daemon))
+        guarded("chained", lambda: chained(rt, daemon))
+        guarded("deferred", lambda: deferred(rt, daemon))
+        guarded("compile", lambda: compiled(rt))
+        guarded("capture", lambda: capture(rt))
+        guarded("flat", lambda: flat(rt, steps))
+        guarded("lifecycle", lambda: lifecycle(rt, daemon))
+        guarded("mps", lambda: mps(rt))
     except BaseException:
         daemon.finish(dump=True)
         raise
     else:
         daemon.stop()
-    passed = sum(1 for _, ok in results if ok)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return summary()
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import SKIP, Regend, expect, expect_status, find_regend, log, take_option  # noqa: E402
+from regend_fixture import SKIP, Regend, find_regend, log, record, summary, take_option  # noqa: E402
 
 RANK_SCRIPT = os.path.join(REPO, "client", "python", "tests", "torch_dist_rank.py")
 
@@ -74,10 +74,10 @@ def collect(procs, outs, what, timeout=900, failing=()):
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            expect(False, f"{what}: rank {r} finished in {timeout} s")
+            record(f"{what}: rank {r} finished in {timeout} s", False)
             return None
         want = 1 if r in failing else 0
-        if not expect(p.returncode == want, f"{what}: rank {r} exited {want} (got {p.returncode})"):
+        if not record(f"{what}: rank {r} exited {want} (got {p.returncode})", p.returncode == want):
             print(text[-3000:])
             return None
         with open(out) as f:
@@ -85,7 +85,7 @@ def collect(procs, outs, what, timeout=900, failing=()):
     for r, checks in enumerate(results):
         for c in checks:
             extra = {k: v for k, v in c.items() if k not in ("check", "ok")}
-            expect(c["ok"], f"{what}: rank {r}: {c['check']}" + (f" {extra}" if extra else ""))
+            record(f"{what}: rank {r}: {c['check']}" + (f" {extra}" if extra else ""), c["ok"])
     return results
 
 
@@ -144,7 +144,7 @@ def main():
                 if "noticed within 1 s" in seen and "rebuilt" in seen:
                     log(f"rank {r}: failed {seen['noticed within 1 s']['seconds'] * 1000:.0f} ms after the loss; "
                         f"communicator rebuilt in {seen['rebuilt']['seconds'] * 1000:.0f} ms")
-                    expect(seen["rebuilt"]["seconds"] < 2.0, f"rank {r}: rebuilt within 2 s")
+                    record(f"rank {r}: rebuilt within 2 s", seen["rebuilt"]["seconds"] < 2.0)
             # 4. a restarted job re-attaches.
             job = "gpu-" + os.urandom(4).hex()
             collect(*launch(daemon, n, "reattach1", tmp, job), f"first job x{n}", failing=(0,))
@@ -152,7 +152,7 @@ def main():
         c.close()
     finally:
         daemon.stop()
-    return expect_status()
+    return summary()
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import SKIP, Regend, gpu_script_args, require_torch  # noqa: E402
+from regend_fixture import Regend, SKIP, failed_count, gpu_script_args, record, record_width, \
+    require_torch, summary  # noqa: E402
 
 torch = require_torch()
 if not hasattr(torch, "float8_e4m3fn") or torch.cuda.get_device_capability(0) < (8, 9):
@@ -42,14 +43,9 @@ import regen  # noqa: E402
 import regen.torch as rt  # noqa: E402
 
 fp8 = rt.fp8
-results = []
+record_width(70)
 DEV = torch.device("cuda", 0)
 FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0), "e5m2": (torch.float8_e5m2, 57344.0)}
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:70s} {detail}", flush=True)
 
 
 def quantized(x, scale, fmt):
@@ -243,14 +239,11 @@ def main():
         finally:
             admin.close()
     finally:
-        failed = sum(1 for _, ok in results if not ok)
-        if failed:
+        if failed_count():
             print("--- regend log (tail) ---")
             print(daemon.log_tail(40))
         daemon.stop()
-    passed = sum(1 for _, ok in results if ok)
-    print(f"{passed} passed, {len(results) - passed} failed")
-    return 0 if results and passed == len(results) else 1
+    return summary()
 
 
 if __name__ == "__main__":

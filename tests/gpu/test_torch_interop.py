@@ -23,12 +23,12 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-from regend_fixture import Regend, find_regend, require_torch, torch_rel_error as rel_err  # noqa: E402
+from regend_fixture import Regend, failed_count, find_regend, guarded, record, record_width, \
+    require_torch, summary, torch_rel_error as rel_err  # noqa: E402
 
 # Skips (77) without torch or a CUDA device; keeps memory shareable by CUDA IPC.
 torch = require_torch()
@@ -40,23 +40,7 @@ DEV = 0
 TOL = {"f32": 1e-5, "tf32": 1e-3, "bf16": 1e-2, "f16": 1e-2}
 TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
-results = []
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<52} {detail}", flush=True)
-    return ok
-
-
-def guarded(name, fn, /, *args, **kwargs):
-    """fn(*args, **kwargs), whose exception, if it raises one, is the failed
-    check `name` (with its traceback): the checks after it still run."""
-    try:
-        fn(*args, **kwargs)
-    except Exception as e:
-        record(name, False, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
+record_width(52)
 
 
 def fresh_generator():
@@ -727,15 +711,11 @@ def main():
         torch.cuda.synchronize()
         c.close()
     finally:
-        failed = sum(1 for _, ok in results if not ok)
-        if failed:
+        if failed_count():
             print("--- regend log (tail) ---")
             print(daemon.log_tail(60))
         daemon.stop()
-    passed = sum(1 for _, ok in results if ok)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 and passed > 0 else 1
+    return summary()
 
 
 if __name__ == "__main__":

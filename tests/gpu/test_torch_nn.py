@@ -25,35 +25,19 @@ Exit 0 pass, 1 fail, 77 skipped (no torch, no CUDA, no regend).
 import math
 import os
 import sys
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, gpu_script_args, libregen_for, require_torch  # noqa: E402
+from regend_fixture import Regend, gpu_script_args, guarded, libregen_for, record, record_width, \
+    require_torch, summary  # noqa: E402
 
 torch = require_torch()
 F = torch.nn.functional
 
-results = []
+record_width(58)
 rt = None   # regen.torch, once main() configured it
-
-
-def record(name, ok, detail=""):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<58} {detail}", flush=True)
-    return ok
-
-
-def check(name, fn):
-    try:
-        fn()
-    except AssertionError as e:
-        record(name, False, str(e))
-    except Exception as e:
-        record(name, False, f"{type(e).__name__}: {e}")
-        traceback.print_exc()
 
 
 def rel(a, b):
@@ -172,18 +156,15 @@ def main():
         rt = rt_module
         rt.configure(socket=daemon.socket)
         torch.manual_seed(0)
-        check("layers", layers)
-        check("autocast", autocast)
-        check("oom", oom)
+        guarded("layers", layers)
+        guarded("autocast", autocast)
+        guarded("oom", oom)
     except BaseException:
         daemon.finish(dump=True)
         raise
     else:
         daemon.stop()
-    passed = sum(1 for _, ok in results if ok)
-    failed = len(results) - passed
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return summary()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, gpu_script_args, libregen_for, require_torch  # noqa: E402
+from regend_fixture import Regend, gpu_script_args, libregen_for, record, record_width, require_torch, \
+    summary  # noqa: E402
 
 require_torch()
 
@@ -210,7 +211,8 @@ except ValueError as e:
     record("REGEN_TORCH_POOL=bogus: ValueError at import", "REGEN_TORCH_POOL" in str(e), e)
 """
 
-results = []
+# A line is "PASS  <child, 8 columns> <check, 72 columns> <detail>".
+record_width(8 + 1 + 72)
 
 
 def child(name, body, env, params):
@@ -221,14 +223,13 @@ def child(name, body, env, params):
     for line in r.stdout.splitlines():
         if line.startswith("CHECK "):
             c = json.loads(line[len("CHECK "):])
-            results.append((c["check"], c["ok"]))
-            print(f"{'PASS' if c['ok'] else 'FAIL'}  {name:<8} {c['check']:<72} {c['detail']}", flush=True)
+            record(f"{name:<8} {c['check']}", c["ok"], c["detail"])
             got += 1
         elif line.startswith("note:"):
             print(f"      {name:<8} {line}", flush=True)
     if r.returncode != 0 or got == 0:
-        results.append((f"{name}: the child ran to its end", False))
-        print(f"FAIL  {name:<8} exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}", flush=True)
+        record(f"{name:<8} the child ran to its end", False,
+               f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
 
 
 def main():
@@ -243,9 +244,7 @@ def main():
         child("late", LATE, base, params)
         child("late", LATE_ENV, process, params)
         child("late", BOGUS_ENV, dict(base, REGEN_TORCH_POOL="bogus"), params)
-    passed = sum(1 for _, ok in results if ok)
-    print(f"{passed} passed, {len(results) - passed} failed")
-    return 0 if passed == len(results) else 1
+    return summary()
 
 
 if __name__ == "__main__":

@@ -29,15 +29,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, find_regend, require_torch  # noqa: E402
+from regend_fixture import Regend, find_regend, record, record_width, require_torch, summary  # noqa: E402
 
 require_torch()
-results = []
-
-
-def record(name, ok, detail=""):
-    results.append(ok)
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<44} {detail}", flush=True)
+record_width(44)
 
 
 def opt(name, default, cast=str):
@@ -69,8 +64,7 @@ def main():
         if r.returncode != 0:
             print(r.stderr[-5000:])
             record("train_gpt.py ran", False, f"exit {r.returncode}")
-            print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
-            return 1
+            return summary()
         res = json.load(open(out.name))
     torch_run, regend_run = res["runs"]["torch"], res["runs"]["regend"]
     a, b = regend_run["losses"], torch_run["losses"]
@@ -90,8 +84,7 @@ def main():
     calls = regend_run["calls_per_step"]
     print(f"throughput regend/torch {res['throughput_ratio']:.3f}; calls per step {calls[-1]}; "
           f"handoffs {st['handoffs']} in {steps} steps; pool {st.get('pool')}")
-    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
-    return 0 if all(results) else 1
+    return summary()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,23 +95,56 @@ def check(cond, msg):
 
 
 # The check that goes on, for scripts that run every case and report them
-# all (the GPU scripts): prints "ok   what" or "FAIL what" and remembers the
-# failures; the script's exit status is expect_status().
-expect_failures = []
+# all (the GPU scripts, bench_keep): record() prints one line per check,
+# "PASS  <name> <detail>" or "FAIL  <name> <detail>", and summary() the last,
+# "N passed, N failed", and gives the exit status. The GPU logs are read by
+# those words (lines starting PASS or FAIL, the "passed" line).
+_records = []           # (name, ok) in the order recorded
+_name_width = 56
 
 
-def expect(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        expect_failures.append(what)
-    return bool(cond)
+def record_width(columns):
+    """Pads the names of later record() lines to `columns`, so that a
+    script's details line up under its longest names."""
+    global _name_width
+    _name_width = columns
 
 
-def expect_status():
-    """1 when an expect() failed (each named on stdout), else 0."""
-    for what in expect_failures:
-        print("FAIL " + what, flush=True)
-    return 1 if expect_failures else 0
+def record(name, ok, detail=""):
+    """Records check `name` as passed or failed; returns ok as a bool, so
+    that a script can stop a case whose later checks depend on this one."""
+    ok = bool(ok)
+    _records.append((name, ok))
+    print(f"{'PASS' if ok else 'FAIL'}  {name:<{_name_width}} {detail}", flush=True)
+    return ok
+
+
+def failed_count():
+    """How many record() calls failed so far (a script prints regend's log when any did)."""
+    return sum(1 for _, ok in _records if not ok)
+
+
+def guarded(name, fn, /, *args, **kwargs):
+    """fn(*args, **kwargs), a case that records its own checks; an exception
+    out of it is the failed check `name`, and the cases after it still run.
+    An AssertionError is the case's own verdict: its message is the detail.
+    Any other exception is a crash: its traceback is printed too."""
+    try:
+        fn(*args, **kwargs)
+    except AssertionError as e:
+        record(name, False, str(e))
+    except Exception as e:
+        record(name, False, f"{type(e).__name__}: {e}")
+        traceback.print_exc()
+
+
+def summary():
+    """Prints "N passed, N failed"; returns the exit status: 0 when every
+    check passed, 1 when one failed or none was recorded (a script that
+    checked nothing has not passed)."""
+    passed = len(_records) - failed_count()
+    print(f"{passed} passed, {failed_count()} failed", flush=True)
+    return 0 if _records and passed == len(_records) else 1
 
 
 def take_option(name, default):
