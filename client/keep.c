@@ -130,24 +130,36 @@ REGEN_EXPORT int regen_keep_commit(regen_client *c, const char *job, uint32_t ra
 	return r;
 }
 
-REGEN_EXPORT int regen_keep_take_back(regen_client *c, const char *job, uint32_t rank, const char *name,
-				      struct regen_kept *out, int *fd)
+/* A call that names kept state by job, rank and name (TakeBack, Drop,
+ * List): the selection encoded, the call made; *reply the caller's to
+ * delete, *fd (where asked) the descriptor the reply carried or -1. */
+static int select_call(regen_client *c, const char *method, const char *job, int64_t rank, const char *name,
+		       cJSON **reply, int *fd)
 {
 	struct rp_keep_select sel = { 0 };
-	cJSON *params, *reply = NULL;
-	int r, got = -1;
+	cJSON *params;
+	int r = set_key(c, &sel.key, job, rank, name);
 
-	if (c == NULL || name == NULL || fd == NULL || (out != NULL && out->size < sizeof(size_t)))
-		return -EINVAL;
-	*fd = -1;
-	r = set_key(c, &sel.key, job, rank, name);
 	if (r < 0)
 		return r;
 	params = rp_keep_select_encode(&sel);
 	if (params == NULL)
 		return -ENOMEM;
-	r = rc_call_fd(c, -1, RP_KEEP_TAKE_BACK, params, NULL, 0, &reply, &got);
+	r = fd ? rc_call_fd(c, -1, method, params, NULL, 0, reply, fd) : rc_call(c, -1, method, params, NULL, 0, reply);
 	cJSON_Delete(params);
+	return r;
+}
+
+REGEN_EXPORT int regen_keep_take_back(regen_client *c, const char *job, uint32_t rank, const char *name,
+				      struct regen_kept *out, int *fd)
+{
+	cJSON *reply = NULL;
+	int r, got = -1;
+
+	if (c == NULL || name == NULL || fd == NULL || (out != NULL && out->size < sizeof(size_t)))
+		return -EINVAL;
+	*fd = -1;
+	r = select_call(c, RP_KEEP_TAKE_BACK, job, rank, name, &reply, &got);
 	if (r == 0 && got < 0) {
 		rc_set_local_error(c, "%s: the reply carried no file descriptor", RP_KEEP_TAKE_BACK);
 		r = -EPROTO;
@@ -167,20 +179,12 @@ REGEN_EXPORT int regen_keep_take_back(regen_client *c, const char *job, uint32_t
 REGEN_EXPORT int regen_keep_drop(regen_client *c, const char *job, int64_t rank, const char *name, uint64_t *names,
 				 uint64_t *bytes)
 {
-	struct rp_keep_select sel = { 0 };
-	cJSON *params, *reply = NULL;
+	cJSON *reply = NULL;
 	int r;
 
 	if (c == NULL || job == NULL || (name != NULL && rank < 0))
 		return -EINVAL;
-	r = set_key(c, &sel.key, job, rank, name);
-	if (r < 0)
-		return r;
-	params = rp_keep_select_encode(&sel);
-	if (params == NULL)
-		return -ENOMEM;
-	r = rc_call(c, -1, RP_KEEP_DROP, params, NULL, 0, &reply);
-	cJSON_Delete(params);
+	r = select_call(c, RP_KEEP_DROP, job, rank, name, &reply, NULL);
 	if (r == 0) {
 		if (names != NULL)
 			*names = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(reply, "names"));
@@ -198,9 +202,8 @@ struct regen_kept_list {
 
 REGEN_EXPORT int regen_keep_list(regen_client *c, const char *job, regen_kept_list **out)
 {
-	struct rp_keep_select sel = { 0 };
 	struct rp_error err = { 0 };
-	cJSON *params, *reply = NULL;
+	cJSON *reply = NULL;
 	const cJSON *list, *item;
 	regen_kept_list *l;
 	size_t i = 0;
@@ -209,16 +212,11 @@ REGEN_EXPORT int regen_keep_list(regen_client *c, const char *job, regen_kept_li
 	if (c == NULL || out == NULL)
 		return -EINVAL;
 	*out = NULL;
-	r = set_key(c, &sel.key, job, -1, NULL);
-	if (r < 0)
+	r = select_call(c, RP_KEEP_LIST, job, -1, NULL, &reply, NULL);
+	if (r < 0) {
+		cJSON_Delete(reply);
 		return r;
-	params = rp_keep_select_encode(&sel);
-	if (params == NULL)
-		return -ENOMEM;
-	r = rc_call(c, -1, RP_KEEP_LIST, params, NULL, 0, &reply);
-	cJSON_Delete(params);
-	if (r < 0)
-		return r;
+	}
 	list = cJSON_GetObjectItemCaseSensitive(reply, "kept");
 	if (!cJSON_IsArray(list)) {
 		cJSON_Delete(reply);
