@@ -490,40 +490,39 @@ cudaError_t backward(const struct rk_layer_norm_backward *a, cudaStream_t stream
 	const bool sums = a->d_weight || a->d_bias;
 	const void *ptrs[] = { a->d_y, a->x, a->d_x, a->d_residual, a->weight };
 	const int64_t lds[] = { a->d_y_ld, a->x_ld, a->d_x_ld, a->d_residual_ld, 0 };
+	const unsigned col_blocks = (unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS);
+	int64_t chunks;
 	dim3 block;
 	cudaError_t e;
+	/* d_x, and the partial sums of d_weight and d_bias in `chunks` rows
+	 * of scratch: in one kernel (vectorised), or two. */
 	if (vec_shape<T>(a->n, ptrs, lds, 5, &block)) {
-		const unsigned blocks = vec_blocks(a->rows, block.y);
-		float *part_w = sums ? a->partial : nullptr, *part_b = sums ? a->partial + (int64_t)blocks * a->n : nullptr;
-		layer_norm_backward_vec<T><<<blocks, block, sums ? (size_t)a->n * sizeof(float) : 0, stream>>>(
+		chunks = vec_blocks(a->rows, block.y);
+		layer_norm_backward_vec<T><<<(unsigned)chunks, block, sums ? (size_t)a->n * sizeof(float) : 0, stream>>>(
 			(const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, (const T *)a->weight, a->mean, a->rstd,
-			(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, part_w, part_b, a->rows, a->n);
+			(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, sums ? a->partial : nullptr,
+			sums ? a->partial + chunks * a->n : nullptr, a->rows, a->n);
 		e = cudaGetLastError();
 		if (e != cudaSuccess || !sums)
 			return e;
-		layer_norm_backward_reduce<T>
-			<<<(unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS), dim3(PARTIAL_COLS, REDUCE_ROWS), 0, stream>>>(
-				part_w, part_b, blocks, a->n, (T *)a->d_weight, (T *)a->d_bias);
-		return cudaGetLastError();
+	} else {
+		layer_norm_backward_dx<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
+			(const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, (const T *)a->weight, a->mean, a->rstd,
+			(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, a->rows, a->n);
+		e = cudaGetLastError();
+		if (e != cudaSuccess || !sums)
+			return e;
+		chunks = chunks_for(a->rows);
+		layer_norm_backward_partial<T><<<dim3(col_blocks, (unsigned)chunks), dim3(PARTIAL_COLS, PARTIAL_ROWS), 0,
+						 stream>>>((const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, a->mean,
+							   a->rstd, a->partial, a->partial + chunks * a->n, a->rows,
+							   a->n, chunk_rows_for(a->rows));
+		e = cudaGetLastError();
+		if (e != cudaSuccess)
+			return e;
 	}
-	layer_norm_backward_dx<T><<<row_blocks(a->rows), row_threads(a->n), 0, stream>>>(
-		(const T *)a->d_y, a->d_y_ld, (const T *)a->x, a->x_ld, (const T *)a->weight, a->mean, a->rstd,
-		(T *)a->d_x, a->d_x_ld, (const T *)a->d_residual, a->d_residual_ld, a->rows, a->n);
-	e = cudaGetLastError();
-	if (e != cudaSuccess || !sums)
-		return e;
-	const int64_t chunk_rows = chunk_rows_for(a->rows), chunks = chunks_for(a->rows);
-	float *part_w = a->partial, *part_b = a->partial + chunks * a->n;
-	const dim3 grid((unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS), (unsigned)chunks);
-	layer_norm_backward_partial<T><<<grid, dim3(PARTIAL_COLS, PARTIAL_ROWS), 0, stream>>>((const T *)a->d_y, a->d_y_ld, (const T *)a->x,
-								   a->x_ld, a->mean, a->rstd, part_w, part_b, a->rows,
-								   a->n, chunk_rows);
-	e = cudaGetLastError();
-	if (e != cudaSuccess)
-		return e;
-	layer_norm_backward_reduce<T>
-		<<<(unsigned)((a->n + PARTIAL_COLS - 1) / PARTIAL_COLS), dim3(PARTIAL_COLS, REDUCE_ROWS), 0, stream>>>(
-			part_w, part_b, chunks, a->n, (T *)a->d_weight, (T *)a->d_bias);
+	layer_norm_backward_reduce<T><<<col_blocks, dim3(PARTIAL_COLS, REDUCE_ROWS), 0, stream>>>(
+		a->partial, a->partial + chunks * a->n, chunks, a->n, (T *)a->d_weight, (T *)a->d_bias);
 	return cudaGetLastError();
 }
 
