@@ -1587,55 +1587,42 @@ uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct 
 	return (uint64_t)rs.chunks * (uint64_t)rs.cols * (rs.acc64 ? 8 : 4);
 }
 
-static const char *red_fn(enum rp_reduction fn)
-{
-	switch (fn) {
-	case RP_RED_SUM:
-	case RP_RED_MEAN:
-		return "rg_red_sum";
-	case RP_RED_MAX:
-	case RP_RED_AMAX:
-		return "rg_red_max";
-	case RP_RED_MIN:
-		return "rg_red_min";
-	case RP_RED_LOGSUMEXP:
-		return "rg_red_lse";
-	default:
-		return NULL;
-	}
-}
+/* Each reduction's code, stated once: the accumulator's type and start
+ * (f32, f64), the step that takes an element (the combine where NULL),
+ * the combine of two accumulators (warp shuffles, a block's partials), and
+ * the call around the finished one (none where NULL). The functions are
+ * the prelude's. */
+#define INF32 "__int_as_float(0x7f800000)"
+#define INF64 "__longlong_as_double(0x7ff0000000000000LL)"
+static const struct red_code {
+	const char *type[2], *start[2], *add, *combine, *result;
+} red_codes[RP_RED_COUNT] = {
+	[RP_RED_SUM] = { { "float", "double" }, { "0", "0" }, NULL, "rg_red_sum", NULL },
+	[RP_RED_MEAN] = { { "float", "double" }, { "0", "0" }, NULL, "rg_red_sum", NULL },
+	[RP_RED_MAX] = { { "float", "double" }, { "-" INF32, "-" INF64 }, NULL, "rg_red_max", NULL },
+	[RP_RED_MIN] = { { "float", "double" }, { INF32, INF64 }, NULL, "rg_red_min", NULL },
+	[RP_RED_AMAX] = { { "float", "double" }, { "0", "0" }, NULL, "rg_red_max", NULL },
+	[RP_RED_LOGSUMEXP] = { { "rg_lse<float>", "rg_lse<double>" }, { "rg_lse_start(0.0f)", "rg_lse_start(0.0)" },
+			       "rg_lse_add", "rg_red_lse", "rg_lse_result" },
+};
+#undef INF32
+#undef INF64
 
-/* The accumulator's type: a float or double, or logsumexp's pair of them. */
-static const char *acc_type(enum rp_reduction fn, bool acc64)
+static const struct red_code *red_code_of(enum rp_reduction fn)
 {
-	if (fn == RP_RED_LOGSUMEXP)
-		return acc64 ? "rg_lse<double>" : "rg_lse<float>";
-	return acc64 ? "double" : "float";
-}
-
-static const char *red_init(enum rp_reduction fn, bool acc64)
-{
-	switch (fn) {
-	case RP_RED_LOGSUMEXP:
-		return acc64 ? "rg_lse_start(0.0)" : "rg_lse_start(0.0f)";
-	case RP_RED_MAX:
-		return acc64 ? "-__longlong_as_double(0x7ff0000000000000LL)" : "-__int_as_float(0x7f800000)";
-	case RP_RED_MIN:
-		return acc64 ? "__longlong_as_double(0x7ff0000000000000LL)" : "__int_as_float(0x7f800000)";
-	default:
-		return "0";
-	}
+	return (unsigned)fn < RP_RED_COUNT ? &red_codes[fn] : NULL;
 }
 
 /* acc = step(acc, the element's input value). */
 static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind, const char *var)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	const struct red_code *rc = red_code_of(n->red.fn);
 	int x = n->in[0], m = reg_of(g, g->npw, x);
 	const char *conv = rs->acc64 ? "rg_f64" : "rg_f32";
 
 	emit_node_comment(g, g->red, ind);
-	out(&g->b, "%s%s = %s(%s, %s%s(", ind, var, n->red.fn == RP_RED_LOGSUMEXP ? "rg_lse_add" : red_fn(n->red.fn), var,
+	out(&g->b, "%s%s = %s(%s, %s%s(", ind, var, rc->add ? rc->add : rc->combine, var,
 	    n->red.fn == RP_RED_AMAX ? "rg_abs(" : "", conv);
 	if (m >= 0)
 		out(&g->b, "v%d", m);
@@ -1649,14 +1636,16 @@ static void emit_result_store(struct gen *g, const struct red_shape *rs, const c
 			      const char *ind)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	const struct red_code *rc = red_code_of(n->red.fn);
 	int o = n->out[0];
-	const char *acc = rs->acc64 ? "double" : "float";
 	char l[32];
 
-	out(&g->b, "%sp%d[off] = rg_cvt<%s>(%s%s%s", ind, o, ctype(T(g, o)->dtype),
-	    n->red.fn == RP_RED_LOGSUMEXP ? "rg_lse_result(" : "", value, n->red.fn == RP_RED_LOGSUMEXP ? ")" : "");
+	out(&g->b, "%sp%d[off] = rg_cvt<%s>(%s%s%s", ind, o, ctype(T(g, o)->dtype), rc->result ? rc->result : "",
+	    rc->result ? "(" : "", value);
+	if (rc->result)
+		out(&g->b, ")");
 	if (n->red.fn == RP_RED_MEAN)
-		out(&g->b, " / %s(%s)", acc, lit(count, l));
+		out(&g->b, " / %s(%s)", rc->type[rs->acc64], lit(count, l));
 	out(&g->b, ");\n");
 }
 
@@ -1687,7 +1676,8 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
-	const char *acc = acc_type(n->red.fn, rs->acc64), *fn = red_fn(n->red.fn);
+	const struct red_code *rc = red_code_of(n->red.fn);
+	const char *acc = rc->type[rs->acc64], *fn = rc->combine;
 	bool per_warp = rs->cols <= ROW_WARP_MAX;
 	int rank = g->dom->rank;
 	char l[32], l2[32];
@@ -1725,7 +1715,7 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 		out(&g->b, "\tfor (idx_t row = blockIdx.x; row < rows; row += gridDim.x) {\n");
 	}
 	emit_coords(g, "row", rank - 1, "\t\t");
-	out(&g->b, "\t\t%s acc = %s;\n", acc, red_init(n->red.fn, rs->acc64));
+	out(&g->b, "\t\t%s acc = %s;\n", acc, rc->start[rs->acc64]);
 	if (g->vec > 1) {
 		out(&g->b, "\t\tif (vec_ok) {\n");
 		r = emit_row_vectors(g, rs, per_warp ? "lane" : "threadIdx.x", per_warp ? "32" : "blockDim.x");
@@ -1750,7 +1740,7 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 		out(&g->b, "\t\tif (lane == 0)\n\t\t\tpart[warp] = acc;\n");
 		out(&g->b, "\t\t__syncthreads();\n");
 		out(&g->b, "\t\tif (warp == 0) {\n");
-		out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, red_init(n->red.fn, rs->acc64));
+		out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, rc->start[rs->acc64]);
 		emit_warp_reduce(g, fn, "acc", "\t\t\t");
 		out(&g->b, "\t\t}\n");
 	}
@@ -1772,7 +1762,8 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 static int emit_column_tile(struct gen *g, const struct red_shape *rs, int per, const char *ind)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
-	const char *acc = rs->acc64 ? "double" : "float", *fn = red_fn(n->red.fn);
+	const struct red_code *rc = red_code_of(n->red.fn);
+	const char *acc = rc->type[rs->acc64], *fn = rc->combine;
 	const struct rp_prog_tensor *o = T(g, n->out[0]);
 	int64_t out_stride = o->rank ? o->strides[o->rank - 1] : 0, tiles = (rs->cols + COL_TILE * per - 1) / (COL_TILE * per);
 	int rank = g->dom->rank, r;
@@ -1787,7 +1778,7 @@ static int emit_column_tile(struct gen *g, const struct red_shape *rs, int per, 
 	    COL_TILE * per, per, l);
 	out(&g->b, "%s%s acc[%d];\n", in2, acc, per);
 	out(&g->b, "#pragma unroll\n%sfor (int j = 0; j < %d; j++)\n%s\tacc[j] = %s;\n", in2, per, in2,
-	    red_init(n->red.fn, rs->acc64));
+	    rc->start[rs->acc64]);
 	out(&g->b, "%sif (col0 < cols) {\n", in2);
 	out(&g->b, "%sconst idx_t end = min(rows, (chunk + 1) * %s);\n", in3, lit(rs->chunk_rows, l2));
 	out(&g->b, "%sfor (idx_t row = chunk * %s + ty; row < end; row += %d) {\n", in3, l2, COL_ROW_THREADS);
@@ -1838,7 +1829,8 @@ static int gen_column_reduction(struct gen *g, const struct red_shape *rs)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
-	const char *acc = rs->acc64 ? "double" : "float", *fn = red_fn(n->red.fn);
+	const struct red_code *rc = red_code_of(n->red.fn);
+	const char *acc = rc->type[rs->acc64], *fn = rc->combine;
 	bool two_pass = rs->chunks > 1;
 	int rank = g->dom->rank;
 	char l[32], l2[32];
@@ -1918,7 +1910,7 @@ static int gen_reduction(struct gen *g)
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
 	struct red_shape rs;
 
-	if (n->nin < 1 || n->in[0] < 0 || n->nout != 1 || !red_fn(n->red.fn) || T(g, n->in[0])->rank < 1)
+	if (n->nin < 1 || n->in[0] < 0 || n->nout != 1 || !red_code_of(n->red.fn) || T(g, n->in[0])->rank < 1)
 		return -EINVAL;
 	red_shape_of(g->p, n, &rs);
 	if (n->red.fn == RP_RED_LOGSUMEXP && !rs.last)
