@@ -299,6 +299,9 @@ struct rd_backend_ops {
 	/* NULL when the backend has no events: ImportEvent answers MethodNotImplemented. */
 	int (*import_event)(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err);
 	void (*close_event)(struct rd_event *ev);
+	/* Whether the work the event's last record stands for is done (a
+	 * stream waiting on it goes on); any thread. NULL with import_event. */
+	bool (*event_done)(struct rd_event *ev);
 
 	struct rd_lane *(*lane_create)(struct rd_device *dev, unsigned index, struct rp_error *err);
 	/* Waits for the lane's queued work, unregisters, frees. */

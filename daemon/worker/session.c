@@ -213,6 +213,8 @@ static void data_on_close(struct rd_conn *conn)
 	s->closed = true;
 	rd_ring_finish(s->ring);
 	rd_debug("conn", s->worker->dev.index, rd_worker_generation(s->worker), conn->peer.pid, "client gone");
+	if (s->in_flight)
+		rd_orphan_watch(s);
 	session_maybe_free(s);
 }
 

@@ -20,6 +20,10 @@ struct rd_session {
 	struct rd_ring *ring;           /* io.regen.Lane.Open's, NULL until then */
 	unsigned in_flight;
 	bool closed;
+	/* Closed with calls in flight: watched until none of them waits on
+	 * an event of its process's that will never be done (orphan.c). */
+	bool orphan_watch;
+	uint64_t closed_ns, gone_ns;    /* uv_hrtime() of the close, of seeing the process gone */
 };
 
 static inline struct rd_session *rd_session_of(const struct rd_call *call)
@@ -36,6 +40,13 @@ void rd_session_call_finished(struct rd_session *s);
  * started call its backend refused (no completion follows, the caller
  * answers it), and as the first step of rd_session_call_finished. */
 void rd_session_call_uncount(struct rd_session *s);
+
+/* A session just closed with calls in flight: if its process is gone and
+ * a call of it still waits on that process's GPU work after a grace, the
+ * device is reported hung at once (orphan.c). */
+void rd_orphan_watch(struct rd_session *s);
+void rd_orphan_init(struct rd_worker *w);
+void rd_orphan_stop(struct rd_worker *w);
 
 /* The methods of a worker socket, by interface: memory.c, compute.c. */
 void rd_memory_import_buffer(struct rd_call *call);

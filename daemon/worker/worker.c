@@ -298,6 +298,7 @@ int rd_worker_run(const struct rd_options *opts)
 	w->objects.keep = rd_comm_keep_detached;
 	w->objects.keep_data = w;
 	rd_health_init(w);
+	rd_orphan_init(w);
 
 	r = w->dev.backend->open(&w->dev, &err);
 	if (r < 0) {
@@ -352,6 +353,7 @@ int rd_worker_run(const struct rd_options *opts)
 
 	rd_listener_close(&w->listener);
 	rd_health_stop(w);
+	rd_orphan_stop(w);
 	rd_program_keep_stop(w);
 	w->dev.backend->close(&w->dev);
 	uv_walk(w->loop, walk_close, NULL);

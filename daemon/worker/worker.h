@@ -100,6 +100,7 @@ struct rd_worker {
 	struct rd_compute_call *running;   /* the calls in flight, oldest first */
 	struct rd_compute_call *running_tail;
 	uv_timer_t deadline_timer;      /* looks for calls past their deadline while any runs */
+	uv_timer_t orphan_timer;        /* while a closed session is watched (orphan.c) */
 	bool health_started;
 	struct rd_session *sessions;
 	unsigned nsessions;

@@ -387,6 +387,7 @@ static const struct rd_backend_ops rd_backend_cuda = {
 	.check_export = cuda_check_export,
 	.import_event = cuda_import_event,
 	.close_event = cuda_close_event,
+	.event_done = cuda_event_done,
 	.lane_create = cuda_lane_create,
 	.lane_destroy = cuda_lane_destroy,
 	.submit = cuda_submit,

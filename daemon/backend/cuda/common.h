@@ -450,6 +450,7 @@ void cuda_close_buffer(struct rd_buffer *buf);
 int cuda_check_export(struct rd_device *dev, int fd, uint64_t size, struct rp_error *err);
 int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], struct rd_event **out, struct rp_error *err);
 void cuda_close_event(struct rd_event *ev);
+bool cuda_event_done(struct rd_event *ev);
 uint64_t cuda_ipc_mapped_bytes(struct cuda_dev *cd);
 
 /* ---- comm.c: NCCL communicators (REGEN_HAVE_NCCL) ------------------------------ */

@@ -498,6 +498,19 @@ int cuda_import_event(struct rd_device *dev, const unsigned char handle[64], str
 	return 0;
 }
 
+bool cuda_event_done(struct rd_event *event)
+{
+	struct cuda_event *ev = (struct cuda_event *)event;
+
+	if (!ev->ev)
+		return true;    /* invalidated: no stream waits on it any more */
+	cudaSetDevice(ev->cd->dev->index);
+	cudaError_t e = cudaEventQuery(ev->ev);
+	if (e != cudaSuccess && e != cudaErrorNotReady && !cuda_error_is_sticky(e))
+		cudaGetLastError();
+	return e == cudaSuccess;
+}
+
 void cuda_close_event(struct rd_event *event)
 {
 	if (!event)
