@@ -13,6 +13,7 @@ defined on first use per device and again after its worker was replaced.
 """
 
 import itertools
+import json
 import operator
 import os
 import threading
@@ -185,6 +186,12 @@ class CompiledGraph:
             os.makedirs(dump, exist_ok=True)
             with open(os.path.join(dump, f"{self.serial:03d}_{kind}.py"), "w") as f:
                 f.write(gm.code)
+            # Each program as io.regen.Program.Define gets it: to plan and
+            # run again without torch or a GPU.
+            for s in self.steps or ():
+                if isinstance(s, Segment):
+                    with open(os.path.join(dump, f"{s.definition['name']}.json"), "w") as f:
+                        json.dump(s.definition, f)
 
     def _plan_frees(self):
         """After each step, the Vals no later step reads and the graph does
