@@ -240,9 +240,6 @@ class GraphForm(unittest.TestCase):
         k = shape[-1]
         eager, graph = fp8.Linear(k, n, bias=bias), fp8.Linear(k, n, bias=bias)
         graph.load_state_dict(eager.state_dict())
-        # The state made as the eager pass makes it (under torch.compile,
-        # the first call's graph break).
-        graph._fp8_state(recipe, graph.weight.device)
         names = ("fp8_amax_history_fwd", "fp8_scale_fwd", "fp8_amax_history_bwd", "fp8_scale_bwd")
         for step in range(steps):
             what = f"{recipe}, bias {bias}, need_dx {need_dx}, step {step}"
@@ -283,10 +280,20 @@ class GraphForm(unittest.TestCase):
                                       amax_compute_algo="most_recent"), bias=False, shape=(20, 16), n=8,
                    need_dx=False)
 
+    def test_the_state_is_made_for_the_layer_called_and_a_copy_is_its_own(self):
+        import copy
+        recipe = fp8.DelayedScaling(amax_history_len=3)
+        layer = fp8.Linear(16, 8)
+        twin = copy.deepcopy(layer)
+        fp8._graph_forward(twin, torch.randn(4, 16), recipe)
+        self.assertIsNone(layer.fp8_scale_fwd, "the original took no step")
+        self.assertEqual(list(twin.fp8_amax_history_fwd.shape), [3, 2])
+        self.assertEqual(list(twin.fp8_amax_history_bwd.shape), [3, 1])
+
     def test_a_bad_scale_is_refused_by_name_and_changes_nothing(self):
         recipe = fp8.DelayedScaling(amax_history_len=3)
         layer = fp8.Linear(16, 8)
-        state = layer._fp8_state(recipe, layer.weight.device)
+        state = layer._fp8_state(recipe.amax_history_len, layer.weight.device)
         state["fp8_scale_fwd"][1] = 0.0
         before = {name: t.clone() for name, t in state.items()}
         with self.assertRaises(regen.InvalidOperand) as cm:

@@ -49,9 +49,11 @@ multiples of 16) and how this meets torch.compile.
 
 import contextlib
 import enum
+import itertools
 import math
 import sys
 import threading
+import weakref
 from typing import Any, Dict, Iterator, Optional
 
 import torch
@@ -246,7 +248,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
         x2 = _rows(x, k)
         m = x2.shape[0]
         _check_cuda_shape(x, m, n, k)
-        state = layer._fp8_state(recipe, weight.device)
+        state = layer._fp8_state(recipe.amax_history_len, weight.device)
         x2, w, b = _bindable(x2), _bindable(weight), _bindable(bias)
         fmt = recipe.fp8_format.forward
         y = _empty([m, n], x.dtype, x)
@@ -280,7 +282,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
             _package.runtime().rank_work()
             grad = grad.to(_DTYPE_TORCH[xdt])
         dy = _bindable(_rows(grad, n))
-        state = layer._fp8_state(recipe, xt.device)
+        state = layer._fp8_state(recipe.amax_history_len, xt.device)
         like = xt
         dx = _empty([m, k], _DTYPE_TORCH[xdt], like) if need_dx else None
         dw = _empty([n, k], _DTYPE_TORCH[wdt], like) if need_dw else None
@@ -345,7 +347,13 @@ class Linear(torch.nn.Module):
             self.register_buffer(name, None)
         self.fp8_scale_inv_fwd = self.fp8_scale_inv_bwd = None
         self._journal = None
+        self._fp8_serial = _register(self)
         self.reset_parameters()
+
+    def __setstate__(self, state):
+        # A copy (copy.deepcopy, unpickling) is a layer of its own.
+        super().__setstate__(state)
+        self._fp8_serial = _register(self)
 
     def reset_parameters(self):
         torch.nn.Linear.reset_parameters(self)
@@ -363,13 +371,12 @@ class Linear(torch.nn.Module):
             torch.empty(list(shape), dtype=torch.float32, device=device)
         return t.fill_(fill)
 
-    def _fp8_state(self, recipe, device):
+    def _fp8_state(self, h, device):
         """The four state buffers, made (history zeros, scales ones: the
         first step quantizes with scale 1, as Transformer Engine's), grown
-        or cut to the recipe's history length, and checked: f32, on the
+        or cut to a recipe's history length ``h``, and checked: f32, on the
         weight's device, contiguous, in the host pool on the CPU (a Run
         updates them in place: moved there, once, where they are not)."""
-        h = recipe.amax_history_len
         state = {}
         for name, n, is_history in _STATE:
             t = self._buffers.get(name)
@@ -423,6 +430,18 @@ class Linear(torch.nn.Module):
                                       error_msgs)
 
 
+_layers: "weakref.WeakValueDictionary[int, Linear]" = weakref.WeakValueDictionary()
+_serials = itertools.count(1)
+
+
+def _register(layer):
+    """A number for the layer that _make_state finds it by (a traced call
+    passes constants, not modules)."""
+    serial = next(_serials)
+    _layers[serial] = layer
+    return serial
+
+
 def _forward(layer, x):
     """The layer's forward: eager, the pass one program Run that updates
     the state in place (_Fp8LinearFunction); as torch.compile traces it,
@@ -438,8 +457,9 @@ def _forward(layer, x):
 
 
 def _eager_pass(layer, x, recipe):
-    """The FP8 pass eagerly; a graph break where torch.compile traces the
-    layer before its state exists (_on_dynamo_import), made by this call."""
+    """The FP8 pass eagerly; under torch.compile a graph break
+    (_on_dynamo_import), where the state cannot be had as the traced pass
+    takes it."""
     return _Fp8LinearFunction.apply(x, layer.weight, layer.bias, layer, recipe)
 
 
@@ -449,12 +469,13 @@ def _graph_forward(layer, x, recipe):
     the custom op regen::fp8_linear and the copy_ of the forward state's
     update into the layer's buffers, which AOTAutograd keeps in the graph
     and the backend writes as the program's in-place update (_fp8_ops,
-    regen.lowering.fp8).  Where the state is not yet as the recipe wants
-    it (the first FP8 step, another history length), the eager pass makes
-    it, a graph break this once: dynamo guards on the buffers and traces
-    the op from the next call on."""
+    regen.lowering.fp8).  The state is made first where it is not yet as
+    the recipe wants it (the first FP8 step, another history length), as
+    dynamo traces (_make_state); dynamo guards on the buffers it then
+    reads."""
     if recipe is None:
         return torch.nn.functional.linear(x, layer.weight, layer.bias)
+    _make_state(layer._fp8_serial, recipe.amax_history_len)
     state = _state_if_ready(layer, recipe)
     if state is None:
         return _eager_pass(layer, x, recipe)
@@ -467,6 +488,21 @@ def _graph_forward(layer, x, recipe):
         raise ValueError(f"regen.torch.fp8.Linear: input's last dimension is {x.shape[-1]}, the layer takes {k}")
     _check_cuda_shape(x, x.numel() // k, n, k)
     return _fp8_ops.linear(layer, x, recipe, state)
+
+
+def _make_state(serial, history):
+    """Makes the state of layer ``serial`` as a recipe of ``history`` rows
+    wants it, where it is not (Linear._fp8_state).  Under torch.compile it
+    runs as dynamo traces, not in the graph (assume_constant_result, set
+    by _on_dynamo_import: its True is the trace's constant), so the
+    buffers the trace reads next exist and the first compiled call is
+    whole: a graph break there would leave the model's graph cut at the
+    layer for good, dynamo guarding the caller's frame on nothing the
+    layer reads."""
+    layer = _layers.get(serial)
+    if layer is not None:
+        layer._fp8_state(history, layer.weight.device)
+    return True
 
 
 def _state_if_ready(layer, recipe):
@@ -515,13 +551,15 @@ _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _never)
 
 def _on_dynamo_import():
     """Once torch._dynamo is imported (not at regen.torch's import: seconds
-    on torch 2.x): where graphs take the FP8 pass, the eager pass left out
-    of them (a graph break, where the state is made); where not, the whole
-    forward, as before custom ops could carry it.  Linear.forward looks
-    _forward up at each call, as dynamo does when it traces it."""
+    on torch 2.x): where graphs take the FP8 pass, _make_state run as
+    dynamo traces and the eager pass left out of graphs; where not, the
+    whole forward left out (a graph break, the layer eager).
+    Linear.forward looks _forward up at each call, as dynamo does when it
+    traces it."""
     global _forward, _eager_pass
-    from torch._dynamo import disable
+    from torch._dynamo import assume_constant_result, disable
     if graphs_take_fp8():
+        assume_constant_result(_make_state)
         _eager_pass = disable(_eager_pass)
     else:
         _forward = disable(_forward)
