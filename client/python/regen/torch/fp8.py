@@ -18,8 +18,10 @@ the weight's, n = 2; backward: the output gradient's, n = 1), f32. regend
 reads and updates them where they are, so a restart or a fault of regend's
 worker loses none of it, and each pass's update lands exactly once.
 
-Each pass is one io.regen.Program Run (regen.torch's run_program, on
-torch's current stream), eager, one hand-off:
+Eagerly each pass is one io.regen.Program Run (regen.torch's run_program,
+on torch's current stream), one hand-off; under torch.compile(backend=
+"regen") its nodes are part of the compiled forward's and backward's
+programs (below).  The nodes (regen.fp8_programs, written once):
 
   forward   ScaleUpdate of the forward state (Transformer Engine's
             amax_and_scale_update: the history's max, or its newest, and
@@ -41,10 +43,21 @@ the state as it was. The scales' inverses each pass used are fresh tensors
 (``layer.fp8_scale_inv_fwd``, ``fp8_scale_inv_bwd``), kept for the backward,
 so a second forward before a backward changes nothing the first needs.
 
+Under torch.compile(backend="regen") (torch 2.5 and later:
+graphs_take_fp8()) the layer is traced as the custom ops regen::fp8_linear
+and regen::fp8_linear_backward (_fp8_ops), functional, each followed by
+the copy_ of its state update into the buffers: AOTAutograd keeps those
+copy_s in the forward's and the backward's graphs, and the backend writes
+the ops as the nodes above and each copy_ as an assignment of the buffer,
+bound as an inout, in the same program; a whole training step is then two
+Runs, each with a journal where it updates state, so a Run a fault cuts
+applies it once there too.  The state is made as dynamo traces the first
+call (_make_state); the scales' inverses are not kept on the layer there.
+
 FP8 tensors are torch's float8_e4m3fn / float8_e5m2 where torch has them
 (2.1 and later), uint8 storage of the same bytes otherwise (torch 1.13).
 docs/torch.md ("FP8") says what the CUDA backend needs (dimensions
-multiples of 16) and how this meets torch.compile.
+multiples of 16).
 """
 
 import contextlib
