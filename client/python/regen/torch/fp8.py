@@ -76,7 +76,7 @@ from ._on_import import when_imported
 from ._runtime import NotSupported, host_empty
 
 __all__ = ["Format", "DelayedScaling", "fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "Linear",
-           "FP8_STORAGE_DTYPES"]
+           "FP8_STORAGE_DTYPES", "graphs_take_fp8"]
 
 _package = sys.modules[__name__.rpartition(".")[0]]
 
@@ -535,7 +535,7 @@ def _state_if_ready(layer, recipe):
     return found
 
 
-def graphs_take_fp8():
+def graphs_take_fp8() -> bool:
     """Whether torch.compile can trace the FP8 pass as custom ops: they
     need torch.library.custom_op (torch 2.4), torch.compiler.is_compiling,
     and AOTAutograd keeping a backward's update of a forward input (the
