@@ -570,8 +570,9 @@ def _on_dynamo_import():
     Linear.forward looks _forward up at each call, as dynamo does when it
     traces it."""
     global _forward, _eager_pass
-    from torch._dynamo import assume_constant_result, disable
+    from torch._dynamo import disable
     if graphs_take_fp8():
+        from torch._dynamo import assume_constant_result
         assume_constant_result(_make_state)
         _eager_pass = disable(_eager_pass)
     else:
