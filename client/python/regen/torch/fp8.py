@@ -579,6 +579,7 @@ def _on_dynamo_import():
         _forward = disable(_forward)
 
 
-when_imported("torch._dynamo", _on_dynamo_import)
-
 from . import _fp8_ops  # noqa: E402  (its kernels use the helpers above)
+
+# Last: where torch._dynamo is imported already, it runs now.
+when_imported("torch._dynamo", _on_dynamo_import)
