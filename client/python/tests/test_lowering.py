@@ -8,6 +8,7 @@ inputs; and what stays on the rank, where, and why."""
 import math
 import os
 import random
+import struct
 import sys
 import unittest
 
@@ -657,6 +658,169 @@ class HostRunTest(unittest.TestCase):
         self.assertEqual(masks[0], masks[1], "the same seed drew another mask")
         self.assertNotEqual(masks[0], masks[2], "another seed drew the same mask")
 
+
+
+def _raw(r, v):
+    """The bytes of contiguous Val ``v`` where HostRunner ``r`` holds it."""
+    t, off = r.env[v.id]
+    return os.pread(t.fd, v.numel * v.itemsize, off * v.itemsize)
+
+
+def _f32(values):
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+@unittest.skipIf(not find_regend(), "no regend (pass --regend or set REGEN_BUILD_ROOT)")
+class Fp8LinearTest(unittest.TestCase):
+    """regen.torch.fp8.Linear's custom ops as a compiled graph holds them
+    (regen::fp8_linear and its backward, then AOTAutograd's copy_ of each
+    state update into the layer's buffers): one segment with the ops around
+    them, the buffers bound as inouts and updated in place (a journal's
+    program), and every byte as the layer's eager program (in place, the
+    same nodes: regen.fp8_programs) writes it from the same inputs."""
+
+    M, K, N, H = 8, 32, 16, 4
+    SCALING = ("e4m3", "e5m2", "max", 1.0)
+
+    def setUp(self):
+        self.c = regen.Client(daemon.socket, timeout=60)
+        self.rng = random.Random(self.id() + str(os.getpid()))
+
+    def tearDown(self):
+        self.c.close()
+
+    def rand(self, n, lo=-1.0, hi=1.0):
+        return [self.rng.uniform(lo, hi) for _ in range(n)]
+
+    def codes(self, n):
+        return bytes(self.rng.choice([c for c in range(256) if c not in (0x7F, 0xFF)]) for _ in range(n))
+
+    def eager(self, definition, given):
+        """Runs a whole definition once with its bound tensors' bytes from
+        ``given`` (name -> bytes; zeros otherwise): name -> bytes after."""
+        from regen.ops import DTYPE_SIZES
+        prog = self.c.define_program(0, definition)
+        held, bind = {}, {}
+        try:
+            for t in definition["tensors"]:
+                if t["kind"] not in ("input", "output", "inout"):
+                    continue
+                ht = HostTensor([math.prod(t["shape"])], t["dtype"])
+                held[t["name"]] = ht
+                ht.import_into(self.c, 0)
+                os.pwrite(ht.fd, given.get(t["name"], bytes(ht.numel * DTYPE_SIZES[t["dtype"]])), 0)
+                bind[t["name"]] = (ht.buffer, 0)
+            self.c.run_program(prog, bind)
+            return {name: os.pread(ht.fd, ht.nbytes, 0) for name, ht in held.items()}
+        finally:
+            for ht in held.values():
+                ht.close()
+            self.c.drop_program(prog)
+
+    def fp8_linear(self, g, x, w, bias, hist, scale, hb, sb):
+        M, K, N, H = self.M, self.K, self.N, self.H
+        fwd, bwd, algo, margin = self.SCALING
+        return g.op("regen.fp8_linear.default",
+                    [g.val((M, N)), g.val((K, M), fwd), g.val((K, N), fwd), g.val((2,)), g.val((H, 2)), g.val((2,))],
+                    input=x, weight=w, bias=bias, amax_history_fwd=hist, scale_fwd=scale, amax_history_bwd=hb,
+                    scale_bwd=sb, forward_format=fwd, backward_format=bwd, amax_compute=algo, margin=margin)
+
+    def test_forward_in_the_surrounding_segment_as_the_eager_program(self):
+        from regen import fp8_programs
+        M, K, N, H = self.M, self.K, self.N, self.H
+        g = Builder()
+        x, w, bias = g.input((M, K)), g.input((N, K)), g.input((N,))
+        hist, scale, hb, sb = g.input((H, 2)), g.input((2,)), g.input((H, 1)), g.input((1,))
+        y, xt, wt, inv, new_hist, new_scale = self.fp8_linear(g, x, w, bias, hist, scale, hb, sb)
+        z = g.op("aten.relu.default", [g.val((M, N))], self=y)
+        g.op("aten.copy_.default", [g.val((H, 2), of=hist)], self=hist, src=new_hist)
+        g.op("aten.copy_.default", [g.val((2,), of=scale)], self=scale, src=new_scale)
+        steps = partition(g.graph([z, xt, wt, inv, hb, sb]), HANDLERS)
+        self.assertEqual([type(s).__name__ for s in steps], ["Segment"],
+                         [s.reasons for s in steps if isinstance(s, RankStep)])
+        seg = steps[0]
+        self.assertTrue(seg.updates, "the segment updates inputs in place")
+        kinds = {v.id: next(t["kind"] for t in seg.definition["tensors"] if t["name"] == name)
+                 for name, v in seg.inputs}
+        self.assertEqual(kinds, {x.id: "input", w.id: "input", bias.id: "input", hist.id: "inout",
+                                 scale.id: "inout"}, "the backward state is not bound in the forward")
+        self.assertEqual([n["op"] for n in seg.definition["nodes"]],
+                         ["scale_update", "transpose_quantize", "transpose_quantize", "gemm", "add", "relu",
+                          "cast", "cast"])
+        values = {x: self.rand(M * K, -4, 4), w: self.rand(N * K), bias: self.rand(N),
+                  hist: self.rand(H * 2, 0.5, 8), scale: self.rand(2, 1, 4), hb: [0.0] * H, sb: [1.0]}
+        r = HostRunner(self.c, steps)
+        try:
+            for v, vals in values.items():
+                r.give(v, vals)
+            r.run()
+            scaling = fp8_programs.Scaling(self.SCALING[0], self.SCALING[2], self.SCALING[3], H)
+            want = self.eager(fp8_programs.forward_definition(M, N, K, "f32", "f32", "f32", [K, 1], [K, 1], scaling,
+                                                              True),
+                              {"input": _f32(values[x]), "weight": _f32(values[w]), "bias": _f32(values[bias]),
+                               "fwd.amax_history": _f32(values[hist]), "fwd.scale": _f32(values[scale])})
+            for name, v in (("input.fp8_t", xt), ("weight.fp8_t", wt), ("fwd.scale_inv", inv),
+                            ("fwd.amax_history", hist), ("fwd.scale", scale)):
+                self.assertEqual(_raw(r, v), want[name], f"{name}: other bytes than the eager program's")
+            y_eager = struct.unpack(f"<{M * N}f", want["output"])
+            self.assertEqual(r.read(z), [max(0.0, v) for v in y_eager], "relu(y)")
+            self.assertNotEqual(want["fwd.amax_history"], _f32(values[hist]), "the history moved")
+        finally:
+            r.close()
+
+    def test_backward_as_the_eager_program(self):
+        from regen import fp8_programs
+        M, K, N, H = self.M, self.K, self.N, self.H
+        fwd, bwd, algo, margin = self.SCALING
+        g = Builder()
+        dy, xt, wt, fwd_inv = g.input((M, N)), g.input((K, M), fwd), g.input((K, N), fwd), g.input((2,))
+        hist, scale = g.input((H, 1)), g.input((1,))
+        dx, dw, db, inv, new_hist, new_scale = g.op(
+            "regen.fp8_linear_backward.default",
+            [g.val((M, K)), g.val((N, K)), g.val((N,)), g.val((1,)), g.val((H, 1)), g.val((1,))],
+            grad_output=dy, input_fp8_t=xt, weight_fp8_t=wt, fwd_scale_inv=fwd_inv, amax_history=hist, scale=scale,
+            forward_format=fwd, backward_format=bwd, amax_compute=algo, margin=margin, weight_dtype="f32",
+            bias_dtype="f32", need_input_grad=True, need_weight_grad=True)
+        g.op("aten.copy_.default", [g.val((H, 1), of=hist)], self=hist, src=new_hist)
+        g.op("aten.copy_.default", [g.val((1,), of=scale)], self=scale, src=new_scale)
+        steps = partition(g.graph([dx, dw, db]), HANDLERS)
+        self.assertEqual([type(s).__name__ for s in steps], ["Segment"],
+                         [s.reasons for s in steps if isinstance(s, RankStep)])
+        self.assertTrue(steps[0].updates)
+        given = {dy: _f32(self.rand(M * N, -20, 20)), xt: self.codes(K * M), wt: self.codes(K * N),
+                 fwd_inv: _f32(self.rand(2, 0.01, 0.1)), hist: _f32(self.rand(H, 0.5, 8)), scale: _f32([2.0])}
+        r = HostRunner(self.c, steps)
+        try:
+            for v, raw in given.items():
+                t = r.tensor(v.storage_numel, v.dtype)
+                os.pwrite(t.fd, raw, 0)
+                r.env[v.id] = (t, 0)
+            r.run()
+            scaling = fp8_programs.Scaling(bwd, algo, margin, H)
+            want = self.eager(fp8_programs.backward_definition(M, N, K, "f32", "f32", "f32", [N, 1], scaling, fwd,
+                                                               True, True, True),
+                              {"grad_output": given[dy], "input.fp8_t": given[xt], "weight.fp8_t": given[wt],
+                               "fwd.scale_inv": given[fwd_inv], "bwd.amax_history": given[hist],
+                               "bwd.scale": given[scale]})
+            for name, v in (("grad_input", dx), ("grad_weight", dw), ("grad_bias", db), ("bwd.amax_history", hist),
+                            ("bwd.scale", scale)):
+                self.assertEqual(_raw(r, v), want[name], f"{name}: other bytes than the eager program's")
+            self.assertNotEqual(want["bwd.scale"], given[scale], "the scale moved")
+        finally:
+            r.close()
+
+    def test_a_copy_into_an_input_read_after_it_stays_on_the_rank(self):
+        g = Builder()
+        buf, src = g.input((4,)), g.input((4,))
+        e = g.op("aten.exp.default", [g.val((4,))], self=src)
+        g.op("aten.copy_.default", [g.val((4,), of=buf)], self=buf, src=e)
+        late = g.op("aten.neg.default", [g.val((4,))], self=buf)
+        made = g.op("aten.copy_.default", [g.val((4,), of=e)], self=e, src=src)
+        steps = partition(g.graph([late, made]), HANDLERS)
+        reasons = {i: why for s in steps if isinstance(s, RankStep) for i, why in s.reasons.items()}
+        self.assertIn("ops after it read", reasons[1])
+        self.assertIn("not into an input", reasons[3])
+        self.assertFalse(any(s.updates for s in segments(steps)))
 
 if __name__ == "__main__":
     unittest.main()

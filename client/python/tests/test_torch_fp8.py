@@ -227,6 +227,82 @@ class Numerics(unittest.TestCase):
         self.check_steps(fp8.DelayedScaling(amax_history_len=1), bias=True, shape=(3, 8), n=5)
 
 
+class GraphForm(unittest.TestCase):
+    """The layer as torch.compile traces it (fp8._graph_forward: the custom
+    ops regen::fp8_linear and regen::fp8_linear_backward, functional, each
+    pass's state update copied into the buffers after it), run eagerly here
+    (torch 1.13 has no dynamo; the GPU test compiles it): one program Run a
+    pass, and outputs, gradients and state bit-identical to the eager pass's
+    (in place, one Run a pass), step after step."""
+
+    def check(self, recipe, bias, shape, n, need_dx=True, steps=3):
+        torch.manual_seed(hash((recipe.fp8_format, bias, need_dx)) % 1000)
+        k = shape[-1]
+        eager, graph = fp8.Linear(k, n, bias=bias), fp8.Linear(k, n, bias=bias)
+        graph.load_state_dict(eager.state_dict())
+        names = ("fp8_amax_history_fwd", "fp8_scale_fwd", "fp8_amax_history_bwd", "fp8_scale_bwd")
+        for step in range(steps):
+            what = f"{recipe}, bias {bias}, need_dx {need_dx}, step {step}"
+            x = torch.randn(*shape) * 4.0 ** -step
+            xa, xb = (x.clone().requires_grad_(need_dx) for _ in range(2))
+            grad = torch.randn(*shape[:-1], n) * 10.0 ** (1 - step)
+            runs = rt.stats()["program_runs"]
+            with rt.fp8_autocast(recipe=recipe):
+                ya = eager(xa)
+                mid = rt.stats()["program_runs"]
+                yb = fp8._graph_forward(graph, xb, recipe)
+            after = rt.stats()["program_runs"]
+            self.assertEqual((mid - runs, after - mid), (1, 1), f"{what}: a forward is one Run either way")
+            self.assertTrue(same_bits(ya.detach(), yb.detach()), f"{what}: y")
+            ya.backward(grad)
+            mid = rt.stats()["program_runs"]
+            yb.backward(grad)
+            self.assertEqual(rt.stats()["program_runs"] - mid, 1, f"{what}: the backward is one Run")
+            got = [("weight.grad", eager.weight.grad, graph.weight.grad)]
+            if need_dx:
+                got.append(("x.grad", xa.grad, xb.grad))
+            else:
+                self.assertIsNone(xb.grad, f"{what}: no input gradient asked for")
+            if bias:
+                got.append(("bias.grad", eager.bias.grad, graph.bias.grad))
+            got += [(name, getattr(eager, name), getattr(graph, name)) for name in names]
+            for name, a, b in got:
+                self.assertTrue(same_bits(a, b), f"{what}: {name} {a.reshape(-1)[:4].tolist()} != "
+                                                 f"{b.reshape(-1)[:4].tolist()}")
+            eager.zero_grad()
+            graph.zero_grad()
+
+    def test_hybrid_max_with_bias(self):
+        self.check(fp8.DelayedScaling(amax_history_len=4), bias=True, shape=(4, 6, 32), n=24)
+
+    def test_e4m3_most_recent_without_an_input_gradient(self):
+        self.check(fp8.DelayedScaling(margin=1, fp8_format=fp8.Format.E4M3, amax_history_len=2,
+                                      amax_compute_algo="most_recent"), bias=False, shape=(20, 16), n=8,
+                   need_dx=False)
+
+    def test_the_state_is_made_for_the_layer_called_and_a_copy_is_its_own(self):
+        import copy
+        recipe = fp8.DelayedScaling(amax_history_len=3)
+        layer = fp8.Linear(16, 8)
+        twin = copy.deepcopy(layer)
+        fp8._graph_forward(twin, torch.randn(4, 16), recipe)
+        self.assertIsNone(layer.fp8_scale_fwd, "the original took no step")
+        self.assertEqual(list(twin.fp8_amax_history_fwd.shape), [3, 2])
+        self.assertEqual(list(twin.fp8_amax_history_bwd.shape), [3, 1])
+
+    def test_a_bad_scale_is_refused_by_name_and_changes_nothing(self):
+        recipe = fp8.DelayedScaling(amax_history_len=3)
+        layer = fp8.Linear(16, 8)
+        state = layer._fp8_state(recipe.amax_history_len, layer.weight.device)
+        state["fp8_scale_fwd"][1] = 0.0
+        before = {name: t.clone() for name, t in state.items()}
+        with self.assertRaises(regen.InvalidOperand) as cm:
+            fp8._graph_forward(layer, torch.randn(4, 16), recipe)
+        self.assertEqual(cm.exception.parameters["operand"], "scale.weight")
+        for name, t in before.items():
+            self.assertTrue(same_bits(getattr(layer, name), t), f"{name} changed")
+
+
 class Refusals(unittest.TestCase):
     def stepped_layer(self, recipe):
         torch.manual_seed(9)

@@ -3,6 +3,7 @@
 torch: regen.torch's compiler backend hands its graphs here."""
 
 from .aten import HANDLERS, VIEW_OPS
+from . import fp8 as _fp8  # noqa: F401  (regen.torch.fp8's custom ops, into HANDLERS)
 from .graph import Const, Graph, Op, RankStep, Segment, Unsupported, Val, contiguous_strides, partition
 
 __all__ = ["HANDLERS", "VIEW_OPS", "Const", "Graph", "Op", "RankStep", "Segment", "Unsupported", "Val",

@@ -95,6 +95,28 @@ def copy(b, op):
     _pointwise(b, "cast", [src], dst)
 
 
+@handles("aten.copy_.default")
+def copy_into_input(b, op):
+    """AOTAutograd's write-back of an input the graph updates (a buffer:
+    the FP8 scaling state, a running statistic), which it keeps in the
+    graph as copy_ (a forward's, where the backend asks it to, and every
+    backward's), after everything that reads the input: the input bound
+    as an inout and assigned in place, the program's last word on it.  A
+    Run of such a program names a journal (Segment.updates), so a Run a
+    fault cuts applies the update once."""
+    dst, src = op.a.get("self"), op.a.get("src")
+    need(isinstance(dst, Val) and dst.producer is None, "copy_ into a tensor the graph made, not into an input")
+    need(isinstance(src, Val), f"copy_ of {type(src).__name__} into an input")
+    need(dst.dtype is not None and src.dtype is not None, "copy_ of a dtype programs do not take")
+    need(src.shape == dst.shape, f"copy_ that broadcasts {list(src.shape)} to {list(dst.shape)}")
+    need(all(u is op or u.index < op.index for u in dst.users), "copy_ into an input that ops after it read")
+    result = op.outs[0] if op.outs else None
+    need(not isinstance(result, Val) or (not result.users and not result.is_output), "copy_ whose result is read")
+    need(all(v.storage != dst.storage or v.id == dst.id for v in b.external.values()),
+         "copy_ into an input whose memory another input of the segment views")
+    b.node("cast", [b.read(src)], [b.update(dst)])
+
+
 def _cast_into_softmax(b, src, dst):
     """A cast read by a softmax alone, through reshapes (a model's
     ``logits.float().view(-1, V)`` before its loss): the softmax reads the

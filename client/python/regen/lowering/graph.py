@@ -151,7 +151,10 @@ class Segment:
     are memory the rank allocates and binds, contiguous; ``exports`` are
     the Vals the rank reads afterwards, each in an output's memory (by its
     storage key, at its offset and strides); ``dummies`` are outputs the rank must hold but nothing
-    reads (an attention's unused RNG state)."""
+    reads (an attention's unused RNG state).  ``updates``: whether the
+    program writes inputs in place (inouts, bound as the inputs are: a
+    graph's update of a buffer), so that a Run a fault cuts must not simply
+    run again (a journal)."""
 
     def __init__(self, index):
         self.index = index
@@ -163,6 +166,7 @@ class Segment:
         self.dummies = []
         self.consts = []
         self.scalars = []   # names of the scalars a Run gives ("seed": a fresh random integer)
+        self.updates = False
 
 
 class _Builder:
@@ -244,6 +248,18 @@ class _Builder:
         name = self._add({"name": self._fresh("v"), "kind": "view", "base": t["name"], "shape": list(v.shape),
                           "strides": list(v.strides), "offset": v.offset})
         self.name_of[v.id] = name
+        return name
+
+    def update(self, v):
+        """The program tensor for graph input ``v`` that a node writes in
+        place: bound where it lies, as an inout (read before, if at all, by
+        this segment's earlier nodes)."""
+        if v.producer is not None:
+            raise Unsupported(f"{v!r} is not a graph input: only inputs are updated in place")
+        name = self.read(v)
+        for t in self.tensors:
+            if t["name"] == name:
+                t["kind"] = "inout"
         return name
 
     def alias(self, v):
@@ -331,6 +347,7 @@ class _Builder:
         seg.dummies = [v for v in self.dummies if v.id in used_after]
         seg.consts = self.consts
         seg.scalars = list(self.scalar_names)
+        seg.updates = any(t["kind"] == "inout" for t in self.tensors)
         seg.definition = {"name": f"regen_compiled_{seg.index}", "tensors": self.tensors, "nodes": self.nodes}
         return seg
 

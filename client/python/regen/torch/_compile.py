@@ -172,6 +172,7 @@ class CompiledGraph:
                 # Named for what it is in Status, metrics and traces.
                 s.definition["name"] = f"compiled{self.serial}_{kind}_{s.index}"
         self.failed = {}         # segment index -> why regend refused it
+        self.journals = {}       # segment index -> the journal of its Runs, where it updates inputs in place
         self.relaid = 0          # segment runs on the rank: inputs laid out otherwise than traced
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if self.steps is not None:
@@ -295,8 +296,12 @@ class CompiledGraph:
         # A fresh seed a call for the segment's random draws (dropout), from
         # torch's generator: torch.manual_seed makes a run repeat.
         scalars = {name: float(torch.randint(0, 2**53, (1,)).item()) for name in seg.scalars} or None
+        # A segment that updates inputs in place (a buffer's copy_: the FP8
+        # scaling state) names a journal: a Run a fault cuts is put back
+        # and run again in the new generation, its update applied once.
+        journal = self._journal_for(seg.index, device) if seg.updates else None
         try:
-            rt.run_program((("graph", self.serial), seg.index), seg.definition, binds, scalars)
+            rt.run_program((("graph", self.serial), seg.index), seg.definition, binds, scalars, journal=journal)
         except errors.InvalidProgram as e:
             # regend refused what the lowering wrote: this segment runs on
             # the rank from now on, and explain() says why.
@@ -304,6 +309,18 @@ class CompiledGraph:
             for v in seg.exports:
                 env.pop(v.id, None)
             self._run_rank(rt, seg.ops, env, True)
+
+    def _journal_for(self, index, device):
+        """The journal of segment ``index``'s Runs (one at a time), from the
+        outputs' memory, grown as its program needs."""
+        def journal(program):
+            j = self.journals.get(index)
+            need = max(program.journal_bytes, 8)
+            if j is None or j.numel() < need or j.device != device:
+                with _outputs_pool(device):
+                    j = self.journals[index] = torch.empty(need, dtype=torch.uint8, device=device)
+            return j
+        return journal
 
     # -- reporting -----------------------------------------------------------
 
@@ -318,7 +335,7 @@ class CompiledGraph:
         for s in self.steps:
             if isinstance(s, Segment):
                 entry = {"index": s.index, "ops": len(s.ops), "program_nodes": len(s.definition["nodes"]),
-                         "bound": len(s.inputs) + len(s.outputs)}
+                         "bound": len(s.inputs) + len(s.outputs), "updates": s.updates}
                 if s.index in self.failed:
                     entry["refused"] = self.failed[s.index]
                 else:
@@ -392,10 +409,16 @@ def _compiler(kind):
 
 def backend(gm, example_inputs, **options):
     """The "regen" backend: AOTAutograd with our forward and backward
-    compilers."""
+    compilers.  A forward's update of an input that needs no gradient (a
+    buffer: FP8 scaling state, running statistics) stays in the graph as
+    copy_ (keep_inference_input_mutations, as Inductor asks), which the
+    lowering writes into the program, in place, rather than AOTAutograd
+    copying after the Run on the rank (a backward's update is in its graph
+    whatever is asked)."""
     from torch._dynamo.backends.common import aot_autograd
     return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                        inference_compiler=_compiler("inference"))(gm, example_inputs)
+                        inference_compiler=_compiler("inference"),
+                        keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 def compiled_graphs():
@@ -420,7 +443,8 @@ def explain(show=True):
             if r["eager"]:
                 print(f"  all on the rank: {r['eager']}")
             for s in r["segments"]:
-                extra = f" REFUSED: {s['refused']}" if "refused" in s else ""
+                extra = ", updates inputs in place (journal)" if s.get("updates") else ""
+                extra += f" REFUSED: {s['refused']}" if "refused" in s else ""
                 print(f"  segment {s['index']}: {s['ops']} ops -> {s['program_nodes']} program nodes, "
                       f"{s['bound']} bound{extra}")
             for x in r["rank"]:

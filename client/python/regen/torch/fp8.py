@@ -18,8 +18,10 @@ the weight's, n = 2; backward: the output gradient's, n = 1), f32. regend
 reads and updates them where they are, so a restart or a fault of regend's
 worker loses none of it, and each pass's update lands exactly once.
 
-Each pass is one io.regen.Program Run (regen.torch's run_program, on
-torch's current stream), eager, one hand-off:
+Eagerly each pass is one io.regen.Program Run (regen.torch's run_program,
+on torch's current stream), one hand-off; under torch.compile(backend=
+"regen") its nodes are part of the compiled forward's and backward's
+programs (below).  The nodes (regen.fp8_programs, written once):
 
   forward   ScaleUpdate of the forward state (Transformer Engine's
             amax_and_scale_update: the history's max, or its newest, and
@@ -41,27 +43,40 @@ the state as it was. The scales' inverses each pass used are fresh tensors
 (``layer.fp8_scale_inv_fwd``, ``fp8_scale_inv_bwd``), kept for the backward,
 so a second forward before a backward changes nothing the first needs.
 
+Under torch.compile(backend="regen") (torch 2.5 and later:
+graphs_take_fp8()) the layer is traced as the custom ops regen::fp8_linear
+and regen::fp8_linear_backward (_fp8_ops), functional, each followed by
+the copy_ of its state update into the buffers: AOTAutograd keeps those
+copy_s in the forward's and the backward's graphs, and the backend writes
+the ops as the nodes above and each copy_ as an assignment of the buffer,
+bound as an inout, in the same program; a whole training step is then two
+Runs, each with a journal where it updates state, so a Run a fault cuts
+applies it once there too.  The state is made as dynamo traces the first
+call (_make_state); the scales' inverses are not kept on the layer there.
+
 FP8 tensors are torch's float8_e4m3fn / float8_e5m2 where torch has them
 (2.1 and later), uint8 storage of the same bytes otherwise (torch 1.13).
 docs/torch.md ("FP8") says what the CUDA backend needs (dimensions
-multiples of 16) and how this meets torch.compile.
+multiples of 16).
 """
 
 import contextlib
 import enum
+import itertools
 import math
 import sys
 import threading
+import weakref
 from typing import Any, Dict, Iterator, Optional
 
 import torch
 
-from .. import ProgramBuilder
+from ..fp8_programs import Scaling, backward_definition, forward_definition
 from ._on_import import when_imported
 from ._runtime import NotSupported, host_empty
 
 __all__ = ["Format", "DelayedScaling", "fp8_autocast", "is_fp8_enabled", "get_fp8_recipe", "Linear",
-           "FP8_STORAGE_DTYPES"]
+           "FP8_STORAGE_DTYPES", "graphs_take_fp8"]
 
 _package = sys.modules[__name__.rpartition(".")[0]]
 
@@ -119,8 +134,10 @@ class DelayedScaling:
         self.amax_history_len = amax_history_len
         self.amax_compute_algo = amax_compute_algo
 
-    def _key(self):
-        return (self.fp8_format.value, self.margin, self.amax_compute_algo)
+    def _scaling(self, direction):
+        """The recipe as a direction's nodes take it ("forward", "backward")."""
+        return Scaling(getattr(self.fp8_format, direction), self.amax_compute_algo, self.margin,
+                       self.amax_history_len)
 
     def __repr__(self):
         return (f"DelayedScaling(margin={self.margin:g}, fp8_format=Format.{self.fp8_format.name}, "
@@ -219,98 +236,7 @@ def _dtype_of(name, t):
     return dt
 
 
-# ---- the two programs -----------------------------------------------------------
-
-def _update_nodes(b, state, n, fp8_dtype, recipe):
-    """The delayed-scaling update of one direction's state: into the
-    program's memory first, assigned to the state (inouts) by the Run's
-    last nodes (_assign_nodes), so a node refused midway leaves the state
-    as it was."""
-    h = recipe.amax_history_len
-    hist = b.inout(f"{state}.amax_history", "f32", [h, n])
-    scale = b.inout(f"{state}.scale", "f32", [n])
-    new_hist = b.intermediate(f"{state}.amax_history.new", "f32", [h, n])
-    new_scale = b.intermediate(f"{state}.scale.new", "f32", [n])
-    inv = b.output(f"{state}.scale_inv", "f32", [n])
-    b.node("scale_update", {"amax_history": hist, "scale": scale, "amax_history_out": new_hist,
-                            "scale_out": new_scale, "scale_inv": inv}, name=f"{state}.update",
-           fp8_dtype=fp8_dtype, amax_compute=recipe.amax_compute_algo, margin=recipe.margin)
-    return hist, scale, new_hist, new_scale, inv
-
-
-def _assign_nodes(b, state, hist, scale, new_hist, new_scale):
-    b.node("cast", [new_hist], [hist], name=f"{state}.assign_history")
-    b.node("cast", [new_scale], [scale], name=f"{state}.assign_scale")
-
-
-def _element(b, name, base, i):
-    return b.view(name, base, [1], [1], i)
-
-
-def _forward_definition(m, n, k, xdt, wdt, bdt, x_strides, w_strides, recipe):
-    """y = x @ w.T (+ bias) in FP8: the update, x and w quantized (each
-    also transposed, for the backward's GEMMs), the GEMM."""
-    b = ProgramBuilder("fp8_linear_forward")
-    fmt = recipe.fp8_format.forward
-    x = b.input("input", xdt, [m, k], x_strides)
-    w = b.input("weight", wdt, [n, k], w_strides)
-    bias = b.input("bias", bdt, [n]) if bdt is not None else None
-    hist, scale, new_hist, new_scale, inv = _update_nodes(b, "fwd", 2, fmt, recipe)
-    y = b.output("output", xdt, [m, n])
-    xq = b.intermediate("input.fp8", fmt, [m, k])
-    wq = b.intermediate("weight.fp8", fmt, [n, k])
-    xt = b.output("input.fp8_t", fmt, [k, m])
-    wt = b.output("weight.fp8_t", fmt, [k, n])
-    for i, (src, q, t, what) in enumerate(((x, xq, xt, "input"), (w, wq, wt, "weight"))):
-        b.node("transpose_quantize", {"x": src, "scale": _element(b, f"scale.{what}", new_scale, i),
-                                      "y": q, "y_t": t, "amax": _element(b, f"amax.{what}", new_hist, i)},
-               name=f"quantize.{what}")
-    gemm = {"a": xq, "b": wq, "d": y, "a_scale": _element(b, "scale_inv.input", inv, 0),
-            "b_scale": _element(b, "scale_inv.weight", inv, 1)}
-    # The GEMM adds a bias of the output's dtype into bf16 or f16; another
-    # is one pointwise add after it.
-    fused = bias is not None and xdt in ("bf16", "f16") and bdt == xdt
-    if fused:
-        gemm["bias"] = bias
-    b.node("gemm", gemm, name="gemm", trans_b=True, **({"epilogue": "bias"} if fused else {}))
-    if bias is not None and not fused:
-        b.node("add", [y, bias], [y], name="bias")
-    _assign_nodes(b, "fwd", hist, scale, new_hist, new_scale)
-    return b.definition()
-
-
-def _backward_definition(m, n, k, xdt, wdt, bdt, dy_strides, recipe, need_dx, need_dw):
-    """dx = dy @ w and dw = dy.T @ x in FP8 from the forward's transposed
-    copies, dy quantized (and transposed) after its update; the bias
-    gradient summed over the rows in f32."""
-    b = ProgramBuilder("fp8_linear_backward")
-    fmt, fwd = recipe.fp8_format.backward, recipe.fp8_format.forward
-    dy = b.input("grad_output", xdt, [m, n], dy_strides)
-    xt = b.input("input.fp8_t", fwd, [k, m])
-    wt = b.input("weight.fp8_t", fwd, [k, n])
-    fwd_inv = b.input("fwd.scale_inv", "f32", [2])
-    hist, scale, new_hist, new_scale, inv = _update_nodes(b, "bwd", 1, fmt, recipe)
-    dyq = b.intermediate("grad_output.fp8", fmt, [m, n])
-    dyt = b.intermediate("grad_output.fp8_t", fmt, [n, m])
-    b.node("transpose_quantize", {"x": dy, "scale": _element(b, "scale.grad_output", new_scale, 0), "y": dyq,
-                                  "y_t": dyt, "amax": _element(b, "amax.grad_output", new_hist, 0)},
-           name="quantize.grad_output")
-    if need_dx:
-        dx = b.output("grad_input", xdt, [m, k])
-        b.node("gemm", {"a": dyq, "b": wt, "d": dx, "a_scale": inv,
-                        "b_scale": _element(b, "fwd.scale_inv.weight", fwd_inv, 1)}, name="gemm.grad_input",
-               trans_b=True)
-    if need_dw:
-        dw = b.output("grad_weight", wdt, [n, k])
-        b.node("gemm", {"a": dyt, "b": xt, "d": dw, "a_scale": inv,
-                        "b_scale": _element(b, "fwd.scale_inv.input", fwd_inv, 0)}, name="gemm.grad_weight",
-               trans_b=True)
-    if bdt is not None:
-        db = b.output("grad_bias", bdt, [n])
-        b.node("sum", [dy], [db], name="grad_bias", axis="leading")
-    _assign_nodes(b, "bwd", hist, scale, new_hist, new_scale)
-    return b.definition()
-
+# ---- the two programs (regen.fp8_programs writes them) ------------------------
 
 _definitions: Dict[Any, Any] = {}
 
@@ -335,17 +261,17 @@ class _Fp8LinearFunction(torch.autograd.Function):
         x2 = _rows(x, k)
         m = x2.shape[0]
         _check_cuda_shape(x, m, n, k)
-        state = layer._fp8_state(recipe, weight.device)
+        state = layer._fp8_state(recipe.amax_history_len, weight.device)
         x2, w, b = _bindable(x2), _bindable(weight), _bindable(bias)
         fmt = recipe.fp8_format.forward
         y = _empty([m, n], x.dtype, x)
         xt = _empty([k, m], FP8_STORAGE_DTYPES[fmt], x)
         wt = _empty([k, n], FP8_STORAGE_DTYPES[fmt], x)
         inv = _empty([2], torch.float32, x)
-        key = ("forward", m, n, k, xdt, wdt, bdt, tuple(_strides(x2)), tuple(_strides(w)), recipe._key(),
-               recipe.amax_history_len)
-        definition = _definition(key, _forward_definition, m, n, k, xdt, wdt, bdt, _strides(x2), _strides(w),
-                                 recipe)
+        scaling = recipe._scaling("forward")
+        key = ("forward", m, n, k, xdt, wdt, bdt, tuple(_strides(x2)), tuple(_strides(w)), scaling, True)
+        definition = _definition(key, forward_definition, m, n, k, xdt, wdt, bdt, _strides(x2), _strides(w),
+                                 scaling, True)
         tensors = {"input": x2, "weight": w, "fwd.amax_history": state["fp8_amax_history_fwd"],
                    "fwd.scale": state["fp8_scale_fwd"], "fwd.scale_inv": inv, "output": y, "input.fp8_t": xt,
                    "weight.fp8_t": wt}
@@ -369,16 +295,17 @@ class _Fp8LinearFunction(torch.autograd.Function):
             _package.runtime().rank_work()
             grad = grad.to(_DTYPE_TORCH[xdt])
         dy = _bindable(_rows(grad, n))
-        state = layer._fp8_state(recipe, xt.device)
+        state = layer._fp8_state(recipe.amax_history_len, xt.device)
         like = xt
         dx = _empty([m, k], _DTYPE_TORCH[xdt], like) if need_dx else None
         dw = _empty([n, k], _DTYPE_TORCH[wdt], like) if need_dw else None
         db = _empty([n], _DTYPE_TORCH[bdt], like) if need_db else None
         inv = _empty([1], torch.float32, like)
-        key = ("backward", m, n, k, xdt, wdt, bdt if need_db else None, tuple(_strides(dy)), recipe._key(),
-               recipe.amax_history_len, need_dx, need_dw)
-        definition = _definition(key, _backward_definition, m, n, k, xdt, wdt, bdt if need_db else None,
-                                 _strides(dy), recipe, need_dx, need_dw)
+        scaling = recipe._scaling("backward")
+        key = ("backward", m, n, k, xdt, wdt, bdt if need_db else None, tuple(_strides(dy)), scaling,
+               recipe.fp8_format.forward, need_dx, need_dw, True)
+        definition = _definition(key, backward_definition, m, n, k, xdt, wdt, bdt if need_db else None,
+                                 _strides(dy), scaling, recipe.fp8_format.forward, need_dx, need_dw, True)
         tensors = {"grad_output": dy, "input.fp8_t": xt, "weight.fp8_t": wt, "fwd.scale_inv": fwd_inv,
                    "bwd.amax_history": state["fp8_amax_history_bwd"], "bwd.scale": state["fp8_scale_bwd"],
                    "bwd.scale_inv": inv}
@@ -433,7 +360,13 @@ class Linear(torch.nn.Module):
             self.register_buffer(name, None)
         self.fp8_scale_inv_fwd = self.fp8_scale_inv_bwd = None
         self._journal = None
+        self._fp8_serial = _register(self)
         self.reset_parameters()
+
+    def __setstate__(self, state):
+        # A copy (copy.deepcopy, unpickling) is a layer of its own.
+        super().__setstate__(state)
+        self._fp8_serial = _register(self)
 
     def reset_parameters(self):
         torch.nn.Linear.reset_parameters(self)
@@ -451,13 +384,12 @@ class Linear(torch.nn.Module):
             torch.empty(list(shape), dtype=torch.float32, device=device)
         return t.fill_(fill)
 
-    def _fp8_state(self, recipe, device):
+    def _fp8_state(self, h, device):
         """The four state buffers, made (history zeros, scales ones: the
         first step quantizes with scale 1, as Transformer Engine's), grown
-        or cut to the recipe's history length, and checked: f32, on the
+        or cut to a recipe's history length ``h``, and checked: f32, on the
         weight's device, contiguous, in the host pool on the CPU (a Run
         updates them in place: moved there, once, where they are not)."""
-        h = recipe.amax_history_len
         state = {}
         for name, n, is_history in _STATE:
             t = self._buffers.get(name)
@@ -511,25 +443,143 @@ class Linear(torch.nn.Module):
                                       error_msgs)
 
 
+_layers: "weakref.WeakValueDictionary[int, Linear]" = weakref.WeakValueDictionary()
+_serials = itertools.count(1)
+
+
+def _register(layer):
+    """A number for the layer that _make_state finds it by (a traced call
+    passes constants, not modules)."""
+    serial = next(_serials)
+    _layers[serial] = layer
+    return serial
+
+
 def _forward(layer, x):
-    """The layer's forward, whole, outside torch.compile's graphs (once
-    torch._dynamo is imported, _keep_out_of_graphs makes it so): the scope
-    is this thread's state, which a graph must not bake in."""
+    """The layer's forward: eager, the pass one program Run that updates
+    the state in place (_Fp8LinearFunction); as torch.compile traces it,
+    _graph_forward.  The scope is this thread's state: dynamo reads it
+    where it traces (and guards on it: another recipe, or none, compiles
+    anew)."""
     recipe = get_fp8_recipe()
+    if _compiling():
+        return _graph_forward(layer, x, recipe)
     if recipe is None:
         return _package.linear(x, layer.weight, layer.bias)
+    return _eager_pass(layer, x, recipe)
+
+
+def _eager_pass(layer, x, recipe):
+    """The FP8 pass eagerly; under torch.compile a graph break
+    (_on_dynamo_import), where the state cannot be had as the traced pass
+    takes it."""
     return _Fp8LinearFunction.apply(x, layer.weight, layer.bias, layer, recipe)
 
 
-def _keep_out_of_graphs():
-    """_forward, left out of torch.compile's graphs (a graph break): its
-    Runs are regend's, not ATen ops the compile backend can lower
-    (docs/torch.md, FP8).  Done when torch._dynamo is imported, not at
-    regen.torch's import (seconds on torch 2.x); Linear.forward looks
-    _forward up at each call, as dynamo does when it traces it."""
-    global _forward
+def _graph_forward(layer, x, recipe):
+    """The forward as torch.compile(backend="regen") sees it: outside the
+    scope F.linear (ATen ops the backend writes into its programs), inside
+    the custom op regen::fp8_linear and the copy_ of the forward state's
+    update into the layer's buffers, which AOTAutograd keeps in the graph
+    and the backend writes as the program's in-place update (_fp8_ops,
+    regen.lowering.fp8).  The state is made first where it is not yet as
+    the recipe wants it (the first FP8 step, another history length), as
+    dynamo traces (_make_state); dynamo guards on the buffers it then
+    reads."""
+    if recipe is None:
+        return torch.nn.functional.linear(x, layer.weight, layer.bias)
+    _make_state(layer._fp8_serial, recipe.amax_history_len)
+    state = _state_if_ready(layer, recipe)
+    if state is None:
+        return _eager_pass(layer, x, recipe)
+    weight = layer.weight
+    n, k = weight.shape
+    for what, t in (("input", x), ("weight", weight), ("bias", layer.bias)):
+        if t is not None:
+            _dtype_of(what, t)
+    if x.shape[-1] != k:
+        raise ValueError(f"regen.torch.fp8.Linear: input's last dimension is {x.shape[-1]}, the layer takes {k}")
+    _check_cuda_shape(x, x.numel() // k, n, k)
+    return _fp8_ops.linear(layer, x, recipe, state)
+
+
+def _make_state(serial, history):
+    """Makes the state of layer ``serial`` as a recipe of ``history`` rows
+    wants it, where it is not (Linear._fp8_state).  Under torch.compile it
+    runs as dynamo traces, not in the graph (assume_constant_result, set
+    by _on_dynamo_import: its True is the trace's constant), so the
+    buffers the trace reads next exist and the first compiled call is
+    whole: a graph break there would leave the model's graph cut at the
+    layer for good, dynamo guarding the caller's frame on nothing the
+    layer reads."""
+    layer = _layers.get(serial)
+    if layer is not None:
+        layer._fp8_state(history, layer.weight.device)
+    return True
+
+
+def _state_if_ready(layer, recipe):
+    """The four state buffers (fwd history and scale, bwd history and
+    scale) where they exist as the recipe's pass takes them (f32,
+    contiguous, on the weight's device, the recipe's history length), else
+    None."""
+    device = layer.weight.device
+    h = recipe.amax_history_len
+    found = []
+    for name, n, is_history in _STATE:
+        t = getattr(layer, name)
+        if t is None or t.dtype != torch.float32 or t.device != device or not t.is_contiguous() or \
+                tuple(t.shape) != ((h, n) if is_history else (n,)):
+            return None
+        found.append(t)
+    return found
+
+
+def graphs_take_fp8() -> bool:
+    """Whether torch.compile can trace the FP8 pass as custom ops: they
+    need torch.library.custom_op (torch 2.4), torch.compiler.is_compiling,
+    and AOTAutograd keeping a backward's update of a forward input (the
+    backward state) in the backward graph (torch 2.5: ViewAndMutationMeta's
+    indices_of_inputs_that_requires_grad_with_mutations_in_bw).  Where not,
+    the layer's forward is a graph break, run eagerly."""
+    if not (_fp8_ops.HAVE_CUSTOM_OP and _compiling is not _never):
+        return False
+    try:
+        import dataclasses
+        from torch._functorch._aot_autograd.schemas import ViewAndMutationMeta
+    except ImportError:
+        return False
+    return "indices_of_inputs_that_requires_grad_with_mutations_in_bw" in \
+        {f.name for f in dataclasses.fields(ViewAndMutationMeta)}
+
+
+def _never():
+    return False
+
+
+# torch.compiler.is_compiling where torch has it (2.3): True while dynamo
+# traces, so the branch it takes is the only one in the graph.
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _never)
+
+
+def _on_dynamo_import():
+    """Once torch._dynamo is imported (not at regen.torch's import: seconds
+    on torch 2.x): where graphs take the FP8 pass, _make_state run as
+    dynamo traces and the eager pass left out of graphs; where not, the
+    whole forward left out (a graph break, the layer eager).
+    Linear.forward looks _forward up at each call, as dynamo does when it
+    traces it."""
+    global _forward, _eager_pass
     from torch._dynamo import disable
-    _forward = disable(_forward)
+    if graphs_take_fp8():
+        from torch._dynamo import assume_constant_result
+        assume_constant_result(_make_state)
+        _eager_pass = disable(_eager_pass)
+    else:
+        _forward = disable(_forward)
 
 
-when_imported("torch._dynamo", _keep_out_of_graphs)
+from . import _fp8_ops  # noqa: E402  (its kernels use the helpers above)
+
+# Last: where torch._dynamo is imported already, it runs now.
+when_imported("torch._dynamo", _on_dynamo_import)
