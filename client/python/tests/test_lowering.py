@@ -206,9 +206,9 @@ class PartitionTest(unittest.TestCase):
         self.assertEqual(len(names), len(set(names)))
 
 
-@unittest.skipIf(not find_regend(), "no regend (pass --regend or set REGEN_BUILD_ROOT)")
-class HostRunTest(unittest.TestCase):
-    """Segments run on regend's host backend against float64."""
+class _HostCase(unittest.TestCase):
+    """A client of the test's regend (host backend) and fresh random
+    inputs for each case."""
 
     def setUp(self):
         self.c = regen.Client(daemon.socket, timeout=60)
@@ -219,6 +219,11 @@ class HostRunTest(unittest.TestCase):
 
     def rand(self, n, lo=-1.0, hi=1.0):
         return [self.rng.uniform(lo, hi) for _ in range(n)]
+
+
+@unittest.skipIf(not find_regend(), "no regend (pass --regend or set REGEN_BUILD_ROOT)")
+class HostRunTest(_HostCase):
+    """Segments run on regend's host backend against float64."""
 
     def close(self, got, want, tol, what):
         self.assertEqual(len(got), len(want), what)
@@ -671,7 +676,7 @@ def _f32(values):
 
 
 @unittest.skipIf(not find_regend(), "no regend (pass --regend or set REGEN_BUILD_ROOT)")
-class Fp8LinearTest(unittest.TestCase):
+class Fp8LinearTest(_HostCase):
     """regen.torch.fp8.Linear's custom ops as a compiled graph holds them
     (regen::fp8_linear and its backward, then AOTAutograd's copy_ of each
     state update into the layer's buffers): one segment with the ops around
@@ -681,16 +686,6 @@ class Fp8LinearTest(unittest.TestCase):
 
     M, K, N, H = 8, 32, 16, 4
     SCALING = ("e4m3", "e5m2", "max", 1.0)
-
-    def setUp(self):
-        self.c = regen.Client(daemon.socket, timeout=60)
-        self.rng = random.Random(self.id() + str(os.getpid()))
-
-    def tearDown(self):
-        self.c.close()
-
-    def rand(self, n, lo=-1.0, hi=1.0):
-        return [self.rng.uniform(lo, hi) for _ in range(n)]
 
     def codes(self, n):
         return bytes(self.rng.choice([c for c in range(256) if c not in (0x7F, 0xFF)]) for _ in range(n))
