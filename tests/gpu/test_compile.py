@@ -32,8 +32,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench"))
-from regend_fixture import Regend, failed_count, gpu_script_args, record, record_width, require_torch, \
-    summary, take_option as opt  # noqa: E402
+from regend_fixture import Regend, failed_count, gpu_script_args, lose_device, record, record_width, \
+    require_torch, summary, take_option as opt  # noqa: E402
 
 torch = require_torch()
 
@@ -188,12 +188,7 @@ def train_with_faults(name, steps, faults, admin):
         o.zero_grad(set_to_none=True)
         loss = compiled(idx, tgt)
         if kind == "device_lost":
-            torch.cuda.synchronize()
-            gen = admin.generation()["devices"][0]["generation"]
-            admin.inject_fault(0, "device_lost")
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and admin.generation()["devices"][0]["generation"] <= gen:
-                time.sleep(0.01)
+            lose_device(admin)
         loss.backward()
         o.step()
         losses.append(loss.float().item())

@@ -29,14 +29,13 @@ The host-backend side is client/python/tests/test_torch_fp8.py.
 
 import os
 import sys
-import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, SKIP, failed_count, gpu_script_args, record, record_width, \
+from regend_fixture import Regend, SKIP, failed_count, gpu_script_args, lose_device, record, record_width, \
     require_torch, summary  # noqa: E402
 
 torch = require_torch()
@@ -161,12 +160,7 @@ def train(steps, faults, admin):
         with rt.fp8_autocast(recipe=recipe):
             loss = model(x).float().pow(2).mean()
         if kind == "device_lost":
-            torch.cuda.synchronize()
-            gen = admin.generation()["devices"][0]["generation"]
-            admin.inject_fault(0, "device_lost")
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and admin.generation()["devices"][0]["generation"] <= gen:
-                time.sleep(0.01)
+            lose_device(admin)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -230,22 +224,13 @@ def _train_chain(model, fn, steps, recipe, faults=None, admin=None):
         with rt.fp8_autocast(recipe=recipe):
             loss = fn(x, g)
         if kind == "device_lost":
-            _lose_device(admin)
+            lose_device(admin)
         loss.backward()
         runs.append(rt.stats()["program_runs"] - before)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return runs, losses
-
-
-def _lose_device(admin):
-    torch.cuda.synchronize()
-    gen = admin.generation()["devices"][0]["generation"]
-    admin.inject_fault(0, "device_lost")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and admin.generation()["devices"][0]["generation"] <= gen:
-        time.sleep(0.01)
 
 
 def check_compile_bits(steps):

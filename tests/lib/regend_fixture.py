@@ -316,6 +316,19 @@ def all_ready(status, ndevices=None):
     return bool(devs) and all(d.get("state") == "ready" for d in devs)
 
 
+def lose_device(admin, device=0, timeout=60):
+    """Injects a device_lost on `device` through admin (a regen.Client)
+    once the local GPU is idle, and returns when the device's generation
+    moved past the one before (or after timeout s)."""
+    import torch
+    torch.cuda.synchronize()
+    gen = admin.generation()["devices"][device]["generation"]
+    admin.inject_fault(device, "device_lost")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and admin.generation()["devices"][device]["generation"] <= gen:
+        time.sleep(0.01)
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
