@@ -83,7 +83,7 @@ def rank_main():
 
 
 def main():
-    from regend_fixture import Regend, find_regend, record, require_torch, summary, wait_for
+    from regend_fixture import Regend, find_regend, record, require_torch, summary
     require_torch()
     import torch
     if not torch.cuda.is_available():
