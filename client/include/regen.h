@@ -59,6 +59,7 @@ extern "C" {
 #define REGEN_ERROR_COMM_IN_FLIGHT           "io.regen.CommInFlight"
 #define REGEN_ERROR_INVALID_JOB              "io.regen.InvalidJob"
 #define REGEN_ERROR_INVALID_PROGRAM          "io.regen.InvalidProgram"
+#define REGEN_ERROR_RUN_TORN                 "io.regen.RunTorn"
 #define REGEN_ERROR_INTERFACE_NOT_FOUND      "org.varlink.service.InterfaceNotFound"
 #define REGEN_ERROR_METHOD_NOT_FOUND         "org.varlink.service.MethodNotFound"
 #define REGEN_ERROR_METHOD_NOT_IMPLEMENTED   "org.varlink.service.MethodNotImplemented"
