@@ -683,7 +683,8 @@ static int ring_submit_run(regen_client *c, struct rc_lane *lane, int device, co
 	struct rp_ring_run_call call = {
 		.wait_event = RP_RING_NONE, .signal_event = RP_RING_NONE, .journal = RP_RING_NONE,
 		.deadline_ms = run->deadline_ms, .journal_offset = run->journal_offset, .seq = run->seq,
-		.retry = run->retry, .bind = bind, .nbind = run->nbind, .scalars = scalars, .nscalars = run->nscalars,
+		.retry = run->retry, .journal_marks = run->journal_marks, .bind = bind, .nbind = run->nbind,
+		.scalars = scalars, .nscalars = run->nscalars,
 	};
 	int ret;
 

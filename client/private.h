@@ -124,6 +124,7 @@ struct rc_run {
 	struct rp_id journal;
 	uint64_t journal_offset, seq;
 	bool retry;
+	bool journal_marks;               /* the journal holds marks only */
 	const struct rc_run_binding *bind;
 	unsigned nbind;
 	const struct rc_run_scalar *scalars;

@@ -215,13 +215,18 @@ static int put_run(regen_client *c, const struct regen_program_run_args *a, stru
 		rc_set_local_error(c, "the Run's seq and journal_offset must not pass 2^53");
 		return -EINVAL;
 	}
+	if (a->journal_marks && a->journal == NULL) {
+		rc_set_local_error(c, "journal_marks names a journal's mode: the Run has no journal");
+		return -EINVAL;
+	}
 	if ((a->wait_event && check_object(c, p, &a->wait_event->obj, "event", "wait_event") < 0) ||
 	    (a->signal_event && check_object(c, p, &a->signal_event->obj, "event", "signal_event") < 0) ||
 	    (a->journal && check_object(c, p, &a->journal->obj, "buffer", "journal") < 0))
 		return -EINVAL;
 	*run = (struct rc_run){
 		.program = p->obj.rid, .deadline_ms = a->deadline_ms, .has_journal = a->journal != NULL,
-		.journal_offset = a->journal_offset, .seq = a->seq, .retry = a->retry, .bind = bind,
+		.journal_offset = a->journal_offset, .seq = a->seq, .retry = a->retry,
+		.journal_marks = a->journal_marks, .bind = bind,
 		.nbind = (unsigned)a->nbind, .scalars = scalars, .nscalars = (unsigned)a->nscalars,
 	};
 	if (a->wait_event)
@@ -307,7 +312,8 @@ cJSON *rc_run_params(const struct rc_run *run)
 		cJSON *j = cJSON_AddObjectToObject(params, "journal");
 
 		if (j == NULL || cJSON_AddStringToObject(j, "buffer", rp_id_format(&run->journal, id)) == NULL ||
-		    cJSON_AddNumberToObject(j, "offset", (double)run->journal_offset) == NULL)
+		    cJSON_AddNumberToObject(j, "offset", (double)run->journal_offset) == NULL ||
+		    (run->journal_marks && cJSON_AddStringToObject(j, "mode", "marks") == NULL))
 			goto fail;
 	}
 	/* A record's seq of 0 without a journal is none: the call's is
@@ -419,11 +425,17 @@ REGEN_EXPORT int regen_record_run_submit(regen_client *c, int device, const stru
 		r = refuse_parameter(c, a->seq > EXACT_MAX ? "seq" : "journal.offset");
 		goto out;
 	}
+	/* A call has no words for a mode without a journal. */
+	if (a->journal_marks && a->journal == NULL) {
+		r = refuse_parameter(c, "journal.mode");
+		goto out;
+	}
 	run.deadline_ms = a->deadline_ms;
 	run.has_journal = a->journal != NULL;
 	run.journal_offset = a->journal_offset;
 	run.seq = a->seq;
 	run.retry = a->retry;
+	run.journal_marks = a->journal_marks;
 	run.bind = bind;
 	run.nbind = (unsigned)a->nbind;
 	run.scalars = scalars;

@@ -28,6 +28,7 @@
 #define RP_ERR_COMM_IN_FLIGHT      "io.regen.CommInFlight"
 #define RP_ERR_INVALID_JOB         "io.regen.InvalidJob"
 #define RP_ERR_INVALID_PROGRAM     "io.regen.InvalidProgram"
+#define RP_ERR_RUN_TORN            "io.regen.RunTorn"
 
 #define RP_ERR_INTERFACE_NOT_FOUND "org.varlink.service.InterfaceNotFound"
 #define RP_ERR_METHOD_NOT_FOUND    "org.varlink.service.MethodNotFound"

@@ -295,7 +295,8 @@ bool rp_prog_tensor_contiguous(const struct rp_prog_tensor *t);
  * the worker):
  *   {"program": id, "bind": {name: {"buffer": id, "offset"?: bytes}},
  *    "scalars"?: {name: number}, "wait_event"?, "signal_event"?,
- *    "deadline_ms"?, "journal"?: {"buffer", "offset"?}, "seq"?, "retry"?}
+ *    "deadline_ms"?, "journal"?: {"buffer", "offset"?, "mode"?: "copy" | "marks"},
+ *    "seq"?, "retry"?}
  * Every input, output and inout is bound exactly once, every scalar given
  * exactly once, nothing else named. */
 struct rp_prog_binding {
@@ -303,13 +304,18 @@ struct rp_prog_binding {
 	uint64_t offset;              /* bytes; a multiple of the element size */
 };
 
+/* What a Run's journal holds (proto/program_journal.h): copies of the
+ * inouts and the header's marks, or the marks alone. */
+enum rp_prog_journal_mode { RP_JOURNAL_COPY = 0, RP_JOURNAL_MARKS = 1 };
+
 struct rp_program_run {
 	struct rp_id program;
 	/* A Run that may be retried after a fault (proto/program_journal.h):
-	 * "journal": {buffer, offset}, "seq", "retry"; given together (retry
-	 * optional). */
+	 * "journal": {buffer, offset, mode}, "seq", "retry"; given together
+	 * (offset, mode and retry optional). */
 	bool has_journal;
 	struct rp_prog_binding journal;
+	enum rp_prog_journal_mode journal_mode;
 	uint64_t seq;
 	bool retry;
 	int nbound;
@@ -351,12 +357,20 @@ int rp_program_run_bind(const struct rp_program *p, int i, const struct rp_id *b
  * a seed (rp_prog_tensor.seed) that is not an integer in [0, 2^53). */
 int rp_program_run_scalar(const struct rp_program *p, int i, double value, struct rp_program_run *run, bool *seen,
 			  struct rp_error *err);
-/* The journal (buffer, offset) where has_journal, the seq where has_seq,
- * retry: InvalidParameter "seq" (past 2^53, or missing beside a journal),
- * "journal" (a seq without one), "retry" (without a journal),
+/* The journal (buffer, offset, mode) where has_journal, the seq where
+ * has_seq, retry: InvalidParameter "seq" (past 2^53, or missing beside a
+ * journal), "journal" (a seq without one), "retry" (without a journal),
+ * "journal.mode" (marks without a journal: a ring record's flag),
  * "journal.buffer", "journal.offset" (past 2^53 or not 8-byte aligned). */
 int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const struct rp_id *buffer, uint64_t offset,
-			   bool has_seq, uint64_t seq, bool retry, struct rp_error *err);
+			   enum rp_prog_journal_mode mode, bool has_seq, uint64_t seq, bool retry, struct rp_error *err);
+/* What a retry that the journal's header refuses answers (both backends
+ * alike): RunTorn, the retried Run of a marks journal (proto/
+ * program_journal.h) found begun; InvalidParameter "journal.mode", the
+ * retry of a Run that saved copies given in mode marks (its journal was
+ * bound for the header alone). */
+void rp_program_run_torn(struct rp_error *err, const struct rp_program *p, const struct rp_id *program, uint64_t seq);
+void rp_program_run_mode_changed(struct rp_error *err, const struct rp_program *p, uint64_t seq);
 /* Every position given: else InvalidParameter naming the first missing
  * ("bind.<name>" or "scalars.<name>"). */
 int rp_program_run_complete(const struct rp_program *p, const bool *seen, struct rp_error *err);

@@ -41,6 +41,13 @@ static const struct rp_field binding_fields[] = {
 	{ NULL, 0, false },
 };
 
+static const struct rp_field journal_fields[] = {
+	{ "buffer", RP_T_STRING, true },
+	{ "offset", RP_T_INT, false },
+	{ "mode", RP_T_STRING, false },
+	{ NULL, 0, false },
+};
+
 static int bad(struct rp_error *err, const char *list, const char *name, const char *field)
 {
 	char path[RP_PROG_NAME_MAX * 2 + 32];
@@ -151,10 +158,10 @@ int rp_program_run_scalar(const struct rp_program *p, int i, double value, struc
 	return 0;
 }
 
-/* A journal and a seq together, a retry only with them; the journal
- * 8-byte aligned (its header's words). */
+/* A journal and a seq together, a retry and a mode only with them; the
+ * journal 8-byte aligned (its header's words). */
 int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const struct rp_id *buffer, uint64_t offset,
-			   bool has_seq, uint64_t seq, bool retry, struct rp_error *err)
+			   enum rp_prog_journal_mode mode, bool has_seq, uint64_t seq, bool retry, struct rp_error *err)
 {
 	if (seq > OFFSET_MAX)
 		return rp_error_invalid_parameter(err, "seq");
@@ -162,7 +169,10 @@ int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const s
 		return rp_error_invalid_parameter(err, has_journal ? "seq" : "journal");
 	if (retry && !has_journal)
 		return rp_error_invalid_parameter(err, "retry");
+	if ((mode != RP_JOURNAL_COPY && !has_journal) || (mode != RP_JOURNAL_COPY && mode != RP_JOURNAL_MARKS))
+		return rp_error_invalid_parameter(err, "journal.mode");
 	run->has_journal = has_journal;
+	run->journal_mode = mode;
 	run->seq = seq;
 	run->retry = retry;
 	if (!has_journal)
@@ -174,6 +184,25 @@ int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const s
 	run->journal.buffer = *buffer;
 	run->journal.offset = offset;
 	return 0;
+}
+
+void rp_program_run_torn(struct rp_error *err, const struct rp_program *p, const struct rp_id *program, uint64_t seq)
+{
+	char id[RP_ID_MAX];
+
+	rp_err_run_torn(err, rp_id_format(program, id), (long long)seq,
+			"Run %" PRIu64 " of program '%s' was cut by a fault of regend's after it began writing its inouts; "
+			"its journal holds marks only (mode marks), no copy to put them back from, so nothing was "
+			"retried: the inouts may hold part of the update (load them from a checkpoint)",
+			seq, p->name);
+}
+
+void rp_program_run_mode_changed(struct rp_error *err, const struct rp_program *p, uint64_t seq)
+{
+	rp_error_set(err, RP_ERR_INVALID_PARAMETER,
+		     "Run %" PRIu64 " of program '%s' saved copies of its inouts in its journal (mode copy): retry it in "
+		     "mode copy, with the journal it had", seq, p->name);
+	rp_error_add_str(err, "parameter", "journal.mode");
 }
 
 int rp_program_run_complete(const struct rp_program *p, const bool *seen, struct rp_error *err)
@@ -231,10 +260,23 @@ static int parse_scalar(const struct rp_program *p, const cJSON *item, struct rp
 	return rp_program_run_scalar(p, i, item->valuedouble, run, seen, err);
 }
 
+/* The journal's mode by its name: "copy" (the default) or "marks". */
+static int parse_journal_mode(const cJSON *j, enum rp_prog_journal_mode *mode, struct rp_error *err)
+{
+	static const char *const modes[] = { [RP_JOURNAL_COPY] = "copy", [RP_JOURNAL_MARKS] = "marks", NULL };
+	int m;
+
+	if (rp_params_enum(j, "mode", modes, RP_JOURNAL_COPY, &m, err) < 0)
+		return rp_error_invalid_parameter(err, "journal.mode");
+	*mode = (enum rp_prog_journal_mode)m;
+	return 0;
+}
+
 static int parse_journal(const cJSON *params, struct rp_program_run *run, struct rp_error *err)
 {
 	const cJSON *j = cJSON_GetObjectItemCaseSensitive(params, "journal");
 	const bool has_journal = j != NULL && !cJSON_IsNull(j);
+	enum rp_prog_journal_mode mode = RP_JOURNAL_COPY;
 	struct rp_id buffer = { 0 };
 	uint64_t seq, offset = 0;
 	const char *text;
@@ -247,17 +289,27 @@ static int parse_journal(const cJSON *params, struct rp_program_run *run, struct
 	/* What the journal's object holds is read only where the rest
 	 * allows a journal: the shared checks come first. */
 	if (has_journal != cJSON_HasObjectItem(params, "seq") || (retry && !has_journal))
-		return rp_program_run_journal(run, has_journal, &buffer, 0, cJSON_HasObjectItem(params, "seq"), seq,
-					      retry, err);
+		return rp_program_run_journal(run, has_journal, &buffer, 0, RP_JOURNAL_COPY,
+					      cJSON_HasObjectItem(params, "seq"), seq, retry, err);
 	if (has_journal) {
-		if (rp_params_check(j, binding_fields, err) < 0 ||
-		    rp_params_string(j, "buffer", 0, NULL, &text, err) < 0 || rp_id_parse(text, &buffer) < 0 ||
+		if (rp_params_check(j, journal_fields, err) < 0) {
+			const cJSON *param = err->params ? cJSON_GetObjectItemCaseSensitive(err->params, "parameter") : NULL;
+			char path[RP_PROG_NAME_MAX + 16];
+
+			/* The field the check names, inside the journal. */
+			snprintf(path, sizeof(path), "journal.%.*s", RP_PROG_NAME_MAX,
+				 cJSON_IsString(param) ? param->valuestring : "buffer");
+			return rp_error_invalid_parameter(err, path);
+		}
+		if (rp_params_string(j, "buffer", 0, NULL, &text, err) < 0 || rp_id_parse(text, &buffer) < 0 ||
 		    buffer.kind != RP_ID_BUFFER)
 			return rp_error_invalid_parameter(err, "journal.buffer");
 		if (rp_params_uint(j, "offset", OFFSET_MAX, 0, &offset, err) < 0)
 			return rp_error_invalid_parameter(err, "journal.offset");
+		if ((r = parse_journal_mode(j, &mode, err)) < 0)
+			return r;
 	}
-	return rp_program_run_journal(run, has_journal, &buffer, offset, has_journal, seq, retry, err);
+	return rp_program_run_journal(run, has_journal, &buffer, offset, mode, has_journal, seq, retry, err);
 }
 
 static int parse(const struct rp_program *p, const cJSON *params, struct rp_program_run *run, bool *seen,
@@ -337,6 +389,8 @@ cJSON *rp_program_run_to_json(const struct rp_program *p, const struct rp_progra
 
 		cJSON_AddStringToObject(j, "buffer", rp_id_format(&run->journal.buffer, id));
 		cJSON_AddNumberToObject(j, "offset", (double)run->journal.offset);
+		if (run->journal_mode == RP_JOURNAL_MARKS)
+			cJSON_AddStringToObject(j, "mode", "marks");
 		cJSON_AddNumberToObject(params, "seq", (double)run->seq);
 		if (run->retry)
 			cJSON_AddTrueToObject(params, "retry");

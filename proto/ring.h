@@ -128,7 +128,10 @@ struct rp_ring_record {
  * A bound tensor is named by its position in Define's `bound` (binding
  * order), a program, buffers and events by id table index. */
 #define RP_RING_CONTINUATION 0xffffu      /* the op of a Run's continuation record */
-#define RP_RING_RUN_RETRY 0x1u             /* flags of a Run: retry (with a journal) */
+/* Flags of a Run: retry, and a journal of marks only
+ * (proto/program_journal.h); both with a journal. */
+#define RP_RING_RUN_RETRY 0x1u
+#define RP_RING_RUN_JOURNAL_MARKS 0x2u
 
 /* An input, output or inout bound to a buffer. */
 struct rp_ring_binding {
@@ -160,7 +163,7 @@ union rp_ring_run_entry {
 struct rp_ring_run {
 	uint64_t tag;                    /* the client's, echoed in the completion */
 	uint16_t op;                     /* RP_OP_PROGRAM */
-	uint16_t flags;                  /* RP_RING_RUN_RETRY */
+	uint16_t flags;                  /* RP_RING_RUN_RETRY, RP_RING_RUN_JOURNAL_MARKS */
 	uint16_t continuations;          /* records after this one that carry its entries */
 	uint16_t reserved0;
 	uint32_t wait_event, signal_event;   /* indexes, or RP_RING_NONE */
@@ -384,8 +387,9 @@ int rp_ring_run_program(const struct rp_ring_run *run, const struct rp_id *ids, 
  * op, part or head is not this Run's), "bind[i]" or "scalars[i]" (position
  * i binds nothing in p), "bind.<name>.buffer" and "journal.buffer" (an
  * index that holds no buffer id), "wait_event" and "signal_event" (one that
- * holds no event id); a journal is given by its index, and a seq without
- * one is InvalidParameter "journal" as Varlink's. 0, or -EINVAL with err
+ * holds no event id); a journal is given by its index, a seq without one
+ * is InvalidParameter "journal" as Varlink's, and the marks flag without
+ * one "journal.mode". 0, or -EINVAL with err
  * set and *run zeroed; -ENOMEM with err unset. */
 int rp_ring_decode_run(const union rp_ring_slot *recs, uint32_t head, const struct rp_id *ids, uint32_t nids,
 		       const struct rp_program *p, struct rp_program_run *run, struct rp_error *err);
@@ -398,6 +402,7 @@ struct rp_ring_run_call {
 	uint32_t deadline_ms;
 	uint64_t journal_offset, seq;
 	bool retry;
+	bool journal_marks;              /* the journal holds marks only */
 	const struct rp_ring_binding *bind;
 	unsigned nbind;
 	const struct rp_ring_scalar *scalars;

@@ -79,7 +79,7 @@ static int check_records(const union rp_ring_slot *recs, uint32_t head, struct r
 
 	if (run->reserved0 || run->reserved1)
 		return rp_error_invalid_parameter(err, "reserved");
-	if (run->flags & ~RP_RING_RUN_RETRY)
+	if (run->flags & ~(RP_RING_RUN_RETRY | RP_RING_RUN_JOURNAL_MARKS))
 		return rp_error_invalid_parameter(err, "flags");
 	if (run->nbind > RP_PROG_BOUND_MAX)
 		return rp_error_invalid_parameter(err, "nbind");
@@ -127,8 +127,9 @@ static int decode(const union rp_ring_slot *recs, uint32_t head, const struct rp
 	 * offset would be must be 0, as a call names none. */
 	if (!has_journal && rec->journal_offset != 0)
 		return rp_error_invalid_parameter(err, "journal.offset");
-	if ((r = rp_program_run_journal(run, has_journal, &journal, rec->journal_offset, has_journal || rec->seq != 0,
-					rec->seq, rec->flags & RP_RING_RUN_RETRY, err)) < 0)
+	if ((r = rp_program_run_journal(run, has_journal, &journal, rec->journal_offset,
+					rec->flags & RP_RING_RUN_JOURNAL_MARKS ? RP_JOURNAL_MARKS : RP_JOURNAL_COPY,
+					has_journal || rec->seq != 0, rec->seq, rec->flags & RP_RING_RUN_RETRY, err)) < 0)
 		return r;
 	for (unsigned n = 0; n < rec->nbind; n++) {
 		const struct rp_ring_binding *b = &entry_at(recs, n)->binding;
@@ -194,7 +195,8 @@ void rp_ring_encode_run(const struct rp_ring_run_call *call, uint64_t tag, uint3
 
 		run->tag = tag;
 		run->op = RP_OP_PROGRAM;
-		run->flags = call->retry ? RP_RING_RUN_RETRY : 0;
+		run->flags = (uint16_t)((call->retry ? RP_RING_RUN_RETRY : 0) |
+					(call->journal_marks ? RP_RING_RUN_JOURNAL_MARKS : 0));
 		run->continuations = (uint16_t)(RP_RING_RUN_RECORDS(entries) - 1);
 		run->wait_event = call->wait_event;
 		run->signal_event = call->signal_event;

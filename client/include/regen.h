@@ -59,6 +59,7 @@ extern "C" {
 #define REGEN_ERROR_COMM_IN_FLIGHT           "io.regen.CommInFlight"
 #define REGEN_ERROR_INVALID_JOB              "io.regen.InvalidJob"
 #define REGEN_ERROR_INVALID_PROGRAM          "io.regen.InvalidProgram"
+#define REGEN_ERROR_RUN_TORN                 "io.regen.RunTorn"
 #define REGEN_ERROR_INTERFACE_NOT_FOUND      "org.varlink.service.InterfaceNotFound"
 #define REGEN_ERROR_METHOD_NOT_FOUND         "org.varlink.service.MethodNotFound"
 #define REGEN_ERROR_METHOD_NOT_IMPLEMENTED   "org.varlink.service.MethodNotImplemented"
@@ -514,9 +515,11 @@ REGEN_EXPORT int regen_program_define(regen_client *c, int device, const char *d
 REGEN_EXPORT int regen_program_drop(regen_program *p);
 REGEN_EXPORT const char *regen_program_id(const regen_program *p);
 REGEN_EXPORT int regen_program_device(const regen_program *p);
-/* Bytes of the journal a retried Run of it needs (0: it updates nothing in
- * place, and a plain Run may simply run again after a fault). */
+/* Bytes of the copy journal a retried Run of it needs (0: it updates
+ * nothing in place, and a plain Run may simply run again after a fault). A
+ * journal of marks only needs REGEN_PROGRAM_JOURNAL_MARKS_BYTES. */
 REGEN_EXPORT uint64_t regen_program_journal_bytes(const regen_program *p);
+#define REGEN_PROGRAM_JOURNAL_MARKS_BYTES 32
 
 /* A Run: every input, output and inout bound by name to a buffer of this
  * client on the program's device and a byte offset (a multiple of the
@@ -525,7 +528,11 @@ REGEN_EXPORT uint64_t regen_program_journal_bytes(const regen_program *p);
  * retried after a fault exactly once with journal (at least
  * regen_program_journal_bytes, 8-byte aligned at journal_offset), seq (the
  * caller's number for the Run, the same on its retry) and, on the retry,
- * retry = true; journal NULL: none (seq 0, retry false). Names the program
+ * retry = true; journal NULL: none (seq 0, retry false). journal_marks:
+ * the journal holds the Run's marks only (REGEN_PROGRAM_JOURNAL_MARKS_BYTES,
+ * no copy of the inouts a step); the retry of such a Run that a fault cut
+ * after it began runs nothing and fails with REGEN_ERROR_RUN_TORN
+ * (proto/program_journal.h). Names the program
  * does not bind, objects of another client or device, offsets or seq past
  * 2^53 and values not finite are refused here (-EINVAL, unsent); the rest
  * regend checks, on either transport alike. A Run takes the ring's record
@@ -552,6 +559,7 @@ struct regen_program_run_args {
 	uint64_t journal_offset;
 	uint64_t seq;
 	bool retry;
+	bool journal_marks;                /* with a journal: marks only, no copies */
 };
 REGEN_EXPORT int regen_program_run(regen_client *c, const struct regen_program_run_args *args);
 REGEN_EXPORT int regen_program_run_submit(regen_client *c, const struct regen_program_run_args *args,
@@ -629,6 +637,7 @@ struct regen_record_run {
 	const char *journal;               /* a buffer's id; NULL: none (seq 0, retry false) */
 	uint64_t journal_offset, seq;
 	bool retry;
+	bool journal_marks;                /* with a journal: marks only, no copies */
 };
 REGEN_EXPORT int regen_record_run_submit(regen_client *c, int device, const struct regen_record_run *run,
 					 uint64_t *ticket);

@@ -124,9 +124,10 @@ struct rd_program {
 	uint64_t graph_launches;        /* Runs launched as one graph */
 	uint64_t stream_runs;           /* Runs launched node by node on the stream */
 	/* Retries of Runs with a journal (proto/program_journal.h): those
-	 * that found their Run applied whole, and those that put the inouts
-	 * back from the journal before running again. */
-	uint64_t retries_applied, retries_restored;
+	 * that found their Run applied whole, those that put the inouts back
+	 * from the journal before running again, and those refused as torn
+	 * (a marks journal's Run cut after it began). */
+	uint64_t retries_applied, retries_restored, retries_torn;
 	char not_captured[400];         /* why Runs are not captured ("" when they are, or nothing was tried) */
 	/* What compiling its kernels is charged to: its owner's uid's account
 	 * on this device (daemon/program/compile_budget.h), the core's, set
@@ -147,10 +148,12 @@ struct rd_program_run {
 	uint64_t *offsets;
 	double *scalars;
 	/* A Run with a journal (proto/program_journal.h): the rank's memory
-	 * where the inouts are saved before they are written, the Run's seq,
-	 * and whether it retries a Run a fault interrupted. NULL: none. */
+	 * where the Run marks its progress (and, in mode copy, saves the
+	 * inouts before they are written), its mode, the Run's seq, and
+	 * whether it retries a Run a fault interrupted. NULL: none. */
 	struct rd_buffer *journal;
 	uint64_t journal_offset;
+	enum rp_prog_journal_mode journal_mode;
 	uint64_t seq;
 	bool retry;
 	/* Set by the backend: the retry found the Run applied already, and

@@ -13,10 +13,14 @@
  *
  * So a session that closes with calls in flight is watched: once its
  * process is gone and, ORPHAN_GRACE_MS later, a call of it still waits on
- * an event that is not done, the worker reports its device hung at once.
- * The respawn discards the wedged work, none of which had started (no
- * update applied half; the kept state is at the last step completed), and
- * kept memory stays with the supervisor. The uid is charged with the hang
+ * an event that is not done, the worker reports its device hung at once,
+ * but not before the session's calls ahead of the first such call (on its
+ * lane, in order before it) are done: they wait on nothing unfinished and
+ * run, and a respawn would cut one in the middle (a Run whose journal
+ * holds marks only, proto/program_journal.h, would be torn). The respawn
+ * discards the wedged work, none of which had started (no update applied
+ * half; the kept state is at the last step completed, or at the one a Run
+ * ahead completed), and kept memory stays with the supervisor. The uid is charged with the hang
  * (daemon/hang_charge.h) only when a session of another uid was open on
  * the device, which the respawn cost its objects: a rank that its
  * scheduler killed costs nobody else anything, and its own resumed rank is
@@ -40,16 +44,24 @@ static uint64_t ms(uint64_t ns)
 	return ns / 1000000u;
 }
 
-/* How many of s's calls in flight wait on an event that is not done. */
-static unsigned waiting_on_unfinished(struct rd_worker *w, const struct rd_session *s)
+/* How many of s's calls in flight wait on an event that is not done, and
+ * (*ahead) how many of its calls in flight come before the first of them:
+ * the calls run oldest first on the session's lane, so those run. */
+static unsigned waiting_on_unfinished(struct rd_worker *w, const struct rd_session *s, unsigned *ahead)
 {
 	unsigned n = 0;
 
+	*ahead = 0;
 	if (!w->dev.backend->event_done)
 		return 0;
-	for (const struct rd_compute_call *cc = w->running; cc; cc = cc->next)
-		if (cc->session == s && cc->op.wait_event && !w->dev.backend->event_done(cc->op.wait_event))
+	for (const struct rd_compute_call *cc = w->running; cc; cc = cc->next) {
+		if (cc->session != s)
+			continue;
+		if (cc->op.wait_event && !w->dev.backend->event_done(cc->op.wait_event))
 			n++;
+		else if (n == 0)
+			(*ahead)++;
+	}
 	return n;
 }
 
@@ -71,8 +83,8 @@ static void wedged(struct rd_worker *w, struct rd_session *s, unsigned calls)
 		 (int)peer->pid, calls, s->lane ? s->lane->index : 0);
 	rd_warn("health", w->dev.index, rd_worker_generation(w), (int)peer->pid,
 		"process gone %" PRIu64 " ms ago, %u call(s) of it still wait on its GPU work, which will never be "
-		"done: the device is replaced at once (uid %u %s)",
-		ms(uv_hrtime() - s->gone_ns), calls, (unsigned)peer->uid,
+		"done, %u call(s) ahead of them finished first: the device is replaced at once (uid %u %s)",
+		ms(uv_hrtime() - s->gone_ns), calls, s->orphan_ahead, (unsigned)peer->uid,
 		charged ? "charged: another uid's session was open" : "not charged: nobody else's was open");
 	s->orphan_watch = false;
 	rd_worker_fault_hung(w, reason, charged ? (int64_t)peer->uid : -1);
@@ -81,16 +93,22 @@ static void wedged(struct rd_worker *w, struct rd_session *s, unsigned calls)
 /* Whether s is still watched after this look at it. */
 static bool look(struct rd_worker *w, struct rd_session *s, uint64_t now)
 {
-	unsigned calls = waiting_on_unfinished(w, s);
+	unsigned ahead, calls = waiting_on_unfinished(w, s, &ahead);
 
 	if (!calls)
 		return false;    /* closed: no new call comes, and those in flight will finish */
+	if (ahead > s->orphan_ahead)
+		s->orphan_ahead = ahead;   /* the most seen: they finish from here on */
 	if (!s->gone_ns) {
 		if (!rd_peer_alive(&s->conn->peer))
 			s->gone_ns = now;
 		return s->gone_ns || now - s->closed_ns < (uint64_t)ORPHAN_EXITING_MS * 1000000u;
 	}
 	if (now - s->gone_ns < (uint64_t)ORPHAN_GRACE_MS * 1000000u)
+		return true;
+	/* The calls ahead run to their end first (a hang among them is the
+	 * call deadline's). */
+	if (ahead)
 		return true;
 	wedged(w, s, calls);
 	return false;

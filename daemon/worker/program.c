@@ -182,17 +182,18 @@ int rd_program_find(struct rd_worker *w, struct rd_session *s, const struct rp_i
 }
 
 /* A Run's journal (proto/program_journal.h): the program must update
- * something in place, and the buffer hold rp_program_journal_bytes. */
+ * something in place, and the buffer hold what the journal's mode needs. */
 static int bind_journal(struct rd_worker *w, struct rd_session *s, const struct rp_program *def,
 			const struct rp_program_run *req, struct rd_program_run *run, struct rp_error *err)
 {
-	uint64_t need = rp_program_journal_bytes(def);
+	uint64_t need = rp_program_journal_need(def, req->journal_mode);
 	struct rd_object *o;
 	struct rd_buffer *buf;
 	int r;
 
 	run->seq = req->seq;
 	run->retry = req->retry;
+	run->journal_mode = req->journal_mode;
 	if (!req->has_journal)
 		return 0;
 	if (!def->updates_in_place) {
@@ -211,9 +212,10 @@ static int bind_journal(struct rd_worker *w, struct rd_session *s, const struct 
 	run->journal_offset = req->journal.offset;
 	if (req->journal.offset > buf->size || need > buf->size - req->journal.offset)
 		return rp_error_invalid_operand(err, "bind.journal",
-						"the journal needs %llu bytes from offset %llu (the program's inouts and "
-						"a header), but its buffer holds %llu",
+						"the journal needs %llu bytes from offset %llu (%s), but its buffer holds %llu",
 						(unsigned long long)need, (unsigned long long)req->journal.offset,
+						req->journal_mode == RP_JOURNAL_MARKS ? "mode marks: the header"
+										      : "mode copy: a header and the program's inouts",
 						(unsigned long long)buf->size);
 	if ((buf->offset + req->journal.offset) % 8 != 0)
 		return rp_error_invalid_operand(err, "bind.journal", "misaligned: the journal must start 8-byte aligned");
@@ -370,6 +372,7 @@ static cJSON *program_status(const struct rd_program *p)
 	cJSON_AddNumberToObject(o, "stream_runs", (double)p->stream_runs);
 	cJSON_AddNumberToObject(o, "retries_applied", (double)p->retries_applied);
 	cJSON_AddNumberToObject(o, "retries_restored", (double)p->retries_restored);
+	cJSON_AddNumberToObject(o, "retries_torn", (double)p->retries_torn);
 	cJSON_AddStringToObject(o, "not_captured", p->not_captured);
 	return o;
 }

@@ -24,6 +24,7 @@ struct rd_session {
 	 * an event of its process's that will never be done (orphan.c). */
 	bool orphan_watch;
 	uint64_t closed_ns, gone_ns;    /* uv_hrtime() of the close, of seeing the process gone */
+	unsigned orphan_ahead;          /* the most calls seen running ahead of the waiting ones */
 };
 
 static inline struct rd_session *rd_session_of(const struct rd_call *call)

@@ -5,45 +5,58 @@ optimizer state, SIGKILLed at a random moment of training, resumes in a
 new process within 2 s of that process's start, and its next 100 steps are
 bit-identical to a rank never killed; keeping state costs a step under 1%.
 
-    python3 tests/bench/bench_keep.py [REGEND] [--optimizer regen|torch] [--gib auto|N] [--width 16384]
-        [--tokens 2048] [--snapshot on|off] [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart]
-        [--json OUT]
+    python3 tests/bench/bench_keep.py [REGEND] [--optimizer regen|torch] [--journal marks|copy]
+        [--dtype fp32|bf16] [--gib auto|N] [--width 16384] [--tokens 2048] [--snapshot on|off]
+        [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart] [--json OUT]
 
-The rank (this script with --rank): a stack of square fp32 Linear layers
-(--width; as many as make --gib of parameters and Adam's two moments,
-12 bytes a parameter), deterministic data (a seed a step), kernels and
-algorithms; every CUDA allocation from libregen's pool
-(regen.torch.use_pool_for_process), regen.torch.keep() once the optimizer
-has its state, commit() after each step.  The optimizer:
+The rank (this script with --rank): a stack of square Linear layers
+(--width; as many as make --gib of parameters and Adam's two moments),
+deterministic data (a seed a step), kernels and algorithms; every CUDA
+allocation from libregen's pool (regen.torch.use_pool_for_process),
+regen.torch.keep() once the optimizer has its state, commit() after each
+step.  The optimizer:
 
 - --optimizer regen (the default): regen.torch.optim.AdamW, its step one
-  program Run in regend with a journal; keep() keeps no twin (a Run past
-  the last commit is put back from the journal).  The journal is the
-  optimizer's own, kept or not (it makes a Run a fault of regend's cuts
-  land exactly once): it holds the parameters and moments before each Run,
-  the same bytes again, copied in stream order before the update;
+  program Run in regend with a journal (--journal); keep() keeps no twin.
+  --journal marks (the default, the one that meets the issue's target):
+  the journal holds the Run's marks alone, no copy: the state is on the
+  card once and a step copies nothing; a rank killed after a Run completed
+  and before its commit resumes from the step after the commit ("rolled
+  forward").  --journal copy: the journal holds the parameters and moments
+  before each Run, the same bytes again, copied in stream order before
+  the update (a Run a fault of regend's cuts lands exactly once); a Run
+  past the last commit is put back from it;
 - --optimizer torch: torch's fused Adam; with --snapshot on (the default)
   keep() holds a twin of the parameters and moments (the same bytes again,
   copied at each commit on a side stream: a kill inside opt.step() is put
   back from it); --snapshot off keeps none (a kill inside opt.step() is
   then refused as rt.Torn and the run says so).
 
-Either way the state is there twice (journal or twin), so --gib auto
-takes what fits the card beside the second copy, the gradients and the
-activations: about 31 GiB on an H100, 56 on an H200 (60, the issue's, fit
-only with torch's optimizer and --snapshot off).
+--dtype: the parameters' (and gradients', activations'); regen's AdamW
+keeps its moments in fp32 either way (10 bytes a parameter with bf16,
+12 with fp32), torch's Adam in the parameters' dtype (fused Adam takes
+no other).  --gib auto takes what fits the card beside the gradients, the
+activations and the second copy where there is one (a copy journal, a
+twin): with fp32, about 31 GiB on an H100 and 56 on an H200 with a second
+copy, 60 (the issue's) on an H200 without (--journal marks: 60 + 20 GiB of
+gradients); on an 80 GB H100, 60 GiB fit only as --dtype bf16 --journal
+marks (60 + 12 GiB of gradients).
 
 What it does, with one regend (CUDA backend, fault injection on):
 
-1. cost: one rank, same process, same optimizer: blocks of --cost-steps
-   steps without keeping and keeping (keep() then a commit a step: the
-   device synchronised, the index written, regend told; with torch's
-   optimizer the twin copied on a side stream beside the next forward and
-   backward, opt.step() waiting for it), three of each, alternating, each
-   block timed from its start to the device's end (one synchronisation a
-   block without keeping, so that the commits' own are counted).  The
-   cost is the kept blocks' median step over the others' (target: under
-   1%).
+1. cost: one rank, same process: blocks of --cost-steps steps without
+   keeping and keeping (keep() then a commit a step: the device
+   synchronised, the index written, regend told; with torch's optimizer
+   the twin copied on a side stream beside the next forward and backward,
+   opt.step() waiting for it), three of each, alternating, each block
+   timed from its start to the device's end (one synchronisation a block
+   without keeping, so that the commits' own are counted).  With regen's
+   AdamW a third kind of block alternates with them: the baseline, torch's
+   fused Adam over the same parameters and moments, no regend and no
+   keeping (what a user without regen runs; where fused Adam takes the
+   dtypes: not bf16 parameters with fp32 moments).  The cost of keeping is
+   the kept blocks' median step over the unkept ones' (target: under 1%),
+   and the step is also reported against the baseline's.
 2. kill and resume: a rank trains and is SIGKILLed at a random moment of a
    random early step; a new process resumes (restore() into a model built
    on the meta device, keep()) and reports each phase from its start (the
@@ -88,8 +101,9 @@ def opt(name, default, cast=str):
 
 # ---- The rank ----
 
-def build(torch, width, layers, device):
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False, device=device) for _ in range(layers)])
+def build(torch, width, layers, device, dtype):
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False, device=device, dtype=dtype)
+                                  for _ in range(layers)])
     if device != "meta":
         g = torch.Generator(device=device).manual_seed(0)
         with torch.no_grad():
@@ -98,18 +112,39 @@ def build(torch, width, layers, device):
     return model
 
 
-def optimizer(torch, model, kind="torch"):
-    """regen.torch.optim.AdamW (kind "regen"), or torch's fused Adam: no
+def optimizer(torch, model, kind="torch", journal="marks"):
+    """regen.torch.optim.AdamW (kind "regen"; its moments in fp32, made
+    here for a model built for real), or torch's fused Adam: no
     temporaries the size of the parameters, and its step count a tensor on
     the device (kept with the moments). Over a model on the meta device
     (which fused refuses at construction) it is made unfused and fused()
     after restore() gave it real parameters."""
     if kind == "regen":
         import regen.torch as rt
-        return rt.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+        adam = rt.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, journal=journal)
+        for p in model.parameters():
+            if p.device.type != "meta":
+                adam.state[p] = {"step": torch.tensor(0.0),
+                                 "exp_avg": torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+                                 "exp_avg_sq": torch.zeros(p.shape, dtype=torch.float32, device=p.device)}
+        return adam
     if next(model.parameters()).device.type == "meta":
         return torch.optim.Adam(model.parameters(), lr=1e-4, foreach=False)
     return torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+
+
+def baseline_of(torch, model, adam):
+    """torch's fused Adam over the model's parameters and regen's AdamW's
+    moments (no second state): the step a user without regen runs. None
+    where fused Adam refuses the dtypes (with the reason)."""
+    base = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+    for p in model.parameters():
+        st = adam.state[p]
+        if st["exp_avg"].dtype != p.dtype:
+            return None, f"torch's fused Adam takes no {st['exp_avg'].dtype} moments for {p.dtype} parameters"
+        base.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                         "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"]}
+    return base, None
 
 
 def fused(torch, adam):
@@ -155,12 +190,13 @@ def rank_main():
     role, job = opt("--role", "train"), opt("--job", "bench-keep")
     width, layers, tokens = opt("--width", 16384, int), opt("--layers", 1, int), opt("--tokens", 2048, int)
     snapshot = opt("--snapshot", "on") == "on"
-    kind = opt("--optimizer", "regen")
+    kind, journal = opt("--optimizer", "regen"), opt("--journal", "marks")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[opt("--dtype", "fp32")]
     key = (job, 0)
 
     def batch(step):
         g = torch.Generator(device="cuda").manual_seed(step)
-        return torch.randn(tokens, width, device="cuda", generator=g)
+        return torch.randn(tokens, width, device="cuda", generator=g).to(dtype)
 
     def train_step(model, adam, step):
         loss = model(batch(step)).square().mean()
@@ -170,39 +206,45 @@ def rank_main():
         return loss
 
     if role == "cost":
-        model = build(torch, width, layers, "cuda")
-        adam = optimizer(torch, model, kind)
+        model = build(torch, width, layers, "cuda", dtype)
+        adam = optimizer(torch, model, kind, journal)
         n = opt("--cost-steps", 20, int)
         step = 0
 
-        def block(kept):
+        def block(kept, optim):
             """The mean step of n, to the device's end."""
             nonlocal step
             torch.cuda.synchronize()
             t = time.perf_counter()
             for _ in range(n):
                 step += 1
-                train_step(model, adam, step)
+                train_step(model, optim, step)
                 if kept is not None:
                     kept.commit(step)   # synchronises the device
             torch.cuda.synchronize()
             return (time.perf_counter() - t) / n
-        block(None)   # warm up: cuBLAS, the pool, the optimizer's state (and program)
+        block(None, adam)   # warm up: cuBLAS, the pool, the optimizer's state (and program)
+        base, no_base = baseline_of(torch, model, adam) if kind == "regen" else (None, None)
+        if base is not None:
+            block(None, base)
         t = time.perf_counter()
         kept = rt.keep(model, adam, key=key, snapshot=snapshot)
         keep_s = time.perf_counter() - t
         kept.close()
-        off, on = [], []
+        off, on, baseline = [], [], []
         for _ in range(3):
-            off.append(block(None))
+            if base is not None:
+                baseline.append(block(None, base))
+            off.append(block(None, adam))
             kept = rt.keep(model, adam, key=key, snapshot=snapshot)
-            on.append(block(kept))
+            on.append(block(kept, adam))
             kept.close()
-        print(json.dumps({"cost": {"off_s": off, "on_s": on, "keep_s": keep_s}}), flush=True)
+        print(json.dumps({"cost": {"off_s": off, "on_s": on, "baseline_s": baseline, "no_baseline": no_base,
+                                   "keep_s": keep_s}}), flush=True)
         return
 
-    model = build(torch, width, layers, "meta")
-    adam = optimizer(torch, model, kind)
+    model = build(torch, width, layers, "meta", dtype)
+    adam = optimizer(torch, model, kind, journal)
     try:
         start = rt.restore(model, adam, key=key)
     except rt.Torn as e:
@@ -211,8 +253,8 @@ def rank_main():
     phases["restore"] = time.time() - t0
     kept = None
     if start is None:
-        model = build(torch, width, layers, "cuda")
-        adam = optimizer(torch, model, kind)
+        model = build(torch, width, layers, "cuda", dtype)
+        adam = optimizer(torch, model, kind, journal)
     else:
         fused(torch, adam)
         kept = rt.keep(model, adam, key=key, snapshot=snapshot)
@@ -278,14 +320,15 @@ class Rank:
         return self.finish()
 
 
-def fitting_gib(torch, twice):
-    """The GiB of parameters and moments that fit the card beside their
-    second copy where there is one (``twice``: the journal, or the twin),
-    the gradients (a third) and some 6 GiB of activations (2.5 at the
-    default width and tokens), contexts (the rank's, regend's worker's) and
-    slack; at most 60 (the issue's target)."""
+def fitting_gib(torch, twice, per_param, grad_bytes):
+    """The GiB of parameters and moments (``per_param`` bytes a parameter)
+    that fit the card beside their second copy where there is one
+    (``twice``: a copy journal, or the twin), the gradients (``grad_bytes``
+    a parameter) and some 6 GiB of activations (2.5 at the default width
+    and tokens), contexts (the rank's, regend's worker's) and slack; at
+    most 60 (the issue's target)."""
     total = torch.cuda.get_device_properties(0).total_memory / GIB
-    per = (2 if twice else 1) + 1 / 3
+    per = (2 if twice else 1) + grad_bytes / per_param
     return max(1, min(60, int((total - 6) / per)))
 
 
@@ -315,24 +358,35 @@ def main():
     import regen
     build_root = os.path.dirname(os.path.dirname(regend))
     snapshot = opt("--snapshot", "on")
-    kind = opt("--optimizer", "regen")
+    kind, journal, dtype = opt("--optimizer", "regen"), opt("--journal", "marks"), opt("--dtype", "fp32")
     if kind not in ("regen", "torch"):
         print(f"--optimizer {kind}: regen (regen.torch.optim.AdamW) or torch (torch's fused Adam)")
         return 2
+    if journal not in ("marks", "copy") or dtype not in ("fp32", "bf16"):
+        print("--journal marks|copy, --dtype fp32|bf16")
+        return 2
+    param_bytes = 4 if dtype == "fp32" else 2
+    # Parameters and Adam's two moments: fp32 moments with regen's AdamW,
+    # the parameters' dtype with torch's.
+    per_param = param_bytes + (8 if kind == "regen" else 2 * param_bytes)
+    twice = (kind == "regen" and journal == "copy") or (kind == "torch" and snapshot == "on")
     gib = opt("--gib", "auto")
-    gib = fitting_gib(torch, kind == "regen" or snapshot == "on") if gib == "auto" else float(gib)
+    gib = fitting_gib(torch, twice, per_param, param_bytes) if gib == "auto" else float(gib)
     width, tokens = opt("--width", 16384, int), opt("--tokens", 2048, int)
-    layers = max(1, round(gib * GIB / (12 * width * width)))
-    held = layers * 12 * width * width / GIB
+    layers = max(1, round(gib * GIB / (per_param * width * width)))
+    held = layers * per_param * width * width / GIB
     rng = random.Random(opt("--seed", int(time.time()), int))
     env = dict(os.environ, REGEN_BUILD_ROOT=build_root,
                REGEN_LIBREGEN=os.environ.get("REGEN_LIBREGEN", os.path.join(build_root, "client", "libregen.so")))
     report = {"device": torch.cuda.get_device_name(0), "gib": held, "layers": layers, "width": width,
-              "tokens": tokens, "optimizer": kind, "snapshot": snapshot}
-    second = " (regen's AdamW, its journal as large)" if kind == "regen" else \
+              "tokens": tokens, "optimizer": kind, "snapshot": snapshot, "dtype": dtype,
+              "journal": journal if kind == "regen" else None}
+    second = " (regen's AdamW, a journal of marks: no second copy)" if kind == "regen" and journal == "marks" else \
+        " (regen's AdamW, its copy journal as large)" if kind == "regen" else \
         " (torch's fused Adam) with a twin as large" if snapshot == "on" else " (torch's fused Adam), no twin"
-    print(f"{report['device']}: {layers} layers of {width}x{width} fp32, Adam: {held:.1f} GiB of parameters and "
-          f"moments kept{second}", flush=True)
+    moments = "fp32" if kind == "regen" else dtype
+    print(f"{report['device']}: {layers} layers of {width}x{width} {dtype}, Adam's moments {moments}: {held:.1f} GiB "
+          f"of parameters and moments kept{second}", flush=True)
 
     restart_regend = "--no-regend-restart" not in sys.argv
     with Regend(regend, devices=1, backend="cuda", start=False,
@@ -350,7 +404,7 @@ def main():
         def rank(*args):
             return [sys.executable, os.path.abspath(__file__), "--rank", "--socket", d.socket, "--width", str(width),
                     "--layers", str(layers), "--tokens", str(tokens), "--snapshot", snapshot,
-                    "--optimizer", kind] + list(args)
+                    "--optimizer", kind, "--journal", journal, "--dtype", dtype] + list(args)
 
         if "--skip-cost" not in sys.argv:
             r = Rank(env, rank("--role", "cost", "--job", "bench-keep-cost",
@@ -368,6 +422,16 @@ def main():
             print(f"cost: a step {off * 1e3:.2f} ms without keeping, {on * 1e3:.2f} ms keeping (medians of 3 "
                   f"blocks of {opt('--cost-steps', 20, int)}): "
                   f"{100 * cost:+.2f}% (target under 1%); keep() itself {c['keep_s']:.2f} s", flush=True)
+            if c.get("baseline_s"):
+                base = statistics.median(c["baseline_s"])
+                report["cost"].update(step_ms_baseline=base * 1e3, against_baseline=on / base - 1,
+                                      unkept_against_baseline=off / base - 1)
+                print(f"against the baseline (torch's fused Adam over the same parameters and moments, no regend, "
+                      f"no keeping): {base * 1e3:.2f} ms a step; regen's AdamW keeping {100 * (on / base - 1):+.2f}%, "
+                      f"not keeping {100 * (off / base - 1):+.2f}%", flush=True)
+            elif kind == "regen":
+                report["cost"]["no_baseline"] = c.get("no_baseline")
+                print(f"no baseline: {c.get('no_baseline')}", flush=True)
 
         job = "bench-keep"
         resumes, printed = [], {}

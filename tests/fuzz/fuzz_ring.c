@@ -185,6 +185,7 @@ static void check_varlink_agrees_run(const struct rp_program *p, const struct rp
 			 back.signal_event.present == run->signal_event.present && back.deadline_ms == run->deadline_ms,
 		 "events or deadline differ");
 	FZ_CHECK(back.has_journal == run->has_journal && back.seq == run->seq && back.retry == run->retry &&
+			 back.journal_mode == run->journal_mode &&
 			 (!run->has_journal || (same_id(&back.journal.buffer, &run->journal.buffer) &&
 						back.journal.offset == run->journal.offset)),
 		 "the journal differs");

@@ -566,6 +566,8 @@ run_entries = [('b', i, i % 2, 16 * (i // 2)) for i in range(140)] + [('s', 140,
 write('ring', 'run-whole', b''.join(run_records(run_entries)))
 write('ring', 'run-journal-retry', b''.join(run_records(run_entries, flags=1, journal=4, journal_offset=64, seq=9)))
 write('ring', 'run-seq-without-journal', b''.join(run_records(run_entries, seq=9)))
+write('ring', 'run-journal-marks', b''.join(run_records(run_entries, flags=3, journal=4, journal_offset=64, seq=9)))
+write('ring', 'run-marks-without-journal', b''.join(run_records(run_entries, flags=2)))
 write('ring', 'run-event', b''.join(run_records(run_entries, wait=2)))
 torn = run_records(run_entries)
 torn[2] = torn[2][:10] + struct.pack('<H', 3) + torn[2][12:]

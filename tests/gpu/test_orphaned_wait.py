@@ -14,6 +14,10 @@ is never done, and nothing but the worker's end takes the wait back:
   same uid computes right at once;
 - killed after its own work was done (the calls it left still running in
   regend), nothing is replaced;
+- killed with a second of regend's work queued on its lane ahead of the
+  wedged call (GEMMs that wait on nothing), the device is replaced only
+  once that work finished: a replacement must not cut a call that runs (a
+  Run whose journal holds marks only would be torn);
 - with a session of a second uid (nobody) open on the device, the
   replacement cost that user its objects: the uid is charged with the
   hang, and its next rank is refused with LimitExceeded.
@@ -37,6 +41,7 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 DEADLINE_MS = 60000      # regend's call_deadline_ms: the wait it must not take
 COOLDOWN_MS = 5000
 SPIN_S = 20.0            # longer than the test waits for anything
+AHEAD_GEMMS = 100        # 16384^3 bf16 each: about a second of an H100
 
 
 def opt(name, default, cast=str):
@@ -45,8 +50,10 @@ def opt(name, default, cast=str):
 
 def rank_main():
     """--mode wedge: the call waits behind a spin, then the parent kills
-    us. --mode done: our work done, calls left running in regend. --mode
-    check: one call, its result against torch in float32."""
+    us. --mode ahead: as wedge, with a second of GEMMs queued on regend's
+    lane ahead of the call. --mode done: our work done, calls left running
+    in regend. --mode check: one call, its result against torch in
+    float32."""
     import torch
     import regen.torch as rt
     rt.configure(socket=opt("--socket", None), ordering="events")
@@ -66,12 +73,21 @@ def rank_main():
         err = ((y.float() - ref).norm() / ref.norm()).item()
         print(f"error {err:.3e}", flush=True)
         return
-    if mode == "wedge":
+    if mode in ("wedge", "ahead"):
         src = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16)
+        big = torch.randn(16384, 16384, device=dev, dtype=torch.bfloat16) if mode == "ahead" else None
+        out = torch.empty_like(big) if mode == "ahead" else None
         torch.cuda.synchronize()
         torch.cuda._sleep(int(SPIN_S * 2.0e9))
         a.copy_(src)                       # regend must see this: its lane waits for it
-        rt.matmul(a, b)                    # answered at launch
+        if mode == "ahead":
+            # On the runtime's own connection (the lane of rt.matmul's call
+            # to come), waiting on nothing: ~11 ms each on an H100.
+            c = rt.runtime().client
+            for _ in range(AHEAD_GEMMS):
+                c.gemm(big, big, out, wait=False)
+            print("queued", flush=True)
+        rt.matmul(a, b)                    # answered at launch (in "ahead", after the GEMMs' answers)
         print("called", flush=True)
     else:
         big = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
@@ -161,6 +177,27 @@ def main():
         record("alone: the log names the orphaned wait, and the uid not charged",
                "orphaned: pid" in log and "not charged" in log and "charged with the hang" not in log)
         checked("alone: a new rank of the same uid")
+
+        # 1b. Work of regend's queued ahead of the wedged call finishes
+        # before the device is replaced.
+        gen = generation()
+        p = rank("ahead")
+        line = p.stdout.readline().strip()
+        if record("ahead: GEMMs queued on the rank's lane, then the wedged call", line == "queued",
+                  line or p.communicate()[1][-3000:]):
+            time.sleep(0.05)
+            t = time.monotonic()
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            replaced = replaced_within(gen, 20)
+            took = time.monotonic() - t
+            import re
+            m = re.findall(r"(\d+) call\(s\) ahead of them finished first", d.log_text())
+            record(f"ahead: the device replaced {took:.2f} s after the kill, once the {m[-1] if m else '?'} "
+                   "call(s) ahead of the wedged one finished (not 0.25 s after it, cutting them)",
+                   replaced and m and int(m[-1]) > 0 and 0.5 < took < 10)
+        else:
+            p.kill()
 
         # 2. Killed after its own work: nothing replaced.
         gen = generation()

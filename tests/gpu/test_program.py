@@ -472,15 +472,18 @@ def check_block(c):
         record("Run after Drop refused", True)
 
 
-def check_faults(c):
+def check_faults(c, mode="copy"):
     """100 AdamW steps through one program with a journal, device_lost
     injected at random points of random steps, bit-identical to the same
     steps without faults (the worker may respawn: its program comes back
-    under its id, and the Run is retried by run_exactly_once)."""
+    under its id, and the Run is retried by run_exactly_once). With a
+    journal of marks only (mode "marks"), a Run cut after it began is
+    refused (RunTorn) and the step taken again from a copy of the state
+    made before it (the test's checkpoint), under a new seq."""
     import random
     import threading
     import time
-    from regen.program import run_exactly_once
+    from regen.program import JOURNAL_MARKS_BYTES, run_exactly_once
     shapes = [(8192, 8192), (8192,), (16384, 4096)]
 
     def train(faults):
@@ -495,7 +498,8 @@ def check_faults(c):
             p.node("adamw", [p.inout(f"w{i}", "f32", s), p.input(f"g{i}", "f32", s), p.inout(f"m{i}", "f32", s),
                              p.inout(f"v{i}", "f32", s)], [], lr=lr, step=step, weight_decay=0.01)
         prog = c.define_program(DEV, p.definition())
-        journal = torch.empty(prog.journal_bytes, dtype=torch.uint8, device="cuda")
+        journal = torch.empty(prog.journal_bytes if mode == "copy" else JOURNAL_MARKS_BYTES, dtype=torch.uint8,
+                              device="cuda")
         stop, injected = threading.Event(), [0]
 
         def injector():
@@ -526,29 +530,46 @@ def check_faults(c):
         th = threading.Thread(target=injector)
         if faults:
             th.start()
-        attempts = 0
+        attempts, seq, torn = 0, 0, 0
         try:
             for k in range(1, 101):
                 gg = torch.Generator(device="cuda").manual_seed(1000 + k)
                 for i, s in enumerate(shapes):
                     state[f"g{i}"].copy_(torch.randn(s, device="cuda", generator=gg))
+                before = {n: t.clone() for n, t in state.items() if not n.startswith("g")} if mode == "marks" else {}
                 torch.cuda.synchronize()
-                attempts += run_exactly_once(c, prog, state, journal, seq=k, scalars={"step": k, "lr": 1e-2},
-                                             timeout=300)
+                while True:
+                    seq += 1
+                    try:
+                        attempts += run_exactly_once(c, prog, state, journal, seq=seq,
+                                                     scalars={"step": k, "lr": 1e-2}, timeout=300,
+                                                     journal_mode=mode)
+                        break
+                    except regen.RunTorn:
+                        torn += 1
+                        attempts += 1
+                        for n, t in before.items():
+                            state[n].copy_(t)
+                        torch.cuda.synchronize()
         finally:
             stop.set()
             if faults:
                 th.join()
         st = c.program_status(DEV, prog)[0]
+        st["torn"] = torn
         c.drop_program(prog)
         return {n: t.clone() for n, t in state.items() if not n.startswith("g")}, attempts, injected[0], st
 
     clean, a0, _, st0 = train(False)
     faulted, a1, injected, st1 = train(True)
     same = all(torch.equal(clean[n], faulted[n]) for n in clean)
-    record("100 AdamW steps, device_lost at random points: bit-identical", same and injected == FAULTS and a1 > 100,
+    record(f"100 AdamW steps, a {mode} journal, device_lost at random points: bit-identical",
+           same and injected == FAULTS and a1 > 100 and (mode == "copy" or st1["retries_restored"] == 0),
            f"{injected} faults, {a1} attempts, restored {st1['retries_restored']} applied {st1['retries_applied']} "
-           f"(graph launches {st0['graph_launches']} of {st0['runs']} without faults)")
+           f"torn {st1['retries_torn']} (steps taken again {st1['torn']}) (graph launches {st0['graph_launches']} "
+           f"of {st0['runs']} without faults)")
+    record(f"a {mode} journal's Runs captured as graphs", st0["graph_launches"] > 50,
+           f"{st0['graph_launches']} of {st0['runs']}")
 
 
 c_socket = [None]
@@ -566,6 +587,7 @@ def main():
     try:
         for name, fn in (("ops", check_ops), ("gather", check_gather), ("chains", check_chains),
                          ("dropout", check_dropout), ("block", check_block), ("faults", check_faults),
+                         ("faults_marks", lambda c: check_faults(c, "marks")),
                          ("compile_limits", check_compile_limits)):
             if only is None or name in only:
                 guarded(name, fn, c)

@@ -165,6 +165,7 @@ static void assert_varlink_agrees(const struct rp_program_run *run)
 		assert_same_id(&back.signal_event.id, &run->signal_event.id);
 	ck_assert_uint_eq(back.deadline_ms, run->deadline_ms);
 	ck_assert(back.has_journal == run->has_journal && back.retry == run->retry);
+	ck_assert_int_eq(back.journal_mode, run->journal_mode);
 	ck_assert_uint_eq(back.seq, run->seq);
 	if (back.has_journal) {
 		assert_same_id(&back.journal.buffer, &run->journal.buffer);
@@ -220,7 +221,32 @@ START_TEST(a_run_decodes_as_varlink_parses_it)
 	ck_assert(run.has_journal && run.retry && run.seq == 17 && run.journal.offset == 4096);
 	ck_assert_uint_eq(run.journal.buffer.serial, 6);
 	ck_assert_uint_eq(run.deadline_ms, 250);
+	ck_assert_int_eq(run.journal_mode, RP_JOURNAL_COPY);
 	assert_varlink_agrees(&run);
+	rp_program_run_finish(&run);
+}
+END_TEST
+
+/* A journal of marks only: its flag in the record, "mode": "marks" in
+ * the call, the same Run either way. */
+START_TEST(a_marks_journal_decodes_as_varlink_parses_it)
+{
+	struct run_spec s;
+	union rp_ring_slot recs[RP_RING_RUN_CONTINUATIONS_MAX + 1];
+	struct rp_program_run run;
+	struct rp_error err = { 0 };
+
+	full_run(&s);
+	s.call.journal_marks = true;
+	encode(&s.call, 7, recs);
+	ck_assert_uint_eq(recs[0].run.flags, RP_RING_RUN_RETRY | RP_RING_RUN_JOURNAL_MARKS);
+	ck_assert_int_eq(rp_ring_decode_run(recs, 7, ids, NIDS, &prog, &run, &err), 0);
+	ck_assert(run.has_journal && run.retry && run.seq == 17 && run.journal_mode == RP_JOURNAL_MARKS);
+	assert_varlink_agrees(&run);
+	cJSON *params = rp_program_run_to_json(&prog, &run);
+	const cJSON *mode = cJSON_GetObjectItem(cJSON_GetObjectItem(params, "journal"), "mode");
+	ck_assert(cJSON_IsString(mode) && strcmp(mode->valuestring, "marks") == 0);
+	cJSON_Delete(params);
 	rp_program_run_finish(&run);
 }
 END_TEST
@@ -404,6 +430,8 @@ START_TEST(what_only_records_say_is_refused_by_name)
 	bad[0].run.seq = 0;
 	bad[0].run.flags = RP_RING_RUN_RETRY;
 	expect_refused(bad, 7, RP_ERR_INVALID_PARAMETER, "parameter", "retry", "a retry without a journal");
+	bad[0].run.flags = RP_RING_RUN_JOURNAL_MARKS;
+	expect_refused(bad, 7, RP_ERR_INVALID_PARAMETER, "parameter", "journal.mode", "marks without a journal");
 	bad[0].run.flags = 0;
 	bad[0].run.journal_offset = 8;
 	expect_refused(bad, 7, RP_ERR_INVALID_PARAMETER, "parameter", "journal.offset", "an offset without a journal");
@@ -478,6 +506,16 @@ START_TEST(what_a_call_says_wrong_is_refused_as_varlink_refuses_it)
 			      RP_ERR_INVALID_PARAMETER, "parameter", "journal.offset");
 	varlink_refuses_alike(varlink_text(",\"scalars\":{\"lr\":0.001},\"seq\":17"), RP_ERR_INVALID_PARAMETER,
 			      "parameter", "journal");
+	/* A journal's mode: copy or marks, a string. */
+	varlink_refuses_alike(varlink_text(",\"scalars\":{\"lr\":0.001},\"journal\":{\"buffer\":\"b0.2.6\","
+					   "\"mode\":\"twice\"},\"seq\":17"),
+			      RP_ERR_INVALID_PARAMETER, "parameter", "journal.mode");
+	varlink_refuses_alike(varlink_text(",\"scalars\":{\"lr\":0.001},\"journal\":{\"buffer\":\"b0.2.6\","
+					   "\"mode\":1},\"seq\":17"),
+			      RP_ERR_INVALID_PARAMETER, "parameter", "journal.mode");
+	varlink_refuses_alike(varlink_text(",\"scalars\":{\"lr\":0.001},\"journal\":{\"buffer\":\"b0.2.6\","
+					   "\"marks\":true},\"seq\":17"),
+			      RP_ERR_INVALID_PARAMETER, "parameter", "journal.marks");
 	varlink_refuses_alike(varlink_text(",\"scalars\":{\"lr\":0.001},\"retry\":true"), RP_ERR_INVALID_PARAMETER,
 			      "parameter", "retry");
 	varlink_refuses_alike(varlink_text(",\"scalars\":{\"lr\":\"x\"}"), RP_ERR_INVALID_PARAMETER, "parameter",
@@ -613,6 +651,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, a_run_spans_the_records_its_entries_need);
 	tcase_add_test(tc, a_run_decodes_as_varlink_parses_it);
+	tcase_add_test(tc, a_marks_journal_decodes_as_varlink_parses_it);
 	tcase_add_test(tc, every_size_round_trips);
 	tcase_add_test(tc, what_only_records_say_is_refused_by_name);
 	tcase_add_test(tc, what_a_call_says_wrong_is_refused_as_varlink_refuses_it);

@@ -636,9 +636,9 @@ static PyObject *submit_tensors(PyObject *self, PyObject *args)
 }
 
 /* run(client, device, program, bindings, scalars, wait_event, signal_event,
- * deadline_ms, journal, journal_offset, seq, retry) -> ticket, or -errno.
- * bindings: [(bound position, name, buffer, offset)]; scalars: [(bound
- * position, name, value)]; journal: a buffer or None. */
+ * deadline_ms, journal, journal_offset, seq, retry, journal_marks) ->
+ * ticket, or -errno. bindings: [(bound position, name, buffer, offset)];
+ * scalars: [(bound position, name, value)]; journal: a buffer or None. */
 static PyObject *run(PyObject *self, PyObject *args)
 {
 	PyObject *capsule, *program, *bindings, *scalars, *wait, *signal, *journal, *journal_offset, *seq;
@@ -651,11 +651,11 @@ static PyObject *run(PyObject *self, PyObject *args)
 	uint64_t ticket = 0;
 	regen_client *c;
 	PyObject *out = NULL;
-	int device, retry, r;
+	int device, retry, marks, r;
 	(void)self;
 
-	if (!PyArg_ParseTuple(args, "OiOOOOOIOOOp", &capsule, &device, &program, &bindings, &scalars, &wait, &signal,
-			      &rr.deadline_ms, &journal, &journal_offset, &seq, &retry) ||
+	if (!PyArg_ParseTuple(args, "OiOOOOOIOOOpp", &capsule, &device, &program, &bindings, &scalars, &wait, &signal,
+			      &rr.deadline_ms, &journal, &journal_offset, &seq, &retry, &marks) ||
 	    (c = client_of(capsule)) == NULL)
 		return NULL;
 	if (!PyList_Check(bindings) || !PyList_Check(scalars)) {
@@ -713,6 +713,7 @@ static PyObject *run(PyObject *self, PyObject *args)
 	rr.scalars = sc;
 	rr.nscalars = (size_t)ns;
 	rr.retry = retry != 0;
+	rr.journal_marks = marks != 0;
 	Py_BEGIN_ALLOW_THREADS
 	r = lib.record_run_submit(c, device, &rr, &ticket);
 	Py_END_ALLOW_THREADS

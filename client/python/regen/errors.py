@@ -16,7 +16,7 @@ __all__ = [
     "InvalidOperand", "NoSuchDevice", "NoSuchObject", "ImportFailed",
     "InvalidMessage", "MessageTooLarge", "LimitExceeded", "Timeout",
     "FaultInjectionDisabled", "WrongEndpoint", "Detached", "BackendError",
-    "CommFailed", "CommTimeout", "CommInFlight", "InvalidJob", "InvalidProgram",
+    "CommFailed", "CommTimeout", "CommInFlight", "InvalidJob", "InvalidProgram", "RunTorn",
     "InterfaceNotFound", "MethodNotFound", "MethodNotImplemented",
     "InvalidParameter", "PermissionDenied", "ExpectedMore",
     "error_from_reply",
@@ -197,6 +197,14 @@ class InvalidProgram(Error):
 @_wire("io.regen.BackendError")
 class BackendError(Error):
     pass
+
+
+@_wire("io.regen.RunTorn")
+class RunTorn(Error):
+    """The retry of a program Run whose journal holds marks only found the
+    Run begun: a fault of regend's cut it after it began writing its
+    inouts (``.program``, ``.seq``).  Nothing ran; the inouts may hold part
+    of the update: load them from a checkpoint."""
 
 
 @_wire("org.varlink.service.InterfaceNotFound")

@@ -32,7 +32,7 @@ __all__ = ["KeepCalls", "journal_header", "journal_layout", "JOURNAL_HEADER_BYTE
 
 # proto/program_journal.h: {magic, seq, state, reserved}, little-endian u64s.
 _JOURNAL_MAGIC = 0x6c6e72756f6a6772
-_JOURNAL_STATES = {0: "empty", 1: "saved", 2: "done"}
+_JOURNAL_STATES = {0: "empty", 1: "saved", 2: "done", 3: "begun"}
 JOURNAL_HEADER_BYTES = 32
 # proto/program_journal.h: each inout's saved bytes start at a multiple of
 # this, after the header's own RP_PROG_JOURNAL_ALIGN bytes.
@@ -42,11 +42,14 @@ _JOURNAL_ALIGN = 256
 def journal_header(data: Any) -> Tuple[str, Optional[int]]:
     """What a program's journal (its first JOURNAL_HEADER_BYTES bytes) says
     of the last Run that named it: ("done", seq) the Run of seq applied
-    whole; ("saved", seq) cut by a fault of the worker after it saved the
-    inouts (retry it with ``retry=True`` and the same seq, or put them
-    back); ("empty", None) no Run with this journal yet."""
+    whole; ("saved", seq) a copy journal's Run that began (saved the
+    inouts), or was cut by a fault of the worker after (retry it with
+    ``retry=True`` and the same seq, or put them back); ("begun", seq) a
+    marks journal's Run that began, or was cut by a fault after (its
+    inouts may hold part of it: nothing puts them back); ("empty", None)
+    no Run with this journal yet."""
     magic, seq, state, _ = struct.unpack("<4Q", bytes(data[:JOURNAL_HEADER_BYTES]))
-    if magic != _JOURNAL_MAGIC or state not in (1, 2):
+    if magic != _JOURNAL_MAGIC or state not in (1, 2, 3):
         return "empty", None
     return _JOURNAL_STATES[state], seq
 

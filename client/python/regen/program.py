@@ -24,7 +24,16 @@ from ._parts import JSON, ClientPart, EventLike
 from .compute import record_deadline
 from .objects import tensor_imports
 
-__all__ = ["ProgramBuilder", "Program", "Programs", "run_exactly_once", "attr_value"]
+__all__ = ["ProgramBuilder", "Program", "Programs", "run_exactly_once", "attr_value", "JOURNAL_MODES",
+           "JOURNAL_MARKS_BYTES"]
+
+# What a Run's journal holds (proto/program_journal.h): "copy", the inouts
+# saved before the Run writes them and the marks (program.journal_bytes);
+# "marks", the marks alone (JOURNAL_MARKS_BYTES), no copy: a Run a fault
+# of regend's cuts after it began is then not retried but refused
+# (errors.RunTorn).
+JOURNAL_MODES = ("copy", "marks")
+JOURNAL_MARKS_BYTES = 32
 
 
 def attr_value(v: Any) -> Any:
@@ -126,9 +135,9 @@ class Program:
         self.nodes = reply.get("nodes")
         self.tensors = reply.get("tensors")
         self.scratch_bytes = reply.get("scratch_bytes")
-        # Bytes of the journal a Run that may be retried binds (0: the
-        # program updates nothing in place, and any Run may simply be
-        # run again).
+        # Bytes of the copy journal a Run that may be retried binds (0:
+        # the program updates nothing in place, and any Run may simply be
+        # run again); a journal of marks only takes JOURNAL_MARKS_BYTES.
         self.journal_bytes = reply.get("journal_bytes", 0)
         self.bound = list(reply.get("bound", ()))
         # Where each bound name lies in binding order: a Run over the
@@ -169,7 +178,7 @@ class Programs(ClientPart):
     def run_program(self, program: Program, bind: Mapping[str, Any], scalars: Optional[Mapping[str, float]] = None,
                     wait_event: EventLike = None, signal_event: EventLike = None, deadline_ms: Optional[int] = None,
                     journal: Any = None, seq: Optional[int] = None, retry: bool = False,
-                    wait: bool = True) -> Union[JSON, int]:
+                    wait: bool = True, journal_mode: str = "copy") -> Union[JSON, int]:
         """Runs ``program`` once, on its device's lane in order with the
         lane's other calls: over the lane's ring where it has one (the Run's
         record and, for many bindings, its continuations; a Run naming more
@@ -186,7 +195,17 @@ class Programs(ClientPart):
         at least ``program.journal_bytes``) and ``seq`` make a Run of a
         program that updates in place safe to retry after a fault: the
         retry, with ``retry=True`` and the same seq, applies its updates
-        exactly once (run_exactly_once does it all)."""
+        exactly once (run_exactly_once does it all).  ``journal_mode``
+        "marks": the journal holds the Run's marks alone (at least
+        JOURNAL_MARKS_BYTES; no copy of the inouts a Run), and the retry of
+        a Run a fault cut after it began raises errors.RunTorn instead."""
+        if journal_mode not in JOURNAL_MODES or (journal_mode != "copy" and journal is None):
+            # Refused here as regend refuses it, in its order (a record's
+            # flag cannot say another mode, a call has no place for one
+            # without a journal).
+            first = "journal" if seq is not None and journal_mode in JOURNAL_MODES else \
+                "retry" if retry and journal_mode in JOURNAL_MODES else "journal.mode"
+            raise errors.InvalidParameter(parameters={"parameter": first})
         device = program.device
         binds = {name: bound_at(self, x) for name, x in bind.items()}
         journal = bound_at(self, journal) if journal is not None else None
@@ -195,7 +214,7 @@ class Programs(ClientPart):
         lane = self._lane(device)
         if lane.ring:
             ticket = self._queue_run(device, lane, program, binds, scalars, wait_id, signal_id, deadline_ms, journal,
-                                     seq, retry)
+                                     seq, retry, journal_mode == "marks")
             if ticket is not None:
                 if not wait:
                     return ticket
@@ -215,6 +234,8 @@ class Programs(ClientPart):
             params["deadline_ms"] = int(deadline_ms)
         if journal is not None:
             params["journal"] = {"buffer": journal[0], "offset": journal[1]}
+            if journal_mode != "copy":
+                params["journal"]["mode"] = journal_mode
         if seq is not None:
             params["seq"] = int(seq)
         if retry:
@@ -224,7 +245,7 @@ class Programs(ClientPart):
         return self._worker_call(device, "io.regen.Program.Run", params, ())
 
     def _queue_run(self, device, lane, program, binds, scalars, wait_id, signal_id, deadline_ms, journal, seq,
-                   retry):
+                   retry, marks):
         """Queues a Run on the lane's ring (libregen writes its record and
         continuations, or sends it as a Varlink call where it names more
         ids than the lane's id table holds): its ticket (a Run of n records
@@ -256,7 +277,7 @@ class Programs(ClientPart):
 
         def queue(client):
             r = run(client, device, program.id, bindings, values, wait_id, signal_id, deadline, journal_id,
-                    journal_offset, seq, bool(retry))
+                    journal_offset, seq, bool(retry), bool(marks))
             if r == -errno.ERANGE:
                 raise _unpackable_run(binds, journal, seq)
             return r
@@ -312,14 +333,17 @@ def _wait_serving(client, device, after, deadline):
 
 
 def run_exactly_once(client: Any, program: Program, bind: Any, journal: Any, seq: int,
-                     scalars: Optional[Mapping[str, float]] = None, timeout: float = 120.0) -> int:
+                     scalars: Optional[Mapping[str, float]] = None, timeout: float = 120.0,
+                     journal_mode: str = "copy") -> int:
     """Runs ``program`` with its in-place updates applied exactly once,
     whatever faults come in between: after a fault it waits for the device
     to serve again, defines the program again if regend lost it (its own
     restart; a respawned worker keeps it), binds again (``bind`` and
     ``journal`` may be callables returning them, for buffers that must be
     imported again) and retries with the same ``seq``. Returns the number of
-    attempts it took."""
+    attempts it took.  With ``journal_mode`` "marks" a Run that a fault cut
+    after it began raises errors.RunTorn (nothing retried: its inouts may
+    hold part of the update)."""
     deadline = time.monotonic() + timeout
     attempt = 0
     while True:
@@ -327,7 +351,7 @@ def run_exactly_once(client: Any, program: Program, bind: Any, journal: Any, seq
             # Inside: binding may import again, which a fault can fail too.
             b = bind() if callable(bind) else bind
             j = journal() if callable(journal) else journal
-            client.run_program(program, b, scalars, journal=j, seq=seq, retry=attempt > 0)
+            client.run_program(program, b, scalars, journal=j, seq=seq, retry=attempt > 0, journal_mode=journal_mode)
             return attempt + 1
         except _RECOVERABLE as e:
             gen = e.parameters.get("generation") if isinstance(e.parameters, dict) else None

@@ -6,7 +6,8 @@ in libregen's host pool, regen.torch.restore() at its start and keep() +
 commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
 
     keep_torch_rank.py SOCKET JOB STEPS OUT [--die STEP WHERE] [--opt adam|adamw]
-                       [--no-snapshot] [--width W] [--layers L] [--meta]
+                       [--journal copy|marks] [--lose-inside STEP] [--no-snapshot] [--width W]
+                       [--layers L] [--meta]
 
 --die: SIGKILL itself at STEP, WHERE one of
   before_step   after the forward and backward, before opt.step()
@@ -16,6 +17,11 @@ commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
                 the commit
   mid_forward   after the BatchNorm wrote its statistics
   after_commit  right after the commit
+--journal: regen's AdamW's journal (with marks the step's last write must
+be opt.step(), so the "seen" buffer is counted before it, not after).
+--lose-inside: from STEP on, a device_lost injected into regend a few ms
+into each opt.step() until one lands inside its Run: with --journal marks,
+opt.step() raises rt.Torn; the rank prints "torn ..." and exits 4.
 --meta: the model is built on the meta device for restore() (built again
 for real when nothing is kept).  OUT: the final state (torch.save).  Prints "resume START put_back WHAT
 ptrs_in_pool BOOL" first, then "step N" as each step commits.
@@ -59,6 +65,27 @@ def cut_torch_adam_in_half():
     adam_module.adam = half
 
 
+def lose_inside(opt, attempt, sock):
+    """opt.step() with a device_lost injected into regend a few ms in,
+    which may land inside its Run: rt.Torn ends the rank (exit 4)."""
+    import threading
+    import regen
+    admin = regen.Client(sock, timeout=30)
+    timer = threading.Timer((0.005, 0.01, 0.02, 0.03)[attempt % 4], lambda: admin.inject_fault(0, "device_lost"))
+    timer.start()
+    try:
+        opt.step()
+    except rt.Torn as e:
+        print(f"torn {e}", flush=True)
+        sys.exit(4)
+    finally:
+        timer.join()
+        admin.close()
+    if attempt > 16:
+        print("no device_lost landed inside a Run", flush=True)
+        sys.exit(5)
+
+
 def build(width, layers, device=None):
     torch.manual_seed(0)
     mods = [torch.nn.Linear(32, width, device=device), torch.nn.BatchNorm1d(width, device=device), torch.nn.Tanh()]
@@ -82,12 +109,13 @@ def main():
     die_at = (int(sys.argv[sys.argv.index("--die") + 1]), sys.argv[sys.argv.index("--die") + 2]) \
         if "--die" in sys.argv else (None, None)
     kind, snapshot = arg("--opt", "adam"), "--no-snapshot" not in sys.argv
+    journal, lose_from = arg("--journal", "copy"), arg("--lose-inside", None, int)
     rt.configure(socket=sock, host_device=0)
 
     def optimizer(model):
         if kind == "adamw":
             import regen.torch.optim as ropt
-            return ropt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+            return ropt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, journal=journal)
         # The update a parameter at a time (torch 1.13's default on the
         # CPU; torch 2's foreach path would make one call of it).
         return torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
@@ -122,9 +150,15 @@ def main():
             die()
         if die_at == (step, "mid_step"):
             cut_torch_adam_in_half()
-        opt.step()
+        if journal == "marks":
+            model.seen += 1
+        if lose_from is not None and step >= lose_from:
+            lose_inside(opt, step - lose_from, sock)
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
-        model.seen += 1
+        if journal != "marks":
+            model.seen += 1
         if die_at == (step, "after_step"):
             die()
         if kept is None:

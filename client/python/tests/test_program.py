@@ -22,10 +22,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
 import regen  # noqa: E402
 from regen import lane  # noqa: E402
 from regen.host import HostTensor  # noqa: E402
-from regen.program import run_exactly_once  # noqa: E402
+from regen.keep import journal_header  # noqa: E402
+from regen.program import JOURNAL_MARKS_BYTES, run_exactly_once  # noqa: E402
 from regend_fixture import Regend, find_regend  # noqa: E402
 
 daemon = None
+# proto/program_journal.h's header: {magic, seq, state, 0}.
+JOURNAL_MAGIC = 0x6c6e72756f6a6772
 
 
 def setUpModule():
@@ -530,9 +533,14 @@ class ExactlyOnce:
     """100 AdamW steps through one program with a journal, device_lost
     injected at random points of random steps, end bit-identical to the
     same 100 steps without a fault: over the lane's ring and over Varlink
-    (TRANSPORT)."""
+    (TRANSPORT), with a journal of copies or of marks only (MODE).  With
+    marks, a Run a fault cut after it began is refused (RunTorn) and the
+    step is taken again from the test's own copy of the state before it
+    (a checkpoint), under a new seq: a Run cut before it began is retried
+    as with copies, and a retry never applies a Run twice."""
 
     TRANSPORT = None
+    MODE = "copy"
 
     SHAPES = [(256, 256), (256,), (512, 128)]
     STEPS = 100
@@ -554,7 +562,7 @@ class ExactlyOnce:
                 state[f"{k}{i}"].write([0.0] * n)
         prog = c.define_program(0, adamw_definition(self.SHAPES))
         self.assertGreater(prog.journal_bytes, 0)
-        journal = HostTensor((prog.journal_bytes // 4,))
+        journal = HostTensor(((prog.journal_bytes if self.MODE == "copy" else JOURNAL_MARKS_BYTES) // 4,))
         gen = {"seen": None}
 
         def bind():
@@ -590,13 +598,26 @@ class ExactlyOnce:
         th = threading.Thread(target=injector) if faults else None
         if th:
             th.start()
-        attempts = 0
+        attempts, torn, seq = 0, 0, 0
         try:
             for step in range(1, self.STEPS + 1):
                 for i in range(len(self.SHAPES)):
                     os.pwrite(state[f"g{i}"].fd, blobs[step % self.BLOBS][i], 0)
-                attempts += run_exactly_once(c, prog, bind, lambda: journal.op, seq=step,
-                                             scalars={"step": step, "lr": 1e-2})
+                before = {n: os.pread(t.fd, t.nbytes, 0) for n, t in state.items() if not n.startswith("g")}
+                while True:
+                    seq += 1
+                    try:
+                        attempts += run_exactly_once(c, prog, bind, lambda: journal.op, seq=seq,
+                                                     scalars={"step": step, "lr": 1e-2}, journal_mode=self.MODE)
+                        break
+                    except regen.RunTorn as e:
+                        self.assertEqual(self.MODE, "marks", "a copy journal's Run refused as torn")
+                        self.assertEqual((e.parameters["program"], e.parameters["seq"]), (prog.id, seq))
+                        self.assertEqual(journal_header(os.pread(journal.fd, 32, 0)), ("begun", seq))
+                        torn += 1
+                        attempts += 1
+                        for n, data in before.items():
+                            os.pwrite(state[n].fd, data, 0)
         finally:
             stop.set()
             if th:
@@ -604,6 +625,7 @@ class ExactlyOnce:
         self.assertEqual(c.lane_transport(0), self.TRANSPORT, "the Runs' transport")
         out = {n: t.read() for n, t in state.items() if not n.startswith("g")}
         st = c.program_status(0, prog)[0]
+        st["torn"] = torn
         c.close()
         for t in list(state.values()) + [journal]:
             t.close()
@@ -615,10 +637,18 @@ class ExactlyOnce:
         faulted, attempts, injected, st = self.train(faults=True)
         self.assertGreater(injected, 3, "too few faults landed to mean anything")
         self.assertGreater(attempts, self.STEPS, "no Run was interrupted and retried")
-        # Some fault landed inside a Run, after it had saved the state:
-        # its retry had to put the state back (what makes this test fail
-        # where a retry simply runs again).
-        self.assertGreater(st["retries_restored"], 0, f"no retry restored the journal ({st})")
+        if self.MODE == "copy":
+            # Some fault landed inside a Run, after it had saved the state:
+            # its retry had to put the state back (what makes this test
+            # fail where a retry simply runs again).
+            self.assertGreater(st["retries_restored"], 0, f"no retry restored the journal ({st})")
+        else:
+            # Some fault landed inside a Run: its retry refused it as torn
+            # (what makes this test fail where a retry simply runs again),
+            # and nothing was put back from a journal that holds no copy.
+            self.assertGreater(st["torn"], 0, f"no Run was refused as torn ({st})")
+            self.assertEqual(st["retries_torn"], st["torn"])
+            self.assertEqual(st["retries_restored"], 0)
         for name in clean:
             # Compared bit for bit, as bytes (a list diff of this size would
             # take unittest minutes to print).
@@ -634,6 +664,173 @@ class ExactlyOnceRingTest(ExactlyOnce, unittest.TestCase):
 
 
 class ExactlyOnceVarlinkTest(ExactlyOnce, unittest.TestCase):
+    TRANSPORT = "varlink"
+
+
+@unittest.skipUnless(lane.ring_supported(), "no ring in this process (regen._accel and libregen)")
+class MarksExactlyOnceRingTest(ExactlyOnce, unittest.TestCase):
+    TRANSPORT = "ring"
+    MODE = "marks"
+
+
+class MarksExactlyOnceVarlinkTest(ExactlyOnce, unittest.TestCase):
+    TRANSPORT = "varlink"
+    MODE = "marks"
+
+
+class MarksJournal:
+    """A journal of marks only (journal_mode="marks"), on either transport:
+    what its retry does with each header it can find (written here, as a
+    fault would leave it), a device_lost landing inside a Run, and what
+    is refused, each by name and alike on both transports."""
+
+    TRANSPORT = None
+    # Intermediates within the host backend's kept scratch (64 MiB): a Run
+    # (some 40 ms of nodes) takes no arena once warm.
+    SHAPES = [(512, 512)] * 3
+
+    def setUp(self):
+        self.c = regen.Client(daemon.socket, timeout=60, transport=self.TRANSPORT)
+        self.rng = random.Random(self.id() + str(os.getpid()))
+        self.tensors = []
+        self.prog = self.c.define_program(0, adamw_definition(self.SHAPES))
+        self.state = {}
+        for i, s in enumerate(self.SHAPES):
+            for k in "wgmv":
+                t = HostTensor(s)
+                t.write([self.rng.uniform(0, 1) for _ in range(math.prod(s))])
+                self.state[f"{k}{i}"] = t
+        self.journal = HostTensor((JOURNAL_MARKS_BYTES // 4,))
+        self.tensors = list(self.state.values()) + [self.journal]
+        self.bind_all()
+
+    def tearDown(self):
+        self.c.close()
+        for t in self.tensors:
+            t.close()
+
+    def bind_all(self):
+        for t in self.tensors:
+            t.import_into(self.c, 0)
+        self.bind = {n: t.op for n, t in self.state.items()}
+
+    def header(self, seq, state):
+        os.pwrite(self.journal.fd, struct.pack("<4Q", JOURNAL_MAGIC, seq, state, 0), 0)
+
+    def snapshot(self):
+        return {n: os.pread(t.fd, t.nbytes, 0) for n, t in self.state.items()}
+
+    def run_once(self, seq, retry=False, journal=None, mode="marks"):
+        return self.c.run_program(self.prog, self.bind, {"step": 1, "lr": 1e-2},
+                                  journal=self.journal.op if journal is None else journal, seq=seq, retry=retry,
+                                  journal_mode=mode)
+
+    def test_a_retry_reads_the_header(self):
+        st0 = self.c.program_status(0, self.prog)[0]
+        # DONE with the retried seq: applied whole, nothing runs again.
+        before = self.snapshot()
+        self.header(7, 2)
+        self.run_once(7, retry=True)
+        self.assertEqual(self.snapshot(), before, "a retry of a Run marked DONE ran it again")
+        # BEGUN with the retried seq: torn, refused by name, nothing ran.
+        self.header(8, 3)
+        with self.assertRaises(regen.RunTorn) as e:
+            self.run_once(8, retry=True)
+        self.assertEqual(e.exception.parameters["program"], self.prog.id)
+        self.assertEqual(e.exception.parameters["seq"], 8)
+        self.assertIn("marks only", e.exception.parameters["message"])
+        self.assertIn("checkpoint", e.exception.parameters["message"])
+        self.assertEqual(self.snapshot(), before, "a torn Run's retry ran")
+        self.assertEqual(journal_header(os.pread(self.journal.fd, 32, 0)), ("begun", 8))
+        # SAVED with the retried seq (a copy journal's) given in mode marks:
+        # its journal was bound for the header alone; refused by name.
+        self.header(9, 1)
+        with self.assertRaises(regen.InvalidParameter) as e:
+            self.run_once(9, retry=True)
+        self.assertEqual(e.exception.parameters["parameter"], "journal.mode")
+        self.assertEqual(self.snapshot(), before)
+        # The previous Run's DONE: the retried one never began; it runs, as
+        # a first one, and marks the journal DONE.
+        self.header(9, 2)
+        self.run_once(10, retry=True)
+        self.assertNotEqual(self.snapshot()["w0"], before["w0"], "a Run that never began was not run")
+        self.assertEqual(journal_header(os.pread(self.journal.fd, 32, 0)), ("done", 10))
+        st = self.c.program_status(0, self.prog)[0]
+        self.assertEqual(st["retries_applied"] - st0["retries_applied"], 1)
+        self.assertEqual(st["retries_torn"] - st0["retries_torn"], 1)
+        self.assertEqual(st["retries_restored"] - st0["retries_restored"], 0)
+
+    def test_a_fault_inside_a_run_is_torn(self):
+        """A device_lost injected while a Run runs (its nodes take a while
+        here: the host backend stops between two of them) cuts it after it
+        began: the retry raises RunTorn, the header says BEGUN."""
+        admin = regen.Client(daemon.socket, timeout=60)
+        torn = None
+        try:
+            for attempt in range(16):
+                self.run_once(attempt + 1)   # warm: the arena taken
+                delay = (0.005, 0.01, 0.02, 0.03)[attempt % 4]
+                timer = threading.Timer(delay, lambda: admin.inject_fault(0, "device_lost"))
+                timer.start()
+                try:
+                    run_exactly_once(self.c, self.prog, lambda: (self.bind_all(), self.bind)[1],
+                                     lambda: self.journal.op, seq=1000 + attempt, scalars={"step": 1, "lr": 1e-2},
+                                     journal_mode="marks")
+                except regen.RunTorn as e:
+                    torn = e
+                    break
+                finally:
+                    timer.join()
+                    self.bind_all_when_serving(admin)
+        finally:
+            admin.close()
+        self.assertIsNotNone(torn, "no device_lost landed inside a Run in 16 tries")
+        seq = torn.parameters["seq"]
+        self.assertEqual(journal_header(os.pread(self.journal.fd, 32, 0)), ("begun", seq))
+
+    def bind_all_when_serving(self, admin):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            d = admin.generation()["devices"][0]
+            if d["state"] == "ready":
+                break
+            time.sleep(0.01)
+        try:
+            self.bind_all()
+        except regen.Error:
+            pass
+
+    def test_refusals_by_name(self):
+        seen = []
+        short = HostTensor((4,))   # 16 bytes: less than the header
+        self.tensors.append(short)
+        cases = [
+            ({"seq": 1, "journal_mode": "twice"}, "InvalidParameter", "journal.mode"),
+            ({"journal_mode": "marks"}, "InvalidParameter", "journal.mode"),        # marks, no journal
+            ({"seq": 1, "journal_mode": "marks"}, "InvalidParameter", "journal"),  # a seq, no journal
+            ({"journal": (short.import_into(self.c, 0), 0), "seq": 1, "journal_mode": "marks"}, "InvalidOperand",
+             "bind.journal"),
+        ]
+        before = self.snapshot()
+        for kw, kind, what in cases:
+            with self.assertRaises(regen.Error, msg=str(kw)) as e:
+                self.c.run_program(self.prog, self.bind, {"step": 1, "lr": 1e-2}, **kw)
+            self.assertEqual(type(e.exception).__name__, kind, str(kw))
+            self.assertEqual(e.exception.parameters.get("parameter", e.exception.parameters.get("operand")), what)
+            seen.append(e.exception.parameters.get("message", ""))
+        self.assertIn("mode marks: the header", seen[3])
+        self.assertEqual(self.snapshot(), before, "a refused Run wrote")
+        # Exactly the header is enough.
+        self.run_once(1)
+        self.assertEqual(journal_header(os.pread(self.journal.fd, 32, 0)), ("done", 1))
+
+
+@unittest.skipUnless(lane.ring_supported(), "no ring in this process (regen._accel and libregen)")
+class MarksJournalRingTest(MarksJournal, unittest.TestCase):
+    TRANSPORT = "ring"
+
+
+class MarksJournalVarlinkTest(MarksJournal, unittest.TestCase):
     TRANSPORT = "varlink"
 
 

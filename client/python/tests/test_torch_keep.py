@@ -206,6 +206,50 @@ class TorchKeepTest(unittest.TestCase):
             self.assertTrue(out.startswith("resume 8 put_back None"), f"{out} {err}")
             same_state(self, ref, run, "killed after a Run of regend's AdamW")
 
+    def test_a_kill_after_regends_adamw_with_marks_resumes_after_it(self):
+        """regen.torch.optim.AdamW(journal="marks"), whose journal holds no
+        copy: its Run of step 5 completed (DONE) and the rank killed before
+        the commit: restore() resumes from step 5, which the memory holds
+        (rolled forward), twice (the second time at the first Run of the
+        process that rolled forward); then killed after a commit; and the
+        rank ends bit-identical to one never killed, and to one whose
+        journal holds copies (marks change no bit of the update)."""
+        marks = ("--opt", "adamw", "--journal", "marks")
+        with tempfile.TemporaryDirectory() as tmp:
+            ref, run = self.reference(tmp, "marks-ref", *marks), os.path.join(tmp, "run.pt")
+            job = self.job("marks")
+            code, out, err = self.rank(job, run, *marks, "--die", "5", "after_step")
+            self.assertEqual(code, -signal.SIGKILL, err)
+            code, out, err = self.rank(job, run, *marks, "--die", "6", "after_step")
+            self.assertEqual(code, -signal.SIGKILL, err)
+            self.assertTrue(out.startswith("resume 5 put_back rolled_forward"), f"{out} {err}")
+            code, out, err = self.rank(job, run, *marks, "--die", "8", "after_commit")
+            self.assertEqual(code, -signal.SIGKILL, err)
+            self.assertTrue(out.startswith("resume 6 put_back rolled_forward"), f"{out} {err}")
+            code, out, err = self.rank(job, run, *marks, "--meta")
+            self.assertEqual(code, 0, err)
+            self.assertTrue(out.startswith("resume 8 put_back None"), f"{out} {err}")
+            same_state(self, ref, run, "killed after Runs of regend's AdamW with a journal of marks")
+            copies = self.reference(tmp, "copy-ref", "--opt", "adamw")
+            same_state(self, copies, ref, "AdamW with a journal of marks against one of copies")
+
+    def test_a_fault_inside_a_marks_run_is_torn(self):
+        """AdamW(journal="marks") and a device_lost in regend landing inside
+        its Run (the rank injects one a few ms into each opt.step() from
+        step 3 on until one does): opt.step() raises rt.Torn, nothing
+        retried; and restore() of the kept state raises Torn too: the
+        journal says the Run began and never completed."""
+        marks = ("--opt", "adamw", "--journal", "marks", "--width", "512", "--layers", "2")
+        with tempfile.TemporaryDirectory() as tmp:
+            run, job = os.path.join(tmp, "run.pt"), self.job("marks-torn")
+            code, out, err = self.rank(job, run, *marks, "--lose-inside", "3", steps=40)
+            self.assertEqual(code, 4, f"{out} {err}")
+            self.assertIn("torn ", out)
+            self.assertIn("journal holds marks only", out)
+            code, out, err = self.rank(job, run, *marks)
+            self.assertEqual(code, 3, f"{out} {err}")
+            self.assertIn("began and did not complete", out)
+
     def test_a_kill_inside_the_forward_puts_the_buffers_back(self):
         """Killed after step 5's forward wrote the BatchNorm's statistics:
         they come back as step 4 left them (the buffers' copy at each
@@ -281,6 +325,12 @@ class TorchKeepTest(unittest.TestCase):
     def test_random_kills_with_regends_adamw_resume_bit_identical(self):
         killed, put_back = self.random_kills(8, "--opt", "adamw", "--width", "128", "--layers", "2")
         print(f"\nregen's AdamW, {killed} kills; each resume put back: {put_back}", file=sys.stderr)
+
+    def test_random_kills_with_regends_adamw_and_marks_resume_bit_identical(self):
+        killed, put_back = self.random_kills(8, "--opt", "adamw", "--journal", "marks", "--width", "128",
+                                             "--layers", "2")
+        self.assertNotIn("journal", put_back, "a journal of marks put something back")
+        print(f"\nregen's AdamW with marks, {killed} kills; each resume: {put_back}", file=sys.stderr)
 
     def test_journal_layout_is_where_a_run_saves(self):
         """regen.keep.journal_layout (how restore() finds each inout's saved

@@ -107,7 +107,8 @@ struct cuda_program {
 	/* The argument block as each Run fills it (host side), and the bound
 	 * roots' addresses it is filled from. After the kernels' part
 	 * (args_kernels bytes), the two journal headers a Run with a journal
-	 * writes (SAVED, DONE), copied from there on the device. */
+	 * writes (SAVED or BEGUN, then DONE), copied from there on the
+	 * device. */
 	void *args_host;
 	size_t args_bytes, args_kernels;
 	void **bound;
@@ -270,9 +271,10 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 	p->args_host = calloc(1, p->args_bytes);
 	p->bound = calloc((size_t)def->nbound + 1, sizeof(void *));
 	p->modules = calloc((size_t)p->plan.nsteps + 1, sizeof(*p->modules));
-	/* The journal's address and the inouts' (its copies take them at
-	 * capture), then the library calls' operands'. */
-	p->nkey = 1;
+	/* The journal's address and mode, the inouts' addresses (a copy
+	 * journal's copies take them at capture), then the library calls'
+	 * operands'. */
+	p->nkey = 2;
 	for (int b = 0; b < def->nbound; b++)
 		p->nkey += def->tensors[def->bind[b]].kind == RP_PT_INOUT;
 	for (int i = 0; i < p->plan.nsteps; i++)
@@ -385,6 +387,8 @@ static cudaError_t journal_copy(struct cuda_lane *lane, struct cuda_program *p, 
 	return e;
 }
 
+/* The header the Run filled for `state` (the first for SAVED or BEGUN,
+ * the second for DONE) onto the journal's. */
 static cudaError_t journal_mark(struct cuda_lane *lane, struct cuda_program *p, char *journal,
 				enum rp_prog_journal_state state)
 {
@@ -437,19 +441,24 @@ static int workspace_grow(struct cuda_lane *lane, struct cuda_program *p, size_t
 }
 
 /* Every step, in order, on the lane's stream (captured or not); with a
- * journal, the inouts saved and the header marked around them. */
-static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *journal, struct rp_error *err)
+ * journal, the header marked around them, and in mode copy the inouts
+ * saved before. */
+static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *journal,
+			 enum rp_prog_journal_mode mode, struct rp_error *err)
 {
 	struct cuda_program_state *st = &p->state;
 	cudaError_t e = cudaSuccess;
 	int r = 0;
 
 	if (journal) {
-		e = journal_copy(lane, p, journal, true);
+		if (mode == RP_JOURNAL_COPY)
+			e = journal_copy(lane, p, journal, true);
 		if (e == cudaSuccess)
-			e = journal_mark(lane, p, journal, RP_JOURNAL_SAVED);
+			e = journal_mark(lane, p, journal, mode == RP_JOURNAL_COPY ? RP_JOURNAL_SAVED : RP_JOURNAL_BEGUN);
 		if (e != cudaSuccess) {
-			rp_error_set(err, cuda_error_name(e), "saving the inouts to the journal: %s", cudaGetErrorString(e));
+			rp_error_set(err, cuda_error_name(e), "%s the journal: %s",
+				     mode == RP_JOURNAL_COPY ? "saving the inouts to" : "marking the Run begun in",
+				     cudaGetErrorString(e));
 			return -EIO;
 		}
 	}
@@ -493,10 +502,12 @@ static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *j
 /* A retried Run: what the journal's header says of the Run it retries.
  * Waits for the lane's earlier work (a retry comes after a fault: there
  * is little). 1: applied already; 0: go on (the inouts put back where the
- * Run had saved them). */
-static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char *journal, uint64_t seq,
-			   struct rp_error *err)
+ * Run had saved them); -EIO with RunTorn: a marks journal's Run that
+ * began. */
+static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char *journal,
+			   const struct rd_program_run *run, struct rp_error *err)
 {
+	const uint64_t seq = run->seq;
 	struct rp_prog_journal_header h;
 	cudaError_t e = cudaMemcpyAsync(&h, journal, sizeof(h), cudaMemcpyDeviceToHost, lane->stream);
 
@@ -512,6 +523,15 @@ static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char 
 		p->base.retries_applied++;
 		return 1;
 	}
+	if (h.state == RP_JOURNAL_BEGUN) {
+		p->base.retries_torn++;
+		rp_program_run_torn(err, p->base.def, &p->base.obj.id, seq);
+		return -EIO;
+	}
+	if (h.state == RP_JOURNAL_SAVED && run->journal_mode != RP_JOURNAL_COPY) {
+		rp_program_run_mode_changed(err, p->base.def, seq);
+		return -EINVAL;
+	}
 	if (h.state == RP_JOURNAL_SAVED) {
 		e = journal_copy(lane, p, journal, false);
 		if (e != cudaSuccess) {
@@ -526,15 +546,17 @@ static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char 
 
 /* The graph's key: the addresses of the library steps' operands, which
  * their calls take at capture. */
-static void fill_key(struct cuda_program *p, const char *journal)
+static void fill_key(struct cuda_program *p, const char *journal, enum rp_prog_journal_mode mode)
 {
 	const struct rp_program *def = p->base.def;
+	const bool copies = journal && mode == RP_JOURNAL_COPY;
 	unsigned n = 0;
 
 	p->key[n++] = (uint64_t)(uintptr_t)journal;
+	p->key[n++] = journal ? (uint64_t)mode + 1 : 0;
 	for (int b = 0; b < def->nbound; b++)
 		if (def->tensors[def->bind[b]].kind == RP_PT_INOUT)
-			p->key[n++] = journal ? (uint64_t)(uintptr_t)p->bound[b] : 0;
+			p->key[n++] = copies ? (uint64_t)(uintptr_t)p->bound[b] : 0;
 	for (int i = 0; i < p->plan.nsteps; i++) {
 		const struct rd_prog_step *step = &p->plan.steps[i];
 		const struct rp_prog_node *node = &def->nodes[step->first_node];
@@ -556,6 +578,10 @@ static void key_entry_name(const struct cuda_program *p, unsigned k, char *out, 
 
 	if (k == n++) {
 		snprintf(out, size, "the journal");
+		return;
+	}
+	if (k == n++) {
+		snprintf(out, size, "the journal's mode");
 		return;
 	}
 	for (int b = 0; b < def->nbound; b++)
@@ -619,8 +645,8 @@ static int load_modules(struct cuda_program *p, struct rp_error *err)
 /* Captures the Run's steps into x (an exec there is updated in place when
  * the new graph allows, else replaced). 0, 1: the capture failed (what
  * failed may run on the stream), or -errno. */
-static int capture(struct cuda_lane *lane, struct cuda_program *p, char *journal, struct program_exec *x,
-		   struct rp_error *err)
+static int capture(struct cuda_lane *lane, struct cuda_program *p, char *journal, enum rp_prog_journal_mode mode,
+		   struct program_exec *x, struct rp_error *err)
 {
 	cudaGraph_t graph = NULL;
 	cudaError_t e;
@@ -630,7 +656,7 @@ static int capture(struct cuda_lane *lane, struct cuda_program *p, char *journal
 	if (e != cudaSuccess)
 		goto fail_cuda;
 	lane->capturing = true;
-	r = enqueue_steps(lane, p, journal, err);
+	r = enqueue_steps(lane, p, journal, mode, err);
 	lane->capturing = false;
 	e = cudaStreamEndCapture(lane->stream, &graph);
 	if (r < 0) {
@@ -809,12 +835,15 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	if (journal) {
 		struct rp_prog_journal_header *h = (void *)((char *)p->args_host + p->args_kernels);
 
-		h[0] = (struct rp_prog_journal_header){ RP_PROG_JOURNAL_MAGIC, run->seq, RP_JOURNAL_SAVED, 0 };
+		h[0] = (struct rp_prog_journal_header){
+			RP_PROG_JOURNAL_MAGIC, run->seq,
+			run->journal_mode == RP_JOURNAL_COPY ? RP_JOURNAL_SAVED : RP_JOURNAL_BEGUN, 0
+		};
 		h[1] = (struct rp_prog_journal_header){ RP_PROG_JOURNAL_MAGIC, run->seq, RP_JOURNAL_DONE, 0 };
 	}
 	r = load_modules(p, &op->err);
 	if (r == 0 && journal && run->retry) {
-		r = journal_recover(lane, p, journal, run->seq, &op->err);
+		r = journal_recover(lane, p, journal, run, &op->err);
 		if (r > 0) {
 			run->already_done = true;
 			r = 0;
@@ -829,7 +858,7 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	if (e != cudaSuccess)
 		goto fail_cuda;
 
-	fill_key(p, journal);
+	fill_key(p, journal, run->journal_mode);
 	struct program_exec *x = NULL;
 	/* A traced program runs every Run step by step, to be timed. */
 	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && !st->trace_marks) {
@@ -847,7 +876,7 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		} else if (!x) {
 			x = exec_to_replace(st);
 			st->captures++;
-			r = capture(lane, p, journal, x, &op->err);
+			r = capture(lane, p, journal, run->journal_mode, x, &op->err);
 			if (r != 0 || !x->exec)
 				x = NULL;
 			if (r > 0) {
@@ -863,7 +892,7 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 		x->used = st->runs + 1;
 		p->base.graph_launches++;
 	} else if (r == 0) {
-		r = enqueue_steps(lane, p, journal, &op->err);
+		r = enqueue_steps(lane, p, journal, run->journal_mode, &op->err);
 		p->base.stream_runs++;
 		if (r == 0 && st->trace_marks && st->runs >= PROGRAM_EAGER_RUNS)
 			trace_collect(p);

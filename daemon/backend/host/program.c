@@ -262,6 +262,25 @@ struct run_state {
 #define OUTCOME_NOTHING "the Run wrote nothing"
 #define OUTCOME_PART "the Run stopped there; the nodes before it ran, so outputs and inouts may be partly written"
 
+/* -EIO with DeviceLost where a fault came before node k (-1: before the
+ * Run began, its journal unmarked). */
+static int check_lost(struct run_state *st, int k)
+{
+	const struct host_program *hp = st->hp;
+	const struct rp_program *def = hp->base.def;
+
+	if (!atomic_load(&hd(hp->base.device)->lost))
+		return 0;
+	if (k < 0)
+		rp_error_set(st->err, RP_ERR_DEVICE_LOST, "device %d lost its context before program '%s' began; %s",
+			     hp->base.device->index, def->name, OUTCOME_NOTHING);
+	else
+		rp_error_set(st->err, RP_ERR_DEVICE_LOST,
+			     "device %d lost its context during program '%s', before node %d '%s'; %s",
+			     hp->base.device->index, def->name, k, def->nodes[k].name, k ? OUTCOME_PART : OUTCOME_NOTHING);
+	return -EIO;
+}
+
 static int run_nodes(void *arg)
 {
 	struct run_state *st = arg;
@@ -283,13 +302,8 @@ static int run_nodes(void *arg)
 		/* A fault (an injected device_lost) ends the Run between two
 		 * nodes, as a real one ends a graph between two kernels: what
 		 * the nodes before wrote stays written. */
-		if (atomic_load(&hd(hp->base.device)->lost)) {
-			rp_error_set(st->err, RP_ERR_DEVICE_LOST,
-				     "device %d lost its context during program '%s', before node %d '%s'; %s",
-				     hp->base.device->index, def->name, k, def->nodes[k].name,
-				     k ? OUTCOME_PART : OUTCOME_NOTHING);
-			return -EIO;
-		}
+		if ((r = check_lost(st, k)) < 0)
+			return r;
 		if (!hp->check_first[k] && rd_host_node_data_tensors(def, k, t) > 0) {
 			r = rd_host_node_check(def, k, hp->addr, k ? OUTCOME_PART : OUTCOME_NOTHING, st->err);
 			if (r < 0)
@@ -351,8 +365,9 @@ static void report(const struct run_state *st, const struct rd_program_run *run,
 	}
 }
 
-/* The journal's copies of the inouts (proto/program_journal.h): saved
- * before the first node, put back by a retry of a Run that saved them. */
+/* The journal's copies of the inouts (proto/program_journal.h, mode
+ * copy): saved before the first node, put back by a retry of a Run that
+ * saved them. */
 static void journal_copy(const struct host_program *hp, const struct rd_program_run *run, char *journal, bool save)
 {
 	const struct rp_program *def = hp->base.def;
@@ -378,8 +393,11 @@ static void journal_mark(char *journal, uint64_t seq, enum rp_prog_journal_state
 }
 
 /* A retry: 1 when the Run it retries was applied whole; 0 to run (the
- * inouts put back where it had saved them). */
-static int journal_recover(struct host_program *hp, const struct rd_program_run *run, char *journal)
+ * inouts put back where it had saved them); -EIO with RunTorn where a
+ * marks journal's Run had begun, -EINVAL where copies were saved and the
+ * retry's journal is bound for marks. */
+static int journal_recover(struct host_program *hp, const struct rd_program_run *run, char *journal,
+			   struct rp_error *err)
 {
 	struct rp_prog_journal_header h;
 
@@ -389,6 +407,15 @@ static int journal_recover(struct host_program *hp, const struct rd_program_run 
 	if (h.state == RP_JOURNAL_DONE) {
 		hp->base.retries_applied++;
 		return 1;
+	}
+	if (h.state == RP_JOURNAL_BEGUN) {
+		hp->base.retries_torn++;
+		rp_program_run_torn(err, hp->base.def, &hp->base.obj.id, run->seq);
+		return -EIO;
+	}
+	if (h.state == RP_JOURNAL_SAVED && run->journal_mode != RP_JOURNAL_COPY) {
+		rp_program_run_mode_changed(err, hp->base.def, run->seq);
+		return -EINVAL;
 	}
 	if (h.state == RP_JOURNAL_SAVED) {
 		journal_copy(hp, run, journal, false);
@@ -409,13 +436,19 @@ static int run_journaled(void *arg)
 {
 	struct journaled_run *jr = arg;
 	struct host_program *hp = jr->st->hp;
+	const bool copies = jr->run->journal_mode == RP_JOURNAL_COPY;
 	int r;
 
-	if (jr->journal && jr->run->retry && journal_recover(hp, jr->run, jr->journal) > 0)
-		return 1;
+	if (jr->journal && jr->run->retry && (r = journal_recover(hp, jr->run, jr->journal, jr->st->err)) != 0)
+		return r;
+	/* A fault found before the journal is marked: the Run never began,
+	 * and its retry runs it as a first one. */
+	if (jr->journal && (r = check_lost(jr->st, -1)) < 0)
+		return r;
 	if (jr->journal) {
-		journal_copy(hp, jr->run, jr->journal, true);
-		journal_mark(jr->journal, jr->run->seq, RP_JOURNAL_SAVED);
+		if (copies)
+			journal_copy(hp, jr->run, jr->journal, true);
+		journal_mark(jr->journal, jr->run->seq, copies ? RP_JOURNAL_SAVED : RP_JOURNAL_BEGUN);
 	}
 	r = run_nodes(jr->st);
 	if (r == 0 && jr->journal)

@@ -32,7 +32,11 @@ A kill at any instant resumes from a complete step, the last committed:
   twin's memory and one copy a step that the forward hides;
 - regen.torch.optim.AdamW: its program's journal holds the parameters and
   moments before its Run; the journal's header says which Run the memory
-  holds, and a Run past the last commit is put back from it.  No twin;
+  holds, and a Run past the last commit is put back from it.  No twin.
+  With AdamW(journal="marks") the journal holds the header alone: a Run
+  past the commit that completed (DONE) is resumed from, the step after
+  the commit (rolled forward, never put back), and one that began and did
+  not complete (BEGUN: regend's worker faulted inside it too) is Torn;
 - the buffers (a BatchNorm's statistics, written by the forward): a copy
   at each commit, in stream order before the next forward.
 
@@ -52,6 +56,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import errors
+from ._runtime import Torn
 
 __all__ = ["keep", "restore", "Kept"]
 
@@ -76,13 +81,9 @@ _adopted: Dict[int, str] = {}
 # What restore() made of a key's kept memory, for the keep() that follows
 # it: its twins, marks and journal, and the step.
 _restored: Dict[Any, Any] = {}
-# What the last restore() of a key put back: "twin", "journal" or None.
+# What the last restore() of a key put back: "twin", "journal" or None; or
+# "rolled_forward": nothing, the step after the commit resumed from.
 _put_backs: Dict[Any, Optional[str]] = {}
-
-
-class Torn(errors.Error):
-    """The kept memory holds no complete step: the rank died inside an
-    update that nothing can put back (keep(snapshot=False))."""
 
 
 def _split(key):
@@ -226,9 +227,11 @@ class Kept:
             optimizer.before_run.append(self._before_run)
 
     def _before_run(self, optimizer):
-        """regen's AdamW is about to Run: where it saves what, if that
-        changed (another program), goes into the index first, so that a
-        restore puts that Run back right."""
+        """regen's AdamW is about to Run: where it saves what (a copy
+        journal) and which of its values the Run advances (a marks journal),
+        if that changed (another program, other parameters with gradients),
+        goes into the index first, so that a restore puts that Run back, or
+        resumes after it, right."""
         entries = _journal_entries(optimizer, self._live)
         if entries != self._journal_entries:
             self._journal_entries = entries
@@ -296,23 +299,28 @@ class Kept:
 
 
 def _journal_entries(optimizer, live):
-    """Where the optimizer's Run to come saves each kept tensor in its
-    journal: [[entry, offset, bytes]]."""
+    """What the optimizer's Run to come does to what is kept: its journal's
+    mode, where it saves each kept tensor in its journal ([[entry, offset,
+    bytes]]; none with marks only), and which of the optimizer's values
+    ("i.key") it advances by one."""
     by_ptr = {t.data_ptr(): e for e, t in live.items()}
-    out = []
+    saves = []
     for t, offset, nbytes in optimizer.journal_layout:
         entry = by_ptr.get(t.data_ptr())
         if entry is None:
             raise errors.Error(parameters={
                 "message": "regen.torch.keep: the optimizer updates a tensor that is not kept: keep() again"})
-        out.append([entry, offset, nbytes])
-    return out
+        saves.append([entry, offset, nbytes])
+    position = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    advances = [f"{position[id(p)]}.{k}" for p, k in getattr(optimizer, "journal_advances", ())]
+    return {"mode": getattr(optimizer, "journal_mode", "copy"), "saves": saves, "advances": advances}
 
 
 def _commit_record(optimizer, layout, views, step, journal_seq, journal_entries):
     """What a commit writes: the step, the optimizer's CPU values, and for
-    a journal the Run the memory holds and where the Run after it saves
-    each kept tensor (so that a restore puts that Run back)."""
+    a journal the Run the memory holds and what the Run after it does
+    (_journal_entries: so that a restore puts that Run back, or resumes
+    after it)."""
     record = {"step": step, "values": _values(optimizer, layout["tensors"])}
     if layout["mode"] == "journal":
         journal = views["journal:"]
@@ -321,8 +329,17 @@ def _commit_record(optimizer, layout, views, step, journal_seq, journal_entries)
                 "message": "regen.torch.keep: the optimizer's journal moved (its program changed): keep() again "
                            "after this step"})
         record["journal_seq"] = journal_seq
-        record["journal_layout"] = journal_entries
+        record["journal_layout"] = journal_entries["saves"]
+        record["journal_mode"] = journal_entries["mode"]
+        record["journal_advances"] = journal_entries["advances"]
     return record
+
+
+def _journal_run(commit):
+    """What the commit record says the Run after it does (_journal_entries'
+    form; an index written before marks journals says copies)."""
+    return {"mode": commit.get("journal_mode", "copy"), "saves": commit.get("journal_layout", []),
+            "advances": commit.get("journal_advances", [])}
 
 
 class _Hook:
@@ -435,7 +452,7 @@ def keep(model: torch.nn.Module, optimizer: Any = None,
     if mode == "journal":
         # After a restore the optimizer has made no Run yet: the Run to
         # come is laid out as the one before the kill.
-        journal = (prev["journal_seq"], prev["journal_layout"]) if prev else \
+        journal = (prev["journal_seq"], prev["journal_run"]) if prev else \
             (optimizer.journal_seq, _journal_entries(optimizer, live))
     fd = _new_index()
     with mmap.mmap(fd, _INDEX_BYTES) as m:
@@ -449,6 +466,10 @@ def keep(model: torch.nn.Module, optimizer: Any = None,
             if k["rank"] == rank and k["name"] != _INDEX and k["name"] not in chunks:
                 rt.client.drop(job, rank, k["name"])
     kept = Kept(rt, job, rank, model, optimizer, fd, layout, live, step, views, journal)
+    if prev and prev.get("rolled_forward"):
+        # The step restore() resumed from is past regend's last commit.
+        with rt.lock:
+            rt.client.commit(rank, step, job=job)
     if step is not None:
         # The copies of the step restore() came back at, which its kill
         # may have left behind.
@@ -471,9 +492,28 @@ def _journal_state(journal):
     return journal_header(bytes(journal[:JOURNAL_HEADER_BYTES].cpu().tolist()))
 
 
+def _roll_forward(commit):
+    """The commit record of the step after `commit`, whose Run (a marks
+    journal's) completed: the step and the journal's Run one further, the
+    optimizer's values that Run advances one more."""
+    run = _journal_run(commit)
+    for entry in run["advances"]:
+        v = commit["values"].get(entry)
+        if v is None or isinstance(v["value"], (list, bool)) or not isinstance(v["value"], (int, float)):
+            raise errors.Error(parameters={
+                "message": f"regen.torch.restore: the optimizer's value {entry} is no number the Run advances by "
+                           "one; the kept index is of another optimizer"})
+        v["value"] += 1
+    commit["step"] += 1
+    commit["journal_seq"] = commit.get("journal_seq", 0) + 1
+
+
 def _put_back(layout, commit, memory, views, marks):
-    """Makes the kept memory hold the committed step whatever instant the
-    rank died at: returns what was put back ("twin", "journal", or None)."""
+    """Makes the kept memory hold a complete step whatever instant the rank
+    died at: the committed one, put back, or (a marks journal's Run past it
+    completed) the step after it, which `commit` then describes (rolled
+    forward in place). Returns what was done ("twin", "journal",
+    "rolled_forward", or None)."""
     step = commit["step"]
     done = None
     mode = layout["mode"]
@@ -489,7 +529,22 @@ def _put_back(layout, commit, memory, views, marks):
         journal = views["journal:"]
         state, seq = _journal_state(journal)
         committed = commit.get("journal_seq", 0)
-        if state in ("saved", "done") and seq == committed + 1:
+        marks_only = _journal_run(commit)["mode"] == "marks"
+        if marks_only and seq == committed + 1 and state == "done":
+            # The Run after the commit completed, whole (a rank dies only
+            # between Runs or with one regend finishes): the memory holds
+            # the step after the commit, which there is no copy to put
+            # back from; resume from it.
+            _roll_forward(commit)
+            done = "rolled_forward"
+        elif seq == committed + 1 and state == "begun":
+            # Only a fault of regend's worker stops a Run between its
+            # marks (the rank's death does not): its retry was refused too.
+            raise Torn(parameters={
+                "message": f"the optimizer's Run of step {step + 1} began and did not complete: a fault of regend's "
+                           "cut it, and its journal holds marks only (AdamW(journal=\"marks\")), so its parameters "
+                           "and moments may hold part of the update; load a checkpoint"})
+        elif state in ("saved", "done") and seq == committed + 1:
             # A Run past the commit (applied, or cut by a fault): its
             # inouts as they were before it, from the journal.
             for entry, offset, nbytes in commit.get("journal_layout", []):
@@ -501,12 +556,14 @@ def _put_back(layout, commit, memory, views, marks):
             raise Torn(parameters={
                 "message": f"the optimizer's journal holds Run {seq}, the last commit Run {committed}: more than one "
                            "step past it, which the journal cannot put back (commit after every opt.step())"})
-    if marks[_MARK_BUFFERS] == step:
+    # The buffers as the committed step left them; rolled forward, as the
+    # rank left them: the step's forward wrote them before its Run.
+    if marks[_MARK_BUFFERS] == step and done != "rolled_forward":
         for entry, twin in layout["buffer_twins"].items():
             views[entry].copy_(views[twin])
     # Whole again: a kill from here on finds no update begun (one before
     # this line puts back again, from the same twin or journal).
-    views["mark:"][_MARK_DIRTY:_MARK_DIRTY + 1].fill_(step)
+    views["mark:"][_MARK_DIRTY:_MARK_DIRTY + 1].fill_(commit["step"])
     if views["mark:"].device.type == "cuda":
         torch.cuda.synchronize(views["mark:"].device)
     return done
@@ -559,10 +616,15 @@ def restore(model: torch.nn.Module, optimizer: Any = None,
     anywhere): parameters, buffers and optimizer state become views of
     the kept memory at its new addresses (no copy), holding the last
     committed step whatever instant the rank died at (put back from the
-    twin or the journal where it died inside a step).  Returns that step,
-    or None when nothing is kept or nothing was committed since keep() (the
-    model is left as it was).  Raises Torn when the memory holds no
-    complete step (keep(snapshot=False) and a kill inside opt.step())."""
+    twin or the journal where it died inside a step), or, with
+    regen.torch.optim.AdamW(journal="marks") whose Run after the commit
+    completed before the rank died, the step after it (rolled forward:
+    last_put_back() says "rolled_forward").  Returns that step, or None
+    when nothing is kept or nothing was committed since keep() (the model
+    is left as it was).  Raises Torn when the memory holds no complete step
+    (keep(snapshot=False) and a kill inside opt.step(); a marks journal's
+    Run that began and did not complete, which only a fault of regend's
+    inside it leaves)."""
     rt = _runtime()
     job, rank = _split(key)
     try:
@@ -613,12 +675,15 @@ def restore(model: torch.nn.Module, optimizer: Any = None,
             optimizer._journal = views["journal:"]
             optimizer.journal_seq = commit.get("journal_seq", 0)
     _restored[(job, rank)] = {"step": commit["step"], "views": views, "journal_seq": commit.get("journal_seq", 0),
-                              "journal_layout": commit.get("journal_layout", [])}
+                              "journal_run": _journal_run(commit), "rolled_forward": put_back == "rolled_forward"}
     _put_backs[(job, rank)] = put_back
     return int(commit["step"])
 
 
 def last_put_back(key: Optional[Tuple[Optional[str], int]]) -> Optional[str]:
     """What the last restore() of key put back: "twin" or "journal" (the
-    rank died inside a step, or after it before its commit), or None."""
+    rank died inside a step, or after it before its commit), None; or
+    "rolled_forward": nothing, the rank died after a Run of
+    AdamW(journal="marks") completed and before its commit, and restore()
+    returned the step after the commit, which the memory holds."""
     return _put_backs.get(_split(key))

@@ -57,7 +57,7 @@ from ..ops import DTYPE_CODES, NAME_SETS, OPS, REQUIRED_NAMES, SLOT_NAMES
 from ..pool import Pool
 from ._tensors import imports_of, queue_tensors, release_ipc_counter, untyped_storage as _storage
 
-__all__ = ["Runtime", "WorkLost", "RecoveryFailed", "NotSupported", "PoolTooLate", "ORDERINGS"]
+__all__ = ["Runtime", "WorkLost", "Torn", "RecoveryFailed", "NotSupported", "PoolTooLate", "ORDERINGS"]
 
 ORDERINGS = ("wait", "events", "sync", "auto")
 DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -81,6 +81,17 @@ class WorkLost(errors.Error):
     synchronisation are not to be trusted.  Redo the step."""
 
     name = "io.regen.torch.WorkLost"
+
+
+class Torn(errors.Error):
+    """State that a step updates in place holds no complete step: a fault
+    of regend's cut the step's update after it began, and nothing can put
+    it back (a program Run with a journal of marks only:
+    regen.torch.optim.AdamW(journal="marks")), or, from restore(), the
+    rank died inside an update that nothing can put back
+    (keep(snapshot=False)).  Nothing was retried; load a checkpoint."""
+
+    name = "io.regen.torch.Torn"
 
 
 class RecoveryFailed(errors.Error):
@@ -879,7 +890,7 @@ class Runtime:
                 tensors[name].copy_(used)
         return idle
 
-    def run_program(self, key, definition, tensors, scalars=None, journal=None, seq=None):
+    def run_program(self, key, definition, tensors, scalars=None, journal=None, seq=None, journal_mode="copy"):
         """Runs an io.regen.Program ``definition``, defined once per regend
         device under ``key`` (again where its worker was replaced), with
         its bound tensors (name -> torch tensor, all on one device: CUDA on
@@ -893,7 +904,12 @@ class Runtime:
         update exactly once (io.regen.Program.Run's journal, seq, retry);
         ``seq``, the Run's number, is the caller's where it numbers the Runs
         on its journal itself (an optimizer's steps, which kept state reads
-        back from the journal), else the runtime's.  Returns the Program."""
+        back from the journal), else the runtime's.  ``journal_mode``
+        "marks": the journal holds the Run's marks only (32 bytes, no copy
+        of the tensors it updates); the Run is then answered once its work
+        is done whatever the ordering, and one that a fault of regend's cut
+        after it began raises Torn (nothing retried).  Returns the
+        Program."""
         with self.lock:
             entered = time.perf_counter()
             attempts, deadline = 0, None
@@ -904,8 +920,16 @@ class Runtime:
                 seq = self._program_seq
             while True:
                 try:
-                    program = self._run_program_once(key, definition, tensors, scalars, journal, seq, attempts > 0)
+                    program = self._run_program_once(key, definition, tensors, scalars, journal, seq, attempts > 0,
+                                                     journal_mode)
                     break
+                except errors.RunTorn as e:
+                    raise Torn(parameters={
+                        "message": f"a fault of regend's cut program Run {e.parameters.get('seq')} after it began "
+                                   "updating its tensors in place (an optimizer's parameters and moments), and its "
+                                   "journal holds marks only (journal=\"marks\"): nothing was retried, and they may "
+                                   "hold part of the update; load them from a checkpoint",
+                        "seq": e.parameters.get("seq")}) from e
                 except _RECOVERABLE as e:
                     attempts += 1
                     if deadline is None:
@@ -930,7 +954,7 @@ class Runtime:
             self.counters["host_us"] += (time.perf_counter() - entered) * 1e6
             return program
 
-    def _run_program_once(self, key, definition, tensors, scalars, journal, seq, retry):
+    def _run_program_once(self, key, definition, tensors, scalars, journal, seq, retry, journal_mode="copy"):
         first = next(iter(tensors.values()))
         tdev = first.device
         on_cpu = tdev.type == "cpu"
@@ -962,6 +986,8 @@ class Runtime:
         kw = {}
         if journal is not None:
             kw.update(journal=place("the journal", journal(program)), seq=seq, retry=retry)
+            if journal_mode != "copy":
+                kw["journal_mode"] = journal_mode
         events = False
         pair = None
         if stream is not None:
@@ -972,7 +998,10 @@ class Runtime:
                 self.counters["handoffs"] += 1
             else:
                 self.counters["idle_calls"] += 1
-            events = self.ordering == "events"
+            # A Run with a journal of marks only is answered when its work
+            # is done: one a fault cuts must be refused (Torn) by the call
+            # that made it, not found later as lost work to redo.
+            events = self.ordering == "events" and not (journal is not None and journal_mode == "marks")
             if events:
                 kw["signal_event"] = pair.ids[1]
         sent = time.perf_counter()

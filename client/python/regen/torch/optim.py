@@ -8,15 +8,30 @@ A drop-in for torch.optim.AdamW (the same update, decoupled weight decay,
 no amsgrad): the state (exp_avg, exp_avg_sq, step) is the rank's tensors,
 in ``opt.state`` as torch keeps them, so state_dict() and load_state_dict()
 work as torch's; the update runs in regend as one program Run (a multi-
-tensor AdamW node per parameter), with a journal, so that a Run a fault
-interrupts is applied exactly once after the new generation: never twice,
-never half.  Learning rates may change between steps (schedulers): each
-group's lr and step count are scalars of the Run, not of the definition.
+tensor AdamW node per parameter), with a journal.  Learning rates may
+change between steps (schedulers): each group's lr and step count are
+scalars of the Run, not of the definition.
+
+The journal (proto/program_journal.h), by ``journal=``:
+
+- "copy" (the default): it holds the parameters and moments as they were
+  before each Run, copied on the device first, so that a Run a fault of
+  regend's interrupts is applied exactly once after the new generation:
+  never twice, never half.  The state is on the device twice, and each
+  step copies it;
+- "marks": it holds the Run's marks alone (32 bytes; no copy, no second
+  state).  A Run a fault of regend's cuts before it began is retried as
+  with copies; one cut after it began cannot be, and opt.step() raises
+  regen.torch.Torn (load a checkpoint).  A rank that dies never cuts a Run
+  (regend finishes it, or never starts it), so regen.torch.keep() resumes
+  a killed rank from the step after the commit where that step's Run
+  completed.
 
 The Runs on the journal are numbered by the optimizer (its ``journal_seq``,
 the Runs it made), so that regen.torch.keep() reads from the journal's
 header which step the kept memory holds, and puts back a step its process
-died after and never committed (docs/torch.md, "Kept state").
+died after and never committed (copy), or resumes from it (marks)
+(docs/torch.md, "Kept state").
 """
 
 import itertools
@@ -34,7 +49,7 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+                 eps: float = 1e-8, weight_decay: float = 1e-2, journal: str = "copy") -> None:
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -44,15 +59,22 @@ class AdamW(torch.optim.Optimizer):
                 raise ValueError(f"Invalid beta parameter at index {i}: {b}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if journal not in ("copy", "marks"):
+            raise ValueError(f"journal={journal!r}: \"copy\" (the parameters and moments saved before each Run) or "
+                             "\"marks\" (the Run's marks only)")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self._journal = None
+        self.journal_mode = journal
         # The Runs made on the journal (each Run's seq is one more); where
         # the Run to come (then the last one) saves each inout: [(tensor,
-        # offset, bytes)]; what is called with the optimizer before each
-        # Run, once both say the Run to come (regen.torch.keep records the
-        # layout there when it changes).
+        # offset, bytes)] (none with marks only); the values of opt.state
+        # it advances by one once it completed: [(parameter, key)]; what
+        # is called with the optimizer before each Run, once these say the
+        # Run to come (regen.torch.keep records them there when they
+        # change).
         self.journal_seq = 0
         self.journal_layout: List[Any] = []
+        self.journal_advances: List[Any] = []
         self.before_run: List[Callable[..., Any]] = []
         self._layouts: Dict[Any, Any] = {}
         self._definitions: Dict[Any, Any] = {}   # the parameters' layout and constants -> the program's definition
@@ -83,10 +105,11 @@ class AdamW(torch.optim.Optimizer):
         return b.definition()
 
     def _journal_for(self, program):
-        """The rank's buffer a retried Run puts the parameters back from:
-        on the parameters' device (the host pool on the CPU), grown as
-        needed."""
-        need = max(program.journal_bytes, 8)
+        """The rank's buffer a Run marks (and, with copies, a retried Run
+        puts the parameters back from): on the parameters' device (the host
+        pool on the CPU), grown as needed."""
+        from ..program import JOURNAL_MARKS_BYTES
+        need = JOURNAL_MARKS_BYTES if self.journal_mode == "marks" else max(program.journal_bytes, 8)
         j = self._journal
         if j is None or j.numel() < need or j.device != self._device:
             if self._device.type == "cpu":
@@ -144,12 +167,14 @@ class AdamW(torch.optim.Optimizer):
         layout = self._layouts.get(key)
         if layout is None:
             from ..keep import journal_layout
-            layout = self._layouts[key] = journal_layout(definition)
+            layout = self._layouts[key] = journal_layout(definition) if self.journal_mode == "copy" else {}
         self.journal_layout = [(tensors[name], offset, nbytes) for name, (offset, nbytes) in layout.items()]
+        self.journal_advances = [(p, "step") for _, params in groups for p in params]
         for f in self.before_run:
             f(self)
         seq = self.journal_seq + 1
-        runtime().run_program(key, definition, tensors, scalars, journal=self._journal_for, seq=seq)
+        runtime().run_program(key, definition, tensors, scalars, journal=self._journal_for, seq=seq,
+                              journal_mode=self.journal_mode)
         self.journal_seq = seq
         for group, params in groups:
             for p in params:
