@@ -378,10 +378,31 @@ struct gen {
 	/* The iteration domain: a FUSED step's output shape, a reduction's
 	 * input shape. */
 	const struct rp_prog_tensor *dom;
-	const int *pw;        /* the pointwise nodes, in the order they run */
+	/* The pointwise nodes written at each element, in the order they
+	 * run: a FUSED step's; a reduction's prologue, then its epilogue over
+	 * the domain (elem[], nelem; pw[] is the pass being written: the
+	 * prologue alone on the reduction's pass, all of them on the pass
+	 * after it, which computes the prologue anew and stores from
+	 * store_from on). */
+	const int *pw;
 	int npw;
+	int store_from;
+	int *elem;
+	int nelem, nprologue;
 	int cur;              /* the position in pw[] being written (npw: the reduction) */
 	int red;              /* the reduction node, or -1 */
+	/* A last-axis reduction's epilogue over rows (rsqrt(mean + eps)), in
+	 * the order it runs: each row's values in v<node>, once the row's
+	 * result is (rows_ready); row_scope while one of them is written
+	 * (what it reads from memory is r<t>, loaded once a row). */
+	int *rows;
+	int nrows;
+	/* The pass after the reduction: the prologue nodes the epilogue
+	 * reads (first nrecomputed), then the epilogue over the domain. */
+	int *pass2;
+	int npass2, nrecomputed;
+	bool rows_ready, row_scope;
+	bool *row_loaded;
 	bool idx64;
 	int vec;              /* elements a thread takes at once on the vector path (1: no such path) */
 	/* The element body being written is the vector path's: the element's
@@ -467,6 +488,27 @@ static int reg_of(const struct gen *g, int pos, int t)
 		if (rd_prog_same_view(g->p, g->p->nodes[g->pw[k]].out[0], t))
 			return g->pw[k];
 	return -1;
+}
+
+/* The reduction or the row node of the epilogue whose value for the row
+ * is t's (rd_prog_same_row; in v<m> once the row's result is known), or
+ * -1. */
+static int row_value_of(const struct gen *g, int t)
+{
+	if (g->red < 0 || g->nelem + g->nrows == g->nprologue)
+		return -1;
+	if (rd_prog_same_row(g->p, g->dom, g->p->nodes[g->red].out[0], t))
+		return g->red;
+	for (int k = 0; k < g->nrows; k++)
+		if (rd_prog_same_row(g->p, g->dom, g->p->nodes[g->rows[k]].out[0], t))
+			return g->rows[k];
+	return -1;
+}
+
+/* row_value_of where the row's values are known (rows_ready). */
+static int row_of(const struct gen *g, int t)
+{
+	return g->rows_ready ? row_value_of(g, t) : -1;
 }
 
 /* Adds t to the loads, once per view: two tensors that are the same view
@@ -760,9 +802,13 @@ static void emit_input(struct gen *g, int node, int t, const char *c)
 		emit_inline_value(g, t, conv);
 		return;
 	}
-	m = reg_of(g, g->cur, t);
+	m = g->row_scope ? -1 : reg_of(g, g->cur, t);
+	if (m < 0)
+		m = row_of(g, t);
 	if (m >= 0)
 		out(&g->b, "%s(v%d)", conv, m);
+	else if (g->row_scope)
+		out(&g->b, "%s(r%d)", conv, t);
 	else
 		out(&g->b, "%s(m%d)", conv, g->loaded_as[t]);
 }
@@ -1040,7 +1086,7 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 			return -EINVAL;
 		}
 		out(&g->b, ");\n");
-		if (!g->plan->node_stored[node])
+		if (!g->plan->node_stored[node] || k < g->store_from)
 			continue;
 		if (vec && g->vmode[o]) {
 			out(&g->b, "%sy%d.v[j] = v%d;\n", ind, o, node);
@@ -1076,6 +1122,23 @@ static void mark_coords(struct gen *g)
 		for (int k = 0; k < g->dom->rank - 1 && k < o->rank; k++)
 			if (g->dom->shape[k] > 1 && o->strides[k] != 0)
 				g->coord_used[k] = true;
+	}
+	/* The epilogue over rows: what it loads and stores at the row's
+	 * coordinates, and the iotas it computes there. */
+	for (int k = 0; k < g->nrows; k++) {
+		const int node = g->rows[k];
+		const struct rp_prog_node *n = &g->p->nodes[node];
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
+			if (t < 0 || is_scalar(g, t))
+				continue;
+			for (int d = 0; by >= 0 && d < g->dom->rank; d++)
+				g->coord_used[d] |= maker_reads_coord(g, &g->p->nodes[by], t, d);
+			if (by < 0 && row_of(g, t) < 0)
+				use_coords_of(g, t);
+		}
+		if (g->plan->node_stored[node])
+			use_coords_of(g, n->out[0]);
 	}
 }
 
@@ -1145,6 +1208,13 @@ static void emit_idx_type(struct gen *g)
 	out(&g->b, "\ttypedef %s idx_t;\n", g->idx64 ? "long long" : "int");
 }
 
+/* The epilogue over rows reads tensor t from memory (r<t>): not a
+ * scalar, a value computed where it is read, nor a row value. */
+static bool row_loads(const struct gen *g, int t)
+{
+	return t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && row_value_of(g, t) < 0;
+}
+
 /* Pointers for every tensor the step reads from memory or stores. */
 static void declare_step_pointers(struct gen *g)
 {
@@ -1153,6 +1223,16 @@ static void declare_step_pointers(struct gen *g)
 	for (int k = 0; k < g->npw; k++)
 		if (g->plan->node_stored[g->pw[k]])
 			declare_pointer(g, g->p->nodes[g->pw[k]].out[0]);
+	for (int k = 0; k < g->nrows; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->rows[k]];
+		for (int i = 0; i < n->nin; i++)
+			if (row_loads(g, n->in[i]))
+				declare_pointer(g, n->in[i]);
+		if (g->plan->node_stored[g->rows[k]])
+			declare_pointer(g, n->out[0]);
+	}
+	if (g->red >= 0 && g->plan->node_stored[g->red])
+		declare_pointer(g, g->p->nodes[g->red].out[0]);
 }
 
 static bool offsets_fit_int(const struct gen *g)
@@ -1173,34 +1253,55 @@ static bool offsets_fit_int(const struct gen *g)
 		if (span_of(T(g, n->in[0])) > IDX32_MAX || span_of(T(g, n->out[0])) > IDX32_MAX)
 			return false;
 	}
+	for (int k = 0; k < g->nrows; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->rows[k]];
+		if (span_of(T(g, n->out[0])) > IDX32_MAX)
+			return false;
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && span_of(T(g, n->in[i])) > IDX32_MAX)
+				return false;
+	}
 	return true;
 }
 
-/* Collects the loads and marks the written roots for the nodes [first,
- * last] and the reduction red. */
-static void collect(struct gen *g)
+/* The loads (g->mem) of the nodes pw[0, npw) and, `with_red`, of the
+ * reduction: what they read from memory, not from registers. */
+static void collect_loads(struct gen *g, bool with_red)
 {
 	const struct rp_program *p = g->p;
 
+	g->nmem = 0;
 	for (int k = 0; k < g->npw; k++) {
 		const int node = g->pw[k];
 		const struct rp_prog_node *n = &p->nodes[node];
 		for (int i = 0; i < n->nin; i++) {
 			int t = n->in[i];
-			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && reg_of(g, k, t) < 0)
+			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && reg_of(g, k, t) < 0 &&
+			    row_of(g, t) < 0)
 				mem_add(g, t);
 		}
 	}
-	if (g->red >= 0 && reg_of(g, g->npw, p->nodes[g->red].in[0]) < 0)
+	if (with_red && g->red >= 0 && reg_of(g, g->nprologue, p->nodes[g->red].in[0]) < 0)
 		mem_add(g, p->nodes[g->red].in[0]);
-	for (int t = 0; t < p->ntensors; t++) {
-		int root = p->tensors[t].root;
-		for (int k = 0; k < g->npw; k++)
-			if (g->plan->node_stored[g->pw[k]] && p->tensors[p->nodes[g->pw[k]].out[0]].root == root)
-				g->root_written[t] = true;
-		if (g->red >= 0 && p->tensors[p->nodes[g->red].out[0]].root == root)
-			g->root_written[t] = true;
+}
+
+/* Marks the roots the step writes. */
+static void mark_written(struct gen *g)
+{
+	const struct rp_program *p = g->p;
+	int *stored = malloc((size_t)(g->st->nnodes + 1) * sizeof(*stored)), n = 0;
+
+	if (!stored) {
+		g->b.failed = true;
+		return;
 	}
+	for (int k = 0; k < g->st->nnodes; k++)
+		if (g->plan->node_stored[g->st->nodes[k]] && p->nodes[g->st->nodes[k]].nout > 0)
+			stored[n++] = p->tensors[p->nodes[g->st->nodes[k]].out[0]].root;
+	for (int t = 0; t < p->ntensors; t++)
+		for (int k = 0; k < n && !g->root_written[t]; k++)
+			g->root_written[t] = p->tensors[t].root == stored[k];
+	free(stored);
 }
 
 /* ---- FUSED -------------------------------------------------------------------- */
@@ -1378,7 +1479,7 @@ static void emit_vector_loads(struct gen *g, const char *ind)
 		emit_vector_at(g, t);
 		out(&g->b, ");\n");
 	}
-	for (int i = 0; i < g->npw; i++) {
+	for (int i = g->store_from; i < g->npw; i++) {
 		const int node = g->pw[i];
 		int o = g->p->nodes[node].out[0];
 		if (g->plan->node_stored[node] && g->vmode[o])
@@ -1388,7 +1489,7 @@ static void emit_vector_loads(struct gen *g, const char *ind)
 
 static void emit_vector_stores(struct gen *g, const char *ind)
 {
-	for (int i = 0; i < g->npw; i++) {
+	for (int i = g->store_from; i < g->npw; i++) {
 		const int node = g->pw[i];
 		int o = g->p->nodes[node].out[0];
 		if (!g->plan->node_stored[node] || !g->vmode[o])
@@ -1403,7 +1504,8 @@ struct red_shape;
 static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind, const char *var);
 
 /* A row's elements `vec` at a time: a thread takes vectors first, first + step, ...
- * of the row (whose coordinates c<d> are set). */
+ * of the row (whose coordinates c<d> are set); rs: each element into the
+ * reduction's accumulator (NULL: the pass after it). */
 static int emit_row_vectors(struct gen *g, const struct red_shape *rs, const char *first, const char *step)
 {
 	int rank = g->dom->rank, r;
@@ -1423,7 +1525,8 @@ static int emit_row_vectors(struct gen *g, const struct red_shape *rs, const cha
 	r = emit_element(g, true, "\t\t\t\t");
 	if (r < 0)
 		return r;
-	emit_accumulate(g, rs, "\t\t\t\t", "acc");
+	if (rs)
+		emit_accumulate(g, rs, "\t\t\t\t", "acc");
 	out(&g->b, "\t\t\t}\n");
 	emit_vector_stores(g, "\t\t\t");
 	out(&g->b, "\t\t}\n");
@@ -1570,6 +1673,50 @@ static uint64_t emb_sort_scratch(const struct emb_sort *es)
 	return 2 * (uint64_t)es->padded * sizeof(uint64_t);
 }
 
+/* The pass after a reduction (g->pass2): its epilogue over the domain and
+ * the prologue nodes it reads, by the very view (their values are
+ * computed anew; the others would be dead code). */
+static int plan_pass2(struct gen *g)
+{
+	bool *needed = calloc((size_t)g->nelem + 1, sizeof(*needed));
+
+	g->pass2 = malloc((size_t)(g->nelem + 1) * sizeof(*g->pass2));
+	if (!needed || !g->pass2) {
+		free(needed);
+		return -ENOMEM;
+	}
+	for (int k = g->nelem - 1; k >= 0; k--) {
+		if (k >= g->nprologue) {
+			needed[k] = true;
+			continue;
+		}
+		int o = g->p->nodes[g->elem[k]].out[0];
+		for (int j = k + 1; j < g->nelem && !needed[k]; j++) {
+			const struct rp_prog_node *m = &g->p->nodes[g->elem[j]];
+			for (int i = 0; i < m->nin && needed[j] && !needed[k]; i++)
+				needed[k] = m->in[i] >= 0 && rd_prog_same_view(g->p, m->in[i], o);
+		}
+	}
+	g->npass2 = g->nrecomputed = 0;
+	for (int k = 0; k < g->nelem; k++)
+		if (needed[k]) {
+			g->pass2[g->npass2++] = g->elem[k];
+			g->nrecomputed += k < g->nprologue;
+		}
+	free(needed);
+	return 0;
+}
+
+/* The position of a REDUCTION step's reduction among its nodes: its
+ * prologue before it, its epilogue after. */
+static int reduction_at(const struct rp_program *p, const struct rd_prog_step *st)
+{
+	for (int k = 0; k < st->nnodes; k++)
+		if (p->nodes[st->nodes[k]].op->cls == RP_PC_REDUCTION)
+			return k;
+	return st->nnodes - 1;
+}
+
 uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct rd_prog_plan *plan, int s)
 {
 	const struct rd_prog_step *st = &plan->steps[s];
@@ -1581,7 +1728,7 @@ uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct 
 	}
 	if (st->kind != RD_STEP_REDUCTION)
 		return 0;
-	red_shape_of(p, &p->nodes[st->nodes[st->nnodes - 1]], &rs);
+	red_shape_of(p, &p->nodes[st->nodes[reduction_at(p, st)]], &rs);
 	if (rs.last || rs.chunks <= 1)
 		return 0;
 	return (uint64_t)rs.chunks * (uint64_t)rs.cols * (rs.acc64 ? 8 : 4);
@@ -1631,22 +1778,31 @@ static void emit_accumulate(struct gen *g, const struct red_shape *rs, const cha
 	out(&g->b, ")%s);\n", n->red.fn == RP_RED_AMAX ? ")" : "");
 }
 
-/* The finished value into the output at its offset (`off`, an expression). */
-static void emit_result_store(struct gen *g, const struct red_shape *rs, const char *value, int64_t count,
-			      const char *ind)
+/* The finished value of accumulator `value` over `count` elements,
+ * rounded to the output's dtype. */
+static void emit_result_value(struct gen *g, const struct red_shape *rs, const char *value, int64_t count)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
 	const struct red_code *rc = red_code_of(n->red.fn);
 	int o = n->out[0];
 	char l[32];
 
-	out(&g->b, "%sp%d[off] = rg_cvt<%s>(%s%s%s", ind, o, ctype(T(g, o)->dtype), rc->result ? rc->result : "",
-	    rc->result ? "(" : "", value);
+	out(&g->b, "rg_cvt<%s>(%s%s%s", ctype(T(g, o)->dtype), rc->result ? rc->result : "", rc->result ? "(" : "",
+	    value);
 	if (rc->result)
 		out(&g->b, ")");
 	if (n->red.fn == RP_RED_MEAN)
 		out(&g->b, " / %s(%s)", rc->type[rs->acc64], lit(count, l));
-	out(&g->b, ");\n");
+	out(&g->b, ")");
+}
+
+/* The finished value into the output at its offset (`off`, an expression). */
+static void emit_result_store(struct gen *g, const struct red_shape *rs, const char *value, int64_t count,
+			      const char *ind)
+{
+	out(&g->b, "%sp%d[off] = ", ind, g->p->nodes[g->red].out[0]);
+	emit_result_value(g, rs, value, count);
+	out(&g->b, ";\n");
 }
 
 static void emit_warp_reduce(struct gen *g, const char *fn, const char *var, const char *ind)
@@ -1672,13 +1828,106 @@ static void emit_row_out_offset(struct gen *g)
 	out(&g->b, "%s;\n", terms ? "" : "0");
 }
 
+/* The elements of a row, each once, by the row's warp or block: vectors
+ * where vec_ok, else one element at a time; rs: into the accumulator acc
+ * (NULL: the pass after the reduction, the same elements to the same
+ * threads). */
+static int emit_row_pass(struct gen *g, const struct red_shape *rs, bool per_warp)
+{
+	int rank = g->dom->rank, r;
+
+	if (g->vec > 1) {
+		out(&g->b, "\t\tif (vec_ok) {\n");
+		r = emit_row_vectors(g, rs, per_warp ? "lane" : "threadIdx.x", per_warp ? "32" : "blockDim.x");
+		if (r < 0)
+			return r;
+		out(&g->b, "\t\t} else {\n");
+	}
+	out(&g->b, "\t\tfor (idx_t j = %s; j < cols; j += %s) {\n", per_warp ? "lane" : "threadIdx.x",
+	    per_warp ? "32" : "blockDim.x");
+	if (g->coord_used[rank - 1])
+		out(&g->b, "\t\t\tconst idx_t c%d = j;\n", rank - 1);
+	out(&g->b, "\t\t\tconst idx_t idx = row * cols + j;\n");
+	r = emit_element(g, false, "\t\t\t");
+	if (r < 0)
+		return r;
+	if (rs)
+		emit_accumulate(g, rs, "\t\t\t", "acc");
+	out(&g->b, "\t\t}\n");
+	if (g->vec > 1)
+		out(&g->b, "\t\t}\n");
+	return 0;
+}
+
+/* Once the row's result is in acc (every thread's): the row values, v<red>
+ * rounded as it is stored and the epilogue over rows, and their stores by
+ * the row's first thread (`lead`). */
+static int emit_row_values(struct gen *g, const struct red_shape *rs, const char *lead)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	int o = n->out[0];
+
+	out(&g->b, "\t\tconst %s v%d = ", ctype(T(g, o)->dtype), g->red);
+	emit_result_value(g, rs, "acc", rs->cols);
+	out(&g->b, ";\n");
+	g->rows_ready = true;
+	g->row_scope = true;
+	for (int k = 0; k < g->nrows; k++) {
+		const int node = g->rows[k];
+		const struct rp_prog_node *m = &g->p->nodes[node];
+		int mo = m->out[0];
+		for (int i = 0; i < m->nin; i++) {
+			int t = m->in[i];
+			if (!row_loads(g, t) || g->row_loaded[t])
+				continue;
+			g->row_loaded[t] = true;
+			out(&g->b, "\t\tconst %s r%d = p%d[", ctype(T(g, t)->dtype), t, t);
+			emit_offset(g, t);
+			out(&g->b, "];\n");
+		}
+		emit_node_comment(g, node, "\t\t");
+		out(&g->b, "\t\tconst %s v%d = rg_cvt<%s>(", ctype(T(g, mo)->dtype), node, ctype(T(g, mo)->dtype));
+		if (emit_pointwise_expr(g, node, node_ctype(g, m)) < 0)
+			return -EINVAL;
+		out(&g->b, ");\n");
+	}
+	g->row_scope = false;
+	bool stores = g->plan->node_stored[g->red];
+	for (int k = 0; k < g->nrows; k++)
+		stores |= g->plan->node_stored[g->rows[k]];
+	if (!stores)
+		return 0;
+	out(&g->b, "\t\tif (%s) {\n", lead);
+	if (g->plan->node_stored[g->red]) {
+		out(&g->b, "\t\t\t");
+		emit_row_out_offset(g);
+		out(&g->b, "\t\t\tp%d[off] = v%d;\n", o, g->red);
+	}
+	for (int k = 0; k < g->nrows; k++) {
+		if (!g->plan->node_stored[g->rows[k]])
+			continue;
+		int mo = g->p->nodes[g->rows[k]].out[0];
+		out(&g->b, "\t\t\tp%d[", mo);
+		emit_offset(g, mo);
+		out(&g->b, "] = v%d;\n", g->rows[k]);
+	}
+	out(&g->b, "\t\t}\n");
+	return 0;
+}
+
+/* A last-axis reduction, a warp or a block a row. With an epilogue the
+ * row's result goes to every thread of the row, which computes the row
+ * values and passes over the row again: its prologue computed anew from
+ * what it reads (the row was just read: in L1 or L2 now), the epilogue's
+ * element nodes after it; nothing is stored between the two passes but
+ * what a later step reads. */
 static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
 	const struct red_code *rc = red_code_of(n->red.fn);
 	const char *acc = rc->type[rs->acc64], *fn = rc->combine;
-	bool per_warp = rs->cols <= ROW_WARP_MAX;
+	bool per_warp = rs->cols <= ROW_WARP_MAX, epilogue = g->nrows > 0 || g->nelem > g->nprologue;
 	int rank = g->dom->rank;
 	char l[32], l2[32];
 	int r;
@@ -1695,14 +1944,14 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	k->blocks_per_sm = 2048 / k->block;
 	k->blocks = per_warp ? (uint64_t)(rs->rows + PW_BLOCK / 32 - 1) / (PW_BLOCK / 32) : (uint64_t)rs->rows;
 
-	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order (%s). */\n",
+	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order (%s)%s. */\n",
 	    per_warp ? "warp" : "block", (long long)rs->cols, acc,
-	    g->vec > 1 ? "one order where the tensors are aligned to their vectors, another where not" : "one order");
+	    g->vec > 1 ? "one order where the tensors are aligned to their vectors, another where not" : "one order",
+	    epilogue ? "; then the epilogue, over the row again" : "");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    k->block, k->name);
 	emit_idx_type(g);
 	declare_step_pointers(g);
-	declare_pointer(g, n->out[0]);
 	out(&g->b, "\tconst idx_t rows = %s, cols = %s;\n", lit(rs->rows, l), lit(rs->cols, l2));
 	out(&g->b, "\tconst int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
 	if (g->vec > 1)
@@ -1716,39 +1965,46 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	}
 	emit_coords(g, "row", rank - 1, "\t\t");
 	out(&g->b, "\t\t%s acc = %s;\n", acc, rc->start[rs->acc64]);
-	if (g->vec > 1) {
-		out(&g->b, "\t\tif (vec_ok) {\n");
-		r = emit_row_vectors(g, rs, per_warp ? "lane" : "threadIdx.x", per_warp ? "32" : "blockDim.x");
-		if (r < 0)
-			return r;
-		out(&g->b, "\t\t} else {\n");
-	}
-	out(&g->b, "\t\tfor (idx_t j = %s; j < cols; j += %s) {\n", per_warp ? "lane" : "threadIdx.x",
-	    per_warp ? "32" : "blockDim.x");
-	if (g->coord_used[rank - 1])
-		out(&g->b, "\t\t\tconst idx_t c%d = j;\n", rank - 1);
-	out(&g->b, "\t\t\tconst idx_t idx = row * cols + j;\n");
-	r = emit_element(g, false, "\t\t\t");
-	if (r < 0)
+	/* The reduction's pass: the prologue and the accumulation. */
+	g->pw = g->elem;
+	g->npw = g->nprologue;
+	g->store_from = 0;
+	collect_loads(g, true);
+	if ((r = emit_row_pass(g, rs, per_warp)) < 0)
 		return r;
-	emit_accumulate(g, rs, "\t\t\t", "acc");
-	out(&g->b, "\t\t}\n");
-	if (g->vec > 1)
-		out(&g->b, "\t\t}\n");
 	emit_warp_reduce(g, fn, "acc", "\t\t");
 	if (!per_warp) {
 		out(&g->b, "\t\tif (lane == 0)\n\t\t\tpart[warp] = acc;\n");
 		out(&g->b, "\t\t__syncthreads();\n");
-		out(&g->b, "\t\tif (warp == 0) {\n");
-		out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, rc->start[rs->acc64]);
-		emit_warp_reduce(g, fn, "acc", "\t\t\t");
+		if (epilogue) {
+			/* Every warp combines the partials, in the same order. */
+			out(&g->b, "\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, rc->start[rs->acc64]);
+			emit_warp_reduce(g, fn, "acc", "\t\t");
+		} else {
+			out(&g->b, "\t\tif (warp == 0) {\n");
+			out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, rc->start[rs->acc64]);
+			emit_warp_reduce(g, fn, "acc", "\t\t\t");
+			out(&g->b, "\t\t}\n");
+		}
+	}
+	if (epilogue) {
+		/* A butterfly leaves every lane the same value: the combines
+		 * are commutative, bit for bit. */
+		if ((r = emit_row_values(g, rs, per_warp ? "lane == 0" : "threadIdx.x == 0")) < 0)
+			return r;
+		g->pw = g->pass2;
+		g->npw = g->npass2;
+		g->store_from = g->nrecomputed;
+		collect_loads(g, false);
+		if ((r = emit_row_pass(g, NULL, per_warp)) < 0)
+			return r;
+	} else {
+		out(&g->b, "\t\tif (threadIdx.x %% 32 == 0%s) {\n", per_warp ? "" : " && warp == 0");
+		out(&g->b, "\t\t\t");
+		emit_row_out_offset(g);
+		emit_result_store(g, rs, "acc", rs->cols, "\t\t\t");
 		out(&g->b, "\t\t}\n");
 	}
-	out(&g->b, "\t\tif (threadIdx.x %% 32 == 0%s) {\n", per_warp ? "" : " && warp == 0");
-	out(&g->b, "\t\t\t");
-	emit_row_out_offset(g);
-	emit_result_store(g, rs, "acc", rs->cols, "\t\t\t");
-	out(&g->b, "\t\t}\n");
 	if (!per_warp)
 		out(&g->b, "\t\t__syncthreads();\n");
 	out(&g->b, "\t}\n}\n");
@@ -2311,28 +2567,48 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
 	struct rd_prog_step *st = &plan->steps[s];
 	struct gen g = { .p = p, .plan = plan, .st = st, .s = s, .red = -1, .vec = 1, .err = err };
 	int last = st->nnodes ? st->nodes[st->nnodes - 1] : -1;
-	int r = -ENOMEM, cap = STEP_KERNELS_MAX;
+	int r = -ENOMEM, cap = STEP_KERNELS_MAX, nt = p->ntensors ? p->ntensors : 1;
 	struct emb_sort es;
 
 	g.mem = malloc((size_t)(st->nnodes * RP_PROG_NODE_IN_MAX + 1) * sizeof(*g.mem));
-	g.root_written = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.root_written));
-	g.declared = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.declared));
-	g.vmode = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.vmode));
-	g.loaded_as = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.loaded_as));
-	if (!g.mem || !g.root_written || !g.declared || !g.vmode || !g.loaded_as)
+	g.elem = malloc((size_t)(st->nnodes + 1) * sizeof(*g.elem));
+	g.rows = malloc((size_t)(st->nnodes + 1) * sizeof(*g.rows));
+	g.root_written = calloc((size_t)nt, sizeof(*g.root_written));
+	g.declared = calloc((size_t)nt, sizeof(*g.declared));
+	g.vmode = calloc((size_t)nt, sizeof(*g.vmode));
+	g.loaded_as = calloc((size_t)nt, sizeof(*g.loaded_as));
+	g.row_loaded = calloc((size_t)nt, sizeof(*g.row_loaded));
+	if (!g.mem || !g.elem || !g.rows || !g.root_written || !g.declared || !g.vmode || !g.loaded_as ||
+	    !g.row_loaded)
 		goto out;
 	switch (st->kind) {
 	case RD_STEP_FUSED:
 		g.pw = st->nodes;
-		g.npw = st->nnodes;
+		g.npw = g.nelem = g.nprologue = st->nnodes;
 		g.dom = &p->tensors[p->nodes[st->nodes[0]].out[0]];
 		break;
-	case RD_STEP_REDUCTION:
-		g.pw = st->nodes;
-		g.npw = st->nnodes - 1;
-		g.red = last;
+	case RD_STEP_REDUCTION: {
+		/* The prologue and the epilogue over the domain in elem[], the
+		 * epilogue over rows in rows[] (it reads no element value: the
+		 * plan's epilogue_joins). */
+		int at = reduction_at(p, st);
+		g.red = last = st->nodes[at];
 		g.dom = &p->tensors[p->nodes[g.red].in[0]];
+		for (int k = 0; k < st->nnodes; k++) {
+			const struct rp_prog_tensor *o = &p->tensors[p->nodes[st->nodes[k]].out[0]];
+			if (k < at || (k > at && rd_prog_same_shape(o, g.dom)))
+				g.elem[g.nelem++] = st->nodes[k];
+			else if (k > at)
+				g.rows[g.nrows++] = st->nodes[k];
+		}
+		g.nprologue = at;
+		g.pw = g.elem;
+		g.npw = g.nelem;
+		if ((r = plan_pass2(&g)) < 0)
+			goto out;
+		r = -ENOMEM;
 		break;
+	}
 	case RD_STEP_GATHER:
 		break;
 	default:
@@ -2345,9 +2621,14 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
 	if (!st->kernels)
 		goto out;
 	if (g.dom) {
-		collect(&g);
+		/* Everything any pass loads (for the pointers, the vectors and
+		 * the coordinates); each pass collects its own loads anew. */
+		g.rows_ready = true;
+		collect_loads(&g, true);
+		mark_written(&g);
 		mark_coords(&g);
 		g.idx64 = !offsets_fit_int(&g);
+		g.rows_ready = false;
 	}
 	emit_header(&g);
 	switch (st->kind) {
@@ -2388,6 +2669,10 @@ out:
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to write program %s's kernels", p->name);
 	free(g.b.p);
 	free(g.mem);
+	free(g.elem);
+	free(g.rows);
+	free(g.pass2);
+	free(g.row_loaded);
 	free(g.root_written);
 	free(g.declared);
 	free(g.vmode);

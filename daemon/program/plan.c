@@ -9,20 +9,27 @@
 #include "daemon/program/plan.h"
 #include "proto/errors.h"
 
-/* One tensor a node touches in memory. */
+/* One tensor a node touches in memory; `row`: at a row of a last-axis
+ * reduction's domain (its result, and the nodes of its epilogue over
+ * rows), not at one of the domain's elements. */
 struct access {
 	int tensor;
 	bool write;
+	bool row;
 };
 #define NODE_ACCESSES_MAX (RP_PROG_NODE_IN_MAX + RP_PROG_NODE_OUT_MAX)
 
 /* A step being grown: its nodes in the order they will run, and every
- * tensor they touch. A closed group (a reduction's, a library call's, a
- * gather's) takes no more nodes. */
+ * tensor they touch. A closed group (a leading reduction's, a library
+ * call's, a gather's) takes no more nodes; a last-axis reduction's takes
+ * its epilogue (epilogue_joins). */
 struct group {
 	enum rd_prog_step_kind kind;
 	bool closed;
-	const struct rp_prog_tensor *domain;   /* a FUSED group's output shape */
+	const struct rp_prog_tensor *domain;   /* a FUSED group's output shape, a REDUCTION's input shape */
+	int red;                               /* a REDUCTION's reduction node, else -1 */
+	int epilogue_acc;                      /* acc[] from here on: the reduction's result and its epilogue's */
+	bool second_pass;                      /* the epilogue has nodes over the domain */
 	int *nodes;
 	int nnodes, nodes_cap;
 	struct access *acc;
@@ -74,6 +81,40 @@ bool rd_prog_same_view(const struct rp_program *p, int a, int b)
 	return true;
 }
 
+/* The element offset (in its root) of tensor t at each row of domain d
+ * (ranks up to RP_PROG_RANK_MAX): coef[k] per row coordinate k < d's last
+ * dim. `written`: t as a last-axis reduction writes its result, its dims
+ * the row's from the left (the result's shape is d's without its last dim,
+ * or with it as 1); else t as a node reads it, broadcast against d from
+ * the right. False where t as read varies along d's last dim. */
+static bool row_coefs(const struct rp_prog_tensor *d, const struct rp_prog_tensor *t, bool written, int64_t *coef)
+{
+	int lead = written ? 0 : d->rank - t->rank;
+
+	if (t->rank > d->rank || (!written && t->rank >= 1 && t->shape[t->rank - 1] > 1 && t->strides[t->rank - 1] != 0))
+		return false;
+	for (int k = 0; k < d->rank - 1; k++) {
+		int i = k - lead;
+		coef[k] = d->shape[k] > 1 && i >= 0 && i < t->rank && t->shape[i] > 1 ? t->strides[i] : 0;
+	}
+	return true;
+}
+
+bool rd_prog_same_row(const struct rp_program *p, const struct rp_prog_tensor *d, int w, int t)
+{
+	const struct rp_prog_tensor *x = &p->tensors[w], *y = &p->tensors[t];
+	int64_t cw[RP_PROG_RANK_MAX], ct[RP_PROG_RANK_MAX];
+
+	if (x->root != y->root || x->root_offset != y->root_offset || x->dtype != y->dtype)
+		return false;
+	if (!row_coefs(d, x, true, cw) || !row_coefs(d, y, false, ct))
+		return false;
+	for (int k = 0; k < d->rank - 1; k++)
+		if (cw[k] != ct[k])
+			return false;
+	return true;
+}
+
 /* The first and last element of t in its root. Strides are never negative
  * (proto/program.h). */
 static void element_range(const struct rp_prog_tensor *t, int64_t *lo, int64_t *hi)
@@ -119,16 +160,16 @@ static int node_accesses(const struct rp_program *p, const int *inl, const struc
 			if (n->in[i] < 0 || is_scalar(p, n->in[i]))
 				continue;
 			bool out = spec && i < (int)spec->noperands && spec->operands[i].role == RP_ROLE_OUT;
-			acc[k++] = (struct access){ n->in[i], out };
+			acc[k++] = (struct access){ n->in[i], out, false };
 		}
 	} else {
 		for (int i = 0; i < n->nin && i < RP_PROG_NODE_IN_MAX; i++)
 			if (n->in[i] >= 0 && !is_scalar(p, n->in[i]) && inl[n->in[i]] < 0)
-				acc[k++] = (struct access){ n->in[i], false };
+				acc[k++] = (struct access){ n->in[i], false, false };
 	}
 	for (int i = 0; i < n->nout && i < RP_PROG_NODE_OUT_MAX; i++)
 		if (n->out[i] >= 0 && inl[n->out[i]] < 0)
-			acc[k++] = (struct access){ n->out[i], true };
+			acc[k++] = (struct access){ n->out[i], true, false };
 	return k;
 }
 
@@ -168,10 +209,22 @@ static void find_inline(const struct rp_program *p, int *inl)
 	}
 }
 
-static int group_add(struct group *g, const struct rp_program *p, const int *inl, int node)
+/* Where a node of a group runs: at each element of the group's domain
+ * (a pointwise node, a reduction's prologue or epilogue over the domain),
+ * as the reduction (its input at the elements, its result at the rows), or
+ * once a row of a last-axis reduction's domain (its epilogue over the
+ * reduced shape). */
+enum role { AT_ELEMENT = 0, AT_REDUCTION, AT_ROW };
+
+static int group_add(struct group *g, const struct rp_program *p, const int *inl, int node, enum role role)
 {
 	struct access acc[NODE_ACCESSES_MAX];
 	int n = node_accesses(p, inl, &p->nodes[node], acc);
+
+	for (int i = 0; i < n; i++)
+		acc[i].row = role == AT_ROW || (role == AT_REDUCTION && acc[i].write);
+	if (role == AT_REDUCTION)
+		g->red = node;
 
 	if (g->nacc + n > g->cap) {
 		int cap = g->cap ? g->cap * 2 : 64;
@@ -249,6 +302,76 @@ static bool reduction_joins(const struct rp_program *p, const struct group *g, c
 	return group_may_read(p, g, n->in[0]) && group_may_write(p, g, n->out[0], false);
 }
 
+/* Whether o is the shape of a row of domain d: d's own but its last dim,
+ * which is 1. */
+static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tensor *d)
+{
+	if (o->rank != d->rank || o->rank < 1 || o->shape[o->rank - 1] != 1)
+		return false;
+	for (int k = 0; k < o->rank - 1; k++)
+		if (o->shape[k] != d->shape[k])
+			return false;
+	return true;
+}
+
+/* Whether pointwise node n joins a last-axis reduction's group as its
+ * epilogue, in the reduction's kernel once the row's result is known:
+ * over the domain (*row false: the kernel passes over the row again,
+ * computing the prologue anew where n reads it) or over the row (*row
+ * true: once a row, e.g. rsqrt(mean + eps)). It must consume what the
+ * reduction made (read its result or an epilogue node's output), or join
+ * a pass over the domain that the epilogue makes anyway: what does neither
+ * is left to groups of its own (a second reduction's prologue, which would
+ * else be stored for it);
+ * what it reads that the group wrote it reads from registers: the very
+ * element the group wrote at this element, or the very row value
+ * (rd_prog_same_row); everything else it reads is memory the group does
+ * not write. Its output the group touched nowhere else but as this very
+ * element (element nodes), or nowhere (row nodes). */
+static bool epilogue_joins(const struct rp_program *p, const int *inl, const struct group *g,
+			   const struct rp_prog_node *n, bool *row)
+{
+	const struct rp_prog_tensor *d = g->domain, *o = &p->tensors[n->out[0]];
+	bool consumes = false;
+
+	if (g->closed || g->kind != RD_STEP_REDUCTION || g->red < 0 || d->rank < 1 || d->shape[d->rank - 1] < 2)
+		return false;
+	if (rd_prog_same_shape(o, d))
+		*row = false;
+	else if (row_shape(o, d))
+		*row = true;
+	else
+		return false;
+	for (int i = 0; i < n->nin; i++) {
+		int t = n->in[i];
+		if (t < 0 || is_scalar(p, t))
+			continue;
+		if (inl[t] >= 0) {
+			/* A mask's draw is numbered by the element: not a row's. */
+			if (*row && p->nodes[inl[t]].pw.fn == RP_PW_DROPOUT_MASK)
+				return false;
+			continue;
+		}
+		for (int k = 0; k < g->nacc; k++) {
+			const struct access *a = &g->acc[k];
+			if (!a->write || rd_prog_disjoint(p, a->tensor, t))
+				continue;
+			if (a->row ? !rd_prog_same_row(p, d, a->tensor, t) : *row || !rd_prog_same_view(p, a->tensor, t))
+				return false;
+			consumes |= k >= g->epilogue_acc;
+		}
+	}
+	if (!consumes && (*row || !g->second_pass))
+		return false;
+	for (int k = 0; k < g->nacc; k++) {
+		const struct access *a = &g->acc[k];
+		if (!rd_prog_disjoint(p, a->tensor, n->out[0]) &&
+		    (*row || a->row || !rd_prog_same_view(p, a->tensor, n->out[0])))
+			return false;
+	}
+	return true;
+}
+
 /* Whether node n must run after the group: it reads what the group writes,
  * or writes what the group reads or writes (any overlap). */
 static bool depends_on(const struct rp_program *p, const struct group *g, const struct access *acc, int nacc)
@@ -307,6 +430,24 @@ static void group_clear(struct group *g)
 	g->nacc = 0;
 	g->closed = false;
 	g->domain = NULL;
+	g->red = -1;
+	g->epilogue_acc = 0;
+	g->second_pass = false;
+}
+
+/* Node `node`, a reduction, joins or starts group g: a last-axis one stays
+ * open to its epilogue. */
+static int group_add_reduction(struct group *g, const struct rp_program *p, const int *inl, int node)
+{
+	int r;
+
+	g->kind = RD_STEP_REDUCTION;
+	g->closed = p->nodes[node].red.axis != RP_AXIS_LAST;
+	g->domain = &p->tensors[p->nodes[node].in[0]];
+	if ((r = group_add(g, p, inl, node, AT_REDUCTION)) < 0)
+		return r;
+	g->epilogue_acc = g->nacc - 1;   /* its result, the last of its accesses */
+	return 0;
 }
 
 /* Emits the window's first n groups, in order. */
@@ -347,11 +488,11 @@ static int open_group(struct builder *b, int at, enum rd_prog_step_kind kind, bo
 	group_clear(&b->window[at]);
 	b->window[at].kind = kind;
 	b->window[at].closed = closed;
+	if (kind == RD_STEP_REDUCTION)
+		return group_add_reduction(&b->window[at], b->p, b->plan->computed_inline, node);
 	if (kind == RD_STEP_FUSED)
 		b->window[at].domain = &b->p->tensors[b->p->nodes[node].out[0]];
-	else if (kind == RD_STEP_REDUCTION)
-		b->window[at].domain = &b->p->tensors[b->p->nodes[node].in[0]];
-	return group_add(&b->window[at], b->p, b->plan->computed_inline, node);
+	return group_add(&b->window[at], b->p, b->plan->computed_inline, node, AT_ELEMENT);
 }
 
 static int64_t group_size(const struct group *g)
@@ -379,8 +520,9 @@ static int place(struct builder *b, int node)
 {
 	const struct rp_program *p = b->p;
 	const struct rp_prog_node *n = &p->nodes[node];
+	const int *inl = b->plan->computed_inline;
 	struct access acc[NODE_ACCESSES_MAX];
-	int nacc = node_accesses(p, b->plan->computed_inline, n, acc), last_dep = -1, r;
+	int nacc = node_accesses(p, inl, n, acc), last_dep = -1, r;
 
 	for (int i = b->nwindow - 1; i >= 0; i--)
 		if (depends_on(p, &b->window[i], acc, nacc)) {
@@ -389,20 +531,22 @@ static int place(struct builder *b, int node)
 		}
 	for (int i = last_dep < 0 ? 0 : last_dep; i < b->nwindow; i++) {
 		struct group *g = &b->window[i];
+		bool row;
 		if (n->op->cls == RP_PC_POINTWISE && pointwise_joins(p, g, n))
-			return group_add(g, p, b->plan->computed_inline, node);
-		if (n->op->cls == RP_PC_REDUCTION && reduction_joins(p, g, n)) {
-			g->kind = RD_STEP_REDUCTION;
-			g->closed = true;
-			return group_add(g, p, b->plan->computed_inline, node);
+			return group_add(g, p, inl, node, AT_ELEMENT);
+		if (n->op->cls == RP_PC_POINTWISE && epilogue_joins(p, inl, g, n, &row)) {
+			g->second_pass |= !row;
+			return group_add(g, p, inl, node, row ? AT_ROW : AT_ELEMENT);
 		}
+		if (n->op->cls == RP_PC_REDUCTION && reduction_joins(p, g, n))
+			return group_add_reduction(g, p, inl, node);
 	}
 	switch (n->op->cls) {
 	case RP_PC_POINTWISE:
 		return open_group(b, new_group_place(b, last_dep, p->tensors[n->out[0]].numel), RD_STEP_FUSED, false,
 				  node);
 	case RP_PC_REDUCTION:
-		return open_group(b, new_group_place(b, last_dep, p->tensors[n->in[0]].numel), RD_STEP_REDUCTION, true,
+		return open_group(b, new_group_place(b, last_dep, p->tensors[n->in[0]].numel), RD_STEP_REDUCTION, false,
 				  node);
 	case RP_PC_GATHER:
 	case RP_PC_COMPUTE:
@@ -476,6 +620,12 @@ static int decide_stores(const struct rp_program *p, struct rd_prog_plan *plan)
 			int i = st->nodes[k];
 			const struct rp_prog_node *n = &p->nodes[i];
 			plan->node_stored[i] = true;
+			if (n->op->cls == RP_PC_REDUCTION && k < st->nnodes - 1) {
+				/* A result its own epilogue alone reads stays in registers. */
+				int root = p->tensors[n->out[0]].root;
+				plan->node_stored[i] = p->tensors[root].kind != RP_PT_INTERMEDIATE || last_read[root] > s;
+				continue;
+			}
 			if (n->op->cls != RP_PC_POINTWISE)
 				continue;
 			int o = n->out[0], root = p->tensors[o].root;

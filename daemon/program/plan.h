@@ -18,7 +18,15 @@
  *   a row statistic or an iota between two nodes of a chain does not cut
  *   it.
  * - REDUCTION: one reduction node, with a group over its input's shape
- *   fused in as its prologue.
+ *   fused in as its prologue. A reduction over the last dim also takes an
+ *   epilogue: pointwise nodes that consume its result (or join a pass the
+ *   epilogue makes anyway), over the reduced shape (once a row: rsqrt(mean
+ *   + eps)) or over the input's shape (x * rstd), reading the row's values
+ *   and the prologue's from registers. Its kernel passes over each row
+ *   twice: the prologue and the accumulation, then (once the row's result
+ *   is known to the row's threads) the prologue again where the epilogue
+ *   reads it and the epilogue; the row is read twice (the second time
+ *   mostly from cache), nothing is written between the passes.
  * - GATHER: an embedding or its backward (which sorts the positions by
  *   index, then sums each index's rows in position order: deterministic,
  *   O(N log N) in the N positions).
@@ -77,9 +85,9 @@ struct rd_prog_step {
 	enum rd_prog_step_kind kind;
 	/* Its nodes in the order they run (a node may run ahead of nodes
 	 * before it in the definition that it does not depend on; each
-	 * dependency keeps its order); a REDUCTION's last node is the
-	 * reduction, the others its prologue. first_node is nodes[0]: a
-	 * LIBRARY or GATHER step's one node. */
+	 * dependency keeps its order); a REDUCTION's one reduction node
+	 * comes after its prologue and before its epilogue. first_node is
+	 * nodes[0]: a LIBRARY or GATHER step's one node. */
 	const int *nodes;
 	int nnodes;
 	int first_node;
@@ -111,7 +119,8 @@ struct rd_prog_plan {
 	int ntensors;
 	/* Per node: whether its outputs are written to memory. A pointwise
 	 * node inside a group may keep its output in registers (read by no
-	 * later step, or overwritten in place later in the group); every other
+	 * later step, or overwritten in place later in the group), and so may
+	 * a reduction with an epilogue (read by no later step); every other
 	 * node's outputs are always written. */
 	bool *node_stored;
 	int *order;                 /* every node, step after step: what steps' nodes point into */

@@ -229,6 +229,47 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'name':'dwte','kind':'output','dtype':'bf16','shape':[37,40]}],"
 	  "'nodes':[{'op':'embedding_backward','inputs':['de','idt'],'outputs':['dwte']}]}",
 	  -1, 1, 37 },
+	/* Fusion: what models compiled through regen.torch give (the
+	 * lowering's [rows, last] frame), planned into few kernels. */
+	{ "rms_norm as a model writes it, after a residual add: one kernel (the mean's epilogue)",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'res','kind':'input','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'w','kind':'input','dtype':'bf16','shape':[1024]},"
+	  "{'name':'hs','kind':'output','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'h','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'sq','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'ms','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'msv','kind':'view','base':'ms','shape':[96],'strides':[1]},"
+	  "{'name':'e','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'r','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'hn','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'hb','kind':'intermediate','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[96,1024]}],"
+	  "'nodes':[{'op':'add','inputs':['x','res'],'outputs':['hs']},"
+	  "{'op':'cast','inputs':['hs'],'outputs':['h']},{'op':'square','inputs':['h'],'outputs':['sq']},"
+	  "{'op':'mean','inputs':['sq'],'outputs':['msv']},"
+	  "{'op':'add','inputs':['ms'],'outputs':['e'],'attrs':{'scalar':1e-6}},"
+	  "{'op':'rsqrt','inputs':['e'],'outputs':['r']},{'op':'mul','inputs':['h','r'],'outputs':['hn']},"
+	  "{'op':'cast','inputs':['hn'],'outputs':['hb']},{'op':'mul','inputs':['hb','w'],'outputs':['y']}]}",
+	  -2, 2, 0, 1 },
+	{ "reductions' epilogues: a block a row, row values stored and read from memory, an in-place epilogue, "
+	  "softmax through logsumexp",
+	  "{'tensors':[{'name':'a','kind':'inout','dtype':'f32','shape':[16,3000]},"
+	  "{'name':'bias','kind':'input','dtype':'f32','shape':[16,1]},"
+	  "{'name':'s','kind':'output','dtype':'f32','shape':[16,1]},"
+	  "{'name':'sv','kind':'view','base':'s','shape':[16],'strides':[1]},"
+	  "{'name':'t','kind':'output','dtype':'bf16','shape':[16,1]},"
+	  "{'name':'b','kind':'input','dtype':'bf16','shape':[40,200]},"
+	  "{'name':'lse','kind':'intermediate','dtype':'f32','shape':[40]},"
+	  "{'name':'lsec','kind':'view','base':'lse','shape':[40,1],'strides':[1,1]},"
+	  "{'name':'d','kind':'intermediate','dtype':'f32','shape':[40,200]},"
+	  "{'name':'p','kind':'output','dtype':'bf16','shape':[40,200]}],"
+	  "'nodes':[{'op':'sum','inputs':['a'],'outputs':['sv']},"
+	  "{'op':'add','inputs':['s','bias'],'outputs':['t']},"
+	  "{'op':'mul','inputs':['a','t'],'outputs':['a']},"
+	  "{'op':'logsumexp','inputs':['b'],'outputs':['lse']},"
+	  "{'op':'sub','inputs':['b','lsec'],'outputs':['d']},{'op':'exp','inputs':['d'],'outputs':['p']}]}",
+	  -2, 2, 0, 2 },
 };
 
 const size_t tl_prog_ncases = sizeof(tl_prog_cases) / sizeof(tl_prog_cases[0]);

@@ -16,12 +16,14 @@
 
 /* A program as a client defines it ('quotes' for "quotes"); float inputs
  * are drawn on the grid of 1/64 in [lo, hi), integer ones in [0, int_hi)
- * (16 when 0). */
+ * (16 when 0). `steps`: how many steps the CUDA backend's plan must make
+ * of it (what a fusion case is about; 0: not checked). */
 struct tl_prog_case {
 	const char *name;
 	const char *json;
 	double lo, hi;
 	int64_t int_hi;
+	int steps;
 };
 extern const struct tl_prog_case tl_prog_cases[];
 extern const size_t tl_prog_ncases;

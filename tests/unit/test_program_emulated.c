@@ -99,6 +99,8 @@ static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsi
 	int n;
 
 	ck_assert_msg(tl_prog_open(&t, c, salt, why, sizeof(why)) == 0, "%s: %s", c->name, why);
+	ck_assert_msg(!c->steps || t.plan.nsteps == c->steps, "%s: planned in %d steps, not %d", c->name, t.plan.nsteps,
+		      c->steps);
 	ck_assert_int_eq(tl_prog_reference(&t), 0);
 	n = t.p.ntensors;
 	void **mem = calloc((size_t)n, sizeof(void *)), **bound = calloc((size_t)t.p.nbound + 1, sizeof(void *));

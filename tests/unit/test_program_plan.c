@@ -124,6 +124,10 @@ START_TEST(reduction_takes_its_prologue)
 }
 END_TEST
 
+/* Softmax in three passes as a model may write it: the subtraction and
+ * the exp consume the max, so they are its epilogue; the sum's kernel
+ * takes the division as its own. exp's output, which the second kernel
+ * reads twice, is stored; the max and the sum never leave registers. */
 START_TEST(prologue_read_later_is_stored)
 {
 	pb_init(&b, "softmax");
@@ -140,24 +144,23 @@ START_TEST(prologue_read_later_is_stored)
 	pb_pw(&b, RP_PW_DIV, y, e, s, -1);
 	build();
 
-	ck_assert_int_eq(plan.nsteps, 3);
-	assert_step(0, RD_STEP_REDUCTION, 0, 1);
-	assert_step(1, RD_STEP_REDUCTION, 1, 3);
-	assert_step(2, RD_STEP_FUSED, 4, 1);
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_REDUCTION, 0, 3);
+	assert_step(1, RD_STEP_REDUCTION, 3, 2);
+	ck_assert(!plan.node_stored[0]);     /* m: its epilogue alone reads it */
 	ck_assert(!plan.node_stored[1]);     /* d: only exp reads it */
-	ck_assert(plan.node_stored[2]);      /* e: the division reads it */
+	ck_assert(plan.node_stored[2]);      /* e: the next kernel reads it */
+	ck_assert(!plan.node_stored[3]);     /* s: the division, in its kernel */
+	ck_assert(plan.node_stored[4]);
 	ck_assert(plan.arena_offset[d] == RD_PROG_NOT_IN_ARENA);
-	ck_assert(plan.arena_offset[e] != RD_PROG_NOT_IN_ARENA);
-	ck_assert(plan.arena_offset[m] != RD_PROG_NOT_IN_ARENA);
-	ck_assert(plan.arena_offset[s] != RD_PROG_NOT_IN_ARENA);
-	/* m lives over steps 0-1, e and s over 1-2: all three meet at step
-	 * 1 (m read while s is written), so none shares. */
-	ck_assert(plan.arena_offset[m] != plan.arena_offset[e]);
-	ck_assert(plan.arena_offset[s] != plan.arena_offset[e]);
-	ck_assert(plan.arena_offset[s] != plan.arena_offset[m]);
-	ck_assert_uint_eq(plan.arena_bytes, 16 * 100 * 4 + 256 + 256);
+	ck_assert(plan.arena_offset[m] == RD_PROG_NOT_IN_ARENA);
+	ck_assert(plan.arena_offset[s] == RD_PROG_NOT_IN_ARENA);
+	ck_assert(plan.arena_offset[e] == 0);
+	ck_assert_uint_eq(plan.arena_bytes, 16 * 100 * 4);
 	/* Rows of 100: a warp each, 8 rows a block. */
 	ck_assert_uint_eq(plan.steps[1].kernels[0].blocks, 2);
+	ck_assert_str_eq(plan.steps[0].kernels[0].name, "k0_reduce_max_sub_exp_last");
+	ck_assert_str_eq(plan.steps[1].kernels[0].name, "k1_reduce_sum_div_last");
 }
 END_TEST
 
@@ -207,11 +210,34 @@ START_TEST(small_nodes_run_ahead)
 }
 END_TEST
 
-/* A node that depends on a later group waits for it: here the second
- * exp reads what the reduction wrote. */
+/* A node that depends on a later group waits for it: here the division
+ * reads what a leading reduction (which takes no epilogue) wrote. */
 START_TEST(dependencies_keep_their_order)
 {
 	pb_init(&b, "deps");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int s = pb_tensor(&b, "s", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(16));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	pb_pw(&b, RP_PW_EXP, t, x, -1);
+	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LEADING, s, t);
+	pb_pw(&b, RP_PW_DIV, y, t, s, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_REDUCTION, 0, 2);
+	assert_step(1, RD_STEP_FUSED, 2, 1);
+	ck_assert(plan.node_stored[0]);   /* the division reads exp(x) again */
+	ck_assert(plan.node_stored[1]);
+}
+END_TEST
+
+/* The same over rows: the division consumes the sum, so it is the
+ * reduction's epilogue, reading exp(x) from registers on the kernel's
+ * second pass over the row: one kernel, nothing stored but y. */
+START_TEST(row_reduction_takes_its_epilogue)
+{
+	pb_init(&b, "epilogue");
 	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
 	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 16));
 	int s = pb_tensor(&b, "s", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 1));
@@ -221,10 +247,13 @@ START_TEST(dependencies_keep_their_order)
 	pb_pw(&b, RP_PW_DIV, y, t, s, -1);
 	build();
 
-	ck_assert_int_eq(plan.nsteps, 2);
-	assert_step(0, RD_STEP_REDUCTION, 0, 2);
-	assert_step(1, RD_STEP_FUSED, 2, 1);
-	ck_assert(plan.node_stored[0]);   /* the division reads exp(x) again */
+	ck_assert_int_eq(plan.nsteps, 1);
+	assert_step(0, RD_STEP_REDUCTION, 0, 3);
+	ck_assert(!plan.node_stored[0]);
+	ck_assert(!plan.node_stored[1]);
+	ck_assert(plan.node_stored[2]);
+	ck_assert_uint_eq(plan.arena_bytes, 0);
+	ck_assert_str_eq(plan.steps[0].kernels[0].name, "k0_reduce_exp_sum_div_last");
 }
 END_TEST
 
@@ -656,6 +685,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, reduction_of_other_shape_runs_alone);
 	tcase_add_test(tc, small_nodes_run_ahead);
 	tcase_add_test(tc, dependencies_keep_their_order);
+	tcase_add_test(tc, row_reduction_takes_its_epilogue);
 	tcase_add_test(tc, iota_is_computed_inline);
 	tcase_add_test(tc, dropout_mask_is_computed_inline);
 	tcase_add_test(tc, in_place_update_is_one_kernel);
