@@ -390,7 +390,13 @@ static bool depends_on(const struct rp_program *p, const struct group *g, const 
  * one at the end. So a chain over one shape stays one kernel though small
  * nodes of other shapes (a row's statistic, an iota) sit between its
  * nodes in the definition; those run first. Library calls and gathers
- * empty the window: they and everything around them keep program order. */
+ * are closed groups of the window, in program order among themselves,
+ * each right after the last group it depends on: a pointwise group they
+ * do not depend on runs after them, where what reads their output may
+ * still join it (SwiGLU's silu(x W1) waits for x W3 and takes the
+ * product), and a node may join a group ahead of library calls it does
+ * not depend on (silu's backward joins the products of the gradient that
+ * the weights' GEMMs read). */
 struct builder {
 	const struct rp_program *p;
 	struct rd_prog_plan *plan;
@@ -522,7 +528,7 @@ static int place(struct builder *b, int node)
 	const struct rp_prog_node *n = &p->nodes[node];
 	const int *inl = b->plan->computed_inline;
 	struct access acc[NODE_ACCESSES_MAX];
-	int nacc = node_accesses(p, inl, n, acc), last_dep = -1, r;
+	int nacc = node_accesses(p, inl, n, acc), last_dep = -1;
 
 	for (int i = b->nwindow - 1; i >= 0; i--)
 		if (depends_on(p, &b->window[i], acc, nacc)) {
@@ -549,12 +555,15 @@ static int place(struct builder *b, int node)
 		return open_group(b, new_group_place(b, last_dep, p->tensors[n->in[0]].numel), RD_STEP_REDUCTION, false,
 				  node);
 	case RP_PC_GATHER:
-	case RP_PC_COMPUTE:
-		if ((r = flush(b, b->nwindow)) < 0)
-			return r;
-		if ((r = open_group(b, 0, n->op->cls == RP_PC_GATHER ? RD_STEP_GATHER : RD_STEP_LIBRARY, true, node)) < 0)
-			return r;
-		return flush(b, 1);
+	case RP_PC_COMPUTE: {
+		int at = last_dep + 1;
+		for (int i = b->nwindow - 1; i >= at; i--)
+			if (b->window[i].kind == RD_STEP_LIBRARY || b->window[i].kind == RD_STEP_GATHER) {
+				at = i + 1;
+				break;
+			}
+		return open_group(b, at, n->op->cls == RP_PC_GATHER ? RD_STEP_GATHER : RD_STEP_LIBRARY, true, node);
+	}
 	default:
 		return -EINVAL;
 	}

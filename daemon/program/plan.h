@@ -30,7 +30,10 @@
  * - GATHER: an embedding or its backward (which sorts the positions by
  *   index, then sums each index's rows in position order: deterministic,
  *   O(N log N) in the N positions).
- * Library calls and gathers keep their place in program order.
+ * Library calls and gathers keep their order among themselves; the other
+ * steps run before or after them wherever neither touches what the other
+ * writes (so SwiGLU's silu(x W1) waits past x W3 and takes the product,
+ * and silu's backward runs ahead of GEMMs that do not read it).
  *
  * A tensor produced in a step and read by no later node (an intermediate,
  * or a view of one, whose root no later node reads) stays in registers;

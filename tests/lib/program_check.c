@@ -270,6 +270,49 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'logsumexp','inputs':['b'],'outputs':['lse']},"
 	  "{'op':'sub','inputs':['b','lsec'],'outputs':['d']},{'op':'exp','inputs':['d'],'outputs':['p']}]}",
 	  -2, 2, 0, 2 },
+	{ "SwiGLU as a model writes it: silu(x W1) waits for x W3 and takes the product (one kernel between the GEMMs)",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'w1','kind':'input','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'w3','kind':'input','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'w2','kind':'input','dtype':'bf16','shape':[160,96]},"
+	  "{'name':'h1','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'s','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'h3','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'m','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[64,96]}],"
+	  "'nodes':[{'op':'gemm','inputs':{'a':'x','b':'w1'},'outputs':{'d':'h1'}},"
+	  "{'op':'silu','inputs':['h1'],'outputs':['s']},"
+	  "{'op':'gemm','inputs':{'a':'x','b':'w3'},'outputs':{'d':'h3'}},"
+	  "{'op':'mul','inputs':['s','h3'],'outputs':['m']},"
+	  "{'op':'gemm','inputs':{'a':'m','b':'w2'},'outputs':{'d':'y'}}]}",
+	  -1, 1, 0, 4 },
+	{ "SwiGLU's backward: silu's backward joins the gradient's products ahead of the weights' GEMMs",
+	  "{'tensors':[{'name':'dy','kind':'input','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'xt','kind':'input','dtype':'bf16','shape':[96,64]},"
+	  "{'name':'w2t','kind':'input','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'w1t','kind':'input','dtype':'bf16','shape':[160,96]},"
+	  "{'name':'w3t','kind':'input','dtype':'bf16','shape':[160,96]},"
+	  "{'name':'h1','kind':'input','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'h3','kind':'input','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'s','kind':'input','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dm','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'ds','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dh3','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dh1','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dx3','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'dx1','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'dw3','kind':'output','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'dw1','kind':'output','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'dx','kind':'output','dtype':'bf16','shape':[64,96]}],"
+	  "'nodes':[{'op':'gemm','inputs':{'a':'dy','b':'w2t'},'outputs':{'d':'dm'}},"
+	  "{'op':'mul','inputs':['dm','h3'],'outputs':['ds']},{'op':'mul','inputs':['dm','s'],'outputs':['dh3']},"
+	  "{'op':'gemm','inputs':{'a':'xt','b':'dh3'},'outputs':{'d':'dw3'}},"
+	  "{'op':'gemm','inputs':{'a':'dh3','b':'w3t'},'outputs':{'d':'dx3'}},"
+	  "{'op':'silu_backward','inputs':['ds','h1'],'outputs':['dh1']},"
+	  "{'op':'gemm','inputs':{'a':'xt','b':'dh1'},'outputs':{'d':'dw1'}},"
+	  "{'op':'gemm','inputs':{'a':'dh1','b':'w1t'},'outputs':{'d':'dx1'}},"
+	  "{'op':'add','inputs':['dx1','dx3'],'outputs':['dx']}]}",
+	  -1, 1, 0, 7 },
 };
 
 const size_t tl_prog_ncases = sizeof(tl_prog_cases) / sizeof(tl_prog_cases[0]);
@@ -551,6 +594,27 @@ int tl_prog_reference(struct tl_prog *t)
 		r = rd_host_node_run(&t->p, i, addr, workspace, ws);
 	free(workspace);
 	free(addr);
+	return r;
+}
+
+int tl_prog_run_library(const struct tl_prog *t, int s, void *const *bound, void *arena)
+{
+	const struct rd_prog_step *st = &t->plan.steps[s];
+	void **addr = calloc((size_t)t->p.ntensors, sizeof(void *));
+	size_t ws = rd_host_node_workspace(&t->p, st->first_node);
+	void *workspace = malloc(ws ? ws : 1);
+	int r = -ENOMEM;
+
+	if (addr && workspace) {
+		for (int i = 0; i < t->p.ntensors; i++) {
+			const struct rp_prog_tensor *x = &t->p.tensors[i];
+			addr[i] = x->kind == RP_PT_SCALAR ? &t->scalars[x->bind_index]
+							 : rd_prog_tensor_address(&t->plan, &t->p, i, bound, arena);
+		}
+		r = rd_host_node_run(&t->p, st->first_node, addr, workspace, ws);
+	}
+	free(addr);
+	free(workspace);
 	return r;
 }
 

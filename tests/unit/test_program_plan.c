@@ -469,6 +469,79 @@ END_TEST
  * the arena is smaller than every intermediate side by side. A chain of
  * 40 GEMMs (each its own step), each writing an intermediate of a random
  * size and reading two random earlier ones. */
+/* SwiGLU, w2(silu(x w1) * x w3): the second GEMM, which does not read
+ * silu's output, runs before it, so the product joins silu's kernel and
+ * silu's output never leaves registers. */
+START_TEST(pointwise_waits_past_an_independent_library_call)
+{
+	pb_init(&b, "swiglu");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int w1 = pb_tensor(&b, "w1", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int w3 = pb_tensor(&b, "w3", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int w2 = pb_tensor(&b, "w2", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(512, 256));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int h1 = pb_tensor(&b, "h1", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int s = pb_tensor(&b, "s", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int h3 = pb_tensor(&b, "h3", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int m = pb_tensor(&b, "m", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	pb_gemm(&b, h1, x, w1);
+	pb_pw(&b, RP_PW_SILU, s, h1, -1);
+	pb_gemm(&b, h3, x, w3);
+	pb_pw(&b, RP_PW_MUL, m, s, h3, -1);
+	pb_gemm(&b, y, m, w2);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 4);
+	assert_step(0, RD_STEP_LIBRARY, 0, 1);
+	assert_step(1, RD_STEP_LIBRARY, 2, 1);
+	assert_step(2, RD_STEP_FUSED, 1, 2);
+	assert_step(3, RD_STEP_LIBRARY, 4, 1);
+	ck_assert(!plan.node_stored[1]);
+	ck_assert(plan.arena_offset[s] == RD_PROG_NOT_IN_ARENA);
+	ck_assert_uint_eq(plan.fused_kernels, 1);
+}
+END_TEST
+
+/* Its backward: silu's backward, which no GEMM between reads, joins the
+ * gradient's two products ahead of the GEMMs that read one of them; the
+ * other product stays in registers. A GEMM that reads a group's output
+ * still runs after it, and the library calls keep their order. */
+START_TEST(pointwise_runs_ahead_of_independent_library_calls)
+{
+	pb_init(&b, "swiglu_bwd");
+	int dy = pb_tensor(&b, "dy", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int xt = pb_tensor(&b, "xt", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 128));
+	int w2t = pb_tensor(&b, "w2t", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int w3t = pb_tensor(&b, "w3t", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(512, 256));
+	int h1 = pb_tensor(&b, "h1", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int h3 = pb_tensor(&b, "h3", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int s = pb_tensor(&b, "s", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int dm = pb_tensor(&b, "dm", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int ds = pb_tensor(&b, "ds", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int dh3 = pb_tensor(&b, "dh3", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int dw3 = pb_tensor(&b, "dw3", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int dx3 = pb_tensor(&b, "dx3", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int dh1 = pb_tensor(&b, "dh1", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	pb_gemm(&b, dm, dy, w2t);
+	pb_pw(&b, RP_PW_MUL, ds, dm, h3, -1);
+	pb_pw(&b, RP_PW_MUL, dh3, dm, s, -1);
+	pb_gemm(&b, dw3, xt, dh3);
+	pb_gemm(&b, dx3, dh3, w3t);
+	pb_pw(&b, RP_PW_SILU_BACKWARD, dh1, ds, h1, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 4);
+	assert_step(0, RD_STEP_LIBRARY, 0, 1);
+	assert_step(1, RD_STEP_FUSED, 1, 3);
+	ck_assert_int_eq(plan.steps[1].nodes[2], 5);
+	assert_step(2, RD_STEP_LIBRARY, 3, 1);
+	assert_step(3, RD_STEP_LIBRARY, 4, 1);
+	ck_assert(!plan.node_stored[1]);
+	ck_assert(plan.node_stored[2]);
+	ck_assert(plan.arena_offset[ds] == RD_PROG_NOT_IN_ARENA);
+}
+END_TEST
+
 START_TEST(arena_never_overlaps_live_roots)
 {
 	enum { K = 40 };
@@ -692,6 +765,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, conflicting_views_split);
 	tcase_add_test(tc, disjoint_views_share_a_kernel);
 	tcase_add_test(tc, library_steps_and_arena_sharing);
+	tcase_add_test(tc, pointwise_waits_past_an_independent_library_call);
+	tcase_add_test(tc, pointwise_runs_ahead_of_independent_library_calls);
 	tcase_add_test(tc, arena_never_overlaps_live_roots);
 	tcase_add_test(tc, leading_reduction_two_passes);
 	tcase_add_test(tc, gather_steps);
