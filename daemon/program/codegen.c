@@ -403,6 +403,13 @@ struct gen {
 	int npass2, nrecomputed;
 	bool rows_ready, row_scope;
 	bool *row_loaded;
+	/* Recomputed roots (plan.h): what node rec_node reads of one is in
+	 * u<rec_node>_<rec_depth>_<t>; while a writer of one is written (at
+	 * depth rec_depth - 1), at is its coordinates' prefix (its frame of
+	 * at_rank dims), where it loads what it reads from memory. */
+	int rec_node, rec_depth;
+	const char *at;
+	int at_rank;
 	bool idx64;
 	int vec;              /* elements a thread takes at once on the vector path (1: no such path) */
 	/* The element body being written is the vector path's: the element's
@@ -596,16 +603,17 @@ static void use_coords_of(struct gen *g, int t)
 			g->coord_used[g->dom->rank - x->rank + k] = true;
 }
 
-/* t's element offset at the domain's coordinates <prefix><d>, t broadcast
- * against the domain (right-aligned; its dims of one element stretch). */
-static void emit_offset_at(struct gen *g, int t, const char *prefix)
+/* t's element offset at coordinates <prefix><d> of a frame of `rank`
+ * dims, t broadcast against it (right-aligned; its dims of one element
+ * stretch). */
+static void emit_offset_in(struct gen *g, int t, const char *prefix, int rank)
 {
 	const struct rp_prog_tensor *x = T(g, t);
 	int terms = 0;
 	char l[32];
 
 	for (int k = 0; k < x->rank; k++) {
-		int dd = g->dom->rank - x->rank + k;
+		int dd = rank - x->rank + k;
 		if (x->shape[k] == 1 || x->strides[k] == 0)
 			continue;
 		out(&g->b, "%s%s%d", terms++ ? " + " : "", prefix, dd);
@@ -614,6 +622,12 @@ static void emit_offset_at(struct gen *g, int t, const char *prefix)
 	}
 	if (!terms)
 		out(&g->b, "0");
+}
+
+/* t's element offset at the domain's coordinates <prefix><d>. */
+static void emit_offset_at(struct gen *g, int t, const char *prefix)
+{
+	emit_offset_in(g, t, prefix, g->dom->rank);
 }
 
 static void emit_offset(struct gen *g, int t)
@@ -800,6 +814,16 @@ static void emit_input(struct gen *g, int node, int t, const char *c)
 	}
 	if (g->plan->computed_inline[t] >= 0) {
 		emit_inline_value(g, t, conv);
+		return;
+	}
+	if (g->plan->recomputed[t]) {
+		out(&g->b, "%s(u%d_%d_%d)", conv, g->rec_node, g->rec_depth, t);
+		return;
+	}
+	if (g->at) {
+		out(&g->b, "%s(p%d[", conv, t);
+		emit_offset_in(g, t, g->at, g->at_rank);
+		out(&g->b, "])");
 		return;
 	}
 	m = g->row_scope ? -1 : reg_of(g, g->cur, t);
@@ -1050,6 +1074,107 @@ static void emit_node_comment(struct gen *g, int node, const char *ind)
 	out(&g->b, ") */\n");
 }
 
+/* Writers of one recomputed root the code generator takes. */
+#define RECOMPUTE_WRITERS_MAX 8
+
+/* Whether node n reads its input i at an input before: a recomputed
+ * one's value is written once for the node. */
+static bool read_before(const struct gen *g, const struct rp_prog_node *n, int i)
+{
+	for (int k = 0; k < i; k++)
+		if (n->in[k] == n->in[i])
+			return true;
+	return false;
+}
+
+static void emit_node_comment(struct gen *g, int node, const char *ind);
+
+/* u<reader>_<depth>_<t>: the element of recomputed tensor t that node
+ * `reader` reads at its coordinates <prefix><d> (a frame of `rank` dims):
+ * from the last writer of t's root whose box holds it, computed at that
+ * writer's element (w<depth>_<k>), what it reads there loaded (or
+ * recomputed in turn), rounded to the root's dtype as a store would. */
+static int emit_recomputed(struct gen *g, int reader, int depth, int t, const char *prefix, int rank, const char *ind)
+{
+	const struct rp_prog_tensor *x = T(g, t), *root = T(g, x->root);
+	const char *ty = ctype(root->dtype);
+	int64_t start[RP_PROG_RANK_MAX], box[RP_PROG_RANK_MAX];
+	char in2[32], in3[32], wp[16], l[32], l2[32], name[RP_PROG_NAME_MAX + 1];
+	int r;
+
+	snprintf(in2, sizeof(in2), "%s\t", ind);
+	snprintf(in3, sizeof(in3), "%s\t\t", ind);
+	snprintf(wp, sizeof(wp), "w%d_", depth);
+	if (depth > 8 || !rd_prog_box_of(g->p, t, start))
+		return -EINVAL;
+	out(&g->b, "%s%s u%d_%d_%d;   /* %s, recomputed */\n", ind, ty, reader, depth, t, safe_name(root->name, name));
+	out(&g->b, "%s{\n", ind);
+	for (int k = 0; k < root->rank; k++) {
+		out(&g->b, "%sconst idx_t e%d_%d = %s", in2, depth, k, lit(start[k], l));
+		if (x->shape[k] > 1 && x->strides[k] != 0)
+			out(&g->b, " + %s%d", prefix, rank - x->rank + k);
+		out(&g->b, ";\n");
+	}
+	/* The writers from the last: the first whose box holds the element
+	 * (the plan made sure one does: the last tried needs no test). */
+	int writers[RECOMPUTE_WRITERS_MAX], nw = 0;
+	for (int i = g->p->nnodes - 1; i >= 0; i--) {
+		const struct rp_prog_node *w = &g->p->nodes[i];
+		if (w->op->cls != RP_PC_POINTWISE || w->nout != 1 || w->out[0] < 0 || T(g, w->out[0])->root != x->root)
+			continue;
+		if (nw == RECOMPUTE_WRITERS_MAX)
+			return -EINVAL;
+		writers[nw++] = i;
+		if (rd_prog_same_shape(T(g, w->out[0]), root))
+			break;   /* it holds every element: those before it are overwritten */
+	}
+	for (int j = 0; j < nw; j++) {
+		const int i = writers[j];
+		const struct rp_prog_node *w = &g->p->nodes[i];
+		const struct rp_prog_tensor *o = T(g, w->out[0]);
+		int terms = 0;
+		if (!rd_prog_box_of(g->p, w->out[0], box))
+			return -EINVAL;
+		if (j < nw - 1) {
+			out(&g->b, "%s%sif (", in2, j ? "} else " : "");
+			for (int k = 0; k < root->rank; k++) {
+				if (box[k] > 0)
+					out(&g->b, "%se%d_%d >= %s", terms++ ? " && " : "", depth, k, lit(box[k], l));
+				if (box[k] + o->shape[k] < root->shape[k])
+					out(&g->b, "%se%d_%d < %s", terms++ ? " && " : "", depth, k,
+					    lit(box[k] + o->shape[k], l2));
+			}
+			out(&g->b, ") {\n");
+		} else {
+			out(&g->b, "%s%s{\n", in2, j ? "} else " : "");
+		}
+		for (int k = 0; k < root->rank; k++)
+			out(&g->b, "%sconst idx_t w%d_%d = e%d_%d - %s;\n", in3, depth, k, depth, k, lit(box[k], l));
+		for (int k = 0; k < w->nin; k++)
+			if (w->in[k] >= 0 && g->plan->recomputed[w->in[k]] && !read_before(g, w, k) &&
+			    (r = emit_recomputed(g, i, depth + 1, w->in[k], wp, root->rank, in3)) < 0)
+				return r;
+		emit_node_comment(g, i, in3);
+		const char *save_at = g->at;
+		int save_rank = g->at_rank, save_node = g->rec_node, save_depth = g->rec_depth;
+		g->at = wp;
+		g->at_rank = root->rank;
+		g->rec_node = i;
+		g->rec_depth = depth + 1;
+		out(&g->b, "%su%d_%d_%d = rg_cvt<%s>(", in3, reader, depth, t, ty);
+		r = emit_pointwise_expr(g, i, node_ctype(g, w));
+		out(&g->b, ");\n");
+		g->at = save_at;
+		g->at_rank = save_rank;
+		g->rec_node = save_node;
+		g->rec_depth = save_depth;
+		if (r < 0)
+			return r;
+	}
+	out(&g->b, "%s}\n%s}\n", in2, ind);
+	return 0;
+}
+
 /* The step's pointwise nodes at one element: its loads, each node's value
  * (v<node>, in its output's dtype) and the stores of what leaves the step.
  * `vec`: on the vector path, where flat operands come from and go to the
@@ -1076,6 +1201,12 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 		int o = n->out[0];
 		const char *c = node_ctype(g, n);
 		g->cur = k;
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && g->plan->recomputed[n->in[i]] && !read_before(g, n, i) &&
+			    emit_recomputed(g, node, 0, n->in[i], "c", g->dom->rank, ind) < 0)
+				return -EINVAL;
+		g->rec_node = node;
+		g->rec_depth = 0;
 		emit_node_comment(g, node, ind);
 		out(&g->b, "%sconst %s v%d = rg_cvt<%s>(", ind, ctype(T(g, o)->dtype), node, ctype(T(g, o)->dtype));
 		if (emit_pointwise_expr(g, node, c) < 0) {
@@ -1113,6 +1244,9 @@ static void mark_coords(struct gen *g)
 		const struct rp_prog_node *n = &g->p->nodes[node];
 		if (g->plan->node_stored[node] && !flat_in_domain(g, n->out[0]))
 			use_coords_of(g, n->out[0]);
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && g->plan->recomputed[n->in[i]])
+				use_coords_of(g, n->in[i]);
 	}
 	for (int d = 0; d < g->dom->rank; d++)
 		if (makers_read_coord(g, d))
@@ -1220,6 +1354,14 @@ static void declare_step_pointers(struct gen *g)
 {
 	for (int i = 0; i < g->nmem; i++)
 		declare_pointer(g, g->mem[i]);
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], root = t >= 0 ? T(g, t)->root : -1;
+			for (int j = 0; t >= 0 && g->plan->recomputed[t] && j < g->plan->nsources[root]; j++)
+				declare_pointer(g, g->plan->sources[root][j]);
+		}
+	}
 	for (int k = 0; k < g->npw; k++)
 		if (g->plan->node_stored[g->pw[k]])
 			declare_pointer(g, g->p->nodes[g->pw[k]].out[0]);
@@ -1244,9 +1386,15 @@ static bool offsets_fit_int(const struct gen *g)
 		const struct rp_prog_node *n = &g->p->nodes[node];
 		if (span_of(T(g, n->out[0])) > IDX32_MAX)
 			return false;
-		for (int i = 0; i < n->nin; i++)
-			if (n->in[i] >= 0 && span_of(T(g, n->in[i])) > IDX32_MAX)
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], root = t >= 0 ? T(g, t)->root : -1;
+			if (t >= 0 && span_of(T(g, t)) > IDX32_MAX)
 				return false;
+			for (int j = 0; t >= 0 && g->plan->recomputed[t] && j < g->plan->nsources[root]; j++)
+				if (span_of(T(g, g->plan->sources[root][j])) > IDX32_MAX ||
+				    numel_of(T(g, root)) > IDX32_MAX)
+					return false;
+		}
 	}
 	if (g->red >= 0) {
 		const struct rp_prog_node *n = &g->p->nodes[g->red];
@@ -1276,8 +1424,8 @@ static void collect_loads(struct gen *g, bool with_red)
 		const struct rp_prog_node *n = &p->nodes[node];
 		for (int i = 0; i < n->nin; i++) {
 			int t = n->in[i];
-			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && reg_of(g, k, t) < 0 &&
-			    row_of(g, t) < 0)
+			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && !g->plan->recomputed[t] &&
+			    reg_of(g, k, t) < 0 && row_of(g, t) < 0)
 				mem_add(g, t);
 		}
 	}
@@ -1404,8 +1552,28 @@ static bool offset_uses_coords(const struct gen *g, int t)
 	return false;
 }
 
+/* Whether a node of the step reads a recomputed tensor at coordinate d
+ * of the domain (any, with d < 0). */
+static bool recomputed_reads_coord(const struct gen *g, int d)
+{
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		for (int i = 0; i < n->nin; i++) {
+			const struct rp_prog_tensor *x = n->in[i] >= 0 ? T(g, n->in[i]) : NULL;
+			if (!x || !g->plan->recomputed[n->in[i]])
+				continue;
+			for (int j = 0; j < x->rank; j++)
+				if (x->shape[j] > 1 && x->strides[j] != 0 && (d < 0 || g->dom->rank - x->rank + j == d))
+					return true;
+		}
+	}
+	return false;
+}
+
 static bool vector_body_needs_coords(const struct gen *g)
 {
+	if (recomputed_reads_coord(g, -1))
+		return true;
 	for (int i = 0; i < g->nmem; i++)
 		if (offset_uses_coords(g, g->mem[i]))
 			return true;
@@ -1423,6 +1591,8 @@ static bool vector_body_needs_coords(const struct gen *g)
 /* Whether the vector path's element body reads coordinate c<d>. */
 static bool vector_body_reads_coord(const struct gen *g, int d)
 {
+	if (recomputed_reads_coord(g, d))
+		return true;
 	for (int i = 0; i < g->nmem + g->npw; i++) {
 		int t = i < g->nmem ? g->mem[i] : g->p->nodes[g->pw[i - g->nmem]].out[0];
 		const struct rp_prog_tensor *x = T(g, t);

@@ -11,9 +11,10 @@
  * - FUSED: pointwise nodes over one iteration domain (their output shape),
  *   one kernel. A node joins a group of its output's shape when it reads
  *   only what is in memory before the group runs or what the group
- *   produced at the same element index; two accesses of one root inside a
- *   group, one of them a write, are either the identical view (the same
- *   thread touches the same element, in order) or disjoint. A node may
+ *   produced at the same element index (or a recomputed tensor, below,
+ *   whose sources the group does not write); two accesses of one root
+ *   inside a group, one of them a write, are either the identical view
+ *   (the same thread touches the same element, in order) or disjoint. A node may
  *   join a group ahead of nodes it does not depend on (plan.c's window), so
  *   a row statistic or an iota between two nodes of a chain does not cut
  *   it.
@@ -67,6 +68,9 @@
 enum rd_prog_step_kind { RD_STEP_LIBRARY = 0, RD_STEP_FUSED, RD_STEP_REDUCTION, RD_STEP_GATHER };
 
 #define RD_PROG_KERNEL_NAME_MAX 64
+/* Tensors in memory a recomputed root (rd_prog_plan.recomputed) may be
+ * computed from. */
+#define RD_PROG_SOURCES_MAX 4
 /* Arena offsets are multiples of this. */
 #define RD_PROG_ARENA_ALIGN 256
 /* An arena_offset[] entry for a tensor whose root is not in the arena (a
@@ -131,6 +135,21 @@ struct rd_prog_plan {
 	 * readers (all pointwise) compute where they read it, or -1. That node
 	 * is in no step, and the tensor never in memory. */
 	int *computed_inline;
+	/* Per tensor: whether its root is recomputed where it is read: an
+	 * intermediate that pointwise nodes write as boxes of it (a cat's
+	 * parts, a slice's gradient into zeros, or one node the whole) from
+	 * memory that stays as it is until its last reader, read only by
+	 * pointwise nodes after its last writer, as boxes of it at other
+	 * elements than their own (a rotate-half's halves), or only by other
+	 * such writers. A reader computes the element it reads from the last
+	 * writer whose box holds it, at that writer's element, the writer's
+	 * inputs loaded there (or recomputed in turn); its writers are in no
+	 * step, and it is never in memory. sources[] lists, per recomputed
+	 * root, the tensors in memory its elements are computed from, at
+	 * other elements than the reader's own (nsources of them). */
+	bool *recomputed;
+	int (*sources)[RD_PROG_SOURCES_MAX];
+	int *nsources;
 	uint64_t arena_bytes;
 	/* With embedding steps: where in the arena their kernels note the
 	 * first index outside the table (a struct rd_prog_fault, zeroed when

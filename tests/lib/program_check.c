@@ -270,6 +270,59 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'logsumexp','inputs':['b'],'outputs':['lse']},"
 	  "{'op':'sub','inputs':['b','lsec'],'outputs':['d']},{'op':'exp','inputs':['d'],'outputs':['p']}]}",
 	  -2, 2, 0, 2 },
+	{ "rotary embeddings as a model writes them (rotate_half: slices, neg, cat): one kernel, the cat recomputed "
+	  "where it is read",
+	  "{'tensors':[{'name':'qh','kind':'input','dtype':'bf16','shape':[2,64,4,64]},"
+	  "{'name':'q','kind':'view','base':'qh','shape':[2,4,64,64],'strides':[16384,64,256,1]},"
+	  "{'name':'x1','kind':'view','base':'qh','shape':[2,4,64,32],'strides':[16384,64,256,1]},"
+	  "{'name':'x2','kind':'view','base':'qh','shape':[2,4,64,32],'strides':[16384,64,256,1],'offset':32},"
+	  "{'name':'cos','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'sin','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'t1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'n','kind':'intermediate','dtype':'bf16','shape':[2,4,64,32]},"
+	  "{'name':'rot','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'rota','kind':'view','base':'rot','shape':[2,4,64,32],'strides':[16384,4096,64,1]},"
+	  "{'name':'rotb','kind':'view','base':'rot','shape':[2,4,64,32],'strides':[16384,4096,64,1],'offset':32},"
+	  "{'name':'t2','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'qr','kind':'output','dtype':'bf16','shape':[2,4,64,64]}],"
+	  "'nodes':[{'op':'mul','inputs':['q','cos'],'outputs':['t1']},"
+	  "{'op':'neg','inputs':['x2'],'outputs':['n']},"
+	  "{'op':'cast','inputs':['n'],'outputs':['rota']},{'op':'cast','inputs':['x1'],'outputs':['rotb']},"
+	  "{'op':'mul','inputs':['rot','sin'],'outputs':['t2']},{'op':'add','inputs':['t1','t2'],'outputs':['qr']}]}",
+	  -2, 2, 0, 1 },
+	{ "their backward (slice backward into zeros, neg, adds): one kernel",
+	  "{'tensors':[{'name':'g','kind':'input','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'cos','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'sin','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'mb0','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'mb1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'sb1','kind':'view','base':'mb1','shape':[2,4,64,32],'strides':[16384,4096,64,1]},"
+	  "{'name':'sb2','kind':'view','base':'mb1','shape':[2,4,64,32],'strides':[16384,4096,64,1],'offset':32},"
+	  "{'name':'nb','kind':'intermediate','dtype':'bf16','shape':[2,4,64,32]},"
+	  "{'name':'z2','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'z2b','kind':'view','base':'z2','shape':[2,4,64,32],'strides':[16384,4096,64,1],'offset':32},"
+	  "{'name':'z1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'z1a','kind':'view','base':'z1','shape':[2,4,64,32],'strides':[16384,4096,64,1]},"
+	  "{'name':'a1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'dq','kind':'output','dtype':'bf16','shape':[2,4,64,64]}],"
+	  "'nodes':[{'op':'mul','inputs':['g','cos'],'outputs':['mb0']},{'op':'mul','inputs':['g','sin'],'outputs':['mb1']},"
+	  "{'op':'neg','inputs':['sb1'],'outputs':['nb']},"
+	  "{'op':'fill','outputs':['z2'],'attrs':{'scalar':0}},{'op':'cast','inputs':['nb'],'outputs':['z2b']},"
+	  "{'op':'fill','outputs':['z1'],'attrs':{'scalar':0}},{'op':'cast','inputs':['sb2'],'outputs':['z1a']},"
+	  "{'op':'add','inputs':['mb0','z2'],'outputs':['a1']},{'op':'add','inputs':['a1','z1'],'outputs':['dq']}]}",
+	  -2, 2, 0, 1 },
+	{ "a cat whose part's source is updated in place before it is read: not recomputed (it reads the old values)",
+	  "{'tensors':[{'name':'p','kind':'inout','dtype':'f32','shape':[40,16]},"
+	  "{'name':'pa','kind':'view','base':'p','shape':[40,8],'strides':[16,1]},"
+	  "{'name':'pb','kind':'view','base':'p','shape':[40,8],'strides':[16,1],'offset':8},"
+	  "{'name':'c','kind':'intermediate','dtype':'f32','shape':[40,16]},"
+	  "{'name':'ca','kind':'view','base':'c','shape':[40,8],'strides':[16,1]},"
+	  "{'name':'cb','kind':'view','base':'c','shape':[40,8],'strides':[16,1],'offset':8},"
+	  "{'name':'y','kind':'output','dtype':'f32','shape':[40,16]}],"
+	  "'nodes':[{'op':'neg','inputs':['pb'],'outputs':['ca']},{'op':'cast','inputs':['pa'],'outputs':['cb']},"
+	  "{'op':'mul','inputs':['p'],'outputs':['p'],'attrs':{'scalar':3}},"
+	  "{'op':'add','inputs':['c','p'],'outputs':['y']}]}",
+	  -2, 2, 0, 0 },
 	{ "SwiGLU as a model writes it: silu(x W1) waits for x W3 and takes the product (one kernel between the GEMMs)",
 	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[64,96]},"
 	  "{'name':'w1','kind':'input','dtype':'bf16','shape':[96,160]},"

@@ -542,6 +542,73 @@ START_TEST(pointwise_runs_ahead_of_independent_library_calls)
 }
 END_TEST
 
+/* rotate_half(x) * s + x * c over x's halves (rotary embeddings as a model
+ * writes them): the cat of neg(x2) and x1 is recomputed where the product
+ * reads it, from x itself (neg's output too: only the cat's writer reads
+ * it). One kernel; the cat's writers in no step; nothing in the arena. */
+START_TEST(cat_is_recomputed_where_it_is_read)
+{
+	pb_init(&b, "rope");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int x1 = pb_view(&b, "x1", x, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int x2 = pb_view(&b, "x2", x, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int c = pb_tensor(&b, "c", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64));
+	int sn = pb_tensor(&b, "s", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64));
+	int n = pb_tensor(&b, "n", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 32));
+	int rot = pb_tensor(&b, "rot", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int ra = pb_view(&b, "ra", rot, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int rb = pb_view(&b, "rb", rot, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int t1 = pb_tensor(&b, "t1", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int t2 = pb_tensor(&b, "t2", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	pb_pw(&b, RP_PW_MUL, t1, x, c, -1);
+	pb_pw(&b, RP_PW_NEG, n, x2, -1);
+	pb_pw(&b, RP_PW_CAST, ra, n, -1);
+	pb_pw(&b, RP_PW_CAST, rb, x1, -1);
+	pb_pw(&b, RP_PW_MUL, t2, rot, sn, -1);
+	pb_pw(&b, RP_PW_ADD, y, t1, t2, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 1);
+	assert_step(0, RD_STEP_FUSED, 0, 3);
+	ck_assert_int_eq(plan.steps[0].nodes[1], 4);
+	ck_assert(plan.recomputed[rot] && plan.recomputed[ra] && plan.recomputed[n]);
+	ck_assert(!plan.recomputed[x] && !plan.recomputed[t1]);
+	/* The cat is read from x's halves, at other elements than the product's. */
+	ck_assert_int_eq(plan.nsources[rot], 2);
+	ck_assert(plan.arena_offset[rot] == RD_PROG_NOT_IN_ARENA);
+	ck_assert_uint_eq(plan.arena_bytes, 0);
+	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "rot, recomputed"));
+}
+END_TEST
+
+/* The same cat where something writes x between the cat and its reader:
+ * computed at the reader, the cat would see the new x; it is materialized
+ * by its own kernel instead. */
+START_TEST(cat_of_what_changes_before_it_is_read_is_stored)
+{
+	pb_init(&b, "rope_inplace");
+	int x = pb_tensor(&b, "x", RP_PT_INOUT, RP_DTYPE_F32, PB_DIMS(16, 64));
+	int x1 = pb_view(&b, "x1", x, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int x2 = pb_view(&b, "x2", x, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int rot = pb_tensor(&b, "rot", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(16, 64));
+	int ra = pb_view(&b, "ra", rot, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int rb = pb_view(&b, "rb", rot, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(16, 64));
+	pb_pw(&b, RP_PW_NEG, ra, x2, -1);
+	pb_pw(&b, RP_PW_CAST, rb, x1, -1);
+	pb_pw_const(&b, RP_PW_MUL, x, x, 3.0, false);
+	pb_pw(&b, RP_PW_ADD, y, rot, x, -1);
+	build();
+
+	ck_assert(!plan.recomputed[rot]);
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_FUSED, 0, 2);
+	assert_step(1, RD_STEP_FUSED, 2, 2);
+	ck_assert(plan.arena_offset[rot] != RD_PROG_NOT_IN_ARENA);
+}
+END_TEST
+
 START_TEST(arena_never_overlaps_live_roots)
 {
 	enum { K = 40 };
@@ -767,6 +834,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, library_steps_and_arena_sharing);
 	tcase_add_test(tc, pointwise_waits_past_an_independent_library_call);
 	tcase_add_test(tc, pointwise_runs_ahead_of_independent_library_calls);
+	tcase_add_test(tc, cat_is_recomputed_where_it_is_read);
+	tcase_add_test(tc, cat_of_what_changes_before_it_is_read_is_stored);
 	tcase_add_test(tc, arena_never_overlaps_live_roots);
 	tcase_add_test(tc, leading_reduction_two_passes);
 	tcase_add_test(tc, gather_steps);
