@@ -31,7 +31,6 @@ struct group {
 	bool closed;
 	const struct rp_prog_tensor *domain;   /* a FUSED group's output shape, a REDUCTION's input shape */
 	int red;                               /* a REDUCTION's reduction node, else -1 */
-	int epilogue_acc;                      /* acc[] from here on: the reduction's result and its epilogue's */
 	bool second_pass;                      /* the epilogue has nodes over the domain */
 	int *nodes;
 	int nnodes, nodes_cap;
@@ -694,11 +693,12 @@ static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tenso
  * epilogue, in the reduction's kernel once the row's result is known:
  * over the domain (*row false: the kernel passes over the row again,
  * computing the prologue anew where n reads it) or over the row (*row
- * true: once a row, e.g. rsqrt(mean + eps)). It must consume what the
- * reduction made (read its result or an epilogue node's output), or join
- * a pass over the domain that the epilogue makes anyway: what does neither
- * is left to groups of its own (a second reduction's prologue, which would
- * else be stored for it);
+ * true: once a row, e.g. rsqrt(mean + eps)). It must read what the group
+ * made (the result, the prologue's or the epilogue's values: elsewhere
+ * they would have to be stored for it), or join a pass over the domain
+ * that the epilogue makes anyway: what does neither is left to groups of
+ * its own (a second reduction's prologue, which would else be stored for
+ * it);
  * what it reads that the group wrote it reads from registers: the very
  * element the group wrote at this element, or the very row value
  * (rd_prog_same_row); everything else it reads is memory the group does
@@ -744,7 +744,7 @@ static bool epilogue_joins(const struct rp_program *p, const struct rd_prog_plan
 				continue;
 			if (a->row ? !rd_prog_same_row(p, d, a->tensor, t) : *row || !rd_prog_same_view(p, a->tensor, t))
 				return false;
-			consumes |= k >= g->epilogue_acc;
+			consumes = true;
 		}
 	}
 	if (!consumes && (*row || !g->second_pass))
@@ -823,7 +823,6 @@ static void group_clear(struct group *g)
 	g->closed = false;
 	g->domain = NULL;
 	g->red = -1;
-	g->epilogue_acc = 0;
 	g->second_pass = false;
 }
 
@@ -832,15 +831,10 @@ static void group_clear(struct group *g)
 static int group_add_reduction(struct group *g, const struct rp_program *p, const struct rd_prog_plan *plan,
 			       int node)
 {
-	int r;
-
 	g->kind = RD_STEP_REDUCTION;
 	g->closed = p->nodes[node].red.axis != RP_AXIS_LAST;
 	g->domain = &p->tensors[p->nodes[node].in[0]];
-	if ((r = group_add(g, p, plan, node, AT_REDUCTION)) < 0)
-		return r;
-	g->epilogue_acc = g->nacc - 1;   /* its result, the last of its accesses */
-	return 0;
+	return group_add(g, p, plan, node, AT_REDUCTION);
 }
 
 /* Emits the window's first n groups, in order. */
