@@ -2117,7 +2117,7 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order (%s)%s. */\n",
 	    per_warp ? "warp" : "block", (long long)rs->cols, acc,
 	    g->vec > 1 ? "one order where the tensors are aligned to their vectors, another where not" : "one order",
-	    epilogue ? "; then the epilogue, over the row again" : "");
+	    g->nelem > g->nprologue ? "; then the epilogue, over the row again" : epilogue ? "; then the epilogue" : "");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    k->block, k->name);
 	emit_idx_type(g);
@@ -2166,7 +2166,7 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 		g->npw = g->npass2;
 		g->store_from = g->nrecomputed;
 		collect_loads(g, false);
-		if ((r = emit_row_pass(g, NULL, per_warp)) < 0)
+		if (g->nelem > g->nprologue && (r = emit_row_pass(g, NULL, per_warp)) < 0)
 			return r;
 	} else {
 		out(&g->b, "\t\tif (threadIdx.x %% 32 == 0%s) {\n", per_warp ? "" : " && warp == 0");

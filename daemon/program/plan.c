@@ -678,9 +678,12 @@ static bool reduction_joins(const struct rp_program *p, const struct group *g, c
 }
 
 /* Whether o is the shape of a row of domain d: d's own but its last dim,
- * which is 1. */
+ * which is 1; or a scalar where d is a vector (its one row: a loss's
+ * sum over the rows' losses, divided by their count). */
 static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tensor *d)
 {
+	if (o->rank == 0 && d->rank == 1)
+		return true;
 	if (o->rank != d->rank || o->rank < 1 || o->shape[o->rank - 1] != 1)
 		return false;
 	for (int k = 0; k < o->rank - 1; k++)
