@@ -677,6 +677,22 @@ static bool reduction_joins(const struct rp_program *p, const struct group *g, c
 	return group_may_read(p, g, n->in[0]) && group_may_write(p, g, n->out[0], false);
 }
 
+/* Whether a node of the group writes what the group read from memory
+ * before (in place: a read, then a write of it; a write, then a read is
+ * a value in registers): a second pass over the domain would read the new
+ * value where the first read the old one. */
+static bool group_writes_what_it_read(const struct rp_program *p, const struct group *g)
+{
+	for (int i = 0; i < g->nacc; i++) {
+		if (!g->acc[i].write)
+			continue;
+		for (int k = 0; k < i; k++)
+			if (!g->acc[k].write && !rd_prog_disjoint(p, g->acc[i].tensor, g->acc[k].tensor))
+				return true;
+	}
+	return false;
+}
+
 /* Whether o is the shape of a row of domain d: d's own but its last dim,
  * which is 1; or a scalar where d is a vector (its one row: a loss's
  * sum over the rows' losses, divided by their count). */
@@ -751,6 +767,10 @@ static bool epilogue_joins(const struct rp_program *p, const struct rd_prog_plan
 		}
 	}
 	if (!consumes && (*row || !g->second_pass))
+		return false;
+	/* The second pass computes the prologue anew from memory: it must
+	 * find there what the first pass found. */
+	if (!*row && !g->second_pass && group_writes_what_it_read(p, g))
 		return false;
 	for (int k = 0; k < g->nacc; k++) {
 		const struct access *a = &g->acc[k];

@@ -358,6 +358,15 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'logsumexp','inputs':['b'],'outputs':['lse']},"
 	  "{'op':'sub','inputs':['b','lsec'],'outputs':['d']},{'op':'exp','inputs':['d'],'outputs':['p']}]}",
 	  -2, 2, 0, 2 },
+	{ "a reduction whose prologue updates its input in place: its consumer runs in a kernel of its own (a second "
+	  "pass would read the updated values)",
+	  "{'tensors':[{'name':'x','kind':'inout','dtype':'f32','shape':[24,300]},"
+	  "{'name':'s','kind':'intermediate','dtype':'f32','shape':[24,1]},"
+	  "{'name':'sv','kind':'view','base':'s','shape':[24],'strides':[1]},"
+	  "{'name':'y','kind':'output','dtype':'f32','shape':[24,300]}],"
+	  "'nodes':[{'op':'mul','inputs':['x'],'outputs':['x'],'attrs':{'scalar':2}},"
+	  "{'op':'sum','inputs':['x'],'outputs':['sv']},{'op':'div','inputs':['x','s'],'outputs':['y']}]}",
+	  0.5, 2, 0, 2 },
 	{ "rotary embeddings as a model writes them (rotate_half: slices, neg, cat): one kernel, the cat recomputed "
 	  "where it is read",
 	  "{'tensors':[{'name':'qh','kind':'input','dtype':'bf16','shape':[2,64,4,64]},"
