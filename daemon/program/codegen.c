@@ -378,10 +378,38 @@ struct gen {
 	/* The iteration domain: a FUSED step's output shape, a reduction's
 	 * input shape. */
 	const struct rp_prog_tensor *dom;
-	const int *pw;        /* the pointwise nodes, in the order they run */
+	/* The pointwise nodes written at each element, in the order they
+	 * run: a FUSED step's; a reduction's prologue, then its epilogue over
+	 * the domain (elem[], nelem; pw[] is the pass being written: the
+	 * prologue alone on the reduction's pass, all of them on the pass
+	 * after it, which computes the prologue anew and stores from
+	 * store_from on). */
+	const int *pw;
 	int npw;
+	int store_from;
+	int *elem;
+	int nelem, nprologue;
 	int cur;              /* the position in pw[] being written (npw: the reduction) */
 	int red;              /* the reduction node, or -1 */
+	/* A last-axis reduction's epilogue over rows (rsqrt(mean + eps)), in
+	 * the order it runs: each row's values in v<node>, once the row's
+	 * result is (rows_ready); row_scope while one of them is written
+	 * (what it reads from memory is r<t>, loaded once a row). */
+	int *rows;
+	int nrows;
+	/* The pass after the reduction: the prologue nodes the epilogue
+	 * reads (first nrecomputed), then the epilogue over the domain. */
+	int *pass2;
+	int npass2, nrecomputed;
+	bool rows_ready, row_scope;
+	bool *row_loaded;
+	/* Recomputed roots (plan.h): what node rec_node reads of one is in
+	 * u<rec_node>_<rec_depth>_<t>; while a writer of one is written (at
+	 * depth rec_depth - 1), at is its coordinates' prefix (its frame of
+	 * at_rank dims), where it loads what it reads from memory. */
+	int rec_node, rec_depth;
+	const char *at;
+	int at_rank;
 	bool idx64;
 	int vec;              /* elements a thread takes at once on the vector path (1: no such path) */
 	/* The element body being written is the vector path's: the element's
@@ -469,6 +497,27 @@ static int reg_of(const struct gen *g, int pos, int t)
 	return -1;
 }
 
+/* The reduction or the row node of the epilogue whose value for the row
+ * is t's (rd_prog_same_row; in v<m> once the row's result is known), or
+ * -1. */
+static int row_value_of(const struct gen *g, int t)
+{
+	if (g->red < 0 || g->nelem + g->nrows == g->nprologue)
+		return -1;
+	if (rd_prog_same_row(g->p, g->dom, g->p->nodes[g->red].out[0], t))
+		return g->red;
+	for (int k = 0; k < g->nrows; k++)
+		if (rd_prog_same_row(g->p, g->dom, g->p->nodes[g->rows[k]].out[0], t))
+			return g->rows[k];
+	return -1;
+}
+
+/* row_value_of where the row's values are known (rows_ready). */
+static int row_of(const struct gen *g, int t)
+{
+	return g->rows_ready ? row_value_of(g, t) : -1;
+}
+
 /* Adds t to the loads, once per view: two tensors that are the same view
  * (cos as two composites name it) load once. */
 static void mem_add(struct gen *g, int t)
@@ -554,16 +603,17 @@ static void use_coords_of(struct gen *g, int t)
 			g->coord_used[g->dom->rank - x->rank + k] = true;
 }
 
-/* t's element offset at the domain's coordinates <prefix><d>, t broadcast
- * against the domain (right-aligned; its dims of one element stretch). */
-static void emit_offset_at(struct gen *g, int t, const char *prefix)
+/* t's element offset at coordinates <prefix><d> of a frame of `rank`
+ * dims, t broadcast against it (right-aligned; its dims of one element
+ * stretch). */
+static void emit_offset_in(struct gen *g, int t, const char *prefix, int rank)
 {
 	const struct rp_prog_tensor *x = T(g, t);
 	int terms = 0;
 	char l[32];
 
 	for (int k = 0; k < x->rank; k++) {
-		int dd = g->dom->rank - x->rank + k;
+		int dd = rank - x->rank + k;
 		if (x->shape[k] == 1 || x->strides[k] == 0)
 			continue;
 		out(&g->b, "%s%s%d", terms++ ? " + " : "", prefix, dd);
@@ -572,6 +622,12 @@ static void emit_offset_at(struct gen *g, int t, const char *prefix)
 	}
 	if (!terms)
 		out(&g->b, "0");
+}
+
+/* t's element offset at the domain's coordinates <prefix><d>. */
+static void emit_offset_at(struct gen *g, int t, const char *prefix)
+{
+	emit_offset_in(g, t, prefix, g->dom->rank);
 }
 
 static void emit_offset(struct gen *g, int t)
@@ -760,9 +816,23 @@ static void emit_input(struct gen *g, int node, int t, const char *c)
 		emit_inline_value(g, t, conv);
 		return;
 	}
-	m = reg_of(g, g->cur, t);
+	if (g->plan->recomputed[t]) {
+		out(&g->b, "%s(u%d_%d_%d)", conv, g->rec_node, g->rec_depth, t);
+		return;
+	}
+	if (g->at) {
+		out(&g->b, "%s(p%d[", conv, t);
+		emit_offset_in(g, t, g->at, g->at_rank);
+		out(&g->b, "])");
+		return;
+	}
+	m = g->row_scope ? -1 : reg_of(g, g->cur, t);
+	if (m < 0)
+		m = row_of(g, t);
 	if (m >= 0)
 		out(&g->b, "%s(v%d)", conv, m);
+	else if (g->row_scope)
+		out(&g->b, "%s(r%d)", conv, t);
 	else
 		out(&g->b, "%s(m%d)", conv, g->loaded_as[t]);
 }
@@ -1004,6 +1074,107 @@ static void emit_node_comment(struct gen *g, int node, const char *ind)
 	out(&g->b, ") */\n");
 }
 
+/* Writers of one recomputed root the code generator takes. */
+#define RECOMPUTE_WRITERS_MAX 8
+
+/* Whether node n reads its input i at an input before: a recomputed
+ * one's value is written once for the node. */
+static bool read_before(const struct gen *g, const struct rp_prog_node *n, int i)
+{
+	for (int k = 0; k < i; k++)
+		if (n->in[k] == n->in[i])
+			return true;
+	return false;
+}
+
+static void emit_node_comment(struct gen *g, int node, const char *ind);
+
+/* u<reader>_<depth>_<t>: the element of recomputed tensor t that node
+ * `reader` reads at its coordinates <prefix><d> (a frame of `rank` dims):
+ * from the last writer of t's root whose box holds it, computed at that
+ * writer's element (w<depth>_<k>), what it reads there loaded (or
+ * recomputed in turn), rounded to the root's dtype as a store would. */
+static int emit_recomputed(struct gen *g, int reader, int depth, int t, const char *prefix, int rank, const char *ind)
+{
+	const struct rp_prog_tensor *x = T(g, t), *root = T(g, x->root);
+	const char *ty = ctype(root->dtype);
+	int64_t start[RP_PROG_RANK_MAX], box[RP_PROG_RANK_MAX];
+	char in2[32], in3[32], wp[16], l[32], l2[32], name[RP_PROG_NAME_MAX + 1];
+	int r;
+
+	snprintf(in2, sizeof(in2), "%s\t", ind);
+	snprintf(in3, sizeof(in3), "%s\t\t", ind);
+	snprintf(wp, sizeof(wp), "w%d_", depth);
+	if (depth > 8 || !rd_prog_box_of(g->p, t, start))
+		return -EINVAL;
+	out(&g->b, "%s%s u%d_%d_%d;   /* %s, recomputed */\n", ind, ty, reader, depth, t, safe_name(root->name, name));
+	out(&g->b, "%s{\n", ind);
+	for (int k = 0; k < root->rank; k++) {
+		out(&g->b, "%sconst idx_t e%d_%d = %s", in2, depth, k, lit(start[k], l));
+		if (x->shape[k] > 1 && x->strides[k] != 0)
+			out(&g->b, " + %s%d", prefix, rank - x->rank + k);
+		out(&g->b, ";\n");
+	}
+	/* The writers from the last: the first whose box holds the element
+	 * (the plan made sure one does: the last tried needs no test). */
+	int writers[RECOMPUTE_WRITERS_MAX], nw = 0;
+	for (int i = g->p->nnodes - 1; i >= 0; i--) {
+		const struct rp_prog_node *w = &g->p->nodes[i];
+		if (w->op->cls != RP_PC_POINTWISE || w->nout != 1 || w->out[0] < 0 || T(g, w->out[0])->root != x->root)
+			continue;
+		if (nw == RECOMPUTE_WRITERS_MAX)
+			return -EINVAL;
+		writers[nw++] = i;
+		if (rd_prog_same_shape(T(g, w->out[0]), root))
+			break;   /* it holds every element: those before it are overwritten */
+	}
+	for (int j = 0; j < nw; j++) {
+		const int i = writers[j];
+		const struct rp_prog_node *w = &g->p->nodes[i];
+		const struct rp_prog_tensor *o = T(g, w->out[0]);
+		int terms = 0;
+		if (!rd_prog_box_of(g->p, w->out[0], box))
+			return -EINVAL;
+		if (j < nw - 1) {
+			out(&g->b, "%s%sif (", in2, j ? "} else " : "");
+			for (int k = 0; k < root->rank; k++) {
+				if (box[k] > 0)
+					out(&g->b, "%se%d_%d >= %s", terms++ ? " && " : "", depth, k, lit(box[k], l));
+				if (box[k] + o->shape[k] < root->shape[k])
+					out(&g->b, "%se%d_%d < %s", terms++ ? " && " : "", depth, k,
+					    lit(box[k] + o->shape[k], l2));
+			}
+			out(&g->b, ") {\n");
+		} else {
+			out(&g->b, "%s%s{\n", in2, j ? "} else " : "");
+		}
+		for (int k = 0; k < root->rank; k++)
+			out(&g->b, "%sconst idx_t w%d_%d = e%d_%d - %s;\n", in3, depth, k, depth, k, lit(box[k], l));
+		for (int k = 0; k < w->nin; k++)
+			if (w->in[k] >= 0 && g->plan->recomputed[w->in[k]] && !read_before(g, w, k) &&
+			    (r = emit_recomputed(g, i, depth + 1, w->in[k], wp, root->rank, in3)) < 0)
+				return r;
+		emit_node_comment(g, i, in3);
+		const char *save_at = g->at;
+		int save_rank = g->at_rank, save_node = g->rec_node, save_depth = g->rec_depth;
+		g->at = wp;
+		g->at_rank = root->rank;
+		g->rec_node = i;
+		g->rec_depth = depth + 1;
+		out(&g->b, "%su%d_%d_%d = rg_cvt<%s>(", in3, reader, depth, t, ty);
+		r = emit_pointwise_expr(g, i, node_ctype(g, w));
+		out(&g->b, ");\n");
+		g->at = save_at;
+		g->at_rank = save_rank;
+		g->rec_node = save_node;
+		g->rec_depth = save_depth;
+		if (r < 0)
+			return r;
+	}
+	out(&g->b, "%s}\n%s}\n", in2, ind);
+	return 0;
+}
+
 /* The step's pointwise nodes at one element: its loads, each node's value
  * (v<node>, in its output's dtype) and the stores of what leaves the step.
  * `vec`: on the vector path, where flat operands come from and go to the
@@ -1030,6 +1201,12 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 		int o = n->out[0];
 		const char *c = node_ctype(g, n);
 		g->cur = k;
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && g->plan->recomputed[n->in[i]] && !read_before(g, n, i) &&
+			    emit_recomputed(g, node, 0, n->in[i], "c", g->dom->rank, ind) < 0)
+				return -EINVAL;
+		g->rec_node = node;
+		g->rec_depth = 0;
 		emit_node_comment(g, node, ind);
 		out(&g->b, "%sconst %s v%d = rg_cvt<%s>(", ind, ctype(T(g, o)->dtype), node, ctype(T(g, o)->dtype));
 		if (emit_pointwise_expr(g, node, c) < 0) {
@@ -1040,7 +1217,7 @@ static int emit_element(struct gen *g, bool vec, const char *ind)
 			return -EINVAL;
 		}
 		out(&g->b, ");\n");
-		if (!g->plan->node_stored[node])
+		if (!g->plan->node_stored[node] || k < g->store_from)
 			continue;
 		if (vec && g->vmode[o]) {
 			out(&g->b, "%sy%d.v[j] = v%d;\n", ind, o, node);
@@ -1067,6 +1244,9 @@ static void mark_coords(struct gen *g)
 		const struct rp_prog_node *n = &g->p->nodes[node];
 		if (g->plan->node_stored[node] && !flat_in_domain(g, n->out[0]))
 			use_coords_of(g, n->out[0]);
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && g->plan->recomputed[n->in[i]])
+				use_coords_of(g, n->in[i]);
 	}
 	for (int d = 0; d < g->dom->rank; d++)
 		if (makers_read_coord(g, d))
@@ -1076,6 +1256,23 @@ static void mark_coords(struct gen *g)
 		for (int k = 0; k < g->dom->rank - 1 && k < o->rank; k++)
 			if (g->dom->shape[k] > 1 && o->strides[k] != 0)
 				g->coord_used[k] = true;
+	}
+	/* The epilogue over rows: what it loads and stores at the row's
+	 * coordinates, and the iotas it computes there. */
+	for (int k = 0; k < g->nrows; k++) {
+		const int node = g->rows[k];
+		const struct rp_prog_node *n = &g->p->nodes[node];
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], by = t >= 0 ? g->plan->computed_inline[t] : -1;
+			if (t < 0 || is_scalar(g, t))
+				continue;
+			for (int d = 0; by >= 0 && d < g->dom->rank; d++)
+				g->coord_used[d] |= maker_reads_coord(g, &g->p->nodes[by], t, d);
+			if (by < 0 && row_of(g, t) < 0)
+				use_coords_of(g, t);
+		}
+		if (g->plan->node_stored[node])
+			use_coords_of(g, n->out[0]);
 	}
 }
 
@@ -1145,14 +1342,39 @@ static void emit_idx_type(struct gen *g)
 	out(&g->b, "\ttypedef %s idx_t;\n", g->idx64 ? "long long" : "int");
 }
 
+/* The epilogue over rows reads tensor t from memory (r<t>): not a
+ * scalar, a value computed where it is read, nor a row value. */
+static bool row_loads(const struct gen *g, int t)
+{
+	return t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && row_value_of(g, t) < 0;
+}
+
 /* Pointers for every tensor the step reads from memory or stores. */
 static void declare_step_pointers(struct gen *g)
 {
 	for (int i = 0; i < g->nmem; i++)
 		declare_pointer(g, g->mem[i]);
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], root = t >= 0 ? T(g, t)->root : -1;
+			for (int j = 0; t >= 0 && g->plan->recomputed[t] && j < g->plan->nsources[root]; j++)
+				declare_pointer(g, g->plan->sources[root][j]);
+		}
+	}
 	for (int k = 0; k < g->npw; k++)
 		if (g->plan->node_stored[g->pw[k]])
 			declare_pointer(g, g->p->nodes[g->pw[k]].out[0]);
+	for (int k = 0; k < g->nrows; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->rows[k]];
+		for (int i = 0; i < n->nin; i++)
+			if (row_loads(g, n->in[i]))
+				declare_pointer(g, n->in[i]);
+		if (g->plan->node_stored[g->rows[k]])
+			declare_pointer(g, n->out[0]);
+	}
+	if (g->red >= 0 && g->plan->node_stored[g->red])
+		declare_pointer(g, g->p->nodes[g->red].out[0]);
 }
 
 static bool offsets_fit_int(const struct gen *g)
@@ -1164,43 +1386,70 @@ static bool offsets_fit_int(const struct gen *g)
 		const struct rp_prog_node *n = &g->p->nodes[node];
 		if (span_of(T(g, n->out[0])) > IDX32_MAX)
 			return false;
-		for (int i = 0; i < n->nin; i++)
-			if (n->in[i] >= 0 && span_of(T(g, n->in[i])) > IDX32_MAX)
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i], root = t >= 0 ? T(g, t)->root : -1;
+			if (t >= 0 && span_of(T(g, t)) > IDX32_MAX)
 				return false;
+			for (int j = 0; t >= 0 && g->plan->recomputed[t] && j < g->plan->nsources[root]; j++)
+				if (span_of(T(g, g->plan->sources[root][j])) > IDX32_MAX ||
+				    numel_of(T(g, root)) > IDX32_MAX)
+					return false;
+		}
 	}
 	if (g->red >= 0) {
 		const struct rp_prog_node *n = &g->p->nodes[g->red];
 		if (span_of(T(g, n->in[0])) > IDX32_MAX || span_of(T(g, n->out[0])) > IDX32_MAX)
 			return false;
 	}
+	for (int k = 0; k < g->nrows; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->rows[k]];
+		if (span_of(T(g, n->out[0])) > IDX32_MAX)
+			return false;
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && span_of(T(g, n->in[i])) > IDX32_MAX)
+				return false;
+	}
 	return true;
 }
 
-/* Collects the loads and marks the written roots for the nodes [first,
- * last] and the reduction red. */
-static void collect(struct gen *g)
+/* The loads (g->mem) of the nodes pw[0, npw) and, `with_red`, of the
+ * reduction: what they read from memory, not from registers. */
+static void collect_loads(struct gen *g, bool with_red)
 {
 	const struct rp_program *p = g->p;
 
+	g->nmem = 0;
 	for (int k = 0; k < g->npw; k++) {
 		const int node = g->pw[k];
 		const struct rp_prog_node *n = &p->nodes[node];
 		for (int i = 0; i < n->nin; i++) {
 			int t = n->in[i];
-			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && reg_of(g, k, t) < 0)
+			if (t >= 0 && !is_scalar(g, t) && g->plan->computed_inline[t] < 0 && !g->plan->recomputed[t] &&
+			    reg_of(g, k, t) < 0 && row_of(g, t) < 0)
 				mem_add(g, t);
 		}
 	}
-	if (g->red >= 0 && reg_of(g, g->npw, p->nodes[g->red].in[0]) < 0)
+	if (with_red && g->red >= 0 && reg_of(g, g->nprologue, p->nodes[g->red].in[0]) < 0)
 		mem_add(g, p->nodes[g->red].in[0]);
-	for (int t = 0; t < p->ntensors; t++) {
-		int root = p->tensors[t].root;
-		for (int k = 0; k < g->npw; k++)
-			if (g->plan->node_stored[g->pw[k]] && p->tensors[p->nodes[g->pw[k]].out[0]].root == root)
-				g->root_written[t] = true;
-		if (g->red >= 0 && p->tensors[p->nodes[g->red].out[0]].root == root)
-			g->root_written[t] = true;
+}
+
+/* Marks the roots the step writes. */
+static void mark_written(struct gen *g)
+{
+	const struct rp_program *p = g->p;
+	int *stored = malloc((size_t)(g->st->nnodes + 1) * sizeof(*stored)), n = 0;
+
+	if (!stored) {
+		g->b.failed = true;
+		return;
 	}
+	for (int k = 0; k < g->st->nnodes; k++)
+		if (g->plan->node_stored[g->st->nodes[k]] && p->nodes[g->st->nodes[k]].nout > 0)
+			stored[n++] = p->tensors[p->nodes[g->st->nodes[k]].out[0]].root;
+	for (int t = 0; t < p->ntensors; t++)
+		for (int k = 0; k < n && !g->root_written[t]; k++)
+			g->root_written[t] = p->tensors[t].root == stored[k];
+	free(stored);
 }
 
 /* ---- FUSED -------------------------------------------------------------------- */
@@ -1303,8 +1552,28 @@ static bool offset_uses_coords(const struct gen *g, int t)
 	return false;
 }
 
+/* Whether a node of the step reads a recomputed tensor at coordinate d
+ * of the domain (any, with d < 0). */
+static bool recomputed_reads_coord(const struct gen *g, int d)
+{
+	for (int k = 0; k < g->npw; k++) {
+		const struct rp_prog_node *n = &g->p->nodes[g->pw[k]];
+		for (int i = 0; i < n->nin; i++) {
+			const struct rp_prog_tensor *x = n->in[i] >= 0 ? T(g, n->in[i]) : NULL;
+			if (!x || !g->plan->recomputed[n->in[i]])
+				continue;
+			for (int j = 0; j < x->rank; j++)
+				if (x->shape[j] > 1 && x->strides[j] != 0 && (d < 0 || g->dom->rank - x->rank + j == d))
+					return true;
+		}
+	}
+	return false;
+}
+
 static bool vector_body_needs_coords(const struct gen *g)
 {
+	if (recomputed_reads_coord(g, -1))
+		return true;
 	for (int i = 0; i < g->nmem; i++)
 		if (offset_uses_coords(g, g->mem[i]))
 			return true;
@@ -1322,6 +1591,8 @@ static bool vector_body_needs_coords(const struct gen *g)
 /* Whether the vector path's element body reads coordinate c<d>. */
 static bool vector_body_reads_coord(const struct gen *g, int d)
 {
+	if (recomputed_reads_coord(g, d))
+		return true;
 	for (int i = 0; i < g->nmem + g->npw; i++) {
 		int t = i < g->nmem ? g->mem[i] : g->p->nodes[g->pw[i - g->nmem]].out[0];
 		const struct rp_prog_tensor *x = T(g, t);
@@ -1378,7 +1649,7 @@ static void emit_vector_loads(struct gen *g, const char *ind)
 		emit_vector_at(g, t);
 		out(&g->b, ");\n");
 	}
-	for (int i = 0; i < g->npw; i++) {
+	for (int i = g->store_from; i < g->npw; i++) {
 		const int node = g->pw[i];
 		int o = g->p->nodes[node].out[0];
 		if (g->plan->node_stored[node] && g->vmode[o])
@@ -1388,7 +1659,7 @@ static void emit_vector_loads(struct gen *g, const char *ind)
 
 static void emit_vector_stores(struct gen *g, const char *ind)
 {
-	for (int i = 0; i < g->npw; i++) {
+	for (int i = g->store_from; i < g->npw; i++) {
 		const int node = g->pw[i];
 		int o = g->p->nodes[node].out[0];
 		if (!g->plan->node_stored[node] || !g->vmode[o])
@@ -1403,7 +1674,8 @@ struct red_shape;
 static void emit_accumulate(struct gen *g, const struct red_shape *rs, const char *ind, const char *var);
 
 /* A row's elements `vec` at a time: a thread takes vectors first, first + step, ...
- * of the row (whose coordinates c<d> are set). */
+ * of the row (whose coordinates c<d> are set); rs: each element into the
+ * reduction's accumulator (NULL: the pass after it). */
 static int emit_row_vectors(struct gen *g, const struct red_shape *rs, const char *first, const char *step)
 {
 	int rank = g->dom->rank, r;
@@ -1423,7 +1695,8 @@ static int emit_row_vectors(struct gen *g, const struct red_shape *rs, const cha
 	r = emit_element(g, true, "\t\t\t\t");
 	if (r < 0)
 		return r;
-	emit_accumulate(g, rs, "\t\t\t\t", "acc");
+	if (rs)
+		emit_accumulate(g, rs, "\t\t\t\t", "acc");
 	out(&g->b, "\t\t\t}\n");
 	emit_vector_stores(g, "\t\t\t");
 	out(&g->b, "\t\t}\n");
@@ -1570,6 +1843,50 @@ static uint64_t emb_sort_scratch(const struct emb_sort *es)
 	return 2 * (uint64_t)es->padded * sizeof(uint64_t);
 }
 
+/* The pass after a reduction (g->pass2): its epilogue over the domain and
+ * the prologue nodes it reads, by the very view (their values are
+ * computed anew; the others would be dead code). */
+static int plan_pass2(struct gen *g)
+{
+	bool *needed = calloc((size_t)g->nelem + 1, sizeof(*needed));
+
+	g->pass2 = malloc((size_t)(g->nelem + 1) * sizeof(*g->pass2));
+	if (!needed || !g->pass2) {
+		free(needed);
+		return -ENOMEM;
+	}
+	for (int k = g->nelem - 1; k >= 0; k--) {
+		if (k >= g->nprologue) {
+			needed[k] = true;
+			continue;
+		}
+		int o = g->p->nodes[g->elem[k]].out[0];
+		for (int j = k + 1; j < g->nelem && !needed[k]; j++) {
+			const struct rp_prog_node *m = &g->p->nodes[g->elem[j]];
+			for (int i = 0; i < m->nin && needed[j] && !needed[k]; i++)
+				needed[k] = m->in[i] >= 0 && rd_prog_same_view(g->p, m->in[i], o);
+		}
+	}
+	g->npass2 = g->nrecomputed = 0;
+	for (int k = 0; k < g->nelem; k++)
+		if (needed[k]) {
+			g->pass2[g->npass2++] = g->elem[k];
+			g->nrecomputed += k < g->nprologue;
+		}
+	free(needed);
+	return 0;
+}
+
+/* The position of a REDUCTION step's reduction among its nodes: its
+ * prologue before it, its epilogue after. */
+static int reduction_at(const struct rp_program *p, const struct rd_prog_step *st)
+{
+	for (int k = 0; k < st->nnodes; k++)
+		if (p->nodes[st->nodes[k]].op->cls == RP_PC_REDUCTION)
+			return k;
+	return st->nnodes - 1;
+}
+
 uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct rd_prog_plan *plan, int s)
 {
 	const struct rd_prog_step *st = &plan->steps[s];
@@ -1581,7 +1898,7 @@ uint64_t rd_prog_codegen_scratch_bytes(const struct rp_program *p, const struct 
 	}
 	if (st->kind != RD_STEP_REDUCTION)
 		return 0;
-	red_shape_of(p, &p->nodes[st->nodes[st->nnodes - 1]], &rs);
+	red_shape_of(p, &p->nodes[st->nodes[reduction_at(p, st)]], &rs);
 	if (rs.last || rs.chunks <= 1)
 		return 0;
 	return (uint64_t)rs.chunks * (uint64_t)rs.cols * (rs.acc64 ? 8 : 4);
@@ -1631,22 +1948,31 @@ static void emit_accumulate(struct gen *g, const struct red_shape *rs, const cha
 	out(&g->b, ")%s);\n", n->red.fn == RP_RED_AMAX ? ")" : "");
 }
 
-/* The finished value into the output at its offset (`off`, an expression). */
-static void emit_result_store(struct gen *g, const struct red_shape *rs, const char *value, int64_t count,
-			      const char *ind)
+/* The finished value of accumulator `value` over `count` elements,
+ * rounded to the output's dtype. */
+static void emit_result_value(struct gen *g, const struct red_shape *rs, const char *value, int64_t count)
 {
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
 	const struct red_code *rc = red_code_of(n->red.fn);
 	int o = n->out[0];
 	char l[32];
 
-	out(&g->b, "%sp%d[off] = rg_cvt<%s>(%s%s%s", ind, o, ctype(T(g, o)->dtype), rc->result ? rc->result : "",
-	    rc->result ? "(" : "", value);
+	out(&g->b, "rg_cvt<%s>(%s%s%s", ctype(T(g, o)->dtype), rc->result ? rc->result : "", rc->result ? "(" : "",
+	    value);
 	if (rc->result)
 		out(&g->b, ")");
 	if (n->red.fn == RP_RED_MEAN)
 		out(&g->b, " / %s(%s)", rc->type[rs->acc64], lit(count, l));
-	out(&g->b, ");\n");
+	out(&g->b, ")");
+}
+
+/* The finished value into the output at its offset (`off`, an expression). */
+static void emit_result_store(struct gen *g, const struct red_shape *rs, const char *value, int64_t count,
+			      const char *ind)
+{
+	out(&g->b, "%sp%d[off] = ", ind, g->p->nodes[g->red].out[0]);
+	emit_result_value(g, rs, value, count);
+	out(&g->b, ";\n");
 }
 
 static void emit_warp_reduce(struct gen *g, const char *fn, const char *var, const char *ind)
@@ -1672,13 +1998,106 @@ static void emit_row_out_offset(struct gen *g)
 	out(&g->b, "%s;\n", terms ? "" : "0");
 }
 
+/* The elements of a row, each once, by the row's warp or block: vectors
+ * where vec_ok, else one element at a time; rs: into the accumulator acc
+ * (NULL: the pass after the reduction, the same elements to the same
+ * threads). */
+static int emit_row_pass(struct gen *g, const struct red_shape *rs, bool per_warp)
+{
+	int rank = g->dom->rank, r;
+
+	if (g->vec > 1) {
+		out(&g->b, "\t\tif (vec_ok) {\n");
+		r = emit_row_vectors(g, rs, per_warp ? "lane" : "threadIdx.x", per_warp ? "32" : "blockDim.x");
+		if (r < 0)
+			return r;
+		out(&g->b, "\t\t} else {\n");
+	}
+	out(&g->b, "\t\tfor (idx_t j = %s; j < cols; j += %s) {\n", per_warp ? "lane" : "threadIdx.x",
+	    per_warp ? "32" : "blockDim.x");
+	if (g->coord_used[rank - 1])
+		out(&g->b, "\t\t\tconst idx_t c%d = j;\n", rank - 1);
+	out(&g->b, "\t\t\tconst idx_t idx = row * cols + j;\n");
+	r = emit_element(g, false, "\t\t\t");
+	if (r < 0)
+		return r;
+	if (rs)
+		emit_accumulate(g, rs, "\t\t\t", "acc");
+	out(&g->b, "\t\t}\n");
+	if (g->vec > 1)
+		out(&g->b, "\t\t}\n");
+	return 0;
+}
+
+/* Once the row's result is in acc (every thread's): the row values, v<red>
+ * rounded as it is stored and the epilogue over rows, and their stores by
+ * the row's first thread (`lead`). */
+static int emit_row_values(struct gen *g, const struct red_shape *rs, const char *lead)
+{
+	const struct rp_prog_node *n = &g->p->nodes[g->red];
+	int o = n->out[0];
+
+	out(&g->b, "\t\tconst %s v%d = ", ctype(T(g, o)->dtype), g->red);
+	emit_result_value(g, rs, "acc", rs->cols);
+	out(&g->b, ";\n");
+	g->rows_ready = true;
+	g->row_scope = true;
+	for (int k = 0; k < g->nrows; k++) {
+		const int node = g->rows[k];
+		const struct rp_prog_node *m = &g->p->nodes[node];
+		int mo = m->out[0];
+		for (int i = 0; i < m->nin; i++) {
+			int t = m->in[i];
+			if (!row_loads(g, t) || g->row_loaded[t])
+				continue;
+			g->row_loaded[t] = true;
+			out(&g->b, "\t\tconst %s r%d = p%d[", ctype(T(g, t)->dtype), t, t);
+			emit_offset(g, t);
+			out(&g->b, "];\n");
+		}
+		emit_node_comment(g, node, "\t\t");
+		out(&g->b, "\t\tconst %s v%d = rg_cvt<%s>(", ctype(T(g, mo)->dtype), node, ctype(T(g, mo)->dtype));
+		if (emit_pointwise_expr(g, node, node_ctype(g, m)) < 0)
+			return -EINVAL;
+		out(&g->b, ");\n");
+	}
+	g->row_scope = false;
+	bool stores = g->plan->node_stored[g->red];
+	for (int k = 0; k < g->nrows; k++)
+		stores |= g->plan->node_stored[g->rows[k]];
+	if (!stores)
+		return 0;
+	out(&g->b, "\t\tif (%s) {\n", lead);
+	if (g->plan->node_stored[g->red]) {
+		out(&g->b, "\t\t\t");
+		emit_row_out_offset(g);
+		out(&g->b, "\t\t\tp%d[off] = v%d;\n", o, g->red);
+	}
+	for (int k = 0; k < g->nrows; k++) {
+		if (!g->plan->node_stored[g->rows[k]])
+			continue;
+		int mo = g->p->nodes[g->rows[k]].out[0];
+		out(&g->b, "\t\t\tp%d[", mo);
+		emit_offset(g, mo);
+		out(&g->b, "] = v%d;\n", g->rows[k]);
+	}
+	out(&g->b, "\t\t}\n");
+	return 0;
+}
+
+/* A last-axis reduction, a warp or a block a row. With an epilogue the
+ * row's result goes to every thread of the row, which computes the row
+ * values and passes over the row again: its prologue computed anew from
+ * what it reads (the row was just read: in L1 or L2 now), the epilogue's
+ * element nodes after it; nothing is stored between the two passes but
+ * what a later step reads. */
 static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 {
 	struct rd_prog_kernel *k = &g->st->kernels[0];
 	const struct rp_prog_node *n = &g->p->nodes[g->red];
 	const struct red_code *rc = red_code_of(n->red.fn);
 	const char *acc = rc->type[rs->acc64], *fn = rc->combine;
-	bool per_warp = rs->cols <= ROW_WARP_MAX;
+	bool per_warp = rs->cols <= ROW_WARP_MAX, epilogue = g->nrows > 0 || g->nelem > g->nprologue;
 	int rank = g->dom->rank;
 	char l[32], l2[32];
 	int r;
@@ -1695,14 +2114,14 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	k->blocks_per_sm = 2048 / k->block;
 	k->blocks = per_warp ? (uint64_t)(rs->rows + PW_BLOCK / 32 - 1) / (PW_BLOCK / 32) : (uint64_t)rs->rows;
 
-	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order (%s). */\n",
+	out(&g->b, "/* One %s per row of %lld; %s accumulation in a fixed order (%s)%s. */\n",
 	    per_warp ? "warp" : "block", (long long)rs->cols, acc,
-	    g->vec > 1 ? "one order where the tensors are aligned to their vectors, another where not" : "one order");
+	    g->vec > 1 ? "one order where the tensors are aligned to their vectors, another where not" : "one order",
+	    g->nelem > g->nprologue ? "; then the epilogue, over the row again" : epilogue ? "; then the epilogue" : "");
 	out(&g->b, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const struct rg_args *__restrict__ a)\n{\n",
 	    k->block, k->name);
 	emit_idx_type(g);
 	declare_step_pointers(g);
-	declare_pointer(g, n->out[0]);
 	out(&g->b, "\tconst idx_t rows = %s, cols = %s;\n", lit(rs->rows, l), lit(rs->cols, l2));
 	out(&g->b, "\tconst int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
 	if (g->vec > 1)
@@ -1716,39 +2135,46 @@ static int gen_row_reduction(struct gen *g, const struct red_shape *rs)
 	}
 	emit_coords(g, "row", rank - 1, "\t\t");
 	out(&g->b, "\t\t%s acc = %s;\n", acc, rc->start[rs->acc64]);
-	if (g->vec > 1) {
-		out(&g->b, "\t\tif (vec_ok) {\n");
-		r = emit_row_vectors(g, rs, per_warp ? "lane" : "threadIdx.x", per_warp ? "32" : "blockDim.x");
-		if (r < 0)
-			return r;
-		out(&g->b, "\t\t} else {\n");
-	}
-	out(&g->b, "\t\tfor (idx_t j = %s; j < cols; j += %s) {\n", per_warp ? "lane" : "threadIdx.x",
-	    per_warp ? "32" : "blockDim.x");
-	if (g->coord_used[rank - 1])
-		out(&g->b, "\t\t\tconst idx_t c%d = j;\n", rank - 1);
-	out(&g->b, "\t\t\tconst idx_t idx = row * cols + j;\n");
-	r = emit_element(g, false, "\t\t\t");
-	if (r < 0)
+	/* The reduction's pass: the prologue and the accumulation. */
+	g->pw = g->elem;
+	g->npw = g->nprologue;
+	g->store_from = 0;
+	collect_loads(g, true);
+	if ((r = emit_row_pass(g, rs, per_warp)) < 0)
 		return r;
-	emit_accumulate(g, rs, "\t\t\t", "acc");
-	out(&g->b, "\t\t}\n");
-	if (g->vec > 1)
-		out(&g->b, "\t\t}\n");
 	emit_warp_reduce(g, fn, "acc", "\t\t");
 	if (!per_warp) {
 		out(&g->b, "\t\tif (lane == 0)\n\t\t\tpart[warp] = acc;\n");
 		out(&g->b, "\t\t__syncthreads();\n");
-		out(&g->b, "\t\tif (warp == 0) {\n");
-		out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, rc->start[rs->acc64]);
-		emit_warp_reduce(g, fn, "acc", "\t\t\t");
+		if (epilogue) {
+			/* Every warp combines the partials, in the same order. */
+			out(&g->b, "\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, rc->start[rs->acc64]);
+			emit_warp_reduce(g, fn, "acc", "\t\t");
+		} else {
+			out(&g->b, "\t\tif (warp == 0) {\n");
+			out(&g->b, "\t\t\tacc = lane < %d ? part[lane] : %s;\n", ROW_BLOCK / 32, rc->start[rs->acc64]);
+			emit_warp_reduce(g, fn, "acc", "\t\t\t");
+			out(&g->b, "\t\t}\n");
+		}
+	}
+	if (epilogue) {
+		/* A butterfly leaves every lane the same value: the combines
+		 * are commutative, bit for bit. */
+		if ((r = emit_row_values(g, rs, per_warp ? "lane == 0" : "threadIdx.x == 0")) < 0)
+			return r;
+		g->pw = g->pass2;
+		g->npw = g->npass2;
+		g->store_from = g->nrecomputed;
+		collect_loads(g, false);
+		if (g->nelem > g->nprologue && (r = emit_row_pass(g, NULL, per_warp)) < 0)
+			return r;
+	} else {
+		out(&g->b, "\t\tif (threadIdx.x %% 32 == 0%s) {\n", per_warp ? "" : " && warp == 0");
+		out(&g->b, "\t\t\t");
+		emit_row_out_offset(g);
+		emit_result_store(g, rs, "acc", rs->cols, "\t\t\t");
 		out(&g->b, "\t\t}\n");
 	}
-	out(&g->b, "\t\tif (threadIdx.x %% 32 == 0%s) {\n", per_warp ? "" : " && warp == 0");
-	out(&g->b, "\t\t\t");
-	emit_row_out_offset(g);
-	emit_result_store(g, rs, "acc", rs->cols, "\t\t\t");
-	out(&g->b, "\t\t}\n");
 	if (!per_warp)
 		out(&g->b, "\t\t__syncthreads();\n");
 	out(&g->b, "\t}\n}\n");
@@ -2311,28 +2737,48 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
 	struct rd_prog_step *st = &plan->steps[s];
 	struct gen g = { .p = p, .plan = plan, .st = st, .s = s, .red = -1, .vec = 1, .err = err };
 	int last = st->nnodes ? st->nodes[st->nnodes - 1] : -1;
-	int r = -ENOMEM, cap = STEP_KERNELS_MAX;
+	int r = -ENOMEM, cap = STEP_KERNELS_MAX, nt = p->ntensors ? p->ntensors : 1;
 	struct emb_sort es;
 
 	g.mem = malloc((size_t)(st->nnodes * RP_PROG_NODE_IN_MAX + 1) * sizeof(*g.mem));
-	g.root_written = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.root_written));
-	g.declared = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.declared));
-	g.vmode = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.vmode));
-	g.loaded_as = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*g.loaded_as));
-	if (!g.mem || !g.root_written || !g.declared || !g.vmode || !g.loaded_as)
+	g.elem = malloc((size_t)(st->nnodes + 1) * sizeof(*g.elem));
+	g.rows = malloc((size_t)(st->nnodes + 1) * sizeof(*g.rows));
+	g.root_written = calloc((size_t)nt, sizeof(*g.root_written));
+	g.declared = calloc((size_t)nt, sizeof(*g.declared));
+	g.vmode = calloc((size_t)nt, sizeof(*g.vmode));
+	g.loaded_as = calloc((size_t)nt, sizeof(*g.loaded_as));
+	g.row_loaded = calloc((size_t)nt, sizeof(*g.row_loaded));
+	if (!g.mem || !g.elem || !g.rows || !g.root_written || !g.declared || !g.vmode || !g.loaded_as ||
+	    !g.row_loaded)
 		goto out;
 	switch (st->kind) {
 	case RD_STEP_FUSED:
 		g.pw = st->nodes;
-		g.npw = st->nnodes;
+		g.npw = g.nelem = g.nprologue = st->nnodes;
 		g.dom = &p->tensors[p->nodes[st->nodes[0]].out[0]];
 		break;
-	case RD_STEP_REDUCTION:
-		g.pw = st->nodes;
-		g.npw = st->nnodes - 1;
-		g.red = last;
+	case RD_STEP_REDUCTION: {
+		/* The prologue and the epilogue over the domain in elem[], the
+		 * epilogue over rows in rows[] (it reads no element value: the
+		 * plan's epilogue_joins). */
+		int at = reduction_at(p, st);
+		g.red = last = st->nodes[at];
 		g.dom = &p->tensors[p->nodes[g.red].in[0]];
+		for (int k = 0; k < st->nnodes; k++) {
+			const struct rp_prog_tensor *o = &p->tensors[p->nodes[st->nodes[k]].out[0]];
+			if (k < at || (k > at && rd_prog_same_shape(o, g.dom)))
+				g.elem[g.nelem++] = st->nodes[k];
+			else if (k > at)
+				g.rows[g.nrows++] = st->nodes[k];
+		}
+		g.nprologue = at;
+		g.pw = g.elem;
+		g.npw = g.nelem;
+		if ((r = plan_pass2(&g)) < 0)
+			goto out;
+		r = -ENOMEM;
 		break;
+	}
 	case RD_STEP_GATHER:
 		break;
 	default:
@@ -2345,9 +2791,14 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
 	if (!st->kernels)
 		goto out;
 	if (g.dom) {
-		collect(&g);
+		/* Everything any pass loads (for the pointers, the vectors and
+		 * the coordinates); each pass collects its own loads anew. */
+		g.rows_ready = true;
+		collect_loads(&g, true);
+		mark_written(&g);
 		mark_coords(&g);
 		g.idx64 = !offsets_fit_int(&g);
+		g.rows_ready = false;
 	}
 	emit_header(&g);
 	switch (st->kind) {
@@ -2388,6 +2839,10 @@ out:
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to write program %s's kernels", p->name);
 	free(g.b.p);
 	free(g.mem);
+	free(g.elem);
+	free(g.rows);
+	free(g.pass2);
+	free(g.row_loaded);
 	free(g.root_written);
 	free(g.declared);
 	free(g.vmode);

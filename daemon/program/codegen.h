@@ -17,6 +17,16 @@ int rd_prog_codegen_step(const struct rp_program *p, struct rd_prog_plan *plan, 
  * order: one thread that wrote a at an index may read b there from its
  * registers. */
 bool rd_prog_same_view(const struct rp_program *p, int a, int b);
+/* Tensor w, a row value of a last-axis reduction over domain d (its
+ * result, or its epilogue's output over rows, written at each row), and
+ * tensor t, read by a node of that step broadcast against d, are the same
+ * element for every row: one thread that holds w's value for a row may
+ * use it where t is read. */
+bool rd_prog_same_row(const struct rp_program *p, const struct rp_prog_tensor *d, int w, int t);
+/* Whether view t is a box of its root (a contiguous intermediate): of the
+ * root's rank and dtype, each dim of more than one element stepped as the
+ * root steps it, its first element at the root's coordinates start[]. */
+bool rd_prog_box_of(const struct rp_program *p, int t, int64_t *start);
 /* Tensors a and b share no element (conservatively: their element ranges
  * in the root do not meet). */
 bool rd_prog_disjoint(const struct rp_program *p, int a, int b);

@@ -9,20 +9,29 @@
 #include "daemon/program/plan.h"
 #include "proto/errors.h"
 
-/* One tensor a node touches in memory. */
+/* One tensor a node touches in memory; `row`: at a row of a last-axis
+ * reduction's domain (its result, and the nodes of its epilogue over
+ * rows), not at one of the domain's elements. */
 struct access {
 	int tensor;
 	bool write;
+	bool row;
+	/* A read at other elements than the node's own: a source of a
+	 * recomputed root the node reads (plan.h). */
+	bool shifted;
 };
-#define NODE_ACCESSES_MAX (RP_PROG_NODE_IN_MAX + RP_PROG_NODE_OUT_MAX)
+#define NODE_ACCESSES_MAX (RP_PROG_NODE_IN_MAX * RD_PROG_SOURCES_MAX + RP_PROG_NODE_OUT_MAX)
 
 /* A step being grown: its nodes in the order they will run, and every
- * tensor they touch. A closed group (a reduction's, a library call's, a
- * gather's) takes no more nodes. */
+ * tensor they touch. A closed group (a leading reduction's, a library
+ * call's, a gather's) takes no more nodes; a last-axis reduction's takes
+ * its epilogue (epilogue_joins). */
 struct group {
 	enum rd_prog_step_kind kind;
 	bool closed;
-	const struct rp_prog_tensor *domain;   /* a FUSED group's output shape */
+	const struct rp_prog_tensor *domain;   /* a FUSED group's output shape, a REDUCTION's input shape */
+	int red;                               /* a REDUCTION's reduction node, else -1 */
+	bool second_pass;                      /* the epilogue has nodes over the domain */
 	int *nodes;
 	int nnodes, nodes_cap;
 	struct access *acc;
@@ -74,6 +83,40 @@ bool rd_prog_same_view(const struct rp_program *p, int a, int b)
 	return true;
 }
 
+/* The element offset (in its root) of tensor t at each row of domain d
+ * (ranks up to RP_PROG_RANK_MAX): coef[k] per row coordinate k < d's last
+ * dim. `written`: t as a last-axis reduction writes its result, its dims
+ * the row's from the left (the result's shape is d's without its last dim,
+ * or with it as 1); else t as a node reads it, broadcast against d from
+ * the right. False where t as read varies along d's last dim. */
+static bool row_coefs(const struct rp_prog_tensor *d, const struct rp_prog_tensor *t, bool written, int64_t *coef)
+{
+	int lead = written ? 0 : d->rank - t->rank;
+
+	if (t->rank > d->rank || (!written && t->rank >= 1 && t->shape[t->rank - 1] > 1 && t->strides[t->rank - 1] != 0))
+		return false;
+	for (int k = 0; k < d->rank - 1; k++) {
+		int i = k - lead;
+		coef[k] = d->shape[k] > 1 && i >= 0 && i < t->rank && t->shape[i] > 1 ? t->strides[i] : 0;
+	}
+	return true;
+}
+
+bool rd_prog_same_row(const struct rp_program *p, const struct rp_prog_tensor *d, int w, int t)
+{
+	const struct rp_prog_tensor *x = &p->tensors[w], *y = &p->tensors[t];
+	int64_t cw[RP_PROG_RANK_MAX], ct[RP_PROG_RANK_MAX];
+
+	if (x->root != y->root || x->root_offset != y->root_offset || x->dtype != y->dtype)
+		return false;
+	if (!row_coefs(d, x, true, cw) || !row_coefs(d, y, false, ct))
+		return false;
+	for (int k = 0; k < d->rank - 1; k++)
+		if (cw[k] != ct[k])
+			return false;
+	return true;
+}
+
 /* The first and last element of t in its root. Strides are never negative
  * (proto/program.h). */
 static void element_range(const struct rp_prog_tensor *t, int64_t *lo, int64_t *hi)
@@ -105,11 +148,13 @@ static bool is_scalar(const struct rp_program *p, int t)
 }
 
 /* What node n reads and writes in memory: not scalars (values in rg_args)
- * nor tensors computed where they are read (inl, plan.h's
- * computed_inline). */
-static int node_accesses(const struct rp_program *p, const int *inl, const struct rp_prog_node *n,
+ * nor tensors computed where they are read (plan.h's computed_inline),
+ * but for a recomputed one the memory it is computed from (its sources,
+ * read at other elements). */
+static int node_accesses(const struct rp_program *p, const struct rd_prog_plan *plan, const struct rp_prog_node *n,
 			 struct access acc[NODE_ACCESSES_MAX])
 {
+	const int *inl = plan->computed_inline;
 	int k = 0;
 
 	if (n->op->cls == RP_PC_COMPUTE) {
@@ -119,16 +164,25 @@ static int node_accesses(const struct rp_program *p, const int *inl, const struc
 			if (n->in[i] < 0 || is_scalar(p, n->in[i]))
 				continue;
 			bool out = spec && i < (int)spec->noperands && spec->operands[i].role == RP_ROLE_OUT;
-			acc[k++] = (struct access){ n->in[i], out };
+			acc[k++] = (struct access){ n->in[i], out, false, false };
 		}
 	} else {
-		for (int i = 0; i < n->nin && i < RP_PROG_NODE_IN_MAX; i++)
-			if (n->in[i] >= 0 && !is_scalar(p, n->in[i]) && inl[n->in[i]] < 0)
-				acc[k++] = (struct access){ n->in[i], false };
+		for (int i = 0; i < n->nin && i < RP_PROG_NODE_IN_MAX; i++) {
+			int t = n->in[i];
+			if (t < 0 || is_scalar(p, t) || inl[t] >= 0)
+				continue;
+			if (!plan->recomputed[t]) {
+				acc[k++] = (struct access){ t, false, false, false };
+				continue;
+			}
+			int root = p->tensors[t].root;
+			for (int j = 0; j < plan->nsources[root]; j++)
+				acc[k++] = (struct access){ plan->sources[root][j], false, false, true };
+		}
 	}
 	for (int i = 0; i < n->nout && i < RP_PROG_NODE_OUT_MAX; i++)
-		if (n->out[i] >= 0 && inl[n->out[i]] < 0)
-			acc[k++] = (struct access){ n->out[i], true };
+		if (n->out[i] >= 0 && inl[n->out[i]] < 0 && !plan->recomputed[n->out[i]])
+			acc[k++] = (struct access){ n->out[i], true, false, false };
 	return k;
 }
 
@@ -168,10 +222,353 @@ static void find_inline(const struct rp_program *p, int *inl)
 	}
 }
 
-static int group_add(struct group *g, const struct rp_program *p, const int *inl, int node)
+/* ---- recomputed roots (plan.h) ---------------------------------------------------- */
+
+bool rd_prog_box_of(const struct rp_program *p, int t, int64_t *start)
+{
+	const struct rp_prog_tensor *x = &p->tensors[t], *r = &p->tensors[x->root];
+	int64_t rest = x->root_offset;
+
+	if (x->rank != r->rank || x->dtype != r->dtype || !rp_prog_tensor_contiguous(r) || r->numel == 0)
+		return false;
+	for (int k = r->rank - 1; k >= 0; k--) {
+		start[k] = rest % r->shape[k];
+		rest /= r->shape[k];
+	}
+	if (rest != 0)
+		return false;
+	for (int k = 0; k < r->rank; k++)
+		if ((x->shape[k] > 1 && x->strides[k] != r->strides[k]) || start[k] + x->shape[k] > r->shape[k])
+			return false;
+	return true;
+}
+
+/* Whether the boxes (views of root r: rd_prog_box_of) of the writers
+ * w[0, n) hold every element of r: one of them all of it, or all of them
+ * whole but along one dim, whose length they cover together. */
+static bool boxes_cover(const struct rp_program *p, int r, const int *w, int n)
+{
+	const struct rp_prog_tensor *root = &p->tensors[r];
+	int64_t start[RP_PROG_RANK_MAX];
+	int along = -1;
+
+	for (int i = 0; i < n; i++) {
+		const struct rp_prog_tensor *x = &p->tensors[p->nodes[w[i]].out[0]];
+		int partial = -1, count = 0;
+		rd_prog_box_of(p, p->nodes[w[i]].out[0], start);
+		for (int k = 0; k < root->rank; k++)
+			if (x->shape[k] != root->shape[k]) {
+				partial = k;
+				count++;
+			}
+		if (count == 0)
+			return true;
+		if (count > 1 || (along >= 0 && along != partial))
+			return false;
+		along = partial;
+	}
+	if (along < 0)
+		return false;
+	/* The writers' intervals along that dim, swept from 0. */
+	for (int64_t at = 0, moved = 1; moved;) {
+		if (at >= root->shape[along])
+			return true;
+		moved = 0;
+		for (int i = 0; i < n; i++) {
+			const struct rp_prog_tensor *x = &p->tensors[p->nodes[w[i]].out[0]];
+			rd_prog_box_of(p, p->nodes[w[i]].out[0], start);
+			if (start[along] <= at && start[along] + x->shape[along] > at) {
+				at = start[along] + x->shape[along];
+				moved = 1;
+			}
+		}
+	}
+	return false;
+}
+
+/* The facts about each intermediate root that the choice of recomputed
+ * roots reads: its writers and readers in program order. */
+struct root_use {
+	int *writers, nwriters;
+	int *readers, nreaders;
+	bool candidate;     /* the shapes allow it: pointwise writers and readers, boxes, cover, order */
+	bool shifted;       /* a reader reads it at other elements than a writer wrote (or it has several writers) */
+	bool rejected;      /* its sources fail (too many, or written before its last reader) */
+};
+
+/* Each root's writers and readers (a node that does both is a writer),
+ * from one pass over the nodes: the lists point into *buf. */
+static int list_uses(const struct rp_program *p, struct root_use *use, int **buf)
+{
+	int total = 0, at = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < p->nnodes; i++) {
+			const struct rp_prog_node *n = &p->nodes[i];
+			int roots[RP_PROG_NODE_IN_MAX + RP_PROG_NODE_OUT_MAX], nroots = 0;
+			for (int k = 0; k < n->nout + n->nin; k++) {
+				int t = k < n->nout ? n->out[k] : n->in[k - n->nout];
+				bool seen = false;
+				if (t < 0)
+					continue;
+				for (int j = 0; j < nroots; j++)
+					seen |= roots[j] == p->tensors[t].root;
+				if (seen)
+					continue;
+				int r = roots[nroots++] = p->tensors[t].root;
+				bool writes = k < n->nout;
+				for (int j = 0; j < n->nout && !writes; j++)
+					writes = n->out[j] >= 0 && p->tensors[n->out[j]].root == r;
+				if (pass == 0) {
+					use[r].nwriters += writes;
+					use[r].nreaders += !writes;
+					total++;
+				} else if (writes) {
+					use[r].writers[use[r].nwriters++] = i;
+				} else {
+					use[r].readers[use[r].nreaders++] = i;
+				}
+			}
+		}
+		if (pass == 1)
+			break;
+		*buf = malloc((size_t)(total ? total : 1) * sizeof(**buf));
+		if (!*buf)
+			return -ENOMEM;
+		for (int r = 0; r < p->ntensors; r++) {
+			use[r].writers = *buf + at;
+			at += use[r].nwriters;
+			use[r].readers = *buf + at;
+			at += use[r].nreaders;
+			use[r].nwriters = use[r].nreaders = 0;
+		}
+	}
+	return 0;
+}
+
+/* Whether the root's writers and readers allow recomputing it (see
+ * plan.h). */
+static void judge_root(const struct rp_program *p, const int *inl, int r, struct root_use *u)
+{
+	int64_t start[RP_PROG_RANK_MAX];
+
+	u->candidate = false;
+	if (u->nwriters == 0 || u->nreaders == 0)
+		return;
+	for (int k = 0; k < u->nwriters; k++) {
+		const struct rp_prog_node *n = &p->nodes[u->writers[k]];
+		if (n->op->cls != RP_PC_POINTWISE || n->nout != 1 || n->out[0] < 0 || inl[n->out[0]] >= 0 ||
+		    n->pw.fn == RP_PW_IOTA || n->pw.fn == RP_PW_DROPOUT_MASK || !rd_prog_box_of(p, n->out[0], start))
+			return;
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i];
+			/* In place, or an iota or a mask, which the writer
+			 * would draw at the reader's elements: not here. */
+			if (t >= 0 && (p->tensors[t].root == r || (inl[t] >= 0 && p->nodes[inl[t]].pw.fn != RP_PW_FILL)))
+				return;
+		}
+	}
+	for (int k = 0; k < u->nreaders; k++) {
+		const struct rp_prog_node *n = &p->nodes[u->readers[k]];
+		/* Every read after the last write: a reader sees every
+		 * writer's part. */
+		if (n->op->cls != RP_PC_POINTWISE || u->readers[k] < u->writers[u->nwriters - 1])
+			return;
+		for (int i = 0; i < n->nin; i++)
+			if (n->in[i] >= 0 && p->tensors[n->in[i]].root == r && !rd_prog_box_of(p, n->in[i], start))
+				return;
+	}
+	if (!boxes_cover(p, r, u->writers, u->nwriters))
+		return;
+	u->shifted = u->nwriters > 1;
+	for (int k = 0; k < u->nreaders && !u->shifted; k++) {
+		const struct rp_prog_node *n = &p->nodes[u->readers[k]];
+		for (int j = 0; j < n->nin; j++)
+			if (n->in[j] >= 0 && p->tensors[n->in[j]].root == r &&
+			    !rd_prog_same_view(p, n->in[j], p->nodes[u->writers[0]].out[0]))
+				u->shifted = true;
+	}
+	u->candidate = true;
+}
+
+/* Whether every reader of root r writes a recomputed root. */
+static bool read_by_recomputed_writers(const struct rp_program *p, const struct root_use *use, const bool *rec,
+				       int r)
+{
+	const struct root_use *u = &use[r];
+
+	for (int k = 0; k < u->nreaders; k++) {
+		const struct rp_prog_node *n = &p->nodes[u->readers[k]];
+		if (n->nout != 1 || !rec[p->tensors[n->out[0]].root])
+			return false;
+	}
+	return true;
+}
+
+/* The first writer and last real reader (not itself a recomputed root's
+ * writer) of recomputed root r, through the roots it is computed from and
+ * those computed from it. */
+static int first_write_of(const struct rp_program *p, const struct root_use *use, const bool *rec, int r, int depth)
+{
+	int lo = use[r].writers[0];
+
+	for (int k = 0; k < use[r].nwriters && depth < 8; k++) {
+		const struct rp_prog_node *n = &p->nodes[use[r].writers[k]];
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i];
+			if (t >= 0 && rec[p->tensors[t].root]) {
+				int l = first_write_of(p, use, rec, p->tensors[t].root, depth + 1);
+				lo = l < lo ? l : lo;
+			}
+		}
+	}
+	return lo;
+}
+
+static int last_read_of(const struct rp_program *p, const struct root_use *use, const bool *rec, int r, int depth)
+{
+	int hi = -1;
+
+	for (int k = 0; k < use[r].nreaders; k++) {
+		const struct rp_prog_node *n = &p->nodes[use[r].readers[k]];
+		int h = n->nout == 1 && rec[p->tensors[n->out[0]].root] && depth < 8
+				? last_read_of(p, use, rec, p->tensors[n->out[0]].root, depth + 1)
+				: use[r].readers[k];
+		hi = h > hi ? h : hi;
+	}
+	return hi;
+}
+
+/* Root r's sources (its writers' inputs in memory, through the recomputed
+ * roots they read) into src[], and the writers its element may take
+ * (every writer of every root on the way) into *cost. False past
+ * RD_PROG_SOURCES_MAX sources. */
+static bool gather_sources(const struct rp_program *p, const int *inl, const struct root_use *use, const bool *rec,
+			   int r, int *src, int *nsrc, int *cost, int depth)
+{
+	if (depth > 8)
+		return false;
+	for (int k = 0; k < use[r].nwriters; k++) {
+		const struct rp_prog_node *n = &p->nodes[use[r].writers[k]];
+		(*cost)++;
+		for (int i = 0; i < n->nin; i++) {
+			int t = n->in[i];
+			bool seen = false;
+			if (t < 0 || is_scalar(p, t) || inl[t] >= 0)
+				continue;
+			if (rec[p->tensors[t].root]) {
+				if (!gather_sources(p, inl, use, rec, p->tensors[t].root, src, nsrc, cost, depth + 1))
+					return false;
+				continue;
+			}
+			for (int j = 0; j < *nsrc; j++)
+				seen |= src[j] == t;
+			if (seen)
+				continue;
+			if (*nsrc == RD_PROG_SOURCES_MAX)
+				return false;
+			src[(*nsrc)++] = t;
+		}
+	}
+	return true;
+}
+
+/* Writer expressions a reader of a recomputed root may compute at one
+ * element, through the roots it reads in turn. */
+#define RECOMPUTE_COST_MAX 12
+
+/* Chooses the recomputed roots (plan.h): the candidates that are worth
+ * it (read at other elements, several writers, or read only by writers of
+ * recomputed roots) whose sources fit and stay as they are until their
+ * last reader; a root given up gives up those only it made worth it. */
+static int find_recomputed(const struct rp_program *p, struct rd_prog_plan *plan)
+{
+	const int *inl = plan->computed_inline;
+	struct root_use *use = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*use));
+	bool *rec = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*rec));
+	struct access acc[NODE_ACCESSES_MAX];
+	int *buf = NULL, r = -ENOMEM;
+
+	if (!use || !rec || list_uses(p, use, &buf) < 0)
+		goto out;
+	for (int t = 0; t < p->ntensors; t++)
+		if (p->tensors[t].root == t && p->tensors[t].kind == RP_PT_INTERMEDIATE && inl[t] < 0)
+			judge_root(p, inl, t, &use[t]);
+	for (bool settled = false; !settled;) {
+		for (int t = 0; t < p->ntensors; t++)
+			rec[t] = use[t].candidate && !use[t].rejected && use[t].shifted;
+		for (bool grew = true; grew;) {
+			grew = false;
+			for (int t = 0; t < p->ntensors; t++)
+				if (!rec[t] && use[t].candidate && !use[t].rejected &&
+				    read_by_recomputed_writers(p, use, rec, t)) {
+					rec[t] = true;
+					grew = true;
+				}
+		}
+		settled = true;
+		for (int t = 0; t < p->ntensors; t++) {
+			int nsrc = 0, cost = 0;
+			if (!rec[t])
+				continue;
+			if (!gather_sources(p, inl, use, rec, t, plan->sources[t], &nsrc, &cost, 0) ||
+			    cost > RECOMPUTE_COST_MAX) {
+				use[t].rejected = true;
+				settled = false;
+				continue;
+			}
+			plan->nsources[t] = nsrc;
+			/* Nothing between the first write and the last read
+			 * writes what the element is computed from. */
+			int lo = first_write_of(p, use, rec, t, 0), hi = last_read_of(p, use, rec, t, 0);
+			for (int i = lo + 1; i < hi && !use[t].rejected; i++) {
+				const struct rp_prog_node *n = &p->nodes[i];
+				if (n->op->cls == RP_PC_POINTWISE && n->nout == 1 && rec[p->tensors[n->out[0]].root])
+					continue;
+				for (int k = 0; k < n->nout; k++)
+					for (int j = 0; j < nsrc && n->out[k] >= 0; j++)
+						if (!rp_prog_disjoint(&p->tensors[n->out[k]], &p->tensors[plan->sources[t][j]]))
+							use[t].rejected = true;
+				if (n->op->cls == RP_PC_COMPUTE) {
+					/* A compute node's outputs are among its in[]. */
+					int na = node_accesses(p, plan, n, acc);
+					for (int a = 0; a < na; a++)
+						for (int j = 0; j < nsrc && acc[a].write; j++)
+							if (!rp_prog_disjoint(&p->tensors[acc[a].tensor],
+									      &p->tensors[plan->sources[t][j]]))
+								use[t].rejected = true;
+				}
+			}
+			settled &= !use[t].rejected;
+		}
+	}
+	for (int t = 0; t < p->ntensors; t++)
+		plan->recomputed[t] = rec[p->tensors[t].root];
+	r = 0;
+out:
+	free(use);
+	free(buf);
+	free(rec);
+	return r;
+}
+
+/* Where a node of a group runs: at each element of the group's domain
+ * (a pointwise node, a reduction's prologue or epilogue over the domain),
+ * as the reduction (its input at the elements, its result at the rows), or
+ * once a row of a last-axis reduction's domain (its epilogue over the
+ * reduced shape). */
+enum role { AT_ELEMENT = 0, AT_REDUCTION, AT_ROW };
+
+static int group_add(struct group *g, const struct rp_program *p, const struct rd_prog_plan *plan, int node,
+		     enum role role)
 {
 	struct access acc[NODE_ACCESSES_MAX];
-	int n = node_accesses(p, inl, &p->nodes[node], acc);
+	int n = node_accesses(p, plan, &p->nodes[node], acc);
+
+	for (int i = 0; i < n; i++)
+		acc[i].row = role == AT_ROW || (role == AT_REDUCTION && acc[i].write);
+	if (role == AT_REDUCTION)
+		g->red = node;
 
 	if (g->nacc + n > g->cap) {
 		int cap = g->cap ? g->cap * 2 : 64;
@@ -210,6 +607,39 @@ static bool group_may_read(const struct rp_program *p, const struct group *g, in
 	return true;
 }
 
+/* Whether the group writes nothing of t: what a node may read at other
+ * elements than its own (a recomputed root's sources). */
+static bool group_leaves(const struct rp_program *p, const struct group *g, int t)
+{
+	for (int i = 0; i < g->nacc; i++)
+		if (g->acc[i].write && !rd_prog_disjoint(p, g->acc[i].tensor, t))
+			return false;
+	return true;
+}
+
+/* Whether node n may read its inputs in the group at its own elements:
+ * each as group_may_read says, a recomputed one's sources untouched by
+ * the group. */
+static bool group_may_read_inputs(const struct rp_program *p, const struct rd_prog_plan *plan,
+				  const struct group *g, const struct rp_prog_node *n)
+{
+	for (int i = 0; i < n->nin; i++) {
+		int t = n->in[i];
+		if (t < 0 || is_scalar(p, t))
+			continue;
+		if (!plan->recomputed[t]) {
+			if (!group_may_read(p, g, t))
+				return false;
+			continue;
+		}
+		int root = p->tensors[t].root;
+		for (int j = 0; j < plan->nsources[root]; j++)
+			if (!group_leaves(p, g, plan->sources[root][j]))
+				return false;
+	}
+	return true;
+}
+
 /* Whether a node of the group's domain may write t: what the group touched
  * of t's root it touched as t exactly (the same thread, the same element,
  * in program order), or not at all. `same_index`: false for a write at
@@ -221,20 +651,18 @@ static bool group_may_write(const struct rp_program *p, const struct group *g, i
 		int u = g->acc[i].tensor;
 		if (rd_prog_disjoint(p, u, t))
 			continue;
-		if (!same_index || !rd_prog_same_view(p, u, t))
+		if (!same_index || g->acc[i].shifted || !rd_prog_same_view(p, u, t))
 			return false;
 	}
 	return true;
 }
 
-static bool pointwise_joins(const struct rp_program *p, const struct group *g, const struct rp_prog_node *n)
+static bool pointwise_joins(const struct rp_program *p, const struct rd_prog_plan *plan, const struct group *g,
+			    const struct rp_prog_node *n)
 {
 	if (g->closed || g->kind != RD_STEP_FUSED || !rd_prog_same_shape(&p->tensors[n->out[0]], g->domain))
 		return false;
-	for (int i = 0; i < n->nin; i++)
-		if (n->in[i] >= 0 && !is_scalar(p, n->in[i]) && !group_may_read(p, g, n->in[i]))
-			return false;
-	return group_may_write(p, g, n->out[0], true);
+	return group_may_read_inputs(p, plan, g, n) && group_may_write(p, g, n->out[0], true);
 }
 
 /* A reduction takes the group as its prologue when the group runs over its
@@ -247,6 +675,110 @@ static bool reduction_joins(const struct rp_program *p, const struct group *g, c
 	if (!rd_prog_same_shape(&p->tensors[n->in[0]], g->domain))
 		return false;
 	return group_may_read(p, g, n->in[0]) && group_may_write(p, g, n->out[0], false);
+}
+
+/* Whether a node of the group writes what the group read from memory
+ * before (in place: a read, then a write of it; a write, then a read is
+ * a value in registers): a second pass over the domain would read the new
+ * value where the first read the old one. */
+static bool group_writes_what_it_read(const struct rp_program *p, const struct group *g)
+{
+	for (int i = 0; i < g->nacc; i++) {
+		if (!g->acc[i].write)
+			continue;
+		for (int k = 0; k < i; k++)
+			if (!g->acc[k].write && !rd_prog_disjoint(p, g->acc[i].tensor, g->acc[k].tensor))
+				return true;
+	}
+	return false;
+}
+
+/* Whether o is the shape of a row of domain d: d's own but its last dim,
+ * which is 1; or a scalar where d is a vector (its one row: a loss's
+ * sum over the rows' losses, divided by their count). */
+static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tensor *d)
+{
+	if (o->rank == 0 && d->rank == 1)
+		return true;
+	if (o->rank != d->rank || o->rank < 1 || o->shape[o->rank - 1] != 1)
+		return false;
+	for (int k = 0; k < o->rank - 1; k++)
+		if (o->shape[k] != d->shape[k])
+			return false;
+	return true;
+}
+
+/* Whether pointwise node n joins a last-axis reduction's group as its
+ * epilogue, in the reduction's kernel once the row's result is known:
+ * over the domain (*row false: the kernel passes over the row again,
+ * computing the prologue anew where n reads it) or over the row (*row
+ * true: once a row, e.g. rsqrt(mean + eps)). It must read what the group
+ * made (the result, the prologue's or the epilogue's values: elsewhere
+ * they would have to be stored for it), or join a pass over the domain
+ * that the epilogue makes anyway: what does neither is left to groups of
+ * its own (a second reduction's prologue, which would else be stored for
+ * it);
+ * what it reads that the group wrote it reads from registers: the very
+ * element the group wrote at this element, or the very row value
+ * (rd_prog_same_row); everything else it reads is memory the group does
+ * not write. Its output the group touched nowhere else but as this very
+ * element (element nodes), or nowhere (row nodes). */
+static bool epilogue_joins(const struct rp_program *p, const struct rd_prog_plan *plan, const struct group *g,
+			   const struct rp_prog_node *n, bool *row)
+{
+	const struct rp_prog_tensor *d = g->domain, *o = &p->tensors[n->out[0]];
+	const int *inl = plan->computed_inline;
+	bool consumes = false;
+
+	if (g->closed || g->kind != RD_STEP_REDUCTION || g->red < 0 || d->rank < 1 || d->shape[d->rank - 1] < 2)
+		return false;
+	if (rd_prog_same_shape(o, d))
+		*row = false;
+	else if (row_shape(o, d))
+		*row = true;
+	else
+		return false;
+	for (int i = 0; i < n->nin; i++) {
+		int t = n->in[i];
+		if (t < 0 || is_scalar(p, t))
+			continue;
+		if (inl[t] >= 0) {
+			/* A mask's draw is numbered by the element: not a row's. */
+			if (*row && p->nodes[inl[t]].pw.fn == RP_PW_DROPOUT_MASK)
+				return false;
+			continue;
+		}
+		if (plan->recomputed[t]) {
+			int root = p->tensors[t].root;
+			if (*row)
+				return false;
+			for (int j = 0; j < plan->nsources[root]; j++)
+				if (!group_leaves(p, g, plan->sources[root][j]))
+					return false;
+			continue;
+		}
+		for (int k = 0; k < g->nacc; k++) {
+			const struct access *a = &g->acc[k];
+			if (!a->write || rd_prog_disjoint(p, a->tensor, t))
+				continue;
+			if (a->row ? !rd_prog_same_row(p, d, a->tensor, t) : *row || !rd_prog_same_view(p, a->tensor, t))
+				return false;
+			consumes = true;
+		}
+	}
+	if (!consumes && (*row || !g->second_pass))
+		return false;
+	/* The second pass computes the prologue anew from memory: it must
+	 * find there what the first pass found. */
+	if (!*row && !g->second_pass && group_writes_what_it_read(p, g))
+		return false;
+	for (int k = 0; k < g->nacc; k++) {
+		const struct access *a = &g->acc[k];
+		if (!rd_prog_disjoint(p, a->tensor, n->out[0]) &&
+		    (*row || a->row || a->shifted || !rd_prog_same_view(p, a->tensor, n->out[0])))
+			return false;
+	}
+	return true;
 }
 
 /* Whether node n must run after the group: it reads what the group writes,
@@ -267,7 +799,13 @@ static bool depends_on(const struct rp_program *p, const struct group *g, const 
  * one at the end. So a chain over one shape stays one kernel though small
  * nodes of other shapes (a row's statistic, an iota) sit between its
  * nodes in the definition; those run first. Library calls and gathers
- * empty the window: they and everything around them keep program order. */
+ * are closed groups of the window, in program order among themselves,
+ * each right after the last group it depends on: a pointwise group they
+ * do not depend on runs after them, where what reads their output may
+ * still join it (SwiGLU's silu(x W1) waits for x W3 and takes the
+ * product), and a node may join a group ahead of library calls it does
+ * not depend on (silu's backward joins the products of the gradient that
+ * the weights' GEMMs read). */
 struct builder {
 	const struct rp_program *p;
 	struct rd_prog_plan *plan;
@@ -307,6 +845,19 @@ static void group_clear(struct group *g)
 	g->nacc = 0;
 	g->closed = false;
 	g->domain = NULL;
+	g->red = -1;
+	g->second_pass = false;
+}
+
+/* Node `node`, a reduction, joins or starts group g: a last-axis one stays
+ * open to its epilogue. */
+static int group_add_reduction(struct group *g, const struct rp_program *p, const struct rd_prog_plan *plan,
+			       int node)
+{
+	g->kind = RD_STEP_REDUCTION;
+	g->closed = p->nodes[node].red.axis != RP_AXIS_LAST;
+	g->domain = &p->tensors[p->nodes[node].in[0]];
+	return group_add(g, p, plan, node, AT_REDUCTION);
 }
 
 /* Emits the window's first n groups, in order. */
@@ -347,11 +898,11 @@ static int open_group(struct builder *b, int at, enum rd_prog_step_kind kind, bo
 	group_clear(&b->window[at]);
 	b->window[at].kind = kind;
 	b->window[at].closed = closed;
+	if (kind == RD_STEP_REDUCTION)
+		return group_add_reduction(&b->window[at], b->p, b->plan, node);
 	if (kind == RD_STEP_FUSED)
 		b->window[at].domain = &b->p->tensors[b->p->nodes[node].out[0]];
-	else if (kind == RD_STEP_REDUCTION)
-		b->window[at].domain = &b->p->tensors[b->p->nodes[node].in[0]];
-	return group_add(&b->window[at], b->p, b->plan->computed_inline, node);
+	return group_add(&b->window[at], b->p, b->plan, node, AT_ELEMENT);
 }
 
 static int64_t group_size(const struct group *g)
@@ -379,8 +930,9 @@ static int place(struct builder *b, int node)
 {
 	const struct rp_program *p = b->p;
 	const struct rp_prog_node *n = &p->nodes[node];
+	const struct rd_prog_plan *plan = b->plan;
 	struct access acc[NODE_ACCESSES_MAX];
-	int nacc = node_accesses(p, b->plan->computed_inline, n, acc), last_dep = -1, r;
+	int nacc = node_accesses(p, plan, n, acc), last_dep = -1;
 
 	for (int i = b->nwindow - 1; i >= 0; i--)
 		if (depends_on(p, &b->window[i], acc, nacc)) {
@@ -389,28 +941,33 @@ static int place(struct builder *b, int node)
 		}
 	for (int i = last_dep < 0 ? 0 : last_dep; i < b->nwindow; i++) {
 		struct group *g = &b->window[i];
-		if (n->op->cls == RP_PC_POINTWISE && pointwise_joins(p, g, n))
-			return group_add(g, p, b->plan->computed_inline, node);
-		if (n->op->cls == RP_PC_REDUCTION && reduction_joins(p, g, n)) {
-			g->kind = RD_STEP_REDUCTION;
-			g->closed = true;
-			return group_add(g, p, b->plan->computed_inline, node);
+		bool row;
+		if (n->op->cls == RP_PC_POINTWISE && pointwise_joins(p, plan, g, n))
+			return group_add(g, p, plan, node, AT_ELEMENT);
+		if (n->op->cls == RP_PC_POINTWISE && epilogue_joins(p, plan, g, n, &row)) {
+			g->second_pass |= !row;
+			return group_add(g, p, plan, node, row ? AT_ROW : AT_ELEMENT);
 		}
+		if (n->op->cls == RP_PC_REDUCTION && reduction_joins(p, g, n))
+			return group_add_reduction(g, p, plan, node);
 	}
 	switch (n->op->cls) {
 	case RP_PC_POINTWISE:
 		return open_group(b, new_group_place(b, last_dep, p->tensors[n->out[0]].numel), RD_STEP_FUSED, false,
 				  node);
 	case RP_PC_REDUCTION:
-		return open_group(b, new_group_place(b, last_dep, p->tensors[n->in[0]].numel), RD_STEP_REDUCTION, true,
+		return open_group(b, new_group_place(b, last_dep, p->tensors[n->in[0]].numel), RD_STEP_REDUCTION, false,
 				  node);
 	case RP_PC_GATHER:
-	case RP_PC_COMPUTE:
-		if ((r = flush(b, b->nwindow)) < 0)
-			return r;
-		if ((r = open_group(b, 0, n->op->cls == RP_PC_GATHER ? RD_STEP_GATHER : RD_STEP_LIBRARY, true, node)) < 0)
-			return r;
-		return flush(b, 1);
+	case RP_PC_COMPUTE: {
+		int at = last_dep + 1;
+		for (int i = b->nwindow - 1; i >= at; i--)
+			if (b->window[i].kind == RD_STEP_LIBRARY || b->window[i].kind == RD_STEP_GATHER) {
+				at = i + 1;
+				break;
+			}
+		return open_group(b, at, n->op->cls == RP_PC_GATHER ? RD_STEP_GATHER : RD_STEP_LIBRARY, true, node);
+	}
 	default:
 		return -EINVAL;
 	}
@@ -430,7 +987,8 @@ static int group_nodes(struct builder *b, struct rp_error *err)
 				     n->op->name);
 			return -EINVAL;
 		}
-		if (n->op->cls == RP_PC_POINTWISE && b->plan->computed_inline[n->out[0]] == i)
+		if (n->op->cls == RP_PC_POINTWISE &&
+		    (b->plan->computed_inline[n->out[0]] == i || b->plan->recomputed[n->out[0]]))
 			continue;   /* computed by its readers */
 		r = place(b, i);
 		if (r == -EINVAL) {
@@ -464,7 +1022,7 @@ static int decide_stores(const struct rp_program *p, struct rd_prog_plan *plan)
 	for (int s = 0; s < plan->nsteps; s++) {
 		const struct rd_prog_step *st = &plan->steps[s];
 		for (int k = 0; k < st->nnodes; k++) {
-			int n = node_accesses(p, plan->computed_inline, &p->nodes[st->nodes[k]], acc);
+			int n = node_accesses(p, plan, &p->nodes[st->nodes[k]], acc);
 			for (int a = 0; a < n; a++)
 				if (!acc[a].write)
 					last_read[p->tensors[acc[a].tensor].root] = s;
@@ -476,6 +1034,12 @@ static int decide_stores(const struct rp_program *p, struct rd_prog_plan *plan)
 			int i = st->nodes[k];
 			const struct rp_prog_node *n = &p->nodes[i];
 			plan->node_stored[i] = true;
+			if (n->op->cls == RP_PC_REDUCTION && k < st->nnodes - 1) {
+				/* A result its own epilogue alone reads stays in registers. */
+				int root = p->tensors[n->out[0]].root;
+				plan->node_stored[i] = p->tensors[root].kind != RP_PT_INTERMEDIATE || last_read[root] > s;
+				continue;
+			}
 			if (n->op->cls != RP_PC_POINTWISE)
 				continue;
 			int o = n->out[0], root = p->tensors[o].root;
@@ -582,7 +1146,7 @@ static int lay_out_arena(const struct rp_program *p, struct rd_prog_plan *plan)
 		const struct rd_prog_step *st = &plan->steps[s];
 		for (int j = 0; j < st->nnodes; j++) {
 			int i = st->nodes[j];
-			int n = node_accesses(p, plan->computed_inline, &p->nodes[i], acc);
+			int n = node_accesses(p, plan, &p->nodes[i], acc);
 			for (int k = 0; k < n; k++) {
 				int root = p->tensors[acc[k].tensor].root;
 				if (p->tensors[root].kind != RP_PT_INTERMEDIATE)
@@ -636,6 +1200,9 @@ void rd_prog_plan_finish(struct rd_prog_plan *plan)
 	free(plan->node_stored);
 	free(plan->order);
 	free(plan->computed_inline);
+	free(plan->recomputed);
+	free(plan->sources);
+	free(plan->nsources);
 	memset(plan, 0, sizeof(*plan));
 }
 
@@ -651,12 +1218,20 @@ int rd_prog_plan_build(const struct rp_program *p, struct rd_prog_plan *plan, st
 	plan->node_stored = calloc((size_t)(p->nnodes ? p->nnodes : 1), sizeof(*plan->node_stored));
 	plan->order = malloc((size_t)(p->nnodes ? p->nnodes : 1) * sizeof(*plan->order));
 	plan->computed_inline = malloc((size_t)(p->ntensors ? p->ntensors : 1) * sizeof(*plan->computed_inline));
-	if (!plan->arena_offset || !plan->node_stored || !plan->order || !plan->computed_inline) {
+	plan->recomputed = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*plan->recomputed));
+	plan->sources = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*plan->sources));
+	plan->nsources = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*plan->nsources));
+	if (!plan->arena_offset || !plan->node_stored || !plan->order || !plan->computed_inline || !plan->recomputed ||
+	    !plan->sources || !plan->nsources) {
 		r = -ENOMEM;
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
 		goto fail;
 	}
 	find_inline(p, plan->computed_inline);
+	if ((r = find_recomputed(p, plan)) < 0) {
+		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
+		goto fail;
+	}
 	r = group_nodes(&b, err);
 	if (r < 0)
 		goto fail;

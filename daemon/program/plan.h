@@ -11,18 +11,30 @@
  * - FUSED: pointwise nodes over one iteration domain (their output shape),
  *   one kernel. A node joins a group of its output's shape when it reads
  *   only what is in memory before the group runs or what the group
- *   produced at the same element index; two accesses of one root inside a
- *   group, one of them a write, are either the identical view (the same
- *   thread touches the same element, in order) or disjoint. A node may
+ *   produced at the same element index (or a recomputed tensor, below,
+ *   whose sources the group does not write); two accesses of one root
+ *   inside a group, one of them a write, are either the identical view
+ *   (the same thread touches the same element, in order) or disjoint. A node may
  *   join a group ahead of nodes it does not depend on (plan.c's window), so
  *   a row statistic or an iota between two nodes of a chain does not cut
  *   it.
  * - REDUCTION: one reduction node, with a group over its input's shape
- *   fused in as its prologue.
+ *   fused in as its prologue. A reduction over the last dim also takes an
+ *   epilogue: pointwise nodes that consume its result (or join a pass the
+ *   epilogue makes anyway), over the reduced shape (once a row: rsqrt(mean
+ *   + eps)) or over the input's shape (x * rstd), reading the row's values
+ *   and the prologue's from registers. Its kernel passes over each row
+ *   twice: the prologue and the accumulation, then (once the row's result
+ *   is known to the row's threads) the prologue again where the epilogue
+ *   reads it and the epilogue; the row is read twice (the second time
+ *   mostly from cache), nothing is written between the passes.
  * - GATHER: an embedding or its backward (which sorts the positions by
  *   index, then sums each index's rows in position order: deterministic,
  *   O(N log N) in the N positions).
- * Library calls and gathers keep their place in program order.
+ * Library calls and gathers keep their order among themselves; the other
+ * steps run before or after them wherever neither touches what the other
+ * writes (so SwiGLU's silu(x W1) waits past x W3 and takes the product,
+ * and silu's backward runs ahead of GEMMs that do not read it).
  *
  * A tensor produced in a step and read by no later node (an intermediate,
  * or a view of one, whose root no later node reads) stays in registers;
@@ -56,6 +68,9 @@
 enum rd_prog_step_kind { RD_STEP_LIBRARY = 0, RD_STEP_FUSED, RD_STEP_REDUCTION, RD_STEP_GATHER };
 
 #define RD_PROG_KERNEL_NAME_MAX 64
+/* Tensors in memory a recomputed root (rd_prog_plan.recomputed) may be
+ * computed from. */
+#define RD_PROG_SOURCES_MAX 4
 /* Arena offsets are multiples of this. */
 #define RD_PROG_ARENA_ALIGN 256
 /* An arena_offset[] entry for a tensor whose root is not in the arena (a
@@ -77,9 +92,9 @@ struct rd_prog_step {
 	enum rd_prog_step_kind kind;
 	/* Its nodes in the order they run (a node may run ahead of nodes
 	 * before it in the definition that it does not depend on; each
-	 * dependency keeps its order); a REDUCTION's last node is the
-	 * reduction, the others its prologue. first_node is nodes[0]: a
-	 * LIBRARY or GATHER step's one node. */
+	 * dependency keeps its order); a REDUCTION's one reduction node
+	 * comes after its prologue and before its epilogue. first_node is
+	 * nodes[0]: a LIBRARY or GATHER step's one node. */
 	const int *nodes;
 	int nnodes;
 	int first_node;
@@ -111,7 +126,8 @@ struct rd_prog_plan {
 	int ntensors;
 	/* Per node: whether its outputs are written to memory. A pointwise
 	 * node inside a group may keep its output in registers (read by no
-	 * later step, or overwritten in place later in the group); every other
+	 * later step, or overwritten in place later in the group), and so may
+	 * a reduction with an epilogue (read by no later step); every other
 	 * node's outputs are always written. */
 	bool *node_stored;
 	int *order;                 /* every node, step after step: what steps' nodes point into */
@@ -119,6 +135,21 @@ struct rd_prog_plan {
 	 * readers (all pointwise) compute where they read it, or -1. That node
 	 * is in no step, and the tensor never in memory. */
 	int *computed_inline;
+	/* Per tensor: whether its root is recomputed where it is read: an
+	 * intermediate that pointwise nodes write as boxes of it (a cat's
+	 * parts, a slice's gradient into zeros, or one node the whole) from
+	 * memory that stays as it is until its last reader, read only by
+	 * pointwise nodes after its last writer, as boxes of it at other
+	 * elements than their own (a rotate-half's halves), or only by other
+	 * such writers. A reader computes the element it reads from the last
+	 * writer whose box holds it, at that writer's element, the writer's
+	 * inputs loaded there (or recomputed in turn); its writers are in no
+	 * step, and it is never in memory. sources[] lists, per recomputed
+	 * root, the tensors in memory its elements are computed from, at
+	 * other elements than the reader's own (nsources of them). */
+	bool *recomputed;
+	int (*sources)[RD_PROG_SOURCES_MAX];
+	int *nsources;
 	uint64_t arena_bytes;
 	/* With embedding steps: where in the arena their kernels note the
 	 * first index outside the table (a struct rd_prog_fault, zeroed when

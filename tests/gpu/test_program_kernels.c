@@ -2,7 +2,8 @@
 /* The kernels daemon/program/ writes for a program's FUSED, REDUCTION and
  * GATHER steps, compiled and loaded by cuda/rtc.c and launched one after
  * the other as the executor launches them (the executor's own tests run
- * whole programs through Run and graphs), checked against the host
+ * whole programs through Run and graphs; LIBRARY steps run here on the
+ * host, with the reference's math, between the kernels), checked against the host
  * backend's reference (every node in double, rounded to each tensor's
  * dtype: daemon/backend/host/program_nodes.c) on fresh random inputs.
  *
@@ -63,21 +64,50 @@ static int run_open(struct run *r, struct cuda_dev *cd, const struct tl_prog_cas
 	CUDA_OK(cudaMalloc(&r->arena, r->t.plan.arena_bytes ? r->t.plan.arena_bytes : 256));
 	CUDA_OK(cudaMalloc(&r->args_dev, rd_prog_args_size(&r->t.plan)));
 	CUDA_OK(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking));
-	for (int s = 0; s < r->t.plan.nsteps; s++) {
-		if (r->t.plan.steps[s].kind == RD_STEP_LIBRARY) {
-			printf("  FAIL: %s: step %d is a library call; this test launches generated kernels only\n",
-			       c->name, s);
-			return -1;
-		}
-		cuda_rtc_module_init(cd, &r->mods[s], &r->t.plan.steps[s]);
-	}
+	for (int s = 0; s < r->t.plan.nsteps; s++)
+		if (r->t.plan.steps[s].kind != RD_STEP_LIBRARY)
+			cuda_rtc_module_init(cd, &r->mods[s], &r->t.plan.steps[s]);
 	return 0;
+}
+
+/* Library step s (a GEMM, an attention) on the host, with the reference's
+ * math: the run's memory copied out, the node run over it, copied back.
+ * The fused kernels around it are what this test checks. */
+static int run_library_on_host(struct run *r, int s)
+{
+	int n = r->t.p.ntensors, rc;
+	void **host = calloc((size_t)n, sizeof(void *)), **bound = calloc((size_t)r->t.p.nbound + 1, sizeof(void *));
+	size_t arena_bytes = r->t.plan.arena_bytes ? r->t.plan.arena_bytes : 256;
+	void *arena = malloc(arena_bytes);
+
+	CUDA_OK(cudaStreamSynchronize(r->stream));
+	CUDA_OK(cudaMemcpy(arena, r->arena, arena_bytes, cudaMemcpyDeviceToHost));
+	for (int i = 0; i < n; i++) {
+		if (!r->dev[i])
+			continue;
+		host[i] = malloc(r->t.root_bytes[i] ? r->t.root_bytes[i] : 8);
+		CUDA_OK(cudaMemcpy(host[i], r->dev[i], r->t.root_bytes[i], cudaMemcpyDeviceToHost));
+		bound[r->t.p.tensors[i].bind_index] = host[i];
+	}
+	rc = tl_prog_run_library(&r->t, s, bound, arena);
+	CUDA_OK(cudaMemcpy(r->arena, arena, arena_bytes, cudaMemcpyHostToDevice));
+	for (int i = 0; i < n; i++) {
+		if (!host[i])
+			continue;
+		CUDA_OK(cudaMemcpy(r->dev[i], host[i], r->t.root_bytes[i], cudaMemcpyHostToDevice));
+		free(host[i]);
+	}
+	free(host);
+	free(bound);
+	free(arena);
+	return rc;
 }
 
 static void run_close(struct run *r)
 {
 	for (int s = 0; s < r->t.plan.nsteps && r->mods; s++)
-		cuda_rtc_module_finish(&r->mods[s]);
+		if (r->t.plan.steps[s].kind != RD_STEP_LIBRARY)
+			cuda_rtc_module_finish(&r->mods[s]);
 	for (int i = 0; i < r->t.p.ntensors && r->dev; i++)
 		if (r->dev[i])
 			cudaFree(r->dev[i]);
@@ -109,6 +139,10 @@ static int run_device(struct run *r, struct rp_error *err)
 	rd_prog_args_fill(&r->t.plan, args, bound, r->arena, NULL, r->t.scalars);
 	CUDA_OK(cudaMemcpy(r->args_dev, args, args_size, cudaMemcpyHostToDevice));
 	for (int s = 0; s < r->t.plan.nsteps && rc == 0; s++) {
+		if (r->t.plan.steps[s].kind == RD_STEP_LIBRARY) {
+			rc = run_library_on_host(r, s);
+			continue;
+		}
 		rc = cuda_rtc_module_get(&r->mods[s], err);
 		for (int k = 0; k < r->t.plan.steps[s].nkernels && rc == 0; k++)
 			rc = cuda_rtc_launch(&r->mods[s], k, r->stream, r->args_dev, err);
@@ -170,6 +204,8 @@ static void run_case(struct gt *t, const struct tl_prog_case *c, uint64_t salt)
 	}
 	printf("  %d nodes in %d steps, %llu kernels, arena %llu bytes\n", r.t.p.nnodes, r.t.plan.nsteps,
 	       (unsigned long long)r.t.plan.fused_kernels, (unsigned long long)r.t.plan.arena_bytes);
+	GT_CHECK(!c->steps || r.t.plan.nsteps == c->steps, "%s: planned in %d steps (%d wanted)", c->name,
+		 r.t.plan.nsteps, c->steps);
 	int rc = tl_prog_reference(&r.t);
 	GT_CHECK(rc == 0, "%s: the host reference ran (%d)", c->name, rc);
 	rc = run_device(&r, &err);

@@ -229,6 +229,240 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'name':'dwte','kind':'output','dtype':'bf16','shape':[37,40]}],"
 	  "'nodes':[{'op':'embedding_backward','inputs':['de','idt'],'outputs':['dwte']}]}",
 	  -1, 1, 37 },
+	/* Fusion: what models compiled through regen.torch give (the
+	 * lowering's [rows, last] frame), planned into few kernels. */
+	{ "rms_norm as a model writes it, after a residual add: one kernel (the mean's epilogue)",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'res','kind':'input','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'w','kind':'input','dtype':'bf16','shape':[1024]},"
+	  "{'name':'hs','kind':'output','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'h','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'sq','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'ms','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'msv','kind':'view','base':'ms','shape':[96],'strides':[1]},"
+	  "{'name':'e','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'r','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'hn','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'hb','kind':'intermediate','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[96,1024]}],"
+	  "'nodes':[{'op':'add','inputs':['x','res'],'outputs':['hs']},"
+	  "{'op':'cast','inputs':['hs'],'outputs':['h']},{'op':'square','inputs':['h'],'outputs':['sq']},"
+	  "{'op':'mean','inputs':['sq'],'outputs':['msv']},"
+	  "{'op':'add','inputs':['ms'],'outputs':['e'],'attrs':{'scalar':1e-6}},"
+	  "{'op':'rsqrt','inputs':['e'],'outputs':['r']},{'op':'mul','inputs':['h','r'],'outputs':['hn']},"
+	  "{'op':'cast','inputs':['hn'],'outputs':['hb']},{'op':'mul','inputs':['hb','w'],'outputs':['y']}]}",
+	  -2, 2, 0, 1 },
+	{ "a loss as regen.torch lowers F.cross_entropy (log_softmax, then nll_loss's pick and sums): the log-softmax one "
+	  "kernel, the loss's sums with their division",
+	  "{'tensors':[{'name':'in1','kind':'input','dtype':'bf16','shape':[4,16,1000],'strides':[16000,1000,1]},"
+	  "{'name':'w2','kind':'view','base':'in1','shape':[64,1000],'strides':[1000,1],'offset':0},"
+	  "{'name':'t3','kind':'output','dtype':'f32','shape':[64,1000]},"
+	  "{'name':'in4','kind':'input','dtype':'i32','shape':[64],'strides':[1]},"
+	  "{'name':'x5','kind':'intermediate','dtype':'u8','shape':[64]},"
+	  "{'name':'x6','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'x7','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'x8','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'x9','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'x10','kind':'intermediate','dtype':'u8','shape':[64]},"
+	  "{'name':'x11','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'x12','kind':'intermediate','dtype':'u8','shape':[64]},"
+	  "{'name':'x13','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'x14','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'x15','kind':'intermediate','dtype':'i64','shape':[64]},"
+	  "{'name':'x16','kind':'intermediate','dtype':'f32','shape':[64,1]},"
+	  "{'name':'w17','kind':'view','base':'t3','shape':[64000,1],'strides':[1,1],'offset':0},"
+	  "{'name':'x18','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'w19','kind':'view','base':'x16','shape':[64],'strides':[1],'offset':0},"
+	  "{'name':'x20','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'x21','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'t22','kind':'output','dtype':'f32','shape':[1]},"
+	  "{'name':'v23','kind':'view','base':'t22','shape':[],'strides':[],'offset':0},"
+	  "{'name':'x24','kind':'intermediate','dtype':'f32','shape':[1]},"
+	  "{'name':'w25','kind':'view','base':'x24','shape':[],'strides':[],'offset':0},"
+	  "{'name':'t26','kind':'output','dtype':'f32','shape':[1]},"
+	  "{'name':'v27','kind':'view','base':'t26','shape':[],'strides':[],'offset':0}],"
+	  "'nodes':[{'op':'log_softmax','inputs':['w2'],'outputs':['t3']},"
+	  "{'op':'ne','inputs':['in4'],'outputs':['x5'],'attrs':{'scalar':-100.0}},"
+	  "{'op':'cast','inputs':['in4'],'outputs':['x6']},"
+	  "{'op':'iota','inputs':[],'outputs':['x7'],'attrs':{'axis':0}},"
+	  "{'op':'mul','inputs':['x7'],'outputs':['x8'],'attrs':{'scalar':1000.0}},"
+	  "{'op':'add','inputs':['x8','x6'],'outputs':['x9']},"
+	  "{'op':'ge','inputs':['in4'],'outputs':['x10'],'attrs':{'scalar':0.0}},"
+	  "{'op':'where','inputs':['x10','x9'],'outputs':['x11'],'attrs':{'scalar':-1.0}},"
+	  "{'op':'lt','inputs':['in4'],'outputs':['x12'],'attrs':{'scalar':1000.0}},"
+	  "{'op':'where','inputs':['x12','x11'],'outputs':['x13'],'attrs':{'scalar':-1.0}},"
+	  "{'op':'where','inputs':['x5','x13'],'outputs':['x14'],'attrs':{'scalar':0.0}},"
+	  "{'op':'cast','inputs':['x14'],'outputs':['x15']},"
+	  "{'op':'embedding','inputs':['w17','x15'],'outputs':['x16']},"
+	  "{'op':'neg','inputs':['w19'],'outputs':['x18']},"
+	  "{'op':'where','inputs':['x5','x18'],'outputs':['x20'],'attrs':{'scalar':0.0}},"
+	  "{'op':'cast','inputs':['x5'],'outputs':['x21']},"
+	  "{'op':'sum','inputs':['x21'],'outputs':['v23'],'attrs':{'axis':'last'}},"
+	  "{'op':'sum','inputs':['x20'],'outputs':['w25'],'attrs':{'axis':'last'}},"
+	  "{'op':'div','inputs':['w25','v23'],'outputs':['v27']}]}",
+	  -4, 4, 1000, 4 },
+	{ "rms_norm's backward as a model's graph gives it: the row sum's kernel takes the rest (the weight's sum apart)",
+	  "{'tensors':[{'name':'dy','kind':'input','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'hnb','kind':'input','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'w','kind':'input','dtype':'bf16','shape':[1024]},"
+	  "{'name':'h','kind':'input','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'r','kind':'input','dtype':'f32','shape':[96,1]},"
+	  "{'name':'dres','kind':'input','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'t6','kind':'intermediate','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'t7','kind':'intermediate','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'dw','kind':'output','dtype':'bf16','shape':[1024]},"
+	  "{'name':'t9','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'t10','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'dr3','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'dr','kind':'view','base':'dr3','shape':[96],'strides':[1]},"
+	  "{'name':'t12','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'p13','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'t14','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'t15','kind':'intermediate','dtype':'f32','shape':[96,1]},"
+	  "{'name':'t16','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'t17','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'t18','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'t19','kind':'intermediate','dtype':'f32','shape':[96,1024]},"
+	  "{'name':'t20','kind':'intermediate','dtype':'bf16','shape':[96,1024]},"
+	  "{'name':'dx','kind':'output','dtype':'bf16','shape':[96,1024]}],"
+	  "'nodes':[{'op':'mul','inputs':['dy','hnb'],'outputs':['t6']},"
+	  "{'op':'mul','inputs':['dy','w'],'outputs':['t7']},{'op':'cast','inputs':['t7'],'outputs':['t9']},"
+	  "{'op':'mul','inputs':['t9','h'],'outputs':['t10']},{'op':'sum','inputs':['t10'],'outputs':['dr']},"
+	  "{'op':'sum','inputs':['t6'],'outputs':['dw'],'attrs':{'axis':'leading'}},"
+	  "{'op':'mul','inputs':['t9','r'],'outputs':['t12']},"
+	  "{'op':'pow','inputs':['r'],'outputs':['p13'],'attrs':{'scalar':3}},"
+	  "{'op':'mul','inputs':['dr3'],'outputs':['t14'],'attrs':{'scalar':-0.5}},"
+	  "{'op':'mul','inputs':['t14','p13'],'outputs':['t15']},"
+	  "{'op':'div','inputs':['t15'],'outputs':['t16'],'attrs':{'scalar':1024}},"
+	  "{'op':'mul','inputs':['h'],'outputs':['t17'],'attrs':{'scalar':2}},"
+	  "{'op':'mul','inputs':['t16','t17'],'outputs':['t18']},"
+	  "{'op':'add','inputs':['t12','t18'],'outputs':['t19']},"
+	  "{'op':'cast','inputs':['t19'],'outputs':['t20']},"
+	  "{'op':'add','inputs':['t20','dres'],'outputs':['dx']}]}",
+	  -2, 2, 0, 3 },
+	{ "reductions' epilogues: a block a row, row values stored and read from memory, an in-place epilogue, "
+	  "softmax through logsumexp",
+	  "{'tensors':[{'name':'a','kind':'inout','dtype':'f32','shape':[16,3000]},"
+	  "{'name':'bias','kind':'input','dtype':'f32','shape':[16,1]},"
+	  "{'name':'s','kind':'output','dtype':'f32','shape':[16,1]},"
+	  "{'name':'sv','kind':'view','base':'s','shape':[16],'strides':[1]},"
+	  "{'name':'t','kind':'output','dtype':'bf16','shape':[16,1]},"
+	  "{'name':'b','kind':'input','dtype':'bf16','shape':[40,200]},"
+	  "{'name':'lse','kind':'intermediate','dtype':'f32','shape':[40]},"
+	  "{'name':'lsec','kind':'view','base':'lse','shape':[40,1],'strides':[1,1]},"
+	  "{'name':'d','kind':'intermediate','dtype':'f32','shape':[40,200]},"
+	  "{'name':'p','kind':'output','dtype':'bf16','shape':[40,200]}],"
+	  "'nodes':[{'op':'sum','inputs':['a'],'outputs':['sv']},"
+	  "{'op':'add','inputs':['s','bias'],'outputs':['t']},"
+	  "{'op':'mul','inputs':['a','t'],'outputs':['a']},"
+	  "{'op':'logsumexp','inputs':['b'],'outputs':['lse']},"
+	  "{'op':'sub','inputs':['b','lsec'],'outputs':['d']},{'op':'exp','inputs':['d'],'outputs':['p']}]}",
+	  -2, 2, 0, 2 },
+	{ "a reduction whose prologue updates its input in place: its consumer runs in a kernel of its own (a second "
+	  "pass would read the updated values)",
+	  "{'tensors':[{'name':'x','kind':'inout','dtype':'f32','shape':[24,300]},"
+	  "{'name':'s','kind':'intermediate','dtype':'f32','shape':[24,1]},"
+	  "{'name':'sv','kind':'view','base':'s','shape':[24],'strides':[1]},"
+	  "{'name':'y','kind':'output','dtype':'f32','shape':[24,300]}],"
+	  "'nodes':[{'op':'mul','inputs':['x'],'outputs':['x'],'attrs':{'scalar':2}},"
+	  "{'op':'sum','inputs':['x'],'outputs':['sv']},{'op':'div','inputs':['x','s'],'outputs':['y']}]}",
+	  0.5, 2, 0, 2 },
+	{ "rotary embeddings as a model writes them (rotate_half: slices, neg, cat): one kernel, the cat recomputed "
+	  "where it is read",
+	  "{'tensors':[{'name':'qh','kind':'input','dtype':'bf16','shape':[2,64,4,64]},"
+	  "{'name':'q','kind':'view','base':'qh','shape':[2,4,64,64],'strides':[16384,64,256,1]},"
+	  "{'name':'x1','kind':'view','base':'qh','shape':[2,4,64,32],'strides':[16384,64,256,1]},"
+	  "{'name':'x2','kind':'view','base':'qh','shape':[2,4,64,32],'strides':[16384,64,256,1],'offset':32},"
+	  "{'name':'cos','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'sin','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'t1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'n','kind':'intermediate','dtype':'bf16','shape':[2,4,64,32]},"
+	  "{'name':'rot','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'rota','kind':'view','base':'rot','shape':[2,4,64,32],'strides':[16384,4096,64,1]},"
+	  "{'name':'rotb','kind':'view','base':'rot','shape':[2,4,64,32],'strides':[16384,4096,64,1],'offset':32},"
+	  "{'name':'t2','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'qr','kind':'output','dtype':'bf16','shape':[2,4,64,64]}],"
+	  "'nodes':[{'op':'mul','inputs':['q','cos'],'outputs':['t1']},"
+	  "{'op':'neg','inputs':['x2'],'outputs':['n']},"
+	  "{'op':'cast','inputs':['n'],'outputs':['rota']},{'op':'cast','inputs':['x1'],'outputs':['rotb']},"
+	  "{'op':'mul','inputs':['rot','sin'],'outputs':['t2']},{'op':'add','inputs':['t1','t2'],'outputs':['qr']}]}",
+	  -2, 2, 0, 1 },
+	{ "their backward (slice backward into zeros, neg, adds): one kernel",
+	  "{'tensors':[{'name':'g','kind':'input','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'cos','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'sin','kind':'input','dtype':'bf16','shape':[64,64]},"
+	  "{'name':'mb0','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'mb1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'sb1','kind':'view','base':'mb1','shape':[2,4,64,32],'strides':[16384,4096,64,1]},"
+	  "{'name':'sb2','kind':'view','base':'mb1','shape':[2,4,64,32],'strides':[16384,4096,64,1],'offset':32},"
+	  "{'name':'nb','kind':'intermediate','dtype':'bf16','shape':[2,4,64,32]},"
+	  "{'name':'z2','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'z2b','kind':'view','base':'z2','shape':[2,4,64,32],'strides':[16384,4096,64,1],'offset':32},"
+	  "{'name':'z1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'z1a','kind':'view','base':'z1','shape':[2,4,64,32],'strides':[16384,4096,64,1]},"
+	  "{'name':'a1','kind':'intermediate','dtype':'bf16','shape':[2,4,64,64]},"
+	  "{'name':'dq','kind':'output','dtype':'bf16','shape':[2,4,64,64]}],"
+	  "'nodes':[{'op':'mul','inputs':['g','cos'],'outputs':['mb0']},{'op':'mul','inputs':['g','sin'],'outputs':['mb1']},"
+	  "{'op':'neg','inputs':['sb1'],'outputs':['nb']},"
+	  "{'op':'fill','outputs':['z2'],'attrs':{'scalar':0}},{'op':'cast','inputs':['nb'],'outputs':['z2b']},"
+	  "{'op':'fill','outputs':['z1'],'attrs':{'scalar':0}},{'op':'cast','inputs':['sb2'],'outputs':['z1a']},"
+	  "{'op':'add','inputs':['mb0','z2'],'outputs':['a1']},{'op':'add','inputs':['a1','z1'],'outputs':['dq']}]}",
+	  -2, 2, 0, 1 },
+	{ "a cat whose part's source is updated in place before it is read: not recomputed (it reads the old values)",
+	  "{'tensors':[{'name':'p','kind':'inout','dtype':'f32','shape':[40,16]},"
+	  "{'name':'pa','kind':'view','base':'p','shape':[40,8],'strides':[16,1]},"
+	  "{'name':'pb','kind':'view','base':'p','shape':[40,8],'strides':[16,1],'offset':8},"
+	  "{'name':'c','kind':'intermediate','dtype':'f32','shape':[40,16]},"
+	  "{'name':'ca','kind':'view','base':'c','shape':[40,8],'strides':[16,1]},"
+	  "{'name':'cb','kind':'view','base':'c','shape':[40,8],'strides':[16,1],'offset':8},"
+	  "{'name':'y','kind':'output','dtype':'f32','shape':[40,16]}],"
+	  "'nodes':[{'op':'neg','inputs':['pb'],'outputs':['ca']},{'op':'cast','inputs':['pa'],'outputs':['cb']},"
+	  "{'op':'mul','inputs':['p'],'outputs':['p'],'attrs':{'scalar':3}},"
+	  "{'op':'add','inputs':['c','p'],'outputs':['y']}]}",
+	  -2, 2, 0, 0 },
+	{ "SwiGLU as a model writes it: silu(x W1) waits for x W3 and takes the product (one kernel between the GEMMs)",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'w1','kind':'input','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'w3','kind':'input','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'w2','kind':'input','dtype':'bf16','shape':[160,96]},"
+	  "{'name':'h1','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'s','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'h3','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'m','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'y','kind':'output','dtype':'bf16','shape':[64,96]}],"
+	  "'nodes':[{'op':'gemm','inputs':{'a':'x','b':'w1'},'outputs':{'d':'h1'}},"
+	  "{'op':'silu','inputs':['h1'],'outputs':['s']},"
+	  "{'op':'gemm','inputs':{'a':'x','b':'w3'},'outputs':{'d':'h3'}},"
+	  "{'op':'mul','inputs':['s','h3'],'outputs':['m']},"
+	  "{'op':'gemm','inputs':{'a':'m','b':'w2'},'outputs':{'d':'y'}}]}",
+	  -1, 1, 0, 4 },
+	{ "SwiGLU's backward: silu's backward joins the gradient's products ahead of the weights' GEMMs",
+	  "{'tensors':[{'name':'dy','kind':'input','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'xt','kind':'input','dtype':'bf16','shape':[96,64]},"
+	  "{'name':'w2t','kind':'input','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'w1t','kind':'input','dtype':'bf16','shape':[160,96]},"
+	  "{'name':'w3t','kind':'input','dtype':'bf16','shape':[160,96]},"
+	  "{'name':'h1','kind':'input','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'h3','kind':'input','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'s','kind':'input','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dm','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'ds','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dh3','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dh1','kind':'intermediate','dtype':'bf16','shape':[64,160]},"
+	  "{'name':'dx3','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'dx1','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'dw3','kind':'output','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'dw1','kind':'output','dtype':'bf16','shape':[96,160]},"
+	  "{'name':'dx','kind':'output','dtype':'bf16','shape':[64,96]}],"
+	  "'nodes':[{'op':'gemm','inputs':{'a':'dy','b':'w2t'},'outputs':{'d':'dm'}},"
+	  "{'op':'mul','inputs':['dm','h3'],'outputs':['ds']},{'op':'mul','inputs':['dm','s'],'outputs':['dh3']},"
+	  "{'op':'gemm','inputs':{'a':'xt','b':'dh3'},'outputs':{'d':'dw3'}},"
+	  "{'op':'gemm','inputs':{'a':'dh3','b':'w3t'},'outputs':{'d':'dx3'}},"
+	  "{'op':'silu_backward','inputs':['ds','h1'],'outputs':['dh1']},"
+	  "{'op':'gemm','inputs':{'a':'xt','b':'dh1'},'outputs':{'d':'dw1'}},"
+	  "{'op':'gemm','inputs':{'a':'dh1','b':'w1t'},'outputs':{'d':'dx1'}},"
+	  "{'op':'add','inputs':['dx1','dx3'],'outputs':['dx']}]}",
+	  -1, 1, 0, 7 },
 };
 
 const size_t tl_prog_ncases = sizeof(tl_prog_cases) / sizeof(tl_prog_cases[0]);
@@ -510,6 +744,27 @@ int tl_prog_reference(struct tl_prog *t)
 		r = rd_host_node_run(&t->p, i, addr, workspace, ws);
 	free(workspace);
 	free(addr);
+	return r;
+}
+
+int tl_prog_run_library(const struct tl_prog *t, int s, void *const *bound, void *arena)
+{
+	const struct rd_prog_step *st = &t->plan.steps[s];
+	void **addr = calloc((size_t)t->p.ntensors, sizeof(void *));
+	size_t ws = rd_host_node_workspace(&t->p, st->first_node);
+	void *workspace = malloc(ws ? ws : 1);
+	int r = -ENOMEM;
+
+	if (addr && workspace) {
+		for (int i = 0; i < t->p.ntensors; i++) {
+			const struct rp_prog_tensor *x = &t->p.tensors[i];
+			addr[i] = x->kind == RP_PT_SCALAR ? &t->scalars[x->bind_index]
+							 : rd_prog_tensor_address(&t->plan, &t->p, i, bound, arena);
+		}
+		r = rd_host_node_run(&t->p, st->first_node, addr, workspace, ws);
+	}
+	free(addr);
+	free(workspace);
 	return r;
 }
 

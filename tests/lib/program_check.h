@@ -16,12 +16,14 @@
 
 /* A program as a client defines it ('quotes' for "quotes"); float inputs
  * are drawn on the grid of 1/64 in [lo, hi), integer ones in [0, int_hi)
- * (16 when 0). */
+ * (16 when 0). `steps`: how many steps the CUDA backend's plan must make
+ * of it (what a fusion case is about; 0: not checked). */
 struct tl_prog_case {
 	const char *name;
 	const char *json;
 	double lo, hi;
 	int64_t int_hi;
+	int steps;
 };
 extern const struct tl_prog_case tl_prog_cases[];
 extern const size_t tl_prog_ncases;
@@ -43,6 +45,12 @@ void tl_prog_close(struct tl_prog *t);
 /* The reference, from the initial values into ref[]. 0 or the failing
  * node's error (-errno). */
 int tl_prog_reference(struct tl_prog *t);
+/* Runs library step s's node (a GEMM, an attention) with the host
+ * backend's math (the reference's) over a run's memory on the host:
+ * bound[] by bind_index and the arena, laid out as the plan says; what
+ * the tests do in place of cuBLASLt and cuDNN, around the kernels they
+ * launch. 0 or the node's error (-errno). */
+int tl_prog_run_library(const struct tl_prog *t, int s, void *const *bound, void *arena);
 /* Compares root tensor r's bytes from a run with the reference: relative
  * error over the tensor within the dtype's tolerance, NaN and infinities
  * where the reference has them, integers exact, untouched elements (still

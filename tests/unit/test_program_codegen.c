@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "daemon/program/plan.h"
+#include "tests/lib/program_check.h"
 #include "tests/unit/prog_builder.h"
 #include "tests/unit/unit.h"
 
@@ -509,6 +510,20 @@ START_TEST(defined_composites)
 }
 END_TEST
 
+/* The programs whose kernels the emulated and GPU tests run
+ * (tests/lib/program_check.h), as the CUDA backend would compile them. */
+START_TEST(checked_programs)
+{
+	struct tl_prog t;
+	char why[256];
+
+	ck_assert_msg(tl_prog_open(&t, &tl_prog_cases[_i], 1, why, sizeof(why)) == 0, "%s: %s", tl_prog_cases[_i].name,
+		      why);
+	compile_plan(&t.plan, "-arch=sm_90");
+	tl_prog_close(&t);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("program_codegen");
@@ -525,6 +540,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, wide_indices);
 	tcase_add_test(tc, wide_embedding_backward);
 	tcase_add_loop_test(tc, defined_composites, 0, (int)(sizeof(defined) / sizeof(defined[0])));
+	tcase_add_loop_test(tc, checked_programs, 0, (int)tl_prog_ncases);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -124,6 +124,10 @@ START_TEST(reduction_takes_its_prologue)
 }
 END_TEST
 
+/* Softmax in three passes as a model may write it: the subtraction and
+ * the exp consume the max, so they are its epilogue; the sum's kernel
+ * takes the division as its own. exp's output, which the second kernel
+ * reads twice, is stored; the max and the sum never leave registers. */
 START_TEST(prologue_read_later_is_stored)
 {
 	pb_init(&b, "softmax");
@@ -140,24 +144,23 @@ START_TEST(prologue_read_later_is_stored)
 	pb_pw(&b, RP_PW_DIV, y, e, s, -1);
 	build();
 
-	ck_assert_int_eq(plan.nsteps, 3);
-	assert_step(0, RD_STEP_REDUCTION, 0, 1);
-	assert_step(1, RD_STEP_REDUCTION, 1, 3);
-	assert_step(2, RD_STEP_FUSED, 4, 1);
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_REDUCTION, 0, 3);
+	assert_step(1, RD_STEP_REDUCTION, 3, 2);
+	ck_assert(!plan.node_stored[0]);     /* m: its epilogue alone reads it */
 	ck_assert(!plan.node_stored[1]);     /* d: only exp reads it */
-	ck_assert(plan.node_stored[2]);      /* e: the division reads it */
+	ck_assert(plan.node_stored[2]);      /* e: the next kernel reads it */
+	ck_assert(!plan.node_stored[3]);     /* s: the division, in its kernel */
+	ck_assert(plan.node_stored[4]);
 	ck_assert(plan.arena_offset[d] == RD_PROG_NOT_IN_ARENA);
-	ck_assert(plan.arena_offset[e] != RD_PROG_NOT_IN_ARENA);
-	ck_assert(plan.arena_offset[m] != RD_PROG_NOT_IN_ARENA);
-	ck_assert(plan.arena_offset[s] != RD_PROG_NOT_IN_ARENA);
-	/* m lives over steps 0-1, e and s over 1-2: all three meet at step
-	 * 1 (m read while s is written), so none shares. */
-	ck_assert(plan.arena_offset[m] != plan.arena_offset[e]);
-	ck_assert(plan.arena_offset[s] != plan.arena_offset[e]);
-	ck_assert(plan.arena_offset[s] != plan.arena_offset[m]);
-	ck_assert_uint_eq(plan.arena_bytes, 16 * 100 * 4 + 256 + 256);
+	ck_assert(plan.arena_offset[m] == RD_PROG_NOT_IN_ARENA);
+	ck_assert(plan.arena_offset[s] == RD_PROG_NOT_IN_ARENA);
+	ck_assert(plan.arena_offset[e] == 0);
+	ck_assert_uint_eq(plan.arena_bytes, 16 * 100 * 4);
 	/* Rows of 100: a warp each, 8 rows a block. */
 	ck_assert_uint_eq(plan.steps[1].kernels[0].blocks, 2);
+	ck_assert_str_eq(plan.steps[0].kernels[0].name, "k0_reduce_max_sub_exp_last");
+	ck_assert_str_eq(plan.steps[1].kernels[0].name, "k1_reduce_sum_div_last");
 }
 END_TEST
 
@@ -207,11 +210,34 @@ START_TEST(small_nodes_run_ahead)
 }
 END_TEST
 
-/* A node that depends on a later group waits for it: here the second
- * exp reads what the reduction wrote. */
+/* A node that depends on a later group waits for it: here the division
+ * reads what a leading reduction (which takes no epilogue) wrote. */
 START_TEST(dependencies_keep_their_order)
 {
 	pb_init(&b, "deps");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 16));
+	int s = pb_tensor(&b, "s", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(16));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
+	pb_pw(&b, RP_PW_EXP, t, x, -1);
+	pb_reduce(&b, RP_RED_SUM, RP_AXIS_LEADING, s, t);
+	pb_pw(&b, RP_PW_DIV, y, t, s, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_REDUCTION, 0, 2);
+	assert_step(1, RD_STEP_FUSED, 2, 1);
+	ck_assert(plan.node_stored[0]);   /* the division reads exp(x) again */
+	ck_assert(plan.node_stored[1]);
+}
+END_TEST
+
+/* The same over rows: the division consumes the sum, so it is the
+ * reduction's epilogue, reading exp(x) from registers on the kernel's
+ * second pass over the row: one kernel, nothing stored but y. */
+START_TEST(row_reduction_takes_its_epilogue)
+{
+	pb_init(&b, "epilogue");
 	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(8, 16));
 	int t = pb_tensor(&b, "t", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 16));
 	int s = pb_tensor(&b, "s", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(8, 1));
@@ -221,10 +247,13 @@ START_TEST(dependencies_keep_their_order)
 	pb_pw(&b, RP_PW_DIV, y, t, s, -1);
 	build();
 
-	ck_assert_int_eq(plan.nsteps, 2);
-	assert_step(0, RD_STEP_REDUCTION, 0, 2);
-	assert_step(1, RD_STEP_FUSED, 2, 1);
-	ck_assert(plan.node_stored[0]);   /* the division reads exp(x) again */
+	ck_assert_int_eq(plan.nsteps, 1);
+	assert_step(0, RD_STEP_REDUCTION, 0, 3);
+	ck_assert(!plan.node_stored[0]);
+	ck_assert(!plan.node_stored[1]);
+	ck_assert(plan.node_stored[2]);
+	ck_assert_uint_eq(plan.arena_bytes, 0);
+	ck_assert_str_eq(plan.steps[0].kernels[0].name, "k0_reduce_exp_sum_div_last");
 }
 END_TEST
 
@@ -440,6 +469,146 @@ END_TEST
  * the arena is smaller than every intermediate side by side. A chain of
  * 40 GEMMs (each its own step), each writing an intermediate of a random
  * size and reading two random earlier ones. */
+/* SwiGLU, w2(silu(x w1) * x w3): the second GEMM, which does not read
+ * silu's output, runs before it, so the product joins silu's kernel and
+ * silu's output never leaves registers. */
+START_TEST(pointwise_waits_past_an_independent_library_call)
+{
+	pb_init(&b, "swiglu");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int w1 = pb_tensor(&b, "w1", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int w3 = pb_tensor(&b, "w3", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int w2 = pb_tensor(&b, "w2", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(512, 256));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int h1 = pb_tensor(&b, "h1", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int s = pb_tensor(&b, "s", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int h3 = pb_tensor(&b, "h3", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int m = pb_tensor(&b, "m", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	pb_gemm(&b, h1, x, w1);
+	pb_pw(&b, RP_PW_SILU, s, h1, -1);
+	pb_gemm(&b, h3, x, w3);
+	pb_pw(&b, RP_PW_MUL, m, s, h3, -1);
+	pb_gemm(&b, y, m, w2);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 4);
+	assert_step(0, RD_STEP_LIBRARY, 0, 1);
+	assert_step(1, RD_STEP_LIBRARY, 2, 1);
+	assert_step(2, RD_STEP_FUSED, 1, 2);
+	assert_step(3, RD_STEP_LIBRARY, 4, 1);
+	ck_assert(!plan.node_stored[1]);
+	ck_assert(plan.arena_offset[s] == RD_PROG_NOT_IN_ARENA);
+	ck_assert_uint_eq(plan.fused_kernels, 1);
+}
+END_TEST
+
+/* Its backward: silu's backward, which no GEMM between reads, joins the
+ * gradient's two products ahead of the GEMMs that read one of them; the
+ * other product stays in registers. A GEMM that reads a group's output
+ * still runs after it, and the library calls keep their order. */
+START_TEST(pointwise_runs_ahead_of_independent_library_calls)
+{
+	pb_init(&b, "swiglu_bwd");
+	int dy = pb_tensor(&b, "dy", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int xt = pb_tensor(&b, "xt", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 128));
+	int w2t = pb_tensor(&b, "w2t", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int w3t = pb_tensor(&b, "w3t", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(512, 256));
+	int h1 = pb_tensor(&b, "h1", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int h3 = pb_tensor(&b, "h3", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int s = pb_tensor(&b, "s", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int dm = pb_tensor(&b, "dm", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int ds = pb_tensor(&b, "ds", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int dh3 = pb_tensor(&b, "dh3", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	int dw3 = pb_tensor(&b, "dw3", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(256, 512));
+	int dx3 = pb_tensor(&b, "dx3", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(128, 256));
+	int dh1 = pb_tensor(&b, "dh1", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(128, 512));
+	pb_gemm(&b, dm, dy, w2t);
+	pb_pw(&b, RP_PW_MUL, ds, dm, h3, -1);
+	pb_pw(&b, RP_PW_MUL, dh3, dm, s, -1);
+	pb_gemm(&b, dw3, xt, dh3);
+	pb_gemm(&b, dx3, dh3, w3t);
+	pb_pw(&b, RP_PW_SILU_BACKWARD, dh1, ds, h1, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 4);
+	assert_step(0, RD_STEP_LIBRARY, 0, 1);
+	assert_step(1, RD_STEP_FUSED, 1, 3);
+	ck_assert_int_eq(plan.steps[1].nodes[2], 5);
+	assert_step(2, RD_STEP_LIBRARY, 3, 1);
+	assert_step(3, RD_STEP_LIBRARY, 4, 1);
+	ck_assert(!plan.node_stored[1]);
+	ck_assert(plan.node_stored[2]);
+	ck_assert(plan.arena_offset[ds] == RD_PROG_NOT_IN_ARENA);
+}
+END_TEST
+
+/* rotate_half(x) * s + x * c over x's halves (rotary embeddings as a model
+ * writes them): the cat of neg(x2) and x1 is recomputed where the product
+ * reads it, from x itself (neg's output too: only the cat's writer reads
+ * it). One kernel; the cat's writers in no step; nothing in the arena. */
+START_TEST(cat_is_recomputed_where_it_is_read)
+{
+	pb_init(&b, "rope");
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int x1 = pb_view(&b, "x1", x, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int x2 = pb_view(&b, "x2", x, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int c = pb_tensor(&b, "c", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64));
+	int sn = pb_tensor(&b, "s", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(64));
+	int n = pb_tensor(&b, "n", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 32));
+	int rot = pb_tensor(&b, "rot", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int ra = pb_view(&b, "ra", rot, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int rb = pb_view(&b, "rb", rot, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int t1 = pb_tensor(&b, "t1", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int t2 = pb_tensor(&b, "t2", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(16, 64));
+	pb_pw(&b, RP_PW_MUL, t1, x, c, -1);
+	pb_pw(&b, RP_PW_NEG, n, x2, -1);
+	pb_pw(&b, RP_PW_CAST, ra, n, -1);
+	pb_pw(&b, RP_PW_CAST, rb, x1, -1);
+	pb_pw(&b, RP_PW_MUL, t2, rot, sn, -1);
+	pb_pw(&b, RP_PW_ADD, y, t1, t2, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 1);
+	assert_step(0, RD_STEP_FUSED, 0, 3);
+	ck_assert_int_eq(plan.steps[0].nodes[1], 4);
+	ck_assert(plan.recomputed[rot] && plan.recomputed[ra] && plan.recomputed[n]);
+	ck_assert(!plan.recomputed[x] && !plan.recomputed[t1]);
+	/* The cat is read from x's halves, at other elements than the product's. */
+	ck_assert_int_eq(plan.nsources[rot], 2);
+	ck_assert(plan.arena_offset[rot] == RD_PROG_NOT_IN_ARENA);
+	ck_assert_uint_eq(plan.arena_bytes, 0);
+	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "rot, recomputed"));
+}
+END_TEST
+
+/* The same cat where something writes x between the cat and its reader:
+ * computed at the reader, the cat would see the new x; it is materialized
+ * by its own kernel instead. */
+START_TEST(cat_of_what_changes_before_it_is_read_is_stored)
+{
+	pb_init(&b, "rope_inplace");
+	int x = pb_tensor(&b, "x", RP_PT_INOUT, RP_DTYPE_F32, PB_DIMS(16, 64));
+	int x1 = pb_view(&b, "x1", x, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int x2 = pb_view(&b, "x2", x, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int rot = pb_tensor(&b, "rot", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(16, 64));
+	int ra = pb_view(&b, "ra", rot, 0, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int rb = pb_view(&b, "rb", rot, 32, PB_DIMS(16, 32), (const int64_t[]){ 64, 1 });
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(16, 64));
+	pb_pw(&b, RP_PW_NEG, ra, x2, -1);
+	pb_pw(&b, RP_PW_CAST, rb, x1, -1);
+	pb_pw_const(&b, RP_PW_MUL, x, x, 3.0, false);
+	pb_pw(&b, RP_PW_ADD, y, rot, x, -1);
+	build();
+
+	ck_assert(!plan.recomputed[rot]);
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_FUSED, 0, 2);
+	assert_step(1, RD_STEP_FUSED, 2, 2);
+	ck_assert(plan.arena_offset[rot] != RD_PROG_NOT_IN_ARENA);
+}
+END_TEST
+
 START_TEST(arena_never_overlaps_live_roots)
 {
 	enum { K = 40 };
@@ -656,12 +825,17 @@ static Suite *suite(void)
 	tcase_add_test(tc, reduction_of_other_shape_runs_alone);
 	tcase_add_test(tc, small_nodes_run_ahead);
 	tcase_add_test(tc, dependencies_keep_their_order);
+	tcase_add_test(tc, row_reduction_takes_its_epilogue);
 	tcase_add_test(tc, iota_is_computed_inline);
 	tcase_add_test(tc, dropout_mask_is_computed_inline);
 	tcase_add_test(tc, in_place_update_is_one_kernel);
 	tcase_add_test(tc, conflicting_views_split);
 	tcase_add_test(tc, disjoint_views_share_a_kernel);
 	tcase_add_test(tc, library_steps_and_arena_sharing);
+	tcase_add_test(tc, pointwise_waits_past_an_independent_library_call);
+	tcase_add_test(tc, pointwise_runs_ahead_of_independent_library_calls);
+	tcase_add_test(tc, cat_is_recomputed_where_it_is_read);
+	tcase_add_test(tc, cat_of_what_changes_before_it_is_read_is_stored);
 	tcase_add_test(tc, arena_never_overlaps_live_roots);
 	tcase_add_test(tc, leading_reduction_two_passes);
 	tcase_add_test(tc, gather_steps);
