@@ -99,9 +99,3 @@ static inline uint64_t rp_program_journal_need(const struct rp_program *p, enum 
 		return 0;
 	return mode == RP_JOURNAL_MARKS ? RP_PROG_JOURNAL_MARKS_BYTES : rp_program_journal_bytes(p);
 }
-
-/* The name of a mode on the wire ("copy", "marks"). */
-static inline const char *rp_prog_journal_mode_name(enum rp_prog_journal_mode mode)
-{
-	return mode == RP_JOURNAL_MARKS ? "marks" : "copy";
-}

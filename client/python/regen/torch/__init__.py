@@ -24,7 +24,8 @@ The operations are custom ops (torch.ops.regen.mm, linear, mlp, sdpa,
 sdpa_packed, sdpa_backward) with fake implementations and autograd.  After a generation
 change (regenctl restart, a fault) the runtime waits for the device to serve
 again, imports again and retries; what cannot be retried raises
-RecoveryFailed or WorkLost.  docs/torch.md says it all; `import regen` never
+RecoveryFailed, WorkLost or (an update in place that a journal of marks
+cannot put back) Torn.  docs/torch.md says it all; `import regen` never
 imports torch, this module needs it.
 """
 
@@ -39,14 +40,14 @@ import threading
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 from ..pool import Pool
-from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, WorkLost, host_empty
+from ._runtime import ORDERINGS, NotSupported, PoolTooLate, RecoveryFailed, Runtime, Torn, WorkLost, host_empty
 from ._ops import HAVE_CUSTOM_OP, attention_packed, linear, matmul, mlp, scaled_dot_product_attention
 from ._block import BLOCK_PARAMETERS, transformer_block, transformer_blocks
 from ._norm import layer_norm
 from . import nn, optim
 from . import fp8
 from .fp8 import fp8_autocast
-from ._keep import Kept, Torn, keep, last_put_back, restore
+from ._keep import Kept, keep, last_put_back, restore
 from ._on_import import when_imported as _when_imported
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
