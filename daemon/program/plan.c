@@ -353,7 +353,7 @@ static void judge_root(const struct rp_program *p, const int *inl, int r, struct
 	int64_t start[RP_PROG_RANK_MAX];
 
 	u->candidate = false;
-	if (u->nwriters == 0 || u->nreaders == 0)
+	if (u->nwriters == 0 || u->nwriters > RD_PROG_RECOMPUTE_WRITERS_MAX || u->nreaders == 0)
 		return;
 	for (int k = 0; k < u->nwriters; k++) {
 		const struct rp_prog_node *n = &p->nodes[u->writers[k]];
