@@ -1074,9 +1074,6 @@ static void emit_node_comment(struct gen *g, int node, const char *ind)
 	out(&g->b, ") */\n");
 }
 
-/* Writers of one recomputed root the code generator takes. */
-#define RECOMPUTE_WRITERS_MAX 8
-
 /* Whether node n reads its input i at an input before: a recomputed
  * one's value is written once for the node. */
 static bool read_before(const struct gen *g, const struct rp_prog_node *n, int i)
@@ -1086,8 +1083,6 @@ static bool read_before(const struct gen *g, const struct rp_prog_node *n, int i
 			return true;
 	return false;
 }
-
-static void emit_node_comment(struct gen *g, int node, const char *ind);
 
 /* u<reader>_<depth>_<t>: the element of recomputed tensor t that node
  * `reader` reads at its coordinates <prefix><d> (a frame of `rank` dims):
@@ -1117,12 +1112,12 @@ static int emit_recomputed(struct gen *g, int reader, int depth, int t, const ch
 	}
 	/* The writers from the last: the first whose box holds the element
 	 * (the plan made sure one does: the last tried needs no test). */
-	int writers[RECOMPUTE_WRITERS_MAX], nw = 0;
+	int writers[RD_PROG_RECOMPUTE_WRITERS_MAX], nw = 0;
 	for (int i = g->p->nnodes - 1; i >= 0; i--) {
 		const struct rp_prog_node *w = &g->p->nodes[i];
 		if (w->op->cls != RP_PC_POINTWISE || w->nout != 1 || w->out[0] < 0 || T(g, w->out[0])->root != x->root)
 			continue;
-		if (nw == RECOMPUTE_WRITERS_MAX)
+		if (nw == RD_PROG_RECOMPUTE_WRITERS_MAX)
 			return -EINVAL;
 		writers[nw++] = i;
 		if (rd_prog_same_shape(T(g, w->out[0]), root))

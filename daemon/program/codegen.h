@@ -23,6 +23,9 @@ bool rd_prog_same_view(const struct rp_program *p, int a, int b);
  * element for every row: one thread that holds w's value for a row may
  * use it where t is read. */
 bool rd_prog_same_row(const struct rp_program *p, const struct rp_prog_tensor *d, int w, int t);
+/* Writers of one recomputed root (plan.h) the code generator takes: the
+ * plan recomputes no root of more. */
+#define RD_PROG_RECOMPUTE_WRITERS_MAX 8
 /* Whether view t is a box of its root (a contiguous intermediate): of the
  * root's rank and dtype, each dim of more than one element stepped as the
  * root steps it, its first element at the root's coordinates start[]. */

@@ -252,17 +252,17 @@ static bool boxes_cover(const struct rp_program *p, int r, const int *w, int n)
 	int64_t start[RP_PROG_RANK_MAX];
 	int along = -1;
 
+	for (int i = 0; i < n; i++)
+		if (rd_prog_same_shape(&p->tensors[p->nodes[w[i]].out[0]], root))
+			return true;
 	for (int i = 0; i < n; i++) {
 		const struct rp_prog_tensor *x = &p->tensors[p->nodes[w[i]].out[0]];
 		int partial = -1, count = 0;
-		rd_prog_box_of(p, p->nodes[w[i]].out[0], start);
 		for (int k = 0; k < root->rank; k++)
 			if (x->shape[k] != root->shape[k]) {
 				partial = k;
 				count++;
 			}
-		if (count == 0)
-			return true;
 		if (count > 1 || (along >= 0 && along != partial))
 			return false;
 		along = partial;
@@ -353,7 +353,7 @@ static void judge_root(const struct rp_program *p, const int *inl, int r, struct
 	int64_t start[RP_PROG_RANK_MAX];
 
 	u->candidate = false;
-	if (u->nwriters == 0 || u->nreaders == 0)
+	if (u->nwriters == 0 || u->nwriters > RD_PROG_RECOMPUTE_WRITERS_MAX || u->nreaders == 0)
 		return;
 	for (int k = 0; k < u->nwriters; k++) {
 		const struct rp_prog_node *n = &p->nodes[u->writers[k]];
