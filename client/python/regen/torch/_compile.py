@@ -407,18 +407,34 @@ def _compiler(kind):
     return compile_graph
 
 
-def backend(gm, example_inputs, **options):
+def backend(gm, example_inputs, options=None, mode=None):
     """The "regen" backend: AOTAutograd with our forward and backward
     compilers.  A forward's update of an input that needs no gradient (a
     buffer: FP8 scaling state, running statistics) stays in the graph as
     copy_ (keep_inference_input_mutations, as Inductor asks), which the
     lowering writes into the program, in place, rather than AOTAutograd
     copying after the Run on the rank (a backward's update is in its graph
-    whatever is asked)."""
+    whatever is asked).
+
+    torch.compile(..., options={"partition": "min_cut"}) splits forward
+    from backward as Inductor does (the backward recomputes cheap
+    pointwise work rather than the forward saving it: less memory, fewer
+    bytes written); "default", the default, is AOTAutograd's own split.
+    mode is Inductor's and means nothing here."""
     from torch._dynamo.backends.common import aot_autograd
+    kw = {}
+    options = dict(options or {})
+    partition = options.pop("partition", "default")
+    if partition == "min_cut":
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        kw["partition_fn"] = min_cut_rematerialization_partition
+    elif partition != "default":
+        raise ValueError(f'regen backend: options["partition"] is "default" or "min_cut", not {partition!r}')
+    if options:
+        raise ValueError(f"regen backend: unknown options {sorted(options)}; it takes \"partition\"")
     return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
                         inference_compiler=_compiler("inference"),
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+                        keep_inference_input_mutations=True, **kw)(gm, example_inputs)
 
 
 def compiled_graphs():
