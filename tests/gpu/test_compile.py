@@ -167,6 +167,39 @@ def check_autocast(name, steps=2):
     torch._dynamo.reset()
 
 
+def check_partition(name, steps=2):
+    """options={"partition": "min_cut"} trains as eager does; an unknown
+    option is refused by name at the first call."""
+    vocab, seq, layers, heads, batch = 512, 128, 2, max(2, D // 64), 4
+    torch._dynamo.reset()
+    eager = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
+    mine = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
+    compiled = torch.compile(mine, backend="regen", dynamic=False, options={"partition": "min_cut"})
+    worst = 0.0
+    for step in range(steps):
+        idx, tgt = models.batch(vocab, batch, seq, step)
+        losses = []
+        for m, fn in ((eager, eager), (mine, compiled)):
+            m.zero_grad(set_to_none=True)
+            loss = fn(idx, tgt)
+            loss.backward()
+            losses.append(loss.float().item())
+        worst = max(worst, abs(losses[1] - losses[0]) / abs(losses[0]))
+    grads = max(rel(b.grad.float(), a.grad.float()) for a, b in zip(eager.parameters(), mine.parameters())
+                if a.grad is not None)
+    record(f"{name}: options={{'partition': 'min_cut'}} trains as eager does",
+           worst <= 5e-3 and grads <= 5e-2, f"worst loss {worst:.1e}, worst gradient {grads:.1e}")
+    torch._dynamo.reset()
+    bad = torch.compile(models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16),
+                        backend="regen", options={"partitioner": "min_cut"})
+    try:
+        bad(*models.batch(vocab, batch, seq, 0))
+        record(f"{name}: an unknown backend option refused", False, "it compiled")
+    except Exception as e:
+        record(f"{name}: an unknown backend option refused", "partitioner" in str(e), str(e)[:200])
+    torch._dynamo.reset()
+
+
 def train_with_faults(name, steps, faults, admin):
     """(losses, parameters, slowest step's seconds, slowest faulted step's
     seconds) of ``steps`` compiled AdamW steps, with faults {step: kind}:
@@ -230,7 +263,7 @@ def main():
                 traceback.print_exc()
                 record(f"{name}: compiled training", False, f"{type(e).__name__}: {e}"[:300])
                 torch._dynamo.reset()
-        for check in (check_recompile, check_autocast):
+        for check in (check_recompile, check_autocast, check_partition):
             try:
                 check(MODELS[0])
             except Exception as e:
