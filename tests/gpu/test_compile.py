@@ -114,6 +114,19 @@ def _programs():
     return {p["program"] for p in rt.runtime().client.program_status(0)}
 
 
+def _loss_gap(eager, mine, compiled, vocab, batch, seq, step):
+    """One step of eager and of the compiled twin on the same batch: their
+    losses' relative difference."""
+    idx, tgt = models.batch(vocab, batch, seq, step)
+    losses = []
+    for m, fn in ((eager, eager), (mine, compiled)):
+        m.zero_grad(set_to_none=True)
+        loss = fn(idx, tgt)
+        loss.backward()
+        losses.append(loss.float().item())
+    return abs(losses[1] - losses[0]) / abs(losses[0])
+
+
 def check_recompile(name):
     vocab, seq, layers, heads = 512, 128, 2, max(2, D // 64)
     torch._dynamo.reset()
@@ -123,14 +136,7 @@ def check_recompile(name):
     start = _programs()
     seen, worst = [], 0.0
     for i, batch in enumerate((4, 2, 4, 2)):
-        idx, tgt = models.batch(vocab, batch, seq, i)
-        losses = []
-        for m, fn in ((eager, eager), (mine, compiled)):
-            m.zero_grad(set_to_none=True)
-            loss = fn(idx, tgt)
-            loss.backward()
-            losses.append(loss.float().item())
-        worst = max(worst, abs(losses[1] - losses[0]) / abs(losses[0]))
+        worst = max(worst, _loss_gap(eager, mine, compiled, vocab, batch, seq, i))
         seen.append(len(_programs() - start))
     # Batch 4 defines the forward's and backward's programs, batch 2 its
     # own pair, and neither size again defines any.
@@ -175,16 +181,7 @@ def check_partition(name, steps=2):
     eager = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
     mine = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
     compiled = torch.compile(mine, backend="regen", dynamic=False, options={"partition": "min_cut"})
-    worst = 0.0
-    for step in range(steps):
-        idx, tgt = models.batch(vocab, batch, seq, step)
-        losses = []
-        for m, fn in ((eager, eager), (mine, compiled)):
-            m.zero_grad(set_to_none=True)
-            loss = fn(idx, tgt)
-            loss.backward()
-            losses.append(loss.float().item())
-        worst = max(worst, abs(losses[1] - losses[0]) / abs(losses[0]))
+    worst = max(_loss_gap(eager, mine, compiled, vocab, batch, seq, step) for step in range(steps))
     grads = max(rel(b.grad.float(), a.grad.float()) for a, b in zip(eager.parameters(), mine.parameters())
                 if a.grad is not None)
     record(f"{name}: options={{'partition': 'min_cut'}} trains as eager does",
