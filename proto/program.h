@@ -364,13 +364,6 @@ int rp_program_run_scalar(const struct rp_program *p, int i, double value, struc
  * "journal.buffer", "journal.offset" (past 2^53 or not 8-byte aligned). */
 int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const struct rp_id *buffer, uint64_t offset,
 			   enum rp_prog_journal_mode mode, bool has_seq, uint64_t seq, bool retry, struct rp_error *err);
-/* What a retry that the journal's header refuses answers (both backends
- * alike): RunTorn, the retried Run of a marks journal (proto/
- * program_journal.h) found begun; InvalidParameter "journal.mode", the
- * retry of a Run that saved copies given in mode marks (its journal was
- * bound for the header alone). */
-void rp_program_run_torn(struct rp_error *err, const struct rp_program *p, const struct rp_id *program, uint64_t seq);
-void rp_program_run_mode_changed(struct rp_error *err, const struct rp_program *p, uint64_t seq);
 /* Every position given: else InvalidParameter naming the first missing
  * ("bind.<name>" or "scalars.<name>"). */
 int rp_program_run_complete(const struct rp_program *p, const bool *seen, struct rp_error *err);

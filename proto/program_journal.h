@@ -68,6 +68,20 @@ struct rp_prog_journal_header {
 
 #define RP_PROG_JOURNAL_MARKS_BYTES ((uint64_t)sizeof(struct rp_prog_journal_header))
 
+/* What a retried Run (seq, in mode) does, by its journal's header as the
+ * backend read it; both backends alike. */
+enum rp_prog_journal_retry {
+	RP_RETRY_RUN,            /* the header is of another Run (or none): run it as a first one */
+	RP_RETRY_APPLIED,        /* DONE: applied whole already, run nothing */
+	RP_RETRY_RESTORE,        /* SAVED: put the inouts back from the journal, then run */
+	RP_RETRY_TORN,           /* BEGUN, marks only: nothing to put back; err is RunTorn */
+	RP_RETRY_MODE_CHANGED,   /* SAVED, retried in mode marks: err is InvalidParameter "journal.mode" */
+};
+
+enum rp_prog_journal_retry rp_program_journal_retry(const struct rp_prog_journal_header *h, uint64_t seq,
+						     enum rp_prog_journal_mode mode, const struct rp_program *p,
+						     const struct rp_id *program, struct rp_error *err);
+
 static inline uint64_t rp_prog_journal_align(uint64_t v)
 {
 	return (v + RP_PROG_JOURNAL_ALIGN - 1) & ~(uint64_t)(RP_PROG_JOURNAL_ALIGN - 1);

@@ -18,6 +18,7 @@
 #include "params.h"
 #include "philox.h"
 #include "program.h"
+#include "program_journal.h"
 
 /* JSON's exact integers: no byte offset goes past them. */
 #define OFFSET_MAX (UINT64_C(1) << 53)
@@ -186,7 +187,7 @@ int rp_program_run_journal(struct rp_program_run *run, bool has_journal, const s
 	return 0;
 }
 
-void rp_program_run_torn(struct rp_error *err, const struct rp_program *p, const struct rp_id *program, uint64_t seq)
+static void run_torn(struct rp_error *err, const struct rp_program *p, const struct rp_id *program, uint64_t seq)
 {
 	char id[RP_ID_MAX];
 
@@ -197,12 +198,35 @@ void rp_program_run_torn(struct rp_error *err, const struct rp_program *p, const
 			seq, p->name);
 }
 
-void rp_program_run_mode_changed(struct rp_error *err, const struct rp_program *p, uint64_t seq)
+static void run_mode_changed(struct rp_error *err, const struct rp_program *p, uint64_t seq)
 {
 	rp_error_set(err, RP_ERR_INVALID_PARAMETER,
 		     "Run %" PRIu64 " of program '%s' saved copies of its inouts in its journal (mode copy): retry it in "
 		     "mode copy, with the journal it had", seq, p->name);
 	rp_error_add_str(err, "parameter", "journal.mode");
+}
+
+enum rp_prog_journal_retry rp_program_journal_retry(const struct rp_prog_journal_header *h, uint64_t seq,
+						     enum rp_prog_journal_mode mode, const struct rp_program *p,
+						     const struct rp_id *program, struct rp_error *err)
+{
+	if (h->magic != RP_PROG_JOURNAL_MAGIC || h->seq != seq)
+		return RP_RETRY_RUN;
+	switch (h->state) {
+	case RP_JOURNAL_DONE:
+		return RP_RETRY_APPLIED;
+	case RP_JOURNAL_BEGUN:
+		run_torn(err, p, program, seq);
+		return RP_RETRY_TORN;
+	case RP_JOURNAL_SAVED:
+		if (mode != RP_JOURNAL_COPY) {
+			run_mode_changed(err, p, seq);
+			return RP_RETRY_MODE_CHANGED;
+		}
+		return RP_RETRY_RESTORE;
+	default:
+		return RP_RETRY_RUN;
+	}
 }
 
 int rp_program_run_complete(const struct rp_program *p, const bool *seen, struct rp_error *err)

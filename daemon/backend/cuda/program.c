@@ -517,22 +517,16 @@ static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char 
 		rp_error_set(err, cuda_error_name(e), "reading the journal: %s", cudaGetErrorString(e));
 		return -EIO;
 	}
-	if (h.magic != RP_PROG_JOURNAL_MAGIC || h.seq != seq)
-		return 0;
-	if (h.state == RP_JOURNAL_DONE) {
+	switch (rp_program_journal_retry(&h, seq, run->journal_mode, p->base.def, &p->base.obj.id, err)) {
+	case RP_RETRY_APPLIED:
 		p->base.retries_applied++;
 		return 1;
-	}
-	if (h.state == RP_JOURNAL_BEGUN) {
+	case RP_RETRY_TORN:
 		p->base.retries_torn++;
-		rp_program_run_torn(err, p->base.def, &p->base.obj.id, seq);
 		return -EIO;
-	}
-	if (h.state == RP_JOURNAL_SAVED && run->journal_mode != RP_JOURNAL_COPY) {
-		rp_program_run_mode_changed(err, p->base.def, seq);
+	case RP_RETRY_MODE_CHANGED:
 		return -EINVAL;
-	}
-	if (h.state == RP_JOURNAL_SAVED) {
+	case RP_RETRY_RESTORE:
 		e = journal_copy(lane, p, journal, false);
 		if (e != cudaSuccess) {
 			rp_error_set(err, cuda_error_name(e), "putting the inouts back from the journal: %s",
@@ -540,6 +534,9 @@ static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char 
 			return -EIO;
 		}
 		p->base.retries_restored++;
+		return 0;
+	case RP_RETRY_RUN:
+		break;
 	}
 	return 0;
 }

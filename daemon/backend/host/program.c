@@ -402,24 +402,21 @@ static int journal_recover(struct host_program *hp, const struct rd_program_run 
 	struct rp_prog_journal_header h;
 
 	memcpy(&h, journal, sizeof(h));
-	if (h.magic != RP_PROG_JOURNAL_MAGIC || h.seq != run->seq)
-		return 0;
-	if (h.state == RP_JOURNAL_DONE) {
+	switch (rp_program_journal_retry(&h, run->seq, run->journal_mode, hp->base.def, &hp->base.obj.id, err)) {
+	case RP_RETRY_APPLIED:
 		hp->base.retries_applied++;
 		return 1;
-	}
-	if (h.state == RP_JOURNAL_BEGUN) {
+	case RP_RETRY_TORN:
 		hp->base.retries_torn++;
-		rp_program_run_torn(err, hp->base.def, &hp->base.obj.id, run->seq);
 		return -EIO;
-	}
-	if (h.state == RP_JOURNAL_SAVED && run->journal_mode != RP_JOURNAL_COPY) {
-		rp_program_run_mode_changed(err, hp->base.def, run->seq);
+	case RP_RETRY_MODE_CHANGED:
 		return -EINVAL;
-	}
-	if (h.state == RP_JOURNAL_SAVED) {
+	case RP_RETRY_RESTORE:
 		journal_copy(hp, run, journal, false);
 		hp->base.retries_restored++;
+		return 0;
+	case RP_RETRY_RUN:
+		break;
 	}
 	return 0;
 }
