@@ -44,7 +44,8 @@ static uint64_t ms(uint64_t ns)
 	return ns / 1000000u;
 }
 
-/* How many of s's calls in flight wait on an event that is not done, and
+/* How many of s's calls in flight wait on an event that is not done (a
+ * backend with events: rd_orphan_watch watches nothing otherwise), and
  * (*ahead) how many of its calls in flight come before the first of them:
  * the calls run oldest first on the session's lane, so those run. */
 static unsigned waiting_on_unfinished(struct rd_worker *w, const struct rd_session *s, unsigned *ahead)
@@ -52,8 +53,6 @@ static unsigned waiting_on_unfinished(struct rd_worker *w, const struct rd_sessi
 	unsigned n = 0;
 
 	*ahead = 0;
-	if (!w->dev.backend->event_done)
-		return 0;
 	for (const struct rd_compute_call *cc = w->running; cc; cc = cc->next) {
 		if (cc->session != s)
 			continue;
