@@ -75,9 +75,8 @@ def _forward_kernel(x, weight, bias, hist, scale, hist_bwd, scale_bwd, forward_f
            "weight.fp8_t": _empty([k, n], fp8, x), "fwd.scale_inv": _empty([2], torch.float32, x),
            "fwd.amax_history.new": _empty(list(hist.shape), torch.float32, x),
            "fwd.scale.new": _empty([2], torch.float32, x)}
-    key = ("forward", m, n, k, xdt, wdt, bdt, tuple(_strides(x2)), tuple(_strides(w)), scaling, False)
-    definition = _definition(key, forward_definition, m, n, k, xdt, wdt, bdt, _strides(x2), _strides(w), scaling,
-                             False)
+    key, definition = _definition(forward_definition, m, n, k, xdt, wdt, bdt, _strides(x2), _strides(w),
+                                  scaling, False)
     tensors = {"input": x2, "weight": w, "fwd.amax_history": _bindable(hist), "fwd.scale": _bindable(scale)}
     if b is not None:
         tensors["bias"] = b
@@ -109,9 +108,8 @@ def _backward_kernel(grad, xt, wt, fwd_inv, hist, scale, forward_format, backwar
     state = {"bwd.scale_inv": _empty([1], torch.float32, grad),
              "bwd.amax_history.new": _empty(list(hist.shape), torch.float32, grad),
              "bwd.scale.new": _empty([1], torch.float32, grad)}
-    key = ("backward", m, n, k, xdt, wdt, bdt, tuple(_strides(dy)), scaling, forward_format, need_dx, need_dw, False)
-    definition = _definition(key, backward_definition, m, n, k, xdt, wdt, bdt, _strides(dy), scaling,
-                             forward_format, need_dx, need_dw, False)
+    key, definition = _definition(backward_definition, m, n, k, xdt, wdt, bdt, _strides(dy), scaling,
+                                  forward_format, need_dx, need_dw, False)
     tensors = {"grad_output": dy, "input.fp8_t": _bindable(xt), "weight.fp8_t": _bindable(wt),
                "fwd.scale_inv": _bindable(fwd_inv), "bwd.amax_history": _bindable(hist), "bwd.scale": _bindable(scale)}
     tensors.update((name, t) for name, t in grads.items() if t is not None)

@@ -241,11 +241,14 @@ def _dtype_of(name, t):
 _definitions: Dict[Any, Any] = {}
 
 
-def _definition(key, make, *args):
+def _definition(make, *args):
+    """make(*args) (a pass's program), made once per arguments: the key
+    the Run goes by, and the definition."""
+    key = (make.__name__,) + tuple(tuple(a) if isinstance(a, list) else a for a in args)
     d = _definitions.get(key)
     if d is None:
         d = _definitions[key] = make(*args)
-    return d
+    return key, d
 
 
 class _Fp8LinearFunction(torch.autograd.Function):
@@ -269,9 +272,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
         wt = _empty([k, n], FP8_STORAGE_DTYPES[fmt], x)
         inv = _empty([2], torch.float32, x)
         scaling = recipe._scaling("forward")
-        key = ("forward", m, n, k, xdt, wdt, bdt, tuple(_strides(x2)), tuple(_strides(w)), scaling, True)
-        definition = _definition(key, forward_definition, m, n, k, xdt, wdt, bdt, _strides(x2), _strides(w),
-                                 scaling, True)
+        key, definition = _definition(forward_definition, m, n, k, xdt, wdt, bdt, _strides(x2), _strides(w),
+                                      scaling, True)
         tensors = {"input": x2, "weight": w, "fwd.amax_history": state["fp8_amax_history_fwd"],
                    "fwd.scale": state["fp8_scale_fwd"], "fwd.scale_inv": inv, "output": y, "input.fp8_t": xt,
                    "weight.fp8_t": wt}
@@ -302,10 +304,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
         db = _empty([n], _DTYPE_TORCH[bdt], like) if need_db else None
         inv = _empty([1], torch.float32, like)
         scaling = recipe._scaling("backward")
-        key = ("backward", m, n, k, xdt, wdt, bdt if need_db else None, tuple(_strides(dy)), scaling,
-               recipe.fp8_format.forward, need_dx, need_dw, True)
-        definition = _definition(key, backward_definition, m, n, k, xdt, wdt, bdt if need_db else None,
-                                 _strides(dy), scaling, recipe.fp8_format.forward, need_dx, need_dw, True)
+        key, definition = _definition(backward_definition, m, n, k, xdt, wdt, bdt if need_db else None,
+                                      _strides(dy), scaling, recipe.fp8_format.forward, need_dx, need_dw, True)
         tensors = {"grad_output": dy, "input.fp8_t": xt, "weight.fp8_t": wt, "fwd.scale_inv": fwd_inv,
                    "bwd.amax_history": state["fp8_amax_history_bwd"], "bwd.scale": state["fp8_scale_bwd"],
                    "bwd.scale_inv": inv}
