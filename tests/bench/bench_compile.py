@@ -200,6 +200,9 @@ def run_path(name, D, path, socket):
         env = dict(os.environ)
         if path == "regen" and POOL == "process":
             env["REGEN_TORCH_POOL"] = "process"
+        if env.get("REGEN_COMPILE_DUMP"):
+            # Each model's graphs apart: every process numbers its own from 1.
+            env["REGEN_COMPILE_DUMP"] = os.path.join(env["REGEN_COMPILE_DUMP"], f"{name}-d{D}-{path}")
         cmd = [sys.executable, os.path.abspath(__file__), REGEND or "", "--one", f"{name},{D},{path}",
                "--result", res.name, "--seq", str(SEQ), "--batch", str(BATCH), "--layers", str(LAYERS),
                "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING,
