@@ -721,12 +721,24 @@ class Fp8LinearTest(_HostCase):
                     scale_bwd=sb, forward_format=fwd, backward_format=bwd, amax_compute=algo, margin=margin)
 
     def test_forward_in_the_surrounding_segment_as_the_eager_program(self):
+        self.check_forward(functionalized=False)
+
+    def test_forward_with_functionalizations_copy_as_the_eager_program(self):
+        """As torch 2.11's AOTAutograd gives the layer's buffer.copy_(new):
+        aten.copy(buffer, new) where the layer wrote it, the copy_ of that
+        into the buffer where the graph ends."""
+        self.check_forward(functionalized=True)
+
+    def check_forward(self, functionalized):
         from regen import fp8_programs
         M, K, N, H = self.M, self.K, self.N, self.H
         g = Builder()
         x, w, bias = g.input((M, K)), g.input((N, K)), g.input((N,))
         hist, scale, hb, sb = g.input((H, 2)), g.input((2,)), g.input((H, 1)), g.input((1,))
         y, xt, wt, inv, new_hist, new_scale = self.fp8_linear(g, x, w, bias, hist, scale, hb, sb)
+        if functionalized:
+            new_hist = g.op("aten.copy.default", [g.val((H, 2))], self=hist, src=new_hist)
+            new_scale = g.op("aten.copy.default", [g.val((2,))], self=scale, src=new_scale)
         z = g.op("aten.relu.default", [g.val((M, N))], self=y)
         g.op("aten.copy_.default", [g.val((H, 2), of=hist)], self=hist, src=new_hist)
         g.op("aten.copy_.default", [g.val((2,), of=scale)], self=scale, src=new_scale)
@@ -740,8 +752,8 @@ class Fp8LinearTest(_HostCase):
         self.assertEqual(kinds, {x.id: "input", w.id: "input", bias.id: "input", hist.id: "inout",
                                  scale.id: "inout"}, "the backward state is not bound in the forward")
         self.assertEqual([n["op"] for n in seg.definition["nodes"]],
-                         ["scale_update", "transpose_quantize", "transpose_quantize", "gemm", "add", "relu",
-                          "cast", "cast"])
+                         ["scale_update", "transpose_quantize", "transpose_quantize", "gemm", "add"] +
+                         ["cast", "cast"] * functionalized + ["relu", "cast", "cast"])
         values = {x: self.rand(M * K, -4, 4), w: self.rand(N * K), bias: self.rand(N),
                   hist: self.rand(H * 2, 0.5, 8), scale: self.rand(2, 1, 4), hb: [0.0] * H, sb: [1.0]}
         r = HostRunner(self.c, steps)

@@ -95,6 +95,20 @@ def copy(b, op):
     _pointwise(b, "cast", [src], dst)
 
 
+@handles("aten.copy.default")
+def copy_functional(b, op):
+    """Functionalization's form of an in-place copy_ (a layer's
+    ``buffer.copy_(new)``, the FP8 state update among them): a new tensor
+    of self's shape and dtype holding src; self's values are not read.
+    AOTAutograd's copy_ of it into the input, where the graph ends, is
+    copy_into_input's."""
+    dst, src = out(op), op.a.get("src")
+    need(isinstance(src, Val), f"aten.copy of {type(src).__name__}")
+    need(src.dtype is not None and dst.dtype is not None, "aten.copy: a dtype programs do not take")
+    need(src.shape == dst.shape, f"aten.copy that broadcasts {list(src.shape)} to {list(dst.shape)}")
+    _pointwise(b, "cast", [src], dst)
+
+
 @handles("aten.copy_.default")
 def copy_into_input(b, op):
     """AOTAutograd's write-back of an input the graph updates (a buffer:
