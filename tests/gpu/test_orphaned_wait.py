@@ -48,6 +48,13 @@ def opt(name, default, cast=str):
     return cast(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
+def lifecycle_lines(log, last=40):
+    """What regend said about the device's lifecycle and health, for a
+    failed check's detail."""
+    keep = [ln for ln in log.splitlines() if any(w in ln for w in (" health ", " lifecycle ", " E ", " W "))]
+    return "\n".join(keep[-last:])
+
+
 def rank_main():
     """--mode wedge: the call waits behind a spin, then the parent kills
     us. --mode ahead: as wedge, with a second of GEMMs queued on regend's
@@ -144,7 +151,12 @@ def main():
 
         def checked(what, expect_refused=False):
             p = rank("check")
-            out, err = p.communicate(timeout=120)
+            try:
+                out, err = p.communicate(timeout=40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                return record(f"{what}: answered within 40 s", False, err[-2000:] + "\n" + lifecycle_lines(d.log_text()))
             line = out.strip().splitlines()[-1] if out.strip() else ""
             if expect_refused:
                 return record(f"{what}: refused with LimitExceeded", line.startswith("refused LimitExceeded"),
@@ -175,7 +187,8 @@ def main():
                f"{DEADLINE_MS / 1e3:.0f} s)", replaced and took < 5)
         log = d.log_text()
         record("alone: the log names the orphaned wait, and the uid not charged",
-               "orphaned: pid" in log and "not charged" in log and "charged with the hang" not in log)
+               "orphaned: pid" in log and "not charged" in log and "charged with the hang" not in log,
+               "" if "orphaned: pid" in log else "\n" + lifecycle_lines(log))
         checked("alone: a new rank of the same uid")
 
         # 1b. Work of regend's queued ahead of the wedged call finishes
@@ -193,9 +206,10 @@ def main():
             took = time.monotonic() - t
             import re
             m = re.findall(r"(\d+) call\(s\) ahead of them finished first", d.log_text())
+            ok = replaced and m and int(m[-1]) > 0 and 0.5 < took < 10
             record(f"ahead: the device replaced {took:.2f} s after the kill, once the {m[-1] if m else '?'} "
-                   "call(s) ahead of the wedged one finished (not 0.25 s after it, cutting them)",
-                   replaced and m and int(m[-1]) > 0 and 0.5 < took < 10)
+                   "call(s) ahead of the wedged one finished (not 0.25 s after it, cutting them)", ok,
+                   "" if ok else "\n" + lifecycle_lines(d.log_text()))
         else:
             p.kill()
 
