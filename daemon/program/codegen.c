@@ -519,7 +519,10 @@ static int row_of(const struct gen *g, int t)
 }
 
 /* Adds t to the loads, once per view: two tensors that are the same view
- * (cos as two composites name it) load once. */
+ * (cos as two composites name it) load once. A later pass of the kernel
+ * (a reduction's epilogue over the row) loads a view through the pointer
+ * the kernel declared for it, whichever name the pass reads it by: the
+ * pointers and the vector plan are the step's, made before the passes. */
 static void mem_add(struct gen *g, int t)
 {
 	for (int i = 0; i < g->nmem; i++)
@@ -527,8 +530,14 @@ static void mem_add(struct gen *g, int t)
 			g->loaded_as[t] = g->mem[i];
 			return;
 		}
-	g->loaded_as[t] = t;
-	g->mem[g->nmem++] = t;
+	int as = t;
+	for (int u = 0; u < g->p->ntensors && !g->declared[t]; u++)
+		if (g->declared[u] && rd_prog_same_view(g->p, u, t)) {
+			as = u;
+			break;
+		}
+	g->loaded_as[t] = as;
+	g->mem[g->nmem++] = as;
 }
 
 /* p<t>: the tensor's first element, typed. */
