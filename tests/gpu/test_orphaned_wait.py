@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 
 DEADLINE_MS = 60000      # regend's call_deadline_ms: the wait it must not take
-COOLDOWN_MS = 5000
+COOLDOWN_MS = 30000     # long enough that the charged uid's next rank (torch imported) comes within it
 SPIN_S = 20.0            # longer than the test waits for anything
 AHEAD_GEMMS = 100        # 16384^3 bf16 each: about a second of an H100
 

@@ -756,8 +756,15 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	 * times that when autotuning: long enough for the supervisor's
 	 * heartbeat to find the loop stuck and kill the worker, seen on the
 	 * H200): on the lane's thread, never the worker's loop. A GEMM's plan
-	 * is a cuBLASLt heuristic query, microseconds to milliseconds. */
-	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM)
+	 * is a cuBLASLt heuristic query, microseconds to milliseconds. Nor a
+	 * call that waits on a client's event: CUDA loads a kernel at its
+	 * first launch (lazy loading), and loading synchronizes the context,
+	 * so a launch behind a wait on work the client has not done (a kernel
+	 * of its that runs for seconds, or a dead process's) spins in the
+	 * driver until that work is done: seen on the H100, a fresh worker's
+	 * loop stuck 2 s in its first GEMM behind a rank's 20 s kernel, the
+	 * supervisor killing it for its heartbeat, over and over. */
+	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM || op->wait_event)
 		return false;
 	pthread_mutex_lock(&li->lock);
 	if (li->stopping || li->launching || li->q.count || li->npending == RD_CUDA_LANE_DEPTH) {
