@@ -84,6 +84,13 @@ def rank_main():
         src = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16)
         big = torch.randn(16384, 16384, device=dev, dtype=torch.bfloat16) if mode == "ahead" else None
         out = torch.empty_like(big) if mode == "ahead" else None
+        # Each kernel once before the spin, as a rank's earlier steps would:
+        # a kernel's first launch in the worker loads it (CUDA's lazy
+        # loading), which waits for the whole context, the spin's wait
+        # among it, and the call would be answered only after the spin.
+        rt.matmul(a, b)
+        if mode == "ahead":
+            rt.runtime().client.gemm(big, big, out)
         torch.cuda.synchronize()
         torch.cuda._sleep(int(SPIN_S * 2.0e9))
         a.copy_(src)                       # regend must see this: its lane waits for it
