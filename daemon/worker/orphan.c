@@ -94,8 +94,13 @@ static bool look(struct rd_worker *w, struct rd_session *s, uint64_t now)
 {
 	unsigned ahead, calls = waiting_on_unfinished(w, s, &ahead);
 
-	if (!calls)
-		return false;    /* closed: no new call comes, and those in flight will finish */
+	if (!calls) {
+		/* Closed: no new call comes, and those in flight will finish. */
+		rd_debug("health", w->dev.index, rd_worker_generation(w), (int)s->conn->peer.pid,
+			 "closed with %u call(s) in flight, none waiting on unfinished work: not watched",
+			 s->in_flight);
+		return false;
+	}
 	if (ahead > s->orphan_ahead)
 		s->orphan_ahead = ahead;   /* the most seen: they finish from here on */
 	if (!s->gone_ns) {
@@ -105,6 +110,12 @@ static bool look(struct rd_worker *w, struct rd_session *s, uint64_t now)
 	}
 	if (now - s->gone_ns < (uint64_t)ORPHAN_GRACE_MS * 1000000u)
 		return true;
+	if (ahead && !s->orphan_logged) {
+		s->orphan_logged = true;
+		rd_debug("health", w->dev.index, rd_worker_generation(w), (int)s->conn->peer.pid,
+			 "process gone, %u call(s) wait on its unfinished GPU work behind %u call(s) that run first",
+			 calls, ahead);
+	}
 	/* The calls ahead run to their end first (a hang among them is the
 	 * call deadline's). */
 	if (ahead)

@@ -51,7 +51,8 @@ def opt(name, default, cast=str):
 def lifecycle_lines(log, last=40):
     """What regend said about the device's lifecycle and health, for a
     failed check's detail."""
-    keep = [ln for ln in log.splitlines() if any(w in ln for w in (" health ", " lifecycle ", " E ", " W "))]
+    keep = [ln for ln in log.splitlines()
+            if any(w in ln for w in (" health ", " lifecycle ", " E ", " W ", "client gone"))]
     return "\n".join(keep[-last:])
 
 
@@ -129,7 +130,9 @@ def main():
     env = dict(os.environ, REGEN_BUILD_ROOT=build,
                REGEN_LIBREGEN=os.environ.get("REGEN_LIBREGEN", os.path.join(build, "client", "libregen.so")),
                PYTHONPATH=os.path.join(REPO, "client", "python"))
+    # The orphan watch's own lines (health at debug), for a failed check's detail.
     with Regend(regend, devices=1, backend="cuda", ready_timeout=120,
+                env={"REGEN_DEBUG": "I,health:D,conn:D"},
                 extra=["--call-deadline-ms", str(DEADLINE_MS), "--hang-cooldown-ms", str(COOLDOWN_MS)]) as d:
         admin = regen.Client(d.socket, timeout=60)
 
@@ -205,7 +208,9 @@ def main():
         line = p.stdout.readline().strip()
         if record("ahead: GEMMs queued on the rank's lane, then the wedged call", line == "queued",
                   line or p.communicate()[1][-3000:]):
-            time.sleep(0.05)
+            # The wedged call sent (its answer comes at its launch, after
+            # the GEMMs ahead of it: the lane holds so many in flight).
+            time.sleep(0.3)
             t = time.monotonic()
             p.send_signal(signal.SIGKILL)
             p.wait()
