@@ -3,7 +3,9 @@
 // (io.regen.Compute), and the delayed-scaling update (ScaleUpdate), as
 // proto/compute_fp8.c defines them.
 //
-// Quantize: tiles of 32 x 32 elements, a block of 32 x 8 threads each; a
+// Quantize: a matrix of whole 64 x 64 tiles with aligned rows (a model's
+// Linears) goes to fp8_quantize.cuh's kernel, vectors in and out; any other
+// goes to tiles of 32 x 32 elements, a block of 32 x 8 threads each; a
 // thread quantizes four elements of its column (an f32 product with the
 // scale, then cuda_fp8.h's round-to-nearest-even conversion with
 // __NV_SATFINITE: the host reference's bytes) and writes y at once; y_t
@@ -17,6 +19,7 @@
 #include <cuda_fp8.h>
 #include <float.h>
 #include "kernels.h"
+#include "fp8_quantize.cuh"
 
 namespace {
 
@@ -136,6 +139,29 @@ extern "C" cudaError_t rk_quantize(const struct rk_quantize *a, cudaStream_t str
 		cudaError_t e = cudaMemsetAsync(a->amax, 0, sizeof(float), stream);
 		if (e != cudaSuccess)
 			return e;
+	}
+	if (rk_quantize_tiles_fit(a)) {
+		/* Blocks enough to fill the GPU, each striding over tiles: one
+		 * atomicMax a block, not a tile. */
+		static int sms;
+		int dev = 0;
+		if (!sms && (cudaGetDevice(&dev) != cudaSuccess ||
+			     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess))
+			sms = 132;
+		const int64_t tiles = a->rows / rk_fp8::EDGE * (a->cols / rk_fp8::EDGE);
+		const unsigned grid = (unsigned)(tiles < (int64_t)sms * 8 ? tiles : (int64_t)sms * 8);
+		switch (a->dtype) {
+		case RK_F32:
+			rk_fp8::quantize_tiles_kernel<float><<<grid, rk_fp8::THREADS, 0, stream>>>(*a);
+			break;
+		case RK_F16:
+			rk_fp8::quantize_tiles_kernel<__half><<<grid, rk_fp8::THREADS, 0, stream>>>(*a);
+			break;
+		default:
+			rk_fp8::quantize_tiles_kernel<__nv_bfloat16><<<grid, rk_fp8::THREADS, 0, stream>>>(*a);
+			break;
+		}
+		return cudaGetLastError();
 	}
 	const dim3 block(TILE, ROWS_PER_PASS);
 	const dim3 grid((unsigned)((a->cols + TILE - 1) / TILE), (unsigned)((a->rows + TILE - 1) / TILE));

@@ -146,6 +146,49 @@ static void quantize_case(struct gt *t, struct rd_lane *lane, enum rp_dtype xt, 
 	gt_mat_free(t, &amax);
 }
 
+/* TransposeQuantize's kernel alone on a model's shapes (y, y_t and amax,
+ * bf16 in), on a stream of this test: µs per call averaged, and the
+ * bandwidth of its bytes (x read, y and y_t written). */
+static void quantize_timing(int64_t rows, int64_t cols)
+{
+	cudaStream_t s;
+	cudaEvent_t e0, e1;
+	void *x = NULL, *y = NULL, *y_t = NULL;
+	float *scale = NULL, *amax = NULL, ms = 0, one = 1.0f;
+	const int reps = 20;
+
+	CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	CUDA_OK(cudaEventCreate(&e0));
+	CUDA_OK(cudaEventCreate(&e1));
+	CUDA_OK(cudaMalloc(&x, (size_t)(rows * cols) * 2));
+	CUDA_OK(cudaMalloc(&y, (size_t)(rows * cols)));
+	CUDA_OK(cudaMalloc(&y_t, (size_t)(rows * cols)));
+	CUDA_OK(cudaMalloc((void **)&scale, sizeof(float)));
+	CUDA_OK(cudaMalloc((void **)&amax, sizeof(float)));
+	CUDA_OK(cudaMemset(x, 0x3c, (size_t)(rows * cols) * 2));
+	CUDA_OK(cudaMemcpy(scale, &one, sizeof(one), cudaMemcpyHostToDevice));
+	const struct rk_quantize a = { .dtype = RK_BF16, .rows = rows, .cols = cols, .x_ld = cols, .y_ld = cols,
+				       .y_t_ld = rows, .x = x, .scale = scale, .y = y, .y_t = y_t, .amax = amax };
+	CUDA_OK(rk_quantize(&a, s));
+	CUDA_OK(cudaEventRecord(e0, s));
+	for (int i = 0; i < reps; i++)
+		CUDA_OK(rk_quantize(&a, s));
+	CUDA_OK(cudaEventRecord(e1, s));
+	CUDA_OK(cudaEventSynchronize(e1));
+	CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
+	const double us = 1e3 * ms / reps, bytes = (double)rows * (double)cols * 4;
+	printf("  timing transpose_quantize bf16 [%lld, %lld]: %.1f us/call (%.0f GB/s of x, y and y_t)\n",
+	       (long long)rows, (long long)cols, us, bytes / (us * 1e3));
+	cudaFree(x);
+	cudaFree(y);
+	cudaFree(y_t);
+	cudaFree(scale);
+	cudaFree(amax);
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	cudaStreamDestroy(s);
+}
+
 /* The accumulation's error bound, relative to sum_k |a_k b_k| (of the
  * dequantized operands): Hopper's FP8 tensor cores keep about 14 bits of
  * the running sum (DeepSeek-V3's report, arXiv 2412.19437, 3.3.2: "limited
@@ -430,6 +473,12 @@ int main(void)
 	quantize_case(&t, lane, RP_DTYPE_F16, RP_DTYPE_E5M2, 33, 47, 3, &r, &seed);
 	quantize_case(&t, lane, RP_DTYPE_F32, RP_DTYPE_E4M3, 1000, 2049, 0, &r, &seed);
 	quantize_case(&t, lane, RP_DTYPE_BF16, RP_DTYPE_E4M3, 4096, 768, 16, &r, &seed);
+	/* Whole 64 x 64 tiles with aligned rows: the tiled kernel. */
+	quantize_case(&t, lane, RP_DTYPE_F32, RP_DTYPE_E4M3, 512, 256, 0, &r, &seed);
+	quantize_case(&t, lane, RP_DTYPE_F16, RP_DTYPE_E5M2, 256, 512, 16, &r, &seed);
+	quantize_case(&t, lane, RP_DTYPE_BF16, RP_DTYPE_E5M2, 8192, 2048, 0, &r, &seed);
+	quantize_timing(8192, 2048);
+	quantize_timing(8192, 8192);
 	gemm_case(&t, lane, RP_DTYPE_E4M3, RP_DTYPE_E4M3, RP_DTYPE_BF16, 128, 96, 64, SCALES_APART, &r);
 	gemm_case(&t, lane, RP_DTYPE_E5M2, RP_DTYPE_E4M3, RP_DTYPE_F32, 256, 128, 512, SCALES_APART, &r);
 	gemm_case(&t, lane, RP_DTYPE_E4M3, RP_DTYPE_E4M3, RP_DTYPE_E4M3, 512, 256, 1024, SCALES_APART, &r);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 // The host as a GPU for regend's generated kernels (daemon/program/codegen.c),
-// for test_program_emulated: compiled as C++ in front of a step's source,
+// for test_program_emulated (and kernels/fp8_quantize.cuh, for test_fp8_emulated): compiled as C++ in front of a step's source,
 // it runs a kernel's blocks one after the other, each block's threads as
 // coroutines of one host thread (started with makecontext, switched with
 // _setjmp/_longjmp, which leave the signal mask alone: no system call per
@@ -115,6 +115,22 @@ static inline unsigned atomicCAS(unsigned *p, unsigned expected, unsigned desire
 	if (old == expected)
 		*p = desired;
 	return old;
+}
+
+static inline int atomicMax(int *p, int v)
+{
+	int old = *p;
+
+	if (v > old)
+		*p = v;
+	return old;
+}
+
+static inline int __float_as_int(float v)
+{
+	int i;
+	std::memcpy(&i, &v, 4);
+	return i;
 }
 
 static inline void __threadfence_system() {}
