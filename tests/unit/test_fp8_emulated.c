@@ -20,14 +20,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include "kernels/kernels.h"
 #include "tests/lib/dtype.h"
 #include "tests/lib/rand.h"
+#include "tests/unit/emulated.h"
 #include "tests/unit/unit.h"
 
-static const char *cxx, *cuda_include, *emulator, *kernels_dir;
-static char workdir[] = "/tmp/regen-fp8-emulated-XXXXXX";
+static struct tl_emulated emu;
+static const char *kernels_dir;
 static void *lib;
 
 typedef int emulate_fn(void *kernel, const void *args, unsigned grid, unsigned block);
@@ -51,22 +51,7 @@ static const char harness[] =
 
 static void build(void)
 {
-	char src[4200], so[4200], *cmd = NULL;
-	FILE *f;
-
-	snprintf(src, sizeof(src), "%s/fp8.cpp", workdir);
-	snprintf(so, sizeof(so), "%s/fp8.so", workdir);
-	f = fopen(src, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "#include \"%s\"\n%s", emulator, harness);
-	fclose(f);
-	ck_assert_int_ge(asprintf(&cmd, "'%s' -std=c++17 -O1 -w -U_FORTIFY_SOURCE -fPIC -shared -I'%s' -I'%s' '%s' -o '%s' 2>&1",
-				  cxx, cuda_include, kernels_dir, src, so), 0);
-	int r = system(cmd);
-	ck_assert_msg(r == 0, "kernels/fp8_quantize.cuh does not compile on the host (%d): %s", r, cmd);
-	free(cmd);
-	lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-	ck_assert_msg(lib != NULL, "dlopen: %s", dlerror());
+	lib = tl_emulated_load(&emu, "fp8_quantize", harness, kernels_dir);
 	emulate = (emulate_fn *)dlsym(lib, "rg_emulate");
 	tiles_fit = (int (*)(const struct rk_quantize *))dlsym(lib, "fp8_tiles_fit");
 	void *(*kernel)(int) = (void *(*)(int))dlsym(lib, "fp8_kernel");
@@ -209,37 +194,18 @@ static Suite *suite(void)
 
 int main(void)
 {
-	char probe[4200];
 	int r;
 
-#if defined(__SANITIZE_ADDRESS__)
-	/* The emulator's threads are ucontexts (makecontext/swapcontext),
-	 * whose stack switches AddressSanitizer cannot follow: it aborts. */
-	printf("skipped: built with AddressSanitizer, which does not follow the emulator's stack switches\n");
-	return 77;
-#endif
-	cxx = getenv("REGEN_TEST_CXX");
-	cuda_include = getenv("REGEN_TEST_CUDA_INCLUDE");
-	emulator = getenv("REGEN_TEST_EMULATOR");
 	kernels_dir = getenv("REGEN_TEST_KERNELS");
-	if (!cxx || !*cxx || !cuda_include || !emulator || !kernels_dir) {
-		printf("skipped: no C++ compiler, toolkit include folder, emulator or kernels folder named "
-		       "(REGEN_TEST_CXX, REGEN_TEST_CUDA_INCLUDE, REGEN_TEST_EMULATOR, REGEN_TEST_KERNELS; meson sets them)\n");
+	if (!kernels_dir) {
+		printf("skipped: no kernels folder named (REGEN_TEST_KERNELS; meson sets it)\n");
 		return 77;
 	}
-	snprintf(probe, sizeof(probe), "%s/cuda_fp8.h", cuda_include);
-	if (access(probe, R_OK) != 0) {
-		printf("skipped: no %s\n", probe);
-		return 77;
-	}
-	if (!mkdtemp(workdir)) {
-		perror("mkdtemp");
-		return 1;
-	}
+	r = tl_emulated_open(&emu, "cuda_fp8.h");
+	if (r)
+		return r;
 	tl_rand_init();
 	r = unit_run(suite());
-	snprintf(probe, sizeof(probe), "rm -rf '%s'", workdir);
-	if (system(probe) != 0)
-		fprintf(stderr, "could not remove %s\n", workdir);
+	tl_emulated_close(&emu);
 	return r;
 }

@@ -21,39 +21,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include "daemon/program/plan.h"
 #include "tests/lib/program_check.h"
 #include "tests/lib/rand.h"
+#include "tests/unit/emulated.h"
 #include "tests/unit/unit.h"
 
-static const char *cxx, *cuda_include, *emulator;
-static char workdir[] = "/tmp/regen-emulated-XXXXXX";
+static struct tl_emulated emu;
 
 typedef int emulate_fn(void *kernel, const void *args, unsigned grid, unsigned block);
 
-/* The step's kernels as a shared object of the host: its path, or NULL
- * after failing the test with the compiler's output. */
-static void *load_step(const struct rd_prog_step *st, char *so, size_t so_size)
+/* The step's kernels as a shared object of the host, named by its
+ * source's hash. */
+static void *load_step(const struct rd_prog_step *st)
 {
-	char src[4200], *cmd = NULL;
-	FILE *f;
+	char stem[32], *text = NULL;
 
-	snprintf(src, sizeof(src), "%s/%016llx.cpp", workdir, (unsigned long long)st->source_hash);
-	snprintf(so, so_size, "%s/%016llx.so", workdir, (unsigned long long)st->source_hash);
-	if (access(so, R_OK) != 0) {
-		f = fopen(src, "w");
-		ck_assert_ptr_nonnull(f);
-		fprintf(f, "#include \"%s\"\n%s\nRG_EMULATOR_LAUNCHER\n", emulator, st->source);
-		fclose(f);
-		ck_assert_int_ge(asprintf(&cmd, "'%s' -std=c++17 -O1 -w -U_FORTIFY_SOURCE -fPIC -shared -I'%s' '%s' -o '%s' 2>&1",
-					  cxx, cuda_include, src, so), 0);
-		int r = system(cmd);
-		ck_assert_msg(r == 0, "%s does not compile on the host (%d): %s", st->kernels[0].name, r, cmd);
-		free(cmd);
-	}
-	void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-	ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+	snprintf(stem, sizeof(stem), "%016llx", (unsigned long long)st->source_hash);
+	ck_assert_int_ge(asprintf(&text, "%s\nRG_EMULATOR_LAUNCHER\n", st->source), 0);
+	void *h = tl_emulated_load(&emu, stem, text, NULL);
+	free(text);
 	return h;
 }
 
@@ -96,7 +83,7 @@ static void set_index(void *base, const struct rp_prog_tensor *x, int64_t where,
 static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsigned sms, struct rd_prog_fault *bad)
 {
 	struct tl_prog t;
-	char why[256], msg[512], so[4200];
+	char why[256], msg[512];
 	int n;
 
 	ck_assert_msg(tl_prog_open(&t, c, salt, why, sizeof(why)) == 0, "%s: %s", c->name, why);
@@ -139,7 +126,7 @@ static void run(const struct tl_prog_case *c, uint64_t salt, unsigned skew, unsi
 			ck_assert_int_eq(tl_prog_run_library(&t, s, bound, arena), 0);
 			continue;
 		}
-		void *h = load_step(st, so, sizeof(so));
+		void *h = load_step(st);
 		emulate_fn *emulate = (emulate_fn *)dlsym(h, "rg_emulate");
 		ck_assert_ptr_nonnull(emulate);
 		for (int k = 0; k < st->nkernels; k++) {
@@ -237,36 +224,12 @@ static Suite *suite(void)
 
 int main(void)
 {
-	char probe[4200];
-	int r;
+	int r = tl_emulated_open(&emu, "cuda_bf16.h");
 
-#if defined(__SANITIZE_ADDRESS__)
-	/* The emulator's threads are ucontexts (makecontext/swapcontext),
-	 * whose stack switches AddressSanitizer cannot follow: it aborts. */
-	printf("skipped: built with AddressSanitizer, which does not follow the emulator's stack switches\n");
-	return 77;
-#endif
-	cxx = getenv("REGEN_TEST_CXX");
-	cuda_include = getenv("REGEN_TEST_CUDA_INCLUDE");
-	emulator = getenv("REGEN_TEST_EMULATOR");
-	if (!cxx || !*cxx || !cuda_include || !emulator) {
-		printf("skipped: no C++ compiler, toolkit include folder or emulator named (REGEN_TEST_CXX, "
-		       "REGEN_TEST_CUDA_INCLUDE, REGEN_TEST_EMULATOR; meson sets them)\n");
-		return 77;
-	}
-	snprintf(probe, sizeof(probe), "%s/cuda_bf16.h", cuda_include);
-	if (access(probe, R_OK) != 0) {
-		printf("skipped: no %s\n", probe);
-		return 77;
-	}
-	if (!mkdtemp(workdir)) {
-		perror("mkdtemp");
-		return 1;
-	}
+	if (r)
+		return r;
 	tl_rand_init();
 	r = unit_run(suite());
-	snprintf(probe, sizeof(probe), "rm -rf '%s'", workdir);
-	if (system(probe) != 0)
-		fprintf(stderr, "could not remove %s\n", workdir);
+	tl_emulated_close(&emu);
 	return r;
 }
