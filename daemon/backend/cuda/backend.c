@@ -164,6 +164,7 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 		goto fail;
 	}
 	cuda_gemm_plans_init(cd);
+	cuda_work_open(cd);
 	cuda_ipc_init(cd);
 	cuda_device_resources_register(cd);
 	if (rd_resource_ensure_valid(&cd->pool.res)) {

@@ -117,6 +117,9 @@ struct cuda_dev {
 	enum rd_cuda_algo_policy policy;
 	/* Set at open: what each operation's enqueue function is. */
 	cuda_enqueue_fn *const *enqueue;
+	/* work.c: tensor-core multiply-adds a ns at the device's peak, twice
+	 * over (read at open; 0: unknown). */
+	double peak_macs_per_ns;
 	/* The tuning options (rd_device.options, or their defaults where a
 	 * test drives the backend itself), read at open. */
 	struct cuda_tuning {
@@ -215,6 +218,9 @@ struct cuda_lane {
 	struct rd_prog_fault *faults, *faults_dev;
 	uint64_t fault_seen;
 	uint64_t op_resets;                /* cd->resets when the op being launched started */
+	/* work.c: the least time of the calls submitted and not yet
+	 * completed, ns. */
+	_Atomic uint64_t backlog_ns;
 	void *last_workspace;
 	/* scratch.c: the block the lane's calls reuse while it is busy. */
 	pthread_mutex_t scratch_lock;
@@ -425,6 +431,17 @@ void cuda_health_resume(struct cuda_dev *cd);
 struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err);
 void cuda_lane_destroy(struct rd_lane *lane);
 int cuda_submit(struct rd_lane *lane, struct rd_op *op);
+
+/* work.c: the deadline's budget. A call's tensor-core multiply-adds, and
+ * the least time they take at the device's peak (0 where unknown); take
+ * refuses op (-E2BIG, op->err LimitExceeded {resource: "work"}) when it
+ * could not finish within half of call_deadline_ms behind its lane's
+ * calls, else counts it in until return (its completion). */
+void cuda_work_open(struct cuda_dev *cd);
+double cuda_work_macs(const struct rp_compute *c);
+uint64_t cuda_work_least_ns(const struct cuda_dev *cd, const struct rp_compute *c);
+int cuda_work_take(struct cuda_lane *l, struct rd_op *op);
+void cuda_work_return(struct cuda_lane *l, struct rd_op *op);
 
 /* ---- gemm.c ------------------------------------------------------------ */
 

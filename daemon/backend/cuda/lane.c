@@ -427,6 +427,7 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 	if (op->run && p->done)
 		cuda_program_completed(op);
 	op->elapsed_us = (rd_now_ns() - p->t0) / 1000;
+	cuda_work_return(l, op);
 	rd_op_complete(op);
 }
 
@@ -787,6 +788,8 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	if (cuda_refuse_if_lost(l->cd, &op->err))
 		return -EIO;
 	op->lane = lane;
+	if (cuda_work_take(l, op))
+		return -E2BIG;
 	if (launch_inline(li, op))
 		return 0;
 	pthread_mutex_lock(&li->lock);
@@ -797,6 +800,7 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	}
 	pthread_mutex_unlock(&li->lock);
 	if (r) {
+		cuda_work_return(l, op);
 		rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
 			     "lane %u cannot take work", lane->index);
 		return r;
