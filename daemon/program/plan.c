@@ -997,15 +997,19 @@ static int64_t group_size(const struct group *g)
 }
 
 /* Where a new group of `size` elements goes: after the last group it
- * depends on, and after every group no larger than it, so that the window
+ * depends on, and after every group smaller than it, so that the window
  * runs small work (a row's statistics, a scalar's bias correction) before
- * the large groups that read it, which can then take more nodes. */
+ * the large groups that read it, which can then take more nodes; and
+ * before the groups of its size it does not depend on, which so stay
+ * open past the library calls that will read it (a sum of two GEMMs'
+ * outputs waits past the GEMM of a transposing cast's output, whose own
+ * output joins it). */
 static int new_group_place(const struct builder *b, int last_dep, int64_t size)
 {
 	int at = last_dep + 1;
 
 	for (int i = b->nwindow - 1; i >= at; i--)
-		if (group_size(&b->window[i]) <= size)
+		if (group_size(&b->window[i]) < size)
 			return i + 1;
 	return at;
 }

@@ -564,6 +564,29 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'gemm','inputs':{'a':'dh1','b':'w1t'},'outputs':{'d':'dx1'}},"
 	  "{'op':'add','inputs':['dx1','dx3'],'outputs':['dx']}]}",
 	  -1, 1, 0, 7 },
+	{ "attention's input gradients as Llama's compiled backward sums them: dx_v + dx_k waits past the GEMM of the "
+	  "transposed dq (a kernel of the same size, independent of the sum, runs first) and takes + dx_q",
+	  "{'tensors':[{'name':'dv','kind':'input','dtype':'bf16','shape':[64,32]},"
+	  "{'name':'wv','kind':'input','dtype':'bf16','shape':[32,96]},"
+	  "{'name':'dk','kind':'input','dtype':'bf16','shape':[64,32]},"
+	  "{'name':'wk','kind':'input','dtype':'bf16','shape':[32,96]},"
+	  "{'name':'dq','kind':'input','dtype':'bf16','shape':[2,4,32,24]},"
+	  "{'name':'dqt','kind':'view','base':'dq','shape':[2,32,4,24],'strides':[3072,24,768,1]},"
+	  "{'name':'wq','kind':'input','dtype':'bf16','shape':[96,96]},"
+	  "{'name':'xv','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'xk','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'s1','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'q2','kind':'intermediate','dtype':'bf16','shape':[2,32,4,24]},"
+	  "{'name':'q2v','kind':'view','base':'q2','shape':[64,96],'strides':[96,1]},"
+	  "{'name':'xq','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'dx','kind':'output','dtype':'bf16','shape':[64,96]}],"
+	  "'nodes':[{'op':'gemm','inputs':{'a':'dv','b':'wv'},'outputs':{'d':'xv'}},"
+	  "{'op':'gemm','inputs':{'a':'dk','b':'wk'},'outputs':{'d':'xk'}},"
+	  "{'op':'add','inputs':['xv','xk'],'outputs':['s1']},"
+	  "{'op':'cast','inputs':['dqt'],'outputs':['q2']},"
+	  "{'op':'gemm','inputs':{'a':'q2v','b':'wq'},'outputs':{'d':'xq'}},"
+	  "{'op':'add','inputs':['s1','xq'],'outputs':['dx']}]}",
+	  -1, 1, 0, 5 },
 };
 
 const size_t tl_prog_ncases = sizeof(tl_prog_cases) / sizeof(tl_prog_cases[0]);
