@@ -794,6 +794,19 @@ static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tenso
 	return true;
 }
 
+/* Whether only pointwise nodes read root r (no reduction would take its
+ * writer as a prologue). */
+static bool read_only_by_pointwise(const struct rp_program *p, int r)
+{
+	for (int i = 0; i < p->nnodes; i++) {
+		const struct rp_prog_node *m = &p->nodes[i];
+		for (int k = 0; k < m->nin && m->op->cls != RP_PC_POINTWISE; k++)
+			if (m->in[k] >= 0 && p->tensors[m->in[k]].root == r)
+				return false;
+	}
+	return true;
+}
+
 /* Whether pointwise node n joins a last-axis reduction's group as its
  * epilogue, in the reduction's kernel once the row's result is known:
  * over the domain (*row false: the kernel passes over the row again,
@@ -801,9 +814,11 @@ static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tenso
  * true: once a row, e.g. rsqrt(mean + eps)). It must read what the group
  * made (the result, the prologue's or the epilogue's values: elsewhere
  * they would have to be stored for it), or join a pass over the domain
- * that the epilogue makes anyway: what does neither is left to groups of
- * its own (a second reduction's prologue, which would else be stored for
- * it);
+ * that the epilogue makes anyway, or be a row's value that only pointwise
+ * nodes read (rstd^3, which a later norm backward's epilogue reads: once
+ * a row, nearly free, where it would else take a kernel): what does
+ * none of these is left to groups of its own (a second reduction's
+ * prologue, which would else be stored for it);
  * what it reads that the group wrote it reads from registers: the very
  * element the group wrote at this element, or the very row value
  * (rd_prog_same_row); everything else it reads is memory the group does
@@ -852,7 +867,7 @@ static bool epilogue_joins(const struct rp_program *p, const struct rd_prog_plan
 			consumes = true;
 		}
 	}
-	if (!consumes && (*row || !g->second_pass))
+	if (!consumes && (*row ? !read_only_by_pointwise(p, o->root) : !g->second_pass))
 		return false;
 	/* The second pass computes the prologue anew from memory: it must
 	 * find there what the first pass found. */
