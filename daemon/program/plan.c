@@ -197,8 +197,9 @@ static int node_accesses(const struct rp_program *p, const struct rd_prog_plan *
 }
 
 /* Iotas, fills and dropout masks whose output only pointwise nodes read,
- * each as that very tensor: those readers compute the value where they
- * need it (an index, a constant, a draw from the Run's seed), so it never
+ * each as that very tensor (a fill through any view of it: its value is
+ * the same everywhere): those readers compute the value where they need
+ * it (an index, a constant, a draw from the Run's seed), so it never
  * takes memory nor a kernel of its own. */
 static void find_inline(const struct rp_program *p, int *inl)
 {
@@ -218,7 +219,8 @@ static void find_inline(const struct rp_program *p, int *inl)
 			for (int k = 0; k < m->nin && only_pointwise; k++) {
 				int t = m->in[k];
 				if (t >= 0 && p->tensors[t].root == o)
-					only_pointwise = m->op->cls == RP_PC_POINTWISE && rd_prog_same_view(p, t, o);
+					only_pointwise = m->op->cls == RP_PC_POINTWISE &&
+							 (n->pw.fn == RP_PW_FILL || rd_prog_same_view(p, t, o));
 			}
 			for (int k = 0; k < m->nout && only_pointwise; k++)
 				if (j != i && m->out[k] >= 0 && p->tensors[m->out[k]].root == o)

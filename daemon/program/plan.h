@@ -145,8 +145,9 @@ struct rd_prog_plan {
 	bool *node_stored;
 	int *order;                 /* every node, step after step: what steps' nodes point into */
 	/* Per tensor: the iota, fill or dropout_mask node whose value its
-	 * readers (all pointwise) compute where they read it, or -1. That node
-	 * is in no step, and the tensor never in memory. */
+	 * readers (all pointwise, through that very view; a fill's through
+	 * any) compute where they read it, or -1. That node is in no step,
+	 * and the tensor never in memory. */
 	int *computed_inline;
 	/* Per tensor: whether its root is recomputed where it is read: an
 	 * intermediate that pointwise nodes write as boxes of its frame

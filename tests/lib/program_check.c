@@ -301,6 +301,21 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'sum','inputs':['x20'],'outputs':['w25'],'attrs':{'axis':'last'}},"
 	  "{'op':'div','inputs':['w25','v23'],'outputs':['v27']}]}",
 	  -4, 4, 1000, 4 },
+	{ "a loss's backward as Llama's compiled graph gives it: the gradient's scale a quotient of two 0-d tensors "
+	  "(recomputed where the rows' factor is), lse a fill of zeros read as a column (computed where it is read)",
+	  "{'tensors':[{'name':'g','kind':'input','dtype':'f32','shape':[]},"
+	  "{'name':'c','kind':'input','dtype':'f32','shape':[]},"
+	  "{'name':'x1','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'x4','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'ls','kind':'input','dtype':'f32','shape':[64,1000]},"
+	  "{'name':'tg','kind':'input','dtype':'i64','shape':[64]},"
+	  "{'name':'t7','kind':'intermediate','dtype':'f32','shape':[64,1000]},"
+	  "{'name':'dl','kind':'output','dtype':'bf16','shape':[64,1000]}],"
+	  "'nodes':[{'op':'div','inputs':['g','c'],'outputs':['x1']},"
+	  "{'op':'fill','outputs':['x4'],'attrs':{'scalar':0}},"
+	  "{'op':'cross_entropy_backward','inputs':['x1','ls','tg','x4'],'outputs':['t7'],'attrs':{'ignore_index':-100}},"
+	  "{'op':'cast','inputs':['t7'],'outputs':['dl']}]}",
+	  0.5, 2, 1000, 2 },
 	{ "rms_norm's backward as a model's graph gives it: the row sum's kernel takes the rest (the weight's sum apart)",
 	  "{'tensors':[{'name':'dy','kind':'input','dtype':'bf16','shape':[96,1024]},"
 	  "{'name':'hnb','kind':'input','dtype':'bf16','shape':[96,1024]},"
