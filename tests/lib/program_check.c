@@ -524,6 +524,19 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'name':'t33','kind':'output','dtype':'bf16','shape':[3,40,2,32]}],"
 	  "'nodes':[{'op':'add','inputs':['g','bias'],'outputs':['w28']},{'op':'cast','inputs':['v32'],'outputs':['t33']}]}",
 	  -2, 2, 0, 1 },
+	{ "a product written transposed, exponentiated and normalized by its rows' sums: recomputed in both passes of "
+	  "the reduction's kernel (its prologue, and the prologue again where the epilogue reads it)",
+	  "{'tensors':[{'name':'a','kind':'input','dtype':'f32','shape':[48,80]},"
+	  "{'name':'b','kind':'input','dtype':'f32','shape':[48,80]},"
+	  "{'name':'t','kind':'intermediate','dtype':'f32','shape':[80,48]},"
+	  "{'name':'tt','kind':'view','base':'t','shape':[48,80],'strides':[1,48]},"
+	  "{'name':'e','kind':'intermediate','dtype':'f32','shape':[80,48]},"
+	  "{'name':'s','kind':'intermediate','dtype':'f32','shape':[80,1]},"
+	  "{'name':'sv','kind':'view','base':'s','shape':[80],'strides':[1]},"
+	  "{'name':'y','kind':'output','dtype':'f32','shape':[80,48]}],"
+	  "'nodes':[{'op':'mul','inputs':['a','b'],'outputs':['tt']},{'op':'exp','inputs':['t'],'outputs':['e']},"
+	  "{'op':'sum','inputs':['e'],'outputs':['sv']},{'op':'div','inputs':['e','s'],'outputs':['y']}]}",
+	  -1, 1, 0, 1 },
 	{ "a cat whose part's source is updated in place before it is read: not recomputed (it reads the old values)",
 	  "{'tensors':[{'name':'p','kind':'inout','dtype':'f32','shape':[40,16]},"
 	  "{'name':'pa','kind':'view','base':'p','shape':[40,8],'strides':[16,1]},"
