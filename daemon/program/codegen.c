@@ -1095,12 +1095,14 @@ static bool read_before(const struct gen *g, const struct rp_prog_node *n, int i
 
 /* u<reader>_<depth>_<t>: the element of recomputed tensor t that node
  * `reader` reads at its coordinates <prefix><d> (a frame of `rank` dims):
- * from the last writer of t's root whose box holds it, computed at that
+ * at the coordinates e<depth>_<k> of the root's frame (plan.h) that hold
+ * it, from the last writer whose box holds those, computed at that
  * writer's element (w<depth>_<k>), what it reads there loaded (or
  * recomputed in turn), rounded to the root's dtype as a store would. */
 static int emit_recomputed(struct gen *g, int reader, int depth, int t, const char *prefix, int rank, const char *ind)
 {
 	const struct rp_prog_tensor *x = T(g, t), *root = T(g, x->root);
+	const struct rd_prog_frame *f = &g->plan->frame[x->root];
 	const char *ty = ctype(root->dtype);
 	int64_t start[RP_PROG_RANK_MAX], box[RP_PROG_RANK_MAX];
 	char in2[32], in3[32], wp[16], l[32], l2[32], name[RP_PROG_NAME_MAX + 1];
@@ -1109,15 +1111,30 @@ static int emit_recomputed(struct gen *g, int reader, int depth, int t, const ch
 	snprintf(in2, sizeof(in2), "%s\t", ind);
 	snprintf(in3, sizeof(in3), "%s\t\t", ind);
 	snprintf(wp, sizeof(wp), "w%d_", depth);
-	if (depth > 8 || !rd_prog_box_of(g->p, t, start))
+	if (depth > 8)
 		return -EINVAL;
 	out(&g->b, "%s%s u%d_%d_%d;   /* %s, recomputed */\n", ind, ty, reader, depth, t, safe_name(root->name, name));
 	out(&g->b, "%s{\n", ind);
-	for (int k = 0; k < root->rank; k++) {
-		out(&g->b, "%sconst idx_t e%d_%d = %s", in2, depth, k, lit(start[k], l));
-		if (x->shape[k] > 1 && x->strides[k] != 0)
-			out(&g->b, " + %s%d", prefix, rank - x->rank + k);
+	if (rd_prog_box_in(g->p, f, t, start)) {
+		for (int k = 0; k < f->rank; k++) {
+			out(&g->b, "%sconst idx_t e%d_%d = %s", in2, depth, k, lit(start[k], l));
+			if (x->shape[k] > 1 && x->strides[k] != 0)
+				out(&g->b, " + %s%d", prefix, rank - x->rank + k);
+			out(&g->b, ";\n");
+		}
+	} else {
+		/* Another view (a reshape, a transpose): the frame's
+		 * coordinates are the digits of the element's offset. */
+		out(&g->b, "%sconst idx_t o%d = %s + ", in2, depth, lit(x->root_offset, l));
+		emit_offset_in(g, t, prefix, rank);
 		out(&g->b, ";\n");
+		for (int k = 0; k < f->rank; k++) {
+			out(&g->b, "%sconst idx_t e%d_%d = ", in2, depth, k);
+			if (f->shape[k] > 1)
+				out(&g->b, "o%d / %s %% %s;\n", depth, lit(f->strides[k], l), lit(f->shape[k], l2));
+			else
+				out(&g->b, "0;\n");
+		}
 	}
 	/* The writers from the last: the first whose box holds the element
 	 * (the plan made sure one does: the last tried needs no test). */
@@ -1129,7 +1146,7 @@ static int emit_recomputed(struct gen *g, int reader, int depth, int t, const ch
 		if (nw == RD_PROG_RECOMPUTE_WRITERS_MAX)
 			return -EINVAL;
 		writers[nw++] = i;
-		if (rd_prog_same_shape(T(g, w->out[0]), root))
+		if (rd_prog_covers_frame(T(g, w->out[0]), f))
 			break;   /* it holds every element: those before it are overwritten */
 	}
 	for (int j = 0; j < nw; j++) {
@@ -1137,14 +1154,14 @@ static int emit_recomputed(struct gen *g, int reader, int depth, int t, const ch
 		const struct rp_prog_node *w = &g->p->nodes[i];
 		const struct rp_prog_tensor *o = T(g, w->out[0]);
 		int terms = 0;
-		if (!rd_prog_box_of(g->p, w->out[0], box))
+		if (!rd_prog_box_in(g->p, f, w->out[0], box))
 			return -EINVAL;
 		if (j < nw - 1) {
 			out(&g->b, "%s%sif (", in2, j ? "} else " : "");
-			for (int k = 0; k < root->rank; k++) {
+			for (int k = 0; k < f->rank; k++) {
 				if (box[k] > 0)
 					out(&g->b, "%se%d_%d >= %s", terms++ ? " && " : "", depth, k, lit(box[k], l));
-				if (box[k] + o->shape[k] < root->shape[k])
+				if (box[k] + o->shape[k] < f->shape[k])
 					out(&g->b, "%se%d_%d < %s", terms++ ? " && " : "", depth, k,
 					    lit(box[k] + o->shape[k], l2));
 			}
@@ -1152,17 +1169,17 @@ static int emit_recomputed(struct gen *g, int reader, int depth, int t, const ch
 		} else {
 			out(&g->b, "%s%s{\n", in2, j ? "} else " : "");
 		}
-		for (int k = 0; k < root->rank; k++)
+		for (int k = 0; k < f->rank; k++)
 			out(&g->b, "%sconst idx_t w%d_%d = e%d_%d - %s;\n", in3, depth, k, depth, k, lit(box[k], l));
 		for (int k = 0; k < w->nin; k++)
 			if (w->in[k] >= 0 && g->plan->recomputed[w->in[k]] && !read_before(g, w, k) &&
-			    (r = emit_recomputed(g, i, depth + 1, w->in[k], wp, root->rank, in3)) < 0)
+			    (r = emit_recomputed(g, i, depth + 1, w->in[k], wp, f->rank, in3)) < 0)
 				return r;
 		emit_node_comment(g, i, in3);
 		const char *save_at = g->at;
 		int save_rank = g->at_rank, save_node = g->rec_node, save_depth = g->rec_depth;
 		g->at = wp;
-		g->at_rank = root->rank;
+		g->at_rank = f->rank;
 		g->rec_node = i;
 		g->rec_depth = depth + 1;
 		out(&g->b, "%su%d_%d_%d = rg_cvt<%s>(", in3, reader, depth, t, ty);

@@ -26,10 +26,13 @@ bool rd_prog_same_row(const struct rp_program *p, const struct rp_prog_tensor *d
 /* Writers of one recomputed root (plan.h) the code generator takes: the
  * plan recomputes no root of more. */
 #define RD_PROG_RECOMPUTE_WRITERS_MAX 8
-/* Whether view t is a box of its root (a contiguous intermediate): of the
- * root's rank and dtype, each dim of more than one element stepped as the
- * root steps it, its first element at the root's coordinates start[]. */
-bool rd_prog_box_of(const struct rp_program *p, int t, int64_t *start);
+/* Whether view t is a box of frame f of its root (plan.h): of the
+ * frame's rank and the root's dtype, each dim of more than one element
+ * stepped as the frame steps it, its first element at the frame's
+ * coordinates start[]. */
+bool rd_prog_box_in(const struct rp_program *p, const struct rd_prog_frame *f, int t, int64_t *start);
+/* Whether box x of frame f is all of it. */
+bool rd_prog_covers_frame(const struct rp_prog_tensor *x, const struct rd_prog_frame *f);
 /* Tensors a and b share no element (conservatively: their element ranges
  * in the root do not meet). */
 bool rd_prog_disjoint(const struct rp_program *p, int a, int b);

@@ -67,6 +67,16 @@ bool rd_prog_same_shape(const struct rp_prog_tensor *a, const struct rp_prog_ten
 	return true;
 }
 
+bool rd_prog_covers_frame(const struct rp_prog_tensor *x, const struct rd_prog_frame *f)
+{
+	if (x->rank != f->rank)
+		return false;
+	for (int k = 0; k < f->rank; k++)
+		if (x->shape[k] != f->shape[k])
+			return false;
+	return true;
+}
+
 bool rd_prog_same_view(const struct rp_program *p, int a, int b)
 {
 	const struct rp_prog_tensor *x = &p->tensors[a], *y = &p->tensors[b];
@@ -187,8 +197,9 @@ static int node_accesses(const struct rp_program *p, const struct rd_prog_plan *
 }
 
 /* Iotas, fills and dropout masks whose output only pointwise nodes read,
- * each as that very tensor: those readers compute the value where they
- * need it (an index, a constant, a draw from the Run's seed), so it never
+ * each as that very tensor (a fill through any view of it: its value is
+ * the same everywhere): those readers compute the value where they need
+ * it (an index, a constant, a draw from the Run's seed), so it never
  * takes memory nor a kernel of its own. */
 static void find_inline(const struct rp_program *p, int *inl)
 {
@@ -208,7 +219,8 @@ static void find_inline(const struct rp_program *p, int *inl)
 			for (int k = 0; k < m->nin && only_pointwise; k++) {
 				int t = m->in[k];
 				if (t >= 0 && p->tensors[t].root == o)
-					only_pointwise = m->op->cls == RP_PC_POINTWISE && rd_prog_same_view(p, t, o);
+					only_pointwise = m->op->cls == RP_PC_POINTWISE &&
+							 (n->pw.fn == RP_PW_FILL || rd_prog_same_view(p, t, o));
 			}
 			for (int k = 0; k < m->nout && only_pointwise; k++)
 				if (j != i && m->out[k] >= 0 && p->tensors[m->out[k]].root == o)
@@ -224,42 +236,78 @@ static void find_inline(const struct rp_program *p, int *inl)
 
 /* ---- recomputed roots (plan.h) ---------------------------------------------------- */
 
-bool rd_prog_box_of(const struct rp_program *p, int t, int64_t *start)
+/* The frame of root r that view t steps through (plan.h): t's dims, each
+ * of more than one element at a stride of its own, the innermost at 1,
+ * each one's length the next outer one's stride over its own (the
+ * outermost's the root's elements over its stride). False where t does
+ * not step so through the whole root. */
+static bool frame_of_view(const struct rp_program *p, int t, struct rd_prog_frame *f)
 {
 	const struct rp_prog_tensor *x = &p->tensors[t], *r = &p->tensors[x->root];
-	int64_t rest = x->root_offset;
+	int64_t inner = r->numel;   /* the stride of the dim outside the one being placed */
+	bool placed[RP_PROG_RANK_MAX] = { false };
 
-	if (x->rank != r->rank || x->dtype != r->dtype || !rp_prog_tensor_contiguous(r) || r->numel == 0)
+	if (x->dtype != r->dtype || r->numel == 0)
 		return false;
-	for (int k = r->rank - 1; k >= 0; k--) {
-		start[k] = rest % r->shape[k];
-		rest /= r->shape[k];
+	f->rank = x->rank;
+	for (int k = 0; k < x->rank; k++) {
+		f->shape[k] = 1;
+		f->strides[k] = 0;
+		placed[k] = x->shape[k] == 1;
 	}
-	if (rest != 0)
-		return false;
-	for (int k = 0; k < r->rank; k++)
-		if ((x->shape[k] > 1 && x->strides[k] != r->strides[k]) || start[k] + x->shape[k] > r->shape[k])
+	/* From the outermost dim in: the largest stride not yet placed. */
+	for (;;) {
+		int k = -1;
+		for (int j = 0; j < x->rank; j++)
+			if (!placed[j] && (k < 0 || x->strides[j] > x->strides[k]))
+				k = j;
+		if (k < 0)
+			break;
+		if (x->strides[k] <= 0 || inner % x->strides[k] != 0 || inner == x->strides[k])
 			return false;
-	return true;
+		f->shape[k] = inner / x->strides[k];
+		f->strides[k] = x->strides[k];
+		inner = x->strides[k];
+		placed[k] = true;
+	}
+	return inner == 1;
 }
 
-/* Whether the boxes (views of root r: rd_prog_box_of) of the writers
+bool rd_prog_box_in(const struct rp_program *p, const struct rd_prog_frame *f, int t, int64_t *start)
+{
+	const struct rp_prog_tensor *x = &p->tensors[t], *r = &p->tensors[x->root];
+	int64_t at = 0;
+
+	if (x->rank != f->rank || x->dtype != r->dtype)
+		return false;
+	for (int k = 0; k < f->rank; k++) {
+		if (x->shape[k] > 1 && (f->shape[k] == 1 || x->strides[k] != f->strides[k]))
+			return false;
+		/* The frame is dense: its coordinates are the offset's digits. */
+		start[k] = f->shape[k] > 1 ? x->root_offset / f->strides[k] % f->shape[k] : 0;
+		if (start[k] + x->shape[k] > f->shape[k])
+			return false;
+		at += start[k] * f->strides[k];
+	}
+	return at == x->root_offset;
+}
+
+/* Whether the boxes (of frame f of root r: rd_prog_box_in) of the writers
  * w[0, n) hold every element of r: one of them all of it, or all of them
  * whole but along one dim, whose length they cover together. */
-static bool boxes_cover(const struct rp_program *p, int r, const int *w, int n)
+static bool boxes_cover(const struct rp_program *p, const struct rd_prog_frame *f, const int *w, int n)
 {
-	const struct rp_prog_tensor *root = &p->tensors[r];
 	int64_t start[RP_PROG_RANK_MAX];
 	int along = -1;
 
 	for (int i = 0; i < n; i++)
-		if (rd_prog_same_shape(&p->tensors[p->nodes[w[i]].out[0]], root))
+		if (rd_prog_covers_frame(&p->tensors[p->nodes[w[i]].out[0]], f))
 			return true;
 	for (int i = 0; i < n; i++) {
 		const struct rp_prog_tensor *x = &p->tensors[p->nodes[w[i]].out[0]];
 		int partial = -1, count = 0;
-		for (int k = 0; k < root->rank; k++)
-			if (x->shape[k] != root->shape[k]) {
+		for (int k = 0; k < f->rank; k++)
+			if (x->shape[k] != f->shape[k]) {
 				partial = k;
 				count++;
 			}
@@ -271,12 +319,12 @@ static bool boxes_cover(const struct rp_program *p, int r, const int *w, int n)
 		return false;
 	/* The writers' intervals along that dim, swept from 0. */
 	for (int64_t at = 0, moved = 1; moved;) {
-		if (at >= root->shape[along])
+		if (at >= f->shape[along])
 			return true;
 		moved = 0;
 		for (int i = 0; i < n; i++) {
 			const struct rp_prog_tensor *x = &p->tensors[p->nodes[w[i]].out[0]];
-			rd_prog_box_of(p, p->nodes[w[i]].out[0], start);
+			rd_prog_box_in(p, f, p->nodes[w[i]].out[0], start);
 			if (start[along] <= at && start[along] + x->shape[along] > at) {
 				at = start[along] + x->shape[along];
 				moved = 1;
@@ -292,6 +340,7 @@ struct root_use {
 	int *writers, nwriters;
 	int *readers, nreaders;
 	bool candidate;     /* the shapes allow it: pointwise writers and readers, boxes, cover, order */
+	struct rd_prog_frame frame;   /* where the writers' boxes are, when a candidate */
 	bool shifted;       /* a reader reads it at other elements than a writer wrote (or it has several writers) */
 	bool rejected;      /* its sources fail (too many, or written before its last reader) */
 };
@@ -346,19 +395,44 @@ static int list_uses(const struct rp_program *p, struct root_use *use, int **buf
 	return 0;
 }
 
-/* Whether the root's writers and readers allow recomputing it (see
- * plan.h). */
-static void judge_root(const struct rp_program *p, const int *inl, int r, struct root_use *u)
+/* Whether pointwise node n reads tensor t at more than one of its
+ * elements: t stretched against n's output (or its iteration domain), or
+ * stepped by a stride of 0. */
+static bool broadcast_read(const struct rp_program *p, const struct rp_prog_node *n, int t)
+{
+	const struct rp_prog_tensor *x = &p->tensors[t];
+
+	if (n->nout < 1 || n->out[0] < 0 || x->numel != p->tensors[n->out[0]].numel)
+		return true;
+	for (int k = 0; k < x->rank; k++)
+		if (x->shape[k] > 1 && x->strides[k] == 0)
+			return true;
+	return false;
+}
+
+/* Whether every writer of the root writes a box of frame f. */
+static bool writers_boxed(const struct rp_program *p, const struct root_use *u, const struct rd_prog_frame *f)
 {
 	int64_t start[RP_PROG_RANK_MAX];
 
+	for (int k = 0; k < u->nwriters; k++)
+		if (!rd_prog_box_in(p, f, p->nodes[u->writers[k]].out[0], start))
+			return false;
+	return true;
+}
+
+/* Whether the root's writers and readers allow recomputing it (see
+ * plan.h), and in which frame: the root's own, else the first writer's
+ * that boxes every writer. */
+static void judge_root(const struct rp_program *p, const int *inl, int r, struct root_use *u)
+{
 	u->candidate = false;
 	if (u->nwriters == 0 || u->nwriters > RD_PROG_RECOMPUTE_WRITERS_MAX || u->nreaders == 0)
 		return;
 	for (int k = 0; k < u->nwriters; k++) {
 		const struct rp_prog_node *n = &p->nodes[u->writers[k]];
 		if (n->op->cls != RP_PC_POINTWISE || n->nout != 1 || n->out[0] < 0 || inl[n->out[0]] >= 0 ||
-		    n->pw.fn == RP_PW_IOTA || n->pw.fn == RP_PW_DROPOUT_MASK || !rd_prog_box_of(p, n->out[0], start))
+		    n->pw.fn == RP_PW_IOTA || n->pw.fn == RP_PW_DROPOUT_MASK)
 			return;
 		for (int i = 0; i < n->nin; i++) {
 			int t = n->in[i];
@@ -368,17 +442,28 @@ static void judge_root(const struct rp_program *p, const int *inl, int r, struct
 				return;
 		}
 	}
+	bool framed = frame_of_view(p, r, &u->frame) && writers_boxed(p, u, &u->frame);
+	for (int k = 0; k < u->nwriters && !framed; k++)
+		framed = frame_of_view(p, p->nodes[u->writers[k]].out[0], &u->frame) && writers_boxed(p, u, &u->frame);
+	if (!framed)
+		return;
 	for (int k = 0; k < u->nreaders; k++) {
 		const struct rp_prog_node *n = &p->nodes[u->readers[k]];
 		/* Every read after the last write: a reader sees every
 		 * writer's part. */
 		if (n->op->cls != RP_PC_POINTWISE || u->readers[k] < u->writers[u->nwriters - 1])
 			return;
-		for (int i = 0; i < n->nin; i++)
-			if (n->in[i] >= 0 && p->tensors[n->in[i]].root == r && !rd_prog_box_of(p, n->in[i], start))
+		/* Any view of the root's dtype (the element it reads is
+		 * found in the frame by its offset), each element read at
+		 * one element of the reader's: a broadcast would compute it
+		 * again for every element it is stretched over. */
+		for (int i = 0; i < n->nin; i++) {
+			const struct rp_prog_tensor *x = n->in[i] >= 0 ? &p->tensors[n->in[i]] : NULL;
+			if (x && x->root == r && (x->dtype != p->tensors[r].dtype || broadcast_read(p, n, n->in[i])))
 				return;
+		}
 	}
-	if (!boxes_cover(p, r, u->writers, u->nwriters))
+	if (!boxes_cover(p, &u->frame, u->writers, u->nwriters))
 		return;
 	u->shifted = u->nwriters > 1;
 	for (int k = 0; k < u->nreaders && !u->shifted; k++) {
@@ -542,8 +627,11 @@ static int find_recomputed(const struct rp_program *p, struct rd_prog_plan *plan
 			settled &= !use[t].rejected;
 		}
 	}
-	for (int t = 0; t < p->ntensors; t++)
+	for (int t = 0; t < p->ntensors; t++) {
 		plan->recomputed[t] = rec[p->tensors[t].root];
+		if (rec[t])
+			plan->frame[t] = use[t].frame;
+	}
 	r = 0;
 out:
 	free(use);
@@ -708,6 +796,19 @@ static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tenso
 	return true;
 }
 
+/* Whether only pointwise nodes read root r (no reduction would take its
+ * writer as a prologue). */
+static bool read_only_by_pointwise(const struct rp_program *p, int r)
+{
+	for (int i = 0; i < p->nnodes; i++) {
+		const struct rp_prog_node *m = &p->nodes[i];
+		for (int k = 0; k < m->nin && m->op->cls != RP_PC_POINTWISE; k++)
+			if (m->in[k] >= 0 && p->tensors[m->in[k]].root == r)
+				return false;
+	}
+	return true;
+}
+
 /* Whether pointwise node n joins a last-axis reduction's group as its
  * epilogue, in the reduction's kernel once the row's result is known:
  * over the domain (*row false: the kernel passes over the row again,
@@ -715,9 +816,11 @@ static bool row_shape(const struct rp_prog_tensor *o, const struct rp_prog_tenso
  * true: once a row, e.g. rsqrt(mean + eps)). It must read what the group
  * made (the result, the prologue's or the epilogue's values: elsewhere
  * they would have to be stored for it), or join a pass over the domain
- * that the epilogue makes anyway: what does neither is left to groups of
- * its own (a second reduction's prologue, which would else be stored for
- * it);
+ * that the epilogue makes anyway, or be a row's value that only pointwise
+ * nodes read (rstd^3, which a later norm backward's epilogue reads: once
+ * a row, nearly free, where it would else take a kernel): what does
+ * none of these is left to groups of its own (a second reduction's
+ * prologue, which would else be stored for it);
  * what it reads that the group wrote it reads from registers: the very
  * element the group wrote at this element, or the very row value
  * (rd_prog_same_row); everything else it reads is memory the group does
@@ -766,7 +869,7 @@ static bool epilogue_joins(const struct rp_program *p, const struct rd_prog_plan
 			consumes = true;
 		}
 	}
-	if (!consumes && (*row || !g->second_pass))
+	if (!consumes && (*row ? !read_only_by_pointwise(p, o->root) : !g->second_pass))
 		return false;
 	/* The second pass computes the prologue anew from memory: it must
 	 * find there what the first pass found. */
@@ -911,15 +1014,19 @@ static int64_t group_size(const struct group *g)
 }
 
 /* Where a new group of `size` elements goes: after the last group it
- * depends on, and after every group no larger than it, so that the window
+ * depends on, and after every group smaller than it, so that the window
  * runs small work (a row's statistics, a scalar's bias correction) before
- * the large groups that read it, which can then take more nodes. */
+ * the large groups that read it, which can then take more nodes; and
+ * before the groups of its size it does not depend on, which so stay
+ * open past the library calls that will read it (a sum of two GEMMs'
+ * outputs waits past the GEMM of a transposing cast's output, whose own
+ * output joins it). */
 static int new_group_place(const struct builder *b, int last_dep, int64_t size)
 {
 	int at = last_dep + 1;
 
 	for (int i = b->nwindow - 1; i >= at; i--)
-		if (group_size(&b->window[i]) <= size)
+		if (group_size(&b->window[i]) < size)
 			return i + 1;
 	return at;
 }
@@ -1203,6 +1310,7 @@ void rd_prog_plan_finish(struct rd_prog_plan *plan)
 	free(plan->recomputed);
 	free(plan->sources);
 	free(plan->nsources);
+	free(plan->frame);
 	memset(plan, 0, sizeof(*plan));
 }
 
@@ -1221,8 +1329,9 @@ int rd_prog_plan_build(const struct rp_program *p, struct rd_prog_plan *plan, st
 	plan->recomputed = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*plan->recomputed));
 	plan->sources = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*plan->sources));
 	plan->nsources = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*plan->nsources));
+	plan->frame = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof(*plan->frame));
 	if (!plan->arena_offset || !plan->node_stored || !plan->order || !plan->computed_inline || !plan->recomputed ||
-	    !plan->sources || !plan->nsources) {
+	    !plan->sources || !plan->nsources || !plan->frame) {
 		r = -ENOMEM;
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory to plan program %s", p->name);
 		goto fail;

@@ -77,6 +77,19 @@ enum rd_prog_step_kind { RD_STEP_LIBRARY = 0, RD_STEP_FUSED, RD_STEP_REDUCTION, 
  * bound root, or an intermediate that never leaves registers). */
 #define RD_PROG_NOT_IN_ARENA UINT64_MAX
 
+/* A recomputed root's elements as a dense array of `rank` dims, dim k
+ * of shape[k] elements stepped by strides[k] in the root (a dim of one
+ * element by none): the root's own shape when it is contiguous, or the
+ * order a writer's view steps through it (torch keeps a transposed
+ * input's strides in a pointwise node's output). Every element of the
+ * root is at one place of it; its writers' outputs are boxes of it
+ * (rd_prog_box_in). */
+struct rd_prog_frame {
+	int rank;
+	int64_t shape[RP_PROG_RANK_MAX];
+	int64_t strides[RP_PROG_RANK_MAX];
+};
+
 /* One kernel of a step, launched 1-D: every generated kernel loops over its
  * blocks of work (blockIdx.x, blockIdx.x + gridDim.x, ...), so any grid
  * from 1 to `blocks` is correct; rd_prog_kernel_grid picks one. */
@@ -132,24 +145,29 @@ struct rd_prog_plan {
 	bool *node_stored;
 	int *order;                 /* every node, step after step: what steps' nodes point into */
 	/* Per tensor: the iota, fill or dropout_mask node whose value its
-	 * readers (all pointwise) compute where they read it, or -1. That node
-	 * is in no step, and the tensor never in memory. */
+	 * readers (all pointwise, through that very view; a fill's through
+	 * any) compute where they read it, or -1. That node is in no step,
+	 * and the tensor never in memory. */
 	int *computed_inline;
 	/* Per tensor: whether its root is recomputed where it is read: an
-	 * intermediate that pointwise nodes write as boxes of it (a cat's
-	 * parts, a slice's gradient into zeros, or one node the whole) from
-	 * memory that stays as it is until its last reader, read only by
-	 * pointwise nodes after its last writer, as boxes of it at other
-	 * elements than their own (a rotate-half's halves), or only by other
-	 * such writers. A reader computes the element it reads from the last
-	 * writer whose box holds it, at that writer's element, the writer's
-	 * inputs loaded there (or recomputed in turn); its writers are in no
-	 * step, and it is never in memory. sources[] lists, per recomputed
-	 * root, the tensors in memory its elements are computed from, at
-	 * other elements than the reader's own (nsources of them). */
+	 * intermediate that pointwise nodes write as boxes of its frame
+	 * (below: a cat's parts, a slice's gradient into zeros, or one node
+	 * the whole) from memory that stays as it is until its last reader,
+	 * read only by pointwise nodes after its last writer, through views
+	 * that stretch none of it (a broadcast would compute an element
+	 * again for each place it is read at), at other elements than
+	 * their own (a rotate-half's halves, a transpose, a reshape), or only
+	 * by other such writers. A reader
+	 * computes the element it reads from the last writer whose box holds
+	 * it, at that writer's element, the writer's inputs loaded there (or
+	 * recomputed in turn); its writers are in no step, and it is never in
+	 * memory. sources[] lists, per recomputed root, the tensors in memory
+	 * its elements are computed from, at other elements than the
+	 * reader's own (nsources of them); frame[] its frame. */
 	bool *recomputed;
 	int (*sources)[RD_PROG_SOURCES_MAX];
 	int *nsources;
+	struct rd_prog_frame *frame;
 	uint64_t arena_bytes;
 	/* With embedding steps: where in the arena their kernels note the
 	 * first index outside the table (a struct rd_prog_fault, zeroed when

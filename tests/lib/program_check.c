@@ -301,6 +301,21 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'sum','inputs':['x20'],'outputs':['w25'],'attrs':{'axis':'last'}},"
 	  "{'op':'div','inputs':['w25','v23'],'outputs':['v27']}]}",
 	  -4, 4, 1000, 4 },
+	{ "a loss's backward as Llama's compiled graph gives it: the gradient's scale a quotient of two 0-d tensors "
+	  "(recomputed where the rows' factor is), lse a fill of zeros read as a column (computed where it is read)",
+	  "{'tensors':[{'name':'g','kind':'input','dtype':'f32','shape':[]},"
+	  "{'name':'c','kind':'input','dtype':'f32','shape':[]},"
+	  "{'name':'x1','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'x4','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'ls','kind':'input','dtype':'f32','shape':[64,1000]},"
+	  "{'name':'tg','kind':'input','dtype':'i64','shape':[64]},"
+	  "{'name':'t7','kind':'intermediate','dtype':'f32','shape':[64,1000]},"
+	  "{'name':'dl','kind':'output','dtype':'bf16','shape':[64,1000]}],"
+	  "'nodes':[{'op':'div','inputs':['g','c'],'outputs':['x1']},"
+	  "{'op':'fill','outputs':['x4'],'attrs':{'scalar':0}},"
+	  "{'op':'cross_entropy_backward','inputs':['x1','ls','tg','x4'],'outputs':['t7'],'attrs':{'ignore_index':-100}},"
+	  "{'op':'cast','inputs':['t7'],'outputs':['dl']}]}",
+	  0.5, 2, 1000, 2 },
 	{ "rms_norm's backward as a model's graph gives it: the row sum's kernel takes the rest (the weight's sum apart)",
 	  "{'tensors':[{'name':'dy','kind':'input','dtype':'bf16','shape':[96,1024]},"
 	  "{'name':'hnb','kind':'input','dtype':'bf16','shape':[96,1024]},"
@@ -339,7 +354,7 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'add','inputs':['t12','t18'],'outputs':['t19']},"
 	  "{'op':'cast','inputs':['t19'],'outputs':['t20']},"
 	  "{'op':'add','inputs':['t20','dres'],'outputs':['dx']}]}",
-	  -2, 2, 0, 3 },
+	  -2, 2, 0, 2 },
 	{ "rms_norm's backward as Llama's compiled graph gives it: the prologue and the epilogue read the input "
 	  "through two views of it (the epilogue loads it through the pointer the kernel declared)",
 	  "{'tensors':[{'name':'dy','kind':'input','dtype':'bf16','shape':[4,24,1024]},"
@@ -442,6 +457,86 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'fill','outputs':['z1'],'attrs':{'scalar':0}},{'op':'cast','inputs':['sb2'],'outputs':['z1a']},"
 	  "{'op':'add','inputs':['mb0','z2'],'outputs':['a1']},{'op':'add','inputs':['a1','z1'],'outputs':['dq']}]}",
 	  -2, 2, 0, 1 },
+	{ "rotary embeddings as torch 2.11 gives them (Llama's compiled forward): the halves read from the projection in "
+	  "[B,S,H,D] order, neg written to a storage of its own in that order: one kernel, the neg recomputed where the "
+	  "cat reads it",
+	  "{'tensors':[{'name':'qh','kind':'input','dtype':'bf16','shape':[80,128]},"
+	  "{'name':'q','kind':'view','base':'qh','shape':[2,4,40,32],'strides':[5120,32,128,1]},"
+	  "{'name':'x1','kind':'view','base':'qh','shape':[2,4,40,16],'strides':[5120,32,128,1]},"
+	  "{'name':'x2','kind':'view','base':'qh','shape':[2,4,40,16],'strides':[5120,32,128,1],'offset':16},"
+	  "{'name':'cos','kind':'input','dtype':'bf16','shape':[40,32]},"
+	  "{'name':'sin','kind':'input','dtype':'bf16','shape':[40,32]},"
+	  "{'name':'s54','kind':'intermediate','dtype':'bf16','shape':[10240]},"
+	  "{'name':'v55','kind':'view','base':'s54','shape':[2,4,40,32],'strides':[5120,32,128,1]},"
+	  "{'name':'s58','kind':'intermediate','dtype':'bf16','shape':[5120]},"
+	  "{'name':'v59','kind':'view','base':'s58','shape':[2,4,40,16],'strides':[2560,16,64,1]},"
+	  "{'name':'t60','kind':'intermediate','dtype':'bf16','shape':[2,4,40,32]},"
+	  "{'name':'w61','kind':'view','base':'t60','shape':[2,4,40,16],'strides':[5120,1280,32,1]},"
+	  "{'name':'w62','kind':'view','base':'t60','shape':[2,4,40,16],'strides':[5120,1280,32,1],'offset':16},"
+	  "{'name':'t64','kind':'intermediate','dtype':'bf16','shape':[2,4,40,32]},"
+	  "{'name':'s65','kind':'output','dtype':'bf16','shape':[10240]},"
+	  "{'name':'v66','kind':'view','base':'s65','shape':[2,4,40,32],'strides':[5120,32,128,1]}],"
+	  "'nodes':[{'op':'mul','inputs':['q','cos'],'outputs':['v55']},"
+	  "{'op':'neg','inputs':['x2'],'outputs':['v59']},"
+	  "{'op':'cast','inputs':['v59'],'outputs':['w61']},{'op':'cast','inputs':['x1'],'outputs':['w62']},"
+	  "{'op':'mul','inputs':['t60','sin'],'outputs':['t64']},{'op':'add','inputs':['v55','t64'],'outputs':['v66']}]}",
+	  -2, 2, 0, 1 },
+	{ "their backward as torch 2.11 gives it (Llama's k: the gradient in [B,S,H,D] order, the halves' slice "
+	  "backwards into zeros added as [rows, D], then cast to [B,S,H,D] for the GEMM): one kernel, the cast's",
+	  "{'tensors':[{'name':'s218','kind':'input','dtype':'bf16','shape':[4608]},"
+	  "{'name':'v219','kind':'view','base':'s218','shape':[2,3,48,16],'strides':[2304,16,48,1]},"
+	  "{'name':'sin','kind':'input','dtype':'bf16','shape':[48,16]},"
+	  "{'name':'cos','kind':'input','dtype':'bf16','shape':[48,16]},"
+	  "{'name':'s223','kind':'intermediate','dtype':'bf16','shape':[4608]},"
+	  "{'name':'v224','kind':'view','base':'s223','shape':[2,3,48,16],'strides':[2304,16,48,1]},"
+	  "{'name':'v225','kind':'view','base':'s223','shape':[2,3,48,8],'strides':[2304,16,48,1]},"
+	  "{'name':'v226','kind':'view','base':'s223','shape':[2,3,48,8],'strides':[2304,16,48,1],'offset':8},"
+	  "{'name':'s227','kind':'intermediate','dtype':'bf16','shape':[2304]},"
+	  "{'name':'v228','kind':'view','base':'s227','shape':[2,3,48,8],'strides':[1152,8,24,1]},"
+	  "{'name':'t229','kind':'intermediate','dtype':'bf16','shape':[2,3,48,16]},"
+	  "{'name':'w230','kind':'view','base':'t229','shape':[2,3,48,8],'strides':[2304,768,16,1],'offset':8},"
+	  "{'name':'w233','kind':'view','base':'t229','shape':[288,16],'strides':[16,1]},"
+	  "{'name':'t231','kind':'intermediate','dtype':'bf16','shape':[2,3,48,16]},"
+	  "{'name':'w232','kind':'view','base':'t231','shape':[2,3,48,8],'strides':[2304,768,16,1]},"
+	  "{'name':'w234','kind':'view','base':'t231','shape':[288,16],'strides':[16,1]},"
+	  "{'name':'t235','kind':'intermediate','dtype':'bf16','shape':[2,3,48,16]},"
+	  "{'name':'w236','kind':'view','base':'t235','shape':[288,16],'strides':[16,1]},"
+	  "{'name':'s238','kind':'intermediate','dtype':'bf16','shape':[4608]},"
+	  "{'name':'v239','kind':'view','base':'s238','shape':[2,3,48,16],'strides':[2304,16,48,1]},"
+	  "{'name':'t240','kind':'intermediate','dtype':'bf16','shape':[2,3,48,16]},"
+	  "{'name':'v270','kind':'view','base':'t240','shape':[2,48,3,16],'strides':[2304,16,768,1]},"
+	  "{'name':'t271','kind':'output','dtype':'bf16','shape':[2,48,3,16]}],"
+	  "'nodes':[{'op':'mul','inputs':['v219','sin'],'outputs':['v224']},"
+	  "{'op':'neg','inputs':['v225'],'outputs':['v228']},"
+	  "{'op':'fill','outputs':['t229'],'attrs':{'scalar':0}},{'op':'cast','inputs':['v228'],'outputs':['w230']},"
+	  "{'op':'fill','outputs':['t231'],'attrs':{'scalar':0}},{'op':'cast','inputs':['v226'],'outputs':['w232']},"
+	  "{'op':'add','inputs':['w233','w234'],'outputs':['w236']},"
+	  "{'op':'mul','inputs':['v219','cos'],'outputs':['v239']},{'op':'add','inputs':['t235','v239'],'outputs':['t240']},"
+	  "{'op':'cast','inputs':['v270'],'outputs':['t271']}]}",
+	  -2, 2, 0, 1 },
+	{ "a bias added to a projection, then split into heads by a transposing cast (TransformerEncoder's compiled "
+	  "forward): one kernel, the sum recomputed where the cast reads it",
+	  "{'tensors':[{'name':'g','kind':'input','dtype':'bf16','shape':[80,96]},"
+	  "{'name':'bias','kind':'input','dtype':'bf16','shape':[96]},"
+	  "{'name':'t27','kind':'intermediate','dtype':'bf16','shape':[40,2,96]},"
+	  "{'name':'w28','kind':'view','base':'t27','shape':[80,96],'strides':[96,1]},"
+	  "{'name':'v32','kind':'view','base':'t27','shape':[3,40,2,32],'strides':[32,192,96,1]},"
+	  "{'name':'t33','kind':'output','dtype':'bf16','shape':[3,40,2,32]}],"
+	  "'nodes':[{'op':'add','inputs':['g','bias'],'outputs':['w28']},{'op':'cast','inputs':['v32'],'outputs':['t33']}]}",
+	  -2, 2, 0, 1 },
+	{ "a product written transposed, exponentiated and normalized by its rows' sums: recomputed in both passes of "
+	  "the reduction's kernel (its prologue, and the prologue again where the epilogue reads it)",
+	  "{'tensors':[{'name':'a','kind':'input','dtype':'f32','shape':[48,80]},"
+	  "{'name':'b','kind':'input','dtype':'f32','shape':[48,80]},"
+	  "{'name':'t','kind':'intermediate','dtype':'f32','shape':[80,48]},"
+	  "{'name':'tt','kind':'view','base':'t','shape':[48,80],'strides':[1,48]},"
+	  "{'name':'e','kind':'intermediate','dtype':'f32','shape':[80,48]},"
+	  "{'name':'s','kind':'intermediate','dtype':'f32','shape':[80,1]},"
+	  "{'name':'sv','kind':'view','base':'s','shape':[80],'strides':[1]},"
+	  "{'name':'y','kind':'output','dtype':'f32','shape':[80,48]}],"
+	  "'nodes':[{'op':'mul','inputs':['a','b'],'outputs':['tt']},{'op':'exp','inputs':['t'],'outputs':['e']},"
+	  "{'op':'sum','inputs':['e'],'outputs':['sv']},{'op':'div','inputs':['e','s'],'outputs':['y']}]}",
+	  -1, 1, 0, 1 },
 	{ "a cat whose part's source is updated in place before it is read: not recomputed (it reads the old values)",
 	  "{'tensors':[{'name':'p','kind':'inout','dtype':'f32','shape':[40,16]},"
 	  "{'name':'pa','kind':'view','base':'p','shape':[40,8],'strides':[16,1]},"
@@ -497,6 +592,29 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'gemm','inputs':{'a':'dh1','b':'w1t'},'outputs':{'d':'dx1'}},"
 	  "{'op':'add','inputs':['dx1','dx3'],'outputs':['dx']}]}",
 	  -1, 1, 0, 7 },
+	{ "attention's input gradients as Llama's compiled backward sums them: dx_v + dx_k waits past the GEMM of the "
+	  "transposed dq (a kernel of the same size, independent of the sum, runs first) and takes + dx_q",
+	  "{'tensors':[{'name':'dv','kind':'input','dtype':'bf16','shape':[64,32]},"
+	  "{'name':'wv','kind':'input','dtype':'bf16','shape':[32,96]},"
+	  "{'name':'dk','kind':'input','dtype':'bf16','shape':[64,32]},"
+	  "{'name':'wk','kind':'input','dtype':'bf16','shape':[32,96]},"
+	  "{'name':'dq','kind':'input','dtype':'bf16','shape':[2,4,32,24]},"
+	  "{'name':'dqt','kind':'view','base':'dq','shape':[2,32,4,24],'strides':[3072,24,768,1]},"
+	  "{'name':'wq','kind':'input','dtype':'bf16','shape':[96,96]},"
+	  "{'name':'xv','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'xk','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'s1','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'q2','kind':'intermediate','dtype':'bf16','shape':[2,32,4,24]},"
+	  "{'name':'q2v','kind':'view','base':'q2','shape':[64,96],'strides':[96,1]},"
+	  "{'name':'xq','kind':'intermediate','dtype':'bf16','shape':[64,96]},"
+	  "{'name':'dx','kind':'output','dtype':'bf16','shape':[64,96]}],"
+	  "'nodes':[{'op':'gemm','inputs':{'a':'dv','b':'wv'},'outputs':{'d':'xv'}},"
+	  "{'op':'gemm','inputs':{'a':'dk','b':'wk'},'outputs':{'d':'xk'}},"
+	  "{'op':'add','inputs':['xv','xk'],'outputs':['s1']},"
+	  "{'op':'cast','inputs':['dqt'],'outputs':['q2']},"
+	  "{'op':'gemm','inputs':{'a':'q2v','b':'wq'},'outputs':{'d':'xq'}},"
+	  "{'op':'add','inputs':['s1','xq'],'outputs':['dx']}]}",
+	  -1, 1, 0, 5 },
 };
 
 const size_t tl_prog_ncases = sizeof(tl_prog_cases) / sizeof(tl_prog_cases[0]);

@@ -609,6 +609,83 @@ START_TEST(cat_of_what_changes_before_it_is_read_is_stored)
 }
 END_TEST
 
+/* Rotary embeddings as torch 2.11 gives them: the projection read in
+ * [B,S,H,D] order, neg(x2) written to a flat storage in that same order
+ * (a pointwise output keeps its input's strides), then cast into the
+ * cat's half. The neg's storage is recomputed in its writer's frame (its
+ * own view's dims), the cat in its own: one kernel, nothing in the arena. */
+START_TEST(storage_written_in_a_permuted_order_is_recomputed)
+{
+	const int64_t bhsd[] = { 5120, 32, 128, 1 }, half[] = { 2560, 16, 64, 1 }, cat[] = { 5120, 1280, 32, 1 };
+	const int64_t half_dims[] = { 2, 4, 40, 16 };
+
+	pb_init(&b, "rope_torch");
+	int qh = pb_tensor(&b, "qh", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(80, 128));
+	int q = pb_view(&b, "q", qh, 0, PB_DIMS(2, 4, 40, 32), bhsd);
+	int x1 = pb_view(&b, "x1", qh, 0, PB_DIMS(2, 4, 40, 16), bhsd);
+	int x2 = pb_view(&b, "x2", qh, 16, PB_DIMS(2, 4, 40, 16), bhsd);
+	int c = pb_tensor(&b, "c", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(40, 32));
+	int sn = pb_tensor(&b, "s", RP_PT_INPUT, RP_DTYPE_BF16, PB_DIMS(40, 32));
+	int s54 = pb_tensor(&b, "s54", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(10240));
+	int t1 = pb_view(&b, "t1", s54, 0, PB_DIMS(2, 4, 40, 32), bhsd);
+	int s58 = pb_tensor(&b, "s58", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(5120));
+	int n = pb_view(&b, "n", s58, 0, PB_DIMS(2, 4, 40, 16), half);
+	int rot = pb_tensor(&b, "rot", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(2, 4, 40, 32));
+	int ra = pb_view(&b, "ra", rot, 0, PB_DIMS(2, 4, 40, 16), cat);
+	int rb = pb_view(&b, "rb", rot, 16, PB_DIMS(2, 4, 40, 16), cat);
+	int t2 = pb_tensor(&b, "t2", RP_PT_INTERMEDIATE, RP_DTYPE_BF16, PB_DIMS(2, 4, 40, 32));
+	int s65 = pb_tensor(&b, "s65", RP_PT_OUTPUT, RP_DTYPE_BF16, PB_DIMS(10240));
+	int y = pb_view(&b, "y", s65, 0, PB_DIMS(2, 4, 40, 32), bhsd);
+	pb_pw(&b, RP_PW_MUL, t1, q, c, -1);
+	pb_pw(&b, RP_PW_NEG, n, x2, -1);
+	pb_pw(&b, RP_PW_CAST, ra, n, -1);
+	pb_pw(&b, RP_PW_CAST, rb, x1, -1);
+	pb_pw(&b, RP_PW_MUL, t2, rot, sn, -1);
+	pb_pw(&b, RP_PW_ADD, y, t1, t2, -1);
+	build();
+
+	ck_assert_int_eq(plan.nsteps, 1);
+	assert_step(0, RD_STEP_FUSED, 0, 3);
+	ck_assert(plan.recomputed[s58] && plan.recomputed[n] && plan.recomputed[rot]);
+	ck_assert(!plan.recomputed[s54] && !plan.recomputed[qh]);
+	/* s58's frame: [B,H,S,D/2] stepped as neg wrote it. */
+	const struct rd_prog_frame *f = &plan.frame[s58];
+	ck_assert_int_eq(f->rank, 4);
+	for (int k = 0; k < 4; k++) {
+		ck_assert_int_eq(f->shape[k], half_dims[k]);
+		ck_assert_int_eq(f->strides[k], half[k]);
+	}
+	/* The cat is read from x's halves through the neg: x2 and x1. */
+	ck_assert_int_eq(plan.nsources[rot], 2);
+	ck_assert_uint_eq(plan.arena_bytes, 0);
+	ck_assert_ptr_nonnull(strstr(plan.steps[0].source, "s58, recomputed"));
+}
+END_TEST
+
+/* A cat read through a broadcast (one column of it stretched over a row
+ * of 64): recomputed, its writers would run 64 times for each element. It
+ * is stored, by its own kernel. */
+START_TEST(broadcast_read_is_stored)
+{
+	pb_init(&b, "cat_broadcast");
+	int a = pb_tensor(&b, "a", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(16, 1));
+	int x = pb_tensor(&b, "x", RP_PT_INPUT, RP_DTYPE_F32, PB_DIMS(16, 64));
+	int c = pb_tensor(&b, "c", RP_PT_INTERMEDIATE, RP_DTYPE_F32, PB_DIMS(16, 2));
+	int c0 = pb_view(&b, "c0", c, 0, PB_DIMS(16, 1), (const int64_t[]){ 2, 1 });
+	int c1 = pb_view(&b, "c1", c, 1, PB_DIMS(16, 1), (const int64_t[]){ 2, 1 });
+	int y = pb_tensor(&b, "y", RP_PT_OUTPUT, RP_DTYPE_F32, PB_DIMS(16, 64));
+	pb_pw(&b, RP_PW_EXP, c0, a, -1);
+	pb_pw(&b, RP_PW_NEG, c1, a, -1);
+	pb_pw(&b, RP_PW_MUL, y, x, c1, -1);
+	build();
+
+	ck_assert(!plan.recomputed[c]);
+	ck_assert_int_eq(plan.nsteps, 2);
+	assert_step(0, RD_STEP_FUSED, 0, 2);
+	assert_step(1, RD_STEP_FUSED, 2, 1);
+}
+END_TEST
+
 START_TEST(arena_never_overlaps_live_roots)
 {
 	enum { K = 40 };
@@ -836,6 +913,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, pointwise_runs_ahead_of_independent_library_calls);
 	tcase_add_test(tc, cat_is_recomputed_where_it_is_read);
 	tcase_add_test(tc, cat_of_what_changes_before_it_is_read_is_stored);
+	tcase_add_test(tc, storage_written_in_a_permuted_order_is_recomputed);
+	tcase_add_test(tc, broadcast_read_is_stored);
 	tcase_add_test(tc, arena_never_overlaps_live_roots);
 	tcase_add_test(tc, leading_reduction_two_passes);
 	tcase_add_test(tc, gather_steps);
