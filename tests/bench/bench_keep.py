@@ -262,7 +262,8 @@ def rank_main():
     x = batch((start or 0) + 1)
     torch.cuda.synchronize()
     phases["ready"] = time.time() - t0
-    print(json.dumps({"ready": phases, "start": start, "put_back": rt.last_put_back(key)}), flush=True)
+    print(json.dumps({"ready": phases, "start": start, "put_back": rt.last_put_back(key),
+                      "restore_s": rt.last_restore_phases(key)}), flush=True)
     del x
     last = opt("--steps", 0, int) or (start or 0) + opt("--more", 100, int)
     for step in range((start or 0) + 1, last + 1):
@@ -484,12 +485,15 @@ def main():
             phases = r.ready["ready"]
             resumes.append({"cycle": cycle, "after_device_lost": device_lost,
                             "after_regend_restart": device_lost and restart_regend, "start": r.ready["start"],
-                            "put_back": r.ready["put_back"], "phases_s": phases})
+                            "put_back": r.ready["put_back"], "phases_s": phases,
+                            "restore_s": r.ready.get("restore_s", {})})
             after = (" after a device_lost" + (" and a restart of regend" if restart_regend else "")) if device_lost \
                 else ""
             print(f"resume {cycle}{after}: step {r.ready['start']} "
                   f"(put back: {r.ready['put_back']}), ready {phases['ready']:.3f} s after the process's start "
-                  f"(target 2 s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), flush=True)
+                  f"(target 2 s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()) +
+                  "; restore(): " + ", ".join(f"{k} {v:.3f}" for k, v in r.ready.get("restore_s", {}).items()),
+                  flush=True)
             if cycle == 1:
                 step_at = r.ready["start"] + rng.randint(2, 10)
                 if not record(f"the resumed rank reached step {step_at}", r.until_step(step_at)):

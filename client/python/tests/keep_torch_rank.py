@@ -135,7 +135,9 @@ def main():
     in_pool = all(pool.chunk_of(t.data_ptr()) is not None for t in list(model.parameters()) +
                   list(model.buffers()))
     kept = rt.keep(model, opt, key=key, snapshot=snapshot) if start is not None else None
-    print(f"resume {start} put_back {rt.last_put_back(key)} ptrs_in_pool {in_pool}", flush=True)
+    phases = rt.last_restore_phases(key)
+    print(f"resume {start} put_back {rt.last_put_back(key)} ptrs_in_pool {in_pool} "
+          f"restore_phases {','.join(sorted(k for k, v in phases.items() if v >= 0))}", flush=True)
     for step in range((start or 0) + 1, steps + 1):
         if die_at == (step, "mid_forward"):
             model[2].register_forward_hook(lambda *_: die())

@@ -106,6 +106,8 @@ class TorchKeepTest(unittest.TestCase):
             code, out, err = self.rank(job, run)
             self.assertEqual(code, 0, err)
             self.assertTrue(out.startswith("resume 7 put_back None ptrs_in_pool True"), f"{out} {err}")
+            self.assertIn("restore_phases adopt,bind,index,put_back,take_back\n", out,
+                          "rt.last_restore_phases: every phase, none negative")
             a = same_state(self, ref, run, "killed after a commit and before a step")
             self.assertIn("s0.exp_avg", a)
 

@@ -47,7 +47,7 @@ from ._norm import layer_norm
 from . import nn, optim
 from . import fp8
 from .fp8 import fp8_autocast
-from ._keep import Kept, keep, last_put_back, restore
+from ._keep import Kept, keep, last_put_back, last_restore_phases, restore
 from ._on_import import when_imported as _when_imported
 
 __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool_enabled", "empty_cache", "enable",
@@ -55,7 +55,7 @@ __all__ = ["configure", "runtime", "pool", "use_pool_for_process", "process_pool
            "BLOCK_PARAMETERS", "explain", "optim", "nn", "layer_norm",
            "scaled_dot_product_attention", "stats", "sweep", "host_empty", "mps_mode", "Runtime",
            "RecoveryFailed", "WorkLost", "NotSupported", "PoolTooLate", "ORDERINGS", "HAVE_CUSTOM_OP"]
-__all__ += ["keep", "restore", "Kept", "Torn", "last_put_back", "fp8", "fp8_autocast", "ProcessGroupRegen"]
+__all__ += ["keep", "restore", "Kept", "Torn", "last_put_back", "last_restore_phases", "fp8", "fp8_autocast", "ProcessGroupRegen"]
 
 _lock = threading.Lock()
 _runtime: Optional[Runtime] = None

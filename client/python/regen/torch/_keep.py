@@ -84,6 +84,8 @@ _restored: Dict[Any, Any] = {}
 # What the last restore() of a key put back: "twin", "journal" or None; or
 # "rolled_forward": nothing, the step after the commit resumed from.
 _put_backs: Dict[Any, Optional[str]] = {}
+# Where the last restore() of a key spent its time (last_restore_phases).
+_phases: Dict[Any, Dict[str, float]] = {}
 
 
 def _split(key):
@@ -625,8 +627,18 @@ def restore(model: torch.nn.Module, optimizer: Any = None,
     (keep(snapshot=False) and a kill inside opt.step(); a marks journal's
     Run that began and did not complete, which only a fault of regend's
     inside it leaves)."""
+    import time
+    clock = [time.perf_counter()]
+    phases = {"index": 0.0, "take_back": 0.0, "adopt": 0.0, "put_back": 0.0, "bind": 0.0}
+
+    def lap(phase):
+        now = time.perf_counter()
+        phases[phase] += now - clock[0]
+        clock[0] = now
+
     rt = _runtime()
     job, rank = _split(key)
+    _phases[(job, rank)] = phases
     try:
         kept, fd = _take_back(rt, rank, _INDEX, job)
     except errors.NoSuchObject:
@@ -641,12 +653,15 @@ def restore(model: torch.nn.Module, optimizer: Any = None,
     if layout.get("version") != _VERSION:
         raise errors.Error(parameters={"message": f"the kept index of {key} is version {layout.get('version')}, not "
                                                   f"{_VERSION}: drop it (regenctl drop)"})
+    lap("index")
     if commit["step"] is None:
         return None
     memory = {}
     for name, c in layout["chunks"].items():
         k, cfd = _take_back(rt, rank, name, job)
+        lap("take_back")
         addr = rt.pool.adopt(cfd, k["kind"], k["size"], c["device"])
+        lap("adopt")
         _adopted[rt.pool.chunk_of(addr)["chunk"]] = name
         memory[name] = _chunk_tensor(addr, k["size"], c["device"])
 
@@ -657,6 +672,7 @@ def restore(model: torch.nn.Module, optimizer: Any = None,
     views = {entry: view(spec) for entry, spec in layout["tensors"].items()}
     marks = views["mark:"].tolist()
     put_back = _put_back(layout, commit, memory, views, marks)
+    lap("put_back")
     _bind_parameters(model, optimizer, views)
     for name, b in model.named_buffers():
         module_name, _, attr = name.rpartition(".")
@@ -677,7 +693,18 @@ def restore(model: torch.nn.Module, optimizer: Any = None,
     _restored[(job, rank)] = {"step": commit["step"], "views": views, "journal_seq": commit.get("journal_seq", 0),
                               "journal_run": _journal_run(commit), "rolled_forward": put_back == "rolled_forward"}
     _put_backs[(job, rank)] = put_back
+    lap("bind")
     return int(commit["step"])
+
+
+def last_restore_phases(key: Optional[Tuple[Optional[str], int]]) -> Dict[str, float]:
+    """Where the last restore() of key spent its time, in seconds: "index"
+    (the kept index taken back and read), "take_back" (regend handing over
+    each chunk, which waits until no worker runs the dead rank's work any
+    more), "adopt" (each chunk mapped into this process), "put_back" (the
+    step's memory read and put back where it died inside one) and "bind"
+    (the model and optimizer made views of it).  {} before any."""
+    return dict(_phases.get(_split(key), {}))
 
 
 def last_put_back(key: Optional[Tuple[Optional[str], int]]) -> Optional[str]:
