@@ -143,10 +143,9 @@ extern "C" cudaError_t rk_quantize(const struct rk_quantize *a, cudaStream_t str
 	if (rk_quantize_tiles_fit(a)) {
 		/* Blocks enough to fill the GPU, each striding over tiles: one
 		 * atomicMax a block, not a tile. */
-		static int sms;
-		int dev = 0;
-		if (!sms && (cudaGetDevice(&dev) != cudaSuccess ||
-			     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess))
+		int dev = 0, sms = 0;
+		if (cudaGetDevice(&dev) != cudaSuccess ||
+		    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
 			sms = 132;
 		const int64_t tiles = a->rows / rk_fp8::EDGE * (a->cols / rk_fp8::EDGE);
 		const unsigned grid = (unsigned)(tiles < (int64_t)sms * 8 ? tiles : (int64_t)sms * 8);
