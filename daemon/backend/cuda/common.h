@@ -162,6 +162,10 @@ struct cuda_dev {
 	struct cuda_health *health;
 	/* Set once a sticky error was seen, until reset. */
 	_Atomic bool lost;
+	/* Calls submitted that wait on a client's event and have not
+	 * completed (lane.c): while any does, no call is launched inline on
+	 * the worker's loop (a kernel's first load waits for the context). */
+	_Atomic unsigned client_waits;
 	/* The GPU failed (needs a reset, fell off the bus): told even after
 	 * the loss was. */
 	_Atomic bool failed;

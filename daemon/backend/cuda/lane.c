@@ -428,6 +428,8 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 		cuda_program_completed(op);
 	op->elapsed_us = (rd_now_ns() - p->t0) / 1000;
 	cuda_work_return(l, op);
+	if (op->wait_event)
+		atomic_fetch_sub(&cd->client_waits, 1);
 	rd_op_complete(op);
 }
 
@@ -764,8 +766,10 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	 * of its that runs for seconds, or a dead process's) spins in the
 	 * driver until that work is done: seen on the H100, a fresh worker's
 	 * loop stuck 2 s in its first GEMM behind a rank's 20 s kernel, the
-	 * supervisor killing it for its heartbeat, over and over. */
-	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM || op->wait_event)
+	 * supervisor killing it for its heartbeat, over and over. Nor any
+	 * call while another waits so: the load waits for that wait too. */
+	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM || op->wait_event ||
+	    atomic_load_explicit(&li->lane.cd->client_waits, memory_order_relaxed))
 		return false;
 	pthread_mutex_lock(&li->lock);
 	if (li->stopping || li->launching || li->q.count || li->npending == RD_CUDA_LANE_DEPTH) {
@@ -790,6 +794,8 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	op->lane = lane;
 	if (cuda_work_take(l, op))
 		return -E2BIG;
+	if (op->wait_event)
+		atomic_fetch_add(&l->cd->client_waits, 1);
 	if (launch_inline(li, op))
 		return 0;
 	pthread_mutex_lock(&li->lock);
@@ -801,6 +807,8 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	pthread_mutex_unlock(&li->lock);
 	if (r) {
 		cuda_work_return(l, op);
+		if (op->wait_event)
+			atomic_fetch_sub(&l->cd->client_waits, 1);
 		rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
 			     "lane %u cannot take work", lane->index);
 		return r;
