@@ -356,6 +356,22 @@ int main(void)
 	rp_error_clear(&op.err);
 	t.dev.max_scratch = max_scratch;
 
+	/* Work no GPU could finish within half the deadline (2^50 scores of
+	 * 128 multiply-adds: over a minute at this device's peak): refused by
+	 * its dimensions (cuda/work.c), before anything reads the operands. */
+	unsigned deadline_ms = t.dev.call_deadline_ms;
+	t.dev.call_deadline_ms = 60000;
+	forward_op(&op, &a);
+	op.compute.attention.seq_q = (int64_t)1 << 24;
+	op.compute.attention.seq_kv = (int64_t)1 << 26;
+	refused = gt_run(&t, lane, &op, 60) < 0 && strcmp(gt_err_name(&op), RP_ERR_LIMIT_EXCEEDED) == 0;
+	res = op.err.params ? cJSON_GetObjectItem(op.err.params, "resource") : NULL;
+	GT_CHECK(refused && cJSON_IsString(res) && strcmp(res->valuestring, "work") == 0,
+	      "attention of 2^50 scores: %s: %s", gt_err_name(&op), gt_err_message(&op.err));
+	printf("  attention of 2^50 scores: %s\n", gt_err_message(&op.err));
+	rp_error_clear(&op.err);
+	t.dev.call_deadline_ms = deadline_ms;
+
 	/* Release: plans and handle torn down, rebuilt by the next call. */
 	unsigned n = rd_registry_release(&t.dev.registry);
 	GT_CHECK(t.dev.backend->release(&t.dev, &err) == 0, "release: %s", gt_err_message(&err));
