@@ -7,6 +7,7 @@ bit-identical to a rank never killed; keeping state costs a step under 1%.
 
     python3 tests/bench/bench_keep.py [REGEND] [--optimizer regen|torch] [--journal marks|copy]
         [--dtype fp32|bf16] [--gib auto|N] [--width 16384] [--tokens 2048] [--snapshot on|off]
+        [--commit async|sync]
         [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart] [--json OUT]
 
 The rank (this script with --rank): a stack of square Linear layers
@@ -31,6 +32,10 @@ step.  The optimizer:
   copied at each commit on a side stream: a kill inside opt.step() is put
   back from it); --snapshot off keeps none (a kill inside opt.step() is
   then refused as rt.Torn and the run says so).
+
+--commit async (the default): keep(async_commit=True), the commit not
+waiting for the device (regen's AdamW only; torch's waits either way);
+sync: every commit waits for the device, the step's end.
 
 --dtype: the parameters' (and gradients', activations'); regen's AdamW
 keeps its moments in fp32 either way (10 bytes a parameter with bf16,
@@ -190,6 +195,7 @@ def rank_main():
     role, job = opt("--role", "train"), opt("--job", "bench-keep")
     width, layers, tokens = opt("--width", 16384, int), opt("--layers", 1, int), opt("--tokens", 2048, int)
     snapshot = opt("--snapshot", "on") == "on"
+    async_commit = opt("--commit", "async") == "async"
     kind, journal = opt("--optimizer", "regen"), opt("--journal", "marks")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[opt("--dtype", "fp32")]
     key = (job, 0)
@@ -228,7 +234,7 @@ def rank_main():
         if base is not None:
             block(None, base)
         t = time.perf_counter()
-        kept = rt.keep(model, adam, key=key, snapshot=snapshot)
+        kept = rt.keep(model, adam, key=key, snapshot=snapshot, async_commit=async_commit)
         keep_s = time.perf_counter() - t
         kept.close()
         off, on, baseline = [], [], []
@@ -236,7 +242,7 @@ def rank_main():
             if base is not None:
                 baseline.append(block(None, base))
             off.append(block(None, adam))
-            kept = rt.keep(model, adam, key=key, snapshot=snapshot)
+            kept = rt.keep(model, adam, key=key, snapshot=snapshot, async_commit=async_commit)
             on.append(block(kept, adam))
             kept.close()
         print(json.dumps({"cost": {"off_s": off, "on_s": on, "baseline_s": baseline, "no_baseline": no_base,
@@ -257,7 +263,7 @@ def rank_main():
         adam = optimizer(torch, model, kind, journal)
     else:
         fused(torch, adam)
-        kept = rt.keep(model, adam, key=key, snapshot=snapshot)
+        kept = rt.keep(model, adam, key=key, snapshot=snapshot, async_commit=async_commit)
     phases["keep"] = time.time() - t0
     x = batch((start or 0) + 1)
     torch.cuda.synchronize()
@@ -269,7 +275,7 @@ def rank_main():
     for step in range((start or 0) + 1, last + 1):
         loss = train_step(model, adam, step)
         if kept is None:
-            kept = rt.keep(model, adam, key=key, snapshot=snapshot)
+            kept = rt.keep(model, adam, key=key, snapshot=snapshot, async_commit=async_commit)
         kept.commit(step)
         print(f"step {step} {loss.item().hex()}", flush=True)
     tensors = list(model.parameters())
@@ -358,7 +364,7 @@ def main():
         return 77
     import regen
     build_root = os.path.dirname(os.path.dirname(regend))
-    snapshot = opt("--snapshot", "on")
+    snapshot, commit = opt("--snapshot", "on"), opt("--commit", "async")
     kind, journal, dtype = opt("--optimizer", "regen"), opt("--journal", "marks"), opt("--dtype", "fp32")
     if kind not in ("regen", "torch"):
         print(f"--optimizer {kind}: regen (regen.torch.optim.AdamW) or torch (torch's fused Adam)")
@@ -404,7 +410,7 @@ def main():
 
         def rank(*args):
             return [sys.executable, os.path.abspath(__file__), "--rank", "--socket", d.socket, "--width", str(width),
-                    "--layers", str(layers), "--tokens", str(tokens), "--snapshot", snapshot,
+                    "--layers", str(layers), "--tokens", str(tokens), "--snapshot", snapshot, "--commit", commit,
                     "--optimizer", kind, "--journal", journal, "--dtype", dtype] + list(args)
 
         if "--skip-cost" not in sys.argv:

@@ -6,7 +6,7 @@ in libregen's host pool, regen.torch.restore() at its start and keep() +
 commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
 
     keep_torch_rank.py SOCKET JOB STEPS OUT [--die STEP WHERE] [--opt adam|adamw]
-                       [--journal copy|marks] [--lose-inside STEP] [--no-snapshot] [--width W]
+                       [--journal copy|marks] [--lose-inside STEP] [--no-snapshot] [--async-commit] [--no-buffers] [--width W]
                        [--layers L] [--meta]
 
 --die: SIGKILL itself at STEP, WHERE one of
@@ -86,14 +86,21 @@ def lose_inside(opt, attempt, sock):
         sys.exit(5)
 
 
+# --no-buffers: the model holds no buffer (no BatchNorm, no "seen"), as
+# keep(async_commit=True) needs to commit without waiting.
+BUFFERS = "--no-buffers" not in sys.argv
+
+
 def build(width, layers, device=None):
     torch.manual_seed(0)
-    mods = [torch.nn.Linear(32, width, device=device), torch.nn.BatchNorm1d(width, device=device), torch.nn.Tanh()]
+    norm = torch.nn.BatchNorm1d(width, device=device) if BUFFERS else torch.nn.Identity()
+    mods = [torch.nn.Linear(32, width, device=device), norm, torch.nn.Tanh()]
     for _ in range(layers):
         mods += [torch.nn.Linear(width, width, device=device), torch.nn.Tanh()]
     mods.append(torch.nn.Linear(width, 8, device=device))
     model = torch.nn.Sequential(*mods)
-    model.register_buffer("seen", torch.zeros(4, device=device))
+    if BUFFERS:
+        model.register_buffer("seen", torch.zeros(4, device=device))
     if device == "meta":
         return model
     for p in model.parameters():
@@ -109,6 +116,7 @@ def main():
     die_at = (int(sys.argv[sys.argv.index("--die") + 1]), sys.argv[sys.argv.index("--die") + 2]) \
         if "--die" in sys.argv else (None, None)
     kind, snapshot = arg("--opt", "adam"), "--no-snapshot" not in sys.argv
+    async_commit = "--async-commit" in sys.argv
     journal, lose_from = arg("--journal", "copy"), arg("--lose-inside", None, int)
     rt.configure(socket=sock, host_device=0)
 
@@ -134,7 +142,7 @@ def main():
     pool = Pool.get()
     in_pool = all(pool.chunk_of(t.data_ptr()) is not None for t in list(model.parameters()) +
                   list(model.buffers()))
-    kept = rt.keep(model, opt, key=key, snapshot=snapshot) if start is not None else None
+    kept = rt.keep(model, opt, key=key, snapshot=snapshot, async_commit=async_commit) if start is not None else None
     phases = rt.last_restore_phases(key)
     print(f"resume {start} put_back {rt.last_put_back(key)} ptrs_in_pool {in_pool} "
           f"restore_phases {','.join(sorted(k for k, v in phases.items() if v >= 0))}", flush=True)
@@ -152,14 +160,14 @@ def main():
             die()
         if die_at == (step, "mid_step"):
             cut_torch_adam_in_half()
-        if journal == "marks":
+        if journal == "marks" and BUFFERS:
             model.seen += 1
         if lose_from is not None and step >= lose_from:
             lose_inside(opt, step - lose_from, sock)
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
-        if journal != "marks":
+        if journal != "marks" and BUFFERS:
             model.seen += 1
         if die_at == (step, "after_step"):
             die()
@@ -170,7 +178,7 @@ def main():
                 for k, v in state.items():
                     if torch.is_tensor(v) and v.dim() > 0 and pool.chunk_of(v.data_ptr()) is None:
                         state[k] = into_pool(v)
-            kept = rt.keep(model, opt, key=key, snapshot=snapshot)
+            kept = rt.keep(model, opt, key=key, snapshot=snapshot, async_commit=async_commit)
         kept.commit(step)
         print(f"step {step}", flush=True)
         if die_at == (step, "after_commit"):
@@ -181,6 +189,7 @@ def main():
         for k, v in opt.state[p].items():
             state[f"s{i}.{k}"] = v.clone() if torch.is_tensor(v) else torch.tensor(v)
     torch.save(state, out)
+    print(f"commits {'async' if kept is not None and kept._async_commit else 'sync'}", flush=True)
     print("done", flush=True)
 
 

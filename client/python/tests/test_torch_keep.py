@@ -235,6 +235,31 @@ class TorchKeepTest(unittest.TestCase):
             copies = self.reference(tmp, "copy-ref", "--opt", "adamw")
             same_state(self, copies, ref, "AdamW with a journal of marks against one of copies")
 
+    def test_async_commits_with_marks_resume_bit_identical(self):
+        """keep(async_commit=True) with AdamW(journal="marks") and a model
+        without buffers: commit() does not wait, and the next Run waits for
+        its write, so a kill right after a commit (which may not be written
+        yet) or after a Run resumes at most one update past the index,
+        rolled forward; the rank ends as one never killed, and as one whose
+        commits waited."""
+        marks = ("--opt", "adamw", "--journal", "marks", "--no-buffers")
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = self.reference(tmp, "amarks-ref", *marks, "--async-commit")
+            run = os.path.join(tmp, "run.pt")
+            job = self.job("amarks")
+            code, out, err = self.rank(job, run, *marks, "--async-commit", "--die", "5", "after_step")
+            self.assertEqual(code, -signal.SIGKILL, err)
+            code, out, err = self.rank(job, run, *marks, "--async-commit", "--die", "8", "after_commit")
+            self.assertEqual(code, -signal.SIGKILL, err)
+            self.assertTrue(out.startswith("resume 5 put_back rolled_forward"), f"{out} {err}")
+            code, out, err = self.rank(job, run, *marks, "--async-commit", "--meta")
+            self.assertEqual(code, 0, err)
+            self.assertRegex(out, r"^resume 8 put_back (None|rolled_forward) ", f"{out} {err}")
+            self.assertIn("commits async\n", out, "the commits did not wait")
+            same_state(self, ref, run, "killed after a Run and after an async commit")
+            waited = self.reference(tmp, "smarks-ref", *marks)
+            same_state(self, waited, ref, "async commits against commits that waited")
+
     def test_a_fault_inside_a_marks_run_is_torn(self):
         """AdamW(journal="marks") and a device_lost in regend landing inside
         its Run (the rank injects one a few ms into each opt.step() from

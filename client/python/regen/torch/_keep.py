@@ -50,6 +50,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 
 from typing import Any, Dict, Optional, Tuple
 
@@ -203,8 +204,10 @@ class Kept:
 
     def __init__(self, rt: Any, job: Optional[str], rank: int, model: torch.nn.Module,
                  optimizer: Any, index_fd: int, layout: Any, live: Any, step: Optional[int],
-                 views: Any, journal: Any) -> None:
+                 views: Any, journal: Any, async_commit: bool = False) -> None:
         self._rt, self.job, self.rank = rt, job, rank
+        self._pending: Optional[threading.Thread] = None    # the commit being written (async_commit)
+        self._commit_error: Optional[BaseException] = None
         self._optimizer = optimizer
         self._index = mmap.mmap(index_fd, _INDEX_BYTES)
         os.close(index_fd)
@@ -217,6 +220,10 @@ class Kept:
         self._device = self._marks.device
         self._twin = [(views[t], live[e]) for e, t in layout["twins"].items()]
         self._buffer_twins = [(views[t], live[e]) for e, t in layout["buffer_twins"].items()]
+        # A commit the device has not reached yet may be written late only
+        # where nothing is copied at it: a twin or a buffer's copy of step N
+        # done before the index says N would be taken for a later step's.
+        self._async_commit = async_commit and self.mode == "journal" and not self._buffer_twins
         self._side = None
         if self._device.type == "cuda" and self._twin:
             self._side = torch.cuda.Stream(self._device)
@@ -234,6 +241,7 @@ class Kept:
         if that changed (another program, other parameters with gradients),
         goes into the index first, so that a restore puts that Run back, or
         resumes after it, right."""
+        self.wait_committed()
         entries = _journal_entries(optimizer, self._live)
         if entries != self._journal_entries:
             self._journal_entries = entries
@@ -252,6 +260,7 @@ class Kept:
     def _before_step(self):
         """opt.step() is about to write: the twin of the last commit must be
         whole first, and the marks say an update began."""
+        self.wait_committed()
         if self.step is None:
             return
         main = self._stream()
@@ -282,19 +291,60 @@ class Kept:
         """Step `step` is done: once the device finished it, the optimizer's
         values go into the index with the step (what restore() returns),
         regend records the step (Status, regenctl kept), and the copies of
-        this step's state start (the twin, the buffers)."""
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+        this step's state start (the twin, the buffers).  With
+        keep(async_commit=True) the rank does not wait for the device: the
+        values are taken now and written, and regend told, by a thread
+        once the device reached this point of the rank's stream; the next
+        opt.step() (its Run, for regen's AdamW) waits for that write first,
+        so the memory is never more than one update past the index (what
+        restore() puts back or rolls forward)."""
+        self.wait_committed()
         if self.mode == "journal":
             self._journal_seq = self._optimizer.journal_seq
-        self._write_commit(int(step))
-        with self._rt.lock:
-            self._rt.client.commit(self.rank, step, job=self.job)
-        self.step = int(step)
+        step = int(step)
+        if self._async_commit:
+            done = None
+            if self._device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record(torch.cuda.current_stream(self._device))
+            record = _commit_record(self._optimizer, self._layout, self._views, step, self._journal_seq,
+                                    self._journal_entries)
+            self._pending = threading.Thread(target=self._commit_when_done, args=(done, record, step),
+                                             name="regen-keep-commit", daemon=True)
+            self._pending.start()
+        else:
+            if self._device.type == "cuda":
+                torch.cuda.synchronize(self._device)
+            self._write_commit(step)
+            with self._rt.lock:
+                self._rt.client.commit(self.rank, step, job=self.job)
+        self.step = step
         self._snapshot()
 
+    def _commit_when_done(self, done, record, step):
+        try:
+            if done is not None:
+                done.synchronize()
+            _write_record(self._index, _COMMIT_SELECT, _COMMIT_AT, _COMMIT_HALF, record)
+            with self._rt.lock:
+                self._rt.client.commit(self.rank, step, job=self.job)
+        except BaseException as e:   # the rank's next wait_committed() raises it
+            self._commit_error = e
+
+    def wait_committed(self) -> None:
+        """Returns once the last commit() is written (at once, but with
+        keep(async_commit=True)); raises what writing it raised."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+        if self._commit_error is not None:
+            e, self._commit_error = self._commit_error, None
+            raise e
+
     def close(self) -> None:
-        """Stops marking opt.step() (the memory stays kept)."""
+        """Stops marking opt.step() (the memory stays kept), the last
+        commit written first."""
+        self.wait_committed()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -386,7 +436,7 @@ def _candidates(model, optimizer):
 
 def keep(model: torch.nn.Module, optimizer: Any = None,
          key: Optional[Tuple[Optional[str], int]] = None, lease_ms: Optional[int] = None,
-         snapshot: bool = True) -> Kept:
+         snapshot: bool = True, async_commit: bool = False) -> Kept:
     """Has regend keep the model's parameters and buffers and the
     optimizer's state under ``key`` = (job, rank) (job None: the job that
     names the rank's connection).  Call it once the optimizer has its state
@@ -394,8 +444,11 @@ def keep(model: torch.nn.Module, optimizer: Any = None,
     default) makes a kill at any instant resume from the last commit
     (regen.torch.optim.AdamW through its journal, torch's optimizers
     through a twin of their parameters and state); False keeps no twin, and
-    restore() of a rank killed inside opt.step() raises Torn.  Returns a
-    Kept."""
+    restore() of a rank killed inside opt.step() raises Torn.
+    ``async_commit``: commit() does not wait for the device (Kept.commit),
+    where the optimizer journals its Run (regen.torch.optim.AdamW) and the
+    model has no buffers; elsewhere it waits as by default.  Not yet the
+    default (not yet run on a GPU).  Returns a Kept."""
     rt = _runtime()
     job, rank = _split(key)
     prev = _restored.pop((job, rank), None)
@@ -467,7 +520,7 @@ def keep(model: torch.nn.Module, optimizer: Any = None,
         for k in rt.client.kept(job=job, uid=os.getuid()):
             if k["rank"] == rank and k["name"] != _INDEX and k["name"] not in chunks:
                 rt.client.drop(job, rank, k["name"])
-    kept = Kept(rt, job, rank, model, optimizer, fd, layout, live, step, views, journal)
+    kept = Kept(rt, job, rank, model, optimizer, fd, layout, live, step, views, journal, async_commit)
     if prev and prev.get("rolled_forward"):
         # The step restore() resumed from is past regend's last commit.
         with rt.lock:
