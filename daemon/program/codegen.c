@@ -531,11 +531,12 @@ static void mem_add(struct gen *g, int t)
 			return;
 		}
 	int as = t;
-	for (int u = 0; u < g->p->ntensors && !g->declared[t]; u++)
-		if (g->declared[u] && rd_prog_same_view(g->p, u, t)) {
-			as = u;
-			break;
-		}
+	if (!g->declared[t])
+		for (int u = 0; u < g->p->ntensors; u++)
+			if (g->declared[u] && rd_prog_same_view(g->p, u, t)) {
+				as = u;
+				break;
+			}
 	g->loaded_as[t] = as;
 	g->mem[g->nmem++] = as;
 }

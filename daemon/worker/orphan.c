@@ -101,8 +101,12 @@ static bool look(struct rd_worker *w, struct rd_session *s, uint64_t now)
 			 s->in_flight);
 		return false;
 	}
-	if (ahead > s->orphan_ahead)
+	if (ahead > s->orphan_ahead) {
 		s->orphan_ahead = ahead;   /* the most seen: they finish from here on */
+		rd_debug("health", w->dev.index, rd_worker_generation(w), (int)s->conn->peer.pid,
+			 "closed: %u call(s) wait on its unfinished GPU work behind %u call(s) that run first",
+			 calls, ahead);
+	}
 	if (!s->gone_ns) {
 		if (!rd_peer_alive(&s->conn->peer))
 			s->gone_ns = now;
@@ -110,12 +114,6 @@ static bool look(struct rd_worker *w, struct rd_session *s, uint64_t now)
 	}
 	if (now - s->gone_ns < (uint64_t)ORPHAN_GRACE_MS * 1000000u)
 		return true;
-	if (ahead && !s->orphan_logged) {
-		s->orphan_logged = true;
-		rd_debug("health", w->dev.index, rd_worker_generation(w), (int)s->conn->peer.pid,
-			 "process gone, %u call(s) wait on its unfinished GPU work behind %u call(s) that run first",
-			 calls, ahead);
-	}
 	/* The calls ahead run to their end first (a hang among them is the
 	 * call deadline's). */
 	if (ahead)

@@ -23,7 +23,6 @@ struct rd_session {
 	/* Closed with calls in flight: watched until none of them waits on
 	 * an event of its process's that will never be done (orphan.c). */
 	bool orphan_watch;
-	bool orphan_logged;              /* the wait behind calls that run was said once */
 	uint64_t closed_ns, gone_ns;    /* uv_hrtime() of the close, of seeing the process gone */
 	unsigned orphan_ahead;          /* the most calls seen running ahead of the waiting ones */
 };

@@ -379,6 +379,15 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	atomic_fetch_sub_explicit(&l->cd->launching, 1, memory_order_relaxed);
 }
 
+/* What cuda_submit counted op in for (its work, its client wait), given
+ * back: at its completion, or where the lane could not take it. */
+static void op_counted_out(struct cuda_lane *l, struct rd_op *op)
+{
+	cuda_work_return(l, op);
+	if (op->wait_event)
+		atomic_fetch_sub(&l->cd->client_waits, 1);
+}
+
 /* The one synchronisation point of a call: whatever it enqueued finishes
  * here, and a sticky error of the context shows up here. */
 static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
@@ -427,9 +436,7 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 	if (op->run && p->done)
 		cuda_program_completed(op);
 	op->elapsed_us = (rd_now_ns() - p->t0) / 1000;
-	cuda_work_return(l, op);
-	if (op->wait_event)
-		atomic_fetch_sub(&cd->client_waits, 1);
+	op_counted_out(l, op);
 	rd_op_complete(op);
 }
 
@@ -767,8 +774,9 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	 * driver until that work is done: seen on the H100, a fresh worker's
 	 * loop stuck 2 s in its first GEMM behind a rank's 20 s kernel, the
 	 * supervisor killing it for its heartbeat, over and over. Nor any
-	 * call while another waits so: the load waits for that wait too. */
-	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM || op->wait_event ||
+	 * call while another waits so: the load waits for that wait too
+	 * (client_waits counts op itself where it waits). */
+	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM ||
 	    atomic_load_explicit(&li->lane.cd->client_waits, memory_order_relaxed))
 		return false;
 	pthread_mutex_lock(&li->lock);
@@ -806,9 +814,7 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 	}
 	pthread_mutex_unlock(&li->lock);
 	if (r) {
-		cuda_work_return(l, op);
-		if (op->wait_event)
-			atomic_fetch_sub(&l->cd->client_waits, 1);
+		op_counted_out(l, op);
 		rp_error_set(&op->err, r == -ENOMEM ? RP_ERR_OUT_OF_MEMORY : RP_ERR_DRAINING,
 			     "lane %u cannot take work", lane->index);
 		return r;
