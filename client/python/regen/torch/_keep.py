@@ -245,13 +245,15 @@ class Kept:
         entries = _journal_entries(optimizer, self._live)
         if entries != self._journal_entries:
             self._journal_entries = entries
-            self._write_commit(self.step)
+            self._write_commit(self._record(self.step))
 
     _before_run._regen_kept = True  # type: ignore[attr-defined]
 
-    def _write_commit(self, step):
-        record = _commit_record(self._optimizer, self._layout, self._views, step, self._journal_seq,
-                                self._journal_entries)
+    def _record(self, step):
+        return _commit_record(self._optimizer, self._layout, self._views, step, self._journal_seq,
+                              self._journal_entries)
+
+    def _write_commit(self, record):
         _write_record(self._index, _COMMIT_SELECT, _COMMIT_AT, _COMMIT_HALF, record)
 
     def _stream(self):
@@ -302,32 +304,33 @@ class Kept:
         if self.mode == "journal":
             self._journal_seq = self._optimizer.journal_seq
         step = int(step)
+        record = self._record(step)
         if self._async_commit:
             done = None
             if self._device.type == "cuda":
                 done = torch.cuda.Event()
                 done.record(torch.cuda.current_stream(self._device))
-            record = _commit_record(self._optimizer, self._layout, self._views, step, self._journal_seq,
-                                    self._journal_entries)
-            self._pending = threading.Thread(target=self._commit_when_done, args=(done, record, step),
+            self._pending = threading.Thread(target=self._publish_when_done, args=(done, record, step),
                                              name="regen-keep-commit", daemon=True)
             self._pending.start()
         else:
             if self._device.type == "cuda":
                 torch.cuda.synchronize(self._device)
-            self._write_commit(step)
-            with self._rt.lock:
-                self._rt.client.commit(self.rank, step, job=self.job)
+            self._publish(record, step)
         self.step = step
         self._snapshot()
 
-    def _commit_when_done(self, done, record, step):
+    def _publish(self, record, step):
+        """The commit of step written into the index, and regend told."""
+        self._write_commit(record)
+        with self._rt.lock:
+            self._rt.client.commit(self.rank, step, job=self.job)
+
+    def _publish_when_done(self, done, record, step):
         try:
             if done is not None:
                 done.synchronize()
-            _write_record(self._index, _COMMIT_SELECT, _COMMIT_AT, _COMMIT_HALF, record)
-            with self._rt.lock:
-                self._rt.client.commit(self.rank, step, job=self.job)
+            self._publish(record, step)
         except BaseException as e:   # the rank's next wait_committed() raises it
             self._commit_error = e
 
