@@ -5,7 +5,7 @@ backend: an MLP with a BatchNorm (buffers its forward writes), its tensors
 in libregen's host pool, regen.torch.restore() at its start and keep() +
 commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
 
-    keep_torch_rank.py SOCKET JOB STEPS OUT [--die STEP WHERE] [--opt adam|adamw]
+    keep_torch_rank.py SOCKET JOB STEPS OUT [--die STEP WHERE] [--die-after STEP FRACTION] [--opt adam|adamw]
                        [--journal copy|marks] [--lose-inside STEP] [--no-snapshot] [--async-commit] [--no-buffers] [--width W]
                        [--layers L] [--meta]
 
@@ -17,6 +17,12 @@ commit() as it trains, with torch's Adam or regen.torch.optim.AdamW.
                 the commit
   mid_forward   after the BatchNorm wrote its statistics
   after_commit  right after the commit
+--die-after: killed FRACTION (0 to 2) of a step's time after the line of
+the STEP-th step past the one it resumed from, by a kernel timer (SIGALRM, whose default action ends the process as
+SIGKILL does: no handler runs), at the pace this rank keeps now; SIGKILL
+at step STEP+2's line where the timer has not fired.  The rank times its
+own kill, so a loaded machine delaying the test's reading of its lines
+cannot let it run to the end first.
 --journal: regen's AdamW's journal (with marks the step's last write must
 be opt.step(), so the "seen" buffer is counted before it, not after).
 --lose-inside: from STEP on, a device_lost injected into regend a few ms
@@ -30,6 +36,7 @@ ptrs_in_pool BOOL" first, then "step N" as each step commits.
 import os
 import signal
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -117,6 +124,8 @@ def main():
         if "--die" in sys.argv else (None, None)
     kind, snapshot = arg("--opt", "adam"), "--no-snapshot" not in sys.argv
     async_commit = "--async-commit" in sys.argv
+    die_after = (int(sys.argv[sys.argv.index("--die-after") + 1]),
+                 float(sys.argv[sys.argv.index("--die-after") + 2])) if "--die-after" in sys.argv else None
     journal, lose_from = arg("--journal", "copy"), arg("--lose-inside", None, int)
     rt.configure(socket=sock, host_device=0)
 
@@ -146,6 +155,8 @@ def main():
     phases = rt.last_restore_phases(key)
     print(f"resume {start} put_back {rt.last_put_back(key)} ptrs_in_pool {in_pool} "
           f"restore_phases {','.join(sorted(k for k, v in phases.items() if v >= 0))}", flush=True)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    last_line = time.monotonic()
     for step in range((start or 0) + 1, steps + 1):
         if die_at == (step, "mid_forward"):
             model[2].register_forward_hook(lambda *_: die())
@@ -181,6 +192,12 @@ def main():
             kept = rt.keep(model, opt, key=key, snapshot=snapshot, async_commit=async_commit)
         kept.commit(step)
         print(f"step {step}", flush=True)
+        now = time.monotonic()
+        step_s, last_line = now - last_line, now
+        if die_after is not None and step == (start or 0) + die_after[0]:
+            signal.setitimer(signal.ITIMER_REAL, max(die_after[1] * step_s, 1e-6))
+        if die_after is not None and step == (start or 0) + die_after[0] + 2:
+            die()
         if die_at == (step, "after_commit"):
             die()
     state = {f"p{i}": p.detach().clone() for i, p in enumerate(model.parameters())}
