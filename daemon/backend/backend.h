@@ -228,6 +228,7 @@ struct rd_lane {
 	struct rd_resource res;
 	struct rd_device *device;
 	unsigned index;
+	uid_t uid;      /* whose calls it runs: a backend shares its device among uids by it */
 };
 
 /* What a backend found wrong with its device, from any thread. */

@@ -42,8 +42,11 @@ struct rd_lane *rd_session_lane(struct rd_session *s, struct rp_error *err)
 {
 	struct rd_worker *w = s->worker;
 
-	if (!s->lane)
+	if (!s->lane) {
 		s->lane = w->dev.backend->lane_create(&w->dev, w->next_lane++, err);
+		if (s->lane)
+			s->lane->uid = s->conn->peer.uid;
+	}
 	return s->lane;
 }
 

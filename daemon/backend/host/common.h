@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include "daemon/backend/backend.h"
+#include "daemon/backend/host/share.h"
 
 /* The health watch of the simulated GPU (health.c). */
 struct host_health {
@@ -34,6 +35,8 @@ struct host_device {
 	double ns_per_mac;
 	unsigned cpus;
 	atomic_uint_fast64_t backlog_ns;
+	/* Its CPUs, a slot each, shared among the uids of its lanes. */
+	struct host_share share;
 };
 
 static inline struct host_device *hd(struct rd_device *dev)

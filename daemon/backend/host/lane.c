@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Host lanes: one thread each, running its ops in order with the reference
  * math of math.c; a small call finding its lane idle runs on the submitting
- * thread instead (run_inline). A lane's scratch grows to its largest
- * call's need.
+ * thread instead (run_inline). Either way a call runs in a slot of the
+ * device's CPUs, which go round the uids rather than the lanes (share.h).
+ * A lane's scratch grows to its largest call's need.
  *
  * The deadline's budget: regend counts the device as hung when a call is
  * still running call_deadline_ms after it was submitted, and respawns the
@@ -44,6 +45,7 @@ struct host_lane {
 	bool stop;
 	void *scratch;                 /* grows to the largest call's need */
 	size_t scratch_size;
+	struct host_share_seat seat;   /* its place at the device's CPUs (share.h) */
 };
 
 struct guarded_call {
@@ -250,8 +252,13 @@ static void *lane_thread(void *arg)
 				     dev->index);
 			rp_error_add_int(&op->err, "device", dev->index);
 			rp_error_add_int(&op->err, "generation", (long long)atomic_load(&dev->generation));
+		} else if (op->compute.spec->id == RP_OP_COMM) {
+			run_op(lane, op);   /* waits for its peers: no slot held meanwhile */
 		} else {
+			lane->seat.uid = lane->base.uid;
+			host_share_enter(&hd(dev)->share, &lane->seat);
 			run_op(lane, op);
+			host_share_leave(&hd(dev)->share, &lane->seat);
 		}
 		pthread_mutex_lock(&lane->lock);
 		lane->busy = false;
@@ -338,9 +345,15 @@ static bool run_inline(struct host_lane *lane, struct rd_op *op)
 		pthread_mutex_unlock(&lane->lock);
 		return false;
 	}
+	lane->seat.uid = lane->base.uid;
+	if (!host_share_try_enter(&hd(dev)->share, &lane->seat)) {
+		pthread_mutex_unlock(&lane->lock);
+		return false;
+	}
 	lane->busy = true;
 	pthread_mutex_unlock(&lane->lock);
 	run_op(lane, op);
+	host_share_leave(&hd(dev)->share, &lane->seat);
 	pthread_mutex_lock(&lane->lock);
 	lane->busy = false;
 	pthread_mutex_unlock(&lane->lock);
