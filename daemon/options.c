@@ -20,6 +20,7 @@
 
 static const char *const backends[] = { "host", "cuda", "auto", NULL };
 static const char *const wakes[] = { "spin", "launch", NULL };
+static const char *const client_waits[] = { "stream", "host", NULL };
 static const char *const log_levels[] = { "error", "warn", "info", "debug", "trace", NULL };
 
 /* Every option, once. A worker reads no configuration file: what it needs
@@ -140,6 +141,11 @@ const struct rd_option rd_option_table[] = {
 	  .env = "REGEN_CUDA_WAKE", .choices = wakes, .def = "spin",
 	  .help = "spin: a CUDA completer arms its wake-up when it stops spinning; launch: with every call (to "
 		  "measure against)" },
+	{ "cuda-client-wait", "cuda_client_wait", "stream|host", RD_OPT_CHOICE, USER | RD_OPT_WORKER,
+	  FIELD(cuda_client_wait), .env = "REGEN_CUDA_CLIENT_WAIT", .choices = client_waits, .def = "stream",
+	  .help = "stream: a CUDA call's wait_event is waited for on its lane's stream; host: its lane's thread "
+		  "polls the event and launches the call once it is done, so no stream waits on a client's work "
+		  "(a dead client's waiting calls fail, the device is not replaced)" },
 	{ "cuda-inline-launch", "cuda_inline_launch", NULL, RD_OPT_BOOL, USER | RD_OPT_WORKER,
 	  FIELD(cuda_inline_launch), .env = "REGEN_CUDA_INLINE_LAUNCH", .def = "true",
 	  .help = "a GEMM that finds its CUDA lane idle is launched by the worker's loop itself, not handed to the "

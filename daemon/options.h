@@ -72,6 +72,7 @@ struct rd_options {
 	unsigned cuda_spin_us;         /* a CUDA completer polls a call's event this long before it sleeps */
 	char cuda_wake[8];             /* "spin": a wake-up armed when the completer stops spinning; "launch": with each call */
 	bool cuda_inline_launch;       /* a GEMM finding its lane idle is launched by the worker's loop itself */
+	char cuda_client_wait[8];      /* "stream": a call's wait_event waited for on its lane's stream; "host": by its lane's thread */
 	bool cuda_launch_profile;      /* each lane sums its launches' phases and prints them when it goes */
 	int reset_retry_ms;            /* a CUDA reset's retries of the new context; -1: auto */
 	unsigned attention_autotune;   /* attention configurations timed per new problem (0, 1: none) */

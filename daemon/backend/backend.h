@@ -306,6 +306,13 @@ struct rd_backend_ops {
 	/* Whether the work the event's last record stands for is done (a
 	 * stream waiting on it goes on); any thread. NULL with import_event. */
 	bool (*event_done)(struct rd_event *ev);
+	/* The lane's client is gone and a call of its waits on its work that
+	 * will never be done (daemon/worker/orphan.c): where the backend waits
+	 * for client events on the host, the waiting call and every call after
+	 * it on the lane fail with `why`, none launched, and 0; -ENOTSUP where
+	 * a stream of the device waits on the event (only a new context ends
+	 * that wait), or NULL. Loop thread. */
+	int (*abandon_client_waits)(struct rd_lane *lane, const char *why);
 
 	struct rd_lane *(*lane_create)(struct rd_device *dev, unsigned index, struct rp_error *err);
 	/* Waits for the lane's queued work, unregisters, frees. */

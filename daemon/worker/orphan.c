@@ -13,7 +13,10 @@
  *
  * So a session that closes with calls in flight is watched: once its
  * process is gone and, ORPHAN_GRACE_MS later, a call of it still waits on
- * an event that is not done, the worker reports its device hung at once,
+ * an event that is not done, its calls are failed where the backend waits
+ * for client events on the host (cuda_client_wait = host: no stream holds
+ * the wait, so nothing else needs to go), and otherwise the worker reports
+ * its device hung at once,
  * but not before the session's calls ahead of the first such call (on its
  * lane, in order before it) are done: they wait on nothing unfinished and
  * run, and a respawn would cut one in the middle (a Run whose journal
@@ -80,6 +83,18 @@ static void wedged(struct rd_worker *w, struct rd_session *s, unsigned calls)
 
 	snprintf(reason, sizeof(reason), "orphaned: pid %d died with %u call(s) on lane %u waiting on its unfinished GPU work",
 		 (int)peer->pid, calls, s->lane ? s->lane->index : 0);
+	/* Where no stream waits on the client's event (the lane's thread
+	 * does), its calls fail unlaunched and nothing else is touched. */
+	if (s->lane && w->dev.backend->abandon_client_waits &&
+	    w->dev.backend->abandon_client_waits(s->lane, reason) == 0) {
+		rd_info("health", w->dev.index, rd_worker_generation(w), (int)peer->pid,
+			"process gone %" PRIu64 " ms ago, %u call(s) of it still wait on its GPU work, which will never "
+			"be done, %u call(s) ahead of them finished first: they fail unlaunched, the device serves on "
+			"(uid %u not charged)",
+			ms(uv_hrtime() - s->gone_ns), calls, s->orphan_ahead, (unsigned)peer->uid);
+		s->orphan_watch = false;
+		return;
+	}
 	rd_warn("health", w->dev.index, rd_worker_generation(w), (int)peer->pid,
 		"process gone %" PRIu64 " ms ago, %u call(s) of it still wait on its GPU work, which will never be "
 		"done, %u call(s) ahead of them finished first: the device is replaced at once (uid %u %s)",

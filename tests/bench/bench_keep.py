@@ -7,7 +7,7 @@ bit-identical to a rank never killed; keeping state costs a step under 1%.
 
     python3 tests/bench/bench_keep.py [REGEND] [--optimizer regen|torch] [--journal marks|copy]
         [--dtype fp32|bf16] [--gib auto|N] [--width 16384] [--tokens 2048] [--snapshot on|off]
-        [--commit async|sync]
+        [--commit async|sync] [--client-wait stream|host]
         [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart] [--json OUT]
 
 The rank (this script with --rank): a stack of square Linear layers
@@ -36,6 +36,12 @@ step.  The optimizer:
 --commit async (the default): keep(async_commit=True), the commit not
 waiting for the device (regen's AdamW only; torch's waits either way);
 sync: every commit waits for the device, the step's end.
+
+--client-wait: regend's cuda_client_wait. With stream (the default) a rank
+killed while its AdamW Run waits on its unfinished work leaves a wait only
+a new context ends: the device is replaced, and the resumed rank waits
+for the new worker; with host the Run fails unlaunched and nothing is
+replaced (docs/lifecycle.md, "An orphaned wait").
 
 --dtype: the parameters' (and gradients', activations'); regen's AdamW
 keeps its moments in fp32 either way (10 bytes a parameter with bf16,
@@ -396,8 +402,10 @@ def main():
           f"of parameters and moments kept{second}", flush=True)
 
     restart_regend = "--no-regend-restart" not in sys.argv
+    client_wait = opt("--client-wait", "stream")
+    report["client_wait"] = client_wait
     with Regend(regend, devices=1, backend="cuda", start=False,
-                extra=["--max-kept-gib", str(int(3 * held) + 8)]) as d:
+                extra=["--max-kept-gib", str(int(3 * held) + 8), "--cuda-client-wait", client_wait]) as d:
         store = FdStore(d.dir)
         d.start(ready_timeout=180, **store.start_args())
         admin = regen.Client(d.socket, timeout=120)

@@ -22,7 +22,13 @@ is never done, and nothing but the worker's end takes the wait back:
   replacement cost that user its objects: the uid is charged with the
   hang, and its next rank is refused with LimitExceeded.
 
-    python3 tests/gpu/test_orphaned_wait.py [REGEND]
+With --client-wait host (regend's cuda_client_wait = host: the lane's
+thread waits for the rank's event, no stream does), nothing is replaced in
+any of these: the wedged call and those after it fail unlaunched (the log
+says so), the generation stays, the uid is charged with nothing, and a new
+rank of it computes at once.
+
+    python3 tests/gpu/test_orphaned_wait.py [REGEND] [--client-wait stream|host]
 
 Exit 0 pass, 1 fail, 77 skipped (no torch, no CUDA, no regend).
 """
@@ -42,6 +48,7 @@ DEADLINE_MS = 60000      # regend's call_deadline_ms: the wait it must not take
 COOLDOWN_MS = 30000     # long enough that the charged uid's next rank (torch imported) comes within it
 SPIN_S = 20.0            # longer than the test waits for anything
 AHEAD_GEMMS = 100        # 16384^3 bf16 each: about a second of an H100
+FAILED_LINE = "they fail unlaunched, the device serves on"
 
 
 def opt(name, default, cast=str):
@@ -120,7 +127,8 @@ def main():
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
         return 77
-    positional = [a for a in sys.argv[1:] if not a.startswith("--")]
+    host_waits = opt("--client-wait", "stream") == "host"
+    positional = [a for a in sys.argv[1:] if not a.startswith("--") and a not in ("stream", "host")]
     regend = find_regend(positional[0] if positional else None)
     if regend is None:
         print("SKIP: no regend")
@@ -133,7 +141,8 @@ def main():
     # The orphan watch's own lines (health at debug), for a failed check's detail.
     with Regend(regend, devices=1, backend="cuda", ready_timeout=120,
                 env={"REGEN_DEBUG": "I,health:D,conn:D"},
-                extra=["--call-deadline-ms", str(DEADLINE_MS), "--hang-cooldown-ms", str(COOLDOWN_MS)]) as d:
+                extra=["--call-deadline-ms", str(DEADLINE_MS), "--hang-cooldown-ms", str(COOLDOWN_MS),
+                       "--cuda-client-wait", "host" if host_waits else "stream"]) as d:
         admin = regen.Client(d.socket, timeout=60)
 
         def device():
@@ -174,6 +183,24 @@ def main():
             ok = line.startswith("error ") and float(line.split()[1]) < 1e-2
             return record(f"{what}: computes right at once", ok, line or err[-2000:])
 
+        def failed_within(gen, seconds, before):
+            """cuda_client_wait = host: the orphan's calls failed (a log
+            line more than `before`) within `seconds`, the generation
+            unchanged then and a second later."""
+            t = time.monotonic()
+            while time.monotonic() - t < seconds and d.log_text().count(FAILED_LINE) <= before:
+                time.sleep(0.05)
+            time.sleep(1)
+            return d.log_text().count(FAILED_LINE) > before and generation() == gen
+
+        def handled_within(gen, seconds):
+            """The orphan handled as the mode says: the device replaced
+            (stream), or the calls failed and nothing replaced (host)."""
+            if host_waits:
+                return failed_within(gen, seconds, handled_within.failed_lines)
+            return replaced_within(gen, seconds)
+        handled_within.failed_lines = 0
+
         def replaced_within(gen, seconds):
             t = time.monotonic()
             while time.monotonic() - t < seconds:
@@ -186,19 +213,22 @@ def main():
                 time.sleep(0.05)
             return False
 
+        what = "its calls failed, nothing replaced," if host_waits else "the device replaced"
         # 1. Alone on the device.
         gen = generation()
         t = killed_after_call("wedge")
         if not record("alone: the rank's call was answered at launch, the rank killed", t is not None):
             return summary()
-        replaced = replaced_within(gen, 10)
+        handled = handled_within(gen, 10)
         took = time.monotonic() - t
-        record(f"alone: the device replaced {took:.2f} s after the kill (call_deadline_ms is "
-               f"{DEADLINE_MS / 1e3:.0f} s)", replaced and took < 5)
+        record(f"alone: {what} {took:.2f} s after the kill (call_deadline_ms is "
+               f"{DEADLINE_MS / 1e3:.0f} s)", handled and took < 5, "\n" + lifecycle_lines(d.log_text()))
+        handled_within.failed_lines = d.log_text().count(FAILED_LINE)
         log = d.log_text()
+        named = FAILED_LINE in log if host_waits else "orphaned: pid" in log
         record("alone: the log names the orphaned wait, and the uid not charged",
-               "orphaned: pid" in log and "not charged" in log and "charged with the hang" not in log,
-               "" if "orphaned: pid" in log else "\n" + lifecycle_lines(log))
+               named and "not charged" in log and "charged with the hang" not in log,
+               "" if named else "\n" + lifecycle_lines(log))
         checked("alone: a new rank of the same uid")
 
         # 1b. Work of regend's queued ahead of the wedged call finishes
@@ -214,12 +244,13 @@ def main():
             t = time.monotonic()
             p.send_signal(signal.SIGKILL)
             p.wait()
-            replaced = replaced_within(gen, 20)
+            handled = handled_within(gen, 20)
+            handled_within.failed_lines = d.log_text().count(FAILED_LINE)
             took = time.monotonic() - t
             import re
             m = re.findall(r"(\d+) call\(s\) ahead of them finished first", d.log_text())
-            ok = replaced and m and int(m[-1]) > 0 and 0.5 < took < 10
-            record(f"ahead: the device replaced {took:.2f} s after the kill, once the {m[-1] if m else '?'} "
+            ok = handled and m and int(m[-1]) > 0 and 0.5 < took < 10
+            record(f"ahead: {what} {took:.2f} s after the kill, once the {m[-1] if m else '?'} "
                    "call(s) ahead of the wedged one finished (not 0.25 s after it, cutting them)", ok,
                    "" if ok else "\n" + lifecycle_lines(d.log_text()))
         else:
@@ -249,12 +280,17 @@ def main():
             if record("shared: a session of uid 65534 open on the device's worker", ok):
                 gen = generation()
                 t = killed_after_call("wedge")
-                replaced = replaced_within(gen, 10)
+                handled = handled_within(gen, 10)
+                handled_within.failed_lines = d.log_text().count(FAILED_LINE)
                 took = time.monotonic() - t if t else 0
-                record(f"shared: the device replaced {took:.2f} s after the kill",
-                       t is not None and replaced and took < 5)
-                record("shared: the uid charged with the hang", "charged with the hang" in d.log_text())
-                checked("shared: a new rank of the charged uid", expect_refused=True)
+                record(f"shared: {what} {took:.2f} s after the kill", t is not None and handled and took < 5)
+                if host_waits:
+                    # Nobody else lost anything: nothing to charge.
+                    record("shared: the uid not charged", "charged with the hang" not in d.log_text())
+                    checked("shared: a new rank of the same uid")
+                else:
+                    record("shared: the uid charged with the hang", "charged with the hang" in d.log_text())
+                    checked("shared: a new rank of the charged uid", expect_refused=True)
             other.kill()
             other.wait()
         admin.close()

@@ -102,6 +102,7 @@ static void read_tuning(struct cuda_dev *cd, const struct rd_options *o)
 	t->spin_ns = (uint64_t)o->cuda_spin_us * 1000u;
 	t->wake_at_launch = strcmp(o->cuda_wake, "launch") == 0;
 	t->inline_launch = o->cuda_inline_launch;
+	t->host_client_waits = strcmp(o->cuda_client_wait, "host") == 0;
 	t->launch_profile = o->cuda_launch_profile;
 	t->reset_retry_ms = o->reset_retry_ms;
 	t->attention_autotune = o->attention_autotune;
@@ -389,6 +390,7 @@ static const struct rd_backend_ops rd_backend_cuda = {
 	.import_event = cuda_import_event,
 	.close_event = cuda_close_event,
 	.event_done = cuda_event_done,
+	.abandon_client_waits = cuda_lane_abandon_client_waits,
 	.lane_create = cuda_lane_create,
 	.lane_destroy = cuda_lane_destroy,
 	.submit = cuda_submit,

@@ -126,6 +126,7 @@ struct cuda_dev {
 		uint64_t spin_ns;            /* cuda_spin_us */
 		bool wake_at_launch;         /* cuda_wake = launch */
 		bool inline_launch;          /* cuda_inline_launch */
+		bool host_client_waits;      /* cuda_client_wait = host */
 		bool launch_profile;         /* cuda_launch_profile */
 		int reset_retry_ms;          /* reset_retry_ms; -1: auto */
 		unsigned attention_autotune; /* attention_autotune */
@@ -211,6 +212,11 @@ struct cuda_lane {
 	struct rd_lane base;
 	struct cuda_dev *cd;
 	cudaStream_t stream;
+	/* cuda_client_wait = host: set (after abandoned_why) once the lane's
+	 * client is gone with a call waiting on its work that will never be
+	 * done; that call and every later one fail unlaunched. */
+	atomic_bool abandoned;
+	char abandoned_why[192];
 	/* Waits for each call's completion event and then runs the host
 	 * function that wakes the completer: on a stream of its own, since a
 	 * host function in `stream` would stall the next call's kernels. */
@@ -433,6 +439,8 @@ void cuda_health_resume(struct cuda_dev *cd);
 /* ---- lane.c ------------------------------------------------------------ */
 
 struct rd_lane *cuda_lane_create(struct rd_device *dev, unsigned index, struct rp_error *err);
+/* rd_backend.abandon_client_waits: cuda_client_wait = host only. */
+int cuda_lane_abandon_client_waits(struct rd_lane *lane, const char *why);
 void cuda_lane_destroy(struct rd_lane *lane);
 int cuda_submit(struct rd_lane *lane, struct rd_op *op);
 

@@ -147,7 +147,7 @@ static int lane_prepare(struct cuda_lane *l, struct rd_op *op)
 		if (e != cudaSuccess)
 			return lane_fail_cuda(l, op, "cudaStreamWaitEvent(injected fault)", e);
 	}
-	if (op->wait_event) {
+	if (op->wait_event && !cd->tuning.host_client_waits) {
 		struct cuda_event *ev = (struct cuda_event *)op->wait_event;
 		cudaError_t e = cudaStreamWaitEvent(l->stream, ev->ev, 0);
 		if (e != cudaSuccess)
@@ -370,10 +370,91 @@ static void lane_launch_counted(struct cuda_lane *l, struct rd_op *op, struct la
 	}
 }
 
+/* cuda_client_wait = host: how the lane's thread waits for a client's
+ * event before it launches the call behind it. No stream of regend's waits
+ * on a client's work then, so nothing of the device waits for a client that
+ * died with its work unfinished (orphan.c fails such a wait instead of
+ * replacing the device), and a kernel's first load, which synchronizes the
+ * context (lazy loading), waits for regend's own work only. It queries the
+ * event, briefly in a spin (as the completer does: held back while a
+ * launch holds the context's lock), then between sleeps that grow to
+ * CLIENT_WAIT_SLEEP_MAX_NS: a Run behind a rank's step is launched at most
+ * that much after the rank's work is done, beside the ~140 µs the GPU takes
+ * to switch from the rank's context to the worker's (DESIGN.md). */
+#define CLIENT_WAIT_SPIN_NS 20000
+#define CLIENT_WAIT_SLEEP_MAX_NS 50000
+
+static bool lane_abandoned(struct cuda_lane *l, struct rd_op *op)
+{
+	if (!atomic_load_explicit(&l->abandoned, memory_order_acquire))
+		return false;
+	rp_error_set(&op->err, RP_ERR_BACKEND, "%s", l->abandoned_why);
+	return true;
+}
+
+/* 0 once op's wait_event is done (or the device is lost: the launch finds
+ * that); -ECANCELED with op->err set when the lane was abandoned; -EIO when
+ * the event cannot be asked. */
+static int lane_wait_client(struct cuda_lane *l, struct rd_op *op)
+{
+	struct cuda_dev *cd = l->cd;
+	struct cuda_event *ev = (struct cuda_event *)op->wait_event;
+	uint64_t start = rd_now_ns(), last_query = 0, sleep_ns = 1000;
+
+	if (cuda_bind(cd, &op->err))
+		return -EIO;
+	if (rd_resource_ensure_valid(&op->wait_event->res))
+		return cuda_status_to_error(&op->err, "restoring wait_event");
+	for (;;) {
+		if (lane_abandoned(l, op))
+			return -ECANCELED;
+		if (atomic_load(&cd->lost))
+			return 0;
+		uint64_t now = rd_now_ns();
+		if (atomic_load_explicit(&cd->launching, memory_order_relaxed) && now - last_query < LANE_QUERY_HOLDOFF_NS) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		cudaError_t e = cudaEventQuery(ev->ev);
+		last_query = rd_now_ns();
+		if (e == cudaSuccess)
+			return 0;
+		if (e != cudaErrorNotReady) {
+			/* The client's event, not this context: nothing is marked
+			 * lost here (a launch would find a sticky error of ours). */
+			rp_error_set(&op->err, cuda_error_name(e), "waiting for the client's wait_event on lane %u: %s (%s)",
+				     l->base.index, cudaGetErrorString(e), cudaGetErrorName(e));
+			return -EIO;
+		}
+		if (last_query - start < CLIENT_WAIT_SPIN_NS) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		struct timespec ts = { 0, (long)sleep_ns };
+		nanosleep(&ts, NULL);
+		sleep_ns = sleep_ns * 2 < CLIENT_WAIT_SLEEP_MAX_NS ? sleep_ns * 2 : CLIENT_WAIT_SLEEP_MAX_NS;
+	}
+}
+
 /* As lane_launch_counted, counted among the device's launches in progress
- * (the completers' queries wait for it: LANE_QUERY_HOLDOFF_NS). */
+ * (the completers' queries wait for it: LANE_QUERY_HOLDOFF_NS); with
+ * cuda_client_wait = host, once its wait_event is done, and never on an
+ * abandoned lane: such a call goes to the completer unlaunched, with its
+ * error. */
 static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p)
 {
+	int r = 0;
+
+	if (l->cd->tuning.host_client_waits) {
+		if (lane_abandoned(l, op))
+			r = -ECANCELED;
+		else if (op->wait_event)
+			r = lane_wait_client(l, op);
+	}
+	if (r) {
+		*p = (struct lane_pending){ .op = op, .t0 = rd_now_ns(), .resets = atomic_load(&l->cd->resets), .r = r };
+		return;
+	}
 	atomic_fetch_add_explicit(&l->cd->launching, 1, memory_order_relaxed);
 	lane_launch_counted(l, op, p);
 	atomic_fetch_sub_explicit(&l->cd->launching, 1, memory_order_relaxed);
@@ -775,9 +856,13 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	 * loop stuck 2 s in its first GEMM behind a rank's 20 s kernel, the
 	 * supervisor killing it for its heartbeat, over and over. Nor any
 	 * call while another waits so: the load waits for that wait too
-	 * (client_waits counts op itself where it waits). */
-	if (!li->lane.cd->tuning.inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM ||
-	    atomic_load_explicit(&li->lane.cd->client_waits, memory_order_relaxed))
+	 * (client_waits counts op itself where it waits). With
+	 * cuda_client_wait = host no stream waits on a client, but the call
+	 * that waits does so on its lane's thread. */
+	const struct cuda_tuning *t = &li->lane.cd->tuning;
+	if (!t->inline_launch || op->comm || op->compute.spec->id != RP_OP_GEMM ||
+	    (t->host_client_waits ? op->wait_event != NULL
+				  : atomic_load_explicit(&li->lane.cd->client_waits, memory_order_relaxed) != 0))
 		return false;
 	pthread_mutex_lock(&li->lock);
 	if (li->stopping || li->launching || li->q.count || li->npending == RD_CUDA_LANE_DEPTH) {
@@ -825,4 +910,15 @@ int cuda_submit(struct rd_lane *lane, struct rd_op *op)
 void *rd_cuda_lane_last_workspace(struct rd_lane *lane)
 {
 	return ((struct cuda_lane *)lane)->last_workspace;
+}
+
+int cuda_lane_abandon_client_waits(struct rd_lane *lane, const char *why)
+{
+	struct cuda_lane *l = (struct cuda_lane *)lane;
+
+	if (!l->cd->tuning.host_client_waits)
+		return -ENOTSUP;
+	snprintf(l->abandoned_why, sizeof(l->abandoned_why), "%s", why);
+	atomic_store_explicit(&l->abandoned, true, memory_order_release);
+	return 0;
 }
