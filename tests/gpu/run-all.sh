@@ -9,7 +9,7 @@ dir=$build/tests/gpu
 [[ -d $dir ]] || { echo "no $dir (was the build configured with CUDA?)" >&2; exit 1; }
 [[ -n $logs ]] && mkdir -p "$logs"
 pass=0 fail=0 skip=0 failed=()
-for t in test_cuda_gemm test_gemm_plans test_workspace_race test_cuda_ipc test_cuda_lifecycle test_cuda_health test_cuda_attention test_cuda_layernorm test_cuda_fp8 test_program_kernels; do
+for t in test_cuda_gemm test_gemm_plans test_workspace_race test_cuda_ipc test_cuda_lifecycle test_cuda_health test_cuda_attention test_cuda_layernorm test_cuda_fp8 test_cuda_share test_program_kernels; do
   exe=$dir/$t
   if [[ ! -x $exe ]]; then
     echo "== $t: missing"; fail=$((fail + 1)); failed+=("$t"); continue

@@ -166,6 +166,7 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 	}
 	cuda_gemm_plans_init(cd);
 	cuda_work_open(cd);
+	rd_share_init(&cd->share, RD_CUDA_SHARE_CAPACITY, RD_CUDA_SHARE_LINGER_NS);
 	cuda_ipc_init(cd);
 	cuda_device_resources_register(cd);
 	if (rd_resource_ensure_valid(&cd->pool.res)) {

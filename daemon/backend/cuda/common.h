@@ -43,6 +43,7 @@
 #include <cuda_runtime_api.h>
 #include <cublasLt.h>
 #include "daemon/backend/backend.h"
+#include "daemon/backend/share.h"
 #include "daemon/backend/plan_cache.h"
 #include "daemon/backend/cuda/cuda.h"
 #include "daemon/program/compile_budget.h"
@@ -167,6 +168,10 @@ struct cuda_dev {
 	 * completed (lane.c): while any does, no call is launched inline on
 	 * the worker's loop (a kernel's first load waits for the context). */
 	_Atomic unsigned client_waits;
+	/* The GPU shared among uids, not lanes (../share.h): beside other
+	 * uids' calls, a uid keeps at most its part of RD_CUDA_SHARE_CAPACITY
+	 * calls launched and not completed; alone, as many as its lanes hold. */
+	struct rd_share share;
 	/* The GPU failed (needs a reset, fell off the bus): told even after
 	 * the loss was. */
 	_Atomic bool failed;
@@ -190,6 +195,16 @@ struct cuda_dev {
  * deeper lane holds no more device memory, only an event and a pending
  * entry per call. */
 #define RD_CUDA_LANE_DEPTH 64
+/* The calls in flight the GPU's share divides among the uids beside each
+ * other (../share.h): two uids keep two each, one running on the GPU and
+ * the next launched behind it, so that the GPU never waits for a launch
+ * while they alternate; more uids, one each. */
+#define RD_CUDA_SHARE_CAPACITY 4
+/* How long a uid counts in it after its last call ended: its client's
+ * next call comes a round trip later (tens of microseconds to a
+ * millisecond; the worker's loop does not share a CPU with the GPU's
+ * work). */
+#define RD_CUDA_SHARE_LINGER_NS (2 * 1000000ull)
 
 /* A lane's stream state; its threads and queue are lane.c's own. */
 /* The phases of a launch that cuda_launch_profile times (a lane's

@@ -264,6 +264,7 @@ struct lane_pending {
 	int r;
 	bool enqueued;
 	bool alone;                /* the only call in flight when the completer took it */
+	bool shared;               /* it entered the device's share: leaves it once complete */
 };
 
 static void lane_profile_print(const struct cuda_lane *l)
@@ -436,12 +437,24 @@ static int lane_wait_client(struct cuda_lane *l, struct rd_op *op)
 	}
 }
 
+/* Whether op takes part in the device's share among uids (../share.h):
+ * not a communicator's call, which waits for its peers; nor, where streams
+ * wait for client events (cuda_client_wait = stream), a call that waits on
+ * one, since the event may be one that a later call of the same uid
+ * records, which the share would hold back behind it. */
+static bool lane_shares(const struct cuda_lane *l, const struct rd_op *op)
+{
+	return op->comm == NULL && (op->wait_event == NULL || l->cd->tuning.host_client_waits);
+}
+
 /* As lane_launch_counted, counted among the device's launches in progress
- * (the completers' queries wait for it: LANE_QUERY_HOLDOFF_NS); with
- * cuda_client_wait = host, once its wait_event is done, and never on an
+ * (the completers' queries wait for it: LANE_QUERY_HOLDOFF_NS), once the
+ * device's share among uids lets it run (`entered`: the caller saw to
+ * that); with cuda_client_wait = host, once its wait_event is done (before
+ * it enters the share: a client's work holds no share), and never on an
  * abandoned lane: such a call goes to the completer unlaunched, with its
  * error. */
-static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p)
+static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p, bool entered)
 {
 	int r = 0;
 
@@ -452,12 +465,18 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 			r = lane_wait_client(l, op);
 	}
 	if (r) {
-		*p = (struct lane_pending){ .op = op, .t0 = rd_now_ns(), .resets = atomic_load(&l->cd->resets), .r = r };
+		*p = (struct lane_pending){ .op = op, .t0 = rd_now_ns(), .resets = atomic_load(&l->cd->resets), .r = r,
+					    .shared = entered };
 		return;
+	}
+	if (!entered && lane_shares(l, op)) {
+		rd_share_enter(&l->cd->share, l->base.uid);
+		entered = true;
 	}
 	atomic_fetch_add_explicit(&l->cd->launching, 1, memory_order_relaxed);
 	lane_launch_counted(l, op, p);
 	atomic_fetch_sub_explicit(&l->cd->launching, 1, memory_order_relaxed);
+	p->shared = entered;
 }
 
 /* What cuda_submit counted op in for (its work, its client wait), given
@@ -517,6 +536,8 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 	if (op->run && p->done)
 		cuda_program_completed(op);
 	op->elapsed_us = (rd_now_ns() - p->t0) / 1000;
+	if (p->shared)
+		rd_share_leave(&cd->share, l->base.uid);
 	op_counted_out(l, op);
 	rd_op_complete(op);
 }
@@ -713,7 +734,7 @@ static void *lane_main(void *arg)
 		li->launching = true;
 		pthread_mutex_unlock(&li->lock);
 		struct lane_pending p;
-		lane_launch(l, op, &p);
+		lane_launch(l, op, &p, false);
 		pthread_mutex_lock(&li->lock);
 		launch_over(li, &p);
 	}
@@ -869,9 +890,15 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 		pthread_mutex_unlock(&li->lock);
 		return false;
 	}
+	/* The loop never waits for the share: a call it may not run now goes
+	 * to the launcher, which does. */
+	if (!rd_share_try_enter(&li->lane.cd->share, li->lane.base.uid)) {
+		pthread_mutex_unlock(&li->lock);
+		return false;
+	}
 	li->launching = true;
 	pthread_mutex_unlock(&li->lock);
-	lane_launch(&li->lane, op, &p);
+	lane_launch(&li->lane, op, &p, true);
 	pthread_mutex_lock(&li->lock);
 	launch_over(li, &p);
 	pthread_mutex_unlock(&li->lock);

@@ -89,7 +89,7 @@ static int host_open(struct rd_device *dev, struct rp_error *err)
 	}
 	dev->backend_data = h;
 	host_lane_calibrate(dev);
-	host_share_init(&h->share, h->cpus);
+	rd_share_init(&h->share, h->cpus, HOST_SHARE_LINGER_NS);
 	host_health_init(dev);
 	rd_resource_register(&dev->registry, &h->context, &context_ops);
 	rd_resource_ensure_valid(&h->context);

@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include "daemon/backend/backend.h"
-#include "daemon/backend/host/share.h"
+#include "daemon/backend/share.h"
 
 /* The health watch of the simulated GPU (health.c). */
 struct host_health {
@@ -35,14 +35,22 @@ struct host_device {
 	double ns_per_mac;
 	unsigned cpus;
 	atomic_uint_fast64_t backlog_ns;
-	/* Its CPUs, a slot each, shared among the uids of its lanes. */
-	struct host_share share;
+	/* Its CPUs shared among the uids of its lanes (../share.h): beside
+	 * others, a uid runs at most its part of them at once. */
+	struct rd_share share;
 };
 
 static inline struct host_device *hd(struct rd_device *dev)
 {
 	return dev->backend_data;
 }
+
+/* How long a uid counts in the share after its last call ended: its
+ * client's next call comes a round trip later, read by the worker's loop,
+ * which shares the CPUs with the lanes' threads and may wait a scheduler
+ * slice or two for one (test_fair_share on one CPU: 2 ms let the other
+ * uid take every lane back between a client's calls, 20 ms does not). */
+#define HOST_SHARE_LINGER_NS (20 * 1000000ull)
 
 /* Scratch a lane or an idle program keeps between calls; beyond it, a
  * call's goes when the call is done. */

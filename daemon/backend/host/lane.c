@@ -2,7 +2,8 @@
 /* Host lanes: one thread each, running its ops in order with the reference
  * math of math.c; a small call finding its lane idle runs on the submitting
  * thread instead (run_inline). Either way a call runs in a slot of the
- * device's CPUs, which go round the uids rather than the lanes (share.h).
+ * device's CPUs, which go round the uids rather than the lanes
+ * (../share.h).
  * A lane's scratch grows to its largest call's need.
  *
  * The deadline's budget: regend counts the device as hung when a call is
@@ -45,7 +46,6 @@ struct host_lane {
 	bool stop;
 	void *scratch;                 /* grows to the largest call's need */
 	size_t scratch_size;
-	struct host_share_seat seat;   /* its place at the device's CPUs (share.h) */
 };
 
 struct guarded_call {
@@ -255,10 +255,9 @@ static void *lane_thread(void *arg)
 		} else if (op->compute.spec->id == RP_OP_COMM) {
 			run_op(lane, op);   /* waits for its peers: no slot held meanwhile */
 		} else {
-			lane->seat.uid = lane->base.uid;
-			host_share_enter(&hd(dev)->share, &lane->seat);
+			rd_share_enter(&hd(dev)->share, lane->base.uid);
 			run_op(lane, op);
-			host_share_leave(&hd(dev)->share, &lane->seat);
+			rd_share_leave(&hd(dev)->share, lane->base.uid);
 		}
 		pthread_mutex_lock(&lane->lock);
 		lane->busy = false;
@@ -345,15 +344,14 @@ static bool run_inline(struct host_lane *lane, struct rd_op *op)
 		pthread_mutex_unlock(&lane->lock);
 		return false;
 	}
-	lane->seat.uid = lane->base.uid;
-	if (!host_share_try_enter(&hd(dev)->share, &lane->seat)) {
+	if (!rd_share_try_enter(&hd(dev)->share, lane->base.uid)) {
 		pthread_mutex_unlock(&lane->lock);
 		return false;
 	}
 	lane->busy = true;
 	pthread_mutex_unlock(&lane->lock);
 	run_op(lane, op);
-	host_share_leave(&hd(dev)->share, &lane->seat);
+	rd_share_leave(&hd(dev)->share, lane->base.uid);
 	pthread_mutex_lock(&lane->lock);
 	lane->busy = false;
 	pthread_mutex_unlock(&lane->lock);

@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A device shared among uids, not among lanes (issue 30: "nor delay
+ * another user's call by more than its own fair share").
+ *
+ * Each lane runs its calls on a thread or a stream of its own, and the
+ * kernel shares CPUs among threads as the GPU shares itself among streams:
+ * a uid with sixteen lanes busy would take sixteen shares, and the call of
+ * a uid with one lane would wait behind all of them. So a lane enters the
+ * share before a call runs and leaves it when the call is done: a uid
+ * alone runs as many calls at once as its lanes hold (nothing is held back
+ * while nobody else asks); beside other uids, at most `capacity` calls run
+ * at once, each uid's at most its part of it (at least one), so that a
+ * call of a uid waits for at most that many of the others' (which the
+ * work estimate bounds); a call that may run goes first when its uid runs
+ * the fewest, then when its uid had a turn longest ago (the uids take
+ * turns, however many lanes each has waiting), then in the order the calls
+ * came. Another uid counts while
+ * it has calls running or waiting, and `linger_ns` after its last one
+ * ended: a client's next call follows its last one's answer, and in
+ * between the others would otherwise take everything again. The host
+ * backend's capacity is its CPUs, the CUDA backend's a few calls in flight
+ * (so that a uid's call waits on the GPU behind that many of each other
+ * uid's).
+ *
+ * A communicator's calls enter no share: they wait for their peers, whose
+ * calls would need what they held. */
+#pragma once
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* The uids a share follows at once: those with calls running or waiting
+ * or lingering. A uid past them waits until one is idle. */
+#define RD_SHARE_USERS 256
+
+struct rd_share_waiter;
+
+struct rd_share {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned capacity;
+	uint64_t linger_ns;
+	unsigned running;              /* calls running, every uid's */
+	struct rd_share_user {
+		bool used;
+		uid_t uid;
+		unsigned running, waiting;
+		uint64_t idle_ns;          /* when its last call ended (CLOCK_MONOTONIC); 0: none yet */
+		uint64_t served;           /* the turn it last had; 0: none yet */
+	} users[RD_SHARE_USERS];
+	unsigned top;                  /* entries [0, top) have been used */
+	struct rd_share_waiter *waiting;
+	uint64_t turns, tickets;
+};
+
+/* capacity: the calls at once divided among the uids beside each other;
+ * linger_ns: how long a uid counts after its last call ended. */
+void rd_share_init(struct rd_share *s, unsigned capacity, uint64_t linger_ns);
+void rd_share_destroy(struct rd_share *s);
+/* Waits until a call of uid may run, then counts it running. */
+void rd_share_enter(struct rd_share *s, uid_t uid);
+/* Counts a call of uid running if it may run now and no waiting call
+ * would go first: never blocks (the worker's loop runs small calls
+ * itself). */
+bool rd_share_try_enter(struct rd_share *s, uid_t uid);
+/* A call of uid that entered is done. */
+void rd_share_leave(struct rd_share *s, uid_t uid);

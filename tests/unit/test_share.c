@@ -1,0 +1,272 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A device shared among uids (daemon/backend/share.c): a uid alone runs
+ * as many calls at once as it asks; beside other uids at most the
+ * capacity runs, each uid's at most its part of it, however many lanes it
+ * has, and the uids take turns; a uid counts for a linger after its last
+ * call ended; try_enter answers as enter would, without waiting. Each
+ * waiting call is a thread that enters and records itself; the test ends
+ * calls one at a time and reads who came in. First-come order, a share
+ * among lanes, or none, fails these. */
+#include <check.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include "daemon/backend/share.h"
+#include "unit.h"
+
+#define CALLS 16
+
+static struct rd_share share;
+static uid_t uid_of[CALLS];
+static pthread_t threads[CALLS];
+static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
+static int order[CALLS * 2];
+static unsigned norder;
+
+static void *enter_and_record(void *arg)
+{
+	int i = (int)(intptr_t)arg;
+
+	rd_share_enter(&share, uid_of[i]);
+	pthread_mutex_lock(&order_lock);
+	order[norder++] = i;
+	pthread_mutex_unlock(&order_lock);
+	return NULL;
+}
+
+static unsigned waiting(void)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&share.lock);
+	for (unsigned i = 0; i < RD_SHARE_USERS; i++)
+		n += share.users[i].used ? share.users[i].waiting : 0;
+	pthread_mutex_unlock(&share.lock);
+	return n;
+}
+
+static unsigned recorded(void)
+{
+	pthread_mutex_lock(&order_lock);
+	unsigned n = norder;
+	pthread_mutex_unlock(&order_lock);
+	return n;
+}
+
+static void pause_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+/* Call i (of uid) comes: returns once it waits, and checks it did not run. */
+static void comes_and_waits(int i, uid_t uid)
+{
+	unsigned before = waiting(), ran = recorded();
+
+	uid_of[i] = uid;
+	ck_assert_int_eq(pthread_create(&threads[i], NULL, enter_and_record, (void *)(intptr_t)i), 0);
+	for (int t = 0; t < 5000 && waiting() == before && recorded() == ran; t++)
+		pause_ms(1);
+	ck_assert_uint_eq(recorded(), ran);
+	ck_assert_uint_eq(waiting(), before + 1);
+}
+
+/* Call i (of uid) comes and runs at once. */
+static void comes_and_runs(int i, uid_t uid)
+{
+	unsigned ran = recorded();
+
+	uid_of[i] = uid;
+	ck_assert_int_eq(pthread_create(&threads[i], NULL, enter_and_record, (void *)(intptr_t)i), 0);
+	pthread_join(threads[i], NULL);
+	ck_assert_uint_eq(recorded(), ran + 1);
+	ck_assert_int_eq(order[ran], i);
+}
+
+/* A call of uid ends; returns the call that came in then (-1: none),
+ * after making sure no second one did. */
+static int ends_and_see(uid_t uid)
+{
+	unsigned before = recorded();
+
+	rd_share_leave(&share, uid);
+	for (int t = 0; t < 300 && recorded() == before; t++)
+		pause_ms(1);
+	pause_ms(20);
+	ck_assert_uint_le(recorded(), before + 1);
+	return recorded() > before ? order[before] : -1;
+}
+
+static void start(unsigned capacity, uint64_t linger_ns)
+{
+	memset(uid_of, 0, sizeof(uid_of));
+	norder = 0;
+	rd_share_init(&share, capacity, linger_ns);
+}
+
+static unsigned running(void)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&share.lock);
+	for (unsigned i = 0; i < RD_SHARE_USERS; i++)
+		n += share.users[i].used ? share.users[i].running : 0;
+	pthread_mutex_unlock(&share.lock);
+	return n;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void join(int i)
+{
+	pthread_join(threads[i], NULL);
+}
+
+START_TEST(a_uid_alone_is_never_held_back)
+{
+	start(1, 0);
+	for (int i = 0; i < 6; i++)
+		comes_and_runs(i, 1);
+	ck_assert_uint_eq(running(), 6);
+	for (int i = 0; i < 6; i++)
+		rd_share_leave(&share, 1);
+	ck_assert_uint_eq(running(), 0);
+	rd_share_destroy(&share);
+}
+END_TEST
+
+START_TEST(the_uids_take_turns_not_the_lanes)
+{
+	start(1, 0);
+	/* uid 2 runs a call; uid 1 then waits with three, on three lanes,
+	 * and uid 2 with one more, last. */
+	comes_and_runs(0, 2);
+	comes_and_waits(1, 1);
+	comes_and_waits(2, 1);
+	comes_and_waits(3, 1);
+	comes_and_waits(4, 2);
+	/* uid 1 had no turn yet: its first call. */
+	ck_assert_int_eq(ends_and_see(2), 1);
+	join(1);
+	/* Then uid 2's, not uid 1's that came before it: first come (or a
+	 * turn a lane) would run all three of uid 1's first. */
+	ck_assert_int_eq(ends_and_see(1), 4);
+	join(4);
+	/* uid 2 has nothing more: uid 1 is alone, its two left run at once. */
+	rd_share_leave(&share, 2);
+	join(2);
+	join(3);
+	ck_assert_uint_eq(recorded(), 5);
+	ck_assert(order[3] + order[4] == 5);
+	rd_share_leave(&share, 1);
+	rd_share_leave(&share, 1);
+	ck_assert_uint_eq(running(), 0);
+	rd_share_destroy(&share);
+}
+END_TEST
+
+START_TEST(beside_others_a_uid_runs_its_part_of_the_capacity)
+{
+	start(4, 0);
+	/* Alone, uid 1 runs four (its lanes' calls). */
+	for (int i = 0; i < 4; i++)
+		comes_and_runs(i, 1);
+	/* uid 2 comes: the capacity is taken, it waits for one call of uid
+	 * 1's; uid 1's fifth waits for its part (two of four). */
+	comes_and_waits(4, 2);
+	comes_and_waits(5, 1);
+	ck_assert_int_eq(ends_and_see(1), 4);
+	ck_assert_int_eq(ends_and_see(1), -1);   /* uid 1 runs two: its part */
+	ck_assert_int_eq(ends_and_see(1), 5);    /* one: under it */
+	join(4);
+	join(5);
+	/* uid 3 comes: a part is one now (four among three), and it runs
+	 * none: at once; uid 2's second waits for its part. */
+	comes_and_runs(6, 3);
+	comes_and_waits(7, 2);
+	/* uid 3 done (no linger here): two uids again, uid 2 under its part. */
+	ck_assert_int_eq(ends_and_see(3), 7);
+	join(7);
+	rd_share_leave(&share, 2);
+	rd_share_leave(&share, 2);
+	rd_share_leave(&share, 1);
+	rd_share_leave(&share, 1);
+	ck_assert_uint_eq(running(), 0);
+	rd_share_destroy(&share);
+}
+END_TEST
+
+START_TEST(a_uid_whose_call_ended_counts_for_its_linger)
+{
+	start(2, 100 * 1000000ull);
+	/* uid 2 runs a call; uid 1 its part (one) and then waits with a second. */
+	comes_and_runs(0, 2);
+	comes_and_runs(1, 1);
+	comes_and_waits(2, 1);
+	/* uid 2's call ends: its client's next call would come within the
+	 * linger, so uid 1 stays at its part until the linger is over. */
+	double t0 = now_s();
+	rd_share_leave(&share, 2);
+	for (int t = 0; t < 1000 && recorded() < 3; t++)
+		pause_ms(1);
+	double waited = now_s() - t0;
+	ck_assert_uint_eq(recorded(), 3);
+	ck_assert_int_eq(order[2], 2);
+	ck_assert_msg(waited >= 0.09, "uid 1's call ran %.3f s after uid 2's ended, within its linger", waited);
+	ck_assert_msg(waited < 0.5, "uid 1's call waited %.3f s, long past uid 2's linger", waited);
+	join(2);
+	rd_share_leave(&share, 1);
+	rd_share_leave(&share, 1);
+	ck_assert_uint_eq(running(), 0);
+	rd_share_destroy(&share);
+}
+END_TEST
+
+START_TEST(try_enter_answers_as_enter_would_without_waiting)
+{
+	start(2, 0);
+	ck_assert(rd_share_try_enter(&share, 1));
+	ck_assert(rd_share_try_enter(&share, 1));      /* alone: not held back */
+	ck_assert(!rd_share_try_enter(&share, 2));     /* the capacity is taken */
+	rd_share_leave(&share, 1);
+	ck_assert(rd_share_try_enter(&share, 2));      /* under it, and under its part */
+	ck_assert(!rd_share_try_enter(&share, 1));     /* uid 1 at its part */
+	ck_assert(!rd_share_try_enter(&share, 3));     /* the capacity is taken */
+	rd_share_leave(&share, 1);
+	rd_share_leave(&share, 2);
+	ck_assert(rd_share_try_enter(&share, 3));
+	ck_assert(rd_share_try_enter(&share, 3));      /* alone again */
+	rd_share_leave(&share, 3);
+	rd_share_leave(&share, 3);
+	ck_assert_uint_eq(running(), 0);
+	rd_share_destroy(&share);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("share");
+	TCase *tc = tcase_create("share");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, a_uid_alone_is_never_held_back);
+	tcase_add_test(tc, the_uids_take_turns_not_the_lanes);
+	tcase_add_test(tc, beside_others_a_uid_runs_its_part_of_the_capacity);
+	tcase_add_test(tc, a_uid_whose_call_ended_counts_for_its_linger);
+	tcase_add_test(tc, try_enter_answers_as_enter_would_without_waiting);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return unit_run(suite());
+}
