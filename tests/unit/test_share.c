@@ -108,11 +108,8 @@ static void start(unsigned capacity, uint64_t linger_ns)
 
 static unsigned running(void)
 {
-	unsigned n = 0;
-
 	pthread_mutex_lock(&share.lock);
-	for (unsigned i = 0; i < RD_SHARE_USERS; i++)
-		n += share.users[i].used ? share.users[i].running : 0;
+	unsigned n = share.running;
 	pthread_mutex_unlock(&share.lock);
 	return n;
 }
