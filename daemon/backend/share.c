@@ -78,17 +78,23 @@ static struct rd_share_user *user_of(struct rd_share *s, uid_t uid, uint64_t now
 }
 
 /* Whether a call of u may run now: u alone, or the calls running under
- * the capacity and u's under its part of it. */
+ * the capacity and u's under its part of it, shared with the uids that
+ * run or wait (one that lingers keeps the capacity, not a part: what it
+ * does not use goes to the others). */
 static bool may_run(const struct rd_share *s, const struct rd_share_user *u, uint64_t now)
 {
-	unsigned uids = 1;
+	unsigned others = 0, calling = 1;
 
-	for (unsigned i = 0; i < s->top; i++)
-		if (&s->users[i] != u && s->users[i].used && active(s, &s->users[i], now))
-			uids++;
-	if (uids == 1)
+	for (unsigned i = 0; i < s->top; i++) {
+		const struct rd_share_user *o = &s->users[i];
+		if (o == u || !o->used || !active(s, o, now))
+			continue;
+		others++;
+		calling += o->running || o->waiting;
+	}
+	if (!others)
 		return true;
-	unsigned part = s->capacity / uids;
+	unsigned part = s->capacity / calling;
 	return s->running < s->capacity && u->running < (part ? part : 1);
 }
 

@@ -6,21 +6,23 @@
  * kernel shares CPUs among threads as the GPU shares itself among streams:
  * a uid with sixteen lanes busy would take sixteen shares, and the call of
  * a uid with one lane would wait behind all of them. So a lane enters the
- * share before a call runs and leaves it when the call is done: a uid
- * alone runs as many calls at once as its lanes hold (nothing is held back
- * while nobody else asks); beside other uids, at most `capacity` calls run
- * at once, each uid's at most its part of it (at least one), so that a
- * call of a uid waits for at most that many of the others' (which the
- * work estimate bounds); a call that may run goes first when its uid runs
- * the fewest, then when its uid had a turn longest ago (the uids take
- * turns, however many lanes each has waiting), then in the order the calls
- * came. Another uid counts while
- * it has calls running or waiting, and `linger_ns` after its last one
- * ended: a client's next call follows its last one's answer, and in
- * between the others would otherwise take everything again. The host
- * backend's capacity is its CPUs, the CUDA backend's a few calls in flight
- * (so that a uid's call waits on the GPU behind that many of each other
- * uid's).
+ * share before a call runs and leaves it when the call is done.
+ *
+ * A uid alone runs as many calls at once as its lanes hold: nothing is
+ * held back while nobody else asks. Beside other uids, at most `capacity`
+ * calls run at once, and each uid's at most its part of it (at least one)
+ * among the uids with calls running or waiting: a call of a uid waits for
+ * at most that many of the others' (which the work estimate bounds), and
+ * no part stays idle for a uid with nothing to run. A call that may run
+ * goes first when its uid runs the fewest, then when its uid had a turn
+ * longest ago (the uids take turns, however many lanes each has waiting),
+ * then in the order the calls came. Another uid holds the others to the
+ * capacity while it has calls running or waiting, and for `linger_ns`
+ * after its last one ended: a client's next call follows its last one's
+ * answer, and in between the others would otherwise take every lane
+ * again. The host backend's capacity is its CPUs, the CUDA backend's a
+ * few calls in flight (so that a uid's call waits on the GPU behind that
+ * many of each other uid's).
  *
  * A communicator's calls enter no share: they wait for their peers, whose
  * calls would need what they held. */

@@ -2,8 +2,9 @@
 /* A device shared among uids (daemon/backend/share.c): a uid alone runs
  * as many calls at once as it asks; beside other uids at most the
  * capacity runs, each uid's at most its part of it, however many lanes it
- * has, and the uids take turns; a uid counts for a linger after its last
- * call ended; try_enter answers as enter would, without waiting. Each
+ * has (its part taken among the uids that run or wait), and the uids take
+ * turns; a uid holds the capacity for a linger after its last call ended;
+ * try_enter answers as enter would, without waiting. Each
  * waiting call is a thread that enters and records itself; the test ends
  * calls one at a time and reads who came in. First-come order, a share
  * among lanes, or none, fails these. */
@@ -201,27 +202,32 @@ START_TEST(beside_others_a_uid_runs_its_part_of_the_capacity)
 }
 END_TEST
 
-START_TEST(a_uid_whose_call_ended_counts_for_its_linger)
+START_TEST(a_uid_whose_call_ended_holds_the_capacity_for_its_linger)
 {
 	start(2, 100 * 1000000ull);
-	/* uid 2 runs a call; uid 1 its part (one) and then waits with a second. */
+	/* uid 2 runs a call; uid 1 its part (one of two) and then waits with
+	 * a second. */
 	comes_and_runs(0, 2);
 	comes_and_runs(1, 1);
 	comes_and_waits(2, 1);
-	/* uid 2's call ends: its client's next call would come within the
-	 * linger, so uid 1 stays at its part until the linger is over. */
+	/* uid 2's call ends: it has nothing to run, so its part is uid 1's at
+	 * once... */
 	double t0 = now_s();
-	rd_share_leave(&share, 2);
-	for (int t = 0; t < 1000 && recorded() < 3; t++)
+	ck_assert_int_eq(ends_and_see(2), 2);
+	join(2);
+	/* ...but its client's next call would come within the linger, so
+	 * the capacity holds until the linger is over: uid 1's third waits. */
+	comes_and_waits(3, 1);
+	for (int t = 0; t < 1000 && recorded() < 4; t++)
 		pause_ms(1);
 	double waited = now_s() - t0;
-	ck_assert_uint_eq(recorded(), 3);
-	ck_assert_int_eq(order[2], 2);
-	ck_assert_msg(waited >= 0.09, "uid 1's call ran %.3f s after uid 2's ended, within its linger", waited);
-	ck_assert_msg(waited < 0.5, "uid 1's call waited %.3f s, long past uid 2's linger", waited);
-	join(2);
-	rd_share_leave(&share, 1);
-	rd_share_leave(&share, 1);
+	ck_assert_uint_eq(recorded(), 4);
+	ck_assert_int_eq(order[3], 3);
+	ck_assert_msg(waited >= 0.08, "uid 1's third call ran %.3f s after uid 2's ended, within its linger", waited);
+	ck_assert_msg(waited < 0.5, "uid 1's third call waited %.3f s, long past uid 2's linger", waited);
+	join(3);
+	for (int i = 0; i < 3; i++)
+		rd_share_leave(&share, 1);
 	ck_assert_uint_eq(running(), 0);
 	rd_share_destroy(&share);
 }
@@ -257,7 +263,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_uid_alone_is_never_held_back);
 	tcase_add_test(tc, the_uids_take_turns_not_the_lanes);
 	tcase_add_test(tc, beside_others_a_uid_runs_its_part_of_the_capacity);
-	tcase_add_test(tc, a_uid_whose_call_ended_counts_for_its_linger);
+	tcase_add_test(tc, a_uid_whose_call_ended_holds_the_capacity_for_its_linger);
 	tcase_add_test(tc, try_enter_answers_as_enter_would_without_waiting);
 	suite_add_tcase(s, tc);
 	return s;
