@@ -3,13 +3,13 @@
  * share a lane (issue 30: "nor delay another user's call by more than its
  * own fair share").
  *
- * regend on the host backend, pinned to one CPU (its lanes share one slot:
- * daemon/backend/host/share.h). Uid nobody keeps 8 lanes busy, a process
- * each calling 256^3 f32 GEMMs one after another; root, on one lane, then
- * makes 20 of the same GEMMs one after another. Of the GEMMs done while
- * root's ran, root's are about half (the slot goes round the two uids:
- * each root GEMM waits for at most the one of nobody's running); the
- * test asks for at least 0.3. Before, the kernel shared the CPU among
+ * regend on the host backend, pinned to one CPU (beside another uid's, one
+ * call runs at once: daemon/backend/share.h); the clients on every CPU.
+ * Uid nobody keeps 8 lanes busy, a process each calling 256^3 f32 GEMMs one
+ * after another; root, on one lane, then makes 20 of the same GEMMs one
+ * after another. Of the GEMMs done while root's ran, root's are about half
+ * (the uids take turns: each root GEMM waits for at most the one of
+ * nobody's running); the test asks for at least 0.3. Before, the kernel shared the CPU among
  * the 9 lanes' threads: root got about a ninth of it (0.11 of the GEMMs),
  * each of its calls nine times as slow. The share is measured against
  * nobody's GEMMs done in the same time, so a machine loaded by other
