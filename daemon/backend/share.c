@@ -3,6 +3,7 @@
  * the few that call at once, and the calls waiting, one a busy lane. */
 #include <string.h>
 #include <time.h>
+#include "daemon/backend/backend.h"
 #include "daemon/backend/share.h"
 
 /* A waiting call looks again at least this often: a uid that lingered
@@ -14,14 +15,6 @@ struct rd_share_waiter {
 	uint64_t ticket;
 	struct rd_share_waiter *next;
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 void rd_share_init(struct rd_share *s, unsigned capacity, uint64_t linger_ns)
 {
@@ -126,7 +119,7 @@ static void take_turn(struct rd_share *s, struct rd_share_user *u)
 
 static void wait_a_while(struct rd_share *s)
 {
-	uint64_t t = now_ns() + RECHECK_NS;
+	uint64_t t = rd_now_ns() + RECHECK_NS;
 	struct timespec until = { (time_t)(t / 1000000000u), (long)(t % 1000000000u) };
 
 	(void)pthread_cond_timedwait(&s->cond, &s->lock, &until);
@@ -137,9 +130,12 @@ void rd_share_enter(struct rd_share *s, uid_t uid)
 	struct rd_share_user *u;
 
 	pthread_mutex_lock(&s->lock);
-	while (!(u = user_of(s, uid, now_ns())))
+	uint64_t now = rd_now_ns();
+	while (!(u = user_of(s, uid, now))) {
 		wait_a_while(s);
-	if (!s->waiting && may_run(s, u, now_ns())) {
+		now = rd_now_ns();
+	}
+	if (!s->waiting && may_run(s, u, now)) {
 		take_turn(s, u);
 		pthread_mutex_unlock(&s->lock);
 		return;
@@ -147,7 +143,7 @@ void rd_share_enter(struct rd_share *s, uid_t uid)
 	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .next = s->waiting };
 	s->waiting = &me;
 	u->waiting++;
-	while (next_of(s, now_ns()) != &me)
+	while (next_of(s, rd_now_ns()) != &me)
 		wait_a_while(s);
 	for (struct rd_share_waiter **p = &s->waiting; *p; p = &(*p)->next) {
 		if (*p == &me) {
@@ -168,7 +164,7 @@ bool rd_share_try_enter(struct rd_share *s, uid_t uid)
 {
 	struct rd_share_user *u;
 	bool ran = false;
-	uint64_t now = now_ns();
+	uint64_t now = rd_now_ns();
 
 	pthread_mutex_lock(&s->lock);
 	if ((u = user_of(s, uid, now)) && may_run(s, u, now) && !next_of(s, now)) {
@@ -187,7 +183,7 @@ void rd_share_leave(struct rd_share *s, uid_t uid)
 		u->running--;
 		s->running--;
 		if (!u->running && !u->waiting)
-			u->idle_ns = now_ns();
+			u->idle_ns = rd_now_ns();
 	}
 	/* A call waits, or a uid waits for an entry: they look again. */
 	pthread_cond_broadcast(&s->cond);

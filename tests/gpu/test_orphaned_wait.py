@@ -183,23 +183,23 @@ def main():
             ok = line.startswith("error ") and float(line.split()[1]) < 1e-2
             return record(f"{what}: computes right at once", ok, line or err[-2000:])
 
-        def failed_within(gen, seconds, before):
-            """cuda_client_wait = host: the orphan's calls failed (a log
-            line more than `before`) within `seconds`, the generation
-            unchanged then and a second later."""
-            t = time.monotonic()
+        failed_lines = [0]   # FAILED_LINEs seen by the last failed_within
+
+        def failed_within(gen, seconds):
+            """cuda_client_wait = host: the orphan's calls failed (one more
+            FAILED_LINE in the log than last time) within `seconds`, the
+            generation unchanged then and a second later."""
+            t, before = time.monotonic(), failed_lines[0]
             while time.monotonic() - t < seconds and d.log_text().count(FAILED_LINE) <= before:
                 time.sleep(0.05)
             time.sleep(1)
-            return d.log_text().count(FAILED_LINE) > before and generation() == gen
+            failed_lines[0] = d.log_text().count(FAILED_LINE)
+            return failed_lines[0] > before and generation() == gen
 
         def handled_within(gen, seconds):
             """The orphan handled as the mode says: the device replaced
             (stream), or the calls failed and nothing replaced (host)."""
-            if host_waits:
-                return failed_within(gen, seconds, handled_within.failed_lines)
-            return replaced_within(gen, seconds)
-        handled_within.failed_lines = 0
+            return failed_within(gen, seconds) if host_waits else replaced_within(gen, seconds)
 
         def replaced_within(gen, seconds):
             t = time.monotonic()
@@ -223,7 +223,6 @@ def main():
         took = time.monotonic() - t
         record(f"alone: {what} {took:.2f} s after the kill (call_deadline_ms is "
                f"{DEADLINE_MS / 1e3:.0f} s)", handled and took < 5, "\n" + lifecycle_lines(d.log_text()))
-        handled_within.failed_lines = d.log_text().count(FAILED_LINE)
         log = d.log_text()
         named = FAILED_LINE in log if host_waits else "orphaned: pid" in log
         record("alone: the log names the orphaned wait, and the uid not charged",
@@ -245,7 +244,6 @@ def main():
             p.send_signal(signal.SIGKILL)
             p.wait()
             handled = handled_within(gen, 20)
-            handled_within.failed_lines = d.log_text().count(FAILED_LINE)
             took = time.monotonic() - t
             import re
             m = re.findall(r"(\d+) call\(s\) ahead of them finished first", d.log_text())
@@ -281,7 +279,6 @@ def main():
                 gen = generation()
                 t = killed_after_call("wedge")
                 handled = handled_within(gen, 10)
-                handled_within.failed_lines = d.log_text().count(FAILED_LINE)
                 took = time.monotonic() - t if t else 0
                 record(f"shared: {what} {took:.2f} s after the kill", t is not None and handled and took < 5)
                 if host_waits:

@@ -123,6 +123,13 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Every call has ended: nothing runs. */
+static void finish(void)
+{
+	ck_assert_uint_eq(running(), 0);
+	rd_share_destroy(&share);
+}
+
 static void join(int i)
 {
 	pthread_join(threads[i], NULL);
@@ -136,8 +143,7 @@ START_TEST(a_uid_alone_is_never_held_back)
 	ck_assert_uint_eq(running(), 6);
 	for (int i = 0; i < 6; i++)
 		rd_share_leave(&share, 1);
-	ck_assert_uint_eq(running(), 0);
-	rd_share_destroy(&share);
+	finish();
 }
 END_TEST
 
@@ -166,8 +172,7 @@ START_TEST(the_uids_take_turns_not_the_lanes)
 	ck_assert(order[3] + order[4] == 5);
 	rd_share_leave(&share, 1);
 	rd_share_leave(&share, 1);
-	ck_assert_uint_eq(running(), 0);
-	rd_share_destroy(&share);
+	finish();
 }
 END_TEST
 
@@ -197,8 +202,7 @@ START_TEST(beside_others_a_uid_runs_its_part_of_the_capacity)
 	rd_share_leave(&share, 2);
 	rd_share_leave(&share, 1);
 	rd_share_leave(&share, 1);
-	ck_assert_uint_eq(running(), 0);
-	rd_share_destroy(&share);
+	finish();
 }
 END_TEST
 
@@ -228,8 +232,7 @@ START_TEST(a_uid_whose_call_ended_holds_the_capacity_for_its_linger)
 	join(3);
 	for (int i = 0; i < 3; i++)
 		rd_share_leave(&share, 1);
-	ck_assert_uint_eq(running(), 0);
-	rd_share_destroy(&share);
+	finish();
 }
 END_TEST
 
@@ -249,8 +252,7 @@ START_TEST(try_enter_answers_as_enter_would_without_waiting)
 	ck_assert(rd_share_try_enter(&share, 3));      /* alone again */
 	rd_share_leave(&share, 3);
 	rd_share_leave(&share, 3);
-	ck_assert_uint_eq(running(), 0);
-	rd_share_destroy(&share);
+	finish();
 }
 END_TEST
 

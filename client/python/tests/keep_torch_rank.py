@@ -156,6 +156,7 @@ def main():
     print(f"resume {start} put_back {rt.last_put_back(key)} ptrs_in_pool {in_pool} "
           f"restore_phases {','.join(sorted(k for k, v in phases.items() if v >= 0))}", flush=True)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    kill_step = (start or 0) + die_after[0] if die_after is not None else None
     last_line = time.monotonic()
     for step in range((start or 0) + 1, steps + 1):
         if die_at == (step, "mid_forward"):
@@ -194,9 +195,9 @@ def main():
         print(f"step {step}", flush=True)
         now = time.monotonic()
         step_s, last_line = now - last_line, now
-        if die_after is not None and step == (start or 0) + die_after[0]:
+        if kill_step is not None and step == kill_step:
             signal.setitimer(signal.ITIMER_REAL, max(die_after[1] * step_s, 1e-6))
-        if die_after is not None and step == (start or 0) + die_after[0] + 2:
+        if kill_step is not None and step == kill_step + 2:
             die()
         if die_at == (step, "after_commit"):
             die()

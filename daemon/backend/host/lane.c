@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Host lanes: one thread each, running its ops in order with the reference
  * math of math.c; a small call finding its lane idle runs on the submitting
- * thread instead (run_inline). Either way a call runs in a slot of the
- * device's CPUs, which go round the uids rather than the lanes
- * (../share.h).
- * A lane's scratch grows to its largest call's need.
+ * thread instead (run_inline). Either way a call runs once the device's
+ * share lets it: its CPUs go round the uids rather than the lanes
+ * (../share.h). A lane's scratch grows to its largest call's need.
  *
  * The deadline's budget: regend counts the device as hung when a call is
  * still running call_deadline_ms after it was submitted, and respawns the
