@@ -11,6 +11,19 @@
 #include "proto/compute.h"
 #include "proto/ring.h"
 
+/* An op's two entry points over its static name(c, args, ticket): the call
+ * answered (no ticket), and the call queued, its ticket given back. */
+#define ENTRY_POINTS(name)                                                                            \
+	REGEN_EXPORT int regen_##name(regen_client *c, const struct regen_##name##_args *a)           \
+	{                                                                                             \
+		return name(c, a, NULL);                                                              \
+	}                                                                                             \
+	REGEN_EXPORT int regen_##name##_submit(regen_client *c, const struct regen_##name##_args *a,  \
+					       uint64_t *ticket)                                      \
+	{                                                                                             \
+		return ticket != NULL ? name(c, a, ticket) : -EINVAL;                                 \
+	}
+
 _Static_assert((int)REGEN_F32 == (int)RP_DTYPE_F32 && (int)REGEN_F16 == (int)RP_DTYPE_F16 &&
 		       (int)REGEN_BF16 == (int)RP_DTYPE_BF16 && (int)REGEN_I32 == (int)RP_DTYPE_I32 &&
 		       (int)REGEN_E4M3 == (int)RP_DTYPE_E4M3 && (int)REGEN_E5M2 == (int)RP_DTYPE_E5M2 &&
@@ -170,15 +183,7 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 	return send_call(c, &call, tensors, g->wait_event, g->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *g)
-{
-	return gemm(c, g, NULL);
-}
-
-REGEN_EXPORT int regen_gemm_submit(regen_client *c, const struct regen_gemm_args *g, uint64_t *ticket)
-{
-	return ticket != NULL ? gemm(c, g, ticket) : -EINVAL;
-}
+ENTRY_POINTS(gemm)
 
 static struct rp_attention attention_scalars(double scale, bool causal, enum regen_causal_alignment alignment)
 {
@@ -207,15 +212,7 @@ static int attention(regen_client *c, const struct regen_attention_args *a, uint
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_attention(regen_client *c, const struct regen_attention_args *a)
-{
-	return attention(c, a, NULL);
-}
-
-REGEN_EXPORT int regen_attention_submit(regen_client *c, const struct regen_attention_args *a, uint64_t *ticket)
-{
-	return ticket != NULL ? attention(c, a, ticket) : -EINVAL;
-}
+ENTRY_POINTS(attention)
 
 static int attention_backward(regen_client *c, const struct regen_attention_backward_args *a, uint64_t *ticket)
 {
@@ -236,16 +233,7 @@ static int attention_backward(regen_client *c, const struct regen_attention_back
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_attention_backward(regen_client *c, const struct regen_attention_backward_args *a)
-{
-	return attention_backward(c, a, NULL);
-}
-
-REGEN_EXPORT int regen_attention_backward_submit(regen_client *c, const struct regen_attention_backward_args *a,
-						 uint64_t *ticket)
-{
-	return ticket != NULL ? attention_backward(c, a, ticket) : -EINVAL;
-}
+ENTRY_POINTS(attention_backward)
 
 static int layer_norm(regen_client *c, const struct regen_layer_norm_args *a, uint64_t *ticket)
 {
@@ -264,15 +252,7 @@ static int layer_norm(regen_client *c, const struct regen_layer_norm_args *a, ui
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_layer_norm(regen_client *c, const struct regen_layer_norm_args *a)
-{
-	return layer_norm(c, a, NULL);
-}
-
-REGEN_EXPORT int regen_layer_norm_submit(regen_client *c, const struct regen_layer_norm_args *a, uint64_t *ticket)
-{
-	return ticket != NULL ? layer_norm(c, a, ticket) : -EINVAL;
-}
+ENTRY_POINTS(layer_norm)
 
 static int layer_norm_backward(regen_client *c, const struct regen_layer_norm_backward_args *a, uint64_t *ticket)
 {
@@ -289,16 +269,7 @@ static int layer_norm_backward(regen_client *c, const struct regen_layer_norm_ba
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_layer_norm_backward(regen_client *c, const struct regen_layer_norm_backward_args *a)
-{
-	return layer_norm_backward(c, a, NULL);
-}
-
-REGEN_EXPORT int regen_layer_norm_backward_submit(regen_client *c, const struct regen_layer_norm_backward_args *a,
-						  uint64_t *ticket)
-{
-	return ticket != NULL ? layer_norm_backward(c, a, ticket) : -EINVAL;
-}
+ENTRY_POINTS(layer_norm_backward)
 
 static int quantize(regen_client *c, const struct regen_quantize_args *a, uint64_t *ticket)
 {
@@ -313,15 +284,7 @@ static int quantize(regen_client *c, const struct regen_quantize_args *a, uint64
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_quantize(regen_client *c, const struct regen_quantize_args *a)
-{
-	return quantize(c, a, NULL);
-}
-
-REGEN_EXPORT int regen_quantize_submit(regen_client *c, const struct regen_quantize_args *a, uint64_t *ticket)
-{
-	return ticket != NULL ? quantize(c, a, ticket) : -EINVAL;
-}
+ENTRY_POINTS(quantize)
 
 static int transpose_quantize(regen_client *c, const struct regen_transpose_quantize_args *a, uint64_t *ticket)
 {
@@ -337,16 +300,7 @@ static int transpose_quantize(regen_client *c, const struct regen_transpose_quan
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_transpose_quantize(regen_client *c, const struct regen_transpose_quantize_args *a)
-{
-	return transpose_quantize(c, a, NULL);
-}
-
-REGEN_EXPORT int regen_transpose_quantize_submit(regen_client *c, const struct regen_transpose_quantize_args *a,
-						 uint64_t *ticket)
-{
-	return ticket != NULL ? transpose_quantize(c, a, ticket) : -EINVAL;
-}
+ENTRY_POINTS(transpose_quantize)
 
 static int scale_update(regen_client *c, const struct regen_scale_update_args *a, uint64_t *ticket)
 {
@@ -371,16 +325,7 @@ static int scale_update(regen_client *c, const struct regen_scale_update_args *a
 	return send_call(c, &call, tensors, a->wait_event, a->signal_event, ticket);
 }
 
-REGEN_EXPORT int regen_scale_update(regen_client *c, const struct regen_scale_update_args *a)
-{
-	return scale_update(c, a, NULL);
-}
-
-REGEN_EXPORT int regen_scale_update_submit(regen_client *c, const struct regen_scale_update_args *a,
-					   uint64_t *ticket)
-{
-	return ticket != NULL ? scale_update(c, a, ticket) : -EINVAL;
-}
+ENTRY_POINTS(scale_update)
 
 /* A refusal made here that regend would make of the same call, named as
  * regend names it. */
