@@ -167,7 +167,8 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 		[RP_GEMM_AMAX_D] = g ? g->amax_d : NULL,
 	};
 
-	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_AUX_BIAS)
+	if (c == NULL || g == NULL || (unsigned)g->epilogue > REGEN_EPILOGUE_GELU_AUX_BIAS ||
+	    (g->tf32 && g->fp8_fast_accum))
 		return -EINVAL;
 	if (refuse_unless_finite(c, "alpha", g->alpha) < 0 || refuse_unless_finite(c, "beta", g->beta) < 0)
 		return -EINVAL;
@@ -177,7 +178,7 @@ static int gemm(regen_client *c, const struct regen_gemm_args *g, uint64_t *tick
 		.alpha = !g->alpha_set && g->alpha == 0 ? 1.0 : g->alpha,
 		.beta = g->beta,
 		.epilogue = (enum rp_epilogue)g->epilogue,
-		.compute = g->tf32 ? RP_COMPUTE_TF32 : RP_COMPUTE_F32,
+		.compute = g->fp8_fast_accum ? RP_COMPUTE_FP8_FAST_ACCUM : g->tf32 ? RP_COMPUTE_TF32 : RP_COMPUTE_F32,
 	};
 	call.deadline_ms = g->deadline_ms;
 	return send_call(c, &call, tensors, g->wait_event, g->signal_event, ticket);

@@ -154,7 +154,11 @@ enum rp_epilogue {
 	RP_EPILOGUE_GELU_AUX, RP_EPILOGUE_GELU_AUX_BIAS,
 	RP_EPILOGUE_LAST = RP_EPILOGUE_GELU_AUX_BIAS
 };
-enum rp_compute_mode { RP_COMPUTE_F32 = 0, RP_COMPUTE_TF32 };
+/* FP8_FAST_ACCUM: FP8 inputs' partial sums kept in the tensor cores'
+ * narrower accumulator, never promoted to f32 midway (cuBLASLt's
+ * FAST_ACCUM; Transformer Engine's forward GEMMs). */
+enum rp_compute_mode { RP_COMPUTE_F32 = 0, RP_COMPUTE_TF32, RP_COMPUTE_FP8_FAST_ACCUM,
+		       RP_COMPUTE_LAST = RP_COMPUTE_FP8_FAST_ACCUM };
 enum rp_causal_alignment { RP_CAUSAL_TOP_LEFT = 0, RP_CAUSAL_BOTTOM_RIGHT };
 
 struct rp_event_ref {

@@ -71,7 +71,7 @@ static const struct rp_field gemm_scalars[] = {
 /* In enum rp_epilogue / rp_compute_mode order. */
 static const char *const epilogue_names[] = { "none", "bias", "gelu", "gelu_bias", "dgelu", "gelu_aux",
 					      "gelu_aux_bias", NULL };
-static const char *const compute_names[] = { "f32", "tf32", NULL };
+static const char *const compute_names[] = { "f32", "tf32", "fp8_fast_accum", NULL };
 
 static bool epilogue_adds_bias(enum rp_epilogue e)
 {
@@ -109,7 +109,7 @@ static int check_scalars(const struct rp_gemm *g, struct rp_error *err)
 	if ((unsigned)g->epilogue > RP_EPILOGUE_LAST) {
 		return rp_error_invalid_parameter(err, "epilogue");
 	}
-	if ((unsigned)g->compute > RP_COMPUTE_TF32) {
+	if ((unsigned)g->compute > RP_COMPUTE_LAST) {
 		return rp_error_invalid_parameter(err, "compute");
 	}
 	if (!isfinite(g->alpha)) {
@@ -224,6 +224,10 @@ static int check_options(const struct rp_compute *c, struct rp_error *err)
 	/* TF32 is a way of multiplying f32 inputs; it means nothing for
 	 * inputs that are already 16-bit. */
 	if (g->compute == RP_COMPUTE_TF32 && c->operands[RP_GEMM_A].dtype != RP_DTYPE_F32) {
+		return rp_error_invalid_parameter(err, "compute");
+	}
+	/* Likewise fast accumulation is a way of summing FP8 products. */
+	if (g->compute == RP_COMPUTE_FP8_FAST_ACCUM && !rp_dtype_is_fp8(c->operands[RP_GEMM_A].dtype)) {
 		return rp_error_invalid_parameter(err, "compute");
 	}
 	return 0;

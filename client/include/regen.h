@@ -337,6 +337,10 @@ struct regen_gemm_args {
 	 * refuses a scale that is 0, negative, infinite or NaN (the CUDA
 	 * backend does not read scales before the GEMM runs). All NULL: none. */
 	const struct regen_tensor *a_scale, *b_scale, *d_scale, *amax_d;
+	/* FP8 inputs only: their partial sums never promoted to f32 midway
+	 * (cuBLASLt's fast accumulation, Transformer Engine's forward GEMMs):
+	 * faster, less exact. Refused (compute) without FP8 inputs. */
+	bool fp8_fast_accum;
 };
 REGEN_EXPORT int regen_gemm(regen_client *c, const struct regen_gemm_args *args);
 
@@ -602,7 +606,7 @@ struct regen_record_call {
 					    * 5 Quantize, 6 TransposeQuantize, 7 ScaleUpdate */
 	uint32_t flags;                    /* Gemm: 1 trans_a, 2 trans_b; attention: 4 causal */
 	uint32_t epilogue;                 /* Gemm: enum regen_epilogue; ScaleUpdate: enum regen_fp8_format */
-	uint32_t compute;                  /* Gemm: 0 f32, 1 tf32; ScaleUpdate: enum regen_amax_compute */
+	uint32_t compute;                  /* Gemm: 0 f32, 1 tf32, 2 fp8_fast_accum; ScaleUpdate: enum regen_amax_compute */
 	uint32_t alignment;                /* attention: enum regen_causal_alignment */
 	double alpha, beta;                /* Gemm (no defaults: 1 and 0 are given) */
 	double scale;                      /* attention: 0 = 1/sqrt(D); LayerNorm: eps, 0 = 1e-5; ScaleUpdate: margin */

@@ -90,9 +90,9 @@ def bench_gemm(torch, rt, c, args):
     d_regend = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
     torch.cuda.synchronize()
 
-    def scaled_mm():
+    def scaled_mm(fast=False):
         return torch._scaled_mm(a, b.t(), scale_a=sa.reshape(()), scale_b=sb.reshape(()), out_dtype=torch.bfloat16,
-                                use_fast_accum=False)
+                                use_fast_accum=fast)
 
     # regend's operands made once (the calls then cost the lane, not the
     # tensors' lookup), as bench_layernorm does: pool memory where the
@@ -109,9 +109,9 @@ def bench_gemm(torch, rt, c, args):
             imported.append(t)
             ops[name] = regen.Operand(buf.id, t.storage_offset() * t.element_size(), dt, list(t.shape))
 
-    def regend_gemm(wait=False):
+    def regend_gemm(wait=False, fast=False):
         c.gemm(ops["a"], ops["b"], ops["d"], trans_b=True, a_scale=ops["a_scale"], b_scale=ops["b_scale"],
-               wait=wait)
+               wait=wait, fp8_fast_accum=fast)
 
     regend_gemm(wait=True)
     d_torch = scaled_mm()
@@ -122,6 +122,17 @@ def bench_gemm(torch, rt, c, args):
     del ref
     t_regend = batch_seconds(regend_gemm, lambda: c.wait(0), args.iters, args.repeat)
     t_torch = batch_seconds(scaled_mm, torch.cuda.synchronize, args.iters, args.repeat)
+    # Fast accumulation (Transformer Engine's and torchao's forward GEMMs),
+    # beside the target's rows: its error and speed, both ways.
+    regend_gemm(wait=True, fast=True)
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double()).t()
+    d_torch_fast = scaled_mm(fast=True)
+    torch.cuda.synchronize()
+    for name, got in (("regend, fast", d_regend), ("torch._scaled_mm, fast", d_torch_fast)):
+        errs[name] = ((got.double() - ref).norm() / ref.norm()).item()
+    del ref, d_torch_fast
+    t_regend_fast = batch_seconds(lambda: regend_gemm(fast=True), lambda: c.wait(0), args.iters, args.repeat)
+    t_torch_fast = batch_seconds(lambda: scaled_mm(fast=True), torch.cuda.synchronize, args.iters, args.repeat)
     flops = 2.0 * m * n * k
     ratio = t_torch / t_regend
     print(f"\nFP8 GEMM 8192^3, e4m3 x e4m3 -> bf16, per-tensor scales, no fast accumulation, "
@@ -131,12 +142,18 @@ def bench_gemm(torch, rt, c, args):
                          [["regend (Client.gemm, wait=False)", f"{t_regend * 1e6:.1f}",
                            f"{flops / t_regend / 1e12:.0f}", f"{errs['regend']:.2e}"],
                           ["torch._scaled_mm in process", f"{t_torch * 1e6:.1f}", f"{flops / t_torch / 1e12:.0f}",
-                           f"{errs['torch._scaled_mm']:.2e}"]]))
+                           f"{errs['torch._scaled_mm']:.2e}"],
+                          ["regend, compute fp8_fast_accum", f"{t_regend_fast * 1e6:.1f}",
+                           f"{flops / t_regend_fast / 1e12:.0f}", f"{errs['regend, fast']:.2e}"],
+                          ["torch._scaled_mm, use_fast_accum", f"{t_torch_fast * 1e6:.1f}",
+                           f"{flops / t_torch_fast / 1e12:.0f}", f"{errs['torch._scaled_mm, fast']:.2e}"]]))
     verdict = "PASS" if ratio >= 0.97 else "FAIL"
-    print(f"regend / in process: {ratio:.3f} (target >= 0.97: {verdict})")
+    print(f"regend / in process: {ratio:.3f} (target >= 0.97: {verdict}); with fast accumulation "
+          f"{t_torch_fast / t_regend_fast:.3f}, {t_regend / t_regend_fast:.2f}x regend's promoted GEMM")
     for t in imported:
         c.close_tensor(t)
-    return {"regend_s": t_regend, "torch_s": t_torch, "ratio": ratio, "rel_err": errs, "verdict": verdict}
+    return {"regend_s": t_regend, "torch_s": t_torch, "ratio": ratio, "rel_err": errs, "verdict": verdict,
+            "regend_fast_s": t_regend_fast, "torch_fast_s": t_torch_fast}
 
 
 def torch_fp8_linear_class(torch):
@@ -146,7 +163,9 @@ def torch_fp8_linear_class(torch):
     per-tensor: torchao's Float8Linear's "tensorwise" recipe), the GEMMs
     torch._scaled_mm (cuBLASLt, TN: each operand in the layout FP8 GEMMs
     take on Hopper, transposed copies made as torchao makes them), the
-    bias fused in the forward's GEMM and summed in the backward.  Under
+    bias fused in the forward's GEMM and summed in the backward; the
+    forward's GEMM with fast accumulation, the gradients' without
+    (torchao's default, as Transformer Engine's).  Under
     torch.compile(Inductor) the amaxes, casts and transposes are Triton
     kernels fused with what makes their inputs."""
     f8, f8g = torch.float8_e4m3fn, torch.float8_e5m2
@@ -162,7 +181,8 @@ def torch_fp8_linear_class(torch):
             x2 = x.reshape(-1, x.shape[-1])
             xq, x_inv = cast(x2, f8, top)
             wq, w_inv = cast(w, f8, top)
-            y = torch._scaled_mm(xq, wq.t(), scale_a=x_inv, scale_b=w_inv, bias=b, out_dtype=x.dtype)
+            y = torch._scaled_mm(xq, wq.t(), scale_a=x_inv, scale_b=w_inv, bias=b, out_dtype=x.dtype,
+                                 use_fast_accum=True)
             ctx.save_for_backward(xq, wq, x_inv, w_inv)
             ctx.has_bias, ctx.shape = b is not None, x.shape
             return y.reshape(*x.shape[:-1], w.shape[0])

@@ -288,6 +288,7 @@ static const struct bad_case gemm_bad_cases[] = {
 	  "{'a': {'buffer': 'b0.1.1', 'dtype': 'bf16', 'shape': [64, 40]},"
 	  " 'b': {'buffer': 'b0.1.2', 'dtype': 'bf16', 'shape': [40, 48]}, 'compute': 'tf32'}", PARAM, "compute", NULL },
 	{ "unknown compute mode", "{'compute': 'fp8'}", PARAM, "compute", NULL },
+	{ "fp8_fast_accum with f32 inputs", "{'compute': 'fp8_fast_accum'}", PARAM, "compute", NULL },
 	{ "alpha a string", "{'alpha': '1.0'}", PARAM, "alpha", NULL },
 	{ "alpha infinite", "{'alpha': 1e999}", PARAM, "alpha", NULL },
 	{ "beta infinite", "{'beta': -1e999, 'c': {'buffer': 'b0.1.4', 'dtype': 'f32', 'shape': [64, 48]}}", PARAM,
@@ -935,6 +936,7 @@ static const struct gemm_ok fp8_gemm_ok_cases[] = {
 	  "{'bias': {'buffer': 'b0.1.5', 'dtype': 'bf16', 'shape': [48]}, 'epilogue': 'gelu_bias'}", 64, 48, 32 },
 	{ "accumulating into c", "{'c': {'buffer': 'b0.1.3', 'dtype': 'bf16', 'shape': [64, 48]}, 'beta': 1}", 64, 48,
 	  32 },
+	{ "fast accumulation", "{'compute': 'fp8_fast_accum'}", 64, 48, 32 },
 };
 
 START_TEST(fp8_gemm_accepts)
@@ -950,6 +952,8 @@ START_TEST(fp8_gemm_accepts)
 	ck_assert_int_eq(c.gemm.m, gc->m);
 	ck_assert_int_eq(c.gemm.n, gc->n);
 	ck_assert_int_eq(c.gemm.k, gc->k);
+	ck_assert_int_eq(c.gemm.compute, gc->patch && strstr(gc->patch, "fp8_fast_accum") ? RP_COMPUTE_FP8_FAST_ACCUM
+											  : RP_COMPUTE_F32);
 	cJSON_Delete(params);
 }
 END_TEST
@@ -1004,6 +1008,7 @@ static const struct bad_case fp8_gemm_bad_cases[] = {
 	  RP_ERR_INVALID_OPERAND, "amax_d", "overlaps d_scale" },
 	{ "an FP8 c", "{'c': {'buffer': 'b0.1.6', 'dtype': 'e4m3', 'shape': [64, 48]}, 'beta': 1}",
 	  RP_ERR_INVALID_OPERAND, "c", "must be f32 or f16 or bf16" },
+	{ "tf32 with FP8 inputs", "{'compute': 'tf32'}", RP_ERR_INVALID_PARAMETER, "compute", NULL },
 };
 
 START_TEST(fp8_gemm_refuses)

@@ -734,7 +734,19 @@ START_TEST(scalars_json_cannot_say_are_refused)
 		ck_assert_ptr_nonnull(strstr(regen_client_error_message(c), "scale"));
 		ck_assert_int_eq(regen_attention_backward(c, &ab), -EINVAL);
 	}
+	/* Two compute modes at once: neither is sent. */
+	g.tf32 = g.fp8_fast_accum = true;
+	ck_assert_int_eq(regen_gemm(c, &g), -EINVAL);
+	g.tf32 = false;
 	ck_assert_int_eq(count_calls(), before);
+	/* fp8_fast_accum alone is sent as the compute mode (regend refuses it
+	 * by name for these f32 inputs). */
+	ck_assert_int_eq(regen_gemm(c, &g), 0);
+	call = last_call("io.regen.Compute.Gemm");
+	ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(call->params, "compute")),
+			 "fp8_fast_accum");
+	g.fp8_fast_accum = false;
+	before = count_calls();
 
 	a.scale = -0.5;
 	ck_assert_int_eq(regen_attention(c, &a), 0);

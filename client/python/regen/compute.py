@@ -242,7 +242,8 @@ class Compute(ClientPart):
              epilogue: Optional[str] = None, tf32: bool = False, wait_event: EventLike = None,
              signal_event: EventLike = None, wait: bool = True, aux: OperandLike = None,
              deadline_ms: Optional[int] = None, aux_out: OperandLike = None, a_scale: OperandLike = None,
-             b_scale: OperandLike = None, d_scale: OperandLike = None, amax_d: OperandLike = None) -> int:
+             b_scale: OperandLike = None, d_scale: OperandLike = None, amax_d: OperandLike = None,
+             fp8_fast_accum: bool = False) -> int:
         """D = alpha * op(A) @ op(B) + beta * C (+ bias, GELU per ``epilogue``:
         "bias", "gelu", "gelu_bias"; GELU is the tanh approximation).  With
         ``epilogue="dgelu"``, a GELU layer's backward: D = (alpha * op(A) @
@@ -272,7 +273,9 @@ class Compute(ClientPart):
         ones (1 / the scale they were quantized with: scale_update's
         scale_inv); ``d`` in bf16, f16, f32, or FP8 with ``d_scale`` (f32
         [1]; e5m2 only from an e5m2 input), and then ``amax_d`` (f32 [1])
-        receives max |result|."""
+        receives max |result|.  ``fp8_fast_accum`` (FP8 inputs only):
+        cuBLASLt's fast accumulation, faster and less exact (Transformer
+        Engine's forward GEMMs)."""
         trans_a, trans_b = bool(trans_a), bool(trans_b)
         if type(a) is not Operand or type(b) is not Operand:
             glue = tensor_imports(self)
@@ -289,8 +292,13 @@ class Compute(ClientPart):
             if epilogue not in _EPILOGUES:
                 raise ValueError(f"epilogue {epilogue!r} is not one of {_EPILOGUES}")
             scalars["epilogue"] = epilogue
+        if tf32 and fp8_fast_accum:
+            raise ValueError("tf32 and fp8_fast_accum exclude each other: tf32 multiplies f32 inputs, "
+                             "fp8_fast_accum sums FP8 ones")
         if tf32:
             scalars["compute"] = "tf32"
+        elif fp8_fast_accum:
+            scalars["compute"] = "fp8_fast_accum"
         _put_deadline(scalars, deadline_ms)
         return self._compute("gemm", named, scalars, wait_event, signal_event, wait=wait)
 

@@ -8,11 +8,13 @@ nodes:
             newest, and the margin, into new scales; the history rolled),
             transpose_quantize of the input and of the weight (each into
             FP8 and FP8 transposed, their amax into the new history's row
-            0), the FP8 gemm y = x @ w.T with the new scales' inverses, the
-            bias;
+            0), the FP8 gemm y = x @ w.T with the new scales' inverses and
+            fast accumulation (Transformer Engine's forward GEMM: its
+            partial sums never promoted to f32 midway), the bias;
   backward  scale_update of the backward state, transpose_quantize of the
             output gradient, the FP8 gemms dx = dy @ w and dw = dy.T @ x
-            from the forward's transposed copies (FP8 GEMMs are TN only),
+            from the forward's transposed copies (FP8 GEMMs are TN only;
+            their sums promoted to f32, as Transformer Engine's gradients),
             the bias gradient summed in f32.
 
 forward_nodes and backward_nodes write those nodes into any program, given
@@ -92,7 +94,8 @@ def forward_nodes(b: Any, t: Dict[str, Optional[str]], m: int, n: int, k: int, s
     fused = bias is not None and fused_bias(xdt, bdt)
     if fused:
         gemm["bias"] = bias
-    b.node("gemm", gemm, name="gemm", trans_b=True, **({"epilogue": "bias"} if fused else {}))
+    b.node("gemm", gemm, name="gemm", trans_b=True, compute="fp8_fast_accum",
+           **({"epilogue": "bias"} if fused else {}))
     if bias is not None and not fused:
         b.node("add", [t["output"], bias], [t["output"]], name="bias")
 

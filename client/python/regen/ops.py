@@ -48,7 +48,7 @@ OPS = {
         0,
         {
             'epilogue': ('none', 'bias', 'gelu', 'gelu_bias', 'dgelu', 'gelu_aux', 'gelu_aux_bias'),
-            'compute': ('f32', 'tf32'),
+            'compute': ('f32', 'tf32', 'fp8_fast_accum'),
         },
         (
             RingScalar('trans_a', 'flags', 1),

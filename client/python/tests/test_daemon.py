@@ -181,6 +181,16 @@ class Gemm(DaemonTest):
         ref = reference.gemm(a.read(), b.read(), 16, 12, 8)
         self.assertLessEqual(reference.rel_error(d.read(), ref), 1e-3)
 
+    def test_fp8_fast_accum_refused_for_f32_inputs(self):
+        a, b, d = self.tensor([16, 8]), self.tensor([8, 12]), self.tensor([16, 12], fill=False)
+        before = d.read()
+        with self.assertRaises(regen.errors.InvalidParameter) as cm:
+            self.c.gemm(a.op, b.op, d.op, fp8_fast_accum=True)
+        self.assertEqual(cm.exception.parameters.get("parameter"), "compute")
+        self.assertEqual(d.read(), before, "a refused call wrote d")
+        with self.assertRaises(ValueError):
+            self.c.gemm(a.op, b.op, d.op, tf32=True, fp8_fast_accum=True)
+
     def test_padded_rows_at_an_offset(self):
         # A [m, k] with rows padded to k+8 elements, starting 256 bytes into its buffer.
         m, n, k, ld, off = 20, 12, 16, 24, 256

@@ -606,15 +606,26 @@ class HostRunTest(_HostCase):
     def test_scaled_mm_fp8(self):
         """torch._scaled_mm (FP8 e4m3, TN, per-tensor scales, a bias) as
         regend's FP8 GEMM: against float64 of the dequantized operands."""
+        self.check_scaled_mm(use_fast_accum=False)
+
+    def test_scaled_mm_fp8_fast_accum(self):
+        """use_fast_accum=True: regend's GEMM with compute fp8_fast_accum
+        (the host backend's sums are its exact ones either way)."""
+        self.check_scaled_mm(use_fast_accum=True)
+
+    def check_scaled_mm(self, use_fast_accum):
         M, K, N = 4, 16, 8
         g = Builder()
         a, bt, sa, sb, bias = g.input((M, K), "e4m3"), g.input((N, K), "e4m3"), g.input(()), g.input(()), \
             g.input((N,), "f32")
         b_ = g.op("aten.t.default", [g.val((K, N), "e4m3", of=bt, strides=(1, K))], self=bt)
         d = g.op("aten._scaled_mm.default", [g.val((M, N))], self=a, mat2=b_, scale_a=sa, scale_b=sb, bias=None,
-                 scale_result=None, out_dtype=None, use_fast_accum=False)
+                 scale_result=None, out_dtype=None, use_fast_accum=use_fast_accum)
         steps = partition(g.graph([d]), HANDLERS)
         self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        gemm = [n for n in segments(steps)[0].definition["nodes"] if n["op"] == "gemm"]
+        self.assertEqual([n.get("attrs", {}).get("compute", "f32") for n in gemm],
+                         ["fp8_fast_accum" if use_fast_accum else "f32"])
         r = HostRunner(self.c, steps)
         try:
             codes = [c for c in range(256) if c not in (0x7F, 0xFF)]
@@ -719,6 +730,20 @@ class Fp8LinearTest(_HostCase):
                     [g.val((M, N)), g.val((K, M), fwd), g.val((K, N), fwd), g.val((2,)), g.val((H, 2)), g.val((2,))],
                     input=x, weight=w, bias=bias, amax_history_fwd=hist, scale_fwd=scale, amax_history_bwd=hb,
                     scale_bwd=sb, forward_format=fwd, backward_format=bwd, amax_compute=algo, margin=margin)
+
+    def test_forward_gemm_sums_fast_and_the_gradients_promoted(self):
+        """Transformer Engine's choice: fast accumulation in the forward's
+        GEMM, the gradients' GEMMs promoted to f32."""
+        from regen import fp8_programs
+        M, K, N, H = self.M, self.K, self.N, self.H
+        fwd, bwd, algo, margin = self.SCALING
+        forward = fp8_programs.forward_definition(M, N, K, "bf16", "bf16", "bf16", [K, 1], [K, 1],
+                                                  fp8_programs.Scaling(fwd, algo, margin, H), True)
+        backward = fp8_programs.backward_definition(M, N, K, "bf16", "bf16", "bf16", [N, 1],
+                                                    fp8_programs.Scaling(bwd, algo, margin, H), fwd, True, True, True)
+        for d, want in ((forward, ["fp8_fast_accum"]), (backward, ["f32", "f32"])):
+            self.assertEqual([n.get("attrs", {}).get("compute", "f32") for n in d["nodes"] if n["op"] == "gemm"],
+                             want)
 
     def test_forward_in_the_surrounding_segment_as_the_eager_program(self):
         self.check_forward(functionalized=False)

@@ -42,8 +42,9 @@
  * that once swapped (its A = our B read column-major [K, N], transposed),
  * which is why the protocol takes FP8 only with trans_a false and trans_b
  * true and TransposeQuantize gives the other layout: nothing is transposed
- * here. Fast accumulation stays off (the default, set anyway): FP8 sums are
- * promoted to f32 as cuBLASLt goes. An FP8 D takes d_scale and, when given,
+ * here. Fast accumulation is on only where the call's compute is
+ * fp8_fast_accum; otherwise FP8 sums are promoted to f32 as cuBLASLt goes.
+ * An FP8 D takes d_scale and, when given,
  * amax_d (AMAX_D_POINTER: the GEMM computes it); its C layout is bf16
  * (cuBLASLt's table has no FP8 C) and never read, the protocol giving no C
  * and so beta 0 (gemm_resolve points it at A). Scale and amax pointers are
@@ -190,7 +191,7 @@ static int plan_init(struct rd_resource *res)
 	if (fp8) {
 		/* Stand-ins: the real pointers are set per call (gemm_launch). */
 		const void *stand_in = (const void *)(uintptr_t)256;
-		int8_t fast_accum = 0;
+		int8_t fast_accum = k->compute == RP_COMPUTE_FP8_FAST_ACCUM;
 		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)));
 		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in, sizeof(stand_in)));
 		LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in, sizeof(stand_in)));

@@ -578,7 +578,8 @@ def scaled_mm(b, op):
     """torch._scaled_mm: FP8 a [M, K] row major times b [K, N] column major
     (cuBLASLt's TN, the only FP8 layout regend takes), per-tensor scales
     that turn stored values into real ones (as regend's a_scale and
-    b_scale), an optional bias, and for an FP8 result its scale."""
+    b_scale), an optional bias, and for an FP8 result its scale;
+    use_fast_accum as regend's compute fp8_fast_accum."""
     a, m2, d = op.a["self"], op.a["mat2"], out(op)
     sa, sb, bias, sd = op.a["scale_a"], op.a["scale_b"], op.a.get("bias"), op.a.get("scale_result")
     need(a.dtype in ("e4m3", "e5m2") and m2.dtype in ("e4m3", "e5m2"), f"_scaled_mm of {a.dtype} and {m2.dtype}")
@@ -598,6 +599,8 @@ def scaled_mm(b, op):
         need(d.dtype in ("bf16", "f16"), f"_scaled_mm with a bias into {d.dtype} (regend adds one into bf16 or f16)")
         params["bias"] = b.read(bias)
         attrs["epilogue"] = "bias"
+    if op.a.get("use_fast_accum"):
+        attrs["compute"] = "fp8_fast_accum"
     b.node("gemm", params, **attrs)
 
 
