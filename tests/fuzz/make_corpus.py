@@ -55,6 +55,15 @@ gemm_cases = {
     'stride0': dict(gemm_ok, a=op('b0.1.1', [M, M], strides=[0, 1])),
     'null-opt': dict(gemm_ok, c=None, bias=None, alpha=None),
     'unknown': dict(gemm_ok, extra=1),
+    # FP8: TN, per-tensor scales; fast accumulation; an FP8 d with its scale and amax
+    'fp8': {'a': op('b0.1.1', [16, 32], 'e4m3'), 'b': op('b0.1.2', [8, 32], 'e4m3'), 'trans_b': True,
+            'd': op('b0.1.3', [16, 8], 'bf16'), 'a_scale': op('b0.1.4', [1]), 'b_scale': op('b0.1.4', [1], offset=4),
+            'compute': 'fp8_fast_accum'},
+    'fp8-d': {'a': op('b0.1.1', [16, 32], 'e5m2'), 'b': op('b0.1.2', [8, 32], 'e4m3'), 'trans_b': True,
+              'd': op('b0.1.3', [16, 8], 'e5m2'), 'a_scale': op('b0.1.4', [1]),
+              'b_scale': op('b0.1.4', [1], offset=4), 'd_scale': op('b0.1.4', [1], offset=8),
+              'amax_d': op('b0.1.4', [1], offset=12)},
+    'fast-accum-f32': dict(gemm_ok, compute='fp8_fast_accum'),
 }
 for name, p in gemm_cases.items():
     write('gemm', name + '.json', dump(p))
