@@ -71,8 +71,10 @@ What it does, with one regend (CUDA backend, fault injection on):
 2. kill and resume: a rank trains and is SIGKILLed at a random moment of a
    random early step; a new process resumes (restore() into a model built
    on the meta device, keep()) and reports each phase from its start (the
-   parent's clock at the fork: python, import torch, CUDA, restore, keep,
-   first step ready; target: ready within 2 s); it trains and is killed
+   parent's clock at the fork: python, import torch, import regen.torch,
+   CUDA, the model on the meta device and its optimizer (torch's first
+   optimizer imports torch._dynamo), restore, keep, first step ready;
+   target: ready within 2 s); it trains and is killed
    again at a random moment; regend's device then has a device_lost (its
    worker's context reset: kept memory is the rank's, held by regend's
    supervisor as fds, and survives it), and regend itself is SIGKILLed and
@@ -257,6 +259,10 @@ def rank_main():
 
     model = build(torch, width, layers, "meta", dtype)
     adam = optimizer(torch, model, kind, journal)
+    # torch's first optimizer imports torch._dynamo (Optimizer.__init__ goes
+    # through torch._disable_dynamo): seconds any torch rank pays, apart
+    # from restore's own.
+    phases["optimizer"] = time.time() - t0
     try:
         start = rt.restore(model, adam, key=key)
     except rt.Torn as e:
