@@ -234,7 +234,7 @@ def rank_main():
                 step += 1
                 train_step(model, optim, step)
                 if kept is not None:
-                    kept.commit(step)   # synchronises the device
+                    kept.commit(step)   # with --commit sync it synchronises the device
             torch.cuda.synchronize()
             return (time.perf_counter() - t) / n
         block(None, adam)   # warm up: cuBLAS, the pool, the optimizer's state (and program)
