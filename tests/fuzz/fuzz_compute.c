@@ -196,8 +196,17 @@ static void run(const cJSON *params)
 	FZ_CHECK(!has_bias || shape_is(OP(RP_GEMM_BIAS), 1, &g.n), "bias's shape disagrees");
 	FZ_CHECK(!has_aux || shape_is(OP(RP_GEMM_AUX), 2, d_dims), "aux's shape disagrees");
 	FZ_CHECK(!has_aux_out || shape_is(OP(RP_GEMM_AUX_OUT), 2, d_dims), "aux_out's shape disagrees");
-	FZ_CHECK(OP(RP_GEMM_A)->dtype == OP(RP_GEMM_B)->dtype &&
-		 (!has_c || OP(RP_GEMM_C)->dtype == OP(RP_GEMM_D)->dtype) &&
+	/* FP8 inputs may mix e4m3 and e5m2 (not two e5m2); others match. */
+	const enum rp_dtype da = OP(RP_GEMM_A)->dtype, db = OP(RP_GEMM_B)->dtype;
+	const bool fp8_in = rp_dtype_is_fp8(da);
+	FZ_CHECK(fp8_in == rp_dtype_is_fp8(db), "one FP8 input");
+	FZ_CHECK(fp8_in ? !(da == RP_DTYPE_E5M2 && db == RP_DTYPE_E5M2) : da == db, "input dtypes disagree");
+	FZ_CHECK(c.present[RP_GEMM_A_SCALE] == fp8_in && c.present[RP_GEMM_B_SCALE] == fp8_in,
+		 "scales without FP8 inputs, or FP8 inputs without scales");
+	FZ_CHECK(c.present[RP_GEMM_D_SCALE] == rp_dtype_is_fp8(OP(RP_GEMM_D)->dtype), "d_scale and d's dtype disagree");
+	FZ_CHECK(!fp8_in || (!g.trans_a && g.trans_b), "FP8 inputs in other than the TN layout");
+	FZ_CHECK(g.compute != RP_COMPUTE_FP8_FAST_ACCUM || fp8_in, "fp8_fast_accum with non-FP8 inputs");
+	FZ_CHECK((!has_c || OP(RP_GEMM_C)->dtype == OP(RP_GEMM_D)->dtype) &&
 		 (!has_bias || OP(RP_GEMM_BIAS)->dtype == OP(RP_GEMM_D)->dtype) &&
 		 (!has_aux || OP(RP_GEMM_AUX)->dtype == OP(RP_GEMM_D)->dtype) &&
 		 (!has_aux_out || OP(RP_GEMM_AUX_OUT)->dtype == OP(RP_GEMM_D)->dtype), "dtypes disagree");
