@@ -113,24 +113,20 @@ def bench_gemm(torch, rt, c, args):
         c.gemm(ops["a"], ops["b"], ops["d"], trans_b=True, a_scale=ops["a_scale"], b_scale=ops["b_scale"],
                wait=wait, fp8_fast_accum=fast)
 
-    regend_gemm(wait=True)
-    d_torch = scaled_mm()
-    torch.cuda.synchronize()
+    # Each path once against one float64 reference, promoted and with fast
+    # accumulation (Transformer Engine's and torchao's forward GEMMs, rows
+    # beside the target's): regend's d is read before its next GEMM.
     ref = (a.double() * sa.double()) @ (b.double() * sb.double()).t()
-    errs = {name: ((got.double() - ref).norm() / ref.norm()).item()
-            for name, got in (("regend", d_regend), ("torch._scaled_mm", d_torch))}
-    del ref
+    errs = {}
+    for fast, tag in ((False, ""), (True, ", fast")):
+        regend_gemm(wait=True, fast=fast)
+        errs["regend" + tag] = ((d_regend.double() - ref).norm() / ref.norm()).item()
+        d_torch = scaled_mm(fast=fast)
+        torch.cuda.synchronize()
+        errs["torch._scaled_mm" + tag] = ((d_torch.double() - ref).norm() / ref.norm()).item()
+    del ref, d_torch
     t_regend = batch_seconds(regend_gemm, lambda: c.wait(0), args.iters, args.repeat)
     t_torch = batch_seconds(scaled_mm, torch.cuda.synchronize, args.iters, args.repeat)
-    # Fast accumulation (Transformer Engine's and torchao's forward GEMMs),
-    # beside the target's rows: its error and speed, both ways.
-    regend_gemm(wait=True, fast=True)
-    ref = (a.double() * sa.double()) @ (b.double() * sb.double()).t()
-    d_torch_fast = scaled_mm(fast=True)
-    torch.cuda.synchronize()
-    for name, got in (("regend, fast", d_regend), ("torch._scaled_mm, fast", d_torch_fast)):
-        errs[name] = ((got.double() - ref).norm() / ref.norm()).item()
-    del ref, d_torch_fast
     t_regend_fast = batch_seconds(lambda: regend_gemm(fast=True), lambda: c.wait(0), args.iters, args.repeat)
     t_torch_fast = batch_seconds(lambda: scaled_mm(fast=True), torch.cuda.synchronize, args.iters, args.repeat)
     flops = 2.0 * m * n * k
