@@ -119,8 +119,12 @@ def main():
     py = grpc_python()
     if py is None:
         skip("no Python here has grpcio and protobuf (Debian: python3-grpcio, python3-protobuf)")
+    with tempfile.TemporaryDirectory(prefix="regen-nvrx-") as tmp:
+        return check_the_service(regend, regenctl, source, py, tmp)
+
+
+def check_the_service(regend, regenctl, source, py, tmp):
     package = os.path.join(source, "client", "python")
-    tmp = tempfile.mkdtemp(prefix="regen-nvrx-")
     script = os.path.join(tmp, "nvrx_client.py")
     with open(script, "w") as f:
         f.write(CLIENT)

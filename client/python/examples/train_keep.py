@@ -19,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 STEPS = 200
@@ -77,16 +78,22 @@ def child(args):
             os.kill(os.getpid(), signal.SIGKILL)
         if step % 50 == 0:
             print(f"step {step}: loss {loss.item():.5f}", flush=True)
-    torch.save([p.detach().cpu() for p in model.parameters()], args.out)
+    # A copy of each: a restored parameter is a view of the kept memory, and
+    # torch.save of a view writes its whole storage.
+    torch.save([p.detach().to("cpu", copy=True) for p in model.parameters()], args.out)
     if args.drop:
         rt.runtime().client.drop(args.job)
 
 
 def demo(args):
-    import torch
     me = [sys.executable, os.path.abspath(__file__), "--device", args.device]
     tag = f"keep-demo-{os.getpid()}"
-    clean, resumed = f"/tmp/{tag}-clean.pt", f"/tmp/{tag}-resumed.pt"
+    with tempfile.TemporaryDirectory(prefix=tag) as tmp:
+        return demo_in(args, me, tag, os.path.join(tmp, "clean.pt"), os.path.join(tmp, "resumed.pt"))
+
+
+def demo_in(args, me, tag, clean, resumed):
+    import torch
     subprocess.check_call(me + ["--child", "--job", tag + "-a", "--out", clean, "--drop"])
     die = random.randint(20, STEPS - 20)
     rc = subprocess.call(me + ["--child", "--job", tag + "-b", "--out", resumed, "--die-at", str(die)])
