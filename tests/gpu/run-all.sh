@@ -30,7 +30,7 @@ for t in test_cuda_gemm test_gemm_plans test_workspace_race test_cuda_ipc test_c
 done
 # The Python GPU scripts of regen.torch (exit 77 without torch or a GPU).
 here=$(cd "$(dirname "$0")" && pwd)
-for t in test_program.py test_compile.py test_torch_fp8.py test_torch_interop.py test_lifecycle_cycles.py test_regen_torch.py test_torch_nn.py test_torch_process_pool.py test_train_gpt.py test_keep_torch.py test_orphaned_wait.py test_mps.py test_nccl.py test_nccl_multi.py test_torch_dist_gpu.py test_nccl_netns.py; do
+for t in test_program.py test_compile.py test_compile_soak.py test_torch_fp8.py test_torch_interop.py test_lifecycle_cycles.py test_regen_torch.py test_torch_nn.py test_torch_process_pool.py test_train_gpt.py test_keep_torch.py test_orphaned_wait.py test_mps.py test_nccl.py test_nccl_multi.py test_torch_dist_gpu.py test_nccl_netns.py; do
   echo "== $t"
   start=$(date +%s.%N)
   if [[ -n $logs ]]; then
