@@ -396,6 +396,24 @@ class TorchKeepTest(unittest.TestCase):
         self.assertIn("not in libregen's pool", str(e.exception))
 
 
+class CommitterTest(unittest.TestCase):
+    def test_async_commits_are_written_by_one_thread(self):
+        """keep(async_commit=True)'s commits: one thread writes them all,
+        each done before wait() returns, and close() ends it."""
+        import threading
+        from regen.torch._keep import _Committer
+        c, seen, before = _Committer(), [], threading.active_count()
+        for i in range(50):
+            c.submit(lambda i: (time.sleep(0.001 * (i % 3)), seen.append((i, threading.get_ident()))), i)
+            c.wait()
+            self.assertEqual(seen[-1][0], i, "wait() returned before the commit was written")
+        self.assertEqual(len({t for _, t in seen}), 1, "the commits were written by several threads")
+        self.assertNotEqual(seen[0][1], threading.get_ident())
+        self.assertEqual(threading.active_count(), before + 1)
+        c.stop()
+        self.assertEqual(threading.active_count(), before, "stop() left the thread running")
+
+
 class ExampleTest(unittest.TestCase):
     def test_the_kill_and_resume_example_runs(self):
         """client/python/examples/train_keep.py --demo, as its docstring

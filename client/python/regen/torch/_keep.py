@@ -199,6 +199,56 @@ def _copy_all(dst, src):
         d.copy_(s)
 
 
+class _Committer:
+    """The one thread that writes a Kept's asynchronous commits, one at a
+    time, started at the first: a thread started a step would cost the
+    rank its start (the new thread's first run, taken with the GIL) every
+    step."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._job: Optional[Tuple[Any, tuple]] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        """fn(*args) on the thread; the last submitted must be done (wait())."""
+        with self._cond:
+            self._job = (fn, args)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="regen-keep-commit", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            while self._job is not None:
+                self._cond.wait()
+
+    def stop(self) -> None:
+        """The thread ends, what was submitted done first."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._stopping:
+                    self._cond.wait()
+                if self._job is None:
+                    return
+                fn, args = self._job
+            fn(*args)
+            del fn, args           # nothing of the commit held between steps
+            with self._cond:
+                self._job = None
+                self._cond.notify_all()
+
+
 class Kept:
     """What keep() kept: commit() marks each completed step."""
 
@@ -206,7 +256,7 @@ class Kept:
                  optimizer: Any, index_fd: int, layout: Any, live: Any, step: Optional[int],
                  views: Any, journal: Any, async_commit: bool = False) -> None:
         self._rt, self.job, self.rank = rt, job, rank
-        self._pending: Optional[threading.Thread] = None    # the commit being written (async_commit)
+        self._committer = _Committer()                      # writes the commits (async_commit)
         self._commit_error: Optional[BaseException] = None
         self._optimizer = optimizer
         self._index = mmap.mmap(index_fd, _INDEX_BYTES)
@@ -310,9 +360,7 @@ class Kept:
             if self._device.type == "cuda":
                 done = torch.cuda.Event()
                 done.record(torch.cuda.current_stream(self._device))
-            self._pending = threading.Thread(target=self._publish_when_done, args=(done, record, step),
-                                             name="regen-keep-commit", daemon=True)
-            self._pending.start()
+            self._committer.submit(self._publish_when_done, done, record, step)
         else:
             if self._device.type == "cuda":
                 torch.cuda.synchronize(self._device)
@@ -337,9 +385,7 @@ class Kept:
     def wait_committed(self) -> None:
         """Returns once the last commit() is written (at once, but with
         keep(async_commit=True)); raises what writing it raised."""
-        if self._pending is not None:
-            self._pending.join()
-            self._pending = None
+        self._committer.wait()
         if self._commit_error is not None:
             e, self._commit_error = self._commit_error, None
             raise e
@@ -348,6 +394,7 @@ class Kept:
         """Stops marking opt.step() (the memory stays kept), the last
         commit written first."""
         self.wait_committed()
+        self._committer.stop()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
