@@ -25,14 +25,13 @@ Exit 0 pass, 1 fail, 77 skipped (no torch, no CUDA, no regend).
 
 import os
 import sys
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench"))
-from regend_fixture import Regend, failed_count, gpu_script_args, lose_device, record, record_width, \
+from regend_fixture import cuda_regend, gpu_script_args, guarded, lose_device, record, record_width, \
     require_torch, summary, take_option as opt  # noqa: E402
 
 torch = require_torch()
@@ -250,36 +249,19 @@ def check_faults(name, admin):
 
 def main():
     regend, steps = gpu_script_args(3)
-    daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120)
-    try:
+    with cuda_regend(regend) as daemon:
         rt.configure(socket=daemon.socket, ordering="events")
         for name in MODELS:
-            try:
-                check_model(name, steps)
-            except Exception as e:
-                traceback.print_exc()
-                record(f"{name}: compiled training", False, f"{type(e).__name__}: {e}"[:300])
-                torch._dynamo.reset()
+            guarded(f"{name}: compiled training", check_model, name, steps)
+            torch._dynamo.reset()
         for check in (check_recompile, check_autocast, check_partition):
-            try:
-                check(MODELS[0])
-            except Exception as e:
-                traceback.print_exc()
-                record(f"{MODELS[0]}: {check.__name__}", False, f"{type(e).__name__}: {e}"[:300])
-                torch._dynamo.reset()
+            guarded(f"{MODELS[0]}: {check.__name__}", check, MODELS[0])
+            torch._dynamo.reset()
         admin = regen.Client(daemon.socket, timeout=120)
         try:
-            check_faults(MODELS[0], admin)
-        except Exception as e:
-            traceback.print_exc()
-            record(f"{MODELS[0]}: faults in compiled training", False, f"{type(e).__name__}: {e}"[:300])
+            guarded(f"{MODELS[0]}: faults in compiled training", check_faults, MODELS[0], admin)
         finally:
             admin.close()
-    finally:
-        if failed_count():
-            print("--- regend log (tail) ---")
-            print(daemon.log_tail(40))
-        daemon.stop()
     return summary()
 
 

@@ -35,7 +35,6 @@ Exit 0 pass, 1 fail, 77 skipped (no torch, no CUDA, no regend).
 
 import os
 import sys
-import traceback
 
 # --pool process: every CUDA allocation of this process from libregen's
 # pool, set before regen.torch (and with it torch's first CUDA allocation)
@@ -48,8 +47,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench"))
-from regend_fixture import Regend, failed_count, gpu_script_args, record, record_width, require_torch, \
-    summary, take_option as opt  # noqa: E402
+from regend_fixture import cuda_regend, gpu_script_args, guarded, record, record_width, require_torch, summary, \
+    take_option as opt  # noqa: E402
 
 torch = require_torch()
 
@@ -151,25 +150,15 @@ def main():
     if POOL == "process" and not rt.process_pool_enabled():
         print("SKIP: libregen's pool is not this process's CUDA allocator (REGEN_TORCH_POOL=process)")
         return 77
-    daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120)
-    try:
+    with cuda_regend(regend) as daemon:
         rt.configure(socket=daemon.socket, ordering="events")
         admin = regen.Client(daemon.socket, timeout=120)
         try:
             for name in MODELS:
-                try:
-                    check_model(name, steps, admin)
-                except Exception as e:
-                    traceback.print_exc()
-                    record(f"{name}: a long compiled run", False, f"{type(e).__name__}: {e}"[:300])
-                    torch._dynamo.reset()
+                guarded(f"{name}: a long compiled run", check_model, name, steps, admin)
+                torch._dynamo.reset()
         finally:
             admin.close()
-    finally:
-        if failed_count():
-            print("--- regend log (tail) ---")
-            print(daemon.log_tail(40))
-        daemon.stop()
     return summary()
 
 

@@ -29,13 +29,12 @@ The host-backend side is client/python/tests/test_torch_fp8.py.
 
 import os
 import sys
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
-from regend_fixture import Regend, SKIP, failed_count, gpu_script_args, lose_device, record, record_width, \
+from regend_fixture import SKIP, cuda_regend, gpu_script_args, guarded, lose_device, record, record_width, \
     require_torch, summary  # noqa: E402
 
 torch = require_torch()
@@ -330,34 +329,20 @@ def check_compile_faults(steps, admin):
 
 def main():
     regend, steps = gpu_script_args(12)
-    daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120)
-    try:
+    with cuda_regend(regend) as daemon:
         rt.configure(socket=daemon.socket)
         checks = [lambda: check_numerics(fp8.DelayedScaling(amax_history_len=4), True),
                   lambda: check_numerics(fp8.DelayedScaling(fp8_format=fp8.Format.E4M3, margin=1,
                                                             amax_compute_algo="most_recent"), False),
                   check_shapes, lambda: check_compile_bits(6), check_compile_model]
         for check in checks:
-            try:
-                check()
-            except Exception as e:
-                traceback.print_exc()
-                record(getattr(check, "__name__", "check"), False, f"{type(e).__name__}: {e}"[:300])
+            guarded(getattr(check, "__name__", "check"), check)
         admin = regen.Client(daemon.socket, timeout=120)
         try:
             for check in (check_faults, check_compile_faults):
-                try:
-                    check(steps, admin)
-                except Exception as e:
-                    traceback.print_exc()
-                    record(f"{check.__name__}: faults mid-training", False, f"{type(e).__name__}: {e}"[:300])
+                guarded(f"{check.__name__}: faults mid-training", check, steps, admin)
         finally:
             admin.close()
-    finally:
-        if failed_count():
-            print("--- regend log (tail) ---")
-            print(daemon.log_tail(40))
-        daemon.stop()
     return summary()
 
 

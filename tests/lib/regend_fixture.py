@@ -17,6 +17,7 @@ Every timeout is multiplied by $REGEN_TEST_TIMEOUT_MULTIPLIER (default 1),
 the variable the C tests read too.
 """
 import array
+import contextlib
 import fcntl
 import json
 import mmap
@@ -145,6 +146,20 @@ def summary():
     passed = len(_records) - failed_count()
     print(f"{passed} passed, {failed_count()} failed", flush=True)
     return 0 if _records and passed == len(_records) else 1
+
+
+@contextlib.contextmanager
+def cuda_regend(regend, **kwargs):
+    """A GPU script's regend (one CUDA device): its log's tail printed at
+    the end where a check failed, and stopped."""
+    daemon = Regend(regend, devices=1, backend="cuda", ready_timeout=120, **kwargs)
+    try:
+        yield daemon
+    finally:
+        if failed_count():
+            print("--- regend log (tail) ---")
+            print(daemon.log_tail(40))
+        daemon.stop()
 
 
 def take_option(name, default):
