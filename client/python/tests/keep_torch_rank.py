@@ -208,6 +208,8 @@ def main():
             state[f"s{i}.{k}"] = v.clone() if torch.is_tensor(v) else torch.tensor(v)
     torch.save(state, out)
     print(f"commits {'async' if kept is not None and kept._async_commit else 'sync'}", flush=True)
+    if kept is not None:
+        kept.close()       # the last commit written and told
     print("done", flush=True)
 
 

@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "lib"))
 
 from regend_fixture import TIME_SCALE, Regend, find_regend  # noqa: E402
 
+import regen  # noqa: E402
+
 try:
     import torch
     import regen.torch as rt
@@ -256,6 +258,12 @@ class TorchKeepTest(unittest.TestCase):
             self.assertEqual(code, 0, err)
             self.assertRegex(out, r"^resume 8 put_back (None|rolled_forward) ", f"{out} {err}")
             self.assertIn("commits async\n", out, "the commits did not wait")
+            client = regen.Client(daemon.socket)
+            try:
+                steps = {k["step"] for k in client.kept(job)}
+            finally:
+                client.close()
+            self.assertEqual(steps, {self.STEPS}, "regend was not told the last asynchronous commit")
             same_state(self, ref, run, "killed after a Run and after an async commit")
             waited = self.reference(tmp, "smarks-ref", *marks)
             same_state(self, waited, ref, "async commits against commits that waited")

@@ -57,6 +57,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .. import errors
+from ..client import Client
 from ._runtime import Torn
 
 __all__ = ["keep", "restore", "Kept"]
@@ -257,6 +258,7 @@ class Kept:
                  views: Any, journal: Any, async_commit: bool = False) -> None:
         self._rt, self.job, self.rank = rt, job, rank
         self._committer = _Committer()                      # writes the commits (async_commit)
+        self._commit_client: Optional[Client] = None        # the committer's connection
         self._commit_error: Optional[BaseException] = None
         self._optimizer = optimizer
         self._index = mmap.mmap(index_fd, _INDEX_BYTES)
@@ -368,9 +370,13 @@ class Kept:
         self.step = step
         self._snapshot()
 
-    def _publish(self, record, step):
-        """The commit of step written into the index, and regend told."""
+    def _publish(self, record, step, client=None):
+        """The commit of step written into the index, and regend told (on
+        `client`, else the runtime's connection)."""
         self._write_commit(record)
+        if client is not None:
+            client.commit(self.rank, step, job=self.job)
+            return
         with self._rt.lock:
             self._rt.client.commit(self.rank, step, job=self.job)
 
@@ -378,7 +384,11 @@ class Kept:
         try:
             if done is not None:
                 done.synchronize()
-            self._publish(record, step)
+            # A connection of the commits' own: on the runtime's, under its
+            # lock, each round trip would hold back the rank's next call.
+            if self._commit_client is None:
+                self._commit_client = Client(self._rt.socket, timeout=self._rt.timeout)
+            self._publish(record, step, self._commit_client)
         except BaseException as e:   # the rank's next wait_committed() raises it
             self._commit_error = e
 
@@ -395,6 +405,9 @@ class Kept:
         commit written first."""
         self.wait_committed()
         self._committer.stop()
+        if self._commit_client is not None:
+            self._commit_client.close()
+            self._commit_client = None
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
