@@ -116,19 +116,65 @@ def _optimizer_state(optimizer):
             yield f"{i}.{k}", v
 
 
-def _values(optimizer, memory):
+class _Values:
     """The optimizer's state that is not kept as memory (Adam's step, a
     CPU scalar unless capturable): its values, which each commit writes
-    into the index."""
-    out = {}
-    for entry, v in _optimizer_state(optimizer):
-        if f"state:{entry}" in memory:
-            continue
-        if torch.is_tensor(v):
-            out[entry] = {"value": v.tolist(), "dtype": str(v.dtype)[len("torch."):]}
-        else:
-            out[entry] = {"value": v}
-    return out
+    into the index.  Which entries those are, and their tensors, are found
+    again only when the optimizer's state changed (a new parameter, a
+    state replaced, load_state_dict()): a commit a step must not walk
+    every parameter's state in Python, and the scalar tensors of a dtype
+    are read in one stack."""
+
+    def __init__(self, memory):
+        self._memory = memory
+        self._sig = None
+        self._tensors = []     # (param, key, tensor, entry)
+        self._others = []      # (param, key, entry): values that are not tensors, read each time
+
+    def _found(self, optimizer, params):
+        self._tensors, self._others = [], []
+        for i, p in enumerate(params):
+            for k, v in optimizer.state.get(p, {}).items():
+                entry = f"{i}.{k}"
+                if f"state:{entry}" in self._memory:
+                    continue
+                if torch.is_tensor(v):
+                    self._tensors.append((p, k, v, entry))
+                else:
+                    self._others.append((p, k, entry))
+
+    def _same(self, state):
+        for p, k, v, _ in self._tensors:
+            st = state.get(p)
+            if st is None or st.get(k) is not v:
+                return False
+        return True
+
+    def __call__(self, optimizer):
+        if optimizer is None:
+            return {}
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        state = optimizer.state
+        entries = sum(len(st) for st in state.values())
+        if self._sig is None or self._sig[1] != entries or not _same_objects(self._sig[0], params) or \
+                not self._same(state):
+            self._found(optimizer, params)
+            self._sig = (params, entries)
+        out = {}
+        scalars = {}
+        for _, _, v, entry in self._tensors:
+            if v.dim() == 0 and v.device.type == "cpu":
+                scalars.setdefault(v.dtype, []).append((entry, v))
+            else:
+                out[entry] = {"value": v.tolist(), "dtype": str(v.dtype)[len("torch."):]}
+        for dtype, items in scalars.items():
+            name = str(dtype)[len("torch."):]
+            values = torch.stack([v for _, v in items]).tolist()
+            for (entry, _), value in zip(items, values):
+                out[entry] = {"value": value, "dtype": name}
+        for p, k, entry in self._others:
+            out[entry] = {"value": state[p][k]}
+        return out
 
 
 def _journaled(optimizer):
@@ -264,6 +310,7 @@ class Kept:
         self._index = mmap.mmap(index_fd, _INDEX_BYTES)
         os.close(index_fd)
         self._layout = layout
+        self._values = _Values(layout["tensors"])
         self.mode = layout["mode"]
         self.step = step
         self._live = live                  # entry -> the live tensor
@@ -283,6 +330,7 @@ class Kept:
         if optimizer is not None and self.mode in ("twin", "none"):
             self._hook = _install_step_hook(optimizer, self)
         self._journal_seq, self._journal_entries = journal
+        self._journal_signature = None     # what _journal_entries was last made of
         if self.mode == "journal":
             optimizer.before_run[:] = [f for f in optimizer.before_run if not getattr(f, "_regen_kept", False)]
             optimizer.before_run.append(self._before_run)
@@ -294,6 +342,10 @@ class Kept:
         goes into the index first, so that a restore puts that Run back, or
         resumes after it, right."""
         self.wait_committed()
+        signature = _journal_signature(optimizer)
+        if _same_signature(self._journal_signature, signature):
+            return
+        self._journal_signature = signature
         entries = _journal_entries(optimizer, self._live)
         if entries != self._journal_entries:
             self._journal_entries = entries
@@ -303,7 +355,7 @@ class Kept:
 
     def _record(self, step):
         return _commit_record(self._optimizer, self._layout, self._views, step, self._journal_seq,
-                              self._journal_entries)
+                              self._journal_entries, self._values)
 
     def _write_commit(self, record):
         _write_record(self._index, _COMMIT_SELECT, _COMMIT_AT, _COMMIT_HALF, record)
@@ -413,6 +465,27 @@ class Kept:
             self._hook = None
 
 
+def _journal_signature(optimizer):
+    """What _journal_entries() is made of: the same (_same_signature), its
+    entries are too (the kept tensors do not move).  The objects
+    themselves, held, so that none is freed and its id taken by another."""
+    return (getattr(optimizer, "journal_mode", "copy"),
+            tuple(p for g in optimizer.param_groups for p in g["params"]),
+            tuple((t.data_ptr(), offset, nbytes) for t, offset, nbytes in optimizer.journal_layout),
+            tuple(getattr(optimizer, "journal_advances", ())))
+
+
+def _same_objects(a, b):
+    """Two sequences of the same objects (`is`: == on tensors compares
+    their elements)."""
+    return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _same_signature(a, b):
+    return (a is not None and a[0] == b[0] and _same_objects(a[1], b[1]) and a[2] == b[2] and
+            len(a[3]) == len(b[3]) and all(p is q and k == l for (p, k), (q, l) in zip(a[3], b[3])))
+
+
 def _journal_entries(optimizer, live):
     """What the optimizer's Run to come does to what is kept: its journal's
     mode, where it saves each kept tensor in its journal ([[entry, offset,
@@ -431,12 +504,12 @@ def _journal_entries(optimizer, live):
     return {"mode": getattr(optimizer, "journal_mode", "copy"), "saves": saves, "advances": advances}
 
 
-def _commit_record(optimizer, layout, views, step, journal_seq, journal_entries):
+def _commit_record(optimizer, layout, views, step, journal_seq, journal_entries, values=None):
     """What a commit writes: the step, the optimizer's CPU values, and for
     a journal the Run the memory holds and what the Run after it does
     (_journal_entries: so that a restore puts that Run back, or resumes
     after it)."""
-    record = {"step": step, "values": _values(optimizer, layout["tensors"])}
+    record = {"step": step, "values": (values or _Values(layout["tensors"]))(optimizer)}
     if layout["mode"] == "journal":
         journal = views["journal:"]
         if optimizer._journal is None or optimizer._journal.data_ptr() != journal.data_ptr():
