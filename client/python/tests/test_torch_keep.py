@@ -422,6 +422,31 @@ class CommitterTest(unittest.TestCase):
         self.assertEqual(threading.active_count(), before, "stop() left the thread running")
 
 
+class CommitValuesTest(unittest.TestCase):
+    def test_a_commit_writes_the_state_as_it_is_now(self):
+        """The values a commit writes (the optimizer's state not kept as
+        memory) follow the state: updated in place, a tensor replaced, an
+        entry added, a parameter group added."""
+        from regen.torch._keep import _Values
+        ps = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
+        opt = torch.optim.Adam(ps)
+        for p in ps:
+            opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2)}
+        values = _Values({f"state:{i}.exp_avg" for i in range(3)})
+        self.assertEqual(values(opt), {f"{i}.step": {"value": 1.0, "dtype": "float32"} for i in range(3)})
+        for p in ps:
+            opt.state[p]["step"] += 1
+        self.assertEqual(values(opt)["2.step"]["value"], 2.0)
+        opt.state[ps[1]]["step"] = torch.tensor(7, dtype=torch.int64)
+        self.assertEqual(values(opt)["1.step"], {"value": 7, "dtype": "int64"})
+        opt.state[ps[0]]["extra"] = 5
+        self.assertEqual(values(opt)["0.extra"], {"value": 5})
+        late = torch.nn.Parameter(torch.zeros(2))
+        opt.add_param_group({"params": [late]})
+        opt.state[late] = {"step": torch.tensor(3.0)}
+        self.assertEqual(values(opt)["3.step"]["value"], 3.0)
+
+
 class ExampleTest(unittest.TestCase):
     def test_the_kill_and_resume_example_runs(self):
         """client/python/examples/train_keep.py --demo, as its docstring
