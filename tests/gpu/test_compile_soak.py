@@ -36,19 +36,20 @@ Exit 0 pass, 1 fail, 77 skipped (no torch, no CUDA, no regend).
 import os
 import sys
 
-# --pool process: every CUDA allocation of this process from libregen's
-# pool, set before regen.torch (and with it torch's first CUDA allocation)
-# is imported; else the route a user gets without configuring anything.
-if "--pool" in sys.argv and sys.argv[sys.argv.index("--pool") + 1] == "process":
-    os.environ["REGEN_TORCH_POOL"] = "process"
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench"))
-from regend_fixture import cuda_regend, gpu_script_args, guarded, record, record_width, require_torch, summary, \
-    take_option as opt  # noqa: E402
+from regend_fixture import cuda_regend, gpu_script_args, guarded, record, record_width, require_torch, rss_kib, \
+    summary, take_option as opt  # noqa: E402
+
+# --pool process: every CUDA allocation of this process from libregen's
+# pool, set before regen.torch (and with it torch's first CUDA allocation)
+# is imported; else the route a user gets without configuring anything.
+POOL = opt("--pool", "mempool")
+if POOL == "process":
+    os.environ["REGEN_TORCH_POOL"] = "process"
 
 torch = require_torch()
 
@@ -60,7 +61,6 @@ record_width(72)
 
 MODELS = opt("--models", "gpt,llama,encoder").split(",")
 SOAK = int(opt("--soak", "1000"))
-POOL = opt("--pool", "mempool")
 D, LAYERS, SEQ, BATCH, VOCAB = 1024, 4, 1024, 8, 50304
 DISTINCT_BATCHES = 8
 SAMPLE_EVERY = 100
@@ -69,11 +69,10 @@ GROWTH_BYTES = {"rank allocated": 64 << 20, "rank reserved": 64 << 20, "rank poo
 
 
 def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    kib = rss_kib(pid)
+    if kib is None:
+        raise RuntimeError(f"process {pid} has no resident set (it is gone)")
+    return kib * 1024
 
 
 def memory_sample(admin):

@@ -15,20 +15,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
-from regend_fixture import Regend, failed_count, find_regend, record, require_torch, summary, \
+from regend_fixture import Regend, failed_count, find_regend, record, require_torch, rss_kib, summary, \
     torch_rel_error as rel_err  # noqa: E402
 
 torch = require_torch()
 
 import regen  # noqa: E402
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
-
 
 def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
@@ -136,7 +128,7 @@ def main():
                     break
                 d = info(c)
                 pid = d["worker_pid"]
-                samples.append((kind, i, rss_kib(pid), fds(pid), d["memory_used"], d["memory_baseline"], d["respawns"]))
+                samples.append((kind, i, rss_kib(pid) or -1, fds(pid), d["memory_used"], d["memory_baseline"], d["respawns"]))
             first = [s for s in samples if s[0] == kind][min(9, cycles - 1)]
             last = [s for s in samples if s[0] == kind][-1]
             print(f"{kind}: after cycle 10: RSS {first[2]} KiB, fds {first[3]}, device used {first[4]} B; "

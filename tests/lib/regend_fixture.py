@@ -148,6 +148,16 @@ def summary():
     return 0 if _records and passed == len(_records) else 1
 
 
+def rss_kib(pid):
+    """Process pid's resident set in KiB (/proc), None where it has none
+    (gone, or a zombie)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return None
+
+
 @contextlib.contextmanager
 def cuda_regend(regend, **kwargs):
     """A GPU script's regend (one CUDA device): its log's tail printed at

@@ -17,15 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from regend_fixture import Conn, Regend, call, check, log, regend_path
-
-
-def rss_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+from regend_fixture import Conn, Regend, call, check, log, regend_path, rss_kib
 
 
 def sanitized(pid):
@@ -49,7 +41,7 @@ def main():
         reader = Conn(d.socket, timeout=30)
         reader.send("io.regen.Device.Watch", {}, more=True)
         reader.reply()
-        before = rss_kb(d.pid)
+        before = (rss_kib(d.pid) or 0)
         admin = Conn(d.socket, timeout=30)
         releases, seen, dropped = 0, 0, False
         t0 = time.monotonic()
@@ -72,7 +64,7 @@ def main():
             except Exception:
                 pass
             reader.sock.setblocking(True)
-        grew = rss_kb(d.pid) - before
+        grew = (rss_kib(d.pid) or 0) - before
         log("%d Releases with 32 unread Watches: supervisor grew %d kB; the reading Watch saw %d events" %
             (releases, grew, seen))
         if not sanitized(d.pid):
