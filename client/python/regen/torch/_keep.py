@@ -105,15 +105,15 @@ def _runtime():
 
 
 def _optimizer_state(optimizer):
-    """(entry, value) of the optimizer's state, entry "i.key" by the
-    position of the parameter in param_groups, which a freshly built
-    optimizer repeats."""
+    """(entry, parameter, key, value) of the optimizer's state, entry
+    "i.key" by the position of the parameter in param_groups, which a
+    freshly built optimizer repeats."""
     if optimizer is None:
         return
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for i, p in enumerate(params):
         for k, v in optimizer.state.get(p, {}).items():
-            yield f"{i}.{k}", v
+            yield f"{i}.{k}", p, k, v
 
 
 class _Values:
@@ -127,21 +127,20 @@ class _Values:
 
     def __init__(self, memory):
         self._memory = memory
-        self._sig = None
+        self._params = None    # param_groups' parameters, and the state's entries, when found
+        self._entries = 0
         self._tensors = []     # (param, key, tensor, entry)
         self._others = []      # (param, key, entry): values that are not tensors, read each time
 
-    def _found(self, optimizer, params):
+    def _found(self, optimizer):
         self._tensors, self._others = [], []
-        for i, p in enumerate(params):
-            for k, v in optimizer.state.get(p, {}).items():
-                entry = f"{i}.{k}"
-                if f"state:{entry}" in self._memory:
-                    continue
-                if torch.is_tensor(v):
-                    self._tensors.append((p, k, v, entry))
-                else:
-                    self._others.append((p, k, entry))
+        for entry, p, k, v in _optimizer_state(optimizer):
+            if f"state:{entry}" in self._memory:
+                continue
+            if torch.is_tensor(v):
+                self._tensors.append((p, k, v, entry))
+            else:
+                self._others.append((p, k, entry))
 
     def _same(self, state):
         for p, k, v, _ in self._tensors:
@@ -156,10 +155,9 @@ class _Values:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         state = optimizer.state
         entries = sum(len(st) for st in state.values())
-        if self._sig is None or self._sig[1] != entries or not _same_objects(self._sig[0], params) or \
-                not self._same(state):
-            self._found(optimizer, params)
-            self._sig = (params, entries)
+        if entries != self._entries or not _same_objects(self._params, params) or not self._same(state):
+            self._found(optimizer)
+            self._params, self._entries = params, entries
         out = {}
         scalars = {}
         for _, _, v, entry in self._tensors:
@@ -509,7 +507,8 @@ def _commit_record(optimizer, layout, views, step, journal_seq, journal_entries,
     a journal the Run the memory holds and what the Run after it does
     (_journal_entries: so that a restore puts that Run back, or resumes
     after it)."""
-    record = {"step": step, "values": (values or _Values(layout["tensors"]))(optimizer)}
+    values = values if values is not None else _Values(layout["tensors"])
+    record = {"step": step, "values": values(optimizer)}
     if layout["mode"] == "journal":
         journal = views["journal:"]
         if optimizer._journal is None or optimizer._journal.data_ptr() != journal.data_ptr():
@@ -566,7 +565,7 @@ def _candidates(model, optimizer):
     optimizer's tensor state on a device or in the pool."""
     out = [(f"param:{n}", p) for n, p in model.named_parameters()]
     out += [(f"buffer:{n}", b) for n, b in model.named_buffers() if b is not None]
-    out += [(f"state:{e}", v) for e, v in _optimizer_state(optimizer) if torch.is_tensor(v)]
+    out += [(f"state:{e}", v) for e, _, _, v in _optimizer_state(optimizer) if torch.is_tensor(v)]
     return out
 
 
