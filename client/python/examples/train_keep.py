@@ -89,10 +89,10 @@ def demo(args):
     me = [sys.executable, os.path.abspath(__file__), "--device", args.device]
     tag = f"keep-demo-{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix=tag) as tmp:
-        return demo_in(args, me, tag, os.path.join(tmp, "clean.pt"), os.path.join(tmp, "resumed.pt"))
+        return demo_in(me, tag, os.path.join(tmp, "clean.pt"), os.path.join(tmp, "resumed.pt"))
 
 
-def demo_in(args, me, tag, clean, resumed):
+def demo_in(me, tag, clean, resumed):
     import torch
     subprocess.check_call(me + ["--child", "--job", tag + "-a", "--out", clean, "--drop"])
     die = random.randint(20, STEPS - 20)
