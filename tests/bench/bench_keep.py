@@ -7,7 +7,7 @@ bit-identical to a rank never killed; keeping state costs a step under 1%.
 
     python3 tests/bench/bench_keep.py [REGEND] [--optimizer regen|torch] [--journal marks|copy]
         [--dtype fp32|bf16] [--gib auto|N] [--width 16384] [--tokens 2048] [--snapshot on|off]
-        [--commit async|sync] [--client-wait stream|host]
+        [--commit async|sync] [--client-wait stream|host] [--start cold|warm|both]
         [--cost-steps 20] [--seed S] [--skip-cost] [--no-regend-restart] [--json OUT]
 
 The rank (this script with --rank): a stack of square Linear layers
@@ -85,6 +85,13 @@ What it does, with one regend (CUDA backend, fault injection on):
    start: every loss the killed ranks printed, and a checksum of every
    parameter and moment at the end (per tensor), must be the never-killed
    rank's bit for bit.
+
+--start: how a resumed rank's process starts.  cold: a new Python, which
+imports torch and (through torch's first optimizer) torch._dynamo itself;
+warm: forked from regen.warm_start's launcher, which imported them once
+before (python3 -m regen.warm_start does the same for a user's script);
+both (the default): the first resume warm, the second cold.  Either way
+the ready time counts from the process's start (the fork, or the exec).
 
 Prints a line a result and a summary; --json writes them.  Exit 0 when
 every check passed (the 2 s and 1% targets are reported, not checked:
@@ -299,10 +306,17 @@ def rank_main():
 # ---- The parent ----
 
 class Rank:
-    def __init__(self, env, argv):
+    """A rank process: a new Python (cold), or forked from ``warm``
+    (regen.warm_start's server, torch and torch._dynamo imported), its
+    start the fork."""
+
+    def __init__(self, env, argv, warm=None):
         self.t0 = time.time()
-        self.proc = subprocess.Popen(argv + ["--t0", repr(self.t0)], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        argv = argv + ["--t0", repr(self.t0)]
+        if warm is None:
+            self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        else:
+            self.proc = warm.start(argv[1:], t0=self.t0)
         self.losses, self.ready, self.result = {}, None, {}
 
     def line(self):
@@ -408,6 +422,17 @@ def main():
           f"of parameters and moments kept{second}", flush=True)
 
     restart_regend = "--no-regend-restart" not in sys.argv
+    launch = opt("--start", "both")
+    if launch not in ("cold", "warm", "both"):
+        print("--start cold|warm|both")
+        return 2
+    warm = None
+    if launch != "cold":
+        # Started now, its imports beside the cost rank's run; it ends
+        # with this process (its socket's end) and takes its ranks along.
+        from regen.warm_start import WarmStart
+        warm = WarmStart(env=dict(env, CUBLAS_WORKSPACE_CONFIG=":4096:8"))
+        print(f"warm launcher: {', '.join(warm.preloaded)} imported in {warm.preload_s:.1f} s", flush=True)
     client_wait = opt("--client-wait", "stream")
     report["client_wait"] = client_wait
     with Regend(regend, devices=1, backend="cuda", start=False,
@@ -495,7 +520,8 @@ def main():
                 record(f"regend SIGKILLed and started again in {time.monotonic() - t:.1f} s: "
                        f"{after} of {before} kept names back through the fd store", after == before)
             more = ["--more", "100"] if cycle == 2 else ["--steps", "1000000"]
-            r = Rank(env, rank("--job", job, *more))
+            started = "warm" if launch == "warm" or (launch == "both" and cycle == 1) else "cold"
+            r = Rank(env, rank("--job", job, *more), warm if started == "warm" else None)
             while r.ready is None and r.line() is not None:
                 pass
             if not record(f"resume {cycle}{' after a device_lost' if device_lost else ''}: {r.result}",
@@ -503,13 +529,14 @@ def main():
                 print(r.finish()[1][-4000:])
                 return summary()
             phases = r.ready["ready"]
-            resumes.append({"cycle": cycle, "after_device_lost": device_lost,
+            resumes.append({"cycle": cycle, "launch": started, "after_device_lost": device_lost,
                             "after_regend_restart": device_lost and restart_regend, "start": r.ready["start"],
                             "put_back": r.ready["put_back"], "phases_s": phases,
                             "restore_s": r.ready.get("restore_s", {})})
             after = (" after a device_lost" + (" and a restart of regend" if restart_regend else "")) if device_lost \
                 else ""
-            print(f"resume {cycle}{after}: step {r.ready['start']} "
+            how = " (forked from the warm launcher)" if started == "warm" else " (a new Python)"
+            print(f"resume {cycle}{after}{how}: step {r.ready['start']} "
                   f"(put back: {r.ready['put_back']}), ready {phases['ready']:.3f} s after the process's start "
                   f"(target 2 s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()) +
                   "; restore(): " + ", ".join(f"{k} {v:.3f}" for k, v in r.ready.get("restore_s", {}).items()),
@@ -548,8 +575,13 @@ def main():
                not bad and len(final_sums) == len(r.result["checksum"]))
         report["resumes"] = resumes
         report["steps_compared"] = len(printed)
-        ready = max(x["phases_s"]["ready"] for x in resumes)
-        print(f"resume: ready at most {ready:.3f} s after the new process's start (target 2 s)", flush=True)
+        for started in ("cold", "warm"):
+            ready = [x["phases_s"]["ready"] for x in resumes if x["launch"] == started]
+            if ready:
+                print(f"resume, {started}: ready at most {max(ready):.3f} s after the new process's start "
+                      f"(target 2 s)", flush=True)
+        if warm is not None:
+            warm.close()
         admin.close()
         store.close()
     out = opt("--json", None)
