@@ -15,9 +15,12 @@
  * (tests/gpu/test_program_kernels.c) checks those on a GPU.
  *
  * Needs a C++ compiler (REGEN_TEST_CXX) and the toolkit's cuda_bf16.h
- * (REGEN_TEST_CUDA_INCLUDE); skipped (exit 77) without them. */
+ * (REGEN_TEST_CUDA_INCLUDE); skipped (exit 77) without them.
+ * REGEN_TEST_PROGRAM_FILES=a.json:b.json runs those programs instead (a
+ * model's, as REGEN_COMPILE_DUMP writes them). */
 #include <check.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,12 +213,68 @@ START_TEST(bad_index_is_reported)
 }
 END_TEST
 
+/* Programs from files (REGEN_TEST_PROGRAM_FILES, colon-separated: the
+ * JSON REGEN_COMPILE_DUMP writes, a compiled model's programs as
+ * io.regen.Program.Define gets them), run the same way: a real model's
+ * graph, planned and emulated against the reference, without torch or a
+ * GPU (gpu-check's `dumps` makes them at a shape the host can run). */
+static struct tl_prog_case *dumped;
+static int ndumped;
+
+static char *read_file(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *text = NULL;
+	size_t len = 0;
+
+	if (!f) {
+		fprintf(stderr, "REGEN_TEST_PROGRAM_FILES: %s: %s\n", path, strerror(errno));
+		exit(1);
+	}
+	FILE *m = open_memstream(&text, &len);
+	char buf[65536];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+		fwrite(buf, 1, n, m);
+	fclose(m);
+	fclose(f);
+	return text;
+}
+
+static void load_dumped(void)
+{
+	const char *files = getenv("REGEN_TEST_PROGRAM_FILES");
+	char *list, *save = NULL;
+
+	if (!files || !*files)
+		return;
+	list = strdup(files);
+	for (char *path = strtok_r(list, ":", &save); path; path = strtok_r(NULL, ":", &save)) {
+		dumped = realloc(dumped, (size_t)(ndumped + 1) * sizeof(*dumped));
+		dumped[ndumped++] = (struct tl_prog_case){ .name = strdup(path), .json = read_file(path),
+							   .lo = -1, .hi = 1 };
+	}
+	free(list);
+}
+
+START_TEST(dumped_programs_match_the_reference)
+{
+	run(&dumped[_i], (uint64_t)_i + 1000, 0, 2, NULL);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("program_emulated");
 	TCase *tc = tcase_create("emulated");
 
 	tcase_set_timeout(tc, 600);
+	if (ndumped) {
+		tcase_set_timeout(tc, 3600);
+		tcase_add_loop_test(tc, dumped_programs_match_the_reference, 0, ndumped);
+		suite_add_tcase(s, tc);
+		return s;
+	}
 	tcase_add_loop_test(tc, kernels_match_the_reference, 0, (int)tl_prog_ncases);
 	tcase_add_test(tc, bad_index_is_reported);
 	suite_add_tcase(s, tc);
@@ -229,6 +288,7 @@ int main(void)
 	if (r)
 		return r;
 	tl_rand_init();
+	load_dumped();
 	r = unit_run(suite());
 	tl_emulated_close(&emu);
 	return r;
