@@ -90,7 +90,7 @@ What it does, with one regend (CUDA backend, fault injection on):
 imports torch and (through torch's first optimizer) torch._dynamo itself;
 warm: forked from regen.warm_start's launcher, which imported them once
 before (python3 -m regen.warm_start does the same for a user's script);
-both (the default): the first resume warm, the second cold.  Either way
+both (the default): the first resume cold, the second warm.  Either way
 the ready time counts from the process's start (the fork, or the exec).
 
 Prints a line a result and a summary; --json writes them.  Exit 0 when
@@ -520,7 +520,7 @@ def main():
                 record(f"regend SIGKILLed and started again in {time.monotonic() - t:.1f} s: "
                        f"{after} of {before} kept names back through the fd store", after == before)
             more = ["--more", "100"] if cycle == 2 else ["--steps", "1000000"]
-            started = "warm" if launch == "warm" or (launch == "both" and cycle == 1) else "cold"
+            started = "warm" if launch == "warm" or (launch == "both" and cycle == 2) else "cold"
             r = Rank(env, rank("--job", job, *more), warm if started == "warm" else None)
             while r.ready is None and r.line() is not None:
                 pass

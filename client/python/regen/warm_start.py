@@ -25,8 +25,8 @@ Each start sees:
 - ``REGEN_WARM_START_STARTS``: how many starts came before this one.
 
 A preloaded module must not have initialised CUDA (a child of a process
-that did cannot use it): the launcher checks torch's, and that the CUDA
-driver's library is not even loaded, and refuses to go on.
+that did cannot use it): the launcher refuses to go on where torch did,
+and warns where the CUDA driver's library is loaded at all.
 With ``REGEN_TORCH_POOL=process`` regen.torch is preloaded without it and
 each start sets the pool up itself before the script runs.
 
@@ -80,16 +80,19 @@ def preload(modules: List[str], strict: bool) -> List[str]:
         if pool is not None:
             os.environ["REGEN_TORCH_POOL"] = pool
     torch = sys.modules.get("torch")
-    if (torch is not None and torch.cuda.is_initialized()) or _driver_loaded():
-        raise PreloadError("a preloaded module initialised CUDA (the driver is loaded): a forked rank could "
-                           "not use it")
+    if torch is not None and torch.cuda.is_initialized():
+        raise PreloadError("a preloaded module initialised CUDA: a forked rank could not use it")
+    if _driver_loaded():
+        print("regen.warm_start: a preloaded module loaded the CUDA driver; if it also initialised it, the "
+              "ranks forked from here cannot use CUDA", file=sys.stderr, flush=True)
     return done
 
 
 def _driver_loaded() -> bool:
-    """Whether the CUDA driver's library is mapped: nothing loads it but a
-    call into CUDA, and a child of a process that initialised the driver
-    cannot initialise it again."""
+    """Whether the CUDA driver's library is mapped (loading it is harmless;
+    a child of a process that initialised it cannot initialise it again,
+    and whether a library called cuInit cannot be asked without calling
+    it)."""
     try:
         with open("/proc/self/maps") as f:
             return any("libcuda.so" in line for line in f)
