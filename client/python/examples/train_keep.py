@@ -9,8 +9,12 @@ committing a random step, starts it again (it resumes with rt.restore(): the par
 state come back with the same contents, no checkpoint read), lets it
 finish, and compares the final weights with a run that was never killed.
 regend must be running (REGEN_SOCKET), with kept state (max_kept_gib > 0).
+`--warm` runs the rank that is killed under `python3 -m regen.warm_start`,
+which starts it again itself, forked from the imports it made once (torch,
+torch._dynamo, regen.torch): the resume's own seconds are then regen's,
+not torch's import.
 
-    python3 client/python/examples/train_keep.py --demo [--device cuda|cpu]
+    python3 client/python/examples/train_keep.py --demo [--device cuda|cpu] [--warm]
 """
 
 import argparse
@@ -89,18 +93,27 @@ def demo(args):
     me = [sys.executable, os.path.abspath(__file__), "--device", args.device]
     tag = f"keep-demo-{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix=tag) as tmp:
-        return demo_in(me, tag, os.path.join(tmp, "clean.pt"), os.path.join(tmp, "resumed.pt"))
+        return demo_in(me, tag, os.path.join(tmp, "clean.pt"), os.path.join(tmp, "resumed.pt"), args.warm)
 
 
-def demo_in(me, tag, clean, resumed):
+def demo_in(me, tag, clean, resumed, warm):
     import torch
     subprocess.check_call(me + ["--child", "--job", tag + "-a", "--out", clean, "--drop"])
     die = random.randint(20, STEPS - 20)
-    rc = subprocess.call(me + ["--child", "--job", tag + "-b", "--out", resumed, "--die-at", str(die)])
-    print(f"the rank was SIGKILLed after committing step {die} (exit {rc})", flush=True)
+    rank = me + ["--child", "--job", tag + "-b", "--out", resumed, "--die-at", str(die), "--drop"]
     t0 = time.perf_counter()
-    subprocess.check_call(me + ["--child", "--job", tag + "-b", "--out", resumed, "--drop"])
-    print(f"the resumed rank finished {time.perf_counter() - t0:.1f} s after it started")
+    if warm:
+        # The launcher starts the rank again when it dies; the new start
+        # resumes past the step it died at, so --die-at does not recur.
+        subprocess.check_call([me[0], "-m", "regen.warm_start", "--restarts", "1", "--"] + rank[1:])
+        print(f"the rank was SIGKILLed after committing step {die}; regen.warm_start started it again and it "
+              f"finished, {time.perf_counter() - t0:.1f} s in all", flush=True)
+    else:
+        rc = subprocess.call(rank)
+        print(f"the rank was SIGKILLed after committing step {die} (exit {rc})", flush=True)
+        t0 = time.perf_counter()
+        subprocess.check_call(rank)
+        print(f"the resumed rank finished {time.perf_counter() - t0:.1f} s after it started")
     a, b = torch.load(clean), torch.load(resumed)
     same = all(torch.equal(x, y) for x, y in zip(a, b))
     print("final weights bit-identical to the run never killed" if same else "final weights DIFFER")
@@ -116,6 +129,7 @@ def main():
     ap.add_argument("--out", default="/tmp/keep-demo.pt")
     ap.add_argument("--die-at", type=int, default=None)
     ap.add_argument("--drop", action="store_true")
+    ap.add_argument("--warm", action="store_true")
     args = ap.parse_args()
     if args.child:
         return child(args)

@@ -460,6 +460,20 @@ class ExampleTest(unittest.TestCase):
         self.assertIn("resumed at step", p.stdout)
         self.assertIn("final weights bit-identical", p.stdout)
 
+    def test_the_example_under_the_warm_launcher(self):
+        """The same with --warm: the killed rank started again by
+        regen.warm_start (forked from its torch import, not a new Python),
+        and the resumed weights still the never-killed run's."""
+        example = os.path.join(HERE, "..", "examples", "train_keep.py")
+        env = dict(os.environ, REGEN_SOCKET=daemon.socket, PYTHONPATH=os.path.dirname(HERE))
+        p = subprocess.run([sys.executable, example, "--demo", "--device", "cpu", "--warm"], capture_output=True,
+                           text=True, env=env, timeout=300 * TIME_SCALE)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("resumed at step", p.stdout)
+        self.assertIn("regen.warm_start started it again", p.stdout)
+        self.assertIn("ended (signal 9); starting it again (1 of 1)", p.stderr)
+        self.assertIn("final weights bit-identical", p.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
