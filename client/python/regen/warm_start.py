@@ -46,6 +46,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -151,8 +152,10 @@ def launch(argv: List[str], restarts: int) -> Tuple[Optional[List[str]], int]:
 
     for sig in _PASSED_SIGNALS:
         signal.signal(sig, passed)
-    starts = 0
+    starts, code = 0, 0
     while True:
+        if stopping:
+            return None, code
         sys.stdout.flush()
         sys.stderr.flush()
         t0 = time.time()
@@ -261,11 +264,17 @@ class Started:
         return self.returncode
 
     def communicate(self, timeout: Optional[float] = None) -> Tuple[str, str]:
-        out, err = self.stdout.read(), self.stderr.read()
+        """Both pipes read to their ends together (a start that fills one
+        while the other is read would wait forever), then its status."""
+        err: List[str] = []
+        reader = threading.Thread(target=lambda: err.append(self.stderr.read()), daemon=True)
+        reader.start()
+        out = self.stdout.read()
+        reader.join()
         self.wait(timeout)
         self.stdout.close()
         self.stderr.close()
-        return out, err
+        return out, err[0] if err else ""
 
 
 class WarmStart:

@@ -40,6 +40,9 @@ elif what == "raise":
     raise ValueError("the rank's own error")
 elif what == "sleep":
     time.sleep(60)
+elif what == "loud":
+    sys.stderr.write("x" * 200000)
+    print("y" * 200000, flush=True)
 print("done", file=sys.stderr, flush=True)
 """
 
@@ -164,6 +167,14 @@ class WarmStartTest(unittest.TestCase):
         self.assertFalse(os.path.exists(f"/proc/{left.pid}"), "a start outlived the closed server")
         left.stdout.close()
         left.stderr.close()
+
+    def test_a_start_that_fills_both_pipes_is_read_to_its_end(self):
+        with WarmStart(["ws_probe"], env=self.env) as ws:
+            s = ws.start([self.script, "loud"])
+            out, err = s.communicate(timeout=30)
+            self.assertEqual(s.returncode, 0)
+            self.assertIn("y" * 200000, out)
+            self.assertEqual(err.count("x"), 200000)
 
     def test_the_server_says_why_it_did_not_start(self):
         with self.assertRaises(PreloadError) as e:
