@@ -400,14 +400,14 @@ def main(args: List[str]) -> int:
         started = serve(sock)
         if started is None:
             return 0
-        argv, (out, err) = started
+        served, (out, err) = started
         _as_stdio(out, err)
-        run_script(argv)
+        run_script(served)
         return 0
-    argv, status = launch(args, restarts)
-    if argv is None:
+    forked, status = launch(args, restarts)
+    if forked is None:
         return status
-    run_script(argv)
+    run_script(forked)
     return 0
 
 
