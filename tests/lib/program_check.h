@@ -36,6 +36,10 @@ struct tl_prog {
 	void **initial;         /* per bound root: inputs' and inouts' values, outputs poisoned */
 	void **ref;             /* per root: the reference run's memory */
 	double *scalars;        /* by bind_index */
+	/* per root: computed from a half-precision tensor the program wrote
+	 * (the run and the reference may round that one an ulp apart, which
+	 * an f32 result downstream carries further than f32's own rounding) */
+	bool *after_half;
 };
 
 /* Parses and plans c, draws its inputs (stream `salt`). 0, or -1 with why
