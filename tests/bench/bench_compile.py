@@ -54,14 +54,14 @@ import regen.torch as rt  # noqa: E402
 
 
 MODELS = opt("--models", "gpt,llama,encoder").split(",")
-DIMS = [int(x) for x in opt("--dims", "1024").split(",")]
-SEQ = int(opt("--seq", "1024"))
-BATCH = int(opt("--batch", "8"))
-LAYERS = int(opt("--layers", "4"))
+DIMS = [int(x) for x in opt("--dims", str(models.BENCH_D)).split(",")]
+SEQ = int(opt("--seq", str(models.BENCH_SEQ)))
+BATCH = int(opt("--batch", str(models.BENCH_BATCH)))
+LAYERS = int(opt("--layers", str(models.BENCH_LAYERS)))
 # nanoGPT's default: GPT-2's 50257 padded to a multiple of 64 "for
 # efficiency" (an odd row length leaves every row of the logits misaligned
 # for torch's kernels and cuBLAS; Inductor pads such strides itself).
-VOCAB = int(opt("--vocab", "50304"))
+VOCAB = int(opt("--vocab", str(models.BENCH_VOCAB)))
 STEPS = int(opt("--steps", "20"))
 WARMUP = int(opt("--warmup", "3"))
 PATHS = opt("--paths", "eager,inductor,regen").split(",")

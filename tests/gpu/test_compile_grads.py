@@ -46,7 +46,8 @@ record_width(72)
 
 MODELS = opt("--models", "gpt,llama,encoder").split(",")
 TRAINED = int(opt("--trained", "50"))
-D, LAYERS, SEQ, BATCH, VOCAB = 1024, 4, 1024, 8, 50304
+D, LAYERS, SEQ, BATCH, VOCAB = (models.BENCH_D, models.BENCH_LAYERS, models.BENCH_SEQ, models.BENCH_BATCH,
+                                models.BENCH_VOCAB)
 SHOWN = 8
 
 

@@ -66,7 +66,8 @@ record_width(72)
 
 MODELS = opt("--models", "gpt,llama,encoder").split(",")
 SOAK = int(opt("--soak", "1000"))
-D, LAYERS, SEQ, BATCH, VOCAB = 1024, 4, 1024, 8, 50304
+D, LAYERS, SEQ, BATCH, VOCAB = (models.BENCH_D, models.BENCH_LAYERS, models.BENCH_SEQ, models.BENCH_BATCH,
+                                models.BENCH_VOCAB)
 DISTINCT_BATCHES = 8
 SAMPLE_EVERY = 100
 GROWTH_BYTES = {"rank allocated": 64 << 20, "rank reserved": 64 << 20, "rank pool": 64 << 20,

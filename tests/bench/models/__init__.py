@@ -10,6 +10,11 @@ from .llama import Llama
 
 MODELS = {"gpt": GPT, "llama": Llama, "encoder": EncoderLM}
 
+# The benchmark's shape (bench_compile.py's defaults, the soak's and the
+# gradients' test's): width, layers, sequence, batch and nanoGPT's padded
+# vocabulary.
+BENCH_D, BENCH_LAYERS, BENCH_SEQ, BENCH_BATCH, BENCH_VOCAB = 1024, 4, 1024, 8, 50304
+
 
 def build(name, vocab, seq, d, layers, heads, device="cuda", dtype=torch.bfloat16, seed=0):
     torch.manual_seed(seed)
