@@ -101,18 +101,20 @@ def _driver_loaded() -> bool:
         return False
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:   # it died before the prctl took hold
+        os._exit(128 + signal.SIGKILL)
 
 
-def _in_child(t0: float, starts: int) -> None:
+def _in_child(parent: int, t0: float, starts: int) -> None:
     """What a start does right after the fork, before its script."""
-    _die_with_parent()
+    _die_with_parent(parent)
     for sig in _PASSED_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     os.environ["REGEN_WARM_START_T0"] = repr(t0)
@@ -158,10 +160,10 @@ def launch(argv: List[str], restarts: int) -> Tuple[Optional[List[str]], int]:
             return None, code
         sys.stdout.flush()
         sys.stderr.flush()
-        t0 = time.time()
+        t0, parent = time.time(), os.getpid()
         child = os.fork()
         if child == 0:
-            _in_child(t0, starts)
+            _in_child(parent, t0, starts)
             return argv, 0
         _, status = os.waitpid(child, 0)
         child = 0
@@ -211,6 +213,7 @@ def serve(sock: socket.socket) -> Optional[Tuple[List[str], Tuple[int, int]]]:
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            parent = os.getpid()
             pid = os.fork()
             if pid == 0:
                 for k in list(sel.get_map().values()):
@@ -218,7 +221,7 @@ def serve(sock: socket.socket) -> Optional[Tuple[List[str], Tuple[int, int]]]:
                         os.close(k.fd)
                 sel.close()
                 sock.close()
-                _in_child(float(req["t0"]), 0)
+                _in_child(parent, float(req["t0"]), 0)
                 return list(req["argv"]), (fds[0], fds[1])
             for f in fds:
                 os.close(f)
