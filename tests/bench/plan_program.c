@@ -14,33 +14,7 @@
 #include <cjson/cJSON.h>
 #include "daemon/program/plan.h"
 #include "proto/program.h"
-
-static char *read_all(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	char *text = NULL;
-	size_t len = 0, cap = 0, n;
-
-	if (!f)
-		return NULL;
-	do {
-		if (len + 4096 + 1 > cap) {
-			cap = cap ? cap * 2 : 65536;
-			char *t = realloc(text, cap);
-			if (!t) {
-				free(text);
-				fclose(f);
-				return NULL;
-			}
-			text = t;
-		}
-		n = fread(text + len, 1, 4096, f);
-		len += n;
-	} while (n > 0);
-	fclose(f);
-	text[len] = '\0';
-	return text;
-}
+#include "tests/lib/program_check.h"
 
 static const char *message_of(const struct rp_error *err)
 {
@@ -54,13 +28,15 @@ static int show(const char *path, bool nodes, bool source)
 	struct rp_error err = { 0 };
 	struct rp_program p;
 	struct rd_prog_plan plan;
-	char *text = read_all(path);
-	cJSON *params = text ? cJSON_Parse(text) : NULL;
+	struct tl_prog_case c;
+	int r = tl_prog_case_read(&c, path);
+	cJSON *params = r ? NULL : cJSON_Parse(c.json);
 	int library = 0, kinds[4] = { 0 };
 
-	free(text);
+	if (!r)
+		tl_prog_case_free(&c);
 	if (!params) {
-		fprintf(stderr, "%s: not readable as JSON\n", path);
+		fprintf(stderr, "%s: %s\n", path, r ? strerror(-r) : "not readable as JSON");
 		return -EINVAL;
 	}
 	if (rp_program_parse(params, &p, &err) < 0) {

@@ -799,6 +799,42 @@ bool tl_prog_is_result(const struct tl_prog *t, int r)
 	return x->root == r && (x->kind == RP_PT_OUTPUT || x->kind == RP_PT_INOUT);
 }
 
+int tl_prog_case_read(struct tl_prog_case *c, const char *path)
+{
+	FILE *f = fopen(path, "r"), *m;
+	char *text = NULL, buf[65536];
+	size_t len = 0, n;
+
+	if (!f)
+		return -errno;
+	if (!(m = open_memstream(&text, &len))) {
+		fclose(f);
+		return -ENOMEM;
+	}
+	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+		fwrite(buf, 1, n, m);
+	int r = ferror(f) ? -EIO : 0;
+	fclose(f);
+	if (fclose(m) || !text)
+		r = -ENOMEM;
+	char *name = r ? NULL : strdup(path);
+	if (!r && !name)
+		r = -ENOMEM;
+	if (r) {
+		free(text);
+		return r;
+	}
+	*c = (struct tl_prog_case){ .name = name, .json = text, .lo = -1, .hi = 1 };
+	return 0;
+}
+
+void tl_prog_case_free(struct tl_prog_case *c)
+{
+	free((char *)c->name);
+	free((char *)c->json);
+	*c = (struct tl_prog_case){ 0 };
+}
+
 /* after_half[], node by node in the program's order: a node that reads a
  * marked root marks every root it writes, and a half-precision tensor a
  * node writes marks its root. */

@@ -28,6 +28,13 @@ struct tl_prog_case {
 extern const struct tl_prog_case tl_prog_cases[];
 extern const size_t tl_prog_ncases;
 
+/* A case of the program in file `path` (the JSON REGEN_COMPILE_DUMP writes:
+ * a compiled model's program as io.regen.Program.Define gets it), named by
+ * its path, float inputs in [-1, 1). 0, or -errno (nothing allocated);
+ * tl_prog_case_free gives back what it allocated. */
+int tl_prog_case_read(struct tl_prog_case *c, const char *path);
+void tl_prog_case_free(struct tl_prog_case *c);
+
 /* A program, planned, with its memory on the host. */
 struct tl_prog {
 	struct rp_program p;

@@ -221,26 +221,6 @@ END_TEST
 static struct tl_prog_case *dumped;
 static int ndumped;
 
-static char *read_file(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	char *text = NULL;
-	size_t len = 0;
-
-	if (!f) {
-		fprintf(stderr, "REGEN_TEST_PROGRAM_FILES: %s: %s\n", path, strerror(errno));
-		exit(1);
-	}
-	FILE *m = open_memstream(&text, &len);
-	char buf[65536];
-	size_t n;
-	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-		fwrite(buf, 1, n, m);
-	fclose(m);
-	fclose(f);
-	return text;
-}
-
 static void load_dumped(void)
 {
 	const char *files = getenv("REGEN_TEST_PROGRAM_FILES");
@@ -251,8 +231,11 @@ static void load_dumped(void)
 	list = strdup(files);
 	for (char *path = strtok_r(list, ":", &save); path; path = strtok_r(NULL, ":", &save)) {
 		dumped = realloc(dumped, (size_t)(ndumped + 1) * sizeof(*dumped));
-		dumped[ndumped++] = (struct tl_prog_case){ .name = strdup(path), .json = read_file(path),
-							   .lo = -1, .hi = 1 };
+		int r = tl_prog_case_read(&dumped[ndumped++], path);
+		if (r) {
+			fprintf(stderr, "REGEN_TEST_PROGRAM_FILES: %s: %s\n", path, strerror(-r));
+			exit(1);
+		}
 	}
 	free(list);
 }
@@ -268,15 +251,13 @@ static Suite *suite(void)
 	Suite *s = suite_create("program_emulated");
 	TCase *tc = tcase_create("emulated");
 
-	tcase_set_timeout(tc, 600);
+	tcase_set_timeout(tc, ndumped ? 3600 : 600);
 	if (ndumped) {
-		tcase_set_timeout(tc, 3600);
 		tcase_add_loop_test(tc, dumped_programs_match_the_reference, 0, ndumped);
-		suite_add_tcase(s, tc);
-		return s;
+	} else {
+		tcase_add_loop_test(tc, kernels_match_the_reference, 0, (int)tl_prog_ncases);
+		tcase_add_test(tc, bad_index_is_reported);
 	}
-	tcase_add_loop_test(tc, kernels_match_the_reference, 0, (int)tl_prog_ncases);
-	tcase_add_test(tc, bad_index_is_reported);
 	suite_add_tcase(s, tc);
 	return s;
 }
