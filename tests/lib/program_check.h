@@ -17,20 +17,26 @@
 /* A program as a client defines it ('quotes' for "quotes"); float inputs
  * are drawn on the grid of 1/64 in [lo, hi), integer ones in [0, int_hi)
  * (16 when 0). `steps`: how many steps the CUDA backend's plan must make
- * of it (what a fusion case is about; 0: not checked). */
+ * of it (what a fusion case is about; 0: not checked). `inherited`: each
+ * result is held to the least precise of its own dtype and the half-
+ * precision tensors the program computed on the way to it (a real model's
+ * program, whose f32 results are casts and sums of bf16 values that a
+ * fused kernel and the reference may round an ulp apart); else to its own
+ * dtype's. */
 struct tl_prog_case {
 	const char *name;
 	const char *json;
 	double lo, hi;
 	int64_t int_hi;
 	int steps;
+	bool inherited;
 };
 extern const struct tl_prog_case tl_prog_cases[];
 extern const size_t tl_prog_ncases;
 
 /* A case of the program in file `path` (the JSON REGEN_COMPILE_DUMP writes:
  * a compiled model's program as io.regen.Program.Define gets it), named by
- * its path, float inputs in [-1, 1). 0, or -errno (nothing allocated);
+ * its path, float inputs in [-1, 1), `inherited`. 0, or -errno (nothing allocated);
  * tl_prog_case_free gives back what it allocated. */
 int tl_prog_case_read(struct tl_prog_case *c, const char *path);
 void tl_prog_case_free(struct tl_prog_case *c);
@@ -43,10 +49,10 @@ struct tl_prog {
 	void **initial;         /* per bound root: inputs' and inouts' values, outputs poisoned */
 	void **ref;             /* per root: the reference run's memory */
 	double *scalars;        /* by bind_index */
-	/* per root: computed from a half-precision tensor the program wrote
-	 * (the run and the reference may round that one an ulp apart, which
-	 * an f32 result downstream carries further than f32's own rounding) */
-	bool *after_half;
+	/* per root, for an `inherited` case: the tolerance of the least
+	 * precise half-precision tensor the program computed on the way to it
+	 * (0: none) */
+	double *upstream_tolerance;
 };
 
 /* Parses and plans c, draws its inputs (stream `salt`). 0, or -1 with why
