@@ -121,6 +121,18 @@ def _in_child(parent: int, t0: float, starts: int) -> None:
     os.environ["REGEN_WARM_START_STARTS"] = str(starts)
 
 
+def _fork_start(t0: float, starts: int) -> int:
+    """Forks a start (its pid; 0 in the start itself, set up by _in_child),
+    what this process printed written out first so that no start repeats it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _in_child(parent, t0, starts)
+    return pid
+
+
 def run_script(argv: List[str]) -> None:
     """Runs ``argv[0]`` as ``python3 argv...`` would: as __main__, its
     folder first on sys.path; its SystemExit or exception ends the process
@@ -158,12 +170,8 @@ def launch(argv: List[str], restarts: int) -> Tuple[Optional[List[str]], int]:
     while True:
         if stopping:
             return None, code
-        sys.stdout.flush()
-        sys.stderr.flush()
-        t0, parent = time.time(), os.getpid()
-        child = os.fork()
+        child = _fork_start(time.time(), starts)
         if child == 0:
-            _in_child(parent, t0, starts)
             return argv, 0
         _, status = os.waitpid(child, 0)
         child = 0
@@ -211,17 +219,13 @@ def serve(sock: socket.socket) -> Optional[Tuple[List[str], Tuple[int, int]]]:
                     os.close(f)
                 _send(sock, {"error": "a start needs its stdout and stderr"})
                 continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            parent = os.getpid()
-            pid = os.fork()
+            pid = _fork_start(float(req["t0"]), 0)
             if pid == 0:
                 for k in list(sel.get_map().values()):
                     if k.data is not None:
                         os.close(k.fd)
                 sel.close()
                 sock.close()
-                _in_child(parent, float(req["t0"]), 0)
                 return list(req["argv"]), (fds[0], fds[1])
             for f in fds:
                 os.close(f)
@@ -235,8 +239,7 @@ def _as_stdio(out: int, err: int) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    for fd, name in ((out, "stdout"), (err, "stderr")):
-        target = 1 if name == "stdout" else 2
+    for fd, target, name in ((out, 1, "stdout"), (err, 2, "stderr")):
         os.dup2(fd, target)
         os.close(fd)
         old = getattr(sys, name)
@@ -282,8 +285,8 @@ class Started:
 
 class WarmStart:
     """A launcher process that preloaded ``modules`` (default: those of
-    DEFAULT_PRELOAD installed) and forks each ``start(argv)`` from there.  ``env`` is the environment of the server,
-    and so of every start."""
+    DEFAULT_PRELOAD installed) and forks each ``start(argv)`` from there.
+    ``env`` is the environment of the server, and so of every start."""
 
     def __init__(self, modules: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None,
                  python: str = sys.executable, timeout: float = 300) -> None:
@@ -311,10 +314,15 @@ class WarmStart:
         self.preload_s: float = hello["preload_s"]
 
     def _receive(self) -> Dict:
+        """The server's next message; a start's end is also noted for
+        its wait()."""
         data = self._sock.recv(_MESSAGE_MAX)
         if not data:
             raise ConnectionError("regen.warm_start's server is gone")
-        return json.loads(data)
+        msg = json.loads(data)
+        if "exited" in msg:
+            self._exited[msg["exited"]] = msg["returncode"]
+        return msg
 
     def start(self, argv: List[str], t0: Optional[float] = None) -> Started:
         out_r, out_w = os.pipe()
@@ -324,23 +332,19 @@ class WarmStart:
         finally:
             os.close(out_w)
             os.close(err_w)
-        while True:
+        msg = self._receive()
+        while "exited" in msg:
             msg = self._receive()
-            if "exited" in msg:
-                self._exited[msg["exited"]] = msg["returncode"]
-                continue
-            if "error" in msg:
-                os.close(out_r)
-                os.close(err_r)
-                raise RuntimeError(msg["error"])
-            return Started(self, msg["pid"], open(out_r, "r"), open(err_r, "r"))
+        if "error" in msg:
+            os.close(out_r)
+            os.close(err_r)
+            raise RuntimeError(msg["error"])
+        return Started(self, msg["pid"], open(out_r, "r"), open(err_r, "r"))
 
     def _wait(self, pid: int, timeout: Optional[float]) -> int:
         self._sock.settimeout(timeout)
         while pid not in self._exited:
-            msg = self._receive()
-            if "exited" in msg:
-                self._exited[msg["exited"]] = msg["returncode"]
+            self._receive()
         return self._exited.pop(pid)
 
     def close(self) -> None:
