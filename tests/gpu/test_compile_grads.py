@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(REPO, "client", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bench"))
 from regend_fixture import cuda_regend, gpu_script_args, guarded, record, record_width, require_torch, \
-    summary, take_option as opt  # noqa: E402
+    summary, take_option as opt, torch_rel_error as rel_err  # noqa: E402
 
 torch = require_torch()
 
@@ -52,8 +52,7 @@ SHOWN = 8
 
 
 def data(step):
-    idx, tgt = models.batch(VOCAB, BATCH, SEQ, step % 8)
-    return idx % 1024, tgt % 1024
+    return models.memorised_batch(VOCAB, BATCH, SEQ, step)
 
 
 def gradients(fn, model, idx, tgt):
@@ -65,10 +64,6 @@ def gradients(fn, model, idx, tgt):
     return float(loss.detach().double()), grads
 
 
-def relative(a, ref):
-    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
 def compare(name, point, model, paths, idx, tgt):
     ref = copy.deepcopy(model).double()
     loss64, grads64 = gradients(ref, ref, idx, tgt)
@@ -76,7 +71,7 @@ def compare(name, point, model, paths, idx, tgt):
     results = {path: gradients(fn, model, idx, tgt) for path, fn in paths.items()}
     rows, bad = [], []
     for pname, g64 in grads64.items():
-        errs = {path: relative(results[path][1][pname], g64) for path in paths if pname in results[path][1]}
+        errs = {path: rel_err(results[path][1][pname], g64) for path in paths if pname in results[path][1]}
         if "regen" not in errs:
             bad.append(f"{pname}: no gradient through regen")
             continue

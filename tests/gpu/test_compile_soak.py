@@ -68,7 +68,6 @@ MODELS = opt("--models", "gpt,llama,encoder").split(",")
 SOAK = int(opt("--soak", "1000"))
 D, LAYERS, SEQ, BATCH, VOCAB = (models.BENCH_D, models.BENCH_LAYERS, models.BENCH_SEQ, models.BENCH_BATCH,
                                 models.BENCH_VOCAB)
-DISTINCT_BATCHES = 8
 SAMPLE_EVERY = 100
 GROWTH_BYTES = {"rank allocated": 64 << 20, "rank reserved": 64 << 20, "rank pool": 64 << 20,
                 "rank RSS": 32 << 20, "regend device": 64 << 20, "regend RSS": 32 << 20}
@@ -118,12 +117,10 @@ def train(name, path, steps, admin=None):
         fn = torch.compile(model)
     else:
         fn = torch.compile(model, backend="regen", dynamic=False)
-    # Tokens of the first 1,024 ids: the loss falls fast from ln(50304) to
-    # below ln(1024), then the model memorises the batches.
-    batches = [tuple(t % 1024 for t in models.batch(VOCAB, BATCH, SEQ, s)) for s in range(DISTINCT_BATCHES)]
+    batches = [models.memorised_batch(VOCAB, BATCH, SEQ, s) for s in range(models.MEMORISED_BATCHES)]
     losses, samples = [], []
     for step in range(steps):
-        idx, tgt = batches[step % DISTINCT_BATCHES]
+        idx, tgt = batches[step % models.MEMORISED_BATCHES]
         optimizer.zero_grad(set_to_none=True)
         loss = fn(idx, tgt)
         loss.backward()

@@ -27,3 +27,14 @@ def batch(vocab, batch_size, seq, step, device="cuda"):
     g = torch.Generator(device="cpu").manual_seed(1000 + step)
     idx = torch.randint(0, vocab, (batch_size, seq + 1), generator=g)
     return idx[:, :-1].to(device), idx[:, 1:].contiguous().to(device)
+
+
+# The data a model memorises (the soak's and the gradients' test's): this
+# many fixed batches in turn, of the vocabulary's first MEMORISED_IDS ids,
+# so that the loss falls from ln(vocab) to below ln(MEMORISED_IDS), then on.
+MEMORISED_BATCHES, MEMORISED_IDS = 8, 1024
+
+
+def memorised_batch(vocab, batch_size, seq, step, device="cuda"):
+    idx, tgt = batch(vocab, batch_size, seq, step % MEMORISED_BATCHES, device)
+    return idx % MEMORISED_IDS, tgt % MEMORISED_IDS
