@@ -534,7 +534,7 @@ static int lower_cross_entropy_backward(struct lower *l, const cJSON *attrs)
 	    (r = pw(l, RP_PW_SUB, logits, lv, s0)) < 0 || (r = like(l, logits, &p)) < 0 ||
 	    (r = pw(l, RP_PW_EXP, s0, -1, p)) < 0 || (r = one_hot(l, logits, tc, l->acc, &oh)) < 0 ||
 	    (r = like(l, logits, &d0)) < 0 || (r = pw(l, RP_PW_SUB, p, oh, d0)) < 0 ||
-	    (r = kept_rows(l, tc, ignore, &valid)) < 0 || (r = row_stat(l, l->acc, logits, &g)) < 0 ||
+	    (r = kept_rows(l, tc, ignore, &valid)) < 0 || (r = like(l, logits, &g)) < 0 ||
 	    (r = where_else(l, valid, dv, 0.0, g)) < 0) {
 		return r;
 	}

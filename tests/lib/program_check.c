@@ -301,8 +301,8 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'sum','inputs':['x20'],'outputs':['w25'],'attrs':{'axis':'last'}},"
 	  "{'op':'div','inputs':['w25','v23'],'outputs':['v27']}]}",
 	  -4, 4, 1000, 4 },
-	{ "a loss's backward as Llama's compiled graph gives it: the gradient's scale a quotient of two 0-d tensors "
-	  "(recomputed where the rows' factor is), lse a fill of zeros read as a column (computed where it is read)",
+	{ "a loss's backward of saved log-probabilities: the gradient's scale a quotient of two 0-d tensors, lse a "
+	  "fill of zeros read as a column (computed where it is read); the kept rows' mask and the scale apart",
 	  "{'tensors':[{'name':'g','kind':'input','dtype':'f32','shape':[]},"
 	  "{'name':'c','kind':'input','dtype':'f32','shape':[]},"
 	  "{'name':'x1','kind':'intermediate','dtype':'f32','shape':[64]},"
@@ -315,7 +315,50 @@ const struct tl_prog_case tl_prog_cases[] = {
 	  "{'op':'fill','outputs':['x4'],'attrs':{'scalar':0}},"
 	  "{'op':'cross_entropy_backward','inputs':['x1','ls','tg','x4'],'outputs':['t7'],'attrs':{'ignore_index':-100}},"
 	  "{'op':'cast','inputs':['t7'],'outputs':['dl']}]}",
-	  0.5, 2, 1000, 2 },
+	  0.5, 2, 1000, 3 },
+	{ "a loss's backward as Llama's compiled graph gives it (regen.torch recomputes the log-probabilities): the "
+	  "rows' logsumexp of the bf16 logits and the gradient over them in one kernel, its scale a quotient of two "
+	  "0-d tensors apart",
+	  "{'tensors':[{'name':'g','kind':'input','dtype':'f32','shape':[]},"
+	  "{'name':'c','kind':'input','dtype':'f32','shape':[]},"
+	  "{'name':'x','kind':'input','dtype':'bf16','shape':[64,1000]},"
+	  "{'name':'lse','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'x1','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'tg','kind':'input','dtype':'i64','shape':[64]},"
+	  "{'name':'t7','kind':'intermediate','dtype':'f32','shape':[64,1000]},"
+	  "{'name':'dl','kind':'output','dtype':'bf16','shape':[64,1000]}],"
+	  "'nodes':[{'op':'logsumexp','inputs':['x'],'outputs':['lse'],'attrs':{'axis':'last'}},"
+	  "{'op':'div','inputs':['g','c'],'outputs':['x1']},"
+	  "{'op':'cross_entropy_backward','inputs':['x1','x','tg','lse'],'outputs':['t7'],'attrs':{'ignore_index':-1}},"
+	  "{'op':'cast','inputs':['t7'],'outputs':['dl']}]}",
+	  -4, 4, 1000, 2 },
+	{ "a loss's forward as Llama's compiled graph gives it (regen.torch recomputes the log-probabilities in the "
+	  "backward): the rows' logsumexp of the bf16 logits and each target's logit by a gather, never the "
+	  "log-probabilities",
+	  "{'tensors':[{'name':'x','kind':'input','dtype':'bf16','shape':[2,32,1000]},"
+	  "{'name':'xr','kind':'view','base':'x','shape':[64,1000],'strides':[1000,1]},"
+	  "{'name':'flat','kind':'view','base':'xr','shape':[64000,1],'strides':[1,1]},"
+	  "{'name':'tg','kind':'input','dtype':'i64','shape':[64]},"
+	  "{'name':'lse','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'tf','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'row','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'start','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'at','kind':'intermediate','dtype':'f64','shape':[64]},"
+	  "{'name':'idx','kind':'intermediate','dtype':'i64','shape':[64]},"
+	  "{'name':'pk','kind':'intermediate','dtype':'bf16','shape':[64,1]},"
+	  "{'name':'pkv','kind':'view','base':'pk','shape':[64],'strides':[1]},"
+	  "{'name':'nll','kind':'intermediate','dtype':'f32','shape':[64]},"
+	  "{'name':'loss','kind':'output','dtype':'f32','shape':[1]}],"
+	  "'nodes':[{'op':'logsumexp','inputs':['xr'],'outputs':['lse'],'attrs':{'axis':'last'}},"
+	  "{'op':'cast','inputs':['tg'],'outputs':['tf']},"
+	  "{'op':'iota','outputs':['row'],'attrs':{'axis':0}},"
+	  "{'op':'mul','inputs':['row'],'outputs':['start'],'attrs':{'scalar':1000}},"
+	  "{'op':'add','inputs':['start','tf'],'outputs':['at']},"
+	  "{'op':'cast','inputs':['at'],'outputs':['idx']},"
+	  "{'op':'embedding','inputs':['flat','idx'],'outputs':['pk']},"
+	  "{'op':'sub','inputs':['lse','pkv'],'outputs':['nll']},"
+	  "{'op':'sum','inputs':['nll'],'outputs':['loss'],'attrs':{'axis':'last'}}]}",
+	  -4, 4, 1000, 0 },
 	{ "rms_norm's backward as a model's graph gives it: the row sum's kernel takes the rest (the weight's sum apart)",
 	  "{'tensors':[{'name':'dy','kind':'input','dtype':'bf16','shape':[96,1024]},"
 	  "{'name':'hnb','kind':'input','dtype':'bf16','shape':[96,1024]},"

@@ -354,6 +354,99 @@ class HostRunTest(_HostCase):
         finally:
             r.close()
 
+    def _log_probabilities(self, xs, M, N):
+        out = []
+        for i in range(M):
+            row = xs[i * N:(i + 1) * N]
+            m = max(row)
+            lse = m + math.log(sum(math.exp(v - m) for v in row))
+            out += [v - lse for v in row]
+        return out
+
+    def test_log_probabilities_only_the_loss_reads_are_never_written(self):
+        """A model's cross_entropy(logits.float()) whose log-probabilities
+        the forward does not return (regen.torch._partition recomputes them
+        in the backward): the rows' logsumexp and each target's logit are
+        read, the [N, V] f32 log-probabilities never written."""
+        M, N = 6, 9
+        g = Builder()
+        x, target = g.input((2, M // 2, N), "bf16"), g.input((M,), "i32")
+        wide = g.op("aten._to_copy.default", [g.val((2, M // 2, N))], self=x, dtype="f32")
+        rows = g.op("aten.view.default", [g.val((M, N), of=wide)], self=wide, size=[M, N])
+        ls = g.op("aten._log_softmax.default", [g.val((M, N))], self=rows, dim=1, half_to_float=False)
+        loss, total = g.op("aten.nll_loss_forward.default", [g.val(()), g.val(())], self=ls, target=target,
+                           weight=None, reduction=1, ignore_index=-100)
+        steps = partition(g.graph([loss, total]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        d = segments(steps)[0].definition
+        ops = [n["op"] for n in d["nodes"]]
+        self.assertIn("logsumexp", ops)
+        self.assertNotIn("log_softmax", ops)
+        self.assertFalse([t for t in d["tensors"] if t.get("shape") == [M, N] and t.get("dtype") == "f32"],
+                         "an [M, N] f32 tensor in the program")
+        for bad in (None, N):
+            r = HostRunner(self.c, steps)
+            try:
+                xs = [self.rng.randrange(-40, 40) / 8 for _ in range(M * N)]   # exact in bf16
+                targets = [self.rng.randrange(N) for _ in range(M)]
+                targets[3] = -100
+                if bad is not None:
+                    targets[1] = bad
+                r.give(x, xs)
+                r.give(target, targets)
+                if bad is not None:
+                    with self.assertRaises(regen.errors.InvalidOperand) as cm:
+                        r.run()
+                    self.assertIn("outside", str(cm.exception))
+                    continue
+                r.run()
+                lp = self._log_probabilities(xs, M, N)
+                kept = [i for i in range(M) if targets[i] != -100]
+                self.close(r.read(loss), [-sum(lp[i * N + targets[i]] for i in kept) / len(kept)], 1e-5, "loss")
+                self.close(r.read(total), [float(len(kept))], 0, "total weight")
+            finally:
+                r.close()
+
+    def test_loss_backward_from_the_logits(self):
+        """The backward regen.torch._partition writes: the log-probabilities
+        recomputed from the saved bf16 logits (read by the loss's backward
+        directly and through detach), the gradient cast back to bf16: one
+        logsumexp and one cross_entropy_backward over the logits."""
+        M, N = 5, 11
+        g = Builder()
+        x, target, g0, total = g.input((M, N), "bf16"), g.input((M,), "i32"), g.input(()), g.input(())
+        wide = g.op("aten._to_copy.default", [g.val((M, N))], self=x, dtype="f32")
+        ls = g.op("aten._log_softmax.default", [g.val((M, N))], self=wide, dim=1, half_to_float=False)
+        seen = g.op("aten.detach.default", [g.val((M, N), of=ls)], self=ls)
+        gl = g.op("aten.nll_loss_backward.default", [g.val((M, N))], grad_output=g0, self=ls, target=target,
+                  weight=None, reduction=1, ignore_index=-100, total_weight=total)
+        dxf = g.op("aten._log_softmax_backward_data.default", [g.val((M, N))], grad_output=gl, output=seen, dim=1,
+                   input_dtype="f32")
+        dx = g.op("aten._to_copy.default", [g.val((M, N), "bf16")], self=dxf, dtype="bf16")
+        steps = partition(g.graph([dx]), HANDLERS)
+        self.assertEqual(len(segments(steps)), 1, [s.reasons for s in steps if isinstance(s, RankStep)])
+        ops = [n["op"] for n in segments(steps)[0].definition["nodes"]]
+        self.assertEqual(ops.count("logsumexp"), 1, ops)
+        self.assertEqual(ops.count("cross_entropy_backward"), 1, ops)
+        self.assertNotIn("log_softmax", ops)
+        r = HostRunner(self.c, steps)
+        try:
+            xs = [self.rng.randrange(-40, 40) / 8 for _ in range(M * N)]
+            targets = [self.rng.randrange(N) for _ in range(M)]
+            targets[2] = -100
+            kept = sum(1 for t in targets if t != -100)
+            gv = self.rng.uniform(0.5, 2.0)
+            for v, vals in ((x, xs), (target, targets), (g0, [gv]), (total, [float(kept)])):
+                r.give(v, vals)
+            r.run()
+            lp = self._log_probabilities(xs, M, N)
+            want = [0.0 if targets[i] == -100 else
+                    (math.exp(lp[i * N + j]) - (1.0 if j == targets[i] else 0.0)) * gv / kept
+                    for i in range(M) for j in range(N)]
+            self.close(r.read(dx), want, 2 ** -8, "d logits (bf16)")
+        finally:
+            r.close()
+
     def test_loss_backward_pattern_cat_and_slice_backward(self):
         M, N = 5, 7
         g = Builder()

@@ -160,7 +160,7 @@ def _cast_into_softmax(b, src, dst):
             and y.is_contiguous()):
         return False
     x = b.read(src) if v.shape == src.shape else b.view(src, v.shape, contiguous_strides(v.shape))
-    b.node("log_softmax" if "log" in user.target else "softmax", [x], [b.write(y)])
+    _write_softmax(b, user, x, y, dst.producer.index)
     b.made[dst.id] = dst
     for op in chain:
         b.made[op.out_vals()[0].id] = op.out_vals()[0]
@@ -840,7 +840,80 @@ def softmax(b, op):
     need_float(x, y)
     _last_dim(op, x)
     need(x.is_contiguous() and y.is_contiguous(), "a strided softmax")
-    b.node("log_softmax" if "log" in op.target else "softmax", [b.read(x)], [b.write(y)])
+    _write_softmax(b, op, b.read(x), y, op.index)
+
+
+def _write_softmax(b, op, x, y, at):
+    """Softmax ``op`` of program tensor ``x`` into Val ``y``; but
+    log-probabilities that only a loss reads (_loss_of) are never written:
+    the rows' logsumexp is, and the loss reads the logits (a [N, V] f32
+    tensor as large as the logits twice over, written and read back, where
+    the vocabulary is large).  ``at``: the index of the op being written
+    (the softmax's, or a cast's before it that it absorbs)."""
+    found = _loss_of(op, y, at) if "log" in op.target else None
+    if found is None:
+        b.node("log_softmax" if "log" in op.target else "softmax", [x], [b.write(y)])
+        return
+    loss, aliases = found
+    lse = b.scratch("f32", [y.shape[0]])
+    b.node("logsumexp", [x], [lse], axis="last")
+    if loss.target == "aten.nll_loss_forward.default":
+        _nll_loss_rows(b, loss, x, lse)
+    else:
+        _cross_entropy_backward(b, loss, x, lse)
+    b.absorb(loss)
+    b.dummy(y)
+    for a in aliases:
+        b.absorb(a)
+        b.dummy(a.out_vals()[0])
+
+
+_ALIASES = ("aten.detach.default", "aten.alias.default")
+
+
+def _loss_of(op, y, at):
+    """The loss that alone reads log-probabilities ``y`` (not returned),
+    directly or through aliases (detach): nll_loss_forward, or
+    nll_loss_backward with the log_softmax backward that alone reads it
+    (the backward recomputes the log-probabilities from the saved logits,
+    regen.torch._partition); its checks passed, and everything else it
+    reads made before op ``at``, where the softmax is written.  (loss,
+    aliases), or None."""
+    if y.is_output or not y.users or len(y.shape) != 2 or not y.is_contiguous():
+        return None
+    readers, aliases, seen = [], [], [y]
+    while seen:
+        v = seen.pop()
+        for u in v.users:
+            outs = u.out_vals()
+            if u.target in _ALIASES and u.a.get("self") is v and len(outs) == 1:
+                w = outs[0]
+                if w.is_output or (w.storage, w.offset, w.shape, w.strides) != (y.storage, y.offset, y.shape, y.strides):
+                    return None
+                aliases.append(u)
+                seen.append(w)
+            elif u not in readers:
+                readers.append(u)
+    readers.sort(key=lambda u: u.index)
+    first = readers[0]
+    try:
+        if first.target == "aten.nll_loss_forward.default" and len(readers) == 1 and first.a.get("self") is y:
+            _need_nll(first, y)
+        elif first.target == "aten.nll_loss_backward.default" and len(readers) == 2 and first.a.get("self") is y:
+            if _log_softmax_backward_of(first, y) is not readers[1]:
+                return None
+            _need_nll(first, y)
+        else:
+            return None
+    except Unsupported:
+        return None
+    ours = readers + aliases
+    for u in readers:
+        for v in u.inputs():
+            if v.producer is not None and v.producer is not op and v.producer not in ours and \
+                    v.producer.index > at:
+                return None
+    return first, aliases
 
 
 @handles("aten._log_softmax_backward_data.default", "aten._softmax_backward_data.default")
@@ -858,6 +931,17 @@ def _scalar_scratch(b, dtype):
     return b.view_named(root, [], [])
 
 
+def _need_nll(op, logp):
+    """What the nll handlers take: no class weights, a mean or a sum, [N, C]
+    log-probabilities, integer targets."""
+    need(op.a.get("weight") is None, "nll_loss with class weights")
+    need(op.a.get("reduction", 1) in (1, 2), "nll_loss without a reduction")
+    need(len(logp.shape) == 2 and logp.is_contiguous(), "nll_loss of other than [N, C]")
+    target = op.a["target"]
+    need(isinstance(target, Val) and target.dtype in ("i64", "i32") and target.is_contiguous(), "nll_loss targets")
+    need_float(logp)
+
+
 @handles("aten.nll_loss_forward.default")
 def nll_loss(b, op):
     """Of log-probabilities: each row's loss is minus its target's
@@ -867,13 +951,17 @@ def nll_loss(b, op):
     is read, not the row: the log-probabilities are as large as the logits.
     A target outside [0, C) (other than ignore_index) is a bad index the
     gather reports by name, as torch's kernel asserts."""
+    logp = op.a["self"]
+    _need_nll(op, logp)
+    _nll_loss_rows(b, op, b.read(logp), None)
+
+
+def _nll_loss_rows(b, op, rows_of, lse):
+    """nll_loss_forward ``op`` over program tensor ``rows_of`` [N, C]: the
+    log-probabilities, or (``lse`` the rows' logsumexp, [N]) the logits,
+    whose target's log-probability is its logit minus the row's lse."""
     logp, target = op.a["self"], op.a["target"]
-    need(op.a.get("weight") is None, "nll_loss with class weights")
     reduction = op.a.get("reduction", 1)
-    need(reduction in (1, 2), "nll_loss without a reduction")
-    need(len(logp.shape) == 2 and logp.is_contiguous(), "nll_loss of other than [N, C]")
-    need(target.dtype in ("i64", "i32") and target.is_contiguous(), "nll_loss targets")
-    need_float(logp)
     loss, total = out(op, 0), out(op, 1)
     ignore = float(op.a.get("ignore_index", -100))
     n, c = logp.shape
@@ -900,10 +988,13 @@ def nll_loss(b, op):
     b.node("where", [keep, index], [kept_index], scalar=0.0)
     safe = b.scratch("i64", [n])
     b.node("cast", [kept_index], [safe])
-    picked = b.scratch(logp.dtype, [n, 1])
-    b.node("embedding", [b.view(logp, [n * c, 1], [1, 1]), safe], [picked])
+    picked = b.scratch(b.dtype_of(rows_of), [n, 1])
+    b.node("embedding", [b.view_named(rows_of, [n * c, 1], [1, 1]), safe], [picked])
     minus = b.scratch("f32", [n])
-    b.node("neg", [b.view_named(picked, [n], [1])], [minus])
+    if lse is None:
+        b.node("neg", [b.view_named(picked, [n], [1])], [minus])
+    else:
+        b.node("sub", [lse, b.view_named(picked, [n], [1])], [minus])
     rows = b.scratch("f32", [n])
     b.node("where", [keep, minus], [rows], scalar=0.0)
     kept = b.scratch("f32", [n])
@@ -917,15 +1008,9 @@ def nll_loss(b, op):
     b.node("div", [s, b.read(total)], [b.write(loss)])
 
 
-@handles("aten.nll_loss_backward.default")
-def nll_loss_backward(b, op):
-    """With the log_softmax backward that reads it: softmax minus one-hot,
-    times the loss's gradient over the rows kept, as cross_entropy_backward
-    writes it (log-probabilities in, their log-sum-exp 0)."""
-    g, logp, target, total = op.a["grad_output"], op.a["self"], op.a["target"], op.a["total_weight"]
-    need(op.a.get("weight") is None, "nll_loss with class weights")
-    reduction = op.a.get("reduction", 1)
-    need(reduction in (1, 2), "nll_loss without a reduction")
+def _log_softmax_backward_of(op, logp):
+    """The log_softmax backward that alone reads nll_loss_backward ``op``'s
+    gradient, of the same log-probabilities ``logp``; else Unsupported."""
     grad_logp = out(op)
     users = grad_logp.users
     need(len(users) == 1 and not grad_logp.is_output,
@@ -937,19 +1022,38 @@ def nll_loss_backward(b, op):
     need(isinstance(read, Val) and (read.storage, read.offset, read.shape, read.strides) ==
          (logp.storage, logp.offset, logp.shape, logp.strides),
          f"log_softmax's backward reads {read!r}, not the log-probabilities {logp!r} the loss read")
-    consumer = users[0]
+    need(out(users[0]).is_contiguous(), "nll_loss of other than [N, C]")
+    return users[0]
+
+
+@handles("aten.nll_loss_backward.default")
+def nll_loss_backward(b, op):
+    """With the log_softmax backward that reads it: softmax minus one-hot,
+    times the loss's gradient over the rows kept, as cross_entropy_backward
+    writes it (log-probabilities in, their log-sum-exp 0)."""
+    logp = op.a["self"]
+    _need_nll(op, logp)
+    _log_softmax_backward_of(op, logp)
+    zero = b.scratch("f32", [logp.shape[0]])
+    b.node("fill", [], [zero], scalar=0.0)
+    _cross_entropy_backward(b, op, b.read(logp), zero)
+
+
+def _cross_entropy_backward(b, op, rows_of, lse):
+    """nll_loss_backward ``op`` and the log_softmax backward after it as one
+    cross_entropy_backward over program tensor ``rows_of`` [N, C] with its
+    rows' logsumexp ``lse`` (log-probabilities and 0, or the logits and
+    theirs)."""
+    g, logp, target, total = op.a["grad_output"], op.a["self"], op.a["target"], op.a["total_weight"]
+    consumer = _log_softmax_backward_of(op, logp)
     dx = out(consumer)
-    need(len(logp.shape) == 2 and logp.is_contiguous() and dx.is_contiguous(), "nll_loss of other than [N, C]")
-    need(target.dtype in ("i64", "i32") and target.is_contiguous(), "nll_loss targets")
     ignore = float(op.a.get("ignore_index", -100))
     n = logp.shape[0]
     dl = b.scratch("f32", [n])
-    if reduction == 1:
+    if op.a.get("reduction", 1) == 1:
         b.node("div", [b.read(g), b.read(total)], [dl])
     else:
         b.node("cast", [b.read(g)], [dl])
-    zero = b.scratch("f32", [n])
-    b.node("fill", [], [zero], scalar=0.0)
-    b.node("cross_entropy_backward", [dl, b.read(logp), b.read(target), zero], [b.write(dx)], ignore_index=ignore)
+    b.node("cross_entropy_backward", [dl, rows_of, b.read(target), lse], [b.write(dx)], ignore_index=ignore)
     b.absorb(consumer)
-    b.dummy(grad_logp)
+    b.dummy(out(op))

@@ -278,6 +278,14 @@ class _Builder:
         return self._add({"name": self._fresh("w"), "kind": "view", "base": base, "shape": list(shape),
                           "strides": list(strides), "offset": offset})
 
+    def dtype_of(self, name):
+        """The dtype of program tensor ``name`` (a view's, its base's)."""
+        by_name = {t["name"]: t for t in self.tensors}
+        t = by_name[name]
+        while t.get("kind") == "view":
+            t = by_name[t["base"]]
+        return t["dtype"]
+
     def scratch(self, dtype, shape):
         return self._add({"name": self._fresh("x"), "kind": "intermediate", "dtype": dtype, "shape": list(shape)})
 

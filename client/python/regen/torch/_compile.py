@@ -24,6 +24,7 @@ import torch.fx
 
 from .. import errors
 from ..lowering import HANDLERS, VIEW_OPS, Const, Graph, Op, RankStep, Segment, Val, partition
+from ._partition import with_recompute
 
 __all__ = ["backend", "explain", "compiled_graphs"]
 
@@ -420,21 +421,24 @@ def backend(gm, example_inputs, options=None, mode=None):
     from backward as Inductor does (the backward recomputes cheap
     pointwise work rather than the forward saving it: less memory, fewer
     bytes written); "default", the default, is AOTAutograd's own split.
-    mode is Inductor's and means nothing here."""
+    Either way a loss's log-probabilities are recomputed in the backward
+    rather than saved (_partition.py).  mode is Inductor's and means
+    nothing here."""
     from torch._dynamo.backends.common import aot_autograd
-    kw = {}
+    from torch._functorch import partitioners
     options = dict(options or {})
     partition = options.pop("partition", "default")
     if partition == "min_cut":
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
-        kw["partition_fn"] = min_cut_rematerialization_partition
-    elif partition != "default":
+        split = partitioners.min_cut_rematerialization_partition
+    elif partition == "default":
+        split = partitioners.default_partition
+    else:
         raise ValueError(f'regen backend: options["partition"] is "default" or "min_cut", not {partition!r}')
     if options:
         raise ValueError(f"regen backend: unknown options {sorted(options)}; it takes \"partition\"")
     return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                        inference_compiler=_compiler("inference"),
-                        keep_inference_input_mutations=True, **kw)(gm, example_inputs)
+                        inference_compiler=_compiler("inference"), partition_fn=with_recompute(split),
+                        keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 def compiled_graphs():

@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""regen.torch._partition: the joint graph's rewrite before AOTAutograd's
+split, through AOTAutograd itself (aot_function, on CPU tensors): a loss's
+log-probabilities are recomputed in the backward from the logits rather
+than saved, the loss and the gradients stay torch's own to the bit, and a
+graph that reads the log-probabilities otherwise is left as it was.
+Skipped where torch or its AOTAutograd is not importable."""
+
+import importlib.util
+import os
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+try:
+    import torch
+    import torch.nn.functional as F
+    try:
+        from torch._functorch.aot_autograd import aot_function
+        from torch._functorch.partitioners import default_partition
+    except ImportError:
+        from functorch.compile import aot_function, default_partition
+except ImportError:
+    torch = None
+
+_partition = None
+if torch is not None:
+    # The module alone: regen.torch's package would start a runtime.
+    spec = importlib.util.spec_from_file_location(
+        "regen_torch_partition", os.path.join(HERE, "..", "regen", "torch", "_partition.py"))
+    _partition = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(_partition)
+
+
+def _targets(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _saved(gm):
+    """The forward's outputs after the first (the loss): what it saves."""
+    ret = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    return [n for n in ret[1:] if isinstance(n, torch.fx.Node)]
+
+
+@unittest.skipIf(torch is None, "no torch with AOTAutograd")
+class RecomputeTest(unittest.TestCase):
+    def setUp(self):
+        self.gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+    def compiled(self, fn):
+        graphs = {}
+
+        def keep(kind):
+            def compile_graph(gm, inputs):
+                graphs[kind] = gm
+                return gm
+            return compile_graph
+        return aot_function(fn, keep("forward"), keep("backward"),
+                            partition_fn=_partition.with_recompute(default_partition)), graphs
+
+    def inputs(self):
+        h = torch.randn(6, 8, generator=self.gen).to(torch.bfloat16).requires_grad_()
+        w = torch.randn(16, 8, generator=self.gen).to(torch.bfloat16).requires_grad_()
+        t = torch.randint(0, 16, (6,), generator=self.gen)
+        t[4] = -1
+        return h, w, t
+
+    def test_the_logits_are_saved_not_their_log_probabilities(self):
+        def loss(h, w, t):
+            logits = (h @ w.t()).view(2, 3, 16)   # a model's [B, S, V]
+            return F.cross_entropy(logits.float().view(-1, 16), t, ignore_index=-1)
+        fn, graphs = self.compiled(loss)
+        h, w, t = self.inputs()
+        got = fn(h, w, t)
+        got.backward()
+        dh, dw = h.grad.clone(), w.grad.clone()
+        h.grad = w.grad = None
+        want = loss(h, w, t)
+        want.backward()
+        # The same ops run: the loss and the gradients are torch's, bit for bit.
+        self.assertTrue(torch.equal(got, want), (got, want))
+        self.assertTrue(torch.equal(dh, h.grad) and torch.equal(dw, w.grad))
+        saved = _saved(graphs["forward"])
+        self.assertFalse([n for n in saved if "log_softmax" in str(n.target)], saved)
+        self.assertFalse([n for n in saved if n.meta.get("val", n.meta.get("tensor_meta")) is not None and
+                          getattr(n.meta.get("val", n.meta.get("tensor_meta")), "dtype", None) == torch.float32
+                          and tuple(n.meta.get("val", n.meta.get("tensor_meta")).shape) in ((6, 16), (2, 3, 16))],
+                         f"an f32 [N, V] tensor saved: {saved}")
+        self.assertIn("aten._log_softmax.default", _targets(graphs["backward"]))
+        self.assertEqual(_targets(graphs["forward"]).count("aten._log_softmax.default"), 1)
+
+    def test_log_probabilities_the_model_returns_stay_saved(self):
+        def loss(h, w, t):
+            lp = F.log_softmax((h @ w.t()).float(), dim=-1)
+            return F.nll_loss(lp, t, ignore_index=-1), lp
+        fn, graphs = self.compiled(loss)
+        h, w, t = self.inputs()
+        got, lp = fn(h, w, t)
+        (got + lp.sum() * 0).backward()
+        self.assertNotIn("aten._log_softmax.default", _targets(graphs["backward"]))
+
+    def test_the_pass_counts_what_it_copies(self):
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        t = g.placeholder("t")
+        tangent = g.placeholder("tangents_1")
+        aten = torch.ops.aten
+        wide = g.call_function(aten._to_copy.default, (x,), {"dtype": torch.float32})
+        ls = g.call_function(aten._log_softmax.default, (wide, 1, False))
+        fwd = g.call_function(aten.nll_loss_forward.default, (ls, t, None, 1, -100))
+        total = g.call_function(__import__("operator").getitem, (fwd, 1))
+        gl = g.call_function(aten.nll_loss_backward.default, (tangent, ls, t, None, 1, -100, total))
+        seen = g.call_function(aten.detach.default, (ls,))
+        dx = g.call_function(aten._log_softmax_backward_data.default, (gl, seen, 1, torch.float32))
+        g.output([fwd, dx])
+        self.assertEqual(_partition.recompute_log_probabilities(g), 1)
+        softmaxes = [n for n in g.nodes if n.target is aten._log_softmax.default]
+        casts = [n for n in g.nodes if n.target is aten._to_copy.default]
+        self.assertEqual((len(softmaxes), len(casts)), (2, 2))
+        # The forward's reader keeps the first, the backward's read the copy
+        # (through its detach), made from the same input.
+        self.assertEqual(list(softmaxes[0].users), [fwd])
+        self.assertEqual(set(softmaxes[1].users), {gl, seen})
+        self.assertIs(casts[1].args[0], x)
+        order = list(g.nodes)
+        self.assertLess(order.index(softmaxes[1]), order.index(gl))
+        self.assertEqual(_partition.recompute_log_probabilities(g), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
