@@ -99,6 +99,27 @@ class RecomputeTest(unittest.TestCase):
         (got + lp.sum() * 0).backward()
         self.assertNotIn("aten._log_softmax.default", _targets(graphs["backward"]))
 
+    def test_a_widening_cast_both_passes_read_is_made_again_in_the_backward(self):
+        def rms_norm(x, w):
+            h = x.float()   # RMSNorm as Llama writes it
+            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * w
+        fn, graphs = self.compiled(lambda x, w: rms_norm(x, w).float().sum())
+        x = torch.randn(4, 32, generator=self.gen).to(torch.bfloat16).requires_grad_()
+        w = torch.randn(32, generator=self.gen).to(torch.bfloat16).requires_grad_()
+        got = fn(x, w)
+        got.backward()
+        dx, dw = x.grad.clone(), w.grad.clone()
+        x.grad = w.grad = None
+        want = rms_norm(x, w).float().sum()
+        want.backward()
+        self.assertTrue(torch.equal(got, want), (got, want))
+        self.assertTrue(torch.equal(dx, x.grad) and torch.equal(dw, w.grad))
+        saved = _saved(graphs["forward"])
+        wide = [n for n in saved if _partition._meta(n)[0] == torch.float32 and
+                tuple(n.meta.get("val", n.meta.get("tensor_meta")).shape) == (4, 32)]
+        self.assertFalse(wide, f"an f32 [4, 32] tensor saved: {saved}")
+        self.assertIn("aten._to_copy.default", _targets(graphs["backward"]))
+
     def test_the_pass_counts_what_it_copies(self):
         g = torch.fx.Graph()
         x = g.placeholder("x")
@@ -113,7 +134,7 @@ class RecomputeTest(unittest.TestCase):
         seen = g.call_function(aten.detach.default, (ls,))
         dx = g.call_function(aten._log_softmax_backward_data.default, (gl, seen, 1, torch.float32))
         g.output([fwd, dx])
-        self.assertEqual(_partition.recompute_log_probabilities(g), 1)
+        self.assertEqual(_partition.recompute_for_backward(g), 1)
         softmaxes = [n for n in g.nodes if n.target is aten._log_softmax.default]
         casts = [n for n in g.nodes if n.target is aten._to_copy.default]
         self.assertEqual((len(softmaxes), len(casts)), (2, 2))
@@ -124,7 +145,7 @@ class RecomputeTest(unittest.TestCase):
         self.assertIs(casts[1].args[0], x)
         order = list(g.nodes)
         self.assertLess(order.index(softmaxes[1]), order.index(gl))
-        self.assertEqual(_partition.recompute_log_probabilities(g), 0)
+        self.assertEqual(_partition.recompute_for_backward(g), 0)
 
 
 if __name__ == "__main__":

@@ -1,78 +1,128 @@
 # SPDX-License-Identifier: Apache-2.0
 """The joint graph's rewrite before AOTAutograd splits it into a forward and
-a backward: the log-probabilities of a loss are recomputed in the backward
-from the logits the forward had, rather than saved.
+a backward: values the backward can make again from half the bytes are
+made there, not saved.
 
-A model's ``F.cross_entropy(logits.float().view(-1, V), targets)`` traces
-to ``_log_softmax`` of the logits cast to f32, read by ``nll_loss_forward``
-and, in the backward, by ``nll_loss_backward`` and
-``_log_softmax_backward_data``.  AOTAutograd's own split saves the
-log-probabilities: an [N, V] f32 tensor, twice the bf16 logits, that the
-forward writes whole to read one element a row and the backward reads
-whole again.  Recomputed in the backward from the saved logits, the
-forward only needs each row's logsumexp and its target's logit, and the
-backward reads the logits once and writes their gradient once (the
-lowering's _write_softmax; Inductor's min-cut split decides the same).
-Only torch.fx here: the pass is tested with any torch that has AOTAutograd.
+1. A loss's log-probabilities.  A model's ``F.cross_entropy(logits.float()
+   .view(-1, V), targets)`` traces to ``_log_softmax`` of the logits cast
+   to f32, read by ``nll_loss_forward`` and, in the backward, by
+   ``nll_loss_backward`` and ``_log_softmax_backward_data``.  AOTAutograd's
+   own split saves the log-probabilities: an [N, V] f32 tensor, twice the
+   bf16 logits, that the forward writes whole to read one element a row
+   and the backward reads whole again.  Recomputed in the backward from
+   the saved logits, the forward only needs each row's logsumexp and its
+   target's logit, and the backward reads the logits once and writes their
+   gradient once (the lowering's _write_softmax).
+2. A half-precision tensor widened to f32 (RMSNorm's ``x.float()``): the
+   backward casts the saved bf16 tensor itself, in the kernel that reads
+   it, rather than the forward writing the f32 copy for it.
+
+Inductor's min-cut split decides the same.  A copy reads nothing the
+forward alone makes, so the split puts it in the backward and saves what
+it reads.  Only torch.fx here: the pass is tested with any torch that has
+AOTAutograd.
 """
 
 import torch
 import torch.fx
 
-__all__ = ["recompute_log_probabilities", "with_recompute"]
+__all__ = ["recompute_for_backward", "with_recompute"]
+
+_HALVES = (torch.float16, torch.bfloat16)
 
 
-def _targets():
+def _ops():
     aten = torch.ops.aten
-    passes = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._to_copy.default}
+    casts = {aten._to_copy.default}
     prims = getattr(torch.ops, "prims", None)
     if prims is not None and hasattr(prims, "convert_element_type"):
-        passes.add(prims.convert_element_type.default)
-    return (aten._log_softmax.default, aten.nll_loss_forward.default,
-            (aten.nll_loss_backward.default, aten._log_softmax_backward_data.default),
-            (aten.detach.default, aten.alias.default), passes)
+        casts.add(prims.convert_element_type.default)
+    views = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+    return aten, casts, views
 
 
-def _read_by(node, readers, aliases):
-    """Whether ``node`` is one of ``readers``, or an alias (detach) read
-    by them alone."""
-    if node.op != "call_function":
-        return False
-    if node.target in readers:
-        return True
-    return node.target in aliases and bool(node.users) and all(_read_by(u, readers, aliases) for u in node.users)
+def _meta(node):
+    """(dtype, device) of the tensor a node makes, where its meta says."""
+    v = node.meta.get("val", node.meta.get("tensor_meta")) if isinstance(node, torch.fx.Node) else None
+    return getattr(v, "dtype", None), getattr(v, "device", None)
 
 
-def recompute_log_probabilities(graph):
-    """Gives each ``_log_softmax`` that the forward reads only through
-    ``nll_loss_forward`` a copy, placed before its first backward reader,
-    made from the same input through the same views and casts, for the
-    backward's readers.  The copy reads nothing the forward alone makes, so
-    AOTAutograd's split puts it in the backward and saves what it reads
-    (the logits, before their cast where the cast has no other reader).
+def _widens(node):
+    """A half-precision tensor cast to f32 on its own device."""
+    (to, where), (frm, was) = _meta(node), _meta(node.args[0] if node.args else None)
+    return to == torch.float32 and frm in _HALVES and where == was
+
+
+def _backward_nodes(graph, num_fwd_outputs=None):
+    """The nodes the forward's outputs do not need: the backward's (as
+    AOTAutograd's split places them).  The forward's outputs are the first
+    ``num_fwd_outputs`` of the joint graph's; without it (torch before
+    2.0), those that read no tangent."""
+    import torch.utils._pytree as pytree
+    out = [n for n in graph.nodes if n.op == "output"][0]
+    outs = [x for x in pytree.tree_flatten(out.args)[0] if isinstance(x, torch.fx.Node)]
+    if num_fwd_outputs is None:
+        tangent = set()
+        for n in graph.nodes:
+            if (n.op == "placeholder" and n.name.startswith("tangents")) or \
+                    any(a in tangent for a in n.all_input_nodes):
+                tangent.add(n)
+        forward_outs = [x for x in outs if x not in tangent]
+    else:
+        forward_outs = outs[:num_fwd_outputs]
+    needed, stack = set(), list(forward_outs)
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    return {n for n in graph.nodes if n.op == "call_function" and n not in needed}
+
+
+def _copy_for(graph, chain, readers, order):
+    """Copies ``chain`` (a node, then what it reads through, last first in
+    the list's reverse) before the first of ``readers``, which then read
+    the copy of chain[0]."""
+    copies = {}
+    with graph.inserting_before(min(readers, key=order.__getitem__)):
+        for c in reversed(chain):
+            copies[c] = graph.node_copy(c, lambda a: copies.get(a, a))
+    for u in readers:
+        u.replace_input_with(chain[0], copies[chain[0]])
+
+
+def recompute_for_backward(graph, num_fwd_outputs=None):
+    """Rewrites ``graph`` (a joint graph) as the module's docstring says:
+    each ``_log_softmax`` that the forward reads only through
+    ``nll_loss_forward`` gets a copy for the backward's readers, made from
+    the same input through the same views and casts; each cast of a
+    half-precision tensor to f32 that both passes read gets one for the
+    backward's.  ``num_fwd_outputs``: as AOTAutograd gives the split.
     Returns how many it copied."""
-    log_softmax, nll_forward, backward_readers, aliases, passes = _targets()
+    aten, casts, views = _ops()
+    late = _backward_nodes(graph, num_fwd_outputs)
     order = {n: i for i, n in enumerate(graph.nodes)}
     copied = 0
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not log_softmax:
+        if node.op != "call_function" or node in late:
             continue
-        late = [u for u in node.users if _read_by(u, backward_readers, aliases)]
+        readers = [u for u in node.users if u in late]
         early = [u for u in node.users if u not in late]
-        if not late or not early or any(u.op != "call_function" or u.target is not nll_forward for u in early):
+        if not readers or not early:
             continue
-        chain = [node]
-        src = node.args[0]
-        while isinstance(src, torch.fx.Node) and src.op == "call_function" and src.target in passes and \
-                len(src.users) == 1:
-            chain.append(src)
-            src = src.args[0]
-        copies = {}
-        with graph.inserting_before(min(late, key=order.__getitem__)):
-            for c in reversed(chain):
-                copies[c] = graph.node_copy(c, lambda a: copies.get(a, a))
-        for u in late:
-            u.replace_input_with(node, copies[node])
+        if node.target is aten._log_softmax.default:
+            if any(u.op != "call_function" or u.target is not aten.nll_loss_forward.default for u in early):
+                continue
+            chain, src = [node], node.args[0]
+            while isinstance(src, torch.fx.Node) and src.op == "call_function" and \
+                    src.target in casts | views and len(src.users) == 1:
+                chain.append(src)
+                src = src.args[0]
+        elif node.target in casts and _widens(node):
+            chain = [node]
+        else:
+            continue
+        _copy_for(graph, chain, readers, order)
         copied += 1
     if copied:
         graph.lint()
@@ -82,7 +132,7 @@ def recompute_log_probabilities(graph):
 def with_recompute(partition_fn):
     """AOTAutograd's ``partition_fn`` that first rewrites the joint graph."""
     def split(joint_module, joint_inputs, **kwargs):
-        if recompute_log_probabilities(joint_module.graph):
+        if recompute_for_backward(joint_module.graph, kwargs.get("num_fwd_outputs")):
             joint_module.recompile()
         return partition_fn(joint_module, joint_inputs, **kwargs)
     return split
