@@ -120,6 +120,25 @@ class RecomputeTest(unittest.TestCase):
         self.assertFalse(wide, f"an f32 [4, 32] tensor saved: {saved}")
         self.assertIn("aten._to_copy.default", _targets(graphs["backward"]))
 
+    def test_a_graph_the_rewrite_cannot_take_is_split_as_it_came(self):
+        seen = []
+
+        def split(joint_module, joint_inputs, **kwargs):
+            seen.append(joint_module)
+            return default_partition(joint_module, joint_inputs, **kwargs)
+        real = _partition.recompute_for_backward
+        _partition.recompute_for_backward = lambda graph, n=None: 1 / 0
+        try:
+            fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
+                              lambda gm, _: gm, lambda gm, _: gm, partition_fn=_partition.with_recompute(split))
+            h, w, t = self.inputs()
+            with self.assertWarnsRegex(UserWarning, "split as it came .ZeroDivisionError"):
+                fn(h, w, t).backward()
+        finally:
+            _partition.recompute_for_backward = real
+        self.assertEqual(len(seen), 1)
+        self.assertEqual([str(n.target) for n in seen[0].graph.nodes].count("aten._log_softmax.default"), 1)
+
     def test_the_pass_counts_what_it_copies(self):
         g = torch.fx.Graph()
         x = g.placeholder("x")

@@ -23,6 +23,9 @@ it reads.  Only torch.fx here: the pass is tested with any torch that has
 AOTAutograd.
 """
 
+import copy
+import warnings
+
 import torch
 import torch.fx
 
@@ -130,9 +133,16 @@ def recompute_for_backward(graph, num_fwd_outputs=None):
 
 
 def with_recompute(partition_fn):
-    """AOTAutograd's ``partition_fn`` that first rewrites the joint graph."""
+    """AOTAutograd's ``partition_fn`` that first rewrites the joint graph
+    (a copy of it: a graph the rewrite cannot take is split as it came,
+    with a warning, since the rewrite only saves bytes)."""
     def split(joint_module, joint_inputs, **kwargs):
-        if recompute_for_backward(joint_module.graph, kwargs.get("num_fwd_outputs")):
-            joint_module.recompile()
+        try:
+            rewritten = copy.deepcopy(joint_module)
+            if recompute_for_backward(rewritten.graph, kwargs.get("num_fwd_outputs")):
+                rewritten.recompile()
+                joint_module = rewritten
+        except Exception as e:   # noqa: BLE001 - any failure leaves the graph as AOTAutograd gave it
+            warnings.warn(f"regen backend: the joint graph is split as it came ({type(e).__name__}: {e})")
         return partition_fn(joint_module, joint_inputs, **kwargs)
     return split
