@@ -140,6 +140,12 @@ class RecomputeTest(unittest.TestCase):
         self.assertEqual([str(n.target) for n in seen[0].graph.nodes].count("aten._log_softmax.default"), 1)
 
     def test_the_pass_counts_what_it_copies(self):
+        # Without num_fwd_outputs (torch before 2.0) and with it.
+        for n in (None, 1):
+            with self.subTest(num_fwd_outputs=n):
+                self.check_pass_counts(n)
+
+    def check_pass_counts(self, num_fwd_outputs):
         g = torch.fx.Graph()
         x = g.placeholder("x")
         t = g.placeholder("t")
@@ -153,7 +159,7 @@ class RecomputeTest(unittest.TestCase):
         seen = g.call_function(aten.detach.default, (ls,))
         dx = g.call_function(aten._log_softmax_backward_data.default, (gl, seen, 1, torch.float32))
         g.output([fwd, dx])
-        self.assertEqual(_partition.recompute_for_backward(g), 1)
+        self.assertEqual(_partition.recompute_for_backward(g, num_fwd_outputs), 1)
         softmaxes = [n for n in g.nodes if n.target is aten._log_softmax.default]
         casts = [n for n in g.nodes if n.target is aten._to_copy.default]
         self.assertEqual((len(softmaxes), len(casts)), (2, 2))
@@ -164,7 +170,7 @@ class RecomputeTest(unittest.TestCase):
         self.assertIs(casts[1].args[0], x)
         order = list(g.nodes)
         self.assertLess(order.index(softmaxes[1]), order.index(gl))
-        self.assertEqual(_partition.recompute_for_backward(g), 0)
+        self.assertEqual(_partition.recompute_for_backward(g, num_fwd_outputs), 0)
 
 
 if __name__ == "__main__":

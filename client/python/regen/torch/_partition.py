@@ -63,16 +63,16 @@ def _backward_nodes(graph, num_fwd_outputs=None):
     2.0), those that read no tangent."""
     import torch.utils._pytree as pytree
     out = [n for n in graph.nodes if n.op == "output"][0]
-    outs = [x for x in pytree.tree_flatten(out.args)[0] if isinstance(x, torch.fx.Node)]
+    outs = pytree.tree_flatten(out.args)[0]
     if num_fwd_outputs is None:
         tangent = set()
         for n in graph.nodes:
             if (n.op == "placeholder" and n.name.startswith("tangents")) or \
                     any(a in tangent for a in n.all_input_nodes):
                 tangent.add(n)
-        forward_outs = [x for x in outs if x not in tangent]
+        forward_outs = [x for x in outs if isinstance(x, torch.fx.Node) and x not in tangent]
     else:
-        forward_outs = outs[:num_fwd_outputs]
+        forward_outs = [x for x in outs[:num_fwd_outputs] if isinstance(x, torch.fx.Node)]
     needed, stack = set(), list(forward_outs)
     while stack:
         n = stack.pop()
