@@ -15,7 +15,8 @@ under autocast does.  Then faults in the middle of compiled training
 (a device_lost between the forward and backward Runs of a step, and a
 `regenctl restart` before a step's forward): the faulted steps cost at
 most a second more and every loss and parameter ends as in the same steps
-without faults.  Each check prints PASS/FAIL; the last line is "N passed, N
+without faults.  What each model's forward saves for its backward: no f32
+tensor as large as an activation, and no program writes log-probabilities.  Each check prints PASS/FAIL; the last line is "N passed, N
 failed".
 
     python3 tests/gpu/test_compile.py [REGEND] [--steps N] [--models gpt,llama,encoder] [--dims D]
@@ -124,6 +125,33 @@ def _loss_gap(eager, mine, compiled, vocab, batch, seq, step):
         loss.backward()
         losses.append(loss.float().item())
     return abs(losses[1] - losses[0]) / abs(losses[0])
+
+
+def check_saved(name):
+    """What the forward saves for the backward (regen.torch._partition):
+    no f32 tensor as large as an activation, neither the loss's
+    log-probabilities nor RMSNorm's x.float(); and neither pass's program
+    writes log-probabilities (the rows' logsumexp instead)."""
+    from regen.torch._compile import compiled_graphs
+    from regen.lowering import Segment
+    vocab, seq, layers, heads, batch = 512, 128, 2, max(2, D // 64), 4
+    torch._dynamo.reset()
+    compiled = torch.compile(models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16),
+                             backend="regen", dynamic=False)
+    compiled(*models.batch(vocab, batch, seq, 0)).backward()
+    graphs = {g.kind: g for g in compiled_graphs()}
+    out = [n for n in graphs["forward"].gm.graph.nodes if n.op == "output"][0]
+    saved = [x for x in torch.utils._pytree.tree_flatten(out.args)[0][1:] if isinstance(x, torch.fx.Node)]
+    wide = [f"{x.name} {list(x.meta['val'].shape)}" for x in saved
+            if isinstance(x.meta.get("val"), torch.Tensor) and x.meta["val"].dtype == torch.float32
+            and x.meta["val"].numel() >= batch * seq * D]
+    ops = [n["op"] for g in graphs.values() for s in g.steps or () if isinstance(s, Segment)
+           for n in s.definition["nodes"]]
+    record(f"{name}: the forward saves no f32 activation, no pass writes log-probabilities",
+           not wide and "log_softmax" not in ops and ops.count("logsumexp") >= 2,
+           f"{len(saved)} saved{', f32: ' + ', '.join(wide) if wide else ''}; "
+           f"logsumexp {ops.count('logsumexp')}, log_softmax {ops.count('log_softmax')}")
+    torch._dynamo.reset()
 
 
 def check_recompile(name):
@@ -253,6 +281,8 @@ def main():
         rt.configure(socket=daemon.socket, ordering="events")
         for name in MODELS:
             guarded(f"{name}: compiled training", check_model, name, steps)
+            torch._dynamo.reset()
+            guarded(f"{name}: what the forward saves", check_saved, name)
             torch._dynamo.reset()
         for check in (check_recompile, check_autocast, check_partition):
             guarded(f"{MODELS[0]}: {check.__name__}", check, MODELS[0])
