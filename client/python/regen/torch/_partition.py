@@ -16,8 +16,14 @@ made there, not saved.
 2. A half-precision tensor widened to f32 (RMSNorm's ``x.float()``): the
    backward casts the saved bf16 tensor itself, in the kernel that reads
    it, rather than the forward writing the f32 copy for it.
+3. An activation whose input the backward reads anyway, read in the
+   backward only by elementwise ops (SwiGLU's ``silu(gate)``, beside
+   ``silu_backward(grad, gate)``): the backward computes it again in the
+   kernel that reads gate, rather than the forward writing it.  Not where
+   a GEMM reads it (GELU's output, the next weight's gradient): there it
+   would be written again in the backward.
 
-Inductor's min-cut split decides the same.  A copy reads nothing the
+Inductor's min-cut split decides the same of these three.  A copy reads nothing the
 forward alone makes, so the split puts it in the backward and saves what
 it reads.  Only torch.fx here: the pass is tested with any torch that has
 AOTAutograd.
@@ -42,6 +48,20 @@ def _ops():
         casts.add(prims.convert_element_type.default)
     views = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
     return aten, casts, views
+
+
+def _activations():
+    aten = torch.ops.aten
+    return {aten.silu.default, aten.gelu.default, aten.relu.default, aten.sigmoid.default, aten.tanh.default}
+
+
+def _elementwise():
+    """What reads an activation in the kernel it is made in (the lowering
+    fuses these): products, sums and the activations' own gradients."""
+    aten, casts, _ = _ops()
+    return casts | {aten.mul.Tensor, aten.mul.Scalar, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor,
+                    aten.neg.default, aten.silu_backward.default, aten.gelu_backward.default,
+                    aten.threshold_backward.default, aten.sigmoid_backward.default, aten.tanh_backward.default}
 
 
 def _meta(node):
@@ -100,9 +120,11 @@ def recompute_for_backward(graph, num_fwd_outputs=None):
     ``nll_loss_forward`` gets a copy for the backward's readers, made from
     the same input through the same views and casts; each cast of a
     half-precision tensor to f32 that both passes read gets one for the
-    backward's.  ``num_fwd_outputs``: as AOTAutograd gives the split.
+    backward's, and so does each activation (3.) the backward may make
+    again for free.  ``num_fwd_outputs``: as AOTAutograd gives the split.
     Returns how many it copied."""
     aten, casts, views = _ops()
+    activations, elementwise = _activations(), _elementwise()
     late = _backward_nodes(graph, num_fwd_outputs)
     order = {n: i for i, n in enumerate(graph.nodes)}
     copied = 0
@@ -122,6 +144,9 @@ def recompute_for_backward(graph, num_fwd_outputs=None):
                 chain.append(src)
                 src = src.args[0]
         elif node.target in casts and _widens(node):
+            chain = [node]
+        elif node.target in activations and all(u.target in elementwise for u in readers) and \
+                all(x.op == "placeholder" or any(u in late for u in x.users) for x in node.all_input_nodes):
             chain = [node]
         else:
             continue
