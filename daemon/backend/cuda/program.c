@@ -28,6 +28,10 @@
  * the library calls' plans (cuBLASLt's heuristic, cuDNN's graphs and their
  * tuning), which a capture must not do. A capture that fails leaves the
  * program on the stream for the generation, with why in not_captured.
+ * Captures that come too often (operands at new addresses in most Runs)
+ * stop for a while, twice as long each time, then are tried again: a
+ * rank's allocator may settle on a few sets of addresses once its first
+ * steps are past, and meanwhile a Run whose key has an exec replays it.
  *
  * Runs of one program on two lanes share its arena: a Run waits for the
  * program's last Run, on whichever lane that was. */
@@ -57,6 +61,12 @@
  * stream instead: the launches alone cost less than a capture, an exec
  * update and a graph launch. */
 #define PROGRAM_RECAPTURES_MAX 4
+/* Then no capture for this many Runs (the Runs whose key has an exec
+ * still replay it), twice as many after each such pause, at most
+ * PROGRAM_PAUSE_MAX: what a key that never settles costs in captures
+ * shrinks as the Runs go on. */
+#define PROGRAM_PAUSE_RUNS 16u
+#define PROGRAM_PAUSE_MAX 4096u
 /* Graph execs kept per program, each for one key. */
 #define PROGRAM_EXECS 4
 
@@ -79,8 +89,11 @@ struct cuda_program_state {
 		uint64_t used;          /* the Run that last launched it */
 	} execs[PROGRAM_EXECS];
 	unsigned runs;                  /* Runs this generation */
-	unsigned captures;              /* captures this generation */
-	bool no_capture;                /* a capture failed, or captures came too often, this generation */
+	unsigned captures;              /* captures since counting_from */
+	unsigned counting_from;         /* the Run the count of captures starts at */
+	unsigned capture_from;          /* no capture before this Run (a pause) */
+	unsigned pause;                 /* the next pause's length; 0: PROGRAM_PAUSE_RUNS */
+	bool no_capture;                /* a capture failed this generation */
 	cudaEvent_t last_run;           /* recorded after each Run */
 	struct cuda_lane *last_lane;
 	cudaEvent_t *trace_marks;       /* REGEN_PROGRAM_TRACE: before the first step, after each */
@@ -150,6 +163,9 @@ static void state_free_device(struct cuda_program_state *st, bool release)
 	st->last_lane = NULL;
 	st->runs = 0;
 	st->captures = 0;
+	st->counting_from = PROGRAM_EAGER_RUNS;
+	st->capture_from = 0;
+	st->pause = 0;
 	st->no_capture = false;
 	atomic_fetch_sub(&st->prog->cd->program_bytes, st->prog->base.scratch_bytes);
 	st->prog->base.scratch_bytes = 0;
@@ -860,22 +876,30 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	/* A traced program runs every Run step by step, to be timed. */
 	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && !st->trace_marks) {
 		x = exec_of_key(p);
-		if (!x && st->captures >= PROGRAM_RECAPTURES_MAX && st->captures * 2 > st->runs - PROGRAM_EAGER_RUNS) {
+		if (!x && st->runs < st->capture_from) {
+			/* Paused: on the stream. */
+		} else if (!x && st->captures >= PROGRAM_RECAPTURES_MAX &&
+			   st->captures * 2 > st->runs - st->counting_from) {
 			char moved[160];
 
 			first_moved(p, moved, sizeof(moved));
-			st->no_capture = true;
+			st->pause = st->pause ? st->pause : PROGRAM_PAUSE_RUNS;
 			snprintf(p->base.not_captured, sizeof(p->base.not_captured),
-				 "its operands moved to a new set of addresses in %u of its last %u Runs (each a new "
-				 "capture; the last %d sets are kept; the first to move this time: %s): it runs on "
-				 "the stream",
-				 st->captures, st->runs - PROGRAM_EAGER_RUNS, PROGRAM_EXECS, moved);
+				 "its operands moved to new addresses in %u of its last %u Runs (each a capture; "
+				 "%d sets kept; the first to move: %s): on the stream but where a kept set comes "
+				 "back, captures again after %u Runs",
+				 st->captures, st->runs - st->counting_from, PROGRAM_EXECS, moved, st->pause);
+			st->capture_from = st->counting_from = st->runs + st->pause;
+			st->captures = 0;
+			st->pause = st->pause * 2 < PROGRAM_PAUSE_MAX ? st->pause * 2 : PROGRAM_PAUSE_MAX;
 		} else if (!x) {
 			x = exec_to_replace(st);
 			st->captures++;
 			r = capture(lane, p, journal, run->journal_mode, x, &op->err);
 			if (r != 0 || !x->exec)
 				x = NULL;
+			else
+				p->base.not_captured[0] = '\0';   /* a pause's reason, past */
 			if (r > 0) {
 				st->no_capture = true;
 				r = 0;
