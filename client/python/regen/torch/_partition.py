@@ -34,6 +34,7 @@ import warnings
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 __all__ = ["recompute_for_backward", "with_recompute"]
 
@@ -81,7 +82,6 @@ def _backward_nodes(graph, num_fwd_outputs=None):
     AOTAutograd's split places them).  The forward's outputs are the first
     ``num_fwd_outputs`` of the joint graph's; without it (torch before
     2.0), those that read no tangent."""
-    import torch.utils._pytree as pytree
     out = [n for n in graph.nodes if n.op == "output"][0]
     outs = pytree.tree_flatten(out.args)[0]
     if num_fwd_outputs is None:
