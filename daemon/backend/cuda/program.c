@@ -90,9 +90,8 @@ struct cuda_program_state {
 	} execs[PROGRAM_EXECS];
 	unsigned runs;                  /* Runs this generation */
 	unsigned captures;              /* captures since counting_from */
-	unsigned counting_from;         /* the Run the count of captures starts at */
-	unsigned capture_from;          /* no capture before this Run (a pause) */
-	unsigned pause;                 /* the next pause's length; 0: PROGRAM_PAUSE_RUNS */
+	unsigned counting_from;         /* no capture before this Run (a pause's end); counted from it */
+	unsigned pause;                 /* the next pause's length */
 	bool no_capture;                /* a capture failed this generation */
 	cudaEvent_t last_run;           /* recorded after each Run */
 	struct cuda_lane *last_lane;
@@ -131,6 +130,16 @@ struct cuda_program {
 	struct program_trace *trace;    /* NULL unless REGEN_PROGRAM_TRACE is set */
 };
 
+/* A generation's captures start afresh: after its eager Runs, no pause
+ * behind them. */
+static void captures_restart(struct cuda_program_state *st)
+{
+	st->captures = 0;
+	st->counting_from = PROGRAM_EAGER_RUNS;
+	st->pause = PROGRAM_PAUSE_RUNS;
+	st->no_capture = false;
+}
+
 /* Forgets every graph exec; `destroy`: in this generation's context,
  * which still holds them. */
 static void execs_forget(struct cuda_program_state *st, bool destroy)
@@ -162,11 +171,7 @@ static void state_free_device(struct cuda_program_state *st, bool release)
 	st->arena = st->workspace = st->args = NULL;
 	st->last_lane = NULL;
 	st->runs = 0;
-	st->captures = 0;
-	st->counting_from = PROGRAM_EAGER_RUNS;
-	st->capture_from = 0;
-	st->pause = 0;
-	st->no_capture = false;
+	captures_restart(st);
 	atomic_fetch_sub(&st->prog->cd->program_bytes, st->prog->base.scratch_bytes);
 	st->prog->base.scratch_bytes = 0;
 }
@@ -325,6 +330,7 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 			p->modules[i].prog = &p->base;
 		}
 	p->state.prog = p;
+	captures_restart(&p->state);
 	rd_resource_register(&dev->registry, &p->state.res, &state_ops);
 	*out = &p->base;
 	return 0;
@@ -876,20 +882,19 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	/* A traced program runs every Run step by step, to be timed. */
 	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && !st->trace_marks) {
 		x = exec_of_key(p);
-		if (!x && st->runs < st->capture_from) {
+		if (!x && st->runs < st->counting_from) {
 			/* Paused: on the stream. */
 		} else if (!x && st->captures >= PROGRAM_RECAPTURES_MAX &&
 			   st->captures * 2 > st->runs - st->counting_from) {
 			char moved[160];
 
 			first_moved(p, moved, sizeof(moved));
-			st->pause = st->pause ? st->pause : PROGRAM_PAUSE_RUNS;
 			snprintf(p->base.not_captured, sizeof(p->base.not_captured),
 				 "its operands moved to new addresses in %u of its last %u Runs (each a capture; "
 				 "%d sets kept; the first to move: %s): on the stream but where a kept set comes "
 				 "back, captures again after %u Runs",
 				 st->captures, st->runs - st->counting_from, PROGRAM_EXECS, moved, st->pause);
-			st->capture_from = st->counting_from = st->runs + st->pause;
+			st->counting_from = st->runs + st->pause;
 			st->captures = 0;
 			st->pause = st->pause * 2 < PROGRAM_PAUSE_MAX ? st->pause * 2 : PROGRAM_PAUSE_MAX;
 		} else if (!x) {
