@@ -854,13 +854,14 @@ def _write_softmax(b, op, x, y, at):
     if found is None:
         b.node("log_softmax" if "log" in op.target else "softmax", [x], [b.write(y)])
         return
-    loss, aliases = found
+    readers, aliases = found
+    loss = readers[0]
     lse = b.scratch("f32", [y.shape[0]])
     b.node("logsumexp", [x], [lse], axis="last")
     if loss.target == "aten.nll_loss_forward.default":
         _nll_loss_rows(b, loss, x, lse)
     else:
-        _cross_entropy_backward(b, loss, x, lse)
+        _cross_entropy_backward(b, loss, readers[1], x, lse)
     b.absorb(loss)
     b.dummy(y)
     for a in aliases:
@@ -877,8 +878,9 @@ def _loss_of(op, y, at):
     nll_loss_backward with the log_softmax backward that alone reads it
     (the backward recomputes the log-probabilities from the saved logits,
     regen.torch._partition); its checks passed, and everything else it
-    reads made before op ``at``, where the softmax is written.  (loss,
-    aliases), or None."""
+    reads made before op ``at``, where the softmax is written.  (readers,
+    aliases): the loss, then its log_softmax backward where it has one; or
+    None."""
     if y.is_output or not y.users or len(y.shape) != 2 or not y.is_contiguous():
         return None
     readers, aliases, seen = [], [], [y]
@@ -913,7 +915,7 @@ def _loss_of(op, y, at):
             if v.producer is not None and v.producer is not op and v.producer not in ours and \
                     v.producer.index > at:
                 return None
-    return first, aliases
+    return readers, aliases
 
 
 @handles("aten._log_softmax_backward_data.default", "aten._softmax_backward_data.default")
@@ -1033,19 +1035,18 @@ def nll_loss_backward(b, op):
     writes it (log-probabilities in, their log-sum-exp 0)."""
     logp = op.a["self"]
     _need_nll(op, logp)
-    _log_softmax_backward_of(op, logp)
+    consumer = _log_softmax_backward_of(op, logp)
     zero = b.scratch("f32", [logp.shape[0]])
     b.node("fill", [], [zero], scalar=0.0)
-    _cross_entropy_backward(b, op, b.read(logp), zero)
+    _cross_entropy_backward(b, op, consumer, b.read(logp), zero)
 
 
-def _cross_entropy_backward(b, op, rows_of, lse):
-    """nll_loss_backward ``op`` and the log_softmax backward after it as one
-    cross_entropy_backward over program tensor ``rows_of`` [N, C] with its
-    rows' logsumexp ``lse`` (log-probabilities and 0, or the logits and
-    theirs)."""
+def _cross_entropy_backward(b, op, consumer, rows_of, lse):
+    """nll_loss_backward ``op`` and ``consumer``, the log_softmax backward
+    after it (_log_softmax_backward_of), as one cross_entropy_backward over
+    program tensor ``rows_of`` [N, C] with its rows' logsumexp ``lse``
+    (log-probabilities and 0, or the logits and theirs)."""
     g, logp, target, total = op.a["grad_output"], op.a["self"], op.a["target"], op.a["total_weight"]
-    consumer = _log_softmax_backward_of(op, logp)
     dx = out(consumer)
     ignore = float(op.a.get("ignore_index", -100))
     n = logp.shape[0]
