@@ -16,8 +16,8 @@ under autocast does.  Then faults in the middle of compiled training
 `regenctl restart` before a step's forward): the faulted steps cost at
 most a second more and every loss and parameter ends as in the same steps
 without faults.  What each model's forward saves for its backward: no f32
-tensor as large as an activation, and no program writes log-probabilities.  Each check prints PASS/FAIL; the last line is "N passed, N
-failed".
+tensor as large as an activation, and no program writes log-probabilities.
+Each check prints PASS/FAIL; the last line is "N passed, N failed".
 
     python3 tests/gpu/test_compile.py [REGEND] [--steps N] [--models gpt,llama,encoder] [--dims D]
 

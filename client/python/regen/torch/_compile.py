@@ -421,9 +421,10 @@ def backend(gm, example_inputs, options=None, mode=None):
     from backward as Inductor does (the backward recomputes cheap
     pointwise work rather than the forward saving it: less memory, fewer
     bytes written); "default", the default, is AOTAutograd's own split.
-    Either way a loss's log-probabilities are recomputed in the backward
-    rather than saved (_partition.py).  mode is Inductor's and means
-    nothing here."""
+    Either way the backward makes again what it can from half the bytes
+    (a loss's log-probabilities, an f32 copy of a bf16 tensor, an
+    activation of an input it reads anyway) rather than the forward saving
+    it (_partition.py).  mode is Inductor's and means nothing here."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import partitioners
     options = dict(options or {})
