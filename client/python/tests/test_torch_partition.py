@@ -36,6 +36,16 @@ def _targets(gm):
     return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
 
 
+def _val(node):
+    """The tensor (or its metadata) a node makes, as the trace noted it."""
+    return node.meta.get("val", node.meta.get("tensor_meta"))
+
+
+def _f32_of_shape(nodes, *shapes):
+    return [n for n in nodes if getattr(_val(n), "dtype", None) == torch.float32 and
+            tuple(_val(n).shape) in shapes]
+
+
 def _saved(gm):
     """The forward's outputs after the first (the loss): what it saves."""
     ret = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
@@ -82,10 +92,7 @@ class RecomputeTest(unittest.TestCase):
         self.assertTrue(torch.equal(dh, h.grad) and torch.equal(dw, w.grad))
         saved = _saved(graphs["forward"])
         self.assertFalse([n for n in saved if "log_softmax" in str(n.target)], saved)
-        self.assertFalse([n for n in saved if n.meta.get("val", n.meta.get("tensor_meta")) is not None and
-                          getattr(n.meta.get("val", n.meta.get("tensor_meta")), "dtype", None) == torch.float32
-                          and tuple(n.meta.get("val", n.meta.get("tensor_meta")).shape) in ((6, 16), (2, 3, 16))],
-                         f"an f32 [N, V] tensor saved: {saved}")
+        self.assertFalse(_f32_of_shape(saved, (6, 16), (2, 3, 16)), f"an f32 [N, V] tensor saved: {saved}")
         self.assertIn("aten._log_softmax.default", _targets(graphs["backward"]))
         self.assertEqual(_targets(graphs["forward"]).count("aten._log_softmax.default"), 1)
 
@@ -115,9 +122,7 @@ class RecomputeTest(unittest.TestCase):
         self.assertTrue(torch.equal(got, want), (got, want))
         self.assertTrue(torch.equal(dx, x.grad) and torch.equal(dw, w.grad))
         saved = _saved(graphs["forward"])
-        wide = [n for n in saved if _partition._meta(n)[0] == torch.float32 and
-                tuple(n.meta.get("val", n.meta.get("tensor_meta")).shape) == (4, 32)]
-        self.assertFalse(wide, f"an f32 [4, 32] tensor saved: {saved}")
+        self.assertFalse(_f32_of_shape(saved, (4, 32)), f"an f32 [4, 32] tensor saved: {saved}")
         self.assertIn("aten._to_copy.default", _targets(graphs["backward"]))
 
     def test_an_activation_whose_input_is_saved_anyway_is_made_again(self):
