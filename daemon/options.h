@@ -24,6 +24,7 @@
  * rd_device.options NULL): the table's default texts are made of these. */
 #define RD_MESSAGE_TIMEOUT_MS_DEFAULT 30000
 #define RD_CUDA_SPIN_US_DEFAULT 200
+#define RD_CUDA_SHARE_ALONE_US_DEFAULT 2000
 
 struct rd_options {
 	char socket_path[108];
@@ -70,6 +71,7 @@ struct rd_options {
 	unsigned message_timeout_ms;   /* a message begun must end within this (conn.c) */
 	int ring_spin_us;              /* a lane's ring watched after a record (worker/ring.c); -1: auto */
 	unsigned cuda_spin_us;         /* a CUDA completer polls a call's event this long before it sleeps */
+	unsigned cuda_share_alone_us;  /* a uid alone keeps this much of the GPU's time in flight (0: unbounded) */
 	char cuda_wake[8];             /* "spin": a wake-up armed when the completer stops spinning; "launch": with each call */
 	bool cuda_inline_launch;       /* a GEMM finding its lane idle is launched by the worker's loop itself */
 	char cuda_client_wait[8];      /* "stream": a call's wait_event waited for on its lane's stream; "host": by its lane's thread */

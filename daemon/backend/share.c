@@ -1,33 +1,51 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A device shared among uids (share.h): a table of the uids it follows,
- * the few that call at once, and the calls waiting, one a busy lane. */
+ * the few that call at once, and the calls waiting, one a busy lane.
+ * Whoever frees room (a call's end, the timekeeper's look) lets the calls
+ * in that may run, each woken alone: a uid's 256 lanes waiting cost a
+ * wake-up each as they go in, not a wake-up each at every call's end (on
+ * two CPUs, 170 lanes of one uid polling the list every millisecond left
+ * no CPU for the call they waited for). */
 #include <string.h>
 #include <time.h>
 #include "daemon/backend/backend.h"
 #include "daemon/backend/share.h"
 
-/* A waiting call looks again at least this often: a uid that lingered
- * stops holding it back without any call ending. */
+/* The timekeeper looks again this often: a uid that lingered stops
+ * holding the others back without any call ending. */
 #define RECHECK_NS 1000000u
+/* A uid alone runs this many calls at once whatever they are charged: one
+ * on the device and the next launched behind it. */
+#define ALONE_AT_LEAST 2u
+/* Its pace moves by this part of each new interval's difference. */
+#define PACE_SHIFT 3
 
 struct rd_share_waiter {
 	struct rd_share_user *user;
-	uint64_t ticket;
+	uint64_t ticket, charge_ns;
+	pthread_cond_t cond;
+	bool let_in;
 	struct rd_share_waiter *next;
 };
 
-void rd_share_init(struct rd_share *s, unsigned capacity, uint64_t linger_ns)
+static void cond_init_monotonic(pthread_cond_t *c)
 {
 	pthread_condattr_t attr;
 
-	memset(s, 0, sizeof(*s));
-	pthread_mutex_init(&s->lock, NULL);
 	pthread_condattr_init(&attr);
 	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->cond, &attr);
+	pthread_cond_init(c, &attr);
 	pthread_condattr_destroy(&attr);
+}
+
+void rd_share_init(struct rd_share *s, unsigned capacity, uint64_t linger_ns, uint64_t alone_ns)
+{
+	memset(s, 0, sizeof(*s));
+	pthread_mutex_init(&s->lock, NULL);
+	cond_init_monotonic(&s->cond);
 	s->capacity = capacity ? capacity : 1;
 	s->linger_ns = linger_ns;
+	s->alone_ns = alone_ns;
 }
 
 void rd_share_destroy(struct rd_share *s)
@@ -40,6 +58,11 @@ void rd_share_destroy(struct rd_share *s)
 static bool active(const struct rd_share *s, const struct rd_share_user *u, uint64_t now)
 {
 	return u->running || u->waiting || (u->idle_ns && now - u->idle_ns < s->linger_ns);
+}
+
+static bool calling(const struct rd_share_user *u)
+{
+	return u->running || u->waiting;
 }
 
 static struct rd_share_user *find(struct rd_share *s, uid_t uid)
@@ -70,37 +93,75 @@ static struct rd_share_user *user_of(struct rd_share *s, uid_t uid, uint64_t now
 	return NULL;
 }
 
-/* Whether a call of u may run now: u alone, or the calls running under
- * the capacity and u's under its part of it, shared with the uids that
- * run or wait (one that lingers keeps the capacity, not a part: what it
- * does not use goes to the others). */
-static bool may_run(const struct rd_share *s, const struct rd_share_user *u, uint64_t now)
+/* The uids active and calling, counted once for every call it asks about. */
+struct tally {
+	uint64_t now;
+	unsigned active, calling;
+};
+
+static struct tally tally_of(const struct rd_share *s, uint64_t now)
 {
-	unsigned others = 0, calling = 1;
+	struct tally t = { .now = now };
 
 	for (unsigned i = 0; i < s->top; i++) {
-		const struct rd_share_user *o = &s->users[i];
-		if (o == u || !o->used || !active(s, o, now))
-			continue;
-		others++;
-		calling += o->running || o->waiting;
+		const struct rd_share_user *u = &s->users[i];
+		if (u->used && active(s, u, now)) {
+			t.active++;
+			t.calling += calling(u);
+		}
 	}
+	return t;
+}
+
+/* What a call of u that takes at least least_ns is charged: u's pace or
+ * its least, whichever is more (before u's first call ends, a capacity's
+ * part of alone_ns), never more than alone_ns. */
+static uint64_t charge_of(const struct rd_share *s, const struct rd_share_user *u, uint64_t least_ns)
+{
+	if (!s->alone_ns || s->alone_ns == UINT64_MAX)
+		return 0;
+	uint64_t c = u->pace_ns ? u->pace_ns : s->alone_ns / s->capacity;
+	if (least_ns > c)
+		c = least_ns;
+	return c < s->alone_ns ? c : s->alone_ns;
+}
+
+/* Whether a call of u alone, charged charge_ns, may run now. */
+static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *u, uint64_t charge_ns)
+{
+	if (!s->alone_ns)
+		return u->running < s->capacity;
+	return u->running < ALONE_AT_LEAST || u->charged_ns + charge_ns <= s->alone_ns;
+}
+
+/* Whether a call of u charged charge_ns may run now: u alone and under
+ * the bound of a uid alone, or the calls running under the capacity and
+ * u's under its part of it, shared with the uids that run or wait (one
+ * that lingers keeps the capacity, not a part: what it does not use goes
+ * to the others). */
+static bool may_run(const struct rd_share *s, const struct tally *t, const struct rd_share_user *u,
+		    uint64_t charge_ns)
+{
+	bool u_active = active(s, u, t->now);
+	unsigned others = t->active - u_active;
+
 	if (!others)
-		return true;
-	unsigned part = s->capacity / calling;
+		return alone_may_run(s, u, charge_ns);
+	unsigned with_u = t->calling - (u_active && calling(u)) + 1;
+	unsigned part = s->capacity / with_u;
 	return s->running < s->capacity && u->running < (part ? part : 1);
 }
 
 /* The waiting call that runs next: of those that may run, its uid running
  * fewest, then with its last turn longest ago, then the one that came
  * first. NULL: none may run. */
-static const struct rd_share_waiter *next_of(const struct rd_share *s, uint64_t now)
+static struct rd_share_waiter *next_of(const struct rd_share *s, const struct tally *t)
 {
-	const struct rd_share_waiter *best = NULL;
+	struct rd_share_waiter *best = NULL;
 
-	for (const struct rd_share_waiter *w = s->waiting; w; w = w->next) {
+	for (struct rd_share_waiter *w = s->waiting; w; w = w->next) {
 		const struct rd_share_user *u = w->user;
-		if (!may_run(s, u, now))
+		if (!may_run(s, t, u, w->charge_ns))
 			continue;
 		if (!best || u->running < best->user->running ||
 		    (u->running == best->user->running &&
@@ -110,82 +171,144 @@ static const struct rd_share_waiter *next_of(const struct rd_share *s, uint64_t 
 	return best;
 }
 
-static void take_turn(struct rd_share *s, struct rd_share_user *u)
+static void take_turn(struct rd_share *s, struct rd_share_user *u, uint64_t charge_ns, uint64_t now)
 {
+	if (!u->running)
+		u->mark_ns = now;
+	u->charged_ns += charge_ns;
 	u->running++;
 	s->running++;
 	u->served = ++s->turns;
 }
 
-static void wait_a_while(struct rd_share *s)
+/* Lets in every waiting call that may run now, in turn, each woken alone.
+ * Under lock. */
+static void let_in(struct rd_share *s)
 {
-	uint64_t t = rd_now_ns() + RECHECK_NS;
-	struct timespec until = { (time_t)(t / 1000000000u), (long)(t % 1000000000u) };
-
-	(void)pthread_cond_timedwait(&s->cond, &s->lock, &until);
+	for (;;) {
+		uint64_t now = rd_now_ns();
+		struct tally t = tally_of(s, now);
+		struct rd_share_waiter *w = next_of(s, &t);
+		if (!w)
+			return;
+		for (struct rd_share_waiter **p = &s->waiting; *p; p = &(*p)->next) {
+			if (*p == w) {
+				*p = w->next;
+				break;
+			}
+		}
+		/* Running before it stops waiting: the uid never looks idle between. */
+		take_turn(s, w->user, w->charge_ns, now);
+		w->user->waiting--;
+		w->let_in = true;
+		pthread_cond_signal(&w->cond);
+	}
 }
 
-void rd_share_enter(struct rd_share *s, uid_t uid)
+static void wait_until(pthread_cond_t *c, pthread_mutex_t *lock, uint64_t t)
+{
+	struct timespec until = { (time_t)(t / 1000000000u), (long)(t % 1000000000u) };
+
+	(void)pthread_cond_timedwait(c, lock, &until);
+}
+
+uint64_t rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns)
 {
 	struct rd_share_user *u;
 
 	pthread_mutex_lock(&s->lock);
 	uint64_t now = rd_now_ns();
 	while (!(u = user_of(s, uid, now))) {
-		wait_a_while(s);
+		s->for_entry++;
+		wait_until(&s->cond, &s->lock, now + RECHECK_NS);
+		s->for_entry--;
 		now = rd_now_ns();
 	}
-	if (!s->waiting && may_run(s, u, now)) {
-		take_turn(s, u);
+	uint64_t charge = charge_of(s, u, least_ns);
+	struct tally t = tally_of(s, now);
+	if (!s->waiting && may_run(s, &t, u, charge)) {
+		take_turn(s, u, charge, now);
 		pthread_mutex_unlock(&s->lock);
-		return;
+		return charge;
 	}
-	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .next = s->waiting };
+	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .charge_ns = charge, .next = s->waiting };
+	cond_init_monotonic(&me.cond);
 	s->waiting = &me;
 	u->waiting++;
-	while (next_of(s, rd_now_ns()) != &me)
-		wait_a_while(s);
-	for (struct rd_share_waiter **p = &s->waiting; *p; p = &(*p)->next) {
-		if (*p == &me) {
-			*p = me.next;
-			break;
+	let_in(s);
+	while (!me.let_in) {
+		if (!s->timekeeper)
+			s->timekeeper = &me;
+		if (s->timekeeper == &me) {
+			wait_until(&me.cond, &s->lock, rd_now_ns() + RECHECK_NS);
+			let_in(s);
+		} else {
+			pthread_cond_wait(&me.cond, &s->lock);
 		}
 	}
-	/* Running before it stops waiting: the uid never looks idle between. */
-	take_turn(s, u);
-	u->waiting--;
-	/* Another may run too: it looks again. */
-	if (s->waiting)
-		pthread_cond_broadcast(&s->cond);
+	/* The timekeeper's look goes to another waiting call. */
+	if (s->timekeeper == &me) {
+		s->timekeeper = NULL;
+		if (s->waiting)
+			pthread_cond_signal(&s->waiting->cond);
+	}
 	pthread_mutex_unlock(&s->lock);
+	pthread_cond_destroy(&me.cond);
+	return charge;
 }
 
-bool rd_share_try_enter(struct rd_share *s, uid_t uid)
+bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, uint64_t *charged_ns)
 {
 	struct rd_share_user *u;
 	bool ran = false;
 	uint64_t now = rd_now_ns();
 
 	pthread_mutex_lock(&s->lock);
-	if ((u = user_of(s, uid, now)) && may_run(s, u, now) && !next_of(s, now)) {
-		take_turn(s, u);
-		ran = true;
+	if ((u = user_of(s, uid, now))) {
+		uint64_t charge = charge_of(s, u, least_ns);
+		struct tally t = tally_of(s, now);
+		if (may_run(s, &t, u, charge) && !next_of(s, &t)) {
+			take_turn(s, u, charge, now);
+			*charged_ns = charge;
+			ran = true;
+		}
 	}
 	pthread_mutex_unlock(&s->lock);
 	return ran;
 }
 
-void rd_share_leave(struct rd_share *s, uid_t uid)
+/* u's pace: the time since its last call's end, or since its calls began
+ * running, in its moving mean. Its calls ran all that time: the interval
+ * is the device's time per call of u's, where u alone keeps it busy. */
+static void pace(struct rd_share_user *u, uint64_t now)
+{
+	uint64_t interval = now > u->mark_ns ? now - u->mark_ns : 0;
+
+	u->mark_ns = now;
+	if (!u->pace_ns)
+		u->pace_ns = interval ? interval : 1;
+	else if (interval > u->pace_ns)
+		u->pace_ns += (interval - u->pace_ns) >> PACE_SHIFT;
+	else
+		u->pace_ns -= (u->pace_ns - interval) >> PACE_SHIFT;
+}
+
+void rd_share_leave(struct rd_share *s, uid_t uid, uint64_t charged_ns)
 {
 	pthread_mutex_lock(&s->lock);
 	struct rd_share_user *u = find(s, uid);
 	if (u && u->running) {
+		uint64_t now = rd_now_ns();
+		pace(u, now);
+		u->charged_ns -= charged_ns < u->charged_ns ? charged_ns : u->charged_ns;
 		u->running--;
 		s->running--;
 		if (!u->running && !u->waiting)
-			u->idle_ns = rd_now_ns();
+			u->idle_ns = now;
 	}
-	/* A call waits, or a uid waits for an entry: they look again. */
-	pthread_cond_broadcast(&s->cond);
+	let_in(s);
+	/* A uid waits for an entry: it looks again. */
+	if (s->for_entry)
+		pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 }

@@ -3,15 +3,18 @@
  *
  * Eight lanes of one uid keep four GEMMs each in flight (8192 x 8192 x
  * 2048 bf16, about half a millisecond each on an H100); a lane of another
- * uid (root's) then runs 21 of the same one after another. Of the GEMMs
- * done while root's last 20 ran (its first waits for what the other uid
- * launched while alone), root's share is measured twice in the same run:
- * with the share's capacity lifted (every lane keeps its four on the GPU, as
- * before: root's call waits behind up to 32 of the other uid's) and as the
- * backend sets it (beside root's calls, and for 2 ms after each, the other
- * uid keeps two in flight). The test asks for at least 0.2 as set, where a
- * share among the nine lanes would give root about a ninth and launch
- * order a thirty-third. */
+ * uid (root's) then runs 21 of the same one after another. Root's first
+ * GEMM waits for what the other uid launched while alone; of the GEMMs
+ * done while root's last 20 ran, root's share. Both are measured twice in
+ * the same run: with the share lifted (every lane keeps its four on the
+ * GPU, as before: root's first call waits behind up to 32 of the other
+ * uid's, then has a lane's share) and as the backend sets it (alone, the
+ * other uid keeps cuda_share_alone_us of GEMMs in flight, at its pace;
+ * beside root's calls, and for 2 ms after each, two). The test asks, as
+ * set, that root's first GEMM wait for no more of the other's than fit in
+ * that time and four more (those the capacity lets run beside it), and for
+ * at least 0.2 of the GEMMs after, where a share among the nine lanes
+ * would give root about a ninth and launch order a thirty-third. */
 #include "gpu_common.h"
 #include "daemon/backend/cuda/common.h"
 
@@ -50,9 +53,15 @@ static bool done(int lane, int slot)
 	return d_;
 }
 
+struct measured {
+	double share;           /* root's of the GEMMs done while its last ROOT_GEMMS ran */
+	unsigned long backlog;  /* the other uid's GEMMs done while root's first waited */
+	double gemm_s;          /* the time a GEMM took, all of them together meanwhile */
+};
+
 /* Keeps the other uid's lanes full while root's GEMMs run one after
- * another; returns root's share of the GEMMs done meanwhile. */
-static double measure(const char *how)
+ * another. */
+static struct measured measure(const char *how)
 {
 	unsigned long theirs = 0;
 	int root_done = 0;
@@ -105,11 +114,12 @@ static double measure(const char *how)
 		for (int s = 0; s < OTHER_DEPTH; s++)
 			while (!done(l, s))
 				;
-	double share = (double)ROOT_GEMMS / (double)(ROOT_GEMMS + theirs);
+	struct measured m = { .share = (double)ROOT_GEMMS / (double)(ROOT_GEMMS + theirs),
+			      .backlog = backlog, .gemm_s = took / (double)(ROOT_GEMMS + theirs) };
 	printf("%s: root's first GEMM waited for %lu of the other uid's; its next %d took %.1f ms beside %d lanes of "
-	       "that uid with %d each in flight, which had %lu done meanwhile: root's share %.3f\n",
-	       how, backlog, ROOT_GEMMS, took * 1e3, OTHER_LANES, OTHER_DEPTH, theirs, share);
-	return share;
+	       "that uid with %d each in flight, which had %lu done meanwhile (%.3f ms a GEMM): root's share %.3f\n",
+	       how, backlog, ROOT_GEMMS, took * 1e3, OTHER_LANES, OTHER_DEPTH, theirs, m.gemm_s * 1e3, m.share);
+	return m;
 }
 
 int main(void)
@@ -138,6 +148,7 @@ int main(void)
 
 	struct rd_share *share = &cuda_dev_of(&t.dev)->share;
 	unsigned capacity = share->capacity;
+	uint64_t alone_ns = share->alone_ns;
 	/* Warm: plans and the lanes' scratch. */
 	for (int l = 0; l <= OTHER_LANES; l++) {
 		submit(l, 0);
@@ -146,14 +157,20 @@ int main(void)
 	}
 	pthread_mutex_lock(&share->lock);
 	share->capacity = UINT32_MAX;
+	share->alone_ns = UINT64_MAX;
 	pthread_mutex_unlock(&share->lock);
-	double lanes_share = measure("capacity lifted (a share a lane)");
+	struct measured by_lane = measure("share lifted (a share a lane)");
 	pthread_mutex_lock(&share->lock);
 	share->capacity = capacity;
+	share->alone_ns = alone_ns;
 	pthread_mutex_unlock(&share->lock);
-	double uid_share = measure("capacity as set (a share a uid)");
-	GT_CHECK(uid_share >= 0.2, "root's share %.3f with the capacity set, %.3f without: the GPU went round the lanes, "
-		 "not the uids", uid_share, lanes_share);
+	struct measured uids = measure("share as set (a share a uid)");
+	GT_CHECK(uids.share >= 0.2, "root's share %.3f with the share set, %.3f without: the GPU went round the lanes, "
+		 "not the uids", uids.share, by_lane.share);
+	double fit = alone_ns == UINT64_MAX ? (double)(OTHER_LANES * OTHER_DEPTH) : (double)alone_ns * 1e-9 / uids.gemm_s;
+	GT_CHECK((double)uids.backlog <= fit + capacity, "root's first GEMM waited for %lu of the other uid's, past the %.1f "
+		 "that fit in its %.1f ms alone and %u more (%lu with the share lifted)", uids.backlog, fit,
+		 (double)alone_ns * 1e-6, capacity, by_lane.backlog);
 	printf("%s\n", gt_failures ? "FAIL" : "PASS");
 	return gt_failures ? 1 : 0;
 }

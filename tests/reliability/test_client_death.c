@@ -26,6 +26,8 @@
 
 #define DEVICE 0
 #define BATCH 8
+/* Dead clients whose calls are not done yet, at most, before more die. */
+#define BACKLOG 64
 /* Tolerances for "flat". */
 #define FD_SLACK 2
 /* glibc gives threads their own malloc arenas, up to 8 per CPU, each a
@@ -82,6 +84,25 @@ static void wait_memory(struct tl_conn *main_conn, int64_t want, double timeout_
 		ASSERT_DOUBLE_LT(tl_now(), deadline, "%s: memory_used %lld, not back to %lld after %.0f s", what,
 		                 (long long)d.memory_used, (long long)want, timeout_s);
 		usleep(20000);
+	}
+}
+
+/* A dead client's connection stays until its calls are done, and a uid
+ * has at most max_connections (256): the deaths come no faster than the
+ * device runs their GEMMs, a uid alone running as many at once as it has
+ * CPUs. Each dead client holds `each` bytes of memory_used until then. */
+static void wait_backlog(struct tl_conn *main_conn, int64_t base, int64_t each)
+{
+	double deadline = tl_now() + 30;
+	struct tl_device d;
+
+	for (;;) {
+		tl_device_status(main_conn, DEVICE, &d);
+		if (d.memory_used <= base + BACKLOG * each)
+			return;
+		ASSERT_DOUBLE_LT(tl_now(), deadline, "dead clients' calls: memory_used %lld still past %d clients' after 30 s",
+		                 (long long)d.memory_used, BACKLOG);
+		usleep(1000);
 	}
 }
 
@@ -197,8 +218,10 @@ int main(void)
 		print_proc("after warm-up", &p0, before.memory_used);
 
 		t0 = tl_now();
-		for (int i = 0; i < deaths; i += BATCH)
+		for (int i = 0; i < deaths; i += BATCH) {
 			kill_batch(&v, deaths - i < BATCH ? deaths - i : BATCH);
+			wait_backlog(&main_conn, before.memory_used, (int64_t)v.n * v.n * 4 * 3);
+		}
 		double took = tl_now() - t0;
 		wait_memory(&main_conn, before.memory_used, 60, "after the deaths");
 		settle(worker, &p0, &p1, 30);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A device shared among uids (daemon/backend/share.c): a uid alone runs
- * as many calls at once as it asks; beside other uids at most the
+ * calls up to its bound (the capacity, or a time each call is charged
+ * against), as many as it asks where that is lifted; beside other uids at most the
  * capacity runs, each uid's at most its part of it, however many lanes it
  * has (its part taken among the uids that run or wait), and the uids take
  * turns; a uid holds the capacity for a linger after its last call ended;
@@ -29,7 +30,7 @@ static void *enter_and_record(void *arg)
 {
 	int i = (int)(intptr_t)arg;
 
-	rd_share_enter(&share, uid_of[i]);
+	rd_share_enter(&share, uid_of[i], 0);
 	pthread_mutex_lock(&order_lock);
 	order[norder++] = i;
 	pthread_mutex_unlock(&order_lock);
@@ -92,7 +93,7 @@ static int ends_and_see(uid_t uid)
 {
 	unsigned before = recorded();
 
-	rd_share_leave(&share, uid);
+	rd_share_leave(&share, uid, 0);
 	for (int t = 0; t < 300 && recorded() == before; t++)
 		pause_ms(1);
 	pause_ms(20);
@@ -100,11 +101,18 @@ static int ends_and_see(uid_t uid)
 	return recorded() > before ? order[before] : -1;
 }
 
-static void start(unsigned capacity, uint64_t linger_ns)
+/* alone_ns: what a uid alone keeps charged (the tests of the share among
+ * uids lift it, as the one of a uid alone sets it). */
+static void start_bounded(unsigned capacity, uint64_t linger_ns, uint64_t alone_ns)
 {
 	memset(uid_of, 0, sizeof(uid_of));
 	norder = 0;
-	rd_share_init(&share, capacity, linger_ns);
+	rd_share_init(&share, capacity, linger_ns, alone_ns);
+}
+
+static void start(unsigned capacity, uint64_t linger_ns)
+{
+	start_bounded(capacity, linger_ns, UINT64_MAX);
 }
 
 static unsigned running(void)
@@ -135,14 +143,14 @@ static void join(int i)
 	pthread_join(threads[i], NULL);
 }
 
-START_TEST(a_uid_alone_is_never_held_back)
+START_TEST(a_uid_alone_unbounded_is_never_held_back)
 {
 	start(1, 0);
 	for (int i = 0; i < 6; i++)
 		comes_and_runs(i, 1);
 	ck_assert_uint_eq(running(), 6);
 	for (int i = 0; i < 6; i++)
-		rd_share_leave(&share, 1);
+		rd_share_leave(&share, 1, 0);
 	finish();
 }
 END_TEST
@@ -165,13 +173,13 @@ START_TEST(the_uids_take_turns_not_the_lanes)
 	ck_assert_int_eq(ends_and_see(1), 4);
 	join(4);
 	/* uid 2 has nothing more: uid 1 is alone, its two left run at once. */
-	rd_share_leave(&share, 2);
+	rd_share_leave(&share, 2, 0);
 	join(2);
 	join(3);
 	ck_assert_uint_eq(recorded(), 5);
 	ck_assert(order[3] + order[4] == 5);
-	rd_share_leave(&share, 1);
-	rd_share_leave(&share, 1);
+	rd_share_leave(&share, 1, 0);
+	rd_share_leave(&share, 1, 0);
 	finish();
 }
 END_TEST
@@ -198,10 +206,10 @@ START_TEST(beside_others_a_uid_runs_its_part_of_the_capacity)
 	/* uid 3 done (no linger here): two uids again, uid 2 under its part. */
 	ck_assert_int_eq(ends_and_see(3), 7);
 	join(7);
-	rd_share_leave(&share, 2);
-	rd_share_leave(&share, 2);
-	rd_share_leave(&share, 1);
-	rd_share_leave(&share, 1);
+	rd_share_leave(&share, 2, 0);
+	rd_share_leave(&share, 2, 0);
+	rd_share_leave(&share, 1, 0);
+	rd_share_leave(&share, 1, 0);
 	finish();
 }
 END_TEST
@@ -231,27 +239,119 @@ START_TEST(a_uid_whose_call_ended_holds_the_capacity_for_its_linger)
 	ck_assert_msg(waited < 0.5, "uid 1's third call waited %.3f s, long past uid 2's linger", waited);
 	join(3);
 	for (int i = 0; i < 3; i++)
-		rd_share_leave(&share, 1);
+		rd_share_leave(&share, 1, 0);
+	finish();
+}
+END_TEST
+
+/* With no time bound (the host backend's), a uid alone runs at most the
+ * capacity: a uid that comes then waits for one of its calls, not for
+ * every lane's. */
+START_TEST(a_uid_alone_runs_at_most_the_capacity_without_a_time_bound)
+{
+	start_bounded(2, 0, 0);
+	comes_and_runs(0, 1);
+	comes_and_runs(1, 1);
+	comes_and_waits(2, 1);
+	ck_assert_int_eq(ends_and_see(1), 2);
+	join(2);
+	rd_share_leave(&share, 1, 0);
+	rd_share_leave(&share, 1, 0);
+	finish();
+}
+END_TEST
+
+static uint64_t charged_now(uid_t uid)
+{
+	uint64_t c = UINT64_MAX;
+
+	pthread_mutex_lock(&share.lock);
+	for (unsigned i = 0; i < share.top; i++)
+		if (share.users[i].used && share.users[i].uid == uid)
+			c = share.users[i].charged_ns;
+	pthread_mutex_unlock(&share.lock);
+	return c;
+}
+
+/* With a time bound (the CUDA backend's), a uid alone keeps at most that
+ * much charged: each call its uid's pace or its least time, whichever is
+ * more, two calls whatever they are charged. Small calls go deep, large
+ * ones shallow; a large call made after small ones is charged its least
+ * time, not the small pace. */
+START_TEST(a_uid_alone_keeps_at_most_its_time_bound_charged)
+{
+	const uint64_t ms = 1000000u, bound = 200 * ms;
+	uint64_t c[64], big[2];
+
+	start_bounded(4, 0, bound);
+	/* Before any call ended, a call is charged a capacity's part of the
+	 * bound: four run, the fifth is held back. */
+	for (int i = 0; i < 4; i++) {
+		ck_assert(rd_share_try_enter(&share, 1, 0, &c[i]));
+		ck_assert_uint_eq(c[i], bound / 4);
+	}
+	ck_assert(!rd_share_try_enter(&share, 1, 0, &c[4]));
+	ck_assert_uint_eq(charged_now(1), bound);
+	/* They end at once: the pace is well under a millisecond. */
+	for (int i = 0; i < 4; i++)
+		rd_share_leave(&share, 1, c[i]);
+	ck_assert_uint_eq(charged_now(1), 0);
+	/* Small calls at that pace: 64 at once, each charged under 3 ms. */
+	for (int i = 0; i < 64; i++) {
+		ck_assert(rd_share_try_enter(&share, 1, 0, &c[i]));
+		ck_assert_uint_lt(c[i], 3 * ms);
+	}
+	for (int i = 0; i < 64; i++)
+		rd_share_leave(&share, 1, c[i]);
+	/* Calls that take at least 150 ms each: the pace is small, but they
+	 * are charged their least time; two run whatever, the third waits
+	 * (its uid is alone: a time-free share would run it). */
+	ck_assert(rd_share_try_enter(&share, 1, 150 * ms, &big[0]));
+	ck_assert(rd_share_try_enter(&share, 1, 150 * ms, &big[1]));
+	ck_assert_uint_eq(big[0], 150 * ms);
+	uid_of[0] = 1;
+	ck_assert_int_eq(pthread_create(&threads[0], NULL, enter_and_record, (void *)(intptr_t)0), 0);
+	pause_ms(50);
+	ck_assert_uint_eq(recorded(), 0);
+	/* One ends: 150 ms charged, the waiting call fits beside it. */
+	rd_share_leave(&share, 1, big[0]);
+	join(0);
+	ck_assert_uint_eq(recorded(), 1);
+	/* A charge never passes the bound: a call of 10 s is charged 200 ms,
+	 * and held back where two run. */
+	uint64_t huge;
+	ck_assert(!rd_share_try_enter(&share, 1, 10000 * ms, &huge));
+	pthread_mutex_lock(&share.lock);
+	uint64_t waiter_charge = share.users[0].charged_ns - big[1];
+	pthread_mutex_unlock(&share.lock);
+	rd_share_leave(&share, 1, big[1]);
+	rd_share_leave(&share, 1, waiter_charge);
+	ck_assert_uint_eq(charged_now(1), 0);
+	ck_assert(rd_share_try_enter(&share, 1, 10000 * ms, &huge));
+	ck_assert_uint_eq(huge, bound);
+	rd_share_leave(&share, 1, huge);
 	finish();
 }
 END_TEST
 
 START_TEST(try_enter_answers_as_enter_would_without_waiting)
 {
+	uint64_t charged;
+
 	start(2, 0);
-	ck_assert(rd_share_try_enter(&share, 1));
-	ck_assert(rd_share_try_enter(&share, 1));      /* alone: not held back */
-	ck_assert(!rd_share_try_enter(&share, 2));     /* the capacity is taken */
-	rd_share_leave(&share, 1);
-	ck_assert(rd_share_try_enter(&share, 2));      /* under it, and under its part */
-	ck_assert(!rd_share_try_enter(&share, 1));     /* uid 1 at its part */
-	ck_assert(!rd_share_try_enter(&share, 3));     /* the capacity is taken */
-	rd_share_leave(&share, 1);
-	rd_share_leave(&share, 2);
-	ck_assert(rd_share_try_enter(&share, 3));
-	ck_assert(rd_share_try_enter(&share, 3));      /* alone again */
-	rd_share_leave(&share, 3);
-	rd_share_leave(&share, 3);
+	ck_assert(rd_share_try_enter(&share, 1, 0, &charged));
+	ck_assert(rd_share_try_enter(&share, 1, 0, &charged));      /* alone: not held back */
+	ck_assert(!rd_share_try_enter(&share, 2, 0, &charged));     /* the capacity is taken */
+	rd_share_leave(&share, 1, 0);
+	ck_assert(rd_share_try_enter(&share, 2, 0, &charged));      /* under it, and under its part */
+	ck_assert(!rd_share_try_enter(&share, 1, 0, &charged));     /* uid 1 at its part */
+	ck_assert(!rd_share_try_enter(&share, 3, 0, &charged));     /* the capacity is taken */
+	rd_share_leave(&share, 1, 0);
+	rd_share_leave(&share, 2, 0);
+	ck_assert(rd_share_try_enter(&share, 3, 0, &charged));
+	ck_assert(rd_share_try_enter(&share, 3, 0, &charged));      /* alone again */
+	rd_share_leave(&share, 3, 0);
+	rd_share_leave(&share, 3, 0);
 	finish();
 }
 END_TEST
@@ -262,7 +362,9 @@ static Suite *suite(void)
 	TCase *tc = tcase_create("share");
 
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, a_uid_alone_is_never_held_back);
+	tcase_add_test(tc, a_uid_alone_unbounded_is_never_held_back);
+	tcase_add_test(tc, a_uid_alone_runs_at_most_the_capacity_without_a_time_bound);
+	tcase_add_test(tc, a_uid_alone_keeps_at_most_its_time_bound_charged);
 	tcase_add_test(tc, the_uids_take_turns_not_the_lanes);
 	tcase_add_test(tc, beside_others_a_uid_runs_its_part_of_the_capacity);
 	tcase_add_test(tc, a_uid_whose_call_ended_holds_the_capacity_for_its_linger);

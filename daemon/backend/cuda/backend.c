@@ -95,11 +95,13 @@ static void read_tuning(struct cuda_dev *cd, const struct rd_options *o)
 	struct cuda_tuning *t = &cd->tuning;
 
 	if (!o) {
-		*t = (struct cuda_tuning){ .spin_ns = RD_CUDA_SPIN_US_DEFAULT * 1000ull, .inline_launch = true,
-					   .reset_retry_ms = -1, .nvml = true };
+		*t = (struct cuda_tuning){ .spin_ns = RD_CUDA_SPIN_US_DEFAULT * 1000ull,
+					   .share_alone_ns = RD_CUDA_SHARE_ALONE_US_DEFAULT * 1000ull,
+					   .inline_launch = true, .reset_retry_ms = -1, .nvml = true };
 		return;
 	}
 	t->spin_ns = (uint64_t)o->cuda_spin_us * 1000u;
+	t->share_alone_ns = o->cuda_share_alone_us ? (uint64_t)o->cuda_share_alone_us * 1000u : UINT64_MAX;
 	t->wake_at_launch = strcmp(o->cuda_wake, "launch") == 0;
 	t->inline_launch = o->cuda_inline_launch;
 	t->host_client_waits = strcmp(o->cuda_client_wait, "host") == 0;
@@ -166,7 +168,7 @@ static int cuda_open(struct rd_device *dev, struct rp_error *err)
 	}
 	cuda_gemm_plans_init(cd);
 	cuda_work_open(cd);
-	rd_share_init(&cd->share, RD_CUDA_SHARE_CAPACITY, RD_CUDA_SHARE_LINGER_NS);
+	rd_share_init(&cd->share, RD_CUDA_SHARE_CAPACITY, RD_CUDA_SHARE_LINGER_NS, cd->tuning.share_alone_ns);
 	cuda_ipc_init(cd);
 	cuda_device_resources_register(cd);
 	if (rd_resource_ensure_valid(&cd->pool.res)) {

@@ -125,6 +125,7 @@ struct cuda_dev {
 	 * test drives the backend itself), read at open. */
 	struct cuda_tuning {
 		uint64_t spin_ns;            /* cuda_spin_us */
+		uint64_t share_alone_ns;     /* cuda_share_alone_us; UINT64_MAX: unbounded */
 		bool wake_at_launch;         /* cuda_wake = launch */
 		bool inline_launch;          /* cuda_inline_launch */
 		bool host_client_waits;      /* cuda_client_wait = host */

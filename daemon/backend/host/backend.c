@@ -89,7 +89,7 @@ static int host_open(struct rd_device *dev, struct rp_error *err)
 	}
 	dev->backend_data = h;
 	host_lane_calibrate(dev);
-	rd_share_init(&h->share, h->cpus, HOST_SHARE_LINGER_NS);
+	rd_share_init(&h->share, h->cpus, HOST_SHARE_LINGER_NS, 0);
 	host_health_init(dev);
 	rd_resource_register(&dev->registry, &h->context, &context_ops);
 	rd_resource_ensure_valid(&h->context);
