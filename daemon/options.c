@@ -140,9 +140,9 @@ const struct rd_option rd_option_table[] = {
 	{ "cuda-share-alone-us", "cuda_share_alone_us", "US", RD_OPT_UINT, USER | RD_OPT_WORKER,
 	  FIELD(cuda_share_alone_us), .env = "REGEN_CUDA_SHARE_ALONE_US", .min = 0, .max = 10000000,
 	  .def = STR(RD_CUDA_SHARE_ALONE_US_DEFAULT),
-	  .help = "the GPU time a uid alone on a CUDA device keeps in flight, at most (each call charged its uid's "
-		  "pace or its least time; two calls whatever they are charged): what another uid's call that comes "
-		  "finds ahead of it; 0: unbounded" },
+	  .help = "how long a uid alone on a CUDA device keeps its calls from entering to their end, at most: the "
+		  "calls it runs at once follow it (two at least, 64 at most), and so does what another uid's call "
+		  "that comes finds ahead of it; 0: unbounded" },
 	{ "cuda-wake", "cuda_wake", "spin|launch", RD_OPT_CHOICE, USER | RD_OPT_WORKER, FIELD(cuda_wake),
 	  .env = "REGEN_CUDA_WAKE", .choices = wakes, .def = "spin",
 	  .help = "spin: a CUDA completer arms its wake-up when it stops spinning; launch: with every call (to "

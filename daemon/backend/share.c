@@ -14,17 +14,16 @@
 /* The timekeeper looks again this often: a uid that lingered stops
  * holding the others back without any call ending. */
 #define RECHECK_NS 1000000u
-/* A uid alone runs this many calls at once whatever they are charged: one
- * on the device and the next launched behind it. */
+/* A uid alone runs this many calls at once whatever: one on the device and
+ * the next launched behind it. */
 #define ALONE_AT_LEAST 2u
-/* Its pace moves by this part of each new interval's difference. */
-#define PACE_SHIFT 3
 
 struct rd_share_waiter {
 	struct rd_share_user *user;
-	uint64_t ticket, charge_ns;
+	uint64_t ticket, least_ns;
 	pthread_cond_t cond;
 	bool let_in;
+	struct rd_share_ticket got;
 	struct rd_share_waiter *next;
 };
 
@@ -85,7 +84,7 @@ static struct rd_share_user *user_of(struct rd_share *s, uid_t uid, uint64_t now
 		u = &s->users[i];
 		if (i < s->top && u->used && active(s, u, now))
 			continue;
-		*u = (struct rd_share_user){ .used = true, .uid = uid };
+		*u = (struct rd_share_user){ .used = true, .uid = uid, .window = s->capacity };
 		if (i >= s->top)
 			s->top = i + 1;
 		return u;
@@ -113,40 +112,29 @@ static struct tally tally_of(const struct rd_share *s, uint64_t now)
 	return t;
 }
 
-/* What a call of u that takes at least least_ns is charged: u's pace or
- * its least, whichever is more (before u's first call ends, a capacity's
- * part of alone_ns), never more than alone_ns. */
-static uint64_t charge_of(const struct rd_share *s, const struct rd_share_user *u, uint64_t least_ns)
-{
-	if (!s->alone_ns || s->alone_ns == UINT64_MAX)
-		return 0;
-	uint64_t c = u->pace_ns ? u->pace_ns : s->alone_ns / s->capacity;
-	if (least_ns > c)
-		c = least_ns;
-	return c < s->alone_ns ? c : s->alone_ns;
-}
-
-/* Whether a call of u alone, charged charge_ns, may run now. */
-static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *u, uint64_t charge_ns)
+/* Whether a call of u alone that takes at least least_ns may run now. */
+static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *u, uint64_t least_ns)
 {
 	if (!s->alone_ns)
 		return u->running < s->capacity;
-	return u->running < ALONE_AT_LEAST || u->charged_ns + charge_ns <= s->alone_ns;
+	if (s->alone_ns == UINT64_MAX || u->running < ALONE_AT_LEAST)
+		return true;
+	return u->running < u->window && least_ns <= s->alone_ns && u->least_ns <= s->alone_ns - least_ns;
 }
 
-/* Whether a call of u charged charge_ns may run now: u alone and under
- * the bound of a uid alone, or the calls running under the capacity and
+/* Whether a call of u that takes at least least_ns may run now: u alone
+ * and under the bound of a uid alone, or the calls running under the capacity and
  * u's under its part of it, shared with the uids that run or wait (one
  * that lingers keeps the capacity, not a part: what it does not use goes
  * to the others). */
 static bool may_run(const struct rd_share *s, const struct tally *t, const struct rd_share_user *u,
-		    uint64_t charge_ns)
+		    uint64_t least_ns)
 {
 	bool u_active = active(s, u, t->now);
 	unsigned others = t->active - u_active;
 
 	if (!others)
-		return alone_may_run(s, u, charge_ns);
+		return alone_may_run(s, u, least_ns);
 	unsigned with_u = t->calling - (u_active && calling(u)) + 1;
 	unsigned part = s->capacity / with_u;
 	return s->running < s->capacity && u->running < (part ? part : 1);
@@ -161,7 +149,7 @@ static struct rd_share_waiter *next_of(const struct rd_share *s, const struct ta
 
 	for (struct rd_share_waiter *w = s->waiting; w; w = w->next) {
 		const struct rd_share_user *u = w->user;
-		if (!may_run(s, t, u, w->charge_ns))
+		if (!may_run(s, t, u, w->least_ns))
 			continue;
 		if (!best || u->running < best->user->running ||
 		    (u->running == best->user->running &&
@@ -171,14 +159,14 @@ static struct rd_share_waiter *next_of(const struct rd_share *s, const struct ta
 	return best;
 }
 
-static void take_turn(struct rd_share *s, struct rd_share_user *u, uint64_t charge_ns, uint64_t now)
+static struct rd_share_ticket take_turn(struct rd_share *s, struct rd_share_user *u, uint64_t least_ns,
+				       uint64_t now)
 {
-	if (!u->running)
-		u->mark_ns = now;
-	u->charged_ns += charge_ns;
+	u->least_ns += least_ns;
 	u->running++;
 	s->running++;
 	u->served = ++s->turns;
+	return (struct rd_share_ticket){ .entered_ns = now, .least_ns = least_ns };
 }
 
 /* Lets in every waiting call that may run now, in turn, each woken alone.
@@ -198,7 +186,7 @@ static void let_in(struct rd_share *s)
 			}
 		}
 		/* Running before it stops waiting: the uid never looks idle between. */
-		take_turn(s, w->user, w->charge_ns, now);
+		w->got = take_turn(s, w->user, w->least_ns, now);
 		w->user->waiting--;
 		w->let_in = true;
 		pthread_cond_signal(&w->cond);
@@ -212,7 +200,7 @@ static void wait_until(pthread_cond_t *c, pthread_mutex_t *lock, uint64_t t)
 	(void)pthread_cond_timedwait(c, lock, &until);
 }
 
-uint64_t rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns)
+struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns)
 {
 	struct rd_share_user *u;
 
@@ -224,14 +212,13 @@ uint64_t rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns)
 		s->for_entry--;
 		now = rd_now_ns();
 	}
-	uint64_t charge = charge_of(s, u, least_ns);
 	struct tally t = tally_of(s, now);
-	if (!s->waiting && may_run(s, &t, u, charge)) {
-		take_turn(s, u, charge, now);
+	if (!s->waiting && may_run(s, &t, u, least_ns)) {
+		struct rd_share_ticket got = take_turn(s, u, least_ns, now);
 		pthread_mutex_unlock(&s->lock);
-		return charge;
+		return got;
 	}
-	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .charge_ns = charge, .next = s->waiting };
+	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .least_ns = least_ns, .next = s->waiting };
 	cond_init_monotonic(&me.cond);
 	s->waiting = &me;
 	u->waiting++;
@@ -254,10 +241,10 @@ uint64_t rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns)
 	}
 	pthread_mutex_unlock(&s->lock);
 	pthread_cond_destroy(&me.cond);
-	return charge;
+	return me.got;
 }
 
-bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, uint64_t *charged_ns)
+bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, struct rd_share_ticket *ticket)
 {
 	struct rd_share_user *u;
 	bool ran = false;
@@ -265,11 +252,9 @@ bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, uint64
 
 	pthread_mutex_lock(&s->lock);
 	if ((u = user_of(s, uid, now))) {
-		uint64_t charge = charge_of(s, u, least_ns);
 		struct tally t = tally_of(s, now);
-		if (may_run(s, &t, u, charge) && !next_of(s, &t)) {
-			take_turn(s, u, charge, now);
-			*charged_ns = charge;
+		if (may_run(s, &t, u, least_ns) && !next_of(s, &t)) {
+			*ticket = take_turn(s, u, least_ns, now);
 			ran = true;
 		}
 	}
@@ -277,30 +262,28 @@ bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, uint64
 	return ran;
 }
 
-/* u's pace: the time since its last call's end, or since its calls began
- * running, in its moving mean. Its calls ran all that time: the interval
- * is the device's time per call of u's, where u alone keeps it busy. */
-static void pace(struct rd_share_user *u, uint64_t now)
+/* u's window after a call that took took_ns from entering to its end:
+ * narrower past alone_ns, wider well under it while the window was full
+ * (it was what held u back). */
+static void follow(const struct rd_share *s, struct rd_share_user *u, uint64_t took_ns)
 {
-	uint64_t interval = now > u->mark_ns ? now - u->mark_ns : 0;
-
-	u->mark_ns = now;
-	if (!u->pace_ns)
-		u->pace_ns = interval ? interval : 1;
-	else if (interval > u->pace_ns)
-		u->pace_ns += (interval - u->pace_ns) >> PACE_SHIFT;
-	else
-		u->pace_ns -= (u->pace_ns - interval) >> PACE_SHIFT;
+	if (!s->alone_ns || s->alone_ns == UINT64_MAX)
+		return;
+	unsigned quarter = u->window / 4 ? u->window / 4 : 1;
+	if (took_ns > s->alone_ns)
+		u->window = u->window - quarter > ALONE_AT_LEAST ? u->window - quarter : ALONE_AT_LEAST;
+	else if (took_ns < s->alone_ns / 2 && u->running >= u->window)
+		u->window = u->window + quarter < RD_SHARE_WINDOW_MAX ? u->window + quarter : RD_SHARE_WINDOW_MAX;
 }
 
-void rd_share_leave(struct rd_share *s, uid_t uid, uint64_t charged_ns)
+void rd_share_leave(struct rd_share *s, uid_t uid, struct rd_share_ticket ticket)
 {
 	pthread_mutex_lock(&s->lock);
 	struct rd_share_user *u = find(s, uid);
 	if (u && u->running) {
 		uint64_t now = rd_now_ns();
-		pace(u, now);
-		u->charged_ns -= charged_ns < u->charged_ns ? charged_ns : u->charged_ns;
+		follow(s, u, now > ticket.entered_ns ? now - ticket.entered_ns : 0);
+		u->least_ns -= ticket.least_ns < u->least_ns ? ticket.least_ns : u->least_ns;
 		u->running--;
 		s->running--;
 		if (!u->running && !u->waiting)

@@ -10,18 +10,20 @@
  *
  * A uid alone runs calls at once up to a bound, so that a uid that comes
  * finds little of it ahead (issue 30: a uid calling after the linger found
- * 32 GEMMs of another's ahead on an H100). The bound is `alone_ns` of the
- * device's time: each call is charged the uid's pace (the time between
- * its calls' ends while it had calls running, a moving mean) or its own
- * least time, whichever is more, and a uid alone runs two calls at once
- * whatever they are charged, more while their charges fit alone_ns. Small
- * calls keep a deep queue (what hides a launch's latency), large ones a
- * short one (which alone keeps the device busy); a uid that made its pace
- * small with small calls and then sends large ones gets them charged at
- * their least time where it is known (GEMMs, attention), and its pace
- * follows within a few of them. alone_ns 0: a uid alone runs at most
- * `capacity` calls (the host backend's CPUs: more threads than CPUs do no
- * more work, and a uid that comes waits for one of them, not all).
+ * 32 GEMMs of another's ahead on an H100). With `alone_ns`, the bound is a
+ * window of calls that follows the time the uid's calls take from entering
+ * to their end (what a uid that came when they entered would have waited
+ * for): past alone_ns the window narrows by a quarter, under half of it
+ * (while the window is full) it widens by a quarter, never under two calls
+ * (one on the device and the next launched behind it) nor over
+ * RD_SHARE_WINDOW_MAX. Small calls keep a deep queue (what hides a
+ * launch's latency), large ones a short one (which alone keeps the device
+ * busy). Beside the window, the least times of the calls running (GEMMs',
+ * attention's, known from their shapes) fit in alone_ns: a uid that
+ * widened its window with small calls and then sends large ones gets few
+ * of them in at once. alone_ns 0: a uid alone runs at most `capacity`
+ * calls (the host backend's CPUs: more threads than CPUs do no more work,
+ * and a uid that comes waits for one of them, not all).
  * Beside other uids, at most `capacity`
  * calls run at once, and each uid's at most its part of it (at least one)
  * among the uids with calls running or waiting: a call of a uid waits for
@@ -49,6 +51,8 @@
 /* The uids a share follows at once: those with calls running or waiting
  * or lingering. A uid past them waits until one is idle. */
 #define RD_SHARE_USERS 256
+/* The widest window of calls a uid alone runs at once (with alone_ns). */
+#define RD_SHARE_WINDOW_MAX 64
 
 struct rd_share_waiter;
 
@@ -63,9 +67,8 @@ struct rd_share {
 		bool used;
 		uid_t uid;
 		unsigned running, waiting;
-		uint64_t charged_ns;       /* what its running calls were charged, together */
-		uint64_t pace_ns;          /* its moving mean time between two calls' ends; 0: none yet */
-		uint64_t mark_ns;          /* its last call's end, or when its calls began running */
+		unsigned window;           /* calls it may run at once alone (with alone_ns) */
+		uint64_t least_ns;         /* its running calls' least times, together */
 		uint64_t idle_ns;          /* when its last call ended (CLOCK_MONOTONIC); 0: none yet */
 		uint64_t served;           /* the turn it last had; 0: none yet */
 	} users[RD_SHARE_USERS];
@@ -78,19 +81,24 @@ struct rd_share {
 	uint64_t turns, tickets;
 };
 
+/* What a call that entered carries to its end. */
+struct rd_share_ticket {
+	uint64_t entered_ns;           /* CLOCK_MONOTONIC */
+	uint64_t least_ns;
+};
+
 /* capacity: the calls at once divided among the uids beside each other;
  * linger_ns: how long a uid counts after its last call ended; alone_ns:
- * the device's time a uid alone keeps charged at once (UINT64_MAX: as
- * much as it asks; 0: capacity calls). */
+ * the time a uid alone keeps its calls from entering to their end, at most
+ * (UINT64_MAX: as many at once as it asks; 0: capacity calls at once). */
 void rd_share_init(struct rd_share *s, unsigned capacity, uint64_t linger_ns, uint64_t alone_ns);
 void rd_share_destroy(struct rd_share *s);
 /* Waits until a call of uid may run, then counts it running. least_ns:
- * the least time the call takes on the device (0: not known). Returns
- * what the call is charged, for rd_share_leave. */
-uint64_t rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns);
+ * the least time the call takes on the device (0: not known). */
+struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns);
 /* Counts a call of uid running if it may run now and no waiting call
- * would go first (its charge in *charged_ns): never blocks (the worker's
- * loop runs small calls itself). */
-bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, uint64_t *charged_ns);
-/* A call of uid that entered, charged charged_ns, is done. */
-void rd_share_leave(struct rd_share *s, uid_t uid, uint64_t charged_ns);
+ * would go first: never blocks (the worker's loop runs small calls
+ * itself). */
+bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, struct rd_share_ticket *ticket);
+/* A call of uid that entered with ticket is done. */
+void rd_share_leave(struct rd_share *s, uid_t uid, struct rd_share_ticket ticket);

@@ -9,7 +9,7 @@
  * the same run: with the share lifted (every lane keeps its four on the
  * GPU, as before: root's first call waits behind up to 32 of the other
  * uid's, then has a lane's share) and as the backend sets it (alone, the
- * other uid keeps cuda_share_alone_us of GEMMs in flight, at its pace;
+ * other uid keeps a window of GEMMs that finish within cuda_share_alone_us of entering;
  * beside root's calls, and for 2 ms after each, two). The test asks, as
  * set, that root's first GEMM wait for no more of the other's than fit in
  * that time and four more (those the capacity lets run beside it), and for

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A device shared among uids (daemon/backend/share.c): a uid alone runs
- * calls up to its bound (the capacity, or a time each call is charged
- * against), as many as it asks where that is lifted; beside other uids at most the
+ * calls up to its bound (the capacity, or a window that follows its calls'
+ * time), as many as it asks where that is lifted; beside other uids at most the
  * capacity runs, each uid's at most its part of it, however many lanes it
  * has (its part taken among the uids that run or wait), and the uids take
  * turns; a uid holds the capacity for a linger after its last call ended;
@@ -14,12 +14,15 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include "daemon/backend/backend.h"
 #include "daemon/backend/share.h"
 #include "unit.h"
 
 #define CALLS 16
 
 static struct rd_share share;
+/* What the tests of the share among uids leave with: nothing to follow. */
+static const struct rd_share_ticket none;
 static uid_t uid_of[CALLS];
 static pthread_t threads[CALLS];
 static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -93,7 +96,7 @@ static int ends_and_see(uid_t uid)
 {
 	unsigned before = recorded();
 
-	rd_share_leave(&share, uid, 0);
+	rd_share_leave(&share, uid, none);
 	for (int t = 0; t < 300 && recorded() == before; t++)
 		pause_ms(1);
 	pause_ms(20);
@@ -150,7 +153,7 @@ START_TEST(a_uid_alone_unbounded_is_never_held_back)
 		comes_and_runs(i, 1);
 	ck_assert_uint_eq(running(), 6);
 	for (int i = 0; i < 6; i++)
-		rd_share_leave(&share, 1, 0);
+		rd_share_leave(&share, 1, none);
 	finish();
 }
 END_TEST
@@ -173,13 +176,13 @@ START_TEST(the_uids_take_turns_not_the_lanes)
 	ck_assert_int_eq(ends_and_see(1), 4);
 	join(4);
 	/* uid 2 has nothing more: uid 1 is alone, its two left run at once. */
-	rd_share_leave(&share, 2, 0);
+	rd_share_leave(&share, 2, none);
 	join(2);
 	join(3);
 	ck_assert_uint_eq(recorded(), 5);
 	ck_assert(order[3] + order[4] == 5);
-	rd_share_leave(&share, 1, 0);
-	rd_share_leave(&share, 1, 0);
+	rd_share_leave(&share, 1, none);
+	rd_share_leave(&share, 1, none);
 	finish();
 }
 END_TEST
@@ -206,10 +209,10 @@ START_TEST(beside_others_a_uid_runs_its_part_of_the_capacity)
 	/* uid 3 done (no linger here): two uids again, uid 2 under its part. */
 	ck_assert_int_eq(ends_and_see(3), 7);
 	join(7);
-	rd_share_leave(&share, 2, 0);
-	rd_share_leave(&share, 2, 0);
-	rd_share_leave(&share, 1, 0);
-	rd_share_leave(&share, 1, 0);
+	rd_share_leave(&share, 2, none);
+	rd_share_leave(&share, 2, none);
+	rd_share_leave(&share, 1, none);
+	rd_share_leave(&share, 1, none);
 	finish();
 }
 END_TEST
@@ -239,7 +242,7 @@ START_TEST(a_uid_whose_call_ended_holds_the_capacity_for_its_linger)
 	ck_assert_msg(waited < 0.5, "uid 1's third call waited %.3f s, long past uid 2's linger", waited);
 	join(3);
 	for (int i = 0; i < 3; i++)
-		rd_share_leave(&share, 1, 0);
+		rd_share_leave(&share, 1, none);
 	finish();
 }
 END_TEST
@@ -255,103 +258,113 @@ START_TEST(a_uid_alone_runs_at_most_the_capacity_without_a_time_bound)
 	comes_and_waits(2, 1);
 	ck_assert_int_eq(ends_and_see(1), 2);
 	join(2);
-	rd_share_leave(&share, 1, 0);
-	rd_share_leave(&share, 1, 0);
+	rd_share_leave(&share, 1, none);
+	rd_share_leave(&share, 1, none);
 	finish();
 }
 END_TEST
 
-static uint64_t charged_now(uid_t uid)
+static unsigned window_of(uid_t uid)
 {
-	uint64_t c = UINT64_MAX;
+	unsigned w = 0;
 
 	pthread_mutex_lock(&share.lock);
 	for (unsigned i = 0; i < share.top; i++)
 		if (share.users[i].used && share.users[i].uid == uid)
-			c = share.users[i].charged_ns;
+			w = share.users[i].window;
 	pthread_mutex_unlock(&share.lock);
-	return c;
+	return w;
 }
 
-/* With a time bound (the CUDA backend's), a uid alone keeps at most that
- * much charged: each call its uid's pace or its least time, whichever is
- * more, two calls whatever they are charged. Small calls go deep, large
- * ones shallow; a large call made after small ones is charged its least
- * time, not the small pace. */
-START_TEST(a_uid_alone_keeps_at_most_its_time_bound_charged)
+/* A ticket as if its call had entered ago_ns before now. */
+static struct rd_share_ticket entered_ago(struct rd_share_ticket t, uint64_t ago_ns)
 {
-	const uint64_t ms = 1000000u, bound = 200 * ms;
-	uint64_t c[64], big[2];
+	t.entered_ns = rd_now_ns() - ago_ns;
+	return t;
+}
+
+/* With a time bound (the CUDA backend's), a uid alone runs a window of
+ * calls that narrows while they take longer than the bound from entering
+ * to their end, never under two, and widens while they take under half of
+ * it and fill it, never past RD_SHARE_WINDOW_MAX; beside it, the least
+ * times of its calls running fit in the bound. */
+START_TEST(a_uid_alone_keeps_a_window_that_follows_its_calls_time)
+{
+	const uint64_t ms = 1000000u, bound = 100 * ms;
+	struct rd_share_ticket t[RD_SHARE_WINDOW_MAX + 1], extra;
 
 	start_bounded(4, 0, bound);
-	/* Before any call ended, a call is charged a capacity's part of the
-	 * bound: four run, the fifth is held back. */
-	for (int i = 0; i < 4; i++) {
-		ck_assert(rd_share_try_enter(&share, 1, 0, &c[i]));
-		ck_assert_uint_eq(c[i], bound / 4);
-	}
-	ck_assert(!rd_share_try_enter(&share, 1, 0, &c[4]));
-	ck_assert_uint_eq(charged_now(1), bound);
-	/* They end at once: the pace is well under a millisecond. */
+	/* The window starts at the capacity. */
 	for (int i = 0; i < 4; i++)
-		rd_share_leave(&share, 1, c[i]);
-	ck_assert_uint_eq(charged_now(1), 0);
-	/* Small calls at that pace: 64 at once, each charged under 3 ms. */
-	for (int i = 0; i < 64; i++) {
-		ck_assert(rd_share_try_enter(&share, 1, 0, &c[i]));
-		ck_assert_uint_lt(c[i], 3 * ms);
+		ck_assert(rd_share_try_enter(&share, 1, 0, &t[i]));
+	ck_assert(!rd_share_try_enter(&share, 1, 0, &extra));
+	/* Calls that took 150 ms from entering: a quarter narrower each, to
+	 * two. */
+	rd_share_leave(&share, 1, entered_ago(t[0], 150 * ms));
+	ck_assert_uint_eq(window_of(1), 3);
+	ck_assert(!rd_share_try_enter(&share, 1, 0, &extra));   /* three run: the window's */
+	rd_share_leave(&share, 1, entered_ago(t[1], 150 * ms));
+	ck_assert_uint_eq(window_of(1), 2);
+	rd_share_leave(&share, 1, entered_ago(t[2], 150 * ms));
+	ck_assert_uint_eq(window_of(1), 2);
+	ck_assert(rd_share_try_enter(&share, 1, 0, &t[0]));     /* one ran: two whatever */
+	ck_assert(!rd_share_try_enter(&share, 1, 0, &extra));
+	/* Calls that took 60 ms (between half the bound and it): no change. */
+	rd_share_leave(&share, 1, entered_ago(t[3], 60 * ms));
+	ck_assert_uint_eq(window_of(1), 2);
+	/* Quick calls from a full window: wider each time, to the most. */
+	ck_assert(rd_share_try_enter(&share, 1, 0, &t[1]));
+	unsigned running = 2, widened = 0;
+	while (window_of(1) < RD_SHARE_WINDOW_MAX && widened++ < 100) {
+		unsigned before = window_of(1);
+		while (rd_share_try_enter(&share, 1, 0, &t[running]))
+			running++;
+		ck_assert_uint_eq(running, before);
+		rd_share_leave(&share, 1, t[--running]);
+		ck_assert_uint_gt(window_of(1), before);
 	}
-	for (int i = 0; i < 64; i++)
-		rd_share_leave(&share, 1, c[i]);
-	/* Calls that take at least 150 ms each: the pace is small, but they
-	 * are charged their least time; two run whatever, the third waits
-	 * (its uid is alone: a time-free share would run it). */
-	ck_assert(rd_share_try_enter(&share, 1, 150 * ms, &big[0]));
-	ck_assert(rd_share_try_enter(&share, 1, 150 * ms, &big[1]));
-	ck_assert_uint_eq(big[0], 150 * ms);
-	uid_of[0] = 1;
-	ck_assert_int_eq(pthread_create(&threads[0], NULL, enter_and_record, (void *)(intptr_t)0), 0);
-	pause_ms(50);
-	ck_assert_uint_eq(recorded(), 0);
-	/* One ends: 150 ms charged, the waiting call fits beside it. */
-	rd_share_leave(&share, 1, big[0]);
-	join(0);
-	ck_assert_uint_eq(recorded(), 1);
-	/* A charge never passes the bound: a call of 10 s is charged 200 ms,
-	 * and held back where two run. */
-	uint64_t huge;
-	ck_assert(!rd_share_try_enter(&share, 1, 10000 * ms, &huge));
-	pthread_mutex_lock(&share.lock);
-	uint64_t waiter_charge = share.users[0].charged_ns - big[1];
-	pthread_mutex_unlock(&share.lock);
-	rd_share_leave(&share, 1, big[1]);
-	rd_share_leave(&share, 1, waiter_charge);
-	ck_assert_uint_eq(charged_now(1), 0);
-	ck_assert(rd_share_try_enter(&share, 1, 10000 * ms, &huge));
-	ck_assert_uint_eq(huge, bound);
-	rd_share_leave(&share, 1, huge);
+	ck_assert_uint_eq(window_of(1), RD_SHARE_WINDOW_MAX);
+	while (rd_share_try_enter(&share, 1, 0, &t[running]))
+		running++;
+	ck_assert_uint_eq(running, RD_SHARE_WINDOW_MAX);
+	/* Quick calls from a window not full: it stays. */
+	rd_share_leave(&share, 1, t[--running]);
+	rd_share_leave(&share, 1, t[--running]);
+	ck_assert_uint_eq(window_of(1), RD_SHARE_WINDOW_MAX);
+	while (running)
+		rd_share_leave(&share, 1, t[--running]);
+	/* The window is wide, but calls of 40 ms at least: two run whatever,
+	 * a third would pass the bound; a call of no known least time fits. */
+	ck_assert(rd_share_try_enter(&share, 1, 40 * ms, &t[0]));
+	ck_assert(rd_share_try_enter(&share, 1, 40 * ms, &t[1]));
+	ck_assert(!rd_share_try_enter(&share, 1, 40 * ms, &extra));
+	ck_assert(rd_share_try_enter(&share, 1, 0, &t[2]));
+	rd_share_leave(&share, 1, t[0]);
+	ck_assert(rd_share_try_enter(&share, 1, 40 * ms, &t[0]));
+	for (int i = 0; i < 3; i++)
+		rd_share_leave(&share, 1, t[i]);
 	finish();
 }
 END_TEST
 
 START_TEST(try_enter_answers_as_enter_would_without_waiting)
 {
-	uint64_t charged;
+	struct rd_share_ticket ticket;
 
 	start(2, 0);
-	ck_assert(rd_share_try_enter(&share, 1, 0, &charged));
-	ck_assert(rd_share_try_enter(&share, 1, 0, &charged));      /* alone: not held back */
-	ck_assert(!rd_share_try_enter(&share, 2, 0, &charged));     /* the capacity is taken */
-	rd_share_leave(&share, 1, 0);
-	ck_assert(rd_share_try_enter(&share, 2, 0, &charged));      /* under it, and under its part */
-	ck_assert(!rd_share_try_enter(&share, 1, 0, &charged));     /* uid 1 at its part */
-	ck_assert(!rd_share_try_enter(&share, 3, 0, &charged));     /* the capacity is taken */
-	rd_share_leave(&share, 1, 0);
-	rd_share_leave(&share, 2, 0);
-	ck_assert(rd_share_try_enter(&share, 3, 0, &charged));
-	ck_assert(rd_share_try_enter(&share, 3, 0, &charged));      /* alone again */
-	rd_share_leave(&share, 3, 0);
-	rd_share_leave(&share, 3, 0);
+	ck_assert(rd_share_try_enter(&share, 1, 0, &ticket));
+	ck_assert(rd_share_try_enter(&share, 1, 0, &ticket));      /* alone: not held back */
+	ck_assert(!rd_share_try_enter(&share, 2, 0, &ticket));     /* the capacity is taken */
+	rd_share_leave(&share, 1, none);
+	ck_assert(rd_share_try_enter(&share, 2, 0, &ticket));      /* under it, and under its part */
+	ck_assert(!rd_share_try_enter(&share, 1, 0, &ticket));     /* uid 1 at its part */
+	ck_assert(!rd_share_try_enter(&share, 3, 0, &ticket));     /* the capacity is taken */
+	rd_share_leave(&share, 1, none);
+	rd_share_leave(&share, 2, none);
+	ck_assert(rd_share_try_enter(&share, 3, 0, &ticket));
+	ck_assert(rd_share_try_enter(&share, 3, 0, &ticket));      /* alone again */
+	rd_share_leave(&share, 3, none);
+	rd_share_leave(&share, 3, none);
 	finish();
 }
 END_TEST
@@ -364,7 +377,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, a_uid_alone_unbounded_is_never_held_back);
 	tcase_add_test(tc, a_uid_alone_runs_at_most_the_capacity_without_a_time_bound);
-	tcase_add_test(tc, a_uid_alone_keeps_at_most_its_time_bound_charged);
+	tcase_add_test(tc, a_uid_alone_keeps_a_window_that_follows_its_calls_time);
 	tcase_add_test(tc, the_uids_take_turns_not_the_lanes);
 	tcase_add_test(tc, beside_others_a_uid_runs_its_part_of_the_capacity);
 	tcase_add_test(tc, a_uid_whose_call_ended_holds_the_capacity_for_its_linger);

@@ -265,7 +265,7 @@ struct lane_pending {
 	bool enqueued;
 	bool alone;                /* the only call in flight when the completer took it */
 	bool shared;               /* it entered the device's share: leaves it once complete */
-	uint64_t charged_ns;       /* what the share charged it */
+	struct rd_share_ticket ticket;   /* what it entered the share with */
 };
 
 static void lane_profile_print(const struct cuda_lane *l)
@@ -451,12 +451,12 @@ static bool lane_shares(const struct cuda_lane *l, const struct rd_op *op)
 /* As lane_launch_counted, counted among the device's launches in progress
  * (the completers' queries wait for it: LANE_QUERY_HOLDOFF_NS), once the
  * device's share among uids lets it run (`entered`: the caller saw to
- * that, and the share charged it charged_ns); with cuda_client_wait = host, once its wait_event is done (before
+ * that, and the share gave it ticket); with cuda_client_wait = host, once its wait_event is done (before
  * it enters the share: a client's work holds no share), and never on an
  * abandoned lane: such a call goes to the completer unlaunched, with its
  * error. */
 static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p, bool entered,
-			uint64_t charged_ns)
+			struct rd_share_ticket ticket)
 {
 	int r = 0;
 
@@ -468,18 +468,18 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 	}
 	if (r) {
 		*p = (struct lane_pending){ .op = op, .t0 = rd_now_ns(), .resets = atomic_load(&l->cd->resets), .r = r,
-					    .shared = entered, .charged_ns = charged_ns };
+					    .shared = entered, .ticket = ticket };
 		return;
 	}
 	if (!entered && lane_shares(l, op)) {
-		charged_ns = rd_share_enter(&l->cd->share, l->base.uid, op->work_ns);
+		ticket = rd_share_enter(&l->cd->share, l->base.uid, op->work_ns);
 		entered = true;
 	}
 	atomic_fetch_add_explicit(&l->cd->launching, 1, memory_order_relaxed);
 	lane_launch_counted(l, op, p);
 	atomic_fetch_sub_explicit(&l->cd->launching, 1, memory_order_relaxed);
 	p->shared = entered;
-	p->charged_ns = charged_ns;
+	p->ticket = ticket;
 }
 
 /* What cuda_submit counted op in for (its work, its client wait), given
@@ -540,7 +540,7 @@ static void lane_complete(struct cuda_lane *l, struct lane_pending *p)
 		cuda_program_completed(op);
 	op->elapsed_us = (rd_now_ns() - p->t0) / 1000;
 	if (p->shared)
-		rd_share_leave(&cd->share, l->base.uid, p->charged_ns);
+		rd_share_leave(&cd->share, l->base.uid, p->ticket);
 	op_counted_out(l, op);
 	rd_op_complete(op);
 }
@@ -737,7 +737,7 @@ static void *lane_main(void *arg)
 		li->launching = true;
 		pthread_mutex_unlock(&li->lock);
 		struct lane_pending p;
-		lane_launch(l, op, &p, false, 0);
+		lane_launch(l, op, &p, false, (struct rd_share_ticket){ 0 });
 		pthread_mutex_lock(&li->lock);
 		launch_over(li, &p);
 	}
@@ -895,14 +895,14 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	}
 	/* The loop never waits for the share: a call it may not run now goes
 	 * to the launcher, which does. */
-	uint64_t charged_ns;
-	if (!rd_share_try_enter(&li->lane.cd->share, li->lane.base.uid, op->work_ns, &charged_ns)) {
+	struct rd_share_ticket ticket;
+	if (!rd_share_try_enter(&li->lane.cd->share, li->lane.base.uid, op->work_ns, &ticket)) {
 		pthread_mutex_unlock(&li->lock);
 		return false;
 	}
 	li->launching = true;
 	pthread_mutex_unlock(&li->lock);
-	lane_launch(&li->lane, op, &p, true, charged_ns);
+	lane_launch(&li->lane, op, &p, true, ticket);
 	pthread_mutex_lock(&li->lock);
 	launch_over(li, &p);
 	pthread_mutex_unlock(&li->lock);

@@ -254,9 +254,9 @@ static void *lane_thread(void *arg)
 		} else if (op->compute.spec->id == RP_OP_COMM) {
 			run_op(lane, op);   /* waits for its peers: no slot held meanwhile */
 		} else {
-			uint64_t charged = rd_share_enter(&hd(dev)->share, lane->base.uid, 0);
+			struct rd_share_ticket ticket = rd_share_enter(&hd(dev)->share, lane->base.uid, 0);
 			run_op(lane, op);
-			rd_share_leave(&hd(dev)->share, lane->base.uid, charged);
+			rd_share_leave(&hd(dev)->share, lane->base.uid, ticket);
 		}
 		pthread_mutex_lock(&lane->lock);
 		lane->busy = false;
@@ -343,15 +343,15 @@ static bool run_inline(struct host_lane *lane, struct rd_op *op)
 		pthread_mutex_unlock(&lane->lock);
 		return false;
 	}
-	uint64_t charged;
-	if (!rd_share_try_enter(&hd(dev)->share, lane->base.uid, 0, &charged)) {
+	struct rd_share_ticket ticket;
+	if (!rd_share_try_enter(&hd(dev)->share, lane->base.uid, 0, &ticket)) {
 		pthread_mutex_unlock(&lane->lock);
 		return false;
 	}
 	lane->busy = true;
 	pthread_mutex_unlock(&lane->lock);
 	run_op(lane, op);
-	rd_share_leave(&hd(dev)->share, lane->base.uid, charged);
+	rd_share_leave(&hd(dev)->share, lane->base.uid, ticket);
 	pthread_mutex_lock(&lane->lock);
 	lane->busy = false;
 	pthread_mutex_unlock(&lane->lock);
