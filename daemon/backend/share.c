@@ -84,7 +84,7 @@ static struct rd_share_user *user_of(struct rd_share *s, uid_t uid, uint64_t now
 		u = &s->users[i];
 		if (i < s->top && u->used && active(s, u, now))
 			continue;
-		*u = (struct rd_share_user){ .used = true, .uid = uid, .window = s->capacity };
+		*u = (struct rd_share_user){ .used = true, .uid = uid, .window = RD_SHARE_WINDOW_START };
 		if (i >= s->top)
 			s->top = i + 1;
 		return u;

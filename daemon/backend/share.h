@@ -14,7 +14,7 @@
  * window of calls that follows the time the uid's calls take from entering
  * to their end (what a uid that came when they entered would have waited
  * for): past alone_ns the window narrows by a quarter, under half of it
- * (while the window is full) it widens by a quarter, never under two calls
+ * (while the window is full) it widens by a quarter, from RD_SHARE_WINDOW_START, never under two calls
  * (one on the device and the next launched behind it) nor over
  * RD_SHARE_WINDOW_MAX. Small calls keep a deep queue (what hides a
  * launch's latency), large ones a short one (which alone keeps the device
@@ -51,7 +51,10 @@
 /* The uids a share follows at once: those with calls running or waiting
  * or lingering. A uid past them waits until one is idle. */
 #define RD_SHARE_USERS 256
-/* The widest window of calls a uid alone runs at once (with alone_ns). */
+/* The window of calls a uid alone runs at once (with alone_ns): where a
+ * uid's starts (a constant, not the capacity: a test lifts that, and a
+ * window made meanwhile would stay lifted), and the widest. */
+#define RD_SHARE_WINDOW_START 4
 #define RD_SHARE_WINDOW_MAX 64
 
 struct rd_share_waiter;

@@ -293,8 +293,9 @@ START_TEST(a_uid_alone_keeps_a_window_that_follows_its_calls_time)
 	const uint64_t ms = 1000000u, bound = 100 * ms;
 	struct rd_share_ticket t[RD_SHARE_WINDOW_MAX + 1], extra;
 
-	start_bounded(4, 0, bound);
-	/* The window starts at the capacity. */
+	start_bounded(8, 0, bound);
+	/* The window starts at RD_SHARE_WINDOW_START (4). */
+	ck_assert_uint_eq(RD_SHARE_WINDOW_START, 4);
 	for (int i = 0; i < 4; i++)
 		ck_assert(rd_share_try_enter(&share, 1, 0, &t[i]));
 	ck_assert(!rd_share_try_enter(&share, 1, 0, &extra));

@@ -8,6 +8,7 @@ Skipped where torch or its AOTAutograd is not importable."""
 
 import importlib.util
 import os
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -180,6 +181,38 @@ class RecomputeTest(unittest.TestCase):
             _partition.recompute_for_backward = real
         self.assertEqual(len(seen), 1)
         self.assertEqual([str(n.target) for n in seen[0].graph.nodes].count("aten._log_softmax.default"), 1)
+
+    def test_a_rewritten_graph_the_split_cannot_take_is_split_as_it_came(self):
+        # The split raises on the rewritten graph alone (seen on Llama: "Node
+        # t_32 was invalid, but is output"); the graph as it came is split,
+        # and the rewritten one kept where REGEN_COMPILE_DUMP says.
+        seen = []
+
+        def split(joint_module, joint_inputs, **kwargs):
+            seen.append(joint_module)
+            if len(seen) == 1:
+                raise AssertionError("Node t_32 was invalid, but is output")
+            return default_partition(joint_module, joint_inputs, **kwargs)
+        with tempfile.TemporaryDirectory() as dump:
+            os.environ["REGEN_COMPILE_DUMP"] = dump
+            try:
+                fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
+                                  lambda gm, _: gm, lambda gm, _: gm, partition_fn=_partition.with_recompute(split))
+                h, w, t = self.inputs()
+                with self.assertWarnsRegex(UserWarning, "split as it came .AssertionError: Node t_32"):
+                    fn(h, w, t).backward()
+            finally:
+                del os.environ["REGEN_COMPILE_DUMP"]
+            kept = os.listdir(dump)
+            self.assertEqual(kept, ["partition-failed-0.txt"])
+            with open(os.path.join(dump, kept[0])) as f:
+                self.assertIn("Node t_32 was invalid", f.readline())
+        self.assertEqual(len(seen), 2)
+        # The first was the rewritten graph (the log-softmax copied for the
+        # backward), the second the graph as it came (one).
+        count = [[str(n.target) for n in g.graph.nodes].count("aten._log_softmax.default") for g in seen]
+        self.assertEqual(count, [2, 1])
+        self.assertIsNot(seen[0], seen[1])
 
     def test_the_pass_counts_what_it_copies(self):
         # Without num_fwd_outputs (torch before 2.0) and with it.

@@ -30,6 +30,7 @@ AOTAutograd.
 """
 
 import copy
+import os
 import warnings
 
 import torch
@@ -159,15 +160,30 @@ def recompute_for_backward(graph, num_fwd_outputs=None):
 
 def with_recompute(partition_fn):
     """AOTAutograd's ``partition_fn`` that first rewrites the joint graph
-    (a copy of it: a graph the rewrite cannot take is split as it came,
-    with a warning, since the rewrite only saves bytes)."""
+    (a copy of it). A graph the rewrite or the split of the rewritten graph
+    cannot take is split as it came, with a warning, since the rewrite only
+    saves bytes; with REGEN_COMPILE_DUMP set, the rewritten graph is kept
+    there to read."""
     def split(joint_module, joint_inputs, **kwargs):
+        rewritten = None
         try:
             rewritten = copy.deepcopy(joint_module)
             if recompute_for_backward(rewritten.graph, kwargs.get("num_fwd_outputs")):
                 rewritten.recompile()
-                joint_module = rewritten
+                return partition_fn(rewritten, joint_inputs, **kwargs)
         except Exception as e:   # noqa: BLE001 - any failure leaves the graph as AOTAutograd gave it
             warnings.warn(f"regen backend: the joint graph is split as it came ({type(e).__name__}: {e})")
+            _keep_failed(rewritten, e)
         return partition_fn(joint_module, joint_inputs, **kwargs)
     return split
+
+
+def _keep_failed(rewritten, error):
+    dump = os.environ.get("REGEN_COMPILE_DUMP")
+    if not dump or rewritten is None:
+        return
+    os.makedirs(dump, exist_ok=True)
+    n = len([f for f in os.listdir(dump) if f.startswith("partition-failed")])
+    with open(os.path.join(dump, f"partition-failed-{n}.txt"), "w") as f:
+        f.write(f"# {type(error).__name__}: {error}\n")
+        f.write(str(rewritten.graph))
