@@ -21,11 +21,13 @@ every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
         [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--optimizer torch|regen]
-        [--partition default|min_cut] [--mps] [--profile DIR] [--json OUT]
+        [--partition default|min_cut] [--recompute] [--mps] [--profile DIR] [--json OUT]
 
 --partition: how regen's path splits forward from backward
 (torch.compile's options={"partition": ...}): AOTAutograd's default, or
-Inductor's min-cut rematerialisation.
+Inductor's min-cut rematerialisation. --recompute: options={"recompute":
+True}, the backward makes again a loss's log-probabilities, f32 copies of
+bf16 tensors and activations rather than the forward saving them.
 
 --profile DIR: where each path's GPU time goes, instead of how fast it
 trains (the timings then mean little): eager's and Inductor's kernels
@@ -73,6 +75,9 @@ POOL = opt("--pool", "process")
 # regen.torch.optim.AdamW, its step one program Run in regend ("regen").
 OPTIMIZER = opt("--optimizer", "torch")
 PARTITION = opt("--partition", "default")
+RECOMPUTE = "--recompute" in sys.argv
+if RECOMPUTE:
+    sys.argv.remove("--recompute")
 MPS = "--mps" in sys.argv
 if MPS:
     sys.argv.remove("--mps")
@@ -96,8 +101,10 @@ def train(name, D, path):
     elif path == "inductor":
         fn = torch.compile(model)
     else:
-        fn = torch.compile(model, backend="regen", dynamic=False,
-                           options={"partition": PARTITION} if PARTITION != "default" else None)
+        options = {"partition": PARTITION} if PARTITION != "default" else {}
+        if RECOMPUTE:
+            options["recompute"] = True
+        fn = torch.compile(model, backend="regen", dynamic=False, options=options or None)
     batches = [models.batch(VOCAB, BATCH, SEQ, s) for s in range(WARMUP + STEPS)]
     losses = []
 
@@ -206,7 +213,7 @@ def run_path(name, D, path, socket):
         cmd = [sys.executable, os.path.abspath(__file__), REGEND or "", "--one", f"{name},{D},{path}",
                "--result", res.name, "--seq", str(SEQ), "--batch", str(BATCH), "--layers", str(LAYERS),
                "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING,
-               "--optimizer", OPTIMIZER, "--partition", PARTITION]
+               "--optimizer", OPTIMIZER, "--partition", PARTITION] + (["--recompute"] if RECOMPUTE else [])
         if socket:
             cmd += ["--socket", socket]
         if PROFILE:
