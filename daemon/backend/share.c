@@ -20,7 +20,8 @@
 
 struct rd_share_waiter {
 	struct rd_share_user *user;
-	uint64_t ticket, least_ns;
+	uint64_t ticket;
+	struct rd_share_call call;
 	pthread_cond_t cond;
 	bool let_in;
 	struct rd_share_ticket got;
@@ -112,29 +113,29 @@ static struct tally tally_of(const struct rd_share *s, uint64_t now)
 	return t;
 }
 
-/* Whether a call of u alone that takes at least least_ns may run now. */
-static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *u, uint64_t least_ns)
+/* Whether a call of u alone may run now. */
+static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *u, struct rd_share_call call)
 {
 	if (!s->alone_ns)
 		return u->running < s->capacity;
-	if (s->alone_ns == UINT64_MAX || u->running < ALONE_AT_LEAST)
+	if (s->alone_ns == UINT64_MAX || call.untimed || u->running < ALONE_AT_LEAST)
 		return true;
-	return u->running < u->window && least_ns <= s->alone_ns && u->least_ns <= s->alone_ns - least_ns;
+	return u->running < u->window && call.least_ns <= s->alone_ns && u->least_ns <= s->alone_ns - call.least_ns;
 }
 
-/* Whether a call of u that takes at least least_ns may run now: u alone
+/* Whether a call of u may run now: u alone
  * and under the bound of a uid alone, or the calls running under the capacity and
  * u's under its part of it, shared with the uids that run or wait (one
  * that lingers keeps the capacity, not a part: what it does not use goes
  * to the others). */
 static bool may_run(const struct rd_share *s, const struct tally *t, const struct rd_share_user *u,
-		    uint64_t least_ns)
+		    struct rd_share_call call)
 {
 	bool u_active = active(s, u, t->now);
 	unsigned others = t->active - u_active;
 
 	if (!others)
-		return alone_may_run(s, u, least_ns);
+		return alone_may_run(s, u, call);
 	unsigned with_u = t->calling - (u_active && calling(u)) + 1;
 	unsigned part = s->capacity / with_u;
 	return s->running < s->capacity && u->running < (part ? part : 1);
@@ -149,7 +150,7 @@ static struct rd_share_waiter *next_of(const struct rd_share *s, const struct ta
 
 	for (struct rd_share_waiter *w = s->waiting; w; w = w->next) {
 		const struct rd_share_user *u = w->user;
-		if (!may_run(s, t, u, w->least_ns))
+		if (!may_run(s, t, u, w->call))
 			continue;
 		if (!best || u->running < best->user->running ||
 		    (u->running == best->user->running &&
@@ -159,14 +160,14 @@ static struct rd_share_waiter *next_of(const struct rd_share *s, const struct ta
 	return best;
 }
 
-static struct rd_share_ticket take_turn(struct rd_share *s, struct rd_share_user *u, uint64_t least_ns,
+static struct rd_share_ticket take_turn(struct rd_share *s, struct rd_share_user *u, struct rd_share_call call,
 				       uint64_t now)
 {
-	u->least_ns += least_ns;
+	u->least_ns += call.least_ns;
 	u->running++;
 	s->running++;
 	u->served = ++s->turns;
-	return (struct rd_share_ticket){ .entered_ns = now, .least_ns = least_ns };
+	return (struct rd_share_ticket){ .entered_ns = now, .call = call };
 }
 
 /* Lets in every waiting call that may run now, in turn, each woken alone.
@@ -186,7 +187,7 @@ static void let_in(struct rd_share *s)
 			}
 		}
 		/* Running before it stops waiting: the uid never looks idle between. */
-		w->got = take_turn(s, w->user, w->least_ns, now);
+		w->got = take_turn(s, w->user, w->call, now);
 		w->user->waiting--;
 		w->let_in = true;
 		pthread_cond_signal(&w->cond);
@@ -200,7 +201,7 @@ static void wait_until(pthread_cond_t *c, pthread_mutex_t *lock, uint64_t t)
 	(void)pthread_cond_timedwait(c, lock, &until);
 }
 
-struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns)
+struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, struct rd_share_call call)
 {
 	struct rd_share_user *u;
 
@@ -213,12 +214,12 @@ struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, uint64_t le
 		now = rd_now_ns();
 	}
 	struct tally t = tally_of(s, now);
-	if (!s->waiting && may_run(s, &t, u, least_ns)) {
-		struct rd_share_ticket got = take_turn(s, u, least_ns, now);
+	if (!s->waiting && may_run(s, &t, u, call)) {
+		struct rd_share_ticket got = take_turn(s, u, call, now);
 		pthread_mutex_unlock(&s->lock);
 		return got;
 	}
-	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .least_ns = least_ns, .next = s->waiting };
+	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .call = call, .next = s->waiting };
 	cond_init_monotonic(&me.cond);
 	s->waiting = &me;
 	u->waiting++;
@@ -244,7 +245,7 @@ struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, uint64_t le
 	return me.got;
 }
 
-bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, struct rd_share_ticket *ticket)
+bool rd_share_try_enter(struct rd_share *s, uid_t uid, struct rd_share_call call, struct rd_share_ticket *ticket)
 {
 	struct rd_share_user *u;
 	bool ran = false;
@@ -253,8 +254,8 @@ bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, struct
 	pthread_mutex_lock(&s->lock);
 	if ((u = user_of(s, uid, now))) {
 		struct tally t = tally_of(s, now);
-		if (may_run(s, &t, u, least_ns) && !next_of(s, &t)) {
-			*ticket = take_turn(s, u, least_ns, now);
+		if (may_run(s, &t, u, call) && !next_of(s, &t)) {
+			*ticket = take_turn(s, u, call, now);
 			ran = true;
 		}
 	}
@@ -282,8 +283,9 @@ void rd_share_leave(struct rd_share *s, uid_t uid, struct rd_share_ticket ticket
 	struct rd_share_user *u = find(s, uid);
 	if (u && u->running) {
 		uint64_t now = rd_now_ns();
-		follow(s, u, now > ticket.entered_ns ? now - ticket.entered_ns : 0);
-		u->least_ns -= ticket.least_ns < u->least_ns ? ticket.least_ns : u->least_ns;
+		if (!ticket.call.untimed)
+			follow(s, u, now > ticket.entered_ns ? now - ticket.entered_ns : 0);
+		u->least_ns -= ticket.call.least_ns < u->least_ns ? ticket.call.least_ns : u->least_ns;
 		u->running--;
 		s->running--;
 		if (!u->running && !u->waiting)

@@ -21,7 +21,8 @@
  * busy). Beside the window, the least times of the calls running (GEMMs',
  * attention's, known from their shapes) fit in alone_ns: a uid that
  * widened its window with small calls and then sends large ones gets few
- * of them in at once. alone_ns 0: a uid alone runs at most `capacity`
+ * of them in at once. An untimed call (struct rd_share_call) runs
+ * whatever the window and is not followed. alone_ns 0: a uid alone runs at most `capacity`
  * calls (the host backend's CPUs: more threads than CPUs do no more work,
  * and a uid that comes waits for one of them, not all).
  * Beside other uids, at most `capacity`
@@ -84,10 +85,20 @@ struct rd_share {
 	uint64_t turns, tickets;
 };
 
+/* A call that asks to enter. */
+struct rd_share_call {
+	uint64_t least_ns;             /* the least time it takes on the device; 0: not known */
+	/* Its uid alone runs it whatever its window, and its time is not
+	 * followed: it may wait on the device for a client's own work (a CUDA
+	 * call behind another that waits on a client's event), which is not
+	 * what a uid that comes would find ahead of it. */
+	bool untimed;
+};
+
 /* What a call that entered carries to its end. */
 struct rd_share_ticket {
 	uint64_t entered_ns;           /* CLOCK_MONOTONIC */
-	uint64_t least_ns;
+	struct rd_share_call call;
 };
 
 /* capacity: the calls at once divided among the uids beside each other;
@@ -96,12 +107,11 @@ struct rd_share_ticket {
  * (UINT64_MAX: as many at once as it asks; 0: capacity calls at once). */
 void rd_share_init(struct rd_share *s, unsigned capacity, uint64_t linger_ns, uint64_t alone_ns);
 void rd_share_destroy(struct rd_share *s);
-/* Waits until a call of uid may run, then counts it running. least_ns:
- * the least time the call takes on the device (0: not known). */
-struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, uint64_t least_ns);
+/* Waits until a call of uid may run, then counts it running. */
+struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, struct rd_share_call call);
 /* Counts a call of uid running if it may run now and no waiting call
  * would go first: never blocks (the worker's loop runs small calls
  * itself). */
-bool rd_share_try_enter(struct rd_share *s, uid_t uid, uint64_t least_ns, struct rd_share_ticket *ticket);
+bool rd_share_try_enter(struct rd_share *s, uid_t uid, struct rd_share_call call, struct rd_share_ticket *ticket);
 /* A call of uid that entered with ticket is done. */
 void rd_share_leave(struct rd_share *s, uid_t uid, struct rd_share_ticket ticket);

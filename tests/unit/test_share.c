@@ -21,6 +21,8 @@
 #define CALLS 16
 
 static struct rd_share share;
+/* A call that takes at least ns. */
+#define LEAST(ns) ((struct rd_share_call){ .least_ns = (ns) })
 /* What the tests of the share among uids leave with: nothing to follow. */
 static const struct rd_share_ticket none;
 static uid_t uid_of[CALLS];
@@ -33,7 +35,7 @@ static void *enter_and_record(void *arg)
 {
 	int i = (int)(intptr_t)arg;
 
-	rd_share_enter(&share, uid_of[i], 0);
+	rd_share_enter(&share, uid_of[i], LEAST(0));
 	pthread_mutex_lock(&order_lock);
 	order[norder++] = i;
 	pthread_mutex_unlock(&order_lock);
@@ -297,35 +299,35 @@ START_TEST(a_uid_alone_keeps_a_window_that_follows_its_calls_time)
 	/* The window starts at RD_SHARE_WINDOW_START (4). */
 	ck_assert_uint_eq(RD_SHARE_WINDOW_START, 4);
 	for (int i = 0; i < 4; i++)
-		ck_assert(rd_share_try_enter(&share, 1, 0, &t[i]));
-	ck_assert(!rd_share_try_enter(&share, 1, 0, &extra));
+		ck_assert(rd_share_try_enter(&share, 1, LEAST(0), &t[i]));
+	ck_assert(!rd_share_try_enter(&share, 1, LEAST(0), &extra));
 	/* Calls that took 150 ms from entering: a quarter narrower each, to
 	 * two. */
 	rd_share_leave(&share, 1, entered_ago(t[0], 150 * ms));
 	ck_assert_uint_eq(window_of(1), 3);
-	ck_assert(!rd_share_try_enter(&share, 1, 0, &extra));   /* three run: the window's */
+	ck_assert(!rd_share_try_enter(&share, 1, LEAST(0), &extra));   /* three run: the window's */
 	rd_share_leave(&share, 1, entered_ago(t[1], 150 * ms));
 	ck_assert_uint_eq(window_of(1), 2);
 	rd_share_leave(&share, 1, entered_ago(t[2], 150 * ms));
 	ck_assert_uint_eq(window_of(1), 2);
-	ck_assert(rd_share_try_enter(&share, 1, 0, &t[0]));     /* one ran: two whatever */
-	ck_assert(!rd_share_try_enter(&share, 1, 0, &extra));
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(0), &t[0]));     /* one ran: two whatever */
+	ck_assert(!rd_share_try_enter(&share, 1, LEAST(0), &extra));
 	/* Calls that took 60 ms (between half the bound and it): no change. */
 	rd_share_leave(&share, 1, entered_ago(t[3], 60 * ms));
 	ck_assert_uint_eq(window_of(1), 2);
 	/* Quick calls from a full window: wider each time, to the most. */
-	ck_assert(rd_share_try_enter(&share, 1, 0, &t[1]));
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(0), &t[1]));
 	unsigned running = 2, widened = 0;
 	while (window_of(1) < RD_SHARE_WINDOW_MAX && widened++ < 100) {
 		unsigned before = window_of(1);
-		while (rd_share_try_enter(&share, 1, 0, &t[running]))
+		while (rd_share_try_enter(&share, 1, LEAST(0), &t[running]))
 			running++;
 		ck_assert_uint_eq(running, before);
 		rd_share_leave(&share, 1, t[--running]);
 		ck_assert_uint_gt(window_of(1), before);
 	}
 	ck_assert_uint_eq(window_of(1), RD_SHARE_WINDOW_MAX);
-	while (rd_share_try_enter(&share, 1, 0, &t[running]))
+	while (rd_share_try_enter(&share, 1, LEAST(0), &t[running]))
 		running++;
 	ck_assert_uint_eq(running, RD_SHARE_WINDOW_MAX);
 	/* Quick calls from a window not full: it stays. */
@@ -336,14 +338,23 @@ START_TEST(a_uid_alone_keeps_a_window_that_follows_its_calls_time)
 		rd_share_leave(&share, 1, t[--running]);
 	/* The window is wide, but calls of 40 ms at least: two run whatever,
 	 * a third would pass the bound; a call of no known least time fits. */
-	ck_assert(rd_share_try_enter(&share, 1, 40 * ms, &t[0]));
-	ck_assert(rd_share_try_enter(&share, 1, 40 * ms, &t[1]));
-	ck_assert(!rd_share_try_enter(&share, 1, 40 * ms, &extra));
-	ck_assert(rd_share_try_enter(&share, 1, 0, &t[2]));
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(40 * ms), &t[0]));
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(40 * ms), &t[1]));
+	ck_assert(!rd_share_try_enter(&share, 1, LEAST(40 * ms), &extra));
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(0), &t[2]));
 	rd_share_leave(&share, 1, t[0]);
-	ck_assert(rd_share_try_enter(&share, 1, 40 * ms, &t[0]));
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(40 * ms), &t[0]));
 	for (int i = 0; i < 3; i++)
 		rd_share_leave(&share, 1, t[i]);
+	/* Untimed calls (they may wait for the client's own work): run past
+	 * the window and the least times, and their time is not followed. */
+	struct rd_share_call untimed = { .least_ns = 90 * ms, .untimed = true };
+	unsigned wide = window_of(1);
+	for (int i = 0; i < RD_SHARE_WINDOW_MAX + 1; i++)
+		ck_assert(rd_share_try_enter(&share, 1, untimed, &t[i]));
+	for (int i = 0; i < RD_SHARE_WINDOW_MAX + 1; i++)
+		rd_share_leave(&share, 1, entered_ago(t[i], 10 * bound));
+	ck_assert_uint_eq(window_of(1), wide);
 	finish();
 }
 END_TEST
@@ -353,17 +364,17 @@ START_TEST(try_enter_answers_as_enter_would_without_waiting)
 	struct rd_share_ticket ticket;
 
 	start(2, 0);
-	ck_assert(rd_share_try_enter(&share, 1, 0, &ticket));
-	ck_assert(rd_share_try_enter(&share, 1, 0, &ticket));      /* alone: not held back */
-	ck_assert(!rd_share_try_enter(&share, 2, 0, &ticket));     /* the capacity is taken */
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(0), &ticket));
+	ck_assert(rd_share_try_enter(&share, 1, LEAST(0), &ticket));      /* alone: not held back */
+	ck_assert(!rd_share_try_enter(&share, 2, LEAST(0), &ticket));     /* the capacity is taken */
 	rd_share_leave(&share, 1, none);
-	ck_assert(rd_share_try_enter(&share, 2, 0, &ticket));      /* under it, and under its part */
-	ck_assert(!rd_share_try_enter(&share, 1, 0, &ticket));     /* uid 1 at its part */
-	ck_assert(!rd_share_try_enter(&share, 3, 0, &ticket));     /* the capacity is taken */
+	ck_assert(rd_share_try_enter(&share, 2, LEAST(0), &ticket));      /* under it, and under its part */
+	ck_assert(!rd_share_try_enter(&share, 1, LEAST(0), &ticket));     /* uid 1 at its part */
+	ck_assert(!rd_share_try_enter(&share, 3, LEAST(0), &ticket));     /* the capacity is taken */
 	rd_share_leave(&share, 1, none);
 	rd_share_leave(&share, 2, none);
-	ck_assert(rd_share_try_enter(&share, 3, 0, &ticket));
-	ck_assert(rd_share_try_enter(&share, 3, 0, &ticket));      /* alone again */
+	ck_assert(rd_share_try_enter(&share, 3, LEAST(0), &ticket));
+	ck_assert(rd_share_try_enter(&share, 3, LEAST(0), &ticket));      /* alone again */
 	rd_share_leave(&share, 3, none);
 	rd_share_leave(&share, 3, none);
 	finish();

@@ -448,6 +448,17 @@ static bool lane_shares(const struct cuda_lane *l, const struct rd_op *op)
 	return op->comm == NULL && (op->wait_event == NULL || l->cd->tuning.host_client_waits);
 }
 
+/* What op asks the device's share for: its least time, and whether it may
+ * wait on the GPU for a client's work (while any call that waits on a
+ * client's event is in flight on the device, a call behind it on its
+ * lane's stream waits too: its time is the client's, not the queue a uid
+ * that comes would find). */
+static struct rd_share_call share_call(struct cuda_lane *l, const struct rd_op *op)
+{
+	return (struct rd_share_call){ .least_ns = op->work_ns,
+				       .untimed = atomic_load_explicit(&l->cd->client_waits, memory_order_relaxed) != 0 };
+}
+
 /* As lane_launch_counted, counted among the device's launches in progress
  * (the completers' queries wait for it: LANE_QUERY_HOLDOFF_NS), once the
  * device's share among uids lets it run (`entered`: the caller saw to
@@ -472,7 +483,7 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 		return;
 	}
 	if (!entered && lane_shares(l, op)) {
-		ticket = rd_share_enter(&l->cd->share, l->base.uid, op->work_ns);
+		ticket = rd_share_enter(&l->cd->share, l->base.uid, share_call(l, op));
 		entered = true;
 	}
 	atomic_fetch_add_explicit(&l->cd->launching, 1, memory_order_relaxed);
@@ -896,7 +907,7 @@ static bool launch_inline(struct cuda_lane_impl *li, struct rd_op *op)
 	/* The loop never waits for the share: a call it may not run now goes
 	 * to the launcher, which does. */
 	struct rd_share_ticket ticket;
-	if (!rd_share_try_enter(&li->lane.cd->share, li->lane.base.uid, op->work_ns, &ticket)) {
+	if (!rd_share_try_enter(&li->lane.cd->share, li->lane.base.uid, share_call(&li->lane, op), &ticket)) {
 		pthread_mutex_unlock(&li->lock);
 		return false;
 	}
