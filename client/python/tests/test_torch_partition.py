@@ -163,6 +163,15 @@ class RecomputeTest(unittest.TestCase):
                     self.assertIn(act, saved)
                     self.assertNotIn(act, _targets(graphs["backward"]))
 
+    def loss_through(self, split, warning):
+        """A cross-entropy's forward and backward through with_recompute(split),
+        warning as `warning` says."""
+        fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
+                          lambda gm, _: gm, lambda gm, _: gm, partition_fn=_partition.with_recompute(split))
+        h, w, t = self.inputs()
+        with self.assertWarnsRegex(UserWarning, warning):
+            fn(h, w, t).backward()
+
     def test_a_graph_the_rewrite_cannot_take_is_split_as_it_came(self):
         seen = []
 
@@ -172,11 +181,7 @@ class RecomputeTest(unittest.TestCase):
         real = _partition.recompute_for_backward
         _partition.recompute_for_backward = lambda graph, n=None: 1 / 0
         try:
-            fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
-                              lambda gm, _: gm, lambda gm, _: gm, partition_fn=_partition.with_recompute(split))
-            h, w, t = self.inputs()
-            with self.assertWarnsRegex(UserWarning, "split as it came .ZeroDivisionError"):
-                fn(h, w, t).backward()
+            self.loss_through(split, "split as it came .ZeroDivisionError")
         finally:
             _partition.recompute_for_backward = real
         self.assertEqual(len(seen), 1)
@@ -196,11 +201,7 @@ class RecomputeTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as dump:
             os.environ["REGEN_COMPILE_DUMP"] = dump
             try:
-                fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
-                                  lambda gm, _: gm, lambda gm, _: gm, partition_fn=_partition.with_recompute(split))
-                h, w, t = self.inputs()
-                with self.assertWarnsRegex(UserWarning, "split as it came .AssertionError: Node t_32"):
-                    fn(h, w, t).backward()
+                self.loss_through(split, "split as it came .AssertionError: Node t_32")
             finally:
                 del os.environ["REGEN_COMPILE_DUMP"]
             kept = os.listdir(dump)
