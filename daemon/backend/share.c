@@ -123,11 +123,10 @@ static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *
 	return u->running < u->window && call.least_ns <= s->alone_ns && u->least_ns <= s->alone_ns - call.least_ns;
 }
 
-/* Whether a call of u may run now: u alone
- * and under the bound of a uid alone, or the calls running under the capacity and
- * u's under its part of it, shared with the uids that run or wait (one
- * that lingers keeps the capacity, not a part: what it does not use goes
- * to the others). */
+/* Whether a call of u may run now: u alone and under the bound of a uid
+ * alone, or the calls running under the capacity and u's under its part
+ * of it, shared with the uids that run or wait (one that lingers keeps the
+ * capacity, not a part: what it does not use goes to the others). */
 static bool may_run(const struct rd_share *s, const struct tally *t, const struct rd_share_user *u,
 		    struct rd_share_call call)
 {
