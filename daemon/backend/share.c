@@ -54,15 +54,22 @@ void rd_share_destroy(struct rd_share *s)
 	pthread_cond_destroy(&s->cond);
 }
 
-/* Calls running or waiting, or its last one ended less than linger_ns ago. */
-static bool active(const struct rd_share *s, const struct rd_share_user *u, uint64_t now)
-{
-	return u->running || u->waiting || (u->idle_ns && now - u->idle_ns < s->linger_ns);
-}
-
 static bool calling(const struct rd_share_user *u)
 {
 	return u->running || u->waiting;
+}
+
+/* Calls running or waiting, or its last one ended less than linger_ns ago. */
+static bool active(const struct rd_share *s, const struct rd_share_user *u, uint64_t now)
+{
+	return calling(u) || (u->idle_ns && now - u->idle_ns < s->linger_ns);
+}
+
+/* Whether a uid alone runs a window of calls that follows their time
+ * (alone_ns set and not lifted). */
+static bool windowed(const struct rd_share *s)
+{
+	return s->alone_ns && s->alone_ns != UINT64_MAX;
 }
 
 static struct rd_share_user *find(struct rd_share *s, uid_t uid)
@@ -118,7 +125,7 @@ static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *
 {
 	if (!s->alone_ns)
 		return u->running < s->capacity;
-	if (s->alone_ns == UINT64_MAX || call.untimed || u->running < ALONE_AT_LEAST)
+	if (!windowed(s) || call.untimed || u->running < ALONE_AT_LEAST)
 		return true;
 	return u->running < u->window && call.least_ns <= s->alone_ns && u->least_ns <= s->alone_ns - call.least_ns;
 }
@@ -135,7 +142,7 @@ static bool may_run(const struct rd_share *s, const struct tally *t, const struc
 
 	if (!others)
 		return alone_may_run(s, u, call);
-	unsigned with_u = t->calling - (u_active && calling(u)) + 1;
+	unsigned with_u = t->calling - calling(u) + 1;   /* calling is active: counted in t */
 	unsigned part = s->capacity / with_u;
 	return s->running < s->capacity && u->running < (part ? part : 1);
 }
@@ -173,7 +180,7 @@ static struct rd_share_ticket take_turn(struct rd_share *s, struct rd_share_user
  * Under lock. */
 static void let_in(struct rd_share *s)
 {
-	for (;;) {
+	while (s->waiting) {
 		uint64_t now = rd_now_ns();
 		struct tally t = tally_of(s, now);
 		struct rd_share_waiter *w = next_of(s, &t);
@@ -267,7 +274,7 @@ bool rd_share_try_enter(struct rd_share *s, uid_t uid, struct rd_share_call call
  * (it was what held u back). */
 static void follow(const struct rd_share *s, struct rd_share_user *u, uint64_t took_ns)
 {
-	if (!s->alone_ns || s->alone_ns == UINT64_MAX)
+	if (!windowed(s))
 		return;
 	unsigned quarter = u->window / 4 ? u->window / 4 : 1;
 	if (took_ns > s->alone_ns)

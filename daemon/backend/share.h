@@ -14,17 +14,18 @@
  * window of calls that follows the time the uid's calls take from entering
  * to their end (what a uid that came when they entered would have waited
  * for): past alone_ns the window narrows by a quarter, under half of it
- * (while the window is full) it widens by a quarter, from RD_SHARE_WINDOW_START, never under two calls
- * (one on the device and the next launched behind it) nor over
- * RD_SHARE_WINDOW_MAX. Small calls keep a deep queue (what hides a
- * launch's latency), large ones a short one (which alone keeps the device
- * busy). Beside the window, the least times of the calls running (GEMMs',
- * attention's, known from their shapes) fit in alone_ns: a uid that
- * widened its window with small calls and then sends large ones gets few
- * of them in at once. An untimed call (struct rd_share_call) runs
- * whatever the window and is not followed. alone_ns 0: a uid alone runs at most `capacity`
- * calls (the host backend's CPUs: more threads than CPUs do no more work,
- * and a uid that comes waits for one of them, not all).
+ * (while the window is full) it widens by a quarter, from
+ * RD_SHARE_WINDOW_START, never under two calls (one on the device and the
+ * next launched behind it) nor over RD_SHARE_WINDOW_MAX. Small calls keep
+ * a deep queue (what hides a launch's latency), large ones a short one
+ * (which alone keeps the device busy). Beside the window, the least times
+ * of the calls running (GEMMs', attention's, known from their shapes) fit
+ * in alone_ns: a uid that widened its window with small calls and then
+ * sends large ones gets few of them in at once. An untimed call (struct
+ * rd_share_call) runs whatever the window and is not followed. alone_ns
+ * 0: a uid alone runs at most `capacity` calls (the host backend's CPUs:
+ * more threads than CPUs do no more work, and a uid that comes waits for
+ * one of them, not all).
  * Beside other uids, at most `capacity`
  * calls run at once, and each uid's at most its part of it (at least one)
  * among the uids with calls running or waiting: a call of a uid waits for

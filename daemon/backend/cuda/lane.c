@@ -462,10 +462,10 @@ static struct rd_share_call share_call(struct cuda_lane *l, const struct rd_op *
 /* As lane_launch_counted, counted among the device's launches in progress
  * (the completers' queries wait for it: LANE_QUERY_HOLDOFF_NS), once the
  * device's share among uids lets it run (`entered`: the caller saw to
- * that, and the share gave it ticket); with cuda_client_wait = host, once its wait_event is done (before
- * it enters the share: a client's work holds no share), and never on an
- * abandoned lane: such a call goes to the completer unlaunched, with its
- * error. */
+ * that, and the share gave it ticket); with cuda_client_wait = host, once
+ * its wait_event is done (before it enters the share: a client's work
+ * holds no share), and never on an abandoned lane: such a call goes to the
+ * completer unlaunched, with its error. */
 static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pending *p, bool entered,
 			struct rd_share_ticket ticket)
 {

@@ -254,7 +254,8 @@ static void *lane_thread(void *arg)
 		} else if (op->compute.spec->id == RP_OP_COMM) {
 			run_op(lane, op);   /* waits for its peers: no slot held meanwhile */
 		} else {
-			struct rd_share_ticket ticket = rd_share_enter(&hd(dev)->share, lane->base.uid, (struct rd_share_call){ 0 });
+			struct rd_share_ticket ticket =
+				rd_share_enter(&hd(dev)->share, lane->base.uid, (struct rd_share_call){ 0 });
 			run_op(lane, op);
 			rd_share_leave(&hd(dev)->share, lane->base.uid, ticket);
 		}

@@ -442,9 +442,11 @@ def backend(gm, example_inputs, options=None, mode=None):
     else:
         raise ValueError(f'regen backend: options["partition"] is "default" or "min_cut", not {partition!r}')
     if options:
-        raise ValueError(f"regen backend: unknown options {sorted(options)}; it takes \"partition\" and \"recompute\"")
+        raise ValueError(f"regen backend: unknown options {sorted(options)}; "
+                         "it takes \"partition\" and \"recompute\"")
     return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                        inference_compiler=_compiler("inference"), partition_fn=with_recompute(split) if recompute else split,
+                        inference_compiler=_compiler("inference"),
+                        partition_fn=with_recompute(split) if recompute else split,
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
 

@@ -23,10 +23,10 @@ made there, not saved.
    a GEMM reads it (GELU's output, the next weight's gradient): there it
    would be written again in the backward.
 
-Inductor's min-cut split decides the same of these three.  A copy reads nothing the
-forward alone makes, so the split puts it in the backward and saves what
-it reads.  Only torch.fx here: the pass is tested with any torch that has
-AOTAutograd.
+Inductor's min-cut split decides the same of these three.  A copy reads
+nothing the forward alone makes, so the split puts it in the backward and
+saves what it reads.  Only torch.fx here: the pass is tested with any
+torch that has AOTAutograd.
 """
 
 import copy
