@@ -28,16 +28,15 @@
  * one of them, not all).
  * Beside other uids, at most `capacity`
  * calls run at once, and each uid's at most its part of it (at least one)
- * among the uids with calls running or waiting: a call of a uid waits for
- * at most that many of the others' (which the work estimate bounds), and
- * no part stays idle for a uid with nothing to run. A call that may run
- * goes first when its uid runs the fewest, then when its uid had a turn
- * longest ago (the uids take turns, however many lanes each has waiting),
- * then in the order the calls came. Another uid holds the others to the
- * capacity while it has calls running or waiting, and for `linger_ns`
- * after its last one ended: a client's next call follows its last one's
- * answer, and in between the others would otherwise take every lane
- * again. The host backend's capacity is its CPUs, the CUDA backend's a
+ * among the uids active: a call of a uid waits for at most that many of
+ * each other's (which the work estimate bounds). A uid is active while it
+ * has calls running or waiting, and for `linger_ns` after its last one
+ * ended: a client's next call follows its last one's answer, and in
+ * between the others would otherwise take its part too (its part idles
+ * that long; a uid that stops calling frees it after the linger). A call
+ * that may run goes first when its uid runs the fewest, then when its uid
+ * had a turn longest ago (the uids take turns, however many lanes each
+ * has waiting), then in the order the calls came. The host backend's capacity is its CPUs, the CUDA backend's a
  * few calls in flight (so that a uid's call waits on the GPU behind that
  * many of each other uid's).
  *

@@ -4,7 +4,7 @@
  * time), as many as it asks where that is lifted; beside other uids at most the
  * capacity runs, each uid's at most its part of it, however many lanes it
  * has (its part taken among the uids that run or wait), and the uids take
- * turns; a uid holds the capacity for a linger after its last call ended;
+ * turns; a uid holds its part for a linger after its last call ended;
  * try_enter answers as enter would, without waiting. Each
  * waiting call is a thread that enters and records itself; the test ends
  * calls one at a time and reads who came in. First-come order, a share
@@ -219,27 +219,41 @@ START_TEST(beside_others_a_uid_runs_its_part_of_the_capacity)
 }
 END_TEST
 
-START_TEST(a_uid_whose_call_ended_holds_the_capacity_for_its_linger)
+/* A call of uid ends within another uid's linger (or its own): no call
+ * comes in. */
+static void ends_and_none_comes(uid_t uid)
 {
-	start(2, 100 * 1000000ull);
-	/* uid 2 runs a call; uid 1 its part (one of two) and then waits with
-	 * a second. */
+	unsigned before = recorded();
+
+	rd_share_leave(&share, uid, none);
+	pause_ms(20);
+	ck_assert_uint_eq(recorded(), before);
+}
+
+START_TEST(a_uid_whose_call_ended_holds_its_part_for_its_linger)
+{
+	start(4, 100 * 1000000ull);
+	/* uid 2 runs a call; uid 1 its part (two of four), and waits with a
+	 * third. */
 	comes_and_runs(0, 2);
 	comes_and_runs(1, 1);
-	comes_and_waits(2, 1);
-	/* uid 2's call ends: it has nothing to run, so its part is uid 1's at
-	 * once... */
-	double t0 = now_s();
-	ck_assert_int_eq(ends_and_see(2), 2);
-	join(2);
-	/* ...but its client's next call would come within the linger, so
-	 * the capacity holds until the linger is over: uid 1's third waits. */
+	comes_and_runs(2, 1);
 	comes_and_waits(3, 1);
-	for (int t = 0; t < 1000 && recorded() < 4; t++)
+	/* uid 2's call ends: its client's next call would come within the
+	 * linger, so its part holds: uid 1's third still waits... */
+	ends_and_none_comes(2);
+	/* ...and uid 2's next call finds its part free, none of uid 1's ahead
+	 * of it but its part. */
+	comes_and_runs(4, 2);
+	double t0 = now_s();
+	ends_and_none_comes(2);
+	/* uid 2 calls no more: once its linger is over, uid 1 is alone and
+	 * runs its third. */
+	for (int t = 0; t < 1000 && recorded() < 5; t++)
 		pause_ms(1);
 	double waited = now_s() - t0;
-	ck_assert_uint_eq(recorded(), 4);
-	ck_assert_int_eq(order[3], 3);
+	ck_assert_uint_eq(recorded(), 5);
+	ck_assert_int_eq(order[4], 3);
 	ck_assert_msg(waited >= 0.08, "uid 1's third call ran %.3f s after uid 2's ended, within its linger", waited);
 	ck_assert_msg(waited < 0.5, "uid 1's third call waited %.3f s, long past uid 2's linger", waited);
 	join(3);
@@ -392,7 +406,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, a_uid_alone_keeps_a_window_that_follows_its_calls_time);
 	tcase_add_test(tc, the_uids_take_turns_not_the_lanes);
 	tcase_add_test(tc, beside_others_a_uid_runs_its_part_of_the_capacity);
-	tcase_add_test(tc, a_uid_whose_call_ended_holds_the_capacity_for_its_linger);
+	tcase_add_test(tc, a_uid_whose_call_ended_holds_its_part_for_its_linger);
 	tcase_add_test(tc, try_enter_answers_as_enter_would_without_waiting);
 	suite_add_tcase(s, tc);
 	return s;
