@@ -208,6 +208,8 @@ class RecomputeTest(unittest.TestCase):
             self.assertEqual(kept, ["partition-failed-0.txt"])
             with open(os.path.join(dump, kept[0])) as f:
                 self.assertIn("Node t_32 was invalid", f.readline())
+                # each node's meta after the graph: what the split read
+                self.assertRegex(f.read(), r"# each node's meta[\s\S]*\n_log_softmax_1: \{.*'tensor_meta': ")
         self.assertEqual(len(seen), 2)
         # The first was the rewritten graph (the log-softmax copied for the
         # backward), the second the graph as it came (one).

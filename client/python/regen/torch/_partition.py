@@ -187,3 +187,15 @@ def _keep_failed(rewritten, error):
     with open(os.path.join(dump, f"partition-failed-{n}.txt"), "w") as f:
         f.write(f"# {type(error).__name__}: {error}\n")
         f.write(str(rewritten.graph))
+        f.write("\n# each node's meta, as the split reads it\n")
+        for node in rewritten.graph.nodes:
+            f.write(f"{node.name}: {_meta_read(node)}\n")
+
+
+def _meta_read(node):
+    """What of a node's meta decides where AOTAutograd's split puts it:
+    its tags, whether it has a tensor's meta, the kind of its value."""
+    said = {k: str(v) for k, v in node.meta.items() if k in ("partitioner_tag", "recompute", "ac_graph_id")}
+    said["tensor_meta"] = "tensor_meta" in node.meta
+    said["val"] = type(node.meta.get("val")).__name__
+    return said
