@@ -68,7 +68,9 @@ static unsigned long resubmit_theirs(const char *how)
 	for (int l = 1; l <= OTHER_LANES; l++) {
 		for (int s = 0; s < OTHER_DEPTH; s++) {
 			if (done(l, s)) {
-				GT_CHECK(!ops[l][s].err.name, "%s: the other uid's GEMM: %s", how, gt_err_name(&ops[l][s]));
+				/* Checked where it failed only: thousands are done. */
+				if (ops[l][s].err.name)
+					GT_CHECK(false, "%s: the other uid's GEMM: %s", how, gt_err_name(&ops[l][s]));
 				n++;
 				submit(l, s);
 			}
