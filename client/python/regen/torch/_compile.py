@@ -285,12 +285,13 @@ class CompiledGraph:
         device = device_tensor.device if device_tensor is not None else torch.device("cuda",
                                                                                        torch.cuda.current_device())
         with _outputs_pool(device):
-            for (name, storage), t in zip(((o[0], o[3]) for o in seg.outputs), _outputs_of(seg, device)):
+            for name, dtype, shape, storage in seg.outputs:
+                t = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
                 roots[storage] = t
                 binds[name] = t
         for v in seg.exports:
             root = roots[v.storage]
-            env[v.id] = root.as_strided(v.shape, v.strides, root.storage_offset() + v.offset)
+            env[v.id] = root.as_strided(v.shape, v.strides, v.offset)
         for v in seg.dummies:
             env[v.id] = torch.empty_strided(v.shape, v.strides, dtype=_torch_dtype(v), device=device)
         # A fresh seed a call for the segment's random draws (dropout), from
@@ -349,36 +350,6 @@ class CompiledGraph:
 
 
 _no_pool = set()   # devices whose outputs cannot come from regen.torch.pool() (torch < 2.5, no libregen)
-
-# Where one of a segment's outputs starts in their one allocation: as far
-# apart as torch's allocator places its blocks (every kernel's alignment).
-_OUTPUT_ALIGN = 512
-
-
-def _outputs_of(seg, device):
-    """A segment's outputs, in the order of seg.outputs: views of one
-    allocation. A program's graph is captured for its operands' addresses
-    and replayed while they come back (a few sets kept); outputs allocated
-    one by one came back at new addresses nearly every step (an H100's
-    Llama: 16 of 20 Runs of each program launched on the stream), one
-    allocation of the same size comes back where the last one was freed.
-    They are freed together: a segment's outputs are what the graph saves
-    for the backward or returns, or its gradients."""
-    layout = getattr(seg, "output_layout", None)
-    if layout is None:
-        layout, end = [], 0
-        for _, dtype, shape, _ in seg.outputs:
-            t = TORCH_DTYPES[dtype]
-            itemsize = torch.empty((), dtype=t).element_size()
-            numel = 1
-            for d in shape:
-                numel *= d
-            layout.append((end, numel * itemsize, t, shape))
-            end += -(-numel * itemsize // _OUTPUT_ALIGN) * _OUTPUT_ALIGN
-        seg.output_layout = layout = (end, layout)
-    total, parts = layout
-    block = torch.empty(total, dtype=torch.uint8, device=device)
-    return [block[start:start + nbytes].view(t).view(shape) for start, nbytes, t, shape in parts]
 
 
 def _outputs_pool(device):
