@@ -217,6 +217,52 @@ class RecomputeTest(unittest.TestCase):
         self.assertEqual(count, [2, 1])
         self.assertIsNot(seen[0], seen[1])
 
+    def test_a_copy_for_the_backward_is_tagged_as_the_backwards(self):
+        # torch 2.11's AOTAutograd tags each node of the joint graph with the
+        # pass that traced it ("is_forward", "is_backward"), and its split
+        # refused the rewritten graph while the copies kept their originals'
+        # "is_forward" (Llama, H100), and takes every node up to the last
+        # "is_forward" as the forward's. Tagged here as 2.11 tags them: the
+        # backward's from the first node that reads a tangent on.
+        seen = []
+
+        def tagged(split):
+            def tag_then_split(joint_module, joint_inputs, **kwargs):
+                backward = False
+                for n in joint_module.graph.nodes:
+                    backward = backward or any(a.name.startswith("tangents") for a in n.all_input_nodes)
+                    if n.op != "placeholder":
+                        n.meta["partitioner_tag"] = "is_backward" if backward else "is_forward"
+                return split(joint_module, joint_inputs, **kwargs)
+            return tag_then_split
+
+        def split(joint_module, joint_inputs, **kwargs):
+            nodes = list(joint_module.graph.nodes)
+            seen.append({n.name: (str(n.target), n.meta.get("partitioner_tag")) for n in nodes})
+            # Every node the forward needs first, tagged so, then the
+            # backward's: as torch 2.11's split reads the graph, by place.
+            tags = [n.meta.get("partitioner_tag") for n in nodes if n.op == "call_function"]
+            self.assertEqual(tags, sorted(tags, key=lambda t: t != "is_forward"))
+            # The forward's log-softmax feeds its loss alone: autograd's
+            # detaches of it for the backward read the copy.
+            for n in nodes:
+                if str(n.target) == "aten._log_softmax.default" and n.meta.get("partitioner_tag") == "is_forward":
+                    self.assertEqual([str(u.target) for u in n.users], ["aten.nll_loss_forward.default"])
+            return default_partition(joint_module, joint_inputs, **kwargs)
+        fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
+                          lambda gm, _: gm, lambda gm, _: gm,
+                          partition_fn=tagged(_partition.with_recompute(split)))
+        h, w, t = self.inputs()
+        fn(h, w, t).backward()
+        self.assertEqual(len(seen), 1)
+        softmaxes = sorted(tag for name, (target, tag) in seen[0].items() if target == "aten._log_softmax.default")
+        # The forward's own, and the copy the backward reads.
+        self.assertEqual(softmaxes, ["is_backward", "is_forward"])
+        # The widening cast under the copy: copied, and tagged, too.
+        casts = sorted(tag for name, (target, tag) in seen[0].items() if target == "aten._to_copy.default" and
+                       tag == "is_forward")
+        self.assertEqual(len(casts), 1)
+
     def test_the_pass_counts_what_it_copies(self):
         # Without num_fwd_outputs (torch before 2.0) and with it.
         for n in (None, 1):

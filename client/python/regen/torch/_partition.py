@@ -30,6 +30,7 @@ torch that has AOTAutograd.
 """
 
 import copy
+import operator
 import os
 import warnings
 
@@ -103,16 +104,70 @@ def _backward_nodes(graph, num_fwd_outputs=None):
     return {n for n in graph.nodes if n.op == "call_function" and n not in needed}
 
 
-def _copy_for(graph, chain, readers, order):
+def _last_forward(graph):
+    """The last node AOTAutograd tagged as the forward's, where it tags
+    them (torch 2.11: each node with the pass that traced it); None where
+    it does not. Its split then takes every node up to it as the
+    forward's, by place, not by what the forward's outputs need."""
+    last = None
+    for n in graph.nodes:
+        if n.meta.get("partitioner_tag") == "is_forward":
+            last = n
+    return last
+
+
+def _copy_for(graph, chain, readers):
     """Copies ``chain`` (a node, then what it reads through, last first in
-    the list's reverse) before the first of ``readers``, which then read
-    the copy of chain[0]."""
+    the list's reverse) for ``readers`` (the backward's), which then read
+    the copy of chain[0]. Returns whether it copied.
+
+    Where AOTAutograd tags the nodes, the copy must come after the last
+    forward node, or its split takes it as the forward's and saves it;
+    tagged as the forward's after it (its original's tag), it moved the
+    forward's end into the backward and the split refused the graph (Llama,
+    torch 2.11: "Node t_32 was invalid, but is output"). A reader placed
+    before that end (autograd's detach of a saved output) moves after the
+    copy where all it feeds is after the end too; one that cannot keeps
+    reading the original."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    last = _last_forward(graph)
+    moved = []
+    if last is not None:
+        end = order[last]
+        early = [u for u in readers if order[u] <= end]
+        readers = [u for u in readers if order[u] > end]
+        # What the early readers feed before the end moves with them (a
+        # detach of a detach), none of it the forward's (it reads the
+        # backward's copy); not a tuple's parts, which the split saves one
+        # by one where they are.
+        group, stack = set(), list(early)
+        while stack:
+            n = stack.pop()
+            if n not in group:
+                group.add(n)
+                stack.extend(x for x in n.users if order[x] <= end)
+        if not any(x.target is operator.getitem for n in group for x in n.users):
+            moved = sorted(group, key=order.__getitem__)
+            readers += early
+        if not readers:
+            return False
+        # Before the first reader and the first of what the moved ones feed.
+        after = [u for u in readers if u not in group] + [x for n in moved for x in n.users if x not in group]
+        where = min(after, key=order.__getitem__) if after else last.next
+    else:
+        where = min(readers, key=order.__getitem__)
     copies = {}
-    with graph.inserting_before(min(readers, key=order.__getitem__)):
+    with graph.inserting_before(where):
         for c in reversed(chain):
             copies[c] = graph.node_copy(c, lambda a: copies.get(a, a))
+            if last is not None:
+                copies[c].meta["partitioner_tag"] = "is_backward"
+    for u in moved:
+        where.prepend(u)
+        u.meta["partitioner_tag"] = "is_backward"
     for u in readers:
         u.replace_input_with(chain[0], copies[chain[0]])
+    return True
 
 
 def recompute_for_backward(graph, num_fwd_outputs=None):
@@ -127,7 +182,6 @@ def recompute_for_backward(graph, num_fwd_outputs=None):
     aten, casts, views = _ops()
     activations, elementwise = _activations(), _elementwise()
     late = _backward_nodes(graph, num_fwd_outputs)
-    order = {n: i for i, n in enumerate(graph.nodes)}
     copied = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node in late:
@@ -151,8 +205,7 @@ def recompute_for_backward(graph, num_fwd_outputs=None):
             chain = [node]
         else:
             continue
-        _copy_for(graph, chain, readers, order)
-        copied += 1
+        copied += _copy_for(graph, chain, readers)
     if copied:
         graph.lint()
     return copied
