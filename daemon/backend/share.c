@@ -21,6 +21,7 @@
 struct rd_share_waiter {
 	struct rd_share_user *user;
 	uint64_t ticket;
+	uint64_t since_ns;             /* when it began to wait */
 	struct rd_share_call call;
 	pthread_cond_t cond;
 	bool let_in;
@@ -143,7 +144,7 @@ static bool may_run(const struct rd_share *s, const struct tally *t, const struc
 	if (!others)
 		return alone_may_run(s, u, call);
 	unsigned part = s->capacity / (others + 1);
-	return s->running < s->capacity && u->running < (part ? part : 1);
+	return s->running - s->escaped < s->capacity && u->running < (part ? part : 1);
 }
 
 /* The waiting call that runs next: of those that may run, its uid running
@@ -165,14 +166,35 @@ static struct rd_share_waiter *next_of(const struct rd_share *s, const struct ta
 	return best;
 }
 
+/* The waiting call that enters past the bounds now, if any: the first
+ * to come of a uid with a call running that waits for a client's event,
+ * that has waited a linger, its uid's last such entry a linger ago or
+ * more. NULL: none. */
+static struct rd_share_waiter *escape_of(const struct rd_share *s, uint64_t now)
+{
+	struct rd_share_waiter *first = NULL;
+
+	for (struct rd_share_waiter *w = s->waiting; w; w = w->next) {
+		const struct rd_share_user *u = w->user;
+		if (u->client_waits && now - w->since_ns >= s->linger_ns &&
+		    (!u->escaped_ns || now - u->escaped_ns >= s->linger_ns) && (!first || w->ticket < first->ticket))
+			first = w;
+	}
+	return first;
+}
+
 static struct rd_share_ticket take_turn(struct rd_share *s, struct rd_share_user *u, struct rd_share_call call,
-				       uint64_t now)
+				       uint64_t now, bool escaped)
 {
 	u->least_ns += call.least_ns;
 	u->running++;
+	u->client_waits += call.waits;
 	s->running++;
+	s->escaped += escaped;
+	if (escaped)
+		u->escaped_ns = now;
 	u->served = ++s->turns;
-	return (struct rd_share_ticket){ .entered_ns = now, .call = call };
+	return (struct rd_share_ticket){ .entered_ns = now, .call = call, .escaped = escaped };
 }
 
 /* Lets in every waiting call that may run now, in turn, each woken alone.
@@ -183,8 +205,13 @@ static void let_in(struct rd_share *s)
 		uint64_t now = rd_now_ns();
 		struct tally t = tally_of(s, now);
 		struct rd_share_waiter *w = next_of(s, &t);
-		if (!w)
-			return;
+		bool escaped = false;
+		if (!w) {
+			w = escape_of(s, now);
+			if (!w)
+				return;
+			escaped = true;
+		}
 		for (struct rd_share_waiter **p = &s->waiting; *p; p = &(*p)->next) {
 			if (*p == w) {
 				*p = w->next;
@@ -192,7 +219,7 @@ static void let_in(struct rd_share *s)
 			}
 		}
 		/* Running before it stops waiting: the uid never looks idle between. */
-		w->got = take_turn(s, w->user, w->call, now);
+		w->got = take_turn(s, w->user, w->call, now, escaped);
 		w->user->waiting--;
 		w->let_in = true;
 		pthread_cond_signal(&w->cond);
@@ -220,11 +247,12 @@ struct rd_share_ticket rd_share_enter(struct rd_share *s, uid_t uid, struct rd_s
 	}
 	struct tally t = tally_of(s, now);
 	if (!s->waiting && may_run(s, &t, u, call)) {
-		struct rd_share_ticket got = take_turn(s, u, call, now);
+		struct rd_share_ticket got = take_turn(s, u, call, now, false);
 		pthread_mutex_unlock(&s->lock);
 		return got;
 	}
-	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .call = call, .next = s->waiting };
+	struct rd_share_waiter me = { .user = u, .ticket = s->tickets++, .since_ns = now, .call = call,
+				      .next = s->waiting };
 	cond_init_monotonic(&me.cond);
 	s->waiting = &me;
 	u->waiting++;
@@ -260,7 +288,7 @@ bool rd_share_try_enter(struct rd_share *s, uid_t uid, struct rd_share_call call
 	if ((u = user_of(s, uid, now))) {
 		struct tally t = tally_of(s, now);
 		if (may_run(s, &t, u, call) && !next_of(s, &t)) {
-			*ticket = take_turn(s, u, call, now);
+			*ticket = take_turn(s, u, call, now, false);
 			ran = true;
 		}
 	}
@@ -291,8 +319,10 @@ void rd_share_leave(struct rd_share *s, uid_t uid, struct rd_share_ticket ticket
 		if (!ticket.call.untimed)
 			follow(s, u, now > ticket.entered_ns ? now - ticket.entered_ns : 0);
 		u->least_ns -= ticket.call.least_ns < u->least_ns ? ticket.call.least_ns : u->least_ns;
+		u->client_waits -= ticket.call.waits && u->client_waits;
 		u->running--;
 		s->running--;
+		s->escaped -= ticket.escaped && s->escaped;
 		if (!u->running && !u->waiting)
 			u->idle_ns = now;
 	}

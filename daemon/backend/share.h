@@ -40,6 +40,18 @@
  * few calls in flight (so that a uid's call waits on the GPU behind that
  * many of each other uid's).
  *
+ * A call that waits on the device for a client's event (CUDA's
+ * cuda_client_wait = stream) enters the share as any other: attaching an
+ * event to every call would otherwise take the device from the other uids.
+ * It may hold its uid's part while the client's work it waits for waits
+ * in turn for a later call of the same uid that the share holds back (a
+ * client's stream between two of its calls, taken by the lanes in another
+ * order). So while a uid has such a call running, one of its calls that
+ * has waited `linger_ns` enters past every bound, one each `linger_ns`:
+ * such a wait costs its uid that long, not forever, and gives it at most
+ * one call each linger over its part; calls let in so do not count against
+ * the capacity the other uids' calls wait for.
+ *
  * A communicator's calls enter no share: they wait for their peers, whose
  * calls would need what they held. */
 #pragma once
@@ -67,6 +79,7 @@ struct rd_share {
 	uint64_t linger_ns;
 	uint64_t alone_ns;
 	unsigned running;              /* calls running, every uid's */
+	unsigned escaped;              /* of them, let in past the bounds (a uid's client wait) */
 	struct rd_share_user {
 		bool used;
 		uid_t uid;
@@ -75,6 +88,8 @@ struct rd_share {
 		uint64_t least_ns;         /* its running calls' least times, together */
 		uint64_t idle_ns;          /* when its last call ended (CLOCK_MONOTONIC); 0: none yet */
 		uint64_t served;           /* the turn it last had; 0: none yet */
+		unsigned client_waits;     /* its running calls that wait for a client's event */
+		uint64_t escaped_ns;       /* when a call of its last entered past the bounds; 0: never */
 	} users[RD_SHARE_USERS];
 	unsigned top;                  /* entries [0, top) have been used */
 	struct rd_share_waiter *waiting;
@@ -93,12 +108,16 @@ struct rd_share_call {
 	 * call behind another that waits on a client's event), which is not
 	 * what a uid that comes would find ahead of it. */
 	bool untimed;
+	/* It waits on the device for a client's event: while it runs, its
+	 * uid's waiting calls may enter past the bounds, one each linger. */
+	bool waits;
 };
 
 /* What a call that entered carries to its end. */
 struct rd_share_ticket {
 	uint64_t entered_ns;           /* CLOCK_MONOTONIC */
 	struct rd_share_call call;
+	bool escaped;                  /* let in past the bounds */
 };
 
 /* capacity: the calls at once divided among the uids beside each other;

@@ -31,11 +31,14 @@ static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
 static int order[CALLS * 2];
 static unsigned norder;
 
+/* What each call entered with: a call let in past the bounds leaves so. */
+static struct rd_share_ticket tickets[CALLS];
+
 static void *enter_and_record(void *arg)
 {
 	int i = (int)(intptr_t)arg;
 
-	rd_share_enter(&share, uid_of[i], LEAST(0));
+	tickets[i] = rd_share_enter(&share, uid_of[i], LEAST(0));
 	pthread_mutex_lock(&order_lock);
 	order[norder++] = i;
 	pthread_mutex_unlock(&order_lock);
@@ -263,6 +266,65 @@ START_TEST(a_uid_whose_call_ended_holds_its_part_for_its_linger)
 }
 END_TEST
 
+/* A call that waits on the device for a client's event holds its uid's
+ * part; should that event wait for the uid's next call, which the share
+ * holds back, the next call enters past the part once it has waited a
+ * linger, one such call a linger, and the calls let in so take nothing of
+ * the capacity the other uid waits for. A uid with no such call running
+ * gets none. */
+START_TEST(a_uid_whose_call_waits_for_a_client_gets_a_call_past_its_part_each_linger)
+{
+	start(2, 50 * 1000000ull);
+	comes_and_runs(0, 2);
+	/* uid 1's call that waits for a client's event: its part (one of two). */
+	struct rd_share_ticket waits = rd_share_enter(&share, 1, (struct rd_share_call){ .waits = true });
+	ck_assert_uint_eq(running(), 2);
+	/* Its next waits a linger, then comes in past its part... */
+	double t0 = now_s();
+	comes_and_waits(1, 1);
+	for (int t = 0; t < 1000 && recorded() < 2; t++)
+		pause_ms(1);
+	double waited = now_s() - t0;
+	ck_assert_uint_eq(recorded(), 2);
+	ck_assert_int_eq(order[1], 1);
+	ck_assert(tickets[1].escaped);
+	ck_assert_msg(waited >= 0.04, "uid 1's call came in past its part after %.3f s, within a linger", waited);
+	ck_assert_msg(waited < 0.5, "uid 1's call waited %.3f s, long past a linger", waited);
+	/* ...and the one after it a linger after that. */
+	t0 = now_s();
+	comes_and_waits(2, 1);
+	for (int t = 0; t < 1000 && recorded() < 3; t++)
+		pause_ms(1);
+	waited = now_s() - t0;
+	ck_assert_uint_eq(recorded(), 3);
+	ck_assert_msg(waited >= 0.04, "uid 1's second call past its part came %.3f s after the first", waited);
+	/* uid 2's call ends and its next comes: four of uid 1's and uid 2's
+	 * run, over the capacity, but the two let in past uid 1's part are
+	 * not counted: uid 2 has its part at once. */
+	rd_share_leave(&share, 2, none);
+	comes_and_runs(3, 2);
+	ck_assert_uint_eq(running(), 4);
+	/* The call that waited for the client ends: uid 1's next waits for its
+	 * part, however long (two lingers here). */
+	rd_share_leave(&share, 1, waits);
+	comes_and_waits(4, 1);
+	pause_ms(120);
+	ck_assert_uint_eq(recorded(), 4);
+	rd_share_leave(&share, 1, tickets[1]);
+	rd_share_leave(&share, 1, tickets[2]);
+	join(1);
+	join(2);
+	for (int t = 0; t < 1000 && recorded() < 5; t++)
+		pause_ms(1);
+	ck_assert_uint_eq(recorded(), 5);
+	ck_assert(!tickets[4].escaped);
+	join(4);
+	rd_share_leave(&share, 2, none);
+	rd_share_leave(&share, 1, tickets[4]);
+	finish();
+}
+END_TEST
+
 /* With no time bound (the host backend's), a uid alone runs at most the
  * capacity: a uid that comes then waits for one of its calls, not for
  * every lane's. */
@@ -407,6 +469,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, the_uids_take_turns_not_the_lanes);
 	tcase_add_test(tc, beside_others_a_uid_runs_its_part_of_the_capacity);
 	tcase_add_test(tc, a_uid_whose_call_ended_holds_its_part_for_its_linger);
+	tcase_add_test(tc, a_uid_whose_call_waits_for_a_client_gets_a_call_past_its_part_each_linger);
 	tcase_add_test(tc, try_enter_answers_as_enter_would_without_waiting);
 	suite_add_tcase(s, tc);
 	return s;

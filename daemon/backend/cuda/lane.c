@@ -439,24 +439,26 @@ static int lane_wait_client(struct cuda_lane *l, struct rd_op *op)
 }
 
 /* Whether op takes part in the device's share among uids (../share.h):
- * not a communicator's call, which waits for its peers; nor, where streams
- * wait for client events (cuda_client_wait = stream), a call that waits on
- * one, since the event may be one that a later call of the same uid
- * records, which the share would hold back behind it. */
-static bool lane_shares(const struct cuda_lane *l, const struct rd_op *op)
+ * not a communicator's call, which waits for its peers. A call that waits
+ * on a client's event does (every call could carry one): the share lets a
+ * uid with one running past its bounds, a call each linger, should the
+ * event wait for a call of the uid's that the share holds back. */
+static bool lane_shares(const struct rd_op *op)
 {
-	return op->comm == NULL && (op->wait_event == NULL || l->cd->tuning.host_client_waits);
+	return op->comm == NULL;
 }
 
-/* What op asks the device's share for: its least time, and whether it may
+/* What op asks the device's share for: its least time; whether it may
  * wait on the GPU for a client's work (while any call that waits on a
  * client's event is in flight on the device, a call behind it on its
  * lane's stream waits too: its time is the client's, not the queue a uid
- * that comes would find). */
+ * that comes would find); whether it waits on a client's event itself
+ * (with cuda_client_wait = stream: on the GPU, holding its share). */
 static struct rd_share_call share_call(struct cuda_lane *l, const struct rd_op *op)
 {
 	return (struct rd_share_call){ .least_ns = op->work_ns,
-				       .untimed = atomic_load_explicit(&l->cd->client_waits, memory_order_relaxed) != 0 };
+				       .untimed = atomic_load_explicit(&l->cd->client_waits, memory_order_relaxed) != 0,
+				       .waits = op->wait_event != NULL && !l->cd->tuning.host_client_waits };
 }
 
 /* As lane_launch_counted, counted among the device's launches in progress
@@ -482,7 +484,7 @@ static void lane_launch(struct cuda_lane *l, struct rd_op *op, struct lane_pendi
 					    .shared = entered, .ticket = ticket };
 		return;
 	}
-	if (!entered && lane_shares(l, op)) {
+	if (!entered && lane_shares(op)) {
 		ticket = rd_share_enter(&l->cd->share, l->base.uid, share_call(l, op));
 		entered = true;
 	}
