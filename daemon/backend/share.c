@@ -123,8 +123,12 @@ static bool alone_may_run(const struct rd_share *s, const struct rd_share_user *
 {
 	if (!s->alone_ns)
 		return u->running < s->capacity;
-	if (!windowed(s) || call.untimed || u->running < ALONE_AT_LEAST)
+	if (!windowed(s) || u->running < ALONE_AT_LEAST)
 		return true;
+	/* Its time is not the queue's: no window to keep, but a bound still
+	 * (a client's event on every call would otherwise lift it). */
+	if (call.untimed)
+		return u->running < RD_SHARE_WINDOW_MAX;
 	return u->running < u->window && call.least_ns <= s->alone_ns && u->least_ns <= s->alone_ns - call.least_ns;
 }
 

@@ -22,7 +22,8 @@
  * of the calls running (GEMMs', attention's, known from their shapes) fit
  * in alone_ns: a uid that widened its window with small calls and then
  * sends large ones gets few of them in at once. An untimed call (struct
- * rd_share_call) runs whatever the window and is not followed. alone_ns
+ * rd_share_call) runs whatever the window, up to RD_SHARE_WINDOW_MAX,
+ * and is not followed. alone_ns
  * 0: a uid alone runs at most `capacity` calls (the host backend's CPUs:
  * more threads than CPUs do no more work, and a uid that comes waits for
  * one of them, not all).
@@ -103,8 +104,8 @@ struct rd_share {
 /* A call that asks to enter. */
 struct rd_share_call {
 	uint64_t least_ns;             /* the least time it takes on the device; 0: not known */
-	/* Its uid alone runs it whatever its window, and its time is not
-	 * followed: it may wait on the device for a client's own work (a CUDA
+	/* Its uid alone runs it whatever its window (up to the widest), and
+	 * its time is not followed: it may wait on the device for a client's own work (a CUDA
 	 * call behind another that waits on a client's event), which is not
 	 * what a uid that comes would find ahead of it. */
 	bool untimed;
