@@ -14,11 +14,18 @@
  * set, that root's first GEMM wait for no more of the other's than fit in
  * that time and four more (those the capacity lets run beside it), and for
  * at least 0.2 of the GEMMs after, where a share among the nine lanes
- * would give root about a ninth and launch order a thirty-third. */
+ * would give root about a ninth and launch order a thirty-third. Then the
+ * same with each of the other uid's GEMMs waiting on a client's event (a
+ * process forked for it, the event recorded long before): root's share
+ * holds. */
 #include "gpu_common.h"
 #include "daemon/backend/cuda/common.h"
 
+#include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define OTHER_LANES 8
 #define OTHER_DEPTH 4
@@ -29,6 +36,9 @@
 
 static struct gt t;
 static struct rd_lane *lanes[OTHER_LANES + 1];   /* [0]: root's */
+/* Where set, each of the other uid's GEMMs waits on this client's event
+ * (recorded long before: it waits for nothing). */
+static struct rd_event *theirs_wait;
 static struct gt_mat a, b, d[OTHER_LANES + 1];
 static struct rd_op ops[OTHER_LANES + 1][OTHER_DEPTH];
 
@@ -39,6 +49,8 @@ static void submit(int lane, int slot)
 	memset(op, 0, sizeof(*op));
 	gt_gemm(op, &a, &b, NULL, &d[lane], NULL, false, false, 1.0, 0.0, RP_EPILOGUE_NONE, RP_COMPUTE_F32);
 	op->lane = lanes[lane];
+	if (lane > 0)
+		op->wait_event = theirs_wait;
 	if (t.dev.backend->submit(lanes[lane], op) < 0) {
 		printf("FAIL: submit on lane %d: %s\n", lane, gt_err_message(&op->err));
 		exit(1);
@@ -137,12 +149,56 @@ static struct measured measure(const char *how)
 	return m;
 }
 
+/* The client whose event the other uid's GEMMs wait on: a process of its
+ * own (CUDA opens no IPC event of the process that made it), forked before
+ * this one touches CUDA. It records the event, sends its handle, and keeps
+ * it until the test closes the socket. */
+struct event_msg {
+	int status;    /* 0, or GT_SKIP: no device */
+	cudaIpcEventHandle_t handle;
+};
+
+static int event_client(int sock)
+{
+	struct event_msg m = { .status = GT_SKIP };
+	int n = 0;
+	cudaEvent_t ev;
+
+	if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0 &&
+	    cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming) == cudaSuccess &&
+	    cudaEventRecord(ev, 0) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+	    cudaIpcGetEventHandle(&m.handle, ev) == cudaSuccess)
+		m.status = 0;
+	if (write(sock, &m, sizeof(m)) != (ssize_t)sizeof(m))
+		return 1;
+	char c;
+	while (read(sock, &c, 1) < 0 && errno == EINTR)
+		;
+	return 0;
+}
+
 int main(void)
 {
 	uint64_t seed;
 	struct rp_error err = { 0 };
+	int sv[2];
 
-	if (gt_have_gpu() != 0)
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+		perror("socketpair");
+		return 1;
+	}
+	pid_t client = fork();
+	if (client == 0) {
+		close(sv[0]);
+		_exit(event_client(sv[1]));
+	}
+	close(sv[1]);
+	struct event_msg from_client;
+	if (read(sv[0], &from_client, sizeof(from_client)) != (ssize_t)sizeof(from_client)) {
+		printf("FAIL: no event from the client process\n");
+		return 1;
+	}
+	if (gt_have_gpu() != 0 || from_client.status == GT_SKIP)
 		return GT_SKIP;
 	lanes[0] = gt_start(&t, "test_cuda_share", &seed);
 	lanes[0]->uid = 0;
@@ -186,6 +242,22 @@ int main(void)
 	GT_CHECK((double)uids.backlog <= fit + capacity, "root's first GEMM waited for %lu of the other uid's, past the %.1f "
 		 "that fit in its %.1f ms alone and %u more (%lu with the share lifted)", uids.backlog, fit,
 		 (double)alone_ns * 1e-6, capacity, by_lane.backlog);
+	/* The other uid's GEMMs each wait on a client's event: they take part
+	 * in the share all the same (they took none before: an event on every
+	 * call took the GPU from root, a share a lane again). */
+	struct rd_event *ev = NULL;
+	GT_CHECK(t.dev.backend->import_event(&t.dev, (const unsigned char *)&from_client.handle, &ev, &err) == 0,
+		 "importing the client's event: %s", gt_err_message(&err));
+	if (ev) {
+		theirs_wait = ev;
+		struct measured waiting = measure("share as set, the other uid's GEMMs each waiting on a client's event");
+		theirs_wait = NULL;
+		GT_CHECK(waiting.share >= 0.2, "root's share %.3f beside GEMMs that wait on a client's event (%.3f "
+			 "beside those that wait on none): a wait took them out of the share", waiting.share, uids.share);
+		t.dev.backend->close_event(ev);
+	}
+	close(sv[0]);
+	waitpid(client, NULL, 0);
 	printf("%s\n", gt_failures ? "FAIL" : "PASS");
 	return gt_failures ? 1 : 0;
 }
