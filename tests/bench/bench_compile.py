@@ -21,13 +21,16 @@ every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
         [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--optimizer torch|regen]
-        [--partition default|min_cut] [--recompute] [--mps] [--profile DIR] [--json OUT]
+        [--partition default|min_cut] [--recompute] [--recycle] [--mps] [--profile DIR] [--json OUT]
 
 --partition: how regen's path splits forward from backward
 (torch.compile's options={"partition": ...}): AOTAutograd's default, or
 Inductor's min-cut rematerialisation. --recompute: options={"recompute":
 True}, the backward makes again a loss's log-probabilities, f32 copies of
 bf16 tensors and activations rather than the forward saving them.
+--recycle: options={"recycle": True}, each segment's outputs written into
+an earlier call's that nothing holds any more (its graph's operands stay
+where they were).
 
 --profile DIR: where each path's GPU time goes, instead of how fast it
 trains (the timings then mean little): eager's and Inductor's kernels
@@ -78,6 +81,9 @@ PARTITION = opt("--partition", "default")
 RECOMPUTE = "--recompute" in sys.argv
 if RECOMPUTE:
     sys.argv.remove("--recompute")
+RECYCLE = "--recycle" in sys.argv
+if RECYCLE:
+    sys.argv.remove("--recycle")
 MPS = "--mps" in sys.argv
 if MPS:
     sys.argv.remove("--mps")
@@ -104,6 +110,8 @@ def train(name, D, path):
         options = {"partition": PARTITION} if PARTITION != "default" else {}
         if RECOMPUTE:
             options["recompute"] = True
+        if RECYCLE:
+            options["recycle"] = True
         fn = torch.compile(model, backend="regen", dynamic=False, options=options or None)
     batches = [models.batch(VOCAB, BATCH, SEQ, s) for s in range(WARMUP + STEPS)]
     losses = []
@@ -213,7 +221,7 @@ def run_path(name, D, path, socket):
         cmd = [sys.executable, os.path.abspath(__file__), REGEND or "", "--one", f"{name},{D},{path}",
                "--result", res.name, "--seq", str(SEQ), "--batch", str(BATCH), "--layers", str(LAYERS),
                "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING,
-               "--optimizer", OPTIMIZER, "--partition", PARTITION] + (["--recompute"] if RECOMPUTE else [])
+               "--optimizer", OPTIMIZER, "--partition", PARTITION] + (["--recompute"] if RECOMPUTE else []) + (["--recycle"] if RECYCLE else [])
         if socket:
             cmd += ["--socket", socket]
         if PROFILE:

@@ -225,6 +225,30 @@ def check_partition(name, steps=2):
     torch._dynamo.reset()
 
 
+def check_recycle(name, steps=10):
+    """options={"recycle": True} trains as eager does, and its programs'
+    operands stay where they were: each program is captured once or twice
+    and replayed after (outputs allocated anew moved nearly every step: 4
+    captures, then Runs on the stream)."""
+    vocab, seq, layers, heads, batch = 512, 128, 2, max(2, D // 64), 4
+    torch._dynamo.reset()
+    eager = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
+    mine = models.build(name, vocab, seq, D, layers, heads, dtype=torch.bfloat16)
+    compiled = torch.compile(mine, backend="regen", dynamic=False, options={"recycle": True})
+    before = _programs()
+    worst = max(_loss_gap(eager, mine, compiled, vocab, batch, seq, step) for step in range(steps))
+    grads = max(rel(b.grad.float(), a.grad.float()) for a, b in zip(eager.parameters(), mine.parameters())
+                if a.grad is not None)
+    record(f"{name}: options={{'recycle': True}} trains as eager does",
+           worst <= 5e-3 and grads <= 5e-2, f"worst loss {worst:.1e}, worst gradient {grads:.1e}")
+    mine_now = [p for p in rt.runtime().client.program_status(0) if p["program"] not in before]
+    seen = [(p["program"], p.get("graph_captures"), p.get("graph_launches"), p.get("stream_runs")) for p in mine_now]
+    record(f"{name}: options={{'recycle': True}}: each program captured at most twice, replayed after",
+           bool(mine_now) and all((c or 0) <= 2 and (s or 0) <= 2 for _, c, _, s in seen),
+           "; ".join(f"{n}: {c} captures, {la} launches, {s} on the stream" for n, c, la, s in seen))
+    torch._dynamo.reset()
+
+
 def train_with_faults(name, steps, faults, admin):
     """(losses, parameters, slowest step's seconds, slowest faulted step's
     seconds) of ``steps`` compiled AdamW steps, with faults {step: kind}:
@@ -285,7 +309,7 @@ def main():
             torch._dynamo.reset()
             guarded(f"{name}: what the forward saves", check_saved, name)
             torch._dynamo.reset()
-        for check in (check_recompile, check_autocast, check_partition):
+        for check in (check_recompile, check_autocast, check_partition, check_recycle):
             guarded(f"{MODELS[0]}: {check.__name__}", check, MODELS[0])
             torch._dynamo.reset()
         admin = regen.Client(daemon.socket, timeout=120)

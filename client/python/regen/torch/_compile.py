@@ -153,12 +153,15 @@ class CompiledGraph:
     """One AOTAutograd graph (forward, backward or inference) as steps:
     segments that regend runs, ops the rank runs."""
 
-    def __init__(self, gm, kind):
+    def __init__(self, gm, kind, recycle=False):
         # AOTAutograd passes the inputs as one list it may clear (an
         # instance attribute: torch._dynamo.disable's wrapper copies those).
         self._boxed_call = True
         self.gm = gm
         self.kind = kind
+        # segment index -> the outputs of its last Runs, kept to be used
+        # again once nothing else holds them (options={"recycle": True})
+        self.kept_outputs = {} if recycle and _use_count is not None else None
         self.calls = 0
         self.why_eager = None
         try:
@@ -284,11 +287,16 @@ class CompiledGraph:
         roots = {}
         device = device_tensor.device if device_tensor is not None else torch.device("cuda",
                                                                                        torch.cuda.current_device())
-        with _outputs_pool(device):
-            for name, dtype, shape, storage in seg.outputs:
-                t = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
-                roots[storage] = t
-                binds[name] = t
+        kept = self._kept_outputs_of(seg)
+        if kept is not None:
+            roots = kept
+        else:
+            with _outputs_pool(device):
+                for _, dtype, shape, storage in seg.outputs:
+                    roots[storage] = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+            self._keep_outputs(seg, roots)
+        for name, _, _, storage in seg.outputs:
+            binds[name] = roots[storage]
         for v in seg.exports:
             root = roots[v.storage]
             env[v.id] = root.as_strided(v.shape, v.strides, v.offset)
@@ -310,6 +318,33 @@ class CompiledGraph:
             for v in seg.exports:
                 env.pop(v.id, None)
             self._run_rank(rt, seg.ops, env, True)
+
+    def _kept_outputs_of(self, seg):
+        """A kept set of seg's outputs that nothing but this graph holds
+        any more (the step that read them is over: the backward has run,
+        the optimizer has taken the gradients and zero_grad let them go),
+        to be written again; None: none is free, or nothing is kept. A
+        program's graph is captured for its operands' addresses and
+        replayed while they come back: outputs allocated anew moved nearly
+        every step (an H100's Llama, 16 of 20 Runs launched on the stream);
+        used again, they do not move. Runs are ordered after the rank's
+        queued work, so nothing of the rank still reads them."""
+        if self.kept_outputs is None:
+            return None
+        for roots, refs in self.kept_outputs.get(seg.index, ()):
+            if all(_use_count(r) == 1 for r in refs):
+                return roots
+        return None
+
+    def _keep_outputs(self, seg, roots):
+        """Keeps a new set of seg's outputs, the older of two let go: a
+        graph called again before the last call's outputs are free (two
+        forwards before a backward) makes another set, not more."""
+        if self.kept_outputs is None:
+            return
+        sets = self.kept_outputs.setdefault(seg.index, [])
+        sets.append((roots, [_storage_ref(t) for t in roots.values()]))
+        del sets[:-_KEPT_OUTPUT_SETS]
 
     def _journal_for(self, index, device):
         """The journal of segment ``index``'s Runs (one at a time), from the
@@ -402,9 +437,22 @@ def _torch_dtype(v):
     return TORCH_DTYPES.get(v.dtype, torch.uint8)
 
 
-def _compiler(kind):
+# The sets of a segment's outputs kept to be used again (options recycle).
+_KEPT_OUTPUT_SETS = 2
+# How many tensors hold a storage, by its StorageWeakRef's cdata (torch's
+# CUDA graph trees ask the same); None where torch has no such count.
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _storage_ref(t):
+    """What _use_count takes for t's storage, holding none of it."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    return StorageWeakRef(t.untyped_storage()).cdata
+
+
+def _compiler(kind, recycle=False):
     def compile_graph(gm, example_inputs):
-        return CompiledGraph(gm, kind)
+        return CompiledGraph(gm, kind, recycle)
     return compile_graph
 
 
@@ -427,7 +475,11 @@ def backend(gm, example_inputs, options=None, mode=None):
     forward saving it (_partition.py), with either split. Not the default:
     on the H100 (2026-12-07) GPT and TransformerEncoder trained 4% slower
     with it and Llama's rewritten graph was refused by the split (split as
-    it came since).  mode is Inductor's and means nothing here."""
+    it came since).  options={"recycle": True} writes a segment's outputs
+    into those of an earlier call that nothing holds any more, so that
+    its program's operands come back at the same addresses and its
+    captured graph replays (not measured yet: off by default).  mode is
+    Inductor's and means nothing here."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import partitioners
     options = dict(options or {})
@@ -435,6 +487,9 @@ def backend(gm, example_inputs, options=None, mode=None):
     recompute = options.pop("recompute", False)
     if not isinstance(recompute, bool):
         raise ValueError(f'regen backend: options["recompute"] is True or False, not {recompute!r}')
+    recycle = options.pop("recycle", False)
+    if not isinstance(recycle, bool):
+        raise ValueError(f'regen backend: options["recycle"] is True or False, not {recycle!r}')
     if partition == "min_cut":
         split = partitioners.min_cut_rematerialization_partition
     elif partition == "default":
@@ -443,9 +498,9 @@ def backend(gm, example_inputs, options=None, mode=None):
         raise ValueError(f'regen backend: options["partition"] is "default" or "min_cut", not {partition!r}')
     if options:
         raise ValueError(f"regen backend: unknown options {sorted(options)}; "
-                         "it takes \"partition\" and \"recompute\"")
-    return aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                        inference_compiler=_compiler("inference"),
+                         "it takes \"partition\", \"recompute\" and \"recycle\"")
+    return aot_autograd(fw_compiler=_compiler("forward", recycle), bw_compiler=_compiler("backward", recycle),
+                        inference_compiler=_compiler("inference", recycle),
                         partition_fn=with_recompute(split) if recompute else split,
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
