@@ -23,23 +23,22 @@
  * in alone_ns: a uid that widened its window with small calls and then
  * sends large ones gets few of them in at once. An untimed call (struct
  * rd_share_call) runs whatever the window, up to RD_SHARE_WINDOW_MAX,
- * and is not followed. alone_ns
- * 0: a uid alone runs at most `capacity` calls (the host backend's CPUs:
- * more threads than CPUs do no more work, and a uid that comes waits for
- * one of them, not all).
- * Beside other uids, at most `capacity`
- * calls run at once, and each uid's at most its part of it (at least one)
- * among the uids active: a call of a uid waits for at most that many of
- * each other's (which the work estimate bounds). A uid is active while it
- * has calls running or waiting, and for `linger_ns` after its last one
- * ended: a client's next call follows its last one's answer, and in
- * between the others would otherwise take its part too (its part idles
- * that long; a uid that stops calling frees it after the linger). A call
- * that may run goes first when its uid runs the fewest, then when its uid
- * had a turn longest ago (the uids take turns, however many lanes each
- * has waiting), then in the order the calls came. The host backend's capacity is its CPUs, the CUDA backend's a
- * few calls in flight (so that a uid's call waits on the GPU behind that
- * many of each other uid's).
+ * and is not followed. alone_ns 0: a uid alone runs at most `capacity`
+ * calls (the host backend's CPUs: more threads than CPUs do no more work,
+ * and a uid that comes waits for one of them, not all).
+ * Beside other uids, at most `capacity` calls run at once, and each uid's
+ * at most its part of it (at least one) among the uids active: a call of a
+ * uid waits for at most that many of each other's (which the work estimate
+ * bounds). A uid is active while it has calls running or waiting, and for
+ * `linger_ns` after its last one ended: a client's next call follows its
+ * last one's answer, and in between the others would otherwise take its
+ * part too (its part idles that long; a uid that stops calling frees it
+ * after the linger). A call that may run goes first when its uid runs the
+ * fewest, then when its uid had a turn longest ago (the uids take turns,
+ * however many lanes each has waiting), then in the order the calls came.
+ * The host backend's capacity is its CPUs, the CUDA backend's a few calls
+ * in flight (so that a uid's call waits on the GPU behind that many of
+ * each other uid's).
  *
  * A call that waits on the device for a client's event (CUDA's
  * cuda_client_wait = stream) enters the share as any other: attaching an

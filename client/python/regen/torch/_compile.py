@@ -284,16 +284,13 @@ class CompiledGraph:
                 return
             binds[name] = t
             device_tensor = t
-        roots = {}
         device = device_tensor.device if device_tensor is not None else torch.device("cuda",
                                                                                        torch.cuda.current_device())
-        kept = self._kept_outputs_of(seg)
-        if kept is not None:
-            roots = kept
-        else:
+        roots = self._kept_outputs_of(seg)
+        if roots is None:
             with _outputs_pool(device):
-                for _, dtype, shape, storage in seg.outputs:
-                    roots[storage] = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+                roots = {storage: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+                         for _, dtype, shape, storage in seg.outputs}
             self._keep_outputs(seg, roots)
         for name, _, _, storage in seg.outputs:
             binds[name] = roots[storage]
@@ -456,6 +453,15 @@ def _compiler(kind, recycle=False):
     return compile_graph
 
 
+def _flag(options, name):
+    """options[name], taken out of options: False where absent, and a
+    ValueError where not a bool."""
+    value = options.pop(name, False)
+    if not isinstance(value, bool):
+        raise ValueError(f'regen backend: options["{name}"] is True or False, not {value!r}')
+    return value
+
+
 def backend(gm, example_inputs, options=None, mode=None):
     """The "regen" backend: AOTAutograd with our forward and backward
     compilers.  A forward's update of an input that needs no gradient (a
@@ -484,12 +490,7 @@ def backend(gm, example_inputs, options=None, mode=None):
     from torch._functorch import partitioners
     options = dict(options or {})
     partition = options.pop("partition", "default")
-    recompute = options.pop("recompute", False)
-    if not isinstance(recompute, bool):
-        raise ValueError(f'regen backend: options["recompute"] is True or False, not {recompute!r}')
-    recycle = options.pop("recycle", False)
-    if not isinstance(recycle, bool):
-        raise ValueError(f'regen backend: options["recycle"] is True or False, not {recycle!r}')
+    recompute, recycle = _flag(options, "recompute"), _flag(options, "recycle")
     if partition == "min_cut":
         split = partitioners.min_cut_rematerialization_partition
     elif partition == "default":
