@@ -50,7 +50,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _harness import Daemon, markdown_table, require_torch  # noqa: E402
-from regend_fixture import take_option as opt  # noqa: E402
+from regend_fixture import take_flag, take_option as opt  # noqa: E402
 
 torch = require_torch()
 
@@ -78,15 +78,9 @@ POOL = opt("--pool", "process")
 # regen.torch.optim.AdamW, its step one program Run in regend ("regen").
 OPTIMIZER = opt("--optimizer", "torch")
 PARTITION = opt("--partition", "default")
-RECOMPUTE = "--recompute" in sys.argv
-if RECOMPUTE:
-    sys.argv.remove("--recompute")
-RECYCLE = "--recycle" in sys.argv
-if RECYCLE:
-    sys.argv.remove("--recycle")
-MPS = "--mps" in sys.argv
-if MPS:
-    sys.argv.remove("--mps")
+RECOMPUTE = take_flag("--recompute")
+RECYCLE = take_flag("--recycle")
+MPS = take_flag("--mps")
 PROFILE = opt("--profile", None)
 if PROFILE:
     PROFILE = os.path.abspath(PROFILE)
@@ -221,7 +215,8 @@ def run_path(name, D, path, socket):
         cmd = [sys.executable, os.path.abspath(__file__), REGEND or "", "--one", f"{name},{D},{path}",
                "--result", res.name, "--seq", str(SEQ), "--batch", str(BATCH), "--layers", str(LAYERS),
                "--vocab", str(VOCAB), "--steps", str(STEPS), "--warmup", str(WARMUP), "--ordering", ORDERING,
-               "--optimizer", OPTIMIZER, "--partition", PARTITION] + (["--recompute"] if RECOMPUTE else []) + (["--recycle"] if RECYCLE else [])
+               "--optimizer", OPTIMIZER, "--partition", PARTITION]
+        cmd += [flag for flag, on in (("--recompute", RECOMPUTE), ("--recycle", RECYCLE)) if on]
         if socket:
             cmd += ["--socket", socket]
         if PROFILE:

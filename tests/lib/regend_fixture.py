@@ -183,6 +183,15 @@ def take_option(name, default):
     return default
 
 
+def take_flag(name):
+    """Whether ``name`` is on the command line, taken out of sys.argv as
+    take_option takes an option."""
+    if name in sys.argv:
+        sys.argv.remove(name)
+        return True
+    return False
+
+
 def find_regend(arg=None):
     """The regend to run: `arg` (a path given on the command line), else the
     runner's REGEND, else $REGEND, else daemon/regend under $REGEN_BUILD_ROOT,
