@@ -163,14 +163,19 @@ class RecomputeTest(unittest.TestCase):
                     self.assertIn(act, saved)
                     self.assertNotIn(act, _targets(graphs["backward"]))
 
+    def cross_entropy_split_by(self, partition_fn):
+        """A cross-entropy's forward and backward, its joint graph split by
+        partition_fn."""
+        fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
+                          lambda gm, _: gm, lambda gm, _: gm, partition_fn=partition_fn)
+        h, w, t = self.inputs()
+        fn(h, w, t).backward()
+
     def loss_through(self, split, warning):
         """A cross-entropy's forward and backward through with_recompute(split),
         warning as `warning` says."""
-        fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
-                          lambda gm, _: gm, lambda gm, _: gm, partition_fn=_partition.with_recompute(split))
-        h, w, t = self.inputs()
         with self.assertWarnsRegex(UserWarning, warning):
-            fn(h, w, t).backward()
+            self.cross_entropy_split_by(_partition.with_recompute(split))
 
     def test_a_graph_the_rewrite_cannot_take_is_split_as_it_came(self):
         seen = []
@@ -249,11 +254,7 @@ class RecomputeTest(unittest.TestCase):
                 if str(n.target) == "aten._log_softmax.default" and n.meta.get("partitioner_tag") == "is_forward":
                     self.assertEqual([str(u.target) for u in n.users], ["aten.nll_loss_forward.default"])
             return default_partition(joint_module, joint_inputs, **kwargs)
-        fn = aot_function(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t, ignore_index=-1),
-                          lambda gm, _: gm, lambda gm, _: gm,
-                          partition_fn=tagged(_partition.with_recompute(split)))
-        h, w, t = self.inputs()
-        fn(h, w, t).backward()
+        self.cross_entropy_split_by(tagged(_partition.with_recompute(split)))
         self.assertEqual(len(seen), 1)
         softmaxes = sorted(tag for name, (target, tag) in seen[0].items() if target == "aten._log_softmax.default")
         # The forward's own, and the copy the backward reads.
