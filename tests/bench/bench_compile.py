@@ -20,7 +20,7 @@ every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
 
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
-        [--paths eager,inductor,regen] [--ordering events] [--pool process|none] [--optimizer torch|regen]
+        [--paths eager,inductor,regen,regen-recycle] [--ordering events] [--pool process|none] [--optimizer torch|regen]
         [--partition default|min_cut] [--recompute] [--recycle] [--mps] [--profile DIR] [--json OUT]
 
 --partition: how regen's path splits forward from backward
@@ -30,7 +30,8 @@ True}, the backward makes again a loss's log-probabilities, f32 copies of
 bf16 tensors and activations rather than the forward saving them.
 --recycle: options={"recycle": True}, each segment's outputs written into
 an earlier call's that nothing holds any more (its graph's operands stay
-where they were).
+where they were); the path regen-recycle is regen's with it, so that one
+run measures regen's path with it and without.
 
 --profile DIR: where each path's GPU time goes, instead of how fast it
 trains (the timings then mean little): eager's and Inductor's kernels
@@ -70,6 +71,8 @@ VOCAB = int(opt("--vocab", str(models.BENCH_VOCAB)))
 STEPS = int(opt("--steps", "20"))
 WARMUP = int(opt("--warmup", "3"))
 PATHS = opt("--paths", "eager,inductor,regen").split(",")
+# regen's paths: "regen" as the flags say, "regen-recycle" with options recycle too
+REGEN_PATHS = [p for p in PATHS if p.startswith("regen")]
 ORDERING = opt("--ordering", "events")
 JSON_OUT = opt("--json", None)
 SOCKET = opt("--socket", None)
@@ -92,7 +95,8 @@ REGEND = sys.argv[1] if len(sys.argv) > 1 else None
 def train(name, D, path):
     heads = D // 64
     model = models.build(name, VOCAB, SEQ, D, LAYERS, heads, dtype=torch.bfloat16)
-    if path == "regen" and OPTIMIZER == "regen":
+    regen = path.startswith("regen")
+    if regen and OPTIMIZER == "regen":
         optimizer = rt.optim.AdamW(model.parameters(), lr=1e-4)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -104,7 +108,7 @@ def train(name, D, path):
         options = {"partition": PARTITION} if PARTITION != "default" else {}
         if RECOMPUTE:
             options["recompute"] = True
-        if RECYCLE:
+        if RECYCLE or path == "regen-recycle":
             options["recycle"] = True
         fn = torch.compile(model, backend="regen", dynamic=False, options=options or None)
     batches = [models.batch(VOCAB, BATCH, SEQ, s) for s in range(WARMUP + STEPS)]
@@ -124,8 +128,8 @@ def train(name, D, path):
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     used_warm = _device_used_gib()
-    before = dict(rt.stats()) if path == "regen" else None
-    status_before = rt.runtime().client.program_status(0) if path == "regen" else None
+    before = dict(rt.stats()) if regen else None
+    status_before = rt.runtime().client.program_status(0) if regen else None
     t0 = time.perf_counter()
     for i in range(WARMUP, WARMUP + STEPS):
         losses.append(step(i))
@@ -134,7 +138,7 @@ def train(name, D, path):
     result = {"path": path, "tokens_per_s": BATCH * SEQ * STEPS / elapsed, "step_ms": elapsed / STEPS * 1e3,
               "warmup_s": warm_s, "losses": [x.float().item() for x in losses],
               "peak_gib": _peak_gib(), "device_used_gib": [used_warm, _device_used_gib()]}
-    if PROFILE and path != "regen":
+    if PROFILE and not regen:
         _profile_kernels(step, f"{name}-d{D}-{path}")
     if before is not None:
         after = rt.stats()
@@ -190,7 +194,7 @@ def _peak_gib():
 
 def one():
     name, D, path = ONE.split(",")
-    if path == "regen":
+    if path.startswith("regen"):
         rt.configure(socket=SOCKET, ordering=ORDERING)
     try:
         r = train(name, int(D), path)
@@ -207,7 +211,7 @@ def run_path(name, D, path, socket):
     import tempfile
     with tempfile.NamedTemporaryFile(suffix=".json") as res:
         env = dict(os.environ)
-        if path == "regen" and POOL == "process":
+        if path.startswith("regen") and POOL == "process":
             env["REGEN_TORCH_POOL"] = "process"
         if env.get("REGEN_COMPILE_DUMP"):
             # Each model's graphs apart: every process numbers its own from 1.
@@ -222,7 +226,7 @@ def run_path(name, D, path, socket):
         if PROFILE:
             cmd += ["--profile", PROFILE]
         rc = subprocess.call(cmd, env=env)
-        if PROFILE and path == "regen":
+        if PROFILE and path.startswith("regen"):
             # The worker's traces of this model's programs, by model.
             import glob
             for f in glob.glob(os.path.join(PROFILE, "trace.*")):
@@ -266,7 +270,7 @@ def _main():
     if PROFILE:
         os.makedirs(PROFILE, exist_ok=True)
         os.environ["REGEN_PROGRAM_TRACE"] = os.path.join(os.path.abspath(PROFILE), "trace")
-    daemon = Daemon(SOCKET, REGEND, "cuda") if "regen" in PATHS else None
+    daemon = Daemon(SOCKET, REGEND, "cuda") if REGEN_PATHS else None
     rows, out = [], {"card": torch.cuda.get_device_name(), "torch": torch.__version__, "seq": SEQ, "batch": BATCH,
                      "layers": LAYERS, "vocab": VOCAB, "steps": STEPS, "ordering": ORDERING, "pool": POOL,
                      "mps": MPS, "optimizer": OPTIMIZER, "runs": []}
@@ -284,48 +288,57 @@ def _main():
                 out["runs"].append({"model": name, "d": D, "results": res})
                 best = max((res[p]["tokens_per_s"] for p in ("eager", "inductor") if p in res and
                             "tokens_per_s" in res[p]), default=None)
-                g = res.get("regen", {})
                 e = res.get("eager", {})
-                diff = None
-                if "losses" in g and "losses" in e:
-                    diff = max(abs(a - b) / abs(b) for a, b in zip(g["losses"], e["losses"]))
-                rows.append([name, f"d{D}"] +
-                            [f"{res[p]['tokens_per_s']:.0f}" if "tokens_per_s" in res.get(p, {}) else "-"
-                             for p in ("eager", "inductor", "regen")] +
-                            [f"{g['tokens_per_s'] / best:.3f}" if best and "tokens_per_s" in g else "-",
-                             f"{g.get('handoffs_per_step', 0):.1f}" if "tokens_per_s" in g else "-",
-                             f"{g.get('program_runs_per_step', 0):.1f}" if "tokens_per_s" in g else "-",
-                             f"{g.get('rank_steps_per_step', 0):.1f}" if "tokens_per_s" in g else "-",
-                             f"{diff:.1e}" if diff is not None else "-"])
+                for path in REGEN_PATHS:
+                    g = res[path]
+                    diff = None
+                    if "losses" in g and "losses" in e:
+                        diff = max(abs(a - b) / abs(b) for a, b in zip(g["losses"], e["losses"]))
+                    ran = "tokens_per_s" in g
+                    rows.append([name, f"d{D}"] +
+                                [f"{res[p]['tokens_per_s']:.0f}" if "tokens_per_s" in res.get(p, {}) else "-"
+                                 for p in ("eager", "inductor")] +
+                                [path, f"{g['tokens_per_s']:.0f}" if ran else "-",
+                                 f"{g['tokens_per_s'] / best:.3f}" if best and ran else "-",
+                                 f"{g.get('handoffs_per_step', 0):.1f}" if ran else "-",
+                                 f"{g.get('program_runs_per_step', 0):.1f}" if ran else "-",
+                                 f"{g.get('rank_steps_per_step', 0):.1f}" if ran else "-",
+                                 f"{diff:.1e}" if diff is not None else "-"])
     finally:
         if daemon is not None:
             daemon.close()
     print(f"card: {out['card']}, torch {out['torch']}; B{BATCH} S{SEQ}, {LAYERS} layers, vocab {VOCAB}, bf16, "
           f"AdamW fused; {STEPS} timed steps after {WARMUP}; ordering {ORDERING}; regen's pool {POOL}"
           f"{'; under MPS' if MPS else ''}")
-    print(markdown_table(["model", "d", "eager tok/s", "inductor tok/s", "regen tok/s", "regen / best in process",
+    print(markdown_table(["model", "d", "eager tok/s", "inductor tok/s", "regen's path", "its tok/s", "/ best in process",
                           "hand-offs a step", "Runs a step", "rank steps a step", "max loss diff vs eager"], rows))
     for run in out["runs"]:
-        g = run["results"].get("regen", {})
-        for rep in g.get("explain", []):
-            kept = {}
-            for x in rep["rank"]:
-                kept[x["why"]] = kept.get(x["why"], 0) + 1
-            print(f"{run['model']} d{run['d']} {rep['kind']}: {len(rep['segments'])} segment(s), "
-                  f"{rep['handoffs']} hand-off(s); on the rank: " +
-                  "; ".join(f"{n}x {w}" for w, n in sorted(kept.items(), key=lambda kv: -kv[1])
-                            if not (w or "").startswith("a view of a tensor the rank holds")))
-        for p in g.get("programs", []):
-            runs = max(p.get("runs", 0), 1)
-            print(f"  program {p.get('name')} over the timed steps: {p.get('nodes')} nodes, {p.get('runs')} Runs, "
-                  f"{p.get('run_us', 0) / runs:.0f} us a Run from arrival to done, the worker's launch "
-                  f"{p.get('launch_us', 0) / runs:.0f} us a Run; graph {p.get('graph_captures')} captures "
-                  f"{p.get('graph_launches')} launches, {p.get('stream_runs')} on the stream, "
-                  f"{(p.get('scratch_bytes') or 0) / 2**20:.0f} MiB of scratch "
-                  f"({p.get('not_captured') or '-'})")
+        for path in REGEN_PATHS:
+            _print_programs(f"{run['model']} d{run['d']} {path}", run["results"][path])
     if JSON_OUT:
         with open(JSON_OUT, "w") as f:
             json.dump(out, f, indent=1, default=str)
+
+
+def _print_programs(label, g):
+    """Where a regen path's graphs split, what stayed on the rank and how
+    each program ran over the timed steps."""
+    for rep in g.get("explain", []):
+        kept = {}
+        for x in rep["rank"]:
+            kept[x["why"]] = kept.get(x["why"], 0) + 1
+        print(f"{label} {rep['kind']}: {len(rep['segments'])} segment(s), "
+              f"{rep['handoffs']} hand-off(s); on the rank: " +
+              "; ".join(f"{n}x {w}" for w, n in sorted(kept.items(), key=lambda kv: -kv[1])
+                        if not (w or "").startswith("a view of a tensor the rank holds")))
+    for p in g.get("programs", []):
+        runs = max(p.get("runs", 0), 1)
+        print(f"  program {p.get('name')} over the timed steps: {p.get('nodes')} nodes, {p.get('runs')} Runs, "
+              f"{p.get('run_us', 0) / runs:.0f} us a Run from arrival to done, the worker's launch "
+              f"{p.get('launch_us', 0) / runs:.0f} us a Run; graph {p.get('graph_captures')} captures "
+              f"{p.get('graph_launches')} launches, {p.get('stream_runs')} on the stream, "
+              f"{(p.get('scratch_bytes') or 0) / 2**20:.0f} MiB of scratch "
+              f"({p.get('not_captured') or '-'})")
 
 
 if __name__ == "__main__":
