@@ -159,8 +159,8 @@ class CompiledGraph:
         self._boxed_call = True
         self.gm = gm
         self.kind = kind
-        # segment index -> the outputs of its last Runs, kept to be used
-        # again once nothing else holds them (options={"recycle": True})
+        # (segment index, output storage) -> its last tensors, kept to be
+        # used again once nothing else holds them (options={"recycle": True})
         self.kept_outputs = {} if recycle and _use_count is not None else None
         self.calls = 0
         self.why_eager = None
@@ -286,12 +286,7 @@ class CompiledGraph:
             device_tensor = t
         device = device_tensor.device if device_tensor is not None else torch.device("cuda",
                                                                                        torch.cuda.current_device())
-        roots = self._kept_outputs_of(seg)
-        if roots is None:
-            with _outputs_pool(device):
-                roots = {storage: torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
-                         for _, dtype, shape, storage in seg.outputs}
-            self._keep_outputs(seg, roots)
+        roots = self._outputs_of(seg, device)
         for name, _, _, storage in seg.outputs:
             binds[name] = roots[storage]
         for v in seg.exports:
@@ -316,32 +311,43 @@ class CompiledGraph:
                 env.pop(v.id, None)
             self._run_rank(rt, seg.ops, env, True)
 
-    def _kept_outputs_of(self, seg):
-        """A kept set of seg's outputs that nothing but this graph holds
-        any more (the step that read them is over: the backward has run,
-        the optimizer has taken the gradients and zero_grad let them go),
-        to be written again; None: none is free, or nothing is kept. A
-        program's graph is captured for its operands' addresses and
-        replayed while they come back: outputs allocated anew moved nearly
-        every step (an H100's Llama, 16 of 20 Runs launched on the stream);
-        used again, they do not move. Runs are ordered after the rank's
-        queued work, so nothing of the rank still reads them."""
-        if self.kept_outputs is None:
-            return None
-        for roots, refs in self.kept_outputs.get(seg.index, ()):
-            if all(_use_count(r) == 1 for r in refs):
-                return roots
-        return None
-
-    def _keep_outputs(self, seg, roots):
-        """Keeps a new set of seg's outputs, the older of two let go: a
-        graph called again before the last call's outputs are free (two
-        forwards before a backward) makes another set, not more."""
-        if self.kept_outputs is None:
-            return
-        sets = self.kept_outputs.setdefault(seg.index, [])
-        sets.append((roots, [_storage_ref(t) for t in roots.values()]))
-        del sets[:-_KEPT_OUTPUT_SETS]
+    def _outputs_of(self, seg, device):
+        """seg's outputs for this call, by storage. With options recycle,
+        each is one this graph made before that nothing else holds any
+        more (the step that read it is over: the backward has run, the
+        optimizer has taken the gradient and zero_grad let it go), to be
+        written again; one still held (a loss the caller keeps) is made
+        anew, the others still come back. A program's graph is captured
+        for its library operands' addresses and replayed while they come
+        back: outputs allocated anew moved nearly every step (an H100's
+        Llama, 16 of 20 Runs launched on the stream). Runs are ordered
+        after the rank's queued work, so nothing of the rank still reads
+        what they write."""
+        roots, fresh = {}, []
+        for _, dtype, shape, storage in seg.outputs:
+            if storage in roots:
+                continue
+            roots[storage] = None
+            if self.kept_outputs is not None:
+                for t, ref in self.kept_outputs.get((seg.index, storage), ()):
+                    if _use_count(ref) == 1:
+                        roots[storage] = t
+                        break
+            if roots[storage] is None:
+                fresh.append((storage, dtype, shape))
+        if fresh:
+            with _outputs_pool(device):
+                for storage, dtype, shape in fresh:
+                    roots[storage] = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
+            if self.kept_outputs is not None:
+                for storage, _, _ in fresh:
+                    # The older of two let go: a graph called again before
+                    # the last call's outputs are free (two forwards before
+                    # a backward) makes another, not more.
+                    kept = self.kept_outputs.setdefault((seg.index, storage), [])
+                    kept.append((roots[storage], _storage_ref(roots[storage])))
+                    del kept[:-_KEPT_OUTPUTS]
+        return roots
 
     def _journal_for(self, index, device):
         """The journal of segment ``index``'s Runs (one at a time), from the
@@ -434,8 +440,9 @@ def _torch_dtype(v):
     return TORCH_DTYPES.get(v.dtype, torch.uint8)
 
 
-# The sets of a segment's outputs kept to be used again (options recycle).
-_KEPT_OUTPUT_SETS = 2
+# How many of each segment output's tensors are kept to be used again
+# (options recycle).
+_KEPT_OUTPUTS = 2
 # How many tensors hold a storage, by its StorageWeakRef's cdata (torch's
 # CUDA graph trees ask the same); None where torch has no such count.
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -481,8 +488,8 @@ def backend(gm, example_inputs, options=None, mode=None):
     forward saving it (_partition.py), with either split. Not the default:
     on the H100 (2026-12-07) GPT and TransformerEncoder trained 4% slower
     with it and Llama's rewritten graph was refused by the split (split as
-    it came since).  options={"recycle": True} writes a segment's outputs
-    into those of an earlier call that nothing holds any more, so that
+    it came since).  options={"recycle": True} writes each of a segment's
+    outputs into one of an earlier call that nothing holds any more, so that
     its program's operands come back at the same addresses and its
     captured graph replays (not measured yet: off by default).  mode is
     Inductor's and means nothing here."""
