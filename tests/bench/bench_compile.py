@@ -20,7 +20,7 @@ every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
 
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
-        [--paths eager,inductor,regen,regen-recycle] [--ordering events] [--pool process|none] [--optimizer torch|regen]
+        [--paths eager,inductor,regen,regen+recycle] [--ordering events] [--pool process|none] [--optimizer torch|regen]
         [--partition default|min_cut] [--recompute] [--recycle] [--mps] [--profile DIR] [--json OUT]
 
 --partition: how regen's path splits forward from backward
@@ -30,8 +30,9 @@ True}, the backward makes again a loss's log-probabilities, f32 copies of
 bf16 tensors and activations rather than the forward saving them.
 --recycle: options={"recycle": True}, each segment's outputs written into
 an earlier call's that nothing holds any more (its graph's operands stay
-where they were); the path regen-recycle is regen's with it, so that one
-run measures regen's path with it and without.
+where they were). A path regen+recycle (regen+recompute,
+regen+recycle+recompute) is regen's with those options beside the
+flags', so that one run measures regen's path with them and without.
 
 --profile DIR: where each path's GPU time goes, instead of how fast it
 trains (the timings then mean little): eager's and Inductor's kernels
@@ -71,8 +72,14 @@ VOCAB = int(opt("--vocab", str(models.BENCH_VOCAB)))
 STEPS = int(opt("--steps", "20"))
 WARMUP = int(opt("--warmup", "3"))
 PATHS = opt("--paths", "eager,inductor,regen").split(",")
-# regen's paths: "regen" as the flags say, "regen-recycle" with options recycle too
-REGEN_PATHS = [p for p in PATHS if p.startswith("regen")]
+# regen's paths: "regen" as the flags say, "regen+recycle" (or
+# "regen+recycle+recompute") with those options too
+REGEN_PATHS = [p for p in PATHS if p.split("+")[0] == "regen"]
+PATH_OPTIONS = ("recycle", "recompute")
+for _p in PATHS:
+    if _p not in ("eager", "inductor") and (_p not in REGEN_PATHS or
+                                            not set(_p.split("+")[1:]) <= set(PATH_OPTIONS)):
+        sys.exit(f"bench_compile: no path {_p!r} (eager, inductor, regen, regen+" + "+".join(PATH_OPTIONS) + ")")
 ORDERING = opt("--ordering", "events")
 JSON_OUT = opt("--json", None)
 SOCKET = opt("--socket", None)
@@ -95,7 +102,7 @@ REGEND = sys.argv[1] if len(sys.argv) > 1 else None
 def train(name, D, path):
     heads = D // 64
     model = models.build(name, VOCAB, SEQ, D, LAYERS, heads, dtype=torch.bfloat16)
-    regen = path.startswith("regen")
+    regen = path.split("+")[0] == "regen"
     if regen and OPTIMIZER == "regen":
         optimizer = rt.optim.AdamW(model.parameters(), lr=1e-4)
     else:
@@ -106,10 +113,9 @@ def train(name, D, path):
         fn = torch.compile(model)
     else:
         options = {"partition": PARTITION} if PARTITION != "default" else {}
-        if RECOMPUTE:
-            options["recompute"] = True
-        if RECYCLE or path == "regen-recycle":
-            options["recycle"] = True
+        for option, on in (("recompute", RECOMPUTE), ("recycle", RECYCLE)):
+            if on or option in path.split("+")[1:]:
+                options[option] = True
         fn = torch.compile(model, backend="regen", dynamic=False, options=options or None)
     batches = [models.batch(VOCAB, BATCH, SEQ, s) for s in range(WARMUP + STEPS)]
     losses = []
@@ -194,7 +200,7 @@ def _peak_gib():
 
 def one():
     name, D, path = ONE.split(",")
-    if path.startswith("regen"):
+    if path.split("+")[0] == "regen":
         rt.configure(socket=SOCKET, ordering=ORDERING)
     try:
         r = train(name, int(D), path)
@@ -211,7 +217,7 @@ def run_path(name, D, path, socket):
     import tempfile
     with tempfile.NamedTemporaryFile(suffix=".json") as res:
         env = dict(os.environ)
-        if path.startswith("regen") and POOL == "process":
+        if path in REGEN_PATHS and POOL == "process":
             env["REGEN_TORCH_POOL"] = "process"
         if env.get("REGEN_COMPILE_DUMP"):
             # Each model's graphs apart: every process numbers its own from 1.
@@ -226,7 +232,7 @@ def run_path(name, D, path, socket):
         if PROFILE:
             cmd += ["--profile", PROFILE]
         rc = subprocess.call(cmd, env=env)
-        if PROFILE and path.startswith("regen"):
+        if PROFILE and path in REGEN_PATHS:
             # The worker's traces of this model's programs, by model.
             import glob
             for f in glob.glob(os.path.join(PROFILE, "trace.*")):
