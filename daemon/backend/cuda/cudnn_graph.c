@@ -1199,9 +1199,14 @@ void cuda_sdpa_plan_destroy(struct cuda_sdpa_plan *plan)
 	memset(plan, 0, sizeof(*plan));
 }
 
-cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan, unsigned which,
-				void *const ptr[CUDA_SDPA_OPERANDS], float scale, void *workspace, char *why,
-				size_t why_len)
+/* What cuDNN does with a plan and its variant pack. */
+enum sdpa_action { SDPA_EXECUTE, SDPA_POPULATE_GRAPH, SDPA_UPDATE_GRAPH };
+
+/* The plan's variant pack for ptr[] and workspace, handed to cuDNN as
+ * `action` says (graph: the native CUDA graph's, else unused). */
+static cudnnStatus_t with_pack(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan, unsigned which,
+			       void *const ptr[CUDA_SDPA_OPERANDS], float scale, void *workspace,
+			       enum sdpa_action action, cudaGraph_t graph, char *why, size_t why_len)
 {
 	int64_t uids[CUDA_SDPA_UID_COUNT];
 	void *data[CUDA_SDPA_UID_COUNT];
@@ -1256,8 +1261,19 @@ cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_pla
 	set_if_ok(&s, pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &cudnn_ws);
 	if (s == CUDNN_STATUS_SUCCESS)
 		s = cudnnBackendFinalize(pack);
-	if (s == CUDNN_STATUS_SUCCESS)
-		s = cudnnBackendExecute(handle, run, pack);
+	if (s == CUDNN_STATUS_SUCCESS) {
+		switch (action) {
+		case SDPA_EXECUTE:
+			s = cudnnBackendExecute(handle, run, pack);
+			break;
+		case SDPA_POPULATE_GRAPH:
+			s = cudnnBackendPopulateCudaGraph(handle, run, pack, graph);
+			break;
+		case SDPA_UPDATE_GRAPH:
+			s = cudnnBackendUpdateCudaGraph(handle, run, pack, graph);
+			break;
+		}
+	}
 	if (s != CUDNN_STATUS_SUCCESS && why && why_len) {
 		char detail[384];
 		last_reason(detail, sizeof(detail));
@@ -1267,4 +1283,39 @@ cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_pla
 	if (pack)
 		cudnnBackendDestroyDescriptor(pack);
 	return s;
+}
+
+cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan, unsigned which,
+				void *const ptr[CUDA_SDPA_OPERANDS], float scale, void *workspace, char *why,
+				size_t why_len)
+{
+	return with_pack(handle, plan, which, ptr, scale, workspace, SDPA_EXECUTE, NULL, why, why_len);
+}
+
+cudnnStatus_t cuda_sdpa_graph(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan,
+			      void *const ptr[CUDA_SDPA_OPERANDS], float scale, void *workspace, cudaGraph_t graph,
+			      bool update, char *why, size_t why_len)
+{
+	return with_pack(handle, plan, plan->chosen, ptr, scale, workspace,
+			 update ? SDPA_UPDATE_GRAPH : SDPA_POPULATE_GRAPH, graph, why, why_len);
+}
+
+bool cuda_sdpa_graph_native(const struct cuda_sdpa_plan *plan)
+{
+	cudnnBackendDescriptor_t cfg = plan->chosen < plan->ncandidates ? plan->candidate[plan->chosen].cfg : NULL;
+	cudnnBackendDescriptor_t engine = NULL;
+	cudnnBackendBehaviorNote_t notes[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+	int64_t n = 0;
+	bool native = false;
+
+	if (!cfg || cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS)
+		return false;
+	if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+				     &engine) == CUDNN_STATUS_SUCCESS &&
+	    cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+				     CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS)
+		for (int64_t i = 0; i < n; i++)
+			native |= notes[i] == CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API;
+	cudnnBackendDestroyDescriptor(engine);
+	return native;
 }

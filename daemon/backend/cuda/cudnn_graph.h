@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
 /* The graph's tensors that live in memory, by the unique id cuDNN knows them
@@ -146,3 +147,18 @@ void cuda_sdpa_plan_destroy(struct cuda_sdpa_plan *plan);
 cudnnStatus_t cuda_sdpa_execute(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan, unsigned which,
 				void *const ptr[CUDA_SDPA_OPERANDS], float scale, void *workspace, char *why,
 				size_t why_len);
+
+/* cuDNN 9's native CUDA graph of the plan's kept configuration for these
+ * operands (as cuda_sdpa_execute takes them): into `graph`, an empty graph
+ * (update false), or one it filled for this plan before, its nodes then
+ * changed to read and write the new addresses (update true): what a
+ * program's captured graph would need so that an attention whose operands
+ * moved still replays (issue 32). Only configurations whose engine says
+ * so take it (cuda_sdpa_graph_native); others give
+ * CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API. */
+cudnnStatus_t cuda_sdpa_graph(cudnnHandle_t handle, const struct cuda_sdpa_plan *plan,
+			      void *const ptr[CUDA_SDPA_OPERANDS], float scale, void *workspace, cudaGraph_t graph,
+			      bool update, char *why, size_t why_len);
+/* Whether the plan's kept configuration's engine supports cuDNN's native
+ * CUDA graph API (CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API). */
+bool cuda_sdpa_graph_native(const struct cuda_sdpa_plan *plan);
