@@ -44,6 +44,7 @@
 
 #include "regen.h"
 #include "bench_daemon.h"
+#include "tests/lib/cuda_check.h"
 
 #define SKIP 77
 #define WARMUP 200
@@ -58,23 +59,7 @@
 #define PIPE_ROUNDS 50
 #define WORKSPACE_BYTES (32u << 20)
 
-#define CUDA_OK(call)                                                                                  \
-	do {                                                                                           \
-		cudaError_t e_ = (call);                                                               \
-		if (e_ != cudaSuccess) {                                                               \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-			exit(1);                                                                       \
-		}                                                                                      \
-	} while (0)
 
-#define LT_OK(call)                                                                                    \
-	do {                                                                                           \
-		cublasStatus_t s_ = (call);                                                            \
-		if (s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
-			fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, (int)s_); \
-			exit(1);                                                                       \
-		}                                                                                      \
-	} while (0)
 
 /* ---- the regend child: started here, always stopped and cleaned up ---- */
 

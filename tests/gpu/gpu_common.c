@@ -412,3 +412,16 @@ int gt_wait_fault(struct gt *t, double timeout_s)
 	pthread_mutex_unlock(&t->lock);
 	return got;
 }
+
+bool gt_device_holds(const void *dev, const void *host, size_t bytes)
+{
+	char *a = malloc(bytes);
+	if (!a) {
+		fprintf(stderr, "gt_device_holds: out of memory for %zu bytes\n", bytes);
+		exit(1);
+	}
+	CUDA_OK(cudaMemcpy(a, dev, bytes, cudaMemcpyDeviceToHost));
+	bool r = memcmp(a, host, bytes) == 0;
+	free(a);
+	return r;
+}

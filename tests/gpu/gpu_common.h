@@ -15,18 +15,10 @@
 #include "daemon/backend/backend.h"
 #include "daemon/backend/cuda/cuda.h"
 #include "kernels/kernels.h"
+#include "tests/lib/cuda_check.h"
 #include "tests/lib/expect.h"
 
 #define GT_SKIP 77
-
-#define CUDA_OK(call)                                                                                  \
-	do {                                                                                           \
-		cudaError_t e_ = (call);                                                               \
-		if (e_ != cudaSuccess) {                                                               \
-			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-			exit(1);                                                                       \
-		}                                                                                      \
-	} while (0)
 
 struct gt {
 	struct rd_device dev;
@@ -109,3 +101,5 @@ double gt_half_to_double(uint16_t h);
 double gt_bf16_to_double(uint16_t h);
 uint64_t gt_seed(void);
 double gt_now(void);
+/* Whether device memory dev holds host's bytes (exits 1 if it cannot be read). */
+bool gt_device_holds(const void *dev, const void *host, size_t bytes);

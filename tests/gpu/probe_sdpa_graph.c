@@ -42,22 +42,18 @@ static void fill(void *dev, size_t bytes, uint64_t *seed)
 
 static bool same(const void *x, const void *y, size_t bytes)
 {
-	char *a = malloc(bytes), *b = malloc(bytes);
-	CUDA_OK(cudaMemcpy(a, x, bytes, cudaMemcpyDeviceToHost));
+	char *b = malloc(bytes);
 	CUDA_OK(cudaMemcpy(b, y, bytes, cudaMemcpyDeviceToHost));
-	bool r = memcmp(a, b, bytes) == 0;
-	free(a);
+	bool r = gt_device_holds(x, b, bytes);
 	free(b);
 	return r;
 }
 
 static bool all_zero(const void *x, size_t bytes)
 {
-	char *a = calloc(1, bytes), *b = malloc(bytes);
-	CUDA_OK(cudaMemcpy(b, x, bytes, cudaMemcpyDeviceToHost));
-	bool r = memcmp(a, b, bytes) == 0;
-	free(a);
-	free(b);
+	char *zero = calloc(1, bytes);
+	bool r = gt_device_holds(x, zero, bytes);
+	free(zero);
 	return r;
 }
 
