@@ -59,8 +59,6 @@
 #define PIPE_ROUNDS 50
 #define WORKSPACE_BYTES (32u << 20)
 
-
-
 /* ---- the regend child: started here, always stopped and cleaned up ---- */
 
 /* The lanes' launch phases (REGEN_CUDA_LAUNCH_PROFILE in regend's

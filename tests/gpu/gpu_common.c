@@ -413,15 +413,14 @@ int gt_wait_fault(struct gt *t, double timeout_s)
 	return got;
 }
 
-bool gt_device_holds(const void *dev, const void *host, size_t bytes)
+unsigned long long gt_mismatched_words(const void *a, const void *b, size_t bytes)
 {
-	char *a = malloc(bytes);
-	if (!a) {
-		fprintf(stderr, "gt_device_holds: out of memory for %zu bytes\n", bytes);
-		exit(1);
-	}
-	CUDA_OK(cudaMemcpy(a, dev, bytes, cudaMemcpyDeviceToHost));
-	bool r = memcmp(a, host, bytes) == 0;
-	free(a);
-	return r;
+	unsigned long long *d_count, n = 0;
+
+	CUDA_OK(cudaMalloc((void **)&d_count, sizeof(*d_count)));
+	CUDA_OK(cudaMemset(d_count, 0, sizeof(*d_count)));
+	CUDA_OK(rk_count_mismatch(a, b, bytes, d_count, 0));
+	CUDA_OK(cudaMemcpy(&n, d_count, sizeof(n), cudaMemcpyDeviceToHost));
+	CUDA_OK(cudaFree(d_count));
+	return n;
 }

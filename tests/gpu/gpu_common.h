@@ -101,5 +101,6 @@ double gt_half_to_double(uint16_t h);
 double gt_bf16_to_double(uint16_t h);
 uint64_t gt_seed(void);
 double gt_now(void);
-/* Whether device memory dev holds host's bytes (exits 1 if it cannot be read). */
-bool gt_device_holds(const void *dev, const void *host, size_t bytes);
+/* How many 32-bit words differ bitwise between device buffers a and b
+ * (bytes a multiple of 4; rk_count_mismatch on the legacy stream). */
+unsigned long long gt_mismatched_words(const void *a, const void *b, size_t bytes);

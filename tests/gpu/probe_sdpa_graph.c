@@ -10,7 +10,6 @@
  * A probe, not a test: it prints what it finds (exit 1 only where an
  * updated graph wrote wrong); on the GPU,
  *   .device/build-gpu/tests/gpu/probe_sdpa_graph   (scripts/gpu-check probe-sdpa-graph) */
-#include <stdlib.h>
 #include <string.h>
 #include "daemon/backend/cuda/cudnn_graph.h"
 #include "tests/gpu/gpu_common.h"
@@ -26,35 +25,12 @@ static size_t bytes_of(int uid)
 	return uid == CUDA_SDPA_STATS ? (size_t)B * H * S * sizeof(float) : (size_t)B * H * S * D * 2;
 }
 
-static void fill(void *dev, size_t bytes, uint64_t *seed)
+/* Random values in every operand, each set its own: the forward's o and
+ * stats too, which it overwrites. */
+static void fill(void *dev, int uid, uint64_t seed)
 {
-	uint16_t *host = malloc(bytes);
-	for (size_t i = 0; i < bytes / 2; i++) {
-		*seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
-		float f = (float)((*seed >> 40) & 0xffff) / 65536.0f - 0.5f;
-		uint32_t u;
-		memcpy(&u, &f, sizeof(u));
-		host[i] = (uint16_t)(u >> 16);   /* bf16, truncated: random is random */
-	}
-	CUDA_OK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
-	free(host);
-}
-
-static bool same(const void *x, const void *y, size_t bytes)
-{
-	char *b = malloc(bytes);
-	CUDA_OK(cudaMemcpy(b, y, bytes, cudaMemcpyDeviceToHost));
-	bool r = gt_device_holds(x, b, bytes);
-	free(b);
-	return r;
-}
-
-static bool all_zero(const void *x, size_t bytes)
-{
-	char *zero = calloc(1, bytes);
-	bool r = gt_device_holds(x, zero, bytes);
-	free(zero);
-	return r;
+	CUDA_OK(rk_fill_uniform(dev, bytes_of(uid) / (uid == CUDA_SDPA_STATS ? sizeof(float) : 2),
+				uid == CUDA_SDPA_STATS ? RK_F32 : RK_BF16, seed, 0, 0));
 }
 
 static void key_for(struct cuda_sdpa_key *k, bool backward)
@@ -109,8 +85,9 @@ static int probe(cudnnHandle_t h, cudaStream_t st, bool backward, uint64_t *seed
 	for (int i = 0; i < 2; i++)
 		for (int uid = CUDA_SDPA_Q; uid <= last; uid++) {
 			CUDA_OK(cudaMalloc(&set[i].ptr[uid], bytes_of(uid)));
-			fill(set[i].ptr[uid], bytes_of(uid), seed);
+			fill(set[i].ptr[uid], uid, (*seed)++);
 		}
+	CUDA_OK(cudaStreamSynchronize(0));   /* the fills, before st's calls read them */
 	for (int uid = CUDA_SDPA_Q; uid <= last; uid++)
 		if (written(uid, backward))
 			CUDA_OK(cudaMalloc(&ref.ptr[uid], bytes_of(uid)));
@@ -177,12 +154,17 @@ static int probe(cudnnHandle_t h, cudaStream_t st, bool backward, uint64_t *seed
 					CUDA_OK(cudaMemset(set[i].ptr[uid], 0, bytes_of(uid)));
 		CUDA_OK(cudaGraphLaunch(exec, st));
 		CUDA_OK(cudaStreamSynchronize(st));
+		/* Zeros as large as the largest operand, to tell untouched ones by. */
+		void *zero;
+		CUDA_OK(cudaMalloc(&zero, bytes_of(CUDA_SDPA_Q)));
+		CUDA_OK(cudaMemset(zero, 0, bytes_of(CUDA_SDPA_Q)));
 		bool right = true, untouched = true;
 		for (int uid = CUDA_SDPA_Q; uid <= last; uid++)
 			if (written(uid, backward)) {
-				right &= same(set[1].ptr[uid], ref.ptr[uid], bytes_of(uid));
-				untouched &= all_zero(set[0].ptr[uid], bytes_of(uid));
+				right &= gt_mismatched_words(set[1].ptr[uid], ref.ptr[uid], bytes_of(uid)) == 0;
+				untouched &= gt_mismatched_words(set[0].ptr[uid], zero, bytes_of(uid)) == 0;
 			}
+		CUDA_OK(cudaFree(zero));
 		printf("%s: a graph of %zu nodes populated for one set, updated for another, relaunched: %s\n", name,
 		       nodes, right && untouched ? "the new set's outputs, bit for bit the eager call's"
 			      : !untouched     ? "WRONG: it wrote the first set's outputs"
