@@ -72,13 +72,21 @@ VOCAB = int(opt("--vocab", str(models.BENCH_VOCAB)))
 STEPS = int(opt("--steps", "20"))
 WARMUP = int(opt("--warmup", "3"))
 PATHS = opt("--paths", "eager,inductor,regen").split(",")
-# regen's paths: "regen" as the flags say, "regen+recycle" (or
-# "regen+recycle+recompute") with those options too
-REGEN_PATHS = [p for p in PATHS if p.split("+")[0] == "regen"]
+# The options regen's paths may name beside the flags.
 PATH_OPTIONS = ("recycle", "recompute")
+
+
+def regen_options_of(path):
+    """The options a path of regen's names ("regen": none, "regen+recycle":
+    recycle, "regen+recycle+recompute"); None: not one of regen's."""
+    base, *options = path.split("+")
+    return set(options) if base == "regen" else None
+
+
+REGEN_PATHS = [p for p in PATHS if regen_options_of(p) is not None]
 for _p in PATHS:
-    if _p not in ("eager", "inductor") and (_p not in REGEN_PATHS or
-                                            not set(_p.split("+")[1:]) <= set(PATH_OPTIONS)):
+    _named = regen_options_of(_p)
+    if _p not in ("eager", "inductor") and (_named is None or not _named <= set(PATH_OPTIONS)):
         sys.exit(f"bench_compile: no path {_p!r} (eager, inductor, regen, regen+" + "+".join(PATH_OPTIONS) + ")")
 ORDERING = opt("--ordering", "events")
 JSON_OUT = opt("--json", None)
@@ -102,7 +110,8 @@ REGEND = sys.argv[1] if len(sys.argv) > 1 else None
 def train(name, D, path):
     heads = D // 64
     model = models.build(name, VOCAB, SEQ, D, LAYERS, heads, dtype=torch.bfloat16)
-    regen = path.split("+")[0] == "regen"
+    named = regen_options_of(path)
+    regen = named is not None
     if regen and OPTIMIZER == "regen":
         optimizer = rt.optim.AdamW(model.parameters(), lr=1e-4)
     else:
@@ -114,7 +123,7 @@ def train(name, D, path):
     else:
         options = {"partition": PARTITION} if PARTITION != "default" else {}
         for option, on in (("recompute", RECOMPUTE), ("recycle", RECYCLE)):
-            if on or option in path.split("+")[1:]:
+            if on or option in named:
                 options[option] = True
         fn = torch.compile(model, backend="regen", dynamic=False, options=options or None)
     batches = [models.batch(VOCAB, BATCH, SEQ, s) for s in range(WARMUP + STEPS)]
@@ -200,7 +209,7 @@ def _peak_gib():
 
 def one():
     name, D, path = ONE.split(",")
-    if path.split("+")[0] == "regen":
+    if regen_options_of(path) is not None:
         rt.configure(socket=SOCKET, ordering=ORDERING)
     try:
         r = train(name, int(D), path)
