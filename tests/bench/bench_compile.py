@@ -20,7 +20,7 @@ every CUDA allocation from libregen's pool (REGEN_TORCH_POOL=process;
 
     python3 tests/bench/bench_compile.py [REGEND] [--models gpt,llama,encoder] [--dims 1024,2048]
         [--seq 1024] [--batch 8] [--layers 4] [--vocab 50257] [--steps 20] [--warmup 3]
-        [--paths eager,inductor,regen,regen+recycle] [--ordering events] [--pool process|none] [--optimizer torch|regen]
+        [--paths eager,inductor,regen,regen+recycle,regen+adamw] [--ordering events] [--pool process|none] [--optimizer torch|regen]
         [--partition default|min_cut] [--recompute] [--recycle] [--mps] [--profile DIR] [--json OUT]
 
 --partition: how regen's path splits forward from backward
@@ -32,7 +32,11 @@ bf16 tensors and activations rather than the forward saving them.
 an earlier call's that nothing holds any more (its graph's operands stay
 where they were). A path regen+recycle (regen+recompute,
 regen+recycle+recompute) is regen's with those options beside the
-flags', so that one run measures regen's path with them and without.
+flags', so that one run measures regen's path with them and without;
++adamw (regen+adamw, regen+recycle+adamw) trains that path with
+regen.torch.optim.AdamW, its step a program Run in regend, in place of
+torch's fused AdamW on the rank (as --optimizer regen does for every
+path of regen's).
 
 --profile DIR: where each path's GPU time goes, instead of how fast it
 trains (the timings then mean little): eager's and Inductor's kernels
@@ -72,8 +76,10 @@ VOCAB = int(opt("--vocab", str(models.BENCH_VOCAB)))
 STEPS = int(opt("--steps", "20"))
 WARMUP = int(opt("--warmup", "3"))
 PATHS = opt("--paths", "eager,inductor,regen").split(",")
-# The options regen's paths may name beside the flags.
-PATH_OPTIONS = ("recycle", "recompute")
+# The options regen's paths may name beside the flags: torch.compile's
+# options, and "adamw" for regen.torch.optim.AdamW in place of torch's.
+COMPILE_OPTIONS = ("recycle", "recompute")
+PATH_OPTIONS = COMPILE_OPTIONS + ("adamw",)
 
 
 def regen_options_of(path):
@@ -112,7 +118,7 @@ def train(name, D, path):
     model = models.build(name, VOCAB, SEQ, D, LAYERS, heads, dtype=torch.bfloat16)
     named = regen_options_of(path)
     regen = named is not None
-    if regen and OPTIMIZER == "regen":
+    if regen and (OPTIMIZER == "regen" or "adamw" in named):
         optimizer = rt.optim.AdamW(model.parameters(), lr=1e-4)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -122,8 +128,9 @@ def train(name, D, path):
         fn = torch.compile(model)
     else:
         options = {"partition": PARTITION} if PARTITION != "default" else {}
-        for option, on in (("recompute", RECOMPUTE), ("recycle", RECYCLE)):
-            if on or option in named:
+        flags = {"recompute": RECOMPUTE, "recycle": RECYCLE}
+        for option in COMPILE_OPTIONS:
+            if flags[option] or option in named:
                 options[option] = True
         fn = torch.compile(model, backend="regen", dynamic=False, options=options or None)
     batches = [models.batch(VOCAB, BATCH, SEQ, s) for s in range(WARMUP + STEPS)]
