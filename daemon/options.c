@@ -166,6 +166,10 @@ const struct rd_option rd_option_table[] = {
 	  .env = "REGEN_ATTENTION_AUTOTUNE", .min = 0, .max = 16, .def = "0",
 	  .help = "attention configurations a CUDA worker times on each new problem's first calls and picks the "
 		  "fastest of; 0 or 1: none, the heuristics' first" },
+	{ "program-gemm-slots", "program_gemm_slots", NULL, RD_OPT_BOOL, USER | RD_OPT_WORKER,
+	  FIELD(program_gemm_slots), .env = "REGEN_PROGRAM_GEMM_SLOTS", .def = "false",
+	  .help = "a CUDA program's GEMMs read their operands from the Run's argument block (cuBLASLt's pointer "
+		  "arrays), so that its graph replays when they move" },
 	{ "nvml", "nvml", NULL, RD_OPT_BOOL, USER | RD_OPT_WORKER, FIELD(nvml), .env = "REGEN_NVML", .def = "true",
 	  .help = "a CUDA worker watches its GPU's XIDs, ECC and row remapping through NVML" },
 	{ "config", NULL, "PATH", RD_OPT_CONFIG, RD_OPT_CLI, FIELD(config_path), .def = RD_CONFIG_DEFAULT,

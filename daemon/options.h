@@ -78,6 +78,7 @@ struct rd_options {
 	bool cuda_launch_profile;      /* each lane sums its launches' phases and prints them when it goes */
 	int reset_retry_ms;            /* a CUDA reset's retries of the new context; -1: auto */
 	unsigned attention_autotune;   /* attention configurations timed per new problem (0, 1: none) */
+	bool program_gemm_slots;       /* programs' GEMMs read their operands from the Run's argument block */
 	bool nvml;                     /* a CUDA worker watches the GPU through NVML */
 
 	/* Worker processes only: what the supervisor tells the worker it starts. */

@@ -5,12 +5,13 @@ every pointwise op, reduction and gather, fused chains, dropout masks
 against a Philox reference bit for bit, and a GPT block's
 forward and backward, each against torch float64 on the same fresh random
 inputs; Runs launched as a CUDA graph, rebinding other buffers (the graph
-replays, or is captured again when a library call's operand moved); a
+replays, or is captured again when a library call's operand moved;
+with program_gemm_slots, GEMMs' moved operands replay it too); a
 Release and a device_lost in between, after which the same program (not
 defined again) gives the same results; and the bounds on what compiling a
 uid's programs may cost (max_uid_compile_ms, max_uid_module_mib).
 
-    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,gather,chains,dropout,block,faults,compile_limits]
+    python3 tests/gpu/test_program.py [path/to/regend] [--only ops,gather,chains,dropout,block,gemm_slots,faults,compile_limits]
 
 Exit 0 = pass, 1 = fail, 77 = skipped (no torch or no CUDA). Prints one
 line per check and "N passed, N failed" last.
@@ -472,6 +473,58 @@ def check_block(c):
         record("Run after Drop refused", True)
 
 
+def check_gemm_slots(c):
+    """program_gemm_slots: the block's weight gradients (written by GEMMs
+    alone) bound at new addresses each Run replay the graph captured
+    before, writing where this Run's binding says and nothing where the
+    last one's did; the same without the option captures again."""
+    B, S, D, H = 2, 256, 512, 4
+    for on in (True, False):
+        what = "with program_gemm_slots" if on else "without"
+        daemon = Regend(find_regend(c_regend[0]), devices=1, backend="cuda", ready_timeout=120,
+                        extra=("--program-gemm-slots=true" if on else "--program-gemm-slots=false",))
+        lc = regen.Client(daemon.socket, timeout=600)
+        try:
+            block, params, x, dy, prog, outs, bind = block_setup(lc, B, S, D, H)
+            block._dims = (B, S, D, H)
+            ref = block_reference(block, params, x, dy)
+            wgrads = [k for k in outs if k.startswith("d_w")]
+            for _ in range(4):     # past the eager Runs and the first capture
+                torch.cuda.synchronize()
+                lc.run_program(prog, bind)
+            st = lc.program_status(DEV, prog)[0]
+            worst_moved, stale, runs = 0.0, 0, 6
+            held = []       # every Run's outputs alive: no address comes back
+            for _ in range(runs):
+                fresh = {k: torch.empty_like(outs[k]) for k in wgrads}
+                held.append(fresh)
+                for k in wgrads:            # last Run's: must stay as they are
+                    bind[k].fill_(7.0)
+                torch.cuda.synchronize()
+                old = [bind[k] for k in wgrads]
+                lc.run_program(prog, dict(bind, **fresh))
+                torch.cuda.synchronize()
+                worst_moved = max([worst_moved] + [rel_err(fresh[k], ref[k]) for k in wgrads])
+                stale += sum(int(not torch.all(t == 7.0)) for t in old)
+                bind.update(fresh)
+            st2 = lc.program_status(DEV, prog)[0]
+            captured = st2["graph_captures"] - st["graph_captures"]
+            replayed = st2["graph_launches"] - st["graph_launches"]
+            detail = (f"{', '.join(wgrads)} moved each of {runs} Runs: worst rel err {worst_moved:.2e}, captures "
+                      f"{captured}, replays {replayed}, on the stream {st2['stream_runs'] - st['stream_runs']} "
+                      f"{st2['not_captured']!r}")
+            record(f"GEMM slots: moved outputs right, {what}", worst_moved <= 2e-2 and stale == 0,
+                   f"{detail}; last Run's outputs written {stale} times")
+            if on:
+                record("GEMM slots: moved GEMM operands replay the graph", captured == 0 and replayed == runs, detail)
+            else:
+                record("GEMM slots off: moved GEMM operands are captured again or launched kernel by kernel",
+                       captured + st2["stream_runs"] - st["stream_runs"] == runs, detail)
+        finally:
+            lc.close()
+            daemon.stop()
+
+
 def check_faults(c, mode="copy"):
     """100 AdamW steps through one program with a journal, device_lost
     injected at random points of random steps, bit-identical to the same
@@ -586,7 +639,8 @@ def main():
     c_regend[0] = regend
     try:
         for name, fn in (("ops", check_ops), ("gather", check_gather), ("chains", check_chains),
-                         ("dropout", check_dropout), ("block", check_block), ("faults", check_faults),
+                         ("dropout", check_dropout), ("block", check_block), ("gemm_slots", check_gemm_slots),
+                         ("faults", check_faults),
                          ("faults_marks", lambda c: check_faults(c, "marks")),
                          ("compile_limits", check_compile_limits)):
             if only is None or name in only:

@@ -108,6 +108,7 @@ static void read_tuning(struct cuda_dev *cd, const struct rd_options *o)
 	t->launch_profile = o->cuda_launch_profile;
 	t->reset_retry_ms = o->reset_retry_ms;
 	t->attention_autotune = o->attention_autotune;
+	t->program_gemm_slots = o->program_gemm_slots;
 	t->nvml = o->nvml;
 }
 

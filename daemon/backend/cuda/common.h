@@ -132,6 +132,7 @@ struct cuda_dev {
 		bool launch_profile;         /* cuda_launch_profile */
 		int reset_retry_ms;          /* reset_retry_ms; -1: auto */
 		unsigned attention_autotune; /* attention_autotune */
+		bool program_gemm_slots;     /* program_gemm_slots */
 		bool nvml;                   /* nvml */
 	} tuning;
 
@@ -476,6 +477,21 @@ void cuda_work_return(struct cuda_lane *l, struct rd_op *op);
 void cuda_gemm_plans_init(struct cuda_dev *cd);
 void cuda_gemm_plans_finish(struct cuda_dev *cd);
 int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op);
+/* A GEMM whose A, B, C and D a captured graph reads from device memory
+ * (cuBLASLt's pointer-array batch mode, a batch of one), so that the graph
+ * replays on whatever addresses that memory holds: a program's library
+ * step, its operands in the Run's argument block. The slots, in cuBLASLt's
+ * order (its A is our B). */
+enum { CUDA_GEMM_SLOT_B, CUDA_GEMM_SLOT_A, CUDA_GEMM_SLOT_C, CUDA_GEMM_SLOT_D, CUDA_GEMM_SLOTS };
+/* The addresses op's slots take (host), its pointer-array plan made
+ * (not captured: call before a capture begins). 1: not this call, an
+ * operand under 16-byte alignment; -EOPNOTSUPP: never, FP8, no
+ * pointer-array algorithm, or op invalid (cuda_gemm_enqueue then names
+ * why). */
+int cuda_gemm_slots(struct cuda_dev *cd, struct rd_op *op, void *slots[CUDA_GEMM_SLOTS]);
+/* Enqueues op reading its operands from `slots` (device memory that
+ * cuda_gemm_slots's addresses were copied to on the lane's stream). */
+int cuda_gemm_enqueue_slots(struct cuda_lane *lane, struct rd_op *op, void *const *slots);
 
 /* ---- program.c: io.regen.Program's Runs, as CUDA graphs ------------------ */
 

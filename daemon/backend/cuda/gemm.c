@@ -58,6 +58,13 @@
  * scratch, after its workspace: copied in before the matmul (a scale) or
  * out after it (amax_d), on the lane's stream (stage_scalars).
  *
+ * Pointer-array plans (program_gemm_slots, a program's library steps):
+ * A, B, C and D each a device array of one pointer, which a captured
+ * graph reads when it replays, so a program's graph holds for whatever
+ * addresses its Run wrote there (cuda_gemm_slots). Their key takes
+ * 16-byte alignment for all four whatever the addresses it was planned
+ * on; a call whose operands are less aligned goes by address.
+ *
  * Scratch: each call's workspace is taken on its lane's stream from the
  * device's pool (scratch.c: the lane's own block, reused by its calls one
  * after the other in stream order while it is busy), so concurrent GEMMs
@@ -89,6 +96,7 @@ struct gemm_key {
 	int32_t epilogue, compute;
 	int32_t align_a, align_b, align_c, align_d, align_bias, align_aux;
 	int32_t policy;
+	int32_t pointer_array;   /* A, B, C and D read from arrays of one pointer each (cuda_gemm_enqueue_slots) */
 };
 
 struct cuda_gemm_plan {
@@ -230,6 +238,13 @@ static int plan_init(struct rd_resource *res)
 	LT(cublasLtMatrixLayoutCreate(&p->lb, ta_type, b_rows, b_cols, k->lda));
 	LT(cublasLtMatrixLayoutCreate(&p->lc, tc, (uint64_t)k->n, (uint64_t)k->m, k->ldc));
 	LT(cublasLtMatrixLayoutCreate(&p->ld, tcd, (uint64_t)k->n, (uint64_t)k->m, k->ldd));
+	if (k->pointer_array) {
+		const cublasLtMatrixLayout_t layouts[] = { p->la, p->lb, p->lc, p->ld };
+		const uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+		for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++)
+			LT(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode,
+							    sizeof(mode)));
+	}
 
 	LT(cublasLtMatmulPreferenceCreate(&pref));
 	uint64_t max_ws = RD_CUDA_WORKSPACE_BYTES;
@@ -249,9 +264,9 @@ static int plan_init(struct rd_resource *res)
 							   WANT, results, &found);
 	if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
 		r = cuda_status_set(RP_ERR_BACKEND,
-				    "cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s inputs, %s output, trans_a=%d "
+				    "cuBLASLt has no %salgorithm for m=%lld n=%lld k=%lld (%s inputs, %s output, trans_a=%d "
 				    "trans_b=%d, ld %lld/%lld/%lld/%lld, alignment %d/%d/%d/%d, epilogue %d): %s",
-				    (long long)k->m, (long long)k->n, (long long)k->k,
+				    k->pointer_array ? "pointer-array " : "", (long long)k->m, (long long)k->n, (long long)k->k,
 				    rp_dtype_name((enum rp_dtype)k->dtype_ab), rp_dtype_name((enum rp_dtype)k->dtype_cd),
 				    k->trans_a, k->trans_b, (long long)k->lda, (long long)k->ldb, (long long)k->ldc,
 				    (long long)k->ldd, k->align_a, k->align_b, k->align_c, k->align_d, k->epilogue,
@@ -359,8 +374,13 @@ struct gemm_ptrs {
 	void *amax_d;
 };
 
+/* A pointer-array plan takes its operands at any address this aligned:
+ * its key's alignments, whatever the addresses of the call it was made
+ * for (the graph that replays it will be handed others). */
+#define GEMM_SLOTS_ALIGN 16
+
 static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const struct gemm_ptrs *ptr,
-			  struct gemm_key *k)
+			  bool pointer_array, struct gemm_key *k)
 {
 	const struct rp_gemm *g = &c->gemm;
 
@@ -380,10 +400,11 @@ static void gemm_key_make(struct cuda_dev *cd, const struct rp_compute *c, const
 	k->trans_b = g->trans_b;
 	k->epilogue = (int32_t)g->epilogue;
 	k->compute = (int32_t)g->compute;
-	k->align_a = alignment_of(ptr->a);
-	k->align_b = alignment_of(ptr->b);
-	k->align_c = alignment_of(ptr->c);
-	k->align_d = alignment_of(ptr->d);
+	k->pointer_array = pointer_array;
+	k->align_a = pointer_array ? GEMM_SLOTS_ALIGN : alignment_of(ptr->a);
+	k->align_b = pointer_array ? GEMM_SLOTS_ALIGN : alignment_of(ptr->b);
+	k->align_c = pointer_array ? GEMM_SLOTS_ALIGN : alignment_of(ptr->c);
+	k->align_d = pointer_array ? GEMM_SLOTS_ALIGN : alignment_of(ptr->d);
 	k->align_bias = ptr->bias ? alignment_of(ptr->bias) : 256;
 	k->ldaux = c->present[RP_GEMM_AUX]       ? c->operands[RP_GEMM_AUX].strides[0]
 		   : c->present[RP_GEMM_AUX_OUT] ? c->operands[RP_GEMM_AUX_OUT].strides[0]
@@ -532,12 +553,12 @@ static int gemm_supported(const struct rp_compute *c, struct rp_error *err)
 
 /* The plan for op's GEMM, valid and held (plan_put when done). */
 static struct cuda_gemm_plan *gemm_plan_for(struct cuda_dev *cd, struct rd_op *op, struct gemm_ptrs *ptr,
-					    struct rp_error *err)
+					    bool pointer_array, struct rp_error *err)
 {
 	if (gemm_supported(&op->compute, err) || gemm_resolve(op, ptr, err) || fp8_aligned(&op->compute, ptr, err))
 		return NULL;
 	struct gemm_key key;
-	gemm_key_make(cd, &op->compute, ptr, &key);
+	gemm_key_make(cd, &op->compute, ptr, pointer_array, &key);
 	struct cuda_gemm_plan *p = plan_get(cd, &key);
 	if (!p) {
 		rp_error_set(err, RP_ERR_OUT_OF_MEMORY, "no memory for a GEMM plan");
@@ -566,7 +587,7 @@ int rd_cuda_gemm_plan_info(struct rd_device *dev, struct rd_op *op, struct rd_cu
 			return cuda_status_to_error(err, "restoring a buffer mapping");
 	}
 	struct gemm_ptrs ptr;
-	struct cuda_gemm_plan *p = gemm_plan_for(cd, op, &ptr, err);
+	struct cuda_gemm_plan *p = gemm_plan_for(cd, op, &ptr, false, err);
 	if (!p)
 		return -EIO;
 	*info = p->info;
@@ -636,8 +657,11 @@ static cudaError_t stage_scalars(struct cuda_lane *lane, char *slots, struct gem
 	return e;
 }
 
-/* Enqueues op's matmul with plan p (held). */
-static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gemm_plan *p, const struct gemm_ptrs *pp)
+/* Enqueues op's matmul with plan p (held); with a pointer-array plan,
+ * its A, B, C and D from `operand_slots` (device memory, as
+ * cuda_gemm_slots fills them), else from pp. */
+static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gemm_plan *p, const struct gemm_ptrs *pp,
+		       void *const *operand_slots)
 {
 	struct cuda_dev *cd = lane->cd;
 	const struct rp_gemm *g = &op->compute.gemm;
@@ -708,7 +732,12 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 			s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ptr.aux,
 							   sizeof(ptr.aux));
 	}
-	if (s == CUBLAS_STATUS_SUCCESS)
+	if (s == CUBLAS_STATUS_SUCCESS && operand_slots)
+		s = cublasLtMatmul(cd->handle.lt, p->desc, &alpha, &operand_slots[CUDA_GEMM_SLOT_B], p->la,
+				   &operand_slots[CUDA_GEMM_SLOT_A], p->lb, &beta, &operand_slots[CUDA_GEMM_SLOT_C],
+				   p->lc, (void *)&operand_slots[CUDA_GEMM_SLOT_D], p->ld, &p->algo, ws, ws_size,
+				   lane->stream);
+	else if (s == CUBLAS_STATUS_SUCCESS)
 		s = cublasLtMatmul(cd->handle.lt, p->desc, &alpha, ptr.b, p->la, ptr.a, p->lb, &beta, ptr.c, p->lc, ptr.d,
 				   p->ld, &p->algo, ws, ws_size, lane->stream);
 	pthread_mutex_unlock(&p->lock);
@@ -740,11 +769,56 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
 {
 	struct gemm_ptrs ptr;
-	struct cuda_gemm_plan *p = gemm_plan_for(lane->cd, op, &ptr, &op->err);
+	struct cuda_gemm_plan *p = gemm_plan_for(lane->cd, op, &ptr, false, &op->err);
 	if (!p)
 		return -EIO;
-	int r = gemm_launch(lane, op, p, &ptr);
+	int r = gemm_launch(lane, op, p, &ptr, NULL);
 	/* cublasLtMatmul has returned: the kernel needs nothing of the plan. */
+	plan_put(lane->cd, p);
+	return r;
+}
+
+static bool slots_aligned(const struct gemm_ptrs *ptr)
+{
+	const void *at[] = { ptr->a, ptr->b, ptr->c, ptr->d };
+
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++)
+		if ((uintptr_t)at[i] % GEMM_SLOTS_ALIGN)
+			return false;
+	return true;
+}
+
+int cuda_gemm_slots(struct cuda_dev *cd, struct rd_op *op, void *slots[CUDA_GEMM_SLOTS])
+{
+	const struct rp_compute *c = &op->compute;
+	struct rp_error err = { 0 };
+	struct gemm_ptrs ptr;
+
+	/* FP8's scales and amax are pointers of the descriptor, taken at
+	 * capture as a bias is, and its kernels have no pointer arrays. */
+	if (rp_dtype_is_fp8(c->operands[RP_GEMM_A].dtype) || rp_dtype_is_fp8(c->operands[RP_GEMM_D].dtype))
+		return -EOPNOTSUPP;
+	struct cuda_gemm_plan *p = gemm_plan_for(cd, op, &ptr, true, &err);
+	rp_error_clear(&err);
+	if (!p)
+		return -EOPNOTSUPP;
+	plan_put(cd, p);
+	if (!slots_aligned(&ptr))
+		return 1;
+	slots[CUDA_GEMM_SLOT_B] = (void *)ptr.b;
+	slots[CUDA_GEMM_SLOT_A] = (void *)ptr.a;
+	slots[CUDA_GEMM_SLOT_C] = (void *)ptr.c;
+	slots[CUDA_GEMM_SLOT_D] = ptr.d;
+	return 0;
+}
+
+int cuda_gemm_enqueue_slots(struct cuda_lane *lane, struct rd_op *op, void *const *slots)
+{
+	struct gemm_ptrs ptr;
+	struct cuda_gemm_plan *p = gemm_plan_for(lane->cd, op, &ptr, true, &op->err);
+	if (!p)
+		return -EIO;
+	int r = gemm_launch(lane, op, p, &ptr, slots);
 	plan_put(lane->cd, p);
 	return r;
 }

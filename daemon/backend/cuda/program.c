@@ -15,9 +15,13 @@
  *
  * Rebinding without capturing again: the kernels read every address from
  * the argument block, which each Run writes before it launches the graph,
- * so a Run that binds other buffers replays the same graph. The library
- * calls (cuBLASLt, cuDNN) take their pointers at capture: their bound
- * operands' addresses are the graph's key. A program keeps the execs of
+ * so a Run that binds other buffers replays the same graph. With
+ * program_gemm_slots, so do the GEMMs where cuBLASLt offers a pointer-array
+ * algorithm for them (their A, B, C and D from four slots after the
+ * block's journal headers: cuda_gemm_slots). The other library calls
+ * (cuDNN's attention, LayerNorm, a GEMM through no slots) take their
+ * pointers at capture: their bound operands' addresses are the graph's
+ * key. A program keeps the execs of
  * its last PROGRAM_EXECS keys: a training loop binds the same weights and
  * activations step after step, or a few sets of them in turn (an
  * allocator that hands out two buffers alternately); a Run with a new key
@@ -123,6 +127,11 @@ struct cuda_program {
 	 * device. */
 	void *args_host;
 	size_t args_bytes, args_kernels;
+	/* By step: where a GEMM step's operand slots are in the argument block
+	 * (0: it has none, or cuBLASLt offers it no pointer-array algorithm);
+	 * through_slots: this Run's steps that read them. */
+	size_t *slots_at;
+	bool *through_slots;
 	void **bound;
 	size_t workspace_bytes;         /* 0 without library steps */
 	unsigned nkey;                  /* entries of the graph's key */
@@ -242,6 +251,8 @@ static void program_free(struct cuda_program *p)
 {
 	rd_prog_plan_finish(&p->plan);
 	free(p->args_host);
+	free(p->slots_at);
+	free(p->through_slots);
 	free(p->bound);
 	free(p->modules);
 	free(p->key);
@@ -289,6 +300,14 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 	}
 	p->args_kernels = rp_prog_journal_align(rd_prog_args_size(&p->plan));
 	p->args_bytes = p->args_kernels + 2 * sizeof(struct rp_prog_journal_header);
+	p->slots_at = calloc((size_t)p->plan.nsteps + 1, sizeof(size_t));
+	p->through_slots = calloc((size_t)p->plan.nsteps + 1, sizeof(bool));
+	for (int i = 0; p->slots_at && p->cd->tuning.program_gemm_slots && i < p->plan.nsteps; i++)
+		if (p->plan.steps[i].kind == RD_STEP_LIBRARY &&
+		    def->nodes[p->plan.steps[i].first_node].compute.spec->id == RP_OP_GEMM) {
+			p->slots_at[i] = p->args_bytes;
+			p->args_bytes += CUDA_GEMM_SLOTS * sizeof(void *);
+		}
 	p->args_host = calloc(1, p->args_bytes);
 	p->bound = calloc((size_t)def->nbound + 1, sizeof(void *));
 	p->modules = calloc((size_t)p->plan.nsteps + 1, sizeof(*p->modules));
@@ -317,7 +336,7 @@ int cuda_program_create(struct rd_device *dev, const struct rp_program *def, str
 			goto fail;
 		}
 	}
-	if (!p->args_host || !p->bound || !p->modules || !p->key || !keys) {
+	if (!p->args_host || !p->slots_at || !p->through_slots || !p->bound || !p->modules || !p->key || !keys) {
 		rp_err_out_of_memory(err, dev->index, "no host memory for the program");
 		r = -ENOMEM;
 		goto fail;
@@ -354,33 +373,62 @@ void cuda_program_destroy(struct rd_program *prog)
 
 /* One library step (a compute node) as the enqueue functions of
  * io.regen.Compute take it: each operand's tensor as a buffer of its own
- * whose memory starts where the tensor does. */
-static int enqueue_library(struct cuda_lane *lane, struct cuda_program *p, const struct rp_prog_node *node,
-			   struct rp_error *err)
+ * (in views) whose memory starts where the tensor does. */
+static void library_op(struct cuda_program *p, const struct rp_prog_node *node, struct rd_buffer *views,
+		       struct rd_op *op)
 {
-	struct rd_buffer views[RP_OP_OPERANDS_MAX];
-	struct rd_op op;
-	int r;
-
-	memset(&op, 0, sizeof(op));
-	op.compute = node->compute;
-	op.lane = &lane->base;
+	memset(op, 0, sizeof(*op));
+	op->compute = node->compute;
 	for (unsigned s = 0; s < node->compute.spec->noperands; s++) {
 		if (!node->compute.present[s] || node->in[s] < 0)
 			continue;
 		memset(&views[s], 0, sizeof(views[s]));
 		views[s].ptr = rd_prog_tensor_address(&p->plan, p->base.def, node->in[s], p->bound, p->state.arena);
 		views[s].size = p->base.def->tensors[node->in[s]].extent_bytes;
-		op.compute.operands[s].offset = 0;
-		op.buffers[s] = &views[s];
+		op->compute.operands[s].offset = 0;
+		op->buffers[s] = &views[s];
 	}
+}
+
+/* This Run's GEMM steps' operand addresses into their slots in the
+ * argument block (host side), and which steps read them. A step cuBLASLt
+ * offers no pointer-array algorithm takes its operands at capture for the
+ * program's life; one whose operands are misaligned, for this Run. */
+static void slots_fill(struct cuda_program *p)
+{
+	for (int i = 0; i < p->plan.nsteps; i++) {
+		struct rd_buffer views[RP_OP_OPERANDS_MAX];
+		struct rd_op op;
+
+		p->through_slots[i] = false;
+		if (!p->slots_at[i])
+			continue;
+		library_op(p, &p->base.def->nodes[p->plan.steps[i].first_node], views, &op);
+		int r = cuda_gemm_slots(p->cd, &op, (void **)((char *)p->args_host + p->slots_at[i]));
+		p->through_slots[i] = r == 0;
+		if (r < 0)
+			p->slots_at[i] = 0;
+	}
+}
+
+static int enqueue_library(struct cuda_lane *lane, struct cuda_program *p, int step, struct rp_error *err)
+{
+	const struct rp_prog_node *node = &p->base.def->nodes[p->plan.steps[step].first_node];
+	struct rd_buffer views[RP_OP_OPERANDS_MAX];
+	struct rd_op op;
+	int r;
+
+	library_op(p, node, views, &op);
+	op.lane = &lane->base;
 	cuda_enqueue_fn *enqueue = cuda_enqueue_of(lane->cd, &op);
-	if (!enqueue) {
+	if (p->through_slots[step])
+		r = cuda_gemm_enqueue_slots(lane, &op, (void *const *)((char *)p->state.args + p->slots_at[step]));
+	else if (!enqueue) {
 		rp_error_set(err, RP_ERR_METHOD_NOT_IMPLEMENTED, "no CUDA kernel for %s (node %s)",
 			     node->compute.spec->method, node->name);
 		return -EOPNOTSUPP;
-	}
-	r = enqueue(lane, &op);
+	} else
+		r = enqueue(lane, &op);
 	if (r < 0) {
 		rp_error_move(err, &op.err);
 		if (!err->name)
@@ -496,11 +544,11 @@ static int enqueue_steps(struct cuda_lane *lane, struct cuda_program *p, char *j
 
 		if (step->kind == RD_STEP_LIBRARY) {
 			lane->scratch_fixed_wanted = 0;
-			r = enqueue_library(lane, p, &p->base.def->nodes[step->first_node], err);
+			r = enqueue_library(lane, p, i, err);
 			if (r < 0 && lane->scratch_fixed_wanted && !lane->capturing) {
 				r = workspace_grow(lane, p, lane->scratch_fixed_wanted, err);
 				if (r == 0)
-					r = enqueue_library(lane, p, &p->base.def->nodes[step->first_node], err);
+					r = enqueue_library(lane, p, i, err);
 			}
 		} else {
 			for (int k = 0; k < step->nkernels && r == 0; k++)
@@ -564,7 +612,8 @@ static int journal_recover(struct cuda_lane *lane, struct cuda_program *p, char 
 }
 
 /* The graph's key: the addresses of the library steps' operands, which
- * their calls take at capture. */
+ * their calls take at capture; a GEMM's A, B, C and D, where it reads them
+ * from its slots, a mark instead (no address is 1). */
 static void fill_key(struct cuda_program *p, const char *journal, enum rp_prog_journal_mode mode)
 {
 	const struct rp_program *def = p->base.def;
@@ -584,8 +633,10 @@ static void fill_key(struct cuda_program *p, const char *journal, enum rp_prog_j
 			continue;
 		for (unsigned s = 0; s < node->compute.spec->noperands && n < p->nkey; s++)
 			p->key[n++] = node->in[s] < 0 ? 0
-					: (uint64_t)(uintptr_t)rd_prog_tensor_address(&p->plan, def, node->in[s],
-										      p->bound, p->state.arena);
+				      : p->through_slots[i] && s <= RP_GEMM_D
+					      ? 1
+					      : (uint64_t)(uintptr_t)rd_prog_tensor_address(&p->plan, def, node->in[s],
+											    p->bound, p->state.arena);
 	}
 }
 
@@ -851,6 +902,7 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	memset(run->fault, 0, sizeof(struct rd_prog_fault));
 	rd_prog_args_fill(&p->plan, p->args_host, p->bound, st->arena, lane->faults_dev + lane->next_done,
 			  run->scalars);
+	slots_fill(p);
 	if (journal) {
 		struct rp_prog_journal_header *h = (void *)((char *)p->args_host + p->args_kernels);
 
