@@ -353,6 +353,10 @@ def _print_programs(label, g):
               f"{rep['handoffs']} hand-off(s); on the rank: " +
               "; ".join(f"{n}x {w}" for w, n in sorted(kept.items(), key=lambda kv: -kv[1])
                         if not (w or "").startswith("a view of a tensor the rank holds")))
+        if "recycled" in rep:
+            r = rep["recycled"]
+            print(f"  recycle: {r['reused']} outputs written into kept ones, {r['made']} made anew; kept ones "
+                  f"found held, by use count: {r['held'] or '-'}")
     for p in g.get("programs", []):
         runs = max(p.get("runs", 0), 1)
         print(f"  program {p.get('name')} over the timed steps: {p.get('nodes')} nodes, {p.get('runs')} Runs, "

@@ -243,9 +243,13 @@ def check_recycle(name, steps=10):
            worst <= 5e-3 and grads <= 5e-2, f"worst loss {worst:.1e}, worst gradient {grads:.1e}")
     mine_now = [p for p in rt.runtime().client.program_status(0) if p["program"] not in before]
     seen = [(p["program"], p.get("graph_captures"), p.get("graph_launches"), p.get("stream_runs")) for p in mine_now]
+    recycled = "; ".join(f"{r['kind']}: {r['recycled']['reused']} written into kept outputs, "
+                         f"{r['recycled']['made']} made, kept ones held by use count {r['recycled']['held']}"
+                         for r in rt.explain(show=False) if "recycled" in r)
     record(f"{name}: options={{'recycle': True}}: each program captured at most twice, replayed after",
            bool(mine_now) and all((c or 0) <= 2 and (s or 0) <= 2 for _, c, _, s in seen),
-           "; ".join(f"{n}: {c} captures, {la} launches, {s} on the stream" for n, c, la, s in seen))
+           "; ".join(f"{n}: {c} captures, {la} launches, {s} on the stream" for n, c, la, s in seen) +
+           f" ({recycled})")
     torch._dynamo.reset()
 
 

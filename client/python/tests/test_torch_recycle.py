@@ -40,6 +40,7 @@ class RecycleTest(unittest.TestCase):
         _compile._storage_ref = id
         self.g = _compile.CompiledGraph.__new__(_compile.CompiledGraph)
         self.g.kept_outputs = {}
+        self.g.recycled = _compile._recycle_counts()
 
     def tearDown(self):
         self.c._use_count, self.c._storage_ref = self.saved
@@ -67,6 +68,11 @@ class RecycleTest(unittest.TestCase):
         self.assertIsNot(third["s1"], first["s1"])
         self.assertIsNot(third["s1"], second["s1"])
         self.assertEqual(third["s1"].shape, (3,))
+        # What report() says of it: one written again, five made, and the
+        # kept ones found held, by their use count (the test's 2).
+        self.assertEqual(self.g.recycled["reused"], 1)
+        self.assertEqual(self.g.recycled["made"], 5)
+        self.assertEqual(self.g.recycled["held"], {2: 4})
         # Another segment's outputs are its own.
         self.free(*second.values())
         other = self.call(_Segment(1))

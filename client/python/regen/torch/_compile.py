@@ -162,6 +162,7 @@ class CompiledGraph:
         # (segment index, output storage) -> its last tensors, kept to be
         # used again once nothing else holds them (options={"recycle": True})
         self.kept_outputs = {} if recycle and _use_count is not None else None
+        self.recycled = _recycle_counts()
         self.calls = 0
         self.why_eager = None
         try:
@@ -330,12 +331,17 @@ class CompiledGraph:
             roots[storage] = None
             if self.kept_outputs is not None:
                 for t, ref in self.kept_outputs.get((seg.index, storage), ()):
-                    if _use_count(ref) == 1:
+                    uses = _use_count(ref)
+                    if uses == 1:
                         roots[storage] = t
+                        self.recycled["reused"] += 1
                         break
+                    held = self.recycled["held"]
+                    held[uses] = held.get(uses, 0) + 1
             if roots[storage] is None:
                 fresh.append((storage, dtype, shape))
         if fresh:
+            self.recycled["made"] += len(fresh)
             with _outputs_pool(device):
                 for storage, dtype, shape in fresh:
                     roots[storage] = torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device)
@@ -383,8 +389,11 @@ class CompiledGraph:
             else:
                 for op in s.ops:
                     rank.append({"op": op.target, "why": s.reasons.get(op.index)})
-        return {"kind": self.kind, "calls": self.calls, "eager": None, "segments": segs, "rank": rank,
-                "handoffs": handoffs, "relaid": self.relaid}
+        out = {"kind": self.kind, "calls": self.calls, "eager": None, "segments": segs, "rank": rank,
+               "handoffs": handoffs, "relaid": self.relaid}
+        if self.kept_outputs is not None:
+            out["recycled"] = dict(self.recycled, held=dict(self.recycled["held"]))
+        return out
 
 
 _no_pool = set()   # devices whose outputs cannot come from regen.torch.pool() (torch < 2.5, no libregen)
@@ -446,6 +455,13 @@ _KEPT_OUTPUTS = 2
 # How many tensors hold a storage, by its StorageWeakRef's cdata (torch's
 # CUDA graph trees ask the same); None where torch has no such count.
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _recycle_counts():
+    """What recycling did, for report(): outputs written into kept ones,
+    outputs made anew, and the use counts of the kept ones found still
+    held (the caller's, autograd's: what kept them from coming back)."""
+    return {"reused": 0, "made": 0, "held": {}}
 
 
 def _storage_ref(t):
