@@ -766,16 +766,22 @@ static int gemm_launch(struct cuda_lane *lane, struct rd_op *op, struct cuda_gem
 	return r;
 }
 
-int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
+/* op's GEMM by address (operand_slots NULL) or through its slots. */
+static int gemm_enqueue(struct cuda_lane *lane, struct rd_op *op, void *const *operand_slots)
 {
 	struct gemm_ptrs ptr;
-	struct cuda_gemm_plan *p = gemm_plan_for(lane->cd, op, &ptr, false, &op->err);
+	struct cuda_gemm_plan *p = gemm_plan_for(lane->cd, op, &ptr, operand_slots != NULL, &op->err);
 	if (!p)
 		return -EIO;
-	int r = gemm_launch(lane, op, p, &ptr, NULL);
+	int r = gemm_launch(lane, op, p, &ptr, operand_slots);
 	/* cublasLtMatmul has returned: the kernel needs nothing of the plan. */
 	plan_put(lane->cd, p);
 	return r;
+}
+
+int cuda_gemm_enqueue(struct cuda_lane *lane, struct rd_op *op)
+{
+	return gemm_enqueue(lane, op, NULL);
 }
 
 static bool slots_aligned(const struct gemm_ptrs *ptr)
@@ -814,11 +820,5 @@ int cuda_gemm_slots(struct cuda_dev *cd, struct rd_op *op, void *slots[CUDA_GEMM
 
 int cuda_gemm_enqueue_slots(struct cuda_lane *lane, struct rd_op *op, void *const *slots)
 {
-	struct gemm_ptrs ptr;
-	struct cuda_gemm_plan *p = gemm_plan_for(lane->cd, op, &ptr, true, &op->err);
-	if (!p)
-		return -EIO;
-	int r = gemm_launch(lane, op, p, &ptr, slots);
-	plan_put(lane->cd, p);
-	return r;
+	return gemm_enqueue(lane, op, slots);
 }
