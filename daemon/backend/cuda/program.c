@@ -934,6 +934,10 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 	/* A traced program runs every Run step by step, to be timed. */
 	if (st->runs >= PROGRAM_EAGER_RUNS && !st->no_capture && !st->trace_marks) {
 		x = exec_of_key(p);
+		/* A pause's reason stays until a graph replays: a capture
+		 * between pauses whose key never comes back does not clear it. */
+		if (x)
+			p->base.not_captured[0] = '\0';
 		if (!x && st->runs < st->counting_from) {
 			/* Paused: on the stream. */
 		} else if (!x && st->captures >= PROGRAM_RECAPTURES_MAX &&
@@ -955,8 +959,6 @@ int cuda_program_enqueue(struct cuda_lane *lane, struct rd_op *op)
 			r = capture(lane, p, journal, run->journal_mode, x, &op->err);
 			if (r != 0 || !x->exec)
 				x = NULL;
-			else
-				p->base.not_captured[0] = '\0';   /* a pause's reason, past */
 			if (r > 0) {
 				st->no_capture = true;
 				r = 0;
