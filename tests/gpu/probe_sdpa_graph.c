@@ -71,17 +71,11 @@ static double rel_diff(const void *a, const void *b, int uid)
 	CUDA_OK(cudaMemcpy(ha, a, bytes, cudaMemcpyDeviceToHost));
 	CUDA_OK(cudaMemcpy(hb, b, bytes, cudaMemcpyDeviceToHost));
 	for (size_t i = 0; i < n; i++) {
-		float x, y;
-		if (uid == CUDA_SDPA_STATS) {
-			x = ((const float *)ha)[i];
-			y = ((const float *)hb)[i];
-		} else {
-			uint32_t wx = (uint32_t)((const uint16_t *)ha)[i] << 16, wy = (uint32_t)((const uint16_t *)hb)[i] << 16;
-			memcpy(&x, &wx, 4);
-			memcpy(&y, &wy, 4);
-		}
-		num += ((double)x - y) * ((double)x - y);
-		den += (double)y * y;
+		const bool f32 = uid == CUDA_SDPA_STATS;
+		const double x = f32 ? ((const float *)ha)[i] : gt_bf16_to_double(((const uint16_t *)ha)[i]);
+		const double y = f32 ? ((const float *)hb)[i] : gt_bf16_to_double(((const uint16_t *)hb)[i]);
+		num += (x - y) * (x - y);
+		den += y * y;
 	}
 	free(ha);
 	free(hb);
